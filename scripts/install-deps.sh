@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs the Debian packages meshlm builds against, only those missing.
+set -euo pipefail
+need=()
+for pkg in build-essential cmake pkg-config libopenmpi-dev openmpi-bin libopenblas-dev libjansson-dev libcmocka-dev; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
+done
+[ ${#need[@]} -eq 0 ] && exit 0
+echo "install-deps: installing ${need[*]}"
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO=sudo
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"

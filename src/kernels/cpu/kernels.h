@@ -1,0 +1,110 @@
+/* CPU kernels: the arithmetic of every decoder module as forward/backward
+ * pairs, fp32, OpenBLAS sgemm for matrix products and OpenMP for the rest.
+ *
+ * Conventions: activations are row-major [T, D] with T = B*S tokens, the S
+ * tokens of one sequence in consecutive rows. "dX (=)" means the kernel
+ * overwrites dX; "dW (+=)" means it accumulates into dW, so gradients of a
+ * parameter used several times (tied embeddings, micro-batches) add up.
+ * Kernels do not allocate unless stated and cannot fail. */
+#ifndef ML_KERNELS_H
+#define ML_KERNELS_H
+
+#include <stdint.h>
+
+/* ---- Linear (torch.nn.functional.linear) ------------------------------- */
+/* y[T, out] = x[T, in] · W[out, in]^T (+ b[out] when b != NULL). */
+void k_linear_fwd(const float *x, const float *W, const float *b, float *y, int64_t T,
+                  int64_t in, int64_t out);
+/* dx[T, in] (= or += when dx_accumulate) dy[T, out] · W; skipped if dx NULL.
+ * dW[out, in] (+=) dy^T · x.  db[out] (+=) sum_t dy[t]; skipped if db NULL. */
+void k_linear_bwd(const float *dy, const float *x, const float *W, float *dx, int dx_accumulate,
+                  float *dW, float *db, int64_t T, int64_t in, int64_t out);
+
+/* ---- RMSNorm (HF LlamaRMSNorm; Gemma3RMSNorm when w_offset = 1) -------- */
+/* rstd[t] = 1/sqrt(mean_h x[t,h]^2 + eps); y[t,h] = x[t,h]·rstd[t]·(w_offset + w[h]).
+ * x, y: [T, H]; w: [H]; rstd: [T] saved for backward. y may alias x. */
+void k_rmsnorm_fwd(const float *x, const float *w, float w_offset, float eps, float *y, float *rstd,
+                   int64_t T, int64_t H);
+/* dx[T, H] (=) and dw[H] (+=) given dy[T, H], the forward input x and rstd.
+ * dw may be NULL. dx may alias dy. */
+void k_rmsnorm_bwd(const float *dy, const float *x, const float *w, float w_offset,
+                   const float *rstd, float *dx, float *dw, int64_t T, int64_t H);
+
+/* ---- Rotary position embedding (HF modeling_rope_utils + apply_rotary_pos_emb) */
+typedef enum { K_ROPE_DEFAULT, K_ROPE_LINEAR, K_ROPE_LLAMA3 } k_rope_type;
+typedef struct k_rope_scaling {
+  k_rope_type type;
+  double factor;                  /* linear, llama3 */
+  double low_freq_factor;         /* llama3 */
+  double high_freq_factor;        /* llama3 */
+  double original_max_positions;  /* llama3: original_max_position_embeddings */
+} k_rope_scaling;
+/* inv_freq[hd/2], computed in fp32 as HF does: 1/theta^(2i/hd), then
+ * divided by factor (linear) or rescaled per wavelength (llama3,
+ * _compute_llama3_parameters). */
+void k_rope_inv_freq(double theta, int64_t hd, const k_rope_scaling *sc, float *inv_freq);
+/* cos/sin tables [S, hd/2]: angle[p, i] = (float)p · inv_freq[i] (fp32). */
+void k_rope_tables(const float *inv_freq, int64_t hd, int64_t S, float *cos_t, float *sin_t);
+/* In place on x: [B*S, nheads, hd], token row t at position t % S.
+ * rotate_half convention: (x1, x2) = halves of each head vector;
+ * out = (x1·cos − x2·sin, x2·cos + x1·sin). */
+void k_rope_fwd(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t S,
+                int64_t nheads, int64_t hd);
+/* In place on dx: the transpose (rotation by −angle). */
+void k_rope_bwd(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t S,
+                int64_t nheads, int64_t hd);
+
+/* ---- Causal grouped-query attention (HF eager_attention_forward) -------- */
+/* q: [B*S, nh, hd]; k, v: [B*S, nkv, hd]; head h reads kv head h / (nh/nkv).
+ * scores = scale · q·k^T; query i sees key j iff j <= i and, when window > 0,
+ * j > i − window (HF sliding-window mask); softmax in fp32.
+ * out: [B*S, nh, hd]; P: [B, nh, S, S] probabilities saved for backward
+ * (masked entries 0). */
+void k_attention_fwd(const float *q, const float *k, const float *v, float *out, float *P,
+                     int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd, float scale,
+                     int64_t window);
+/* dq [B*S, nh, hd], dk, dv [B*S, nkv, hd] (=) given dout and the forward's
+ * q, k, v, P (dk/dv sum over the heads of each group). */
+void k_attention_bwd(const float *dout, const float *q, const float *k, const float *v,
+                     const float *P, float *dq, float *dk, float *dv, int64_t B, int64_t S,
+                     int64_t nh, int64_t nkv, int64_t hd, float scale);
+
+/* ---- Gated MLP activation: h = act(g) · u (LlamaMLP, Gemma3MLP) -------- */
+typedef enum { K_ACT_SILU, K_ACT_GELU_TANH } k_act;
+void k_glu_fwd(const float *g, const float *u, float *h, int64_t n, k_act act);
+/* dg, du (=) given dh and the forward inputs g, u. */
+void k_glu_bwd(const float *dh, const float *g, const float *u, float *dg, float *du, int64_t n,
+               k_act act);
+
+/* ---- Embedding (vocab-parallel lookup: Megatron VocabParallelEmbedding) */
+/* out[t] = scale · W[ids[t] − row0] if row0 <= ids[t] < row0 + rows, else 0.
+ * W: [rows, H] (the rows this rank holds); out: [T, H]. */
+void k_embedding_fwd(const int32_t *ids, int64_t T, const float *W, int64_t row0, int64_t rows,
+                     int64_t H, float scale, float *out);
+/* dW[ids[t] − row0] (+=) scale · dout[t] for ids in range. */
+void k_embedding_bwd(const int32_t *ids, int64_t T, const float *dout, int64_t row0, int64_t rows,
+                     int64_t H, float scale, float *dW);
+
+/* ---- Cross-entropy pieces on a vocab shard (Megatron _VocabParallelCrossEntropy)
+ * logits: [T, V] the columns v0 .. v0+V−1 of the full vocab; y[t] a global
+ * target id or −1 (ignored). The caller all-reduces mx (MAX), then se and tl
+ * (SUM) over the vocab shards. */
+/* mx[t] = max_j logits[t, j]. */
+void k_xent_rowmax(const float *logits, int64_t T, int64_t V, float *mx);
+/* se[t] = sum_j exp(logits[t, j] − mx[t]); tl[t] = logits[t, y[t] − v0] − mx[t]
+ * when y[t] is in this shard, else 0. */
+void k_xent_sumexp_target(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,
+                          const float *mx, float *se, float *tl);
+/* dlogits[t, j] (=) w[t] · (exp(logits[t, j] − mx[t]) / se[t] − [j == y[t] − v0]).
+ * dlogits may alias logits. */
+void k_xent_bwd(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,
+                const float *mx, const float *se, const float *w, float *dlogits);
+
+/* ---- AdamW (torch.optim.AdamW, single-tensor path) --------------------- */
+/* p *= 1 − lr·wd; m = b1·m + (1−b1)·g; v = b2·v + (1−b2)·g²;
+ * p −= (lr / (1 − b1^step)) · m / (sqrt(v) / sqrt(1 − b2^step) + eps).
+ * step counts from 1. */
+void k_adamw_step(float *p, const float *g, float *m, float *v, int64_t n, float lr, float b1,
+                  float b2, float eps, float wd, int64_t step);
+
+#endif

@@ -1,0 +1,41 @@
+/* Element types of checkpoint tensors and conversion to/from fp32.
+ * Semantics follow torch: bf16 = upper 16 bits of an IEEE fp32, rounded to
+ * nearest-even on conversion (torch's `tensor.to(torch.bfloat16)`), NaN kept
+ * NaN; f16 = IEEE binary16 with round-to-nearest-even, overflow to ±inf. */
+#ifndef ML_DTYPE_H
+#define ML_DTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Every dtype string the safetensors format defines (the reader validates
+ * sizes for all of them; only F32/BF16/F16 convert to fp32). */
+typedef enum {
+  ML_BOOL, ML_U8, ML_I8, ML_F8_E5M2, ML_F8_E4M3, ML_I16, ML_U16, ML_F16, ML_BF16,
+  ML_I32, ML_U32, ML_F32, ML_F64, ML_I64, ML_U64, ML_DTYPE_COUNT
+} ml_dtype;
+
+/* Bytes per element (1..8). */
+size_t ml_dtype_size(ml_dtype t);
+/* The safetensors name ("F32", "BF16", ...). */
+const char *ml_dtype_name(ml_dtype t);
+/* Parse a safetensors dtype name; returns 0, or -1 (no message) if unknown. */
+int ml_dtype_parse(const char *name, ml_dtype *out);
+/* Parse a torch_dtype string from config.json ("float32", "bfloat16",
+ * "float16"); returns 0, or -1 (no message) if it is none of these. */
+int ml_dtype_parse_torch(const char *name, ml_dtype *out);
+/* The torch_dtype name for F32/BF16/F16 ("float32", ...). */
+const char *ml_dtype_torch_name(ml_dtype t);
+
+float ml_bf16_to_f32(uint16_t h);
+uint16_t ml_f32_to_bf16(float f);
+float ml_f16_to_f32(uint16_t h);
+uint16_t ml_f32_to_f16(float f);
+
+/* dst[i] = (float)src[i] for n elements of type t (F32, BF16 or F16; src
+ * may be unaligned). Returns 0, or -1 with a message for other dtypes. */
+int ml_convert_to_f32(ml_dtype t, const void *src, float *dst, size_t n);
+/* dst[i] = (t)src[i] for F32, BF16 or F16; -1 with a message otherwise. */
+int ml_convert_from_f32(ml_dtype t, const float *src, void *dst, size_t n);
+
+#endif

@@ -37,4 +37,8 @@ int ml_json_bool_opt(const ml_json *j, const json_t *obj, const char *key, bool 
  * temp file + rename. */
 int ml_json_write(const char *path, const json_t *root);
 
+/* Helper for messages: `v` as compact JSON in buf (truncated with "..." to
+ * fit `size` bytes); "nothing" when v is NULL. */
+void ml_json_brief(const json_t *v, char *buf, size_t size);
+
 #endif

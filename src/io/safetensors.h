@@ -68,4 +68,9 @@ typedef struct ml_st_entry {
  * crash never leaves a half-written `path`. */
 int ml_st_write(const char *path, const ml_st_entry *entries, size_t n);
 
+/* Helper (used by ml_st_write and the checkpoint sharder): validate entry e
+ * (name, dtype F32/BF16/F16, shape, overflow) and set *nbytes to its size
+ * in the file; -1 with a message naming `path` and the tensor otherwise. */
+int ml_st_entry_nbytes(const char *path, const ml_st_entry *e, size_t *nbytes);
+
 #endif

@@ -1,0 +1,146 @@
+#include "cli/args.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+
+static bool is_flag(const char *s) { return strncmp(s, "--", 2) == 0 && s[2] != '\0'; }
+
+/* Index of the spec entry named by `arg` up to `len` chars, or n. */
+static size_t find_arg(const ml_arg *spec, size_t n, const char *arg, size_t len) {
+  for (size_t i = 0; i < n; i++)
+    if (strlen(spec[i].name) == len && strncmp(spec[i].name, arg, len) == 0) return i;
+  return n;
+}
+
+static int unknown_flag(const char *cmd, const char *arg, size_t len, const ml_arg *spec,
+                        size_t n) {
+  char list[1024] = "";
+  size_t used = 0;
+  for (size_t i = 0; i < n && used < sizeof list; i++)
+    used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "", spec[i].name);
+  return ml_err("%s: unknown flag '%.*s'; accepted flags: %s", cmd, (int)len, arg,
+                n ? list : "(none)");
+}
+
+static int parse_int(const char *cmd, const char *name, const char *val, int64_t *dst) {
+  char *end;
+  errno = 0;
+  long long v = strtoll(val, &end, 10);
+  if (end == val || *end != '\0')
+    return ml_err("%s: flag %s: expected an integer, found '%s'", cmd, name, val);
+  if (errno == ERANGE)
+    return ml_err("%s: flag %s: value '%s' is out of range: expected an integer in [%" PRId64
+                  ", %" PRId64 "]",
+                  cmd, name, val, INT64_MIN, INT64_MAX);
+  *dst = v;
+  return 0;
+}
+
+static int parse_float(const char *cmd, const char *name, const char *val, double *dst) {
+  char *end;
+  double v = strtod(val, &end);
+  if (end == val || *end != '\0')
+    return ml_err("%s: flag %s: expected a number, found '%s'", cmd, name, val);
+  if (!isfinite(v))
+    return ml_err("%s: flag %s: value '%s' is out of range: expected a finite number", cmd, name,
+                  val);
+  *dst = v;
+  return 0;
+}
+
+static int set_value(const char *cmd, const ml_arg *a, const char *val) {
+  switch (a->type) {
+  case ML_ARG_INT: return parse_int(cmd, a->name, val, a->dst);
+  case ML_ARG_FLOAT: return parse_float(cmd, a->name, val, a->dst);
+  case ML_ARG_STR: *(const char **)a->dst = val; return 0;
+  case ML_ARG_FLAG: break;
+  }
+  return ml_err("%s: flag %s takes no value, found '%s'", cmd, a->name, val);
+}
+
+/* Parse argv[*i] (a flag) and, if it takes one, its value; advance *i. */
+static int parse_one(const char *cmd, int argc, char **argv, int *i, const ml_arg *spec, size_t n,
+                     bool *seen) {
+  const char *arg = argv[*i];
+  const char *eq = strchr(arg, '=');
+  size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+  size_t k = find_arg(spec, n, arg, len);
+  if (k == n) return unknown_flag(cmd, arg, len, spec, n);
+  seen[k] = true;
+  if (eq) return set_value(cmd, &spec[k], eq + 1);
+  if (spec[k].type == ML_ARG_FLAG) {
+    *(bool *)spec[k].dst = true;
+    return 0;
+  }
+  if (*i + 1 >= argc || is_flag(argv[*i + 1]))
+    return ml_err("%s: flag %s: missing value", cmd, spec[k].name);
+  *i += 1;
+  return set_value(cmd, &spec[k], argv[*i]);
+}
+
+static int parse_all(const char *cmd, int argc, char **argv, const ml_arg *spec, size_t n,
+                     bool *seen) {
+  for (int i = 0; i < argc; i++) {
+    if (!is_flag(argv[i]))
+      return ml_err("%s: unexpected positional argument '%s': every argument is a --flag", cmd,
+                    argv[i]);
+    ML_TRY(parse_one(cmd, argc, argv, &i, spec, n, seen));
+  }
+  for (size_t k = 0; k < n; k++)
+    if (spec[k].required && !seen[k])
+      return ml_err("%s: missing required flag %s", cmd, spec[k].name);
+  return 0;
+}
+
+int ml_args_parse(const char *cmd, int argc, char **argv, const ml_arg *spec, size_t n) {
+  bool *seen = ml_calloc(n, sizeof *seen, "argument table");
+  if (!seen) return -1;
+  int rc = parse_all(cmd, argc, argv, spec, n, seen);
+  free(seen);
+  return rc;
+}
+
+static const char *type_name(ml_arg_type t) {
+  switch (t) {
+  case ML_ARG_INT: return "INT";
+  case ML_ARG_FLOAT: return "FLOAT";
+  case ML_ARG_STR: return "STR";
+  case ML_ARG_FLAG: break;
+  }
+  return "";
+}
+
+static void print_default(FILE *f, const ml_arg *a) {
+  if (a->required) {
+    fputs(" (required)", f);
+    return;
+  }
+  switch (a->type) {
+  case ML_ARG_INT: fprintf(f, " (default: %" PRId64 ")", *(const int64_t *)a->dst); break;
+  case ML_ARG_FLOAT: fprintf(f, " (default: %g)", *(const double *)a->dst); break;
+  case ML_ARG_STR:
+    if (*(const char **)a->dst) fprintf(f, " (default: %s)", *(const char **)a->dst);
+    break;
+  case ML_ARG_FLAG:
+    if (*(const bool *)a->dst) fputs(" (default: on)", f);
+    break;
+  }
+}
+
+void ml_args_usage(FILE *f, const char *cmd, const char *summary, const ml_arg *spec, size_t n) {
+  fprintf(f, "usage: meshlm %s [flags]\n", cmd);
+  if (summary) fprintf(f, "%s\n", summary);
+  if (n) fputs("flags:\n", f);
+  for (size_t i = 0; i < n; i++) {
+    int w = fprintf(f, "  %s %s", spec[i].name, type_name(spec[i].type));
+    fprintf(f, "%*s%s", w < 28 ? 28 - w : 1, "", spec[i].help ? spec[i].help : "");
+    print_default(f, &spec[i]);
+    fputc('\n', f);
+  }
+}

@@ -1,0 +1,49 @@
+/* Table-driven long-flag parsing for the CLI subcommands (meshlm init |
+ * train | logprobs | plan). Each subcommand declares an array of ml_arg whose
+ * dst fields hold the defaults before parsing and the parsed values after.
+ * Only long flags exist (GNU getopt_long style without abbreviations):
+ * `--name value` or `--name=value`; ML_ARG_FLAG takes no value. */
+#ifndef ML_ARGS_H
+#define ML_ARGS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+typedef enum {
+  ML_ARG_INT,   /* dst: int64_t*, base-10 integer in the int64 range */
+  ML_ARG_FLOAT, /* dst: double*, finite number (strtod syntax) */
+  ML_ARG_STR,   /* dst: const char**, points into argv (not copied) */
+  ML_ARG_FLAG   /* dst: bool*, set to true when present */
+} ml_arg_type;
+
+typedef struct ml_arg {
+  const char *name; /* with the dashes: "--tp" */
+  ml_arg_type type;
+  void *dst;        /* see ml_arg_type; holds the default on entry */
+  const char *help; /* one line for the usage block */
+  bool required;    /* error when absent from argv */
+} ml_arg;
+
+/* Parse argv[0..argc) — the arguments after the subcommand name `cmd`
+ * (used in messages) — against spec[0..n), writing each value to its dst.
+ * A value may not start with "--" (so `--out --tp 2` reports the missing
+ * value of --out); negative numbers (`--x -1`) are fine. A flag given twice
+ * keeps its last value. Returns 0, or -1 with a message (naming cmd, the
+ * flag and the offending text) for: an unknown flag (the message lists the
+ * accepted flags of cmd), a missing value, a value given to an
+ * ML_ARG_FLAG (`--flag=x`), a malformed or out-of-range number, a
+ * positional argument, a missing required flag. On error some dst may
+ * already have been written. */
+int ml_args_parse(const char *cmd, int argc, char **argv, const ml_arg *spec, size_t n);
+
+/* Print to f a usage block:
+ *   usage: meshlm CMD [flags]
+ *   SUMMARY
+ *   flags:
+ *     --name TYPE   help (required | default: VALUE)
+ * with defaults read from the current dst values (so call it before
+ * ml_args_parse). A NULL string default and a false flag print no default. */
+void ml_args_usage(FILE *f, const char *cmd, const char *summary, const ml_arg *spec, size_t n);
+
+#endif

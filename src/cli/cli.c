@@ -1,0 +1,55 @@
+#include "cli/cli.h"
+
+#include <limits.h>
+#include <mpi.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <string.h>
+
+#include "cli/args.h"
+#include "common/status.h"
+
+static int world_rank(void) {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+int ml_cli_agree(int rc) {
+  int rank = world_rank(), mine = rc != 0 ? rank : INT_MAX, first = INT_MAX;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (first == INT_MAX) return 0;
+  if (rank == first) fprintf(stderr, "meshlm: error: %s\n", ml_error_msg());
+  return -1;
+}
+
+_Noreturn void ml_cli_abort(void) {
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  fprintf(stderr, "meshlm: error%s: %s\n", size > 1 ? " (aborting every rank)" : "",
+          ml_error_msg());
+  fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  exit(1);
+}
+
+void ml_cli_print(const char *fmt, ...) {
+  if (world_rank() != 0) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  fflush(stdout);
+}
+
+int ml_cli_parse(const char *cmd, const char *summary, int argc, char **argv, const ml_arg *spec,
+                 size_t n) {
+  for (int i = 0; i < argc; i++)
+    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+      if (world_rank() == 0) ml_args_usage(stdout, cmd, summary, spec, n);
+      return 1;
+    }
+  return ml_args_parse(cmd, argc, argv, spec, n);
+}

@@ -1,0 +1,34 @@
+/* Shared pieces of the meshlm subcommands: error agreement across ranks
+ * and the commands' entry points. */
+#ifndef ML_CLI_H
+#define ML_CLI_H
+
+#include <stddef.h>
+
+struct ml_arg;
+
+/* Collective over MPI_COMM_WORLD at the end of a phase where any rank may
+ * have failed before any collective of that phase could hang: returns 0
+ * when every rank's rc is 0, else −1 on every rank, and the lowest failing
+ * rank prints its message ("meshlm: error: ...") to stderr. */
+int ml_cli_agree(int rc);
+
+/* For a failure inside a phase whose peers may be blocked in a collective:
+ * print this rank's message and abort every rank with exit status 1
+ * (MPI_Abort). */
+_Noreturn void ml_cli_abort(void);
+
+/* Parse the flags of `cmd` (with ml_args_parse); "--help" prints the usage
+ * on rank 0 and returns 1. Returns 0 when parsed, −1 on a bad flag (the
+ * message recorded; every rank sees the same argv). */
+int ml_cli_parse(const char *cmd, const char *summary, int argc, char **argv,
+                 const struct ml_arg *spec, size_t n);
+
+/* Print `fmt` on world rank 0 only. */
+void ml_cli_print(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+int ml_cmd_init(int argc, char **argv);
+int ml_cmd_train(int argc, char **argv);
+int ml_cmd_logprobs(int argc, char **argv);
+
+#endif

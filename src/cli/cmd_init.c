@@ -1,0 +1,76 @@
+/* meshlm init: a randomly initialised model in HF layout, initialised as
+ * transformers' _init_weights does (Linear/Embedding weights ~ N(0, 0.02),
+ * biases 0, RMSNorm weights 1). */
+#include <errno.h>
+#include <mpi.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "common/rng.h"
+#include "common/status.h"
+#include "io/checkpoint.h"
+#include "model/model.h"
+
+static void init_param(const ml_param *p, float *data, ml_rng *rng) {
+  int64_t n = p->shape[0] * p->shape[1];
+  const char *leaf = strrchr(p->name, '.');
+  int is_bias = leaf && strcmp(leaf, ".bias") == 0;
+  int is_norm = p->ndim == 1 && !is_bias;
+  for (int64_t i = 0; i < n; i++)
+    data[i] = is_norm ? 1.0f : is_bias ? 0.0f : (float)(0.02 * ml_rng_normal(rng));
+}
+
+static int write_model(const ml_model_config *cfg, const char *dir, int64_t seed) {
+  ml_model m;
+  ML_TRY(ml_model_create(cfg, &m));
+  ml_st_entry *entries = ml_calloc((size_t)m.n_params, sizeof *entries, "init entries");
+  int rc = entries ? 0 : -1;
+  ml_rng rng = ml_rng_seed((uint64_t)seed);
+  for (int i = 0; rc == 0 && i < m.n_params; i++) {
+    const ml_param *p = &m.params[i];
+    float *data = ml_malloc(sizeof(float) * (size_t)(p->shape[0] * p->shape[1]), p->name);
+    if (!data) {
+      rc = -1;
+      break;
+    }
+    init_param(p, data, &rng);
+    entries[i] = (ml_st_entry){p->name, ML_F32, p->ndim, {p->shape[0], p->shape[1]}, data};
+  }
+  if (rc == 0 && mkdir(dir, 0755) != 0 && errno != EEXIST)
+    rc = ml_err("--out %s: cannot create the directory: %s", dir, strerror(errno));
+  if (rc == 0) rc = ml_model_config_write(dir, cfg);
+  if (rc == 0) rc = ml_ckpt_write(dir, entries, (size_t)m.n_params, 0);
+  for (int i = 0; entries && i < m.n_params; i++) free((void *)entries[i].data);
+  free(entries);
+  ml_model_destroy(&m);
+  return rc;
+}
+
+int ml_cmd_init(int argc, char **argv) {
+  const char *arch = "llama", *preset = "tiny", *out = NULL;
+  int64_t seed = 0;
+  bool tie = false;
+  ml_arg spec[] = {
+      {"--arch", ML_ARG_STR, &arch, "model family: llama or qwen2", false},
+      {"--preset", ML_ARG_STR, &preset, "tiny (tests) or small (~13M parameters, the demo)", false},
+      {"--seed", ML_ARG_INT, &seed, "random seed of the initial weights", false},
+      {"--tie-word-embeddings", ML_ARG_FLAG, &tie, "share embed_tokens and lm_head", false},
+      {"--out", ML_ARG_STR, &out, "output directory (config.json + model.safetensors)", true},
+  };
+  int rc = ml_cli_parse("init", "write a randomly initialised HF checkpoint", argc, argv, spec,
+                        sizeof spec / sizeof spec[0]);
+  if (rc == 1) return 0;
+  ml_model_config cfg;
+  if (rc == 0) rc = ml_model_config_preset(arch, preset, &cfg);
+  if (rc == 0 && tie) cfg.tie_embeddings = true;
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rc == 0 && rank == 0) rc = write_model(&cfg, out, seed);
+  ML_TRY(ml_cli_agree(rc));
+  ml_cli_print("init: wrote %s (%s %s, %lld parameters, seed %lld)\n", out, arch, preset,
+               (long long)ml_model_config_num_params(&cfg), (long long)seed);
+  return 0;
+}

@@ -1,0 +1,117 @@
+/* meshlm logprobs: per-token log-probs of JSONL sequences with the
+ * vocab-parallel log-softmax (no rank holds full-vocab logits when tp > 1).
+ * Sequences are dealt round-robin to the data-parallel ranks; rank 0
+ * gathers and writes them in input order to a temp file renamed at the end. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "common/status.h"
+#include "train/data.h"
+#include "train/engine.h"
+
+typedef struct lp_run {
+  ml_mesh *mesh;
+  ml_engine *e;
+  const ml_seqs *seqs;
+  FILE *out; /* world rank 0 only */
+  float *buf, *all;
+} lp_run;
+
+static void write_line(FILE *f, const float *lp, int64_t n) {
+  fputs("{\"logprobs\": [", f);
+  for (int64_t t = 0; t < n; t++) fprintf(f, "%s%.9g", t ? ", " : "", lp[t]);
+  fputs("]}\n", f);
+}
+
+/* Round r: dp rank d scores sequence r·dp + d (or repeats the last one
+ * when there is none, to keep FSDP's collectives in step). */
+static int score_round(lp_run *run, int64_t r) {
+  ml_comm *dp = run->mesh->dp_comm;
+  int64_t n = run->seqs->n, mine = r * dp->size + dp->rank;
+  int64_t i = mine < n ? mine : n - 1;
+  int64_t S = run->seqs->len[i];
+  ML_TRY(ml_engine_logprobs(run->e, run->seqs->ids[i], 1, S, run->buf));
+  size_t counts[1024];
+  if (dp->size > 1024) return ml_err("logprobs: at most 1024 data-parallel ranks");
+  for (int d = 0; d < dp->size; d++) {
+    int64_t k = r * dp->size + d < n ? r * dp->size + d : n - 1;
+    counts[d] = (size_t)(run->seqs->len[k] - 1);
+  }
+  const float *got = run->buf;
+  if (dp->size > 1) {
+    ML_TRY(ml_all_gather_v(dp, run->buf, (size_t)(S - 1), run->all, counts));
+    got = run->all;
+  }
+  for (int d = 0; run->out && d < dp->size && r * dp->size + d < n; d++) {
+    write_line(run->out, got, (int64_t)counts[d]);
+    got += counts[d];
+  }
+  return 0;
+}
+
+static int open_out(const char *path, char *tmp, size_t cap, FILE **f) {
+  snprintf(tmp, cap, "%s.tmp", path);
+  *f = fopen(tmp, "w");
+  if (!*f) return ml_err("--out %s: cannot write %s: %s", path, tmp, strerror(errno));
+  return 0;
+}
+
+static int run_all(lp_run *run) {
+  int64_t n = run->seqs->n, maxlen = 0, dp = run->mesh->dp_comm->size;
+  for (int64_t i = 0; i < n; i++) maxlen = run->seqs->len[i] > maxlen ? run->seqs->len[i] : maxlen;
+  run->buf = ml_malloc(sizeof(float) * (size_t)(maxlen * (dp + 1)), "log-probs");
+  if (!run->buf) return -1;
+  run->all = run->buf + maxlen;
+  int rc = 0;
+  for (int64_t r = 0; rc == 0 && r * dp < n; r++) rc = score_round(run, r);
+  free(run->buf);
+  return rc;
+}
+
+int ml_cmd_logprobs(int argc, char **argv) {
+  const char *model = NULL, *data = NULL, *out = NULL;
+  int64_t tp = 1;
+  ml_arg spec[] = {
+      {"--model", ML_ARG_STR, &model, "HF checkpoint directory", true},
+      {"--data", ML_ARG_STR, &data, "JSONL, one {\"input_ids\": [...]} per line", true},
+      {"--out", ML_ARG_STR, &out, "output JSONL: {\"logprobs\": [S-1 floats]} per line", true},
+      {"--tp", ML_ARG_INT, &tp, "tensor-parallel size (dp_shard = world / tp)", false},
+  };
+  int rc = ml_cli_parse("logprobs", "per-token log-probs, log p(token t+1 | tokens <= t)", argc,
+                        argv, spec, sizeof spec / sizeof spec[0]);
+  if (rc == 1) return 0;
+  ml_mesh mesh = {0};
+  ml_engine e = {0};
+  ml_seqs seqs = {0};
+  lp_run run = {&mesh, &e, &seqs, NULL, NULL, NULL};
+  char tmp[4096];
+  if (rc == 0) rc = ml_mesh_create(1, 0, 1, (int)tp, &mesh);
+  if (rc == 0) rc = ml_engine_open(&e, &mesh, model);
+  if (rc == 0) rc = ml_seqs_load_jsonl(data, e.model.cfg.vocab, &seqs);
+  if (rc == 0 && mesh.rank == 0) rc = open_out(out, tmp, sizeof tmp, &run.out);
+  if (ml_cli_agree(rc) == 0) {
+    rc = run_all(&run);
+    if (run.out && fclose(run.out) != 0 && rc == 0)
+      rc = ml_err("--out %s: write failed: %s", out, strerror(errno));
+    if (run.out && rc == 0 && rename(tmp, out) != 0)
+      rc = ml_err("--out %s: rename from %s failed: %s", out, tmp, strerror(errno));
+    if (run.out && rc != 0) remove(tmp);
+    run.out = NULL;
+    rc = ml_cli_agree(rc);
+    if (rc == 0) ml_cli_print("logprobs: wrote %lld lines to %s\n", (long long)seqs.n, out);
+  } else {
+    rc = -1;
+  }
+  if (run.out) {
+    fclose(run.out);
+    remove(tmp);
+  }
+  ml_seqs_free(&seqs);
+  ml_engine_close(&e);
+  if (mesh.world) ml_mesh_destroy(&mesh);
+  return rc;
+}

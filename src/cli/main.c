@@ -1,0 +1,40 @@
+/* meshlm: train and score Hugging Face decoder LMs across a device mesh.
+ * Run plainly (one rank) or under mpirun (one rank per process). */
+#include <mpi.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: meshlm <command> [flags]   (or: mpirun -np N meshlm <command> [flags])\n"
+          "commands:\n"
+          "  init      write a randomly initialised HF checkpoint (config.json + safetensors)\n"
+          "  train     train a checkpoint on JSONL token ids or raw text over the mesh\n"
+          "  logprobs  per-token log-probs of JSONL sequences (vocab-parallel)\n"
+          "'meshlm <command> --help' lists a command's flags.\n");
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  int rc = 1;
+  const char *cmd = argc > 1 ? argv[1] : "";
+  if (strcmp(cmd, "init") == 0) rc = ml_cmd_init(argc - 2, argv + 2);
+  else if (strcmp(cmd, "train") == 0) rc = ml_cmd_train(argc - 2, argv + 2);
+  else if (strcmp(cmd, "logprobs") == 0) rc = ml_cmd_logprobs(argc - 2, argv + 2);
+  else if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+    usage(stdout);
+    rc = 0;
+  } else {
+    int rank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (rank == 0) {
+      fprintf(stderr, "meshlm: error: unknown command '%s'; expected init, train or logprobs\n",
+              cmd);
+      usage(stderr);
+    }
+  }
+  MPI_Finalize();
+  return rc == 0 ? 0 : 1;
+}

@@ -1,0 +1,37 @@
+#include "comm/comm.h"
+
+#include "common/status.h"
+
+int ml_all_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op) {
+  return c->ops->all_reduce(c, buf, n, elem, op);
+}
+int ml_all_gather(ml_comm *c, const float *send, float *recv, size_t n_per_rank) {
+  return c->ops->all_gather(c, send, recv, n_per_rank);
+}
+int ml_all_gather_v(ml_comm *c, const float *send, size_t n_send, float *recv,
+                    const size_t *counts) {
+  return c->ops->all_gather_v(c, send, n_send, recv, counts);
+}
+int ml_reduce_scatter(ml_comm *c, const float *send, float *recv, size_t n_per_rank) {
+  return c->ops->reduce_scatter(c, send, recv, n_per_rank);
+}
+int ml_broadcast(ml_comm *c, void *buf, size_t bytes, int root) {
+  return c->ops->broadcast(c, buf, bytes, root);
+}
+void ml_comm_destroy(ml_comm *c) {
+  if (c) c->ops->destroy(c);
+}
+
+const char *ml_coll_name(ml_coll k) {
+  static const char *names[ML_COLL_KINDS] = {"all_reduce", "all_gather", "reduce_scatter",
+                                             "broadcast"};
+  return names[k];
+}
+
+int ml_comm_agree(ml_comm *c, int rc) {
+  float failed = rc != 0;
+  if (c->size > 1 && ml_all_reduce(c, &failed, 1, ML_ELEM_F32, ML_RED_MAX)) return -1;
+  if (failed == 0.0f) return 0;
+  if (rc == 0) ml_err("the operation failed on another rank of group '%s'", c->name);
+  return -1;
+}

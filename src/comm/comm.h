@@ -1,0 +1,80 @@
+/* Collective communication backend: a vtable with an MPI implementation
+ * (comm_mpi.c) and a counting wrapper (comm_count.c) that records, per
+ * collective, how many calls and how many bytes, for tests and `meshlm plan`.
+ *
+ * One ml_comm is one process group (a device-mesh dimension or a flattening
+ * of several). Every call is collective over the group: all members call it
+ * in the same order with the same sizes. Buffers are fp32 unless a dtype is
+ * given. Semantics follow torch.distributed (all_reduce, all_gather_into_tensor,
+ * reduce_scatter_tensor). */
+#ifndef ML_COMM_H
+#define ML_COMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { ML_RED_SUM, ML_RED_MAX } ml_redop;
+typedef enum { ML_ELEM_F32, ML_ELEM_F64 } ml_elem;
+
+typedef enum {
+  ML_COLL_ALL_REDUCE,
+  ML_COLL_ALL_GATHER,
+  ML_COLL_REDUCE_SCATTER,
+  ML_COLL_BROADCAST,
+  ML_COLL_KINDS
+} ml_coll;
+
+typedef struct ml_comm ml_comm;
+
+typedef struct ml_comm_ops {
+  int (*all_reduce)(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op);
+  int (*all_gather)(ml_comm *c, const float *send, float *recv, size_t n_per_rank);
+  int (*all_gather_v)(ml_comm *c, const float *send, size_t n_send, float *recv,
+                      const size_t *counts);
+  int (*reduce_scatter)(ml_comm *c, const float *send, float *recv, size_t n_per_rank);
+  int (*broadcast)(ml_comm *c, void *buf, size_t bytes, int root);
+  void (*destroy)(ml_comm *c);
+} ml_comm_ops;
+
+struct ml_comm {
+  const ml_comm_ops *ops;
+  void *impl;
+  int rank, size;
+  char name[32]; /* mesh dimension name, for messages and stats ("tp", "dp_shard") */
+};
+
+/* In place: buf[n] = op over ranks of buf[n]. */
+int ml_all_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op);
+/* recv[size * n] = concatenation of every rank's send[n], in rank order. */
+int ml_all_gather(ml_comm *c, const float *send, float *recv, size_t n_per_rank);
+/* Uneven all-gather (torch.chunk shards): rank r sends counts[r] floats
+ * (n_send == counts[rank]); recv = concatenation in rank order. */
+int ml_all_gather_v(ml_comm *c, const float *send, size_t n_send, float *recv,
+                    const size_t *counts);
+/* recv[n] = sum over ranks of send[rank * n .. (rank+1) * n). */
+int ml_reduce_scatter(ml_comm *c, const float *send, float *recv, size_t n_per_rank);
+/* buf[bytes] from `root` to every rank. */
+int ml_broadcast(ml_comm *c, void *buf, size_t bytes, int root);
+void ml_comm_destroy(ml_comm *c);
+
+/* Collective: 0 when rc == 0 on every rank, else −1 on every rank (ranks
+ * whose own rc was 0 record "failed on another rank"). For steps where
+ * only some ranks may fail (rank 0 writing a file), so that all exit. */
+int ml_comm_agree(ml_comm *c, int rc);
+
+/* Counting wrapper: calls pass through to `inner` (which it owns). */
+typedef struct ml_comm_stats {
+  int64_t calls[ML_COLL_KINDS];
+  /* Bytes of the collective's full buffer per rank: all-reduce n·elem,
+   * all-gather and reduce-scatter size·n_per_rank·4 (the unsharded size),
+   * broadcast the buffer. */
+  int64_t bytes[ML_COLL_KINDS];
+} ml_comm_stats;
+
+int ml_comm_counting_create(ml_comm *inner, ml_comm **out);
+/* The stats of a counting comm (NULL for any other comm). */
+ml_comm_stats *ml_comm_stats_of(ml_comm *c);
+void ml_comm_stats_reset(ml_comm *c);
+const char *ml_coll_name(ml_coll k);
+
+#endif

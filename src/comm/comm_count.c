@@ -1,0 +1,83 @@
+/* Counting wrapper: forwards every collective to the wrapped comm and
+ * records calls and bytes per kind (the role of torch's CommDebugMode). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm.h"
+#include "common/status.h"
+
+typedef struct counting {
+  ml_comm *inner;
+  ml_comm_stats stats;
+} counting;
+
+static counting *cnt_of(ml_comm *c) { return c->impl; }
+
+static void record(ml_comm *c, ml_coll k, size_t bytes) {
+  cnt_of(c)->stats.calls[k]++;
+  cnt_of(c)->stats.bytes[k] += (int64_t)bytes;
+}
+
+static int cnt_all_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op) {
+  record(c, ML_COLL_ALL_REDUCE, n * (elem == ML_ELEM_F64 ? 8 : 4));
+  return ml_all_reduce(cnt_of(c)->inner, buf, n, elem, op);
+}
+
+static int cnt_all_gather(ml_comm *c, const float *send, float *recv, size_t n) {
+  record(c, ML_COLL_ALL_GATHER, n * (size_t)c->size * 4);
+  return ml_all_gather(cnt_of(c)->inner, send, recv, n);
+}
+
+static int cnt_all_gather_v(ml_comm *c, const float *send, size_t n_send, float *recv,
+                            const size_t *counts) {
+  size_t total = 0;
+  for (int r = 0; r < c->size; r++) total += counts[r];
+  record(c, ML_COLL_ALL_GATHER, total * 4);
+  return ml_all_gather_v(cnt_of(c)->inner, send, n_send, recv, counts);
+}
+
+static int cnt_reduce_scatter(ml_comm *c, const float *send, float *recv, size_t n) {
+  record(c, ML_COLL_REDUCE_SCATTER, n * (size_t)c->size * 4);
+  return ml_reduce_scatter(cnt_of(c)->inner, send, recv, n);
+}
+
+static int cnt_broadcast(ml_comm *c, void *buf, size_t bytes, int root) {
+  record(c, ML_COLL_BROADCAST, bytes);
+  return ml_broadcast(cnt_of(c)->inner, buf, bytes, root);
+}
+
+static void cnt_destroy(ml_comm *c) {
+  ml_comm_destroy(cnt_of(c)->inner);
+  free(c->impl);
+  free(c);
+}
+
+static const ml_comm_ops counting_ops = {cnt_all_reduce,     cnt_all_gather, cnt_all_gather_v,
+                                         cnt_reduce_scatter, cnt_broadcast,  cnt_destroy};
+
+int ml_comm_counting_create(ml_comm *inner, ml_comm **out) {
+  ml_comm *c = ml_calloc(1, sizeof *c, "counting comm");
+  counting *k = ml_calloc(1, sizeof *k, "counting comm");
+  if (!c || !k) {
+    free(c);
+    free(k);
+    return -1;
+  }
+  k->inner = inner;
+  c->ops = &counting_ops;
+  c->impl = k;
+  c->rank = inner->rank;
+  c->size = inner->size;
+  memcpy(c->name, inner->name, sizeof c->name);
+  *out = c;
+  return 0;
+}
+
+ml_comm_stats *ml_comm_stats_of(ml_comm *c) {
+  return c->ops == &counting_ops ? &cnt_of(c)->stats : NULL;
+}
+
+void ml_comm_stats_reset(ml_comm *c) {
+  ml_comm_stats *s = ml_comm_stats_of(c);
+  if (s) memset(s, 0, sizeof *s);
+}

@@ -1,0 +1,52 @@
+/* RMSNorm (HF LlamaRMSNorm / Gemma3RMSNorm): y = x·rstd·(w_offset + w). */
+#include <math.h>
+
+#include "kernels/cpu/kernels.h"
+
+enum { COLS_PER_TASK = 256 };
+
+// x, y: [T, H]; w: [H]; rstd: [T]
+void k_rmsnorm_fwd(const float *x, const float *w, float w_offset, float eps, float *y, float *rstd,
+                   int64_t T, int64_t H) {
+#pragma omp parallel for
+  for (int64_t t = 0; t < T; t++) {
+    const float *xr = x + t * H;
+    double ss = 0.0;
+    for (int64_t h = 0; h < H; h++) ss += (double)xr[h] * xr[h];
+    float r = 1.0f / sqrtf((float)(ss / (double)H) + eps);
+    rstd[t] = r;
+    float *yr = y + t * H;
+    for (int64_t h = 0; h < H; h++) yr[h] = (xr[h] * r) * (w_offset + w[h]);
+  }
+}
+
+// dw: [H] += sum_t dy[t]·x[t]·rstd[t]; threads own disjoint column ranges
+static void rmsnorm_dw(const float *dy, const float *x, const float *rstd, float *dw, int64_t T,
+                       int64_t H) {
+#pragma omp parallel for
+  for (int64_t c0 = 0; c0 < H; c0 += COLS_PER_TASK) {
+    int64_t n = H - c0 < COLS_PER_TASK ? H - c0 : COLS_PER_TASK;
+    double acc[COLS_PER_TASK] = {0};
+    for (int64_t t = 0; t < T; t++) {
+      const float *dr = dy + t * H + c0, *xr = x + t * H + c0;
+      for (int64_t j = 0; j < n; j++) acc[j] += (double)dr[j] * xr[j] * rstd[t];
+    }
+    for (int64_t j = 0; j < n; j++) dw[c0 + j] += (float)acc[j];
+  }
+}
+
+// dx[t,h] = rstd·we[h]·dy[t,h] − x[t,h]·rstd³/H · sum_k dy[t,k]·we[k]·x[t,k]
+void k_rmsnorm_bwd(const float *dy, const float *x, const float *w, float w_offset,
+                   const float *rstd, float *dx, float *dw, int64_t T, int64_t H) {
+  if (dw) rmsnorm_dw(dy, x, rstd, dw, T, H);  // before dx, which may overwrite dy
+#pragma omp parallel for
+  for (int64_t t = 0; t < T; t++) {
+    const float *dr = dy + t * H, *xr = x + t * H;
+    double dot = 0.0;
+    for (int64_t h = 0; h < H; h++) dot += (double)dr[h] * (w_offset + w[h]) * xr[h];
+    float r = rstd[t];
+    float c = (float)(dot * r * r * r / (double)H);
+    float *dxr = dx + t * H;
+    for (int64_t h = 0; h < H; h++) dxr[h] = r * (w_offset + w[h]) * dr[h] - xr[h] * c;
+  }
+}

@@ -1,0 +1,48 @@
+/* Cross-entropy pieces on one vocab shard (Megatron _VocabParallelCrossEntropy). */
+#include <math.h>
+
+#include "kernels/cpu/kernels.h"
+
+// the target's column in this shard, or -1 when y is ignored or elsewhere
+static inline int64_t shard_col(int32_t y, int64_t v0, int64_t V) {
+  return (y >= v0 && y < v0 + V) ? y - v0 : -1;
+}
+
+// logits: [T, V]; mx: [T]
+void k_xent_rowmax(const float *logits, int64_t T, int64_t V, float *mx) {
+#pragma omp parallel for
+  for (int64_t t = 0; t < T; t++) {
+    const float *l = logits + t * V;
+    float m = -INFINITY;
+    for (int64_t j = 0; j < V; j++) m = l[j] > m ? l[j] : m;
+    mx[t] = m;
+  }
+}
+
+// se, tl: [T]
+void k_xent_sumexp_target(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,
+                          const float *mx, float *se, float *tl) {
+#pragma omp parallel for
+  for (int64_t t = 0; t < T; t++) {
+    const float *l = logits + t * V;
+    double s = 0.0;
+    for (int64_t j = 0; j < V; j++) s += expf(l[j] - mx[t]);
+    se[t] = (float)s;
+    int64_t c = shard_col(y[t], v0, V);
+    tl[t] = c >= 0 ? l[c] - mx[t] : 0.0f;
+  }
+}
+
+// dlogits: [T, V] = w[t]·(softmax − onehot); may alias logits
+void k_xent_bwd(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,
+                const float *mx, const float *se, const float *w, float *dlogits) {
+#pragma omp parallel for
+  for (int64_t t = 0; t < T; t++) {
+    const float *l = logits + t * V;
+    float *d = dlogits + t * V;
+    float m = mx[t], inv = 1.0f / se[t], wt = w[t];
+    for (int64_t j = 0; j < V; j++) d[j] = wt * (expf(l[j] - m) * inv);
+    int64_t c = shard_col(y[t], v0, V);
+    if (c >= 0) d[c] -= wt;
+  }
+}

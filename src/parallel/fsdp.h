@@ -1,0 +1,70 @@
+/* FSDP (torch's fully_shard / FSDP2, DESIGN §6) over the dp_shard group.
+ *
+ * Unit = one decoder layer, plus a root unit (embedding, final norm,
+ * lm_head). Each parameter's TP-local tensor is chunked on dim 0 across the
+ * group (chunk = ceil(rows / dp), zero-padded), and a unit's chunks are
+ * packed into one flat shard per rank: shard = [chunk of p0 | chunk of p1 |
+ * ...]. Unsharding is one all-gather of the flat shards followed by a copy
+ * into the unit's contiguous unsharded buffer (FSDP2's copy-out); gradients
+ * are copied into the same rank-major layout and reduce-scattered (SUM: the
+ * loss is already normalised by the global token count) into the shard's
+ * gradient. Master weights, gradients and AdamW state live on the shard.
+ * With a group of one rank the shard is the unsharded tensor and no
+ * collective runs. reshard_after_forward: true for layers, false for the
+ * root and the last layer (needed at once in backward), as FSDP2's
+ * fully_shard defaults are used in torchtitan. */
+#ifndef ML_FSDP_H
+#define ML_FSDP_H
+
+#include <stdbool.h>
+
+#include "comm/comm.h"
+#include "io/checkpoint.h"
+#include "model/model.h"
+
+typedef struct ml_fsdp_unit {
+  ml_param **params;
+  int n;
+  int64_t *chunk_rows;  /* per param: ceil(local rows / dp) */
+  int64_t *shard_off;   /* per param: offset of its chunk in the flat shard */
+  int64_t *full_off;    /* per param: offset in the unsharded buffer */
+  int64_t shard_numel;  /* per rank, padding included */
+  int64_t full_numel;
+  float *shard, *shard_grad, *adam_m, *adam_v; /* [shard_numel] each */
+  float *full, *full_grad;                     /* unsharded, while materialised */
+  bool reshard_after_forward;
+} ml_fsdp_unit;
+
+typedef struct ml_fsdp {
+  ml_comm *dp;
+  ml_fsdp_unit *units; /* n_layers + 1; the root is the last */
+  int n_units;
+  float *comm_buf; /* [dp · max shard_numel], gather / reduce-scatter staging */
+} ml_fsdp;
+
+/* Build the units of `m` (after TP is applied), allocate this rank's
+ * shards and fill them from the checkpoint `ck` (each rank reads only its
+ * slice). Errors: a parameter missing from the checkpoint or with another
+ * shape (named, with both shapes), unreadable dtype, allocation. */
+int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, const ml_ckpt *ck);
+void ml_fsdp_destroy(ml_fsdp *f);
+
+/* Materialise unit u's parameters (all-gather; no-op if already there) and
+ * point param->data at them. */
+int ml_fsdp_unshard(ml_fsdp *f, int u);
+/* Free unit u's unsharded parameters (param->data = NULL); no-op when the
+ * shard is the full tensor. */
+void ml_fsdp_reshard(ml_fsdp *f, int u);
+/* Zeroed unsharded gradients for unit u (param->grad set). */
+int ml_fsdp_grad_begin(ml_fsdp *f, int u);
+/* Reduce-scatter unit u's gradients into shard_grad (=) and free them. */
+int ml_fsdp_reduce_grads(ml_fsdp *f, int u);
+
+/* Which unit holds parameter p: its index, and where its chunk lies. */
+int ml_fsdp_param_index(const ml_fsdp_unit *unit, const ml_param *p);
+
+/* Rows [r0, r0+nr) of p's local tensor held in this rank's shard. */
+void ml_fsdp_param_rows(const ml_fsdp *f, const ml_fsdp_unit *unit, int i, int64_t *r0,
+                        int64_t *nr);
+
+#endif

@@ -1,0 +1,71 @@
+#include "parallel/loss.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "common/status.h"
+#include "kernels/cpu/kernels.h"
+
+enum { LOGITS_BUDGET = 1 << 23 }; /* floats of logits per chunk (32 MiB) */
+
+typedef struct chunk_bufs {
+  float *logits; /* [nt, V_local] */
+  float *mx;     /* [nt] */
+  float *se_tl;  /* [2 nt]: sum of exp, then target logit − max */
+  float *w;      /* [nt] gradient weights */
+} chunk_bufs;
+
+/* mx, se, tl of tokens t0 .. t0+nt−1, reduced over the vocab shards. */
+static int chunk_stats(ml_model *m, ml_comm *tp, const int32_t *y, int64_t t0, int64_t nt,
+                       chunk_bufs *b) {
+  int64_t v0, nv;
+  ml_model_vocab_shard(m, &v0, &nv);
+  ML_TRY(ml_head_forward(m, t0, nt, b->logits));  // logits: [nt, nv]
+  k_xent_rowmax(b->logits, nt, nv, b->mx);
+  if (tp->size > 1) ML_TRY(ml_all_reduce(tp, b->mx, (size_t)nt, ML_ELEM_F32, ML_RED_MAX));
+  k_xent_sumexp_target(b->logits, nt, nv, v0, y + t0, b->mx, b->se_tl, b->se_tl + nt);
+  if (tp->size > 1) ML_TRY(ml_all_reduce(tp, b->se_tl, (size_t)(2 * nt), ML_ELEM_F32, ML_RED_SUM));
+  return 0;
+}
+
+static int run_chunks(ml_model *m, ml_comm *tp, const int32_t *y, bool backward, float scale,
+                      float *logprobs, ml_loss_out *out, chunk_bufs *b, int64_t chunk) {
+  int64_t T = m->B * m->S, v0, nv;
+  ml_model_vocab_shard(m, &v0, &nv);
+  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+    int64_t nt = T - t0 < chunk ? T - t0 : chunk;
+    ML_TRY(chunk_stats(m, tp, y, t0, nt, b));
+    for (int64_t i = 0; i < nt; i++) {
+      int valid = y[t0 + i] >= 0;
+      double lp = valid ? (double)b->se_tl[nt + i] - log((double)b->se_tl[i]) : 0.0;
+      if (logprobs) logprobs[t0 + i] = (float)lp;
+      out->loss_sum -= lp;
+      out->count += valid;
+      b->w[i] = valid ? scale : 0.0f;
+    }
+    if (!backward) continue;
+    k_xent_bwd(b->logits, nt, nv, v0, y + t0, b->mx, b->se_tl, b->w, b->logits);
+    ML_TRY(ml_head_backward(m, t0, nt, b->logits));
+  }
+  return 0;
+}
+
+int ml_vocab_parallel_loss(ml_model *m, ml_comm *tp, const int32_t *targets, bool backward,
+                           float grad_scale, float *logprobs, ml_loss_out *out) {
+  int64_t T = m->B * m->S, v0, nv;
+  ml_model_vocab_shard(m, &v0, &nv);
+  int64_t chunk = LOGITS_BUDGET / nv;
+  chunk = chunk < 1 ? 1 : chunk > T ? T : chunk;
+  chunk_bufs b;
+  float *mem = ml_malloc(sizeof(float) * (size_t)(chunk * (nv + 4)), "logits chunk");
+  if (!mem) return -1;
+  b.logits = mem;
+  b.mx = mem + chunk * nv;
+  b.se_tl = b.mx + chunk;
+  b.w = b.se_tl + 2 * chunk;
+  out->loss_sum = 0.0;
+  out->count = 0;
+  int rc = run_chunks(m, tp, targets, backward, grad_scale, logprobs, out, &b, chunk);
+  free(mem);
+  return rc;
+}

@@ -1,0 +1,30 @@
+/* Vocab-parallel cross-entropy and per-token log-probs (DESIGN §7; Megatron
+ * _VocabParallelCrossEntropy, torchtitan _LossParallelCrossEntropy, NeMo RL
+ * DistributedLogprob): lm_head's logits stay sharded on the vocab dim; per
+ * token, an all-reduce MAX of the row max, then one all-reduce SUM of
+ * (sum of exp, target logit) over tp. Backward is local:
+ * (softmax − onehot)·w. The full [T, V] logits never exist; tokens are
+ * processed in chunks that bound the logits buffer. */
+#ifndef ML_LOSS_H
+#define ML_LOSS_H
+
+#include <stdbool.h>
+
+#include "comm/comm.h"
+#include "model/model.h"
+
+typedef struct ml_loss_out {
+  double loss_sum; /* sum over valid targets of −log p(target), this rank's tokens */
+  int64_t count;   /* valid targets among this rank's tokens */
+} ml_loss_out;
+
+/* Run lm_head (after ml_head_begin) and the loss over all T tokens.
+ * targets [T]: global token id, or −1 to ignore. When `backward`, each
+ * valid token's gradient weight is `grad_scale` (1 / global target count
+ * for a mean loss) and ml_head_backward runs per chunk. logprobs [T] (may
+ * be NULL): log p(targets[t]) (0 for ignored tokens). tp: the group the
+ * vocab is sharded over. Errors: allocation, collectives. */
+int ml_vocab_parallel_loss(ml_model *m, ml_comm *tp, const int32_t *targets, bool backward,
+                           float grad_scale, float *logprobs, ml_loss_out *out);
+
+#endif

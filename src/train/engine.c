@@ -1,0 +1,167 @@
+#include "train/engine.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "io/checkpoint.h"
+#include "kernels/cpu/kernels.h"
+#include "parallel/tp.h"
+
+int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir) {
+  memset(e, 0, sizeof *e);
+  e->mesh = mesh;
+  ml_model_config cfg;
+  ML_TRY(ml_model_config_load(model_dir, &cfg));
+  ML_TRY(ml_model_create(&cfg, &e->model));
+  ML_TRY(ml_plan_llama_base(&cfg, &e->plan));
+  ML_TRY(ml_tp_apply(&e->plan, &e->model, mesh->tp_comm));
+  ml_ckpt ck;
+  ML_TRY(ml_ckpt_open(model_dir, &ck));
+  int rc = ml_fsdp_init(&e->fsdp, &e->model, mesh->dp_shard_comm, &ck);
+  ml_ckpt_close(&ck);
+  return rc;
+}
+
+void ml_engine_close(ml_engine *e) {
+  if (e->fsdp.units) ml_fsdp_destroy(&e->fsdp);
+  ml_model_destroy(&e->model);
+  ml_plan_free(&e->plan);
+  free(e->x);
+  free(e->targets);
+  memset(e, 0, sizeof *e);
+}
+
+/* Buffers and activations for a local batch [B, S]. */
+static int prepare(ml_engine *e, int64_t B, int64_t S) {
+  int64_t T = B * S;
+  if (T > e->cap_tokens) {
+    free(e->x);
+    free(e->targets);
+    e->x = ml_malloc(sizeof(float) * (size_t)(T * e->model.cfg.hidden), "residual stream");
+    e->targets = ml_malloc(sizeof(int32_t) * (size_t)T, "targets");
+    if (!e->x || !e->targets) return -1;
+    e->cap_tokens = T;
+  }
+  return ml_model_begin(&e->model, B, S);
+}
+
+/* targets[b, t] = ids[b, t+1] where that token is a target, else −1. */
+static void shift_targets(const int32_t *ids, const uint8_t *mask, int64_t B, int64_t S,
+                          int32_t *targets) {
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t t = 0; t < S; t++) {
+      int64_t i = b * S + t;
+      int ok = t + 1 < S && (!mask || mask[i + 1]);
+      targets[i] = ok ? ids[i + 1] : -1;
+    }
+}
+
+static int forward_layers(ml_engine *e, const int32_t *ids) {
+  ml_fsdp *f = &e->fsdp;
+  int L = (int)e->model.cfg.n_layers, root = L;
+  ML_TRY(ml_fsdp_unshard(f, root));
+  ML_TRY(ml_embed_forward(&e->model, ids, e->x));
+  for (int l = 0; l < L; l++) {
+    ML_TRY(ml_fsdp_unshard(f, l));
+    ML_TRY(ml_layer_forward(&e->model, l, e->x));
+    if (f->units[l].reshard_after_forward) ml_fsdp_reshard(f, l);
+  }
+  return ml_head_begin(&e->model, e->x);
+}
+
+static int backward_layers(ml_engine *e, const int32_t *ids) {
+  ml_fsdp *f = &e->fsdp;
+  int L = (int)e->model.cfg.n_layers, root = L;
+  ML_TRY(ml_head_end_backward(&e->model, e->x));  // x now holds d(residual)
+  for (int l = L - 1; l >= 0; l--) {
+    ML_TRY(ml_fsdp_unshard(f, l));
+    ML_TRY(ml_fsdp_grad_begin(f, l));
+    ML_TRY(ml_layer_backward(&e->model, l, e->x));
+    ML_TRY(ml_fsdp_reduce_grads(f, l));
+    ml_fsdp_reshard(f, l);
+  }
+  ML_TRY(ml_embed_backward(&e->model, ids, e->x));
+  ML_TRY(ml_fsdp_reduce_grads(f, root));
+  ml_fsdp_reshard(f, root);
+  return 0;
+}
+
+int ml_engine_forward_backward(ml_engine *e, const int32_t *ids, const uint8_t *mask, int64_t B,
+                               int64_t S, int64_t global_targets, double *loss) {
+  ML_TRY(prepare(e, B, S));
+  shift_targets(ids, mask, B, S, e->targets);
+  ML_TRY(forward_layers(e, ids));
+  ML_TRY(ml_fsdp_grad_begin(&e->fsdp, (int)e->model.cfg.n_layers));
+  ml_loss_out lo;
+  float scale = global_targets > 0 ? 1.0f / (float)global_targets : 0.0f;
+  ML_TRY(ml_vocab_parallel_loss(&e->model, e->mesh->tp_comm, e->targets, true, scale, NULL, &lo));
+  ML_TRY(backward_layers(e, ids));
+  double sum = lo.loss_sum;
+  if (e->mesh->dp_comm->size > 1)
+    ML_TRY(ml_all_reduce(e->mesh->dp_comm, &sum, 1, ML_ELEM_F64, ML_RED_SUM));
+  *loss = global_targets > 0 ? sum / (double)global_targets : 0.0;
+  return 0;
+}
+
+int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, float *out) {
+  ML_TRY(prepare(e, B, S));
+  shift_targets(ids, NULL, B, S, e->targets);
+  ML_TRY(forward_layers(e, ids));
+  float *lp = ml_malloc(sizeof(float) * (size_t)(B * S), "log-probs");
+  if (!lp) return -1;
+  ml_loss_out lo;
+  int rc = ml_vocab_parallel_loss(&e->model, e->mesh->tp_comm, e->targets, false, 0.0f, lp, &lo);
+  for (int64_t b = 0; rc == 0 && b < B; b++)
+    memcpy(out + b * (S - 1), lp + b * S, sizeof(float) * (size_t)(S - 1));
+  free(lp);
+  /* forward only: release what the backward would have */
+  for (int u = 0; u < e->fsdp.n_units; u++) ml_fsdp_reshard(&e->fsdp, u);
+  return rc;
+}
+
+/* Sum of squared gradients this rank owns, each parameter counted once. */
+static double local_sq_norm(const ml_engine *e) {
+  const ml_fsdp *f = &e->fsdp;
+  double total = 0.0;
+  for (int u = 0; u < f->n_units; u++) {
+    const ml_fsdp_unit *unit = &f->units[u];
+    for (int i = 0; i < unit->n; i++) {
+      if (unit->params[i]->tp_dim < 0 && e->mesh->tp_rank != 0) continue;
+      const float *g = unit->shard_grad + unit->shard_off[i];
+      int64_t n = unit->chunk_rows[i] * unit->params[i]->local[1];
+      double s = 0.0;
+#pragma omp parallel for reduction(+ : s)
+      for (int64_t k = 0; k < n; k++) s += (double)g[k] * g[k];
+      total += s;
+    }
+  }
+  return total;
+}
+
+int ml_engine_grad_norm(ml_engine *e, double *norm) {
+  double sq = local_sq_norm(e);
+  if (e->mesh->world->size > 1) ML_TRY(ml_all_reduce(e->mesh->world, &sq, 1, ML_ELEM_F64, ML_RED_SUM));
+  *norm = sqrt(sq);
+  return 0;
+}
+
+void ml_engine_clip(ml_engine *e, double norm, double max_norm) {
+  double coef = max_norm / (norm + 1e-6);
+  if (!(max_norm > 0) || coef >= 1.0) return;
+  for (int u = 0; u < e->fsdp.n_units; u++) {
+    ml_fsdp_unit *unit = &e->fsdp.units[u];
+    for (int64_t k = 0; k < unit->shard_numel; k++) unit->shard_grad[k] *= (float)coef;
+  }
+}
+
+void ml_engine_adamw(ml_engine *e, const ml_adamw_cfg *c) {
+  e->step++;
+  for (int u = 0; u < e->fsdp.n_units; u++) {
+    ml_fsdp_unit *unit = &e->fsdp.units[u];
+    k_adamw_step(unit->shard, unit->shard_grad, unit->adam_m, unit->adam_v, unit->shard_numel,
+                 (float)c->lr, (float)c->beta1, (float)c->beta2, (float)c->eps,
+                 (float)c->weight_decay, e->step);
+  }
+}

@@ -1,0 +1,60 @@
+/* Per-step training metrics: a human progress line, a JSONL log, peak
+ * memory and model FLOPs utilisation (MFU). */
+#ifndef ML_METRICS_H
+#define ML_METRICS_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct ml_step_metrics {
+  int64_t step;        /* optimizer step, 0-based */
+  double loss;         /* mean token cross-entropy over the global batch (nats) */
+  double grad_norm;    /* global L2 norm of the grads before clipping */
+  double lr;           /* learning rate used by this step */
+  int64_t tokens;      /* target tokens in the global batch of this step */
+  double tokens_per_s; /* global tokens (all ranks) per wall-clock second */
+  double mfu;          /* fraction of peak FLOP/s in [0, 1] (ml_mfu); printed as % */
+  double peak_rss_mb;  /* this process's peak resident set, MiB (ml_peak_rss_mb) */
+} ml_step_metrics;
+
+/* Write one progress line (newline-terminated) to f, e.g.
+ * "step 12 | loss 3.4567 | grad_norm 1.234 | lr 3.00e-04 | tok/s 1234.5 |
+ *  mfu 1.23% | peak_rss 345.6 MB" (on one line). */
+void ml_metrics_print(FILE *f, const ml_step_metrics *m);
+
+typedef struct ml_metrics_writer {
+  FILE *f;
+  char *path; /* for messages */
+} ml_metrics_writer;
+
+/* Create (truncate) the JSONL metrics file `path`. Error: cannot open. */
+int ml_metrics_open(const char *path, ml_metrics_writer *w);
+
+/* Append one line: a JSON object with exactly the keys step, loss,
+ * grad_norm, lr, tokens, tokens_per_s, mfu, peak_rss_mb (in that order; the
+ * integers as JSON integers, the rest as reals written with round-trip
+ * precision, a non-finite value — e.g. a diverged loss — as null), then
+ * flush. Error: write failure (the message names the file). */
+int ml_metrics_write(ml_metrics_writer *w, const ml_step_metrics *m);
+
+/* Close the file (safe on a writer that failed to open or is closed). */
+void ml_metrics_close(ml_metrics_writer *w);
+
+/* Peak resident set size of this process in MiB: getrusage(RUSAGE_SELF)
+ * ru_maxrss (kB on Linux) / 1024. 0 when getrusage fails. */
+double ml_peak_rss_mb(void);
+
+/* Training FLOPs per token, 6·N + 12·L·H·S: PaLM (Chowdhery et al. 2022)
+ * appendix B — 6N for the dense matmuls forward + backward, 12·L·H·S for
+ * attention scores and values (DESIGN §10). n_params N: the parameter
+ * count the caller chooses to charge (PaLM counts non-embedding params),
+ * n_layers L, hidden H (= heads · head_dim), seq_len S in tokens. */
+double ml_flops_per_token(double n_params, int64_t n_layers, int64_t hidden, int64_t seq_len);
+
+/* Model FLOPs utilisation as a fraction: flops_per_token · tokens_per_s /
+ * peak_flops (peak in FLOP/s of the hardware the tokens were processed on;
+ * for a global tokens/s use the sum of all devices' peaks). 0 when
+ * peak_flops <= 0 (unknown peak). */
+double ml_mfu(double flops_per_token, double tokens_per_s, double peak_flops);
+
+#endif

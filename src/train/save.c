@@ -1,0 +1,78 @@
+#include "train/save.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/status.h"
+#include "io/checkpoint.h"
+#include "parallel/tp.h"
+
+static const size_t MAX_SHARD_BYTES = (size_t)5 << 30;
+
+/* The global tensor of p assembled from the tp group's local pieces
+ * (returned on every rank of the group; caller frees). */
+static float *gather_tp(ml_comm *tp, const ml_param *p) {
+  int64_t numel = p->shape[0] * p->shape[1];
+  float *global = ml_malloc(sizeof(float) * (size_t)numel, "export tensor");
+  if (!global) return NULL;
+  if (p->tp_dim < 0 || tp->size == 1) {
+    memcpy(global, p->data, sizeof(float) * (size_t)numel);
+    return global;
+  }
+  size_t *counts = ml_malloc(sizeof(size_t) * (size_t)tp->size, "export counts");
+  float *pieces = ml_malloc(sizeof(float) * (size_t)numel, "export pieces");
+  int ok = counts && pieces;
+  int64_t other = p->shape[1 - p->tp_dim];
+  for (int r = 0; ok && r < tp->size; r++) {
+    int64_t s, len;
+    ml_chunk(p->shape[p->tp_dim], tp->size, r, &s, &len);
+    counts[r] = (size_t)(len * other);
+  }
+  if (ok && ml_all_gather_v(tp, p->data, (size_t)ml_param_numel(p), pieces, counts)) ok = 0;
+  if (ok && p->tp_dim == 0) memcpy(global, pieces, sizeof(float) * (size_t)numel);
+  for (int r = 0, off = 0; ok && p->tp_dim == 1 && r < tp->size; r++) {
+    int64_t c0, w;
+    ml_chunk(p->shape[1], tp->size, r, &c0, &w);
+    for (int64_t row = 0; row < p->shape[0]; row++)
+      memcpy(global + row * p->shape[1] + c0, pieces + off + row * w, sizeof(float) * (size_t)w);
+    off += (int)(p->shape[0] * w);
+  }
+  free(counts);
+  free(pieces);
+  if (!ok) {
+    free(global);
+    return NULL;
+  }
+  return global;
+}
+
+static int write_rank0(const ml_engine *e, const char *dir, ml_st_entry *entries, int n) {
+  if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+    return ml_err("%s: cannot create the output directory: %s", dir, strerror(errno));
+  ml_model_config cfg = e->model.cfg;
+  cfg.dtype = ML_F32;
+  ML_TRY(ml_model_config_write(dir, &cfg));
+  return ml_ckpt_write(dir, entries, (size_t)n, MAX_SHARD_BYTES);
+}
+
+int ml_engine_save_hf(ml_engine *e, const char *dir) {
+  ml_model *m = &e->model;
+  ml_st_entry *entries = ml_calloc((size_t)m->n_params, sizeof *entries, "export entries");
+  int rc = entries ? 0 : -1, n = 0;
+  for (int u = 0; rc == 0 && u < e->fsdp.n_units; u++) {
+    rc = ml_fsdp_unshard(&e->fsdp, u);
+    for (int i = 0; rc == 0 && i < e->fsdp.units[u].n; i++) {
+      const ml_param *p = e->fsdp.units[u].params[i];
+      float *t = gather_tp(e->mesh->tp_comm, p);
+      if (!t) rc = -1;
+      else entries[n++] = (ml_st_entry){p->name, ML_F32, p->ndim, {p->shape[0], p->shape[1]}, t};
+    }
+    ml_fsdp_reshard(&e->fsdp, u);
+  }
+  if (rc == 0 && e->mesh->rank == 0) rc = write_rank0(e, dir, entries, n);
+  for (int i = 0; i < n; i++) free((void *)entries[i].data);
+  free(entries);
+  return ml_comm_agree(e->mesh->world, rc);
+}

@@ -1,0 +1,135 @@
+/* Metrics: progress line, JSONL log read back with jansson, FLOPs and MFU. */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "common/status.h"
+#include "train/metrics.h"
+
+static const ml_step_metrics k_example = {.step = 12,
+                                          .loss = 3.4567,
+                                          .grad_norm = 1.234,
+                                          .lr = 3e-4,
+                                          .tokens = 4096,
+                                          .tokens_per_s = 1234.5,
+                                          .mfu = 0.0123,
+                                          .peak_rss_mb = 345.6};
+
+static void test_print(void **state) {
+  FILE *f = tmpfile();
+  assert_non_null(f);
+  ml_metrics_print(f, &k_example);
+  char buf[256] = "";
+  rewind(f);
+  buf[fread(buf, 1, sizeof buf - 1, f)] = '\0';
+  fclose(f);
+  assert_string_equal(buf, "step 12 | loss 3.4567 | grad_norm 1.234 | lr 3.00e-04 | "
+                           "tok/s 1234.5 | mfu 1.23% | peak_rss 345.6 MB\n");
+}
+
+static json_t *read_line(FILE *f) {
+  char line[1024];
+  assert_non_null(fgets(line, sizeof line, f));
+  assert_non_null(strchr(line, '\n'));
+  json_error_t e;
+  json_t *o = json_loads(line, JSON_REJECT_DUPLICATES, &e);
+  if (!o) fail_msg("bad JSON line '%s': %s", line, e.text);
+  assert_true(json_is_object(o));
+  assert_int_equal(json_object_size(o), 8);
+  return o;
+}
+
+static double num(const json_t *o, const char *key) {
+  const json_t *v = json_object_get(o, key);
+  assert_true(json_is_number(v));
+  return json_number_value(v);
+}
+
+static void check_example(const json_t *o) {
+  assert_true(json_is_integer(json_object_get(o, "step")));
+  assert_true(json_is_integer(json_object_get(o, "tokens")));
+  assert_int_equal(json_integer_value(json_object_get(o, "step")), 12);
+  assert_int_equal(json_integer_value(json_object_get(o, "tokens")), 4096);
+  assert_true(num(o, "loss") == 3.4567);
+  assert_true(num(o, "grad_norm") == 1.234);
+  assert_true(num(o, "lr") == 3e-4);
+  assert_true(num(o, "tokens_per_s") == 1234.5);
+  assert_true(num(o, "mfu") == 0.0123);
+  assert_true(num(o, "peak_rss_mb") == 345.6);
+}
+
+static void test_jsonl_roundtrip(void **state) {
+  char dir[] = "/tmp/ml_test_metrics_XXXXXX", path[64];
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+  ml_metrics_writer w;
+  assert_int_equal(ml_metrics_open(path, &w), 0);
+  assert_int_equal(ml_metrics_write(&w, &k_example), 0);
+  /* Flushed per line: readable before close. */
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  json_t *o = read_line(f);
+  check_example(o);
+  const char *keys[] = {"step", "loss", "grad_norm", "lr", "tokens", "tokens_per_s", "mfu",
+                        "peak_rss_mb"};
+  const char *key;
+  json_t *v;
+  size_t i = 0;
+  json_object_foreach(o, key, v) assert_string_equal(key, keys[i++]);
+  json_decref(o);
+  ml_step_metrics diverged = k_example;
+  diverged.step = 13;
+  diverged.loss = NAN;
+  diverged.grad_norm = INFINITY;
+  assert_int_equal(ml_metrics_write(&w, &diverged), 0);
+  o = read_line(f);
+  assert_true(json_is_null(json_object_get(o, "loss")));
+  assert_true(json_is_null(json_object_get(o, "grad_norm")));
+  assert_int_equal(json_integer_value(json_object_get(o, "step")), 13);
+  json_decref(o);
+  fclose(f);
+  ml_metrics_close(&w);
+  ml_metrics_close(&w);
+  assert_int_equal(unlink(path), 0);
+  assert_int_equal(rmdir(dir), 0);
+}
+
+static void test_open_error(void **state) {
+  ml_metrics_writer w;
+  ml_error_clear();
+  assert_int_equal(ml_metrics_open("/nonexistent/meshlm/metrics.jsonl", &w), -1);
+  assert_non_null(strstr(ml_error_msg(), "/nonexistent/meshlm/metrics.jsonl"));
+  ml_metrics_close(&w);
+}
+
+static void test_peak_rss(void **state) {
+  double mb = ml_peak_rss_mb();
+  assert_true(mb > 0.5 && mb < 1e6);
+}
+
+static void test_flops_and_mfu(void **state) {
+  double fpt = ml_flops_per_token(1e9, 24, 2048, 1024);
+  assert_true(fpt == 6e9 + 12.0 * 24 * 2048 * 1024);
+  assert_true(ml_flops_per_token(0, 1, 1, 1) == 12.0);
+  assert_true(fabs(ml_mfu(1e9, 1000, 1e13) - 0.1) < 1e-15);
+  assert_true(ml_mfu(1e9, 1000, 0) == 0.0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_print),      cmocka_unit_test(test_jsonl_roundtrip),
+      cmocka_unit_test(test_open_error), cmocka_unit_test(test_peak_rss),
+      cmocka_unit_test(test_flops_and_mfu),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -3,6 +3,7 @@
  * Sequences are dealt round-robin to the data-parallel ranks; rank 0
  * gathers and writes them in input order to a temp file renamed at the end. */
 #include <errno.h>
+#include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,7 +90,7 @@ int ml_cmd_logprobs(int argc, char **argv) {
   ml_seqs seqs = {0};
   lp_run run = {&mesh, &e, &seqs, NULL, NULL, NULL};
   char tmp[4096];
-  if (rc == 0) rc = ml_mesh_create(1, 0, 1, (int)tp, &mesh);
+  if (rc == 0) rc = ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, (int)tp, &mesh);
   if (rc == 0) rc = ml_engine_open(&e, &mesh, model);
   if (rc == 0) rc = ml_seqs_load_jsonl(data, e.model.cfg.vocab, &seqs);
   if (rc == 0 && mesh.rank == 0) rc = open_out(out, tmp, sizeof tmp, &run.out);

@@ -38,7 +38,7 @@ static void shuffle(ml_dataset *ds, int64_t seed) {
 }
 
 static int setup(const train_opts *o, ml_mesh *mesh, ml_engine *e, ml_dataset *ds) {
-  ML_TRY(ml_mesh_create(1, 0, 1, (int)o->tp, mesh));
+  ML_TRY(ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, (int)o->tp, mesh));
   ML_TRY(ml_engine_open(e, mesh, o->model));
   ML_TRY(ml_dataset_load(o->data, o->seq_len, e->model.cfg.vocab, ds));
   if (o->batch % mesh->dp_comm->size != 0)

@@ -151,13 +151,23 @@ static void copy_rank_major(const ml_fsdp *f, const ml_fsdp_unit *u, float *full
   }
 }
 
+int ml_fsdp_gather_flat(ml_fsdp *f, int u, const float *src, float *dst) {
+  ml_fsdp_unit *unit = &f->units[u];
+  if (f->dp->size == 1) {
+    memcpy(dst, src, sizeof(float) * (size_t)unit->full_numel);
+    return 0;
+  }
+  ML_TRY(ml_all_gather(f->dp, src, f->comm_buf, (size_t)unit->shard_numel));
+  copy_rank_major(f, unit, dst, 1);
+  return 0;
+}
+
 int ml_fsdp_unshard(ml_fsdp *f, int u) {
   ml_fsdp_unit *unit = &f->units[u];
   if (unit->full) return 0;
   unit->full = ml_malloc(sizeof(float) * (size_t)unit->full_numel, "unsharded parameters");
   if (!unit->full) return -1;
-  ML_TRY(ml_all_gather(f->dp, unit->shard, f->comm_buf, (size_t)unit->shard_numel));
-  copy_rank_major(f, unit, unit->full, 1);
+  ML_TRY(ml_fsdp_gather_flat(f, u, unit->shard, unit->full));
   point_params(unit, unit->full, 0);
   return 0;
 }

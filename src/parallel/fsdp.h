@@ -60,6 +60,10 @@ int ml_fsdp_grad_begin(ml_fsdp *f, int u);
 /* Reduce-scatter unit u's gradients into shard_grad (=) and free them. */
 int ml_fsdp_reduce_grads(ml_fsdp *f, int u);
 
+/* All-gather a flat per-rank array laid out like unit u's shard (`src`,
+ * e.g. shard_grad) into the unsharded layout `dst` [full_numel]. */
+int ml_fsdp_gather_flat(ml_fsdp *f, int u, const float *src, float *dst);
+
 /* Which unit holds parameter p: its index, and where its chunk lies. */
 int ml_fsdp_param_index(const ml_fsdp_unit *unit, const ml_param *p);
 

@@ -8,9 +8,9 @@
 
 /* A counting comm over the ranks sharing `color` (key = world rank keeps
  * the mesh order inside the group). */
-static int group_create(int color, int rank, const char *name, ml_comm **out) {
+static int group_create(MPI_Comm base, int color, int rank, const char *name, ml_comm **out) {
   MPI_Comm sub;
-  if (MPI_Comm_split(MPI_COMM_WORLD, color, rank, &sub) != MPI_SUCCESS)
+  if (MPI_Comm_split(base, color, rank, &sub) != MPI_SUCCESS)
     return ml_err("MPI_Comm_split for mesh group '%s' failed", name);
   ml_comm *raw = NULL;
   int rc = ml_comm_mpi_create(sub, name, &raw);
@@ -34,10 +34,10 @@ static int check_sizes(int world, int dpr, int dps, int cp, int tp) {
   return 0;
 }
 
-int ml_mesh_create(int dp_replicate, int dp_shard, int cp, int tp, ml_mesh *out) {
+int ml_mesh_create(MPI_Comm base, int dp_replicate, int dp_shard, int cp, int tp, ml_mesh *out) {
   memset(out, 0, sizeof *out);
-  MPI_Comm_size(MPI_COMM_WORLD, &out->world_size);
-  MPI_Comm_rank(MPI_COMM_WORLD, &out->rank);
+  MPI_Comm_size(base, &out->world_size);
+  MPI_Comm_rank(base, &out->rank);
   int world = out->world_size, r = out->rank;
   if (dp_shard <= 0 && dp_replicate >= 1 && cp >= 1 && tp >= 1) {
     if (world % (dp_replicate * cp * tp) != 0)
@@ -59,9 +59,9 @@ int ml_mesh_create(int dp_replicate, int dp_shard, int cp, int tp, ml_mesh *out)
   int tp_color = r / tp;
   int dps_color = out->dp_replicate_rank * (cp * tp) + out->cp_rank * tp + out->tp_rank;
   int dp_color = out->cp_rank * tp + out->tp_rank;
-  if (group_create(0, r, "world", &out->world) || group_create(tp_color, r, "tp", &out->tp_comm) ||
-      group_create(dps_color, r, "dp_shard", &out->dp_shard_comm) ||
-      group_create(dp_color, r, "dp", &out->dp_comm)) {
+  if (group_create(base, 0, r, "world", &out->world) || group_create(base, tp_color, r, "tp", &out->tp_comm) ||
+      group_create(base, dps_color, r, "dp_shard", &out->dp_shard_comm) ||
+      group_create(base, dp_color, r, "dp", &out->dp_comm)) {
     ml_mesh_destroy(out);
     return -1;
   }

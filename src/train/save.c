@@ -12,13 +12,13 @@
 static const size_t MAX_SHARD_BYTES = (size_t)5 << 30;
 
 /* The global tensor of p assembled from the tp group's local pieces
- * (returned on every rank of the group; caller frees). */
-static float *gather_tp(ml_comm *tp, const ml_param *p) {
+ * `local` [p->local] (returned on every rank; caller frees). */
+static float *gather_tp(ml_comm *tp, const ml_param *p, const float *local) {
   int64_t numel = p->shape[0] * p->shape[1];
   float *global = ml_malloc(sizeof(float) * (size_t)numel, "export tensor");
   if (!global) return NULL;
   if (p->tp_dim < 0 || tp->size == 1) {
-    memcpy(global, p->data, sizeof(float) * (size_t)numel);
+    memcpy(global, local, sizeof(float) * (size_t)numel);
     return global;
   }
   size_t *counts = ml_malloc(sizeof(size_t) * (size_t)tp->size, "export counts");
@@ -30,14 +30,14 @@ static float *gather_tp(ml_comm *tp, const ml_param *p) {
     ml_chunk(p->shape[p->tp_dim], tp->size, r, &s, &len);
     counts[r] = (size_t)(len * other);
   }
-  if (ok && ml_all_gather_v(tp, p->data, (size_t)ml_param_numel(p), pieces, counts)) ok = 0;
+  if (ok && ml_all_gather_v(tp, local, (size_t)ml_param_numel(p), pieces, counts)) ok = 0;
   if (ok && p->tp_dim == 0) memcpy(global, pieces, sizeof(float) * (size_t)numel);
-  for (int r = 0, off = 0; ok && p->tp_dim == 1 && r < tp->size; r++) {
+  for (int64_t r = 0, off = 0; ok && p->tp_dim == 1 && r < tp->size; r++) {
     int64_t c0, w;
-    ml_chunk(p->shape[1], tp->size, r, &c0, &w);
+    ml_chunk(p->shape[1], tp->size, (int)r, &c0, &w);
     for (int64_t row = 0; row < p->shape[0]; row++)
       memcpy(global + row * p->shape[1] + c0, pieces + off + row * w, sizeof(float) * (size_t)w);
-    off += (int)(p->shape[0] * w);
+    off += p->shape[0] * w;
   }
   free(counts);
   free(pieces);
@@ -46,6 +46,31 @@ static float *gather_tp(ml_comm *tp, const ml_param *p) {
     return NULL;
   }
   return global;
+}
+
+const ml_param *ml_engine_export_param(const ml_engine *e, int i) {
+  for (int u = 0; u < e->fsdp.n_units; u++) {
+    if (i < e->fsdp.units[u].n) return e->fsdp.units[u].params[i];
+    i -= e->fsdp.units[u].n;
+  }
+  return NULL;
+}
+
+int ml_engine_export(ml_engine *e, ml_export_what what, float **out) {
+  int n = 0;
+  for (int u = 0; u < e->fsdp.n_units; u++) {
+    ml_fsdp_unit *unit = &e->fsdp.units[u];
+    float *full = ml_malloc(sizeof(float) * (size_t)unit->full_numel, "export unit");
+    if (!full) return -1;
+    int rc = ml_fsdp_gather_flat(&e->fsdp, u, what == ML_EXPORT_GRADS ? unit->shard_grad : unit->shard, full);
+    for (int i = 0; rc == 0 && i < unit->n; i++) {
+      out[n] = gather_tp(e->mesh->tp_comm, unit->params[i], full + unit->full_off[i]);
+      rc = out[n++] ? 0 : -1;
+    }
+    free(full);
+    ML_TRY(rc);
+  }
+  return 0;
 }
 
 static int write_rank0(const ml_engine *e, const char *dir, ml_st_entry *entries, int n) {
@@ -58,21 +83,17 @@ static int write_rank0(const ml_engine *e, const char *dir, ml_st_entry *entries
 }
 
 int ml_engine_save_hf(ml_engine *e, const char *dir) {
-  ml_model *m = &e->model;
-  ml_st_entry *entries = ml_calloc((size_t)m->n_params, sizeof *entries, "export entries");
-  int rc = entries ? 0 : -1, n = 0;
-  for (int u = 0; rc == 0 && u < e->fsdp.n_units; u++) {
-    rc = ml_fsdp_unshard(&e->fsdp, u);
-    for (int i = 0; rc == 0 && i < e->fsdp.units[u].n; i++) {
-      const ml_param *p = e->fsdp.units[u].params[i];
-      float *t = gather_tp(e->mesh->tp_comm, p);
-      if (!t) rc = -1;
-      else entries[n++] = (ml_st_entry){p->name, ML_F32, p->ndim, {p->shape[0], p->shape[1]}, t};
-    }
-    ml_fsdp_reshard(&e->fsdp, u);
+  int n = e->model.n_params;
+  float **tensors = ml_calloc((size_t)n, sizeof *tensors, "export tensors");
+  ml_st_entry *entries = ml_calloc((size_t)n, sizeof *entries, "export entries");
+  int rc = tensors && entries ? ml_engine_export(e, ML_EXPORT_PARAMS, tensors) : -1;
+  for (int i = 0; rc == 0 && i < n; i++) {
+    const ml_param *p = ml_engine_export_param(e, i);
+    entries[i] = (ml_st_entry){p->name, ML_F32, p->ndim, {p->shape[0], p->shape[1]}, tensors[i]};
   }
   if (rc == 0 && e->mesh->rank == 0) rc = write_rank0(e, dir, entries, n);
-  for (int i = 0; i < n; i++) free((void *)entries[i].data);
+  for (int i = 0; tensors && i < n; i++) free(tensors[i]);
+  free(tensors);
   free(entries);
   return ml_comm_agree(e->mesh->world, rc);
 }

@@ -1,16 +1,27 @@
-/* Consolidated HF export of an engine's current weights: every rank
- * contributes its shards (FSDP all-gather over dp_shard, then an
- * all-gather of the TP pieces over tp), world rank 0 writes config.json and
- * model.safetensors (sharded with model.safetensors.index.json above 5 GB,
- * as save_pretrained) in fp32 so transformers' from_pretrained loads it.
- * Tied checkpoints omit lm_head.weight. */
+/* Consolidation of an engine's sharded state into global HF tensors, and
+ * the consolidated HF export: every rank contributes its shards (FSDP
+ * all-gather over dp_shard, then an all-gather of the TP pieces over tp).
+ * World rank 0 writes config.json and model.safetensors (sharded with
+ * model.safetensors.index.json above 5 GiB, as save_pretrained) in fp32 so
+ * transformers' from_pretrained loads it. Tied checkpoints omit
+ * lm_head.weight. */
 #ifndef ML_SAVE_H
 #define ML_SAVE_H
 
 #include "train/engine.h"
 
-/* Collective over the world. Errors (on every rank): allocation, the write
- * on rank 0 (file named). */
+typedef enum { ML_EXPORT_PARAMS, ML_EXPORT_GRADS } ml_export_what;
+
+/* Collective over the world: out[i] (malloc'd, caller frees, on every
+ * rank) = the global tensor [shape] of the i-th parameter in FSDP unit
+ * order (names from ml_engine_export_param), of the weights or of the
+ * gradients left by the last backward. Errors: allocation, collectives. */
+int ml_engine_export(ml_engine *e, ml_export_what what, float **out);
+/* The i-th parameter in export order. */
+const ml_param *ml_engine_export_param(const ml_engine *e, int i);
+
+/* Write the consolidated weights as an HF checkpoint to `dir`. Collective.
+ * Errors (on every rank): allocation, the write on rank 0 (file named). */
 int ml_engine_save_hf(ml_engine *e, const char *dir);
 
 #endif

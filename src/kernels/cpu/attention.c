@@ -35,9 +35,15 @@ static head_view head_at(const float *q, const float *k, const float *v, const f
                          const float *P, attn_dims d, int64_t b, int64_t h) {
   int64_t g = h / (d.nh / d.nkv), qs = d.nh * d.hd, ks = d.nkv * d.hd;
   int64_t qo = b * d.S * qs + h * d.hd, ko = b * d.S * ks + g * d.hd;
-  head_view hv = {
-      q + qo, k + ko, v + ko, dout ? dout + qo : NULL, (float *)P + (b * d.nh + h) * d.S * d.S, d.S,
-      d.hd,   qs,     ks};
+  head_view hv = {.q = q + qo,
+                  .k = k + ko,
+                  .v = v + ko,
+                  .dout = dout ? dout + qo : NULL,
+                  .P = (float *)P + (b * d.nh + h) * d.S * d.S,
+                  .S = d.S,
+                  .hd = d.hd,
+                  .qs = qs,
+                  .ks = ks};
   return hv;
 }
 

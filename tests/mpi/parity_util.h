@@ -1,0 +1,26 @@
+/* Helpers shared by the MPI parity tests: fixture loading and error
+ * metrics. Fixtures (tests/fixtures/NAME) come from tools/gen_fixtures.py
+ * (HF transformers, float64 reference). */
+#ifndef ML_PARITY_UTIL_H
+#define ML_PARITY_UTIL_H
+
+#include <stdint.h>
+
+typedef struct fixture {
+  char dir[512];
+  int64_t B, S;
+  int32_t *ids;    /* [B, S] */
+  uint8_t *mask;   /* [B, S]: token is a target */
+  double loss;
+  double *logprobs; /* [B, S-1] */
+  int64_t targets;  /* number of targets in the batch */
+} fixture;
+
+/* Load tests/fixtures/<name>/expected.json; aborts the test on error. */
+void fixture_load(const char *name, fixture *fx);
+void fixture_free(fixture *fx);
+
+/* ||a − b||₂ / ||b||₂ (b = reference). */
+double rel_l2(const float *a, const float *b, int64_t n);
+
+#endif

@@ -1,0 +1,247 @@
+/* Mesh parity: `mpiexec -n N test_parity FIXTURE TP`.
+ * The mesh (dp_shard = N / TP × tp = TP) must reproduce HF transformers'
+ * fixture and the single-rank run (a mesh over MPI_COMM_SELF, computed on
+ * every rank): loss (rel ≤ 1e-5), per-token log-probs (abs ≤ 1e-4), every
+ * parameter gradient (rel L2 ≤ 1e-4) and the parameters after 3 AdamW
+ * steps (rel L2 ≤ 1e-4). It also checks the collectives of one step
+ * against the counts the base plan and FSDP imply (DESIGN §5, §6). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "io/safetensors.h"
+#include "parity_util.h"
+#include "train/engine.h"
+#include "train/save.h"
+
+static const char *g_fixture;
+static int g_tp;
+
+typedef struct run {
+  ml_mesh mesh;
+  ml_engine e;
+} run;
+
+static void run_open(run *r, MPI_Comm base, int tp, const fixture *fx) {
+  if (ml_mesh_create(base, 1, 0, 1, tp, &r->mesh) || ml_engine_open(&r->e, &r->mesh, fx->dir))
+    fail_msg("setup: %s", ml_error_msg());
+}
+
+static void run_close(run *r) {
+  ml_engine_close(&r->e);
+  ml_mesh_destroy(&r->mesh);
+}
+
+/* This dp rank's rows of the fixture batch. */
+static void local_batch(const run *r, const fixture *fx, const int32_t **ids, const uint8_t **mask,
+                        int64_t *Bl) {
+  int dp = r->mesh.dp_comm->size, d = r->mesh.dp_comm->rank;
+  assert_int_equal(fx->B % dp, 0);
+  *Bl = fx->B / dp;
+  *ids = fx->ids + d * *Bl * fx->S;
+  *mask = fx->mask + d * *Bl * fx->S;
+}
+
+static double step(run *r, const fixture *fx) {
+  const int32_t *ids;
+  const uint8_t *mask;
+  int64_t Bl;
+  local_batch(r, fx, &ids, &mask, &Bl);
+  double loss;
+  if (ml_engine_forward_backward(&r->e, ids, mask, Bl, fx->S, fx->targets, &loss))
+    fail_msg("step: %s", ml_error_msg());
+  return loss;
+}
+
+static float **export_all(run *r, ml_export_what what) {
+  float **t = calloc((size_t)r->e.model.n_params, sizeof *t);
+  if (ml_engine_export(&r->e, what, t)) fail_msg("export: %s", ml_error_msg());
+  return t;
+}
+
+static void free_all(float **t, int n) {
+  for (int i = 0; i < n; i++) free(t[i]);
+  free(t);
+}
+
+static int rank0(void) {
+  int r;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r == 0;
+}
+
+/* Loss and gradients vs the fixture and vs the single-rank run. */
+static void test_loss_and_grads(void **state) {
+  (void)state;
+  fixture fx;
+  fixture_load(g_fixture, &fx);
+  run one, mesh;
+  run_open(&one, MPI_COMM_SELF, 1, &fx);
+  run_open(&mesh, MPI_COMM_WORLD, g_tp, &fx);
+  double l1 = step(&one, &fx), lm = step(&mesh, &fx);
+  if (rank0()) printf("loss: hf %.9f one %.9f mesh %.9f\n", fx.loss, l1, lm);
+  assert_true(fabs(l1 - fx.loss) / fx.loss <= 1e-5);
+  assert_true(fabs(lm - fx.loss) / fx.loss <= 1e-5);
+  assert_true(fabs(lm - l1) / fabs(l1) <= 1e-5);
+  float **g1 = export_all(&one, ML_EXPORT_GRADS), **gm = export_all(&mesh, ML_EXPORT_GRADS);
+  char path[600];
+  snprintf(path, sizeof path, "%s/grads.safetensors", fx.dir);
+  ml_st_file ref;
+  if (ml_st_open(path, &ref)) fail_msg("%s", ml_error_msg());
+  double worst_hf = 0, worst_one = 0;
+  for (int i = 0; i < one.e.model.n_params; i++) {
+    const ml_param *p = ml_engine_export_param(&mesh.e, i);
+    const ml_st_tensor *t = ml_st_find(&ref, p->name);
+    if (!t) fail_msg("grads.safetensors has no %s", p->name);
+    int64_t n = p->shape[0] * p->shape[1];
+    float *want = malloc(sizeof(float) * (size_t)n);
+    assert_int_equal(ml_st_read_block(t, 0, p->shape[0], 0, p->shape[1], want), 0);
+    double e_hf = rel_l2(gm[i], want, n), e_one = rel_l2(gm[i], g1[i], n);
+    double e_1hf = rel_l2(g1[i], want, n);
+    worst_hf = fmax(worst_hf, fmax(e_hf, e_1hf));
+    worst_one = fmax(worst_one, e_one);
+    if (e_hf > 1e-4 || e_one > 1e-4 || e_1hf > 1e-4)
+      fail_msg("%s: grad rel L2 mesh-vs-hf %.3g, one-vs-hf %.3g, mesh-vs-one %.3g", p->name, e_hf,
+               e_1hf, e_one);
+    free(want);
+  }
+  if (rank0())
+    printf("grads: worst rel L2 vs hf %.3g, mesh vs one rank %.3g\n", worst_hf, worst_one);
+  ml_st_close(&ref);
+  free_all(g1, one.e.model.n_params);
+  free_all(gm, mesh.e.model.n_params);
+  run_close(&mesh);
+  run_close(&one);
+  fixture_free(&fx);
+}
+
+static void test_logprobs(void **state) {
+  (void)state;
+  fixture fx;
+  fixture_load(g_fixture, &fx);
+  run mesh;
+  run_open(&mesh, MPI_COMM_WORLD, g_tp, &fx);
+  float *out = malloc(sizeof(float) * (size_t)(fx.B * (fx.S - 1)));
+  if (ml_engine_logprobs(&mesh.e, fx.ids, fx.B, fx.S, out)) fail_msg("%s", ml_error_msg());
+  double worst = 0;
+  for (int64_t i = 0; i < fx.B * (fx.S - 1); i++) worst = fmax(worst, fabs(out[i] - fx.logprobs[i]));
+  if (rank0()) printf("logprobs: max abs error vs hf %.3g\n", worst);
+  assert_true(worst <= 1e-4);
+  free(out);
+  run_close(&mesh);
+  fixture_free(&fx);
+}
+
+static void train3(run *r, const fixture *fx) {
+  ml_adamw_cfg adam = {1e-2, 0.9, 0.999, 1e-8, 0.1};
+  for (int s = 0; s < 3; s++) {
+    double norm;
+    step(r, fx);
+    if (ml_engine_grad_norm(&r->e, &norm)) fail_msg("%s", ml_error_msg());
+    ml_engine_clip(&r->e, norm, 1.0);
+    ml_engine_adamw(&r->e, &adam);
+  }
+}
+
+static void test_adamw_steps(void **state) {
+  (void)state;
+  fixture fx;
+  fixture_load(g_fixture, &fx);
+  run one, mesh;
+  run_open(&one, MPI_COMM_SELF, 1, &fx);
+  run_open(&mesh, MPI_COMM_WORLD, g_tp, &fx);
+  train3(&one, &fx);
+  train3(&mesh, &fx);
+  float **p1 = export_all(&one, ML_EXPORT_PARAMS), **pm = export_all(&mesh, ML_EXPORT_PARAMS);
+  double worst = 0;
+  for (int i = 0; i < one.e.model.n_params; i++) {
+    const ml_param *p = ml_engine_export_param(&one.e, i);
+    double e = rel_l2(pm[i], p1[i], p->shape[0] * p->shape[1]);
+    worst = fmax(worst, e);
+    if (e > 1e-4) fail_msg("%s after 3 AdamW steps: rel L2 %.3g", p->name, e);
+  }
+  if (rank0()) printf("params after 3 AdamW steps: worst rel L2 mesh vs one rank %.3g\n", worst);
+  free_all(p1, one.e.model.n_params);
+  free_all(pm, mesh.e.model.n_params);
+  run_close(&mesh);
+  run_close(&one);
+  fixture_free(&fx);
+}
+
+static int64_t calls(ml_comm *c, ml_coll k) { return ml_comm_stats_of(c)->calls[k]; }
+static int64_t bytes(ml_comm *c, ml_coll k) { return ml_comm_stats_of(c)->bytes[k]; }
+
+/* One training step's collectives, per mesh group, vs what the plan
+ * implies for L layers and local tokens Tl (one logits chunk):
+ *  tp all-reduce: embedding 1 + (o_proj, down_proj) 2L forward, loss 2
+ *    (max; sum-exp with target logit), (q/k/v, gate/up input grads) 2L +
+ *    lm_head input grad 1 backward = 4L + 4; bytes: (4L + 2)·Tl·H + 3·Tl floats;
+ *  dp_shard all-gather: L + 1 units forward, L − 1 again in backward (the
+ *    last layer and the root stay unsharded); reduce-scatter L + 1;
+ *  dp all-reduce 1 (the reported loss); world all-reduce 1 (grad norm). */
+static void test_collective_counts(void **state) {
+  (void)state;
+  fixture fx;
+  fixture_load(g_fixture, &fx);
+  run r;
+  run_open(&r, MPI_COMM_WORLD, g_tp, &fx);
+  ml_mesh_stats_reset(&r.mesh);
+  double norm;
+  step(&r, &fx);
+  assert_int_equal(ml_engine_grad_norm(&r.e, &norm), 0);
+  int64_t L = r.e.model.cfg.n_layers, H = r.e.model.cfg.hidden;
+  int tp = r.mesh.tp, dp = r.mesh.dp_shard;
+  int64_t Tl = fx.B / dp * fx.S;
+  ml_mesh *m = &r.mesh;
+  assert_int_equal(calls(m->tp_comm, ML_COLL_ALL_REDUCE), tp > 1 ? 4 * L + 4 : 0);
+  assert_int_equal(bytes(m->tp_comm, ML_COLL_ALL_REDUCE), tp > 1 ? 4 * ((4 * L + 2) * Tl * H + 3 * Tl) : 0);
+  assert_int_equal(calls(m->dp_shard_comm, ML_COLL_ALL_GATHER), dp > 1 ? 2 * L : 0);
+  assert_int_equal(calls(m->dp_shard_comm, ML_COLL_REDUCE_SCATTER), dp > 1 ? L + 1 : 0);
+  int64_t rs_bytes = 0;
+  for (int u = 0; u < r.e.fsdp.n_units; u++) rs_bytes += 4 * dp * r.e.fsdp.units[u].shard_numel;
+  assert_int_equal(bytes(m->dp_shard_comm, ML_COLL_REDUCE_SCATTER), dp > 1 ? rs_bytes : 0);
+  assert_int_equal(calls(m->dp_comm, ML_COLL_ALL_REDUCE), dp > 1 ? 1 : 0);
+  assert_int_equal(calls(m->world, ML_COLL_ALL_REDUCE), tp * dp > 1 ? 1 : 0);
+  for (int k = 0; k < ML_COLL_KINDS; k++)
+    if (k != ML_COLL_ALL_REDUCE) assert_int_equal(calls(m->tp_comm, (ml_coll)k), 0);
+  if (rank0())
+    printf("collectives per step: tp all-reduce %lld (%lld B), dp_shard all-gather %lld, "
+           "reduce-scatter %lld (%lld B)\n",
+           (long long)calls(m->tp_comm, ML_COLL_ALL_REDUCE),
+           (long long)bytes(m->tp_comm, ML_COLL_ALL_REDUCE),
+           (long long)calls(m->dp_shard_comm, ML_COLL_ALL_GATHER),
+           (long long)calls(m->dp_shard_comm, ML_COLL_REDUCE_SCATTER),
+           (long long)bytes(m->dp_shard_comm, ML_COLL_REDUCE_SCATTER));
+  run_close(&r);
+  fixture_free(&fx);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  if (argc != 3) {
+    fprintf(stderr, "usage: test_parity FIXTURE TP\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  g_fixture = argv[1];
+  g_tp = atoi(argv[2]);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_loss_and_grads),
+      cmocka_unit_test(test_logprobs),
+      cmocka_unit_test(test_adamw_steps),
+      cmocka_unit_test(test_collective_counts),
+  };
+  int failed = cmocka_run_group_tests(tests, NULL, NULL);
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any ? 1 : 0;
+}

@@ -161,7 +161,6 @@ void ml_engine_adamw(ml_engine *e, const ml_adamw_cfg *c) {
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
     k_adamw_step(unit->shard, unit->shard_grad, unit->adam_m, unit->adam_v, unit->shard_numel,
-                 (float)c->lr, (float)c->beta1, (float)c->beta2, (float)c->eps,
-                 (float)c->weight_decay, e->step);
+                 c->lr, c->beta1, c->beta2, c->eps, c->weight_decay, e->step);
   }
 }

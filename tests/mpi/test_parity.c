@@ -142,7 +142,7 @@ static void test_logprobs(void **state) {
 }
 
 static void train3(run *r, const fixture *fx) {
-  ml_adamw_cfg adam = {1e-2, 0.9, 0.999, 1e-8, 0.1};
+  ml_adamw_cfg adam = {1e-3, 0.9, 0.999, 1e-8, 0.1};
   for (int s = 0; s < 3; s++) {
     double norm;
     step(r, fx);

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Bad input through the CLI: each case must exit non-zero on every rank with
+# one clear message naming the file or field, and leave no output behind.
+# usage: test_bad_input.sh MESHLM SOURCE_DIR
+set -u
+meshlm=$1
+src=$2
+fx=$src/tests/fixtures/llama_tied
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+pass=0 fail=0
+echo '{"input_ids": [1, 2, 3, 4, 5]}' > "$work/data.jsonl"
+
+# expect NAME PATTERN CMD...: CMD fails, stderr matches PATTERN, no output file.
+expect() {
+  local name=$1 pattern=$2
+  shift 2
+  rm -f "$work/out.jsonl"
+  local err rc
+  err=$(timeout 120 "$@" 2>&1 >/dev/null)
+  rc=$?
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && grep -qE -- "$pattern" <<<"$err" && [ ! -e "$work/out.jsonl" ]; then
+    pass=$((pass + 1))
+    echo "ok   $name: $(grep -m1 'meshlm: error' <<<"$err")"
+  else
+    fail=$((fail + 1))
+    echo "FAIL $name (exit $rc), stderr:"
+    echo "$err" | head -5
+  fi
+}
+
+# model dir NAME: a copy of the fixture to corrupt
+model() {
+  mkdir -p "$work/$1"
+  cp "$fx/config.json" "$fx/model.safetensors" "$work/$1/"
+  echo "$work/$1"
+}
+
+logprobs=("$meshlm" logprobs --data "$work/data.jsonl" --out "$work/out.jsonl" --model)
+
+# u64 little-endian header length, then the header, then the data
+safetensors() {
+  local header=$1 nbytes=$2 out=$3 len
+  len=${#header}
+  printf "$(printf '\\x%02x' $((len & 255)) $(((len >> 8) & 255)) 0 0 0 0 0 0)" > "$out"
+  printf '%s' "$header" >> "$out"
+  head -c "$nbytes" /dev/zero >> "$out"
+}
+
+m=$(model truncated)
+truncate -s -100 "$m/model.safetensors"
+expect truncated-safetensors "model.safetensors" "${logprobs[@]}" "$m"
+
+m=$(model header_past_eof)
+printf '\xff\xff\xff\x00\x00\x00\x00\x00{}' > "$m/model.safetensors"
+expect header-length-past-eof "model.safetensors" "${logprobs[@]}" "$m"
+
+m=$(model overlap)
+safetensors '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}' 12 "$m/model.safetensors"
+expect overlapping-offsets "model.safetensors.*(overlap|gap)" "${logprobs[@]}" "$m"
+
+m=$(model missing_field)
+grep -v '"hidden_size"' "$fx/config.json" > "$m/config.json"
+expect missing-config-field "config.json.*hidden_size" "${logprobs[@]}" "$m"
+
+m=$(model unknown_arch)
+sed 's/LlamaForCausalLM/MambaForCausalLM/' "$fx/config.json" > "$m/config.json"
+expect unknown-architecture "config.json.*MambaForCausalLM.*LlamaForCausalLM" "${logprobs[@]}" "$m"
+
+m=$(model wrong_shape)
+sed 's/"intermediate_size": 160/"intermediate_size": 128/' "$fx/config.json" > "$m/config.json"
+expect tensor-shape-mismatch "gate_proj.weight.*shape" "${logprobs[@]}" "$m"
+
+expect tp-not-dividing-kv-heads "tp=4 does not divide num_key_value_heads=2" \
+  mpiexec -n 4 "$meshlm" logprobs --model "$fx" --data "$work/data.jsonl" --out "$work/out.jsonl" --tp 4
+expect world-not-divisible-by-tp "world size 3 is not divisible" \
+  mpiexec -n 3 "$meshlm" logprobs --model "$fx" --data "$work/data.jsonl" --out "$work/out.jsonl" --tp 2
+
+echo '{"input_ids": [1, 2, 999]}' > "$work/bad_ids.jsonl"
+expect token-id-out-of-range "bad_ids.jsonl:1.*999" \
+  "$meshlm" logprobs --model "$fx" --data "$work/bad_ids.jsonl" --out "$work/out.jsonl"
+expect unknown-flag "--bogus" "$meshlm" train --model "$fx" --data "$work/data.jsonl" --bogus 1
+expect unknown-command "unknown command" "$meshlm" fly
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

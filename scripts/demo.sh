@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${DEMO_OUT:-build/demo}
-steps=${DEMO_STEPS:-120}
+steps=${DEMO_STEPS:-250}
 meshlm=build/meshlm
 rm -rf "$out"
 mkdir -p "$out"

@@ -92,7 +92,7 @@ static int train_loop(const train_opts *o, ml_mesh *mesh, ml_engine *e, const ml
 
 int ml_cmd_train(int argc, char **argv) {
   train_opts o = {.tp = 1, .steps = 10, .batch = 8, .seq_len = 128, .seed = 0, .lr = 3e-4,
-                  .weight_decay = 0.0, .max_grad_norm = 1.0, .peak_tflops = 0.2};
+                  .weight_decay = 0.0, .max_grad_norm = 1.0, .peak_tflops = 0.24};
   ml_arg spec[] = {
       {"--model", ML_ARG_STR, &o.model, "HF checkpoint directory (config.json + safetensors)", true},
       {"--data", ML_ARG_STR, &o.data, "JSONL with input_ids [+ loss_mask], or raw text (bytes)", true},

@@ -2,7 +2,6 @@
  * vocab-parallel log-softmax (no rank holds full-vocab logits when tp > 1).
  * Sequences are dealt round-robin to the data-parallel ranks; rank 0
  * gathers and writes them in input order to a temp file renamed at the end. */
-#include <errno.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +9,7 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "common/file.h"
 #include "common/status.h"
 #include "train/data.h"
 #include "train/engine.h"
@@ -54,13 +54,6 @@ static int score_round(lp_run *run, int64_t r) {
   return 0;
 }
 
-static int open_out(const char *path, char *tmp, size_t cap, FILE **f) {
-  snprintf(tmp, cap, "%s.tmp", path);
-  *f = fopen(tmp, "w");
-  if (!*f) return ml_err("--out %s: cannot write %s: %s", path, tmp, strerror(errno));
-  return 0;
-}
-
 static int run_all(lp_run *run) {
   int64_t n = run->seqs->n, maxlen = 0, dp = run->mesh->dp_comm->size;
   for (int64_t i = 0; i < n; i++) maxlen = run->seqs->len[i] > maxlen ? run->seqs->len[i] : maxlen;
@@ -93,24 +86,18 @@ int ml_cmd_logprobs(int argc, char **argv) {
   if (rc == 0) rc = ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, (int)tp, &mesh);
   if (rc == 0) rc = ml_engine_open(&e, &mesh, model);
   if (rc == 0) rc = ml_seqs_load_jsonl(data, e.model.cfg.vocab, &seqs);
-  if (rc == 0 && mesh.rank == 0) rc = open_out(out, tmp, sizeof tmp, &run.out);
+  if (rc == 0 && mesh.rank == 0) rc = ml_file_open_tmp(out, tmp, sizeof tmp, &run.out);
   if (ml_cli_agree(rc) == 0) {
     rc = run_all(&run);
-    if (run.out && fclose(run.out) != 0 && rc == 0)
-      rc = ml_err("--out %s: write failed: %s", out, strerror(errno));
-    if (run.out && rc == 0 && rename(tmp, out) != 0)
-      rc = ml_err("--out %s: rename from %s failed: %s", out, tmp, strerror(errno));
-    if (run.out && rc != 0) remove(tmp);
+    if (run.out && rc == 0) rc = ml_file_commit(run.out, tmp, out);
+    else if (run.out) ml_file_abandon(run.out, tmp);
     run.out = NULL;
     rc = ml_cli_agree(rc);
     if (rc == 0) ml_cli_print("logprobs: wrote %lld lines to %s\n", (long long)seqs.n, out);
   } else {
     rc = -1;
   }
-  if (run.out) {
-    fclose(run.out);
-    remove(tmp);
-  }
+  if (run.out) ml_file_abandon(run.out, tmp);
   ml_seqs_free(&seqs);
   ml_engine_close(&e);
   if (mesh.world) ml_mesh_destroy(&mesh);

@@ -6,8 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
+#include "common/file.h"
 #include "common/status.h"
 
 int ml_json_load(const char *path, ml_json *out) {
@@ -114,39 +114,14 @@ int ml_json_bool_opt(const ml_json *j, const json_t *obj, const char *key, bool 
   return 0;
 }
 
-/* Flush, fsync and close `fp` (open on `tmp`), then rename tmp over path. */
-static int commit_tmp(FILE *fp, const char *tmp, const char *path) {
-  int bad = fflush(fp) != 0 || fsync(fileno(fp)) != 0;
-  int err = errno;
-  if (fclose(fp) != 0 && !bad) {
-    bad = 1;
-    err = errno;
-  }
-  if (bad || rename(tmp, path) != 0) {
-    if (!bad) err = errno;
-    unlink(tmp);
-    return ml_err("%s: cannot write (via %s): %s", path, tmp, strerror(err));
-  }
-  return 0;
-}
-
 int ml_json_write(const char *path, const json_t *root) {
-  size_t plen = strlen(path);
-  char *tmp = ml_malloc(plen + 5, "temp path");
-  if (!tmp) return -1;
-  memcpy(tmp, path, plen);
-  memcpy(tmp + plen, ".tmp", 5);
-  int rc = -1;
-  FILE *fp = fopen(tmp, "w");
-  if (!fp) {
-    ml_err("%s: cannot create %s: %s", path, tmp, strerror(errno));
-  } else if (json_dumpf(root, fp, JSON_INDENT(2)) != 0 || fputc('\n', fp) == EOF) {
+  char tmp[4096];
+  FILE *fp;
+  ML_TRY(ml_file_open_tmp(path, tmp, sizeof tmp, &fp));
+  if (json_dumpf(root, fp, JSON_INDENT(2)) != 0 || fputc('\n', fp) == EOF) {
     ml_err("%s: cannot write %s: %s", path, tmp, strerror(errno));
-    fclose(fp);
-    unlink(tmp);
-  } else {
-    rc = commit_tmp(fp, tmp, path);
+    ml_file_abandon(fp, tmp);
+    return -1;
   }
-  free(tmp);
-  return rc;
+  return ml_file_commit(fp, tmp, path);
 }

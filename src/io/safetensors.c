@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/file.h"
 #include "common/status.h"
 #include "io/json.h"
 
@@ -403,44 +404,19 @@ static int write_body(FILE *fp, const char *hdr, size_t hlen, const ml_st_entry 
   return 0;
 }
 
-/* Flush, fsync and close `fp` (open on `tmp`), then rename tmp over path. */
-static int commit_tmp(FILE *fp, const char *tmp, const char *path) {
-  int bad = fflush(fp) != 0 || fsync(fileno(fp)) != 0;
-  int err = errno;
-  if (fclose(fp) != 0 && !bad) {
-    bad = 1;
-    err = errno;
-  }
-  if (bad || rename(tmp, path) != 0) {
-    if (!bad) err = errno;
-    unlink(tmp);
-    return ml_err("%s: cannot write (via %s): %s", path, tmp, strerror(err));
-  }
-  return 0;
-}
-
 int ml_st_write(const char *path, const ml_st_entry *entries, size_t n) {
   size_t hlen;
   char *hdr = header_bytes(path, entries, n, &hlen);
   if (!hdr) return -1;
-  size_t plen = strlen(path);
-  char *tmp = ml_malloc(plen + 5, "temp path");
-  FILE *fp = NULL;
-  int rc = -1;
-  if (tmp) {
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp", 5);
-    fp = fopen(tmp, "wb");
+  char tmp[4096];
+  FILE *fp;
+  int rc = ml_file_open_tmp(path, tmp, sizeof tmp, &fp);
+  if (rc == 0 && write_body(fp, hdr, hlen, entries, n) != 0) {
+    rc = ml_err("%s: cannot write %s: %s", path, tmp, strerror(errno));
+    ml_file_abandon(fp, tmp);
+  } else if (rc == 0) {
+    rc = ml_file_commit(fp, tmp, path);
   }
-  if (tmp && !fp) ml_err("%s: cannot create %s: %s", path, tmp, strerror(errno));
-  if (fp && write_body(fp, hdr, hlen, entries, n) != 0) {
-    ml_err("%s: cannot write %s: %s", path, tmp, strerror(errno));
-    fclose(fp);
-    unlink(tmp);
-  } else if (fp) {
-    rc = commit_tmp(fp, tmp, path);
-  }
-  free(tmp);
   free(hdr);
   return rc;
 }

@@ -13,6 +13,8 @@ meshlm=build/meshlm
 rm -rf "$out"
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+# idle OpenMP threads must sleep, not spin, or they steal the cores OpenBLAS computes on
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 ncores=$(nproc)
 export OPENBLAS_NUM_THREADS=$(( ncores / 4 > 0 ? ncores / 4 : 1 )) OMP_NUM_THREADS=$(( ncores / 4 > 0 ? ncores / 4 : 1 ))
 

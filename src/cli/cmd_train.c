@@ -55,6 +55,20 @@ static double max_over_world(double v) {
   return out;
 }
 
+/* The collectives of the last step per mesh group, as this rank saw them. */
+static void print_comm_summary(const ml_mesh *mesh) {
+  ml_comm *groups[] = {mesh->tp_comm, mesh->dp_shard_comm, mesh->dp_comm, mesh->world};
+  ml_cli_print("train: collectives of the last step (rank 0):");
+  for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
+    const ml_comm_stats *st = ml_comm_stats_of(groups[g]);
+    for (int k = 0; k < ML_COLL_KINDS; k++)
+      if (st->calls[k])
+        ml_cli_print(" %s %s x%lld (%.3f MB)", groups[g]->name, ml_coll_name((ml_coll)k),
+                     (long long)st->calls[k], (double)st->bytes[k] / 1e6);
+  }
+  ml_cli_print("\n");
+}
+
 static int train_loop(const train_opts *o, ml_mesh *mesh, ml_engine *e, const ml_dataset *ds,
                       ml_metrics_writer *mw) {
   int64_t S = o->seq_len, Bl = o->batch / mesh->dp_comm->size;
@@ -65,6 +79,7 @@ static int train_loop(const train_opts *o, ml_mesh *mesh, ml_engine *e, const ml
   double fpt = ml_flops_per_token((double)ml_model_config_num_params(c), c->n_layers, c->hidden, S);
   ml_adamw_cfg adam = {o->lr, 0.9, 0.999, 1e-8, o->weight_decay};
   for (int64_t step = 0; step < o->steps; step++) {
+    ml_mesh_stats_reset(mesh);
     double t0 = MPI_Wtime(), loss, norm;
     int64_t targets = ml_dataset_count_targets(ds, step, o->batch);
     if (ml_dataset_batch(ds, step, o->batch, mesh->dp_comm->rank, mesh->dp_comm->size, ids, mask) ||
@@ -85,6 +100,7 @@ static int train_loop(const train_opts *o, ml_mesh *mesh, ml_engine *e, const ml
       if (mw && ml_metrics_write(mw, &sm)) ml_cli_abort();
     }
   }
+  if (o->steps > 0) print_comm_summary(mesh);
   free(ids);
   free(mask);
   return 0;

@@ -79,14 +79,26 @@ static int rank0(void) {
   return r == 0;
 }
 
+/* Load the fixture and open both runs on it: `one` over MPI_COMM_SELF (tp 1)
+ * and `mesh` over MPI_COMM_WORLD (tp g_tp). */
+static void open_pair(fixture *fx, run *one, run *mesh) {
+  fixture_load(g_fixture, fx);
+  run_open(one, MPI_COMM_SELF, 1, fx);
+  run_open(mesh, MPI_COMM_WORLD, g_tp, fx);
+}
+
+static void close_pair(fixture *fx, run *one, run *mesh) {
+  run_close(mesh);
+  run_close(one);
+  fixture_free(fx);
+}
+
 /* Loss and gradients vs the fixture and vs the single-rank run. */
 static void test_loss_and_grads(void **state) {
   (void)state;
   fixture fx;
-  fixture_load(g_fixture, &fx);
   run one, mesh;
-  run_open(&one, MPI_COMM_SELF, 1, &fx);
-  run_open(&mesh, MPI_COMM_WORLD, g_tp, &fx);
+  open_pair(&fx, &one, &mesh);
   double l1 = step(&one, &fx), lm = step(&mesh, &fx);
   if (rank0()) printf("loss: hf %.9f one %.9f mesh %.9f\n", fx.loss, l1, lm);
   assert_true(fabs(l1 - fx.loss) / fx.loss <= 1e-5);
@@ -119,9 +131,7 @@ static void test_loss_and_grads(void **state) {
   ml_st_close(&ref);
   free_all(g1, one.e.model.n_params);
   free_all(gm, mesh.e.model.n_params);
-  run_close(&mesh);
-  run_close(&one);
-  fixture_free(&fx);
+  close_pair(&fx, &one, &mesh);
 }
 
 static void test_logprobs(void **state) {
@@ -155,10 +165,8 @@ static void train3(run *r, const fixture *fx) {
 static void test_adamw_steps(void **state) {
   (void)state;
   fixture fx;
-  fixture_load(g_fixture, &fx);
   run one, mesh;
-  run_open(&one, MPI_COMM_SELF, 1, &fx);
-  run_open(&mesh, MPI_COMM_WORLD, g_tp, &fx);
+  open_pair(&fx, &one, &mesh);
   train3(&one, &fx);
   train3(&mesh, &fx);
   float **p1 = export_all(&one, ML_EXPORT_PARAMS), **pm = export_all(&mesh, ML_EXPORT_PARAMS);
@@ -172,9 +180,7 @@ static void test_adamw_steps(void **state) {
   if (rank0()) printf("params after 3 AdamW steps: worst rel L2 mesh vs one rank %.3g\n", worst);
   free_all(p1, one.e.model.n_params);
   free_all(pm, mesh.e.model.n_params);
-  run_close(&mesh);
-  run_close(&one);
-  fixture_free(&fx);
+  close_pair(&fx, &one, &mesh);
 }
 
 static int64_t calls(ml_comm *c, ml_coll k) { return ml_comm_stats_of(c)->calls[k]; }

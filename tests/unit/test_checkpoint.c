@@ -1,8 +1,8 @@
 /* HF checkpoint directories: single file, sharded with an index, and every
  * kind of broken index. */
 #define _XOPEN_SOURCE 700
+#define TMPDIR_PREFIX "ml_test_ckpt"
 
-#include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -18,32 +18,7 @@
 #include "common/status.h"
 #include "io/checkpoint.h"
 #include "io/json.h"
-
-static char g_dir[] = "/tmp/ml_test_ckpt_XXXXXX";
-
-/* g_dir/name; a small ring of buffers so a few can be live at once. */
-static const char *tpath(const char *name) {
-  static char bufs[4][512];
-  static unsigned k;
-  char *b = bufs[k++ % 4];
-  snprintf(b, sizeof bufs[0], "%s/%s", g_dir, name);
-  return b;
-}
-
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-  (void)sb, (void)flag, (void)ftw;
-  return remove(p);
-}
-
-static int group_setup(void **state) {
-  (void)state;
-  return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int group_teardown(void **state) {
-  (void)state;
-  return nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
+#include "tmpdir.h"
 
 static void write_bytes(const char *path, const char *bytes, size_t n) {
   FILE *fp = fopen(path, "wb");
@@ -303,5 +278,5 @@ int main(void) {
       cmocka_unit_test(test_bad_indexes),         cmocka_unit_test(test_tensor_in_two_files),
       cmocka_unit_test(test_missing_or_invalid_files),
   };
-  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+  return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }

@@ -1,7 +1,7 @@
 /* JSON documents: loading, typed getters and their messages, writing. */
 #define _XOPEN_SOURCE 700
+#define TMPDIR_PREFIX "ml_test_json"
 
-#include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -15,15 +15,9 @@
 
 #include "common/status.h"
 #include "io/json.h"
+#include "tmpdir.h"
 
-static char g_dir[] = "/tmp/ml_test_json_XXXXXX";
 static char g_cfg[512];
-
-static const char *tpath(const char *name) {
-  static char buf[512];
-  snprintf(buf, sizeof buf, "%s/%s", g_dir, name);
-  return buf;
-}
 
 static void write_text(const char *path, const char *text) {
   FILE *fp = fopen(path, "w");
@@ -32,14 +26,8 @@ static void write_text(const char *path, const char *text) {
   assert_int_equal(fclose(fp), 0);
 }
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-  (void)sb, (void)flag, (void)ftw;
-  return remove(p);
-}
-
 static int group_setup(void **state) {
-  (void)state;
-  if (!mkdtemp(g_dir)) return -1;
+  if (tmpdir_setup(state)) return -1;
   snprintf(g_cfg, sizeof g_cfg, "%s/config.json", g_dir);
   write_text(g_cfg, "{\n"
                     "  \"hidden_size\": 64,\n"
@@ -55,9 +43,28 @@ static int group_setup(void **state) {
   return 0;
 }
 
-static int group_teardown(void **state) {
-  (void)state;
-  return nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+/* The loaded g_cfg and one out-variable per getter type: the per-test
+ * fixture of the getter tests (cfg_setup loads, cfg_teardown frees). */
+typedef struct cfg {
+  ml_json j;
+  int64_t i;
+  double d;
+  bool b;
+  const char *s;
+} cfg;
+
+static int cfg_setup(void **state) {
+  static cfg c;
+  memset(&c, 0, sizeof c);
+  ml_error_clear();
+  assert_int_equal(ml_json_load(g_cfg, &c.j), 0);
+  *state = &c;
+  return 0;
+}
+
+static int cfg_teardown(void **state) {
+  ml_json_free(&((cfg *)*state)->j);
+  return 0;
 }
 
 static void expect_msg(const char *a, const char *b, const char *c) {
@@ -67,102 +74,75 @@ static void expect_msg(const char *a, const char *b, const char *c) {
 }
 
 static void test_required(void **state) {
-  (void)state;
-  ml_json j;
-  ml_error_clear();
-  assert_int_equal(ml_json_load(g_cfg, &j), 0);
-  int64_t i;
-  double d;
-  bool b;
-  const char *s;
-  assert_int_equal(ml_json_int(&j, NULL, "hidden_size", &i), 0);
-  assert_int_equal(i, 64);
-  assert_int_equal(ml_json_num(&j, NULL, "rms_norm_eps", &d), 0);
-  assert_true(d == 1e-6);
-  assert_int_equal(ml_json_num(&j, NULL, "rope_theta", &d), 0); /* an int is a number */
-  assert_true(d == 10000.0);
-  assert_int_equal(ml_json_bool(&j, NULL, "tie_word_embeddings", &b), 0);
-  assert_true(b);
-  assert_int_equal(ml_json_str(&j, NULL, "model_type", &s), 0);
-  assert_string_equal(s, "llama");
-  const json_t *rs = json_object_get(j.root, "rope_scaling");
-  assert_int_equal(ml_json_num(&j, rs, "factor", &d), 0);
-  assert_true(d == 8.0);
-  assert_int_equal(ml_json_int(&j, rs, "big", &i), 0);
-  assert_int_equal(i, 9007199254740993LL); /* exact beyond 2^53 */
-  assert_int_equal(ml_json_str(&j, rs, "type", &s), 0);
-  assert_string_equal(s, "llama3");
-  ml_json_free(&j);
-  assert_null(j.root);
+  cfg *c = *state;
+  assert_int_equal(ml_json_int(&c->j, NULL, "hidden_size", &c->i), 0);
+  assert_int_equal(c->i, 64);
+  assert_int_equal(ml_json_num(&c->j, NULL, "rms_norm_eps", &c->d), 0);
+  assert_true(c->d == 1e-6);
+  assert_int_equal(ml_json_num(&c->j, NULL, "rope_theta", &c->d), 0); /* an int is a number */
+  assert_true(c->d == 10000.0);
+  assert_int_equal(ml_json_bool(&c->j, NULL, "tie_word_embeddings", &c->b), 0);
+  assert_true(c->b);
+  assert_int_equal(ml_json_str(&c->j, NULL, "model_type", &c->s), 0);
+  assert_string_equal(c->s, "llama");
+  const json_t *rs = json_object_get(c->j.root, "rope_scaling");
+  assert_int_equal(ml_json_num(&c->j, rs, "factor", &c->d), 0);
+  assert_true(c->d == 8.0);
+  assert_int_equal(ml_json_int(&c->j, rs, "big", &c->i), 0);
+  assert_int_equal(c->i, 9007199254740993LL); /* exact beyond 2^53 */
+  assert_int_equal(ml_json_str(&c->j, rs, "type", &c->s), 0);
+  assert_string_equal(c->s, "llama3");
+  ml_json_free(&c->j);
+  assert_null(c->j.root);
 }
 
 static void test_optional(void **state) {
-  (void)state;
-  ml_json j;
-  ml_error_clear();
-  assert_int_equal(ml_json_load(g_cfg, &j), 0);
-  int64_t i;
-  double d;
-  bool b;
-  assert_int_equal(ml_json_int_opt(&j, NULL, "num_kv_heads", 4, &i), 0); /* missing */
-  assert_int_equal(i, 4);
-  assert_int_equal(ml_json_int_opt(&j, NULL, "sliding_window", -1, &i), 0); /* null */
-  assert_int_equal(i, -1);
-  assert_int_equal(ml_json_int_opt(&j, NULL, "hidden_size", 4, &i), 0); /* present */
-  assert_int_equal(i, 64);
-  assert_int_equal(ml_json_num_opt(&j, NULL, "dropout", 0.25, &d), 0);
-  assert_true(d == 0.25);
-  assert_int_equal(ml_json_num_opt(&j, NULL, "ratio", 0.25, &d), 0);
-  assert_true(d == 1.5);
-  assert_int_equal(ml_json_bool_opt(&j, NULL, "use_cache", false, &b), 0);
-  assert_false(b);
-  assert_int_equal(ml_json_bool_opt(&j, NULL, "tie_word_embeddings", false, &b), 0);
-  assert_true(b);
-  ml_json_free(&j);
+  cfg *c = *state;
+  assert_int_equal(ml_json_int_opt(&c->j, NULL, "num_kv_heads", 4, &c->i), 0); /* missing */
+  assert_int_equal(c->i, 4);
+  assert_int_equal(ml_json_int_opt(&c->j, NULL, "sliding_window", -1, &c->i), 0); /* null */
+  assert_int_equal(c->i, -1);
+  assert_int_equal(ml_json_int_opt(&c->j, NULL, "hidden_size", 4, &c->i), 0); /* present */
+  assert_int_equal(c->i, 64);
+  assert_int_equal(ml_json_num_opt(&c->j, NULL, "dropout", 0.25, &c->d), 0);
+  assert_true(c->d == 0.25);
+  assert_int_equal(ml_json_num_opt(&c->j, NULL, "ratio", 0.25, &c->d), 0);
+  assert_true(c->d == 1.5);
+  assert_int_equal(ml_json_bool_opt(&c->j, NULL, "use_cache", false, &c->b), 0);
+  assert_false(c->b);
+  assert_int_equal(ml_json_bool_opt(&c->j, NULL, "tie_word_embeddings", false, &c->b), 0);
+  assert_true(c->b);
 }
 
+/* `call` fails (-1) with a message naming g_cfg, `a` and `b`. A macro so
+ * that a failure reports the line of the check. */
+#define expect_fail(call, a, b)   \
+  do {                            \
+    ml_error_clear();             \
+    assert_int_equal((call), -1); \
+    expect_msg(g_cfg, (a), (b));  \
+  } while (0)
+
 static void test_wrong_and_missing(void **state) {
-  (void)state;
-  ml_json j;
+  cfg *c = *state;
+  const json_t *rs = json_object_get(c->j.root, "rope_scaling");
+  expect_fail(ml_json_int(&c->j, NULL, "name", &c->i), "field 'name': expected an integer",
+              "found \"abc\"");
+  /* a real is not an int */
+  expect_fail(ml_json_int(&c->j, NULL, "ratio", &c->i), "'ratio'", "found 1.5");
+  expect_fail(ml_json_int(&c->j, NULL, "vocab_size", &c->i), "field 'vocab_size'", "missing");
+  expect_fail(ml_json_num(&c->j, NULL, "model_type", &c->d), "'model_type'", "expected a number");
+  expect_fail(ml_json_bool(&c->j, NULL, "hidden_size", &c->b), "'hidden_size'", "found 64");
+  /* null is not a string */
+  expect_fail(ml_json_str(&c->j, NULL, "sliding_window", &c->s), "'sliding_window'", "found null");
+  expect_fail(ml_json_str(&c->j, rs, "factor", &c->s), "'factor'", "expected a string");
+  expect_fail(ml_json_int_opt(&c->j, NULL, "model_type", 1, &c->i), "'model_type'",
+              "expected an integer");
+  expect_fail(ml_json_num_opt(&c->j, NULL, "tie_word_embeddings", 1, &c->d),
+              "'tie_word_embeddings'", "found true");
+  expect_fail(ml_json_bool_opt(&c->j, NULL, "rope_scaling", true, &c->b), "'rope_scaling'",
+              "found {\"factor\"");
   ml_error_clear();
-  assert_int_equal(ml_json_load(g_cfg, &j), 0);
-  int64_t i;
-  double d;
-  bool b;
-  const char *s;
-  const json_t *rs = json_object_get(j.root, "rope_scaling");
-  ml_error_clear();
-  assert_int_equal(ml_json_int(&j, NULL, "name", &i), -1);
-  expect_msg(g_cfg, "field 'name': expected an integer", "found \"abc\"");
-  ml_error_clear();
-  assert_int_equal(ml_json_int(&j, NULL, "ratio", &i), -1); /* a real is not an int */
-  expect_msg(g_cfg, "'ratio'", "found 1.5");
-  ml_error_clear();
-  assert_int_equal(ml_json_int(&j, NULL, "vocab_size", &i), -1);
-  expect_msg(g_cfg, "field 'vocab_size'", "missing");
-  ml_error_clear();
-  assert_int_equal(ml_json_num(&j, NULL, "model_type", &d), -1);
-  expect_msg(g_cfg, "'model_type'", "expected a number");
-  ml_error_clear();
-  assert_int_equal(ml_json_bool(&j, NULL, "hidden_size", &b), -1);
-  expect_msg(g_cfg, "'hidden_size'", "found 64");
-  ml_error_clear();
-  assert_int_equal(ml_json_str(&j, NULL, "sliding_window", &s), -1); /* null is not a string */
-  expect_msg(g_cfg, "'sliding_window'", "found null");
-  ml_error_clear();
-  assert_int_equal(ml_json_str(&j, rs, "factor", &s), -1);
-  expect_msg(g_cfg, "'factor'", "expected a string");
-  ml_error_clear();
-  assert_int_equal(ml_json_int_opt(&j, NULL, "model_type", 1, &i), -1);
-  expect_msg(g_cfg, "'model_type'", "expected an integer");
-  ml_error_clear();
-  assert_int_equal(ml_json_num_opt(&j, NULL, "tie_word_embeddings", 1, &d), -1);
-  expect_msg(g_cfg, "'tie_word_embeddings'", "found true");
-  ml_error_clear();
-  assert_int_equal(ml_json_bool_opt(&j, NULL, "rope_scaling", true, &b), -1);
-  expect_msg(g_cfg, "'rope_scaling'", "found {\"factor\"");
-  ml_error_clear();
-  ml_json_free(&j);
 }
 
 static void expect_load_err(const char *text, const char *word) {
@@ -234,9 +214,12 @@ static void test_brief(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_required),    cmocka_unit_test(test_optional),
-      cmocka_unit_test(test_wrong_and_missing), cmocka_unit_test(test_load_errors),
-      cmocka_unit_test(test_write),       cmocka_unit_test(test_brief),
+      cmocka_unit_test_setup_teardown(test_required, cfg_setup, cfg_teardown),
+      cmocka_unit_test_setup_teardown(test_optional, cfg_setup, cfg_teardown),
+      cmocka_unit_test_setup_teardown(test_wrong_and_missing, cfg_setup, cfg_teardown),
+      cmocka_unit_test(test_load_errors),
+      cmocka_unit_test(test_write),
+      cmocka_unit_test(test_brief),
   };
-  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+  return cmocka_run_group_tests(tests, group_setup, tmpdir_teardown);
 }

@@ -1,8 +1,8 @@
 /* safetensors reader/writer: round trips, block reads, and every rejection
  * of a malformed file (with a message naming the file and the problem). */
 #define _XOPEN_SOURCE 700
+#define TMPDIR_PREFIX "ml_test_st"
 
-#include <ftw.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,32 +16,7 @@
 
 #include "common/status.h"
 #include "io/safetensors.h"
-
-static char g_dir[] = "/tmp/ml_test_st_XXXXXX";
-
-/* g_dir/name; a small ring of buffers so a few can be live at once. */
-static const char *tpath(const char *name) {
-  static char bufs[4][512];
-  static unsigned k;
-  char *b = bufs[k++ % 4];
-  snprintf(b, sizeof bufs[0], "%s/%s", g_dir, name);
-  return b;
-}
-
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-  (void)sb, (void)flag, (void)ftw;
-  return remove(p);
-}
-
-static int group_setup(void **state) {
-  (void)state;
-  return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int group_teardown(void **state) {
-  (void)state;
-  return nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
+#include "tmpdir.h"
 
 /* A file of: u64 LE `hlen`, `hbytes` bytes of `header`, `ndata` bytes of
  * `data` (zeros when NULL). hlen may lie about hbytes on purpose. */
@@ -388,5 +363,5 @@ int main(void) {
       cmocka_unit_test(test_read_block_errors),   cmocka_unit_test(test_write_errors),
       cmocka_unit_test(test_overwrite_while_mapped),
   };
-  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+  return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }

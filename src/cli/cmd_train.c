@@ -19,12 +19,13 @@ typedef struct train_opts {
 } train_opts;
 
 /* Deterministic shuffle of the dataset's sequences (same on every rank). */
-static void shuffle(ml_dataset *ds, int64_t seed) {
+static int shuffle(ml_dataset *ds, int64_t seed) {
   ml_rng rng = ml_rng_seed((uint64_t)seed);
   int64_t S = ds->seq_len;
-  int32_t *tid = malloc(sizeof(int32_t) * (size_t)S);
-  uint8_t *tm = malloc((size_t)S);
-  for (int64_t i = ds->nseq - 1; tid && tm && i > 0; i--) {
+  int32_t *tid = ml_malloc(sizeof(int32_t) * (size_t)S, "shuffle buffer");
+  uint8_t *tm = ml_malloc((size_t)S, "shuffle buffer");
+  int rc = tid && tm ? 0 : -1;
+  for (int64_t i = ds->nseq - 1; rc == 0 && i > 0; i--) {
     int64_t j = (int64_t)(ml_rng_next(&rng) % (uint64_t)(i + 1));
     memcpy(tid, ds->ids + i * S, sizeof(int32_t) * (size_t)S);
     memcpy(ds->ids + i * S, ds->ids + j * S, sizeof(int32_t) * (size_t)S);
@@ -35,6 +36,7 @@ static void shuffle(ml_dataset *ds, int64_t seed) {
   }
   free(tid);
   free(tm);
+  return rc;
 }
 
 static int setup(const train_opts *o, ml_mesh *mesh, ml_engine *e, ml_dataset *ds) {
@@ -45,8 +47,7 @@ static int setup(const train_opts *o, ml_mesh *mesh, ml_engine *e, ml_dataset *d
     return ml_err("--batch-size %lld is not divisible by the data-parallel size %d; expected a "
                   "multiple of it",
                   (long long)o->batch, mesh->dp_comm->size);
-  shuffle(ds, o->seed);
-  return 0;
+  return shuffle(ds, o->seed);
 }
 
 static double max_over_world(double v) {

@@ -18,13 +18,6 @@ const char *ml_style_name(ml_style_kind k) {
   return k == ML_STYLE_COLWISE ? "ColwiseParallel" : "RowwiseParallel";
 }
 
-const char *ml_placement_str(ml_placement p, char *buf, size_t cap) {
-  if (p.kind == ML_REPLICATE) snprintf(buf, cap, "Replicate()");
-  else if (p.kind == ML_PARTIAL) snprintf(buf, cap, "Partial(sum)");
-  else snprintf(buf, cap, "Shard(%d)", p.dim);
-  return buf;
-}
-
 static void add_rule(ml_plan *p, const char *prefix, const char *suffix, ml_style s) {
   ml_plan_rule *r = &p->rules[p->n++];
   snprintf(r->pattern, sizeof r->pattern, "%s%s", prefix, suffix);

@@ -10,13 +10,8 @@
 #include <stddef.h>
 
 #include "model/config.h"
+#include "tensor/placement.h"
 
-/* DTensor placements on one mesh dimension. dim −1 = the last dim. */
-typedef enum { ML_REPLICATE, ML_SHARD, ML_PARTIAL } ml_placement_kind;
-typedef struct ml_placement {
-  ml_placement_kind kind;
-  int dim;
-} ml_placement;
 
 typedef enum { ML_STYLE_COLWISE, ML_STYLE_ROWWISE } ml_style_kind;
 
@@ -34,8 +29,6 @@ ml_style ml_style_colwise(void);
 /* RowwiseParallel(): input Shard(−1), output Replicate, use_local_output. */
 ml_style ml_style_rowwise(void);
 const char *ml_style_name(ml_style_kind k);
-/* "Replicate()", "Shard(1)", "Partial(sum)" into buf. */
-const char *ml_placement_str(ml_placement p, char *buf, size_t cap);
 
 typedef struct ml_plan_rule {
   char pattern[128];

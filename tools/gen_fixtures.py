@@ -18,15 +18,41 @@ USAGE
 OUTPUT (one directory per fixture NAME under --out)
     NAME/config.json         as written by save_pretrained (float32 model)
     NAME/model.safetensors   as written by save_pretrained (float32 weights)
-    NAME/grads.safetensors   d loss / d param for every named parameter (HF
-                             names, e.g. model.layers.0.self_attn.q_proj.weight),
-                             computed in float64, stored as float32.  For tied
-                             models there is no lm_head.weight entry: the
-                             embedding gradient contains both uses.
+    NAME/grads.safetensors   d loss / d param for every named parameter that
+                             receives a gradient, under the name it has in
+                             model.safetensors (e.g. model.layers.0.self_attn.
+                             q_proj.weight), computed in float64, stored as
+                             float32.  For tied models there is no
+                             lm_head.weight entry: the embedding gradient
+                             contains both uses.
     NAME/expected.json       {"input_ids": [[S ints] x B],
                               "loss_mask": [[S 0/1] x B]   (only if masked),
                               "loss": float,
-                              "logprobs": [[S-1 floats] x B]}
+                              "logprobs": [[S-1 floats] x B],
+                              "text_prefix": str           (only gemma3_vlm)}
+
+FIXTURES
+    llama_tied     LlamaForCausalLM, tied, llama3 rope scaling, vocab 256
+    llama_untied   LlamaForCausalLM, untied, linear rope factor 2, vocab 300
+    qwen2          Qwen2ForCausalLM, qkv biases, untied, vocab 301, loss mask
+    qwen3          Qwen3ForCausalLM, q_norm/k_norm (RMSNorm over head_dim,
+                   before RoPE), no biases, tied, rope_theta 1e6, vocab 302,
+                   loss mask
+    gemma3         Gemma3ForCausalLM (model_type gemma3_text), tied, vocab 256,
+                   layer_types [sliding_attention, full_attention] with
+                   sliding_window 8 (< S), full layers rope_theta 1e6 + linear
+                   factor 2, sliding layers rope_theta 1e4 unscaled,
+                   query_pre_attn_scalar 24 (!= head_dim 16), gelu_pytorch_tanh,
+                   no softcapping.  Input ids avoid pad_token_id 0.
+    gemma3_vlm     Gemma3ForConditionalGeneration: the gemma3 text config under
+                   text_config plus a 1-layer SigLIP vision tower (hidden 16,
+                   image 28, patch 14, no head) and mm_tokens_per_image 4;
+                   boi/eoi/image token ids 253/254/255.  Text-only inputs (no
+                   pixel_values) drawn from 1..252, so neither pad 0 nor the
+                   image/boi/eoi ids occur.
+
+    All sizes: hidden 64, intermediate 160, 2 layers, 4 heads, 2 KV heads,
+    head_dim 16; B=2, S=24.
 
 DEFINITIONS (hold exactly, in float64)
     logprobs[b][t] = log_softmax(logits[b, t])[input_ids[b][t+1]], t = 0..S-2
@@ -38,13 +64,46 @@ DEFINITIONS (hold exactly, in float64)
     The reference is computed by reloading the saved checkpoint with
     from_pretrained(dtype=float64, attn_implementation="eager"), so the
     expected values correspond bit-for-bit to the committed float32 weights.
+    (HF computes some pieces in float32 even then: RoPE inv_freq/angles/
+    cos/sin, the RMSNorm normalisation (Gemma3: the whole norm incl. 1 + w)
+    and the attention softmax; the logprobs therefore differ from an all-
+    float64 evaluation by up to ~5e-7.)
 
     Weights are re-initialised with a larger scale than HF's default 0.02 so
     that logits are far from uniform: linear/embedding weights ~ N(0, 0.1^2),
-    norm weights 1 + 0.1*N(0,1), biases 0.1*N(0,1).
+    norm weights 1 + 0.1*N(0,1), biases 0.1*N(0,1).  Exception: Gemma3RMSNorm
+    computes x_hat * (1 + w), so its weights (input_layernorm,
+    post_attention_layernorm, pre_feedforward_layernorm,
+    post_feedforward_layernorm, self_attn.q_norm/k_norm, model.norm, and the
+    projector's mm_soft_emb_norm) are 0.1*N(0,1), i.e. scale 1 + 0.1*N(0,1).
+    Qwen3's q_norm/k_norm are plain RMSNorms (1 + 0.1*N(0,1)).
+
+GEMMA3 NOTES (transformers 5.x modeling_gemma3.py)
+    - embeddings are multiplied by sqrt(hidden_size) = 8 (exact here);
+      the lm_head (tied) uses the unscaled embedding matrix
+    - attention scores are scaled by query_pre_attn_scalar**-0.5 = 24**-0.5,
+      not head_dim**-0.5; q_norm/k_norm are applied per head before RoPE
+    - sliding layers: query i attends key j iff 0 <= i - j < sliding_window
+      (i.e. the window holds sliding_window keys including i itself)
+    - each layer: x += post_attention_layernorm(attn(input_layernorm(x)));
+      x += post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))
+    - config.json records rope_parameters per layer type:
+      {"full_attention": {...}, "sliding_attention": {...}}
+
+GEMMA3_VLM NOTES
+    save_pretrained writes the original Hub layout, not the module names:
+    model.language_model.X is stored as language_model.model.X,
+    model.vision_tower.X as vision_tower.X, model.multi_modal_projector.X as
+    multi_modal_projector.X (from_pretrained maps them back).  grads.safetensors
+    uses the stored names and holds only the text tower (every tensor whose
+    name starts with expected.json's "text_prefix" = "language_model.model.";
+    lm_head is tied): the vision tower and projector get no gradient from
+    text-only inputs and have no entry.  The text tower alone, run as a
+    Gemma3ForCausalLM, reproduces the logits (checked when generating).
 """
 
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -53,8 +112,13 @@ import sys
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
-from transformers import (AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM)
+from transformers import (AutoModelForCausalLM, Gemma3Config,
+                          Gemma3ForCausalLM, Gemma3ForConditionalGeneration,
+                          Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM, SiglipVisionConfig)
+from transformers.core_model_loading import revert_weight_conversion
+from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 
 B, S = 2, 24
 
@@ -71,6 +135,34 @@ LLAMA_BASE = dict(
     attention_bias=False,
     mlp_bias=False,
 )
+
+GEMMA3_TEXT = dict(
+    hidden_size=64,
+    intermediate_size=160,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=256,
+    query_pre_attn_scalar=24,          # deliberately != head_dim
+    sliding_window=8,                  # < S, so the window matters
+    layer_types=["sliding_attention", "full_attention"],
+    rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 2.0,
+                           "rope_theta": 1000000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    },
+    hidden_activation="gelu_pytorch_tanh",
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    final_logit_softcapping=None,
+    attn_logit_softcapping=None,
+    attention_bias=False,
+)
+
+# ids the gemma3_vlm fixture reserves at the top of its 256-token vocabulary
+GEMMA3_VLM_BOI, GEMMA3_VLM_EOI, GEMMA3_VLM_IMAGE = 253, 254, 255
 
 FIXTURES = [
     dict(
@@ -121,15 +213,86 @@ FIXTURES = [
         seed=1003,
         mask=True,
     ),
+    dict(
+        name="qwen3",
+        cls=Qwen3ForCausalLM,
+        config=lambda: Qwen3Config(
+            hidden_size=64,
+            intermediate_size=160,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            vocab_size=302,
+            tie_word_embeddings=True,
+            attention_bias=False,
+            rope_theta=1000000.0,
+            rms_norm_eps=1e-6,
+            use_sliding_window=False,
+        ),
+        seed=1004,
+        mask=True,
+    ),
+    dict(
+        name="gemma3",
+        cls=Gemma3ForCausalLM,
+        config=lambda: Gemma3TextConfig(**copy.deepcopy(GEMMA3_TEXT)),
+        seed=1005,
+        mask=False,
+        gemma=True,
+        # 0 is pad_token_id: nn.Embedding(padding_idx=0) drops its lookup gradient
+        id_range=(1, 256),
+    ),
+    dict(
+        name="gemma3_vlm",
+        cls=Gemma3ForConditionalGeneration,
+        config=lambda: Gemma3Config(
+            text_config=Gemma3TextConfig(**copy.deepcopy(GEMMA3_TEXT)),
+            vision_config=SiglipVisionConfig(
+                hidden_size=16,
+                intermediate_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                image_size=28,
+                patch_size=14,
+                vision_use_head=False,
+            ),
+            mm_tokens_per_image=4,
+            boi_token_index=GEMMA3_VLM_BOI,
+            eoi_token_index=GEMMA3_VLM_EOI,
+            image_token_index=GEMMA3_VLM_IMAGE,
+            tie_word_embeddings=True,
+        ),
+        seed=1006,
+        mask=False,
+        gemma=True,
+        # excludes pad 0 and boi/eoi/image 253..255
+        id_range=(1, GEMMA3_VLM_BOI),
+        # prefix of the text tower in model.safetensors / grads.safetensors
+        # (save_pretrained writes the original Hub layout, see the docstring)
+        text_prefix="language_model.model.",
+    ),
 ]
 
 
-def reinit_(model, gen):
-    """Write larger-scale random values into every (unique) parameter."""
+def reinit_(model, gen, gemma=False):
+    """Write larger-scale random values into every (unique) parameter.
+
+    gemma=True: Gemma3RMSNorm computes x_hat * (1 + w), so its weights get
+    0.1*N(0,1) (scale 1 + w ~ 1 + 0.1*N(0,1), like the other families); the
+    name test is not used for them.  Other parameters as without gemma.
+    """
+    gemma_norms = set()
+    if gemma:
+        for mname, mod in model.named_modules():
+            if isinstance(mod, Gemma3RMSNorm):
+                gemma_norms.add(mname + ".weight")
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float64)
-            if name.endswith("norm.weight"):
+            if name in gemma_norms:
+                val = 0.1 * noise
+            elif name.endswith("norm.weight"):
                 val = 1.0 + 0.1 * noise
             elif name.endswith(".bias"):
                 val = 0.1 * noise
@@ -146,6 +309,106 @@ def save_model(model, out_dir):
         model.save_pretrained(out_dir)
 
 
+def check_norm_init(fx, model):
+    """Every text-tower norm weight (incl. q_norm/k_norm) got the reinit."""
+    gemma = fx.get("gemma", False)
+    n = 0
+    for pname, p in model.named_parameters():
+        if not pname.endswith("norm.weight") or ".vision_tower." in pname:
+            continue
+        if "multi_modal_projector" in pname:
+            continue
+        centre = 0.0 if gemma else 1.0
+        assert abs(p.mean().item() - centre) < 0.3 and p.std().item() > 0.01, pname
+        n += 1
+    cfg = model.config.get_text_config()
+    if gemma:    # input, post_attention, pre/post_feedforward, q_norm, k_norm
+        per_layer = 6
+    elif fx["cls"] is Qwen3ForCausalLM:   # input, post_attention, q_norm, k_norm
+        per_layer = 4
+    else:        # input, post_attention
+        per_layer = 2
+    want = cfg.num_hidden_layers * per_layer + 1
+    assert n == want, (fx["name"], n, want)
+
+
+def check_gemma3(fx, out_dir, ref, input_ids, loss):
+    """Gemma3 fixtures: config round trip, rope / scaling / window semantics."""
+    is_vlm = fx["cls"] is Gemma3ForConditionalGeneration
+    with open(os.path.join(out_dir, "config.json")) as f:
+        cj = json.load(f)
+    tj = cj["text_config"] if is_vlm else cj
+    assert tj["layer_types"] == GEMMA3_TEXT["layer_types"], tj["layer_types"]
+    assert tj["sliding_window"] == GEMMA3_TEXT["sliding_window"]
+    assert tj["query_pre_attn_scalar"] == GEMMA3_TEXT["query_pre_attn_scalar"]
+    rp = tj["rope_parameters"]
+    assert rp["full_attention"] == {"rope_type": "linear", "factor": 2.0,
+                                    "rope_theta": 1000000.0}, rp
+    assert rp["sliding_attention"] == {"rope_type": "default",
+                                       "rope_theta": 10000.0}, rp
+
+    lm = ref.model.language_model if is_vlm else ref.model
+    hd = GEMMA3_TEXT["head_dim"]
+    k = torch.arange(0, hd, 2, dtype=torch.float64) / hd
+    want_local = 1.0 / (10000.0 ** k)
+    want_global = 1.0 / (1000000.0 ** k) / 2.0
+    got_local = lm.rotary_emb.sliding_attention_inv_freq.double()
+    got_global = lm.rotary_emb.full_attention_inv_freq.double()
+    assert torch.allclose(got_local, want_local, rtol=1e-6, atol=0), got_local
+    assert torch.allclose(got_global, want_global, rtol=1e-6, atol=0), got_global
+    assert lm.rotary_emb.sliding_attention_attention_scaling == 1.0
+    assert lm.rotary_emb.full_attention_attention_scaling == 1.0
+    for layer in lm.layers:
+        assert layer.self_attn.scaling == GEMMA3_TEXT["query_pre_attn_scalar"] ** -0.5
+    assert float(lm.embed_tokens.embed_scale) == GEMMA3_TEXT["hidden_size"] ** 0.5
+
+    # attention pattern: layer 0 sliding, layer 1 full causal
+    with torch.no_grad():
+        out = ref(input_ids=input_ids, output_attentions=True)
+    W = GEMMA3_TEXT["sliding_window"]
+    i = torch.arange(S)[:, None]
+    j = torch.arange(S)[None, :]
+    allowed = {"sliding_attention": (j <= i) & (i - j < W),
+               "full_attention": j <= i}
+    for li, lt in enumerate(GEMMA3_TEXT["layer_types"]):
+        nz = out.attentions[li] > 0  # [B, H, S, S]
+        assert torch.equal(nz, allowed[lt].expand_as(nz)), (li, lt)
+
+    # the window changes the result
+    cfg = type(ref.config).from_pretrained(out_dir)
+    cfg.get_text_config().sliding_window = 64
+    wide = fx["cls"].from_pretrained(out_dir, config=cfg, dtype=torch.float64,
+                                     attn_implementation="eager")
+    with torch.no_grad():
+        wl = wide(input_ids=input_ids).logits
+    lsm = torch.log_softmax(wl[:, :-1, :], dim=-1)
+    wide_loss = -lsm.gather(-1, input_ids[:, 1:].unsqueeze(-1)).mean().item()
+    assert abs(wide_loss - loss) > 1e-4 * abs(loss), (wide_loss, loss)
+    del wide
+
+    if is_vlm:
+        # token_type_ids of zeros (text only) change nothing
+        with torch.no_grad():
+            a = ref(input_ids=input_ids).logits
+            b = ref(input_ids=input_ids, token_type_ids=torch.zeros_like(input_ids)).logits
+        assert torch.equal(a, b)
+        # the text tower alone, as a Gemma3ForCausalLM, gives the same logits
+        text = Gemma3ForCausalLM(ref.config.get_text_config()).to(torch.float64)
+        sd = {kk[len("model.language_model."):]: v
+              for kk, v in ref.state_dict().items()
+              if kk.startswith("model.language_model.")}
+        missing, unexpected = text.model.load_state_dict(sd, strict=False)
+        assert not unexpected and all(m.endswith("inv_freq") or m.endswith("embed_scale")
+                                      for m in missing), (missing, unexpected)
+        text.tie_weights()
+        assert text.lm_head.weight.data_ptr() == text.model.embed_tokens.weight.data_ptr()
+        text.train(False)
+        with torch.no_grad():
+            c = text(input_ids=input_ids).logits
+        assert torch.allclose(a, c, rtol=0, atol=1e-12), (a - c).abs().max()
+    return wide_loss
+
+
 def make_fixture(fx, out_root):
     name = fx["name"]
     out_dir = os.path.join(out_root, name)
@@ -155,17 +418,28 @@ def make_fixture(fx, out_root):
 
     torch.manual_seed(fx["seed"])
     gen = torch.Generator().manual_seed(fx["seed"])
+    gemma = fx.get("gemma", False)
+    text_prefix = fx.get("text_prefix")
 
     # ---- float32 model, re-initialised, saved -------------------------------
     config = fx["config"]()
     model = fx["cls"](config).to(torch.float32)
-    reinit_(model, gen)
+    reinit_(model, gen, gemma=gemma)
+    check_norm_init(fx, model)
     model.config.dtype = torch.float32  # recorded in config.json
     save_model(model, out_dir)
-    vocab = config.vocab_size
+    text_config = config.get_text_config()
+    vocab = text_config.vocab_size
 
     # ---- inputs ---------------------------------------------------------------
-    input_ids = torch.randint(0, vocab, (B, S), generator=gen)
+    lo, hi = fx.get("id_range", (0, vocab))
+    assert 0 <= lo < hi <= vocab
+    input_ids = torch.randint(lo, hi, (B, S), generator=gen)
+    if gemma:
+        special = {text_config.pad_token_id}
+        if fx["cls"] is Gemma3ForConditionalGeneration:
+            special |= {config.image_token_id, config.boi_token_id, config.eoi_token_id}
+        assert not any(int(t) in special for t in input_ids.flatten()), special
     loss_mask = None
     if fx["mask"]:
         loss_mask = (torch.rand((B, S), generator=gen) < 0.7).long()
@@ -205,29 +479,52 @@ def make_fixture(fx, out_root):
 
     loss.backward()
 
-    grads = {}
+    # gradients, keyed by the names model.safetensors uses: save_pretrained
+    # may rename (Gemma3ForConditionalGeneration: model.language_model.X is
+    # written as language_model.model.X), so apply the same reverse mapping
+    grads, no_grad = {}, []
     for pname, p in ref.named_parameters():
-        assert p.grad is not None, pname
+        if p.grad is None:
+            # only the vision tower / projector of a VLM may have none
+            assert text_prefix is not None, pname
+            assert not pname.startswith(("model.language_model.", "lm_head.")), pname
+            no_grad.append(pname)
+            continue
         grads[pname] = p.grad.detach().to(torch.float32).contiguous()
+    grads = dict(revert_weight_conversion(ref, grads))
     saved = load_file(os.path.join(out_dir, "model.safetensors"))
-    if set(saved) != set(grads):
-        sys.exit(f"{name}: grad names {sorted(set(grads) ^ set(saved))} "
+    if text_prefix is None:
+        want = set(saved)
+    else:
+        want = {k for k in saved if k.startswith(text_prefix) or k == "lm_head.weight"}
+        assert len(want) + len(no_grad) == len(saved), (len(want), len(no_grad), len(saved))
+    if set(grads) != want:
+        sys.exit(f"{name}: grad names {sorted(set(grads) ^ want)} "
                  "differ from model.safetensors")
     for k, v in saved.items():
         assert v.dtype == torch.float32, (k, v.dtype)
-    if config.tie_word_embeddings:
-        assert "lm_head.weight" not in grads
+    for k, v in grads.items():
+        assert v.shape == saved[k].shape, (k, v.shape, saved[k].shape)
+    if text_config.tie_word_embeddings:
+        assert "lm_head.weight" not in grads and "lm_head.weight" not in saved
     if fx["cls"] is Qwen2ForCausalLM:
         for k, v in saved.items():
             if k.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")):
                 assert v.abs().max() > 0, k
     save_file(grads, os.path.join(out_dir, "grads.safetensors"))
 
+    extra = ""
+    if gemma:
+        wide_loss = check_gemma3(fx, out_dir, ref, input_ids, loss.item())
+        extra = f" (loss with sliding_window=64: {wide_loss:.10f})"
+
     expected = {"input_ids": input_ids.tolist()}
     if loss_mask is not None:
         expected["loss_mask"] = loss_mask.tolist()
     expected["loss"] = loss.item()
     expected["logprobs"] = [[float(x) for x in row] for row in logprobs.detach().tolist()]
+    if text_prefix is not None:
+        expected["text_prefix"] = text_prefix
     with open(os.path.join(out_dir, "expected.json"), "w") as f:
         json.dump(expected, f)
         f.write("\n")
@@ -237,7 +534,10 @@ def make_fixture(fx, out_root):
     lp = logprobs.detach()
     print(f"{name:14s} loss={loss.item():.10f} max|grad|={gmax:.4e} "
           f"logprob range=[{lp.min().item():.3f}, {lp.max().item():.3f}] "
-          f"params={len(grads)} size={size / 1024:.1f} KiB")
+          f"params={len(grads)} size={size / 1024:.1f} KiB{extra}")
+    if no_grad:
+        print(f"{'':14s} no gradient (not in grads.safetensors): {len(no_grad)} "
+              "vision tower / projector parameters")
     return size
 
 
@@ -256,8 +556,9 @@ def main():
             continue
         total += make_fixture(fx, args.out)
     print(f"total {total / 1024:.1f} KiB")
-    if total > 5 * 1024 * 1024:
-        sys.exit("fixtures exceed 5 MB")
+    # all six fixtures together are ~5.2 MiB
+    if total > 6 * 1024 * 1024:
+        sys.exit("fixtures exceed 6 MB")
 
 
 if __name__ == "__main__":

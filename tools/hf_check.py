@@ -63,9 +63,12 @@ def main():
 
     n_params = sum(p.numel() for p in model.parameters())
     cfg = model.config
-    print(f"class: {type(model).__name__}  model_type: {cfg.model_type}")
+    # composite (vision-language) configs nest the text model's settings
+    text_cfg = cfg.get_text_config()
+    print(f"class: {type(model).__name__}  model_type: {cfg.model_type}"
+          + (f" (text model: {text_cfg.model_type})" if text_cfg is not cfg else ""))
     print(f"parameters: {n_params} (unique tensors: {len(list(model.parameters()))}), "
-          f"tie_word_embeddings={getattr(cfg, 'tie_word_embeddings', None)}, vocab={cfg.vocab_size}")
+          f"tie_word_embeddings={getattr(cfg, 'tie_word_embeddings', None)}, vocab={text_cfg.vocab_size}")
     ok = True
     for k, v in info.items():
         if v:
@@ -76,16 +79,16 @@ def main():
         ids = load_ids(args.ids_json)
     else:
         g = torch.Generator().manual_seed(args.seed)
-        ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq_len), generator=g)
-    if int(ids.max()) >= cfg.vocab_size or int(ids.min()) < 0:
-        sys.exit(f"input ids out of range for vocab {cfg.vocab_size}")
+        ids = torch.randint(0, text_cfg.vocab_size, (args.batch, args.seq_len), generator=g)
+    if int(ids.max()) >= text_cfg.vocab_size or int(ids.min()) < 0:
+        sys.exit(f"input ids out of range for vocab {text_cfg.vocab_size}")
 
     with torch.no_grad():
         logits = model(input_ids=ids).logits
     lp = torch.log_softmax(logits[:, :-1].double(), dim=-1)
     lp = lp.gather(-1, ids[:, 1:, None])[..., 0]
     loss = -lp.mean().item()
-    print(f"input: {tuple(ids.shape)}  mean loss: {loss:.8f}  (ln vocab = {math.log(cfg.vocab_size):.4f})")
+    print(f"input: {tuple(ids.shape)}  mean loss: {loss:.8f}  (ln vocab = {math.log(text_cfg.vocab_size):.4f})")
     print("first logprobs (row 0):", [round(x, 6) for x in lp[0, :args.show].tolist()])
     if not math.isfinite(loss):
         print("loss is not finite")

@@ -30,5 +30,8 @@ void ml_cli_print(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int ml_cmd_init(int argc, char **argv);
 int ml_cmd_train(int argc, char **argv);
 int ml_cmd_logprobs(int argc, char **argv);
+/* meshlm plan: the plan, per-rank shards, one step's collectives and memory
+ * for a mesh, predicted in one process from config.json (cmd_plan.c). */
+int ml_cmd_plan(int argc, char **argv);
 
 #endif

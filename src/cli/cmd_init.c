@@ -1,6 +1,6 @@
 /* meshlm init: a randomly initialised model in HF layout, initialised as
  * transformers' _init_weights does (Linear/Embedding weights ~ N(0, 0.02),
- * biases 0, RMSNorm weights 1). */
+ * biases 0, RMSNorm weights 1 − offset: 1 for x·w, 0 for Gemma3's x·(1 + w)). */
 #include <errno.h>
 #include <mpi.h>
 #include <stdlib.h>
@@ -14,13 +14,13 @@
 #include "io/checkpoint.h"
 #include "model/model.h"
 
-static void init_param(const ml_param *p, float *data, ml_rng *rng) {
+static void init_param(const ml_param *p, float norm_offset, float *data, ml_rng *rng) {
   int64_t n = p->shape[0] * p->shape[1];
   const char *leaf = strrchr(p->name, '.');
   int is_bias = leaf && strcmp(leaf, ".bias") == 0;
   int is_norm = p->ndim == 1 && !is_bias;
   for (int64_t i = 0; i < n; i++)
-    data[i] = is_norm ? 1.0f : is_bias ? 0.0f : (float)(0.02 * ml_rng_normal(rng));
+    data[i] = is_norm ? 1.0f - norm_offset : is_bias ? 0.0f : (float)(0.02 * ml_rng_normal(rng));
 }
 
 static int write_model(const ml_model_config *cfg, const char *dir, int64_t seed) {
@@ -36,7 +36,7 @@ static int write_model(const ml_model_config *cfg, const char *dir, int64_t seed
       rc = -1;
       break;
     }
-    init_param(p, data, &rng);
+    init_param(p, cfg->family->norm_offset, data, &rng);
     entries[i] = (ml_st_entry){p->name, ML_F32, p->ndim, {p->shape[0], p->shape[1]}, data};
   }
   if (rc == 0 && mkdir(dir, 0755) != 0 && errno != EEXIST)
@@ -54,7 +54,7 @@ int ml_cmd_init(int argc, char **argv) {
   int64_t seed = 0;
   bool tie = false;
   ml_arg spec[] = {
-      {"--arch", ML_ARG_STR, &arch, "model family: llama or qwen2", false},
+      {"--arch", ML_ARG_STR, &arch, "model family: llama, qwen2, qwen3 or gemma3", false},
       {"--preset", ML_ARG_STR, &preset, "tiny (tests) or small (~13M parameters, the demo)", false},
       {"--seed", ML_ARG_INT, &seed, "random seed of the initial weights", false},
       {"--tie-word-embeddings", ML_ARG_FLAG, &tie, "share embed_tokens and lm_head", false},

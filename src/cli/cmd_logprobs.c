@@ -67,13 +67,16 @@ static int run_all(lp_run *run) {
 }
 
 int ml_cmd_logprobs(int argc, char **argv) {
-  const char *model = NULL, *data = NULL, *out = NULL;
+  const char *model = NULL, *data = NULL, *out = NULL, *plan = NULL;
   int64_t tp = 1;
+  bool sp = false;
   ml_arg spec[] = {
       {"--model", ML_ARG_STR, &model, "HF checkpoint directory", true},
       {"--data", ML_ARG_STR, &data, "JSONL, one {\"input_ids\": [...]} per line", true},
       {"--out", ML_ARG_STR, &out, "output JSONL: {\"logprobs\": [S-1 floats]} per line", true},
       {"--tp", ML_ARG_INT, &tp, "tensor-parallel size (dp_shard = world / tp)", false},
+      {"--sequence-parallel", ML_ARG_FLAG, &sp, "shard norms and residuals on the sequence", false},
+      {"--parallel-plan", ML_ARG_STR, &plan, "plan file (JSON), or auto|optimized|hf|default", false},
   };
   int rc = ml_cli_parse("logprobs", "per-token log-probs, log p(token t+1 | tokens <= t)", argc,
                         argv, spec, sizeof spec / sizeof spec[0]);
@@ -84,7 +87,8 @@ int ml_cmd_logprobs(int argc, char **argv) {
   lp_run run = {&mesh, &e, &seqs, NULL, NULL, NULL};
   char tmp[4096];
   if (rc == 0) rc = ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, (int)tp, &mesh);
-  if (rc == 0) rc = ml_engine_open(&e, &mesh, model);
+  ml_engine_opts eo = {plan, sp};
+  if (rc == 0) rc = ml_engine_open(&e, &mesh, model, &eo);
   if (rc == 0) rc = ml_seqs_load_jsonl(data, e.model.cfg.vocab, &seqs);
   if (rc == 0 && mesh.rank == 0) rc = ml_file_open_tmp(out, tmp, sizeof tmp, &run.out);
   if (ml_cli_agree(rc) == 0) {

@@ -13,7 +13,8 @@
 #include "train/save.h"
 
 typedef struct train_opts {
-  const char *model, *data, *metrics, *save;
+  const char *model, *data, *metrics, *save, *plan;
+  bool sp;
   int64_t tp, steps, batch, seq_len, seed;
   double lr, weight_decay, max_grad_norm, peak_tflops;
 } train_opts;
@@ -41,7 +42,8 @@ static int shuffle(ml_dataset *ds, int64_t seed) {
 
 static int setup(const train_opts *o, ml_mesh *mesh, ml_engine *e, ml_dataset *ds) {
   ML_TRY(ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, (int)o->tp, mesh));
-  ML_TRY(ml_engine_open(e, mesh, o->model));
+  ml_engine_opts eo = {o->plan, o->sp};
+  ML_TRY(ml_engine_open(e, mesh, o->model, &eo));
   ML_TRY(ml_dataset_load(o->data, o->seq_len, e->model.cfg.vocab, ds));
   if (o->batch % mesh->dp_comm->size != 0)
     return ml_err("--batch-size %lld is not divisible by the data-parallel size %d; expected a "
@@ -114,6 +116,8 @@ int ml_cmd_train(int argc, char **argv) {
       {"--model", ML_ARG_STR, &o.model, "HF checkpoint directory (config.json + safetensors)", true},
       {"--data", ML_ARG_STR, &o.data, "JSONL with input_ids [+ loss_mask], or raw text (bytes)", true},
       {"--tp", ML_ARG_INT, &o.tp, "tensor-parallel size (dp_shard = world / tp)", false},
+      {"--sequence-parallel", ML_ARG_FLAG, &o.sp, "shard norms and residuals on the sequence", false},
+      {"--parallel-plan", ML_ARG_STR, &o.plan, "plan file (JSON), or auto|optimized|hf|default", false},
       {"--steps", ML_ARG_INT, &o.steps, "optimizer steps", false},
       {"--batch-size", ML_ARG_INT, &o.batch, "global batch in sequences", false},
       {"--seq-len", ML_ARG_INT, &o.seq_len, "tokens per sequence", false},
@@ -141,6 +145,7 @@ int ml_cmd_train(int argc, char **argv) {
     ml_cli_print("train: %s, mesh dp_shard=%d x tp=%d, plan %s, %lld parameters\n", o.model,
                  mesh.dp_shard, mesh.tp, e.plan.name,
                  (long long)ml_model_config_num_params(&e.model.cfg));
+    ml_cli_print("train: plan %s (%s)\n", e.plan.name, e.plan.reason);
     rc = train_loop(&o, &mesh, &e, &ds, mwp);
     if (rc == 0 && o.save) rc = ml_engine_save_hf(&e, o.save);
     if (rc == 0 && o.save) ml_cli_print("train: saved %s\n", o.save);

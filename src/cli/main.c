@@ -13,6 +13,7 @@ static void usage(FILE *f) {
           "  init      write a randomly initialised HF checkpoint (config.json + safetensors)\n"
           "  train     train a checkpoint on JSONL token ids or raw text over the mesh\n"
           "  logprobs  per-token log-probs of JSONL sequences (vocab-parallel)\n"
+          "  plan      a mesh's plan, shards, collectives and memory (one process, config only)\n"
           "'meshlm <command> --help' lists a command's flags.\n");
 }
 
@@ -23,6 +24,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "init") == 0) rc = ml_cmd_init(argc - 2, argv + 2);
   else if (strcmp(cmd, "train") == 0) rc = ml_cmd_train(argc - 2, argv + 2);
   else if (strcmp(cmd, "logprobs") == 0) rc = ml_cmd_logprobs(argc - 2, argv + 2);
+  else if (strcmp(cmd, "plan") == 0) rc = ml_cmd_plan(argc - 2, argv + 2);
   else if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
     usage(stdout);
     rc = 0;
@@ -30,7 +32,8 @@ int main(int argc, char **argv) {
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (rank == 0) {
-      fprintf(stderr, "meshlm: error: unknown command '%s'; expected init, train or logprobs\n",
+      fprintf(stderr,
+              "meshlm: error: unknown command '%s'; expected init, train, logprobs or plan\n",
               cmd);
       usage(stderr);
     }

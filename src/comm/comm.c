@@ -15,6 +15,9 @@ int ml_all_gather_v(ml_comm *c, const float *send, size_t n_send, float *recv,
 int ml_reduce_scatter(ml_comm *c, const float *send, float *recv, size_t n_per_rank) {
   return c->ops->reduce_scatter(c, send, recv, n_per_rank);
 }
+int ml_reduce_scatter_v(ml_comm *c, const float *send, float *recv, const size_t *counts) {
+  return c->ops->reduce_scatter_v(c, send, recv, counts);
+}
 int ml_broadcast(ml_comm *c, void *buf, size_t bytes, int root) {
   return c->ops->broadcast(c, buf, bytes, root);
 }

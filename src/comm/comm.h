@@ -32,6 +32,7 @@ typedef struct ml_comm_ops {
   int (*all_gather_v)(ml_comm *c, const float *send, size_t n_send, float *recv,
                       const size_t *counts);
   int (*reduce_scatter)(ml_comm *c, const float *send, float *recv, size_t n_per_rank);
+  int (*reduce_scatter_v)(ml_comm *c, const float *send, float *recv, const size_t *counts);
   int (*broadcast)(ml_comm *c, void *buf, size_t bytes, int root);
   void (*destroy)(ml_comm *c);
 } ml_comm_ops;
@@ -53,6 +54,11 @@ int ml_all_gather_v(ml_comm *c, const float *send, size_t n_send, float *recv,
                     const size_t *counts);
 /* recv[n] = sum over ranks of send[rank * n .. (rank+1) * n). */
 int ml_reduce_scatter(ml_comm *c, const float *send, float *recv, size_t n_per_rank);
+/* Uneven reduce-scatter (torch.chunk shards): send = concatenation of every
+ * rank's block in rank order, block r has counts[r] floats (zero allowed);
+ * recv[counts[rank]] = sum over ranks of this rank's block. send and recv
+ * must not overlap. */
+int ml_reduce_scatter_v(ml_comm *c, const float *send, float *recv, const size_t *counts);
 /* buf[bytes] from `root` to every rank. */
 int ml_broadcast(ml_comm *c, void *buf, size_t bytes, int root);
 void ml_comm_destroy(ml_comm *c);
@@ -66,8 +72,8 @@ int ml_comm_agree(ml_comm *c, int rc);
 typedef struct ml_comm_stats {
   int64_t calls[ML_COLL_KINDS];
   /* Bytes of the collective's full buffer per rank: all-reduce n·elem,
-   * all-gather and reduce-scatter size·n_per_rank·4 (the unsharded size),
-   * broadcast the buffer. */
+   * all-gather and reduce-scatter size·n_per_rank·4 (the unsharded size;
+   * sum(counts)·4 for the uneven _v forms), broadcast the buffer. */
   int64_t bytes[ML_COLL_KINDS];
 } ml_comm_stats;
 

@@ -41,6 +41,13 @@ static int cnt_reduce_scatter(ml_comm *c, const float *send, float *recv, size_t
   return ml_reduce_scatter(cnt_of(c)->inner, send, recv, n);
 }
 
+static int cnt_reduce_scatter_v(ml_comm *c, const float *send, float *recv, const size_t *counts) {
+  size_t total = 0;
+  for (int r = 0; r < c->size; r++) total += counts[r];
+  record(c, ML_COLL_REDUCE_SCATTER, total * 4);
+  return ml_reduce_scatter_v(cnt_of(c)->inner, send, recv, counts);
+}
+
 static int cnt_broadcast(ml_comm *c, void *buf, size_t bytes, int root) {
   record(c, ML_COLL_BROADCAST, bytes);
   return ml_broadcast(cnt_of(c)->inner, buf, bytes, root);
@@ -52,8 +59,9 @@ static void cnt_destroy(ml_comm *c) {
   free(c);
 }
 
-static const ml_comm_ops counting_ops = {cnt_all_reduce,     cnt_all_gather, cnt_all_gather_v,
-                                         cnt_reduce_scatter, cnt_broadcast,  cnt_destroy};
+static const ml_comm_ops counting_ops = {cnt_all_reduce,     cnt_all_gather,       cnt_all_gather_v,
+                                         cnt_reduce_scatter, cnt_reduce_scatter_v, cnt_broadcast,
+                                         cnt_destroy};
 
 int ml_comm_counting_create(ml_comm *inner, ml_comm **out) {
   ml_comm *c = ml_calloc(1, sizeof *c, "counting comm");

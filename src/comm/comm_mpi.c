@@ -63,6 +63,22 @@ static int mpi_reduce_scatter(ml_comm *c, const float *send, float *recv, size_t
       "MPI_Reduce_scatter_block");
 }
 
+static int mpi_reduce_scatter_v(ml_comm *c, const float *send, float *recv, const size_t *counts) {
+  int *cnt = ml_malloc(sizeof(int) * (size_t)c->size, "reduce_scatter counts");
+  if (!cnt) return -1;
+  size_t total = 0;
+  for (int r = 0; r < c->size; r++) {
+    cnt[r] = (int)counts[r];
+    total += counts[r];
+  }
+  int rc = count_ok(c, total);
+  if (rc == 0)
+    rc = mpi_check(c, MPI_Reduce_scatter(send, recv, cnt, MPI_FLOAT, MPI_SUM, mpi_of(c)),
+                   "MPI_Reduce_scatter");
+  free(cnt);
+  return rc;
+}
+
 static int mpi_broadcast(ml_comm *c, void *buf, size_t bytes, int root) {
   ML_TRY(count_ok(c, bytes));
   return mpi_check(c, MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, mpi_of(c)), "MPI_Bcast");
@@ -77,8 +93,9 @@ static void mpi_destroy(ml_comm *c) {
   free(c);
 }
 
-static const ml_comm_ops mpi_ops = {mpi_all_reduce, mpi_all_gather,  mpi_all_gather_v,
-                                    mpi_reduce_scatter, mpi_broadcast, mpi_destroy};
+static const ml_comm_ops mpi_ops = {mpi_all_reduce,     mpi_all_gather,       mpi_all_gather_v,
+                                    mpi_reduce_scatter, mpi_reduce_scatter_v, mpi_broadcast,
+                                    mpi_destroy};
 
 int ml_comm_mpi_create(MPI_Comm mc, const char *name, ml_comm **out) {
   ml_comm *c = ml_calloc(1, sizeof *c, "comm");

@@ -27,6 +27,24 @@ static int read_family(const ml_json *j, ml_model_config *c) {
   return 0;
 }
 
+/* The document the text model's hyper-parameters live in: the root, or a
+ * view of its text_config object (path "DIR/config.json (text_config)",
+ * held in `path`; not to be freed). */
+static int text_view(const ml_json *j, const ml_family *f, char *path, size_t cap,
+                     ml_json *out) {
+  *out = *j;
+  if (!f->text_config_key) return 0;
+  json_t *t = json_object_get(j->root, f->text_config_key);
+  if (!json_is_object(t))
+    return ml_err("%s: field '%s': %s checkpoints nest the text model's settings there; expected "
+                  "an object, found %s",
+                  j->path, f->text_config_key, f->architecture, t ? "something else" : "nothing");
+  snprintf(path, cap, "%s (%s)", j->path, f->text_config_key);
+  out->path = path;
+  out->root = t;
+  return 0;
+}
+
 static int read_sizes(const ml_json *j, ml_model_config *c) {
   ML_TRY(ml_json_int(j, NULL, "hidden_size", &c->hidden));
   ML_TRY(positive(j, "hidden_size", c->hidden));
@@ -34,6 +52,9 @@ static int read_sizes(const ml_json *j, ml_model_config *c) {
   ML_TRY(positive(j, "intermediate_size", c->intermediate));
   ML_TRY(ml_json_int(j, NULL, "num_hidden_layers", &c->n_layers));
   ML_TRY(positive(j, "num_hidden_layers", c->n_layers));
+  if (c->n_layers > ML_MAX_LAYERS)
+    return ml_err("%s: field 'num_hidden_layers': at most %d layers are supported, found %lld",
+                  j->path, ML_MAX_LAYERS, (long long)c->n_layers);
   ML_TRY(ml_json_int(j, NULL, "num_attention_heads", &c->n_heads));
   ML_TRY(positive(j, "num_attention_heads", c->n_heads));
   ML_TRY(ml_json_int_opt(j, NULL, "num_key_value_heads", c->n_heads, &c->n_kv_heads));
@@ -41,7 +62,8 @@ static int read_sizes(const ml_json *j, ml_model_config *c) {
   if (c->n_heads % c->n_kv_heads != 0)
     return ml_err("%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld",
                   j->path, (long long)c->n_heads, (long long)c->n_kv_heads);
-  ML_TRY(ml_json_int_opt(j, NULL, "head_dim", c->hidden / c->n_heads, &c->head_dim));
+  int64_t hd = c->family->head_dim_default ? c->family->head_dim_default : c->hidden / c->n_heads;
+  ML_TRY(ml_json_int_opt(j, NULL, "head_dim", hd, &c->head_dim));
   ML_TRY(positive(j, "head_dim", c->head_dim));
   if (c->head_dim % 2 != 0)
     return ml_err("%s: field 'head_dim': expected an even size for rotary embeddings, found %lld",
@@ -53,100 +75,282 @@ static int read_sizes(const ml_json *j, ml_model_config *c) {
   return 0;
 }
 
-/* rope_theta + rope_scaling (transformers 4) or rope_parameters (5). */
-static int read_rope(const ml_json *j, ml_model_config *c) {
-  json_t *params = json_object_get(j->root, "rope_parameters");
-  const char *where = "rope_parameters";
-  if (json_is_object(params)) {
-    ML_TRY(ml_json_num_opt(j, params, "rope_theta", c->family->rope_theta_default, &c->rope_theta));
-  } else {
-    ML_TRY(ml_json_num_opt(j, NULL, "rope_theta", c->family->rope_theta_default, &c->rope_theta));
-    params = json_object_get(j->root, "rope_scaling");
-    where = "rope_scaling";
-  }
-  c->rope.type = K_ROPE_DEFAULT;
+/* One RoPE: theta from params.rope_theta (default theta_dflt) and the
+ * scaling named by params.rope_type (or .type); params may be NULL / null
+ * (default rope). `where` names params in messages. */
+static int read_rope_params(const ml_json *j, const json_t *params, const char *where,
+                            double theta_dflt, double *theta, k_rope_scaling *sc) {
+  memset(sc, 0, sizeof *sc);
+  sc->type = K_ROPE_DEFAULT;
+  *theta = theta_dflt;
   if (!json_is_object(params)) return 0;
+  ML_TRY(ml_json_num_opt(j, params, "rope_theta", theta_dflt, theta));
   json_t *t = json_object_get(params, "rope_type");
   if (!t) t = json_object_get(params, "type");
   const char *type = json_is_string(t) ? json_string_value(t) : "default";
   if (strcmp(type, "default") == 0) return 0;
   if (strcmp(type, "linear") == 0) {
-    c->rope.type = K_ROPE_LINEAR;
-    return ml_json_num(j, params, "factor", &c->rope.factor);
+    sc->type = K_ROPE_LINEAR;
+    return ml_json_num(j, params, "factor", &sc->factor);
   }
   if (strcmp(type, "llama3") == 0) {
-    c->rope.type = K_ROPE_LLAMA3;
-    ML_TRY(ml_json_num(j, params, "factor", &c->rope.factor));
-    ML_TRY(ml_json_num(j, params, "low_freq_factor", &c->rope.low_freq_factor));
-    ML_TRY(ml_json_num(j, params, "high_freq_factor", &c->rope.high_freq_factor));
+    sc->type = K_ROPE_LLAMA3;
+    ML_TRY(ml_json_num(j, params, "factor", &sc->factor));
+    ML_TRY(ml_json_num(j, params, "low_freq_factor", &sc->low_freq_factor));
+    ML_TRY(ml_json_num(j, params, "high_freq_factor", &sc->high_freq_factor));
     return ml_json_num(j, params, "original_max_position_embeddings",
-                       &c->rope.original_max_positions);
+                       &sc->original_max_positions);
   }
   return ml_err("%s: field '%s.rope_type': unsupported rope type '%s'; expected default, linear "
                 "or llama3",
                 j->path, where, type);
 }
 
-static int read_flags(const ml_json *j, ml_model_config *c) {
+/* Global and local RoPE. transformers 4: rope_theta + rope_scaling (+
+ * rope_local_base_freq); 5: rope_parameters, flat, or nested per layer type
+ * {full_attention, sliding_attention} (Gemma3TextConfig.convert_rope_params_to_dict). */
+static int read_rope(const ml_json *j, ml_model_config *c) {
   const ml_family *f = c->family;
-  c->qkv_bias = f->qkv_bias_default;
-  if (f->qkv_bias_key)
-    ML_TRY(ml_json_bool_opt(j, NULL, f->qkv_bias_key, f->qkv_bias_default, &c->qkv_bias));
-  c->mlp_bias = false;
-  if (f->has_mlp_bias_key) ML_TRY(ml_json_bool_opt(j, NULL, "mlp_bias", false, &c->mlp_bias));
-  ML_TRY(ml_json_bool_opt(j, NULL, "tie_word_embeddings", f->tie_default, &c->tie_embeddings));
-  json_t *dt = json_object_get(j->root, "dtype");
-  if (!json_is_string(dt)) dt = json_object_get(j->root, "torch_dtype");
-  c->dtype = ML_F32;
-  if (json_is_string(dt) && ml_dtype_parse_torch(json_string_value(dt), &c->dtype))
-    return ml_err("%s: field 'torch_dtype': expected float32, bfloat16 or float16, found '%s'",
-                  j->path, json_string_value(dt));
-  json_t *act = json_object_get(j->root, "hidden_act");
-  if (json_is_string(act) && strcmp(json_string_value(act), f->hidden_act) != 0)
-    return ml_err("%s: field 'hidden_act': %s models use '%s', found '%s'", j->path, f->name,
-                  f->hidden_act, json_string_value(act));
+  double theta_kw, local_kw;
+  ML_TRY(ml_json_num_opt(j, NULL, "rope_theta", f->rope_theta_default, &theta_kw));
+  json_t *params = json_object_get(j->root, "rope_parameters");
+  if (!f->local_rope) {
+    if (json_is_object(params))
+      ML_TRY(read_rope_params(j, params, "rope_parameters", theta_kw, &c->rope_theta, &c->rope));
+    else
+      ML_TRY(read_rope_params(j, json_object_get(j->root, "rope_scaling"), "rope_scaling",
+                              theta_kw, &c->rope_theta, &c->rope));
+    c->rope_local_theta = c->rope_theta;
+    c->rope_local = c->rope;
+    return 0;
+  }
+  ML_TRY(ml_json_num_opt(j, NULL, "rope_local_base_freq", f->rope_local_theta_default, &local_kw));
+  if (!json_is_object(params)) {
+    ML_TRY(read_rope_params(j, json_object_get(j->root, "rope_scaling"), "rope_scaling", theta_kw,
+                            &c->rope_theta, &c->rope));
+    return read_rope_params(j, NULL, "rope_local_base_freq", local_kw, &c->rope_local_theta,
+                            &c->rope_local);
+  }
+  json_t *full = json_object_get(params, "full_attention");
+  json_t *sliding = json_object_get(params, "sliding_attention");
+  if (!full && !sliding)
+    return ml_err("%s: field 'rope_parameters': %s models take one entry per layer type; "
+                  "expected {\"full_attention\": {...}, \"sliding_attention\": {...}}",
+                  j->path, f->name);
+  ML_TRY(read_rope_params(j, full, "rope_parameters.full_attention", theta_kw, &c->rope_theta,
+                          &c->rope));
+  return read_rope_params(j, sliding, "rope_parameters.sliding_attention", local_kw,
+                          &c->rope_local_theta, &c->rope_local);
+}
+
+/* sliding_window and the per-layer attention types: layer_types when given,
+ * else the family's rule (Qwen2Config/Qwen3Config/Gemma3TextConfig
+ * __post_init__). */
+static int read_layer_types(const ml_json *j, ml_model_config *c) {
+  const ml_family *f = c->family;
+  memset(c->sliding, 0, sizeof c->sliding);
+  c->sliding_window = 0;
+  if (f->layer_rule == ML_LAYERS_ALL_FULL) return 0;
+  const char *why = "is null";
+  ML_TRY(ml_json_int_opt(j, NULL, "sliding_window", f->sliding_window_default, &c->sliding_window));
+  if (json_is_null(json_object_get(j->root, "sliding_window"))) c->sliding_window = 0;
+  if (f->layer_rule == ML_LAYERS_MAX_WINDOW) {
+    bool use = false;
+    ML_TRY(ml_json_bool_opt(j, NULL, "use_sliding_window", false, &use));
+    if (!use) {
+      c->sliding_window = 0;
+      why = "is unused (use_sliding_window is false)";
+    }
+  }
+  json_t *types = json_object_get(j->root, "layer_types");
+  if (types && !json_is_null(types)) {
+    if (!json_is_array(types) || (int64_t)json_array_size(types) != c->n_layers)
+      return ml_err("%s: field 'layer_types': expected a list of %lld entries (num_hidden_layers), "
+                    "found %s",
+                    j->path, (long long)c->n_layers,
+                    json_is_array(types) ? "a list of another length" : "something else");
+    for (int64_t l = 0; l < c->n_layers; l++) {
+      const char *t = json_string_value(json_array_get(types, (size_t)l));
+      if (t && strcmp(t, "sliding_attention") == 0) c->sliding[l] = true;
+      else if (!t || strcmp(t, "full_attention") != 0)
+        return ml_err("%s: field 'layer_types[%lld]': expected \"full_attention\" or "
+                      "\"sliding_attention\", found %s",
+                      j->path, (long long)l, t ? t : "a non-string");
+    }
+  } else if (f->layer_rule == ML_LAYERS_MAX_WINDOW) {
+    int64_t max_window_layers;
+    ML_TRY(ml_json_int_opt(j, NULL, "max_window_layers", 28, &max_window_layers));
+    for (int64_t l = 0; l < c->n_layers; l++)
+      c->sliding[l] = c->sliding_window > 0 && l >= max_window_layers;
+  } else {
+    int64_t pattern;
+    ML_TRY(ml_json_int_opt(j, NULL, "sliding_window_pattern", f->sliding_pattern_default,
+                           &pattern));
+    ML_TRY(positive(j, "sliding_window_pattern", pattern));
+    for (int64_t l = 0; l < c->n_layers; l++) c->sliding[l] = (l + 1) % pattern != 0;
+  }
+  for (int64_t l = 0; l < c->n_layers; l++)
+    if (c->sliding[l] && c->sliding_window <= 0)
+      return ml_err("%s: field 'sliding_window': layer %lld is \"sliding_attention\" but the "
+                    "window %s; expected a positive window",
+                    j->path, (long long)l, why);
   return 0;
 }
 
+/* Keys the family does not implement must be absent, null or false. */
+static int reject_unsupported(const ml_json *j, const ml_family *f) {
+  for (int i = 0; i < ML_FAMILY_MAX_UNSUPPORTED && f->unsupported[i]; i++) {
+    json_t *v = json_object_get(j->root, f->unsupported[i]);
+    if (!v || json_is_null(v) || json_is_false(v)) continue;
+    char found[64];
+    ml_json_brief(v, found, sizeof found);
+    return ml_err("%s: field '%s': meshlm does not implement it for %s models, found %s; "
+                  "expected %s",
+                  j->path, f->unsupported[i], f->name, found,
+                  json_is_boolean(v) ? "false" : "null");
+  }
+  return 0;
+}
+
+/* Text-model flags (from the text view t) and top-level ones (from root). */
+static int read_flags(const ml_json *root, const ml_json *t, ml_model_config *c) {
+  const ml_family *f = c->family;
+  c->qkv_bias = f->qkv_bias_default;
+  if (f->qkv_bias_key)
+    ML_TRY(ml_json_bool_opt(t, NULL, f->qkv_bias_key, f->qkv_bias_default, &c->qkv_bias));
+  c->o_bias = f->o_bias_follows_qkv && c->qkv_bias;
+  c->mlp_bias = false;
+  if (f->has_mlp_bias_key) ML_TRY(ml_json_bool_opt(t, NULL, "mlp_bias", false, &c->mlp_bias));
+  ML_TRY(ml_json_bool_opt(root, NULL, "tie_word_embeddings", f->tie_default, &c->tie_embeddings));
+  json_t *dt = json_object_get(root->root, "dtype");
+  if (!json_is_string(dt)) dt = json_object_get(root->root, "torch_dtype");
+  c->dtype = ML_F32;
+  if (json_is_string(dt) && ml_dtype_parse_torch(json_string_value(dt), &c->dtype))
+    return ml_err("%s: field 'torch_dtype': expected float32, bfloat16 or float16, found '%s'",
+                  root->path, json_string_value(dt));
+  json_t *act = json_object_get(t->root, f->hidden_act_key);
+  if (json_is_string(act) && strcmp(json_string_value(act), f->hidden_act) != 0)
+    return ml_err("%s: field '%s': %s models use '%s', found '%s'", t->path, f->hidden_act_key,
+                  f->name, f->hidden_act, json_string_value(act));
+  c->attn_scalar = (double)c->head_dim;
+  if (f->attn_scalar_key) {
+    ML_TRY(ml_json_num_opt(t, NULL, f->attn_scalar_key, f->attn_scalar_default, &c->attn_scalar));
+    if (!(c->attn_scalar > 0))
+      return ml_err("%s: field '%s': expected a positive number, found %g", t->path,
+                    f->attn_scalar_key, c->attn_scalar);
+  }
+  return reject_unsupported(t, f);
+}
+
 int ml_model_config_load(const char *dir, ml_model_config *out) {
-  char path[4096];
+  char path[4096], text_path[4200];
   snprintf(path, sizeof path, "%s/config.json", dir);
   memset(out, 0, sizeof *out);
-  ml_json j;
+  ml_json j, t;
   ML_TRY(ml_json_load(path, &j));
   int rc = read_family(&j, out);
-  if (!rc) rc = read_sizes(&j, out);
-  if (!rc) rc = read_rope(&j, out);
-  if (!rc) rc = read_flags(&j, out);
+  if (!rc) rc = text_view(&j, out->family, text_path, sizeof text_path, &t);
+  if (!rc) rc = read_sizes(&t, out);
+  if (!rc) rc = read_rope(&t, out);
+  if (!rc) rc = read_layer_types(&t, out);
+  if (!rc) rc = read_flags(&j, &t, out);
   ml_json_free(&j);
   return rc;
 }
 
-static json_t *rope_json(const ml_model_config *c) {
-  if (c->rope.type == K_ROPE_DEFAULT) return json_null();
-  if (c->rope.type == K_ROPE_LINEAR)
-    return json_pack("{s:s, s:f}", "rope_type", "linear", "factor", c->rope.factor);
-  return json_pack("{s:s, s:f, s:f, s:f, s:f}", "rope_type", "llama3", "factor", c->rope.factor,
-                   "low_freq_factor", c->rope.low_freq_factor, "high_freq_factor",
-                   c->rope.high_freq_factor, "original_max_position_embeddings",
-                   c->rope.original_max_positions);
+/* ---- writing ------------------------------------------------------------ */
+
+/* A number that configs type as int when it is integral. */
+static json_t *int_or_real(double v) {
+  return v == floor(v) && fabs(v) < 9e15 ? json_integer((json_int_t)v) : json_real(v);
 }
 
-int ml_model_config_write(const char *dir, const ml_model_config *c) {
+static json_t *rope_json(const k_rope_scaling *sc) {
+  if (sc->type == K_ROPE_DEFAULT) return json_null();
+  if (sc->type == K_ROPE_LINEAR)
+    return json_pack("{s:s, s:f}", "rope_type", "linear", "factor", sc->factor);
+  return json_pack("{s:s, s:f, s:f, s:f, s:o}", "rope_type", "llama3", "factor", sc->factor,
+                   "low_freq_factor", sc->low_freq_factor, "high_freq_factor",
+                   sc->high_freq_factor, "original_max_position_embeddings",
+                   int_or_real(sc->original_max_positions));
+}
+
+/* One rope_parameters entry (transformers 5): {rope_type, rope_theta, ...}. */
+static json_t *rope_params_json(double theta, const k_rope_scaling *sc) {
+  json_t *p = rope_json(sc);
+  if (json_is_null(p)) p = json_pack("{s:s}", "rope_type", "default");
+  json_object_set_new(p, "rope_theta", json_real(theta));
+  return p;
+}
+
+/* rope, sliding window and layer types of the text model. */
+static void write_attention_keys(json_t *o, const ml_model_config *c) {
   const ml_family *f = c->family;
-  json_t *root = json_pack(
-      "{s:[s], s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:f, s:o, s:b, s:s, s:s, s:f}",
-      "architectures", f->architecture, "model_type", f->model_type, "hidden_size",
+  json_object_set_new(o, "rope_theta", json_real(c->rope_theta));
+  json_object_set_new(o, "rope_scaling", rope_json(&c->rope));
+  if (f->local_rope) {
+    json_object_set_new(o, "rope_local_base_freq", json_real(c->rope_local_theta));
+    json_object_set_new(o, "rope_parameters",
+                        json_pack("{s:o, s:o}", "full_attention",
+                                  rope_params_json(c->rope_theta, &c->rope), "sliding_attention",
+                                  rope_params_json(c->rope_local_theta, &c->rope_local)));
+  }
+  if (f->attn_scalar_key) json_object_set_new(o, f->attn_scalar_key, int_or_real(c->attn_scalar));
+  if (f->layer_rule == ML_LAYERS_ALL_FULL) return;
+  json_t *types = json_array();
+  int64_t first_sliding = c->n_layers;
+  for (int64_t l = 0; l < c->n_layers; l++) {
+    const char *type = c->sliding[l] ? "sliding_attention" : "full_attention";
+    json_array_append_new(types, json_string(type));
+    if (c->sliding[l] && first_sliding == c->n_layers) first_sliding = l;
+  }
+  json_object_set_new(o, "layer_types", types);
+  json_object_set_new(o, "sliding_window",
+                      c->sliding_window > 0 ? json_integer(c->sliding_window) : json_null());
+  if (f->layer_rule == ML_LAYERS_MAX_WINDOW) {
+    json_object_set_new(o, "use_sliding_window", json_boolean(first_sliding < c->n_layers));
+    json_object_set_new(o, "max_window_layers", json_integer(first_sliding));
+  }
+}
+
+/* The text model's keys (the whole config of a text-only family). */
+static json_t *text_json(const ml_model_config *c) {
+  const ml_family *f = c->family;
+  json_t *o = json_pack(
+      "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f, s:b, s:s, s:f}", "hidden_size",
       (json_int_t)c->hidden, "intermediate_size", (json_int_t)c->intermediate,
       "num_hidden_layers", (json_int_t)c->n_layers, "num_attention_heads",
       (json_int_t)c->n_heads, "num_key_value_heads", (json_int_t)c->n_kv_heads, "head_dim",
       (json_int_t)c->head_dim, "vocab_size", (json_int_t)c->vocab, "max_position_embeddings",
-      (json_int_t)c->max_positions, "rms_norm_eps", c->rms_eps, "rope_theta", c->rope_theta,
-      "rope_scaling", rope_json(c), "tie_word_embeddings", c->tie_embeddings, "hidden_act",
-      f->hidden_act, "torch_dtype", ml_dtype_torch_name(c->dtype), "initializer_range", 0.02);
-  if (!root) return ml_err("%s/config.json: could not build the JSON document", dir);
-  if (f->qkv_bias_key) json_object_set_new(root, f->qkv_bias_key, json_boolean(c->qkv_bias));
-  if (f->has_mlp_bias_key) json_object_set_new(root, "mlp_bias", json_boolean(c->mlp_bias));
+      (json_int_t)c->max_positions, "rms_norm_eps", c->rms_eps, "tie_word_embeddings",
+      c->tie_embeddings, "torch_dtype", ml_dtype_torch_name(c->dtype), "initializer_range", 0.02);
+  if (!o) return NULL;
+  json_object_set_new(o, f->hidden_act_key, json_string(f->hidden_act));
+  write_attention_keys(o, c);
+  if (f->qkv_bias_key) json_object_set_new(o, f->qkv_bias_key, json_boolean(c->qkv_bias));
+  if (f->has_mlp_bias_key) json_object_set_new(o, "mlp_bias", json_boolean(c->mlp_bias));
+  return o;
+}
+
+int ml_model_config_write(const char *dir, const ml_model_config *c) {
+  const ml_family *f = c->family;
+  json_t *root = json_pack("{s:[s], s:s}", "architectures", f->architecture, "model_type",
+                           f->model_type);
+  json_t *text = text_json(c);
+  if (!root || !text) {
+    json_decref(root);
+    json_decref(text);
+    return ml_err("%s/config.json: could not build the JSON document", dir);
+  }
+  if (f->text_config_key) { /* composite: the text model nested, tying and dtype top-level */
+    json_object_set_new(text, "model_type", json_string(f->text_model_type));
+    json_object_set_new(root, f->text_config_key, text);
+    json_object_set_new(root, "tie_word_embeddings", json_boolean(c->tie_embeddings));
+    json_object_set_new(root, "torch_dtype", json_string(ml_dtype_torch_name(c->dtype)));
+  } else {
+    json_object_update(root, text);
+    json_decref(text);
+  }
   char path[4096];
   snprintf(path, sizeof path, "%s/config.json", dir);
   int rc = ml_json_write(path, root);
@@ -154,22 +358,28 @@ int ml_model_config_write(const char *dir, const ml_model_config *c) {
   return rc;
 }
 
+/* ---- presets ------------------------------------------------------------ */
+
 typedef struct preset {
   const char *name;
   int64_t hidden, intermediate, layers, heads, kv_heads, vocab, max_positions;
+  int64_t window; /* sliding window of families with sliding layers */
 } preset;
 
 static const preset presets[] = {
-    {"tiny", 64, 192, 2, 4, 2, 256, 512},
-    {"small", 384, 1024, 8, 6, 2, 256, 2048},
+    {"tiny", 64, 192, 2, 4, 2, 256, 512, 16},
+    {"small", 384, 1024, 8, 6, 2, 256, 2048, 128},
 };
 
 int ml_model_config_preset(const char *arch, const char *name, ml_model_config *out) {
   memset(out, 0, sizeof *out);
-  out->family = ml_family_by_name(arch);
-  if (!out->family)
+  const ml_family *f = ml_family_by_name(arch);
+  if (f && f->save_as)
+    return ml_err("--arch %s: init writes text models only; expected --arch %s", arch, f->save_as);
+  if (!f)
     return ml_err("--arch: unknown family '%s'; expected one of: %s", arch,
                   ml_family_list_names());
+  out->family = f;
   const preset *p = NULL;
   for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
     if (strcmp(presets[i].name, name) == 0) p = &presets[i];
@@ -183,19 +393,32 @@ int ml_model_config_preset(const char *arch, const char *name, ml_model_config *
   out->vocab = p->vocab;
   out->max_positions = p->max_positions;
   out->rms_eps = 1e-5;
-  out->rope_theta = out->family->rope_theta_default;
+  out->rope_theta = f->rope_theta_default;
   out->rope.type = K_ROPE_DEFAULT;
-  out->qkv_bias = out->family->qkv_bias_default;
-  out->tie_embeddings = out->family->tie_default;
+  out->rope_local_theta = f->local_rope ? f->rope_local_theta_default : f->rope_theta_default;
+  out->rope_local.type = K_ROPE_DEFAULT;
+  /* families whose layers slide by pattern alternate sliding / full */
+  if (f->layer_rule == ML_LAYERS_PATTERN) {
+    out->sliding_window = p->window;
+    for (int64_t l = 0; l < p->layers; l++) out->sliding[l] = l % 2 == 0;
+  }
+  out->attn_scalar = (double)out->head_dim;
+  out->qkv_bias = f->qkv_bias_default;
+  out->o_bias = f->o_bias_follows_qkv && out->qkv_bias;
+  out->tie_embeddings = f->tie_default;
   out->dtype = ML_F32;
   return 0;
 }
 
 int64_t ml_model_config_num_params(const ml_model_config *c) {
+  const ml_family *f = c->family;
   int64_t H = c->hidden, q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;
-  int64_t attn = H * q + 2 * H * kv + q * H + (c->qkv_bias ? q + 2 * kv : 0);
+  int64_t attn = H * q + 2 * H * kv + q * H + (c->qkv_bias ? q + 2 * kv : 0) + (c->o_bias ? H : 0);
+  attn += f->has_qk_norm ? 2 * c->head_dim : 0;
   int64_t mlp = 3 * H * c->intermediate + (c->mlp_bias ? 2 * c->intermediate + H : 0);
-  int64_t layer = attn + mlp + 2 * H;
+  const char *norms[] = {f->attn_norm, f->attn_out_norm, f->mlp_norm, f->mlp_out_norm};
+  int64_t layer = attn + mlp;
+  for (int i = 0; i < 4; i++) layer += norms[i] ? H : 0;
   int64_t embed = c->vocab * H * (c->tie_embeddings ? 1 : 2);
   return c->n_layers * layer + embed + H;
 }

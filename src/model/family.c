@@ -1,6 +1,26 @@
 #include "model/family.h"
 
+#include <stdio.h>
 #include <string.h>
+
+#include "common/status.h"
+
+/* Gemma3TextConfig / Gemma3TextModel, shared by the text model and the
+ * text tower of the VLM. */
+#define GEMMA3_TEXT                                                                              \
+  .qkv_bias_key = "attention_bias", .qkv_bias_default = false, .o_bias_follows_qkv = true,      \
+  .has_mlp_bias_key = false, .tie_default = true, .rope_theta_default = 1000000.0,              \
+  .head_dim_default = 256, .hidden_act_key = "hidden_activation",                               \
+  .hidden_act = "gelu_pytorch_tanh",                                                            \
+  .unsupported = {"final_logit_softcapping", "attn_logit_softcapping",                         \
+                  "use_bidirectional_attention"},                                               \
+  .layer_rule = ML_LAYERS_PATTERN, .sliding_window_default = 4096,                              \
+  .sliding_pattern_default = 6, .local_rope = true, .rope_local_theta_default = 10000.0,        \
+  .norm_offset = 1.0f, .act = K_ACT_GELU_TANH, .has_qk_norm = true,                             \
+  .attn_norm = "input_layernorm", .attn_out_norm = "post_attention_layernorm",                  \
+  .mlp_norm = "pre_feedforward_layernorm", .mlp_out_norm = "post_feedforward_layernorm",        \
+  .embed_scale_sqrt_hidden = true, .attn_scalar_key = "query_pre_attn_scalar",                  \
+  .attn_scalar_default = 256.0
 
 static const ml_family families[] = {
     {
@@ -8,28 +28,91 @@ static const ml_family families[] = {
         .architecture = "LlamaForCausalLM",
         .model_type = "llama",
         .prefix = "model.",
+        .ckpt_prefix = "model.",
+        .ckpt_lm_head = "lm_head",
         .qkv_bias_key = "attention_bias",
         .qkv_bias_default = false,
+        .o_bias_follows_qkv = true,
         .has_mlp_bias_key = true,
         .tie_default = false,
         .rope_theta_default = 10000.0,
+        .hidden_act_key = "hidden_act",
+        .hidden_act = "silu",
+        .layer_rule = ML_LAYERS_ALL_FULL,
         .norm_offset = 0.0f,
         .act = K_ACT_SILU,
-        .hidden_act = "silu",
+        .attn_norm = "input_layernorm",
+        .mlp_norm = "post_attention_layernorm",
     },
     {
         .name = "qwen2",
         .architecture = "Qwen2ForCausalLM",
         .model_type = "qwen2",
         .prefix = "model.",
+        .ckpt_prefix = "model.",
+        .ckpt_lm_head = "lm_head",
         .qkv_bias_key = NULL,
         .qkv_bias_default = true,
         .has_mlp_bias_key = false,
         .tie_default = false,
         .rope_theta_default = 1000000.0,
+        .hidden_act_key = "hidden_act",
+        .hidden_act = "silu",
+        .layer_rule = ML_LAYERS_MAX_WINDOW,
+        .sliding_window_default = 4096,
         .norm_offset = 0.0f,
         .act = K_ACT_SILU,
+        .attn_norm = "input_layernorm",
+        .mlp_norm = "post_attention_layernorm",
+    },
+    {
+        .name = "qwen3",
+        .architecture = "Qwen3ForCausalLM",
+        .model_type = "qwen3",
+        .prefix = "model.",
+        .ckpt_prefix = "model.",
+        .ckpt_lm_head = "lm_head",
+        .qkv_bias_key = "attention_bias",
+        .qkv_bias_default = false,
+        .o_bias_follows_qkv = true,
+        .has_mlp_bias_key = false,
+        .tie_default = false,
+        .rope_theta_default = 10000.0,
+        .head_dim_default = 128,
+        .hidden_act_key = "hidden_act",
         .hidden_act = "silu",
+        .layer_rule = ML_LAYERS_MAX_WINDOW,
+        .sliding_window_default = 4096,
+        .norm_offset = 0.0f,
+        .act = K_ACT_SILU,
+        .has_qk_norm = true,
+        .attn_norm = "input_layernorm",
+        .mlp_norm = "post_attention_layernorm",
+    },
+    {
+        .name = "gemma3",
+        .architecture = "Gemma3ForCausalLM",
+        .model_type = "gemma3_text",
+        .prefix = "model.",
+        .ckpt_prefix = "model.",
+        .ckpt_lm_head = "lm_head",
+        GEMMA3_TEXT,
+    },
+    {
+        /* Gemma3ForConditionalGeneration: the gemma3 row's text tower, nested
+         * under text_config, its modules named model.language_model.* (lm_head
+         * stays top-level) and its checkpoint keys language_model.model.*;
+         * the vision tower and projector are not built. */
+        .name = "gemma3_vlm",
+        .architecture = "Gemma3ForConditionalGeneration",
+        .model_type = "gemma3",
+        .prefix = "model.language_model.",
+        .ckpt_prefix = "language_model.model.",
+        .ckpt_lm_head = "language_model.lm_head",
+        .text_config_key = "text_config",
+        .text_model_type = "gemma3_text",
+        .save_as = "gemma3",
+        GEMMA3_TEXT,
     },
 };
 enum { N_FAMILIES = sizeof families / sizeof families[0] };
@@ -49,18 +132,40 @@ const ml_family *ml_family_by_name(const char *name) {
 static const char *join(char *buf, size_t cap, int use_arch) {
   buf[0] = '\0';
   for (int i = 0; i < N_FAMILIES; i++) {
-    if (i) strncat(buf, ", ", cap - strlen(buf) - 1);
+    if (!use_arch && families[i].save_as) continue;
+    if (buf[0]) strncat(buf, ", ", cap - strlen(buf) - 1);
     strncat(buf, use_arch ? families[i].architecture : families[i].name, cap - strlen(buf) - 1);
   }
   return buf;
 }
 
 const char *ml_family_list_architectures(void) {
-  static char buf[256];
+  static char buf[512];
   return join(buf, sizeof buf, 1);
 }
 
 const char *ml_family_list_names(void) {
-  static char buf[128];
+  static char buf[256];
   return join(buf, sizeof buf, 0);
+}
+
+const ml_family *ml_family_saved(const ml_family *f) {
+  const ml_family *s = f->save_as ? ml_family_by_name(f->save_as) : NULL;
+  return s ? s : f;
+}
+
+int ml_family_rename(const ml_family *from, const ml_family *to, const char *name, char *out,
+                     size_t cap) {
+  size_t np = strlen(from->ckpt_prefix), nl = strlen(from->ckpt_lm_head);
+  int len;
+  if (strncmp(name, from->ckpt_prefix, np) == 0)
+    len = snprintf(out, cap, "%s%s", to->ckpt_prefix, name + np);
+  else if (strncmp(name, from->ckpt_lm_head, nl) == 0)
+    len = snprintf(out, cap, "%s%s", to->ckpt_lm_head, name + nl);
+  else
+    len = snprintf(out, cap, "%s", name);
+  if (len < 0 || (size_t)len >= cap)
+    return ml_err("parameter name '%s' does not fit %zu bytes in the %s layout", name, cap,
+                  to->name);
+  return 0;
 }

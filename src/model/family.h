@@ -1,37 +1,113 @@
 /* Model families as rows of one descriptor table (DESIGN §8): every
- * difference between Llama, Qwen2 (and later Qwen3, Gemma3) is a field here,
- * read by the model code, never an `if (family == ...)`. */
+ * difference between Llama, Qwen2, Qwen3 and Gemma3 (text model, and the
+ * text tower of the Gemma3 VLM) is a field here, read by the config reader
+ * and the model code, never an `if (family == ...)`. Semantics follow the
+ * transformers 5.23 modeling_* / configuration_* files of each family. */
 #ifndef ML_FAMILY_H
 #define ML_FAMILY_H
 
 #include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
 #include "kernels/cpu/kernels.h"
+
+/* How a config without `layer_types` assigns "sliding_attention" /
+ * "full_attention" to its layers (the __post_init__ of each config class). */
+typedef enum {
+  ML_LAYERS_ALL_FULL,   /* Llama: no sliding-window layers */
+  ML_LAYERS_MAX_WINDOW, /* Qwen2/Qwen3: sliding iff use_sliding_window and i >= max_window_layers */
+  ML_LAYERS_PATTERN,    /* Gemma3: sliding iff (i + 1) % sliding_window_pattern != 0 */
+} ml_layer_rule;
+
+enum { ML_FAMILY_MAX_UNSUPPORTED = 4 };
 
 typedef struct ml_family {
   const char *name;         /* --arch name: "llama" */
   const char *architecture; /* config.json architectures[0]: "LlamaForCausalLM" */
   const char *model_type;   /* config.json model_type */
-  const char *prefix;       /* module name prefix of the base model: "model." */
-  /* q/k/v bias: read from config key `qkv_bias_key` (default
+  /* HF module name prefix of the text model: "model.", "model.language_model." */
+  const char *prefix;
+  /* Checkpoint (safetensors) keys, which name the parameters: the text
+   * model's tensors are ckpt_prefix + their name inside it, lm_head's weight
+   * is ckpt_lm_head + ".weight". Text models: "model.", "lm_head" (= the
+   * module names); transformers 5 saves Gemma3ForConditionalGeneration in
+   * the legacy layout: "language_model.model.", "language_model.lm_head". */
+  const char *ckpt_prefix;
+  const char *ckpt_lm_head;
+  /* Composite (vision-language) checkpoints: the text model's hyper-parameters
+   * are nested under this config.json key, whose model_type is
+   * text_model_type; NULL for text-only families. tie_word_embeddings and the
+   * dtype stay top-level. */
+  const char *text_config_key;
+  const char *text_model_type;
+  /* The family whose layout a trained checkpoint is saved in (meshlm keeps
+   * only the text tower of a composite model), or NULL for this one. */
+  const char *save_as;
+
+  /* ---- config.json keys and defaults ---- */
+  /* q/k/v (and o) bias: read from config key `qkv_bias_key` (default
    * qkv_bias_default), or fixed to qkv_bias_default when the key is NULL. */
   const char *qkv_bias_key;
   bool qkv_bias_default;
+  bool o_bias_follows_qkv;    /* o_proj has it too (Llama/Qwen3/Gemma3 attention_bias; not Qwen2) */
   bool has_mlp_bias_key;      /* Llama's `mlp_bias` */
   bool tie_default;           /* tie_word_embeddings when config.json omits it */
   double rope_theta_default;  /* rope_theta when config.json omits it, and in presets */
-  float norm_offset;          /* RMSNorm weight offset: x·(offset + w) */
-  k_act act;                  /* MLP gate activation */
-  const char *hidden_act;     /* its config.json name */
+  int64_t head_dim_default;   /* head_dim when omitted; 0: hidden_size / num_attention_heads */
+  const char *hidden_act_key; /* "hidden_act" or "hidden_activation" (Gemma3) */
+  const char *hidden_act;     /* its only accepted value */
+  /* Keys that must be absent, null or false (features not implemented:
+   * Gemma3's logit soft-capping, bidirectional attention). */
+  const char *unsupported[ML_FAMILY_MAX_UNSUPPORTED];
+
+  /* ---- sliding-window layers and their RoPE ---- */
+  ml_layer_rule layer_rule;
+  int64_t sliding_window_default; /* `sliding_window` when omitted */
+  int64_t sliding_pattern_default; /* ML_LAYERS_PATTERN: sliding_window_pattern when omitted */
+  /* Sliding layers use their own RoPE: rope_local_base_freq (transformers 4)
+   * or rope_parameters.sliding_attention (5); false: the global one. */
+  bool local_rope;
+  double rope_local_theta_default;
+
+  /* ---- module structure and arithmetic ---- */
+  float norm_offset;      /* RMSNorm weight offset: x·(offset + w) (Gemma3RMSNorm: 1) */
+  k_act act;              /* MLP gate activation */
+  bool has_qk_norm;       /* self_attn.q_norm / k_norm: RMSNorm(head_dim) per head before RoPE */
+  /* HF names (under layers.N.) of the decoder layer's norms by role; NULL
+   * where the family has none. Llama: x += attn(attn_norm(x));
+   * x += mlp(mlp_norm(x)). Gemma3 ("sandwich"): x += attn_out_norm(attn(attn_norm(x)));
+   * x += mlp_out_norm(mlp(mlp_norm(x))). */
+  const char *attn_norm;     /* "input_layernorm" */
+  const char *attn_out_norm; /* Gemma3 "post_attention_layernorm" */
+  /* Llama/Qwen "post_attention_layernorm", Gemma3 "pre_feedforward_layernorm" */
+  const char *mlp_norm;
+  const char *mlp_out_norm;  /* Gemma3 "post_feedforward_layernorm" */
+  bool embed_scale_sqrt_hidden; /* embeddings × sqrt(hidden_size): Gemma3TextScaledWordEmbedding */
+  /* Attention scores scale = s^-0.5 with s read from this key (default
+   * attn_scalar_default); NULL: s = head_dim. */
+  const char *attn_scalar_key;
+  double attn_scalar_default;
 } ml_family;
 
 /* The family whose architecture string is `architecture`, or NULL. */
 const ml_family *ml_family_by_architecture(const char *architecture);
 /* The family called `name` (--arch), or NULL. */
 const ml_family *ml_family_by_name(const char *name);
-/* "LlamaForCausalLM, Qwen2ForCausalLM" (for messages). */
+/* "LlamaForCausalLM, Qwen2ForCausalLM, ..." (for messages). */
 const char *ml_family_list_architectures(void);
-/* "llama, qwen2". */
+/* "llama, qwen2, ..." (families `meshlm init` can write: save_as NULL). */
 const char *ml_family_list_names(void);
+
+/* The family a checkpoint of `f` is saved as (f->save_as, else f). */
+const ml_family *ml_family_saved(const ml_family *f);
+/* Rename parameter (checkpoint key) `name` of family `from` into the
+ * checkpoint layout of `to`: a leading from->ckpt_prefix becomes
+ * to->ckpt_prefix, a leading from->ckpt_lm_head becomes to->ckpt_lm_head
+ * ("language_model.model.norm.weight" → "model.norm.weight",
+ * "language_model.lm_head.weight" → "lm_head.weight"). Errors: the result
+ * does not fit `cap` bytes. */
+int ml_family_rename(const ml_family *from, const ml_family *to, const char *name, char *out,
+                     size_t cap);
 
 #endif

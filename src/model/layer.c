@@ -1,6 +1,12 @@
-/* Decoder layer forward/backward (HF LlamaDecoderLayer):
- *   h1 = input_layernorm(x); x_mid = x + o_proj(attn(rope(q(h1)), rope(k(h1)), v(h1)))
- *   h2 = post_attention_layernorm(x_mid); out = x_mid + down(act(gate(h2)) · up(h2)) */
+/* Decoder layer forward/backward (HF LlamaDecoderLayer, Qwen3DecoderLayer,
+ * Gemma3DecoderLayer):
+ *   h1 = attn_norm(x)
+ *   q = rope(q_norm(q_proj(h1))), k = rope(k_norm(k_proj(h1))), v = v_proj(h1)
+ *   x_mid = x + attn_out_norm(o_proj(attention(q, k, v)))
+ *   h2 = mlp_norm(x_mid); out = x_mid + mlp_out_norm(down(act(gate(h2)) · up(h2)))
+ * Norms the family lacks (weight NULL) are the identity; q_norm/k_norm are
+ * RMSNorm(head_dim) on each head, i.e. the row norm of [T·heads, hd]. The
+ * layer's window and RoPE tables select sliding or full attention. */
 #include <math.h>
 #include <string.h>
 
@@ -13,51 +19,172 @@ static void add_inplace(float *y, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
-static void norm_fwd(const ml_rmsnorm *n, const float *x, float *y, float *rstd, int64_t T,
-                     int64_t H) {
-  k_rmsnorm_fwd(x, n->weight->data, n->offset, n->eps, y, rstd, T, H);
+// x, y: [rows, dim]; rstd: [rows]
+static void norm_fwd(const ml_rmsnorm *n, const float *x, float *y, float *rstd, int64_t rows,
+                     int64_t dim) {
+  k_rmsnorm_fwd(x, n->weight->data, n->offset, n->eps, y, rstd, rows, dim);
 }
 
+// dy, dx: [rows, dim] (dx may alias dy); weight grad (+=)
 static void norm_bwd(const ml_rmsnorm *n, const float *dy, const float *x, const float *rstd,
-                     float *dx, int64_t T, int64_t H) {
-  k_rmsnorm_bwd(dy, x, n->weight->data, n->offset, rstd, dx,
-                n->weight->grad, T, H);
+                     float *dx, int64_t rows, int64_t dim) {
+  k_rmsnorm_bwd(dy, x, n->weight->data, n->offset, rstd, dx, n->weight->grad, rows, dim);
 }
 
-// x: [T, H] in place (residual stream)
-static int attention_forward(ml_model *m, ml_layer *L, float *x) {
-  ml_layer_acts *a = &L->acts;
-  int64_t B = m->B, S = m->S, T = B * S, H = m->cfg.hidden, hd = m->cfg.head_dim;
-  int64_t nh = L->q_proj.weight->local[0] / hd, nkv = L->k_proj.weight->local[0] / hd;
-  memcpy(a->x_in, x, sizeof(float) * (size_t)(T * H));
-  norm_fwd(&L->input_layernorm, a->x_in, a->h1, a->rstd1, T, H);
-  ML_TRY(ml_hook_run(L->q_proj.in_fwd, a->h1, T, H)); /* shared by q/k/v */
-  ML_TRY(ml_linear_forward(&L->q_proj, a->h1, a->q, T));  // q: [T, nh·hd]
-  ML_TRY(ml_linear_forward(&L->k_proj, a->h1, a->k, T));  // k: [T, nkv·hd]
-  ML_TRY(ml_linear_forward(&L->v_proj, a->h1, a->v, T));  // v: [T, nkv·hd]
-  k_rope_fwd(a->q, m->rope_cos, m->rope_sin, B, S, nh, hd);
-  k_rope_fwd(a->k, m->rope_cos, m->rope_sin, B, S, nkv, hd);
-  float scale = 1.0f / sqrtf((float)hd);
-  k_attention_fwd(a->q, a->k, a->v, a->att, a->P, B, S, nh, nkv, hd, scale, 0);
-  ML_TRY(ml_hook_run(L->o_proj.in_fwd, a->att, T, nh * hd));
-  ML_TRY(ml_linear_forward(&L->o_proj, a->att, x, T));  // x: [T, H] attention output
-  add_inplace(x, a->x_in, T * H);                       // residual
-  memcpy(a->x_mid, x, sizeof(float) * (size_t)(T * H));
+static float attn_scale(const ml_model *m) { return (float)pow(m->cfg.attn_scalar, -0.5); }
+
+/* An edge's view must come back with the extent the model continues with. */
+static int expect_view(const char *what, const ml_act *v, int64_t s, int64_t c) {
+  if (v->s == s && v->c == c) return 0;
+  return ml_err("%s: the plan's layouts leave [%lld positions, %lld features] here; expected "
+                "[%lld, %lld]",
+                what, (long long)v->s, (long long)v->c, (long long)s, (long long)c);
+}
+
+/* q, k, v as attention needs them: whole sequences, head counts that
+ * match; the local head counts come from the views. */
+static int attention_views(const ml_model *m, const ml_layer *L, int64_t *nh, int64_t *nkv) {
+  const ml_layer_acts *a = &L->acts;
+  int64_t hd = m->cfg.head_dim;
+  const ml_act *v[3] = {&a->qv, &a->kv, &a->vv};
+  for (int i = 0; i < 3; i++)
+    if (v[i]->s != m->S || v[i]->c % hd)
+      return ml_err("%s: attention needs whole sequences of whole heads; this rank holds %lld of "
+                    "%lld positions and %lld features (head_dim %lld)",
+                    i == 0 ? L->q_proj.weight->name : i == 1 ? L->k_proj.weight->name
+                                                           : L->v_proj.weight->name,
+                    (long long)v[i]->s, (long long)m->S, (long long)v[i]->c, (long long)hd);
+  *nh = a->qv.c / hd;
+  *nkv = a->kv.c / hd;
+  if (a->vv.c != a->kv.c || *nkv == 0 || *nh % *nkv)
+    return ml_err("%s: %lld query heads and %lld/%lld key/value heads on this rank do not group",
+                  L->q_proj.weight->name, (long long)*nh, (long long)*nkv,
+                  (long long)(a->vv.c / hd));
   return 0;
 }
 
-// x: [T, H] in place
+// x: [B, s_res, H] in place (residual stream)
+static int attention_forward(ml_model *m, ml_layer *L, float *x) {
+  ml_layer_acts *a = &L->acts;
+  int64_t B = m->B, S = m->S, Tr = B * m->s_res, H = m->cfg.hidden, hd = m->cfg.head_dim;
+  bool qk_norm = L->q_norm.weight, out_norm = L->attn_out_norm.weight;
+  memcpy(a->x_in, x, sizeof(float) * (size_t)(Tr * H));
+  norm_fwd(&L->attn_norm, a->x_in, a->h1, a->rstd1, Tr, H);
+  a->in_qkv = ml_act_view(m, a->h1, m->s_res, H, H);
+  ML_TRY(ml_hook_run(L->q_proj.in.fwd, &a->in_qkv)); /* shared by q/k/v */
+  float *q = qk_norm ? a->q_raw : a->q, *k = qk_norm ? a->k_raw : a->k;
+  ML_TRY(ml_linear_forward(&L->q_proj, &a->in_qkv, q, &a->qv));      // q: [B, S, nh·hd]
+  ML_TRY(ml_linear_forward(&L->k_proj, &a->in_qkv, k, &a->kv));      // k: [B, S, nkv·hd]
+  ML_TRY(ml_linear_forward(&L->v_proj, &a->in_qkv, a->v, &a->vv));   // v: [B, S, nkv·hd]
+  int64_t nh = 0, nkv = 0, T = B * S;
+  ML_TRY(attention_views(m, L, &nh, &nkv));
+  if (qk_norm) {
+    norm_fwd(&L->q_norm, a->q_raw, a->q, a->rstd_q, T * nh, hd);   // q: [T·nh, hd]
+    norm_fwd(&L->k_norm, a->k_raw, a->k, a->rstd_k, T * nkv, hd);  // k: [T·nkv, hd]
+  }
+  k_rope_fwd(a->q, L->rope_cos, L->rope_sin, B, S, nh, hd);
+  k_rope_fwd(a->k, L->rope_cos, L->rope_sin, B, S, nkv, hd);
+  k_attention_fwd(a->q, a->k, a->v, a->att, a->P, B, S, nh, nkv, hd, attn_scale(m), L->window);
+  a->in_o = ml_act_view(m, a->att, S, m->cfg.n_heads * hd, nh * hd);
+  ML_TRY(ml_hook_run(L->o_proj.in.fwd, &a->in_o));
+  ml_act o;
+  ML_TRY(ml_linear_forward(&L->o_proj, &a->in_o, out_norm ? a->o : x, &o));  // [B, s_res, H]
+  ML_TRY(expect_view(L->o_proj.weight->name, &o, m->s_res, H));
+  if (out_norm) norm_fwd(&L->attn_out_norm, a->o, x, a->rstd_o, Tr, H);  // x: [B, s_res, H]
+  add_inplace(x, a->x_in, Tr * H);                                        // residual
+  memcpy(a->x_mid, x, sizeof(float) * (size_t)(Tr * H));
+  return 0;
+}
+
+// dx: [B, s_res, H] grad of x_mid in, grad of the layer input out
+static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
+  ml_layer_acts *a = &L->acts;
+  int64_t B = m->B, S = m->S, T = B * S, Tr = B * m->s_res, H = m->cfg.hidden;
+  int64_t hd = m->cfg.head_dim, nh = a->qv.c / hd, nkv = a->kv.c / hd;
+  float *dtmp = m->scratch, *dh = dtmp + T * H, *datt = dh + T * H;
+  float *dq = datt + T * m->cap_q, *dk = dq + T * m->cap_q, *dv = dk + T * m->cap_kv;
+  if (L->attn_out_norm.weight)
+    norm_bwd(&L->attn_out_norm, dx, a->o, a->rstd_o, dtmp, Tr, H);  // dtmp: d o [B, s_res, H]
+  else
+    memcpy(dtmp, dx, sizeof(float) * (size_t)(Tr * H));
+  ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
+  ML_TRY(ml_linear_backward(&L->o_proj, &d, &a->in_o, datt, 0));  // datt: [B, S, nh·hd]
+  ml_act datt_v = a->in_o;
+  datt_v.x = datt;
+  ML_TRY(ml_hook_run(L->o_proj.in.bwd, &datt_v));
+  ML_TRY(expect_view(L->o_proj.weight->name, &datt_v, S, nh * hd));
+  k_attention_bwd(datt, a->q, a->k, a->v, a->P, dq, dk, dv, B, S, nh, nkv, hd, attn_scale(m));
+  k_rope_bwd(dq, L->rope_cos, L->rope_sin, B, S, nh, hd);
+  k_rope_bwd(dk, L->rope_cos, L->rope_sin, B, S, nkv, hd);
+  if (L->q_norm.weight) {
+    norm_bwd(&L->q_norm, dq, a->q_raw, a->rstd_q, dq, T * nh, hd);   // dq: [T·nh, hd]
+    norm_bwd(&L->k_norm, dk, a->k_raw, a->rstd_k, dk, T * nkv, hd);  // dk: [T·nkv, hd]
+  }
+  ml_act dqv = a->qv, dkv = a->kv, dvv = a->vv;
+  dqv.x = dq, dkv.x = dk, dvv.x = dv;
+  ML_TRY(ml_linear_backward(&L->q_proj, &dqv, &a->in_qkv, dh, 0));  // dh: [B, S, H]
+  ML_TRY(ml_linear_backward(&L->k_proj, &dkv, &a->in_qkv, dh, 1));
+  ML_TRY(ml_linear_backward(&L->v_proj, &dvv, &a->in_qkv, dh, 1));
+  ml_act dhv = a->in_qkv;
+  dhv.x = dh;
+  ML_TRY(ml_hook_run(L->q_proj.in.bwd, &dhv));
+  ML_TRY(expect_view(L->q_proj.weight->name, &dhv, m->s_res, H));
+  norm_bwd(&L->attn_norm, dh, a->x_in, a->rstd1, dh, Tr, H);
+  add_inplace(dx, dh, Tr * H);  // residual: d x_in
+  return 0;
+}
+
+// x: [B, s_res, H] in place
 static int mlp_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
-  int64_t T = m->B * m->S, H = m->cfg.hidden, I = L->gate_proj.weight->local[0];
-  norm_fwd(&L->post_attention_layernorm, a->x_mid, a->h2, a->rstd2, T, H);
-  ML_TRY(ml_hook_run(L->gate_proj.in_fwd, a->h2, T, H)); /* shared by gate/up */
-  ML_TRY(ml_linear_forward(&L->gate_proj, a->h2, a->g, T));  // g: [T, I]
-  ML_TRY(ml_linear_forward(&L->up_proj, a->h2, a->u, T));    // u: [T, I]
-  k_glu_fwd(a->g, a->u, a->a, T * I, m->cfg.family->act);
-  ML_TRY(ml_hook_run(L->down_proj.in_fwd, a->a, T, I));
-  ML_TRY(ml_linear_forward(&L->down_proj, a->a, x, T));  // x: [T, H]
-  add_inplace(x, a->x_mid, T * H);
+  int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
+  bool out_norm = L->mlp_out_norm.weight;
+  norm_fwd(&L->mlp_norm, a->x_mid, a->h2, a->rstd2, Tr, H);
+  a->in_gu = ml_act_view(m, a->h2, m->s_res, H, H);
+  ML_TRY(ml_hook_run(L->gate_proj.in.fwd, &a->in_gu)); /* shared by gate/up */
+  ml_act u;
+  ML_TRY(ml_linear_forward(&L->gate_proj, &a->in_gu, a->g, &a->gv));  // g: [B, s, I]
+  ML_TRY(ml_linear_forward(&L->up_proj, &a->in_gu, a->u, &u));        // u: [B, s, I]
+  ML_TRY(expect_view(L->up_proj.weight->name, &u, a->gv.s, a->gv.c));
+  k_glu_fwd(a->g, a->u, a->a, a->gv.B * a->gv.s * a->gv.c, m->cfg.family->act);
+  a->in_down = a->gv;
+  a->in_down.x = a->a;
+  ML_TRY(ml_hook_run(L->down_proj.in.fwd, &a->in_down));
+  ml_act d;
+  ML_TRY(ml_linear_forward(&L->down_proj, &a->in_down, out_norm ? a->d : x, &d));  // [B, s_res, H]
+  ML_TRY(expect_view(L->down_proj.weight->name, &d, m->s_res, H));
+  if (out_norm) norm_fwd(&L->mlp_out_norm, a->d, x, a->rstd_d, Tr, H);  // x: [B, s_res, H]
+  add_inplace(x, a->x_mid, Tr * H);
+  return 0;
+}
+
+// dx: [B, s_res, H] grad of the layer output in, grad of x_mid out
+static int mlp_backward(ml_model *m, ml_layer *L, float *dx) {
+  ml_layer_acts *a = &L->acts;
+  int64_t T = m->B * m->S, Tr = m->B * m->s_res, H = m->cfg.hidden;
+  float *dtmp = m->scratch, *dh = dtmp + T * H, *da = dh + T * H;
+  float *dg = da + T * m->cap_i, *du = dg + T * m->cap_i;
+  if (L->mlp_out_norm.weight)
+    norm_bwd(&L->mlp_out_norm, dx, a->d, a->rstd_d, dtmp, Tr, H);  // dtmp: d down [B, s_res, H]
+  else
+    memcpy(dtmp, dx, sizeof(float) * (size_t)(Tr * H));
+  ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
+  ML_TRY(ml_linear_backward(&L->down_proj, &d, &a->in_down, da, 0));  // da: [B, s, I]
+  ml_act dav = a->in_down;
+  dav.x = da;
+  ML_TRY(ml_hook_run(L->down_proj.in.bwd, &dav));
+  ML_TRY(expect_view(L->down_proj.weight->name, &dav, a->gv.s, a->gv.c));
+  k_glu_bwd(da, a->g, a->u, dg, du, a->gv.B * a->gv.s * a->gv.c, m->cfg.family->act);
+  ml_act dgv = a->gv, duv = a->gv;
+  dgv.x = dg, duv.x = du;
+  ML_TRY(ml_linear_backward(&L->gate_proj, &dgv, &a->in_gu, dh, 0));  // dh: [B, s, H]
+  ML_TRY(ml_linear_backward(&L->up_proj, &duv, &a->in_gu, dh, 1));
+  ml_act dhv = a->in_gu;
+  dhv.x = dh;
+  ML_TRY(ml_hook_run(L->gate_proj.in.bwd, &dhv));
+  ML_TRY(expect_view(L->gate_proj.weight->name, &dhv, m->s_res, H));
+  norm_bwd(&L->mlp_norm, dh, a->x_mid, a->rstd2, dh, Tr, H);
+  add_inplace(dx, dh, Tr * H);  // residual: d x_mid
   return 0;
 }
 
@@ -65,47 +192,6 @@ int ml_layer_forward(ml_model *m, int l, float *x) {
   ml_layer *L = &m->layers[l];
   ML_TRY(attention_forward(m, L, x));
   return mlp_forward(m, L, x);
-}
-
-// dx: [T, H] grad of the layer output in, grad of x_mid out
-static int mlp_backward(ml_model *m, ml_layer *L, float *dx) {
-  ml_layer_acts *a = &L->acts;
-  int64_t T = m->B * m->S, H = m->cfg.hidden, I = L->gate_proj.weight->local[0];
-  float *dtmp = m->scratch, *dh = dtmp + T * H, *da = dh + T * H;
-  float *dg = da + T * I, *du = dg + T * I;
-  memcpy(dtmp, dx, sizeof(float) * (size_t)(T * H));
-  ML_TRY(ml_linear_backward(&L->down_proj, dtmp, a->a, da, 0, T));  // da: [T, I]
-  ML_TRY(ml_hook_run(L->down_proj.in_bwd, da, T, I));
-  k_glu_bwd(da, a->g, a->u, dg, du, T * I, m->cfg.family->act);
-  ML_TRY(ml_linear_backward(&L->gate_proj, dg, a->h2, dh, 0, T));  // dh: [T, H]
-  ML_TRY(ml_linear_backward(&L->up_proj, du, a->h2, dh, 1, T));
-  ML_TRY(ml_hook_run(L->gate_proj.in_bwd, dh, T, H));
-  norm_bwd(&L->post_attention_layernorm, dh, a->x_mid, a->rstd2, dh, T, H);
-  add_inplace(dx, dh, T * H);  // residual: d x_mid
-  return 0;
-}
-
-// dx: [T, H] grad of x_mid in, grad of the layer input out
-static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
-  ml_layer_acts *a = &L->acts;
-  int64_t B = m->B, S = m->S, T = B * S, H = m->cfg.hidden, hd = m->cfg.head_dim;
-  int64_t nh = L->q_proj.weight->local[0] / hd, nkv = L->k_proj.weight->local[0] / hd;
-  float *dtmp = m->scratch, *dh = dtmp + T * H, *datt = dh + T * H;
-  float *dq = datt + T * nh * hd, *dk = dq + T * nh * hd, *dv = dk + T * nkv * hd;
-  memcpy(dtmp, dx, sizeof(float) * (size_t)(T * H));
-  ML_TRY(ml_linear_backward(&L->o_proj, dtmp, a->att, datt, 0, T));  // datt: [T, nh·hd]
-  ML_TRY(ml_hook_run(L->o_proj.in_bwd, datt, T, nh * hd));
-  float scale = 1.0f / sqrtf((float)hd);
-  k_attention_bwd(datt, a->q, a->k, a->v, a->P, dq, dk, dv, B, S, nh, nkv, hd, scale);
-  k_rope_bwd(dq, m->rope_cos, m->rope_sin, B, S, nh, hd);
-  k_rope_bwd(dk, m->rope_cos, m->rope_sin, B, S, nkv, hd);
-  ML_TRY(ml_linear_backward(&L->q_proj, dq, a->h1, dh, 0, T));  // dh: [T, H]
-  ML_TRY(ml_linear_backward(&L->k_proj, dk, a->h1, dh, 1, T));
-  ML_TRY(ml_linear_backward(&L->v_proj, dv, a->h1, dh, 1, T));
-  ML_TRY(ml_hook_run(L->q_proj.in_bwd, dh, T, H));
-  norm_bwd(&L->input_layernorm, dh, a->x_in, a->rstd1, dh, T, H);
-  add_inplace(dx, dh, T * H);  // residual: d x_in
-  return 0;
 }
 
 int ml_layer_backward(ml_model *m, int l, float *dx) {

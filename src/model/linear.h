@@ -4,16 +4,22 @@
 
 #include "model/model.h"
 
-static inline int ml_hook_run(ml_hook h, float *x, int64_t rows, int64_t cols) {
-  return h.fn ? h.fn(h.ctx, x, rows, cols) : 0;
+static inline int ml_hook_run(ml_hook h, ml_act *a) { return h.fn ? h.fn(h.ctx, a) : 0; }
+
+/* The view of buffer x as [B, s, c] of a global [B, S, C] activation. */
+static inline ml_act ml_act_view(const ml_model *m, float *x, int64_t s, int64_t C, int64_t c) {
+  return (ml_act){x, m->B, m->S, s, C, c};
 }
 
-/* y [T, out_local] = x [T, in_local] · W^T (+ b); output hooks run on y.
- * The input hooks are the caller's (they may be shared by siblings). */
-int ml_linear_forward(const ml_linear *lin, const float *x, float *y, int64_t T);
-/* dy [T, out_local] (output hooks run on it, in place) → dx [T, in_local]
- * (= or += when accumulate; NULL to skip) and weight/bias grads (+=). */
-int ml_linear_backward(const ml_linear *lin, float *dy, const float *x, float *dx, int accumulate,
-                       int64_t T);
+/* y = x · W^T (+ b) on the view x [B, s, in_local] into ybuf; the output
+ * edge runs; *y is the resulting view. The input edge is the caller's
+ * (siblings share it). Errors: x->c ≠ the weight's local in-features (the
+ * plan's layouts do not compose; the message names the module). */
+int ml_linear_forward(const ml_linear *lin, const ml_act *x, float *ybuf, ml_act *y);
+/* Backward: the output edge's backward runs on dy (in place; then
+ * [B, x->s, out_local]); dx [B, x->s, in_local] (= or += when accumulate;
+ * NULL to skip) and weight/bias grads (+=). */
+int ml_linear_backward(const ml_linear *lin, ml_act *dy, const ml_act *x, float *dx,
+                       int accumulate);
 
 #endif

@@ -25,53 +25,93 @@ static ml_param *add_param(ml_model *m, int unit, int64_t d0, int64_t d1, const 
   return p;
 }
 
+const char *ml_module_kind_name(ml_module_kind k) {
+  static const char *const names[] = {"Linear", "Embedding", "RMSNorm", "Attention", "MLP"};
+  return names[k];
+}
+
 static void add_module(ml_model *m, ml_module_kind kind, void *ptr, const char *name) {
   ml_module *mod = &m->modules[m->n_modules++];
-  snprintf(mod->name, sizeof mod->name, "%s", name);
+  snprintf(mod->name, sizeof mod->name, "%.*s", (int)sizeof mod->name - 1, name);
   mod->kind = kind;
   mod->ptr = ptr;
 }
 
-/* A Linear `name` [out, in] with an optional bias. */
-static void make_linear(ml_model *m, ml_linear *lin, int unit, const char *name, int64_t in,
+/* A module's HF name (model.language_model.layers.0.self_attn.q_proj) and
+ * the checkpoint key stem of its parameters (language_model.model.layers.0.
+ * self_attn.q_proj); the two differ only for composite checkpoints. */
+typedef struct mod_name {
+  char mod[128], key[128];
+} mod_name;
+
+/* mod_base.leaf / key_base.leaf in n, or NULL when leaf is NULL (a module
+ * the family lacks). */
+static const mod_name *name_of(mod_name *n, const char *mod_base, const char *key_base,
+                               const char *leaf) {
+  if (!leaf) return NULL;
+  snprintf(n->mod, sizeof n->mod, "%s%s", mod_base, leaf);
+  snprintf(n->key, sizeof n->key, "%s%s", key_base, leaf);
+  return n;
+}
+
+/* A Linear [out, in] with an optional bias. */
+static void make_linear(ml_model *m, ml_linear *lin, int unit, const mod_name *n, int64_t in,
                         int64_t out, bool bias) {
-  lin->weight = add_param(m, unit, out, in, "%s.weight", name);
-  lin->bias = bias ? add_param(m, unit, out, 0, "%s.bias", name) : NULL;
+  lin->weight = add_param(m, unit, out, in, "%s.weight", n->key);
+  lin->bias = bias ? add_param(m, unit, out, 0, "%s.bias", n->key) : NULL;
   lin->bias_in_forward = true;
-  add_module(m, ML_MOD_LINEAR, lin, name);
+  add_module(m, ML_MOD_LINEAR, lin, n->mod);
 }
 
-static void make_norm(ml_model *m, ml_rmsnorm *n, int unit, const char *name) {
-  n->weight = add_param(m, unit, m->cfg.hidden, 0, "%s.weight", name);
-  n->eps = (float)m->cfg.rms_eps;
-  n->offset = m->cfg.family->norm_offset;
-  add_module(m, ML_MOD_RMSNORM, n, name);
+/* An RMSNorm over `dim` features, or none (weight NULL) when n is NULL. */
+static void make_norm(ml_model *m, ml_rmsnorm *norm, int unit, const mod_name *n, int64_t dim) {
+  norm->weight = NULL;
+  norm->eps = (float)m->cfg.rms_eps;
+  norm->offset = m->cfg.family->norm_offset;
+  if (!n) return;
+  norm->weight = add_param(m, unit, dim, 0, "%s.weight", n->key);
+  add_module(m, ML_MOD_RMSNORM, norm, n->mod);
 }
 
+/* Modules in execution order, named as HF's Llama/Qwen3/Gemma3DecoderLayer. */
 static void make_layer(ml_model *m, int l) {
   const ml_model_config *c = &m->cfg;
+  const ml_family *f = c->family;
   ml_layer *L = &m->layers[l];
-  char base[64], name[128];
-  snprintf(base, sizeof base, "%slayers.%d", c->family->prefix, l);
-  int64_t q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;
-#define SUB(s) (snprintf(name, sizeof name, "%s.%s", base, s), name)
-  make_norm(m, &L->input_layernorm, l, SUB("input_layernorm"));
-  make_linear(m, &L->q_proj, l, SUB("self_attn.q_proj"), c->hidden, q, c->qkv_bias);
-  make_linear(m, &L->k_proj, l, SUB("self_attn.k_proj"), c->hidden, kv, c->qkv_bias);
-  make_linear(m, &L->v_proj, l, SUB("self_attn.v_proj"), c->hidden, kv, c->qkv_bias);
-  make_linear(m, &L->o_proj, l, SUB("self_attn.o_proj"), q, c->hidden, false);
-  make_norm(m, &L->post_attention_layernorm, l, SUB("post_attention_layernorm"));
-  make_linear(m, &L->gate_proj, l, SUB("mlp.gate_proj"), c->hidden, c->intermediate, c->mlp_bias);
-  make_linear(m, &L->up_proj, l, SUB("mlp.up_proj"), c->hidden, c->intermediate, c->mlp_bias);
-  make_linear(m, &L->down_proj, l, SUB("mlp.down_proj"), c->intermediate, c->hidden, c->mlp_bias);
+  char mod[64], key[64];
+  mod_name n;
+  snprintf(mod, sizeof mod, "%slayers.%d.", f->prefix, l);
+  snprintf(key, sizeof key, "%slayers.%d.", f->ckpt_prefix, l);
+  int64_t q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim, H = c->hidden;
+  const char *q_norm = f->has_qk_norm ? "self_attn.q_norm" : NULL;
+  const char *k_norm = f->has_qk_norm ? "self_attn.k_norm" : NULL;
+#define SUB(leaf) name_of(&n, mod, key, leaf)
+  make_norm(m, &L->attn_norm, l, SUB(f->attn_norm), H);
+  add_module(m, ML_MOD_ATTENTION, L, SUB("self_attn")->mod);
+  make_linear(m, &L->q_proj, l, SUB("self_attn.q_proj"), H, q, c->qkv_bias);
+  make_linear(m, &L->k_proj, l, SUB("self_attn.k_proj"), H, kv, c->qkv_bias);
+  make_linear(m, &L->v_proj, l, SUB("self_attn.v_proj"), H, kv, c->qkv_bias);
+  make_norm(m, &L->q_norm, l, SUB(q_norm), c->head_dim);
+  make_norm(m, &L->k_norm, l, SUB(k_norm), c->head_dim);
+  make_linear(m, &L->o_proj, l, SUB("self_attn.o_proj"), q, H, c->o_bias);
+  make_norm(m, &L->attn_out_norm, l, SUB(f->attn_out_norm), H);
+  make_norm(m, &L->mlp_norm, l, SUB(f->mlp_norm), H);
+  add_module(m, ML_MOD_MLP, L, SUB("mlp")->mod);
+  make_linear(m, &L->gate_proj, l, SUB("mlp.gate_proj"), H, c->intermediate, c->mlp_bias);
+  make_linear(m, &L->up_proj, l, SUB("mlp.up_proj"), H, c->intermediate, c->mlp_bias);
+  make_linear(m, &L->down_proj, l, SUB("mlp.down_proj"), c->intermediate, H, c->mlp_bias);
+  make_norm(m, &L->mlp_out_norm, l, SUB(f->mlp_out_norm), H);
 #undef SUB
+  L->window = c->sliding[l] ? c->sliding_window : 0;
 }
 
 int ml_model_create(const ml_model_config *cfg, ml_model *m) {
   memset(m, 0, sizeof *m);
   m->cfg = *cfg;
+  const ml_family *f = cfg->family;
   int L = (int)cfg->n_layers, root = L;
-  int max_params = 16 * L + 4, max_modules = 10 * L + 4;
+  /* per layer at most 6 norms and 7 linears with bias, and 2 containers */
+  int max_params = 20 * L + 4, max_modules = 15 * L + 4;
   m->params = ml_calloc((size_t)max_params, sizeof *m->params, "parameters");
   m->modules = ml_calloc((size_t)max_modules, sizeof *m->modules, "modules");
   m->layers = ml_calloc((size_t)L, sizeof *m->layers, "layers");
@@ -79,21 +119,21 @@ int ml_model_create(const ml_model_config *cfg, ml_model *m) {
     ml_model_destroy(m);
     return -1;
   }
-  const char *pre = cfg->family->prefix;
-  char name[128];
-  snprintf(name, sizeof name, "%sembed_tokens", pre);
-  m->embed_tokens.weight = add_param(m, root, cfg->vocab, cfg->hidden, "%s.weight", name);
-  m->embed_tokens.scale = 1.0f;
-  add_module(m, ML_MOD_EMBEDDING, &m->embed_tokens, name);
+  mod_name n;
+  name_of(&n, f->prefix, f->ckpt_prefix, "embed_tokens");
+  m->embed_tokens.weight = add_param(m, root, cfg->vocab, cfg->hidden, "%s.weight", n.key);
+  m->embed_tokens.scale = f->embed_scale_sqrt_hidden ? (float)sqrt((double)cfg->hidden) : 1.0f;
+  add_module(m, ML_MOD_EMBEDDING, &m->embed_tokens, n.mod);
   for (int l = 0; l < L; l++) make_layer(m, l);
-  snprintf(name, sizeof name, "%snorm", pre);
-  make_norm(m, &m->norm, root, name);
+  make_norm(m, &m->norm, root, name_of(&n, f->prefix, f->ckpt_prefix, "norm"), cfg->hidden);
+  name_of(&n, "", "", "lm_head"); /* top-level module in every family */
+  snprintf(n.key, sizeof n.key, "%s", f->ckpt_lm_head);
   if (cfg->tie_embeddings) {
     m->lm_head.weight = m->embed_tokens.weight;
     m->lm_head.bias_in_forward = true;
-    add_module(m, ML_MOD_LINEAR, &m->lm_head, "lm_head");
+    add_module(m, ML_MOD_LINEAR, &m->lm_head, n.mod);
   } else {
-    make_linear(m, &m->lm_head, root, "lm_head", cfg->hidden, cfg->vocab, false);
+    make_linear(m, &m->lm_head, root, &n, cfg->hidden, cfg->vocab, false);
   }
   return 0;
 }
@@ -107,6 +147,7 @@ static void free_acts(ml_model *m) {
   free(m->scratch);
   free(m->inv_freq);
   m->x_final = m->scratch = m->inv_freq = NULL;
+  m->rope_cos = m->rope_sin = m->inv_freq_local = m->rope_local_cos = m->rope_local_sin = NULL;
 }
 
 void ml_model_destroy(ml_model *m) {
@@ -136,15 +177,23 @@ static float *carve(float **cursor, int64_t n) {
   return p;
 }
 
+/* The next n floats of the block, or NULL (nothing taken) when the module
+ * they serve is absent. */
+static float *carve_if(float **cursor, bool present, int64_t n) {
+  return present ? carve(cursor, n) : NULL;
+}
+
 static int alloc_layer_acts(ml_model *m, ml_layer *L) {
   int64_t T = m->B * m->S, H = m->cfg.hidden, hd = m->cfg.head_dim;
-  int64_t q = L->q_proj.weight->local[0], kv = L->k_proj.weight->local[0];
-  int64_t I = L->gate_proj.weight->local[0], nh = q / hd;
-  int64_t total = T * (4 * H + 2 + 2 * q + 2 * kv + 3 * I) + m->B * nh * m->S * m->S;
+  int64_t q = m->cap_q, kv = m->cap_kv, I = m->cap_i, nh = q / hd, nkv = kv / hd;
+  bool qk = L->q_norm.weight, ao = L->attn_out_norm.weight, mo = L->mlp_out_norm.weight;
+  int64_t total = T * (4 * H + 2 + 2 * q + 2 * kv + 3 * I) + m->B * nh * m->S * m->S +
+                  (qk ? T * (q + kv + nh + nkv) : 0) + (ao ? T * (H + 1) : 0) +
+                  (mo ? T * (H + 1) : 0);
   float *cur = ml_malloc(sizeof(float) * (size_t)total, "layer activations");
   if (!cur) return -1;
   ml_layer_acts *a = &L->acts;
-  a->x_in = carve(&cur, T * H);
+  a->x_in = carve(&cur, T * H); /* first: free_acts frees the block through it */
   a->h1 = carve(&cur, T * H);
   a->x_mid = carve(&cur, T * H);
   a->h2 = carve(&cur, T * H);
@@ -158,17 +207,59 @@ static int alloc_layer_acts(ml_model *m, ml_layer *L) {
   a->u = carve(&cur, T * I);
   a->a = carve(&cur, T * I);
   a->P = carve(&cur, m->B * nh * m->S * m->S);
+  a->q_raw = carve_if(&cur, qk, T * q);
+  a->k_raw = carve_if(&cur, qk, T * kv);
+  a->rstd_q = carve_if(&cur, qk, T * nh);
+  a->rstd_k = carve_if(&cur, qk, T * nkv);
+  a->o = carve_if(&cur, ao, T * H);
+  a->rstd_o = carve_if(&cur, ao, T);
+  a->d = carve_if(&cur, mo, T * H);
+  a->rstd_d = carve_if(&cur, mo, T);
   return 0;
 }
 
+static int64_t max3(int64_t a, int64_t b, int64_t c) {
+  int64_t m = a > b ? a : b;
+  return m > c ? m : c;
+}
+
+/* Buffer widths: the widest local view q/att, k/v and gate/up/act take
+ * on any layer, through their edges (a gathering edge widens them). */
+static void buffer_widths(ml_model *m) {
+  m->cap_q = m->cap_kv = m->cap_i = 0;
+  for (int l = 0; l < m->cfg.n_layers; l++) {
+    const ml_layer *L = &m->layers[l];
+    int64_t q = max3(L->q_proj.weight->local[0], L->q_proj.out.cap_c, L->o_proj.in.cap_c);
+    int64_t kv = max3(L->k_proj.weight->local[0], L->k_proj.out.cap_c, L->v_proj.out.cap_c);
+    int64_t i = max3(L->gate_proj.weight->local[0], L->gate_proj.out.cap_c,
+                     L->down_proj.in.cap_c);
+    m->cap_q = max3(m->cap_q, q, 0);
+    m->cap_kv = max3(m->cap_kv, kv, 0);
+    m->cap_i = max3(m->cap_i, i, L->up_proj.out.cap_c);
+  }
+}
+
+/* inv_freq + cos/sin tables of the global (full-attention) and local
+ * (sliding) RoPE; each layer points at the tables of its type. */
 static int alloc_rope(ml_model *m) {
-  int64_t half = m->cfg.head_dim / 2;
-  m->inv_freq = ml_malloc(sizeof(float) * (size_t)(half + 2 * m->S * half), "rope tables");
+  const ml_model_config *c = &m->cfg;
+  int64_t half = c->head_dim / 2, one = half + 2 * m->S * half;
+  m->inv_freq = ml_malloc(sizeof(float) * (size_t)(2 * one), "rope tables");
   if (!m->inv_freq) return -1;
   m->rope_cos = m->inv_freq + half;
   m->rope_sin = m->rope_cos + m->S * half;
-  k_rope_inv_freq(m->cfg.rope_theta, m->cfg.head_dim, &m->cfg.rope, m->inv_freq);
-  k_rope_tables(m->inv_freq, m->cfg.head_dim, m->S, m->rope_cos, m->rope_sin);
+  m->inv_freq_local = m->inv_freq + one;
+  m->rope_local_cos = m->inv_freq_local + half;
+  m->rope_local_sin = m->rope_local_cos + m->S * half;
+  k_rope_inv_freq(c->rope_theta, c->head_dim, &c->rope, m->inv_freq);
+  k_rope_tables(m->inv_freq, c->head_dim, m->S, m->rope_cos, m->rope_sin);
+  k_rope_inv_freq(c->rope_local_theta, c->head_dim, &c->rope_local, m->inv_freq_local);
+  k_rope_tables(m->inv_freq_local, c->head_dim, m->S, m->rope_local_cos, m->rope_local_sin);
+  for (int l = 0; l < c->n_layers; l++) {
+    ml_layer *L = &m->layers[l];
+    L->rope_cos = c->sliding[l] ? m->rope_local_cos : m->rope_cos;
+    L->rope_sin = c->sliding[l] ? m->rope_local_sin : m->rope_sin;
+  }
   return 0;
 }
 
@@ -177,16 +268,15 @@ int ml_model_begin(ml_model *m, int64_t B, int64_t S) {
   free_acts(m);
   m->B = B;
   m->S = S;
-  int64_t T = B * S, H = m->cfg.hidden, wide = H;
-  for (int l = 0; l < m->cfg.n_layers; l++) {
-    ML_TRY(alloc_layer_acts(m, &m->layers[l]));
-    ml_layer *L = &m->layers[l];
-    int64_t dims[] = {L->q_proj.weight->local[0], L->gate_proj.weight->local[0]};
-    for (int i = 0; i < 2; i++) wide = dims[i] > wide ? dims[i] : wide;
-  }
+  int64_t T = B * S, H = m->cfg.hidden;
+  buffer_widths(m);
+  for (int l = 0; l < m->cfg.n_layers; l++) ML_TRY(alloc_layer_acts(m, &m->layers[l]));
   m->x_final = ml_malloc(sizeof(float) * (size_t)(T * (3 * H + 1)), "final norm activations");
-  /* backward temporaries: two [T, H] and four [T, wide] */
-  m->scratch = ml_malloc(sizeof(float) * (size_t)(T * (2 * H + 4 * wide)), "backward scratch");
+  /* backward temporaries: two [T, H], then attention's datt, dq [T, cap_q] and dk, dv
+   * [T, cap_kv], or the MLP's da, dg, du [T, cap_i] */
+  int64_t wide = 2 * m->cap_q + 2 * m->cap_kv > 3 * m->cap_i ? 2 * m->cap_q + 2 * m->cap_kv
+                                                              : 3 * m->cap_i;
+  m->scratch = ml_malloc(sizeof(float) * (size_t)(T * (2 * H + wide)), "backward scratch");
   if (!m->x_final || !m->scratch) return -1;
   m->xn_final = m->x_final + T * H;
   m->dxn_final = m->xn_final + T * H;

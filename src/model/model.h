@@ -1,6 +1,9 @@
 /* The decoder: HF module tree (names, parameters) and per-module forward /
- * backward, following transformers' LlamaForCausalLM / Qwen2ForCausalLM
- * (modeling_llama.py, modeling_qwen2.py) in fp32.
+ * backward, following transformers' LlamaForCausalLM, Qwen2ForCausalLM,
+ * Qwen3ForCausalLM, Gemma3ForCausalLM and the text tower of
+ * Gemma3ForConditionalGeneration (modeling_llama.py, modeling_qwen2.py,
+ * modeling_qwen3.py, modeling_gemma3.py) in fp32. What differs between them
+ * is read from the family descriptor (model/family.h).
  *
  * The model knows nothing of parallelism (DESIGN §1). What parallel/ may
  * change from outside, as torch's parallelize_module does:
@@ -10,11 +13,13 @@
  *    the embedding looks up only the vocab rows it holds (ids outside give 0),
  *    lm_head produces the logits of its local vocab rows;
  *  - the data/grad pointers of parameters (FSDP materialises them per unit);
- *  - hooks at module edges (ml_hook), run on activations in place, forward
- *    and backward, like torch's forward pre-/post-hooks and their autograd.
+ *  - hooks at module edges (ml_edge), run on activations forward and on
+ *    their gradients backward; they may reshape the local view (gather or
+ *    scatter the sequence or the features), e.g. the residual stream may
+ *    be sequence-sharded (Shard(1)) between layers.
  *
- * Activation layout: [T, D] row-major, T = B·S tokens of the local batch,
- * the S tokens of a sequence in consecutive rows. */
+ * Activation layout: [B, s, c] row-major (ml_act), the s positions of a
+ * sequence in consecutive rows; s = S unless sequence-sharded. */
 #ifndef ML_MODEL_H
 #define ML_MODEL_H
 
@@ -22,9 +27,11 @@
 #include <stdint.h>
 
 #include "model/config.h"
+#include "tensor/act.h"
 
 typedef struct ml_param {
-  char name[160];     /* HF name: model.layers.0.self_attn.q_proj.weight */
+  char name[160];     /* checkpoint key: model.layers.0.self_attn.q_proj.weight (the HF
+                         parameter name, except in composite checkpoints: family->ckpt_prefix) */
   int ndim;           /* 1 or 2 */
   int64_t shape[2];   /* global shape; shape[1] = 1 when ndim = 1 */
   int tp_dim;         /* -1 = Replicate over tp; 0 or 1 = Shard(tp_dim) */
@@ -33,56 +40,102 @@ typedef struct ml_param {
   float *data;        /* [local[0], local[1]] while materialised, else NULL */
   float *grad;        /* same shape, during backward, else NULL */
   int unit;           /* FSDP unit: layer index, or n_layers for the root */
+  bool grad_partial;  /* set by parallel/: this rank's grad is a partial sum over tp */
 } ml_param;
 
 static inline int64_t ml_param_numel(const ml_param *p) { return p->local[0] * p->local[1]; }
 
-/* An in-place transformation of an activation [rows, cols] at a module edge
- * (a redistribute between placements that keeps the local shape). */
+/* A transformation of an activation at a module edge (a redistribute
+ * between placements, DESIGN §3), run on its local view: it may change
+ * the view's sequence extent s and feature count c in place (the buffer
+ * has room for edge->cap_c features of all S positions). */
 typedef struct ml_hook {
-  int (*fn)(void *ctx, float *x, int64_t rows, int64_t cols);
+  int (*fn)(void *ctx, ml_act *a);
   void *ctx;
 } ml_hook;
+
+/* One module edge, set from outside (parallel/): `fwd` runs on the
+ * activation crossing it, `bwd` on that activation's gradient crossing
+ * back, like torch's forward pre-/post-hooks and their autograd. cap_c: the
+ * widest local feature count the activation takes on along the edge (0 =
+ * its natural width). */
+typedef struct ml_edge {
+  ml_hook fwd, bwd;
+  int64_t cap_c;
+} ml_edge;
 
 typedef struct ml_linear {
   ml_param *weight; /* [out, in] */
   ml_param *bias;   /* [out] or NULL */
   bool bias_in_forward; /* false: another rank adds the bias (row-parallel Partial output) */
-  /* in_*: the input activation (forward) / its gradient (backward);
-   * out_*: the output activation / its gradient. Linears reading one shared
-   * activation (q/k/v, gate/up) run the first one's input hooks once. */
-  ml_hook in_fwd, in_bwd, out_fwd, out_bwd;
+  /* in: the input activation; out: the output. Linears reading one shared
+   * activation (q/k/v, gate/up) run the first one's input edge once. */
+  ml_edge in, out;
 } ml_linear;
 
 typedef struct ml_embedding {
   ml_param *weight; /* [V, H]; local rows tp_start .. tp_start+local[0]−1 */
-  float scale;
-  ml_hook out_fwd, out_bwd;
+  float scale;      /* output × scale: sqrt(H) in fp32 (Gemma3TextScaledWordEmbedding) or 1 */
+  ml_edge out;
 } ml_embedding;
 
 typedef struct ml_rmsnorm {
-  ml_param *weight; /* [H] */
+  ml_param *weight; /* [dim]; NULL where the family has no such norm */
   float eps, offset;
 } ml_rmsnorm;
 
+/* Saved by ml_layer_forward for the backward; [T, D] unless noted. Buffers
+ * of modules the family lacks are NULL. */
 typedef struct ml_layer_acts {
-  float *x_in, *rstd1, *h1, *q, *k, *v, *P, *att, *x_mid, *rstd2, *h2, *g, *u, *a;
+  float *x_in;          /* layer input (residual) [T, H] */
+  float *rstd1, *h1;    /* attn_norm: rstd [T], output [T, H] */
+  float *q_raw, *k_raw; /* q/k_proj outputs before q_norm/k_norm [T, nh·hd], [T, nkv·hd] */
+  float *rstd_q, *rstd_k; /* q_norm/k_norm rstd per (token, head) [T·nh], [T·nkv] */
+  float *q, *k, *v;     /* attention inputs (after norm and RoPE) */
+  float *P;             /* attention probabilities [B, nh, S, S] */
+  float *att;           /* attention output, o_proj input [T, nh·hd] */
+  float *o, *rstd_o;    /* o_proj output before attn_out_norm [T, H], rstd [T] */
+  float *x_mid;         /* residual after attention [T, H] */
+  float *rstd2, *h2;    /* mlp_norm: rstd [T], output [T, H] */
+  float *g, *u, *a;     /* gate, up, act(gate)·up [T, I] */
+  float *d, *rstd_d;    /* down_proj output before mlp_out_norm [T, H], rstd [T] */
+  /* the views the linears read (after their input edges): q/k/v, o_proj,
+   * gate/up, down_proj; and q, k, v as attention saw them */
+  ml_act in_qkv, in_o, in_gu, in_down, qv, kv, vv, gv;
 } ml_layer_acts;
 
 typedef struct ml_layer {
-  ml_rmsnorm input_layernorm, post_attention_layernorm;
+  /* norms by role (family->attn_norm ... mlp_out_norm name them) */
+  ml_rmsnorm attn_norm;     /* before attention: input_layernorm */
+  ml_rmsnorm attn_out_norm; /* on the attention output, before the residual add (Gemma3) */
+  ml_rmsnorm mlp_norm;      /* before the MLP */
+  ml_rmsnorm mlp_out_norm;  /* on the MLP output, before the residual add (Gemma3) */
+  ml_rmsnorm q_norm, k_norm; /* [head_dim], per head before RoPE (Qwen3, Gemma3) */
   ml_linear q_proj, k_proj, v_proj, o_proj;
   ml_linear gate_proj, up_proj, down_proj;
+  /* attention of this layer: keys j > i − window (0: all j <= i), RoPE
+   * tables [S, hd/2] of its layer type (set by ml_model_begin) */
+  int64_t window;
+  const float *rope_cos, *rope_sin;
   ml_layer_acts acts;
 } ml_layer;
 
-typedef enum { ML_MOD_LINEAR, ML_MOD_EMBEDDING, ML_MOD_RMSNORM } ml_module_kind;
+typedef enum {
+  ML_MOD_LINEAR,
+  ML_MOD_EMBEDDING,
+  ML_MOD_RMSNORM,
+  ML_MOD_ATTENTION, /* container: <layer>.self_attn */
+  ML_MOD_MLP        /* container: <layer>.mlp */
+} ml_module_kind;
 
 typedef struct ml_module {
   char name[128]; /* HF module name: model.layers.0.self_attn.q_proj */
   ml_module_kind kind;
-  void *ptr; /* ml_linear*, ml_embedding* or ml_rmsnorm* */
+  void *ptr; /* ml_linear*, ml_embedding*, ml_rmsnorm*; containers: their ml_layer */
 } ml_module;
+
+/* "Linear", "Embedding", "RMSNorm", "Attention", "MLP". */
+const char *ml_module_kind_name(ml_module_kind k);
 
 typedef struct ml_model {
   ml_model_config cfg;
@@ -92,11 +145,16 @@ typedef struct ml_model {
   ml_linear lm_head; /* weight = embed_tokens.weight when tied */
   ml_param *params;  /* every parameter once (tied lm_head not repeated) */
   int n_params;
-  ml_module *modules; /* every leaf module, in HF order */
+  ml_module *modules; /* every module (leaves and self_attn/mlp containers), in HF order */
   int n_modules;
   /* batch geometry and buffers, set by ml_model_begin */
   int64_t B, S;
-  float *inv_freq, *rope_cos, *rope_sin;
+  int64_t s_res;  /* local positions of the residual stream (S, or a Shard(1) chunk) */
+  int64_t cap_q, cap_kv, cap_i; /* buffer widths of q/att, k/v, gate/up/act (widest view) */
+  ml_act head_in;   /* lm_head's input view (after its input edge) */
+  int64_t logits_c; /* features of the logits ml_head_forward hands out */
+  float *inv_freq, *rope_cos, *rope_sin;       /* full-attention layers: [hd/2], [S, hd/2] x2 */
+  float *inv_freq_local, *rope_local_cos, *rope_local_sin; /* sliding layers */
   float *x_final, *rstd_final, *xn_final, *dxn_final;
   float *scratch; /* backward temporaries */
 } ml_model;
@@ -115,26 +173,36 @@ ml_param *ml_model_find_param(ml_model *m, const char *name);
  * with the local shapes in effect (call after TP is applied). */
 int ml_model_begin(ml_model *m, int64_t B, int64_t S);
 
-/* Embedding lookup: ids [T] → x [T, H] (scaled; hooks run). */
+/* Embedding lookup: ids [B, S] → x [B, s_res, H] (scaled; the output edge
+ * runs and sets m->s_res). x has room for [B, S, H]. Errors: an edge that
+ * leaves other than H features. */
 int ml_embed_forward(ml_model *m, const int32_t *ids, float *x);
-/* dx [T, H] → embedding weight grad (+=). dx is clobbered by hooks. */
+/* dx [B, s_res, H] → embedding weight grad (+=). dx (room for [B, S, H])
+ * is clobbered by the edge. */
 int ml_embed_backward(ml_model *m, const int32_t *ids, float *dx);
 
-/* Decoder layer l: x [T, H] residual stream in place; saves activations. */
+/* Decoder layer l: x [B, s_res, H] residual stream in place; saves
+ * activations. Errors: edges whose layouts do not compose (attention fed
+ * a sequence shard, a residual of another extent), named by module.
+ * x += attn_out_norm(o_proj(attention(rope(q_norm(q)), rope(k_norm(k)), v)))
+ * on attn_norm(x), then x += mlp_out_norm(down(act(gate)·up)) on
+ * mlp_norm(x); absent norms are the identity (HF *DecoderLayer.forward). */
 int ml_layer_forward(ml_model *m, int l, float *x);
-/* dx [T, H]: gradient of layer l's output in, of its input out; weight
+/* dx [B, s_res, H]: gradient of layer l's output in, of its input out; weight
  * grads accumulate (+=) into the layer's param->grad. */
 int ml_layer_backward(ml_model *m, int l, float *dx);
 
-/* Final norm on x [T, H] (saved), then lm_head's input hooks. */
+/* Final norm on x [B, s_res, H] (saved), then lm_head's input edge, which
+ * must leave whole sequences (the loss scores every token). */
 int ml_head_begin(ml_model *m, const float *x);
-/* logits [nt, V_local] for tokens t0 .. t0+nt−1 (lm_head output hooks run). */
+/* logits [nt, V_local] for tokens t0 .. t0+nt−1 of the B·S (lm_head's
+ * output edge runs on them: V_local may become V). */
 int ml_head_forward(ml_model *m, int64_t t0, int64_t nt, float *logits);
 /* Backward of ml_head_forward for the same tokens: dlogits [nt, V_local]
  * (clobbered by hooks); lm_head weight grad (+=); the input grad is kept. */
 int ml_head_backward(ml_model *m, int64_t t0, int64_t nt, float *dlogits);
-/* After every chunk's backward: lm_head input hooks, final norm backward
- * → dx [T, H] (=). */
+/* After every chunk's backward: lm_head's input edge backward, final norm
+ * backward → dx [B, s_res, H] (=). */
 int ml_head_end_backward(ml_model *m, float *dx);
 
 /* The vocab rows lm_head holds: global ids v0 .. v0 + *nv − 1. */

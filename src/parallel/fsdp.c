@@ -19,20 +19,32 @@ int ml_fsdp_param_index(const ml_fsdp_unit *unit, const ml_param *p) {
   return -1;
 }
 
+void ml_fsdp_layout(ml_param *const *params, int n, int dp, int64_t *chunk_rows,
+                    int64_t *shard_off, int64_t *full_off, int64_t *shard_numel,
+                    int64_t *full_numel) {
+  int64_t shard = 0, full = 0;
+  for (int i = 0; i < n; i++) {
+    const ml_param *p = params[i];
+    int64_t c = (p->local[0] + dp - 1) / dp;
+    if (chunk_rows) chunk_rows[i] = c;
+    if (shard_off) shard_off[i] = shard;
+    if (full_off) full_off[i] = full;
+    shard += c * p->local[1];
+    full += ml_param_numel(p);
+  }
+  *shard_numel = shard;
+  *full_numel = full;
+}
+
+bool ml_fsdp_reshard_after_forward(int u, int n_units) { return u < n_units - 2; }
+
 static int unit_layout(ml_fsdp *f, ml_fsdp_unit *u) {
-  int dp = f->dp->size;
   u->chunk_rows = ml_calloc((size_t)u->n * 3, sizeof(int64_t), "fsdp layout");
   if (!u->chunk_rows) return -1;
   u->shard_off = u->chunk_rows + u->n;
   u->full_off = u->shard_off + u->n;
-  for (int i = 0; i < u->n; i++) {
-    const ml_param *p = u->params[i];
-    u->chunk_rows[i] = (p->local[0] + dp - 1) / dp;
-    u->shard_off[i] = u->shard_numel;
-    u->full_off[i] = u->full_numel;
-    u->shard_numel += u->chunk_rows[i] * p->local[1];
-    u->full_numel += ml_param_numel(p);
-  }
+  ml_fsdp_layout(u->params, u->n, f->dp->size, u->chunk_rows, u->shard_off, u->full_off,
+                 &u->shard_numel, &u->full_numel);
   return 0;
 }
 
@@ -98,7 +110,7 @@ int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, const ml_ckpt *ck) {
     for (int i = 0; i < m->n_params; i++)
       if (m->params[i].unit == u) unit->params[unit->n++] = &m->params[i];
     used += unit->n;
-    unit->reshard_after_forward = u < f->n_units - 2; /* not the last layer, not the root */
+    unit->reshard_after_forward = ml_fsdp_reshard_after_forward(u, f->n_units);
   }
   int64_t max_shard = 0;
   for (int u = 0; u < f->n_units; u++) {

@@ -42,6 +42,21 @@ typedef struct ml_fsdp {
   float *comm_buf; /* [dp · max shard_numel], gather / reduce-scatter staging */
 } ml_fsdp;
 
+/* The flat-shard layout of one unit's parameters over a group of `dp`
+ * ranks, exactly as ml_fsdp_init builds it, without allocating or reading
+ * anything (for `meshlm plan`): per parameter i, chunk_rows[i] =
+ * ceil(local[0] / dp), shard_off[i] its chunk's offset in the flat shard
+ * and full_off[i] its offset in the unsharded buffer (each array may be
+ * NULL); *shard_numel = sum of chunk_rows·local[1] (per rank, padding
+ * included) and *full_numel = sum of local[0]·local[1]. */
+void ml_fsdp_layout(ml_param *const *params, int n, int dp, int64_t *chunk_rows,
+                    int64_t *shard_off, int64_t *full_off, int64_t *shard_numel,
+                    int64_t *full_numel);
+
+/* Whether unit u of n_units (n_layers + 1, the root last) frees its
+ * unsharded parameters after forward: every layer but the last. */
+bool ml_fsdp_reshard_after_forward(int u, int n_units);
+
 /* Build the units of `m` (after TP is applied), allocate this rank's
  * shards and fill them from the checkpoint `ck` (each rank reads only its
  * slice). Errors: a parameter missing from the checkpoint or with another

@@ -16,22 +16,34 @@ typedef struct chunk_bufs {
 } chunk_bufs;
 
 /* mx, se, tl of tokens t0 .. t0+nt−1, reduced over the vocab shards. */
+/* The vocab columns of this rank's logits: lm_head's shard, or all of
+ * them when the logits arrive whole (tp == NULL). */
+static void vocab_range(const ml_model *m, const ml_comm *tp, int64_t *v0, int64_t *nv) {
+  if (tp) {
+    ml_model_vocab_shard(m, v0, nv);
+  } else {
+    *v0 = 0;
+    *nv = m->cfg.vocab;
+  }
+}
+
 static int chunk_stats(ml_model *m, ml_comm *tp, const int32_t *y, int64_t t0, int64_t nt,
                        chunk_bufs *b) {
   int64_t v0, nv;
-  ml_model_vocab_shard(m, &v0, &nv);
+  vocab_range(m, tp, &v0, &nv);
   ML_TRY(ml_head_forward(m, t0, nt, b->logits));  // logits: [nt, nv]
   k_xent_rowmax(b->logits, nt, nv, b->mx);
-  if (tp->size > 1) ML_TRY(ml_all_reduce(tp, b->mx, (size_t)nt, ML_ELEM_F32, ML_RED_MAX));
+  if (tp && tp->size > 1) ML_TRY(ml_all_reduce(tp, b->mx, (size_t)nt, ML_ELEM_F32, ML_RED_MAX));
   k_xent_sumexp_target(b->logits, nt, nv, v0, y + t0, b->mx, b->se_tl, b->se_tl + nt);
-  if (tp->size > 1) ML_TRY(ml_all_reduce(tp, b->se_tl, (size_t)(2 * nt), ML_ELEM_F32, ML_RED_SUM));
+  if (tp && tp->size > 1)
+    ML_TRY(ml_all_reduce(tp, b->se_tl, (size_t)(2 * nt), ML_ELEM_F32, ML_RED_SUM));
   return 0;
 }
 
 static int run_chunks(ml_model *m, ml_comm *tp, const int32_t *y, bool backward, float scale,
                       float *logprobs, ml_loss_out *out, chunk_bufs *b, int64_t chunk) {
   int64_t T = m->B * m->S, v0, nv;
-  ml_model_vocab_shard(m, &v0, &nv);
+  vocab_range(m, tp, &v0, &nv);
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     int64_t nt = T - t0 < chunk ? T - t0 : chunk;
     ML_TRY(chunk_stats(m, tp, y, t0, nt, b));
@@ -50,12 +62,18 @@ static int run_chunks(ml_model *m, ml_comm *tp, const int32_t *y, bool backward,
   return 0;
 }
 
+int64_t ml_loss_chunk_tokens(int64_t T, int64_t V, int parts) {
+  int64_t widest = (V + parts - 1) / parts; /* torch.chunk: the first shard is the largest */
+  int64_t chunk = LOGITS_BUDGET / (widest > 0 ? widest : 1);
+  chunk = chunk < 1 ? 1 : chunk;
+  return chunk > T ? T : chunk;
+}
+
 int ml_vocab_parallel_loss(ml_model *m, ml_comm *tp, const int32_t *targets, bool backward,
                            float grad_scale, float *logprobs, ml_loss_out *out) {
   int64_t T = m->B * m->S, v0, nv;
-  ml_model_vocab_shard(m, &v0, &nv);
-  int64_t chunk = LOGITS_BUDGET / nv;
-  chunk = chunk < 1 ? 1 : chunk > T ? T : chunk;
+  vocab_range(m, tp, &v0, &nv);
+  int64_t chunk = ml_loss_chunk_tokens(T, m->cfg.vocab, tp ? tp->size : 1);
   chunk_bufs b;
   float *mem = ml_malloc(sizeof(float) * (size_t)(chunk * (nv + 4)), "logits chunk");
   if (!mem) return -1;

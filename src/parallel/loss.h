@@ -23,8 +23,20 @@ typedef struct ml_loss_out {
  * valid token's gradient weight is `grad_scale` (1 / global target count
  * for a mean loss) and ml_head_backward runs per chunk. logprobs [T] (may
  * be NULL): log p(targets[t]) (0 for ignored tokens). tp: the group the
- * vocab is sharded over. Errors: allocation, collectives. */
+ * logits are vocab-sharded over (lm_head output Shard(−1)), or NULL when
+ * each rank holds whole logits rows (output Replicate). Errors:
+ * allocation, collectives. */
 int ml_vocab_parallel_loss(ml_model *m, ml_comm *tp, const int32_t *targets, bool backward,
                            float grad_scale, float *logprobs, ml_loss_out *out);
+
+/* Tokens per logits chunk of ml_vocab_parallel_loss for T local tokens and
+ * a vocabulary of V split over `parts` vocab shards (the tp size when the
+ * logits are vocab-sharded, 1 when each rank holds whole rows): a budget of
+ * 2^23 floats (32 MiB) of logits over the largest torch.chunk shard
+ * ceil(V / parts), clamped to [1, T] (T = 0 gives 0). Computed from the
+ * largest shard so that every rank of the group runs the same number of
+ * chunks and so issues the same collectives (2 all-reduces per chunk when
+ * sharded: MAX of nt floats, SUM of 2·nt floats). For `meshlm plan`. */
+int64_t ml_loss_chunk_tokens(int64_t T, int64_t V, int parts);
 
 #endif

@@ -1,9 +1,11 @@
 #include "parallel/tp.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/status.h"
+#include "parallel/redistribute.h"
 
 void ml_chunk(int64_t n, int parts, int rank, int64_t *start, int64_t *len) {
   int64_t c = (n + parts - 1) / parts;
@@ -13,12 +15,244 @@ void ml_chunk(int64_t n, int parts, int rank, int64_t *start, int64_t *len) {
   *len = e - s;
 }
 
-static int all_reduce_hook(void *ctx, float *x, int64_t rows, int64_t cols) {
-  return ml_all_reduce(ctx, x, (size_t)(rows * cols), ML_ELEM_F32, ML_RED_SUM);
+static const char *pstr(ml_placement p) {
+  static char bufs[4][32];
+  static int k;
+  k = (k + 1) % 4;
+  return ml_placement_str(p, bufs[k], sizeof bufs[k]);
 }
 
-/* Shard parameter p on dim d over tp (torch.chunk); every shard non-empty. */
-static int shard_param(ml_param *p, int d, ml_comm *tp) {
+static bool is_seq(ml_placement p) { return ml_placement_eq(p, ml_shard(1)); }
+static bool is_feat(ml_placement p) { return ml_placement_eq(p, ml_shard(-1)); }
+static bool is_rep(ml_placement p) { return p.kind == ML_REPLICATE; }
+static bool is_part(ml_placement p) { return p.kind == ML_PARTIAL; }
+/* The placement a gradient takes for an activation of placement p. */
+static ml_placement grad_of(ml_placement p) { return is_part(p) ? ml_replicate() : p; }
+
+/* ---- edge hooks: forward and backward chains ------------------------- */
+
+static float *work_for(ml_tp *tp, const ml_act *a) {
+  size_t need = (size_t)(a->B * a->S * a->C);
+  if (need > tp->work_cap) {
+    float *w = realloc(tp->work, need * sizeof(float));
+    if (!w) {
+      ml_err("out of memory: %zu floats of redistribute scratch", need);
+      return NULL;
+    }
+    tp->work = w;
+    tp->work_cap = need;
+  }
+  return tp->work;
+}
+
+static int edge_fwd(void *ctx, ml_act *a) {
+  ml_tp_edge *e = ctx;
+  float *w = work_for(e->tp, a);
+  if (!w) return -1;
+  for (int i = 0; i + 1 < e->n; i++)
+    if (!ml_placement_eq(e->p[i], e->p[i + 1]))
+      ML_TRY(ml_redistribute(e->tp->comm, e->p[i], e->p[i + 1], a, w));
+  return 0;
+}
+
+static int edge_bwd(void *ctx, ml_act *a) {
+  ml_tp_edge *e = ctx;
+  float *w = work_for(e->tp, a);
+  if (!w) return -1;
+  ml_placement g = e->grad_in;
+  for (int i = e->n - 1; i >= 0; i--) {
+    ml_placement t = grad_of(e->p[i]);
+    if (!ml_placement_eq(g, t)) ML_TRY(ml_redistribute(e->tp->comm, g, t, a, w));
+    g = t;
+  }
+  return 0;
+}
+
+/* Whether an edge communicates or reshapes at all, forward or backward. */
+static bool edge_active(const ml_tp_edge *e) {
+  for (int i = 0; i + 1 < e->n; i++)
+    if (!ml_placement_eq(e->p[i], e->p[i + 1])) return true;
+  return !ml_placement_eq(e->grad_in, grad_of(e->p[e->n - 1]));
+}
+
+int ml_tp_edge_cost(const ml_tp_edge *e, int64_t B, int64_t S, int64_t calls[ML_COLL_KINDS],
+                    int64_t bytes[ML_COLL_KINDS]) {
+  ml_placement from[16], to[16];
+  int k = 0;
+  for (int i = 0; i + 1 < e->n; i++) {
+    from[k] = e->p[i];
+    to[k++] = e->p[i + 1];
+  }
+  ml_placement g = e->grad_in;
+  for (int i = e->n - 1; i >= 0; i--) {
+    ml_placement t = grad_of(e->p[i]);
+    from[k] = g;
+    to[k++] = t;
+    g = t;
+  }
+  for (int i = 0; i < k; i++) {
+    if (ml_placement_eq(from[i], to[i])) continue;
+    ml_coll kinds[2];
+    int64_t b[2];
+    int n;
+    ML_TRY(ml_redistribute_cost(from[i], to[i], B, S, e->C, e->tp->size, kinds, b, &n));
+    for (int j = 0; j < n; j++) {
+      calls[kinds[j]]++;
+      bytes[kinds[j]] += b[j];
+    }
+  }
+  return 0;
+}
+
+/* ---- propagation ------------------------------------------------------ */
+
+/* An activation as the graph sees it: its placement, whether it travels as
+ * a DTensor (then consumers redistribute it) or as a local tensor (then
+ * consumers read it with their input_layouts), and who produced it. */
+typedef struct val {
+  ml_placement p;
+  bool dt;
+  const char *from;
+} val;
+
+typedef struct walk {
+  ml_tp *tp;
+  ml_model *m;
+  const ml_plan *plan;
+} walk;
+
+/* A module of the walk: its HF name and its style (NULL: not in the plan). */
+typedef struct node {
+  const char *name;
+  const ml_style *style;
+} node;
+
+static node node_at(walk *w, int i) {
+  const ml_plan_rule *r = w->tp->modules[i].rule;
+  return (node){w->m->modules[i].name, r ? &r->style : NULL};
+}
+
+/* The leaf module whose struct is `ptr`. */
+static node leaf(walk *w, const void *ptr) {
+  for (int i = 0; i < w->m->n_modules; i++) {
+    ml_module_kind k = w->m->modules[i].kind;
+    if (k != ML_MOD_ATTENTION && k != ML_MOD_MLP && w->m->modules[i].ptr == ptr)
+      return node_at(w, i);
+  }
+  return (node){"?", NULL};
+}
+
+/* The container "<prefix>layers.<l>.<what>" (self_attn, mlp). */
+static node container(walk *w, int l, const char *what) {
+  char name[160];
+  snprintf(name, sizeof name, "%slayers.%d.%s", w->m->cfg.family->prefix, l, what);
+  for (int i = 0; i < w->m->n_modules; i++)
+    if (!strcmp(w->m->modules[i].name, name)) return node_at(w, i);
+  return (node){"?", NULL};
+}
+
+static ml_tp_edge *edge_new(walk *w, const char *module, const char *which, val v, int64_t C) {
+  ml_tp_edge *e = &w->tp->edges[w->tp->n_edges++];
+  snprintf(e->name, sizeof e->name, "%s %s", module, which);
+  e->p[0] = v.p;
+  e->n = 1;
+  e->C = C;
+  e->tp = w->tp;
+  e->grad_in = grad_of(v.p);
+  return e;
+}
+
+static int edge_push(ml_tp_edge *e, ml_placement p) {
+  if (ml_placement_eq(e->p[e->n - 1], p)) return 0;
+  if (e->n == (int)(sizeof e->p / sizeof e->p[0]))
+    return ml_err("edge '%s': too many layout changes", e->name);
+  e->p[e->n++] = p;
+  return 0;
+}
+
+/* A local input read with `declared` must already be what it claims. */
+static int check_annotation(const char *mod, const char *field, ml_placement declared,
+                            const val *v) {
+  if (v->dt || ml_placement_eq(declared, v->p)) return 0;
+  return ml_err("plan: module '%s' declares %s %s but receives a local %s from '%s'; the "
+                "layouts do not compose (torch would misread the tensor); expected %s %s, or "
+                "use_local_output=false on the producer",
+                mod, field, pstr(declared), pstr(v->p), v->from, field, pstr(v->p));
+}
+
+static bool redistributes(const ml_style *s) {
+  if (!s) return false;
+  switch (s->kind) {
+    case ML_STYLE_COLWISE:
+    case ML_STYLE_ROWWISE:
+      return !s->local;
+    case ML_STYLE_SEQUENCE_PARALLEL:
+    case ML_STYLE_PREPARE_INPUT:
+    case ML_STYLE_PREPARE_INPUT_OUTPUT:
+      return true;
+    default:
+      return false;
+  }
+}
+
+/* The input side of a module's style on edge e: annotation, then the
+ * redistribute to what it computes on. */
+static int style_input(const char *mod, const ml_style *s, ml_tp_edge *e, val *v) {
+  if (!redistributes(s)) return 0;
+  ML_TRY(check_annotation(mod, "input_layouts", s->input_layout, v));
+  ML_TRY(edge_push(e, s->desired_input_layout));
+  v->p = s->desired_input_layout;
+  if (s->kind == ML_STYLE_PREPARE_INPUT || s->kind == ML_STYLE_PREPARE_INPUT_OUTPUT)
+    v->dt = !s->use_local_output;
+  return 0;
+}
+
+/* The output side of a module's style on edge e. */
+static int style_output(const char *mod, const ml_style *s, ml_tp_edge *e, val *v) {
+  if (!s) return 0;
+  switch (s->kind) {
+    case ML_STYLE_COLWISE:
+    case ML_STYLE_ROWWISE:
+      if (s->local) break;
+      /* fallthrough */
+    case ML_STYLE_SEQUENCE_PARALLEL:
+      ML_TRY(edge_push(e, s->output_layout));
+      v->p = s->output_layout;
+      v->dt = !s->use_local_output;
+      break;
+    case ML_STYLE_PREPARE_OUTPUT:
+    case ML_STYLE_PREPARE_INPUT_OUTPUT:
+      ML_TRY(check_annotation(mod, "output_layouts", s->output_layout, v));
+      ML_TRY(edge_push(e, s->desired_output_layout));
+      v->p = s->desired_output_layout;
+      v->dt = !s->use_local_output;
+      break;
+    case ML_STYLE_GATHER:
+      if (!is_part(v->p))
+        return ml_err("plan: '%s' (%s) all-reduces its output, but that output is %s, not "
+                      "Partial: the sum would count it tp times; expected it only above "
+                      "local_rowwise modules",
+                      mod, s->label, pstr(v->p));
+      ML_TRY(edge_push(e, ml_replicate()));
+      v->p = ml_replicate();
+      v->dt = false;
+      break;
+    default:
+      break;
+  }
+  v->from = mod;
+  return 0;
+}
+
+/* ---- parameters ------------------------------------------------------- */
+
+static int shard_param(ml_tp *tp, ml_param *p, int d) {
+  if (p->tp_dim == d) return 0; /* tied: already sharded this way */
+  if (p->tp_dim >= 0)
+    return ml_err("plan: '%s' is tied between modules that shard it on dims %d and %d; tied "
+                  "embeddings must stay tied (embed_tokens rowwise and lm_head colwise both "
+                  "shard the vocab dim 0)",
+                  p->name, p->tp_dim, d);
   int64_t n = p->shape[d], start, len;
   int64_t c = (n + tp->size - 1) / tp->size;
   if (c * (tp->size - 1) >= n)
@@ -32,113 +266,402 @@ static int shard_param(ml_param *p, int d, ml_comm *tp) {
   return 0;
 }
 
-static int unsupported_layout(const char *module, const char *which, ml_placement p) {
-  char buf[32];
-  return ml_err("module '%s': %s %s changes the local activation shape (sequence parallel / "
-                "gathered layouts); this build supports Replicate inputs of colwise, Shard(-1) "
-                "inputs of rowwise, and the default outputs",
-                module, which, ml_placement_str(p, buf, sizeof buf));
+static void mark_partial(ml_tp *tp, ml_param *p) {
+  if (!p || p->tp_dim >= 0 || p->grad_partial || tp->size == 1) return;
+  p->grad_partial = true;
+  tp->partial[tp->n_partial++] = p;
 }
 
-static bool is_last_shard(ml_placement p) { return p.kind == ML_SHARD && p.dim == -1; }
+/* ---- modules ---------------------------------------------------------- */
 
-static int apply_colwise_linear(const ml_module *mod, const ml_style *s, ml_comm *tp) {
-  ml_linear *lin = mod->ptr;
-  if (s->input_layout.kind != ML_REPLICATE)
-    return unsupported_layout(mod->name, "input_layouts", s->input_layout);
-  if (!is_last_shard(s->output_layout))
-    return unsupported_layout(mod->name, "output_layouts", s->output_layout);
-  if (tp->size == 1) return 0;
-  ML_TRY(shard_param(lin->weight, 0, tp));
-  if (lin->bias) ML_TRY(shard_param(lin->bias, 0, tp));
-  lin->in_bwd = (ml_hook){all_reduce_hook, tp};
+typedef enum { SHARD_NONE, SHARD_COL, SHARD_ROW } shard_kind;
+
+static shard_kind kind_of(const ml_style *s) {
+  if (!s) return SHARD_NONE;
+  if (s->kind == ML_STYLE_COLWISE) return SHARD_COL;
+  if (s->kind == ML_STYLE_ROWWISE) return SHARD_ROW;
+  return SHARD_NONE;
+}
+
+/* The gradient a consumer hands back for its input. */
+static ml_placement consumer_grad(shard_kind k, ml_placement in) {
+  if (k == SHARD_COL) return ml_partial();
+  if (k == SHARD_ROW) return ml_shard(-1);
+  return grad_of(in);
+}
+
+/* A norm on v (in place of the activation, no edge): per-row over all
+ * features, so v must be Replicate or Shard(1). */
+static int norm_apply(walk *w, ml_rmsnorm *n, val *v) {
+  if (!n->weight) return 0;
+  node nd = leaf(w, n);
+  const ml_style *s = nd.style;
+  bool sp = s && s->kind == ML_STYLE_SEQUENCE_PARALLEL;
+  if (sp && !v->dt && !is_seq(v->p))
+    return ml_err("plan: '%s' is SequenceParallel (input Shard(1)) but receives a local %s from "
+                  "'%s'; expected the residual stream sharded on the sequence (embed_tokens "
+                  "output_layouts Shard(1), o_proj/down_proj output_layouts Shard(1))",
+                  nd.name, pstr(v->p), v->from);
+  if (redistributes(s) && !sp && !ml_placement_eq(s->desired_input_layout, v->p))
+    return ml_err("plan: '%s' would redistribute its input from %s to %s; a norm's input is "
+                  "the residual stream, whose layout embed_tokens decides",
+                  nd.name, pstr(v->p), pstr(s->desired_input_layout));
+  if (!is_rep(v->p) && !is_seq(v->p))
+    return ml_err("plan: '%s' normalises over all features but receives %s from '%s'; expected "
+                  "Replicate() or Shard(1)",
+                  nd.name, pstr(v->p), v->from);
+  if (is_seq(v->p)) mark_partial(w->tp, n->weight);
+  if (sp) v->dt = !s->use_local_output;
+  v->from = nd.name;
   return 0;
 }
 
-static int apply_rowwise_linear(const ml_module *mod, const ml_style *s, ml_comm *tp) {
-  ml_linear *lin = mod->ptr;
-  if (!is_last_shard(s->input_layout))
-    return unsupported_layout(mod->name, "input_layouts", s->input_layout);
-  if (s->output_layout.kind != ML_REPLICATE)
-    return unsupported_layout(mod->name, "output_layouts", s->output_layout);
-  if (tp->size == 1) return 0;
-  ML_TRY(shard_param(lin->weight, 1, tp));
-  lin->bias_in_forward = tp->rank == 0; /* Replicate bias, added once to the Partial sum */
-  lin->out_fwd = (ml_hook){all_reduce_hook, tp};
+/* A per-head norm (q_norm / k_norm) on q or k: heads may be sharded. */
+static int head_norm_apply(walk *w, ml_rmsnorm *n, const val *v) {
+  if (!n->weight) return 0;
+  node nd = leaf(w, n);
+  if (nd.style && nd.style->kind != ML_STYLE_REPLICATE)
+    return ml_err("plan: '%s' normalises each attention head; expected "
+                  "replicated_with_grad_allreduce (or no entry), found %s",
+                  nd.name, nd.style->label);
+  if (!is_rep(v->p)) mark_partial(w->tp, n->weight);
   return 0;
 }
 
-static int apply_rowwise_embedding(const ml_module *mod, const ml_style *s, ml_comm *tp) {
-  ml_embedding *e = mod->ptr;
-  if (s->input_layout.kind != ML_REPLICATE)
-    return unsupported_layout(mod->name, "input_layouts", s->input_layout);
-  if (s->output_layout.kind != ML_REPLICATE)
-    return unsupported_layout(mod->name, "output_layouts", s->output_layout);
-  if (tp->size == 1) return 0;
-  ML_TRY(shard_param(e->weight, 0, tp));
-  e->out_fwd = (ml_hook){all_reduce_hook, tp};
+/* Shard a Linear's parameters for its style; its natural output placement
+ * for input placement `in` (after the style's input side). */
+static int linear_shard(walk *w, ml_linear *lin, node nd, val in, ml_placement *out) {
+  shard_kind k = kind_of(nd.style);
+  if (k == SHARD_COL) {
+    if (!is_rep(in.p))
+      return ml_err("plan: colwise '%s' needs its input Replicate() but it arrives %s from '%s'",
+                    nd.name, pstr(in.p), in.from);
+    if (w->tp->size > 1) {
+      ML_TRY(shard_param(w->tp, lin->weight, 0));
+      if (lin->bias) ML_TRY(shard_param(w->tp, lin->bias, 0));
+    }
+    *out = ml_shard(-1);
+  } else if (k == SHARD_ROW) {
+    if (!is_feat(in.p))
+      return ml_err("plan: rowwise '%s' needs its input Shard(-1) (features) but it arrives %s "
+                    "from '%s'",
+                    nd.name, pstr(in.p), in.from);
+    if (w->tp->size > 1) {
+      ML_TRY(shard_param(w->tp, lin->weight, 1));
+      lin->bias_in_forward = w->tp->rank == 0; /* Replicate bias, added once to the Partial sum */
+    }
+    *out = ml_partial();
+  } else {
+    if (!is_rep(in.p) && !is_seq(in.p))
+      return ml_err("plan: '%s' is replicated and needs all its input features, but they arrive "
+                    "%s from '%s'",
+                    nd.name, pstr(in.p), in.from);
+    if (is_seq(in.p)) {
+      mark_partial(w->tp, lin->weight);
+      mark_partial(w->tp, lin->bias);
+    }
+    *out = in.p;
+  }
   return 0;
 }
 
-static const char *kind_name(ml_module_kind k) {
-  return k == ML_MOD_LINEAR ? "Linear" : k == ML_MOD_EMBEDDING ? "Embedding" : "RMSNorm";
+static void set_edge_hooks(ml_edge *edge, ml_tp_edge *e) {
+  if (!edge_active(e)) return;
+  edge->fwd = (ml_hook){edge_fwd, e};
+  edge->bwd = (ml_hook){edge_bwd, e};
+  int64_t cap = 0;
+  for (int i = 0; i < e->n; i++) {
+    int64_t s0, len = e->C;
+    if (is_feat(e->p[i])) ml_chunk(e->C, e->tp->size, e->tp->rank, &s0, &len);
+    if (len > cap) cap = len;
+  }
+  edge->cap_c = cap;
 }
 
-static int apply_style(const ml_module *mod, const ml_style *s, ml_comm *tp) {
-  if (mod->kind == ML_MOD_LINEAR)
-    return s->kind == ML_STYLE_COLWISE ? apply_colwise_linear(mod, s, tp)
-                                       : apply_rowwise_linear(mod, s, tp);
-  if (mod->kind == ML_MOD_EMBEDDING && s->kind == ML_STYLE_ROWWISE)
-    return apply_rowwise_embedding(mod, s, tp);
-  return ml_err("%s cannot shard module '%s' (%s)%s", ml_style_name(s->kind), mod->name,
-                kind_name(mod->kind),
-                mod->kind == ML_MOD_EMBEDDING ? ": only RowwiseParallel (vocab-parallel) "
-                                                "embeddings are supported"
-                                              : "");
+/* Linears reading one activation v (q/k/v; gate/up; or one alone) inside
+ * container `box` (its PrepareModuleInput applies first): the shared input
+ * edge, then each one's output edge (left open: outs[i] / oedge[i]). */
+static int linear_group(walk *w, node box, ml_linear **lins, int n, val v, int64_t C_in,
+                        val *outs, ml_tp_edge **oedge) {
+  node first = leaf(w, lins[0]);
+  ml_tp_edge *in = edge_new(w, first.name, "input", v, C_in);
+  ML_TRY(style_input(box.name, box.style, in, &v));
+  shard_kind k0 = kind_of(first.style);
+  val vin = v;
+  for (int i = 0; i < n; i++) {
+    node nd = leaf(w, lins[i]);
+    val vi = v;
+    ml_tp_edge probe = *in;
+    ML_TRY(style_input(nd.name, nd.style, &probe, &vi));
+    if (i == 0) {
+      *in = probe;
+      vin = vi;
+    } else if (kind_of(nd.style) != k0 || probe.n != in->n || !ml_placement_eq(vi.p, vin.p)) {
+      return ml_err("plan: '%s' and '%s' read the same activation but the plan prepares it "
+                    "differently; expected the same style on both",
+                    first.name, nd.name);
+    }
+  }
+  in->grad_in = consumer_grad(k0, vin.p);
+  set_edge_hooks(&lins[0]->in, in);
+  for (int i = 0; i < n; i++) {
+    node nd = leaf(w, lins[i]);
+    ml_placement nat;
+    ML_TRY(linear_shard(w, lins[i], nd, vin, &nat));
+    val o = {nat, false, nd.name};
+    oedge[i] = edge_new(w, nd.name, "output", o, lins[i]->weight->shape[0]);
+    ML_TRY(style_output(nd.name, nd.style, oedge[i], &o));
+    outs[i] = o;
+  }
+  return 0;
 }
 
-static int check_heads(const ml_model_config *c, int tp) {
-  if (c->n_heads % tp != 0)
+/* Close a linear's output edge: the container's output side, the gradient
+ * that arrives (the consumer's), then the hooks. */
+static int linear_out_close(ml_linear *lin, ml_tp_edge *e, node box, val *v, ml_placement grad) {
+  ML_TRY(style_output(box.name, box.style, e, v));
+  e->grad_in = grad;
+  set_edge_hooks(&lin->out, e);
+  return 0;
+}
+
+static const node no_box = {"?", NULL};
+
+static int seq_full(const char *what, const val *v) {
+  if (!is_seq(v->p) && !is_part(v->p)) return 0;
+  return ml_err("plan: %s needs whole sequences but receives %s from '%s'; expected the "
+                "sequence gathered first (input_layouts Shard(1) → Replicate())",
+                what, pstr(v->p), v->from);
+}
+
+static int residual_join(const char *where, const val *v, val *r) {
+  if (!ml_placement_eq(v->p, r->p))
+    return ml_err("plan: '%s' hands the residual stream %s (from '%s'), but the residual stream "
+                  "is %s (set by embed_tokens); expected output_layouts %s",
+                  where, pstr(v->p), v->from, pstr(r->p), pstr(r->p));
+  r->dt = r->dt || v->dt;
+  return 0;
+}
+
+static int check_heads(walk *w) {
+  const ml_model_config *c = &w->m->cfg;
+  int t = w->tp->size;
+  if (c->n_heads % t)
     return ml_err("tp=%d does not divide num_attention_heads=%lld; expected a tp size that "
                   "divides the number of heads",
-                  tp, (long long)c->n_heads);
-  if (c->n_kv_heads % tp != 0)
+                  t, (long long)c->n_heads);
+  if (c->n_kv_heads % t)
     return ml_err("tp=%d does not divide num_key_value_heads=%lld; expected a tp size that "
                   "divides the number of key/value heads",
-                  tp, (long long)c->n_kv_heads);
+                  t, (long long)c->n_kv_heads);
   return 0;
 }
 
-static bool same_hook(ml_hook a, ml_hook b) { return a.fn == b.fn && a.ctx == b.ctx; }
-
-/* Siblings reading one activation must prepare it the same way. */
-static int check_siblings(const ml_linear *a, const ml_linear *b) {
-  if (same_hook(a->in_fwd, b->in_fwd) && same_hook(a->in_bwd, b->in_bwd)) return 0;
-  return ml_err("'%s' and '%s' read the same activation but the plan gives them different "
-                "input layouts; expected the same style on both",
-                a->weight->name, b->weight->name);
+static int attention(walk *w, int l, val *r) {
+  const ml_model_config *c = &w->m->cfg;
+  ml_layer *L = &w->m->layers[l];
+  node box = container(w, l, "self_attn");
+  val v = *r;
+  ML_TRY(norm_apply(w, &L->attn_norm, &v));
+  ml_linear *qkv[3] = {&L->q_proj, &L->k_proj, &L->v_proj};
+  val o[3];
+  ml_tp_edge *oe[3];
+  ML_TRY(linear_group(w, box, qkv, 3, v, c->hidden, o, oe));
+  for (int i = 0; i < 3; i++) ML_TRY(seq_full(box.name, &o[i]));
+  if (!ml_placement_eq(o[0].p, o[1].p) || !ml_placement_eq(o[1].p, o[2].p))
+    return ml_err("plan: '%s': q, k and v must all be head-sharded or all replicated; found %s, "
+                  "%s, %s",
+                  box.name, pstr(o[0].p), pstr(o[1].p), pstr(o[2].p));
+  if (is_feat(o[0].p) && w->tp->size > 1) ML_TRY(check_heads(w));
+  for (int i = 0; i < 3; i++) ML_TRY(linear_out_close(qkv[i], oe[i], no_box, &o[i], grad_of(o[i].p)));
+  ML_TRY(head_norm_apply(w, &L->q_norm, &o[0]));
+  ML_TRY(head_norm_apply(w, &L->k_norm, &o[1]));
+  val att = {o[0].p, o[0].dt, box.name};
+  ml_linear *op = &L->o_proj;
+  val out;
+  ml_tp_edge *ooe;
+  ML_TRY(linear_group(w, no_box, &op, 1, att, c->n_heads * c->head_dim, &out, &ooe));
+  ML_TRY(linear_out_close(op, ooe, box, &out, grad_of(r->p)));
+  ML_TRY(norm_apply(w, &L->attn_out_norm, &out));
+  return residual_join(box.name, &out, r);
 }
 
-int ml_tp_apply(const ml_plan *plan, ml_model *m, ml_comm *tp) {
-  ML_TRY(check_heads(&m->cfg, tp->size));
+static int mlp(walk *w, int l, val *r) {
+  const ml_model_config *c = &w->m->cfg;
+  ml_layer *L = &w->m->layers[l];
+  node box = container(w, l, "mlp");
+  val v = *r;
+  ML_TRY(norm_apply(w, &L->mlp_norm, &v));
+  ml_linear *gu[2] = {&L->gate_proj, &L->up_proj};
+  val o[2];
+  ml_tp_edge *oe[2];
+  ML_TRY(linear_group(w, box, gu, 2, v, c->hidden, o, oe));
+  if (!ml_placement_eq(o[0].p, o[1].p))
+    return ml_err("plan: gate_proj and up_proj of '%s' must be sharded alike; found %s and %s",
+                  box.name, pstr(o[0].p), pstr(o[1].p));
+  for (int i = 0; i < 2; i++) ML_TRY(linear_out_close(gu[i], oe[i], no_box, &o[i], grad_of(o[i].p)));
+  val a = {o[0].p, o[0].dt || o[1].dt, box.name};
+  ml_linear *down = &L->down_proj;
+  val out;
+  ml_tp_edge *doe;
+  ML_TRY(linear_group(w, no_box, &down, 1, a, c->intermediate, &out, &doe));
+  ML_TRY(linear_out_close(down, doe, box, &out, grad_of(r->p)));
+  ML_TRY(norm_apply(w, &L->mlp_out_norm, &out));
+  return residual_join(box.name, &out, r);
+}
+
+static int embedding(walk *w, val *r) {
+  ml_embedding *e = &w->m->embed_tokens;
+  node nd = leaf(w, e);
+  const ml_style *s = nd.style;
+  shard_kind k = kind_of(s);
+  if (k == SHARD_ROW && !s->hf && !ml_placement_eq(s->input_layout, ml_replicate()))
+    return ml_err("plan: '%s' is RowwiseParallel with input_layouts %s, but an embedding reads "
+                  "token ids, which are replicated (torch would all-gather the ids); expected "
+                  "RowwiseParallel(input_layouts=Replicate()) or \"embedding_rowwise\"",
+                  nd.name, pstr(s->input_layout));
+  if (k != SHARD_NONE && w->tp->size > 1)
+    ML_TRY(shard_param(w->tp, e->weight, k == SHARD_ROW ? 0 : 1));
+  ml_placement nat = k == SHARD_ROW ? ml_partial() : k == SHARD_COL ? ml_shard(-1) : ml_replicate();
+  val v = {nat, false, nd.name};
+  ml_tp_edge *ed = edge_new(w, nd.name, "output", v, w->m->cfg.hidden);
+  ML_TRY(style_output(nd.name, s, ed, &v));
+  if (!is_rep(v.p) && !is_seq(v.p))
+    return ml_err("plan: '%s' hands out %s; the residual stream must be Replicate() or Shard(1) "
+                  "(expected output_layouts Replicate() or Shard(1))",
+                  nd.name, pstr(v.p));
+  ed->grad_in = grad_of(v.p);
+  set_edge_hooks(&e->out, ed);
+  *r = v;
+  w->tp->residual = v.p;
+  return 0;
+}
+
+static int head(walk *w, val r) {
+  ml_model *m = w->m;
+  ML_TRY(norm_apply(w, &m->norm, &r));
+  ml_linear *lm = &m->lm_head;
+  val logits;
+  ml_tp_edge *le;
+  ML_TRY(linear_group(w, no_box, &lm, 1, r, m->cfg.hidden, &logits, &le));
+  if (!is_rep(logits.p) && !is_feat(logits.p))
+    return ml_err("plan: lm_head hands out %s logits; expected Shard(-1) (vocab-parallel loss) or "
+                  "Replicate()",
+                  pstr(logits.p));
+  ML_TRY(linear_out_close(lm, le, no_box, &logits, logits.p));
+  w->tp->logits = logits.p;
+  return 0;
+}
+
+/* ---- rule matching ---------------------------------------------------- */
+
+static bool style_fits(const ml_style *s, ml_module_kind k) {
+  switch (s->kind) {
+    case ML_STYLE_COLWISE:
+    case ML_STYLE_ROWWISE:
+      return k == ML_MOD_LINEAR || k == ML_MOD_EMBEDDING;
+    case ML_STYLE_SEQUENCE_PARALLEL:
+      return k == ML_MOD_RMSNORM;
+    case ML_STYLE_REPLICATE:
+      return k == ML_MOD_RMSNORM || k == ML_MOD_LINEAR || k == ML_MOD_EMBEDDING;
+    case ML_STYLE_PREPARE_INPUT:
+    case ML_STYLE_PREPARE_INPUT_OUTPUT:
+      return k == ML_MOD_ATTENTION || k == ML_MOD_MLP || k == ML_MOD_RMSNORM;
+    case ML_STYLE_PREPARE_OUTPUT:
+    case ML_STYLE_GATHER:
+      return k == ML_MOD_ATTENTION || k == ML_MOD_MLP || k == ML_MOD_EMBEDDING;
+    default:
+      return false;
+  }
+}
+
+static int match_rules(ml_tp *tp, const ml_plan *plan, ml_model *m) {
   for (size_t r = 0; r < plan->n; r++) {
     const ml_plan_rule *rule = &plan->rules[r];
     int matched = 0;
     for (int i = 0; i < m->n_modules; i++) {
-      if (!ml_pattern_match(rule->pattern, m->modules[i].name)) continue;
+      const ml_module *mod = &m->modules[i];
+      if (!ml_pattern_match(rule->pattern, mod->name)) continue;
       matched++;
-      ML_TRY(apply_style(&m->modules[i], &rule->style, tp));
+      if (tp->modules[i].rule)
+        return ml_err("plan '%s': module '%s' is matched by '%s' and by '%s'; expected one rule "
+                      "per module",
+                      plan->name, mod->name, tp->modules[i].rule->pattern, rule->pattern);
+      if (!style_fits(&rule->style, mod->kind))
+        return ml_err("plan '%s': %s ('%s') cannot apply to module '%s', a %s",
+                      plan->name, rule->style.label, rule->pattern, mod->name,
+                      ml_module_kind_name(mod->kind));
+      tp->modules[i].rule = rule;
     }
     if (!matched)
       return ml_err("plan '%s': pattern '%s' matches no module of this %s model; expected an HF "
                     "module name such as %s",
                     plan->name, rule->pattern, m->cfg.family->name, m->modules[1].name);
   }
+  return 0;
+}
+
+int ml_tp_apply(ml_tp *tp, const ml_plan *plan, ml_model *m, ml_comm *comm) {
+  memset(tp, 0, sizeof *tp);
+  tp->comm = comm;
+  tp->size = comm->size;
+  tp->rank = comm->rank;
+  tp->n_modules = m->n_modules;
+  tp->modules = ml_calloc((size_t)m->n_modules, sizeof *tp->modules, "tp modules");
+  tp->edges = ml_calloc((size_t)(14 * m->cfg.n_layers + 8), sizeof *tp->edges, "tp edges");
+  tp->partial = ml_calloc((size_t)m->n_params, sizeof *tp->partial, "tp partial params");
+  if (!tp->modules || !tp->edges || !tp->partial) return -1;
+  for (int i = 0; i < m->n_modules; i++) tp->modules[i].module = &m->modules[i];
+  ML_TRY(match_rules(tp, plan, m));
+  walk w = {tp, m, plan};
+  val r;
+  ML_TRY(embedding(&w, &r));
   for (int l = 0; l < m->cfg.n_layers; l++) {
-    ml_layer *L = &m->layers[l];
-    ML_TRY(check_siblings(&L->q_proj, &L->k_proj));
-    ML_TRY(check_siblings(&L->q_proj, &L->v_proj));
-    ML_TRY(check_siblings(&L->gate_proj, &L->up_proj));
+    ML_TRY(attention(&w, l, &r));
+    ML_TRY(mlp(&w, l, &r));
+  }
+  return head(&w, r);
+}
+
+void ml_tp_destroy(ml_tp *tp) {
+  free(tp->modules);
+  free(tp->edges);
+  free(tp->partial);
+  free(tp->work);
+  memset(tp, 0, sizeof *tp);
+}
+
+int ml_tp_reduce_partial_grads(ml_tp *tp, ml_fsdp *f) {
+  if (tp->size == 1 || tp->n_partial == 0) return 0;
+  size_t n = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    float *buf = pass ? work_for(tp, &(ml_act){.B = 1, .S = 1, .C = (int64_t)n}) : NULL;
+    if (pass && !buf) return -1;
+    size_t off = 0;
+    for (int u = 0; u < f->n_units; u++) {
+      ml_fsdp_unit *unit = &f->units[u];
+      for (int i = 0; i < unit->n; i++) {
+        if (!unit->params[i]->grad_partial) continue;
+        size_t k = (size_t)(unit->chunk_rows[i] * unit->params[i]->local[1]);
+        if (pass) memcpy(buf + off, unit->shard_grad + unit->shard_off[i], k * sizeof(float));
+        off += k;
+      }
+    }
+    if (!pass) {
+      n = off;
+      continue;
+    }
+    ML_TRY(ml_all_reduce(tp->comm, buf, n, ML_ELEM_F32, ML_RED_SUM));
+    off = 0;
+    for (int u = 0; u < f->n_units; u++) {
+      ml_fsdp_unit *unit = &f->units[u];
+      for (int i = 0; i < unit->n; i++) {
+        if (!unit->params[i]->grad_partial) continue;
+        size_t k = (size_t)(unit->chunk_rows[i] * unit->params[i]->local[1]);
+        memcpy(unit->shard_grad + unit->shard_off[i], buf + off, k * sizeof(float));
+        off += k;
+      }
+    }
   }
   return 0;
 }

@@ -1,33 +1,96 @@
 /* Apply a tensor-parallel plan to a model over the tp group, as torch's
- * parallelize_module does with ColwiseParallel / RowwiseParallel
- * (torch/distributed/tensor/parallel/style.py): each matched module's
- * parameters get their placement and local slice (torch.chunk sizes), and
- * its edges get the redistribute hooks of DESIGN §3:
- *   Colwise, input Replicate: forward none; backward all-reduce of the
- *     input grad (Partial → Replicate, Megatron's f).
- *   Rowwise, output Replicate: forward all-reduce (Partial → Replicate,
- *     Megatron's g); backward none. Rowwise bias Replicate, added once.
- *   Rowwise on Embedding: vocab rows Shard(0), out-of-range ids give 0,
- *     output Partial → all-reduce.
- * Hooks here are in place, so layouts that change the local activation
- * shape (sequence parallel, Shard(1) outputs, gathered outputs) are
- * refused with a clear message. q/k/v (and gate/up) read one activation:
- * their input hooks must agree and run once on it (one all-reduce of the
- * summed grad instead of three: the same numbers, fewer collectives). */
+ * parallelize_module does (torch/distributed/tensor/parallel/style.py):
+ * each matched module's parameters get their placement and local slice
+ * (torch.chunk sizes), and every activation edge of the decoder gets the
+ * redistributes its placements imply (DESIGN §3–§5).
+ *
+ * Placements are propagated through the decoder graph before anything is
+ * sharded: embedding → per layer [norm → self_attn (q/k/v → q_norm/k_norm →
+ * attention → o_proj) → (post-norm) → residual; norm → mlp (gate/up → act →
+ * down) → (post-norm) → residual] → final norm → lm_head → loss. At each
+ * edge the truth (what the producer hands out, local tensor or DTensor) is
+ * redistributed to what the consumer computes on. As in torch, a DTensor
+ * input keeps its placement and a local input is read with the consumer's
+ * input_layouts; where such an annotation disagrees with the truth (torch
+ * would compute silently wrong numbers, pytorch#129355) the plan is refused
+ * with a message naming both modules.
+ *
+ * Each edge is a chain of placements p0 → p1 → ... run forward with
+ * ml_redistribute; backward runs it in reverse on the gradient, which
+ * arrives as the consumer makes it (Partial from a colwise consumer,
+ * Shard(−1) from a rowwise one, else the activation's placement): e.g.
+ * Shard(1) → Replicate into colwise q/k/v is an all-gather forward and a
+ * reduce-scatter backward. q/k/v (and gate/up) read one activation and share
+ * one chain: one collective instead of three, the same numbers.
+ *
+ * Replicated parameters whose module sees a sharded activation (SP norms,
+ * q_norm/k_norm on head-sharded q/k, HF replicated_with_grad_allreduce)
+ * get Partial gradients: they are marked grad_partial and summed over tp
+ * once per step (ml_tp_reduce_partial_grads), packed into one all-reduce. */
 #ifndef ML_TP_H
 #define ML_TP_H
 
 #include "comm/comm.h"
 #include "model/model.h"
+#include "parallel/fsdp.h"
 #include "parallel/plan.h"
 
-/* Validate and apply `plan`. Errors (before anything is changed on a
- * module the error concerns, identical on every rank): a pattern that
- * matches no module, a style on a module kind it cannot shard, heads or kv
- * heads not divisible by tp, a dimension too small for tp shards, siblings
- * with different input layouts, unsupported layouts. With tp->size == 1
- * only the validation runs. */
-int ml_tp_apply(const ml_plan *plan, ml_model *m, ml_comm *tp);
+/* One activation edge: its placements forward, the gradient's on arrival. */
+typedef struct ml_tp_edge {
+  char name[192];     /* "model.layers.0.self_attn.q_proj input" */
+  ml_placement p[8];  /* forward chain p[0] → ... → p[n−1] */
+  int n;
+  ml_placement grad_in; /* placement of the gradient arriving at p[n−1] */
+  int64_t C;            /* global features of the activation */
+  struct ml_tp *tp;
+} ml_tp_edge;
+
+/* What the plan gave a module (for reports). */
+typedef struct ml_tp_module {
+  const ml_module *module;
+  const ml_plan_rule *rule; /* NULL: not in the plan (replicated) */
+} ml_tp_module;
+
+typedef struct ml_tp {
+  ml_comm *comm;
+  int size, rank;
+  ml_tp_module *modules; /* one per model module */
+  int n_modules;
+  ml_tp_edge *edges;
+  int n_edges;
+  ml_placement residual; /* the residual stream: Replicate() or Shard(1) */
+  ml_placement logits;   /* Shard(−1) (vocab-parallel loss) or Replicate() */
+  ml_param **partial;    /* replicated params with Partial grads */
+  int n_partial;
+  float *work; /* redistribute scratch */
+  size_t work_cap;
+} ml_tp;
+
+/* Validate `plan` against `m` and apply it over `comm` (size / rank may
+ * describe a group that does not exist, with comm->ops NULL, to plan
+ * without running: `meshlm plan`). With size 1 the validation runs and
+ * nothing is sharded. Errors (identical on every rank, before any
+ * collective): a pattern that matches no module, a module matched by two
+ * rules, a style on a module kind it cannot shard (colwise on a norm),
+ * heads or kv heads not divisible by tp, a dimension too small for tp
+ * non-empty shards, tied embeddings sharded on different dims, siblings
+ * prepared differently, an annotation that disagrees with the truth, a
+ * residual stream that is neither Replicate nor Shard(1), attention or
+ * lm_head fed a sequence shard, a Partial that reaches a consumer. */
+int ml_tp_apply(ml_tp *tp, const ml_plan *plan, ml_model *m, ml_comm *comm);
+void ml_tp_destroy(ml_tp *tp);
+
+/* Sum the Partial gradients of tp-replicated parameters over tp: one
+ * all-reduce of this rank's FSDP shard rows of every such parameter (the
+ * same rows on every tp rank), after backward and before the grad norm.
+ * No-op with tp size 1 or no such parameter. */
+int ml_tp_reduce_partial_grads(ml_tp *tp, ml_fsdp *f);
+
+/* The collectives one edge issues for a local batch [B, S], forward and
+ * backward: calls and bytes per collective kind, added into the arrays
+ * (indexed by ml_coll). Same numbers as the counting wrapper records. */
+int ml_tp_edge_cost(const ml_tp_edge *e, int64_t B, int64_t S, int64_t calls[ML_COLL_KINDS],
+                    int64_t bytes[ML_COLL_KINDS]);
 
 /* Local extent of torch.chunk(n, parts)[rank]: start and length. */
 void ml_chunk(int64_t n, int parts, int rank, int64_t *start, int64_t *len);

@@ -9,14 +9,22 @@
 #include "kernels/cpu/kernels.h"
 #include "parallel/tp.h"
 
-int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir) {
+int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
+                   const ml_engine_opts *opts) {
   memset(e, 0, sizeof *e);
   e->mesh = mesh;
+  ml_engine_opts none = {0};
+  if (!opts) opts = &none;
   ml_model_config cfg;
   ML_TRY(ml_model_config_load(model_dir, &cfg));
   ML_TRY(ml_model_create(&cfg, &e->model));
-  ML_TRY(ml_plan_llama_base(&cfg, &e->plan));
-  ML_TRY(ml_tp_apply(&e->plan, &e->model, mesh->tp_comm));
+  ML_TRY(ml_plan_select(&e->model, model_dir, opts->parallel_plan, opts->sequence_parallel,
+                        &e->plan));
+  ML_TRY(ml_tp_apply(&e->tp, &e->plan, &e->model, mesh->tp_comm));
+  if (opts->sequence_parallel && !ml_placement_eq(e->tp.residual, ml_shard(1)))
+    return ml_err("--sequence-parallel: plan '%s' keeps the residual stream Replicate(); "
+                  "expected embed_tokens output_layouts Shard(1) and SequenceParallel norms",
+                  e->plan.name);
   ml_ckpt ck;
   ML_TRY(ml_ckpt_open(model_dir, &ck));
   int rc = ml_fsdp_init(&e->fsdp, &e->model, mesh->dp_shard_comm, &ck);
@@ -26,6 +34,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir) {
 
 void ml_engine_close(ml_engine *e) {
   if (e->fsdp.units) ml_fsdp_destroy(&e->fsdp);
+  ml_tp_destroy(&e->tp);
   ml_model_destroy(&e->model);
   ml_plan_free(&e->plan);
   free(e->x);
@@ -58,6 +67,11 @@ static void shift_targets(const int32_t *ids, const uint8_t *mask, int64_t B, in
     }
 }
 
+/* The group the logits are vocab-sharded over; NULL when they are whole. */
+static ml_comm *loss_comm(const ml_engine *e) {
+  return e->tp.logits.kind == ML_SHARD ? e->mesh->tp_comm : NULL;
+}
+
 static int forward_layers(ml_engine *e, const int32_t *ids) {
   ml_fsdp *f = &e->fsdp;
   int L = (int)e->model.cfg.n_layers, root = L;
@@ -85,7 +99,7 @@ static int backward_layers(ml_engine *e, const int32_t *ids) {
   ML_TRY(ml_embed_backward(&e->model, ids, e->x));
   ML_TRY(ml_fsdp_reduce_grads(f, root));
   ml_fsdp_reshard(f, root);
-  return 0;
+  return ml_tp_reduce_partial_grads(&e->tp, f);
 }
 
 int ml_engine_forward_backward(ml_engine *e, const int32_t *ids, const uint8_t *mask, int64_t B,
@@ -96,7 +110,7 @@ int ml_engine_forward_backward(ml_engine *e, const int32_t *ids, const uint8_t *
   ML_TRY(ml_fsdp_grad_begin(&e->fsdp, (int)e->model.cfg.n_layers));
   ml_loss_out lo;
   float scale = global_targets > 0 ? 1.0f / (float)global_targets : 0.0f;
-  ML_TRY(ml_vocab_parallel_loss(&e->model, e->mesh->tp_comm, e->targets, true, scale, NULL, &lo));
+  ML_TRY(ml_vocab_parallel_loss(&e->model, loss_comm(e), e->targets, true, scale, NULL, &lo));
   ML_TRY(backward_layers(e, ids));
   double sum = lo.loss_sum;
   if (e->mesh->dp_comm->size > 1)
@@ -112,7 +126,7 @@ int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, f
   float *lp = ml_malloc(sizeof(float) * (size_t)(B * S), "log-probs");
   if (!lp) return -1;
   ml_loss_out lo;
-  int rc = ml_vocab_parallel_loss(&e->model, e->mesh->tp_comm, e->targets, false, 0.0f, lp, &lo);
+  int rc = ml_vocab_parallel_loss(&e->model, loss_comm(e), e->targets, false, 0.0f, lp, &lo);
   for (int64_t b = 0; rc == 0 && b < B; b++)
     memcpy(out + b * (S - 1), lp + b * S, sizeof(float) * (size_t)(S - 1));
   free(lp);

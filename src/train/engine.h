@@ -14,11 +14,20 @@
 #include "parallel/loss.h"
 #include "parallel/mesh.h"
 #include "parallel/plan.h"
+#include "parallel/tp.h"
+
+/* How to parallelize beyond the mesh: NeMo's dtensor_cfg
+ * custom_parallel_plan and sequence_parallel. */
+typedef struct ml_engine_opts {
+  const char *parallel_plan; /* NULL/"auto", "optimized", "hf", "default" or a plan file */
+  bool sequence_parallel;
+} ml_engine_opts;
 
 typedef struct ml_engine {
   ml_mesh *mesh;
   ml_model model;
   ml_plan plan;
+  ml_tp tp;
   ml_fsdp fsdp;
   float *x;        /* [T, H] residual stream */
   int32_t *targets; /* [T] */
@@ -26,10 +35,12 @@ typedef struct ml_engine {
   int64_t step; /* optimizer steps taken */
 } ml_engine;
 
-/* Load DIR (config.json + safetensors), apply the plan over mesh->tp_comm
- * and shard over mesh->dp_shard_comm. Errors: config, plan validation,
+/* Load DIR (config.json + safetensors), select the plan (ml_plan_select;
+ * opts NULL = auto, no SP), apply it over mesh->tp_comm and shard over
+ * mesh->dp_shard_comm. Errors: config, plan selection and validation,
  * checkpoint (each named). */
-int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir);
+int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
+                   const ml_engine_opts *opts);
 void ml_engine_close(ml_engine *e);
 
 /* Forward + backward of a local batch ids/mask [B, S] (mask[b, i] = 1:

@@ -10,6 +10,7 @@
 #include "parallel/tp.h"
 
 static const size_t MAX_SHARD_BYTES = (size_t)5 << 30;
+enum { NAME_CAP = sizeof ((ml_param *)0)->name }; /* exported tensor names */
 
 /* The global tensor of p assembled from the tp group's local pieces
  * `local` [p->local] (returned on every rank; caller frees). */
@@ -73,10 +74,13 @@ int ml_engine_export(ml_engine *e, ml_export_what what, float **out) {
   return 0;
 }
 
+/* config.json + weights in the layout of the family's saved form (the text
+ * model of a composite checkpoint, ml_family_saved). */
 static int write_rank0(const ml_engine *e, const char *dir, ml_st_entry *entries, int n) {
   if (mkdir(dir, 0755) != 0 && errno != EEXIST)
     return ml_err("%s: cannot create the output directory: %s", dir, strerror(errno));
   ml_model_config cfg = e->model.cfg;
+  cfg.family = ml_family_saved(cfg.family);
   cfg.dtype = ML_F32;
   ML_TRY(ml_model_config_write(dir, &cfg));
   return ml_ckpt_write(dir, entries, (size_t)n, MAX_SHARD_BYTES);
@@ -84,16 +88,20 @@ static int write_rank0(const ml_engine *e, const char *dir, ml_st_entry *entries
 
 int ml_engine_save_hf(ml_engine *e, const char *dir) {
   int n = e->model.n_params;
+  const ml_family *from = e->model.cfg.family, *to = ml_family_saved(from);
   float **tensors = ml_calloc((size_t)n, sizeof *tensors, "export tensors");
   ml_st_entry *entries = ml_calloc((size_t)n, sizeof *entries, "export entries");
-  int rc = tensors && entries ? ml_engine_export(e, ML_EXPORT_PARAMS, tensors) : -1;
+  char(*names)[NAME_CAP] = ml_calloc((size_t)n, sizeof *names, "export names");
+  int rc = tensors && entries && names ? ml_engine_export(e, ML_EXPORT_PARAMS, tensors) : -1;
   for (int i = 0; rc == 0 && i < n; i++) {
     const ml_param *p = ml_engine_export_param(e, i);
-    entries[i] = (ml_st_entry){p->name, ML_F32, p->ndim, {p->shape[0], p->shape[1]}, tensors[i]};
+    rc = ml_family_rename(from, to, p->name, names[i], sizeof names[i]);
+    entries[i] = (ml_st_entry){names[i], ML_F32, p->ndim, {p->shape[0], p->shape[1]}, tensors[i]};
   }
   if (rc == 0 && e->mesh->rank == 0) rc = write_rank0(e, dir, entries, n);
   for (int i = 0; tensors && i < n; i++) free(tensors[i]);
   free(tensors);
   free(entries);
+  free(names);
   return ml_comm_agree(e->mesh->world, rc);
 }

@@ -4,7 +4,9 @@
  * World rank 0 writes config.json and model.safetensors (sharded with
  * model.safetensors.index.json above 5 GiB, as save_pretrained) in fp32 so
  * transformers' from_pretrained loads it. Tied checkpoints omit
- * lm_head.weight. */
+ * lm_head.weight. A composite family's text tower is saved as its text-only
+ * family (ml_family_saved: Gemma3ForConditionalGeneration → Gemma3ForCausalLM,
+ * model.language_model.* → model.*); the vision tower is never built. */
 #ifndef ML_SAVE_H
 #define ML_SAVE_H
 

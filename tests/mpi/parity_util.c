@@ -38,6 +38,10 @@ void fixture_load(const char *name, fixture *fx) {
             json_real_value(json_array_get(json_array_get(lps, b), t));
     }
   fx->loss = json_real_value(json_object_get(root, "loss"));
+  json_t *prefix = json_object_get(root, "text_prefix");
+  if (prefix && !json_is_string(prefix)) die("text_prefix is not a string", path);
+  const char *text_prefix = prefix ? json_string_value(prefix) : "";
+  snprintf(fx->text_prefix, sizeof fx->text_prefix, "%s", text_prefix);
   json_decref(root);
 }
 

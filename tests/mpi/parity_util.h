@@ -14,6 +14,11 @@ typedef struct fixture {
   double loss;
   double *logprobs; /* [B, S-1] */
   int64_t targets;  /* number of targets in the batch */
+  /* Composite (vision-language) fixtures: checkpoint key prefix of the text
+   * tower ("language_model.model."); "" for text models. Only such fixtures
+   * may hold checkpoint tensors without a gradient (the vision tower, which
+   * meshlm never builds). */
+  char text_prefix[64];
 } fixture;
 
 /* Load tests/fixtures/<name>/expected.json; aborts the test on error. */

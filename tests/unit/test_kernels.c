@@ -84,7 +84,8 @@ static double loss_at(fwd_run run, void *ctx, const float *dy, float *y, int64_t
   return l;
 }
 
-// max |grad − fd| / max |fd| over every `stride`-th entry of x[nx]
+// max |grad − fd| / max |fd| over every `stride`-th entry of x[nx] (fd all
+// zero, e.g. scores of a single visible key: absolute error)
 static double fd_err(fwd_run run, void *ctx, float *x, int64_t nx, int64_t stride,
                      const float *grad, const float *dy, int64_t ny, float eps) {
   float *y = malloc((size_t)ny * sizeof(float));
@@ -101,7 +102,7 @@ static double fd_err(fwd_run run, void *ctx, float *x, int64_t nx, int64_t strid
     den = fmax(den, fabs(fd));
   }
   free(y);
-  return num / den;
+  return den > 0.0 ? num / den : num;
 }
 
 /* ---- linear -------------------------------------------------------------- */
@@ -438,6 +439,13 @@ static const attn_ctx ATTN_CASES[] = {
     {NULL, NULL, NULL, NULL, 2, 7, 3, 3, 6, 0, 0.4f},      // MHA, odd sizes
     {NULL, NULL, NULL, NULL, 1, 300, 4, 2, 16, 0, 0.25f},  // several row blocks
     {NULL, NULL, NULL, NULL, 1, 300, 2, 1, 16, 100, 0.25f},
+    // sliding windows: Gemma3-like (window 8 < S = 24, scale 24^-0.5), only
+    // the query itself (window 1), a window past S (= full causal), and one
+    // reaching back across a row block into the previous one with GQA
+    {NULL, NULL, NULL, NULL, 2, 24, 4, 2, 16, 8, 0.20412415f},
+    {NULL, NULL, NULL, NULL, 1, 7, 2, 1, 4, 1, 0.5f},
+    {NULL, NULL, NULL, NULL, 2, 5, 4, 2, 8, 9, 0.35f},
+    {NULL, NULL, NULL, NULL, 1, 300, 4, 2, 16, 130, 0.25f},
 };
 
 static attn_ctx attn_alloc(attn_ctx a) {

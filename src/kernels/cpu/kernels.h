@@ -64,7 +64,9 @@ void k_attention_fwd(const float *q, const float *k, const float *v, float *out,
                      int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd, float scale,
                      int64_t window);
 /* dq [B*S, nh, hd], dk, dv [B*S, nkv, hd] (=) given dout and the forward's
- * q, k, v, P (dk/dv sum over the heads of each group). */
+ * q, k, v, P (dk/dv sum over the heads of each group). The mask (causal and
+ * sliding window) is read from P's exact zeros, so any window of the
+ * forward is honoured without repeating it here. */
 void k_attention_bwd(const float *dout, const float *q, const float *k, const float *v,
                      const float *P, float *dq, float *dk, float *dv, int64_t B, int64_t S,
                      int64_t nh, int64_t nkv, int64_t hd, float scale);

@@ -1,0 +1,606 @@
+/* meshlm plan: what a training run on a mesh would do, without running it
+ * (one process, no mpirun, no weights read: config.json only). It selects
+ * the plan and applies it exactly as `meshlm train` does (ml_plan_select,
+ * ml_tp_apply), once per tp rank over a group that does not exist
+ * (ml_comm with ops NULL), so plan errors are the training run's; then it
+ * reports every module's style and per-rank shard shapes, every activation
+ * edge's placements and collectives, one step's collectives per mesh group
+ * (parallel/predict.h) and the memory per rank. --json prints the same as
+ * one JSON document. */
+#include <inttypes.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "common/status.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "parallel/plan.h"
+#include "parallel/predict.h"
+#include "parallel/tp.h"
+
+typedef struct plan_opts {
+  const char *model, *plan;
+  bool sp, json;
+  int64_t tp, dp_shard, dp_replicate, seq_len, batch;
+} plan_opts;
+
+/* One tp rank's model with the plan applied over its (fake) tp group. */
+typedef struct plan_rank {
+  ml_comm comm;
+  ml_model model;
+  ml_tp tp;
+  ml_prediction pred;
+  bool created, applied;
+} plan_rank;
+
+typedef struct plan_run {
+  plan_opts o;
+  ml_model_config cfg;
+  ml_plan plan;
+  bool have_plan;
+  plan_rank *ranks; /* [tp] */
+  int n_ranks;
+} plan_run;
+
+/* ---- building ----------------------------------------------------------- */
+
+static int check_opts(const plan_opts *o) {
+  if (o->tp < 1 || o->dp_shard < 1 || o->dp_replicate < 1 || o->batch < 1 || o->seq_len < 2)
+    return ml_err("plan: expected --tp, --dp-shard, --dp-replicate, --batch-size >= 1 and "
+                  "--seq-len >= 2; found tp=%" PRId64 ", dp_shard=%" PRId64
+                  ", dp_replicate=%" PRId64 ", batch_size=%" PRId64 ", seq_len=%" PRId64,
+                  o->tp, o->dp_shard, o->dp_replicate, o->batch, o->seq_len);
+  if (o->tp > 1 << 16 || o->dp_shard > 1 << 16 || o->dp_replicate > 1 << 16)
+    return ml_err("plan: mesh sizes above 65536 are not supported");
+  int64_t dp = o->dp_replicate * o->dp_shard;
+  if (o->batch % dp != 0) /* the message of `meshlm train` */
+    return ml_err("--batch-size %lld is not divisible by the data-parallel size %d; expected a "
+                  "multiple of it",
+                  (long long)o->batch, (int)dp);
+  return 0;
+}
+
+static int build(plan_run *run) {
+  const plan_opts *o = &run->o;
+  ML_TRY(check_opts(o));
+  ML_TRY(ml_model_config_load(o->model, &run->cfg));
+  run->n_ranks = (int)o->tp;
+  run->ranks = ml_calloc((size_t)run->n_ranks, sizeof *run->ranks, "plan ranks");
+  if (!run->ranks) return -1;
+  int64_t dp = o->dp_replicate * o->dp_shard;
+  for (int r = 0; r < run->n_ranks; r++) {
+    plan_rank *pr = &run->ranks[r];
+    /* a tp group that is only described: ml_tp_apply never communicates */
+    pr->comm = (ml_comm){.ops = NULL, .impl = NULL, .rank = r, .size = (int)o->tp};
+    snprintf(pr->comm.name, sizeof pr->comm.name, "tp");
+    pr->created = true; /* destroying a zeroed or half-built model, tp or plan is safe */
+    ML_TRY(ml_model_create(&run->cfg, &pr->model));
+    if (r == 0) {
+      run->have_plan = true;
+      ML_TRY(ml_plan_select(&pr->model, o->model, o->plan, o->sp, &run->plan));
+    }
+    pr->applied = true;
+    ML_TRY(ml_tp_apply(&pr->tp, &run->plan, &pr->model, &pr->comm));
+    if (o->sp && !ml_placement_eq(pr->tp.residual, ml_shard(1))) /* as ml_engine_open */
+      return ml_err("--sequence-parallel: plan '%s' keeps the residual stream Replicate(); "
+                    "expected embed_tokens output_layouts Shard(1) and SequenceParallel norms",
+                    run->plan.name);
+    ML_TRY(ml_predict_step(&pr->model, &pr->tp, (int)o->dp_replicate, (int)o->dp_shard,
+                           o->batch / dp, o->seq_len, &pr->pred));
+  }
+  return 0;
+}
+
+static void run_free(plan_run *run) {
+  for (int r = 0; run->ranks && r < run->n_ranks; r++) {
+    if (run->ranks[r].applied) ml_tp_destroy(&run->ranks[r].tp);
+    if (run->ranks[r].created) ml_model_destroy(&run->ranks[r].model);
+  }
+  free(run->ranks);
+  if (run->have_plan) ml_plan_free(&run->plan);
+}
+
+/* ---- shared helpers ----------------------------------------------------- */
+
+static const char *pstr(ml_placement p, char *buf, size_t cap) {
+  return ml_placement_str(p, buf, cap);
+}
+
+static const char *kind_name(ml_module_kind k) {
+  switch (k) {
+    case ML_MOD_LINEAR: return "Linear";
+    case ML_MOD_EMBEDDING: return "Embedding";
+    case ML_MOD_RMSNORM: return "RMSNorm";
+    default: return "container";
+  }
+}
+
+/* The parameters of a leaf module (weight, bias), NULL where absent. */
+static void module_params(const ml_module *mod, const ml_param *out[2]) {
+  out[0] = out[1] = NULL;
+  switch (mod->kind) {
+    case ML_MOD_LINEAR: {
+      const ml_linear *l = mod->ptr;
+      out[0] = l->weight;
+      out[1] = l->bias;
+      break;
+    }
+    case ML_MOD_EMBEDDING: out[0] = ((const ml_embedding *)mod->ptr)->weight; break;
+    case ML_MOD_RMSNORM: out[0] = ((const ml_rmsnorm *)mod->ptr)->weight; break;
+    default: break;
+  }
+}
+
+/* "weight", "bias": the parameter's role within module `mod`. */
+static const char *param_role(const ml_module *mod, const ml_param *p, int i) {
+  (void)mod;
+  (void)p;
+  return i == 0 ? "weight" : "bias";
+}
+
+static bool is_partial(const ml_tp *tp, const ml_param *p) {
+  for (int i = 0; i < tp->n_partial; i++)
+    if (tp->partial[i] == p) return true;
+  return false;
+}
+
+static const char *human(int64_t bytes, char *buf, size_t cap) {
+  const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)bytes;
+  int k = 0;
+  while (v >= 1024.0 && k < 4) {
+    v /= 1024.0;
+    k++;
+  }
+  if (k == 0) snprintf(buf, cap, "%" PRId64 " B", bytes);
+  else snprintf(buf, cap, "%.2f %s", v, u[k]);
+  return buf;
+}
+
+static bool pred_equal(const ml_prediction *a, const ml_prediction *b) {
+  return !memcmp(a->train, b->train, sizeof a->train) &&
+         !memcmp(a->logprobs, b->logprobs, sizeof a->logprobs) &&
+         !memcmp(&a->mem, &b->mem, sizeof a->mem);
+}
+
+/* Parameter p0 of rank 0's model as tp rank r's model holds it. */
+static const ml_param *param_on(const plan_run *run, int r, const ml_param *p0) {
+  const ml_model *m0 = &run->ranks[0].model;
+  return &run->ranks[r].model.params[p0 - m0->params];
+}
+
+/* ---- text --------------------------------------------------------------- */
+
+static void text_shape(char *buf, size_t cap, const ml_param *p, const int64_t *shape) {
+  if (p->ndim == 1) snprintf(buf, cap, "[%" PRId64 "]", shape[0]);
+  else snprintf(buf, cap, "[%" PRId64 ", %" PRId64 "]", shape[0], shape[1]);
+}
+
+static void text_header(const plan_run *run) {
+  const plan_opts *o = &run->o;
+  const ml_model_config *c = &run->cfg;
+  const plan_rank *r0 = &run->ranks[0];
+  int64_t world = o->dp_replicate * o->dp_shard * o->tp, dp = o->dp_replicate * o->dp_shard;
+  char b1[32], b2[32];
+  ml_cli_print("plan: %s (%s, %s): %" PRId64 " layers, hidden %" PRId64 ", heads %" PRId64
+               "/%" PRId64 " kv, intermediate %" PRId64 ", vocab %" PRId64 ", %" PRId64
+               " parameters%s\n",
+               o->model, c->family->name, c->family->architecture, c->n_layers, c->hidden,
+               c->n_heads, c->n_kv_heads, c->intermediate, c->vocab,
+               ml_model_config_num_params(c), c->tie_embeddings ? ", tied embeddings" : "");
+  ml_cli_print("mesh: dp_replicate %" PRId64 " x dp_shard %" PRId64 " x tp %" PRId64
+               " = world %" PRId64 " ranks; batch %" PRId64 " sequences of %" PRId64
+               " tokens (%" PRId64 " per dp rank)\n",
+               o->dp_replicate, o->dp_shard, o->tp, world, o->batch, o->seq_len, o->batch / dp);
+  ml_cli_print("plan %s%s\n  reason: %s\n", run->plan.name,
+               run->plan.sequence_parallel ? " (sequence parallel)" : "", run->plan.reason);
+  ml_cli_print("residual stream %s, logits %s%s\n", pstr(r0->tp.residual, b1, sizeof b1),
+               pstr(r0->tp.logits, b2, sizeof b2),
+               r0->tp.logits.kind == ML_SHARD ? " (vocab-parallel loss)" : " (whole rows)");
+  ml_cli_print("\nrules (pattern -> style, in plan order):\n");
+  for (size_t i = 0; i < run->plan.n; i++) {
+    const ml_style *s = &run->plan.rules[i].style;
+    ml_cli_print("  %-44s %s [%s]\n", run->plan.rules[i].pattern, s->label,
+                 ml_style_kind_name(s->kind));
+  }
+}
+
+static void text_modules(const plan_run *run) {
+  const plan_rank *r0 = &run->ranks[0];
+  const ml_model *m = &r0->model;
+  int tp = run->n_ranks;
+  ml_cli_print("\nmodules (style; parameters: global shape, tp placement, local shape per tp "
+               "rank%s):\n",
+               run->o.dp_shard > 1 ? ", FSDP rows per dp_shard rank" : "");
+  for (int i = 0; i < m->n_modules; i++) {
+    const ml_module *mod = &m->modules[i];
+    const ml_plan_rule *rule = r0->tp.modules[i].rule;
+    char style[256];
+    if (rule)
+      snprintf(style, sizeof style, "%s [%s] from '%s'", rule->style.label,
+               ml_style_kind_name(rule->style.kind), rule->pattern);
+    else snprintf(style, sizeof style, "replicated (no rule)");
+    ml_cli_print("  %s (%s): %s\n", mod->name, kind_name(mod->kind), style);
+    const ml_param *ps[2];
+    module_params(mod, ps);
+    for (int k = 0; k < 2; k++) {
+      const ml_param *p = ps[k];
+      if (!p) continue;
+      char g[48], where[192] = "";
+      text_shape(g, sizeof g, p, p->shape);
+      if (strncmp(p->name, mod->name, strlen(mod->name)) != 0)
+        snprintf(where, sizeof where, " (tied: %s)", p->name);
+      ml_cli_print("    %s %s%s: ", param_role(mod, p, k), g, where);
+      if (p->tp_dim < 0) {
+        ml_cli_print("Replicate()%s", is_partial(&r0->tp, p) ? ", grad Partial (all-reduced over tp)"
+                                                           : "");
+      } else {
+        ml_cli_print("Shard(%d):", p->tp_dim);
+        for (int r = 0; r < tp; r++) {
+          char l[48];
+          const ml_param *pr = param_on(run, r, p);
+          text_shape(l, sizeof l, pr, pr->local);
+          ml_cli_print(" tp%d %s", r, l);
+        }
+      }
+      if (run->o.dp_shard > 1) {
+        int64_t rows = (p->local[0] + run->o.dp_shard - 1) / run->o.dp_shard;
+        ml_cli_print("; fsdp %" PRId64 " rows/rank (tp0)", rows);
+      }
+      ml_cli_print("\n");
+    }
+  }
+}
+
+static void text_costs(char *buf, size_t cap, const ml_comm_stats *s) {
+  size_t n = 0;
+  buf[0] = 0;
+  for (int k = 0; k < ML_COLL_KINDS && n < cap; k++) {
+    if (!s->calls[k]) continue;
+    char h[32];
+    n += (size_t)snprintf(buf + n, cap - n, "%s%s x%" PRId64 " (%s)", n ? ", " : "",
+                          ml_coll_name((ml_coll)k), s->calls[k], human(s->bytes[k], h, sizeof h));
+  }
+  if (!n) snprintf(buf, cap, "none");
+}
+
+static void chain_str(char *buf, size_t cap, const ml_placement *p, int n) {
+  size_t k = 0;
+  buf[0] = 0;
+  for (int i = 0; i < n && k < cap; i++) {
+    char b[32];
+    k += (size_t)snprintf(buf + k, cap - k, "%s%s", i ? " -> " : "", pstr(p[i], b, sizeof b));
+  }
+}
+
+static int text_edges(const plan_run *run) {
+  const plan_rank *r0 = &run->ranks[0];
+  const ml_prediction *pd = &r0->pred;
+  ml_cli_print("\nactivation edges (forward chain | gradient chain; collectives for the local "
+               "batch [%" PRId64 ", %" PRId64 "]):\n",
+               pd->B, pd->S);
+  for (int i = 0; i < r0->tp.n_edges; i++) {
+    const ml_tp_edge *e = &r0->tp.edges[i];
+    ml_placement g[10];
+    int ng = ml_predict_grad_chain(e, g, 10);
+    ml_comm_stats f, b;
+    ML_TRY(ml_predict_edge(e, pd->B, pd->S, &f, &b));
+    char fc[160], gc[160], fs[200], bs[200];
+    chain_str(fc, sizeof fc, e->p, e->n);
+    chain_str(gc, sizeof gc, g, ng);
+    text_costs(fs, sizeof fs, &f);
+    text_costs(bs, sizeof bs, &b);
+    if (e->n == 1 && ng == 1) { /* nothing to redistribute either way */
+      ml_cli_print("  %s [C=%" PRId64 "]: %s, gradient %s: no collective\n", e->name, e->C, fc,
+                   gc);
+      continue;
+    }
+    ml_cli_print("  %s [C=%" PRId64 "]\n    forward  %s: %s\n    backward %s: %s\n", e->name,
+                 e->C, fc, fs, gc, bs);
+  }
+  return 0;
+}
+
+static void text_stats(const ml_comm_stats *st) {
+  for (int g = 0; g < ML_GROUP_KINDS; g++)
+    for (int k = 0; k < ML_COLL_KINDS; k++) {
+      if (!st[g].calls[k]) continue;
+      char h[32];
+      ml_cli_print("    %-9s %-15s %6" PRId64 " calls %14" PRId64 " B (%s)\n",
+                   ml_group_name((ml_group)g), ml_coll_name((ml_coll)k), st[g].calls[k],
+                   st[g].bytes[k], human(st[g].bytes[k], h, sizeof h));
+    }
+}
+
+static void text_prediction(const ml_prediction *p) {
+  ml_cli_print("  one training step (forward + backward + grad norm), per group:\n");
+  text_stats(p->train);
+  bool any = false;
+  for (int g = 0; g < ML_GROUP_KINDS; g++)
+    for (int k = 0; k < ML_COLL_KINDS; k++) any = any || p->train[g].calls[k];
+  if (!any) ml_cli_print("    none (one rank)\n");
+  ml_cli_print("  by source:\n");
+  for (int i = 0; i < p->n_items; i++) {
+    const ml_predict_item *it = &p->items[i];
+    char h[32];
+    ml_cli_print("    %-48s %-9s %-15s x%" PRId64 " (%s)\n", it->what, ml_group_name(it->group),
+                 ml_coll_name(it->kind), it->calls, human(it->bytes, h, sizeof h));
+  }
+  ml_cli_print("  logits: %" PRId64 " chunk(s) of up to %" PRId64 " tokens\n", p->loss_chunks,
+               p->loss_chunk);
+  ml_cli_print("  one logprobs pass (forward only), per group:\n");
+  text_stats(p->logprobs);
+  const ml_predict_memory *m = &p->mem;
+  struct {
+    const char *what;
+    int64_t v;
+  } rows[] = {{"parameters (fp32 shard)", m->params},
+              {"gradients (shard)", m->grads},
+              {"AdamW state (2x shard)", m->adamw},
+              {"unsharded units at peak (root + largest layer, params + grads)", m->unsharded_peak},
+              {"FSDP comm buffer", m->comm_buffer},
+              {"TP redistribute scratch", m->tp_scratch},
+              {"saved activations (all layers)", m->activations},
+              {"residual, final norm, logits chunk", m->head},
+              {"total (estimate)", m->total}};
+  char h[32];
+  ml_cli_print("  memory per rank (largest unit unsharded, params + grads: %s):\n",
+               human(m->largest_unit, h, sizeof h));
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+    ml_cli_print("    %-64s %12s\n", rows[i].what, human(rows[i].v, h, sizeof h));
+}
+
+static int print_text(const plan_run *run) {
+  text_header(run);
+  text_modules(run);
+  ML_TRY(text_edges(run));
+  ml_cli_print("\ncollectives (bytes as the counting comm records them: the full buffer per "
+               "rank) and memory:\n");
+  for (int r = 0; r < run->n_ranks; r++) {
+    const ml_prediction *p = &run->ranks[r].pred;
+    int same = -1;
+    for (int q = 0; q < r && same < 0; q++)
+      if (pred_equal(p, &run->ranks[q].pred)) same = q;
+    if (same >= 0) {
+      ml_cli_print("tp rank %d: as tp rank %d\n", r, same);
+      continue;
+    }
+    ml_cli_print("tp rank %d:\n", r);
+    text_prediction(p);
+  }
+  return 0;
+}
+
+/* ---- JSON --------------------------------------------------------------- */
+
+static json_t *jplacement(ml_placement p) {
+  char b[32];
+  return json_string(pstr(p, b, sizeof b));
+}
+
+static json_t *jshape(const ml_param *p, const int64_t *shape) {
+  json_t *a = json_array();
+  for (int d = 0; d < p->ndim; d++) json_array_append_new(a, json_integer(shape[d]));
+  return a;
+}
+
+static json_t *jstats(const ml_comm_stats *s) {
+  json_t *o = json_object();
+  for (int k = 0; k < ML_COLL_KINDS; k++) {
+    json_t *c = json_object();
+    json_object_set_new(c, "calls", json_integer(s->calls[k]));
+    json_object_set_new(c, "bytes", json_integer(s->bytes[k]));
+    json_object_set_new(o, ml_coll_name((ml_coll)k), c);
+  }
+  return o;
+}
+
+static json_t *jgroups(const ml_comm_stats *st) {
+  json_t *o = json_object();
+  for (int g = 0; g < ML_GROUP_KINDS; g++)
+    json_object_set_new(o, ml_group_name((ml_group)g), jstats(&st[g]));
+  return o;
+}
+
+static json_t *jheader(const plan_run *run) {
+  const plan_opts *o = &run->o;
+  const ml_model_config *c = &run->cfg;
+  json_t *root = json_object();
+  json_t *model = json_object();
+  json_object_set_new(model, "dir", json_string(o->model));
+  json_object_set_new(model, "family", json_string(c->family->name));
+  json_object_set_new(model, "architecture", json_string(c->family->architecture));
+  json_object_set_new(model, "layers", json_integer(c->n_layers));
+  json_object_set_new(model, "hidden", json_integer(c->hidden));
+  json_object_set_new(model, "heads", json_integer(c->n_heads));
+  json_object_set_new(model, "kv_heads", json_integer(c->n_kv_heads));
+  json_object_set_new(model, "head_dim", json_integer(c->head_dim));
+  json_object_set_new(model, "intermediate", json_integer(c->intermediate));
+  json_object_set_new(model, "vocab", json_integer(c->vocab));
+  json_object_set_new(model, "tied_embeddings", json_boolean(c->tie_embeddings));
+  json_object_set_new(model, "parameters", json_integer(ml_model_config_num_params(c)));
+  json_object_set_new(root, "model", model);
+  json_t *mesh = json_object();
+  json_object_set_new(mesh, "dp_replicate", json_integer(o->dp_replicate));
+  json_object_set_new(mesh, "dp_shard", json_integer(o->dp_shard));
+  json_object_set_new(mesh, "tp", json_integer(o->tp));
+  json_object_set_new(mesh, "world", json_integer(o->dp_replicate * o->dp_shard * o->tp));
+  json_object_set_new(root, "mesh", mesh);
+  json_t *batch = json_object();
+  json_object_set_new(batch, "global_sequences", json_integer(o->batch));
+  json_object_set_new(batch, "local_sequences",
+                      json_integer(o->batch / (o->dp_replicate * o->dp_shard)));
+  json_object_set_new(batch, "seq_len", json_integer(o->seq_len));
+  json_object_set_new(root, "batch", batch);
+  json_t *plan = json_object();
+  json_object_set_new(plan, "name", json_string(run->plan.name));
+  json_object_set_new(plan, "reason", json_string(run->plan.reason));
+  json_object_set_new(plan, "sequence_parallel", json_boolean(run->plan.sequence_parallel));
+  json_t *rules = json_array();
+  for (size_t i = 0; i < run->plan.n; i++) {
+    json_t *r = json_object();
+    json_object_set_new(r, "pattern", json_string(run->plan.rules[i].pattern));
+    json_object_set_new(r, "label", json_string(run->plan.rules[i].style.label));
+    json_object_set_new(r, "style", json_string(ml_style_kind_name(run->plan.rules[i].style.kind)));
+    json_array_append_new(rules, r);
+  }
+  json_object_set_new(plan, "rules", rules);
+  json_object_set_new(root, "plan", plan);
+  json_object_set_new(root, "residual", jplacement(run->ranks[0].tp.residual));
+  json_object_set_new(root, "logits", jplacement(run->ranks[0].tp.logits));
+  return root;
+}
+
+static json_t *jmodules(const plan_run *run) {
+  const plan_rank *r0 = &run->ranks[0];
+  const ml_model *m = &r0->model;
+  json_t *mods = json_array();
+  for (int i = 0; i < m->n_modules; i++) {
+    const ml_module *mod = &m->modules[i];
+    const ml_plan_rule *rule = r0->tp.modules[i].rule;
+    json_t *jm = json_object();
+    json_object_set_new(jm, "name", json_string(mod->name));
+    json_object_set_new(jm, "kind", json_string(kind_name(mod->kind)));
+    json_object_set_new(jm, "pattern", rule ? json_string(rule->pattern) : json_null());
+    json_object_set_new(jm, "label", json_string(rule ? rule->style.label : "replicated"));
+    json_object_set_new(jm, "style",
+                        rule ? json_string(ml_style_kind_name(rule->style.kind)) : json_null());
+    json_t *params = json_array();
+    const ml_param *ps[2];
+    module_params(mod, ps);
+    for (int k = 0; k < 2; k++) {
+      const ml_param *p = ps[k];
+      if (!p) continue;
+      json_t *jp = json_object();
+      json_object_set_new(jp, "role", json_string(param_role(mod, p, k)));
+      json_object_set_new(jp, "name", json_string(p->name));
+      json_object_set_new(jp, "shape", jshape(p, p->shape));
+      json_object_set_new(jp, "placement",
+                          p->tp_dim < 0 ? json_string("Replicate()")
+                                        : json_string(p->tp_dim == 0 ? "Shard(0)" : "Shard(1)"));
+      json_object_set_new(jp, "grad_partial", json_boolean(is_partial(&r0->tp, p)));
+      json_t *local = json_array(), *rows = json_array();
+      for (int r = 0; r < run->n_ranks; r++) {
+        const ml_param *pr = param_on(run, r, p);
+        json_array_append_new(local, jshape(pr, pr->local));
+        json_array_append_new(rows, json_integer((pr->local[0] + run->o.dp_shard - 1) /
+                                                 run->o.dp_shard));
+      }
+      json_object_set_new(jp, "local_shape_per_tp_rank", local);
+      json_object_set_new(jp, "fsdp_rows_per_tp_rank", rows);
+      json_array_append_new(params, jp);
+    }
+    json_object_set_new(jm, "params", params);
+    json_array_append_new(mods, jm);
+  }
+  return mods;
+}
+
+static int jedges(const plan_run *run, json_t **out) {
+  const plan_rank *r0 = &run->ranks[0];
+  json_t *edges = json_array();
+  *out = edges;
+  for (int i = 0; i < r0->tp.n_edges; i++) {
+    const ml_tp_edge *e = &r0->tp.edges[i];
+    ml_placement g[10];
+    int ng = ml_predict_grad_chain(e, g, 10);
+    ml_comm_stats f, b;
+    ML_TRY(ml_predict_edge(e, r0->pred.B, r0->pred.S, &f, &b));
+    json_t *je = json_object(), *fc = json_array(), *gc = json_array();
+    for (int k = 0; k < e->n; k++) json_array_append_new(fc, jplacement(e->p[k]));
+    for (int k = 0; k < ng; k++) json_array_append_new(gc, jplacement(g[k]));
+    json_object_set_new(je, "name", json_string(e->name));
+    json_object_set_new(je, "features", json_integer(e->C));
+    json_object_set_new(je, "forward", fc);
+    json_object_set_new(je, "gradient", gc);
+    json_object_set_new(je, "forward_collectives", jstats(&f));
+    json_object_set_new(je, "backward_collectives", jstats(&b));
+    json_array_append_new(edges, je);
+  }
+  return 0;
+}
+
+static json_t *jprediction(const ml_prediction *p) {
+  json_t *o = json_object();
+  json_object_set_new(o, "tp_rank", json_integer(p->tp_rank));
+  json_object_set_new(o, "train_step", jgroups(p->train));
+  json_object_set_new(o, "logprobs", jgroups(p->logprobs));
+  json_t *items = json_array();
+  for (int i = 0; i < p->n_items; i++) {
+    const ml_predict_item *it = &p->items[i];
+    json_t *j = json_object();
+    json_object_set_new(j, "what", json_string(it->what));
+    json_object_set_new(j, "group", json_string(ml_group_name(it->group)));
+    json_object_set_new(j, "kind", json_string(ml_coll_name(it->kind)));
+    json_object_set_new(j, "calls", json_integer(it->calls));
+    json_object_set_new(j, "bytes", json_integer(it->bytes));
+    json_array_append_new(items, j);
+  }
+  json_object_set_new(o, "train_step_by_source", items);
+  json_object_set_new(o, "logits_chunk_tokens", json_integer(p->loss_chunk));
+  json_object_set_new(o, "logits_chunks", json_integer(p->loss_chunks));
+  const ml_predict_memory *m = &p->mem;
+  json_t *mem = json_object();
+  json_object_set_new(mem, "params", json_integer(m->params));
+  json_object_set_new(mem, "grads", json_integer(m->grads));
+  json_object_set_new(mem, "adamw", json_integer(m->adamw));
+  json_object_set_new(mem, "largest_unit", json_integer(m->largest_unit));
+  json_object_set_new(mem, "unsharded_peak", json_integer(m->unsharded_peak));
+  json_object_set_new(mem, "comm_buffer", json_integer(m->comm_buffer));
+  json_object_set_new(mem, "tp_scratch", json_integer(m->tp_scratch));
+  json_object_set_new(mem, "activations", json_integer(m->activations));
+  json_object_set_new(mem, "head", json_integer(m->head));
+  json_object_set_new(mem, "total", json_integer(m->total));
+  json_object_set_new(o, "memory_bytes", mem);
+  return o;
+}
+
+static int print_json(const plan_run *run) {
+  json_t *root = jheader(run), *edges = NULL;
+  json_object_set_new(root, "modules", jmodules(run));
+  if (jedges(run, &edges)) {
+    json_decref(edges);
+    json_decref(root);
+    return -1;
+  }
+  json_object_set_new(root, "edges", edges);
+  json_t *per = json_array();
+  for (int r = 0; r < run->n_ranks; r++) json_array_append_new(per, jprediction(&run->ranks[r].pred));
+  json_object_set_new(root, "per_tp_rank", per);
+  char *s = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+  json_decref(root);
+  if (!s) return ml_err("plan: out of memory formatting the JSON report");
+  ml_cli_print("%s\n", s);
+  free(s);
+  return 0;
+}
+
+int ml_cmd_plan(int argc, char **argv) {
+  plan_run run = {.o = {.tp = 1, .dp_shard = 1, .dp_replicate = 1, .seq_len = 128, .batch = 8}};
+  plan_opts *o = &run.o;
+  ml_arg spec[] = {
+      {"--model", ML_ARG_STR, &o->model, "HF checkpoint directory (only config.json is read)", true},
+      {"--tp", ML_ARG_INT, &o->tp, "tensor-parallel size", false},
+      {"--dp-shard", ML_ARG_INT, &o->dp_shard, "FSDP (sharded data-parallel) size", false},
+      {"--dp-replicate", ML_ARG_INT, &o->dp_replicate, "replicated data-parallel size", false},
+      {"--sequence-parallel", ML_ARG_FLAG, &o->sp, "shard norms and residuals on the sequence", false},
+      {"--parallel-plan", ML_ARG_STR, &o->plan, "plan file (JSON), or auto|optimized|hf|default", false},
+      {"--seq-len", ML_ARG_INT, &o->seq_len, "tokens per sequence", false},
+      {"--batch-size", ML_ARG_INT, &o->batch, "global batch in sequences", false},
+      {"--json", ML_ARG_FLAG, &o->json, "print the report as one JSON document", false},
+  };
+  int rc = ml_cli_parse("plan",
+                        "show the parallel plan, per-rank shards, one step's collectives and "
+                        "memory, without running (world = dp_replicate x dp_shard x tp)",
+                        argc, argv, spec, sizeof spec / sizeof spec[0]);
+  if (rc == 1) return 0;
+  if (rc == 0) rc = build(&run);
+  if (rc == 0) rc = o->json ? print_json(&run) : print_text(&run);
+  rc = ml_cli_agree(rc);
+  run_free(&run);
+  return rc;
+}

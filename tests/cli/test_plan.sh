@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# meshlm plan end to end, one process without mpirun: the text and JSON
+# reports on llama_tied and qwen2 at tp 2 with and without sequence
+# parallelism (from config.json alone: no weights are read), and plan errors
+# that must exit non-zero with one clear message, as `meshlm train` would.
+# usage: test_plan.sh MESHLM SOURCE_DIR JSON_CHECK
+set -u
+meshlm=$1
+src=$2
+json_check=$3
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+pass=0 fail=0
+
+ok() {
+  pass=$((pass + 1))
+  echo "ok   $1"
+}
+bad() {
+  fail=$((fail + 1))
+  echo "FAIL $1"
+  [ -n "${2:-}" ] && echo "$2" | head -20
+}
+
+# config-only copies of the fixtures: plan must not need the safetensors
+for fx in llama_tied qwen2; do
+  mkdir -p "$work/$fx"
+  cp "$src/tests/fixtures/$fx/config.json" "$work/$fx/"
+done
+
+# expect_ok NAME PATTERN... -- CMD...: CMD succeeds, stdout matches every PATTERN.
+expect_ok() {
+  local name=$1
+  shift
+  local pats=()
+  while [ "$1" != "--" ]; do
+    pats+=("$1")
+    shift
+  done
+  shift
+  local out rc
+  out=$(timeout 120 "$@" 2>"$work/err")
+  rc=$?
+  if [ $rc -ne 0 ]; then
+    bad "$name (exit $rc)" "$(cat "$work/err")"
+    return
+  fi
+  for p in "${pats[@]}"; do
+    if ! grep -qE -- "$p" <<<"$out"; then
+      bad "$name: output lacks /$p/" "$out"
+      return
+    fi
+  done
+  ok "$name"
+}
+
+# expect_json NAME CMD...: CMD succeeds and prints one valid JSON document
+# with the report's fields.
+expect_json() {
+  local name=$1
+  shift
+  local rc
+  timeout 120 "$@" >"$work/out.json" 2>"$work/err"
+  rc=$?
+  if [ $rc -ne 0 ]; then
+    bad "$name (exit $rc)" "$(cat "$work/err")"
+  elif ! "$json_check" model.family mesh.world plan.name plan.reason residual logits modules edges \
+      per_tp_rank <"$work/out.json" 2>"$work/err"; then
+    bad "$name: not the JSON report" "$(cat "$work/err")"
+  else
+    ok "$name"
+  fi
+}
+
+# expect_err NAME PATTERN CMD...: CMD fails, and stderr holds exactly one
+# "meshlm: error:" line, matching PATTERN.
+expect_err() {
+  local name=$1 pattern=$2
+  shift 2
+  local err rc n
+  err=$(timeout 120 "$@" 2>&1 >/dev/null)
+  rc=$?
+  n=$(grep -c 'meshlm: error:' <<<"$err")
+  if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ "$n" -eq 1 ] && grep -qE -- "$pattern" <<<"$err"; then
+    ok "$name: $(grep -m1 'meshlm: error' <<<"$err")"
+  else
+    bad "$name (exit $rc, $n error lines)" "$err"
+  fi
+}
+
+# ---- reports ----------------------------------------------------------------
+
+for fx in llama_tied qwen2; do
+  m=$work/$fx
+  expect_ok "$fx tp2" "^plan .*-optimized" "residual stream Replicate\(\)" "logits Shard\(-1\)" \
+    "embed_tokens \(Embedding\)" "Shard\(0\): tp0 \[" "tp +all_reduce" "world +all_reduce" \
+    "memory per rank" -- \
+    "$meshlm" plan --model "$m" --tp 2
+  expect_ok "$fx tp2 sp" "^plan .*-optimized-sp" "residual stream Shard\(1\)" "SequenceParallel" \
+    "grad Partial" "tp +all_gather" "tp +reduce_scatter" -- \
+    "$meshlm" plan --model "$m" --tp 2 --sequence-parallel
+  expect_ok "$fx dp2 x tp2 sp" "dp_shard 2 x tp 2 = world 4" "dp_shard +all_gather" \
+    "dp_shard +reduce_scatter" "dp +all_reduce" -- \
+    "$meshlm" plan --model "$m" --tp 2 --dp-shard 2 --sequence-parallel --batch-size 4 --seq-len 16
+  expect_json "$fx tp2 --json" "$meshlm" plan --model "$m" --tp 2 --json
+  expect_json "$fx tp2 sp --json" "$meshlm" plan --model "$m" --tp 2 --sequence-parallel --json
+done
+# qwen2's vocab 301 splits unevenly over 2 ranks (torch.chunk: 151 + 150)
+expect_ok "qwen2 uneven vocab shards" "tp0 \[151, 64\] tp1 \[150, 64\]" "^tp rank 1:$" -- \
+  "$meshlm" plan --model "$work/qwen2" --tp 2 --dp-shard 2 --batch-size 2
+expect_ok "one rank" "world 1 ranks" "none \(one rank\)" -- "$meshlm" plan --model "$work/llama_tied"
+
+# ---- errors -------------------------------------------------------------------
+
+m=$work/llama_tied
+echo '{"model.layers.*.self_attn.q_proj": "colwize"}' >"$work/unknown_style.json"
+expect_err unknown-style "unknown parallel style 'colwize'.*colwise.*rowwise" \
+  "$meshlm" plan --model "$m" --tp 2 --parallel-plan "$work/unknown_style.json"
+echo '{"model.layers.*.self_attn.qkv_proj": "colwise"}' >"$work/no_match.json"
+expect_err pattern-matches-nothing "pattern 'model.layers.\*.self_attn.qkv_proj' matches no module" \
+  "$meshlm" plan --model "$m" --tp 2 --parallel-plan "$work/no_match.json"
+echo '{"model.norm": "colwise"}' >"$work/colwise_norm.json"
+expect_err colwise-on-norm "cannot apply to module 'model.norm'" \
+  "$meshlm" plan --model "$m" --tp 2 --parallel-plan "$work/colwise_norm.json"
+# a config with an HF base_model_tp_plan: plannable, but without an SP variant
+mkdir -p "$work/hf"
+sed '0,/{/s//{\n  "base_model_tp_plan": {"layers.*.self_attn.q_proj": "colwise", "layers.*.self_attn.k_proj": "colwise", "layers.*.self_attn.v_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise", "layers.*.mlp.gate_proj": "colwise", "layers.*.mlp.up_proj": "colwise", "layers.*.mlp.down_proj": "rowwise"},/' \
+  "$src/tests/fixtures/llama_tied/config.json" >"$work/hf/config.json"
+expect_ok "hf plan" "^plan hf" -- "$meshlm" plan --model "$work/hf" --tp 2 --parallel-plan hf
+expect_err sp-with-hf-plan "--sequence-parallel: the HF base_model_tp_plan has no sequence-parallel" \
+  "$meshlm" plan --model "$work/hf" --tp 2 --parallel-plan hf --sequence-parallel
+expect_err batch-not-divisible "--batch-size 3 is not divisible by the data-parallel size 2" \
+  "$meshlm" plan --model "$m" --dp-shard 2 --batch-size 3
+expect_err tp-not-dividing-kv-heads "tp=4 does not divide num_key_value_heads=2" \
+  "$meshlm" plan --model "$m" --tp 4
+expect_err missing-config "config.json" "$meshlm" plan --model "$work/nowhere" --tp 2
+expect_err unknown-flag "--pipeline" "$meshlm" plan --model "$m" --pipeline 2
+
+echo "test_plan: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -45,60 +45,66 @@ static float *work_for(ml_tp *tp, const ml_act *a) {
   return tp->work;
 }
 
-static int edge_fwd(void *ctx, ml_act *a) {
-  ml_tp_edge *e = ctx;
+/* The transitions of an edge: forward p[i] → p[i+1], then backward, the
+ * gradient taken from its arrival placement back through each step to
+ * p[i]'s gradient placement (DESIGN §3: an all-gather's backward is a
+ * reduce-scatter when the gradient arrives Partial, a slice when it
+ * arrives Replicate). Returns the count written to from/to. */
+static int edge_steps(const ml_tp_edge *e, bool backward, ml_placement *from, ml_placement *to) {
+  int k = 0;
+  if (!backward) {
+    for (int i = 0; i + 1 < e->n; i++)
+      if (!ml_placement_eq(e->p[i], e->p[i + 1])) {
+        from[k] = e->p[i];
+        to[k++] = e->p[i + 1];
+      }
+    return k;
+  }
+  ml_placement g = e->grad_in;
+  for (int i = e->n - 1; i >= 0; i--) { /* step i−1 → i backward; i = 0: arrival at p[0] */
+    ml_placement t = grad_of(e->p[i > 0 ? i - 1 : 0]);
+    if (!ml_placement_eq(g, t)) {
+      from[k] = g;
+      to[k++] = t;
+    }
+    g = t;
+  }
+  return k;
+}
+
+static int edge_run(ml_tp_edge *e, bool backward, ml_act *a) {
+  ml_placement from[16], to[16];
+  int k = edge_steps(e, backward, from, to);
+  if (!k) return 0;
   float *w = work_for(e->tp, a);
   if (!w) return -1;
-  for (int i = 0; i + 1 < e->n; i++)
-    if (!ml_placement_eq(e->p[i], e->p[i + 1]))
-      ML_TRY(ml_redistribute(e->tp->comm, e->p[i], e->p[i + 1], a, w));
+  for (int i = 0; i < k; i++) ML_TRY(ml_redistribute(e->tp->comm, from[i], to[i], a, w));
   return 0;
 }
 
-static int edge_bwd(void *ctx, ml_act *a) {
-  ml_tp_edge *e = ctx;
-  float *w = work_for(e->tp, a);
-  if (!w) return -1;
-  ml_placement g = e->grad_in;
-  for (int i = e->n - 1; i >= 0; i--) {
-    ml_placement t = grad_of(e->p[i]);
-    if (!ml_placement_eq(g, t)) ML_TRY(ml_redistribute(e->tp->comm, g, t, a, w));
-    g = t;
-  }
-  return 0;
-}
+static int edge_fwd(void *ctx, ml_act *a) { return edge_run(ctx, false, a); }
+static int edge_bwd(void *ctx, ml_act *a) { return edge_run(ctx, true, a); }
 
 /* Whether an edge communicates or reshapes at all, forward or backward. */
 static bool edge_active(const ml_tp_edge *e) {
-  for (int i = 0; i + 1 < e->n; i++)
-    if (!ml_placement_eq(e->p[i], e->p[i + 1])) return true;
-  return !ml_placement_eq(e->grad_in, grad_of(e->p[e->n - 1]));
+  ml_placement from[16], to[16];
+  return edge_steps(e, false, from, to) + edge_steps(e, true, from, to) > 0;
 }
 
 int ml_tp_edge_cost(const ml_tp_edge *e, int64_t B, int64_t S, int64_t calls[ML_COLL_KINDS],
                     int64_t bytes[ML_COLL_KINDS]) {
-  ml_placement from[16], to[16];
-  int k = 0;
-  for (int i = 0; i + 1 < e->n; i++) {
-    from[k] = e->p[i];
-    to[k++] = e->p[i + 1];
-  }
-  ml_placement g = e->grad_in;
-  for (int i = e->n - 1; i >= 0; i--) {
-    ml_placement t = grad_of(e->p[i]);
-    from[k] = g;
-    to[k++] = t;
-    g = t;
-  }
-  for (int i = 0; i < k; i++) {
-    if (ml_placement_eq(from[i], to[i])) continue;
-    ml_coll kinds[2];
-    int64_t b[2];
-    int n;
-    ML_TRY(ml_redistribute_cost(from[i], to[i], B, S, e->C, e->tp->size, kinds, b, &n));
-    for (int j = 0; j < n; j++) {
-      calls[kinds[j]]++;
-      bytes[kinds[j]] += b[j];
+  for (int dir = 0; dir < 2; dir++) {
+    ml_placement from[16], to[16];
+    int k = edge_steps(e, dir == 1, from, to);
+    for (int i = 0; i < k; i++) {
+      ml_coll kinds[2];
+      int64_t b[2];
+      int n;
+      ML_TRY(ml_redistribute_cost(from[i], to[i], B, S, e->C, e->tp->size, kinds, b, &n));
+      for (int j = 0; j < n; j++) {
+        calls[kinds[j]]++;
+        bytes[kinds[j]] += b[j];
+      }
     }
   }
   return 0;

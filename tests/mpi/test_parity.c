@@ -1,5 +1,5 @@
-/* Mesh parity: `mpiexec -n N test_parity FIXTURE TP`.
- * The mesh (dp_shard = N / TP × tp = TP) must reproduce HF transformers'
+/* Mesh parity: `mpiexec -n N test_parity FIXTURE TP [sp]`.
+ * The mesh (dp_shard = N / TP × tp = TP, sequence-parallel with `sp`) must reproduce HF transformers'
  * fixture and the single-rank run (a mesh over MPI_COMM_SELF, computed on
  * every rank): loss (rel ≤ 1e-5), per-token log-probs (abs ≤ 1e-4), every
  * parameter gradient (rel L2 ≤ 1e-4) and the parameters after 3 AdamW
@@ -29,6 +29,7 @@
 
 static const char *g_fixture;
 static int g_tp;
+static bool g_sp; /* the mesh run uses --sequence-parallel */
 
 typedef struct run {
   ml_mesh mesh;
@@ -36,8 +37,9 @@ typedef struct run {
 } run;
 
 static void run_open(run *r, MPI_Comm base, int tp, const fixture *fx) {
+  ml_engine_opts opts = {NULL, base == MPI_COMM_WORLD && g_sp};
   if (ml_mesh_create(base, 1, 0, 1, tp, &r->mesh) ||
-      ml_engine_open(&r->e, &r->mesh, fx->dir, NULL))
+      ml_engine_open(&r->e, &r->mesh, fx->dir, &opts))
     fail_msg("setup: %s", ml_error_msg());
 }
 
@@ -223,11 +225,29 @@ static void test_adamw_steps(void **state) {
 static int64_t calls(ml_comm *c, ml_coll k) { return ml_comm_stats_of(c)->calls[k]; }
 static int64_t bytes(ml_comm *c, ml_coll k) { return ml_comm_stats_of(c)->bytes[k]; }
 
-/* One training step's collectives, per mesh group, vs what the plan
- * implies for L layers and local tokens Tl (one logits chunk):
- *  tp all-reduce: embedding 1 + (o_proj, down_proj) 2L forward, loss 2
- *    (max; sum-exp with target logit), (q/k/v, gate/up input grads) 2L +
- *    lm_head input grad 1 backward = 4L + 4; bytes: (4L + 2)·Tl·H + 3·Tl floats;
+/* Bytes of the one all-reduce that sums tp-replicated params' Partial
+ * grads (SP norms, q_norm/k_norm on head-sharded q/k): their shard rows. */
+static int64_t partial_bytes(const run *r) {
+  int64_t n = 0;
+  for (int u = 0; u < r->e.fsdp.n_units; u++) {
+    const ml_fsdp_unit *unit = &r->e.fsdp.units[u];
+    for (int i = 0; i < unit->n; i++)
+      if (unit->params[i]->grad_partial) n += 4 * unit->chunk_rows[i] * unit->params[i]->local[1];
+  }
+  return n;
+}
+
+/* One training step's collectives, per mesh group, vs DESIGN §5/§6 for L
+ * layers and local tokens Tl (one logits chunk), P = 1 when some
+ * tp-replicated param has Partial grads (one packed all-reduce):
+ *  without SP, tp all-reduce: embedding 1 + (o_proj, down_proj) 2L
+ *    forward, loss 2 (max; sum-exp with target logit), (q/k/v, gate/up
+ *    input grads) 2L + lm_head input grad 1 backward = 4L + 4 + P; bytes
+ *    (4L + 2)·Tl·H + 3·Tl floats + the Partial grads;
+ *  with SP, per layer 2 all-gathers + 2 reduce-scatters each way, plus the
+ *    embedding (reduce-scatter forward, all-gather backward) and lm_head's
+ *    input (all-gather forward, reduce-scatter backward): 4L + 2 of each,
+ *    each moving Tl·H floats; all-reduces: the loss 2 + the norms' grads 1;
  *  dp_shard all-gather: L + 1 units forward, L − 1 again in backward (the
  *    last layer and the root stay unsharded); reduce-scatter L + 1;
  *  dp all-reduce 1 (the reported loss); world all-reduce 1 (grad norm). */
@@ -245,8 +265,22 @@ static void test_collective_counts(void **state) {
   int tp = r.mesh.tp, dp = r.mesh.dp_shard;
   int64_t Tl = fx.B / dp * fx.S;
   ml_mesh *m = &r.mesh;
-  assert_int_equal(calls(m->tp_comm, ML_COLL_ALL_REDUCE), tp > 1 ? 4 * L + 4 : 0);
-  assert_int_equal(bytes(m->tp_comm, ML_COLL_ALL_REDUCE), tp > 1 ? 4 * ((4 * L + 2) * Tl * H + 3 * Tl) : 0);
+  int64_t pb = partial_bytes(&r), P = pb > 0;
+  if (tp > 1 && g_sp) {
+    assert_int_equal(calls(m->tp_comm, ML_COLL_ALL_GATHER), 4 * L + 2);
+    assert_int_equal(calls(m->tp_comm, ML_COLL_REDUCE_SCATTER), 4 * L + 2);
+    assert_int_equal(bytes(m->tp_comm, ML_COLL_ALL_GATHER), 4 * (4 * L + 2) * Tl * H);
+    assert_int_equal(bytes(m->tp_comm, ML_COLL_REDUCE_SCATTER), 4 * (4 * L + 2) * Tl * H);
+    assert_int_equal(P, 1);
+    assert_int_equal(calls(m->tp_comm, ML_COLL_ALL_REDUCE), 2 + 1);
+    assert_int_equal(bytes(m->tp_comm, ML_COLL_ALL_REDUCE), 4 * 3 * Tl + pb);
+  } else {
+    assert_int_equal(calls(m->tp_comm, ML_COLL_ALL_REDUCE), tp > 1 ? 4 * L + 4 + P : 0);
+    assert_int_equal(bytes(m->tp_comm, ML_COLL_ALL_REDUCE),
+                     tp > 1 ? 4 * ((4 * L + 2) * Tl * H + 3 * Tl) + pb : 0);
+    assert_int_equal(calls(m->tp_comm, ML_COLL_ALL_GATHER), 0);
+    assert_int_equal(calls(m->tp_comm, ML_COLL_REDUCE_SCATTER), 0);
+  }
   assert_int_equal(calls(m->dp_shard_comm, ML_COLL_ALL_GATHER), dp > 1 ? 2 * L : 0);
   assert_int_equal(calls(m->dp_shard_comm, ML_COLL_REDUCE_SCATTER), dp > 1 ? L + 1 : 0);
   int64_t rs_bytes = 0;
@@ -254,13 +288,16 @@ static void test_collective_counts(void **state) {
   assert_int_equal(bytes(m->dp_shard_comm, ML_COLL_REDUCE_SCATTER), dp > 1 ? rs_bytes : 0);
   assert_int_equal(calls(m->dp_comm, ML_COLL_ALL_REDUCE), dp > 1 ? 1 : 0);
   assert_int_equal(calls(m->world, ML_COLL_ALL_REDUCE), tp * dp > 1 ? 1 : 0);
-  for (int k = 0; k < ML_COLL_KINDS; k++)
-    if (k != ML_COLL_ALL_REDUCE) assert_int_equal(calls(m->tp_comm, (ml_coll)k), 0);
+  assert_int_equal(calls(m->tp_comm, ML_COLL_BROADCAST), 0);
   if (rank0())
-    printf("collectives per step: tp all-reduce %lld (%lld B), dp_shard all-gather %lld, "
-           "reduce-scatter %lld (%lld B)\n",
+    printf("collectives per step: tp all-reduce %lld (%lld B), all-gather %lld (%lld B), "
+           "reduce-scatter %lld (%lld B); dp_shard all-gather %lld, reduce-scatter %lld (%lld B)\n",
            (long long)calls(m->tp_comm, ML_COLL_ALL_REDUCE),
            (long long)bytes(m->tp_comm, ML_COLL_ALL_REDUCE),
+           (long long)calls(m->tp_comm, ML_COLL_ALL_GATHER),
+           (long long)bytes(m->tp_comm, ML_COLL_ALL_GATHER),
+           (long long)calls(m->tp_comm, ML_COLL_REDUCE_SCATTER),
+           (long long)bytes(m->tp_comm, ML_COLL_REDUCE_SCATTER),
            (long long)calls(m->dp_shard_comm, ML_COLL_ALL_GATHER),
            (long long)calls(m->dp_shard_comm, ML_COLL_REDUCE_SCATTER),
            (long long)bytes(m->dp_shard_comm, ML_COLL_REDUCE_SCATTER));
@@ -270,12 +307,13 @@ static void test_collective_counts(void **state) {
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
-  if (argc != 3) {
-    fprintf(stderr, "usage: test_parity FIXTURE TP\n");
+  if (argc != 3 && !(argc == 4 && !strcmp(argv[3], "sp"))) {
+    fprintf(stderr, "usage: test_parity FIXTURE TP [sp]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];
   g_tp = atoi(argv[2]);
+  g_sp = argc == 4;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_loss_and_grads),
       cmocka_unit_test(test_logprobs),

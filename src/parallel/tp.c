@@ -33,6 +33,7 @@ static ml_placement grad_of(ml_placement p) { return is_part(p) ? ml_replicate()
 
 static float *work_for(ml_tp *tp, const ml_act *a) {
   size_t need = (size_t)(a->B * a->S * a->C);
+  if (need == 0) need = 1; /* empty activations still get a buffer */
   if (need > tp->work_cap) {
     float *w = realloc(tp->work, need * sizeof(float));
     if (!w) {

@@ -135,12 +135,8 @@ static void module_params(const ml_module *mod, const ml_param *out[2]) {
   }
 }
 
-/* "weight", "bias": the parameter's role within module `mod`. */
-static const char *param_role(const ml_module *mod, const ml_param *p, int i) {
-  (void)mod;
-  (void)p;
-  return i == 0 ? "weight" : "bias";
-}
+/* The role of module_params' entry i. */
+static const char *param_role(int i) { return i == 0 ? "weight" : "bias"; }
 
 static bool is_partial(const ml_tp *tp, const ml_param *p) {
   for (int i = 0; i < tp->n_partial; i++)
@@ -204,8 +200,10 @@ static void text_header(const plan_run *run) {
   ml_cli_print("\nrules (pattern -> style, in plan order):\n");
   for (size_t i = 0; i < run->plan.n; i++) {
     const ml_style *s = &run->plan.rules[i].style;
-    ml_cli_print("  %-44s %s [%s]\n", run->plan.rules[i].pattern, s->label,
-                 ml_style_kind_name(s->kind));
+    const char *kn = ml_style_kind_name(s->kind);
+    if (strcmp(s->label, kn))
+      ml_cli_print("  %-44s %s [%s]\n", run->plan.rules[i].pattern, s->label, kn);
+    else ml_cli_print("  %-44s %s\n", run->plan.rules[i].pattern, kn);
   }
 }
 
@@ -220,9 +218,11 @@ static void text_modules(const plan_run *run) {
     const ml_module *mod = &m->modules[i];
     const ml_plan_rule *rule = r0->tp.modules[i].rule;
     char style[256];
-    if (rule)
-      snprintf(style, sizeof style, "%s [%s] from '%s'", rule->style.label,
-               ml_style_kind_name(rule->style.kind), rule->pattern);
+    const char *kn = rule ? ml_style_kind_name(rule->style.kind) : "";
+    if (rule && strcmp(rule->style.label, kn))
+      snprintf(style, sizeof style, "%s [%s] from '%s'", rule->style.label, kn, rule->pattern);
+    else if (rule)
+      snprintf(style, sizeof style, "%s from '%s'", kn, rule->pattern);
     else snprintf(style, sizeof style, "replicated (no rule)");
     ml_cli_print("  %s (%s): %s\n", mod->name, kind_name(mod->kind), style);
     const ml_param *ps[2];
@@ -234,7 +234,7 @@ static void text_modules(const plan_run *run) {
       text_shape(g, sizeof g, p, p->shape);
       if (strncmp(p->name, mod->name, strlen(mod->name)) != 0)
         snprintf(where, sizeof where, " (tied: %s)", p->name);
-      ml_cli_print("    %s %s%s: ", param_role(mod, p, k), g, where);
+      ml_cli_print("    %s %s%s: ", param_role(k), g, where);
       if (p->tp_dim < 0) {
         ml_cli_print("Replicate()%s", is_partial(&r0->tp, p) ? ", grad Partial (all-reduced over tp)"
                                                            : "");
@@ -280,15 +280,15 @@ static void chain_str(char *buf, size_t cap, const ml_placement *p, int n) {
 static int text_edges(const plan_run *run) {
   const plan_rank *r0 = &run->ranks[0];
   const ml_prediction *pd = &r0->pred;
-  ml_cli_print("\nactivation edges (forward chain | gradient chain; collectives for the local "
-               "batch [%" PRId64 ", %" PRId64 "]):\n",
+  ml_cli_print("\nactivation edges (forward chain | gradient chain; collectives of one step of "
+               "the local batch [%" PRId64 ", %" PRId64 "], lm_head's output per logits chunk):\n",
                pd->B, pd->S);
   for (int i = 0; i < r0->tp.n_edges; i++) {
     const ml_tp_edge *e = &r0->tp.edges[i];
     ml_placement g[10];
     int ng = ml_predict_grad_chain(e, g, 10);
     ml_comm_stats f, b;
-    ML_TRY(ml_predict_edge(e, pd->B, pd->S, &f, &b));
+    ML_TRY(ml_predict_edge_step(&r0->model, e, pd, &f, &b));
     char fc[160], gc[160], fs[200], bs[200];
     chain_str(fc, sizeof fc, e->p, e->n);
     chain_str(gc, sizeof gc, g, ng);
@@ -324,11 +324,16 @@ static void text_prediction(const ml_prediction *p) {
     for (int k = 0; k < ML_COLL_KINDS; k++) any = any || p->train[g].calls[k];
   if (!any) ml_cli_print("    none (one rank)\n");
   ml_cli_print("  by source:\n");
-  for (int i = 0; i < p->n_items; i++) {
-    const ml_predict_item *it = &p->items[i];
-    char h[32];
-    ml_cli_print("    %-48s %-9s %-15s x%" PRId64 " (%s)\n", it->what, ml_group_name(it->group),
-                 ml_coll_name(it->kind), it->calls, human(it->bytes, h, sizeof h));
+  for (int i = 0; i < p->n_items; i++) { /* grouped by source, in order of first appearance */
+    bool seen = false;
+    for (int j = 0; j < i && !seen; j++) seen = !strcmp(p->items[j].what, p->items[i].what);
+    for (int j = i; j < p->n_items && !seen; j++) {
+      const ml_predict_item *it = &p->items[j];
+      if (strcmp(it->what, p->items[i].what)) continue;
+      char h[32];
+      ml_cli_print("    %-48s %-9s %-15s x%" PRId64 " (%s)\n", it->what, ml_group_name(it->group),
+                   ml_coll_name(it->kind), it->calls, human(it->bytes, h, sizeof h));
+    }
   }
   ml_cli_print("  logits: %" PRId64 " chunk(s) of up to %" PRId64 " tokens\n", p->loss_chunks,
                p->loss_chunk);
@@ -476,7 +481,7 @@ static json_t *jmodules(const plan_run *run) {
       const ml_param *p = ps[k];
       if (!p) continue;
       json_t *jp = json_object();
-      json_object_set_new(jp, "role", json_string(param_role(mod, p, k)));
+      json_object_set_new(jp, "role", json_string(param_role(k)));
       json_object_set_new(jp, "name", json_string(p->name));
       json_object_set_new(jp, "shape", jshape(p, p->shape));
       json_object_set_new(jp, "placement",
@@ -509,7 +514,7 @@ static int jedges(const plan_run *run, json_t **out) {
     ml_placement g[10];
     int ng = ml_predict_grad_chain(e, g, 10);
     ml_comm_stats f, b;
-    ML_TRY(ml_predict_edge(e, r0->pred.B, r0->pred.S, &f, &b));
+    ML_TRY(ml_predict_edge_step(&r0->model, e, &r0->pred, &f, &b));
     json_t *je = json_object(), *fc = json_array(), *gc = json_array();
     for (int k = 0; k < e->n; k++) json_array_append_new(fc, jplacement(e->p[k]));
     for (int k = 0; k < ng; k++) json_array_append_new(gc, jplacement(g[k]));

@@ -104,34 +104,44 @@ static bool ends_with(const char *s, const char *suffix) {
   return n >= k && !strcmp(s + n - k, suffix);
 }
 
-/* tp edges: every edge forward and backward with the batch; lm_head's
- * output edge once per logits chunk (ml_head_forward / ml_head_backward run
- * its hooks per chunk). */
-static int predict_edges(const ml_model *m, const ml_tp *tp, ml_prediction *p, int64_t *scratch) {
+/* Whether e is lm_head's output edge (its hooks run once per logits chunk). */
+static bool is_logits_edge(const ml_model *m, const ml_tp_edge *e) {
   const char *lm = module_name(m, &m->lm_head);
-  char lm_out[192] = "";
-  if (lm) snprintf(lm_out, sizeof lm_out, "%s output", lm);
-  int64_t B = p->B, S = p->S, T = B * S, chunk = p->loss_chunk;
+  size_t n = lm ? strlen(lm) : 0;
+  return lm && !strncmp(e->name, lm, n) && !strcmp(e->name + n, " output");
+}
+
+int ml_predict_edge_step(const ml_model *m, const ml_tp_edge *e, const ml_prediction *p,
+                         ml_comm_stats *fwd, ml_comm_stats *bwd) {
+  if (!is_logits_edge(m, e)) return ml_predict_edge(e, p->B, p->S, fwd, bwd);
+  memset(fwd, 0, sizeof *fwd);
+  memset(bwd, 0, sizeof *bwd);
+  int64_t T = p->B * p->S, chunk = p->loss_chunk;
+  int64_t full = chunk > 0 ? T / chunk : 0, rest = chunk > 0 ? T % chunk : 0;
+  ml_comm_stats f, b;
+  if (full) {
+    ML_TRY(ml_predict_edge(e, 1, chunk, &f, &b));
+    stats_add(fwd, &f, full);
+    stats_add(bwd, &b, full);
+  }
+  if (rest) {
+    ML_TRY(ml_predict_edge(e, 1, rest, &f, &b));
+    stats_add(fwd, &f, 1);
+    stats_add(bwd, &b, 1);
+  }
+  return 0;
+}
+
+/* tp edges: every edge forward and backward with the batch; lm_head's
+ * output edge once per logits chunk. */
+static int predict_edges(const ml_model *m, const ml_tp *tp, ml_prediction *p, int64_t *scratch) {
+  int64_t T = p->B * p->S;
   for (int i = 0; i < tp->n_edges; i++) {
     const ml_tp_edge *e = &tp->edges[i];
-    ml_comm_stats f, b, tf = {0}, tb = {0};
-    if (!strcmp(e->name, lm_out)) {
-      int64_t full = chunk > 0 ? T / chunk : 0, rest = chunk > 0 ? T % chunk : 0;
-      if (full) {
-        ML_TRY(ml_predict_edge(e, 1, chunk, &f, &b));
-        stats_add(&tf, &f, full);
-        stats_add(&tb, &b, full);
-      }
-      if (rest) {
-        ML_TRY(ml_predict_edge(e, 1, rest, &f, &b));
-        stats_add(&tf, &f, 1);
-        stats_add(&tb, &b, 1);
-      }
-      if (edge_active(e) && chunk * e->C > *scratch) *scratch = chunk * e->C;
-    } else {
-      ML_TRY(ml_predict_edge(e, B, S, &tf, &tb));
-      if (edge_active(e) && T * e->C > *scratch) *scratch = T * e->C;
-    }
+    ml_comm_stats tf, tb;
+    ML_TRY(ml_predict_edge_step(m, e, p, &tf, &tb));
+    int64_t tokens = is_logits_edge(m, e) ? p->loss_chunk : T;
+    if (edge_active(e) && tokens * e->C > *scratch) *scratch = tokens * e->C;
     items_of(p, "tp edges (forward)", &tf);
     items_of(p, "tp edges (backward)", &tb);
     stats_add(&p->logprobs[ML_GROUP_TP], &tf, 1);

@@ -132,6 +132,13 @@ int ml_predict_step(const ml_model *m, const ml_tp *tp, int dp_replicate, int dp
 int ml_predict_edge(const ml_tp_edge *e, int64_t B, int64_t S, ml_comm_stats *fwd,
                     ml_comm_stats *bwd);
 
+/* The collectives of edge e of model m in one step of prediction p's local
+ * batch: ml_predict_edge with [B, S], except lm_head's output edge, which
+ * runs once per logits chunk (p->loss_chunk tokens, the last one short).
+ * Errors: as ml_tp_edge_cost. */
+int ml_predict_edge_step(const ml_model *m, const ml_tp_edge *e, const ml_prediction *p,
+                         ml_comm_stats *fwd, ml_comm_stats *bwd);
+
 /* The gradient's chain of edge e as it runs backward: grad_in, then the
  * gradient placement of p[n−1], ..., p[0] (Partial activations take
  * Replicate gradients), consecutive repeats dropped; at most `cap` written.

@@ -1,6 +1,9 @@
-/* Predicted vs counted collectives: `mpiexec -n N test_predict FIXTURE TP SP`.
+/* Predicted vs counted collectives:
+ * `mpiexec -n N test_predict FIXTURE TP SP [rep-logits]`.
  * Opens the engine on the fixture over MPI_COMM_WORLD (dp_shard = N / TP,
- * tp = TP, sequence parallel when SP = 1), runs one training step
+ * tp = TP, sequence parallel when SP = 1; with rep-logits, a custom plan
+ * whose lm_head is HF colwise_rep: logits all-gathered per chunk, the loss
+ * on whole rows), runs one training step
  * (ml_engine_forward_backward + ml_engine_grad_norm) and one logprobs pass
  * of the fixture batch, and compares, on every rank and for every mesh
  * group and collective kind, the calls and bytes the counting comm
@@ -19,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/status.h"
 #include "parallel/predict.h"
@@ -27,6 +31,29 @@
 
 static const char *g_fixture;
 static int g_tp, g_sp;
+static char g_plan[64]; /* a custom plan file, or "" for the automatic choice */
+
+/* The HF-style plan with lm_head colwise_rep (Replicate logits). Each
+ * process writes its own copy. */
+static void write_rep_logits_plan(void) {
+  snprintf(g_plan, sizeof g_plan, "/tmp/test_predict_%ld.json", (long)getpid());
+  FILE *f = fopen(g_plan, "w");
+  if (!f) {
+    perror(g_plan);
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  fputs("{\"model.embed_tokens\": \"embedding_rowwise\",\n"
+        " \"model.layers.*.self_attn.q_proj\": \"colwise\",\n"
+        " \"model.layers.*.self_attn.k_proj\": \"colwise\",\n"
+        " \"model.layers.*.self_attn.v_proj\": \"colwise\",\n"
+        " \"model.layers.*.self_attn.o_proj\": \"rowwise\",\n"
+        " \"model.layers.*.mlp.gate_proj\": \"colwise\",\n"
+        " \"model.layers.*.mlp.up_proj\": \"colwise\",\n"
+        " \"model.layers.*.mlp.down_proj\": \"rowwise\",\n"
+        " \"lm_head\": \"colwise_rep\"}\n",
+        f);
+  fclose(f);
+}
 
 typedef struct report {
   int bad;
@@ -68,7 +95,7 @@ typedef struct setup {
 
 static void setup_open(setup *s) {
   fixture_load(g_fixture, &s->fx);
-  ml_engine_opts opts = {NULL, g_sp != 0};
+  ml_engine_opts opts = {g_plan[0] ? g_plan : NULL, g_sp != 0};
   if (ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, g_tp, &s->mesh) ||
       ml_engine_open(&s->e, &s->mesh, s->fx.dir, &opts))
     fail_msg("setup: %s", ml_error_msg());
@@ -162,13 +189,14 @@ static void test_logprobs(void **state) {
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
-  if (argc != 4) {
-    fprintf(stderr, "usage: test_predict FIXTURE TP SP(0|1)\n");
+  if (argc != 4 && !(argc == 5 && !strcmp(argv[4], "rep-logits"))) {
+    fprintf(stderr, "usage: test_predict FIXTURE TP SP(0|1) [rep-logits]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];
   g_tp = atoi(argv[2]);
   g_sp = atoi(argv[3]);
+  if (argc == 5) write_rep_logits_plan();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_train_step),
       cmocka_unit_test(test_logprobs),
@@ -176,6 +204,7 @@ int main(int argc, char **argv) {
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   int any = 0;
   MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (g_plan[0]) remove(g_plan);
   MPI_Finalize();
   return any ? 1 : 0;
 }

@@ -85,10 +85,7 @@ static int build(plan_run *run) {
     }
     pr->applied = true;
     ML_TRY(ml_tp_apply(&pr->tp, &run->plan, &pr->model, &pr->comm));
-    if (o->sp && !ml_placement_eq(pr->tp.residual, ml_shard(1))) /* as ml_engine_open */
-      return ml_err("--sequence-parallel: plan '%s' keeps the residual stream Replicate(); "
-                    "expected embed_tokens output_layouts Shard(1) and SequenceParallel norms",
-                    run->plan.name);
+    ML_TRY(ml_tp_check_sequence_parallel(&pr->tp, &run->plan, o->sp));
     ML_TRY(ml_predict_step(&pr->model, &pr->tp, (int)o->dp_replicate, (int)o->dp_shard,
                            o->batch / dp, o->seq_len, &pr->pred));
   }

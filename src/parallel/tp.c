@@ -630,6 +630,13 @@ int ml_tp_apply(ml_tp *tp, const ml_plan *plan, ml_model *m, ml_comm *comm) {
   return head(&w, r);
 }
 
+int ml_tp_check_sequence_parallel(const ml_tp *tp, const ml_plan *plan, bool sequence_parallel) {
+  if (!sequence_parallel || ml_placement_eq(tp->residual, ml_shard(1))) return 0;
+  return ml_err("--sequence-parallel: plan '%s' keeps the residual stream Replicate(); expected "
+                "embed_tokens output_layouts Shard(1) and SequenceParallel norms",
+                plan->name);
+}
+
 void ml_tp_destroy(ml_tp *tp) {
   free(tp->modules);
   free(tp->edges);

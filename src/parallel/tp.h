@@ -80,6 +80,11 @@ typedef struct ml_tp {
 int ml_tp_apply(ml_tp *tp, const ml_plan *plan, ml_model *m, ml_comm *comm);
 void ml_tp_destroy(ml_tp *tp);
 
+/* After ml_tp_apply: with `sequence_parallel` requested (--sequence-parallel),
+ * the applied plan must shard the residual stream on the sequence. Errors
+ * name the plan. */
+int ml_tp_check_sequence_parallel(const ml_tp *tp, const ml_plan *plan, bool sequence_parallel);
+
 /* Sum the Partial gradients of tp-replicated parameters over tp: one
  * all-reduce of this rank's FSDP shard rows of every such parameter (the
  * same rows on every tp rank), after backward and before the grad norm.

@@ -21,10 +21,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   ML_TRY(ml_plan_select(&e->model, model_dir, opts->parallel_plan, opts->sequence_parallel,
                         &e->plan));
   ML_TRY(ml_tp_apply(&e->tp, &e->plan, &e->model, mesh->tp_comm));
-  if (opts->sequence_parallel && !ml_placement_eq(e->tp.residual, ml_shard(1)))
-    return ml_err("--sequence-parallel: plan '%s' keeps the residual stream Replicate(); "
-                  "expected embed_tokens output_layouts Shard(1) and SequenceParallel norms",
-                  e->plan.name);
+  ML_TRY(ml_tp_check_sequence_parallel(&e->tp, &e->plan, opts->sequence_parallel));
   ml_ckpt ck;
   ML_TRY(ml_ckpt_open(model_dir, &ck));
   int rc = ml_fsdp_init(&e->fsdp, &e->model, mesh->dp_shard_comm, &ck);

@@ -125,7 +125,6 @@ typedef struct val {
 typedef struct walk {
   ml_tp *tp;
   ml_model *m;
-  const ml_plan *plan;
 } walk;
 
 /* A module of the walk: its HF name and its style (NULL: not in the plan). */
@@ -620,7 +619,7 @@ int ml_tp_apply(ml_tp *tp, const ml_plan *plan, ml_model *m, ml_comm *comm) {
   if (!tp->modules || !tp->edges || !tp->partial) return -1;
   for (int i = 0; i < m->n_modules; i++) tp->modules[i].module = &m->modules[i];
   ML_TRY(match_rules(tp, plan, m));
-  walk w = {tp, m, plan};
+  walk w = {tp, m};
   val r;
   ML_TRY(embedding(&w, &r));
   for (int l = 0; l < m->cfg.n_layers; l++) {

@@ -63,6 +63,28 @@ static int attention_views(const ml_model *m, const ml_layer *L, int64_t *nh, in
   return 0;
 }
 
+/* The view v over another buffer of the same shape (its gradient). */
+static ml_act on(ml_act v, float *x) {
+  v.x = x;
+  return v;
+}
+
+/* Backward through a block's shared input: `in` is the view its linears
+ * read (dh, their summed input grad, is in that layout); the input edge of
+ * `first` brings dh back to the residual layout, then the block's norm and
+ * the residual add into dx [B, s_res, H]. */
+static int block_input_backward(ml_model *m, const ml_linear *first, const ml_act *in, float *dh,
+                                const ml_rmsnorm *norm, const float *x, const float *rstd,
+                                float *dx) {
+  int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
+  ml_act dhv = on(*in, dh);
+  ML_TRY(ml_hook_run(first->in.bwd, &dhv));
+  ML_TRY(expect_view(first->weight->name, &dhv, m->s_res, H));
+  norm_bwd(norm, dh, x, rstd, dh, Tr, H);
+  add_inplace(dx, dh, Tr * H);
+  return 0;
+}
+
 // x: [B, s_res, H] in place (residual stream)
 static int attention_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
@@ -109,8 +131,7 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
     memcpy(dtmp, dx, sizeof(float) * (size_t)(Tr * H));
   ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
   ML_TRY(ml_linear_backward(&L->o_proj, &d, &a->in_o, datt, 0));  // datt: [B, S, nh·hd]
-  ml_act datt_v = a->in_o;
-  datt_v.x = datt;
+  ml_act datt_v = on(a->in_o, datt);
   ML_TRY(ml_hook_run(L->o_proj.in.bwd, &datt_v));
   ML_TRY(expect_view(L->o_proj.weight->name, &datt_v, S, nh * hd));
   k_attention_bwd(datt, a->q, a->k, a->v, a->P, dq, dk, dv, B, S, nh, nkv, hd, attn_scale(m));
@@ -120,18 +141,12 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
     norm_bwd(&L->q_norm, dq, a->q_raw, a->rstd_q, dq, T * nh, hd);   // dq: [T·nh, hd]
     norm_bwd(&L->k_norm, dk, a->k_raw, a->rstd_k, dk, T * nkv, hd);  // dk: [T·nkv, hd]
   }
-  ml_act dqv = a->qv, dkv = a->kv, dvv = a->vv;
-  dqv.x = dq, dkv.x = dk, dvv.x = dv;
+  ml_act dqv = on(a->qv, dq), dkv = on(a->kv, dk), dvv = on(a->vv, dv);
   ML_TRY(ml_linear_backward(&L->q_proj, &dqv, &a->in_qkv, dh, 0));  // dh: [B, S, H]
   ML_TRY(ml_linear_backward(&L->k_proj, &dkv, &a->in_qkv, dh, 1));
   ML_TRY(ml_linear_backward(&L->v_proj, &dvv, &a->in_qkv, dh, 1));
-  ml_act dhv = a->in_qkv;
-  dhv.x = dh;
-  ML_TRY(ml_hook_run(L->q_proj.in.bwd, &dhv));
-  ML_TRY(expect_view(L->q_proj.weight->name, &dhv, m->s_res, H));
-  norm_bwd(&L->attn_norm, dh, a->x_in, a->rstd1, dh, Tr, H);
-  add_inplace(dx, dh, Tr * H);  // residual: d x_in
-  return 0;
+  return block_input_backward(m, &L->q_proj, &a->in_qkv, dh, &L->attn_norm, a->x_in, a->rstd1,
+                              dx);  // dx += d x_in
 }
 
 // x: [B, s_res, H] in place
@@ -147,8 +162,7 @@ static int mlp_forward(ml_model *m, ml_layer *L, float *x) {
   ML_TRY(ml_linear_forward(&L->up_proj, &a->in_gu, a->u, &u));        // u: [B, s, I]
   ML_TRY(expect_view(L->up_proj.weight->name, &u, a->gv.s, a->gv.c));
   k_glu_fwd(a->g, a->u, a->a, a->gv.B * a->gv.s * a->gv.c, m->cfg.family->act);
-  a->in_down = a->gv;
-  a->in_down.x = a->a;
+  a->in_down = on(a->gv, a->a);
   ML_TRY(ml_hook_run(L->down_proj.in.fwd, &a->in_down));
   ml_act d;
   ML_TRY(ml_linear_forward(&L->down_proj, &a->in_down, out_norm ? a->d : x, &d));  // [B, s_res, H]
@@ -170,22 +184,15 @@ static int mlp_backward(ml_model *m, ml_layer *L, float *dx) {
     memcpy(dtmp, dx, sizeof(float) * (size_t)(Tr * H));
   ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
   ML_TRY(ml_linear_backward(&L->down_proj, &d, &a->in_down, da, 0));  // da: [B, s, I]
-  ml_act dav = a->in_down;
-  dav.x = da;
+  ml_act dav = on(a->in_down, da);
   ML_TRY(ml_hook_run(L->down_proj.in.bwd, &dav));
   ML_TRY(expect_view(L->down_proj.weight->name, &dav, a->gv.s, a->gv.c));
   k_glu_bwd(da, a->g, a->u, dg, du, a->gv.B * a->gv.s * a->gv.c, m->cfg.family->act);
-  ml_act dgv = a->gv, duv = a->gv;
-  dgv.x = dg, duv.x = du;
+  ml_act dgv = on(a->gv, dg), duv = on(a->gv, du);
   ML_TRY(ml_linear_backward(&L->gate_proj, &dgv, &a->in_gu, dh, 0));  // dh: [B, s, H]
   ML_TRY(ml_linear_backward(&L->up_proj, &duv, &a->in_gu, dh, 1));
-  ml_act dhv = a->in_gu;
-  dhv.x = dh;
-  ML_TRY(ml_hook_run(L->gate_proj.in.bwd, &dhv));
-  ML_TRY(expect_view(L->gate_proj.weight->name, &dhv, m->s_res, H));
-  norm_bwd(&L->mlp_norm, dh, a->x_mid, a->rstd2, dh, Tr, H);
-  add_inplace(dx, dh, Tr * H);  // residual: d x_mid
-  return 0;
+  return block_input_backward(m, &L->gate_proj, &a->in_gu, dh, &L->mlp_norm, a->x_mid, a->rstd2,
+                              dx);  // dx += d x_mid
 }
 
 int ml_layer_forward(ml_model *m, int l, float *x) {

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "common/status.h"
+#include "rank_report.h"
 #include "parallel/predict.h"
 #include "parity_util.h"
 #include "train/engine.h"
@@ -55,27 +56,6 @@ static void write_rep_logits_plan(void) {
   fclose(f);
 }
 
-typedef struct report {
-  int bad;
-  char first[512];
-} report;
-
-static void note(report *rep, const char *fmt, ...) {
-  if (rep->bad++) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(rep->first, sizeof rep->first, fmt, ap);
-  va_end(ap);
-}
-
-/* Fail on every rank when any rank noted a failure. */
-static void agree(const report *rep) {
-  int any = 0, rank;
-  MPI_Allreduce(&rep->bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rep->bad) fprintf(stderr, "rank %d: %d mismatches, first: %s\n", rank, rep->bad, rep->first);
-  if (any) fail_msg("prediction differs from the counting comm on some rank (see stderr)");
-}
 
 static int rank0(void) {
   int r;
@@ -166,7 +146,7 @@ static void test_train_step(void **state) {
     note(&rep, "parameter memory: predicted %lld B, FSDP holds %lld B",
          (long long)s.pred.mem.params, (long long)(4 * shard));
   print_counts(s.pred.train, "train step");
-  agree(&rep);
+  agree(&rep, "mismatches between prediction and counting comm");
   setup_close(&s);
 }
 
@@ -183,7 +163,7 @@ static void test_logprobs(void **state) {
   compare(&s, s.pred.logprobs, "logprobs", &rep);
   print_counts(s.pred.logprobs, "logprobs");
   free(out);
-  agree(&rep);
+  agree(&rep, "mismatches between prediction and counting comm");
   setup_close(&s);
 }
 

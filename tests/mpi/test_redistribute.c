@@ -23,32 +23,10 @@
 
 #include "comm/comm_mpi.h"
 #include "common/status.h"
+#include "rank_report.h"
 #include "parallel/redistribute.h"
 #include "parallel/tp.h"
 
-/* ---- failures collected per rank, agreed after the collectives ---- */
-
-typedef struct report {
-  int bad;
-  char first[512];
-} report;
-
-static void note(report *rep, const char *fmt, ...) {
-  if (rep->bad++) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(rep->first, sizeof rep->first, fmt, ap);
-  va_end(ap);
-}
-
-/* Fail on every rank when any rank noted a failure. */
-static void agree(const report *rep) {
-  int any = 0, rank;
-  MPI_Allreduce(&rep->bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rep->bad) fprintf(stderr, "rank %d: %d failures, first: %s\n", rank, rep->bad, rep->first);
-  if (any) fail_msg("failures on some rank (see stderr)");
-}
 
 /* ---- comms ---- */
 
@@ -233,7 +211,7 @@ static void test_transitions(void **state) {
   ml_comm *c = counting(MPI_COMM_WORLD, "tp");
   transitions_on(c, &rep);
   ml_comm_destroy(c);
-  agree(&rep);
+  agree(&rep, "failures");
 }
 
 /* A group of one: every transition leaves the data as is, full shapes, and
@@ -256,7 +234,7 @@ static void test_group_of_one(void **state) {
       free(b.x);
     }
   ml_comm_destroy(c);
-  agree(&rep);
+  agree(&rep, "failures");
 }
 
 /* ---- DESIGN §3: forward/backward pairs ---- */
@@ -334,7 +312,7 @@ static void test_backward_pairs(void **state) {
     free(work);
   }
   ml_comm_destroy(c);
-  agree(&rep);
+  agree(&rep, "failures");
 }
 
 /* ---- comm: uneven reduce-scatter ---- */
@@ -369,7 +347,7 @@ static void test_reduce_scatter_v(void **state) {
   free(recv);
   free(counts);
   ml_comm_destroy(c);
-  agree(&rep);
+  agree(&rep, "failures");
 }
 
 /* ---- bad requests ---- */
@@ -454,7 +432,7 @@ static void test_errors(void **state) {
   free(feat.x);
   free(work);
   ml_comm_destroy(c);
-  agree(&rep);
+  agree(&rep, "failures");
 }
 
 int main(int argc, char **argv) {

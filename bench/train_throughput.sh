@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Training throughput of the `small` Llama (~13M parameters, S=128, global
-# batch 8) on 1 rank and on 4 ranks (dp_shard=2 x tp=2): median tokens/s,
+# batch 8) on 1 rank and on 4 ranks (dp_shard=2 x tp=2, without and with
+# sequence parallelism): median tokens/s,
 # MFU (6N + 12·L·H·S per token against --peak-tflops), peak RSS, and the
 # collectives per step. Figures for notes; nothing here is asserted.
 # usage: bench/train_throughput.sh [STEPS]   (after `make`)
@@ -27,7 +28,10 @@ OPENBLAS_NUM_THREADS=$cores OMP_NUM_THREADS=$cores build/meshlm "${args[@]}" --m
 threads=$(( cores / 4 > 0 ? cores / 4 : 1 ))
 OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads mpirun -np 4 build/meshlm "${args[@]}" --tp 2 \
   --metrics "$out/m4.jsonl" > "$out/log4"
+OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads mpirun -np 4 build/meshlm "${args[@]}" --tp 2 \
+  --sequence-parallel --metrics "$out/m4sp.jsonl" > "$out/log4sp"
 echo "small Llama, S=128, global batch 8, $cores cores, $steps steps (median of steps 3..$steps)"
 report "$out/m1.jsonl" "1 rank ($cores threads)"
 report "$out/m4.jsonl" "4 ranks dp_shard=2 x tp=2"
-grep "collectives" "$out/log4"
+report "$out/m4sp.jsonl" "4 ranks dp_shard=2 x tp=2 + SP"
+grep "collectives" "$out/log4" "$out/log4sp"

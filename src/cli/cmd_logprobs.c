@@ -87,7 +87,9 @@ int ml_cmd_logprobs(int argc, char **argv) {
   lp_run run = {&mesh, &e, &seqs, NULL, NULL, NULL};
   char tmp[4096];
   if (rc == 0) rc = ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, (int)tp, &mesh);
-  ml_engine_opts eo = {plan, sp};
+  ml_engine_opts eo = ml_engine_opts_default();
+  eo.parallel_plan = plan;
+  eo.sequence_parallel = sp;
   if (rc == 0) rc = ml_engine_open(&e, &mesh, model, &eo);
   if (rc == 0) rc = ml_seqs_load_jsonl(data, e.model.cfg.vocab, &seqs);
   if (rc == 0 && mesh.rank == 0) rc = ml_file_open_tmp(out, tmp, sizeof tmp, &run.out);

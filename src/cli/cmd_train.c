@@ -42,7 +42,9 @@ static int shuffle(ml_dataset *ds, int64_t seed) {
 
 static int setup(const train_opts *o, ml_mesh *mesh, ml_engine *e, ml_dataset *ds) {
   ML_TRY(ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, (int)o->tp, mesh));
-  ml_engine_opts eo = {o->plan, o->sp};
+  ml_engine_opts eo = ml_engine_opts_default();
+  eo.parallel_plan = o->plan;
+  eo.sequence_parallel = o->sp;
   ML_TRY(ml_engine_open(e, mesh, o->model, &eo));
   ML_TRY(ml_dataset_load(o->data, o->seq_len, e->model.cfg.vocab, ds));
   if (o->batch % mesh->dp_comm->size != 0)
@@ -86,11 +88,12 @@ static int train_loop(const train_opts *o, ml_mesh *mesh, ml_engine *e, const ml
     double t0 = MPI_Wtime(), loss, norm;
     int64_t targets = ml_dataset_count_targets(ds, step, o->batch);
     if (ml_dataset_batch(ds, step, o->batch, mesh->dp_comm->rank, mesh->dp_comm->size, ids, mask) ||
+        (ml_engine_zero_grad(e), 0) ||
         ml_engine_forward_backward(e, ids, mask, Bl, S, targets, &loss) ||
-        ml_engine_grad_norm(e, &norm))
+        ml_engine_grad_norm(e, 2.0, &norm))
       ml_cli_abort();
     ml_engine_clip(e, norm, o->max_grad_norm);
-    ml_engine_adamw(e, &adam);
+    if (ml_engine_adamw(e, &adam)) ml_cli_abort();
     double dt = max_over_world(MPI_Wtime() - t0);
     ml_step_metrics sm = {.step = step + 1, .loss = loss, .grad_norm = norm, .lr = o->lr,
                           .tokens = o->batch * S};

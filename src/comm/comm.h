@@ -13,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { ML_RED_SUM, ML_RED_MAX } ml_redop;
+typedef enum { ML_RED_SUM, ML_RED_MAX, ML_RED_MIN } ml_redop;
 typedef enum { ML_ELEM_F32, ML_ELEM_F64 } ml_elem;
 
 typedef enum {

@@ -25,7 +25,7 @@ static int count_ok(ml_comm *c, size_t n) {
 static int mpi_all_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op) {
   ML_TRY(count_ok(c, n));
   MPI_Datatype t = elem == ML_ELEM_F64 ? MPI_DOUBLE : MPI_FLOAT;
-  MPI_Op o = op == ML_RED_MAX ? MPI_MAX : MPI_SUM;
+  MPI_Op o = op == ML_RED_MAX ? MPI_MAX : op == ML_RED_MIN ? MPI_MIN : MPI_SUM;
   return mpi_check(c, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, t, o, mpi_of(c)), "MPI_Allreduce");
 }
 

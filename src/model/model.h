@@ -137,8 +137,21 @@ typedef struct ml_module {
 /* "Linear", "Embedding", "RMSNorm", "Attention", "MLP". */
 const char *ml_module_kind_name(ml_module_kind k);
 
+/* Activation checkpointing (torch.utils.checkpoint as torchtitan and NeMo
+ * apply it per decoder layer): which saved activations a layer drops in
+ * forward and recomputes in backward. Set ml_model.ac before
+ * ml_model_begin. */
+typedef enum {
+  ML_AC_NONE,      /* save everything */
+  ML_AC_MLP,       /* recompute the MLP block from its input (x_mid) */
+  ML_AC_LAYER,     /* full: keep only the layer input, rerun the layer forward */
+  ML_AC_SELECTIVE  /* Megatron's selective recomputation (Korthikanti et al. 2022):
+                      drop the attention core (P = softmax(QK^T)), recompute it */
+} ml_ac_mode;
+
 typedef struct ml_model {
   ml_model_config cfg;
+  ml_ac_mode ac; /* set before ml_model_begin; default ML_AC_NONE */
   ml_embedding embed_tokens;
   ml_layer *layers;
   ml_rmsnorm norm;

@@ -119,7 +119,8 @@ int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, const ml_ckpt *ck) {
   }
   if (dp->size > 1) {
     f->comm_buf = ml_malloc(sizeof(float) * (size_t)(max_shard * dp->size), "fsdp comm buffer");
-    if (!f->comm_buf) return -1;
+    f->grad_buf = ml_malloc(sizeof(float) * (size_t)max_shard, "fsdp grad buffer");
+    if (!f->comm_buf || !f->grad_buf) return -1;
   }
   return 0;
 }
@@ -139,6 +140,7 @@ void ml_fsdp_destroy(ml_fsdp *f) {
   }
   free(f->units);
   free(f->comm_buf);
+  free(f->grad_buf);
   memset(f, 0, sizeof *f);
 }
 
@@ -194,8 +196,7 @@ void ml_fsdp_reshard(ml_fsdp *f, int u) {
 
 int ml_fsdp_grad_begin(ml_fsdp *f, int u) {
   ml_fsdp_unit *unit = &f->units[u];
-  if (f->dp->size == 1) {
-    memset(unit->shard_grad, 0, sizeof(float) * (size_t)unit->shard_numel);
+  if (f->dp->size == 1) { /* backward accumulates straight into the shard's grads */
     point_params(unit, unit->shard_grad, 1);
     return 0;
   }
@@ -212,5 +213,12 @@ int ml_fsdp_reduce_grads(ml_fsdp *f, int u) {
   copy_rank_major(f, unit, unit->full_grad, 0);
   free(unit->full_grad);
   unit->full_grad = NULL;
-  return ml_reduce_scatter(f->dp, f->comm_buf, unit->shard_grad, (size_t)unit->shard_numel);
+  ML_TRY(ml_reduce_scatter(f->dp, f->comm_buf, f->grad_buf, (size_t)unit->shard_numel));
+  for (int64_t k = 0; k < unit->shard_numel; k++) unit->shard_grad[k] += f->grad_buf[k];
+  return 0;
+}
+
+int ml_fsdp_sync_params(ml_fsdp *f) {
+  (void)f;
+  return 0;
 }

@@ -21,6 +21,25 @@
 #include "comm/comm.h"
 #include "io/checkpoint.h"
 #include "model/model.h"
+#include "tensor/dtype.h"
+
+/* reshard_after_forward of fully_shard: the default policy (layers true,
+ * the root and the last layer false), or the same value for every unit. */
+typedef enum { ML_RESHARD_DEFAULT, ML_RESHARD_ALWAYS, ML_RESHARD_NEVER } ml_reshard_policy;
+
+/* FSDP2's fully_shard options (torch.distributed.fsdp.MixedPrecisionPolicy,
+ * reshard_after_forward) plus the ZeRO stage and the prefetch depths. */
+typedef struct ml_fsdp_opts {
+  ml_dtype param_dtype;  /* ML_F32 or ML_BF16: all-gather dtype of the parameters and the
+                            dtype compute inputs are rounded to (CPU: bf16 storage, fp32
+                            arithmetic) */
+  ml_dtype reduce_dtype; /* ML_F32 or ML_BF16: dtype gradients are reduced in */
+  ml_reshard_policy reshard_after_forward;
+  int zero;              /* 3: params, grads and optimizer state sharded (FSDP); 2: params
+                            stay unsharded between steps; 1: grads also all-reduced whole */
+  int prefetch_forward;  /* units whose all-gather is issued ahead in forward (0 = none) */
+  int prefetch_backward; /* the same in backward */
+} ml_fsdp_opts;
 
 typedef struct ml_fsdp_unit {
   ml_param **params;
@@ -40,6 +59,7 @@ typedef struct ml_fsdp {
   ml_fsdp_unit *units; /* n_layers + 1; the root is the last */
   int n_units;
   float *comm_buf; /* [dp · max shard_numel], gather / reduce-scatter staging */
+  float *grad_buf; /* [max shard_numel], reduce-scatter output, added to shard_grad */
 } ml_fsdp;
 
 /* The flat-shard layout of one unit's parameters over a group of `dp`
@@ -70,14 +90,21 @@ int ml_fsdp_unshard(ml_fsdp *f, int u);
 /* Free unit u's unsharded parameters (param->data = NULL); no-op when the
  * shard is the full tensor. */
 void ml_fsdp_reshard(ml_fsdp *f, int u);
-/* Zeroed unsharded gradients for unit u (param->grad set). */
+/* Unsharded gradients for unit u (param->grad set): zeroed, or with one
+ * rank the shard's gradient itself (backward accumulates into it). */
 int ml_fsdp_grad_begin(ml_fsdp *f, int u);
-/* Reduce-scatter unit u's gradients into shard_grad (=) and free them. */
+/* Reduce-scatter unit u's gradients and add them to shard_grad (+=, so
+ * micro-batches accumulate; ml_engine_zero_grad clears), then free them. */
 int ml_fsdp_reduce_grads(ml_fsdp *f, int u);
 
 /* All-gather a flat per-rank array laid out like unit u's shard (`src`,
  * e.g. shard_grad) into the unsharded layout `dst` [full_numel]. */
 int ml_fsdp_gather_flat(ml_fsdp *f, int u, const float *src, float *dst);
+
+/* Re-gather the persistent unsharded parameters (ZeRO-1/2) from the
+ * shards after they changed (optimizer step, checkpoint load); no-op under
+ * ZeRO-3. Collective over the group. */
+int ml_fsdp_sync_params(ml_fsdp *f);
 
 /* Which unit holds parameter p: its index, and where its chunk lies. */
 int ml_fsdp_param_index(const ml_fsdp_unit *unit, const ml_param *p);

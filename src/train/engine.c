@@ -1,6 +1,7 @@
 #include "train/engine.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -9,15 +10,27 @@
 #include "kernels/cpu/kernels.h"
 #include "parallel/tp.h"
 
+ml_engine_opts ml_engine_opts_default(void) {
+  ml_engine_opts o = {0};
+  o.fsdp = (ml_fsdp_opts){.param_dtype = ML_F32, .reduce_dtype = ML_F32,
+                          .reshard_after_forward = ML_RESHARD_DEFAULT, .zero = 3,
+                          .prefetch_forward = 1, .prefetch_backward = 2};
+  o.output_dtype = ML_F32;
+  o.ac = ML_AC_NONE;
+  return o;
+}
+
 int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
                    const ml_engine_opts *opts) {
   memset(e, 0, sizeof *e);
   e->mesh = mesh;
-  ml_engine_opts none = {0};
-  if (!opts) opts = &none;
+  ml_engine_opts def = ml_engine_opts_default();
+  if (!opts) opts = &def;
+  e->opts = *opts;
   ml_model_config cfg;
   ML_TRY(ml_model_config_load(model_dir, &cfg));
   ML_TRY(ml_model_create(&cfg, &e->model));
+  e->model.ac = opts->ac;
   ML_TRY(ml_plan_select(&e->model, model_dir, opts->parallel_plan, opts->sequence_parallel,
                         &e->plan));
   ML_TRY(ml_tp_apply(&e->tp, &e->plan, &e->model, mesh->tp_comm));
@@ -132,30 +145,83 @@ int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, f
   return rc;
 }
 
-/* Sum of squared gradients this rank owns, each parameter counted once. */
-static double local_sq_norm(const ml_engine *e) {
+void ml_engine_zero_grad(ml_engine *e) {
+  for (int u = 0; u < e->fsdp.n_units; u++) {
+    ml_fsdp_unit *unit = &e->fsdp.units[u];
+    memset(unit->shard_grad, 0, sizeof(float) * (size_t)unit->shard_numel);
+  }
+}
+
+/* Whether this rank's copy of parameter p counts towards the global norm:
+ * TP-replicated parameters on tp rank 0, HSDP replicas on replica 0. */
+static bool owns_grad(const ml_engine *e, const ml_param *p) {
+  if (e->mesh->dp_replicate_rank != 0) return false;
+  return p->tp_dim >= 0 || e->mesh->tp_rank == 0;
+}
+
+/* This rank's part of the norm: the sum of squares (norm_type 2) or the
+ * max |g| (INFINITY) of the gradients it owns, each parameter once. */
+static double local_norm_part(const ml_engine *e, bool inf) {
   const ml_fsdp *f = &e->fsdp;
   double total = 0.0;
   for (int u = 0; u < f->n_units; u++) {
     const ml_fsdp_unit *unit = &f->units[u];
     for (int i = 0; i < unit->n; i++) {
-      if (unit->params[i]->tp_dim < 0 && e->mesh->tp_rank != 0) continue;
+      if (!owns_grad(e, unit->params[i])) continue;
       const float *g = unit->shard_grad + unit->shard_off[i];
       int64_t n = unit->chunk_rows[i] * unit->params[i]->local[1];
       double s = 0.0;
+      if (inf) {
+#pragma omp parallel for reduction(max : s)
+        for (int64_t k = 0; k < n; k++) s = fmax(s, isnan(g[k]) ? INFINITY : fabs((double)g[k]));
+        total = fmax(total, s);
+      } else {
 #pragma omp parallel for reduction(+ : s)
-      for (int64_t k = 0; k < n; k++) s += (double)g[k] * g[k];
-      total += s;
+        for (int64_t k = 0; k < n; k++) s += (double)g[k] * g[k];
+        total += s;
+      }
     }
   }
   return total;
 }
 
-int ml_engine_grad_norm(ml_engine *e, double *norm) {
-  double sq = local_sq_norm(e);
-  if (e->mesh->world->size > 1) ML_TRY(ml_all_reduce(e->mesh->world, &sq, 1, ML_ELEM_F64, ML_RED_SUM));
-  *norm = sqrt(sq);
+int ml_engine_grad_norm(ml_engine *e, double norm_type, double *norm) {
+  bool inf = isinf(norm_type);
+  if (!inf && norm_type != 2.0)
+    return ml_err("grad norm type %g: expected 2 (L2) or inf", norm_type);
+  double v = local_norm_part(e, inf);
+  if (e->mesh->world->size > 1)
+    ML_TRY(ml_all_reduce(e->mesh->world, &v, 1, ML_ELEM_F64, inf ? ML_RED_MAX : ML_RED_SUM));
+  *norm = inf ? v : sqrt(v);
   return 0;
+}
+
+int ml_engine_find_nonfinite(ml_engine *e, char *name, size_t cap) {
+  const ml_fsdp *f = &e->fsdp;
+  double first = INFINITY; /* global index (unit order) of this rank's first non-finite grad */
+  for (int u = 0, idx = 0; u < f->n_units && isinf(first); u++) {
+    const ml_fsdp_unit *unit = &f->units[u];
+    for (int i = 0; i < unit->n && isinf(first); i++, idx++) {
+      const float *g = unit->shard_grad + unit->shard_off[i];
+      int64_t n = unit->chunk_rows[i] * unit->params[i]->local[1];
+      for (int64_t k = 0; k < n; k++)
+        if (!isfinite(g[k])) {
+          first = idx;
+          break;
+        }
+    }
+  }
+  if (e->mesh->world->size > 1)
+    ML_TRY(ml_all_reduce(e->mesh->world, &first, 1, ML_ELEM_F64, ML_RED_MIN));
+  if (isinf(first)) return 0;
+  for (int u = 0, idx = (int)first; u < f->n_units; u++) {
+    if (idx < f->units[u].n) {
+      snprintf(name, cap, "%s", f->units[u].params[idx]->name);
+      break;
+    }
+    idx -= f->units[u].n;
+  }
+  return 1;
 }
 
 void ml_engine_clip(ml_engine *e, double norm, double max_norm) {
@@ -167,11 +233,14 @@ void ml_engine_clip(ml_engine *e, double norm, double max_norm) {
   }
 }
 
-void ml_engine_adamw(ml_engine *e, const ml_adamw_cfg *c) {
+int ml_engine_adamw(ml_engine *e, const ml_adamw_cfg *c) {
   e->step++;
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
     k_adamw_step(unit->shard, unit->shard_grad, unit->adam_m, unit->adam_v, unit->shard_numel,
                  c->lr, c->beta1, c->beta2, c->eps, c->weight_decay, e->step);
   }
+  return ml_engine_sync_params(e);
 }
+
+int ml_engine_sync_params(ml_engine *e) { return ml_fsdp_sync_params(&e->fsdp); }

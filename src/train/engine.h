@@ -16,15 +16,23 @@
 #include "parallel/plan.h"
 #include "parallel/tp.h"
 
-/* How to parallelize beyond the mesh: NeMo's dtensor_cfg
- * custom_parallel_plan and sequence_parallel. */
+/* How to parallelize beyond the mesh, as NeMo's dtensor_cfg and FSDP2's
+ * fully_shard arguments name it. Start from ml_engine_opts_default(). */
 typedef struct ml_engine_opts {
   const char *parallel_plan; /* NULL/"auto", "optimized", "hf", "default" or a plan file */
   bool sequence_parallel;
+  ml_fsdp_opts fsdp;         /* mixed precision, reshard policy, ZeRO stage, prefetch */
+  ml_dtype output_dtype;     /* MixedPrecisionPolicy.output_dtype: logits rounded to it (F32/BF16) */
+  ml_ac_mode ac;             /* activation checkpointing of every decoder layer */
 } ml_engine_opts;
+
+/* fp32 everywhere, FSDP2's reshard defaults, ZeRO-3, prefetch forward 1 /
+ * backward 2, no activation checkpointing, plan auto, no SP. */
+ml_engine_opts ml_engine_opts_default(void);
 
 typedef struct ml_engine {
   ml_mesh *mesh;
+  ml_engine_opts opts;
   ml_model model;
   ml_plan plan;
   ml_tp tp;
@@ -43,11 +51,20 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
                    const ml_engine_opts *opts);
 void ml_engine_close(ml_engine *e);
 
-/* Forward + backward of a local batch ids/mask [B, S] (mask[b, i] = 1:
- * token i is a target, predicted from the tokens before it). The loss is
- * the mean over the global batch's targets: gradients are scaled by
- * 1/global_targets. Leaves the reduced gradients in the FSDP shards;
- * *loss receives the global mean loss (one all-reduce over dp). */
+/* Zero the sharded gradients: the start of an optimizer step (torch's
+ * optimizer.zero_grad()). */
+void ml_engine_zero_grad(ml_engine *e);
+
+/* Forward + backward of a local (micro-)batch ids/mask [B, S] (mask[b, i]
+ * = 1: token i is a target, predicted from the tokens before it). The loss
+ * is the mean over the targets of the whole global batch of the optimizer
+ * step (all dp ranks, all micro-batches of gradient accumulation):
+ * gradients are scaled by 1/global_targets and accumulate (+=) into the
+ * FSDP shards, reduced over dp_shard (and dp_replicate under HSDP), so N
+ * micro-batches give the gradient of one batch N times larger. *loss
+ * receives this micro-batch's loss sum over the whole dp group divided by
+ * global_targets (one all-reduce over dp): the sum over micro-batches is
+ * the step's mean loss. */
 int ml_engine_forward_backward(ml_engine *e, const int32_t *ids, const uint8_t *mask, int64_t B,
                                int64_t S, int64_t global_targets, double *loss);
 
@@ -55,9 +72,18 @@ int ml_engine_forward_backward(ml_engine *e, const int32_t *ids, const uint8_t *
  * out[b, t] = log p(ids[b, t+1] | ids[b, ≤t]). Forward only. */
 int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, float *out);
 
-/* Global L2 norm of the gradients over the whole mesh, each parameter
- * counted once (TP-replicated parameters only from tp rank 0; DESIGN §7). */
-int ml_engine_grad_norm(ml_engine *e, double *norm);
+/* Global norm of the gradients over the mesh (DESIGN §7,
+ * torch.nn.utils.clip_grad_norm_ norm_type): norm_type 2 = L2 (local sums of
+ * squares in fp64, summed over dp_shard × cp × tp), INFINITY = max |g|
+ * (MAX). Each parameter counted once: TP-replicated parameters only from tp
+ * rank 0, HSDP replicas only from dp_replicate rank 0. A NaN or Inf
+ * gradient makes the norm non-finite. Collective over the world. */
+int ml_engine_grad_norm(ml_engine *e, double norm_type, double *norm);
+
+/* Collective: whether any rank holds a non-finite gradient; if so, *name
+ * (cap bytes) receives the HF name of the first such parameter in FSDP
+ * unit order (the same on every rank). Returns 1 (found), 0 (none) or −1. */
+int ml_engine_find_nonfinite(ml_engine *e, char *name, size_t cap);
 
 /* Multiply every gradient by max_norm / (norm + 1e-6) when that is < 1
  * (torch.nn.utils.clip_grad_norm_). */
@@ -67,7 +93,14 @@ typedef struct ml_adamw_cfg {
   double lr, beta1, beta2, eps, weight_decay;
 } ml_adamw_cfg;
 
-/* One AdamW step (torch.optim.AdamW) on every local shard. */
-void ml_engine_adamw(ml_engine *e, const ml_adamw_cfg *cfg);
+/* One AdamW step (torch.optim.AdamW) on every local shard; then, where
+ * parameters stay unsharded between steps (ZeRO-1/2), all-gather them
+ * again. e->step counts the steps taken. Errors: the all-gather. */
+int ml_engine_adamw(ml_engine *e, const ml_adamw_cfg *cfg);
+
+/* After the fp32 shards were overwritten from outside (a run checkpoint
+ * loaded): refresh what is derived from them — the persistent unsharded
+ * parameters of ZeRO-1/2. Collective over dp_shard. */
+int ml_engine_sync_params(ml_engine *e);
 
 #endif

@@ -75,7 +75,9 @@ typedef struct setup {
 
 static void setup_open(setup *s) {
   fixture_load(g_fixture, &s->fx);
-  ml_engine_opts opts = {g_plan[0] ? g_plan : NULL, g_sp != 0};
+  ml_engine_opts opts = ml_engine_opts_default();
+  opts.parallel_plan = g_plan[0] ? g_plan : NULL;
+  opts.sequence_parallel = g_sp != 0;
   if (ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, g_tp, &s->mesh) ||
       ml_engine_open(&s->e, &s->mesh, s->fx.dir, &opts))
     fail_msg("setup: %s", ml_error_msg());
@@ -136,8 +138,9 @@ static void test_train_step(void **state) {
   ml_mesh_stats_reset(&s.mesh);
   double loss, norm;
   report rep = {0};
+  ml_engine_zero_grad(&s.e);
   if (ml_engine_forward_backward(&s.e, s.ids, s.mask, s.Bl, s.fx.S, s.fx.targets, &loss) ||
-      ml_engine_grad_norm(&s.e, &norm))
+      ml_engine_grad_norm(&s.e, 2.0, &norm))
     fail_msg("step: %s", ml_error_msg());
   compare(&s, s.pred.train, "train step", &rep);
   int64_t shard = 0;

@@ -1,0 +1,1 @@
+# (tests added with the feature)

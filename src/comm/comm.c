@@ -5,15 +5,29 @@
 int ml_all_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op) {
   return c->ops->all_reduce(c, buf, n, elem, op);
 }
+size_t ml_elem_size(ml_elem e) { return e == ML_ELEM_F64 ? 8 : e == ML_ELEM_BF16 ? 2 : 4; }
+
 int ml_all_gather(ml_comm *c, const float *send, float *recv, size_t n_per_rank) {
-  return c->ops->all_gather(c, send, recv, n_per_rank);
+  return c->ops->all_gather(c, send, recv, n_per_rank, ML_ELEM_F32);
 }
+int ml_all_gather_t(ml_comm *c, const void *send, void *recv, size_t n_per_rank, ml_elem elem) {
+  return c->ops->all_gather(c, send, recv, n_per_rank, elem);
+}
+int ml_iall_gather(ml_comm *c, const void *send, void *recv, size_t n_per_rank, ml_elem elem,
+                   ml_request *req) {
+  return c->ops->iall_gather(c, send, recv, n_per_rank, elem, req);
+}
+int ml_wait(ml_comm *c, ml_request *req) { return c->ops->wait(c, req); }
 int ml_all_gather_v(ml_comm *c, const float *send, size_t n_send, float *recv,
                     const size_t *counts) {
   return c->ops->all_gather_v(c, send, n_send, recv, counts);
 }
 int ml_reduce_scatter(ml_comm *c, const float *send, float *recv, size_t n_per_rank) {
-  return c->ops->reduce_scatter(c, send, recv, n_per_rank);
+  return c->ops->reduce_scatter(c, send, recv, n_per_rank, ML_ELEM_F32);
+}
+int ml_reduce_scatter_t(ml_comm *c, const void *send, void *recv, size_t n_per_rank,
+                        ml_elem elem) {
+  return c->ops->reduce_scatter(c, send, recv, n_per_rank, elem);
 }
 int ml_reduce_scatter_v(ml_comm *c, const float *send, float *recv, const size_t *counts) {
   return c->ops->reduce_scatter_v(c, send, recv, counts);

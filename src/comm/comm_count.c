@@ -2,6 +2,7 @@
  * records calls and bytes per kind (the role of torch's CommDebugMode). */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "comm/comm.h"
 #include "common/status.h"
@@ -18,39 +19,62 @@ static void record(ml_comm *c, ml_coll k, size_t bytes) {
   cnt_of(c)->stats.bytes[k] += (int64_t)bytes;
 }
 
-static int cnt_all_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op) {
-  record(c, ML_COLL_ALL_REDUCE, n * (elem == ML_ELEM_F64 ? 8 : 4));
-  return ml_all_reduce(cnt_of(c)->inner, buf, n, elem, op);
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-static int cnt_all_gather(ml_comm *c, const float *send, float *recv, size_t n) {
-  record(c, ML_COLL_ALL_GATHER, n * (size_t)c->size * 4);
-  return ml_all_gather(cnt_of(c)->inner, send, recv, n);
+/* Run a blocking call, adding its wall time to wait_s. */
+#define TIMED(c, call)                           \
+  do {                                           \
+    double t0_ = now_s();                        \
+    int rc_ = (call);                            \
+    cnt_of(c)->stats.wait_s += now_s() - t0_;    \
+    return rc_;                                  \
+  } while (0)
+
+static int cnt_all_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op) {
+  record(c, ML_COLL_ALL_REDUCE, n * ml_elem_size(elem));
+  TIMED(c, ml_all_reduce(cnt_of(c)->inner, buf, n, elem, op));
 }
+
+static int cnt_all_gather(ml_comm *c, const void *send, void *recv, size_t n, ml_elem elem) {
+  record(c, ML_COLL_ALL_GATHER, n * (size_t)c->size * ml_elem_size(elem));
+  TIMED(c, ml_all_gather_t(cnt_of(c)->inner, send, recv, n, elem));
+}
+
+static int cnt_iall_gather(ml_comm *c, const void *send, void *recv, size_t n, ml_elem elem,
+                           ml_request *req) {
+  record(c, ML_COLL_ALL_GATHER, n * (size_t)c->size * ml_elem_size(elem));
+  return ml_iall_gather(cnt_of(c)->inner, send, recv, n, elem, req);
+}
+
+static int cnt_wait(ml_comm *c, ml_request *req) { TIMED(c, ml_wait(cnt_of(c)->inner, req)); }
 
 static int cnt_all_gather_v(ml_comm *c, const float *send, size_t n_send, float *recv,
                             const size_t *counts) {
   size_t total = 0;
   for (int r = 0; r < c->size; r++) total += counts[r];
   record(c, ML_COLL_ALL_GATHER, total * 4);
-  return ml_all_gather_v(cnt_of(c)->inner, send, n_send, recv, counts);
+  TIMED(c, ml_all_gather_v(cnt_of(c)->inner, send, n_send, recv, counts));
 }
 
-static int cnt_reduce_scatter(ml_comm *c, const float *send, float *recv, size_t n) {
-  record(c, ML_COLL_REDUCE_SCATTER, n * (size_t)c->size * 4);
-  return ml_reduce_scatter(cnt_of(c)->inner, send, recv, n);
+static int cnt_reduce_scatter(ml_comm *c, const void *send, void *recv, size_t n, ml_elem elem) {
+  record(c, ML_COLL_REDUCE_SCATTER, n * (size_t)c->size * ml_elem_size(elem));
+  TIMED(c, ml_reduce_scatter_t(cnt_of(c)->inner, send, recv, n, elem));
 }
 
 static int cnt_reduce_scatter_v(ml_comm *c, const float *send, float *recv, const size_t *counts) {
   size_t total = 0;
   for (int r = 0; r < c->size; r++) total += counts[r];
   record(c, ML_COLL_REDUCE_SCATTER, total * 4);
-  return ml_reduce_scatter_v(cnt_of(c)->inner, send, recv, counts);
+  TIMED(c, ml_reduce_scatter_v(cnt_of(c)->inner, send, recv, counts));
 }
 
 static int cnt_broadcast(ml_comm *c, void *buf, size_t bytes, int root) {
   record(c, ML_COLL_BROADCAST, bytes);
-  return ml_broadcast(cnt_of(c)->inner, buf, bytes, root);
+  TIMED(c, ml_broadcast(cnt_of(c)->inner, buf, bytes, root));
 }
 
 static void cnt_destroy(ml_comm *c) {
@@ -59,9 +83,9 @@ static void cnt_destroy(ml_comm *c) {
   free(c);
 }
 
-static const ml_comm_ops counting_ops = {cnt_all_reduce,     cnt_all_gather,       cnt_all_gather_v,
-                                         cnt_reduce_scatter, cnt_reduce_scatter_v, cnt_broadcast,
-                                         cnt_destroy};
+static const ml_comm_ops counting_ops = {
+    cnt_all_reduce, cnt_all_gather,  cnt_all_gather_v, cnt_reduce_scatter, cnt_reduce_scatter_v,
+    cnt_broadcast,  cnt_iall_gather, cnt_wait,         cnt_destroy};
 
 int ml_comm_counting_create(ml_comm *inner, ml_comm **out) {
   ml_comm *c = ml_calloc(1, sizeof *c, "counting comm");

@@ -149,7 +149,7 @@ static void check_cost(report *rep, ml_comm *c, int from, int to, shape sh) {
     note(rep, "cost %s->%s: %s", pl_name(from), pl_name(to), ml_error_msg());
     return;
   }
-  ml_comm_stats want = {{0}, {0}}, *got = ml_comm_stats_of(c);
+  ml_comm_stats want = {{0}, {0}, 0}, *got = ml_comm_stats_of(c);
   for (int i = 0; i < n; i++) {
     want.calls[kinds[i]]++;
     want.bytes[kinds[i]] += bytes[i];

@@ -1,18 +1,28 @@
-/* FSDP (torch's fully_shard / FSDP2, DESIGN §6) over the dp_shard group.
+/* FSDP (torch's fully_shard / FSDP2, DESIGN §6) over the dp_shard group,
+ * with HSDP over dp_replicate.
  *
  * Unit = one decoder layer, plus a root unit (embedding, final norm,
  * lm_head). Each parameter's TP-local tensor is chunked on dim 0 across the
  * group (chunk = ceil(rows / dp), zero-padded), and a unit's chunks are
  * packed into one flat shard per rank: shard = [chunk of p0 | chunk of p1 |
- * ...]. Unsharding is one all-gather of the flat shards followed by a copy
- * into the unit's contiguous unsharded buffer (FSDP2's copy-out); gradients
- * are copied into the same rank-major layout and reduce-scattered (SUM: the
- * loss is already normalised by the global token count) into the shard's
- * gradient. Master weights, gradients and AdamW state live on the shard.
- * With a group of one rank the shard is the unsharded tensor and no
- * collective runs. reshard_after_forward: true for layers, false for the
- * root and the last layer (needed at once in backward), as FSDP2's
- * fully_shard defaults are used in torchtitan. */
+ * ...]. Unsharding is one all-gather of the flat shards (in param_dtype)
+ * followed by a copy into the unit's contiguous unsharded fp32 buffer
+ * (FSDP2's copy-out; bf16 values widened exactly); gradients are rounded to
+ * param_dtype (they were computed in it), copied into the same rank-major
+ * layout, reduce-scattered in reduce_dtype (SUM: the loss is already
+ * normalised by the global token count), all-reduced over dp_replicate
+ * under HSDP, and added to the shard's fp32 gradient. Master weights,
+ * gradients and AdamW state live on the shard in fp32.
+ *
+ * Prefetch (FSDP2's implicit prefetching, set_modules_to_forward_prefetch):
+ * ml_fsdp_prefetch starts a unit's all-gather without blocking (MPI
+ * nonblocking collective); ml_fsdp_unshard waits for it.
+ *
+ * ZeRO stages: 3 is the above. 2 keeps every unit's unsharded parameters
+ * between steps (re-gathered after the optimizer step: ml_fsdp_sync_params),
+ * so forward and backward gather nothing; 1 also all-reduces whole
+ * gradients instead of reduce-scattering them (each rank then keeps its
+ * shard's slice for the optimizer). The reshard policy applies to ZeRO-3. */
 #ifndef ML_FSDP_H
 #define ML_FSDP_H
 
@@ -52,14 +62,21 @@ typedef struct ml_fsdp_unit {
   float *shard, *shard_grad, *adam_m, *adam_v; /* [shard_numel] each */
   float *full, *full_grad;                     /* unsharded, while materialised */
   bool reshard_after_forward;
+  /* an all-gather in flight (prefetch): its request and wire buffers */
+  ml_request req;
+  void *send, *recv;
+  bool in_flight;
 } ml_fsdp_unit;
 
 typedef struct ml_fsdp {
-  ml_comm *dp;
+  ml_comm *dp;  /* dp_shard (× cp): the group parameters are sharded over */
+  ml_comm *rep; /* dp_replicate: HSDP replicas (size 1: plain FSDP) */
+  ml_fsdp_opts opts;
   ml_fsdp_unit *units; /* n_layers + 1; the root is the last */
   int n_units;
-  float *comm_buf; /* [dp · max shard_numel], gather / reduce-scatter staging */
-  float *grad_buf; /* [max shard_numel], reduce-scatter output, added to shard_grad */
+  float *comm_buf;  /* [dp · max shard_numel] fp32: gather / gradient staging */
+  float *grad_buf;  /* [max shard_numel] fp32: the reduced gradient, added to shard_grad */
+  uint16_t *wire;   /* [dp · max shard_numel] bf16 gradients on the wire (reduce_dtype BF16) */
 } ml_fsdp;
 
 /* The flat-shard layout of one unit's parameters over a group of `dp`
@@ -74,27 +91,36 @@ void ml_fsdp_layout(ml_param *const *params, int n, int dp, int64_t *chunk_rows,
                     int64_t *full_numel);
 
 /* Whether unit u of n_units (n_layers + 1, the root last) frees its
- * unsharded parameters after forward: every layer but the last. */
-bool ml_fsdp_reshard_after_forward(int u, int n_units);
+ * unsharded parameters after forward under `policy`: by default every
+ * layer but the last (FSDP2 as torchtitan applies it). */
+bool ml_fsdp_reshard_after_forward(ml_reshard_policy policy, int u, int n_units);
 
 /* Build the units of `m` (after TP is applied), allocate this rank's
  * shards and fill them from the checkpoint `ck` (each rank reads only its
- * slice). Errors: a parameter missing from the checkpoint or with another
- * shape (named, with both shapes), unreadable dtype, allocation. */
-int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, const ml_ckpt *ck);
+ * slice); under ZeRO-1/2 gather every unit once. dp: the sharding group;
+ * rep: the HSDP replica group (size 1 or NULL: none). Errors: options out
+ * of range (named), a parameter missing from the checkpoint or with
+ * another shape (named, with both shapes), unreadable dtype, allocation. */
+int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fsdp_opts *opts,
+                 const ml_ckpt *ck);
 void ml_fsdp_destroy(ml_fsdp *f);
 
-/* Materialise unit u's parameters (all-gather; no-op if already there) and
- * point param->data at them. */
+/* Start unit u's all-gather without waiting (no-op when u is out of range,
+ * materialised or already in flight). */
+int ml_fsdp_prefetch(ml_fsdp *f, int u);
+/* Materialise unit u's parameters (all-gather, or wait for its prefetch;
+ * no-op if already there) and point param->data at them. */
 int ml_fsdp_unshard(ml_fsdp *f, int u);
 /* Free unit u's unsharded parameters (param->data = NULL); no-op when the
- * shard is the full tensor. */
+ * shard is the full tensor or the parameters persist (ZeRO-1/2). */
 void ml_fsdp_reshard(ml_fsdp *f, int u);
 /* Unsharded gradients for unit u (param->grad set): zeroed, or with one
  * rank the shard's gradient itself (backward accumulates into it). */
 int ml_fsdp_grad_begin(ml_fsdp *f, int u);
-/* Reduce-scatter unit u's gradients and add them to shard_grad (+=, so
- * micro-batches accumulate; ml_engine_zero_grad clears), then free them. */
+/* Reduce unit u's gradients (reduce-scatter over dp, or all-reduce under
+ * ZeRO-1; then all-reduce over the replicas) and add this rank's part to
+ * shard_grad (+=, so micro-batches accumulate; ml_engine_zero_grad clears),
+ * then free them. */
 int ml_fsdp_reduce_grads(ml_fsdp *f, int u);
 
 /* All-gather a flat per-rank array laid out like unit u's shard (`src`,

@@ -13,6 +13,7 @@ typedef struct chunk_bufs {
   float *mx;     /* [nt] */
   float *se_tl;  /* [2 nt]: sum of exp, then target logit − max */
   float *w;      /* [nt] gradient weights */
+  bool bf16;     /* round the logits to bf16 (output_dtype) */
 } chunk_bufs;
 
 /* mx, se, tl of tokens t0 .. t0+nt−1, reduced over the vocab shards. */
@@ -32,6 +33,7 @@ static int chunk_stats(ml_model *m, ml_comm *tp, const int32_t *y, int64_t t0, i
   int64_t v0, nv;
   vocab_range(m, tp, &v0, &nv);
   ML_TRY(ml_head_forward(m, t0, nt, b->logits));  // logits: [nt, nv]
+  if (b->bf16) ml_round_bf16(b->logits, (size_t)(nt * nv));
   k_xent_rowmax(b->logits, nt, nv, b->mx);
   if (tp && tp->size > 1) ML_TRY(ml_all_reduce(tp, b->mx, (size_t)nt, ML_ELEM_F32, ML_RED_MAX));
   k_xent_sumexp_target(b->logits, nt, nv, v0, y + t0, b->mx, b->se_tl, b->se_tl + nt);
@@ -69,8 +71,8 @@ int64_t ml_loss_chunk_tokens(int64_t T, int64_t V, int parts) {
   return chunk > T ? T : chunk;
 }
 
-int ml_vocab_parallel_loss(ml_model *m, ml_comm *tp, const int32_t *targets, bool backward,
-                           float grad_scale, float *logprobs, ml_loss_out *out) {
+int ml_vocab_parallel_loss(ml_model *m, ml_comm *tp, const int32_t *targets, ml_dtype logits_dtype,
+                           bool backward, float grad_scale, float *logprobs, ml_loss_out *out) {
   int64_t T = m->B * m->S, v0, nv;
   vocab_range(m, tp, &v0, &nv);
   int64_t chunk = ml_loss_chunk_tokens(T, m->cfg.vocab, tp ? tp->size : 1);
@@ -81,6 +83,7 @@ int ml_vocab_parallel_loss(ml_model *m, ml_comm *tp, const int32_t *targets, boo
   b.mx = mem + chunk * nv;
   b.se_tl = b.mx + chunk;
   b.w = b.se_tl + 2 * chunk;
+  b.bf16 = logits_dtype == ML_BF16;
   out->loss_sum = 0.0;
   out->count = 0;
   int rc = run_chunks(m, tp, targets, backward, grad_scale, logprobs, out, &b, chunk);

@@ -12,6 +12,7 @@
 
 #include "comm/comm.h"
 #include "model/model.h"
+#include "tensor/dtype.h"
 
 typedef struct ml_loss_out {
   double loss_sum; /* sum over valid targets of −log p(target), this rank's tokens */
@@ -22,12 +23,14 @@ typedef struct ml_loss_out {
  * targets [T]: global token id, or −1 to ignore. When `backward`, each
  * valid token's gradient weight is `grad_scale` (1 / global target count
  * for a mean loss) and ml_head_backward runs per chunk. logprobs [T] (may
- * be NULL): log p(targets[t]) (0 for ignored tokens). tp: the group the
+ * be NULL): log p(targets[t]) (0 for ignored tokens). logits_dtype: ML_F32,
+ * or ML_BF16 to round the logits to bf16 first (FSDP2 MixedPrecisionPolicy
+ * output_dtype; the loss itself is fp32). tp: the group the
  * logits are vocab-sharded over (lm_head output Shard(−1)), or NULL when
  * each rank holds whole logits rows (output Replicate). Errors:
  * allocation, collectives. */
-int ml_vocab_parallel_loss(ml_model *m, ml_comm *tp, const int32_t *targets, bool backward,
-                           float grad_scale, float *logprobs, ml_loss_out *out);
+int ml_vocab_parallel_loss(ml_model *m, ml_comm *tp, const int32_t *targets, ml_dtype logits_dtype,
+                           bool backward, float grad_scale, float *logprobs, ml_loss_out *out);
 
 /* Tokens per logits chunk of ml_vocab_parallel_loss for T local tokens and
  * a vocabulary of V split over `parts` vocab shards (the tp size when the

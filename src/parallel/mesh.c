@@ -59,9 +59,11 @@ int ml_mesh_create(MPI_Comm base, int dp_replicate, int dp_shard, int cp, int tp
   int tp_color = r / tp;
   int dps_color = out->dp_replicate_rank * (cp * tp) + out->cp_rank * tp + out->tp_rank;
   int dp_color = out->cp_rank * tp + out->tp_rank;
+  int dpr_color = out->dp_shard_rank * (cp * tp) + dp_color;
   if (group_create(base, 0, r, "world", &out->world) || group_create(base, tp_color, r, "tp", &out->tp_comm) ||
       group_create(base, dps_color, r, "dp_shard", &out->dp_shard_comm) ||
-      group_create(base, dp_color, r, "dp", &out->dp_comm)) {
+      group_create(base, dp_color, r, "dp", &out->dp_comm) ||
+      group_create(base, dpr_color, r, "dp_replicate", &out->dp_replicate_comm)) {
     ml_mesh_destroy(out);
     return -1;
   }
@@ -73,6 +75,7 @@ void ml_mesh_destroy(ml_mesh *m) {
   ml_comm_destroy(m->tp_comm);
   ml_comm_destroy(m->dp_shard_comm);
   ml_comm_destroy(m->dp_comm);
+  ml_comm_destroy(m->dp_replicate_comm);
   memset(m, 0, sizeof *m);
 }
 
@@ -81,4 +84,5 @@ void ml_mesh_stats_reset(ml_mesh *m) {
   ml_comm_stats_reset(m->tp_comm);
   ml_comm_stats_reset(m->dp_shard_comm);
   ml_comm_stats_reset(m->dp_comm);
+  ml_comm_stats_reset(m->dp_replicate_comm);
 }

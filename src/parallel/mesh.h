@@ -18,6 +18,7 @@ typedef struct ml_mesh {
   ml_comm *world;
   ml_comm *tp_comm;
   ml_comm *dp_shard_comm; /* FSDP shards over dp_shard × cp (cp = 1 for now) */
+  ml_comm *dp_replicate_comm; /* HSDP: the replicas of one shard (grads all-reduced) */
   ml_comm *dp_comm;       /* dp_replicate × dp_shard: data loading and the loss */
 } ml_mesh;
 

@@ -196,7 +196,7 @@ static int predict_units(const ml_model *m, const ml_tp *tp, ml_prediction *p) {
       item(p, "fsdp all-gather (forward)", ML_GROUP_DP_SHARD, ML_COLL_ALL_GATHER, 1, bytes);
       p->logprobs[ML_GROUP_DP_SHARD].calls[ML_COLL_ALL_GATHER]++;
       p->logprobs[ML_GROUP_DP_SHARD].bytes[ML_COLL_ALL_GATHER] += bytes;
-      if (ml_fsdp_reshard_after_forward(u, n_units))
+      if (ml_fsdp_reshard_after_forward(ML_RESHARD_DEFAULT, u, n_units))
         item(p, "fsdp all-gather (backward)", ML_GROUP_DP_SHARD, ML_COLL_ALL_GATHER, 1, bytes);
       item(p, "fsdp reduce-scatter (grads)", ML_GROUP_DP_SHARD, ML_COLL_REDUCE_SCATTER, 1, bytes);
     }

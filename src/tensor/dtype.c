@@ -159,3 +159,8 @@ int ml_convert_from_f32(ml_dtype t, const float *src, void *dst, size_t n) {
   default: return unsupported(t);
   }
 }
+
+void ml_round_bf16(float *x, size_t n) {
+#pragma omp parallel for
+  for (size_t i = 0; i < n; i++) x[i] = ml_bf16_to_f32(ml_f32_to_bf16(x[i]));
+}

@@ -32,6 +32,10 @@ uint16_t ml_f32_to_bf16(float f);
 float ml_f16_to_f32(uint16_t h);
 uint16_t ml_f32_to_f16(float f);
 
+/* x[i] = fp32(bf16(x[i])) in place: the value a bf16 tensor would hold
+ * (mixed precision on CPU: bf16 storage, fp32 arithmetic). */
+void ml_round_bf16(float *x, size_t n);
+
 /* dst[i] = (float)src[i] for n elements of type t (F32, BF16 or F16; src
  * may be unaligned). Returns 0, or -1 with a message for other dtypes. */
 int ml_convert_to_f32(ml_dtype t, const void *src, float *dst, size_t n);

@@ -37,7 +37,8 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   ML_TRY(ml_tp_check_sequence_parallel(&e->tp, &e->plan, opts->sequence_parallel));
   ml_ckpt ck;
   ML_TRY(ml_ckpt_open(model_dir, &ck));
-  int rc = ml_fsdp_init(&e->fsdp, &e->model, mesh->dp_shard_comm, &ck);
+  int rc = ml_fsdp_init(&e->fsdp, &e->model, mesh->dp_shard_comm, mesh->dp_replicate_comm,
+                        &opts->fsdp, &ck);
   ml_ckpt_close(&ck);
   return rc;
 }
@@ -82,26 +83,49 @@ static ml_comm *loss_comm(const ml_engine *e) {
   return e->tp.logits.kind == ML_SHARD ? e->mesh->tp_comm : NULL;
 }
 
+/* Mixed precision: a unit's floating-point inputs are cast to param_dtype
+ * (FSDP2's cast_forward_inputs), and the gradients its bf16 backward hands
+ * on are bf16 too: round the residual stream (or its gradient) at a unit
+ * boundary. */
+static void cast_unit_input(ml_engine *e, float *x) {
+  if (e->opts.fsdp.param_dtype == ML_BF16)
+    ml_round_bf16(x, (size_t)(e->model.B * e->model.s_res * e->model.cfg.hidden));
+}
+
+/* Start the all-gathers of the `depth` units after u in `dir` (+1 forward,
+ * −1 backward): FSDP2's prefetch, overlapping them with u's compute. */
+static int prefetch(ml_engine *e, int u, int dir, int depth) {
+  for (int k = 1; k <= depth; k++) ML_TRY(ml_fsdp_prefetch(&e->fsdp, u + dir * k));
+  return 0;
+}
+
 static int forward_layers(ml_engine *e, const int32_t *ids) {
   ml_fsdp *f = &e->fsdp;
-  int L = (int)e->model.cfg.n_layers, root = L;
+  int L = (int)e->model.cfg.n_layers, root = L, depth = e->opts.fsdp.prefetch_forward;
   ML_TRY(ml_fsdp_unshard(f, root));
+  if (L > 0) ML_TRY(prefetch(e, -1, 1, depth)); /* layers 0 .. depth−1 during the embedding */
   ML_TRY(ml_embed_forward(&e->model, ids, e->x));
   for (int l = 0; l < L; l++) {
     ML_TRY(ml_fsdp_unshard(f, l));
+    ML_TRY(prefetch(e, l, 1, l + depth < L ? depth : L - 1 - l));
+    cast_unit_input(e, e->x);
     ML_TRY(ml_layer_forward(&e->model, l, e->x));
     if (f->units[l].reshard_after_forward) ml_fsdp_reshard(f, l);
   }
+  cast_unit_input(e, e->x);
   return ml_head_begin(&e->model, e->x);
 }
 
 static int backward_layers(ml_engine *e, const int32_t *ids) {
   ml_fsdp *f = &e->fsdp;
-  int L = (int)e->model.cfg.n_layers, root = L;
+  int L = (int)e->model.cfg.n_layers, root = L, depth = e->opts.fsdp.prefetch_backward;
+  if (L > 0) ML_TRY(prefetch(e, L, -1, depth)); /* the last layers during the head's backward */
   ML_TRY(ml_head_end_backward(&e->model, e->x));  // x now holds d(residual)
   for (int l = L - 1; l >= 0; l--) {
     ML_TRY(ml_fsdp_unshard(f, l));
+    ML_TRY(prefetch(e, l, -1, l - depth >= 0 ? depth : l));
     ML_TRY(ml_fsdp_grad_begin(f, l));
+    cast_unit_input(e, e->x);
     ML_TRY(ml_layer_backward(&e->model, l, e->x));
     ML_TRY(ml_fsdp_reduce_grads(f, l));
     ml_fsdp_reshard(f, l);
@@ -120,7 +144,7 @@ int ml_engine_forward_backward(ml_engine *e, const int32_t *ids, const uint8_t *
   ML_TRY(ml_fsdp_grad_begin(&e->fsdp, (int)e->model.cfg.n_layers));
   ml_loss_out lo;
   float scale = global_targets > 0 ? 1.0f / (float)global_targets : 0.0f;
-  ML_TRY(ml_vocab_parallel_loss(&e->model, loss_comm(e), e->targets, true, scale, NULL, &lo));
+  ML_TRY(ml_vocab_parallel_loss(&e->model, loss_comm(e), e->targets, e->opts.output_dtype, true, scale, NULL, &lo));
   ML_TRY(backward_layers(e, ids));
   double sum = lo.loss_sum;
   if (e->mesh->dp_comm->size > 1)
@@ -136,7 +160,7 @@ int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, f
   float *lp = ml_malloc(sizeof(float) * (size_t)(B * S), "log-probs");
   if (!lp) return -1;
   ml_loss_out lo;
-  int rc = ml_vocab_parallel_loss(&e->model, loss_comm(e), e->targets, false, 0.0f, lp, &lo);
+  int rc = ml_vocab_parallel_loss(&e->model, loss_comm(e), e->targets, e->opts.output_dtype, false, 0.0f, lp, &lo);
   for (int64_t b = 0; rc == 0 && b < B; b++)
     memcpy(out + b * (S - 1), lp + b * S, sizeof(float) * (size_t)(S - 1));
   free(lp);

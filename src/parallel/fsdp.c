@@ -37,6 +37,7 @@ void ml_fsdp_layout(ml_param *const *params, int n, int dp, int64_t *chunk_rows,
 }
 
 bool ml_fsdp_reshard_after_forward(ml_reshard_policy policy, int u, int n_units) {
+  if (u == n_units - 1) return false; /* the root: its head runs forward and backward per chunk */
   if (policy != ML_RESHARD_DEFAULT) return policy == ML_RESHARD_ALWAYS;
   return u < n_units - 2;
 }

@@ -92,7 +92,10 @@ void ml_fsdp_layout(ml_param *const *params, int n, int dp, int64_t *chunk_rows,
 
 /* Whether unit u of n_units (n_layers + 1, the root last) frees its
  * unsharded parameters after forward under `policy`: by default every
- * layer but the last (FSDP2 as torchtitan applies it). */
+ * layer but the last (FSDP2 as torchtitan applies it); ALWAYS / NEVER: every
+ * layer or none. Never the root: the vocab-parallel loss runs lm_head's
+ * forward and backward chunk by chunk, so the root's forward ends only
+ * when its backward has begun. */
 bool ml_fsdp_reshard_after_forward(ml_reshard_policy policy, int u, int n_units);
 
 /* Build the units of `m` (after TP is applied), allocate this rank's

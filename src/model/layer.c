@@ -6,7 +6,9 @@
  *   h2 = mlp_norm(x_mid); out = x_mid + mlp_out_norm(down(act(gate(h2)) · up(h2)))
  * Norms the family lacks (weight NULL) are the identity; q_norm/k_norm are
  * RMSNorm(head_dim) on each head, i.e. the row norm of [T·heads, hd]. The
- * layer's window and RoPE tables select sliding or full attention. */
+ * layer's window and RoPE tables select sliding or full attention. Under
+ * activation checkpointing (ml_ac_mode) the backward starts by rerunning
+ * the forward pieces whose activations the layer dropped. */
 #include <math.h>
 #include <string.h>
 
@@ -85,12 +87,28 @@ static int block_input_backward(ml_model *m, const ml_linear *first, const ml_ac
   return 0;
 }
 
-// x: [B, s_res, H] in place (residual stream)
+// q, k: [B, S, nh|nkv, hd] after RoPE, v: [B, S, nkv, hd] → P: [B, nh, S, S], att: [B, S, nh·hd]
+static void core_forward(const ml_model *m, const ml_layer *L, float *att) {
+  const ml_layer_acts *a = &L->acts;
+  int64_t hd = m->cfg.head_dim;
+  k_attention_fwd(a->q, a->k, a->v, att, a->P, m->B, m->S, a->qv.c / hd, a->kv.c / hd, hd,
+                  attn_scale(m), L->window);
+}
+
+// datt: [B, S, nh·hd] → dq [B, S, nh, hd], dk, dv [B, S, nkv, hd] (=)
+static void core_backward(const ml_model *m, const ml_layer *L, const float *datt, float *dq,
+                          float *dk, float *dv) {
+  const ml_layer_acts *a = &L->acts;
+  int64_t hd = m->cfg.head_dim;
+  k_attention_bwd(datt, a->q, a->k, a->v, a->P, dq, dk, dv, m->B, m->S, a->qv.c / hd,
+                  a->kv.c / hd, hd, attn_scale(m));
+}
+
+// x_in [B, s_res, H] → x [B, s_res, H] = x_mid (room for [B, S, H]; not read)
 static int attention_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
   int64_t B = m->B, S = m->S, Tr = B * m->s_res, H = m->cfg.hidden, hd = m->cfg.head_dim;
   bool qk_norm = L->q_norm.weight, out_norm = L->attn_out_norm.weight;
-  memcpy(a->x_in, x, sizeof(float) * (size_t)(Tr * H));
   norm_fwd(&L->attn_norm, a->x_in, a->h1, a->rstd1, Tr, H);
   a->in_qkv = ml_act_view(m, a->h1, m->s_res, H, H);
   ML_TRY(ml_hook_run(L->q_proj.in.fwd, &a->in_qkv)); /* shared by q/k/v */
@@ -106,7 +124,7 @@ static int attention_forward(ml_model *m, ml_layer *L, float *x) {
   }
   k_rope_fwd(a->q, L->rope_cos, L->rope_sin, B, S, nh, hd);
   k_rope_fwd(a->k, L->rope_cos, L->rope_sin, B, S, nkv, hd);
-  k_attention_fwd(a->q, a->k, a->v, a->att, a->P, B, S, nh, nkv, hd, attn_scale(m), L->window);
+  core_forward(m, L, a->att);
   a->in_o = ml_act_view(m, a->att, S, m->cfg.n_heads * hd, nh * hd);
   ML_TRY(ml_hook_run(L->o_proj.in.fwd, &a->in_o));
   ml_act o;
@@ -134,7 +152,7 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
   ml_act datt_v = on(a->in_o, datt);
   ML_TRY(ml_hook_run(L->o_proj.in.bwd, &datt_v));
   ML_TRY(expect_view(L->o_proj.weight->name, &datt_v, S, nh * hd));
-  k_attention_bwd(datt, a->q, a->k, a->v, a->P, dq, dk, dv, B, S, nh, nkv, hd, attn_scale(m));
+  core_backward(m, L, datt, dq, dk, dv);
   k_rope_bwd(dq, L->rope_cos, L->rope_sin, B, S, nh, hd);
   k_rope_bwd(dk, L->rope_cos, L->rope_sin, B, S, nkv, hd);
   if (L->q_norm.weight) {
@@ -149,7 +167,7 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
                               dx);  // dx += d x_in
 }
 
-// x: [B, s_res, H] in place
+// x_mid [B, s_res, H] → x [B, s_res, H] = layer output (room for [B, S, H]; not read)
 static int mlp_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
   int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
@@ -195,14 +213,30 @@ static int mlp_backward(ml_model *m, ml_layer *L, float *dx) {
                               dx);  // dx += d x_mid
 }
 
+// x: [B, s_res, H] in place
 int ml_layer_forward(ml_model *m, int l, float *x) {
   ml_layer *L = &m->layers[l];
+  memcpy(L->acts.x_in, x, sizeof(float) * (size_t)(m->B * m->s_res * m->cfg.hidden));
   ML_TRY(attention_forward(m, L, x));
   return mlp_forward(m, L, x);
 }
 
+/* Activation checkpointing: rerun the forward of what m->ac dropped into
+ * the workspace, from the saved x_in (ML_AC_LAYER), x_mid (ML_AC_MLP) or
+ * q, k, v (ML_AC_SELECTIVE), edges and their collectives included, as
+ * torch.utils.checkpoint reruns the module; the output is discarded. */
+static int recompute(ml_model *m, ml_layer *L) {
+  ml_layer_acts *a = &L->acts;
+  if (m->ac == ML_AC_SELECTIVE) core_forward(m, L, m->scratch); /* P; att into scratch, dropped */
+  if (m->ac == ML_AC_LAYER) ML_TRY(attention_forward(m, L, a->out));
+  if (m->ac == ML_AC_LAYER || m->ac == ML_AC_MLP) ML_TRY(mlp_forward(m, L, a->out));
+  return 0;
+}
+
+// dx: [B, s_res, H] in place
 int ml_layer_backward(ml_model *m, int l, float *dx) {
   ml_layer *L = &m->layers[l];
+  ML_TRY(recompute(m, L));
   ML_TRY(mlp_backward(m, L, dx));
   return attention_backward(m, L, dx);
 }

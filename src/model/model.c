@@ -140,13 +140,14 @@ int ml_model_create(const ml_model_config *cfg, ml_model *m) {
 
 static void free_acts(ml_model *m) {
   for (int l = 0; m->layers && l < m->cfg.n_layers; l++) {
-    free(m->layers[l].acts.x_in); /* one block per layer, see ml_model_begin */
+    free(m->layers[l].acts.x_in); /* the layer's block, see carve_layer */
     memset(&m->layers[l].acts, 0, sizeof m->layers[l].acts);
   }
+  free(m->ac_work);
   free(m->x_final);
   free(m->scratch);
   free(m->inv_freq);
-  m->x_final = m->scratch = m->inv_freq = NULL;
+  m->ac_work = m->x_final = m->scratch = m->inv_freq = NULL;
   m->rope_cos = m->rope_sin = m->inv_freq_local = m->rope_local_cos = m->rope_local_sin = NULL;
 }
 
@@ -170,73 +171,137 @@ ml_param *ml_model_find_param(ml_model *m, const char *name) {
   return NULL;
 }
 
-/* Carve consecutive named buffers out of one allocation. */
-static float *carve(float **cursor, int64_t n) {
-  float *p = *cursor;
-  *cursor += n;
-  return p;
+/* A layer's parts, by the saved activations they produce: its input, the
+ * attention block (all but its core), the attention core (P), the MLP
+ * block; and the output a recompute discards. An AC mode keeps some per
+ * layer; the others live in the shared recompute workspace. */
+enum { PART_INPUT = 1, PART_ATTN = 2, PART_CORE = 4, PART_MLP = 8, PART_ALL = 15, PART_OUT = 16 };
+
+/* The parts kept per layer under ac; the input always. */
+static int kept_parts(ml_ac_mode ac) {
+  switch (ac) {
+  case ML_AC_MLP: return PART_INPUT | PART_ATTN | PART_CORE;
+  case ML_AC_LAYER: return PART_INPUT;
+  case ML_AC_SELECTIVE: return PART_ALL & ~PART_CORE;
+  default: return PART_ALL;
+  }
 }
 
-/* The next n floats of the block, or NULL (nothing taken) when the module
- * they serve is absent. */
-static float *carve_if(float **cursor, bool present, int64_t n) {
-  return present ? carve(cursor, n) : NULL;
-}
-
-static int alloc_layer_acts(ml_model *m, ml_layer *L) {
-  int64_t T = m->B * m->S, H = m->cfg.hidden, hd = m->cfg.head_dim;
-  int64_t q = m->cap_q, kv = m->cap_kv, I = m->cap_i, nh = q / hd, nkv = kv / hd;
-  bool qk = L->q_norm.weight, ao = L->attn_out_norm.weight, mo = L->mlp_out_norm.weight;
-  int64_t total = T * (4 * H + 2 + 2 * q + 2 * kv + 3 * I) + m->B * nh * m->S * m->S +
-                  (qk ? T * (q + kv + nh + nkv) : 0) + (ao ? T * (H + 1) : 0) +
-                  (mo ? T * (H + 1) : 0);
-  float *cur = ml_malloc(sizeof(float) * (size_t)total, "layer activations");
-  if (!cur) return -1;
-  ml_layer_acts *a = &L->acts;
-  a->x_in = carve(&cur, T * H); /* first: free_acts frees the block through it */
-  a->h1 = carve(&cur, T * H);
-  a->x_mid = carve(&cur, T * H);
-  a->h2 = carve(&cur, T * H);
-  a->rstd1 = carve(&cur, T);
-  a->rstd2 = carve(&cur, T);
-  a->q = carve(&cur, T * q);
-  a->att = carve(&cur, T * q);
-  a->k = carve(&cur, T * kv);
-  a->v = carve(&cur, T * kv);
-  a->g = carve(&cur, T * I);
-  a->u = carve(&cur, T * I);
-  a->a = carve(&cur, T * I);
-  a->P = carve(&cur, m->B * nh * m->S * m->S);
-  a->q_raw = carve_if(&cur, qk, T * q);
-  a->k_raw = carve_if(&cur, qk, T * kv);
-  a->rstd_q = carve_if(&cur, qk, T * nh);
-  a->rstd_k = carve_if(&cur, qk, T * nkv);
-  a->o = carve_if(&cur, ao, T * H);
-  a->rstd_o = carve_if(&cur, ao, T);
-  a->d = carve_if(&cur, mo, T * H);
-  a->rstd_d = carve_if(&cur, mo, T);
-  return 0;
-}
+/* Extents the buffers are sized for: tokens T = B·S, and the widest local
+ * views of q/att, k/v and gate/up/act on any layer, through their edges (a
+ * gathering edge widens them). */
+typedef struct act_dims {
+  int64_t B, S, T, H, hd, q, kv, I;
+} act_dims;
 
 static int64_t max3(int64_t a, int64_t b, int64_t c) {
   int64_t m = a > b ? a : b;
   return m > c ? m : c;
 }
 
-/* Buffer widths: the widest local view q/att, k/v and gate/up/act take
- * on any layer, through their edges (a gathering edge widens them). */
-static void buffer_widths(ml_model *m) {
-  m->cap_q = m->cap_kv = m->cap_i = 0;
+static act_dims act_dims_of(const ml_model *m, int64_t B, int64_t S) {
+  act_dims d = {B, S, B * S, m->cfg.hidden, m->cfg.head_dim, 0, 0, 0};
   for (int l = 0; l < m->cfg.n_layers; l++) {
     const ml_layer *L = &m->layers[l];
     int64_t q = max3(L->q_proj.weight->local[0], L->q_proj.out.cap_c, L->o_proj.in.cap_c);
     int64_t kv = max3(L->k_proj.weight->local[0], L->k_proj.out.cap_c, L->v_proj.out.cap_c);
     int64_t i = max3(L->gate_proj.weight->local[0], L->gate_proj.out.cap_c,
                      L->down_proj.in.cap_c);
-    m->cap_q = max3(m->cap_q, q, 0);
-    m->cap_kv = max3(m->cap_kv, kv, 0);
-    m->cap_i = max3(m->cap_i, i, L->up_proj.out.cap_c);
+    d.q = max3(d.q, q, 0);
+    d.kv = max3(d.kv, kv, 0);
+    d.I = max3(d.I, i, L->up_proj.out.cap_c);
   }
+  return d;
+}
+
+/* Carves a layer's buffers out of two blocks: those of the kept parts out
+ * of the layer's own, the others out of the workspace. A NULL block only
+ * counts. */
+typedef struct carver {
+  int kept;
+  float *block[2];  /* [0] the layer's, [1] the workspace */
+  int64_t used[2];  /* floats taken from each */
+} carver;
+
+/* The next n floats for `part` from the block it goes to (NULL while
+ * counting), or NULL (nothing taken) when the module they serve is absent. */
+static float *take(carver *c, int part, bool present, int64_t n) {
+  if (!present) return NULL;
+  int w = !(c->kept & part);
+  float *p = c->block[w] ? c->block[w] + c->used[w] : NULL;
+  c->used[w] += n;
+  return p;
+}
+
+/* Layer L's buffers (ml_layer_acts), x_in first: it is always kept and
+ * frees the layer's block. `out` is there when the MLP is recomputed. */
+static void carve_layer(const act_dims *d, const ml_layer *L, carver *c, ml_layer_acts *a) {
+  int64_t T = d->T, H = d->H, q = d->q, kv = d->kv, I = d->I, nh = q / d->hd, nkv = kv / d->hd;
+  bool qk = L->q_norm.weight, ao = L->attn_out_norm.weight, mo = L->mlp_out_norm.weight;
+  a->x_in = take(c, PART_INPUT, true, T * H);
+  a->rstd1 = take(c, PART_ATTN, true, T);
+  a->h1 = take(c, PART_ATTN, true, T * H);
+  a->q_raw = take(c, PART_ATTN, qk, T * q);
+  a->k_raw = take(c, PART_ATTN, qk, T * kv);
+  a->rstd_q = take(c, PART_ATTN, qk, T * nh);
+  a->rstd_k = take(c, PART_ATTN, qk, T * nkv);
+  a->q = take(c, PART_ATTN, true, T * q);
+  a->k = take(c, PART_ATTN, true, T * kv);
+  a->v = take(c, PART_ATTN, true, T * kv);
+  a->P = take(c, PART_CORE, true, d->B * nh * d->S * d->S);
+  a->att = take(c, PART_ATTN, true, T * q);
+  a->o = take(c, PART_ATTN, ao, T * H);
+  a->rstd_o = take(c, PART_ATTN, ao, T);
+  a->x_mid = take(c, PART_ATTN, true, T * H);
+  a->rstd2 = take(c, PART_MLP, true, T);
+  a->h2 = take(c, PART_MLP, true, T * H);
+  a->g = take(c, PART_MLP, true, T * I);
+  a->u = take(c, PART_MLP, true, T * I);
+  a->a = take(c, PART_MLP, true, T * I);
+  a->d = take(c, PART_MLP, mo, T * H);
+  a->rstd_d = take(c, PART_MLP, mo, T);
+  a->out = take(c, PART_OUT, !(c->kept & PART_MLP), T * H);
+}
+
+/* Floats of the largest layer block and of the workspace under m->ac. */
+static void act_floats(const ml_model *m, const act_dims *d, int64_t *block, int64_t *work) {
+  *block = *work = 0;
+  for (int l = 0; l < m->cfg.n_layers; l++) {
+    carver c = {.kept = kept_parts(m->ac)};
+    ml_layer_acts a;
+    carve_layer(d, &m->layers[l], &c, &a);
+    *block = max3(*block, c.used[0], 0);
+    *work = max3(*work, c.used[1], 0);
+  }
+}
+
+void ml_model_act_bytes(const ml_model *m, int64_t B, int64_t S, int64_t *per_layer,
+                        int64_t *workspace) {
+  act_dims d = act_dims_of(m, B, S);
+  act_floats(m, &d, per_layer, workspace);
+  *per_layer *= (int64_t)sizeof(float);
+  *workspace *= (int64_t)sizeof(float);
+}
+
+/* Per layer its block of kept buffers; one workspace for the dropped ones,
+ * the same pointers in every layer. */
+static int alloc_layer_acts(ml_model *m, const act_dims *d) {
+  int64_t block, work;
+  act_floats(m, d, &block, &work);
+  if (work) {
+    m->ac_work = ml_malloc(sizeof(float) * (size_t)work, "activation recompute workspace");
+    if (!m->ac_work) return -1;
+  }
+  for (int l = 0; l < m->cfg.n_layers; l++) {
+    ml_layer *L = &m->layers[l];
+    carver count = {.kept = kept_parts(m->ac)};
+    carve_layer(d, L, &count, &L->acts);
+    float *block = ml_malloc(sizeof(float) * (size_t)count.used[0], "layer activations");
+    if (!block) return -1;
+    carver c = {.kept = count.kept, .block = {block, m->ac_work}};
+    carve_layer(d, L, &c, &L->acts);
+  }
+  return 0;
 }
 
 /* inv_freq + cos/sin tables of the global (full-attention) and local
@@ -269,8 +334,11 @@ int ml_model_begin(ml_model *m, int64_t B, int64_t S) {
   m->B = B;
   m->S = S;
   int64_t T = B * S, H = m->cfg.hidden;
-  buffer_widths(m);
-  for (int l = 0; l < m->cfg.n_layers; l++) ML_TRY(alloc_layer_acts(m, &m->layers[l]));
+  act_dims d = act_dims_of(m, B, S);
+  m->cap_q = d.q;
+  m->cap_kv = d.kv;
+  m->cap_i = d.I;
+  ML_TRY(alloc_layer_acts(m, &d));
   m->x_final = ml_malloc(sizeof(float) * (size_t)(T * (3 * H + 1)), "final norm activations");
   /* backward temporaries: two [T, H], then attention's datt, dq [T, cap_q] and dk, dv
    * [T, cap_kv], or the MLP's da, dg, du [T, cap_i] */

@@ -85,7 +85,11 @@ typedef struct ml_rmsnorm {
 } ml_rmsnorm;
 
 /* Saved by ml_layer_forward for the backward; [T, D] unless noted. Buffers
- * of modules the family lacks are NULL. */
+ * of modules the family lacks are NULL. Under activation checkpointing
+ * (ml_model.ac) the buffers the mode drops point into the model's recompute
+ * workspace, shared by all layers: they hold a layer's values only from its
+ * forward, or from the recompute its backward starts with, until another
+ * layer's. */
 typedef struct ml_layer_acts {
   float *x_in;          /* layer input (residual) [T, H] */
   float *rstd1, *h1;    /* attn_norm: rstd [T], output [T, H] */
@@ -99,6 +103,8 @@ typedef struct ml_layer_acts {
   float *rstd2, *h2;    /* mlp_norm: rstd [T], output [T, H] */
   float *g, *u, *a;     /* gate, up, act(gate)·up [T, I] */
   float *d, *rstd_d;    /* down_proj output before mlp_out_norm [T, H], rstd [T] */
+  float *out;           /* workspace only, where the MLP is recomputed: the layer
+                           output a recompute writes and discards [T, H] */
   /* the views the linears read (after their input edges): q/k/v, o_proj,
    * gate/up, down_proj; and q, k, v as attention saw them */
   ml_act in_qkv, in_o, in_gu, in_down, qv, kv, vv, gv;
@@ -140,13 +146,19 @@ const char *ml_module_kind_name(ml_module_kind k);
 /* Activation checkpointing (torch.utils.checkpoint as torchtitan and NeMo
  * apply it per decoder layer): which saved activations a layer drops in
  * forward and recomputes in backward. Set ml_model.ac before
- * ml_model_begin. */
+ * ml_model_begin. A recompute repeats the forward's kernels on the same
+ * inputs, so forward results and gradients are bitwise those of
+ * ML_AC_NONE; where it reruns module edges it reruns their forward hooks
+ * (collectives under TP) in the forward's order, as torch's checkpoint does. */
 typedef enum {
   ML_AC_NONE,      /* save everything */
-  ML_AC_MLP,       /* recompute the MLP block from its input (x_mid) */
-  ML_AC_LAYER,     /* full: keep only the layer input, rerun the layer forward */
+  ML_AC_MLP,       /* recompute the MLP block from its input (x_mid): mlp_norm,
+                      gate/up, act, down_proj, mlp_out_norm, with their edges */
+  ML_AC_LAYER,     /* full (NeMo activation_checkpointing: true): keep only the
+                      layer input, rerun the whole layer forward with its edges */
   ML_AC_SELECTIVE  /* Megatron's selective recomputation (Korthikanti et al. 2022):
-                      drop the attention core (P = softmax(QK^T)), recompute it */
+                      drop the attention core (P = softmax(QK^T), [B, nh, S, S]),
+                      recompute it from the saved q, k (no edges) */
 } ml_ac_mode;
 
 typedef struct ml_model {
@@ -170,6 +182,7 @@ typedef struct ml_model {
   float *inv_freq_local, *rope_local_cos, *rope_local_sin; /* sliding layers */
   float *x_final, *rstd_final, *xn_final, *dxn_final;
   float *scratch; /* backward temporaries */
+  float *ac_work; /* recompute workspace shared by all layers (NULL under ML_AC_NONE) */
 } ml_model;
 
 /* Build the module tree of `cfg` (parameters described, no storage).
@@ -183,8 +196,22 @@ ml_module *ml_model_find_module(ml_model *m, const char *name);
 ml_param *ml_model_find_param(ml_model *m, const char *name);
 
 /* (Re)allocate activations for a local batch of B sequences of S tokens,
- * with the local shapes in effect (call after TP is applied). */
+ * with the local shapes in effect (call after TP is applied): per layer
+ * the buffers m->ac keeps, and one recompute workspace for those it drops
+ * (sizes: ml_model_act_bytes). Errors: allocation. */
 int ml_model_begin(ml_model *m, int64_t B, int64_t S);
+
+/* Activation memory under m->ac for a local batch of B sequences of S
+ * tokens, with the local shapes and edges in effect (after TP), in bytes
+ * (fp32): *per_layer, what ml_layer_forward keeps for the backward of one
+ * decoder layer (the largest layer's), and *workspace, the recompute
+ * workspace shared by all layers (0 under ML_AC_NONE). ml_model_begin(m,
+ * B, S) allocates these; the backward temporaries, the final norm's
+ * activations and the RoPE tables come on top and do not depend on the
+ * mode. Buffers are sized for whole sequences (S positions) even where the
+ * residual stream is sequence-sharded. */
+void ml_model_act_bytes(const ml_model *m, int64_t B, int64_t S, int64_t *per_layer,
+                        int64_t *workspace);
 
 /* Embedding lookup: ids [B, S] → x [B, s_res, H] (scaled; the output edge
  * runs and sets m->s_res). x has room for [B, S, H]. Errors: an edge that
@@ -194,15 +221,20 @@ int ml_embed_forward(ml_model *m, const int32_t *ids, float *x);
  * is clobbered by the edge. */
 int ml_embed_backward(ml_model *m, const int32_t *ids, float *dx);
 
-/* Decoder layer l: x [B, s_res, H] residual stream in place; saves
- * activations. Errors: edges whose layouts do not compose (attention fed
- * a sequence shard, a residual of another extent), named by module.
+/* Decoder layer l: x [B, s_res, H] residual stream in place; saves the
+ * activations m->ac keeps. Errors: edges whose layouts do not compose
+ * (attention fed a sequence shard, a residual of another extent), named by
+ * module.
  * x += attn_out_norm(o_proj(attention(rope(q_norm(q)), rope(k_norm(k)), v)))
  * on attn_norm(x), then x += mlp_out_norm(down(act(gate)·up)) on
  * mlp_norm(x); absent norms are the identity (HF *DecoderLayer.forward). */
 int ml_layer_forward(ml_model *m, int l, float *x);
 /* dx [B, s_res, H]: gradient of layer l's output in, of its input out; weight
- * grads accumulate (+=) into the layer's param->grad. */
+ * grads accumulate (+=) into the layer's param->grad. First recomputes what
+ * m->ac dropped (ml_ac_mode), running the forward edges it reruns: every
+ * rank of a tp group must call it for the same layers in the same order.
+ * Errors: those of ml_layer_forward (from the recompute) and of the
+ * backward edges. */
 int ml_layer_backward(ml_model *m, int l, float *dx);
 
 /* Final norm on x [B, s_res, H] (saved), then lm_head's input edge, which

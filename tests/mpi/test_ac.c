@@ -1,0 +1,232 @@
+/* Activation checkpointing: `mpiexec -n N test_ac FIXTURE TP [sp]`.
+ * One step (zero_grad + forward_backward) of the fixture on the mesh
+ * dp_shard = N / TP × tp = TP (sequence-parallel with `sp`) under each
+ * ml_ac_mode must give the loss and every gradient of ML_AC_NONE bit for
+ * bit: a recompute repeats the same kernels on the same inputs. The tp
+ * group's collectives show the recompute: a rerun block (ML_AC_MLP: the
+ * MLP; ML_AC_LAYER: attention and MLP) reruns its forward edges, with SP
+ * one all-gather (its input) and one reduce-scatter (its output), without
+ * one all-reduce (its output), per layer, each moving Tl·H floats
+ * (DESIGN §5); ML_AC_SELECTIVE recomputes P locally and adds none. The
+ * FSDP collectives never change. Rank 0 prints the saved activation
+ * bytes of each mode (ml_model_act_bytes). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/status.h"
+#include "parity_util.h"
+#include "rank_report.h"
+#include "train/engine.h"
+#include "train/save.h"
+
+static const char *g_fixture;
+static int g_tp;
+static bool g_sp;
+
+static const char *const mode_names[] = {"none", "mlp", "layer", "selective"};
+
+/* One global gradient. */
+typedef struct grad {
+  char name[160];
+  int64_t n;
+  float *g;
+} grad;
+
+/* One step's results under one mode. */
+typedef struct result {
+  double loss;
+  grad *grads; /* export order */
+  int n;
+  int64_t tp_calls[ML_COLL_KINDS], tp_bytes[ML_COLL_KINDS], fsdp_calls[ML_COLL_KINDS];
+  int64_t per_layer, workspace; /* ml_model_act_bytes */
+  int64_t L, H, Tl;             /* layers, hidden, local tokens */
+} result;
+
+static result g_none;
+
+static int rank0(void) {
+  int r;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r == 0;
+}
+
+static void result_free(result *r) {
+  for (int i = 0; i < r->n; i++) free(r->grads[i].g);
+  free(r->grads);
+  memset(r, 0, sizeof *r);
+}
+
+/* Open the engine under `ac` and run one step on this dp rank's rows,
+ * counting its collectives; export the gradients. */
+static void run_mode(ml_ac_mode ac, result *out) {
+  fixture fx;
+  fixture_load(g_fixture, &fx);
+  ml_mesh mesh;
+  ml_engine e;
+  ml_engine_opts opts = ml_engine_opts_default();
+  opts.sequence_parallel = g_sp;
+  opts.ac = ac;
+  if (ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, g_tp, &mesh) ||
+      ml_engine_open(&e, &mesh, fx.dir, &opts))
+    fail_msg("setup: %s", ml_error_msg());
+  int dp = mesh.dp_comm->size;
+  assert_int_equal(fx.B % dp, 0);
+  int64_t Bl = fx.B / dp, off = mesh.dp_comm->rank * Bl * fx.S;
+  ml_mesh_stats_reset(&mesh);
+  ml_engine_zero_grad(&e);
+  if (ml_engine_forward_backward(&e, fx.ids + off, fx.mask + off, Bl, fx.S, fx.targets,
+                                 &out->loss))
+    fail_msg("step (ac %s): %s", mode_names[ac], ml_error_msg());
+  const ml_comm_stats *tp = ml_comm_stats_of(mesh.tp_comm);
+  const ml_comm_stats *fs = ml_comm_stats_of(mesh.dp_shard_comm);
+  memcpy(out->tp_calls, tp->calls, sizeof out->tp_calls);
+  memcpy(out->tp_bytes, tp->bytes, sizeof out->tp_bytes);
+  memcpy(out->fsdp_calls, fs->calls, sizeof out->fsdp_calls);
+  out->n = e.model.n_params;
+  float **g = calloc((size_t)out->n, sizeof *g);
+  out->grads = calloc((size_t)out->n, sizeof *out->grads);
+  if (ml_engine_export(&e, ML_EXPORT_GRADS, g)) fail_msg("export: %s", ml_error_msg());
+  for (int i = 0; i < out->n; i++) {
+    const ml_param *p = ml_engine_export_param(&e, i);
+    grad *d = &out->grads[i];
+    snprintf(d->name, sizeof d->name, "%s", p->name);
+    d->n = p->shape[0] * p->shape[1];
+    d->g = g[i];
+  }
+  free(g);
+  ml_model_act_bytes(&e.model, e.model.B, e.model.S, &out->per_layer, &out->workspace);
+  out->L = e.model.cfg.n_layers;
+  out->H = e.model.cfg.hidden;
+  out->Tl = Bl * fx.S;
+  if (rank0())
+    printf("ac %-9s saved activations %lld B/layer x %lld layers + workspace %lld B = %lld B\n",
+           mode_names[ac], (long long)out->per_layer, (long long)out->L,
+           (long long)out->workspace, (long long)(out->per_layer * out->L + out->workspace));
+  ml_engine_close(&e);
+  ml_mesh_destroy(&mesh);
+  fixture_free(&fx);
+}
+
+static int setup_none(void **state) {
+  (void)state;
+  run_mode(ML_AC_NONE, &g_none);
+  return 0;
+}
+
+static int teardown_none(void **state) {
+  (void)state;
+  result_free(&g_none);
+  return 0;
+}
+
+/* The tp collectives `blocks` rerun blocks per layer add: with SP an
+ * all-gather and a reduce-scatter each, without SP an all-reduce. */
+static void expect_rerun(const result *r, int blocks, int64_t calls[ML_COLL_KINDS],
+                         int64_t bytes[ML_COLL_KINDS]) {
+  memset(calls, 0, sizeof(int64_t) * ML_COLL_KINDS);
+  memset(bytes, 0, sizeof(int64_t) * ML_COLL_KINDS);
+  if (g_tp == 1) return;
+  int64_t n = blocks * r->L, b = n * 4 * r->Tl * r->H;
+  if (g_sp) {
+    calls[ML_COLL_ALL_GATHER] = calls[ML_COLL_REDUCE_SCATTER] = n;
+    bytes[ML_COLL_ALL_GATHER] = bytes[ML_COLL_REDUCE_SCATTER] = b;
+  } else {
+    calls[ML_COLL_ALL_REDUCE] = n;
+    bytes[ML_COLL_ALL_REDUCE] = b;
+  }
+}
+
+/* Mode ac against ML_AC_NONE: loss and every gradient bitwise; the tp
+ * collectives of none plus those of `rerun_blocks` rerun blocks per layer;
+ * the same FSDP collectives; less saved per layer. */
+static void check_mode(ml_ac_mode ac, int rerun_blocks) {
+  result r = {0};
+  run_mode(ac, &r);
+  report rep = {0};
+  if (memcmp(&r.loss, &g_none.loss, sizeof r.loss))
+    note(&rep, "ac %s: loss %.17g, ac none %.17g", mode_names[ac], r.loss, g_none.loss);
+  int differ = 0;
+  for (int i = 0; i < r.n; i++) {
+    const grad *a = &r.grads[i], *b = &g_none.grads[i];
+    if (strcmp(a->name, b->name) || a->n != b->n) {
+      note(&rep, "export order differs: %s vs %s", a->name, b->name);
+      break;
+    }
+    if (memcmp(a->g, b->g, sizeof(float) * (size_t)a->n) == 0) continue;
+    differ++;
+    note(&rep, "ac %s: %s differs from ac none (rel L2 %.3g)", mode_names[ac], a->name,
+         rel_l2(a->g, b->g, a->n));
+  }
+  int64_t calls[ML_COLL_KINDS], bytes[ML_COLL_KINDS];
+  expect_rerun(&r, rerun_blocks, calls, bytes);
+  for (int k = 0; k < ML_COLL_KINDS; k++) {
+    if (r.tp_calls[k] != g_none.tp_calls[k] + calls[k] ||
+        r.tp_bytes[k] != g_none.tp_bytes[k] + bytes[k])
+      note(&rep, "ac %s: tp collective %d: %lld calls (%lld B), expected none's %lld (%lld B) + "
+           "%lld (%lld B)",
+           mode_names[ac], k, (long long)r.tp_calls[k], (long long)r.tp_bytes[k],
+           (long long)g_none.tp_calls[k], (long long)g_none.tp_bytes[k], (long long)calls[k],
+           (long long)bytes[k]);
+    if (r.fsdp_calls[k] != g_none.fsdp_calls[k])
+      note(&rep, "ac %s: dp_shard collective %d: %lld calls, ac none %lld", mode_names[ac], k,
+           (long long)r.fsdp_calls[k], (long long)g_none.fsdp_calls[k]);
+  }
+  if (!(r.per_layer < g_none.per_layer) || !(r.workspace > 0) || g_none.workspace != 0)
+    note(&rep, "ac %s: %lld B/layer + %lld B workspace, ac none %lld B/layer + %lld B",
+         mode_names[ac], (long long)r.per_layer, (long long)r.workspace,
+         (long long)g_none.per_layer, (long long)g_none.workspace);
+  if (rank0())
+    printf("ac %-9s vs none: %d of %d gradients differ; tp all-gather +%lld, reduce-scatter "
+           "+%lld, all-reduce +%lld\n",
+           mode_names[ac], differ, r.n,
+           (long long)(r.tp_calls[ML_COLL_ALL_GATHER] - g_none.tp_calls[ML_COLL_ALL_GATHER]),
+           (long long)(r.tp_calls[ML_COLL_REDUCE_SCATTER] -
+                       g_none.tp_calls[ML_COLL_REDUCE_SCATTER]),
+           (long long)(r.tp_calls[ML_COLL_ALL_REDUCE] - g_none.tp_calls[ML_COLL_ALL_REDUCE]));
+  agree(&rep, "differences from ac none");
+  result_free(&r);
+}
+
+static void test_mlp(void **state) {
+  (void)state;
+  check_mode(ML_AC_MLP, 1);
+}
+
+static void test_layer(void **state) {
+  (void)state;
+  check_mode(ML_AC_LAYER, 2);
+}
+
+static void test_selective(void **state) {
+  (void)state;
+  check_mode(ML_AC_SELECTIVE, 0);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  if (argc != 3 && !(argc == 4 && !strcmp(argv[3], "sp"))) {
+    fprintf(stderr, "usage: test_ac FIXTURE TP [sp]\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  g_fixture = argv[1];
+  g_tp = atoi(argv[2]);
+  g_sp = argc == 4;
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_mlp),
+      cmocka_unit_test(test_layer),
+      cmocka_unit_test(test_selective),
+  };
+  int failed = cmocka_run_group_tests(tests, setup_none, teardown_none);
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any ? 1 : 0;
+}

@@ -11,7 +11,7 @@
 #include "parallel/redistribute.h"
 
 const char *ml_group_name(ml_group g) {
-  static const char *names[ML_GROUP_KINDS] = {"tp", "dp_shard", "dp", "world"};
+  static const char *names[ML_GROUP_KINDS] = {"tp", "dp_shard", "dp", "world", "dp_replicate"};
   return g >= 0 && g < ML_GROUP_KINDS ? names[g] : "?";
 }
 
@@ -200,6 +200,8 @@ static int predict_units(const ml_model *m, const ml_tp *tp, ml_prediction *p) {
         item(p, "fsdp all-gather (backward)", ML_GROUP_DP_SHARD, ML_COLL_ALL_GATHER, 1, bytes);
       item(p, "fsdp reduce-scatter (grads)", ML_GROUP_DP_SHARD, ML_COLL_REDUCE_SCATTER, 1, bytes);
     }
+    if (p->dp_replicate > 1)
+      item(p, "hsdp all-reduce (grads)", ML_GROUP_DP_REPLICATE, ML_COLL_ALL_REDUCE, 1, 4 * shard);
   }
   free(ps);
   free(rows);

@@ -30,10 +30,12 @@
  *            dp_shard · shard_numel · 4 bytes (ml_fsdp_layout);
  *  dp:       the reported loss, one all-reduce of one f64 (8 bytes) when
  *            dp_replicate · dp_shard > 1;
- *  world:    the grad norm, one all-reduce of one f64 when world > 1.
- * No gradient all-reduce over dp_replicate is counted: the engine does not
- * issue one (HSDP's replicate reduction of DESIGN §6 is not implemented),
- * and the prediction follows the code.
+ *  world:    the grad norm, one all-reduce of one f64 when world > 1;
+ *  dp_replicate: HSDP, when dp_replicate > 1: one all-reduce per unit of
+ *            its reduced gradient shard, shard_numel · 4 bytes.
+ * For the engine's default options (ml_engine_opts_default: fp32, ZeRO-3,
+ * default reshard policy, no activation checkpointing); prefetch changes
+ * when all-gathers run, not how many.
  * The logprobs variant (ml_engine_logprobs, forward only): edges forward
  * only (lm_head's per chunk), the loss all-reduces, one FSDP all-gather per
  * unit when dp_shard > 1; nothing on dp or world.
@@ -81,10 +83,12 @@ typedef enum {
   ML_GROUP_DP_SHARD, /* mesh->dp_shard_comm (FSDP) */
   ML_GROUP_DP,       /* mesh->dp_comm (dp_replicate × dp_shard: the loss) */
   ML_GROUP_WORLD,    /* mesh->world (the grad norm) */
+  ML_GROUP_DP_REPLICATE, /* mesh->dp_replicate_comm (HSDP gradient all-reduce) */
   ML_GROUP_KINDS
 } ml_group;
 
-/* "tp", "dp_shard", "dp", "world": the names mesh.c gives the comms. */
+/* "tp", "dp_shard", "dp", "world", "dp_replicate": the names mesh.c gives
+ * the comms. */
 const char *ml_group_name(ml_group g);
 
 /* One line of the breakdown of a step's collectives by source. */

@@ -1,9 +1,10 @@
 /* Predicted vs counted collectives:
- * `mpiexec -n N test_predict FIXTURE TP SP [rep-logits]`.
+ * `mpiexec -n N test_predict FIXTURE TP SP [rep-logits|hsdp]`.
  * Opens the engine on the fixture over MPI_COMM_WORLD (dp_shard = N / TP,
  * tp = TP, sequence parallel when SP = 1; with rep-logits, a custom plan
  * whose lm_head is HF colwise_rep: logits all-gathered per chunk, the loss
- * on whole rows), runs one training step
+ * on whole rows; with hsdp, dp_replicate = 2 and dp_shard inferred), runs
+ * one training step
  * (ml_engine_forward_backward + ml_engine_grad_norm) and one logprobs pass
  * of the fixture batch, and compares, on every rank and for every mesh
  * group and collective kind, the calls and bytes the counting comm
@@ -31,7 +32,7 @@
 #include "train/engine.h"
 
 static const char *g_fixture;
-static int g_tp, g_sp;
+static int g_tp, g_sp, g_dpr = 1; /* g_dpr: dp_replicate (HSDP with "hsdp") */
 static char g_plan[64]; /* a custom plan file, or "" for the automatic choice */
 
 /* The HF-style plan with lm_head colwise_rep (Replicate logits). Each
@@ -78,7 +79,7 @@ static void setup_open(setup *s) {
   ml_engine_opts opts = ml_engine_opts_default();
   opts.parallel_plan = g_plan[0] ? g_plan : NULL;
   opts.sequence_parallel = g_sp != 0;
-  if (ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, g_tp, &s->mesh) ||
+  if (ml_mesh_create(MPI_COMM_WORLD, g_dpr, 0, 1, g_tp, &s->mesh) ||
       ml_engine_open(&s->e, &s->mesh, s->fx.dir, &opts))
     fail_msg("setup: %s", ml_error_msg());
   int dp = s->mesh.dp_comm->size, d = s->mesh.dp_comm->rank;
@@ -101,7 +102,7 @@ static void setup_close(setup *s) {
 static void compare(setup *s, const ml_comm_stats want[ML_GROUP_KINDS], const char *what,
                     report *rep) {
   ml_comm *groups[ML_GROUP_KINDS] = {s->mesh.tp_comm, s->mesh.dp_shard_comm, s->mesh.dp_comm,
-                                     s->mesh.world};
+                                     s->mesh.world, s->mesh.dp_replicate_comm};
   for (int g = 0; g < ML_GROUP_KINDS; g++) {
     const ml_comm_stats *got = ml_comm_stats_of(groups[g]);
     if (!got) {
@@ -172,14 +173,15 @@ static void test_logprobs(void **state) {
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
-  if (argc != 4 && !(argc == 5 && !strcmp(argv[4], "rep-logits"))) {
-    fprintf(stderr, "usage: test_predict FIXTURE TP SP(0|1) [rep-logits]\n");
+  if (argc != 4 && !(argc == 5 && (!strcmp(argv[4], "rep-logits") || !strcmp(argv[4], "hsdp")))) {
+    fprintf(stderr, "usage: test_predict FIXTURE TP SP(0|1) [rep-logits|hsdp]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];
   g_tp = atoi(argv[2]);
   g_sp = atoi(argv[3]);
-  if (argc == 5) write_rep_logits_plan();
+  g_dpr = argc == 5 && !strcmp(argv[4], "hsdp") ? 2 : 1;
+  if (argc == 5 && g_dpr == 1) write_rep_logits_plan();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_train_step),
       cmocka_unit_test(test_logprobs),

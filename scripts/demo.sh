@@ -30,7 +30,7 @@ echo "demo: corpus $(wc -c < "$out/corpus.txt") bytes, $steps steps on 4 ranks (
 "$meshlm" init --arch llama --preset small --seed 0 --out "$out/init"
 mpirun -np 4 "$meshlm" train --model "$out/init" --data "$out/corpus.txt" --tp 2 \
   --steps "$steps" --batch-size 8 --seq-len 128 --lr 2e-3 --weight-decay 0.01 \
-  --metrics "$out/metrics.jsonl" --save "$out/trained"
+  --metrics "$out/metrics.jsonl" --export-hf "$out/trained"
 
 mpirun -np 2 "$meshlm" logprobs --model "$out/init" --data "$out/sample.jsonl" --out "$out/lp_init.jsonl" --tp 2
 mpirun -np 2 "$meshlm" logprobs --model "$out/trained" --data "$out/sample.jsonl" --out "$out/lp_trained.jsonl" --tp 2

@@ -54,14 +54,44 @@ static int parse_float(const char *cmd, const char *name, const char *val, doubl
   return 0;
 }
 
+const char *ml_arg_choice_list(const ml_arg_choice *c, const char *sep, char *buf, size_t size) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (size_t i = 0; c->names[i] && used < size; i++)
+    used += (size_t)snprintf(buf + used, size - used, "%s%s", i ? sep : "", c->names[i]);
+  return buf;
+}
+
+static int parse_choice(const char *cmd, const ml_arg *a, const char *val) {
+  ml_arg_choice *c = a->dst;
+  for (int i = 0; c->names[i]; i++)
+    if (strcmp(c->names[i], val) == 0) {
+      c->index = i;
+      return 0;
+    }
+  char list[512];
+  return ml_err("%s: flag %s: expected one of %s, found '%s'", cmd, a->name,
+                ml_arg_choice_list(c, ", ", list, sizeof list), val);
+}
+
+/* `--flag=true` / `--flag=false`. */
+static int parse_bool(const char *cmd, const ml_arg *a, const char *val) {
+  if (strcmp(val, "true") == 0 || strcmp(val, "false") == 0) {
+    *(bool *)a->dst = val[0] == 't';
+    return 0;
+  }
+  return ml_err("%s: flag %s takes no value or =true / =false, found '%s'", cmd, a->name, val);
+}
+
 static int set_value(const char *cmd, const ml_arg *a, const char *val) {
   switch (a->type) {
   case ML_ARG_INT: return parse_int(cmd, a->name, val, a->dst);
   case ML_ARG_FLOAT: return parse_float(cmd, a->name, val, a->dst);
   case ML_ARG_STR: *(const char **)a->dst = val; return 0;
-  case ML_ARG_FLAG: break;
+  case ML_ARG_FLAG: return parse_bool(cmd, a, val);
+  case ML_ARG_CHOICE: return parse_choice(cmd, a, val);
   }
-  return ml_err("%s: flag %s takes no value, found '%s'", cmd, a->name, val);
+  return ml_err("%s: flag %s has an unknown type", cmd, a->name);
 }
 
 /* Parse argv[*i] (a flag) and, if it takes one, its value; advance *i. */
@@ -106,11 +136,24 @@ int ml_args_parse(const char *cmd, int argc, char **argv, const ml_arg *spec, si
   return rc;
 }
 
-static const char *type_name(ml_arg_type t) {
-  switch (t) {
+const char *ml_args_value(int argc, char **argv, const char *name) {
+  const char *val = NULL;
+  size_t len = strlen(name);
+  for (int i = 0; i < argc; i++) {
+    if (strncmp(argv[i], name, len) != 0) continue;
+    if (argv[i][len] == '=') val = argv[i] + len + 1;
+    else if (argv[i][len] == '\0')
+      val = i + 1 < argc && !is_flag(argv[i + 1]) ? argv[i + 1] : NULL;
+  }
+  return val;
+}
+
+static const char *type_name(const ml_arg *a, char *buf, size_t size) {
+  switch (a->type) {
   case ML_ARG_INT: return "INT";
   case ML_ARG_FLOAT: return "FLOAT";
   case ML_ARG_STR: return "STR";
+  case ML_ARG_CHOICE: return ml_arg_choice_list(a->dst, "|", buf, size);
   case ML_ARG_FLAG: break;
   }
   return "";
@@ -130,6 +173,11 @@ static void print_default(FILE *f, const ml_arg *a) {
   case ML_ARG_FLAG:
     if (*(const bool *)a->dst) fputs(" (default: on)", f);
     break;
+  case ML_ARG_CHOICE: {
+    const ml_arg_choice *c = a->dst;
+    fprintf(f, " (default: %s)", c->names[c->index]);
+    break;
+  }
   }
 }
 
@@ -138,7 +186,8 @@ void ml_args_usage(FILE *f, const char *cmd, const char *summary, const ml_arg *
   if (summary) fprintf(f, "%s\n", summary);
   if (n) fputs("flags:\n", f);
   for (size_t i = 0; i < n; i++) {
-    int w = fprintf(f, "  %s %s", spec[i].name, type_name(spec[i].type));
+    char choices[256];
+    int w = fprintf(f, "  %s %s", spec[i].name, type_name(&spec[i], choices, sizeof choices));
     fprintf(f, "%*s%s", w < 28 ? 28 - w : 1, "", spec[i].help ? spec[i].help : "");
     print_default(f, &spec[i]);
     fputc('\n', f);

@@ -1,23 +1,50 @@
-/* meshlm train: AdamW training of an HF checkpoint over the device mesh. */
+/* meshlm train: AdamW training of an HF checkpoint over the device mesh.
+ *
+ * Settings come from flags and --config (train_flags.c). One optimizer step
+ * k takes the next --batch-size sequences of the shuffled data stream
+ * (sequences consumed .. consumed + batch − 1, wrapping around the
+ * dataset), as --grad-accum micro-batches: micro-batch m is sequences
+ * consumed + m·mb .. + mb − 1 (mb = batch / grad_accum), each split over the
+ * data-parallel ranks as ml_dataset_batch splits a batch (dp rank r takes
+ * the r-th contiguous slice). Every micro-batch's loss is normalised by the
+ * target count of the whole step, so the accumulated gradient is that of
+ * one batch of --batch-size sequences (DESIGN §6). Then: global grad norm
+ * (--grad-norm-type), and either a skipped step when it is not finite
+ * (the first non-finite gradient named) or clipping (--max-grad-norm) and
+ * AdamW at the schedule's learning rate (train/schedule.h). A skipped step
+ * still consumes its sequences and its slot of the schedule (AdamW's own
+ * step count, kept by the engine for its bias correction, does not move).
+ * Run checkpoints (--save, --resume) carry the step and the loader position
+ * (train/runckpt.h); --export-hf writes a consolidated HF checkpoint. */
+#include <math.h>
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/train_flags.h"
 #include "common/rng.h"
 #include "common/status.h"
 #include "train/data.h"
 #include "train/engine.h"
 #include "train/metrics.h"
+#include "train/runckpt.h"
 #include "train/save.h"
+#include "train/schedule.h"
 
-typedef struct train_opts {
-  const char *model, *data, *metrics, *save, *plan;
-  bool sp;
-  int64_t tp, steps, batch, seq_len, seed;
-  double lr, weight_decay, max_grad_norm, peak_tflops;
-} train_opts;
+typedef struct train_run {
+  const ml_train_opts *o;
+  ml_mesh mesh;
+  ml_engine e;
+  ml_dataset ds;
+  ml_metrics_writer mw; /* world rank 0, with --metrics */
+  bool has_metrics;
+  ml_run_state st;      /* steps done, sequences consumed */
+  int64_t micro, local; /* micro-batch: sequences in all, on this dp rank */
+  int32_t *ids;         /* [local, seq_len] */
+  uint8_t *mask;        /* [local, seq_len] */
+} train_run;
 
 /* Deterministic shuffle of the dataset's sequences (same on every rank). */
 static int shuffle(ml_dataset *ds, int64_t seed) {
@@ -40,24 +67,130 @@ static int shuffle(ml_dataset *ds, int64_t seed) {
   return rc;
 }
 
-static int setup(const train_opts *o, ml_mesh *mesh, ml_engine *e, ml_dataset *ds) {
-  ML_TRY(ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, (int)o->tp, mesh));
-  ml_engine_opts eo = ml_engine_opts_default();
-  eo.parallel_plan = o->plan;
-  eo.sequence_parallel = o->sp;
-  ML_TRY(ml_engine_open(e, mesh, o->model, &eo));
-  ML_TRY(ml_dataset_load(o->data, o->seq_len, e->model.cfg.vocab, ds));
-  if (o->batch % mesh->dp_comm->size != 0)
-    return ml_err("--batch-size %lld is not divisible by the data-parallel size %d; expected a "
-                  "multiple of it",
-                  (long long)o->batch, mesh->dp_comm->size);
-  return shuffle(ds, o->seed);
+/* Mesh, engine, data (shuffled) and the micro-batch buffers. */
+static int setup(train_run *r) {
+  const ml_train_opts *o = r->o;
+  ML_TRY(ml_mesh_create(MPI_COMM_WORLD, (int)o->dp_replicate, 0, (int)o->cp, (int)o->tp, &r->mesh));
+  ml_engine_opts eo = ml_train_engine_opts(o);
+  ML_TRY(ml_engine_open(&r->e, &r->mesh, o->model, &eo));
+  ML_TRY(ml_dataset_load(o->data, o->seq_len, r->e.model.cfg.vocab, &r->ds));
+  int dp = r->mesh.dp_comm->size;
+  if (o->batch % (dp * o->grad_accum) != 0)
+    return ml_err("train: flag --batch-size %lld is not divisible by the data-parallel size %d "
+                  "x --grad-accum %lld = %lld; expected a multiple of it",
+                  (long long)o->batch, dp, (long long)o->grad_accum,
+                  (long long)(dp * o->grad_accum));
+  r->micro = o->batch / o->grad_accum;
+  r->local = r->micro / dp;
+  r->ids = ml_malloc(sizeof(int32_t) * (size_t)(r->local * o->seq_len), "micro-batch");
+  r->mask = ml_malloc((size_t)(r->local * o->seq_len), "micro-batch");
+  if (!r->ids || !r->mask) return -1;
+  return shuffle(&r->ds, o->seed);
+}
+
+/* --resume: the run checkpoint's weights, optimizer state and position;
+ * refused over another data order (--seed) or dataset. Collective. */
+static int resume(train_run *r) {
+  const ml_train_opts *o = r->o;
+  int rc = ml_run_load(&r->e, o->resume, &r->st);
+  ML_TRY(ml_cli_agree(rc));
+  if (r->st.seed != (uint64_t)o->seed || r->st.nseq != r->ds.nseq)
+    rc = ml_err("train: flag --resume %s: the checkpoint was trained with --seed %llu on %lld "
+                "sequences, this run has --seed %lld and %lld sequences (%s); expected the same "
+                "data order",
+                o->resume, (unsigned long long)r->st.seed, (long long)r->st.nseq,
+                (long long)o->seed, (long long)r->ds.nseq, o->data);
+  ML_TRY(ml_cli_agree(rc));
+  ml_cli_print("train: resumed from %s at step %lld (%lld sequences consumed)\n", o->resume,
+               (long long)r->st.step, (long long)r->st.consumed);
+  return 0;
+}
+
+/* Targets (mask = 1) of `count` stream sequences from `first` on. */
+static int64_t count_targets(const ml_dataset *ds, int64_t first, int64_t count) {
+  int64_t n = 0;
+  for (int64_t i = 0; i < count; i++) n += ml_dataset_count_targets(ds, first + i, 1);
+  return n;
+}
+
+/* This dp rank's slice of the `count` stream sequences from position
+ * `first` on into r->ids/r->mask: dp rank d takes positions first + i for
+ * i in [d·count/dp, (d+1)·count/dp), as ml_dataset_batch splits a batch
+ * (stream position p is dataset row p mod nseq). */
+static int load_slice(train_run *r, int64_t first, int64_t count) {
+  const ml_comm *dp = r->mesh.dp_comm;
+  int64_t per = count / dp->size, S = r->ds.seq_len;
+  for (int64_t i = 0; i < per; i++)
+    ML_TRY(ml_dataset_batch(&r->ds, first + dp->rank * per + i, 1, 0, 1, r->ids + i * S,
+                            r->mask + i * S));
+  return 0;
+}
+
+/* Zero the grads, then forward + backward of every micro-batch of the step;
+ * *loss = the step's mean token loss. Aborts every rank on failure. */
+static void accumulate(train_run *r, double *loss) {
+  const ml_train_opts *o = r->o;
+  int64_t targets = count_targets(&r->ds, r->st.consumed, o->batch);
+  ml_engine_zero_grad(&r->e);
+  *loss = 0;
+  for (int64_t m = 0; m < o->grad_accum; m++) {
+    double part;
+    if (load_slice(r, r->st.consumed + m * r->micro, r->micro) ||
+        ml_engine_forward_backward(&r->e, r->ids, r->mask, r->local, o->seq_len, targets, &part))
+      ml_cli_abort();
+    *loss += part;
+  }
+}
+
+/* Clip and take the AdamW step, or skip it when the grad norm is not
+ * finite (naming the first non-finite gradient). Sets sm->skipped. */
+static void update(train_run *r, ml_step_metrics *sm) {
+  const ml_train_opts *o = r->o;
+  if (!isfinite(sm->grad_norm)) {
+    char name[256];
+    int found = ml_engine_find_nonfinite(&r->e, name, sizeof name);
+    if (found < 0) ml_cli_abort();
+    ml_cli_print("step %lld: skipped, non-finite gradient %s%s\n", (long long)sm->step,
+                 found ? "in " : "norm (every gradient finite)", found ? name : "");
+    sm->skipped = true;
+    return;
+  }
+  ml_engine_clip(&r->e, sm->grad_norm, o->max_grad_norm);
+  ml_adamw_cfg adam = {sm->lr, 0.9, 0.999, 1e-8, o->weight_decay};
+  if (ml_engine_adamw(&r->e, &adam)) ml_cli_abort();
 }
 
 static double max_over_world(double v) {
   double out = v;
   MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
   return out;
+}
+
+/* One optimizer step: accumulate, norm, update; metrics out. */
+static void train_step(train_run *r, const ml_lr_schedule *sched, ml_step_metrics *sm) {
+  const ml_train_opts *o = r->o;
+  ml_mesh_stats_reset(&r->mesh);
+  double t0 = MPI_Wtime();
+  *sm = (ml_step_metrics){
+      .step = r->st.step + 1, .lr = ml_lr_at(sched, r->st.step), .tokens = o->batch * o->seq_len};
+  accumulate(r, &sm->loss);
+  if (ml_engine_grad_norm(&r->e, ml_train_norm_type(o), &sm->grad_norm)) ml_cli_abort();
+  update(r, sm);
+  r->st.step++;
+  r->st.consumed += o->batch;
+  double dt = max_over_world(MPI_Wtime() - t0);
+  sm->tokens_per_s = (double)sm->tokens / dt;
+  sm->peak_rss_mb = max_over_world(ml_peak_rss_mb());
+}
+
+/* --save after every --save-every-th step and after the last. Collective. */
+static int maybe_save(train_run *r) {
+  const ml_train_opts *o = r->o;
+  bool due = r->st.step == o->steps || (o->save_every > 0 && r->st.step % o->save_every == 0);
+  if (!o->save || !due) return 0;
+  ML_TRY(ml_cli_agree(ml_run_save(&r->e, o->save, &r->st)));
+  ml_cli_print("train: saved run checkpoint %s (step %lld)\n", o->save, (long long)r->st.step);
+  return 0;
 }
 
 /* The collectives of the last step per mesh group, as this rank saw them. */
@@ -74,91 +207,85 @@ static void print_comm_summary(const ml_mesh *mesh) {
   ml_cli_print("\n");
 }
 
-static int train_loop(const train_opts *o, ml_mesh *mesh, ml_engine *e, const ml_dataset *ds,
-                      ml_metrics_writer *mw) {
-  int64_t S = o->seq_len, Bl = o->batch / mesh->dp_comm->size;
-  int32_t *ids = malloc(sizeof(int32_t) * (size_t)(Bl * S));
-  uint8_t *mask = malloc((size_t)(Bl * S));
-  if (!ids || !mask) return ml_err("out of memory for the batch");
-  const ml_model_config *c = &e->model.cfg;
-  double fpt = ml_flops_per_token((double)ml_model_config_num_params(c), c->n_layers, c->hidden, S);
-  ml_adamw_cfg adam = {o->lr, 0.9, 0.999, 1e-8, o->weight_decay};
-  for (int64_t step = 0; step < o->steps; step++) {
-    ml_mesh_stats_reset(mesh);
-    double t0 = MPI_Wtime(), loss, norm;
-    int64_t targets = ml_dataset_count_targets(ds, step, o->batch);
-    if (ml_dataset_batch(ds, step, o->batch, mesh->dp_comm->rank, mesh->dp_comm->size, ids, mask) ||
-        (ml_engine_zero_grad(e), 0) ||
-        ml_engine_forward_backward(e, ids, mask, Bl, S, targets, &loss) ||
-        ml_engine_grad_norm(e, 2.0, &norm))
-      ml_cli_abort();
-    ml_engine_clip(e, norm, o->max_grad_norm);
-    if (ml_engine_adamw(e, &adam)) ml_cli_abort();
-    double dt = max_over_world(MPI_Wtime() - t0);
-    ml_step_metrics sm = {.step = step + 1, .loss = loss, .grad_norm = norm, .lr = o->lr,
-                          .tokens = o->batch * S};
-    sm.tokens_per_s = (double)sm.tokens / dt;
+static int train_loop(train_run *r) {
+  const ml_train_opts *o = r->o;
+  const ml_model_config *c = &r->e.model.cfg;
+  double fpt =
+      ml_flops_per_token((double)ml_model_config_num_params(c), c->n_layers, c->hidden, o->seq_len);
+  ml_lr_schedule sched = ml_train_schedule(o);
+  while (r->st.step < o->steps) {
+    ml_step_metrics sm;
+    train_step(r, &sched, &sm);
     sm.mfu = ml_mfu(fpt, sm.tokens_per_s, o->peak_tflops * 1e12);
-    sm.peak_rss_mb = max_over_world(ml_peak_rss_mb());
-    if (mesh->rank == 0) {
+    if (r->mesh.rank == 0) {
       ml_metrics_print(stdout, &sm);
       fflush(stdout);
-      if (mw && ml_metrics_write(mw, &sm)) ml_cli_abort();
+      if (r->has_metrics && ml_metrics_write(&r->mw, &sm)) ml_cli_abort();
     }
+    if (r->st.step == o->steps) print_comm_summary(&r->mesh);
+    ML_TRY(maybe_save(r));
   }
-  if (o->steps > 0) print_comm_summary(mesh);
-  free(ids);
-  free(mask);
   return 0;
 }
 
+static void print_header(const train_run *r) {
+  const ml_train_opts *o = r->o;
+  const ml_mesh *m = &r->mesh;
+  ml_cli_print("train: %s, mesh dp_replicate=%d x dp_shard=%d x tp=%d, %lld parameters\n", o->model,
+               m->dp_replicate, m->dp_shard, m->tp,
+               (long long)ml_model_config_num_params(&r->e.model.cfg));
+  ml_cli_print("train: plan %s (%s)\n", r->e.plan.name, r->e.plan.reason);
+  ml_cli_print("train: %lld steps of %lld sequences x %lld tokens in %lld micro-batch(es)\n",
+               (long long)o->steps, (long long)o->batch, (long long)o->seq_len,
+               (long long)o->grad_accum);
+}
+
+/* Set up, resume, train, export. Returns the agreed status. */
+static int run(train_run *r) {
+  const ml_train_opts *o = r->o;
+  int rc = setup(r);
+  if (rc == 0 && o->metrics && r->mesh.rank == 0 && (rc = ml_metrics_open(o->metrics, &r->mw)) == 0)
+    r->has_metrics = true;
+  ML_TRY(ml_cli_agree(rc));
+  print_header(r);
+  r->st = (ml_run_state){.seed = (uint64_t)o->seed, .nseq = r->ds.nseq};
+  if (o->resume) ML_TRY(resume(r));
+  ML_TRY(train_loop(r));
+  if (!o->export_hf) return 0;
+  ML_TRY(ml_cli_agree(ml_engine_save_hf(&r->e, o->export_hf)));
+  ml_cli_print("train: exported %s\n", o->export_hf);
+  return 0;
+}
+
+static void run_free(train_run *r) {
+  if (r->has_metrics) ml_metrics_close(&r->mw);
+  free(r->ids);
+  free(r->mask);
+  ml_dataset_free(&r->ds);
+  ml_engine_close(&r->e);
+  if (r->mesh.world) ml_mesh_destroy(&r->mesh);
+}
+
 int ml_cmd_train(int argc, char **argv) {
-  train_opts o = {.tp = 1, .steps = 10, .batch = 8, .seq_len = 128, .seed = 0, .lr = 3e-4,
-                  .weight_decay = 0.0, .max_grad_norm = 1.0, .peak_tflops = 0.24};
-  ml_arg spec[] = {
-      {"--model", ML_ARG_STR, &o.model, "HF checkpoint directory (config.json + safetensors)", true},
-      {"--data", ML_ARG_STR, &o.data, "JSONL with input_ids [+ loss_mask], or raw text (bytes)", true},
-      {"--tp", ML_ARG_INT, &o.tp, "tensor-parallel size (dp_shard = world / tp)", false},
-      {"--sequence-parallel", ML_ARG_FLAG, &o.sp, "shard norms and residuals on the sequence", false},
-      {"--parallel-plan", ML_ARG_STR, &o.plan, "plan file (JSON), or auto|optimized|hf|default", false},
-      {"--steps", ML_ARG_INT, &o.steps, "optimizer steps", false},
-      {"--batch-size", ML_ARG_INT, &o.batch, "global batch in sequences", false},
-      {"--seq-len", ML_ARG_INT, &o.seq_len, "tokens per sequence", false},
-      {"--lr", ML_ARG_FLOAT, &o.lr, "AdamW learning rate", false},
-      {"--weight-decay", ML_ARG_FLOAT, &o.weight_decay, "AdamW decoupled weight decay", false},
-      {"--max-grad-norm", ML_ARG_FLOAT, &o.max_grad_norm, "clip the global grad norm (0 = off)", false},
-      {"--seed", ML_ARG_INT, &o.seed, "seed of the data order", false},
-      {"--peak-tflops", ML_ARG_FLOAT, &o.peak_tflops, "peak fp32 TFLOP/s of the whole job, for MFU", false},
-      {"--metrics", ML_ARG_STR, &o.metrics, "write one JSON object per step to this file", false},
-      {"--save", ML_ARG_STR, &o.save, "write a consolidated HF checkpoint here at the end", false},
-  };
-  int rc = ml_cli_parse("train", "train an HF checkpoint over the device mesh", argc, argv, spec,
-                        sizeof spec / sizeof spec[0]);
-  if (rc == 1) return 0;
-  if (rc == 0 && (o.steps < 0 || o.batch < 1 || o.seq_len < 2 || o.tp < 1))
-    rc = ml_err("train: expected --steps >= 0, --batch-size >= 1, --seq-len >= 2 and --tp >= 1");
-  ml_mesh mesh = {0};
-  ml_engine e = {0};
-  ml_dataset ds = {0};
-  if (rc == 0) rc = setup(&o, &mesh, &e, &ds);
-  ml_metrics_writer mw, *mwp = NULL;
-  if (rc == 0 && o.metrics && mesh.rank == 0 && (rc = ml_metrics_open(o.metrics, &mw)) == 0)
-    mwp = &mw;
-  if (ml_cli_agree(rc) == 0) {
-    ml_cli_print("train: %s, mesh dp_shard=%d x tp=%d, plan %s, %lld parameters\n", o.model,
-                 mesh.dp_shard, mesh.tp, e.plan.name,
-                 (long long)ml_model_config_num_params(&e.model.cfg));
-    ml_cli_print("train: plan %s (%s)\n", e.plan.name, e.plan.reason);
-    rc = train_loop(&o, &mesh, &e, &ds, mwp);
-    if (rc == 0 && o.save) rc = ml_engine_save_hf(&e, o.save);
-    if (rc == 0 && o.save) ml_cli_print("train: saved %s\n", o.save);
-    rc = ml_cli_agree(rc);
-  } else {
-    rc = -1;
+  ml_train_opts o = ml_train_opts_default();
+  ml_arg spec[ML_TRAIN_MAX_FLAGS];
+  size_t n = ml_train_flags(&o, spec);
+  ml_config_argv args;
+  int rc = ml_train_argv(argc, argv, spec, n, &args);
+  if (rc == 0)
+    rc = ml_cli_parse("train", "train an HF checkpoint over the device mesh", args.argc, args.argv,
+                      spec, n);
+  if (rc == 1) {
+    ml_config_argv_free(&args);
+    return 0;
   }
-  if (mwp) ml_metrics_close(mwp);
-  ml_dataset_free(&ds);
-  ml_engine_close(&e);
-  if (mesh.world) ml_mesh_destroy(&mesh);
+  if (rc == 0) rc = ml_train_opts_check(&o);
+  train_run r = {.o = &o};
+  if (ml_cli_agree(rc) == 0)
+    rc = run(&r);
+  else
+    rc = -1;
+  run_free(&r);
+  ml_config_argv_free(&args);
   return rc;
 }

@@ -13,9 +13,9 @@
 void ml_metrics_print(FILE *f, const ml_step_metrics *m) {
   fprintf(f,
           "step %lld | loss %.4f | grad_norm %.3f | lr %.2e | tok/s %.1f | mfu %.2f%% | "
-          "peak_rss %.1f MB\n",
+          "peak_rss %.1f MB%s\n",
           (long long)m->step, m->loss, m->grad_norm, m->lr, m->tokens_per_s, 100.0 * m->mfu,
-          m->peak_rss_mb);
+          m->peak_rss_mb, m->skipped ? " | skipped" : "");
 }
 
 int ml_metrics_open(const char *path, ml_metrics_writer *w) {
@@ -45,6 +45,7 @@ static json_t *metrics_json(const ml_step_metrics *m) {
   bad |= json_object_set_new(o, "tokens_per_s", real_or_null(m->tokens_per_s));
   bad |= json_object_set_new(o, "mfu", real_or_null(m->mfu));
   bad |= json_object_set_new(o, "peak_rss_mb", real_or_null(m->peak_rss_mb));
+  bad |= json_object_set_new(o, "skipped", json_boolean(m->skipped));
   if (!bad) return o;
   json_decref(o);
   return NULL;

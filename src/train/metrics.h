@@ -3,11 +3,12 @@
 #ifndef ML_METRICS_H
 #define ML_METRICS_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
 typedef struct ml_step_metrics {
-  int64_t step;        /* optimizer step, 0-based */
+  int64_t step;        /* optimizer step (meshlm train counts from 1) */
   double loss;         /* mean token cross-entropy over the global batch (nats) */
   double grad_norm;    /* global L2 norm of the grads before clipping */
   double lr;           /* learning rate used by this step */
@@ -15,11 +16,13 @@ typedef struct ml_step_metrics {
   double tokens_per_s; /* global tokens (all ranks) per wall-clock second */
   double mfu;          /* fraction of peak FLOP/s in [0, 1] (ml_mfu); printed as % */
   double peak_rss_mb;  /* this process's peak resident set, MiB (ml_peak_rss_mb) */
+  bool skipped;        /* the optimizer step was skipped: a non-finite gradient */
 } ml_step_metrics;
 
 /* Write one progress line (newline-terminated) to f, e.g.
  * "step 12 | loss 3.4567 | grad_norm 1.234 | lr 3.00e-04 | tok/s 1234.5 |
- *  mfu 1.23% | peak_rss 345.6 MB" (on one line). */
+ *  mfu 1.23% | peak_rss 345.6 MB" (on one line), followed by " | skipped"
+ * for a skipped step. */
 void ml_metrics_print(FILE *f, const ml_step_metrics *m);
 
 typedef struct ml_metrics_writer {
@@ -31,10 +34,11 @@ typedef struct ml_metrics_writer {
 int ml_metrics_open(const char *path, ml_metrics_writer *w);
 
 /* Append one line: a JSON object with exactly the keys step, loss,
- * grad_norm, lr, tokens, tokens_per_s, mfu, peak_rss_mb (in that order; the
- * integers as JSON integers, the rest as reals written with round-trip
- * precision, a non-finite value — e.g. a diverged loss — as null), then
- * flush. Error: write failure (the message names the file). */
+ * grad_norm, lr, tokens, tokens_per_s, mfu, peak_rss_mb, skipped (in that
+ * order; the integers as JSON integers, skipped as a boolean, the rest as
+ * reals written with round-trip precision, a non-finite value — e.g. a
+ * diverged loss — as null), then flush. Error: write failure (the message
+ * names the file). */
 int ml_metrics_write(ml_metrics_writer *w, const ml_step_metrics *m);
 
 /* Close the file (safe on a writer that failed to open or is closed). */

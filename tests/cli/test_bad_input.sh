@@ -82,6 +82,36 @@ echo '{"input_ids": [1, 2, 999]}' > "$work/bad_ids.jsonl"
 expect token-id-out-of-range "bad_ids.jsonl:1.*999" \
   "$meshlm" logprobs --model "$fx" --data "$work/bad_ids.jsonl" --out "$work/out.jsonl"
 expect unknown-flag "--bogus" "$meshlm" train --model "$fx" --data "$work/data.jsonl" --bogus 1
+
+# meshlm train settings: flags, config file, combinations
+train=("$meshlm" train --model "$fx" --data "$work/data.jsonl" --steps 1 --seq-len 8)
+expect bad-dtype "--param-dtype: expected one of fp32, bf16, found 'fp16'" "${train[@]}" --param-dtype fp16
+expect bad-schedule "--lr-schedule: expected one of constant, linear, cosine, found 'step'" "${train[@]}" --lr-schedule step
+expect bad-norm-type "--grad-norm-type: expected one of 2, inf, found '1'" "${train[@]}" --grad-norm-type 1
+expect bad-zero "--zero: expected an integer in \[1, 3\], found 0" "${train[@]}" --zero 0
+expect cp-unsupported "--cp: context parallelism is not supported yet: expected 1, found 2" \
+  mpiexec -n 2 "${train[@]}" --cp 2
+expect cpu-offload "--cpu-offload: cpu offload needs the CUDA backend" "${train[@]}" --cpu-offload
+expect grad-accum-not-dividing "--batch-size 6 is not divisible by --grad-accum 4" \
+  "${train[@]}" --batch-size 6 --grad-accum 4
+expect grad-accum-times-dp-not-dividing "--batch-size 4 is not divisible by the data-parallel size 2 x --grad-accum 4 = 8" \
+  mpiexec -n 2 "${train[@]}" --batch-size 4 --grad-accum 4
+expect save-every-without-save "--save-every 2 needs --save" "${train[@]}" --save-every 2
+echo '{"model": "m", "tensor_parallel": 2}' > "$work/unknown_key.json"
+expect config-unknown-key "unknown_key.json: unknown key 'tensor_parallel'; accepted keys: model, data, tensor_parallel_size" \
+  "$meshlm" train --config "$work/unknown_key.json"
+echo '{"grad_accum": "2"}' > "$work/wrong_type.json"
+expect config-wrong-type "wrong_type.json: key 'grad_accum': expected an integer, found a string" \
+  "${train[@]}" --config "$work/wrong_type.json"
+echo '{"param_dtype": "fp8"}' > "$work/bad_value.json"
+expect config-bad-value "bad_value.json: key 'param_dtype': expected one of fp32, bf16, found \"fp8\"" \
+  "${train[@]}" --config "$work/bad_value.json"
+expect config-missing "missing.json: cannot open" "${train[@]}" --config "$work/missing.json"
+"${train[@]}" --batch-size 1 --save "$work/ck" > /dev/null 2>&1
+expect resume-other-seed "--resume .*ck: the checkpoint was trained with --seed 0 on 1 sequences, this run has --seed 7" \
+  "${train[@]}" --batch-size 1 --resume "$work/ck" --seed 7
+mkdir -p "$work/empty_ck"
+expect resume-no-checkpoint "empty_ck" "${train[@]}" --batch-size 1 --resume "$work/empty_ck"
 expect unknown-command "unknown command" "$meshlm" fly
 
 echo "$pass passed, $fail failed"

@@ -14,8 +14,8 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
 "$meshlm" init --arch llama --preset tiny --seed 3 --out "$work/model"
 train=(train --model "$work/model" --data "$src/README.md" --steps 4 --batch-size 4 --seq-len 64 --lr 1e-3)
-"$meshlm" "${train[@]}" --metrics "$work/m1.jsonl" --save "$work/s1"
-mpiexec -n 4 "$meshlm" "${train[@]}" --tp 2 --metrics "$work/m4.jsonl" --save "$work/s4"
+"$meshlm" "${train[@]}" --metrics "$work/m1.jsonl" --export-hf "$work/s1"
+mpiexec -n 4 "$meshlm" "${train[@]}" --tp 2 --metrics "$work/m4.jsonl" --export-hf "$work/s4"
 
 [ "$(wc -l < "$work/m1.jsonl")" -eq 4 ] || { echo "FAIL: expected 4 metrics lines"; exit 1; }
 losses() { sed -E 's/.*"loss": ?([-0-9.eE+]+).*/\1/' "$1"; }

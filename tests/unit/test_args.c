@@ -1,4 +1,5 @@
-/* Long-flag parser: both syntaxes, every error, the usage block. */
+/* Long-flag parser: both syntaxes, explicit booleans, choices, the value
+ * lookup, every error, the usage block. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -17,16 +18,20 @@ typedef struct opts {
   double lr;
   const char *model;
   bool verbose;
+  ml_arg_choice dtype;
 } opts;
 
-enum { NSPEC = 4 };
+enum { NSPEC = 5 };
+
+static const char *const k_dtypes[] = {"fp32", "bf16", NULL};
 
 static void make_spec(opts *o, ml_arg spec[NSPEC]) {
-  *o = (opts){.tp = 1, .lr = 3e-4, .model = NULL, .verbose = false};
+  *o = (opts){.tp = 1, .lr = 3e-4, .model = NULL, .verbose = false, .dtype = {k_dtypes, 0}};
   spec[0] = (ml_arg){"--tp", ML_ARG_INT, &o->tp, "tensor-parallel size", false};
   spec[1] = (ml_arg){"--lr", ML_ARG_FLOAT, &o->lr, "peak learning rate", false};
   spec[2] = (ml_arg){"--model", ML_ARG_STR, &o->model, "HF checkpoint directory", true};
   spec[3] = (ml_arg){"--verbose", ML_ARG_FLAG, &o->verbose, "print every step", false};
+  spec[4] = (ml_arg){"--dtype", ML_ARG_CHOICE, &o->dtype, "compute dtype", false};
 }
 
 static int parse(opts *o, int argc, char **argv) {
@@ -74,7 +79,7 @@ static void test_defaults_and_last_wins(void **state) {
 }
 
 static void test_unknown_flag(void **state) {
-  expect_error("unknown flag '--bogus'", "accepted flags: --tp, --lr, --model, --verbose",
+  expect_error("unknown flag '--bogus'", "accepted flags: --tp, --lr, --model, --verbose, --dtype",
                ARGV("--model", "m", "--bogus", "1"));
   expect_error("unknown flag '--tpx'", "train:", ARGV("--tpx=3"));
 }
@@ -106,7 +111,38 @@ static void test_positional(void **state) {
 }
 
 static void test_flag_with_value(void **state) {
-  expect_error("--verbose takes no value", "'1'", ARGV("--model", "m", "--verbose=1"));
+  expect_error("--verbose takes no value or =true / =false", "found '1'",
+               ARGV("--model", "m", "--verbose=1"));
+  expect_error("--verbose", "found ''", ARGV("--model", "m", "--verbose="));
+  opts o;
+  assert_int_equal(parse(&o, ARGV("--model", "m", "--verbose=true")), 0);
+  assert_true(o.verbose);
+  assert_int_equal(parse(&o, ARGV("--model", "m", "--verbose", "--verbose=false")), 0);
+  assert_false(o.verbose);
+}
+
+static void test_choice(void **state) {
+  opts o;
+  assert_int_equal(parse(&o, ARGV("--model", "m")), 0);
+  assert_int_equal(o.dtype.index, 0);
+  assert_int_equal(parse(&o, ARGV("--model", "m", "--dtype", "bf16")), 0);
+  assert_int_equal(o.dtype.index, 1);
+  assert_int_equal(parse(&o, ARGV("--model", "m", "--dtype=bf16", "--dtype=fp32")), 0);
+  assert_int_equal(o.dtype.index, 0);
+  expect_error("train: flag --dtype: expected one of fp32, bf16", "found 'fp16'",
+               ARGV("--model", "m", "--dtype", "fp16"));
+  expect_error("--dtype", "missing value", ARGV("--model", "m", "--dtype"));
+}
+
+static void test_value_lookup(void **state) {
+  assert_string_equal(ml_args_value(ARGV("--a", "1", "--config", "x.json", "--b"), "--config"),
+                      "x.json");
+  assert_string_equal(ml_args_value(ARGV("--config=a", "--config", "b"), "--config"), "b");
+  assert_string_equal(ml_args_value(ARGV("--config", "a", "--config=b"), "--config"), "b");
+  assert_null(ml_args_value(ARGV("--configs", "a", "--tp", "2"), "--config"));
+  assert_null(ml_args_value(ARGV("--config"), "--config"));
+  assert_null(ml_args_value(ARGV("--config", "--tp", "2"), "--config"));
+  assert_null(ml_args_value(0, NULL, "--config"));
 }
 
 static void test_usage(void **state) {
@@ -114,6 +150,7 @@ static void test_usage(void **state) {
   ml_arg spec[NSPEC];
   make_spec(&o, spec);
   o.verbose = true;
+  o.dtype.index = 1;
   FILE *f = tmpfile();
   assert_non_null(f);
   ml_args_usage(f, "train", "Train a model.", spec, NSPEC);
@@ -125,7 +162,8 @@ static void test_usage(void **state) {
                         "--tp INT", "tensor-parallel size (default: 1)\n",
                         "--lr FLOAT", "(default: 0.0003)\n",
                         "--model STR", "HF checkpoint directory (required)\n",
-                        "--verbose", "print every step (default: on)\n"};
+                        "--verbose", "print every step (default: on)\n",
+                        "--dtype fp32|bf16", "compute dtype (default: bf16)\n"};
   for (size_t i = 0; i < sizeof want / sizeof *want; i++)
     if (!strstr(buf, want[i])) fail_msg("usage lacks '%s':\n%s", want[i], buf);
 }
@@ -136,7 +174,8 @@ int main(void) {
       cmocka_unit_test(test_defaults_and_last_wins), cmocka_unit_test(test_unknown_flag),
       cmocka_unit_test(test_missing_value),    cmocka_unit_test(test_bad_numbers),
       cmocka_unit_test(test_missing_required), cmocka_unit_test(test_positional),
-      cmocka_unit_test(test_flag_with_value),  cmocka_unit_test(test_usage),
+      cmocka_unit_test(test_flag_with_value),  cmocka_unit_test(test_choice),
+      cmocka_unit_test(test_value_lookup),     cmocka_unit_test(test_usage),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

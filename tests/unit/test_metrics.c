@@ -37,6 +37,22 @@ static void test_print(void **state) {
                            "tok/s 1234.5 | mfu 1.23% | peak_rss 345.6 MB\n");
 }
 
+static void test_print_skipped(void **state) {
+  ml_step_metrics m = k_example;
+  m.loss = NAN;
+  m.grad_norm = NAN;
+  m.skipped = true;
+  FILE *f = tmpfile();
+  assert_non_null(f);
+  ml_metrics_print(f, &m);
+  char buf[256] = "";
+  rewind(f);
+  buf[fread(buf, 1, sizeof buf - 1, f)] = '\0';
+  fclose(f);
+  assert_string_equal(buf, "step 12 | loss nan | grad_norm nan | lr 3.00e-04 | "
+                           "tok/s 1234.5 | mfu 1.23% | peak_rss 345.6 MB | skipped\n");
+}
+
 static json_t *read_line(FILE *f) {
   char line[1024];
   assert_non_null(fgets(line, sizeof line, f));
@@ -45,7 +61,7 @@ static json_t *read_line(FILE *f) {
   json_t *o = json_loads(line, JSON_REJECT_DUPLICATES, &e);
   if (!o) fail_msg("bad JSON line '%s': %s", line, e.text);
   assert_true(json_is_object(o));
-  assert_int_equal(json_object_size(o), 8);
+  assert_int_equal(json_object_size(o), 9);
   return o;
 }
 
@@ -66,6 +82,7 @@ static void check_example(const json_t *o) {
   assert_true(num(o, "tokens_per_s") == 1234.5);
   assert_true(num(o, "mfu") == 0.0123);
   assert_true(num(o, "peak_rss_mb") == 345.6);
+  assert_true(json_is_false(json_object_get(o, "skipped")));
 }
 
 static void test_jsonl_roundtrip(void **state) {
@@ -81,7 +98,7 @@ static void test_jsonl_roundtrip(void **state) {
   json_t *o = read_line(f);
   check_example(o);
   const char *keys[] = {"step", "loss", "grad_norm", "lr", "tokens", "tokens_per_s", "mfu",
-                        "peak_rss_mb"};
+                        "peak_rss_mb", "skipped"};
   const char *key;
   json_t *v;
   size_t i = 0;
@@ -91,10 +108,12 @@ static void test_jsonl_roundtrip(void **state) {
   diverged.step = 13;
   diverged.loss = NAN;
   diverged.grad_norm = INFINITY;
+  diverged.skipped = true;
   assert_int_equal(ml_metrics_write(&w, &diverged), 0);
   o = read_line(f);
   assert_true(json_is_null(json_object_get(o, "loss")));
   assert_true(json_is_null(json_object_get(o, "grad_norm")));
+  assert_true(json_is_true(json_object_get(o, "skipped")));
   assert_int_equal(json_integer_value(json_object_get(o, "step")), 13);
   json_decref(o);
   fclose(f);
@@ -127,7 +146,8 @@ static void test_flops_and_mfu(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_print),      cmocka_unit_test(test_jsonl_roundtrip),
+      cmocka_unit_test(test_print),      cmocka_unit_test(test_print_skipped),
+      cmocka_unit_test(test_jsonl_roundtrip),
       cmocka_unit_test(test_open_error), cmocka_unit_test(test_peak_rss),
       cmocka_unit_test(test_flops_and_mfu),
   };

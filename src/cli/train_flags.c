@@ -1,0 +1,215 @@
+#include "cli/train_flags.h"
+
+#include <inttypes.h>
+#include <math.h>
+
+#include "common/status.h"
+
+/* The choices of the enumerated flags and the values they stand for (same
+ * order). */
+static const char *const k_dtypes[] = {"fp32", "bf16", NULL};
+static const ml_dtype k_dtype_values[] = {ML_F32, ML_BF16};
+static const char *const k_reshard[] = {"default", "true", "false", NULL};
+static const ml_reshard_policy k_reshard_values[] = {ML_RESHARD_DEFAULT, ML_RESHARD_ALWAYS,
+                                                     ML_RESHARD_NEVER};
+static const char *const k_ac[] = {"none", "mlp", "layer", "selective", NULL};
+static const ml_ac_mode k_ac_values[] = {ML_AC_NONE, ML_AC_MLP, ML_AC_LAYER, ML_AC_SELECTIVE};
+static const char *const k_schedules[] = {"constant", "linear", "cosine", NULL};
+static const ml_lr_decay k_schedule_values[] = {ML_LR_CONSTANT, ML_LR_LINEAR, ML_LR_COSINE};
+static const char *const k_norm_types[] = {"2", "inf", NULL};
+
+/* Config keys that are not the flag's own name: NeMo RL's dtensor_cfg
+ * names (sequence_parallel and cpu_offload already are), and JSON booleans
+ * for activation checkpointing as NeMo writes them. */
+static const ml_config_alias k_aliases[] = {
+    {"tensor_parallel_size", "--tp", NULL, NULL},
+    {"dp_replicate_size", "--dp-replicate", NULL, NULL},
+    {"context_parallel_size", "--cp", NULL, NULL},
+    {"custom_parallel_plan", "--parallel-plan", NULL, NULL},
+    {"activation_checkpointing", "--activation-checkpointing", "layer", "none"},
+};
+
+ml_train_opts ml_train_opts_default(void) {
+  return (ml_train_opts){.tp = 1,
+                         .dp_replicate = 1,
+                         .cp = 1,
+                         .param_dtype = {k_dtypes, 0},
+                         .reduce_dtype = {k_dtypes, 0},
+                         .output_dtype = {k_dtypes, 0},
+                         .reshard = {k_reshard, 0},
+                         .ac = {k_ac, 0},
+                         .zero = 3,
+                         .prefetch_forward = 1,
+                         .prefetch_backward = 2,
+                         .steps = 10,
+                         .batch = 8,
+                         .grad_accum = 1,
+                         .seq_len = 128,
+                         .lr = 3e-4,
+                         .lr_schedule = {k_schedules, 0},
+                         .max_grad_norm = 1.0,
+                         .grad_norm_type = {k_norm_types, 0},
+                         .peak_tflops = 0.24};
+}
+
+size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
+  const ml_arg flags[] = {
+      {"--model", ML_ARG_STR, &o->model, "HF checkpoint directory (config.json + safetensors)",
+       true},
+      {"--data", ML_ARG_STR, &o->data, "JSONL with input_ids [+ loss_mask], or raw text (bytes)",
+       true},
+      {"--config", ML_ARG_STR, &o->config,
+       "JSON file with any of these settings (flags override it)", false},
+      /* mesh and plan */
+      {"--tp", ML_ARG_INT, &o->tp, "tensor-parallel size", false},
+      {"--dp-replicate", ML_ARG_INT, &o->dp_replicate,
+       "HSDP replicas (dp_shard = world / (dp_replicate*cp*tp))", false},
+      {"--cp", ML_ARG_INT, &o->cp, "context-parallel size (only 1 yet)", false},
+      {"--sequence-parallel", ML_ARG_FLAG, &o->sp, "shard norms and residuals on the sequence",
+       false},
+      {"--parallel-plan", ML_ARG_STR, &o->plan, "plan file (JSON), or auto|optimized|hf|default",
+       false},
+      /* FSDP2 */
+      {"--param-dtype", ML_ARG_CHOICE, &o->param_dtype, "parameter all-gather and compute dtype",
+       false},
+      {"--reduce-dtype", ML_ARG_CHOICE, &o->reduce_dtype, "gradient reduce-scatter dtype", false},
+      {"--output-dtype", ML_ARG_CHOICE, &o->output_dtype, "logits dtype", false},
+      {"--reshard-after-forward", ML_ARG_CHOICE, &o->reshard, "free gathered params after forward",
+       false},
+      {"--zero", ML_ARG_INT, &o->zero,
+       "ZeRO stage: 3 params+grads+state sharded, 2 grads+state, 1 state", false},
+      {"--prefetch-forward", ML_ARG_INT, &o->prefetch_forward,
+       "units all-gathered ahead in forward (0 = off)", false},
+      {"--prefetch-backward", ML_ARG_INT, &o->prefetch_backward,
+       "units all-gathered ahead in backward (0 = off)", false},
+      {"--activation-checkpointing", ML_ARG_CHOICE, &o->ac, "recompute in backward", false},
+      {"--cpu-offload", ML_ARG_FLAG, &o->cpu_offload,
+       "shards and optimizer step on the host (CUDA only)", false},
+      /* the loop */
+      {"--steps", ML_ARG_INT, &o->steps, "optimizer steps of the whole run", false},
+      {"--batch-size", ML_ARG_INT, &o->batch, "global batch in sequences (per optimizer step)",
+       false},
+      {"--grad-accum", ML_ARG_INT, &o->grad_accum, "micro-batches per step (gradient accumulation)",
+       false},
+      {"--seq-len", ML_ARG_INT, &o->seq_len, "tokens per sequence", false},
+      {"--seed", ML_ARG_INT, &o->seed, "seed of the data order", false},
+      /* optimizer */
+      {"--lr", ML_ARG_FLOAT, &o->lr, "peak AdamW learning rate", false},
+      {"--lr-schedule", ML_ARG_CHOICE, &o->lr_schedule, "decay after the warmup, to --min-lr",
+       false},
+      {"--warmup-steps", ML_ARG_INT, &o->warmup_steps, "linear warmup from 0 over this many steps",
+       false},
+      {"--min-lr", ML_ARG_FLOAT, &o->min_lr, "learning rate of the last step (linear, cosine)",
+       false},
+      {"--weight-decay", ML_ARG_FLOAT, &o->weight_decay, "AdamW decoupled weight decay", false},
+      {"--max-grad-norm", ML_ARG_FLOAT, &o->max_grad_norm, "clip the global grad norm (0 = off)",
+       false},
+      {"--grad-norm-type", ML_ARG_CHOICE, &o->grad_norm_type, "norm of --max-grad-norm", false},
+      /* outputs */
+      {"--peak-tflops", ML_ARG_FLOAT, &o->peak_tflops,
+       "peak fp32 TFLOP/s of the whole job, for MFU", false},
+      {"--metrics", ML_ARG_STR, &o->metrics, "write one JSON object per step to this file", false},
+      {"--save", ML_ARG_STR, &o->save, "sharded run checkpoint directory (resumable)", false},
+      {"--save-every", ML_ARG_INT, &o->save_every, "save every N steps (0 = only after the last)",
+       false},
+      {"--resume", ML_ARG_STR, &o->resume, "continue from the run checkpoint in this directory",
+       false},
+      {"--export-hf", ML_ARG_STR, &o->export_hf,
+       "write a consolidated HF checkpoint here at the end", false},
+  };
+  size_t n = sizeof flags / sizeof flags[0];
+  _Static_assert(sizeof flags / sizeof flags[0] <= ML_TRAIN_MAX_FLAGS, "raise ML_TRAIN_MAX_FLAGS");
+  for (size_t i = 0; i < n; i++) spec[i] = flags[i];
+  return n;
+}
+
+int ml_train_argv(int argc, char **argv, const ml_arg *spec, size_t n, ml_config_argv *out) {
+  return ml_config_argv_build(ml_args_value(argc, argv, "--config"), spec, n, k_aliases,
+                              sizeof k_aliases / sizeof k_aliases[0], "--config", argc, argv, out);
+}
+
+/* An integer flag's allowed range [min, max]. */
+typedef struct int_range {
+  const char *flag;
+  int64_t value, min, max;
+} int_range;
+
+static int check_ranges(const int_range *r, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (r[i].value >= r[i].min && r[i].value <= r[i].max) continue;
+    if (r[i].max == INT64_MAX)
+      return ml_err("train: flag %s: expected an integer >= %" PRId64 ", found %" PRId64, r[i].flag,
+                    r[i].min, r[i].value);
+    return ml_err("train: flag %s: expected an integer in [%" PRId64 ", %" PRId64
+                  "], found %" PRId64,
+                  r[i].flag, r[i].min, r[i].max, r[i].value);
+  }
+  return 0;
+}
+
+static int check_nonnegative(const char *flag, double v) {
+  if (v >= 0) return 0;
+  return ml_err("train: flag %s: expected a number >= 0, found %g", flag, v);
+}
+
+int ml_train_opts_check(const ml_train_opts *o) {
+  const int_range ranges[] = {
+      {"--tp", o->tp, 1, INT32_MAX},
+      {"--dp-replicate", o->dp_replicate, 1, INT32_MAX},
+      {"--cp", o->cp, 1, INT32_MAX},
+      {"--zero", o->zero, 1, 3},
+      {"--prefetch-forward", o->prefetch_forward, 0, INT32_MAX},
+      {"--prefetch-backward", o->prefetch_backward, 0, INT32_MAX},
+      {"--steps", o->steps, 0, INT64_MAX},
+      {"--batch-size", o->batch, 1, INT64_MAX},
+      {"--grad-accum", o->grad_accum, 1, INT64_MAX},
+      {"--seq-len", o->seq_len, 2, INT64_MAX},
+      {"--warmup-steps", o->warmup_steps, 0, INT64_MAX},
+      {"--save-every", o->save_every, 0, INT64_MAX},
+  };
+  ML_TRY(check_ranges(ranges, sizeof ranges / sizeof ranges[0]));
+  ML_TRY(check_nonnegative("--lr", o->lr));
+  ML_TRY(check_nonnegative("--min-lr", o->min_lr));
+  ML_TRY(check_nonnegative("--weight-decay", o->weight_decay));
+  ML_TRY(check_nonnegative("--max-grad-norm", o->max_grad_norm));
+  ML_TRY(check_nonnegative("--peak-tflops", o->peak_tflops));
+  if (o->cp != 1)
+    return ml_err("train: flag --cp: context parallelism is not supported yet: expected 1, found "
+                  "%" PRId64,
+                  o->cp);
+  if (o->cpu_offload)
+    return ml_err("train: flag --cpu-offload: cpu offload needs the CUDA backend; this build "
+                  "trains on the CPU (MPI + OpenBLAS), whose parameters already live in host "
+                  "memory");
+  if (o->batch % o->grad_accum != 0)
+    return ml_err("train: flag --batch-size %" PRId64 " is not divisible by --grad-accum %" PRId64
+                  "; expected a multiple of it",
+                  o->batch, o->grad_accum);
+  if (o->save_every > 0 && !o->save)
+    return ml_err("train: flag --save-every %" PRId64 " needs --save DIR", o->save_every);
+  return 0;
+}
+
+ml_engine_opts ml_train_engine_opts(const ml_train_opts *o) {
+  ml_engine_opts eo = ml_engine_opts_default();
+  eo.parallel_plan = o->plan;
+  eo.sequence_parallel = o->sp;
+  eo.fsdp.param_dtype = k_dtype_values[o->param_dtype.index];
+  eo.fsdp.reduce_dtype = k_dtype_values[o->reduce_dtype.index];
+  eo.fsdp.reshard_after_forward = k_reshard_values[o->reshard.index];
+  eo.fsdp.zero = (int)o->zero;
+  eo.fsdp.prefetch_forward = (int)o->prefetch_forward;
+  eo.fsdp.prefetch_backward = (int)o->prefetch_backward;
+  eo.output_dtype = k_dtype_values[o->output_dtype.index];
+  eo.ac = k_ac_values[o->ac.index];
+  return eo;
+}
+
+ml_lr_schedule ml_train_schedule(const ml_train_opts *o) {
+  return (ml_lr_schedule){k_schedule_values[o->lr_schedule.index], o->lr, o->min_lr,
+                          o->warmup_steps, o->steps};
+}
+
+double ml_train_norm_type(const ml_train_opts *o) {
+  return o->grad_norm_type.index == 0 ? 2.0 : INFINITY;
+}

@@ -1,0 +1,71 @@
+/* meshlm train's settings: the flag table, the config-file keys (NeMo RL's
+ * dtensor_cfg names where it has one, else the flag name with '-' → '_'),
+ * the checks of values and combinations, and their mapping onto the
+ * engine's options, the LR schedule and the grad norm type. Kept apart from
+ * the training loop (cmd_train.c) and free of MPI so that unit tests parse
+ * exactly what the CLI parses. */
+#ifndef ML_TRAIN_FLAGS_H
+#define ML_TRAIN_FLAGS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cli/args.h"
+#include "cli/config_file.h"
+#include "train/engine.h"
+#include "train/schedule.h"
+
+typedef struct ml_train_opts {
+  /* model, data, mesh and plan */
+  const char *model, *data, *plan, *config;
+  int64_t tp, dp_replicate, cp;
+  bool sp;
+  /* FSDP2 and activation checkpointing (the choices are mapped onto the
+     engine's enums by ml_train_engine_opts) */
+  ml_arg_choice param_dtype, reduce_dtype, output_dtype, reshard, ac;
+  int64_t zero, prefetch_forward, prefetch_backward;
+  bool cpu_offload;
+  /* the loop */
+  int64_t steps, batch, grad_accum, seq_len, seed;
+  /* AdamW, schedule, clipping */
+  double lr, min_lr, weight_decay, max_grad_norm;
+  ml_arg_choice lr_schedule, grad_norm_type;
+  int64_t warmup_steps;
+  /* outputs */
+  double peak_tflops;
+  const char *metrics, *save, *resume, *export_hf;
+  int64_t save_every;
+} ml_train_opts;
+
+/* Capacity of a spec array for ml_train_flags. */
+enum { ML_TRAIN_MAX_FLAGS = 48 };
+
+/* The defaults: one rank's mesh, fp32, FSDP2's reshard policy, ZeRO-3,
+ * prefetch 1/2, no AC, 10 steps of batch 8 × 128 tokens, no accumulation,
+ * AdamW lr 3e-4 constant, clip at 1.0 (L2), MFU against 0.24 TFLOP/s. */
+ml_train_opts ml_train_opts_default(void);
+
+/* Fill spec[0..) with the flags over `o` (dst pointers into it); returns
+ * their number (<= ML_TRAIN_MAX_FLAGS). */
+size_t ml_train_flags(ml_train_opts *o, ml_arg *spec);
+
+/* The argument vector to parse against spec: the tokens of the config file
+ * named by the last --config in argv (none without it), then argv itself,
+ * so the command line overrides the file (config_file.h). Errors: those of
+ * ml_config_argv_build. Free out with ml_config_argv_free. */
+int ml_train_argv(int argc, char **argv, const ml_arg *spec, size_t n, ml_config_argv *out);
+
+/* Values and combinations a single flag's type cannot check: ranges
+ * (--steps >= 0, --zero 1..3, ...), --cp other than 1 (not supported yet),
+ * --cpu-offload (needs the CUDA backend), --batch-size not divisible by
+ * --grad-accum, --save-every without --save. One message naming the flag,
+ * the value found and what is expected. */
+int ml_train_opts_check(const ml_train_opts *o);
+
+/* The engine options, the LR schedule over the run (--steps) and the
+ * norm type (2.0 or INFINITY) the flags select. */
+ml_engine_opts ml_train_engine_opts(const ml_train_opts *o);
+ml_lr_schedule ml_train_schedule(const ml_train_opts *o);
+double ml_train_norm_type(const ml_train_opts *o);
+
+#endif

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# meshlm train's loop end to end on a tiny model:
+#  (a) gradient accumulation: --grad-accum 2 equals one batch (losses per
+#      step within 1e-5 relative, exported weights' log-probs within 1e-5),
+#      on 1 rank and on 2 (dp_shard=2);
+#  (b) --config FILE gives bitwise the losses of the same flags (NeMo's key
+#      names included, on 2 ranks with tensor_parallel_size 2), and a flag
+#      overrides the file;
+#  (c) the LR schedule (cosine, warmup) is the lr of the metrics;
+#  (d) --max-grad-norm with --grad-norm-type inf runs, and the inf-norm of
+#      the first step is at most its L2 norm;
+#  (e) a non-finite gradient skips the step: an absurd --lr (1e30, no
+#      clipping) blows the weights up in step 1, so steps 2 and 3 have NaN
+#      gradients: they are reported ("step N: skipped, non-finite gradient
+#      in NAME") and marked "skipped": true, and the run ends normally — on
+#      1 rank and on 2 (tp=2);
+#  (f) --save / --resume: 2 steps, saved, resumed to 4 gives the losses of
+#      4 uninterrupted steps (bitwise on the same mesh, 1e-5 relative on
+#      dp_shard=2), warmup schedule included; --save-every N saves every N
+#      steps and after the last.
+# usage: test_train_loop.sh MESHLM SOURCE_DIR
+set -eu
+meshlm=$1
+src=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+pass=0
+
+"$meshlm" init --arch llama --preset tiny --seed 3 --out "$work/model" > /dev/null
+base=(train --model "$work/model" --data "$src/README.md" --seq-len 64 --batch-size 8 --lr 1e-3)
+head -c 300 "$src/README.md" | od -An -tu1 -v | tr -s ' \n' ' ' |
+  awk '{ printf "{\"input_ids\": ["; for (i = 1; i <= NF; i++) printf "%s%s", (i > 1 ? ", " : ""), $i; print "]}" }' > "$work/score.jsonl"
+
+# field FILE KEY: the values of KEY in a metrics JSONL, one per line
+field() { sed -E "s/.*\"$2\":([^,}]+).*/\1/" "$1"; }
+ok() { pass=$((pass + 1)); echo "ok   $1"; }
+# close NAME TOL A B: two columns of numbers agree within TOL relative
+close() {
+  paste <(echo "$3") <(echo "$4") | awk -v name="$1" -v tol="$2" '
+    { d = $1 - $2; if (d < 0) d = -d; m = $1 < 0 ? -$1 : $1; r = m > 0 ? d / m : d; if (r > w) w = r; n++ }
+    END { printf "%s: %d values, worst relative difference %.3g\n", name, n, w; exit (n == 0 || w > tol) }'
+}
+# logprobs_close NAME MODEL_A MODEL_B: log-probs of the two checkpoints within 1e-5
+logprobs_close() {
+  "$meshlm" logprobs --model "$2" --data "$work/score.jsonl" --out "$work/la.jsonl" > /dev/null
+  "$meshlm" logprobs --model "$3" --data "$work/score.jsonl" --out "$work/lb.jsonl" > /dev/null
+  paste <(tr -d '{}[]"a-z:' < "$work/la.jsonl" | tr ',' '\n') <(tr -d '{}[]"a-z:' < "$work/lb.jsonl" | tr ',' '\n') |
+    awk -v name="$1" '{ d = $1 - $2; if (d < 0) d = -d; if (d > w) w = d; n++ }
+      END { printf "%s: log-probs of %d tokens, max abs difference %.3g\n", name, n, w; exit (n < 299 || w > 1e-5) }'
+}
+
+# (a) gradient accumulation
+for np in 1 2; do
+  run=("${base[@]}" --steps 3)
+  [ "$np" -eq 1 ] && launch=() || launch=(mpiexec -n "$np")
+  "${launch[@]}" "$meshlm" "${run[@]}" --metrics "$work/ga1.jsonl" --export-hf "$work/ga1" > /dev/null
+  "${launch[@]}" "$meshlm" "${run[@]}" --grad-accum 2 --metrics "$work/ga2.jsonl" --export-hf "$work/ga2" > "$work/out.txt"
+  grep -q "in 2 micro-batch" "$work/out.txt"
+  close "accumulation losses, $np rank(s)" 1e-5 "$(field "$work/ga1.jsonl" loss)" "$(field "$work/ga2.jsonl" loss)"
+  logprobs_close "accumulation weights, $np rank(s)" "$work/ga1" "$work/ga2"
+  ok "grad-accum 2 = one batch on $np rank(s)"
+done
+
+# (b) config file = flags; a flag overrides the file
+cat > "$work/cfg.json" << EOF
+{"model": "$work/model", "data": "$src/README.md", "seq_len": 64, "batch_size": 8, "lr": 1e-3,
+ "steps": 3, "tensor_parallel_size": 2, "sequence_parallel": true, "grad_accum": 2,
+ "lr_schedule": "linear", "warmup_steps": 1, "custom_parallel_plan": null, "activation_checkpointing": false}
+EOF
+mpiexec -n 2 "$meshlm" train --config "$work/cfg.json" --metrics "$work/c1.jsonl" > /dev/null
+mpiexec -n 2 "$meshlm" "${base[@]}" --steps 3 --tp 2 --sequence-parallel --grad-accum 2 --lr-schedule linear \
+  --warmup-steps 1 --metrics "$work/c2.jsonl" > /dev/null
+[ "$(field "$work/c1.jsonl" loss)" = "$(field "$work/c2.jsonl" loss)" ] || { echo "FAIL: config and flags differ"; exit 1; }
+"$meshlm" train --config "$work/cfg.json" --tensor-parallel-size 2 2>&1 | grep -q "unknown flag '--tensor-parallel-size'" ||
+  { echo "FAIL: NeMo names are config keys, not flags"; exit 1; }
+"$meshlm" train --lr 5e-4 --config "$work/cfg.json" --tp 1 --steps 2 --lr-schedule constant --warmup-steps 0 \
+  --sequence-parallel=false --metrics "$work/c3.jsonl" > /dev/null
+close "lr from the command line over the file's" 1e-12 "$(field "$work/c3.jsonl" lr)" "$(printf '%s\n' 5e-4 5e-4)"
+ok "config file = the same flags (bitwise), flags override it"
+
+# (c) LR schedule: cosine from 1e-3 to 1e-4 after 2 warmup steps over 6 steps
+"$meshlm" "${base[@]}" --steps 6 --lr-schedule cosine --warmup-steps 2 --min-lr 1e-4 --metrics "$work/lr.jsonl" > /dev/null
+close "cosine schedule" 1e-9 "$(field "$work/lr.jsonl" lr)" "$(printf '%s\n' 0 5e-4 1e-3 7.75e-4 3.25e-4 1e-4)"
+ok "LR schedule in the metrics"
+
+# (d) inf-norm clipping
+"$meshlm" "${base[@]}" --steps 2 --max-grad-norm 0.05 --grad-norm-type inf --metrics "$work/inf.jsonl" > /dev/null
+"$meshlm" "${base[@]}" --steps 1 --metrics "$work/l2.jsonl" > /dev/null
+paste <(field "$work/inf.jsonl" grad_norm | head -1) <(field "$work/l2.jsonl" grad_norm) <(field "$work/inf.jsonl" loss | tail -1) |
+  awk '{ printf "step 1: inf-norm %s, L2 norm %s; step 2 loss %s\n", $1, $2, $3; exit !($1 > 0 && $1 <= $2 && $3 > 0) }'
+ok "--max-grad-norm with --grad-norm-type inf"
+
+# (e) non-finite gradients skip the step
+for np in 1 2; do
+  [ "$np" -eq 1 ] && launch=() || launch=(mpiexec -n "$np")
+  "${launch[@]}" "$meshlm" "${base[@]}" --tp "$np" --steps 3 --lr 1e30 --max-grad-norm 0 --metrics "$work/nan.jsonl" > "$work/out.txt"
+  grep -E "^step 2: skipped, non-finite gradient in (model|lm_head)\." "$work/out.txt"
+  grep -qE "^step 3 .*\| skipped$" "$work/out.txt"
+  [ "$(field "$work/nan.jsonl" skipped | tr '\n' ' ')" = "false true true " ] ||
+    { echo "FAIL: skipped flags $(field "$work/nan.jsonl" skipped | tr '\n' ' ')"; exit 1; }
+  ok "non-finite gradient skips the step on $np rank(s)"
+done
+
+# (f) save and resume
+run=("${base[@]}" --warmup-steps 3)
+"$meshlm" "${run[@]}" --steps 4 --metrics "$work/full.jsonl" --export-hf "$work/full" > /dev/null
+"$meshlm" "${run[@]}" --steps 2 --save "$work/ck" > /dev/null
+cp -r "$work/ck" "$work/ck2"
+"$meshlm" "${run[@]}" --steps 4 --resume "$work/ck" --metrics "$work/res1.jsonl" --export-hf "$work/res1" > "$work/out.txt"
+grep -q "resumed from $work/ck at step 2" "$work/out.txt"
+[ "$(field "$work/res1.jsonl" step | tr '\n' ' ')" = "3 4 " ] || { echo "FAIL: resumed steps"; exit 1; }
+[ "$(field "$work/res1.jsonl" loss)" = "$(field "$work/full.jsonl" loss | tail -2)" ] || { echo "FAIL: resumed losses differ"; exit 1; }
+logprobs_close "resumed weights" "$work/full" "$work/res1"
+mpiexec -n 2 "$meshlm" "${run[@]}" --steps 4 --resume "$work/ck2" --metrics "$work/res2.jsonl" > /dev/null
+close "resumed on dp_shard=2" 1e-5 "$(field "$work/res2.jsonl" loss)" "$(field "$work/full.jsonl" loss | tail -2)"
+"$meshlm" "${run[@]}" --steps 3 --save "$work/ck3" --save-every 2 > "$work/out.txt"
+[ "$(grep -c "saved run checkpoint" "$work/out.txt")" -eq 2 ] && grep -q "(step 3)" "$work/out.txt" ||
+  { echo "FAIL: --save-every"; cat "$work/out.txt"; exit 1; }
+ok "save, resume (same mesh bitwise, other mesh close), --save-every"
+
+echo "$pass passed, 0 failed"

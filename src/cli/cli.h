@@ -33,5 +33,8 @@ int ml_cmd_logprobs(int argc, char **argv);
 /* meshlm plan: the plan, per-rank shards, one step's collectives and memory
  * for a mesh, predicted in one process from config.json (cmd_plan.c). */
 int ml_cmd_plan(int argc, char **argv);
+/* meshlm export: the latest run checkpoint as an HF checkpoint, written by
+ * rank 0 alone (cmd_export.c). */
+int ml_cmd_export(int argc, char **argv);
 
 #endif

@@ -181,6 +181,9 @@ static void train_step(train_run *r, const ml_lr_schedule *sched, ml_step_metric
   double dt = max_over_world(MPI_Wtime() - t0);
   sm->tokens_per_s = (double)sm->tokens / dt;
   sm->peak_rss_mb = max_over_world(ml_peak_rss_mb());
+  double wait = ml_comm_stats_of(r->mesh.dp_shard_comm)->wait_s +
+                ml_comm_stats_of(r->mesh.dp_replicate_comm)->wait_s;
+  sm->fsdp_wait_ms = 1e3 * max_over_world(wait);
 }
 
 /* --save after every --save-every-th step and after the last. Collective. */
@@ -193,9 +196,11 @@ static int maybe_save(train_run *r) {
   return 0;
 }
 
-/* The collectives of the last step per mesh group, as this rank saw them. */
+/* The collectives of the last step per mesh group, as rank 0 saw them, and
+ * the time it waited on each group. */
 static void print_comm_summary(const ml_mesh *mesh) {
-  ml_comm *groups[] = {mesh->tp_comm, mesh->dp_shard_comm, mesh->dp_comm, mesh->world};
+  ml_comm *groups[] = {mesh->tp_comm, mesh->dp_shard_comm, mesh->dp_replicate_comm, mesh->dp_comm,
+                       mesh->world};
   ml_cli_print("train: collectives of the last step (rank 0):");
   for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
     const ml_comm_stats *st = ml_comm_stats_of(groups[g]);
@@ -204,6 +209,10 @@ static void print_comm_summary(const ml_mesh *mesh) {
         ml_cli_print(" %s %s x%lld (%.3f MB)", groups[g]->name, ml_coll_name((ml_coll)k),
                      (long long)st->calls[k], (double)st->bytes[k] / 1e6);
   }
+  ml_cli_print("\ntrain: time waiting on communication in the last step (rank 0):");
+  for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++)
+    if (groups[g]->size > 1)
+      ml_cli_print(" %s %.1f ms", groups[g]->name, 1e3 * ml_comm_stats_of(groups[g])->wait_s);
   ml_cli_print("\n");
 }
 

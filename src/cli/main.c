@@ -14,6 +14,7 @@ static void usage(FILE *f) {
           "  train     train a checkpoint on JSONL token ids or raw text over the mesh\n"
           "  logprobs  per-token log-probs of JSONL sequences (vocab-parallel)\n"
           "  plan      a mesh's plan, shards, collectives and memory (one process, config only)\n"
+          "  export    the latest run checkpoint (train --save) as an HF checkpoint (one process)\n"
           "'meshlm <command> --help' lists a command's flags.\n");
 }
 
@@ -25,6 +26,7 @@ int main(int argc, char **argv) {
   else if (strcmp(cmd, "train") == 0) rc = ml_cmd_train(argc - 2, argv + 2);
   else if (strcmp(cmd, "logprobs") == 0) rc = ml_cmd_logprobs(argc - 2, argv + 2);
   else if (strcmp(cmd, "plan") == 0) rc = ml_cmd_plan(argc - 2, argv + 2);
+  else if (strcmp(cmd, "export") == 0) rc = ml_cmd_export(argc - 2, argv + 2);
   else if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
     usage(stdout);
     rc = 0;
@@ -33,7 +35,8 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (rank == 0) {
       fprintf(stderr,
-              "meshlm: error: unknown command '%s'; expected init, train, logprobs or plan\n",
+              "meshlm: error: unknown command '%s'; expected init, train, logprobs, plan or "
+              "export\n",
               cmd);
       usage(stderr);
     }

@@ -168,7 +168,7 @@ const ml_st_tensor *ml_ckpt_find(const ml_ckpt *c, const char *name) {
 /* ---------------------------------------------------------------- writing */
 
 /* mkdir -p */
-static int make_dirs(const char *dir) {
+int ml_ckpt_make_dirs(const char *dir) {
   char *p = strdup(dir);
   if (!p) return ml_err("%s: out of memory", dir);
   for (char *s = p + (p[0] == '/');; s++) {
@@ -282,7 +282,7 @@ int ml_ckpt_write(const char *dir, const ml_st_entry *entries, size_t n, size_t 
     if (rc == 0 && sizes[i] > SIZE_MAX - total) rc = ml_err("%s: total size overflows", dir);
     total += rc == 0 ? sizes[i] : 0;
   }
-  if (rc == 0) rc = make_dirs(dir);
+  if (rc == 0) rc = ml_ckpt_make_dirs(dir);
   if (rc == 0 && (max_shard_bytes == 0 || total <= max_shard_bytes))
     rc = write_single(dir, entries, n);
   else if (rc == 0)

@@ -33,4 +33,8 @@ const ml_st_tensor *ml_ckpt_find(const ml_ckpt *c, const char *name);
  * written last. */
 int ml_ckpt_write(const char *dir, const ml_st_entry *entries, size_t n, size_t max_shard_bytes);
 
+/* Create `dir` and its missing parents (mkdir -p, mode 0777 & ~umask).
+ * Errors: a component cannot be created (named, with the reason). */
+int ml_ckpt_make_dirs(const char *dir);
+
 #endif

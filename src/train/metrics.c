@@ -46,6 +46,7 @@ static json_t *metrics_json(const ml_step_metrics *m) {
   bad |= json_object_set_new(o, "mfu", real_or_null(m->mfu));
   bad |= json_object_set_new(o, "peak_rss_mb", real_or_null(m->peak_rss_mb));
   bad |= json_object_set_new(o, "skipped", json_boolean(m->skipped));
+  bad |= json_object_set_new(o, "fsdp_wait_ms", real_or_null(m->fsdp_wait_ms));
   if (!bad) return o;
   json_decref(o);
   return NULL;

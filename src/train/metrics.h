@@ -17,6 +17,7 @@ typedef struct ml_step_metrics {
   double mfu;          /* fraction of peak FLOP/s in [0, 1] (ml_mfu); printed as % */
   double peak_rss_mb;  /* this process's peak resident set, MiB (ml_peak_rss_mb) */
   bool skipped;        /* the optimizer step was skipped: a non-finite gradient */
+  double fsdp_wait_ms; /* time blocked on FSDP collectives (dp_shard, dp_replicate), max over ranks */
 } ml_step_metrics;
 
 /* Write one progress line (newline-terminated) to f, e.g.
@@ -34,7 +35,8 @@ typedef struct ml_metrics_writer {
 int ml_metrics_open(const char *path, ml_metrics_writer *w);
 
 /* Append one line: a JSON object with exactly the keys step, loss,
- * grad_norm, lr, tokens, tokens_per_s, mfu, peak_rss_mb, skipped (in that
+ * grad_norm, lr, tokens, tokens_per_s, mfu, peak_rss_mb, skipped,
+ * fsdp_wait_ms (in that
  * order; the integers as JSON integers, skipped as a boolean, the rest as
  * reals written with round-trip precision, a non-finite value — e.g. a
  * diverged loss — as null), then flush. Error: write failure (the message

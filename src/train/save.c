@@ -1,15 +1,12 @@
 #include "train/save.h"
 
-#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "common/status.h"
 #include "io/checkpoint.h"
 #include "parallel/tp.h"
 
-static const size_t MAX_SHARD_BYTES = (size_t)5 << 30;
 enum { NAME_CAP = sizeof ((ml_param *)0)->name }; /* exported tensor names */
 
 /* The global tensor of p assembled from the tp group's local pieces
@@ -57,13 +54,24 @@ const ml_param *ml_engine_export_param(const ml_engine *e, int i) {
   return NULL;
 }
 
+/* The flat per-rank array of unit holding `what`. */
+static const float *unit_array(const ml_fsdp_unit *unit, ml_export_what what) {
+  switch (what) {
+  case ML_EXPORT_GRADS: return unit->shard_grad;
+  case ML_EXPORT_EXP_AVG: return unit->adam_m;
+  case ML_EXPORT_EXP_AVG_SQ: return unit->adam_v;
+  case ML_EXPORT_PARAMS: break;
+  }
+  return unit->shard;
+}
+
 int ml_engine_export(ml_engine *e, ml_export_what what, float **out) {
   int n = 0;
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
     float *full = ml_malloc(sizeof(float) * (size_t)unit->full_numel, "export unit");
     if (!full) return -1;
-    int rc = ml_fsdp_gather_flat(&e->fsdp, u, what == ML_EXPORT_GRADS ? unit->shard_grad : unit->shard, full);
+    int rc = ml_fsdp_gather_flat(&e->fsdp, u, unit_array(unit, what), full);
     for (int i = 0; rc == 0 && i < unit->n; i++) {
       out[n] = gather_tp(e->mesh->tp_comm, unit->params[i], full + unit->full_off[i]);
       rc = out[n++] ? 0 : -1;
@@ -74,34 +82,37 @@ int ml_engine_export(ml_engine *e, ml_export_what what, float **out) {
   return 0;
 }
 
-/* config.json + weights in the layout of the family's saved form (the text
- * model of a composite checkpoint, ml_family_saved). */
-static int write_rank0(const ml_engine *e, const char *dir, ml_st_entry *entries, int n) {
-  if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-    return ml_err("%s: cannot create the output directory: %s", dir, strerror(errno));
-  ml_model_config cfg = e->model.cfg;
-  cfg.family = ml_family_saved(cfg.family);
-  cfg.dtype = ML_F32;
-  ML_TRY(ml_model_config_write(dir, &cfg));
-  return ml_ckpt_write(dir, entries, (size_t)n, MAX_SHARD_BYTES);
+int ml_hf_write(const char *dir, const ml_model_config *cfg, const ml_param *const *params,
+                float *const *tensors, int n, size_t max_shard_bytes) {
+  ML_TRY(ml_ckpt_make_dirs(dir));
+  ml_model_config saved = *cfg;
+  saved.family = ml_family_saved(cfg->family);
+  saved.dtype = ML_F32;
+  ML_TRY(ml_model_config_write(dir, &saved));
+  ml_st_entry *entries = ml_calloc((size_t)n, sizeof *entries, "export entries");
+  char(*names)[NAME_CAP] = ml_calloc((size_t)n, sizeof *names, "export names");
+  int rc = entries && names ? 0 : -1;
+  for (int i = 0; rc == 0 && i < n; i++) {
+    const ml_param *p = params[i];
+    rc = ml_family_rename(cfg->family, saved.family, p->name, names[i], sizeof names[i]);
+    entries[i] = (ml_st_entry){names[i], ML_F32, p->ndim, {p->shape[0], p->shape[1]}, tensors[i]};
+  }
+  if (rc == 0) rc = ml_ckpt_write(dir, entries, (size_t)n, max_shard_bytes);
+  free(entries);
+  free(names);
+  return rc;
 }
 
 int ml_engine_save_hf(ml_engine *e, const char *dir) {
   int n = e->model.n_params;
-  const ml_family *from = e->model.cfg.family, *to = ml_family_saved(from);
   float **tensors = ml_calloc((size_t)n, sizeof *tensors, "export tensors");
-  ml_st_entry *entries = ml_calloc((size_t)n, sizeof *entries, "export entries");
-  char(*names)[NAME_CAP] = ml_calloc((size_t)n, sizeof *names, "export names");
-  int rc = tensors && entries && names ? ml_engine_export(e, ML_EXPORT_PARAMS, tensors) : -1;
-  for (int i = 0; rc == 0 && i < n; i++) {
-    const ml_param *p = ml_engine_export_param(e, i);
-    rc = ml_family_rename(from, to, p->name, names[i], sizeof names[i]);
-    entries[i] = (ml_st_entry){names[i], ML_F32, p->ndim, {p->shape[0], p->shape[1]}, tensors[i]};
-  }
-  if (rc == 0 && e->mesh->rank == 0) rc = write_rank0(e, dir, entries, n);
+  const ml_param **params = ml_calloc((size_t)n, sizeof *params, "export params");
+  int rc = tensors && params ? ml_engine_export(e, ML_EXPORT_PARAMS, tensors) : -1;
+  for (int i = 0; rc == 0 && i < n; i++) params[i] = ml_engine_export_param(e, i);
+  if (rc == 0 && e->mesh->rank == 0)
+    rc = ml_hf_write(dir, &e->model.cfg, params, tensors, n, ML_HF_MAX_SHARD_BYTES);
   for (int i = 0; tensors && i < n; i++) free(tensors[i]);
   free(tensors);
-  free(entries);
-  free(names);
+  free(params);
   return ml_comm_agree(e->mesh->world, rc);
 }

@@ -61,7 +61,7 @@ static json_t *read_line(FILE *f) {
   json_t *o = json_loads(line, JSON_REJECT_DUPLICATES, &e);
   if (!o) fail_msg("bad JSON line '%s': %s", line, e.text);
   assert_true(json_is_object(o));
-  assert_int_equal(json_object_size(o), 9);
+  assert_int_equal(json_object_size(o), 10);
   return o;
 }
 
@@ -98,7 +98,7 @@ static void test_jsonl_roundtrip(void **state) {
   json_t *o = read_line(f);
   check_example(o);
   const char *keys[] = {"step", "loss", "grad_norm", "lr", "tokens", "tokens_per_s", "mfu",
-                        "peak_rss_mb", "skipped"};
+                        "peak_rss_mb", "skipped", "fsdp_wait_ms"};
   const char *key;
   json_t *v;
   size_t i = 0;

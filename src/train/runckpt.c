@@ -1,0 +1,288 @@
+#define _POSIX_C_SOURCE 200809L
+
+#include "train/runckpt.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/status.h"
+#include "model/family.h"
+#include "train/runckpt_format.h"
+#include "train/save.h"
+
+typedef long long ll;
+
+/* The flat per-rank array of `unit` holding checkpointed state s. */
+static float *state_array(const ml_fsdp_unit *unit, int s) {
+  return s == ML_RC_EXP_AVG ? unit->adam_m : s == ML_RC_EXP_AVG_SQ ? unit->adam_v : unit->shard;
+}
+
+/* p's checkpoint key in the saved family's layout (ml_family_saved). */
+static int saved_name(const ml_model_config *cfg, const ml_param *p, char *out) {
+  return ml_family_rename(cfg->family, ml_family_saved(cfg->family), p->name, out, ML_RC_KEY);
+}
+
+/* The global block of p this rank holds: rows [r0, r0+nr) of its TP-local
+ * tensor, placed by the TP placement (Shard(0) offsets rows, Shard(1)
+ * columns). */
+static ml_rc_block held_block(const ml_param *p, int64_t r0, int64_t nr) {
+  return (ml_rc_block){{r0 + (p->tp_dim == 0 ? p->tp_start : 0), p->tp_dim == 1 ? p->tp_start : 0},
+                       {nr, p->local[1]}};
+}
+
+static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t shape[2]) {
+  if (ndim == 1) snprintf(buf, cap, "[%lld]", (ll)shape[0]);
+  else snprintf(buf, cap, "[%lld, %lld]", (ll)shape[0], (ll)shape[1]);
+}
+
+/* ------------------------------------------------------------------ save */
+
+/* Test hook of the crash-safety test (runckpt.h): MESHLM_TEST_CRASH_IN_SAVE
+ * = "STEP:RANK" names the save and the world rank that dies in it. */
+static bool crash_requested(const ml_run_state *st, int rank) {
+  const char *v = getenv("MESHLM_TEST_CRASH_IN_SAVE");
+  long long step;
+  int r;
+  char end;
+  return v && sscanf(v, "%lld:%d%c", &step, &r, &end) == 2 && step == st->step && r == rank;
+}
+
+/* Write part of this rank's file (its first half, under the final name, as
+ * a torn write would leave it), then die by SIGKILL. */
+_Noreturn static void crash_in_save(const char *path, const ml_st_entry *ent, int ne) {
+  struct stat sb;
+  if (ne > 0 && ml_st_write(path, ent, (size_t)ne) == 0 && stat(path, &sb) == 0 &&
+      truncate(path, sb.st_size / 2) == 0)
+    fprintf(stderr, "meshlm: test hook: rank file %s cut to %lld bytes; killing this rank\n", path,
+            (ll)(sb.st_size / 2));
+  fflush(stderr);
+  raise(SIGKILL);
+  abort();
+}
+
+/* Write this rank's pieces to step_dir/rank-R.safetensors and record their
+ * blocks in mine[n] (shape[0] = 0: none). A rank writes a parameter's rows
+ * unless another rank holds the same ones: HSDP replicas (dp_replicate rank
+ * > 0), tp ranks > 0 of a TP-replicated parameter, cp ranks > 0 (FSDP shards
+ * over dp_shard only while cp = 1). */
+static int write_pieces(ml_engine *e, const char *step_dir, const ml_run_state *st,
+                        ml_rc_block *mine) {
+  const ml_mesh *mesh = e->mesh;
+  int n = e->model.n_params, ne = 0, k = 0, rc = 0;
+  ml_st_entry *ent = ml_calloc((size_t)n * ML_RC_STATES, sizeof *ent, "checkpoint entries");
+  char(*keys)[ML_RC_KEY] = ml_calloc((size_t)n * ML_RC_STATES, sizeof *keys, "checkpoint keys");
+  if (!ent || !keys) rc = -1;
+  bool writer = mesh->dp_replicate_rank == 0 && mesh->cp_rank == 0;
+  char name[ML_RC_KEY];
+  for (int u = 0; rc == 0 && u < e->fsdp.n_units; u++) {
+    const ml_fsdp_unit *unit = &e->fsdp.units[u];
+    for (int i = 0; rc == 0 && i < unit->n; i++, k++) {
+      const ml_param *p = unit->params[i];
+      int64_t r0, nr;
+      ml_fsdp_param_rows(&e->fsdp, unit, i, &r0, &nr);
+      if (!writer || nr == 0 || (p->tp_dim < 0 && mesh->tp_rank != 0)) continue;
+      mine[k] = held_block(p, r0, nr);
+      rc = saved_name(&e->model.cfg, p, name);
+      for (int s = 0; rc == 0 && s < ML_RC_STATES; s++, ne++) {
+        rc = ml_rc_state_key(name, s, keys[ne], sizeof keys[ne]);
+        ent[ne] = (ml_st_entry){keys[ne], ML_F32, p->ndim, {nr, p->local[1]},
+                                state_array(unit, s) + unit->shard_off[i]};
+      }
+    }
+  }
+  char file[ML_RC_NAME], path[ML_RC_PATH];
+  ml_rc_rank_file(mesh->rank, file, sizeof file);
+  if (rc == 0 && snprintf(path, sizeof path, "%s/%s", step_dir, file) >= (int)sizeof path)
+    rc = ml_err("%s/%s: path too long", step_dir, file);
+  if (rc == 0 && crash_requested(st, mesh->rank)) crash_in_save(path, ent, ne);
+  if (rc == 0 && ne > 0) rc = ml_st_write(path, ent, (size_t)ne); /* temp, fsync, rename */
+  if (rc == 0 && ne > 0) rc = ml_rc_fsync_dir(step_dir);
+  free(ent);
+  free(keys);
+  return rc;
+}
+
+/* World rank 0, once every rank's file is durable: config.json,
+ * metadata.json, then the commit. */
+static int commit(ml_engine *e, const char *dir, const char *name, const char *step_dir,
+                  const ml_run_state *st, const ml_rc_block *blocks) {
+  const ml_mesh *mesh = e->mesh;
+  int n = e->model.n_params, rc = 0;
+  ml_rc_param *params = ml_calloc((size_t)n, sizeof *params, "checkpoint params");
+  char(*names)[ML_RC_KEY] = ml_calloc((size_t)n, sizeof *names, "checkpoint names");
+  if (!params || !names) rc = -1;
+  for (int i = 0; rc == 0 && i < n; i++) {
+    const ml_param *p = ml_engine_export_param(e, i);
+    rc = saved_name(&e->model.cfg, p, names[i]);
+    params[i] = (ml_rc_param){names[i], p->ndim, {p->shape[0], p->shape[1]}};
+  }
+  ml_model_config cfg = e->model.cfg;
+  cfg.family = ml_family_saved(cfg.family);
+  cfg.dtype = ML_F32;
+  ml_rc_info info = {*st, e->step, mesh->world_size, mesh->dp_replicate, mesh->dp_shard, mesh->cp,
+                     mesh->tp};
+  if (rc == 0) rc = ml_model_config_write(step_dir, &cfg);
+  if (rc == 0) rc = ml_rc_write_metadata(step_dir, &info, params, n, blocks);
+  if (rc == 0) rc = ml_rc_commit(dir, name, st->step);
+  free(params);
+  free(names);
+  return rc;
+}
+
+int ml_run_save(ml_engine *e, const char *dir, const ml_run_state *st) {
+  ml_comm *w = e->mesh->world;
+  char name[ML_RC_NAME] = "", step_dir[ML_RC_PATH];
+  ML_TRY(ml_comm_agree(w, w->rank == 0 ? ml_rc_begin(dir, st->step, name) : 0));
+  ML_TRY(ml_broadcast(w, name, sizeof name, 0));
+  snprintf(step_dir, sizeof step_dir, "%s/%s", dir, name);
+  int n = e->model.n_params;
+  /* every rank's blocks, gathered as [world][n][4] doubles (exact: < 2^53) */
+  size_t per = (size_t)n * 4;
+  ml_rc_block *mine = ml_calloc((size_t)n, sizeof *mine, "checkpoint blocks");
+  double *send = ml_calloc(per, sizeof *send, "checkpoint blocks");
+  double *recv = ml_calloc(per * (size_t)w->size, sizeof *recv, "checkpoint blocks");
+  ml_rc_block *all = ml_calloc((size_t)n * (size_t)w->size, sizeof *all, "checkpoint blocks");
+  int rc = mine && send && recv && all ? write_pieces(e, step_dir, st, mine) : -1;
+  rc = ml_comm_agree(w, rc);
+  for (int i = 0; rc == 0 && i < n; i++)
+    for (int d = 0; d < 2; d++) {
+      send[4 * i + d] = (double)mine[i].off[d];
+      send[4 * i + 2 + d] = (double)mine[i].shape[d];
+    }
+  if (rc == 0) rc = ml_all_gather_t(w, send, recv, per, ML_ELEM_F64);
+  for (size_t b = 0; rc == 0 && b < (size_t)n * (size_t)w->size; b++)
+    all[b] = (ml_rc_block){{(int64_t)recv[4 * b], (int64_t)recv[4 * b + 1]},
+                           {(int64_t)recv[4 * b + 2], (int64_t)recv[4 * b + 3]}};
+  if (rc == 0 && w->rank == 0) rc = commit(e, dir, name, step_dir, st, all);
+  free(mine);
+  free(send);
+  free(recv);
+  free(all);
+  return ml_comm_agree(w, rc);
+}
+
+/* ------------------------------------------------------------------ load */
+
+/* The checkpoint's config.json against the engine's model: the fields that
+ * decide the parameters' names and shapes. */
+static int check_config(const ml_rc_ckpt *c, const ml_model_config *want) {
+  ml_model_config got;
+  ML_TRY(ml_model_config_load(c->dir, &got));
+  const char *path = c->config;
+  const ml_family *saved = ml_family_saved(want->family);
+  if (got.family != saved)
+    return ml_err("%s: field 'architectures' is %s; the model being trained is saved as %s", path,
+                  got.family->architecture, saved->architecture);
+  struct {
+    const char *key;
+    int64_t got, want;
+  } f[] = {
+      {"num_hidden_layers", got.n_layers, want->n_layers},
+      {"hidden_size", got.hidden, want->hidden},
+      {"intermediate_size", got.intermediate, want->intermediate},
+      {"num_attention_heads", got.n_heads, want->n_heads},
+      {"num_key_value_heads", got.n_kv_heads, want->n_kv_heads},
+      {"head_dim", got.head_dim, want->head_dim},
+      {"vocab_size", got.vocab, want->vocab},
+      {"tie_word_embeddings", got.tie_embeddings, want->tie_embeddings},
+      {"attention_bias (q/k/v)", got.qkv_bias, want->qkv_bias},
+      {"attention_bias (o_proj)", got.o_bias, want->o_bias},
+      {"mlp_bias", got.mlp_bias, want->mlp_bias},
+  };
+  for (size_t k = 0; k < sizeof f / sizeof f[0]; k++)
+    if (f[k].got != f[k].want)
+      return ml_err("%s: field '%s' is %lld; the model being trained has %lld", path, f[k].key,
+                    (ll)f[k].got, (ll)f[k].want);
+  return 0;
+}
+
+/* The checkpoint's tensor of p, checked against p's global shape. */
+static int find_tensor(ml_rc_ckpt *c, const char *name, const ml_param *p, ml_rc_tensor *t) {
+  int rc = ml_rc_tensor_get(c, name, t);
+  char want[48], got[48];
+  fmt_shape(want, sizeof want, p->ndim, p->shape);
+  if (rc == 1)
+    return ml_err("%s: no tensor '%s'; the model has it, of shape %s", c->meta, name, want);
+  ML_TRY(rc);
+  if (t->ndim != p->ndim || t->shape[0] != p->shape[0] || t->shape[1] != p->shape[1]) {
+    fmt_shape(got, sizeof got, t->ndim, t->shape);
+    ml_rc_tensor_free(t);
+    return ml_err("%s: tensor '%s' has shape %s; the model has %s", c->meta, name, got, want);
+  }
+  return 0;
+}
+
+/* Parameter i of unit: this rank's rows of every state from the pieces. */
+static int load_param(ml_engine *e, ml_rc_ckpt *c, const ml_fsdp_unit *unit, int i) {
+  const ml_param *p = unit->params[i];
+  char name[ML_RC_KEY];
+  ml_rc_tensor t;
+  ML_TRY(saved_name(&e->model.cfg, p, name));
+  ML_TRY(find_tensor(c, name, p, &t));
+  int64_t r0, nr;
+  ml_fsdp_param_rows(&e->fsdp, unit, i, &r0, &nr);
+  ml_rc_block b = held_block(p, r0, nr);
+  int rc = 0;
+  for (int s = 0; rc == 0 && nr > 0 && s < ML_RC_STATES; s++)
+    rc = ml_rc_read_block(c, &t, s, b.off[0], b.off[1], b.shape[0], b.shape[1],
+                          state_array(unit, s) + unit->shard_off[i]);
+  ml_rc_tensor_free(&t);
+  return rc;
+}
+
+int ml_run_load(ml_engine *e, const char *dir, ml_run_state *st) {
+  ml_rc_ckpt c;
+  int rc = ml_rc_open(dir, &c);
+  bool opened = rc == 0;
+  if (rc == 0) rc = check_config(&c, &e->model.cfg);
+  for (int u = 0; rc == 0 && u < e->fsdp.n_units; u++)
+    for (int i = 0; rc == 0 && i < e->fsdp.units[u].n; i++)
+      rc = load_param(e, &c, &e->fsdp.units[u], i);
+  ml_rc_info info = c.info;
+  if (opened) ml_rc_close(&c);
+  ML_TRY(ml_comm_agree(e->mesh->world, rc));
+  *st = info.st;
+  e->step = info.optimizer_step;
+  return ml_engine_sync_params(e);
+}
+
+/* ---------------------------------------------------------------- export */
+
+int ml_run_export(const char *ckpt_dir, const char *out_dir, size_t max_shard_bytes) {
+  ml_rc_ckpt c;
+  ML_TRY(ml_rc_open(ckpt_dir, &c));
+  ml_model_config cfg;
+  ml_model m = {0};
+  int rc = ml_model_config_load(c.dir, &cfg);
+  if (rc == 0) rc = ml_model_create(&cfg, &m);
+  int n = m.n_params, k = 0;
+  const ml_param **params = ml_calloc((size_t)n + 1, sizeof *params, "export params");
+  float **tensors = ml_calloc((size_t)n + 1, sizeof *tensors, "export tensors");
+  if (!params || !tensors) rc = -1;
+  /* FSDP unit order (layers, then the root), as ml_engine_save_hf writes */
+  for (int u = 0; rc == 0 && u <= cfg.n_layers; u++)
+    for (int i = 0; i < n; i++)
+      if (m.params[i].unit == u) params[k++] = &m.params[i];
+  for (int i = 0; rc == 0 && i < n; i++) {
+    const ml_param *p = params[i];
+    ml_rc_tensor t;
+    rc = find_tensor(&c, p->name, p, &t);
+    if (rc == 0 && !(tensors[i] = ml_malloc(sizeof(float) * (size_t)(p->shape[0] * p->shape[1]),
+                                            p->name)))
+      rc = -1;
+    if (rc == 0)
+      rc = ml_rc_read_block(&c, &t, ML_RC_PARAM, 0, 0, p->shape[0], p->shape[1], tensors[i]);
+    ml_rc_tensor_free(&t);
+  }
+  if (rc == 0) rc = ml_hf_write(out_dir, &cfg, params, tensors, n, max_shard_bytes);
+  for (int i = 0; tensors && i < n; i++) free(tensors[i]);
+  free(tensors);
+  free(params);
+  ml_model_destroy(&m);
+  ml_rc_close(&c);
+  return rc;
+}

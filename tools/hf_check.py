@@ -3,7 +3,7 @@
 
 PURPOSE
     Manual verification that checkpoints written by meshlm (`meshlm init`,
-    `meshlm train --save`) are valid transformers checkpoints: loads MODEL_DIR
+    `meshlm train --export-hf`) are valid transformers checkpoints: loads MODEL_DIR
     with AutoModelForCausalLM (float32, eager attention), reports the model
     class and parameter count, and prints the mean next-token loss and the
     first logprobs on a random (or given) input.

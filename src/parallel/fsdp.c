@@ -160,8 +160,8 @@ int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fs
     size_t n = (size_t)(max_shard * dp->size);
     f->comm_buf = ml_malloc(sizeof(float) * n, "fsdp comm buffer");
     f->grad_buf = ml_malloc(sizeof(float) * (size_t)max_shard, "fsdp grad buffer");
-    f->wire = ml_malloc(sizeof(uint16_t) * n, "fsdp bf16 wire buffer");
-    if (!f->comm_buf || !f->grad_buf || !f->wire) return -1;
+    if (opts->reduce_dtype == ML_BF16) f->wire = ml_malloc(sizeof(uint16_t) * n, "fsdp bf16 wire buffer");
+    if (!f->comm_buf || !f->grad_buf || (opts->reduce_dtype == ML_BF16 && !f->wire)) return -1;
   }
   return ml_fsdp_sync_params(f);
 }

@@ -76,7 +76,7 @@ typedef struct ml_fsdp {
   int n_units;
   float *comm_buf;  /* [dp · max shard_numel] fp32: gather / gradient staging */
   float *grad_buf;  /* [max shard_numel] fp32: the reduced gradient, added to shard_grad */
-  uint16_t *wire;   /* [dp · max shard_numel] bf16 gradients on the wire (reduce_dtype BF16) */
+  uint16_t *wire;   /* [dp · max shard_numel] bf16 gradients on the wire (reduce_dtype BF16 only) */
 } ml_fsdp;
 
 /* The flat-shard layout of one unit's parameters over a group of `dp`

@@ -129,10 +129,6 @@ int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fs
   f->dp = dp;
   f->rep = rep;
   f->opts = *opts;
-  if (!rep) {
-    static ml_comm solo = {.rank = 0, .size = 1, .name = "dp_replicate"};
-    f->rep = &solo; /* never called: size 1 skips every collective */
-  }
   f->n_units = (int)m->cfg.n_layers + 1;
   f->units = ml_calloc((size_t)f->n_units, sizeof *f->units, "fsdp units");
   ml_param **slots = ml_calloc((size_t)m->n_params, sizeof *slots, "fsdp units");

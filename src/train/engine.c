@@ -93,7 +93,8 @@ static void cast_unit_input(ml_engine *e, float *x) {
 }
 
 /* Start the all-gathers of the `depth` units after u in `dir` (+1 forward,
- * −1 backward): FSDP2's prefetch, overlapping them with u's compute. */
+ * −1 backward): FSDP2's prefetch, overlapping them with u's compute. Units
+ * out of range or already materialised (the root) are skipped. */
 static int prefetch(ml_engine *e, int u, int dir, int depth) {
   for (int k = 1; k <= depth; k++) ML_TRY(ml_fsdp_prefetch(&e->fsdp, u + dir * k));
   return 0;
@@ -103,11 +104,11 @@ static int forward_layers(ml_engine *e, const int32_t *ids) {
   ml_fsdp *f = &e->fsdp;
   int L = (int)e->model.cfg.n_layers, root = L, depth = e->opts.fsdp.prefetch_forward;
   ML_TRY(ml_fsdp_unshard(f, root));
-  if (L > 0) ML_TRY(prefetch(e, -1, 1, depth)); /* layers 0 .. depth−1 during the embedding */
+  ML_TRY(prefetch(e, -1, 1, depth)); /* layers 0 .. depth−1 during the embedding */
   ML_TRY(ml_embed_forward(&e->model, ids, e->x));
   for (int l = 0; l < L; l++) {
     ML_TRY(ml_fsdp_unshard(f, l));
-    ML_TRY(prefetch(e, l, 1, l + depth < L ? depth : L - 1 - l));
+    ML_TRY(prefetch(e, l, 1, depth));
     cast_unit_input(e, e->x);
     ML_TRY(ml_layer_forward(&e->model, l, e->x));
     if (f->units[l].reshard_after_forward) ml_fsdp_reshard(f, l);
@@ -119,11 +120,11 @@ static int forward_layers(ml_engine *e, const int32_t *ids) {
 static int backward_layers(ml_engine *e, const int32_t *ids) {
   ml_fsdp *f = &e->fsdp;
   int L = (int)e->model.cfg.n_layers, root = L, depth = e->opts.fsdp.prefetch_backward;
-  if (L > 0) ML_TRY(prefetch(e, L, -1, depth)); /* the last layers during the head's backward */
+  ML_TRY(prefetch(e, L, -1, depth)); /* the last layers during the head's backward */
   ML_TRY(ml_head_end_backward(&e->model, e->x));  // x now holds d(residual)
   for (int l = L - 1; l >= 0; l--) {
     ML_TRY(ml_fsdp_unshard(f, l));
-    ML_TRY(prefetch(e, l, -1, l - depth >= 0 ? depth : l));
+    ML_TRY(prefetch(e, l, -1, depth));
     ML_TRY(ml_fsdp_grad_begin(f, l));
     cast_unit_input(e, e->x);
     ML_TRY(ml_layer_backward(&e->model, l, e->x));

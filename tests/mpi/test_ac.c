@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "engine_run.h"
 #include "parity_util.h"
 #include "rank_report.h"
 #include "train/engine.h"
@@ -51,12 +52,6 @@ typedef struct result {
 } result;
 
 static result g_none;
-
-static int rank0(void) {
-  int r;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r == 0;
-}
 
 static void result_free(result *r) {
   for (int i = 0; i < r->n; i++) free(r->grads[i].g);

@@ -25,9 +25,8 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "engine_run.h"
 #include "parity_util.h"
-#include "train/engine.h"
-#include "train/save.h"
 
 /* bf16 tolerances. bf16 keeps 8 significant bits: rounding a value moves
  * it by at most u = 2^-8 ≈ 3.9e-3 relative. With param_dtype bf16 every
@@ -69,29 +68,6 @@ static void batch_free(batch *b) {
   free(b->mask);
 }
 
-typedef struct run {
-  ml_mesh mesh;
-  ml_engine e;
-} run;
-
-static int rank0(void) {
-  int r;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r == 0;
-}
-
-static void run_open(run *r, MPI_Comm base, int dpr, int tp, const ml_engine_opts *o,
-                     const fixture *fx) {
-  if (ml_mesh_create(base, dpr, 0, 1, tp, &r->mesh) ||
-      ml_engine_open(&r->e, &r->mesh, fx->dir, o))
-    fail_msg("setup: %s", ml_error_msg());
-}
-
-static void run_close(run *r) {
-  ml_engine_close(&r->e);
-  ml_mesh_destroy(&r->mesh);
-}
-
 /* One forward/backward of this dp rank's rows of the fixture batch. */
 static double step(run *r, const batch *fx) {
   int dp = r->mesh.dp_comm->size, d = r->mesh.dp_comm->rank;
@@ -113,17 +89,6 @@ static void train3(run *r, const batch *fx) {
     ml_engine_clip(&r->e, norm, 1.0);
     if (ml_engine_adamw(&r->e, &adam)) fail_msg("%s", ml_error_msg());
   }
-}
-
-static float **export_all(run *r, ml_export_what what) {
-  float **t = calloc((size_t)r->e.model.n_params, sizeof *t);
-  if (ml_engine_export(&r->e, what, t)) fail_msg("export: %s", ml_error_msg());
-  return t;
-}
-
-static void free_all(float **t, int n) {
-  for (int i = 0; i < n; i++) free(t[i]);
-  free(t);
 }
 
 /* The worst rel L2 over parameters of a against b (exported tensors);
@@ -161,10 +126,10 @@ static void test_hsdp(void **state) {
   batch_make(&fx, &bt);
   ml_engine_opts o = ml_engine_opts_default();
   run one, fsdp, hsdp, hsdp_tp;
-  run_open(&one, MPI_COMM_SELF, 1, 1, &o, &fx);
-  run_open(&fsdp, MPI_COMM_WORLD, 1, 1, &o, &fx);
-  run_open(&hsdp, MPI_COMM_WORLD, 2, 1, &o, &fx);
-  run_open(&hsdp_tp, MPI_COMM_WORLD, 2, 2, &o, &fx);
+  run_open(&one, MPI_COMM_SELF, 1, 1, &o, fx.dir);
+  run_open(&fsdp, MPI_COMM_WORLD, 1, 1, &o, fx.dir);
+  run_open(&hsdp, MPI_COMM_WORLD, 2, 1, &o, fx.dir);
+  run_open(&hsdp_tp, MPI_COMM_WORLD, 2, 2, &o, fx.dir);
   assert_int_equal(hsdp.mesh.dp_shard, 2);
   assert_int_equal(hsdp_tp.mesh.dp_shard, 1);
   double l1 = step(&one, &bt), lf = step(&fsdp, &bt);
@@ -221,9 +186,9 @@ static void test_bf16(void **state) {
   o16r.fsdp.reduce_dtype = ML_BF16;
   o16r.output_dtype = ML_BF16;
   run a, b, c;
-  run_open(&a, MPI_COMM_WORLD, 1, 1, &o32, &fx);
-  run_open(&b, MPI_COMM_WORLD, 1, 1, &o16, &fx);
-  run_open(&c, MPI_COMM_WORLD, 1, 1, &o16r, &fx);
+  run_open(&a, MPI_COMM_WORLD, 1, 1, &o32, fx.dir);
+  run_open(&b, MPI_COMM_WORLD, 1, 1, &o16, fx.dir);
+  run_open(&c, MPI_COMM_WORLD, 1, 1, &o16r, fx.dir);
   run *runs[] = {&a, &b, &c};
   double loss[3];
   for (int k = 0; k < 3; k++) {
@@ -272,7 +237,7 @@ static void test_zero(void **state) {
   for (int z = 1; z <= 3; z++) {
     ml_engine_opts o = ml_engine_opts_default();
     o.fsdp.zero = z;
-    run_open(&r[z - 1], MPI_COMM_WORLD, 1, 2, &o, &fx);
+    run_open(&r[z - 1], MPI_COMM_WORLD, 1, 2, &o, fx.dir);
   }
   int64_t units = r[2].e.fsdp.n_units;
   for (int z = 1; z <= 3; z++) {
@@ -321,7 +286,7 @@ static void test_prefetch_reshard(void **state) {
   run r[N];
   double loss[N];
   for (int k = 0; k < N; k++) {
-    run_open(&r[k], MPI_COMM_WORLD, 1, 1, &o[k], &fx);
+    run_open(&r[k], MPI_COMM_WORLD, 1, 1, &o[k], fx.dir);
     ml_mesh_stats_reset(&r[k].mesh);
     loss[k] = step(&r[k], &bt);
   }

@@ -23,30 +23,19 @@
 #include "common/status.h"
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
+#include "engine_run.h"
 #include "parity_util.h"
-#include "train/engine.h"
-#include "train/save.h"
 
 static const char *g_fixture;
 static int g_tp;
 static bool g_sp; /* the mesh run uses --sequence-parallel */
 
-typedef struct run {
-  ml_mesh mesh;
-  ml_engine e;
-} run;
-
-static void run_open(run *r, MPI_Comm base, int tp, const fixture *fx) {
+/* The fixture over `base` with tp; the mesh run (MPI_COMM_WORLD) is
+ * sequence-parallel with `sp`. */
+static void open_on(run *r, MPI_Comm base, int tp, const fixture *fx) {
   ml_engine_opts opts = ml_engine_opts_default();
   opts.sequence_parallel = base == MPI_COMM_WORLD && g_sp;
-  if (ml_mesh_create(base, 1, 0, 1, tp, &r->mesh) ||
-      ml_engine_open(&r->e, &r->mesh, fx->dir, &opts))
-    fail_msg("setup: %s", ml_error_msg());
-}
-
-static void run_close(run *r) {
-  ml_engine_close(&r->e);
-  ml_mesh_destroy(&r->mesh);
+  run_open(r, base, 1, tp, &opts, fx->dir);
 }
 
 /* This dp rank's rows of the fixture batch. */
@@ -71,29 +60,12 @@ static double step(run *r, const fixture *fx) {
   return loss;
 }
 
-static float **export_all(run *r, ml_export_what what) {
-  float **t = calloc((size_t)r->e.model.n_params, sizeof *t);
-  if (ml_engine_export(&r->e, what, t)) fail_msg("export: %s", ml_error_msg());
-  return t;
-}
-
-static void free_all(float **t, int n) {
-  for (int i = 0; i < n; i++) free(t[i]);
-  free(t);
-}
-
-static int rank0(void) {
-  int r;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r == 0;
-}
-
 /* Load the fixture and open both runs on it: `one` over MPI_COMM_SELF (tp 1)
  * and `mesh` over MPI_COMM_WORLD (tp g_tp). */
 static void open_pair(fixture *fx, run *one, run *mesh) {
   fixture_load(g_fixture, fx);
-  run_open(one, MPI_COMM_SELF, 1, fx);
-  run_open(mesh, MPI_COMM_WORLD, g_tp, fx);
+  open_on(one, MPI_COMM_SELF, 1, fx);
+  open_on(mesh, MPI_COMM_WORLD, g_tp, fx);
 }
 
 static void close_pair(fixture *fx, run *one, run *mesh) {
@@ -180,7 +152,7 @@ static void test_logprobs(void **state) {
   fixture fx;
   fixture_load(g_fixture, &fx);
   run mesh;
-  run_open(&mesh, MPI_COMM_WORLD, g_tp, &fx);
+  open_on(&mesh, MPI_COMM_WORLD, g_tp, &fx);
   float *out = malloc(sizeof(float) * (size_t)(fx.B * (fx.S - 1)));
   if (ml_engine_logprobs(&mesh.e, fx.ids, fx.B, fx.S, out)) fail_msg("%s", ml_error_msg());
   double worst = 0;
@@ -258,7 +230,7 @@ static void test_collective_counts(void **state) {
   fixture fx;
   fixture_load(g_fixture, &fx);
   run r;
-  run_open(&r, MPI_COMM_WORLD, g_tp, &fx);
+  open_on(&r, MPI_COMM_WORLD, g_tp, &fx);
   ml_mesh_stats_reset(&r.mesh);
   double norm;
   step(&r, &fx);

@@ -28,6 +28,7 @@
 #include "common/status.h"
 #include "rank_report.h"
 #include "parallel/predict.h"
+#include "engine_run.h"
 #include "parity_util.h"
 #include "train/engine.h"
 
@@ -57,12 +58,6 @@ static void write_rep_logits_plan(void) {
   fclose(f);
 }
 
-
-static int rank0(void) {
-  int r;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r == 0;
-}
 
 typedef struct setup {
   fixture fx;

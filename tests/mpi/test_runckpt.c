@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "common/status.h"
+#include "engine_run.h"
 #include "io/checkpoint.h"
 #include "parity_util.h"
 #include "rank_report.h"
@@ -91,11 +92,6 @@ static void batch_free(batch *b) {
   free(b->mask);
 }
 
-typedef struct run {
-  ml_mesh mesh;
-  ml_engine e;
-} run;
-
 /* An engine on the fixture over a mesh of `base`, FSDP as ZeRO stage `zero`. */
 static void run_open_zero(run *r, MPI_Comm base, int dp_replicate, int tp, int zero,
                           const char *fixture_name) {
@@ -103,20 +99,12 @@ static void run_open_zero(run *r, MPI_Comm base, int dp_replicate, int tp, int z
   fixture_load(fixture_name, &fx);
   ml_engine_opts opts = ml_engine_opts_default();
   opts.fsdp.zero = zero;
-  if (ml_mesh_create(base, dp_replicate, 0, 1, tp, &r->mesh) ||
-      ml_engine_open(&r->e, &r->mesh, fx.dir, &opts))
-    fail_msg("setup (%s, dp_replicate %d, tp %d): %s", fixture_name, dp_replicate, tp,
-             ml_error_msg());
+  run_open(r, base, dp_replicate, tp, &opts, fx.dir);
   fixture_free(&fx);
 }
 
-static void run_open(run *r, MPI_Comm base, int dp_replicate, int tp, const char *fixture_name) {
+static void open_on(run *r, MPI_Comm base, int dp_replicate, int tp, const char *fixture_name) {
   run_open_zero(r, base, dp_replicate, tp, 3, fixture_name);
-}
-
-static void run_close(run *r) {
-  ml_engine_close(&r->e);
-  ml_mesh_destroy(&r->mesh);
 }
 
 /* One optimizer step on this dp rank's rows of b: the step's mean loss. */
@@ -203,17 +191,17 @@ static void test_resume_same_mesh(void **unused) {
   path_in(dir, sizeof dir, "resume");
   run r;
   double want[4], got[4];
-  run_open(&r, MPI_COMM_WORLD, 1, g_tp, g_fixture);
+  open_on(&r, MPI_COMM_WORLD, 1, g_tp, g_fixture);
   for (int s = 0; s < 4; s++) want[s] = train_step(&r, &b);
   state ref;
   state_get(&r, &ref, 3);
   run_close(&r);
 
-  run_open(&r, MPI_COMM_WORLD, 1, g_tp, g_fixture);
+  open_on(&r, MPI_COMM_WORLD, 1, g_tp, g_fixture);
   for (int s = 0; s < 2; s++) got[s] = train_step(&r, &b);
   save_or_fail(&r, dir, &ST2);
   run_close(&r);
-  run_open(&r, MPI_COMM_WORLD, 1, g_tp, g_fixture);
+  open_on(&r, MPI_COMM_WORLD, 1, g_tp, g_fixture);
   ml_run_state st;
   load_or_fail(&r, dir, &st);
   report rep = {0};
@@ -295,7 +283,7 @@ static void save_source(int dp_replicate, int tp, const char *dir, state *src, d
   batch b;
   batch_make(&fx, &b);
   run r;
-  run_open(&r, MPI_COMM_WORLD, dp_replicate, tp, g_fixture);
+  open_on(&r, MPI_COMM_WORLD, dp_replicate, tp, g_fixture);
   for (int s = 0; s < 2; s++) train_step(&r, &b);
   double t0 = MPI_Wtime();
   save_or_fail(&r, dir, &ST2);
@@ -390,7 +378,7 @@ static void test_export(void **unused) {
   batch b4;
   batch_make(&fx, &b4);
   run r;
-  run_open(&r, MPI_COMM_WORLD, 1, g_tp, g_fixture);
+  open_on(&r, MPI_COMM_WORLD, 1, g_tp, g_fixture);
   for (int s = 0; s < 2; s++) train_step(&r, &b4);
   save_or_fail(&r, dir, &ST2);
   if (ml_engine_save_hf(&r.e, hf)) fail_msg("save_hf: %s", ml_error_msg());
@@ -494,7 +482,7 @@ static void test_protocol_and_errors(void **unused) {
   report rep = {0};
   run r;
   ml_run_state st;
-  run_open(&r, MPI_COMM_SELF, 1, 1, "llama_untied");
+  open_on(&r, MPI_COMM_SELF, 1, 1, "llama_untied");
   snprintf(dir, sizeof dir, "%s/empty", base);
   mkdir(base, 0755);
   mkdir(dir, 0755);
@@ -527,7 +515,7 @@ static void test_protocol_and_errors(void **unused) {
   check_state(&rep, &st, &r.e, 0);
 
   run other;
-  run_open(&other, MPI_COMM_SELF, 1, 1, "llama_tied");
+  open_on(&other, MPI_COMM_SELF, 1, 1, "llama_tied");
   expect_error(&rep, ml_run_load(&other.e, dir, &st), "load into another config", "config.json",
                "'vocab_size' is 300");
   run_close(&other);

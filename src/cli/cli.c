@@ -17,20 +17,32 @@ static int world_rank(void) {
   return r;
 }
 
+static int world_size(void) {
+  int n = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+/* "meshlm: error: MSG", with the rank it arose on when there are several. */
+static void print_error(const char *how) {
+  if (world_size() > 1)
+    fprintf(stderr, "meshlm: error (rank %d%s): %s\n", ml_error_origin(), how, ml_error_msg());
+  else
+    fprintf(stderr, "meshlm: error: %s\n", ml_error_msg());
+  fflush(stderr);
+}
+
 int ml_cli_agree(int rc) {
   int rank = world_rank(), mine = rc != 0 ? rank : INT_MAX, first = INT_MAX;
   MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (first == INT_MAX) return 0;
-  if (rank == first) fprintf(stderr, "meshlm: error: %s\n", ml_error_msg());
+  if (rank == first) print_error("");
+  ml_error_clear(); /* handled: printed once, by the lowest failing rank */
   return -1;
 }
 
 _Noreturn void ml_cli_abort(void) {
-  int size = 1;
-  MPI_Comm_size(MPI_COMM_WORLD, &size);
-  fprintf(stderr, "meshlm: error%s: %s\n", size > 1 ? " (aborting every rank)" : "",
-          ml_error_msg());
-  fflush(stderr);
+  print_error(world_size() > 1 ? ", aborting every rank" : "");
   MPI_Abort(MPI_COMM_WORLD, 1);
   exit(1);
 }

@@ -10,12 +10,15 @@ struct ml_arg;
 /* Collective over MPI_COMM_WORLD at the end of a phase where any rank may
  * have failed before any collective of that phase could hang: returns 0
  * when every rank's rc is 0, else −1 on every rank, and the lowest failing
- * rank prints its message ("meshlm: error: ...") to stderr. */
+ * rank prints its message to stderr ("meshlm: error: MSG", on several ranks
+ * "meshlm: error (rank R): MSG" with R the rank where MSG arose, which
+ * ml_comm_agree may have carried to another rank). Every rank's error
+ * record is cleared: the failure is handled. */
 int ml_cli_agree(int rc);
 
 /* For a failure inside a phase whose peers may be blocked in a collective:
- * print this rank's message and abort every rank with exit status 1
- * (MPI_Abort). */
+ * print this rank's message (with its origin rank, as ml_cli_agree) and
+ * abort every rank with exit status 1 (MPI_Abort). */
 _Noreturn void ml_cli_abort(void);
 
 /* Parse the flags of `cmd` (with ml_args_parse); "--help" prints the usage

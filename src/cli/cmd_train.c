@@ -15,7 +15,8 @@
  * still consumes its sequences and its slot of the schedule (AdamW's own
  * step count, kept by the engine for its bias correction, does not move).
  * Run checkpoints (--save, --resume) carry the step and the loader position
- * (train/runckpt.h); --export-hf writes a consolidated HF checkpoint. */
+ * (train/runckpt.h); the --save directory is locked for the whole run (one
+ * writer, train/runlock.h); --export-hf writes a consolidated HF checkpoint. */
 #include <math.h>
 #include <mpi.h>
 #include <stdlib.h>
@@ -30,6 +31,7 @@
 #include "train/engine.h"
 #include "train/metrics.h"
 #include "train/runckpt.h"
+#include "train/runlock.h"
 #include "train/save.h"
 #include "train/schedule.h"
 
@@ -41,6 +43,7 @@ typedef struct train_run {
   ml_metrics_writer mw; /* world rank 0, with --metrics */
   bool has_metrics;
   ml_run_state st;      /* steps done, sequences consumed */
+  ml_run_lock lock;     /* world rank 0, with --save: one writer per directory */
   int64_t micro, local; /* micro-batch: sequences in all, on this dp rank */
   int32_t *ids;         /* [local, seq_len] */
   uint8_t *mask;        /* [local, seq_len] */
@@ -71,6 +74,7 @@ static int shuffle(ml_dataset *ds, int64_t seed) {
 static int setup(train_run *r) {
   const ml_train_opts *o = r->o;
   ML_TRY(ml_mesh_create(MPI_COMM_WORLD, (int)o->dp_replicate, 0, (int)o->cp, (int)o->tp, &r->mesh));
+  if (o->save && r->mesh.rank == 0) ML_TRY(ml_run_lock_take(o->save, &r->lock));
   ml_engine_opts eo = ml_train_engine_opts(o);
   ML_TRY(ml_engine_open(&r->e, &r->mesh, o->model, &eo));
   ML_TRY(ml_dataset_load(o->data, o->seq_len, r->e.model.cfg.vocab, &r->ds));
@@ -267,6 +271,7 @@ static int run(train_run *r) {
 }
 
 static void run_free(train_run *r) {
+  ml_run_lock_release(&r->lock);
   if (r->has_metrics) ml_metrics_close(&r->mw);
   free(r->ids);
   free(r->mask);
@@ -289,7 +294,7 @@ int ml_cmd_train(int argc, char **argv) {
     return 0;
   }
   if (rc == 0) rc = ml_train_opts_check(&o);
-  train_run r = {.o = &o};
+  train_run r = {.o = &o, .lock = {-1}};
   if (ml_cli_agree(rc) == 0)
     rc = run(&r);
   else

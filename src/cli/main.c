@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "common/status.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -20,6 +21,9 @@ static void usage(FILE *f) {
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  ml_error_set_rank(rank);
   int rc = 1;
   const char *cmd = argc > 1 ? argv[1] : "";
   if (strcmp(cmd, "init") == 0) rc = ml_cmd_init(argc - 2, argv + 2);
@@ -31,8 +35,6 @@ int main(int argc, char **argv) {
     usage(stdout);
     rc = 0;
   } else {
-    int rank = 0;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (rank == 0) {
       fprintf(stderr,
               "meshlm: error: unknown command '%s'; expected init, train, logprobs, plan or "

@@ -1,5 +1,7 @@
 #include "comm/comm.h"
 
+#include <stdio.h>
+
 #include "common/status.h"
 
 int ml_all_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op) {
@@ -46,9 +48,22 @@ const char *ml_coll_name(ml_coll k) {
 }
 
 int ml_comm_agree(ml_comm *c, int rc) {
-  float failed = rc != 0;
-  if (c->size > 1 && ml_all_reduce(c, &failed, 1, ML_ELEM_F32, ML_RED_MAX)) return -1;
-  if (failed == 0.0f) return 0;
-  if (rc == 0) ml_err("the operation failed on another rank of group '%s'", c->name);
-  return -1;
+  if (c->size == 1) return rc != 0 ? -1 : 0;
+  /* the lowest failing group rank (exact in fp32: group sizes < 2^24) */
+  float first = rc != 0 ? (float)c->rank : (float)c->size;
+  if (ml_all_reduce(c, &first, 1, ML_ELEM_F32, ML_RED_MIN)) return -1;
+  if (first == (float)c->size) return 0;
+  struct {
+    int32_t origin;
+    char msg[ML_ERROR_MSG_CAP];
+  } report = {-1, ""};
+  if (c->rank == (int)first) {
+    report.origin = ml_error_origin();
+    snprintf(report.msg, sizeof report.msg, "%s", ml_error_msg());
+  }
+  if (ml_broadcast(c, &report, sizeof report, (int)first)) return -1;
+  if (report.origin < 0)
+    snprintf(report.msg, sizeof report.msg, "rank %d of group '%s' failed without a message",
+             (int)first, c->name);
+  return ml_error_adopt(report.origin, report.msg);
 }

@@ -90,9 +90,12 @@ int ml_reduce_scatter_v(ml_comm *c, const float *send, float *recv, const size_t
 int ml_broadcast(ml_comm *c, void *buf, size_t bytes, int root);
 void ml_comm_destroy(ml_comm *c);
 
-/* Collective: 0 when rc == 0 on every rank, else −1 on every rank (ranks
- * whose own rc was 0 record "failed on another rank"). For steps where
- * only some ranks may fail (rank 0 writing a file), so that all exit. */
+/* Collective: 0 when rc == 0 on every rank, else −1 on every rank, each of
+ * which then holds the lowest failing rank's message and origin
+ * (common/status.h: broadcast from it, replacing whatever this rank had
+ * recorded). For steps where only some ranks may fail (rank 0 writing a
+ * file, one rank's disk full), so that all exit and whichever rank prints
+ * shows the real cause and the rank it arose on. */
 int ml_comm_agree(ml_comm *c, int rc);
 
 /* Counting wrapper: calls pass through to `inner` (which it owns). */

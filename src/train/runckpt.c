@@ -136,7 +136,10 @@ static int commit(ml_engine *e, const char *dir, const char *name, const char *s
 int ml_run_save(ml_engine *e, const char *dir, const ml_run_state *st) {
   ml_comm *w = e->mesh->world;
   char name[ML_RC_NAME] = "", step_dir[ML_RC_PATH];
-  ML_TRY(ml_comm_agree(w, w->rank == 0 ? ml_rc_begin(dir, st->step, name) : 0));
+  if (ml_comm_agree(w, w->rank == 0 ? ml_rc_begin(dir, st->step, name) : 0)) {
+    if (w->rank == 0) (void)ml_rc_abandon(dir, name);
+    return -1;
+  }
   ML_TRY(ml_broadcast(w, name, sizeof name, 0));
   snprintf(step_dir, sizeof step_dir, "%s/%s", dir, name);
   int n = e->model.n_params;
@@ -162,7 +165,11 @@ int ml_run_save(ml_engine *e, const char *dir, const ml_run_state *st) {
   free(send);
   free(recv);
   free(all);
-  return ml_comm_agree(w, rc);
+  rc = ml_comm_agree(w, rc);
+  /* every rank is past its writes: nothing of the failed save stays behind
+   * (the agreed message, recorded first, outlives a failure to remove) */
+  if (rc != 0 && w->rank == 0) (void)ml_rc_abandon(dir, name);
+  return rc;
 }
 
 /* ------------------------------------------------------------------ load */

@@ -46,8 +46,10 @@ typedef struct ml_run_state {
  * only then are the other step directories (older checkpoints, a save that
  * never committed) removed. A crash at any point before the rename leaves
  * the previous latest.json and its checkpoint intact. A second save at the
- * same step goes to another directory, never over the committed one.
- * Errors (every rank): I/O (path named), allocation.
+ * same step goes to another directory, never over the committed one. A
+ * save that fails on any rank removes its uncommitted step directory.
+ * Errors (every rank, each with the first failing rank's message): I/O
+ * (path named), allocation.
  *
  * Test hook: with the environment variable MESHLM_TEST_CRASH_IN_SAVE set
  * to "STEP:RANK", the save with st->step == STEP makes world rank RANK

@@ -114,6 +114,16 @@ int ml_rc_begin(const char *dir, int64_t step, char *name) {
   return ml_rc_fsync_dir(dir);
 }
 
+int ml_rc_abandon(const char *dir, const char *name) {
+  char committed[ML_RC_NAME] = "", path[ML_RC_PATH];
+  if (!plain_name(name) || strncmp(name, "step-", 5) != 0) return 0; /* ml_rc_begin never chose it */
+  ML_TRY(read_latest(dir, committed) < 0 ? -1 : 0);
+  if (strcmp(name, committed) == 0) return 0; /* committed after all: keep it */
+  ML_TRY(join(path, dir, name));
+  ML_TRY(remove_dir(path));
+  return ml_rc_fsync_dir(dir);
+}
+
 /* ------------------------------------------------------------- metadata */
 
 /* Building JSON: every constructor may fail (NULL), so calls funnel

@@ -57,6 +57,13 @@ void ml_rc_rank_file(int rank, char *out, size_t cap);
  * committed one), empty and create it. Errors: I/O (path named). */
 int ml_rc_begin(const char *dir, int64_t step, char *name);
 
+/* World rank 0, after a save failed on some rank (every rank past its
+ * writes): remove the step directory `name` under `dir` with whatever it
+ * holds, unless latest.json commits it (a failure after the commit, while
+ * pruning older ones). A name ml_rc_begin never chose (empty) is a no-op.
+ * Errors: I/O (path named). */
+int ml_rc_abandon(const char *dir, const char *name);
+
 /* One parameter as metadata.json lists it: name (saved layout), ndim,
  * global shape ([n, 1] for 1-D). */
 typedef struct ml_rc_param {

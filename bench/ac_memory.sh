@@ -21,7 +21,7 @@ for mode in none selective mlp layer; do
   build/meshlm "${args[@]}" --activation-checkpointing "$mode" --metrics "$out/$mode.jsonl" > /dev/null
   loss=$(tail -n 1 "$out/$mode.jsonl" | sed -E 's/.*"loss": ?([0-9.eE+-]+).*/\1/')
   tail -n +3 "$out/$mode.jsonl" |
-    sed -E 's/.*"tokens_per_s": ?([0-9.eE+-]+).*"peak_rss_mb": ?([0-9.eE+-]+).*/\1 \2/' |
+    sed -E 's/.*"tokens_per_s": ?([0-9.eE+-]+).*"peak_rss_mib_max": ?([0-9.eE+-]+).*/\1 \2/' |
     sort -g | awk -v m="$mode" -v l="$loss" '{ t[NR] = $1; if ($2 > r) r = $2 } END {
-      printf "%-10s peak RSS %7.1f MB   tokens/s %7.1f (median)   last loss %s\n", m, r, t[int((NR + 1) / 2)], l }'
+      printf "%-10s peak RSS %7.1f MiB   tokens/s %7.1f (median)   last loss %s\n", m, r, t[int((NR + 1) / 2)], l }'
 done

@@ -1,7 +1,12 @@
 /* meshlm logprobs: per-token log-probs of JSONL sequences with the
  * vocab-parallel log-softmax (no rank holds full-vocab logits when tp > 1).
  * Sequences are dealt round-robin to the data-parallel ranks; rank 0
- * gathers and writes them in input order to a temp file renamed at the end. */
+ * gathers and writes them in input order to a temp file renamed at the end.
+ * A non-finite log-prob (NaN or ±inf, from weights or activations that
+ * overflowed) is written as JSON null, which every JSON reader accepts
+ * (Python's json module reads it as None), and counted in one warning on
+ * stderr naming the first line that has one. */
+#include <math.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,11 +25,21 @@ typedef struct lp_run {
   const ml_seqs *seqs;
   FILE *out; /* world rank 0 only */
   float *buf, *all;
+  int64_t nonfinite, first_bad_line; /* written as null; its 1-based input line (0: none) */
 } lp_run;
 
-static void write_line(FILE *f, const float *lp, int64_t n) {
+/* Output line `line` (1-based, the input line it scores). */
+static void write_line(lp_run *run, int64_t line, const float *lp, int64_t n) {
+  FILE *f = run->out;
   fputs("{\"logprobs\": [", f);
-  for (int64_t t = 0; t < n; t++) fprintf(f, "%s%.9g", t ? ", " : "", lp[t]);
+  for (int64_t t = 0; t < n; t++) {
+    if (isfinite(lp[t])) {
+      fprintf(f, "%s%.9g", t ? ", " : "", lp[t]);
+      continue;
+    }
+    fprintf(f, "%snull", t ? ", " : "");
+    if (run->nonfinite++ == 0) run->first_bad_line = line;
+  }
   fputs("]}\n", f);
 }
 
@@ -48,7 +63,7 @@ static int score_round(lp_run *run, int64_t r) {
     got = run->all;
   }
   for (int d = 0; run->out && d < dp->size && r * dp->size + d < n; d++) {
-    write_line(run->out, got, (int64_t)counts[d]);
+    write_line(run, r * dp->size + d + 1, got, (int64_t)counts[d]);
     got += counts[d];
   }
   return 0;
@@ -84,7 +99,7 @@ int ml_cmd_logprobs(int argc, char **argv) {
   ml_mesh mesh = {0};
   ml_engine e = {0};
   ml_seqs seqs = {0};
-  lp_run run = {&mesh, &e, &seqs, NULL, NULL, NULL};
+  lp_run run = {&mesh, &e, &seqs, NULL, NULL, NULL, 0, 0};
   char tmp[4096];
   if (rc == 0) rc = ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, (int)tp, &mesh);
   ml_engine_opts eo = ml_engine_opts_default();
@@ -99,6 +114,10 @@ int ml_cmd_logprobs(int argc, char **argv) {
     else if (run.out) ml_file_abandon(run.out, tmp);
     run.out = NULL;
     rc = ml_cli_agree(rc);
+    if (rc == 0 && run.nonfinite > 0)
+      ml_warn("logprobs: %lld log-probs are not finite (NaN or inf), the first on line %lld of "
+              "%s; written as null",
+              (long long)run.nonfinite, (long long)run.first_bad_line, out);
     if (rc == 0) ml_cli_print("logprobs: wrote %lld lines to %s\n", (long long)seqs.n, out);
   } else {
     rc = -1;

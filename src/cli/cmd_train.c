@@ -184,7 +184,9 @@ static void train_step(train_run *r, const ml_lr_schedule *sched, ml_step_metric
   r->st.consumed += o->batch;
   double dt = max_over_world(MPI_Wtime() - t0);
   sm->tokens_per_s = (double)sm->tokens / dt;
-  sm->peak_rss_mb = max_over_world(ml_peak_rss_mb());
+  double rss = ml_peak_rss_mib();
+  sm->peak_rss_mib_max = max_over_world(rss);
+  sm->peak_rss_mib_min = -max_over_world(-rss);
   double wait = ml_comm_stats_of(r->mesh.dp_shard_comm)->wait_s +
                 ml_comm_stats_of(r->mesh.dp_replicate_comm)->wait_s;
   sm->fsdp_wait_ms = 1e3 * max_over_world(wait);
@@ -220,16 +222,40 @@ static void print_comm_summary(const ml_mesh *mesh) {
   ml_cli_print("\n");
 }
 
+/* The mesh's peak FLOP/s for MFU: --peak-tflops, or (0, the default) the
+ * GEMM rate every rank sustains at once, summed (ml_gemm_flops_per_s); 0
+ * when a rank could not measure. Collective. */
+static double mesh_peak_flops(const ml_train_opts *o, int world) {
+  if (o->peak_tflops > 0) return o->peak_tflops * 1e12;
+  MPI_Barrier(MPI_COMM_WORLD);
+  double mine[2] = {ml_gemm_flops_per_s(0.25), 0}, sum = 0, least = 0;
+  mine[1] = mine[0];
+  MPI_Allreduce(&mine[0], &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine[1], &least, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  if (least <= 0) {
+    ml_cli_print("train: MFU n/a: the GEMM calibration could not allocate its operands; "
+                 "--peak-tflops X gives the peak\n");
+    return 0;
+  }
+  ml_cli_print("train: MFU against %.3f TFLOP/s measured (fp32 GEMM 1024^3, %d rank%s at once); "
+               "--peak-tflops X gives the hardware's peak instead\n",
+               sum / 1e12, world, world > 1 ? "s" : "");
+  return sum;
+}
+
 static int train_loop(train_run *r) {
   const ml_train_opts *o = r->o;
   const ml_model_config *c = &r->e.model.cfg;
   double fpt =
       ml_flops_per_token((double)ml_model_config_num_params(c), c->n_layers, c->hidden, o->seq_len);
+  double peak = mesh_peak_flops(o, r->mesh.world_size);
   ml_lr_schedule sched = ml_train_schedule(o);
   while (r->st.step < o->steps) {
     ml_step_metrics sm;
     train_step(r, &sched, &sm);
-    sm.mfu = ml_mfu(fpt, sm.tokens_per_s, o->peak_tflops * 1e12);
+    sm.mfu = ml_mfu(fpt, sm.tokens_per_s, peak);
+    sm.peak_tflops = peak / 1e12;
+    sm.peak_measured = o->peak_tflops == 0;
     if (r->mesh.rank == 0) {
       ml_metrics_print(stdout, &sm);
       fflush(stdout);

@@ -49,7 +49,7 @@ ml_train_opts ml_train_opts_default(void) {
                          .lr_schedule = {k_schedules, 0},
                          .max_grad_norm = 1.0,
                          .grad_norm_type = {k_norm_types, 0},
-                         .peak_tflops = 0.24};
+                         .peak_tflops = 0};
 }
 
 size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
@@ -107,7 +107,7 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
       {"--grad-norm-type", ML_ARG_CHOICE, &o->grad_norm_type, "norm of --max-grad-norm", false},
       /* outputs */
       {"--peak-tflops", ML_ARG_FLOAT, &o->peak_tflops,
-       "peak fp32 TFLOP/s of the whole job, for MFU", false},
+       "peak TFLOP/s of the whole mesh, for MFU (0 = measure a GEMM at start-up)", false},
       {"--metrics", ML_ARG_STR, &o->metrics, "write one JSON object per step to this file", false},
       {"--save", ML_ARG_STR, &o->save, "sharded run checkpoint directory (resumable)", false},
       {"--save-every", ML_ARG_INT, &o->save_every, "save every N steps (0 = only after the last)",

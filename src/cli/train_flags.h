@@ -32,7 +32,7 @@ typedef struct ml_train_opts {
   ml_arg_choice lr_schedule, grad_norm_type;
   int64_t warmup_steps;
   /* outputs */
-  double peak_tflops;
+  double peak_tflops; /* of the whole mesh; 0 = measured at start-up (ml_gemm_flops_per_s) */
   const char *metrics, *save, *resume, *export_hf;
   int64_t save_every;
 } ml_train_opts;

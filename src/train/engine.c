@@ -20,6 +20,30 @@ ml_engine_opts ml_engine_opts_default(void) {
   return o;
 }
 
+/* Warn (mesh rank 0) about checkpoint tensors no parameter of the model
+ * reads, as transformers' from_pretrained does ("Some weights of the model
+ * checkpoint ... were not used"): e.g. the vision tower of a
+ * Gemma3ForConditionalGeneration checkpoint, or a stray tensor. */
+static void warn_unused(const ml_engine *e, const ml_ckpt *ck) {
+  enum { SHOWN = 4 };
+  char names[SHOWN * 96] = "";
+  size_t unused = 0, at = 0;
+  for (size_t f = 0; f < ck->nfiles; f++)
+    for (size_t t = 0; t < ck->files[f].n; t++) {
+      const char *name = ck->files[f].tensors[t].name;
+      bool used = false;
+      for (int i = 0; !used && i < e->model.n_params; i++)
+        used = strcmp(e->model.params[i].name, name) == 0;
+      if (used || unused++ >= SHOWN) continue;
+      int n = snprintf(names + at, sizeof names - at, "%s%.80s", at ? ", " : "", name);
+      at += n > 0 && (size_t)n < sizeof names - at ? (size_t)n : 0;
+    }
+  if (unused == 0) return;
+  ml_warn("%s: %zu checkpoint tensor%s not used by the %s model and ignored: %s%s", ck->dir, unused,
+          unused == 1 ? " is" : "s are", e->model.cfg.family->architecture, names,
+          unused > SHOWN ? ", ..." : "");
+}
+
 int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
                    const ml_engine_opts *opts) {
   memset(e, 0, sizeof *e);
@@ -39,6 +63,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   ML_TRY(ml_ckpt_open(model_dir, &ck));
   int rc = ml_fsdp_init(&e->fsdp, &e->model, mesh->dp_shard_comm, mesh->dp_replicate_comm,
                         &opts->fsdp, &ck);
+  if (rc == 0 && mesh->rank == 0) warn_unused(e, &ck);
   ml_ckpt_close(&ck);
   return rc;
 }

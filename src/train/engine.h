@@ -45,8 +45,10 @@ typedef struct ml_engine {
 
 /* Load DIR (config.json + safetensors), select the plan (ml_plan_select;
  * opts NULL = auto, no SP), apply it over mesh->tp_comm and shard over
- * mesh->dp_shard_comm. Errors: config, plan selection and validation,
- * checkpoint (each named). */
+ * mesh->dp_shard_comm. Checkpoint tensors no parameter reads (another
+ * tower of a composite checkpoint, a stray tensor) are ignored with one
+ * warning on stderr from mesh rank 0, as transformers warns. Errors:
+ * config, plan selection and validation, checkpoint (each named). */
 int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
                    const ml_engine_opts *opts);
 void ml_engine_close(ml_engine *e);

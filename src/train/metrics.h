@@ -14,16 +14,22 @@ typedef struct ml_step_metrics {
   double lr;           /* learning rate used by this step */
   int64_t tokens;      /* target tokens in the global batch of this step */
   double tokens_per_s; /* global tokens (all ranks) per wall-clock second */
-  double mfu;          /* fraction of peak FLOP/s in [0, 1] (ml_mfu); printed as % */
-  double peak_rss_mb;  /* this process's peak resident set, MiB (ml_peak_rss_mb) */
+  double mfu;          /* fraction of peak_tflops in [0, 1] (ml_mfu); printed as %; 0 = unknown */
+  double peak_tflops;  /* the peak MFU is taken against, TFLOP/s of the whole mesh; 0 = unknown */
+  bool peak_measured;  /* peak_tflops was measured at start-up (ml_gemm_flops_per_s), not given */
+  double peak_rss_mib_min, peak_rss_mib_max; /* peak resident set over the ranks, MiB
+                                                (ml_peak_rss_mib of each rank) */
   bool skipped;        /* the optimizer step was skipped: a non-finite gradient */
   double fsdp_wait_ms; /* time blocked on FSDP collectives (dp_shard, dp_replicate), max over ranks */
 } ml_step_metrics;
 
 /* Write one progress line (newline-terminated) to f, e.g.
  * "step 12 | loss 3.4567 | grad_norm 1.234 | lr 3.00e-04 | tok/s 1234.5 |
- *  mfu 1.23% | peak_rss 345.6 MB" (on one line), followed by " | skipped"
- * for a skipped step. */
+ *  mfu 1.23% of measured peak | peak_rss 345.6 MiB" (on one line): the MFU
+ * says what it is against ("of measured peak", "of --peak-tflops", or
+ * "mfu n/a" when the peak is unknown); peak_rss is the largest rank's,
+ * followed by " (min M)" when the smallest rank's differs; then
+ * " | skipped" for a skipped step. */
 void ml_metrics_print(FILE *f, const ml_step_metrics *m);
 
 typedef struct ml_metrics_writer {
@@ -35,20 +41,30 @@ typedef struct ml_metrics_writer {
 int ml_metrics_open(const char *path, ml_metrics_writer *w);
 
 /* Append one line: a JSON object with exactly the keys step, loss,
- * grad_norm, lr, tokens, tokens_per_s, mfu, peak_rss_mb, skipped,
- * fsdp_wait_ms (in that
- * order; the integers as JSON integers, skipped as a boolean, the rest as
+ * grad_norm, lr, tokens, tokens_per_s, mfu, peak_tflops, peak_measured,
+ * peak_rss_mib_min, peak_rss_mib_max, skipped, fsdp_wait_ms (in that
+ * order; the integers as JSON integers, the flags as booleans, the rest as
  * reals written with round-trip precision, a non-finite value — e.g. a
- * diverged loss — as null), then flush. Error: write failure (the message
- * names the file). */
+ * diverged loss — and mfu/peak_tflops when the peak is unknown as null),
+ * then flush. Error: write failure (the message names the file). */
 int ml_metrics_write(ml_metrics_writer *w, const ml_step_metrics *m);
 
 /* Close the file (safe on a writer that failed to open or is closed). */
 void ml_metrics_close(ml_metrics_writer *w);
 
-/* Peak resident set size of this process in MiB: getrusage(RUSAGE_SELF)
- * ru_maxrss (kB on Linux) / 1024. 0 when getrusage fails. */
-double ml_peak_rss_mb(void);
+/* Peak resident set size of this process in MiB (2^20 bytes):
+ * getrusage(RUSAGE_SELF) ru_maxrss (KiB on Linux) / 1024. 0 when getrusage
+ * fails. */
+double ml_peak_rss_mib(void);
+
+/* This process's sustained GEMM rate in FLOP/s, for MFU when the hardware
+ * peak is not given: the model's own fp32 matrix product (k_linear_fwd,
+ * OpenBLAS sgemm, with this process's OpenBLAS threads) on [1024, 1024]
+ * operands, 2·1024³ FLOP a call, repeated for `seconds` after one warm-up
+ * call. Run it on every rank at once (after a barrier) and sum: ranks that
+ * share cores then share them here too, so the sum is what the machine
+ * delivers. Returns 0 when the operands cannot be allocated (peak unknown). */
+double ml_gemm_flops_per_s(double seconds);
 
 /* Training FLOPs per token, 6·N + 12·L·H·S: PaLM (Chowdhery et al. 2022)
  * appendix B — 6N for the dense matmuls forward + backward, 12·L·H·S for

@@ -23,7 +23,10 @@ static const ml_step_metrics k_example = {.step = 12,
                                           .tokens = 4096,
                                           .tokens_per_s = 1234.5,
                                           .mfu = 0.0123,
-                                          .peak_rss_mb = 345.6};
+                                          .peak_tflops = 0.5,
+                                          .peak_measured = true,
+                                          .peak_rss_mib_min = 300.25,
+                                          .peak_rss_mib_max = 345.6};
 
 static void test_print(void **state) {
   FILE *f = tmpfile();
@@ -34,7 +37,31 @@ static void test_print(void **state) {
   buf[fread(buf, 1, sizeof buf - 1, f)] = '\0';
   fclose(f);
   assert_string_equal(buf, "step 12 | loss 3.4567 | grad_norm 1.234 | lr 3.00e-04 | "
-                           "tok/s 1234.5 | mfu 1.23% | peak_rss 345.6 MB\n");
+                           "tok/s 1234.5 | mfu 1.23% of measured peak | peak_rss 345.6 MiB "
+                           "(min 300.2)\n");
+}
+
+/* The line names the MFU's peak, or says n/a without one; one rank's RSS
+ * (min = max) has no "(min ...)". */
+static void test_print_peak_sources(void **state) {
+  ml_step_metrics m = k_example;
+  char buf[256];
+  m.peak_measured = false;
+  m.peak_rss_mib_min = m.peak_rss_mib_max;
+  FILE *f = tmpfile();
+  assert_non_null(f);
+  ml_metrics_print(f, &m);
+  m.peak_tflops = 0;
+  m.mfu = 0;
+  ml_metrics_print(f, &m);
+  rewind(f);
+  assert_non_null(fgets(buf, sizeof buf, f));
+  assert_string_equal(buf, "step 12 | loss 3.4567 | grad_norm 1.234 | lr 3.00e-04 | "
+                           "tok/s 1234.5 | mfu 1.23% of --peak-tflops | peak_rss 345.6 MiB\n");
+  assert_non_null(fgets(buf, sizeof buf, f));
+  assert_string_equal(buf, "step 12 | loss 3.4567 | grad_norm 1.234 | lr 3.00e-04 | "
+                           "tok/s 1234.5 | mfu n/a | peak_rss 345.6 MiB\n");
+  fclose(f);
 }
 
 static void test_print_skipped(void **state) {
@@ -50,7 +77,8 @@ static void test_print_skipped(void **state) {
   buf[fread(buf, 1, sizeof buf - 1, f)] = '\0';
   fclose(f);
   assert_string_equal(buf, "step 12 | loss nan | grad_norm nan | lr 3.00e-04 | "
-                           "tok/s 1234.5 | mfu 1.23% | peak_rss 345.6 MB | skipped\n");
+                           "tok/s 1234.5 | mfu 1.23% of measured peak | peak_rss 345.6 MiB "
+                           "(min 300.2) | skipped\n");
 }
 
 static json_t *read_line(FILE *f) {
@@ -61,7 +89,7 @@ static json_t *read_line(FILE *f) {
   json_t *o = json_loads(line, JSON_REJECT_DUPLICATES, &e);
   if (!o) fail_msg("bad JSON line '%s': %s", line, e.text);
   assert_true(json_is_object(o));
-  assert_int_equal(json_object_size(o), 10);
+  assert_int_equal(json_object_size(o), 13);
   return o;
 }
 
@@ -81,7 +109,10 @@ static void check_example(const json_t *o) {
   assert_true(num(o, "lr") == 3e-4);
   assert_true(num(o, "tokens_per_s") == 1234.5);
   assert_true(num(o, "mfu") == 0.0123);
-  assert_true(num(o, "peak_rss_mb") == 345.6);
+  assert_true(num(o, "peak_tflops") == 0.5);
+  assert_true(json_is_true(json_object_get(o, "peak_measured")));
+  assert_true(num(o, "peak_rss_mib_min") == 300.25);
+  assert_true(num(o, "peak_rss_mib_max") == 345.6);
   assert_true(json_is_false(json_object_get(o, "skipped")));
 }
 
@@ -97,8 +128,10 @@ static void test_jsonl_roundtrip(void **state) {
   assert_non_null(f);
   json_t *o = read_line(f);
   check_example(o);
-  const char *keys[] = {"step", "loss", "grad_norm", "lr", "tokens", "tokens_per_s", "mfu",
-                        "peak_rss_mb", "skipped", "fsdp_wait_ms"};
+  const char *keys[] = {"step",          "loss",          "grad_norm",        "lr",
+                        "tokens",        "tokens_per_s",  "mfu",              "peak_tflops",
+                        "peak_measured", "peak_rss_mib_min", "peak_rss_mib_max", "skipped",
+                        "fsdp_wait_ms"};
   const char *key;
   json_t *v;
   size_t i = 0;
@@ -109,8 +142,11 @@ static void test_jsonl_roundtrip(void **state) {
   diverged.loss = NAN;
   diverged.grad_norm = INFINITY;
   diverged.skipped = true;
+  diverged.peak_tflops = 0; /* unknown peak: no MFU */
   assert_int_equal(ml_metrics_write(&w, &diverged), 0);
   o = read_line(f);
+  assert_true(json_is_null(json_object_get(o, "mfu")));
+  assert_true(json_is_null(json_object_get(o, "peak_tflops")));
   assert_true(json_is_null(json_object_get(o, "loss")));
   assert_true(json_is_null(json_object_get(o, "grad_norm")));
   assert_true(json_is_true(json_object_get(o, "skipped")));
@@ -132,8 +168,15 @@ static void test_open_error(void **state) {
 }
 
 static void test_peak_rss(void **state) {
-  double mb = ml_peak_rss_mb();
-  assert_true(mb > 0.5 && mb < 1e6);
+  double mib = ml_peak_rss_mib();
+  assert_true(mib > 0.5 && mib < 1e6);
+}
+
+/* The calibration returns a rate: positive and below any CPU's reach
+ * (1 PFLOP/s); the time box bounds its run time, not its result. */
+static void test_gemm_rate(void **state) {
+  double r = ml_gemm_flops_per_s(0.01);
+  assert_true(r > 0 && r < 1e15);
 }
 
 static void test_flops_and_mfu(void **state) {
@@ -147,6 +190,7 @@ static void test_flops_and_mfu(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_print),      cmocka_unit_test(test_print_skipped),
+      cmocka_unit_test(test_print_peak_sources), cmocka_unit_test(test_gemm_rate),
       cmocka_unit_test(test_jsonl_roundtrip),
       cmocka_unit_test(test_open_error), cmocka_unit_test(test_peak_rss),
       cmocka_unit_test(test_flops_and_mfu),

@@ -23,7 +23,8 @@ void ml_metrics_print(FILE *f, const ml_step_metrics *m) {
   else
     fputs("mfu n/a | ", f);
   fprintf(f, "peak_rss %.1f MiB", m->peak_rss_mib_max);
-  if (m->peak_rss_mib_min != m->peak_rss_mib_max) fprintf(f, " (min %.1f)", m->peak_rss_mib_min);
+  if (m->peak_rss_mib_max - m->peak_rss_mib_min >= 0.05) /* differs as printed */
+    fprintf(f, " (min %.1f)", m->peak_rss_mib_min);
   fprintf(f, "%s\n", m->skipped ? " | skipped" : "");
 }
 

@@ -1,7 +1,7 @@
 /* json_check [KEY.PATH ...] < doc.json: exit 0 when stdin is one valid JSON
  * document (jansson, duplicate keys rejected) in which every dotted object
  * path given exists ("plan.name", "per_tp_rank"); else print why and exit
- * 1. For the CLI tests (tests/cli/*.sh), without relying on python3 or jq. */
+ * 1. For the CLI tests (tests/cli/test_*.sh), without relying on python3 or jq. */
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "common/file.h"
+#include "common/checked.h"
 #include "common/status.h"
 #include "io/json.h"
 
@@ -26,13 +27,6 @@
 typedef long long ll; /* for printf of int64_t without PRId64 noise */
 #define ML_STR_(x) #x
 #define ML_STR(x) ML_STR_(x) /* a macro's value as a string literal */
-
-/* *out = a * b for a, b >= 0; -1 when it overflows int64. */
-static int mul_i64(int64_t a, int64_t b, int64_t *out) {
-  if (a != 0 && b > INT64_MAX / a) return -1;
-  *out = a * b;
-  return 0;
-}
 
 /* ---------------------------------------------------------------- reading */
 
@@ -98,7 +92,7 @@ static int parse_shape(const char *path, const char *name, const json_t *v, ml_s
     if (!json_is_integer(d) || json_integer_value(d) < 0)
       return bad(path, name, "a shape of non-negative integers", v);
     t->shape[i] = json_integer_value(d);
-    if (mul_i64(t->numel, t->shape[i], &t->numel) != 0)
+    if (ml_mul_i64(t->numel, t->shape[i], &t->numel) != 0)
       return bad(path, name, "a shape whose element count fits 64 bits (overflow)", v);
   }
   return 0;
@@ -128,7 +122,7 @@ static int parse_entry(const char *path, const char *name, const json_t *e, ml_s
   ML_TRY(parse_dtype(path, name, dtype, &t->dtype));
   ML_TRY(parse_shape(path, name, shape, t));
   ML_TRY(parse_offsets(path, name, offs, off));
-  if (mul_i64(t->numel, (int64_t)ml_dtype_size(t->dtype), &nbytes) != 0)
+  if (ml_mul_i64(t->numel, (int64_t)ml_dtype_size(t->dtype), &nbytes) != 0)
     return ml_err("%s: tensor '%s': byte size of %lld x %s overflows 64 bits", path, name,
                   (ll)t->numel, ml_dtype_name(t->dtype));
   if (off[1] - off[0] != nbytes)
@@ -305,10 +299,11 @@ int ml_st_entry_nbytes(const char *path, const ml_st_entry *e, size_t *nbytes_ou
   if (e->ndim < 0 || e->ndim > ML_ST_MAX_DIMS)
     return ml_err("%s: tensor '%s': ndim %d, expected 0..%d", path, name, e->ndim, ML_ST_MAX_DIMS);
   for (int i = 0; i < e->ndim; i++)
-    if (e->shape[i] < 0 || mul_i64(numel, e->shape[i], &numel) != 0)
+    if (e->shape[i] < 0 || ml_mul_i64(numel, e->shape[i], &numel) != 0)
       return ml_err("%s: tensor '%s': shape[%d] = %lld is negative or overflows the element count",
                     path, name, i, (ll)e->shape[i]);
-  if (mul_i64(numel, (int64_t)ml_dtype_size(e->dtype), &nbytes) != 0 || (uint64_t)nbytes > SIZE_MAX)
+  if (ml_mul_i64(numel, (int64_t)ml_dtype_size(e->dtype), &nbytes) != 0 ||
+      (uint64_t)nbytes > SIZE_MAX)
     return ml_err("%s: tensor '%s': byte size overflows", path, name);
   if (numel > 0 && !e->data) return ml_err("%s: tensor '%s': data is NULL", path, name);
   *nbytes_out = (size_t)nbytes;

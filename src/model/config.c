@@ -13,6 +13,24 @@ static int positive(const ml_json *j, const char *key, int64_t v) {
                 (long long)v);
 }
 
+/* A size in [1, max] (config.h ML_MAX_*: the bounds that keep every
+ * product of config sizes within int64). */
+static int size_in_range(const ml_json *j, const char *key, int64_t v, int64_t max) {
+  if (v >= 1 && v <= max) return 0;
+  return ml_err("%s: field '%s': expected an integer from 1 to %lld (meshlm's limit, which keeps "
+                "every tensor size within 64 bits), found %lld",
+                j->path, key, (long long)max, (long long)v);
+}
+
+/* Read the integer field `key` (required, or `dflt` when absent if
+ * `optional`) and bound it to [1, max]. */
+static int read_size(const ml_json *j, const char *key, bool optional, int64_t dflt, int64_t max,
+                     int64_t *out) {
+  if (optional) ML_TRY(ml_json_int_opt(j, NULL, key, dflt, out));
+  else ML_TRY(ml_json_int(j, NULL, key, out));
+  return size_in_range(j, key, *out, max);
+}
+
 static int read_family(const ml_json *j, ml_model_config *c) {
   json_t *archs = json_object_get(j->root, "architectures");
   json_t *a0 = json_is_array(archs) ? json_array_get(archs, 0) : NULL;
@@ -45,34 +63,36 @@ static int text_view(const ml_json *j, const ml_family *f, char *path, size_t ca
   return 0;
 }
 
+/* The sizes, each bounded (config.h ML_MAX_*) as it is read, before any
+ * product of them is formed. */
 static int read_sizes(const ml_json *j, ml_model_config *c) {
-  ML_TRY(ml_json_int(j, NULL, "hidden_size", &c->hidden));
-  ML_TRY(positive(j, "hidden_size", c->hidden));
-  ML_TRY(ml_json_int(j, NULL, "intermediate_size", &c->intermediate));
-  ML_TRY(positive(j, "intermediate_size", c->intermediate));
-  ML_TRY(ml_json_int(j, NULL, "num_hidden_layers", &c->n_layers));
-  ML_TRY(positive(j, "num_hidden_layers", c->n_layers));
-  if (c->n_layers > ML_MAX_LAYERS)
-    return ml_err("%s: field 'num_hidden_layers': at most %d layers are supported, found %lld",
-                  j->path, ML_MAX_LAYERS, (long long)c->n_layers);
-  ML_TRY(ml_json_int(j, NULL, "num_attention_heads", &c->n_heads));
-  ML_TRY(positive(j, "num_attention_heads", c->n_heads));
-  ML_TRY(ml_json_int_opt(j, NULL, "num_key_value_heads", c->n_heads, &c->n_kv_heads));
-  ML_TRY(positive(j, "num_key_value_heads", c->n_kv_heads));
+  ML_TRY(read_size(j, "hidden_size", false, 0, ML_MAX_HIDDEN, &c->hidden));
+  ML_TRY(read_size(j, "intermediate_size", false, 0, ML_MAX_INTERMEDIATE, &c->intermediate));
+  ML_TRY(read_size(j, "num_hidden_layers", false, 0, ML_MAX_LAYERS, &c->n_layers));
+  ML_TRY(read_size(j, "num_attention_heads", false, 0, ML_MAX_HEADS, &c->n_heads));
+  ML_TRY(read_size(j, "num_key_value_heads", true, c->n_heads, ML_MAX_HEADS, &c->n_kv_heads));
   if (c->n_heads % c->n_kv_heads != 0)
     return ml_err("%s: num_attention_heads %lld is not a multiple of num_key_value_heads %lld",
                   j->path, (long long)c->n_heads, (long long)c->n_kv_heads);
   int64_t hd = c->family->head_dim_default ? c->family->head_dim_default : c->hidden / c->n_heads;
-  ML_TRY(ml_json_int_opt(j, NULL, "head_dim", hd, &c->head_dim));
-  ML_TRY(positive(j, "head_dim", c->head_dim));
+  ML_TRY(read_size(j, "head_dim", true, hd, ML_MAX_HEAD_DIM, &c->head_dim));
   if (c->head_dim % 2 != 0)
     return ml_err("%s: field 'head_dim': expected an even size for rotary embeddings, found %lld",
                   j->path, (long long)c->head_dim);
-  ML_TRY(ml_json_int(j, NULL, "vocab_size", &c->vocab));
-  ML_TRY(positive(j, "vocab_size", c->vocab));
-  ML_TRY(ml_json_int_opt(j, NULL, "max_position_embeddings", 2048, &c->max_positions));
+  ML_TRY(read_size(j, "vocab_size", false, 0, ML_MAX_VOCAB, &c->vocab));
+  ML_TRY(read_size(j, "max_position_embeddings", true, 2048, ML_MAX_POSITIONS,
+                   &c->max_positions));
   ML_TRY(ml_json_num(j, NULL, "rms_norm_eps", &c->rms_eps));
   return 0;
+}
+
+int ml_model_config_check_seq_len(const ml_model_config *c, const char *dir, int64_t seq_len,
+                                  const char *what) {
+  if (seq_len <= c->max_positions) return 0;
+  return ml_err("%s: %lld tokens, above max_position_embeddings %lld of %s/config.json; expected "
+                "at most %lld tokens",
+                what, (long long)seq_len, (long long)c->max_positions, dir,
+                (long long)c->max_positions);
 }
 
 /* One RoPE: theta from params.rope_theta (default theta_dflt) and the
@@ -410,6 +430,8 @@ int ml_model_config_preset(const char *arch, const char *name, ml_model_config *
   return 0;
 }
 
+/* Plain int64 arithmetic: bounded by the ML_MAX_* limits (config.h), the
+ * total is below 2^58. */
 int64_t ml_model_config_num_params(const ml_model_config *c) {
   const ml_family *f = c->family;
   int64_t H = c->hidden, q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;

@@ -15,9 +15,32 @@
 #include "model/family.h"
 #include "tensor/dtype.h"
 
-/* Most decoder layers a config may have (per-layer attention types are
- * kept inline so that the config stays a plain value). */
-enum { ML_MAX_LAYERS = 1024 };
+/* Limits on the sizes in config.json, checked by ml_model_config_load
+ * before any product of them is formed. Each is far above every released
+ * decoder (for scale: Llama 3.1 405B has hidden_size 16384,
+ * intermediate_size 53248, 126 layers, 128 heads; Gemma 3 vocab_size
+ * 262144; Gemma 2 head_dim 256; Llama 4 Scout max_position_embeddings
+ * 10485760); they exist so that every size derived from a validated config
+ * provably fits:
+ *   one weight  <= max(H·(heads·head_dim), H·I, V·H) <= 2^20 · 2^24 = 2^44 elements
+ *   one layer   <  2^47 elements (q, k, v, o and gate, up, down: 7 weights of
+ *                  <= 2^44, plus biases and norms)
+ *   the model   <  2^58 elements (2^10 layers, embedding and lm_head 2^45)
+ * so element counts fit int64, and the fp32 bytes of parameters, gradients
+ * and both AdamW moments (16 bytes an element, < 2^62) fit int64 and size_t.
+ * Sizes that also scale with the batch (activations, logits) are accounted
+ * with common/checked.h's saturating helpers instead. The vocabulary also
+ * has to fit the int32 token ids; the layer count bounds the per-layer
+ * attention types kept inline (the config stays a plain value). */
+enum {
+  ML_MAX_HIDDEN = 1 << 20,       /* hidden_size */
+  ML_MAX_INTERMEDIATE = 1 << 24, /* intermediate_size */
+  ML_MAX_VOCAB = 1 << 24,        /* vocab_size */
+  ML_MAX_LAYERS = 1024,          /* num_hidden_layers (2^10) */
+  ML_MAX_HEADS = 1 << 12,        /* num_attention_heads, hence num_key_value_heads */
+  ML_MAX_HEAD_DIM = 1 << 12,     /* head_dim */
+  ML_MAX_POSITIONS = 1 << 24,    /* max_position_embeddings, hence any sequence */
+};
 
 typedef struct ml_model_config {
   const ml_family *family;
@@ -48,13 +71,22 @@ typedef struct ml_model_config {
 
 /* Parse DIR/config.json. Errors name the file and the field: missing
  * required field (hidden_size, intermediate_size, num_hidden_layers,
- * num_attention_heads, vocab_size, rms_norm_eps), wrong type, non-positive
- * size, unsupported architecture (listing the supported ones), unknown
- * rope type, hidden_size/heads inconsistent with head_dim, more than
- * ML_MAX_LAYERS layers, a layer_types list of the wrong length or with an
- * unknown entry, a sliding layer without a sliding_window, a setting the
- * family marks unsupported (e.g. Gemma3 final_logit_softcapping non-null). */
+ * num_attention_heads, vocab_size, rms_norm_eps), wrong type, a size
+ * outside [1, its ML_MAX_* limit] (the message gives the value found and
+ * the range expected), unsupported architecture (listing the supported
+ * ones), unknown rope type, hidden_size/heads inconsistent with head_dim,
+ * a layer_types list of the wrong length or with an unknown entry, a
+ * sliding layer without a sliding_window, a setting the family marks
+ * unsupported (e.g. Gemma3 final_logit_softcapping non-null). */
 int ml_model_config_load(const char *dir, ml_model_config *out);
+
+/* Refuse sequences longer than the model's positions: 0 when 1 <= seq_len
+ * <= c->max_positions, else -1 with "WHAT: N tokens, above
+ * max_position_embeddings M of DIR/config.json; expected at most M" (what
+ * names where seq_len came from, e.g. "train: flag --seq-len" or
+ * "data.jsonl line 3"; dir is the model directory). */
+int ml_model_config_check_seq_len(const ml_model_config *c, const char *dir, int64_t seq_len,
+                                  const char *what);
 
 /* Write DIR/config.json so that transformers' AutoConfig loads it (the
  * transformers 4 keys, plus layer_types and, for families with a local
@@ -69,7 +101,8 @@ int ml_model_config_write(const char *dir, const ml_model_config *c);
  * composite family (init writes text models: use its save_as family). */
 int ml_model_config_preset(const char *arch, const char *preset, ml_model_config *out);
 
-/* Number of parameters (embedding counted once when tied). */
+/* Number of parameters (embedding counted once when tied). Fits int64
+ * for any config ml_model_config_load accepts (< 2^58, see ML_MAX_*). */
 int64_t ml_model_config_num_params(const ml_model_config *c);
 
 #endif

@@ -19,6 +19,10 @@ int ml_fsdp_param_index(const ml_fsdp_unit *unit, const ml_param *p) {
   return -1;
 }
 
+/* Plain int64 sums: the parameters come from a config that passed
+ * ml_model_config_load's limits (config.h), so a unit holds < 2^47
+ * elements, and its padded shard c·cols summed over the unit is at most
+ * that / dp + (its columns, < 2^30). */
 void ml_fsdp_layout(ml_param *const *params, int n, int dp, int64_t *chunk_rows,
                     int64_t *shard_off, int64_t *full_off, int64_t *shard_numel,
                     int64_t *full_numel) {
@@ -153,6 +157,8 @@ int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fs
     if (f->units[u].shard_numel > max_shard) max_shard = f->units[u].shard_numel;
   }
   if (!grads_alias(f)) {
+    /* dp shards of a unit: its elements plus at most dp - 1 padding rows (bounded, see
+     * ml_fsdp_layout) */
     size_t n = (size_t)(max_shard * dp->size);
     f->comm_buf = ml_malloc(sizeof(float) * n, "fsdp comm buffer");
     f->grad_buf = ml_malloc(sizeof(float) * (size_t)max_shard, "fsdp grad buffer");

@@ -253,6 +253,13 @@ static int get_obj(const ml_json *j, const json_t *obj, const char *key, json_t 
   return ml_err("%s: field '%s': expected an object, found %s", j->path, key, found);
 }
 
+/* An integer field read from metadata.json in [lo, hi]. */
+static int check_range(const ml_rc_ckpt *c, const char *field, int64_t v, int64_t lo, int64_t hi) {
+  if (v >= lo && v <= hi) return 0;
+  return ml_err("%s: field '%s': expected an integer from %lld to %lld, found %lld", c->meta, field,
+                (ll)lo, (ll)hi, (ll)v);
+}
+
 static int parse_info(ml_rc_ckpt *c) {
   const ml_json *j = &c->json;
   ml_rc_info *in = &c->info;
@@ -269,6 +276,10 @@ static int parse_info(ml_rc_ckpt *c) {
   ML_TRY(ml_json_int(j, st, "step", &in->st.step));
   ML_TRY(ml_json_int(j, st, "consumed", &in->st.consumed));
   ML_TRY(ml_json_int(j, st, "nseq", &in->st.nseq));
+  ML_TRY(check_range(c, "optimizer_step", in->optimizer_step, 0, INT64_MAX));
+  ML_TRY(check_range(c, "run_state.step", in->st.step, 0, INT64_MAX));
+  ML_TRY(check_range(c, "run_state.consumed", in->st.consumed, 0, INT64_MAX));
+  ML_TRY(check_range(c, "run_state.nseq", in->st.nseq, 0, INT64_MAX));
   ML_TRY(ml_json_str(j, st, "seed", &seed));
   char *end;
   errno = 0;
@@ -278,7 +289,12 @@ static int parse_info(ml_rc_ckpt *c) {
                   c->meta, seed);
   ML_TRY(get_obj(j, NULL, "mesh", &mesh));
   const char *mk[5] = {"world_size", "dp_replicate", "dp_shard", "cp", "tp"};
-  for (int k = 0; k < 5; k++) ML_TRY(ml_json_int(j, mesh, mk[k], &v[k]));
+  for (int k = 0; k < 5; k++) {
+    char field[32];
+    snprintf(field, sizeof field, "mesh.%s", mk[k]);
+    ML_TRY(ml_json_int(j, mesh, mk[k], &v[k]));
+    ML_TRY(check_range(c, field, v[k], 1, INT32_MAX));
+  }
   in->world_size = (int)v[0], in->dp_replicate = (int)v[1], in->dp_shard = (int)v[2];
   in->cp = (int)v[3], in->tp = (int)v[4];
   return 0;
@@ -362,12 +378,17 @@ static int parse_piece(const ml_rc_ckpt *c, ml_rc_tensor *t, const json_t *pc,
   out->file = (int)json_integer_value(idx);
   ML_TRY(parse_dims(c, t->name, "offset", json_object_get(pc, "offset"), t->ndim, 0, out->b.off));
   ML_TRY(parse_dims(c, t->name, "shape", json_object_get(pc, "shape"), t->ndim, 1, out->b.shape));
+  /* off, shape >= 0 (parse_dims): compare without forming off + shape, which
+   * can overflow; afterwards off + shape <= t->shape, so ml_rc_read_block's
+   * sums are in range. */
   for (int d = 0; d < 2; d++)
-    if (out->b.off[d] + out->b.shape[d] > t->shape[d])
-      return ml_err("%s: tensor '%s' [%lld, %lld]: piece of %s at [%lld, %lld] of shape [%lld, "
-                    "%lld] lies outside it",
-                    c->meta, t->name, (ll)t->shape[0], (ll)t->shape[1], file, (ll)out->b.off[0],
-                    (ll)out->b.off[1], (ll)out->b.shape[0], (ll)out->b.shape[1]);
+    if (out->b.off[d] > t->shape[d] || out->b.shape[d] > t->shape[d] - out->b.off[d])
+      return ml_err("%s: tensor '%s': field '%s' of a piece in %s: offset [%lld, %lld] + shape "
+                    "[%lld, %lld] lies outside the tensor's shape [%lld, %lld]; expected offset + "
+                    "shape <= shape in every dimension",
+                    c->meta, t->name, out->b.off[d] > t->shape[d] ? "offset" : "shape", file,
+                    (ll)out->b.off[0], (ll)out->b.off[1], (ll)out->b.shape[0],
+                    (ll)out->b.shape[1], (ll)t->shape[0], (ll)t->shape[1]);
   return 0;
 }
 
@@ -430,6 +451,9 @@ static int piece_tensor(ml_rc_ckpt *c, const ml_rc_tensor *t, int k, int state,
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
+/* The block [r0, r0+nr) x [c0, c0+nc) is a parameter's (< 2^44 elements,
+ * config.h) and every piece lies inside t's shape (parse_piece), so the sums
+ * and products below stay in range. */
 int ml_rc_read_block(ml_rc_ckpt *c, const ml_rc_tensor *t, int state, int64_t r0, int64_t c0,
                      int64_t nr, int64_t nc, float *dst) {
   ml_rc_block *seen = ml_calloc((size_t)t->n + 1, sizeof *seen, "checkpoint block cover");

@@ -106,7 +106,8 @@ int ml_cmd_logprobs(int argc, char **argv) {
   eo.parallel_plan = plan;
   eo.sequence_parallel = sp;
   if (rc == 0) rc = ml_engine_open(&e, &mesh, model, &eo);
-  if (rc == 0) rc = ml_seqs_load_jsonl(data, e.model.cfg.vocab, &seqs);
+  if (rc == 0)
+    rc = ml_seqs_load_jsonl(data, e.model.cfg.vocab, e.model.cfg.max_positions, &seqs);
   if (rc == 0 && mesh.rank == 0) rc = ml_file_open_tmp(out, tmp, sizeof tmp, &run.out);
   if (ml_cli_agree(rc) == 0) {
     rc = run_all(&run);

@@ -68,6 +68,7 @@ static int build(plan_run *run) {
   const plan_opts *o = &run->o;
   ML_TRY(check_opts(o));
   ML_TRY(ml_model_config_load(o->model, &run->cfg));
+  ML_TRY(ml_model_config_check_seq_len(&run->cfg, o->model, o->seq_len, "plan: flag --seq-len"));
   run->n_ranks = (int)o->tp;
   run->ranks = ml_calloc((size_t)run->n_ranks, sizeof *run->ranks, "plan ranks");
   if (!run->ranks) return -1;

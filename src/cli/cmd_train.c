@@ -77,6 +77,8 @@ static int setup(train_run *r) {
   if (o->save && r->mesh.rank == 0) ML_TRY(ml_run_lock_take(o->save, &r->lock));
   ml_engine_opts eo = ml_train_engine_opts(o);
   ML_TRY(ml_engine_open(&r->e, &r->mesh, o->model, &eo));
+  ML_TRY(ml_model_config_check_seq_len(&r->e.model.cfg, o->model, o->seq_len,
+                                       "train: flag --seq-len"));
   ML_TRY(ml_dataset_load(o->data, o->seq_len, r->e.model.cfg.vocab, &r->ds));
   int dp = r->mesh.dp_comm->size;
   if (o->batch % (dp * o->grad_accum) != 0)
@@ -86,6 +88,7 @@ static int setup(train_run *r) {
                   (long long)(dp * o->grad_accum));
   r->micro = o->batch / o->grad_accum;
   r->local = r->micro / dp;
+  ML_TRY(ml_train_reserve(&r->e, o, dp));
   r->ids = ml_malloc(sizeof(int32_t) * (size_t)(r->local * o->seq_len), "micro-batch");
   r->mask = ml_malloc((size_t)(r->local * o->seq_len), "micro-batch");
   if (!r->ids || !r->mask) return -1;

@@ -2,7 +2,9 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 
+#include "common/checked.h"
 #include "common/status.h"
 
 /* The choices of the enumerated flags and the values they stand for (same
@@ -187,7 +189,23 @@ int ml_train_opts_check(const ml_train_opts *o) {
                   o->batch, o->grad_accum);
   if (o->save_every > 0 && !o->save)
     return ml_err("train: flag --save-every %" PRId64 " needs --save DIR", o->save_every);
+  int64_t tokens;
+  if (ml_mul_i64(o->batch, o->seq_len, &tokens))
+    return ml_err("train: flags --batch-size %" PRId64 " x --seq-len %" PRId64
+                  ": the tokens per step overflow a 64-bit count; expected a product below 2^63",
+                  o->batch, o->seq_len);
   return 0;
+}
+
+int ml_train_reserve(ml_engine *e, const ml_train_opts *o, int dp) {
+  int64_t local = o->batch / (o->grad_accum * dp);
+  char what[192];
+  snprintf(what, sizeof what,
+           "%" PRId64 " sequence%s per rank (--batch-size %" PRId64 " / (%d data-parallel rank%s x "
+           "--grad-accum %" PRId64 ")) x --seq-len %" PRId64,
+           local, local == 1 ? "" : "s", o->batch, dp, dp == 1 ? "" : "s", o->grad_accum,
+           o->seq_len);
+  return ml_engine_reserve(e, local, o->seq_len, what);
 }
 
 ml_engine_opts ml_train_engine_opts(const ml_train_opts *o) {

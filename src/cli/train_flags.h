@@ -58,9 +58,21 @@ int ml_train_argv(int argc, char **argv, const ml_arg *spec, size_t n, ml_config
 /* Values and combinations a single flag's type cannot check: ranges
  * (--steps >= 0, --zero 1..3, ...), --cp other than 1 (not supported yet),
  * --cpu-offload (needs the CUDA backend), --batch-size not divisible by
- * --grad-accum, --save-every without --save. One message naming the flag,
- * the value found and what is expected. */
+ * --grad-accum, --save-every without --save, --batch-size x --seq-len
+ * beyond int64. One message naming the flag, the value found and what is
+ * expected. (--seq-len against the model's max_position_embeddings:
+ * ml_model_config_check_seq_len, once the model is read.) */
 int ml_train_opts_check(const ml_train_opts *o);
+
+/* Allocate one micro-batch's buffers (activations, residual stream) up
+ * front, on a mesh of dp data-parallel ranks, so that a batch too large for
+ * memory fails before the first step where every rank agrees on it; the
+ * out-of-memory message names the flags that sized the buffer: "... (4
+ * sequences per rank (--batch-size 8 / (2 data-parallel ranks x
+ * --grad-accum 1)) x --seq-len 4096; hidden_size ...)". Call after
+ * ml_train_opts_check (the product fits) and the --batch-size divisibility
+ * check. Errors: allocation (ml_engine_reserve). */
+int ml_train_reserve(ml_engine *e, const ml_train_opts *o, int dp);
 
 /* The engine options, the LR schedule over the run (--steps) and the
  * norm type (2.0 or INFINITY) the flags select. */

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/checked.h"
 #include "common/status.h"
 
 static ml_param *add_param(ml_model *m, int unit, int64_t d0, int64_t d1, const char *fmt, ...)
@@ -189,7 +190,10 @@ static int kept_parts(ml_ac_mode ac) {
 
 /* Extents the buffers are sized for: tokens T = B·S, and the widest local
  * views of q/att, k/v and gate/up/act on any layer, through their edges (a
- * gathering edge widens them). */
+ * gathering edge widens them). B and S come from the caller's flags or
+ * data, so every count built from them saturates (common/checked.h): a
+ * batch too large to address fails its allocation with a message, never
+ * wraps. */
 typedef struct act_dims {
   int64_t B, S, T, H, hd, q, kv, I;
 } act_dims;
@@ -200,7 +204,7 @@ static int64_t max3(int64_t a, int64_t b, int64_t c) {
 }
 
 static act_dims act_dims_of(const ml_model *m, int64_t B, int64_t S) {
-  act_dims d = {B, S, B * S, m->cfg.hidden, m->cfg.head_dim, 0, 0, 0};
+  act_dims d = {B, S, ml_mul_sat(B, S), m->cfg.hidden, m->cfg.head_dim, 0, 0, 0};
   for (int l = 0; l < m->cfg.n_layers; l++) {
     const ml_layer *L = &m->layers[l];
     int64_t q = max3(L->q_proj.weight->local[0], L->q_proj.out.cap_c, L->o_proj.in.cap_c);
@@ -229,38 +233,41 @@ static float *take(carver *c, int part, bool present, int64_t n) {
   if (!present) return NULL;
   int w = !(c->kept & part);
   float *p = c->block[w] ? c->block[w] + c->used[w] : NULL;
-  c->used[w] += n;
+  c->used[w] = ml_add_sat(c->used[w], n);
   return p;
 }
 
 /* Layer L's buffers (ml_layer_acts), x_in first: it is always kept and
  * frees the layer's block. `out` is there when the MLP is recomputed. */
 static void carve_layer(const act_dims *d, const ml_layer *L, carver *c, ml_layer_acts *a) {
-  int64_t T = d->T, H = d->H, q = d->q, kv = d->kv, I = d->I, nh = q / d->hd, nkv = kv / d->hd;
+  int64_t T = d->T, nh = d->q / d->hd, nkv = d->kv / d->hd;
+  int64_t TH = ml_mul_sat(T, d->H), Tq = ml_mul_sat(T, d->q), Tkv = ml_mul_sat(T, d->kv);
+  int64_t TI = ml_mul_sat(T, d->I);
+  int64_t P = ml_mul_sat(ml_mul_sat(ml_mul_sat(d->B, nh), d->S), d->S); /* [B, nh, S, S] */
   bool qk = L->q_norm.weight, ao = L->attn_out_norm.weight, mo = L->mlp_out_norm.weight;
-  a->x_in = take(c, PART_INPUT, true, T * H);
+  a->x_in = take(c, PART_INPUT, true, TH);
   a->rstd1 = take(c, PART_ATTN, true, T);
-  a->h1 = take(c, PART_ATTN, true, T * H);
-  a->q_raw = take(c, PART_ATTN, qk, T * q);
-  a->k_raw = take(c, PART_ATTN, qk, T * kv);
-  a->rstd_q = take(c, PART_ATTN, qk, T * nh);
-  a->rstd_k = take(c, PART_ATTN, qk, T * nkv);
-  a->q = take(c, PART_ATTN, true, T * q);
-  a->k = take(c, PART_ATTN, true, T * kv);
-  a->v = take(c, PART_ATTN, true, T * kv);
-  a->P = take(c, PART_CORE, true, d->B * nh * d->S * d->S);
-  a->att = take(c, PART_ATTN, true, T * q);
-  a->o = take(c, PART_ATTN, ao, T * H);
+  a->h1 = take(c, PART_ATTN, true, TH);
+  a->q_raw = take(c, PART_ATTN, qk, Tq);
+  a->k_raw = take(c, PART_ATTN, qk, Tkv);
+  a->rstd_q = take(c, PART_ATTN, qk, ml_mul_sat(T, nh));
+  a->rstd_k = take(c, PART_ATTN, qk, ml_mul_sat(T, nkv));
+  a->q = take(c, PART_ATTN, true, Tq);
+  a->k = take(c, PART_ATTN, true, Tkv);
+  a->v = take(c, PART_ATTN, true, Tkv);
+  a->P = take(c, PART_CORE, true, P);
+  a->att = take(c, PART_ATTN, true, Tq);
+  a->o = take(c, PART_ATTN, ao, TH);
   a->rstd_o = take(c, PART_ATTN, ao, T);
-  a->x_mid = take(c, PART_ATTN, true, T * H);
+  a->x_mid = take(c, PART_ATTN, true, TH);
   a->rstd2 = take(c, PART_MLP, true, T);
-  a->h2 = take(c, PART_MLP, true, T * H);
-  a->g = take(c, PART_MLP, true, T * I);
-  a->u = take(c, PART_MLP, true, T * I);
-  a->a = take(c, PART_MLP, true, T * I);
-  a->d = take(c, PART_MLP, mo, T * H);
+  a->h2 = take(c, PART_MLP, true, TH);
+  a->g = take(c, PART_MLP, true, TI);
+  a->u = take(c, PART_MLP, true, TI);
+  a->a = take(c, PART_MLP, true, TI);
+  a->d = take(c, PART_MLP, mo, TH);
   a->rstd_d = take(c, PART_MLP, mo, T);
-  a->out = take(c, PART_OUT, !(c->kept & PART_MLP), T * H);
+  a->out = take(c, PART_OUT, !(c->kept & PART_MLP), TH);
 }
 
 /* Floats of the largest layer block and of the workspace under m->ac. */
@@ -279,24 +286,40 @@ void ml_model_act_bytes(const ml_model *m, int64_t B, int64_t S, int64_t *per_la
                         int64_t *workspace) {
   act_dims d = act_dims_of(m, B, S);
   act_floats(m, &d, per_layer, workspace);
-  *per_layer *= (int64_t)sizeof(float);
-  *workspace *= (int64_t)sizeof(float);
+  *per_layer = ml_mul_sat(*per_layer, (int64_t)sizeof(float));
+  *workspace = ml_mul_sat(*workspace, (int64_t)sizeof(float));
+}
+
+/* How allocation messages name the batch: the caller's words
+ * (m->batch_what), else the plain geometry. */
+static const char *batch_words(const ml_model *m, char *buf, size_t cap) {
+  if (m->batch_what[0]) return m->batch_what;
+  snprintf(buf, cap, "%lld sequence%s x %lld tokens per rank", (long long)m->B,
+           m->B == 1 ? "" : "s", (long long)m->S);
+  return buf;
 }
 
 /* Per layer its block of kept buffers; one workspace for the dropped ones,
  * the same pointers in every layer. */
 static int alloc_layer_acts(ml_model *m, const act_dims *d) {
+  const ml_model_config *c = &m->cfg;
+  char buf[96], dims[160];
+  const char *batch = batch_words(m, buf, sizeof buf);
+  snprintf(dims, sizeof dims, "hidden_size %lld, intermediate_size %lld, num_attention_heads %lld",
+           (long long)c->hidden, (long long)c->intermediate, (long long)c->n_heads);
   int64_t block, work;
   act_floats(m, d, &block, &work);
   if (work) {
-    m->ac_work = ml_malloc(sizeof(float) * (size_t)work, "activation recompute workspace");
+    m->ac_work = ml_malloc_array(work, sizeof(float), "the activation recompute workspace (%s; %s)",
+                                 batch, dims);
     if (!m->ac_work) return -1;
   }
   for (int l = 0; l < m->cfg.n_layers; l++) {
     ml_layer *L = &m->layers[l];
     carver count = {.kept = kept_parts(m->ac)};
     carve_layer(d, L, &count, &L->acts);
-    float *block = ml_malloc(sizeof(float) * (size_t)count.used[0], "layer activations");
+    float *block = ml_malloc_array(count.used[0], sizeof(float),
+                                   "the activations of layer %d (%s; %s)", l, batch, dims);
     if (!block) return -1;
     carver c = {.kept = count.kept, .block = {block, m->ac_work}};
     carve_layer(d, L, &c, &L->acts);
@@ -308,8 +331,10 @@ static int alloc_layer_acts(ml_model *m, const act_dims *d) {
  * (sliding) RoPE; each layer points at the tables of its type. */
 static int alloc_rope(ml_model *m) {
   const ml_model_config *c = &m->cfg;
-  int64_t half = c->head_dim / 2, one = half + 2 * m->S * half;
-  m->inv_freq = ml_malloc(sizeof(float) * (size_t)(2 * one), "rope tables");
+  int64_t half = c->head_dim / 2, one = ml_add_sat(half, ml_mul_sat(2 * half, m->S));
+  m->inv_freq = ml_malloc_array(ml_mul_sat(2, one), sizeof(float),
+                                "the RoPE tables (%lld tokens x head_dim %lld)", (long long)m->S,
+                                (long long)c->head_dim);
   if (!m->inv_freq) return -1;
   m->rope_cos = m->inv_freq + half;
   m->rope_sin = m->rope_cos + m->S * half;
@@ -333,19 +358,30 @@ int ml_model_begin(ml_model *m, int64_t B, int64_t S) {
   free_acts(m);
   m->B = B;
   m->S = S;
-  int64_t T = B * S, H = m->cfg.hidden;
+  int64_t H = m->cfg.hidden;
   act_dims d = act_dims_of(m, B, S);
+  int64_t T = d.T; /* saturated when B·S does not fit: then the first allocation fails */
   m->cap_q = d.q;
   m->cap_kv = d.kv;
   m->cap_i = d.I;
   ML_TRY(alloc_layer_acts(m, &d));
-  m->x_final = ml_malloc(sizeof(float) * (size_t)(T * (3 * H + 1)), "final norm activations");
+  char buf[96];
+  const char *batch = batch_words(m, buf, sizeof buf);
+  /* widths: config sizes or edge widths, each <= 2^24 (config.h), so 3·H + 1 and
+   * 2·H + wide below are plain */
+  m->x_final = ml_malloc_array(ml_mul_sat(T, 3 * H + 1), sizeof(float),
+                               "the final norm's activations (%s x hidden_size %lld)", batch,
+                               (long long)H);
+  if (!m->x_final) return -1;
   /* backward temporaries: two [T, H], then attention's datt, dq [T, cap_q] and dk, dv
    * [T, cap_kv], or the MLP's da, dg, du [T, cap_i] */
   int64_t wide = 2 * m->cap_q + 2 * m->cap_kv > 3 * m->cap_i ? 2 * m->cap_q + 2 * m->cap_kv
                                                               : 3 * m->cap_i;
-  m->scratch = ml_malloc(sizeof(float) * (size_t)(T * (2 * H + wide)), "backward scratch");
-  if (!m->x_final || !m->scratch) return -1;
+  m->scratch = ml_malloc_array(ml_mul_sat(T, 2 * H + wide), sizeof(float),
+                               "the backward scratch (%s x hidden_size %lld, intermediate_size "
+                               "%lld)",
+                               batch, (long long)H, (long long)m->cfg.intermediate);
+  if (!m->scratch) return -1;
   m->xn_final = m->x_final + T * H;
   m->dxn_final = m->xn_final + T * H;
   m->rstd_final = m->dxn_final + T * H;

@@ -43,6 +43,9 @@ typedef struct ml_param {
   bool grad_partial;  /* set by parallel/: this rank's grad is a partial sum over tp */
 } ml_param;
 
+/* Elements of the local tensor: at most 2^44 (one weight of a config
+ * ml_model_config_load accepts, config.h ML_MAX_*), so the plain product
+ * cannot overflow. */
 static inline int64_t ml_param_numel(const ml_param *p) { return p->local[0] * p->local[1]; }
 
 /* A transformation of an activation at a module edge (a redistribute
@@ -172,6 +175,11 @@ typedef struct ml_model {
   int n_params;
   ml_module *modules; /* every module (leaves and self_attn/mlp containers), in HF order */
   int n_modules;
+  /* How allocation errors of ml_model_begin name the batch, in the user's
+   * terms (e.g. "4 sequences per rank (--batch-size 8 / 2 data-parallel
+   * ranks) x --seq-len 4096"); empty: "B sequences x S tokens per rank".
+   * Set by the caller, optional. */
+  char batch_what[192];
   /* batch geometry and buffers, set by ml_model_begin */
   int64_t B, S;
   int64_t s_res;  /* local positions of the residual stream (S, or a Shard(1) chunk) */
@@ -198,7 +206,9 @@ ml_param *ml_model_find_param(ml_model *m, const char *name);
 /* (Re)allocate activations for a local batch of B sequences of S tokens,
  * with the local shapes in effect (call after TP is applied): per layer
  * the buffers m->ac keeps, and one recompute workspace for those it drops
- * (sizes: ml_model_act_bytes). Errors: allocation. */
+ * (sizes: ml_model_act_bytes). Errors: allocation, the message naming the
+ * buffer, the batch (m->batch_what) and the config sizes that set it; a
+ * size beyond 2^63 bytes is reported as such, never wrapped. */
 int ml_model_begin(ml_model *m, int64_t B, int64_t S);
 
 /* Activation memory under m->ac for a local batch of B sequences of S
@@ -209,7 +219,8 @@ int ml_model_begin(ml_model *m, int64_t B, int64_t S);
  * B, S) allocates these; the backward temporaries, the final norm's
  * activations and the RoPE tables come on top and do not depend on the
  * mode. Buffers are sized for whole sequences (S positions) even where the
- * residual stream is sequence-sharded. */
+ * residual stream is sequence-sharded. A size beyond int64 is ML_SAT
+ * (common/checked.h). */
 void ml_model_act_bytes(const ml_model *m, int64_t B, int64_t S, int64_t *per_layer,
                         int64_t *workspace);
 

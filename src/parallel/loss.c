@@ -3,6 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "common/checked.h"
 #include "common/status.h"
 #include "kernels/cpu/kernels.h"
 
@@ -77,7 +78,11 @@ int ml_vocab_parallel_loss(ml_model *m, ml_comm *tp, const int32_t *targets, ml_
   vocab_range(m, tp, &v0, &nv);
   int64_t chunk = ml_loss_chunk_tokens(T, m->cfg.vocab, tp ? tp->size : 1);
   chunk_bufs b;
-  float *mem = ml_malloc(sizeof(float) * (size_t)(chunk * (nv + 4)), "logits chunk");
+  /* chunk · nv <= max(LOGITS_BUDGET, vocab_size) (ml_loss_chunk_tokens): a plain count */
+  float *mem = ml_malloc_array(chunk * (nv + 4), sizeof(float),
+                               "the logits chunk (%lld tokens x %lld vocab columns of vocab_size "
+                               "%lld)",
+                               (long long)chunk, (long long)nv, (long long)m->cfg.vocab);
   if (!mem) return -1;
   b.logits = mem;
   b.mx = mem + chunk * nv;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/checked.h"
 #include "common/status.h"
 #include "parallel/fsdp.h"
 #include "parallel/loss.h"
@@ -43,22 +44,27 @@ int ml_predict_edge(const ml_tp_edge *e, int64_t B, int64_t S, ml_comm_stats *fw
     ML_TRY(ml_redistribute_cost(e->p[i], e->p[i + 1], B, S, e->C, e->tp->size, kinds, b, &n));
     for (int j = 0; j < n; j++) {
       fwd->calls[kinds[j]]++;
-      fwd->bytes[kinds[j]] += b[j];
+      fwd->bytes[kinds[j]] = ml_add_sat(fwd->bytes[kinds[j]], b[j]);
     }
   }
-  /* forward + backward as tp.c counts them; the backward is the rest */
+  /* forward + backward as tp.c counts them; the backward is the rest (a
+   * saturated total stays saturated) */
   ML_TRY(ml_tp_edge_cost(e, B, S, bwd->calls, bwd->bytes));
   for (int k = 0; k < ML_COLL_KINDS; k++) {
     bwd->calls[k] -= fwd->calls[k];
-    bwd->bytes[k] -= fwd->bytes[k];
+    if (bwd->bytes[k] != ML_SAT) bwd->bytes[k] -= fwd->bytes[k];
   }
   return 0;
 }
 
+/* Sizes here scale with the flags' batch B·S: every sum and product of them
+ * saturates at ML_SAT (common/checked.h), and ml_predict_step refuses a
+ * prediction that saturated. Config-only sizes (the FSDP units) are
+ * bounded by config.h's limits and stay plain. */
 static void stats_add(ml_comm_stats *to, const ml_comm_stats *from, int64_t times) {
   for (int k = 0; k < ML_COLL_KINDS; k++) {
-    to->calls[k] += from->calls[k] * times;
-    to->bytes[k] += from->bytes[k] * times;
+    to->calls[k] = ml_add_sat(to->calls[k], ml_mul_sat(from->calls[k], times));
+    to->bytes[k] = ml_add_sat(to->bytes[k], ml_mul_sat(from->bytes[k], times));
   }
 }
 
@@ -66,13 +72,13 @@ static void stats_add(ml_comm_stats *to, const ml_comm_stats *from, int64_t time
 static void item(ml_prediction *p, const char *what, ml_group g, ml_coll k, int64_t calls,
                  int64_t bytes) {
   if (calls == 0) return;
-  p->train[g].calls[k] += calls;
-  p->train[g].bytes[k] += bytes;
+  p->train[g].calls[k] = ml_add_sat(p->train[g].calls[k], calls);
+  p->train[g].bytes[k] = ml_add_sat(p->train[g].bytes[k], bytes);
   for (int i = 0; i < p->n_items; i++) {
     ml_predict_item *it = &p->items[i];
     if (!strcmp(it->what, what) && it->group == g && it->kind == k) {
-      it->calls += calls;
-      it->bytes += bytes;
+      it->calls = ml_add_sat(it->calls, calls);
+      it->bytes = ml_add_sat(it->bytes, bytes);
       return;
     }
   }
@@ -116,7 +122,7 @@ int ml_predict_edge_step(const ml_model *m, const ml_tp_edge *e, const ml_predic
   if (!is_logits_edge(m, e)) return ml_predict_edge(e, p->B, p->S, fwd, bwd);
   memset(fwd, 0, sizeof *fwd);
   memset(bwd, 0, sizeof *bwd);
-  int64_t T = p->B * p->S, chunk = p->loss_chunk;
+  int64_t T = ml_mul_sat(p->B, p->S), chunk = p->loss_chunk;
   int64_t full = chunk > 0 ? T / chunk : 0, rest = chunk > 0 ? T % chunk : 0;
   ml_comm_stats f, b;
   if (full) {
@@ -135,13 +141,13 @@ int ml_predict_edge_step(const ml_model *m, const ml_tp_edge *e, const ml_predic
 /* tp edges: every edge forward and backward with the batch; lm_head's
  * output edge once per logits chunk. */
 static int predict_edges(const ml_model *m, const ml_tp *tp, ml_prediction *p, int64_t *scratch) {
-  int64_t T = p->B * p->S;
+  int64_t T = ml_mul_sat(p->B, p->S);
   for (int i = 0; i < tp->n_edges; i++) {
     const ml_tp_edge *e = &tp->edges[i];
     ml_comm_stats tf, tb;
     ML_TRY(ml_predict_edge_step(m, e, p, &tf, &tb));
     int64_t tokens = is_logits_edge(m, e) ? p->loss_chunk : T;
-    if (edge_active(e) && tokens * e->C > *scratch) *scratch = tokens * e->C;
+    if (edge_active(e) && ml_mul_sat(tokens, e->C) > *scratch) *scratch = ml_mul_sat(tokens, e->C);
     items_of(p, "tp edges (forward)", &tf);
     items_of(p, "tp edges (backward)", &tb);
     stats_add(&p->logprobs[ML_GROUP_TP], &tf, 1);
@@ -153,11 +159,12 @@ static int predict_edges(const ml_model *m, const ml_tp *tp, ml_prediction *p, i
  * all-reduce SUM of 2·nt floats (loss.c chunk_stats), forward only. */
 static void predict_loss(const ml_tp *tp, ml_prediction *p) {
   if (tp->logits.kind != ML_SHARD || tp->size == 1) return;
-  int64_t T = p->B * p->S;
-  item(p, "vocab-parallel loss (max, sum-exp + target)", ML_GROUP_TP, ML_COLL_ALL_REDUCE,
-       2 * p->loss_chunks, 12 * T);
-  p->logprobs[ML_GROUP_TP].calls[ML_COLL_ALL_REDUCE] += 2 * p->loss_chunks;
-  p->logprobs[ML_GROUP_TP].bytes[ML_COLL_ALL_REDUCE] += 12 * T;
+  int64_t bytes = ml_mul_sat(12, ml_mul_sat(p->B, p->S)), calls = ml_mul_sat(2, p->loss_chunks);
+  item(p, "vocab-parallel loss (max, sum-exp + target)", ML_GROUP_TP, ML_COLL_ALL_REDUCE, calls,
+       bytes);
+  ml_comm_stats *lp = &p->logprobs[ML_GROUP_TP];
+  lp->calls[ML_COLL_ALL_REDUCE] = ml_add_sat(lp->calls[ML_COLL_ALL_REDUCE], calls);
+  lp->bytes[ML_COLL_ALL_REDUCE] = ml_add_sat(lp->bytes[ML_COLL_ALL_REDUCE], bytes);
 }
 
 static bool is_partial(const ml_tp *tp, const ml_param *q) {
@@ -167,7 +174,9 @@ static bool is_partial(const ml_tp *tp, const ml_param *q) {
 }
 
 /* FSDP units (ml_fsdp_layout), the partial-grad all-reduce, and the
- * parameter-side memory. */
+ * parameter-side memory. Config sizes only: a unit holds < 2^47 elements
+ * and the model < 2^58 (config.h), so its sums and their fp32 bytes are
+ * plain; products with the mesh size dp saturate. */
 static int predict_units(const ml_model *m, const ml_tp *tp, ml_prediction *p) {
   int n_units = (int)m->cfg.n_layers + 1, dp = p->dp_shard, root = n_units - 1;
   ml_param **ps = ml_calloc((size_t)m->n_params + 1, sizeof *ps, "plan units");
@@ -192,7 +201,7 @@ static int predict_units(const ml_model *m, const ml_tp *tp, ml_prediction *p) {
     if (u == root) root_full = full;
     else if (full > max_layer) max_layer = full;
     if (dp > 1) {
-      int64_t bytes = 4 * (int64_t)dp * shard;
+      int64_t bytes = ml_mul_sat(4 * (int64_t)dp, shard);
       item(p, "fsdp all-gather (forward)", ML_GROUP_DP_SHARD, ML_COLL_ALL_GATHER, 1, bytes);
       p->logprobs[ML_GROUP_DP_SHARD].calls[ML_COLL_ALL_GATHER]++;
       p->logprobs[ML_GROUP_DP_SHARD].bytes[ML_COLL_ALL_GATHER] += bytes;
@@ -213,17 +222,18 @@ static int predict_units(const ml_model *m, const ml_tp *tp, ml_prediction *p) {
   mem->adamw = 2 * mem->params;
   mem->largest_unit = 4 * 2 * max_full;
   mem->unsharded_peak = dp > 1 ? 4 * 2 * (root_full + max_layer) : 0;
-  mem->comm_buffer = dp > 1 ? 4 * (int64_t)dp * max_shard : 0;
+  mem->comm_buffer = dp > 1 ? ml_mul_sat(4 * (int64_t)dp, max_shard) : 0;
   if (tp->size > 1 && partial > mem->tp_scratch) mem->tp_scratch = partial;
   return 0;
 }
 
-/* Saved activations and the head's buffers (formula in predict.h). */
+/* Saved activations and the head's buffers (formula in predict.h), with
+ * saturating sums and products of the batch (common/checked.h). */
 static void predict_activations(const ml_model *m, const ml_tp *tp, ml_prediction *p) {
   const ml_model_config *c = &m->cfg;
-  int64_t B = p->B, S = p->S, T = B * S, H = c->hidden, hd = c->head_dim, s = S, start;
+  int64_t B = p->B, S = p->S, T = ml_mul_sat(B, S), H = c->hidden, hd = c->head_dim, s = S, start;
   if (ml_placement_eq(tp->residual, ml_shard(1))) ml_chunk(S, tp->size, tp->rank, &start, &s);
-  int64_t Tr = B * s, acts = 0;
+  int64_t Tr = ml_mul_sat(B, s), acts = 0;
   for (int l = 0; l < c->n_layers; l++) {
     const ml_layer *L = &m->layers[l];
     char pre[64];
@@ -238,16 +248,31 @@ static void predict_activations(const ml_model *m, const ml_tp *tp, ml_predictio
     }
     int64_t nh = L->q_proj.weight->local[0] / hd, nkv = L->k_proj.weight->local[0] / hd;
     int64_t I = L->gate_proj.weight->local[0];
-    acts += 2 * Tr * H + norms * (Tr * H + Tr);
-    acts += T * (nh + 2 * nkv) * hd + T * nh * hd + B * nh * S * S;
-    if (qk) acts += T * (nh + nkv) * (hd + 1);
-    acts += 3 * T * I;
+    /* per-token widths: config sizes (<= 2^24 each, config.h), plain */
+    int64_t per_tok = (nh + 2 * nkv) * hd + nh * hd + 3 * I + (qk ? (nh + nkv) * (hd + 1) : 0);
+    int64_t per_res = (2 + norms) * H + norms;
+    int64_t P = ml_mul_sat(ml_mul_sat(ml_mul_sat(B, nh), S), S);
+    acts = ml_add_sat(acts, ml_mul_sat(Tr, per_res));
+    acts = ml_add_sat(acts, ml_add_sat(ml_mul_sat(T, per_tok), P));
   }
   int parts = tp->logits.kind == ML_SHARD ? tp->size : 1;
   int64_t widest = (c->vocab + parts - 1) / parts;
   ml_predict_memory *mem = &p->mem;
-  mem->activations = 4 * acts;
-  mem->head = 4 * (T * H + 2 * Tr * H + Tr + p->loss_chunk * (widest + 4));
+  mem->activations = ml_mul_sat(4, acts);
+  int64_t head = ml_add_sat(ml_mul_sat(T, H), ml_mul_sat(Tr, 2 * H + 1));
+  mem->head = ml_mul_sat(4, ml_add_sat(head, p->loss_chunk * (widest + 4)));
+}
+
+/* Whether a size of the prediction saturated (beyond int64). The totals
+ * cover their parts: memory by mem.total, each item by its group's stats. */
+static bool saturated(const ml_prediction *p) {
+  if (p->mem.total == ML_SAT) return true;
+  for (int g = 0; g < ML_GROUP_KINDS; g++)
+    for (int k = 0; k < ML_COLL_KINDS; k++)
+      if (p->train[g].bytes[k] == ML_SAT || p->train[g].calls[k] == ML_SAT ||
+          p->logprobs[g].bytes[k] == ML_SAT || p->logprobs[g].calls[k] == ML_SAT)
+        return true;
+  return false;
 }
 
 int ml_predict_step(const ml_model *m, const ml_tp *tp, int dp_replicate, int dp_shard,
@@ -265,21 +290,30 @@ int ml_predict_step(const ml_model *m, const ml_tp *tp, int dp_replicate, int dp
   out->B = B;
   out->S = S;
   int parts = tp->logits.kind == ML_SHARD ? tp->size : 1;
-  out->loss_chunk = ml_loss_chunk_tokens(B * S, m->cfg.vocab, parts);
-  out->loss_chunks = (B * S + out->loss_chunk - 1) / out->loss_chunk;
+  int64_t T = ml_mul_sat(B, S);
+  out->loss_chunk = ml_loss_chunk_tokens(T, m->cfg.vocab, parts);
+  out->loss_chunks = T / out->loss_chunk + (T % out->loss_chunk != 0);
   int64_t scratch = 0;
   ML_TRY(predict_edges(m, tp, out, &scratch));
   out->mem.tp_scratch = scratch;
   predict_loss(tp, out);
   ML_TRY(predict_units(m, tp, out));
-  out->mem.tp_scratch *= 4;
+  out->mem.tp_scratch = ml_mul_sat(out->mem.tp_scratch, 4);
   if (dp_replicate * dp_shard > 1)
     item(out, "loss all-reduce (reported mean)", ML_GROUP_DP, ML_COLL_ALL_REDUCE, 1, 8);
   if (out->world > 1)
     item(out, "grad-norm all-reduce", ML_GROUP_WORLD, ML_COLL_ALL_REDUCE, 1, 8);
   predict_activations(m, tp, out);
   ml_predict_memory *mem = &out->mem;
-  mem->total = mem->params + mem->grads + mem->adamw + mem->unsharded_peak + mem->comm_buffer +
-               mem->tp_scratch + mem->activations + mem->head;
+  int64_t parts_mem[] = {mem->params,     mem->grads,      mem->adamw,       mem->unsharded_peak,
+                         mem->comm_buffer, mem->tp_scratch, mem->activations, mem->head};
+  mem->total = 0;
+  for (size_t i = 0; i < sizeof parts_mem / sizeof parts_mem[0]; i++)
+    mem->total = ml_add_sat(mem->total, parts_mem[i]);
+  if (saturated(out))
+    return ml_err("plan: one step of a local batch of %lld sequences x %lld tokens needs more than "
+                  "2^63 bytes per rank (memory or collectives); expected a smaller --batch-size or "
+                  "--seq-len",
+                  (long long)B, (long long)S);
   return 0;
 }

@@ -126,7 +126,9 @@ typedef struct ml_prediction {
  * dp_replicate × dp_shard × tp->size ranks. Pure: reads the model's
  * parameter descriptions and the edges only. Errors: sizes < 1 (B, S,
  * dp_replicate, dp_shard), an edge whose placements ml_redistribute_cost
- * refuses, allocation. */
+ * refuses, allocation, a batch so large that a predicted memory or
+ * collective size exceeds 2^63 bytes (sizes are accounted with saturating
+ * arithmetic, common/checked.h, so nothing wraps). */
 int ml_predict_step(const ml_model *m, const ml_tp *tp, int dp_replicate, int dp_shard,
                     int64_t B, int64_t S, ml_prediction *out);
 

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/checked.h"
 #include "common/status.h"
 #include "parallel/tp.h"
 
@@ -264,11 +265,12 @@ int ml_redistribute_cost(ml_placement from, ml_placement to, int64_t B, int64_t 
   *n = 0;
   pl f, o;
   ML_TRY(check_request(from, to, B, S, C, NULL, group_size, &f, &o));
-  int64_t numel = B * S * C;
+  /* B and S come from a plan's flags: saturate (common/checked.h) */
+  int64_t numel = ml_mul_sat(ml_mul_sat(B, S), C);
   if (f == o || group_size == 1 || numel == 0 || f == PL_REP) return 0;
   out[0] = f == PL_PART ? (o == PL_REP ? ML_COLL_ALL_REDUCE : ML_COLL_REDUCE_SCATTER)
                         : ML_COLL_ALL_GATHER;
-  bytes[0] = numel * (int64_t)sizeof(float);
+  bytes[0] = ml_mul_sat(numel, (int64_t)sizeof(float));
   *n = 1;
   return 0;
 }

@@ -101,7 +101,8 @@ int ml_redistribute(ml_comm *g, ml_placement from, ml_placement to, ml_act *a, f
  * activation over a group of `group_size` ranks, without communicating:
  * *n (0, 1 or 2) entries of out[] (kind) and bytes[] (what the counting
  * comm of comm.h records for the call: B·S·C·4 for each all-reduce,
- * all-gather and reduce-scatter here, since each moves the full tensor).
+ * all-gather and reduce-scatter here, since each moves the full tensor;
+ * ML_SAT, common/checked.h, when that exceeds int64).
  * It agrees exactly with the counting wrapper's calls and bytes for the same
  * transition, on every rank. For `meshlm plan`. Errors: as ml_redistribute
  * for the placements and sizes, and group_size < 1. */

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/checked.h"
 #include "common/status.h"
 #include "parallel/redistribute.h"
 
@@ -104,7 +105,7 @@ int ml_tp_edge_cost(const ml_tp_edge *e, int64_t B, int64_t S, int64_t calls[ML_
       ML_TRY(ml_redistribute_cost(from[i], to[i], B, S, e->C, e->tp->size, kinds, b, &n));
       for (int j = 0; j < n; j++) {
         calls[kinds[j]]++;
-        bytes[kinds[j]] += b[j];
+        bytes[kinds[j]] = ml_add_sat(bytes[kinds[j]], b[j]); /* B·S from flags: saturate */
       }
     }
   }

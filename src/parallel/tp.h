@@ -93,7 +93,8 @@ int ml_tp_reduce_partial_grads(ml_tp *tp, ml_fsdp *f);
 
 /* The collectives one edge issues for a local batch [B, S], forward and
  * backward: calls and bytes per collective kind, added into the arrays
- * (indexed by ml_coll). Same numbers as the counting wrapper records. */
+ * (indexed by ml_coll). Same numbers as the counting wrapper records;
+ * bytes saturate at ML_SAT (common/checked.h) instead of wrapping. */
 int ml_tp_edge_cost(const ml_tp_edge *e, int64_t B, int64_t S, int64_t calls[ML_COLL_KINDS],
                     int64_t bytes[ML_COLL_KINDS]);
 

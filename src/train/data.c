@@ -8,6 +8,7 @@
 
 #include <jansson.h>
 
+#include "common/checked.h"
 #include "common/status.h"
 
 /* ---- file and line helpers ---------------------------------------------- */
@@ -192,21 +193,24 @@ static int load_jsonl_row(const char *path, int64_t lineno, const char *s, size_
   return rc;
 }
 
-/* Zeroed [nseq, ds->seq_len] ids and mask. */
-static int alloc_rows(ml_dataset *ds, int64_t nseq) {
-  int64_t seq_len = ds->seq_len;
-  if (nseq > 0 && seq_len > INT64_MAX / nseq)
-    return ml_err("dataset of %lld sequences x seq_len %lld tokens is too large", (long long)nseq,
-                  (long long)seq_len);
+/* Zeroed [nseq, ds->seq_len] ids and mask of the dataset at `path`
+ * (seq_len is meshlm train's --seq-len: the count saturates, and a failed
+ * allocation names both). */
+static int alloc_rows(const char *path, ml_dataset *ds, int64_t nseq) {
+  int64_t n = ml_mul_sat(nseq, ds->seq_len);
   ds->nseq = nseq;
-  ds->ids = ml_calloc((size_t)(nseq * seq_len), sizeof *ds->ids, "dataset token ids");
-  ds->mask = ds->ids ? ml_calloc((size_t)(nseq * seq_len), 1, "dataset loss mask") : NULL;
+  ds->ids = ml_calloc_array(n, sizeof *ds->ids,
+                            "the token ids of %s (%lld sequences x --seq-len %lld)", path,
+                            (long long)nseq, (long long)ds->seq_len);
+  if (!ds->ids) return -1;
+  ds->mask = ml_calloc_array(n, 1, "the loss mask of %s (%lld sequences x --seq-len %lld)", path,
+                             (long long)nseq, (long long)ds->seq_len);
   return ds->mask ? 0 : -1;
 }
 
 static int load_jsonl(const char *path, const char *buf, size_t len, int64_t vocab,
                       ml_dataset *ds) {
-  ML_TRY(alloc_rows(ds, count_lines(buf, len)));
+  ML_TRY(alloc_rows(path, ds, count_lines(buf, len)));
   line_iter it = {buf, len, 0, 0};
   const char *s;
   size_t n;
@@ -225,7 +229,7 @@ static int load_raw(const char *path, const unsigned char *buf, size_t len, int6
                   "vocab_size %lld (use JSONL input_ids for a smaller vocabulary)",
                   path, (long long)vocab);
   int64_t S = ds->seq_len, full = (int64_t)len / S, tail = (int64_t)len % S;
-  ML_TRY(alloc_rows(ds, full + (tail >= 2)));
+  ML_TRY(alloc_rows(path, ds, full + (tail >= 2)));
   for (int64_t r = 0; r < ds->nseq; r++) {
     int64_t n = r < full ? S : tail;
     for (int64_t t = 0; t < n; t++) {
@@ -307,10 +311,16 @@ int64_t ml_dataset_count_targets(const ml_dataset *ds, int64_t step, int64_t glo
 /* ---- scoring data -------------------------------------------------------- */
 
 static int load_seq(const char *path, int64_t lineno, const char *s, size_t n, int64_t vocab,
-                    int64_t *len, int32_t **ids) {
+                    int64_t max_len, int64_t *len, int32_t **ids) {
   json_t *obj = parse_line(path, lineno, s, n);
   if (!obj) return -1;
   const json_t *arr = get_ids(path, lineno, obj, vocab, 2);
+  if (arr && (int64_t)json_array_size(arr) > max_len) {
+    ml_err("%s:%lld: field 'input_ids': %zu tokens, above the model's max_position_embeddings "
+           "%lld (config.json); expected at most %lld tokens",
+           path, (long long)lineno, json_array_size(arr), (long long)max_len, (long long)max_len);
+    arr = NULL;
+  }
   *ids = arr ? ml_malloc(json_array_size(arr) * sizeof **ids, "scoring sequence") : NULL;
   if (*ids) {
     *len = (int64_t)json_array_size(arr);
@@ -321,7 +331,8 @@ static int load_seq(const char *path, int64_t lineno, const char *s, size_t n, i
   return *ids ? 0 : -1;
 }
 
-static int load_seqs(const char *path, const char *buf, size_t len, int64_t vocab, ml_seqs *out) {
+static int load_seqs(const char *path, const char *buf, size_t len, int64_t vocab, int64_t max_len,
+                     ml_seqs *out) {
   int64_t count = count_lines(buf, len);
   if (count == 0)
     return ml_err("%s: empty dataset: expected at least one JSONL line with input_ids", path);
@@ -332,20 +343,20 @@ static int load_seqs(const char *path, const char *buf, size_t len, int64_t voca
   const char *s;
   size_t n;
   while (line_next(&it, &s, &n)) {
-    ML_TRY(load_seq(path, it.lineno, s, n, vocab, &out->len[out->n], &out->ids[out->n]));
+    ML_TRY(load_seq(path, it.lineno, s, n, vocab, max_len, &out->len[out->n], &out->ids[out->n]));
     out->n++;
   }
   return 0;
 }
 
-int ml_seqs_load_jsonl(const char *path, int64_t vocab_size, ml_seqs *out) {
+int ml_seqs_load_jsonl(const char *path, int64_t vocab_size, int64_t max_len, ml_seqs *out) {
   memset(out, 0, sizeof *out);
   if (vocab_size < 1)
     return ml_err("%s: vocab_size %lld, expected >= 1", path, (long long)vocab_size);
   char *buf;
   size_t len;
   ML_TRY(read_file(path, &buf, &len));
-  int rc = load_seqs(path, buf, len, vocab_size, out);
+  int rc = load_seqs(path, buf, len, vocab_size, max_len, out);
   free(buf);
   if (rc != 0) ml_seqs_free(out);
   return rc;

@@ -70,13 +70,14 @@ typedef struct ml_seqs {
 } ml_seqs;
 
 /* Load a JSONL file whose non-empty lines each carry "input_ids" (ids in
- * [0, vocab_size), at least 2 of them: log-probs score tokens 1..len-1);
- * other fields, loss_mask included, are ignored. `out` is zeroed on entry;
- * free with ml_seqs_free. Errors: file unreadable, no sequences, invalid
- * JSON or not an object (line), missing/non-array input_ids (line), fewer
- * than 2 tokens (line), id not an integer or out of range (line, index,
- * value, vocab). */
-int ml_seqs_load_jsonl(const char *path, int64_t vocab_size, ml_seqs *out);
+ * [0, vocab_size), at least 2 and at most max_len of them — the model's
+ * max_position_embeddings; log-probs score tokens 1..len-1); other fields,
+ * loss_mask included, are ignored. `out` is zeroed on entry; free with
+ * ml_seqs_free. Errors: file unreadable, no sequences, invalid JSON or not
+ * an object (line), missing/non-array input_ids (line), fewer than 2 or
+ * more than max_len tokens (line, the count, max_position_embeddings), id
+ * not an integer or out of range (line, index, value, vocab). */
+int ml_seqs_load_jsonl(const char *path, int64_t vocab_size, int64_t max_len, ml_seqs *out);
 void ml_seqs_free(ml_seqs *s);
 
 #endif

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/checked.h"
 #include "common/status.h"
 #include "io/checkpoint.h"
 #include "kernels/cpu/kernels.h"
@@ -78,18 +79,33 @@ void ml_engine_close(ml_engine *e) {
   memset(e, 0, sizeof *e);
 }
 
-/* Buffers and activations for a local batch [B, S]. */
+/* Buffers and activations for a local batch [B, S]: the model's first (the
+ * largest, their messages naming the batch), then the residual stream and
+ * targets. B·S saturates (common/checked.h): a batch beyond int64 fails
+ * its first allocation. */
 static int prepare(ml_engine *e, int64_t B, int64_t S) {
-  int64_t T = B * S;
+  ML_TRY(ml_model_begin(&e->model, B, S));
+  int64_t T = ml_mul_sat(B, S), H = e->model.cfg.hidden;
   if (T > e->cap_tokens) {
     free(e->x);
     free(e->targets);
-    e->x = ml_malloc(sizeof(float) * (size_t)(T * e->model.cfg.hidden), "residual stream");
-    e->targets = ml_malloc(sizeof(int32_t) * (size_t)T, "targets");
-    if (!e->x || !e->targets) return -1;
+    e->targets = NULL;
+    e->cap_tokens = 0;
+    e->x = ml_malloc_array(ml_mul_sat(T, H), sizeof(float),
+                           "the residual stream (%lld tokens per rank x hidden_size %lld)",
+                           (long long)T, (long long)H);
+    if (!e->x) return -1;
+    e->targets = ml_malloc_array(T, sizeof(int32_t), "the targets (%lld tokens per rank)",
+                                 (long long)T);
+    if (!e->targets) return -1;
     e->cap_tokens = T;
   }
-  return ml_model_begin(&e->model, B, S);
+  return 0;
+}
+
+int ml_engine_reserve(ml_engine *e, int64_t B, int64_t S, const char *what) {
+  snprintf(e->model.batch_what, sizeof e->model.batch_what, "%s", what ? what : "");
+  return prepare(e, B, S);
 }
 
 /* targets[b, t] = ids[b, t+1] where that token is a target, else −1. */
@@ -183,7 +199,9 @@ int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, f
   ML_TRY(prepare(e, B, S));
   shift_targets(ids, NULL, B, S, e->targets);
   ML_TRY(forward_layers(e, ids));
-  float *lp = ml_malloc(sizeof(float) * (size_t)(B * S), "log-probs");
+  /* B·S fits: prepare allocated B·S·H floats */
+  float *lp = ml_malloc_array(B * S, sizeof(float), "the log-probs (%lld tokens per rank)",
+                              (long long)(B * S));
   if (!lp) return -1;
   ml_loss_out lo;
   int rc = ml_vocab_parallel_loss(&e->model, loss_comm(e), e->targets, e->opts.output_dtype, false, 0.0f, lp, &lo);

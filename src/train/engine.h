@@ -53,6 +53,16 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
                    const ml_engine_opts *opts);
 void ml_engine_close(ml_engine *e);
 
+/* Allocate the buffers of a local batch [B, S] now (the model's
+ * activations, ml_model_begin; the residual stream and targets) instead of
+ * in the first forward, so that a batch too large for memory fails before
+ * any collective, where every rank can agree on the error. `what` (NULL:
+ * the plain geometry) names the batch in allocation messages, in the
+ * user's terms, e.g. "4 sequences per rank (--batch-size 8 / 2
+ * data-parallel ranks) x --seq-len 4096"; it is copied. No collective.
+ * Errors: allocation (the buffer, the batch and the config sizes named). */
+int ml_engine_reserve(ml_engine *e, int64_t B, int64_t S, const char *what);
+
 /* Zero the sharded gradients: the start of an optimizer step (torch's
  * optimizer.zero_grad()). */
 void ml_engine_zero_grad(ml_engine *e);

@@ -226,7 +226,7 @@ static void test_count_targets(void **state) {
 static void test_seqs(void **state) {
   ml_seqs s;
   const char *text = "{\"input_ids\": [1, 2, 3], \"loss_mask\": [0]}\n\n{\"input_ids\": [4, 5]}\n";
-  assert_int_equal(ml_seqs_load_jsonl(write_file(text), 10, &s), 0);
+  assert_int_equal(ml_seqs_load_jsonl(write_file(text), 10, 16, &s), 0);
   assert_int_equal(s.n, 2);
   assert_int_equal(s.len[0], 3);
   assert_int_equal(s.len[1], 2);
@@ -239,7 +239,7 @@ static void test_seqs(void **state) {
 static void expect_seqs_error(const char *text, const char *a, const char *b) {
   ml_seqs s;
   ml_error_clear();
-  assert_int_equal(ml_seqs_load_jsonl(write_file(text), 10, &s), -1);
+  assert_int_equal(ml_seqs_load_jsonl(write_file(text), 10, 16, &s), -1);
   assert_null(s.ids);
   if (!strstr(ml_error_msg(), a) || !strstr(ml_error_msg(), b))
     fail_msg("message '%s' lacks '%s' or '%s'", ml_error_msg(), a, b);
@@ -250,6 +250,10 @@ static void test_seqs_errors(void **state) {
   expect_seqs_error("{\"input_ids\": [1, 2]}\n{\"input_ids\": [3, 11]}\n", "data:2:", "= 11");
   expect_seqs_error("{\"input_ids\": [1, 2]}\n{\"input_ids\": [3, 4]\n", "data:2:", "invalid JSON");
   expect_seqs_error("\n\n", "empty dataset", "data");
+  /* longer than max_position_embeddings (16 here): refused up front, the line named */
+  expect_seqs_error("{\"input_ids\": [1, 2]}\n\n{\"input_ids\": [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, "
+                    "3, 4, 5, 6, 7, 8]}\n",
+                    "data:3: field 'input_ids': 17 tokens", "max_position_embeddings 16");
 }
 
 int main(void) {

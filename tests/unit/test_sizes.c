@@ -1,0 +1,289 @@
+/* Sizes bounded before arithmetic (issue 9, part 2): the checked and
+ * saturating helpers, config.json's limits (one message naming the file and
+ * the field, with what was found and what was expected), the largest
+ * config the limits admit counted without overflow, activation sizes of a
+ * batch beyond 2^63 bytes refused with a message, and run-checkpoint
+ * metadata.json offsets/shapes checked without forming a sum that wraps. */
+#define _XOPEN_SOURCE 700
+#define TMPDIR_PREFIX "ml_test_sizes"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cmocka.h>
+
+#include "common/checked.h"
+#include "common/status.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "train/runckpt_format.h"
+#include "tmpdir.h"
+
+static void write_text(const char *path, const char *text) {
+  FILE *fp = fopen(path, "w");
+  assert_non_null(fp);
+  assert_true(fputs(text, fp) >= 0);
+  assert_int_equal(fclose(fp), 0);
+}
+
+/* The message recorded since the last ml_error_clear holds every word. */
+static void expect_msg(const char *const *words, int n) {
+  const char *msg = ml_error_msg();
+  for (int i = 0; i < n; i++)
+    if (!strstr(msg, words[i])) fail_msg("message \"%s\" lacks \"%s\"", msg, words[i]);
+}
+#define EXPECT_MSG(...)                                                                    \
+  do {                                                                                     \
+    const char *w_[] = {__VA_ARGS__};                                                      \
+    expect_msg(w_, (int)(sizeof w_ / sizeof w_[0]));                                       \
+  } while (0)
+
+/* ---- checked.h ---------------------------------------------------------- */
+
+static void test_checked_arithmetic(void **state) {
+  (void)state;
+  int64_t r;
+  assert_int_equal(ml_mul_i64(1 << 20, 1 << 24, &r), 0);
+  assert_true(r == (int64_t)1 << 44);
+  assert_int_not_equal(ml_mul_i64(INT64_MAX, 2, &r), 0);
+  assert_int_not_equal(ml_mul_i64((int64_t)1 << 32, (int64_t)1 << 31, &r), 0);
+  assert_int_equal(ml_add_i64(INT64_MAX - 1, 1, &r), 0);
+  assert_true(r == INT64_MAX);
+  assert_int_not_equal(ml_add_i64(INT64_MAX, 1, &r), 0);
+  /* saturation is sticky through sums and products */
+  assert_true(ml_mul_sat((int64_t)1 << 40, (int64_t)1 << 40) == ML_SAT);
+  assert_true(ml_add_sat(ML_SAT, 5) == ML_SAT);
+  assert_true(ml_mul_sat(ML_SAT, 3) == ML_SAT);
+  assert_true(ml_mul_sat(ML_SAT, 0) == 0);
+  assert_true(ml_mul_sat(3, 7) == 21 && ml_add_sat(3, 7) == 10);
+}
+
+static void test_alloc_array(void **state) {
+  (void)state;
+  ml_error_clear();
+  assert_null(ml_malloc_array(ML_SAT, sizeof(float), "the %s of layer %d", "activations", 3));
+  EXPECT_MSG("out of memory", "the activations of layer 3", "more than 2^63 bytes");
+  ml_error_clear(); /* the count fits int64, its bytes do not */
+  assert_null(ml_calloc_array(INT64_MAX / 2, sizeof(float), "a buffer"));
+  EXPECT_MSG("a buffer", "more than 2^63 bytes");
+  ml_error_clear();
+  assert_null(ml_malloc_array(-1, 1, "a negative count"));
+  EXPECT_MSG("a negative count", "more than 2^63 bytes");
+  float *p = ml_calloc_array(4, sizeof(float), "four floats");
+  assert_non_null(p);
+  assert_true(p[3] == 0.0f);
+  free(p);
+  free(ml_malloc_array(0, sizeof(float), "nothing")); /* a valid block */
+}
+
+/* ---- config.json limits ------------------------------------------------- */
+
+/* A Llama config.json with the given sizes (head_dim / positions NULL: the
+ * key absent) in directory `name` under the test's tmpdir. */
+static const char *write_config(const char *name, const char *hidden, const char *inter,
+                                const char *heads, const char *kv, const char *head_dim,
+                                const char *vocab, const char *layers, const char *positions) {
+  const char *dir = tpath(name);
+  mkdir(dir, 0777);
+  char text[2048], path[600], extra[256] = "";
+  if (head_dim) snprintf(extra, sizeof extra, "\"head_dim\": %s, ", head_dim);
+  if (positions)
+    snprintf(extra + strlen(extra), sizeof extra - strlen(extra),
+             "\"max_position_embeddings\": %s, ", positions);
+  snprintf(text, sizeof text,
+           "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": %s, "
+           "\"intermediate_size\": %s, \"num_attention_heads\": %s, \"num_key_value_heads\": %s, "
+           "%s\"vocab_size\": %s, \"num_hidden_layers\": %s, \"rms_norm_eps\": 1e-5}",
+           hidden, inter, heads, kv, extra, vocab, layers);
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  write_text(path, text);
+  return dir;
+}
+
+/* Loading fails with one message naming config.json, the field, the value
+ * found and the limit expected. */
+static void expect_limit(const char *dir, const char *field, const char *found,
+                         const char *limit) {
+  ml_model_config c;
+  ml_error_clear();
+  assert_int_equal(ml_model_config_load(dir, &c), -1);
+  char quoted[64];
+  snprintf(quoted, sizeof quoted, "field '%s'", field);
+  EXPECT_MSG("config.json", quoted, found, limit);
+}
+
+static void test_config_limits(void **state) {
+  (void)state;
+  /* the issue's reports: hidden_size 1e12 printed "-6422937842468171776 parameters";
+   * intermediate_size 444444444444024 overflowed in the plan's memory prediction */
+  expect_limit(write_config("hidden", "1000000000000", "160", "4", "2", NULL, "256", "2", NULL),
+               "hidden_size", "found 1000000000000", "1048576");
+  expect_limit(write_config("inter", "64", "444444444444024", "4", "2", NULL, "256", "2", NULL),
+               "intermediate_size", "found 444444444444024", "16777216");
+  expect_limit(write_config("vocab", "64", "160", "4", "2", NULL, "16777217", "2", NULL),
+               "vocab_size", "found 16777217", "16777216");
+  expect_limit(write_config("layers", "64", "160", "4", "2", NULL, "256", "1025", NULL),
+               "num_hidden_layers", "found 1025", "1024");
+  expect_limit(write_config("heads", "64", "160", "8192", "8192", "16", "256", "2", NULL),
+               "num_attention_heads", "found 8192", "4096");
+  expect_limit(write_config("kv", "64", "160", "4", "9223372036854775807", NULL, "256", "2", NULL),
+               "num_key_value_heads", "found 9223372036854775807", "4096");
+  expect_limit(write_config("head_dim", "64", "160", "4", "2", "1099511627776", "256", "2", NULL),
+               "head_dim", "found 1099511627776", "4096");
+  expect_limit(write_config("positions", "64", "160", "4", "2", NULL, "256", "2", "4294967296"),
+               "max_position_embeddings", "found 4294967296", "16777216");
+  expect_limit(write_config("positions0", "64", "160", "4", "2", NULL, "256", "2", "0"),
+               "max_position_embeddings", "found 0", "from 1");
+  expect_limit(write_config("hidden0", "-5", "160", "4", "2", NULL, "256", "2", NULL),
+               "hidden_size", "found -5", "from 1");
+}
+
+/* Parameters of an untied Llama config without biases, counted in 128 bits. */
+static __int128 params_wide(const ml_model_config *c) {
+  __int128 H = c->hidden, I = c->intermediate;
+  __int128 q = (__int128)c->n_heads * c->head_dim, kv = (__int128)c->n_kv_heads * c->head_dim;
+  __int128 layer = 2 * H * q + 2 * H * kv + 3 * H * I + 2 * H; /* + 2 norms */
+  return c->n_layers * layer + 2 * (__int128)c->vocab * H + H;
+}
+
+/* The largest config the limits admit: counted exactly, and within the
+ * bound config.h derives (< 2^58 elements, so 16 bytes each < 2^62). */
+static void test_config_at_limits(void **state) {
+  (void)state;
+  const char *dir = write_config("max", "1048576", "16777216", "4096", "4096", "4096", "16777216",
+                                 "1024", "16777216");
+  ml_model_config c;
+  ml_error_clear();
+  if (ml_model_config_load(dir, &c) != 0) fail_msg("%s", ml_error_msg());
+  assert_false(c.tie_embeddings || c.qkv_bias || c.mlp_bias);
+  int64_t n = ml_model_config_num_params(&c);
+  assert_true((__int128)n == params_wide(&c));
+  assert_true(n > 0 && n < (int64_t)1 << 58);
+}
+
+static void test_seq_len_check(void **state) {
+  (void)state;
+  ml_model_config c = {.max_positions = 256};
+  assert_int_equal(ml_model_config_check_seq_len(&c, "m", 256, "train: flag --seq-len"), 0);
+  ml_error_clear();
+  assert_int_equal(ml_model_config_check_seq_len(&c, "m", 100000000, "train: flag --seq-len"),
+                   -1);
+  EXPECT_MSG("train: flag --seq-len", "100000000 tokens", "max_position_embeddings 256",
+             "m/config.json", "at most 256");
+}
+
+/* A batch whose activations exceed 2^63 bytes: refused with a message
+ * naming the buffer, the batch and the config sizes, not a wrapped count
+ * (B·S·S·heads used to wrap around to some other allocation size). */
+static void test_activations_saturate(void **state) {
+  (void)state;
+  ml_model_config cfg;
+  assert_int_equal(ml_model_config_preset("llama", "tiny", &cfg), 0);
+  ml_model m;
+  assert_int_equal(ml_model_create(&cfg, &m), 0);
+  ml_error_clear();
+  /* B·S = 2^62 tokens: T·H and B·heads·S² wrap in int64 */
+  int64_t B = (int64_t)1 << 38, S = (int64_t)1 << 24;
+  assert_int_equal(ml_model_begin(&m, B, S), -1);
+  EXPECT_MSG("out of memory", "activations of layer 0",
+             "274877906944 sequences x 16777216 tokens", "hidden_size 64", "more than 2^63 bytes");
+  int64_t per_layer, work;
+  ml_model_act_bytes(&m, B, S, &per_layer, &work);
+  assert_true(per_layer == ML_SAT);
+  snprintf(m.batch_what, sizeof m.batch_what, "%s",
+           "2 sequences per rank (--batch-size 4) x --seq-len 8");
+  ml_error_clear();
+  assert_int_equal(ml_model_begin(&m, (int64_t)1 << 40, (int64_t)1 << 30), -1);
+  EXPECT_MSG("activations of layer 0", "--batch-size 4) x --seq-len 8");
+  ml_model_destroy(&m);
+}
+
+/* ---- run-checkpoint metadata.json -------------------------------------- */
+
+/* A committed run checkpoint under directory `name` whose metadata.json
+ * lists tensor "w" [4, 2] with one piece at `offset` of `shape`, and
+ * run_state.consumed = `consumed`. Returns the directory. */
+static const char *write_run_ckpt(const char *name, const char *offset, const char *shape,
+                                  const char *consumed) {
+  char dir[512], step[600], path[700], text[2048];
+  snprintf(dir, sizeof dir, "%s", tpath(name));
+  mkdir(dir, 0777);
+  snprintf(step, sizeof step, "%s/step-00000001", dir);
+  mkdir(step, 0777);
+  snprintf(path, sizeof path, "%s/latest.json", dir);
+  write_text(path, "{\"format\": \"meshlm-run-checkpoint\", \"version\": 1, "
+                   "\"step_dir\": \"step-00000001\", \"step\": 1}");
+  snprintf(text, sizeof text,
+           "{\"format\": \"meshlm-run-checkpoint\", \"version\": 1, \"dtype\": \"F32\", "
+           "\"optimizer_step\": 1, "
+           "\"run_state\": {\"step\": 1, \"consumed\": %s, \"seed\": \"5\", \"nseq\": 3}, "
+           "\"mesh\": {\"world_size\": 1, \"dp_replicate\": 1, \"dp_shard\": 1, \"cp\": 1, "
+           "\"tp\": 1}, "
+           "\"config\": \"config.json\", \"files\": {\"rank-00000.safetensors\": 0}, "
+           "\"tensors\": {\"w\": {\"shape\": [4, 2], "
+           "\"keys\": {\"param\": \"w\", \"exp_avg\": \"optim.state.w.exp_avg\", "
+           "\"exp_avg_sq\": \"optim.state.w.exp_avg_sq\"}, "
+           "\"pieces\": [{\"file\": \"rank-00000.safetensors\", \"offset\": %s, \"shape\": %s}]}}}",
+           consumed, offset, shape);
+  snprintf(path, sizeof path, "%s/metadata.json", step);
+  write_text(path, text);
+  return tpath(name);
+}
+
+/* The piece is refused by ml_rc_tensor_get, naming metadata.json, the
+ * tensor, the field and what was found. */
+static void expect_bad_piece(const char *name, const char *offset, const char *shape,
+                             const char *field, const char *found) {
+  ml_rc_ckpt c;
+  ml_error_clear();
+  if (ml_rc_open(write_run_ckpt(name, offset, shape, "2"), &c) != 0)
+    fail_msg("%s", ml_error_msg());
+  ml_rc_tensor t;
+  int rc = ml_rc_tensor_get(&c, "w", &t);
+  if (rc == 0) ml_rc_tensor_free(&t);
+  assert_int_equal(rc, -1);
+  EXPECT_MSG("metadata.json", "tensor 'w'", field, found, "[4, 2]");
+  ml_rc_close(&c);
+}
+
+static void test_runckpt_piece_bounds(void **state) {
+  (void)state;
+  /* offset + shape used to wrap: INT64_MAX + 1 < 4 passed the bounds check */
+  expect_bad_piece("off_max", "[9223372036854775807, 0]", "[1, 2]", "field 'offset'",
+                   "[9223372036854775807, 0]");
+  expect_bad_piece("shape_max", "[1, 0]", "[9223372036854775807, 2]", "field 'shape'",
+                   "[9223372036854775807, 2]");
+  expect_bad_piece("outside", "[3, 0]", "[2, 2]", "field 'shape'", "[3, 0]");
+  /* a piece at the edge is fine */
+  ml_rc_ckpt c;
+  assert_int_equal(ml_rc_open(write_run_ckpt("edge", "[3, 0]", "[1, 2]", "2"), &c), 0);
+  ml_rc_tensor t;
+  assert_int_equal(ml_rc_tensor_get(&c, "w", &t), 0);
+  assert_true(t.n == 1 && t.pieces[0].b.off[0] == 3);
+  ml_rc_tensor_free(&t);
+  ml_rc_close(&c);
+}
+
+static void test_runckpt_state_range(void **state) {
+  (void)state;
+  ml_rc_ckpt c;
+  ml_error_clear();
+  assert_int_equal(ml_rc_open(write_run_ckpt("consumed", "[0, 0]", "[4, 2]", "-1"), &c), -1);
+  EXPECT_MSG("metadata.json", "field 'run_state.consumed'", "found -1");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_checked_arithmetic),   cmocka_unit_test(test_alloc_array),
+      cmocka_unit_test(test_config_limits),        cmocka_unit_test(test_config_at_limits),
+      cmocka_unit_test(test_seq_len_check),        cmocka_unit_test(test_activations_saturate),
+      cmocka_unit_test(test_runckpt_piece_bounds), cmocka_unit_test(test_runckpt_state_range),
+  };
+  return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
+}

@@ -25,6 +25,7 @@
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "cli/train_flags.h"
+#include "common/checked.h"
 #include "common/rng.h"
 #include "common/status.h"
 #include "train/data.h"
@@ -89,8 +90,12 @@ static int setup(train_run *r) {
   r->micro = o->batch / o->grad_accum;
   r->local = r->micro / dp;
   ML_TRY(ml_train_reserve(&r->e, o, dp));
-  r->ids = ml_malloc(sizeof(int32_t) * (size_t)(r->local * o->seq_len), "micro-batch");
-  r->mask = ml_malloc((size_t)(r->local * o->seq_len), "micro-batch");
+  /* local · seq_len fits: ml_train_reserve allocated activations of that many tokens */
+  int64_t tokens = r->local * o->seq_len;
+  r->ids = ml_malloc_array(tokens, sizeof(int32_t), "the micro-batch's token ids (%lld tokens per "
+                           "rank: --batch-size, --grad-accum, --seq-len)", (long long)tokens);
+  r->mask = ml_malloc_array(tokens, 1, "the micro-batch's loss mask (%lld tokens per rank)",
+                            (long long)tokens);
   if (!r->ids || !r->mask) return -1;
   return shuffle(&r->ds, o->seed);
 }

@@ -7,7 +7,8 @@
 
 #include "common/status.h"
 
-static void *alloc_array(int64_t count, size_t elem, bool zero, const char *fmt, va_list ap) {
+void *ml_alloc_array_at(const char *file, int line, int64_t count, size_t elem, int zero,
+                        const char *what_fmt, ...) {
   int64_t bytes = 0;
   bool fits = count >= 0 && count != ML_SAT && elem <= (size_t)INT64_MAX &&
               !ml_mul_i64(count, (int64_t)elem, &bytes) && (uint64_t)bytes <= SIZE_MAX;
@@ -16,27 +17,14 @@ static void *alloc_array(int64_t count, size_t elem, bool zero, const char *fmt,
   else if (fits) p = malloc(bytes ? (size_t)bytes : 1);
   if (p) return p;
   char what[512];
-  vsnprintf(what, sizeof what, fmt, ap);
+  va_list ap;
+  va_start(ap, what_fmt);
+  vsnprintf(what, sizeof what, what_fmt, ap);
+  va_end(ap);
   if (fits)
-    ml_err("out of memory allocating %lld bytes (%.1f GiB) for %s", (long long)bytes,
-           (double)bytes / (1024.0 * 1024.0 * 1024.0), what);
+    ml_error_set(file, line, "out of memory allocating %lld bytes (%.1f GiB) for %s",
+                 (long long)bytes, (double)bytes / (1024.0 * 1024.0 * 1024.0), what);
   else
-    ml_err("out of memory: %s needs more than 2^63 bytes", what);
+    ml_error_set(file, line, "out of memory: %s needs more than 2^63 bytes", what);
   return NULL;
-}
-
-void *ml_malloc_array(int64_t count, size_t elem, const char *what_fmt, ...) {
-  va_list ap;
-  va_start(ap, what_fmt);
-  void *p = alloc_array(count, elem, false, what_fmt, ap);
-  va_end(ap);
-  return p;
-}
-
-void *ml_calloc_array(int64_t count, size_t elem, const char *what_fmt, ...) {
-  va_list ap;
-  va_start(ap, what_fmt);
-  void *p = alloc_array(count, elem, true, what_fmt, ap);
-  va_end(ap);
-  return p;
 }

@@ -53,14 +53,17 @@ static inline int64_t ml_add_sat(int64_t a, int64_t b) {
 /* malloc / calloc of `count` elements of `elem` bytes (count 0 gives a
  * valid 1-byte block). On failure returns NULL with the message (what_fmt
  * printf-formatted, e.g. "layer activations (4 sequences x --seq-len 4096
- * x hidden_size 2048)"):
+ * x hidden_size 2048)"), located at the caller's file:line as ml_err's:
  *   "out of memory allocating N bytes (X GiB) for WHAT"        malloc failed
  *   "out of memory: WHAT needs more than 2^63 bytes"          count < 0,
  *                  ML_SAT, or count · elem beyond int64 / size_t.
  * The message is formatted only on failure. */
-void *ml_malloc_array(int64_t count, size_t elem, const char *what_fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-void *ml_calloc_array(int64_t count, size_t elem, const char *what_fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+#define ml_malloc_array(count, elem, ...) \
+  ml_alloc_array_at(__FILE__, __LINE__, (count), (elem), 0, __VA_ARGS__)
+#define ml_calloc_array(count, elem, ...) \
+  ml_alloc_array_at(__FILE__, __LINE__, (count), (elem), 1, __VA_ARGS__)
+/* The function behind both (zero: calloc). */
+void *ml_alloc_array_at(const char *file, int line, int64_t count, size_t elem, int zero,
+                        const char *what_fmt, ...) __attribute__((format(printf, 6, 7)));
 
 #endif

@@ -3,9 +3,12 @@
 #ifndef ML_ENGINE_RUN_H
 #define ML_ENGINE_RUN_H
 
+#include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/status.h"
+#include "tolerance.h"
 #include "train/engine.h"
 #include "train/save.h"
 
@@ -24,6 +27,7 @@ static inline int rank0(void) {
  * tp, dp_shard inferred; opts NULL = ml_engine_opts_default(). */
 static inline void run_open(run *r, MPI_Comm base, int dpr, int tp, const ml_engine_opts *opts,
                             const char *dir) {
+  memset(r, 0, sizeof *r);
   if (ml_mesh_create(base, dpr, 0, 1, tp, &r->mesh) || ml_engine_open(&r->e, &r->mesh, dir, opts))
     fail_msg("setup (%s, dp_replicate %d, tp %d): %s", dir, dpr, tp, ml_error_msg());
 }
@@ -33,16 +37,48 @@ static inline void run_close(run *r) {
   ml_mesh_destroy(&r->mesh);
 }
 
-/* Every parameter's global tensor (ml_engine_export), in export order. */
-static inline float **export_all(run *r, ml_export_what what) {
-  float **t = calloc((size_t)r->e.model.n_params, sizeof *t);
-  if (ml_engine_export(&r->e, what, t)) fail_msg("export: %s", ml_error_msg());
-  return t;
+/* Every parameter's global tensors, in export order, with their count in
+ * front so that free_all needs only the array. */
+typedef struct exported {
+  int n;
+  float *t[];
+} exported;
+
+static inline void exported_free(exported *x) {
+  for (int i = 0; i < x->n; i++) free(x->t[i]);
+  free(x);
 }
 
-static inline void free_all(float **t, int n) {
-  for (int i = 0; i < n; i++) free(t[i]);
-  free(t);
+/* Every parameter's global tensor (ml_engine_export), in export order. */
+static inline float **export_all(run *r, ml_export_what what) {
+  int n = r->e.model.n_params;
+  exported *x = calloc(1, sizeof *x + sizeof(float *) * (size_t)n);
+  if (!x) fail_msg("export: out of memory");
+  x->n = n;
+  if (ml_engine_export(&r->e, what, x->t)) fail_msg("export: %s", ml_error_msg());
+  return x->t;
+}
+
+/* Free what export_all returned. */
+static inline void free_all(float **t) {
+  exported *x = (exported *)(void *)((char *)t - offsetof(exported, t));
+  exported_free(x);
+}
+
+/* The sizes section 3 of tolerance.h counts for this run's model, with S
+ * keys per query and T token rows in the batch. */
+static inline tol_model tol_model_of(const run *r, int64_t S, int64_t T) {
+  const ml_model_config *c = &r->e.model.cfg;
+  tol_model m = {(double)c->hidden,
+                 (double)c->intermediate,
+                 (double)c->n_heads,
+                 (double)c->n_kv_heads,
+                 (double)c->head_dim,
+                 (double)c->n_layers,
+                 (double)c->vocab,
+                 (double)S,
+                 (double)T};
+  return m;
 }
 
 #endif

@@ -31,7 +31,8 @@ void fixture_load(const char *name, fixture *fx) {
     for (int64_t t = 0; t < fx->S; t++) {
       int64_t i = b * fx->S + t;
       fx->ids[i] = (int32_t)json_integer_value(json_array_get(json_array_get(ids, b), t));
-      fx->mask[i] = t > 0 && (!mask || json_integer_value(json_array_get(json_array_get(mask, b), t)));
+      fx->mask[i] =
+          t > 0 && (!mask || json_integer_value(json_array_get(json_array_get(mask, b), t)));
       fx->targets += fx->mask[i];
       if (t + 1 < fx->S)
         fx->logprobs[b * (fx->S - 1) + t] =
@@ -49,6 +50,24 @@ void fixture_free(fixture *fx) {
   free(fx->ids);
   free(fx->mask);
   free(fx->logprobs);
+}
+
+void batch_make(const fixture *fx, int64_t rows, batch *b) {
+  b->B = rows;
+  b->S = fx->S;
+  b->ids = malloc(sizeof(int32_t) * (size_t)(b->B * b->S));
+  b->mask = malloc((size_t)(b->B * b->S));
+  for (int64_t i = 0; i < b->B; i++) {
+    memcpy(b->ids + i * b->S, fx->ids + (i % fx->B) * fx->S, sizeof(int32_t) * (size_t)fx->S);
+    memcpy(b->mask + i * b->S, fx->mask + (i % fx->B) * fx->S, (size_t)fx->S);
+  }
+  b->targets = 0; /* as fixture_load counts a fixture's targets */
+  for (int64_t i = 0; i < b->B * b->S; i++) b->targets += b->mask[i];
+}
+
+void batch_free(batch *b) {
+  free(b->ids);
+  free(b->mask);
 }
 
 double rel_l2(const float *a, const float *b, int64_t n) {

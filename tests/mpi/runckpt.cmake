@@ -1,9 +1,7 @@
 # Run checkpoints (train/runckpt.h): resume bitwise on the same mesh, reshard
 # on load (other dp/tp, one rank), HSDP <-> FSDP, one-process HF export,
 # the commit protocol and the errors. Saved on dp_shard = N / TP x tp = TP.
-add_executable(test_runckpt test_runckpt.c parity_util.c)
-target_link_libraries(test_runckpt PRIVATE meshlm_core PkgConfig::CMOCKA)
-target_compile_definitions(test_runckpt PRIVATE ML_SOURCE_DIR="${CMAKE_SOURCE_DIR}")
+ml_mpi_executable(test_runckpt test_runckpt.c parity_util.c)
 ml_mpi_test(runckpt_llama_untied_dp2_tp2 4 $<TARGET_FILE:test_runckpt> llama_untied 2)
 ml_mpi_test(runckpt_qwen3_dp4 4 $<TARGET_FILE:test_runckpt> qwen3 1)
 ml_mpi_test(runckpt_llama_tied_tp2 2 $<TARGET_FILE:test_runckpt> llama_tied 2)

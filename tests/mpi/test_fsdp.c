@@ -1,15 +1,18 @@
 /* FSDP2 semantics on 4 ranks: `mpiexec -n 4 test_fsdp FIXTURE`.
  *  - HSDP: dp_replicate=2 × dp_shard=2 against FSDP over 4 ranks (first-step
  *    loss bitwise equal: both sum the same per-rank loss sums over the same
- *    dp group; gradients and params after 3 AdamW steps within fp32
- *    rounding), also with tp=2; grad norms (L2 and inf) against one rank;
- *    the replica all-reduce per unit.
+ *    dp group; gradients within the pair bound of tests/tolerance.h §3),
+ *    also with tp=2; grad norms (L2 and inf) against the same run's
+ *    gradients and against one rank (§6); the replica all-reduce per unit;
+ *    3 AdamW steps of FSDP and HSDP each checked against AdamW in double
+ *    (§5), then HSDP against one rank on its parameters.
  *  - Mixed precision: bf16 all-gather moves exactly half the bytes of fp32,
  *    bf16 gradient reduction half the reduce-scatter bytes; loss and
- *    gradients within the bf16 tolerances below.
- *  - ZeRO-1/2 against ZeRO-3: the same params after 3 AdamW steps (ZeRO-2
- *    bitwise: the same reduce-scatter; ZeRO-1 all-reduces, another sum
- *    order), and what each gathers per step.
+ *    gradients within the bf16 bounds of §4.
+ *  - ZeRO-1/2 against ZeRO-3: ZeRO-2 bitwise after 3 AdamW steps (the same
+ *    reduce-scatter and update), ZeRO-1 (all-reduce, another sum order)
+ *    step by step against AdamW in double and then against one rank on its
+ *    parameters; what each gathers per step.
  *  - Prefetch depths and reshard policies change when the all-gathers run,
  *    never the arithmetic: gradients bitwise equal; all-gather counts. */
 #include <setjmp.h>
@@ -27,68 +30,17 @@
 #include "common/status.h"
 #include "engine_run.h"
 #include "parity_util.h"
-
-/* bf16 tolerances. bf16 keeps 8 significant bits: rounding a value moves
- * it by at most u = 2^-8 ≈ 3.9e-3 relative. With param_dtype bf16 every
- * weight and every unit input (the residual stream at each layer) carries
- * such an error, and the gradients are rounded once more. The errors have
- * random signs, so the loss (an average over tokens of a smooth function)
- * moves by O(u) relative at most, and in practice far less; gradients are
- * products of a few rounded factors per layer, so their relative L2 error
- * is a small multiple of u. Bounds: loss rel ≤ 2u ≈ 7.8e-3, gradients rel
- * L2 ≤ 8u ≈ 3.1e-2 (the worst parameter); measured values are printed. */
-#define BF16_U (1.0 / 256.0)
-#define BF16_LOSS_TOL (2 * BF16_U)
-#define BF16_GRAD_TOL (8 * BF16_U)
+#include "train_check.h"
 
 static const char *g_fixture;
 
-/* The fixture's batch repeated to 4 rows, so that 4 dp ranks each get one. */
-typedef struct batch {
-  int64_t B, S, targets;
-  int32_t *ids;
-  uint8_t *mask;
-} batch;
+static const ml_adamw_cfg k_adam = {1e-3, 0.9, 0.999, 1e-8, 0.1};
 
-static void batch_make(const fixture *fx, batch *b) {
-  b->B = 4;
-  b->S = fx->S;
-  b->ids = malloc(sizeof(int32_t) * (size_t)(b->B * b->S));
-  b->mask = malloc((size_t)(b->B * b->S));
-  for (int64_t i = 0; i < b->B; i++) {
-    memcpy(b->ids + i * b->S, fx->ids + (i % fx->B) * fx->S, sizeof(int32_t) * (size_t)fx->S);
-    memcpy(b->mask + i * b->S, fx->mask + (i % fx->B) * fx->S, (size_t)fx->S);
-  }
-  b->targets = 0; /* as parity_util counts a fixture's targets */
-  for (int64_t i = 0; i < b->B * b->S; i++) b->targets += b->mask[i];
-}
-
-static void batch_free(batch *b) {
-  free(b->ids);
-  free(b->mask);
-}
-
-/* One forward/backward of this dp rank's rows of the fixture batch. */
-static double step(run *r, const batch *fx) {
-  int dp = r->mesh.dp_comm->size, d = r->mesh.dp_comm->rank;
-  int64_t Bl = fx->B / dp;
-  double loss;
-  ml_engine_zero_grad(&r->e);
-  if (ml_engine_forward_backward(&r->e, fx->ids + d * Bl * fx->S, fx->mask + d * Bl * fx->S, Bl,
-                                 fx->S, fx->targets, &loss))
-    fail_msg("step: %s", ml_error_msg());
-  return loss;
-}
-
-static void train3(run *r, const batch *fx) {
-  ml_adamw_cfg adam = {1e-3, 0.9, 0.999, 1e-8, 0.1};
-  for (int s = 0; s < 3; s++) {
-    double norm;
-    step(r, fx);
-    if (ml_engine_grad_norm(&r->e, 2.0, &norm)) fail_msg("%s", ml_error_msg());
-    ml_engine_clip(&r->e, norm, 1.0);
-    if (ml_engine_adamw(&r->e, &adam)) fail_msg("%s", ml_error_msg());
-  }
+/* Three AdamW steps, each checked (train_check.h). */
+static void train3(run *r, const batch *b) {
+  double worst = 0;
+  for (int s = 0; s < 3; s++) checked_step(r, b, &k_adam, 1.0, &worst);
+  if (rank0()) printf("3 AdamW steps: worst error/bound vs AdamW in double %.3g\n", worst);
 }
 
 /* The worst rel L2 over parameters of a against b (exported tensors);
@@ -103,8 +55,8 @@ static double worst_rel(run *ra, run *rb, ml_export_what what, bool *exact) {
     worst = fmax(worst, rel_l2(a[i], b[i], n));
     if (memcmp(a[i], b[i], sizeof(float) * (size_t)n)) *exact = false;
   }
-  free_all(a, ra->e.model.n_params);
-  free_all(b, rb->e.model.n_params);
+  free_all(b);
+  free_all(a);
   return worst;
 }
 
@@ -118,12 +70,77 @@ static int64_t shard_bytes(const run *r) {
   return 4 * n;
 }
 
+/* Norms of the exported gradients of a, and of a − b, in double
+ * (tolerance.h §6): max|a|, ‖a‖₂, max|a − b|, ‖a − b‖₂, element count. */
+typedef struct norms {
+  double inf, l2, dinf, dl2;
+  int64_t n;
+} norms;
+
+static norms grad_norms(run *ra, run *rb) {
+  float **a = export_all(ra, ML_EXPORT_GRADS), **b = export_all(rb, ML_EXPORT_GRADS);
+  norms o = {0};
+  double ss = 0, dd = 0;
+  for (int i = 0; i < ra->e.model.n_params; i++) {
+    const ml_param *p = ml_engine_export_param(&ra->e, i);
+    int64_t n = p->shape[0] * p->shape[1];
+    for (int64_t k = 0; k < n; k++) {
+      double x = a[i][k], d = x - b[i][k]; /* exact: fp32 values in double */
+      o.inf = fmax(o.inf, fabs(x));
+      o.dinf = fmax(o.dinf, fabs(d));
+      ss += x * x;
+      dd += d * d;
+    }
+    o.n += n;
+  }
+  free_all(b);
+  free_all(a);
+  o.l2 = sqrt(ss);
+  o.dl2 = sqrt(dd);
+  return o;
+}
+
+static double engine_norm(run *r, double type) {
+  double v;
+  if (ml_engine_grad_norm(&r->e, type, &v)) fail_msg("grad norm: %s", ml_error_msg());
+  return v;
+}
+
+/* Grad norms (tolerance.h §6): every mesh's engine norms against its own
+ * exported gradients (inf bitwise, L2 within double rounding), and against
+ * one rank within what their gradients differ by: |max|a| − max|b|| <=
+ * max|a − b|, |‖a‖ − ‖b‖| <= ‖a − b‖ (triangle inequality). */
+static void check_norms(run *one, run *const *meshes, int n) {
+  norms self = grad_norms(one, one);
+  double t1 = tol_norm2_rel((double)self.n);
+  double inf1 = engine_norm(one, INFINITY), l21 = engine_norm(one, 2.0);
+  assert_true(fabs(inf1 - self.inf) <= TOL_EXACT);
+  assert_true(fabs(l21 - self.l2) <= 2 * t1 * self.l2 / (1 - t1));
+  for (int k = 0; k < n; k++) {
+    norms d = grad_norms(meshes[k], one);
+    double inf = engine_norm(meshes[k], INFINITY), l2 = engine_norm(meshes[k], 2.0);
+    norms own = grad_norms(meshes[k], meshes[k]);
+    if (rank0())
+      printf(
+          "grad norm inf: 1 rank %.9g, mesh %d %.9g (|diff| %.3g <= max|grad diff| %.3g); "
+          "L2: 1 rank %.9g, mesh %.9g (|diff| %.3g <= ‖grad diff‖ %.3g)\n",
+          inf1, k, inf, fabs(inf - inf1), d.dinf, l21, l2, fabs(l2 - l21), d.dl2);
+    /* the engine's norms are those of its own gradients */
+    assert_true(fabs(inf - own.inf) <= TOL_EXACT);
+    assert_true(fabs(l2 - own.l2) <= 2 * t1 * own.l2 / (1 - t1));
+    /* and differ from one rank's by at most what the gradients do; each
+     * L2 value (engine norms, ‖a − b‖ here) is within t1 of its exact value */
+    assert_true(fabs(inf - inf1) <= d.dinf);
+    assert_true(fabs(l2 - l21) <= (d.dl2 + t1 * (l2 + l21)) / (1 - t1));
+  }
+}
+
 static void test_hsdp(void **state) {
   (void)state;
   fixture fx;
   fixture_load(g_fixture, &fx);
   batch bt;
-  batch_make(&fx, &bt);
+  batch_make(&fx, 4, &bt);
   ml_engine_opts o = ml_engine_opts_default();
   run one, fsdp, hsdp, hsdp_tp;
   run_open(&one, MPI_COMM_SELF, 1, 1, &o, fx.dir);
@@ -132,14 +149,21 @@ static void test_hsdp(void **state) {
   run_open(&hsdp_tp, MPI_COMM_WORLD, 2, 2, &o, fx.dir);
   assert_int_equal(hsdp.mesh.dp_shard, 2);
   assert_int_equal(hsdp_tp.mesh.dp_shard, 1);
-  double l1 = step(&one, &bt), lf = step(&fsdp, &bt);
+  double l1 = step_rows(&one, &bt), lf = step_rows(&fsdp, &bt);
   ml_mesh_stats_reset(&hsdp.mesh);
-  double lh = step(&hsdp, &bt), lht = step(&hsdp_tp, &bt);
+  double lh = step_rows(&hsdp, &bt), lht = step_rows(&hsdp_tp, &bt);
+  tol_model tm = tol_model_of(&one, bt.S, bt.B * bt.S);
+  double tl = tol_model_pair(&tm, TOL_LOSS), tg = tol_model_pair(&tm, TOL_GRADS);
   if (rank0())
-    printf("first-step loss: 1 rank %.17g, FSDP(4) %.17g, HSDP(2x2) %.17g, HSDP(2)xTP(2) %.17g\n",
-           l1, lf, lh, lht);
-  assert_true(lh == lf); /* bitwise */
-  assert_true(fabs(lht - l1) <= 1e-6 * fabs(l1));
+    printf(
+        "first-step loss: 1 rank %.17g, FSDP(4) %.17g, HSDP(2x2) %.17g, HSDP(2)xTP(2) %.17g "
+        "(rel %.3g, bound %.3g)\n",
+        l1, lf, lh, lht, fabs(lht - l1) / fabs(l1), tl);
+  /* bitwise (TOL_EXACT): the same all-gathered parameters and rows per
+   * rank, and the same 4-rank dp group (ordered by world rank) summing the
+   * same per-rank loss sums */
+  assert_true(lh == lf);
+  assert_true(fabs(lht - l1) <= tl * fabs(l1));
   /* the replica all-reduce: one per unit, the whole shard */
   int64_t units = hsdp.e.fsdp.n_units;
   assert_int_equal(calls(hsdp.mesh.dp_replicate_comm, ML_COLL_ALL_REDUCE), units);
@@ -148,24 +172,15 @@ static void test_hsdp(void **state) {
   bool exact;
   double gh = worst_rel(&hsdp, &fsdp, ML_EXPORT_GRADS, &exact);
   double ght = worst_rel(&hsdp_tp, &one, ML_EXPORT_GRADS, &exact);
-  if (rank0()) printf("grads: HSDP vs FSDP rel L2 %.3g, HSDPxTP vs 1 rank %.3g\n", gh, ght);
-  assert_true(gh <= 1e-5 && ght <= 1e-5);
+  if (rank0())
+    printf("grads: HSDP vs FSDP rel L2 %.3g, HSDPxTP vs 1 rank %.3g (bound %.3g)\n", gh, ght, tg);
+  assert_true(gh <= tg && ght <= tg);
   /* grad norms: every parameter once, whatever the mesh */
-  run *runs[] = {&fsdp, &hsdp, &hsdp_tp};
-  for (int t = 0; t < 2; t++) {
-    double type = t ? INFINITY : 2.0, ref, got;
-    if (ml_engine_grad_norm(&one.e, type, &ref)) fail_msg("%s", ml_error_msg());
-    for (int k = 0; k < 3; k++) {
-      if (ml_engine_grad_norm(&runs[k]->e, type, &got)) fail_msg("%s", ml_error_msg());
-      if (rank0()) printf("grad norm %s: 1 rank %.9g, mesh %d %.9g\n", t ? "inf" : "L2", ref, k, got);
-      assert_true(fabs(got - ref) <= 1e-6 * ref);
-    }
-  }
+  run *const runs[] = {&fsdp, &hsdp, &hsdp_tp};
+  check_norms(&one, runs, 3);
   train3(&fsdp, &bt);
   train3(&hsdp, &bt);
-  double ph = worst_rel(&hsdp, &fsdp, ML_EXPORT_PARAMS, &exact);
-  if (rank0()) printf("params after 3 AdamW steps: HSDP vs FSDP rel L2 %.3g\n", ph);
-  assert_true(ph <= 1e-5);
+  check_replay_one_rank(&hsdp, &bt);
   run_close(&hsdp_tp);
   run_close(&hsdp);
   run_close(&fsdp);
@@ -179,7 +194,7 @@ static void test_bf16(void **state) {
   fixture fx;
   fixture_load(g_fixture, &fx);
   batch bt;
-  batch_make(&fx, &bt);
+  batch_make(&fx, 4, &bt);
   ml_engine_opts o32 = ml_engine_opts_default(), o16 = o32, o16r = o32;
   o16.fsdp.param_dtype = ML_BF16;
   o16r.fsdp.param_dtype = ML_BF16;
@@ -193,7 +208,7 @@ static void test_bf16(void **state) {
   double loss[3];
   for (int k = 0; k < 3; k++) {
     ml_mesh_stats_reset(&runs[k]->mesh);
-    loss[k] = step(runs[k], &bt);
+    loss[k] = step_rows(runs[k], &bt);
   }
   ml_comm *dps[] = {a.mesh.dp_shard_comm, b.mesh.dp_shard_comm, c.mesh.dp_shard_comm};
   int64_t ag32 = bytes(dps[0], ML_COLL_ALL_GATHER), rs32 = bytes(dps[0], ML_COLL_REDUCE_SCATTER);
@@ -209,17 +224,22 @@ static void test_bf16(void **state) {
   assert_int_equal(bytes(dps[1], ML_COLL_REDUCE_SCATTER), rs32);
   assert_int_equal(2 * bytes(dps[2], ML_COLL_ALL_GATHER), ag32);
   assert_int_equal(2 * bytes(dps[2], ML_COLL_REDUCE_SCATTER), rs32);
+  tol_model tm = tol_model_of(&a, bt.S, bt.B * bt.S);
   for (int k = 1; k < 3; k++) {
     bool exact;
+    /* bf16 reduction: one rounding per hop of the dp_shard reduce-scatter;
+     * output_dtype bf16: the logits once */
+    double hops = k == 2 ? runs[k]->mesh.dp_shard - 1 : 0;
+    double tl = tol_bf16(&tm, TOL_LOSS, 0, k == 2), tg = tol_bf16(&tm, TOL_GRADS, hops, k == 2);
     double lrel = fabs(loss[k] - loss[0]) / fabs(loss[0]);
     double g = worst_rel(runs[k], &a, ML_EXPORT_GRADS, &exact);
     if (rank0())
-      printf("%s vs fp32: loss %.9g vs %.9g (rel %.3g, bound %.3g), worst grad rel L2 %.3g "
-             "(bound %.3g)\n",
-             k == 1 ? "bf16 params" : "bf16 params+reduce+output", loss[k], loss[0], lrel,
-             BF16_LOSS_TOL, g, BF16_GRAD_TOL);
-    assert_true(lrel <= BF16_LOSS_TOL);
-    assert_true(g <= BF16_GRAD_TOL);
+      printf(
+          "%s vs fp32: loss %.9g vs %.9g (rel %.3g, bound %.3g), worst grad rel L2 %.3g "
+          "(bound %.3g)\n",
+          k == 1 ? "bf16 params" : "bf16 params+reduce+output", loss[k], loss[0], lrel, tl, g, tg);
+    assert_true(lrel <= tl);
+    assert_true(g <= tg);
     assert_true(lrel > 0); /* the rounding did happen */
   }
   for (int k = 2; k >= 0; k--) run_close(runs[k]);
@@ -232,7 +252,7 @@ static void test_zero(void **state) {
   fixture fx;
   fixture_load(g_fixture, &fx);
   batch bt;
-  batch_make(&fx, &bt);
+  batch_make(&fx, 4, &bt);
   run r[3];
   for (int z = 1; z <= 3; z++) {
     ml_engine_opts o = ml_engine_opts_default();
@@ -243,7 +263,7 @@ static void test_zero(void **state) {
   for (int z = 1; z <= 3; z++) {
     run *x = &r[z - 1];
     ml_mesh_stats_reset(&x->mesh);
-    step(x, &bt);
+    step_rows(x, &bt);
     ml_comm *dps = x->mesh.dp_shard_comm;
     int64_t ag = calls(dps, ML_COLL_ALL_GATHER), rs = calls(dps, ML_COLL_REDUCE_SCATTER),
             ar = calls(dps, ML_COLL_ALL_REDUCE);
@@ -255,14 +275,17 @@ static void test_zero(void **state) {
     assert_int_equal(ar, z == 1 ? units : 0);
   }
   for (int z = 1; z <= 3; z++) train3(&r[z - 1], &bt);
-  bool exact2, exact1;
+  bool exact2;
   double d2 = worst_rel(&r[1], &r[2], ML_EXPORT_PARAMS, &exact2);
-  double d1 = worst_rel(&r[0], &r[2], ML_EXPORT_PARAMS, &exact1);
   if (rank0())
-    printf("params after 3 AdamW steps vs ZeRO-3: ZeRO-2 rel L2 %.3g (bitwise %d), ZeRO-1 %.3g\n",
-           d2, exact2, d1);
+    printf("params after 3 AdamW steps vs ZeRO-3: ZeRO-2 rel L2 %.3g (bitwise %d)\n", d2, exact2);
+  /* bitwise (TOL_EXACT): ZeRO-2 reduce-scatters like ZeRO-3 and updates the
+   * same shards; its persistent unsharded copy is the all-gather ZeRO-3
+   * repeats, so every step computes on the same values */
   assert_true(exact2);
-  assert_true(d1 <= 1e-5);
+  /* ZeRO-1 sums in another order (all-reduce), so only each step's update
+   * (train3) and its unsharded copy (here) can be checked */
+  check_replay_one_rank(&r[0], &bt);
   for (int z = 3; z >= 1; z--) run_close(&r[z - 1]);
   batch_free(&bt);
   fixture_free(&fx);
@@ -273,7 +296,7 @@ static void test_prefetch_reshard(void **state) {
   fixture fx;
   fixture_load(g_fixture, &fx);
   batch bt;
-  batch_make(&fx, &bt);
+  batch_make(&fx, 4, &bt);
   enum { N = 5 };
   ml_engine_opts o[N];
   for (int k = 0; k < N; k++) o[k] = ml_engine_opts_default();
@@ -288,7 +311,7 @@ static void test_prefetch_reshard(void **state) {
   for (int k = 0; k < N; k++) {
     run_open(&r[k], MPI_COMM_WORLD, 1, 1, &o[k], fx.dir);
     ml_mesh_stats_reset(&r[k].mesh);
-    loss[k] = step(&r[k], &bt);
+    loss[k] = step_rows(&r[k], &bt);
   }
   int64_t units = r[0].e.fsdp.n_units;
   /* forward gathers every unit; backward those resharded after forward:
@@ -303,6 +326,8 @@ static void test_prefetch_reshard(void **state) {
       printf("%-14s loss %.17g, all-gathers %lld, comm wait %.3f ms, grads bitwise %d\n", what[k],
              loss[k], (long long)ag, 1e3 * ml_comm_stats_of(dps)->wait_s, exact);
     assert_int_equal(ag, want_ag[k]);
+    /* bitwise (TOL_EXACT): a policy moves the all-gathers in time; the
+     * gathered values and every kernel's inputs and order stay the same */
     assert_true(loss[k] == loss[0]);
     assert_true(exact);
   }

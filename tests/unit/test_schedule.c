@@ -13,7 +13,9 @@
  *                  e.g. k 4: 1e-4 + 9e-4·5/6 = 8.5e-4
  *   constant:      lr after the warmup
  * Values agree to rounding (the references compute lr·factor, the C code
- * min + (lr - min)·f), hence the 1e-12 relative tolerance. */
+ * min + (lr - min)·f): within tol_schedule_abs(lr), derived in
+ * tests/tolerance.h §7 (about 10 double roundings of quantities <= lr on
+ * each side). */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,6 +24,7 @@
 
 #include <cmocka.h>
 
+#include "tolerance.h"
 #include "train/schedule.h"
 
 enum { MAX_STEPS = 10 };
@@ -71,8 +74,9 @@ static void test_against_torch(void **state) {
     ml_lr_schedule s = {k->decay, k->lr, k->min_lr, k->warmup, k->total};
     for (int64_t step = 0; step < k->total; step++) {
       double got = ml_lr_at(&s, step), want = k->want[step];
-      if (fabs(got - want) > 1e-12 * fabs(want) + 1e-18)
-        fail_msg("case %zu step %lld: lr %.17g, torch %.17g", c, (long long)step, got, want);
+      if (fabs(got - want) > tol_schedule_abs(k->lr))
+        fail_msg("case %zu step %lld: lr %.17g, torch %.17g (bound %.3g)", c, (long long)step, got,
+                 want, tol_schedule_abs(k->lr));
     }
   }
 }

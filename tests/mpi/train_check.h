@@ -1,0 +1,35 @@
+/* Optimizer steps checked without comparing two meshes' parameters (AdamW
+ * is ill-conditioned where |g| is near eps: an update is about lr·sign(g),
+ * so two meshes whose gradients differ by rounding can move such a
+ * parameter by up to 2·lr, and no gradient bound bounds the parameters):
+ *  - checked_step: each step's new parameters and moments against AdamW in
+ *    double on the run's own state and gradients, element by element
+ *    (tolerance.h §5);
+ *  - check_replay_one_rank: after steps, one forward/backward of the run
+ *    against one rank opened on the run's current parameters (saved as an
+ *    HF checkpoint): a well-conditioned comparison (tolerance.h §3) that
+ *    catches a compute copy left stale by a step.
+ * Include after <cmocka.h> and <mpi.h>. */
+#ifndef ML_TRAIN_CHECK_H
+#define ML_TRAIN_CHECK_H
+
+#include <stdint.h>
+
+#include "engine_run.h"
+#include "parity_util.h"
+
+/* zero_grad + forward_backward of this dp rank's rows of b; the loss. */
+double step_rows(run *r, const batch *b);
+
+/* One training step of r on b (step_rows, the L2 grad norm, clipping to
+ * max_norm, ml_engine_adamw with c), checked as above. Returns the loss;
+ * *worst (when not NULL) gets the largest error/bound seen. Fails the test
+ * on every rank (the exported tensors are the same everywhere). */
+double checked_step(run *r, const batch *b, const ml_adamw_cfg *c, double max_norm, double *worst);
+
+/* One forward/backward of b on r and on one rank opened on r's current
+ * parameters: loss and every gradient within the pair bounds of
+ * tolerance.h §3. Collective over the world. */
+void check_replay_one_rank(run *r, const batch *b);
+
+#endif

@@ -1,5 +1,7 @@
 /* An engine on a mesh, as the MPI tests open, step and inspect it. Include
- * after <cmocka.h> and <mpi.h> (failures go through fail_msg). */
+ * after <cmocka.h> and <mpi.h> (failures go through fail_msg). Runs and
+ * exported tensors are held (held.h) until closed or freed, so a failed
+ * assertion's teardown releases them. */
 #ifndef ML_ENGINE_RUN_H
 #define ML_ENGINE_RUN_H
 
@@ -8,6 +10,7 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "held.h"
 #include "tolerance.h"
 #include "train/engine.h"
 #include "train/save.h"
@@ -23,28 +26,38 @@ static inline int rank0(void) {
   return r == 0;
 }
 
+/* Both close functions accept the zeroed or partly built state a failed
+ * open leaves. */
+static inline void run_release(void *p) {
+  run *r = p;
+  ml_engine_close(&r->e);
+  ml_mesh_destroy(&r->mesh);
+}
+
 /* The engine on checkpoint `dir` over a mesh of `base`: dp_replicate dpr,
  * tp, dp_shard inferred; opts NULL = ml_engine_opts_default(). */
 static inline void run_open(run *r, MPI_Comm base, int dpr, int tp, const ml_engine_opts *opts,
                             const char *dir) {
   memset(r, 0, sizeof *r);
+  hold(r, run_release);
   if (ml_mesh_create(base, dpr, 0, 1, tp, &r->mesh) || ml_engine_open(&r->e, &r->mesh, dir, opts))
     fail_msg("setup (%s, dp_replicate %d, tp %d): %s", dir, dpr, tp, ml_error_msg());
 }
 
 static inline void run_close(run *r) {
-  ml_engine_close(&r->e);
-  ml_mesh_destroy(&r->mesh);
+  unhold(r);
+  run_release(r);
 }
 
 /* Every parameter's global tensors, in export order, with their count in
- * front so that free_all needs only the array. */
+ * front so that the teardown can free them. */
 typedef struct exported {
   int n;
   float *t[];
 } exported;
 
-static inline void exported_free(exported *x) {
+static inline void exported_release(void *p) {
+  exported *x = p;
   for (int i = 0; i < x->n; i++) free(x->t[i]);
   free(x);
 }
@@ -55,6 +68,7 @@ static inline float **export_all(run *r, ml_export_what what) {
   exported *x = calloc(1, sizeof *x + sizeof(float *) * (size_t)n);
   if (!x) fail_msg("export: out of memory");
   x->n = n;
+  hold(x, exported_release);
   if (ml_engine_export(&r->e, what, x->t)) fail_msg("export: %s", ml_error_msg());
   return x->t;
 }
@@ -62,7 +76,8 @@ static inline float **export_all(run *r, ml_export_what what) {
 /* Free what export_all returned. */
 static inline void free_all(float **t) {
   exported *x = (exported *)(void *)((char *)t - offsetof(exported, t));
-  exported_free(x);
+  unhold(x);
+  exported_release(x);
 }
 
 /* The sizes section 3 of tolerance.h counts for this run's model, with S

@@ -6,9 +6,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "held.h"
+
 static void die(const char *what, const char *path) {
   fprintf(stderr, "fixture %s: %s\n", path, what);
   exit(2);
+}
+
+static void fixture_release(void *p) {
+  fixture *fx = p;
+  free(fx->ids);
+  free(fx->mask);
+  free(fx->logprobs);
+  fx->ids = NULL, fx->mask = NULL, fx->logprobs = NULL;
 }
 
 void fixture_load(const char *name, fixture *fx) {
@@ -27,6 +37,7 @@ void fixture_load(const char *name, fixture *fx) {
   fx->ids = calloc((size_t)(fx->B * fx->S), sizeof *fx->ids);
   fx->mask = calloc((size_t)(fx->B * fx->S), 1);
   fx->logprobs = calloc((size_t)(fx->B * (fx->S - 1)), sizeof *fx->logprobs);
+  hold(fx, fixture_release);
   for (int64_t b = 0; b < fx->B; b++)
     for (int64_t t = 0; t < fx->S; t++) {
       int64_t i = b * fx->S + t;
@@ -47,9 +58,15 @@ void fixture_load(const char *name, fixture *fx) {
 }
 
 void fixture_free(fixture *fx) {
-  free(fx->ids);
-  free(fx->mask);
-  free(fx->logprobs);
+  unhold(fx);
+  fixture_release(fx);
+}
+
+static void batch_release(void *p) {
+  batch *b = p;
+  free(b->ids);
+  free(b->mask);
+  b->ids = NULL, b->mask = NULL;
 }
 
 void batch_make(const fixture *fx, int64_t rows, batch *b) {
@@ -57,6 +74,7 @@ void batch_make(const fixture *fx, int64_t rows, batch *b) {
   b->S = fx->S;
   b->ids = malloc(sizeof(int32_t) * (size_t)(b->B * b->S));
   b->mask = malloc((size_t)(b->B * b->S));
+  hold(b, batch_release);
   for (int64_t i = 0; i < b->B; i++) {
     memcpy(b->ids + i * b->S, fx->ids + (i % fx->B) * fx->S, sizeof(int32_t) * (size_t)fx->S);
     memcpy(b->mask + i * b->S, fx->mask + (i % fx->B) * fx->S, (size_t)fx->S);
@@ -66,8 +84,8 @@ void batch_make(const fixture *fx, int64_t rows, batch *b) {
 }
 
 void batch_free(batch *b) {
-  free(b->ids);
-  free(b->mask);
+  unhold(b);
+  batch_release(b);
 }
 
 double rel_l2(const float *a, const float *b, int64_t n) {

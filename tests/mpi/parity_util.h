@@ -1,6 +1,7 @@
 /* Helpers shared by the MPI parity tests: fixture loading and error
  * metrics. Fixtures (tests/fixtures/NAME) come from tools/gen_fixtures.py
- * (HF transformers, float64 reference). */
+ * (HF transformers, float64 reference). Loaded fixtures and batches are
+ * held (held.h) until freed. */
 #ifndef ML_PARITY_UTIL_H
 #define ML_PARITY_UTIL_H
 

@@ -9,7 +9,8 @@
  * one all-reduce (its output), per layer, each moving Tl·H floats
  * (DESIGN §5); ML_AC_SELECTIVE recomputes P locally and adds none. The
  * FSDP collectives never change. Rank 0 prints the saved activation
- * bytes of each mode (ml_model_act_bytes). */
+ * bytes of each mode (ml_model_act_bytes). Bitwise (tests/tolerance.h
+ * TOL_EXACT): a recompute runs the same kernels on the same inputs. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -54,72 +55,73 @@ typedef struct result {
 static result g_none;
 
 static void result_free(result *r) {
+  unhold(r);
   for (int i = 0; i < r->n; i++) free(r->grads[i].g);
   free(r->grads);
   memset(r, 0, sizeof *r);
 }
 
+static void result_release(void *p) { result_free(p); }
+
 /* Open the engine under `ac` and run one step on this dp rank's rows,
  * counting its collectives; export the gradients. */
 static void run_mode(ml_ac_mode ac, result *out) {
-  fixture fx;
+  static fixture fx; /* held: static, see held.h */
   fixture_load(g_fixture, &fx);
-  ml_mesh mesh;
-  ml_engine e;
   ml_engine_opts opts = ml_engine_opts_default();
   opts.sequence_parallel = g_sp;
   opts.ac = ac;
-  if (ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, g_tp, &mesh) ||
-      ml_engine_open(&e, &mesh, fx.dir, &opts))
-    fail_msg("setup: %s", ml_error_msg());
-  int dp = mesh.dp_comm->size;
+  static run r;
+  run_open(&r, MPI_COMM_WORLD, 1, g_tp, &opts, fx.dir);
+  int dp = r.mesh.dp_comm->size;
   assert_int_equal(fx.B % dp, 0);
-  int64_t Bl = fx.B / dp, off = mesh.dp_comm->rank * Bl * fx.S;
-  ml_mesh_stats_reset(&mesh);
-  ml_engine_zero_grad(&e);
-  if (ml_engine_forward_backward(&e, fx.ids + off, fx.mask + off, Bl, fx.S, fx.targets,
+  int64_t Bl = fx.B / dp, off = r.mesh.dp_comm->rank * Bl * fx.S;
+  ml_mesh_stats_reset(&r.mesh);
+  ml_engine_zero_grad(&r.e);
+  if (ml_engine_forward_backward(&r.e, fx.ids + off, fx.mask + off, Bl, fx.S, fx.targets,
                                  &out->loss))
     fail_msg("step (ac %s): %s", mode_names[ac], ml_error_msg());
-  const ml_comm_stats *tp = ml_comm_stats_of(mesh.tp_comm);
-  const ml_comm_stats *fs = ml_comm_stats_of(mesh.dp_shard_comm);
+  const ml_comm_stats *tp = ml_comm_stats_of(r.mesh.tp_comm);
+  const ml_comm_stats *fs = ml_comm_stats_of(r.mesh.dp_shard_comm);
   memcpy(out->tp_calls, tp->calls, sizeof out->tp_calls);
   memcpy(out->tp_bytes, tp->bytes, sizeof out->tp_bytes);
   memcpy(out->fsdp_calls, fs->calls, sizeof out->fsdp_calls);
-  out->n = e.model.n_params;
-  float **g = calloc((size_t)out->n, sizeof *g);
+  float **g = export_all(&r, ML_EXPORT_GRADS);
+  out->n = r.e.model.n_params;
   out->grads = calloc((size_t)out->n, sizeof *out->grads);
-  if (ml_engine_export(&e, ML_EXPORT_GRADS, g)) fail_msg("export: %s", ml_error_msg());
+  hold(out, result_release);
   for (int i = 0; i < out->n; i++) {
-    const ml_param *p = ml_engine_export_param(&e, i);
+    const ml_param *p = ml_engine_export_param(&r.e, i);
     grad *d = &out->grads[i];
     snprintf(d->name, sizeof d->name, "%s", p->name);
     d->n = p->shape[0] * p->shape[1];
-    d->g = g[i];
+    d->g = malloc(sizeof(float) * (size_t)d->n);
+    memcpy(d->g, g[i], sizeof(float) * (size_t)d->n);
   }
-  free(g);
-  ml_model_act_bytes(&e.model, e.model.B, e.model.S, &out->per_layer, &out->workspace);
-  out->L = e.model.cfg.n_layers;
-  out->H = e.model.cfg.hidden;
+  free_all(g);
+  ml_model_act_bytes(&r.e.model, r.e.model.B, r.e.model.S, &out->per_layer, &out->workspace);
+  out->L = r.e.model.cfg.n_layers;
+  out->H = r.e.model.cfg.hidden;
   out->Tl = Bl * fx.S;
   if (rank0())
     printf("ac %-9s saved activations %lld B/layer x %lld layers + workspace %lld B = %lld B\n",
            mode_names[ac], (long long)out->per_layer, (long long)out->L,
            (long long)out->workspace, (long long)(out->per_layer * out->L + out->workspace));
-  ml_engine_close(&e);
-  ml_mesh_destroy(&mesh);
+  run_close(&r);
   fixture_free(&fx);
 }
 
 static int setup_none(void **state) {
   (void)state;
   run_mode(ML_AC_NONE, &g_none);
+  unhold(&g_none); /* the group's, freed by teardown_none */
   return 0;
 }
 
 static int teardown_none(void **state) {
   (void)state;
   result_free(&g_none);
-  return 0;
+  return release_held(state);
 }
 
 /* The tp collectives `blocks` rerun blocks per layer add: with SP an
@@ -143,7 +145,8 @@ static void expect_rerun(const result *r, int blocks, int64_t calls[ML_COLL_KIND
  * collectives of none plus those of `rerun_blocks` rerun blocks per layer;
  * the same FSDP collectives; less saved per layer. */
 static void check_mode(ml_ac_mode ac, int rerun_blocks) {
-  result r = {0};
+  static result r;
+  memset(&r, 0, sizeof r);
   run_mode(ac, &r);
   report rep = {0};
   if (memcmp(&r.loss, &g_none.loss, sizeof r.loss))
@@ -215,9 +218,9 @@ int main(int argc, char **argv) {
   g_tp = atoi(argv[2]);
   g_sp = argc == 4;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_mlp),
-      cmocka_unit_test(test_layer),
-      cmocka_unit_test(test_selective),
+      held_test(test_mlp),
+      held_test(test_layer),
+      held_test(test_selective),
   };
   int failed = cmocka_run_group_tests(tests, setup_none, teardown_none);
   int any = 0;

@@ -137,12 +137,12 @@ static void check_norms(run *one, run *const *meshes, int n) {
 
 static void test_hsdp(void **state) {
   (void)state;
-  fixture fx;
+  static fixture fx; /* held: static, see held.h */
   fixture_load(g_fixture, &fx);
-  batch bt;
+  static batch bt;
   batch_make(&fx, 4, &bt);
   ml_engine_opts o = ml_engine_opts_default();
-  run one, fsdp, hsdp, hsdp_tp;
+  static run one, fsdp, hsdp, hsdp_tp;
   run_open(&one, MPI_COMM_SELF, 1, 1, &o, fx.dir);
   run_open(&fsdp, MPI_COMM_WORLD, 1, 1, &o, fx.dir);
   run_open(&hsdp, MPI_COMM_WORLD, 2, 1, &o, fx.dir);
@@ -191,16 +191,16 @@ static void test_hsdp(void **state) {
 
 static void test_bf16(void **state) {
   (void)state;
-  fixture fx;
+  static fixture fx;
   fixture_load(g_fixture, &fx);
-  batch bt;
+  static batch bt;
   batch_make(&fx, 4, &bt);
   ml_engine_opts o32 = ml_engine_opts_default(), o16 = o32, o16r = o32;
   o16.fsdp.param_dtype = ML_BF16;
   o16r.fsdp.param_dtype = ML_BF16;
   o16r.fsdp.reduce_dtype = ML_BF16;
   o16r.output_dtype = ML_BF16;
-  run a, b, c;
+  static run a, b, c;
   run_open(&a, MPI_COMM_WORLD, 1, 1, &o32, fx.dir);
   run_open(&b, MPI_COMM_WORLD, 1, 1, &o16, fx.dir);
   run_open(&c, MPI_COMM_WORLD, 1, 1, &o16r, fx.dir);
@@ -249,11 +249,11 @@ static void test_bf16(void **state) {
 
 static void test_zero(void **state) {
   (void)state;
-  fixture fx;
+  static fixture fx;
   fixture_load(g_fixture, &fx);
-  batch bt;
+  static batch bt;
   batch_make(&fx, 4, &bt);
-  run r[3];
+  static run r[3];
   for (int z = 1; z <= 3; z++) {
     ml_engine_opts o = ml_engine_opts_default();
     o.fsdp.zero = z;
@@ -293,9 +293,9 @@ static void test_zero(void **state) {
 
 static void test_prefetch_reshard(void **state) {
   (void)state;
-  fixture fx;
+  static fixture fx;
   fixture_load(g_fixture, &fx);
-  batch bt;
+  static batch bt;
   batch_make(&fx, 4, &bt);
   enum { N = 5 };
   ml_engine_opts o[N];
@@ -306,7 +306,7 @@ static void test_prefetch_reshard(void **state) {
   o[4].fsdp.reshard_after_forward = ML_RESHARD_NEVER;
   const char *what[N] = {"default", "no prefetch", "prefetch 3/3", "reshard always",
                          "reshard never"};
-  run r[N];
+  static run r[N];
   double loss[N];
   for (int k = 0; k < N; k++) {
     run_open(&r[k], MPI_COMM_WORLD, 1, 1, &o[k], fx.dir);
@@ -346,10 +346,10 @@ int main(int argc, char **argv) {
   }
   g_fixture = argv[1];
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_hsdp),
-      cmocka_unit_test(test_bf16),
-      cmocka_unit_test(test_zero),
-      cmocka_unit_test(test_prefetch_reshard),
+      held_test(test_hsdp),
+      held_test(test_bf16),
+      held_test(test_zero),
+      held_test(test_prefetch_reshard),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   int any = 0;

@@ -111,6 +111,8 @@ static void check_grad_names(const fixture *fx, ml_model *m, const ml_st_file *r
     printf("checkpoint tensors outside the text tower (not built): %zu\n", skipped);
 }
 
+static void st_release(void *p) { ml_st_close(p); }
+
 /* The sizes tolerance.h §3 counts for r on the fixture batch. */
 static tol_model dims(const run *r, const fixture *fx) {
   return tol_model_of(r, fx->S, fx->B * fx->S);
@@ -119,8 +121,8 @@ static tol_model dims(const run *r, const fixture *fx) {
 /* Loss and gradients vs the fixture and vs the single-rank run. */
 static void test_loss_and_grads(void **state) {
   (void)state;
-  fixture fx;
-  run one, mesh;
+  static fixture fx; /* held: static, see held.h */
+  static run one, mesh;
   open_pair(&fx, &one, &mesh);
   double l1 = step(&one, &fx), lm = step(&mesh, &fx);
   tol_model tm = dims(&mesh, &fx);
@@ -139,8 +141,9 @@ static void test_loss_and_grads(void **state) {
   float **g1 = export_all(&one, ML_EXPORT_GRADS), **gm = export_all(&mesh, ML_EXPORT_GRADS);
   char path[600];
   snprintf(path, sizeof path, "%s/grads.safetensors", fx.dir);
-  ml_st_file ref;
+  static ml_st_file ref;
   if (ml_st_open(path, &ref)) fail_msg("%s", ml_error_msg());
+  hold(&ref, st_release);
   check_grad_names(&fx, &one.e.model, &ref);
   double worst_hf = 0, worst_one = 0;
   char bad[512] = "";
@@ -170,6 +173,7 @@ static void test_loss_and_grads(void **state) {
     printf("grads: worst rel L2 vs hf %.3g (bound %.3g), mesh vs one rank %.3g (bound %.3g)\n",
            worst_hf, tg_hf, worst_one, tg_pair);
   if (bad[0]) fail_msg("%s", bad);
+  unhold(&ref);
   ml_st_close(&ref);
   free_all(g1);
   free_all(gm);
@@ -178,12 +182,13 @@ static void test_loss_and_grads(void **state) {
 
 static void test_logprobs(void **state) {
   (void)state;
-  fixture fx;
+  static fixture fx;
   fixture_load(g_fixture, &fx);
-  run mesh;
+  static run mesh;
   open_on(&mesh, MPI_COMM_WORLD, g_tp, &fx);
   int64_t n = fx.B * (fx.S - 1);
   float *out = malloc(sizeof(float) * (size_t)n);
+  hold(out, free);
   if (ml_engine_logprobs(&mesh.e, fx.ids, fx.B, fx.S, out)) fail_msg("%s", ml_error_msg());
   /* rel L2 over the batch's log-probs: the norm tolerance.h §3 bounds */
   double num = 0, den = 0, worst = 0;
@@ -198,6 +203,7 @@ static void test_logprobs(void **state) {
   if (rank0())
     printf("logprobs: rel L2 vs hf %.3g (bound %.3g), max abs error %.3g\n", rel, bound, worst);
   assert_true(rel <= bound);
+  unhold(out);
   free(out);
   run_close(&mesh);
   fixture_free(&fx);
@@ -208,11 +214,11 @@ static void test_logprobs(void **state) {
  * same parameters. */
 static void test_adamw_steps(void **state) {
   (void)state;
-  fixture fx;
+  static fixture fx;
   fixture_load(g_fixture, &fx);
-  batch b;
+  static batch b;
   batch_make(&fx, fx.B, &b);
-  run mesh;
+  static run mesh;
   open_on(&mesh, MPI_COMM_WORLD, g_tp, &fx);
   ml_adamw_cfg adam = {1e-3, 0.9, 0.999, 1e-8, 0.1};
   double worst = 0;
@@ -256,9 +262,9 @@ static int64_t partial_bytes(const run *r) {
  *  dp all-reduce 1 (the reported loss); world all-reduce 1 (grad norm). */
 static void test_collective_counts(void **state) {
   (void)state;
-  fixture fx;
+  static fixture fx;
   fixture_load(g_fixture, &fx);
-  run r;
+  static run r;
   open_on(&r, MPI_COMM_WORLD, g_tp, &fx);
   ml_mesh_stats_reset(&r.mesh);
   double norm;
@@ -318,10 +324,10 @@ int main(int argc, char **argv) {
   g_tp = atoi(argv[2]);
   g_sp = argc == 4;
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_loss_and_grads),
-      cmocka_unit_test(test_logprobs),
-      cmocka_unit_test(test_adamw_steps),
-      cmocka_unit_test(test_collective_counts),
+      held_test(test_loss_and_grads),
+      held_test(test_logprobs),
+      held_test(test_adamw_steps),
+      held_test(test_collective_counts),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   int any = 0;

@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "common/status.h"
+#include "held.h"
 #include "rank_report.h"
 #include "parallel/predict.h"
 #include "engine_run.h"
@@ -69,8 +70,17 @@ typedef struct setup {
   ml_prediction pred;
 } setup;
 
+static void setup_release(void *p) {
+  setup *s = p;
+  ml_engine_close(&s->e);
+  ml_mesh_destroy(&s->mesh);
+}
+
+/* s is held (held.h): static in the tests. */
 static void setup_open(setup *s) {
+  memset(s, 0, sizeof *s);
   fixture_load(g_fixture, &s->fx);
+  hold(s, setup_release);
   ml_engine_opts opts = ml_engine_opts_default();
   opts.parallel_plan = g_plan[0] ? g_plan : NULL;
   opts.sequence_parallel = g_sp != 0;
@@ -88,8 +98,8 @@ static void setup_open(setup *s) {
 }
 
 static void setup_close(setup *s) {
-  ml_engine_close(&s->e);
-  ml_mesh_destroy(&s->mesh);
+  unhold(s);
+  setup_release(s);
   fixture_free(&s->fx);
 }
 
@@ -129,7 +139,7 @@ static void print_counts(const ml_comm_stats st[ML_GROUP_KINDS], const char *wha
 /* One training step: forward + backward + grad norm. */
 static void test_train_step(void **state) {
   (void)state;
-  setup s;
+  static setup s;
   setup_open(&s);
   ml_mesh_stats_reset(&s.mesh);
   double loss, norm;
@@ -152,15 +162,17 @@ static void test_train_step(void **state) {
 /* One forward-only logprobs pass. */
 static void test_logprobs(void **state) {
   (void)state;
-  setup s;
+  static setup s;
   setup_open(&s);
   float *out = malloc(sizeof(float) * (size_t)(s.Bl * (s.fx.S - 1)));
   assert_non_null(out);
+  hold(out, free);
   ml_mesh_stats_reset(&s.mesh);
   report rep = {0};
   if (ml_engine_logprobs(&s.e, s.ids, s.Bl, s.fx.S, out)) fail_msg("logprobs: %s", ml_error_msg());
   compare(&s, s.pred.logprobs, "logprobs", &rep);
   print_counts(s.pred.logprobs, "logprobs");
+  unhold(out);
   free(out);
   agree(&rep, "mismatches between prediction and counting comm");
   setup_close(&s);
@@ -178,8 +190,8 @@ int main(int argc, char **argv) {
   g_dpr = argc == 5 && !strcmp(argv[4], "hsdp") ? 2 : 1;
   if (argc == 5 && g_dpr == 1) write_rep_logits_plan();
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_train_step),
-      cmocka_unit_test(test_logprobs),
+      held_test(test_train_step),
+      held_test(test_logprobs),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   int any = 0;

@@ -68,10 +68,11 @@ static const char *path_in(char *buf, size_t cap, const char *name) {
   return buf;
 }
 
-/* An engine on the fixture over a mesh of `base`, FSDP as ZeRO stage `zero`. */
+/* An engine on the fixture over a mesh of `base`, FSDP as ZeRO stage `zero`.
+ * Held objects (runs, fixtures, batches) are static throughout: see held.h. */
 static void run_open_zero(run *r, MPI_Comm base, int dp_replicate, int tp, int zero,
                           const char *fixture_name) {
-  fixture fx;
+  static fixture fx;
   fixture_load(fixture_name, &fx);
   ml_engine_opts opts = ml_engine_opts_default();
   opts.fsdp.zero = zero;
@@ -153,13 +154,13 @@ static void check_state(report *rep, const ml_run_state *got, const ml_engine *e
 /* (a) Resume on the same mesh: bitwise the uninterrupted run. */
 static void test_resume_same_mesh(void **unused) {
   (void)unused;
-  fixture fx;
+  static fixture fx;
   fixture_load(g_fixture, &fx);
-  batch b;
+  static batch b;
   batch_make(&fx, 4, &b);
   char dir[512];
   path_in(dir, sizeof dir, "resume");
-  run r;
+  static run r;
   double want[4], got[4];
   open_on(&r, MPI_COMM_WORLD, 1, g_tp, g_fixture);
   for (int s = 0; s < 4; s++) want[s] = train_step(&r, &b);
@@ -217,7 +218,7 @@ static void print_files(const char *dir) {
  * order, within the pair bound of tests/tolerance.h §3. */
 static void check_load(report *rep, MPI_Comm base, int dp_replicate, int tp, int zero,
                        const char *dir, const state *src, double src_next) {
-  run r;
+  static run r;
   run_open_zero(&r, base, dp_replicate, tp, zero, g_fixture);
   ml_run_state st;
   double t0 = MPI_Wtime();
@@ -232,9 +233,9 @@ static void check_load(report *rep, MPI_Comm base, int dp_replicate, int tp, int
   state_get(&r, &got, 3);
   state_compare(rep, &r, &got, src, 3, what);
   state_free(&got, 3);
-  fixture fx;
+  static fixture fx;
   fixture_load(g_fixture, &fx);
-  batch b;
+  static batch b;
   batch_make(&fx, 4, &b);
   double next = train_step(&r, &b);
   tol_model tm = tol_model_of(&r, b.S, b.B * b.S);
@@ -252,11 +253,11 @@ static void check_load(report *rep, MPI_Comm base, int dp_replicate, int tp, int
 
 /* Train 2 steps on a mesh, save, and return its state and next-step loss. */
 static void save_source(int dp_replicate, int tp, const char *dir, state *src, double *next) {
-  fixture fx;
+  static fixture fx;
   fixture_load(g_fixture, &fx);
-  batch b;
+  static batch b;
   batch_make(&fx, 4, &b);
-  run r;
+  static run r;
   open_on(&r, MPI_COMM_WORLD, dp_replicate, tp, g_fixture);
   for (int s = 0; s < 2; s++) train_step(&r, &b);
   double t0 = MPI_Wtime();
@@ -347,11 +348,11 @@ static void test_export(void **unused) {
   path_in(hf, sizeof hf, "export_hf");
   path_in(ex, sizeof ex, "export_run");
   path_in(exs, sizeof exs, "export_sharded");
-  fixture fx;
+  static fixture fx;
   fixture_load(g_fixture, &fx);
-  batch b4;
+  static batch b4;
   batch_make(&fx, 4, &b4);
-  run r;
+  static run r;
   open_on(&r, MPI_COMM_WORLD, 1, g_tp, g_fixture);
   for (int s = 0; s < 2; s++) train_step(&r, &b4);
   save_or_fail(&r, dir, &ST2);
@@ -454,7 +455,7 @@ static void test_protocol_and_errors(void **unused) {
   char base[512], dir[600], path[700];
   snprintf(base, sizeof base, "%s/errors-%d", g_root, world_rank());
   report rep = {0};
-  run r;
+  static run r;
   ml_run_state st;
   open_on(&r, MPI_COMM_SELF, 1, 1, "llama_untied");
   snprintf(dir, sizeof dir, "%s/empty", base);
@@ -488,7 +489,7 @@ static void test_protocol_and_errors(void **unused) {
   load_or_fail(&r, dir, &st);
   check_state(&rep, &st, &r.e, 0);
 
-  run other;
+  static run other;
   open_on(&other, MPI_COMM_SELF, 1, 1, "llama_tied");
   expect_error(&rep, ml_run_load(&other.e, dir, &st), "load into another config", "config.json",
                "'vocab_size' is 300");
@@ -536,11 +537,11 @@ int main(int argc, char **argv) {
   }
   MPI_Bcast(g_root, sizeof g_root, MPI_CHAR, 0, MPI_COMM_WORLD);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_resume_same_mesh),
-      cmocka_unit_test(test_reshard),
-      cmocka_unit_test(test_hsdp),
-      cmocka_unit_test(test_export),
-      cmocka_unit_test(test_protocol_and_errors),
+      held_test(test_resume_same_mesh),
+      held_test(test_reshard),
+      held_test(test_hsdp),
+      held_test(test_export),
+      held_test(test_protocol_and_errors),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   int any = 0;

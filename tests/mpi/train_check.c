@@ -86,7 +86,8 @@ static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *
 }
 
 /* Remove the replay checkpoint (rank 0 made it) once every rank is done. */
-static void replay_dir_remove(void) {
+static void replay_dir_release(void *p) {
+  (void)p;
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank0() && g_replay_dir[0]) nftw(g_replay_dir, rm_entry, 8, FTW_DEPTH | FTW_PHYS);
   g_replay_dir[0] = 0;
@@ -99,9 +100,10 @@ void check_replay_one_rank(run *r, const batch *b) {
   }
   MPI_Bcast(g_replay_dir, sizeof g_replay_dir, MPI_CHAR, 0, MPI_COMM_WORLD);
   if (!g_replay_dir[0]) fail_msg("replay: no temporary directory");
+  hold(g_replay_dir, replay_dir_release);
   if (ml_engine_save_hf(&r->e, g_replay_dir)) fail_msg("save_hf: %s", ml_error_msg());
   MPI_Barrier(MPI_COMM_WORLD); /* rank 0 has written it */
-  run one;             
+  static run one;              /* held: static, see held.h */
   run_open(&one, MPI_COMM_SELF, 1, 1, NULL, g_replay_dir);
   double lm = step_rows(r, b), l1 = step_rows(&one, b);
   tol_model tm = tol_model_of(r, b->S, b->B * b->S);
@@ -135,5 +137,6 @@ void check_replay_one_rank(run *r, const batch *b) {
   if (el > tl)
     fail_msg("replay on one rank: loss %.17g, mesh %.17g (rel %.3g, bound %.3g)", l1, lm, el, tl);
   run_close(&one);
-  replay_dir_remove();
+  unhold(g_replay_dir);
+  replay_dir_release(NULL);
 }

@@ -2,8 +2,8 @@
 # loss and gradients, the recompute's tp collectives, saved bytes per mode.
 ml_mpi_executable(test_ac test_ac.c parity_util.c)
 foreach(fx llama_tied qwen3 gemma3)
-  ml_mpi_test(ac_${fx}_1rank 1 $<TARGET_FILE:test_ac> ${fx} 1)
+  ml_mpi_test_2blas(ac_${fx}_1rank 1 $<TARGET_FILE:test_ac> ${fx} 1)
 endforeach()
 foreach(fx qwen3 gemma3)
-  ml_mpi_test(ac_${fx}_dp2_tp2_sp 4 $<TARGET_FILE:test_ac> ${fx} 2 sp)
+  ml_mpi_test_2blas(ac_${fx}_dp2_tp2_sp 4 $<TARGET_FILE:test_ac> ${fx} 2 sp)
 endforeach()

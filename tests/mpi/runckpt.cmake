@@ -2,7 +2,7 @@
 # on load (other dp/tp, one rank), HSDP <-> FSDP, one-process HF export,
 # the commit protocol and the errors. Saved on dp_shard = N / TP x tp = TP.
 ml_mpi_executable(test_runckpt test_runckpt.c parity_util.c)
-ml_mpi_test(runckpt_llama_untied_dp2_tp2 4 $<TARGET_FILE:test_runckpt> llama_untied 2)
-ml_mpi_test(runckpt_qwen3_dp4 4 $<TARGET_FILE:test_runckpt> qwen3 1)
-ml_mpi_test(runckpt_llama_tied_tp2 2 $<TARGET_FILE:test_runckpt> llama_tied 2)
-ml_mpi_test(runckpt_gemma3_vlm_dp2 2 $<TARGET_FILE:test_runckpt> gemma3_vlm 1)
+ml_mpi_test_2blas(runckpt_llama_untied_dp2_tp2 4 $<TARGET_FILE:test_runckpt> llama_untied 2)
+ml_mpi_test_2blas(runckpt_qwen3_dp4 4 $<TARGET_FILE:test_runckpt> qwen3 1)
+ml_mpi_test_2blas(runckpt_llama_tied_tp2 2 $<TARGET_FILE:test_runckpt> llama_tied 2)
+ml_mpi_test_2blas(runckpt_gemma3_vlm_dp2 2 $<TARGET_FILE:test_runckpt> gemma3_vlm 1)

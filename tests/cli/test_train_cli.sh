@@ -1,12 +1,20 @@
 #!/usr/bin/env bash
 # End to end through the CLI: init a tiny model, train it 4 steps on 1 rank
-# and on 4 ranks (dp_shard=2 x tp=2), check that both runs report the same
-# losses (rel 1e-4 after AdamW steps), that --metrics has one line per step,
-# and that logprobs of the two saved checkpoints agree (abs 1e-4).
-# usage: test_train_cli.sh MESHLM SOURCE_DIR
+# and on 4 ranks (dp_shard=2 x tp=2), check that --metrics has one line per
+# step, that the first step's loss and gradient norm agree within the
+# derived bounds for two fp32 evaluations in different orders
+# (tests/tolerance.h §3, printed by tol_bound; |Δ‖g‖| <= ‖Δg‖ by the
+# triangle inequality, so the grads bound covers the norm), and that the
+# 4-rank run's saved checkpoint scores the same on 1 rank and on tp=2
+# (log-probs, relative L2, same bound). Later steps' losses are printed, not
+# compared: after an AdamW step two meshes' weights differ by up to 2·lr
+# where |g| is near eps (tests/mpi/train_check.h), which no rounding bound
+# covers; the MPI tests check every AdamW step element by element instead.
+# usage: test_train_cli.sh MESHLM SOURCE_DIR JSON_CHECK TOL_BOUND
 set -eu
 meshlm=$1
 src=$2
+tol_bound=$4
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -18,17 +26,30 @@ train=(train --model "$work/model" --data "$src/README.md" --steps 4 --batch-siz
 mpiexec -n 4 "$meshlm" "${train[@]}" --tp 2 --metrics "$work/m4.jsonl" --export-hf "$work/s4"
 
 [ "$(wc -l < "$work/m1.jsonl")" -eq 4 ] || { echo "FAIL: expected 4 metrics lines"; exit 1; }
-losses() { sed -E 's/.*"loss": ?([-0-9.eE+]+).*/\1/' "$1"; }
-paste <(losses "$work/m1.jsonl") <(losses "$work/m4.jsonl") | awk '
-  { d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > w) w = r
-    printf "step %d loss 1 rank %s, 4 ranks %s\n", NR, $1, $2 }
-  END { printf "worst relative loss difference %.3g\n", w; exit (w > 1e-4) }'
+field() { sed -E "s/.*\"$2\": ?([-0-9.eE+]+).*/\1/" "$1"; }
+paste <(field "$work/m1.jsonl" loss) <(field "$work/m4.jsonl" loss) |
+  awk '{ printf "step %d loss 1 rank %s, 4 ranks %s\n", NR, $1, $2 }'
+# rel_close NAME BOUND A B: |A - B| <= BOUND·|A|
+rel_close() {
+  awk -v n="$1" -v t="$2" -v a="$3" -v b="$4" 'BEGIN { d = a - b; d = d < 0 ? -d : d; m = a < 0 ? -a : a
+    printf "%s: 1 rank %s, 4 ranks %s, relative difference %.3g (bound %.3g)\n", n, a, b, d / m, t
+    exit !(d <= t * m) }'
+}
+rel_close "step 1 loss" "$("$tol_bound" "$work/model" loss pair 64 256)" \
+  "$(field "$work/m1.jsonl" loss | head -1)" "$(field "$work/m4.jsonl" loss | head -1)"
+rel_close "step 1 grad norm" "$("$tol_bound" "$work/model" grads pair 64 256)" \
+  "$(field "$work/m1.jsonl" grad_norm | head -1)" "$(field "$work/m4.jsonl" grad_norm | head -1)"
 
 head -c 300 "$src/README.md" | od -An -tu1 -v | tr -s ' \n' ' ' |
   awk '{ printf "{\"input_ids\": ["; for (i = 1; i <= NF; i++) printf "%s%s", (i > 1 ? ", " : ""), $i; print "]}" }' > "$work/score.jsonl"
 "$meshlm" logprobs --model "$work/s1" --data "$work/score.jsonl" --out "$work/l1.jsonl"
-mpiexec -n 2 "$meshlm" logprobs --model "$work/s4" --data "$work/score.jsonl" --out "$work/l4.jsonl" --tp 2
-paste <(tr -d '{}[]"a-z:' < "$work/l1.jsonl" | tr ',' '\n') <(tr -d '{}[]"a-z:' < "$work/l4.jsonl" | tr ',' '\n') | awk '
-  { d = $1 - $2; if (d < 0) d = -d; if (d > w) w = d; n++ }
-  END { printf "logprobs of the saved checkpoints: %d tokens, max abs difference %.3g\n", n, w; exit (n < 299 || w > 1e-4) }'
+"$meshlm" logprobs --model "$work/s4" --data "$work/score.jsonl" --out "$work/l4.jsonl"
+mpiexec -n 2 "$meshlm" logprobs --model "$work/s4" --data "$work/score.jsonl" --out "$work/l4tp.jsonl" --tp 2
+values() { tr -d '{}[]"a-z:' < "$1" | tr ',' '\n'; }
+bound=$("$tol_bound" "$work/s4" logprobs pair 300 300)
+paste <(values "$work/l4.jsonl") <(values "$work/l4tp.jsonl") | awk -v t="$bound" '
+  { d = $1 - $2; e += d * d; r += $1 * $1; n++ }
+  END { printf "log-probs of the 4-rank checkpoint, 1 rank vs tp=2: %d tokens, relative L2 %.3g (bound %.3g)\n", n, sqrt(e / r), t
+        exit (n < 299 || sqrt(e) > t * sqrt(r)) }'
+[ "$(values "$work/l1.jsonl" | wc -l)" -eq 299 ] || { echo "FAIL: the 1-rank checkpoint's log-probs"; exit 1; }
 echo "1 passed, 0 failed"

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # meshlm train's loop end to end on a tiny model:
-#  (a) gradient accumulation: --grad-accum 2 equals one batch (losses per
-#      step within 1e-5 relative, exported weights' log-probs within 1e-5),
-#      on 1 rank and on 2 (dp_shard=2);
+#  (a) gradient accumulation: --grad-accum 2 equals one batch: the first
+#      step's loss and gradient norm within the bounds for two fp32
+#      evaluations in different orders (tests/tolerance.h §3, printed by
+#      tol_bound; |Δ‖g‖| <= ‖Δg‖), on 1 rank and on 2 (dp_shard=2);
 #  (b) --config FILE gives bitwise the losses of the same flags (NeMo's key
 #      names included, on 2 ranks with tensor_parallel_size 2), and a flag
 #      overrides the file;
-#  (c) the LR schedule (cosine, warmup) is the lr of the metrics;
+#  (c) the LR schedule (cosine, warmup) is the lr of the metrics (within
+#      tolerance.h's tol_schedule_abs; a flag's constant lr exactly);
 #  (d) --max-grad-norm with --grad-norm-type inf runs, and the inf-norm of
 #      the first step is at most its L2 norm;
 #  (e) a non-finite gradient skips the step: an absurd --lr (1e30, no
@@ -14,14 +16,18 @@
 #      gradients: they are reported ("step N: skipped, non-finite gradient
 #      in NAME") and marked "skipped": true, and the run ends normally — on
 #      1 rank and on 2 (tp=2);
-#  (f) --save / --resume: 2 steps, saved, resumed to 4 gives the losses of
-#      4 uninterrupted steps (bitwise on the same mesh, 1e-5 relative on
-#      dp_shard=2), warmup schedule included; --save-every N saves every N
-#      steps and after the last.
-# usage: test_train_loop.sh MESHLM SOURCE_DIR
+#  (f) --save / --resume: 2 steps, saved, resumed to 4 gives the losses and
+#      the weights of 4 uninterrupted steps bitwise on the same mesh; on
+#      dp_shard=2 the first resumed step's loss (the loaded weights, summed
+#      in another order) within the pair bound of (a) — the next one follows
+#      an AdamW step on another mesh, which no rounding bound covers
+#      (tests/mpi/train_check.h), so it is printed only; warmup schedule
+#      included; --save-every N saves every N steps and after the last.
+# usage: test_train_loop.sh MESHLM SOURCE_DIR JSON_CHECK TOL_BOUND
 set -eu
 meshlm=$1
 src=$2
+tol_bound=$4
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
@@ -30,9 +36,6 @@ pass=0
 
 "$meshlm" init --arch llama --preset tiny --seed 3 --out "$work/model" > /dev/null
 base=(train --model "$work/model" --data "$src/README.md" --seq-len 64 --batch-size 8 --lr 1e-3)
-head -c 300 "$src/README.md" | od -An -tu1 -v | tr -s ' \n' ' ' |
-  awk '{ printf "{\"input_ids\": ["; for (i = 1; i <= NF; i++) printf "%s%s", (i > 1 ? ", " : ""), $i; print "]}" }' > "$work/score.jsonl"
-
 # field FILE KEY: the values of KEY in a metrics JSONL, one per line
 field() { sed -E "s/.*\"$2\":([^,}]+).*/\1/" "$1"; }
 ok() { pass=$((pass + 1)); echo "ok   $1"; }
@@ -40,26 +43,22 @@ ok() { pass=$((pass + 1)); echo "ok   $1"; }
 close() {
   paste <(echo "$3") <(echo "$4") | awk -v name="$1" -v tol="$2" '
     { d = $1 - $2; if (d < 0) d = -d; m = $1 < 0 ? -$1 : $1; r = m > 0 ? d / m : d; if (r > w) w = r; n++ }
-    END { printf "%s: %d values, worst relative difference %.3g\n", name, n, w; exit (n == 0 || w > tol) }'
+    END { printf "%s: %d values, worst relative difference %.3g (bound %.3g)\n", name, n, w, tol
+          exit (n == 0 || w > tol) }'
 }
-# logprobs_close NAME MODEL_A MODEL_B: log-probs of the two checkpoints within 1e-5
-logprobs_close() {
-  "$meshlm" logprobs --model "$2" --data "$work/score.jsonl" --out "$work/la.jsonl" > /dev/null
-  "$meshlm" logprobs --model "$3" --data "$work/score.jsonl" --out "$work/lb.jsonl" > /dev/null
-  paste <(tr -d '{}[]"a-z:' < "$work/la.jsonl" | tr ',' '\n') <(tr -d '{}[]"a-z:' < "$work/lb.jsonl" | tr ',' '\n') |
-    awk -v name="$1" '{ d = $1 - $2; if (d < 0) d = -d; if (d > w) w = d; n++ }
-      END { printf "%s: log-probs of %d tokens, max abs difference %.3g\n", name, n, w; exit (n < 299 || w > 1e-5) }'
-}
+# the pair bound of QUANTITY for the tiny model's batch of 8 x 64 tokens
+pair() { "$tol_bound" "$work/model" "$1" pair 64 512; }
 
 # (a) gradient accumulation
 for np in 1 2; do
-  run=("${base[@]}" --steps 3)
+  run=("${base[@]}" --steps 1)
   [ "$np" -eq 1 ] && launch=() || launch=(mpiexec -n "$np")
-  "${launch[@]}" "$meshlm" "${run[@]}" --metrics "$work/ga1.jsonl" --export-hf "$work/ga1" > /dev/null
-  "${launch[@]}" "$meshlm" "${run[@]}" --grad-accum 2 --metrics "$work/ga2.jsonl" --export-hf "$work/ga2" > "$work/out.txt"
+  "${launch[@]}" "$meshlm" "${run[@]}" --metrics "$work/ga1.jsonl" > /dev/null
+  "${launch[@]}" "$meshlm" "${run[@]}" --grad-accum 2 --metrics "$work/ga2.jsonl" > "$work/out.txt"
   grep -q "in 2 micro-batch" "$work/out.txt"
-  close "accumulation losses, $np rank(s)" 1e-5 "$(field "$work/ga1.jsonl" loss)" "$(field "$work/ga2.jsonl" loss)"
-  logprobs_close "accumulation weights, $np rank(s)" "$work/ga1" "$work/ga2"
+  close "accumulation loss, $np rank(s)" "$(pair loss)" "$(field "$work/ga1.jsonl" loss)" "$(field "$work/ga2.jsonl" loss)"
+  close "accumulation grad norm, $np rank(s)" "$(pair grads)" "$(field "$work/ga1.jsonl" grad_norm)" \
+    "$(field "$work/ga2.jsonl" grad_norm)"
   ok "grad-accum 2 = one batch on $np rank(s)"
 done
 
@@ -77,12 +76,14 @@ mpiexec -n 2 "$meshlm" "${base[@]}" --steps 3 --tp 2 --sequence-parallel --grad-
   { echo "FAIL: NeMo names are config keys, not flags"; exit 1; }
 "$meshlm" train --lr 5e-4 --config "$work/cfg.json" --tp 1 --steps 2 --lr-schedule constant --warmup-steps 0 \
   --sequence-parallel=false --metrics "$work/c3.jsonl" > /dev/null
-close "lr from the command line over the file's" 1e-12 "$(field "$work/c3.jsonl" lr)" "$(printf '%s\n' 5e-4 5e-4)"
+close "lr from the command line over the file's" 0 "$(field "$work/c3.jsonl" lr)" "$(printf '%s\n' 5e-4 5e-4)"
 ok "config file = the same flags (bitwise), flags override it"
 
 # (c) LR schedule: cosine from 1e-3 to 1e-4 after 2 warmup steps over 6 steps
 "$meshlm" "${base[@]}" --steps 6 --lr-schedule cosine --warmup-steps 2 --min-lr 1e-4 --metrics "$work/lr.jsonl" > /dev/null
-close "cosine schedule" 1e-9 "$(field "$work/lr.jsonl" lr)" "$(printf '%s\n' 0 5e-4 1e-3 7.75e-4 3.25e-4 1e-4)"
+paste <(field "$work/lr.jsonl" lr) <(printf '%s\n' 0 5e-4 1e-3 7.75e-4 3.25e-4 1e-4) |
+  awk -v t="$("$tol_bound" schedule 1e-3)" '{ d = $1 - $2; d = d < 0 ? -d : d; if (d > w) w = d; n++ }
+    END { printf "cosine schedule: %d steps, worst abs difference %.3g (bound %.3g)\n", n, w, t; exit (n != 6 || w > t) }'
 ok "LR schedule in the metrics"
 
 # (d) inf-norm clipping
@@ -112,12 +113,14 @@ cp -r "$work/ck" "$work/ck2"
 grep -q "resumed from $work/ck at step 2" "$work/out.txt"
 [ "$(field "$work/res1.jsonl" step | tr '\n' ' ')" = "3 4 " ] || { echo "FAIL: resumed steps"; exit 1; }
 [ "$(field "$work/res1.jsonl" loss)" = "$(field "$work/full.jsonl" loss | tail -2)" ] || { echo "FAIL: resumed losses differ"; exit 1; }
-logprobs_close "resumed weights" "$work/full" "$work/res1"
+cmp "$work/full/model.safetensors" "$work/res1/model.safetensors" || { echo "FAIL: resumed weights differ"; exit 1; }
 mpiexec -n 2 "$meshlm" "${run[@]}" --steps 4 --resume "$work/ck2" --metrics "$work/res2.jsonl" > /dev/null
-close "resumed on dp_shard=2" 1e-5 "$(field "$work/res2.jsonl" loss)" "$(field "$work/full.jsonl" loss | tail -2)"
+close "first step resumed on dp_shard=2" "$(pair loss)" "$(field "$work/res2.jsonl" loss | head -1)" \
+  "$(field "$work/full.jsonl" loss | sed -n 3p)"
+echo "step 4 loss resumed on dp_shard=2 $(field "$work/res2.jsonl" loss | tail -1), uninterrupted $(field "$work/full.jsonl" loss | tail -1)"
 "$meshlm" "${run[@]}" --steps 3 --save "$work/ck3" --save-every 2 > "$work/out.txt"
 [ "$(grep -c "saved run checkpoint" "$work/out.txt")" -eq 2 ] && grep -q "(step 3)" "$work/out.txt" ||
   { echo "FAIL: --save-every"; cat "$work/out.txt"; exit 1; }
-ok "save, resume (same mesh bitwise, other mesh close), --save-every"
+ok "save, resume (same mesh bitwise, other mesh within the bound), --save-every"
 
 echo "$pass passed, 0 failed"

@@ -11,7 +11,7 @@
 
 #include "common/status.h"
 #include "held.h"
-#include "tolerance.h"
+#include "tol_config.h"
 #include "train/engine.h"
 #include "train/save.h"
 
@@ -83,17 +83,7 @@ static inline void free_all(float **t) {
 /* The sizes section 3 of tolerance.h counts for this run's model, with S
  * keys per query and T token rows in the batch. */
 static inline tol_model tol_model_of(const run *r, int64_t S, int64_t T) {
-  const ml_model_config *c = &r->e.model.cfg;
-  tol_model m = {(double)c->hidden,
-                 (double)c->intermediate,
-                 (double)c->n_heads,
-                 (double)c->n_kv_heads,
-                 (double)c->head_dim,
-                 (double)c->n_layers,
-                 (double)c->vocab,
-                 (double)S,
-                 (double)T};
-  return m;
+  return tol_model_of_config(&r->e.model.cfg, S, T);
 }
 
 #endif

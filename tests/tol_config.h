@@ -1,0 +1,20 @@
+/* tolerance.h §3's model sizes from a meshlm model config, for the MPI
+ * tests (engine_run.h) and the CLI tests' tol_bound alike. */
+#ifndef ML_TOL_CONFIG_H
+#define ML_TOL_CONFIG_H
+
+#include <stdint.h>
+
+#include "model/config.h"
+#include "tolerance.h"
+
+/* The sizes section 3 counts for config c, with S keys per query and T
+ * token rows in the batch. */
+static inline tol_model tol_model_of_config(const ml_model_config *c, int64_t S, int64_t T) {
+  tol_model m = {(double)c->hidden,   (double)c->intermediate, (double)c->n_heads,
+                 (double)c->n_kv_heads, (double)c->head_dim,   (double)c->n_layers,
+                 (double)c->vocab,    (double)S,               (double)T};
+  return m;
+}
+
+#endif

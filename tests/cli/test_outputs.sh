@@ -9,13 +9,7 @@ set -u
 meshlm=$1
 src=$2
 json_check=$3
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-pass=0 fail=0
-ok() { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; [ -f "$work/err" ] && head -20 "$work/err"; }
+. "$src/tests/cli/common.sh"
 # every line of FILE is one valid JSON document
 jsonl_ok() { while IFS= read -r line; do "$json_check" <<<"$line" || return 1; done < "$1"; }
 
@@ -76,5 +70,4 @@ else
   bad "given peak: $(cat "$work/out")"
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -9,14 +9,9 @@
 set -u
 meshlm=$1
 src=$2
-work=$(mktemp -d)
+. "$src/tests/cli/common.sh"
 bg=
-trap '[ -n "$bg" ] && kill "$bg" 2>/dev/null; rm -rf "$work"' EXIT
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
-pass=0 fail=0
-ok() { pass=$((pass + 1)); echo "ok   $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL $1"; [ -f "$work/err" ] && head -20 "$work/err"; }
+on_exit='[ -n "$bg" ] && kill "$bg" 2>/dev/null'
 
 "$meshlm" init --arch llama --preset tiny --seed 3 --out "$work/model" > /dev/null || exit 1
 train=(train --model "$work/model" --data "$src/tests/fixtures/export_roundtrip/train.txt"
@@ -71,5 +66,4 @@ else
   bad "saving after the holder was killed"
 fi
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

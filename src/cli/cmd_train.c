@@ -236,10 +236,9 @@ static void print_comm_summary(const ml_mesh *mesh) {
 static double mesh_peak_flops(const ml_train_opts *o, int world) {
   if (o->peak_tflops > 0) return o->peak_tflops * 1e12;
   MPI_Barrier(MPI_COMM_WORLD);
-  double mine[2] = {ml_gemm_flops_per_s(0.25), 0}, sum = 0, least = 0;
-  mine[1] = mine[0];
-  MPI_Allreduce(&mine[0], &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  MPI_Allreduce(&mine[1], &least, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  double mine = ml_gemm_flops_per_s(0.25), sum = 0, least = 0;
+  MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine, &least, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
   if (least <= 0) {
     ml_cli_print("train: MFU n/a: the GEMM calibration could not allocate its operands; "
                  "--peak-tflops X gives the peak\n");

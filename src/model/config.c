@@ -384,11 +384,15 @@ typedef struct preset {
   const char *name;
   int64_t hidden, intermediate, layers, heads, kv_heads, vocab, max_positions;
   int64_t window; /* sliding window of families with sliding layers */
+  bool tied;      /* tie_word_embeddings even where the family's default is untied */
+  double rope_theta; /* 0: the family's default */
 } preset;
 
 static const preset presets[] = {
-    {"tiny", 64, 192, 2, 4, 2, 256, 512, 16},
-    {"small", 384, 1024, 8, 6, 2, 256, 2048, 128},
+    {"tiny", 64, 192, 2, 4, 2, 256, 512, 16, false, 0},
+    {"small", 384, 1024, 8, 6, 2, 256, 2048, 128, false, 0},
+    /* the shape of HuggingFaceTB/SmolLM2-135M (config.json), for benchmarks */
+    {"smollm2-135m", 576, 1536, 30, 9, 3, 49152, 8192, 128, true, 100000},
 };
 
 int ml_model_config_preset(const char *arch, const char *name, ml_model_config *out) {
@@ -403,7 +407,8 @@ int ml_model_config_preset(const char *arch, const char *name, ml_model_config *
   const preset *p = NULL;
   for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
     if (strcmp(presets[i].name, name) == 0) p = &presets[i];
-  if (!p) return ml_err("--preset: unknown preset '%s'; expected tiny or small", name);
+  if (!p) return ml_err("--preset: unknown preset '%s'; expected tiny, small or smollm2-135m",
+                        name);
   out->hidden = p->hidden;
   out->intermediate = p->intermediate;
   out->n_layers = p->layers;
@@ -413,7 +418,7 @@ int ml_model_config_preset(const char *arch, const char *name, ml_model_config *
   out->vocab = p->vocab;
   out->max_positions = p->max_positions;
   out->rms_eps = 1e-5;
-  out->rope_theta = f->rope_theta_default;
+  out->rope_theta = p->rope_theta > 0 ? p->rope_theta : f->rope_theta_default;
   out->rope.type = K_ROPE_DEFAULT;
   out->rope_local_theta = f->local_rope ? f->rope_local_theta_default : f->rope_theta_default;
   out->rope_local.type = K_ROPE_DEFAULT;
@@ -425,7 +430,7 @@ int ml_model_config_preset(const char *arch, const char *name, ml_model_config *
   out->attn_scalar = (double)out->head_dim;
   out->qkv_bias = f->qkv_bias_default;
   out->o_bias = f->o_bias_follows_qkv && out->qkv_bias;
-  out->tie_embeddings = f->tie_default;
+  out->tie_embeddings = f->tie_default || p->tied;
   out->dtype = ML_F32;
   return 0;
 }

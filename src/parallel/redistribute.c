@@ -11,7 +11,6 @@
 
 #include "common/checked.h"
 #include "common/status.h"
-#include "parallel/tp.h"
 
 /* A placement on a [B, S, C] activation, normalized. */
 typedef enum { PL_REP, PL_SEQ, PL_FEAT, PL_PART, PL_BAD } pl;

@@ -8,7 +8,7 @@
  * holds its torch.chunk of S for all B sequences), Shard(2) = Shard(−1)
  * (features: its torch.chunk of C for every token), Partial(sum) (every
  * rank holds a full-shape addend; the value is their sum). Shard extents
- * follow torch.chunk (ml_chunk in parallel/tp.h): chunk = ceil(n/t) per rank,
+ * follow torch.chunk (ml_chunk, tensor/placement.h): chunk = ceil(n/t) per rank,
  * the trailing ranks short and possibly empty (C = 5 over 4 ranks is
  * 2, 2, 1, 0); empty shards are valid everywhere.
  *

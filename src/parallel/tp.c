@@ -8,14 +8,6 @@
 #include "common/status.h"
 #include "parallel/redistribute.h"
 
-void ml_chunk(int64_t n, int parts, int rank, int64_t *start, int64_t *len) {
-  int64_t c = (n + parts - 1) / parts;
-  int64_t s = c * rank < n ? c * rank : n;
-  int64_t e = s + c < n ? s + c : n;
-  *start = s;
-  *len = e - s;
-}
-
 static const char *pstr(ml_placement p) {
   static char bufs[4][32];
   static int k;

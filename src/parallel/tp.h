@@ -98,7 +98,4 @@ int ml_tp_reduce_partial_grads(ml_tp *tp, ml_fsdp *f);
 int ml_tp_edge_cost(const ml_tp_edge *e, int64_t B, int64_t S, int64_t calls[ML_COLL_KINDS],
                     int64_t bytes[ML_COLL_KINDS]);
 
-/* Local extent of torch.chunk(n, parts)[rank]: start and length. */
-void ml_chunk(int64_t n, int parts, int rank, int64_t *start, int64_t *len);
-
 #endif

@@ -8,3 +8,11 @@ const char *ml_placement_str(ml_placement p, char *buf, size_t cap) {
   else snprintf(buf, cap, "Shard(%d)", p.dim);
   return buf;
 }
+
+void ml_chunk(int64_t n, int parts, int rank, int64_t *start, int64_t *len) {
+  int64_t c = (n + parts - 1) / parts;
+  int64_t s = c * rank < n ? c * rank : n;
+  int64_t e = s + c < n ? s + c : n;
+  *start = s;
+  *len = e - s;
+}

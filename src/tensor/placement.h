@@ -8,6 +8,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 typedef enum { ML_REPLICATE, ML_SHARD, ML_PARTIAL } ml_placement_kind;
 
@@ -29,5 +30,11 @@ static inline bool ml_placement_eq(ml_placement a, ml_placement b) {
 
 /* "Replicate()", "Shard(1)", "Partial(sum)" into buf. */
 const char *ml_placement_str(ml_placement p, char *buf, size_t cap);
+
+/* The extent of Shard(d) on rank `rank` of `parts` for a dimension of n
+ * elements, as torch.chunk(n, parts)[rank]: chunk = ceil(n / parts), this
+ * rank's [*start, *start + *len) with the trailing ranks short or empty
+ * (n = 5 over 4 parts: 2, 2, 1, 0). n >= 0, parts >= 1, 0 <= rank < parts. */
+void ml_chunk(int64_t n, int parts, int rank, int64_t *start, int64_t *len);
 
 #endif

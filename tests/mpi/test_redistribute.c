@@ -25,7 +25,6 @@
 #include "common/status.h"
 #include "rank_report.h"
 #include "parallel/redistribute.h"
-#include "parallel/tp.h"
 #include "tolerance.h"
 
 /* ---- comms ---- */

@@ -1,6 +1,5 @@
 #include "cli/cli.h"
 
-#include <limits.h>
 #include <mpi.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -32,11 +31,11 @@ static void print_error(const char *how) {
   fflush(stderr);
 }
 
-int ml_cli_agree(int rc) {
-  int rank = world_rank(), mine = rc != 0 ? rank : INT_MAX, first = INT_MAX;
-  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-  if (first == INT_MAX) return 0;
-  if (rank == first) print_error("");
+int ml_cli_agree(ml_host *world, int rc) {
+  int first = -1;
+  if (ml_host_first_failing(world, rc, &first)) first = world->rank; /* the channel failed */
+  if (first < 0) return 0;
+  if (world->rank == first) print_error("");
   ml_error_clear(); /* handled: printed once, by the lowest failing rank */
   return -1;
 }

@@ -5,16 +5,19 @@
 
 #include <stddef.h>
 
+#include "comm/host.h"
+
 struct ml_arg;
 
-/* Collective over MPI_COMM_WORLD at the end of a phase where any rank may
- * have failed before any collective of that phase could hang: returns 0
- * when every rank's rc is 0, else −1 on every rank, and the lowest failing
- * rank prints its message to stderr ("meshlm: error: MSG", on several ranks
- * "meshlm: error (rank R): MSG" with R the rank where MSG arose, which
- * ml_comm_agree may have carried to another rank). Every rank's error
- * record is cleared: the failure is handled. */
-int ml_cli_agree(int rc);
+/* Collective over `world` (the host channel over MPI_COMM_WORLD that main
+ * creates and hands to every command) at the end of a phase where any rank
+ * may have failed before any collective of that phase could hang: returns
+ * 0 when every rank's rc is 0, else −1 on every rank, and the lowest
+ * failing rank prints its message to stderr ("meshlm: error: MSG", on
+ * several ranks "meshlm: error (rank R): MSG" with R the rank where MSG
+ * arose, which ml_host_agree may have carried to another rank). Every
+ * rank's error record is cleared: the failure is handled. */
+int ml_cli_agree(ml_host *world, int rc);
 
 /* For a failure inside a phase whose peers may be blocked in a collective:
  * print this rank's message (with its origin rank, as ml_cli_agree) and
@@ -30,14 +33,15 @@ int ml_cli_parse(const char *cmd, const char *summary, int argc, char **argv,
 /* Print `fmt` on world rank 0 only. */
 void ml_cli_print(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-int ml_cmd_init(int argc, char **argv);
-int ml_cmd_train(int argc, char **argv);
-int ml_cmd_logprobs(int argc, char **argv);
+/* The commands: `world` is the host channel over every process (MPI_COMM_WORLD). */
+int ml_cmd_init(ml_host *world, int argc, char **argv);
+int ml_cmd_train(ml_host *world, int argc, char **argv);
+int ml_cmd_logprobs(ml_host *world, int argc, char **argv);
 /* meshlm plan: the plan, per-rank shards, one step's collectives and memory
  * for a mesh, predicted in one process from config.json (cmd_plan.c). */
-int ml_cmd_plan(int argc, char **argv);
+int ml_cmd_plan(ml_host *world, int argc, char **argv);
 /* meshlm export: the latest run checkpoint as an HF checkpoint, written by
  * rank 0 alone (cmd_export.c). */
-int ml_cmd_export(int argc, char **argv);
+int ml_cmd_export(ml_host *world, int argc, char **argv);
 
 #endif

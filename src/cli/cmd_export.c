@@ -3,7 +3,6 @@
  * from_pretrained loads (train/runckpt.h, ml_run_export). One process does
  * the work and runs no collective: launched under mpirun with several
  * ranks, rank 0 exports and the others only wait for its result. */
-#include <mpi.h>
 #include <stdint.h>
 
 #include "cli/args.h"
@@ -12,7 +11,7 @@
 #include "train/runckpt.h"
 #include "train/save.h"
 
-int ml_cmd_export(int argc, char **argv) {
+int ml_cmd_export(ml_host *world, int argc, char **argv) {
   const char *ckpt = NULL, *out = NULL;
   int64_t max_shard = (int64_t)ML_HF_MAX_SHARD_BYTES;
   ml_arg spec[] = {
@@ -26,10 +25,8 @@ int ml_cmd_export(int argc, char **argv) {
   if (rc == 1) return 0;
   if (rc == 0 && max_shard < 0)
     rc = ml_err("export: --max-shard-size %lld: expected a byte count >= 0", (long long)max_shard);
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rc == 0 && rank == 0) rc = ml_run_export(ckpt, out, (size_t)max_shard);
-  ML_TRY(ml_cli_agree(rc));
+  if (rc == 0 && world->rank == 0) rc = ml_run_export(ckpt, out, (size_t)max_shard);
+  ML_TRY(ml_cli_agree(world, rc));
   ml_cli_print("export: wrote %s from the latest checkpoint in %s\n", out, ckpt);
   return 0;
 }

@@ -2,7 +2,6 @@
  * transformers' _init_weights does (Linear/Embedding weights ~ N(0, 0.02),
  * biases 0, RMSNorm weights 1 − offset: 1 for x·w, 0 for Gemma3's x·(1 + w)). */
 #include <errno.h>
-#include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -49,7 +48,7 @@ static int write_model(const ml_model_config *cfg, const char *dir, int64_t seed
   return rc;
 }
 
-int ml_cmd_init(int argc, char **argv) {
+int ml_cmd_init(ml_host *world, int argc, char **argv) {
   const char *arch = "llama", *preset = "tiny", *out = NULL;
   int64_t seed = 0;
   bool tie = false;
@@ -66,10 +65,8 @@ int ml_cmd_init(int argc, char **argv) {
   ml_model_config cfg;
   if (rc == 0) rc = ml_model_config_preset(arch, preset, &cfg);
   if (rc == 0 && tie) cfg.tie_embeddings = true;
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rc == 0 && rank == 0) rc = write_model(&cfg, out, seed);
-  ML_TRY(ml_cli_agree(rc));
+  if (rc == 0 && world->rank == 0) rc = write_model(&cfg, out, seed);
+  ML_TRY(ml_cli_agree(world, rc));
   ml_cli_print("init: wrote %s (%s %s, %lld parameters, seed %lld)\n", out, arch, preset,
                (long long)ml_model_config_num_params(&cfg), (long long)seed);
   return 0;

@@ -16,6 +16,7 @@
 #include "cli/cli.h"
 #include "common/file.h"
 #include "common/status.h"
+#include "parallel/redistribute.h"
 #include "train/data.h"
 #include "train/engine.h"
 
@@ -44,33 +45,33 @@ static void write_line(lp_run *run, int64_t line, const float *lp, int64_t n) {
 }
 
 /* Round r: dp rank d scores sequence r·dp + d (or repeats the last one
- * when there is none, to keep FSDP's collectives in step). */
+ * when there is none, to keep FSDP's collectives in step); the rounds'
+ * log-probs travel padded to the round's longest (ml_all_gather_padded). */
 static int score_round(lp_run *run, int64_t r) {
-  ml_comm *dp = run->mesh->dp_comm;
+  ml_comm *dp = ml_mesh_comm(run->mesh, ML_GROUP_DP);
   int64_t n = run->seqs->n, mine = r * dp->size + dp->rank;
   int64_t i = mine < n ? mine : n - 1;
   int64_t S = run->seqs->len[i];
   ML_TRY(ml_engine_logprobs(run->e, run->seqs->ids[i], 1, S, run->buf));
-  size_t counts[1024];
+  size_t counts[1024], chunk = 0;
   if (dp->size > 1024) return ml_err("logprobs: at most 1024 data-parallel ranks");
   for (int d = 0; d < dp->size; d++) {
     int64_t k = r * dp->size + d < n ? r * dp->size + d : n - 1;
     counts[d] = (size_t)(run->seqs->len[k] - 1);
+    chunk = counts[d] > chunk ? counts[d] : chunk;
   }
   const float *got = run->buf;
   if (dp->size > 1) {
-    ML_TRY(ml_all_gather_v(dp, run->buf, (size_t)(S - 1), run->all, counts));
+    ML_TRY(ml_all_gather_padded(dp, run->buf, (size_t)(S - 1), chunk, run->all));
     got = run->all;
   }
-  for (int d = 0; run->out && d < dp->size && r * dp->size + d < n; d++) {
-    write_line(run, r * dp->size + d + 1, got, (int64_t)counts[d]);
-    got += counts[d];
-  }
+  for (int d = 0; run->out && d < dp->size && r * dp->size + d < n; d++)
+    write_line(run, r * dp->size + d + 1, got + (size_t)d * chunk, (int64_t)counts[d]);
   return 0;
 }
 
 static int run_all(lp_run *run) {
-  int64_t n = run->seqs->n, maxlen = 0, dp = run->mesh->dp_comm->size;
+  int64_t n = run->seqs->n, maxlen = 0, dp = run->mesh->groups[ML_GROUP_DP].size;
   for (int64_t i = 0; i < n; i++) maxlen = run->seqs->len[i] > maxlen ? run->seqs->len[i] : maxlen;
   run->buf = ml_malloc(sizeof(float) * (size_t)(maxlen * (dp + 1)), "log-probs");
   if (!run->buf) return -1;
@@ -81,7 +82,7 @@ static int run_all(lp_run *run) {
   return rc;
 }
 
-int ml_cmd_logprobs(int argc, char **argv) {
+int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   const char *model = NULL, *data = NULL, *out = NULL, *plan = NULL;
   int64_t tp = 1;
   bool sp = false;
@@ -101,7 +102,7 @@ int ml_cmd_logprobs(int argc, char **argv) {
   ml_seqs seqs = {0};
   lp_run run = {&mesh, &e, &seqs, NULL, NULL, NULL, 0, 0};
   char tmp[4096];
-  if (rc == 0) rc = ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, (int)tp, &mesh);
+  if (rc == 0) rc = ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, (int)tp, NULL, NULL, &mesh);
   ml_engine_opts eo = ml_engine_opts_default();
   eo.parallel_plan = plan;
   eo.sequence_parallel = sp;
@@ -109,12 +110,12 @@ int ml_cmd_logprobs(int argc, char **argv) {
   if (rc == 0)
     rc = ml_seqs_load_jsonl(data, e.model.cfg.vocab, e.model.cfg.max_positions, &seqs);
   if (rc == 0 && mesh.rank == 0) rc = ml_file_open_tmp(out, tmp, sizeof tmp, &run.out);
-  if (ml_cli_agree(rc) == 0) {
+  if (ml_cli_agree(world, rc) == 0) {
     rc = run_all(&run);
     if (run.out && rc == 0) rc = ml_file_commit(run.out, tmp, out);
     else if (run.out) ml_file_abandon(run.out, tmp);
     run.out = NULL;
-    rc = ml_cli_agree(rc);
+    rc = ml_cli_agree(world, rc);
     if (rc == 0 && run.nonfinite > 0)
       ml_warn("logprobs: %lld log-probs are not finite (NaN or inf), the first on line %lld of "
               "%s; written as null",
@@ -126,6 +127,6 @@ int ml_cmd_logprobs(int argc, char **argv) {
   if (run.out) ml_file_abandon(run.out, tmp);
   ml_seqs_free(&seqs);
   ml_engine_close(&e);
-  if (mesh.world) ml_mesh_destroy(&mesh);
+  ml_mesh_destroy(&mesh);
   return rc;
 }

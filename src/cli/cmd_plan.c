@@ -582,7 +582,7 @@ static int print_json(const plan_run *run) {
   return 0;
 }
 
-int ml_cmd_plan(int argc, char **argv) {
+int ml_cmd_plan(ml_host *world, int argc, char **argv) {
   plan_run run = {.o = {.tp = 1, .dp_shard = 1, .dp_replicate = 1, .seq_len = 128, .batch = 8}};
   plan_opts *o = &run.o;
   ml_arg spec[] = {
@@ -603,7 +603,7 @@ int ml_cmd_plan(int argc, char **argv) {
   if (rc == 1) return 0;
   if (rc == 0) rc = build(&run);
   if (rc == 0) rc = o->json ? print_json(&run) : print_text(&run);
-  rc = ml_cli_agree(rc);
+  rc = ml_cli_agree(world, rc);
   run_free(&run);
   return rc;
 }

@@ -38,6 +38,7 @@
 
 typedef struct train_run {
   const ml_train_opts *o;
+  ml_host *world; /* the CLI's host channel over every rank */
   ml_mesh mesh;
   ml_engine e;
   ml_dataset ds;
@@ -74,14 +75,15 @@ static int shuffle(ml_dataset *ds, int64_t seed) {
 /* Mesh, engine, data (shuffled) and the micro-batch buffers. */
 static int setup(train_run *r) {
   const ml_train_opts *o = r->o;
-  ML_TRY(ml_mesh_create(MPI_COMM_WORLD, (int)o->dp_replicate, 0, (int)o->cp, (int)o->tp, &r->mesh));
+  ML_TRY(ml_mesh_create(MPI_COMM_WORLD, (int)o->dp_replicate, 0, (int)o->cp, (int)o->tp, NULL,
+                        NULL, &r->mesh));
   if (o->save && r->mesh.rank == 0) ML_TRY(ml_run_lock_take(o->save, &r->lock));
   ml_engine_opts eo = ml_train_engine_opts(o);
   ML_TRY(ml_engine_open(&r->e, &r->mesh, o->model, &eo));
   ML_TRY(ml_model_config_check_seq_len(&r->e.model.cfg, o->model, o->seq_len,
                                        "train: flag --seq-len"));
   ML_TRY(ml_dataset_load(o->data, o->seq_len, r->e.model.cfg.vocab, &r->ds));
-  int dp = r->mesh.dp_comm->size;
+  int dp = r->mesh.groups[ML_GROUP_DP].size;
   if (o->batch % (dp * o->grad_accum) != 0)
     return ml_err("train: flag --batch-size %lld is not divisible by the data-parallel size %d "
                   "x --grad-accum %lld = %lld; expected a multiple of it",
@@ -105,14 +107,14 @@ static int setup(train_run *r) {
 static int resume(train_run *r) {
   const ml_train_opts *o = r->o;
   int rc = ml_run_load(&r->e, o->resume, &r->st);
-  ML_TRY(ml_cli_agree(rc));
+  ML_TRY(ml_cli_agree(r->world, rc));
   if (r->st.seed != (uint64_t)o->seed || r->st.nseq != r->ds.nseq)
     rc = ml_err("train: flag --resume %s: the checkpoint was trained with --seed %llu on %lld "
                 "sequences, this run has --seed %lld and %lld sequences (%s); expected the same "
                 "data order",
                 o->resume, (unsigned long long)r->st.seed, (long long)r->st.nseq,
                 (long long)o->seed, (long long)r->ds.nseq, o->data);
-  ML_TRY(ml_cli_agree(rc));
+  ML_TRY(ml_cli_agree(r->world, rc));
   ml_cli_print("train: resumed from %s at step %lld (%lld sequences consumed)\n", o->resume,
                (long long)r->st.step, (long long)r->st.consumed);
   return 0;
@@ -130,7 +132,7 @@ static int64_t count_targets(const ml_dataset *ds, int64_t first, int64_t count)
  * i in [d·count/dp, (d+1)·count/dp), as ml_dataset_batch splits a batch
  * (stream position p is dataset row p mod nseq). */
 static int load_slice(train_run *r, int64_t first, int64_t count) {
-  const ml_comm *dp = r->mesh.dp_comm;
+  const ml_mesh_group *dp = &r->mesh.groups[ML_GROUP_DP];
   int64_t per = count / dp->size, S = r->ds.seq_len;
   for (int64_t i = 0; i < per; i++)
     ML_TRY(ml_dataset_batch(&r->ds, first + dp->rank * per + i, 1, 0, 1, r->ids + i * S,
@@ -172,10 +174,11 @@ static void update(train_run *r, ml_step_metrics *sm) {
   if (ml_engine_adamw(&r->e, &adam)) ml_cli_abort();
 }
 
-static double max_over_world(double v) {
+/* The largest v over every rank (a timing or memory figure for the
+ * metrics; v itself should the host channel fail). */
+static double max_over_world(ml_host *world, double v) {
   double out = v;
-  MPI_Allreduce(&v, &out, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return out;
+  return ml_host_all_reduce_f64(world, &out, 1, ML_RED_MAX) ? v : out;
 }
 
 /* One optimizer step: accumulate, norm, update; metrics out. */
@@ -190,14 +193,14 @@ static void train_step(train_run *r, const ml_lr_schedule *sched, ml_step_metric
   update(r, sm);
   r->st.step++;
   r->st.consumed += o->batch;
-  double dt = max_over_world(MPI_Wtime() - t0);
+  double dt = max_over_world(r->world, MPI_Wtime() - t0);
   sm->tokens_per_s = (double)sm->tokens / dt;
   double rss = ml_peak_rss_mib();
-  sm->peak_rss_mib_max = max_over_world(rss);
-  sm->peak_rss_mib_min = -max_over_world(-rss);
-  double wait = ml_comm_stats_of(r->mesh.dp_shard_comm)->wait_s +
-                ml_comm_stats_of(r->mesh.dp_replicate_comm)->wait_s;
-  sm->fsdp_wait_ms = 1e3 * max_over_world(wait);
+  sm->peak_rss_mib_max = max_over_world(r->world, rss);
+  sm->peak_rss_mib_min = -max_over_world(r->world, -rss);
+  double wait = ml_comm_stats_of(ml_mesh_comm(&r->mesh, ML_GROUP_DP_SHARD))->wait_s +
+                ml_comm_stats_of(ml_mesh_comm(&r->mesh, ML_GROUP_DP_REPLICATE))->wait_s;
+  sm->fsdp_wait_ms = 1e3 * max_over_world(r->world, wait);
 }
 
 /* --save after every --save-every-th step and after the last. Collective. */
@@ -205,40 +208,44 @@ static int maybe_save(train_run *r) {
   const ml_train_opts *o = r->o;
   bool due = r->st.step == o->steps || (o->save_every > 0 && r->st.step % o->save_every == 0);
   if (!o->save || !due) return 0;
-  ML_TRY(ml_cli_agree(ml_run_save(&r->e, o->save, &r->st)));
+  ML_TRY(ml_cli_agree(r->world, ml_run_save(&r->e, o->save, &r->st)));
   ml_cli_print("train: saved run checkpoint %s (step %lld)\n", o->save, (long long)r->st.step);
   return 0;
 }
 
 /* The collectives of the last step per mesh group, as rank 0 saw them, and
- * the time it waited on each group. */
+ * the time it waited on each group that communicated. */
 static void print_comm_summary(const ml_mesh *mesh) {
-  ml_comm *groups[] = {mesh->tp_comm, mesh->dp_shard_comm, mesh->dp_replicate_comm, mesh->dp_comm,
-                       mesh->world};
   ml_cli_print("train: collectives of the last step (rank 0):");
-  for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++) {
-    const ml_comm_stats *st = ml_comm_stats_of(groups[g]);
+  for (int g = 0; g < ML_GROUP_KINDS; g++) {
+    const ml_comm_stats *st = ml_comm_stats_of(ml_mesh_comm(mesh, (ml_group)g));
     for (int k = 0; k < ML_COLL_KINDS; k++)
       if (st->calls[k])
-        ml_cli_print(" %s %s x%lld (%.3f MB)", groups[g]->name, ml_coll_name((ml_coll)k),
-                     (long long)st->calls[k], (double)st->bytes[k] / 1e6);
+        ml_cli_print(" %s %s x%lld (%.3f MB)", ml_group_name((ml_group)g),
+                     ml_coll_name((ml_coll)k), (long long)st->calls[k],
+                     (double)st->bytes[k] / 1e6);
   }
   ml_cli_print("\ntrain: time waiting on communication in the last step (rank 0):");
-  for (size_t g = 0; g < sizeof groups / sizeof groups[0]; g++)
-    if (groups[g]->size > 1)
-      ml_cli_print(" %s %.1f ms", groups[g]->name, 1e3 * ml_comm_stats_of(groups[g])->wait_s);
+  for (int g = 0; g < ML_GROUP_KINDS; g++) {
+    const ml_comm_stats *st = ml_comm_stats_of(ml_mesh_comm(mesh, (ml_group)g));
+    int64_t calls = 0;
+    for (int k = 0; k < ML_COLL_KINDS; k++) calls += st->calls[k];
+    if (mesh->groups[g].size > 1 && calls > 0)
+      ml_cli_print(" %s %.1f ms", ml_group_name((ml_group)g), 1e3 * st->wait_s);
+  }
   ml_cli_print("\n");
 }
 
 /* The mesh's peak FLOP/s for MFU: --peak-tflops, or (0, the default) the
  * GEMM rate every rank sustains at once, summed (ml_gemm_flops_per_s); 0
  * when a rank could not measure. Collective. */
-static double mesh_peak_flops(const ml_train_opts *o, int world) {
+static double mesh_peak_flops(const ml_train_opts *o, ml_host *world) {
   if (o->peak_tflops > 0) return o->peak_tflops * 1e12;
-  MPI_Barrier(MPI_COMM_WORLD);
-  double mine = ml_gemm_flops_per_s(0.25), sum = 0, least = 0;
-  MPI_Allreduce(&mine, &sum, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  MPI_Allreduce(&mine, &least, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  if (ml_host_barrier(world)) return 0;
+  double mine = ml_gemm_flops_per_s(0.25), sum = mine, least = mine;
+  if (ml_host_all_reduce_f64(world, &sum, 1, ML_RED_SUM) ||
+      ml_host_all_reduce_f64(world, &least, 1, ML_RED_MIN))
+    return 0;
   if (least <= 0) {
     ml_cli_print("train: MFU n/a: the GEMM calibration could not allocate its operands; "
                  "--peak-tflops X gives the peak\n");
@@ -246,7 +253,7 @@ static double mesh_peak_flops(const ml_train_opts *o, int world) {
   }
   ml_cli_print("train: MFU against %.3f TFLOP/s measured (fp32 GEMM 1024^3, %d rank%s at once); "
                "--peak-tflops X gives the hardware's peak instead\n",
-               sum / 1e12, world, world > 1 ? "s" : "");
+               sum / 1e12, world->size, world->size > 1 ? "s" : "");
   return sum;
 }
 
@@ -255,7 +262,7 @@ static int train_loop(train_run *r) {
   const ml_model_config *c = &r->e.model.cfg;
   double fpt =
       ml_flops_per_token((double)ml_model_config_num_params(c), c->n_layers, c->hidden, o->seq_len);
-  double peak = mesh_peak_flops(o, r->mesh.world_size);
+  double peak = mesh_peak_flops(o, r->world);
   ml_lr_schedule sched = ml_train_schedule(o);
   while (r->st.step < o->steps) {
     ml_step_metrics sm;
@@ -292,13 +299,13 @@ static int run(train_run *r) {
   int rc = setup(r);
   if (rc == 0 && o->metrics && r->mesh.rank == 0 && (rc = ml_metrics_open(o->metrics, &r->mw)) == 0)
     r->has_metrics = true;
-  ML_TRY(ml_cli_agree(rc));
+  ML_TRY(ml_cli_agree(r->world, rc));
   print_header(r);
   r->st = (ml_run_state){.seed = (uint64_t)o->seed, .nseq = r->ds.nseq};
   if (o->resume) ML_TRY(resume(r));
   ML_TRY(train_loop(r));
   if (!o->export_hf) return 0;
-  ML_TRY(ml_cli_agree(ml_engine_save_hf(&r->e, o->export_hf)));
+  ML_TRY(ml_cli_agree(r->world, ml_engine_save_hf(&r->e, o->export_hf)));
   ml_cli_print("train: exported %s\n", o->export_hf);
   return 0;
 }
@@ -310,10 +317,10 @@ static void run_free(train_run *r) {
   free(r->mask);
   ml_dataset_free(&r->ds);
   ml_engine_close(&r->e);
-  if (r->mesh.world) ml_mesh_destroy(&r->mesh);
+  ml_mesh_destroy(&r->mesh);
 }
 
-int ml_cmd_train(int argc, char **argv) {
+int ml_cmd_train(ml_host *world, int argc, char **argv) {
   ml_train_opts o = ml_train_opts_default();
   ml_arg spec[ML_TRAIN_MAX_FLAGS];
   size_t n = ml_train_flags(&o, spec);
@@ -327,8 +334,8 @@ int ml_cmd_train(int argc, char **argv) {
     return 0;
   }
   if (rc == 0) rc = ml_train_opts_check(&o);
-  train_run r = {.o = &o, .lock = {-1}};
-  if (ml_cli_agree(rc) == 0)
+  train_run r = {.o = &o, .world = world, .lock = {-1}};
+  if (ml_cli_agree(world, rc) == 0)
     rc = run(&r);
   else
     rc = -1;

@@ -24,13 +24,15 @@ int main(int argc, char **argv) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   ml_error_set_rank(rank);
+  ml_host *world = NULL;
+  if (ml_host_create(MPI_COMM_WORLD, "world", &world)) ml_cli_abort();
   int rc = 1;
   const char *cmd = argc > 1 ? argv[1] : "";
-  if (strcmp(cmd, "init") == 0) rc = ml_cmd_init(argc - 2, argv + 2);
-  else if (strcmp(cmd, "train") == 0) rc = ml_cmd_train(argc - 2, argv + 2);
-  else if (strcmp(cmd, "logprobs") == 0) rc = ml_cmd_logprobs(argc - 2, argv + 2);
-  else if (strcmp(cmd, "plan") == 0) rc = ml_cmd_plan(argc - 2, argv + 2);
-  else if (strcmp(cmd, "export") == 0) rc = ml_cmd_export(argc - 2, argv + 2);
+  if (strcmp(cmd, "init") == 0) rc = ml_cmd_init(world, argc - 2, argv + 2);
+  else if (strcmp(cmd, "train") == 0) rc = ml_cmd_train(world, argc - 2, argv + 2);
+  else if (strcmp(cmd, "logprobs") == 0) rc = ml_cmd_logprobs(world, argc - 2, argv + 2);
+  else if (strcmp(cmd, "plan") == 0) rc = ml_cmd_plan(world, argc - 2, argv + 2);
+  else if (strcmp(cmd, "export") == 0) rc = ml_cmd_export(world, argc - 2, argv + 2);
   else if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
     usage(stdout);
     rc = 0;
@@ -43,6 +45,7 @@ int main(int argc, char **argv) {
       usage(stderr);
     }
   }
+  ml_host_destroy(world);
   MPI_Finalize();
   return rc == 0 ? 0 : 1;
 }

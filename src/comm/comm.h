@@ -1,12 +1,38 @@
-/* Collective communication backend: a vtable with an MPI implementation
- * (comm_mpi.c) and a counting wrapper (comm_count.c) that records, per
- * collective, how many calls and how many bytes, for tests and `meshlm plan`.
+/* Data-path collective backend (DESIGN §12): a vtable with an MPI
+ * implementation (comm_mpi.c) and a counting wrapper (comm_count.c) that
+ * records, per collective, how many calls and how many bytes, for tests and
+ * `meshlm plan`. Control-plane values (loss sums, norms, error agreement,
+ * checkpoint metadata) do not travel here: they use the host channel
+ * (comm/host.h), which every backend keeps on MPI.
  *
  * One ml_comm is one process group (a device-mesh dimension or a flattening
- * of several). Every call is collective over the group: all members call it
- * in the same order with the same sizes. Buffers are fp32 unless an element
- * type is given. Semantics follow torch.distributed (all_reduce,
- * all_gather_into_tensor, reduce_scatter_tensor, async_op=True + wait). */
+ * of several). Every call is collective over the group: all members issue
+ * the same collectives in the same order with the same sizes. Every
+ * collective moves equal-size blocks (one per rank), so each call maps 1:1
+ * onto NCCL; uneven torch.chunk shards are padded by the caller
+ * (parallel/redistribute.h, ml_all_gather_padded), as torch's DTensor pads
+ * them. Semantics follow torch.distributed (all_reduce,
+ * all_gather_into_tensor, reduce_scatter_tensor) with async_op=True: every
+ * collective is issued nonblocking and returns an ml_request (torch's Work)
+ * that ml_wait completes; the blocking forms are ml_i* + ml_wait.
+ *
+ * Backends:
+ *  - MPI (CPU): MPI_Iallreduce / MPI_Iallgather / MPI_Ireduce_scatter_block
+ *    on a duplicate of the group's communicator; the request owns the
+ *    MPI_Request and ml_wait is MPI_Wait. bf16 SUM is a user MPI_Op that adds
+ *    in fp32 and rounds to nearest-even (MPI has no bf16 type).
+ *  - A device backend (CUDA + NCCL) maps the same calls onto
+ *    ncclAllReduce / ncclAllGather / ncclReduceScatter (ncclFloat32,
+ *    ncclFloat64, ncclBfloat16; ncclSum / ncclMax / ncclMin) enqueued on the
+ *    group's communication stream, after a cudaStreamWaitEvent on the event
+ *    the compute stream recorded when the inputs were ready; the request is a
+ *    cudaEvent recorded on the communication stream after the collective.
+ *    ml_wait makes the result usable: cudaStreamWaitEvent(compute stream,
+ *    event) (device-side ordering; the host does not block) or
+ *    cudaEventSynchronize when the host reads the result. Buffers are device
+ *    pointers there; one ncclComm per mesh group (parallel/mesh.h's comm
+ *    factory: ncclCommInitRank / ncclCommSplit bootstrapped over the group's
+ *    MPI communicator). */
 #ifndef ML_COMM_H
 #define ML_COMM_H
 
@@ -16,39 +42,33 @@
 typedef enum { ML_RED_SUM, ML_RED_MAX, ML_RED_MIN } ml_redop;
 /* Element types on the wire. ML_ELEM_BF16 is uint16 bf16 (tensor/dtype.h);
  * its SUM adds pairs in fp32 and rounds to bf16 (as NCCL's bf16 reduction),
- * so a bf16 reduction moves half an fp32 one's bytes. */
+ * so a bf16 reduction moves half an fp32 one's bytes; MAX and MIN are not
+ * supported on it. ML_ELEM_F64 (ncclFloat64) is kept for the engine's scalar
+ * reductions that have not yet moved to the host channel. */
 typedef enum { ML_ELEM_F32, ML_ELEM_F64, ML_ELEM_BF16 } ml_elem;
 
 /* Bytes per element: 4, 8, 2. */
 size_t ml_elem_size(ml_elem e);
 
-/* A collective in flight (torch's Work): started by ml_iall_gather, done
- * after ml_wait. impl belongs to the backend. */
+/* A collective in flight (torch's Work): started by ml_iall_reduce,
+ * ml_iall_gather or ml_ireduce_scatter, done after ml_wait on the comm that
+ * started it. impl belongs to the backend (MPI: an MPI_Request; NCCL: a
+ * cudaEvent); NULL when nothing is in flight. */
 typedef struct ml_request {
   void *impl;
 } ml_request;
 
-typedef enum {
-  ML_COLL_ALL_REDUCE,
-  ML_COLL_ALL_GATHER,
-  ML_COLL_REDUCE_SCATTER,
-  ML_COLL_BROADCAST,
-  ML_COLL_KINDS
-} ml_coll;
+typedef enum { ML_COLL_ALL_REDUCE, ML_COLL_ALL_GATHER, ML_COLL_REDUCE_SCATTER, ML_COLL_KINDS } ml_coll;
 
 typedef struct ml_comm ml_comm;
 
+/* The backend's entry points (see the public functions below). */
 typedef struct ml_comm_ops {
-  int (*all_reduce)(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op);
-  int (*all_gather)(ml_comm *c, const void *send, void *recv, size_t n_per_rank, ml_elem elem);
-  int (*all_gather_v)(ml_comm *c, const float *send, size_t n_send, float *recv,
-                      const size_t *counts);
-  int (*reduce_scatter)(ml_comm *c, const void *send, void *recv, size_t n_per_rank,
-                        ml_elem elem);
-  int (*reduce_scatter_v)(ml_comm *c, const float *send, float *recv, const size_t *counts);
-  int (*broadcast)(ml_comm *c, void *buf, size_t bytes, int root);
+  int (*iall_reduce)(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op, ml_request *req);
   int (*iall_gather)(ml_comm *c, const void *send, void *recv, size_t n_per_rank, ml_elem elem,
                      ml_request *req);
+  int (*ireduce_scatter)(ml_comm *c, const void *send, void *recv, size_t n_per_rank,
+                         ml_elem elem, ml_request *req);
   int (*wait)(ml_comm *c, ml_request *req);
   void (*destroy)(ml_comm *c);
 } ml_comm_ops;
@@ -57,57 +77,56 @@ struct ml_comm {
   const ml_comm_ops *ops;
   void *impl;
   int rank, size;
-  char name[32]; /* mesh dimension name, for messages and stats ("tp", "dp_shard") */
+  char name[32]; /* mesh group name, for messages and stats ("tp", "dp_shard") */
 };
 
-/* In place: buf[n] = op over ranks of buf[n] (BF16: SUM only). */
-int ml_all_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op);
-/* recv[size * n] = concatenation of every rank's send[n], in rank order. */
-int ml_all_gather(ml_comm *c, const float *send, float *recv, size_t n_per_rank);
-/* The same for any element type: recv[size * n] of `elem`. */
-int ml_all_gather_t(ml_comm *c, const void *send, void *recv, size_t n_per_rank, ml_elem elem);
-/* Nonblocking ml_all_gather_t (MPI_Iallgather): returns once started;
- * send and recv must stay untouched until ml_wait(c, req) returns. Every
- * member starts the same gathers in the same order. */
+/* ---- nonblocking: each returns once the collective is issued; its
+ * buffers must stay untouched (send unread-only, recv / buf unread) until
+ * ml_wait(c, req) returns. On error nothing is in flight (req->impl NULL).
+ * Errors: a count beyond the backend's limit (MPI: int), BF16 with MAX or
+ * MIN, allocation, the backend's failure (with its message). */
+
+/* In place: buf[n] = op over ranks of buf[n] (torch all_reduce). */
+int ml_iall_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op, ml_request *req);
+/* recv[size · n] = concatenation of every rank's send[n] in rank order
+ * (torch all_gather_into_tensor). send and recv must not overlap. */
 int ml_iall_gather(ml_comm *c, const void *send, void *recv, size_t n_per_rank, ml_elem elem,
                    ml_request *req);
-/* Block until req completes (req->impl is released). */
+/* recv[n] = sum over ranks of their send[rank · n .. (rank+1) · n)
+ * (torch reduce_scatter_tensor, SUM). send [size · n] and recv must not
+ * overlap. */
+int ml_ireduce_scatter(ml_comm *c, const void *send, void *recv, size_t n_per_rank, ml_elem elem,
+                       ml_request *req);
+/* Complete req (see above for what that means on a device backend) and
+ * release it (req->impl = NULL). Returns 0 at once when nothing is in
+ * flight. */
 int ml_wait(ml_comm *c, ml_request *req);
-/* Uneven all-gather (torch.chunk shards): rank r sends counts[r] floats
- * (n_send == counts[rank]); recv = concatenation in rank order. */
-int ml_all_gather_v(ml_comm *c, const float *send, size_t n_send, float *recv,
-                    const size_t *counts);
-/* recv[n] = sum over ranks of send[rank * n .. (rank+1) * n). */
+
+/* ---- blocking: the nonblocking call, then ml_wait. */
+
+int ml_all_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op);
+/* fp32 ml_iall_gather + ml_wait. */
+int ml_all_gather(ml_comm *c, const float *send, float *recv, size_t n_per_rank);
+int ml_all_gather_t(ml_comm *c, const void *send, void *recv, size_t n_per_rank, ml_elem elem);
+/* fp32 ml_ireduce_scatter + ml_wait. */
 int ml_reduce_scatter(ml_comm *c, const float *send, float *recv, size_t n_per_rank);
-/* The same for any element type (BF16: see ml_elem). */
 int ml_reduce_scatter_t(ml_comm *c, const void *send, void *recv, size_t n_per_rank, ml_elem elem);
-/* Uneven reduce-scatter (torch.chunk shards): send = concatenation of every
- * rank's block in rank order, block r has counts[r] floats (zero allowed);
- * recv[counts[rank]] = sum over ranks of this rank's block. send and recv
- * must not overlap. */
-int ml_reduce_scatter_v(ml_comm *c, const float *send, float *recv, const size_t *counts);
-/* buf[bytes] from `root` to every rank. */
-int ml_broadcast(ml_comm *c, void *buf, size_t bytes, int root);
+
 void ml_comm_destroy(ml_comm *c);
 
-/* Collective: 0 when rc == 0 on every rank, else −1 on every rank, each of
- * which then holds the lowest failing rank's message and origin
- * (common/status.h: broadcast from it, replacing whatever this rank had
- * recorded). For steps where only some ranks may fail (rank 0 writing a
- * file, one rank's disk full), so that all exit and whichever rank prints
- * shows the real cause and the rank it arose on. */
-int ml_comm_agree(ml_comm *c, int rc);
-
-/* Counting wrapper: calls pass through to `inner` (which it owns). */
+/* Counting wrapper (the role of torch's CommDebugMode): calls pass through
+ * to `inner` (which it owns). */
 typedef struct ml_comm_stats {
   int64_t calls[ML_COLL_KINDS];
-  /* Bytes of the collective's full buffer per rank: all-reduce n·elem,
-   * all-gather and reduce-scatter size·n_per_rank·elem (the unsharded
-   * size; sum(counts)·4 for the uneven _v forms), broadcast the buffer.
-   * A nonblocking all-gather counts when it starts. */
+  /* Bytes of the collective's full buffer per rank, counted when the
+   * collective is issued: all-reduce n·elem, all-gather and reduce-scatter
+   * size·n_per_rank·elem. For uneven torch.chunk shards n_per_rank is the
+   * padded chunk (ceil(n / size) rows), so these count the padding too:
+   * what goes on the wire, not the tensor's size. */
   int64_t bytes[ML_COLL_KINDS];
-  /* Wall-clock seconds spent inside blocking collectives and ml_wait: the
-   * time this rank waited on communication. */
+  /* Wall-clock seconds spent inside ml_wait (every blocking collective
+   * waits there too): the time this rank waited on communication. Issuing
+   * is not counted. */
   double wait_s;
 } ml_comm_stats;
 
@@ -115,6 +134,7 @@ int ml_comm_counting_create(ml_comm *inner, ml_comm **out);
 /* The stats of a counting comm (NULL for any other comm). */
 ml_comm_stats *ml_comm_stats_of(ml_comm *c);
 void ml_comm_stats_reset(ml_comm *c);
+/* "all_reduce", "all_gather", "reduce_scatter". */
 const char *ml_coll_name(ml_coll k);
 
 #endif

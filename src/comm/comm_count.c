@@ -1,5 +1,6 @@
 /* Counting wrapper: forwards every collective to the wrapped comm and
- * records calls and bytes per kind (the role of torch's CommDebugMode). */
+ * records calls and bytes per kind when it is issued, and the time spent
+ * waiting for it (the role of torch's CommDebugMode). */
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -25,23 +26,10 @@ static double now_s(void) {
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* Run a blocking call, adding its wall time to wait_s. */
-#define TIMED(c, call)                           \
-  do {                                           \
-    double t0_ = now_s();                        \
-    int rc_ = (call);                            \
-    cnt_of(c)->stats.wait_s += now_s() - t0_;    \
-    return rc_;                                  \
-  } while (0)
-
-static int cnt_all_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op) {
+static int cnt_iall_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op,
+                           ml_request *req) {
   record(c, ML_COLL_ALL_REDUCE, n * ml_elem_size(elem));
-  TIMED(c, ml_all_reduce(cnt_of(c)->inner, buf, n, elem, op));
-}
-
-static int cnt_all_gather(ml_comm *c, const void *send, void *recv, size_t n, ml_elem elem) {
-  record(c, ML_COLL_ALL_GATHER, n * (size_t)c->size * ml_elem_size(elem));
-  TIMED(c, ml_all_gather_t(cnt_of(c)->inner, send, recv, n, elem));
+  return ml_iall_reduce(cnt_of(c)->inner, buf, n, elem, op, req);
 }
 
 static int cnt_iall_gather(ml_comm *c, const void *send, void *recv, size_t n, ml_elem elem,
@@ -50,31 +38,18 @@ static int cnt_iall_gather(ml_comm *c, const void *send, void *recv, size_t n, m
   return ml_iall_gather(cnt_of(c)->inner, send, recv, n, elem, req);
 }
 
-static int cnt_wait(ml_comm *c, ml_request *req) { TIMED(c, ml_wait(cnt_of(c)->inner, req)); }
-
-static int cnt_all_gather_v(ml_comm *c, const float *send, size_t n_send, float *recv,
-                            const size_t *counts) {
-  size_t total = 0;
-  for (int r = 0; r < c->size; r++) total += counts[r];
-  record(c, ML_COLL_ALL_GATHER, total * 4);
-  TIMED(c, ml_all_gather_v(cnt_of(c)->inner, send, n_send, recv, counts));
-}
-
-static int cnt_reduce_scatter(ml_comm *c, const void *send, void *recv, size_t n, ml_elem elem) {
+static int cnt_ireduce_scatter(ml_comm *c, const void *send, void *recv, size_t n, ml_elem elem,
+                               ml_request *req) {
   record(c, ML_COLL_REDUCE_SCATTER, n * (size_t)c->size * ml_elem_size(elem));
-  TIMED(c, ml_reduce_scatter_t(cnt_of(c)->inner, send, recv, n, elem));
+  return ml_ireduce_scatter(cnt_of(c)->inner, send, recv, n, elem, req);
 }
 
-static int cnt_reduce_scatter_v(ml_comm *c, const float *send, float *recv, const size_t *counts) {
-  size_t total = 0;
-  for (int r = 0; r < c->size; r++) total += counts[r];
-  record(c, ML_COLL_REDUCE_SCATTER, total * 4);
-  TIMED(c, ml_reduce_scatter_v(cnt_of(c)->inner, send, recv, counts));
-}
-
-static int cnt_broadcast(ml_comm *c, void *buf, size_t bytes, int root) {
-  record(c, ML_COLL_BROADCAST, bytes);
-  TIMED(c, ml_broadcast(cnt_of(c)->inner, buf, bytes, root));
+/* The inner request is req itself: its wait, timed into wait_s. */
+static int cnt_wait(ml_comm *c, ml_request *req) {
+  double t0 = now_s();
+  int rc = ml_wait(cnt_of(c)->inner, req);
+  cnt_of(c)->stats.wait_s += now_s() - t0;
+  return rc;
 }
 
 static void cnt_destroy(ml_comm *c) {
@@ -83,9 +58,8 @@ static void cnt_destroy(ml_comm *c) {
   free(c);
 }
 
-static const ml_comm_ops counting_ops = {
-    cnt_all_reduce, cnt_all_gather,  cnt_all_gather_v, cnt_reduce_scatter, cnt_reduce_scatter_v,
-    cnt_broadcast,  cnt_iall_gather, cnt_wait,         cnt_destroy};
+static const ml_comm_ops counting_ops = {cnt_iall_reduce, cnt_iall_gather, cnt_ireduce_scatter,
+                                         cnt_wait, cnt_destroy};
 
 int ml_comm_counting_create(ml_comm *inner, ml_comm **out) {
   ml_comm *c = ml_calloc(1, sizeof *c, "counting comm");

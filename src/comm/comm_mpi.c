@@ -10,13 +10,15 @@
 
 static MPI_Comm mpi_of(ml_comm *c) { return *(MPI_Comm *)c->impl; }
 
-static int mpi_check(ml_comm *c, int rc, const char *what) {
+int ml_mpi_check(int rc, const char *what, const char *group) {
   if (rc == MPI_SUCCESS) return 0;
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, msg, &len);
-  return ml_err("%s on comm '%s' failed: %s", what, c->name, msg);
+  return ml_err("%s on group '%s' failed: %s", what, group, msg);
 }
+
+static int mpi_check(ml_comm *c, int rc, const char *what) { return ml_mpi_check(rc, what, c->name); }
 
 static int count_ok(ml_comm *c, size_t n) {
   if (n <= (size_t)INT_MAX) return 0;
@@ -48,18 +50,27 @@ static int mpi_op(ml_comm *c, ml_elem elem, ml_redop op, MPI_Op *out) {
   return 0;
 }
 
-static int mpi_all_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op) {
+/* Hand the started MPI request r to req, or free it when MPI refused to
+ * start (rc: the MPI_I* call's status). */
+static int started(ml_comm *c, ml_request *req, MPI_Request *r, int rc, const char *what) {
+  if (mpi_check(c, rc, what)) {
+    free(r);
+    return -1;
+  }
+  req->impl = r;
+  return 0;
+}
+
+static int mpi_iall_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op,
+                           ml_request *req) {
   ML_TRY(count_ok(c, n));
   MPI_Op o = MPI_SUM;
   ML_TRY(mpi_op(c, elem, op, &o));
-  return mpi_check(c, MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(elem), o, mpi_of(c)),
-                   "MPI_Allreduce");
-}
-
-static int mpi_all_gather(ml_comm *c, const void *send, void *recv, size_t n, ml_elem elem) {
-  ML_TRY(count_ok(c, n * (size_t)c->size));
-  MPI_Datatype t = mpi_type(elem);
-  return mpi_check(c, MPI_Allgather(send, (int)n, t, recv, (int)n, t, mpi_of(c)), "MPI_Allgather");
+  MPI_Request *r = ml_malloc(sizeof *r, "MPI request");
+  if (!r) return -1;
+  return started(c, req, r,
+                 MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(elem), o, mpi_of(c), r),
+                 "MPI_Iallreduce");
 }
 
 static int mpi_iall_gather(ml_comm *c, const void *send, void *recv, size_t n, ml_elem elem,
@@ -68,11 +79,20 @@ static int mpi_iall_gather(ml_comm *c, const void *send, void *recv, size_t n, m
   MPI_Request *r = ml_malloc(sizeof *r, "MPI request");
   if (!r) return -1;
   MPI_Datatype t = mpi_type(elem);
-  int rc = mpi_check(c, MPI_Iallgather(send, (int)n, t, recv, (int)n, t, mpi_of(c), r),
-                     "MPI_Iallgather");
-  if (rc) free(r);
-  else req->impl = r;
-  return rc;
+  return started(c, req, r, MPI_Iallgather(send, (int)n, t, recv, (int)n, t, mpi_of(c), r),
+                 "MPI_Iallgather");
+}
+
+static int mpi_ireduce_scatter(ml_comm *c, const void *send, void *recv, size_t n, ml_elem elem,
+                               ml_request *req) {
+  ML_TRY(count_ok(c, n * (size_t)c->size));
+  MPI_Op o = MPI_SUM;
+  ML_TRY(mpi_op(c, elem, ML_RED_SUM, &o));
+  MPI_Request *r = ml_malloc(sizeof *r, "MPI request");
+  if (!r) return -1;
+  return started(c, req, r,
+                 MPI_Ireduce_scatter_block(send, recv, (int)n, mpi_type(elem), o, mpi_of(c), r),
+                 "MPI_Ireduce_scatter_block");
 }
 
 static int mpi_wait(ml_comm *c, ml_request *req) {
@@ -81,56 +101,6 @@ static int mpi_wait(ml_comm *c, ml_request *req) {
   free(r);
   req->impl = NULL;
   return rc;
-}
-
-static int mpi_all_gather_v(ml_comm *c, const float *send, size_t n_send, float *recv,
-                            const size_t *counts) {
-  int *cnt = ml_malloc(sizeof(int) * 2 * (size_t)c->size, "allgatherv counts");
-  if (!cnt) return -1;
-  int *displ = cnt + c->size;
-  size_t off = 0;
-  for (int r = 0; r < c->size; r++) {
-    displ[r] = (int)off;
-    cnt[r] = (int)counts[r];
-    off += counts[r];
-  }
-  int rc = count_ok(c, off);
-  if (rc == 0)
-    rc = mpi_check(c,
-                   MPI_Allgatherv(send, (int)n_send, MPI_FLOAT, recv, cnt, displ, MPI_FLOAT,
-                                  mpi_of(c)),
-                   "MPI_Allgatherv");
-  free(cnt);
-  return rc;
-}
-
-static int mpi_reduce_scatter(ml_comm *c, const void *send, void *recv, size_t n, ml_elem elem) {
-  ML_TRY(count_ok(c, n * (size_t)c->size));
-  MPI_Op o = MPI_SUM;
-  ML_TRY(mpi_op(c, elem, ML_RED_SUM, &o));
-  return mpi_check(c, MPI_Reduce_scatter_block(send, recv, (int)n, mpi_type(elem), o, mpi_of(c)),
-                   "MPI_Reduce_scatter_block");
-}
-
-static int mpi_reduce_scatter_v(ml_comm *c, const float *send, float *recv, const size_t *counts) {
-  int *cnt = ml_malloc(sizeof(int) * (size_t)c->size, "reduce_scatter counts");
-  if (!cnt) return -1;
-  size_t total = 0;
-  for (int r = 0; r < c->size; r++) {
-    cnt[r] = (int)counts[r];
-    total += counts[r];
-  }
-  int rc = count_ok(c, total);
-  if (rc == 0)
-    rc = mpi_check(c, MPI_Reduce_scatter(send, recv, cnt, MPI_FLOAT, MPI_SUM, mpi_of(c)),
-                   "MPI_Reduce_scatter");
-  free(cnt);
-  return rc;
-}
-
-static int mpi_broadcast(ml_comm *c, void *buf, size_t bytes, int root) {
-  ML_TRY(count_ok(c, bytes));
-  return mpi_check(c, MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, mpi_of(c)), "MPI_Bcast");
 }
 
 static void mpi_destroy(ml_comm *c) {
@@ -142,9 +112,8 @@ static void mpi_destroy(ml_comm *c) {
   free(c);
 }
 
-static const ml_comm_ops mpi_ops = {
-    mpi_all_reduce, mpi_all_gather,  mpi_all_gather_v, mpi_reduce_scatter, mpi_reduce_scatter_v,
-    mpi_broadcast,  mpi_iall_gather, mpi_wait,         mpi_destroy};
+static const ml_comm_ops mpi_ops = {mpi_iall_reduce, mpi_iall_gather, mpi_ireduce_scatter,
+                                    mpi_wait, mpi_destroy};
 
 int ml_comm_mpi_create(MPI_Comm mc, const char *name, ml_comm **out) {
   ml_comm *c = ml_calloc(1, sizeof *c, "comm");
@@ -166,4 +135,9 @@ int ml_comm_mpi_create(MPI_Comm mc, const char *name, ml_comm **out) {
   MPI_Comm_size(*dup, &c->size);
   *out = c;
   return 0;
+}
+
+int ml_comm_mpi_make(void *ctx, MPI_Comm group, const char *name, ml_comm **out) {
+  (void)ctx;
+  return ml_comm_mpi_create(group, name, out);
 }

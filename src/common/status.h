@@ -7,8 +7,8 @@
  * ml_error_clear() wins, as it is closest to the cause. Whoever handles the
  * failure clears it, so the next one starts afresh: the CLI once it has
  * printed it (ml_cli_agree), an agreement across ranks that replaces it by
- * the group's first failing rank's message (ml_comm_agree), a caller that
- * recovers and carries on. One record per thread, like errno.
+ * the group's first failing rank's message (ml_host_agree, comm/host.h), a
+ * caller that recovers and carries on. One record per thread, like errno.
  *
  * A record carries its origin, the world rank of the process where it
  * arose (ml_error_set_rank), so a message that travelled to another rank
@@ -35,7 +35,7 @@ int ml_error_origin(void);
 void ml_error_clear(void);
 
 /* Replace the record by `msg`, a message that arose on world rank `origin`
- * (received from it: ml_comm_agree). Returns -1. */
+ * (received from it: ml_host_agree). Returns -1. */
 int ml_error_adopt(int origin, const char *msg);
 
 /* This process's world rank, the origin of the messages it records (0 until

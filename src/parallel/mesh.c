@@ -1,26 +1,52 @@
 #include "parallel/mesh.h"
 
-#include <mpi.h>
 #include <string.h>
 
 #include "comm/comm_mpi.h"
 #include "common/status.h"
 
-/* A counting comm over the ranks sharing `color` (key = world rank keeps
- * the mesh order inside the group). */
-static int group_create(MPI_Comm base, int color, int rank, const char *name, ml_comm **out) {
+/* The mesh dimensions, slowest first (tp fastest). */
+enum { DIM_DPR, DIM_DPS, DIM_CP, DIM_TP, DIMS };
+
+/* The dimensions each group spans (bit d = dimension d). */
+static const unsigned group_dims[ML_GROUP_KINDS] = {
+    [ML_GROUP_WORLD] = 1u << DIM_DPR | 1u << DIM_DPS | 1u << DIM_CP | 1u << DIM_TP,
+    [ML_GROUP_DP_REPLICATE] = 1u << DIM_DPR,
+    [ML_GROUP_DP_SHARD] = 1u << DIM_DPS,
+    [ML_GROUP_CP] = 1u << DIM_CP,
+    [ML_GROUP_TP] = 1u << DIM_TP,
+    [ML_GROUP_DP] = 1u << DIM_DPR | 1u << DIM_DPS,
+    [ML_GROUP_DP_SHARD_CP] = 1u << DIM_DPS | 1u << DIM_CP,
+    [ML_GROUP_DP_CP] = 1u << DIM_DPR | 1u << DIM_DPS | 1u << DIM_CP,
+};
+
+const char *ml_group_name(ml_group g) {
+  static const char *names[ML_GROUP_KINDS] = {"world", "dp_replicate", "dp_shard", "cp",
+                                              "tp",    "dp",           "dp_shard_cp", "dp_cp"};
+  return g >= 0 && g < ML_GROUP_KINDS ? names[g] : "?";
+}
+
+/* Group g's data comm and host channel over the ranks sharing `color`
+ * (key = world rank keeps the mesh order inside the group). */
+static int group_create(MPI_Comm base, int color, int key, ml_group g, ml_comm_factory make,
+                        void *ctx, ml_mesh_group *out) {
+  const char *name = ml_group_name(g);
   MPI_Comm sub;
-  if (MPI_Comm_split(base, color, rank, &sub) != MPI_SUCCESS)
-    return ml_err("MPI_Comm_split for mesh group '%s' failed", name);
+  ML_TRY(ml_mpi_check(MPI_Comm_split(base, color, key, &sub), "MPI_Comm_split", name));
+  out->name = name;
+  MPI_Comm_size(sub, &out->size);
+  MPI_Comm_rank(sub, &out->rank);
   ml_comm *raw = NULL;
-  int rc = ml_comm_mpi_create(sub, name, &raw);
+  int rc = make(ctx, sub, name, &raw);
+  if (rc == 0 && (raw->rank != out->rank || raw->size != out->size))
+    rc = ml_err("mesh group '%s': the comm factory made a comm of rank %d of %d; expected rank %d "
+                "of %d (the group's MPI communicator)",
+                name, raw->rank, raw->size, out->rank, out->size);
+  if (rc == 0) rc = ml_comm_counting_create(raw, &out->comm);
+  if (rc != 0) ml_comm_destroy(raw);
+  if (rc == 0) rc = ml_host_create(sub, name, &out->host);
   MPI_Comm_free(&sub);
-  ML_TRY(rc);
-  if (ml_comm_counting_create(raw, out)) {
-    ml_comm_destroy(raw);
-    return -1;
-  }
-  return 0;
+  return rc;
 }
 
 static int check_sizes(int world, int dpr, int dps, int cp, int tp) {
@@ -34,7 +60,8 @@ static int check_sizes(int world, int dpr, int dps, int cp, int tp) {
   return 0;
 }
 
-int ml_mesh_create(MPI_Comm base, int dp_replicate, int dp_shard, int cp, int tp, ml_mesh *out) {
+int ml_mesh_create(MPI_Comm base, int dp_replicate, int dp_shard, int cp, int tp,
+                   ml_comm_factory make_comm, void *ctx, ml_mesh *out) {
   memset(out, 0, sizeof *out);
   MPI_Comm_size(base, &out->world_size);
   MPI_Comm_rank(base, &out->rank);
@@ -51,38 +78,46 @@ int ml_mesh_create(MPI_Comm base, int dp_replicate, int dp_shard, int cp, int tp
   out->dp_shard = dp_shard;
   out->cp = cp;
   out->tp = tp;
-  out->tp_rank = r % tp;
-  out->cp_rank = (r / tp) % cp;
-  out->dp_shard_rank = (r / (tp * cp)) % dp_shard;
-  out->dp_replicate_rank = r / (tp * cp * dp_shard);
-  /* Colors: the coordinates that stay fixed inside each group. */
-  int tp_color = r / tp;
-  int dps_color = out->dp_replicate_rank * (cp * tp) + out->cp_rank * tp + out->tp_rank;
-  int dp_color = out->cp_rank * tp + out->tp_rank;
-  int dpr_color = out->dp_shard_rank * (cp * tp) + dp_color;
-  if (group_create(base, 0, r, "world", &out->world) || group_create(base, tp_color, r, "tp", &out->tp_comm) ||
-      group_create(base, dps_color, r, "dp_shard", &out->dp_shard_comm) ||
-      group_create(base, dp_color, r, "dp", &out->dp_comm) ||
-      group_create(base, dpr_color, r, "dp_replicate", &out->dp_replicate_comm)) {
-    ml_mesh_destroy(out);
-    return -1;
+  /* row-major coordinates: stride of each dimension, tp fastest */
+  const int size[DIMS] = {dp_replicate, dp_shard, cp, tp};
+  const int stride[DIMS] = {dp_shard * cp * tp, cp * tp, tp, 1};
+  int coord[DIMS];
+  for (int d = 0; d < DIMS; d++) coord[d] = r / stride[d] % size[d];
+  out->dp_replicate_rank = coord[DIM_DPR];
+  out->dp_shard_rank = coord[DIM_DPS];
+  out->cp_rank = coord[DIM_CP];
+  out->tp_rank = coord[DIM_TP];
+  if (!make_comm) make_comm = ml_comm_mpi_make;
+  for (int g = 0; g < ML_GROUP_KINDS; g++) {
+    /* the color: this rank with the group's coordinates set to 0, i.e. the
+     * coordinates that stay fixed inside the group */
+    int color = r;
+    for (int d = 0; d < DIMS; d++)
+      if (group_dims[g] >> d & 1u) color -= coord[d] * stride[d];
+    if (group_create(base, color, r, (ml_group)g, make_comm, ctx, &out->groups[g])) {
+      ml_mesh_destroy(out);
+      return -1;
+    }
   }
+  out->world = out->groups[ML_GROUP_WORLD].comm;
+  out->tp_comm = out->groups[ML_GROUP_TP].comm;
+  out->dp_shard_comm = out->groups[ML_GROUP_DP_SHARD].comm;
+  out->dp_replicate_comm = out->groups[ML_GROUP_DP_REPLICATE].comm;
+  out->dp_comm = out->groups[ML_GROUP_DP].comm;
   return 0;
 }
 
 void ml_mesh_destroy(ml_mesh *m) {
-  ml_comm_destroy(m->world);
-  ml_comm_destroy(m->tp_comm);
-  ml_comm_destroy(m->dp_shard_comm);
-  ml_comm_destroy(m->dp_comm);
-  ml_comm_destroy(m->dp_replicate_comm);
+  for (int g = 0; g < ML_GROUP_KINDS; g++) {
+    ml_comm_destroy(m->groups[g].comm);
+    ml_host_destroy(m->groups[g].host);
+  }
   memset(m, 0, sizeof *m);
 }
 
+ml_comm *ml_mesh_comm(const ml_mesh *m, ml_group g) { return m->groups[g].comm; }
+ml_host *ml_mesh_host(const ml_mesh *m, ml_group g) { return m->groups[g].host; }
+
 void ml_mesh_stats_reset(ml_mesh *m) {
-  ml_comm_stats_reset(m->world);
-  ml_comm_stats_reset(m->tp_comm);
-  ml_comm_stats_reset(m->dp_shard_comm);
-  ml_comm_stats_reset(m->dp_comm);
-  ml_comm_stats_reset(m->dp_replicate_comm);
+  for (int g = 0; g < ML_GROUP_KINDS; g++) ml_comm_stats_reset(m->groups[g].comm);
 }

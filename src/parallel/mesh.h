@@ -1,33 +1,95 @@
-/* Device mesh over an MPI communicator (MPI_COMM_WORLD for a job): dp_replicate × dp_shard × cp × tp,
- * row-major with tp fastest (ranks r .. r+tp−1 form one tp group), as
- * torch's init_device_mesh(("dp_replicate", "dp_shard", "cp", "tp")) and
- * NeMo's mesh layout. One process group per dimension plus the flattened
- * groups FSDP and the reductions use (DESIGN §2). Every group is a counting
- * comm, so collectives can be inspected per dimension. */
+/* Device mesh over an MPI communicator (MPI_COMM_WORLD for a job):
+ * dp_replicate × dp_shard × cp × tp, row-major with tp fastest (ranks
+ * r .. r+tp−1 form one tp group), as torch's
+ * init_device_mesh(("dp_replicate", "dp_shard", "cp", "tp")) and NeMo
+ * Automodel's mesh layout (DESIGN §2). One process group per dimension plus
+ * the flattened ones (torch's DeviceMesh._flatten, Automodel's names), all
+ * in one table indexed by ml_group:
+ *   world          every rank
+ *   dp_replicate   HSDP: the replicas of one shard (grads all-reduced)
+ *   dp_shard       the data-parallel shards of one replica
+ *   cp             context parallel (sequence shards of one sample)
+ *   tp             tensor parallel
+ *   dp             dp_replicate × dp_shard: data loading
+ *   dp_shard_cp    dp_shard × cp: the group FSDP shards parameters over
+ *   dp_cp          dp_replicate × dp_shard × cp: loss and grad-norm reductions
+ * A flattened group orders its members by world rank (the mesh's row-major
+ * order), so its rank is the row-major index of the member's coordinates
+ * in those dimensions.
+ *
+ * Each group has a data comm (comm/comm.h: a counting comm over the
+ * backend's comm, which the caller's factory makes from the group's MPI
+ * communicator) and a host channel (comm/host.h, MPI) for control values. */
 #ifndef ML_MESH_H
 #define ML_MESH_H
 
 #include <mpi.h>
 
 #include "comm/comm.h"
+#include "comm/host.h"
+
+typedef enum {
+  ML_GROUP_WORLD,
+  ML_GROUP_DP_REPLICATE,
+  ML_GROUP_DP_SHARD,
+  ML_GROUP_CP,
+  ML_GROUP_TP,
+  ML_GROUP_DP,
+  ML_GROUP_DP_SHARD_CP,
+  ML_GROUP_DP_CP,
+  ML_GROUP_KINDS
+} ml_group;
+
+/* "world", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp",
+ * "dp_cp": the names the mesh gives its groups' comms and channels ("?"
+ * out of range). */
+const char *ml_group_name(ml_group g);
+
+/* The backend's data-comm factory: a comm over the ranks of `group` (an MPI
+ * communicator the mesh frees after the call; the comm keeps what it needs,
+ * e.g. a duplicate, or an NCCL communicator bootstrapped over it with
+ * ncclGetUniqueId + broadcast + ncclCommInitRank, or split from a parent
+ * with ncclCommSplit). `name` is the group's (ml_group_name). Collective
+ * over `group`. Returns 0 with *out set, or −1 with the error recorded. */
+typedef int (*ml_comm_factory)(void *ctx, MPI_Comm group, const char *name, ml_comm **out);
+
+/* One mesh group. */
+typedef struct ml_mesh_group {
+  ml_comm *comm; /* data path: a counting comm over the factory's comm */
+  ml_host *host; /* control plane */
+  int size, rank;
+  const char *name; /* ml_group_name */
+} ml_mesh_group;
 
 typedef struct ml_mesh {
   int world_size, rank;
   int dp_replicate, dp_shard, cp, tp; /* sizes */
   int dp_replicate_rank, dp_shard_rank, cp_rank, tp_rank;
-  ml_comm *world;
-  ml_comm *tp_comm;
-  ml_comm *dp_shard_comm; /* FSDP shards over dp_shard × cp (cp = 1 for now) */
-  ml_comm *dp_replicate_comm; /* HSDP: the replicas of one shard (grads all-reduced) */
-  ml_comm *dp_comm;       /* dp_replicate × dp_shard: data loading and the loss */
+  ml_mesh_group groups[ML_GROUP_KINDS];
+  /* Aliases of groups[g].comm kept for code written before the table;
+   * new code uses ml_mesh_comm / ml_mesh_host. */
+  ml_comm *world;             /* ML_GROUP_WORLD */
+  ml_comm *tp_comm;           /* ML_GROUP_TP */
+  ml_comm *dp_shard_comm;     /* ML_GROUP_DP_SHARD (FSDP's group while cp = 1) */
+  ml_comm *dp_replicate_comm; /* ML_GROUP_DP_REPLICATE */
+  ml_comm *dp_comm;           /* ML_GROUP_DP */
 } ml_mesh;
 
-/* Build the mesh over the ranks of `base` (its size is the world size). dp_replicate, cp and tp must be
- * >= 1; dp_shard <= 0 means "infer" (world / (dp_replicate·cp·tp)).
+/* Build the mesh over the ranks of `base` (its size is the world size).
+ * dp_replicate, cp and tp must be >= 1; dp_shard <= 0 means "infer"
+ * (world / (dp_replicate·cp·tp)). make_comm makes each group's data comm
+ * (called with ctx; NULL = MPI, comm/comm_mpi.h); the mesh wraps it in a
+ * counting comm and owns it. Collective over base.
  * Errors (same on every rank): a size < 1, or a product that does not
- * equal the world size, named with the numbers found and expected. */
-int ml_mesh_create(MPI_Comm base, int dp_replicate, int dp_shard, int cp, int tp, ml_mesh *out);
+ * equal the world size, named with the numbers found and expected; MPI or
+ * factory failures (the mesh is then left empty). */
+int ml_mesh_create(MPI_Comm base, int dp_replicate, int dp_shard, int cp, int tp,
+                   ml_comm_factory make_comm, void *ctx, ml_mesh *out);
 void ml_mesh_destroy(ml_mesh *m);
+
+/* The data comm and the host channel of group g. */
+ml_comm *ml_mesh_comm(const ml_mesh *m, ml_group g);
+ml_host *ml_mesh_host(const ml_mesh *m, ml_group g);
 
 /* Reset the collective counters of every group. */
 void ml_mesh_stats_reset(ml_mesh *m);

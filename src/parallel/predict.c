@@ -11,11 +11,6 @@
 #include "parallel/loss.h"
 #include "parallel/redistribute.h"
 
-const char *ml_group_name(ml_group g) {
-  static const char *names[ML_GROUP_KINDS] = {"tp", "dp_shard", "dp", "world", "dp_replicate"};
-  return g >= 0 && g < ML_GROUP_KINDS ? names[g] : "?";
-}
-
 /* The placement of a gradient for an activation of placement p (tp.c). */
 static ml_placement grad_of(ml_placement p) { return p.kind == ML_PARTIAL ? ml_replicate() : p; }
 
@@ -141,13 +136,14 @@ int ml_predict_edge_step(const ml_model *m, const ml_tp_edge *e, const ml_predic
 /* tp edges: every edge forward and backward with the batch; lm_head's
  * output edge once per logits chunk. */
 static int predict_edges(const ml_model *m, const ml_tp *tp, ml_prediction *p, int64_t *scratch) {
-  int64_t T = ml_mul_sat(p->B, p->S);
   for (int i = 0; i < tp->n_edges; i++) {
     const ml_tp_edge *e = &tp->edges[i];
     ml_comm_stats tf, tb;
     ML_TRY(ml_predict_edge_step(m, e, p, &tf, &tb));
-    int64_t tokens = is_logits_edge(m, e) ? p->loss_chunk : T;
-    if (edge_active(e) && ml_mul_sat(tokens, e->C) > *scratch) *scratch = ml_mul_sat(tokens, e->C);
+    bool logits = is_logits_edge(m, e);
+    int64_t work = ml_redistribute_work(logits ? 1 : p->B, logits ? p->loss_chunk : p->S, e->C,
+                                        tp->size);
+    if (edge_active(e) && work > *scratch) *scratch = work;
     items_of(p, "tp edges (forward)", &tf);
     items_of(p, "tp edges (backward)", &tb);
     stats_add(&p->logprobs[ML_GROUP_TP], &tf, 1);

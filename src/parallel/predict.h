@@ -9,11 +9,13 @@
  * sizes dp_replicate × dp_shard × tp (cp = 1) and the local batch: B
  * sequences of S tokens per dp rank.
  *
- * Collectives are counted per mesh group — the groups of parallel/mesh.h,
- * each a counting comm — with the counting wrapper's byte convention
- * (comm/comm.h: the collective's full buffer per rank: all-reduce n·elem,
- * all-gather / reduce-scatter group size · n per rank · 4, sum of counts · 4
- * for the uneven forms). One training step = ml_engine_forward_backward +
+ * Collectives are counted per mesh group — the groups of parallel/mesh.h
+ * (ml_group), each a counting comm — with the counting wrapper's byte
+ * convention (comm/comm.h: the collective's full buffer per rank:
+ * all-reduce n·elem, all-gather / reduce-scatter group size · n per rank ·
+ * 4, n being the padded chunk for uneven torch.chunk shards). Groups
+ * without traffic (cp, dp_shard_cp, dp_cp with the engine as it is) stay
+ * zero. One training step = ml_engine_forward_backward +
  * ml_engine_grad_norm (train/engine.c):
  *  tp:       every activation edge forward and backward (ml_tp_edge_cost
  *            with the batch [B, S]; lm_head's output edge runs once per
@@ -50,9 +52,10 @@
  *                  params + grads each; 0 when dp_shard = 1 (the shard is
  *                  the unsharded tensor);
  *  comm_buffer     FSDP staging dp_shard · max shard_numel × 4 (dp_shard > 1);
- *  tp_scratch      the redistribute scratch: the largest B·S·C of an active
- *                  edge (lm_head output: chunk · V) or the partial-grad
- *                  buffer, × 4;
+ *  tp_scratch      the redistribute scratch: the largest
+ *                  ml_redistribute_work(B, S, C, tp) of an active edge
+ *                  (lm_head output: [1, chunk, V]; B·S·C when tp divides S
+ *                  and C) or the partial-grad buffer, × 4;
  *  activations     saved for backward, summed over layers, with T = B·S
  *                  tokens inside attention / MLP, Tr = B·s tokens on the
  *                  residual stream (s = this rank's torch.chunk of S under
@@ -75,21 +78,8 @@
 
 #include "comm/comm.h"
 #include "model/model.h"
+#include "parallel/mesh.h"
 #include "parallel/tp.h"
-
-/* The mesh groups the counting wrapper is attached to (parallel/mesh.h). */
-typedef enum {
-  ML_GROUP_TP,       /* mesh->tp_comm */
-  ML_GROUP_DP_SHARD, /* mesh->dp_shard_comm (FSDP) */
-  ML_GROUP_DP,       /* mesh->dp_comm (dp_replicate × dp_shard: the loss) */
-  ML_GROUP_WORLD,    /* mesh->world (the grad norm) */
-  ML_GROUP_DP_REPLICATE, /* mesh->dp_replicate_comm (HSDP gradient all-reduce) */
-  ML_GROUP_KINDS
-} ml_group;
-
-/* "tp", "dp_shard", "dp", "world", "dp_replicate": the names mesh.c gives
- * the comms. */
-const char *ml_group_name(ml_group g);
 
 /* One line of the breakdown of a step's collectives by source. */
 typedef struct ml_predict_item {

@@ -72,14 +72,9 @@ static void local_extent(pl p, int64_t S, int64_t C, int t, int r, int64_t *s, i
   if (p == PL_FEAT) ml_chunk(C, t, r, &start, c);
 }
 
-static int gather(ml_comm *g, const float *send, size_t n_send, float *recv, const size_t *cnt,
-                  bool even) {
-  return even ? ml_all_gather(g, send, recv, n_send) : ml_all_gather_v(g, send, n_send, recv, cnt);
-}
-
-static int scatter(ml_comm *g, const float *send, float *recv, const size_t *cnt, bool even) {
-  return even ? ml_reduce_scatter(g, send, recv, cnt[g->rank])
-              : ml_reduce_scatter_v(g, send, recv, cnt);
+int ml_all_gather_padded(ml_comm *g, float *send, size_t n, size_t chunk, float *recv) {
+  memset(send + n, 0, sizeof(float) * (chunk - n));
+  return ml_all_gather(g, send, recv, chunk);
 }
 
 /* Replicate -> Shard(1) / Shard(-1): keep this rank's chunk, in place
@@ -99,28 +94,24 @@ static void slice_local(pl o, ml_act *a, int t, int r) {
   }
 }
 
-/* Shard(1) -> Replicate / Shard(-1): all-gather the sequence blocks
- * ([t][B, s_q, C] in work), then place them as [B, S, C] or as this rank's
- * feature columns [B, S, c]. */
-static int gather_seq(ml_comm *g, pl o, ml_act *a, float *work, size_t *cnt) {
+/* Shard(1) -> Replicate / Shard(-1): all-gather the sequence blocks,
+ * padded to B·ceil(S/t)·C ([t][chunk] in work, block q's first B·s_q·C
+ * floats rank q's [B, s_q, C]), then place them as [B, S, C] or as this
+ * rank's feature columns [B, S, c]. */
+static int gather_seq(ml_comm *g, pl o, ml_act *a, float *work) {
   int t = g->size;
   int64_t B = a->B, S = a->S, C = a->C, start, len, c0, cl;
   float *x = a->x;
-  for (int q = 0; q < t; q++) {
-    ml_chunk(S, t, q, &start, &len);
-    cnt[q] = (size_t)(B * len * C);
-  }
-  bool even = S % t == 0;
-  size_t mine = cnt[g->rank];
-  if (o == PL_REP && B == 1) { /* rank blocks are already [S, C] in order */
+  size_t mine = (size_t)(B * a->s * C), chunk = (size_t)(B * ml_chunk_size(S, t) * C);
+  if (o == PL_REP && B == 1 && S % t == 0) { /* rank blocks are already [S, C] in order */
     memcpy(work, x, sizeof(float) * mine);
-    return gather(g, work, mine, x, cnt, even);
+    return ml_all_gather(g, work, x, mine);
   }
-  ML_TRY(gather(g, x, mine, work, cnt, even));
+  ML_TRY(ml_all_gather_padded(g, x, mine, chunk, work));
   ml_chunk(C, t, g->rank, &c0, &cl);
   if (o == PL_FEAT && cl == 0) return 0;
-  const float *src = work;
   for (int q = 0; q < t; q++) {
+    const float *src = work + (size_t)q * chunk;
     ml_chunk(S, t, q, &start, &len);
     for (int64_t b = 0; b < B; b++, src += len * C) {
       if (o == PL_REP) {
@@ -135,23 +126,21 @@ static int gather_seq(ml_comm *g, pl o, ml_act *a, float *work, size_t *cnt) {
   return 0;
 }
 
-/* Shard(-1) -> Replicate / Shard(1): all-gather the feature blocks
- * ([t][B·S, c_q] in work), then interleave them into rows of C for all
- * tokens or for this rank's sequence chunk. */
-static int gather_feat(ml_comm *g, pl o, ml_act *a, float *work, size_t *cnt) {
+/* Shard(-1) -> Replicate / Shard(1): all-gather the feature blocks, padded
+ * to B·S·ceil(C/t) ([t][chunk] in work, block q's first B·S·c_q floats rank
+ * q's [B·S, c_q]), then interleave them into rows of C for all tokens or
+ * for this rank's sequence chunk. */
+static int gather_feat(ml_comm *g, pl o, ml_act *a, float *work) {
   int t = g->size;
   int64_t B = a->B, S = a->S, C = a->C, start, len, s0, sl;
   float *x = a->x;
-  for (int q = 0; q < t; q++) {
-    ml_chunk(C, t, q, &start, &len);
-    cnt[q] = (size_t)(B * S * len);
-  }
-  ML_TRY(gather(g, x, cnt[g->rank], work, cnt, C % t == 0));
+  size_t chunk = (size_t)(B * S * ml_chunk_size(C, t));
+  ML_TRY(ml_all_gather_padded(g, x, (size_t)(B * S * a->c), chunk, work));
   s0 = 0;
   sl = S;
   if (o == PL_SEQ) ml_chunk(S, t, g->rank, &s0, &sl);
-  const float *blk = work;
-  for (int q = 0; q < t; blk += cnt[q], q++) {
+  for (int q = 0; q < t; q++) {
+    const float *blk = work + (size_t)q * chunk;
     ml_chunk(C, t, q, &start, &len);
     if (len == 0) continue;
     size_t bytes = sizeof(float) * (size_t)len;
@@ -164,46 +153,45 @@ static int gather_feat(ml_comm *g, pl o, ml_act *a, float *work, size_t *cnt) {
   return 0;
 }
 
-/* Partial -> Shard(1): pack the sequence blocks as [t][B, s_q, C] and
- * reduce-scatter; this rank's summed block is its [B, s, C]. */
-static int scatter_seq(ml_comm *g, ml_act *a, float *work, size_t *cnt) {
+/* Partial -> Shard(1): pack the sequence blocks as [t][chunk], chunk =
+ * B·ceil(S/t)·C (block q: [B, s_q, C], then zeros), and reduce-scatter;
+ * this rank's summed block begins with its [B, s, C]. */
+static int scatter_seq(ml_comm *g, ml_act *a, float *work) {
   int t = g->size;
   int64_t B = a->B, S = a->S, C = a->C, start, len;
   float *x = a->x;
-  for (int q = 0; q < t; q++) {
-    ml_chunk(S, t, q, &start, &len);
-    cnt[q] = (size_t)(B * len * C);
-  }
-  bool even = S % t == 0;
-  if (B == 1) { /* x already is the rank-ordered concatenation */
-    ML_TRY(scatter(g, x, work, cnt, even));
-    memcpy(x, work, sizeof(float) * cnt[g->rank]);
+  size_t chunk = (size_t)(B * ml_chunk_size(S, t) * C);
+  if (B == 1 && S % t == 0) { /* x already is the rank-ordered concatenation */
+    ML_TRY(ml_reduce_scatter(g, x, work, chunk));
+    memcpy(x, work, sizeof(float) * chunk);
     return 0;
   }
-  float *dst = work;
   for (int q = 0; q < t; q++) {
+    float *dst = work + (size_t)q * chunk;
     ml_chunk(S, t, q, &start, &len);
     for (int64_t b = 0; b < B; b++, dst += len * C)
       memcpy(dst, x + (b * S + start) * C, sizeof(float) * (size_t)(len * C));
+    memset(dst, 0, sizeof(float) * (chunk - (size_t)(B * len * C)));
   }
-  return scatter(g, work, x, cnt, even);
+  return ml_reduce_scatter(g, work, x, chunk);
 }
 
-/* Partial -> Shard(-1): pack the feature blocks as [t][B·S, c_q] and
- * reduce-scatter; this rank's summed block is its [B, S, c]. */
-static int scatter_feat(ml_comm *g, ml_act *a, float *work, size_t *cnt) {
+/* Partial -> Shard(-1): pack the feature blocks as [t][chunk], chunk =
+ * B·S·ceil(C/t) (block q: [B·S, c_q], then zeros), and reduce-scatter;
+ * this rank's summed block begins with its [B, S, c]. */
+static int scatter_feat(ml_comm *g, ml_act *a, float *work) {
   int t = g->size;
   int64_t rows = a->B * a->S, C = a->C, start, len;
   const float *x = a->x;
-  float *dst = work;
+  size_t chunk = (size_t)(rows * ml_chunk_size(C, t));
   for (int q = 0; q < t; q++) {
+    float *dst = work + (size_t)q * chunk;
     ml_chunk(C, t, q, &start, &len);
-    cnt[q] = (size_t)(rows * len);
-    if (len == 0) continue;
-    for (int64_t row = 0; row < rows; row++, dst += len)
+    for (int64_t row = 0; len > 0 && row < rows; row++, dst += len)
       memcpy(dst, x + row * C + start, sizeof(float) * (size_t)len);
+    memset(dst, 0, sizeof(float) * (chunk - (size_t)(rows * len)));
   }
-  return scatter(g, work, a->x, cnt, C % t == 0);
+  return ml_reduce_scatter(g, work, a->x, chunk);
 }
 
 /* One transition that changes the data (f != o, t > 1, non-empty). */
@@ -214,14 +202,8 @@ static int move(ml_comm *g, pl f, pl o, ml_act *a, float *work) {
   }
   if (f == PL_PART && o == PL_REP)
     return ml_all_reduce(g, a->x, (size_t)(a->B * a->S * a->C), ML_ELEM_F32, ML_RED_SUM);
-  size_t *cnt = ml_malloc(sizeof(size_t) * (size_t)g->size, "redistribute counts");
-  if (!cnt) return -1;
-  int rc;
-  if (f == PL_PART) rc = o == PL_SEQ ? scatter_seq(g, a, work, cnt) : scatter_feat(g, a, work, cnt);
-  else if (f == PL_SEQ) rc = gather_seq(g, o, a, work, cnt);
-  else rc = gather_feat(g, o, a, work, cnt);
-  free(cnt);
-  return rc;
+  if (f == PL_PART) return o == PL_SEQ ? scatter_seq(g, a, work) : scatter_feat(g, a, work);
+  return f == PL_SEQ ? gather_seq(g, o, a, work) : gather_feat(g, o, a, work);
 }
 
 int ml_redistribute(ml_comm *g, ml_placement from, ml_placement to, ml_act *a, float *work) {
@@ -232,9 +214,10 @@ int ml_redistribute(ml_comm *g, ml_placement from, ml_placement to, ml_act *a, f
   local_extent(f, a->S, a->C, t, r, &es, &ec);
   local_extent(o, a->S, a->C, t, r, &ts, &tc);
   bool moves = f != o && t > 1 && numel > 0, needs_work = moves && f != PL_REP;
+  int64_t wn = ml_redistribute_work(B, a->S, a->C, t);
   uintptr_t wx = (uintptr_t)work, xx = (uintptr_t)a->x, span = sizeof(float) * (uintptr_t)numel;
   bool shape_ok = a->s == es && a->c == ec, x_ok = !moves || a->x;
-  bool work_ok = !needs_work || (work && (wx >= xx + span || xx >= wx + span));
+  bool work_ok = !needs_work || (work && (wx >= xx + span || xx >= wx + sizeof(float) * (uintptr_t)wn));
   if (!shape_ok || !x_ok || !work_ok) {
     char fb[32], tb[32], gb[80];
     ml_placement_str(from, fb, sizeof fb);
@@ -248,8 +231,9 @@ int ml_redistribute(ml_comm *g, ml_placement from, ml_placement to, ml_act *a, f
     if (!x_ok)
       return ml_err("redistribute %s -> %s on %s: activation [%lld, %lld, %lld] has no buffer", fb,
                     tb, gb, (long long)B, (long long)a->S, (long long)a->C);
-    return ml_err("redistribute %s -> %s on %s: needs a work buffer of B*S*C = %lld floats %s", fb,
-                  tb, gb, (long long)numel,
+    return ml_err("redistribute %s -> %s on %s: needs a work buffer of %lld floats "
+                  "(ml_redistribute_work) %s",
+                  fb, tb, gb, (long long)wn,
                   work ? "that does not overlap the activation" : "(got NULL)");
   }
   int rc = moves ? move(g, f, o, a, work) : 0;
@@ -267,9 +251,24 @@ int ml_redistribute_cost(ml_placement from, ml_placement to, int64_t B, int64_t 
   /* B and S come from a plan's flags: saturate (common/checked.h) */
   int64_t numel = ml_mul_sat(ml_mul_sat(B, S), C);
   if (f == o || group_size == 1 || numel == 0 || f == PL_REP) return 0;
-  out[0] = f == PL_PART ? (o == PL_REP ? ML_COLL_ALL_REDUCE : ML_COLL_REDUCE_SCATTER)
-                        : ML_COLL_ALL_GATHER;
-  bytes[0] = ml_mul_sat(numel, (int64_t)sizeof(float));
   *n = 1;
+  if (f == PL_PART && o == PL_REP) {
+    out[0] = ML_COLL_ALL_REDUCE;
+    bytes[0] = ml_mul_sat(numel, (int64_t)sizeof(float));
+    return 0;
+  }
+  /* all-gather from, or reduce-scatter to, a shard: every rank's block
+   * padded to the chunk of the sharded dim */
+  out[0] = f == PL_PART ? ML_COLL_REDUCE_SCATTER : ML_COLL_ALL_GATHER;
+  bool seq = (f == PL_PART ? o : f) == PL_SEQ;
+  int64_t padded = ml_mul_sat(ml_chunk_size(seq ? S : C, group_size), group_size);
+  bytes[0] = ml_mul_sat(ml_mul_sat(ml_mul_sat(B, seq ? C : S), padded), (int64_t)sizeof(float));
   return 0;
+}
+
+int64_t ml_redistribute_work(int64_t B, int64_t S, int64_t C, int group_size) {
+  int64_t t = group_size;
+  int64_t seq = ml_mul_sat(ml_mul_sat(B, C), ml_mul_sat(ml_chunk_size(S, group_size), t));
+  int64_t feat = ml_mul_sat(ml_mul_sat(B, S), ml_mul_sat(ml_chunk_size(C, group_size), t));
+  return seq > feat ? seq : feat;
 }

@@ -10,7 +10,10 @@
  * rank holds a full-shape addend; the value is their sum). Shard extents
  * follow torch.chunk (ml_chunk, tensor/placement.h): chunk = ceil(n/t) per rank,
  * the trailing ranks short and possibly empty (C = 5 over 4 ranks is
- * 2, 2, 1, 0); empty shards are valid everywhere.
+ * 2, 2, 1, 0); empty shards are valid everywhere. Collectives are
+ * equal-size (comm/comm.h): an uneven shard is zero-padded to the chunk for
+ * the wire and unpadded after, as torch's DTensor does; zeros add exactly,
+ * so the values are those of an uneven collective.
  *
  * Forward transitions and their collectives (t = group size > 1):
  *   same → same                 none
@@ -82,9 +85,12 @@
  * in place: a->x holds the local [B, s, c] view under `from` on entry and
  * under `to` on return, with a->s and a->c updated (a->B, a->S, a->C are the
  * global shape and unchanged). a->x must have room for B·S·C floats.
- * `work` is scratch of at least B·S·C floats, not overlapping a->x; it may
- * be NULL when the transition communicates nothing (same → same, Replicate
- * → Shard(d), group size 1, empty tensors).
+ * `work` is scratch of at least ml_redistribute_work(B, S, C, g->size)
+ * floats, not overlapping a->x; it may be NULL when the transition
+ * communicates nothing (same → same, Replicate → Shard(d), group size 1,
+ * empty tensors). Uneven shards travel padded (ml_all_gather_padded; a
+ * reduce-scatter's blocks are packed padded the same way): a->x's room
+ * beyond the local view may be overwritten.
  * Supported: from ∈ {Replicate, Shard(1), Shard(2) = Shard(−1), Partial(sum)},
  * to ∈ {Replicate, Shard(1), Shard(2) = Shard(−1)}, plus Partial → Partial
  * (same → same, nothing).
@@ -100,13 +106,33 @@ int ml_redistribute(ml_comm *g, ml_placement from, ml_placement to, ml_act *a, f
 /* The collectives ml_redistribute(from → to) issues for a global [B, S, C]
  * activation over a group of `group_size` ranks, without communicating:
  * *n (0, 1 or 2) entries of out[] (kind) and bytes[] (what the counting
- * comm of comm.h records for the call: B·S·C·4 for each all-reduce,
- * all-gather and reduce-scatter here, since each moves the full tensor;
+ * comm of comm.h records for the call: B·S·C·4 for an all-reduce; for an
+ * all-gather or reduce-scatter on the sharded dim d of size n, the padded
+ * t·ceil(n/t) in place of n — B·t·ceil(S/t)·C·4 on the sequence,
+ * B·S·t·ceil(C/t)·4 on the features — which is B·S·C·4 when t divides n;
  * ML_SAT, common/checked.h, when that exceeds int64).
  * It agrees exactly with the counting wrapper's calls and bytes for the same
  * transition, on every rank. For `meshlm plan`. Errors: as ml_redistribute
  * for the placements and sizes, and group_size < 1. */
 int ml_redistribute_cost(ml_placement from, ml_placement to, int64_t B, int64_t S, int64_t C,
                          int group_size, ml_coll out[2], int64_t bytes[2], int *n);
+
+/* Floats of `work` ml_redistribute needs for a global [B, S, C] over
+ * `group_size` ranks: the padded blocks of every rank, the larger of
+ * B·t·ceil(S/t)·C and B·S·t·ceil(C/t) (>= B·S·C; B·S·C when t divides S
+ * and C). Saturates at ML_SAT (common/checked.h). */
+int64_t ml_redistribute_work(int64_t B, int64_t S, int64_t C, int group_size);
+
+/* All-gather of uneven torch.chunk shards over the equal-size collective,
+ * as torch's DTensor gathers them (torch/distributed/tensor/
+ * _collective_utils.py: fill_empty_tensor_to_shards / pad_tensor, then
+ * all_gather_into_tensor, then unpad_tensor): this rank's block send[n] is
+ * zero-padded in place to `chunk` floats (send must have room for chunk,
+ * n <= chunk; every rank passes the same chunk, usually the largest block,
+ * ceil(rows / t)·row), and the equal-size all-gather writes rank q's padded
+ * block to recv[q·chunk .. (q+1)·chunk) (recv: [g->size·chunk] floats). The
+ * caller unpads: block q's first n_q floats are rank q's. Collective over
+ * g; counted as an all-gather of g->size·chunk·4 bytes. */
+int ml_all_gather_padded(ml_comm *g, float *send, size_t n, size_t chunk, float *recv);
 
 #endif

@@ -24,8 +24,8 @@ static ml_placement grad_of(ml_placement p) { return is_part(p) ? ml_replicate()
 
 /* ---- edge hooks: forward and backward chains ------------------------- */
 
-static float *work_for(ml_tp *tp, const ml_act *a) {
-  size_t need = (size_t)(a->B * a->S * a->C);
+/* The scratch buffer, grown to `need` floats. */
+static float *work_for(ml_tp *tp, size_t need) {
   if (need == 0) need = 1; /* empty activations still get a buffer */
   if (need > tp->work_cap) {
     float *w = realloc(tp->work, need * sizeof(float));
@@ -70,7 +70,7 @@ static int edge_run(ml_tp_edge *e, bool backward, ml_act *a) {
   ml_placement from[16], to[16];
   int k = edge_steps(e, backward, from, to);
   if (!k) return 0;
-  float *w = work_for(e->tp, a);
+  float *w = work_for(e->tp, (size_t)ml_redistribute_work(a->B, a->S, a->C, e->tp->size));
   if (!w) return -1;
   for (int i = 0; i < k; i++) ML_TRY(ml_redistribute(e->tp->comm, from[i], to[i], a, w));
   return 0;
@@ -641,7 +641,7 @@ int ml_tp_reduce_partial_grads(ml_tp *tp, ml_fsdp *f) {
   if (tp->size == 1 || tp->n_partial == 0) return 0;
   size_t n = 0;
   for (int pass = 0; pass < 2; pass++) {
-    float *buf = pass ? work_for(tp, &(ml_act){.B = 1, .S = 1, .C = (int64_t)n}) : NULL;
+    float *buf = pass ? work_for(tp, n) : NULL;
     if (pass && !buf) return -1;
     size_t off = 0;
     for (int u = 0; u < f->n_units; u++) {

@@ -36,5 +36,8 @@ const char *ml_placement_str(ml_placement p, char *buf, size_t cap);
  * rank's [*start, *start + *len) with the trailing ranks short or empty
  * (n = 5 over 4 parts: 2, 2, 1, 0). n >= 0, parts >= 1, 0 <= rank < parts. */
 void ml_chunk(int64_t n, int parts, int rank, int64_t *start, int64_t *len);
+/* torch.chunk's chunk, ceil(n / parts): the largest shard, and the size
+ * every shard is padded to for an equal-size collective. */
+int64_t ml_chunk_size(int64_t n, int parts);
 
 #endif

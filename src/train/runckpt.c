@@ -134,38 +134,25 @@ static int commit(ml_engine *e, const char *dir, const char *name, const char *s
 }
 
 int ml_run_save(ml_engine *e, const char *dir, const ml_run_state *st) {
-  ml_comm *w = e->mesh->world;
+  ml_host *w = ml_mesh_host(e->mesh, ML_GROUP_WORLD);
   char name[ML_RC_NAME] = "", step_dir[ML_RC_PATH];
-  if (ml_comm_agree(w, w->rank == 0 ? ml_rc_begin(dir, st->step, name) : 0)) {
+  if (ml_host_agree(w, w->rank == 0 ? ml_rc_begin(dir, st->step, name) : 0)) {
     if (w->rank == 0) (void)ml_rc_abandon(dir, name);
     return -1;
   }
-  ML_TRY(ml_broadcast(w, name, sizeof name, 0));
+  ML_TRY(ml_host_broadcast(w, name, sizeof name, 0));
   snprintf(step_dir, sizeof step_dir, "%s/%s", dir, name);
   int n = e->model.n_params;
-  /* every rank's blocks, gathered as [world][n][4] doubles (exact: < 2^53) */
-  size_t per = (size_t)n * 4;
+  /* every rank's blocks, gathered as [world][n] */
   ml_rc_block *mine = ml_calloc((size_t)n, sizeof *mine, "checkpoint blocks");
-  double *send = ml_calloc(per, sizeof *send, "checkpoint blocks");
-  double *recv = ml_calloc(per * (size_t)w->size, sizeof *recv, "checkpoint blocks");
   ml_rc_block *all = ml_calloc((size_t)n * (size_t)w->size, sizeof *all, "checkpoint blocks");
-  int rc = mine && send && recv && all ? write_pieces(e, step_dir, st, mine) : -1;
-  rc = ml_comm_agree(w, rc);
-  for (int i = 0; rc == 0 && i < n; i++)
-    for (int d = 0; d < 2; d++) {
-      send[4 * i + d] = (double)mine[i].off[d];
-      send[4 * i + 2 + d] = (double)mine[i].shape[d];
-    }
-  if (rc == 0) rc = ml_all_gather_t(w, send, recv, per, ML_ELEM_F64);
-  for (size_t b = 0; rc == 0 && b < (size_t)n * (size_t)w->size; b++)
-    all[b] = (ml_rc_block){{(int64_t)recv[4 * b], (int64_t)recv[4 * b + 1]},
-                           {(int64_t)recv[4 * b + 2], (int64_t)recv[4 * b + 3]}};
+  int rc = mine && all ? write_pieces(e, step_dir, st, mine) : -1;
+  rc = ml_host_agree(w, rc);
+  if (rc == 0) rc = ml_host_all_gather(w, mine, sizeof *mine * (size_t)n, all);
   if (rc == 0 && w->rank == 0) rc = commit(e, dir, name, step_dir, st, all);
   free(mine);
-  free(send);
-  free(recv);
   free(all);
-  rc = ml_comm_agree(w, rc);
+  rc = ml_host_agree(w, rc);
   /* every rank is past its writes: nothing of the failed save stays behind
    * (the agreed message, recorded first, outlives a failure to remove) */
   if (rc != 0 && w->rank == 0) (void)ml_rc_abandon(dir, name);
@@ -251,7 +238,7 @@ int ml_run_load(ml_engine *e, const char *dir, ml_run_state *st) {
       rc = load_param(e, &c, &e->fsdp.units[u], i);
   ml_rc_info info = c.info;
   if (opened) ml_rc_close(&c);
-  ML_TRY(ml_comm_agree(e->mesh->world, rc));
+  ML_TRY(ml_host_agree(ml_mesh_host(e->mesh, ML_GROUP_WORLD), rc));
   *st = info.st;
   e->step = info.optimizer_step;
   return ml_engine_sync_params(e);

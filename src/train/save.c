@@ -5,12 +5,15 @@
 
 #include "common/status.h"
 #include "io/checkpoint.h"
+#include "parallel/redistribute.h"
 #include "parallel/tp.h"
 
 enum { NAME_CAP = sizeof ((ml_param *)0)->name }; /* exported tensor names */
 
 /* The global tensor of p assembled from the tp group's local pieces
- * `local` [p->local] (returned on every rank; caller frees). */
+ * `local` [p->local] (returned on every rank; caller frees): one padded
+ * all-gather of the torch.chunk pieces (ml_all_gather_padded), unpadded
+ * into place. */
 static float *gather_tp(ml_comm *tp, const ml_param *p, const float *local) {
   int64_t numel = p->shape[0] * p->shape[1];
   float *global = ml_malloc(sizeof(float) * (size_t)numel, "export tensor");
@@ -19,25 +22,22 @@ static float *gather_tp(ml_comm *tp, const ml_param *p, const float *local) {
     memcpy(global, local, sizeof(float) * (size_t)numel);
     return global;
   }
-  size_t *counts = ml_malloc(sizeof(size_t) * (size_t)tp->size, "export counts");
-  float *pieces = ml_malloc(sizeof(float) * (size_t)numel, "export pieces");
-  int ok = counts && pieces;
-  int64_t other = p->shape[1 - p->tp_dim];
+  int64_t other = p->shape[1 - p->tp_dim], n = ml_param_numel(p);
+  size_t chunk = (size_t)(ml_chunk_size(p->shape[p->tp_dim], tp->size) * other);
+  float *send = ml_malloc(sizeof(float) * chunk, "export piece");
+  float *pieces = ml_malloc(sizeof(float) * chunk * (size_t)tp->size, "export pieces");
+  int ok = send && pieces;
+  if (ok) memcpy(send, local, sizeof(float) * (size_t)n);
+  if (ok && ml_all_gather_padded(tp, send, (size_t)n, chunk, pieces)) ok = 0;
   for (int r = 0; ok && r < tp->size; r++) {
     int64_t s, len;
     ml_chunk(p->shape[p->tp_dim], tp->size, r, &s, &len);
-    counts[r] = (size_t)(len * other);
+    const float *piece = pieces + (size_t)r * chunk;
+    if (p->tp_dim == 0) memcpy(global + s * other, piece, sizeof(float) * (size_t)(len * other));
+    for (int64_t row = 0; p->tp_dim == 1 && row < p->shape[0]; row++)
+      memcpy(global + row * p->shape[1] + s, piece + row * len, sizeof(float) * (size_t)len);
   }
-  if (ok && ml_all_gather_v(tp, local, (size_t)ml_param_numel(p), pieces, counts)) ok = 0;
-  if (ok && p->tp_dim == 0) memcpy(global, pieces, sizeof(float) * (size_t)numel);
-  for (int64_t r = 0, off = 0; ok && p->tp_dim == 1 && r < tp->size; r++) {
-    int64_t c0, w;
-    ml_chunk(p->shape[1], tp->size, (int)r, &c0, &w);
-    for (int64_t row = 0; row < p->shape[0]; row++)
-      memcpy(global + row * p->shape[1] + c0, pieces + off + row * w, sizeof(float) * (size_t)w);
-    off += p->shape[0] * w;
-  }
-  free(counts);
+  free(send);
   free(pieces);
   if (!ok) {
     free(global);
@@ -73,7 +73,7 @@ int ml_engine_export(ml_engine *e, ml_export_what what, float **out) {
     if (!full) return -1;
     int rc = ml_fsdp_gather_flat(&e->fsdp, u, unit_array(unit, what), full);
     for (int i = 0; rc == 0 && i < unit->n; i++) {
-      out[n] = gather_tp(e->mesh->tp_comm, unit->params[i], full + unit->full_off[i]);
+      out[n] = gather_tp(ml_mesh_comm(e->mesh, ML_GROUP_TP), unit->params[i], full + unit->full_off[i]);
       rc = out[n++] ? 0 : -1;
     }
     free(full);
@@ -114,5 +114,5 @@ int ml_engine_save_hf(ml_engine *e, const char *dir) {
   for (int i = 0; tensors && i < n; i++) free(tensors[i]);
   free(tensors);
   free(params);
-  return ml_comm_agree(e->mesh->world, rc);
+  return ml_host_agree(ml_mesh_host(e->mesh, ML_GROUP_WORLD), rc);
 }

@@ -43,7 +43,7 @@ static void open_on(run *r, MPI_Comm base, int tp, const fixture *fx) {
 /* This dp rank's rows of the fixture batch. */
 static void local_batch(const run *r, const fixture *fx, const int32_t **ids, const uint8_t **mask,
                         int64_t *Bl) {
-  int dp = r->mesh.dp_comm->size, d = r->mesh.dp_comm->rank;
+  int dp = r->mesh.groups[ML_GROUP_DP].size, d = r->mesh.groups[ML_GROUP_DP].rank;
   assert_int_equal(fx->B % dp, 0);
   *Bl = fx->B / dp;
   *ids = fx->ids + d * *Bl * fx->S;
@@ -256,7 +256,9 @@ static int64_t partial_bytes(const run *r) {
  *  with SP, per layer 2 all-gathers + 2 reduce-scatters each way, plus the
  *    embedding (reduce-scatter forward, all-gather backward) and lm_head's
  *    input (all-gather forward, reduce-scatter backward): 4L + 2 of each,
- *    each moving Tl·H floats; all-reduces: the loss 2 + the norms' grads 1;
+ *    each moving Tw·H floats, Tw = Tl with the sequence padded to
+ *    tp·ceil(S/tp) (comm.h: the padded chunk is on the wire; Tw = Tl when
+ *    tp divides S); all-reduces: the loss 2 + the norms' grads 1;
  *  dp_shard all-gather: L + 1 units forward, L − 1 again in backward (the
  *    last layer and the root stay unsharded); reduce-scatter L + 1;
  *  dp all-reduce 1 (the reported loss); world all-reduce 1 (grad norm). */
@@ -272,44 +274,44 @@ static void test_collective_counts(void **state) {
   assert_int_equal(ml_engine_grad_norm(&r.e, 2.0, &norm), 0);
   int64_t L = r.e.model.cfg.n_layers, H = r.e.model.cfg.hidden;
   int tp = r.mesh.tp, dp = r.mesh.dp_shard;
-  int64_t Tl = fx.B / dp * fx.S;
+  int64_t Tl = fx.B / dp * fx.S, Tw = fx.B / dp * tp * ((fx.S + tp - 1) / tp);
   ml_mesh *m = &r.mesh;
+  ml_comm *tpc = ml_mesh_comm(m, ML_GROUP_TP), *dps = ml_mesh_comm(m, ML_GROUP_DP_SHARD);
   int64_t pb = partial_bytes(&r), P = pb > 0;
   if (tp > 1 && g_sp) {
-    assert_int_equal(calls(m->tp_comm, ML_COLL_ALL_GATHER), 4 * L + 2);
-    assert_int_equal(calls(m->tp_comm, ML_COLL_REDUCE_SCATTER), 4 * L + 2);
-    assert_int_equal(bytes(m->tp_comm, ML_COLL_ALL_GATHER), 4 * (4 * L + 2) * Tl * H);
-    assert_int_equal(bytes(m->tp_comm, ML_COLL_REDUCE_SCATTER), 4 * (4 * L + 2) * Tl * H);
+    assert_int_equal(calls(tpc, ML_COLL_ALL_GATHER), 4 * L + 2);
+    assert_int_equal(calls(tpc, ML_COLL_REDUCE_SCATTER), 4 * L + 2);
+    assert_int_equal(bytes(tpc, ML_COLL_ALL_GATHER), 4 * (4 * L + 2) * Tw * H);
+    assert_int_equal(bytes(tpc, ML_COLL_REDUCE_SCATTER), 4 * (4 * L + 2) * Tw * H);
     assert_int_equal(P, 1);
-    assert_int_equal(calls(m->tp_comm, ML_COLL_ALL_REDUCE), 2 + 1);
-    assert_int_equal(bytes(m->tp_comm, ML_COLL_ALL_REDUCE), 4 * 3 * Tl + pb);
+    assert_int_equal(calls(tpc, ML_COLL_ALL_REDUCE), 2 + 1);
+    assert_int_equal(bytes(tpc, ML_COLL_ALL_REDUCE), 4 * 3 * Tl + pb);
   } else {
-    assert_int_equal(calls(m->tp_comm, ML_COLL_ALL_REDUCE), tp > 1 ? 4 * L + 4 + P : 0);
-    assert_int_equal(bytes(m->tp_comm, ML_COLL_ALL_REDUCE),
+    assert_int_equal(calls(tpc, ML_COLL_ALL_REDUCE), tp > 1 ? 4 * L + 4 + P : 0);
+    assert_int_equal(bytes(tpc, ML_COLL_ALL_REDUCE),
                      tp > 1 ? 4 * ((4 * L + 2) * Tl * H + 3 * Tl) + pb : 0);
-    assert_int_equal(calls(m->tp_comm, ML_COLL_ALL_GATHER), 0);
-    assert_int_equal(calls(m->tp_comm, ML_COLL_REDUCE_SCATTER), 0);
+    assert_int_equal(calls(tpc, ML_COLL_ALL_GATHER), 0);
+    assert_int_equal(calls(tpc, ML_COLL_REDUCE_SCATTER), 0);
   }
-  assert_int_equal(calls(m->dp_shard_comm, ML_COLL_ALL_GATHER), dp > 1 ? 2 * L : 0);
-  assert_int_equal(calls(m->dp_shard_comm, ML_COLL_REDUCE_SCATTER), dp > 1 ? L + 1 : 0);
+  assert_int_equal(calls(dps, ML_COLL_ALL_GATHER), dp > 1 ? 2 * L : 0);
+  assert_int_equal(calls(dps, ML_COLL_REDUCE_SCATTER), dp > 1 ? L + 1 : 0);
   int64_t rs_bytes = 0;
   for (int u = 0; u < r.e.fsdp.n_units; u++) rs_bytes += 4 * dp * r.e.fsdp.units[u].shard_numel;
-  assert_int_equal(bytes(m->dp_shard_comm, ML_COLL_REDUCE_SCATTER), dp > 1 ? rs_bytes : 0);
-  assert_int_equal(calls(m->dp_comm, ML_COLL_ALL_REDUCE), dp > 1 ? 1 : 0);
-  assert_int_equal(calls(m->world, ML_COLL_ALL_REDUCE), tp * dp > 1 ? 1 : 0);
-  assert_int_equal(calls(m->tp_comm, ML_COLL_BROADCAST), 0);
+  assert_int_equal(bytes(dps, ML_COLL_REDUCE_SCATTER), dp > 1 ? rs_bytes : 0);
+  assert_int_equal(calls(ml_mesh_comm(m, ML_GROUP_DP), ML_COLL_ALL_REDUCE), dp > 1 ? 1 : 0);
+  assert_int_equal(calls(ml_mesh_comm(m, ML_GROUP_WORLD), ML_COLL_ALL_REDUCE), tp * dp > 1 ? 1 : 0);
   if (rank0())
     printf("collectives per step: tp all-reduce %lld (%lld B), all-gather %lld (%lld B), "
            "reduce-scatter %lld (%lld B); dp_shard all-gather %lld, reduce-scatter %lld (%lld B)\n",
-           (long long)calls(m->tp_comm, ML_COLL_ALL_REDUCE),
-           (long long)bytes(m->tp_comm, ML_COLL_ALL_REDUCE),
-           (long long)calls(m->tp_comm, ML_COLL_ALL_GATHER),
-           (long long)bytes(m->tp_comm, ML_COLL_ALL_GATHER),
-           (long long)calls(m->tp_comm, ML_COLL_REDUCE_SCATTER),
-           (long long)bytes(m->tp_comm, ML_COLL_REDUCE_SCATTER),
-           (long long)calls(m->dp_shard_comm, ML_COLL_ALL_GATHER),
-           (long long)calls(m->dp_shard_comm, ML_COLL_REDUCE_SCATTER),
-           (long long)bytes(m->dp_shard_comm, ML_COLL_REDUCE_SCATTER));
+           (long long)calls(tpc, ML_COLL_ALL_REDUCE),
+           (long long)bytes(tpc, ML_COLL_ALL_REDUCE),
+           (long long)calls(tpc, ML_COLL_ALL_GATHER),
+           (long long)bytes(tpc, ML_COLL_ALL_GATHER),
+           (long long)calls(tpc, ML_COLL_REDUCE_SCATTER),
+           (long long)bytes(tpc, ML_COLL_REDUCE_SCATTER),
+           (long long)calls(dps, ML_COLL_ALL_GATHER),
+           (long long)calls(dps, ML_COLL_REDUCE_SCATTER),
+           (long long)bytes(dps, ML_COLL_REDUCE_SCATTER));
   run_close(&r);
   fixture_free(&fx);
 }

@@ -84,10 +84,10 @@ static void setup_open(setup *s) {
   ml_engine_opts opts = ml_engine_opts_default();
   opts.parallel_plan = g_plan[0] ? g_plan : NULL;
   opts.sequence_parallel = g_sp != 0;
-  if (ml_mesh_create(MPI_COMM_WORLD, g_dpr, 0, 1, g_tp, &s->mesh) ||
+  if (ml_mesh_create(MPI_COMM_WORLD, g_dpr, 0, 1, g_tp, NULL, NULL, &s->mesh) ||
       ml_engine_open(&s->e, &s->mesh, s->fx.dir, &opts))
     fail_msg("setup: %s", ml_error_msg());
-  int dp = s->mesh.dp_comm->size, d = s->mesh.dp_comm->rank;
+  int dp = s->mesh.groups[ML_GROUP_DP].size, d = s->mesh.groups[ML_GROUP_DP].rank;
   assert_int_equal(s->fx.B % dp, 0);
   s->Bl = s->fx.B / dp;
   s->ids = s->fx.ids + d * s->Bl * s->fx.S;
@@ -106,16 +106,15 @@ static void setup_close(setup *s) {
 /* Every group and kind: counted (this rank's counting comms) vs predicted. */
 static void compare(setup *s, const ml_comm_stats want[ML_GROUP_KINDS], const char *what,
                     report *rep) {
-  ml_comm *groups[ML_GROUP_KINDS] = {s->mesh.tp_comm, s->mesh.dp_shard_comm, s->mesh.dp_comm,
-                                     s->mesh.world, s->mesh.dp_replicate_comm};
   for (int g = 0; g < ML_GROUP_KINDS; g++) {
-    const ml_comm_stats *got = ml_comm_stats_of(groups[g]);
+    ml_comm *c = ml_mesh_comm(&s->mesh, (ml_group)g);
+    const ml_comm_stats *got = ml_comm_stats_of(c);
     if (!got) {
       note(rep, "group %s is not a counting comm", ml_group_name((ml_group)g));
       continue;
     }
-    if (strcmp(groups[g]->name, ml_group_name((ml_group)g)))
-      note(rep, "group %d is called '%s', predict calls it '%s'", g, groups[g]->name,
+    if (strcmp(c->name, ml_group_name((ml_group)g)))
+      note(rep, "group %d is called '%s', predict calls it '%s'", g, c->name,
            ml_group_name((ml_group)g));
     for (int k = 0; k < ML_COLL_KINDS; k++)
       if (got->calls[k] != want[g].calls[k] || got->bytes[k] != want[g].bytes[k])

@@ -5,7 +5,8 @@
  * values are multiples of 1/8 in [−2, 2], so sums over ranks are exact in
  * any order. Also: the forward/backward pairs of DESIGN §3 (backward kind
  * and the adjoint identity), ml_redistribute_cost against the counting
- * comm, a group of one, ml_reduce_scatter_v, and the error cases.
+ * comm (padded byte counts), a group of one, ml_all_gather_padded (uneven
+ * blocks over the equal-size all-gather), and the error cases.
  * Checks that fail on some ranks are collected and agreed on after the
  * collectives, so a failure never leaves other ranks waiting. */
 #include <setjmp.h>
@@ -120,8 +121,9 @@ static ml_act make_local(int k, uint64_t seed, shape sh, int t, int r) {
   return a;
 }
 
-static float *work_for(shape sh) {
-  return malloc(sizeof(float) * ((size_t)(sh.B * sh.S * sh.C) + 1));
+/* Exactly the scratch ml_redistribute_work asks for (+1: never empty). */
+static float *work_for(shape sh, int t) {
+  return malloc(sizeof(float) * ((size_t)ml_redistribute_work(sh.B, sh.S, sh.C, t) + 1));
 }
 
 /* ---- every transition, against plain loops, and its cost ---- */
@@ -170,7 +172,7 @@ static void transitions_on(ml_comm *c, report *rep) {
   for (size_t si = 0; si < N_SHAPES; si++) {
     shape sh = g_shapes[si];
     int64_t n = sh.B * sh.S * sh.C;
-    float *want = malloc(sizeof(float) * ((size_t)n + 1)), *work = work_for(sh);
+    float *want = malloc(sizeof(float) * ((size_t)n + 1)), *work = work_for(sh, t);
     for (int from = 0; from < NPL; from++)
       for (int to = 0; to < NPL; to++) {
         if (to == P && from != P) continue;
@@ -277,7 +279,7 @@ static void test_backward_pairs(void **state) {
   const shape shapes[] = {{3, 7, 5}, {2, 8, 12}, {1, 5, 9}};
   for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
     shape sh = shapes[si];
-    float *work = work_for(sh);
+    float *work = work_for(sh, t);
     for (size_t pi = 0; pi < sizeof pairs / sizeof pairs[0]; pi++) {
       pair pr = pairs[pi];
       int back_to = pr.from == P ? R : pr.from;
@@ -319,34 +321,37 @@ static void test_backward_pairs(void **state) {
   agree(&rep, "failures");
 }
 
-/* ---- comm: uneven reduce-scatter ---- */
+/* ---- uneven blocks over the equal-size all-gather ---- */
 
-static void test_reduce_scatter_v(void **state) {
+/* Rank q holds counts[q] floats (empty blocks included), padded to the
+ * largest: every block arrives at q·chunk, followed by zeros; one
+ * all-gather of size·chunk·4 bytes. */
+static void test_all_gather_padded(void **state) {
   (void)state;
   report rep = {0};
   ml_comm *c = counting(MPI_COMM_WORLD, "tp");
   int t = c->size, r = c->rank;
-  size_t *counts = malloc(sizeof(size_t) * (size_t)t), total = 0, off = 0;
+  size_t *counts = calloc((size_t)t, sizeof(size_t)), chunk = 0;
   for (int q = 0; q < t; q++) {
     counts[q] = (size_t)((q * 5 + 3) % 4); /* 3, 0, 1, 2, ...: includes empty blocks */
-    if (q < r) off += counts[q];
-    total += counts[q];
+    chunk = counts[q] > chunk ? counts[q] : chunk;
   }
-  float *send = malloc(sizeof(float) * (total + 1)), *recv = malloc(sizeof(float) * (total + 1));
-  fill(send, (int64_t)total, 77 + (uint64_t)r);
+  float *send = malloc(sizeof(float) * chunk), *recv = malloc(sizeof(float) * chunk * (size_t)t);
+  fill(send, (int64_t)chunk, 77 + (uint64_t)r); /* garbage past counts[r]: must become zeros */
   ml_comm_stats_reset(c);
-  if (ml_reduce_scatter_v(c, send, recv, counts)) note(&rep, "%s", ml_error_msg());
-  for (size_t j = 0; j < counts[r]; j++) {
-    float want = 0;
-    for (int q = 0; q < t; q++) want += val(77 + (uint64_t)q, (int64_t)(off + j));
-    if (recv[j] != want) note(&rep, "recv[%zu] = %g, want %g", j, recv[j], want);
-  }
+  if (ml_all_gather_padded(c, send, counts[r], chunk, recv)) note(&rep, "%s", ml_error_msg());
+  for (int q = 0; q < t; q++)
+    for (size_t j = 0; j < chunk; j++) {
+      float want = j < counts[q] ? val(77 + (uint64_t)q, (int64_t)j) : 0.0f;
+      if (recv[(size_t)q * chunk + j] != want)
+        note(&rep, "block %d [%zu] = %g, want %g", q, j, recv[(size_t)q * chunk + j], want);
+    }
   ml_comm_stats *st = ml_comm_stats_of(c);
-  if (st->calls[ML_COLL_REDUCE_SCATTER] != 1 ||
-      st->bytes[ML_COLL_REDUCE_SCATTER] != (int64_t)(total * 4))
+  if (st->calls[ML_COLL_ALL_GATHER] != 1 ||
+      st->bytes[ML_COLL_ALL_GATHER] != (int64_t)((size_t)t * chunk * 4))
     note(&rep, "counted %lld calls %lld bytes, want 1 and %zu",
-         (long long)st->calls[ML_COLL_REDUCE_SCATTER], (long long)st->bytes[ML_COLL_REDUCE_SCATTER],
-         total * 4);
+         (long long)st->calls[ML_COLL_ALL_GATHER], (long long)st->bytes[ML_COLL_ALL_GATHER],
+         (size_t)t * chunk * 4);
   free(send);
   free(recv);
   free(counts);
@@ -379,7 +384,7 @@ static void test_errors(void **state) {
   ml_comm *c = counting(MPI_COMM_WORLD, "tp");
   int t = c->size, r = c->rank;
   shape sh = {3, 7, 5};
-  float *work = work_for(sh);
+  float *work = work_for(sh, t);
   ml_act rep_act = make_local(R, 1, sh, t, r), seq = make_local(S1, 1, sh, t, r);
   ml_act feat = make_local(SM1, 1, sh, t, r);
   expect_error(&rep, c, ml_replicate(), ml_partial(), &rep_act, work, "R->P", "Replicate()",
@@ -442,7 +447,7 @@ static void test_errors(void **state) {
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_reduce_scatter_v), cmocka_unit_test(test_transitions),
+      cmocka_unit_test(test_all_gather_padded), cmocka_unit_test(test_transitions),
       cmocka_unit_test(test_group_of_one),     cmocka_unit_test(test_backward_pairs),
       cmocka_unit_test(test_errors),
   };

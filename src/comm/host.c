@@ -1,0 +1,95 @@
+#include "comm/host.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "comm/comm_mpi.h"
+#include "common/status.h"
+
+int ml_host_create(MPI_Comm base, const char *name, ml_host **out) {
+  ml_host *h = ml_calloc(1, sizeof *h, "host channel");
+  if (!h) return -1;
+  snprintf(h->name, sizeof h->name, "%s", name);
+  if (ml_mpi_check(MPI_Comm_dup(base, &h->comm), "MPI_Comm_dup (host channel)", name)) {
+    free(h);
+    return -1;
+  }
+  MPI_Comm_rank(h->comm, &h->rank);
+  MPI_Comm_size(h->comm, &h->size);
+  *out = h;
+  return 0;
+}
+
+void ml_host_destroy(ml_host *h) {
+  if (!h) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Comm_free(&h->comm);
+  free(h);
+}
+
+static MPI_Op mpi_op(ml_redop op) {
+  return op == ML_RED_MAX ? MPI_MAX : op == ML_RED_MIN ? MPI_MIN : MPI_SUM;
+}
+
+int ml_host_all_reduce_f64(ml_host *h, double *v, int n, ml_redop op) {
+  return ml_mpi_check(MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_DOUBLE, mpi_op(op), h->comm),
+                      "MPI_Allreduce (host channel)", h->name);
+}
+
+int ml_host_all_reduce_i64(ml_host *h, int64_t *v, int n, ml_redop op) {
+  return ml_mpi_check(MPI_Allreduce(MPI_IN_PLACE, v, n, MPI_INT64_T, mpi_op(op), h->comm),
+                      "MPI_Allreduce (host channel)", h->name);
+}
+
+/* Byte counts go to MPI as int. */
+static int bytes_ok(ml_host *h, size_t bytes, const char *what) {
+  if (bytes <= (size_t)INT_MAX) return 0;
+  return ml_err("%s on host channel '%s': %zu bytes exceeds MPI's int count", what, h->name,
+                bytes);
+}
+
+int ml_host_broadcast(ml_host *h, void *buf, size_t bytes, int root) {
+  ML_TRY(bytes_ok(h, bytes, "broadcast"));
+  return ml_mpi_check(MPI_Bcast(buf, (int)bytes, MPI_BYTE, root, h->comm),
+                      "MPI_Bcast (host channel)", h->name);
+}
+
+int ml_host_all_gather(ml_host *h, const void *send, size_t bytes, void *recv) {
+  ML_TRY(bytes_ok(h, bytes * (size_t)h->size, "all-gather"));
+  return ml_mpi_check(
+      MPI_Allgather(send, (int)bytes, MPI_BYTE, recv, (int)bytes, MPI_BYTE, h->comm),
+      "MPI_Allgather (host channel)", h->name);
+}
+
+int ml_host_barrier(ml_host *h) {
+  return ml_mpi_check(MPI_Barrier(h->comm), "MPI_Barrier (host channel)", h->name);
+}
+
+int ml_host_first_failing(ml_host *h, int rc, int *first) {
+  int64_t r = rc != 0 ? h->rank : h->size;
+  ML_TRY(ml_host_all_reduce_i64(h, &r, 1, ML_RED_MIN));
+  *first = r < h->size ? (int)r : -1;
+  return 0;
+}
+
+int ml_host_agree(ml_host *h, int rc) {
+  if (h->size == 1) return rc != 0 ? -1 : 0;
+  int first;
+  ML_TRY(ml_host_first_failing(h, rc, &first));
+  if (first < 0) return 0;
+  struct {
+    int32_t origin;
+    char msg[ML_ERROR_MSG_CAP];
+  } report = {-1, ""};
+  if (h->rank == first) {
+    report.origin = ml_error_origin();
+    snprintf(report.msg, sizeof report.msg, "%s", ml_error_msg());
+  }
+  ML_TRY(ml_host_broadcast(h, &report, sizeof report, first));
+  if (report.origin < 0)
+    snprintf(report.msg, sizeof report.msg, "rank %d of group '%s' failed without a message",
+             first, h->name);
+  return ml_error_adopt(report.origin, report.msg);
+}

@@ -1,0 +1,271 @@
+/* The device mesh's group table: `mpiexec -n 4 test_mesh`.
+ *  - every layout dp_replicate × dp_shard × cp × tp of the world (cp
+ *    included, though the engine runs cp = 1 only): each group's members,
+ *    in order, as its host channel and its data comm see them (all-gathers
+ *    of the world rank), its size, rank and name, and the mesh's
+ *    coordinates, against the row-major layout with tp fastest;
+ *  - three layouts of 4 ranks written out by hand (cp 2 × tp 2, dp_shard 2 ×
+ *    cp 2, dp_replicate 2 × cp 2), so that the layout rule itself is
+ *    checked and not only its implementation;
+ *  - the comm factory: called once per group in table order with the
+ *    caller's context; a failing factory fails the mesh with its message
+ *    and leaves it empty; a comm of the wrong size is refused;
+ *  - sizes that do not multiply to the world are refused. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "comm/comm_mpi.h"
+#include "common/status.h"
+#include "parallel/mesh.h"
+#include "rank_report.h"
+
+enum { DIMS = 4, MAX_RANKS = 64 };
+
+typedef struct layout {
+  int size[DIMS]; /* dp_replicate, dp_shard, cp, tp */
+} layout;
+
+/* The dimensions each group spans, as the layout rule says (DESIGN §2). */
+static const char *const spans[ML_GROUP_KINDS] = {
+    [ML_GROUP_WORLD] = "1111",       [ML_GROUP_DP_REPLICATE] = "1000",
+    [ML_GROUP_DP_SHARD] = "0100",    [ML_GROUP_CP] = "0010",
+    [ML_GROUP_TP] = "0001",          [ML_GROUP_DP] = "1100",
+    [ML_GROUP_DP_SHARD_CP] = "0110", [ML_GROUP_DP_CP] = "1110",
+};
+
+/* Row-major coordinates of rank r, tp fastest. */
+static void coords(const layout *l, int r, int c[DIMS]) {
+  for (int d = DIMS - 1; d >= 0; d--) {
+    c[d] = r % l->size[d];
+    r /= l->size[d];
+  }
+}
+
+/* The members of rank r's group g in world-rank order: the ranks whose
+ * coordinates outside the group's dimensions equal r's. */
+static int members_of(const layout *l, int n, ml_group g, int r, int *out) {
+  int cr[DIMS], k = 0;
+  coords(l, r, cr);
+  for (int p = 0; p < n; p++) {
+    int cp[DIMS];
+    coords(l, p, cp);
+    bool same = true;
+    for (int d = 0; d < DIMS; d++) same = same && (spans[g][d] == '1' || cp[d] == cr[d]);
+    if (same) out[k++] = p;
+  }
+  return k;
+}
+
+/* Members of rank r's group from a hand-written labelling (ranks with the
+ * same digit share a group). */
+static int members_by_label(const char *labels, int r, int *out) {
+  int k = 0;
+  for (int p = 0; labels[p]; p++)
+    if (labels[p] == labels[r]) out[k++] = p;
+  return k;
+}
+
+static void expect_members(report *rep, const layout *l, ml_group g, const char *how,
+                           const int *got, int n_got, const int *want, int n_want) {
+  bool same = n_got == n_want;
+  for (int i = 0; same && i < n_got; i++) same = got[i] == want[i];
+  if (same) return;
+  char a[256] = "", b[256] = "";
+  for (int i = 0; i < n_got; i++) snprintf(a + strlen(a), sizeof a - strlen(a), " %d", got[i]);
+  for (int i = 0; i < n_want; i++) snprintf(b + strlen(b), sizeof b - strlen(b), " %d", want[i]);
+  note(rep, "layout %dx%dx%dx%d group %s (%s): members [%s ], want [%s ]", l->size[0],
+       l->size[1], l->size[2], l->size[3], ml_group_name(g), how, a, b);
+}
+
+/* Build the mesh of layout l and check every group against the rule (and
+ * against `labels`, a hand-written labelling per group, when given). */
+static void check_layout(report *rep, const layout *l, const char *const *labels) {
+  int n, r;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  ml_mesh m;
+  if (ml_mesh_create(MPI_COMM_WORLD, l->size[0], l->size[1], l->size[2], l->size[3], NULL, NULL,
+                     &m)) {
+    note(rep, "mesh %dx%dx%dx%d: %s", l->size[0], l->size[1], l->size[2], l->size[3],
+         ml_error_msg());
+    return;
+  }
+  int c[DIMS];
+  coords(l, r, c);
+  if (m.dp_replicate_rank != c[0] || m.dp_shard_rank != c[1] || m.cp_rank != c[2] ||
+      m.tp_rank != c[3])
+    note(rep, "rank %d: coordinates %d %d %d %d, want %d %d %d %d", r, m.dp_replicate_rank,
+         m.dp_shard_rank, m.cp_rank, m.tp_rank, c[0], c[1], c[2], c[3]);
+  for (int g = 0; g < ML_GROUP_KINDS; g++) {
+    const ml_mesh_group *grp = &m.groups[g];
+    int want[MAX_RANKS], k = members_of(l, n, (ml_group)g, r, want);
+    int32_t me = r, via_host[MAX_RANKS];
+    float mef = (float)r, via_comm[MAX_RANKS];
+    if (ml_host_all_gather(grp->host, &me, sizeof me, via_host) ||
+        ml_all_gather(grp->comm, &mef, via_comm, 1)) {
+      note(rep, "group %s: %s", ml_group_name((ml_group)g), ml_error_msg());
+      continue;
+    }
+    int got_host[MAX_RANKS], got_comm[MAX_RANKS];
+    for (int i = 0; i < grp->size; i++) {
+      got_host[i] = via_host[i];
+      got_comm[i] = (int)via_comm[i];
+    }
+    expect_members(rep, l, (ml_group)g, "host channel", got_host, grp->size, want, k);
+    expect_members(rep, l, (ml_group)g, "data comm", got_comm, grp->comm->size, want, k);
+    if (labels) {
+      int hand[MAX_RANKS], kh = members_by_label(labels[g], r, hand);
+      expect_members(rep, l, (ml_group)g, "written out", got_host, grp->size, hand, kh);
+    }
+    int pos = 0;
+    while (pos < k && want[pos] != r) pos++;
+    const char *name = ml_group_name((ml_group)g);
+    if (grp->rank != pos || grp->comm->rank != pos || grp->host->rank != pos ||
+        grp->size != k || strcmp(grp->name, name) || strcmp(grp->comm->name, name) ||
+        strcmp(grp->host->name, name) || !ml_comm_stats_of(grp->comm) ||
+        ml_mesh_comm(&m, (ml_group)g) != grp->comm || ml_mesh_host(&m, (ml_group)g) != grp->host)
+      note(rep, "group %s on rank %d: rank %d/%d/%d of %d named '%s'/'%s'; want rank %d of %d", name,
+           r, grp->rank, grp->comm->rank, grp->host->rank, grp->size, grp->comm->name,
+           grp->host->name, pos, k);
+  }
+  if (m.world != m.groups[ML_GROUP_WORLD].comm || m.tp_comm != m.groups[ML_GROUP_TP].comm ||
+      m.dp_shard_comm != m.groups[ML_GROUP_DP_SHARD].comm ||
+      m.dp_replicate_comm != m.groups[ML_GROUP_DP_REPLICATE].comm ||
+      m.dp_comm != m.groups[ML_GROUP_DP].comm)
+    note(rep, "the named aliases do not point into the group table");
+  ml_mesh_destroy(&m);
+}
+
+/* Every factorisation of the world into dp_replicate × dp_shard × cp × tp. */
+static void test_every_layout(void **state) {
+  (void)state;
+  report rep = {0};
+  int n;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  assert_true(n <= MAX_RANKS);
+  int layouts = 0;
+  for (int a = 1; a <= n; a++)
+    for (int b = 1; a * b <= n; b++)
+      for (int c = 1; a * b * c <= n; c++)
+        if (n % (a * b * c) == 0) {
+          layout l = {{a, b, c, n / (a * b * c)}};
+          check_layout(&rep, &l, NULL);
+          layouts++;
+        }
+  if (n == 4 && layouts != 10) note(&rep, "%d layouts of 4 ranks, want 10", layouts);
+  agree(&rep, "failures");
+}
+
+/* Layouts of 4 ranks written out: per group (table order: world,
+ * dp_replicate, dp_shard, cp, tp, dp, dp_shard_cp, dp_cp), ranks with the
+ * same digit share a group. */
+static void test_written_out(void **state) {
+  (void)state;
+  int n;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  if (n != 4) skip();
+  report rep = {0};
+  static const char *const cp2_tp2[] = {"0000", "0123", "0123", "0101",
+                                        "0011", "0123", "0101", "0101"};
+  static const char *const dps2_cp2[] = {"0000", "0123", "0101", "0011",
+                                         "0123", "0101", "0000", "0000"};
+  static const char *const dpr2_cp2[] = {"0000", "0101", "0123", "0011",
+                                         "0123", "0101", "0011", "0000"};
+  check_layout(&rep, &(layout){{1, 1, 2, 2}}, cp2_tp2);
+  check_layout(&rep, &(layout){{1, 2, 2, 1}}, dps2_cp2);
+  check_layout(&rep, &(layout){{2, 1, 2, 1}}, dpr2_cp2);
+  agree(&rep, "failures");
+}
+
+/* A factory that records its calls and fails (or misbehaves) on request. */
+typedef struct factory_log {
+  int calls;
+  char names[ML_GROUP_KINDS + 1][32];
+  const char *fail_on;  /* fail for this group name */
+  const char *wrong_on; /* make a one-rank comm for this group name */
+} factory_log;
+
+static int logging_factory(void *ctx, MPI_Comm group, const char *name, ml_comm **out) {
+  factory_log *log = ctx;
+  if (log->calls <= ML_GROUP_KINDS) snprintf(log->names[log->calls], 32, "%s", name);
+  log->calls++;
+  if (log->fail_on && !strcmp(name, log->fail_on))
+    return ml_err("no device communicator for group '%s'", name);
+  return ml_comm_mpi_make(NULL, log->wrong_on && !strcmp(name, log->wrong_on) ? MPI_COMM_SELF : group,
+                          name, out);
+}
+
+static void test_factory(void **state) {
+  (void)state;
+  report rep = {0};
+  int n;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  factory_log log = {0};
+  ml_mesh m;
+  if (ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, 1, logging_factory, &log, &m)) {
+    note(&rep, "mesh with a factory: %s", ml_error_msg());
+  } else {
+    ml_mesh_destroy(&m);
+  }
+  if (log.calls != ML_GROUP_KINDS) note(&rep, "factory called %d times, want %d", log.calls, ML_GROUP_KINDS);
+  for (int g = 0; g < ML_GROUP_KINDS && g < log.calls; g++)
+    if (strcmp(log.names[g], ml_group_name((ml_group)g)))
+      note(&rep, "factory call %d for '%s', want '%s'", g, log.names[g], ml_group_name((ml_group)g));
+  /* a failing factory: the mesh fails with its message and is left empty */
+  factory_log failing = {.fail_on = "cp"};
+  ml_error_clear();
+  if (ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, 1, logging_factory, &failing, &m) == 0 ||
+      !strstr(ml_error_msg(), "no device communicator for group 'cp'") || m.world ||
+      m.groups[ML_GROUP_WORLD].comm || m.groups[ML_GROUP_WORLD].host)
+    note(&rep, "failing factory: '%s'", ml_error_msg());
+  /* a comm that is not the group's */
+  if (n > 1) {
+    factory_log wrong = {.wrong_on = "dp_shard"};
+    ml_error_clear();
+    if (ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, 1, logging_factory, &wrong, &m) == 0 ||
+        !strstr(ml_error_msg(), "mesh group 'dp_shard'") || !strstr(ml_error_msg(), "expected rank"))
+      note(&rep, "wrong-size comm: '%s'", ml_error_msg());
+  }
+  ml_error_clear();
+  agree(&rep, "failures");
+}
+
+static void test_bad_sizes(void **state) {
+  (void)state;
+  report rep = {0};
+  int n;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  ml_mesh m;
+  ml_error_clear();
+  if (ml_mesh_create(MPI_COMM_WORLD, 1, 0, n + 1, 1, NULL, NULL, &m) == 0 ||
+      !strstr(ml_error_msg(), "not divisible"))
+    note(&rep, "cp = world + 1: '%s'", ml_error_msg());
+  ml_error_clear();
+  if (ml_mesh_create(MPI_COMM_WORLD, 1, 2 * n, 1, 1, NULL, NULL, &m) == 0 ||
+      !strstr(ml_error_msg(), "does not equal the world size"))
+    note(&rep, "dp_shard = 2 x world: '%s'", ml_error_msg());
+  ml_error_clear();
+  agree(&rep, "failures");
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_every_layout), cmocka_unit_test(test_written_out),
+      cmocka_unit_test(test_factory),      cmocka_unit_test(test_bad_sizes),
+  };
+  int failed = cmocka_run_group_tests(tests, NULL, NULL);
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any ? 1 : 0;
+}

@@ -20,7 +20,10 @@
  *  - MPI (CPU): MPI_Iallreduce / MPI_Iallgather / MPI_Ireduce_scatter_block
  *    on a duplicate of the group's communicator; the request owns the
  *    MPI_Request and ml_wait is MPI_Wait. bf16 SUM is a user MPI_Op that adds
- *    in fp32 and rounds to nearest-even (MPI has no bf16 type).
+ *    in fp32 and rounds to nearest-even (MPI has no bf16 type). Sums over
+ *    three or more ranks are in the order of the library's nonblocking
+ *    algorithm (Open MPI: libnbc, whose reduce-scatter order differs from its
+ *    blocking MPI_Reduce_scatter_block's), the same on every call.
  *  - A device backend (CUDA + NCCL) maps the same calls onto
  *    ncclAllReduce / ncclAllGather / ncclReduceScatter (ncclFloat32,
  *    ncclFloat64, ncclBfloat16; ncclSum / ncclMax / ncclMin) enqueued on the
@@ -80,11 +83,13 @@ struct ml_comm {
   char name[32]; /* mesh group name, for messages and stats ("tp", "dp_shard") */
 };
 
-/* ---- nonblocking: each returns once the collective is issued; its
- * buffers must stay untouched (send unread-only, recv / buf unread) until
- * ml_wait(c, req) returns. On error nothing is in flight (req->impl NULL).
- * Errors: a count beyond the backend's limit (MPI: int), BF16 with MAX or
- * MIN, allocation, the backend's failure (with its message). */
+/* ---- nonblocking: each returns once the collective is issued. Until
+ * ml_wait(c, req) returns, send must not be written, and recv (buf for the
+ * all-reduce) neither read nor written. Every member issues the group's
+ * collectives in the same order; several may be in flight and be waited on
+ * in any order. On error nothing is in flight (req->impl NULL). Errors: a
+ * count beyond the backend's limit (MPI: int), BF16 with MAX or MIN,
+ * allocation, the backend's failure (with its message). */
 
 /* In place: buf[n] = op over ranks of buf[n] (torch all_reduce). */
 int ml_iall_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op, ml_request *req);

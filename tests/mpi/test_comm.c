@@ -24,18 +24,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm_mpi.h"
 #include "comm/host.h"
 #include "common/status.h"
+#include "counting_comm.h"
 #include "rank_report.h"
 #include "tensor/dtype.h"
 
-static ml_comm *counting(MPI_Comm mc, const char *name) {
-  ml_comm *inner, *c;
-  if (ml_comm_mpi_create(mc, name, &inner) || ml_comm_counting_create(inner, &c))
-    fail_msg("comm: %s", ml_error_msg());
-  return c;
-}
 
 /* Element i of rank q's buffer: a multiple of 1/8 in [−2, 2]. */
 static float val(int q, int64_t i) { return (float)((int)((q * 7 + i * 5) % 33) - 16) * 0.125f; }

@@ -22,20 +22,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm_mpi.h"
 #include "common/status.h"
+#include "counting_comm.h"
 #include "rank_report.h"
 #include "parallel/redistribute.h"
 #include "tolerance.h"
 
 /* ---- comms ---- */
-
-static ml_comm *counting(MPI_Comm mc, const char *name) {
-  ml_comm *inner, *c;
-  if (ml_comm_mpi_create(mc, name, &inner) || ml_comm_counting_create(inner, &c))
-    fail_msg("comm: %s", ml_error_msg());
-  return c;
-}
 
 static int64_t total_calls(ml_comm *c) {
   int64_t n = 0;

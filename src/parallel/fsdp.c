@@ -291,7 +291,7 @@ static int gather_finish(ml_fsdp *f, ml_fsdp_unit *unit) {
 int ml_fsdp_prefetch(ml_fsdp *f, int u) {
   if (u < 0 || u >= f->n_units) return 0;
   ml_fsdp_unit *unit = &f->units[u];
-  if (unit->full || unit->in_flight) return 0;
+  if (unit->full || unit->recv) return 0; /* materialised, or its gather started */
   return gather_start(f, unit);
 }
 

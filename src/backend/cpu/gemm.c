@@ -200,9 +200,11 @@ int ml_cpu_gemm_run(ml_cpu_gemm *g, const ml_gemm *a) {
     if (a->accumulate && !a->bias) return 0;
     return ml_err("GEMM with K = 0 and a bias or overwrite: not supported");
   }
-  key k = {.M = a->M, .N = a->N, .K = a->K, .lda = a->lda, .ldb = a->ldb, .ldc = a->ldc,
-           .ta = a->trans_a, .tb = a->trans_b, .accumulate = a->accumulate, .bias = !!a->bias,
-           .dt = a->compute == ML_BF16 ? dnnl_bf16 : dnnl_f32};
+  key k;
+  memset(&k, 0, sizeof k); /* the cache compares keys bytewise, padding included */
+  k.M = a->M, k.N = a->N, k.K = a->K, k.lda = a->lda, k.ldb = a->ldb, k.ldc = a->ldc;
+  k.ta = a->trans_a, k.tb = a->trans_b, k.accumulate = a->accumulate, k.bias = !!a->bias;
+  k.dt = a->compute == ML_BF16 ? dnnl_bf16 : dnnl_f32;
   const void *A, *B;
   void *sa = NULL, *sb = NULL;
   float *bias = NULL;

@@ -14,6 +14,7 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/train_flags.h"
 #include "common/file.h"
 #include "common/status.h"
 #include "parallel/redistribute.h"
@@ -86,6 +87,7 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   const char *model = NULL, *data = NULL, *out = NULL, *plan = NULL;
   int64_t tp = 1;
   bool sp = false;
+  ml_arg_choice dtype = ml_dtype_choice();
   ml_arg spec[] = {
       {"--model", ML_ARG_STR, &model, "HF checkpoint directory", true},
       {"--data", ML_ARG_STR, &data, "JSONL, one {\"input_ids\": [...]} per line", true},
@@ -93,6 +95,8 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
       {"--tp", ML_ARG_INT, &tp, "tensor-parallel size (dp_shard = world / tp)", false},
       {"--sequence-parallel", ML_ARG_FLAG, &sp, "shard norms and residuals on the sequence", false},
       {"--parallel-plan", ML_ARG_STR, &plan, "plan file (JSON), or auto|optimized|hf|default", false},
+      {"--param-dtype", ML_ARG_CHOICE, &dtype, "parameter and GEMM dtype (bf16: bf16 operands, "
+       "fp32 accumulation)", false},
   };
   int rc = ml_cli_parse("logprobs", "per-token log-probs, log p(token t+1 | tokens <= t)", argc,
                         argv, spec, sizeof spec / sizeof spec[0]);
@@ -106,6 +110,7 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   ml_engine_opts eo = ml_engine_opts_default();
   eo.parallel_plan = plan;
   eo.sequence_parallel = sp;
+  eo.fsdp.param_dtype = ml_dtype_chosen(&dtype);
   if (rc == 0) rc = ml_engine_open(&e, &mesh, model, &eo);
   if (rc == 0)
     rc = ml_seqs_load_jsonl(data, e.model.cfg.vocab, e.model.cfg.max_positions, &seqs);

@@ -145,7 +145,7 @@ static int load_slice(train_run *r, int64_t first, int64_t count) {
 static void accumulate(train_run *r, double *loss) {
   const ml_train_opts *o = r->o;
   int64_t targets = count_targets(&r->ds, r->st.consumed, o->batch);
-  ml_engine_zero_grad(&r->e);
+  if (ml_engine_zero_grad(&r->e)) ml_cli_abort();
   *loss = 0;
   for (int64_t m = 0; m < o->grad_accum; m++) {
     double part;
@@ -169,9 +169,9 @@ static void update(train_run *r, ml_step_metrics *sm) {
     sm->skipped = true;
     return;
   }
-  ml_engine_clip(&r->e, sm->grad_norm, o->max_grad_norm);
   ml_adamw_cfg adam = {sm->lr, 0.9, 0.999, 1e-8, o->weight_decay};
-  if (ml_engine_adamw(&r->e, &adam)) ml_cli_abort();
+  if (ml_engine_clip(&r->e, sm->grad_norm, o->max_grad_norm) || ml_engine_adamw(&r->e, &adam))
+    ml_cli_abort();
 }
 
 /* The largest v over every rank (a timing or memory figure for the
@@ -239,10 +239,11 @@ static void print_comm_summary(const ml_mesh *mesh) {
 /* The mesh's peak FLOP/s for MFU: --peak-tflops, or (0, the default) the
  * GEMM rate every rank sustains at once, summed (ml_gemm_flops_per_s); 0
  * when a rank could not measure. Collective. */
-static double mesh_peak_flops(const ml_train_opts *o, ml_host *world) {
+static double mesh_peak_flops(const ml_train_opts *o, ml_engine *e, ml_host *world) {
   if (o->peak_tflops > 0) return o->peak_tflops * 1e12;
+  ml_dtype dt = e->opts.fsdp.param_dtype;
   if (ml_host_barrier(world)) return 0;
-  double mine = ml_gemm_flops_per_s(0.25), sum = mine, least = mine;
+  double mine = ml_gemm_flops_per_s(e->be, dt, 0.25), sum = mine, least = mine;
   if (ml_host_all_reduce_f64(world, &sum, 1, ML_RED_SUM) ||
       ml_host_all_reduce_f64(world, &least, 1, ML_RED_MIN))
     return 0;
@@ -251,9 +252,10 @@ static double mesh_peak_flops(const ml_train_opts *o, ml_host *world) {
                  "--peak-tflops X gives the peak\n");
     return 0;
   }
-  ml_cli_print("train: MFU against %.3f TFLOP/s measured (fp32 GEMM 1024^3, %d rank%s at once); "
+  ml_cli_print("train: MFU against %.3f TFLOP/s measured (%s GEMM 1024^3, %d rank%s at once); "
                "--peak-tflops X gives the hardware's peak instead\n",
-               sum / 1e12, world->size, world->size > 1 ? "s" : "");
+               sum / 1e12, dt == ML_BF16 ? "bf16" : "fp32", world->size,
+               world->size > 1 ? "s" : "");
   return sum;
 }
 
@@ -262,7 +264,7 @@ static int train_loop(train_run *r) {
   const ml_model_config *c = &r->e.model.cfg;
   double fpt =
       ml_flops_per_token((double)ml_model_config_num_params(c), c->n_layers, c->hidden, o->seq_len);
-  double peak = mesh_peak_flops(o, r->world);
+  double peak = mesh_peak_flops(o, &r->e, r->world);
   ml_lr_schedule sched = ml_train_schedule(o);
   while (r->st.step < o->steps) {
     ml_step_metrics sm;

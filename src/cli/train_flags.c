@@ -31,13 +31,16 @@ static const ml_config_alias k_aliases[] = {
     {"activation_checkpointing", "--activation-checkpointing", "layer", "none"},
 };
 
+ml_arg_choice ml_dtype_choice(void) { return (ml_arg_choice){k_dtypes, 0}; }
+ml_dtype ml_dtype_chosen(const ml_arg_choice *c) { return k_dtype_values[c->index]; }
+
 ml_train_opts ml_train_opts_default(void) {
   return (ml_train_opts){.tp = 1,
                          .dp_replicate = 1,
                          .cp = 1,
-                         .param_dtype = {k_dtypes, 0},
-                         .reduce_dtype = {k_dtypes, 0},
-                         .output_dtype = {k_dtypes, 0},
+                         .param_dtype = ml_dtype_choice(),
+                         .reduce_dtype = ml_dtype_choice(),
+                         .output_dtype = ml_dtype_choice(),
                          .reshard = {k_reshard, 0},
                          .ac = {k_ac, 0},
                          .zero = 3,
@@ -212,13 +215,13 @@ ml_engine_opts ml_train_engine_opts(const ml_train_opts *o) {
   ml_engine_opts eo = ml_engine_opts_default();
   eo.parallel_plan = o->plan;
   eo.sequence_parallel = o->sp;
-  eo.fsdp.param_dtype = k_dtype_values[o->param_dtype.index];
-  eo.fsdp.reduce_dtype = k_dtype_values[o->reduce_dtype.index];
+  eo.fsdp.param_dtype = ml_dtype_chosen(&o->param_dtype);
+  eo.fsdp.reduce_dtype = ml_dtype_chosen(&o->reduce_dtype);
   eo.fsdp.reshard_after_forward = k_reshard_values[o->reshard.index];
   eo.fsdp.zero = (int)o->zero;
   eo.fsdp.prefetch_forward = (int)o->prefetch_forward;
   eo.fsdp.prefetch_backward = (int)o->prefetch_backward;
-  eo.output_dtype = k_dtype_values[o->output_dtype.index];
+  eo.output_dtype = ml_dtype_chosen(&o->output_dtype);
   eo.ac = k_ac_values[o->ac.index];
   return eo;
 }

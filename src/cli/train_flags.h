@@ -80,4 +80,9 @@ ml_engine_opts ml_train_engine_opts(const ml_train_opts *o);
 ml_lr_schedule ml_train_schedule(const ml_train_opts *o);
 double ml_train_norm_type(const ml_train_opts *o);
 
+/* The choice of a dtype flag (--param-dtype, ...): "fp32" (the default) or
+ * "bf16", and the ml_dtype a parsed one stands for. */
+ml_arg_choice ml_dtype_choice(void);
+ml_dtype ml_dtype_chosen(const ml_arg_choice *c);
+
 #endif

@@ -7,24 +7,32 @@
 
 #include "common/status.h"
 
-void *ml_alloc_array_at(const char *file, int line, int64_t count, size_t elem, int zero,
-                        const char *what_fmt, ...) {
+void *ml_alloc_checked_v(const char *file, int line, int64_t count, size_t elem,
+                         ml_raw_alloc raw, void *ctx, const char *what_fmt, va_list ap) {
   int64_t bytes = 0;
   bool fits = count >= 0 && count != ML_SAT && elem <= (size_t)INT64_MAX &&
               !ml_mul_i64(count, (int64_t)elem, &bytes) && (uint64_t)bytes <= SIZE_MAX;
-  void *p = NULL;
-  if (fits && zero) p = calloc(count ? (size_t)count : 1, elem ? elem : 1);
-  else if (fits) p = malloc(bytes ? (size_t)bytes : 1);
+  void *p = fits ? raw(ctx, (size_t)bytes) : NULL;
   if (p) return p;
   char what[512];
-  va_list ap;
-  va_start(ap, what_fmt);
   vsnprintf(what, sizeof what, what_fmt, ap);
-  va_end(ap);
   if (fits)
     ml_error_set(file, line, "out of memory allocating %lld bytes (%.1f GiB) for %s",
                  (long long)bytes, (double)bytes / (1024.0 * 1024.0 * 1024.0), what);
   else
     ml_error_set(file, line, "out of memory: %s needs more than 2^63 bytes", what);
   return NULL;
+}
+
+static void *raw_malloc(void *ctx, size_t bytes) { return malloc(bytes ? bytes : 1); }
+static void *raw_calloc(void *ctx, size_t bytes) { return calloc(bytes ? bytes : 1, 1); }
+
+void *ml_alloc_array_at(const char *file, int line, int64_t count, size_t elem, int zero,
+                        const char *what_fmt, ...) {
+  va_list ap;
+  va_start(ap, what_fmt);
+  void *p = ml_alloc_checked_v(file, line, count, elem, zero ? raw_calloc : raw_malloc, NULL,
+                               what_fmt, ap);
+  va_end(ap);
+  return p;
 }

@@ -20,6 +20,7 @@
 #ifndef ML_CHECKED_H
 #define ML_CHECKED_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -65,5 +66,12 @@ static inline int64_t ml_add_sat(int64_t a, int64_t b) {
 /* The function behind both (zero: calloc). */
 void *ml_alloc_array_at(const char *file, int line, int64_t count, size_t elem, int zero,
                         const char *what_fmt, ...) __attribute__((format(printf, 6, 7)));
+
+/* The same size check and messages around any allocator (a backend's
+ * pool): raw(ctx, bytes) returns NULL when it cannot; count · elem is
+ * checked before it is called. */
+typedef void *(*ml_raw_alloc)(void *ctx, size_t bytes);
+void *ml_alloc_checked_v(const char *file, int line, int64_t count, size_t elem,
+                         ml_raw_alloc raw, void *ctx, const char *what_fmt, va_list ap);
 
 #endif

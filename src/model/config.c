@@ -99,9 +99,9 @@ int ml_model_config_check_seq_len(const ml_model_config *c, const char *dir, int
  * scaling named by params.rope_type (or .type); params may be NULL / null
  * (default rope). `where` names params in messages. */
 static int read_rope_params(const ml_json *j, const json_t *params, const char *where,
-                            double theta_dflt, double *theta, k_rope_scaling *sc) {
+                            double theta_dflt, double *theta, ml_rope_scaling *sc) {
   memset(sc, 0, sizeof *sc);
-  sc->type = K_ROPE_DEFAULT;
+  sc->type = ML_ROPE_DEFAULT;
   *theta = theta_dflt;
   if (!json_is_object(params)) return 0;
   ML_TRY(ml_json_num_opt(j, params, "rope_theta", theta_dflt, theta));
@@ -110,11 +110,11 @@ static int read_rope_params(const ml_json *j, const json_t *params, const char *
   const char *type = json_is_string(t) ? json_string_value(t) : "default";
   if (strcmp(type, "default") == 0) return 0;
   if (strcmp(type, "linear") == 0) {
-    sc->type = K_ROPE_LINEAR;
+    sc->type = ML_ROPE_LINEAR;
     return ml_json_num(j, params, "factor", &sc->factor);
   }
   if (strcmp(type, "llama3") == 0) {
-    sc->type = K_ROPE_LLAMA3;
+    sc->type = ML_ROPE_LLAMA3;
     ML_TRY(ml_json_num(j, params, "factor", &sc->factor));
     ML_TRY(ml_json_num(j, params, "low_freq_factor", &sc->low_freq_factor));
     ML_TRY(ml_json_num(j, params, "high_freq_factor", &sc->high_freq_factor));
@@ -285,9 +285,9 @@ static json_t *int_or_real(double v) {
   return v == floor(v) && fabs(v) < 9e15 ? json_integer((json_int_t)v) : json_real(v);
 }
 
-static json_t *rope_json(const k_rope_scaling *sc) {
-  if (sc->type == K_ROPE_DEFAULT) return json_null();
-  if (sc->type == K_ROPE_LINEAR)
+static json_t *rope_json(const ml_rope_scaling *sc) {
+  if (sc->type == ML_ROPE_DEFAULT) return json_null();
+  if (sc->type == ML_ROPE_LINEAR)
     return json_pack("{s:s, s:f}", "rope_type", "linear", "factor", sc->factor);
   return json_pack("{s:s, s:f, s:f, s:f, s:o}", "rope_type", "llama3", "factor", sc->factor,
                    "low_freq_factor", sc->low_freq_factor, "high_freq_factor",
@@ -296,7 +296,7 @@ static json_t *rope_json(const k_rope_scaling *sc) {
 }
 
 /* One rope_parameters entry (transformers 5): {rope_type, rope_theta, ...}. */
-static json_t *rope_params_json(double theta, const k_rope_scaling *sc) {
+static json_t *rope_params_json(double theta, const ml_rope_scaling *sc) {
   json_t *p = rope_json(sc);
   if (json_is_null(p)) p = json_pack("{s:s}", "rope_type", "default");
   json_object_set_new(p, "rope_theta", json_real(theta));
@@ -419,9 +419,9 @@ int ml_model_config_preset(const char *arch, const char *name, ml_model_config *
   out->max_positions = p->max_positions;
   out->rms_eps = 1e-5;
   out->rope_theta = p->rope_theta > 0 ? p->rope_theta : f->rope_theta_default;
-  out->rope.type = K_ROPE_DEFAULT;
+  out->rope.type = ML_ROPE_DEFAULT;
   out->rope_local_theta = f->local_rope ? f->rope_local_theta_default : f->rope_theta_default;
-  out->rope_local.type = K_ROPE_DEFAULT;
+  out->rope_local.type = ML_ROPE_DEFAULT;
   /* families whose layers slide by pattern alternate sliding / full */
   if (f->layer_rule == ML_LAYERS_PATTERN) {
     out->sliding_window = p->window;

@@ -56,9 +56,9 @@ typedef struct ml_model_config {
   /* RoPE of full-attention layers (global) and of sliding layers (local;
    * the same as the global one unless family->local_rope). */
   double rope_theta;
-  k_rope_scaling rope;
+  ml_rope_scaling rope;
   double rope_local_theta;
-  k_rope_scaling rope_local;
+  ml_rope_scaling rope_local;
   /* Layer l attends to keys j > i − sliding_window when sliding[l]
    * ("sliding_attention"), else to every j <= i ("full_attention"). */
   int64_t sliding_window; /* 0 when no layer slides */

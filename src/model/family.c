@@ -16,7 +16,7 @@
                   "use_bidirectional_attention"},                                               \
   .layer_rule = ML_LAYERS_PATTERN, .sliding_window_default = 4096,                              \
   .sliding_pattern_default = 6, .local_rope = true, .rope_local_theta_default = 10000.0,        \
-  .norm_offset = 1.0f, .act = K_ACT_GELU_TANH, .has_qk_norm = true,                             \
+  .norm_offset = 1.0f, .act = ML_GLU_GELU_TANH, .has_qk_norm = true,                             \
   .attn_norm = "input_layernorm", .attn_out_norm = "post_attention_layernorm",                  \
   .mlp_norm = "pre_feedforward_layernorm", .mlp_out_norm = "post_feedforward_layernorm",        \
   .embed_scale_sqrt_hidden = true, .attn_scalar_key = "query_pre_attn_scalar",                  \
@@ -40,7 +40,7 @@ static const ml_family families[] = {
         .hidden_act = "silu",
         .layer_rule = ML_LAYERS_ALL_FULL,
         .norm_offset = 0.0f,
-        .act = K_ACT_SILU,
+        .act = ML_GLU_SILU,
         .attn_norm = "input_layernorm",
         .mlp_norm = "post_attention_layernorm",
     },
@@ -61,7 +61,7 @@ static const ml_family families[] = {
         .layer_rule = ML_LAYERS_MAX_WINDOW,
         .sliding_window_default = 4096,
         .norm_offset = 0.0f,
-        .act = K_ACT_SILU,
+        .act = ML_GLU_SILU,
         .attn_norm = "input_layernorm",
         .mlp_norm = "post_attention_layernorm",
     },
@@ -84,7 +84,7 @@ static const ml_family families[] = {
         .layer_rule = ML_LAYERS_MAX_WINDOW,
         .sliding_window_default = 4096,
         .norm_offset = 0.0f,
-        .act = K_ACT_SILU,
+        .act = ML_GLU_SILU,
         .has_qk_norm = true,
         .attn_norm = "input_layernorm",
         .mlp_norm = "post_attention_layernorm",

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/cpu/kernels.h"
+#include "backend/types.h"
 
 /* How a config without `layer_types` assigns "sliding_attention" /
  * "full_attention" to its layers (the __post_init__ of each config class). */
@@ -72,7 +72,7 @@ typedef struct ml_family {
 
   /* ---- module structure and arithmetic ---- */
   float norm_offset;      /* RMSNorm weight offset: x·(offset + w) (Gemma3RMSNorm: 1) */
-  k_act act;              /* MLP gate activation */
+  ml_glu_act act;              /* MLP gate activation */
   bool has_qk_norm;       /* self_attn.q_norm / k_norm: RMSNorm(head_dim) per head before RoPE */
   /* HF names (under layers.N.) of the decoder layer's norms by role; NULL
    * where the family has none. Llama: x += attn(attn_norm(x));

@@ -1,8 +1,5 @@
 /* Root modules: embed_tokens (input side) and norm + lm_head (output side). */
-#include <string.h>
-
 #include "common/status.h"
-#include "kernels/cpu/kernels.h"
 #include "model/linear.h"
 
 // ids: [B, S] → x: [B, s_res, H]
@@ -11,7 +8,8 @@ int ml_embed_forward(ml_model *m, const int32_t *ids, float *x) {
   const ml_param *w = e->weight;
   int64_t H = m->cfg.hidden;
   int64_t row0 = w->tp_dim == 0 ? w->tp_start : 0;
-  k_embedding_fwd(ids, m->B * m->S, w->data, row0, w->local[0], w->local[1], e->scale, x);
+  ML_TRY(ml_be_embedding_fwd(m->be, ids, m->B * m->S, w->data, w->dtype, row0, w->local[0],
+                             w->local[1], e->scale, x));
   ml_act v = ml_act_view(m, x, m->S, H, w->local[1]);
   ML_TRY(ml_hook_run(e->out.fwd, &v));
   if (v.c != H)
@@ -33,17 +31,18 @@ int ml_embed_backward(ml_model *m, const int32_t *ids, float *dx) {
                   "expected [%lld, %lld]",
                   w->name, (long long)v.s, (long long)v.c, (long long)m->S,
                   (long long)w->local[1]);
-  k_embedding_bwd(ids, m->B * m->S, dx, row0, w->local[0], w->local[1], e->scale, w->grad);
-  return 0;
+  return ml_be_embedding_bwd(m->be, ids, m->B * m->S, dx, row0, w->local[0], w->local[1],
+                             e->scale, w->grad);
 }
 
 // x: [B, s_res, H] → xn_final [B, S, c] (after lm_head's input edge)
 int ml_head_begin(ml_model *m, const float *x) {
   int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
-  memcpy(m->x_final, x, sizeof(float) * (size_t)(Tr * H));
-  k_rmsnorm_fwd(m->x_final, m->norm.weight->data, m->norm.offset, m->norm.eps, m->xn_final,
-                m->rstd_final, Tr, H);
-  memset(m->dxn_final, 0, sizeof(float) * (size_t)(m->B * m->S * H));
+  const ml_param *w = m->norm.weight;
+  ML_TRY(ml_be_copy(m->be, m->x_final, x, sizeof(float) * (size_t)(Tr * H), ML_COPY_D2D));
+  ML_TRY(ml_be_rmsnorm_fwd(m->be, m->x_final, w->data, w->dtype, m->norm.offset, m->norm.eps,
+                           m->xn_final, m->rstd_final, Tr, H));
+  ML_TRY(ml_be_zero(m->be, m->dxn_final, sizeof(float) * (size_t)(m->B * m->S * H)));
   m->head_in = ml_act_view(m, m->xn_final, m->s_res, H, H);
   ML_TRY(ml_hook_run(m->lm_head.in.fwd, &m->head_in));
   if (m->head_in.s != m->S)
@@ -62,7 +61,7 @@ static ml_act rows_view(float *x, int64_t t0, int64_t nt, int64_t C, int64_t c) 
 int ml_head_forward(ml_model *m, int64_t t0, int64_t nt, float *logits) {
   const ml_act *h = &m->head_in;
   ml_act x = rows_view(h->x, t0, nt, h->C, h->c), y;
-  ML_TRY(ml_linear_forward(&m->lm_head, &x, logits, &y));
+  ML_TRY(ml_linear_forward(m->be, &m->lm_head, &x, logits, &y));
   m->logits_c = y.c;
   return 0;
 }
@@ -73,7 +72,7 @@ int ml_head_backward(ml_model *m, int64_t t0, int64_t nt, float *dlogits) {
   ml_act x = rows_view(h->x, t0, nt, h->C, h->c);
   /* the gradient arrives in the layout the output edge produced */
   ml_act dy = {dlogits, 1, nt, nt, m->lm_head.weight->shape[0], m->logits_c};
-  return ml_linear_backward(&m->lm_head, &dy, &x, m->dxn_final + t0 * h->c, 0);
+  return ml_linear_backward(m->be, &m->lm_head, &dy, &x, m->dxn_final + t0 * h->c, 0);
 }
 
 // dx: [B, s_res, H] (=)
@@ -86,7 +85,7 @@ int ml_head_end_backward(ml_model *m, float *dx) {
     return ml_err("lm_head: the input gradient is [%lld positions, %lld features] after its "
                   "edge; expected [%lld, %lld]",
                   (long long)d.s, (long long)d.c, (long long)m->s_res, (long long)H);
-  k_rmsnorm_bwd(m->dxn_final, m->x_final, m->norm.weight->data, m->norm.offset, m->rstd_final, dx,
-                m->norm.weight->grad, Tr, H);
-  return 0;
+  const ml_param *w = m->norm.weight;
+  return ml_be_rmsnorm_bwd(m->be, m->dxn_final, m->x_final, w->data, w->dtype, m->norm.offset,
+                           m->rstd_final, dx, w->grad, Tr, H);
 }

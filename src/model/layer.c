@@ -10,27 +10,33 @@
  * activation checkpointing (ml_ac_mode) the backward starts by rerunning
  * the forward pieces whose activations the layer dropped. */
 #include <math.h>
-#include <string.h>
 
 #include "common/status.h"
-#include "kernels/cpu/kernels.h"
 #include "model/linear.h"
 
-static void add_inplace(float *y, const float *x, int64_t n) {
-#pragma omp parallel for simd
-  for (int64_t i = 0; i < n; i++) y[i] += x[i];
-}
-
 // x, y: [rows, dim]; rstd: [rows]
-static void norm_fwd(const ml_rmsnorm *n, const float *x, float *y, float *rstd, int64_t rows,
-                     int64_t dim) {
-  k_rmsnorm_fwd(x, n->weight->data, n->offset, n->eps, y, rstd, rows, dim);
+static int norm_fwd(ml_model *m, const ml_rmsnorm *n, const float *x, float *y, float *rstd,
+                    int64_t rows, int64_t dim) {
+  const ml_param *w = n->weight;
+  return ml_be_rmsnorm_fwd(m->be, x, w->data, w->dtype, n->offset, n->eps, y, rstd, rows, dim);
 }
 
 // dy, dx: [rows, dim] (dx may alias dy); weight grad (+=)
-static void norm_bwd(const ml_rmsnorm *n, const float *dy, const float *x, const float *rstd,
-                     float *dx, int64_t rows, int64_t dim) {
-  k_rmsnorm_bwd(dy, x, n->weight->data, n->offset, rstd, dx, n->weight->grad, rows, dim);
+static int norm_bwd(ml_model *m, const ml_rmsnorm *n, const float *dy, const float *x,
+                    const float *rstd, float *dx, int64_t rows, int64_t dim) {
+  const ml_param *w = n->weight;
+  return ml_be_rmsnorm_bwd(m->be, dy, x, w->data, w->dtype, n->offset, rstd, dx, w->grad, rows,
+                           dim);
+}
+
+// y, x: [n] floats: y += x
+static int add_inplace(ml_model *m, float *y, const float *x, int64_t n) {
+  return ml_be_add(m->be, y, x, n);
+}
+
+// dst, src: [n] floats of device memory
+static int copy_floats(ml_model *m, float *dst, const float *src, int64_t n) {
+  return ml_be_copy(m->be, dst, src, sizeof(float) * (size_t)n, ML_COPY_D2D);
 }
 
 static float attn_scale(const ml_model *m) { return (float)pow(m->cfg.attn_scalar, -0.5); }
@@ -82,26 +88,25 @@ static int block_input_backward(ml_model *m, const ml_linear *first, const ml_ac
   ml_act dhv = on(*in, dh);
   ML_TRY(ml_hook_run(first->in.bwd, &dhv));
   ML_TRY(expect_view(first->weight->name, &dhv, m->s_res, H));
-  norm_bwd(norm, dh, x, rstd, dh, Tr, H);
-  add_inplace(dx, dh, Tr * H);
-  return 0;
+  ML_TRY(norm_bwd(m, norm, dh, x, rstd, dh, Tr, H));
+  return add_inplace(m, dx, dh, Tr * H);
 }
 
 // q, k: [B, S, nh|nkv, hd] after RoPE, v: [B, S, nkv, hd] → P: [B, nh, S, S], att: [B, S, nh·hd]
-static void core_forward(const ml_model *m, const ml_layer *L, float *att) {
+static int core_forward(ml_model *m, const ml_layer *L, float *att) {
   const ml_layer_acts *a = &L->acts;
   int64_t hd = m->cfg.head_dim;
-  k_attention_fwd(a->q, a->k, a->v, att, a->P, m->B, m->S, a->qv.c / hd, a->kv.c / hd, hd,
-                  attn_scale(m), L->window);
+  return ml_be_attention_fwd(m->be, a->q, a->k, a->v, att, a->P, m->B, m->S, a->qv.c / hd,
+                             a->kv.c / hd, hd, attn_scale(m), L->window);
 }
 
 // datt: [B, S, nh·hd] → dq [B, S, nh, hd], dk, dv [B, S, nkv, hd] (=)
-static void core_backward(const ml_model *m, const ml_layer *L, const float *datt, float *dq,
-                          float *dk, float *dv) {
+static int core_backward(ml_model *m, const ml_layer *L, const float *datt, float *dq, float *dk,
+                         float *dv) {
   const ml_layer_acts *a = &L->acts;
   int64_t hd = m->cfg.head_dim;
-  k_attention_bwd(datt, a->q, a->k, a->v, a->P, dq, dk, dv, m->B, m->S, a->qv.c / hd,
-                  a->kv.c / hd, hd, attn_scale(m));
+  return ml_be_attention_bwd(m->be, datt, a->q, a->k, a->v, a->P, dq, dk, dv, m->B, m->S,
+                             a->qv.c / hd, a->kv.c / hd, hd, attn_scale(m), m->attn_work);
 }
 
 // x_in [B, s_res, H] → x [B, s_res, H] = x_mid (room for [B, S, H]; not read)
@@ -109,31 +114,30 @@ static int attention_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
   int64_t B = m->B, S = m->S, Tr = B * m->s_res, H = m->cfg.hidden, hd = m->cfg.head_dim;
   bool qk_norm = L->q_norm.weight, out_norm = L->attn_out_norm.weight;
-  norm_fwd(&L->attn_norm, a->x_in, a->h1, a->rstd1, Tr, H);
+  ML_TRY(norm_fwd(m, &L->attn_norm, a->x_in, a->h1, a->rstd1, Tr, H));
   a->in_qkv = ml_act_view(m, a->h1, m->s_res, H, H);
   ML_TRY(ml_hook_run(L->q_proj.in.fwd, &a->in_qkv)); /* shared by q/k/v */
   float *q = qk_norm ? a->q_raw : a->q, *k = qk_norm ? a->k_raw : a->k;
-  ML_TRY(ml_linear_forward(&L->q_proj, &a->in_qkv, q, &a->qv));      // q: [B, S, nh·hd]
-  ML_TRY(ml_linear_forward(&L->k_proj, &a->in_qkv, k, &a->kv));      // k: [B, S, nkv·hd]
-  ML_TRY(ml_linear_forward(&L->v_proj, &a->in_qkv, a->v, &a->vv));   // v: [B, S, nkv·hd]
+  ML_TRY(ml_linear_forward(m->be, &L->q_proj, &a->in_qkv, q, &a->qv));      // q: [B, S, nh·hd]
+  ML_TRY(ml_linear_forward(m->be, &L->k_proj, &a->in_qkv, k, &a->kv));      // k: [B, S, nkv·hd]
+  ML_TRY(ml_linear_forward(m->be, &L->v_proj, &a->in_qkv, a->v, &a->vv));   // v: [B, S, nkv·hd]
   int64_t nh = 0, nkv = 0, T = B * S;
   ML_TRY(attention_views(m, L, &nh, &nkv));
   if (qk_norm) {
-    norm_fwd(&L->q_norm, a->q_raw, a->q, a->rstd_q, T * nh, hd);   // q: [T·nh, hd]
-    norm_fwd(&L->k_norm, a->k_raw, a->k, a->rstd_k, T * nkv, hd);  // k: [T·nkv, hd]
+    ML_TRY(norm_fwd(m, &L->q_norm, a->q_raw, a->q, a->rstd_q, T * nh, hd));   // q: [T·nh, hd]
+    ML_TRY(norm_fwd(m, &L->k_norm, a->k_raw, a->k, a->rstd_k, T * nkv, hd));  // k: [T·nkv, hd]
   }
-  k_rope_fwd(a->q, L->rope_cos, L->rope_sin, B, S, nh, hd);
-  k_rope_fwd(a->k, L->rope_cos, L->rope_sin, B, S, nkv, hd);
-  core_forward(m, L, a->att);
+  ML_TRY(ml_be_rope_fwd(m->be, a->q, L->rope_cos, L->rope_sin, B, S, nh, hd));
+  ML_TRY(ml_be_rope_fwd(m->be, a->k, L->rope_cos, L->rope_sin, B, S, nkv, hd));
+  ML_TRY(core_forward(m, L, a->att));
   a->in_o = ml_act_view(m, a->att, S, m->cfg.n_heads * hd, nh * hd);
   ML_TRY(ml_hook_run(L->o_proj.in.fwd, &a->in_o));
   ml_act o;
-  ML_TRY(ml_linear_forward(&L->o_proj, &a->in_o, out_norm ? a->o : x, &o));  // [B, s_res, H]
+  ML_TRY(ml_linear_forward(m->be, &L->o_proj, &a->in_o, out_norm ? a->o : x, &o));  // [B, s_res, H]
   ML_TRY(expect_view(L->o_proj.weight->name, &o, m->s_res, H));
-  if (out_norm) norm_fwd(&L->attn_out_norm, a->o, x, a->rstd_o, Tr, H);  // x: [B, s_res, H]
-  add_inplace(x, a->x_in, Tr * H);                                        // residual
-  memcpy(a->x_mid, x, sizeof(float) * (size_t)(Tr * H));
-  return 0;
+  if (out_norm) ML_TRY(norm_fwd(m, &L->attn_out_norm, a->o, x, a->rstd_o, Tr, H));  // x: [B, s_res, H]
+  ML_TRY(add_inplace(m, x, a->x_in, Tr * H));                                      // residual
+  return copy_floats(m, a->x_mid, x, Tr * H);
 }
 
 // dx: [B, s_res, H] grad of x_mid in, grad of the layer input out
@@ -144,25 +148,25 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
   float *dtmp = m->scratch, *dh = dtmp + T * H, *datt = dh + T * H;
   float *dq = datt + T * m->cap_q, *dk = dq + T * m->cap_q, *dv = dk + T * m->cap_kv;
   if (L->attn_out_norm.weight)
-    norm_bwd(&L->attn_out_norm, dx, a->o, a->rstd_o, dtmp, Tr, H);  // dtmp: d o [B, s_res, H]
+    ML_TRY(norm_bwd(m, &L->attn_out_norm, dx, a->o, a->rstd_o, dtmp, Tr, H));  // dtmp: d o [B, s_res, H]
   else
-    memcpy(dtmp, dx, sizeof(float) * (size_t)(Tr * H));
+    ML_TRY(copy_floats(m, dtmp, dx, Tr * H));
   ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
-  ML_TRY(ml_linear_backward(&L->o_proj, &d, &a->in_o, datt, 0));  // datt: [B, S, nh·hd]
+  ML_TRY(ml_linear_backward(m->be, &L->o_proj, &d, &a->in_o, datt, 0));  // datt: [B, S, nh·hd]
   ml_act datt_v = on(a->in_o, datt);
   ML_TRY(ml_hook_run(L->o_proj.in.bwd, &datt_v));
   ML_TRY(expect_view(L->o_proj.weight->name, &datt_v, S, nh * hd));
-  core_backward(m, L, datt, dq, dk, dv);
-  k_rope_bwd(dq, L->rope_cos, L->rope_sin, B, S, nh, hd);
-  k_rope_bwd(dk, L->rope_cos, L->rope_sin, B, S, nkv, hd);
+  ML_TRY(core_backward(m, L, datt, dq, dk, dv));
+  ML_TRY(ml_be_rope_bwd(m->be, dq, L->rope_cos, L->rope_sin, B, S, nh, hd));
+  ML_TRY(ml_be_rope_bwd(m->be, dk, L->rope_cos, L->rope_sin, B, S, nkv, hd));
   if (L->q_norm.weight) {
-    norm_bwd(&L->q_norm, dq, a->q_raw, a->rstd_q, dq, T * nh, hd);   // dq: [T·nh, hd]
-    norm_bwd(&L->k_norm, dk, a->k_raw, a->rstd_k, dk, T * nkv, hd);  // dk: [T·nkv, hd]
+    ML_TRY(norm_bwd(m, &L->q_norm, dq, a->q_raw, a->rstd_q, dq, T * nh, hd));   // dq: [T·nh, hd]
+    ML_TRY(norm_bwd(m, &L->k_norm, dk, a->k_raw, a->rstd_k, dk, T * nkv, hd));  // dk: [T·nkv, hd]
   }
   ml_act dqv = on(a->qv, dq), dkv = on(a->kv, dk), dvv = on(a->vv, dv);
-  ML_TRY(ml_linear_backward(&L->q_proj, &dqv, &a->in_qkv, dh, 0));  // dh: [B, S, H]
-  ML_TRY(ml_linear_backward(&L->k_proj, &dkv, &a->in_qkv, dh, 1));
-  ML_TRY(ml_linear_backward(&L->v_proj, &dvv, &a->in_qkv, dh, 1));
+  ML_TRY(ml_linear_backward(m->be, &L->q_proj, &dqv, &a->in_qkv, dh, 0));  // dh: [B, S, H]
+  ML_TRY(ml_linear_backward(m->be, &L->k_proj, &dkv, &a->in_qkv, dh, 1));
+  ML_TRY(ml_linear_backward(m->be, &L->v_proj, &dvv, &a->in_qkv, dh, 1));
   return block_input_backward(m, &L->q_proj, &a->in_qkv, dh, &L->attn_norm, a->x_in, a->rstd1,
                               dx);  // dx += d x_in
 }
@@ -172,22 +176,21 @@ static int mlp_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
   int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
   bool out_norm = L->mlp_out_norm.weight;
-  norm_fwd(&L->mlp_norm, a->x_mid, a->h2, a->rstd2, Tr, H);
+  ML_TRY(norm_fwd(m, &L->mlp_norm, a->x_mid, a->h2, a->rstd2, Tr, H));
   a->in_gu = ml_act_view(m, a->h2, m->s_res, H, H);
   ML_TRY(ml_hook_run(L->gate_proj.in.fwd, &a->in_gu)); /* shared by gate/up */
   ml_act u;
-  ML_TRY(ml_linear_forward(&L->gate_proj, &a->in_gu, a->g, &a->gv));  // g: [B, s, I]
-  ML_TRY(ml_linear_forward(&L->up_proj, &a->in_gu, a->u, &u));        // u: [B, s, I]
+  ML_TRY(ml_linear_forward(m->be, &L->gate_proj, &a->in_gu, a->g, &a->gv));  // g: [B, s, I]
+  ML_TRY(ml_linear_forward(m->be, &L->up_proj, &a->in_gu, a->u, &u));        // u: [B, s, I]
   ML_TRY(expect_view(L->up_proj.weight->name, &u, a->gv.s, a->gv.c));
-  k_glu_fwd(a->g, a->u, a->a, a->gv.B * a->gv.s * a->gv.c, m->cfg.family->act);
+  ML_TRY(ml_be_glu_fwd(m->be, a->g, a->u, a->a, a->gv.B * a->gv.s * a->gv.c, m->cfg.family->act));
   a->in_down = on(a->gv, a->a);
   ML_TRY(ml_hook_run(L->down_proj.in.fwd, &a->in_down));
   ml_act d;
-  ML_TRY(ml_linear_forward(&L->down_proj, &a->in_down, out_norm ? a->d : x, &d));  // [B, s_res, H]
+  ML_TRY(ml_linear_forward(m->be, &L->down_proj, &a->in_down, out_norm ? a->d : x, &d));  // [B, s_res, H]
   ML_TRY(expect_view(L->down_proj.weight->name, &d, m->s_res, H));
-  if (out_norm) norm_fwd(&L->mlp_out_norm, a->d, x, a->rstd_d, Tr, H);  // x: [B, s_res, H]
-  add_inplace(x, a->x_mid, Tr * H);
-  return 0;
+  if (out_norm) ML_TRY(norm_fwd(m, &L->mlp_out_norm, a->d, x, a->rstd_d, Tr, H));  // x: [B, s_res, H]
+  return add_inplace(m, x, a->x_mid, Tr * H);
 }
 
 // dx: [B, s_res, H] grad of the layer output in, grad of x_mid out
@@ -197,18 +200,19 @@ static int mlp_backward(ml_model *m, ml_layer *L, float *dx) {
   float *dtmp = m->scratch, *dh = dtmp + T * H, *da = dh + T * H;
   float *dg = da + T * m->cap_i, *du = dg + T * m->cap_i;
   if (L->mlp_out_norm.weight)
-    norm_bwd(&L->mlp_out_norm, dx, a->d, a->rstd_d, dtmp, Tr, H);  // dtmp: d down [B, s_res, H]
+    ML_TRY(norm_bwd(m, &L->mlp_out_norm, dx, a->d, a->rstd_d, dtmp, Tr, H));  // dtmp: d down [B, s_res, H]
   else
-    memcpy(dtmp, dx, sizeof(float) * (size_t)(Tr * H));
+    ML_TRY(copy_floats(m, dtmp, dx, Tr * H));
   ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
-  ML_TRY(ml_linear_backward(&L->down_proj, &d, &a->in_down, da, 0));  // da: [B, s, I]
+  ML_TRY(ml_linear_backward(m->be, &L->down_proj, &d, &a->in_down, da, 0));  // da: [B, s, I]
   ml_act dav = on(a->in_down, da);
   ML_TRY(ml_hook_run(L->down_proj.in.bwd, &dav));
   ML_TRY(expect_view(L->down_proj.weight->name, &dav, a->gv.s, a->gv.c));
-  k_glu_bwd(da, a->g, a->u, dg, du, a->gv.B * a->gv.s * a->gv.c, m->cfg.family->act);
+  ML_TRY(ml_be_glu_bwd(m->be, da, a->g, a->u, dg, du, a->gv.B * a->gv.s * a->gv.c,
+                       m->cfg.family->act));
   ml_act dgv = on(a->gv, dg), duv = on(a->gv, du);
-  ML_TRY(ml_linear_backward(&L->gate_proj, &dgv, &a->in_gu, dh, 0));  // dh: [B, s, H]
-  ML_TRY(ml_linear_backward(&L->up_proj, &duv, &a->in_gu, dh, 1));
+  ML_TRY(ml_linear_backward(m->be, &L->gate_proj, &dgv, &a->in_gu, dh, 0));  // dh: [B, s, H]
+  ML_TRY(ml_linear_backward(m->be, &L->up_proj, &duv, &a->in_gu, dh, 1));
   return block_input_backward(m, &L->gate_proj, &a->in_gu, dh, &L->mlp_norm, a->x_mid, a->rstd2,
                               dx);  // dx += d x_mid
 }
@@ -216,7 +220,7 @@ static int mlp_backward(ml_model *m, ml_layer *L, float *dx) {
 // x: [B, s_res, H] in place
 int ml_layer_forward(ml_model *m, int l, float *x) {
   ml_layer *L = &m->layers[l];
-  memcpy(L->acts.x_in, x, sizeof(float) * (size_t)(m->B * m->s_res * m->cfg.hidden));
+  ML_TRY(copy_floats(m, L->acts.x_in, x, m->B * m->s_res * m->cfg.hidden));
   ML_TRY(attention_forward(m, L, x));
   return mlp_forward(m, L, x);
 }
@@ -227,7 +231,7 @@ int ml_layer_forward(ml_model *m, int l, float *x) {
  * torch.utils.checkpoint reruns the module; the output is discarded. */
 static int recompute(ml_model *m, ml_layer *L) {
   ml_layer_acts *a = &L->acts;
-  if (m->ac == ML_AC_SELECTIVE) core_forward(m, L, m->scratch); /* P; att into scratch, dropped */
+  if (m->ac == ML_AC_SELECTIVE) ML_TRY(core_forward(m, L, m->scratch)); /* P; att into scratch, dropped */
   if (m->ac == ML_AC_LAYER) ML_TRY(attention_forward(m, L, a->out));
   if (m->ac == ML_AC_LAYER || m->ac == ML_AC_MLP) ML_TRY(mlp_forward(m, L, a->out));
   return 0;

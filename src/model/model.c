@@ -139,17 +139,20 @@ int ml_model_create(const ml_model_config *cfg, ml_model *m) {
   return 0;
 }
 
+/* Every activation buffer back to the backend's pool (none without a backend). */
 static void free_acts(ml_model *m) {
+  if (!m->be) return;
   for (int l = 0; m->layers && l < m->cfg.n_layers; l++) {
-    free(m->layers[l].acts.x_in); /* the layer's block, see carve_layer */
+    ml_be_free(m->be, m->layers[l].acts.x_in); /* the layer's block, see carve_layer */
     memset(&m->layers[l].acts, 0, sizeof m->layers[l].acts);
   }
-  free(m->ac_work);
-  free(m->x_final);
-  free(m->scratch);
-  free(m->inv_freq);
-  m->ac_work = m->x_final = m->scratch = m->inv_freq = NULL;
-  m->rope_cos = m->rope_sin = m->inv_freq_local = m->rope_local_cos = m->rope_local_sin = NULL;
+  ml_be_free(m->be, m->ac_work);
+  ml_be_free(m->be, m->x_final);
+  ml_be_free(m->be, m->scratch);
+  ml_be_free(m->be, m->rope_cos);
+  m->ac_work = m->x_final = m->scratch = m->rope_cos = NULL;
+  m->attn_work = NULL;
+  m->rope_sin = m->rope_local_cos = m->rope_local_sin = NULL;
 }
 
 void ml_model_destroy(ml_model *m) {
@@ -310,7 +313,7 @@ static int alloc_layer_acts(ml_model *m, const act_dims *d) {
   int64_t block, work;
   act_floats(m, d, &block, &work);
   if (work) {
-    m->ac_work = ml_malloc_array(work, sizeof(float), "the activation recompute workspace (%s; %s)",
+    m->ac_work = ml_be_alloc(m->be, work, sizeof(float), "the activation recompute workspace (%s; %s)",
                                  batch, dims);
     if (!m->ac_work) return -1;
   }
@@ -318,7 +321,7 @@ static int alloc_layer_acts(ml_model *m, const act_dims *d) {
     ml_layer *L = &m->layers[l];
     carver count = {.kept = kept_parts(m->ac)};
     carve_layer(d, L, &count, &L->acts);
-    float *block = ml_malloc_array(count.used[0], sizeof(float),
+    float *block = ml_be_alloc(m->be, count.used[0], sizeof(float),
                                    "the activations of layer %d (%s; %s)", l, batch, dims);
     if (!block) return -1;
     carver c = {.kept = count.kept, .block = {block, m->ac_work}};
@@ -327,24 +330,22 @@ static int alloc_layer_acts(ml_model *m, const act_dims *d) {
   return 0;
 }
 
-/* inv_freq + cos/sin tables of the global (full-attention) and local
- * (sliding) RoPE; each layer points at the tables of its type. */
+/* cos/sin tables of the global (full-attention) and local (sliding) RoPE;
+ * each layer points at the tables of its type. */
 static int alloc_rope(ml_model *m) {
   const ml_model_config *c = &m->cfg;
-  int64_t half = c->head_dim / 2, one = ml_add_sat(half, ml_mul_sat(2 * half, m->S));
-  m->inv_freq = ml_malloc_array(ml_mul_sat(2, one), sizeof(float),
-                                "the RoPE tables (%lld tokens x head_dim %lld)", (long long)m->S,
-                                (long long)c->head_dim);
-  if (!m->inv_freq) return -1;
-  m->rope_cos = m->inv_freq + half;
-  m->rope_sin = m->rope_cos + m->S * half;
-  m->inv_freq_local = m->inv_freq + one;
-  m->rope_local_cos = m->inv_freq_local + half;
-  m->rope_local_sin = m->rope_local_cos + m->S * half;
-  k_rope_inv_freq(c->rope_theta, c->head_dim, &c->rope, m->inv_freq);
-  k_rope_tables(m->inv_freq, c->head_dim, m->S, m->rope_cos, m->rope_sin);
-  k_rope_inv_freq(c->rope_local_theta, c->head_dim, &c->rope_local, m->inv_freq_local);
-  k_rope_tables(m->inv_freq_local, c->head_dim, m->S, m->rope_local_cos, m->rope_local_sin);
+  int64_t one = ml_mul_sat(c->head_dim / 2, m->S); /* [S, hd/2] */
+  m->rope_cos = ml_be_alloc(m->be, ml_mul_sat(4, one), sizeof(float),
+                            "the RoPE tables (%lld tokens x head_dim %lld)", (long long)m->S,
+                            (long long)c->head_dim);
+  if (!m->rope_cos) return -1;
+  m->rope_sin = m->rope_cos + one;
+  m->rope_local_cos = m->rope_sin + one;
+  m->rope_local_sin = m->rope_local_cos + one;
+  ML_TRY(ml_be_rope_tables(m->be, c->rope_theta, c->head_dim, &c->rope, m->S, m->rope_cos,
+                           m->rope_sin));
+  ML_TRY(ml_be_rope_tables(m->be, c->rope_local_theta, c->head_dim, &c->rope_local, m->S,
+                           m->rope_local_cos, m->rope_local_sin));
   for (int l = 0; l < c->n_layers; l++) {
     ml_layer *L = &m->layers[l];
     L->rope_cos = c->sliding[l] ? m->rope_local_cos : m->rope_cos;
@@ -355,7 +356,9 @@ static int alloc_rope(ml_model *m) {
 
 int ml_model_begin(ml_model *m, int64_t B, int64_t S) {
   if (m->B == B && m->S == S && m->x_final) return 0;
+  if (!m->be) return ml_err("ml_model_begin: no backend set (ml_model.be)");
   free_acts(m);
+  ml_be_trim(m->be); /* the old geometry's buffers go back to the system */
   m->B = B;
   m->S = S;
   int64_t H = m->cfg.hidden;
@@ -369,19 +372,24 @@ int ml_model_begin(ml_model *m, int64_t B, int64_t S) {
   const char *batch = batch_words(m, buf, sizeof buf);
   /* widths: config sizes or edge widths, each <= 2^24 (config.h), so 3·H + 1 and
    * 2·H + wide below are plain */
-  m->x_final = ml_malloc_array(ml_mul_sat(T, 3 * H + 1), sizeof(float),
+  m->x_final = ml_be_alloc(m->be, ml_mul_sat(T, 3 * H + 1), sizeof(float),
                                "the final norm's activations (%s x hidden_size %lld)", batch,
                                (long long)H);
   if (!m->x_final) return -1;
   /* backward temporaries: two [T, H], then attention's datt, dq [T, cap_q] and dk, dv
-   * [T, cap_kv], or the MLP's da, dg, du [T, cap_i] */
+   * [T, cap_kv], or the MLP's da, dg, du [T, cap_i]; then the attention backward's
+   * workspace */
   int64_t wide = 2 * m->cap_q + 2 * m->cap_kv > 3 * m->cap_i ? 2 * m->cap_q + 2 * m->cap_kv
                                                               : 3 * m->cap_i;
-  m->scratch = ml_malloc_array(ml_mul_sat(T, 2 * H + wide), sizeof(float),
+  int64_t temps = ml_mul_sat(T, 2 * H + wide);
+  size_t attn = ml_be_attention_work(m->be, B, S, m->cap_q / m->cfg.head_dim);
+  int64_t attn_floats = attn >= (size_t)ML_SAT ? ML_SAT : (int64_t)((attn + 3) / 4);
+  m->scratch = ml_be_alloc(m->be, ml_add_sat(temps, attn_floats), sizeof(float),
                                "the backward scratch (%s x hidden_size %lld, intermediate_size "
                                "%lld)",
                                batch, (long long)H, (long long)m->cfg.intermediate);
   if (!m->scratch) return -1;
+  m->attn_work = m->scratch + temps;
   m->xn_final = m->x_final + T * H;
   m->dxn_final = m->xn_final + T * H;
   m->rstd_final = m->dxn_final + T * H;

@@ -26,6 +26,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "model/config.h"
 #include "tensor/act.h"
 
@@ -37,8 +38,11 @@ typedef struct ml_param {
   int tp_dim;         /* -1 = Replicate over tp; 0 or 1 = Shard(tp_dim) */
   int64_t tp_start;   /* first global index along tp_dim held by this rank */
   int64_t local[2];   /* local shape (= shape unless sharded) */
-  float *data;        /* [local[0], local[1]] while materialised, else NULL */
-  float *grad;        /* same shape, during backward, else NULL */
+  void *data;         /* [local[0], local[1]] of `dtype` (device memory) while
+                         materialised, else NULL */
+  ml_dtype dtype;     /* of data: ML_F32, or ML_BF16 (FSDP's param_dtype); the
+                         GEMMs reading the parameter compute in it */
+  float *grad;        /* [local[0], local[1]] fp32, during backward, else NULL */
   int unit;           /* FSDP unit: layer index, or n_layers for the root */
   bool grad_partial;  /* set by parallel/: this rank's grad is a partial sum over tp */
 } ml_param;
@@ -166,6 +170,7 @@ typedef enum {
 
 typedef struct ml_model {
   ml_model_config cfg;
+  ml_backend *be; /* where the model computes and its buffers live; set before ml_model_begin */
   ml_ac_mode ac; /* set before ml_model_begin; default ML_AC_NONE */
   ml_embedding embed_tokens;
   ml_layer *layers;
@@ -186,10 +191,11 @@ typedef struct ml_model {
   int64_t cap_q, cap_kv, cap_i; /* buffer widths of q/att, k/v, gate/up/act (widest view) */
   ml_act head_in;   /* lm_head's input view (after its input edge) */
   int64_t logits_c; /* features of the logits ml_head_forward hands out */
-  float *inv_freq, *rope_cos, *rope_sin;       /* full-attention layers: [hd/2], [S, hd/2] x2 */
-  float *inv_freq_local, *rope_local_cos, *rope_local_sin; /* sliding layers */
+  float *rope_cos, *rope_sin;             /* full-attention layers: [S, hd/2] each */
+  float *rope_local_cos, *rope_local_sin; /* sliding layers */
   float *x_final, *rstd_final, *xn_final, *dxn_final;
   float *scratch; /* backward temporaries */
+  void *attn_work; /* the attention backward's workspace (ml_be_attention_work) */
   float *ac_work; /* recompute workspace shared by all layers (NULL under ML_AC_NONE) */
 } ml_model;
 

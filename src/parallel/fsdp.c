@@ -56,9 +56,9 @@ static bool params_alias(const ml_fsdp *f) {
 static bool grads_alias(const ml_fsdp *f) {
   return params_alias(f) && f->rep->size == 1 && f->opts.reduce_dtype == ML_F32;
 }
-static ml_elem param_elem(const ml_fsdp *f) {
-  return f->opts.param_dtype == ML_BF16 ? ML_ELEM_BF16 : ML_ELEM_F32;
-}
+static ml_elem elem_of(ml_dtype t) { return t == ML_BF16 ? ML_ELEM_BF16 : ML_ELEM_F32; }
+static ml_dtype dtype_of(ml_elem e) { return e == ML_ELEM_BF16 ? ML_BF16 : ML_F32; }
+static ml_elem param_elem(const ml_fsdp *f) { return elem_of(f->opts.param_dtype); }
 
 static int unit_layout(ml_fsdp *f, ml_fsdp_unit *u) {
   u->chunk_rows = ml_calloc((size_t)u->n * 3, sizeof(int64_t), "fsdp layout");
@@ -70,7 +70,8 @@ static int unit_layout(ml_fsdp *f, ml_fsdp_unit *u) {
   return 0;
 }
 
-/* Read this rank's rows of p's TP-local tensor from the checkpoint. */
+/* Read this rank's rows of p's TP-local tensor from the checkpoint into
+ * host staging, then copy them into the shard on the device. */
 static int load_param(ml_fsdp *f, ml_fsdp_unit *u, int i, const ml_ckpt *ck) {
   const ml_param *p = u->params[i];
   const ml_st_tensor *t = ml_ckpt_find(ck, p->name);
@@ -87,29 +88,45 @@ static int load_param(ml_fsdp *f, ml_fsdp_unit *u, int i, const ml_ckpt *ck) {
   if (nr == 0) return 0;
   int64_t row0 = r0 + (p->tp_dim == 0 ? p->tp_start : 0);
   int64_t col0 = p->tp_dim == 1 ? p->tp_start : 0;
-  return ml_st_read_block(t, row0, nr, col0, p->local[1], u->shard + u->shard_off[i]);
+  int64_t n = nr * p->local[1]; /* rows of a parameter's chunk: bounded (ml_fsdp_layout) */
+  float *stage = ml_be_host_alloc(f->be, n, sizeof(float), "loading '%s'", p->name);
+  if (!stage) return -1;
+  int rc = ml_st_read_block(t, row0, nr, col0, p->local[1], stage);
+  if (rc == 0)
+    rc = ml_be_copy(f->be, u->shard + u->shard_off[i], stage, sizeof(float) * (size_t)n,
+                    ML_COPY_H2D);
+  ml_be_host_free(f->be, stage);
+  return rc;
 }
 
-static void point_params(ml_fsdp_unit *u, float *base, int grads) {
+/* Point the unit's parameters at their places in `base`, the unsharded
+ * buffer of `type` (NULL: not materialised). */
+static void point_data(ml_fsdp_unit *u, void *base, ml_dtype type) {
   for (int i = 0; i < u->n; i++) {
-    float *ptr = base ? base + u->full_off[i] : NULL;
-    if (grads) u->params[i]->grad = ptr;
-    else u->params[i]->data = ptr;
+    u->params[i]->data = base ? (char *)base + ml_dtype_size(type) * (size_t)u->full_off[i] : NULL;
+    u->params[i]->dtype = type;
   }
+}
+
+/* The same for the unsharded fp32 gradients. */
+static void point_grads(ml_fsdp_unit *u, float *base) {
+  for (int i = 0; i < u->n; i++) u->params[i]->grad = base ? base + u->full_off[i] : NULL;
 }
 
 static int unit_init(ml_fsdp *f, ml_fsdp_unit *u, const ml_ckpt *ck) {
   ML_TRY(unit_layout(f, u));
-  size_t n = (size_t)u->shard_numel;
-  u->shard = ml_calloc(n * 4, sizeof(float), "fsdp shard, grads and AdamW state");
+  size_t n = (size_t)u->shard_numel; /* bounded (ml_fsdp_layout): 4n floats fit */
+  u->shard = ml_be_alloc(f->be, 4 * u->shard_numel, sizeof(float),
+                         "the FSDP shard, its gradient and AdamW state (%d parameters)", u->n);
   if (!u->shard) return -1;
+  ML_TRY(ml_be_zero(f->be, u->shard, 4 * n * sizeof(float))); /* padding rows stay 0 */
   u->shard_grad = u->shard + n;
   u->adam_m = u->shard_grad + n;
   u->adam_v = u->adam_m + n;
   for (int i = 0; i < u->n; i++) ML_TRY(load_param(f, u, i, ck));
   if (params_alias(f)) { /* the shard is the whole TP-local tensor */
     u->full = u->shard;
-    point_params(u, u->full, 0);
+    point_data(u, u->full, ML_F32);
   }
   return 0;
 }
@@ -130,6 +147,8 @@ int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fs
                  const ml_ckpt *ck) {
   memset(f, 0, sizeof *f);
   ML_TRY(check_opts(opts));
+  if (!m->be) return ml_err("ml_fsdp_init: the model has no backend (ml_model.be)");
+  f->be = m->be;
   f->dp = dp;
   f->rep = rep;
   f->opts = *opts;
@@ -159,10 +178,11 @@ int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fs
   if (!grads_alias(f)) {
     /* dp shards of a unit: its elements plus at most dp - 1 padding rows (bounded, see
      * ml_fsdp_layout) */
-    size_t n = (size_t)(max_shard * dp->size);
-    f->comm_buf = ml_malloc(sizeof(float) * n, "fsdp comm buffer");
-    f->grad_buf = ml_malloc(sizeof(float) * (size_t)max_shard, "fsdp grad buffer");
-    if (opts->reduce_dtype == ML_BF16) f->wire = ml_malloc(sizeof(uint16_t) * n, "fsdp bf16 wire buffer");
+    int64_t n = max_shard * dp->size;
+    f->comm_buf = ml_be_alloc(f->be, n, sizeof(float), "the FSDP communication buffer");
+    f->grad_buf = ml_be_alloc(f->be, max_shard, sizeof(float), "the FSDP gradient buffer");
+    if (opts->reduce_dtype == ML_BF16)
+      f->wire = ml_be_alloc(f->be, n, sizeof(uint16_t), "the FSDP bf16 gradient buffer");
     if (!f->comm_buf || !f->grad_buf || (opts->reduce_dtype == ML_BF16 && !f->wire)) return -1;
   }
   return ml_fsdp_sync_params(f);
@@ -173,92 +193,97 @@ void ml_fsdp_destroy(ml_fsdp *f) {
     for (int u = 0; u < f->n_units; u++) {
       ml_fsdp_unit *unit = &f->units[u];
       if (unit->in_flight) ml_wait(f->dp, &unit->req);
-      if (unit->send != unit->shard) free(unit->send);
-      free(unit->recv);
-      if (!params_alias(f)) free(unit->full);
-      if (!grads_alias(f)) free(unit->full_grad);
-      free(unit->shard);
+      if (unit->send != unit->shard) ml_be_free(f->be, unit->send);
+      ml_be_free(f->be, unit->recv);
+      if (!params_alias(f)) ml_be_free(f->be, unit->full);
+      if (!grads_alias(f)) ml_be_free(f->be, unit->full_grad);
+      ml_be_free(f->be, unit->shard);
       free(unit->chunk_rows);
     }
     free(f->units[0].params); /* the slots array */
   }
   free(f->units);
-  free(f->comm_buf);
-  free(f->grad_buf);
-  free(f->wire);
+  if (f->be) {
+    ml_be_free(f->be, f->comm_buf);
+    ml_be_free(f->be, f->grad_buf);
+    ml_be_free(f->be, f->wire);
+  }
   memset(f, 0, sizeof *f);
 }
 
 /* Copy between the rank-major gathered layout `wire` (dp blocks of
- * shard_numel elements of `elem`, fp32 or bf16) and the unsharded fp32
- * buffer `full`: to_full widens, the other way rounds and zero-pads. */
-static void copy_rank_major(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml_elem elem,
-                            float *full, int to_full) {
+ * shard_numel elements of `elem`) and the unsharded buffer `full` of
+ * `type`, converting where the types differ (widening exact, narrowing
+ * rounds to nearest-even); the way to `wire` zero-pads each chunk. */
+static int copy_rank_major(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml_elem elem,
+                           void *full, ml_dtype type, int to_full) {
   int dp = f->dp->size;
-  size_t es = ml_elem_size(elem);
+  size_t es = ml_elem_size(elem), fs = ml_dtype_size(type);
+  ml_dtype wt = dtype_of(elem);
   for (int r = 0; r < dp; r++) {
     char *block = (char *)wire + es * (size_t)(r * u->shard_numel);
     for (int i = 0; i < u->n; i++) {
       const ml_param *p = u->params[i];
       int64_t c = u->chunk_rows[i], cols = p->local[1], rows = p->local[0];
       int64_t r0 = c * r < rows ? c * r : rows, nr = (c * r + c < rows ? c * r + c : rows) - r0;
-      float *full_rows = full + u->full_off[i] + r0 * cols;
+      char *full_rows = (char *)full + fs * (size_t)(u->full_off[i] + r0 * cols);
       char *chunk = block + es * (size_t)u->shard_off[i];
       size_t n = (size_t)(nr * cols), pad = (size_t)((c - nr) * cols);
-      if (elem == ML_ELEM_BF16 && to_full) ml_convert_to_f32(ML_BF16, chunk, full_rows, n);
-      else if (elem == ML_ELEM_BF16) ml_convert_from_f32(ML_BF16, full_rows, chunk, n);
-      else if (to_full) memcpy(full_rows, chunk, sizeof(float) * n);
-      else memcpy(chunk, full_rows, sizeof(float) * n);
-      if (!to_full) memset(chunk + es * n, 0, es * pad);
+      if (to_full) {
+        ML_TRY(ml_be_convert(f->be, full_rows, type, chunk, wt, n));
+      } else {
+        ML_TRY(ml_be_convert(f->be, chunk, wt, full_rows, type, n));
+        ML_TRY(ml_be_zero(f->be, chunk + es * n, es * pad));
+      }
     }
   }
+  return 0;
 }
 
 int ml_fsdp_gather_flat(ml_fsdp *f, int u, const float *src, float *dst) {
   ml_fsdp_unit *unit = &f->units[u];
-  if (f->dp->size == 1) {
-    memcpy(dst, src, sizeof(float) * (size_t)unit->full_numel);
-    return 0;
-  }
+  if (f->dp->size == 1)
+    return ml_be_copy(f->be, dst, src, sizeof(float) * (size_t)unit->full_numel, ML_COPY_D2D);
   ML_TRY(ml_all_gather(f->dp, src, f->comm_buf, (size_t)unit->shard_numel));
-  copy_rank_major(f, unit, f->comm_buf, ML_ELEM_F32, dst, 1);
-  return 0;
+  return copy_rank_major(f, unit, f->comm_buf, ML_ELEM_F32, dst, ML_F32, 1);
 }
 
 /* Start the all-gather of unit u's shard in param_dtype into unit->recv. */
 static int gather_start(ml_fsdp *f, ml_fsdp_unit *unit) {
-  size_t n = (size_t)unit->shard_numel, es = ml_elem_size(param_elem(f));
+  int64_t n = unit->shard_numel;
+  ml_dtype pt = f->opts.param_dtype;
+  size_t es = ml_dtype_size(pt);
   unit->send = unit->shard;
-  if (param_elem(f) == ML_ELEM_BF16) {
-    unit->send = ml_malloc(es * n, "bf16 parameter shard");
+  if (pt != ML_F32) {
+    unit->send = ml_be_alloc(f->be, n, es, "a %s parameter shard", ml_dtype_name(pt));
     if (!unit->send) return -1;
-    ml_convert_from_f32(ML_BF16, unit->shard, unit->send, n);
+    ML_TRY(ml_be_convert(f->be, unit->send, pt, unit->shard, ML_F32, (size_t)n));
   }
-  unit->recv = ml_malloc(es * n * (size_t)f->dp->size, "gathered parameters");
+  /* dp shards of a unit: bounded (ml_fsdp_layout) */
+  unit->recv = ml_be_alloc(f->be, n * f->dp->size, es, "the gathered parameters of a unit");
   if (!unit->recv) return -1;
-  if (f->dp->size == 1) { /* nothing to gather: the "gathered" block is the shard */
-    memcpy(unit->recv, unit->send, es * n);
-    return 0;
-  }
-  ML_TRY(ml_iall_gather(f->dp, unit->send, unit->recv, n, param_elem(f), &unit->req));
+  if (f->dp->size == 1) /* nothing to gather: the "gathered" block is the shard */
+    return ml_be_copy(f->be, unit->recv, unit->send, es * (size_t)n, ML_COPY_D2D);
+  ML_TRY(ml_iall_gather(f->dp, unit->send, unit->recv, (size_t)n, param_elem(f), &unit->req));
   unit->in_flight = true;
   return 0;
 }
 
-/* Wait for unit u's all-gather and copy it out into the unsharded buffer. */
+/* Wait for unit u's all-gather and copy it out into the unsharded buffer,
+ * which keeps param_dtype (the GEMMs read it as it is). */
 static int gather_finish(ml_fsdp *f, ml_fsdp_unit *unit) {
   int rc = unit->in_flight ? ml_wait(f->dp, &unit->req) : 0;
   unit->in_flight = false;
+  ml_dtype pt = f->opts.param_dtype;
   if (rc == 0 && !unit->full) {
-    unit->full = ml_malloc(sizeof(float) * (size_t)unit->full_numel, "unsharded parameters");
+    unit->full = ml_be_alloc(f->be, unit->full_numel, ml_dtype_size(pt),
+                             "the unsharded parameters of a unit");
     if (!unit->full) rc = -1;
   }
-  if (rc == 0) {
-    copy_rank_major(f, unit, unit->recv, param_elem(f), unit->full, 1);
-    point_params(unit, unit->full, 0);
-  }
-  if (unit->send != unit->shard) free(unit->send);
-  free(unit->recv);
+  if (rc == 0) rc = copy_rank_major(f, unit, unit->recv, param_elem(f), unit->full, pt, 1);
+  if (rc == 0) point_data(unit, unit->full, pt);
+  if (unit->send != unit->shard) ml_be_free(f->be, unit->send);
+  ml_be_free(f->be, unit->recv);
   unit->send = unit->recv = NULL;
   return rc;
 }
@@ -266,7 +291,7 @@ static int gather_finish(ml_fsdp *f, ml_fsdp_unit *unit) {
 int ml_fsdp_prefetch(ml_fsdp *f, int u) {
   if (u < 0 || u >= f->n_units) return 0;
   ml_fsdp_unit *unit = &f->units[u];
-  if (unit->full || unit->in_flight) return 0;
+  if (unit->full || unit->recv) return 0; /* materialised, or its gather started */
   return gather_start(f, unit);
 }
 
@@ -280,9 +305,9 @@ int ml_fsdp_unshard(ml_fsdp *f, int u) {
 void ml_fsdp_reshard(ml_fsdp *f, int u) {
   ml_fsdp_unit *unit = &f->units[u];
   if (params_alias(f) || persistent(f) || !unit->full) return;
-  free(unit->full);
+  ml_be_free(f->be, unit->full);
   unit->full = NULL;
-  point_params(unit, NULL, 0);
+  point_data(unit, NULL, f->opts.param_dtype);
 }
 
 int ml_fsdp_sync_params(ml_fsdp *f) {
@@ -297,12 +322,14 @@ int ml_fsdp_sync_params(ml_fsdp *f) {
 int ml_fsdp_grad_begin(ml_fsdp *f, int u) {
   ml_fsdp_unit *unit = &f->units[u];
   if (grads_alias(f)) { /* backward accumulates straight into the shard's grads */
-    point_params(unit, unit->shard_grad, 1);
+    point_grads(unit, unit->shard_grad);
     return 0;
   }
-  unit->full_grad = ml_calloc((size_t)unit->full_numel, sizeof(float), "unsharded gradients");
+  unit->full_grad = ml_be_alloc(f->be, unit->full_numel, sizeof(float),
+                                "the unsharded gradients of a unit");
   if (!unit->full_grad) return -1;
-  point_params(unit, unit->full_grad, 1);
+  ML_TRY(ml_be_zero(f->be, unit->full_grad, sizeof(float) * (size_t)unit->full_numel));
+  point_grads(unit, unit->full_grad);
   return 0;
 }
 
@@ -315,9 +342,10 @@ static int reduce_unit(ml_fsdp *f, ml_fsdp_unit *unit) {
   bool bf16 = f->opts.reduce_dtype == ML_BF16;
   ml_elem elem = bf16 ? ML_ELEM_BF16 : ML_ELEM_F32;
   size_t es = ml_elem_size(elem);
-  if (f->opts.param_dtype == ML_BF16) ml_round_bf16(unit->full_grad, (size_t)unit->full_numel);
+  if (f->opts.param_dtype == ML_BF16)
+    ML_TRY(ml_be_round_bf16(f->be, unit->full_grad, (size_t)unit->full_numel));
   void *stage = bf16 ? (void *)f->wire : (void *)f->comm_buf;
-  copy_rank_major(f, unit, stage, elem, unit->full_grad, 0);
+  ML_TRY(copy_rank_major(f, unit, stage, elem, unit->full_grad, ML_F32, 0));
   void *red = (char *)stage + es * n * (size_t)f->dp->rank; /* this rank's reduced block */
   if (dp > 1 && f->opts.zero == 1) {
     ML_TRY(ml_all_reduce(f->dp, stage, n * (size_t)dp, elem, ML_RED_SUM));
@@ -329,19 +357,18 @@ static int reduce_unit(ml_fsdp *f, ml_fsdp_unit *unit) {
   if (f->rep->size > 1) ML_TRY(ml_all_reduce(f->rep, red, n, elem, ML_RED_SUM));
   float *g = red;
   if (bf16) {
-    ml_convert_to_f32(ML_BF16, red, f->grad_buf, n);
+    ML_TRY(ml_be_convert(f->be, f->grad_buf, ML_F32, red, ML_BF16, n));
     g = f->grad_buf;
   }
-  for (size_t k = 0; k < n; k++) unit->shard_grad[k] += g[k];
-  return 0;
+  return ml_be_add(f->be, unit->shard_grad, g, (int64_t)n);
 }
 
 int ml_fsdp_reduce_grads(ml_fsdp *f, int u) {
   ml_fsdp_unit *unit = &f->units[u];
-  point_params(unit, NULL, 1);
+  point_grads(unit, NULL);
   if (grads_alias(f)) return 0;
   int rc = reduce_unit(f, unit);
-  free(unit->full_grad);
+  ml_be_free(f->be, unit->full_grad);
   unit->full_grad = NULL;
   return rc;
 }

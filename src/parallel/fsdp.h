@@ -40,9 +40,9 @@ typedef enum { ML_RESHARD_DEFAULT, ML_RESHARD_ALWAYS, ML_RESHARD_NEVER } ml_resh
 /* FSDP2's fully_shard options (torch.distributed.fsdp.MixedPrecisionPolicy,
  * reshard_after_forward) plus the ZeRO stage and the prefetch depths. */
 typedef struct ml_fsdp_opts {
-  ml_dtype param_dtype;  /* ML_F32 or ML_BF16: all-gather dtype of the parameters and the
-                            dtype compute inputs are rounded to (CPU: bf16 storage, fp32
-                            arithmetic) */
+  ml_dtype param_dtype;  /* ML_F32 or ML_BF16: all-gather dtype of the parameters, the
+                            dtype the unsharded parameters are kept in, and so the GEMMs'
+                            compute dtype (bf16 operands, fp32 accumulation) */
   ml_dtype reduce_dtype; /* ML_F32 or ML_BF16: dtype gradients are reduced in */
   ml_reshard_policy reshard_after_forward;
   int zero;              /* 3: params, grads and optimizer state sharded (FSDP); 2: params
@@ -59,8 +59,9 @@ typedef struct ml_fsdp_unit {
   int64_t *full_off;    /* per param: offset in the unsharded buffer */
   int64_t shard_numel;  /* per rank, padding included */
   int64_t full_numel;
-  float *shard, *shard_grad, *adam_m, *adam_v; /* [shard_numel] each */
-  float *full, *full_grad;                     /* unsharded, while materialised */
+  float *shard, *shard_grad, *adam_m, *adam_v; /* [shard_numel] fp32 each (device memory) */
+  void *full;       /* unsharded parameters in param_dtype, while materialised */
+  float *full_grad; /* unsharded fp32 gradients, during backward */
   bool reshard_after_forward;
   /* an all-gather in flight (prefetch): its request and wire buffers */
   ml_request req;
@@ -69,6 +70,7 @@ typedef struct ml_fsdp_unit {
 } ml_fsdp_unit;
 
 typedef struct ml_fsdp {
+  ml_backend *be; /* the model's: shards, buffers and copies live there */
   ml_comm *dp;  /* dp_shard (× cp): the group parameters are sharded over */
   ml_comm *rep; /* dp_replicate: HSDP replicas (size 1: plain FSDP) */
   ml_fsdp_opts opts;

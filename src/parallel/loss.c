@@ -1,11 +1,7 @@
 #include "parallel/loss.h"
 
-#include <math.h>
-#include <stdlib.h>
-
 #include "common/checked.h"
 #include "common/status.h"
-#include "kernels/cpu/kernels.h"
 
 enum { LOGITS_BUDGET = 1 << 23 }; /* floats of logits per chunk (32 MiB) */
 
@@ -34,10 +30,11 @@ static int chunk_stats(ml_model *m, ml_comm *tp, const int32_t *y, int64_t t0, i
   int64_t v0, nv;
   vocab_range(m, tp, &v0, &nv);
   ML_TRY(ml_head_forward(m, t0, nt, b->logits));  // logits: [nt, nv]
-  if (b->bf16) ml_round_bf16(b->logits, (size_t)(nt * nv));
-  k_xent_rowmax(b->logits, nt, nv, b->mx);
+  if (b->bf16) ML_TRY(ml_be_round_bf16(m->be, b->logits, (size_t)(nt * nv)));
+  ML_TRY(ml_be_xent_rowmax(m->be, b->logits, nt, nv, b->mx));
   if (tp && tp->size > 1) ML_TRY(ml_all_reduce(tp, b->mx, (size_t)nt, ML_ELEM_F32, ML_RED_MAX));
-  k_xent_sumexp_target(b->logits, nt, nv, v0, y + t0, b->mx, b->se_tl, b->se_tl + nt);
+  ML_TRY(ml_be_xent_sumexp_target(m->be, b->logits, nt, nv, v0, y + t0, b->mx, b->se_tl,
+                                  b->se_tl + nt));
   if (tp && tp->size > 1)
     ML_TRY(ml_all_reduce(tp, b->se_tl, (size_t)(2 * nt), ML_ELEM_F32, ML_RED_SUM));
   return 0;
@@ -50,16 +47,12 @@ static int run_chunks(ml_model *m, ml_comm *tp, const int32_t *y, bool backward,
   for (int64_t t0 = 0; t0 < T; t0 += chunk) {
     int64_t nt = T - t0 < chunk ? T - t0 : chunk;
     ML_TRY(chunk_stats(m, tp, y, t0, nt, b));
-    for (int64_t i = 0; i < nt; i++) {
-      int valid = y[t0 + i] >= 0;
-      double lp = valid ? (double)b->se_tl[nt + i] - log((double)b->se_tl[i]) : 0.0;
-      if (logprobs) logprobs[t0 + i] = (float)lp;
-      out->loss_sum -= lp;
-      out->count += valid;
-      b->w[i] = valid ? scale : 0.0f;
-    }
+    ML_TRY(ml_be_xent_logprobs(m->be, b->se_tl, b->se_tl + nt, y + t0, nt, scale,
+                               logprobs ? logprobs + t0 : NULL, b->w, &out->loss_sum,
+                               &out->count));
     if (!backward) continue;
-    k_xent_bwd(b->logits, nt, nv, v0, y + t0, b->mx, b->se_tl, b->w, b->logits);
+    ML_TRY(ml_be_xent_bwd(m->be, b->logits, nt, nv, v0, y + t0, b->mx, b->se_tl, b->w,
+                          b->logits));
     ML_TRY(ml_head_backward(m, t0, nt, b->logits));
   }
   return 0;
@@ -79,7 +72,7 @@ int ml_vocab_parallel_loss(ml_model *m, ml_comm *tp, const int32_t *targets, ml_
   int64_t chunk = ml_loss_chunk_tokens(T, m->cfg.vocab, tp ? tp->size : 1);
   chunk_bufs b;
   /* chunk · nv <= max(LOGITS_BUDGET, vocab_size) (ml_loss_chunk_tokens): a plain count */
-  float *mem = ml_malloc_array(chunk * (nv + 4), sizeof(float),
+  float *mem = ml_be_alloc(m->be, chunk * (nv + 4), sizeof(float),
                                "the logits chunk (%lld tokens x %lld vocab columns of vocab_size "
                                "%lld)",
                                (long long)chunk, (long long)nv, (long long)m->cfg.vocab);
@@ -92,6 +85,6 @@ int ml_vocab_parallel_loss(ml_model *m, ml_comm *tp, const int32_t *targets, ml_
   out->loss_sum = 0.0;
   out->count = 0;
   int rc = run_chunks(m, tp, targets, backward, grad_scale, logprobs, out, &b, chunk);
-  free(mem);
+  ml_be_free(m->be, mem);
   return rc;
 }

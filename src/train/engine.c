@@ -8,7 +8,6 @@
 #include "common/checked.h"
 #include "common/status.h"
 #include "io/checkpoint.h"
-#include "kernels/cpu/kernels.h"
 #include "parallel/tp.h"
 
 ml_engine_opts ml_engine_opts_default(void) {
@@ -52,9 +51,12 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   ml_engine_opts def = ml_engine_opts_default();
   if (!opts) opts = &def;
   e->opts = *opts;
+  e->be = opts->backend;
+  if (!e->be) ML_TRY(ml_backend_get("cpu", &e->be));
   ml_model_config cfg;
   ML_TRY(ml_model_config_load(model_dir, &cfg));
   ML_TRY(ml_model_create(&cfg, &e->model));
+  e->model.be = e->be;
   e->model.ac = opts->ac;
   ML_TRY(ml_plan_select(&e->model, model_dir, opts->parallel_plan, opts->sequence_parallel,
                         &e->plan));
@@ -74,30 +76,39 @@ void ml_engine_close(ml_engine *e) {
   ml_tp_destroy(&e->tp);
   ml_model_destroy(&e->model);
   ml_plan_free(&e->plan);
-  free(e->x);
-  free(e->targets);
+  if (e->be) {
+    ml_be_free(e->be, e->x);
+    ml_be_free(e->be, e->ids);
+    ml_be_host_free(e->be, e->host_ids);
+  }
   memset(e, 0, sizeof *e);
 }
 
 /* Buffers and activations for a local batch [B, S]: the model's first (the
- * largest, their messages naming the batch), then the residual stream and
- * targets. B·S saturates (common/checked.h): a batch beyond int64 fails
- * its first allocation. */
+ * largest, their messages naming the batch), then the residual stream,
+ * the token ids and targets (device), and their host staging. B·S
+ * saturates (common/checked.h): a batch beyond int64 fails its first
+ * allocation. */
 static int prepare(ml_engine *e, int64_t B, int64_t S) {
   ML_TRY(ml_model_begin(&e->model, B, S));
   int64_t T = ml_mul_sat(B, S), H = e->model.cfg.hidden;
   if (T > e->cap_tokens) {
-    free(e->x);
-    free(e->targets);
-    e->targets = NULL;
+    ml_be_free(e->be, e->x);
+    ml_be_free(e->be, e->ids);
+    ml_be_host_free(e->be, e->host_ids);
+    e->ids = e->host_ids = NULL;
     e->cap_tokens = 0;
-    e->x = ml_malloc_array(ml_mul_sat(T, H), sizeof(float),
-                           "the residual stream (%lld tokens per rank x hidden_size %lld)",
-                           (long long)T, (long long)H);
+    e->x = ml_be_alloc(e->be, ml_mul_sat(T, H), sizeof(float),
+                       "the residual stream (%lld tokens per rank x hidden_size %lld)",
+                       (long long)T, (long long)H);
     if (!e->x) return -1;
-    e->targets = ml_malloc_array(T, sizeof(int32_t), "the targets (%lld tokens per rank)",
-                                 (long long)T);
-    if (!e->targets) return -1;
+    /* ids then targets, T each (T fits: the residual stream's T·H did) */
+    e->ids = ml_be_alloc(e->be, 2 * T, sizeof(int32_t), "the token ids (%lld tokens per rank)",
+                         (long long)T);
+    e->host_ids = ml_be_host_alloc(e->be, 2 * T, sizeof(int32_t),
+                                   "the token ids (%lld tokens per rank)", (long long)T);
+    if (!e->ids || !e->host_ids) return -1;
+    e->targets = e->ids + T;
     e->cap_tokens = T;
   }
   return 0;
@@ -128,9 +139,22 @@ static ml_comm *loss_comm(const ml_engine *e) {
  * (FSDP2's cast_forward_inputs), and the gradients its bf16 backward hands
  * on are bf16 too: round the residual stream (or its gradient) at a unit
  * boundary. */
-static void cast_unit_input(ml_engine *e, float *x) {
-  if (e->opts.fsdp.param_dtype == ML_BF16)
-    ml_round_bf16(x, (size_t)(e->model.B * e->model.s_res * e->model.cfg.hidden));
+static int cast_unit_input(ml_engine *e, float *x) {
+  if (e->opts.fsdp.param_dtype != ML_BF16) return 0;
+  return ml_be_round_bf16(e->be, x, (size_t)(e->model.B * e->model.s_res * e->model.cfg.hidden));
+}
+
+/* The batch on the device: ids [B, S] and their shifted targets (host
+ * staging, then one copy). */
+static int upload_batch(ml_engine *e, const int32_t *ids, const uint8_t *mask, int64_t B,
+                        int64_t S) {
+  int64_t T = B * S; /* fits: prepare allocated it */
+  memcpy(e->host_ids, ids, sizeof(int32_t) * (size_t)T);
+  shift_targets(ids, mask, B, S, e->host_ids + T);
+  /* ids and targets are one block of 2·cap_tokens; copy both halves in use */
+  ML_TRY(ml_be_copy(e->be, e->ids, e->host_ids, sizeof(int32_t) * (size_t)T, ML_COPY_H2D));
+  return ml_be_copy(e->be, e->targets, e->host_ids + T, sizeof(int32_t) * (size_t)T,
+                    ML_COPY_H2D);
 }
 
 /* Start the all-gathers of the `depth` units after u in `dir` (+1 forward,
@@ -150,11 +174,11 @@ static int forward_layers(ml_engine *e, const int32_t *ids) {
   for (int l = 0; l < L; l++) {
     ML_TRY(ml_fsdp_unshard(f, l));
     ML_TRY(prefetch(e, l, 1, depth));
-    cast_unit_input(e, e->x);
+    ML_TRY(cast_unit_input(e, e->x));
     ML_TRY(ml_layer_forward(&e->model, l, e->x));
     if (f->units[l].reshard_after_forward) ml_fsdp_reshard(f, l);
   }
-  cast_unit_input(e, e->x);
+  ML_TRY(cast_unit_input(e, e->x));
   return ml_head_begin(&e->model, e->x);
 }
 
@@ -167,7 +191,7 @@ static int backward_layers(ml_engine *e, const int32_t *ids) {
     ML_TRY(ml_fsdp_unshard(f, l));
     ML_TRY(prefetch(e, l, -1, depth));
     ML_TRY(ml_fsdp_grad_begin(f, l));
-    cast_unit_input(e, e->x);
+    ML_TRY(cast_unit_input(e, e->x));
     ML_TRY(ml_layer_backward(&e->model, l, e->x));
     ML_TRY(ml_fsdp_reduce_grads(f, l));
     ml_fsdp_reshard(f, l);
@@ -181,13 +205,13 @@ static int backward_layers(ml_engine *e, const int32_t *ids) {
 int ml_engine_forward_backward(ml_engine *e, const int32_t *ids, const uint8_t *mask, int64_t B,
                                int64_t S, int64_t global_targets, double *loss) {
   ML_TRY(prepare(e, B, S));
-  shift_targets(ids, mask, B, S, e->targets);
-  ML_TRY(forward_layers(e, ids));
+  ML_TRY(upload_batch(e, ids, mask, B, S));
+  ML_TRY(forward_layers(e, e->ids));
   ML_TRY(ml_fsdp_grad_begin(&e->fsdp, (int)e->model.cfg.n_layers));
   ml_loss_out lo;
   float scale = global_targets > 0 ? 1.0f / (float)global_targets : 0.0f;
   ML_TRY(ml_vocab_parallel_loss(&e->model, loss_comm(e), e->targets, e->opts.output_dtype, true, scale, NULL, &lo));
-  ML_TRY(backward_layers(e, ids));
+  ML_TRY(backward_layers(e, e->ids));
   double sum = lo.loss_sum;
   if (e->mesh->dp_comm->size > 1)
     ML_TRY(ml_all_reduce(e->mesh->dp_comm, &sum, 1, ML_ELEM_F64, ML_RED_SUM));
@@ -197,27 +221,29 @@ int ml_engine_forward_backward(ml_engine *e, const int32_t *ids, const uint8_t *
 
 int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, float *out) {
   ML_TRY(prepare(e, B, S));
-  shift_targets(ids, NULL, B, S, e->targets);
-  ML_TRY(forward_layers(e, ids));
+  ML_TRY(upload_batch(e, ids, NULL, B, S));
+  ML_TRY(forward_layers(e, e->ids));
   /* B·S fits: prepare allocated B·S·H floats */
-  float *lp = ml_malloc_array(B * S, sizeof(float), "the log-probs (%lld tokens per rank)",
-                              (long long)(B * S));
+  float *lp = ml_be_alloc(e->be, B * S, sizeof(float), "the log-probs (%lld tokens per rank)",
+                          (long long)(B * S));
   if (!lp) return -1;
   ml_loss_out lo;
   int rc = ml_vocab_parallel_loss(&e->model, loss_comm(e), e->targets, e->opts.output_dtype, false, 0.0f, lp, &lo);
   for (int64_t b = 0; rc == 0 && b < B; b++)
-    memcpy(out + b * (S - 1), lp + b * S, sizeof(float) * (size_t)(S - 1));
-  free(lp);
+    rc = ml_be_copy(e->be, out + b * (S - 1), lp + b * S, sizeof(float) * (size_t)(S - 1),
+                    ML_COPY_D2H);
+  ml_be_free(e->be, lp);
   /* forward only: release what the backward would have */
   for (int u = 0; u < e->fsdp.n_units; u++) ml_fsdp_reshard(&e->fsdp, u);
   return rc;
 }
 
-void ml_engine_zero_grad(ml_engine *e) {
+int ml_engine_zero_grad(ml_engine *e) {
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
-    memset(unit->shard_grad, 0, sizeof(float) * (size_t)unit->shard_numel);
+    ML_TRY(ml_be_zero(e->be, unit->shard_grad, sizeof(float) * (size_t)unit->shard_numel));
   }
+  return 0;
 }
 
 /* Whether this rank's copy of parameter p counts towards the global norm:
@@ -229,35 +255,29 @@ static bool owns_grad(const ml_engine *e, const ml_param *p) {
 
 /* This rank's part of the norm: the sum of squares (norm_type 2) or the
  * max |g| (INFINITY) of the gradients it owns, each parameter once. */
-static double local_norm_part(const ml_engine *e, bool inf) {
+static int local_norm_part(const ml_engine *e, bool inf, double *total) {
   const ml_fsdp *f = &e->fsdp;
-  double total = 0.0;
+  *total = 0.0;
   for (int u = 0; u < f->n_units; u++) {
     const ml_fsdp_unit *unit = &f->units[u];
     for (int i = 0; i < unit->n; i++) {
       if (!owns_grad(e, unit->params[i])) continue;
-      const float *g = unit->shard_grad + unit->shard_off[i];
-      int64_t n = unit->chunk_rows[i] * unit->params[i]->local[1];
-      double s = 0.0;
-      if (inf) {
-#pragma omp parallel for reduction(max : s)
-        for (int64_t k = 0; k < n; k++) s = fmax(s, isnan(g[k]) ? INFINITY : fabs((double)g[k]));
-        total = fmax(total, s);
-      } else {
-#pragma omp parallel for reduction(+ : s)
-        for (int64_t k = 0; k < n; k++) s += (double)g[k] * g[k];
-        total += s;
-      }
+      double s;
+      ML_TRY(ml_be_norm_partial(e->be, unit->shard_grad + unit->shard_off[i],
+                                unit->chunk_rows[i] * unit->params[i]->local[1],
+                                inf ? ML_NORM_ABSMAX : ML_NORM_SUMSQ, &s));
+      *total = inf ? fmax(*total, s) : *total + s;
     }
   }
-  return total;
+  return 0;
 }
 
 int ml_engine_grad_norm(ml_engine *e, double norm_type, double *norm) {
   bool inf = isinf(norm_type);
   if (!inf && norm_type != 2.0)
     return ml_err("grad norm type %g: expected 2 (L2) or inf", norm_type);
-  double v = local_norm_part(e, inf);
+  double v;
+  ML_TRY(local_norm_part(e, inf, &v));
   if (e->mesh->world->size > 1)
     ML_TRY(ml_all_reduce(e->mesh->world, &v, 1, ML_ELEM_F64, inf ? ML_RED_MAX : ML_RED_SUM));
   *norm = inf ? v : sqrt(v);
@@ -270,13 +290,10 @@ int ml_engine_find_nonfinite(ml_engine *e, char *name, size_t cap) {
   for (int u = 0, idx = 0; u < f->n_units && isinf(first); u++) {
     const ml_fsdp_unit *unit = &f->units[u];
     for (int i = 0; i < unit->n && isinf(first); i++, idx++) {
-      const float *g = unit->shard_grad + unit->shard_off[i];
-      int64_t n = unit->chunk_rows[i] * unit->params[i]->local[1];
-      for (int64_t k = 0; k < n; k++)
-        if (!isfinite(g[k])) {
-          first = idx;
-          break;
-        }
+      bool found;
+      ML_TRY(ml_be_find_nonfinite(e->be, unit->shard_grad + unit->shard_off[i],
+                                  unit->chunk_rows[i] * unit->params[i]->local[1], &found));
+      if (found) first = idx;
     }
   }
   if (e->mesh->world->size > 1)
@@ -292,21 +309,23 @@ int ml_engine_find_nonfinite(ml_engine *e, char *name, size_t cap) {
   return 1;
 }
 
-void ml_engine_clip(ml_engine *e, double norm, double max_norm) {
+int ml_engine_clip(ml_engine *e, double norm, double max_norm) {
   double coef = max_norm / (norm + 1e-6);
-  if (!(max_norm > 0) || coef >= 1.0) return;
+  if (!(max_norm > 0) || coef >= 1.0) return 0;
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
-    for (int64_t k = 0; k < unit->shard_numel; k++) unit->shard_grad[k] *= (float)coef;
+    ML_TRY(ml_be_scale(e->be, unit->shard_grad, unit->shard_numel, (float)coef));
   }
+  return 0;
 }
 
 int ml_engine_adamw(ml_engine *e, const ml_adamw_cfg *c) {
   e->step++;
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
-    k_adamw_step(unit->shard, unit->shard_grad, unit->adam_m, unit->adam_v, unit->shard_numel,
-                 c->lr, c->beta1, c->beta2, c->eps, c->weight_decay, e->step);
+    ML_TRY(ml_be_adamw(e->be, unit->shard, unit->shard_grad, unit->adam_m, unit->adam_v,
+                       unit->shard_numel, c->lr, c->beta1, c->beta2, c->eps, c->weight_decay,
+                       e->step));
   }
   return ml_engine_sync_params(e);
 }

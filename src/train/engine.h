@@ -24,6 +24,7 @@ typedef struct ml_engine_opts {
   ml_fsdp_opts fsdp;         /* mixed precision, reshard policy, ZeRO stage, prefetch */
   ml_dtype output_dtype;     /* MixedPrecisionPolicy.output_dtype: logits rounded to it (F32/BF16) */
   ml_ac_mode ac;             /* activation checkpointing of every decoder layer */
+  ml_backend *backend;       /* where to compute (NULL: the CPU backend) */
 } ml_engine_opts;
 
 /* fp32 everywhere, FSDP2's reshard defaults, ZeRO-3, prefetch forward 1 /
@@ -31,14 +32,17 @@ typedef struct ml_engine_opts {
 ml_engine_opts ml_engine_opts_default(void);
 
 typedef struct ml_engine {
+  ml_backend *be;
   ml_mesh *mesh;
   ml_engine_opts opts;
   ml_model model;
   ml_plan plan;
   ml_tp tp;
   ml_fsdp fsdp;
-  float *x;        /* [T, H] residual stream */
-  int32_t *targets; /* [T] */
+  float *x;          /* [T, H] residual stream (device) */
+  int32_t *ids;      /* [T] token ids, then targets [T] (device) */
+  int32_t *targets;
+  int32_t *host_ids; /* [2T] their host staging */
   int64_t cap_tokens;
   int64_t step; /* optimizer steps taken */
 } ml_engine;
@@ -65,7 +69,7 @@ int ml_engine_reserve(ml_engine *e, int64_t B, int64_t S, const char *what);
 
 /* Zero the sharded gradients: the start of an optimizer step (torch's
  * optimizer.zero_grad()). */
-void ml_engine_zero_grad(ml_engine *e);
+int ml_engine_zero_grad(ml_engine *e);
 
 /* Forward + backward of a local (micro-)batch ids/mask [B, S] (mask[b, i]
  * = 1: token i is a target, predicted from the tokens before it). The loss
@@ -99,7 +103,7 @@ int ml_engine_find_nonfinite(ml_engine *e, char *name, size_t cap);
 
 /* Multiply every gradient by max_norm / (norm + 1e-6) when that is < 1
  * (torch.nn.utils.clip_grad_norm_). */
-void ml_engine_clip(ml_engine *e, double norm, double max_norm);
+int ml_engine_clip(ml_engine *e, double norm, double max_norm);
 
 typedef struct ml_adamw_cfg {
   double lr, beta1, beta2, eps, weight_decay;

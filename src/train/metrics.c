@@ -12,7 +12,6 @@
 #include <jansson.h>
 
 #include "common/status.h"
-#include "kernels/cpu/kernels.h"
 
 void ml_metrics_print(FILE *f, const ml_step_metrics *m) {
   fprintf(f, "step %lld | loss %.4f | grad_norm %.3f | lr %.2e | tok/s %.1f | ", (long long)m->step,
@@ -97,22 +96,43 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-double ml_gemm_flops_per_s(double seconds) {
+/* The calibration's operands: x, w [1024, 1024] in `dtype` at *ab (finite
+ * values, filled on the host and converted on the device) and y [1024,
+ * 1024] fp32 at *y. */
+static int calib_operands(ml_backend *be, ml_dtype dtype, int64_t n, void **ab, float **y) {
+  float *host = ml_be_host_alloc(be, 2 * n, sizeof(float), "the GEMM calibration's operands");
+  float *f32 = ml_be_alloc(be, 2 * n, sizeof(float), "the GEMM calibration's operands");
+  *ab = ml_be_alloc(be, 2 * n, ml_dtype_size(dtype), "the GEMM calibration's operands");
+  *y = ml_be_alloc(be, n, sizeof(float), "the GEMM calibration's output");
+  int rc = host && f32 && *ab && *y ? 0 : -1;
+  for (int64_t i = 0; rc == 0 && i < 2 * n; i++) host[i] = (float)(i % 17) * (1.0f / 64);
+  if (rc == 0) rc = ml_be_copy(be, f32, host, sizeof(float) * (size_t)(2 * n), ML_COPY_H2D);
+  if (rc == 0) rc = ml_be_convert(be, *ab, dtype, f32, ML_F32, (size_t)(2 * n));
+  ml_be_host_free(be, host);
+  ml_be_free(be, f32);
+  return rc;
+}
+
+double ml_gemm_flops_per_s(ml_backend *be, ml_dtype dtype, double seconds) {
   enum { N = 1024 };
-  float *x = malloc(sizeof(float) * 3 * N * N);
-  if (!x) return 0.0;
-  float *w = x + N * N, *y = w + N * N;
-  for (size_t i = 0; i < 2 * (size_t)N * N; i++) x[i] = (float)(i % 17) * (1.0f / 64); /* finite */
-  k_linear_fwd(x, w, NULL, y, N, N, N); /* warm-up: threads, pages, caches */
+  void *ab = NULL;
+  float *y = NULL;
+  int rc = calib_operands(be, dtype, (int64_t)N * N, &ab, &y);
+  ml_gemm g = {.trans_b = true, .M = N, .N = N, .K = N, .A = ab, .a_type = dtype, .lda = N,
+               .B = (char *)ab + ml_dtype_size(dtype) * N * N, .b_type = dtype, .ldb = N,
+               .C = y, .ldc = N, .compute = dtype};
+  if (rc == 0) rc = ml_be_gemm(be, &g) || ml_be_sync(be); /* warm-up: threads, pages, caches */
   int64_t calls = 0;
-  double t0 = now_s(), dt;
-  do {
-    k_linear_fwd(x, w, NULL, y, N, N, N);
+  double t0 = now_s(), dt = 0;
+  while (rc == 0 && dt < seconds) {
+    rc = ml_be_gemm(be, &g) || ml_be_sync(be);
     calls++;
     dt = now_s() - t0;
-  } while (dt < seconds);
-  free(x);
-  return 2.0 * N * N * N * (double)calls / dt;
+  }
+  ml_be_free(be, ab);
+  ml_be_free(be, y);
+  ml_error_clear(); /* a failed calibration only leaves the peak unknown */
+  return rc == 0 ? 2.0 * N * N * N * (double)calls / dt : 0.0;
 }
 
 double ml_flops_per_token(double n_params, int64_t n_layers, int64_t hidden, int64_t seq_len) {

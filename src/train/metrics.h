@@ -7,6 +7,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "backend/backend.h"
+
 typedef struct ml_step_metrics {
   int64_t step;        /* optimizer step (meshlm train counts from 1) */
   double loss;         /* mean token cross-entropy over the global batch (nats) */
@@ -58,13 +60,15 @@ void ml_metrics_close(ml_metrics_writer *w);
 double ml_peak_rss_mib(void);
 
 /* This process's sustained GEMM rate in FLOP/s, for MFU when the hardware
- * peak is not given: the model's own fp32 matrix product (k_linear_fwd,
- * OpenBLAS sgemm, with this process's OpenBLAS threads) on [1024, 1024]
+ * peak is not given: the model's own matrix product (ml_be_gemm on `be`,
+ * operands in `dtype`, F32 or BF16 — the compute dtype of the run, so a
+ * bf16 run's MFU is against the bf16 matrix units) on [1024, 1024]
  * operands, 2·1024³ FLOP a call, repeated for `seconds` after one warm-up
  * call. Run it on every rank at once (after a barrier) and sum: ranks that
  * share cores then share them here too, so the sum is what the machine
- * delivers. Returns 0 when the operands cannot be allocated (peak unknown). */
-double ml_gemm_flops_per_s(double seconds);
+ * delivers. Returns 0 when it cannot run (peak unknown; no error left
+ * recorded). */
+double ml_gemm_flops_per_s(ml_backend *be, ml_dtype dtype, double seconds);
 
 /* Training FLOPs per token, 6·N + 12·L·H·S: PaLM (Chowdhery et al. 2022)
  * appendix B — 6N for the dense matmuls forward + backward, 12·L·H·S for

@@ -45,21 +45,6 @@ static void train3(run *r, const batch *b) {
 
 /* The worst rel L2 over parameters of a against b (exported tensors);
  * exact: whether every tensor is bitwise equal. */
-static double worst_rel(run *ra, run *rb, ml_export_what what, bool *exact) {
-  float **a = export_all(ra, what), **b = export_all(rb, what);
-  double worst = 0;
-  *exact = true;
-  for (int i = 0; i < ra->e.model.n_params; i++) {
-    const ml_param *p = ml_engine_export_param(&ra->e, i);
-    int64_t n = p->shape[0] * p->shape[1];
-    worst = fmax(worst, rel_l2(a[i], b[i], n));
-    if (memcmp(a[i], b[i], sizeof(float) * (size_t)n)) *exact = false;
-  }
-  free_all(b);
-  free_all(a);
-  return worst;
-}
-
 static int64_t calls(ml_comm *c, ml_coll k) { return ml_comm_stats_of(c)->calls[k]; }
 static int64_t bytes(ml_comm *c, ml_coll k) { return ml_comm_stats_of(c)->bytes[k]; }
 

@@ -27,6 +27,21 @@ double step_rows(run *r, const batch *b) {
   return loss;
 }
 
+double worst_rel(run *ra, run *rb, ml_export_what what, bool *exact) {
+  float **a = export_all(ra, what), **b = export_all(rb, what);
+  double worst = 0;
+  *exact = true;
+  for (int i = 0; i < ra->e.model.n_params; i++) {
+    const ml_param *p = ml_engine_export_param(&ra->e, i);
+    int64_t n = p->shape[0] * p->shape[1];
+    worst = fmax(worst, rel_l2(a[i], b[i], n));
+    if (memcmp(a[i], b[i], sizeof(float) * (size_t)n)) *exact = false;
+  }
+  free_all(b);
+  free_all(a);
+  return worst;
+}
+
 /* |got - want| against bound, folded into *worst; the first violation is
  * described in msg. */
 static void within(double got, double want, double bound, double *worst, char *msg, size_t cap,

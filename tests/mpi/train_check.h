@@ -13,6 +13,7 @@
 #ifndef ML_TRAIN_CHECK_H
 #define ML_TRAIN_CHECK_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "engine_run.h"
@@ -20,6 +21,10 @@
 
 /* zero_grad + forward_backward of this dp rank's rows of b; the loss. */
 double step_rows(run *r, const batch *b);
+
+/* The worst relative L2 difference over the parameters of what ra and rb
+ * export (rb the reference); *exact: whether every tensor is bitwise equal. */
+double worst_rel(run *ra, run *rb, ml_export_what what, bool *exact);
 
 /* One training step of r on b (step_rows, the L2 grad norm, clipping to
  * max_norm, ml_engine_adamw with c), checked as above. Returns the loss;

@@ -425,7 +425,7 @@ static void test_rope_inv_freq(void **state) {
   k_rope_inv_freq(10000.0, HD, NULL, inv);
   for (int i = 0; i < HD / 2; i++) ref[i] = 1.0 / pow(10000.0, 2.0 * i / HD);
   expect_rel("rope inv_freq default", inv, ref, tol_inv_freq_rel(10000.0), HD / 2);
-  k_rope_scaling lin = {K_ROPE_LINEAR, 4.0, 0, 0, 0};
+  ml_rope_scaling lin = {ML_ROPE_LINEAR, 4.0, 0, 0, 0};
   k_rope_inv_freq(10000.0, HD, &lin, inv);
   for (int i = 0; i < HD / 2; i++) ref[i] /= 4.0;
   expect_rel("rope inv_freq linear", inv, ref, tol_inv_freq_rel(10000.0), HD / 2);
@@ -438,7 +438,7 @@ static void test_rope_inv_freq(void **state) {
   static const double originals[2] = {8192.0, 64.0};
   double tl3 = tol_llama3_rel(500000.0, 8.0, 1.0, 4.0);
   for (int c = 0; c < 2; c++) {
-    k_rope_scaling l3 = {K_ROPE_LLAMA3, 8.0, 1.0, 4.0, originals[c]};
+    ml_rope_scaling l3 = {ML_ROPE_LLAMA3, 8.0, 1.0, 4.0, originals[c]};
     k_rope_inv_freq(500000.0, HD, &l3, inv);
     for (int i = 0; i < HD / 2; i++)
       ref[i] = llama3_ref(1.0 / pow(500000.0, 2.0 * i / HD), 8.0, 1.0, 4.0, originals[c]);
@@ -789,7 +789,10 @@ static void test_attention_bwd(void **state) {
           *dv = const_buf(nk, 9.0f);
     attn_ref_out r = attn_ref_alloc(&a);
     attn_run(&a, out);
-    k_attention_bwd(dout, a.q, a.k, a.v, a.P, dq, dk, dv, a.B, a.S, a.nh, a.nkv, a.hd, a.scale);
+    float *work = malloc((size_t)k_attention_bwd_work(a.B, a.S, a.nh) * sizeof(float));
+    k_attention_bwd(dout, a.q, a.k, a.v, a.P, dq, dk, dv, a.B, a.S, a.nh, a.nkv, a.hd, a.scale,
+                    work);
+    free(work);
     attn_ref(&a, dout, &r);
     char what[64];
     snprintf(what, sizeof what, "attention bwd S=%lld window=%lld dq", (long long)a.S,
@@ -821,7 +824,7 @@ static void test_attention_bwd(void **state) {
 typedef struct glu_ctx {
   float *g, *u;
   int64_t n;
-  k_act act;
+  ml_glu_act act;
   const float *dh;
 } glu_ctx;
 
@@ -834,9 +837,9 @@ typedef struct act_eval {
   double dfa; /* of act'(x) (to be multiplied by |dh||u|) */
 } act_eval;
 
-static act_eval act_ref(double x, k_act act) {
+static act_eval act_ref(double x, ml_glu_act act) {
   act_eval e;
-  if (act == K_ACT_SILU) {
+  if (act == ML_GLU_SILU) {
     double s = 1.0 / (1.0 + exp(-x));
     e.f = x * s;
     e.df = s * (1.0 + x * (1.0 - s));
@@ -868,21 +871,21 @@ static void glu_ref(void *c, double *h, double *ha) {
 static void glu_derivs_g(void *c, int64_t i, double *M2, double *M3) {
   const glu_ctx *a = c;
   double w = fabs((double)a->dh[i] * a->u[i]);
-  *M2 = w * (a->act == K_ACT_SILU ? TOL_SUP_SILU_D2 : TOL_SUP_GELU_D2);
-  *M3 = w * (a->act == K_ACT_SILU ? TOL_SUP_SILU_D3 : TOL_SUP_GELU_D3);
+  *M2 = w * (a->act == ML_GLU_SILU ? TOL_SUP_SILU_D2 : TOL_SUP_GELU_D2);
+  *M3 = w * (a->act == ML_GLU_SILU ? TOL_SUP_SILU_D3 : TOL_SUP_GELU_D3);
 }
 
 static void test_glu(void **state) {
   (void)state;
   int64_t n = 301;
-  for (int act = K_ACT_SILU; act <= K_ACT_GELU_TANH; act++) {
+  for (int act = ML_GLU_SILU; act <= ML_GLU_GELU_TANH; act++) {
     float *dh = rand_buf(n, 1);
-    glu_ctx a = {rand_buf(n, 4), rand_buf(n, 1), n, (k_act)act, dh};
+    glu_ctx a = {rand_buf(n, 4), rand_buf(n, 1), n, (ml_glu_act)act, dh};
     float *h = malloc((size_t)n * sizeof(float));
     float *dg = malloc((size_t)n * sizeof(float)), *du = malloc((size_t)n * sizeof(float));
     double *ref = dzeros(n), *rdg = dzeros(n), *rdu = dzeros(n);
     double *bh = dzeros(n), *bdg = dzeros(n), *bdu = dzeros(n);
-    int silu = act == K_ACT_SILU;
+    int silu = act == ML_GLU_SILU;
     double th = tol_vs_double(silu ? TOL_K_GLU_SILU_FWD : TOL_K_GLU_GELU_FWD, 16.0);
     double tdg = tol_vs_double(silu ? TOL_K_GLU_SILU_DG : TOL_K_GLU_GELU_DG, 24.0);
     double tdu = tol_vs_double(TOL_K_GLU_DU, 16.0);

@@ -185,19 +185,25 @@ static void bwd_kv_task(const float *dout, const float *q, const float *k, const
                   j0, scale, dS);
 }
 
+// one dS scratch per thread: [min(S, BLOCK), S]
+static int64_t dS_floats(int64_t S) { return (S < BLOCK ? S : BLOCK) * S; }
+
+int64_t k_attention_bwd_work(int64_t B, int64_t S, int64_t nh) {
+  int64_t a = 0, b = 0, n = 0;
+  if (__builtin_mul_overflow(B, nh, &a) || __builtin_mul_overflow(a, S, &a) ||
+      __builtin_mul_overflow((int64_t)omp_get_max_threads(), dS_floats(S), &b) ||
+      __builtin_add_overflow(a, b, &n))
+    return INT64_MAX;
+  return n;
+}
+
 void k_attention_bwd(const float *dout, const float *q, const float *k, const float *v,
                      const float *P, float *dq, float *dk, float *dv, int64_t B, int64_t S,
-                     int64_t nh, int64_t nkv, int64_t hd, float scale) {
+                     int64_t nh, int64_t nkv, int64_t hd, float scale, float *work) {
   attn_dims d = {B, S, nh, nkv, hd};
-  int64_t nblk = (S + BLOCK - 1) / BLOCK, scratch = (S < BLOCK ? S : BLOCK) * S;
-  int nthreads = omp_get_max_threads();
+  int64_t nblk = (S + BLOCK - 1) / BLOCK, scratch = dS_floats(S);
   // D: [B, nh, S], then one dS scratch per thread
-  float *D = malloc((size_t)(B * nh * S + nthreads * scratch) * sizeof(float));
-  if (!D) {  // the contract has no error path
-    fprintf(stderr, "k_attention_bwd: out of memory for its scratch\n");
-    abort();
-  }
-  float *dS = D + B * nh * S;
+  float *D = work, *dS = D + B * nh * S;
   int blas_threads = blas_serial_begin();
 #pragma omp parallel
   {
@@ -216,5 +222,4 @@ void k_attention_bwd(const float *dout, const float *q, const float *k, const fl
     }
   }
   openblas_set_num_threads(blas_threads);
-  free(D);
 }

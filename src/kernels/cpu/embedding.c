@@ -2,6 +2,7 @@
 #include <string.h>
 
 #include "kernels/cpu/kernels.h"
+#include "tensor/dtype.h"
 
 enum { COLS_PER_TASK = 256 };
 
@@ -21,6 +22,21 @@ void k_embedding_fwd(const int32_t *ids, int64_t T, const float *W, int64_t row0
     }
     const float *wr = W + (ids[t] - row0) * H;
     for (int64_t h = 0; h < H; h++) o[h] = scale * wr[h];
+  }
+}
+
+// the same with W in bf16 (mixed precision: widened exactly, then scaled in fp32)
+void k_embedding_fwd_bf16(const int32_t *ids, int64_t T, const uint16_t *W, int64_t row0,
+                          int64_t rows, int64_t H, float scale, float *out) {
+#pragma omp parallel for
+  for (int64_t t = 0; t < T; t++) {
+    float *o = out + t * H;
+    if (!in_range(ids[t], row0, rows)) {
+      memset(o, 0, (size_t)H * sizeof(float));
+      continue;
+    }
+    const uint16_t *wr = W + (ids[t] - row0) * H;
+    for (int64_t h = 0; h < H; h++) o[h] = scale * ml_bf16_to_f32(wr[h]);
   }
 }
 

@@ -26,8 +26,8 @@ static inline float gelu_tanh_grad(float x) {
 }
 
 // g, u, h: [n]
-void k_glu_fwd(const float *g, const float *u, float *h, int64_t n, k_act act) {
-  if (act == K_ACT_SILU) {
+void k_glu_fwd(const float *g, const float *u, float *h, int64_t n, ml_glu_act act) {
+  if (act == ML_GLU_SILU) {
 #pragma omp parallel for simd
     for (int64_t i = 0; i < n; i++) h[i] = silu(g[i]) * u[i];
   } else {
@@ -38,8 +38,8 @@ void k_glu_fwd(const float *g, const float *u, float *h, int64_t n, k_act act) {
 
 // dg = dh·u·act'(g); du = dh·act(g); all [n]
 void k_glu_bwd(const float *dh, const float *g, const float *u, float *dg, float *du, int64_t n,
-               k_act act) {
-  if (act == K_ACT_SILU) {
+               ml_glu_act act) {
+  if (act == ML_GLU_SILU) {
 #pragma omp parallel for simd
     for (int64_t i = 0; i < n; i++) {
       float d = dh[i], gi = g[i];

@@ -11,6 +11,8 @@
 
 #include <stdint.h>
 
+#include "backend/types.h"
+
 /* ---- Linear (torch.nn.functional.linear) ------------------------------- */
 /* y[T, out] = x[T, in] · W[out, in]^T (+ b[out] when b != NULL). */
 void k_linear_fwd(const float *x, const float *W, const float *b, float *y, int64_t T,
@@ -31,18 +33,10 @@ void k_rmsnorm_bwd(const float *dy, const float *x, const float *w, float w_offs
                    const float *rstd, float *dx, float *dw, int64_t T, int64_t H);
 
 /* ---- Rotary position embedding (HF modeling_rope_utils + apply_rotary_pos_emb) */
-typedef enum { K_ROPE_DEFAULT, K_ROPE_LINEAR, K_ROPE_LLAMA3 } k_rope_type;
-typedef struct k_rope_scaling {
-  k_rope_type type;
-  double factor;                  /* linear, llama3 */
-  double low_freq_factor;         /* llama3 */
-  double high_freq_factor;        /* llama3 */
-  double original_max_positions;  /* llama3: original_max_position_embeddings */
-} k_rope_scaling;
 /* inv_freq[hd/2], computed in fp32 as HF does: 1/theta^(2i/hd), then
  * divided by factor (linear) or rescaled per wavelength (llama3,
  * _compute_llama3_parameters). */
-void k_rope_inv_freq(double theta, int64_t hd, const k_rope_scaling *sc, float *inv_freq);
+void k_rope_inv_freq(double theta, int64_t hd, const ml_rope_scaling *sc, float *inv_freq);
 /* cos/sin tables [S, hd/2]: angle[p, i] = (float)p · inv_freq[i] (fp32). */
 void k_rope_tables(const float *inv_freq, int64_t hd, int64_t S, float *cos_t, float *sin_t);
 /* In place on x: [B*S, nheads, hd], token row t at position t % S.
@@ -69,20 +63,26 @@ void k_attention_fwd(const float *q, const float *k, const float *v, float *out,
  * forward is honoured without repeating it here. */
 void k_attention_bwd(const float *dout, const float *q, const float *k, const float *v,
                      const float *P, float *dq, float *dk, float *dv, int64_t B, int64_t S,
-                     int64_t nh, int64_t nkv, int64_t hd, float scale);
+                     int64_t nh, int64_t nkv, int64_t hd, float scale, float *work);
+/* Floats of k_attention_bwd's `work` for these sizes with the OpenMP
+ * threads of this process (the row terms D [B, nh, S] and one [128, S]
+ * block per thread); INT64_MAX when that does not fit. */
+int64_t k_attention_bwd_work(int64_t B, int64_t S, int64_t nh);
 
 /* ---- Gated MLP activation: h = act(g) · u (LlamaMLP, Gemma3MLP) -------- */
-typedef enum { K_ACT_SILU, K_ACT_GELU_TANH } k_act;
-void k_glu_fwd(const float *g, const float *u, float *h, int64_t n, k_act act);
+void k_glu_fwd(const float *g, const float *u, float *h, int64_t n, ml_glu_act act);
 /* dg, du (=) given dh and the forward inputs g, u. */
 void k_glu_bwd(const float *dh, const float *g, const float *u, float *dg, float *du, int64_t n,
-               k_act act);
+               ml_glu_act act);
 
 /* ---- Embedding (vocab-parallel lookup: Megatron VocabParallelEmbedding) */
 /* out[t] = scale · W[ids[t] − row0] if row0 <= ids[t] < row0 + rows, else 0.
  * W: [rows, H] (the rows this rank holds); out: [T, H]. */
 void k_embedding_fwd(const int32_t *ids, int64_t T, const float *W, int64_t row0, int64_t rows,
                      int64_t H, float scale, float *out);
+/* The same lookup from a bf16 W (widened exactly, scaled in fp32). */
+void k_embedding_fwd_bf16(const int32_t *ids, int64_t T, const uint16_t *W, int64_t row0,
+                          int64_t rows, int64_t H, float scale, float *out);
 /* dW[ids[t] − row0] (+=) scale · dout[t] for ids in range. */
 void k_embedding_bwd(const int32_t *ids, int64_t T, const float *dout, int64_t row0, int64_t rows,
                      int64_t H, float scale, float *dW);
@@ -97,6 +97,11 @@ void k_xent_rowmax(const float *logits, int64_t T, int64_t V, float *mx);
  * when y[t] is in this shard, else 0. */
 void k_xent_sumexp_target(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,
                           const float *mx, float *se, float *tl);
+/* From the reduced se, tl: logprobs[t] = tl[t] − log(se[t]) in fp64 (0
+ * where y[t] < 0; logprobs may be NULL), w[t] = scale for targets and 0
+ * otherwise; *loss_sum −= the log-probs, *count += the targets. */
+void k_xent_logprobs(const float *se, const float *tl, const int32_t *y, int64_t T, float scale,
+                     float *logprobs, float *w, double *loss_sum, int64_t *count);
 /* dlogits[t, j] (=) w[t] · (exp(logits[t, j] − mx[t]) / se[t] − [j == y[t] − v0]).
  * dlogits may alias logits. */
 void k_xent_bwd(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,
@@ -109,5 +114,17 @@ void k_xent_bwd(const float *logits, int64_t T, int64_t V, int64_t v0, const int
  * the scalar factors are formed in double and rounded once to fp32. */
 void k_adamw_step(float *p, const float *g, float *m, float *v, int64_t n, double lr, double b1,
                   double b2, double eps, double wd, int64_t step);
+
+/* ---- Vectors ----------------------------------------------------------- */
+/* y[n] += x[n]. */
+void k_add(float *y, const float *x, int64_t n);
+/* x[n] *= s. */
+void k_scale(float *x, int64_t n, float s);
+/* sum of g² in fp64; max |g| (+inf for a NaN); whether any g is NaN or ±inf. */
+double k_sumsq(const float *g, int64_t n);
+double k_absmax(const float *g, int64_t n);
+int k_has_nonfinite(const float *g, int64_t n);
+/* db[N] (+=) column sums of dy [T, N] (fp64 accumulation). */
+void k_bias_grad(const float *dy, int64_t T, int64_t N, float *db);
 
 #endif

@@ -7,7 +7,7 @@
 static const double TWO_PI = 6.283185307179586;  // 2 * math.pi
 
 // _compute_llama3_parameters on one frequency, in fp32 like the torch tensors
-static float llama3_rescale(float f, const k_rope_scaling *sc) {
+static float llama3_rescale(float f, const ml_rope_scaling *sc) {
   float factor = (float)sc->factor, lo = (float)sc->low_freq_factor;
   float old = (float)sc->original_max_positions;
   float low_wavelen = (float)(sc->original_max_positions / sc->low_freq_factor);
@@ -20,11 +20,11 @@ static float llama3_rescale(float f, const k_rope_scaling *sc) {
 }
 
 // inv_freq: [hd/2]
-void k_rope_inv_freq(double theta, int64_t hd, const k_rope_scaling *sc, float *inv_freq) {
+void k_rope_inv_freq(double theta, int64_t hd, const ml_rope_scaling *sc, float *inv_freq) {
   for (int64_t i = 0; i < hd / 2; i++) {
     float f = 1.0f / powf((float)theta, (float)(2 * i) / (float)hd);
-    if (sc && sc->type == K_ROPE_LINEAR) f /= (float)sc->factor;
-    if (sc && sc->type == K_ROPE_LLAMA3) f = llama3_rescale(f, sc);
+    if (sc && sc->type == ML_ROPE_LINEAR) f /= (float)sc->factor;
+    if (sc && sc->type == ML_ROPE_LLAMA3) f = llama3_rescale(f, sc);
     inv_freq[i] = f;
   }
 }

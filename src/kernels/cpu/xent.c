@@ -33,6 +33,19 @@ void k_xent_sumexp_target(const float *logits, int64_t T, int64_t V, int64_t v0,
   }
 }
 
+// se, tl, y, logprobs, w: [T]; the loss sum in fp64 as the token loop always was
+void k_xent_logprobs(const float *se, const float *tl, const int32_t *y, int64_t T, float scale,
+                     float *logprobs, float *w, double *loss_sum, int64_t *count) {
+  for (int64_t t = 0; t < T; t++) {
+    int valid = y[t] >= 0;
+    double lp = valid ? (double)tl[t] - log((double)se[t]) : 0.0;
+    if (logprobs) logprobs[t] = (float)lp;
+    *loss_sum -= lp;
+    *count += valid;
+    w[t] = valid ? scale : 0.0f;
+  }
+}
+
 // dlogits: [T, V] = w[t]·(softmax − onehot); may alias logits
 void k_xent_bwd(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,
                 const float *mx, const float *se, const float *w, float *dlogits) {

@@ -1,0 +1,174 @@
+#include "backend/backend.h"
+
+#include <stdarg.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+#include "common/checked.h"
+#include "common/status.h"
+
+/* The backends this build knows, created on first use. */
+typedef struct known {
+  const char *name;
+  int (*create)(ml_backend **out);
+  ml_backend *made;
+} known;
+
+static known g_known[] = {{"cpu", ml_backend_cpu_create, NULL}};
+enum { N_KNOWN = sizeof g_known / sizeof g_known[0] };
+
+int ml_backend_get(const char *name, ml_backend **out) {
+  for (int i = 0; i < N_KNOWN; i++) {
+    if (strcmp(g_known[i].name, name) != 0) continue;
+    if (!g_known[i].made) ML_TRY(g_known[i].create(&g_known[i].made));
+    *out = g_known[i].made;
+    return 0;
+  }
+  return ml_err("device '%s': unknown backend; expected cpu", name);
+}
+
+void ml_backend_release_all(void) {
+  for (int i = 0; i < N_KNOWN; i++) {
+    if (g_known[i].made) g_known[i].made->ops->destroy(g_known[i].made);
+    g_known[i].made = NULL;
+  }
+}
+
+/* ---- memory -------------------------------------------------------------- */
+
+static void *raw_device(void *be, size_t bytes) {
+  return ((ml_backend *)be)->ops->alloc(be, bytes);
+}
+static void *raw_host(void *be, size_t bytes) {
+  return ((ml_backend *)be)->ops->host_alloc(be, bytes);
+}
+
+void *ml_be_alloc_at(const char *file, int line, ml_backend *be, int host, int64_t count,
+                     size_t elem, const char *what_fmt, ...) {
+  va_list ap;
+  va_start(ap, what_fmt);
+  void *p = ml_alloc_checked_v(file, line, count, elem, host ? raw_host : raw_device, be,
+                               what_fmt, ap);
+  va_end(ap);
+  return p;
+}
+
+void ml_be_free(ml_backend *be, void *p) { be->ops->free(be, p); }
+void ml_be_host_free(ml_backend *be, void *p) { be->ops->host_free(be, p); }
+size_t ml_be_pool_bytes(ml_backend *be) { return be->ops->pool_bytes(be); }
+void ml_be_trim(ml_backend *be) { be->ops->trim(be); }
+
+int ml_be_copy(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind) {
+  return bytes ? be->ops->copy(be, dst, src, bytes, kind) : 0;
+}
+int ml_be_zero(ml_backend *be, void *dst, size_t bytes) {
+  return bytes ? be->ops->zero(be, dst, bytes) : 0;
+}
+int ml_be_convert(ml_backend *be, void *dst, ml_dtype dst_type, const void *src,
+                  ml_dtype src_type, size_t n) {
+  return n ? be->ops->convert(be, dst, dst_type, src, src_type, n) : 0;
+}
+int ml_be_round_bf16(ml_backend *be, float *x, size_t n) {
+  return n ? be->ops->round_bf16(be, x, n) : 0;
+}
+
+/* ---- ordering ------------------------------------------------------------ */
+
+int ml_be_event_record(ml_backend *be, ml_event *ev) { return be->ops->event_record(be, ev); }
+int ml_be_event_wait(ml_backend *be, ml_event *ev) { return be->ops->event_wait(be, ev); }
+int ml_be_sync(ml_backend *be) { return be->ops->sync(be); }
+
+/* ---- operators ----------------------------------------------------------- */
+
+int ml_be_gemm(ml_backend *be, const ml_gemm *g) { return be->ops->gemm(be, g); }
+int ml_be_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db) {
+  return be->ops->bias_grad(be, dy, T, N, db);
+}
+int ml_be_add(ml_backend *be, float *y, const float *x, int64_t n) {
+  return be->ops->add(be, y, x, n);
+}
+int ml_be_scale(ml_backend *be, float *x, int64_t n, float s) {
+  return be->ops->scale(be, x, n, s);
+}
+int ml_be_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
+                      float offset, float eps, float *y, float *rstd, int64_t T, int64_t H) {
+  return be->ops->rmsnorm_fwd(be, x, w, w_type, offset, eps, y, rstd, T, H);
+}
+int ml_be_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const void *w,
+                      ml_dtype w_type, float offset, const float *rstd, float *dx, float *dw,
+                      int64_t T, int64_t H) {
+  return be->ops->rmsnorm_bwd(be, dy, x, w, w_type, offset, rstd, dx, dw, T, H);
+}
+int ml_be_rope_tables(ml_backend *be, double theta, int64_t hd, const ml_rope_scaling *sc,
+                      int64_t S, float *cos_t, float *sin_t) {
+  return be->ops->rope_tables(be, theta, hd, sc, S, cos_t, sin_t);
+}
+int ml_be_rope_fwd(ml_backend *be, float *x, const float *cos_t, const float *sin_t, int64_t B,
+                   int64_t S, int64_t nheads, int64_t hd) {
+  return be->ops->rope_fwd(be, x, cos_t, sin_t, B, S, nheads, hd);
+}
+int ml_be_rope_bwd(ml_backend *be, float *dx, const float *cos_t, const float *sin_t, int64_t B,
+                   int64_t S, int64_t nheads, int64_t hd) {
+  return be->ops->rope_bwd(be, dx, cos_t, sin_t, B, S, nheads, hd);
+}
+int ml_be_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
+                        float *out, float *P, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                        int64_t hd, float scale, int64_t window) {
+  return be->ops->attention_fwd(be, q, k, v, out, P, B, S, nh, nkv, hd, scale, window);
+}
+size_t ml_be_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t nh) {
+  return be->ops->attention_work(be, B, S, nh);
+}
+int ml_be_attention_bwd(ml_backend *be, const float *dout, const float *q, const float *k,
+                        const float *v, const float *P, float *dq, float *dk, float *dv,
+                        int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd, float scale,
+                        void *work) {
+  return be->ops->attention_bwd(be, dout, q, k, v, P, dq, dk, dv, B, S, nh, nkv, hd, scale,
+                                work);
+}
+int ml_be_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
+                  ml_glu_act act) {
+  return be->ops->glu_fwd(be, g, u, h, n, act);
+}
+int ml_be_glu_bwd(ml_backend *be, const float *dh, const float *g, const float *u, float *dg,
+                  float *du, int64_t n, ml_glu_act act) {
+  return be->ops->glu_bwd(be, dh, g, u, dg, du, n, act);
+}
+int ml_be_embedding_fwd(ml_backend *be, const int32_t *ids, int64_t T, const void *W,
+                        ml_dtype w_type, int64_t row0, int64_t rows, int64_t H, float scale,
+                        float *out) {
+  return be->ops->embedding_fwd(be, ids, T, W, w_type, row0, rows, H, scale, out);
+}
+int ml_be_embedding_bwd(ml_backend *be, const int32_t *ids, int64_t T, const float *dout,
+                        int64_t row0, int64_t rows, int64_t H, float scale, float *dW) {
+  return be->ops->embedding_bwd(be, ids, T, dout, row0, rows, H, scale, dW);
+}
+int ml_be_xent_rowmax(ml_backend *be, const float *logits, int64_t T, int64_t V, float *mx) {
+  return be->ops->xent_rowmax(be, logits, T, V, mx);
+}
+int ml_be_xent_sumexp_target(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                             int64_t v0, const int32_t *y, const float *mx, float *se,
+                             float *tl) {
+  return be->ops->xent_sumexp_target(be, logits, T, V, v0, y, mx, se, tl);
+}
+int ml_be_xent_logprobs(ml_backend *be, const float *se, const float *tl, const int32_t *y,
+                        int64_t T, float scale, float *logprobs, float *w, double *loss_sum,
+                        int64_t *count) {
+  return be->ops->xent_logprobs(be, se, tl, y, T, scale, logprobs, w, loss_sum, count);
+}
+int ml_be_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                   const int32_t *y, const float *mx, const float *se, const float *w,
+                   float *dlogits) {
+  return be->ops->xent_bwd(be, logits, T, V, v0, y, mx, se, w, dlogits);
+}
+int ml_be_adamw(ml_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
+                double lr, double b1, double b2, double eps, double wd, int64_t step) {
+  return be->ops->adamw(be, p, g, m, v, n, lr, b1, b2, eps, wd, step);
+}
+int ml_be_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind,
+                       double *out) {
+  return be->ops->norm_partial(be, g, n, kind, out);
+}
+int ml_be_find_nonfinite(ml_backend *be, const float *g, int64_t n, bool *found) {
+  return be->ops->find_nonfinite(be, g, n, found);
+}

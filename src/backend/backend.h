@@ -1,0 +1,285 @@
+/* The compute + memory backend: the one seam between the engine (model/,
+ * parallel/, train/) and a device (DESIGN §12). The engine is written once
+ * against these calls; devices differ only behind the vtable. ggml's
+ * ggml_backend_i + ggml_backend_buffer_i are the model: a small vtable of
+ * memory, ordering and operators, dispatched by thin ml_be_* wrappers.
+ *
+ * Memory. "Device" memory (ml_be_alloc) is where tensors live and kernels
+ * run: host memory on the CPU backend, cudaMalloc'd memory on CUDA. It
+ * comes from a caching pool (backend/pool.h): a block freed is kept for the
+ * next request of its size class, so a training step allocates nothing
+ * from the system after the first (torch's CUDACachingAllocator). Host
+ * staging memory (ml_be_host_alloc: pinned on CUDA) carries data between
+ * files / the host and the device, with ml_be_copy. Pointers into device
+ * memory may be offset like any C pointer; only the backend dereferences
+ * them.
+ *
+ * Ordering. Every operator is issued on the backend's compute stream, in
+ * order; ml_be_event_record / ml_be_event_wait order it against other
+ * streams (a communication stream: comm/comm.h), and ml_be_sync waits for
+ * all issued work. Results a call returns to the host (a loss sum, a norm
+ * partial) are complete when it returns. On the CPU backend every call is
+ * synchronous and events are complete when recorded.
+ *
+ * Operators are forward/backward pairs with the conventions of the CPU
+ * kernels (kernels/cpu/kernels.h, the fp32 reference): activations
+ * row-major [T, D] with T = B·S tokens; "(=)" overwrites, "(+=)"
+ * accumulates (gradients of parameters used several times add up). Every
+ * operator returns 0, or −1 with a message (common/status.h) when the
+ * device reports an error or an argument is outside what it supports. */
+#ifndef ML_BACKEND_H
+#define ML_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/types.h"
+#include "tensor/dtype.h"
+
+typedef struct ml_backend ml_backend;
+
+/* Which memories a copy connects. */
+typedef enum { ML_COPY_H2D, ML_COPY_D2H, ML_COPY_D2D } ml_copy_kind;
+
+/* A point in the compute stream (cudaEvent_t on CUDA). */
+typedef struct ml_event {
+  void *impl;
+} ml_event;
+
+/* One matrix product C (=|+=) op(A) · op(B) (+ bias), the GEMM of every
+ * linear layer forward and backward (cublasLtMatmul's shape of call).
+ * Row-major operands: A is [M, K] with row stride lda (>= K), or, when
+ * trans_a, op(A) = A^T with A stored [K, M] (lda >= M); B likewise [K, N]
+ * (ldb >= N) or, when trans_b, [N, K] (ldb >= K). C is fp32 [M, N] (ldc >=
+ * N). Products accumulate in fp32. compute = ML_F32: fp32 operands;
+ * compute = ML_BF16: every operand rounded to bf16 first (nearest-even, as
+ * torch.autocast casts a linear's inputs), fp32 operands converted by the
+ * backend, bf16 ones read as they are — the GEMM autocast(bfloat16) runs,
+ * with its output kept in fp32. */
+typedef struct ml_gemm {
+  bool trans_a, trans_b;
+  int64_t M, N, K;
+  const void *A;
+  ml_dtype a_type; /* ML_F32 or ML_BF16 */
+  int64_t lda;
+  const void *B;
+  ml_dtype b_type;
+  int64_t ldb;
+  float *C;
+  int64_t ldc;
+  bool accumulate;  /* C += op(A)·op(B) instead of C = */
+  const void *bias; /* [N] added to every row (in fp32), or NULL */
+  ml_dtype bias_type;
+  ml_dtype compute; /* ML_F32 or ML_BF16 */
+} ml_gemm;
+
+/* Grad-norm partials of a gradient shard (torch.nn.utils.clip_grad_norm_'s
+ * per-tensor norms). */
+typedef enum {
+  ML_NORM_SUMSQ,  /* sum of g² (fp64 accumulation) */
+  ML_NORM_ABSMAX  /* max |g|, +inf for a NaN */
+} ml_norm_kind;
+
+typedef struct ml_backend_ops {
+  const char *name; /* "cpu" */
+  /* memory: bytes from the pool, NULL when there are not (no message) */
+  void *(*alloc)(ml_backend *be, size_t bytes);
+  void (*free)(ml_backend *be, void *p);
+  void *(*host_alloc)(ml_backend *be, size_t bytes);
+  void (*host_free)(ml_backend *be, void *p);
+  int (*copy)(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind);
+  int (*zero)(ml_backend *be, void *dst, size_t bytes);
+  int (*convert)(ml_backend *be, void *dst, ml_dtype dst_type, const void *src, ml_dtype src_type,
+                 size_t n);
+  int (*round_bf16)(ml_backend *be, float *x, size_t n);
+  size_t (*pool_bytes)(ml_backend *be);
+  void (*trim)(ml_backend *be);
+  /* ordering */
+  int (*event_record)(ml_backend *be, ml_event *ev);
+  int (*event_wait)(ml_backend *be, ml_event *ev);
+  int (*sync)(ml_backend *be);
+  /* operators */
+  int (*gemm)(ml_backend *be, const ml_gemm *g);
+  int (*bias_grad)(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db);
+  int (*add)(ml_backend *be, float *y, const float *x, int64_t n);
+  int (*scale)(ml_backend *be, float *x, int64_t n, float s);
+  int (*rmsnorm_fwd)(ml_backend *be, const float *x, const void *w, ml_dtype w_type, float offset,
+                     float eps, float *y, float *rstd, int64_t T, int64_t H);
+  int (*rmsnorm_bwd)(ml_backend *be, const float *dy, const float *x, const void *w,
+                     ml_dtype w_type, float offset, const float *rstd, float *dx, float *dw,
+                     int64_t T, int64_t H);
+  int (*rope_tables)(ml_backend *be, double theta, int64_t hd, const ml_rope_scaling *sc,
+                     int64_t S, float *cos_t, float *sin_t);
+  int (*rope_fwd)(ml_backend *be, float *x, const float *cos_t, const float *sin_t, int64_t B,
+                  int64_t S, int64_t nheads, int64_t hd);
+  int (*rope_bwd)(ml_backend *be, float *dx, const float *cos_t, const float *sin_t, int64_t B,
+                  int64_t S, int64_t nheads, int64_t hd);
+  size_t (*attention_work)(ml_backend *be, int64_t B, int64_t S, int64_t nh);
+  int (*attention_fwd)(ml_backend *be, const float *q, const float *k, const float *v, float *out,
+                       float *P, int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd,
+                       float scale, int64_t window);
+  int (*attention_bwd)(ml_backend *be, const float *dout, const float *q, const float *k,
+                       const float *v, const float *P, float *dq, float *dk, float *dv,
+                       int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd, float scale,
+                       void *work);
+  int (*glu_fwd)(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
+                 ml_glu_act act);
+  int (*glu_bwd)(ml_backend *be, const float *dh, const float *g, const float *u, float *dg,
+                 float *du, int64_t n, ml_glu_act act);
+  int (*embedding_fwd)(ml_backend *be, const int32_t *ids, int64_t T, const void *W,
+                       ml_dtype w_type, int64_t row0, int64_t rows, int64_t H, float scale,
+                       float *out);
+  int (*embedding_bwd)(ml_backend *be, const int32_t *ids, int64_t T, const float *dout,
+                       int64_t row0, int64_t rows, int64_t H, float scale, float *dW);
+  int (*xent_rowmax)(ml_backend *be, const float *logits, int64_t T, int64_t V, float *mx);
+  int (*xent_sumexp_target)(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                            int64_t v0, const int32_t *y, const float *mx, float *se, float *tl);
+  int (*xent_logprobs)(ml_backend *be, const float *se, const float *tl, const int32_t *y,
+                       int64_t T, float scale, float *logprobs, float *w, double *loss_sum,
+                       int64_t *count);
+  int (*xent_bwd)(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                  const int32_t *y, const float *mx, const float *se, const float *w,
+                  float *dlogits);
+  int (*adamw)(ml_backend *be, float *p, const float *g, float *m, float *v, int64_t n, double lr,
+               double b1, double b2, double eps, double wd, int64_t step);
+  int (*norm_partial)(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind, double *out);
+  int (*find_nonfinite)(ml_backend *be, const float *g, int64_t n, bool *found);
+  void (*destroy)(ml_backend *be);
+} ml_backend_ops;
+
+struct ml_backend {
+  const ml_backend_ops *ops;
+  void *impl;
+};
+
+/* The backend called `name` ("cpu"), created on first use and kept for
+ * the process (ml_backend_release_all frees them). Errors: an unknown name
+ * (the message lists the known ones), a device that fails to start. */
+int ml_backend_get(const char *name, ml_backend **out);
+/* Destroy every backend ml_backend_get created (at exit). */
+void ml_backend_release_all(void);
+
+/* ---- memory -------------------------------------------------------------- */
+/* count elements of `elem` bytes of device memory from the pool; NULL
+ * with the message of ml_malloc_array (common/checked.h: "out of memory
+ * allocating N bytes (X GiB) for WHAT", WHAT printf-formatted from the
+ * remaining arguments, at the caller's file:line) when the pool cannot,
+ * or when count is negative or count · elem does not fit (checked before
+ * anything is allocated). count 0 gives a valid, distinct pointer. */
+#define ml_be_alloc(be, count, elem, ...) \
+  ml_be_alloc_at(__FILE__, __LINE__, (be), 0, (count), (elem), __VA_ARGS__)
+/* The same in host staging memory (pinned where the device DMAs from it). */
+#define ml_be_host_alloc(be, count, elem, ...) \
+  ml_be_alloc_at(__FILE__, __LINE__, (be), 1, (count), (elem), __VA_ARGS__)
+void *ml_be_alloc_at(const char *file, int line, ml_backend *be, int host, int64_t count,
+                     size_t elem, const char *what_fmt, ...) __attribute__((format(printf, 7, 8)));
+/* Return p (NULL: no-op) to the pool it came from. */
+void ml_be_free(ml_backend *be, void *p);
+void ml_be_host_free(ml_backend *be, void *p);
+/* Bytes the pool holds (in use and cached), for memory reports. */
+size_t ml_be_pool_bytes(ml_backend *be);
+/* Give the pool's cached blocks back to the system (after the working set
+ * changed shape, e.g. a new batch geometry). */
+void ml_be_trim(ml_backend *be);
+
+/* dst[bytes] = src[bytes] between the memories `kind` names. */
+int ml_be_copy(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind);
+/* dst[bytes] = 0 (device memory). */
+int ml_be_zero(ml_backend *be, void *dst, size_t bytes);
+/* dst[n] (dst_type) = src[n] (src_type), device memory; ML_F32 ↔ ML_BF16
+ * (fp32 → bf16 rounds to nearest-even, NaN stays NaN: torch's .to()),
+ * or the same type (a copy). dst == src is allowed for F32 → F32 only. */
+int ml_be_convert(ml_backend *be, void *dst, ml_dtype dst_type, const void *src,
+                  ml_dtype src_type, size_t n);
+/* x[n] = fp32(bf16(x[n])) in place: the values a bf16 tensor would hold. */
+int ml_be_round_bf16(ml_backend *be, float *x, size_t n);
+
+/* ---- ordering ------------------------------------------------------------ */
+int ml_be_event_record(ml_backend *be, ml_event *ev);
+int ml_be_event_wait(ml_backend *be, ml_event *ev);
+int ml_be_sync(ml_backend *be);
+
+/* ---- operators (semantics: kernels/cpu/kernels.h of the same name) ------- */
+/* See ml_gemm. Errors: dtypes other than F32/BF16, compute F32 with a bf16
+ * operand, a leading dimension too small. */
+int ml_be_gemm(ml_backend *be, const ml_gemm *g);
+/* db[N] (+=) sum over the T rows of dy [T, N] (the bias gradient). */
+int ml_be_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db);
+/* y[n] += x[n] (the residual add). */
+int ml_be_add(ml_backend *be, float *y, const float *x, int64_t n);
+/* x[n] *= s (gradient clipping). */
+int ml_be_scale(ml_backend *be, float *x, int64_t n, float s);
+/* RMSNorm (HF LlamaRMSNorm, Gemma3RMSNorm when offset = 1) in fp32 on x,
+ * y [T, H]; w [H] of w_type (F32 or BF16, widened exactly); rstd [T]
+ * saved. y may alias x. */
+int ml_be_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
+                      float offset, float eps, float *y, float *rstd, int64_t T, int64_t H);
+/* dx [T, H] (=, may alias dy), dw [H] (+=, may be NULL). */
+int ml_be_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const void *w,
+                      ml_dtype w_type, float offset, const float *rstd, float *dx, float *dw,
+                      int64_t T, int64_t H);
+/* RoPE cos/sin tables [S, hd/2] for base theta and scaling `sc` (HF
+ * _compute_default/linear/llama3_parameters; fp32 angles). */
+int ml_be_rope_tables(ml_backend *be, double theta, int64_t hd, const ml_rope_scaling *sc,
+                      int64_t S, float *cos_t, float *sin_t);
+/* In place on x: [B·S, nheads, hd] (rotate_half); bwd: the transpose. */
+int ml_be_rope_fwd(ml_backend *be, float *x, const float *cos_t, const float *sin_t, int64_t B,
+                   int64_t S, int64_t nheads, int64_t hd);
+int ml_be_rope_bwd(ml_backend *be, float *dx, const float *cos_t, const float *sin_t, int64_t B,
+                   int64_t S, int64_t nheads, int64_t hd);
+/* Causal GQA attention (HF eager_attention_forward): q [B·S, nh, hd], k, v
+ * [B·S, nkv, hd], out [B·S, nh, hd], P [B, nh, S, S] probabilities saved.
+ * Keys j <= i, and j > i − window when window > 0. */
+int ml_be_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
+                        float *out, float *P, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                        int64_t hd, float scale, int64_t window);
+/* Bytes of device workspace ml_be_attention_bwd needs for these sizes
+ * (the caller carves it; saturates at SIZE_MAX). */
+size_t ml_be_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t nh);
+/* dq, dk, dv (=) given dout and the forward's q, k, v, P. */
+int ml_be_attention_bwd(ml_backend *be, const float *dout, const float *q, const float *k,
+                        const float *v, const float *P, float *dq, float *dk, float *dv,
+                        int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd, float scale,
+                        void *work);
+/* h[n] = act(g)·u; backward dg, du (=). */
+int ml_be_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
+                  ml_glu_act act);
+int ml_be_glu_bwd(ml_backend *be, const float *dh, const float *g, const float *u, float *dg,
+                  float *du, int64_t n, ml_glu_act act);
+/* Vocab-parallel lookup (Megatron VocabParallelEmbedding): out [T, H] =
+ * scale · W[ids − row0] for ids in [row0, row0 + rows), else 0; W [rows, H]
+ * of w_type (F32 or BF16). ids are device memory. */
+int ml_be_embedding_fwd(ml_backend *be, const int32_t *ids, int64_t T, const void *W,
+                        ml_dtype w_type, int64_t row0, int64_t rows, int64_t H, float scale,
+                        float *out);
+/* dW [rows, H] (+=) scale · dout rows of the ids in range. */
+int ml_be_embedding_bwd(ml_backend *be, const int32_t *ids, int64_t T, const float *dout,
+                        int64_t row0, int64_t rows, int64_t H, float scale, float *dW);
+/* Vocab-parallel cross-entropy pieces (Megatron _VocabParallelCrossEntropy)
+ * on logits [T, V] = global columns v0 .. v0+V−1; y [T] global targets or
+ * −1. rowmax: mx [T]; sumexp_target: se [T], tl [T] (target logit − mx, 0
+ * when not in this shard); the caller reduces them over the vocab shards. */
+int ml_be_xent_rowmax(ml_backend *be, const float *logits, int64_t T, int64_t V, float *mx);
+int ml_be_xent_sumexp_target(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                             int64_t v0, const int32_t *y, const float *mx, float *se, float *tl);
+/* From the reduced se, tl [T]: logprobs[t] = tl − log(se) (fp64, rounded
+ * once; 0 for y[t] < 0; logprobs may be NULL), w[t] = scale where y[t] >=
+ * 0 else 0; *loss_sum (host) −= the sum of the log-probs, *count (host) +=
+ * the targets counted. */
+int ml_be_xent_logprobs(ml_backend *be, const float *se, const float *tl, const int32_t *y,
+                        int64_t T, float scale, float *logprobs, float *w, double *loss_sum,
+                        int64_t *count);
+/* dlogits [T, V] (=, may alias logits) = w[t]·(softmax − onehot). */
+int ml_be_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                   const int32_t *y, const float *mx, const float *se, const float *w,
+                   float *dlogits);
+/* One AdamW step (torch.optim.AdamW, single-tensor) on p, m, v [n] with g. */
+int ml_be_adamw(ml_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
+                double lr, double b1, double b2, double eps, double wd, int64_t step);
+/* *out (host) = the partial `kind` of g [n]. */
+int ml_be_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind, double *out);
+/* *found (host) = whether g [n] holds a NaN or ±inf. */
+int ml_be_find_nonfinite(ml_backend *be, const float *g, int64_t n, bool *found);
+
+#endif

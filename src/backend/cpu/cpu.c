@@ -1,0 +1,301 @@
+/* The CPU backend's vtable: memory from one caching pool over malloc
+ * (device = host memory), synchronous ordering, and the operators of
+ * kernels/cpu, plus oneDNN's matmul for the GEMM (gemm.c). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+#include "backend/pool.h"
+#include "common/status.h"
+#include "kernels/cpu/kernels.h"
+
+typedef struct cpu {
+  ml_pool *pool;
+  ml_cpu_gemm *gemm;
+} cpu;
+
+static cpu *impl(ml_backend *be) { return be->impl; }
+
+/* ---- memory -------------------------------------------------------------- */
+
+static void *raw_malloc(void *ctx, size_t bytes) { return malloc(bytes ? bytes : 1); }
+static void raw_free(void *ctx, void *p) { free(p); }
+
+static void *cpu_alloc(ml_backend *be, size_t bytes) { return ml_pool_alloc(impl(be)->pool, bytes); }
+static void cpu_free(ml_backend *be, void *p) { ml_pool_free(impl(be)->pool, p); }
+static size_t cpu_pool_bytes(ml_backend *be) { return ml_pool_held(impl(be)->pool); }
+static void cpu_trim(ml_backend *be) { ml_pool_trim(impl(be)->pool); }
+
+static int cpu_copy(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind) {
+  memmove(dst, src, bytes); /* host and device are one memory */
+  return 0;
+}
+
+static int cpu_zero(ml_backend *be, void *dst, size_t bytes) {
+  memset(dst, 0, bytes);
+  return 0;
+}
+
+static int cpu_convert(ml_backend *be, void *dst, ml_dtype dst_type, const void *src,
+                       ml_dtype src_type, size_t n) {
+  if (dst_type == src_type) return cpu_copy(be, dst, src, n * ml_dtype_size(src_type), ML_COPY_D2D);
+  if (src_type == ML_F32) return ml_convert_from_f32(dst_type, src, dst, n);
+  if (dst_type == ML_F32) return ml_convert_to_f32(src_type, src, dst, n);
+  return ml_err("convert %s to %s: expected one side fp32", ml_dtype_name(src_type),
+                ml_dtype_name(dst_type));
+}
+
+static int cpu_round_bf16(ml_backend *be, float *x, size_t n) {
+  ml_round_bf16(x, n);
+  return 0;
+}
+
+/* ---- ordering: every call has completed when it returns ------------------ */
+
+static int cpu_event_record(ml_backend *be, ml_event *ev) {
+  ev->impl = NULL;
+  return 0;
+}
+static int cpu_event_wait(ml_backend *be, ml_event *ev) { return 0; }
+static int cpu_sync(ml_backend *be) { return 0; }
+
+/* ---- operators ----------------------------------------------------------- */
+
+static int cpu_gemm(ml_backend *be, const ml_gemm *g) { return ml_cpu_gemm_run(impl(be)->gemm, g); }
+
+static int cpu_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db) {
+  k_bias_grad(dy, T, N, db);
+  return 0;
+}
+
+static int cpu_add(ml_backend *be, float *y, const float *x, int64_t n) {
+  k_add(y, x, n);
+  return 0;
+}
+
+static int cpu_scale(ml_backend *be, float *x, int64_t n, float s) {
+  k_scale(x, n, s);
+  return 0;
+}
+
+/* A norm weight as fp32: itself, or widened into pool scratch (*tmp). */
+static int weight_f32(ml_backend *be, const void *w, ml_dtype type, int64_t n, const float **out,
+                      float **tmp) {
+  *tmp = NULL;
+  *out = w;
+  if (type == ML_F32) return 0;
+  *tmp = ml_be_alloc(be, n, sizeof(float), "a widened norm weight [%lld]", (long long)n);
+  if (!*tmp) return -1;
+  ML_TRY(ml_convert_to_f32(type, w, *tmp, (size_t)n));
+  *out = *tmp;
+  return 0;
+}
+
+static int cpu_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
+                           float offset, float eps, float *y, float *rstd, int64_t T, int64_t H) {
+  const float *wf;
+  float *tmp;
+  ML_TRY(weight_f32(be, w, w_type, H, &wf, &tmp));
+  k_rmsnorm_fwd(x, wf, offset, eps, y, rstd, T, H);
+  cpu_free(be, tmp);
+  return 0;
+}
+
+static int cpu_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const void *w,
+                           ml_dtype w_type, float offset, const float *rstd, float *dx, float *dw,
+                           int64_t T, int64_t H) {
+  const float *wf;
+  float *tmp;
+  ML_TRY(weight_f32(be, w, w_type, H, &wf, &tmp));
+  k_rmsnorm_bwd(dy, x, wf, offset, rstd, dx, dw, T, H);
+  cpu_free(be, tmp);
+  return 0;
+}
+
+static int cpu_rope_tables(ml_backend *be, double theta, int64_t hd, const ml_rope_scaling *sc,
+                           int64_t S, float *cos_t, float *sin_t) {
+  float *inv = ml_be_alloc(be, hd / 2, sizeof(float), "the RoPE frequencies [%lld]",
+                           (long long)(hd / 2));
+  if (!inv) return -1;
+  k_rope_inv_freq(theta, hd, sc, inv);
+  k_rope_tables(inv, hd, S, cos_t, sin_t);
+  cpu_free(be, inv);
+  return 0;
+}
+
+static int cpu_rope_fwd(ml_backend *be, float *x, const float *c, const float *s, int64_t B,
+                        int64_t S, int64_t nh, int64_t hd) {
+  k_rope_fwd(x, c, s, B, S, nh, hd);
+  return 0;
+}
+
+static int cpu_rope_bwd(ml_backend *be, float *dx, const float *c, const float *s, int64_t B,
+                        int64_t S, int64_t nh, int64_t hd) {
+  k_rope_bwd(dx, c, s, B, S, nh, hd);
+  return 0;
+}
+
+static size_t cpu_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t nh) {
+  int64_t n = k_attention_bwd_work(B, S, nh);
+  return n > (int64_t)(SIZE_MAX / sizeof(float)) ? SIZE_MAX : (size_t)n * sizeof(float);
+}
+
+static int cpu_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
+                             float *out, float *P, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                             int64_t hd, float scale, int64_t window) {
+  k_attention_fwd(q, k, v, out, P, B, S, nh, nkv, hd, scale, window);
+  return 0;
+}
+
+static int cpu_attention_bwd(ml_backend *be, const float *dout, const float *q, const float *k,
+                             const float *v, const float *P, float *dq, float *dk, float *dv,
+                             int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd,
+                             float scale, void *work) {
+  k_attention_bwd(dout, q, k, v, P, dq, dk, dv, B, S, nh, nkv, hd, scale, work);
+  return 0;
+}
+
+static int cpu_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
+                       ml_glu_act act) {
+  k_glu_fwd(g, u, h, n, act);
+  return 0;
+}
+
+static int cpu_glu_bwd(ml_backend *be, const float *dh, const float *g, const float *u, float *dg,
+                       float *du, int64_t n, ml_glu_act act) {
+  k_glu_bwd(dh, g, u, dg, du, n, act);
+  return 0;
+}
+
+static int cpu_embedding_fwd(ml_backend *be, const int32_t *ids, int64_t T, const void *W,
+                             ml_dtype w_type, int64_t row0, int64_t rows, int64_t H, float scale,
+                             float *out) {
+  if (w_type == ML_BF16) k_embedding_fwd_bf16(ids, T, W, row0, rows, H, scale, out);
+  else if (w_type == ML_F32) k_embedding_fwd(ids, T, W, row0, rows, H, scale, out);
+  else return ml_err("embedding: a %s weight; expected F32 or BF16", ml_dtype_name(w_type));
+  return 0;
+}
+
+static int cpu_embedding_bwd(ml_backend *be, const int32_t *ids, int64_t T, const float *dout,
+                             int64_t row0, int64_t rows, int64_t H, float scale, float *dW) {
+  k_embedding_bwd(ids, T, dout, row0, rows, H, scale, dW);
+  return 0;
+}
+
+static int cpu_xent_rowmax(ml_backend *be, const float *logits, int64_t T, int64_t V, float *mx) {
+  k_xent_rowmax(logits, T, V, mx);
+  return 0;
+}
+
+static int cpu_xent_sumexp_target(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                                  int64_t v0, const int32_t *y, const float *mx, float *se,
+                                  float *tl) {
+  k_xent_sumexp_target(logits, T, V, v0, y, mx, se, tl);
+  return 0;
+}
+
+static int cpu_xent_logprobs(ml_backend *be, const float *se, const float *tl, const int32_t *y,
+                             int64_t T, float scale, float *logprobs, float *w, double *loss_sum,
+                             int64_t *count) {
+  k_xent_logprobs(se, tl, y, T, scale, logprobs, w, loss_sum, count);
+  return 0;
+}
+
+static int cpu_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                        const int32_t *y, const float *mx, const float *se, const float *w,
+                        float *dlogits) {
+  k_xent_bwd(logits, T, V, v0, y, mx, se, w, dlogits);
+  return 0;
+}
+
+static int cpu_adamw(ml_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
+                     double lr, double b1, double b2, double eps, double wd, int64_t step) {
+  k_adamw_step(p, g, m, v, n, lr, b1, b2, eps, wd, step);
+  return 0;
+}
+
+static int cpu_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind,
+                            double *out) {
+  *out = kind == ML_NORM_ABSMAX ? k_absmax(g, n) : k_sumsq(g, n);
+  return 0;
+}
+
+static int cpu_find_nonfinite(ml_backend *be, const float *g, int64_t n, bool *found) {
+  *found = k_has_nonfinite(g, n);
+  return 0;
+}
+
+static void cpu_destroy(ml_backend *be) {
+  if (!be) return;
+  cpu *c = impl(be);
+  if (c) {
+    ml_cpu_gemm_destroy(c->gemm);
+    ml_pool_destroy(c->pool);
+    free(c);
+  }
+  free(be);
+}
+
+static const ml_backend_ops k_cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .host_alloc = cpu_alloc,
+    .host_free = cpu_free,
+    .copy = cpu_copy,
+    .zero = cpu_zero,
+    .convert = cpu_convert,
+    .round_bf16 = cpu_round_bf16,
+    .pool_bytes = cpu_pool_bytes,
+    .trim = cpu_trim,
+    .event_record = cpu_event_record,
+    .event_wait = cpu_event_wait,
+    .sync = cpu_sync,
+    .gemm = cpu_gemm,
+    .bias_grad = cpu_bias_grad,
+    .add = cpu_add,
+    .scale = cpu_scale,
+    .rmsnorm_fwd = cpu_rmsnorm_fwd,
+    .rmsnorm_bwd = cpu_rmsnorm_bwd,
+    .rope_tables = cpu_rope_tables,
+    .rope_fwd = cpu_rope_fwd,
+    .rope_bwd = cpu_rope_bwd,
+    .attention_work = cpu_attention_work,
+    .attention_fwd = cpu_attention_fwd,
+    .attention_bwd = cpu_attention_bwd,
+    .glu_fwd = cpu_glu_fwd,
+    .glu_bwd = cpu_glu_bwd,
+    .embedding_fwd = cpu_embedding_fwd,
+    .embedding_bwd = cpu_embedding_bwd,
+    .xent_rowmax = cpu_xent_rowmax,
+    .xent_sumexp_target = cpu_xent_sumexp_target,
+    .xent_logprobs = cpu_xent_logprobs,
+    .xent_bwd = cpu_xent_bwd,
+    .adamw = cpu_adamw,
+    .norm_partial = cpu_norm_partial,
+    .find_nonfinite = cpu_find_nonfinite,
+    .destroy = cpu_destroy,
+};
+
+int ml_backend_cpu_create(ml_backend **out) {
+  ml_backend *be = ml_calloc(1, sizeof *be, "the CPU backend");
+  cpu *c = ml_calloc(1, sizeof *c, "the CPU backend");
+  if (!be || !c) {
+    free(be);
+    free(c);
+    return -1;
+  }
+  be->ops = &k_cpu_ops;
+  be->impl = c;
+  c->pool = ml_pool_create((ml_pool_raw){raw_malloc, raw_free, NULL});
+  if (!c->pool) {
+    cpu_destroy(be);
+    return ml_err("out of memory creating the CPU backend's pool");
+  }
+  if (ml_cpu_gemm_create(be, &c->gemm)) {
+    cpu_destroy(be);
+    return -1;
+  }
+  *out = be;
+  return 0;
+}

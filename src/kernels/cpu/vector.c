@@ -1,0 +1,52 @@
+/* Elementwise and reduction kernels of the engine: the residual add,
+ * gradient clipping, grad-norm partials and the bias gradient. */
+#include <math.h>
+
+#include "kernels/cpu/kernels.h"
+
+enum { COLS_PER_TASK = 256 };
+
+// y, x: [n]
+void k_add(float *y, const float *x, int64_t n) {
+#pragma omp parallel for simd
+  for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+// x: [n]
+void k_scale(float *x, int64_t n, float s) {
+#pragma omp parallel for simd
+  for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+double k_sumsq(const float *g, int64_t n) {
+  double s = 0.0;
+#pragma omp parallel for reduction(+ : s)
+  for (int64_t k = 0; k < n; k++) s += (double)g[k] * g[k];
+  return s;
+}
+
+double k_absmax(const float *g, int64_t n) {
+  double s = 0.0;
+#pragma omp parallel for reduction(max : s)
+  for (int64_t k = 0; k < n; k++) s = fmax(s, isnan(g[k]) ? INFINITY : fabs((double)g[k]));
+  return s;
+}
+
+int k_has_nonfinite(const float *g, int64_t n) {
+  int found = 0;
+#pragma omp parallel for reduction(| : found)
+  for (int64_t k = 0; k < n; k++) found |= !isfinite(g[k]);
+  return found;
+}
+
+// db: [N] += column sums of dy: [T, N]; threads own disjoint column ranges
+void k_bias_grad(const float *dy, int64_t T, int64_t N, float *db) {
+#pragma omp parallel for
+  for (int64_t c0 = 0; c0 < N; c0 += COLS_PER_TASK) {
+    int64_t n = N - c0 < COLS_PER_TASK ? N - c0 : COLS_PER_TASK;
+    double acc[COLS_PER_TASK] = {0};
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t j = 0; j < n; j++) acc[j] += dy[t * N + c0 + j];
+    for (int64_t j = 0; j < n; j++) db[c0 + j] += (float)acc[j];
+  }
+}

@@ -1,0 +1,139 @@
+/* Real bf16 compute (param_dtype bf16: bf16 GEMM operands, fp32
+ * accumulation, as autocast(bfloat16) under FSDP2's MixedPrecisionPolicy)
+ * on a fixture family, on 4 ranks:
+ *  - against fp32 on one rank: the loss (issue 10's limit, tolerance.h
+ *    §4), every gradient (tol_bf16) and the per-token log-probs (mean
+ *    |Δ| within the limit); and that the rounding happened;
+ *  - mesh parity in bf16: one rank against dp2 × tp2 on the loss, every
+ *    gradient and the log-probs (tol_bf16_pair).
+ * usage: test_bf16 FIXTURE */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "train_check.h"
+
+static const char *g_fixture;
+
+/* The fixture batch's log-probs [B, S−1] from r (every rank scores the
+ * whole batch: the engine's logprobs are per local batch). */
+static double *logprobs(run *r, const fixture *fx) {
+  int64_t n = fx->B * (fx->S - 1);
+  float *lp = malloc(sizeof(float) * (size_t)n);
+  double *out = malloc(sizeof(double) * (size_t)n);
+  if (!lp || !out) fail_msg("logprobs: out of memory");
+  if (ml_engine_logprobs(&r->e, fx->ids, fx->B, fx->S, lp)) fail_msg("logprobs: %s", ml_error_msg());
+  for (int64_t i = 0; i < n; i++) out[i] = lp[i];
+  free(lp);
+  return out;
+}
+
+/* Mean over the tokens of |a − b|. */
+static double mean_abs_diff(const double *a, const double *b, int64_t n) {
+  double s = 0;
+  for (int64_t i = 0; i < n; i++) s += fabs(a[i] - b[i]);
+  return n ? s / (double)n : 0;
+}
+
+static ml_engine_opts bf16_opts(void) {
+  ml_engine_opts o = ml_engine_opts_default();
+  o.fsdp.param_dtype = ML_BF16;
+  return o;
+}
+
+static void test_vs_fp32(void **state) {
+  (void)state;
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  static batch bt;
+  batch_make(&fx, 1, &bt);
+  ml_engine_opts o16 = bf16_opts();
+  static run f32, b16;
+  run_open(&f32, MPI_COMM_SELF, 1, 1, NULL, fx.dir);
+  run_open(&b16, MPI_COMM_SELF, 1, 1, &o16, fx.dir);
+  double l32 = step_rows(&f32, &bt), l16 = step_rows(&b16, &bt);
+  bool exact;
+  double g = worst_rel(&b16, &f32, ML_EXPORT_GRADS, &exact);
+  double *lp32 = logprobs(&f32, &fx), *lp16 = logprobs(&b16, &fx);
+  int64_t n = fx.B * (fx.S - 1);
+  double lrel = fabs(l16 - l32) / fabs(l32), lp = mean_abs_diff(lp16, lp32, n);
+  tol_model tm = tol_model_of(&f32, bt.S, bt.B * bt.S);
+  double tg = tol_bf16(&tm, TOL_GRADS, 0, 0), expect = tol_bf16_expected(&tm);
+  if (rank0())
+    printf("%s bf16 vs fp32: loss rel %.3g (limit %g), log-probs mean |diff| %.3g nats (limit "
+           "%g; expected ~%.3g x |log-prob| %.3g), worst grad rel L2 %.3g (bound %.3g)\n",
+           g_fixture, lrel, TOL_BF16_LOSS_LIMIT, lp, TOL_BF16_LOGPROB_LIMIT, expect, l32, g, tg);
+  assert_true(lrel <= TOL_BF16_LOSS_LIMIT);
+  assert_true(lp <= TOL_BF16_LOGPROB_LIMIT);
+  assert_true(g <= tg);
+  assert_true(lrel > 0 && !exact); /* the rounding did happen */
+  free(lp16);
+  free(lp32);
+  run_close(&b16);
+  run_close(&f32);
+  batch_free(&bt);
+  fixture_free(&fx);
+}
+
+static void test_mesh_parity(void **state) {
+  (void)state;
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  static batch bt;
+  batch_make(&fx, 2, &bt); /* one row per dp rank */
+  ml_engine_opts o16 = bf16_opts();
+  static run one, mesh;
+  run_open(&one, MPI_COMM_SELF, 1, 1, &o16, fx.dir);
+  run_open(&mesh, MPI_COMM_WORLD, 1, 2, &o16, fx.dir);
+  double l1 = step_rows(&one, &bt), lm = step_rows(&mesh, &bt);
+  bool exact;
+  double g = worst_rel(&mesh, &one, ML_EXPORT_GRADS, &exact);
+  double *lp1 = logprobs(&one, &fx), *lpm = logprobs(&mesh, &fx);
+  int64_t n = fx.B * (fx.S - 1);
+  double lrel = fabs(lm - l1) / fabs(l1), lp = mean_abs_diff(lpm, lp1, n);
+  tol_model tm = tol_model_of(&one, bt.S, bt.B * bt.S);
+  double tl = tol_bf16_pair(&tm, TOL_LOSS), tg = tol_bf16_pair(&tm, TOL_GRADS);
+  /* log-probs: each token's relative error within the loss bound, and
+   * |log-prob| averages to the loss, so the mean |Δ| is within tl·loss */
+  double tlp = tl * fabs(l1);
+  if (rank0())
+    printf("%s bf16 dp2 x tp2 vs 1 rank: loss rel %.3g (bound %.3g), log-probs mean |diff| %.3g "
+           "(bound %.3g), worst grad rel L2 %.3g (bound %.3g)\n",
+           g_fixture, lrel, tl, lp, tlp, g, tg);
+  assert_true(lrel <= tl);
+  assert_true(lp <= tlp);
+  assert_true(g <= tg);
+  free(lpm);
+  free(lp1);
+  run_close(&mesh);
+  run_close(&one);
+  batch_free(&bt);
+  fixture_free(&fx);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  int size;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (argc != 2 || size != 4) {
+    fprintf(stderr, "usage: mpiexec -n 4 test_bf16 FIXTURE\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  g_fixture = argv[1];
+  const struct CMUnitTest tests[] = {
+      held_test(test_vs_fp32),
+      held_test(test_mesh_parity),
+  };
+  int failed = cmocka_run_group_tests(tests, NULL, NULL);
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any ? 1 : 0;
+}

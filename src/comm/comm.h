@@ -61,7 +61,12 @@ typedef struct ml_request {
   void *impl;
 } ml_request;
 
-typedef enum { ML_COLL_ALL_REDUCE, ML_COLL_ALL_GATHER, ML_COLL_REDUCE_SCATTER, ML_COLL_KINDS } ml_coll;
+typedef enum {
+  ML_COLL_ALL_REDUCE,
+  ML_COLL_ALL_GATHER,
+  ML_COLL_REDUCE_SCATTER,
+  ML_COLL_KINDS
+} ml_coll;
 
 typedef struct ml_comm ml_comm;
 

@@ -18,7 +18,9 @@ int ml_mpi_check(int rc, const char *what, const char *group) {
   return ml_err("%s on group '%s' failed: %s", what, group, msg);
 }
 
-static int mpi_check(ml_comm *c, int rc, const char *what) { return ml_mpi_check(rc, what, c->name); }
+static int mpi_check(ml_comm *c, int rc, const char *what) {
+  return ml_mpi_check(rc, what, c->name);
+}
 
 static int count_ok(ml_comm *c, size_t n) {
   if (n <= (size_t)INT_MAX) return 0;

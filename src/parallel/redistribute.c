@@ -216,8 +216,9 @@ int ml_redistribute(ml_comm *g, ml_placement from, ml_placement to, ml_act *a, f
   bool moves = f != o && t > 1 && numel > 0, needs_work = moves && f != PL_REP;
   int64_t wn = ml_redistribute_work(B, a->S, a->C, t);
   uintptr_t wx = (uintptr_t)work, xx = (uintptr_t)a->x, span = sizeof(float) * (uintptr_t)numel;
+  uintptr_t wspan = sizeof(float) * (uintptr_t)wn;
   bool shape_ok = a->s == es && a->c == ec, x_ok = !moves || a->x;
-  bool work_ok = !needs_work || (work && (wx >= xx + span || xx >= wx + sizeof(float) * (uintptr_t)wn));
+  bool work_ok = !needs_work || (work && (wx >= xx + span || xx >= wx + wspan));
   if (!shape_ok || !x_ok || !work_ok) {
     char fb[32], tb[32], gb[80];
     ml_placement_str(from, fb, sizeof fb);

@@ -73,7 +73,8 @@ int ml_engine_export(ml_engine *e, ml_export_what what, float **out) {
     if (!full) return -1;
     int rc = ml_fsdp_gather_flat(&e->fsdp, u, unit_array(unit, what), full);
     for (int i = 0; rc == 0 && i < unit->n; i++) {
-      out[n] = gather_tp(ml_mesh_comm(e->mesh, ML_GROUP_TP), unit->params[i], full + unit->full_off[i]);
+      out[n] = gather_tp(ml_mesh_comm(e->mesh, ML_GROUP_TP), unit->params[i],
+                         full + unit->full_off[i]);
       rc = out[n++] ? 0 : -1;
     }
     free(full);

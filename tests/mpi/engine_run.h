@@ -40,7 +40,8 @@ static inline void run_open(run *r, MPI_Comm base, int dpr, int tp, const ml_eng
                             const char *dir) {
   memset(r, 0, sizeof *r);
   hold(r, run_release);
-  if (ml_mesh_create(base, dpr, 0, 1, tp, NULL, NULL, &r->mesh) || ml_engine_open(&r->e, &r->mesh, dir, opts))
+  if (ml_mesh_create(base, dpr, 0, 1, tp, NULL, NULL, &r->mesh) ||
+      ml_engine_open(&r->e, &r->mesh, dir, opts))
     fail_msg("setup (%s, dp_replicate %d, tp %d): %s", dir, dpr, tp, ml_error_msg());
 }
 

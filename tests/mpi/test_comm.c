@@ -30,7 +30,6 @@
 #include "rank_report.h"
 #include "tensor/dtype.h"
 
-
 /* Element i of rank q's buffer: a multiple of 1/8 in [−2, 2]. */
 static float val(int q, int64_t i) { return (float)((int)((q * 7 + i * 5) % 33) - 16) * 0.125f; }
 
@@ -56,8 +55,9 @@ static void test_nonblocking_f32(void **state) {
   if (st->calls[ML_COLL_ALL_REDUCE] != 1 || st->bytes[ML_COLL_ALL_REDUCE] != 4 * N ||
       st->calls[ML_COLL_ALL_GATHER] != 1 || st->bytes[ML_COLL_ALL_GATHER] != 4 * N * t ||
       st->calls[ML_COLL_REDUCE_SCATTER] != 1 || st->bytes[ML_COLL_REDUCE_SCATTER] != 4 * N * t)
-    note(&rep, "counts at issue: all_reduce %lld/%lld B, all_gather %lld/%lld B, "
-               "reduce_scatter %lld/%lld B",
+    note(&rep,
+         "counts at issue: all_reduce %lld/%lld B, all_gather %lld/%lld B, "
+         "reduce_scatter %lld/%lld B",
          (long long)st->calls[0], (long long)st->bytes[0], (long long)st->calls[1],
          (long long)st->bytes[1], (long long)st->calls[2], (long long)st->bytes[2]);
   if (st->wait_s != 0) note(&rep, "wait time %g s before any wait", st->wait_s);
@@ -105,7 +105,8 @@ static void test_reductions(void **state) {
       hi = v > hi ? v : hi;
       lo = v < lo ? v : lo;
     }
-    if (mx[i] != hi || mn[i] != lo) note(&rep, "[%d] max %g min %g, want %g %g", i, mx[i], mn[i], hi, lo);
+    if (mx[i] != hi || mn[i] != lo)
+      note(&rep, "[%d] max %g min %g, want %g %g", i, mx[i], mn[i], hi, lo);
   }
   double want = 0;
   for (int p = 0; p < t; p++) want += 0.1 * (p + 1);
@@ -145,10 +146,13 @@ static void test_bf16(void **state) {
       sum += val(p, i);
       rsum += val(p, (int64_t)r * N + i);
     }
-    if (ml_bf16_to_f32(ar[i]) != sum) note(&rep, "bf16 all_reduce [%d] = %g, want %g", i, ml_bf16_to_f32(ar[i]), sum);
-    if (ml_bf16_to_f32(rs[i]) != rsum) note(&rep, "bf16 reduce_scatter [%d] = %g, want %g", i, ml_bf16_to_f32(rs[i]), rsum);
+    if (ml_bf16_to_f32(ar[i]) != sum)
+      note(&rep, "bf16 all_reduce [%d] = %g, want %g", i, ml_bf16_to_f32(ar[i]), sum);
+    if (ml_bf16_to_f32(rs[i]) != rsum)
+      note(&rep, "bf16 reduce_scatter [%d] = %g, want %g", i, ml_bf16_to_f32(rs[i]), rsum);
     for (int p = 0; p < t; p++)
-      if (ag[p * N + i] != ml_f32_to_bf16(val(p, i))) note(&rep, "bf16 all_gather block %d [%d]", p, i);
+      if (ag[p * N + i] != ml_f32_to_bf16(val(p, i)))
+        note(&rep, "bf16 all_gather block %d [%d]", p, i);
   }
   const ml_comm_stats *st = ml_comm_stats_of(c);
   if (st->bytes[ML_COLL_ALL_REDUCE] != 2 * N || st->bytes[ML_COLL_ALL_GATHER] != 2 * N * t ||
@@ -203,10 +207,12 @@ static void test_host(void **state) {
   int t = h->size, r = h->rank;
   double f[3] = {r + 0.5, r + 0.5, r + 0.5};
   int64_t n[3] = {r, r, (int64_t)1 << 40 | r};
-  if (ml_host_all_reduce_f64(h, f, 1, ML_RED_SUM) || ml_host_all_reduce_f64(h, f + 1, 1, ML_RED_MAX) ||
-      ml_host_all_reduce_f64(h, f + 2, 1, ML_RED_MIN) || ml_host_all_reduce_i64(h, n, 1, ML_RED_SUM) ||
-      ml_host_all_reduce_i64(h, n + 1, 1, ML_RED_MAX) || ml_host_all_reduce_i64(h, n + 2, 1, ML_RED_MIN) ||
-      ml_host_barrier(h))
+  if (ml_host_all_reduce_f64(h, f, 1, ML_RED_SUM) ||
+      ml_host_all_reduce_f64(h, f + 1, 1, ML_RED_MAX) ||
+      ml_host_all_reduce_f64(h, f + 2, 1, ML_RED_MIN) ||
+      ml_host_all_reduce_i64(h, n, 1, ML_RED_SUM) ||
+      ml_host_all_reduce_i64(h, n + 1, 1, ML_RED_MAX) ||
+      ml_host_all_reduce_i64(h, n + 2, 1, ML_RED_MIN) || ml_host_barrier(h))
     note(&rep, "%s", ml_error_msg());
   if (f[0] != t * (t - 1) / 2.0 + 0.5 * t || f[1] != t - 0.5 || f[2] != 0.5)
     note(&rep, "f64 sum/max/min %g %g %g", f[0], f[1], f[2]);
@@ -247,8 +253,10 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   ml_error_set_rank(rank);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_nonblocking_f32), cmocka_unit_test(test_reductions),
-      cmocka_unit_test(test_bf16),            cmocka_unit_test(test_bf16_rounding),
+      cmocka_unit_test(test_nonblocking_f32),
+      cmocka_unit_test(test_reductions),
+      cmocka_unit_test(test_bf16),
+      cmocka_unit_test(test_bf16_rounding),
       cmocka_unit_test(test_host),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);

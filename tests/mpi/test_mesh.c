@@ -36,9 +36,8 @@ typedef struct layout {
 
 /* The dimensions each group spans, as the layout rule says (DESIGN §2). */
 static const char *const spans[ML_GROUP_KINDS] = {
-    [ML_GROUP_WORLD] = "1111",       [ML_GROUP_DP_REPLICATE] = "1000",
-    [ML_GROUP_DP_SHARD] = "0100",    [ML_GROUP_CP] = "0010",
-    [ML_GROUP_TP] = "0001",          [ML_GROUP_DP] = "1100",
+    [ML_GROUP_WORLD] = "1111",       [ML_GROUP_DP_REPLICATE] = "1000", [ML_GROUP_DP_SHARD] = "0100",
+    [ML_GROUP_CP] = "0010",          [ML_GROUP_TP] = "0001",           [ML_GROUP_DP] = "1100",
     [ML_GROUP_DP_SHARD_CP] = "0110", [ML_GROUP_DP_CP] = "1110",
 };
 
@@ -82,8 +81,8 @@ static void expect_members(report *rep, const layout *l, ml_group g, const char 
   char a[256] = "", b[256] = "";
   for (int i = 0; i < n_got; i++) snprintf(a + strlen(a), sizeof a - strlen(a), " %d", got[i]);
   for (int i = 0; i < n_want; i++) snprintf(b + strlen(b), sizeof b - strlen(b), " %d", want[i]);
-  note(rep, "layout %dx%dx%dx%d group %s (%s): members [%s ], want [%s ]", l->size[0],
-       l->size[1], l->size[2], l->size[3], ml_group_name(g), how, a, b);
+  note(rep, "layout %dx%dx%dx%d group %s (%s): members [%s ], want [%s ]", l->size[0], l->size[1],
+       l->size[2], l->size[3], ml_group_name(g), how, a, b);
 }
 
 /* Build the mesh of layout l and check every group against the rule (and
@@ -129,12 +128,12 @@ static void check_layout(report *rep, const layout *l, const char *const *labels
     int pos = 0;
     while (pos < k && want[pos] != r) pos++;
     const char *name = ml_group_name((ml_group)g);
-    if (grp->rank != pos || grp->comm->rank != pos || grp->host->rank != pos ||
-        grp->size != k || strcmp(grp->name, name) || strcmp(grp->comm->name, name) ||
-        strcmp(grp->host->name, name) || !ml_comm_stats_of(grp->comm) ||
-        ml_mesh_comm(&m, (ml_group)g) != grp->comm || ml_mesh_host(&m, (ml_group)g) != grp->host)
-      note(rep, "group %s on rank %d: rank %d/%d/%d of %d named '%s'/'%s'; want rank %d of %d", name,
-           r, grp->rank, grp->comm->rank, grp->host->rank, grp->size, grp->comm->name,
+    if (grp->rank != pos || grp->comm->rank != pos || grp->host->rank != pos || grp->size != k ||
+        strcmp(grp->name, name) || strcmp(grp->comm->name, name) || strcmp(grp->host->name, name) ||
+        !ml_comm_stats_of(grp->comm) || ml_mesh_comm(&m, (ml_group)g) != grp->comm ||
+        ml_mesh_host(&m, (ml_group)g) != grp->host)
+      note(rep, "group %s on rank %d: rank %d/%d/%d of %d named '%s'/'%s'; want rank %d of %d",
+           name, r, grp->rank, grp->comm->rank, grp->host->rank, grp->size, grp->comm->name,
            grp->host->name, pos, k);
   }
   if (m.world != m.groups[ML_GROUP_WORLD].comm || m.tp_comm != m.groups[ML_GROUP_TP].comm ||
@@ -200,8 +199,8 @@ static int logging_factory(void *ctx, MPI_Comm group, const char *name, ml_comm 
   log->calls++;
   if (log->fail_on && !strcmp(name, log->fail_on))
     return ml_err("no device communicator for group '%s'", name);
-  return ml_comm_mpi_make(NULL, log->wrong_on && !strcmp(name, log->wrong_on) ? MPI_COMM_SELF : group,
-                          name, out);
+  return ml_comm_mpi_make(
+      NULL, log->wrong_on && !strcmp(name, log->wrong_on) ? MPI_COMM_SELF : group, name, out);
 }
 
 static void test_factory(void **state) {
@@ -216,10 +215,12 @@ static void test_factory(void **state) {
   } else {
     ml_mesh_destroy(&m);
   }
-  if (log.calls != ML_GROUP_KINDS) note(&rep, "factory called %d times, want %d", log.calls, ML_GROUP_KINDS);
+  if (log.calls != ML_GROUP_KINDS)
+    note(&rep, "factory called %d times, want %d", log.calls, ML_GROUP_KINDS);
   for (int g = 0; g < ML_GROUP_KINDS && g < log.calls; g++)
     if (strcmp(log.names[g], ml_group_name((ml_group)g)))
-      note(&rep, "factory call %d for '%s', want '%s'", g, log.names[g], ml_group_name((ml_group)g));
+      note(&rep, "factory call %d for '%s', want '%s'", g, log.names[g],
+           ml_group_name((ml_group)g));
   /* a failing factory: the mesh fails with its message and is left empty */
   factory_log failing = {.fail_on = "cp"};
   ml_error_clear();
@@ -232,7 +233,8 @@ static void test_factory(void **state) {
     factory_log wrong = {.wrong_on = "dp_shard"};
     ml_error_clear();
     if (ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, 1, logging_factory, &wrong, &m) == 0 ||
-        !strstr(ml_error_msg(), "mesh group 'dp_shard'") || !strstr(ml_error_msg(), "expected rank"))
+        !strstr(ml_error_msg(), "mesh group 'dp_shard'") ||
+        !strstr(ml_error_msg(), "expected rank"))
       note(&rep, "wrong-size comm: '%s'", ml_error_msg());
   }
   ml_error_clear();
@@ -260,8 +262,10 @@ static void test_bad_sizes(void **state) {
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_every_layout), cmocka_unit_test(test_written_out),
-      cmocka_unit_test(test_factory),      cmocka_unit_test(test_bad_sizes),
+      cmocka_unit_test(test_every_layout),
+      cmocka_unit_test(test_written_out),
+      cmocka_unit_test(test_factory),
+      cmocka_unit_test(test_bad_sizes),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   int any = 0;

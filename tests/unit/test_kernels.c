@@ -1052,7 +1052,7 @@ static void test_embedding(void **state) {
     for (int h = 0; h < H; h++)
       bdW[r * H + h] = tol_vs_double(count[r] + 2.0, count[r] + 1.0) * (1.0 + bdW[r * H + h]);
   memset(out, 0x7f, sizeof out);  // out-of-range rows must be written as 0
-  k_embedding_fwd(ids, T, W, ROW0, ROWS, H, scale, out);
+  k_embedding_fwd(ids, T, W, 0, ROW0, ROWS, H, scale, out);
   expect_within("embedding fwd", out, ref, bout, T * H);
   k_embedding_bwd(ids, T, dout, ROW0, ROWS, H, scale, dW);
   double *r1 = shifted(rdW, 1.0, ROWS * H);

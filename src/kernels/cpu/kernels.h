@@ -70,12 +70,10 @@ void k_glu_bwd(const float *dh, const float *g, const float *u, float *dg, float
 
 /* ---- Embedding (vocab-parallel lookup: Megatron VocabParallelEmbedding) */
 /* out[t] = scale · W[ids[t] − row0] if row0 <= ids[t] < row0 + rows, else 0.
- * W: [rows, H] (the rows this rank holds); out: [T, H]. */
-void k_embedding_fwd(const int32_t *ids, int64_t T, const float *W, int64_t row0, int64_t rows,
-                     int64_t H, float scale, float *out);
-/* The same lookup from a bf16 W (widened exactly, scaled in fp32). */
-void k_embedding_fwd_bf16(const int32_t *ids, int64_t T, const uint16_t *W, int64_t row0,
-                          int64_t rows, int64_t H, float scale, float *out);
+ * W: [rows, H] (the rows this rank holds), fp32, or bf16 when w_bf16
+ * (widened exactly, scaled in fp32); out: [T, H]. */
+void k_embedding_fwd(const int32_t *ids, int64_t T, const void *W, int w_bf16, int64_t row0,
+                     int64_t rows, int64_t H, float scale, float *out);
 /* dW[ids[t] − row0] (+=) scale · dout[t] for ids in range. */
 void k_embedding_bwd(const int32_t *ids, int64_t T, const float *dout, int64_t row0, int64_t rows,
                      int64_t H, float scale, float *dW);

@@ -42,6 +42,26 @@ static double mean_abs_diff(const double *a, const double *b, int64_t n) {
   return n ? s / (double)n : 0;
 }
 
+/* A run against a reference run on the same fixture batch: one training
+ * step of each (loss, gradients), then the log-probs of the fixture. */
+typedef struct diff {
+  double loss_ref, loss_rel, logprob_mean_abs, grad_rel;
+  bool grads_exact;
+} diff;
+
+static diff compare(run *r, run *ref, const fixture *fx, const batch *bt) {
+  diff d;
+  double l = step_rows(r, bt);
+  d.loss_ref = step_rows(ref, bt);
+  d.loss_rel = fabs(l - d.loss_ref) / fabs(d.loss_ref);
+  d.grad_rel = worst_rel(r, ref, ML_EXPORT_GRADS, &d.grads_exact);
+  double *lp = logprobs(r, fx), *lp_ref = logprobs(ref, fx);
+  d.logprob_mean_abs = mean_abs_diff(lp, lp_ref, fx->B * (fx->S - 1));
+  free(lp_ref);
+  free(lp);
+  return d;
+}
+
 static ml_engine_opts bf16_opts(void) {
   ml_engine_opts o = ml_engine_opts_default();
   o.fsdp.param_dtype = ML_BF16;
@@ -58,24 +78,18 @@ static void test_vs_fp32(void **state) {
   static run f32, b16;
   run_open(&f32, MPI_COMM_SELF, 1, 1, NULL, fx.dir);
   run_open(&b16, MPI_COMM_SELF, 1, 1, &o16, fx.dir);
-  double l32 = step_rows(&f32, &bt), l16 = step_rows(&b16, &bt);
-  bool exact;
-  double g = worst_rel(&b16, &f32, ML_EXPORT_GRADS, &exact);
-  double *lp32 = logprobs(&f32, &fx), *lp16 = logprobs(&b16, &fx);
-  int64_t n = fx.B * (fx.S - 1);
-  double lrel = fabs(l16 - l32) / fabs(l32), lp = mean_abs_diff(lp16, lp32, n);
+  diff d = compare(&b16, &f32, &fx, &bt);
   tol_model tm = tol_model_of(&f32, bt.S, bt.B * bt.S);
   double tg = tol_bf16(&tm, TOL_GRADS, 0, 0), expect = tol_bf16_expected(&tm);
   if (rank0())
     printf("%s bf16 vs fp32: loss rel %.3g (limit %g), log-probs mean |diff| %.3g nats (limit "
            "%g; expected ~%.3g x |log-prob| %.3g), worst grad rel L2 %.3g (bound %.3g)\n",
-           g_fixture, lrel, TOL_BF16_LOSS_LIMIT, lp, TOL_BF16_LOGPROB_LIMIT, expect, l32, g, tg);
-  assert_true(lrel <= TOL_BF16_LOSS_LIMIT);
-  assert_true(lp <= TOL_BF16_LOGPROB_LIMIT);
-  assert_true(g <= tg);
-  assert_true(lrel > 0 && !exact); /* the rounding did happen */
-  free(lp16);
-  free(lp32);
+           g_fixture, d.loss_rel, TOL_BF16_LOSS_LIMIT, d.logprob_mean_abs, TOL_BF16_LOGPROB_LIMIT,
+           expect, d.loss_ref, d.grad_rel, tg);
+  assert_true(d.loss_rel <= TOL_BF16_LOSS_LIMIT);
+  assert_true(d.logprob_mean_abs <= TOL_BF16_LOGPROB_LIMIT);
+  assert_true(d.grad_rel <= tg);
+  assert_true(d.loss_rel > 0 && !d.grads_exact); /* the rounding did happen */
   run_close(&b16);
   run_close(&f32);
   batch_free(&bt);
@@ -92,26 +106,19 @@ static void test_mesh_parity(void **state) {
   static run one, mesh;
   run_open(&one, MPI_COMM_SELF, 1, 1, &o16, fx.dir);
   run_open(&mesh, MPI_COMM_WORLD, 1, 2, &o16, fx.dir);
-  double l1 = step_rows(&one, &bt), lm = step_rows(&mesh, &bt);
-  bool exact;
-  double g = worst_rel(&mesh, &one, ML_EXPORT_GRADS, &exact);
-  double *lp1 = logprobs(&one, &fx), *lpm = logprobs(&mesh, &fx);
-  int64_t n = fx.B * (fx.S - 1);
-  double lrel = fabs(lm - l1) / fabs(l1), lp = mean_abs_diff(lpm, lp1, n);
+  diff d = compare(&mesh, &one, &fx, &bt);
   tol_model tm = tol_model_of(&one, bt.S, bt.B * bt.S);
   double tl = tol_bf16_pair(&tm, TOL_LOSS), tg = tol_bf16_pair(&tm, TOL_GRADS);
   /* log-probs: each token's relative error within the loss bound, and
    * |log-prob| averages to the loss, so the mean |Δ| is within tl·loss */
-  double tlp = tl * fabs(l1);
+  double tlp = tl * fabs(d.loss_ref);
   if (rank0())
     printf("%s bf16 dp2 x tp2 vs 1 rank: loss rel %.3g (bound %.3g), log-probs mean |diff| %.3g "
            "(bound %.3g), worst grad rel L2 %.3g (bound %.3g)\n",
-           g_fixture, lrel, tl, lp, tlp, g, tg);
-  assert_true(lrel <= tl);
-  assert_true(lp <= tlp);
-  assert_true(g <= tg);
-  free(lpm);
-  free(lp1);
+           g_fixture, d.loss_rel, tl, d.logprob_mean_abs, tlp, d.grad_rel, tg);
+  assert_true(d.loss_rel <= tl);
+  assert_true(d.logprob_mean_abs <= tlp);
+  assert_true(d.grad_rel <= tg);
   run_close(&mesh);
   run_close(&one);
   batch_free(&bt);

@@ -16,7 +16,9 @@
 
 #include <cmocka.h>  // after the headers it needs
 
+#include "common/status.h"
 #include "kernels/cpu/kernels.h"
+#include "model/linear.h"
 #include "tolerance.h"
 
 /* ---- helpers ------------------------------------------------------------ */
@@ -170,12 +172,69 @@ static void fd_fwd_loss(void *c, double *L, double *A, double *S) {
   free(y), free(ya);
 }
 
-/* ---- linear -------------------------------------------------------------- */
+/* ---- linear: model/linear.c's GEMMs on the CPU backend -------------------- */
 
 typedef struct linear_ctx {
   float *x, *W, *b;
   int64_t T, in, out;
 } linear_ctx;
+
+static ml_backend *cpu_backend(void) {
+  static ml_backend *be;
+  if (!be && ml_backend_get("cpu", &be)) fail_msg("cpu backend: %s", ml_error_msg());
+  return be;
+}
+
+/* The nn.Linear of l with W (and b) held in `dtype` (F32, or BF16: the
+ * GEMMs then run on bf16 operands), its grads in dW, db; *store keeps the
+ * bf16 copies (free after use). */
+typedef struct linear_mod {
+  ml_param w, b;
+  ml_linear lin;
+  uint16_t *store;
+} linear_mod;
+
+static void linear_mod_make(const linear_ctx *l, ml_dtype dtype, float *dW, float *db,
+                            linear_mod *m) {
+  memset(m, 0, sizeof *m);
+  m->w = (ml_param){.ndim = 2, .shape = {l->out, l->in}, .local = {l->out, l->in},
+                    .data = l->W, .dtype = dtype, .grad = dW};
+  m->b = (ml_param){.ndim = 1, .shape = {l->out, 1}, .local = {l->out, 1}, .data = l->b,
+                    .dtype = dtype, .grad = db};
+  if (dtype == ML_BF16) {
+    m->store = malloc(sizeof(uint16_t) * (size_t)(l->out * (l->in + 1)));
+    ml_convert_from_f32(ML_BF16, l->W, m->store, (size_t)(l->out * l->in));
+    m->w.data = m->store;
+    if (l->b) ml_convert_from_f32(ML_BF16, l->b, m->store + l->out * l->in, (size_t)l->out);
+    m->b.data = m->store + l->out * l->in;
+  }
+  m->lin = (ml_linear){.weight = &m->w, .bias = l->b ? &m->b : NULL, .bias_in_forward = true};
+  snprintf(m->w.name, sizeof m->w.name, "test.weight");
+}
+
+static void linear_fwd(const linear_ctx *l, ml_dtype dtype, float *y) {
+  linear_mod m;
+  linear_mod_make(l, dtype, NULL, NULL, &m);
+  ml_act x = {l->x, 1, l->T, l->T, l->in, l->in}, yv;
+  if (ml_linear_forward(cpu_backend(), &m.lin, &x, y, &yv)) fail_msg("linear: %s", ml_error_msg());
+  free(m.store);
+}
+
+/* dx (= or += when dx_acc; NULL: skipped), dW and db (+=; db NULL: no bias). */
+static void linear_bwd(const linear_ctx *l, ml_dtype dtype, const float *dy, float *dx, int dx_acc,
+                       float *dW, float *db) {
+  linear_ctx c = *l;
+  if (!db) c.b = NULL;
+  linear_mod m;
+  linear_mod_make(&c, dtype, dW, db, &m);
+  float *g = malloc(sizeof(float) * (size_t)(l->T * l->out));
+  memcpy(g, dy, sizeof(float) * (size_t)(l->T * l->out)); /* the output edge may clobber it */
+  ml_act x = {l->x, 1, l->T, l->T, l->in, l->in}, gv = {g, 1, l->T, l->T, l->out, l->out};
+  if (ml_linear_backward(cpu_backend(), &m.lin, &gv, &x, dx, dx_acc))
+    fail_msg("linear backward: %s", ml_error_msg());
+  free(g);
+  free(m.store);
+}
 
 // y: [T, out] = x·W^T + b in double, ya = |b| + |x|·|W|^T
 static void linear_ref(void *c, double *y, double *ya) {
@@ -201,7 +260,7 @@ static void test_linear_fwd(void **state) {
   for (int with_bias = 0; with_bias < 2; with_bias++) {
     linear_ctx c = l;
     c.b = with_bias ? l.b : NULL;
-    k_linear_fwd(c.x, c.W, c.b, y, T, in, out);
+    linear_fwd(&c, ML_F32, y);
     linear_ref(&c, ref, abs);
     /* a dot product of length in, + the bias (R2) */
     expect_acc(with_bias ? "linear fwd (bias)" : "linear fwd", y, ref, abs, 0.0,
@@ -235,12 +294,12 @@ static void test_linear_bwd(void **state) {
   double tdx = tol_vs_double((double)out + 1, (double)out),
          tdW = tol_vs_double((double)T + 1, (double)T);
   double tdb = tol_vs_double(TOL_K_LINEAR_DB, (double)T + 1);
-  k_linear_bwd(dy, l.x, l.W, dx, 1, dW, db, T, in, out);
+  linear_bwd(&l, ML_F32, dy, dx, 1, dW, db);
   expect_acc("linear bwd dx (+=)", dx, rdx, adx, 0.25, tdx, T * in);
   expect_acc("linear bwd dW (+=)", dW, rdW, adW, 0.5, tdW, out * in);
   expect_acc("linear bwd db (+=)", db, rdb, adb, -0.5, tdb, out);
   // dx overwritten, dW accumulates a second time, db skipped
-  k_linear_bwd(dy, l.x, l.W, dx, 0, dW, NULL, T, in, out);
+  linear_bwd(&l, ML_F32, dy, dx, 0, dW, NULL);
   expect_acc("linear bwd dx (=)", dx, rdx, adx, 0.0, tol_vs_double((double)out, (double)out),
              T * in);
   for (int64_t i = 0; i < out * in; i++) rdW[i] *= 2.0, adW[i] *= 2.0;
@@ -249,10 +308,10 @@ static void test_linear_bwd(void **state) {
              out * in);
   expect_acc("linear bwd db untouched", db, rdb, adb, -0.5, tdb, out);
   for (int64_t i = 0; i < out * in; i++) rdW[i] /= 2.0, adW[i] /= 2.0;
-  k_linear_bwd(dy, l.x, l.W, NULL, 0, dW, NULL, T, in, out);  // dx skipped
+  linear_bwd(&l, ML_F32, dy, NULL, 0, dW, NULL);  // dx skipped
   memset(dW, 0, (size_t)(out * in) * sizeof(float));
   memset(db, 0, (size_t)out * sizeof(float));
-  k_linear_bwd(dy, l.x, l.W, dx, 0, dW, db, T, in, out);
+  linear_bwd(&l, ML_F32, dy, dx, 0, dW, db);
   /* L is linear in x, W and b: no Taylor remainder */
   fd_fwd fw = {linear_ref, &l, dy, T * out};
   fd_spec f = {fd_fwd_loss, NULL, NULL, (double)in + 1, (double)(T * out), &fw, NULL};
@@ -265,6 +324,56 @@ static void test_linear_bwd(void **state) {
   free(gdx), free(gdW), free(gdb);
   free(l.x), free(l.W), free(l.b), free(dy), free(dx), free(dW), free(db);
   free(rdx), free(rdW), free(rdb), free(adx), free(adW), free(adb);
+}
+
+/* bf16 GEMMs (autocast): every operand rounded to bf16, products exact in
+ * fp32 (8-bit significands), sums in fp32 — so against the double
+ * reference on the rounded operands the bound is section 1's fp32 dot
+ * product, and the rounding itself shows against the unrounded one. */
+static float *bf16_rounded(const float *x, int64_t n) {
+  float *r = malloc(sizeof(float) * (size_t)n);
+  for (int64_t i = 0; i < n; i++) r[i] = ml_bf16_to_f32(ml_f32_to_bf16(x[i]));
+  return r;
+}
+
+static void test_linear_bf16(void **state) {
+  (void)state;
+  int64_t T = 7, in = 13, out = 9;
+  linear_ctx l = {rand_buf(T * in, 1), rand_buf(out * in, 1), rand_buf(out, 1), T, in, out};
+  linear_ctx r = {bf16_rounded(l.x, T * in), bf16_rounded(l.W, out * in), bf16_rounded(l.b, out),
+                  T, in, out};
+  float *y = malloc(sizeof(float) * (size_t)(T * out));
+  double *ref = dzeros(T * out), *abs = dzeros(T * out);
+  linear_fwd(&l, ML_BF16, y);
+  linear_ref(&r, ref, abs);
+  expect_acc("linear fwd bf16 (bias)", y, ref, abs, 0.0, tol_vs_double((double)in + 1, in + 1.0),
+             T * out);
+  /* backward: dy rounded for both GEMMs; db sums the fp32 dy */
+  float *dy = rand_buf(T * out, 1), *dyr = bf16_rounded(dy, T * out);
+  float *dx = const_buf(T * in, 0.0f), *dW = const_buf(out * in, 0.0f), *db = const_buf(out, 0.0f);
+  double *rdx = dzeros(T * in), *adx = dzeros(T * in), *rdW = dzeros(out * in),
+         *adW = dzeros(out * in);
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t o = 0; o < out; o++)
+      for (int64_t i = 0; i < in; i++) {
+        double g = dyr[t * out + o];
+        rdx[t * in + i] += g * r.W[o * in + i];
+        adx[t * in + i] += fabs(g * r.W[o * in + i]);
+        rdW[o * in + i] += g * r.x[t * in + i];
+        adW[o * in + i] += fabs(g * r.x[t * in + i]);
+      }
+  linear_bwd(&l, ML_BF16, dy, dx, 0, dW, db);
+  expect_acc("linear bwd bf16 dx", dx, rdx, adx, 0.0, tol_vs_double((double)out, (double)out),
+             T * in);
+  expect_acc("linear bwd bf16 dW (+= 0)", dW, rdW, adW, 0.0, tol_vs_double(T + 1.0, (double)T),
+             out * in);
+  /* the rounding happened: the fp32 GEMM on the unrounded operands differs */
+  float *y32 = malloc(sizeof(float) * (size_t)(T * out));
+  linear_fwd(&l, ML_F32, y32);
+  assert_true(memcmp(y, y32, sizeof(float) * (size_t)(T * out)) != 0);
+  free(y32), free(y), free(ref), free(abs), free(dy), free(dyr), free(dx), free(dW), free(db);
+  free(rdx), free(adx), free(rdW), free(adW);
+  free(l.x), free(l.W), free(l.b), free(r.x), free(r.W), free(r.b);
 }
 
 /* ---- rmsnorm --------------------------------------------------------------- */
@@ -943,7 +1052,7 @@ static void test_embedding(void **state) {
     for (int h = 0; h < H; h++)
       bdW[r * H + h] = tol_vs_double(count[r] + 2.0, count[r] + 1.0) * (1.0 + bdW[r * H + h]);
   memset(out, 0x7f, sizeof out);  // out-of-range rows must be written as 0
-  k_embedding_fwd(ids, T, W, ROW0, ROWS, H, scale, out);
+  k_embedding_fwd(ids, T, W, 0, ROW0, ROWS, H, scale, out);
   expect_within("embedding fwd", out, ref, bout, T * H);
   k_embedding_bwd(ids, T, dout, ROW0, ROWS, H, scale, dW);
   double *r1 = shifted(rdW, 1.0, ROWS * H);
@@ -1107,6 +1216,7 @@ static void test_adamw(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_linear_fwd),    cmocka_unit_test(test_linear_bwd),
+      cmocka_unit_test(test_linear_bf16),
       cmocka_unit_test(test_rmsnorm_fwd),   cmocka_unit_test(test_rmsnorm_bwd),
       cmocka_unit_test(test_rope_inv_freq), cmocka_unit_test(test_rope_tables),
       cmocka_unit_test(test_rope_apply),    cmocka_unit_test(test_attention_fwd),

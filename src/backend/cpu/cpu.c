@@ -170,9 +170,9 @@ static int cpu_glu_bwd(ml_backend *be, const float *dh, const float *g, const fl
 static int cpu_embedding_fwd(ml_backend *be, const int32_t *ids, int64_t T, const void *W,
                              ml_dtype w_type, int64_t row0, int64_t rows, int64_t H, float scale,
                              float *out) {
-  if (w_type == ML_BF16) k_embedding_fwd_bf16(ids, T, W, row0, rows, H, scale, out);
-  else if (w_type == ML_F32) k_embedding_fwd(ids, T, W, row0, rows, H, scale, out);
-  else return ml_err("embedding: a %s weight; expected F32 or BF16", ml_dtype_name(w_type));
+  if (w_type != ML_F32 && w_type != ML_BF16)
+    return ml_err("embedding: a %s weight; expected F32 or BF16", ml_dtype_name(w_type));
+  k_embedding_fwd(ids, T, W, w_type == ML_BF16, row0, rows, H, scale, out);
   return 0;
 }
 

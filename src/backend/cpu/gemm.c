@@ -31,6 +31,7 @@ typedef struct entry {
 
 struct ml_cpu_gemm {
   ml_backend *be; /* its pool serves the conversion scratch */
+  bool bf16_native; /* oneDNN has a bf16 matmul for this CPU (else emulated, see operand) */
   dnnl_engine_t eng;
   dnnl_stream_t stream;
   entry cache[CACHE];
@@ -45,6 +46,22 @@ static int dnnl_check(dnnl_status_t s, const char *what, const key *k) {
                 k->tb ? ", B transposed" : "");
 }
 
+/* Whether oneDNN implements a bf16 matmul on this CPU (AVX512-BF16, AMX,
+ * or its avx512_core emulation; not on AVX2-only CPUs, nor under
+ * ONEDNN_MAX_CPU_ISA=AVX2). */
+static bool probe_bf16(ml_cpu_gemm *g) {
+  dnnl_memory_desc_t a, c;
+  dnnl_dims_t d = {16, 16};
+  dnnl_matmul_desc_t md;
+  dnnl_primitive_desc_t pd = NULL;
+  bool ok = dnnl_memory_desc_init_by_tag(&a, 2, d, dnnl_bf16, dnnl_ab) == dnnl_success &&
+            dnnl_memory_desc_init_by_tag(&c, 2, d, dnnl_f32, dnnl_ab) == dnnl_success &&
+            dnnl_matmul_desc_init(&md, &a, &a, NULL, &c) == dnnl_success &&
+            dnnl_primitive_desc_create(&pd, &md, NULL, g->eng, NULL) == dnnl_success;
+  if (pd) dnnl_primitive_desc_destroy(pd);
+  return ok;
+}
+
 int ml_cpu_gemm_create(ml_backend *pool_be, ml_cpu_gemm **out) {
   ml_cpu_gemm *g = ml_calloc(1, sizeof *g, "the oneDNN GEMM state");
   if (!g) return -1;
@@ -56,6 +73,7 @@ int ml_cpu_gemm_create(ml_backend *pool_be, ml_cpu_gemm **out) {
     ml_cpu_gemm_destroy(g);
     return -1;
   }
+  g->bf16_native = probe_bf16(g);
   *out = g;
   return 0;
 }
@@ -150,28 +168,43 @@ static entry *lookup(ml_cpu_gemm *g, const key *k) {
   return victim;
 }
 
-/* src [rows, cols] of stride ld (fp32) → dst [rows, cols] contiguous bf16. */
-static void to_bf16(const float *src, int64_t rows, int64_t cols, int64_t ld, uint16_t *dst) {
+/* src [rows, cols] of stride ld (`type`) → dst [rows, cols] contiguous:
+ * bf16 (fp32 sources rounded), or, to emulate a bf16 GEMM where the CPU
+ * has none, fp32 holding the bf16 values (rounded, then widened exactly). */
+static void to_compute(const void *src, ml_dtype type, int64_t rows, int64_t cols, int64_t ld,
+                       void *dst, bool emulate) {
 #pragma omp parallel for
-  for (int64_t r = 0; r < rows; r++) ml_convert_from_f32(ML_BF16, src + r * ld, dst + r * cols,
-                                                         (size_t)cols);
+  for (int64_t r = 0; r < rows; r++) {
+    if (type == ML_BF16) { /* emulation: widen */
+      ml_convert_to_f32(ML_BF16, (const uint16_t *)src + r * ld, (float *)dst + r * cols,
+                        (size_t)cols);
+    } else if (emulate) {
+      float *d = (float *)dst + r * cols;
+      const float *x = (const float *)src + r * ld;
+      for (int64_t c = 0; c < cols; c++) d[c] = ml_bf16_to_f32(ml_f32_to_bf16(x[c]));
+    } else {
+      ml_convert_from_f32(ML_BF16, (const float *)src + r * ld, (uint16_t *)dst + r * cols,
+                          (size_t)cols);
+    }
+  }
 }
 
 /* The operand as the GEMM's compute dtype wants it: as it is, or rounded
- * into pool scratch (*scratch, freed by the caller) with its new stride. */
+ * (emulated bf16: rounded and widened) into pool scratch (*scratch, freed
+ * by the caller) with its new stride. */
 static int operand(ml_cpu_gemm *g, const void *p, ml_dtype type, ml_dtype compute, int64_t rows,
                    int64_t cols, int64_t *ld, const void **out, void **scratch) {
   *out = p;
-  if (type == compute) return 0;
+  bool emulate = compute == ML_BF16 && !g->bf16_native;
+  if (type == compute && !emulate) return 0;
   if (compute == ML_F32)
     return ml_err("GEMM: a %s operand in an fp32 GEMM; expected fp32 operands (or compute bf16)",
                   ml_dtype_name(type));
   /* stored [rows, cols] with stride ld */
-  uint16_t *s = ml_be_alloc(g->be, (int64_t)rows * cols, sizeof(uint16_t),
-                            "a bf16 GEMM operand [%lld x %lld]", (long long)rows,
-                            (long long)cols);
+  void *s = ml_be_alloc(g->be, (int64_t)rows * cols, emulate ? sizeof(float) : sizeof(uint16_t),
+                        "a bf16 GEMM operand [%lld x %lld]", (long long)rows, (long long)cols);
   if (!s) return -1;
-  to_bf16(p, rows, cols, *ld, s);
+  to_compute(p, type, rows, cols, *ld, s, emulate);
   *ld = cols;
   *out = s;
   *scratch = s;
@@ -204,7 +237,7 @@ int ml_cpu_gemm_run(ml_cpu_gemm *g, const ml_gemm *a) {
   memset(&k, 0, sizeof k); /* the cache compares keys bytewise, padding included */
   k.M = a->M, k.N = a->N, k.K = a->K, k.lda = a->lda, k.ldb = a->ldb, k.ldc = a->ldc;
   k.ta = a->trans_a, k.tb = a->trans_b, k.accumulate = a->accumulate, k.bias = !!a->bias;
-  k.dt = a->compute == ML_BF16 ? dnnl_bf16 : dnnl_f32;
+  k.dt = a->compute == ML_BF16 && g->bf16_native ? dnnl_bf16 : dnnl_f32;
   const void *A, *B;
   void *sa = NULL, *sb = NULL;
   float *bias = NULL;

@@ -10,9 +10,10 @@ static inline int in_range(int32_t id, int64_t row0, int64_t rows) {
   return id >= row0 && id < row0 + rows;
 }
 
-// out: [T, H] = scale · W: [rows, H] at ids[t] − row0, or 0 when out of range
-void k_embedding_fwd(const int32_t *ids, int64_t T, const float *W, int64_t row0, int64_t rows,
-                     int64_t H, float scale, float *out) {
+// out: [T, H] = scale · W: [rows, H] at ids[t] − row0, or 0 when out of range;
+// W fp32, or bf16 (widened exactly) when w_bf16
+void k_embedding_fwd(const int32_t *ids, int64_t T, const void *W, int w_bf16, int64_t row0,
+                     int64_t rows, int64_t H, float scale, float *out) {
 #pragma omp parallel for
   for (int64_t t = 0; t < T; t++) {
     float *o = out + t * H;
@@ -20,23 +21,14 @@ void k_embedding_fwd(const int32_t *ids, int64_t T, const float *W, int64_t row0
       memset(o, 0, (size_t)H * sizeof(float));
       continue;
     }
-    const float *wr = W + (ids[t] - row0) * H;
-    for (int64_t h = 0; h < H; h++) o[h] = scale * wr[h];
-  }
-}
-
-// the same with W in bf16 (mixed precision: widened exactly, then scaled in fp32)
-void k_embedding_fwd_bf16(const int32_t *ids, int64_t T, const uint16_t *W, int64_t row0,
-                          int64_t rows, int64_t H, float scale, float *out) {
-#pragma omp parallel for
-  for (int64_t t = 0; t < T; t++) {
-    float *o = out + t * H;
-    if (!in_range(ids[t], row0, rows)) {
-      memset(o, 0, (size_t)H * sizeof(float));
-      continue;
+    int64_t r = (ids[t] - row0) * H;
+    if (w_bf16) {
+      const uint16_t *wr = (const uint16_t *)W + r;
+      for (int64_t h = 0; h < H; h++) o[h] = scale * ml_bf16_to_f32(wr[h]);
+    } else {
+      const float *wr = (const float *)W + r;
+      for (int64_t h = 0; h < H; h++) o[h] = scale * wr[h];
     }
-    const uint16_t *wr = W + (ids[t] - row0) * H;
-    for (int64_t h = 0; h < H; h++) o[h] = scale * ml_bf16_to_f32(wr[h]);
   }
 }
 

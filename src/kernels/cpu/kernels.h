@@ -1,5 +1,7 @@
 /* CPU kernels: the arithmetic of every decoder module as forward/backward
- * pairs, fp32, OpenBLAS sgemm for matrix products and OpenMP for the rest.
+ * pairs, fp32, with OpenMP (and OpenBLAS sgemm inside attention). The
+ * linear layers' GEMMs are the CPU backend's (backend/cpu/gemm.c, oneDNN);
+ * only the CPU backend includes this header.
  *
  * Conventions: activations are row-major [T, D] with T = B*S tokens, the S
  * tokens of one sequence in consecutive rows. "dX (=)" means the kernel
@@ -12,15 +14,6 @@
 #include <stdint.h>
 
 #include "backend/types.h"
-
-/* ---- Linear (torch.nn.functional.linear) ------------------------------- */
-/* y[T, out] = x[T, in] · W[out, in]^T (+ b[out] when b != NULL). */
-void k_linear_fwd(const float *x, const float *W, const float *b, float *y, int64_t T,
-                  int64_t in, int64_t out);
-/* dx[T, in] (= or += when dx_accumulate) dy[T, out] · W; skipped if dx NULL.
- * dW[out, in] (+=) dy^T · x.  db[out] (+=) sum_t dy[t]; skipped if db NULL. */
-void k_linear_bwd(const float *dy, const float *x, const float *W, float *dx, int dx_accumulate,
-                  float *dW, float *db, int64_t T, int64_t in, int64_t out);
 
 /* ---- RMSNorm (HF LlamaRMSNorm; Gemma3RMSNorm when w_offset = 1) -------- */
 /* rstd[t] = 1/sqrt(mean_h x[t,h]^2 + eps); y[t,h] = x[t,h]·rstd[t]·(w_offset + w[h]).
@@ -77,12 +70,10 @@ void k_glu_bwd(const float *dh, const float *g, const float *u, float *dg, float
 
 /* ---- Embedding (vocab-parallel lookup: Megatron VocabParallelEmbedding) */
 /* out[t] = scale · W[ids[t] − row0] if row0 <= ids[t] < row0 + rows, else 0.
- * W: [rows, H] (the rows this rank holds); out: [T, H]. */
-void k_embedding_fwd(const int32_t *ids, int64_t T, const float *W, int64_t row0, int64_t rows,
-                     int64_t H, float scale, float *out);
-/* The same lookup from a bf16 W (widened exactly, scaled in fp32). */
-void k_embedding_fwd_bf16(const int32_t *ids, int64_t T, const uint16_t *W, int64_t row0,
-                          int64_t rows, int64_t H, float scale, float *out);
+ * W: [rows, H] (the rows this rank holds), fp32, or bf16 when w_bf16
+ * (widened exactly, scaled in fp32); out: [T, H]. */
+void k_embedding_fwd(const int32_t *ids, int64_t T, const void *W, int w_bf16, int64_t row0,
+                     int64_t rows, int64_t H, float scale, float *out);
 /* dW[ids[t] − row0] (+=) scale · dout[t] for ids in range. */
 void k_embedding_bwd(const int32_t *ids, int64_t T, const float *dout, int64_t row0, int64_t rows,
                      int64_t H, float scale, float *dW);

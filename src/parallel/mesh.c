@@ -99,11 +99,6 @@ int ml_mesh_create(MPI_Comm base, int dp_replicate, int dp_shard, int cp, int tp
       return -1;
     }
   }
-  out->world = out->groups[ML_GROUP_WORLD].comm;
-  out->tp_comm = out->groups[ML_GROUP_TP].comm;
-  out->dp_shard_comm = out->groups[ML_GROUP_DP_SHARD].comm;
-  out->dp_replicate_comm = out->groups[ML_GROUP_DP_REPLICATE].comm;
-  out->dp_comm = out->groups[ML_GROUP_DP].comm;
   return 0;
 }
 

@@ -66,13 +66,6 @@ typedef struct ml_mesh {
   int dp_replicate, dp_shard, cp, tp; /* sizes */
   int dp_replicate_rank, dp_shard_rank, cp_rank, tp_rank;
   ml_mesh_group groups[ML_GROUP_KINDS];
-  /* Aliases of groups[g].comm kept for code written before the table;
-   * new code uses ml_mesh_comm / ml_mesh_host. */
-  ml_comm *world;             /* ML_GROUP_WORLD */
-  ml_comm *tp_comm;           /* ML_GROUP_TP */
-  ml_comm *dp_shard_comm;     /* ML_GROUP_DP_SHARD (FSDP's group while cp = 1) */
-  ml_comm *dp_replicate_comm; /* ML_GROUP_DP_REPLICATE */
-  ml_comm *dp_comm;           /* ML_GROUP_DP */
 } ml_mesh;
 
 /* Build the mesh over the ranks of `base` (its size is the world size).

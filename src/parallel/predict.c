@@ -295,10 +295,7 @@ int ml_predict_step(const ml_model *m, const ml_tp *tp, int dp_replicate, int dp
   predict_loss(tp, out);
   ML_TRY(predict_units(m, tp, out));
   out->mem.tp_scratch = ml_mul_sat(out->mem.tp_scratch, 4);
-  if (dp_replicate * dp_shard > 1)
-    item(out, "loss all-reduce (reported mean)", ML_GROUP_DP, ML_COLL_ALL_REDUCE, 1, 8);
-  if (out->world > 1)
-    item(out, "grad-norm all-reduce", ML_GROUP_WORLD, ML_COLL_ALL_REDUCE, 1, 8);
+  /* the reported loss and the grad norm travel on the host channel (comm/host.h), not here */
   predict_activations(m, tp, out);
   ml_predict_memory *mem = &out->mem;
   int64_t parts_mem[] = {mem->params,     mem->grads,      mem->adamw,       mem->unsharded_peak,

@@ -60,12 +60,13 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   e->model.ac = opts->ac;
   ML_TRY(ml_plan_select(&e->model, model_dir, opts->parallel_plan, opts->sequence_parallel,
                         &e->plan));
-  ML_TRY(ml_tp_apply(&e->tp, &e->plan, &e->model, mesh->tp_comm));
+  ML_TRY(ml_tp_apply(&e->tp, &e->plan, &e->model, ml_mesh_comm(mesh, ML_GROUP_TP)));
   ML_TRY(ml_tp_check_sequence_parallel(&e->tp, &e->plan, opts->sequence_parallel));
   ml_ckpt ck;
   ML_TRY(ml_ckpt_open(model_dir, &ck));
-  int rc = ml_fsdp_init(&e->fsdp, &e->model, mesh->dp_shard_comm, mesh->dp_replicate_comm,
-                        &opts->fsdp, &ck);
+  /* FSDP shards over dp_shard (dp_shard_cp once cp > 1 runs) */
+  int rc = ml_fsdp_init(&e->fsdp, &e->model, ml_mesh_comm(mesh, ML_GROUP_DP_SHARD),
+                        ml_mesh_comm(mesh, ML_GROUP_DP_REPLICATE), &opts->fsdp, &ck);
   if (rc == 0 && mesh->rank == 0) warn_unused(e, &ck);
   ml_ckpt_close(&ck);
   return rc;
@@ -132,7 +133,7 @@ static void shift_targets(const int32_t *ids, const uint8_t *mask, int64_t B, in
 
 /* The group the logits are vocab-sharded over; NULL when they are whole. */
 static ml_comm *loss_comm(const ml_engine *e) {
-  return e->tp.logits.kind == ML_SHARD ? e->mesh->tp_comm : NULL;
+  return e->tp.logits.kind == ML_SHARD ? ml_mesh_comm(e->mesh, ML_GROUP_TP) : NULL;
 }
 
 /* Mixed precision: a unit's floating-point inputs are cast to param_dtype
@@ -213,8 +214,8 @@ int ml_engine_forward_backward(ml_engine *e, const int32_t *ids, const uint8_t *
   ML_TRY(ml_vocab_parallel_loss(&e->model, loss_comm(e), e->targets, e->opts.output_dtype, true, scale, NULL, &lo));
   ML_TRY(backward_layers(e, e->ids));
   double sum = lo.loss_sum;
-  if (e->mesh->dp_comm->size > 1)
-    ML_TRY(ml_all_reduce(e->mesh->dp_comm, &sum, 1, ML_ELEM_F64, ML_RED_SUM));
+  /* control plane: the loss sum over the data ranks (dp_cp: cp ranks see the same sequences) */
+  ML_TRY(ml_host_all_reduce_f64(ml_mesh_host(e->mesh, ML_GROUP_DP_CP), &sum, 1, ML_RED_SUM));
   *loss = global_targets > 0 ? sum / (double)global_targets : 0.0;
   return 0;
 }
@@ -278,8 +279,8 @@ int ml_engine_grad_norm(ml_engine *e, double norm_type, double *norm) {
     return ml_err("grad norm type %g: expected 2 (L2) or inf", norm_type);
   double v;
   ML_TRY(local_norm_part(e, inf, &v));
-  if (e->mesh->world->size > 1)
-    ML_TRY(ml_all_reduce(e->mesh->world, &v, 1, ML_ELEM_F64, inf ? ML_RED_MAX : ML_RED_SUM));
+  ML_TRY(ml_host_all_reduce_f64(ml_mesh_host(e->mesh, ML_GROUP_WORLD), &v, 1,
+                                inf ? ML_RED_MAX : ML_RED_SUM));
   *norm = inf ? v : sqrt(v);
   return 0;
 }
@@ -296,8 +297,7 @@ int ml_engine_find_nonfinite(ml_engine *e, char *name, size_t cap) {
       if (found) first = idx;
     }
   }
-  if (e->mesh->world->size > 1)
-    ML_TRY(ml_all_reduce(e->mesh->world, &first, 1, ML_ELEM_F64, ML_RED_MIN));
+  ML_TRY(ml_host_all_reduce_f64(ml_mesh_host(e->mesh, ML_GROUP_WORLD), &first, 1, ML_RED_MIN));
   if (isinf(first)) return 0;
   for (int u = 0, idx = (int)first; u < f->n_units; u++) {
     if (idx < f->units[u].n) {

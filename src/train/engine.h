@@ -48,8 +48,8 @@ typedef struct ml_engine {
 } ml_engine;
 
 /* Load DIR (config.json + safetensors), select the plan (ml_plan_select;
- * opts NULL = auto, no SP), apply it over mesh->tp_comm and shard over
- * mesh->dp_shard_comm. Checkpoint tensors no parameter reads (another
+ * opts NULL = auto, no SP), apply it over the mesh's tp group and shard over
+ * its dp_shard group (FSDP's while cp = 1). Checkpoint tensors no parameter reads (another
  * tower of a composite checkpoint, a stray tensor) are ignored with one
  * warning on stderr from mesh rank 0, as transformers warns. Errors:
  * config, plan selection and validation, checkpoint (each named). */

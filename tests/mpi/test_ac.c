@@ -73,16 +73,16 @@ static void run_mode(ml_ac_mode ac, result *out) {
   opts.ac = ac;
   static run r;
   run_open(&r, MPI_COMM_WORLD, 1, g_tp, &opts, fx.dir);
-  int dp = r.mesh.dp_comm->size;
+  int dp = ml_mesh_comm(&r.mesh, ML_GROUP_DP)->size;
   assert_int_equal(fx.B % dp, 0);
-  int64_t Bl = fx.B / dp, off = r.mesh.dp_comm->rank * Bl * fx.S;
+  int64_t Bl = fx.B / dp, off = ml_mesh_comm(&r.mesh, ML_GROUP_DP)->rank * Bl * fx.S;
   ml_mesh_stats_reset(&r.mesh);
   ml_engine_zero_grad(&r.e);
   if (ml_engine_forward_backward(&r.e, fx.ids + off, fx.mask + off, Bl, fx.S, fx.targets,
                                  &out->loss))
     fail_msg("step (ac %s): %s", mode_names[ac], ml_error_msg());
-  const ml_comm_stats *tp = ml_comm_stats_of(r.mesh.tp_comm);
-  const ml_comm_stats *fs = ml_comm_stats_of(r.mesh.dp_shard_comm);
+  const ml_comm_stats *tp = ml_comm_stats_of(ml_mesh_comm(&r.mesh, ML_GROUP_TP));
+  const ml_comm_stats *fs = ml_comm_stats_of(ml_mesh_comm(&r.mesh, ML_GROUP_DP_SHARD));
   memcpy(out->tp_calls, tp->calls, sizeof out->tp_calls);
   memcpy(out->tp_bytes, tp->bytes, sizeof out->tp_bytes);
   memcpy(out->fsdp_calls, fs->calls, sizeof out->fsdp_calls);

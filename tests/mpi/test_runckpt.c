@@ -86,7 +86,7 @@ static void open_on(run *r, MPI_Comm base, int dp_replicate, int tp, const char 
 
 /* One optimizer step on this dp rank's rows of b: the step's mean loss. */
 static double train_step(run *r, const batch *b) {
-  int dp = r->mesh.dp_comm->size, d = r->mesh.dp_comm->rank;
+  int dp = ml_mesh_comm(&r->mesh, ML_GROUP_DP)->size, d = ml_mesh_comm(&r->mesh, ML_GROUP_DP)->rank;
   int64_t Bl = b->B / dp;
   double loss, norm;
   ml_adamw_cfg adam = {1e-2, 0.9, 0.999, 1e-8, 0.1};

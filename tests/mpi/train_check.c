@@ -16,7 +16,7 @@
 #include "train_check.h"
 
 double step_rows(run *r, const batch *b) {
-  int dp = r->mesh.dp_comm->size, d = r->mesh.dp_comm->rank;
+  int dp = ml_mesh_comm(&r->mesh, ML_GROUP_DP)->size, d = ml_mesh_comm(&r->mesh, ML_GROUP_DP)->rank;
   if (b->B % dp) fail_msg("%lld rows do not split over %d dp ranks", (long long)b->B, dp);
   int64_t Bl = b->B / dp;
   double loss;

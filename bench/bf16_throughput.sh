@@ -17,9 +17,10 @@
 # and both meshes are compared with it (the same machine). Per row: median
 # tokens/s over the steps after the first two, bf16/fp32, meshlm/torch
 # (meshlm fp32 against torch fp32, meshlm bf16 against torch autocast bf16),
-# MFU from meshlm's metrics ((6N + 12·L·H·S) per token against the fp32
-# GEMM peak meshlm measures at start-up, or BENCH_PEAK_TFLOPS; so bf16 can
-# exceed 100%; the peer's MFU is against the 1-rank fp32 run's peak), and
+# MFU from meshlm's metrics ((6N + 12·L·H·S) per token against the GEMM
+# peak meshlm measures at start-up in the run's dtype — fp32, or bf16 on
+# the CPU's bf16 units — or BENCH_PEAK_TFLOPS; the peer's fp32 and bf16 MFU
+# are against the 1-rank fp32 and bf16 runs' peaks), and
 # the peak RSS (meshlm: its largest rank; the peer: its process, which
 # holds both modes). BENCH_TORCH_COMPILE=1 adds torch.compile rows (the first
 # step compiles: a minute for small, several for smollm2-135m on 2 cores);
@@ -112,7 +113,7 @@ bench() {
       "$(printf %.1f "$(last "$out/$m-bf16.jsonl" peak_rss_mib_max)")" \
       "$(ratio "$f" "$tf")" "$(ratio "$b" "$tb")"
   done
-  printf "meshlm's measured peaks (TFLOP/s, fp32 GEMM at start-up; BENCH_PEAK_TFLOPS fixes one):"
+  printf "meshlm's measured peaks (TFLOP/s, GEMM 1024^3 in the run's dtype at start-up; BENCH_PEAK_TFLOPS fixes one):"
   for m in "$m1" "$m4"; do
     printf " %s fp32 %.3f bf16 %.3f;" "${m##*-}-rank" "$(last "$out/$m-fp32.jsonl" peak_tflops)" \
       "$(last "$out/$m-bf16.jsonl" peak_tflops)"
@@ -122,10 +123,12 @@ bench() {
     echo "torch peer skipped: python3 cannot import torch and transformers (pip install torch transformers)"
     return
   fi
-  # the peer's MFU: against the peak of the 1-rank fp32 run
-  local f1 mfu1 p
+  # the peer's MFU: against the peaks of the 1-rank runs of its dtype
+  local f1 mfu1 b1 mfub1 p
   f1=$(median "$out/$m1-fp32.jsonl" tokens_per_s)
   mfu1=$(median "$out/$m1-fp32.jsonl" mfu)
+  b1=$(median "$out/$m1-bf16.jsonl" tokens_per_s)
+  mfub1=$(median "$out/$m1-bf16.jsonl" mfu)
   for p in "" compile-; do
     [ "$p" = compile- ] && [ "${BENCH_TORCH_COMPILE:-0}" != 1 ] && continue
     if grep -q "mode=${p}fp32 skipped\|mode=${p}bf16 skipped" "$t"; then
@@ -138,7 +141,7 @@ bench() {
     [ -z "$pf$pb" ] && { echo "torch peer ${p:-eager} gave no figures (see its log)"; continue; }
     row "torch ${p:-eager-}sdpa x $cores thr" "$pf" "$pb" "$(ratio "$pb" "$pf")" \
       "$(pct "$(awk -v a="$pf" -v m="$mfu1" -v f="$f1" 'BEGIN { if (a != "") print a * m / f }')")" \
-      "$(pct "$(awk -v a="$pb" -v m="$mfu1" -v f="$f1" 'BEGIN { if (a != "") print a * m / f }')")" \
+      "$(pct "$(awk -v a="$pb" -v m="$mfub1" -v f="$b1" 'BEGIN { if (a != "") print a * m / f }')")" \
       "$(field "$t" "${p}fp32" peak_rss_mib)" "$(field "$t" "${p}bf16" peak_rss_mib)" "" ""
   done
 }

@@ -1,6 +1,7 @@
 #define _GNU_SOURCE
 #include "held.h"
 
+#include <mpi.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,4 +61,11 @@ int release_held(void **state) {
     h.release(h.p);
   }
   return 0;
+}
+
+int held_finish(int failed) {
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Finalize();
+  return any ? 1 : 0;
 }

@@ -18,6 +18,11 @@ void unhold(void *p);
 /* cmocka teardown: release everything still held, newest first. */
 int release_held(void **state);
 
+/* The end of an MPI test program's main: `failed` is this rank's count of
+ * failed tests; returns 1 (after MPI_Finalize) when any rank failed one,
+ * else 0, so every rank's exit status tells the whole run's result. */
+int held_finish(int failed);
+
 /* A test function run with release_held as its teardown. */
 #define held_test(f) cmocka_unit_test_teardown(f, release_held)
 

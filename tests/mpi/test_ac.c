@@ -222,9 +222,5 @@ int main(int argc, char **argv) {
       held_test(test_layer),
       held_test(test_selective),
   };
-  int failed = cmocka_run_group_tests(tests, setup_none, teardown_none);
-  int any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any ? 1 : 0;
+  return held_finish(cmocka_run_group_tests(tests, setup_none, teardown_none));
 }

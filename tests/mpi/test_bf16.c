@@ -138,9 +138,5 @@ int main(int argc, char **argv) {
       held_test(test_vs_fp32),
       held_test(test_mesh_parity),
   };
-  int failed = cmocka_run_group_tests(tests, NULL, NULL);
-  int any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any ? 1 : 0;
+  return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

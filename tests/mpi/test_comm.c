@@ -27,6 +27,7 @@
 #include "comm/host.h"
 #include "common/status.h"
 #include "counting_comm.h"
+#include "held.h"
 #include "rank_report.h"
 #include "tensor/dtype.h"
 
@@ -259,9 +260,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_bf16_rounding),
       cmocka_unit_test(test_host),
   };
-  int failed = cmocka_run_group_tests(tests, NULL, NULL);
-  int any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any ? 1 : 0;
+  return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -25,6 +25,7 @@
 
 #include "comm/comm_mpi.h"
 #include "common/status.h"
+#include "held.h"
 #include "parallel/mesh.h"
 #include "rank_report.h"
 
@@ -262,9 +263,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_factory),
       cmocka_unit_test(test_bad_sizes),
   };
-  int failed = cmocka_run_group_tests(tests, NULL, NULL);
-  int any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any ? 1 : 0;
+  return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

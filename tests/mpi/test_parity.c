@@ -333,9 +333,5 @@ int main(int argc, char **argv) {
       held_test(test_adamw_steps),
       held_test(test_collective_counts),
   };
-  int failed = cmocka_run_group_tests(tests, NULL, NULL);
-  int any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any ? 1 : 0;
+  return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -24,8 +24,9 @@
 
 #include "common/status.h"
 #include "counting_comm.h"
-#include "rank_report.h"
+#include "held.h"
 #include "parallel/redistribute.h"
+#include "rank_report.h"
 #include "tolerance.h"
 
 /* ---- comms ---- */
@@ -444,9 +445,5 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_group_of_one),     cmocka_unit_test(test_backward_pairs),
       cmocka_unit_test(test_errors),
   };
-  int failed = cmocka_run_group_tests(tests, NULL, NULL);
-  int any = 0;
-  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
-  MPI_Finalize();
-  return any ? 1 : 0;
+  return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

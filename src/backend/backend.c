@@ -61,6 +61,10 @@ void ml_be_trim(ml_backend *be) { be->ops->trim(be); }
 int ml_be_copy(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind) {
   return bytes ? be->ops->copy(be, dst, src, bytes, kind) : 0;
 }
+int ml_be_copy2d(ml_backend *be, void *dst, size_t dpitch, const void *src, size_t spitch,
+                 size_t width, size_t rows) {
+  return width && rows ? be->ops->copy2d(be, dst, dpitch, src, spitch, width, rows) : 0;
+}
 int ml_be_zero(ml_backend *be, void *dst, size_t bytes) {
   return bytes ? be->ops->zero(be, dst, bytes) : 0;
 }

@@ -90,6 +90,8 @@ typedef struct ml_backend_ops {
   void (*host_free)(ml_backend *be, void *p);
   int (*copy)(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind);
   int (*zero)(ml_backend *be, void *dst, size_t bytes);
+  int (*copy2d)(ml_backend *be, void *dst, size_t dpitch, const void *src, size_t spitch,
+                size_t width, size_t rows);
   int (*convert)(ml_backend *be, void *dst, ml_dtype dst_type, const void *src, ml_dtype src_type,
                  size_t n);
   int (*round_bf16)(ml_backend *be, float *x, size_t n);
@@ -185,6 +187,12 @@ void ml_be_trim(ml_backend *be);
 
 /* dst[bytes] = src[bytes] between the memories `kind` names. */
 int ml_be_copy(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind);
+/* rows rows of width bytes, device to device: row i from src + i·spitch
+ * to dst + i·dpitch (cudaMemcpy2DAsync's shape of call), rows in
+ * increasing order; the ranges may overlap only to compact in place (dst
+ * <= src, dpitch <= spitch: each row moves to a lower address). */
+int ml_be_copy2d(ml_backend *be, void *dst, size_t dpitch, const void *src, size_t spitch,
+                 size_t width, size_t rows);
 /* dst[bytes] = 0 (device memory). */
 int ml_be_zero(ml_backend *be, void *dst, size_t bytes);
 /* dst[n] (dst_type) = src[n] (src_type), device memory; ML_F32 ↔ ML_BF16

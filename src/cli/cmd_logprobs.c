@@ -63,7 +63,7 @@ static int score_round(lp_run *run, int64_t r) {
   }
   const float *got = run->buf;
   if (dp->size > 1) {
-    ML_TRY(ml_all_gather_padded(dp, run->buf, (size_t)(S - 1), chunk, run->all));
+    ML_TRY(ml_all_gather_padded(run->e->be, dp, run->buf, (size_t)(S - 1), chunk, run->all));
     got = run->all;
   }
   for (int d = 0; run->out && d < dp->size && r * dp->size + d < n; d++)

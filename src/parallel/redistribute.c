@@ -1,6 +1,7 @@
 /* DTensor.redistribute for [B, S, C] activations on a 1-D mesh (see
- * redistribute.h). Layout moves are memcpy of contiguous runs: a sequence
- * shard is B row blocks of s·c floats, a feature shard is B·S runs of c. */
+ * redistribute.h). Layout moves are strided copies on the backend
+ * (ml_be_copy2d) of contiguous runs: a sequence shard is B row blocks of
+ * s·c floats, a feature shard is B·S runs of c. */
 #include "parallel/redistribute.h"
 
 #include <stdbool.h>
@@ -72,56 +73,61 @@ static void local_extent(pl p, int64_t S, int64_t C, int t, int r, int64_t *s, i
   if (p == PL_FEAT) ml_chunk(C, t, r, &start, c);
 }
 
-int ml_all_gather_padded(ml_comm *g, float *send, size_t n, size_t chunk, float *recv) {
-  memset(send + n, 0, sizeof(float) * (chunk - n));
+int ml_all_gather_padded(ml_backend *be, ml_comm *g, float *send, size_t n, size_t chunk,
+                         float *recv) {
+  ML_TRY(ml_be_zero(be, send + n, sizeof(float) * (chunk - n)));
   return ml_all_gather(g, send, recv, chunk);
+}
+
+/* rows runs of n floats, device to device: src rows spitch floats apart,
+ * dst rows dpitch apart. */
+static int copy_rows(ml_backend *be, float *dst, int64_t dpitch, const float *src, int64_t spitch,
+                     int64_t n, int64_t rows) {
+  size_t f = sizeof(float);
+  return ml_be_copy2d(be, dst, f * (size_t)dpitch, src, f * (size_t)spitch, f * (size_t)n,
+                      (size_t)rows);
 }
 
 /* Replicate -> Shard(1) / Shard(-1): keep this rank's chunk, in place
  * (moving to lower addresses in increasing order never overwrites a source
  * not yet read). */
-static void slice_local(pl o, ml_act *a, int t, int r) {
+static int slice_local(ml_backend *be, pl o, ml_act *a, int t, int r) {
   int64_t B = a->B, S = a->S, C = a->C, start, len;
   float *x = a->x;
   if (o == PL_SEQ) {
     ml_chunk(S, t, r, &start, &len);
-    for (int64_t b = 0; b < B; b++)
-      memmove(x + b * len * C, x + (b * S + start) * C, sizeof(float) * (size_t)(len * C));
-  } else {
-    ml_chunk(C, t, r, &start, &len);
-    for (int64_t row = 0; row < B * S; row++)
-      memmove(x + row * len, x + row * C + start, sizeof(float) * (size_t)len);
+    return copy_rows(be, x, len * C, x + start * C, S * C, len * C, B);
   }
+  ml_chunk(C, t, r, &start, &len);
+  return copy_rows(be, x, len, x + start, C, len, B * S);
 }
 
 /* Shard(1) -> Replicate / Shard(-1): all-gather the sequence blocks,
  * padded to B·ceil(S/t)·C ([t][chunk] in work, block q's first B·s_q·C
  * floats rank q's [B, s_q, C]), then place them as [B, S, C] or as this
  * rank's feature columns [B, S, c]. */
-static int gather_seq(ml_comm *g, pl o, ml_act *a, float *work) {
+static int gather_seq(ml_backend *be, ml_comm *g, pl o, ml_act *a, float *work) {
   int t = g->size;
   int64_t B = a->B, S = a->S, C = a->C, start, len, c0, cl;
   float *x = a->x;
   size_t mine = (size_t)(B * a->s * C), chunk = (size_t)(B * ml_chunk_size(S, t) * C);
   if (o == PL_REP && B == 1 && S % t == 0) { /* rank blocks are already [S, C] in order */
-    memcpy(work, x, sizeof(float) * mine);
+    ML_TRY(ml_be_copy(be, work, x, sizeof(float) * mine, ML_COPY_D2D));
     return ml_all_gather(g, work, x, mine);
   }
-  ML_TRY(ml_all_gather_padded(g, x, mine, chunk, work));
+  ML_TRY(ml_all_gather_padded(be, g, x, mine, chunk, work));
   ml_chunk(C, t, g->rank, &c0, &cl);
   if (o == PL_FEAT && cl == 0) return 0;
   for (int q = 0; q < t; q++) {
     const float *src = work + (size_t)q * chunk;
     ml_chunk(S, t, q, &start, &len);
-    for (int64_t b = 0; b < B; b++, src += len * C) {
-      if (o == PL_REP) {
-        memcpy(x + (b * S + start) * C, src, sizeof(float) * (size_t)(len * C));
-        continue;
-      }
-      float *dst = x + (b * S + start) * cl;
-      for (int64_t i = 0; i < len; i++)
-        memcpy(dst + i * cl, src + i * C + c0, sizeof(float) * (size_t)cl);
+    if (o == PL_REP) { /* B runs of [len, C] into rows start.. of each sequence */
+      ML_TRY(copy_rows(be, x + start * C, S * C, src, len * C, len * C, B));
+      continue;
     }
+    /* rows of C, this rank's columns c0 .. c0+cl, into rows of cl */
+    for (int64_t b = 0; b < B; b++, src += len * C)
+      ML_TRY(copy_rows(be, x + (b * S + start) * cl, cl, src + c0, C, cl, len));
   }
   return 0;
 }
@@ -130,12 +136,12 @@ static int gather_seq(ml_comm *g, pl o, ml_act *a, float *work) {
  * to B·S·ceil(C/t) ([t][chunk] in work, block q's first B·S·c_q floats rank
  * q's [B·S, c_q]), then interleave them into rows of C for all tokens or
  * for this rank's sequence chunk. */
-static int gather_feat(ml_comm *g, pl o, ml_act *a, float *work) {
+static int gather_feat(ml_backend *be, ml_comm *g, pl o, ml_act *a, float *work) {
   int t = g->size;
   int64_t B = a->B, S = a->S, C = a->C, start, len, s0, sl;
   float *x = a->x;
   size_t chunk = (size_t)(B * S * ml_chunk_size(C, t));
-  ML_TRY(ml_all_gather_padded(g, x, (size_t)(B * S * a->c), chunk, work));
+  ML_TRY(ml_all_gather_padded(be, g, x, (size_t)(B * S * a->c), chunk, work));
   s0 = 0;
   sl = S;
   if (o == PL_SEQ) ml_chunk(S, t, g->rank, &s0, &sl);
@@ -143,12 +149,8 @@ static int gather_feat(ml_comm *g, pl o, ml_act *a, float *work) {
     const float *blk = work + (size_t)q * chunk;
     ml_chunk(C, t, q, &start, &len);
     if (len == 0) continue;
-    size_t bytes = sizeof(float) * (size_t)len;
-    for (int64_t b = 0; b < B; b++) {
-      const float *src = blk + (b * S + s0) * len;
-      float *dst = x + b * sl * C + start;
-      for (int64_t i = 0; i < sl; i++) memcpy(dst + i * C, src + i * len, bytes);
-    }
+    for (int64_t b = 0; b < B; b++)
+      ML_TRY(copy_rows(be, x + b * sl * C + start, C, blk + (b * S + s0) * len, len, len, sl));
   }
   return 0;
 }
@@ -156,22 +158,20 @@ static int gather_feat(ml_comm *g, pl o, ml_act *a, float *work) {
 /* Partial -> Shard(1): pack the sequence blocks as [t][chunk], chunk =
  * B·ceil(S/t)·C (block q: [B, s_q, C], then zeros), and reduce-scatter;
  * this rank's summed block begins with its [B, s, C]. */
-static int scatter_seq(ml_comm *g, ml_act *a, float *work) {
+static int scatter_seq(ml_backend *be, ml_comm *g, ml_act *a, float *work) {
   int t = g->size;
   int64_t B = a->B, S = a->S, C = a->C, start, len;
   float *x = a->x;
   size_t chunk = (size_t)(B * ml_chunk_size(S, t) * C);
   if (B == 1 && S % t == 0) { /* x already is the rank-ordered concatenation */
     ML_TRY(ml_reduce_scatter(g, x, work, chunk));
-    memcpy(x, work, sizeof(float) * chunk);
-    return 0;
+    return ml_be_copy(be, x, work, sizeof(float) * chunk, ML_COPY_D2D);
   }
   for (int q = 0; q < t; q++) {
     float *dst = work + (size_t)q * chunk;
     ml_chunk(S, t, q, &start, &len);
-    for (int64_t b = 0; b < B; b++, dst += len * C)
-      memcpy(dst, x + (b * S + start) * C, sizeof(float) * (size_t)(len * C));
-    memset(dst, 0, sizeof(float) * (chunk - (size_t)(B * len * C)));
+    ML_TRY(copy_rows(be, dst, len * C, x + start * C, S * C, len * C, B));
+    ML_TRY(ml_be_zero(be, dst + B * len * C, sizeof(float) * (chunk - (size_t)(B * len * C))));
   }
   return ml_reduce_scatter(g, work, x, chunk);
 }
@@ -179,7 +179,7 @@ static int scatter_seq(ml_comm *g, ml_act *a, float *work) {
 /* Partial -> Shard(-1): pack the feature blocks as [t][chunk], chunk =
  * B·S·ceil(C/t) (block q: [B·S, c_q], then zeros), and reduce-scatter;
  * this rank's summed block begins with its [B, S, c]. */
-static int scatter_feat(ml_comm *g, ml_act *a, float *work) {
+static int scatter_feat(ml_backend *be, ml_comm *g, ml_act *a, float *work) {
   int t = g->size;
   int64_t rows = a->B * a->S, C = a->C, start, len;
   const float *x = a->x;
@@ -187,26 +187,24 @@ static int scatter_feat(ml_comm *g, ml_act *a, float *work) {
   for (int q = 0; q < t; q++) {
     float *dst = work + (size_t)q * chunk;
     ml_chunk(C, t, q, &start, &len);
-    for (int64_t row = 0; len > 0 && row < rows; row++, dst += len)
-      memcpy(dst, x + row * C + start, sizeof(float) * (size_t)len);
-    memset(dst, 0, sizeof(float) * (chunk - (size_t)(rows * len)));
+    ML_TRY(copy_rows(be, dst, len, x + start, C, len, rows));
+    ML_TRY(ml_be_zero(be, dst + rows * len, sizeof(float) * (chunk - (size_t)(rows * len))));
   }
   return ml_reduce_scatter(g, work, a->x, chunk);
 }
 
 /* One transition that changes the data (f != o, t > 1, non-empty). */
-static int move(ml_comm *g, pl f, pl o, ml_act *a, float *work) {
-  if (f == PL_REP) {
-    slice_local(o, a, g->size, g->rank);
-    return 0;
-  }
+static int move(ml_backend *be, ml_comm *g, pl f, pl o, ml_act *a, float *work) {
+  if (f == PL_REP) return slice_local(be, o, a, g->size, g->rank);
   if (f == PL_PART && o == PL_REP)
     return ml_all_reduce(g, a->x, (size_t)(a->B * a->S * a->C), ML_ELEM_F32, ML_RED_SUM);
-  if (f == PL_PART) return o == PL_SEQ ? scatter_seq(g, a, work) : scatter_feat(g, a, work);
-  return f == PL_SEQ ? gather_seq(g, o, a, work) : gather_feat(g, o, a, work);
+  if (f == PL_PART)
+    return o == PL_SEQ ? scatter_seq(be, g, a, work) : scatter_feat(be, g, a, work);
+  return f == PL_SEQ ? gather_seq(be, g, o, a, work) : gather_feat(be, g, o, a, work);
 }
 
-int ml_redistribute(ml_comm *g, ml_placement from, ml_placement to, ml_act *a, float *work) {
+int ml_redistribute(ml_backend *be, ml_comm *g, ml_placement from, ml_placement to, ml_act *a,
+                    float *work) {
   int t = g->size, r = g->rank;
   pl f, o;
   ML_TRY(check_request(from, to, a->B, a->S, a->C, g, t, &f, &o));
@@ -237,7 +235,7 @@ int ml_redistribute(ml_comm *g, ml_placement from, ml_placement to, ml_act *a, f
                   fb, tb, gb, (long long)wn,
                   work ? "that does not overlap the activation" : "(got NULL)");
   }
-  int rc = moves ? move(g, f, o, a, work) : 0;
+  int rc = moves ? move(be, g, f, o, a, work) : 0;
   if (rc) return -1;
   a->s = ts;
   a->c = tc;

@@ -77,6 +77,7 @@
 
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "comm/comm.h"
 #include "tensor/act.h"
 #include "tensor/placement.h"
@@ -101,7 +102,8 @@
  * when one is needed; and communication failures. Messages name the
  * placements, the group and the sizes. On error a is unchanged unless a
  * collective failed. */
-int ml_redistribute(ml_comm *g, ml_placement from, ml_placement to, ml_act *a, float *work);
+int ml_redistribute(ml_backend *be, ml_comm *g, ml_placement from, ml_placement to, ml_act *a,
+                    float *work);
 
 /* The collectives ml_redistribute(from → to) issues for a global [B, S, C]
  * activation over a group of `group_size` ranks, without communicating:
@@ -133,6 +135,7 @@ int64_t ml_redistribute_work(int64_t B, int64_t S, int64_t C, int group_size);
  * block to recv[q·chunk .. (q+1)·chunk) (recv: [g->size·chunk] floats). The
  * caller unpads: block q's first n_q floats are rank q's. Collective over
  * g; counted as an all-gather of g->size·chunk·4 bytes. */
-int ml_all_gather_padded(ml_comm *g, float *send, size_t n, size_t chunk, float *recv);
+int ml_all_gather_padded(ml_backend *be, ml_comm *g, float *send, size_t n, size_t chunk,
+                         float *recv);
 
 #endif

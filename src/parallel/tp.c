@@ -28,12 +28,11 @@ static ml_placement grad_of(ml_placement p) { return is_part(p) ? ml_replicate()
 static float *work_for(ml_tp *tp, size_t need) {
   if (need == 0) need = 1; /* empty activations still get a buffer */
   if (need > tp->work_cap) {
-    float *w = realloc(tp->work, need * sizeof(float));
-    if (!w) {
-      ml_err("out of memory: %zu floats of redistribute scratch", need);
-      return NULL;
-    }
-    tp->work = w;
+    ml_be_free(tp->be, tp->work);
+    tp->work_cap = 0;
+    tp->work = ml_be_alloc(tp->be, (int64_t)need, sizeof(float),
+                           "the redistribute scratch (%zu floats)", need);
+    if (!tp->work) return NULL;
     tp->work_cap = need;
   }
   return tp->work;
@@ -72,7 +71,7 @@ static int edge_run(ml_tp_edge *e, bool backward, ml_act *a) {
   if (!k) return 0;
   float *w = work_for(e->tp, (size_t)ml_redistribute_work(a->B, a->S, a->C, e->tp->size));
   if (!w) return -1;
-  for (int i = 0; i < k; i++) ML_TRY(ml_redistribute(e->tp->comm, from[i], to[i], a, w));
+  for (int i = 0; i < k; i++) ML_TRY(ml_redistribute(e->tp->be, e->tp->comm, from[i], to[i], a, w));
   return 0;
 }
 
@@ -602,6 +601,7 @@ static int match_rules(ml_tp *tp, const ml_plan *plan, ml_model *m) {
 
 int ml_tp_apply(ml_tp *tp, const ml_plan *plan, ml_model *m, ml_comm *comm) {
   memset(tp, 0, sizeof *tp);
+  tp->be = m->be;
   tp->comm = comm;
   tp->size = comm->size;
   tp->rank = comm->rank;
@@ -633,7 +633,7 @@ void ml_tp_destroy(ml_tp *tp) {
   free(tp->modules);
   free(tp->edges);
   free(tp->partial);
-  free(tp->work);
+  if (tp->be) ml_be_free(tp->be, tp->work);
   memset(tp, 0, sizeof *tp);
 }
 
@@ -649,7 +649,9 @@ int ml_tp_reduce_partial_grads(ml_tp *tp, ml_fsdp *f) {
       for (int i = 0; i < unit->n; i++) {
         if (!unit->params[i]->grad_partial) continue;
         size_t k = (size_t)(unit->chunk_rows[i] * unit->params[i]->local[1]);
-        if (pass) memcpy(buf + off, unit->shard_grad + unit->shard_off[i], k * sizeof(float));
+        if (pass)
+          ML_TRY(ml_be_copy(tp->be, buf + off, unit->shard_grad + unit->shard_off[i],
+                            k * sizeof(float), ML_COPY_D2D));
         off += k;
       }
     }
@@ -664,7 +666,8 @@ int ml_tp_reduce_partial_grads(ml_tp *tp, ml_fsdp *f) {
       for (int i = 0; i < unit->n; i++) {
         if (!unit->params[i]->grad_partial) continue;
         size_t k = (size_t)(unit->chunk_rows[i] * unit->params[i]->local[1]);
-        memcpy(unit->shard_grad + unit->shard_off[i], buf + off, k * sizeof(float));
+        ML_TRY(ml_be_copy(tp->be, unit->shard_grad + unit->shard_off[i], buf + off,
+                          k * sizeof(float), ML_COPY_D2D));
         off += k;
       }
     }

@@ -62,7 +62,8 @@ typedef struct ml_tp {
   ml_placement logits;   /* Shard(−1) (vocab-parallel loss) or Replicate() */
   ml_param **partial;    /* replicated params with Partial grads */
   int n_partial;
-  float *work; /* redistribute scratch */
+  ml_backend *be; /* the model's (NULL when only planning: nothing runs) */
+  float *work;    /* redistribute scratch (device memory from be's pool) */
   size_t work_cap;
 } ml_tp;
 

@@ -14,7 +14,7 @@ enum { NAME_CAP = sizeof ((ml_param *)0)->name }; /* exported tensor names */
  * `local` [p->local] (returned on every rank; caller frees): one padded
  * all-gather of the torch.chunk pieces (ml_all_gather_padded), unpadded
  * into place. */
-static float *gather_tp(ml_comm *tp, const ml_param *p, const float *local) {
+static float *gather_tp(ml_backend *be, ml_comm *tp, const ml_param *p, const float *local) {
   int64_t numel = p->shape[0] * p->shape[1];
   float *global = ml_malloc(sizeof(float) * (size_t)numel, "export tensor");
   if (!global) return NULL;
@@ -28,7 +28,7 @@ static float *gather_tp(ml_comm *tp, const ml_param *p, const float *local) {
   float *pieces = ml_malloc(sizeof(float) * chunk * (size_t)tp->size, "export pieces");
   int ok = send && pieces;
   if (ok) memcpy(send, local, sizeof(float) * (size_t)n);
-  if (ok && ml_all_gather_padded(tp, send, (size_t)n, chunk, pieces)) ok = 0;
+  if (ok && ml_all_gather_padded(be, tp, send, (size_t)n, chunk, pieces)) ok = 0;
   for (int r = 0; ok && r < tp->size; r++) {
     int64_t s, len;
     ml_chunk(p->shape[p->tp_dim], tp->size, r, &s, &len);
@@ -73,7 +73,7 @@ int ml_engine_export(ml_engine *e, ml_export_what what, float **out) {
     if (!full) return -1;
     int rc = ml_fsdp_gather_flat(&e->fsdp, u, unit_array(unit, what), full);
     for (int i = 0; rc == 0 && i < unit->n; i++) {
-      out[n] = gather_tp(ml_mesh_comm(e->mesh, ML_GROUP_TP), unit->params[i],
+      out[n] = gather_tp(e->be, ml_mesh_comm(e->mesh, ML_GROUP_TP), unit->params[i],
                          full + unit->full_off[i]);
       rc = out[n++] ? 0 : -1;
     }

@@ -31,6 +31,13 @@
 
 /* ---- comms ---- */
 
+/* The CPU backend the activations live on. */
+static ml_backend *cpu(void) {
+  static ml_backend *be;
+  if (!be && ml_backend_get("cpu", &be)) fail_msg("cpu backend: %s", ml_error_msg());
+  return be;
+}
+
 static int64_t total_calls(ml_comm *c) {
   int64_t n = 0;
   for (int k = 0; k < ML_COLL_KINDS; k++) n += ml_comm_stats_of(c)->calls[k];
@@ -182,7 +189,7 @@ static void transitions_on(ml_comm *c, report *rep) {
           free(X);
         }
         ml_comm_stats_reset(c);
-        if (ml_redistribute(c, pl_of(from), pl_of(to), &a, work)) {
+        if (ml_redistribute(cpu(), c, pl_of(from), pl_of(to), &a, work)) {
           note(rep, "%s->%s: %s", pl_name(from), pl_name(to), ml_error_msg());
         } else if (a.s != ws || a.c != wc || a.B != sh.B || a.S != sh.S || a.C != sh.C) {
           note(rep, "%s->%s [%lld,%lld,%lld] rank %d: local [%lld,%lld], want [%lld,%lld]",
@@ -221,7 +228,7 @@ static void test_group_of_one(void **state) {
     for (int to = 0; to < P; to++) {
       ml_act a = make_local(from, 7, sh, 1, 0), b = make_local(from, 7, sh, 1, 0);
       ml_comm_stats_reset(c);
-      if (ml_redistribute(c, pl_of(from), pl_of(to), &a, NULL))
+      if (ml_redistribute(cpu(), c, pl_of(from), pl_of(to), &a, NULL))
         note(&rep, "1 rank %s->%s: %s", pl_name(from), pl_name(to), ml_error_msg());
       else if (a.s != 7 || a.c != 5 || memcmp(a.x, b.x, sizeof(float) * 105) || total_calls(c))
         note(&rep, "1 rank %s->%s changed something", pl_name(from), pl_name(to));
@@ -281,10 +288,10 @@ static void test_backward_pairs(void **state) {
              fx = make_local(pr.from, 100 + pi, sh, t, r);
       ml_act y = make_local(pr.grad, 500 + pi, sh, t, r),
              gy = make_local(pr.grad, 500 + pi, sh, t, r);
-      if (ml_redistribute(c, pl_of(pr.from), pl_of(pr.to), &fx, work))
+      if (ml_redistribute(cpu(), c, pl_of(pr.from), pl_of(pr.to), &fx, work))
         note(&rep, "forward %s->%s: %s", pl_name(pr.from), pl_name(pr.to), ml_error_msg());
       ml_comm_stats_reset(c);
-      if (ml_redistribute(c, pl_of(pr.grad), pl_of(back_to), &gy, work))
+      if (ml_redistribute(cpu(), c, pl_of(pr.grad), pl_of(back_to), &gy, work))
         note(&rep, "backward %s->%s: %s", pl_name(pr.grad), pl_name(back_to), ml_error_msg());
       ml_comm_stats *st = ml_comm_stats_of(c);
       int64_t calls = total_calls(c);
@@ -333,7 +340,7 @@ static void test_all_gather_padded(void **state) {
   float *send = malloc(sizeof(float) * chunk), *recv = malloc(sizeof(float) * chunk * (size_t)t);
   fill(send, (int64_t)chunk, 77 + (uint64_t)r); /* garbage past counts[r]: must become zeros */
   ml_comm_stats_reset(c);
-  if (ml_all_gather_padded(c, send, counts[r], chunk, recv)) note(&rep, "%s", ml_error_msg());
+  if (ml_all_gather_padded(cpu(), c, send, counts[r], chunk, recv)) note(&rep, "%s", ml_error_msg());
   for (int q = 0; q < t; q++)
     for (size_t j = 0; j < chunk; j++) {
       float want = j < counts[q] ? val(77 + (uint64_t)q, (int64_t)j) : 0.0f;
@@ -362,7 +369,7 @@ static void expect_error(report *rep, ml_comm *c, ml_placement from, ml_placemen
   int64_t s = a->s, cc = a->c;
   ml_error_clear();
   ml_comm_stats_reset(c);
-  if (ml_redistribute(c, from, to, a, work) == 0) {
+  if (ml_redistribute(cpu(), c, from, to, a, work) == 0) {
     note(rep, "%s: accepted", what);
     return;
   }
@@ -415,7 +422,7 @@ static void test_errors(void **state) {
   }
   /* ... and Replicate -> Shard does not. */
   ml_comm_stats_reset(c);
-  if (ml_redistribute(c, ml_replicate(), ml_shard(-1), &rep_act, NULL) || total_calls(c))
+  if (ml_redistribute(cpu(), c, ml_replicate(), ml_shard(-1), &rep_act, NULL) || total_calls(c))
     note(&rep, "R->S-1 without work: %s", ml_error_msg());
   /* The cost function refuses the same requests. */
   ml_coll k[2];

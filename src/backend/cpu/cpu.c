@@ -31,6 +31,13 @@ static int cpu_copy(ml_backend *be, void *dst, const void *src, size_t bytes, ml
   return 0;
 }
 
+static int cpu_copy2d(ml_backend *be, void *dst, size_t dpitch, const void *src, size_t spitch,
+                      size_t width, size_t rows) {
+  for (size_t i = 0; i < rows; i++)
+    memmove((char *)dst + i * dpitch, (const char *)src + i * spitch, width);
+  return 0;
+}
+
 static int cpu_zero(ml_backend *be, void *dst, size_t bytes) {
   memset(dst, 0, bytes);
   return 0;
@@ -244,6 +251,7 @@ static const ml_backend_ops k_cpu_ops = {
     .host_free = cpu_free,
     .copy = cpu_copy,
     .zero = cpu_zero,
+    .copy2d = cpu_copy2d,
     .convert = cpu_convert,
     .round_bf16 = cpu_round_bf16,
     .pool_bytes = cpu_pool_bytes,

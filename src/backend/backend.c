@@ -55,7 +55,6 @@ void *ml_be_alloc_at(const char *file, int line, ml_backend *be, int host, int64
 
 void ml_be_free(ml_backend *be, void *p) { be->ops->free(be, p); }
 void ml_be_host_free(ml_backend *be, void *p) { be->ops->host_free(be, p); }
-size_t ml_be_pool_bytes(ml_backend *be) { return be->ops->pool_bytes(be); }
 void ml_be_trim(ml_backend *be) { be->ops->trim(be); }
 
 int ml_be_copy(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind) {

@@ -95,7 +95,6 @@ typedef struct ml_backend_ops {
   int (*convert)(ml_backend *be, void *dst, ml_dtype dst_type, const void *src, ml_dtype src_type,
                  size_t n);
   int (*round_bf16)(ml_backend *be, float *x, size_t n);
-  size_t (*pool_bytes)(ml_backend *be);
   void (*trim)(ml_backend *be);
   /* ordering */
   int (*event_record)(ml_backend *be, ml_event *ev);
@@ -179,8 +178,6 @@ void *ml_be_alloc_at(const char *file, int line, ml_backend *be, int host, int64
 /* Return p (NULL: no-op) to the pool it came from. */
 void ml_be_free(ml_backend *be, void *p);
 void ml_be_host_free(ml_backend *be, void *p);
-/* Bytes the pool holds (in use and cached), for memory reports. */
-size_t ml_be_pool_bytes(ml_backend *be);
 /* Give the pool's cached blocks back to the system (after the working set
  * changed shape, e.g. a new batch geometry). */
 void ml_be_trim(ml_backend *be);

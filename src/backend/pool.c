@@ -17,7 +17,6 @@ struct ml_pool {
   ml_pool_raw raw;
   block *blocks; /* every block held, in no order (a few hundred: linear scans) */
   size_t n, cap;
-  size_t in_use, held;
 };
 
 static size_t class_of(size_t bytes) {
@@ -39,7 +38,6 @@ void ml_pool_trim(ml_pool *p) {
       p->blocks[kept++] = p->blocks[i];
     } else {
       p->raw.free(p->raw.ctx, p->blocks[i].ptr);
-      p->held -= p->blocks[i].size;
     }
   }
   p->n = kept;
@@ -73,7 +71,6 @@ static block *add_block(ml_pool *p, void *ptr, size_t size) {
     p->cap = cap;
   }
   p->blocks[p->n] = (block){ptr, size, false};
-  p->held += size;
   return &p->blocks[p->n++];
 }
 
@@ -94,7 +91,6 @@ void *ml_pool_alloc(ml_pool *p, size_t bytes) {
     }
   }
   b->used = true;
-  p->in_use += b->size;
   return b->ptr;
 }
 
@@ -103,12 +99,8 @@ void ml_pool_free(ml_pool *p, void *ptr) {
   for (size_t i = 0; i < p->n; i++)
     if (p->blocks[i].ptr == ptr && p->blocks[i].used) {
       p->blocks[i].used = false;
-      p->in_use -= p->blocks[i].size;
       return;
     }
   fprintf(stderr, "ml_pool_free: %p was not allocated by this pool (or freed twice)\n", ptr);
   abort();
 }
-
-size_t ml_pool_in_use(const ml_pool *p) { return p->in_use; }
-size_t ml_pool_held(const ml_pool *p) { return p->held; }

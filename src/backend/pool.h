@@ -36,8 +36,4 @@ void ml_pool_free(ml_pool *p, void *ptr);
 /* Give every cached (free) block back to the raw allocator. */
 void ml_pool_trim(ml_pool *p);
 
-/* Bytes of the blocks the pool holds: in use, and in use + cached. */
-size_t ml_pool_in_use(const ml_pool *p);
-size_t ml_pool_held(const ml_pool *p);
-
 #endif

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "cli/cli.h"
 #include "common/status.h"
 
@@ -46,6 +47,7 @@ int main(int argc, char **argv) {
     }
   }
   ml_host_destroy(world);
+  ml_backend_release_all();
   MPI_Finalize();
   return rc == 0 ? 0 : 1;
 }

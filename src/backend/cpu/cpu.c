@@ -23,7 +23,6 @@ static void raw_free(void *ctx, void *p) { free(p); }
 
 static void *cpu_alloc(ml_backend *be, size_t bytes) { return ml_pool_alloc(impl(be)->pool, bytes); }
 static void cpu_free(ml_backend *be, void *p) { ml_pool_free(impl(be)->pool, p); }
-static size_t cpu_pool_bytes(ml_backend *be) { return ml_pool_held(impl(be)->pool); }
 static void cpu_trim(ml_backend *be) { ml_pool_trim(impl(be)->pool); }
 
 static int cpu_copy(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind) {
@@ -254,7 +253,6 @@ static const ml_backend_ops k_cpu_ops = {
     .copy2d = cpu_copy2d,
     .convert = cpu_convert,
     .round_bf16 = cpu_round_bf16,
-    .pool_bytes = cpu_pool_bytes,
     .trim = cpu_trim,
     .event_record = cpu_event_record,
     .event_wait = cpu_event_wait,

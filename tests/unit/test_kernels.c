@@ -376,6 +376,26 @@ static void test_linear_bf16(void **state) {
   free(l.x), free(l.W), free(l.b), free(r.x), free(r.W), free(r.b);
 }
 
+/* K = 0 (a rank holding an empty torch.chunk of the inner dim): C = bias
+ * or 0, or C += bias when accumulating; exactly, in either dtype. */
+static void test_gemm_empty_inner(void **state) {
+  (void)state;
+  float C[6], bias[3] = {1.5f, -2.0f, 0.25f};
+  for (int bf16 = 0; bf16 < 2; bf16++)
+    for (int acc = 0; acc < 2; acc++) {
+      for (int i = 0; i < 6; i++) C[i] = 7.0f;
+      ml_gemm g = {.M = 2, .N = 3, .K = 0, .A = C, .a_type = ML_F32, .lda = 0, .B = C,
+                   .b_type = ML_F32, .ldb = 3, .C = C, .ldc = 3, .accumulate = acc,
+                   .bias = bias, .bias_type = ML_F32, .compute = bf16 ? ML_BF16 : ML_F32};
+      assert_int_equal(ml_be_gemm(cpu_backend(), &g), 0);
+      for (int i = 0; i < 6; i++) assert_true(C[i] == (acc ? 7.0f : 0.0f) + bias[i % 3]);
+      g.bias = NULL;
+      assert_int_equal(ml_be_gemm(cpu_backend(), &g), 0);
+      for (int i = 0; i < 6; i++)
+        assert_true(C[i] == (acc ? 7.0f + bias[i % 3] : 0.0f)); /* unchanged, or 0 */
+    }
+}
+
 /* ---- rmsnorm --------------------------------------------------------------- */
 
 typedef struct rms_ctx {
@@ -1216,7 +1236,7 @@ static void test_adamw(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_linear_fwd),    cmocka_unit_test(test_linear_bwd),
-      cmocka_unit_test(test_linear_bf16),
+      cmocka_unit_test(test_linear_bf16),   cmocka_unit_test(test_gemm_empty_inner),
       cmocka_unit_test(test_rmsnorm_fwd),   cmocka_unit_test(test_rmsnorm_bwd),
       cmocka_unit_test(test_rope_inv_freq), cmocka_unit_test(test_rope_tables),
       cmocka_unit_test(test_rope_apply),    cmocka_unit_test(test_attention_fwd),

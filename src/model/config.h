@@ -97,9 +97,10 @@ int ml_model_config_write(const char *dir, const ml_model_config *c);
 /* The built-in presets of `meshlm init`: "tiny" (a few hundred thousand
  * parameters, for tests), "small" (about 13M parameters, byte vocab 256,
  * for the demo) and "smollm2-135m" (SmolLM2-135M's shape: 134.5M
- * parameters, vocab 49152, tied, rope_theta 1e5; for benchmarks). Families with sliding layers get a window below the preset
- * length and both layer types. Errors: unknown family name or preset, a
- * composite family (init writes text models: use its save_as family). */
+ * parameters, vocab 49152, tied, rope_theta 1e5; for benchmarks).
+ * Families with sliding layers get a window below the preset length and
+ * both layer types. Errors: unknown family name or preset, a composite
+ * family (init writes text models: use its save_as family). */
 int ml_model_config_preset(const char *arch, const char *preset, ml_model_config *out);
 
 /* Number of parameters (embedding counted once when tied). Fits int64

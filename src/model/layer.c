@@ -135,7 +135,8 @@ static int attention_forward(ml_model *m, ml_layer *L, float *x) {
   ml_act o;
   ML_TRY(ml_linear_forward(m->be, &L->o_proj, &a->in_o, out_norm ? a->o : x, &o));  // [B, s_res, H]
   ML_TRY(expect_view(L->o_proj.weight->name, &o, m->s_res, H));
-  if (out_norm) ML_TRY(norm_fwd(m, &L->attn_out_norm, a->o, x, a->rstd_o, Tr, H));  // x: [B, s_res, H]
+  if (out_norm) /* x: [B, s_res, H] */
+    ML_TRY(norm_fwd(m, &L->attn_out_norm, a->o, x, a->rstd_o, Tr, H));
   ML_TRY(add_inplace(m, x, a->x_in, Tr * H));                                      // residual
   return copy_floats(m, a->x_mid, x, Tr * H);
 }
@@ -148,7 +149,8 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
   float *dtmp = m->scratch, *dh = dtmp + T * H, *datt = dh + T * H;
   float *dq = datt + T * m->cap_q, *dk = dq + T * m->cap_q, *dv = dk + T * m->cap_kv;
   if (L->attn_out_norm.weight)
-    ML_TRY(norm_bwd(m, &L->attn_out_norm, dx, a->o, a->rstd_o, dtmp, Tr, H));  // dtmp: d o [B, s_res, H]
+    /* dtmp: d o [B, s_res, H] */
+    ML_TRY(norm_bwd(m, &L->attn_out_norm, dx, a->o, a->rstd_o, dtmp, Tr, H));
   else
     ML_TRY(copy_floats(m, dtmp, dx, Tr * H));
   ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
@@ -187,9 +189,11 @@ static int mlp_forward(ml_model *m, ml_layer *L, float *x) {
   a->in_down = on(a->gv, a->a);
   ML_TRY(ml_hook_run(L->down_proj.in.fwd, &a->in_down));
   ml_act d;
-  ML_TRY(ml_linear_forward(m->be, &L->down_proj, &a->in_down, out_norm ? a->d : x, &d));  // [B, s_res, H]
+  // d: [B, s_res, H]
+  ML_TRY(ml_linear_forward(m->be, &L->down_proj, &a->in_down, out_norm ? a->d : x, &d));
   ML_TRY(expect_view(L->down_proj.weight->name, &d, m->s_res, H));
-  if (out_norm) ML_TRY(norm_fwd(m, &L->mlp_out_norm, a->d, x, a->rstd_d, Tr, H));  // x: [B, s_res, H]
+  if (out_norm) /* x: [B, s_res, H] */
+    ML_TRY(norm_fwd(m, &L->mlp_out_norm, a->d, x, a->rstd_d, Tr, H));
   return add_inplace(m, x, a->x_mid, Tr * H);
 }
 
@@ -200,7 +204,8 @@ static int mlp_backward(ml_model *m, ml_layer *L, float *dx) {
   float *dtmp = m->scratch, *dh = dtmp + T * H, *da = dh + T * H;
   float *dg = da + T * m->cap_i, *du = dg + T * m->cap_i;
   if (L->mlp_out_norm.weight)
-    ML_TRY(norm_bwd(m, &L->mlp_out_norm, dx, a->d, a->rstd_d, dtmp, Tr, H));  // dtmp: d down [B, s_res, H]
+    /* dtmp: d down [B, s_res, H] */
+    ML_TRY(norm_bwd(m, &L->mlp_out_norm, dx, a->d, a->rstd_d, dtmp, Tr, H));
   else
     ML_TRY(copy_floats(m, dtmp, dx, Tr * H));
   ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
@@ -231,7 +236,8 @@ int ml_layer_forward(ml_model *m, int l, float *x) {
  * torch.utils.checkpoint reruns the module; the output is discarded. */
 static int recompute(ml_model *m, ml_layer *L) {
   ml_layer_acts *a = &L->acts;
-  if (m->ac == ML_AC_SELECTIVE) ML_TRY(core_forward(m, L, m->scratch)); /* P; att into scratch, dropped */
+  if (m->ac == ML_AC_SELECTIVE) /* P; att into scratch, dropped */
+    ML_TRY(core_forward(m, L, m->scratch));
   if (m->ac == ML_AC_LAYER) ML_TRY(attention_forward(m, L, a->out));
   if (m->ac == ML_AC_LAYER || m->ac == ML_AC_MLP) ML_TRY(mlp_forward(m, L, a->out));
   return 0;

@@ -7,7 +7,8 @@
 
 #include "common/status.h"
 
-int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, float *ybuf, ml_act *y) {
+int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, float *ybuf,
+                      ml_act *y) {
   const ml_param *w = lin->weight;
   if (x->c != w->local[1])
     return ml_err("%s: the input has %lld features but this rank's weight expects %lld; the "
@@ -27,8 +28,8 @@ int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, flo
   return ml_hook_run(lin->out.fwd, y);
 }
 
-int ml_linear_backward(ml_backend *be, const ml_linear *lin, ml_act *dy, const ml_act *x, float *dx,
-                       int accumulate) {
+int ml_linear_backward(ml_backend *be, const ml_linear *lin, ml_act *dy, const ml_act *x,
+                       float *dx, int accumulate) {
   const ml_param *w = lin->weight;
   ML_TRY(ml_hook_run(lin->out.bwd, dy));
   if (dy->s != x->s || dy->c != w->local[0])

@@ -11,15 +11,18 @@ static inline ml_act ml_act_view(const ml_model *m, float *x, int64_t s, int64_t
   return (ml_act){x, m->B, m->S, s, C, c};
 }
 
-/* y = x · W^T (+ b) on backend `be` (its GEMM in the weight's dtype) on the view x [B, s, in_local] into ybuf; the output
- * edge runs; *y is the resulting view. The input edge is the caller's
+/* y = x · W^T (+ b) on backend `be` (its GEMM computes in the weight's
+ * dtype: fp32, or bf16 operands with fp32 accumulation) on the view x
+ * [B, s, in_local] into ybuf; the output edge runs; *y is the resulting
+ * view. The input edge is the caller's
  * (siblings share it). Errors: x->c ≠ the weight's local in-features (the
  * plan's layouts do not compose; the message names the module). */
-int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, float *ybuf, ml_act *y);
+int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, float *ybuf,
+                      ml_act *y);
 /* Backward: the output edge's backward runs on dy (in place; then
  * [B, x->s, out_local]); dx [B, x->s, in_local] (= or += when accumulate;
  * NULL to skip) and weight/bias grads (+=). */
-int ml_linear_backward(ml_backend *be, const ml_linear *lin, ml_act *dy, const ml_act *x, float *dx,
-                       int accumulate);
+int ml_linear_backward(ml_backend *be, const ml_linear *lin, ml_act *dy, const ml_act *x,
+                       float *dx, int accumulate);
 
 #endif

@@ -313,8 +313,8 @@ static int alloc_layer_acts(ml_model *m, const act_dims *d) {
   int64_t block, work;
   act_floats(m, d, &block, &work);
   if (work) {
-    m->ac_work = ml_be_alloc(m->be, work, sizeof(float), "the activation recompute workspace (%s; %s)",
-                                 batch, dims);
+    m->ac_work = ml_be_alloc(m->be, work, sizeof(float),
+                             "the activation recompute workspace (%s; %s)", batch, dims);
     if (!m->ac_work) return -1;
   }
   for (int l = 0; l < m->cfg.n_layers; l++) {

@@ -211,7 +211,8 @@ int ml_engine_forward_backward(ml_engine *e, const int32_t *ids, const uint8_t *
   ML_TRY(ml_fsdp_grad_begin(&e->fsdp, (int)e->model.cfg.n_layers));
   ml_loss_out lo;
   float scale = global_targets > 0 ? 1.0f / (float)global_targets : 0.0f;
-  ML_TRY(ml_vocab_parallel_loss(&e->model, loss_comm(e), e->targets, e->opts.output_dtype, true, scale, NULL, &lo));
+  ML_TRY(ml_vocab_parallel_loss(&e->model, loss_comm(e), e->targets, e->opts.output_dtype, true,
+                                scale, NULL, &lo));
   ML_TRY(backward_layers(e, e->ids));
   double sum = lo.loss_sum;
   /* control plane: the loss sum over the data ranks (dp_cp: cp ranks see the same sequences) */
@@ -229,7 +230,8 @@ int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, f
                           (long long)(B * S));
   if (!lp) return -1;
   ml_loss_out lo;
-  int rc = ml_vocab_parallel_loss(&e->model, loss_comm(e), e->targets, e->opts.output_dtype, false, 0.0f, lp, &lo);
+  int rc = ml_vocab_parallel_loss(&e->model, loss_comm(e), e->targets, e->opts.output_dtype,
+                                  false, 0.0f, lp, &lo);
   for (int64_t b = 0; rc == 0 && b < B; b++)
     rc = ml_be_copy(e->be, out + b * (S - 1), lp + b * S, sizeof(float) * (size_t)(S - 1),
                     ML_COPY_D2H);

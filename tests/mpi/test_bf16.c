@@ -29,7 +29,8 @@ static double *logprobs(run *r, const fixture *fx) {
   float *lp = malloc(sizeof(float) * (size_t)n);
   double *out = malloc(sizeof(double) * (size_t)n);
   if (!lp || !out) fail_msg("logprobs: out of memory");
-  if (ml_engine_logprobs(&r->e, fx->ids, fx->B, fx->S, lp)) fail_msg("logprobs: %s", ml_error_msg());
+  if (ml_engine_logprobs(&r->e, fx->ids, fx->B, fx->S, lp))
+    fail_msg("logprobs: %s", ml_error_msg());
   for (int64_t i = 0; i < n; i++) out[i] = lp[i];
   free(lp);
   return out;

@@ -21,7 +21,9 @@ static cpu *impl(ml_backend *be) { return be->impl; }
 static void *raw_malloc(void *ctx, size_t bytes) { return malloc(bytes ? bytes : 1); }
 static void raw_free(void *ctx, void *p) { free(p); }
 
-static void *cpu_alloc(ml_backend *be, size_t bytes) { return ml_pool_alloc(impl(be)->pool, bytes); }
+static void *cpu_alloc(ml_backend *be, size_t bytes) {
+  return ml_pool_alloc(impl(be)->pool, bytes);
+}
 static void cpu_free(ml_backend *be, void *p) { ml_pool_free(impl(be)->pool, p); }
 static void cpu_trim(ml_backend *be) { ml_pool_trim(impl(be)->pool); }
 

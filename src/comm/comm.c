@@ -1,6 +1,6 @@
 #include "comm/comm.h"
 
-size_t ml_elem_size(ml_elem e) { return e == ML_ELEM_F64 ? 8 : e == ML_ELEM_BF16 ? 2 : 4; }
+size_t ml_elem_size(ml_elem e) { return e == ML_ELEM_BF16 ? 2 : 4; }
 
 int ml_iall_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op, ml_request *req) {
   req->impl = NULL;

@@ -46,9 +46,9 @@ typedef enum { ML_RED_SUM, ML_RED_MAX, ML_RED_MIN } ml_redop;
 /* Element types on the wire. ML_ELEM_BF16 is uint16 bf16 (tensor/dtype.h);
  * its SUM adds pairs in fp32 and rounds to bf16 (as NCCL's bf16 reduction),
  * so a bf16 reduction moves half an fp32 one's bytes; MAX and MIN are not
- * supported on it. ML_ELEM_F64 (ncclFloat64) is kept for the engine's scalar
- * reductions that have not yet moved to the host channel. */
-typedef enum { ML_ELEM_F32, ML_ELEM_F64, ML_ELEM_BF16 } ml_elem;
+ * supported on it. Scalars of the control plane (fp64 loss sums, norms)
+ * travel on the host channel (comm/host.h), not here. */
+typedef enum { ML_ELEM_F32, ML_ELEM_BF16 } ml_elem;
 
 /* Bytes per element: 4, 8, 2. */
 size_t ml_elem_size(ml_elem e);

@@ -28,7 +28,7 @@ static int count_ok(ml_comm *c, size_t n) {
 }
 
 static MPI_Datatype mpi_type(ml_elem e) {
-  return e == ML_ELEM_F64 ? MPI_DOUBLE : e == ML_ELEM_BF16 ? MPI_UINT16_T : MPI_FLOAT;
+  return e == ML_ELEM_BF16 ? MPI_UINT16_T : MPI_FLOAT;
 }
 
 /* inout[i] = bf16(fp32(in[i]) + fp32(inout[i])): MPI has no bf16 type. */

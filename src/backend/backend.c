@@ -56,6 +56,12 @@ void *ml_be_alloc_at(const char *file, int line, ml_backend *be, int host, int64
 void ml_be_free(ml_backend *be, void *p) { be->ops->free(be, p); }
 void ml_be_host_free(ml_backend *be, void *p) { be->ops->host_free(be, p); }
 void ml_be_trim(ml_backend *be) { be->ops->trim(be); }
+ml_memory_stats ml_be_memory_stats(ml_backend *be) {
+  ml_memory_stats s;
+  be->ops->memory_stats(be, &s);
+  return s;
+}
+void ml_be_reset_peak(ml_backend *be) { be->ops->reset_peak(be); }
 
 int ml_be_copy(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind) {
   return bytes ? be->ops->copy(be, dst, src, bytes, kind) : 0;

@@ -81,6 +81,16 @@ typedef enum {
   ML_NORM_ABSMAX  /* max |g|, +inf for a NaN */
 } ml_norm_kind;
 
+/* Device memory of a backend's pool in bytes, as torch.cuda's
+ * memory_allocated / max_memory_allocated / memory_reserved count it:
+ * in_use, the bytes requested by live ml_be_alloc blocks (before the pool
+ * rounds them to a size class; host staging is not counted); peak, the
+ * largest in_use since the backend was made or ml_be_reset_peak; reserved,
+ * what the pool holds from the device (in use or cached). */
+typedef struct ml_memory_stats {
+  size_t in_use, peak, reserved;
+} ml_memory_stats;
+
 typedef struct ml_backend_ops {
   const char *name; /* "cpu" */
   /* memory: bytes from the pool, NULL when there are not (no message) */
@@ -96,6 +106,8 @@ typedef struct ml_backend_ops {
                  size_t n);
   int (*round_bf16)(ml_backend *be, float *x, size_t n);
   void (*trim)(ml_backend *be);
+  void (*memory_stats)(ml_backend *be, ml_memory_stats *out);
+  void (*reset_peak)(ml_backend *be);
   /* ordering */
   int (*event_record)(ml_backend *be, ml_event *ev);
   int (*event_wait)(ml_backend *be, ml_event *ev);
@@ -181,6 +193,10 @@ void ml_be_host_free(ml_backend *be, void *p);
 /* Give the pool's cached blocks back to the system (after the working set
  * changed shape, e.g. a new batch geometry). */
 void ml_be_trim(ml_backend *be);
+/* The device pool's byte counts (ml_memory_stats). */
+ml_memory_stats ml_be_memory_stats(ml_backend *be);
+/* peak = in_use (torch.cuda.reset_peak_memory_stats). */
+void ml_be_reset_peak(ml_backend *be);
 
 /* dst[bytes] = src[bytes] between the memories `kind` names. */
 int ml_be_copy(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind);

@@ -10,6 +10,7 @@ enum { SMALL = 1 << 20, SMALL_STEP = 512, LARGE_STEP = 1 << 16 };
 typedef struct block {
   void *ptr;
   size_t size; /* its class size */
+  size_t req;  /* bytes requested by its current user (while used) */
   bool used;
 } block;
 
@@ -17,6 +18,7 @@ struct ml_pool {
   ml_pool_raw raw;
   block *blocks; /* every block held, in no order (a few hundred: linear scans) */
   size_t n, cap;
+  ml_pool_stats stats;
 };
 
 static size_t class_of(size_t bytes) {
@@ -38,6 +40,7 @@ void ml_pool_trim(ml_pool *p) {
       p->blocks[kept++] = p->blocks[i];
     } else {
       p->raw.free(p->raw.ctx, p->blocks[i].ptr);
+      p->stats.reserved -= p->blocks[i].size;
     }
   }
   p->n = kept;
@@ -70,7 +73,8 @@ static block *add_block(ml_pool *p, void *ptr, size_t size) {
     p->blocks = nb;
     p->cap = cap;
   }
-  p->blocks[p->n] = (block){ptr, size, false};
+  p->blocks[p->n] = (block){ptr, size, 0, false};
+  p->stats.reserved += size;
   return &p->blocks[p->n++];
 }
 
@@ -91,6 +95,9 @@ void *ml_pool_alloc(ml_pool *p, size_t bytes) {
     }
   }
   b->used = true;
+  b->req = bytes;
+  p->stats.in_use += bytes;
+  if (p->stats.in_use > p->stats.peak) p->stats.peak = p->stats.in_use;
   return b->ptr;
 }
 
@@ -99,8 +106,13 @@ void ml_pool_free(ml_pool *p, void *ptr) {
   for (size_t i = 0; i < p->n; i++)
     if (p->blocks[i].ptr == ptr && p->blocks[i].used) {
       p->blocks[i].used = false;
+      p->stats.in_use -= p->blocks[i].req;
       return;
     }
   fprintf(stderr, "ml_pool_free: %p was not allocated by this pool (or freed twice)\n", ptr);
   abort();
 }
+
+ml_pool_stats ml_pool_get_stats(const ml_pool *p) { return p->stats; }
+
+void ml_pool_reset_peak(ml_pool *p) { p->stats.peak = p->stats.in_use; }

@@ -36,4 +36,17 @@ void ml_pool_free(ml_pool *p, void *ptr);
 /* Give every cached (free) block back to the raw allocator. */
 void ml_pool_trim(ml_pool *p);
 
+/* Bytes of the pool, as torch.cuda.memory_allocated / max_memory_allocated
+ * / memory_reserved count them: in_use, the bytes requested by the blocks
+ * handed out and not yet freed (before rounding to a size class); peak,
+ * the largest in_use since the pool was made or ml_pool_reset_peak;
+ * reserved, what the pool holds from the raw allocator (in use or cached). */
+typedef struct ml_pool_stats {
+  size_t in_use, peak, reserved;
+} ml_pool_stats;
+
+ml_pool_stats ml_pool_get_stats(const ml_pool *p);
+/* peak = in_use (torch.cuda.reset_peak_memory_stats). */
+void ml_pool_reset_peak(ml_pool *p);
+
 #endif

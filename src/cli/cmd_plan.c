@@ -1,12 +1,14 @@
 /* meshlm plan: what a training run on a mesh would do, without running it
- * (one process, no mpirun, no weights read: config.json only). It selects
- * the plan and applies it exactly as `meshlm train` does (ml_plan_select,
- * ml_tp_apply), once per tp rank over a group that does not exist
- * (ml_comm with ops NULL), so plan errors are the training run's; then it
- * reports every module's style and per-rank shard shapes, every activation
- * edge's placements and collectives, one step's collectives per mesh group
- * (parallel/predict.h) and the memory per rank. --json prints the same as
- * one JSON document. */
+ * (one process, no mpirun, no weights read: config.json only). It takes
+ * train's flags for everything that shapes a step (mesh, plan, SP, dtypes,
+ * ZeRO, reshard, prefetch, activation checkpointing, batch), selects the
+ * plan and applies it exactly as `meshlm train` does (ml_plan_select,
+ * ml_tp_apply), once per tp rank over a group that does not exist (ml_comm
+ * with ops NULL), so plan errors are the training run's; then it reports
+ * every module's style and per-rank shard shapes, every activation edge's
+ * placements and collectives, and, from the engine's own step run on the
+ * meta backend (train/predict.h), one step's collectives per mesh group
+ * and the memory per rank. --json prints the same as one JSON document. */
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -15,17 +17,19 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/train_flags.h"
 #include "common/status.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "parallel/plan.h"
-#include "parallel/predict.h"
+#include "parallel/loss.h"
 #include "parallel/tp.h"
+#include "train/predict.h"
 
 typedef struct plan_opts {
-  const char *model, *plan;
-  bool sp, json;
-  int64_t tp, dp_shard, dp_replicate, seq_len, batch;
+  ml_train_opts t; /* train's settings (the flags plan takes of them: plan_flags) */
+  int64_t dp_shard;
+  bool json;
 } plan_opts;
 
 /* One tp rank's model with the plan applied over its (fake) tp group. */
@@ -48,47 +52,51 @@ typedef struct plan_run {
 
 /* ---- building ----------------------------------------------------------- */
 
+/* The local micro-batch: --batch-size over dp ranks and --grad-accum. */
+static int64_t local_batch(const plan_opts *o) {
+  return o->t.batch / (o->t.dp_replicate * o->dp_shard * o->t.grad_accum);
+}
+
 static int check_opts(const plan_opts *o) {
-  if (o->tp < 1 || o->dp_shard < 1 || o->dp_replicate < 1 || o->batch < 1 || o->seq_len < 2)
-    return ml_err("plan: expected --tp, --dp-shard, --dp-replicate, --batch-size >= 1 and "
-                  "--seq-len >= 2; found tp=%" PRId64 ", dp_shard=%" PRId64
-                  ", dp_replicate=%" PRId64 ", batch_size=%" PRId64 ", seq_len=%" PRId64,
-                  o->tp, o->dp_shard, o->dp_replicate, o->batch, o->seq_len);
-  if (o->tp > 1 << 16 || o->dp_shard > 1 << 16 || o->dp_replicate > 1 << 16)
-    return ml_err("plan: mesh sizes above 65536 are not supported");
-  int64_t dp = o->dp_replicate * o->dp_shard;
-  if (o->batch % dp != 0) /* the message of `meshlm train` */
-    return ml_err("--batch-size %lld is not divisible by the data-parallel size %d; expected a "
-                  "multiple of it",
-                  (long long)o->batch, (int)dp);
+  ML_TRY(ml_train_opts_check(&o->t));
+  if (o->dp_shard < 1 || o->dp_shard > 1 << 16 || o->t.tp > 1 << 16 || o->t.dp_replicate > 1 << 16)
+    return ml_err("plan: --tp, --dp-shard and --dp-replicate must be in 1..65536; found tp=%" PRId64
+                  ", dp_shard=%" PRId64 ", dp_replicate=%" PRId64,
+                  o->t.tp, o->dp_shard, o->t.dp_replicate);
+  int64_t dp = o->t.dp_replicate * o->dp_shard;
+  if (o->t.batch % (dp * o->t.grad_accum) != 0) /* the message of `meshlm train` */
+    return ml_err("--batch-size %lld is not divisible by the data-parallel size %d x --grad-accum "
+                  "%lld; expected a multiple of it",
+                  (long long)o->t.batch, (int)dp, (long long)o->t.grad_accum);
   return 0;
 }
 
 static int build(plan_run *run) {
   const plan_opts *o = &run->o;
   ML_TRY(check_opts(o));
-  ML_TRY(ml_model_config_load(o->model, &run->cfg));
-  ML_TRY(ml_model_config_check_seq_len(&run->cfg, o->model, o->seq_len, "plan: flag --seq-len"));
-  run->n_ranks = (int)o->tp;
+  ML_TRY(ml_model_config_load(o->t.model, &run->cfg));
+  ML_TRY(ml_model_config_check_seq_len(&run->cfg, o->t.model, o->t.seq_len, "plan: flag --seq-len"));
+  run->n_ranks = (int)o->t.tp;
   run->ranks = ml_calloc((size_t)run->n_ranks, sizeof *run->ranks, "plan ranks");
   if (!run->ranks) return -1;
-  int64_t dp = o->dp_replicate * o->dp_shard;
+  ml_engine_opts eo = ml_train_engine_opts(&o->t);
   for (int r = 0; r < run->n_ranks; r++) {
     plan_rank *pr = &run->ranks[r];
     /* a tp group that is only described: ml_tp_apply never communicates */
-    pr->comm = (ml_comm){.ops = NULL, .impl = NULL, .rank = r, .size = (int)o->tp};
+    pr->comm = (ml_comm){.ops = NULL, .impl = NULL, .rank = r, .size = (int)o->t.tp};
     snprintf(pr->comm.name, sizeof pr->comm.name, "tp");
     pr->created = true; /* destroying a zeroed or half-built model, tp or plan is safe */
     ML_TRY(ml_model_create(&run->cfg, &pr->model));
     if (r == 0) {
       run->have_plan = true;
-      ML_TRY(ml_plan_select(&pr->model, o->model, o->plan, o->sp, &run->plan));
+      ML_TRY(ml_plan_select(&pr->model, o->t.model, o->t.plan, o->t.sp, &run->plan));
     }
     pr->applied = true;
     ML_TRY(ml_tp_apply(&pr->tp, &run->plan, &pr->model, &pr->comm));
-    ML_TRY(ml_tp_check_sequence_parallel(&pr->tp, &run->plan, o->sp));
-    ML_TRY(ml_predict_step(&pr->model, &pr->tp, (int)o->dp_replicate, (int)o->dp_shard,
-                           o->batch / dp, o->seq_len, &pr->pred));
+    ML_TRY(ml_tp_check_sequence_parallel(&pr->tp, &run->plan, o->t.sp));
+    /* world rank r: tp rank r of the first dp coordinates (tp is fastest) */
+    ML_TRY(ml_predict_step(o->t.model, &eo, (int)o->t.dp_replicate, (int)o->dp_shard, (int)o->t.tp,
+                           r, local_batch(o), o->t.seq_len, &pr->pred));
   }
   return 0;
 }
@@ -178,18 +186,18 @@ static void text_header(const plan_run *run) {
   const plan_opts *o = &run->o;
   const ml_model_config *c = &run->cfg;
   const plan_rank *r0 = &run->ranks[0];
-  int64_t world = o->dp_replicate * o->dp_shard * o->tp, dp = o->dp_replicate * o->dp_shard;
+  int64_t world = o->t.dp_replicate * o->dp_shard * o->t.tp, dp = o->t.dp_replicate * o->dp_shard;
   char b1[32], b2[32];
   ml_cli_print("plan: %s (%s, %s): %" PRId64 " layers, hidden %" PRId64 ", heads %" PRId64
                "/%" PRId64 " kv, intermediate %" PRId64 ", vocab %" PRId64 ", %" PRId64
                " parameters%s\n",
-               o->model, c->family->name, c->family->architecture, c->n_layers, c->hidden,
+               o->t.model, c->family->name, c->family->architecture, c->n_layers, c->hidden,
                c->n_heads, c->n_kv_heads, c->intermediate, c->vocab,
                ml_model_config_num_params(c), c->tie_embeddings ? ", tied embeddings" : "");
   ml_cli_print("mesh: dp_replicate %" PRId64 " x dp_shard %" PRId64 " x tp %" PRId64
                " = world %" PRId64 " ranks; batch %" PRId64 " sequences of %" PRId64
                " tokens (%" PRId64 " per dp rank)\n",
-               o->dp_replicate, o->dp_shard, o->tp, world, o->batch, o->seq_len, o->batch / dp);
+               o->t.dp_replicate, o->dp_shard, o->t.tp, world, o->t.batch, o->t.seq_len, o->t.batch / dp);
   ml_cli_print("plan %s%s\n  reason: %s\n", run->plan.name,
                run->plan.sequence_parallel ? " (sequence parallel)" : "", run->plan.reason);
   ml_cli_print("residual stream %s, logits %s%s\n", pstr(r0->tp.residual, b1, sizeof b1),
@@ -275,6 +283,49 @@ static void chain_str(char *buf, size_t cap, const ml_placement *p, int n) {
   }
 }
 
+/* Whether e is lm_head's output edge (its hooks run once per logits chunk). */
+static bool is_logits_edge(const ml_model *m, const ml_tp_edge *e) {
+  for (int i = 0; i < m->n_modules; i++) {
+    if (m->modules[i].ptr != &m->lm_head) continue;
+    size_t n = strlen(m->modules[i].name);
+    return !strncmp(e->name, m->modules[i].name, n) && !strcmp(e->name + n, " output");
+  }
+  return false;
+}
+
+/* Edge e's collectives in one step of prediction p's local batch, forward
+ * and backward: its steps (ml_tp_edge_steps) on [B, S], except lm_head's
+ * output edge, which runs once per logits chunk. Without activation
+ * checkpointing: a recompute reruns forward edges (the step totals count
+ * them). */
+static int edge_costs(const ml_model *m, const ml_tp_edge *e, const ml_prediction *p,
+                      ml_comm_stats *fwd, ml_comm_stats *bwd) {
+  memset(fwd, 0, sizeof *fwd);
+  memset(bwd, 0, sizeof *bwd);
+  bool logits = is_logits_edge(m, e);
+  int64_t T = p->B * p->S, chunk = p->loss_chunk, full = T / chunk, rest = T % chunk;
+  for (int dir = 0; dir < 2; dir++) {
+    ml_comm_stats *s = dir ? bwd : fwd;
+    if (!logits) {
+      ML_TRY(ml_tp_edge_cost(e, dir, p->B, p->S, s->calls, s->bytes));
+      continue;
+    }
+    for (int64_t c = 0; c < full; c++)
+      ML_TRY(ml_tp_edge_cost(e, dir, 1, chunk, s->calls, s->bytes));
+    if (rest) ML_TRY(ml_tp_edge_cost(e, dir, 1, rest, s->calls, s->bytes));
+  }
+  return 0;
+}
+
+/* The gradient's chain of e: grad_in, then where each backward step goes. */
+static int grad_chain(const ml_tp_edge *e, ml_placement *chain) {
+  ml_placement from[ML_TP_MAX_STEPS], to[ML_TP_MAX_STEPS];
+  int k = ml_tp_edge_steps(e, true, from, to);
+  chain[0] = e->grad_in;
+  for (int i = 0; i < k; i++) chain[i + 1] = to[i];
+  return k + 1;
+}
+
 static int text_edges(const plan_run *run) {
   const plan_rank *r0 = &run->ranks[0];
   const ml_prediction *pd = &r0->pred;
@@ -283,10 +334,10 @@ static int text_edges(const plan_run *run) {
                pd->B, pd->S);
   for (int i = 0; i < r0->tp.n_edges; i++) {
     const ml_tp_edge *e = &r0->tp.edges[i];
-    ml_placement g[10];
-    int ng = ml_predict_grad_chain(e, g, 10);
+    ml_placement g[ML_TP_MAX_STEPS + 1];
+    int ng = grad_chain(e, g);
     ml_comm_stats f, b;
-    ML_TRY(ml_predict_edge_step(&r0->model, e, pd, &f, &b));
+    ML_TRY(edge_costs(&r0->model, e, pd, &f, &b));
     char fc[160], gc[160], fs[200], bs[200];
     chain_str(fc, sizeof fc, e->p, e->n);
     chain_str(gc, sizeof gc, g, ng);
@@ -315,24 +366,13 @@ static void text_stats(const ml_comm_stats *st) {
 }
 
 static void text_prediction(const ml_prediction *p) {
-  ml_cli_print("  one training step (forward + backward + grad norm), per group:\n");
+  ml_cli_print("  one training step (zero_grad, forward + backward, grad norm, AdamW), per "
+               "group:\n");
   text_stats(p->train);
   bool any = false;
   for (int g = 0; g < ML_GROUP_KINDS; g++)
     for (int k = 0; k < ML_COLL_KINDS; k++) any = any || p->train[g].calls[k];
   if (!any) ml_cli_print("    none (one rank)\n");
-  ml_cli_print("  by source:\n");
-  for (int i = 0; i < p->n_items; i++) { /* grouped by source, in order of first appearance */
-    bool seen = false;
-    for (int j = 0; j < i && !seen; j++) seen = !strcmp(p->items[j].what, p->items[i].what);
-    for (int j = i; j < p->n_items && !seen; j++) {
-      const ml_predict_item *it = &p->items[j];
-      if (strcmp(it->what, p->items[i].what)) continue;
-      char h[32];
-      ml_cli_print("    %-48s %-9s %-15s x%" PRId64 " (%s)\n", it->what, ml_group_name(it->group),
-                   ml_coll_name(it->kind), it->calls, human(it->bytes, h, sizeof h));
-    }
-  }
   ml_cli_print("  logits: %" PRId64 " chunk(s) of up to %" PRId64 " tokens\n", p->loss_chunks,
                p->loss_chunk);
   ml_cli_print("  one logprobs pass (forward only), per group:\n");
@@ -341,18 +381,13 @@ static void text_prediction(const ml_prediction *p) {
   struct {
     const char *what;
     int64_t v;
-  } rows[] = {{"parameters (fp32 shard)", m->params},
-              {"gradients (shard)", m->grads},
-              {"AdamW state (2x shard)", m->adamw},
-              {"unsharded units at peak (root + largest layer, params + grads)", m->unsharded_peak},
-              {"FSDP comm buffer", m->comm_buffer},
-              {"TP redistribute scratch", m->tp_scratch},
-              {"saved activations (all layers)", m->activations},
-              {"residual, final norm, logits chunk", m->head},
-              {"total (estimate)", m->total}};
+  } rows[] = {{"FSDP shards: params, grads, AdamW exp_avg + exp_avg_sq (fp32)", m->shards},
+              {"in use once open (shards, FSDP buffers, persistent params)", m->opened},
+              {"saved activations (all layers, AC workspace)", m->activations},
+              {"peak of one training step", m->train_peak},
+              {"peak of one logprobs pass", m->logprobs_peak}};
   char h[32];
-  ml_cli_print("  memory per rank (largest unit unsharded, params + grads: %s):\n",
-               human(m->largest_unit, h, sizeof h));
+  ml_cli_print("  device memory per rank (the engine's step on the meta backend):\n");
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
     ml_cli_print("    %-64s %12s\n", rows[i].what, human(rows[i].v, h, sizeof h));
 }
@@ -414,7 +449,7 @@ static json_t *jheader(const plan_run *run) {
   const ml_model_config *c = &run->cfg;
   json_t *root = json_object();
   json_t *model = json_object();
-  json_object_set_new(model, "dir", json_string(o->model));
+  json_object_set_new(model, "dir", json_string(o->t.model));
   json_object_set_new(model, "family", json_string(c->family->name));
   json_object_set_new(model, "architecture", json_string(c->family->architecture));
   json_object_set_new(model, "layers", json_integer(c->n_layers));
@@ -428,16 +463,16 @@ static json_t *jheader(const plan_run *run) {
   json_object_set_new(model, "parameters", json_integer(ml_model_config_num_params(c)));
   json_object_set_new(root, "model", model);
   json_t *mesh = json_object();
-  json_object_set_new(mesh, "dp_replicate", json_integer(o->dp_replicate));
+  json_object_set_new(mesh, "dp_replicate", json_integer(o->t.dp_replicate));
   json_object_set_new(mesh, "dp_shard", json_integer(o->dp_shard));
-  json_object_set_new(mesh, "tp", json_integer(o->tp));
-  json_object_set_new(mesh, "world", json_integer(o->dp_replicate * o->dp_shard * o->tp));
+  json_object_set_new(mesh, "tp", json_integer(o->t.tp));
+  json_object_set_new(mesh, "world", json_integer(o->t.dp_replicate * o->dp_shard * o->t.tp));
   json_object_set_new(root, "mesh", mesh);
   json_t *batch = json_object();
-  json_object_set_new(batch, "global_sequences", json_integer(o->batch));
+  json_object_set_new(batch, "global_sequences", json_integer(o->t.batch));
   json_object_set_new(batch, "local_sequences",
-                      json_integer(o->batch / (o->dp_replicate * o->dp_shard)));
-  json_object_set_new(batch, "seq_len", json_integer(o->seq_len));
+                      json_integer(o->t.batch / (o->t.dp_replicate * o->dp_shard)));
+  json_object_set_new(batch, "seq_len", json_integer(o->t.seq_len));
   json_object_set_new(root, "batch", batch);
   json_t *plan = json_object();
   json_object_set_new(plan, "name", json_string(run->plan.name));
@@ -509,10 +544,10 @@ static int jedges(const plan_run *run, json_t **out) {
   *out = edges;
   for (int i = 0; i < r0->tp.n_edges; i++) {
     const ml_tp_edge *e = &r0->tp.edges[i];
-    ml_placement g[10];
-    int ng = ml_predict_grad_chain(e, g, 10);
+    ml_placement g[ML_TP_MAX_STEPS + 1];
+    int ng = grad_chain(e, g);
     ml_comm_stats f, b;
-    ML_TRY(ml_predict_edge_step(&r0->model, e, &r0->pred, &f, &b));
+    ML_TRY(edge_costs(&r0->model, e, &r0->pred, &f, &b));
     json_t *je = json_object(), *fc = json_array(), *gc = json_array();
     for (int k = 0; k < e->n; k++) json_array_append_new(fc, jplacement(e->p[k]));
     for (int k = 0; k < ng; k++) json_array_append_new(gc, jplacement(g[k]));
@@ -532,32 +567,15 @@ static json_t *jprediction(const ml_prediction *p) {
   json_object_set_new(o, "tp_rank", json_integer(p->tp_rank));
   json_object_set_new(o, "train_step", jgroups(p->train));
   json_object_set_new(o, "logprobs", jgroups(p->logprobs));
-  json_t *items = json_array();
-  for (int i = 0; i < p->n_items; i++) {
-    const ml_predict_item *it = &p->items[i];
-    json_t *j = json_object();
-    json_object_set_new(j, "what", json_string(it->what));
-    json_object_set_new(j, "group", json_string(ml_group_name(it->group)));
-    json_object_set_new(j, "kind", json_string(ml_coll_name(it->kind)));
-    json_object_set_new(j, "calls", json_integer(it->calls));
-    json_object_set_new(j, "bytes", json_integer(it->bytes));
-    json_array_append_new(items, j);
-  }
-  json_object_set_new(o, "train_step_by_source", items);
   json_object_set_new(o, "logits_chunk_tokens", json_integer(p->loss_chunk));
   json_object_set_new(o, "logits_chunks", json_integer(p->loss_chunks));
   const ml_predict_memory *m = &p->mem;
   json_t *mem = json_object();
-  json_object_set_new(mem, "params", json_integer(m->params));
-  json_object_set_new(mem, "grads", json_integer(m->grads));
-  json_object_set_new(mem, "adamw", json_integer(m->adamw));
-  json_object_set_new(mem, "largest_unit", json_integer(m->largest_unit));
-  json_object_set_new(mem, "unsharded_peak", json_integer(m->unsharded_peak));
-  json_object_set_new(mem, "comm_buffer", json_integer(m->comm_buffer));
-  json_object_set_new(mem, "tp_scratch", json_integer(m->tp_scratch));
+  json_object_set_new(mem, "shards", json_integer(m->shards));
+  json_object_set_new(mem, "opened", json_integer(m->opened));
   json_object_set_new(mem, "activations", json_integer(m->activations));
-  json_object_set_new(mem, "head", json_integer(m->head));
-  json_object_set_new(mem, "total", json_integer(m->total));
+  json_object_set_new(mem, "train_peak", json_integer(m->train_peak));
+  json_object_set_new(mem, "logprobs_peak", json_integer(m->logprobs_peak));
   json_object_set_new(o, "memory_bytes", mem);
   return o;
 }
@@ -582,24 +600,40 @@ static int print_json(const plan_run *run) {
   return 0;
 }
 
+/* The flags of train that shape a step (the rest: data, schedule, outputs,
+ * do not change what one step allocates or communicates). */
+static const char *const k_step_flags[] = {
+    "--model", "--tp", "--dp-replicate", "--sequence-parallel", "--parallel-plan",
+    "--param-dtype", "--reduce-dtype", "--output-dtype", "--reshard-after-forward", "--zero",
+    "--prefetch-forward", "--prefetch-backward", "--activation-checkpointing", "--batch-size",
+    "--grad-accum", "--seq-len"};
+
+/* spec[]: train's step flags over o->t, then plan's own. Returns the count. */
+static size_t plan_flags(plan_opts *o, ml_arg *spec) {
+  ml_arg all[ML_TRAIN_MAX_FLAGS];
+  size_t n_all = ml_train_flags(&o->t, all), n = 0;
+  for (size_t i = 0; i < n_all; i++)
+    for (size_t k = 0; k < sizeof k_step_flags / sizeof k_step_flags[0]; k++)
+      if (!strcmp(all[i].name, k_step_flags[k])) spec[n++] = all[i];
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(spec[i].name, "--model")) spec[i].help = "HF checkpoint directory (only config.json is read)";
+  spec[n++] = (ml_arg){"--dp-shard", ML_ARG_INT, &o->dp_shard,
+                       "FSDP (sharded data-parallel) size", false};
+  spec[n++] = (ml_arg){"--json", ML_ARG_FLAG, &o->json, "print the report as one JSON document",
+                       false};
+  return n;
+}
+
 int ml_cmd_plan(ml_host *world, int argc, char **argv) {
-  plan_run run = {.o = {.tp = 1, .dp_shard = 1, .dp_replicate = 1, .seq_len = 128, .batch = 8}};
+  plan_run run = {.o = {.t = ml_train_opts_default(), .dp_shard = 1}};
   plan_opts *o = &run.o;
-  ml_arg spec[] = {
-      {"--model", ML_ARG_STR, &o->model, "HF checkpoint directory (only config.json is read)", true},
-      {"--tp", ML_ARG_INT, &o->tp, "tensor-parallel size", false},
-      {"--dp-shard", ML_ARG_INT, &o->dp_shard, "FSDP (sharded data-parallel) size", false},
-      {"--dp-replicate", ML_ARG_INT, &o->dp_replicate, "replicated data-parallel size", false},
-      {"--sequence-parallel", ML_ARG_FLAG, &o->sp, "shard norms and residuals on the sequence", false},
-      {"--parallel-plan", ML_ARG_STR, &o->plan, "plan file (JSON), or auto|optimized|hf|default", false},
-      {"--seq-len", ML_ARG_INT, &o->seq_len, "tokens per sequence", false},
-      {"--batch-size", ML_ARG_INT, &o->batch, "global batch in sequences", false},
-      {"--json", ML_ARG_FLAG, &o->json, "print the report as one JSON document", false},
-  };
+  ml_arg spec[ML_TRAIN_MAX_FLAGS + 2];
+  size_t n = plan_flags(o, spec);
   int rc = ml_cli_parse("plan",
                         "show the parallel plan, per-rank shards, one step's collectives and "
-                        "memory, without running (world = dp_replicate x dp_shard x tp)",
-                        argc, argv, spec, sizeof spec / sizeof spec[0]);
+                        "memory, without running (world = dp_replicate x dp_shard x tp); train's "
+                        "flags set the step",
+                        argc, argv, spec, n);
   if (rc == 1) return 0;
   if (rc == 0) rc = build(&run);
   if (rc == 0) rc = o->json ? print_json(&run) : print_text(&run);

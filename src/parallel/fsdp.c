@@ -123,7 +123,7 @@ static int unit_init(ml_fsdp *f, ml_fsdp_unit *u, const ml_ckpt *ck) {
   u->shard_grad = u->shard + n;
   u->adam_m = u->shard_grad + n;
   u->adam_v = u->adam_m + n;
-  for (int i = 0; i < u->n; i++) ML_TRY(load_param(f, u, i, ck));
+  for (int i = 0; ck && i < u->n; i++) ML_TRY(load_param(f, u, i, ck));
   if (params_alias(f)) { /* the shard is the whole TP-local tensor */
     u->full = u->shard;
     point_data(u, u->full, ML_F32);

@@ -102,7 +102,7 @@ bool ml_fsdp_reshard_after_forward(ml_reshard_policy policy, int u, int n_units)
 
 /* Build the units of `m` (after TP is applied), allocate this rank's
  * shards and fill them from the checkpoint `ck` (each rank reads only its
- * slice); under ZeRO-1/2 gather every unit once. dp: the sharding group;
+ * slice; ck NULL: left zero, nothing read); under ZeRO-1/2 gather every unit once. dp: the sharding group;
  * rep: the HSDP replica group (size 1: plain FSDP). Errors: options out
  * of range (named), a parameter missing from the checkpoint or with
  * another shape (named, with both shapes), unreadable dtype, allocation. */

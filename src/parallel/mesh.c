@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "comm/comm_mpi.h"
+#include "comm/comm_null.h"
 #include "common/status.h"
 
 /* The mesh dimensions, slowest first (tp fastest). */
@@ -60,6 +61,25 @@ static int check_sizes(int world, int dpr, int dps, int cp, int tp) {
   return 0;
 }
 
+/* Sizes, strides and rank r's coordinates (row-major, tp fastest). */
+static void place(ml_mesh *out, int dpr, int dps, int cp, int tp, int r, int size[DIMS],
+                  int stride[DIMS], int coord[DIMS]) {
+  out->dp_replicate = dpr;
+  out->dp_shard = dps;
+  out->cp = cp;
+  out->tp = tp;
+  const int sz[DIMS] = {dpr, dps, cp, tp}, st[DIMS] = {dps * cp * tp, cp * tp, tp, 1};
+  for (int d = 0; d < DIMS; d++) {
+    size[d] = sz[d];
+    stride[d] = st[d];
+    coord[d] = r / stride[d] % size[d];
+  }
+  out->dp_replicate_rank = coord[DIM_DPR];
+  out->dp_shard_rank = coord[DIM_DPS];
+  out->cp_rank = coord[DIM_CP];
+  out->tp_rank = coord[DIM_TP];
+}
+
 int ml_mesh_create(MPI_Comm base, int dp_replicate, int dp_shard, int cp, int tp,
                    ml_comm_factory make_comm, void *ctx, ml_mesh *out) {
   memset(out, 0, sizeof *out);
@@ -74,19 +94,8 @@ int ml_mesh_create(MPI_Comm base, int dp_replicate, int dp_shard, int cp, int tp
     dp_shard = world / (dp_replicate * cp * tp);
   }
   ML_TRY(check_sizes(world, dp_replicate, dp_shard, cp, tp));
-  out->dp_replicate = dp_replicate;
-  out->dp_shard = dp_shard;
-  out->cp = cp;
-  out->tp = tp;
-  /* row-major coordinates: stride of each dimension, tp fastest */
-  const int size[DIMS] = {dp_replicate, dp_shard, cp, tp};
-  const int stride[DIMS] = {dp_shard * cp * tp, cp * tp, tp, 1};
-  int coord[DIMS];
-  for (int d = 0; d < DIMS; d++) coord[d] = r / stride[d] % size[d];
-  out->dp_replicate_rank = coord[DIM_DPR];
-  out->dp_shard_rank = coord[DIM_DPS];
-  out->cp_rank = coord[DIM_CP];
-  out->tp_rank = coord[DIM_TP];
+  int size[DIMS], stride[DIMS], coord[DIMS];
+  place(out, dp_replicate, dp_shard, cp, tp, r, size, stride, coord);
   if (!make_comm) make_comm = ml_comm_mpi_make;
   for (int g = 0; g < ML_GROUP_KINDS; g++) {
     /* the color: this rank with the group's coordinates set to 0, i.e. the
@@ -95,6 +104,43 @@ int ml_mesh_create(MPI_Comm base, int dp_replicate, int dp_shard, int cp, int tp
     for (int d = 0; d < DIMS; d++)
       if (group_dims[g] >> d & 1u) color -= coord[d] * stride[d];
     if (group_create(base, color, r, (ml_group)g, make_comm, ctx, &out->groups[g])) {
+      ml_mesh_destroy(out);
+      return -1;
+    }
+  }
+  return 0;
+}
+
+int ml_mesh_create_meta(int dp_replicate, int dp_shard, int cp, int tp, int rank, ml_mesh *out) {
+  memset(out, 0, sizeof *out);
+  if (dp_replicate < 1 || dp_shard < 1 || cp < 1 || tp < 1 || dp_replicate > 1 << 16 ||
+      dp_shard > 1 << 16 || cp > 1 << 16 || tp > 1 << 16)
+    return ml_err("mesh: dp_replicate=%d, dp_shard=%d, cp=%d, tp=%d: expected sizes in 1..65536",
+                  dp_replicate, dp_shard, cp, tp);
+  int64_t world = (int64_t)dp_replicate * dp_shard * cp * tp;
+  if (world > 1 << 24 || rank < 0 || rank >= world)
+    return ml_err("mesh: rank %d of a world of %lld ranks; expected 0 <= rank < world <= 2^24",
+                  rank, (long long)world);
+  out->world_size = (int)world;
+  out->rank = rank;
+  int size[DIMS], stride[DIMS], coord[DIMS];
+  place(out, dp_replicate, dp_shard, cp, tp, rank, size, stride, coord);
+  for (int g = 0; g < ML_GROUP_KINDS; g++) {
+    ml_mesh_group *grp = &out->groups[g];
+    grp->name = ml_group_name((ml_group)g);
+    grp->size = 1;
+    grp->rank = 0;
+    for (int d = 0; d < DIMS; d++) /* row-major index of the coordinates in its dims */
+      if (group_dims[g] >> d & 1u) {
+        grp->rank = grp->rank * size[d] + coord[d];
+        grp->size *= size[d];
+      }
+    ml_comm *raw = NULL;
+    int rc = ml_comm_null_create(grp->rank, grp->size, grp->name, &raw);
+    if (rc == 0) rc = ml_comm_counting_create(raw, &grp->comm);
+    if (rc != 0) ml_comm_destroy(raw);
+    if (rc == 0) rc = ml_host_create(MPI_COMM_SELF, grp->name, &grp->host);
+    if (rc != 0) {
       ml_mesh_destroy(out);
       return -1;
     }

@@ -38,12 +38,9 @@ static float *work_for(ml_tp *tp, size_t need) {
   return tp->work;
 }
 
-/* The transitions of an edge: forward p[i] → p[i+1], then backward, the
- * gradient taken from its arrival placement back through each step to
- * p[i]'s gradient placement (DESIGN §3: an all-gather's backward is a
- * reduce-scatter when the gradient arrives Partial, a slice when it
- * arrives Replicate). Returns the count written to from/to. */
-static int edge_steps(const ml_tp_edge *e, bool backward, ml_placement *from, ml_placement *to) {
+/* DESIGN §3; the chain p[] holds at most 8 placements, so each direction
+ * has at most 8 steps. */
+int ml_tp_edge_steps(const ml_tp_edge *e, bool backward, ml_placement *from, ml_placement *to) {
   int k = 0;
   if (!backward) {
     for (int i = 0; i + 1 < e->n; i++)
@@ -66,8 +63,8 @@ static int edge_steps(const ml_tp_edge *e, bool backward, ml_placement *from, ml
 }
 
 static int edge_run(ml_tp_edge *e, bool backward, ml_act *a) {
-  ml_placement from[16], to[16];
-  int k = edge_steps(e, backward, from, to);
+  ml_placement from[ML_TP_MAX_STEPS], to[ML_TP_MAX_STEPS];
+  int k = ml_tp_edge_steps(e, backward, from, to);
   if (!k) return 0;
   float *w = work_for(e->tp, (size_t)ml_redistribute_work(a->B, a->S, a->C, e->tp->size));
   if (!w) return -1;
@@ -80,24 +77,22 @@ static int edge_bwd(void *ctx, ml_act *a) { return edge_run(ctx, true, a); }
 
 /* Whether an edge communicates or reshapes at all, forward or backward. */
 static bool edge_active(const ml_tp_edge *e) {
-  ml_placement from[16], to[16];
-  return edge_steps(e, false, from, to) + edge_steps(e, true, from, to) > 0;
+  ml_placement from[ML_TP_MAX_STEPS], to[ML_TP_MAX_STEPS];
+  return ml_tp_edge_steps(e, false, from, to) + ml_tp_edge_steps(e, true, from, to) > 0;
 }
 
-int ml_tp_edge_cost(const ml_tp_edge *e, int64_t B, int64_t S, int64_t calls[ML_COLL_KINDS],
-                    int64_t bytes[ML_COLL_KINDS]) {
-  for (int dir = 0; dir < 2; dir++) {
-    ml_placement from[16], to[16];
-    int k = edge_steps(e, dir == 1, from, to);
-    for (int i = 0; i < k; i++) {
-      ml_coll kinds[2];
-      int64_t b[2];
-      int n;
-      ML_TRY(ml_redistribute_cost(from[i], to[i], B, S, e->C, e->tp->size, kinds, b, &n));
-      for (int j = 0; j < n; j++) {
-        calls[kinds[j]]++;
-        bytes[kinds[j]] = ml_add_sat(bytes[kinds[j]], b[j]); /* B·S from flags: saturate */
-      }
+int ml_tp_edge_cost(const ml_tp_edge *e, bool backward, int64_t B, int64_t S,
+                    int64_t calls[ML_COLL_KINDS], int64_t bytes[ML_COLL_KINDS]) {
+  ml_placement from[ML_TP_MAX_STEPS], to[ML_TP_MAX_STEPS];
+  int k = ml_tp_edge_steps(e, backward, from, to);
+  for (int i = 0; i < k; i++) {
+    ml_coll kinds[2];
+    int64_t b[2];
+    int n;
+    ML_TRY(ml_redistribute_cost(from[i], to[i], B, S, e->C, e->tp->size, kinds, b, &n));
+    for (int j = 0; j < n; j++) {
+      calls[kinds[j]]++;
+      bytes[kinds[j]] = ml_add_sat(bytes[kinds[j]], b[j]); /* B·S from flags: saturate */
     }
   }
   return 0;

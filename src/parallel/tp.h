@@ -92,11 +92,21 @@ int ml_tp_check_sequence_parallel(const ml_tp *tp, const ml_plan *plan, bool seq
  * No-op with tp size 1 or no such parameter. */
 int ml_tp_reduce_partial_grads(ml_tp *tp, ml_fsdp *f);
 
-/* The collectives one edge issues for a local batch [B, S], forward and
- * backward: calls and bytes per collective kind, added into the arrays
+/* The redistributes edge e runs, forward (backward = false: p[i] →
+ * p[i+1] where they differ) or on its gradient (backward: from grad_in,
+ * back through each step to p[0]'s gradient placement; an all-gather's
+ * backward is a reduce-scatter when the gradient arrives Partial, a slice
+ * when it arrives Replicate): step i goes from[i] → to[i]. The one
+ * description of an edge's collectives: the hooks run exactly these, and
+ * `meshlm plan` prints them. Returns the count (< ML_TP_MAX_STEPS). */
+enum { ML_TP_MAX_STEPS = 16 };
+int ml_tp_edge_steps(const ml_tp_edge *e, bool backward, ml_placement *from, ml_placement *to);
+
+/* The collectives of edge e's forward or backward steps for a local batch
+ * [B, S]: calls and bytes per collective kind, added into the arrays
  * (indexed by ml_coll). Same numbers as the counting wrapper records;
  * bytes saturate at ML_SAT (common/checked.h) instead of wrapping. */
-int ml_tp_edge_cost(const ml_tp_edge *e, int64_t B, int64_t S, int64_t calls[ML_COLL_KINDS],
-                    int64_t bytes[ML_COLL_KINDS]);
+int ml_tp_edge_cost(const ml_tp_edge *e, bool backward, int64_t B, int64_t S,
+                    int64_t calls[ML_COLL_KINDS], int64_t bytes[ML_COLL_KINDS]);
 
 #endif

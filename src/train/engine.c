@@ -63,10 +63,12 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   ML_TRY(ml_tp_apply(&e->tp, &e->plan, &e->model, ml_mesh_comm(mesh, ML_GROUP_TP)));
   ML_TRY(ml_tp_check_sequence_parallel(&e->tp, &e->plan, opts->sequence_parallel));
   ml_ckpt ck;
-  ML_TRY(ml_ckpt_open(model_dir, &ck));
+  if (!opts->no_weights) ML_TRY(ml_ckpt_open(model_dir, &ck));
   /* FSDP shards over dp_shard (dp_shard_cp once cp > 1 runs) */
   int rc = ml_fsdp_init(&e->fsdp, &e->model, ml_mesh_comm(mesh, ML_GROUP_DP_SHARD),
-                        ml_mesh_comm(mesh, ML_GROUP_DP_REPLICATE), &opts->fsdp, &ck);
+                        ml_mesh_comm(mesh, ML_GROUP_DP_REPLICATE), &opts->fsdp,
+                        opts->no_weights ? NULL : &ck);
+  if (opts->no_weights) return rc;
   if (rc == 0 && mesh->rank == 0) warn_unused(e, &ck);
   ml_ckpt_close(&ck);
   return rc;

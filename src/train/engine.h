@@ -25,6 +25,9 @@ typedef struct ml_engine_opts {
   ml_dtype output_dtype;     /* MixedPrecisionPolicy.output_dtype: logits rounded to it (F32/BF16) */
   ml_ac_mode ac;             /* activation checkpointing of every decoder layer */
   ml_backend *backend;       /* where to compute (NULL: the CPU backend) */
+  bool no_weights;           /* read config.json only, never the safetensors: the shards are
+                                allocated and left unset (the meta backend: torch's meta-device
+                                init; train/predict.h) */
 } ml_engine_opts;
 
 /* fp32 everywhere, FSDP2's reshard defaults, ZeRO-3, prefetch forward 1 /

@@ -1,5 +1,6 @@
-/* The CPU backend's vtable: memory from one caching pool over malloc
- * (device = host memory), synchronous ordering, and the operators of
+/* The CPU backend's vtable: memory from caching pools over malloc
+ * (device = host memory; one pool for "device" tensors, one for host
+ * staging, so the device's byte counts are those of the tensors), synchronous ordering, and the operators of
  * kernels/cpu, plus oneDNN's matmul for the GEMM (gemm.c). */
 #include <stdlib.h>
 #include <string.h>
@@ -10,7 +11,7 @@
 #include "kernels/cpu/kernels.h"
 
 typedef struct cpu {
-  ml_pool *pool;
+  ml_pool *pool, *host;
   ml_cpu_gemm *gemm;
 } cpu;
 
@@ -25,7 +26,19 @@ static void *cpu_alloc(ml_backend *be, size_t bytes) {
   return ml_pool_alloc(impl(be)->pool, bytes);
 }
 static void cpu_free(ml_backend *be, void *p) { ml_pool_free(impl(be)->pool, p); }
-static void cpu_trim(ml_backend *be) { ml_pool_trim(impl(be)->pool); }
+static void *cpu_host_alloc(ml_backend *be, size_t bytes) {
+  return ml_pool_alloc(impl(be)->host, bytes);
+}
+static void cpu_host_free(ml_backend *be, void *p) { ml_pool_free(impl(be)->host, p); }
+static void cpu_trim(ml_backend *be) {
+  ml_pool_trim(impl(be)->pool);
+  ml_pool_trim(impl(be)->host);
+}
+static void cpu_memory_stats(ml_backend *be, ml_memory_stats *out) {
+  ml_pool_stats s = ml_pool_get_stats(impl(be)->pool);
+  *out = (ml_memory_stats){s.in_use, s.peak, s.reserved};
+}
+static void cpu_reset_peak(ml_backend *be) { ml_pool_reset_peak(impl(be)->pool); }
 
 static int cpu_copy(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind) {
   memmove(dst, src, bytes); /* host and device are one memory */
@@ -239,6 +252,7 @@ static void cpu_destroy(ml_backend *be) {
   if (c) {
     ml_cpu_gemm_destroy(c->gemm);
     ml_pool_destroy(c->pool);
+    ml_pool_destroy(c->host);
     free(c);
   }
   free(be);
@@ -248,14 +262,16 @@ static const ml_backend_ops k_cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
     .free = cpu_free,
-    .host_alloc = cpu_alloc,
-    .host_free = cpu_free,
+    .host_alloc = cpu_host_alloc,
+    .host_free = cpu_host_free,
     .copy = cpu_copy,
     .zero = cpu_zero,
     .copy2d = cpu_copy2d,
     .convert = cpu_convert,
     .round_bf16 = cpu_round_bf16,
     .trim = cpu_trim,
+    .memory_stats = cpu_memory_stats,
+    .reset_peak = cpu_reset_peak,
     .event_record = cpu_event_record,
     .event_wait = cpu_event_wait,
     .sync = cpu_sync,
@@ -296,7 +312,8 @@ int ml_backend_cpu_create(ml_backend **out) {
   be->ops = &k_cpu_ops;
   be->impl = c;
   c->pool = ml_pool_create((ml_pool_raw){raw_malloc, raw_free, NULL});
-  if (!c->pool) {
+  c->host = ml_pool_create((ml_pool_raw){raw_malloc, raw_free, NULL});
+  if (!c->pool || !c->host) {
     cpu_destroy(be);
     return ml_err("out of memory creating the CPU backend's pool");
   }

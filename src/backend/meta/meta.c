@@ -1,0 +1,226 @@
+/* The meta backend (meta.h): pool bookkeeping over fake addresses, no-op
+ * operators. */
+#include "backend/meta/meta.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/pool.h"
+#include "common/checked.h"
+#include "common/status.h"
+
+/* Fake device addresses: from 2^52 up (non-canonical on x86-64, so never
+ * mapped), aligned to 256 bytes; the range ends at 2^62. */
+enum { ALIGN = 256 };
+static const uintptr_t k_first = (uintptr_t)1 << 52, k_last = (uintptr_t)1 << 62;
+
+typedef struct meta {
+  ml_backend *like;
+  ml_pool *pool;
+  uintptr_t next; /* the next fake address */
+} meta;
+
+static meta *impl(ml_backend *be) { return be->impl; }
+
+static void *fake_alloc(void *ctx, size_t bytes) {
+  meta *m = ctx;
+  size_t size = bytes ? (bytes + ALIGN - 1) / ALIGN * ALIGN : ALIGN;
+  if (bytes > k_last || size > k_last - m->next) return NULL; /* beyond the fake range */
+  void *p = (void *)m->next;
+  m->next += size;
+  return p;
+}
+static void fake_free(void *ctx, void *p) {}
+
+static void *meta_alloc(ml_backend *be, size_t bytes) {
+  return ml_pool_alloc(impl(be)->pool, bytes);
+}
+static void meta_free(ml_backend *be, void *p) { ml_pool_free(impl(be)->pool, p); }
+static void *meta_host_alloc(ml_backend *be, size_t bytes) { return malloc(bytes ? bytes : 1); }
+static void meta_host_free(ml_backend *be, void *p) { free(p); }
+static void meta_trim(ml_backend *be) { ml_pool_trim(impl(be)->pool); }
+static void meta_memory_stats(ml_backend *be, ml_memory_stats *out) {
+  ml_pool_stats s = ml_pool_get_stats(impl(be)->pool);
+  *out = (ml_memory_stats){s.in_use, s.peak, s.reserved};
+}
+static void meta_reset_peak(ml_backend *be) { ml_pool_reset_peak(impl(be)->pool); }
+
+/* Only host memory is real: a copy into it reads as zeros. */
+static int meta_copy(ml_backend *be, void *dst, const void *src, size_t bytes,
+                     ml_copy_kind kind) {
+  if (kind == ML_COPY_D2H) memset(dst, 0, bytes);
+  return 0;
+}
+
+static int meta_copy2d(ml_backend *be, void *dst, size_t dpitch, const void *src, size_t spitch,
+                       size_t width, size_t rows) {
+  return 0;
+}
+static int meta_zero(ml_backend *be, void *dst, size_t bytes) { return 0; }
+static int meta_convert(ml_backend *be, void *dst, ml_dtype dst_type, const void *src,
+                        ml_dtype src_type, size_t n) {
+  return 0;
+}
+static int meta_round_bf16(ml_backend *be, float *x, size_t n) { return 0; }
+static int meta_event(ml_backend *be, ml_event *ev) { return 0; }
+static int meta_sync(ml_backend *be) { return 0; }
+
+static int meta_gemm(ml_backend *be, const ml_gemm *g) { return 0; }
+static int meta_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db) {
+  return 0;
+}
+static int meta_add(ml_backend *be, float *y, const float *x, int64_t n) { return 0; }
+static int meta_scale(ml_backend *be, float *x, int64_t n, float s) { return 0; }
+static int meta_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
+                            float offset, float eps, float *y, float *rstd, int64_t T,
+                            int64_t H) {
+  return 0;
+}
+static int meta_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const void *w,
+                            ml_dtype w_type, float offset, const float *rstd, float *dx,
+                            float *dw, int64_t T, int64_t H) {
+  return 0;
+}
+static int meta_rope_tables(ml_backend *be, double theta, int64_t hd, const ml_rope_scaling *sc,
+                            int64_t S, float *cos_t, float *sin_t) {
+  return 0;
+}
+static int meta_rope(ml_backend *be, float *x, const float *cos_t, const float *sin_t, int64_t B,
+                     int64_t S, int64_t nheads, int64_t hd) {
+  return 0;
+}
+static size_t meta_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t nh) {
+  return ml_be_attention_work(impl(be)->like, B, S, nh);
+}
+static int meta_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
+                              float *out, float *P, int64_t B, int64_t S, int64_t nh,
+                              int64_t nkv, int64_t hd, float scale, int64_t window) {
+  return 0;
+}
+static int meta_attention_bwd(ml_backend *be, const float *dout, const float *q, const float *k,
+                              const float *v, const float *P, float *dq, float *dk, float *dv,
+                              int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd,
+                              float scale, void *work) {
+  return 0;
+}
+static int meta_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
+                        ml_glu_act act) {
+  return 0;
+}
+static int meta_glu_bwd(ml_backend *be, const float *dh, const float *g, const float *u,
+                        float *dg, float *du, int64_t n, ml_glu_act act) {
+  return 0;
+}
+static int meta_embedding_fwd(ml_backend *be, const int32_t *ids, int64_t T, const void *W,
+                              ml_dtype w_type, int64_t row0, int64_t rows, int64_t H,
+                              float scale, float *out) {
+  return 0;
+}
+static int meta_embedding_bwd(ml_backend *be, const int32_t *ids, int64_t T, const float *dout,
+                              int64_t row0, int64_t rows, int64_t H, float scale, float *dW) {
+  return 0;
+}
+static int meta_xent_rowmax(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                            float *mx) {
+  return 0;
+}
+static int meta_xent_sumexp_target(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                                   int64_t v0, const int32_t *y, const float *mx, float *se,
+                                   float *tl) {
+  return 0;
+}
+static int meta_xent_logprobs(ml_backend *be, const float *se, const float *tl, const int32_t *y,
+                              int64_t T, float scale, float *logprobs, float *w,
+                              double *loss_sum, int64_t *count) {
+  return 0; /* the sums stay as they were: no token is scored */
+}
+static int meta_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                         const int32_t *y, const float *mx, const float *se, const float *w,
+                         float *dlogits) {
+  return 0;
+}
+static int meta_adamw(ml_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
+                      double lr, double b1, double b2, double eps, double wd, int64_t step) {
+  return 0;
+}
+static int meta_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind,
+                             double *out) {
+  *out = 0.0;
+  return 0;
+}
+static int meta_find_nonfinite(ml_backend *be, const float *g, int64_t n, bool *found) {
+  *found = false;
+  return 0;
+}
+
+static const ml_backend_ops k_meta_ops = {
+    .name = "meta",
+    .alloc = meta_alloc,
+    .free = meta_free,
+    .host_alloc = meta_host_alloc,
+    .host_free = meta_host_free,
+    .copy = meta_copy,
+    .zero = meta_zero,
+    .copy2d = meta_copy2d,
+    .convert = meta_convert,
+    .round_bf16 = meta_round_bf16,
+    .trim = meta_trim,
+    .memory_stats = meta_memory_stats,
+    .reset_peak = meta_reset_peak,
+    .event_record = meta_event,
+    .event_wait = meta_event,
+    .sync = meta_sync,
+    .gemm = meta_gemm,
+    .bias_grad = meta_bias_grad,
+    .add = meta_add,
+    .scale = meta_scale,
+    .rmsnorm_fwd = meta_rmsnorm_fwd,
+    .rmsnorm_bwd = meta_rmsnorm_bwd,
+    .rope_tables = meta_rope_tables,
+    .rope_fwd = meta_rope,
+    .rope_bwd = meta_rope,
+    .attention_work = meta_attention_work,
+    .attention_fwd = meta_attention_fwd,
+    .attention_bwd = meta_attention_bwd,
+    .glu_fwd = meta_glu_fwd,
+    .glu_bwd = meta_glu_bwd,
+    .embedding_fwd = meta_embedding_fwd,
+    .embedding_bwd = meta_embedding_bwd,
+    .xent_rowmax = meta_xent_rowmax,
+    .xent_sumexp_target = meta_xent_sumexp_target,
+    .xent_logprobs = meta_xent_logprobs,
+    .xent_bwd = meta_xent_bwd,
+    .adamw = meta_adamw,
+    .norm_partial = meta_norm_partial,
+    .find_nonfinite = meta_find_nonfinite,
+    .destroy = ml_backend_meta_destroy,
+};
+
+int ml_backend_meta_create(ml_backend *like, ml_backend **out) {
+  ml_backend *be = ml_calloc(1, sizeof *be, "the meta backend");
+  meta *m = ml_calloc(1, sizeof *m, "the meta backend");
+  if (!be || !m) {
+    free(be);
+    free(m);
+    return -1;
+  }
+  be->ops = &k_meta_ops;
+  be->impl = m;
+  m->like = like;
+  m->next = k_first;
+  m->pool = ml_pool_create((ml_pool_raw){fake_alloc, fake_free, m});
+  if (!m->pool) {
+    ml_backend_meta_destroy(be);
+    return ml_err("out of memory creating the meta backend's pool");
+  }
+  *out = be;
+  return 0;
+}
+
+void ml_backend_meta_destroy(ml_backend *be) {
+  if (!be) return;
+  if (be->impl) ml_pool_destroy(impl(be)->pool);
+  free(be->impl);
+  free(be);
+}

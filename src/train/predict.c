@@ -1,0 +1,88 @@
+/* One rank's step on the meta backend (predict.h). */
+#include "train/predict.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/meta/meta.h"
+#include "common/checked.h"
+#include "common/status.h"
+#include "parallel/loss.h"
+
+/* The counters of every group into st, then zeroed. */
+static void take_stats(ml_mesh *mesh, ml_comm_stats st[ML_GROUP_KINDS]) {
+  for (int g = 0; g < ML_GROUP_KINDS; g++) st[g] = *ml_comm_stats_of(ml_mesh_comm(mesh, g));
+  ml_mesh_stats_reset(mesh);
+}
+
+/* The step and the logprobs pass on the open engine e. ids: [B, S] host. */
+static int run(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp, ml_prediction *p) {
+  ml_predict_memory *mem = &p->mem;
+  ml_memory_stats ms = ml_be_memory_stats(e->be);
+  mem->opened = (int64_t)ms.in_use;
+  for (int u = 0; u < e->fsdp.n_units; u++) mem->shards += 16 * e->fsdp.units[u].shard_numel;
+  ml_mesh_stats_reset(mesh);
+  ml_be_reset_peak(e->be);
+  double loss, norm;
+  ml_adamw_cfg adam = {.lr = 0.0, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
+  ML_TRY(ml_engine_zero_grad(e));
+  ML_TRY(ml_engine_forward_backward(e, ids, NULL, p->B, p->S, p->B * p->S, &loss));
+  ML_TRY(ml_engine_grad_norm(e, 2.0, &norm));
+  ML_TRY(ml_engine_adamw(e, &adam));
+  take_stats(mesh, p->train);
+  mem->train_peak = (int64_t)ml_be_memory_stats(e->be).peak;
+  ml_be_reset_peak(e->be);
+  ML_TRY(ml_engine_logprobs(e, ids, p->B, p->S, lp));
+  take_stats(mesh, p->logprobs);
+  mem->logprobs_peak = (int64_t)ml_be_memory_stats(e->be).peak;
+  int64_t per_layer, work;
+  ml_model_act_bytes(&e->model, p->B, p->S, &per_layer, &work);
+  mem->activations = ml_add_sat(ml_mul_sat(per_layer, e->model.cfg.n_layers), work);
+  int parts = e->tp.logits.kind == ML_SHARD ? e->tp.size : 1;
+  int64_t T = p->B * p->S;
+  p->loss_chunk = ml_loss_chunk_tokens(T, e->model.cfg.vocab, parts);
+  p->loss_chunks = T / p->loss_chunk + (T % p->loss_chunk != 0);
+  return 0;
+}
+
+int ml_predict_step(const char *model_dir, const ml_engine_opts *opts, int dp_replicate,
+                    int dp_shard, int tp, int rank, int64_t B, int64_t S, ml_prediction *out) {
+  memset(out, 0, sizeof *out);
+  if (B < 1 || S < 2)
+    return ml_err("plan: expected a local batch of B >= 1 sequences of S >= 2 tokens; found "
+                  "B=%lld, S=%lld",
+                  (long long)B, (long long)S);
+  int64_t T = ml_mul_sat(B, S);
+  if (T > (int64_t)1 << 40)
+    return ml_err("plan: a local batch of %lld x %lld tokens exceeds 2^40 tokens per rank; "
+                  "expected a smaller --batch-size or --seq-len",
+                  (long long)B, (long long)S);
+  ml_backend *like = opts->backend, *meta = NULL;
+  if (!like) ML_TRY(ml_backend_get("cpu", &like));
+  ML_TRY(ml_backend_meta_create(like, &meta));
+  ml_mesh mesh;
+  int rc = ml_mesh_create_meta(dp_replicate, dp_shard, 1, tp, rank, &mesh);
+  if (rc) {
+    ml_backend_meta_destroy(meta);
+    return rc;
+  }
+  *out = (ml_prediction){.dp_replicate = dp_replicate, .dp_shard = dp_shard, .tp = tp,
+                         .world = mesh.world_size, .rank = rank, .tp_rank = mesh.tp_rank,
+                         .B = B, .S = S};
+  ml_engine_opts o = *opts;
+  o.backend = meta;
+  o.no_weights = true;
+  ml_engine e;
+  memset(&e, 0, sizeof e);
+  int32_t *ids = ml_calloc_array(T, sizeof *ids, "the planned batch's token ids");
+  float *lp = ml_calloc_array(T, sizeof *lp, "the planned batch's log-probs");
+  rc = ids && lp ? 0 : -1;
+  if (rc == 0) rc = ml_engine_open(&e, &mesh, model_dir, &o);
+  if (rc == 0) rc = run(&e, &mesh, ids, lp, out);
+  ml_engine_close(&e);
+  free(ids);
+  free(lp);
+  ml_mesh_destroy(&mesh);
+  ml_backend_meta_destroy(meta);
+  return rc;
+}

@@ -1,0 +1,61 @@
+/* Prediction of one training step's collectives and per-rank memory,
+ * without running it: `meshlm plan`'s numbers. The engine's own step
+ * (train/engine.h) runs for one rank of the mesh on the meta backend
+ * (backend/meta/meta.h: the caching pool over addresses nothing reads,
+ * every operator a no-op) with null data comms under the counting wrapper
+ * (parallel/mesh.h ml_mesh_create_meta), config.json only — as torch's
+ * FSDPMemTracker and CommDebugMode run a model under FakeTensorMode
+ * (torch/distributed/_tools). There is no second description of the step
+ * to keep in line with the engine: the collectives are the ones the step
+ * issues, counted per mesh group with the counting comm's byte convention
+ * (comm/comm.h), and the memory is the pool's, as ml_be_memory_stats
+ * reports it for a real run of the same step (requested bytes; the
+ * backend's own kernel temporaries, e.g. a GEMM's operand conversion, are
+ * not modelled: a real CPU run's peak may exceed it by those).
+ *
+ * One training step = ml_engine_zero_grad, ml_engine_forward_backward,
+ * ml_engine_grad_norm, ml_engine_adamw (which re-gathers parameters under
+ * ZeRO-1/2); one logprobs pass = ml_engine_logprobs. */
+#ifndef ML_PREDICT_STEP_H
+#define ML_PREDICT_STEP_H
+
+#include <stdint.h>
+
+#include "comm/comm.h"
+#include "parallel/mesh.h"
+#include "train/engine.h"
+
+/* Per-rank device memory in bytes. */
+typedef struct ml_predict_memory {
+  int64_t shards;      /* FSDP shards: parameters, gradients, AdamW exp_avg and exp_avg_sq
+                          (4 × the padded shard, fp32) */
+  int64_t opened;      /* in use once the engine is open: the shards, FSDP's communication
+                          buffers, persistent unsharded parameters (ZeRO-1/2) */
+  int64_t activations; /* saved for backward, all layers, plus the AC recompute workspace
+                          (ml_model_act_bytes) */
+  int64_t train_peak;  /* the peak of one training step (everything live at once) */
+  int64_t logprobs_peak; /* the peak of one logprobs pass */
+} ml_predict_memory;
+
+typedef struct ml_prediction {
+  int dp_replicate, dp_shard, tp, world;
+  int rank, tp_rank;
+  int64_t B, S;                    /* local batch per dp rank */
+  int64_t loss_chunk, loss_chunks; /* logits chunk (tokens) and chunks per pass */
+  ml_comm_stats train[ML_GROUP_KINDS];    /* one training step */
+  ml_comm_stats logprobs[ML_GROUP_KINDS]; /* one logprobs pass */
+  ml_predict_memory mem;
+} ml_prediction;
+
+/* Predict one training step and one logprobs pass of the local batch
+ * [B, S] on world rank `rank` of a dp_replicate × dp_shard × tp mesh (cp =
+ * 1), for the model in `model_dir` (config.json) under the engine options
+ * `opts` (plan, SP, mixed precision, ZeRO stage, reshard and prefetch,
+ * activation checkpointing; opts->backend names the backend predicted
+ * for, NULL = CPU). Errors: those of opening the engine (plan, sizes,
+ * config), mesh sizes or rank out of range, B < 1 or S < 2, and a step
+ * too large to address (more than 2^62 bytes of device memory). */
+int ml_predict_step(const char *model_dir, const ml_engine_opts *opts, int dp_replicate,
+                    int dp_shard, int tp, int rank, int64_t B, int64_t S, ml_prediction *out);
+
+#endif

@@ -80,6 +80,8 @@ static int build(plan_run *run) {
   run->ranks = ml_calloc((size_t)run->n_ranks, sizeof *run->ranks, "plan ranks");
   if (!run->ranks) return -1;
   ml_engine_opts eo = ml_train_engine_opts(&o->t);
+  char what[192];
+  ml_train_batch_words(&o->t, (int)(o->t.dp_replicate * o->dp_shard), what, sizeof what);
   for (int r = 0; r < run->n_ranks; r++) {
     plan_rank *pr = &run->ranks[r];
     /* a tp group that is only described: ml_tp_apply never communicates */
@@ -96,7 +98,7 @@ static int build(plan_run *run) {
     ML_TRY(ml_tp_check_sequence_parallel(&pr->tp, &run->plan, o->t.sp));
     /* world rank r: tp rank r of the first dp coordinates (tp is fastest) */
     ML_TRY(ml_predict_step(o->t.model, &eo, (int)o->t.dp_replicate, (int)o->dp_shard, (int)o->t.tp,
-                           r, local_batch(o), o->t.seq_len, &pr->pred));
+                           r, local_batch(o), o->t.seq_len, what, &pr->pred));
   }
   return 0;
 }

@@ -200,15 +200,19 @@ int ml_train_opts_check(const ml_train_opts *o) {
   return 0;
 }
 
-int ml_train_reserve(ml_engine *e, const ml_train_opts *o, int dp) {
+void ml_train_batch_words(const ml_train_opts *o, int dp, char *buf, size_t cap) {
   int64_t local = o->batch / (o->grad_accum * dp);
-  char what[192];
-  snprintf(what, sizeof what,
+  snprintf(buf, cap,
            "%" PRId64 " sequence%s per rank (--batch-size %" PRId64 " / (%d data-parallel rank%s x "
            "--grad-accum %" PRId64 ")) x --seq-len %" PRId64,
            local, local == 1 ? "" : "s", o->batch, dp, dp == 1 ? "" : "s", o->grad_accum,
            o->seq_len);
-  return ml_engine_reserve(e, local, o->seq_len, what);
+}
+
+int ml_train_reserve(ml_engine *e, const ml_train_opts *o, int dp) {
+  char what[192];
+  ml_train_batch_words(o, dp, what, sizeof what);
+  return ml_engine_reserve(e, o->batch / (o->grad_accum * dp), o->seq_len, what);
 }
 
 ml_engine_opts ml_train_engine_opts(const ml_train_opts *o) {

@@ -73,6 +73,9 @@ int ml_train_opts_check(const ml_train_opts *o);
  * ml_train_opts_check (the product fits) and the --batch-size divisibility
  * check. Errors: allocation (ml_engine_reserve). */
 int ml_train_reserve(ml_engine *e, const ml_train_opts *o, int dp);
+/* How messages name the micro-batch, in the flags' terms (the text quoted
+ * above), into buf[cap]. */
+void ml_train_batch_words(const ml_train_opts *o, int dp, char *buf, size_t cap);
 
 /* The engine options, the LR schedule over the run (--steps) and the
  * norm type (2.0 or INFINITY) the flags select. */

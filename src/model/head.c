@@ -15,6 +15,10 @@ int ml_embed_forward(ml_model *m, const int32_t *ids, float *x) {
   if (v.c != H)
     return ml_err("%s: the residual stream needs all %lld features; the plan's layouts leave %lld",
                   w->name, (long long)H, (long long)v.c);
+  if (v.s > m->s_res_cap)
+    return ml_err("%s: the plan's layouts leave %lld positions per sequence on the residual "
+                  "stream; its buffers hold %lld (ml_model.res_parts)",
+                  w->name, (long long)v.s, (long long)m->s_res_cap);
   m->s_res = v.s;
   return 0;
 }

@@ -132,11 +132,13 @@ static int attention_forward(ml_model *m, ml_layer *L, float *x) {
   ML_TRY(core_forward(m, L, a->att));
   a->in_o = ml_act_view(m, a->att, S, m->cfg.n_heads * hd, nh * hd);
   ML_TRY(ml_hook_run(L->o_proj.in.fwd, &a->in_o));
-  ml_act o;
-  ML_TRY(ml_linear_forward(m->be, &L->o_proj, &a->in_o, out_norm ? a->o : x, &o));  // [B, s_res, H]
+  ml_act o; /* into x, which has room for the output edge's unsharded [B, S, H] */
+  ML_TRY(ml_linear_forward(m->be, &L->o_proj, &a->in_o, x, &o));  // [B, s_res, H]
   ML_TRY(expect_view(L->o_proj.weight->name, &o, m->s_res, H));
-  if (out_norm) /* x: [B, s_res, H] */
+  if (out_norm) { /* o: [B, s_res, H] saved; x = attn_out_norm(o) */
+    ML_TRY(copy_floats(m, a->o, x, Tr * H));
     ML_TRY(norm_fwd(m, &L->attn_out_norm, a->o, x, a->rstd_o, Tr, H));
+  }
   ML_TRY(add_inplace(m, x, a->x_in, Tr * H));                                      // residual
   return copy_floats(m, a->x_mid, x, Tr * H);
 }
@@ -188,12 +190,13 @@ static int mlp_forward(ml_model *m, ml_layer *L, float *x) {
   ML_TRY(ml_be_glu_fwd(m->be, a->g, a->u, a->a, a->gv.B * a->gv.s * a->gv.c, m->cfg.family->act));
   a->in_down = on(a->gv, a->a);
   ML_TRY(ml_hook_run(L->down_proj.in.fwd, &a->in_down));
-  ml_act d;
-  // d: [B, s_res, H]
-  ML_TRY(ml_linear_forward(m->be, &L->down_proj, &a->in_down, out_norm ? a->d : x, &d));
+  ml_act d; /* into x, which has room for the output edge's unsharded [B, S, H] */
+  ML_TRY(ml_linear_forward(m->be, &L->down_proj, &a->in_down, x, &d));  // d: [B, s_res, H]
   ML_TRY(expect_view(L->down_proj.weight->name, &d, m->s_res, H));
-  if (out_norm) /* x: [B, s_res, H] */
+  if (out_norm) { /* d: [B, s_res, H] saved; x = mlp_out_norm(d) */
+    ML_TRY(copy_floats(m, a->d, x, Tr * H));
     ML_TRY(norm_fwd(m, &L->mlp_out_norm, a->d, x, a->rstd_d, Tr, H));
+  }
   return add_inplace(m, x, a->x_mid, Tr * H);
 }
 

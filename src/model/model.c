@@ -8,6 +8,7 @@
 
 #include "common/checked.h"
 #include "common/status.h"
+#include "tensor/placement.h"
 
 static ml_param *add_param(ml_model *m, int unit, int64_t d0, int64_t d1, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
@@ -198,7 +199,7 @@ static int kept_parts(ml_ac_mode ac) {
  * batch too large to address fails its allocation with a message, never
  * wraps. */
 typedef struct act_dims {
-  int64_t B, S, T, H, hd, q, kv, I;
+  int64_t B, S, T, Tr, H, hd, q, kv, I; /* Tr: tokens of the residual stream's piece */
 } act_dims;
 
 static int64_t max3(int64_t a, int64_t b, int64_t c) {
@@ -207,7 +208,9 @@ static int64_t max3(int64_t a, int64_t b, int64_t c) {
 }
 
 static act_dims act_dims_of(const ml_model *m, int64_t B, int64_t S) {
-  act_dims d = {B, S, ml_mul_sat(B, S), m->cfg.hidden, m->cfg.head_dim, 0, 0, 0};
+  int64_t s0, s = S;
+  if (m->res_parts > 1) ml_chunk(S, m->res_parts, m->res_index, &s0, &s);
+  act_dims d = {B, S, ml_mul_sat(B, S), ml_mul_sat(B, s), m->cfg.hidden, m->cfg.head_dim, 0, 0, 0};
   for (int l = 0; l < m->cfg.n_layers; l++) {
     const ml_layer *L = &m->layers[l];
     int64_t q = max3(L->q_proj.weight->local[0], L->q_proj.out.cap_c, L->o_proj.in.cap_c);
@@ -243,13 +246,14 @@ static float *take(carver *c, int part, bool present, int64_t n) {
 /* Layer L's buffers (ml_layer_acts), x_in first: it is always kept and
  * frees the layer's block. `out` is there when the MLP is recomputed. */
 static void carve_layer(const act_dims *d, const ml_layer *L, carver *c, ml_layer_acts *a) {
-  int64_t T = d->T, nh = d->q / d->hd, nkv = d->kv / d->hd;
+  int64_t T = d->T, Tr = d->Tr, nh = d->q / d->hd, nkv = d->kv / d->hd;
   int64_t TH = ml_mul_sat(T, d->H), Tq = ml_mul_sat(T, d->q), Tkv = ml_mul_sat(T, d->kv);
+  int64_t TrH = ml_mul_sat(Tr, d->H);
   int64_t TI = ml_mul_sat(T, d->I);
   int64_t P = ml_mul_sat(ml_mul_sat(ml_mul_sat(d->B, nh), d->S), d->S); /* [B, nh, S, S] */
   bool qk = L->q_norm.weight, ao = L->attn_out_norm.weight, mo = L->mlp_out_norm.weight;
-  a->x_in = take(c, PART_INPUT, true, TH);
-  a->rstd1 = take(c, PART_ATTN, true, T);
+  a->x_in = take(c, PART_INPUT, true, TrH);
+  a->rstd1 = take(c, PART_ATTN, true, Tr);
   a->h1 = take(c, PART_ATTN, true, TH);
   a->q_raw = take(c, PART_ATTN, qk, Tq);
   a->k_raw = take(c, PART_ATTN, qk, Tkv);
@@ -260,16 +264,16 @@ static void carve_layer(const act_dims *d, const ml_layer *L, carver *c, ml_laye
   a->v = take(c, PART_ATTN, true, Tkv);
   a->P = take(c, PART_CORE, true, P);
   a->att = take(c, PART_ATTN, true, Tq);
-  a->o = take(c, PART_ATTN, ao, TH);
-  a->rstd_o = take(c, PART_ATTN, ao, T);
-  a->x_mid = take(c, PART_ATTN, true, TH);
-  a->rstd2 = take(c, PART_MLP, true, T);
+  a->o = take(c, PART_ATTN, ao, TrH);
+  a->rstd_o = take(c, PART_ATTN, ao, Tr);
+  a->x_mid = take(c, PART_ATTN, true, TrH);
+  a->rstd2 = take(c, PART_MLP, true, Tr);
   a->h2 = take(c, PART_MLP, true, TH);
   a->g = take(c, PART_MLP, true, TI);
   a->u = take(c, PART_MLP, true, TI);
   a->a = take(c, PART_MLP, true, TI);
-  a->d = take(c, PART_MLP, mo, TH);
-  a->rstd_d = take(c, PART_MLP, mo, T);
+  a->d = take(c, PART_MLP, mo, TrH);
+  a->rstd_d = take(c, PART_MLP, mo, Tr);
   a->out = take(c, PART_OUT, !(c->kept & PART_MLP), TH);
 }
 
@@ -364,6 +368,7 @@ int ml_model_begin(ml_model *m, int64_t B, int64_t S) {
   int64_t H = m->cfg.hidden;
   act_dims d = act_dims_of(m, B, S);
   int64_t T = d.T; /* saturated when B·S does not fit: then the first allocation fails */
+  m->s_res_cap = d.Tr / (B > 0 ? B : 1);
   m->cap_q = d.q;
   m->cap_kv = d.kv;
   m->cap_i = d.I;

@@ -112,6 +112,9 @@ typedef struct ml_layer_acts {
   float *d, *rstd_d;    /* down_proj output before mlp_out_norm [T, H], rstd [T] */
   float *out;           /* workspace only, where the MLP is recomputed: the layer
                            output a recompute writes and discards [T, H] */
+  /* Buffers on the residual stream (x_in, x_mid, the rstd of attn_norm,
+   * mlp_norm and the post-norms, o and d) hold Tr = B · s_res tokens, s_res
+   * this rank's sequence piece (ml_model.res_parts); the others T = B · S. */
   /* the views the linears read (after their input edges): q/k/v, o_proj,
    * gate/up, down_proj; and q, k, v as attention saw them */
   ml_act in_qkv, in_o, in_gu, in_down, qv, kv, vv, gv;
@@ -185,9 +188,17 @@ typedef struct ml_model {
    * ranks) x --seq-len 4096"); empty: "B sequences x S tokens per rank".
    * Set by the caller, optional. */
   char batch_what[192];
+  /* The residual stream between modules is sequence-sharded (Shard(1),
+   * sequence parallelism) into res_parts torch.chunk pieces of which this
+   * rank holds piece res_index: the buffers it passes through (layer input,
+   * residual after attention, norms' rstd, post-norm inputs) are sized for
+   * that piece. 1 and 0 (the default): whole sequences. Set from outside
+   * (parallel/) before ml_model_begin. */
+  int res_parts, res_index;
   /* batch geometry and buffers, set by ml_model_begin */
   int64_t B, S;
   int64_t s_res;  /* local positions of the residual stream (S, or a Shard(1) chunk) */
+  int64_t s_res_cap; /* positions its buffers hold (S, or piece res_index of res_parts) */
   int64_t cap_q, cap_kv, cap_i; /* buffer widths of q/att, k/v, gate/up/act (widest view) */
   ml_act head_in;   /* lm_head's input view (after its input edge) */
   int64_t logits_c; /* features of the logits ml_head_forward hands out */
@@ -224,9 +235,10 @@ int ml_model_begin(ml_model *m, int64_t B, int64_t S);
  * workspace shared by all layers (0 under ML_AC_NONE). ml_model_begin(m,
  * B, S) allocates these; the backward temporaries, the final norm's
  * activations and the RoPE tables come on top and do not depend on the
- * mode. Buffers are sized for whole sequences (S positions) even where the
- * residual stream is sequence-sharded. A size beyond int64 is ML_SAT
- * (common/checked.h). */
+ * mode. Buffers on the residual stream are sized for this rank's piece of
+ * the sequence (m->res_parts), the rest for whole sequences (S positions:
+ * the linears and attention read gathered sequences). A size beyond int64
+ * is ML_SAT (common/checked.h). */
 void ml_model_act_bytes(const ml_model *m, int64_t B, int64_t S, int64_t *per_layer,
                         int64_t *workspace);
 

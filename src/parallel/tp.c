@@ -614,7 +614,12 @@ int ml_tp_apply(ml_tp *tp, const ml_plan *plan, ml_model *m, ml_comm *comm) {
     ML_TRY(attention(&w, l, &r));
     ML_TRY(mlp(&w, l, &r));
   }
-  return head(&w, r);
+  ML_TRY(head(&w, r));
+  if (is_seq(tp->residual)) { /* SP: the model sizes its residual buffers to this rank's chunk */
+    m->res_parts = tp->size;
+    m->res_index = tp->rank;
+  }
+  return 0;
 }
 
 int ml_tp_check_sequence_parallel(const ml_tp *tp, const ml_plan *plan, bool sequence_parallel) {

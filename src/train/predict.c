@@ -46,17 +46,14 @@ static int run(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp, ml_pr
 }
 
 int ml_predict_step(const char *model_dir, const ml_engine_opts *opts, int dp_replicate,
-                    int dp_shard, int tp, int rank, int64_t B, int64_t S, ml_prediction *out) {
+                    int dp_shard, int tp, int rank, int64_t B, int64_t S, const char *batch_what,
+                    ml_prediction *out) {
   memset(out, 0, sizeof *out);
   if (B < 1 || S < 2)
     return ml_err("plan: expected a local batch of B >= 1 sequences of S >= 2 tokens; found "
                   "B=%lld, S=%lld",
                   (long long)B, (long long)S);
   int64_t T = ml_mul_sat(B, S);
-  if (T > (int64_t)1 << 40)
-    return ml_err("plan: a local batch of %lld x %lld tokens exceeds 2^40 tokens per rank; "
-                  "expected a smaller --batch-size or --seq-len",
-                  (long long)B, (long long)S);
   ml_backend *like = opts->backend, *meta = NULL;
   if (!like) ML_TRY(ml_backend_get("cpu", &like));
   ML_TRY(ml_backend_meta_create(like, &meta));
@@ -74,10 +71,16 @@ int ml_predict_step(const char *model_dir, const ml_engine_opts *opts, int dp_re
   o.no_weights = true;
   ml_engine e;
   memset(&e, 0, sizeof e);
-  int32_t *ids = ml_calloc_array(T, sizeof *ids, "the planned batch's token ids");
-  float *lp = ml_calloc_array(T, sizeof *lp, "the planned batch's log-probs");
-  rc = ids && lp ? 0 : -1;
-  if (rc == 0) rc = ml_engine_open(&e, &mesh, model_dir, &o);
+  int32_t *ids = NULL;
+  float *lp = NULL;
+  rc = ml_engine_open(&e, &mesh, model_dir, &o);
+  /* the device buffers first: a batch beyond 2^63 bytes fails there, with their message */
+  if (rc == 0) rc = ml_engine_reserve(&e, B, S, batch_what);
+  if (rc == 0) {
+    ids = ml_calloc_array(T, sizeof *ids, "the planned batch's token ids");
+    lp = ml_calloc_array(T, sizeof *lp, "the planned batch's log-probs");
+    rc = ids && lp ? 0 : -1;
+  }
   if (rc == 0) rc = run(&e, &mesh, ids, lp, out);
   ml_engine_close(&e);
   free(ids);

@@ -52,10 +52,13 @@ typedef struct ml_prediction {
  * 1), for the model in `model_dir` (config.json) under the engine options
  * `opts` (plan, SP, mixed precision, ZeRO stage, reshard and prefetch,
  * activation checkpointing; opts->backend names the backend predicted
- * for, NULL = CPU). Errors: those of opening the engine (plan, sizes,
+ * for, NULL = CPU). batch_what: how allocation errors name the batch
+ * (ml_engine_reserve; NULL: "B sequences x S tokens"). Errors: those of opening the engine (plan, sizes,
  * config), mesh sizes or rank out of range, B < 1 or S < 2, and a step
- * too large to address (more than 2^62 bytes of device memory). */
+ * too large to address (a buffer beyond 2^63 bytes, or more than 2^62
+ * bytes of device memory in all: the meta pool's address range). */
 int ml_predict_step(const char *model_dir, const ml_engine_opts *opts, int dp_replicate,
-                    int dp_shard, int tp, int rank, int64_t B, int64_t S, ml_prediction *out);
+                    int dp_shard, int tp, int rank, int64_t B, int64_t S, const char *batch_what,
+                    ml_prediction *out);
 
 #endif

@@ -104,7 +104,7 @@ static void setup_open(setup *s) {
   s->ids = s->fx.ids + d * s->Bl * s->fx.S;
   s->mask = s->fx.mask + d * s->Bl * s->fx.S;
   if (ml_predict_step(s->fx.dir, &opts, s->mesh.dp_replicate, s->mesh.dp_shard, s->mesh.tp,
-                      s->mesh.rank, s->Bl, s->fx.S, &s->pred))
+                      s->mesh.rank, s->Bl, s->fx.S, NULL, &s->pred))
     fail_msg("predict: %s", ml_error_msg());
 }
 

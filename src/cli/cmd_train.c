@@ -198,7 +198,7 @@ static void train_step(train_run *r, const ml_lr_schedule *sched, ml_step_metric
   double rss = ml_peak_rss_mib();
   sm->peak_rss_mib_max = max_over_world(r->world, rss);
   sm->peak_rss_mib_min = -max_over_world(r->world, -rss);
-  double wait = ml_comm_stats_of(ml_mesh_comm(&r->mesh, ML_GROUP_DP_SHARD))->wait_s +
+  double wait = ml_comm_stats_of(ml_mesh_comm(&r->mesh, ML_GROUP_DP_SHARD_CP))->wait_s +
                 ml_comm_stats_of(ml_mesh_comm(&r->mesh, ML_GROUP_DP_REPLICATE))->wait_s;
   sm->fsdp_wait_ms = 1e3 * max_over_world(r->world, wait);
 }

@@ -1,5 +1,5 @@
-/* FSDP (torch's fully_shard / FSDP2, DESIGN §6) over the dp_shard group,
- * with HSDP over dp_replicate.
+/* FSDP (torch's fully_shard / FSDP2, DESIGN §6) over the dp_shard_cp group
+ * (dp_shard × cp, NeMo Automodel's name), with HSDP over dp_replicate.
  *
  * Unit = one decoder layer, plus a root unit (embedding, final norm,
  * lm_head). Each parameter's TP-local tensor is chunked on dim 0 across the

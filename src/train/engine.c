@@ -64,8 +64,9 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   ML_TRY(ml_tp_check_sequence_parallel(&e->tp, &e->plan, opts->sequence_parallel));
   ml_ckpt ck;
   if (!opts->no_weights) ML_TRY(ml_ckpt_open(model_dir, &ck));
-  /* FSDP shards over dp_shard (dp_shard_cp once cp > 1 runs) */
-  int rc = ml_fsdp_init(&e->fsdp, &e->model, ml_mesh_comm(mesh, ML_GROUP_DP_SHARD),
+  /* FSDP shards over dp_shard_cp (Automodel: cp ranks hold parameter shards too), HSDP
+   * replicas over dp_replicate */
+  int rc = ml_fsdp_init(&e->fsdp, &e->model, ml_mesh_comm(mesh, ML_GROUP_DP_SHARD_CP),
                         ml_mesh_comm(mesh, ML_GROUP_DP_REPLICATE), &opts->fsdp,
                         opts->no_weights ? NULL : &ck);
   if (opts->no_weights) return rc;

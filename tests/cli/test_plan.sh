@@ -101,9 +101,13 @@ for fx in llama_tied qwen2; do
   expect_ok "$fx tp2 sp" "^plan .*-optimized-sp" "residual stream Shard\(1\)" "SequenceParallel" \
     "grad Partial" "tp +all_gather" "tp +reduce_scatter" -- \
     "$meshlm" plan --model "$m" --tp 2 --sequence-parallel
-  expect_ok "$fx dp2 x tp2 sp" "dp_shard 2 x tp 2 = world 4" "dp_shard +all_gather" \
-    "dp_shard +reduce_scatter" -- \
+  expect_ok "$fx dp2 x tp2 sp" "dp_shard 2 x tp 2 = world 4" "dp_shard_cp +all_gather" \
+    "dp_shard_cp +reduce_scatter" -- \
     "$meshlm" plan --model "$m" --tp 2 --dp-shard 2 --sequence-parallel --batch-size 4 --seq-len 16
+  # train's step flags: activation checkpointing and bf16 parameters change the step
+  expect_ok "$fx dp2 x tp2 ac layer bf16" "peak of one training step" "dp_shard_cp +all_gather" -- \
+    "$meshlm" plan --model "$m" --tp 2 --dp-shard 2 --activation-checkpointing layer \
+    --param-dtype bf16 --batch-size 4 --seq-len 16
   expect_json "$fx tp2 --json" "$meshlm" plan --model "$m" --tp 2 --json
   expect_json "$fx tp2 sp --json" "$meshlm" plan --model "$m" --tp 2 --sequence-parallel --json
 done

@@ -82,7 +82,7 @@ static void run_mode(ml_ac_mode ac, result *out) {
                                  &out->loss))
     fail_msg("step (ac %s): %s", mode_names[ac], ml_error_msg());
   const ml_comm_stats *tp = ml_comm_stats_of(ml_mesh_comm(&r.mesh, ML_GROUP_TP));
-  const ml_comm_stats *fs = ml_comm_stats_of(ml_mesh_comm(&r.mesh, ML_GROUP_DP_SHARD));
+  const ml_comm_stats *fs = ml_comm_stats_of(ml_mesh_comm(&r.mesh, ML_GROUP_DP_SHARD_CP));
   memcpy(out->tp_calls, tp->calls, sizeof out->tp_calls);
   memcpy(out->tp_bytes, tp->bytes, sizeof out->tp_bytes);
   memcpy(out->fsdp_calls, fs->calls, sizeof out->fsdp_calls);

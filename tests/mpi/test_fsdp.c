@@ -154,7 +154,7 @@ static void test_hsdp(void **state) {
   ml_comm *rep = ml_mesh_comm(&hsdp.mesh, ML_GROUP_DP_REPLICATE);
   assert_int_equal(calls(rep, ML_COLL_ALL_REDUCE), units);
   assert_int_equal(bytes(rep, ML_COLL_ALL_REDUCE), shard_bytes(&hsdp));
-  assert_int_equal(calls(ml_mesh_comm(&hsdp.mesh, ML_GROUP_DP_SHARD), ML_COLL_REDUCE_SCATTER),
+  assert_int_equal(calls(ml_mesh_comm(&hsdp.mesh, ML_GROUP_DP_SHARD_CP), ML_COLL_REDUCE_SCATTER),
                    units);
   bool exact;
   double gh = worst_rel(&hsdp, &fsdp, ML_EXPORT_GRADS, &exact);
@@ -197,9 +197,9 @@ static void test_bf16(void **state) {
     ml_mesh_stats_reset(&runs[k]->mesh);
     loss[k] = step_rows(runs[k], &bt);
   }
-  ml_comm *dps[] = {ml_mesh_comm(&a.mesh, ML_GROUP_DP_SHARD),
-                    ml_mesh_comm(&b.mesh, ML_GROUP_DP_SHARD),
-                    ml_mesh_comm(&c.mesh, ML_GROUP_DP_SHARD)};
+  ml_comm *dps[] = {ml_mesh_comm(&a.mesh, ML_GROUP_DP_SHARD_CP),
+                    ml_mesh_comm(&b.mesh, ML_GROUP_DP_SHARD_CP),
+                    ml_mesh_comm(&c.mesh, ML_GROUP_DP_SHARD_CP)};
   int64_t ag32 = bytes(dps[0], ML_COLL_ALL_GATHER), rs32 = bytes(dps[0], ML_COLL_REDUCE_SCATTER);
   if (rank0())
     printf("dp_shard bytes per step: fp32 all-gather %lld, reduce-scatter %lld; bf16 params "
@@ -253,7 +253,7 @@ static void test_zero(void **state) {
     run *x = &r[z - 1];
     ml_mesh_stats_reset(&x->mesh);
     step_rows(x, &bt);
-    ml_comm *dps = ml_mesh_comm(&x->mesh, ML_GROUP_DP_SHARD);
+    ml_comm *dps = ml_mesh_comm(&x->mesh, ML_GROUP_DP_SHARD_CP);
     int64_t ag = calls(dps, ML_COLL_ALL_GATHER), rs = calls(dps, ML_COLL_REDUCE_SCATTER),
             ar = calls(dps, ML_COLL_ALL_REDUCE);
     if (rank0())
@@ -307,7 +307,7 @@ static void test_prefetch_reshard(void **state) {
    * the layers but the last by default, every layer (ALWAYS), none (NEVER) */
   int64_t want_ag[N] = {2 * units - 2, 2 * units - 2, 2 * units - 2, 2 * units - 1, units};
   for (int k = 0; k < N; k++) {
-    ml_comm *dps = ml_mesh_comm(&r[k].mesh, ML_GROUP_DP_SHARD);
+    ml_comm *dps = ml_mesh_comm(&r[k].mesh, ML_GROUP_DP_SHARD_CP);
     int64_t ag = calls(dps, ML_COLL_ALL_GATHER);
     bool exact = true;
     if (k) worst_rel(&r[k], &r[0], ML_EXPORT_GRADS, &exact);

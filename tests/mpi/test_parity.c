@@ -277,7 +277,7 @@ static void test_collective_counts(void **state) {
   int tp = r.mesh.tp, dp = r.mesh.dp_shard;
   int64_t Tl = fx.B / dp * fx.S, Tw = fx.B / dp * tp * ((fx.S + tp - 1) / tp);
   ml_mesh *m = &r.mesh;
-  ml_comm *tpc = ml_mesh_comm(m, ML_GROUP_TP), *dps = ml_mesh_comm(m, ML_GROUP_DP_SHARD);
+  ml_comm *tpc = ml_mesh_comm(m, ML_GROUP_TP), *dps = ml_mesh_comm(m, ML_GROUP_DP_SHARD_CP);
   int64_t pb = partial_bytes(&r), P = pb > 0;
   if (tp > 1 && g_sp) {
     assert_int_equal(calls(tpc, ML_COLL_ALL_GATHER), 4 * L + 2);

@@ -198,6 +198,8 @@ static void train_step(train_run *r, const ml_lr_schedule *sched, ml_step_metric
   double rss = ml_peak_rss_mib();
   sm->peak_rss_mib_max = max_over_world(r->world, rss);
   sm->peak_rss_mib_min = -max_over_world(r->world, -rss);
+  double dev = (double)ml_be_memory_stats(r->e.be).peak / (1024.0 * 1024.0);
+  sm->device_peak_mib = max_over_world(r->world, dev);
   double wait = ml_comm_stats_of(ml_mesh_comm(&r->mesh, ML_GROUP_DP_SHARD_CP))->wait_s +
                 ml_comm_stats_of(ml_mesh_comm(&r->mesh, ML_GROUP_DP_REPLICATE))->wait_s;
   sm->fsdp_wait_ms = 1e3 * max_over_world(r->world, wait);

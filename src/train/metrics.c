@@ -58,6 +58,7 @@ static json_t *metrics_json(const ml_step_metrics *m) {
   bad |= json_object_set_new(o, "peak_measured", json_boolean(m->peak_measured));
   bad |= json_object_set_new(o, "peak_rss_mib_min", real_or_null(m->peak_rss_mib_min));
   bad |= json_object_set_new(o, "peak_rss_mib_max", real_or_null(m->peak_rss_mib_max));
+  bad |= json_object_set_new(o, "device_peak_mib", real_or_null(m->device_peak_mib));
   bad |= json_object_set_new(o, "skipped", json_boolean(m->skipped));
   bad |= json_object_set_new(o, "fsdp_wait_ms", real_or_null(m->fsdp_wait_ms));
   if (!bad) return o;

@@ -21,6 +21,8 @@ typedef struct ml_step_metrics {
   bool peak_measured;  /* peak_tflops was measured at start-up (ml_gemm_flops_per_s), not given */
   double peak_rss_mib_min, peak_rss_mib_max; /* peak resident set over the ranks, MiB
                                                 (ml_peak_rss_mib of each rank) */
+  double device_peak_mib; /* the largest rank's device pool peak since start, MiB
+                             (ml_be_memory_stats: torch.cuda.max_memory_allocated) */
   bool skipped;        /* the optimizer step was skipped: a non-finite gradient */
   double fsdp_wait_ms; /* time blocked on FSDP collectives (dp_shard, dp_replicate), max over ranks */
 } ml_step_metrics;
@@ -44,7 +46,7 @@ int ml_metrics_open(const char *path, ml_metrics_writer *w);
 
 /* Append one line: a JSON object with exactly the keys step, loss,
  * grad_norm, lr, tokens, tokens_per_s, mfu, peak_tflops, peak_measured,
- * peak_rss_mib_min, peak_rss_mib_max, skipped, fsdp_wait_ms (in that
+ * peak_rss_mib_min, peak_rss_mib_max, device_peak_mib, skipped, fsdp_wait_ms (in that
  * order; the integers as JSON integers, the flags as booleans, the rest as
  * reals written with round-trip precision, a non-finite value — e.g. a
  * diverged loss — and mfu/peak_tflops when the peak is unknown as null),

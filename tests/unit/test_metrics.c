@@ -27,7 +27,8 @@ static const ml_step_metrics k_example = {.step = 12,
                                           .peak_tflops = 0.5,
                                           .peak_measured = true,
                                           .peak_rss_mib_min = 300.25,
-                                          .peak_rss_mib_max = 345.6};
+                                          .peak_rss_mib_max = 345.6,
+                                          .device_peak_mib = 123.5};
 
 static void test_print(void **state) {
   FILE *f = tmpfile();
@@ -90,7 +91,7 @@ static json_t *read_line(FILE *f) {
   json_t *o = json_loads(line, JSON_REJECT_DUPLICATES, &e);
   if (!o) fail_msg("bad JSON line '%s': %s", line, e.text);
   assert_true(json_is_object(o));
-  assert_int_equal(json_object_size(o), 13);
+  assert_int_equal(json_object_size(o), 14);
   return o;
 }
 
@@ -114,6 +115,7 @@ static void check_example(const json_t *o) {
   assert_true(json_is_true(json_object_get(o, "peak_measured")));
   assert_true(num(o, "peak_rss_mib_min") == 300.25);
   assert_true(num(o, "peak_rss_mib_max") == 345.6);
+  assert_true(num(o, "device_peak_mib") == 123.5);
   assert_true(json_is_false(json_object_get(o, "skipped")));
 }
 
@@ -131,8 +133,8 @@ static void test_jsonl_roundtrip(void **state) {
   check_example(o);
   const char *keys[] = {"step",          "loss",          "grad_norm",        "lr",
                         "tokens",        "tokens_per_s",  "mfu",              "peak_tflops",
-                        "peak_measured", "peak_rss_mib_min", "peak_rss_mib_max", "skipped",
-                        "fsdp_wait_ms"};
+                        "peak_measured", "peak_rss_mib_min", "peak_rss_mib_max",
+                        "device_peak_mib", "skipped", "fsdp_wait_ms"};
   const char *key;
   json_t *v;
   size_t i = 0;

@@ -136,12 +136,6 @@ static void module_params(const ml_module *mod, const ml_param *out[2]) {
 /* The role of module_params' entry i. */
 static const char *param_role(int i) { return i == 0 ? "weight" : "bias"; }
 
-static bool is_partial(const ml_tp *tp, const ml_param *p) {
-  for (int i = 0; i < tp->n_partial; i++)
-    if (tp->partial[i] == p) return true;
-  return false;
-}
-
 static const char *human(int64_t bytes, char *buf, size_t cap) {
   const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = (double)bytes;
@@ -233,11 +227,12 @@ static void text_modules(const plan_run *run) {
       if (strncmp(p->name, mod->name, strlen(mod->name)) != 0)
         snprintf(where, sizeof where, " (tied: %s)", p->name);
       ml_cli_print("    %s %s%s: ", param_role(k), g, where);
-      if (p->tp_dim < 0) {
-        ml_cli_print("Replicate()%s", is_partial(&r0->tp, p) ? ", grad Partial (all-reduced over tp)"
-                                                           : "");
+      int dim = ml_tp_param_dim(&r0->tp, m, p);
+      if (dim < 0) {
+        ml_cli_print("Replicate()%s",
+                     ml_tp_grad_partial(&r0->tp, p) ? ", grad Partial (all-reduced over tp)" : "");
       } else {
-        ml_cli_print("Shard(%d):", p->tp_dim);
+        ml_cli_print("Shard(%d):", dim);
         for (int r = 0; r < tp; r++) {
           char l[48];
           const ml_param *pr = param_on(run, r, p);
@@ -482,10 +477,10 @@ static json_t *jmodules(const plan_run *run) {
       json_object_set_new(jp, "role", json_string(param_role(k)));
       json_object_set_new(jp, "name", json_string(p->name));
       json_object_set_new(jp, "shape", jshape(p, p->shape));
-      json_object_set_new(jp, "placement",
-                          p->tp_dim < 0 ? json_string("Replicate()")
-                                        : json_string(p->tp_dim == 0 ? "Shard(0)" : "Shard(1)"));
-      json_object_set_new(jp, "grad_partial", json_boolean(is_partial(&r0->tp, p)));
+      int dim = ml_tp_param_dim(&r0->tp, m, p);
+      const char *placement = dim < 0 ? "Replicate()" : dim == 0 ? "Shard(0)" : "Shard(1)";
+      json_object_set_new(jp, "placement", json_string(placement));
+      json_object_set_new(jp, "grad_partial", json_boolean(ml_tp_grad_partial(&r0->tp, p)));
       json_t *local = json_array(), *rows = json_array();
       for (int r = 0; r < run->n_ranks; r++) {
         const ml_param *pr = param_on(run, r, p);
@@ -572,7 +567,8 @@ static int print_json(const plan_run *run) {
   }
   json_object_set_new(root, "edges", edges);
   json_t *per = json_array();
-  for (int r = 0; r < run->n_ranks; r++) json_array_append_new(per, jprediction(&run->ranks[r].pred));
+  for (int r = 0; r < run->n_ranks; r++)
+    json_array_append_new(per, jprediction(&run->ranks[r].pred));
   json_object_set_new(root, "per_tp_rank", per);
   char *s = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
   json_decref(root);
@@ -586,12 +582,15 @@ int ml_cmd_plan(ml_host *world, int argc, char **argv) {
   plan_run run = {.o = {.tp = 1, .dp_shard = 1, .dp_replicate = 1, .seq_len = 128, .batch = 8}};
   plan_opts *o = &run.o;
   ml_arg spec[] = {
-      {"--model", ML_ARG_STR, &o->model, "HF checkpoint directory (only config.json is read)", true},
+      {"--model", ML_ARG_STR, &o->model, "HF checkpoint directory (only config.json is read)",
+       true},
       {"--tp", ML_ARG_INT, &o->tp, "tensor-parallel size", false},
       {"--dp-shard", ML_ARG_INT, &o->dp_shard, "FSDP (sharded data-parallel) size", false},
       {"--dp-replicate", ML_ARG_INT, &o->dp_replicate, "replicated data-parallel size", false},
-      {"--sequence-parallel", ML_ARG_FLAG, &o->sp, "shard norms and residuals on the sequence", false},
-      {"--parallel-plan", ML_ARG_STR, &o->plan, "plan file (JSON), or auto|optimized|hf|default", false},
+      {"--sequence-parallel", ML_ARG_FLAG, &o->sp, "shard norms and residuals on the sequence",
+       false},
+      {"--parallel-plan", ML_ARG_STR, &o->plan, "plan file (JSON), or auto|optimized|hf|default",
+       false},
       {"--seq-len", ML_ARG_INT, &o->seq_len, "tokens per sequence", false},
       {"--batch-size", ML_ARG_INT, &o->batch, "global batch in sequences", false},
       {"--json", ML_ARG_FLAG, &o->json, "print the report as one JSON document", false},

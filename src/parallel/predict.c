@@ -163,12 +163,6 @@ static void predict_loss(const ml_tp *tp, ml_prediction *p) {
   lp->bytes[ML_COLL_ALL_REDUCE] = ml_add_sat(lp->bytes[ML_COLL_ALL_REDUCE], bytes);
 }
 
-static bool is_partial(const ml_tp *tp, const ml_param *q) {
-  for (int i = 0; i < tp->n_partial; i++)
-    if (tp->partial[i] == q) return true;
-  return false;
-}
-
 /* FSDP units (ml_fsdp_layout), the partial-grad all-reduce, and the
  * parameter-side memory. Config sizes only: a unit holds < 2^47 elements
  * and the model < 2^58 (config.h), so its sums and their fp32 bytes are
@@ -184,13 +178,11 @@ static int predict_units(const ml_model *m, const ml_tp *tp, ml_prediction *p) {
   }
   int64_t partial = 0, shard_total = 0, max_shard = 0, max_full = 0, max_layer = 0, root_full = 0;
   for (int u = 0; u < n_units; u++) {
-    int n = 0;
-    for (int i = 0; i < m->n_params; i++)
-      if (m->params[i].unit == u) ps[n++] = &m->params[i];
+    int n = ml_fsdp_unit_params(m, u, ps);
     int64_t shard, full;
     ml_fsdp_layout(ps, n, dp, rows, NULL, NULL, &shard, &full);
     for (int i = 0; i < n; i++)
-      if (is_partial(tp, ps[i])) partial += rows[i] * ps[i]->local[1];
+      if (ml_tp_grad_partial(tp, ps[i])) partial += rows[i] * ps[i]->local[1];
     shard_total += shard;
     if (shard > max_shard) max_shard = shard;
     if (full > max_full) max_full = full;

@@ -27,11 +27,9 @@ static int saved_name(const ml_model_config *cfg, const ml_param *p, char *out) 
 }
 
 /* The global block of p this rank holds: rows [r0, r0+nr) of its TP-local
- * tensor, placed by the TP placement (Shard(0) offsets rows, Shard(1)
- * columns). */
+ * tensor, placed by the local view's offset in the global tensor. */
 static ml_rc_block held_block(const ml_param *p, int64_t r0, int64_t nr) {
-  return (ml_rc_block){{r0 + (p->tp_dim == 0 ? p->tp_start : 0), p->tp_dim == 1 ? p->tp_start : 0},
-                       {nr, p->local[1]}};
+  return (ml_rc_block){{p->offset[0] + r0, p->offset[1]}, {nr, p->local[1]}};
 }
 
 static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t shape[2]) {
@@ -84,7 +82,8 @@ static int write_pieces(ml_engine *e, const char *step_dir, const ml_run_state *
       const ml_param *p = unit->params[i];
       int64_t r0, nr;
       ml_fsdp_param_rows(&e->fsdp, unit, i, &r0, &nr);
-      if (!writer || nr == 0 || (p->tp_dim < 0 && mesh->tp_rank != 0)) continue;
+      bool tp_copy = ml_tp_param_dim(&e->tp, &e->model, p) < 0 && mesh->tp_rank != 0;
+      if (!writer || nr == 0 || tp_copy) continue;
       mine[k] = held_block(p, r0, nr);
       rc = saved_name(&e->model.cfg, p, name);
       for (int s = 0; rc == 0 && s < ML_RC_STATES; s++, ne++) {
@@ -260,7 +259,7 @@ int ml_run_export(const char *ckpt_dir, const char *out_dir, size_t max_shard_by
   /* FSDP unit order (layers, then the root), as ml_engine_save_hf writes */
   for (int u = 0; rc == 0 && u <= cfg.n_layers; u++)
     for (int i = 0; i < n; i++)
-      if (m.params[i].unit == u) params[k++] = &m.params[i];
+      if (ml_fsdp_unit_of(&m, &m.params[i]) == u) params[k++] = &m.params[i];
   for (int i = 0; rc == 0 && i < n; i++) {
     const ml_param *p = params[i];
     ml_rc_tensor t;

@@ -14,16 +14,17 @@ enum { NAME_CAP = sizeof ((ml_param *)0)->name }; /* exported tensor names */
  * `local` [p->local] (returned on every rank; caller frees): one padded
  * all-gather of the torch.chunk pieces (ml_all_gather_padded), unpadded
  * into place. */
-static float *gather_tp(ml_backend *be, ml_comm *tp, const ml_param *p, const float *local) {
+static float *gather_tp(ml_backend *be, ml_comm *tp, const ml_param *p, int dim,
+                        const float *local) {
   int64_t numel = p->shape[0] * p->shape[1];
   float *global = ml_malloc(sizeof(float) * (size_t)numel, "export tensor");
   if (!global) return NULL;
-  if (p->tp_dim < 0 || tp->size == 1) {
+  if (dim < 0 || tp->size == 1) {
     memcpy(global, local, sizeof(float) * (size_t)numel);
     return global;
   }
-  int64_t other = p->shape[1 - p->tp_dim], n = ml_param_numel(p);
-  size_t chunk = (size_t)(ml_chunk_size(p->shape[p->tp_dim], tp->size) * other);
+  int64_t other = p->shape[1 - dim], n = ml_param_numel(p);
+  size_t chunk = (size_t)(ml_chunk_size(p->shape[dim], tp->size) * other);
   float *send = ml_malloc(sizeof(float) * chunk, "export piece");
   float *pieces = ml_malloc(sizeof(float) * chunk * (size_t)tp->size, "export pieces");
   int ok = send && pieces;
@@ -31,10 +32,10 @@ static float *gather_tp(ml_backend *be, ml_comm *tp, const ml_param *p, const fl
   if (ok && ml_all_gather_padded(be, tp, send, (size_t)n, chunk, pieces)) ok = 0;
   for (int r = 0; ok && r < tp->size; r++) {
     int64_t s, len;
-    ml_chunk(p->shape[p->tp_dim], tp->size, r, &s, &len);
+    ml_chunk(p->shape[dim], tp->size, r, &s, &len);
     const float *piece = pieces + (size_t)r * chunk;
-    if (p->tp_dim == 0) memcpy(global + s * other, piece, sizeof(float) * (size_t)(len * other));
-    for (int64_t row = 0; p->tp_dim == 1 && row < p->shape[0]; row++)
+    if (dim == 0) memcpy(global + s * other, piece, sizeof(float) * (size_t)(len * other));
+    for (int64_t row = 0; dim == 1 && row < p->shape[0]; row++)
       memcpy(global + row * p->shape[1] + s, piece + row * len, sizeof(float) * (size_t)len);
   }
   free(send);
@@ -73,8 +74,9 @@ int ml_engine_export(ml_engine *e, ml_export_what what, float **out) {
     if (!full) return -1;
     int rc = ml_fsdp_gather_flat(&e->fsdp, u, unit_array(unit, what), full);
     for (int i = 0; rc == 0 && i < unit->n; i++) {
-      out[n] = gather_tp(e->be, ml_mesh_comm(e->mesh, ML_GROUP_TP), unit->params[i],
-                         full + unit->full_off[i]);
+      const ml_param *p = unit->params[i];
+      out[n] = gather_tp(e->be, ml_mesh_comm(e->mesh, ML_GROUP_TP), p,
+                         ml_tp_param_dim(&e->tp, &e->model, p), full + unit->full_off[i]);
       rc = out[n++] ? 0 : -1;
     }
     free(full);

@@ -334,6 +334,16 @@ static void test_apply_partial_plan(void **state) {
   assert_int_equal(d->offset[1], 80);
   assert_int_equal(d->local[1], 80);
   assert_false(ml_tp_grad_partial(&tp, d));
+  /* FSDP units: one per decoder layer, the root (embedding, norm, lm_head) last */
+  assert_int_equal(d->layer, 1);
+  assert_int_equal(ml_fsdp_unit_of(&m, d), 1);
+  ml_param *head = ml_model_find_param(&m, "lm_head.weight");
+  assert_int_equal(head->layer, -1);
+  assert_int_equal(ml_fsdp_unit_of(&m, head), (int)m.cfg.n_layers);
+  ml_param *unit1[64];
+  int n1 = ml_fsdp_unit_params(&m, 1, unit1);
+  assert_true(n1 > 0 && n1 < 64);
+  for (int i = 0; i < n1; i++) assert_int_equal(unit1[i]->layer, 1);
   ml_tp_destroy(&tp);
   ml_model_destroy(&m);
 }

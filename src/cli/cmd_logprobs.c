@@ -17,7 +17,6 @@
 #include "cli/train_flags.h"
 #include "common/file.h"
 #include "common/status.h"
-#include "parallel/redistribute.h"
 #include "train/data.h"
 #include "train/engine.h"
 
@@ -46,28 +45,30 @@ static void write_line(lp_run *run, int64_t line, const float *lp, int64_t n) {
 }
 
 /* Round r: dp rank d scores sequence r·dp + d (or repeats the last one
- * when there is none, to keep FSDP's collectives in step); the rounds'
- * log-probs travel padded to the round's longest (ml_all_gather_padded). */
+ * when there is none, to keep FSDP's collectives in step); the round's
+ * log-probs (host results) are gathered over the dp group's host channel,
+ * each rank's S−1 values packed in rank order (ml_host_all_gather_v). */
 static int score_round(lp_run *run, int64_t r) {
-  ml_comm *dp = ml_mesh_comm(run->mesh, ML_GROUP_DP);
+  ml_host *dp = ml_mesh_host(run->mesh, ML_GROUP_DP);
   int64_t n = run->seqs->n, mine = r * dp->size + dp->rank;
   int64_t i = mine < n ? mine : n - 1;
   int64_t S = run->seqs->len[i];
   ML_TRY(ml_engine_logprobs(run->e, run->seqs->ids[i], 1, S, run->buf));
-  size_t counts[1024], chunk = 0;
+  size_t bytes[1024];
   if (dp->size > 1024) return ml_err("logprobs: at most 1024 data-parallel ranks");
   for (int d = 0; d < dp->size; d++) {
     int64_t k = r * dp->size + d < n ? r * dp->size + d : n - 1;
-    counts[d] = (size_t)(run->seqs->len[k] - 1);
-    chunk = counts[d] > chunk ? counts[d] : chunk;
+    bytes[d] = sizeof(float) * (size_t)(run->seqs->len[k] - 1);
   }
   const float *got = run->buf;
   if (dp->size > 1) {
-    ML_TRY(ml_all_gather_padded(run->e->be, dp, run->buf, (size_t)(S - 1), chunk, run->all));
+    ML_TRY(ml_host_all_gather_v(dp, run->buf, bytes, run->all));
     got = run->all;
   }
-  for (int d = 0; run->out && d < dp->size && r * dp->size + d < n; d++)
-    write_line(run, r * dp->size + d + 1, got + (size_t)d * chunk, (int64_t)counts[d]);
+  for (int d = 0; run->out && d < dp->size && r * dp->size + d < n; d++) {
+    write_line(run, r * dp->size + d + 1, got, (int64_t)(bytes[d] / sizeof(float)));
+    got += bytes[d] / sizeof(float);
+  }
   return 0;
 }
 
@@ -94,7 +95,8 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
       {"--out", ML_ARG_STR, &out, "output JSONL: {\"logprobs\": [S-1 floats]} per line", true},
       {"--tp", ML_ARG_INT, &tp, "tensor-parallel size (dp_shard = world / tp)", false},
       {"--sequence-parallel", ML_ARG_FLAG, &sp, "shard norms and residuals on the sequence", false},
-      {"--parallel-plan", ML_ARG_STR, &plan, "plan file (JSON), or auto|optimized|hf|default", false},
+      {"--parallel-plan", ML_ARG_STR, &plan, "plan file (JSON), or auto|optimized|hf|default",
+       false},
       {"--param-dtype", ML_ARG_CHOICE, &dtype, "parameter and GEMM dtype (bf16: bf16 operands, "
        "fp32 accumulation)", false},
   };

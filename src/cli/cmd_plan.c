@@ -75,7 +75,8 @@ static int build(plan_run *run) {
   const plan_opts *o = &run->o;
   ML_TRY(check_opts(o));
   ML_TRY(ml_model_config_load(o->t.model, &run->cfg));
-  ML_TRY(ml_model_config_check_seq_len(&run->cfg, o->t.model, o->t.seq_len, "plan: flag --seq-len"));
+  ML_TRY(ml_model_config_check_seq_len(&run->cfg, o->t.model, o->t.seq_len,
+                                       "plan: flag --seq-len"));
   run->n_ranks = (int)o->t.tp;
   run->ranks = ml_calloc((size_t)run->n_ranks, sizeof *run->ranks, "plan ranks");
   if (!run->ranks) return -1;
@@ -146,12 +147,6 @@ static void module_params(const ml_module *mod, const ml_param *out[2]) {
 /* The role of module_params' entry i. */
 static const char *param_role(int i) { return i == 0 ? "weight" : "bias"; }
 
-static bool is_partial(const ml_tp *tp, const ml_param *p) {
-  for (int i = 0; i < tp->n_partial; i++)
-    if (tp->partial[i] == p) return true;
-  return false;
-}
-
 static const char *human(int64_t bytes, char *buf, size_t cap) {
   const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = (double)bytes;
@@ -199,7 +194,8 @@ static void text_header(const plan_run *run) {
   ml_cli_print("mesh: dp_replicate %" PRId64 " x dp_shard %" PRId64 " x tp %" PRId64
                " = world %" PRId64 " ranks; batch %" PRId64 " sequences of %" PRId64
                " tokens (%" PRId64 " per dp rank)\n",
-               o->t.dp_replicate, o->dp_shard, o->t.tp, world, o->t.batch, o->t.seq_len, o->t.batch / dp);
+               o->t.dp_replicate, o->dp_shard, o->t.tp, world, o->t.batch, o->t.seq_len,
+               o->t.batch / dp);
   ml_cli_print("plan %s%s\n  reason: %s\n", run->plan.name,
                run->plan.sequence_parallel ? " (sequence parallel)" : "", run->plan.reason);
   ml_cli_print("residual stream %s, logits %s%s\n", pstr(r0->tp.residual, b1, sizeof b1),
@@ -243,11 +239,12 @@ static void text_modules(const plan_run *run) {
       if (strncmp(p->name, mod->name, strlen(mod->name)) != 0)
         snprintf(where, sizeof where, " (tied: %s)", p->name);
       ml_cli_print("    %s %s%s: ", param_role(k), g, where);
-      if (p->tp_dim < 0) {
-        ml_cli_print("Replicate()%s", is_partial(&r0->tp, p) ? ", grad Partial (all-reduced over tp)"
-                                                           : "");
+      int dim = ml_tp_param_dim(&r0->tp, m, p);
+      if (dim < 0) {
+        ml_cli_print("Replicate()%s",
+                     ml_tp_grad_partial(&r0->tp, p) ? ", grad Partial (all-reduced over tp)" : "");
       } else {
-        ml_cli_print("Shard(%d):", p->tp_dim);
+        ml_cli_print("Shard(%d):", dim);
         for (int r = 0; r < tp; r++) {
           char l[48];
           const ml_param *pr = param_on(run, r, p);
@@ -519,10 +516,10 @@ static json_t *jmodules(const plan_run *run) {
       json_object_set_new(jp, "role", json_string(param_role(k)));
       json_object_set_new(jp, "name", json_string(p->name));
       json_object_set_new(jp, "shape", jshape(p, p->shape));
-      json_object_set_new(jp, "placement",
-                          p->tp_dim < 0 ? json_string("Replicate()")
-                                        : json_string(p->tp_dim == 0 ? "Shard(0)" : "Shard(1)"));
-      json_object_set_new(jp, "grad_partial", json_boolean(is_partial(&r0->tp, p)));
+      int dim = ml_tp_param_dim(&r0->tp, m, p);
+      const char *placement = dim < 0 ? "Replicate()" : dim == 0 ? "Shard(0)" : "Shard(1)";
+      json_object_set_new(jp, "placement", json_string(placement));
+      json_object_set_new(jp, "grad_partial", json_boolean(ml_tp_grad_partial(&r0->tp, p)));
       json_t *local = json_array(), *rows = json_array();
       for (int r = 0; r < run->n_ranks; r++) {
         const ml_param *pr = param_on(run, r, p);
@@ -592,7 +589,8 @@ static int print_json(const plan_run *run) {
   }
   json_object_set_new(root, "edges", edges);
   json_t *per = json_array();
-  for (int r = 0; r < run->n_ranks; r++) json_array_append_new(per, jprediction(&run->ranks[r].pred));
+  for (int r = 0; r < run->n_ranks; r++)
+    json_array_append_new(per, jprediction(&run->ranks[r].pred));
   json_object_set_new(root, "per_tp_rank", per);
   char *s = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
   json_decref(root);
@@ -618,7 +616,8 @@ static size_t plan_flags(plan_opts *o, ml_arg *spec) {
     for (size_t k = 0; k < sizeof k_step_flags / sizeof k_step_flags[0]; k++)
       if (!strcmp(all[i].name, k_step_flags[k])) spec[n++] = all[i];
   for (size_t i = 0; i < n; i++)
-    if (!strcmp(spec[i].name, "--model")) spec[i].help = "HF checkpoint directory (only config.json is read)";
+    if (!strcmp(spec[i].name, "--model"))
+      spec[i].help = "HF checkpoint directory (only config.json is read)";
   spec[n++] = (ml_arg){"--dp-shard", ML_ARG_INT, &o->dp_shard,
                        "FSDP (sharded data-parallel) size", false};
   spec[n++] = (ml_arg){"--json", ML_ARG_FLAG, &o->json, "print the report as one JSON document",

@@ -63,6 +63,27 @@ int ml_host_all_gather(ml_host *h, const void *send, size_t bytes, void *recv) {
       "MPI_Allgather (host channel)", h->name);
 }
 
+int ml_host_all_gather_v(ml_host *h, const void *send, const size_t *bytes, void *recv) {
+  size_t total = 0;
+  for (int q = 0; q < h->size; q++) {
+    ML_TRY(bytes_ok(h, bytes[q], "all-gather (v)"));
+    total += bytes[q];
+    ML_TRY(bytes_ok(h, total, "all-gather (v)"));
+  }
+  int *counts = ml_calloc((size_t)h->size * 2, sizeof *counts, "host all-gather counts");
+  if (!counts) return -1;
+  int *displs = counts + h->size;
+  for (int q = 0, at = 0; q < h->size; at += counts[q++]) {
+    counts[q] = (int)bytes[q];
+    displs[q] = at;
+  }
+  int rc = ml_mpi_check(MPI_Allgatherv(send, counts[h->rank], MPI_BYTE, recv, counts, displs,
+                                       MPI_BYTE, h->comm),
+                        "MPI_Allgatherv (host channel)", h->name);
+  free(counts);
+  return rc;
+}
+
 int ml_host_barrier(ml_host *h) {
   return ml_mpi_check(MPI_Barrier(h->comm), "MPI_Barrier (host channel)", h->name);
 }

@@ -41,6 +41,13 @@ int ml_host_broadcast(ml_host *h, void *buf, size_t bytes, int root);
 /* recv[size · bytes] = every rank's send[bytes] in rank order
  * (MPI_Allgather of bytes). */
 int ml_host_all_gather(ml_host *h, const void *send, size_t bytes, void *recv);
+/* recv = every rank's send[bytes[rank]] in rank order, packed: rank q's
+ * block at offset bytes[0] + ... + bytes[q−1] (MPI_Allgatherv of bytes).
+ * bytes[size] is the same array on every rank (a rank's block may be
+ * empty); recv has room for their sum. For host results of different
+ * lengths per rank (e.g. per-sequence log-probs). Errors: a block or the
+ * sum beyond MPI's int count, allocation, MPI failures. */
+int ml_host_all_gather_v(ml_host *h, const void *send, const size_t *bytes, void *recv);
 /* Every rank has entered (MPI_Barrier). */
 int ml_host_barrier(ml_host *h);
 

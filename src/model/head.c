@@ -7,7 +7,7 @@ int ml_embed_forward(ml_model *m, const int32_t *ids, float *x) {
   const ml_embedding *e = &m->embed_tokens;
   const ml_param *w = e->weight;
   int64_t H = m->cfg.hidden;
-  int64_t row0 = w->tp_dim == 0 ? w->tp_start : 0;
+  int64_t row0 = w->offset[0];
   ML_TRY(ml_be_embedding_fwd(m->be, ids, m->B * m->S, w->data, w->dtype, row0, w->local[0],
                              w->local[1], e->scale, x));
   ml_act v = ml_act_view(m, x, m->S, H, w->local[1]);
@@ -27,7 +27,7 @@ int ml_embed_forward(ml_model *m, const int32_t *ids, float *x) {
 int ml_embed_backward(ml_model *m, const int32_t *ids, float *dx) {
   const ml_embedding *e = &m->embed_tokens;
   const ml_param *w = e->weight;
-  int64_t row0 = w->tp_dim == 0 ? w->tp_start : 0;
+  int64_t row0 = w->offset[0];
   ml_act v = ml_act_view(m, dx, m->s_res, m->cfg.hidden, m->cfg.hidden);
   ML_TRY(ml_hook_run(e->out.bwd, &v));
   if (v.s != m->S || v.c != w->local[1])

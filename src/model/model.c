@@ -10,10 +10,10 @@
 #include "common/status.h"
 #include "tensor/placement.h"
 
-static ml_param *add_param(ml_model *m, int unit, int64_t d0, int64_t d1, const char *fmt, ...)
+static ml_param *add_param(ml_model *m, int layer, int64_t d0, int64_t d1, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
-static ml_param *add_param(ml_model *m, int unit, int64_t d0, int64_t d1, const char *fmt, ...) {
+static ml_param *add_param(ml_model *m, int layer, int64_t d0, int64_t d1, const char *fmt, ...) {
   ml_param *p = &m->params[m->n_params++];
   va_list ap;
   va_start(ap, fmt);
@@ -22,8 +22,7 @@ static ml_param *add_param(ml_model *m, int unit, int64_t d0, int64_t d1, const 
   p->ndim = d1 ? 2 : 1;
   p->shape[0] = p->local[0] = d0;
   p->shape[1] = p->local[1] = d1 ? d1 : 1;
-  p->tp_dim = -1;
-  p->unit = unit;
+  p->layer = layer;
   return p;
 }
 
@@ -57,21 +56,21 @@ static const mod_name *name_of(mod_name *n, const char *mod_base, const char *ke
 }
 
 /* A Linear [out, in] with an optional bias. */
-static void make_linear(ml_model *m, ml_linear *lin, int unit, const mod_name *n, int64_t in,
+static void make_linear(ml_model *m, ml_linear *lin, int layer, const mod_name *n, int64_t in,
                         int64_t out, bool bias) {
-  lin->weight = add_param(m, unit, out, in, "%s.weight", n->key);
-  lin->bias = bias ? add_param(m, unit, out, 0, "%s.bias", n->key) : NULL;
+  lin->weight = add_param(m, layer, out, in, "%s.weight", n->key);
+  lin->bias = bias ? add_param(m, layer, out, 0, "%s.bias", n->key) : NULL;
   lin->bias_in_forward = true;
   add_module(m, ML_MOD_LINEAR, lin, n->mod);
 }
 
 /* An RMSNorm over `dim` features, or none (weight NULL) when n is NULL. */
-static void make_norm(ml_model *m, ml_rmsnorm *norm, int unit, const mod_name *n, int64_t dim) {
+static void make_norm(ml_model *m, ml_rmsnorm *norm, int layer, const mod_name *n, int64_t dim) {
   norm->weight = NULL;
   norm->eps = (float)m->cfg.rms_eps;
   norm->offset = m->cfg.family->norm_offset;
   if (!n) return;
-  norm->weight = add_param(m, unit, dim, 0, "%s.weight", n->key);
+  norm->weight = add_param(m, layer, dim, 0, "%s.weight", n->key);
   add_module(m, ML_MOD_RMSNORM, norm, n->mod);
 }
 
@@ -111,7 +110,7 @@ int ml_model_create(const ml_model_config *cfg, ml_model *m) {
   memset(m, 0, sizeof *m);
   m->cfg = *cfg;
   const ml_family *f = cfg->family;
-  int L = (int)cfg->n_layers, root = L;
+  int L = (int)cfg->n_layers, root = -1; /* root modules: in no layer */
   /* per layer at most 6 norms and 7 linears with bias, and 2 containers */
   int max_params = 20 * L + 4, max_modules = 15 * L + 4;
   m->params = ml_calloc((size_t)max_params, sizeof *m->params, "parameters");
@@ -403,6 +402,6 @@ int ml_model_begin(ml_model *m, int64_t B, int64_t S) {
 
 void ml_model_vocab_shard(const ml_model *m, int64_t *v0, int64_t *nv) {
   const ml_param *w = m->lm_head.weight;
-  *v0 = w->tp_dim == 0 ? w->tp_start : 0;
+  *v0 = w->offset[0];
   *nv = w->local[0];
 }

@@ -7,16 +7,20 @@
  *
  * The model knows nothing of parallelism (DESIGN §1). What parallel/ may
  * change from outside, as torch's parallelize_module does:
- *  - each parameter's TP placement and local shape (ml_param.tp_dim,
- *    tp_start, local); the model computes with whatever local slice it holds:
- *    attention derives its local head counts from q/k_proj's local rows,
- *    the embedding looks up only the vocab rows it holds (ids outside give 0),
- *    lm_head produces the logits of its local vocab rows;
- *  - the data/grad pointers of parameters (FSDP materialises them per unit);
+ *  - each parameter's local view of its global tensor (ml_param.local,
+ *    offset), as a DTensor's local tensor: the model computes with whatever
+ *    local slice it holds: attention derives its local head counts from
+ *    q/k_proj's local rows, the embedding looks up only the vocab rows it
+ *    holds (ids outside give 0), lm_head produces the logits of its local
+ *    vocab rows;
+ *  - the data/grad pointers of parameters (FSDP materialises them);
  *  - hooks at module edges (ml_edge), run on activations forward and on
  *    their gradients backward; they may reshape the local view (gather or
  *    scatter the sequence or the features), e.g. the residual stream may
  *    be sequence-sharded (Shard(1)) between layers.
+ * The parallel state itself — placements, FSDP units, which gradients are
+ * partial sums — lives in parallel/ (tp.h: ml_tp_param_dim,
+ * ml_tp_grad_partial; fsdp.h: ml_fsdp_unit_of), never in the model.
  *
  * Activation layout: [B, s, c] row-major (ml_act), the s positions of a
  * sequence in consecutive rows; s = S unless sequence-sharded. */
@@ -35,16 +39,19 @@ typedef struct ml_param {
                          parameter name, except in composite checkpoints: family->ckpt_prefix) */
   int ndim;           /* 1 or 2 */
   int64_t shape[2];   /* global shape; shape[1] = 1 when ndim = 1 */
-  int tp_dim;         /* -1 = Replicate over tp; 0 or 1 = Shard(tp_dim) */
-  int64_t tp_start;   /* first global index along tp_dim held by this rank */
-  int64_t local[2];   /* local shape (= shape unless sharded) */
+  /* The local view this rank computes with: the block [offset[0],
+   * offset[0]+local[0]) × [offset[1], offset[1]+local[1]) of the global
+   * tensor (DTensor.to_local() and its offset); local = shape and offset
+   * = {0, 0} unless parallel/ sharded it. */
+  int64_t local[2];
+  int64_t offset[2];
   void *data;         /* [local[0], local[1]] of `dtype` (device memory) while
                          materialised, else NULL */
   ml_dtype dtype;     /* of data: ML_F32, or ML_BF16 (FSDP's param_dtype); the
                          GEMMs reading the parameter compute in it */
   float *grad;        /* [local[0], local[1]] fp32, during backward, else NULL */
-  int unit;           /* FSDP unit: layer index, or n_layers for the root */
-  bool grad_partial;  /* set by parallel/: this rank's grad is a partial sum over tp */
+  int layer;          /* the decoder layer holding it, or −1 for the root modules
+                         (embed_tokens, the final norm, lm_head) */
 } ml_param;
 
 /* Elements of the local tensor: at most 2^44 (one weight of a config
@@ -81,7 +88,7 @@ typedef struct ml_linear {
 } ml_linear;
 
 typedef struct ml_embedding {
-  ml_param *weight; /* [V, H]; local rows tp_start .. tp_start+local[0]−1 */
+  ml_param *weight; /* [V, H]; local rows offset[0] .. offset[0]+local[0]−1 */
   float scale;      /* output × scale: sqrt(H) in fp32 (Gemma3TextScaledWordEmbedding) or 1 */
   ml_edge out;
 } ml_embedding;

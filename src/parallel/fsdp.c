@@ -13,6 +13,17 @@ void ml_fsdp_param_rows(const ml_fsdp *f, const ml_fsdp_unit *unit, int i, int64
   *nr = (s + c < rows ? s + c : rows) - *r0;
 }
 
+int ml_fsdp_unit_of(const ml_model *m, const ml_param *p) {
+  return p->layer >= 0 ? p->layer : (int)m->cfg.n_layers;
+}
+
+int ml_fsdp_unit_params(const ml_model *m, int u, ml_param **out) {
+  int n = 0;
+  for (int i = 0; i < m->n_params; i++)
+    if (ml_fsdp_unit_of(m, &m->params[i]) == u) out[n++] = &m->params[i];
+  return n;
+}
+
 int ml_fsdp_param_index(const ml_fsdp_unit *unit, const ml_param *p) {
   for (int i = 0; i < unit->n; i++)
     if (unit->params[i] == p) return i;
@@ -86,8 +97,7 @@ static int load_param(ml_fsdp *f, ml_fsdp_unit *u, int i, const ml_ckpt *ck) {
   int64_t r0, nr;
   ml_fsdp_param_rows(f, u, i, &r0, &nr);
   if (nr == 0) return 0;
-  int64_t row0 = r0 + (p->tp_dim == 0 ? p->tp_start : 0);
-  int64_t col0 = p->tp_dim == 1 ? p->tp_start : 0;
+  int64_t row0 = p->offset[0] + r0, col0 = p->offset[1]; /* in the global tensor */
   int64_t n = nr * p->local[1]; /* rows of a parameter's chunk: bounded (ml_fsdp_layout) */
   float *stage = ml_be_host_alloc(f->be, n, sizeof(float), "loading '%s'", p->name);
   if (!stage) return -1;
@@ -164,8 +174,7 @@ int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fs
   for (int u = 0; u < f->n_units; u++) {
     ml_fsdp_unit *unit = &f->units[u];
     unit->params = slots + used;
-    for (int i = 0; i < m->n_params; i++)
-      if (m->params[i].unit == u) unit->params[unit->n++] = &m->params[i];
+    unit->n = ml_fsdp_unit_params(m, u, unit->params);
     used += unit->n;
     unit->reshard_after_forward =
         ml_fsdp_reshard_after_forward(opts->reshard_after_forward, u, f->n_units);

@@ -81,6 +81,16 @@ typedef struct ml_fsdp {
   uint16_t *wire;   /* [dp · max shard_numel] bf16 gradients on the wire (reduce_dtype BF16 only) */
 } ml_fsdp;
 
+/* The FSDP unit of parameter p (fully_shard applied to every decoder layer,
+ * then to the root, as torchtitan and NeMo do): its decoder layer's index
+ * (ml_param.layer), or m->cfg.n_layers for the root (embedding, final
+ * norm, lm_head). Units number n_layers + 1, the root last. */
+int ml_fsdp_unit_of(const ml_model *m, const ml_param *p);
+
+/* The parameters of unit u, in m->params order, into out[] (room for
+ * m->n_params); returns their count. */
+int ml_fsdp_unit_params(const ml_model *m, int u, ml_param **out);
+
 /* The flat-shard layout of one unit's parameters over a group of `dp`
  * ranks, exactly as ml_fsdp_init builds it, without allocating or reading
  * anything (for `meshlm plan`): per parameter i, chunk_rows[i] =

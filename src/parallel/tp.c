@@ -1,5 +1,6 @@
 #include "parallel/tp.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -239,13 +240,27 @@ static int style_output(const char *mod, const ml_style *s, ml_tp_edge *e, val *
 
 /* ---- parameters ------------------------------------------------------- */
 
-static int shard_param(ml_tp *tp, ml_param *p, int d) {
-  if (p->tp_dim == d) return 0; /* tied: already sharded this way */
-  if (p->tp_dim >= 0)
+int ml_tp_param_dim(const ml_tp *tp, const ml_model *m, const ml_param *p) {
+  ptrdiff_t i = p - m->params;
+  return tp->param_dim && i >= 0 && i < tp->n_params ? tp->param_dim[i] : -1;
+}
+
+bool ml_tp_grad_partial(const ml_tp *tp, const ml_param *p) {
+  for (int i = 0; i < tp->n_partial; i++)
+    if (tp->partial[i] == p) return true;
+  return false;
+}
+
+/* Shard p on dim d over tp (torch.chunk): its local view and placement. */
+static int shard_param(walk *w, ml_param *p, int d) {
+  ml_tp *tp = w->tp;
+  int *dim = &tp->param_dim[p - w->m->params];
+  if (*dim == d) return 0; /* tied: already sharded this way */
+  if (*dim >= 0)
     return ml_err("plan: '%s' is tied between modules that shard it on dims %d and %d; tied "
                   "embeddings must stay tied (embed_tokens rowwise and lm_head colwise both "
                   "shard the vocab dim 0)",
-                  p->name, p->tp_dim, d);
+                  p->name, *dim, d);
   int64_t n = p->shape[d], start, len;
   int64_t c = (n + tp->size - 1) / tp->size;
   if (c * (tp->size - 1) >= n)
@@ -253,15 +268,17 @@ static int shard_param(ml_tp *tp, ml_param *p, int d) {
                   "shards; expected a size > %lld",
                   p->name, d, (long long)n, tp->size, (long long)(c * (tp->size - 1)));
   ml_chunk(n, tp->size, tp->rank, &start, &len);
-  p->tp_dim = d;
-  p->tp_start = start;
+  *dim = d;
+  p->offset[d] = start;
   p->local[d] = len;
   return 0;
 }
 
-static void mark_partial(ml_tp *tp, ml_param *p) {
-  if (!p || p->tp_dim >= 0 || p->grad_partial || tp->size == 1) return;
-  p->grad_partial = true;
+/* p (NULL: none), if replicated over tp, gets a Partial gradient. */
+static void mark_partial(walk *w, ml_param *p) {
+  ml_tp *tp = w->tp;
+  if (!p || tp->size == 1 || ml_tp_param_dim(tp, w->m, p) >= 0 || ml_tp_grad_partial(tp, p))
+    return;
   tp->partial[tp->n_partial++] = p;
 }
 
@@ -303,7 +320,7 @@ static int norm_apply(walk *w, ml_rmsnorm *n, val *v) {
     return ml_err("plan: '%s' normalises over all features but receives %s from '%s'; expected "
                   "Replicate() or Shard(1)",
                   nd.name, pstr(v->p), v->from);
-  if (is_seq(v->p)) mark_partial(w->tp, n->weight);
+  if (is_seq(v->p)) mark_partial(w, n->weight);
   if (sp) v->dt = !s->use_local_output;
   v->from = nd.name;
   return 0;
@@ -317,7 +334,7 @@ static int head_norm_apply(walk *w, ml_rmsnorm *n, const val *v) {
     return ml_err("plan: '%s' normalises each attention head; expected "
                   "replicated_with_grad_allreduce (or no entry), found %s",
                   nd.name, nd.style->label);
-  if (!is_rep(v->p)) mark_partial(w->tp, n->weight);
+  if (!is_rep(v->p)) mark_partial(w, n->weight);
   return 0;
 }
 
@@ -330,8 +347,8 @@ static int linear_shard(walk *w, ml_linear *lin, node nd, val in, ml_placement *
       return ml_err("plan: colwise '%s' needs its input Replicate() but it arrives %s from '%s'",
                     nd.name, pstr(in.p), in.from);
     if (w->tp->size > 1) {
-      ML_TRY(shard_param(w->tp, lin->weight, 0));
-      if (lin->bias) ML_TRY(shard_param(w->tp, lin->bias, 0));
+      ML_TRY(shard_param(w, lin->weight, 0));
+      if (lin->bias) ML_TRY(shard_param(w, lin->bias, 0));
     }
     *out = ml_shard(-1);
   } else if (k == SHARD_ROW) {
@@ -340,7 +357,7 @@ static int linear_shard(walk *w, ml_linear *lin, node nd, val in, ml_placement *
                     "from '%s'",
                     nd.name, pstr(in.p), in.from);
     if (w->tp->size > 1) {
-      ML_TRY(shard_param(w->tp, lin->weight, 1));
+      ML_TRY(shard_param(w, lin->weight, 1));
       lin->bias_in_forward = w->tp->rank == 0; /* Replicate bias, added once to the Partial sum */
     }
     *out = ml_partial();
@@ -350,8 +367,8 @@ static int linear_shard(walk *w, ml_linear *lin, node nd, val in, ml_placement *
                     "%s from '%s'",
                     nd.name, pstr(in.p), in.from);
     if (is_seq(in.p)) {
-      mark_partial(w->tp, lin->weight);
-      mark_partial(w->tp, lin->bias);
+      mark_partial(w, lin->weight);
+      mark_partial(w, lin->bias);
     }
     *out = in.p;
   }
@@ -466,7 +483,8 @@ static int attention(walk *w, int l, val *r) {
                   "%s, %s",
                   box.name, pstr(o[0].p), pstr(o[1].p), pstr(o[2].p));
   if (is_feat(o[0].p) && w->tp->size > 1) ML_TRY(check_heads(w));
-  for (int i = 0; i < 3; i++) ML_TRY(linear_out_close(qkv[i], oe[i], no_box, &o[i], grad_of(o[i].p)));
+  for (int i = 0; i < 3; i++)
+    ML_TRY(linear_out_close(qkv[i], oe[i], no_box, &o[i], grad_of(o[i].p)));
   ML_TRY(head_norm_apply(w, &L->q_norm, &o[0]));
   ML_TRY(head_norm_apply(w, &L->k_norm, &o[1]));
   val att = {o[0].p, o[0].dt, box.name};
@@ -492,7 +510,8 @@ static int mlp(walk *w, int l, val *r) {
   if (!ml_placement_eq(o[0].p, o[1].p))
     return ml_err("plan: gate_proj and up_proj of '%s' must be sharded alike; found %s and %s",
                   box.name, pstr(o[0].p), pstr(o[1].p));
-  for (int i = 0; i < 2; i++) ML_TRY(linear_out_close(gu[i], oe[i], no_box, &o[i], grad_of(o[i].p)));
+  for (int i = 0; i < 2; i++)
+    ML_TRY(linear_out_close(gu[i], oe[i], no_box, &o[i], grad_of(o[i].p)));
   val a = {o[0].p, o[0].dt || o[1].dt, box.name};
   ml_linear *down = &L->down_proj;
   val out;
@@ -514,7 +533,7 @@ static int embedding(walk *w, val *r) {
                   "RowwiseParallel(input_layouts=Replicate()) or \"embedding_rowwise\"",
                   nd.name, pstr(s->input_layout));
   if (k != SHARD_NONE && w->tp->size > 1)
-    ML_TRY(shard_param(w->tp, e->weight, k == SHARD_ROW ? 0 : 1));
+    ML_TRY(shard_param(w, e->weight, k == SHARD_ROW ? 0 : 1));
   ml_placement nat = k == SHARD_ROW ? ml_partial() : k == SHARD_COL ? ml_shard(-1) : ml_replicate();
   val v = {nat, false, nd.name};
   ml_tp_edge *ed = edge_new(w, nd.name, "output", v, w->m->cfg.hidden);
@@ -604,7 +623,10 @@ int ml_tp_apply(ml_tp *tp, const ml_plan *plan, ml_model *m, ml_comm *comm) {
   tp->modules = ml_calloc((size_t)m->n_modules, sizeof *tp->modules, "tp modules");
   tp->edges = ml_calloc((size_t)(14 * m->cfg.n_layers + 8), sizeof *tp->edges, "tp edges");
   tp->partial = ml_calloc((size_t)m->n_params, sizeof *tp->partial, "tp partial params");
-  if (!tp->modules || !tp->edges || !tp->partial) return -1;
+  tp->param_dim = ml_calloc((size_t)m->n_params, sizeof *tp->param_dim, "tp placements");
+  if (!tp->modules || !tp->edges || !tp->partial || !tp->param_dim) return -1;
+  tp->n_params = m->n_params;
+  for (int i = 0; i < m->n_params; i++) tp->param_dim[i] = -1;
   for (int i = 0; i < m->n_modules; i++) tp->modules[i].module = &m->modules[i];
   ML_TRY(match_rules(tp, plan, m));
   walk w = {tp, m};
@@ -633,6 +655,7 @@ void ml_tp_destroy(ml_tp *tp) {
   free(tp->modules);
   free(tp->edges);
   free(tp->partial);
+  free(tp->param_dim);
   if (tp->be) ml_be_free(tp->be, tp->work);
   memset(tp, 0, sizeof *tp);
 }
@@ -647,7 +670,7 @@ int ml_tp_reduce_partial_grads(ml_tp *tp, ml_fsdp *f) {
     for (int u = 0; u < f->n_units; u++) {
       ml_fsdp_unit *unit = &f->units[u];
       for (int i = 0; i < unit->n; i++) {
-        if (!unit->params[i]->grad_partial) continue;
+        if (!ml_tp_grad_partial(tp, unit->params[i])) continue;
         size_t k = (size_t)(unit->chunk_rows[i] * unit->params[i]->local[1]);
         if (pass)
           ML_TRY(ml_be_copy(tp->be, buf + off, unit->shard_grad + unit->shard_off[i],
@@ -664,7 +687,7 @@ int ml_tp_reduce_partial_grads(ml_tp *tp, ml_fsdp *f) {
     for (int u = 0; u < f->n_units; u++) {
       ml_fsdp_unit *unit = &f->units[u];
       for (int i = 0; i < unit->n; i++) {
-        if (!unit->params[i]->grad_partial) continue;
+        if (!ml_tp_grad_partial(tp, unit->params[i])) continue;
         size_t k = (size_t)(unit->chunk_rows[i] * unit->params[i]->local[1]);
         ML_TRY(ml_be_copy(tp->be, unit->shard_grad + unit->shard_off[i], buf + off,
                           k * sizeof(float), ML_COPY_D2D));

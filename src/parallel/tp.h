@@ -25,8 +25,13 @@
  *
  * Replicated parameters whose module sees a sharded activation (SP norms,
  * q_norm/k_norm on head-sharded q/k, HF replicated_with_grad_allreduce)
- * get Partial gradients: they are marked grad_partial and summed over tp
- * once per step (ml_tp_reduce_partial_grads), packed into one all-reduce. */
+ * get Partial gradients: they are listed in ml_tp.partial
+ * (ml_tp_grad_partial) and summed over tp once per step
+ * (ml_tp_reduce_partial_grads), packed into one all-reduce.
+ *
+ * The placements live here, not in the model: a sharded parameter's
+ * ml_param gets its local view (local shape and offset in the global
+ * tensor), and ml_tp records on which dim (ml_tp_param_dim). */
 #ifndef ML_TP_H
 #define ML_TP_H
 
@@ -60,6 +65,9 @@ typedef struct ml_tp {
   int n_edges;
   ml_placement residual; /* the residual stream: Replicate() or Shard(1) */
   ml_placement logits;   /* Shard(−1) (vocab-parallel loss) or Replicate() */
+  int *param_dim;        /* [n_params]: per parameter (its index in the model's params),
+                            the dim it is Shard on over tp (0 or 1), or −1 (Replicate) */
+  int n_params;
   ml_param **partial;    /* replicated params with Partial grads */
   int n_partial;
   ml_backend *be; /* the model's (NULL when only planning: nothing runs) */
@@ -85,6 +93,17 @@ void ml_tp_destroy(ml_tp *tp);
  * the applied plan must shard the residual stream on the sequence. Errors
  * name the plan. */
 int ml_tp_check_sequence_parallel(const ml_tp *tp, const ml_plan *plan, bool sequence_parallel);
+
+/* The TP placement of parameter p of m (the model ml_tp_apply sharded):
+ * the dim of its Shard (0 or 1: p->local[d] and p->offset[d] are its
+ * torch.chunk of p->shape[d]), or −1 for Replicate — every parameter with
+ * tp size 1, and before ml_tp_apply. */
+int ml_tp_param_dim(const ml_tp *tp, const ml_model *m, const ml_param *p);
+
+/* Whether p is tp-replicated with a Partial gradient (each tp rank holds a
+ * partial sum; ml_tp_reduce_partial_grads sums them): a replicated
+ * parameter whose module sees a sharded activation. Never with tp size 1. */
+bool ml_tp_grad_partial(const ml_tp *tp, const ml_param *p);
 
 /* Sum the Partial gradients of tp-replicated parameters over tp: one
  * all-reduce of this rank's FSDP shard rows of every such parameter (the

@@ -256,7 +256,7 @@ int ml_engine_zero_grad(ml_engine *e) {
  * TP-replicated parameters on tp rank 0, HSDP replicas on replica 0. */
 static bool owns_grad(const ml_engine *e, const ml_param *p) {
   if (e->mesh->dp_replicate_rank != 0) return false;
-  return p->tp_dim >= 0 || e->mesh->tp_rank == 0;
+  return ml_tp_param_dim(&e->tp, &e->model, p) >= 0 || e->mesh->tp_rank == 0;
 }
 
 /* This rank's part of the norm: the sum of squares (norm_type 2) or the

@@ -27,11 +27,9 @@ static int saved_name(const ml_model_config *cfg, const ml_param *p, char *out) 
 }
 
 /* The global block of p this rank holds: rows [r0, r0+nr) of its TP-local
- * tensor, placed by the TP placement (Shard(0) offsets rows, Shard(1)
- * columns). */
+ * tensor, placed by the local view's offset in the global tensor. */
 static ml_rc_block held_block(const ml_param *p, int64_t r0, int64_t nr) {
-  return (ml_rc_block){{r0 + (p->tp_dim == 0 ? p->tp_start : 0), p->tp_dim == 1 ? p->tp_start : 0},
-                       {nr, p->local[1]}};
+  return (ml_rc_block){{p->offset[0] + r0, p->offset[1]}, {nr, p->local[1]}};
 }
 
 static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t shape[2]) {
@@ -64,33 +62,59 @@ _Noreturn static void crash_in_save(const char *path, const ml_st_entry *ent, in
   abort();
 }
 
-/* Write this rank's pieces to step_dir/rank-R.safetensors and record their
- * blocks in mine[n] (shape[0] = 0: none). A rank writes a parameter's rows
- * unless another rank holds the same ones: HSDP replicas (dp_replicate rank
- * > 0), tp ranks > 0 of a TP-replicated parameter, cp ranks > 0 (FSDP shards
- * over dp_shard only while cp = 1). */
+/* Whether this rank writes parameter i of unit, its rows [*r0, *r0+*nr):
+ * when it holds some and no other rank writes the same ones — it is not an
+ * HSDP replica (dp_replicate rank > 0), a tp rank > 0 of a TP-replicated
+ * parameter, or a cp rank > 0 (FSDP shards over dp_shard only while cp = 1). */
+static bool writes_piece(const ml_engine *e, const ml_fsdp_unit *unit, int i, int64_t *r0,
+                         int64_t *nr) {
+  const ml_mesh *mesh = e->mesh;
+  ml_fsdp_param_rows(&e->fsdp, unit, i, r0, nr);
+  bool tp_copy = ml_tp_param_dim(&e->tp, &e->model, unit->params[i]) < 0 && mesh->tp_rank != 0;
+  return mesh->dp_replicate_rank == 0 && mesh->cp_rank == 0 && *nr > 0 && !tp_copy;
+}
+
+/* Elements of host staging this rank's pieces take: every state of them. */
+static int64_t pieces_numel(const ml_engine *e) {
+  int64_t total = 0, r0, nr;
+  for (int u = 0; u < e->fsdp.n_units; u++) {
+    const ml_fsdp_unit *unit = &e->fsdp.units[u];
+    for (int i = 0; i < unit->n; i++)
+      if (writes_piece(e, unit, i, &r0, &nr))
+        total += ML_RC_STATES * nr * unit->params[i]->local[1];
+  }
+  return total;
+}
+
+/* Write this rank's pieces to step_dir/rank-R.safetensors (each copied
+ * from the device shards into host staging first) and record their blocks
+ * in mine[n] (shape[0] = 0: none). */
 static int write_pieces(ml_engine *e, const char *step_dir, const ml_run_state *st,
                         ml_rc_block *mine) {
   const ml_mesh *mesh = e->mesh;
   int n = e->model.n_params, ne = 0, k = 0, rc = 0;
   ml_st_entry *ent = ml_calloc((size_t)n * ML_RC_STATES, sizeof *ent, "checkpoint entries");
   char(*keys)[ML_RC_KEY] = ml_calloc((size_t)n * ML_RC_STATES, sizeof *keys, "checkpoint keys");
-  if (!ent || !keys) rc = -1;
-  bool writer = mesh->dp_replicate_rank == 0 && mesh->cp_rank == 0;
+  float *stage = ml_be_host_alloc(e->be, pieces_numel(e), sizeof(float),
+                                  "staging this rank's checkpoint pieces");
+  if (!ent || !keys || !stage) rc = -1;
   char name[ML_RC_KEY];
+  float *at = stage;
   for (int u = 0; rc == 0 && u < e->fsdp.n_units; u++) {
     const ml_fsdp_unit *unit = &e->fsdp.units[u];
     for (int i = 0; rc == 0 && i < unit->n; i++, k++) {
       const ml_param *p = unit->params[i];
       int64_t r0, nr;
-      ml_fsdp_param_rows(&e->fsdp, unit, i, &r0, &nr);
-      if (!writer || nr == 0 || (p->tp_dim < 0 && mesh->tp_rank != 0)) continue;
+      if (!writes_piece(e, unit, i, &r0, &nr)) continue;
       mine[k] = held_block(p, r0, nr);
       rc = saved_name(&e->model.cfg, p, name);
-      for (int s = 0; rc == 0 && s < ML_RC_STATES; s++, ne++) {
+      size_t numel = (size_t)(nr * p->local[1]);
+      for (int s = 0; rc == 0 && s < ML_RC_STATES; s++, ne++, at += numel) {
         rc = ml_rc_state_key(name, s, keys[ne], sizeof keys[ne]);
-        ent[ne] = (ml_st_entry){keys[ne], ML_F32, p->ndim, {nr, p->local[1]},
-                                state_array(unit, s) + unit->shard_off[i]};
+        if (rc == 0)
+          rc = ml_be_copy(e->be, at, state_array(unit, s) + unit->shard_off[i],
+                          sizeof(float) * numel, ML_COPY_D2H);
+        ent[ne] = (ml_st_entry){keys[ne], ML_F32, p->ndim, {nr, p->local[1]}, at};
       }
     }
   }
@@ -103,6 +127,7 @@ static int write_pieces(ml_engine *e, const char *step_dir, const ml_run_state *
   if (rc == 0 && ne > 0) rc = ml_rc_fsync_dir(step_dir);
   free(ent);
   free(keys);
+  ml_be_host_free(e->be, stage);
   return rc;
 }
 
@@ -210,7 +235,8 @@ static int find_tensor(ml_rc_ckpt *c, const char *name, const ml_param *p, ml_rc
   return 0;
 }
 
-/* Parameter i of unit: this rank's rows of every state from the pieces. */
+/* Parameter i of unit: this rank's rows of every state from the pieces,
+ * read into host staging, then copied into the device shards. */
 static int load_param(ml_engine *e, ml_rc_ckpt *c, const ml_fsdp_unit *unit, int i) {
   const ml_param *p = unit->params[i];
   char name[ML_RC_KEY];
@@ -220,10 +246,19 @@ static int load_param(ml_engine *e, ml_rc_ckpt *c, const ml_fsdp_unit *unit, int
   int64_t r0, nr;
   ml_fsdp_param_rows(&e->fsdp, unit, i, &r0, &nr);
   ml_rc_block b = held_block(p, r0, nr);
+  size_t numel = (size_t)(nr * p->local[1]);
+  float *stage = NULL;
   int rc = 0;
-  for (int s = 0; rc == 0 && nr > 0 && s < ML_RC_STATES; s++)
-    rc = ml_rc_read_block(c, &t, s, b.off[0], b.off[1], b.shape[0], b.shape[1],
-                          state_array(unit, s) + unit->shard_off[i]);
+  if (nr > 0 && !(stage = ml_be_host_alloc(e->be, nr * p->local[1], sizeof(float), "loading '%s'",
+                                           name)))
+    rc = -1;
+  for (int s = 0; rc == 0 && nr > 0 && s < ML_RC_STATES; s++) {
+    rc = ml_rc_read_block(c, &t, s, b.off[0], b.off[1], b.shape[0], b.shape[1], stage);
+    if (rc == 0)
+      rc = ml_be_copy(e->be, state_array(unit, s) + unit->shard_off[i], stage,
+                      sizeof(float) * numel, ML_COPY_H2D);
+  }
+  ml_be_host_free(e->be, stage);
   ml_rc_tensor_free(&t);
   return rc;
 }
@@ -260,11 +295,12 @@ int ml_run_export(const char *ckpt_dir, const char *out_dir, size_t max_shard_by
   /* FSDP unit order (layers, then the root), as ml_engine_save_hf writes */
   for (int u = 0; rc == 0 && u <= cfg.n_layers; u++)
     for (int i = 0; i < n; i++)
-      if (m.params[i].unit == u) params[k++] = &m.params[i];
+      if (ml_fsdp_unit_of(&m, &m.params[i]) == u) params[k++] = &m.params[i];
   for (int i = 0; rc == 0 && i < n; i++) {
     const ml_param *p = params[i];
     ml_rc_tensor t;
     rc = find_tensor(&c, p->name, p, &t);
+    /* host memory: a file-to-file conversion, no device involved */
     if (rc == 0 && !(tensors[i] = ml_malloc(sizeof(float) * (size_t)(p->shape[0] * p->shape[1]),
                                             p->name)))
       rc = -1;

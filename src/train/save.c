@@ -1,7 +1,6 @@
 #include "train/save.h"
 
 #include <stdlib.h>
-#include <string.h>
 
 #include "common/status.h"
 #include "io/checkpoint.h"
@@ -10,40 +9,38 @@
 
 enum { NAME_CAP = sizeof ((ml_param *)0)->name }; /* exported tensor names */
 
-/* The global tensor of p assembled from the tp group's local pieces
- * `local` [p->local] (returned on every rank; caller frees): one padded
- * all-gather of the torch.chunk pieces (ml_all_gather_padded), unpadded
- * into place. */
-static float *gather_tp(ml_backend *be, ml_comm *tp, const ml_param *p, const float *local) {
+/* The global tensor of p (Shard on `dim` over tp, −1: Replicate) from the
+ * tp group's local tensors `local` [p->local] (device memory) into `out`
+ * [p->shape] (host memory) on every rank: one padded all-gather of the
+ * torch.chunk pieces (ml_all_gather_padded), unpadded into place on the
+ * device (Shard(1) pieces as strided column blocks, ml_be_copy2d), then
+ * copied to the host. */
+static int gather_tp(ml_backend *be, ml_comm *tp, const ml_param *p, int dim, const float *local,
+                     float *out) {
+  const size_t f = sizeof(float);
   int64_t numel = p->shape[0] * p->shape[1];
-  float *global = ml_malloc(sizeof(float) * (size_t)numel, "export tensor");
-  if (!global) return NULL;
-  if (p->tp_dim < 0 || tp->size == 1) {
-    memcpy(global, local, sizeof(float) * (size_t)numel);
-    return global;
-  }
-  int64_t other = p->shape[1 - p->tp_dim], n = ml_param_numel(p);
-  size_t chunk = (size_t)(ml_chunk_size(p->shape[p->tp_dim], tp->size) * other);
-  float *send = ml_malloc(sizeof(float) * chunk, "export piece");
-  float *pieces = ml_malloc(sizeof(float) * chunk * (size_t)tp->size, "export pieces");
-  int ok = send && pieces;
-  if (ok) memcpy(send, local, sizeof(float) * (size_t)n);
-  if (ok && ml_all_gather_padded(be, tp, send, (size_t)n, chunk, pieces)) ok = 0;
-  for (int r = 0; ok && r < tp->size; r++) {
+  if (dim < 0 || tp->size == 1) return ml_be_copy(be, out, local, f * (size_t)numel, ML_COPY_D2H);
+  int64_t other = p->shape[1 - dim], n = ml_param_numel(p);
+  int64_t chunk = ml_chunk_size(p->shape[dim], tp->size) * other;
+  /* device: send [chunk] | pieces [tp · chunk] | the global tensor [numel] */
+  float *send = ml_be_alloc(be, (1 + tp->size) * chunk + numel, f, "the export of '%s'", p->name);
+  if (!send) return -1;
+  float *pieces = send + chunk, *global = pieces + tp->size * chunk;
+  int rc = ml_be_copy(be, send, local, f * (size_t)n, ML_COPY_D2D);
+  if (rc == 0) rc = ml_all_gather_padded(be, tp, send, (size_t)n, (size_t)chunk, pieces);
+  for (int r = 0; rc == 0 && r < tp->size; r++) {
     int64_t s, len;
-    ml_chunk(p->shape[p->tp_dim], tp->size, r, &s, &len);
-    const float *piece = pieces + (size_t)r * chunk;
-    if (p->tp_dim == 0) memcpy(global + s * other, piece, sizeof(float) * (size_t)(len * other));
-    for (int64_t row = 0; p->tp_dim == 1 && row < p->shape[0]; row++)
-      memcpy(global + row * p->shape[1] + s, piece + row * len, sizeof(float) * (size_t)len);
+    ml_chunk(p->shape[dim], tp->size, r, &s, &len);
+    const float *piece = pieces + r * chunk;
+    if (dim == 0) /* rows s .. s+len−1 */
+      rc = ml_be_copy(be, global + s * other, piece, f * (size_t)(len * other), ML_COPY_D2D);
+    else /* columns s .. s+len−1 of every row */
+      rc = ml_be_copy2d(be, global + s, f * (size_t)p->shape[1], piece, f * (size_t)len,
+                        f * (size_t)len, (size_t)p->shape[0]);
   }
-  free(send);
-  free(pieces);
-  if (!ok) {
-    free(global);
-    return NULL;
-  }
-  return global;
+  if (rc == 0) rc = ml_be_copy(be, out, global, f * (size_t)numel, ML_COPY_D2H);
+  ml_be_free(be, send);
+  return rc;
 }
 
 const ml_param *ml_engine_export_param(const ml_engine *e, int i) {
@@ -66,18 +63,22 @@ static const float *unit_array(const ml_fsdp_unit *unit, ml_export_what what) {
 }
 
 int ml_engine_export(ml_engine *e, ml_export_what what, float **out) {
+  ml_comm *tp = ml_mesh_comm(e->mesh, ML_GROUP_TP);
   int n = 0;
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
-    float *full = ml_malloc(sizeof(float) * (size_t)unit->full_numel, "export unit");
+    float *full = ml_be_alloc(e->be, unit->full_numel, sizeof(float), "the export of a unit");
     if (!full) return -1;
     int rc = ml_fsdp_gather_flat(&e->fsdp, u, unit_array(unit, what), full);
-    for (int i = 0; rc == 0 && i < unit->n; i++) {
-      out[n] = gather_tp(e->be, ml_mesh_comm(e->mesh, ML_GROUP_TP), unit->params[i],
-                         full + unit->full_off[i]);
-      rc = out[n++] ? 0 : -1;
+    for (int i = 0; rc == 0 && i < unit->n; i++, n++) {
+      const ml_param *p = unit->params[i];
+      out[n] = ml_be_host_alloc(e->be, p->shape[0] * p->shape[1], sizeof(float),
+                                "the export of '%s'", p->name);
+      rc = out[n] ? gather_tp(e->be, tp, p, ml_tp_param_dim(&e->tp, &e->model, p),
+                              full + unit->full_off[i], out[n])
+                  : -1;
     }
-    free(full);
+    ml_be_free(e->be, full);
     ML_TRY(rc);
   }
   return 0;
@@ -112,7 +113,7 @@ int ml_engine_save_hf(ml_engine *e, const char *dir) {
   for (int i = 0; rc == 0 && i < n; i++) params[i] = ml_engine_export_param(e, i);
   if (rc == 0 && e->mesh->rank == 0)
     rc = ml_hf_write(dir, &e->model.cfg, params, tensors, n, ML_HF_MAX_SHARD_BYTES);
-  for (int i = 0; tensors && i < n; i++) free(tensors[i]);
+  for (int i = 0; tensors && i < n; i++) ml_be_host_free(e->be, tensors[i]);
   free(tensors);
   free(params);
   return ml_host_agree(ml_mesh_host(e->mesh, ML_GROUP_WORLD), rc);

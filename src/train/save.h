@@ -28,10 +28,12 @@ typedef enum {
  * (save_pretrained's max_shard_size default is "5GB"). */
 #define ML_HF_MAX_SHARD_BYTES ((size_t)5 << 30)
 
-/* Collective over the world: out[i] (malloc'd, caller frees, on every
- * rank) = the global tensor [shape] of the i-th parameter in FSDP unit
- * order (names from ml_engine_export_param) of `what`. Errors: allocation,
- * collectives. */
+/* Collective over the world: out[i] = the global tensor [shape] of the
+ * i-th parameter in FSDP unit order (names from ml_engine_export_param) of
+ * `what`, in host memory from ml_be_host_alloc(e->be), on every rank; the
+ * caller frees each with ml_be_host_free(e->be, ·), also after an error
+ * (entries not reached are left as they were). Errors: allocation,
+ * collectives, copies. */
 int ml_engine_export(ml_engine *e, ml_export_what what, float **out);
 /* The i-th parameter in export order. */
 const ml_param *ml_engine_export_param(const ml_engine *e, int i);

@@ -50,16 +50,18 @@ static inline void run_close(run *r) {
   run_release(r);
 }
 
-/* Every parameter's global tensors, in export order, with their count in
- * front so that the teardown can free them. */
+/* Every parameter's global tensors (host memory of the engine's backend),
+ * in export order, with their count and backend in front so that the
+ * teardown can free them. */
 typedef struct exported {
+  ml_backend *be;
   int n;
   float *t[];
 } exported;
 
 static inline void exported_release(void *p) {
   exported *x = p;
-  for (int i = 0; i < x->n; i++) free(x->t[i]);
+  for (int i = 0; i < x->n; i++) ml_be_host_free(x->be, x->t[i]);
   free(x);
 }
 
@@ -68,6 +70,7 @@ static inline float **export_all(run *r, ml_export_what what) {
   int n = r->e.model.n_params;
   exported *x = calloc(1, sizeof *x + sizeof(float *) * (size_t)n);
   if (!x) fail_msg("export: out of memory");
+  x->be = r->e.be;
   x->n = n;
   hold(x, exported_release);
   if (ml_engine_export(&r->e, what, x->t)) fail_msg("export: %s", ml_error_msg());

@@ -228,6 +228,17 @@ static void test_host(void **state) {
   if (ml_host_all_gather(h, mine, sizeof mine, all)) note(&rep, "%s", ml_error_msg());
   for (int p = 0; p < t; p++)
     if (all[2 * p] != p || all[2 * p + 1] != -p) note(&rep, "all_gather block %d", p);
+  /* blocks of different lengths, rank 0's empty: rank p sends p values p */
+  if (t > 64) fail_msg("test_host: at most 64 ranks");
+  size_t bytes[64];
+  int32_t v[64], *packed = malloc(sizeof(int32_t) * (size_t)(t * t + 1));
+  for (int p = 0; p < t; p++) bytes[p] = sizeof(int32_t) * (size_t)p;
+  for (int i = 0; i < r; i++) v[i] = r;
+  if (ml_host_all_gather_v(h, v, bytes, packed)) note(&rep, "%s", ml_error_msg());
+  for (int p = 0, at = 0; p < t; at += p++)
+    for (int i = 0; i < p; i++)
+      if (packed[at + i] != p) note(&rep, "all_gather_v block %d [%d] = %d", p, i, packed[at + i]);
+  free(packed);
   free(all);
   /* the first failing rank, and the agreement carrying its message */
   int first = 7;

@@ -241,7 +241,8 @@ static int64_t partial_bytes(const run *r) {
   for (int u = 0; u < r->e.fsdp.n_units; u++) {
     const ml_fsdp_unit *unit = &r->e.fsdp.units[u];
     for (int i = 0; i < unit->n; i++)
-      if (unit->params[i]->grad_partial) n += 4 * unit->chunk_rows[i] * unit->params[i]->local[1];
+      if (ml_tp_grad_partial(&r->e.tp, unit->params[i]))
+        n += 4 * unit->chunk_rows[i] * unit->params[i]->local[1];
   }
   return n;
 }

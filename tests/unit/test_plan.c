@@ -123,10 +123,12 @@ static void test_custom_file(void **state) {
   expect_error(ml_plan_load(tpath("bad1.json"), &p), "'lm_head': unknown parallel style 'colwize'");
   write_text(tpath("bad2.json"), "{\"lm_head\": {\"style\": \"ColwiseParallel\", \"oops\": 1}}");
   expect_error(ml_plan_load(tpath("bad2.json"), &p), "unknown key 'oops'");
-  write_text(tpath("bad3.json"), "{\"lm_head\": {\"style\": \"colwise\", \"output_layouts\": \"S1\"}}");
+  write_text(tpath("bad3.json"),
+             "{\"lm_head\": {\"style\": \"colwise\", \"output_layouts\": \"S1\"}}");
   expect_error(ml_plan_load(tpath("bad3.json"), &p), "unknown placement 'S1'");
   write_text(tpath("bad4.json"), "{\"lm_head\": 3}");
-  expect_error(ml_plan_load(tpath("bad4.json"), &p), "expected an HF plan string or a style object");
+  expect_error(ml_plan_load(tpath("bad4.json"), &p),
+               "expected an HF plan string or a style object");
   write_text(tpath("bad5.json"), "{}");
   expect_error(ml_plan_load(tpath("bad5.json"), &p), "the plan is empty");
 }
@@ -221,10 +223,13 @@ static void test_apply_sp(void **state) {
   assert_true(ml_placement_eq(tp.logits, ml_shard(-1)));
   /* 2 layer norms per layer + the final norm have Partial grads */
   assert_int_equal(tp.n_partial, 2 * 2 + 1);
+  assert_true(ml_tp_grad_partial(&tp, ml_model_find_param(&m, "model.norm.weight")));
+  assert_false(ml_tp_grad_partial(&tp, ml_model_find_param(&m, "lm_head.weight")));
   /* vocab 300 over 2: rank 1 holds rows 150..299 */
   ml_param *w = ml_model_find_param(&m, "lm_head.weight");
-  assert_int_equal(w->tp_dim, 0);
-  assert_int_equal(w->tp_start, 150);
+  assert_int_equal(ml_tp_param_dim(&tp, &m, w), 0);
+  assert_int_equal(w->offset[0], 150);
+  assert_int_equal(w->offset[1], 0);
   assert_int_equal(w->local[0], 150);
   /* the attention input edge: Shard(1) → Replicate, grad Partial */
   bool found = false;
@@ -321,9 +326,24 @@ static void test_apply_partial_plan(void **state) {
   assert_true(ml_placement_eq(tp.logits, ml_replicate())); /* lm_head replicated: whole logits */
   assert_int_equal(tp.n_partial, 0);
   ml_param *q = ml_model_find_param(&m, "model.layers.0.self_attn.q_proj.weight");
-  assert_int_equal(q->tp_dim, -1);
+  assert_int_equal(ml_tp_param_dim(&tp, &m, q), -1);
   ml_param *d = ml_model_find_param(&m, "model.layers.1.mlp.down_proj.weight");
-  assert_int_equal(d->tp_dim, 1);
+  assert_int_equal(ml_tp_param_dim(&tp, &m, d), 1);
+  /* intermediate 160 over 2: rank 1 holds columns 80..159 of every row */
+  assert_int_equal(d->offset[0], 0);
+  assert_int_equal(d->offset[1], 80);
+  assert_int_equal(d->local[1], 80);
+  assert_false(ml_tp_grad_partial(&tp, d));
+  /* FSDP units: one per decoder layer, the root (embedding, norm, lm_head) last */
+  assert_int_equal(d->layer, 1);
+  assert_int_equal(ml_fsdp_unit_of(&m, d), 1);
+  ml_param *head = ml_model_find_param(&m, "lm_head.weight");
+  assert_int_equal(head->layer, -1);
+  assert_int_equal(ml_fsdp_unit_of(&m, head), (int)m.cfg.n_layers);
+  ml_param *unit1[64];
+  int n1 = ml_fsdp_unit_params(&m, 1, unit1);
+  assert_true(n1 > 0 && n1 < 64);
+  for (int i = 0; i < n1; i++) assert_int_equal(unit1[i]->layer, 1);
   ml_tp_destroy(&tp);
   ml_model_destroy(&m);
 }

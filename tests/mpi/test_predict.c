@@ -38,6 +38,7 @@
 #include "train/predict.h"
 #include "engine_run.h"
 #include "parity_util.h"
+#include "tensor/placement.h"
 #include "train/engine.h"
 
 static const char *g_fixture;
@@ -206,6 +207,42 @@ static void test_logprobs(void **state) {
   setup_close(&s);
 }
 
+/* Sequence parallelism saves activation memory: with SP the residual
+ * stream's saved buffers hold this rank's s = torch.chunk(S) positions
+ * instead of S; among them each layer's input [B, s, H] fp32, kept per
+ * layer under every AC mode, so the saved activations shrink by at least
+ * L · B · (S − s) · H · 4 bytes against the same mesh without SP. Both
+ * sides from the prediction (the same step on the meta backend, exact
+ * against a real run by the tests above). */
+static void test_sp_saves_memory(void **state) {
+  (void)state;
+  if (!g_sp || g_tp == 1) skip();
+  static setup s;
+  setup_open(&s);
+  ml_engine_opts opts = s.e.opts;
+  opts.backend = NULL;
+  opts.sequence_parallel = false;
+  opts.parallel_plan = g_plan[0] ? g_plan : NULL;
+  ml_prediction no_sp;
+  if (ml_predict_step(s.fx.dir, &opts, s.mesh.dp_replicate, s.mesh.dp_shard, s.mesh.tp,
+                      s.mesh.rank, s.Bl, s.fx.S, NULL, &no_sp))
+    fail_msg("predict without SP: %s", ml_error_msg());
+  const ml_model_config *c = &s.e.model.cfg;
+  int64_t start, piece;
+  ml_chunk(s.fx.S, g_tp, s.mesh.tp_rank, &start, &piece);
+  int64_t least = c->n_layers * s.Bl * (s.fx.S - piece) * c->hidden * 4;
+  int64_t saved = no_sp.mem.activations - s.pred.mem.activations;
+  if (rank0())
+    printf("SP saves %lld B of %lld B of saved activations (at least %lld expected)\n",
+           (long long)saved, (long long)no_sp.mem.activations, (long long)least);
+  report rep = {0};
+  if (saved < least)
+    note(&rep, "SP saves %lld B of activations; expected at least %lld B", (long long)saved,
+         (long long)least);
+  agree(&rep, "SP activation memory");
+  setup_close(&s);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   if (argc < 4) {
@@ -234,6 +271,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       held_test(test_train_step),
       held_test(test_logprobs),
+      held_test(test_sp_saves_memory),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   int any = 0;

@@ -6,8 +6,8 @@
 # meta backend, train/predict.h) vs the run's device_peak_mib (the device
 # pool's peak, torch.cuda.max_memory_allocated's count) and its peak RSS.
 # Meshes: 1 rank, and 3 ranks tp=3 (+SP; SmolLM2 has 9 heads, 3 kv heads).
-# --peak-tflops is given, so no GEMM calibration runs before the step. Memory does not depend on the load, so
-# shared cores do not move these figures.
+# --peak-tflops is given, so no GEMM calibration runs before the step.
+# Memory does not depend on the load, so shared cores do not move these figures.
 # usage: bench/plan_memory.sh [SEQ [BATCH]]   (after `make`; defaults 512 and 4)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 export OMP_WAIT_POLICY=passive OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 build/meshlm init --arch llama --preset smollm2-135m --out "$out/m" > /dev/null
 awk -v n="$B" -v S="$S" 'BEGIN { srand(0); for (i = 0; i < n; i++) {
-  printf "{\"input_ids\": [%d", int(rand() * 49152); for (t = 1; t < S; t++) printf ", %d", int(rand() * 49152)
+  printf "{\"input_ids\": [%d", int(rand() * 49152)
+  for (t = 1; t < S; t++) printf ", %d", int(rand() * 49152)
   print "]}" } }' > "$out/ids.jsonl"
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f", b / 1048576 }'; }
 printf "%-34s %-10s %12s %12s %8s %10s\n" mesh ac "plan MiB" "run MiB" "diff" "RSS MiB"
@@ -30,7 +31,8 @@ for mesh in "1" "3 --tp 3" "3 --tp 3 --sequence-parallel"; do
     # shellcheck disable=SC2086
     predicted=$(build/meshlm plan --model "$out/m" $flags --seq-len "$S" --batch-size "$B" \
       --activation-checkpointing "$ac" --json |
-      python3 -c 'import json, sys; print(json.load(sys.stdin)["per_tp_rank"][0]["memory_bytes"]["train_peak"])')
+      python3 -c 'import json, sys
+print(json.load(sys.stdin)["per_tp_rank"][0]["memory_bytes"]["train_peak"])')
     # shellcheck disable=SC2086
     mpirun -np "$np" build/meshlm train --model "$out/m" --data "$out/ids.jsonl" $flags \
       --seq-len "$S" --batch-size "$B" --steps 1 --activation-checkpointing "$ac" \

@@ -98,8 +98,9 @@ static int build(plan_run *run) {
     ML_TRY(ml_tp_apply(&pr->tp, &run->plan, &pr->model, &pr->comm));
     ML_TRY(ml_tp_check_sequence_parallel(&pr->tp, &run->plan, o->t.sp));
     /* world rank r: tp rank r of the first dp coordinates (tp is fastest) */
-    ML_TRY(ml_predict_step(o->t.model, &eo, (int)o->t.dp_replicate, (int)o->dp_shard, (int)o->t.tp,
-                           r, local_batch(o), o->t.seq_len, what, &pr->pred));
+    ml_predict_shape shape = {(int)o->t.dp_replicate, (int)o->dp_shard, (int)o->t.tp, r,
+                              local_batch(o), o->t.seq_len, (int)o->t.grad_accum, what};
+    ML_TRY(ml_predict_step(o->t.model, &eo, &shape, &pr->pred));
   }
   return 0;
 }
@@ -358,15 +359,16 @@ static void text_stats(const ml_comm_stats *st) {
     for (int k = 0; k < ML_COLL_KINDS; k++) {
       if (!st[g].calls[k]) continue;
       char h[32];
-      ml_cli_print("    %-9s %-15s %6" PRId64 " calls %14" PRId64 " B (%s)\n",
+      ml_cli_print("    %-12s %-15s %6" PRId64 " calls %14" PRId64 " B (%s)\n",
                    ml_group_name((ml_group)g), ml_coll_name((ml_coll)k), st[g].calls[k],
                    st[g].bytes[k], human(st[g].bytes[k], h, sizeof h));
     }
 }
 
 static void text_prediction(const ml_prediction *p) {
-  ml_cli_print("  one training step (zero_grad, forward + backward, grad norm, AdamW), per "
-               "group:\n");
+  ml_cli_print("  one training step (zero_grad, %d x forward + backward, grad norm, AdamW), per "
+               "group:\n",
+               p->shape.grad_accum);
   text_stats(p->train);
   bool any = false;
   for (int g = 0; g < ML_GROUP_KINDS; g++)

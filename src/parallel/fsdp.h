@@ -78,7 +78,8 @@ typedef struct ml_fsdp {
   int n_units;
   float *comm_buf;  /* [dp · max shard_numel] fp32: gather / gradient staging */
   float *grad_buf;  /* [max shard_numel] fp32: the reduced gradient, added to shard_grad */
-  uint16_t *wire;   /* [dp · max shard_numel] bf16 gradients on the wire (reduce_dtype BF16 only) */
+  uint16_t *wire;   /* [dp · max shard_numel] bf16 gradients on the wire (reduce_dtype BF16
+                       only) */
 } ml_fsdp;
 
 /* The FSDP unit of parameter p (fully_shard applied to every decoder layer,
@@ -112,7 +113,8 @@ bool ml_fsdp_reshard_after_forward(ml_reshard_policy policy, int u, int n_units)
 
 /* Build the units of `m` (after TP is applied), allocate this rank's
  * shards and fill them from the checkpoint `ck` (each rank reads only its
- * slice; ck NULL: left zero, nothing read); under ZeRO-1/2 gather every unit once. dp: the sharding group;
+ * slice; ck NULL: left zero, nothing read); under ZeRO-1/2 gather every
+ * unit once. dp: the sharding group;
  * rep: the HSDP replica group (size 1: plain FSDP). Errors: options out
  * of range (named), a parameter missing from the checkpoint or with
  * another shape (named, with both shapes), unreadable dtype, allocation. */

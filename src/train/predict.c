@@ -26,7 +26,8 @@ static int run(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp, ml_pr
   double loss, norm;
   ml_adamw_cfg adam = {.lr = 0.0, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
   ML_TRY(ml_engine_zero_grad(e));
-  ML_TRY(ml_engine_forward_backward(e, ids, NULL, p->B, p->S, p->B * p->S, &loss));
+  for (int k = 0; k < p->shape.grad_accum; k++)
+    ML_TRY(ml_engine_forward_backward(e, ids, NULL, p->B, p->S, p->B * p->S, &loss));
   ML_TRY(ml_engine_grad_norm(e, 2.0, &norm));
   ML_TRY(ml_engine_adamw(e, &adam));
   take_stats(mesh, p->train);
@@ -45,27 +46,28 @@ static int run(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp, ml_pr
   return 0;
 }
 
-int ml_predict_step(const char *model_dir, const ml_engine_opts *opts, int dp_replicate,
-                    int dp_shard, int tp, int rank, int64_t B, int64_t S, const char *batch_what,
-                    ml_prediction *out) {
+int ml_predict_step(const char *model_dir, const ml_engine_opts *opts,
+                    const ml_predict_shape *shape, ml_prediction *out) {
   memset(out, 0, sizeof *out);
-  if (B < 1 || S < 2)
-    return ml_err("plan: expected a local batch of B >= 1 sequences of S >= 2 tokens; found "
-                  "B=%lld, S=%lld",
-                  (long long)B, (long long)S);
+  int64_t B = shape->B, S = shape->S;
+  if (B < 1 || S < 2 || shape->grad_accum < 1)
+    return ml_err("plan: expected micro-batches of B >= 1 sequences of S >= 2 tokens, "
+                  "grad_accum >= 1 of them per step; found B=%lld, S=%lld, grad_accum=%d",
+                  (long long)B, (long long)S, shape->grad_accum);
   int64_t T = ml_mul_sat(B, S);
   ml_backend *like = opts->backend, *meta = NULL;
   if (!like) ML_TRY(ml_backend_get("cpu", &like));
   ML_TRY(ml_backend_meta_create(like, &meta));
   ml_mesh mesh;
-  int rc = ml_mesh_create_meta(dp_replicate, dp_shard, 1, tp, rank, &mesh);
+  int rc = ml_mesh_create_meta(shape->dp_replicate, shape->dp_shard, 1, shape->tp, shape->rank,
+                               &mesh);
   if (rc) {
     ml_backend_meta_destroy(meta);
     return rc;
   }
-  *out = (ml_prediction){.dp_replicate = dp_replicate, .dp_shard = dp_shard, .tp = tp,
-                         .world = mesh.world_size, .rank = rank, .tp_rank = mesh.tp_rank,
+  *out = (ml_prediction){.shape = *shape, .world = mesh.world_size, .tp_rank = mesh.tp_rank,
                          .B = B, .S = S};
+  out->shape.batch_what = NULL; /* the caller's string: not kept */
   ml_engine_opts o = *opts;
   o.backend = meta;
   o.no_weights = true;
@@ -75,7 +77,7 @@ int ml_predict_step(const char *model_dir, const ml_engine_opts *opts, int dp_re
   float *lp = NULL;
   rc = ml_engine_open(&e, &mesh, model_dir, &o);
   /* the device buffers first: a batch beyond 2^63 bytes fails there, with their message */
-  if (rc == 0) rc = ml_engine_reserve(&e, B, S, batch_what);
+  if (rc == 0) rc = ml_engine_reserve(&e, B, S, shape->batch_what);
   if (rc == 0) {
     ids = ml_calloc_array(T, sizeof *ids, "the planned batch's token ids");
     lp = ml_calloc_array(T, sizeof *lp, "the planned batch's log-probs");

@@ -13,9 +13,10 @@
  * backend's own kernel temporaries, e.g. a GEMM's operand conversion, are
  * not modelled: a real CPU run's peak may exceed it by those).
  *
- * One training step = ml_engine_zero_grad, ml_engine_forward_backward,
- * ml_engine_grad_norm, ml_engine_adamw (which re-gathers parameters under
- * ZeRO-1/2); one logprobs pass = ml_engine_logprobs. */
+ * One training step = ml_engine_zero_grad, grad_accum ×
+ * ml_engine_forward_backward (micro-batches), ml_engine_grad_norm,
+ * ml_engine_adamw (which re-gathers parameters under ZeRO-1/2); one
+ * logprobs pass = ml_engine_logprobs of one micro-batch. */
 #ifndef ML_PREDICT_STEP_H
 #define ML_PREDICT_STEP_H
 
@@ -37,28 +38,38 @@ typedef struct ml_predict_memory {
   int64_t logprobs_peak; /* the peak of one logprobs pass */
 } ml_predict_memory;
 
+/* What is predicted: world rank `rank` of a dp_replicate × dp_shard × tp
+ * mesh (cp = 1), each optimizer step grad_accum micro-batches of B
+ * sequences of S tokens per dp rank. batch_what: how allocation errors
+ * name the micro-batch (ml_engine_reserve; NULL: "B sequences x S
+ * tokens"). */
+typedef struct ml_predict_shape {
+  int dp_replicate, dp_shard, tp, rank;
+  int64_t B, S;
+  int grad_accum;
+  const char *batch_what;
+} ml_predict_shape;
+
 typedef struct ml_prediction {
-  int dp_replicate, dp_shard, tp, world;
-  int rank, tp_rank;
-  int64_t B, S;                    /* local batch per dp rank */
+  ml_predict_shape shape;
+  int world, tp_rank;
+  int64_t B, S;                    /* local micro-batch per dp rank */
   int64_t loss_chunk, loss_chunks; /* logits chunk (tokens) and chunks per pass */
   ml_comm_stats train[ML_GROUP_KINDS];    /* one training step */
   ml_comm_stats logprobs[ML_GROUP_KINDS]; /* one logprobs pass */
   ml_predict_memory mem;
 } ml_prediction;
 
-/* Predict one training step and one logprobs pass of the local batch
- * [B, S] on world rank `rank` of a dp_replicate × dp_shard × tp mesh (cp =
- * 1), for the model in `model_dir` (config.json) under the engine options
- * `opts` (plan, SP, mixed precision, ZeRO stage, reshard and prefetch,
- * activation checkpointing; opts->backend names the backend predicted
- * for, NULL = CPU). batch_what: how allocation errors name the batch
- * (ml_engine_reserve; NULL: "B sequences x S tokens"). Errors: those of opening the engine (plan, sizes,
- * config), mesh sizes or rank out of range, B < 1 or S < 2, and a step
+/* Predict one training step and one logprobs pass of `shape` for the
+ * model in `model_dir` (config.json) under the engine options `opts`
+ * (plan, SP, mixed precision, ZeRO stage, reshard and prefetch, activation
+ * checkpointing; opts->backend names the backend predicted for, NULL =
+ * CPU). Errors: those of opening the engine (plan, sizes,
+ * config), mesh sizes or rank out of range, B < 1, S < 2 or grad_accum
+ * < 1, and a step
  * too large to address (a buffer beyond 2^63 bytes, or more than 2^62
  * bytes of device memory in all: the meta pool's address range). */
-int ml_predict_step(const char *model_dir, const ml_engine_opts *opts, int dp_replicate,
-                    int dp_shard, int tp, int rank, int64_t B, int64_t S, const char *batch_what,
-                    ml_prediction *out);
+int ml_predict_step(const char *model_dir, const ml_engine_opts *opts,
+                    const ml_predict_shape *shape, ml_prediction *out);
 
 #endif

@@ -3,7 +3,7 @@
  * rep-logits (a custom plan whose lm_head is HF colwise_rep: logits
  * all-gathered per chunk, the loss on whole rows), hsdp (dp_replicate = 2,
  * dp_shard inferred), ac=mlp|layer|selective (activation checkpointing),
- * bf16 (param_dtype bf16). Opens the engine on the fixture over
+ * bf16 (param_dtype bf16), accum=K (K micro-batches per step). Opens the engine on the fixture over
  * MPI_COMM_WORLD (dp_shard = N / TP, tp = TP, sequence parallel when SP =
  * 1), runs one training step (zero_grad, forward_backward, grad_norm,
  * AdamW) and one logprobs pass of the fixture batch, and compares on
@@ -45,6 +45,7 @@ static const char *g_fixture;
 static int g_tp, g_sp, g_dpr = 1; /* g_dpr: dp_replicate (HSDP with "hsdp") */
 static ml_ac_mode g_ac = ML_AC_NONE;
 static ml_dtype g_param_dtype = ML_F32;
+static int g_accum = 1; /* micro-batches per step ("accum=K") */
 static char g_plan[64]; /* a custom plan file, or "" for the automatic choice */
 
 /* The HF-style plan with lm_head colwise_rep (Replicate logits). Each
@@ -104,8 +105,9 @@ static void setup_open(setup *s) {
   s->Bl = s->fx.B / dp;
   s->ids = s->fx.ids + d * s->Bl * s->fx.S;
   s->mask = s->fx.mask + d * s->Bl * s->fx.S;
-  if (ml_predict_step(s->fx.dir, &opts, s->mesh.dp_replicate, s->mesh.dp_shard, s->mesh.tp,
-                      s->mesh.rank, s->Bl, s->fx.S, NULL, &s->pred))
+  ml_predict_shape shape = {s->mesh.dp_replicate, s->mesh.dp_shard, s->mesh.tp, s->mesh.rank,
+                            s->Bl, s->fx.S, g_accum, NULL};
+  if (ml_predict_step(s->fx.dir, &opts, &shape, &s->pred))
     fail_msg("predict: %s", ml_error_msg());
 }
 
@@ -168,9 +170,11 @@ static void test_train_step(void **state) {
   report rep = {0};
   ml_adamw_cfg adam = {.lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
   ml_be_reset_peak(s.e.be);
-  if (ml_engine_zero_grad(&s.e) ||
-      ml_engine_forward_backward(&s.e, s.ids, s.mask, s.Bl, s.fx.S, s.fx.targets, &loss) ||
-      ml_engine_grad_norm(&s.e, 2.0, &norm) || ml_engine_adamw(&s.e, &adam))
+  if (ml_engine_zero_grad(&s.e)) fail_msg("zero_grad: %s", ml_error_msg());
+  for (int k = 0; k < g_accum; k++)
+    if (ml_engine_forward_backward(&s.e, s.ids, s.mask, s.Bl, s.fx.S, s.fx.targets, &loss))
+      fail_msg("micro-batch %d: %s", k, ml_error_msg());
+  if (ml_engine_grad_norm(&s.e, 2.0, &norm) || ml_engine_adamw(&s.e, &adam))
     fail_msg("step: %s", ml_error_msg());
   compare(&s, s.pred.train, "train step", &rep);
   compare_peak((int64_t)ml_be_memory_stats(s.e.be).peak, s.pred.mem.train_peak, "train step",
@@ -224,8 +228,7 @@ static void test_sp_saves_memory(void **state) {
   opts.sequence_parallel = false;
   opts.parallel_plan = g_plan[0] ? g_plan : NULL;
   ml_prediction no_sp;
-  if (ml_predict_step(s.fx.dir, &opts, s.mesh.dp_replicate, s.mesh.dp_shard, s.mesh.tp,
-                      s.mesh.rank, s.Bl, s.fx.S, NULL, &no_sp))
+  if (ml_predict_step(s.fx.dir, &opts, &s.pred.shape, &no_sp))
     fail_msg("predict without SP: %s", ml_error_msg());
   const ml_model_config *c = &s.e.model.cfg;
   int64_t start, piece;
@@ -246,7 +249,8 @@ static void test_sp_saves_memory(void **state) {
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   if (argc < 4) {
-    fprintf(stderr, "usage: test_predict FIXTURE TP SP(0|1) [rep-logits|hsdp|ac=MODE|bf16]...\n");
+    fprintf(stderr, "usage: test_predict FIXTURE TP SP(0|1) [rep-logits|hsdp|ac=MODE|bf16|"
+                    "accum=K]...\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];
@@ -262,6 +266,7 @@ int main(int argc, char **argv) {
       }
     if (!strcmp(argv[i], "hsdp")) g_dpr = 2;
     else if (!strcmp(argv[i], "bf16")) g_param_dtype = ML_BF16;
+    else if (!strncmp(argv[i], "accum=", 6) && atoi(argv[i] + 6) >= 1) g_accum = atoi(argv[i] + 6);
     else if (!strcmp(argv[i], "rep-logits")) write_rep_logits_plan();
     else if (!known) {
       fprintf(stderr, "test_predict: unknown option '%s'\n", argv[i]);

@@ -1,7 +1,8 @@
 /* The CPU backend's vtable: memory from caching pools over malloc
  * (device = host memory; one pool for "device" tensors, one for host
- * staging, so the device's byte counts are those of the tensors), synchronous ordering, and the operators of
- * kernels/cpu, plus oneDNN's matmul for the GEMM (gemm.c). */
+ * staging, so the device's byte counts are those of the tensors),
+ * synchronous ordering, and the operators of kernels/cpu, plus oneDNN's
+ * matmul for the GEMM (gemm.c). */
 #include <stdlib.h>
 #include <string.h>
 

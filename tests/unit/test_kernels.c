@@ -651,6 +651,44 @@ static void test_rope_apply(void **state) {
   free(x), free(y), free(g), free(dx), free(ref), free(ya), free(dxa);
 }
 
+/* ---- expf --------------------------------------------------------------------- */
+
+/* k_expf against libm's expf, bitwise: on glibc (2.28+, the FMA build its
+ * ifunc picks with AVX-512) the vector lanes repeat expf's operations
+ * (expf.c), so TOL_EXACT; under another libm the bound is the 1 ulp R4
+ * grants expf itself. Inputs: every 251st bit pattern (all signs, NaNs,
+ * infinities, subnormals, the overflow and underflow branches), then
+ * lengths 0..40 for the vector tails. */
+static void expect_expf(const float *x, int64_t n) {
+  float *y = malloc((size_t)(n ? n : 1) * sizeof(float));
+  k_expf(x, y, n);
+  for (int64_t i = 0; i < n; i++) {
+    float want = expf(x[i]);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 28)
+    bool ok = memcmp(&want, &y[i], sizeof want) == 0;
+#else
+    bool ok = (isnan(want) && isnan(y[i])) || want == y[i] ||
+              fabsf(want - y[i]) <= fabsf(nextafterf(want, INFINITY) - want);
+#endif
+    if (!ok) fail_msg("k_expf(%a) = %a, expf gives %a", (double)x[i], (double)y[i], (double)want);
+  }
+  free(y);
+}
+
+static void test_expf(void **state) {
+  (void)state;
+  int64_t n = (int64_t)(0x100000000ull / 251) + 1;
+  float *x = malloc((size_t)n * sizeof(float));
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u = (uint32_t)(i * 251);
+    memcpy(&x[i], &u, sizeof u);
+  }
+  expect_expf(x, n);
+  for (int64_t len = 0; len <= 40; len++) expect_expf(x + 1000 * len, len);
+  printf("  %-44s %lld inputs, all equal\n", "k_expf vs expf", (long long)n);
+  free(x);
+}
+
 /* ---- attention ---------------------------------------------------------------- */
 
 typedef struct attn_ctx {
@@ -1239,7 +1277,8 @@ int main(void) {
       cmocka_unit_test(test_linear_bf16),   cmocka_unit_test(test_gemm_empty_inner),
       cmocka_unit_test(test_rmsnorm_fwd),   cmocka_unit_test(test_rmsnorm_bwd),
       cmocka_unit_test(test_rope_inv_freq), cmocka_unit_test(test_rope_tables),
-      cmocka_unit_test(test_rope_apply),    cmocka_unit_test(test_attention_fwd),
+      cmocka_unit_test(test_rope_apply),    cmocka_unit_test(test_expf),
+      cmocka_unit_test(test_attention_fwd),
       cmocka_unit_test(test_attention_bwd), cmocka_unit_test(test_glu),
       cmocka_unit_test(test_embedding),     cmocka_unit_test(test_xent),
       cmocka_unit_test(test_adamw),

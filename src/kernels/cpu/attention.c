@@ -67,10 +67,9 @@ static int blas_serial_begin(void) {
 static void softmax_causal_row(float *Pi, int64_t i, int64_t lo, int64_t S) {
   float m = -INFINITY, sum = 0.0f;
   for (int64_t j = lo; j <= i; j++) m = Pi[j] > m ? Pi[j] : m;
-  for (int64_t j = lo; j <= i; j++) {
-    Pi[j] = expf(Pi[j] - m);
-    sum += Pi[j];
-  }
+  for (int64_t j = lo; j <= i; j++) Pi[j] -= m;
+  k_expf(Pi + lo, Pi + lo, i + 1 - lo);
+  for (int64_t j = lo; j <= i; j++) sum += Pi[j]; /* in key order */
   float inv = 1.0f / sum;
   for (int64_t j = lo; j <= i; j++) Pi[j] *= inv;
   memset(Pi, 0, (size_t)lo * sizeof(float));

@@ -107,6 +107,9 @@ void k_adamw_step(float *p, const float *g, float *m, float *v, int64_t n, doubl
                   double b2, double eps, double wd, int64_t step);
 
 /* ---- Vectors ----------------------------------------------------------- */
+/* y[n] = expf(x[n]), equal bit for bit to glibc's expf (vectorized on
+ * AVX-512, expf.c); y may alias x. */
+void k_expf(const float *x, float *y, int64_t n);
 /* y[n] += x[n]. */
 void k_add(float *y, const float *x, int64_t n);
 /* x[n] *= s. */

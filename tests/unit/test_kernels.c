@@ -1278,10 +1278,9 @@ int main(void) {
       cmocka_unit_test(test_rmsnorm_fwd),   cmocka_unit_test(test_rmsnorm_bwd),
       cmocka_unit_test(test_rope_inv_freq), cmocka_unit_test(test_rope_tables),
       cmocka_unit_test(test_rope_apply),    cmocka_unit_test(test_expf),
-      cmocka_unit_test(test_attention_fwd),
-      cmocka_unit_test(test_attention_bwd), cmocka_unit_test(test_glu),
-      cmocka_unit_test(test_embedding),     cmocka_unit_test(test_xent),
-      cmocka_unit_test(test_adamw),
+      cmocka_unit_test(test_attention_fwd), cmocka_unit_test(test_attention_bwd),
+      cmocka_unit_test(test_glu),           cmocka_unit_test(test_embedding),
+      cmocka_unit_test(test_xent),          cmocka_unit_test(test_adamw),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

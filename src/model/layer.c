@@ -92,12 +92,17 @@ static int block_input_backward(ml_model *m, const ml_linear *first, const ml_ac
   return add_inplace(m, dx, dh, Tr * H);
 }
 
+/* The dtype attention's products compute in: the projections' weights'
+ * (fp32, or FSDP's bf16 param_dtype), as autocast runs SDPA in the dtype
+ * it runs the linears in. */
+static ml_dtype attn_compute(const ml_layer *L) { return L->q_proj.weight->dtype; }
+
 // q, k: [B, S, nh|nkv, hd] after RoPE, v: [B, S, nkv, hd] → P: [B, nh, S, S], att: [B, S, nh·hd]
 static int core_forward(ml_model *m, const ml_layer *L, float *att) {
   const ml_layer_acts *a = &L->acts;
   int64_t hd = m->cfg.head_dim;
   return ml_be_attention_fwd(m->be, a->q, a->k, a->v, att, a->P, m->B, m->S, a->qv.c / hd,
-                             a->kv.c / hd, hd, attn_scale(m), L->window);
+                             a->kv.c / hd, hd, attn_scale(m), L->window, attn_compute(L));
 }
 
 // datt: [B, S, nh·hd] → dq [B, S, nh, hd], dk, dv [B, S, nkv, hd] (=)
@@ -106,7 +111,8 @@ static int core_backward(ml_model *m, const ml_layer *L, const float *datt, floa
   const ml_layer_acts *a = &L->acts;
   int64_t hd = m->cfg.head_dim;
   return ml_be_attention_bwd(m->be, datt, a->q, a->k, a->v, a->P, dq, dk, dv, m->B, m->S,
-                             a->qv.c / hd, a->kv.c / hd, hd, attn_scale(m), m->attn_work);
+                             a->qv.c / hd, a->kv.c / hd, hd, attn_scale(m), attn_compute(L),
+                             m->attn_work);
 }
 
 // x_in [B, s_res, H] → x [B, s_res, H] = x_mid (room for [B, S, H]; not read)

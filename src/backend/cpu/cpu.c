@@ -1,6 +1,7 @@
 /* The CPU backend's vtable: memory from one caching pool over malloc
  * (device = host memory), synchronous ordering, and the operators of
  * kernels/cpu, plus oneDNN's matmul for the GEMM (gemm.c). */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -148,19 +149,107 @@ static size_t cpu_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t n
   return n > (int64_t)(SIZE_MAX / sizeof(float)) ? SIZE_MAX : (size_t)n * sizeof(float);
 }
 
+/* k_attn_bf16's products: the GEMM's tiles. */
+static int tile_gemm(void *ctx, int thread, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                     float alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
+                     float beta, float *C, int64_t ldc) {
+  return ml_cpu_gemm_tile(ctx, thread, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+enum { ROUND_CHUNK = 4096 };
+
+/* x [n] rounded to bf16 into pool memory (*out): bf16, or fp32 holding the
+ * bf16 values when packed is false. NULL x: nothing. */
+static int rounded(ml_backend *be, const float *x, int64_t n, bool packed, const void **out,
+                   void **mem) {
+  *out = *mem = NULL;
+  if (!x) return 0;
+  *mem = ml_be_alloc(be, n, packed ? sizeof(uint16_t) : sizeof(float),
+                     "an attention operand rounded to bf16 [%lld]", (long long)n);
+  if (!*mem) return -1;
+  if (packed) {
+#pragma omp parallel for
+    for (int64_t i = 0; i < n; i += ROUND_CHUNK)
+      ml_convert_from_f32(ML_BF16, x + i, (uint16_t *)*mem + i,
+                          (size_t)(n - i < ROUND_CHUNK ? n - i : ROUND_CHUNK));
+  } else {
+    memcpy(*mem, x, (size_t)n * sizeof(float));
+    ml_round_bf16(*mem, (size_t)n);
+  }
+  *out = *mem;
+  return 0;
+}
+
+/* Attention's products in `compute`: NULL *lp for fp32; for bf16, q, k,
+ * v, dout ([T, nh|nkv, hd]) rounded and the tiles' scratch, in pool
+ * memory that attention_end frees. */
+typedef struct attn_lowp {
+  k_attn_bf16 lp;
+  void *mem[5];
+} attn_lowp;
+
+static void attention_end(ml_backend *be, attn_lowp *a) {
+  for (int i = 0; i < 5; i++) cpu_free(be, a->mem[i]);
+}
+
+static int attention_begin(ml_backend *be, ml_dtype compute, const float *q, const float *k,
+                           const float *v, const float *dout, int64_t T, int64_t S, int64_t nh,
+                           int64_t nkv, int64_t hd, attn_lowp *a, const k_attn_bf16 **lp) {
+  memset(a, 0, sizeof *a);
+  *lp = NULL;
+  if (compute == ML_F32) return 0;
+  if (compute != ML_BF16)
+    return ml_err("attention: compute dtype %s; expected F32 or BF16", ml_dtype_name(compute));
+  ml_cpu_gemm *g = impl(be)->gemm;
+  bool packed = ml_cpu_gemm_bf16_native(g);
+  int threads = omp_get_max_threads();
+  a->lp = (k_attn_bf16){.packed = packed, .gemm = tile_gemm, .ctx = g};
+  if ((packed && ml_cpu_gemm_tiles_reserve(g, threads)) ||
+      rounded(be, q, T * nh * hd, packed, &a->lp.q, &a->mem[0]) ||
+      rounded(be, k, T * nkv * hd, packed, &a->lp.k, &a->mem[1]) ||
+      rounded(be, v, T * nkv * hd, packed, &a->lp.v, &a->mem[2]) ||
+      rounded(be, dout, T * nh * hd, packed, &a->lp.dout, &a->mem[3])) {
+    attention_end(be, a);
+    return -1;
+  }
+  a->mem[4] = a->lp.scratch = ml_be_alloc(be, threads, k_attention_bf16_scratch(S, packed),
+                                          "the bf16 attention tiles of %d threads", threads);
+  if (!a->mem[4]) {
+    attention_end(be, a);
+    return -1;
+  }
+  *lp = &a->lp;
+  return 0;
+}
+
+/* A kernel's result: the first failure of its tiles, reported here. */
+static int attention_result(ml_backend *be, int rc) {
+  if (!rc) return 0;
+  ML_TRY(ml_cpu_gemm_tiles_check(impl(be)->gemm));
+  return ml_err("attention: a bf16 product failed");
+}
+
 static int cpu_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
                              float *out, float *P, int64_t B, int64_t S, int64_t nh, int64_t nkv,
-                             int64_t hd, float scale, int64_t window) {
-  k_attention_fwd(q, k, v, out, P, B, S, nh, nkv, hd, scale, window);
-  return 0;
+                             int64_t hd, float scale, int64_t window, ml_dtype compute) {
+  attn_lowp a;
+  const k_attn_bf16 *lp;
+  ML_TRY(attention_begin(be, compute, q, k, v, NULL, B * S, S, nh, nkv, hd, &a, &lp));
+  int rc = k_attention_fwd(q, k, v, out, P, B, S, nh, nkv, hd, scale, window, lp);
+  attention_end(be, &a);
+  return attention_result(be, rc);
 }
 
 static int cpu_attention_bwd(ml_backend *be, const float *dout, const float *q, const float *k,
                              const float *v, const float *P, float *dq, float *dk, float *dv,
                              int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd,
-                             float scale, void *work) {
-  k_attention_bwd(dout, q, k, v, P, dq, dk, dv, B, S, nh, nkv, hd, scale, work);
-  return 0;
+                             float scale, ml_dtype compute, void *work) {
+  attn_lowp a;
+  const k_attn_bf16 *lp;
+  ML_TRY(attention_begin(be, compute, q, k, v, dout, B * S, S, nh, nkv, hd, &a, &lp));
+  int rc = k_attention_bwd(dout, q, k, v, P, dq, dk, dv, B, S, nh, nkv, hd, scale, work, lp);
+  attention_end(be, &a);
+  return attention_result(be, rc);
 }
 
 static int cpu_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,

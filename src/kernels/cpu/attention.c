@@ -1,14 +1,19 @@
-/* Causal grouped-query attention (HF eager_attention_forward) with sgemm on
+/* Causal grouped-query attention (HF eager_attention_forward) with GEMMs on
  * strided per-head views. Rows go in blocks of BLOCK; each block multiplies
  * only against the keys it can see (causal, sliding window), skipping about
  * half of the S×S products for long sequences. One OpenMP region runs
- * independent blocks with single-threaded sgemm inside: small per-head
- * products lose more to OpenBLAS threading than they gain.
+ * independent blocks with single-threaded GEMMs inside: small per-head
+ * products lose more to threading than they gain.
  *
  * Backward goes as FlashAttention-2 does, without atomics: pass 1 runs query
  * blocks of every head (dq and the row terms D = rowsum(P ⊙ dP)); pass 2
  * runs key blocks of every kv head (dk, dv summed over the group's heads),
- * recomputing dP for its block. */
+ * recomputing dP for its block.
+ *
+ * The products are sgemm on fp32 operands, or, given a k_attn_bf16, the
+ * same products on bf16 operands: the caller's rounded q, k, v, dout, and
+ * P and dS tiles rounded here into per-thread scratch; the softmax and its
+ * backward run in fp32 either way. */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
@@ -17,34 +22,99 @@
 #include <string.h>
 
 #include "kernels/cpu/kernels.h"
+#include "tensor/dtype.h"
 
 enum { BLOCK = 128 };
 
-// one (batch, head) pair: its first rows and row strides
+/* The operands of the products: fp32 tensors (lp NULL), or lp's rounded
+ * copies in the same layouts; esz bytes per element. */
+typedef struct operands {
+  const void *q, *k, *v, *dout;
+  const k_attn_bf16 *lp;
+  size_t esz;
+} operands;
+
+// one (batch, head) pair: its first rows (as the products read them) and row strides
 typedef struct head_view {
-  const float *q, *k, *v, *dout;  // q, dout: [S, hd] stride qs; k, v: [S, hd] stride ks
-  float *P;                       // [S, S]
+  const void *q, *k, *v, *dout;  // q, dout: [S, hd] stride qs; k, v: [S, hd] stride ks
+  float *P;                      // [S, S]
   int64_t S, hd, qs, ks;
+  size_t esz;                    // bytes per operand element
+  const k_attn_bf16 *lp;
+  void *tile_p, *tile_ds;        // this thread's rounded P and dS tiles (lp only)
 } head_view;
 
 typedef struct attn_dims {
   int64_t B, S, nh, nkv, hd;
 } attn_dims;
 
-static head_view head_at(const float *q, const float *k, const float *v, const float *dout,
-                         const float *P, attn_dims d, int64_t b, int64_t h) {
+static const void *at(const void *base, int64_t off, size_t esz) {
+  return base ? (const char *)base + (size_t)off * esz : NULL;
+}
+
+// one dS scratch per thread: [min(S, BLOCK), S]
+static int64_t dS_floats(int64_t S) { return (S < BLOCK ? S : BLOCK) * S; }
+
+static head_view head_at(const float *P, const operands *op, attn_dims d, int64_t b, int64_t h) {
   int64_t g = h / (d.nh / d.nkv), qs = d.nh * d.hd, ks = d.nkv * d.hd;
   int64_t qo = b * d.S * qs + h * d.hd, ko = b * d.S * ks + g * d.hd;
-  head_view hv = {.q = q + qo,
-                  .k = k + ko,
-                  .v = v + ko,
-                  .dout = dout ? dout + qo : NULL,
+  head_view hv = {.q = at(op->q, qo, op->esz),
+                  .k = at(op->k, ko, op->esz),
+                  .v = at(op->v, ko, op->esz),
+                  .dout = at(op->dout, qo, op->esz),
                   .P = (float *)P + (b * d.nh + h) * d.S * d.S,
                   .S = d.S,
                   .hd = d.hd,
                   .qs = qs,
-                  .ks = ks};
+                  .ks = ks,
+                  .esz = op->esz,
+                  .lp = op->lp};
+  if (op->lp) {
+    char *mine = (char *)op->lp->scratch + (size_t)omp_get_thread_num() *
+                                               k_attention_bf16_scratch(d.S, op->lp->packed);
+    hv.tile_p = mine;
+    hv.tile_ds = mine + (size_t)dS_floats(d.S) * op->esz;
+  }
   return hv;
+}
+
+/* C = alpha·op(A)·op(B) + beta·C on the operands' type: sgemm on fp32 (or
+ * fp32 holding bf16 values), lp's GEMM on packed bf16. */
+static int mm(const head_view *hv, bool ta, bool tb, int M, int N, int K, float alpha,
+              const void *A, int lda, const void *B, int ldb, float beta, float *C, int ldc) {
+  if (hv->lp && hv->lp->packed)
+    return hv->lp->gemm(hv->lp->ctx, omp_get_thread_num(), ta, tb, M, N, K, alpha, A, lda, B,
+                        ldb, beta, C, ldc);
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+              K, alpha, A, lda, B, ldb, beta, C, ldc);
+  return 0;
+}
+
+/* The tile src [M, n] (stride ld) as the products read it: itself (fp32),
+ * or rounded to bf16 into dst [M, n] (*ld_out = n). */
+static const void *operand_tile(const head_view *hv, const float *src, int64_t ld, int64_t M,
+                                int64_t n, void *dst, int *ld_out) {
+  *ld_out = (int)ld;
+  if (!hv->lp) return src;
+  *ld_out = (int)n;
+  for (int64_t r = 0; r < M; r++) {
+    const float *x = src + r * ld;
+    if (hv->lp->packed) {
+      ml_convert_from_f32(ML_BF16, x, (uint16_t *)dst + r * n, (size_t)n);
+    } else {
+      float *y = (float *)dst + r * n;
+      for (int64_t c = 0; c < n; c++) y[c] = ml_bf16_to_f32(ml_f32_to_bf16(x[c]));
+    }
+  }
+  return dst;
+}
+
+/* Records an error of the OpenMP region's tasks. */
+static void keep_first(int *rc, int r) {
+  if (r) {
+#pragma omp atomic write
+    *rc = r;
+  }
 }
 
 static inline int64_t block_end(int64_t i0, int64_t S) { return i0 + BLOCK < S ? i0 + BLOCK : S; }
@@ -77,30 +147,42 @@ static void softmax_causal_row(float *Pi, int64_t i, int64_t lo, int64_t S) {
 }
 
 // query rows i0..i1 of one head: P rows, then out rows [i1 - i0, hd] (stride qs)
-static void fwd_block(head_view hv, float *out, int64_t i0, float scale, int64_t window) {
+static int fwd_block(head_view hv, float *out, int64_t i0, float scale, int64_t window) {
   int64_t S = hv.S, i1 = block_end(i0, S), j0 = first_key(i0, window);
-  int M = (int)(i1 - i0), n = (int)(i1 - j0);
+  int M = (int)(i1 - i0), n = (int)(i1 - j0), ld;
   float *Pb = hv.P + i0 * S + j0;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n, (int)hv.hd, scale, hv.q + i0 * hv.qs,
-              (int)hv.qs, hv.k + j0 * hv.ks, (int)hv.ks, 0.0f, Pb, (int)S);
+  int rc = mm(&hv, false, true, M, n, (int)hv.hd, scale, at(hv.q, i0 * hv.qs, hv.esz), (int)hv.qs,
+              at(hv.k, j0 * hv.ks, hv.esz), (int)hv.ks, 0.0f, Pb, (int)S);
+  if (rc) return rc;
   for (int64_t i = i0; i < i1; i++) softmax_causal_row(hv.P + i * S, i, first_key(i, window), S);
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, (int)hv.hd, n, 1.0f, Pb, (int)S,
-              hv.v + j0 * hv.ks, (int)hv.ks, 0.0f, out + i0 * hv.qs, (int)hv.qs);
+  const void *Pt = operand_tile(&hv, Pb, S, M, n, hv.tile_p, &ld);
+  return mm(&hv, false, false, M, (int)hv.hd, n, 1.0f, Pt, ld, at(hv.v, j0 * hv.ks, hv.esz),
+            (int)hv.ks, 0.0f, out + i0 * hv.qs, (int)hv.qs);
 }
 
-void k_attention_fwd(const float *q, const float *k, const float *v, float *out, float *P,
-                     int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd, float scale,
-                     int64_t window) {
+static operands operands_of(const float *q, const float *k, const float *v, const float *dout,
+                            const k_attn_bf16 *lp) {
+  if (!lp) return (operands){q, k, v, dout, NULL, sizeof(float)};
+  return (operands){lp->q, lp->k, lp->v, lp->dout, lp, lp->packed ? 2 : sizeof(float)};
+}
+
+int k_attention_fwd(const float *q, const float *k, const float *v, float *out, float *P,
+                    int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd, float scale,
+                    int64_t window, const k_attn_bf16 *lp) {
   attn_dims d = {B, S, nh, nkv, hd};
+  operands op = operands_of(q, k, v, NULL, lp);
   int64_t nblk = (S + BLOCK - 1) / BLOCK;
+  int rc = 0;
   int blas_threads = blas_serial_begin();
 #pragma omp parallel for schedule(dynamic)
   for (int64_t task = 0; task < B * nh * nblk; task++) {
     int64_t bh = task / nblk, b = bh / nh, h = bh % nh;
-    fwd_block(head_at(q, k, v, NULL, P, d, b, h), out + b * S * nh * hd + h * hd,
-              (task % nblk) * BLOCK, scale, window);
+    keep_first(&rc, fwd_block(head_at(P, &op, d, b, h),
+                              out + b * S * nh * hd + h * hd, (task % nblk) * BLOCK, scale,
+                              window));
   }
   openblas_set_num_threads(blas_threads);
+  return rc;
 }
 
 /* ---- backward ------------------------------------------------------------ */
@@ -134,13 +216,14 @@ static void softmax_bwd(const float *Pb, int64_t S, const float *D, float *dS, i
 }
 
 // pass 1, query rows i0..: D rows (=) and dq rows (=) (stride qs); dS: scratch [BLOCK, S]
-static void bwd_query_block(head_view hv, float *dq, float *D, int64_t i0, float scale, float *dS) {
+static int bwd_query_block(head_view hv, float *dq, float *D, int64_t i0, float scale, float *dS) {
   int64_t S = hv.S, i1 = block_end(i0, S), j0 = first_live_key(hv.P, i0, i1, S);
-  int M = (int)(i1 - i0), n = (int)(i1 - j0);
+  int M = (int)(i1 - i0), n = (int)(i1 - j0), ld;
   const float *Pb = hv.P + i0 * S + j0;
   // dP = dout · v^T
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n, (int)hv.hd, 1.0f, hv.dout + i0 * hv.qs,
-              (int)hv.qs, hv.v + j0 * hv.ks, (int)hv.ks, 0.0f, dS, n);
+  int rc = mm(&hv, false, true, M, n, (int)hv.hd, 1.0f, at(hv.dout, i0 * hv.qs, hv.esz),
+              (int)hv.qs, at(hv.v, j0 * hv.ks, hv.esz), (int)hv.ks, 0.0f, dS, n);
+  if (rc) return rc;
   for (int64_t r = 0; r < M; r++) {
     double dot = 0.0;
     for (int64_t j = 0; j < n; j++) dot += (double)Pb[r * S + j] * dS[r * n + j];
@@ -148,44 +231,52 @@ static void bwd_query_block(head_view hv, float *dq, float *D, int64_t i0, float
   }
   softmax_bwd(Pb, S, D + i0, dS, M, n);
   // dq = scale · dS · k
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, (int)hv.hd, n, scale, dS, n,
-              hv.k + j0 * hv.ks, (int)hv.ks, 0.0f, dq + i0 * hv.qs, (int)hv.qs);
+  const void *dSt = operand_tile(&hv, dS, n, M, n, hv.tile_ds, &ld);
+  return mm(&hv, false, false, M, (int)hv.hd, n, scale, dSt, ld, at(hv.k, j0 * hv.ks, hv.esz),
+            (int)hv.ks, 0.0f, dq + i0 * hv.qs, (int)hv.qs);
 }
 
 // pass 2, key rows j0.. of one head: dk, dv rows (+=) (stride ks); D: [S]; dS: scratch [S, BLOCK]
-static void bwd_key_block(head_view hv, const float *D, float *dk, float *dv, int64_t j0,
-                          float scale, float *dS) {
+static int bwd_key_block(head_view hv, const float *D, float *dk, float *dv, int64_t j0,
+                         float scale, float *dS) {
   int64_t S = hv.S, j1 = block_end(j0, S), i1 = last_live_query(hv.P, j0, j1, S);
-  int M = (int)(i1 - j0), n = (int)(j1 - j0);
-  if (M == 0) return;
-  const float *Pb = hv.P + j0 * S + j0, *dout = hv.dout + j0 * hv.qs;  // query rows j0..i1
+  int M = (int)(i1 - j0), n = (int)(j1 - j0), ld;
+  if (M == 0) return 0;
+  const float *Pb = hv.P + j0 * S + j0;  // query rows j0..i1
+  const void *dout = at(hv.dout, j0 * hv.qs, hv.esz);
   // dv += P^T · dout
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, (int)hv.hd, M, 1.0f, Pb, (int)S, dout,
-              (int)hv.qs, 1.0f, dv + j0 * hv.ks, (int)hv.ks);
+  const void *Pt = operand_tile(&hv, Pb, S, M, n, hv.tile_p, &ld);
+  int rc = mm(&hv, true, false, n, (int)hv.hd, M, 1.0f, Pt, ld, dout, (int)hv.qs, 1.0f,
+              dv + j0 * hv.ks, (int)hv.ks);
   // dS = P ⊙ (dout · v^T − D);  dk += scale · dS^T · q
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n, (int)hv.hd, 1.0f, dout, (int)hv.qs,
-              hv.v + j0 * hv.ks, (int)hv.ks, 0.0f, dS, n);
+  if (!rc)
+    rc = mm(&hv, false, true, M, n, (int)hv.hd, 1.0f, dout, (int)hv.qs,
+            at(hv.v, j0 * hv.ks, hv.esz), (int)hv.ks, 0.0f, dS, n);
+  if (rc) return rc;
   softmax_bwd(Pb, S, D + j0, dS, M, n);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, (int)hv.hd, M, scale, dS, n,
-              hv.q + j0 * hv.qs, (int)hv.qs, 1.0f, dk + j0 * hv.ks, (int)hv.ks);
+  const void *dSt = operand_tile(&hv, dS, n, M, n, hv.tile_ds, &ld);
+  return mm(&hv, true, false, n, (int)hv.hd, M, scale, dSt, ld, at(hv.q, j0 * hv.qs, hv.esz),
+            (int)hv.qs, 1.0f, dk + j0 * hv.ks, (int)hv.ks);
 }
 
 // pass 2 task: key rows j0.. of kv head g, over the heads of its group
-static void bwd_kv_task(const float *dout, const float *q, const float *k, const float *v,
-                        const float *P, const float *D, float *dk, float *dv, attn_dims d,
-                        int64_t b, int64_t g, int64_t j0, float scale, float *dS) {
+static int bwd_kv_task(const float *P, const operands *op, const float *D, float *dk, float *dv,
+                       attn_dims d, int64_t b, int64_t g, int64_t j0, float scale, float *dS) {
   int64_t ks = d.nkv * d.hd, ko = b * d.S * ks + g * d.hd, group = d.nh / d.nkv;
   for (int64_t j = j0; j < block_end(j0, d.S); j++) {
     memset(dk + ko + j * ks, 0, (size_t)d.hd * sizeof(float));
     memset(dv + ko + j * ks, 0, (size_t)d.hd * sizeof(float));
   }
-  for (int64_t h = g * group; h < (g + 1) * group; h++)
-    bwd_key_block(head_at(q, k, v, dout, P, d, b, h), D + (b * d.nh + h) * d.S, dk + ko, dv + ko,
-                  j0, scale, dS);
+  int rc = 0;
+  for (int64_t h = g * group; h < (g + 1) * group && !rc; h++)
+    rc = bwd_key_block(head_at(P, op, d, b, h), D + (b * d.nh + h) * d.S, dk + ko,
+                       dv + ko, j0, scale, dS);
+  return rc;
 }
 
-// one dS scratch per thread: [min(S, BLOCK), S]
-static int64_t dS_floats(int64_t S) { return (S < BLOCK ? S : BLOCK) * S; }
+size_t k_attention_bf16_scratch(int64_t S, bool packed) {
+  return 2 * (size_t)dS_floats(S) * (packed ? sizeof(uint16_t) : sizeof(float));
+}
 
 int64_t k_attention_bwd_work(int64_t B, int64_t S, int64_t nh) {
   int64_t a = 0, b = 0, n = 0;
@@ -196,13 +287,16 @@ int64_t k_attention_bwd_work(int64_t B, int64_t S, int64_t nh) {
   return n;
 }
 
-void k_attention_bwd(const float *dout, const float *q, const float *k, const float *v,
-                     const float *P, float *dq, float *dk, float *dv, int64_t B, int64_t S,
-                     int64_t nh, int64_t nkv, int64_t hd, float scale, float *work) {
+int k_attention_bwd(const float *dout, const float *q, const float *k, const float *v,
+                    const float *P, float *dq, float *dk, float *dv, int64_t B, int64_t S,
+                    int64_t nh, int64_t nkv, int64_t hd, float scale, float *work,
+                    const k_attn_bf16 *lp) {
   attn_dims d = {B, S, nh, nkv, hd};
+  operands op = operands_of(q, k, v, dout, lp);
   int64_t nblk = (S + BLOCK - 1) / BLOCK, scratch = dS_floats(S);
   // D: [B, nh, S], then one dS scratch per thread
   float *D = work, *dS = D + B * nh * S;
+  int rc = 0;
   int blas_threads = blas_serial_begin();
 #pragma omp parallel
   {
@@ -210,15 +304,17 @@ void k_attention_bwd(const float *dout, const float *q, const float *k, const fl
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < B * nh * nblk; task++) {
       int64_t bh = task / nblk, b = bh / nh, h = bh % nh;
-      bwd_query_block(head_at(q, k, v, dout, P, d, b, h), dq + b * S * nh * hd + h * hd, D + bh * S,
-                      (task % nblk) * BLOCK, scale, mine);
+      keep_first(&rc, bwd_query_block(head_at(P, &op, d, b, h),
+                                      dq + b * S * nh * hd + h * hd, D + bh * S,
+                                      (task % nblk) * BLOCK, scale, mine));
     }  // implicit barrier: pass 2 reads every D
 #pragma omp for schedule(dynamic)
     for (int64_t task = 0; task < B * nkv * nblk; task++) {
       int64_t bg = task / nblk;
-      bwd_kv_task(dout, q, k, v, P, D, dk, dv, d, bg / nkv, bg % nkv, (task % nblk) * BLOCK, scale,
-                  mine);
+      keep_first(&rc, bwd_kv_task(P, &op, D, dk, dv, d, bg / nkv, bg % nkv, (task % nblk) * BLOCK,
+                                  scale, mine));
     }
   }
   openblas_set_num_threads(blas_threads);
+  return rc;
 }

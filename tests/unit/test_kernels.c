@@ -216,7 +216,8 @@ static void linear_fwd(const linear_ctx *l, ml_dtype dtype, float *y) {
   linear_mod m;
   linear_mod_make(l, dtype, NULL, NULL, &m);
   ml_act x = {l->x, 1, l->T, l->T, l->in, l->in}, yv;
-  if (ml_linear_forward(cpu_backend(), &m.lin, &x, y, &yv)) fail_msg("linear: %s", ml_error_msg());
+  if (ml_linear_forward(cpu_backend(), &m.lin, &x, NULL, y, &yv))
+    fail_msg("linear: %s", ml_error_msg());
   free(m.store);
 }
 
@@ -230,7 +231,7 @@ static void linear_bwd(const linear_ctx *l, ml_dtype dtype, const float *dy, flo
   float *g = malloc(sizeof(float) * (size_t)(l->T * l->out));
   memcpy(g, dy, sizeof(float) * (size_t)(l->T * l->out)); /* the output edge may clobber it */
   ml_act x = {l->x, 1, l->T, l->T, l->in, l->in}, gv = {g, 1, l->T, l->T, l->out, l->out};
-  if (ml_linear_backward(cpu_backend(), &m.lin, &gv, &x, dx, dx_acc))
+  if (ml_linear_backward(cpu_backend(), &m.lin, &gv, &x, NULL, dx, dx_acc))
     fail_msg("linear backward: %s", ml_error_msg());
   free(g);
   free(m.store);

@@ -28,8 +28,25 @@ static void *cpu_alloc(ml_backend *be, size_t bytes) {
 static void cpu_free(ml_backend *be, void *p) { ml_pool_free(impl(be)->pool, p); }
 static void cpu_trim(ml_backend *be) { ml_pool_trim(impl(be)->pool); }
 
+/* Memory passes over large buffers (FSDP's parameter and gradient
+ * staging, residual copies) run in chunks on every OpenMP thread: one core
+ * streams well below the memory bandwidth. */
+enum { PASS_CHUNK = 1 << 18 /* bytes per task */, PASS_MIN = 4 * PASS_CHUNK };
+
+static inline size_t chunk_len(size_t at, size_t n, size_t chunk) {
+  return n - at < chunk ? n - at : chunk;
+}
+
 static int cpu_copy(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind) {
-  memmove(dst, src, bytes); /* host and device are one memory */
+  const char *s = src;
+  char *d = dst;
+  if (bytes < PASS_MIN || (d < s + bytes && s < d + bytes)) { /* small, or overlapping */
+    memmove(dst, src, bytes); /* host and device are one memory */
+    return 0;
+  }
+#pragma omp parallel for
+  for (size_t at = 0; at < bytes; at += PASS_CHUNK)
+    memcpy(d + at, s + at, chunk_len(at, bytes, PASS_CHUNK));
   return 0;
 }
 
@@ -41,17 +58,31 @@ static int cpu_copy2d(ml_backend *be, void *dst, size_t dpitch, const void *src,
 }
 
 static int cpu_zero(ml_backend *be, void *dst, size_t bytes) {
-  memset(dst, 0, bytes);
+  char *d = dst;
+#pragma omp parallel for if (bytes >= PASS_MIN)
+  for (size_t at = 0; at < bytes; at += PASS_CHUNK)
+    memset(d + at, 0, chunk_len(at, bytes, PASS_CHUNK));
   return 0;
 }
 
 static int cpu_convert(ml_backend *be, void *dst, ml_dtype dst_type, const void *src,
                        ml_dtype src_type, size_t n) {
   if (dst_type == src_type) return cpu_copy(be, dst, src, n * ml_dtype_size(src_type), ML_COPY_D2D);
-  if (src_type == ML_F32) return ml_convert_from_f32(dst_type, src, dst, n);
-  if (dst_type == ML_F32) return ml_convert_to_f32(src_type, src, dst, n);
-  return ml_err("convert %s to %s: expected one side fp32", ml_dtype_name(src_type),
-                ml_dtype_name(dst_type));
+  ml_dtype other = src_type == ML_F32 ? dst_type : src_type;
+  if ((src_type != ML_F32 && dst_type != ML_F32) || (other != ML_BF16 && other != ML_F16))
+    return ml_err("convert %s to %s: expected fp32 and BF16 or F16", ml_dtype_name(src_type),
+                  ml_dtype_name(dst_type));
+  size_t chunk = PASS_CHUNK / sizeof(float), ds = ml_dtype_size(dst_type),
+         ss = ml_dtype_size(src_type);
+#pragma omp parallel for if (n * sizeof(float) >= PASS_MIN)
+  for (size_t at = 0; at < n; at += chunk) { /* cannot fail: the types are checked */
+    void *d = (char *)dst + at * ds;
+    const void *s = (const char *)src + at * ss;
+    size_t len = chunk_len(at, n, chunk);
+    if (src_type == ML_F32) ml_convert_from_f32(dst_type, s, d, len);
+    else ml_convert_to_f32(src_type, s, d, len);
+  }
+  return 0;
 }
 
 static int cpu_round_bf16(ml_backend *be, float *x, size_t n) {
@@ -156,8 +187,6 @@ static int tile_gemm(void *ctx, int thread, bool ta, bool tb, int64_t M, int64_t
   return ml_cpu_gemm_tile(ctx, thread, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-enum { ROUND_CHUNK = 4096 };
-
 /* x [n] rounded to bf16 into pool memory (*out): bf16, or fp32 holding the
  * bf16 values when packed is false. NULL x: nothing. */
 static int rounded(ml_backend *be, const float *x, int64_t n, bool packed, const void **out,
@@ -167,17 +196,10 @@ static int rounded(ml_backend *be, const float *x, int64_t n, bool packed, const
   *mem = ml_be_alloc(be, n, packed ? sizeof(uint16_t) : sizeof(float),
                      "an attention operand rounded to bf16 [%lld]", (long long)n);
   if (!*mem) return -1;
-  if (packed) {
-#pragma omp parallel for
-    for (int64_t i = 0; i < n; i += ROUND_CHUNK)
-      ml_convert_from_f32(ML_BF16, x + i, (uint16_t *)*mem + i,
-                          (size_t)(n - i < ROUND_CHUNK ? n - i : ROUND_CHUNK));
-  } else {
-    memcpy(*mem, x, (size_t)n * sizeof(float));
-    ml_round_bf16(*mem, (size_t)n);
-  }
   *out = *mem;
-  return 0;
+  if (packed) return cpu_convert(be, *mem, ML_BF16, x, ML_F32, (size_t)n);
+  ML_TRY(cpu_copy(be, *mem, x, (size_t)n * sizeof(float), ML_COPY_D2D));
+  return cpu_round_bf16(be, *mem, (size_t)n);
 }
 
 /* Attention's products in `compute`: NULL *lp for fp32; for bf16, q, k,

@@ -15,6 +15,9 @@
  * P and dS tiles rounded here into per-thread scratch; the softmax and its
  * backward run in fp32 either way. */
 #include <cblas.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -133,15 +136,65 @@ static int blas_serial_begin(void) {
 
 /* ---- forward ------------------------------------------------------------- */
 
+/* Row reductions. max is exact, so its lanes give the value of any order;
+ * the sums keep the index order on the fp32 path (ordered: its results stay
+ * what they always were) and take SIMD lanes on the bf16 one (any order is
+ * within the same bounds, R2). */
+
+// max of x[n], n >= 1 (NaNs skipped, as m = x > m ? x : m does)
+static float row_max(const float *x, int64_t n) {
+  float m = -INFINITY;
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  __m512 vm = _mm512_set1_ps(-INFINITY);
+  for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(_mm512_loadu_ps(x + j), vm);
+  m = _mm512_reduce_max_ps(vm);
+#endif
+  for (; j < n; j++) m = x[j] > m ? x[j] : m;
+  return m;
+}
+
+// sum of x[n] in fp32
+static float row_sum(const float *x, int64_t n, bool ordered) {
+  float sum = 0.0f;
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  if (!ordered) {
+    __m512 acc = _mm512_setzero_ps();
+    for (; j + 16 <= n; j += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(x + j));
+    sum = _mm512_reduce_add_ps(acc);
+  }
+#endif
+  for (; j < n; j++) sum += x[j];
+  return sum;
+}
+
+// sum of p[j]·d[j] over n in double
+static double row_dot(const float *p, const float *d, int64_t n, bool ordered) {
+  double dot = 0.0;
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  if (!ordered) {
+    __m512d acc = _mm512_setzero_pd();
+    for (; j + 8 <= n; j += 8)
+      acc = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(p + j)),
+                            _mm512_cvtps_pd(_mm256_loadu_ps(d + j)), acc);
+    dot = _mm512_reduce_add_pd(acc);
+  }
+#endif
+  for (; j < n; j++) dot += (double)p[j] * d[j];
+  return dot;
+}
+
 // Pi: [S]; softmax over keys lo..i of the scores already there, 0 elsewhere
-static void softmax_causal_row(float *Pi, int64_t i, int64_t lo, int64_t S) {
-  float m = -INFINITY, sum = 0.0f;
-  for (int64_t j = lo; j <= i; j++) m = Pi[j] > m ? Pi[j] : m;
-  for (int64_t j = lo; j <= i; j++) Pi[j] -= m;
-  k_expf(Pi + lo, Pi + lo, i + 1 - lo);
-  for (int64_t j = lo; j <= i; j++) sum += Pi[j]; /* in key order */
-  float inv = 1.0f / sum;
-  for (int64_t j = lo; j <= i; j++) Pi[j] *= inv;
+static void softmax_causal_row(float *Pi, int64_t i, int64_t lo, int64_t S, bool ordered) {
+  float *x = Pi + lo;
+  int64_t n = i + 1 - lo;
+  float m = row_max(x, n);
+  for (int64_t j = 0; j < n; j++) x[j] -= m;
+  k_expf(x, x, n);
+  float inv = 1.0f / row_sum(x, n, ordered);
+  for (int64_t j = 0; j < n; j++) x[j] *= inv;
   memset(Pi, 0, (size_t)lo * sizeof(float));
   memset(Pi + i + 1, 0, (size_t)(S - i - 1) * sizeof(float));
 }
@@ -154,7 +207,8 @@ static int fwd_block(head_view hv, float *out, int64_t i0, float scale, int64_t 
   int rc = mm(&hv, false, true, M, n, (int)hv.hd, scale, at(hv.q, i0 * hv.qs, hv.esz), (int)hv.qs,
               at(hv.k, j0 * hv.ks, hv.esz), (int)hv.ks, 0.0f, Pb, (int)S);
   if (rc) return rc;
-  for (int64_t i = i0; i < i1; i++) softmax_causal_row(hv.P + i * S, i, first_key(i, window), S);
+  for (int64_t i = i0; i < i1; i++)
+    softmax_causal_row(hv.P + i * S, i, first_key(i, window), S, !hv.lp);
   const void *Pt = operand_tile(&hv, Pb, S, M, n, hv.tile_p, &ld);
   return mm(&hv, false, false, M, (int)hv.hd, n, 1.0f, Pt, ld, at(hv.v, j0 * hv.ks, hv.esz),
             (int)hv.ks, 0.0f, out + i0 * hv.qs, (int)hv.qs);
@@ -224,11 +278,7 @@ static int bwd_query_block(head_view hv, float *dq, float *D, int64_t i0, float 
   int rc = mm(&hv, false, true, M, n, (int)hv.hd, 1.0f, at(hv.dout, i0 * hv.qs, hv.esz),
               (int)hv.qs, at(hv.v, j0 * hv.ks, hv.esz), (int)hv.ks, 0.0f, dS, n);
   if (rc) return rc;
-  for (int64_t r = 0; r < M; r++) {
-    double dot = 0.0;
-    for (int64_t j = 0; j < n; j++) dot += (double)Pb[r * S + j] * dS[r * n + j];
-    D[i0 + r] = (float)dot;
-  }
+  for (int64_t r = 0; r < M; r++) D[i0 + r] = (float)row_dot(Pb + r * S, dS + r * n, n, !hv.lp);
   softmax_bwd(Pb, S, D + i0, dS, M, n);
   // dq = scale · dS · k
   const void *dSt = operand_tile(&hv, dS, n, M, n, hv.tile_ds, &ld);

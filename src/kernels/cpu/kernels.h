@@ -146,6 +146,9 @@ void k_expf(const float *x, float *y, int64_t n);
 void k_add(float *y, const float *x, int64_t n);
 /* x[n] *= s. */
 void k_scale(float *x, int64_t n, float s);
+/* sum of x[i]·y[i] over n in fp64 (products exact: fp32 operands), in
+ * LANES partial sums (an order R2 covers; vectorized). */
+double k_dot_f64(const float *x, const float *y, int64_t n);
 /* sum of g² in fp64; max |g| (+inf for a NaN); whether any g is NaN or ±inf. */
 double k_sumsq(const float *g, int64_t n);
 double k_absmax(const float *g, int64_t n);

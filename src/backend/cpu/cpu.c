@@ -203,19 +203,20 @@ static int rounded(ml_backend *be, const float *x, int64_t n, bool packed, const
 }
 
 /* Attention's products in `compute`: NULL *lp for fp32; for bf16, q, k,
- * v, dout ([T, nh|nkv, hd]) rounded and the tiles' scratch, in pool
+ * v, dout ([T, nh|nkv, hd]) rounded, and room for the rounded P and dS
+ * (forward: a tile per thread; backward: [B, nh, S, S] each), in pool
  * memory that attention_end frees. */
 typedef struct attn_lowp {
   k_attn_bf16 lp;
-  void *mem[5];
+  void *mem[7];
 } attn_lowp;
 
 static void attention_end(ml_backend *be, attn_lowp *a) {
-  for (int i = 0; i < 5; i++) cpu_free(be, a->mem[i]);
+  for (int i = 0; i < 7; i++) cpu_free(be, a->mem[i]);
 }
 
 static int attention_begin(ml_backend *be, ml_dtype compute, const float *q, const float *k,
-                           const float *v, const float *dout, int64_t T, int64_t S, int64_t nh,
+                           const float *v, const float *dout, int64_t B, int64_t S, int64_t nh,
                            int64_t nkv, int64_t hd, attn_lowp *a, const k_attn_bf16 **lp) {
   memset(a, 0, sizeof *a);
   *lp = NULL;
@@ -224,19 +225,26 @@ static int attention_begin(ml_backend *be, ml_dtype compute, const float *q, con
     return ml_err("attention: compute dtype %s; expected F32 or BF16", ml_dtype_name(compute));
   ml_cpu_gemm *g = impl(be)->gemm;
   bool packed = ml_cpu_gemm_bf16_native(g);
+  size_t esz = packed ? sizeof(uint16_t) : sizeof(float);
   int threads = omp_get_max_threads();
+  int64_t T = B * S, probs = B * nh * S * S;
   a->lp = (k_attn_bf16){.packed = packed, .gemm = tile_gemm, .ctx = g};
-  if ((packed && ml_cpu_gemm_tiles_reserve(g, threads)) ||
-      rounded(be, q, T * nh * hd, packed, &a->lp.q, &a->mem[0]) ||
-      rounded(be, k, T * nkv * hd, packed, &a->lp.k, &a->mem[1]) ||
-      rounded(be, v, T * nkv * hd, packed, &a->lp.v, &a->mem[2]) ||
-      rounded(be, dout, T * nh * hd, packed, &a->lp.dout, &a->mem[3])) {
-    attention_end(be, a);
-    return -1;
+  int rc = (packed && ml_cpu_gemm_tiles_reserve(g, threads)) ||
+           rounded(be, q, T * nh * hd, packed, &a->lp.q, &a->mem[0]) ||
+           rounded(be, k, T * nkv * hd, packed, &a->lp.k, &a->mem[1]) ||
+           rounded(be, v, T * nkv * hd, packed, &a->lp.v, &a->mem[2]) ||
+           rounded(be, dout, T * nh * hd, packed, &a->lp.dout, &a->mem[3]);
+  if (!rc && !dout) {
+    a->mem[4] = a->lp.scratch = ml_be_alloc(be, threads, k_attention_bf16_scratch(S, packed),
+                                            "the bf16 attention tiles of %d threads", threads);
+    rc = !a->lp.scratch;
   }
-  a->mem[4] = a->lp.scratch = ml_be_alloc(be, threads, k_attention_bf16_scratch(S, packed),
-                                          "the bf16 attention tiles of %d threads", threads);
-  if (!a->mem[4]) {
+  if (!rc && dout) {
+    a->mem[5] = a->lp.probs = ml_be_alloc(be, probs, esz, "the rounded attention probabilities");
+    a->mem[6] = a->lp.dscores = ml_be_alloc(be, probs, esz, "the rounded attention dS");
+    rc = !a->lp.probs || !a->lp.dscores;
+  }
+  if (rc) {
     attention_end(be, a);
     return -1;
   }
@@ -256,7 +264,7 @@ static int cpu_attention_fwd(ml_backend *be, const float *q, const float *k, con
                              int64_t hd, float scale, int64_t window, ml_dtype compute) {
   attn_lowp a;
   const k_attn_bf16 *lp;
-  ML_TRY(attention_begin(be, compute, q, k, v, NULL, B * S, S, nh, nkv, hd, &a, &lp));
+  ML_TRY(attention_begin(be, compute, q, k, v, NULL, B, S, nh, nkv, hd, &a, &lp));
   int rc = k_attention_fwd(q, k, v, out, P, B, S, nh, nkv, hd, scale, window, lp);
   attention_end(be, &a);
   return attention_result(be, rc);
@@ -268,7 +276,7 @@ static int cpu_attention_bwd(ml_backend *be, const float *dout, const float *q, 
                              float scale, ml_dtype compute, void *work) {
   attn_lowp a;
   const k_attn_bf16 *lp;
-  ML_TRY(attention_begin(be, compute, q, k, v, dout, B * S, S, nh, nkv, hd, &a, &lp));
+  ML_TRY(attention_begin(be, compute, q, k, v, dout, B, S, nh, nkv, hd, &a, &lp));
   int rc = k_attention_bwd(dout, q, k, v, P, dq, dk, dv, B, S, nh, nkv, hd, scale, work, lp);
   attention_end(be, &a);
   return attention_result(be, rc);

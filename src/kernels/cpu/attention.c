@@ -11,9 +11,11 @@
  * recomputing dP for its block.
  *
  * The products are sgemm on fp32 operands, or, given a k_attn_bf16, the
- * same products on bf16 operands: the caller's rounded q, k, v, dout, and
- * P and dS tiles rounded here into per-thread scratch; the softmax and its
- * backward run in fp32 either way. */
+ * same products on bf16 operands: the caller's rounded q, k, v, dout, the
+ * forward's P tiles rounded into per-thread scratch, and the backward's P
+ * and dS rounded by pass 1 into whole [S, S] buffers per head, which pass
+ * 2 reads instead of recomputing dS; the softmax and its backward run in
+ * fp32 either way. */
 #include <cblas.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -44,7 +46,8 @@ typedef struct head_view {
   int64_t S, hd, qs, ks;
   size_t esz;                    // bytes per operand element
   const k_attn_bf16 *lp;
-  void *tile_p, *tile_ds;        // this thread's rounded P and dS tiles (lp only)
+  void *tile;                    // lp, forward: this thread's rounded P tile
+  void *p16, *ds16;              // lp, backward: [S, S] P and dS rounded, as operands
 } head_view;
 
 typedef struct attn_dims {
@@ -72,11 +75,13 @@ static head_view head_at(const float *P, const operands *op, attn_dims d, int64_
                   .ks = ks,
                   .esz = op->esz,
                   .lp = op->lp};
-  if (op->lp) {
-    char *mine = (char *)op->lp->scratch + (size_t)omp_get_thread_num() *
-                                               k_attention_bf16_scratch(d.S, op->lp->packed);
-    hv.tile_p = mine;
-    hv.tile_ds = mine + (size_t)dS_floats(d.S) * op->esz;
+  if (op->lp && op->lp->scratch)
+    hv.tile = (char *)op->lp->scratch +
+              (size_t)omp_get_thread_num() * k_attention_bf16_scratch(d.S, op->lp->packed);
+  if (op->lp && op->lp->probs) {
+    size_t at_head = (size_t)((b * d.nh + h) * d.S * d.S) * op->esz;
+    hv.p16 = (char *)op->lp->probs + at_head;
+    hv.ds16 = (char *)op->lp->dscores + at_head;
   }
   return hv;
 }
@@ -93,23 +98,16 @@ static int mm(const head_view *hv, bool ta, bool tb, int M, int N, int K, float 
   return 0;
 }
 
-/* The tile src [M, n] (stride ld) as the products read it: itself (fp32),
- * or rounded to bf16 into dst [M, n] (*ld_out = n). */
-static const void *operand_tile(const head_view *hv, const float *src, int64_t ld, int64_t M,
-                                int64_t n, void *dst, int *ld_out) {
-  *ld_out = (int)ld;
-  if (!hv->lp) return src;
-  *ld_out = (int)n;
-  for (int64_t r = 0; r < M; r++) {
-    const float *x = src + r * ld;
-    if (hv->lp->packed) {
-      ml_convert_from_f32(ML_BF16, x, (uint16_t *)dst + r * n, (size_t)n);
-    } else {
-      float *y = (float *)dst + r * n;
-      for (int64_t c = 0; c < n; c++) y[c] = ml_bf16_to_f32(ml_f32_to_bf16(x[c]));
-    }
+/* x[n] rounded to bf16 into dst[n] of the operands' type: bf16, or fp32
+ * holding the bf16 values. */
+static void round_row(const float *x, void *dst, int64_t n, bool packed) {
+  if (packed) {
+    uint16_t *y = dst;
+    for (int64_t j = 0; j < n; j++) y[j] = ml_f32_to_bf16(x[j]);
+  } else {
+    float *y = dst;
+    for (int64_t j = 0; j < n; j++) y[j] = ml_bf16_to_f32(ml_f32_to_bf16(x[j]));
   }
-  return dst;
 }
 
 /* Records an error of the OpenMP region's tasks. */
@@ -202,16 +200,20 @@ static void softmax_causal_row(float *Pi, int64_t i, int64_t lo, int64_t S, bool
 // query rows i0..i1 of one head: P rows, then out rows [i1 - i0, hd] (stride qs)
 static int fwd_block(head_view hv, float *out, int64_t i0, float scale, int64_t window) {
   int64_t S = hv.S, i1 = block_end(i0, S), j0 = first_key(i0, window);
-  int M = (int)(i1 - i0), n = (int)(i1 - j0), ld;
+  int M = (int)(i1 - i0), n = (int)(i1 - j0);
   float *Pb = hv.P + i0 * S + j0;
   int rc = mm(&hv, false, true, M, n, (int)hv.hd, scale, at(hv.q, i0 * hv.qs, hv.esz), (int)hv.qs,
               at(hv.k, j0 * hv.ks, hv.esz), (int)hv.ks, 0.0f, Pb, (int)S);
   if (rc) return rc;
-  for (int64_t i = i0; i < i1; i++)
+  for (int64_t i = i0; i < i1; i++) {
     softmax_causal_row(hv.P + i * S, i, first_key(i, window), S, !hv.lp);
-  const void *Pt = operand_tile(&hv, Pb, S, M, n, hv.tile_p, &ld);
-  return mm(&hv, false, false, M, (int)hv.hd, n, 1.0f, Pt, ld, at(hv.v, j0 * hv.ks, hv.esz),
-            (int)hv.ks, 0.0f, out + i0 * hv.qs, (int)hv.qs);
+    if (hv.lp) /* the P·v operand, [M, n], rounded while the row is at hand */
+      round_row(hv.P + i * S + j0, (char *)hv.tile + (size_t)((i - i0) * n) * hv.esz, n,
+                hv.lp->packed);
+  }
+  const void *Pt = hv.lp ? hv.tile : (const void *)Pb;
+  return mm(&hv, false, false, M, (int)hv.hd, n, 1.0f, Pt, hv.lp ? n : (int)S,
+            at(hv.v, j0 * hv.ks, hv.esz), (int)hv.ks, 0.0f, out + i0 * hv.qs, (int)hv.qs);
 }
 
 static operands operands_of(const float *q, const float *k, const float *v, const float *dout,
@@ -269,19 +271,58 @@ static void softmax_bwd(const float *Pb, int64_t S, const float *D, float *dS, i
     for (int64_t j = 0; j < n; j++) dS[r * n + j] = Pb[r * S + j] * (dS[r * n + j] - D[r]);
 }
 
+/* lp, pass 1: rows i0.. of P and of dS = P ⊙ (dP − D) rounded into the
+ * head's operand buffers p16, ds16, columns j0..j0+n (Pb, dP [M, n]: P
+ * with stride S, dP dense), and zeros from the block boundary at or below
+ * j0 up to j0 (masked keys), so that pass 2's key blocks read only values
+ * written here. */
+static void lowp_rows(const head_view *hv, const float *Pb, const float *dP, const float *D,
+                      int64_t i0, int64_t j0, int64_t M, int64_t n) {
+  int64_t S = hv->S, a0 = j0 / BLOCK * BLOCK;
+  bool packed = hv->lp->packed;
+  for (int64_t r = 0; r < M; r++) {
+    size_t row = (size_t)((i0 + r) * S + a0) * hv->esz, zeros = (size_t)(j0 - a0) * hv->esz;
+    char *p = (char *)hv->p16 + row, *ds = (char *)hv->ds16 + row;
+    memset(p, 0, zeros);
+    memset(ds, 0, zeros);
+    const float *pr = Pb + r * S, *dpr = dP + r * n;
+    float d = D[r];
+    if (packed) {
+      uint16_t *pp = (uint16_t *)(p + zeros), *dd = (uint16_t *)(ds + zeros);
+      for (int64_t j = 0; j < n; j++) {
+        pp[j] = ml_f32_to_bf16(pr[j]);
+        dd[j] = ml_f32_to_bf16(pr[j] * (dpr[j] - d));
+      }
+    } else {
+      float *pp = (float *)(p + zeros), *dd = (float *)(ds + zeros);
+      for (int64_t j = 0; j < n; j++) {
+        pp[j] = ml_bf16_to_f32(ml_f32_to_bf16(pr[j]));
+        dd[j] = ml_bf16_to_f32(ml_f32_to_bf16(pr[j] * (dpr[j] - d)));
+      }
+    }
+  }
+}
+
 // pass 1, query rows i0..: D rows (=) and dq rows (=) (stride qs); dS: scratch [BLOCK, S]
 static int bwd_query_block(head_view hv, float *dq, float *D, int64_t i0, float scale, float *dS) {
   int64_t S = hv.S, i1 = block_end(i0, S), j0 = first_live_key(hv.P, i0, i1, S);
-  int M = (int)(i1 - i0), n = (int)(i1 - j0), ld;
+  int M = (int)(i1 - i0), n = (int)(i1 - j0);
   const float *Pb = hv.P + i0 * S + j0;
   // dP = dout · v^T
   int rc = mm(&hv, false, true, M, n, (int)hv.hd, 1.0f, at(hv.dout, i0 * hv.qs, hv.esz),
               (int)hv.qs, at(hv.v, j0 * hv.ks, hv.esz), (int)hv.ks, 0.0f, dS, n);
   if (rc) return rc;
   for (int64_t r = 0; r < M; r++) D[i0 + r] = (float)row_dot(Pb + r * S, dS + r * n, n, !hv.lp);
-  softmax_bwd(Pb, S, D + i0, dS, M, n);
-  // dq = scale · dS · k
-  const void *dSt = operand_tile(&hv, dS, n, M, n, hv.tile_ds, &ld);
+  // dS = P ⊙ (dP − D); dq = scale · dS · k
+  const void *dSt = dS;
+  int ld = n;
+  if (hv.lp) {
+    lowp_rows(&hv, Pb, dS, D + i0, i0, j0, M, n);
+    dSt = (const char *)hv.ds16 + (size_t)(i0 * S + j0) * hv.esz;
+    ld = (int)S;
+  } else {
+    softmax_bwd(Pb, S, D + i0, dS, M, n);
+  }
   return mm(&hv, false, false, M, (int)hv.hd, n, scale, dSt, ld, at(hv.k, j0 * hv.ks, hv.esz),
             (int)hv.ks, 0.0f, dq + i0 * hv.qs, (int)hv.qs);
 }
@@ -290,23 +331,28 @@ static int bwd_query_block(head_view hv, float *dq, float *D, int64_t i0, float 
 static int bwd_key_block(head_view hv, const float *D, float *dk, float *dv, int64_t j0,
                          float scale, float *dS) {
   int64_t S = hv.S, j1 = block_end(j0, S), i1 = last_live_query(hv.P, j0, j1, S);
-  int M = (int)(i1 - j0), n = (int)(j1 - j0), ld;
+  int M = (int)(i1 - j0), n = (int)(j1 - j0);
   if (M == 0) return 0;
   const float *Pb = hv.P + j0 * S + j0;  // query rows j0..i1
-  const void *dout = at(hv.dout, j0 * hv.qs, hv.esz);
+  const void *dout = at(hv.dout, j0 * hv.qs, hv.esz), *q = at(hv.q, j0 * hv.qs, hv.esz);
+  if (hv.lp) { /* P and dS of these rows, rounded, from pass 1 */
+    size_t tile = (size_t)(j0 * S + j0) * hv.esz;
+    int rc = mm(&hv, true, false, n, (int)hv.hd, M, 1.0f, (char *)hv.p16 + tile, (int)S, dout,
+                (int)hv.qs, 1.0f, dv + j0 * hv.ks, (int)hv.ks);
+    return rc ? rc
+              : mm(&hv, true, false, n, (int)hv.hd, M, scale, (char *)hv.ds16 + tile, (int)S, q,
+                   (int)hv.qs, 1.0f, dk + j0 * hv.ks, (int)hv.ks);
+  }
   // dv += P^T · dout
-  const void *Pt = operand_tile(&hv, Pb, S, M, n, hv.tile_p, &ld);
-  int rc = mm(&hv, true, false, n, (int)hv.hd, M, 1.0f, Pt, ld, dout, (int)hv.qs, 1.0f,
-              dv + j0 * hv.ks, (int)hv.ks);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, (int)hv.hd, M, 1.0f, Pb, (int)S, dout,
+              (int)hv.qs, 1.0f, dv + j0 * hv.ks, (int)hv.ks);
   // dS = P ⊙ (dout · v^T − D);  dk += scale · dS^T · q
-  if (!rc)
-    rc = mm(&hv, false, true, M, n, (int)hv.hd, 1.0f, dout, (int)hv.qs,
-            at(hv.v, j0 * hv.ks, hv.esz), (int)hv.ks, 0.0f, dS, n);
-  if (rc) return rc;
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n, (int)hv.hd, 1.0f, dout, (int)hv.qs,
+              at(hv.v, j0 * hv.ks, hv.esz), (int)hv.ks, 0.0f, dS, n);
   softmax_bwd(Pb, S, D + j0, dS, M, n);
-  const void *dSt = operand_tile(&hv, dS, n, M, n, hv.tile_ds, &ld);
-  return mm(&hv, true, false, n, (int)hv.hd, M, scale, dSt, ld, at(hv.q, j0 * hv.qs, hv.esz),
-            (int)hv.qs, 1.0f, dk + j0 * hv.ks, (int)hv.ks);
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, (int)hv.hd, M, scale, dS, n, q,
+              (int)hv.qs, 1.0f, dk + j0 * hv.ks, (int)hv.ks);
+  return 0;
 }
 
 // pass 2 task: key rows j0.. of kv head g, over the heads of its group
@@ -325,7 +371,7 @@ static int bwd_kv_task(const float *P, const operands *op, const float *D, float
 }
 
 size_t k_attention_bf16_scratch(int64_t S, bool packed) {
-  return 2 * (size_t)dS_floats(S) * (packed ? sizeof(uint16_t) : sizeof(float));
+  return (size_t)dS_floats(S) * (packed ? sizeof(uint16_t) : sizeof(float));
 }
 
 int64_t k_attention_bwd_work(int64_t B, int64_t S, int64_t nh) {

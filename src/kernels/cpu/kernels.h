@@ -51,7 +51,8 @@ void k_rope_bwd(float *dx, const float *cos_t, const float *sin_t, int64_t B, in
  * the backward, dout and dS = P ⊙ (dP − D) enter every product rounded to
  * bf16 (nearest-even); accumulation, softmax and its backward stay fp32.
  * The caller provides q, k, v, dout rounded, in the layouts of the fp32
- * tensors; the kernels round P and dS tiles into `scratch`. packed: the
+ * tensors, and room for the rounded P and dS: per thread forward
+ * (`scratch`), per head backward (`probs`, `dscores`). packed: the
  * operands are bf16 (uint16_t) and the products go to `gemm`; else they
  * are fp32 holding bf16 values and go to sgemm (whose products of such
  * values are exact: the emulation for CPUs without bf16 GEMMs). */
@@ -66,7 +67,8 @@ typedef struct k_attn_bf16 {
               float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, float beta,
               float *C, int64_t ldc);
   void *ctx;
-  void *scratch; /* k_attention_bf16_scratch bytes per OpenMP thread */
+  void *scratch;          /* forward: k_attention_bf16_scratch bytes per OpenMP thread */
+  void *probs, *dscores;  /* backward: [B, nh, S, S] each, of the operands' type */
 } k_attn_bf16;
 
 /* q: [B*S, nh, hd]; k, v: [B*S, nkv, hd]; head h reads kv head h / (nh/nkv).
@@ -90,8 +92,8 @@ int k_attention_bwd(const float *dout, const float *q, const float *k, const flo
  * threads of this process (the row terms D [B, nh, S] and one [128, S]
  * block per thread); INT64_MAX when that does not fit. */
 int64_t k_attention_bwd_work(int64_t B, int64_t S, int64_t nh);
-/* Bytes of k_attn_bf16.scratch per thread for sequences of S (two
- * [min(S, 128), S] tiles of bf16, or of fp32 when not packed). */
+/* Bytes of k_attn_bf16.scratch per thread for sequences of S (a
+ * [min(S, 128), S] tile of bf16, or of fp32 when not packed). */
 size_t k_attention_bf16_scratch(int64_t S, bool packed);
 
 /* ---- Gated MLP activation: h = act(g) · u (LlamaMLP, Gemma3MLP) -------- */

@@ -134,23 +134,9 @@ static int blas_serial_begin(void) {
 
 /* ---- forward ------------------------------------------------------------- */
 
-/* Row reductions. max is exact, so its lanes give the value of any order;
- * the sums keep the index order on the fp32 path (ordered: its results stay
- * what they always were) and take SIMD lanes on the bf16 one (any order is
- * within the same bounds, R2). */
-
-// max of x[n], n >= 1 (NaNs skipped, as m = x > m ? x : m does)
-static float row_max(const float *x, int64_t n) {
-  float m = -INFINITY;
-  int64_t j = 0;
-#if defined(__AVX512F__)
-  __m512 vm = _mm512_set1_ps(-INFINITY);
-  for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(_mm512_loadu_ps(x + j), vm);
-  m = _mm512_reduce_max_ps(vm);
-#endif
-  for (; j < n; j++) m = x[j] > m ? x[j] : m;
-  return m;
-}
+/* Row sums: in index order on the fp32 path (ordered: its results stay
+ * what they always were), in SIMD lanes on the bf16 one (any order is
+ * within the same bounds, R2). The row max is k_max (exact). */
 
 // sum of x[n] in fp32
 static float row_sum(const float *x, int64_t n, bool ordered) {
@@ -188,7 +174,7 @@ static double row_dot(const float *p, const float *d, int64_t n, bool ordered) {
 static void softmax_causal_row(float *Pi, int64_t i, int64_t lo, int64_t S, bool ordered) {
   float *x = Pi + lo;
   int64_t n = i + 1 - lo;
-  float m = row_max(x, n);
+  float m = k_max(x, n);
   for (int64_t j = 0; j < n; j++) x[j] -= m;
   k_expf(x, x, n);
   float inv = 1.0f / row_sum(x, n, ordered);

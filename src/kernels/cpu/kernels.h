@@ -148,6 +148,9 @@ void k_expf(const float *x, float *y, int64_t n);
 void k_add(float *y, const float *x, int64_t n);
 /* x[n] *= s. */
 void k_scale(float *x, int64_t n, float s);
+/* max of x[n] (-inf for n = 0; NaNs skipped, as m = x > m ? x : m does),
+ * in SIMD lanes: max is exact, so every order gives the same value. */
+float k_max(const float *x, int64_t n);
 /* sum of x[i]·y[i] over n in fp64 (products exact: fp32 operands), in
  * LANES partial sums (an order R2 covers; vectorized). */
 double k_dot_f64(const float *x, const float *y, int64_t n);

@@ -14,12 +14,7 @@ static inline int64_t shard_col(int32_t y, int64_t v0, int64_t V) {
 // logits: [T, V]; mx: [T]
 void k_xent_rowmax(const float *logits, int64_t T, int64_t V, float *mx) {
 #pragma omp parallel for
-  for (int64_t t = 0; t < T; t++) {
-    const float *l = logits + t * V;
-    float m = -INFINITY;
-    for (int64_t j = 0; j < V; j++) m = l[j] > m ? l[j] : m;
-    mx[t] = m;
-  }
+  for (int64_t t = 0; t < T; t++) mx[t] = k_max(logits + t * V, V);
 }
 
 // sum of expf(l[n] - m) in double, LANES partial sums (any order: R2)

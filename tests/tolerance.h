@@ -335,17 +335,25 @@ static inline double tol_model_pair(const tol_model *m, tol_quantity q) {
 static inline double tol_bf16_sites(const tol_model *m, tol_quantity q, double reduce_hops,
                                     int rounded_logits) {
   /* per layer: q, k, v, o, gate, up, down, three biases, four norms and
-   * q/k norms = 16 rounded parameters, the unit input, and the fp32
+   * q/k norms = 16 rounded parameters, the unit input, the fp32
    * activations the bf16 GEMMs round (autocast's casts): the input of
-   * q/k/v (one tensor), of o, of gate/up and of down = 4 */
-  double fwd = m->layers * (16.0 + 1.0 + 4.0) + 3.0 /* embedding, final norm, lm_head */
+   * q/k/v (one tensor), of o, of gate/up and of down = 4, and attention's
+   * operands, which its products round as autocast's bf16 SDPA does
+   * (ml_be_attention_fwd with compute bf16): q and k for the scores, the
+   * probabilities P and v for P·v = 4 (the softmax between them is fp32,
+   * a function of the rounded scores: M2 carries their error) */
+  double fwd = m->layers * (16.0 + 1.0 + 4.0 + 4.0) + 3.0 /* embedding, final norm, lm_head */
                + 1.0                                   /* the root unit's input */
                + 1.0                                   /* lm_head's input */
                + (rounded_logits ? 1.0 : 0.0);
   if (q != TOL_GRADS) return fwd;
   return fwd + m->layers * 16.0 + 3.0 /* the same rounded weights in the backward matmuls */ +
+         m->layers * 4.0               /* the same rounded q, k, v, P in attention's backward
+                                          products (dout·v^T, P^T·dout, dS·k, dS^T·q) */ +
          m->layers * 7.0 + 1.0         /* each linear's output gradient, rounded for its
                                           dx and dW GEMMs (7 per layer, lm_head) */ +
+         m->layers * 2.0               /* attention's output gradient dout and dS = P ⊙
+                                          (dP − D), each rounded for its two products */ +
          (m->layers + 1.0)             /* gradient rounded at each unit boundary */ +
          1.0                           /* local gradient rounded before the reduction */ +
          reduce_hops;

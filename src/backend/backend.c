@@ -122,8 +122,8 @@ int ml_be_rope_bwd(ml_backend *be, float *dx, const float *cos_t, const float *s
 }
 int ml_be_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
                         float *out, float *P, int64_t B, int64_t S, int64_t nh, int64_t nkv,
-                        int64_t hd, float scale, int64_t window) {
-  return be->ops->attention_fwd(be, q, k, v, out, P, B, S, nh, nkv, hd, scale, window);
+                        int64_t hd, float scale, int64_t window, ml_dtype compute) {
+  return be->ops->attention_fwd(be, q, k, v, out, P, B, S, nh, nkv, hd, scale, window, compute);
 }
 size_t ml_be_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t nh) {
   return be->ops->attention_work(be, B, S, nh);
@@ -131,9 +131,9 @@ size_t ml_be_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t nh) {
 int ml_be_attention_bwd(ml_backend *be, const float *dout, const float *q, const float *k,
                         const float *v, const float *P, float *dq, float *dk, float *dv,
                         int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd, float scale,
-                        void *work) {
+                        ml_dtype compute, void *work) {
   return be->ops->attention_bwd(be, dout, q, k, v, P, dq, dk, dv, B, S, nh, nkv, hd, scale,
-                                work);
+                                compute, work);
 }
 int ml_be_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
                   ml_glu_act act) {

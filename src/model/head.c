@@ -65,7 +65,7 @@ static ml_act rows_view(float *x, int64_t t0, int64_t nt, int64_t C, int64_t c) 
 int ml_head_forward(ml_model *m, int64_t t0, int64_t nt, float *logits) {
   const ml_act *h = &m->head_in;
   ml_act x = rows_view(h->x, t0, nt, h->C, h->c), y;
-  ML_TRY(ml_linear_forward(m->be, &m->lm_head, &x, logits, &y));
+  ML_TRY(ml_linear_forward(m->be, &m->lm_head, &x, NULL, logits, &y));
   m->logits_c = y.c;
   return 0;
 }
@@ -76,7 +76,7 @@ int ml_head_backward(ml_model *m, int64_t t0, int64_t nt, float *dlogits) {
   ml_act x = rows_view(h->x, t0, nt, h->C, h->c);
   /* the gradient arrives in the layout the output edge produced */
   ml_act dy = {dlogits, 1, nt, nt, m->lm_head.weight->shape[0], m->logits_c};
-  return ml_linear_backward(m->be, &m->lm_head, &dy, &x, m->dxn_final + t0 * h->c, 0);
+  return ml_linear_backward(m->be, &m->lm_head, &dy, &x, NULL, m->dxn_final + t0 * h->c, 0);
 }
 
 // dx: [B, s_res, H] (=)

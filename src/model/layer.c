@@ -92,12 +92,17 @@ static int block_input_backward(ml_model *m, const ml_linear *first, const ml_ac
   return add_inplace(m, dx, dh, Tr * H);
 }
 
+/* The dtype attention's products compute in: the projections' weights'
+ * (fp32, or FSDP's bf16 param_dtype), as autocast runs SDPA in the dtype
+ * it runs the linears in. */
+static ml_dtype attn_compute(const ml_layer *L) { return L->q_proj.weight->dtype; }
+
 // q, k: [B, S, nh|nkv, hd] after RoPE, v: [B, S, nkv, hd] → P: [B, nh, S, S], att: [B, S, nh·hd]
 static int core_forward(ml_model *m, const ml_layer *L, float *att) {
   const ml_layer_acts *a = &L->acts;
   int64_t hd = m->cfg.head_dim;
   return ml_be_attention_fwd(m->be, a->q, a->k, a->v, att, a->P, m->B, m->S, a->qv.c / hd,
-                             a->kv.c / hd, hd, attn_scale(m), L->window);
+                             a->kv.c / hd, hd, attn_scale(m), L->window, attn_compute(L));
 }
 
 // datt: [B, S, nh·hd] → dq [B, S, nh, hd], dk, dv [B, S, nkv, hd] (=)
@@ -106,7 +111,8 @@ static int core_backward(ml_model *m, const ml_layer *L, const float *datt, floa
   const ml_layer_acts *a = &L->acts;
   int64_t hd = m->cfg.head_dim;
   return ml_be_attention_bwd(m->be, datt, a->q, a->k, a->v, a->P, dq, dk, dv, m->B, m->S,
-                             a->qv.c / hd, a->kv.c / hd, hd, attn_scale(m), m->attn_work);
+                             a->qv.c / hd, a->kv.c / hd, hd, attn_scale(m), attn_compute(L),
+                             m->attn_work);
 }
 
 // x_in [B, s_res, H] → x [B, s_res, H] = x_mid (room for [B, S, H]; not read)
@@ -118,9 +124,14 @@ static int attention_forward(ml_model *m, ml_layer *L, float *x) {
   a->in_qkv = ml_act_view(m, a->h1, m->s_res, H, H);
   ML_TRY(ml_hook_run(L->q_proj.in.fwd, &a->in_qkv)); /* shared by q/k/v */
   float *q = qk_norm ? a->q_raw : a->q, *k = qk_norm ? a->k_raw : a->k;
-  ML_TRY(ml_linear_forward(m->be, &L->q_proj, &a->in_qkv, q, &a->qv));      // q: [B, S, nh·hd]
-  ML_TRY(ml_linear_forward(m->be, &L->k_proj, &a->in_qkv, k, &a->kv));      // k: [B, S, nkv·hd]
-  ML_TRY(ml_linear_forward(m->be, &L->v_proj, &a->in_qkv, a->v, &a->vv));   // v: [B, S, nkv·hd]
+  void *xr; /* in_qkv rounded once for the three (bf16 weights) */
+  ML_TRY(ml_linear_round_input(m->be, &L->q_proj, &a->in_qkv, &xr));
+  // q: [B, S, nh·hd]; k, v: [B, S, nkv·hd]
+  int rc = ml_linear_forward(m->be, &L->q_proj, &a->in_qkv, xr, q, &a->qv);
+  if (!rc) rc = ml_linear_forward(m->be, &L->k_proj, &a->in_qkv, xr, k, &a->kv);
+  if (!rc) rc = ml_linear_forward(m->be, &L->v_proj, &a->in_qkv, xr, a->v, &a->vv);
+  ml_be_free(m->be, xr);
+  ML_TRY(rc);
   int64_t nh = 0, nkv = 0, T = B * S;
   ML_TRY(attention_views(m, L, &nh, &nkv));
   if (qk_norm) {
@@ -133,7 +144,7 @@ static int attention_forward(ml_model *m, ml_layer *L, float *x) {
   a->in_o = ml_act_view(m, a->att, S, m->cfg.n_heads * hd, nh * hd);
   ML_TRY(ml_hook_run(L->o_proj.in.fwd, &a->in_o));
   ml_act o; /* into x, which has room for the output edge's unsharded [B, S, H] */
-  ML_TRY(ml_linear_forward(m->be, &L->o_proj, &a->in_o, x, &o));  // [B, s_res, H]
+  ML_TRY(ml_linear_forward(m->be, &L->o_proj, &a->in_o, NULL, x, &o));  // [B, s_res, H]
   ML_TRY(expect_view(L->o_proj.weight->name, &o, m->s_res, H));
   if (out_norm) { /* o: [B, s_res, H] saved; x = attn_out_norm(o) */
     ML_TRY(copy_floats(m, a->o, x, Tr * H));
@@ -156,7 +167,8 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
   else
     ML_TRY(copy_floats(m, dtmp, dx, Tr * H));
   ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
-  ML_TRY(ml_linear_backward(m->be, &L->o_proj, &d, &a->in_o, datt, 0));  // datt: [B, S, nh·hd]
+  // datt: [B, S, nh·hd]
+  ML_TRY(ml_linear_backward(m->be, &L->o_proj, &d, &a->in_o, NULL, datt, 0));
   ml_act datt_v = on(a->in_o, datt);
   ML_TRY(ml_hook_run(L->o_proj.in.bwd, &datt_v));
   ML_TRY(expect_view(L->o_proj.weight->name, &datt_v, S, nh * hd));
@@ -168,9 +180,13 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
     ML_TRY(norm_bwd(m, &L->k_norm, dk, a->k_raw, a->rstd_k, dk, T * nkv, hd));  // dk: [T·nkv, hd]
   }
   ml_act dqv = on(a->qv, dq), dkv = on(a->kv, dk), dvv = on(a->vv, dv);
-  ML_TRY(ml_linear_backward(m->be, &L->q_proj, &dqv, &a->in_qkv, dh, 0));  // dh: [B, S, H]
-  ML_TRY(ml_linear_backward(m->be, &L->k_proj, &dkv, &a->in_qkv, dh, 1));
-  ML_TRY(ml_linear_backward(m->be, &L->v_proj, &dvv, &a->in_qkv, dh, 1));
+  void *xr; /* in_qkv rounded once for the three dW GEMMs (bf16 weights) */
+  ML_TRY(ml_linear_round_input(m->be, &L->q_proj, &a->in_qkv, &xr));
+  int rc = ml_linear_backward(m->be, &L->q_proj, &dqv, &a->in_qkv, xr, dh, 0);  // dh: [B, S, H]
+  if (!rc) rc = ml_linear_backward(m->be, &L->k_proj, &dkv, &a->in_qkv, xr, dh, 1);
+  if (!rc) rc = ml_linear_backward(m->be, &L->v_proj, &dvv, &a->in_qkv, xr, dh, 1);
+  ml_be_free(m->be, xr);
+  ML_TRY(rc);
   return block_input_backward(m, &L->q_proj, &a->in_qkv, dh, &L->attn_norm, a->x_in, a->rstd1,
                               dx);  // dx += d x_in
 }
@@ -184,14 +200,18 @@ static int mlp_forward(ml_model *m, ml_layer *L, float *x) {
   a->in_gu = ml_act_view(m, a->h2, m->s_res, H, H);
   ML_TRY(ml_hook_run(L->gate_proj.in.fwd, &a->in_gu)); /* shared by gate/up */
   ml_act u;
-  ML_TRY(ml_linear_forward(m->be, &L->gate_proj, &a->in_gu, a->g, &a->gv));  // g: [B, s, I]
-  ML_TRY(ml_linear_forward(m->be, &L->up_proj, &a->in_gu, a->u, &u));        // u: [B, s, I]
+  void *xr; /* in_gu rounded once for both (bf16 weights) */
+  ML_TRY(ml_linear_round_input(m->be, &L->gate_proj, &a->in_gu, &xr));
+  int rc = ml_linear_forward(m->be, &L->gate_proj, &a->in_gu, xr, a->g, &a->gv);  // g: [B, s, I]
+  if (!rc) rc = ml_linear_forward(m->be, &L->up_proj, &a->in_gu, xr, a->u, &u);   // u: [B, s, I]
+  ml_be_free(m->be, xr);
+  ML_TRY(rc);
   ML_TRY(expect_view(L->up_proj.weight->name, &u, a->gv.s, a->gv.c));
   ML_TRY(ml_be_glu_fwd(m->be, a->g, a->u, a->a, a->gv.B * a->gv.s * a->gv.c, m->cfg.family->act));
   a->in_down = on(a->gv, a->a);
   ML_TRY(ml_hook_run(L->down_proj.in.fwd, &a->in_down));
   ml_act d; /* into x, which has room for the output edge's unsharded [B, S, H] */
-  ML_TRY(ml_linear_forward(m->be, &L->down_proj, &a->in_down, x, &d));  // d: [B, s_res, H]
+  ML_TRY(ml_linear_forward(m->be, &L->down_proj, &a->in_down, NULL, x, &d));  // d: [B, s_res, H]
   ML_TRY(expect_view(L->down_proj.weight->name, &d, m->s_res, H));
   if (out_norm) { /* d: [B, s_res, H] saved; x = mlp_out_norm(d) */
     ML_TRY(copy_floats(m, a->d, x, Tr * H));
@@ -212,15 +232,19 @@ static int mlp_backward(ml_model *m, ml_layer *L, float *dx) {
   else
     ML_TRY(copy_floats(m, dtmp, dx, Tr * H));
   ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
-  ML_TRY(ml_linear_backward(m->be, &L->down_proj, &d, &a->in_down, da, 0));  // da: [B, s, I]
+  ML_TRY(ml_linear_backward(m->be, &L->down_proj, &d, &a->in_down, NULL, da, 0));  // da: [B, s, I]
   ml_act dav = on(a->in_down, da);
   ML_TRY(ml_hook_run(L->down_proj.in.bwd, &dav));
   ML_TRY(expect_view(L->down_proj.weight->name, &dav, a->gv.s, a->gv.c));
   ML_TRY(ml_be_glu_bwd(m->be, da, a->g, a->u, dg, du, a->gv.B * a->gv.s * a->gv.c,
                        m->cfg.family->act));
   ml_act dgv = on(a->gv, dg), duv = on(a->gv, du);
-  ML_TRY(ml_linear_backward(m->be, &L->gate_proj, &dgv, &a->in_gu, dh, 0));  // dh: [B, s, H]
-  ML_TRY(ml_linear_backward(m->be, &L->up_proj, &duv, &a->in_gu, dh, 1));
+  void *xr; /* in_gu rounded once for both dW GEMMs (bf16 weights) */
+  ML_TRY(ml_linear_round_input(m->be, &L->gate_proj, &a->in_gu, &xr));
+  int rc = ml_linear_backward(m->be, &L->gate_proj, &dgv, &a->in_gu, xr, dh, 0);  // dh: [B, s, H]
+  if (!rc) rc = ml_linear_backward(m->be, &L->up_proj, &duv, &a->in_gu, xr, dh, 1);
+  ml_be_free(m->be, xr);
+  ML_TRY(rc);
   return block_input_backward(m, &L->gate_proj, &a->in_gu, dh, &L->mlp_norm, a->x_mid, a->rstd2,
                               dx);  // dx += d x_mid
 }

@@ -2,13 +2,34 @@
  * autograd): y = x·W^T + b, dx = dy·W, dW += dy^T·x, db += Σ_t dy. The GEMMs
  * compute in the weight's dtype: fp32 weights, fp32 GEMMs; bf16 weights
  * (FSDP's param_dtype), bf16 operands with fp32 accumulation and fp32
- * output, as autocast(bfloat16) runs a linear and its backward. */
+ * output, as autocast(bfloat16) runs a linear and its backward. Each
+ * fp32 activation is rounded once however many GEMMs read it: dy for dx
+ * and dW here, a shared input by the caller (ml_linear_round_input). */
 #include "model/linear.h"
 
 #include "common/status.h"
 
-int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, float *ybuf,
-                      ml_act *y) {
+/* x [rows, c] of a view as bf16 in pool memory (*xr). */
+static int round_rows(ml_backend *be, const float *x, int64_t rows, int64_t c, void **xr) {
+  *xr = ml_be_alloc(be, rows * c, sizeof(uint16_t), "a bf16 GEMM operand [%lld x %lld]",
+                    (long long)rows, (long long)c);
+  if (!*xr) return -1;
+  if (ml_be_convert(be, *xr, ML_BF16, x, ML_F32, (size_t)(rows * c))) {
+    ml_be_free(be, *xr);
+    *xr = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+int ml_linear_round_input(ml_backend *be, const ml_linear *lin, const ml_act *x, void **xr) {
+  *xr = NULL;
+  if (lin->weight->dtype != ML_BF16) return 0;
+  return round_rows(be, x->x, x->B * x->s, x->c, xr);
+}
+
+int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, const void *xr,
+                      float *ybuf, ml_act *y) {
   const ml_param *w = lin->weight;
   if (x->c != w->local[1])
     return ml_err("%s: the input has %lld features but this rank's weight expects %lld; the "
@@ -18,7 +39,7 @@ int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, flo
   int64_t T = x->B * x->s, in = w->local[1], out = w->local[0];
   // y: [T, out] = x: [T, in] · W: [out, in]^T (+ b)
   ml_gemm g = {.trans_b = true, .M = T, .N = out, .K = in,
-               .A = x->x, .a_type = ML_F32, .lda = in,
+               .A = xr ? xr : (const void *)x->x, .a_type = xr ? ML_BF16 : ML_F32, .lda = in,
                .B = w->data, .b_type = w->dtype, .ldb = in,
                .C = ybuf, .ldc = out,
                .bias = b ? b->data : NULL, .bias_type = b ? b->dtype : ML_F32,
@@ -29,7 +50,7 @@ int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, flo
 }
 
 int ml_linear_backward(ml_backend *be, const ml_linear *lin, ml_act *dy, const ml_act *x,
-                       float *dx, int accumulate) {
+                       const void *xr, float *dx, int accumulate) {
   const ml_param *w = lin->weight;
   ML_TRY(ml_hook_run(lin->out.bwd, dy));
   if (dy->s != x->s || dy->c != w->local[0])
@@ -38,17 +59,24 @@ int ml_linear_backward(ml_backend *be, const ml_linear *lin, ml_act *dy, const m
                   w->name, (long long)dy->s, (long long)dy->c, (long long)x->s,
                   (long long)w->local[0]);
   int64_t T = x->B * x->s, in = w->local[1], out = w->local[0];
+  void *dyr = NULL; /* dy rounded once for both GEMMs (bf16 weights) */
+  if (w->dtype == ML_BF16 && dx) ML_TRY(round_rows(be, dy->x, T, out, &dyr));
+  const void *A = dyr ? dyr : (const void *)dy->x;
+  ml_dtype a_type = dyr ? ML_BF16 : ML_F32;
+  int rc = 0;
   if (dx) { // dx: [T, in] (= or +=) dy: [T, out] · W: [out, in]
-    ml_gemm g = {.M = T, .N = in, .K = out, .A = dy->x, .a_type = ML_F32, .lda = out,
+    ml_gemm g = {.M = T, .N = in, .K = out, .A = A, .a_type = a_type, .lda = out,
                  .B = w->data, .b_type = w->dtype, .ldb = in, .C = dx, .ldc = in,
                  .accumulate = accumulate, .compute = w->dtype};
-    ML_TRY(ml_be_gemm(be, &g));
+    rc = ml_be_gemm(be, &g);
   }
   // dW: [out, in] += dy^T: [out, T] · x: [T, in]
-  ml_gemm gw = {.trans_a = true, .M = out, .N = in, .K = T, .A = dy->x, .a_type = ML_F32,
-                .lda = out, .B = x->x, .b_type = ML_F32, .ldb = in, .C = w->grad, .ldc = in,
-                .accumulate = true, .compute = w->dtype};
-  ML_TRY(ml_be_gemm(be, &gw));
+  ml_gemm gw = {.trans_a = true, .M = out, .N = in, .K = T, .A = A, .a_type = a_type,
+                .lda = out, .B = xr ? xr : (const void *)x->x, .b_type = xr ? ML_BF16 : ML_F32,
+                .ldb = in, .C = w->grad, .ldc = in, .accumulate = true, .compute = w->dtype};
+  if (!rc) rc = ml_be_gemm(be, &gw);
+  ml_be_free(be, dyr);
+  ML_TRY(rc);
   if (lin->bias) ML_TRY(ml_be_bias_grad(be, dy->x, T, out, lin->bias->grad));
   return 0;
 }

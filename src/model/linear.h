@@ -11,18 +11,25 @@ static inline ml_act ml_act_view(const ml_model *m, float *x, int64_t s, int64_t
   return (ml_act){x, m->B, m->S, s, C, c};
 }
 
+/* x [B, s, c] rounded once for the GEMMs of several linears that read it
+ * (q/k/v, gate/up share their input) when lin's weight is bf16 (their
+ * GEMMs then round it anyway): *xr is x as bf16 in pool memory (the caller
+ * frees it with ml_be_free), or NULL with fp32 weights. */
+int ml_linear_round_input(ml_backend *be, const ml_linear *lin, const ml_act *x, void **xr);
 /* y = x · W^T (+ b) on backend `be` (its GEMM computes in the weight's
  * dtype: fp32, or bf16 operands with fp32 accumulation) on the view x
  * [B, s, in_local] into ybuf; the output edge runs; *y is the resulting
- * view. The input edge is the caller's
- * (siblings share it). Errors: x->c ≠ the weight's local in-features (the
- * plan's layouts do not compose; the message names the module). */
-int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, float *ybuf,
-                      ml_act *y);
+ * view. xr: x from ml_linear_round_input, or NULL (the GEMM rounds x
+ * itself). The input edge is the caller's (siblings share it). Errors:
+ * x->c ≠ the weight's local in-features (the plan's layouts do not
+ * compose; the message names the module). */
+int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, const void *xr,
+                      float *ybuf, ml_act *y);
 /* Backward: the output edge's backward runs on dy (in place; then
  * [B, x->s, out_local]); dx [B, x->s, in_local] (= or += when accumulate;
- * NULL to skip) and weight/bias grads (+=). */
+ * NULL to skip) and weight/bias grads (+=); xr as forward. With a bf16
+ * weight dy is rounded once for both GEMMs. */
 int ml_linear_backward(ml_backend *be, const ml_linear *lin, ml_act *dy, const ml_act *x,
-                       float *dx, int accumulate);
+                       const void *xr, float *dx, int accumulate);
 
 #endif

@@ -203,7 +203,7 @@ void ml_fsdp_destroy(ml_fsdp *f) {
       ml_fsdp_unit *unit = &f->units[u];
       if (unit->in_flight) ml_wait(f->dp, &unit->req);
       if (unit->send != unit->shard) ml_be_free(f->be, unit->send);
-      ml_be_free(f->be, unit->recv);
+      if (unit->recv != unit->send) ml_be_free(f->be, unit->recv); /* one rank: the same */
       if (!params_alias(f)) ml_be_free(f->be, unit->full);
       if (!grads_alias(f)) ml_be_free(f->be, unit->full_grad);
       ml_be_free(f->be, unit->shard);
@@ -268,31 +268,40 @@ static int gather_start(ml_fsdp *f, ml_fsdp_unit *unit) {
     if (!unit->send) return -1;
     ML_TRY(ml_be_convert(f->be, unit->send, pt, unit->shard, ML_F32, (size_t)n));
   }
+  if (f->dp->size == 1) { /* nothing to gather: the "gathered" block is the shard */
+    unit->recv = unit->send;
+    return 0;
+  }
   /* dp shards of a unit: bounded (ml_fsdp_layout) */
   unit->recv = ml_be_alloc(f->be, n * f->dp->size, es, "the gathered parameters of a unit");
   if (!unit->recv) return -1;
-  if (f->dp->size == 1) /* nothing to gather: the "gathered" block is the shard */
-    return ml_be_copy(f->be, unit->recv, unit->send, es * (size_t)n, ML_COPY_D2D);
   ML_TRY(ml_iall_gather(f->dp, unit->send, unit->recv, (size_t)n, param_elem(f), &unit->req));
   unit->in_flight = true;
   return 0;
 }
 
 /* Wait for unit u's all-gather and copy it out into the unsharded buffer,
- * which keeps param_dtype (the GEMMs read it as it is). */
+ * which keeps param_dtype (the GEMMs read it as it is). On one rank the
+ * converted shard is that buffer already (same layout: no padding rows),
+ * unless one is kept between steps (ZeRO-1/2). */
 static int gather_finish(ml_fsdp *f, ml_fsdp_unit *unit) {
   int rc = unit->in_flight ? ml_wait(f->dp, &unit->req) : 0;
   unit->in_flight = false;
   ml_dtype pt = f->opts.param_dtype;
-  if (rc == 0 && !unit->full) {
-    unit->full = ml_be_alloc(f->be, unit->full_numel, ml_dtype_size(pt),
-                             "the unsharded parameters of a unit");
-    if (!unit->full) rc = -1;
+  void *adopt = f->dp->size == 1 && !unit->full && unit->send != unit->shard ? unit->send : NULL;
+  if (rc == 0 && adopt) {
+    unit->full = adopt;
+  } else {
+    if (rc == 0 && !unit->full) {
+      unit->full = ml_be_alloc(f->be, unit->full_numel, ml_dtype_size(pt),
+                               "the unsharded parameters of a unit");
+      if (!unit->full) rc = -1;
+    }
+    if (rc == 0) rc = copy_rank_major(f, unit, unit->recv, param_elem(f), unit->full, pt, 1);
+    if (unit->send != unit->shard) ml_be_free(f->be, unit->send);
+    if (unit->recv != unit->send) ml_be_free(f->be, unit->recv);
   }
-  if (rc == 0) rc = copy_rank_major(f, unit, unit->recv, param_elem(f), unit->full, pt, 1);
   if (rc == 0) point_data(unit, unit->full, pt);
-  if (unit->send != unit->shard) ml_be_free(f->be, unit->send);
-  ml_be_free(f->be, unit->recv);
   unit->send = unit->recv = NULL;
   return rc;
 }
@@ -354,7 +363,10 @@ static int reduce_unit(ml_fsdp *f, ml_fsdp_unit *unit) {
   if (f->opts.param_dtype == ML_BF16)
     ML_TRY(ml_be_round_bf16(f->be, unit->full_grad, (size_t)unit->full_numel));
   void *stage = bf16 ? (void *)f->wire : (void *)f->comm_buf;
-  ML_TRY(copy_rank_major(f, unit, stage, elem, unit->full_grad, ML_F32, 0));
+  if (dp == 1 && !bf16) /* one rank's staging is full_grad itself: same layout, same type */
+    stage = unit->full_grad;
+  else
+    ML_TRY(copy_rank_major(f, unit, stage, elem, unit->full_grad, ML_F32, 0));
   void *red = (char *)stage + es * n * (size_t)f->dp->rank; /* this rank's reduced block */
   if (dp > 1 && f->opts.zero == 1) {
     ML_TRY(ml_all_reduce(f->dp, stage, n * (size_t)dp, elem, ML_RED_SUM));

@@ -35,7 +35,7 @@ int ml_vocab_parallel_loss(ml_model *m, ml_comm *tp, const int32_t *targets, ml_
 /* Tokens per logits chunk of ml_vocab_parallel_loss for T local tokens and
  * a vocabulary of V split over `parts` vocab shards (the tp size when the
  * logits are vocab-sharded, 1 when each rank holds whole rows): a budget of
- * 2^23 floats (32 MiB) of logits over the largest torch.chunk shard
+ * 2^24 floats (64 MiB) of logits over the largest torch.chunk shard
  * ceil(V / parts), clamped to [1, T] (T = 0 gives 0). Computed from the
  * largest shard so that every rank of the group runs the same number of
  * chunks and so issues the same collectives (2 all-reduces per chunk when

@@ -64,18 +64,6 @@ static float bits_f32(uint32_t u) {
   return f;
 }
 
-float ml_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
-
-/* torch's c10::BFloat16 round_to_nearest_even: NaN becomes the canonical
- * quiet NaN 0x7FC0; otherwise add 0x7FFF plus the lowest kept bit, so ties go
- * to the even neighbour (the carry may roll into the exponent, up to inf). */
-uint16_t ml_f32_to_bf16(float f) {
-  uint32_t u = f32_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return (uint16_t)(u >> 16);
-}
-
 float ml_f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;

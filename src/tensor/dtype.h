@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Every dtype string the safetensors format defines (the reader validates
  * sizes for all of them; only F32/BF16/F16 convert to fp32). */
@@ -27,8 +28,24 @@ int ml_dtype_parse_torch(const char *name, ml_dtype *out);
 /* The torch_dtype name for F32/BF16/F16 ("float32", ...). */
 const char *ml_dtype_torch_name(ml_dtype t);
 
-float ml_bf16_to_f32(uint16_t h);
-uint16_t ml_f32_to_bf16(float f);
+/* bf16 ↔ fp32, inline so that loops over them vectorize. Widening is
+ * exact. Narrowing is torch's c10::BFloat16 round_to_nearest_even: NaN
+ * becomes the canonical quiet NaN 0x7FC0; otherwise add 0x7FFF plus the
+ * lowest kept bit, so ties go to the even neighbour (the carry may roll
+ * into the exponent, up to inf). */
+static inline float ml_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+static inline uint16_t ml_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
 float ml_f16_to_f32(uint16_t h);
 uint16_t ml_f32_to_f16(float f);
 

@@ -216,7 +216,8 @@ static void linear_fwd(const linear_ctx *l, ml_dtype dtype, float *y) {
   linear_mod m;
   linear_mod_make(l, dtype, NULL, NULL, &m);
   ml_act x = {l->x, 1, l->T, l->T, l->in, l->in}, yv;
-  if (ml_linear_forward(cpu_backend(), &m.lin, &x, y, &yv)) fail_msg("linear: %s", ml_error_msg());
+  if (ml_linear_forward(cpu_backend(), &m.lin, &x, NULL, y, &yv))
+    fail_msg("linear: %s", ml_error_msg());
   free(m.store);
 }
 
@@ -230,7 +231,7 @@ static void linear_bwd(const linear_ctx *l, ml_dtype dtype, const float *dy, flo
   float *g = malloc(sizeof(float) * (size_t)(l->T * l->out));
   memcpy(g, dy, sizeof(float) * (size_t)(l->T * l->out)); /* the output edge may clobber it */
   ml_act x = {l->x, 1, l->T, l->T, l->in, l->in}, gv = {g, 1, l->T, l->T, l->out, l->out};
-  if (ml_linear_backward(cpu_backend(), &m.lin, &gv, &x, dx, dx_acc))
+  if (ml_linear_backward(cpu_backend(), &m.lin, &gv, &x, NULL, dx, dx_acc))
     fail_msg("linear backward: %s", ml_error_msg());
   free(g);
   free(m.store);
@@ -651,6 +652,44 @@ static void test_rope_apply(void **state) {
   free(x), free(y), free(g), free(dx), free(ref), free(ya), free(dxa);
 }
 
+/* ---- expf --------------------------------------------------------------------- */
+
+/* k_expf against libm's expf, bitwise: on glibc (2.28+, the FMA build its
+ * ifunc picks with AVX-512) the vector lanes repeat expf's operations
+ * (expf.c), so TOL_EXACT; under another libm the bound is the 1 ulp R4
+ * grants expf itself. Inputs: every 251st bit pattern (all signs, NaNs,
+ * infinities, subnormals, the overflow and underflow branches), then
+ * lengths 0..40 for the vector tails. */
+static void expect_expf(const float *x, int64_t n) {
+  float *y = malloc((size_t)(n ? n : 1) * sizeof(float));
+  k_expf(x, y, n);
+  for (int64_t i = 0; i < n; i++) {
+    float want = expf(x[i]);
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || __GLIBC_MINOR__ >= 28)
+    bool ok = memcmp(&want, &y[i], sizeof want) == 0;
+#else
+    bool ok = (isnan(want) && isnan(y[i])) || want == y[i] ||
+              fabsf(want - y[i]) <= fabsf(nextafterf(want, INFINITY) - want);
+#endif
+    if (!ok) fail_msg("k_expf(%a) = %a, expf gives %a", (double)x[i], (double)y[i], (double)want);
+  }
+  free(y);
+}
+
+static void test_expf(void **state) {
+  (void)state;
+  int64_t n = (int64_t)(0x100000000ull / 251) + 1;
+  float *x = malloc((size_t)n * sizeof(float));
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u = (uint32_t)(i * 251);
+    memcpy(&x[i], &u, sizeof u);
+  }
+  expect_expf(x, n);
+  for (int64_t len = 0; len <= 40; len++) expect_expf(x + 1000 * len, len);
+  printf("  %-44s %lld inputs, all equal\n", "k_expf vs expf", (long long)n);
+  free(x);
+}
+
 /* ---- attention ---------------------------------------------------------------- */
 
 typedef struct attn_ctx {
@@ -661,11 +700,15 @@ typedef struct attn_ctx {
   /* finite differences: the rows [i0, i1) of heads [h0, h1) of batch b0
    * that a perturbed coordinate can change */
   int64_t b0, h0, h1, i0, i1;
+  /* the relative error of P and dS as the products read them: 0 (fp32), or
+   * TOL_U_BF16 (bf16 products: both rounded to bf16, nearest) */
+  double lowp;
 } attn_ctx;
 
 static void attn_run(attn_ctx *a, float *out) {
-  k_attention_fwd(a->q, a->k, a->v, out, a->P, a->B, a->S, a->nh, a->nkv, a->hd, a->scale,
-                  a->window);
+  assert_int_equal(k_attention_fwd(a->q, a->k, a->v, out, a->P, a->B, a->S, a->nh, a->nkv, a->hd,
+                                   a->scale, a->window, NULL),
+                   0);
 }
 
 static int visible(int64_t i, int64_t j, int64_t window) {
@@ -733,6 +776,8 @@ static void attn_ref_rows(const attn_ctx *a, const float *dout, attn_ref_out *o,
         double epsP =
             2.0 * (2.0 * maxd + u * maxsm + TOL_LIBM * u) + tol_gamma((double)nvis) + 2.0 * u;
         double e64 = tol_gamma64(4.0 * ((double)hd + 1) * (1.0 + smax) + 3.0 * S + 20.0);
+        /* P as P·v and P^T·dout read it: rounded once more with lowp */
+        double epsPr = epsP + a->lowp * (1.0 + epsP);
         double *Prow = o->P + ((b * a->nh + h) * S + i) * S,
                *Pb = o->P_b + ((b * a->nh + h) * S + i) * S;
         for (int64_t j = 0; j < S; j++)
@@ -745,7 +790,7 @@ static void attn_ref_rows(const attn_ctx *a, const float *dout, attn_ref_out *o,
           }
           o->out[qo + d] = y;
           o->out_a[qo + d] = ya;
-          o->out_b[qo + d] = TOL_FIRST_ORDER * (gs + epsP + gs * epsP + e64) * ya;
+          o->out_b[qo + d] = TOL_FIRST_ORDER * (gs + epsPr + gs * epsPr + e64) * ya;
         }
         if (!dout) continue;
         double D = 0.0, Da = 0.0, dD = 0.0;
@@ -765,14 +810,20 @@ static void attn_ref_rows(const attn_ctx *a, const float *dout, attn_ref_out *o,
           double ds = p[j] * (dp[j] - D), dsa = p[j] * (fabs(dp[j]) + fabs(D));
           double dds = p[j] * ((epsP + tol_gamma(2.0)) * (fabs(dp[j]) + fabs(D)) +
                                tol_gamma((double)hd) * dpa[j] + dD);
+          /* dS as dS·k and dS^T·q read it (rounded with lowp): |dS − ds| <=
+           * dds + lowp·(|ds| + dds); the sums' roundings are against the
+           * terms they add, at most dsa + that */
+          dds += a->lowp * (fabs(ds) + dds);
+          double dsa_r = a->lowp > 0 ? dsa + dds : dsa;
           for (int64_t d = 0; d < hd; d++) {
             double kd = a->k[ko + d], qd = qi[d], od = dout[qo + d];
             o->dq[qo + d] += a->scale * ds * kd;
-            o->dq_b[qo + d] += a->scale * ((tol_gamma((double)S + 1) + e64) * dsa + dds) * fabs(kd);
+            o->dq_b[qo + d] +=
+                a->scale * ((tol_gamma((double)S + 1) + e64) * dsa_r + dds) * fabs(kd);
             o->dk[ko + d] += a->scale * ds * qd;
-            o->dk_b[ko + d] += a->scale * ((gsg1 + e64) * dsa + dds) * fabs(qd);
+            o->dk_b[ko + d] += a->scale * ((gsg1 + e64) * dsa_r + dds) * fabs(qd);
             o->dv[ko + d] += p[j] * od;
-            o->dv_b[ko + d] += (gsg1 + epsP + e64) * p[j] * fabs(od);
+            o->dv_b[ko + d] += (gsg1 + epsPr + gsg1 * a->lowp + e64) * p[j] * fabs(od);
           }
         }
       }
@@ -863,19 +914,20 @@ static void attn_at_kv(void *c, int64_t idx) {
 }
 
 static const attn_ctx ATTN_CASES[] = {
-    {NULL, NULL, NULL, NULL, 2, 5, 4, 2, 8, 0, 0.35f, NULL, 0, 0, 0, 0, 0},  // GQA
-    {NULL, NULL, NULL, NULL, 2, 5, 4, 2, 8, 3, 0.35f, NULL, 0, 0, 0, 0, 0},  // GQA + sliding window
-    {NULL, NULL, NULL, NULL, 2, 7, 3, 3, 6, 0, 0.4f, NULL, 0, 0, 0, 0, 0},   // MHA, odd sizes
+    {NULL, NULL, NULL, NULL, 2, 5, 4, 2, 8, 0, 0.35f, NULL, 0, 0, 0, 0, 0, 0},  // GQA
+    // GQA + sliding window
+    {NULL, NULL, NULL, NULL, 2, 5, 4, 2, 8, 3, 0.35f, NULL, 0, 0, 0, 0, 0, 0},
+    {NULL, NULL, NULL, NULL, 2, 7, 3, 3, 6, 0, 0.4f, NULL, 0, 0, 0, 0, 0, 0},   // MHA, odd sizes
     {NULL, NULL, NULL, NULL, 1, 300, 4, 2, 16, 0, 0.25f, NULL, 0, 0, 0, 0,
-     0},  // several row blocks
-    {NULL, NULL, NULL, NULL, 1, 300, 2, 1, 16, 100, 0.25f, NULL, 0, 0, 0, 0, 0},
+     0, 0},  // several row blocks
+    {NULL, NULL, NULL, NULL, 1, 300, 2, 1, 16, 100, 0.25f, NULL, 0, 0, 0, 0, 0, 0},
     // sliding windows: Gemma3-like (window 8 < S = 24, scale 24^-0.5), only
     // the query itself (window 1), a window past S (= full causal), and one
     // reaching back across a row block into the previous one with GQA
-    {NULL, NULL, NULL, NULL, 2, 24, 4, 2, 16, 8, 0.20412415f, NULL, 0, 0, 0, 0, 0},
-    {NULL, NULL, NULL, NULL, 1, 7, 2, 1, 4, 1, 0.5f, NULL, 0, 0, 0, 0, 0},
-    {NULL, NULL, NULL, NULL, 2, 5, 4, 2, 8, 9, 0.35f, NULL, 0, 0, 0, 0, 0},
-    {NULL, NULL, NULL, NULL, 1, 300, 4, 2, 16, 130, 0.25f, NULL, 0, 0, 0, 0, 0},
+    {NULL, NULL, NULL, NULL, 2, 24, 4, 2, 16, 8, 0.20412415f, NULL, 0, 0, 0, 0, 0, 0},
+    {NULL, NULL, NULL, NULL, 1, 7, 2, 1, 4, 1, 0.5f, NULL, 0, 0, 0, 0, 0, 0},
+    {NULL, NULL, NULL, NULL, 2, 5, 4, 2, 8, 9, 0.35f, NULL, 0, 0, 0, 0, 0, 0},
+    {NULL, NULL, NULL, NULL, 1, 300, 4, 2, 16, 130, 0.25f, NULL, 0, 0, 0, 0, 0, 0},
 };
 
 static attn_ctx attn_alloc(attn_ctx a) {
@@ -919,8 +971,9 @@ static void test_attention_bwd(void **state) {
     attn_ref_out r = attn_ref_alloc(&a);
     attn_run(&a, out);
     float *work = malloc((size_t)k_attention_bwd_work(a.B, a.S, a.nh) * sizeof(float));
-    k_attention_bwd(dout, a.q, a.k, a.v, a.P, dq, dk, dv, a.B, a.S, a.nh, a.nkv, a.hd, a.scale,
-                    work);
+    assert_int_equal(k_attention_bwd(dout, a.q, a.k, a.v, a.P, dq, dk, dv, a.B, a.S, a.nh, a.nkv,
+                                     a.hd, a.scale, work, NULL),
+                     0);
     free(work);
     attn_ref(&a, dout, &r);
     char what[64];
@@ -944,6 +997,52 @@ static void test_attention_bwd(void **state) {
     fd_check("attention dv vs fd", &fv, a.v, nk, stride, dv, r.dv_b, 1e-2f);
     free(out), free(dout), free(dq), free(dk), free(dv);
     attn_ref_free(&r);
+    attn_free(&a);
+  }
+}
+
+/* Attention with bf16 products through the CPU backend (autocast's SDPA):
+ * against the double reference on the rounded q, k, v and dout, whose
+ * products are then the kernels' up to fp32 summation (bf16 products are
+ * exact in fp32) — the bounds above — plus the rounding of P for P·v and
+ * P^T·dout and of dS for dS·k and dS^T·q, each a relative error of at most
+ * u_bf16 on top of its own (attn_ctx.lowp). On a CPU without bf16 GEMMs
+ * (or ONEDNN_MAX_CPU_ISA=AVX2) the backend emulates them on sgemm: the
+ * same bounds. And the rounding did happen: the fp32 products differ. */
+static void test_attention_bf16(void **state) {
+  (void)state;
+  ml_backend *be = cpu_backend();
+  for (size_t c = 0; c < sizeof ATTN_CASES / sizeof ATTN_CASES[0]; c++) {
+    attn_ctx a = attn_alloc(ATTN_CASES[c]);
+    int64_t nq = a.B * a.S * a.nh * a.hd, nk = a.B * a.S * a.nkv * a.hd;
+    float *out = malloc((size_t)nq * sizeof(float)), *out32 = malloc((size_t)nq * sizeof(float));
+    float *dout = rand_buf(nq, 1), *dq = malloc((size_t)nq * sizeof(float));
+    float *dk = const_buf(nk, 9.0f), *dv = const_buf(nk, 9.0f);
+    void *work = malloc(ml_be_attention_work(be, a.B, a.S, a.nh));
+    attn_run(&a, out32);
+    if (ml_be_attention_fwd(be, a.q, a.k, a.v, out, a.P, a.B, a.S, a.nh, a.nkv, a.hd, a.scale,
+                            a.window, ML_BF16) ||
+        ml_be_attention_bwd(be, dout, a.q, a.k, a.v, a.P, dq, dk, dv, a.B, a.S, a.nh, a.nkv,
+                            a.hd, a.scale, ML_BF16, work))
+      fail_msg("bf16 attention: %s", ml_error_msg());
+    attn_ctx r = a;
+    r.q = bf16_rounded(a.q, nq), r.k = bf16_rounded(a.k, nk), r.v = bf16_rounded(a.v, nk);
+    r.lowp = TOL_U_BF16;
+    float *dout_r = bf16_rounded(dout, nq);
+    attn_ref_out ref = attn_ref_alloc(&r);
+    attn_ref(&r, dout_r, &ref);
+    char what[64];
+    snprintf(what, sizeof what, "attention bf16 S=%lld window=%lld out", (long long)a.S,
+             (long long)a.window);
+    expect_within(what, out, ref.out, ref.out_b, nq);
+    expect_within("attention bf16 P", a.P, ref.P, ref.P_b, a.B * a.nh * a.S * a.S);
+    expect_within("attention bf16 dq", dq, ref.dq, ref.dq_b, nq);
+    expect_within("attention bf16 dk (=)", dk, ref.dk, ref.dk_b, nk);
+    expect_within("attention bf16 dv (=)", dv, ref.dv, ref.dv_b, nk);
+    assert_true(memcmp(out, out32, (size_t)nq * sizeof(float)) != 0);
+    free(r.q), free(r.k), free(r.v), free(dout_r), free(work);
+    free(out), free(out32), free(dout), free(dq), free(dk), free(dv);
+    attn_ref_free(&ref);
     attn_free(&a);
   }
 }
@@ -1239,8 +1338,9 @@ int main(void) {
       cmocka_unit_test(test_linear_bf16),   cmocka_unit_test(test_gemm_empty_inner),
       cmocka_unit_test(test_rmsnorm_fwd),   cmocka_unit_test(test_rmsnorm_bwd),
       cmocka_unit_test(test_rope_inv_freq), cmocka_unit_test(test_rope_tables),
-      cmocka_unit_test(test_rope_apply),    cmocka_unit_test(test_attention_fwd),
-      cmocka_unit_test(test_attention_bwd), cmocka_unit_test(test_glu),
+      cmocka_unit_test(test_rope_apply),    cmocka_unit_test(test_expf),
+      cmocka_unit_test(test_attention_fwd), cmocka_unit_test(test_attention_bwd),
+      cmocka_unit_test(test_attention_bf16), cmocka_unit_test(test_glu),
       cmocka_unit_test(test_embedding),     cmocka_unit_test(test_xent),
       cmocka_unit_test(test_adamw),
   };

@@ -3,6 +3,7 @@
  * staging, so the device's byte counts are those of the tensors),
  * synchronous ordering, and the operators of kernels/cpu, plus oneDNN's
  * matmul for the GEMM (gemm.c). */
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -41,8 +42,25 @@ static void cpu_memory_stats(ml_backend *be, ml_memory_stats *out) {
 }
 static void cpu_reset_peak(ml_backend *be) { ml_pool_reset_peak(impl(be)->pool); }
 
+/* Memory passes over large buffers (FSDP's parameter and gradient
+ * staging, residual copies) run in chunks on every OpenMP thread: one core
+ * streams well below the memory bandwidth. */
+enum { PASS_CHUNK = 1 << 18 /* bytes per task */, PASS_MIN = 4 * PASS_CHUNK };
+
+static inline size_t chunk_len(size_t at, size_t n, size_t chunk) {
+  return n - at < chunk ? n - at : chunk;
+}
+
 static int cpu_copy(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind) {
-  memmove(dst, src, bytes); /* host and device are one memory */
+  const char *s = src;
+  char *d = dst;
+  if (bytes < PASS_MIN || (d < s + bytes && s < d + bytes)) { /* small, or overlapping */
+    memmove(dst, src, bytes); /* host and device are one memory */
+    return 0;
+  }
+#pragma omp parallel for
+  for (size_t at = 0; at < bytes; at += PASS_CHUNK)
+    memcpy(d + at, s + at, chunk_len(at, bytes, PASS_CHUNK));
   return 0;
 }
 
@@ -54,17 +72,31 @@ static int cpu_copy2d(ml_backend *be, void *dst, size_t dpitch, const void *src,
 }
 
 static int cpu_zero(ml_backend *be, void *dst, size_t bytes) {
-  memset(dst, 0, bytes);
+  char *d = dst;
+#pragma omp parallel for if (bytes >= PASS_MIN)
+  for (size_t at = 0; at < bytes; at += PASS_CHUNK)
+    memset(d + at, 0, chunk_len(at, bytes, PASS_CHUNK));
   return 0;
 }
 
 static int cpu_convert(ml_backend *be, void *dst, ml_dtype dst_type, const void *src,
                        ml_dtype src_type, size_t n) {
   if (dst_type == src_type) return cpu_copy(be, dst, src, n * ml_dtype_size(src_type), ML_COPY_D2D);
-  if (src_type == ML_F32) return ml_convert_from_f32(dst_type, src, dst, n);
-  if (dst_type == ML_F32) return ml_convert_to_f32(src_type, src, dst, n);
-  return ml_err("convert %s to %s: expected one side fp32", ml_dtype_name(src_type),
-                ml_dtype_name(dst_type));
+  ml_dtype other = src_type == ML_F32 ? dst_type : src_type;
+  if ((src_type != ML_F32 && dst_type != ML_F32) || (other != ML_BF16 && other != ML_F16))
+    return ml_err("convert %s to %s: expected fp32 and BF16 or F16", ml_dtype_name(src_type),
+                  ml_dtype_name(dst_type));
+  size_t chunk = PASS_CHUNK / sizeof(float), ds = ml_dtype_size(dst_type),
+         ss = ml_dtype_size(src_type);
+#pragma omp parallel for if (n * sizeof(float) >= PASS_MIN)
+  for (size_t at = 0; at < n; at += chunk) { /* cannot fail: the types are checked */
+    void *d = (char *)dst + at * ds;
+    const void *s = (const char *)src + at * ss;
+    size_t len = chunk_len(at, n, chunk);
+    if (src_type == ML_F32) ml_convert_from_f32(dst_type, s, d, len);
+    else ml_convert_to_f32(src_type, s, d, len);
+  }
+  return 0;
 }
 
 static int cpu_round_bf16(ml_backend *be, float *x, size_t n) {
@@ -162,19 +194,106 @@ static size_t cpu_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t n
   return n > (int64_t)(SIZE_MAX / sizeof(float)) ? SIZE_MAX : (size_t)n * sizeof(float);
 }
 
+/* k_attn_bf16's products: the GEMM's tiles. */
+static int tile_gemm(void *ctx, int thread, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                     float alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
+                     float beta, float *C, int64_t ldc) {
+  return ml_cpu_gemm_tile(ctx, thread, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* x [n] rounded to bf16 into pool memory (*out): bf16, or fp32 holding the
+ * bf16 values when packed is false. NULL x: nothing. */
+static int rounded(ml_backend *be, const float *x, int64_t n, bool packed, const void **out,
+                   void **mem) {
+  *out = *mem = NULL;
+  if (!x) return 0;
+  *mem = ml_be_alloc(be, n, packed ? sizeof(uint16_t) : sizeof(float),
+                     "an attention operand rounded to bf16 [%lld]", (long long)n);
+  if (!*mem) return -1;
+  *out = *mem;
+  if (packed) return cpu_convert(be, *mem, ML_BF16, x, ML_F32, (size_t)n);
+  ML_TRY(cpu_copy(be, *mem, x, (size_t)n * sizeof(float), ML_COPY_D2D));
+  return cpu_round_bf16(be, *mem, (size_t)n);
+}
+
+/* Attention's products in `compute`: NULL *lp for fp32; for bf16, q, k,
+ * v, dout ([T, nh|nkv, hd]) rounded, and room for the rounded P and dS
+ * (forward: a tile per thread; backward: [B, nh, S, S] each), in pool
+ * memory that attention_end frees. */
+typedef struct attn_lowp {
+  k_attn_bf16 lp;
+  void *mem[7];
+} attn_lowp;
+
+static void attention_end(ml_backend *be, attn_lowp *a) {
+  for (int i = 0; i < 7; i++) cpu_free(be, a->mem[i]);
+}
+
+static int attention_begin(ml_backend *be, ml_dtype compute, const float *q, const float *k,
+                           const float *v, const float *dout, int64_t B, int64_t S, int64_t nh,
+                           int64_t nkv, int64_t hd, attn_lowp *a, const k_attn_bf16 **lp) {
+  memset(a, 0, sizeof *a);
+  *lp = NULL;
+  if (compute == ML_F32) return 0;
+  if (compute != ML_BF16)
+    return ml_err("attention: compute dtype %s; expected F32 or BF16", ml_dtype_name(compute));
+  ml_cpu_gemm *g = impl(be)->gemm;
+  bool packed = ml_cpu_gemm_bf16_native(g);
+  size_t esz = packed ? sizeof(uint16_t) : sizeof(float);
+  int threads = omp_get_max_threads();
+  int64_t T = B * S, probs = B * nh * S * S;
+  a->lp = (k_attn_bf16){.packed = packed, .gemm = tile_gemm, .ctx = g};
+  int rc = (packed && ml_cpu_gemm_tiles_reserve(g, threads)) ||
+           rounded(be, q, T * nh * hd, packed, &a->lp.q, &a->mem[0]) ||
+           rounded(be, k, T * nkv * hd, packed, &a->lp.k, &a->mem[1]) ||
+           rounded(be, v, T * nkv * hd, packed, &a->lp.v, &a->mem[2]) ||
+           rounded(be, dout, T * nh * hd, packed, &a->lp.dout, &a->mem[3]);
+  if (!rc && !dout) {
+    a->mem[4] = a->lp.scratch = ml_be_alloc(be, threads, k_attention_bf16_scratch(S, packed),
+                                            "the bf16 attention tiles of %d threads", threads);
+    rc = !a->lp.scratch;
+  }
+  if (!rc && dout) {
+    a->mem[5] = a->lp.probs = ml_be_alloc(be, probs, esz, "the rounded attention probabilities");
+    a->mem[6] = a->lp.dscores = ml_be_alloc(be, probs, esz, "the rounded attention dS");
+    rc = !a->lp.probs || !a->lp.dscores;
+  }
+  if (rc) {
+    attention_end(be, a);
+    return -1;
+  }
+  *lp = &a->lp;
+  return 0;
+}
+
+/* A kernel's result: the first failure of its tiles, reported here. */
+static int attention_result(ml_backend *be, int rc) {
+  if (!rc) return 0;
+  ML_TRY(ml_cpu_gemm_tiles_check(impl(be)->gemm));
+  return ml_err("attention: a bf16 product failed");
+}
+
 static int cpu_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
                              float *out, float *P, int64_t B, int64_t S, int64_t nh, int64_t nkv,
-                             int64_t hd, float scale, int64_t window) {
-  k_attention_fwd(q, k, v, out, P, B, S, nh, nkv, hd, scale, window);
-  return 0;
+                             int64_t hd, float scale, int64_t window, ml_dtype compute) {
+  attn_lowp a;
+  const k_attn_bf16 *lp;
+  ML_TRY(attention_begin(be, compute, q, k, v, NULL, B, S, nh, nkv, hd, &a, &lp));
+  int rc = k_attention_fwd(q, k, v, out, P, B, S, nh, nkv, hd, scale, window, lp);
+  attention_end(be, &a);
+  return attention_result(be, rc);
 }
 
 static int cpu_attention_bwd(ml_backend *be, const float *dout, const float *q, const float *k,
                              const float *v, const float *P, float *dq, float *dk, float *dv,
                              int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd,
-                             float scale, void *work) {
-  k_attention_bwd(dout, q, k, v, P, dq, dk, dv, B, S, nh, nkv, hd, scale, work);
-  return 0;
+                             float scale, ml_dtype compute, void *work) {
+  attn_lowp a;
+  const k_attn_bf16 *lp;
+  ML_TRY(attention_begin(be, compute, q, k, v, dout, B, S, nh, nkv, hd, &a, &lp));
+  int rc = k_attention_bwd(dout, q, k, v, P, dq, dk, dv, B, S, nh, nkv, hd, scale, work, lp);
+  attention_end(be, &a);
+  return attention_result(be, rc);
 }
 
 static int cpu_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,

@@ -2,7 +2,7 @@
  * malloc (device and host memory are the same), every call synchronous,
  * operators from kernels/cpu (fp32, OpenMP) and oneDNN's matmul for the
  * GEMMs (gemm.c: fp32, and bf16 on AMX / AVX512-BF16 where the CPU has
- * them). The only code that includes kernels/cpu. */
+ * them, also inside attention). The only code that includes kernels/cpu. */
 #ifndef ML_BACKEND_CPU_H
 #define ML_BACKEND_CPU_H
 
@@ -21,5 +21,22 @@ int ml_cpu_gemm_create(ml_backend *pool_be, ml_cpu_gemm **out);
 void ml_cpu_gemm_destroy(ml_cpu_gemm *g);
 /* backend.h's ml_be_gemm on the CPU. */
 int ml_cpu_gemm_run(ml_cpu_gemm *g, const ml_gemm *args);
+/* Whether bf16 GEMMs run on bf16 operands here (else they are emulated on
+ * fp32 operands holding bf16 values, and the tiles below are unavailable). */
+bool ml_cpu_gemm_bf16_native(const ml_cpu_gemm *g);
+
+/* Tiles: C [M, N] = alpha·op(A)·op(B) + beta·C (beta 0 or 1), row-major
+ * bf16 A (lda), B (ldb) as cblas_sgemm takes them, fp32 C (ldc), fp32
+ * accumulation: the small products of attention, run from the OpenMP
+ * threads of a kernel, each on its thread alone. Before the parallel
+ * region, reserve state for its thread count; inside, thread t (its
+ * omp_get_thread_num()) calls ml_cpu_gemm_tile, which returns 0, or 1 and
+ * records the failure; after it, ml_cpu_gemm_tiles_check reports the first
+ * recorded failure (0 or −1 with the message). Only with bf16_native. */
+int ml_cpu_gemm_tiles_reserve(ml_cpu_gemm *g, int threads);
+int ml_cpu_gemm_tile(ml_cpu_gemm *g, int thread, bool ta, bool tb, int64_t M, int64_t N,
+                     int64_t K, float alpha, const void *A, int64_t lda, const void *B,
+                     int64_t ldb, float beta, float *C, int64_t ldc);
+int ml_cpu_gemm_tiles_check(ml_cpu_gemm *g);
 
 #endif

@@ -1,11 +1,14 @@
 /* ml_be_gemm on the CPU through oneDNN's matmul primitive (oneDNN 2.x C
- * API). oneDNN picks the ISA at run time: AMX tiles on Sapphire Rapids and
- * later, AVX512-BF16 dot products on Zen 4 / Cooper Lake, fp32 FMAs
- * elsewhere (bf16 then emulated). Operands are described with strides, so
+ * API), and the bf16 tile GEMMs of attention. oneDNN picks the ISA at run
+ * time: AMX tiles on Sapphire Rapids and later, AVX512-BF16 dot products
+ * on Zen 4 / Cooper Lake, fp32 FMAs elsewhere (bf16 then emulated). Operands are described with strides, so
  * transposed operands cost no copy; fp32 operands of a bf16 GEMM are
  * rounded into contiguous bf16 scratch first (torch.autocast's cast). A
  * primitive is built once per distinct (shape, layout, dtypes, epilogue)
- * and cached; a training step has a few dozen of them. */
+ * and cached; a training step has a few dozen of them. Tiles run inside
+ * the attention kernel's OpenMP region, each thread with its own cache and
+ * stream (oneDNN runs a call from inside a parallel region on the calling
+ * thread alone). */
 #include <oneapi/dnnl/dnnl.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -14,11 +17,12 @@
 #include "backend/cpu/cpu.h"
 #include "common/status.h"
 
-enum { CACHE = 128 };
+enum { CACHE = 128, TILE_CACHE = 64 };
 
 typedef struct key {
   int64_t M, N, K, lda, ldb, ldc;
   int ta, tb, accumulate, bias;
+  float alpha; /* 1 but for tiles */
   dnnl_data_type_t dt;
 } key;
 
@@ -26,16 +30,36 @@ typedef struct entry {
   key k;
   uint64_t used; /* last use (LRU clock); 0: empty */
   dnnl_primitive_t prim;
-  dnnl_memory_t a, b, c, bias;
+  dnnl_memory_t a, b, c, bias, pad;
+  void *pad_buf; /* a tile's own scratchpad (NULL: oneDNN's) */
 } entry;
+
+/* Primitives by key, least recently used evicted. */
+typedef struct cache {
+  entry *e;
+  int n;
+  uint64_t clock;
+} cache;
+
+/* One OpenMP thread's tile GEMMs: its primitives, its stream, and its
+ * first failure (reported by the driving thread: messages are per thread). */
+typedef struct tiles {
+  cache c;
+  dnnl_stream_t stream;
+  dnnl_status_t status;
+  const char *what;
+  key failed;
+} tiles;
 
 struct ml_cpu_gemm {
   ml_backend *be; /* its pool serves the conversion scratch */
   bool bf16_native; /* oneDNN has a bf16 matmul for this CPU (else emulated, see operand) */
   dnnl_engine_t eng;
   dnnl_stream_t stream;
-  entry cache[CACHE];
-  uint64_t clock;
+  entry main[CACHE];
+  cache c;
+  tiles *tiles; /* [ntiles], one per OpenMP thread of ml_cpu_gemm_tile */
+  int ntiles;
 };
 
 static int dnnl_check(dnnl_status_t s, const char *what, const key *k) {
@@ -66,6 +90,7 @@ int ml_cpu_gemm_create(ml_backend *pool_be, ml_cpu_gemm **out) {
   ml_cpu_gemm *g = ml_calloc(1, sizeof *g, "the oneDNN GEMM state");
   if (!g) return -1;
   g->be = pool_be;
+  g->c = (cache){g->main, CACHE, 0};
   key none = {0};
   if (dnnl_check(dnnl_engine_create(&g->eng, dnnl_cpu, 0), "engine creation", &none) ||
       dnnl_check(dnnl_stream_create(&g->stream, g->eng, dnnl_stream_default_flags),
@@ -80,15 +105,26 @@ int ml_cpu_gemm_create(ml_backend *pool_be, ml_cpu_gemm **out) {
 
 static void entry_clear(entry *e) {
   if (e->prim) dnnl_primitive_destroy(e->prim);
-  dnnl_memory_t mems[4] = {e->a, e->b, e->c, e->bias};
-  for (int i = 0; i < 4; i++)
+  dnnl_memory_t mems[5] = {e->a, e->b, e->c, e->bias, e->pad};
+  for (int i = 0; i < 5; i++)
     if (mems[i]) dnnl_memory_destroy(mems[i]);
+  free(e->pad_buf);
   memset(e, 0, sizeof *e);
+}
+
+static void cache_clear(cache *c) {
+  for (int i = 0; i < c->n; i++) entry_clear(&c->e[i]);
 }
 
 void ml_cpu_gemm_destroy(ml_cpu_gemm *g) {
   if (!g) return;
-  for (int i = 0; i < CACHE; i++) entry_clear(&g->cache[i]);
+  cache_clear(&g->c);
+  for (int t = 0; t < g->ntiles; t++) {
+    cache_clear(&g->tiles[t].c);
+    free(g->tiles[t].c.e);
+    if (g->tiles[t].stream) dnnl_stream_destroy(g->tiles[t].stream);
+  }
+  free(g->tiles);
   if (g->stream) dnnl_stream_destroy(g->stream);
   if (g->eng) dnnl_engine_destroy(g->eng);
   free(g);
@@ -106,66 +142,100 @@ static dnnl_status_t operand_md(dnnl_memory_desc_t *md, int64_t rows, int64_t co
   return dnnl_memory_desc_init_by_strides(md, 2, dims, dt, strides);
 }
 
-/* Build the primitive and its memory objects for key k into e. */
-static int entry_build(ml_cpu_gemm *g, const key *k, entry *e) {
+/* Build the primitive and its memory objects for key k into e; a tile
+ * (user_pad) gets a scratchpad of its own. On failure *what names the
+ * step and e is left empty. */
+static dnnl_status_t entry_build(ml_cpu_gemm *g, const key *k, bool user_pad, entry *e,
+                                 const char **what) {
   dnnl_memory_desc_t a, b, c, bias;
   dnnl_dims_t cdims = {k->M, k->N}, cstr = {k->ldc, 1}, bdims = {1, k->N};
-  int rc = dnnl_check(operand_md(&a, k->M, k->K, k->lda, k->ta, k->dt), "memory desc", k);
-  if (!rc) rc = dnnl_check(operand_md(&b, k->K, k->N, k->ldb, k->tb, k->dt), "memory desc", k);
-  if (!rc)
-    rc = dnnl_check(dnnl_memory_desc_init_by_strides(&c, 2, cdims, dnnl_f32, cstr), "memory desc",
-                    k);
-  if (!rc && k->bias)
-    rc = dnnl_check(dnnl_memory_desc_init_by_tag(&bias, 2, bdims, dnnl_f32, dnnl_ab),
-                    "memory desc", k);
-  if (rc) return -1;
   dnnl_matmul_desc_t md;
-  ML_TRY(dnnl_check(dnnl_matmul_desc_init(&md, &a, &b, k->bias ? &bias : NULL, &c), "matmul desc",
-                    k));
   dnnl_primitive_attr_t attr = NULL;
   dnnl_post_ops_t po = NULL;
-  rc = dnnl_check(dnnl_primitive_attr_create(&attr), "attribute", k);
-  if (!rc && k->accumulate) { /* C += A·B: the sum post-op reads C before writing it */
-    rc = dnnl_check(dnnl_post_ops_create(&po), "post-ops", k);
-    if (!rc) rc = dnnl_check(dnnl_post_ops_append_sum(po, 1.0f), "sum post-op", k);
-    if (!rc) rc = dnnl_check(dnnl_primitive_attr_set_post_ops(attr, po), "post-ops", k);
-  }
   dnnl_primitive_desc_t pd = NULL;
-  if (!rc) rc = dnnl_check(dnnl_primitive_desc_create(&pd, &md, attr, g->eng, NULL), "matmul", k);
-  if (!rc) rc = dnnl_check(dnnl_primitive_create(&e->prim, pd), "matmul primitive", k);
+  dnnl_status_t st;
+#define STEP(call, name) \
+  if ((st = (call)) != dnnl_success) { \
+    *what = (name); \
+    goto done; \
+  }
+  STEP(operand_md(&a, k->M, k->K, k->lda, k->ta, k->dt), "memory desc");
+  STEP(operand_md(&b, k->K, k->N, k->ldb, k->tb, k->dt), "memory desc");
+  STEP(dnnl_memory_desc_init_by_strides(&c, 2, cdims, dnnl_f32, cstr), "memory desc");
+  if (k->bias)
+    STEP(dnnl_memory_desc_init_by_tag(&bias, 2, bdims, dnnl_f32, dnnl_ab), "memory desc");
+  STEP(dnnl_matmul_desc_init(&md, &a, &b, k->bias ? &bias : NULL, &c), "matmul desc");
+  STEP(dnnl_primitive_attr_create(&attr), "attribute");
+  if (k->alpha != 1.0f) STEP(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha), "scale");
+  if (k->accumulate) { /* C += A·B: the sum post-op reads C before writing it */
+    STEP(dnnl_post_ops_create(&po), "post-ops");
+    STEP(dnnl_post_ops_append_sum(po, 1.0f), "sum post-op");
+    STEP(dnnl_primitive_attr_set_post_ops(attr, po), "post-ops");
+  }
+  if (user_pad)
+    STEP(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user), "scratchpad");
+  STEP(dnnl_primitive_desc_create(&pd, &md, attr, g->eng, NULL), "matmul");
+  STEP(dnnl_primitive_create(&e->prim, pd), "matmul primitive");
+  /* memory objects without buffers: each run sets its pointers */
+  STEP(dnnl_memory_create(&e->a, &a, g->eng, DNNL_MEMORY_NONE), "memory");
+  STEP(dnnl_memory_create(&e->b, &b, g->eng, DNNL_MEMORY_NONE), "memory");
+  STEP(dnnl_memory_create(&e->c, &c, g->eng, DNNL_MEMORY_NONE), "memory");
+  if (k->bias) STEP(dnnl_memory_create(&e->bias, &bias, g->eng, DNNL_MEMORY_NONE), "memory");
+  if (user_pad) {
+    const dnnl_memory_desc_t *pmd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    size_t bytes = pmd ? dnnl_memory_desc_get_size(pmd) : 0;
+    if (bytes) {
+      st = dnnl_out_of_memory;
+      e->pad_buf = malloc(bytes);
+      if (!e->pad_buf) STEP(st, "scratchpad allocation");
+      STEP(dnnl_memory_create(&e->pad, pmd, g->eng, e->pad_buf), "memory");
+    }
+  }
+#undef STEP
+done:
   if (pd) dnnl_primitive_desc_destroy(pd);
   if (po) dnnl_post_ops_destroy(po);
   if (attr) dnnl_primitive_attr_destroy(attr);
-  /* memory objects without buffers: each run sets its pointers */
-  if (!rc) rc = dnnl_check(dnnl_memory_create(&e->a, &a, g->eng, DNNL_MEMORY_NONE), "memory", k);
-  if (!rc) rc = dnnl_check(dnnl_memory_create(&e->b, &b, g->eng, DNNL_MEMORY_NONE), "memory", k);
-  if (!rc) rc = dnnl_check(dnnl_memory_create(&e->c, &c, g->eng, DNNL_MEMORY_NONE), "memory", k);
-  if (!rc && k->bias)
-    rc = dnnl_check(dnnl_memory_create(&e->bias, &bias, g->eng, DNNL_MEMORY_NONE), "memory", k);
-  if (rc) {
-    entry_clear(e);
-    return -1;
-  }
-  e->k = *k;
-  return 0;
+  if (st != dnnl_success) entry_clear(e);
+  else e->k = *k;
+  return st;
 }
 
-/* The cached primitive for k, built on a miss (evicting the least
- * recently used). */
-static entry *lookup(ml_cpu_gemm *g, const key *k) {
-  entry *victim = &g->cache[0];
-  for (int i = 0; i < CACHE; i++) {
-    entry *e = &g->cache[i];
+/* The cached primitive for k in c, built on a miss (evicting the least
+ * recently used); NULL with the status and step in *st, *what. */
+static entry *lookup(ml_cpu_gemm *g, cache *c, const key *k, bool user_pad, dnnl_status_t *st,
+                     const char **what) {
+  entry *victim = &c->e[0];
+  for (int i = 0; i < c->n; i++) {
+    entry *e = &c->e[i];
     if (e->used && memcmp(&e->k, k, sizeof *k) == 0) {
-      e->used = ++g->clock;
+      e->used = ++c->clock;
       return e;
     }
     if (e->used < victim->used) victim = e;
   }
   entry_clear(victim);
-  if (entry_build(g, k, victim)) return NULL;
-  victim->used = ++g->clock;
+  *st = entry_build(g, k, user_pad, victim, what);
+  if (*st != dnnl_success) return NULL;
+  victim->used = ++c->clock;
   return victim;
+}
+
+/* Run e on A, B, C (and bias) on stream s, and wait for it. */
+static dnnl_status_t entry_run(entry *e, dnnl_stream_t s, const void *A, const void *B, void *C,
+                               const void *bias) {
+  dnnl_memory_set_data_handle(e->a, (void *)A);
+  dnnl_memory_set_data_handle(e->b, (void *)B);
+  dnnl_memory_set_data_handle(e->c, C);
+  dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, e->a}, {DNNL_ARG_WEIGHTS, e->b}, {DNNL_ARG_DST, e->c}};
+  int n = 3;
+  if (e->bias) {
+    dnnl_memory_set_data_handle(e->bias, (void *)bias);
+    args[n++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, e->bias};
+  }
+  if (e->pad) args[n++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, e->pad};
+  dnnl_status_t st = dnnl_primitive_execute(e->prim, s, n, args);
+  return st == dnnl_success ? dnnl_stream_wait(s) : st;
 }
 
 /* src [rows, cols] of stride ld (`type`) → dst [rows, cols] contiguous:
@@ -249,6 +319,7 @@ int ml_cpu_gemm_run(ml_cpu_gemm *g, const ml_gemm *a) {
   memset(&k, 0, sizeof k); /* the cache compares keys bytewise, padding included */
   k.M = a->M, k.N = a->N, k.K = a->K, k.lda = a->lda, k.ldb = a->ldb, k.ldc = a->ldc;
   k.ta = a->trans_a, k.tb = a->trans_b, k.accumulate = a->accumulate, k.bias = !!a->bias;
+  k.alpha = 1.0f;
   k.dt = a->compute == ML_BF16 && g->bf16_native ? dnnl_bf16 : dnnl_f32;
   const void *A, *B;
   void *sa = NULL, *sb = NULL;
@@ -263,22 +334,73 @@ int ml_cpu_gemm_run(ml_cpu_gemm *g, const ml_gemm *a) {
     if (!bias) rc = -1;
     else ml_convert_to_f32(ML_BF16, a->bias, bias, (size_t)a->N);
   }
-  entry *e = rc ? NULL : lookup(g, &k);
-  if (e) {
-    dnnl_memory_set_data_handle(e->a, (void *)A);
-    dnnl_memory_set_data_handle(e->b, (void *)B);
-    dnnl_memory_set_data_handle(e->c, a->C);
-    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e->a}, {DNNL_ARG_WEIGHTS, e->b},
-                               {DNNL_ARG_DST, e->c}, {DNNL_ARG_BIAS, e->bias}};
-    if (k.bias) dnnl_memory_set_data_handle(e->bias, bias ? bias : (void *)a->bias);
-    rc = dnnl_check(dnnl_primitive_execute(e->prim, g->stream, k.bias ? 4 : 3, args), "execute",
-                    &k);
-    if (!rc) rc = dnnl_check(dnnl_stream_wait(g->stream), "stream wait", &k);
-  } else {
-    rc = -1;
+  if (!rc) {
+    dnnl_status_t st = dnnl_success;
+    const char *what = "";
+    entry *e = lookup(g, &g->c, &k, false, &st, &what);
+    if (e) {
+      what = "execute";
+      st = entry_run(e, g->stream, A, B, a->C, bias ? bias : a->bias);
+    }
+    rc = dnnl_check(st, what, &k);
   }
   ml_be_free(g->be, sa);
   ml_be_free(g->be, sb);
   ml_be_free(g->be, bias);
   return rc;
+}
+
+/* ---- tiles: small bf16 GEMMs from OpenMP threads ------------------------ */
+
+bool ml_cpu_gemm_bf16_native(const ml_cpu_gemm *g) { return g->bf16_native; }
+
+int ml_cpu_gemm_tiles_reserve(ml_cpu_gemm *g, int threads) {
+  if (threads <= g->ntiles) return 0;
+  tiles *t = realloc(g->tiles, (size_t)threads * sizeof *t);
+  if (!t) return ml_err("out of memory for the tile GEMMs of %d threads", threads);
+  g->tiles = t;
+  for (; g->ntiles < threads; g->ntiles++) {
+    tiles *mine = &t[g->ntiles];
+    memset(mine, 0, sizeof *mine);
+    mine->c = (cache){ml_calloc(TILE_CACHE, sizeof(entry), "a tile GEMM cache"), TILE_CACHE, 0};
+    if (!mine->c.e) return -1;
+    key none = {0};
+    if (dnnl_check(dnnl_stream_create(&mine->stream, g->eng, dnnl_stream_default_flags),
+                   "stream creation", &none)) {
+      free(mine->c.e);
+      return -1;
+    }
+  }
+  for (int i = 0; i < g->ntiles; i++) g->tiles[i].status = dnnl_success;
+  return 0;
+}
+
+int ml_cpu_gemm_tile(ml_cpu_gemm *g, int thread, bool ta, bool tb, int64_t M, int64_t N,
+                     int64_t K, float alpha, const void *A, int64_t lda, const void *B,
+                     int64_t ldb, float beta, float *C, int64_t ldc) {
+  tiles *t = &g->tiles[thread];
+  key k;
+  memset(&k, 0, sizeof k);
+  k.M = M, k.N = N, k.K = K, k.lda = lda, k.ldb = ldb, k.ldc = ldc;
+  k.ta = ta, k.tb = tb, k.accumulate = beta != 0.0f, k.alpha = alpha, k.dt = dnnl_bf16;
+  const char *what = "";
+  dnnl_status_t st = dnnl_success;
+  entry *e = lookup(g, &t->c, &k, true, &st, &what);
+  if (e) {
+    what = "execute";
+    st = entry_run(e, t->stream, A, B, C, NULL);
+  }
+  if (st != dnnl_success && t->status == dnnl_success) {
+    t->status = st;
+    t->what = what;
+    t->failed = k;
+  }
+  return st != dnnl_success;
+}
+
+int ml_cpu_gemm_tiles_check(ml_cpu_gemm *g) {
+  for (int i = 0; i < g->ntiles; i++)
+    if (g->tiles[i].status != dnnl_success)
+      return dnnl_check(g->tiles[i].status, g->tiles[i].what, &g->tiles[i].failed);
+  return 0;
 }

@@ -95,13 +95,14 @@ static size_t meta_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t 
 }
 static int meta_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
                               float *out, float *P, int64_t B, int64_t S, int64_t nh,
-                              int64_t nkv, int64_t hd, float scale, int64_t window) {
+                              int64_t nkv, int64_t hd, float scale, int64_t window,
+                              ml_dtype compute) {
   return 0;
 }
 static int meta_attention_bwd(ml_backend *be, const float *dout, const float *q, const float *k,
                               const float *v, const float *P, float *dq, float *dk, float *dv,
                               int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd,
-                              float scale, void *work) {
+                              float scale, ml_dtype compute, void *work) {
   return 0;
 }
 static int meta_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,

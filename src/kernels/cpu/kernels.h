@@ -1,16 +1,20 @@
 /* CPU kernels: the arithmetic of every decoder module as forward/backward
- * pairs, fp32, with OpenMP (and OpenBLAS sgemm inside attention). The
- * linear layers' GEMMs are the CPU backend's (backend/cpu/gemm.c, oneDNN);
- * only the CPU backend includes this header.
+ * pairs, fp32, with OpenMP (and OpenBLAS sgemm inside attention, or the
+ * caller's bf16 GEMM: k_attn_bf16). The linear layers' GEMMs are the CPU
+ * backend's (backend/cpu/gemm.c, oneDNN); only the CPU backend includes
+ * this header.
  *
  * Conventions: activations are row-major [T, D] with T = B*S tokens, the S
  * tokens of one sequence in consecutive rows. "dX (=)" means the kernel
  * overwrites dX; "dW (+=)" means it accumulates into dW, so gradients of a
  * parameter used several times (tied embeddings, micro-batches) add up.
- * Kernels do not allocate unless stated and cannot fail. */
+ * Kernels do not allocate unless stated and cannot fail, but for the
+ * errors of a GEMM the caller hands them. */
 #ifndef ML_KERNELS_H
 #define ML_KERNELS_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "backend/types.h"
@@ -42,25 +46,55 @@ void k_rope_bwd(float *dx, const float *cos_t, const float *sin_t, int64_t B, in
                 int64_t nheads, int64_t hd);
 
 /* ---- Causal grouped-query attention (HF eager_attention_forward) -------- */
+/* The products on bf16 operands, as torch.autocast(bfloat16) runs SDPA
+ * (bf16 inputs, fp32 accumulation, softmax in fp32): q, k, v, P and, in
+ * the backward, dout and dS = P ⊙ (dP − D) enter every product rounded to
+ * bf16 (nearest-even); accumulation, softmax and its backward stay fp32.
+ * The caller provides q, k, v, dout rounded, in the layouts of the fp32
+ * tensors, and room for the rounded P and dS: per thread forward
+ * (`scratch`), per head backward (`probs`, `dscores`). packed: the
+ * operands are bf16 (uint16_t) and the products go to `gemm`; else they
+ * are fp32 holding bf16 values and go to sgemm (whose products of such
+ * values are exact: the emulation for CPUs without bf16 GEMMs). */
+typedef struct k_attn_bf16 {
+  bool packed;
+  const void *q, *k, *v, *dout; /* dout: backward only */
+  /* C [M, N] = alpha·op(A)·op(B) + beta·C (beta 0 or 1) as cblas_sgemm
+   * row-major, on bf16 A, B with fp32 accumulation; called from the
+   * kernels' OpenMP threads (thread = omp_get_thread_num()); returns 0, or
+   * an error code the kernel passes on */
+  int (*gemm)(void *ctx, int thread, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+              float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, float beta,
+              float *C, int64_t ldc);
+  void *ctx;
+  void *scratch;          /* forward: k_attention_bf16_scratch bytes per OpenMP thread */
+  void *probs, *dscores;  /* backward: [B, nh, S, S] each, of the operands' type */
+} k_attn_bf16;
+
 /* q: [B*S, nh, hd]; k, v: [B*S, nkv, hd]; head h reads kv head h / (nh/nkv).
  * scores = scale · q·k^T; query i sees key j iff j <= i and, when window > 0,
  * j > i − window (HF sliding-window mask); softmax in fp32.
  * out: [B*S, nh, hd]; P: [B, nh, S, S] probabilities saved for backward
- * (masked entries 0). */
-void k_attention_fwd(const float *q, const float *k, const float *v, float *out, float *P,
-                     int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd, float scale,
-                     int64_t window);
+ * (masked entries 0). lp: NULL for fp32 products, else bf16 ones (above).
+ * Returns 0, or the first error of lp's gemm. */
+int k_attention_fwd(const float *q, const float *k, const float *v, float *out, float *P,
+                    int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd, float scale,
+                    int64_t window, const k_attn_bf16 *lp);
 /* dq [B*S, nh, hd], dk, dv [B*S, nkv, hd] (=) given dout and the forward's
  * q, k, v, P (dk/dv sum over the heads of each group). The mask (causal and
  * sliding window) is read from P's exact zeros, so any window of the
- * forward is honoured without repeating it here. */
-void k_attention_bwd(const float *dout, const float *q, const float *k, const float *v,
-                     const float *P, float *dq, float *dk, float *dv, int64_t B, int64_t S,
-                     int64_t nh, int64_t nkv, int64_t hd, float scale, float *work);
+ * forward is honoured without repeating it here. lp, result: as forward. */
+int k_attention_bwd(const float *dout, const float *q, const float *k, const float *v,
+                    const float *P, float *dq, float *dk, float *dv, int64_t B, int64_t S,
+                    int64_t nh, int64_t nkv, int64_t hd, float scale, float *work,
+                    const k_attn_bf16 *lp);
 /* Floats of k_attention_bwd's `work` for these sizes with the OpenMP
  * threads of this process (the row terms D [B, nh, S] and one [128, S]
  * block per thread); INT64_MAX when that does not fit. */
 int64_t k_attention_bwd_work(int64_t B, int64_t S, int64_t nh);
+/* Bytes of k_attn_bf16.scratch per thread for sequences of S (a
+ * [min(S, 128), S] tile of bf16, or of fp32 when not packed). */
+size_t k_attention_bf16_scratch(int64_t S, bool packed);
 
 /* ---- Gated MLP activation: h = act(g) · u (LlamaMLP, Gemma3MLP) -------- */
 void k_glu_fwd(const float *g, const float *u, float *h, int64_t n, ml_glu_act act);
@@ -107,10 +141,19 @@ void k_adamw_step(float *p, const float *g, float *m, float *v, int64_t n, doubl
                   double b2, double eps, double wd, int64_t step);
 
 /* ---- Vectors ----------------------------------------------------------- */
+/* y[n] = expf(x[n]), equal bit for bit to glibc's expf (vectorized on
+ * AVX-512, expf.c); y may alias x. */
+void k_expf(const float *x, float *y, int64_t n);
 /* y[n] += x[n]. */
 void k_add(float *y, const float *x, int64_t n);
 /* x[n] *= s. */
 void k_scale(float *x, int64_t n, float s);
+/* max of x[n] (-inf for n = 0; NaNs skipped, as m = x > m ? x : m does),
+ * in SIMD lanes: max is exact, so every order gives the same value. */
+float k_max(const float *x, int64_t n);
+/* sum of x[i]·y[i] over n in fp64 (products exact: fp32 operands), in
+ * LANES partial sums (an order R2 covers; vectorized). */
+double k_dot_f64(const float *x, const float *y, int64_t n);
 /* sum of g² in fp64; max |g| (+inf for a NaN); whether any g is NaN or ±inf. */
 double k_sumsq(const float *g, int64_t n);
 double k_absmax(const float *g, int64_t n);

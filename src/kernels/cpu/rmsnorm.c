@@ -1,9 +1,10 @@
-/* RMSNorm (HF LlamaRMSNorm / Gemma3RMSNorm): y = x·rstd·(w_offset + w). */
+/* RMSNorm (HF LlamaRMSNorm / Gemma3RMSNorm): y = x·rstd·(w_offset + w).
+ * Row sums in double, in SIMD lanes. */
 #include <math.h>
 
 #include "kernels/cpu/kernels.h"
 
-enum { COLS_PER_TASK = 256 };
+enum { COLS_PER_TASK = 256, LANES = 8 };
 
 // x, y: [T, H]; w: [H]; rstd: [T]
 void k_rmsnorm_fwd(const float *x, const float *w, float w_offset, float eps, float *y, float *rstd,
@@ -11,8 +12,7 @@ void k_rmsnorm_fwd(const float *x, const float *w, float w_offset, float eps, fl
 #pragma omp parallel for
   for (int64_t t = 0; t < T; t++) {
     const float *xr = x + t * H;
-    double ss = 0.0;
-    for (int64_t h = 0; h < H; h++) ss += (double)xr[h] * xr[h];
+    double ss = k_dot_f64(xr, xr, H);
     float r = 1.0f / sqrtf((float)(ss / (double)H) + eps);
     rstd[t] = r;
     float *yr = y + t * H;
@@ -42,8 +42,13 @@ void k_rmsnorm_bwd(const float *dy, const float *x, const float *w, float w_offs
 #pragma omp parallel for
   for (int64_t t = 0; t < T; t++) {
     const float *dr = dy + t * H, *xr = x + t * H;
-    double dot = 0.0;
-    for (int64_t h = 0; h < H; h++) dot += (double)dr[h] * (w_offset + w[h]) * xr[h];
+    double acc[LANES] = {0}, dot = 0.0; /* LANES partial sums (R2: any order) */
+    int64_t h = 0;
+    for (; h + LANES <= H; h += LANES)
+      for (int k = 0; k < LANES; k++)
+        acc[k] += (double)dr[h + k] * (w_offset + w[h + k]) * xr[h + k];
+    for (; h < H; h++) acc[0] += (double)dr[h] * (w_offset + w[h]) * xr[h];
+    for (int k = 0; k < LANES; k++) dot += acc[k];
     float r = rstd[t];
     float c = (float)(dot * r * r * r / (double)H);
     float *dxr = dx + t * H;

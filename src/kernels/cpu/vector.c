@@ -1,10 +1,35 @@
 /* Elementwise and reduction kernels of the engine: the residual add,
  * gradient clipping, grad-norm partials and the bias gradient. */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 #include <math.h>
 
 #include "kernels/cpu/kernels.h"
 
-enum { COLS_PER_TASK = 256 };
+enum { COLS_PER_TASK = 256, SUM_CHUNK = 1 << 14, LANES = 8 };
+
+float k_max(const float *x, int64_t n) {
+  float m = -INFINITY;
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  __m512 vm = _mm512_set1_ps(-INFINITY);
+  for (; j + 16 <= n; j += 16) vm = _mm512_max_ps(_mm512_loadu_ps(x + j), vm);
+  m = _mm512_reduce_max_ps(vm);
+#endif
+  for (; j < n; j++) m = x[j] > m ? x[j] : m;
+  return m;
+}
+
+double k_dot_f64(const float *x, const float *y, int64_t n) {
+  double acc[LANES] = {0}, s = 0.0;
+  int64_t j = 0;
+  for (; j + LANES <= n; j += LANES)
+    for (int k = 0; k < LANES; k++) acc[k] += (double)x[j + k] * y[j + k];
+  for (; j < n; j++) acc[0] += (double)x[j] * y[j];
+  for (int k = 0; k < LANES; k++) s += acc[k];
+  return s;
+}
 
 // y, x: [n]
 void k_add(float *y, const float *x, int64_t n) {
@@ -21,7 +46,8 @@ void k_scale(float *x, int64_t n, float s) {
 double k_sumsq(const float *g, int64_t n) {
   double s = 0.0;
 #pragma omp parallel for reduction(+ : s)
-  for (int64_t k = 0; k < n; k++) s += (double)g[k] * g[k];
+  for (int64_t c0 = 0; c0 < n; c0 += SUM_CHUNK)
+    s += k_dot_f64(g + c0, g + c0, n - c0 < SUM_CHUNK ? n - c0 : SUM_CHUNK);
   return s;
 }
 

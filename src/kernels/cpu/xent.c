@@ -1,7 +1,10 @@
-/* Cross-entropy pieces on one vocab shard (Megatron _VocabParallelCrossEntropy). */
+/* Cross-entropy pieces on one vocab shard (Megatron _VocabParallelCrossEntropy).
+ * Exponentials come from k_expf (vectorized, expf's values). */
 #include <math.h>
 
 #include "kernels/cpu/kernels.h"
+
+enum { CHUNK = 512, LANES = 8 };
 
 // the target's column in this shard, or -1 when y is ignored or elsewhere
 static inline int64_t shard_col(int32_t y, int64_t v0, int64_t V) {
@@ -11,12 +14,24 @@ static inline int64_t shard_col(int32_t y, int64_t v0, int64_t V) {
 // logits: [T, V]; mx: [T]
 void k_xent_rowmax(const float *logits, int64_t T, int64_t V, float *mx) {
 #pragma omp parallel for
-  for (int64_t t = 0; t < T; t++) {
-    const float *l = logits + t * V;
-    float m = -INFINITY;
-    for (int64_t j = 0; j < V; j++) m = l[j] > m ? l[j] : m;
-    mx[t] = m;
+  for (int64_t t = 0; t < T; t++) mx[t] = k_max(logits + t * V, V);
+}
+
+// sum of expf(l[n] - m) in double, LANES partial sums (any order: R2)
+static double sumexp(const float *l, int64_t n, float m) {
+  double acc[LANES] = {0};
+  float e[CHUNK];
+  for (int64_t c0 = 0; c0 < n; c0 += CHUNK) {
+    int64_t c = n - c0 < CHUNK ? n - c0 : CHUNK, j = 0;
+    for (int64_t k = 0; k < c; k++) e[k] = l[c0 + k] - m;
+    k_expf(e, e, c);
+    for (; j + LANES <= c; j += LANES)
+      for (int k = 0; k < LANES; k++) acc[k] += e[j + k];
+    for (; j < c; j++) acc[0] += e[j];
   }
+  double s = 0.0;
+  for (int k = 0; k < LANES; k++) s += acc[k];
+  return s;
 }
 
 // se, tl: [T]
@@ -25,9 +40,7 @@ void k_xent_sumexp_target(const float *logits, int64_t T, int64_t V, int64_t v0,
 #pragma omp parallel for
   for (int64_t t = 0; t < T; t++) {
     const float *l = logits + t * V;
-    double s = 0.0;
-    for (int64_t j = 0; j < V; j++) s += expf(l[j] - mx[t]);
-    se[t] = (float)s;
+    se[t] = (float)sumexp(l, V, mx[t]);
     int64_t c = shard_col(y[t], v0, V);
     tl[t] = c >= 0 ? l[c] - mx[t] : 0.0f;
   }
@@ -54,7 +67,9 @@ void k_xent_bwd(const float *logits, int64_t T, int64_t V, int64_t v0, const int
     const float *l = logits + t * V;
     float *d = dlogits + t * V;
     float m = mx[t], inv = 1.0f / se[t], wt = w[t];
-    for (int64_t j = 0; j < V; j++) d[j] = wt * (expf(l[j] - m) * inv);
+    for (int64_t j = 0; j < V; j++) d[j] = l[j] - m;
+    k_expf(d, d, V);
+    for (int64_t j = 0; j < V; j++) d[j] = wt * (d[j] * inv);
     int64_t c = shard_col(y[t], v0, V);
     if (c >= 0) d[c] -= wt;
   }

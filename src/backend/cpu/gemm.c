@@ -1,8 +1,8 @@
 /* ml_be_gemm on the CPU through oneDNN's matmul primitive (oneDNN 2.x C
  * API), and the bf16 tile GEMMs of attention. oneDNN picks the ISA at run
  * time: AMX tiles on Sapphire Rapids and later, AVX512-BF16 dot products
- * on Zen 4 / Cooper Lake, fp32 FMAs elsewhere (bf16 then emulated). Operands are described with strides, so
- * transposed operands cost no copy; fp32 operands of a bf16 GEMM are
+ * on Zen 4 / Cooper Lake, fp32 FMAs elsewhere (bf16 then emulated).
+ * Operands are described with strides, so transposed operands cost no copy; fp32 operands of a bf16 GEMM are
  * rounded into contiguous bf16 scratch first (torch.autocast's cast). A
  * primitive is built once per distinct (shape, layout, dtypes, epilogue)
  * and cached; a training step has a few dozen of them. Tiles run inside

@@ -2,8 +2,9 @@
  * API), and the bf16 tile GEMMs of attention. oneDNN picks the ISA at run
  * time: AMX tiles on Sapphire Rapids and later, AVX512-BF16 dot products
  * on Zen 4 / Cooper Lake, fp32 FMAs elsewhere (bf16 then emulated).
- * Operands are described with strides, so transposed operands cost no copy; fp32 operands of a bf16 GEMM are
- * rounded into contiguous bf16 scratch first (torch.autocast's cast). A
+ * Operands are described with strides, so transposed operands cost no
+ * copy; fp32 operands of a bf16 GEMM are rounded into contiguous bf16
+ * scratch first (torch.autocast's cast). A
  * primitive is built once per distinct (shape, layout, dtypes, epilogue)
  * and cached; a training step has a few dozen of them. Tiles run inside
  * the attention kernel's OpenMP region, each thread with its own cache and

@@ -295,9 +295,9 @@ static bool is_logits_edge(const ml_model *m, const ml_tp_edge *e) {
 
 /* Edge e's collectives in one step of prediction p's local batch, forward
  * and backward: its steps (ml_tp_edge_steps) on [B, S], except lm_head's
- * output edge, which runs once per logits chunk. Without activation
- * checkpointing: a recompute reruns forward edges (the step totals count
- * them). */
+ * output edge, which runs once per logits chunk. One pass each way:
+ * activation checkpointing's reruns of forward edges are not included here
+ * (the per-group step totals, from the engine's own step, count them). */
 static int edge_costs(const ml_model *m, const ml_tp_edge *e, const ml_prediction *p,
                       ml_comm_stats *fwd, ml_comm_stats *bwd) {
   memset(fwd, 0, sizeof *fwd);

@@ -121,19 +121,24 @@ int ml_be_rope_bwd(ml_backend *be, float *dx, const float *cos_t, const float *s
   return be->ops->rope_bwd(be, dx, cos_t, sin_t, B, S, nheads, hd);
 }
 int ml_be_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
-                        float *out, float *P, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                        float *out, float *saved, int64_t B, int64_t S, int64_t nh, int64_t nkv,
                         int64_t hd, float scale, int64_t window, ml_dtype compute) {
-  return be->ops->attention_fwd(be, q, k, v, out, P, B, S, nh, nkv, hd, scale, window, compute);
+  return be->ops->attention_fwd(be, q, k, v, out, saved, B, S, nh, nkv, hd, scale, window,
+                                compute);
 }
-size_t ml_be_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t nh) {
-  return be->ops->attention_work(be, B, S, nh);
+int64_t ml_be_attention_saved(ml_backend *be, int64_t B, int64_t S, int64_t nh) {
+  return be->ops->attention_saved(be, B, S, nh);
+}
+size_t ml_be_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                            int64_t hd) {
+  return be->ops->attention_work(be, B, S, nh, nkv, hd);
 }
 int ml_be_attention_bwd(ml_backend *be, const float *dout, const float *q, const float *k,
-                        const float *v, const float *P, float *dq, float *dk, float *dv,
-                        int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd, float scale,
-                        ml_dtype compute, void *work) {
-  return be->ops->attention_bwd(be, dout, q, k, v, P, dq, dk, dv, B, S, nh, nkv, hd, scale,
-                                compute, work);
+                        const float *v, const float *out, const float *saved, float *dq,
+                        float *dk, float *dv, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                        int64_t hd, float scale, int64_t window, ml_dtype compute, void *work) {
+  return be->ops->attention_bwd(be, dout, q, k, v, out, saved, dq, dk, dv, B, S, nh, nkv, hd,
+                                scale, window, compute, work);
 }
 int ml_be_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
                   ml_glu_act act) {

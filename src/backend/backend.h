@@ -128,14 +128,16 @@ typedef struct ml_backend_ops {
                   int64_t S, int64_t nheads, int64_t hd);
   int (*rope_bwd)(ml_backend *be, float *dx, const float *cos_t, const float *sin_t, int64_t B,
                   int64_t S, int64_t nheads, int64_t hd);
-  size_t (*attention_work)(ml_backend *be, int64_t B, int64_t S, int64_t nh);
+  int64_t (*attention_saved)(ml_backend *be, int64_t B, int64_t S, int64_t nh);
+  size_t (*attention_work)(ml_backend *be, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                           int64_t hd);
   int (*attention_fwd)(ml_backend *be, const float *q, const float *k, const float *v, float *out,
-                       float *P, int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd,
+                       float *saved, int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd,
                        float scale, int64_t window, ml_dtype compute);
   int (*attention_bwd)(ml_backend *be, const float *dout, const float *q, const float *k,
-                       const float *v, const float *P, float *dq, float *dk, float *dv,
-                       int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd, float scale,
-                       ml_dtype compute, void *work);
+                       const float *v, const float *out, const float *saved, float *dq,
+                       float *dk, float *dv, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                       int64_t hd, float scale, int64_t window, ml_dtype compute, void *work);
   int (*glu_fwd)(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
                  ml_glu_act act);
   int (*glu_bwd)(ml_backend *be, const float *dh, const float *g, const float *u, float *dg,
@@ -250,24 +252,30 @@ int ml_be_rope_fwd(ml_backend *be, float *x, const float *cos_t, const float *si
 int ml_be_rope_bwd(ml_backend *be, float *dx, const float *cos_t, const float *sin_t, int64_t B,
                    int64_t S, int64_t nheads, int64_t hd);
 /* Causal GQA attention (HF eager_attention_forward): q [B·S, nh, hd], k, v
- * [B·S, nkv, hd], out [B·S, nh, hd], P [B, nh, S, S] probabilities saved.
- * Keys j <= i, and j > i − window when window > 0. The softmax and its
- * backward run in fp32; the products (q·k^T, P·v and, backward, dout·v^T,
- * P^T·dout, dS·k, dS^T·q) in `compute`, as ml_gemm's: ML_F32, or ML_BF16
- * with every operand rounded to bf16 and fp32 accumulation — SDPA under
- * torch.autocast(bfloat16), whose outputs are kept in fp32 here. */
+ * [B·S, nkv, hd], out [B·S, nh, hd]. Keys j <= i, and j > i − window when
+ * window > 0. The softmax and its backward run in fp32; the products (q·k^T,
+ * P·v and, backward, dout·v^T, P^T·dout, dS·k, dS^T·q) in `compute`, as
+ * ml_gemm's: ML_F32, or ML_BF16 with every operand rounded to bf16 and fp32
+ * accumulation — SDPA under torch.autocast(bfloat16), whose outputs are kept
+ * in fp32 here. What the forward saves for the backward is the backend's
+ * choice, `saved` of ml_be_attention_saved floats: the probabilities P [B,
+ * nh, S, S] on the CPU (eager attention), the log-sum-exp of each query's
+ * scores [B, nh, S] on CUDA (FlashAttention-2, which recomputes P). */
 int ml_be_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
-                        float *out, float *P, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                        float *out, float *saved, int64_t B, int64_t S, int64_t nh, int64_t nkv,
                         int64_t hd, float scale, int64_t window, ml_dtype compute);
+/* Floats of the forward's `saved` for these sizes (saturates at ML_SAT). */
+int64_t ml_be_attention_saved(ml_backend *be, int64_t B, int64_t S, int64_t nh);
 /* Bytes of device workspace ml_be_attention_bwd needs for these sizes
  * (the caller carves it; saturates at SIZE_MAX). */
-size_t ml_be_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t nh);
-/* dq, dk, dv (=) given dout and the forward's q, k, v, P; compute as the
- * forward's. */
+size_t ml_be_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                            int64_t hd);
+/* dq, dk, dv (=) given dout and the forward's q, k, v, out, saved, with the
+ * forward's window and compute. */
 int ml_be_attention_bwd(ml_backend *be, const float *dout, const float *q, const float *k,
-                        const float *v, const float *P, float *dq, float *dk, float *dv,
-                        int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd, float scale,
-                        ml_dtype compute, void *work);
+                        const float *v, const float *out, const float *saved, float *dq,
+                        float *dk, float *dv, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                        int64_t hd, float scale, int64_t window, ml_dtype compute, void *work);
 /* h[n] = act(g)·u; backward dg, du (=). */
 int ml_be_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
                   ml_glu_act act);

@@ -97,11 +97,11 @@ static int block_input_backward(ml_model *m, const ml_linear *first, const ml_ac
  * it runs the linears in. */
 static ml_dtype attn_compute(const ml_layer *L) { return L->q_proj.weight->dtype; }
 
-// q, k: [B, S, nh|nkv, hd] after RoPE, v: [B, S, nkv, hd] → P: [B, nh, S, S], att: [B, S, nh·hd]
+// q, k: [B, S, nh|nkv, hd] after RoPE, v: [B, S, nkv, hd] → att: [B, S, nh·hd], attn_saved
 static int core_forward(ml_model *m, const ml_layer *L, float *att) {
   const ml_layer_acts *a = &L->acts;
   int64_t hd = m->cfg.head_dim;
-  return ml_be_attention_fwd(m->be, a->q, a->k, a->v, att, a->P, m->B, m->S, a->qv.c / hd,
+  return ml_be_attention_fwd(m->be, a->q, a->k, a->v, att, a->attn_saved, m->B, m->S, a->qv.c / hd,
                              a->kv.c / hd, hd, attn_scale(m), L->window, attn_compute(L));
 }
 
@@ -110,9 +110,9 @@ static int core_backward(ml_model *m, const ml_layer *L, const float *datt, floa
                          float *dv) {
   const ml_layer_acts *a = &L->acts;
   int64_t hd = m->cfg.head_dim;
-  return ml_be_attention_bwd(m->be, datt, a->q, a->k, a->v, a->P, dq, dk, dv, m->B, m->S,
-                             a->qv.c / hd, a->kv.c / hd, hd, attn_scale(m), attn_compute(L),
-                             m->attn_work);
+  return ml_be_attention_bwd(m->be, datt, a->q, a->k, a->v, a->att, a->attn_saved, dq, dk, dv,
+                             m->B, m->S, a->qv.c / hd, a->kv.c / hd, hd, attn_scale(m), L->window,
+                             attn_compute(L), m->attn_work);
 }
 
 // x_in [B, s_res, H] → x [B, s_res, H] = x_mid (room for [B, S, H]; not read)
@@ -263,7 +263,7 @@ int ml_layer_forward(ml_model *m, int l, float *x) {
  * torch.utils.checkpoint reruns the module; the output is discarded. */
 static int recompute(ml_model *m, ml_layer *L) {
   ml_layer_acts *a = &L->acts;
-  if (m->ac == ML_AC_SELECTIVE) /* P; att into scratch, dropped */
+  if (m->ac == ML_AC_SELECTIVE) /* attn_saved; att into scratch, dropped */
     ML_TRY(core_forward(m, L, m->scratch));
   if (m->ac == ML_AC_LAYER) ML_TRY(attention_forward(m, L, a->out));
   if (m->ac == ML_AC_LAYER || m->ac == ML_AC_MLP) ML_TRY(mlp_forward(m, L, a->out));

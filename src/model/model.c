@@ -199,6 +199,7 @@ static int kept_parts(ml_ac_mode ac) {
  * wraps. */
 typedef struct act_dims {
   int64_t B, S, T, Tr, H, hd, q, kv, I; /* Tr: tokens of the residual stream's piece */
+  int64_t attn_saved;                    /* floats attention's forward saves */
 } act_dims;
 
 static int64_t max3(int64_t a, int64_t b, int64_t c) {
@@ -209,7 +210,8 @@ static int64_t max3(int64_t a, int64_t b, int64_t c) {
 static act_dims act_dims_of(const ml_model *m, int64_t B, int64_t S) {
   int64_t s0, s = S;
   if (m->res_parts > 1) ml_chunk(S, m->res_parts, m->res_index, &s0, &s);
-  act_dims d = {B, S, ml_mul_sat(B, S), ml_mul_sat(B, s), m->cfg.hidden, m->cfg.head_dim, 0, 0, 0};
+  act_dims d = {B, S, ml_mul_sat(B, S), ml_mul_sat(B, s), m->cfg.hidden, m->cfg.head_dim,
+                0, 0, 0, 0};
   for (int l = 0; l < m->cfg.n_layers; l++) {
     const ml_layer *L = &m->layers[l];
     int64_t q = max3(L->q_proj.weight->local[0], L->q_proj.out.cap_c, L->o_proj.in.cap_c);
@@ -220,6 +222,7 @@ static act_dims act_dims_of(const ml_model *m, int64_t B, int64_t S) {
     d.kv = max3(d.kv, kv, 0);
     d.I = max3(d.I, i, L->up_proj.out.cap_c);
   }
+  d.attn_saved = ml_be_attention_saved(m->be, B, S, d.q / d.hd);
   return d;
 }
 
@@ -249,7 +252,6 @@ static void carve_layer(const act_dims *d, const ml_layer *L, carver *c, ml_laye
   int64_t TH = ml_mul_sat(T, d->H), Tq = ml_mul_sat(T, d->q), Tkv = ml_mul_sat(T, d->kv);
   int64_t TrH = ml_mul_sat(Tr, d->H);
   int64_t TI = ml_mul_sat(T, d->I);
-  int64_t P = ml_mul_sat(ml_mul_sat(ml_mul_sat(d->B, nh), d->S), d->S); /* [B, nh, S, S] */
   bool qk = L->q_norm.weight, ao = L->attn_out_norm.weight, mo = L->mlp_out_norm.weight;
   a->x_in = take(c, PART_INPUT, true, TrH);
   a->rstd1 = take(c, PART_ATTN, true, Tr);
@@ -261,7 +263,7 @@ static void carve_layer(const act_dims *d, const ml_layer *L, carver *c, ml_laye
   a->q = take(c, PART_ATTN, true, Tq);
   a->k = take(c, PART_ATTN, true, Tkv);
   a->v = take(c, PART_ATTN, true, Tkv);
-  a->P = take(c, PART_CORE, true, P);
+  a->attn_saved = take(c, PART_CORE, true, d->attn_saved);
   a->att = take(c, PART_ATTN, true, Tq);
   a->o = take(c, PART_ATTN, ao, TrH);
   a->rstd_o = take(c, PART_ATTN, ao, Tr);
@@ -386,7 +388,8 @@ int ml_model_begin(ml_model *m, int64_t B, int64_t S) {
   int64_t wide = 2 * m->cap_q + 2 * m->cap_kv > 3 * m->cap_i ? 2 * m->cap_q + 2 * m->cap_kv
                                                               : 3 * m->cap_i;
   int64_t temps = ml_mul_sat(T, 2 * H + wide);
-  size_t attn = ml_be_attention_work(m->be, B, S, m->cap_q / m->cfg.head_dim);
+  size_t attn = ml_be_attention_work(m->be, B, S, m->cap_q / m->cfg.head_dim,
+                                     m->cap_kv / m->cfg.head_dim, m->cfg.head_dim);
   int64_t attn_floats = attn >= (size_t)ML_SAT ? ML_SAT : (int64_t)((attn + 3) / 4);
   m->scratch = ml_be_alloc(m->be, ml_add_sat(temps, attn_floats), sizeof(float),
                                "the backward scratch (%s x hidden_size %lld, intermediate_size "

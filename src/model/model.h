@@ -110,7 +110,7 @@ typedef struct ml_layer_acts {
   float *q_raw, *k_raw; /* q/k_proj outputs before q_norm/k_norm [T, nh·hd], [T, nkv·hd] */
   float *rstd_q, *rstd_k; /* q_norm/k_norm rstd per (token, head) [T·nh], [T·nkv] */
   float *q, *k, *v;     /* attention inputs (after norm and RoPE) */
-  float *P;             /* attention probabilities [B, nh, S, S] */
+  float *attn_saved;    /* what attention's forward saves (ml_be_attention_saved) */
   float *att;           /* attention output, o_proj input [T, nh·hd] */
   float *o, *rstd_o;    /* o_proj output before attn_out_norm [T, H], rstd [T] */
   float *x_mid;         /* residual after attention [T, H] */

@@ -1018,12 +1018,12 @@ static void test_attention_bf16(void **state) {
     float *out = malloc((size_t)nq * sizeof(float)), *out32 = malloc((size_t)nq * sizeof(float));
     float *dout = rand_buf(nq, 1), *dq = malloc((size_t)nq * sizeof(float));
     float *dk = const_buf(nk, 9.0f), *dv = const_buf(nk, 9.0f);
-    void *work = malloc(ml_be_attention_work(be, a.B, a.S, a.nh));
+    void *work = malloc(ml_be_attention_work(be, a.B, a.S, a.nh, a.nkv, a.hd));
     attn_run(&a, out32);
     if (ml_be_attention_fwd(be, a.q, a.k, a.v, out, a.P, a.B, a.S, a.nh, a.nkv, a.hd, a.scale,
                             a.window, ML_BF16) ||
-        ml_be_attention_bwd(be, dout, a.q, a.k, a.v, a.P, dq, dk, dv, a.B, a.S, a.nh, a.nkv,
-                            a.hd, a.scale, ML_BF16, work))
+        ml_be_attention_bwd(be, dout, a.q, a.k, a.v, out, a.P, dq, dk, dv, a.B, a.S, a.nh,
+                            a.nkv, a.hd, a.scale, a.window, ML_BF16, work))
       fail_msg("bf16 attention: %s", ml_error_msg());
     attn_ctx r = a;
     r.q = bf16_rounded(a.q, nq), r.k = bf16_rounded(a.k, nk), r.v = bf16_rounded(a.v, nk);

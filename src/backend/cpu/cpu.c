@@ -9,6 +9,7 @@
 
 #include "backend/cpu/cpu.h"
 #include "backend/pool.h"
+#include "common/checked.h"
 #include "common/status.h"
 #include "kernels/cpu/kernels.h"
 
@@ -189,7 +190,13 @@ static int cpu_rope_bwd(ml_backend *be, float *dx, const float *c, const float *
   return 0;
 }
 
-static size_t cpu_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t nh) {
+/* The CPU's eager attention saves the probabilities P [B, nh, S, S]. */
+static int64_t cpu_attention_saved(ml_backend *be, int64_t B, int64_t S, int64_t nh) {
+  return ml_mul_sat(ml_mul_sat(ml_mul_sat(B, nh), S), S);
+}
+
+static size_t cpu_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                                 int64_t hd) {
   int64_t n = k_attention_bwd_work(B, S, nh);
   return n > (int64_t)(SIZE_MAX / sizeof(float)) ? SIZE_MAX : (size_t)n * sizeof(float);
 }
@@ -284,10 +291,12 @@ static int cpu_attention_fwd(ml_backend *be, const float *q, const float *k, con
   return attention_result(be, rc);
 }
 
+/* The mask is read from P's zeros (k_attention_bwd), so window is not needed. */
 static int cpu_attention_bwd(ml_backend *be, const float *dout, const float *q, const float *k,
-                             const float *v, const float *P, float *dq, float *dk, float *dv,
-                             int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd,
-                             float scale, ml_dtype compute, void *work) {
+                             const float *v, const float *out, const float *P, float *dq,
+                             float *dk, float *dv, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                             int64_t hd, float scale, int64_t window, ml_dtype compute,
+                             void *work) {
   attn_lowp a;
   const k_attn_bf16 *lp;
   ML_TRY(attention_begin(be, compute, q, k, v, dout, B, S, nh, nkv, hd, &a, &lp));
@@ -404,6 +413,7 @@ static const ml_backend_ops k_cpu_ops = {
     .rope_tables = cpu_rope_tables,
     .rope_fwd = cpu_rope_fwd,
     .rope_bwd = cpu_rope_bwd,
+    .attention_saved = cpu_attention_saved,
     .attention_work = cpu_attention_work,
     .attention_fwd = cpu_attention_fwd,
     .attention_bwd = cpu_attention_bwd,

@@ -90,19 +90,24 @@ static int meta_rope(ml_backend *be, float *x, const float *cos_t, const float *
                      int64_t S, int64_t nheads, int64_t hd) {
   return 0;
 }
-static size_t meta_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t nh) {
-  return ml_be_attention_work(impl(be)->like, B, S, nh);
+static int64_t meta_attention_saved(ml_backend *be, int64_t B, int64_t S, int64_t nh) {
+  return ml_be_attention_saved(impl(be)->like, B, S, nh);
+}
+static size_t meta_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                                  int64_t hd) {
+  return ml_be_attention_work(impl(be)->like, B, S, nh, nkv, hd);
 }
 static int meta_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
-                              float *out, float *P, int64_t B, int64_t S, int64_t nh,
+                              float *out, float *saved, int64_t B, int64_t S, int64_t nh,
                               int64_t nkv, int64_t hd, float scale, int64_t window,
                               ml_dtype compute) {
   return 0;
 }
 static int meta_attention_bwd(ml_backend *be, const float *dout, const float *q, const float *k,
-                              const float *v, const float *P, float *dq, float *dk, float *dv,
-                              int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd,
-                              float scale, ml_dtype compute, void *work) {
+                              const float *v, const float *out, const float *saved, float *dq,
+                              float *dk, float *dv, int64_t B, int64_t S, int64_t nh,
+                              int64_t nkv, int64_t hd, float scale, int64_t window,
+                              ml_dtype compute, void *work) {
   return 0;
 }
 static int meta_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
@@ -181,6 +186,7 @@ static const ml_backend_ops k_meta_ops = {
     .rope_tables = meta_rope_tables,
     .rope_fwd = meta_rope,
     .rope_bwd = meta_rope,
+    .attention_saved = meta_attention_saved,
     .attention_work = meta_attention_work,
     .attention_fwd = meta_attention_fwd,
     .attention_bwd = meta_attention_bwd,

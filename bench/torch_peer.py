@@ -27,6 +27,11 @@ ids in non-overlapping windows of S bytes; or none, for random ids in
 its --seed: the same tokens and shapes, other batches; throughput does not
 depend on which).
 
+--device cuda runs the same on the GPU (model and ids on cuda:0, autocast
+on "cuda", TF32 off so fp32 stays fp32): each step ends with
+torch.cuda.synchronize(), and the line adds peak_device_mib
+(torch.cuda.max_memory_allocated over the mode).
+
 Every step is timed from the forward to the end of optimizer.step();
 tokens/s = B*S / step time, as meshlm's metrics count them (padding
 included). Per mode one line on stdout:
@@ -38,7 +43,7 @@ the process's peak RSS so far (ru_maxrss), which only grows over the modes
 run in one process. Progress goes to stderr.
 
 usage: bench/torch_peer.py --model DIR [--data FILE] --seq-len S --batch-size B
-         --steps N [--threads T] [--modes fp32,bf16] [--lr 1e-3]
+         --steps N [--threads T] [--modes fp32,bf16] [--lr 1e-3] [--device cpu|cuda]
 """
 import argparse
 import json
@@ -63,6 +68,7 @@ def parse_args():
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0, help="seed of the random ids (no --data)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     a = p.parse_args()
     if a.steps <= a.warmup:
         p.error(f"--steps {a.steps} must exceed --warmup {a.warmup}")
@@ -100,14 +106,17 @@ def load_tokens(path, seq_len, batch, vocab, seed, torch):
 def run_mode(mode, a, tokens, torch, transformers):
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM.from_pretrained(
-        a.model, dtype=torch.float32, attn_implementation="sdpa")
+        a.model, dtype=torch.float32, attn_implementation="sdpa").to(a.device)
     model.train()
+    cuda = a.device == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=0.0)
     bf16 = mode.endswith("bf16")
 
     def fwd(ids):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(a.device, dtype=torch.bfloat16, enabled=bf16):
             return model(input_ids=ids, labels=ids).loss
 
     if mode.startswith("compile-"):
@@ -116,7 +125,7 @@ def run_mode(mode, a, tokens, torch, transformers):
     times, loss = [], float("nan")
     for k in range(a.steps):
         idx = torch.tensor([(k * a.batch_size + i) % nseq for i in range(a.batch_size)])
-        ids = tokens[idx]
+        ids = tokens[idx].to(a.device)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         out = fwd(ids)
@@ -124,6 +133,8 @@ def run_mode(mode, a, tokens, torch, transformers):
         if a.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), a.max_grad_norm)
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         loss = float(out.detach())
         times.append(dt)
@@ -131,9 +142,10 @@ def run_mode(mode, a, tokens, torch, transformers):
               file=sys.stderr, flush=True)
     step_s = statistics.median(times[a.warmup:])
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(f"torch mode={mode} threads={a.threads} steps={a.steps} "
+    dev = f" peak_device_mib={torch.cuda.max_memory_allocated() / 2**20:.1f}" if cuda else ""
+    print(f"torch mode={mode} device={a.device} threads={a.threads} steps={a.steps} "
           f"tokens_per_s={a.batch_size * a.seq_len / step_s:.1f} step_s={step_s:.3f} "
-          f"loss={loss:.4f} peak_rss_mib={rss:.1f}", flush=True)
+          f"loss={loss:.4f} peak_rss_mib={rss:.1f}{dev}", flush=True)
     del model, opt
 
 
@@ -142,11 +154,16 @@ def main():
     import torch
     import transformers
     torch.set_num_threads(a.threads)
+    if a.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     transformers.utils.logging.disable_progress_bar()
     cfg = transformers.AutoConfig.from_pretrained(a.model)
     tokens = load_tokens(a.data, a.seq_len, a.batch_size, cfg.vocab_size, a.seed, torch)
-    print(f"torch_peer: torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}, "
-          f"oneDNN bf16 {torch.ops.mkldnn._is_mkldnn_bf16_supported()}), transformers "
+    where = (torch.cuda.get_device_name() if a.device == "cuda" else
+             f"{torch.backends.cpu.get_cpu_capability()}, oneDNN bf16 "
+             f"{torch.ops.mkldnn._is_mkldnn_bf16_supported()}")
+    print(f"torch_peer: torch {torch.__version__} ({where}), transformers "
           f"{transformers.__version__}, {a.threads} threads, sdpa attention, "
           f"{tokens.shape[0]} sequences x {a.seq_len}", file=sys.stderr, flush=True)
     for mode in a.modes.split(","):

@@ -4,6 +4,9 @@
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
+#ifdef ML_HAVE_CUDA
+#include "backend/cuda/cuda.h"
+#endif
 #include "common/checked.h"
 #include "common/status.h"
 
@@ -14,7 +17,12 @@ typedef struct known {
   ml_backend *made;
 } known;
 
+#ifdef ML_HAVE_CUDA
+static known g_known[] = {{"cpu", ml_backend_cpu_create, NULL},
+                          {"cuda", ml_backend_cuda_create, NULL}};
+#else
 static known g_known[] = {{"cpu", ml_backend_cpu_create, NULL}};
+#endif
 enum { N_KNOWN = sizeof g_known / sizeof g_known[0] };
 
 int ml_backend_get(const char *name, ml_backend **out) {
@@ -24,7 +32,13 @@ int ml_backend_get(const char *name, ml_backend **out) {
     *out = g_known[i].made;
     return 0;
   }
-  return ml_err("device '%s': unknown backend; expected cpu", name);
+#ifndef ML_HAVE_CUDA
+  if (strcmp(name, "cuda") == 0)
+    return ml_err("device 'cuda': this build has no CUDA backend (nvcc was not found when it was "
+                  "configured, or MESHLM_CUDA=OFF); expected cpu");
+#endif
+  return ml_err("device '%s': unknown backend; expected %s", name,
+                N_KNOWN > 1 ? "cpu or cuda" : "cpu");
 }
 
 void ml_backend_release_all(void) {
@@ -89,7 +103,28 @@ int ml_be_sync(ml_backend *be) { return be->ops->sync(be); }
 
 /* ---- operators ----------------------------------------------------------- */
 
-int ml_be_gemm(ml_backend *be, const ml_gemm *g) { return be->ops->gemm(be, g); }
+static int gemm_check(const ml_gemm *a) {
+  bool types_ok = (a->a_type == ML_F32 || a->a_type == ML_BF16) &&
+                  (a->b_type == ML_F32 || a->b_type == ML_BF16) &&
+                  (a->compute == ML_F32 || a->compute == ML_BF16) &&
+                  (!a->bias || a->bias_type == ML_F32 || a->bias_type == ML_BF16);
+  if (!types_ok) return ml_err("GEMM: operand dtypes must be F32 or BF16");
+  if (a->compute == ML_F32 && (a->a_type != ML_F32 || a->b_type != ML_F32))
+    return ml_err("GEMM: a BF16 operand in an fp32 GEMM; expected fp32 operands (or compute "
+                  "bf16)");
+  int64_t a_cols = a->trans_a ? a->M : a->K, b_cols = a->trans_b ? a->K : a->N;
+  if (a->M < 0 || a->N < 0 || a->K < 0 || a->lda < a_cols || a->ldb < b_cols || a->ldc < a->N)
+    return ml_err("GEMM [%lld x %lld] x [%lld x %lld]: leading dimensions %lld, %lld, %lld are "
+                  "smaller than the rows they hold",
+                  (long long)a->M, (long long)a->K, (long long)a->K, (long long)a->N,
+                  (long long)a->lda, (long long)a->ldb, (long long)a->ldc);
+  return 0;
+}
+
+int ml_be_gemm(ml_backend *be, const ml_gemm *g) {
+  ML_TRY(gemm_check(g));
+  return g->M == 0 || g->N == 0 ? 0 : be->ops->gemm(be, g);
+}
 int ml_be_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db) {
   return be->ops->bias_grad(be, dy, T, N, db);
 }

@@ -224,8 +224,10 @@ int ml_be_event_wait(ml_backend *be, ml_event *ev);
 int ml_be_sync(ml_backend *be);
 
 /* ---- operators (semantics: kernels/cpu/kernels.h of the same name) ------- */
-/* See ml_gemm. Errors: dtypes other than F32/BF16, compute F32 with a bf16
- * operand, a leading dimension too small. */
+/* See ml_gemm. Checks the arguments for every backend (a backend's gemm
+ * sees valid ones with M, N > 0; K may be 0: C (=|+=) 0 (+ bias)). Errors:
+ * dtypes other than F32/BF16, compute F32 with a bf16 operand, a leading
+ * dimension too small. */
 int ml_be_gemm(ml_backend *be, const ml_gemm *g);
 /* db[N] (+=) sum over the T rows of dy [T, N] (the bias gradient). */
 int ml_be_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db);

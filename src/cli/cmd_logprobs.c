@@ -14,6 +14,7 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/device.h"
 #include "cli/train_flags.h"
 #include "common/file.h"
 #include "common/status.h"
@@ -88,11 +89,12 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   const char *model = NULL, *data = NULL, *out = NULL, *plan = NULL;
   int64_t tp = 1;
   bool sp = false;
-  ml_arg_choice dtype = ml_dtype_choice();
+  ml_arg_choice dtype = ml_dtype_choice(), device = ml_device_choice();
   ml_arg spec[] = {
       {"--model", ML_ARG_STR, &model, "HF checkpoint directory", true},
       {"--data", ML_ARG_STR, &data, "JSONL, one {\"input_ids\": [...]} per line", true},
       {"--out", ML_ARG_STR, &out, "output JSONL: {\"logprobs\": [S-1 floats]} per line", true},
+      {"--device", ML_ARG_CHOICE, &device, "where to compute (cuda: one GPU per rank)", false},
       {"--tp", ML_ARG_INT, &tp, "tensor-parallel size (dp_shard = world / tp)", false},
       {"--sequence-parallel", ML_ARG_FLAG, &sp, "shard norms and residuals on the sequence", false},
       {"--parallel-plan", ML_ARG_STR, &plan, "plan file (JSON), or auto|optimized|hf|default",
@@ -108,8 +110,11 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   ml_seqs seqs = {0};
   lp_run run = {&mesh, &e, &seqs, NULL, NULL, NULL, 0, 0};
   char tmp[4096];
-  if (rc == 0) rc = ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, (int)tp, NULL, NULL, &mesh);
   ml_engine_opts eo = ml_engine_opts_default();
+  ml_comm_factory make_comm = NULL;
+  void *comm_ctx = NULL;
+  if (rc == 0) rc = ml_device_open("logprobs", &device, &eo.backend, &make_comm, &comm_ctx);
+  if (rc == 0) rc = ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, (int)tp, make_comm, comm_ctx, &mesh);
   eo.parallel_plan = plan;
   eo.sequence_parallel = sp;
   eo.fsdp.param_dtype = ml_dtype_chosen(&dtype);

@@ -24,6 +24,7 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/device.h"
 #include "cli/train_flags.h"
 #include "common/checked.h"
 #include "common/rng.h"
@@ -75,10 +76,13 @@ static int shuffle(ml_dataset *ds, int64_t seed) {
 /* Mesh, engine, data (shuffled) and the micro-batch buffers. */
 static int setup(train_run *r) {
   const ml_train_opts *o = r->o;
-  ML_TRY(ml_mesh_create(MPI_COMM_WORLD, (int)o->dp_replicate, 0, (int)o->cp, (int)o->tp, NULL,
-                        NULL, &r->mesh));
-  if (o->save && r->mesh.rank == 0) ML_TRY(ml_run_lock_take(o->save, &r->lock));
   ml_engine_opts eo = ml_train_engine_opts(o);
+  ml_comm_factory make_comm;
+  void *comm_ctx;
+  ML_TRY(ml_device_open("train", &o->device, &eo.backend, &make_comm, &comm_ctx));
+  ML_TRY(ml_mesh_create(MPI_COMM_WORLD, (int)o->dp_replicate, 0, (int)o->cp, (int)o->tp,
+                        make_comm, comm_ctx, &r->mesh));
+  if (o->save && r->mesh.rank == 0) ML_TRY(ml_run_lock_take(o->save, &r->lock));
   ML_TRY(ml_engine_open(&r->e, &r->mesh, o->model, &eo));
   ML_TRY(ml_model_config_check_seq_len(&r->e.model.cfg, o->model, o->seq_len,
                                        "train: flag --seq-len"));

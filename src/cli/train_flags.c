@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "cli/device.h"
 #include "common/checked.h"
 #include "common/status.h"
 
@@ -35,7 +36,8 @@ ml_arg_choice ml_dtype_choice(void) { return (ml_arg_choice){k_dtypes, 0}; }
 ml_dtype ml_dtype_chosen(const ml_arg_choice *c) { return k_dtype_values[c->index]; }
 
 ml_train_opts ml_train_opts_default(void) {
-  return (ml_train_opts){.tp = 1,
+  return (ml_train_opts){.device = ml_device_choice(),
+                         .tp = 1,
                          .dp_replicate = 1,
                          .cp = 1,
                          .param_dtype = ml_dtype_choice(),
@@ -74,6 +76,7 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
        false},
       {"--parallel-plan", ML_ARG_STR, &o->plan, "plan file (JSON), or auto|optimized|hf|default",
        false},
+      {"--device", ML_ARG_CHOICE, &o->device, "where to compute (cuda: one GPU per rank)", false},
       /* FSDP2 */
       {"--param-dtype", ML_ARG_CHOICE, &o->param_dtype, "parameter all-gather and compute dtype",
        false},

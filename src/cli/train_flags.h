@@ -18,6 +18,7 @@
 typedef struct ml_train_opts {
   /* model, data, mesh and plan */
   const char *model, *data, *plan, *config;
+  ml_arg_choice device; /* cli/device.h */
   int64_t tp, dp_replicate, cp;
   bool sp;
   /* FSDP2 and activation checkpointing (the choices are mapped onto the

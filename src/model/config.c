@@ -393,6 +393,9 @@ static const preset presets[] = {
     {"small", 384, 1024, 8, 6, 2, 256, 2048, 128, false, 0},
     /* the shape of HuggingFaceTB/SmolLM2-135M (config.json), for benchmarks */
     {"smollm2-135m", 576, 1536, 30, 9, 3, 49152, 8192, 128, true, 100000},
+    /* the shape of meta-llama/Llama-3.2-1B (its llama3 RoPE scaling aside: the
+     * arithmetic per token is the same), for the GPU benchmarks */
+    {"llama3.2-1b", 2048, 8192, 16, 32, 8, 128256, 131072, 4096, true, 500000},
 };
 
 int ml_model_config_preset(const char *arch, const char *name, ml_model_config *out) {
@@ -407,8 +410,10 @@ int ml_model_config_preset(const char *arch, const char *name, ml_model_config *
   const preset *p = NULL;
   for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
     if (strcmp(presets[i].name, name) == 0) p = &presets[i];
-  if (!p) return ml_err("--preset: unknown preset '%s'; expected tiny, small or smollm2-135m",
-                        name);
+  if (!p)
+    return ml_err("--preset: unknown preset '%s'; expected tiny, small, smollm2-135m or "
+                  "llama3.2-1b",
+                  name);
   out->hidden = p->hidden;
   out->intermediate = p->intermediate;
   out->n_layers = p->layers;

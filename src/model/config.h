@@ -97,7 +97,9 @@ int ml_model_config_write(const char *dir, const ml_model_config *c);
 /* The built-in presets of `meshlm init`: "tiny" (a few hundred thousand
  * parameters, for tests), "small" (about 13M parameters, byte vocab 256,
  * for the demo) and "smollm2-135m" (SmolLM2-135M's shape: 134.5M
- * parameters, vocab 49152, tied, rope_theta 1e5; for benchmarks).
+ * parameters, vocab 49152, tied, rope_theta 1e5; for benchmarks) and
+ * "llama3.2-1b" (Llama-3.2-1B's shape: 1.24B parameters, vocab 128256,
+ * tied, rope_theta 5e5 without its llama3 scaling; for GPU benchmarks).
  * Families with sliding layers get a window below the preset length and
  * both layer types. Errors: unknown family name or preset, a composite
  * family (init writes text models: use its save_as family). */

@@ -1,0 +1,503 @@
+/* The CUDA backend's vtable (cuda.h): caching pools over cudaMalloc and
+ * cudaMallocHost, one compute stream, cudaEvents, the kernels of
+ * kernels/cuda and the cuBLASLt GEMM (gemm.c). */
+#include "backend/cuda/cuda.h"
+
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/pool.h"
+#include "common/checked.h"
+#include "common/status.h"
+#include "kernels/cuda/kernels.h"
+
+/* The small results operators hand to the host (a loss sum and its count,
+ * a norm partial, a flag) travel through one device slot and one pinned
+ * host slot of this size. */
+enum { RESULT_BYTES = 64 };
+
+typedef struct cuda {
+  int device;
+  cudaStream_t stream;
+  ml_pool *pool, *host;
+  ml_cuda_gemm *gemm;
+  void *result_dev, *result_host;
+  cudaEvent_t *events; /* every event ml_be_event_record made, destroyed with the backend */
+  size_t n_events, cap_events;
+} cuda;
+
+static cuda *impl(ml_backend *be) { return be->impl; }
+
+int ml_cuda_check(int rc, const char *what) {
+  if (rc == cudaSuccess) return 0;
+  cudaError_t e = (cudaError_t)rc;
+  return ml_err("cuda: %s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+/* A launcher's result, named by the operator. */
+static int launched(cudaError_t rc, const char *op) { return ml_cuda_check(rc, op); }
+
+/* ---- memory -------------------------------------------------------------- */
+
+static void *raw_device(void *ctx, size_t bytes) {
+  void *p = NULL;
+  return cudaMalloc(&p, bytes ? bytes : 1) == cudaSuccess ? p : NULL;
+}
+static void raw_device_free(void *ctx, void *p) { cudaFree(p); }
+static void *raw_pinned(void *ctx, size_t bytes) {
+  void *p = NULL;
+  return cudaMallocHost(&p, bytes ? bytes : 1) == cudaSuccess ? p : NULL;
+}
+static void raw_pinned_free(void *ctx, void *p) { cudaFreeHost(p); }
+
+static void *cu_alloc(ml_backend *be, size_t bytes) {
+  return ml_pool_alloc(impl(be)->pool, bytes);
+}
+static void cu_free(ml_backend *be, void *p) { ml_pool_free(impl(be)->pool, p); }
+static void *cu_host_alloc(ml_backend *be, size_t bytes) {
+  return ml_pool_alloc(impl(be)->host, bytes);
+}
+static void cu_host_free(ml_backend *be, void *p) { ml_pool_free(impl(be)->host, p); }
+/* cudaFree waits for the device, so nothing in flight still uses a block. */
+static void cu_trim(ml_backend *be) {
+  ml_pool_trim(impl(be)->pool);
+  ml_pool_trim(impl(be)->host);
+}
+static void cu_memory_stats(ml_backend *be, ml_memory_stats *out) {
+  ml_pool_stats s = ml_pool_get_stats(impl(be)->pool);
+  *out = (ml_memory_stats){s.in_use, s.peak, s.reserved};
+}
+static void cu_reset_peak(ml_backend *be) { ml_pool_reset_peak(impl(be)->pool); }
+
+/* Scratch for an operator's kernels: freed right after they are enqueued,
+ * which is safe because every user of the pool runs on the one compute
+ * stream, in order (a later request that reuses the block is enqueued
+ * after them). */
+static void *scratch(ml_backend *be, size_t bytes, const char *what) {
+  return ml_be_alloc(be, (int64_t)(bytes ? bytes : 1), 1, "%s", what);
+}
+
+static int cu_sync(ml_backend *be) {
+  return ml_cuda_check(cudaStreamSynchronize(impl(be)->stream), "cudaStreamSynchronize");
+}
+
+/* H2D and D2H wait for the copy: the host may reuse or read its side as
+ * soon as the call returns (backend.h); D2D is only enqueued. */
+static int cu_copy(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind) {
+  static const enum cudaMemcpyKind k[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
+                                          cudaMemcpyDeviceToDevice};
+  ML_TRY(ml_cuda_check(cudaMemcpyAsync(dst, src, bytes, k[kind], impl(be)->stream),
+                       "cudaMemcpyAsync"));
+  return kind == ML_COPY_D2D ? 0 : cu_sync(be);
+}
+
+static int cu_copy2d(ml_backend *be, void *dst, size_t dpitch, const void *src, size_t spitch,
+                     size_t width, size_t rows) {
+  cudaStream_t st = impl(be)->stream;
+  const char *s = src, *s_end = s + (rows - 1) * spitch + width;
+  char *d = dst, *d_end = d + (rows - 1) * dpitch + width;
+  if (d < s_end && s < d_end) {
+    /* an in-place compaction: cudaMemcpy2D does not allow overlap, so go
+     * through a packed copy of the source rows */
+    char *tmp = scratch(be, width * rows, "a copy2d staging buffer");
+    if (!tmp) return -1;
+    int rc = ml_cuda_check(cudaMemcpy2DAsync(tmp, width, src, spitch, width, rows,
+                                             cudaMemcpyDeviceToDevice, st),
+                           "cudaMemcpy2DAsync") ||
+             ml_cuda_check(cudaMemcpy2DAsync(dst, dpitch, tmp, width, width, rows,
+                                             cudaMemcpyDeviceToDevice, st),
+                           "cudaMemcpy2DAsync");
+    cu_free(be, tmp);
+    return rc ? -1 : 0;
+  }
+  return ml_cuda_check(
+      cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, st),
+      "cudaMemcpy2DAsync");
+}
+
+static int cu_zero(ml_backend *be, void *dst, size_t bytes) {
+  return ml_cuda_check(cudaMemsetAsync(dst, 0, bytes, impl(be)->stream), "cudaMemsetAsync");
+}
+
+static int cu_convert(ml_backend *be, void *dst, ml_dtype dst_type, const void *src,
+                      ml_dtype src_type, size_t n) {
+  cudaStream_t st = impl(be)->stream;
+  if (dst_type == src_type)
+    return dst == src ? 0 : cu_copy(be, dst, src, n * ml_dtype_size(src_type), ML_COPY_D2D);
+  int64_t len = (int64_t)n;
+  if (src_type == ML_F32 && dst_type == ML_BF16)
+    return launched(kc_f32_to_bf16(st, src, dst, len), "convert F32 to BF16");
+  if (src_type == ML_BF16 && dst_type == ML_F32)
+    return launched(kc_bf16_to_f32(st, src, dst, len), "convert BF16 to F32");
+  if (src_type == ML_F32 && dst_type == ML_F16)
+    return launched(kc_f32_to_f16(st, src, dst, len), "convert F32 to F16");
+  if (src_type == ML_F16 && dst_type == ML_F32)
+    return launched(kc_f16_to_f32(st, src, dst, len), "convert F16 to F32");
+  return ml_err("convert %s to %s: expected fp32 and BF16 or F16", ml_dtype_name(src_type),
+                ml_dtype_name(dst_type));
+}
+
+static int cu_round_bf16(ml_backend *be, float *x, size_t n) {
+  return launched(kc_round_bf16(impl(be)->stream, x, (int64_t)n), "round to bf16");
+}
+
+/* ---- ordering ------------------------------------------------------------ */
+
+/* ev->impl: a cudaEvent made on first record and reused after; the
+ * backend owns it (destroyed with the backend). */
+static int cu_event_record(ml_backend *be, ml_event *ev) {
+  cuda *c = impl(be);
+  if (!ev->impl) {
+    if (c->n_events == c->cap_events) {
+      size_t cap = c->cap_events ? 2 * c->cap_events : 16;
+      cudaEvent_t *grown = realloc(c->events, cap * sizeof *grown);
+      if (!grown) return ml_err("out of memory growing the CUDA event table to %zu", cap);
+      c->events = grown;
+      c->cap_events = cap;
+    }
+    cudaEvent_t e;
+    ML_TRY(ml_cuda_check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
+                         "cudaEventCreateWithFlags"));
+    c->events[c->n_events++] = e;
+    ev->impl = e;
+  }
+  return ml_cuda_check(cudaEventRecord((cudaEvent_t)ev->impl, c->stream), "cudaEventRecord");
+}
+
+static int cu_event_wait(ml_backend *be, ml_event *ev) {
+  if (!ev->impl) return 0;
+  return ml_cuda_check(cudaStreamWaitEvent(impl(be)->stream, (cudaEvent_t)ev->impl, 0),
+                       "cudaStreamWaitEvent");
+}
+
+/* ---- operators ----------------------------------------------------------- */
+
+static int cu_gemm(ml_backend *be, const ml_gemm *g) { return ml_cuda_gemm_run(impl(be)->gemm, g); }
+
+static int cu_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db) {
+  void *work = scratch(be, kc_bias_grad_work(T, N), "the bias gradient's partial sums");
+  if (!work) return -1;
+  int rc = launched(kc_bias_grad(impl(be)->stream, dy, T, N, db, work), "bias_grad");
+  cu_free(be, work);
+  return rc;
+}
+
+static int cu_add(ml_backend *be, float *y, const float *x, int64_t n) {
+  return launched(kc_add(impl(be)->stream, y, x, n), "add");
+}
+
+static int cu_scale(ml_backend *be, float *x, int64_t n, float s) {
+  return launched(kc_scale(impl(be)->stream, x, n, s), "scale");
+}
+
+/* Norm and embedding weights: fp32 or bf16, read as they are. */
+static int weight_type(const char *op, ml_dtype t) {
+  if (t == ML_F32 || t == ML_BF16) return 0;
+  return ml_err("%s: a %s weight; expected F32 or BF16", op, ml_dtype_name(t));
+}
+
+static int cu_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
+                          float offset, float eps, float *y, float *rstd, int64_t T, int64_t H) {
+  ML_TRY(weight_type("rmsnorm", w_type));
+  return launched(kc_rmsnorm_fwd(impl(be)->stream, x, w, w_type == ML_BF16, offset, eps, y, rstd,
+                                 T, H),
+                  "rmsnorm forward");
+}
+
+static int cu_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const void *w,
+                          ml_dtype w_type, float offset, const float *rstd, float *dx, float *dw,
+                          int64_t T, int64_t H) {
+  ML_TRY(weight_type("rmsnorm", w_type));
+  void *work = scratch(be, kc_rmsnorm_bwd_work(T, H), "the RMSNorm weight gradient's partials");
+  if (!work) return -1;
+  int rc = launched(kc_rmsnorm_bwd(impl(be)->stream, dy, x, w, w_type == ML_BF16, offset, rstd,
+                                   dx, dw, T, H, work),
+                    "rmsnorm backward");
+  cu_free(be, work);
+  return rc;
+}
+
+/* The tables are the CPU backend's (computed in host memory, which is its
+ * device memory), copied up: one definition of RoPE's frequencies. */
+static int cu_rope_tables(ml_backend *be, double theta, int64_t hd, const ml_rope_scaling *sc,
+                          int64_t S, float *cos_t, float *sin_t) {
+  ml_backend *cpu;
+  ML_TRY(ml_backend_get("cpu", &cpu));
+  int64_t n = ml_mul_sat(S, hd / 2);
+  float *t = ml_be_alloc(cpu, ml_mul_sat(n, 2), sizeof(float), "the RoPE tables [2, %lld, %lld]",
+                         (long long)S, (long long)(hd / 2));
+  if (!t) return -1;
+  int rc = ml_be_rope_tables(cpu, theta, hd, sc, S, t, t + n) ||
+           cu_copy(be, cos_t, t, (size_t)n * sizeof(float), ML_COPY_H2D) ||
+           cu_copy(be, sin_t, t + n, (size_t)n * sizeof(float), ML_COPY_H2D);
+  ml_be_free(cpu, t);
+  return rc ? -1 : 0;
+}
+
+static int cu_rope_fwd(ml_backend *be, float *x, const float *c, const float *s, int64_t B,
+                       int64_t S, int64_t nh, int64_t hd) {
+  return launched(kc_rope_fwd(impl(be)->stream, x, c, s, B, S, nh, hd), "rope forward");
+}
+
+static int cu_rope_bwd(ml_backend *be, float *dx, const float *c, const float *s, int64_t B,
+                       int64_t S, int64_t nh, int64_t hd) {
+  return launched(kc_rope_bwd(impl(be)->stream, dx, c, s, B, S, nh, hd), "rope backward");
+}
+
+/* FlashAttention-2 saves each query's log-sum-exp [B, nh, S]. */
+static int64_t cu_attention_saved(ml_backend *be, int64_t B, int64_t S, int64_t nh) {
+  return ml_mul_sat(ml_mul_sat(B, nh), S);
+}
+
+static size_t cu_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                                int64_t hd) {
+  return kc_attention_bwd_work(B, S, nh, nkv, hd);
+}
+
+static int attention_compute(ml_dtype compute) {
+  if (compute == ML_F32 || compute == ML_BF16) return 0;
+  return ml_err("attention: compute dtype %s; expected F32 or BF16", ml_dtype_name(compute));
+}
+
+static int cu_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
+                            float *out, float *lse, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                            int64_t hd, float scale, int64_t window, ml_dtype compute) {
+  ML_TRY(attention_compute(compute));
+  return launched(kc_attention_fwd(impl(be)->stream, q, k, v, out, lse, B, S, nh, nkv, hd, scale,
+                                   window, compute == ML_BF16),
+                  "attention forward");
+}
+
+static int cu_attention_bwd(ml_backend *be, const float *dout, const float *q, const float *k,
+                            const float *v, const float *out, const float *lse, float *dq,
+                            float *dk, float *dv, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                            int64_t hd, float scale, int64_t window, ml_dtype compute,
+                            void *work) {
+  ML_TRY(attention_compute(compute));
+  return launched(kc_attention_bwd(impl(be)->stream, dout, q, k, v, out, lse, dq, dk, dv, B, S,
+                                   nh, nkv, hd, scale, window, compute == ML_BF16, work),
+                  "attention backward");
+}
+
+static int cu_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
+                      ml_glu_act act) {
+  return launched(kc_glu_fwd(impl(be)->stream, g, u, h, n, act), "glu forward");
+}
+
+static int cu_glu_bwd(ml_backend *be, const float *dh, const float *g, const float *u, float *dg,
+                      float *du, int64_t n, ml_glu_act act) {
+  return launched(kc_glu_bwd(impl(be)->stream, dh, g, u, dg, du, n, act), "glu backward");
+}
+
+static int cu_embedding_fwd(ml_backend *be, const int32_t *ids, int64_t T, const void *W,
+                            ml_dtype w_type, int64_t row0, int64_t rows, int64_t H, float scale,
+                            float *out) {
+  ML_TRY(weight_type("embedding", w_type));
+  return launched(kc_embedding_fwd(impl(be)->stream, ids, T, W, w_type == ML_BF16, row0, rows, H,
+                                   scale, out),
+                  "embedding forward");
+}
+
+static int cu_embedding_bwd(ml_backend *be, const int32_t *ids, int64_t T, const float *dout,
+                            int64_t row0, int64_t rows, int64_t H, float scale, float *dW) {
+  void *work = scratch(be, kc_embedding_bwd_work(T), "the embedding backward's token order");
+  if (!work) return -1;
+  int rc = launched(kc_embedding_bwd(impl(be)->stream, ids, T, dout, row0, rows, H, scale, dW,
+                                     work),
+                    "embedding backward");
+  cu_free(be, work);
+  return rc;
+}
+
+static int cu_xent_rowmax(ml_backend *be, const float *logits, int64_t T, int64_t V, float *mx) {
+  return launched(kc_xent_rowmax(impl(be)->stream, logits, T, V, mx), "cross-entropy row max");
+}
+
+static int cu_xent_sumexp_target(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                                 int64_t v0, const int32_t *y, const float *mx, float *se,
+                                 float *tl) {
+  return launched(kc_xent_sumexp_target(impl(be)->stream, logits, T, V, v0, y, mx, se, tl),
+                  "cross-entropy sum of exponentials");
+}
+
+/* The result slot's `bytes` to the host, after the stream has run. */
+static int fetch_result(ml_backend *be, size_t bytes) {
+  cuda *c = impl(be);
+  ML_TRY(ml_cuda_check(cudaMemcpyAsync(c->result_host, c->result_dev, bytes,
+                                       cudaMemcpyDeviceToHost, c->stream),
+                       "cudaMemcpyAsync"));
+  return cu_sync(be);
+}
+
+static int cu_xent_logprobs(ml_backend *be, const float *se, const float *tl, const int32_t *y,
+                            int64_t T, float scale, float *logprobs, float *w, double *loss_sum,
+                            int64_t *count) {
+  cuda *c = impl(be);
+  void *work = scratch(be, kc_xent_logprobs_work(T), "the log-probs' partial sums");
+  if (!work) return -1;
+  double *sum = c->result_dev;
+  long long *n = (long long *)(sum + 1);
+  int rc = launched(kc_xent_logprobs(c->stream, se, tl, y, T, scale, logprobs, w, sum, n, work),
+                    "cross-entropy log-probs");
+  cu_free(be, work);
+  ML_TRY(rc || fetch_result(be, sizeof(double) + sizeof(long long)));
+  const double *hs = c->result_host;
+  long long hn;
+  memcpy(&hn, hs + 1, sizeof hn);
+  *loss_sum += hs[0];
+  *count += hn;
+  return 0;
+}
+
+static int cu_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                       const int32_t *y, const float *mx, const float *se, const float *w,
+                       float *dlogits) {
+  return launched(kc_xent_bwd(impl(be)->stream, logits, T, V, v0, y, mx, se, w, dlogits),
+                  "cross-entropy backward");
+}
+
+static int cu_adamw(ml_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
+                    double lr, double b1, double b2, double eps, double wd, int64_t step) {
+  return launched(kc_adamw(impl(be)->stream, p, g, m, v, n, lr, b1, b2, eps, wd, step), "AdamW");
+}
+
+static int cu_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind,
+                           double *out) {
+  cuda *c = impl(be);
+  void *work = scratch(be, kc_reduce_work(n), "the grad-norm partial sums");
+  if (!work) return -1;
+  cudaError_t e = kind == ML_NORM_ABSMAX ? kc_absmax(c->stream, g, n, c->result_dev, work)
+                                         : kc_sumsq(c->stream, g, n, c->result_dev, work);
+  cu_free(be, work);
+  ML_TRY(launched(e, "grad-norm partial") || fetch_result(be, sizeof(double)));
+  memcpy(out, c->result_host, sizeof *out);
+  return 0;
+}
+
+static int cu_find_nonfinite(ml_backend *be, const float *g, int64_t n, bool *found) {
+  cuda *c = impl(be);
+  void *work = scratch(be, kc_reduce_work(n), "the non-finite search's partials");
+  if (!work) return -1;
+  cudaError_t e = kc_has_nonfinite(c->stream, g, n, c->result_dev, work);
+  cu_free(be, work);
+  ML_TRY(launched(e, "non-finite search") || fetch_result(be, sizeof(int)));
+  int flag;
+  memcpy(&flag, c->result_host, sizeof flag);
+  *found = flag != 0;
+  return 0;
+}
+
+static void cu_destroy(ml_backend *be) {
+  if (!be) return;
+  cuda *c = impl(be);
+  if (c) {
+    if (c->stream) cudaStreamSynchronize(c->stream);
+    ml_cuda_gemm_destroy(c->gemm);
+    ml_pool_destroy(c->pool);
+    ml_pool_destroy(c->host);
+    if (c->result_dev) cudaFree(c->result_dev);
+    if (c->result_host) cudaFreeHost(c->result_host);
+    for (size_t i = 0; i < c->n_events; i++) cudaEventDestroy(c->events[i]);
+    free(c->events);
+    if (c->stream) cudaStreamDestroy(c->stream);
+    free(c);
+  }
+  free(be);
+}
+
+static const ml_backend_ops k_cuda_ops = {
+    .name = "cuda",
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .host_alloc = cu_host_alloc,
+    .host_free = cu_host_free,
+    .copy = cu_copy,
+    .zero = cu_zero,
+    .copy2d = cu_copy2d,
+    .convert = cu_convert,
+    .round_bf16 = cu_round_bf16,
+    .trim = cu_trim,
+    .memory_stats = cu_memory_stats,
+    .reset_peak = cu_reset_peak,
+    .event_record = cu_event_record,
+    .event_wait = cu_event_wait,
+    .sync = cu_sync,
+    .gemm = cu_gemm,
+    .bias_grad = cu_bias_grad,
+    .add = cu_add,
+    .scale = cu_scale,
+    .rmsnorm_fwd = cu_rmsnorm_fwd,
+    .rmsnorm_bwd = cu_rmsnorm_bwd,
+    .rope_tables = cu_rope_tables,
+    .rope_fwd = cu_rope_fwd,
+    .rope_bwd = cu_rope_bwd,
+    .attention_saved = cu_attention_saved,
+    .attention_work = cu_attention_work,
+    .attention_fwd = cu_attention_fwd,
+    .attention_bwd = cu_attention_bwd,
+    .glu_fwd = cu_glu_fwd,
+    .glu_bwd = cu_glu_bwd,
+    .embedding_fwd = cu_embedding_fwd,
+    .embedding_bwd = cu_embedding_bwd,
+    .xent_rowmax = cu_xent_rowmax,
+    .xent_sumexp_target = cu_xent_sumexp_target,
+    .xent_logprobs = cu_xent_logprobs,
+    .xent_bwd = cu_xent_bwd,
+    .adamw = cu_adamw,
+    .norm_partial = cu_norm_partial,
+    .find_nonfinite = cu_find_nonfinite,
+    .destroy = cu_destroy,
+};
+
+/* The device this process drives (cuda.h). */
+static int pick_device(int *device) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count < 1)
+    return ml_err("device 'cuda': no CUDA GPU is visible (cudaGetDeviceCount: %s)",
+                  e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+  const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  *device = lr ? atoi(lr) % count : 0;
+  if (*device < 0) *device = 0;
+  struct cudaDeviceProp prop;
+  ML_TRY(ml_cuda_check(cudaGetDeviceProperties(&prop, *device), "cudaGetDeviceProperties"));
+  if (prop.major < 8)
+    return ml_err("device 'cuda': GPU %d (%s) is sm_%d%d; expected sm_80 or newer (bf16 tensor "
+                  "cores)",
+                  *device, prop.name, prop.major, prop.minor);
+  return ml_cuda_check(cudaSetDevice(*device), "cudaSetDevice");
+}
+
+int ml_backend_cuda_create(ml_backend **out) {
+  int device;
+  ML_TRY(pick_device(&device));
+  ml_backend *be = ml_calloc(1, sizeof *be, "the CUDA backend");
+  cuda *c = ml_calloc(1, sizeof *c, "the CUDA backend");
+  if (!be || !c) {
+    free(be);
+    free(c);
+    return -1;
+  }
+  be->ops = &k_cuda_ops;
+  be->impl = c;
+  c->device = device;
+  int rc = ml_cuda_check(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking),
+                         "cudaStreamCreateWithFlags");
+  if (rc == 0) {
+    c->pool = ml_pool_create((ml_pool_raw){raw_device, raw_device_free, NULL});
+    c->host = ml_pool_create((ml_pool_raw){raw_pinned, raw_pinned_free, NULL});
+    if (!c->pool || !c->host) rc = ml_err("out of memory creating the CUDA backend's pools");
+  }
+  if (rc == 0)
+    rc = ml_cuda_check(cudaMalloc(&c->result_dev, RESULT_BYTES), "cudaMalloc") ||
+         ml_cuda_check(cudaMallocHost(&c->result_host, RESULT_BYTES), "cudaMallocHost");
+  if (rc == 0) rc = ml_cuda_gemm_create(be, c->stream, &c->gemm);
+  if (rc != 0) {
+    cu_destroy(be);
+    return -1;
+  }
+  *out = be;
+  return 0;
+}

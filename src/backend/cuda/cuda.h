@@ -1,0 +1,40 @@
+/* The CUDA backend (backend/backend.h) on one NVIDIA GPU per process:
+ * memory from caching pools over cudaMalloc (device tensors) and
+ * cudaMallocHost (pinned host staging), never managed memory; every
+ * operator enqueued on one non-blocking compute stream; events are
+ * cudaEvents; the kernels of kernels/cuda and cuBLASLt's matmul for the
+ * GEMMs (gemm.c). Calls that hand results to the host (ml_be_copy D2H,
+ * the loss sums, norm partials) synchronise the stream before returning;
+ * everything else returns once enqueued. Only this directory includes
+ * kernels/cuda and the CUDA headers. Built only when CMake finds nvcc
+ * (ML_HAVE_CUDA). */
+#ifndef ML_BACKEND_CUDA_H
+#define ML_BACKEND_CUDA_H
+
+#include "backend/backend.h"
+
+/* Create the CUDA backend on the device this process should use: with
+ * several GPUs visible, local rank (OMPI_COMM_WORLD_LOCAL_RANK) modulo
+ * their count, as torchrun's LOCAL_RANK picks cuda:LOCAL_RANK; else
+ * device 0. Errors: no CUDA device or driver (with the runtime's
+ * message), a device older than sm_80 (bf16 tensor cores), allocation,
+ * cuBLASLt initialisation. */
+int ml_backend_cuda_create(ml_backend **out);
+
+/* ---- the GEMM (gemm.c) ---------------------------------------------------- */
+typedef struct ml_cuda_gemm ml_cuda_gemm;
+/* A cuBLASLt handle, its workspace and a cache of matmul descriptors and
+ * algorithms keyed by the call's shape, layout, dtypes, epilogue and
+ * operand alignment (the heuristic query costs more than a small GEMM).
+ * Operand conversions (fp32 → bf16 under bf16 compute) use scratch from
+ * `be`'s pool, on `stream`. */
+int ml_cuda_gemm_create(ml_backend *be, void *stream, ml_cuda_gemm **out);
+void ml_cuda_gemm_destroy(ml_cuda_gemm *g);
+/* backend.h's ml_be_gemm on the GPU (enqueued; no synchronisation). */
+int ml_cuda_gemm_run(ml_cuda_gemm *g, const ml_gemm *args);
+
+/* 0, or −1 with "cuda: WHAT: <the runtime's error name and text>" for a
+ * failed CUDA runtime call (rc a cudaError_t). */
+int ml_cuda_check(int rc, const char *what);
+
+#endif

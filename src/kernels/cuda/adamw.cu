@@ -1,0 +1,48 @@
+/* AdamW step (torch.optim.AdamW, single-tensor path), the arithmetic of
+ * kernels/cpu/adamw.c's k_adamw_step: the bias corrections and scalar
+ * factors formed in fp64 on the host and rounded once to fp32, the update
+ * in fp32 except v's b2 term, which (as in the CPU's v·b2 with b2 a double)
+ * is computed in fp64 and rounded once. One grid-stride launch over quads
+ * of the four arrays (common.cuh kc_ld4, vectorised per aligned pointer). */
+#include <math.h>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernels.h"
+
+static __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, int64_t n,
+                                    float decay, float w1, float w2, float neg_step,
+                                    float bc2_sqrt, float feps, double b2) {
+  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
+    float pv[4], gv[4], mv[4], vv[4];
+    kc_ld4(p, i, n, pv);
+    kc_ld4(g, i, n, gv);
+    kc_ld4(m, i, n, mv);
+    kc_ld4(v, i, n, vv);
+    for (int k = 0; k < 4; k++) {
+      float gi = gv[k];
+      pv[k] *= decay;
+      mv[k] += w1 * (gi - mv[k]); /* exp_avg.lerp_(grad, 1 - b1) */
+      vv[k] = (float)(vv[k] * b2 + w2 * gi * gi);
+      float denom = sqrtf(vv[k]) / bc2_sqrt + feps;
+      pv[k] += neg_step * mv[k] / denom;
+    }
+    kc_st4(p, i, n, pv);
+    kc_st4(m, i, n, mv);
+    kc_st4(v, i, n, vv);
+  }
+}
+
+extern "C" cudaError_t kc_adamw(cudaStream_t st, float *p, const float *g, float *m, float *v,
+                                int64_t n, double lr, double b1, double b2, double eps, double wd,
+                                int64_t step) {
+  if (n <= 0) return cudaSuccess;
+  double bc1 = 1.0 - pow(b1, (double)step);
+  double bc2 = 1.0 - pow(b2, (double)step);
+  float decay = (float)(1.0 - lr * wd);
+  float w1 = (float)(1.0 - b1), w2 = (float)(1.0 - b2);
+  float neg_step = (float)(-lr / bc1);
+  float bc2_sqrt = (float)sqrt(bc2), feps = (float)eps;
+  adamw_kernel<<<kc_grid((n + 3) / 4, KC_THREADS), KC_THREADS, 0, st>>>(
+      p, g, m, v, n, decay, w1, w2, neg_step, bc2_sqrt, feps, b2);
+  return cudaGetLastError();
+}

@@ -1,0 +1,1046 @@
+/* Causal grouped-query attention on the GPU (kernels.h: kc_attention_*):
+ * FlashAttention-2 (T. Dao, "FlashAttention-2: Faster Attention with
+ * Better Parallelism and Work Partitioning", 2023) with a deterministic
+ * backward. No [S, S] tensor is ever stored: scores live in registers and
+ * shared memory one tile at a time.
+ *
+ * Forward (one block per query tile of one head): the tile's queries stay
+ * in shared memory while key/value tiles stream through; each row keeps a
+ * running maximum m and sum l of exp(score − m), and the output
+ * accumulator is rescaled by exp(m_old − m_new) whenever m grows (online
+ * softmax). At the end out = acc / l and lse = m + log(l).
+ *
+ * Backward, without atomics (FA2 adds dq with atomics; we do not):
+ *   1. D = rowsum(dout ⊙ out) [B, nh, S] into `work` (fp64 sum, fixed order);
+ *   2. one block per key tile of one kv head computes that tile's dk, dv:
+ *      it loops over the group's query heads, then over the query tiles
+ *      that can see the keys, in a fixed order, recomputing
+ *      P = exp(scale·q·k − lse) and dS = P ⊙ (dP − D), dP = dout·v^T, and
+ *      adds dv += P^T·dout, dk += scale·dS^T·q in registers;
+ *   3. one block per query tile of one head computes dq = scale·dS·k over
+ *      the key tiles it sees, recomputing P and dS the same way.
+ * Every output element is written by exactly one thread, once, and every
+ * sum runs in an order fixed by the sizes: results are bitwise
+ * reproducible run to run.
+ *
+ * Masking: query i sees key j iff j <= i and, when window > 0,
+ * j > i − window. Tiles entirely above the diagonal (causal) or entirely
+ * left of every query's window are never visited; tiles that straddle a
+ * boundary evaluate the exact predicate per element. Tiles are padded with
+ * zeros past S and past hd, and padded rows are never stored.
+ *
+ * Two arithmetic modes (`bf16`):
+ *   false: fp32 products on CUDA cores (plain FMA), the parity mode;
+ *   true:  tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate), as
+ *          SDPA under autocast(bfloat16): q, k, v, dout are rounded to bf16
+ *          (nearest-even) while their tiles are staged in shared memory,
+ *          and P and dS are rounded where they enter a product; the
+ *          softmax, its sums and its backward stay fp32.
+ * Head sizes: hd any multiple of 8 up to 256; kernels are instantiated for
+ * padded widths 32, 64, 128, 256 (the zero columns past hd add nothing).
+ *
+ * Requirements checked by the launchers: q, k, v, out, dout, dq, dk, dv
+ * 16-byte aligned (cudaMalloc's are; tiles load as float4), S < 2^30, nh a
+ * multiple of nkv. Tiles above 48 KiB of shared memory opt in with
+ * cudaFuncSetAttribute before each launch (cheap; follows the current
+ * device). The bf16 kernels need sm_80 or newer (built for sm_90 they run
+ * on H100); an older target traps in them.
+ *
+ * Speed notes (what would make it faster): global → shared staging is not
+ * pipelined (the fp32 → bf16 rounding happens in registers, so cp.async
+ * cannot be used; a bf16 copy of q, k, v, dout made once would allow
+ * cp.async or TMA double buffering); Hopper's wgmma would roughly double
+ * the tensor-core rate of mma.sync; the dk/dv kernel could split the
+ * group's heads across blocks (deterministic second-pass sum) when
+ * B·nkv·S/64 blocks do not fill the GPU. */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/cuda/kernels.h"
+
+namespace {
+
+typedef __nv_bfloat16 bf16;
+
+constexpr float LOG2E = 1.4426950408889634f;
+constexpr float LN2 = 0.6931471805599453f;
+
+/* Everything a kernel reads: one struct by value for all of them. */
+struct Params {
+  const float *q, *k, *v;  /* [B·S, nh | nkv, hd] */
+  const float *dout;       /* backward */
+  const float *lse_in;     /* backward: the forward's lse */
+  const float *D;          /* backward: rowsum(dout ⊙ out) [B, nh, S] */
+  float *o, *lse;          /* forward results */
+  float *dq, *dk, *dv;     /* backward results */
+  int B, S, nh, nkv, group, hd;
+  int win;                 /* sliding window, 0 = none (launcher clamps window >= S to 0) */
+  float scale;
+};
+
+/* Offset of element 0 of token (b, i), head h, in a [B·S, heads, hd] tensor. */
+__device__ __forceinline__ int64_t row_off(int b, int i, int heads, int h, int S, int hd) {
+  return (((int64_t)b * S + i) * heads + h) * hd;
+}
+
+/* The mask: query i sees key j (both < S). */
+__device__ __forceinline__ bool visible(int i, int j, int win) {
+  return j <= i && (win <= 0 || j > i - win);
+}
+
+/* fp32 pair → packed bf16x2, lo in the low half (the lower column index,
+ * as the mma fragments hold it), both rounded to nearest-even. */
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  uint32_t u;
+  memcpy(&u, &v, sizeof u);
+  return u;
+}
+
+/* ---- tensor-core primitives (PTX ISA 9.7.14: mma.m16n8k16, ldmatrix) ----
+ * Fragment layouts, lane = 4·g + t (g = lane / 4, t = lane % 4):
+ *   A 16×16 (4 regs): a0 (row g, cols 2t, 2t+1), a1 (row g+8, same cols),
+ *                     a2 (row g, cols 2t+8, 2t+9), a3 (row g+8, cols 2t+8..);
+ *   B 16×8  (2 regs): b0 (rows 2t, 2t+1, col g), b1 (rows 2t+8, 2t+9, col g);
+ *   C 16×8  (4 fp32): c0, c1 (row g, cols 2t, 2t+1), c2, c3 (row g+8, same).
+ * ldmatrix.x4 loads four 8×8 bf16 matrices; lanes 8m..8m+7 give the row
+ * addresses of matrix m, and register m of a lane holds row g, elements
+ * 2t, 2t+1 of matrix m (with .trans: elements [2t][g], [2t+1][g]). */
+
+/* Four 8×8 matrices, not transposed. Row addresses 16-byte aligned. */
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const bf16 *p) {
+  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+/* Four 8×8 matrices, transposed. */
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const bf16 *p) {
+  uint32_t a = (uint32_t)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+/* c[16×8] += a[16×16] · b[16×8], bf16 operands, fp32 accumulation. */
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap(); /* bf16 mma needs sm_80: build for sm_90 */
+#else
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+/* Lane addresses for ldmatrix on a bf16 tile X stored row-major with row
+ * stride ld (elements), for the 16×16 block at (r0, c0):
+ *   frag_a:   A operand, A = X[r0.., c0..] (rows = M, cols = K);
+ *   frag_bn:  B operands of two n-tiles, B[k][n] = X[r0 + n][c0 + k]
+ *             (X holds B^T: n-tiles rows r0..r0+7 and r0+8..r0+15),
+ *             registers {0, 1} for the first n-tile, {2, 3} the second;
+ *   frag_bt:  B operands of two n-tiles, B[k][n] = X[r0 + k][c0 + n]
+ *             (X holds B: n-tiles cols c0..c0+7 and c0+8..c0+15), .trans. */
+__device__ __forceinline__ const bf16 *frag_a(const bf16 *X, int ld, int r0, int c0, int lane) {
+  return X + (r0 + (lane & 15)) * ld + c0 + (lane >> 4) * 8;
+}
+__device__ __forceinline__ const bf16 *frag_bn(const bf16 *X, int ld, int r0, int c0, int lane) {
+  return X + (r0 + (lane & 7) + (lane >> 4) * 8) * ld + c0 + ((lane >> 3) & 1) * 8;
+}
+__device__ __forceinline__ const bf16 *frag_bt(const bf16 *X, int ld, int r0, int c0, int lane) {
+  return X + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + c0 + (lane >> 4) * 8;
+}
+
+/* ---- staging tiles in shared memory -------------------------------------
+ * Rows 0..R−1 of a tile come from src + r·ld (fp32, hd columns); rows past
+ * nrows and columns past hd are zero, so padded keys and queries score 0,
+ * padded values add 0, and no uninitialised shared memory is ever read. */
+
+/* bf16 tile [R][HP + 8]: 8-element (16-byte) padding per row keeps the
+ * ldmatrix row addresses 16-byte aligned and spreads 8 consecutive rows
+ * over distinct banks. */
+template <int R, int HP, int NT>
+__device__ __forceinline__ void stage_bf16(bf16 *dst, const float *__restrict__ src, int64_t ld,
+                                           int nrows, int hd) {
+  constexpr int C4 = HP / 4; /* float4 chunks per row; hd % 8 == 0: a chunk is all in or out */
+  for (int e = threadIdx.x; e < R * C4; e += NT) {
+    int r = e / C4, c = (e % C4) * 4;
+    float4 x = {0.f, 0.f, 0.f, 0.f};
+    if (r < nrows && c < hd) x = *reinterpret_cast<const float4 *>(src + r * ld + c);
+    uint2 u = {pack_bf16(x.x, x.y), pack_bf16(x.z, x.w)};
+    *reinterpret_cast<uint2 *>(dst + r * (HP + 8) + c) = u;
+  }
+}
+
+/* fp32 tile [R][HP + 1]: the odd row stride puts the 8 rows a warp reads
+ * at once on distinct banks. */
+template <int R, int HP, int NT>
+__device__ __forceinline__ void stage_f32(float *dst, const float *__restrict__ src, int64_t ld,
+                                          int nrows, int hd) {
+  constexpr int C4 = HP / 4;
+  for (int e = threadIdx.x; e < R * C4; e += NT) {
+    int r = e / C4, c = (e % C4) * 4;
+    float4 x = {0.f, 0.f, 0.f, 0.f};
+    if (r < nrows && c < hd) x = *reinterpret_cast<const float4 *>(src + r * ld + c);
+    float *d = dst + r * (HP + 1) + c;
+    d[0] = x.x;
+    d[1] = x.y;
+    d[2] = x.z;
+    d[3] = x.w;
+  }
+}
+
+/* Query-tile kernels (forward, dq) order their blocks by descending tile
+ * index so that the longest (latest) tiles of every head start first. */
+struct QTile {
+  int b, h, qb;
+};
+__device__ __forceinline__ QTile qtile_of(const Params &p, int BM) {
+  int nqb = (p.S + BM - 1) / BM, bh = (int)(blockIdx.x % (unsigned)(p.B * p.nh));
+  int r = (int)(blockIdx.x / (unsigned)(p.B * p.nh));
+  return {bh / p.nh, bh % p.nh, nqb - 1 - r};
+}
+
+/* Key tiles a query tile [i0, i0 + BM) visits: [first, last] (tile indices
+ * of width BN). Keys past the tile's last real query are above the
+ * diagonal for all of its rows; keys before i0 − win + 1 are left of every
+ * row's window. */
+__device__ __forceinline__ void key_tiles(const Params &p, int i0, int BM, int BN, int &first,
+                                          int &last) {
+  int ilast = min(i0 + BM, p.S) - 1;
+  int jlo = p.win > 0 ? max(0, i0 - p.win + 1) : 0;
+  first = jlo / BN;
+  last = ilast / BN;
+}
+
+/* True when some (i, j) of the tile rows [i0, i0+BM) × keys [j0, j0+BN) is
+ * masked: a key above the first row's diagonal, or one at or left of the
+ * last row's window edge. Otherwise every pair is visible. Keys >= S are
+ * above every real row's diagonal, so they make this true too. */
+__device__ __forceinline__ bool tile_masked(int i0, int BM, int j0, int BN, int win) {
+  return j0 + BN - 1 > i0 || (win > 0 && j0 <= i0 + BM - 1 - win);
+}
+
+/* ==== bf16 forward ========================================================
+ * Block: 4 warps; warp w owns query rows [16·MT·w, 16·MT·(w+1)) of a BM =
+ * 64·MT query tile and keeps their scores, running max/sum and output
+ * accumulator in registers. Per key tile of BN keys: S = Q·K^T (A from Qs,
+ * B from Ks via ldmatrix), mask, online softmax, then O += P·V with P's
+ * accumulator registers re-packed as bf16 A fragments (the C layout of two
+ * adjacent n-tiles is the A layout of one k-step) and V via ldmatrix.trans.
+ * MT = 2 (32 rows per warp) halves the shared-memory traffic per mma where
+ * the registers allow it; BN shrinks for wide heads for the same reason. */
+template <int HP>
+struct FwdBf16 {
+  static constexpr int MT = HP <= 64 ? 2 : 1, NW = 4, NT = 32 * NW;
+  static constexpr int BM = 16 * MT * NW, BN = HP <= 128 ? 64 : 32, LD = HP + 8;
+  static constexpr size_t smem = (size_t)(BM + 2 * BN) * LD * sizeof(bf16);
+};
+
+template <int HP>
+__global__ void __launch_bounds__(FwdBf16<HP>::NT) fwd_bf16(Params p) {
+  using C = FwdBf16<HP>;
+  constexpr int MT = C::MT, BM = C::BM, BN = C::BN, LD = C::LD;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16 *Qs = reinterpret_cast<bf16 *>(smem), *Ks = Qs + BM * LD, *Vs = Ks + BN * LD;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const QTile qt = qtile_of(p, BM);
+  const int i0 = qt.qb * BM, kvh = qt.h / p.group;
+  const int64_t ldq = (int64_t)p.nh * p.hd, ldk = (int64_t)p.nkv * p.hd;
+  const float sl2 = p.scale * LOG2E; /* scores in log2 units: exp(x) = exp2(x·log2 e) */
+
+  stage_bf16<BM, HP, C::NT>(Qs, p.q + row_off(qt.b, i0, p.nh, qt.h, p.S, p.hd), ldq,
+                            p.S - i0, p.hd);
+  int kb0, kb1;
+  key_tiles(p, i0, BM, BN, kb0, kb1);
+
+  const int wr = warp * 16 * MT; /* first tile row of this warp */
+  float o[MT][HP / 8][4] = {};   /* out accumulator, C layout per 8 columns */
+  float m[MT][2], l[MT][2];      /* per row (g, g+8): running max (log2 units), partial sum */
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) m[mt][hf] = -INFINITY, l[mt][hf] = 0.f;
+
+  for (int kb = kb0; kb <= kb1; kb++) {
+    const int j0 = kb * BN;
+    __syncthreads(); /* the previous tile's Ks, Vs are no longer read (first pass: no-op) */
+    const int64_t koff = row_off(qt.b, j0, p.nkv, kvh, p.S, p.hd);
+    stage_bf16<BN, HP, C::NT>(Ks, p.k + koff, ldk, p.S - j0, p.hd);
+    stage_bf16<BN, HP, C::NT>(Vs, p.v + koff, ldk, p.S - j0, p.hd);
+    __syncthreads(); /* Qs (first pass), Ks, Vs staged */
+
+    float s[MT][BN / 8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < HP / 16; kk++) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) ldsm_x4(a[mt], frag_a(Qs, LD, wr + 16 * mt, 16 * kk, lane));
+#pragma unroll
+      for (int np = 0; np < BN / 16; np++) {
+        uint32_t bk[4];
+        ldsm_x4(bk, frag_bn(Ks, LD, 16 * np, 16 * kk, lane));
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+          mma_bf16(s[mt][2 * np], a[mt], bk[0], bk[1]);
+          mma_bf16(s[mt][2 * np + 1], a[mt], bk[2], bk[3]);
+        }
+      }
+    }
+
+    /* scale, then mask (after scaling, so any sign of scale is safe) */
+    const bool masked = tile_masked(i0, BM, j0, BN, p.win);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          float x = s[mt][nt][e] * sl2;
+          int i = i0 + wr + 16 * mt + g + 8 * (e >> 1), j = j0 + 8 * nt + 2 * t + (e & 1);
+          s[mt][nt][e] = masked && !visible(i, j, p.win) ? -INFINITY : x;
+        }
+
+    /* online softmax: row max over the 4 lanes of the row (xor 1, 2 keep g) */
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; nt++)
+          mx = fmaxf(mx, fmaxf(s[mt][nt][2 * hf], s[mt][nt][2 * hf + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mnew = fmaxf(m[mt][hf], mx);
+        /* a row with no visible key yet keeps mnew = −inf: subtract 0 instead,
+         * so that exp2(−inf − 0) = 0 rather than exp2(−inf + inf) = NaN */
+        const float base = mnew == -INFINITY ? 0.f : mnew;
+        const float alpha = exp2f(m[mt][hf] - base);
+        m[mt][hf] = mnew;
+        float rs = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < BN / 8; nt++)
+#pragma unroll
+          for (int e = 2 * hf; e < 2 * hf + 2; e++) {
+            s[mt][nt][e] = exp2f(s[mt][nt][e] - base);
+            rs += s[mt][nt][e];
+          }
+        /* this lane's share of the row sum; the 4 shares add up at the end */
+        l[mt][hf] = l[mt][hf] * alpha + rs;
+#pragma unroll
+        for (int dt = 0; dt < HP / 8; dt++) {
+          o[mt][dt][2 * hf] *= alpha;
+          o[mt][dt][2 * hf + 1] *= alpha;
+        }
+      }
+
+    /* O += P·V: P's C fragments of n-tiles 2kk, 2kk+1 are the A fragment of
+     * k-step kk (a0 = row g cols 2t.., a1 = row g+8, a2/a3 = cols 2t+8..) */
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        a[mt][0] = pack_bf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = pack_bf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = pack_bf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = pack_bf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < HP / 16; dp++) {
+        uint32_t bv[4];
+        ldsm_x4_t(bv, frag_bt(Vs, LD, 16 * kk, 16 * dp, lane));
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+          mma_bf16(o[mt][2 * dp], a[mt], bv[0], bv[1]);
+          mma_bf16(o[mt][2 * dp + 1], a[mt], bv[2], bv[3]);
+        }
+      }
+    }
+  }
+
+  /* out = O / l (l summed over the row's 4 lanes), lse = ln 2 · (m + log2 l) */
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+      float sum = l[mt][hf];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int i = i0 + wr + 16 * mt + g + 8 * hf;
+      if (i >= p.S) continue;
+      const float inv = 1.f / sum;
+      float *dst = p.o + row_off(qt.b, i, p.nh, qt.h, p.S, p.hd);
+#pragma unroll
+      for (int dt = 0; dt < HP / 8; dt++) {
+        const int c = 8 * dt + 2 * t;
+        if (c < p.hd)
+          *reinterpret_cast<float2 *>(dst + c) =
+              make_float2(o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv);
+      }
+      if (t == 0) p.lse[((int64_t)qt.b * p.nh + qt.h) * p.S + i] = (m[mt][hf] + log2f(sum)) * LN2;
+    }
+}
+
+/* ==== bf16 backward =======================================================
+ * Both kernels: 8 warps, 64 queries × 64 keys per tile, two phases per tile:
+ *   phase 1: the 64×64 scores and dP in 8 pieces of 16 rows × 32 columns
+ *            (warp w: rows 16·(w%4), columns 32·(w/4)); P and dS rounded to
+ *            bf16 into shared memory;
+ *   phase 2: the tile's gradient rows 16·(w%4).. and head columns
+ *            (HP/2)·(w/4).. accumulate (HP/2 columns per warp keeps the
+ *            accumulators within registers at HP = 256). */
+template <int HP>
+struct BwdBf16 {
+  static constexpr int NT = 256, BM = 64, BN = 64, LD = HP + 8, LP = 64 + 8, DW = HP / 2;
+  /* dk/dv: Ks, Vs, Qs, dOs [64][LD], Pt, dSt [64][LP] bf16; lse, D [64] fp32 */
+  static constexpr size_t smem_kv =
+      (size_t)(2 * BN + 2 * BM) * LD * sizeof(bf16) + 2 * BN * LP * sizeof(bf16) + 2 * BM * 4;
+  /* dq: Qs, dOs, Ks, Vs [64][LD], dS [64][LP] bf16 */
+  static constexpr size_t smem_q =
+      (size_t)(2 * BM + 2 * BN) * LD * sizeof(bf16) + BM * LP * sizeof(bf16);
+};
+
+/* dk, dv of one key tile of one kv head (blocks in ascending tile order:
+ * the first key tiles have the most queries after them). Phase 1 works on
+ * the transposed scores S^T = K·Q^T, so that P^T and dS^T land in shared
+ * memory as [key][query], the row-major A operands of phase 2's
+ * dV += P^T·dO and dK += dS^T·Q. */
+template <int HP>
+__global__ void __launch_bounds__(BwdBf16<HP>::NT) dkdv_bf16(Params p) {
+  using C = BwdBf16<HP>;
+  constexpr int BM = C::BM, BN = C::BN, LD = C::LD, LP = C::LP, DW = C::DW;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16 *Ks = reinterpret_cast<bf16 *>(smem), *Vs = Ks + BN * LD, *Qs = Vs + BN * LD;
+  bf16 *dOs = Qs + BM * LD, *Pt = dOs + BM * LD, *dSt = Pt + BN * LP;
+  float *lse_s = reinterpret_cast<float *>(dSt + BN * LP), *D_s = lse_s + BM;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int bg = (int)(blockIdx.x % (unsigned)(p.B * p.nkv));
+  const int kb = (int)(blockIdx.x / (unsigned)(p.B * p.nkv));
+  const int b = bg / p.nkv, kvh = bg % p.nkv, j0 = kb * BN;
+  const int64_t ldq = (int64_t)p.nh * p.hd, ldk = (int64_t)p.nkv * p.hd;
+  const float sl2 = p.scale * LOG2E;
+
+  const int64_t koff = row_off(b, j0, p.nkv, kvh, p.S, p.hd);
+  stage_bf16<BN, HP, C::NT>(Ks, p.k + koff, ldk, p.S - j0, p.hd);
+  stage_bf16<BN, HP, C::NT>(Vs, p.v + koff, ldk, p.S - j0, p.hd);
+
+  /* queries that see a key of this tile: i >= j0 (causal) and
+   * i <= last key + win − 1 (window) */
+  const int jlast = min(j0 + BN, p.S) - 1;
+  const int ilast = p.win > 0 ? min(p.S - 1, jlast + p.win - 1) : p.S - 1;
+  const int qb0 = j0 / BM, qb1 = ilast / BM;
+
+  const int kr = 16 * (warp & 3);  /* phase 1 and 2: this warp's 16 key rows */
+  const int qc = 32 * (warp >> 2); /* phase 1: its 32 query columns */
+  const int dc = DW * (warp >> 2); /* phase 2: its DW head columns */
+  float dk[DW / 8][4] = {}, dv[DW / 8][4] = {};
+
+  for (int h = kvh * p.group; h < (kvh + 1) * p.group; h++) {
+    const float *lse_h = p.lse_in + ((int64_t)b * p.nh + h) * p.S;
+    const float *D_h = p.D + ((int64_t)b * p.nh + h) * p.S;
+    for (int qb = qb0; qb <= qb1; qb++) {
+      const int i0 = qb * BM;
+      __syncthreads(); /* the previous tile's phase 2 no longer reads Qs, dOs, Pt, dSt */
+      const int64_t qoff = row_off(b, i0, p.nh, h, p.S, p.hd);
+      stage_bf16<BM, HP, C::NT>(Qs, p.q + qoff, ldq, p.S - i0, p.hd);
+      stage_bf16<BM, HP, C::NT>(dOs, p.dout + qoff, ldq, p.S - i0, p.hd);
+      for (int r = threadIdx.x; r < BM; r += C::NT) {
+        const bool in = i0 + r < p.S;
+        lse_s[r] = in ? lse_h[i0 + r] * LOG2E : 0.f; /* log2 units, as the scores */
+        D_s[r] = in ? D_h[i0 + r] : 0.f;
+      }
+      __syncthreads(); /* Ks, Vs (first pass), Qs, dOs, lse_s, D_s staged */
+
+      /* phase 1: S^T = K·Q^T and dP^T = V·dO^T, 16 keys × 32 queries */
+      float st[4][4] = {}, dpt[4][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < HP / 16; kk++) {
+        uint32_t ak[4], av[4];
+        ldsm_x4(ak, frag_a(Ks, LD, kr, 16 * kk, lane));
+        ldsm_x4(av, frag_a(Vs, LD, kr, 16 * kk, lane));
+#pragma unroll
+        for (int np = 0; np < 2; np++) {
+          uint32_t bq[4], bo[4];
+          ldsm_x4(bq, frag_bn(Qs, LD, qc + 16 * np, 16 * kk, lane));
+          ldsm_x4(bo, frag_bn(dOs, LD, qc + 16 * np, 16 * kk, lane));
+          mma_bf16(st[2 * np], ak, bq[0], bq[1]);
+          mma_bf16(st[2 * np + 1], ak, bq[2], bq[3]);
+          mma_bf16(dpt[2 * np], av, bo[0], bo[1]);
+          mma_bf16(dpt[2 * np + 1], av, bo[2], bo[3]);
+        }
+      }
+      /* P = exp(scaled score − lse), 0 where masked or past S; dS = P ⊙ (dP − D).
+       * Element (e) of n-tile nt: key row kr + g + 8·(e/2), query qc + 8·nt + 2t + e%2. */
+      const bool masked = tile_masked(i0, BM, j0, BN, p.win) || i0 + BM > p.S;
+#pragma unroll
+      for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++) {
+          float pv[2], ds[2];
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            const int ic = qc + 8 * nt + 2 * t + e, jr = kr + g + 8 * hf;
+            const float x = st[nt][2 * hf + e] * sl2 - lse_s[ic];
+            const bool off = masked && (i0 + ic >= p.S || !visible(i0 + ic, j0 + jr, p.win));
+            pv[e] = off ? 0.f : exp2f(x);
+            ds[e] = pv[e] * (dpt[nt][2 * hf + e] - D_s[ic]);
+          }
+          const int at = (kr + g + 8 * hf) * LP + qc + 8 * nt + 2 * t;
+          *reinterpret_cast<uint32_t *>(Pt + at) = pack_bf16(pv[0], pv[1]);
+          *reinterpret_cast<uint32_t *>(dSt + at) = pack_bf16(ds[0], ds[1]);
+        }
+      __syncthreads(); /* Pt, dSt complete */
+
+      /* phase 2: dV += P^T·dO, dK += dS^T·Q over the tile's 64 queries */
+#pragma unroll
+      for (int kk = 0; kk < BM / 16; kk++) {
+        uint32_t ap[4], as[4];
+        ldsm_x4(ap, frag_a(Pt, LP, kr, 16 * kk, lane));
+        ldsm_x4(as, frag_a(dSt, LP, kr, 16 * kk, lane));
+#pragma unroll
+        for (int dp = 0; dp < DW / 16; dp++) {
+          uint32_t bo[4], bq[4];
+          ldsm_x4_t(bo, frag_bt(dOs, LD, 16 * kk, dc + 16 * dp, lane));
+          ldsm_x4_t(bq, frag_bt(Qs, LD, 16 * kk, dc + 16 * dp, lane));
+          mma_bf16(dv[2 * dp], ap, bo[0], bo[1]);
+          mma_bf16(dv[2 * dp + 1], ap, bo[2], bo[3]);
+          mma_bf16(dk[2 * dp], as, bq[0], bq[1]);
+          mma_bf16(dk[2 * dp + 1], as, bq[2], bq[3]);
+        }
+      }
+    }
+  }
+
+  /* rows kr + g (+8) of the tile, columns dc + 8·dt + 2t (+1) */
+#pragma unroll
+  for (int hf = 0; hf < 2; hf++) {
+    const int j = j0 + kr + g + 8 * hf;
+    if (j >= p.S) continue;
+    const int64_t off = row_off(b, j, p.nkv, kvh, p.S, p.hd);
+#pragma unroll
+    for (int dt = 0; dt < DW / 8; dt++) {
+      const int c = dc + 8 * dt + 2 * t;
+      if (c >= p.hd) continue;
+      *reinterpret_cast<float2 *>(p.dk + off + c) =
+          make_float2(p.scale * dk[dt][2 * hf], p.scale * dk[dt][2 * hf + 1]);
+      *reinterpret_cast<float2 *>(p.dv + off + c) = make_float2(dv[dt][2 * hf], dv[dt][2 * hf + 1]);
+    }
+  }
+}
+
+/* dq of one query tile of one head: per key tile, phase 1 recomputes S =
+ * Q·K^T, dP = dO·V^T and writes dS (bf16) to shared memory; phase 2 adds
+ * dS·K with K as the B operand through ldmatrix.trans. */
+template <int HP>
+__global__ void __launch_bounds__(BwdBf16<HP>::NT) dq_bf16(Params p) {
+  using C = BwdBf16<HP>;
+  constexpr int BM = C::BM, BN = C::BN, LD = C::LD, LP = C::LP, DW = C::DW;
+  extern __shared__ __align__(16) unsigned char smem[];
+  bf16 *Qs = reinterpret_cast<bf16 *>(smem), *dOs = Qs + BM * LD, *Ks = dOs + BM * LD;
+  bf16 *Vs = Ks + BN * LD, *dSs = Vs + BN * LD;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const QTile qt = qtile_of(p, BM);
+  const int i0 = qt.qb * BM, kvh = qt.h / p.group;
+  const int64_t ldq = (int64_t)p.nh * p.hd, ldk = (int64_t)p.nkv * p.hd;
+  const float sl2 = p.scale * LOG2E;
+
+  const int64_t qoff = row_off(qt.b, i0, p.nh, qt.h, p.S, p.hd);
+  stage_bf16<BM, HP, C::NT>(Qs, p.q + qoff, ldq, p.S - i0, p.hd);
+  stage_bf16<BM, HP, C::NT>(dOs, p.dout + qoff, ldq, p.S - i0, p.hd);
+
+  const int qr = 16 * (warp & 3);  /* phase 1 and 2: this warp's 16 query rows */
+  const int kc = 32 * (warp >> 2); /* phase 1: its 32 key columns */
+  const int dc = DW * (warp >> 2); /* phase 2: its DW head columns */
+  /* lse (log2 units) and D of rows qr + g, qr + g + 8; rows past S: 0 (never stored) */
+  float lse_r[2], D_r[2];
+#pragma unroll
+  for (int hf = 0; hf < 2; hf++) {
+    const int i = i0 + qr + g + 8 * hf;
+    const int64_t at = ((int64_t)qt.b * p.nh + qt.h) * p.S + i;
+    lse_r[hf] = i < p.S ? p.lse_in[at] * LOG2E : 0.f;
+    D_r[hf] = i < p.S ? p.D[at] : 0.f;
+  }
+  int kb0, kb1;
+  key_tiles(p, i0, BM, BN, kb0, kb1);
+  float dq[DW / 8][4] = {};
+
+  for (int kb = kb0; kb <= kb1; kb++) {
+    const int j0 = kb * BN;
+    __syncthreads(); /* the previous tile's phase 2 no longer reads Ks, dSs */
+    const int64_t koff = row_off(qt.b, j0, p.nkv, kvh, p.S, p.hd);
+    stage_bf16<BN, HP, C::NT>(Ks, p.k + koff, ldk, p.S - j0, p.hd);
+    stage_bf16<BN, HP, C::NT>(Vs, p.v + koff, ldk, p.S - j0, p.hd);
+    __syncthreads(); /* Qs, dOs (first pass), Ks, Vs staged */
+
+    /* phase 1: S = Q·K^T, dP = dO·V^T, 16 queries × 32 keys */
+    float s[4][4] = {}, dp[4][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < HP / 16; kk++) {
+      uint32_t aq[4], ao[4];
+      ldsm_x4(aq, frag_a(Qs, LD, qr, 16 * kk, lane));
+      ldsm_x4(ao, frag_a(dOs, LD, qr, 16 * kk, lane));
+#pragma unroll
+      for (int np = 0; np < 2; np++) {
+        uint32_t bk[4], bv[4];
+        ldsm_x4(bk, frag_bn(Ks, LD, kc + 16 * np, 16 * kk, lane));
+        ldsm_x4(bv, frag_bn(Vs, LD, kc + 16 * np, 16 * kk, lane));
+        mma_bf16(s[2 * np], aq, bk[0], bk[1]);
+        mma_bf16(s[2 * np + 1], aq, bk[2], bk[3]);
+        mma_bf16(dp[2 * np], ao, bv[0], bv[1]);
+        mma_bf16(dp[2 * np + 1], ao, bv[2], bv[3]);
+      }
+    }
+    /* dS = P ⊙ (dP − D), P = exp(scaled score − lse), 0 where masked */
+    const bool masked = tile_masked(i0, BM, j0, BN, p.win);
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++) {
+        float ds[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int i = i0 + qr + g + 8 * hf, j = j0 + kc + 8 * nt + 2 * t + e;
+          const float x = s[nt][2 * hf + e] * sl2 - lse_r[hf];
+          const float pv = masked && !visible(i, j, p.win) ? 0.f : exp2f(x);
+          ds[e] = pv * (dp[nt][2 * hf + e] - D_r[hf]);
+        }
+        *reinterpret_cast<uint32_t *>(dSs + (qr + g + 8 * hf) * LP + kc + 8 * nt + 2 * t) =
+            pack_bf16(ds[0], ds[1]);
+      }
+    __syncthreads(); /* dSs complete */
+
+    /* phase 2: dQ += dS·K over the tile's 64 keys */
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+      uint32_t as[4];
+      ldsm_x4(as, frag_a(dSs, LP, qr, 16 * kk, lane));
+#pragma unroll
+      for (int dq2 = 0; dq2 < DW / 16; dq2++) {
+        uint32_t bk[4];
+        ldsm_x4_t(bk, frag_bt(Ks, LD, 16 * kk, dc + 16 * dq2, lane));
+        mma_bf16(dq[2 * dq2], as, bk[0], bk[1]);
+        mma_bf16(dq[2 * dq2 + 1], as, bk[2], bk[3]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int hf = 0; hf < 2; hf++) {
+    const int i = i0 + qr + g + 8 * hf;
+    if (i >= p.S) continue;
+    float *dst = p.dq + row_off(qt.b, i, p.nh, qt.h, p.S, p.hd);
+#pragma unroll
+    for (int dt = 0; dt < DW / 8; dt++) {
+      const int c = dc + 8 * dt + 2 * t;
+      if (c < p.hd)
+        *reinterpret_cast<float2 *>(dst + c) =
+            make_float2(p.scale * dq[dt][2 * hf], p.scale * dq[dt][2 * hf + 1]);
+    }
+  }
+}
+
+/* ==== fp32 kernels (parity mode) ==========================================
+ * 128 threads, 32 × 32 tiles, plain FMA. Thread (r, c4) = (tid / 4, tid % 4)
+ * owns tile row r: its 8 scores are columns c4 + 4u (u < 8) and its head
+ * columns c4 + 4u (u < HP/4), so the 4 threads of a row are adjacent lanes
+ * (row reductions: shuffles xor 1, 2) and a row's probabilities, written to
+ * shared memory by those 4 lanes and read back by them, need only
+ * __syncwarp. Every dot product runs over d = 0..hd−1 in order. */
+template <int HP>
+struct F32 {
+  static constexpr int NT = 128, BM = 32, BN = 32, LD = HP + 1, LP = 33;
+  /* forward: Qs, Ks, Vs [32][LD]; P [32][LP] */
+  static constexpr size_t smem_fwd = (size_t)(BM + 2 * BN) * LD * 4 + BM * LP * 4;
+  /* dq: Qs, dOs, Ks, Vs; dS */
+  static constexpr size_t smem_q = (size_t)(2 * BM + 2 * BN) * LD * 4 + BM * LP * 4;
+  /* dk/dv: Ks, Vs, Qs, dOs; P^T, dS^T; lse, D */
+  static constexpr size_t smem_kv = (size_t)(2 * BN + 2 * BM) * LD * 4 + 2 * BN * LP * 4 + 2 * BM * 4;
+};
+
+template <int HP>
+__global__ void __launch_bounds__(F32<HP>::NT) fwd_f32(Params p) {
+  using C = F32<HP>;
+  constexpr int BM = C::BM, BN = C::BN, LD = C::LD, LP = C::LP;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float *Qs = reinterpret_cast<float *>(smem), *Ks = Qs + BM * LD, *Vs = Ks + BN * LD;
+  float *Ps = Vs + BN * LD;
+  const int r = threadIdx.x >> 2, c4 = threadIdx.x & 3;
+  const QTile qt = qtile_of(p, BM);
+  const int i0 = qt.qb * BM, i = i0 + r, kvh = qt.h / p.group;
+  const int64_t ldq = (int64_t)p.nh * p.hd, ldk = (int64_t)p.nkv * p.hd;
+
+  stage_f32<BM, HP, C::NT>(Qs, p.q + row_off(qt.b, i0, p.nh, qt.h, p.S, p.hd), ldq, p.S - i0,
+                           p.hd);
+  int kb0, kb1;
+  key_tiles(p, i0, BM, BN, kb0, kb1);
+  float o[HP / 4] = {};
+  float m = -INFINITY, l = 0.f; /* running max; this thread's share of the row sum */
+
+  for (int kb = kb0; kb <= kb1; kb++) {
+    const int j0 = kb * BN;
+    __syncthreads(); /* the previous tile's Ks, Vs, Ps are no longer read */
+    const int64_t koff = row_off(qt.b, j0, p.nkv, kvh, p.S, p.hd);
+    stage_f32<BN, HP, C::NT>(Ks, p.k + koff, ldk, p.S - j0, p.hd);
+    stage_f32<BN, HP, C::NT>(Vs, p.v + koff, ldk, p.S - j0, p.hd);
+    __syncthreads();
+
+    float s[8] = {};
+    for (int d = 0; d < p.hd; d++) {
+      const float qv = Qs[r * LD + d];
+#pragma unroll
+      for (int u = 0; u < 8; u++) s[u] = fmaf(qv, Ks[(c4 + 4 * u) * LD + d], s[u]);
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+      s[u] = visible(i, j0 + c4 + 4 * u, p.win) ? s[u] * p.scale : -INFINITY;
+      mx = fmaxf(mx, s[u]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float mnew = fmaxf(m, mx);
+    const float base = mnew == -INFINITY ? 0.f : mnew; /* as in fwd_bf16 */
+    const float alpha = expf(m - base);
+    m = mnew;
+    float rs = 0.f;
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+      const float pv = expf(s[u] - base);
+      rs += pv;
+      Ps[r * LP + c4 + 4 * u] = pv;
+    }
+    l = l * alpha + rs;
+    __syncwarp(); /* row r's probabilities: written and read by its 4 lanes */
+#pragma unroll
+    for (int u = 0; u < HP / 4; u++) o[u] *= alpha;
+    for (int j = 0; j < BN; j++) {
+      const float pj = Ps[r * LP + j];
+#pragma unroll
+      for (int u = 0; u < HP / 4; u++) o[u] = fmaf(pj, Vs[j * LD + c4 + 4 * u], o[u]);
+    }
+  }
+
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (i >= p.S) return; /* no barrier follows */
+  const float inv = 1.f / l;
+  float *dst = p.o + row_off(qt.b, i, p.nh, qt.h, p.S, p.hd);
+#pragma unroll
+  for (int u = 0; u < HP / 4; u++)
+    if (c4 + 4 * u < p.hd) dst[c4 + 4 * u] = o[u] * inv;
+  if (c4 == 0) p.lse[((int64_t)qt.b * p.nh + qt.h) * p.S + i] = m + logf(l);
+}
+
+template <int HP>
+__global__ void __launch_bounds__(F32<HP>::NT) dq_f32(Params p) {
+  using C = F32<HP>;
+  constexpr int BM = C::BM, BN = C::BN, LD = C::LD, LP = C::LP;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float *Qs = reinterpret_cast<float *>(smem), *dOs = Qs + BM * LD, *Ks = dOs + BM * LD;
+  float *Vs = Ks + BN * LD, *dSs = Vs + BN * LD;
+  const int r = threadIdx.x >> 2, c4 = threadIdx.x & 3;
+  const QTile qt = qtile_of(p, BM);
+  const int i0 = qt.qb * BM, i = i0 + r, kvh = qt.h / p.group;
+  const int64_t ldq = (int64_t)p.nh * p.hd, ldk = (int64_t)p.nkv * p.hd;
+
+  const int64_t qoff = row_off(qt.b, i0, p.nh, qt.h, p.S, p.hd);
+  stage_f32<BM, HP, C::NT>(Qs, p.q + qoff, ldq, p.S - i0, p.hd);
+  stage_f32<BM, HP, C::NT>(dOs, p.dout + qoff, ldq, p.S - i0, p.hd);
+  const int64_t at = ((int64_t)qt.b * p.nh + qt.h) * p.S + i;
+  const float lse_i = i < p.S ? p.lse_in[at] : 0.f, D_i = i < p.S ? p.D[at] : 0.f;
+  int kb0, kb1;
+  key_tiles(p, i0, BM, BN, kb0, kb1);
+  float acc[HP / 4] = {};
+
+  for (int kb = kb0; kb <= kb1; kb++) {
+    const int j0 = kb * BN;
+    __syncthreads(); /* the previous tile's Ks, dSs are no longer read */
+    const int64_t koff = row_off(qt.b, j0, p.nkv, kvh, p.S, p.hd);
+    stage_f32<BN, HP, C::NT>(Ks, p.k + koff, ldk, p.S - j0, p.hd);
+    stage_f32<BN, HP, C::NT>(Vs, p.v + koff, ldk, p.S - j0, p.hd);
+    __syncthreads();
+
+    float s[8] = {}, dp[8] = {};
+    for (int d = 0; d < p.hd; d++) {
+      const float qv = Qs[r * LD + d], gv = dOs[r * LD + d];
+#pragma unroll
+      for (int u = 0; u < 8; u++) {
+        s[u] = fmaf(qv, Ks[(c4 + 4 * u) * LD + d], s[u]);
+        dp[u] = fmaf(gv, Vs[(c4 + 4 * u) * LD + d], dp[u]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+      const float pv = visible(i, j0 + c4 + 4 * u, p.win) ? expf(s[u] * p.scale - lse_i) : 0.f;
+      dSs[r * LP + c4 + 4 * u] = pv * (dp[u] - D_i);
+    }
+    __syncwarp(); /* row r's dS: written and read by its 4 lanes */
+    for (int j = 0; j < BN; j++) {
+      const float dsj = dSs[r * LP + j];
+#pragma unroll
+      for (int u = 0; u < HP / 4; u++) acc[u] = fmaf(dsj, Ks[j * LD + c4 + 4 * u], acc[u]);
+    }
+  }
+
+  if (i >= p.S) return; /* no barrier follows */
+  float *dst = p.dq + row_off(qt.b, i, p.nh, qt.h, p.S, p.hd);
+#pragma unroll
+  for (int u = 0; u < HP / 4; u++)
+    if (c4 + 4 * u < p.hd) dst[c4 + 4 * u] = p.scale * acc[u];
+}
+
+/* dk, dv of one key tile of one kv head; thread (c, q4) = (tid / 4, tid % 4)
+ * owns key row c: its scores are queries q4 + 4u, its columns q4 + 4u. */
+template <int HP>
+__global__ void __launch_bounds__(F32<HP>::NT) dkdv_f32(Params p) {
+  using C = F32<HP>;
+  constexpr int BM = C::BM, BN = C::BN, LD = C::LD, LP = C::LP;
+  extern __shared__ __align__(16) unsigned char smem[];
+  float *Ks = reinterpret_cast<float *>(smem), *Vs = Ks + BN * LD, *Qs = Vs + BN * LD;
+  float *dOs = Qs + BM * LD, *Pt = dOs + BM * LD, *dSt = Pt + BN * LP;
+  float *lse_s = dSt + BN * LP, *D_s = lse_s + BM;
+  const int c = threadIdx.x >> 2, q4 = threadIdx.x & 3;
+  const int bg = (int)(blockIdx.x % (unsigned)(p.B * p.nkv));
+  const int kb = (int)(blockIdx.x / (unsigned)(p.B * p.nkv));
+  const int b = bg / p.nkv, kvh = bg % p.nkv, j0 = kb * BN, j = j0 + c;
+  const int64_t ldq = (int64_t)p.nh * p.hd, ldk = (int64_t)p.nkv * p.hd;
+
+  const int64_t koff = row_off(b, j0, p.nkv, kvh, p.S, p.hd);
+  stage_f32<BN, HP, C::NT>(Ks, p.k + koff, ldk, p.S - j0, p.hd);
+  stage_f32<BN, HP, C::NT>(Vs, p.v + koff, ldk, p.S - j0, p.hd);
+  const int jlast = min(j0 + BN, p.S) - 1; /* query range: as dkdv_bf16 */
+  const int ilast = p.win > 0 ? min(p.S - 1, jlast + p.win - 1) : p.S - 1;
+  const int qb0 = j0 / BM, qb1 = ilast / BM;
+  float ak[HP / 4] = {}, av[HP / 4] = {};
+
+  for (int h = kvh * p.group; h < (kvh + 1) * p.group; h++) {
+    const float *lse_h = p.lse_in + ((int64_t)b * p.nh + h) * p.S;
+    const float *D_h = p.D + ((int64_t)b * p.nh + h) * p.S;
+    for (int qb = qb0; qb <= qb1; qb++) {
+      const int i0 = qb * BM;
+      __syncthreads(); /* the previous tile's Qs, dOs, Pt, dSt are no longer read */
+      const int64_t qoff = row_off(b, i0, p.nh, h, p.S, p.hd);
+      stage_f32<BM, HP, C::NT>(Qs, p.q + qoff, ldq, p.S - i0, p.hd);
+      stage_f32<BM, HP, C::NT>(dOs, p.dout + qoff, ldq, p.S - i0, p.hd);
+      for (int x = threadIdx.x; x < BM; x += C::NT) {
+        const bool in = i0 + x < p.S;
+        lse_s[x] = in ? lse_h[i0 + x] : 0.f;
+        D_s[x] = in ? D_h[i0 + x] : 0.f;
+      }
+      __syncthreads();
+
+      float s[8] = {}, dp[8] = {};
+      for (int d = 0; d < p.hd; d++) {
+        const float kv = Ks[c * LD + d], vv = Vs[c * LD + d];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+          s[u] = fmaf(kv, Qs[(q4 + 4 * u) * LD + d], s[u]);
+          dp[u] = fmaf(vv, dOs[(q4 + 4 * u) * LD + d], dp[u]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 8; u++) {
+        const int ic = q4 + 4 * u, i = i0 + ic;
+        const bool on = i < p.S && visible(i, j, p.win);
+        const float pv = on ? expf(s[u] * p.scale - lse_s[ic]) : 0.f;
+        Pt[c * LP + ic] = pv;
+        dSt[c * LP + ic] = pv * (dp[u] - D_s[ic]);
+      }
+      __syncwarp(); /* key row c's P^T, dS^T: written and read by its 4 lanes */
+      for (int x = 0; x < BM; x++) {
+        const float px = Pt[c * LP + x], dsx = dSt[c * LP + x];
+#pragma unroll
+        for (int u = 0; u < HP / 4; u++) {
+          av[u] = fmaf(px, dOs[x * LD + q4 + 4 * u], av[u]);
+          ak[u] = fmaf(dsx, Qs[x * LD + q4 + 4 * u], ak[u]);
+        }
+      }
+    }
+  }
+
+  if (j >= p.S) return; /* no barrier follows */
+  const int64_t off = row_off(b, j, p.nkv, kvh, p.S, p.hd);
+#pragma unroll
+  for (int u = 0; u < HP / 4; u++)
+    if (q4 + 4 * u < p.hd) {
+      p.dk[off + q4 + 4 * u] = p.scale * ak[u];
+      p.dv[off + q4 + 4 * u] = av[u];
+    }
+}
+
+/* ==== D = rowsum(dout ⊙ out) =============================================
+ * One warp per (token, head) row: lane sums d = lane, lane + 32, .. in
+ * fp64, then a fixed butterfly. In bf16 mode dout enters rounded, as it
+ * enters dP = dout·v^T (so D = rowsum(P ⊙ dP) up to P's rounding in out). */
+constexpr int ROWDOT_NT = 256;
+
+__global__ void __launch_bounds__(ROWDOT_NT) rowdot(const float *__restrict__ dout,
+                                                    const float *__restrict__ out,
+                                                    float *__restrict__ D, int64_t rows, int S,
+                                                    int nh, int hd, bool round) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = (int64_t)gridDim.x * (ROWDOT_NT / 32);
+  for (int64_t row = (int64_t)blockIdx.x * (ROWDOT_NT / 32) + (threadIdx.x >> 5); row < rows;
+       row += warps) {
+    /* row = token·nh + h, token = b·S + s; all lanes share `row`: no divergence */
+    double acc = 0.0;
+    for (int d = lane; d < hd; d += 32) {
+      float x = dout[row * hd + d];
+      if (round) x = __bfloat162float(__float2bfloat16_rn(x));
+      acc += (double)x * out[row * hd + d];
+    }
+    for (int w = 16; w > 0; w >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, w);
+    const int64_t token = row / nh, b = token / S;
+    if (lane == 0) D[(b * nh + row % nh) * S + token % S] = (float)acc;
+  }
+}
+
+/* ==== launchers ========================================================== */
+
+/* Launches `kernel` on `blocks` 1-D blocks, opting in to its shared memory
+ * first when that is above the default 48 KiB. */
+template <typename K>
+cudaError_t launch(K kernel, int64_t blocks, int threads, size_t smem, cudaStream_t st,
+                   const Params &p) {
+  if (blocks < 1 || blocks > INT32_MAX) return cudaErrorInvalidValue;
+  if (smem > 48 * 1024) {
+    cudaError_t e =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e != cudaSuccess) return e;
+  }
+  kernel<<<(unsigned)blocks, threads, smem, st>>>(p);
+  return cudaGetLastError();
+}
+
+bool aligned16(const void *x) { return ((uintptr_t)x & 15) == 0; }
+
+/* Checks the sizes and fills the fields both directions share; window >= S
+ * masks nothing and becomes 0 (so that every window fits an int). */
+cudaError_t setup(Params &p, int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd,
+                  float scale, int64_t window) {
+  if (B < 1 || S < 1 || S >= (1 << 30) || nkv < 1 || nh < nkv || nh % nkv || hd < 8 ||
+      hd > 256 || hd % 8 || B > INT32_MAX || nh > INT32_MAX)
+    return cudaErrorInvalidValue;
+  p.B = (int)B;
+  p.S = (int)S;
+  p.nh = (int)nh;
+  p.nkv = (int)nkv;
+  p.group = (int)(nh / nkv);
+  p.hd = (int)hd;
+  p.win = window > 0 && window < S ? (int)window : 0;
+  p.scale = scale;
+  return cudaSuccess;
+}
+
+/* Padded head width: the smallest instantiated width >= hd. */
+int padded(int hd) { return hd <= 32 ? 32 : hd <= 64 ? 64 : hd <= 128 ? 128 : 256; }
+
+int64_t tiles(int64_t S, int T) { return (S + T - 1) / T; }
+
+template <int HP>
+cudaError_t fwd_launch(cudaStream_t st, const Params &p, bool bf) {
+  const int64_t heads = (int64_t)p.B * p.nh;
+  if (bf)
+    return launch(fwd_bf16<HP>, tiles(p.S, FwdBf16<HP>::BM) * heads, FwdBf16<HP>::NT,
+                  FwdBf16<HP>::smem, st, p);
+  return launch(fwd_f32<HP>, tiles(p.S, F32<HP>::BM) * heads, F32<HP>::NT, F32<HP>::smem_fwd, st,
+                p);
+}
+
+template <int HP>
+cudaError_t bwd_launch(cudaStream_t st, const Params &p, bool bf) {
+  const int64_t heads = (int64_t)p.B * p.nh, kv_heads = (int64_t)p.B * p.nkv;
+  cudaError_t e;
+  if (bf) {
+    using C = BwdBf16<HP>;
+    e = launch(dkdv_bf16<HP>, tiles(p.S, C::BN) * kv_heads, C::NT, C::smem_kv, st, p);
+    if (e != cudaSuccess) return e;
+    return launch(dq_bf16<HP>, tiles(p.S, C::BM) * heads, C::NT, C::smem_q, st, p);
+  }
+  using C = F32<HP>;
+  e = launch(dkdv_f32<HP>, tiles(p.S, C::BN) * kv_heads, C::NT, C::smem_kv, st, p);
+  if (e != cudaSuccess) return e;
+  return launch(dq_f32<HP>, tiles(p.S, C::BM) * heads, C::NT, C::smem_q, st, p);
+}
+
+}  // namespace
+
+extern "C" cudaError_t kc_attention_fwd(cudaStream_t st, const float *q, const float *k,
+                                        const float *v, float *out, float *lse, int64_t B,
+                                        int64_t S, int64_t nh, int64_t nkv, int64_t hd,
+                                        float scale, int64_t window, bool bf16) {
+  Params p = {};
+  cudaError_t e = setup(p, B, S, nh, nkv, hd, scale, window);
+  if (e != cudaSuccess) return e;
+  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out) || !lse)
+    return cudaErrorInvalidValue;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.o = out;
+  p.lse = lse;
+  switch (padded(p.hd)) {
+    case 32: return fwd_launch<32>(st, p, bf16);
+    case 64: return fwd_launch<64>(st, p, bf16);
+    case 128: return fwd_launch<128>(st, p, bf16);
+    default: return fwd_launch<256>(st, p, bf16);
+  }
+}
+
+/* work: D [B, nh, S] fp32. */
+extern "C" size_t kc_attention_bwd_work(int64_t B, int64_t S, int64_t nh, int64_t /* nkv */,
+                                        int64_t /* hd */) {
+  if (B < 0 || S < 0 || nh < 0) return SIZE_MAX;
+  size_t n;
+  if (__builtin_mul_overflow((size_t)B, (size_t)S, &n) ||
+      __builtin_mul_overflow(n, (size_t)nh, &n) || __builtin_mul_overflow(n, sizeof(float), &n))
+    return SIZE_MAX;
+  return n;
+}
+
+extern "C" cudaError_t kc_attention_bwd(cudaStream_t st, const float *dout, const float *q,
+                                        const float *k, const float *v, const float *out,
+                                        const float *lse, float *dq, float *dk, float *dv,
+                                        int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                                        int64_t hd, float scale, int64_t window, bool bf16,
+                                        void *work) {
+  Params p = {};
+  cudaError_t e = setup(p, B, S, nh, nkv, hd, scale, window);
+  if (e != cudaSuccess) return e;
+  const void *ptrs[] = {dout, q, k, v, out, dq, dk, dv};
+  for (const void *x : ptrs)
+    if (!aligned16(x)) return cudaErrorInvalidValue;
+  if (!lse || !work) return cudaErrorInvalidValue;
+  float *D = static_cast<float *>(work);
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.dout = dout;
+  p.lse_in = lse;
+  p.D = D;
+  p.dq = dq;
+  p.dk = dk;
+  p.dv = dv;
+
+  /* 1. D, then 2. dk/dv and 3. dq (both read D; neither writes what the other reads) */
+  const int64_t rows = (int64_t)p.B * p.S * p.nh;
+  const int64_t blocks = tiles(rows, ROWDOT_NT / 32);
+  rowdot<<<(unsigned)(blocks < (1 << 20) ? blocks : (1 << 20)), ROWDOT_NT, 0, st>>>(
+      dout, out, D, rows, p.S, p.nh, p.hd, bf16);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  switch (padded(p.hd)) {
+    case 32: return bwd_launch<32>(st, p, bf16);
+    case 64: return bwd_launch<64>(st, p, bf16);
+    case 128: return bwd_launch<128>(st, p, bf16);
+    default: return bwd_launch<256>(st, p, bf16);
+  }
+}

@@ -1,0 +1,249 @@
+/* Element-wise kernels: fp32 <-> bf16 / f16 conversions and bf16 rounding
+ * (tensor/dtype.{h,c}: ml_f32_to_bf16, ml_f32_to_f16, ml_f16_to_f32,
+ * ml_round_bf16, reproduced bit for bit in integer arithmetic), the
+ * residual add and scaling (kernels/cpu/vector.c: k_add, k_scale) and the
+ * gated MLP activation (kernels/cpu/glu.c: k_glu_fwd/bwd, torch's silu and
+ * gelu(approximate='tanh') formulas in fp32).
+ *
+ * Every kernel strides over quads of 4 elements with 64-bit indices; a quad
+ * moves in one vector access per operand whose pointer is aligned (common.cuh
+ * kc_ld4/kc_st4), element by element otherwise. Each element is read and
+ * written by one thread, so in-place use (scale, round_bf16) is safe. */
+#include <math.h>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernels.h"
+
+/* ---- f16 (IEEE binary16), ports of tensor/dtype.c ------------------------ */
+
+static __device__ __forceinline__ float f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  if (exp == 0x1f) return __uint_as_float(sign | 0x7f800000u | (mant << 13)); /* inf, NaN */
+  if (exp != 0) return __uint_as_float(sign | ((exp + 112u) << 23) | (mant << 13));
+  /* zero or subnormal: mant * 2^-24, exact in fp32 */
+  float v = (float)mant * 5.9604644775390625e-8f;
+  return sign ? -v : v;
+}
+
+/* |f| < 2^-14: a half subnormal q * 2^-24 (or zero), q the 24-bit
+ * significand shifted right and rounded to nearest-even. */
+static __device__ __forceinline__ uint16_t f16_subnormal(uint32_t ax) {
+  uint32_t e = ax >> 23;
+  if (e < 102) return 0; /* below 2^-25: rounds to zero (2^-25 itself ties to 0) */
+  uint32_t mant = (ax & 0x7fffffu) | 0x800000u;
+  uint32_t shift = 126 - e; /* 14..24 */
+  uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+  if (rem > half || (rem == half && (q & 1u))) q++;
+  return (uint16_t)q; /* q == 0x400 is the smallest normal, correctly encoded */
+}
+
+static __device__ __forceinline__ uint16_t f32_to_f16(float f) {
+  uint32_t u = __float_as_uint(f);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  uint32_t ax = u & 0x7fffffffu;
+  if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u | ((ax >> 13) & 0x3ffu)); /* qNaN */
+  if (ax < 0x38800000u) return (uint16_t)(sign | f16_subnormal(ax));
+  /* normal: round at bit 13 to nearest-even, rebias the exponent 127 -> 15;
+   * anything that reaches exponent 31 (incl. inf) is inf */
+  uint32_t r = ax + 0xfffu + ((ax >> 13) & 1u) - (112u << 23);
+  if (r >= (31u << 23)) return (uint16_t)(sign | 0x7c00u);
+  return (uint16_t)(sign | (r >> 13));
+}
+
+/* ---- conversions ---------------------------------------------------------- */
+
+static __global__ void f32_to_bf16_kernel(const float *src, uint16_t *dst, int64_t n) {
+  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
+    float v[4];
+    uint16_t h[4];
+    kc_ld4(src, i, n, v);
+    for (int k = 0; k < 4; k++) h[k] = kc_f32_to_bf16(v[k]);
+    kc_st4h(dst, i, n, h);
+  }
+}
+
+static __global__ void bf16_to_f32_kernel(const uint16_t *src, float *dst, int64_t n) {
+  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
+    uint16_t h[4];
+    float v[4];
+    kc_ld4h(src, i, n, h);
+    for (int k = 0; k < 4; k++) v[k] = kc_bf16_to_f32(h[k]);
+    kc_st4(dst, i, n, v);
+  }
+}
+
+static __global__ void f32_to_f16_kernel(const float *src, uint16_t *dst, int64_t n) {
+  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
+    float v[4];
+    uint16_t h[4];
+    kc_ld4(src, i, n, v);
+    for (int k = 0; k < 4; k++) h[k] = f32_to_f16(v[k]);
+    kc_st4h(dst, i, n, h);
+  }
+}
+
+static __global__ void f16_to_f32_kernel(const uint16_t *src, float *dst, int64_t n) {
+  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
+    uint16_t h[4];
+    float v[4];
+    kc_ld4h(src, i, n, h);
+    for (int k = 0; k < 4; k++) v[k] = f16_to_f32(h[k]);
+    kc_st4(dst, i, n, v);
+  }
+}
+
+static __global__ void round_bf16_kernel(float *x, int64_t n) {
+  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
+    float v[4];
+    kc_ld4(x, i, n, v);
+    for (int k = 0; k < 4; k++) v[k] = kc_bf16_to_f32(kc_f32_to_bf16(v[k]));
+    kc_st4(x, i, n, v);
+  }
+}
+
+/* ---- add, scale ----------------------------------------------------------- */
+
+static __global__ void add_kernel(float *y, const float *x, int64_t n) {
+  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
+    float a[4], b[4];
+    kc_ld4(y, i, n, a);
+    kc_ld4(x, i, n, b);
+    for (int k = 0; k < 4; k++) a[k] += b[k];
+    kc_st4(y, i, n, a);
+  }
+}
+
+static __global__ void scale_kernel(float *x, int64_t n, float s) {
+  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
+    float v[4];
+    kc_ld4(x, i, n, v);
+    for (int k = 0; k < 4; k++) v[k] *= s;
+    kc_st4(x, i, n, v);
+  }
+}
+
+/* ---- gated MLP activation (glu.c's expressions, operation for operation) -- */
+
+#define GELU_BETA 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_KAPPA 0.044715f
+
+// silu(x) given e = expf(-x)
+static __device__ __forceinline__ float silu(float x, float e) { return x / (1.0f + e); }
+
+// silu'(x) given e = expf(-x)
+static __device__ __forceinline__ float silu_grad(float x, float e) {
+  float s = 1.0f / (1.0f + e);
+  return s * (1.0f + x * (1.0f - s));
+}
+
+static __device__ __forceinline__ float gelu_tanh(float x) {
+  float inner = GELU_BETA * (x + GELU_KAPPA * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+static __device__ __forceinline__ float gelu_tanh_grad(float x) {
+  float th = tanhf(GELU_BETA * (x + GELU_KAPPA * x * x * x));
+  float right = 0.5f * x * (1.0f - th * th) * GELU_BETA * (1.0f + 3.0f * GELU_KAPPA * x * x);
+  return 0.5f * (1.0f + th) + right;
+}
+
+static __global__ void glu_fwd_kernel(const float *g, const float *u, float *h, int64_t n,
+                                      ml_glu_act act) {
+  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
+    float gv[4], uv[4], hv[4];
+    kc_ld4(g, i, n, gv);
+    kc_ld4(u, i, n, uv);
+    for (int k = 0; k < 4; k++)
+      hv[k] = (act == ML_GLU_SILU ? silu(gv[k], expf(-gv[k])) : gelu_tanh(gv[k])) * uv[k];
+    kc_st4(h, i, n, hv);
+  }
+}
+
+static __global__ void glu_bwd_kernel(const float *dh, const float *g, const float *u, float *dg,
+                                      float *du, int64_t n, ml_glu_act act) {
+  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
+    float dv[4], gv[4], uv[4], dgv[4], duv[4];
+    kc_ld4(dh, i, n, dv);
+    kc_ld4(g, i, n, gv);
+    kc_ld4(u, i, n, uv);
+    for (int k = 0; k < 4; k++) {
+      float d = dv[k], gi = gv[k];
+      if (act == ML_GLU_SILU) {
+        float e = expf(-gi);
+        dgv[k] = d * uv[k] * silu_grad(gi, e);
+        duv[k] = d * silu(gi, e);
+      } else {
+        dgv[k] = d * uv[k] * gelu_tanh_grad(gi);
+        duv[k] = d * gelu_tanh(gi);
+      }
+    }
+    kc_st4(dg, i, n, dgv);
+    kc_st4(du, i, n, duv);
+  }
+}
+
+/* ---- launchers: one grid-stride launch each, KC_THREADS threads a block ---- */
+
+static unsigned quad_grid(int64_t n) { return kc_grid((n + 3) / 4, KC_THREADS); }
+
+extern "C" cudaError_t kc_f32_to_bf16(cudaStream_t st, const float *src, uint16_t *dst,
+                                      int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  f32_to_bf16_kernel<<<quad_grid(n), KC_THREADS, 0, st>>>(src, dst, n);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t kc_bf16_to_f32(cudaStream_t st, const uint16_t *src, float *dst,
+                                      int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  bf16_to_f32_kernel<<<quad_grid(n), KC_THREADS, 0, st>>>(src, dst, n);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t kc_f32_to_f16(cudaStream_t st, const float *src, uint16_t *dst,
+                                     int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  f32_to_f16_kernel<<<quad_grid(n), KC_THREADS, 0, st>>>(src, dst, n);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t kc_f16_to_f32(cudaStream_t st, const uint16_t *src, float *dst,
+                                     int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  f16_to_f32_kernel<<<quad_grid(n), KC_THREADS, 0, st>>>(src, dst, n);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t kc_round_bf16(cudaStream_t st, float *x, int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  round_bf16_kernel<<<quad_grid(n), KC_THREADS, 0, st>>>(x, n);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t kc_add(cudaStream_t st, float *y, const float *x, int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  add_kernel<<<quad_grid(n), KC_THREADS, 0, st>>>(y, x, n);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t kc_scale(cudaStream_t st, float *x, int64_t n, float s) {
+  if (n <= 0) return cudaSuccess;
+  scale_kernel<<<quad_grid(n), KC_THREADS, 0, st>>>(x, n, s);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t kc_glu_fwd(cudaStream_t st, const float *g, const float *u, float *h,
+                                  int64_t n, ml_glu_act act) {
+  if (n <= 0) return cudaSuccess;
+  glu_fwd_kernel<<<quad_grid(n), KC_THREADS, 0, st>>>(g, u, h, n, act);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t kc_glu_bwd(cudaStream_t st, const float *dh, const float *g,
+                                  const float *u, float *dg, float *du, int64_t n,
+                                  ml_glu_act act) {
+  if (n <= 0) return cudaSuccess;
+  glu_bwd_kernel<<<quad_grid(n), KC_THREADS, 0, st>>>(dh, g, u, dg, du, n, act);
+  return cudaGetLastError();
+}

@@ -1,0 +1,168 @@
+/* CUDA kernels: the arithmetic of every decoder module on an NVIDIA GPU,
+ * the device counterparts of kernels/cpu/kernels.h (same names without
+ * the k_ prefix, same semantics, same shapes); only the CUDA backend
+ * (backend/cuda) includes this header. The linear layers' GEMMs are the
+ * backend's (cuBLASLt, backend/cuda/gemm.c).
+ *
+ * Every launcher enqueues its kernels on `st` and returns at once with
+ * cudaGetLastError() (cudaSuccess, or the launch's error); nothing
+ * synchronises and nothing allocates: where a kernel needs scratch, a
+ * kc_*_work function gives its bytes and the caller passes device memory
+ * of that size. Pointers are device memory unless a comment says host.
+ * Element types: fp32 `float`; bf16 as uint16_t bits (torch.bfloat16,
+ * tensor/dtype.h), read and written as __nv_bfloat16 inside. Math is fp32
+ * unless stated (fp64 where the CPU kernel uses fp64). Sizes are int64_t
+ * and may exceed 2^31 elements: kernels index with 64-bit offsets.
+ *
+ * Conventions as the CPU kernels': activations row-major [T, D] with T =
+ * B·S tokens; "(=)" overwrites, "(+=)" accumulates. Results are
+ * deterministic: no floating-point atomics, every sum in a fixed order
+ * for given sizes (run-to-run bitwise reproducible, as the CPU engine). */
+#ifndef ML_KERNELS_CUDA_H
+#define ML_KERNELS_CUDA_H
+
+#include <cuda_runtime_api.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend/types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- element-wise and conversions (elementwise.cu) ---------------------- */
+/* dst[n] = bf16(src[n]) round-to-nearest-even, NaN stays NaN (torch .to()). */
+cudaError_t kc_f32_to_bf16(cudaStream_t st, const float *src, uint16_t *dst, int64_t n);
+/* dst[n] = fp32(src[n]) (exact). */
+cudaError_t kc_bf16_to_f32(cudaStream_t st, const uint16_t *src, float *dst, int64_t n);
+/* F16 (IEEE half, uint16_t bits) both ways, as the CPU's ml_convert_*. */
+cudaError_t kc_f32_to_f16(cudaStream_t st, const float *src, uint16_t *dst, int64_t n);
+cudaError_t kc_f16_to_f32(cudaStream_t st, const uint16_t *src, float *dst, int64_t n);
+/* x[n] = fp32(bf16(x[n])) in place. */
+cudaError_t kc_round_bf16(cudaStream_t st, float *x, int64_t n);
+/* y[n] += x[n]. */
+cudaError_t kc_add(cudaStream_t st, float *y, const float *x, int64_t n);
+/* x[n] *= s. */
+cudaError_t kc_scale(cudaStream_t st, float *x, int64_t n, float s);
+/* h[n] = act(g)·u (silu; gelu tanh approximation as torch's
+ * gelu(approximate='tanh')). */
+cudaError_t kc_glu_fwd(cudaStream_t st, const float *g, const float *u, float *h, int64_t n,
+                       ml_glu_act act);
+/* dg, du [n] (=) given dh and the forward's g, u. */
+cudaError_t kc_glu_bwd(cudaStream_t st, const float *dh, const float *g, const float *u,
+                       float *dg, float *du, int64_t n, ml_glu_act act);
+
+/* ---- the GEMM's empty-K case (bias.cu) ----------------------------------- */
+/* C[r, :] += bias for the M rows of C [M, N] with row stride ldc. */
+cudaError_t kc_add_bias_rows(cudaStream_t st, float *C, int64_t ldc, int64_t M, int64_t N,
+                             const float *bias);
+
+/* ---- reductions over rows or whole buffers (reduce.cu) ------------------ */
+/* db[N] (+=) sum over the T rows of dy [T, N]; work: kc_bias_grad_work bytes. */
+size_t kc_bias_grad_work(int64_t T, int64_t N);
+cudaError_t kc_bias_grad(cudaStream_t st, const float *dy, int64_t T, int64_t N, float *db,
+                         void *work);
+/* out[0] (device double) = sum of g[n]^2 accumulated in fp64; work:
+ * kc_reduce_work bytes. */
+size_t kc_reduce_work(int64_t n);
+cudaError_t kc_sumsq(cudaStream_t st, const float *g, int64_t n, double *out, void *work);
+/* out[0] = max |g[n]|, +inf when any is NaN (torch's inf-norm of a NaN). */
+cudaError_t kc_absmax(cudaStream_t st, const float *g, int64_t n, double *out, void *work);
+/* out[0] (device int) = 1 when g[n] holds a NaN or ±inf, else 0. */
+cudaError_t kc_has_nonfinite(cudaStream_t st, const float *g, int64_t n, int *out, void *work);
+
+/* ---- RMSNorm (HF LlamaRMSNorm; Gemma3RMSNorm when offset = 1) (rmsnorm.cu) */
+/* rstd[t] = 1/sqrt(mean_h x[t,h]^2 + eps); y[t,h] = x[t,h]·rstd[t]·(offset + w[h]).
+ * x, y [T, H] (y may alias x); w [H] fp32 or bf16 (w_bf16); rstd [T]. */
+cudaError_t kc_rmsnorm_fwd(cudaStream_t st, const float *x, const void *w, bool w_bf16,
+                           float offset, float eps, float *y, float *rstd, int64_t T, int64_t H);
+/* dx [T, H] (=, may alias dy), dw [H] (+=, may be NULL) given dy, x, rstd;
+ * work: kc_rmsnorm_bwd_work bytes (the dw partial sums). */
+size_t kc_rmsnorm_bwd_work(int64_t T, int64_t H);
+cudaError_t kc_rmsnorm_bwd(cudaStream_t st, const float *dy, const float *x, const void *w,
+                           bool w_bf16, float offset, const float *rstd, float *dx, float *dw,
+                           int64_t T, int64_t H, void *work);
+
+/* ---- RoPE (HF apply_rotary_pos_emb, rotate_half) (rope.cu) -------------- */
+/* In place on x [B·S, nheads, hd], row t at position t % S; cos_t, sin_t
+ * [S, hd/2] (the backend computes them on the host, as the CPU does).
+ * out = (x1·cos − x2·sin, x2·cos + x1·sin); bwd: rotation by −angle. */
+cudaError_t kc_rope_fwd(cudaStream_t st, float *x, const float *cos_t, const float *sin_t,
+                        int64_t B, int64_t S, int64_t nheads, int64_t hd);
+cudaError_t kc_rope_bwd(cudaStream_t st, float *dx, const float *cos_t, const float *sin_t,
+                        int64_t B, int64_t S, int64_t nheads, int64_t hd);
+
+/* ---- Embedding (Megatron VocabParallelEmbedding) (embedding.cu) -------- */
+/* out[t] = scale · W[ids[t] − row0] for ids in [row0, row0 + rows), else 0;
+ * W [rows, H] fp32 or bf16 (w_bf16, widened exactly, scaled in fp32). */
+cudaError_t kc_embedding_fwd(cudaStream_t st, const int32_t *ids, int64_t T, const void *W,
+                             bool w_bf16, int64_t row0, int64_t rows, int64_t H, float scale,
+                             float *out);
+/* dW[ids[t] − row0] (+=) scale · dout[t] for ids in range, the rows of
+ * each id summed in token order (deterministic); work:
+ * kc_embedding_bwd_work bytes (a sort of the tokens by id). */
+size_t kc_embedding_bwd_work(int64_t T);
+cudaError_t kc_embedding_bwd(cudaStream_t st, const int32_t *ids, int64_t T, const float *dout,
+                             int64_t row0, int64_t rows, int64_t H, float scale, float *dW,
+                             void *work);
+
+/* ---- Vocab-parallel cross-entropy pieces (Megatron
+ * _VocabParallelCrossEntropy) (xent.cu). logits [T, V] = global columns
+ * v0 .. v0+V−1; y [T] global targets or −1. ---------------------------- */
+/* mx[t] = max_j logits[t, j]. */
+cudaError_t kc_xent_rowmax(cudaStream_t st, const float *logits, int64_t T, int64_t V, float *mx);
+/* se[t] = sum_j exp(logits[t,j] − mx[t]); tl[t] = logits[t, y−v0] − mx[t]
+ * when y[t] is in this shard, else 0. */
+cudaError_t kc_xent_sumexp_target(cudaStream_t st, const float *logits, int64_t T, int64_t V,
+                                  int64_t v0, const int32_t *y, const float *mx, float *se,
+                                  float *tl);
+/* From the reduced se, tl: logprobs[t] = tl − log(se) computed in fp64 and
+ * rounded once (0 where y < 0; logprobs may be NULL); w[t] = scale where
+ * y[t] >= 0 else 0; sums[0] (device double) = −sum of the log-probs,
+ * count[0] (device int64) = targets counted (both overwritten: the
+ * backend adds them to the host totals); work: kc_xent_logprobs_work bytes. */
+size_t kc_xent_logprobs_work(int64_t T);
+cudaError_t kc_xent_logprobs(cudaStream_t st, const float *se, const float *tl, const int32_t *y,
+                             int64_t T, float scale, float *logprobs, float *w, double *sums,
+                             long long *count, void *work);
+/* dlogits [T, V] (=, may alias logits) = w[t]·(exp(logits − mx)/se − onehot). */
+cudaError_t kc_xent_bwd(cudaStream_t st, const float *logits, int64_t T, int64_t V, int64_t v0,
+                        const int32_t *y, const float *mx, const float *se, const float *w,
+                        float *dlogits);
+
+/* ---- AdamW (torch.optim.AdamW, single-tensor, fp32 state) (adamw.cu) --- */
+/* One step on p, m, v [n] with g, in one launch; the bias corrections are
+ * computed in fp64 on the host side of the launcher, as the CPU kernel. */
+cudaError_t kc_adamw(cudaStream_t st, float *p, const float *g, float *m, float *v, int64_t n,
+                     double lr, double b1, double b2, double eps, double wd, int64_t step);
+
+/* ---- Attention (attention.cu): causal GQA, flash-style (FlashAttention-2:
+ * tiles of queries × keys in shared memory, running max and sum, no
+ * [S, S] tensor in device memory). q [B·S, nh, hd]; k, v [B·S, nkv, hd];
+ * head h reads kv head h / (nh / nkv); query i sees key j iff j <= i and,
+ * when window > 0, j > i − window; scores = scale · q·k^T; softmax in
+ * fp32. bf16: q, k, v, P and (backward) dout, dS enter every product
+ * rounded to bf16 with fp32 accumulation (SDPA under autocast(bfloat16)),
+ * as the CPU kernel's lp path; else fp32 products. hd <= 256. */
+/* out [B·S, nh, hd]; lse [B, nh, S] (fp32 log-sum-exp of each query's
+ * scaled scores) saved for the backward. */
+cudaError_t kc_attention_fwd(cudaStream_t st, const float *q, const float *k, const float *v,
+                             float *out, float *lse, int64_t B, int64_t S, int64_t nh,
+                             int64_t nkv, int64_t hd, float scale, int64_t window, bool bf16);
+/* dq [B·S, nh, hd], dk, dv [B·S, nkv, hd] (=) given dout and the forward's
+ * q, k, v, out, lse (probabilities recomputed tile by tile; dk, dv summed
+ * over each group's heads in a fixed order); work: kc_attention_bwd_work
+ * bytes (D = rowsum(dout ⊙ out) [B, nh, S] and per-head dk, dv partials). */
+size_t kc_attention_bwd_work(int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd);
+cudaError_t kc_attention_bwd(cudaStream_t st, const float *dout, const float *q, const float *k,
+                             const float *v, const float *out, const float *lse, float *dq,
+                             float *dk, float *dv, int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                             int64_t hd, float scale, int64_t window, bool bf16, void *work);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,169 @@
+/* Reductions over rows or whole buffers: the bias gradient (column sums,
+ * also RMSNorm's dw through kc_colsum), the gradient-norm pieces sumsq and
+ * absmax, and the non-finite check. Semantics of kernels/cpu/vector.c
+ * (k_bias_grad, k_sumsq, k_absmax, k_has_nonfinite): fp64 accumulation,
+ * NaN counted as +inf by absmax. Deterministic: block partials in `work`,
+ * reduced in a fixed order by one block; no atomics. */
+#include <math.h>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/kernels.h"
+
+/* ---- column sums ----------------------------------------------------------
+ * Pass 1: grid (column blocks, row chunks); a thread owns one quad of
+ * columns and adds the rows of its chunk in row order into fp64
+ * partials[chunk][j]. Pass 2: a thread per column adds the chunk partials
+ * in chunk order and adds the rounded total to out. The chunking targets
+ * COLSUM_TARGET blocks (enough to fill the GPU) with chunks of at least
+ * COLSUM_MIN_ROWS rows, and depends on T and N alone. */
+static constexpr int COLSUM_THREADS = 128;
+static constexpr int COLSUM_COLS = 4 * COLSUM_THREADS; /* columns per block */
+static constexpr int COLSUM_TARGET = 2048;
+static constexpr int COLSUM_MIN_ROWS = 16;
+
+// chunks of rows_per rows covering T (the last may be shorter), for dy [T, N]
+static int64_t colsum_chunks(int64_t T, int64_t N, int64_t *rows_per) {
+  int64_t colblocks = (N + COLSUM_COLS - 1) / COLSUM_COLS;
+  int64_t chunks = (COLSUM_TARGET + colblocks - 1) / colblocks;
+  int64_t most = (T + COLSUM_MIN_ROWS - 1) / COLSUM_MIN_ROWS;
+  if (chunks > most) chunks = most;
+  if (chunks < 1) chunks = 1;
+  *rows_per = (T + chunks - 1) / chunks;
+  return (T + *rows_per - 1) / *rows_per; /* <= COLSUM_TARGET < 65535: fits grid.y */
+}
+
+size_t kc_colsum_work(int64_t T, int64_t N) {
+  if (T <= 0 || N <= 0) return 0;
+  int64_t rows_per;
+  return (size_t)(colsum_chunks(T, N, &rows_per) * N) * sizeof(double);
+}
+
+// part[chunk, j] = sum over the chunk's rows t of dy[t, j] (or dy·x·rstd)
+static __global__ void colsum_partial(const float *dy, const float *x, const float *rstd,
+                                      int64_t T, int64_t N, int64_t rows_per, double *part) {
+  int64_t j = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+  if (j >= N) return;
+  int64_t t0 = (int64_t)blockIdx.y * rows_per, t1 = t0 + rows_per < T ? t0 + rows_per : T;
+  double a[4] = {0.0, 0.0, 0.0, 0.0};
+  for (int64_t t = t0; t < t1; t++) {
+    float d[4], xv[4];
+    kc_ld4(dy + t * N, j, N, d);
+    if (x) {
+      kc_ld4(x + t * N, j, N, xv);
+      float r = rstd[t];
+      for (int k = 0; k < 4; k++) a[k] += (double)d[k] * xv[k] * r;
+    } else {
+      for (int k = 0; k < 4; k++) a[k] += d[k];
+    }
+  }
+  double *p = part + (int64_t)blockIdx.y * N;
+  for (int k = 0; k < 4; k++)
+    if (j + k < N) p[j + k] = a[k];
+}
+
+// out[j] += (float) sum over the chunks, in chunk order, of part[c, j]
+static __global__ void colsum_final(const double *part, int64_t chunks, int64_t N, float *out) {
+  for (int64_t j = kc_gtid(); j < N; j += kc_gstride()) {
+    double s = 0.0;
+    for (int64_t c = 0; c < chunks; c++) s += part[c * N + j];
+    out[j] += (float)s;
+  }
+}
+
+cudaError_t kc_colsum(cudaStream_t st, const float *dy, const float *x, const float *rstd,
+                      int64_t T, int64_t N, float *out, void *work) {
+  int64_t rows_per, chunks = colsum_chunks(T, N, &rows_per);
+  dim3 grid((unsigned)((N + COLSUM_COLS - 1) / COLSUM_COLS), (unsigned)chunks);
+  colsum_partial<<<grid, COLSUM_THREADS, 0, st>>>(dy, x, rstd, T, N, rows_per, (double *)work);
+  colsum_final<<<kc_grid(N, KC_THREADS), KC_THREADS, 0, st>>>((const double *)work, chunks, N,
+                                                             out);
+  return cudaGetLastError();
+}
+
+extern "C" size_t kc_bias_grad_work(int64_t T, int64_t N) { return kc_colsum_work(T, N); }
+
+extern "C" cudaError_t kc_bias_grad(cudaStream_t st, const float *dy, int64_t T, int64_t N,
+                                    float *db, void *work) {
+  if (T <= 0 || N <= 0) return cudaSuccess;
+  return kc_colsum(st, dy, NULL, NULL, T, N, db, work);
+}
+
+/* ---- whole-buffer reductions ----------------------------------------------
+ * kc_reduce_blocks(quads) blocks stride over the quads of g, each thread
+ * folding its elements in index order, each block writing one partial to
+ * work[block]; then a block of KC_RED_BLOCKS threads folds the partials
+ * (thread b reads partial b) into out[0]. */
+
+extern "C" size_t kc_reduce_work(int64_t n) {
+  return (size_t)kc_reduce_blocks((n + 3) / 4) * sizeof(double);
+}
+
+// work[block] = sum of g^2 over the block's share, in fp64 (squares exact)
+static __global__ void sumsq_partial(const float *g, int64_t n, double *work) {
+  double s = 0.0;
+  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
+    float v[4];
+    kc_ld4(g, i, n, v); /* zeros past n add nothing */
+    for (int k = 0; k < 4; k++) s += (double)v[k] * v[k];
+  }
+  s = kc_block_reduce(s, 0.0, kc_sum_op());
+  if (threadIdx.x == 0) work[blockIdx.x] = s;
+}
+
+// work[block] = max |g| over the block's share, +inf for a NaN
+static __global__ void absmax_partial(const float *g, int64_t n, double *work) {
+  double s = 0.0;
+  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
+    float v[4];
+    kc_ld4(g, i, n, v); /* zeros past n never exceed s >= 0 */
+    for (int k = 0; k < 4; k++) s = fmax(s, isnan(v[k]) ? INFINITY : fabs((double)v[k]));
+  }
+  s = kc_block_reduce(s, 0.0, kc_max_op());
+  if (threadIdx.x == 0) work[blockIdx.x] = s;
+}
+
+// work[block] = 1 when the block's share holds a NaN or ±inf, else 0
+static __global__ void nonfinite_partial(const float *g, int64_t n, int *work) {
+  int f = 0;
+  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
+    float v[4];
+    kc_ld4(g, i, n, v); /* zeros past n are finite */
+    for (int k = 0; k < 4; k++) f |= !isfinite(v[k]);
+  }
+  f = kc_block_reduce(f, 0, kc_max_op());
+  if (threadIdx.x == 0) work[blockIdx.x] = f;
+}
+
+// out[0] = op over part[0 .. nb), nb <= KC_RED_BLOCKS, in a fixed tree
+template <typename T, typename Op>
+static __global__ void reduce_final(const T *part, int nb, T ident, Op op, T *out) {
+  T v = kc_block_reduce((int)threadIdx.x < nb ? part[threadIdx.x] : ident, ident, op);
+  if (threadIdx.x == 0) out[0] = v;
+}
+
+extern "C" cudaError_t kc_sumsq(cudaStream_t st, const float *g, int64_t n, double *out,
+                                void *work) {
+  if (n <= 0) return cudaMemsetAsync(out, 0, sizeof(double), st); /* empty sum: 0.0 */
+  int nb = kc_reduce_blocks((n + 3) / 4);
+  sumsq_partial<<<nb, KC_THREADS, 0, st>>>(g, n, (double *)work);
+  reduce_final<<<1, KC_RED_BLOCKS, 0, st>>>((const double *)work, nb, 0.0, kc_sum_op(), out);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t kc_absmax(cudaStream_t st, const float *g, int64_t n, double *out,
+                                 void *work) {
+  if (n <= 0) return cudaMemsetAsync(out, 0, sizeof(double), st); /* as the CPU's 0.0 */
+  int nb = kc_reduce_blocks((n + 3) / 4);
+  absmax_partial<<<nb, KC_THREADS, 0, st>>>(g, n, (double *)work);
+  reduce_final<<<1, KC_RED_BLOCKS, 0, st>>>((const double *)work, nb, 0.0, kc_max_op(), out);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t kc_has_nonfinite(cudaStream_t st, const float *g, int64_t n, int *out,
+                                        void *work) {
+  if (n <= 0) return cudaMemsetAsync(out, 0, sizeof(int), st);
+  int nb = kc_reduce_blocks((n + 3) / 4);
+  nonfinite_partial<<<nb, KC_THREADS, 0, st>>>(g, n, (int *)work);
+  reduce_final<<<1, KC_RED_BLOCKS, 0, st>>>((const int *)work, nb, 0, kc_max_op(), out);
+  return cudaGetLastError();
+}

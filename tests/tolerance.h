@@ -464,6 +464,22 @@ static inline tol_adamw tol_adamw_step(tol_adamw s, double g, double lr, double 
 static inline double tol_norm2_rel(double n) { return tol_gamma64(n) + tol_gamma64(2.0); }
 
 /* ===================================================================== */
+/* 6b. The CUDA backend against the CPU backend (tests/cuda).             */
+/* ===================================================================== */
+/* Whole models in fp32 (test_cuda_engine.c): the acceptance limits of the
+ * CUDA backend's parity mode (fp32 GEMMs on CUBLAS_COMPUTE_32F, never
+ * TF32): per-token log-probs within 1e-4 nats, the loss within 1e-5
+ * relative, every gradient within 1e-4 relative L2. Both backends are fp32
+ * evaluations of one computation in different orders, so section 3's
+ * tol_model_pair bounds them too (CUDA's expf/logf/tanhf are within 2 ulp,
+ * CUDA C Programming Guide, "Mathematical Functions": TOL_LIBM's 4
+ * roundings cover them as they cover glibc's); the test asserts both and
+ * prints both. */
+#define TOL_CUDA_LOGPROB_ABS 1e-4
+#define TOL_CUDA_LOSS_REL 1e-5
+#define TOL_CUDA_GRAD_REL 1e-4
+
+/* ===================================================================== */
 /* 7. Exact comparisons (bound 0), and closed forms in double.            */
 /* ===================================================================== */
 /* TOL_EXACT marks comparisons that must hold bitwise, each derived where

@@ -241,7 +241,9 @@ static float *take(carver *c, int part, bool present, int64_t n) {
   if (!present) return NULL;
   int w = !(c->kept & part);
   float *p = c->block[w] ? c->block[w] + c->used[w] : NULL;
-  c->used[w] = ml_add_sat(c->used[w], n);
+  /* every buffer starts on a 64-byte boundary: device kernels load rows as
+   * 16-byte vectors and cuBLASLt picks faster kernels for aligned operands */
+  c->used[w] = ml_add_sat(c->used[w], n > ML_SAT - 15 ? ML_SAT : (n + 15) / 16 * 16);
   return p;
 }
 

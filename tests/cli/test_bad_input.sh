@@ -86,6 +86,14 @@ expect unknown-flag "--bogus" "$meshlm" train --model "$fx" --data "$work/data.j
 # meshlm train settings: flags, config file, combinations
 train=("$meshlm" train --model "$fx" --data "$work/data.jsonl" --steps 1 --seq-len 8)
 expect bad-dtype "--param-dtype: expected one of fp32, bf16, found 'fp16'" "${train[@]}" --param-dtype fp16
+expect bad-device "--device: expected one of cpu, cuda, found 'tpu'" "${train[@]}" --device tpu
+# without a GPU (CI) --device cuda is refused on every rank with the reason; with one it runs
+if ! command -v nvidia-smi > /dev/null || ! nvidia-smi -L > /dev/null 2>&1; then
+  expect cuda-without-gpu "train: flag --device cuda: .*device 'cuda': (no CUDA GPU is visible|this build has no CUDA backend)" \
+    mpirun -np 2 "${train[@]}" --device cuda
+  expect logprobs-cuda-without-gpu "logprobs: flag --device cuda: .*device 'cuda'" \
+    "$meshlm" logprobs --model "$fx" --data "$work/data.jsonl" --out "$work/out.jsonl" --device cuda
+fi
 expect bad-schedule "--lr-schedule: expected one of constant, linear, cosine, found 'step'" "${train[@]}" --lr-schedule step
 expect bad-norm-type "--grad-norm-type: expected one of 2, inf, found '1'" "${train[@]}" --grad-norm-type 1
 expect bad-zero "--zero: expected an integer in \[1, 3\], found 0" "${train[@]}" --zero 0

@@ -35,14 +35,22 @@ static inline void run_release(void *p) {
 }
 
 /* The engine on checkpoint `dir` over a mesh of `base`: dp_replicate dpr,
- * tp, dp_shard inferred; opts NULL = ml_engine_opts_default(). */
-static inline void run_open(run *r, MPI_Comm base, int dpr, int tp, const ml_engine_opts *opts,
-                            const char *dir) {
+ * tp, dp_shard inferred; opts NULL = ml_engine_opts_default(); the mesh's
+ * data comms from make_comm(ctx, ...) (parallel/mesh.h; NULL: MPI). */
+static inline void run_open_comm(run *r, MPI_Comm base, int dpr, int tp,
+                                 const ml_engine_opts *opts, const char *dir,
+                                 ml_comm_factory make_comm, void *ctx) {
   memset(r, 0, sizeof *r);
   hold(r, run_release);
-  if (ml_mesh_create(base, dpr, 0, 1, tp, NULL, NULL, &r->mesh) ||
+  if (ml_mesh_create(base, dpr, 0, 1, tp, make_comm, ctx, &r->mesh) ||
       ml_engine_open(&r->e, &r->mesh, dir, opts))
     fail_msg("setup (%s, dp_replicate %d, tp %d): %s", dir, dpr, tp, ml_error_msg());
+}
+
+/* run_open_comm with the MPI comms. */
+static inline void run_open(run *r, MPI_Comm base, int dpr, int tp, const ml_engine_opts *opts,
+                            const char *dir) {
+  run_open_comm(r, base, dpr, tp, opts, dir, NULL, NULL);
 }
 
 static inline void run_close(run *r) {

@@ -22,64 +22,17 @@
 
 static const char *g_fixture;
 
-/* The fixture batch's log-probs [B, S−1] from r (every rank scores the
- * whole batch: the engine's logprobs are per local batch). */
-static double *logprobs(run *r, const fixture *fx) {
-  int64_t n = fx->B * (fx->S - 1);
-  float *lp = malloc(sizeof(float) * (size_t)n);
-  double *out = malloc(sizeof(double) * (size_t)n);
-  if (!lp || !out) fail_msg("logprobs: out of memory");
-  if (ml_engine_logprobs(&r->e, fx->ids, fx->B, fx->S, lp))
-    fail_msg("logprobs: %s", ml_error_msg());
-  for (int64_t i = 0; i < n; i++) out[i] = lp[i];
-  free(lp);
-  return out;
-}
-
-/* Mean over the tokens of |a − b|. */
-static double mean_abs_diff(const double *a, const double *b, int64_t n) {
-  double s = 0;
-  for (int64_t i = 0; i < n; i++) s += fabs(a[i] - b[i]);
-  return n ? s / (double)n : 0;
-}
-
-/* A run against a reference run on the same fixture batch: one training
- * step of each (loss, gradients), then the log-probs of the fixture. */
-typedef struct diff {
-  double loss_ref, loss_rel, logprob_mean_abs, grad_rel;
-  bool grads_exact;
-} diff;
-
-static diff compare(run *r, run *ref, const fixture *fx, const batch *bt) {
-  diff d;
-  double l = step_rows(r, bt);
-  d.loss_ref = step_rows(ref, bt);
-  d.loss_rel = fabs(l - d.loss_ref) / fabs(d.loss_ref);
-  d.grad_rel = worst_rel(r, ref, ML_EXPORT_GRADS, &d.grads_exact);
-  double *lp = logprobs(r, fx), *lp_ref = logprobs(ref, fx);
-  d.logprob_mean_abs = mean_abs_diff(lp, lp_ref, fx->B * (fx->S - 1));
-  free(lp_ref);
-  free(lp);
-  return d;
-}
-
-static ml_engine_opts bf16_opts(void) {
-  ml_engine_opts o = ml_engine_opts_default();
-  o.fsdp.param_dtype = ML_BF16;
-  return o;
-}
-
 static void test_vs_fp32(void **state) {
   (void)state;
   static fixture fx;
   fixture_load(g_fixture, &fx);
   static batch bt;
   batch_make(&fx, 1, &bt);
-  ml_engine_opts o16 = bf16_opts();
+  ml_engine_opts o16 = bf16_engine_opts();
   static run f32, b16;
   run_open(&f32, MPI_COMM_SELF, 1, 1, NULL, fx.dir);
   run_open(&b16, MPI_COMM_SELF, 1, 1, &o16, fx.dir);
-  diff d = compare(&b16, &f32, &fx, &bt);
+  run_diff d = run_compare(&b16, &f32, &fx, &bt);
   tol_model tm = tol_model_of(&f32, bt.S, bt.B * bt.S);
   double tg = tol_bf16(&tm, TOL_GRADS, 0, 0), expect = tol_bf16_expected(&tm);
   if (rank0())
@@ -103,11 +56,11 @@ static void test_mesh_parity(void **state) {
   fixture_load(g_fixture, &fx);
   static batch bt;
   batch_make(&fx, 2, &bt); /* one row per dp rank */
-  ml_engine_opts o16 = bf16_opts();
+  ml_engine_opts o16 = bf16_engine_opts();
   static run one, mesh;
   run_open(&one, MPI_COMM_SELF, 1, 1, &o16, fx.dir);
   run_open(&mesh, MPI_COMM_WORLD, 1, 2, &o16, fx.dir);
-  diff d = compare(&mesh, &one, &fx, &bt);
+  run_diff d = run_compare(&mesh, &one, &fx, &bt);
   tol_model tm = tol_model_of(&one, bt.S, bt.B * bt.S);
   double tl = tol_bf16_pair(&tm, TOL_LOSS), tg = tol_bf16_pair(&tm, TOL_GRADS);
   /* log-probs: each token's relative error within the loss bound, and

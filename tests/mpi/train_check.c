@@ -42,6 +42,45 @@ double worst_rel(run *ra, run *rb, ml_export_what what, bool *exact) {
   return worst;
 }
 
+/* The fixture batch's log-probs [B, S−1] from r (every rank scores the
+ * whole batch: the engine's logprobs are per local batch). */
+static double *run_logprobs(run *r, const fixture *fx) {
+  int64_t n = fx->B * (fx->S - 1);
+  float *lp = malloc(sizeof(float) * (size_t)n);
+  double *out = malloc(sizeof(double) * (size_t)n);
+  if (!lp || !out) fail_msg("logprobs: out of memory");
+  if (ml_engine_logprobs(&r->e, fx->ids, fx->B, fx->S, lp))
+    fail_msg("logprobs: %s", ml_error_msg());
+  for (int64_t i = 0; i < n; i++) out[i] = lp[i];
+  free(lp);
+  return out;
+}
+
+run_diff run_compare(run *r, run *ref, const fixture *fx, const batch *bt) {
+  run_diff d = {0};
+  double l = step_rows(r, bt);
+  d.loss_ref = step_rows(ref, bt);
+  d.loss_rel = fabs(l - d.loss_ref) / fabs(d.loss_ref);
+  d.grad_rel = worst_rel(r, ref, ML_EXPORT_GRADS, &d.grads_exact);
+  double *lp = run_logprobs(r, fx), *lp_ref = run_logprobs(ref, fx);
+  int64_t n = fx->B * (fx->S - 1);
+  for (int64_t i = 0; i < n; i++) {
+    double e = fabs(lp[i] - lp_ref[i]);
+    d.logprob_mean_abs += e;
+    d.logprob_max_abs = fmax(d.logprob_max_abs, e);
+  }
+  if (n) d.logprob_mean_abs /= (double)n;
+  free(lp_ref);
+  free(lp);
+  return d;
+}
+
+ml_engine_opts bf16_engine_opts(void) {
+  ml_engine_opts o = ml_engine_opts_default();
+  o.fsdp.param_dtype = ML_BF16;
+  return o;
+}
+
 /* |got - want| against bound, folded into *worst; the first violation is
  * described in msg. */
 static void within(double got, double want, double bound, double *worst, char *msg, size_t cap,

@@ -26,6 +26,21 @@ double step_rows(run *r, const batch *b);
  * export (rb the reference); *exact: whether every tensor is bitwise equal. */
 double worst_rel(run *ra, run *rb, ml_export_what what, bool *exact);
 
+/* A run against a reference run on the same fixture batch (tests/mpi/
+ * test_bf16.c, tests/cuda/test_cuda_engine.c): one forward/backward of
+ * each on bt (step_rows: loss, gradients), then the log-probs of the
+ * fixture's batch. */
+typedef struct run_diff {
+  double loss_ref, loss_rel, grad_rel;
+  double logprob_mean_abs, logprob_max_abs; /* over the tokens, |log-prob − reference's| */
+  bool grads_exact;
+} run_diff;
+run_diff run_compare(run *r, run *ref, const fixture *fx, const batch *bt);
+
+/* The engine options of real bf16 compute: ml_engine_opts_default() with
+ * param_dtype bf16 (FSDP2's MixedPrecisionPolicy under autocast). */
+ml_engine_opts bf16_engine_opts(void);
+
 /* One training step of r on b (step_rows, the L2 grad norm, clipping to
  * max_norm, ml_engine_adamw with c), checked as above. Returns the loss;
  * *worst (when not NULL) gets the largest error/bound seen. Fails the test

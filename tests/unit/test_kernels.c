@@ -16,6 +16,7 @@
 
 #include <cmocka.h>  // after the headers it needs
 
+#include "check_util.h"
 #include "common/status.h"
 #include "kernels/cpu/kernels.h"
 #include "model/linear.h"
@@ -23,45 +24,10 @@
 
 /* ---- helpers ------------------------------------------------------------ */
 
-static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-
-// uniform in [-1, 1)
-static float frand(void) {
-  rng_state ^= rng_state << 13;
-  rng_state ^= rng_state >> 7;
-  rng_state ^= rng_state << 17;
-  return (float)((double)(rng_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
-
-static float *rand_buf(int64_t n, float scale) {
-  float *a = malloc((size_t)n * sizeof(float));
-  for (int64_t i = 0; i < n; i++) a[i] = scale * frand();
-  return a;
-}
-
 static float *const_buf(int64_t n, float c) {
   float *a = malloc((size_t)n * sizeof(float));
   for (int64_t i = 0; i < n; i++) a[i] = c;
   return a;
-}
-
-static double *dzeros(int64_t n) { return calloc((size_t)n, sizeof(double)); }
-
-/* |got_i − ref_i| <= bound_i for every i (a zero bound demands equality);
- * prints the worst error/bound. */
-static void expect_within(const char *what, const float *got, const double *ref,
-                          const double *bound, int64_t n) {
-  double worst = 0.0;
-  int64_t at = -1;
-  for (int64_t i = 0; i < n; i++) {
-    double e = fabs((double)got[i] - ref[i]),
-           r = bound[i] > 0 ? e / bound[i] : (e > 0 ? INFINITY : 0);
-    if (r > worst) worst = r, at = i;
-  }
-  printf("  %-44s worst error/bound %.3g\n", what, worst);
-  if (worst > 1.0)
-    fail_msg("%s: element %lld is %.9g, reference %.17g, bound %.3g", what, (long long)at,
-             (double)got[at], ref[at], bound[at]);
 }
 
 static void expect_within_d(const char *what, const double *got, const double *ref,

@@ -456,7 +456,8 @@ static int pick_device(int *device) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count < 1)
-    return ml_err("device 'cuda': no CUDA GPU is visible (cudaGetDeviceCount: %s)",
+    return ml_err("device 'cuda': no CUDA GPU is visible (cudaGetDeviceCount: %s); expected an "
+                  "NVIDIA GPU with a driver for CUDA 13",
                   e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
   const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
   *device = lr ? atoi(lr) % count : 0;

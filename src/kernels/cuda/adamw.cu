@@ -4,8 +4,7 @@
  * in fp32 except v's b2 term, which (as in the CPU's v·b2 with b2 a double)
  * is computed in fp64 and rounded once. One grid-stride launch over quads
  * of the four arrays (common.cuh kc_ld4, vectorised per aligned pointer). */
-#include <math.h>
-
+#include "kernels/adamw_scalars.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -36,13 +35,8 @@ extern "C" cudaError_t kc_adamw(cudaStream_t st, float *p, const float *g, float
                                 int64_t n, double lr, double b1, double b2, double eps, double wd,
                                 int64_t step) {
   if (n <= 0) return cudaSuccess;
-  double bc1 = 1.0 - pow(b1, (double)step);
-  double bc2 = 1.0 - pow(b2, (double)step);
-  float decay = (float)(1.0 - lr * wd);
-  float w1 = (float)(1.0 - b1), w2 = (float)(1.0 - b2);
-  float neg_step = (float)(-lr / bc1);
-  float bc2_sqrt = (float)sqrt(bc2), feps = (float)eps;
+  ml_adamw_scalars c = ml_adamw_scalars_of(lr, b1, b2, eps, wd, step);
   adamw_kernel<<<kc_grid((n + 3) / 4, KC_THREADS), KC_THREADS, 0, st>>>(
-      p, g, m, v, n, decay, w1, w2, neg_step, bc2_sqrt, feps, b2);
+      p, g, m, v, n, c.decay, c.w1, c.w2, c.neg_step, c.bc2_sqrt, c.eps, b2);
   return cudaGetLastError();
 }

@@ -400,6 +400,8 @@ __global__ void __launch_bounds__(FwdBf16<HP>::NT) fwd_bf16(Params p) {
 template <int HP>
 struct BwdBf16 {
   static constexpr int NT = 256, BM = 64, BN = 64, LD = HP + 8, LP = 64 + 8, DW = HP / 2;
+  /* 2 blocks per SM (registers capped at 128) where that costs no spills */
+  static constexpr int MINB = HP <= 128 ? 2 : 1;
   /* dk/dv: Ks, Vs, Qs, dOs [64][LD], Pt, dSt [64][LP] bf16; lse, D [64] fp32 */
   static constexpr size_t smem_kv =
       (size_t)(2 * BN + 2 * BM) * LD * sizeof(bf16) + 2 * BN * LP * sizeof(bf16) + 2 * BM * 4;
@@ -408,13 +410,39 @@ struct BwdBf16 {
       (size_t)(2 * BM + 2 * BN) * LD * sizeof(bf16) + BM * LP * sizeof(bf16);
 };
 
+/* Phase 1 of both backward kernels, per warp: x1 += A1·B1^T and x2 += A2·B2^T
+ * for rows r0..r0+15 of A1, A2 and rows c0..c0+31 of B1, B2 (bf16 tiles
+ * [rows][LD] in shared memory; the products reduce over their HP columns),
+ * as 4 C fragments of 8 columns each. */
+template <int HP, int LD>
+__device__ __forceinline__ void products_16x32(const bf16 *A1, const bf16 *A2, const bf16 *B1,
+                                               const bf16 *B2, int r0, int c0, int lane,
+                                               float (&x1)[4][4], float (&x2)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < HP / 16; kk++) {
+    uint32_t a1[4], a2[4];
+    ldsm_x4(a1, frag_a(A1, LD, r0, 16 * kk, lane));
+    ldsm_x4(a2, frag_a(A2, LD, r0, 16 * kk, lane));
+#pragma unroll
+    for (int np = 0; np < 2; np++) {
+      uint32_t b1[4], b2[4];
+      ldsm_x4(b1, frag_bn(B1, LD, c0 + 16 * np, 16 * kk, lane));
+      ldsm_x4(b2, frag_bn(B2, LD, c0 + 16 * np, 16 * kk, lane));
+      mma_bf16(x1[2 * np], a1, b1[0], b1[1]);
+      mma_bf16(x1[2 * np + 1], a1, b1[2], b1[3]);
+      mma_bf16(x2[2 * np], a2, b2[0], b2[1]);
+      mma_bf16(x2[2 * np + 1], a2, b2[2], b2[3]);
+    }
+  }
+}
+
 /* dk, dv of one key tile of one kv head (blocks in ascending tile order:
  * the first key tiles have the most queries after them). Phase 1 works on
  * the transposed scores S^T = K·Q^T, so that P^T and dS^T land in shared
  * memory as [key][query], the row-major A operands of phase 2's
  * dV += P^T·dO and dK += dS^T·Q. */
 template <int HP>
-__global__ void __launch_bounds__(BwdBf16<HP>::NT) dkdv_bf16(Params p) {
+__global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dkdv_bf16(Params p) {
   using C = BwdBf16<HP>;
   constexpr int BM = C::BM, BN = C::BN, LD = C::LD, LP = C::LP, DW = C::DW;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -461,22 +489,7 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT) dkdv_bf16(Params p) {
 
       /* phase 1: S^T = K·Q^T and dP^T = V·dO^T, 16 keys × 32 queries */
       float st[4][4] = {}, dpt[4][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < HP / 16; kk++) {
-        uint32_t ak[4], av[4];
-        ldsm_x4(ak, frag_a(Ks, LD, kr, 16 * kk, lane));
-        ldsm_x4(av, frag_a(Vs, LD, kr, 16 * kk, lane));
-#pragma unroll
-        for (int np = 0; np < 2; np++) {
-          uint32_t bq[4], bo[4];
-          ldsm_x4(bq, frag_bn(Qs, LD, qc + 16 * np, 16 * kk, lane));
-          ldsm_x4(bo, frag_bn(dOs, LD, qc + 16 * np, 16 * kk, lane));
-          mma_bf16(st[2 * np], ak, bq[0], bq[1]);
-          mma_bf16(st[2 * np + 1], ak, bq[2], bq[3]);
-          mma_bf16(dpt[2 * np], av, bo[0], bo[1]);
-          mma_bf16(dpt[2 * np + 1], av, bo[2], bo[3]);
-        }
-      }
+      products_16x32<HP, LD>(Ks, Vs, Qs, dOs, kr, qc, lane, st, dpt);
       /* P = exp(scaled score − lse), 0 where masked or past S; dS = P ⊙ (dP − D).
        * Element (e) of n-tile nt: key row kr + g + 8·(e/2), query qc + 8·nt + 2t + e%2. */
       const bool masked = tile_masked(i0, BM, j0, BN, p.win) || i0 + BM > p.S;
@@ -540,7 +553,7 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT) dkdv_bf16(Params p) {
  * Q·K^T, dP = dO·V^T and writes dS (bf16) to shared memory; phase 2 adds
  * dS·K with K as the B operand through ldmatrix.trans. */
 template <int HP>
-__global__ void __launch_bounds__(BwdBf16<HP>::NT) dq_bf16(Params p) {
+__global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dq_bf16(Params p) {
   using C = BwdBf16<HP>;
   constexpr int BM = C::BM, BN = C::BN, LD = C::LD, LP = C::LP, DW = C::DW;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -582,22 +595,7 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT) dq_bf16(Params p) {
 
     /* phase 1: S = Q·K^T, dP = dO·V^T, 16 queries × 32 keys */
     float s[4][4] = {}, dp[4][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < HP / 16; kk++) {
-      uint32_t aq[4], ao[4];
-      ldsm_x4(aq, frag_a(Qs, LD, qr, 16 * kk, lane));
-      ldsm_x4(ao, frag_a(dOs, LD, qr, 16 * kk, lane));
-#pragma unroll
-      for (int np = 0; np < 2; np++) {
-        uint32_t bk[4], bv[4];
-        ldsm_x4(bk, frag_bn(Ks, LD, kc + 16 * np, 16 * kk, lane));
-        ldsm_x4(bv, frag_bn(Vs, LD, kc + 16 * np, 16 * kk, lane));
-        mma_bf16(s[2 * np], aq, bk[0], bk[1]);
-        mma_bf16(s[2 * np + 1], aq, bk[2], bk[3]);
-        mma_bf16(dp[2 * np], ao, bv[0], bv[1]);
-        mma_bf16(dp[2 * np + 1], ao, bv[2], bv[3]);
-      }
-    }
+    products_16x32<HP, LD>(Qs, dOs, Ks, Vs, qr, kc, lane, s, dp);
     /* dS = P ⊙ (dP − D), P = exp(scaled score − lse), 0 where masked */
     const bool masked = tile_masked(i0, BM, j0, BN, p.win);
 #pragma unroll
@@ -662,7 +660,8 @@ struct F32 {
   /* dq: Qs, dOs, Ks, Vs; dS */
   static constexpr size_t smem_q = (size_t)(2 * BM + 2 * BN) * LD * 4 + BM * LP * 4;
   /* dk/dv: Ks, Vs, Qs, dOs; P^T, dS^T; lse, D */
-  static constexpr size_t smem_kv = (size_t)(2 * BN + 2 * BM) * LD * 4 + 2 * BN * LP * 4 + 2 * BM * 4;
+  static constexpr size_t smem_kv =
+      (size_t)(2 * BN + 2 * BM) * LD * 4 + 2 * BN * LP * 4 + 2 * BM * 4;
 };
 
 template <int HP>

@@ -53,52 +53,35 @@ static __device__ __forceinline__ uint16_t f32_to_f16(float f) {
 
 /* ---- conversions ---------------------------------------------------------- */
 
-static __global__ void f32_to_bf16_kernel(const float *src, uint16_t *dst, int64_t n) {
-  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
-    float v[4];
-    uint16_t h[4];
-    kc_ld4(src, i, n, v);
-    for (int k = 0; k < 4; k++) h[k] = kc_f32_to_bf16(v[k]);
-    kc_st4h(dst, i, n, h);
-  }
+/* Quads of either element type (kc_ld4 / kc_ld4h and their stores). */
+static __device__ __forceinline__ void ld4(const float *p, int64_t i, int64_t n, float v[4]) {
+  kc_ld4(p, i, n, v);
+}
+static __device__ __forceinline__ void ld4(const uint16_t *p, int64_t i, int64_t n,
+                                           uint16_t v[4]) {
+  kc_ld4h(p, i, n, v);
+}
+static __device__ __forceinline__ void st4(float *p, int64_t i, int64_t n, const float v[4]) {
+  kc_st4(p, i, n, v);
+}
+static __device__ __forceinline__ void st4(uint16_t *p, int64_t i, int64_t n,
+                                           const uint16_t v[4]) {
+  kc_st4h(p, i, n, v);
 }
 
-static __global__ void bf16_to_f32_kernel(const uint16_t *src, float *dst, int64_t n) {
-  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
-    uint16_t h[4];
-    float v[4];
-    kc_ld4h(src, i, n, h);
-    for (int k = 0; k < 4; k++) v[k] = kc_bf16_to_f32(h[k]);
-    kc_st4(dst, i, n, v);
-  }
+static __device__ __forceinline__ float round_bf16(float x) {
+  return kc_bf16_to_f32(kc_f32_to_bf16(x));
 }
 
-static __global__ void f32_to_f16_kernel(const float *src, uint16_t *dst, int64_t n) {
+// dst[n] = F(src[n]); dst may be src (same type: in place)
+template <typename S, typename D, D (*F)(S)>
+static __global__ void map_kernel(const S *src, D *dst, int64_t n) {
   for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
-    float v[4];
-    uint16_t h[4];
-    kc_ld4(src, i, n, v);
-    for (int k = 0; k < 4; k++) h[k] = f32_to_f16(v[k]);
-    kc_st4h(dst, i, n, h);
-  }
-}
-
-static __global__ void f16_to_f32_kernel(const uint16_t *src, float *dst, int64_t n) {
-  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
-    uint16_t h[4];
-    float v[4];
-    kc_ld4h(src, i, n, h);
-    for (int k = 0; k < 4; k++) v[k] = f16_to_f32(h[k]);
-    kc_st4(dst, i, n, v);
-  }
-}
-
-static __global__ void round_bf16_kernel(float *x, int64_t n) {
-  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
-    float v[4];
-    kc_ld4(x, i, n, v);
-    for (int k = 0; k < 4; k++) v[k] = kc_bf16_to_f32(kc_f32_to_bf16(v[k]));
-    kc_st4(x, i, n, v);
+    S v[4];
+    D h[4];
+    ld4(src, i, n, v);
+    for (int k = 0; k < 4; k++) h[k] = F(v[k]);
+    st4(dst, i, n, h);
   }
 }
 
@@ -190,34 +173,34 @@ static unsigned quad_grid(int64_t n) { return kc_grid((n + 3) / 4, KC_THREADS); 
 extern "C" cudaError_t kc_f32_to_bf16(cudaStream_t st, const float *src, uint16_t *dst,
                                       int64_t n) {
   if (n <= 0) return cudaSuccess;
-  f32_to_bf16_kernel<<<quad_grid(n), KC_THREADS, 0, st>>>(src, dst, n);
+  map_kernel<float, uint16_t, kc_f32_to_bf16><<<quad_grid(n), KC_THREADS, 0, st>>>(src, dst, n);
   return cudaGetLastError();
 }
 
 extern "C" cudaError_t kc_bf16_to_f32(cudaStream_t st, const uint16_t *src, float *dst,
                                       int64_t n) {
   if (n <= 0) return cudaSuccess;
-  bf16_to_f32_kernel<<<quad_grid(n), KC_THREADS, 0, st>>>(src, dst, n);
+  map_kernel<uint16_t, float, kc_bf16_to_f32><<<quad_grid(n), KC_THREADS, 0, st>>>(src, dst, n);
   return cudaGetLastError();
 }
 
 extern "C" cudaError_t kc_f32_to_f16(cudaStream_t st, const float *src, uint16_t *dst,
                                      int64_t n) {
   if (n <= 0) return cudaSuccess;
-  f32_to_f16_kernel<<<quad_grid(n), KC_THREADS, 0, st>>>(src, dst, n);
+  map_kernel<float, uint16_t, f32_to_f16><<<quad_grid(n), KC_THREADS, 0, st>>>(src, dst, n);
   return cudaGetLastError();
 }
 
 extern "C" cudaError_t kc_f16_to_f32(cudaStream_t st, const uint16_t *src, float *dst,
                                      int64_t n) {
   if (n <= 0) return cudaSuccess;
-  f16_to_f32_kernel<<<quad_grid(n), KC_THREADS, 0, st>>>(src, dst, n);
+  map_kernel<uint16_t, float, f16_to_f32><<<quad_grid(n), KC_THREADS, 0, st>>>(src, dst, n);
   return cudaGetLastError();
 }
 
 extern "C" cudaError_t kc_round_bf16(cudaStream_t st, float *x, int64_t n) {
   if (n <= 0) return cudaSuccess;
-  round_bf16_kernel<<<quad_grid(n), KC_THREADS, 0, st>>>(x, n);
+  map_kernel<float, float, round_bf16><<<quad_grid(n), KC_THREADS, 0, st>>>(x, x, n);
   return cudaGetLastError();
 }
 

@@ -154,7 +154,7 @@ cudaError_t kc_attention_fwd(cudaStream_t st, const float *q, const float *k, co
 /* dq [B·S, nh, hd], dk, dv [B·S, nkv, hd] (=) given dout and the forward's
  * q, k, v, out, lse (probabilities recomputed tile by tile; dk, dv summed
  * over each group's heads in a fixed order); work: kc_attention_bwd_work
- * bytes (D = rowsum(dout ⊙ out) [B, nh, S] and per-head dk, dv partials). */
+ * bytes (D = rowsum(dout ⊙ out) [B, nh, S] fp32; nkv, hd do not change it). */
 size_t kc_attention_bwd_work(int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd);
 cudaError_t kc_attention_bwd(cudaStream_t st, const float *dout, const float *q, const float *k,
                              const float *v, const float *out, const float *lse, float *dq,

@@ -4,12 +4,12 @@
 # packages of every shared library that build/meshlm and the test binaries
 # load (Open MPI, OpenBLAS, oneDNN, jansson, cmocka and what they load),
 # apart from glibc, libgcc, libstdc++ and CUDA's own, plus Open MPI's
-# launcher (openmpi-bin), downloaded into .device/debs. The build directory
-# travels as it is (same paths on both machines: run from the repository
-# root), the packages are unpacked next to it, not over the system:
-#
-#   for f in .device/debs/*.deb; do dpkg -x "$f" /opt/meshlm-rt; done
-#   . tools/device_env.sh /opt/meshlm-rt
+# launcher (openmpi-bin), downloaded into .device/debs; and the part of the
+# build the GPU checks run — build/meshlm, the tests labelled cuda and the
+# CTest files — copied into .device/build (the whole build directory is
+# over the device tool's 64 MiB). tools/device_checks.sh unpacks the
+# packages next to the system, not over it, links build to .device/build
+# and runs the checks; carry .device.
 #
 # usage: tools/device_bundle.sh [BUILD]   (default build; run after building;
 #        needs apt-get access here; .device/ is ignored by git)
@@ -39,5 +39,12 @@ pkgs="$pkgs openmpi-bin openmpi-common libopenmpi3 libpmix2 libhwloc15 libevent-
   librdmacm1 libpsm2-2 libpsm-infinipath1 libnuma1 libxml2 libicu72 libltdl7"
 pkgs=$(echo "$pkgs" | tr ' ' '\n' | grep -v '^$' | sort -u)
 (cd "$dest" && apt-get download $pkgs > /dev/null)
-du -sh "$dest"
+# the build's GPU part, same relative paths
+rm -rf .device/build
+(cd "$BUILD" && find . -name CTestTestfile.cmake -o -path ./meshlm -o -path './tests/cuda/test_*' \
+  -type f -perm -u+x) | while read -r f; do
+  mkdir -p ".device/build/$(dirname "$f")" && cp -p "$BUILD/$f" ".device/build/$f"
+done
+strip --strip-unneeded .device/build/meshlm .device/build/tests/cuda/test_* 2> /dev/null || true
+du -sh "$dest" .device/build
 echo "packages: $(echo "$pkgs" | tr '\n' ' ')"

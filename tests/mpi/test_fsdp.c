@@ -43,8 +43,6 @@ static void train3(run *r, const batch *b) {
   if (rank0()) printf("3 AdamW steps: worst error/bound vs AdamW in double %.3g\n", worst);
 }
 
-/* The worst rel L2 over parameters of a against b (exported tensors);
- * exact: whether every tensor is bitwise equal. */
 static int64_t calls(ml_comm *c, ml_coll k) { return ml_comm_stats_of(c)->calls[k]; }
 static int64_t bytes(ml_comm *c, ml_coll k) { return ml_comm_stats_of(c)->bytes[k]; }
 
@@ -53,71 +51,6 @@ static int64_t shard_bytes(const run *r) {
   int64_t n = 0;
   for (int u = 0; u < r->e.fsdp.n_units; u++) n += r->e.fsdp.units[u].shard_numel;
   return 4 * n;
-}
-
-/* Norms of the exported gradients of a, and of a − b, in double
- * (tolerance.h §6): max|a|, ‖a‖₂, max|a − b|, ‖a − b‖₂, element count. */
-typedef struct norms {
-  double inf, l2, dinf, dl2;
-  int64_t n;
-} norms;
-
-static norms grad_norms(run *ra, run *rb) {
-  float **a = export_all(ra, ML_EXPORT_GRADS), **b = export_all(rb, ML_EXPORT_GRADS);
-  norms o = {0};
-  double ss = 0, dd = 0;
-  for (int i = 0; i < ra->e.model.n_params; i++) {
-    const ml_param *p = ml_engine_export_param(&ra->e, i);
-    int64_t n = p->shape[0] * p->shape[1];
-    for (int64_t k = 0; k < n; k++) {
-      double x = a[i][k], d = x - b[i][k]; /* exact: fp32 values in double */
-      o.inf = fmax(o.inf, fabs(x));
-      o.dinf = fmax(o.dinf, fabs(d));
-      ss += x * x;
-      dd += d * d;
-    }
-    o.n += n;
-  }
-  free_all(b);
-  free_all(a);
-  o.l2 = sqrt(ss);
-  o.dl2 = sqrt(dd);
-  return o;
-}
-
-static double engine_norm(run *r, double type) {
-  double v;
-  if (ml_engine_grad_norm(&r->e, type, &v)) fail_msg("grad norm: %s", ml_error_msg());
-  return v;
-}
-
-/* Grad norms (tolerance.h §6): every mesh's engine norms against its own
- * exported gradients (inf bitwise, L2 within double rounding), and against
- * one rank within what their gradients differ by: |max|a| − max|b|| <=
- * max|a − b|, |‖a‖ − ‖b‖| <= ‖a − b‖ (triangle inequality). */
-static void check_norms(run *one, run *const *meshes, int n) {
-  norms self = grad_norms(one, one);
-  double t1 = tol_norm2_rel((double)self.n);
-  double inf1 = engine_norm(one, INFINITY), l21 = engine_norm(one, 2.0);
-  assert_true(fabs(inf1 - self.inf) <= TOL_EXACT);
-  assert_true(fabs(l21 - self.l2) <= 2 * t1 * self.l2 / (1 - t1));
-  for (int k = 0; k < n; k++) {
-    norms d = grad_norms(meshes[k], one);
-    double inf = engine_norm(meshes[k], INFINITY), l2 = engine_norm(meshes[k], 2.0);
-    norms own = grad_norms(meshes[k], meshes[k]);
-    if (rank0())
-      printf(
-          "grad norm inf: 1 rank %.9g, mesh %d %.9g (|diff| %.3g <= max|grad diff| %.3g); "
-          "L2: 1 rank %.9g, mesh %.9g (|diff| %.3g <= ‖grad diff‖ %.3g)\n",
-          inf1, k, inf, fabs(inf - inf1), d.dinf, l21, l2, fabs(l2 - l21), d.dl2);
-    /* the engine's norms are those of its own gradients */
-    assert_true(fabs(inf - own.inf) <= TOL_EXACT);
-    assert_true(fabs(l2 - own.l2) <= 2 * t1 * own.l2 / (1 - t1));
-    /* and differ from one rank's by at most what the gradients do; each
-     * L2 value (engine norms, ‖a − b‖ here) is within t1 of its exact value */
-    assert_true(fabs(inf - inf1) <= d.dinf);
-    assert_true(fabs(l2 - l21) <= (d.dl2 + t1 * (l2 + l21)) / (1 - t1));
-  }
 }
 
 static void test_hsdp(void **state) {

@@ -64,12 +64,16 @@ run_diff run_compare(run *r, run *ref, const fixture *fx, const batch *bt) {
   d.grad_rel = worst_rel(r, ref, ML_EXPORT_GRADS, &d.grads_exact);
   double *lp = run_logprobs(r, fx), *lp_ref = run_logprobs(ref, fx);
   int64_t n = fx->B * (fx->S - 1);
+  double num = 0, den = 0;
   for (int64_t i = 0; i < n; i++) {
     double e = fabs(lp[i] - lp_ref[i]);
     d.logprob_mean_abs += e;
     d.logprob_max_abs = fmax(d.logprob_max_abs, e);
+    num += e * e;
+    den += lp_ref[i] * lp_ref[i];
   }
   if (n) d.logprob_mean_abs /= (double)n;
+  d.logprob_rel_l2 = den > 0 ? sqrt(num / den) : sqrt(num);
   free(lp_ref);
   free(lp);
   return d;
@@ -79,6 +83,60 @@ ml_engine_opts bf16_engine_opts(void) {
   ml_engine_opts o = ml_engine_opts_default();
   o.fsdp.param_dtype = ML_BF16;
   return o;
+}
+
+norms grad_norms(run *ra, run *rb) {
+  float **a = export_all(ra, ML_EXPORT_GRADS), **b = export_all(rb, ML_EXPORT_GRADS);
+  norms o = {0};
+  double ss = 0, dd = 0;
+  for (int i = 0; i < ra->e.model.n_params; i++) {
+    const ml_param *p = ml_engine_export_param(&ra->e, i);
+    int64_t n = p->shape[0] * p->shape[1];
+    for (int64_t k = 0; k < n; k++) {
+      double x = a[i][k], d = x - b[i][k]; /* exact: fp32 values in double */
+      o.inf = fmax(o.inf, fabs(x));
+      o.dinf = fmax(o.dinf, fabs(d));
+      ss += x * x;
+      dd += d * d;
+    }
+    o.n += n;
+  }
+  free_all(b);
+  free_all(a);
+  o.l2 = sqrt(ss);
+  o.dl2 = sqrt(dd);
+  return o;
+}
+
+double engine_norm(run *r, double type) {
+  double v;
+  if (ml_engine_grad_norm(&r->e, type, &v)) fail_msg("grad norm: %s", ml_error_msg());
+  return v;
+}
+
+void check_norms(run *ref, run *const *runs, int n) {
+  norms self = grad_norms(ref, ref);
+  double t1 = tol_norm2_rel((double)self.n);
+  double inf1 = engine_norm(ref, INFINITY), l21 = engine_norm(ref, 2.0);
+  assert_true(fabs(inf1 - self.inf) <= TOL_EXACT);
+  assert_true(fabs(l21 - self.l2) <= 2 * t1 * self.l2 / (1 - t1));
+  for (int k = 0; k < n; k++) {
+    norms d = grad_norms(runs[k], ref);
+    double inf = engine_norm(runs[k], INFINITY), l2 = engine_norm(runs[k], 2.0);
+    norms own = grad_norms(runs[k], runs[k]);
+    if (rank0())
+      printf(
+          "grad norm inf: reference %.9g, run %d %.9g (|diff| %.3g <= max|grad diff| %.3g); "
+          "L2: reference %.9g, run %.9g (|diff| %.3g <= ‖grad diff‖ %.3g)\n",
+          inf1, k, inf, fabs(inf - inf1), d.dinf, l21, l2, fabs(l2 - l21), d.dl2);
+    /* the engine's norms are those of its own gradients */
+    assert_true(fabs(inf - own.inf) <= TOL_EXACT);
+    assert_true(fabs(l2 - own.l2) <= 2 * t1 * own.l2 / (1 - t1));
+    /* and differ from ref's by at most what the gradients do; each L2
+     * value (engine norms, ‖a − b‖ here) is within t1 of its exact value */
+    assert_true(fabs(inf - inf1) <= d.dinf);
+    assert_true(fabs(l2 - l21) <= (d.dl2 + t1 * (l2 + l21)) / (1 - t1));
+  }
 }
 
 /* |got - want| against bound, folded into *worst; the first violation is

@@ -32,7 +32,9 @@ double worst_rel(run *ra, run *rb, ml_export_what what, bool *exact);
  * fixture's batch. */
 typedef struct run_diff {
   double loss_ref, loss_rel, grad_rel;
-  double logprob_mean_abs, logprob_max_abs; /* over the tokens, |log-prob − reference's| */
+  /* over the tokens: mean and max |log-prob − reference's|, and
+   * ‖log-probs − reference's‖₂ / ‖reference's‖₂ */
+  double logprob_mean_abs, logprob_max_abs, logprob_rel_l2;
   bool grads_exact;
 } run_diff;
 run_diff run_compare(run *r, run *ref, const fixture *fx, const batch *bt);
@@ -40,6 +42,25 @@ run_diff run_compare(run *r, run *ref, const fixture *fx, const batch *bt);
 /* The engine options of real bf16 compute: ml_engine_opts_default() with
  * param_dtype bf16 (FSDP2's MixedPrecisionPolicy under autocast). */
 ml_engine_opts bf16_engine_opts(void);
+
+/* Norms of the exported gradients of a, and of a − b, in double
+ * (tolerance.h §6): max|a|, ‖a‖₂, max|a − b|, ‖a − b‖₂, element count. */
+typedef struct norms {
+  double inf, l2, dinf, dl2;
+  int64_t n;
+} norms;
+norms grad_norms(run *ra, run *rb);
+
+/* ml_engine_grad_norm of r's gradients (norm_type 2 or INFINITY). */
+double engine_norm(run *r, double type);
+
+/* Grad norms (tolerance.h §6, tests/mpi/test_fsdp.c, tests/cuda/
+ * test_cuda_engine.c): the engine norms of ref and of every run against
+ * their own exported gradients (inf bitwise, L2 within double rounding),
+ * and each run's against ref's within what their gradients differ by:
+ * |max|a| − max|b|| <= max|a − b|, |‖a‖ − ‖b‖| <= ‖a − b‖ (triangle
+ * inequality). Collective over the world. */
+void check_norms(run *ref, run *const *runs, int n);
 
 /* One training step of r on b (step_rows, the L2 grad norm, clipping to
  * max_norm, ml_engine_adamw with c), checked as above. Returns the loss;

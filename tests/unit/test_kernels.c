@@ -24,12 +24,6 @@
 
 /* ---- helpers ------------------------------------------------------------ */
 
-static float *const_buf(int64_t n, float c) {
-  float *a = malloc((size_t)n * sizeof(float));
-  for (int64_t i = 0; i < n; i++) a[i] = c;
-  return a;
-}
-
 static void expect_within_d(const char *what, const double *got, const double *ref,
                             const double *bound, int64_t n) {
   double worst = 0.0;
@@ -297,12 +291,6 @@ static void test_linear_bwd(void **state) {
  * fp32 (8-bit significands), sums in fp32 — so against the double
  * reference on the rounded operands the bound is section 1's fp32 dot
  * product, and the rounding itself shows against the unrounded one. */
-static float *bf16_rounded(const float *x, int64_t n) {
-  float *r = malloc(sizeof(float) * (size_t)n);
-  for (int64_t i = 0; i < n; i++) r[i] = ml_bf16_to_f32(ml_f32_to_bf16(x[i]));
-  return r;
-}
-
 static void test_linear_bf16(void **state) {
   (void)state;
   int64_t T = 7, in = 13, out = 9;

@@ -88,6 +88,16 @@ static int cu_sync(ml_backend *be) {
 static int cu_copy(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind) {
   static const enum cudaMemcpyKind k[] = {cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
                                           cudaMemcpyDeviceToDevice};
+  const char *s = src, *d = dst;
+  if (kind == ML_COPY_D2D && d != s && d < s + bytes && s < d + bytes) {
+    /* overlapping ranges (memmove's case): cudaMemcpy does not allow them */
+    void *tmp = scratch(be, bytes, "an overlapping copy's staging buffer");
+    if (!tmp) return -1;
+    int rc = cu_copy(be, tmp, src, bytes, kind) || cu_copy(be, dst, tmp, bytes, kind);
+    cu_free(be, tmp);
+    return rc ? -1 : 0;
+  }
+  if (kind == ML_COPY_D2D && d == s) return 0;
   ML_TRY(ml_cuda_check(cudaMemcpyAsync(dst, src, bytes, k[kind], impl(be)->stream),
                        "cudaMemcpyAsync"));
   return kind == ML_COPY_D2D ? 0 : cu_sync(be);

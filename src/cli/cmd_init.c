@@ -54,8 +54,8 @@ int ml_cmd_init(ml_host *world, int argc, char **argv) {
   bool tie = false;
   ml_arg spec[] = {
       {"--arch", ML_ARG_STR, &arch, "model family: llama, qwen2, qwen3 or gemma3", false},
-      {"--preset", ML_ARG_STR, &preset, "tiny (tests), small (~13M parameters, the demo), smollm2-135m or llama3.2-1b "
-       "(benchmarks)", false},
+      {"--preset", ML_ARG_STR, &preset, "tiny (tests), small (~13M parameters, the demo), "
+       "smollm2-135m or llama3.2-1b (benchmarks)", false},
       {"--seed", ML_ARG_INT, &seed, "random seed of the initial weights", false},
       {"--tie-word-embeddings", ML_ARG_FLAG, &tie, "share embed_tokens and lm_head", false},
       {"--out", ML_ARG_STR, &out, "output directory (config.json + model.safetensors)", true},

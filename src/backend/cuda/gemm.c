@@ -83,7 +83,8 @@ static int entry_build(ml_cuda_gemm *g, const key *k, entry *e) {
   memset(e, 0, sizeof *e);
   e->k = *k;
   cudaDataType_t in = k->bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  cublasOperation_t opa = k->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opb = k->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t opa = k->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t opb = k->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
   int rc = lt_check(cublasLtMatmulDescCreate(&e->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                     "cublasLtMatmulDescCreate");
   if (!rc)

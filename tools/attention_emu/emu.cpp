@@ -4,11 +4,13 @@
 // an exact-size buffer (AddressSanitizer sees overruns) filled with NaN; mma
 // and ldmatrix follow the PTX ISA fragment layouts.
 #include "emu.h"
+
+#include <sanitizer/common_interface_defs.h>
 #include <ucontext.h>
-#include <vector>
+
 #include <map>
 #include <random>
-#include <sanitizer/common_interface_defs.h>
+#include <vector>
 
 enum { RUN, WAIT_BLOCK, WAIT_WARP, DONE };
 struct EmuThread {
@@ -31,7 +33,7 @@ static std::vector<unsigned char> slots;  // per warp 32 lanes x 64 bytes
 static const std::function<void()> *body;
 static cudaError_t last_error = cudaSuccess;
 static std::map<const void *, int> smem_attr;
-int emu_order = 0;       // 0 forward, 1 reverse, 2 random
+int emu_order = 0;  // 0 forward, 1 reverse, 2 random
 unsigned emu_seed = 1;
 long emu_switches = 0;
 enum { STACK = 256 * 1024 };
@@ -45,8 +47,16 @@ static void yield_to_sched() {
   swapcontext(&me->ctx, &sched_ctx);
   __sanitizer_finish_switch_fiber(me->fake, &sched_bottom, &sched_size);
 }
-void emu_syncthreads() { emu_cur->state = WAIT_BLOCK; emu_cur->nblock++; yield_to_sched(); }
-void emu_warp_barrier() { emu_cur->state = WAIT_WARP; emu_cur->nwarp++; yield_to_sched(); }
+void emu_syncthreads() {
+  emu_cur->state = WAIT_BLOCK;
+  emu_cur->nblock++;
+  yield_to_sched();
+}
+void emu_warp_barrier() {
+  emu_cur->state = WAIT_WARP;
+  emu_cur->nwarp++;
+  yield_to_sched();
+}
 
 static void entry() {
   __sanitizer_finish_switch_fiber(nullptr, &sched_bottom, &sched_size);
@@ -56,14 +66,18 @@ static void entry() {
   swapcontext(&emu_cur->ctx, &sched_ctx);  // never resumed
 }
 
-static void die(const char *m) { fprintf(stderr, "EMU ERROR: %s (block %u)\n", m, emu_block_idx.x); abort(); }
+static void die(const char *m) {
+  fprintf(stderr, "EMU ERROR: %s (block %u)\n", m, emu_block_idx.x);
+  abort();
+}
 
 static void run_block(unsigned nthreads, std::mt19937 &rng) {
   threads.assign(nthreads, EmuThread());
   slots.assign(((nthreads + 31) / 32) * 32 * 64, 0xEE);
   for (unsigned i = 0; i < nthreads; i++) {
     EmuThread &t = threads[i];
-    t.tid = i; t.state = RUN;
+    t.tid = i;
+    t.state = RUN;
     t.stack = (char *)malloc(STACK);
     getcontext(&t.ctx);
     t.ctx.uc_stack.ss_sp = t.stack;
@@ -105,7 +119,8 @@ static void run_block(unsigned nthreads, std::mt19937 &rng) {
       if (nwait == n) {
         for (unsigned i = w * 32; i < w * 32 + 32; i++) threads[i].state = RUN;
         released = true;
-      } else if (nwait && ndone) die("warp collective with exited lanes");
+      } else if (nwait && ndone)
+        die("warp collective with exited lanes");
     }
     if (released) continue;
     int nwait = 0, ndone = 0;
@@ -213,13 +228,19 @@ void emu_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     int g = L >> 2, t = L & 3;
     // PTX ISA: A row = g for a0,a1,a4,a5 (regs 0, 2), g+8 for regs 1, 3;
     // col = 2t + (i&1), +8 for a4..a7 (regs 2, 3)
-    A[g][2 * t] = lo(f[0]); A[g][2 * t + 1] = hi(f[0]);
-    A[g + 8][2 * t] = lo(f[1]); A[g + 8][2 * t + 1] = hi(f[1]);
-    A[g][2 * t + 8] = lo(f[2]); A[g][2 * t + 9] = hi(f[2]);
-    A[g + 8][2 * t + 8] = lo(f[3]); A[g + 8][2 * t + 9] = hi(f[3]);
+    A[g][2 * t] = lo(f[0]);
+    A[g][2 * t + 1] = hi(f[0]);
+    A[g + 8][2 * t] = lo(f[1]);
+    A[g + 8][2 * t + 1] = hi(f[1]);
+    A[g][2 * t + 8] = lo(f[2]);
+    A[g][2 * t + 9] = hi(f[2]);
+    A[g + 8][2 * t + 8] = lo(f[3]);
+    A[g + 8][2 * t + 9] = hi(f[3]);
     // B row = 2t + (i&1) (+8 for b2, b3), col = g
-    B[2 * t][g] = lo(f[4]); B[2 * t + 1][g] = hi(f[4]);
-    B[2 * t + 8][g] = lo(f[5]); B[2 * t + 9][g] = hi(f[5]);
+    B[2 * t][g] = lo(f[4]);
+    B[2 * t + 1][g] = hi(f[4]);
+    B[2 * t + 8][g] = lo(f[5]);
+    B[2 * t + 9][g] = hi(f[5]);
   }
   int g = lane >> 2, t = lane & 3;
   for (int e = 0; e < 4; e++) {

@@ -2,11 +2,12 @@
 // cooperative scheduling at barriers / warp collectives.
 #pragma once
 #include <cuda_runtime_api.h>
-#include <stdint.h>
-#include <string.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
 #include <algorithm>
 #include <functional>
 using std::max;
@@ -23,10 +24,15 @@ using std::min;
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
 
-struct __nv_bfloat16 { uint16_t x; };
-struct __nv_bfloat162 { __nv_bfloat16 x, y; };
+struct __nv_bfloat16 {
+  uint16_t x;
+};
+struct __nv_bfloat162 {
+  __nv_bfloat16 x, y;
+};
 static inline uint16_t emu_f2bf(float f) {
-  uint32_t u; memcpy(&u, &f, 4);
+  uint32_t u;
+  memcpy(&u, &f, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
@@ -36,11 +42,21 @@ static inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
   return {{emu_f2bf(a)}, {emu_f2bf(b)}};
 }
 static inline float __bfloat162float(__nv_bfloat16 h) {
-  uint32_t u = (uint32_t)h.x << 16; float f; memcpy(&f, &u, 4); return f;
+  uint32_t u = (uint32_t)h.x << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
 }
-static inline float2 make_float2(float x, float y) { float2 r; r.x = x; r.y = y; return r; }
+static inline float2 make_float2(float x, float y) {
+  float2 r;
+  r.x = x;
+  r.y = y;
+  return r;
+}
 
-struct emu_dim { unsigned x, y, z; };
+struct emu_dim {
+  unsigned x, y, z;
+};
 struct EmuThread;
 extern EmuThread *emu_cur;
 extern emu_dim emu_block_idx, emu_grid_dim, emu_block_dim;
@@ -54,18 +70,26 @@ unsigned emu_tid();
 
 void emu_syncthreads();
 void emu_warp_barrier();
-void *emu_warp_slot(int lane);   // 64 bytes per lane
+void *emu_warp_slot(int lane);  // 64 bytes per lane
 #define __syncthreads() emu_syncthreads()
 static inline void __syncwarp(unsigned mask = 0xffffffffu) {
-  if (mask != 0xffffffffu) { fprintf(stderr, "partial syncwarp\n"); abort(); }
+  if (mask != 0xffffffffu) {
+    fprintf(stderr, "partial syncwarp\n");
+    abort();
+  }
   emu_warp_barrier();
 }
-template <class T> T __shfl_xor_sync(unsigned mask, T v, int lm) {
-  if (mask != 0xffffffffu) { fprintf(stderr, "partial shfl\n"); abort(); }
+template <class T>
+T __shfl_xor_sync(unsigned mask, T v, int lm) {
+  if (mask != 0xffffffffu) {
+    fprintf(stderr, "partial shfl\n");
+    abort();
+  }
   int lane = emu_tid() & 31;
   memcpy(emu_warp_slot(lane), &v, sizeof(T));
   emu_warp_barrier();
-  T r; memcpy(&r, emu_warp_slot(lane ^ lm), sizeof(T));
+  T r;
+  memcpy(&r, emu_warp_slot(lane ^ lm), sizeof(T));
   emu_warp_barrier();
   return r;
 }

@@ -11,11 +11,12 @@
 // ldmatrix, so a misreading of that description would pass here.
 // usage: test [B S nh nkv hd window bf16]   (no arguments: 20 random configurations;
 //        test SEED N: N random configurations from SEED)
-#include "emu.h"
-#include <vector>
-#include <random>
 #include <cmath>
+#include <random>
 #include <string>
+#include <vector>
+
+#include "emu.h"
 #include "kernels/cuda/kernels.h"
 extern int emu_order;
 extern unsigned emu_seed;
@@ -24,7 +25,10 @@ extern size_t emu_blocks_run;
 
 static float R(float x, bool bf) { return bf ? __bfloat162float(__float2bfloat16_rn(x)) : x; }
 
-struct Cfg { int64_t B, S, nh, nkv, hd, win; bool bf; };
+struct Cfg {
+  int64_t B, S, nh, nkv, hd, win;
+  bool bf;
+};
 
 static float *alloc_f(size_t n, float fill) {
   // exact-size allocation for ASan; aligned 16 (malloc gives 16 on glibc x86-64)
@@ -56,17 +60,23 @@ int run(const Cfg &c, unsigned seed) {
   float nan = NAN;
   // reference in double
   std::vector<double> ro(nq, 0), rlse(B * nh * S), rdq(nq, 0), rdk(nk, 0), rdv(nk, 0);
-  auto vis = [&](int64_t i, int64_t j) {
-    return j <= i && (c.win <= 0 || j > i - c.win);
-  };
+  auto vis = [&](int64_t i, int64_t j) { return j <= i && (c.win <= 0 || j > i - c.win); };
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < nh; h++) {
       int64_t g = h / grp;
       std::vector<double> P(S * S, 0), dP(S * S, 0), D(S, 0);
-      auto Q = [&](int64_t i, int64_t d) { return (double)R(q[((b * S + i) * nh + h) * hd + d], c.bf); };
-      auto G = [&](int64_t i, int64_t d) { return (double)R(dout[((b * S + i) * nh + h) * hd + d], c.bf); };
-      auto K = [&](int64_t j, int64_t d) { return (double)R(k[((b * S + j) * nkv + g) * hd + d], c.bf); };
-      auto V = [&](int64_t j, int64_t d) { return (double)R(v[((b * S + j) * nkv + g) * hd + d], c.bf); };
+      auto Q = [&](int64_t i, int64_t d) {
+        return (double)R(q[((b * S + i) * nh + h) * hd + d], c.bf);
+      };
+      auto G = [&](int64_t i, int64_t d) {
+        return (double)R(dout[((b * S + i) * nh + h) * hd + d], c.bf);
+      };
+      auto K = [&](int64_t j, int64_t d) {
+        return (double)R(k[((b * S + j) * nkv + g) * hd + d], c.bf);
+      };
+      auto V = [&](int64_t j, int64_t d) {
+        return (double)R(v[((b * S + j) * nkv + g) * hd + d], c.bf);
+      };
       for (int64_t i = 0; i < S; i++) {
         double m = -INFINITY;
         for (int64_t j = 0; j < S; j++) {
@@ -85,7 +95,8 @@ int run(const Cfg &c, unsigned seed) {
         rlse[(b * nh + h) * S + i] = m + std::log(l);
         for (int64_t d = 0; d < hd; d++) {
           double o = 0;
-          for (int64_t j = 0; j < S; j++) if (vis(i, j)) o += P[i * S + j] * V(j, d);
+          for (int64_t j = 0; j < S; j++)
+            if (vis(i, j)) o += P[i * S + j] * V(j, d);
           ro[((b * S + i) * nh + h) * hd + d] = o;
         }
         for (int64_t j = 0; j < S; j++) {
@@ -116,12 +127,23 @@ int run(const Cfg &c, unsigned seed) {
     float *dq = alloc_f(nq, nan), *dk = alloc_f(nk, nan), *dv = alloc_f(nk, nan);
     size_t wb = kc_attention_bwd_work(B, S, nh, nkv, hd);
     float *work = alloc_f(wb / 4, nan);
-    cudaError_t e = kc_attention_fwd(nullptr, q, k, v, out, lse, B, S, nh, nkv, hd, scale, c.win, c.bf);
-    if (e != cudaSuccess) { printf("fwd launch error %d\n", e); return 1; }
+    cudaError_t e =
+        kc_attention_fwd(nullptr, q, k, v, out, lse, B, S, nh, nkv, hd, scale, c.win, c.bf);
+    if (e != cudaSuccess) {
+      printf("fwd launch error %d\n", e);
+      return 1;
+    }
     e = kc_attention_bwd(nullptr, dout, q, k, v, out, lse, dq, dk, dv, B, S, nh, nkv, hd, scale,
                          c.win, c.bf, work);
-    if (e != cudaSuccess) { printf("bwd launch error %d\n", e); return 1; }
-    outs[pass][0] = out; outs[pass][1] = lse; outs[pass][2] = dq; outs[pass][3] = dk; outs[pass][4] = dv;
+    if (e != cudaSuccess) {
+      printf("bwd launch error %d\n", e);
+      return 1;
+    }
+    outs[pass][0] = out;
+    outs[pass][1] = lse;
+    outs[pass][2] = dq;
+    outs[pass][3] = dk;
+    outs[pass][4] = dv;
     free(work);
   }
   size_t ns[5] = {nq, (size_t)(B * nh * S), nq, nk, nk};
@@ -136,12 +158,19 @@ int run(const Cfg &c, unsigned seed) {
     double rel = err / std::max(rm, 0.1);
     printf(" %s %.2e", names[t], rel);
     if (!(rel <= tol)) fail = 1;
-    if (memcmp(outs[0][t], outs[1][t], ns[t] * 4)) { printf(" [%s NONDETERMINISTIC]", names[t]); fail = 1; }
-    free(outs[0][t]); free(outs[1][t]);
+    if (memcmp(outs[0][t], outs[1][t], ns[t] * 4)) {
+      printf(" [%s NONDETERMINISTIC]", names[t]);
+      fail = 1;
+    }
+    free(outs[0][t]);
+    free(outs[1][t]);
   }
   printf(fail ? "  FAIL\n" : "  ok\n");
   fflush(stdout);
-  free(q); free(k); free(v); free(dout);
+  free(q);
+  free(k);
+  free(v);
+  free(dout);
   return fail;
 }
 
@@ -158,15 +187,21 @@ int main(int argc, char **argv) {
     int64_t gr[][2] = {{1, 1}, {2, 1}, {4, 2}, {3, 3}, {6, 2}, {3, 1}};
     for (int i = 0; i < n; i++) {
       Cfg c;
-      c.hd = hds[rng() % 12]; c.S = Ss[rng() % 13]; c.B = 1 + rng() % 2;
-      auto *g = gr[rng() % 6]; c.nh = g[0]; c.nkv = g[1];
+      c.hd = hds[rng() % 12];
+      c.S = Ss[rng() % 13];
+      c.B = 1 + rng() % 2;
+      auto *g = gr[rng() % 6];
+      c.nh = g[0];
+      c.nkv = g[1];
       int64_t wins[] = {0, 0, 1, 2, 5, 17, 33, 64, 65, c.S, c.S + 3, -1};
-      c.win = wins[rng() % 12]; c.bf = rng() % 2;
+      c.win = wins[rng() % 12];
+      c.bf = rng() % 2;
       cfgs.push_back(c);
     }
   }
   int fails = 0;
   for (size_t i = 0; i < cfgs.size(); i++) fails += run(cfgs[i], 1000 + i);
-  printf("%d failures of %zu; blocks %zu switches %ld\n", fails, cfgs.size(), emu_blocks_run, emu_switches);
+  printf("%d failures of %zu; blocks %zu switches %ld\n", fails, cfgs.size(), emu_blocks_run,
+         emu_switches);
   return fails != 0;
 }

@@ -664,6 +664,23 @@ struct F32 {
       (size_t)(2 * BN + 2 * BM) * LD * 4 + 2 * BN * LP * 4 + 2 * BM * 4;
 };
 
+/* The fp32 backward's scores and dP of one thread: x1[u] = A1[a]·B1[b0 + 4u]
+ * and x2[u] = A2[a]·B2[b0 + 4u] (u < 8), dot products of rows of fp32 tiles
+ * [rows][LD] over d = 0..hd−1 in order. */
+template <int LD>
+__device__ __forceinline__ void dots8(const float *A1, const float *A2, const float *B1,
+                                      const float *B2, int a, int b0, int hd, float (&x1)[8],
+                                      float (&x2)[8]) {
+  for (int d = 0; d < hd; d++) {
+    const float v1 = A1[a * LD + d], v2 = A2[a * LD + d];
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+      x1[u] = fmaf(v1, B1[(b0 + 4 * u) * LD + d], x1[u]);
+      x2[u] = fmaf(v2, B2[(b0 + 4 * u) * LD + d], x2[u]);
+    }
+  }
+}
+
 template <int HP>
 __global__ void __launch_bounds__(F32<HP>::NT) fwd_f32(Params p) {
   using C = F32<HP>;
@@ -768,14 +785,7 @@ __global__ void __launch_bounds__(F32<HP>::NT) dq_f32(Params p) {
     __syncthreads();
 
     float s[8] = {}, dp[8] = {};
-    for (int d = 0; d < p.hd; d++) {
-      const float qv = Qs[r * LD + d], gv = dOs[r * LD + d];
-#pragma unroll
-      for (int u = 0; u < 8; u++) {
-        s[u] = fmaf(qv, Ks[(c4 + 4 * u) * LD + d], s[u]);
-        dp[u] = fmaf(gv, Vs[(c4 + 4 * u) * LD + d], dp[u]);
-      }
-    }
+    dots8<LD>(Qs, dOs, Ks, Vs, r, c4, p.hd, s, dp);
 #pragma unroll
     for (int u = 0; u < 8; u++) {
       const float pv = visible(i, j0 + c4 + 4 * u, p.win) ? expf(s[u] * p.scale - lse_i) : 0.f;
@@ -837,14 +847,7 @@ __global__ void __launch_bounds__(F32<HP>::NT) dkdv_f32(Params p) {
       __syncthreads();
 
       float s[8] = {}, dp[8] = {};
-      for (int d = 0; d < p.hd; d++) {
-        const float kv = Ks[c * LD + d], vv = Vs[c * LD + d];
-#pragma unroll
-        for (int u = 0; u < 8; u++) {
-          s[u] = fmaf(kv, Qs[(q4 + 4 * u) * LD + d], s[u]);
-          dp[u] = fmaf(vv, dOs[(q4 + 4 * u) * LD + d], dp[u]);
-        }
-      }
+      dots8<LD>(Ks, Vs, Qs, dOs, c, q4, p.hd, s, dp);
 #pragma unroll
       for (int u = 0; u < 8; u++) {
         const int ic = q4 + 4 * u, i = i0 + ic;

@@ -170,38 +170,36 @@ static __global__ void glu_bwd_kernel(const float *dh, const float *g, const flo
 
 static unsigned quad_grid(int64_t n) { return kc_grid((n + 3) / 4, KC_THREADS); }
 
+// map_kernel<S, D, F> over n elements (none for n <= 0)
+template <typename S, typename D, D (*F)(S)>
+static cudaError_t launch_map(cudaStream_t st, const S *src, D *dst, int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  map_kernel<S, D, F><<<quad_grid(n), KC_THREADS, 0, st>>>(src, dst, n);
+  return cudaGetLastError();
+}
+
 extern "C" cudaError_t kc_f32_to_bf16(cudaStream_t st, const float *src, uint16_t *dst,
                                       int64_t n) {
-  if (n <= 0) return cudaSuccess;
-  map_kernel<float, uint16_t, kc_f32_to_bf16><<<quad_grid(n), KC_THREADS, 0, st>>>(src, dst, n);
-  return cudaGetLastError();
+  return launch_map<float, uint16_t, kc_f32_to_bf16>(st, src, dst, n);
 }
 
 extern "C" cudaError_t kc_bf16_to_f32(cudaStream_t st, const uint16_t *src, float *dst,
                                       int64_t n) {
-  if (n <= 0) return cudaSuccess;
-  map_kernel<uint16_t, float, kc_bf16_to_f32><<<quad_grid(n), KC_THREADS, 0, st>>>(src, dst, n);
-  return cudaGetLastError();
+  return launch_map<uint16_t, float, kc_bf16_to_f32>(st, src, dst, n);
 }
 
 extern "C" cudaError_t kc_f32_to_f16(cudaStream_t st, const float *src, uint16_t *dst,
                                      int64_t n) {
-  if (n <= 0) return cudaSuccess;
-  map_kernel<float, uint16_t, f32_to_f16><<<quad_grid(n), KC_THREADS, 0, st>>>(src, dst, n);
-  return cudaGetLastError();
+  return launch_map<float, uint16_t, f32_to_f16>(st, src, dst, n);
 }
 
 extern "C" cudaError_t kc_f16_to_f32(cudaStream_t st, const uint16_t *src, float *dst,
                                      int64_t n) {
-  if (n <= 0) return cudaSuccess;
-  map_kernel<uint16_t, float, f16_to_f32><<<quad_grid(n), KC_THREADS, 0, st>>>(src, dst, n);
-  return cudaGetLastError();
+  return launch_map<uint16_t, float, f16_to_f32>(st, src, dst, n);
 }
 
 extern "C" cudaError_t kc_round_bf16(cudaStream_t st, float *x, int64_t n) {
-  if (n <= 0) return cudaSuccess;
-  map_kernel<float, float, round_bf16><<<quad_grid(n), KC_THREADS, 0, st>>>(x, x, n);
-  return cudaGetLastError();
+  return launch_map<float, float, round_bf16>(st, x, x, n);
 }
 
 extern "C" cudaError_t kc_add(cudaStream_t st, float *y, const float *x, int64_t n) {

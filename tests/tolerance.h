@@ -245,6 +245,10 @@ static inline double tol_k_layer_fwd(const tol_model *m) {
                                                    (abs <= S·u: pos < S, f <= 1); cosf/sinf */
          + tol_signed(hd) + 1.0              /* scores q·k and the scale */
          + S + TOL_LIBM + 2.0                /* softmax: subtract max, expf, sum of <= S, 1/x */
+         + S * (TOL_LIBM + 3.0)              /* online softmax: at most S blocks merged
+                                                (FlashAttention tiles, ring attention's
+                                                blocks), each a rescale by expf(m − m'), a
+                                                product and an add */
          + tol_signed(S)                     /* P·V */
          + tol_signed(m->heads * hd + 1.0)   /* o_proj (+ bias) */
          + tol_signed(H + 1.0) + 7.0 + TOL_LIBM /* gate/up (+ bias), activation (GELU) × up */

@@ -175,6 +175,30 @@ int ml_be_attention_bwd(ml_backend *be, const float *dout, const float *q, const
   return be->ops->attention_bwd(be, dout, q, k, v, out, saved, dq, dk, dv, B, S, nh, nkv, hd,
                                 scale, window, compute, work);
 }
+/* Block attention is optional (context parallelism): a backend without it
+ * says so. */
+static int no_block_attention(const ml_backend *be) {
+  return ml_err("backend '%s': block attention (context parallelism, --cp > 1) is not "
+                "implemented on this backend; expected --cp 1 or --device cpu",
+                be->ops->name);
+}
+int ml_be_attention_block_fwd(ml_backend *be, const ml_attn_block *blk, const float *q,
+                              const float *k, const float *v, float *out, float *lse,
+                              bool accumulate, ml_dtype compute) {
+  if (!be->ops->attention_block_fwd) return no_block_attention(be);
+  return be->ops->attention_block_fwd(be, blk, q, k, v, out, lse, accumulate, compute);
+}
+size_t ml_be_attention_block_work(ml_backend *be, const ml_attn_block *blk) {
+  return be->ops->attention_block_work ? be->ops->attention_block_work(be, blk) : 0;
+}
+int ml_be_attention_block_bwd(ml_backend *be, const ml_attn_block *blk, const float *dout,
+                              const float *q, const float *k, const float *v, const float *out,
+                              const float *lse, float *dq, float *dk, float *dv,
+                              ml_dtype compute, void *work) {
+  if (!be->ops->attention_block_bwd) return no_block_attention(be);
+  return be->ops->attention_block_bwd(be, blk, dout, q, k, v, out, lse, dq, dk, dv, compute,
+                                      work);
+}
 int ml_be_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
                   ml_glu_act act) {
   return be->ops->glu_fwd(be, g, u, h, n, act);

@@ -91,6 +91,24 @@ typedef struct ml_memory_stats {
   size_t in_use, peak, reserved;
 } ml_memory_stats;
 
+/* One block of attention between a run of queries and a run of keys of
+ * the same B sequences (ml_be_attention_block_fwd): the pieces context
+ * parallelism's ring attention computes (parallel/cp.h). Queries are at
+ * global positions q_pos .. q_pos+sq−1, keys at k_pos .. k_pos+sk−1; query
+ * p sees key p' iff p' <= p and, when window > 0, p' > p − window (HF's
+ * causal and sliding-window masks on global positions). Layouts: q, out,
+ * dout, dq [B][sq rows, nh, hd] with q_bs floats from one sequence's first
+ * row to the next's (rows of one sequence consecutive, nh·hd floats each);
+ * k, v, dk, dv [B][sk rows, nkv, hd] with k_bs; lse [B][sq rows, nh] with
+ * l_bs. Query head h reads key/value head h / (nh / nkv) (GQA). */
+typedef struct ml_attn_block {
+  int64_t B, sq, sk, nh, nkv, hd;
+  int64_t q_pos, k_pos;
+  int64_t q_bs, k_bs, l_bs;
+  float scale;    /* scores = scale · q·k */
+  int64_t window; /* 0: causal only */
+} ml_attn_block;
+
 typedef struct ml_backend_ops {
   const char *name; /* "cpu" */
   /* memory: bytes from the pool, NULL when there are not (no message) */
@@ -138,6 +156,14 @@ typedef struct ml_backend_ops {
                        const float *v, const float *out, const float *saved, float *dq,
                        float *dk, float *dv, int64_t B, int64_t S, int64_t nh, int64_t nkv,
                        int64_t hd, float scale, int64_t window, ml_dtype compute, void *work);
+  int (*attention_block_fwd)(ml_backend *be, const ml_attn_block *blk, const float *q,
+                             const float *k, const float *v, float *out, float *lse,
+                             bool accumulate, ml_dtype compute);
+  size_t (*attention_block_work)(ml_backend *be, const ml_attn_block *blk);
+  int (*attention_block_bwd)(ml_backend *be, const ml_attn_block *blk, const float *dout,
+                             const float *q, const float *k, const float *v, const float *out,
+                             const float *lse, float *dq, float *dk, float *dv,
+                             ml_dtype compute, void *work);
   int (*glu_fwd)(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
                  ml_glu_act act);
   int (*glu_bwd)(ml_backend *be, const float *dh, const float *g, const float *u, float *dg,
@@ -260,9 +286,10 @@ int ml_be_rope_bwd(ml_backend *be, float *dx, const float *cos_t, const float *s
  * ml_gemm's: ML_F32, or ML_BF16 with every operand rounded to bf16 and fp32
  * accumulation — SDPA under torch.autocast(bfloat16), whose outputs are kept
  * in fp32 here. What the forward saves for the backward is the backend's
- * choice, `saved` of ml_be_attention_saved floats: the probabilities P [B,
- * nh, S, S] on the CPU (eager attention), the log-sum-exp of each query's
- * scores [B, nh, S] on CUDA (FlashAttention-2, which recomputes P). */
+ * choice, `saved` of ml_be_attention_saved floats: both backends run
+ * FlashAttention-2 (no [S, S] tensor; the backward recomputes P) and save
+ * each query's log-sum-exp, [B][S, nh] on the CPU (ml_attn_block's lse
+ * layout), [B, nh, S] on CUDA. */
 int ml_be_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
                         float *out, float *saved, int64_t B, int64_t S, int64_t nh, int64_t nkv,
                         int64_t hd, float scale, int64_t window, ml_dtype compute);
@@ -278,6 +305,34 @@ int ml_be_attention_bwd(ml_backend *be, const float *dout, const float *q, const
                         const float *v, const float *out, const float *saved, float *dq,
                         float *dk, float *dv, int64_t B, int64_t S, int64_t nh, int64_t nkv,
                         int64_t hd, float scale, int64_t window, ml_dtype compute, void *work);
+/* Block attention (FlashAttention-2's tile step, on ml_attn_block's
+ * layouts): the softmax of the block's visible scores, as probabilities
+ * `out` [sq, nh, hd] per sequence and their log-sum-exp `lse` [sq, nh]
+ * (natural log, of the scaled scores). accumulate false: out and lse are
+ * the block's (a row that sees no key gets out 0, lse −inf); true: merged
+ * into the out and lse already there as the attention over the union of
+ * their keys and the block's (ring attention's online-softmax merge:
+ * lse' = log(e^lse + e^lse_b), out' = out·e^(lse−lse') + out_b·e^(lse_b−lse')),
+ * so a query's blocks in any order give its attention over all of them.
+ * Products in `compute` as ml_be_attention_fwd's; softmax and merge fp32.
+ * No [sq, sk] tensor is stored. A backend without block attention returns
+ * an error naming itself. */
+int ml_be_attention_block_fwd(ml_backend *be, const ml_attn_block *blk, const float *q,
+                              const float *k, const float *v, float *out, float *lse,
+                              bool accumulate, ml_dtype compute);
+/* Bytes of device workspace ml_be_attention_block_bwd needs for blk (the
+ * caller carves it; saturates at SIZE_MAX; 0 on a backend without block
+ * attention). */
+size_t ml_be_attention_block_work(ml_backend *be, const ml_attn_block *blk);
+/* Backward of the block for the final out and lse of its queries (after
+ * every block was merged): probabilities recomputed as exp(scale·q·k −
+ * lse), D = rowsum(dout ⊙ out); dq [sq, nh, hd], dk, dv [sk, nkv, hd]
+ * per sequence (+=: a query's blocks, and a key's, add up). work:
+ * ml_be_attention_block_work bytes. */
+int ml_be_attention_block_bwd(ml_backend *be, const ml_attn_block *blk, const float *dout,
+                              const float *q, const float *k, const float *v, const float *out,
+                              const float *lse, float *dq, float *dk, float *dv,
+                              ml_dtype compute, void *work);
 /* h[n] = act(g)·u; backward dg, du (=). */
 int ml_be_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
                   ml_glu_act act);

@@ -1,6 +1,7 @@
 /* meshlm logprobs: per-token log-probs of JSONL sequences with the
  * vocab-parallel log-softmax (no rank holds full-vocab logits when tp > 1).
- * Sequences are dealt round-robin to the data-parallel ranks; rank 0
+ * Sequences are dealt round-robin to the data-parallel ranks (the cp ranks
+ * of one share its sequences, each scoring a piece: parallel/cp.h); rank 0
  * gathers and writes them in input order to a temp file renamed at the end.
  * A non-finite log-prob (NaN or ±inf, from weights or activations that
  * overflowed) is written as JSON null, which every JSON reader accepts
@@ -87,7 +88,7 @@ static int run_all(lp_run *run) {
 
 int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   const char *model = NULL, *data = NULL, *out = NULL, *plan = NULL;
-  int64_t tp = 1;
+  int64_t tp = 1, cp = 1;
   bool sp = false;
   ml_arg_choice dtype = ml_dtype_choice(), device = ml_device_choice();
   ml_arg spec[] = {
@@ -95,7 +96,8 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
       {"--data", ML_ARG_STR, &data, "JSONL, one {\"input_ids\": [...]} per line", true},
       {"--out", ML_ARG_STR, &out, "output JSONL: {\"logprobs\": [S-1 floats]} per line", true},
       {"--device", ML_ARG_CHOICE, &device, "where to compute (cuda: one GPU per rank)", false},
-      {"--tp", ML_ARG_INT, &tp, "tensor-parallel size (dp_shard = world / tp)", false},
+      {"--tp", ML_ARG_INT, &tp, "tensor-parallel size (dp_shard = world / (cp*tp))", false},
+      {"--cp", ML_ARG_INT, &cp, "context-parallel size: cp ranks share each sequence", false},
       {"--sequence-parallel", ML_ARG_FLAG, &sp, "shard norms and residuals on the sequence", false},
       {"--parallel-plan", ML_ARG_STR, &plan, "plan file (JSON), or auto|optimized|hf|default",
        false},
@@ -114,7 +116,11 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   ml_comm_factory make_comm = NULL;
   void *comm_ctx = NULL;
   if (rc == 0) rc = ml_device_open("logprobs", &device, &eo.backend, &make_comm, &comm_ctx);
-  if (rc == 0) rc = ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, (int)tp, make_comm, comm_ctx, &mesh);
+  if (rc == 0 && (tp < 1 || tp > INT32_MAX || cp < 1 || cp > INT32_MAX))
+    rc = ml_err("logprobs: flags --tp %lld, --cp %lld: expected sizes >= 1", (long long)tp,
+                (long long)cp);
+  if (rc == 0)
+    rc = ml_mesh_create(MPI_COMM_WORLD, 1, 0, (int)cp, (int)tp, make_comm, comm_ctx, &mesh);
   eo.parallel_plan = plan;
   eo.sequence_parallel = sp;
   eo.fsdp.param_dtype = ml_dtype_chosen(&dtype);

@@ -59,10 +59,11 @@ static int64_t local_batch(const plan_opts *o) {
 
 static int check_opts(const plan_opts *o) {
   ML_TRY(ml_train_opts_check(&o->t));
-  if (o->dp_shard < 1 || o->dp_shard > 1 << 16 || o->t.tp > 1 << 16 || o->t.dp_replicate > 1 << 16)
-    return ml_err("plan: --tp, --dp-shard and --dp-replicate must be in 1..65536; found tp=%" PRId64
-                  ", dp_shard=%" PRId64 ", dp_replicate=%" PRId64,
-                  o->t.tp, o->dp_shard, o->t.dp_replicate);
+  if (o->dp_shard < 1 || o->dp_shard > 1 << 16 || o->t.tp > 1 << 16 ||
+      o->t.dp_replicate > 1 << 16 || o->t.cp > 1 << 16)
+    return ml_err("plan: --tp, --cp, --dp-shard and --dp-replicate must be in 1..65536; found "
+                  "tp=%" PRId64 ", cp=%" PRId64 ", dp_shard=%" PRId64 ", dp_replicate=%" PRId64,
+                  o->t.tp, o->t.cp, o->dp_shard, o->t.dp_replicate);
   int64_t dp = o->t.dp_replicate * o->dp_shard;
   if (o->t.batch % (dp * o->t.grad_accum) != 0) /* the message of `meshlm train` */
     return ml_err("--batch-size %lld is not divisible by the data-parallel size %d x --grad-accum "
@@ -97,9 +98,11 @@ static int build(plan_run *run) {
     pr->applied = true;
     ML_TRY(ml_tp_apply(&pr->tp, &run->plan, &pr->model, &pr->comm));
     ML_TRY(ml_tp_check_sequence_parallel(&pr->tp, &run->plan, o->t.sp));
-    /* world rank r: tp rank r of the first dp coordinates (tp is fastest) */
-    ml_predict_shape shape = {(int)o->t.dp_replicate, (int)o->dp_shard, (int)o->t.tp, r,
-                              local_batch(o), o->t.seq_len, (int)o->t.grad_accum, what};
+    /* world rank r: tp rank r of the first dp and cp coordinates (tp is fastest; the cp
+     * ranks of a tp rank differ only in which positions they hold) */
+    ml_predict_shape shape = {(int)o->t.dp_replicate, (int)o->dp_shard, (int)o->t.cp,
+                              (int)o->t.tp, r, local_batch(o), o->t.seq_len,
+                              (int)o->t.grad_accum, what};
     ML_TRY(ml_predict_step(o->t.model, &eo, &shape, &pr->pred));
   }
   return 0;
@@ -180,11 +183,49 @@ static void text_shape(char *buf, size_t cap, const ml_param *p, const int64_t *
   else snprintf(buf, cap, "[%" PRId64 ", %" PRId64 "]", shape[0], shape[1]);
 }
 
+/* Ring attention's passes per layer and micro-batch, from the counted step:
+ * forward = the logprobs pass's (forward only) / layers; backward = the
+ * training step's per micro-batch less that (with AC, the recomputed
+ * forward's ring runs again and is counted there). */
+typedef struct ring_costs {
+  int64_t fwd_calls, fwd_bytes, bwd_calls, bwd_bytes;
+} ring_costs;
+
+static ring_costs ring_per_layer(const ml_prediction *p, int64_t layers) {
+  const ml_comm_stats *tr = &p->train[ML_GROUP_CP], *lp = &p->logprobs[ML_GROUP_CP];
+  int64_t n = layers * p->shape.grad_accum;
+  ring_costs c = {.fwd_calls = lp->calls[ML_COLL_SEND_RECV] / layers,
+                  .fwd_bytes = lp->bytes[ML_COLL_SEND_RECV] / layers};
+  c.bwd_calls = tr->calls[ML_COLL_SEND_RECV] / n - c.fwd_calls;
+  c.bwd_bytes = tr->bytes[ML_COLL_SEND_RECV] / n - c.fwd_bytes;
+  return c;
+}
+
+static void text_cp(const plan_run *run) {
+  const plan_opts *o = &run->o;
+  const ml_prediction *p = &run->ranks[0].pred;
+  int64_t cp = o->t.cp, c = p->S_pad / (2 * cp);
+  ring_costs r = ring_per_layer(p, run->cfg.n_layers);
+  char fb[32], bb[32];
+  ml_cli_print("context parallel: cp %" PRId64 ", each sequence padded to %" PRId64
+               " positions (%" PRId64 " masked at the end), cut into %" PRId64
+               " chunks of %" PRId64 "; cp rank r holds chunks r and %" PRId64
+               " - r: %" PRId64 " positions per sequence; FSDP over dp_shard x cp = %" PRId64
+               "\n",
+               cp, p->S_pad, p->S_pad - p->S, 2 * cp, c, 2 * cp - 1, p->s_local,
+               o->dp_shard * cp);
+  ml_cli_print("  ring attention per layer and micro-batch (cp send_recv): forward %" PRId64
+               " passes (K/V), %s; backward %" PRId64 " passes (K/V and dK/dV%s), %s\n",
+               r.fwd_calls, human(r.fwd_bytes, fb, sizeof fb), r.bwd_calls,
+               ml_train_engine_opts(&o->t).ac == ML_AC_NONE ? "" : ", AC's recomputed forward",
+               human(r.bwd_bytes, bb, sizeof bb));
+}
+
 static void text_header(const plan_run *run) {
   const plan_opts *o = &run->o;
   const ml_model_config *c = &run->cfg;
   const plan_rank *r0 = &run->ranks[0];
-  int64_t world = o->t.dp_replicate * o->dp_shard * o->t.tp, dp = o->t.dp_replicate * o->dp_shard;
+  int64_t dp = o->t.dp_replicate * o->dp_shard, world = dp * o->t.cp * o->t.tp;
   char b1[32], b2[32];
   ml_cli_print("plan: %s (%s, %s): %" PRId64 " layers, hidden %" PRId64 ", heads %" PRId64
                "/%" PRId64 " kv, intermediate %" PRId64 ", vocab %" PRId64 ", %" PRId64
@@ -192,11 +233,12 @@ static void text_header(const plan_run *run) {
                o->t.model, c->family->name, c->family->architecture, c->n_layers, c->hidden,
                c->n_heads, c->n_kv_heads, c->intermediate, c->vocab,
                ml_model_config_num_params(c), c->tie_embeddings ? ", tied embeddings" : "");
-  ml_cli_print("mesh: dp_replicate %" PRId64 " x dp_shard %" PRId64 " x tp %" PRId64
-               " = world %" PRId64 " ranks; batch %" PRId64 " sequences of %" PRId64
-               " tokens (%" PRId64 " per dp rank)\n",
-               o->t.dp_replicate, o->dp_shard, o->t.tp, world, o->t.batch, o->t.seq_len,
-               o->t.batch / dp);
+  ml_cli_print("mesh: dp_replicate %" PRId64 " x dp_shard %" PRId64 " x cp %" PRId64
+               " x tp %" PRId64 " = world %" PRId64 " ranks; batch %" PRId64
+               " sequences of %" PRId64 " tokens (%" PRId64 " per dp rank)\n",
+               o->t.dp_replicate, o->dp_shard, o->t.cp, o->t.tp, world, o->t.batch,
+               o->t.seq_len, o->t.batch / dp);
+  if (o->t.cp > 1) text_cp(run);
   ml_cli_print("plan %s%s\n  reason: %s\n", run->plan.name,
                run->plan.sequence_parallel ? " (sequence parallel)" : "", run->plan.reason);
   ml_cli_print("residual stream %s, logits %s%s\n", pstr(r0->tp.residual, b1, sizeof b1),
@@ -303,11 +345,11 @@ static int edge_costs(const ml_model *m, const ml_tp_edge *e, const ml_predictio
   memset(fwd, 0, sizeof *fwd);
   memset(bwd, 0, sizeof *bwd);
   bool logits = is_logits_edge(m, e);
-  int64_t T = p->B * p->S, chunk = p->loss_chunk, full = T / chunk, rest = T % chunk;
+  int64_t T = p->B * p->s_local, chunk = p->loss_chunk, full = T / chunk, rest = T % chunk;
   for (int dir = 0; dir < 2; dir++) {
     ml_comm_stats *s = dir ? bwd : fwd;
     if (!logits) {
-      ML_TRY(ml_tp_edge_cost(e, dir, p->B, p->S, s->calls, s->bytes));
+      ML_TRY(ml_tp_edge_cost(e, dir, p->B, p->s_local, s->calls, s->bytes));
       continue;
     }
     for (int64_t c = 0; c < full; c++)
@@ -331,7 +373,7 @@ static int text_edges(const plan_run *run) {
   const ml_prediction *pd = &r0->pred;
   ml_cli_print("\nactivation edges (forward chain | gradient chain; collectives of one step of "
                "the local batch [%" PRId64 ", %" PRId64 "], lm_head's output per logits chunk):\n",
-               pd->B, pd->S);
+               pd->B, pd->s_local);
   for (int i = 0; i < r0->tp.n_edges; i++) {
     const ml_tp_edge *e = &r0->tp.edges[i];
     ml_placement g[ML_TP_MAX_STEPS + 1];
@@ -466,8 +508,10 @@ static json_t *jheader(const plan_run *run) {
   json_t *mesh = json_object();
   json_object_set_new(mesh, "dp_replicate", json_integer(o->t.dp_replicate));
   json_object_set_new(mesh, "dp_shard", json_integer(o->dp_shard));
+  json_object_set_new(mesh, "cp", json_integer(o->t.cp));
   json_object_set_new(mesh, "tp", json_integer(o->t.tp));
-  json_object_set_new(mesh, "world", json_integer(o->t.dp_replicate * o->dp_shard * o->t.tp));
+  json_object_set_new(mesh, "world",
+                      json_integer(o->t.dp_replicate * o->dp_shard * o->t.cp * o->t.tp));
   json_object_set_new(root, "mesh", mesh);
   json_t *batch = json_object();
   json_object_set_new(batch, "global_sequences", json_integer(o->t.batch));
@@ -563,11 +607,20 @@ static int jedges(const plan_run *run, json_t **out) {
   return 0;
 }
 
-static json_t *jprediction(const ml_prediction *p) {
+static json_t *jprediction(const ml_prediction *p, int64_t layers) {
   json_t *o = json_object();
   json_object_set_new(o, "tp_rank", json_integer(p->tp_rank));
   json_object_set_new(o, "train_step", jgroups(p->train));
   json_object_set_new(o, "logprobs", jgroups(p->logprobs));
+  json_object_set_new(o, "padded_seq_len", json_integer(p->S_pad));
+  json_object_set_new(o, "local_seq_len", json_integer(p->s_local));
+  ring_costs r = ring_per_layer(p, layers);
+  json_t *ring = json_object();
+  json_object_set_new(ring, "forward_calls", json_integer(r.fwd_calls));
+  json_object_set_new(ring, "forward_bytes", json_integer(r.fwd_bytes));
+  json_object_set_new(ring, "backward_calls", json_integer(r.bwd_calls));
+  json_object_set_new(ring, "backward_bytes", json_integer(r.bwd_bytes));
+  json_object_set_new(o, "ring_attention_per_layer", ring);
   json_object_set_new(o, "logits_chunk_tokens", json_integer(p->loss_chunk));
   json_object_set_new(o, "logits_chunks", json_integer(p->loss_chunks));
   const ml_predict_memory *m = &p->mem;
@@ -592,7 +645,7 @@ static int print_json(const plan_run *run) {
   json_object_set_new(root, "edges", edges);
   json_t *per = json_array();
   for (int r = 0; r < run->n_ranks; r++)
-    json_array_append_new(per, jprediction(&run->ranks[r].pred));
+    json_array_append_new(per, jprediction(&run->ranks[r].pred, run->cfg.n_layers));
   json_object_set_new(root, "per_tp_rank", per);
   char *s = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
   json_decref(root);
@@ -605,7 +658,7 @@ static int print_json(const plan_run *run) {
 /* The flags of train that shape a step (the rest: data, schedule, outputs,
  * do not change what one step allocates or communicates). */
 static const char *const k_step_flags[] = {
-    "--model", "--tp", "--dp-replicate", "--sequence-parallel", "--parallel-plan",
+    "--model", "--tp", "--dp-replicate", "--cp", "--sequence-parallel", "--parallel-plan",
     "--param-dtype", "--reduce-dtype", "--output-dtype", "--reshard-after-forward", "--zero",
     "--prefetch-forward", "--prefetch-backward", "--activation-checkpointing", "--batch-size",
     "--grad-accum", "--seq-len"};
@@ -634,7 +687,7 @@ int ml_cmd_plan(ml_host *world, int argc, char **argv) {
   size_t n = plan_flags(o, spec);
   int rc = ml_cli_parse("plan",
                         "show the parallel plan, per-rank shards, one step's collectives and "
-                        "memory, without running (world = dp_replicate x dp_shard x tp); train's "
+                        "memory, without running (world = dp_replicate x dp_shard x cp x tp); train's "
                         "flags set the step",
                         argc, argv, spec, n);
   if (rc == 1) return 0;

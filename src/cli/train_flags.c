@@ -71,7 +71,8 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
       {"--tp", ML_ARG_INT, &o->tp, "tensor-parallel size", false},
       {"--dp-replicate", ML_ARG_INT, &o->dp_replicate,
        "HSDP replicas (dp_shard = world / (dp_replicate*cp*tp))", false},
-      {"--cp", ML_ARG_INT, &o->cp, "context-parallel size (only 1 yet)", false},
+      {"--cp", ML_ARG_INT, &o->cp,
+       "context-parallel size: ring attention over cp ranks sharing each sequence", false},
       {"--sequence-parallel", ML_ARG_FLAG, &o->sp, "shard norms and residuals on the sequence",
        false},
       {"--parallel-plan", ML_ARG_STR, &o->plan, "plan file (JSON), or auto|optimized|hf|default",
@@ -181,10 +182,6 @@ int ml_train_opts_check(const ml_train_opts *o) {
   ML_TRY(check_nonnegative("--weight-decay", o->weight_decay));
   ML_TRY(check_nonnegative("--max-grad-norm", o->max_grad_norm));
   ML_TRY(check_nonnegative("--peak-tflops", o->peak_tflops));
-  if (o->cp != 1)
-    return ml_err("train: flag --cp: context parallelism is not supported yet: expected 1, found "
-                  "%" PRId64,
-                  o->cp);
   if (o->cpu_offload)
     return ml_err("train: flag --cpu-offload: cpu offload needs the CUDA backend; this build "
                   "trains on the CPU (MPI + OpenBLAS), whose parameters already live in host "

@@ -16,6 +16,11 @@ int ml_ireduce_scatter(ml_comm *c, const void *send, void *recv, size_t n_per_ra
   req->impl = NULL;
   return c->ops->ireduce_scatter(c, send, recv, n_per_rank, elem, req);
 }
+int ml_iring_pass(ml_comm *c, const void *send, void *recv, size_t n, ml_elem elem,
+                  ml_request *req) {
+  req->impl = NULL;
+  return c->ops->iring_pass(c, send, recv, n, elem, req);
+}
 int ml_wait(ml_comm *c, ml_request *req) { return req->impl ? c->ops->wait(c, req) : 0; }
 
 int ml_all_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op) {
@@ -46,6 +51,7 @@ void ml_comm_destroy(ml_comm *c) {
 }
 
 const char *ml_coll_name(ml_coll k) {
-  static const char *names[ML_COLL_KINDS] = {"all_reduce", "all_gather", "reduce_scatter"};
+  static const char *names[ML_COLL_KINDS] = {"all_reduce", "all_gather", "reduce_scatter",
+                                             "send_recv"};
   return names[k];
 }

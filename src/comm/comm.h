@@ -65,6 +65,7 @@ typedef enum {
   ML_COLL_ALL_REDUCE,
   ML_COLL_ALL_GATHER,
   ML_COLL_REDUCE_SCATTER,
+  ML_COLL_SEND_RECV, /* ml_iring_pass: a point-to-point send and receive per rank */
   ML_COLL_KINDS
 } ml_coll;
 
@@ -77,6 +78,8 @@ typedef struct ml_comm_ops {
                      ml_request *req);
   int (*ireduce_scatter)(ml_comm *c, const void *send, void *recv, size_t n_per_rank,
                          ml_elem elem, ml_request *req);
+  int (*iring_pass)(ml_comm *c, const void *send, void *recv, size_t n, ml_elem elem,
+                    ml_request *req);
   int (*wait)(ml_comm *c, ml_request *req);
   void (*destroy)(ml_comm *c);
 } ml_comm_ops;
@@ -107,6 +110,13 @@ int ml_iall_gather(ml_comm *c, const void *send, void *recv, size_t n_per_rank, 
  * overlap. */
 int ml_ireduce_scatter(ml_comm *c, const void *send, void *recv, size_t n_per_rank, ml_elem elem,
                        ml_request *req);
+/* One step around the group's ring (context parallelism's ring attention,
+ * torch's batch_isend_irecv of a P2POp pair): send[n] goes to rank
+ * (rank + 1) mod size, recv[n] receives what rank (rank − 1) mod size sent.
+ * send and recv must not overlap. On a group of one rank recv = send.
+ * MPI: MPI_Isend + MPI_Irecv; NCCL: ncclSend + ncclRecv in one group. */
+int ml_iring_pass(ml_comm *c, const void *send, void *recv, size_t n, ml_elem elem,
+                  ml_request *req);
 /* Complete req (see above for what that means on a device backend) and
  * release it (req->impl = NULL). Returns 0 at once when nothing is in
  * flight. */
@@ -130,7 +140,8 @@ typedef struct ml_comm_stats {
   int64_t calls[ML_COLL_KINDS];
   /* Bytes of the collective's full buffer per rank, counted when the
    * collective is issued: all-reduce n·elem, all-gather and reduce-scatter
-   * size·n_per_rank·elem. For uneven torch.chunk shards n_per_rank is the
+   * size·n_per_rank·elem, send_recv the n·elem bytes each rank sends.
+   * For uneven torch.chunk shards n_per_rank is the
    * padded chunk (ceil(n / size) rows), so these count the padding too:
    * what goes on the wire, not the tensor's size. */
   int64_t bytes[ML_COLL_KINDS];
@@ -144,7 +155,7 @@ int ml_comm_counting_create(ml_comm *inner, ml_comm **out);
 /* The stats of a counting comm (NULL for any other comm). */
 ml_comm_stats *ml_comm_stats_of(ml_comm *c);
 void ml_comm_stats_reset(ml_comm *c);
-/* "all_reduce", "all_gather", "reduce_scatter". */
+/* "all_reduce", "all_gather", "reduce_scatter", "send_recv". */
 const char *ml_coll_name(ml_coll k);
 
 #endif

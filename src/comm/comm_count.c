@@ -44,6 +44,12 @@ static int cnt_ireduce_scatter(ml_comm *c, const void *send, void *recv, size_t 
   return ml_ireduce_scatter(cnt_of(c)->inner, send, recv, n, elem, req);
 }
 
+static int cnt_iring_pass(ml_comm *c, const void *send, void *recv, size_t n, ml_elem elem,
+                          ml_request *req) {
+  record(c, ML_COLL_SEND_RECV, n * ml_elem_size(elem));
+  return ml_iring_pass(cnt_of(c)->inner, send, recv, n, elem, req);
+}
+
 /* The inner request is req itself: its wait, timed into wait_s. */
 static int cnt_wait(ml_comm *c, ml_request *req) {
   double t0 = now_s();
@@ -58,8 +64,9 @@ static void cnt_destroy(ml_comm *c) {
   free(c);
 }
 
-static const ml_comm_ops counting_ops = {cnt_iall_reduce, cnt_iall_gather, cnt_ireduce_scatter,
-                                         cnt_wait, cnt_destroy};
+static const ml_comm_ops counting_ops = {cnt_iall_reduce,     cnt_iall_gather,
+                                         cnt_ireduce_scatter, cnt_iring_pass,
+                                         cnt_wait,            cnt_destroy};
 
 int ml_comm_counting_create(ml_comm *inner, ml_comm **out) {
   ml_comm *c = ml_calloc(1, sizeof *c, "counting comm");

@@ -14,7 +14,7 @@ static int local_iall_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_r
   return 0;
 }
 
-/* all-gather and reduce-scatter of one rank: recv = send */
+/* all-gather, reduce-scatter and ring pass of one rank: recv = send */
 static int local_copy(ml_comm *c, const void *send, void *recv, size_t n, ml_elem elem,
                       ml_request *req) {
   req->impl = NULL;
@@ -31,6 +31,7 @@ static void local_destroy(ml_comm *c) { free(c); }
 static const ml_comm_ops k_local_ops = {.iall_reduce = local_iall_reduce,
                                         .iall_gather = local_copy,
                                         .ireduce_scatter = local_copy,
+                                        .iring_pass = local_copy,
                                         .wait = local_wait,
                                         .destroy = local_destroy};
 

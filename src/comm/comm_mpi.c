@@ -52,6 +52,14 @@ static int mpi_op(ml_comm *c, ml_elem elem, ml_redop op, MPI_Op *out) {
   return 0;
 }
 
+/* Two MPI requests (receive, send) behind one ml_request: a ring pass
+ * allocates both; the others use the first and leave the second null. */
+static MPI_Request *requests(void) {
+  MPI_Request *r = ml_malloc(2 * sizeof *r, "MPI request");
+  if (r) r[0] = r[1] = MPI_REQUEST_NULL;
+  return r;
+}
+
 /* Hand the started MPI request r to req, or free it when MPI refused to
  * start (rc: the MPI_I* call's status). */
 static int started(ml_comm *c, ml_request *req, MPI_Request *r, int rc, const char *what) {
@@ -68,7 +76,7 @@ static int mpi_iall_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_red
   ML_TRY(count_ok(c, n));
   MPI_Op o = MPI_SUM;
   ML_TRY(mpi_op(c, elem, op, &o));
-  MPI_Request *r = ml_malloc(sizeof *r, "MPI request");
+  MPI_Request *r = requests();
   if (!r) return -1;
   return started(c, req, r,
                  MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(elem), o, mpi_of(c), r),
@@ -78,7 +86,7 @@ static int mpi_iall_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_red
 static int mpi_iall_gather(ml_comm *c, const void *send, void *recv, size_t n, ml_elem elem,
                            ml_request *req) {
   ML_TRY(count_ok(c, n * (size_t)c->size));
-  MPI_Request *r = ml_malloc(sizeof *r, "MPI request");
+  MPI_Request *r = requests();
   if (!r) return -1;
   MPI_Datatype t = mpi_type(elem);
   return started(c, req, r, MPI_Iallgather(send, (int)n, t, recv, (int)n, t, mpi_of(c), r),
@@ -90,16 +98,32 @@ static int mpi_ireduce_scatter(ml_comm *c, const void *send, void *recv, size_t 
   ML_TRY(count_ok(c, n * (size_t)c->size));
   MPI_Op o = MPI_SUM;
   ML_TRY(mpi_op(c, elem, ML_RED_SUM, &o));
-  MPI_Request *r = ml_malloc(sizeof *r, "MPI request");
+  MPI_Request *r = requests();
   if (!r) return -1;
   return started(c, req, r,
                  MPI_Ireduce_scatter_block(send, recv, (int)n, mpi_type(elem), o, mpi_of(c), r),
                  "MPI_Ireduce_scatter_block");
 }
 
+static int mpi_iring_pass(ml_comm *c, const void *send, void *recv, size_t n, ml_elem elem,
+                          ml_request *req) {
+  ML_TRY(count_ok(c, n));
+  MPI_Request *r = requests();
+  if (!r) return -1;
+  int to = (c->rank + 1) % c->size, from = (c->rank + c->size - 1) % c->size, tag = 1;
+  MPI_Datatype t = mpi_type(elem);
+  int rc = MPI_Irecv(recv, (int)n, t, from, tag, mpi_of(c), &r[0]);
+  if (rc == MPI_SUCCESS) rc = MPI_Isend(send, (int)n, t, to, tag, mpi_of(c), &r[1]);
+  if (rc != MPI_SUCCESS && r[0] != MPI_REQUEST_NULL) {
+    MPI_Cancel(&r[0]);
+    MPI_Request_free(&r[0]);
+  }
+  return started(c, req, r, rc, "MPI_Isend/MPI_Irecv");
+}
+
 static int mpi_wait(ml_comm *c, ml_request *req) {
   MPI_Request *r = req->impl;
-  int rc = mpi_check(c, MPI_Wait(r, MPI_STATUS_IGNORE), "MPI_Wait");
+  int rc = mpi_check(c, MPI_Waitall(2, r, MPI_STATUSES_IGNORE), "MPI_Waitall");
   free(r);
   req->impl = NULL;
   return rc;
@@ -115,7 +139,7 @@ static void mpi_destroy(ml_comm *c) {
 }
 
 static const ml_comm_ops mpi_ops = {mpi_iall_reduce, mpi_iall_gather, mpi_ireduce_scatter,
-                                    mpi_wait, mpi_destroy};
+                                    mpi_iring_pass,  mpi_wait,        mpi_destroy};
 
 int ml_comm_mpi_create(MPI_Comm mc, const char *name, ml_comm **out) {
   ml_comm *c = ml_calloc(1, sizeof *c, "comm");

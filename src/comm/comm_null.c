@@ -20,6 +20,7 @@ static void null_destroy(ml_comm *c) { free(c); }
 static const ml_comm_ops k_null_ops = {.iall_reduce = null_iall_reduce,
                                        .iall_gather = null_icoll,
                                        .ireduce_scatter = null_icoll,
+                                       .iring_pass = null_icoll,
                                        .wait = null_wait,
                                        .destroy = null_destroy};
 

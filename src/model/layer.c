@@ -97,22 +97,33 @@ static int block_input_backward(ml_model *m, const ml_linear *first, const ml_ac
  * it runs the linears in. */
 static ml_dtype attn_compute(const ml_layer *L) { return L->q_proj.weight->dtype; }
 
-// q, k: [B, S, nh|nkv, hd] after RoPE, v: [B, S, nkv, hd] → att: [B, S, nh·hd], attn_saved
-static int core_forward(ml_model *m, const ml_layer *L, float *att) {
+/* The attention core's call for layer L's saved q, k, v. */
+static ml_attn_call core_call(const ml_model *m, const ml_layer *L) {
   const ml_layer_acts *a = &L->acts;
   int64_t hd = m->cfg.head_dim;
-  return ml_be_attention_fwd(m->be, a->q, a->k, a->v, att, a->attn_saved, m->B, m->S, a->qv.c / hd,
-                             a->kv.c / hd, hd, attn_scale(m), L->window, attn_compute(L));
+  return (ml_attn_call){.q = a->q, .k = a->k, .v = a->v, .B = m->B, .S = m->S,
+                        .nh = a->qv.c / hd, .nkv = a->kv.c / hd, .hd = hd,
+                        .scale = attn_scale(m), .window = L->window,
+                        .compute = attn_compute(L)};
+}
+
+// q, k: [B, S, nh|nkv, hd] after RoPE, v: [B, S, nkv, hd] → att: [B, S, nh·hd], attn_saved
+static int core_forward(ml_model *m, const ml_layer *L, float *att) {
+  ml_attn_call c = core_call(m, L);
+  if (m->attn_core.fwd) return m->attn_core.fwd(m->attn_core.ctx, &c, att, L->acts.attn_saved);
+  return ml_be_attention_fwd(m->be, c.q, c.k, c.v, att, L->acts.attn_saved, c.B, c.S, c.nh, c.nkv,
+                             c.hd, c.scale, c.window, c.compute);
 }
 
 // datt: [B, S, nh·hd] → dq [B, S, nh, hd], dk, dv [B, S, nkv, hd] (=)
 static int core_backward(ml_model *m, const ml_layer *L, const float *datt, float *dq, float *dk,
                          float *dv) {
   const ml_layer_acts *a = &L->acts;
-  int64_t hd = m->cfg.head_dim;
-  return ml_be_attention_bwd(m->be, datt, a->q, a->k, a->v, a->att, a->attn_saved, dq, dk, dv,
-                             m->B, m->S, a->qv.c / hd, a->kv.c / hd, hd, attn_scale(m), L->window,
-                             attn_compute(L), m->attn_work);
+  ml_attn_call c = core_call(m, L);
+  if (m->attn_core.bwd)
+    return m->attn_core.bwd(m->attn_core.ctx, &c, datt, a->att, a->attn_saved, dq, dk, dv);
+  return ml_be_attention_bwd(m->be, datt, c.q, c.k, c.v, a->att, a->attn_saved, dq, dk, dv, c.B,
+                             c.S, c.nh, c.nkv, c.hd, c.scale, c.window, c.compute, m->attn_work);
 }
 
 // x_in [B, s_res, H] → x [B, s_res, H] = x_mid (room for [B, S, H]; not read)

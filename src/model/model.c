@@ -222,7 +222,8 @@ static act_dims act_dims_of(const ml_model *m, int64_t B, int64_t S) {
     d.kv = max3(d.kv, kv, 0);
     d.I = max3(d.I, i, L->up_proj.out.cap_c);
   }
-  d.attn_saved = ml_be_attention_saved(m->be, B, S, d.q / d.hd);
+  d.attn_saved = m->attn_core.saved ? m->attn_core.saved(m->attn_core.ctx, B, S, d.q / d.hd)
+                                    : ml_be_attention_saved(m->be, B, S, d.q / d.hd);
   return d;
 }
 
@@ -337,6 +338,37 @@ static int alloc_layer_acts(ml_model *m, const act_dims *d) {
   return 0;
 }
 
+/* Rows of the RoPE tables for m->position_ids: the tables of positions 0
+ * .. max built in `tmp` [2, max+1, hd/2], then each run of consecutive
+ * positions copied into cos_t, sin_t [S, hd/2] with one strided copy. */
+static int rope_at_positions(ml_model *m, double theta, const ml_rope_scaling *sc, float *cos_t,
+                             float *sin_t) {
+  int64_t half = m->cfg.head_dim / 2, S = m->S, top = 0;
+  for (int64_t i = 0; i < S; i++) top = m->position_ids[i] > top ? m->position_ids[i] : top;
+  int64_t n = ml_mul_sat(top + 1, half);
+  float *tmp = ml_be_alloc(m->be, ml_mul_sat(2, n), sizeof(float),
+                           "the RoPE tables of positions 0 .. %lld", (long long)top);
+  if (!tmp) return -1;
+  int rc = ml_be_rope_tables(m->be, theta, m->cfg.head_dim, sc, top + 1, tmp, tmp + n);
+  size_t row = sizeof(float) * (size_t)half;
+  for (int64_t i = 0, run; rc == 0 && i < S; i += run) {
+    int64_t p = m->position_ids[i];
+    for (run = 1; i + run < S && m->position_ids[i + run] == p + run;) run++;
+    for (int t = 0; rc == 0 && t < 2; t++)
+      rc = ml_be_copy2d(m->be, (t ? sin_t : cos_t) + i * half, row, tmp + t * n + p * half, row,
+                        row, (size_t)run);
+  }
+  ml_be_free(m->be, tmp);
+  return rc;
+}
+
+/* The cos/sin tables [S, hd/2] of base theta for the local positions. */
+static int rope_tables(ml_model *m, double theta, const ml_rope_scaling *sc, float *cos_t,
+                       float *sin_t) {
+  if (m->position_ids) return rope_at_positions(m, theta, sc, cos_t, sin_t);
+  return ml_be_rope_tables(m->be, theta, m->cfg.head_dim, sc, m->S, cos_t, sin_t);
+}
+
 /* cos/sin tables of the global (full-attention) and local (sliding) RoPE;
  * each layer points at the tables of its type. */
 static int alloc_rope(ml_model *m) {
@@ -349,10 +381,9 @@ static int alloc_rope(ml_model *m) {
   m->rope_sin = m->rope_cos + one;
   m->rope_local_cos = m->rope_sin + one;
   m->rope_local_sin = m->rope_local_cos + one;
-  ML_TRY(ml_be_rope_tables(m->be, c->rope_theta, c->head_dim, &c->rope, m->S, m->rope_cos,
-                           m->rope_sin));
-  ML_TRY(ml_be_rope_tables(m->be, c->rope_local_theta, c->head_dim, &c->rope_local, m->S,
-                           m->rope_local_cos, m->rope_local_sin));
+  ML_TRY(rope_tables(m, c->rope_theta, &c->rope, m->rope_cos, m->rope_sin));
+  ML_TRY(rope_tables(m, c->rope_local_theta, &c->rope_local, m->rope_local_cos,
+                     m->rope_local_sin));
   for (int l = 0; l < c->n_layers; l++) {
     ml_layer *L = &m->layers[l];
     L->rope_cos = c->sliding[l] ? m->rope_local_cos : m->rope_cos;

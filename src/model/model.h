@@ -143,6 +143,34 @@ typedef struct ml_layer {
   ml_layer_acts acts;
 } ml_layer;
 
+/* One call of a layer's attention core, softmax(scale·q·k^T + mask)·v
+ * (HF eager_attention_forward / SDPA): q [B, S, nh, hd] and k [B, S, nkv,
+ * hd] after RoPE, v [B, S, nkv, hd], the local S positions of each
+ * sequence; causal, and keys within `window` when window > 0; products in
+ * `compute` (ml_be_attention_fwd). */
+typedef struct ml_attn_call {
+  const float *q, *k, *v;
+  int64_t B, S, nh, nkv, hd;
+  float scale;
+  int64_t window;
+  ml_dtype compute;
+} ml_attn_call;
+
+/* The attention core, replaceable from outside as torch's context_parallel
+ * replaces SDPA (parallel/cp.h: ring attention over the cp group). All
+ * NULL: the backend's whole-sequence attention (ml_be_attention_fwd/_bwd).
+ * saved: floats fwd saves for bwd for a batch [B, S] with nh local heads;
+ * fwd: out [B, S, nh·hd] (=); bwd: dq, dk, dv (=) given dout and the
+ * forward's out and saved. Every rank of the group the core communicates
+ * over must call it for the same layers in the same order. */
+typedef struct ml_attn_core {
+  int64_t (*saved)(void *ctx, int64_t B, int64_t S, int64_t nh);
+  int (*fwd)(void *ctx, const ml_attn_call *c, float *out, float *saved);
+  int (*bwd)(void *ctx, const ml_attn_call *c, const float *dout, const float *out,
+             const float *saved, float *dq, float *dk, float *dv);
+  void *ctx;
+} ml_attn_core;
+
 typedef enum {
   ML_MOD_LINEAR,
   ML_MOD_EMBEDDING,
@@ -203,6 +231,13 @@ typedef struct ml_model {
    * that piece. 1 and 0 (the default): whole sequences. Set from outside
    * (parallel/) before ml_model_begin. */
   int res_parts, res_index;
+  /* The global position of each of the S local positions of a sequence (HF
+   * position_ids, the same for every sequence of the batch): RoPE rotates
+   * by it. NULL: 0 .. S−1. Context parallelism holds pieces of longer
+   * sequences (parallel/cp.h). Host memory, S entries, set from outside
+   * before ml_model_begin and kept while the geometry is in use. */
+  const int64_t *position_ids;
+  ml_attn_core attn_core; /* set from outside; zero: the backend's attention */
   /* batch geometry and buffers, set by ml_model_begin */
   int64_t B, S;
   int64_t s_res;  /* local positions of the residual stream (S, or a Shard(1) chunk) */

@@ -62,6 +62,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
                         &e->plan));
   ML_TRY(ml_tp_apply(&e->tp, &e->plan, &e->model, ml_mesh_comm(mesh, ML_GROUP_TP)));
   ML_TRY(ml_tp_check_sequence_parallel(&e->tp, &e->plan, opts->sequence_parallel));
+  ML_TRY(ml_cp_apply(&e->cp, &e->model, ml_mesh_comm(mesh, ML_GROUP_CP), e->be));
   ml_ckpt ck;
   if (!opts->no_weights) ML_TRY(ml_ckpt_open(model_dir, &ck));
   /* FSDP shards over dp_shard_cp (Automodel: cp ranks hold parameter shards too), HSDP
@@ -78,24 +79,29 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
 void ml_engine_close(ml_engine *e) {
   if (e->fsdp.units) ml_fsdp_destroy(&e->fsdp);
   ml_tp_destroy(&e->tp);
+  ml_cp_destroy(&e->cp);
   ml_model_destroy(&e->model);
   ml_plan_free(&e->plan);
   if (e->be) {
     ml_be_free(e->be, e->x);
     ml_be_free(e->be, e->ids);
     ml_be_host_free(e->be, e->host_ids);
+    ml_be_host_free(e->be, e->host_shifted);
   }
   memset(e, 0, sizeof *e);
 }
 
-/* Buffers and activations for a local batch [B, S]: the model's first (the
- * largest, their messages naming the batch), then the residual stream,
- * the token ids and targets (device), and their host staging. B·S
+/* Buffers and activations for a local batch of B sequences of S tokens
+ * (this rank's piece of s of them under context parallelism): the model's
+ * first (the largest, their messages naming the batch), then the residual
+ * stream, the token ids and targets (device), and their host staging. B·S
  * saturates (common/checked.h): a batch beyond int64 fails its first
  * allocation. */
 static int prepare(ml_engine *e, int64_t B, int64_t S) {
-  ML_TRY(ml_model_begin(&e->model, B, S));
-  int64_t T = ml_mul_sat(B, S), H = e->model.cfg.hidden;
+  int64_t s;
+  ML_TRY(ml_cp_geometry(&e->cp, &e->model, S, &s));
+  ML_TRY(ml_model_begin(&e->model, B, s));
+  int64_t T = ml_mul_sat(B, s), H = e->model.cfg.hidden;
   if (T > e->cap_tokens) {
     ml_be_free(e->be, e->x);
     ml_be_free(e->be, e->ids);
@@ -114,6 +120,15 @@ static int prepare(ml_engine *e, int64_t B, int64_t S) {
     if (!e->ids || !e->host_ids) return -1;
     e->targets = e->ids + T;
     e->cap_tokens = T;
+  }
+  int64_t full = ml_mul_sat(B, S);
+  if (full > e->cap_shifted) {
+    ml_be_host_free(e->be, e->host_shifted);
+    e->cap_shifted = 0;
+    e->host_shifted = ml_be_host_alloc(e->be, full, sizeof(int32_t),
+                                       "the targets (%lld tokens)", (long long)full);
+    if (!e->host_shifted) return -1;
+    e->cap_shifted = full;
   }
   return 0;
 }
@@ -148,13 +163,16 @@ static int cast_unit_input(ml_engine *e, float *x) {
   return ml_be_round_bf16(e->be, x, (size_t)(e->model.B * e->model.s_res * e->model.cfg.hidden));
 }
 
-/* The batch on the device: ids [B, S] and their shifted targets (host
- * staging, then one copy). */
+/* The batch on the device: this rank's piece of ids [B, S] and of their
+ * targets, shifted on the whole sequences first (NeMo RL's seq_index
+ * convention: a piece's last position scores the next piece's first token),
+ * pads with id 0 and no target (host staging, then one copy). */
 static int upload_batch(ml_engine *e, const int32_t *ids, const uint8_t *mask, int64_t B,
                         int64_t S) {
-  int64_t T = B * S; /* fits: prepare allocated it */
-  memcpy(e->host_ids, ids, sizeof(int32_t) * (size_t)T);
-  shift_targets(ids, mask, B, S, e->host_ids + T);
+  int64_t T = B * e->model.S; /* fits: prepare allocated it */
+  shift_targets(ids, mask, B, S, e->host_shifted);
+  ml_cp_local_tokens(&e->cp, ids, B, 0, e->host_ids);
+  ml_cp_local_tokens(&e->cp, e->host_shifted, B, -1, e->host_ids + T);
   /* ids and targets are one block of 2·cap_tokens; copy both halves in use */
   ML_TRY(ml_be_copy(e->be, e->ids, e->host_ids, sizeof(int32_t) * (size_t)T, ML_COPY_H2D));
   return ml_be_copy(e->be, e->targets, e->host_ids + T, sizeof(int32_t) * (size_t)T,
@@ -224,20 +242,42 @@ int ml_engine_forward_backward(ml_engine *e, const int32_t *ids, const uint8_t *
   return 0;
 }
 
+/* Log-probs lp [B, s] of this cp rank's positions → out [B, S−1] in the
+ * original order: with cp > 1 gathered over the cp group. */
+static int logprobs_out(ml_engine *e, const float *lp, int64_t B, int64_t S, float *out) {
+  int64_t s = e->model.S;
+  if (e->cp.size == 1) {
+    for (int64_t b = 0; b < B; b++)
+      ML_TRY(ml_be_copy(e->be, out + b * (S - 1), lp + b * s, sizeof(float) * (size_t)(S - 1),
+                        ML_COPY_D2H));
+    return 0;
+  }
+  int64_t n = ml_mul_sat(B * s, e->cp.size); /* every cp rank's pieces */
+  float *work = ml_be_alloc(e->be, n, sizeof(float), "the gathered log-probs (%lld)", (long long)n);
+  float *host = ml_be_host_alloc(e->be, ml_add_sat(n, B * S), sizeof(float),
+                                 "the gathered log-probs (%lld)", (long long)n);
+  int rc = work && host ? 0 : -1;
+  float *full = host ? host + n : NULL; /* [B, S] */
+  if (!rc) rc = ml_cp_gather_tokens(&e->cp, lp, B, work, host, full);
+  for (int64_t b = 0; rc == 0 && b < B; b++)
+    memcpy(out + b * (S - 1), full + b * S, sizeof(float) * (size_t)(S - 1));
+  ml_be_free(e->be, work);
+  ml_be_host_free(e->be, host);
+  return rc;
+}
+
 int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, float *out) {
   ML_TRY(prepare(e, B, S));
   ML_TRY(upload_batch(e, ids, NULL, B, S));
   ML_TRY(forward_layers(e, e->ids));
-  /* B·S fits: prepare allocated B·S·H floats */
-  float *lp = ml_be_alloc(e->be, B * S, sizeof(float), "the log-probs (%lld tokens per rank)",
-                          (long long)(B * S));
+  int64_t T = B * e->model.S; /* fits: prepare allocated B·s·H floats */
+  float *lp = ml_be_alloc(e->be, T, sizeof(float), "the log-probs (%lld tokens per rank)",
+                          (long long)T);
   if (!lp) return -1;
   ml_loss_out lo;
   int rc = ml_vocab_parallel_loss(&e->model, loss_comm(e), e->targets, e->opts.output_dtype,
                                   false, 0.0f, lp, &lo);
-  for (int64_t b = 0; rc == 0 && b < B; b++)
-    rc = ml_be_copy(e->be, out + b * (S - 1), lp + b * S, sizeof(float) * (size_t)(S - 1),
-                    ML_COPY_D2H);
+  if (!rc) rc = logprobs_out(e, lp, B, S, out);
   ml_be_free(e->be, lp);
   /* forward only: release what the backward would have */
   for (int u = 0; u < e->fsdp.n_units; u++) ml_fsdp_reshard(&e->fsdp, u);

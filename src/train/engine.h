@@ -10,6 +10,7 @@
 #include <stdbool.h>
 
 #include "model/model.h"
+#include "parallel/cp.h"
 #include "parallel/fsdp.h"
 #include "parallel/loss.h"
 #include "parallel/mesh.h"
@@ -42,17 +43,22 @@ typedef struct ml_engine {
   ml_plan plan;
   ml_tp tp;
   ml_fsdp fsdp;
+  ml_cp cp;
+  /* T = B · s local tokens: s = S, or this cp rank's piece of the sequences */
   float *x;          /* [T, H] residual stream (device) */
   int32_t *ids;      /* [T] token ids, then targets [T] (device) */
   int32_t *targets;
   int32_t *host_ids; /* [2T] their host staging */
   int64_t cap_tokens;
+  int32_t *host_shifted; /* [B, S] targets of the whole sequences (host), cap_shifted of them */
+  int64_t cap_shifted;
   int64_t step; /* optimizer steps taken */
 } ml_engine;
 
 /* Load DIR (config.json + safetensors), select the plan (ml_plan_select;
- * opts NULL = auto, no SP), apply it over the mesh's tp group and shard over
- * its dp_shard group (FSDP's while cp = 1). Checkpoint tensors no parameter reads (another
+ * opts NULL = auto, no SP), apply it over the mesh's tp group, context
+ * parallelism over its cp group (parallel/cp.h), and shard over its
+ * dp_shard_cp group (FSDP). Checkpoint tensors no parameter reads (another
  * tower of a composite checkpoint, a stray tensor) are ignored with one
  * warning on stderr from mesh rank 0, as transformers warns. Errors:
  * config, plan selection and validation, checkpoint (each named). */
@@ -60,7 +66,8 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
                    const ml_engine_opts *opts);
 void ml_engine_close(ml_engine *e);
 
-/* Allocate the buffers of a local batch [B, S] now (the model's
+/* Allocate the buffers of a local batch [B, S] now (S: whole sequences;
+ * under context parallelism the buffers hold this rank's piece) (the model's
  * activations, ml_model_begin; the residual stream and targets) instead of
  * in the first forward, so that a batch too large for memory fails before
  * any collective, where every rank can agree on the error. `what` (NULL:
@@ -75,7 +82,9 @@ int ml_engine_reserve(ml_engine *e, int64_t B, int64_t S, const char *what);
 int ml_engine_zero_grad(ml_engine *e);
 
 /* Forward + backward of a local (micro-)batch ids/mask [B, S] (mask[b, i]
- * = 1: token i is a target, predicted from the tokens before it). The loss
+ * = 1: token i is a target, predicted from the tokens before it). The cp
+ * ranks of a data-parallel rank pass the same whole sequences; each
+ * computes its piece (parallel/cp.h). The loss
  * is the mean over the targets of the whole global batch of the optimizer
  * step (all dp ranks, all micro-batches of gradient accumulation):
  * gradients are scaled by 1/global_targets and accumulate (+=) into the
@@ -88,7 +97,8 @@ int ml_engine_forward_backward(ml_engine *e, const int32_t *ids, const uint8_t *
                                int64_t S, int64_t global_targets, double *loss);
 
 /* Per-token log-probs of one local batch ids [B, S]: out [B, S−1],
- * out[b, t] = log p(ids[b, t+1] | ids[b, ≤t]). Forward only. */
+ * out[b, t] = log p(ids[b, t+1] | ids[b, ≤t]), in the original order on
+ * every cp rank (one all-gather over cp). Forward only. */
 int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, float *out);
 
 /* Global norm of the gradients over the mesh (DESIGN §7,

@@ -36,11 +36,13 @@ static int run(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp, ml_pr
   ML_TRY(ml_engine_logprobs(e, ids, p->B, p->S, lp));
   take_stats(mesh, p->logprobs);
   mem->logprobs_peak = (int64_t)ml_be_memory_stats(e->be).peak;
+  p->S_pad = e->cp.S_pad;
+  p->s_local = p->S_pad / e->cp.size;
   int64_t per_layer, work;
-  ml_model_act_bytes(&e->model, p->B, p->S, &per_layer, &work);
+  ml_model_act_bytes(&e->model, p->B, p->s_local, &per_layer, &work);
   mem->activations = ml_add_sat(ml_mul_sat(per_layer, e->model.cfg.n_layers), work);
   int parts = e->tp.logits.kind == ML_SHARD ? e->tp.size : 1;
-  int64_t T = p->B * p->S;
+  int64_t T = p->B * p->s_local;
   p->loss_chunk = ml_loss_chunk_tokens(T, e->model.cfg.vocab, parts);
   p->loss_chunks = T / p->loss_chunk + (T % p->loss_chunk != 0);
   return 0;
@@ -59,8 +61,8 @@ int ml_predict_step(const char *model_dir, const ml_engine_opts *opts,
   if (!like) ML_TRY(ml_backend_get("cpu", &like));
   ML_TRY(ml_backend_meta_create(like, &meta));
   ml_mesh mesh;
-  int rc = ml_mesh_create_meta(shape->dp_replicate, shape->dp_shard, 1, shape->tp, shape->rank,
-                               &mesh);
+  int rc = ml_mesh_create_meta(shape->dp_replicate, shape->dp_shard, shape->cp, shape->tp,
+                               shape->rank, &mesh);
   if (rc) {
     ml_backend_meta_destroy(meta);
     return rc;

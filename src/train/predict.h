@@ -38,13 +38,14 @@ typedef struct ml_predict_memory {
   int64_t logprobs_peak; /* the peak of one logprobs pass */
 } ml_predict_memory;
 
-/* What is predicted: world rank `rank` of a dp_replicate × dp_shard × tp
- * mesh (cp = 1), each optimizer step grad_accum micro-batches of B
- * sequences of S tokens per dp rank. batch_what: how allocation errors
+/* What is predicted: world rank `rank` of a dp_replicate × dp_shard × cp
+ * × tp mesh, each optimizer step grad_accum micro-batches of B sequences
+ * of S tokens per dp rank (under context parallelism each cp rank holds
+ * its piece of every sequence: parallel/cp.h). batch_what: how allocation errors
  * name the micro-batch (ml_engine_reserve; NULL: "B sequences x S
  * tokens"). */
 typedef struct ml_predict_shape {
-  int dp_replicate, dp_shard, tp, rank;
+  int dp_replicate, dp_shard, cp, tp, rank;
   int64_t B, S;
   int grad_accum;
   const char *batch_what;
@@ -54,6 +55,7 @@ typedef struct ml_prediction {
   ml_predict_shape shape;
   int world, tp_rank;
   int64_t B, S;                    /* local micro-batch per dp rank */
+  int64_t S_pad, s_local;          /* S padded for cp (S when cp = 1), positions per cp rank */
   int64_t loss_chunk, loss_chunks; /* logits chunk (tokens) and chunks per pass */
   ml_comm_stats train[ML_GROUP_KINDS];    /* one training step */
   ml_comm_stats logprobs[ML_GROUP_KINDS]; /* one logprobs pass */

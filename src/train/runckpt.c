@@ -64,14 +64,14 @@ _Noreturn static void crash_in_save(const char *path, const ml_st_entry *ent, in
 
 /* Whether this rank writes parameter i of unit, its rows [*r0, *r0+*nr):
  * when it holds some and no other rank writes the same ones — it is not an
- * HSDP replica (dp_replicate rank > 0), a tp rank > 0 of a TP-replicated
- * parameter, or a cp rank > 0 (FSDP shards over dp_shard only while cp = 1). */
+ * HSDP replica (dp_replicate rank > 0) or a tp rank > 0 of a TP-replicated
+ * parameter (cp ranks hold distinct FSDP rows: FSDP shards over dp_shard_cp). */
 static bool writes_piece(const ml_engine *e, const ml_fsdp_unit *unit, int i, int64_t *r0,
                          int64_t *nr) {
   const ml_mesh *mesh = e->mesh;
   ml_fsdp_param_rows(&e->fsdp, unit, i, r0, nr);
   bool tp_copy = ml_tp_param_dim(&e->tp, &e->model, unit->params[i]) < 0 && mesh->tp_rank != 0;
-  return mesh->dp_replicate_rank == 0 && mesh->cp_rank == 0 && *nr > 0 && !tp_copy;
+  return mesh->dp_replicate_rank == 0 && *nr > 0 && !tp_copy;
 }
 
 /* Elements of host staging this rank's pieces take: every state of them. */

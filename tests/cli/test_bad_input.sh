@@ -97,8 +97,9 @@ fi
 expect bad-schedule "--lr-schedule: expected one of constant, linear, cosine, found 'step'" "${train[@]}" --lr-schedule step
 expect bad-norm-type "--grad-norm-type: expected one of 2, inf, found '1'" "${train[@]}" --grad-norm-type 1
 expect bad-zero "--zero: expected an integer in \[1, 3\], found 0" "${train[@]}" --zero 0
-expect cp-unsupported "--cp: context parallelism is not supported yet: expected 1, found 2" \
-  mpiexec -n 2 "${train[@]}" --cp 2
+expect cp-zero "--cp: expected an integer in \[1, 2147483647\], found 0" "${train[@]}" --cp 0
+expect cp-not-dividing "world size 2 is not divisible by dp_replicate\(1\) x cp\(4\) x tp\(1\) = 4" \
+  mpiexec -n 2 "${train[@]}" --cp 4
 expect cpu-offload "--cpu-offload: cpu offload needs the CUDA backend" "${train[@]}" --cpu-offload
 expect grad-accum-not-dividing "--batch-size 6 is not divisible by --grad-accum 4" \
   "${train[@]}" --batch-size 6 --grad-accum 4

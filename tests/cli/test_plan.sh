@@ -101,19 +101,28 @@ for fx in llama_tied qwen2; do
   expect_ok "$fx tp2 sp" "^plan .*-optimized-sp" "residual stream Shard\(1\)" "SequenceParallel" \
     "grad Partial" "tp +all_gather" "tp +reduce_scatter" -- \
     "$meshlm" plan --model "$m" --tp 2 --sequence-parallel
-  expect_ok "$fx dp2 x tp2 sp" "dp_shard 2 x tp 2 = world 4" "dp_shard_cp +all_gather" \
+  expect_ok "$fx dp2 x tp2 sp" "dp_shard 2 x cp 1 x tp 2 = world 4" "dp_shard_cp +all_gather" \
     "dp_shard_cp +reduce_scatter" -- \
     "$meshlm" plan --model "$m" --tp 2 --dp-shard 2 --sequence-parallel --batch-size 4 --seq-len 16
   # train's step flags: activation checkpointing and bf16 parameters change the step
   expect_ok "$fx dp2 x tp2 ac layer bf16" "peak of one training step" "dp_shard_cp +all_gather" -- \
     "$meshlm" plan --model "$m" --tp 2 --dp-shard 2 --activation-checkpointing layer \
     --param-dtype bf16 --batch-size 4 --seq-len 16
+  # context parallelism: 15 tokens padded to 16 = 4 chunks of 4, ring attention's passes
+  expect_ok "$fx cp2 x tp2" "dp_shard 1 x cp 2 x tp 2 = world 4" \
+    "padded to 16 positions \(1 masked at the end\), cut into 4 chunks of 4" \
+    "ring attention per layer and micro-batch \(cp send_recv\): forward 1 passes \(K/V\)" \
+    "cp +send_recv" "dp_shard_cp +reduce_scatter" -- \
+    "$meshlm" plan --model "$m" --tp 2 --cp 2 --batch-size 2 --seq-len 15
+  expect_json "$fx cp2 --json" "$meshlm" plan --model "$m" --cp 2 --seq-len 15 --json
   expect_json "$fx tp2 --json" "$meshlm" plan --model "$m" --tp 2 --json
   expect_json "$fx tp2 sp --json" "$meshlm" plan --model "$m" --tp 2 --sequence-parallel --json
 done
 # qwen2's vocab 301 splits unevenly over 2 ranks (torch.chunk: 151 + 150)
 expect_ok "qwen2 uneven vocab shards" "tp0 \[151, 64\] tp1 \[150, 64\]" "^tp rank 1:$" -- \
   "$meshlm" plan --model "$work/qwen2" --tp 2 --dp-shard 2 --batch-size 2
+expect_err cp-zero "--cp: expected an integer in \[1, 2147483647\], found 0" \
+  "$meshlm" plan --model "$work/llama_tied" --cp 0
 expect_ok "one rank" "world 1 ranks" "none \(one rank\)" -- "$meshlm" plan --model "$work/llama_tied"
 
 # ---- errors -------------------------------------------------------------------

@@ -1,5 +1,6 @@
-/* Mesh parity: `mpiexec -n N test_parity FIXTURE TP [sp]`.
- * The mesh (dp_shard = N / TP × tp = TP, sequence-parallel with `sp`) must reproduce HF
+/* Mesh parity: `mpiexec -n N test_parity FIXTURE TP [sp] [cp=C]`.
+ * The mesh (dp_shard = N / (C·TP) × cp = C × tp = TP, sequence-parallel with `sp`, context
+ * parallel with cp=C: ring attention, parallel/cp.h) must reproduce HF
  * transformers' fixture and the single-rank run (a mesh over MPI_COMM_SELF, computed on every
  * rank): the loss, the per-token log-probs (rel L2), every parameter gradient (rel L2) within the
  * bounds tolerance.h §3 derives from the model's sizes; 3 AdamW steps on the mesh, each against
@@ -31,13 +32,14 @@
 static const char *g_fixture;
 static int g_tp;
 static bool g_sp; /* the mesh run uses --sequence-parallel */
+static int g_cp = 1;
 
 /* The fixture over `base` with tp; the mesh run (MPI_COMM_WORLD) is
  * sequence-parallel with `sp`. */
 static void open_on(run *r, MPI_Comm base, int tp, const fixture *fx) {
   ml_engine_opts opts = ml_engine_opts_default();
   opts.sequence_parallel = base == MPI_COMM_WORLD && g_sp;
-  run_open(r, base, 1, tp, &opts, fx->dir);
+  run_open_mesh(r, base, 1, base == MPI_COMM_WORLD ? g_cp : 1, tp, &opts, fx->dir, NULL, NULL);
 }
 
 /* This dp rank's rows of the fixture batch. */
@@ -231,6 +233,75 @@ static void test_adamw_steps(void **state) {
   fixture_free(&fx);
 }
 
+/* Context parallelism on a sequence whose length 2·cp does not divide and
+ * whose chunks are longer than Gemma3's sliding window: the fixture's two
+ * rows joined and cut to 2·S − 1 tokens (47: padded to 48, parallel/cp.h),
+ * the same sequence on every dp rank. The mesh against one rank: loss,
+ * every gradient and the log-probs within the pair bounds of tolerance.h §3
+ * (two fp32 evaluations in different orders). */
+static void test_long_uneven(void **state) {
+  (void)state;
+  if (g_cp == 1) skip();
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  int64_t S = 2 * fx.S - 1;
+  int32_t *ids = malloc(sizeof(int32_t) * (size_t)S);
+  uint8_t *mask = malloc((size_t)S);
+  float *lp1 = malloc(sizeof(float) * (size_t)(2 * (S - 1))), *lpm = lp1 + S - 1;
+  hold(ids, free);
+  hold(mask, free);
+  hold(lp1, free);
+  memcpy(ids, fx.ids, sizeof(int32_t) * (size_t)S); /* rows 0 and 1 are consecutive */
+  memset(mask, 1, (size_t)S);
+  static run one, mesh;
+  open_on(&one, MPI_COMM_SELF, 1, &fx);
+  open_on(&mesh, MPI_COMM_WORLD, g_tp, &fx);
+  int dp = mesh.mesh.groups[ML_GROUP_DP].size;
+  double l1, lm;
+  ml_engine_zero_grad(&one.e);
+  ml_engine_zero_grad(&mesh.e);
+  if (ml_engine_forward_backward(&one.e, ids, mask, 1, S, S - 1, &l1) ||
+      ml_engine_forward_backward(&mesh.e, ids, mask, 1, S, dp * (S - 1), &lm))
+    fail_msg("step: %s", ml_error_msg());
+  tol_model tm = tol_model_of(&mesh, S, dp * S);
+  double tl = tol_model_pair(&tm, TOL_LOSS), tg = tol_model_pair(&tm, TOL_GRADS);
+  double el = fabs(lm - l1) / fabs(l1), eg = 0;
+  float **g1 = export_all(&one, ML_EXPORT_GRADS), **gm = export_all(&mesh, ML_EXPORT_GRADS);
+  for (int i = 0; i < one.e.model.n_params; i++) {
+    const ml_param *p = ml_engine_export_param(&one.e, i);
+    eg = fmax(eg, rel_l2(gm[i], g1[i], p->shape[0] * p->shape[1]));
+  }
+  free_all(g1);
+  free_all(gm);
+  if (ml_engine_logprobs(&one.e, ids, 1, S, lp1) || ml_engine_logprobs(&mesh.e, ids, 1, S, lpm))
+    fail_msg("logprobs: %s", ml_error_msg());
+  double num = 0, den = 0, worst = 0;
+  for (int64_t t = 0; t < S - 1; t++) {
+    double d = (double)lpm[t] - lp1[t];
+    num += d * d;
+    den += (double)lp1[t] * lp1[t];
+    worst = fmax(worst, fabs(d));
+  }
+  double elp = sqrt(num / den), tlp = tol_model_pair(&tm, TOL_LOGPROBS);
+  if (rank0())
+    printf("S=%lld (cp %d pads to a multiple of %d), mesh vs one rank: loss rel %.3g (bound "
+           "%.3g), grads worst rel L2 %.3g (bound %.3g), logprobs rel L2 %.3g (bound %.3g), "
+           "max abs %.3g\n",
+           (long long)S, g_cp, 2 * g_cp, el, tl, eg, tg, elp, tlp, worst);
+  assert_true(el <= tl);
+  assert_true(eg <= tg);
+  assert_true(elp <= tlp);
+  run_close(&mesh);
+  run_close(&one);
+  unhold(lp1);
+  unhold(mask);
+  unhold(ids);
+  free(lp1);
+  free(mask);
+  free(ids);
+  fixture_free(&fx);
+}
+
 static int64_t calls(ml_comm *c, ml_coll k) { return ml_comm_stats_of(c)->calls[k]; }
 static int64_t bytes(ml_comm *c, ml_coll k) { return ml_comm_stats_of(c)->bytes[k]; }
 
@@ -260,8 +331,11 @@ static int64_t partial_bytes(const run *r) {
  *    each moving Tw·H floats, Tw = Tl with the sequence padded to
  *    tp·ceil(S/tp) (comm.h: the padded chunk is on the wire; Tw = Tl when
  *    tp divides S); all-reduces: the loss 2 + the norms' grads 1;
- *  dp_shard all-gather: L + 1 units forward, L − 1 again in backward (the
- *    last layer and the root stay unsharded); reduce-scatter L + 1;
+ *  dp_shard_cp all-gather: L + 1 units forward, L − 1 again in backward
+ *    (the last layer and the root stay unsharded); reduce-scatter L + 1;
+ *  cp (ring attention, parallel/cp.h), per layer: forward cp − 1 passes of
+ *    the local K and V, backward cp − 1 of K and V and cp of dK and dV, each
+ *    2·Tl·kv floats (kv = the local k_proj rows), Tl = the padded piece;
  *  no dp or world all-reduce: the reported loss and the grad norm travel on
  *  the host channel (comm/host.h). */
 static void test_collective_counts(void **state) {
@@ -275,10 +349,19 @@ static void test_collective_counts(void **state) {
   step(&r, &fx);
   assert_int_equal(ml_engine_grad_norm(&r.e, 2.0, &norm), 0);
   int64_t L = r.e.model.cfg.n_layers, H = r.e.model.cfg.hidden;
-  int tp = r.mesh.tp, dp = r.mesh.dp_shard;
-  int64_t Tl = fx.B / dp * fx.S, Tw = fx.B / dp * tp * ((fx.S + tp - 1) / tp);
+  int tp = r.mesh.tp, dp = r.mesh.dp_shard, cp = r.mesh.cp;
+  int64_t s = cp > 1 ? (fx.S + 2 * cp - 1) / (2 * cp) * 2 : fx.S; /* local positions */
+  int64_t Tl = fx.B / dp * s, Tw = fx.B / dp * tp * ((s + tp - 1) / tp);
   ml_mesh *m = &r.mesh;
   ml_comm *tpc = ml_mesh_comm(m, ML_GROUP_TP), *dps = ml_mesh_comm(m, ML_GROUP_DP_SHARD_CP);
+  ml_comm *cpc = ml_mesh_comm(m, ML_GROUP_CP);
+  int fs = dp * cp; /* FSDP shards over dp_shard_cp */
+  int64_t kv = r.e.model.layers[0].k_proj.weight->local[0];
+  assert_int_equal(calls(cpc, ML_COLL_SEND_RECV), L * (3 * cp - 2) * (cp > 1));
+  assert_int_equal(bytes(cpc, ML_COLL_SEND_RECV), 4 * L * (3 * cp - 2) * (cp > 1) * 2 * Tl * kv);
+  assert_int_equal(calls(cpc, ML_COLL_ALL_GATHER) + calls(cpc, ML_COLL_ALL_REDUCE) +
+                       calls(cpc, ML_COLL_REDUCE_SCATTER),
+                   0);
   int64_t pb = partial_bytes(&r), P = pb > 0;
   if (tp > 1 && g_sp) {
     assert_int_equal(calls(tpc, ML_COLL_ALL_GATHER), 4 * L + 2);
@@ -295,17 +378,18 @@ static void test_collective_counts(void **state) {
     assert_int_equal(calls(tpc, ML_COLL_ALL_GATHER), 0);
     assert_int_equal(calls(tpc, ML_COLL_REDUCE_SCATTER), 0);
   }
-  assert_int_equal(calls(dps, ML_COLL_ALL_GATHER), dp > 1 ? 2 * L : 0);
-  assert_int_equal(calls(dps, ML_COLL_REDUCE_SCATTER), dp > 1 ? L + 1 : 0);
+  assert_int_equal(calls(dps, ML_COLL_ALL_GATHER), fs > 1 ? 2 * L : 0);
+  assert_int_equal(calls(dps, ML_COLL_REDUCE_SCATTER), fs > 1 ? L + 1 : 0);
   int64_t rs_bytes = 0;
-  for (int u = 0; u < r.e.fsdp.n_units; u++) rs_bytes += 4 * dp * r.e.fsdp.units[u].shard_numel;
-  assert_int_equal(bytes(dps, ML_COLL_REDUCE_SCATTER), dp > 1 ? rs_bytes : 0);
+  for (int u = 0; u < r.e.fsdp.n_units; u++) rs_bytes += 4 * fs * r.e.fsdp.units[u].shard_numel;
+  assert_int_equal(bytes(dps, ML_COLL_REDUCE_SCATTER), fs > 1 ? rs_bytes : 0);
   /* the loss and grad-norm scalars go over the host channel, not the data comms */
   assert_int_equal(calls(ml_mesh_comm(m, ML_GROUP_DP), ML_COLL_ALL_REDUCE), 0);
   assert_int_equal(calls(ml_mesh_comm(m, ML_GROUP_WORLD), ML_COLL_ALL_REDUCE), 0);
   if (rank0())
     printf("collectives per step: tp all-reduce %lld (%lld B), all-gather %lld (%lld B), "
-           "reduce-scatter %lld (%lld B); dp_shard all-gather %lld, reduce-scatter %lld (%lld B)\n",
+           "reduce-scatter %lld (%lld B); dp_shard_cp all-gather %lld, reduce-scatter %lld (%lld "
+           "B); cp send_recv %lld (%lld B)\n",
            (long long)calls(tpc, ML_COLL_ALL_REDUCE),
            (long long)bytes(tpc, ML_COLL_ALL_REDUCE),
            (long long)calls(tpc, ML_COLL_ALL_GATHER),
@@ -314,25 +398,32 @@ static void test_collective_counts(void **state) {
            (long long)bytes(tpc, ML_COLL_REDUCE_SCATTER),
            (long long)calls(dps, ML_COLL_ALL_GATHER),
            (long long)calls(dps, ML_COLL_REDUCE_SCATTER),
-           (long long)bytes(dps, ML_COLL_REDUCE_SCATTER));
+           (long long)bytes(dps, ML_COLL_REDUCE_SCATTER),
+           (long long)calls(cpc, ML_COLL_SEND_RECV), (long long)bytes(cpc, ML_COLL_SEND_RECV));
   run_close(&r);
   fixture_free(&fx);
 }
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
-  if (argc != 3 && !(argc == 4 && !strcmp(argv[3], "sp"))) {
-    fprintf(stderr, "usage: test_parity FIXTURE TP [sp]\n");
+  bool ok = argc >= 3;
+  for (int i = 3; ok && i < argc; i++) {
+    if (!strcmp(argv[i], "sp")) g_sp = true;
+    else if (!strncmp(argv[i], "cp=", 3)) g_cp = atoi(argv[i] + 3);
+    else ok = false;
+  }
+  if (!ok || g_cp < 1) {
+    fprintf(stderr, "usage: test_parity FIXTURE TP [sp] [cp=C]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];
   g_tp = atoi(argv[2]);
-  g_sp = argc == 4;
   const struct CMUnitTest tests[] = {
       held_test(test_loss_and_grads),
       held_test(test_logprobs),
       held_test(test_adamw_steps),
       held_test(test_collective_counts),
+      held_test(test_long_uneven),
   };
   return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

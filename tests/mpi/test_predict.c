@@ -3,8 +3,10 @@
  * rep-logits (a custom plan whose lm_head is HF colwise_rep: logits
  * all-gathered per chunk, the loss on whole rows), hsdp (dp_replicate = 2,
  * dp_shard inferred), ac=mlp|layer|selective (activation checkpointing),
- * bf16 (param_dtype bf16), accum=K (K micro-batches per step). Opens the engine on the fixture over
- * MPI_COMM_WORLD (dp_shard = N / TP, tp = TP, sequence parallel when SP =
+ * bf16 (param_dtype bf16), accum=K (K micro-batches per step), cp=C
+ * (context parallelism: ring attention's send_recv over the cp group).
+ * Opens the engine on the fixture over MPI_COMM_WORLD (dp_shard = N /
+ * (C·TP), tp = TP, sequence parallel when SP =
  * 1), runs one training step (zero_grad, forward_backward, grad_norm,
  * AdamW) and one logprobs pass of the fixture batch, and compares on
  * every rank:
@@ -19,6 +21,7 @@
  *    norm weight), live only inside one kernel call.
  * Mismatches are collected per rank and agreed on after the collectives,
  * so a failure never leaves other ranks waiting. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -43,6 +46,7 @@
 
 static const char *g_fixture;
 static int g_tp, g_sp, g_dpr = 1; /* g_dpr: dp_replicate (HSDP with "hsdp") */
+static int g_cp = 1;                /* context parallelism ("cp=C") */
 static ml_ac_mode g_ac = ML_AC_NONE;
 static ml_dtype g_param_dtype = ML_F32;
 static int g_accum = 1; /* micro-batches per step ("accum=K") */
@@ -97,7 +101,7 @@ static void setup_open(setup *s) {
   opts.sequence_parallel = g_sp != 0;
   opts.ac = g_ac;
   opts.fsdp.param_dtype = g_param_dtype;
-  if (ml_mesh_create(MPI_COMM_WORLD, g_dpr, 0, 1, g_tp, NULL, NULL, &s->mesh) ||
+  if (ml_mesh_create(MPI_COMM_WORLD, g_dpr, 0, g_cp, g_tp, NULL, NULL, &s->mesh) ||
       ml_engine_open(&s->e, &s->mesh, s->fx.dir, &opts))
     fail_msg("setup: %s", ml_error_msg());
   int dp = s->mesh.groups[ML_GROUP_DP].size, d = s->mesh.groups[ML_GROUP_DP].rank;
@@ -105,8 +109,8 @@ static void setup_open(setup *s) {
   s->Bl = s->fx.B / dp;
   s->ids = s->fx.ids + d * s->Bl * s->fx.S;
   s->mask = s->fx.mask + d * s->Bl * s->fx.S;
-  ml_predict_shape shape = {s->mesh.dp_replicate, s->mesh.dp_shard, s->mesh.tp, s->mesh.rank,
-                            s->Bl, s->fx.S, g_accum, NULL};
+  ml_predict_shape shape = {s->mesh.dp_replicate, s->mesh.dp_shard, s->mesh.cp, s->mesh.tp,
+                            s->mesh.rank, s->Bl, s->fx.S, g_accum, NULL};
   if (ml_predict_step(s->fx.dir, &opts, &shape, &s->pred))
     fail_msg("predict: %s", ml_error_msg());
 }
@@ -232,8 +236,9 @@ static void test_sp_saves_memory(void **state) {
     fail_msg("predict without SP: %s", ml_error_msg());
   const ml_model_config *c = &s.e.model.cfg;
   int64_t start, piece;
-  ml_chunk(s.fx.S, g_tp, s.mesh.tp_rank, &start, &piece);
-  int64_t least = c->n_layers * s.Bl * (s.fx.S - piece) * c->hidden * 4;
+  int64_t s_local = s.pred.s_local; /* this cp rank's positions per sequence */
+  ml_chunk(s_local, g_tp, s.mesh.tp_rank, &start, &piece);
+  int64_t least = c->n_layers * s.Bl * (s_local - piece) * c->hidden * 4;
   int64_t saved = no_sp.mem.activations - s.pred.mem.activations;
   if (rank0())
     printf("SP saves %lld B of %lld B of saved activations (at least %lld expected)\n",
@@ -246,11 +251,50 @@ static void test_sp_saves_memory(void **state) {
   setup_close(&s);
 }
 
+/* Context parallelism divides activation memory: every saved activation
+ * is per token (attention saves its log-sum-exp, no [S, S] tensor), so the
+ * prediction at cp is the one at cp = 1 scaled by the local share of
+ * positions s_local / S, up to the padding that starts every buffer on 64
+ * bytes (model.c take: < 64 B per buffer, 23 buffers in a layer's block
+ * and as many in the AC workspace). An [S, S] term would be off by a
+ * factor of S / s_local. */
+static void test_cp_divides_activations(void **state) {
+  (void)state;
+  if (g_cp == 1) skip();
+  static setup s;
+  setup_open(&s);
+  ml_engine_opts opts = s.e.opts;
+  opts.backend = NULL;
+  opts.parallel_plan = g_plan[0] ? g_plan : NULL;
+  ml_predict_shape one = s.pred.shape;
+  one.cp = 1;
+  one.dp_shard *= g_cp; /* the same world */
+  one.rank = s.mesh.tp_rank;
+  ml_prediction no_cp;
+  if (ml_predict_step(s.fx.dir, &opts, &one, &no_cp))
+    fail_msg("predict without CP: %s", ml_error_msg());
+  int64_t act = s.pred.mem.activations, act1 = no_cp.mem.activations;
+  if (rank0())
+    printf("saved activations per rank: %lld B at cp=%d (%lld of %lld positions), %lld B at "
+           "cp=1\n",
+           (long long)act, g_cp, (long long)s.pred.s_local, (long long)s.pred.S_pad,
+           (long long)act1);
+  report rep = {0};
+  double want = (double)act1 * (double)s.pred.s_local / (double)s.fx.S;
+  double pad = 64.0 * 23.0 * (double)(s.e.model.cfg.n_layers + 1);
+  if (fabs((double)act - want) > pad)
+    note(&rep, "activations at cp=%d: %lld B; expected %lld B x %lld / %lld = %.0f B within %.0f B",
+         g_cp, (long long)act, (long long)act1, (long long)s.pred.s_local, (long long)s.fx.S,
+         want, pad);
+  agree(&rep, "CP activation memory");
+  setup_close(&s);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   if (argc < 4) {
     fprintf(stderr, "usage: test_predict FIXTURE TP SP(0|1) [rep-logits|hsdp|ac=MODE|bf16|"
-                    "accum=K]...\n");
+                    "accum=K|cp=C]...\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];
@@ -267,6 +311,7 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[i], "hsdp")) g_dpr = 2;
     else if (!strcmp(argv[i], "bf16")) g_param_dtype = ML_BF16;
     else if (!strncmp(argv[i], "accum=", 6) && atoi(argv[i] + 6) >= 1) g_accum = atoi(argv[i] + 6);
+    else if (!strncmp(argv[i], "cp=", 3) && atoi(argv[i] + 3) >= 1) g_cp = atoi(argv[i] + 3);
     else if (!strcmp(argv[i], "rep-logits")) write_rep_logits_plan();
     else if (!known) {
       fprintf(stderr, "test_predict: unknown option '%s'\n", argv[i]);
@@ -277,6 +322,7 @@ int main(int argc, char **argv) {
       held_test(test_train_step),
       held_test(test_logprobs),
       held_test(test_sp_saves_memory),
+      held_test(test_cp_divides_activations),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   int any = 0;

@@ -181,7 +181,7 @@ static void test_train_nemo_names(void **state) {
       "nemo.json",
       "{\"model\": \"ckpt\", \"data\": \"d.jsonl\", \"tensor_parallel_size\": 2, "
       "\"sequence_parallel\": true, \"activation_checkpointing\": true, \"cpu_offload\": false, "
-      "\"custom_parallel_plan\": null, \"dp_replicate_size\": 2, \"context_parallel_size\": 1, "
+      "\"custom_parallel_plan\": null, \"dp_replicate_size\": 2, \"context_parallel_size\": 2, "
       "\"param_dtype\": \"bf16\", \"reduce_dtype\": \"fp32\", \"output_dtype\": \"bf16\", "
       "\"reshard_after_forward\": \"false\", \"zero\": 2, \"prefetch_forward\": 0, "
       "\"grad_accum\": 4, \"batch_size\": 16, \"lr_schedule\": \"cosine\", \"warmup_steps\": 3, "
@@ -194,6 +194,7 @@ static void test_train_nemo_names(void **state) {
   assert_string_equal(o.data, "d.jsonl");
   assert_int_equal(o.tp, 2);
   assert_int_equal(o.dp_replicate, 2);
+  assert_int_equal(o.cp, 2);
   assert_true(o.sp);
   assert_null(o.plan);
   assert_int_equal(o.grad_accum, 4);
@@ -249,8 +250,8 @@ static void expect_train_error(const char *want1, const char *want2, int argc, c
 }
 
 static void test_train_checks(void **state) {
-  expect_train_error("--cp", "not supported yet: expected 1, found 2",
-                     ARGV("--model", "m", "--data", "d", "--cp", "2"));
+  expect_train_error("--cp", "expected an integer in [1, 2147483647], found 0",
+                     ARGV("--model", "m", "--data", "d", "--cp", "0"));
   expect_train_error("--cpu-offload", "needs the CUDA backend",
                      ARGV("--model", "m", "--data", "d", "--cpu-offload"));
   expect_train_error("--batch-size 6 is not divisible by --grad-accum 4", "expected a multiple",

@@ -21,6 +21,7 @@
 #include "kernels/cpu/kernels.h"
 #include "model/linear.h"
 #include "tolerance.h"
+#include "unit/attention_exact.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -647,7 +648,7 @@ static void test_expf(void **state) {
 /* ---- attention ---------------------------------------------------------------- */
 
 typedef struct attn_ctx {
-  float *q, *k, *v, *P;
+  float *q, *k, *v, *P; /* P: the exact kernel's probabilities [B, nh, S, S] */
   int64_t B, S, nh, nkv, hd, window;
   float scale;
   const float *dout; /* finite differences: the loss weights */
@@ -657,11 +658,58 @@ typedef struct attn_ctx {
   /* the relative error of P and dS as the products read them: 0 (fp32), or
    * TOL_U_BF16 (bf16 products: both rounded to bf16, nearest) */
   double lowp;
+  /* the kernel the reference bounds: the exact one (eager attention,
+   * tests/unit/attention_exact.c: false) or FlashAttention-2's (true),
+   * whose rows go through at most `rescales` online-softmax steps (key
+   * tiles and block merges, each rescaling the running sum and output) */
+  bool flash;
+  double rescales;
+  float *lse; /* the flash kernel's log-sum-exp [B][S, nh] */
 } attn_ctx;
 
+static k_attn_block attn_whole(const attn_ctx *a) {
+  return (k_attn_block){.B = a->B, .sq = a->S, .sk = a->S, .nh = a->nh, .nkv = a->nkv,
+                        .hd = a->hd, .q_bs = a->S * a->nh * a->hd, .k_bs = a->S * a->nkv * a->hd,
+                        .l_bs = a->S * a->nh, .scale = a->scale, .window = a->window};
+}
+
+// the kernels' tiles (64-byte aligned, as the backend holds them)
+static float *attn_tiles(int64_t hd) {
+  size_t bytes = (size_t)k_attention_tile_floats(hd) * sizeof(float);
+  return aligned_alloc(64, (bytes + 63) / 64 * 64);
+}
+
+// key tiles of the flash kernel over S keys
+static double key_tiles(int64_t S) { return (double)((S + K_ATTN_TILE_K - 1) / K_ATTN_TILE_K); }
+
+// the flash kernel on the whole sequences: out, a->lse
 static void attn_run(attn_ctx *a, float *out) {
-  assert_int_equal(k_attention_fwd(a->q, a->k, a->v, out, a->P, a->B, a->S, a->nh, a->nkv, a->hd,
-                                   a->scale, a->window, NULL),
+  k_attn_block blk = attn_whole(a);
+  float *tiles = attn_tiles(a->hd);
+  assert_int_equal(k_attention_block_fwd(&blk, a->q, a->k, a->v, out, a->lse, false, NULL, tiles),
+                   0);
+  free(tiles);
+}
+
+// its backward: dq, dk, dv (=)
+static void attn_run_bwd(attn_ctx *a, const float *dout, const float *out, float *dq, float *dk,
+                         float *dv) {
+  k_attn_block blk = attn_whole(a);
+  int64_t nq = a->B * a->S * a->nh * a->hd, nk = a->B * a->S * a->nkv * a->hd;
+  memset(dq, 0, (size_t)nq * sizeof(float));
+  memset(dk, 0, (size_t)nk * sizeof(float));
+  memset(dv, 0, (size_t)nk * sizeof(float));
+  float *tiles = attn_tiles(a->hd), *D = malloc((size_t)k_attention_rows(&blk) * sizeof(float));
+  assert_int_equal(k_attention_block_bwd(&blk, dout, a->q, a->k, a->v, out, a->lse, dq, dk, dv,
+                                         NULL, D, tiles),
+                   0);
+  free(tiles), free(D);
+}
+
+// the exact kernel: out, a->P
+static void attn_run_exact(attn_ctx *a, float *out) {
+  assert_int_equal(eager_attention_fwd(a->q, a->k, a->v, out, a->P, a->B, a->S, a->nh, a->nkv,
+                                       a->hd, a->scale, a->window, NULL),
                    0);
 }
 
@@ -674,35 +722,40 @@ static int visible(int64_t i, int64_t j, int64_t window) {
 typedef struct attn_ref_out {
   double *out, *out_b, *out_a; /* [nq]: value, bound, sum_j P|v| */
   double *P, *P_b;             /* [B, nh, S, S] */
+  double *lse, *lse_b;         /* [B][S, nh] */
   double *dq, *dq_b, *dk, *dk_b, *dv, *dv_b;
 } attn_ref_out;
 
 static attn_ref_out attn_ref_alloc(const attn_ctx *a) {
   int64_t nq = a->B * a->S * a->nh * a->hd, nk = a->B * a->S * a->nkv * a->hd;
-  int64_t np = a->B * a->nh * a->S * a->S;
-  attn_ref_out o = {dzeros(nq), dzeros(nq), dzeros(nq), dzeros(np), dzeros(np), dzeros(nq),
-                    dzeros(nq), dzeros(nk), dzeros(nk), dzeros(nk), dzeros(nk)};
+  int64_t np = a->B * a->nh * a->S * a->S, nl = a->B * a->S * a->nh;
+  attn_ref_out o = {dzeros(nq), dzeros(nq), dzeros(nq), dzeros(np), dzeros(np), dzeros(nl),
+                    dzeros(nl), dzeros(nq), dzeros(nq), dzeros(nk), dzeros(nk), dzeros(nk),
+                    dzeros(nk)};
   return o;
 }
 
 static void attn_ref_free(attn_ref_out *o) {
-  free(o->out), free(o->out_b), free(o->out_a), free(o->P), free(o->P_b);
-  free(o->dq), free(o->dq_b), free(o->dk), free(o->dk_b), free(o->dv), free(o->dv_b);
+  free(o->out), free(o->out_b), free(o->out_a), free(o->P), free(o->P_b), free(o->lse);
+  free(o->lse_b), free(o->dq), free(o->dq_b), free(o->dk), free(o->dk_b), free(o->dv);
+  free(o->dv_b);
 }
 
 /* The double reference of rows [i0, i1) of heads [h0, h1) of batch b (all
- * when h1 == 0); with dout also dq, dk, dv (+=) and all bounds. The
- * double arithmetic's own error is bounded by gamma64 of K64 roundings of
- * the same |.|-evaluations. */
+ * when h1 == 0); with dout also dq, dk, dv (+=) and all bounds, for the
+ * kernel a->flash names. The double arithmetic's own error is bounded by
+ * gamma64 of K64 roundings of the same |.|-evaluations. */
 static void attn_ref_rows(const attn_ctx *a, const float *dout, attn_ref_out *o, int64_t b0,
                           int64_t b1, int64_t h0, int64_t h1, int64_t i0, int64_t i1) {
   int64_t S = a->S, hd = a->hd, group = a->nh / a->nkv;
+  double R = a->flash ? a->rescales : 0.0; /* online-softmax steps: a sum of S gets R more terms */
   double *s = dzeros(S), *sa = dzeros(S), *p = dzeros(S), *dp = dzeros(S), *dpa = dzeros(S);
-  double u = TOL_U, gs = tol_gamma((double)S), gsg1 = tol_gamma((double)(S * group) + 1);
+  double u = TOL_U, gs = tol_gamma((double)S + R);
+  double gsg1 = tol_gamma((double)(S * group) + 1 + R * group);
   for (int64_t b = b0; b < b1; b++)
     for (int64_t h = h0; h < h1; h++)
       for (int64_t i = i0; i < i1; i++) {
-        int64_t g = h / group, qo = ((b * S + i) * a->nh + h) * hd;
+        int64_t g = h / group, qo = ((b * S + i) * a->nh + h) * hd, lo = (b * S + i) * a->nh + h;
         const float *qi = a->q + qo;
         double m = -INFINITY, sum = 0.0, maxd = 0.0, maxsm = 0.0, smax = 0.0;
         int64_t nvis = 0;
@@ -726,25 +779,40 @@ static void attn_ref_rows(const attn_ctx *a, const float *dout, attn_ref_out *o,
           sum += p[j];
         }
         for (int64_t j = 0; j < S; j++) p[j] /= sum;
-        /* relative error of every P_ij, and the reference's own */
-        double epsP =
-            2.0 * (2.0 * maxd + u * maxsm + TOL_LIBM * u) + tol_gamma((double)nvis) + 2.0 * u;
+        /* relative error of every P_ij as the forward weighs it, and the
+         * reference's own; flash: each of the R rescales exp(m − m') (|m −
+         * m'| <= max|s − m|) multiplies the running sum and the output by a
+         * factor off by u·max|s − m| + (TOL_LIBM + 2)u: once each */
+        double epsP = 2.0 * (2.0 * maxd + u * maxsm + TOL_LIBM * u) + tol_gamma((double)nvis) +
+                      2.0 * u + 2.0 * R * (u * maxsm + (TOL_LIBM + 2.0) * u);
         double e64 = tol_gamma64(4.0 * ((double)hd + 1) * (1.0 + smax) + 3.0 * S + 20.0);
+        /* flash: lse = m + logf(l), m off by max d, log l by l's relative
+         * error (within eps_P), logf TOL_LIBM·u·|log l|, the sum u·|lse|;
+         * the backward recomputes P = exp(s − lse): s off by d_j, the
+         * subtraction u·|s − lse| <= u(max|s − m| + log l), expf */
+        double L = m + log(sum);
+        double eL = maxd + epsP + TOL_LIBM * u * log(sum) + u * fabs(L);
+        o->lse[lo] = L;
+        o->lse_b[lo] = TOL_FIRST_ORDER * (eL + e64 * (1.0 + fabs(L)));
+        double epsB = a->flash ? maxd + eL + u * (maxsm + log(sum)) + TOL_LIBM * u : epsP;
         /* P as P·v and P^T·dout read it: rounded once more with lowp */
-        double epsPr = epsP + a->lowp * (1.0 + epsP);
+        double epsPr = epsP + a->lowp * (1.0 + epsP), epsBr = epsB + a->lowp * (1.0 + epsB);
         double *Prow = o->P + ((b * a->nh + h) * S + i) * S,
                *Pb = o->P_b + ((b * a->nh + h) * S + i) * S;
         for (int64_t j = 0; j < S; j++)
           Prow[j] = p[j], Pb[j] = TOL_FIRST_ORDER * (epsP + e64) * p[j];
+        double D_out = 0.0; /* flash: the error of D = dout·out from out's */
         for (int64_t d = 0; d < hd; d++) {
           double y = 0.0, ya = 0.0;
           for (int64_t j = 0; j < S; j++) {
             double vj = a->v[((b * S + j) * a->nkv + g) * hd + d];
             y += p[j] * vj, ya += p[j] * fabs(vj);
           }
+          double ey = (gs + epsPr + gs * epsPr + e64) * ya;
           o->out[qo + d] = y;
           o->out_a[qo + d] = ya;
-          o->out_b[qo + d] = TOL_FIRST_ORDER * (gs + epsPr + gs * epsPr + e64) * ya;
+          o->out_b[qo + d] = TOL_FIRST_ORDER * ey;
+          if (dout) D_out += fabs((double)dout[qo + d]) * (ey + fabs(y) * tol_gamma64((double)hd));
         }
         if (!dout) continue;
         double D = 0.0, Da = 0.0, dD = 0.0;
@@ -757,12 +825,15 @@ static void attn_ref_rows(const attn_ctx *a, const float *dout, attn_ref_out *o,
           Da += p[j] * fabs(dp[j]);
           dD += p[j] * (epsP * fabs(dp[j]) + tol_gamma((double)hd) * dpa[j]);
         }
-        dD += (u + tol_gamma64((double)S)) * Da;
+        /* eager: D = sum_j P·dP (its P and dP products); flash: D = dout·out
+         * in double (= sum_j P·dP exactly), off by dout·(out's error); both
+         * converted to fp32 */
+        dD = (a->flash ? D_out : dD) + (u + tol_gamma64((double)S)) * Da;
         for (int64_t j = 0; j < S; j++) {
           if (p[j] == 0.0) continue;
           int64_t ko = ((b * S + j) * a->nkv + g) * hd;
           double ds = p[j] * (dp[j] - D), dsa = p[j] * (fabs(dp[j]) + fabs(D));
-          double dds = p[j] * ((epsP + tol_gamma(2.0)) * (fabs(dp[j]) + fabs(D)) +
+          double dds = p[j] * ((epsB + tol_gamma(2.0)) * (fabs(dp[j]) + fabs(D)) +
                                tol_gamma((double)hd) * dpa[j] + dD);
           /* dS as dS·k and dS^T·q read it (rounded with lowp): |dS − ds| <=
            * dds + lowp·(|ds| + dds); the sums' roundings are against the
@@ -773,11 +844,11 @@ static void attn_ref_rows(const attn_ctx *a, const float *dout, attn_ref_out *o,
             double kd = a->k[ko + d], qd = qi[d], od = dout[qo + d];
             o->dq[qo + d] += a->scale * ds * kd;
             o->dq_b[qo + d] +=
-                a->scale * ((tol_gamma((double)S + 1) + e64) * dsa_r + dds) * fabs(kd);
+                a->scale * ((tol_gamma((double)S + 1 + R) + e64) * dsa_r + dds) * fabs(kd);
             o->dk[ko + d] += a->scale * ds * qd;
             o->dk_b[ko + d] += a->scale * ((gsg1 + e64) * dsa_r + dds) * fabs(qd);
             o->dv[ko + d] += p[j] * od;
-            o->dv_b[ko + d] += (gsg1 + epsPr + gsg1 * a->lowp + e64) * p[j] * fabs(od);
+            o->dv_b[ko + d] += (gsg1 + epsBr + gsg1 * a->lowp + e64) * p[j] * fabs(od);
           }
         }
       }
@@ -867,75 +938,119 @@ static void attn_at_kv(void *c, int64_t idx) {
   a->b0 = t / a->S, a->h0 = g * group, a->h1 = (g + 1) * group, a->i0 = t % a->S, a->i1 = a->S;
 }
 
+// a case: sizes, window, scale
+#define ATTN(B_, S_, nh_, nkv_, hd_, window_, scale_)                                    \
+  {.B = B_, .S = S_, .nh = nh_, .nkv = nkv_, .hd = hd_, .window = window_, .scale = scale_}
 static const attn_ctx ATTN_CASES[] = {
-    {NULL, NULL, NULL, NULL, 2, 5, 4, 2, 8, 0, 0.35f, NULL, 0, 0, 0, 0, 0, 0},  // GQA
+    ATTN(2, 5, 4, 2, 8, 0, 0.35f),  // GQA
     // GQA + sliding window
-    {NULL, NULL, NULL, NULL, 2, 5, 4, 2, 8, 3, 0.35f, NULL, 0, 0, 0, 0, 0, 0},
-    {NULL, NULL, NULL, NULL, 2, 7, 3, 3, 6, 0, 0.4f, NULL, 0, 0, 0, 0, 0, 0},   // MHA, odd sizes
-    {NULL, NULL, NULL, NULL, 1, 300, 4, 2, 16, 0, 0.25f, NULL, 0, 0, 0, 0,
-     0, 0},  // several row blocks
-    {NULL, NULL, NULL, NULL, 1, 300, 2, 1, 16, 100, 0.25f, NULL, 0, 0, 0, 0, 0, 0},
+    ATTN(2, 5, 4, 2, 8, 3, 0.35f),
+    ATTN(2, 7, 3, 3, 6, 0, 0.4f),   // MHA, odd sizes
+    ATTN(1, 300, 4, 2, 16, 0, 0.25f),  // several query and key tiles
+    ATTN(1, 300, 2, 1, 16, 100, 0.25f),
     // sliding windows: Gemma3-like (window 8 < S = 24, scale 24^-0.5), only
     // the query itself (window 1), a window past S (= full causal), and one
-    // reaching back across a row block into the previous one with GQA
-    {NULL, NULL, NULL, NULL, 2, 24, 4, 2, 16, 8, 0.20412415f, NULL, 0, 0, 0, 0, 0, 0},
-    {NULL, NULL, NULL, NULL, 1, 7, 2, 1, 4, 1, 0.5f, NULL, 0, 0, 0, 0, 0, 0},
-    {NULL, NULL, NULL, NULL, 2, 5, 4, 2, 8, 9, 0.35f, NULL, 0, 0, 0, 0, 0, 0},
-    {NULL, NULL, NULL, NULL, 1, 300, 4, 2, 16, 130, 0.25f, NULL, 0, 0, 0, 0, 0, 0},
+    // reaching back across a key tile into the previous one with GQA
+    ATTN(2, 24, 4, 2, 16, 8, 0.20412415f),
+    ATTN(1, 7, 2, 1, 4, 1, 0.5f),
+    ATTN(2, 5, 4, 2, 8, 9, 0.35f),
+    ATTN(1, 300, 4, 2, 16, 130, 0.25f),
 };
 
+/* The case's inputs, room for both kernels' saved tensors, and the flash
+ * kernel's bounds (one rescale per key tile). */
 static attn_ctx attn_alloc(attn_ctx a) {
   int64_t nq = a.B * a.S * a.nh * a.hd, nk = a.B * a.S * a.nkv * a.hd;
   a.q = rand_buf(nq, 1.5f), a.k = rand_buf(nk, 1.5f), a.v = rand_buf(nk, 1);
   a.P = malloc((size_t)(a.B * a.nh * a.S * a.S) * sizeof(float));
+  a.lse = malloc((size_t)(a.B * a.S * a.nh) * sizeof(float));
+  a.flash = true;
+  a.rescales = key_tiles(a.S);
   return a;
 }
 
-static void attn_free(attn_ctx *a) { free(a->q), free(a->k), free(a->v), free(a->P); }
+static void attn_free(attn_ctx *a) {
+  free(a->q), free(a->k), free(a->v), free(a->P), free(a->lse);
+}
 
+static void attn_name(char *what, size_t n, const char *part, const attn_ctx *a) {
+  snprintf(what, n, "attention %s S=%lld window=%lld", part, (long long)a->S,
+           (long long)a->window);
+}
+
+/* |x − y| <= bx + by: two results each within its bound of the same
+ * reference (the triangle inequality through it) */
+static void expect_pair(const char *what, const float *x, const float *y, const double *bx,
+                        const double *by, int64_t n) {
+  double *yd = dzeros(n), *b = dzeros(n);
+  for (int64_t i = 0; i < n; i++) yd[i] = y[i], b[i] = bx[i] + by[i];
+  expect_within(what, x, yd, b, n);
+  free(yd), free(b);
+}
+
+/* The flash kernel's forward against the double reference (out and lse),
+ * the exact kernel's against the same reference with its own bounds (out
+ * and P), and the two against each other. */
 static void test_attention_fwd(void **state) {
   (void)state;
   for (size_t c = 0; c < sizeof ATTN_CASES / sizeof ATTN_CASES[0]; c++) {
-    attn_ctx a = attn_alloc(ATTN_CASES[c]);
+    attn_ctx a = attn_alloc(ATTN_CASES[c]), e = a;
+    e.flash = false;
     int64_t nq = a.B * a.S * a.nh * a.hd, np = a.B * a.nh * a.S * a.S;
-    float *out = malloc((size_t)nq * sizeof(float));
-    attn_ref_out r = attn_ref_alloc(&a);
+    float *out = malloc((size_t)nq * sizeof(float)), *oute = malloc((size_t)nq * sizeof(float));
+    attn_ref_out r = attn_ref_alloc(&a), re = attn_ref_alloc(&e);
     attn_run(&a, out);
+    attn_run_exact(&e, oute);
     attn_ref(&a, NULL, &r);
+    attn_ref(&e, NULL, &re);
     char what[64];
-    snprintf(what, sizeof what, "attention fwd S=%lld window=%lld", (long long)a.S,
-             (long long)a.window);
+    attn_name(what, sizeof what, "fwd", &a);
     expect_within(what, out, r.out, r.out_b, nq);
-    expect_within("attention P", a.P, r.P, r.P_b, np); /* masked entries: bound 0, exactly 0 */
-    free(out);
-    attn_ref_free(&r);
+    expect_within("attention lse", a.lse, r.lse, r.lse_b, a.B * a.S * a.nh);
+    expect_within("attention exact out", oute, re.out, re.out_b, nq);
+    expect_within("attention exact P", e.P, re.P, re.P_b, np); /* masked: bound 0, exactly 0 */
+    expect_pair("attention fwd vs exact", out, oute, r.out_b, re.out_b, nq);
+    free(out), free(oute);
+    attn_ref_free(&r), attn_ref_free(&re);
     attn_free(&a);
   }
 }
 
+/* The backward: both kernels against the double reference and each other,
+ * the flash one also against finite differences of the reference. */
 static void test_attention_bwd(void **state) {
   (void)state;
   for (size_t c = 0; c < sizeof ATTN_CASES / sizeof ATTN_CASES[0]; c++) {
-    attn_ctx a = attn_alloc(ATTN_CASES[c]);
+    attn_ctx a = attn_alloc(ATTN_CASES[c]), e = a;
+    e.flash = false;
     int64_t nq = a.B * a.S * a.nh * a.hd, nk = a.B * a.S * a.nkv * a.hd;
     int64_t stride = a.S > 16 ? 97 : 1;
     float *out = malloc((size_t)nq * sizeof(float)), *dout = rand_buf(nq, 1);
-    float *dq = malloc((size_t)nq * sizeof(float)), *dk = const_buf(nk, 9.0f),
-          *dv = const_buf(nk, 9.0f);
-    attn_ref_out r = attn_ref_alloc(&a);
+    float *dq = const_buf(nq, 9.0f), *dk = const_buf(nk, 9.0f), *dv = const_buf(nk, 9.0f);
+    float *dqe = malloc((size_t)nq * sizeof(float)), *dke = const_buf(nk, 9.0f),
+          *dve = const_buf(nk, 9.0f);
+    attn_ref_out r = attn_ref_alloc(&a), re = attn_ref_alloc(&e);
     attn_run(&a, out);
-    float *work = malloc((size_t)k_attention_bwd_work(a.B, a.S, a.nh) * sizeof(float));
-    assert_int_equal(k_attention_bwd(dout, a.q, a.k, a.v, a.P, dq, dk, dv, a.B, a.S, a.nh, a.nkv,
-                                     a.hd, a.scale, work, NULL),
+    attn_run_bwd(&a, dout, out, dq, dk, dv);
+    attn_run_exact(&e, dqe); /* its out is not needed: dqe is overwritten */
+    float *work = malloc((size_t)eager_attention_bwd_work(a.B, a.S, a.nh) * sizeof(float));
+    assert_int_equal(eager_attention_bwd(dout, e.q, e.k, e.v, e.P, dqe, dke, dve, a.B, a.S, a.nh,
+                                         a.nkv, a.hd, a.scale, work, NULL),
                      0);
     free(work);
     attn_ref(&a, dout, &r);
+    attn_ref(&e, dout, &re);
     char what[64];
-    snprintf(what, sizeof what, "attention bwd S=%lld window=%lld dq", (long long)a.S,
-             (long long)a.window);
+    attn_name(what, sizeof what, "bwd dq", &a);
     expect_within(what, dq, r.dq, r.dq_b, nq);
-    expect_within("attention bwd dk (=)", dk, r.dk, r.dk_b, nk);
-    expect_within("attention bwd dv (=)", dv, r.dv, r.dv_b, nk);
+    expect_within("attention bwd dk", dk, r.dk, r.dk_b, nk);
+    expect_within("attention bwd dv", dv, r.dv, r.dv_b, nk);
+    expect_within("attention exact dq", dqe, re.dq, re.dq_b, nq);
+    expect_within("attention exact dk (=)", dke, re.dk, re.dk_b, nk);
+    expect_within("attention exact dv (=)", dve, re.dv, re.dv_b, nk);
+    expect_pair("attention dq vs exact", dq, dqe, r.dq_b, re.dq_b, nq);
+    expect_pair("attention dk vs exact", dk, dke, r.dk_b, re.dk_b, nk);
+    expect_pair("attention dv vs exact", dv, dve, r.dv_b, re.dv_b, nk);
     a.dout = dout;
     /* the double forward's own roundings per output: the scores' dot
      * (hd + 1, amplified by exp up to the largest |score| sum, <= 10 here
@@ -949,6 +1064,76 @@ static void test_attention_bwd(void **state) {
     fd_check("attention dq vs fd", &fq, a.q, nq, stride, dq, r.dq_b, 1e-2f);
     fd_check("attention dk vs fd", &fk, a.k, nk, stride, dk, r.dk_b, 1e-2f);
     fd_check("attention dv vs fd", &fv, a.v, nk, stride, dv, r.dv_b, 1e-2f);
+    free(out), free(dout), free(dq), free(dk), free(dv), free(dqe), free(dke), free(dve);
+    attn_ref_free(&r), attn_ref_free(&re);
+    attn_free(&a);
+  }
+}
+
+/* The sequences cut into `nc` chunks of rows [cut[c], cut[c+1]) and run as
+ * ring attention runs them: each query chunk's diagonal block first (not
+ * accumulating), then its other key chunks in the order rot(c) (accumulating;
+ * blocks no query sees, masked by causality or the window, included: the
+ * kernel must leave their rows as they are); backward over every block
+ * with the final out and lse (dq, dk, dv +=). */
+static void attn_run_blocks(attn_ctx *a, const int64_t *cut, int nc, const float *dout,
+                            float *out, float *dq, float *dk, float *dv) {
+  int64_t nq = a->B * a->S * a->nh * a->hd, nk = a->B * a->S * a->nkv * a->hd;
+  memset(dq, 0, (size_t)nq * sizeof(float));
+  memset(dk, 0, (size_t)nk * sizeof(float));
+  memset(dv, 0, (size_t)nk * sizeof(float));
+  for (int pass = 0; pass < 2; pass++)
+    for (int qc = 0; qc < nc; qc++)
+      for (int step = 0; step < nc; step++) {
+        int kc = (qc + step * (nc - 1)) % nc; /* qc first, then downwards */
+        k_attn_block blk = attn_whole(a);
+        blk.q_pos = cut[qc], blk.sq = cut[qc + 1] - cut[qc];
+        blk.k_pos = cut[kc], blk.sk = cut[kc + 1] - cut[kc];
+        int64_t qo = cut[qc] * a->nh * a->hd, ko = cut[kc] * a->nkv * a->hd;
+        float *tiles = attn_tiles(a->hd), *D = malloc((size_t)k_attention_rows(&blk) * 4);
+        if (pass == 0)
+          assert_int_equal(k_attention_block_fwd(&blk, a->q + qo, a->k + ko, a->v + ko, out + qo,
+                                                 a->lse + cut[qc] * a->nh, step > 0, NULL, tiles),
+                           0);
+        else
+          assert_int_equal(k_attention_block_bwd(&blk, dout + qo, a->q + qo, a->k + ko,
+                                                 a->v + ko, out + qo, a->lse + cut[qc] * a->nh,
+                                                 dq + qo, dk + ko, dv + ko, NULL, D, tiles),
+                           0);
+        free(tiles), free(D);
+      }
+}
+
+/* Block attention (ring attention's pieces) on uneven chunks of a causal
+ * GQA case and a sliding-window one whose window is shorter than a chunk,
+ * against the double reference: R grows by the blocks' key tiles and the
+ * merges (each rescales like a tile). */
+static void test_attention_blocks(void **state) {
+  (void)state;
+  static const attn_ctx cases[] = {
+      ATTN(2, 300, 4, 2, 16, 0, 0.25f),
+      ATTN(2, 300, 4, 1, 16, 40, 0.25f),
+  };
+  const int64_t cut[] = {0, 37, 150, 151, 300};
+  const int nc = 4;
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    attn_ctx a = attn_alloc(cases[c]);
+    a.rescales = 0.0;
+    for (int i = 0; i < nc; i++) a.rescales += key_tiles(cut[i + 1] - cut[i]) + 1.0;
+    int64_t nq = a.B * a.S * a.nh * a.hd, nk = a.B * a.S * a.nkv * a.hd;
+    float *out = malloc((size_t)nq * sizeof(float)), *dout = rand_buf(nq, 1);
+    float *dq = malloc((size_t)nq * sizeof(float)), *dk = malloc((size_t)nk * sizeof(float)),
+          *dv = malloc((size_t)nk * sizeof(float));
+    attn_run_blocks(&a, cut, nc, dout, out, dq, dk, dv);
+    attn_ref_out r = attn_ref_alloc(&a);
+    attn_ref(&a, dout, &r);
+    char what[64];
+    attn_name(what, sizeof what, "blocks out", &a);
+    expect_within(what, out, r.out, r.out_b, nq);
+    expect_within("attention blocks lse", a.lse, r.lse, r.lse_b, a.B * a.S * a.nh);
+    expect_within("attention blocks dq", dq, r.dq, r.dq_b, nq);
+    expect_within("attention blocks dk", dk, r.dk, r.dk_b, nk);
+    expect_within("attention blocks dv", dv, r.dv, r.dv_b, nk);
     free(out), free(dout), free(dq), free(dk), free(dv);
     attn_ref_free(&r);
     attn_free(&a);
@@ -972,11 +1157,12 @@ static void test_attention_bf16(void **state) {
     float *out = malloc((size_t)nq * sizeof(float)), *out32 = malloc((size_t)nq * sizeof(float));
     float *dout = rand_buf(nq, 1), *dq = malloc((size_t)nq * sizeof(float));
     float *dk = const_buf(nk, 9.0f), *dv = const_buf(nk, 9.0f);
+    assert_int_equal(ml_be_attention_saved(be, a.B, a.S, a.nh), a.B * a.S * a.nh);
     void *work = malloc(ml_be_attention_work(be, a.B, a.S, a.nh, a.nkv, a.hd));
     attn_run(&a, out32);
-    if (ml_be_attention_fwd(be, a.q, a.k, a.v, out, a.P, a.B, a.S, a.nh, a.nkv, a.hd, a.scale,
+    if (ml_be_attention_fwd(be, a.q, a.k, a.v, out, a.lse, a.B, a.S, a.nh, a.nkv, a.hd, a.scale,
                             a.window, ML_BF16) ||
-        ml_be_attention_bwd(be, dout, a.q, a.k, a.v, out, a.P, dq, dk, dv, a.B, a.S, a.nh,
+        ml_be_attention_bwd(be, dout, a.q, a.k, a.v, out, a.lse, dq, dk, dv, a.B, a.S, a.nh,
                             a.nkv, a.hd, a.scale, a.window, ML_BF16, work))
       fail_msg("bf16 attention: %s", ml_error_msg());
     attn_ctx r = a;
@@ -986,10 +1172,9 @@ static void test_attention_bf16(void **state) {
     attn_ref_out ref = attn_ref_alloc(&r);
     attn_ref(&r, dout_r, &ref);
     char what[64];
-    snprintf(what, sizeof what, "attention bf16 S=%lld window=%lld out", (long long)a.S,
-             (long long)a.window);
+    attn_name(what, sizeof what, "bf16 out", &a);
     expect_within(what, out, ref.out, ref.out_b, nq);
-    expect_within("attention bf16 P", a.P, ref.P, ref.P_b, a.B * a.nh * a.S * a.S);
+    expect_within("attention bf16 lse", a.lse, ref.lse, ref.lse_b, a.B * a.S * a.nh);
     expect_within("attention bf16 dq", dq, ref.dq, ref.dq_b, nq);
     expect_within("attention bf16 dk (=)", dk, ref.dk, ref.dk_b, nk);
     expect_within("attention bf16 dv (=)", dv, ref.dv, ref.dv_b, nk);
@@ -1294,7 +1479,8 @@ int main(void) {
       cmocka_unit_test(test_rope_inv_freq), cmocka_unit_test(test_rope_tables),
       cmocka_unit_test(test_rope_apply),    cmocka_unit_test(test_expf),
       cmocka_unit_test(test_attention_fwd), cmocka_unit_test(test_attention_bwd),
-      cmocka_unit_test(test_attention_bf16), cmocka_unit_test(test_glu),
+      cmocka_unit_test(test_attention_blocks), cmocka_unit_test(test_attention_bf16),
+      cmocka_unit_test(test_glu),
       cmocka_unit_test(test_embedding),     cmocka_unit_test(test_xent),
       cmocka_unit_test(test_adamw),
   };

@@ -16,6 +16,10 @@
 typedef struct cpu {
   ml_pool *pool, *host;
   ml_cpu_gemm *gemm;
+  /* the attention kernels' per-thread tiles (k_attention_tile_floats),
+   * kept like the GEMM's: a fixed per-process scratch, not the pool's */
+  float *tiles;
+  int64_t tiles_cap;
 } cpu;
 
 static cpu *impl(ml_backend *be) { return be->impl; }
@@ -190,15 +194,59 @@ static int cpu_rope_bwd(ml_backend *be, float *dx, const float *c, const float *
   return 0;
 }
 
-/* The CPU's eager attention saves the probabilities P [B, nh, S, S]. */
+/* The CPU's attention is FlashAttention-2's (kernels/cpu/attention.c): it
+ * saves each query's log-sum-exp, [B][S, nh] (ml_attn_block's lse layout). */
 static int64_t cpu_attention_saved(ml_backend *be, int64_t B, int64_t S, int64_t nh) {
-  return ml_mul_sat(ml_mul_sat(ml_mul_sat(B, nh), S), S);
+  return ml_mul_sat(ml_mul_sat(B, S), nh);
+}
+
+// a whole sequence as one block: q_pos = k_pos = 0, sq = sk = S
+static k_attn_block whole(int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd, float scale,
+                          int64_t window) {
+  return (k_attn_block){.B = B,
+                        .sq = S,
+                        .sk = S,
+                        .nh = nh,
+                        .nkv = nkv,
+                        .hd = hd,
+                        .q_bs = S * nh * hd,
+                        .k_bs = S * nkv * hd,
+                        .l_bs = S * nh,
+                        .scale = scale,
+                        .window = window};
+}
+
+// bytes of the backward's row terms D (the caller's workspace)
+static size_t rows_bytes(const k_attn_block *blk) {
+  int64_t n = k_attention_rows(blk);
+  return n > (int64_t)(SIZE_MAX / sizeof(float)) ? SIZE_MAX : (size_t)n * sizeof(float);
 }
 
 static size_t cpu_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t nh, int64_t nkv,
                                  int64_t hd) {
-  int64_t n = k_attention_bwd_work(B, S, nh);
-  return n > (int64_t)(SIZE_MAX / sizeof(float)) ? SIZE_MAX : (size_t)n * sizeof(float);
+  k_attn_block blk = whole(B, S, nh, nkv, hd, 1.0f, 0);
+  return rows_bytes(&blk);
+}
+
+/* The kernels' tiles for head size hd, grown on first need. */
+static float *attention_tiles(ml_backend *be, int64_t hd) {
+  cpu *c = impl(be);
+  int64_t n = k_attention_tile_floats(hd);
+  if (n <= c->tiles_cap) return c->tiles;
+  if (n > (int64_t)(SIZE_MAX / sizeof(float)) - 64) {
+    ml_err("attention: the tiles for head_dim %lld overflow", (long long)hd);
+    return NULL;
+  }
+  size_t bytes = ((size_t)n * sizeof(float) + 63) / 64 * 64; /* aligned_alloc's rule */
+  float *t = aligned_alloc(64, bytes);
+  if (!t) {
+    ml_err("attention: out of memory for its tiles (%zu bytes)", bytes);
+    return NULL;
+  }
+  free(c->tiles);
+  c->tiles = t;
+  c->tiles_cap = n;
+  return t;
 }
 
 /* k_attn_bf16's products: the GEMM's tiles. */
@@ -223,22 +271,27 @@ static int rounded(ml_backend *be, const float *x, int64_t n, bool packed, const
   return cpu_round_bf16(be, *mem, (size_t)n);
 }
 
-/* Attention's products in `compute`: NULL *lp for fp32; for bf16, q, k,
- * v, dout ([T, nh|nkv, hd]) rounded, and room for the rounded P and dS
- * (forward: a tile per thread; backward: [B, nh, S, S] each), in pool
- * memory that attention_end frees. */
+/* Elements from a block operand's first row to one past its last: B
+ * sequences bs apart, rows of width floats each. */
+static int64_t extent(int64_t B, int64_t bs, int64_t rows, int64_t width) {
+  return (B - 1) * bs + rows * width;
+}
+
+/* One call's operands in `compute`: NULL *lp for fp32; for bf16, q, k, v,
+ * dout rounded (in their layouts, from pool memory that attention_end
+ * frees); the kernels round P and dS per tile themselves. */
 typedef struct attn_lowp {
   k_attn_bf16 lp;
-  void *mem[7];
+  void *mem[4];
 } attn_lowp;
 
 static void attention_end(ml_backend *be, attn_lowp *a) {
-  for (int i = 0; i < 7; i++) cpu_free(be, a->mem[i]);
+  for (int i = 0; i < 4; i++) cpu_free(be, a->mem[i]);
 }
 
-static int attention_begin(ml_backend *be, ml_dtype compute, const float *q, const float *k,
-                           const float *v, const float *dout, int64_t B, int64_t S, int64_t nh,
-                           int64_t nkv, int64_t hd, attn_lowp *a, const k_attn_bf16 **lp) {
+static int attention_begin(ml_backend *be, ml_dtype compute, const k_attn_block *blk,
+                           const float *q, const float *k, const float *v, const float *dout,
+                           attn_lowp *a, const k_attn_bf16 **lp) {
   memset(a, 0, sizeof *a);
   *lp = NULL;
   if (compute == ML_F32) return 0;
@@ -246,25 +299,14 @@ static int attention_begin(ml_backend *be, ml_dtype compute, const float *q, con
     return ml_err("attention: compute dtype %s; expected F32 or BF16", ml_dtype_name(compute));
   ml_cpu_gemm *g = impl(be)->gemm;
   bool packed = ml_cpu_gemm_bf16_native(g);
-  size_t esz = packed ? sizeof(uint16_t) : sizeof(float);
-  int threads = omp_get_max_threads();
-  int64_t T = B * S, probs = B * nh * S * S;
+  int64_t nq = extent(blk->B, blk->q_bs, blk->sq, blk->nh * blk->hd);
+  int64_t nk = extent(blk->B, blk->k_bs, blk->sk, blk->nkv * blk->hd);
   a->lp = (k_attn_bf16){.packed = packed, .gemm = tile_gemm, .ctx = g};
-  int rc = (packed && ml_cpu_gemm_tiles_reserve(g, threads)) ||
-           rounded(be, q, T * nh * hd, packed, &a->lp.q, &a->mem[0]) ||
-           rounded(be, k, T * nkv * hd, packed, &a->lp.k, &a->mem[1]) ||
-           rounded(be, v, T * nkv * hd, packed, &a->lp.v, &a->mem[2]) ||
-           rounded(be, dout, T * nh * hd, packed, &a->lp.dout, &a->mem[3]);
-  if (!rc && !dout) {
-    a->mem[4] = a->lp.scratch = ml_be_alloc(be, threads, k_attention_bf16_scratch(S, packed),
-                                            "the bf16 attention tiles of %d threads", threads);
-    rc = !a->lp.scratch;
-  }
-  if (!rc && dout) {
-    a->mem[5] = a->lp.probs = ml_be_alloc(be, probs, esz, "the rounded attention probabilities");
-    a->mem[6] = a->lp.dscores = ml_be_alloc(be, probs, esz, "the rounded attention dS");
-    rc = !a->lp.probs || !a->lp.dscores;
-  }
+  int rc = (packed && ml_cpu_gemm_tiles_reserve(g, omp_get_max_threads())) ||
+           rounded(be, q, nq, packed, &a->lp.q, &a->mem[0]) ||
+           rounded(be, k, nk, packed, &a->lp.k, &a->mem[1]) ||
+           rounded(be, v, nk, packed, &a->lp.v, &a->mem[2]) ||
+           rounded(be, dout, nq, packed, &a->lp.dout, &a->mem[3]);
   if (rc) {
     attention_end(be, a);
     return -1;
@@ -280,29 +322,79 @@ static int attention_result(ml_backend *be, int rc) {
   return ml_err("attention: a bf16 product failed");
 }
 
-static int cpu_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
-                             float *out, float *P, int64_t B, int64_t S, int64_t nh, int64_t nkv,
-                             int64_t hd, float scale, int64_t window, ml_dtype compute) {
+static int block_fwd(ml_backend *be, const k_attn_block *blk, const float *q, const float *k,
+                     const float *v, float *out, float *lse, bool accumulate, ml_dtype compute) {
+  float *tiles = attention_tiles(be, blk->hd);
+  if (!tiles) return -1;
   attn_lowp a;
   const k_attn_bf16 *lp;
-  ML_TRY(attention_begin(be, compute, q, k, v, NULL, B, S, nh, nkv, hd, &a, &lp));
-  int rc = k_attention_fwd(q, k, v, out, P, B, S, nh, nkv, hd, scale, window, lp);
+  ML_TRY(attention_begin(be, compute, blk, q, k, v, NULL, &a, &lp));
+  int rc = k_attention_block_fwd(blk, q, k, v, out, lse, accumulate, lp, tiles);
   attention_end(be, &a);
   return attention_result(be, rc);
 }
 
-/* The mask is read from P's zeros (k_attention_bwd), so window is not needed. */
+// D: the row terms, rows_bytes of the caller's workspace
+static int block_bwd(ml_backend *be, const k_attn_block *blk, const float *dout, const float *q,
+                     const float *k, const float *v, const float *out, const float *lse,
+                     float *dq, float *dk, float *dv, ml_dtype compute, float *D) {
+  float *tiles = attention_tiles(be, blk->hd);
+  if (!tiles) return -1;
+  attn_lowp a;
+  const k_attn_bf16 *lp;
+  ML_TRY(attention_begin(be, compute, blk, q, k, v, dout, &a, &lp));
+  int rc = k_attention_block_bwd(blk, dout, q, k, v, out, lse, dq, dk, dv, lp, D, tiles);
+  attention_end(be, &a);
+  return attention_result(be, rc);
+}
+
+static k_attn_block block_of(const ml_attn_block *b) {
+  return (k_attn_block){.B = b->B, .sq = b->sq, .sk = b->sk, .nh = b->nh, .nkv = b->nkv,
+                        .hd = b->hd, .q_pos = b->q_pos, .k_pos = b->k_pos, .q_bs = b->q_bs,
+                        .k_bs = b->k_bs, .l_bs = b->l_bs, .scale = b->scale,
+                        .window = b->window};
+}
+
+static int cpu_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
+                             float *out, float *lse, int64_t B, int64_t S, int64_t nh,
+                             int64_t nkv, int64_t hd, float scale, int64_t window,
+                             ml_dtype compute) {
+  k_attn_block blk = whole(B, S, nh, nkv, hd, scale, window);
+  return block_fwd(be, &blk, q, k, v, out, lse, false, compute);
+}
+
 static int cpu_attention_bwd(ml_backend *be, const float *dout, const float *q, const float *k,
-                             const float *v, const float *out, const float *P, float *dq,
+                             const float *v, const float *out, const float *lse, float *dq,
                              float *dk, float *dv, int64_t B, int64_t S, int64_t nh, int64_t nkv,
                              int64_t hd, float scale, int64_t window, ml_dtype compute,
                              void *work) {
-  attn_lowp a;
-  const k_attn_bf16 *lp;
-  ML_TRY(attention_begin(be, compute, q, k, v, dout, B, S, nh, nkv, hd, &a, &lp));
-  int rc = k_attention_bwd(dout, q, k, v, P, dq, dk, dv, B, S, nh, nkv, hd, scale, work, lp);
-  attention_end(be, &a);
-  return attention_result(be, rc);
+  k_attn_block blk = whole(B, S, nh, nkv, hd, scale, window);
+  size_t nq = (size_t)(B * S * nh * hd) * sizeof(float),
+         nk = (size_t)(B * S * nkv * hd) * sizeof(float);
+  memset(dq, 0, nq); /* the block backward adds */
+  memset(dk, 0, nk);
+  memset(dv, 0, nk);
+  return block_bwd(be, &blk, dout, q, k, v, out, lse, dq, dk, dv, compute, work);
+}
+
+static int cpu_attention_block_fwd(ml_backend *be, const ml_attn_block *b, const float *q,
+                                   const float *k, const float *v, float *out, float *lse,
+                                   bool accumulate, ml_dtype compute) {
+  k_attn_block blk = block_of(b);
+  return block_fwd(be, &blk, q, k, v, out, lse, accumulate, compute);
+}
+
+static size_t cpu_attention_block_work(ml_backend *be, const ml_attn_block *b) {
+  k_attn_block blk = block_of(b);
+  return rows_bytes(&blk);
+}
+
+static int cpu_attention_block_bwd(ml_backend *be, const ml_attn_block *b, const float *dout,
+                                   const float *q, const float *k, const float *v,
+                                   const float *out, const float *lse, float *dq, float *dk,
+                                   float *dv, ml_dtype compute, void *work) {
+  k_attn_block blk = block_of(b);
+  return block_bwd(be, &blk, dout, q, k, v, out, lse, dq, dk, dv, compute, work);
 }
 
 static int cpu_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
@@ -380,6 +472,7 @@ static void cpu_destroy(ml_backend *be) {
   cpu *c = impl(be);
   if (c) {
     ml_cpu_gemm_destroy(c->gemm);
+    free(c->tiles);
     ml_pool_destroy(c->pool);
     ml_pool_destroy(c->host);
     free(c);
@@ -416,6 +509,9 @@ static const ml_backend_ops k_cpu_ops = {
     .attention_saved = cpu_attention_saved,
     .attention_work = cpu_attention_work,
     .attention_fwd = cpu_attention_fwd,
+    .attention_block_fwd = cpu_attention_block_fwd,
+    .attention_block_work = cpu_attention_block_work,
+    .attention_block_bwd = cpu_attention_block_bwd,
     .attention_bwd = cpu_attention_bwd,
     .glu_fwd = cpu_glu_fwd,
     .glu_bwd = cpu_glu_bwd,

@@ -110,6 +110,20 @@ static int meta_attention_bwd(ml_backend *be, const float *dout, const float *q,
                               ml_dtype compute, void *work) {
   return 0;
 }
+static int meta_attention_block_fwd(ml_backend *be, const ml_attn_block *blk, const float *q,
+                                    const float *k, const float *v, float *out, float *lse,
+                                    bool accumulate, ml_dtype compute) {
+  return 0;
+}
+static size_t meta_attention_block_work(ml_backend *be, const ml_attn_block *blk) {
+  return ml_be_attention_block_work(impl(be)->like, blk);
+}
+static int meta_attention_block_bwd(ml_backend *be, const ml_attn_block *blk, const float *dout,
+                                    const float *q, const float *k, const float *v,
+                                    const float *out, const float *lse, float *dq, float *dk,
+                                    float *dv, ml_dtype compute, void *work) {
+  return 0;
+}
 static int meta_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
                         ml_glu_act act) {
   return 0;
@@ -190,6 +204,9 @@ static const ml_backend_ops k_meta_ops = {
     .attention_work = meta_attention_work,
     .attention_fwd = meta_attention_fwd,
     .attention_bwd = meta_attention_bwd,
+    .attention_block_fwd = meta_attention_block_fwd,
+    .attention_block_work = meta_attention_block_work,
+    .attention_block_bwd = meta_attention_block_bwd,
     .glu_fwd = meta_glu_fwd,
     .glu_bwd = meta_glu_bwd,
     .embedding_fwd = meta_embedding_fwd,

@@ -1,100 +1,119 @@
-/* Causal grouped-query attention (HF eager_attention_forward) with GEMMs on
- * strided per-head views. Rows go in blocks of BLOCK; each block multiplies
- * only against the keys it can see (causal, sliding window), skipping about
- * half of the S×S products for long sequences. One OpenMP region runs
- * independent blocks with single-threaded GEMMs inside: small per-head
- * products lose more to threading than they gain.
+/* Causal grouped-query attention as FlashAttention-2 computes it (Dao, 2023,
+ * Algorithms 1 and 2), on blocks of queries against blocks of keys
+ * (k_attn_block: ring attention's pieces; a whole sequence is one block).
+ * No [S, S] tensor exists: queries go in tiles of TQ rows, keys in tiles
+ * of TK, and each thread holds one tile of scores at a time.
  *
- * Backward goes as FlashAttention-2 does, without atomics: pass 1 runs query
- * blocks of every head (dq and the row terms D = rowsum(P ⊙ dP)); pass 2
- * runs key blocks of every kv head (dk, dv summed over the group's heads),
- * recomputing dP for its block.
+ * Forward, one task per (sequence, head, query tile): over the key tiles
+ * the tile can see (the union of its rows' causal and sliding-window
+ * ranges on global positions, so masked tiles are never visited), S =
+ * scale·Q·K^T (a GEMM), the mask, the online softmax (running max m and
+ * sum l per row in fp32, the accumulator O rescaled by exp(m − m') when the
+ * max grows), O += P·V (a GEMM); at the end out = O / l, lse = m + log l,
+ * or, accumulating, the online-softmax merge into the out and lse there.
  *
- * The products are sgemm on fp32 operands, or, given a k_attn_bf16, the
- * same products on bf16 operands: the caller's rounded q, k, v, dout, the
- * forward's P tiles rounded into per-thread scratch, and the backward's P
- * and dS rounded by pass 1 into whole [S, S] buffers per head, which pass
- * 2 reads instead of recomputing dS; the softmax and its backward run in
- * fp32 either way. */
+ * Backward, without atomics, in two passes over the same recomputed tiles
+ * (P = exp(scale·q·k − lse) from the final lse, dP = dout·V^T, dS = P ⊙
+ * (dP − D), D = rowsum(dout ⊙ out)): pass 1 per (sequence, head, query
+ * tile) computes D and dq += scale·dS·K; pass 2 per (sequence, kv head, key
+ * tile) runs the visible query tiles of the group's heads: dv += P^T·dout,
+ * dk += scale·dS^T·Q. Each output row belongs to one task of its pass.
+ *
+ * The products are sgemm on fp32 operands, or, given a k_attn_bf16, on
+ * bf16 operands: the caller's rounded q, k, v, dout, and P and dS rounded
+ * per tile into the thread's scratch (bf16 for the caller's tile GEMM, or
+ * fp32 holding bf16 values for sgemm); the softmax, its backward and every
+ * accumulation stay fp32. One OpenMP region runs the tasks with
+ * single-threaded GEMMs inside: per-tile products lose more to threading
+ * than they gain. */
 #include <cblas.h>
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 #include <math.h>
 #include <omp.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/kernels.h"
 #include "tensor/dtype.h"
 
-enum { BLOCK = 128 };
+enum { TQ = K_ATTN_TILE_Q, TK = K_ATTN_TILE_K, ALIGN = 16 /* floats: 64 bytes */, LANES = 8 };
 
-/* The operands of the products: fp32 tensors (lp NULL), or lp's rounded
- * copies in the same layouts; esz bytes per element. */
-typedef struct operands {
+/* One call: the block, the operands of its products (fp32, or lp's rounded
+ * copies in the same layouts, esz bytes per element), row strides. */
+typedef struct attn {
+  const k_attn_block *blk;
   const void *q, *k, *v, *dout;
   const k_attn_bf16 *lp;
   size_t esz;
-} operands;
+  int64_t qr, kr; /* floats from one row of q (k) to the next: nh·hd (nkv·hd) */
+  int64_t group;  /* query heads per kv head */
+} attn;
 
-// one (batch, head) pair: its first rows (as the products read them) and row strides
-typedef struct head_view {
-  const void *q, *k, *v, *dout;  // q, dout: [S, hd] stride qs; k, v: [S, hd] stride ks
-  float *P;                      // [S, S]
-  int64_t S, hd, qs, ks;
-  size_t esz;                    // bytes per operand element
-  const k_attn_bf16 *lp;
-  void *tile;                    // lp, forward: this thread's rounded P tile
-  void *p16, *ds16;              // lp, backward: [S, S] P and dS rounded, as operands
-} head_view;
-
-typedef struct attn_dims {
-  int64_t B, S, nh, nkv, hd;
-} attn_dims;
-
-static const void *at(const void *base, int64_t off, size_t esz) {
-  return base ? (const char *)base + (size_t)off * esz : NULL;
+static attn attn_of(const k_attn_block *blk, const float *q, const float *k, const float *v,
+                    const float *dout, const k_attn_bf16 *lp) {
+  attn a = {.blk = blk,
+            .q = q,
+            .k = k,
+            .v = v,
+            .dout = dout,
+            .lp = lp,
+            .esz = sizeof(float),
+            .qr = blk->nh * blk->hd,
+            .kr = blk->nkv * blk->hd,
+            .group = blk->nh / blk->nkv};
+  if (lp) {
+    a.q = lp->q, a.k = lp->k, a.v = lp->v, a.dout = lp->dout;
+    a.esz = lp->packed ? sizeof(uint16_t) : sizeof(float);
+  }
+  return a;
 }
 
-// one dS scratch per thread: [min(S, BLOCK), S]
-static int64_t dS_floats(int64_t S) { return (S < BLOCK ? S : BLOCK) * S; }
+static const void *at(const void *base, int64_t off, size_t esz) {
+  return (const char *)base + (size_t)off * esz;
+}
+// offsets (elements) of query row i of head h, key row j of kv head g, in sequence b
+static inline int64_t q_at(const attn *a, int64_t b, int64_t i, int64_t h) {
+  return b * a->blk->q_bs + i * a->qr + h * a->blk->hd;
+}
+static inline int64_t k_at(const attn *a, int64_t b, int64_t j, int64_t g) {
+  return b * a->blk->k_bs + j * a->kr + g * a->blk->hd;
+}
+static inline int64_t lse_at(const attn *a, int64_t b, int64_t i, int64_t h) {
+  return b * a->blk->l_bs + i * a->blk->nh + h;
+}
 
-static head_view head_at(const float *P, const operands *op, attn_dims d, int64_t b, int64_t h) {
-  int64_t g = h / (d.nh / d.nkv), qs = d.nh * d.hd, ks = d.nkv * d.hd;
-  int64_t qo = b * d.S * qs + h * d.hd, ko = b * d.S * ks + g * d.hd;
-  head_view hv = {.q = at(op->q, qo, op->esz),
-                  .k = at(op->k, ko, op->esz),
-                  .v = at(op->v, ko, op->esz),
-                  .dout = at(op->dout, qo, op->esz),
-                  .P = (float *)P + (b * d.nh + h) * d.S * d.S,
-                  .S = d.S,
-                  .hd = d.hd,
-                  .qs = qs,
-                  .ks = ks,
-                  .esz = op->esz,
-                  .lp = op->lp};
-  if (op->lp && op->lp->scratch)
-    hv.tile = (char *)op->lp->scratch +
-              (size_t)omp_get_thread_num() * k_attention_bf16_scratch(d.S, op->lp->packed);
-  if (op->lp && op->lp->probs) {
-    size_t at_head = (size_t)((b * d.nh + h) * d.S * d.S) * op->esz;
-    hv.p16 = (char *)op->lp->probs + at_head;
-    hv.ds16 = (char *)op->lp->dscores + at_head;
-  }
-  return hv;
+static inline int64_t clamp(int64_t x, int64_t lo, int64_t hi) {
+  return x < lo ? lo : x > hi ? hi : x;
+}
+static inline int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
+
+/* The keys (local indices) query row i sees: [key_lo, key_hi). Global
+ * positions: query p = q_pos + i sees p' = k_pos + j iff p' <= p and,
+ * with a window, p' > p − window. */
+static inline int64_t key_lo(const k_attn_block *k, int64_t i) {
+  if (k->window <= 0) return 0;
+  return clamp(k->q_pos + i - k->window + 1 - k->k_pos, 0, k->sk);
+}
+static inline int64_t key_hi(const k_attn_block *k, int64_t i) {
+  return clamp(k->q_pos + i + 1 - k->k_pos, 0, k->sk);
+}
+/* The query rows that see some key of [j0, j1): [query_lo, query_hi). */
+static inline int64_t query_lo(const k_attn_block *k, int64_t j0) {
+  return clamp(k->k_pos + j0 - k->q_pos, 0, k->sq);
+}
+static inline int64_t query_hi(const k_attn_block *k, int64_t j1) {
+  if (k->window <= 0) return k->sq;
+  return clamp(k->k_pos + j1 - 1 + k->window - k->q_pos, 0, k->sq);
 }
 
 /* C = alpha·op(A)·op(B) + beta·C on the operands' type: sgemm on fp32 (or
  * fp32 holding bf16 values), lp's GEMM on packed bf16. */
-static int mm(const head_view *hv, bool ta, bool tb, int M, int N, int K, float alpha,
-              const void *A, int lda, const void *B, int ldb, float beta, float *C, int ldc) {
-  if (hv->lp && hv->lp->packed)
-    return hv->lp->gemm(hv->lp->ctx, omp_get_thread_num(), ta, tb, M, N, K, alpha, A, lda, B,
-                        ldb, beta, C, ldc);
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
-              K, alpha, A, lda, B, ldb, beta, C, ldc);
+static int mm(const attn *a, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+              const void *A, int64_t lda, const void *B, int64_t ldb, float beta, float *C,
+              int64_t ldc) {
+  if (a->lp && a->lp->packed)
+    return a->lp->gemm(a->lp->ctx, omp_get_thread_num(), ta, tb, M, N, K, alpha, A, lda, B, ldb,
+                       beta, C, ldc);
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              (int)M, (int)N, (int)K, alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
   return 0;
 }
 
@@ -118,13 +137,6 @@ static void keep_first(int *rc, int r) {
   }
 }
 
-static inline int64_t block_end(int64_t i0, int64_t S) { return i0 + BLOCK < S ? i0 + BLOCK : S; }
-
-// first key query i may see
-static inline int64_t first_key(int64_t i, int64_t window) {
-  return (window > 0 && i - window + 1 > 0) ? i - window + 1 : 0;
-}
-
 // Makes OpenBLAS single-threaded; returns its previous thread count.
 static int blas_serial_begin(void) {
   int n = openblas_get_num_threads();
@@ -132,269 +144,295 @@ static int blas_serial_begin(void) {
   return n;
 }
 
-/* ---- forward ------------------------------------------------------------- */
+/* ---- row pieces (written in LANES independent lanes, which the compiler
+ * turns into vector instructions; max is exact, sums any order: R2) ------ */
 
-/* Row sums: in index order on the fp32 path (ordered: its results stay
- * what they always were), in SIMD lanes on the bf16 one (any order is
- * within the same bounds, R2). The row max is k_max (exact). */
-
-// sum of x[n] in fp32
-static float row_sum(const float *x, int64_t n, bool ordered) {
-  float sum = 0.0f;
+// max of x[n], n > 0
+static float row_max(const float *x, int64_t n) {
+  float acc[LANES];
+  for (int l = 0; l < LANES; l++) acc[l] = -INFINITY;
   int64_t j = 0;
-#if defined(__AVX512F__)
-  if (!ordered) {
-    __m512 acc = _mm512_setzero_ps();
-    for (; j + 16 <= n; j += 16) acc = _mm512_add_ps(acc, _mm512_loadu_ps(x + j));
-    sum = _mm512_reduce_add_ps(acc);
-  }
-#endif
-  for (; j < n; j++) sum += x[j];
-  return sum;
+  for (; j + LANES <= n; j += LANES)
+    for (int l = 0; l < LANES; l++) acc[l] = x[j + l] > acc[l] ? x[j + l] : acc[l];
+  for (; j < n; j++) acc[0] = x[j] > acc[0] ? x[j] : acc[0];
+  float m = acc[0];
+  for (int l = 1; l < LANES; l++) m = acc[l] > m ? acc[l] : m;
+  return m;
 }
 
-// sum of p[j]·d[j] over n in double
-static double row_dot(const float *p, const float *d, int64_t n, bool ordered) {
-  double dot = 0.0;
-  int64_t j = 0;
-#if defined(__AVX512F__)
-  if (!ordered) {
-    __m512d acc = _mm512_setzero_pd();
-    for (; j + 8 <= n; j += 8)
-      acc = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_loadu_ps(p + j)),
-                            _mm512_cvtps_pd(_mm256_loadu_ps(d + j)), acc);
-    dot = _mm512_reduce_add_pd(acc);
-  }
-#endif
-  for (; j < n; j++) dot += (double)p[j] * d[j];
-  return dot;
-}
-
-// Pi: [S]; softmax over keys lo..i of the scores already there, 0 elsewhere
-static void softmax_causal_row(float *Pi, int64_t i, int64_t lo, int64_t S, bool ordered) {
-  float *x = Pi + lo;
-  int64_t n = i + 1 - lo;
-  float m = k_max(x, n);
-  for (int64_t j = 0; j < n; j++) x[j] -= m;
+// x[n] = exp(x[n] − c) in place; returns their sum (fp32)
+static float exp_sum(float *x, int64_t n, float c) {
+  for (int64_t j = 0; j < n; j++) x[j] -= c;
   k_expf(x, x, n);
-  float inv = 1.0f / row_sum(x, n, ordered);
-  for (int64_t j = 0; j < n; j++) x[j] *= inv;
-  memset(Pi, 0, (size_t)lo * sizeof(float));
-  memset(Pi + i + 1, 0, (size_t)(S - i - 1) * sizeof(float));
+  float acc[LANES] = {0};
+  int64_t j = 0;
+  for (; j + LANES <= n; j += LANES)
+    for (int l = 0; l < LANES; l++) acc[l] += x[j + l];
+  for (; j < n; j++) acc[0] += x[j];
+  float s = 0.0f;
+  for (int l = 0; l < LANES; l++) s += acc[l];
+  return s;
 }
 
-// query rows i0..i1 of one head: P rows, then out rows [i1 - i0, hd] (stride qs)
-static int fwd_block(head_view hv, float *out, int64_t i0, float scale, int64_t window) {
-  int64_t S = hv.S, i1 = block_end(i0, S), j0 = first_key(i0, window);
-  int M = (int)(i1 - i0), n = (int)(i1 - j0);
-  float *Pb = hv.P + i0 * S + j0;
-  int rc = mm(&hv, false, true, M, n, (int)hv.hd, scale, at(hv.q, i0 * hv.qs, hv.esz), (int)hv.qs,
-              at(hv.k, j0 * hv.ks, hv.esz), (int)hv.ks, 0.0f, Pb, (int)S);
-  if (rc) return rc;
-  for (int64_t i = i0; i < i1; i++) {
-    softmax_causal_row(hv.P + i * S, i, first_key(i, window), S, !hv.lp);
-    if (hv.lp) /* the P·v operand, [M, n], rounded while the row is at hand */
-      round_row(hv.P + i * S + j0, (char *)hv.tile + (size_t)((i - i0) * n) * hv.esz, n,
-                hv.lp->packed);
+/* sum over d of dout[off + d]·out[d] in fp64, dout as the products read it
+ * (fp32, fp32 holding bf16 values, or packed bf16: widened exactly) */
+static double dot_dout_out(const attn *a, int64_t off, const float *out, int64_t hd) {
+  if (a->lp && a->lp->packed) {
+    const uint16_t *x = (const uint16_t *)a->dout + off;
+    double s = 0.0;
+    for (int64_t d = 0; d < hd; d++) s += (double)ml_bf16_to_f32(x[d]) * out[d];
+    return s;
   }
-  const void *Pt = hv.lp ? hv.tile : (const void *)Pb;
-  return mm(&hv, false, false, M, (int)hv.hd, n, 1.0f, Pt, hv.lp ? n : (int)S,
-            at(hv.v, j0 * hv.ks, hv.esz), (int)hv.ks, 0.0f, out + i0 * hv.qs, (int)hv.qs);
+  return k_dot_f64((const float *)a->dout + off, out, hd);
 }
 
-static operands operands_of(const float *q, const float *k, const float *v, const float *dout,
-                            const k_attn_bf16 *lp) {
-  if (!lp) return (operands){q, k, v, dout, NULL, sizeof(float)};
-  return (operands){lp->q, lp->k, lp->v, lp->dout, lp, lp->packed ? 2 : sizeof(float)};
+/* ---- per-thread scratch ----------------------------------------------------- */
+
+/* floats of one thread's scratch: S and dS tiles [TQ, TK] (fp32), their
+ * rounded copies (of the operands' type, at most 4 bytes an element), the
+ * accumulator O [TQ, hd] and the row terms m, l [TQ] */
+static int64_t per_thread(int64_t hd) {
+  int64_t n = 4 * TQ * TK + TQ * hd + 2 * TQ;
+  return (n + ALIGN - 1) / ALIGN * ALIGN;
 }
 
-int k_attention_fwd(const float *q, const float *k, const float *v, float *out, float *P,
-                    int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd, float scale,
-                    int64_t window, const k_attn_bf16 *lp) {
-  attn_dims d = {B, S, nh, nkv, hd};
-  operands op = operands_of(q, k, v, NULL, lp);
-  int64_t nblk = (S + BLOCK - 1) / BLOCK;
+typedef struct scratch {
+  float *S, *dS, *O, *m, *l;
+  void *Pt, *dSt; /* the rounded P and dS tiles (lp) */
+} scratch;
+
+static scratch scratch_of(float *work, int64_t hd) {
+  float *w = work + omp_get_thread_num() * per_thread(hd);
+  scratch s = {.S = w, .dS = w + TQ * TK, .Pt = w + 2 * TQ * TK, .dSt = w + 3 * TQ * TK};
+  s.O = w + 4 * TQ * TK;
+  s.m = s.O + TQ * hd;
+  s.l = s.m + TQ;
+  return s;
+}
+
+int64_t k_attention_tile_floats(int64_t hd) {
+  int64_t n = 0;
+  if (hd < 1 || hd > INT32_MAX ||
+      __builtin_mul_overflow((int64_t)omp_get_max_threads(), per_thread(hd), &n))
+    return INT64_MAX;
+  return n;
+}
+
+int64_t k_attention_rows(const k_attn_block *blk) {
+  int64_t n = 0;
+  if (__builtin_mul_overflow(blk->B, blk->nh, &n) || __builtin_mul_overflow(n, blk->sq, &n))
+    return INT64_MAX;
+  return n;
+}
+
+/* ---- forward ------------------------------------------------------------------ */
+
+/* One query row's part of a key tile: s [n] holds its scaled scores, keys
+ * [lo, hi) of the tile visible (lo < hi). Updates the running max *m and
+ * sum *l, rescales the row's accumulator o [hd] when the max grows, and
+ * leaves in s the unnormalised probabilities exp(s − m) (0 where masked). */
+static void softmax_row(float *s, int64_t n, int64_t lo, int64_t hi, float *m, float *l, float *o,
+                        int64_t hd) {
+  float mx = row_max(s + lo, hi - lo), mo = *m;
+  if (mx > mo) {
+    if (mo != -INFINITY) { /* else o and l are still 0 */
+      float r = expf(mo - mx);
+      *l *= r;
+      for (int64_t d = 0; d < hd; d++) o[d] *= r;
+    }
+    *m = mx;
+  }
+  *l += exp_sum(s + lo, hi - lo, *m);
+  memset(s, 0, (size_t)lo * sizeof(float));
+  memset(s + hi, 0, (size_t)(n - hi) * sizeof(float));
+}
+
+/* The block's result for one row (o = O / l, lse = m + log l) written to
+ * out, lse, or merged into them (accumulate): the attention over the union
+ * of the keys, lse' = log(e^lse + e^lse_b), out' = w·out + w_b·out_b with
+ * w = e^(lse − lse'), w_b = e^(lse_b − lse'). */
+static void finish_row(const float *O, float m, float l, float *out, float *lse, int64_t hd,
+                       bool accumulate) {
+  if (l == 0.0f) { /* the row saw no key of the block */
+    if (!accumulate) {
+      memset(out, 0, (size_t)hd * sizeof(float));
+      *lse = -INFINITY;
+    }
+    return;
+  }
+  float lb = m + logf(l);
+  if (!accumulate || *lse == -INFINITY) {
+    for (int64_t d = 0; d < hd; d++) out[d] = O[d] / l;
+    *lse = lb;
+    return;
+  }
+  float la = *lse, mx = la > lb ? la : lb;
+  float ea = expf(la - mx), eb = expf(lb - mx), s = ea + eb, wa = ea / s, wb = eb / s;
+  for (int64_t d = 0; d < hd; d++) out[d] = wa * out[d] + wb * (O[d] / l);
+  *lse = mx + logf(s);
+}
+
+// query rows i0.. (one tile) of head h of sequence b
+static int fwd_tile(const attn *a, float *out, float *lse, bool accumulate, int64_t b, int64_t h,
+                    int64_t i0, scratch w) {
+  const k_attn_block *k = a->blk;
+  int64_t hd = k->hd, M = min64(TQ, k->sq - i0), g = h / a->group;
+  int64_t jlo = key_lo(k, i0), jhi = key_hi(k, i0 + M - 1);
+  for (int64_t r = 0; r < M; r++) w.m[r] = -INFINITY, w.l[r] = 0.0f;
+  if (jlo < jhi) memset(w.O, 0, (size_t)(M * hd) * sizeof(float));
+  const void *Q = at(a->q, q_at(a, b, i0, h), a->esz);
+  for (int64_t j0 = jlo; j0 < jhi; j0 += TK) {
+    int64_t n = min64(TK, jhi - j0);
+    int rc = mm(a, false, true, M, n, hd, k->scale, Q, a->qr, at(a->k, k_at(a, b, j0, g), a->esz),
+                a->kr, 0.0f, w.S, n);
+    if (rc) return rc;
+    for (int64_t r = 0; r < M; r++) {
+      float *s = w.S + r * n;
+      int64_t lo = clamp(key_lo(k, i0 + r) - j0, 0, n), hi = clamp(key_hi(k, i0 + r) - j0, 0, n);
+      if (lo < hi) softmax_row(s, n, lo, hi, &w.m[r], &w.l[r], w.O + r * hd, hd);
+      else memset(s, 0, (size_t)n * sizeof(float));
+      if (a->lp) round_row(s, (char *)w.Pt + (size_t)(r * n) * a->esz, n, a->lp->packed);
+    }
+    rc = mm(a, false, false, M, hd, n, 1.0f, a->lp ? w.Pt : (const void *)w.S, n,
+            at(a->v, k_at(a, b, j0, g), a->esz), a->kr, 1.0f, w.O, hd);
+    if (rc) return rc;
+  }
+  for (int64_t r = 0; r < M; r++)
+    finish_row(w.O + r * hd, w.m[r], w.l[r], out + q_at(a, b, i0 + r, h),
+               lse + lse_at(a, b, i0 + r, h), hd, accumulate);
+  return 0;
+}
+
+int k_attention_block_fwd(const k_attn_block *blk, const float *q, const float *k, const float *v,
+                          float *out, float *lse, bool accumulate, const k_attn_bf16 *lp,
+                          float *tiles) {
+  if (blk->B <= 0 || blk->sq <= 0) return 0;
+  attn a = attn_of(blk, q, k, v, NULL, lp);
+  int64_t nt = (blk->sq + TQ - 1) / TQ, tasks = blk->B * blk->nh * nt;
   int rc = 0;
   int blas_threads = blas_serial_begin();
-#pragma omp parallel for schedule(dynamic)
-  for (int64_t task = 0; task < B * nh * nblk; task++) {
-    int64_t bh = task / nblk, b = bh / nh, h = bh % nh;
-    keep_first(&rc, fwd_block(head_at(P, &op, d, b, h),
-                              out + b * S * nh * hd + h * hd, (task % nblk) * BLOCK, scale,
-                              window));
+#pragma omp parallel
+  {
+    scratch w = scratch_of(tiles, blk->hd);
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < tasks; task++) {
+      /* the last tiles first: they see the most keys */
+      int64_t bh = task / nt, t = nt - 1 - task % nt;
+      keep_first(&rc, fwd_tile(&a, out, lse, accumulate, bh / blk->nh, bh % blk->nh, t * TQ, w));
+    }
   }
   openblas_set_num_threads(blas_threads);
   return rc;
 }
 
-/* ---- backward ------------------------------------------------------------ */
+/* ---- backward ----------------------------------------------------------------- */
 
-// first column where a row i0..i1-1 of P is nonzero: keys before it carry no
-// probability, hence no gradient (this recovers the sliding window)
-static int64_t first_live_key(const float *P, int64_t i0, int64_t i1, int64_t S) {
-  int64_t j0 = i0;
-  for (int64_t i = i0; i < i1; i++)
-    for (int64_t j = 0; j < j0; j++)
-      if (P[i * S + j] != 0.0f) {
-        j0 = j;
-        break;
-      }
-  return j0;
-}
-
-// one past the last row at or after j0 whose columns j0..j1-1 of P are nonzero
-static int64_t last_live_query(const float *P, int64_t j0, int64_t j1, int64_t S) {
-  for (int64_t i = S - 1; i >= j0; i--)
-    for (int64_t j = j0; j < j1; j++)
-      if (P[i * S + j] != 0.0f) return i + 1;
-  return j0;
-}
-
-// dS: [M, n] holds dP on entry, P ⊙ (dP − D) on exit; Pb: [M, n] stride S; D: [M]
-static void softmax_bwd(const float *Pb, int64_t S, const float *D, float *dS, int64_t M,
-                        int64_t n) {
-  for (int64_t r = 0; r < M; r++)
-    for (int64_t j = 0; j < n; j++) dS[r * n + j] = Pb[r * S + j] * (dS[r * n + j] - D[r]);
-}
-
-/* lp, pass 1: rows i0.. of P and of dS = P ⊙ (dP − D) rounded into the
- * head's operand buffers p16, ds16, columns j0..j0+n (Pb, dP [M, n]: P
- * with stride S, dP dense), and zeros from the block boundary at or below
- * j0 up to j0 (masked keys), so that pass 2's key blocks read only values
- * written here. */
-static void lowp_rows(const head_view *hv, const float *Pb, const float *dP, const float *D,
-                      int64_t i0, int64_t j0, int64_t M, int64_t n) {
-  int64_t S = hv->S, a0 = j0 / BLOCK * BLOCK;
-  bool packed = hv->lp->packed;
+/* Query rows i0..i0+M of head h against keys j0..j0+n: S holds the scaled
+ * scores and dS the products dout·v^T on entry; on exit S = P = exp(S −
+ * lse) and dS = P ⊙ (dP − D) (0 where masked), D [M] the rows' terms; with
+ * lp also rounded into the tiles Pt and dSt. */
+static void probs_grads(const attn *a, const float *lse, const float *D, int64_t b, int64_t h,
+                        int64_t i0, int64_t M, int64_t j0, int64_t n, scratch w) {
+  const k_attn_block *k = a->blk;
   for (int64_t r = 0; r < M; r++) {
-    size_t row = (size_t)((i0 + r) * S + a0) * hv->esz, zeros = (size_t)(j0 - a0) * hv->esz;
-    char *p = (char *)hv->p16 + row, *ds = (char *)hv->ds16 + row;
-    memset(p, 0, zeros);
-    memset(ds, 0, zeros);
-    const float *pr = Pb + r * S, *dpr = dP + r * n;
-    float d = D[r];
-    if (packed) {
-      uint16_t *pp = (uint16_t *)(p + zeros), *dd = (uint16_t *)(ds + zeros);
-      for (int64_t j = 0; j < n; j++) {
-        pp[j] = ml_f32_to_bf16(pr[j]);
-        dd[j] = ml_f32_to_bf16(pr[j] * (dpr[j] - d));
-      }
-    } else {
-      float *pp = (float *)(p + zeros), *dd = (float *)(ds + zeros);
-      for (int64_t j = 0; j < n; j++) {
-        pp[j] = ml_bf16_to_f32(ml_f32_to_bf16(pr[j]));
-        dd[j] = ml_bf16_to_f32(ml_f32_to_bf16(pr[j] * (dpr[j] - d)));
-      }
+    float *s = w.S + r * n, *ds = w.dS + r * n, L = lse[lse_at(a, b, i0 + r, h)], Dr = D[r];
+    int64_t lo = clamp(key_lo(k, i0 + r) - j0, 0, n), hi = clamp(key_hi(k, i0 + r) - j0, 0, n);
+    if (L == -INFINITY || lo >= hi) lo = hi = 0; /* no key: P = 0 (lse −inf: none anywhere) */
+    for (int64_t j = lo; j < hi; j++) s[j] -= L;
+    k_expf(s + lo, s + lo, hi - lo);
+    for (int64_t j = lo; j < hi; j++) ds[j] = s[j] * (ds[j] - Dr);
+    memset(s, 0, (size_t)lo * sizeof(float));
+    memset(ds, 0, (size_t)lo * sizeof(float));
+    memset(s + hi, 0, (size_t)(n - hi) * sizeof(float));
+    memset(ds + hi, 0, (size_t)(n - hi) * sizeof(float));
+    if (a->lp) {
+      size_t row = (size_t)(r * n) * a->esz;
+      round_row(s, (char *)w.Pt + row, n, a->lp->packed);
+      round_row(ds, (char *)w.dSt + row, n, a->lp->packed);
     }
   }
 }
 
-// pass 1, query rows i0..: D rows (=) and dq rows (=) (stride qs); dS: scratch [BLOCK, S]
-static int bwd_query_block(head_view hv, float *dq, float *D, int64_t i0, float scale, float *dS) {
-  int64_t S = hv.S, i1 = block_end(i0, S), j0 = first_live_key(hv.P, i0, i1, S);
-  int M = (int)(i1 - i0), n = (int)(i1 - j0);
-  const float *Pb = hv.P + i0 * S + j0;
-  // dP = dout · v^T
-  int rc = mm(&hv, false, true, M, n, (int)hv.hd, 1.0f, at(hv.dout, i0 * hv.qs, hv.esz),
-              (int)hv.qs, at(hv.v, j0 * hv.ks, hv.esz), (int)hv.ks, 0.0f, dS, n);
-  if (rc) return rc;
-  for (int64_t r = 0; r < M; r++) D[i0 + r] = (float)row_dot(Pb + r * S, dS + r * n, n, !hv.lp);
-  // dS = P ⊙ (dP − D); dq = scale · dS · k
-  const void *dSt = dS;
-  int ld = n;
-  if (hv.lp) {
-    lowp_rows(&hv, Pb, dS, D + i0, i0, j0, M, n);
-    dSt = (const char *)hv.ds16 + (size_t)(i0 * S + j0) * hv.esz;
-    ld = (int)S;
-  } else {
-    softmax_bwd(Pb, S, D + i0, dS, M, n);
-  }
-  return mm(&hv, false, false, M, (int)hv.hd, n, scale, dSt, ld, at(hv.k, j0 * hv.ks, hv.esz),
-            (int)hv.ks, 0.0f, dq + i0 * hv.qs, (int)hv.qs);
+/* S (=) scale·q·k^T and dS (=) dout·v^T for query rows i0..i0+M of head h
+ * and keys j0..j0+n of kv head g */
+static int scores_dp(const attn *a, int64_t b, int64_t h, int64_t g, int64_t i0, int64_t M,
+                     int64_t j0, int64_t n, scratch w) {
+  const k_attn_block *k = a->blk;
+  int64_t qo = q_at(a, b, i0, h), ko = k_at(a, b, j0, g);
+  int rc = mm(a, false, true, M, n, k->hd, k->scale, at(a->q, qo, a->esz), a->qr,
+              at(a->k, ko, a->esz), a->kr, 0.0f, w.S, n);
+  return rc ? rc
+            : mm(a, false, true, M, n, k->hd, 1.0f, at(a->dout, qo, a->esz), a->qr,
+                 at(a->v, ko, a->esz), a->kr, 0.0f, w.dS, n);
 }
 
-// pass 2, key rows j0.. of one head: dk, dv rows (+=) (stride ks); D: [S]; dS: scratch [S, BLOCK]
-static int bwd_key_block(head_view hv, const float *D, float *dk, float *dv, int64_t j0,
-                         float scale, float *dS) {
-  int64_t S = hv.S, j1 = block_end(j0, S), i1 = last_live_query(hv.P, j0, j1, S);
-  int M = (int)(i1 - j0), n = (int)(j1 - j0);
-  if (M == 0) return 0;
-  const float *Pb = hv.P + j0 * S + j0;  // query rows j0..i1
-  const void *dout = at(hv.dout, j0 * hv.qs, hv.esz), *q = at(hv.q, j0 * hv.qs, hv.esz);
-  if (hv.lp) { /* P and dS of these rows, rounded, from pass 1 */
-    size_t tile = (size_t)(j0 * S + j0) * hv.esz;
-    int rc = mm(&hv, true, false, n, (int)hv.hd, M, 1.0f, (char *)hv.p16 + tile, (int)S, dout,
-                (int)hv.qs, 1.0f, dv + j0 * hv.ks, (int)hv.ks);
-    return rc ? rc
-              : mm(&hv, true, false, n, (int)hv.hd, M, scale, (char *)hv.ds16 + tile, (int)S, q,
-                   (int)hv.qs, 1.0f, dk + j0 * hv.ks, (int)hv.ks);
+// pass 1, query rows i0.. (one tile) of head h: D (=) and dq (+=)
+static int bwd_query_tile(const attn *a, const float *out, const float *lse, float *dq, float *D,
+                          int64_t b, int64_t h, int64_t i0, scratch w) {
+  const k_attn_block *k = a->blk;
+  int64_t hd = k->hd, M = min64(TQ, k->sq - i0), g = h / a->group;
+  float *Dt = D + (b * k->nh + h) * k->sq + i0;
+  for (int64_t r = 0; r < M; r++) {
+    int64_t o = q_at(a, b, i0 + r, h);
+    Dt[r] = (float)dot_dout_out(a, o, out + o, hd);
   }
-  // dv += P^T · dout
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, (int)hv.hd, M, 1.0f, Pb, (int)S, dout,
-              (int)hv.qs, 1.0f, dv + j0 * hv.ks, (int)hv.ks);
-  // dS = P ⊙ (dout · v^T − D);  dk += scale · dS^T · q
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, n, (int)hv.hd, 1.0f, dout, (int)hv.qs,
-              at(hv.v, j0 * hv.ks, hv.esz), (int)hv.ks, 0.0f, dS, n);
-  softmax_bwd(Pb, S, D + j0, dS, M, n);
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, (int)hv.hd, M, scale, dS, n, q,
-              (int)hv.qs, 1.0f, dk + j0 * hv.ks, (int)hv.ks);
+  int64_t jlo = key_lo(k, i0), jhi = key_hi(k, i0 + M - 1);
+  for (int64_t j0 = jlo; j0 < jhi; j0 += TK) {
+    int64_t n = min64(TK, jhi - j0);
+    int rc = scores_dp(a, b, h, g, i0, M, j0, n, w);
+    if (rc) return rc;
+    probs_grads(a, lse, Dt, b, h, i0, M, j0, n, w);
+    rc = mm(a, false, false, M, hd, n, k->scale, a->lp ? w.dSt : (const void *)w.dS, n,
+            at(a->k, k_at(a, b, j0, g), a->esz), a->kr, 1.0f, dq + q_at(a, b, i0, h), a->qr);
+    if (rc) return rc;
+  }
   return 0;
 }
 
-// pass 2 task: key rows j0.. of kv head g, over the heads of its group
-static int bwd_kv_task(const float *P, const operands *op, const float *D, float *dk, float *dv,
-                       attn_dims d, int64_t b, int64_t g, int64_t j0, float scale, float *dS) {
-  int64_t ks = d.nkv * d.hd, ko = b * d.S * ks + g * d.hd, group = d.nh / d.nkv;
-  for (int64_t j = j0; j < block_end(j0, d.S); j++) {
-    memset(dk + ko + j * ks, 0, (size_t)d.hd * sizeof(float));
-    memset(dv + ko + j * ks, 0, (size_t)d.hd * sizeof(float));
-  }
-  int rc = 0;
-  for (int64_t h = g * group; h < (g + 1) * group && !rc; h++)
-    rc = bwd_key_block(head_at(P, op, d, b, h), D + (b * d.nh + h) * d.S, dk + ko,
-                       dv + ko, j0, scale, dS);
-  return rc;
+// pass 2, key rows j0.. (one tile) of kv head g: dk, dv (+=) over the group's heads
+static int bwd_key_tile(const attn *a, const float *lse, const float *D, float *dk, float *dv,
+                        int64_t b, int64_t g, int64_t j0, scratch w) {
+  const k_attn_block *k = a->blk;
+  int64_t hd = k->hd, n = min64(TK, k->sk - j0), ko = k_at(a, b, j0, g);
+  int64_t ilo = query_lo(k, j0), ihi = query_hi(k, j0 + n);
+  for (int64_t h = g * a->group; h < (g + 1) * a->group; h++)
+    for (int64_t i0 = ilo; i0 < ihi; i0 += TQ) {
+      int64_t M = min64(TQ, ihi - i0), qo = q_at(a, b, i0, h);
+      int rc = scores_dp(a, b, h, g, i0, M, j0, n, w);
+      if (rc) return rc;
+      probs_grads(a, lse, D + (b * k->nh + h) * k->sq + i0, b, h, i0, M, j0, n, w);
+      rc = mm(a, true, false, n, hd, M, 1.0f, a->lp ? w.Pt : (const void *)w.S, n,
+              at(a->dout, qo, a->esz), a->qr, 1.0f, dv + ko, a->kr);
+      if (!rc)
+        rc = mm(a, true, false, n, hd, M, k->scale, a->lp ? w.dSt : (const void *)w.dS, n,
+                at(a->q, qo, a->esz), a->qr, 1.0f, dk + ko, a->kr);
+      if (rc) return rc;
+    }
+  return 0;
 }
 
-size_t k_attention_bf16_scratch(int64_t S, bool packed) {
-  return (size_t)dS_floats(S) * (packed ? sizeof(uint16_t) : sizeof(float));
-}
-
-int64_t k_attention_bwd_work(int64_t B, int64_t S, int64_t nh) {
-  int64_t a = 0, b = 0, n = 0;
-  if (__builtin_mul_overflow(B, nh, &a) || __builtin_mul_overflow(a, S, &a) ||
-      __builtin_mul_overflow((int64_t)omp_get_max_threads(), dS_floats(S), &b) ||
-      __builtin_add_overflow(a, b, &n))
-    return INT64_MAX;
-  return n;
-}
-
-int k_attention_bwd(const float *dout, const float *q, const float *k, const float *v,
-                    const float *P, float *dq, float *dk, float *dv, int64_t B, int64_t S,
-                    int64_t nh, int64_t nkv, int64_t hd, float scale, float *work,
-                    const k_attn_bf16 *lp) {
-  attn_dims d = {B, S, nh, nkv, hd};
-  operands op = operands_of(q, k, v, dout, lp);
-  int64_t nblk = (S + BLOCK - 1) / BLOCK, scratch = dS_floats(S);
-  // D: [B, nh, S], then one dS scratch per thread
-  float *D = work, *dS = D + B * nh * S;
+int k_attention_block_bwd(const k_attn_block *blk, const float *dout, const float *q,
+                          const float *k, const float *v, const float *out, const float *lse,
+                          float *dq, float *dk, float *dv, const k_attn_bf16 *lp, float *D,
+                          float *tiles) {
+  if (blk->B <= 0 || blk->sq <= 0 || blk->sk <= 0) return 0;
+  attn a = attn_of(blk, q, k, v, dout, lp);
+  int64_t nq = (blk->sq + TQ - 1) / TQ, nk = (blk->sk + TK - 1) / TK;
   int rc = 0;
   int blas_threads = blas_serial_begin();
 #pragma omp parallel
   {
-    float *mine = dS + omp_get_thread_num() * scratch;
+    scratch w = scratch_of(tiles, blk->hd);
 #pragma omp for schedule(dynamic)
-    for (int64_t task = 0; task < B * nh * nblk; task++) {
-      int64_t bh = task / nblk, b = bh / nh, h = bh % nh;
-      keep_first(&rc, bwd_query_block(head_at(P, &op, d, b, h),
-                                      dq + b * S * nh * hd + h * hd, D + bh * S,
-                                      (task % nblk) * BLOCK, scale, mine));
+    for (int64_t task = 0; task < blk->B * blk->nh * nq; task++) {
+      int64_t bh = task / nq, t = nq - 1 - task % nq; /* the longest rows first */
+      keep_first(&rc, bwd_query_tile(&a, out, lse, dq, D, bh / blk->nh, bh % blk->nh, t * TQ, w));
     }  // implicit barrier: pass 2 reads every D
 #pragma omp for schedule(dynamic)
-    for (int64_t task = 0; task < B * nkv * nblk; task++) {
-      int64_t bg = task / nblk;
-      keep_first(&rc, bwd_kv_task(P, &op, D, dk, dv, d, bg / nkv, bg % nkv, (task % nblk) * BLOCK,
-                                  scale, mine));
+    for (int64_t task = 0; task < blk->B * blk->nkv * nk; task++) {
+      int64_t bg = task / nk; /* the first key tiles, seen by the most queries, first */
+      keep_first(&rc, bwd_key_tile(&a, lse, D, dk, dv, bg / blk->nkv, bg % blk->nkv,
+                                   (task % nk) * TK, w));
     }
   }
   openblas_set_num_threads(blas_threads);

@@ -45,17 +45,38 @@ void k_rope_fwd(float *x, const float *cos_t, const float *sin_t, int64_t B, int
 void k_rope_bwd(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t S,
                 int64_t nheads, int64_t hd);
 
-/* ---- Causal grouped-query attention (HF eager_attention_forward) -------- */
+/* ---- Causal grouped-query attention, FlashAttention-2 style ------------ */
+/* One block of queries against one block of keys of B sequences (backend.h
+ * ml_attn_block, field for field): queries at global positions q_pos ..
+ * q_pos+sq−1, keys at k_pos .. k_pos+sk−1; query p sees key p' iff p' <= p
+ * and, when window > 0, p' > p − window. q, out, dout, dq: [B][sq rows, nh,
+ * hd] with q_bs floats from one sequence to the next; k, v, dk, dv: [B][sk
+ * rows, nkv, hd] with k_bs; lse: [B][sq rows, nh] with l_bs. Query head h
+ * reads kv head h / (nh / nkv). scores = scale · q·k. A whole sequence is
+ * one block (q_pos = k_pos = 0, sq = sk = S). */
+typedef struct k_attn_block {
+  int64_t B, sq, sk, nh, nkv, hd;
+  int64_t q_pos, k_pos;
+  int64_t q_bs, k_bs, l_bs;
+  float scale;
+  int64_t window; /* 0: causal only */
+} k_attn_block;
+
+/* The tiles: query rows per task (forward, backward pass 1) and per step
+ * of a key tile (pass 2); keys per tile. No [S, S] tensor is formed, only
+ * one [TILE_Q, TILE_K] tile of scores per thread at a time. */
+enum { K_ATTN_TILE_Q = 64, K_ATTN_TILE_K = 128 };
+
 /* The products on bf16 operands, as torch.autocast(bfloat16) runs SDPA
- * (bf16 inputs, fp32 accumulation, softmax in fp32): q, k, v, P and, in
- * the backward, dout and dS = P ⊙ (dP − D) enter every product rounded to
- * bf16 (nearest-even); accumulation, softmax and its backward stay fp32.
- * The caller provides q, k, v, dout rounded, in the layouts of the fp32
- * tensors, and room for the rounded P and dS: per thread forward
- * (`scratch`), per head backward (`probs`, `dscores`). packed: the
- * operands are bf16 (uint16_t) and the products go to `gemm`; else they
- * are fp32 holding bf16 values and go to sgemm (whose products of such
- * values are exact: the emulation for CPUs without bf16 GEMMs). */
+ * (bf16 inputs, fp32 accumulation, softmax in fp32): q, k, v, the
+ * probabilities P and, in the backward, dout and dS = P ⊙ (dP − D) enter
+ * every product rounded to bf16 (nearest-even); accumulation, softmax and
+ * its backward stay fp32. The caller provides q, k, v, dout rounded, in
+ * the layouts of the fp32 tensors (same strides); the kernels round P and
+ * dS per tile into their tiles. packed: the operands are bf16 (uint16_t)
+ * and the products go to `gemm`; else they are fp32 holding bf16 values
+ * and go to sgemm (whose products of such values are exact: the emulation
+ * for CPUs without bf16 GEMMs). */
 typedef struct k_attn_bf16 {
   bool packed;
   const void *q, *k, *v, *dout; /* dout: backward only */
@@ -67,34 +88,43 @@ typedef struct k_attn_bf16 {
               float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, float beta,
               float *C, int64_t ldc);
   void *ctx;
-  void *scratch;          /* forward: k_attention_bf16_scratch bytes per OpenMP thread */
-  void *probs, *dscores;  /* backward: [B, nh, S, S] each, of the operands' type */
 } k_attn_bf16;
 
-/* q: [B*S, nh, hd]; k, v: [B*S, nkv, hd]; head h reads kv head h / (nh/nkv).
- * scores = scale · q·k^T; query i sees key j iff j <= i and, when window > 0,
- * j > i − window (HF sliding-window mask); softmax in fp32.
- * out: [B*S, nh, hd]; P: [B, nh, S, S] probabilities saved for backward
- * (masked entries 0). lp: NULL for fp32 products, else bf16 ones (above).
- * Returns 0, or the first error of lp's gemm. */
-int k_attention_fwd(const float *q, const float *k, const float *v, float *out, float *P,
-                    int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd, float scale,
-                    int64_t window, const k_attn_bf16 *lp);
-/* dq [B*S, nh, hd], dk, dv [B*S, nkv, hd] (=) given dout and the forward's
- * q, k, v, P (dk/dv sum over the heads of each group). The mask (causal and
- * sliding window) is read from P's exact zeros, so any window of the
- * forward is honoured without repeating it here. lp, result: as forward. */
-int k_attention_bwd(const float *dout, const float *q, const float *k, const float *v,
-                    const float *P, float *dq, float *dk, float *dv, int64_t B, int64_t S,
-                    int64_t nh, int64_t nkv, int64_t hd, float scale, float *work,
-                    const k_attn_bf16 *lp);
-/* Floats of k_attention_bwd's `work` for these sizes with the OpenMP
- * threads of this process (the row terms D [B, nh, S] and one [128, S]
- * block per thread); INT64_MAX when that does not fit. */
-int64_t k_attention_bwd_work(int64_t B, int64_t S, int64_t nh);
-/* Bytes of k_attn_bf16.scratch per thread for sequences of S (a
- * [min(S, 128), S] tile of bf16, or of fp32 when not packed). */
-size_t k_attention_bf16_scratch(int64_t S, bool packed);
+/* Floats of the kernels' `tiles` for head size hd with the OpenMP threads
+ * of this process: per thread a score and a dS tile, their rounded copies
+ * ([TILE_Q, TILE_K] each), the accumulator [TILE_Q, hd] and the row terms
+ * (64-byte aligned); INT64_MAX when that does not fit. Independent of the
+ * sequence lengths. */
+int64_t k_attention_tile_floats(int64_t hd);
+/* Floats of the backward's row terms D [B, nh, sq]; INT64_MAX on overflow. */
+int64_t k_attention_rows(const k_attn_block *blk);
+/* The softmax attention of the block's queries over its visible keys:
+ * out (probability-weighted v) and lse = log sum exp of the visible scores
+ * (natural log), fp32 online softmax (running max and sum per row).
+ * accumulate false: out, lse (=) the block's; a row that sees no key of
+ * the block gets out 0, lse −inf. true: merged into the out and lse there
+ * (lse' = log(e^lse + e^lse_b), out' = out·e^(lse−lse') +
+ * out_b·e^(lse_b−lse'); an lse of −inf there takes the block's; a row
+ * seeing no key of the block is left as it is). Query tiles that see no
+ * key are skipped, and so are key tiles no row of a query tile sees.
+ * lp: NULL for fp32 products, else bf16 ones (above). tiles:
+ * k_attention_tile_floats(hd) floats, 64-byte aligned (no other use while
+ * the kernel runs). Returns 0, or the first error of lp's gemm. */
+int k_attention_block_fwd(const k_attn_block *blk, const float *q, const float *k, const float *v,
+                          float *out, float *lse, bool accumulate, const k_attn_bf16 *lp,
+                          float *tiles);
+/* dq (+=) [B][sq, nh, hd], dk, dv (+=) [B][sk, nkv, hd] (summed over the
+ * heads of each group) for this block, given dout and the final out and
+ * lse of its queries (after every block of theirs was merged): P =
+ * exp(scale·q·k − lse) recomputed, D = rowsum(dout ⊙ out) (fp64, of dout
+ * as the products read it), dS = P ⊙ (dout·v^T − D); dq += scale·dS·k,
+ * dk += scale·dS^T·q, dv += P^T·dout. Without atomics: pass 1 over query
+ * tiles (dq), pass 2 over key tiles (dk, dv). D: k_attention_rows floats
+ * (the row terms, written here). lp, tiles, result: as forward. */
+int k_attention_block_bwd(const k_attn_block *blk, const float *dout, const float *q,
+                          const float *k, const float *v, const float *out, const float *lse,
+                          float *dq, float *dk, float *dv, const k_attn_bf16 *lp, float *D,
+                          float *tiles);
 
 /* ---- Gated MLP activation: h = act(g) · u (LlamaMLP, Gemma3MLP) -------- */
 void k_glu_fwd(const float *g, const float *u, float *h, int64_t n, ml_glu_act act);

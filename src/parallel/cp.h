@@ -1,0 +1,81 @@
+/* Context parallelism (DESIGN §2, reference/torch-parallel.md §5): the cp
+ * ranks of one data-parallel rank share its sequences, each holding a piece
+ * of every sequence; attention, the one place tokens meet, runs as ring
+ * attention over the cp group (Liu et al. 2023, "Ring Attention with
+ * Blockwise Transformers"; torch.distributed.tensor.experimental's
+ * context_parallel with the "alltoall" rotate method). Everything else —
+ * norms, linears, the loss — is per token and runs on the local piece.
+ *
+ * Load balance (torch's _HeadTailLoadBalancer, Megatron's
+ * get_batch_on_this_cp_rank): a sequence of S tokens is padded to S' (the
+ * next multiple of 2·cp), cut into 2·cp chunks of c = S' / (2·cp), and cp
+ * rank r holds chunks r and 2·cp − 1 − r, in that order: s = 2·c local
+ * positions whose global positions are the model's position_ids (RoPE
+ * rotates by them). Under a causal mask every rank then sees the same
+ * number of (query, key) pairs. Padding: the S' − S pad positions come after
+ * the last real token with token id 0 and no target, so causal attention
+ * never lets a real token see one (exact: real tokens' outputs, the loss
+ * and every gradient are those of the unpadded sequence).
+ *
+ * Ring attention: each rank's keys and values (K/V chunks of nkv heads: GQA
+ * circulates the kv heads, never repeated ones) travel around the cp ring in
+ * cp − 1 passes (ml_iring_pass), the next pass in flight while the current
+ * block computes. Per (query chunk, key chunk) pair a block
+ * (ml_be_attention_block_fwd) merges into the query chunk's output by its
+ * log-sum-exp; a pair whose keys all come after its queries (causal) or all
+ * fall outside a sliding window is skipped, not computed. Backward runs the
+ * ring again: K/V travel as in forward, and each K/V chunk's dK/dV
+ * accumulator travels with it one pass behind (cp passes; this rank's
+ * contribution is computed into a separate buffer while the accumulator is
+ * in flight, then added), returning to the owner complete.
+ *
+ * Targets are shifted on the whole sequence before the pieces are cut (NeMo
+ * RL's seq_index convention), so each position scores the token after it in
+ * the original order; log-probs come back in that order
+ * (ml_cp_gather_tokens). The ring's passes are counted by the cp group's
+ * counting comm as send_recv, so `meshlm plan` (which runs this code on the
+ * meta backend) predicts them from what runs. */
+#ifndef ML_CP_H
+#define ML_CP_H
+
+#include <stdint.h>
+
+#include "backend/backend.h"
+#include "comm/comm.h"
+#include "model/model.h"
+
+typedef struct ml_cp {
+  ml_comm *comm; /* the cp group's data comm (ring passes, log-prob gather) */
+  ml_backend *be;
+  int size, rank;
+  int64_t S, S_pad, chunk; /* the geometry: sequence length, padded, chunk c */
+  int64_t *position_ids;   /* [2·chunk] global position of each local position */
+} ml_cp;
+
+/* Set up context parallelism of model m over `comm` (its size is cp): the
+ * model's attention core becomes ring attention (m->attn_core). A comm of
+ * one rank installs nothing (the model's own attention). No collective.
+ * Errors: allocation. */
+int ml_cp_apply(ml_cp *cp, ml_model *m, ml_comm *comm, ml_backend *be);
+void ml_cp_destroy(ml_cp *cp);
+
+/* The geometry for sequences of S tokens: the padded S', chunks and this
+ * rank's position_ids (set on m). Returns the local positions per sequence
+ * s = S' / cp (S when cp = 1) in *s_local, to pass to ml_model_begin.
+ * Errors: S < 1, a padded length beyond int32 positions, allocation. */
+int ml_cp_geometry(ml_cp *cp, ml_model *m, int64_t S, int64_t *s_local);
+
+/* This rank's tokens of full sequences: in [B, S] (S as in the last
+ * ml_cp_geometry) → out [B, s_local] (host), the positions past S filled
+ * with `pad`. With cp = 1, a copy. */
+void ml_cp_local_tokens(const ml_cp *cp, const int32_t *in, int64_t B, int32_t pad,
+                        int32_t *out);
+
+/* The inverse for per-token values: every cp rank's local [B, s_local]
+ * fp32 values (device) → out [B, S] in the original order (host), one
+ * all-gather over the cp group into `work` (device, cp·B·s_local floats)
+ * and `host` (host, as many). Collective over the cp group. */
+int ml_cp_gather_tokens(const ml_cp *cp, const float *local, int64_t B, float *work, float *host,
+                        float *out);
+
+#endif

@@ -5,8 +5,10 @@
 # derived bounds for two fp32 evaluations in different orders
 # (tests/tolerance.h §3, printed by tol_bound; |Δ‖g‖| <= ‖Δg‖ by the
 # triangle inequality, so the grads bound covers the norm), and that the
-# 4-rank run's saved checkpoint scores the same on 1 rank and on tp=2
-# (log-probs, relative L2, same bound). Later steps' losses are printed, not
+# 4-rank run's saved checkpoint scores the same on 1 rank, on tp=2, on
+# cp=2 x tp=2 and on cp=4 (300 tokens padded to 304: log-probs in the
+# original order, relative L2, same bound). A cp=2 x tp=2 run's first step
+# agrees with the 1-rank run's as the dp x tp run's does. Later steps' losses are printed, not
 # compared: after an AdamW step two meshes' weights differ by up to 2·lr
 # where |g| is near eps (tests/mpi/train_check.h), which no rounding bound
 # covers; the MPI tests check every AdamW step element by element instead.
@@ -24,6 +26,7 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 train=(train --model "$work/model" --data "$src/README.md" --steps 4 --batch-size 4 --seq-len 64 --lr 1e-3)
 "$meshlm" "${train[@]}" --metrics "$work/m1.jsonl" --export-hf "$work/s1"
 mpiexec -n 4 "$meshlm" "${train[@]}" --tp 2 --metrics "$work/m4.jsonl" --export-hf "$work/s4"
+mpiexec -n 4 "$meshlm" "${train[@]}" --tp 2 --cp 2 --metrics "$work/mcp.jsonl"
 
 [ "$(wc -l < "$work/m1.jsonl")" -eq 4 ] || { echo "FAIL: expected 4 metrics lines"; exit 1; }
 field() { sed -E "s/.*\"$2\": ?([-0-9.eE+]+).*/\1/" "$1"; }
@@ -39,6 +42,10 @@ rel_close "step 1 loss" "$("$tol_bound" "$work/model" loss pair 64 256)" \
   "$(field "$work/m1.jsonl" loss | head -1)" "$(field "$work/m4.jsonl" loss | head -1)"
 rel_close "step 1 grad norm" "$("$tol_bound" "$work/model" grads pair 64 256)" \
   "$(field "$work/m1.jsonl" grad_norm | head -1)" "$(field "$work/m4.jsonl" grad_norm | head -1)"
+rel_close "step 1 loss, cp2 x tp2" "$("$tol_bound" "$work/model" loss pair 64 256)" \
+  "$(field "$work/m1.jsonl" loss | head -1)" "$(field "$work/mcp.jsonl" loss | head -1)"
+rel_close "step 1 grad norm, cp2 x tp2" "$("$tol_bound" "$work/model" grads pair 64 256)" \
+  "$(field "$work/m1.jsonl" grad_norm | head -1)" "$(field "$work/mcp.jsonl" grad_norm | head -1)"
 
 head -c 300 "$src/README.md" | od -An -tu1 -v | tr -s ' \n' ' ' |
   awk '{ printf "{\"input_ids\": ["; for (i = 1; i <= NF; i++) printf "%s%s", (i > 1 ? ", " : ""), $i; print "]}" }' > "$work/score.jsonl"
@@ -47,9 +54,17 @@ head -c 300 "$src/README.md" | od -An -tu1 -v | tr -s ' \n' ' ' |
 mpiexec -n 2 "$meshlm" logprobs --model "$work/s4" --data "$work/score.jsonl" --out "$work/l4tp.jsonl" --tp 2
 values() { tr -d '{}[]"a-z:' < "$1" | tr ',' '\n'; }
 bound=$("$tol_bound" "$work/s4" logprobs pair 300 300)
-paste <(values "$work/l4.jsonl") <(values "$work/l4tp.jsonl") | awk -v t="$bound" '
-  { d = $1 - $2; e += d * d; r += $1 * $1; n++ }
-  END { printf "log-probs of the 4-rank checkpoint, 1 rank vs tp=2: %d tokens, relative L2 %.3g (bound %.3g)\n", n, sqrt(e / r), t
-        exit (n < 299 || sqrt(e) > t * sqrt(r)) }'
+mpiexec -n 4 "$meshlm" logprobs --model "$work/s4" --data "$work/score.jsonl" --out "$work/l4cp.jsonl" --cp 2 --tp 2
+mpiexec -n 4 "$meshlm" logprobs --model "$work/s4" --data "$work/score.jsonl" --out "$work/l4cp4.jsonl" --cp 4
+# same_logprobs MESH FILE: FILE's log-probs equal 1 rank's, token by token, within the bound
+same_logprobs() {
+  paste <(values "$work/l4.jsonl") <(values "$2") | awk -v t="$bound" -v m="$1" '
+    { d = $1 - $2; e += d * d; r += $1 * $1; n++ }
+    END { printf "log-probs of the 4-rank checkpoint, 1 rank vs %s: %d tokens, relative L2 %.3g (bound %.3g)\n", m, n, sqrt(e / r), t
+          exit (n != 299 || sqrt(e) > t * sqrt(r)) }'
+}
+same_logprobs "tp=2" "$work/l4tp.jsonl"
+same_logprobs "cp=2 x tp=2" "$work/l4cp.jsonl"
+same_logprobs "cp=4" "$work/l4cp4.jsonl"
 [ "$(values "$work/l1.jsonl" | wc -l)" -eq 299 ] || { echo "FAIL: the 1-rank checkpoint's log-probs"; exit 1; }
 echo "1 passed, 0 failed"

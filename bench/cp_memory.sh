@@ -47,7 +47,7 @@ for S in $seqs; do
       --model "$out/m" --data "$out/corpus.txt" --cp "$cp" --steps "$steps" --batch-size 1 \
       --seq-len "$S" --activation-checkpointing "$ac" --peak-tflops 1 \
       --metrics "$out/m_${S}_$cp.jsonl" > /dev/null
-    printf "%6s %3s %-6s %8s %13s %13s %10s\n" "$S" "$cp" "$ac" "$threads" "$(mib "$act")" \
+    printf "%6s %3s %-6s %8s %13s %13.1f %10.1f\n" "$S" "$cp" "$ac" "$threads" "$(mib "$act")" \
       "$(field "$out/m_${S}_$cp.jsonl" peak_rss_mib_max)" \
       "$(field "$out/m_${S}_$cp.jsonl" tokens_per_s)"
   done

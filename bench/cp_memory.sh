@@ -5,7 +5,8 @@
 # (preset smollm2-135m: hidden 576, 30 layers, 9 heads / 3 kv heads, vocab
 # 49152; random weights, fp32) on one sequence of S tokens per step, for
 # each cp size: cp ranks on this machine's cores (threads per rank = cores /
-# cp, OMP_WAIT_POLICY=passive). The preset's max_position_embeddings (8192,
+# cp, OMP_WAIT_POLICY=passive; mpiexec --bind-to none, or Open MPI binds a
+# lone rank's threads to one core). The preset's max_position_embeddings (8192,
 # SmolLM2's) is raised to the longest S in the copied config.json: RoPE is
 # unchanged, only the length check moves. Activation checkpointing `layer`
 # from S >= AC_FROM (default 16384, where the fp32 activations of one rank
@@ -43,7 +44,8 @@ for S in $seqs; do
     act=$(build/meshlm plan --model "$out/m" --cp "$cp" --dp-shard 1 --batch-size 1 --seq-len "$S" \
       --activation-checkpointing "$ac" --json |
       sed -nE 's/.*"activations": ([0-9]+).*/\1/p' | head -1)
-    OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads mpiexec -n "$cp" build/meshlm train \
+    OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads mpiexec --bind-to none -n "$cp" \
+      build/meshlm train \
       --model "$out/m" --data "$out/corpus.txt" --cp "$cp" --steps "$steps" --batch-size 1 \
       --seq-len "$S" --activation-checkpointing "$ac" --peak-tflops 1 \
       --metrics "$out/m_${S}_$cp.jsonl" > /dev/null

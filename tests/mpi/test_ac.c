@@ -1,14 +1,18 @@
-/* Activation checkpointing: `mpiexec -n N test_ac FIXTURE TP [sp]`.
+/* Activation checkpointing: `mpiexec -n N test_ac FIXTURE TP [sp] [cp=C]`.
  * One step (zero_grad + forward_backward) of the fixture on the mesh
- * dp_shard = N / TP × tp = TP (sequence-parallel with `sp`) under each
+ * dp_shard = N / (C·TP) × cp = C × tp = TP (sequence-parallel with `sp`,
+ * context-parallel with cp = C) under each
  * ml_ac_mode must give the loss and every gradient of ML_AC_NONE bit for
  * bit: a recompute repeats the same kernels on the same inputs. The tp
  * group's collectives show the recompute: a rerun block (ML_AC_MLP: the
  * MLP; ML_AC_LAYER: attention and MLP) reruns its forward edges, with SP
  * one all-gather (its input) and one reduce-scatter (its output), without
  * one all-reduce (its output), per layer, each moving Tl·H floats
- * (DESIGN §5); ML_AC_SELECTIVE recomputes P locally and adds none. The
- * FSDP collectives never change. Rank 0 prints the saved activation
+ * (DESIGN §5); ML_AC_SELECTIVE recomputes the attention core alone and
+ * adds none. Under context parallelism the attention core is ring
+ * attention: ML_AC_LAYER and ML_AC_SELECTIVE rerun its forward, cp − 1
+ * send_recv passes of the K/V (2·Tl·kv floats) per layer. The FSDP
+ * collectives never change. Rank 0 prints the saved activation
  * bytes of each mode (ml_model_act_bytes). Bitwise (tests/tolerance.h
  * TOL_EXACT): a recompute runs the same kernels on the same inputs. */
 #include <setjmp.h>
@@ -30,7 +34,7 @@
 #include "train/save.h"
 
 static const char *g_fixture;
-static int g_tp;
+static int g_tp, g_cp = 1;
 static bool g_sp;
 
 static const char *const mode_names[] = {"none", "mlp", "layer", "selective"};
@@ -48,8 +52,9 @@ typedef struct result {
   grad *grads; /* export order */
   int n;
   int64_t tp_calls[ML_COLL_KINDS], tp_bytes[ML_COLL_KINDS], fsdp_calls[ML_COLL_KINDS];
-  int64_t per_layer, workspace; /* ml_model_act_bytes */
-  int64_t L, H, Tl;             /* layers, hidden, local tokens */
+  int64_t ring_calls, ring_bytes; /* the cp group's send_recv */
+  int64_t per_layer, workspace;   /* ml_model_act_bytes */
+  int64_t L, H, Tl, kv;           /* layers, hidden, local tokens, local kv floats per token */
 } result;
 
 static result g_none;
@@ -72,7 +77,7 @@ static void run_mode(ml_ac_mode ac, result *out) {
   opts.sequence_parallel = g_sp;
   opts.ac = ac;
   static run r;
-  run_open(&r, MPI_COMM_WORLD, 1, g_tp, &opts, fx.dir);
+  run_open_mesh(&r, MPI_COMM_WORLD, 1, g_cp, g_tp, &opts, fx.dir, NULL, NULL);
   int dp = ml_mesh_comm(&r.mesh, ML_GROUP_DP)->size;
   assert_int_equal(fx.B % dp, 0);
   int64_t Bl = fx.B / dp, off = ml_mesh_comm(&r.mesh, ML_GROUP_DP)->rank * Bl * fx.S;
@@ -86,6 +91,9 @@ static void run_mode(ml_ac_mode ac, result *out) {
   memcpy(out->tp_calls, tp->calls, sizeof out->tp_calls);
   memcpy(out->tp_bytes, tp->bytes, sizeof out->tp_bytes);
   memcpy(out->fsdp_calls, fs->calls, sizeof out->fsdp_calls);
+  const ml_comm_stats *cp = ml_comm_stats_of(ml_mesh_comm(&r.mesh, ML_GROUP_CP));
+  out->ring_calls = cp->calls[ML_COLL_SEND_RECV];
+  out->ring_bytes = cp->bytes[ML_COLL_SEND_RECV];
   float **g = export_all(&r, ML_EXPORT_GRADS);
   out->n = r.e.model.n_params;
   out->grads = calloc((size_t)out->n, sizeof *out->grads);
@@ -102,7 +110,8 @@ static void run_mode(ml_ac_mode ac, result *out) {
   ml_model_act_bytes(&r.e.model, r.e.model.B, r.e.model.S, &out->per_layer, &out->workspace);
   out->L = r.e.model.cfg.n_layers;
   out->H = r.e.model.cfg.hidden;
-  out->Tl = Bl * fx.S;
+  out->Tl = Bl * r.e.model.S; /* this cp rank's positions */
+  out->kv = r.e.model.layers[0].acts.kv.c;
   if (rank0())
     printf("ac %-9s saved activations %lld B/layer x %lld layers + workspace %lld B = %lld B\n",
            mode_names[ac], (long long)out->per_layer, (long long)out->L,
@@ -144,7 +153,7 @@ static void expect_rerun(const result *r, int blocks, int64_t calls[ML_COLL_KIND
 /* Mode ac against ML_AC_NONE: loss and every gradient bitwise; the tp
  * collectives of none plus those of `rerun_blocks` rerun blocks per layer;
  * the same FSDP collectives; less saved per layer. */
-static void check_mode(ml_ac_mode ac, int rerun_blocks) {
+static void check_mode(ml_ac_mode ac, int rerun_blocks, bool rerun_core) {
   static result r;
   memset(&r, 0, sizeof r);
   run_mode(ac, &r);
@@ -177,6 +186,13 @@ static void check_mode(ml_ac_mode ac, int rerun_blocks) {
       note(&rep, "ac %s: dp_shard collective %d: %lld calls, ac none %lld", mode_names[ac], k,
            (long long)r.fsdp_calls[k], (long long)g_none.fsdp_calls[k]);
   }
+  /* a rerun attention core under cp: its ring's forward passes again */
+  int64_t ring = rerun_core ? r.L * (g_cp - 1) : 0;
+  if (r.ring_calls != g_none.ring_calls + ring ||
+      r.ring_bytes != g_none.ring_bytes + ring * 2 * 4 * r.Tl * r.kv)
+    note(&rep, "ac %s: cp send_recv %lld calls (%lld B), expected none's %lld (%lld B) + %lld",
+         mode_names[ac], (long long)r.ring_calls, (long long)r.ring_bytes,
+         (long long)g_none.ring_calls, (long long)g_none.ring_bytes, (long long)ring);
   if (!(r.per_layer < g_none.per_layer) || !(r.workspace > 0) || g_none.workspace != 0)
     note(&rep, "ac %s: %lld B/layer + %lld B workspace, ac none %lld B/layer + %lld B",
          mode_names[ac], (long long)r.per_layer, (long long)r.workspace,
@@ -195,28 +211,33 @@ static void check_mode(ml_ac_mode ac, int rerun_blocks) {
 
 static void test_mlp(void **state) {
   (void)state;
-  check_mode(ML_AC_MLP, 1);
+  check_mode(ML_AC_MLP, 1, false);
 }
 
 static void test_layer(void **state) {
   (void)state;
-  check_mode(ML_AC_LAYER, 2);
+  check_mode(ML_AC_LAYER, 2, true);
 }
 
 static void test_selective(void **state) {
   (void)state;
-  check_mode(ML_AC_SELECTIVE, 0);
+  check_mode(ML_AC_SELECTIVE, 0, true);
 }
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
-  if (argc != 3 && !(argc == 4 && !strcmp(argv[3], "sp"))) {
-    fprintf(stderr, "usage: test_ac FIXTURE TP [sp]\n");
+  bool ok = argc >= 3;
+  for (int i = 3; ok && i < argc; i++) {
+    if (!strcmp(argv[i], "sp")) g_sp = true;
+    else if (!strncmp(argv[i], "cp=", 3) && atoi(argv[i] + 3) >= 1) g_cp = atoi(argv[i] + 3);
+    else ok = false;
+  }
+  if (!ok) {
+    fprintf(stderr, "usage: test_ac FIXTURE TP [sp] [cp=C]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];
   g_tp = atoi(argv[2]);
-  g_sp = argc == 4;
   const struct CMUnitTest tests[] = {
       held_test(test_mlp),
       held_test(test_layer),

@@ -12,12 +12,14 @@
  * that build contracts (the same operands, the same single roundings), so
  * every result equals expf's. Inputs of magnitude >= 88 (over- and
  * underflow, inf, NaN), where expf takes other branches, go to expf
- * itself. Without AVX-512 every element is an expf call. */
+ * itself. On AVX2 + FMA CPUs without AVX-512 (Zen 2/3, where glibc's ifunc
+ * picks the same __expf_fma) the same lanes run 8 at a time, the table
+ * read by a gather; elsewhere every element is an expf call. */
 #include <math.h>
 
 #include "kernels/cpu/kernels.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 
 /* bits of 2^(i/32) (nearest double) minus i << 47, i = 0..31: adding
@@ -33,13 +35,24 @@ static const uint64_t EXP2_TAB[32] = {
     0x3fef5818dcfba487, 0x3fef7c97337b9b5f, 0x3fefa4afa2a490da, 0x3fefd0765b6e4540,
 };
 
+/* expf's constants: 32/ln2, the rounding shift 1.5·2^52, the cubic's */
+#define EXP_INV_LN2_N 0x1.71547652b82fep+5
+#define EXP_SHIFT 0x1.8p52
+#define EXP_C0 0x1.c6af84b912394p-20
+#define EXP_C1 0x1.ebfce50fac4f3p-13
+#define EXP_C2 0x1.62e42ff0c52d6p-6
+/* |x| >= 88, inf or NaN: the exponent field with the top mantissa bits of
+ * a float's bits >> 20 (sign dropped) at least this */
+#define EXP_BIG 0x42b
+#endif
+
+#if defined(__AVX512F__)
+
 // 8 lanes of expf's double evaluation, before its final rounding to float
 static inline __m512d exp_lanes(__m256 x) {
-  const __m512d inv_ln2_n = _mm512_set1_pd(0x1.71547652b82fep+5); /* 32/ln2 */
-  const __m512d shift = _mm512_set1_pd(0x1.8p52);
-  const __m512d c0 = _mm512_set1_pd(0x1.c6af84b912394p-20);
-  const __m512d c1 = _mm512_set1_pd(0x1.ebfce50fac4f3p-13);
-  const __m512d c2 = _mm512_set1_pd(0x1.62e42ff0c52d6p-6);
+  const __m512d inv_ln2_n = _mm512_set1_pd(EXP_INV_LN2_N), shift = _mm512_set1_pd(EXP_SHIFT);
+  const __m512d c0 = _mm512_set1_pd(EXP_C0), c1 = _mm512_set1_pd(EXP_C1);
+  const __m512d c2 = _mm512_set1_pd(EXP_C2);
   __m512d xd = _mm512_cvtps_pd(x);
   __m512d kd = _mm512_fmadd_pd(inv_ln2_n, xd, shift); /* k in the low bits */
   __m512i ki = _mm512_castpd_si512(kd);
@@ -68,7 +81,7 @@ static inline __m512 expf16(__m512 x) {
   /* |x| >= 88 (exponent field with the top mantissa bits >= 0x42b), inf, NaN */
   __m512i top = _mm512_and_si512(_mm512_srli_epi32(_mm512_castps_si512(x), 20),
                                  _mm512_set1_epi32(0x7ff));
-  __mmask16 big = _mm512_cmpge_epu32_mask(top, _mm512_set1_epi32(0x42b));
+  __mmask16 big = _mm512_cmpge_epu32_mask(top, _mm512_set1_epi32(EXP_BIG));
   if (big) {
     float xs[16], ys[16];
     _mm512_storeu_ps(xs, x);
@@ -76,6 +89,47 @@ static inline __m512 expf16(__m512 x) {
     for (int l = 0; l < 16; l++)
       if (big >> l & 1) ys[l] = expf(xs[l]);
     y = _mm512_loadu_ps(ys);
+  }
+  return y;
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+
+// 4 lanes of expf's double evaluation, before its final rounding to float
+static inline __m256d exp_lanes(__m128 x) {
+  const __m256d inv_ln2_n = _mm256_set1_pd(EXP_INV_LN2_N), shift = _mm256_set1_pd(EXP_SHIFT);
+  __m256d xd = _mm256_cvtps_pd(x);
+  __m256d kd = _mm256_fmadd_pd(inv_ln2_n, xd, shift); /* k in the low bits */
+  __m256i ki = _mm256_castpd_si256(kd);
+  kd = _mm256_sub_pd(kd, shift);
+  __m256d r = _mm256_fmsub_pd(inv_ln2_n, xd, kd);
+  __m256i i = _mm256_and_si256(ki, _mm256_set1_epi64x(31));
+  __m256i t = _mm256_i64gather_epi64((const long long *)EXP2_TAB, i, 8);
+  __m256d s = _mm256_castsi256_pd(_mm256_add_epi64(t, _mm256_slli_epi64(ki, 47)));
+  __m256d z = _mm256_fmadd_pd(_mm256_set1_pd(EXP_C0), r, _mm256_set1_pd(EXP_C1));
+  __m256d r2 = _mm256_mul_pd(r, r);
+  __m256d y = _mm256_fmadd_pd(_mm256_set1_pd(EXP_C2), r, _mm256_set1_pd(1.0));
+  y = _mm256_fmadd_pd(z, r2, y);
+  return _mm256_mul_pd(y, s);
+}
+
+// expf of 8 lanes
+static inline __m256 expf8(__m256 x) {
+  __m128 lo = _mm256_cvtpd_ps(exp_lanes(_mm256_castps256_ps128(x)));
+  __m128 hi = _mm256_cvtpd_ps(exp_lanes(_mm256_extractf128_ps(x, 1)));
+  __m256 y = _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+  /* the field is at most 0x7ff, so a signed compare is the unsigned one */
+  __m256i top = _mm256_and_si256(_mm256_srli_epi32(_mm256_castps_si256(x), 20),
+                                 _mm256_set1_epi32(0x7ff));
+  int big = _mm256_movemask_ps(
+      _mm256_castsi256_ps(_mm256_cmpgt_epi32(top, _mm256_set1_epi32(EXP_BIG - 1))));
+  if (big) {
+    float xs[8], ys[8];
+    _mm256_storeu_ps(xs, x);
+    _mm256_storeu_ps(ys, y);
+    for (int l = 0; l < 8; l++)
+      if (big >> l & 1) ys[l] = expf(xs[l]);
+    y = _mm256_loadu_ps(ys);
   }
   return y;
 }
@@ -89,6 +143,9 @@ void k_expf(const float *x, float *y, int64_t n) {
     __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
     _mm512_mask_storeu_ps(y + i, m, expf16(_mm512_maskz_loadu_ps(m, x + i)));
   }
+#elif defined(__AVX2__) && defined(__FMA__)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, expf8(_mm256_loadu_ps(x + i)));
+  for (; i < n; i++) y[i] = expf(x[i]); /* the last 1..7 */
 #else
   for (; i < n; i++) y[i] = expf(x[i]);
 #endif

@@ -978,6 +978,21 @@ static void attn_name(char *what, size_t n, const char *part, const attn_ctx *a)
            (long long)a->window);
 }
 
+/* out, a->lse, dq, dk, dv against the reference r (what: "attention PART ...") */
+static void expect_attention(const char *part, const attn_ctx *a, const attn_ref_out *r,
+                             const float *out, const float *dq, const float *dk,
+                             const float *dv) {
+  int64_t nq = a->B * a->S * a->nh * a->hd, nk = a->B * a->S * a->nkv * a->hd;
+  char what[80];
+  attn_name(what, sizeof what, part, a);
+  printf("  %s\n", what);
+  expect_within("  out", out, r->out, r->out_b, nq);
+  expect_within("  lse", a->lse, r->lse, r->lse_b, a->B * a->S * a->nh);
+  expect_within("  dq", dq, r->dq, r->dq_b, nq);
+  expect_within("  dk", dk, r->dk, r->dk_b, nk);
+  expect_within("  dv", dv, r->dv, r->dv_b, nk);
+}
+
 /* |x − y| <= bx + by: two results each within its bound of the same
  * reference (the triangle inequality through it) */
 static void expect_pair(const char *what, const float *x, const float *y, const double *bx,
@@ -1127,13 +1142,7 @@ static void test_attention_blocks(void **state) {
     attn_run_blocks(&a, cut, nc, dout, out, dq, dk, dv);
     attn_ref_out r = attn_ref_alloc(&a);
     attn_ref(&a, dout, &r);
-    char what[64];
-    attn_name(what, sizeof what, "blocks out", &a);
-    expect_within(what, out, r.out, r.out_b, nq);
-    expect_within("attention blocks lse", a.lse, r.lse, r.lse_b, a.B * a.S * a.nh);
-    expect_within("attention blocks dq", dq, r.dq, r.dq_b, nq);
-    expect_within("attention blocks dk", dk, r.dk, r.dk_b, nk);
-    expect_within("attention blocks dv", dv, r.dv, r.dv_b, nk);
+    expect_attention("blocks", &a, &r, out, dq, dk, dv);
     free(out), free(dout), free(dq), free(dk), free(dv);
     attn_ref_free(&r);
     attn_free(&a);
@@ -1171,13 +1180,7 @@ static void test_attention_bf16(void **state) {
     float *dout_r = bf16_rounded(dout, nq);
     attn_ref_out ref = attn_ref_alloc(&r);
     attn_ref(&r, dout_r, &ref);
-    char what[64];
-    attn_name(what, sizeof what, "bf16 out", &a);
-    expect_within(what, out, ref.out, ref.out_b, nq);
-    expect_within("attention bf16 lse", a.lse, ref.lse, ref.lse_b, a.B * a.S * a.nh);
-    expect_within("attention bf16 dq", dq, ref.dq, ref.dq_b, nq);
-    expect_within("attention bf16 dk (=)", dk, ref.dk, ref.dk_b, nk);
-    expect_within("attention bf16 dv (=)", dv, ref.dv, ref.dv_b, nk);
+    expect_attention("bf16 (dk, dv =)", &a, &ref, out, dq, dk, dv);
     assert_true(memcmp(out, out32, (size_t)nq * sizeof(float)) != 0);
     free(r.q), free(r.k), free(r.v), free(dout_r), free(work);
     free(out), free(out32), free(dout), free(dq), free(dk), free(dv);

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Activation checkpointing: peak RSS and tokens/s of the `small` Llama
 # (~13M parameters) on one rank for every --activation-checkpointing mode,
-# at S=512 with global batch 4, where the saved activations (attention
-# probabilities B·heads·S² per layer included) dominate the memory. Figures
-# for notes; nothing asserted.
+# at S=512 with global batch 4, where the saved activations dominate the
+# memory (attention saves only its log-sum-exp: `selective` drops little).
+# Figures for notes; nothing asserted.
 # usage: bench/ac_memory.sh [STEPS]   (after `make`)
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -202,9 +202,9 @@ typedef enum {
   ML_AC_LAYER,     /* full (NeMo activation_checkpointing: true): keep only the
                       layer input, rerun the whole layer forward with its edges */
   ML_AC_SELECTIVE  /* Megatron's selective recomputation (Korthikanti et al. 2022):
-                      drop what the attention core saves (on the CPU P =
-                      softmax(QK^T), [B, nh, S, S]), recompute it from the saved
-                      q, k (no edges) */
+                      drop what the attention core saves (with FlashAttention-2
+                      only the log-sum-exp [B, S, nh]), recompute it from the
+                      saved q, k, v (no tp edges; under cp the ring again) */
 } ml_ac_mode;
 
 typedef struct ml_model {

@@ -189,7 +189,7 @@ static void test_activations_saturate(void **state) {
   assert_int_equal(ml_model_create(&cfg, &m), 0);
   assert_int_equal(ml_backend_get("cpu", &m.be), 0);
   ml_error_clear();
-  /* B·S = 2^62 tokens: T·H and B·heads·S² wrap in int64 */
+  /* B·S = 2^62 tokens: T·H wraps in int64 */
   int64_t B = (int64_t)1 << 38, S = (int64_t)1 << 24;
   assert_int_equal(ml_model_begin(&m, B, S), -1);
   EXPECT_MSG("out of memory", "activations of layer 0",

@@ -2,7 +2,7 @@
  * FlashAttention-2 kernel replaced it), kept verbatim but for its names as
  * the tests' reference: eager attention (HF eager_attention_forward) that
  * stores the probabilities P [B, nh, S, S]. test_kernels.c checks the new
- * kernel against it and against the double reference, and times it.
+ * kernel against it and against the double reference.
  *
  * Its own description: causal grouped-query attention with GEMMs on
  * strided per-head views. Rows go in blocks of BLOCK; each block multiplies

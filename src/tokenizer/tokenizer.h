@@ -1,0 +1,69 @@
+/* Hugging Face tokenizer.json in C: text → token ids, exactly as the
+ * `tokenizers` library's Tokenizer.encode(text, add_special_tokens=...).
+ *
+ * Supported (anything else is refused at load with a message naming the
+ * component and the file, never silently different ids):
+ * - model BPE, byte-level (GPT-2 / Llama 3 / Qwen2 / Qwen3 / SmolLM2): the
+ *   ByteLevel pre-tokenizer (GPT-2 byte↔unicode map) behind a Split regex
+ *   (PCRE2, UTF + UCP, JIT), merges as "a b" strings or [a, b] pairs,
+ *   ignore_merges, the ByteLevel decoder's byte map;
+ * - model BPE, SentencePiece style (Gemma 3): Replace(" " → "▁") / Prepend
+ *   normalizers, no regex split, byte_fallback to <0xNN> tokens;
+ * - added tokens (special or not) split out of the text first, longest
+ *   match first, honouring `normalized`, `lstrip`, `rstrip`, `single_word`;
+ * - normalizers NFC (utf8proc), Replace, Prepend, Sequence;
+ * - post-processors TemplateProcessing (single sequence), ByteLevel
+ *   (offsets only: ids unchanged), Sequence of those.
+ * tokenizer_config.json and special_tokens_map.json, where present, name
+ * the BOS/EOS tokens (bos_token / eos_token, a string or {"content": ...}).
+ *
+ * A tokenizer is immutable after load: encode may run on several threads at
+ * once. */
+#ifndef ML_TOKENIZER_H
+#define ML_TOKENIZER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ml_tokenizer ml_tokenizer;
+
+/* A growable array of token ids; encode appends to it. Zero-initialise,
+ * free with ml_tokens_free. */
+typedef struct ml_tokens {
+  int32_t *ids;
+  size_t n, cap;
+} ml_tokens;
+
+void ml_tokens_free(ml_tokens *t);
+
+/* Load `dir`/tokenizer.json (and, where present, tokenizer_config.json /
+ * special_tokens_map.json for BOS/EOS). *out is set on success; free with
+ * ml_tokenizer_free. Errors: file missing or unreadable, invalid JSON, an
+ * unsupported model / normalizer / pre-tokenizer / post-processor /
+ * decoder type (named, with its JSON path), a merge naming a token not in
+ * the vocabulary, ids out of range. */
+int ml_tokenizer_load(const char *dir, ml_tokenizer **out);
+void ml_tokenizer_free(ml_tokenizer *t);
+
+/* Encode `len` bytes of UTF-8 `text` and append the ids to `out`.
+ * add_special: apply the post-processor's template (BOS/EOS), as
+ * `tokenizers`' add_special_tokens=True. Errors: text not valid UTF-8
+ * (byte offset named), allocation. */
+int ml_tokenizer_encode(const ml_tokenizer *t, const char *text, size_t len, bool add_special,
+                        ml_tokens *out);
+
+/* Number of ids (the model vocabulary plus added tokens: max id + 1). */
+int64_t ml_tokenizer_vocab_size(const ml_tokenizer *t);
+
+/* BOS / EOS ids (tokenizer_config.json / special_tokens_map.json, else the
+ * post-processor template's special tokens); −1 when the tokenizer has none. */
+int32_t ml_tokenizer_bos(const ml_tokenizer *t);
+int32_t ml_tokenizer_eos(const ml_tokenizer *t);
+
+/* Whether encode(add_special = true) puts BOS first / EOS last (from the
+ * post-processor's single template). */
+bool ml_tokenizer_adds_bos(const ml_tokenizer *t);
+bool ml_tokenizer_adds_eos(const ml_tokenizer *t);
+
+#endif

@@ -53,6 +53,20 @@ void ml_tokenizer_free(ml_tokenizer *t);
 int ml_tokenizer_encode(const ml_tokenizer *t, const char *text, size_t len, bool add_special,
                         ml_tokens *out);
 
+/* Ids back to text, as `tokenizers`' Tokenizer.decode(ids,
+ * skip_special_tokens): each id's token (an added token's content, its
+ * normalized form for a normalized one, else the vocabulary's), ids
+ * without one dropped, special added tokens dropped under skip_special,
+ * then tokenizer.json's decoder (tok_decode.h; none: tokens joined with
+ * " "). *out: malloc'd, NUL-terminated, *len bytes before the NUL; free()
+ * it. Errors: allocation. */
+int ml_tokenizer_decode(const ml_tokenizer *t, const int32_t *ids, size_t n, bool skip_special,
+                        char **out, size_t *len);
+
+/* The token string of `id` (*len bytes, not NUL-terminated, owned by t), as
+ * decoding reads it; NULL when no token has that id. */
+const char *ml_tokenizer_id_to_token(const ml_tokenizer *t, int32_t id, size_t *len);
+
 /* Number of ids (the model vocabulary plus added tokens: max id + 1). */
 int64_t ml_tokenizer_vocab_size(const ml_tokenizer *t);
 

@@ -1,0 +1,269 @@
+/* The tokenizer (src/tokenizer) against golden ids from Hugging Face
+ * `tokenizers` (tests/fixtures/tokenizer/NAME/cases.json, made by
+ * tools/gen_tokenizer_fixtures.py): every case's ids with and without
+ * special tokens, its decoding, BOS / EOS; invalid UTF-8; load errors for
+ * what meshlm does not implement. */
+#define _XOPEN_SOURCE 700
+#define TMPDIR_PREFIX "ml_test_tokenizer"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <cmocka.h>
+#include <jansson.h>
+
+#include "common/status.h"
+#include "tmpdir.h"
+#include "tokenizer/tokenizer.h"
+
+#define FIXTURES ML_SOURCE_DIR "/tests/fixtures/tokenizer"
+
+/* Print a string with escapes, for failure messages. */
+static void show(const char *what, const char *s, size_t len) {
+  fprintf(stderr, "  %s: \"", what);
+  for (size_t i = 0; i < len && i < 300; i++) {
+    unsigned char c = (unsigned char)s[i];
+    if (c < 0x20 || c == '"' || c == '\\') fprintf(stderr, "\\x%02X", c);
+    else fputc(c, stderr);
+  }
+  fprintf(stderr, "%s\"\n", len > 300 ? "..." : "");
+}
+
+static void show_ids(const char *what, const int32_t *ids, size_t n) {
+  fprintf(stderr, "  %s (%zu):", what, n);
+  for (size_t i = 0; i < n && i < 60; i++) fprintf(stderr, " %d", ids[i]);
+  fprintf(stderr, "%s\n", n > 60 ? " ..." : "");
+}
+
+/* Every case of fixture `name`: ids, decoding, BOS / EOS. */
+static void check_fixture(const char *name) {
+  char dir[1024], path[1100];
+  snprintf(dir, sizeof dir, "%s/%s", FIXTURES, name);
+  snprintf(path, sizeof path, "%s/cases.json", dir);
+  json_error_t je;
+  json_t *doc = json_load_file(path, JSON_ALLOW_NUL, &je);
+  if (!doc) fail_msg("%s: %s", path, je.text);
+  ml_tokenizer *t = NULL;
+  if (ml_tokenizer_load(dir, &t)) fail_msg("load %s: %s", dir, ml_error_msg());
+  const json_t *cases = json_object_get(doc, "cases");
+  size_t n_cases = json_array_size(cases), bad = 0;
+  assert_true(n_cases > 0);
+  for (size_t i = 0; i < n_cases; i++) {
+    const json_t *c = json_array_get(cases, i);
+    const json_t *text = json_object_get(c, "text"), *ids = json_object_get(c, "ids");
+    const char *s = json_string_value(text);
+    size_t len = json_string_length(text);
+    bool add_special = json_is_true(json_object_get(c, "add_special"));
+    ml_tokens got = {0};
+    if (ml_tokenizer_encode(t, s, len, add_special, &got))
+      fail_msg("%s case %zu: encode: %s", name, i, ml_error_msg());
+    size_t n = json_array_size(ids);
+    bool same = got.n == n;
+    for (size_t k = 0; same && k < n; k++)
+      same = got.ids[k] == (int32_t)json_integer_value(json_array_get(ids, k));
+    if (!same && bad++ < 5) {
+      int32_t *want = malloc((n ? n : 1) * sizeof *want);
+      for (size_t k = 0; k < n; k++) want[k] = (int32_t)json_integer_value(json_array_get(ids, k));
+      fprintf(stderr, "%s case %zu (add_special %d) differs from tokenizers:\n", name, i,
+              add_special);
+      show("text", s, len);
+      show_ids("want", want, n);
+      show_ids("got ", got.ids, got.n);
+      free(want);
+    }
+    const json_t *dec = json_object_get(c, "decoded");
+    char *out = NULL;
+    size_t out_len = 0;
+    if (ml_tokenizer_decode(t, got.ids, got.n, false, &out, &out_len))
+      fail_msg("%s case %zu: decode: %s", name, i, ml_error_msg());
+    if (same && (out_len != json_string_length(dec) ||
+                 memcmp(out, json_string_value(dec), out_len) != 0) && bad++ < 5) {
+      fprintf(stderr, "%s case %zu: decoding differs from tokenizers:\n", name, i);
+      show("want", json_string_value(dec), json_string_length(dec));
+      show("got ", out, out_len);
+    }
+    free(out);
+    ml_tokens_free(&got);
+  }
+  const json_t *bos = json_object_get(doc, "bos"), *eos = json_object_get(doc, "eos");
+  if (json_is_integer(bos)) assert_int_equal(ml_tokenizer_bos(t), json_integer_value(bos));
+  if (json_is_integer(eos)) assert_int_equal(ml_tokenizer_eos(t), json_integer_value(eos));
+  fprintf(stderr, "%s: %zu cases, %zu differ\n", name, n_cases, bad);
+  ml_tokenizer_free(t);
+  json_decref(doc);
+  assert_int_equal(bad, 0);
+}
+
+static void test_bytelevel(void **state) { check_fixture("bytelevel"); }
+static void test_bytelevel_legacy(void **state) { check_fixture("bytelevel_legacy"); }
+static void test_bytelevel_ignore(void **state) { check_fixture("bytelevel_ignore"); }
+static void test_gpt2(void **state) { check_fixture("gpt2"); }
+static void test_spm(void **state) { check_fixture("spm"); }
+static void test_spm_prepend(void **state) { check_fixture("spm_prepend"); }
+
+static void test_smollm2(void **state) {
+  struct stat st;
+  if (stat(FIXTURES "/smollm2/cases.json", &st) != 0) skip();
+  check_fixture("smollm2");
+}
+
+/* BOS / EOS and whether encode adds them, from the template and the config. */
+static void test_bos_eos(void **state) {
+  ml_tokenizer *t = NULL;
+  assert_int_equal(ml_tokenizer_load(FIXTURES "/bytelevel_legacy", &t), 0);
+  assert_true(ml_tokenizer_adds_bos(t));
+  assert_true(ml_tokenizer_adds_eos(t));
+  assert_true(ml_tokenizer_bos(t) >= 0 && ml_tokenizer_eos(t) >= 0);
+  assert_true(ml_tokenizer_vocab_size(t) > ml_tokenizer_eos(t));
+  ml_tokenizer_free(t);
+  assert_int_equal(ml_tokenizer_load(FIXTURES "/gpt2", &t), 0);
+  assert_false(ml_tokenizer_adds_bos(t));
+  assert_int_equal(ml_tokenizer_bos(t), -1);
+  assert_int_equal(ml_tokenizer_eos(t), -1);
+  ml_tokenizer_free(t);
+  assert_int_equal(ml_tokenizer_load(FIXTURES "/spm", &t), 0);
+  assert_true(ml_tokenizer_adds_bos(t));
+  assert_false(ml_tokenizer_adds_eos(t));
+  assert_int_equal(ml_tokenizer_bos(t), 2);
+  ml_tokenizer_free(t);
+}
+
+/* Invalid UTF-8 is an error naming the byte offset; the output is untouched. */
+static void test_invalid_utf8(void **state) {
+  ml_tokenizer *t = NULL;
+  assert_int_equal(ml_tokenizer_load(FIXTURES "/bytelevel", &t), 0);
+  static const struct {
+    const char *s;
+    size_t len, off;
+  } bad[] = {
+      {"abc\xFF", 4, 3},          {"ok \xC3", 4, 3},            {"\xED\xA0\x80 surrogate", 12, 0},
+      {"x\xC0\xAF overlong", 12, 1}, {"hi \xF4\x90\x80\x80", 7, 3}, {"a\x80", 2, 1},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ml_tokens out = {0};
+    ml_error_clear();
+    assert_int_equal(ml_tokenizer_encode(t, "fine", 4, false, &out), 0);
+    size_t n0 = out.n;
+    assert_int_equal(ml_tokenizer_encode(t, bad[i].s, bad[i].len, true, &out), -1);
+    char want[64];
+    snprintf(want, sizeof want, "at byte offset %zu", bad[i].off);
+    if (!strstr(ml_error_msg(), want)) fail_msg("case %zu: %s", i, ml_error_msg());
+    assert_int_equal(out.n, n0);
+    ml_tokens_free(&out);
+  }
+  ml_error_clear();
+  ml_tokenizer_free(t);
+}
+
+/* A copy of the bytelevel fixture's tokenizer.json with `edit` applied
+ * (jansson), loaded: returns the load status; the message in ml_error_msg. */
+static int load_edited(void (*edit)(json_t *doc)) {
+  json_error_t je;
+  json_t *doc = json_load_file(FIXTURES "/bytelevel/tokenizer.json", 0, &je);
+  assert_non_null(doc);
+  edit(doc);
+  assert_int_equal(json_dump_file(doc, tpath("tokenizer.json"), 0), 0);
+  json_decref(doc);
+  ml_error_clear();
+  ml_tokenizer *t = NULL;
+  int rc = ml_tokenizer_load(g_dir, &t);
+  ml_tokenizer_free(t);
+  return rc;
+}
+
+static void expect_error(void (*edit)(json_t *doc), const char *const *parts) {
+  assert_int_equal(load_edited(edit), -1);
+  for (; *parts; parts++)
+    if (!strstr(ml_error_msg(), *parts)) fail_msg("'%s' not in: %s", *parts, ml_error_msg());
+  ml_error_clear();
+}
+
+static void wordpiece(json_t *d) {
+  json_object_set_new(json_object_get(d, "model"), "type", json_string("WordPiece"));
+}
+static void metaspace(json_t *d) {
+  json_object_set_new(d, "pre_tokenizer", json_pack("{s:s,s:s}", "type", "Metaspace",
+                                                    "replacement", "_"));
+}
+static void lowercase(json_t *d) {
+  json_object_set_new(d, "normalizer", json_pack("{s:s}", "type", "Lowercase"));
+}
+static void bad_merge(json_t *d) {
+  json_t *merges = json_object_get(json_object_get(d, "model"), "merges");
+  json_array_set_new(merges, 3, json_pack("[s,s]", "q", "nosuchtoken"));
+}
+static void bad_merge_string(json_t *d) {
+  json_t *merges = json_object_get(json_object_get(d, "model"), "merges");
+  json_array_set_new(merges, 0, json_pack("[s,s]", "a", "b"));
+  json_array_set_new(merges, 1, json_string("a b c"));
+}
+static void dropout(json_t *d) {
+  json_object_set_new(json_object_get(d, "model"), "dropout", json_real(0.1));
+}
+static void prefix(json_t *d) {
+  json_object_set_new(json_object_get(d, "model"), "continuing_subword_prefix", json_string("##"));
+}
+static void roberta(json_t *d) {
+  json_object_set_new(d, "post_processor", json_pack("{s:s}", "type", "RobertaProcessing"));
+}
+static void wordpiece_decoder(json_t *d) {
+  json_object_set_new(d, "decoder", json_pack("{s:s}", "type", "WordPiece"));
+}
+static void truncation(json_t *d) {
+  json_object_set_new(d, "truncation", json_pack("{s:i}", "max_length", 8));
+}
+static void bytelevel_first(json_t *d) {
+  json_t *seq = json_object_get(json_object_get(d, "pre_tokenizer"), "pretokenizers");
+  json_t *split = json_incref(json_array_get(seq, 0));
+  json_array_remove(seq, 0);
+  json_array_append_new(seq, split);
+}
+static void bad_regex(json_t *d) {
+  json_t *seq = json_object_get(json_object_get(d, "pre_tokenizer"), "pretokenizers");
+  json_object_set_new(json_array_get(seq, 0), "pattern", json_pack("{s:s}", "Regex", "\\bword"));
+}
+
+/* Unsupported components and malformed fields: one message naming the
+ * file and the field, what was found and what was expected. */
+static void test_load_errors(void **state) {
+  expect_error(wordpiece, (const char *const[]){"tokenizer.json", "model.type", "WordPiece",
+                                                 "BPE", NULL});
+  expect_error(metaspace, (const char *const[]){"tokenizer.json", "pre_tokenizer.type",
+                                                 "Metaspace", "expected", NULL});
+  expect_error(lowercase, (const char *const[]){"normalizer.type", "Lowercase", NULL});
+  expect_error(bad_merge, (const char *const[]){"model.merges[3]", "nosuchtoken", NULL});
+  expect_error(bad_merge_string, (const char *const[]){"model.merges[1]", "a b c", NULL});
+  expect_error(dropout, (const char *const[]){"model.dropout", "0.1", NULL});
+  expect_error(prefix, (const char *const[]){"model.continuing_subword_prefix", "##", NULL});
+  expect_error(roberta, (const char *const[]){"post_processor.type", "RobertaProcessing", NULL});
+  expect_error(wordpiece_decoder, (const char *const[]){"decoder.type", "WordPiece", NULL});
+  expect_error(truncation, (const char *const[]){"truncation", "max_length", NULL});
+  expect_error(bytelevel_first,
+               (const char *const[]){"pre_tokenizer.pretokenizers[1]", "ByteLevel", NULL});
+  expect_error(bad_regex, (const char *const[]){"pre_tokenizer.pretokenizers[0].pattern.Regex",
+                                                 "\\b", NULL});
+  ml_tokenizer *t = NULL;
+  assert_int_equal(ml_tokenizer_load(g_dir, &t), -1); /* the last edit is refused too */
+  ml_error_clear();
+  assert_int_equal(ml_tokenizer_load(ML_SOURCE_DIR "/tests/fixtures/no_such_dir", &t), -1);
+  if (!strstr(ml_error_msg(), "no_such_dir/tokenizer.json")) fail_msg("%s", ml_error_msg());
+  assert_null(t);
+  ml_error_clear();
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_bytelevel),   cmocka_unit_test(test_bytelevel_legacy),
+      cmocka_unit_test(test_bytelevel_ignore), cmocka_unit_test(test_gpt2),
+      cmocka_unit_test(test_spm),         cmocka_unit_test(test_spm_prepend),
+      cmocka_unit_test(test_smollm2),     cmocka_unit_test(test_bos_eos),
+      cmocka_unit_test(test_invalid_utf8), cmocka_unit_test(test_load_errors),
+  };
+  return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
+}

@@ -35,6 +35,10 @@ TOKENIZERS (trained on this repository's README.md and C sources, vocab ~1500)
     bytelevel_legacy   the same with merges as "a b" strings, template "<bos> $A <eos>" and
                        a tokenizer_config.json naming them
     bytelevel_ignore   the same with ignore_merges true
+    digits             the same with SmolLM2's Hub pre-tokenizer: Sequence[Digits(individual),
+                       ByteLevel(add_prefix_space false, use_regex true)]
+    splits             the same with Split behaviours Removed, Contiguous, MergedWithNext
+                       (inverted), MergedWithPrevious, Digits runs, ByteLevel(add_prefix_space)
     gpt2               plain ByteLevel(add_prefix_space true, use_regex true) (GPT-2) after an
                        NFC normalizer, a normalized added token "café"
     spm                Gemma 3 structure (transformers' GemmaConverter): normalizer
@@ -175,6 +179,23 @@ def make_bytelevel(out_dir):
     d = json.loads(tok.to_str())
     d["model"]["ignore_merges"] = True
     save(Tokenizer.from_str(json.dumps(d)), out_dir, "bytelevel_ignore")
+    d = json.loads(tok.to_str())
+    d["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]}
+    save(Tokenizer.from_str(json.dumps(d)), out_dir, "digits")
+    d["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"String": ", "}, "behavior": "Removed", "invert": False},
+        {"type": "Split", "pattern": {"Regex": "[0-9]+"}, "behavior": "Contiguous",
+         "invert": False},
+        {"type": "Split", "pattern": {"Regex": "\\S+"}, "behavior": "MergedWithNext",
+         "invert": True},
+        {"type": "Split", "pattern": {"Regex": "[.!?]"}, "behavior": "MergedWithPrevious",
+         "invert": False},
+        {"type": "Digits", "individual_digits": False},
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
+         "use_regex": False}]}
+    save(Tokenizer.from_str(json.dumps(d)), out_dir, "splits")
 
 
 def make_gpt2(out_dir):

@@ -10,7 +10,8 @@
 #include "tokenizer/tok_util.h"
 
 /* Load dir/name; *doc NULL (and 0 returned) when the file does not exist
- * and `optional`. */
+ * and `optional` (a config file: its numbers read as reals, since
+ * transformers writes model_max_length as a 31-digit integer). */
 static int load_json(const char *dir, const char *name, bool optional, char *path, size_t cap,
                      json_t **doc) {
   *doc = NULL;
@@ -22,7 +23,7 @@ static int load_json(const char *dir, const char *name, bool optional, char *pat
     return ml_err("%s: cannot open: %s", path, strerror(errno));
   }
   json_error_t e;
-  *doc = json_loadf(f, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &e);
+  *doc = json_loadf(f, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL | (optional ? JSON_DECODE_INT_AS_REAL : 0), &e);
   fclose(f);
   if (!*doc) return ml_err("%s:%d:%d: invalid JSON: %s", path, e.line, e.column, e.text);
   if (!json_is_object(*doc)) {

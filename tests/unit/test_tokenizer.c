@@ -103,6 +103,8 @@ static void check_fixture(const char *name) {
 static void test_bytelevel(void **state) { check_fixture("bytelevel"); }
 static void test_bytelevel_legacy(void **state) { check_fixture("bytelevel_legacy"); }
 static void test_bytelevel_ignore(void **state) { check_fixture("bytelevel_ignore"); }
+static void test_digits(void **state) { check_fixture("digits"); }
+static void test_splits(void **state) { check_fixture("splits"); }
 static void test_gpt2(void **state) { check_fixture("gpt2"); }
 static void test_spm(void **state) { check_fixture("spm"); }
 static void test_spm_prepend(void **state) { check_fixture("spm_prepend"); }
@@ -260,7 +262,8 @@ static void test_load_errors(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bytelevel),   cmocka_unit_test(test_bytelevel_legacy),
-      cmocka_unit_test(test_bytelevel_ignore), cmocka_unit_test(test_gpt2),
+      cmocka_unit_test(test_bytelevel_ignore), cmocka_unit_test(test_digits),
+      cmocka_unit_test(test_splits),      cmocka_unit_test(test_gpt2),
       cmocka_unit_test(test_spm),         cmocka_unit_test(test_spm_prepend),
       cmocka_unit_test(test_smollm2),     cmocka_unit_test(test_bos_eos),
       cmocka_unit_test(test_invalid_utf8), cmocka_unit_test(test_load_errors),

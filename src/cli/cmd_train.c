@@ -313,7 +313,8 @@ static int run(train_run *r) {
   if (o->resume) ML_TRY(resume(r));
   ML_TRY(train_loop(r));
   if (!o->export_hf) return 0;
-  ML_TRY(ml_cli_agree(r->world, ml_engine_save_hf(&r->e, o->export_hf)));
+  ML_TRY(ml_cli_agree(r->world, ml_engine_save_hf(&r->e, o->export_hf,
+                                                        (ml_export_dtype)o->export_dtype.index)));
   ml_cli_print("train: exported %s\n", o->export_hf);
   return 0;
 }

@@ -7,6 +7,7 @@
 #include "cli/device.h"
 #include "common/checked.h"
 #include "common/status.h"
+#include "train/hf_export.h"
 
 /* The choices of the enumerated flags and the values they stand for (same
  * order). */
@@ -56,6 +57,7 @@ ml_train_opts ml_train_opts_default(void) {
                          .lr_schedule = {k_schedules, 0},
                          .max_grad_norm = 1.0,
                          .grad_norm_type = {k_norm_types, 0},
+                         .export_dtype = {ml_export_dtype_names, ML_EXPORT_DTYPE_SOURCE},
                          .peak_tflops = 0};
 }
 
@@ -125,6 +127,8 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
        false},
       {"--export-hf", ML_ARG_STR, &o->export_hf,
        "write a consolidated HF checkpoint here at the end", false},
+      {"--export-dtype", ML_ARG_CHOICE, &o->export_dtype,
+       "dtype of --export-hf's trained tensors (source: each as in --model)", false},
   };
   size_t n = sizeof flags / sizeof flags[0];
   _Static_assert(sizeof flags / sizeof flags[0] <= ML_TRAIN_MAX_FLAGS, "raise ML_TRAIN_MAX_FLAGS");

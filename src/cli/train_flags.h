@@ -35,6 +35,7 @@ typedef struct ml_train_opts {
   /* outputs */
   double peak_tflops; /* of the whole mesh; 0 = measured at start-up (ml_gemm_flops_per_s) */
   const char *metrics, *save, *resume, *export_hf;
+  ml_arg_choice export_dtype; /* of --export-hf: train/hf_export.h's ml_export_dtype, by index */
   int64_t save_every;
 } ml_train_opts;
 

@@ -84,6 +84,32 @@ int ml_host_all_gather_v(ml_host *h, const void *send, const size_t *bytes, void
   return rc;
 }
 
+enum { P2P_CHUNK = 1 << 30, P2P_TAG = 7 };
+
+int ml_host_send(ml_host *h, const void *buf, size_t bytes, int dst) {
+  for (size_t at = 0; at < bytes; at += P2P_CHUNK) {
+    size_t k = bytes - at < P2P_CHUNK ? bytes - at : P2P_CHUNK;
+    ML_TRY(ml_mpi_check(MPI_Send((const char *)buf + at, (int)k, MPI_BYTE, dst, P2P_TAG, h->comm),
+                        "MPI_Send (host channel)", h->name));
+  }
+  return 0;
+}
+
+int ml_host_recv(ml_host *h, void *buf, size_t bytes, int src) {
+  for (size_t at = 0; at < bytes; at += P2P_CHUNK) {
+    size_t k = bytes - at < P2P_CHUNK ? bytes - at : P2P_CHUNK;
+    MPI_Status st;
+    int got = 0;
+    ML_TRY(ml_mpi_check(MPI_Recv((char *)buf + at, (int)k, MPI_BYTE, src, P2P_TAG, h->comm, &st),
+                        "MPI_Recv (host channel)", h->name));
+    MPI_Get_count(&st, MPI_BYTE, &got);
+    if ((size_t)got != k)
+      return ml_err("MPI_Recv (host channel '%s') from rank %d: %d bytes, expected %zu", h->name,
+                    src, got, k);
+  }
+  return 0;
+}
+
 int ml_host_barrier(ml_host *h) {
   return ml_mpi_check(MPI_Barrier(h->comm), "MPI_Barrier (host channel)", h->name);
 }

@@ -48,6 +48,15 @@ int ml_host_all_gather(ml_host *h, const void *send, size_t bytes, void *recv);
  * lengths per rank (e.g. per-sequence log-probs). Errors: a block or the
  * sum beyond MPI's int count, allocation, MPI failures. */
 int ml_host_all_gather_v(ml_host *h, const void *send, const size_t *bytes, void *recv);
+/* Point to point, the exception to "collective" above: only the two ranks
+ * take part, with matching calls in the same order. ml_host_send sends
+ * buf[bytes] to rank `dst`; ml_host_recv receives the same count from rank
+ * `src` into buf[bytes] (MPI_Send / MPI_Recv, in messages of at most 1 GiB,
+ * so any size goes). For streaming one rank's data to a writer (the HF
+ * export gathers one tensor at a time to world rank 0, train/save.h).
+ * Errors: MPI failures, a message of another size than expected. */
+int ml_host_send(ml_host *h, const void *buf, size_t bytes, int dst);
+int ml_host_recv(ml_host *h, void *buf, size_t bytes, int src);
 /* Every rank has entered (MPI_Barrier). */
 int ml_host_barrier(ml_host *h);
 

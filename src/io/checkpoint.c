@@ -207,86 +207,202 @@ static void shard_name(char *buf, size_t size, size_t k, size_t nshards) {
   snprintf(buf, size, "model-%05zu-of-%05zu.safetensors", k + 1, nshards);
 }
 
-/* {tensor: shard file} for the index; rejects duplicate tensor names. */
-static json_t *weight_map(const char *dir, const ml_st_entry *e, size_t n, const size_t *shard,
-                          size_t nshards) {
-  json_t *wm = json_object();
-  char name[64];
-  for (size_t i = 0; wm && i < n; i++) {
-    shard_name(name, sizeof name, shard[i], nshards);
-    int rc = json_object_get(wm, e[i].name)
-                 ? ml_err("%s: duplicate tensor name '%s'", dir, e[i].name)
-                 : json_object_set_new(wm, e[i].name, json_string(name));
-    if (rc != 0) {
-      ml_err("%s: cannot add tensor '%s' to the index", dir, e[i].name);
-      json_decref(wm);
-      return NULL;
-    }
-  }
-  if (!wm) ml_err("%s: out of memory building the index", dir);
-  return wm;
+struct ml_ckpt_writer {
+  char *dir;
+  ml_st_entry *e; /* the entries' header fields (names copied) */
+  size_t n;
+  size_t *sizes, *shard; /* per entry: bytes, shard index */
+  size_t nshards;        /* 0: one model.safetensors */
+  size_t total;
+  size_t cur, done;      /* the current tensor and its bytes put so far */
+  size_t open_shard;     /* the shard `file` writes; SIZE_MAX: none open */
+  ml_st_writer *file;
+};
+
+static void ckpt_writer_free(ml_ckpt_writer *w) {
+  for (size_t i = 0; w->e && i < w->n; i++) free((char *)w->e[i].name);
+  free(w->e);
+  free(w->sizes);
+  free(w->shard);
+  free(w->dir);
+  free(w);
 }
 
-/* Each run of entries with the same shard goes to its own file. */
-static int write_shards(const char *dir, const ml_st_entry *e, size_t n, const size_t *shard,
-                        size_t nshards) {
+/* The file of shard k (its entries are a run of w->e) opened for writing. */
+static int open_shard(ml_ckpt_writer *w, size_t k) {
   char name[64];
-  for (size_t start = 0, end; start < n; start = end) {
-    for (end = start; end < n && shard[end] == shard[start]; end++) {}
-    shard_name(name, sizeof name, shard[start], nshards);
-    char *path = join(dir, name);
-    int rc = path ? ml_st_write(path, e + start, end - start) : -1;
-    free(path);
-    ML_TRY(rc);
+  size_t start = 0, end;
+  if (w->nshards == 0) snprintf(name, sizeof name, CKPT_SINGLE);
+  else shard_name(name, sizeof name, k, w->nshards);
+  while (start < w->n && w->shard[start] != k) start++;
+  for (end = start; end < w->n && w->shard[end] == k; end++) {}
+  char *path = join(w->dir, name);
+  int rc = path ? ml_st_writer_open(path, w->e + start, end - start, &w->file) : -1;
+  free(path);
+  if (rc == 0) w->open_shard = k;
+  return rc;
+}
+
+/* Move past complete tensors, closing a shard's file when the next tensor
+ * belongs to another and opening that one's. */
+static int ckpt_advance(ml_ckpt_writer *w) {
+  for (;;) {
+    if (w->cur < w->n && w->open_shard != w->shard[w->cur]) {
+      if (w->file) {
+        ml_st_writer *f = w->file;
+        w->file = NULL;
+        ML_TRY(ml_st_writer_close(f));
+      }
+      ML_TRY(open_shard(w, w->shard[w->cur]));
+    }
+    if (w->cur == w->n || w->done < w->sizes[w->cur]) return 0;
+    w->cur++;
+    w->done = 0;
   }
+}
+
+/* No two entries share a name (the index maps each to one file). */
+static int check_unique(const char *dir, const ml_st_entry *e, size_t n) {
+  json_t *seen = json_object();
+  int rc = seen ? 0 : ml_err("%s: out of memory", dir);
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    if (json_object_get(seen, e[i].name)) rc = ml_err("%s: duplicate tensor name '%s'", dir, e[i].name);
+    else if (json_object_set_new(seen, e[i].name, json_true()) != 0) rc = ml_err("%s: out of memory", dir);
+  }
+  json_decref(seen);
+  return rc;
+}
+
+int ml_ckpt_writer_open(const char *dir, const ml_st_entry *entries, size_t n,
+                        size_t max_shard_bytes, ml_ckpt_writer **out) {
+  *out = NULL;
+  ml_ckpt_writer *w = ml_calloc(1, sizeof *w, "checkpoint writer");
+  if (!w) return -1;
+  w->n = n;
+  w->open_shard = SIZE_MAX;
+  w->dir = strdup(dir);
+  w->e = ml_calloc(n + 1, sizeof *w->e, "checkpoint writer entries");
+  w->sizes = ml_calloc(n + 1, sizeof *w->sizes, "tensor sizes");
+  w->shard = ml_calloc(n + 1, sizeof *w->shard, "shard assignment");
+  int rc = w->dir && w->e && w->sizes && w->shard ? 0 : ml_err("%s: out of memory", dir);
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    rc = ml_st_spec_nbytes(dir, &entries[i], &w->sizes[i]);
+    if (rc == 0 && w->sizes[i] > SIZE_MAX - w->total) rc = ml_err("%s: total size overflows", dir);
+    w->total += rc == 0 ? w->sizes[i] : 0;
+    w->e[i] = entries[i];
+    w->e[i].data = NULL;
+    w->e[i].name = entries[i].name ? strdup(entries[i].name) : NULL;
+    if (rc == 0 && !w->e[i].name) rc = ml_err("%s: out of memory", dir);
+  }
+  if (rc == 0) rc = check_unique(dir, entries, n);
+  if (rc == 0 && max_shard_bytes > 0 && w->total > max_shard_bytes)
+    w->nshards = assign_shards(w->sizes, n, max_shard_bytes, w->shard);
+  if (rc == 0) rc = ml_ckpt_make_dirs(dir);
+  if (rc == 0) rc = ckpt_advance(w);
+  if (rc != 0) {
+    ml_ckpt_writer_abandon(w);
+    return -1;
+  }
+  *out = w;
   return 0;
 }
 
-static int write_sharded(const char *dir, const ml_st_entry *e, size_t n, const size_t *sizes,
-                         size_t max, size_t total) {
-  size_t *shard = ml_calloc(n, sizeof *shard, "shard assignment");
-  if (!shard) return -1;
-  size_t nshards = assign_shards(sizes, n, max, shard);
-  json_t *wm = weight_map(dir, e, n, shard, nshards);
-  json_t *index = wm ? json_pack("{s:{s:I}, s:o}", "metadata", "total_size", (json_int_t)total,
-                                 "weight_map", wm)
-                     : NULL;
-  char *ipath = index ? join(dir, CKPT_INDEX) : NULL;
-  int rc = -1;
-  if (wm && !index) ml_err("%s: out of memory building the index", dir);
-  /* the index goes last: it commits the shards */
-  if (ipath && write_shards(dir, e, n, shard, nshards) == 0) rc = ml_json_write(ipath, index);
+/* nbytes more of the current tensor may be put. */
+static int ckpt_room(const ml_ckpt_writer *w, size_t nbytes) {
+  if (w->cur == w->n)
+    return nbytes == 0 ? 0 : ml_err("%s: %zu bytes put after the last tensor", w->dir, nbytes);
+  if (nbytes > w->sizes[w->cur] - w->done)
+    return ml_err("%s: tensor '%s': %zu bytes put where %zu of its %zu remain", w->dir,
+                  w->e[w->cur].name, nbytes, w->sizes[w->cur] - w->done, w->sizes[w->cur]);
+  return 0;
+}
+
+int ml_ckpt_writer_put(ml_ckpt_writer *w, const void *bytes, size_t nbytes) {
+  ML_TRY(ckpt_room(w, nbytes));
+  if (nbytes == 0) return 0;
+  ML_TRY(ml_st_writer_put(w->file, bytes, nbytes));
+  w->done += nbytes;
+  return ckpt_advance(w);
+}
+
+int ml_ckpt_writer_put_f32(ml_ckpt_writer *w, const float *x, size_t n) {
+  size_t es = w->cur < w->n ? ml_dtype_size(w->e[w->cur].dtype) : sizeof(float);
+  if (n > SIZE_MAX / es) return ml_err("%s: %zu elements put: byte size overflows", w->dir, n);
+  ML_TRY(ckpt_room(w, n * es));
+  if (n == 0) return 0;
+  ML_TRY(ml_st_writer_put_f32(w->file, x, n));
+  w->done += n * es;
+  return ckpt_advance(w);
+}
+
+/* {tensor: shard file} for the index. */
+static json_t *weight_map(const ml_ckpt_writer *w) {
+  json_t *wm = json_object();
+  char name[64];
+  for (size_t i = 0; wm && i < w->n; i++) {
+    shard_name(name, sizeof name, w->shard[i], w->nshards);
+    if (json_object_set_new(wm, w->e[i].name, json_string(name)) != 0) {
+      json_decref(wm);
+      wm = NULL;
+    }
+  }
+  if (!wm) ml_err("%s: out of memory building the index", w->dir);
+  return wm;
+}
+
+/* Sharded: the index, which commits the shards. One file: remove an older
+ * sharded index, which would take precedence over the new file. */
+static int finish(const ml_ckpt_writer *w) {
+  char *ipath = join(w->dir, CKPT_INDEX);
+  int rc = ipath ? 0 : -1;
+  if (rc == 0 && w->nshards == 0) {
+    if (unlink(ipath) != 0 && errno != ENOENT)
+      rc = ml_err("%s: cannot remove the stale %s: %s", w->dir, ipath, strerror(errno));
+  } else if (rc == 0) {
+    json_t *wm = weight_map(w);
+    json_t *index = wm ? json_pack("{s:{s:I}, s:o}", "metadata", "total_size",
+                                   (json_int_t)w->total, "weight_map", wm)
+                       : NULL;
+    rc = index ? ml_json_write(ipath, index) : wm ? ml_err("%s: out of memory", w->dir) : -1;
+    json_decref(index);
+  }
   free(ipath);
-  json_decref(index);
-  free(shard);
   return rc;
 }
 
-static int write_single(const char *dir, const ml_st_entry *e, size_t n) {
-  char *path = join(dir, CKPT_SINGLE), *ipath = join(dir, CKPT_INDEX);
-  int rc = path && ipath ? ml_st_write(path, e, n) : -1;
-  /* an older sharded index would take precedence over the new file */
-  if (rc == 0 && unlink(ipath) != 0 && errno != ENOENT)
-    rc = ml_err("%s: cannot remove the stale %s: %s", dir, ipath, strerror(errno));
-  free(path);
-  free(ipath);
+int ml_ckpt_writer_close(ml_ckpt_writer *w) {
+  int rc = 0;
+  if (w->cur < w->n)
+    rc = ml_err("%s: tensor '%s': %zu of its %zu bytes put when the checkpoint was closed", w->dir,
+                w->e[w->cur].name, w->done, w->sizes[w->cur]);
+  if (rc == 0 && w->n == 0) rc = open_shard(w, 0); /* an empty model.safetensors */
+  ml_st_writer *f = w->file;
+  w->file = NULL;
+  if (rc == 0 && f) rc = ml_st_writer_close(f);
+  else ml_st_writer_abandon(f);
+  if (rc == 0) rc = finish(w);
+  ckpt_writer_free(w);
   return rc;
+}
+
+void ml_ckpt_writer_abandon(ml_ckpt_writer *w) {
+  if (!w) return;
+  ml_st_writer_abandon(w->file);
+  ckpt_writer_free(w);
 }
 
 int ml_ckpt_write(const char *dir, const ml_st_entry *entries, size_t n, size_t max_shard_bytes) {
-  size_t *sizes = ml_calloc(n, sizeof *sizes, "tensor sizes");
-  size_t total = 0;
-  int rc = sizes ? 0 : -1;
-  for (size_t i = 0; rc == 0 && i < n; i++) {
-    rc = ml_st_entry_nbytes(dir, &entries[i], &sizes[i]);
-    if (rc == 0 && sizes[i] > SIZE_MAX - total) rc = ml_err("%s: total size overflows", dir);
-    total += rc == 0 ? sizes[i] : 0;
+  size_t nb;
+  for (size_t i = 0; i < n; i++) ML_TRY(ml_st_entry_nbytes(dir, &entries[i], &nb));
+  ml_ckpt_writer *w;
+  ML_TRY(ml_ckpt_writer_open(dir, entries, n, max_shard_bytes, &w));
+  for (size_t i = 0; i < n; i++) {
+    size_t numel = 1;
+    for (int d = 0; d < entries[i].ndim; d++) numel *= (size_t)entries[i].shape[d]; /* checked */
+    if (ml_ckpt_writer_put_f32(w, entries[i].data, numel) != 0) {
+      ml_ckpt_writer_abandon(w);
+      return -1;
+    }
   }
-  if (rc == 0) rc = ml_ckpt_make_dirs(dir);
-  if (rc == 0 && (max_shard_bytes == 0 || total <= max_shard_bytes))
-    rc = write_single(dir, entries, n);
-  else if (rc == 0)
-    rc = write_sharded(dir, entries, n, sizes, max_shard_bytes, total);
-  free(sizes);
-  return rc;
+  return ml_ckpt_writer_close(w);
 }

@@ -1,4 +1,5 @@
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* madvise */
 
 #include "io/safetensors.h"
 
@@ -288,14 +289,15 @@ int ml_st_read_block(const ml_st_tensor *t, int64_t row0, int64_t nrows, int64_t
 
 /* ---------------------------------------------------------------- writing */
 
-int ml_st_entry_nbytes(const char *path, const ml_st_entry *e, size_t *nbytes_out) {
+/* Header fields of e (name, dtype, ndim, shape, overflow): its data size
+ * into *nbytes_out. */
+int ml_st_spec_nbytes(const char *path, const ml_st_entry *e, size_t *nbytes_out) {
   const char *name = e->name ? e->name : "(null)";
   int64_t numel = 1, nbytes;
   if (!e->name || strcmp(e->name, "__metadata__") == 0)
     return ml_err("%s: tensor name %s is not allowed", path, name);
-  if (e->dtype != ML_F32 && e->dtype != ML_BF16 && e->dtype != ML_F16)
-    return ml_err("%s: tensor '%s': cannot write dtype %s, expected F32, BF16 or F16", path, name,
-                  ml_dtype_name(e->dtype));
+  if ((unsigned)e->dtype >= ML_DTYPE_COUNT)
+    return ml_err("%s: tensor '%s': dtype %d is not a safetensors dtype", path, name, (int)e->dtype);
   if (e->ndim < 0 || e->ndim > ML_ST_MAX_DIMS)
     return ml_err("%s: tensor '%s': ndim %d, expected 0..%d", path, name, e->ndim, ML_ST_MAX_DIMS);
   for (int i = 0; i < e->ndim; i++)
@@ -305,8 +307,16 @@ int ml_st_entry_nbytes(const char *path, const ml_st_entry *e, size_t *nbytes_ou
   if (ml_mul_i64(numel, (int64_t)ml_dtype_size(e->dtype), &nbytes) != 0 ||
       (uint64_t)nbytes > SIZE_MAX)
     return ml_err("%s: tensor '%s': byte size overflows", path, name);
-  if (numel > 0 && !e->data) return ml_err("%s: tensor '%s': data is NULL", path, name);
   *nbytes_out = (size_t)nbytes;
+  return 0;
+}
+
+int ml_st_entry_nbytes(const char *path, const ml_st_entry *e, size_t *nbytes_out) {
+  ML_TRY(ml_st_spec_nbytes(path, e, nbytes_out));
+  if (e->dtype != ML_F32 && e->dtype != ML_BF16 && e->dtype != ML_F16)
+    return ml_err("%s: tensor '%s': cannot write fp32 data as dtype %s, expected F32, BF16 or F16",
+                  path, e->name, ml_dtype_name(e->dtype));
+  if (*nbytes_out > 0 && !e->data) return ml_err("%s: tensor '%s': data is NULL", path, e->name);
   return 0;
 }
 
@@ -322,10 +332,9 @@ static json_t *header_entry(const ml_st_entry *e, int64_t begin, int64_t end) {
                    "data_offsets", (json_int_t)begin, (json_int_t)end);
 }
 
-/* Append entry e at data offset *off to the header object `root`. */
-static int header_add(const char *path, json_t *root, const ml_st_entry *e, int64_t *off) {
-  size_t nb;
-  ML_TRY(ml_st_entry_nbytes(path, e, &nb));
+/* Append entry e of nb bytes at data offset *off to the header object `root`. */
+static int header_add(const char *path, json_t *root, const ml_st_entry *e, size_t nb,
+                      int64_t *off) {
   if ((int64_t)nb > INT64_MAX - *off)
     return ml_err("%s: tensor '%s': data offsets overflow 64 bits", path, e->name);
   if (json_object_get(root, e->name))
@@ -337,8 +346,10 @@ static int header_add(const char *path, json_t *root, const ml_st_entry *e, int6
   return 0;
 }
 
-/* Header JSON object: "__metadata__" first, then entries with consecutive offsets. */
-static json_t *header_json(const char *path, const ml_st_entry *entries, size_t n) {
+/* Header JSON object: "__metadata__" first, then entries with consecutive
+ * offsets (sizes nbytes[i]). */
+static json_t *header_json(const char *path, const ml_st_entry *entries, const size_t *nbytes,
+                           size_t n) {
   json_t *root = json_pack("{s:{s:s}}", "__metadata__", "format", "pt");
   if (!root) {
     ml_err("%s: out of memory building the header", path);
@@ -346,7 +357,7 @@ static json_t *header_json(const char *path, const ml_st_entry *entries, size_t 
   }
   int64_t off = 0;
   for (size_t i = 0; i < n; i++) {
-    if (header_add(path, root, &entries[i], &off) != 0) {
+    if (header_add(path, root, &entries[i], nbytes[i], &off) != 0) {
       json_decref(root);
       return NULL;
     }
@@ -355,8 +366,9 @@ static json_t *header_json(const char *path, const ml_st_entry *entries, size_t 
 }
 
 /* Serialised header, space-padded to a multiple of 8 so the data is 8-aligned. */
-static char *header_bytes(const char *path, const ml_st_entry *entries, size_t n, size_t *len) {
-  json_t *root = header_json(path, entries, n);
+static char *header_bytes(const char *path, const ml_st_entry *entries, const size_t *nbytes,
+                          size_t n, size_t *len) {
+  json_t *root = header_json(path, entries, nbytes, n);
   if (!root) return NULL;
   char *s = json_dumps(root, JSON_COMPACT);
   json_decref(root);
@@ -377,41 +389,154 @@ static char *header_bytes(const char *path, const ml_st_entry *entries, size_t n
   return h;
 }
 
-/* Entry data converted to its dtype, through a bounded buffer (the entry
- * was validated by header_add). */
-static int write_data(FILE *fp, const ml_st_entry *e) {
+/* One tensor's data as the writer tracks it. */
+typedef struct st_slot {
+  char *name; /* for messages */
+  ml_dtype dtype;
+  size_t nbytes;
+} st_slot;
+
+struct ml_st_writer {
+  char *path;
+  char tmp[4096];
+  FILE *fp;
+  st_slot *slots;
+  size_t n, cur, done; /* tensors; the current one; its bytes written so far */
+};
+
+static void writer_free(ml_st_writer *w) {
+  for (size_t i = 0; w->slots && i < w->n; i++) free(w->slots[i].name);
+  free(w->slots);
+  free(w->path);
+  free(w);
+}
+
+/* Skip the tensors whose bytes are all written (zero-sized ones included). */
+static void writer_advance(ml_st_writer *w) {
+  while (w->cur < w->n && w->done == w->slots[w->cur].nbytes) {
+    w->cur++;
+    w->done = 0;
+  }
+}
+
+/* The header's length and bytes, then nothing more: data follows by puts. */
+static int write_header(ml_st_writer *w, const char *hdr, size_t hlen) {
+  uint8_t len8[8];
+  for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+  if (fwrite(len8, 1, 8, w->fp) == 8 && fwrite(hdr, 1, hlen, w->fp) == hlen) return 0;
+  return ml_err("%s: cannot write %s: %s", w->path, w->tmp, strerror(errno));
+}
+
+int ml_st_writer_open(const char *path, const ml_st_entry *entries, size_t n, ml_st_writer **out) {
+  *out = NULL;
+  ml_st_writer *w = ml_calloc(1, sizeof *w, "safetensors writer");
+  if (!w) return -1;
+  w->n = n;
+  w->path = strdup(path);
+  w->slots = ml_calloc(n + 1, sizeof *w->slots, "safetensors writer");
+  size_t *nbytes = ml_calloc(n + 1, sizeof *nbytes, "safetensors sizes");
+  int rc = w->path && w->slots && nbytes ? 0 : ml_err("%s: out of memory", path);
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    rc = ml_st_spec_nbytes(path, &entries[i], &nbytes[i]);
+    w->slots[i] = (st_slot){strdup(entries[i].name ? entries[i].name : ""), entries[i].dtype,
+                            nbytes[i]};
+    if (rc == 0 && !w->slots[i].name) rc = ml_err("%s: out of memory", path);
+  }
+  size_t hlen = 0;
+  char *hdr = rc == 0 ? header_bytes(path, entries, nbytes, n, &hlen) : NULL;
+  free(nbytes);
+  if (rc == 0 && !hdr) rc = -1;
+  if (rc == 0) rc = ml_file_open_tmp(path, w->tmp, sizeof w->tmp, &w->fp);
+  if (rc == 0 && write_header(w, hdr, hlen) != 0) {
+    ml_file_abandon(w->fp, w->tmp);
+    rc = -1;
+  }
+  free(hdr);
+  if (rc != 0) {
+    writer_free(w);
+    return -1;
+  }
+  writer_advance(w);
+  *out = w;
+  return 0;
+}
+
+/* nbytes more of the current tensor may be written. */
+static int writer_room(const ml_st_writer *w, size_t nbytes) {
+  if (w->cur == w->n)
+    return nbytes == 0 ? 0
+                       : ml_err("%s: %zu bytes put after the last tensor's data", w->path, nbytes);
+  const st_slot *s = &w->slots[w->cur];
+  if (nbytes > s->nbytes - w->done)
+    return ml_err("%s: tensor '%s': %zu bytes put where %zu of its %zu remain", w->path, s->name,
+                  nbytes, s->nbytes - w->done, s->nbytes);
+  return 0;
+}
+
+int ml_st_writer_put(ml_st_writer *w, const void *bytes, size_t nbytes) {
+  ML_TRY(writer_room(w, nbytes));
+  if (nbytes > 0 && fwrite(bytes, 1, nbytes, w->fp) != nbytes)
+    return ml_err("%s: cannot write %s: %s", w->path, w->tmp, strerror(errno));
+  w->done += nbytes;
+  writer_advance(w);
+  return 0;
+}
+
+int ml_st_writer_put_f32(ml_st_writer *w, const float *x, size_t n) {
   uint8_t buf[1 << 16];
-  size_t es = ml_dtype_size(e->dtype), numel = 1, chunk = sizeof buf / es;
-  for (int d = 0; d < e->ndim; d++) numel *= (size_t)e->shape[d];
-  for (size_t i = 0; i < numel; i += chunk) {
-    size_t k = numel - i < chunk ? numel - i : chunk;
-    ML_TRY(ml_convert_from_f32(e->dtype, e->data + i, buf, k));
-    if (fwrite(buf, es, k, fp) != k) return -1;
+  if (w->cur < w->n) {
+    const st_slot *s = &w->slots[w->cur];
+    if (s->dtype != ML_F32 && s->dtype != ML_BF16 && s->dtype != ML_F16)
+      return ml_err("%s: tensor '%s': cannot write fp32 data as dtype %s, expected F32, BF16 or "
+                    "F16", w->path, s->name, ml_dtype_name(s->dtype));
+  }
+  size_t es = w->cur < w->n ? ml_dtype_size(w->slots[w->cur].dtype) : sizeof(float);
+  if (n > SIZE_MAX / es) return ml_err("%s: %zu elements put: byte size overflows", w->path, n);
+  ML_TRY(writer_room(w, n * es)); /* so the chunks below stay in this tensor */
+  for (size_t i = 0, chunk = sizeof buf / es; i < n; i += chunk) {
+    size_t k = n - i < chunk ? n - i : chunk;
+    ML_TRY(ml_convert_from_f32(w->slots[w->cur].dtype, x + i, buf, k));
+    ML_TRY(ml_st_writer_put(w, buf, k * es));
   }
   return 0;
 }
 
-static int write_body(FILE *fp, const char *hdr, size_t hlen, const ml_st_entry *entries, size_t n) {
-  uint8_t len8[8];
-  for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
-  if (fwrite(len8, 1, 8, fp) != 8 || fwrite(hdr, 1, hlen, fp) != hlen) return -1;
-  for (size_t i = 0; i < n; i++) ML_TRY(write_data(fp, &entries[i]));
-  return 0;
+int ml_st_writer_close(ml_st_writer *w) {
+  int rc = 0;
+  if (w->cur < w->n)
+    rc = ml_err("%s: tensor '%s': %zu of its %zu bytes written when the file was closed", w->path,
+                w->slots[w->cur].name, w->done, w->slots[w->cur].nbytes);
+  if (rc == 0) rc = ml_file_commit(w->fp, w->tmp, w->path);
+  else ml_file_abandon(w->fp, w->tmp);
+  writer_free(w);
+  return rc;
+}
+
+void ml_st_writer_abandon(ml_st_writer *w) {
+  if (!w) return;
+  ml_file_abandon(w->fp, w->tmp);
+  writer_free(w);
 }
 
 int ml_st_write(const char *path, const ml_st_entry *entries, size_t n) {
-  size_t hlen;
-  char *hdr = header_bytes(path, entries, n, &hlen);
-  if (!hdr) return -1;
-  char tmp[4096];
-  FILE *fp;
-  int rc = ml_file_open_tmp(path, tmp, sizeof tmp, &fp);
-  if (rc == 0 && write_body(fp, hdr, hlen, entries, n) != 0) {
-    rc = ml_err("%s: cannot write %s: %s", path, tmp, strerror(errno));
-    ml_file_abandon(fp, tmp);
-  } else if (rc == 0) {
-    rc = ml_file_commit(fp, tmp, path);
+  size_t nb;
+  for (size_t i = 0; i < n; i++) ML_TRY(ml_st_entry_nbytes(path, &entries[i], &nb));
+  ml_st_writer *w;
+  ML_TRY(ml_st_writer_open(path, entries, n, &w));
+  for (size_t i = 0; i < n; i++) {
+    size_t numel = 1;
+    for (int d = 0; d < entries[i].ndim; d++) numel *= (size_t)entries[i].shape[d]; /* checked */
+    if (ml_st_writer_put_f32(w, entries[i].data, numel) != 0) {
+      ml_st_writer_abandon(w);
+      return -1;
+    }
   }
-  free(hdr);
-  return rc;
+  return ml_st_writer_close(w);
+}
+
+void ml_st_release(const void *data, size_t n) {
+  if (n == 0) return;
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)data;
+  uintptr_t lo = a / page * page, hi = (a + n + page - 1) / page * page;
+  (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* advice: a failure only costs memory */
 }

@@ -53,24 +53,63 @@ const ml_st_tensor *ml_st_find(const ml_st_file *f, const char *name);
 int ml_st_read_block(const ml_st_tensor *t, int64_t row0, int64_t nrows, int64_t col0,
                      int64_t ncols, float *dst);
 
-/* One tensor to write: fp32 data converted to `dtype` (F32/BF16/F16). */
+/* One tensor to write: its header fields, and fp32 data converted to
+ * `dtype` (F32/BF16/F16) by ml_st_write. The streaming writer reads the
+ * header fields only (any dtype) and takes the data from its puts. */
 typedef struct ml_st_entry {
   const char *name;
   ml_dtype dtype;
   int ndim;
   int64_t shape[ML_ST_MAX_DIMS];
-  const float *data; /* product(shape) floats */
+  const float *data; /* product(shape) floats; not read by ml_st_writer_open */
 } ml_st_entry;
 
 /* Write one safetensors file as the reference writer does: header with
  * "__metadata__": {"format": "pt"}, padded with spaces to a multiple of 8,
  * data in entry order; written to `path`.tmp, fsync'd, then renamed, so a
- * crash never leaves a half-written `path`. */
+ * crash never leaves a half-written `path`. Every entry is checked
+ * (ml_st_entry_nbytes) before the file is created. */
 int ml_st_write(const char *path, const ml_st_entry *entries, size_t n);
 
-/* Helper (used by ml_st_write and the checkpoint sharder): validate entry e
- * (name, dtype F32/BF16/F16, shape, overflow) and set *nbytes to its size
- * in the file; -1 with a message naming `path` and the tensor otherwise. */
+/* The streaming form of ml_st_write, for data that arrives one tensor at a
+ * time (the HF export, train/hf_export.h: a tensor gathered from the mesh,
+ * or copied from a source file, is written and dropped before the next):
+ * ml_st_writer_open writes `path`.tmp's header for entries[0..n) (name,
+ * dtype — any safetensors dtype —, ndim, shape; data is not read; the
+ * writer copies what it keeps), then each put appends bytes of the current
+ * tensor (the first one not yet complete, in entry order; a tensor may
+ * take several puts, a put never spans two tensors), and
+ * ml_st_writer_close checks every byte was put, fsyncs and renames the file
+ * into place. Errors: those of ml_st_spec_nbytes, a duplicate name, I/O
+ * (file named), a put larger than what remains of the current tensor
+ * (named); after an error from a put, ml_st_writer_abandon. */
+typedef struct ml_st_writer ml_st_writer;
+int ml_st_writer_open(const char *path, const ml_st_entry *entries, size_t n, ml_st_writer **out);
+/* bytes[nbytes]: the current tensor's next bytes, as stored (little-endian). */
+int ml_st_writer_put(ml_st_writer *w, const void *bytes, size_t nbytes);
+/* x[n]: the current tensor's next n elements as fp32, converted to its
+ * dtype (F32, BF16 or F16: tensor/dtype.h, round-to-nearest-even) through
+ * a 64 KiB buffer. Errors: another dtype, more elements than remain. */
+int ml_st_writer_put_f32(ml_st_writer *w, const float *x, size_t n);
+/* Commit the file (frees w, also on error, when the temp file is removed).
+ * Errors: a tensor not complete (named, bytes put vs its size), I/O. */
+int ml_st_writer_close(ml_st_writer *w);
+/* Remove the temp file and free w (NULL: nothing). */
+void ml_st_writer_abandon(ml_st_writer *w);
+
+/* Validate the header fields of e (name, a safetensors dtype, ndim, shape,
+ * overflow) and set *nbytes to its data size; -1 with a message naming
+ * `path` and the tensor otherwise. */
+int ml_st_spec_nbytes(const char *path, const ml_st_entry *e, size_t *nbytes);
+/* ml_st_spec_nbytes for an entry ml_st_write converts: also dtype
+ * F32/BF16/F16 and data not NULL. */
 int ml_st_entry_nbytes(const char *path, const ml_st_entry *e, size_t *nbytes);
+
+/* Drop the pages holding data[0..n) — bytes of a file mapped by ml_st_open
+ * — from this process's memory (madvise MADV_DONTNEED on the pages that
+ * contain them): reading a large checkpoint tensor by tensor then keeps the
+ * resident set at about one tensor. The mapping stays valid; a later read
+ * faults the pages back in from the file. */
+void ml_st_release(const void *data, size_t n);
 
 #endif

@@ -1,3 +1,5 @@
+#define _POSIX_C_SOURCE 200809L /* strdup */
+
 #include "train/engine.h"
 
 #include <math.h>
@@ -51,6 +53,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   ml_engine_opts def = ml_engine_opts_default();
   if (!opts) opts = &def;
   e->opts = *opts;
+  if (!(e->model_dir = strdup(model_dir))) return ml_err("%s: out of memory", model_dir);
   e->be = opts->backend;
   if (!e->be) ML_TRY(ml_backend_get("cpu", &e->be));
   ml_model_config cfg;
@@ -88,6 +91,7 @@ void ml_engine_close(ml_engine *e) {
     ml_be_host_free(e->be, e->host_ids);
     ml_be_host_free(e->be, e->host_shifted);
   }
+  free(e->model_dir);
   memset(e, 0, sizeof *e);
 }
 

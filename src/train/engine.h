@@ -36,6 +36,8 @@ typedef struct ml_engine_opts {
 ml_engine_opts ml_engine_opts_default(void);
 
 typedef struct ml_engine {
+  char *model_dir; /* the HF checkpoint directory it was opened from, as given: the source
+                      an HF export carries the rest of the model over from (train/save.h) */
   ml_backend *be;
   ml_mesh *mesh;
   ml_engine_opts opts;

@@ -2,6 +2,7 @@
 
 #include "train/runckpt.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 #include "common/status.h"
 #include "model/family.h"
 #include "train/runckpt_format.h"
+#include "train/hf_source.h"
 #include "train/save.h"
 
 typedef long long ll;
@@ -24,12 +26,6 @@ static float *state_array(const ml_fsdp_unit *unit, int s) {
 /* p's checkpoint key in the saved family's layout (ml_family_saved). */
 static int saved_name(const ml_model_config *cfg, const ml_param *p, char *out) {
   return ml_family_rename(cfg->family, ml_family_saved(cfg->family), p->name, out, ML_RC_KEY);
-}
-
-/* The global block of p this rank holds: rows [r0, r0+nr) of its TP-local
- * tensor, placed by the local view's offset in the global tensor. */
-static ml_rc_block held_block(const ml_param *p, int64_t r0, int64_t nr) {
-  return (ml_rc_block){{p->offset[0] + r0, p->offset[1]}, {nr, p->local[1]}};
 }
 
 static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t shape[2]) {
@@ -62,26 +58,14 @@ _Noreturn static void crash_in_save(const char *path, const ml_st_entry *ent, in
   abort();
 }
 
-/* Whether this rank writes parameter i of unit, its rows [*r0, *r0+*nr):
- * when it holds some and no other rank writes the same ones — it is not an
- * HSDP replica (dp_replicate rank > 0) or a tp rank > 0 of a TP-replicated
- * parameter (cp ranks hold distinct FSDP rows: FSDP shards over dp_shard_cp). */
-static bool writes_piece(const ml_engine *e, const ml_fsdp_unit *unit, int i, int64_t *r0,
-                         int64_t *nr) {
-  const ml_mesh *mesh = e->mesh;
-  ml_fsdp_param_rows(&e->fsdp, unit, i, r0, nr);
-  bool tp_copy = ml_tp_param_dim(&e->tp, &e->model, unit->params[i]) < 0 && mesh->tp_rank != 0;
-  return mesh->dp_replicate_rank == 0 && *nr > 0 && !tp_copy;
-}
-
 /* Elements of host staging this rank's pieces take: every state of them. */
 static int64_t pieces_numel(const ml_engine *e) {
-  int64_t total = 0, r0, nr;
+  int64_t total = 0;
+  ml_rc_block b;
   for (int u = 0; u < e->fsdp.n_units; u++) {
     const ml_fsdp_unit *unit = &e->fsdp.units[u];
     for (int i = 0; i < unit->n; i++)
-      if (writes_piece(e, unit, i, &r0, &nr))
-        total += ML_RC_STATES * nr * unit->params[i]->local[1];
+      if (ml_engine_piece(e, unit, i, b.off, b.shape)) total += ML_RC_STATES * b.shape[0] * b.shape[1];
   }
   return total;
 }
@@ -104,17 +88,17 @@ static int write_pieces(ml_engine *e, const char *step_dir, const ml_run_state *
     const ml_fsdp_unit *unit = &e->fsdp.units[u];
     for (int i = 0; rc == 0 && i < unit->n; i++, k++) {
       const ml_param *p = unit->params[i];
-      int64_t r0, nr;
-      if (!writes_piece(e, unit, i, &r0, &nr)) continue;
-      mine[k] = held_block(p, r0, nr);
+      ml_rc_block b;
+      if (!ml_engine_piece(e, unit, i, b.off, b.shape)) continue;
+      mine[k] = b;
       rc = saved_name(&e->model.cfg, p, name);
-      size_t numel = (size_t)(nr * p->local[1]);
+      size_t numel = (size_t)(b.shape[0] * b.shape[1]);
       for (int s = 0; rc == 0 && s < ML_RC_STATES; s++, ne++, at += numel) {
         rc = ml_rc_state_key(name, s, keys[ne], sizeof keys[ne]);
         if (rc == 0)
           rc = ml_be_copy(e->be, at, state_array(unit, s) + unit->shard_off[i],
                           sizeof(float) * numel, ML_COPY_D2H);
-        ent[ne] = (ml_st_entry){keys[ne], ML_F32, p->ndim, {nr, p->local[1]}, at};
+        ent[ne] = (ml_st_entry){keys[ne], ML_F32, p->ndim, {b.shape[0], b.shape[1]}, at};
       }
     }
   }
@@ -131,8 +115,28 @@ static int write_pieces(ml_engine *e, const char *step_dir, const ml_run_state *
   return rc;
 }
 
-/* World rank 0, once every rank's file is durable: config.json,
- * metadata.json, then the commit. */
+/* The source model (train/hf_source.h) for `meshlm export`: its
+ * description into *out and copies of its files into step_dir/source/. A
+ * source that cannot be read is no reason to lose the checkpoint: a
+ * warning, and *out NULL (the export then writes the text model alone). */
+static int record_source(const ml_engine *e, const char *step_dir, json_t **out) {
+  if (ml_hf_source_describe(e->model_dir, &e->model, out) != 0) {
+    ml_warn("%s: no record of the source model in this checkpoint (%s); meshlm export will write "
+            "the text model's config.json and weights alone",
+            step_dir, ml_error_msg());
+    ml_error_clear();
+    return 0;
+  }
+  char dir[ML_RC_PATH];
+  if (snprintf(dir, sizeof dir, "%s/" ML_RC_SOURCE, step_dir) >= (int)sizeof dir)
+    return ml_err("%s/" ML_RC_SOURCE ": path too long", step_dir);
+  if (mkdir(dir, 0777) != 0) return ml_err("%s: cannot create: %s", dir, strerror(errno));
+  ML_TRY(ml_hf_source_copy(*out, e->model_dir, dir, true));
+  return ml_rc_fsync_dir(dir);
+}
+
+/* World rank 0, once every rank's file is durable: config.json, the
+ * source's files, metadata.json, then the commit. */
 static int commit(ml_engine *e, const char *dir, const char *name, const char *step_dir,
                   const ml_run_state *st, const ml_rc_block *blocks) {
   const ml_mesh *mesh = e->mesh;
@@ -150,9 +154,12 @@ static int commit(ml_engine *e, const char *dir, const char *name, const char *s
   cfg.dtype = ML_F32;
   ml_rc_info info = {*st, e->step, mesh->world_size, mesh->dp_replicate, mesh->dp_shard, mesh->cp,
                      mesh->tp};
+  json_t *source = NULL;
   if (rc == 0) rc = ml_model_config_write(step_dir, &cfg);
-  if (rc == 0) rc = ml_rc_write_metadata(step_dir, &info, params, n, blocks);
+  if (rc == 0) rc = record_source(e, step_dir, &source);
+  if (rc == 0) rc = ml_rc_write_metadata(step_dir, &info, params, n, blocks, source);
   if (rc == 0) rc = ml_rc_commit(dir, name, st->step);
+  json_decref(source);
   free(params);
   free(names);
   return rc;
@@ -243,9 +250,9 @@ static int load_param(ml_engine *e, ml_rc_ckpt *c, const ml_fsdp_unit *unit, int
   ml_rc_tensor t;
   ML_TRY(saved_name(&e->model.cfg, p, name));
   ML_TRY(find_tensor(c, name, p, &t));
-  int64_t r0, nr;
-  ml_fsdp_param_rows(&e->fsdp, unit, i, &r0, &nr);
-  ml_rc_block b = held_block(p, r0, nr);
+  ml_rc_block b; /* what this rank holds, whether or not it writes it */
+  (void)ml_engine_piece(e, unit, i, b.off, b.shape);
+  int64_t nr = b.shape[0];
   size_t numel = (size_t)(nr * p->local[1]);
   float *stage = NULL;
   int rc = 0;
@@ -281,36 +288,64 @@ int ml_run_load(ml_engine *e, const char *dir, ml_run_state *st) {
 
 /* ---------------------------------------------------------------- export */
 
-int ml_run_export(const char *ckpt_dir, const char *out_dir, size_t max_shard_bytes) {
+/* The model's parameters in FSDP unit order (layers, then the root), the
+ * order ml_engine_save_hf writes; *largest: the most elements of one. */
+static void unit_order(const ml_model *m, const ml_param **out, int64_t *largest) {
+  int k = 0;
+  *largest = 0;
+  for (int u = 0; u <= m->cfg.n_layers; u++)
+    for (int i = 0; i < m->n_params; i++) {
+      const ml_param *p = &m->params[i];
+      if (ml_fsdp_unit_of(m, p) != u) continue;
+      out[k++] = p;
+      if (p->shape[0] * p->shape[1] > *largest) *largest = p->shape[0] * p->shape[1];
+    }
+}
+
+/* Every tensor of the checkpoint into the export, one at a time. */
+static int export_tensors(ml_rc_ckpt *c, ml_hf_export *x, const ml_param **params, int n,
+                          float *buf) {
+  for (int i = 0; i < n; i++) {
+    const ml_param *p = params[i];
+    ml_rc_tensor t;
+    ML_TRY(find_tensor(c, p->name, p, &t));
+    int rc = ml_rc_read_block(c, &t, ML_RC_PARAM, 0, 0, p->shape[0], p->shape[1], buf);
+    ml_rc_tensor_free(&t);
+    ML_TRY(rc);
+    ML_TRY(ml_hf_export_put(x, buf));
+  }
+  return 0;
+}
+
+int ml_run_export(const char *ckpt_dir, const char *out_dir, size_t max_shard_bytes,
+                  ml_export_dtype dtype) {
   ml_rc_ckpt c;
   ML_TRY(ml_rc_open(ckpt_dir, &c));
   ml_model_config cfg;
   ml_model m = {0};
   int rc = ml_model_config_load(c.dir, &cfg);
   if (rc == 0) rc = ml_model_create(&cfg, &m);
-  int n = m.n_params, k = 0;
-  const ml_param **params = ml_calloc((size_t)n + 1, sizeof *params, "export params");
-  float **tensors = ml_calloc((size_t)n + 1, sizeof *tensors, "export tensors");
-  if (!params || !tensors) rc = -1;
-  /* FSDP unit order (layers, then the root), as ml_engine_save_hf writes */
-  for (int u = 0; rc == 0 && u <= cfg.n_layers; u++)
-    for (int i = 0; i < n; i++)
-      if (ml_fsdp_unit_of(&m, &m.params[i]) == u) params[k++] = &m.params[i];
-  for (int i = 0; rc == 0 && i < n; i++) {
-    const ml_param *p = params[i];
-    ml_rc_tensor t;
-    rc = find_tensor(&c, p->name, p, &t);
-    /* host memory: a file-to-file conversion, no device involved */
-    if (rc == 0 && !(tensors[i] = ml_malloc(sizeof(float) * (size_t)(p->shape[0] * p->shape[1]),
-                                            p->name)))
-      rc = -1;
-    if (rc == 0)
-      rc = ml_rc_read_block(&c, &t, ML_RC_PARAM, 0, 0, p->shape[0], p->shape[1], tensors[i]);
-    ml_rc_tensor_free(&t);
-  }
-  if (rc == 0) rc = ml_hf_write(out_dir, &cfg, params, tensors, n, max_shard_bytes);
-  for (int i = 0; tensors && i < n; i++) free(tensors[i]);
-  free(tensors);
+  const ml_param **params = ml_calloc((size_t)m.n_params + 1, sizeof *params, "export params");
+  int64_t largest = 0;
+  if (rc == 0 && !params) rc = -1;
+  if (rc == 0) unit_order(&m, params, &largest);
+  if (rc == 0 && !c.source)
+    ml_warn("%s: the checkpoint records no source model (saved by an older meshlm, or its source "
+            "was unreadable): exporting config.json and the %s weights alone, without tokenizer "
+            "files or tensors the run did not train",
+            c.meta, ml_family_saved(cfg.family)->architecture);
+  /* host memory: a file-to-file conversion, one tensor at a time */
+  float *buf = rc == 0 ? ml_malloc(sizeof(float) * (size_t)largest, "the export's tensor buffer")
+                       : NULL;
+  ml_hf_export_spec spec = {out_dir, &cfg, params, m.n_params, c.source, c.source_dir, dtype,
+                            max_shard_bytes};
+  ml_hf_export *x = NULL;
+  if (rc == 0 && !buf) rc = -1;
+  if (rc == 0) rc = ml_hf_export_begin(&spec, &x);
+  if (rc == 0) rc = export_tensors(&c, x, params, m.n_params, buf);
+  if (rc == 0) rc = ml_hf_export_end(x);
+  else ml_hf_export_abandon(x);
+  free(buf);
   free(params);
   ml_model_destroy(&m);
   ml_rc_close(&c);

@@ -14,8 +14,11 @@
  *                                      flattens a state dict: NAME,
  *                                      optim.state.NAME.exp_avg, .exp_avg_sq
  *   DIR/step-00000120/config.json      the model (saved family, float32)
+ *   DIR/step-00000120/source/          copies of the source model's config.json,
+ *                                      tokenizer and generation files (hf_source.h)
  *   DIR/step-00000120/metadata.json    every piece (tensor, file, global offset,
- *                                      shape), the saving mesh, the run state
+ *                                      shape), the saving mesh, the run state, the
+ *                                      source model's description
  * A piece is the rows of a parameter's TP-local tensor one rank holds in
  * its FSDP shard (ml_fsdp_param_rows), placed in the global tensor by the
  * TP placement: FSDP2's sharded state dict (DTensor Shard(0) over dp_shard
@@ -27,6 +30,7 @@
 #include <stdint.h>
 
 #include "train/engine.h"
+#include "train/hf_export.h"
 
 /* What the trainer needs to continue exactly where it stopped. */
 typedef struct ml_run_state {
@@ -41,7 +45,12 @@ typedef struct ml_run_state {
  * `st` as a new checkpoint under `dir` (created with its parents if
  * needed): every rank writes its file (temp + fsync + rename, then fsyncs
  * the step directory); after a collective agreement that all succeeded,
- * world rank 0 writes config.json and metadata.json and commits by
+ * world rank 0 writes config.json, records the source model e->model_dir
+ * for `meshlm export` (its description and a copy of its small files,
+ * train/hf_source.h; the tensors the run does not train stay in the
+ * source, referenced by its absolute path: a VLM's vision tower may be
+ * large; an unreadable source only costs a warning) and metadata.json, and
+ * commits by
  * replacing DIR/latest.json (temp + fsync + rename, directory fsync'd);
  * only then are the other step directories (older checkpoints, a save that
  * never committed) removed. A crash at any point before the rename leaves
@@ -76,16 +85,21 @@ int ml_run_save(ml_engine *e, const char *dir, const ml_run_state *st);
 int ml_run_load(ml_engine *e, const char *dir, ml_run_state *st);
 
 /* Single process, no collective: consolidate the latest committed
- * checkpoint under `ckpt_dir` into an HF checkpoint in `out_dir`
- * (config.json + model.safetensors in fp32, sharded with
+ * checkpoint under `ckpt_dir` into an HF checkpoint in `out_dir`, the same
+ * files ml_engine_save_hf writes for the engine that saved it
+ * (train/hf_export.h: the source model's architecture, config.json, files
+ * and untrained tensors, read from the source directory the checkpoint
+ * names; trained tensors in `dtype`; one model.safetensors, or shards +
  * model.safetensors.index.json above max_shard_bytes, 0 = never, as
- * save_pretrained), loadable by transformers' from_pretrained: the same
- * files ml_engine_save_hf writes for the engine that saved it (tensor
- * order: FSDP units; tied checkpoints without lm_head.weight; composite
- * families as their saved text family). The model comes from the
- * checkpoint's config.json; each global tensor is assembled from its
- * pieces (DCP's format_utils dcp_to_torch_save). Errors: no committed
- * checkpoint, missing or inconsistent pieces (named), I/O. */
-int ml_run_export(const char *ckpt_dir, const char *out_dir, size_t max_shard_bytes);
+ * save_pretrained). Each global tensor is assembled from its pieces (DCP's
+ * format_utils dcp_to_torch_save) and written before the next, so memory
+ * holds one tensor. A checkpoint without a source record (saved by an
+ * older meshlm) exports config.json and the weights of its saved text
+ * family, fp32 under ML_EXPORT_DTYPE_SOURCE, with a warning on stderr.
+ * Errors: no committed checkpoint, missing or inconsistent pieces (named),
+ * the source directory missing or changed when it holds tensors to carry
+ * (named), I/O. */
+int ml_run_export(const char *ckpt_dir, const char *out_dir, size_t max_shard_bytes,
+                  ml_export_dtype dtype);
 
 #endif

@@ -14,6 +14,7 @@
 
 #include "common/status.h"
 #include "io/checkpoint.h"
+#include "train/hf_source.h"
 
 typedef long long ll;
 
@@ -83,18 +84,22 @@ static int read_latest(const char *dir, char *name) {
   return rc;
 }
 
-/* Remove directory `path` and the files in it (a step directory holds no
- * subdirectories). A missing directory is fine. */
+/* Remove directory `path` and what it holds (a step directory: files and
+ * the source/ directory of files; symbolic links are removed, never
+ * followed). A missing directory is fine. */
 static int remove_dir(const char *path) {
   DIR *d = opendir(path);
   if (!d) return errno == ENOENT ? 0 : ml_err("%s: cannot open: %s", path, strerror(errno));
   struct dirent *ent;
   char file[ML_RC_PATH];
+  struct stat sb;
   int rc = 0;
   while (rc == 0 && (ent = readdir(d)) != NULL) {
     if (strcmp(ent->d_name, ".") == 0 || strcmp(ent->d_name, "..") == 0) continue;
     rc = join(file, path, ent->d_name);
-    if (rc == 0 && unlink(file) != 0) rc = ml_err("%s: cannot remove: %s", file, strerror(errno));
+    if (rc == 0 && lstat(file, &sb) == 0 && S_ISDIR(sb.st_mode)) rc = remove_dir(file);
+    else if (rc == 0 && unlink(file) != 0)
+      rc = ml_err("%s: cannot remove: %s", file, strerror(errno));
   }
   closedir(d);
   if (rc == 0 && rmdir(path) != 0) rc = ml_err("%s: cannot remove: %s", path, strerror(errno));
@@ -169,7 +174,7 @@ static json_t *tensor_json(const ml_rc_param *p, int i, int n, int world, const 
 }
 
 int ml_rc_write_metadata(const char *step_dir, const ml_rc_info *info, const ml_rc_param *params,
-                         int n, const ml_rc_block *blocks) {
+                         int n, const ml_rc_block *blocks, const json_t *source) {
   int ok = 1, world = info->world_size;
   json_t *root = json_object();
   put(root, "format", json_string(FORMAT), &ok);
@@ -202,6 +207,7 @@ int ml_rc_write_metadata(const char *step_dir, const ml_rc_info *info, const ml_
   json_t *tensors = put(root, "tensors", json_object(), &ok);
   for (int i = 0; ok && i < n; i++)
     put(tensors, params[i].name, tensor_json(&params[i], i, n, world, blocks, &ok), &ok);
+  if (source) put(root, "source", json_incref((json_t *)source), &ok);
   char path[ML_RC_PATH];
   int rc = ok && root ? join(path, step_dir, "metadata.json")
                       : ml_err("%s: out of memory building metadata.json", step_dir);
@@ -333,8 +339,10 @@ int ml_rc_open(const char *dir, ml_rc_ckpt *out) {
   ML_TRY(join(out->dir, dir, name));
   ML_TRY(join(out->meta, out->dir, "metadata.json"));
   ML_TRY(join(out->config, out->dir, "config.json"));
+  ML_TRY(join(out->source_dir, out->dir, ML_RC_SOURCE));
   ML_TRY(ml_json_load(out->meta, &out->json));
-  if (parse_info(out) || index_files(out)) {
+  out->source = json_object_get(out->json.root, "source");
+  if (parse_info(out) || index_files(out) || (out->source && ml_hf_source_check(out->source, out->meta))) {
     ml_rc_close(out);
     return -1;
   }
@@ -480,6 +488,7 @@ int ml_rc_read_block(ml_rc_ckpt *c, const ml_rc_tensor *t, int state, int64_t r0
     for (int64_t i = i0; rc == 0 && (j0 != c0 || j1 - j0 != nc) && i < i1; i++)
       rc = ml_st_read_block(st, i - b->off[0], 1, j0 - b->off[1], j1 - j0,
                             dst + (i - r0) * nc + (j0 - c0));
+    if (rc == 0) ml_st_release(st->data, st->nbytes);
   }
   free(seen);
   if (rc == 0 && covered != nr * nc)

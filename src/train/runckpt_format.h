@@ -8,7 +8,9 @@
  *                              "step-00000120.b", so the committed one is never rewritten)
  *   rank-00003.safetensors     world rank 3's pieces (absent when it owns none)
  *   config.json                the model (ml_model_config_write: saved family, float32)
- *   metadata.json              every piece, the mesh, the run state (below)
+ *   source/                    copies of the files of the source model's description
+ *                              (config.json, tokenizer*, ...: train/hf_source.h)
+ *   metadata.json              every piece, the mesh, the run state, the source (below)
  *
  * A piece is a 2-D block (1-D for 1-D tensors) of a global tensor: the rows
  * of its TP-local tensor one rank holds in its FSDP shard, at global offset
@@ -25,7 +27,10 @@
  *    string: a u64), "nseq"}, "mesh": {"world_size", "dp_replicate",
  *    "dp_shard", "cp", "tp"}, "config": "config.json", "files": {name: rank},
  *    "tensors": {NAME: {"shape": [..], "keys": {state: key}, "pieces":
- *    [{"file": name, "offset": [r0(, c0)], "shape": [nr(, nc)]}, ...]}}} */
+ *    [{"file": name, "offset": [r0(, c0)], "shape": [nr(, nc)]}, ...]}},
+ *    "source": the source model's description (train/hf_source.h; absent
+ *    in checkpoints of older meshlm versions, and when the source could
+ *    not be read at save time)} */
 #ifndef ML_RUNCKPT_FORMAT_H
 #define ML_RUNCKPT_FORMAT_H
 
@@ -42,6 +47,9 @@ enum { ML_RC_PARAM, ML_RC_EXP_AVG, ML_RC_EXP_AVG_SQ, ML_RC_STATES };
 extern const char *const ml_rc_state_names[ML_RC_STATES];
 
 enum { ML_RC_PATH = 4096, ML_RC_NAME = 64, ML_RC_KEY = 256 };
+
+/* The step directory's subdirectory of the source model's files. */
+#define ML_RC_SOURCE "source"
 
 /* The key state s of tensor `name` is stored under in a rank file. Errors:
  * it does not fit cap bytes. */
@@ -87,9 +95,10 @@ typedef struct ml_rc_info {
 
 /* World rank 0, after every rank's file is on disk: write
  * step_dir/metadata.json, pieces from blocks[r·n + i] (rank r's piece of
- * params[i]), and fsync step_dir. Errors: I/O, allocation. */
+ * params[i]), `source` as "source" (NULL: none), and fsync step_dir.
+ * Errors: I/O, allocation. */
 int ml_rc_write_metadata(const char *step_dir, const ml_rc_info *info, const ml_rc_param *params,
-                         int n, const ml_rc_block *blocks);
+                         int n, const ml_rc_block *blocks, const json_t *source);
 
 /* World rank 0: commit checkpoint `name` under `dir` (latest.json via
  * temp + fsync + rename, then fsync dir), then remove every other step-*
@@ -107,7 +116,9 @@ typedef struct ml_rc_ckpt {
   char dir[ML_RC_PATH];  /* the step directory */
   char meta[ML_RC_PATH]; /* its metadata.json, for messages */
   char config[ML_RC_PATH]; /* its config.json */
+  char source_dir[ML_RC_PATH]; /* its copies of the source model's files */
   ml_rc_info info;
+  json_t *source;           /* metadata's "source" (checked), or NULL when it has none */
   ml_json json;
   json_t *tensors;          /* metadata's "tensors" */
   json_t *files;            /* {file name: index}, of metadata's "files" */
@@ -118,7 +129,7 @@ typedef struct ml_rc_ckpt {
 
 /* Read DIR/latest.json and the metadata it names. Errors: no committed
  * checkpoint (latest.json missing), malformed latest.json or metadata.json
- * (file and field named), another format version. */
+ * (file and field named, "source" included), another format version. */
 int ml_rc_open(const char *dir, ml_rc_ckpt *out);
 void ml_rc_close(ml_rc_ckpt *c);
 
@@ -142,9 +153,11 @@ void ml_rc_tensor_free(ml_rc_tensor *t);
 
 /* dst [nr, nc] = the block at global [r0, c0] of state `state` of t,
  * read from the pieces that intersect it (any mesh saved them: resharding).
- * Errors: the block not exactly covered (pieces missing or overlapping), a
- * rank file missing, truncated or corrupt (the safetensors reader names
- * it), a piece's tensor missing from its file or of another shape. */
+ * The pages read are released afterwards (ml_st_release): reading tensor
+ * by tensor, memory holds about one. Errors: the block not exactly covered
+ * (pieces missing or overlapping), a rank file missing, truncated or
+ * corrupt (the safetensors reader names it), a piece's tensor missing from
+ * its file or of another shape. */
 int ml_rc_read_block(ml_rc_ckpt *c, const ml_rc_tensor *t, int state, int64_t r0, int64_t c0,
                      int64_t nr, int64_t nc, float *dst);
 

@@ -1,13 +1,12 @@
 #include "train/save.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/status.h"
-#include "io/checkpoint.h"
+#include "train/hf_source.h"
 #include "parallel/redistribute.h"
 #include "parallel/tp.h"
-
-enum { NAME_CAP = sizeof ((ml_param *)0)->name }; /* exported tensor names */
 
 /* The global tensor of p (Shard on `dim` over tp, −1: Replicate) from the
  * tp group's local tensors `local` [p->local] (device memory) into `out`
@@ -84,37 +83,146 @@ int ml_engine_export(ml_engine *e, ml_export_what what, float **out) {
   return 0;
 }
 
-int ml_hf_write(const char *dir, const ml_model_config *cfg, const ml_param *const *params,
-                float *const *tensors, int n, size_t max_shard_bytes) {
-  ML_TRY(ml_ckpt_make_dirs(dir));
-  ml_model_config saved = *cfg;
-  saved.family = ml_family_saved(cfg->family);
-  saved.dtype = ML_F32;
-  ML_TRY(ml_model_config_write(dir, &saved));
-  ml_st_entry *entries = ml_calloc((size_t)n, sizeof *entries, "export entries");
-  char(*names)[NAME_CAP] = ml_calloc((size_t)n, sizeof *names, "export names");
-  int rc = entries && names ? 0 : -1;
-  for (int i = 0; rc == 0 && i < n; i++) {
-    const ml_param *p = params[i];
-    rc = ml_family_rename(cfg->family, saved.family, p->name, names[i], sizeof names[i]);
-    entries[i] = (ml_st_entry){names[i], ML_F32, p->ndim, {p->shape[0], p->shape[1]}, tensors[i]};
+bool ml_engine_piece(const ml_engine *e, const ml_fsdp_unit *unit, int i, int64_t off[2],
+                     int64_t shape[2]) {
+  const ml_param *p = unit->params[i];
+  int64_t r0, nr;
+  ml_fsdp_param_rows(&e->fsdp, unit, i, &r0, &nr);
+  off[0] = p->offset[0] + r0;
+  off[1] = p->offset[1];
+  shape[0] = nr;
+  shape[1] = p->local[1];
+  bool tp_copy = ml_tp_param_dim(&e->tp, &e->model, p) < 0 && e->mesh->tp_rank != 0;
+  return e->mesh->dp_replicate_rank == 0 && nr > 0 && !tp_copy;
+}
+
+/* ------------------------------------------------------ streamed export */
+
+/* What every rank tells the writer about its piece of the current tensor. */
+typedef struct piece_note {
+  int64_t off[2], shape[2]; /* shape[0] = 0: none */
+  int32_t rc;               /* 0, or −1: its copy to the host failed (nothing is sent) */
+} piece_note;
+
+/* One export's buffers. Writer (world rank 0): `global` [largest tensor]
+ * in host staging memory, `piece` [largest piece of any rank] (pageable,
+ * touched only by column blocks: row blocks land in `global` directly).
+ * Other ranks: `piece` [their largest piece] in host staging memory. */
+typedef struct stream {
+  ml_engine *e;
+  ml_host *w;
+  ml_hf_export *x; /* the writer's */
+  float *global, *piece;
+} stream;
+
+static bool whole_rows(const piece_note *n, const ml_param *p) { return n->shape[1] == p->shape[1]; }
+
+/* Writer: place piece n (row-major [n->shape]) into global [p->shape]. */
+static void place(float *global, const ml_param *p, const piece_note *n, const float *src) {
+  for (int64_t r = 0; r < n->shape[0]; r++)
+    memcpy(global + (n->off[0] + r) * p->shape[1] + n->off[1], src + r * n->shape[1],
+           sizeof(float) * (size_t)n->shape[1]);
+}
+
+/* Where the writer receives piece n of p. */
+static float *landing(const stream *s, const ml_param *p, const piece_note *n) {
+  return whole_rows(n, p) ? s->global + n->off[0] * p->shape[1] : s->piece;
+}
+
+/* Parameter i of unit u to the writer, who writes it. Every rank copies
+ * its piece to the host first (the writer's straight to where it lands),
+ * then the notes are exchanged, so that a failed copy stops every rank
+ * before any transfer. */
+static int stream_param(stream *s, int u, int i) {
+  ml_engine *e = s->e;
+  const ml_fsdp_unit *unit = &e->fsdp.units[u];
+  const ml_param *p = unit->params[i];
+  const bool writer = s->w->rank == 0;
+  piece_note mine = {{0, 0}, {0, 0}, 0};
+  if (!ml_engine_piece(e, unit, i, mine.off, mine.shape)) mine.shape[0] = 0;
+  size_t bytes = sizeof(float) * (size_t)(mine.shape[0] * mine.shape[1]);
+  float *host = writer && mine.shape[0] ? landing(s, p, &mine) : s->piece;
+  if (mine.shape[0] > 0)
+    mine.rc = ml_be_copy(e->be, host, unit->shard + unit->shard_off[i], bytes, ML_COPY_D2H);
+  piece_note *notes = ml_calloc((size_t)s->w->size, sizeof *notes, "the export's piece notes");
+  int rc = notes ? ml_host_all_gather(s->w, &mine, sizeof mine, notes) : -1;
+  bool go = rc == 0; /* every copy succeeded (a failed one's rank reports it) */
+  for (int q = 0; go && q < s->w->size; q++) go = notes[q].rc == 0;
+  if (rc == 0) rc = mine.rc;
+  if (go && !writer && mine.shape[0] > 0) rc = ml_host_send(s->w, host, bytes, 0);
+  int64_t covered = 0;
+  for (int q = 0; go && rc == 0 && writer && q < s->w->size; q++) {
+    const piece_note *n = &notes[q];
+    int64_t numel = n->shape[0] * n->shape[1];
+    if (numel == 0) continue;
+    float *dst = landing(s, p, n);
+    if (q > 0) rc = ml_host_recv(s->w, dst, sizeof(float) * (size_t)numel, q);
+    if (rc == 0 && !whole_rows(n, p)) place(s->global, p, n, dst);
+    covered += numel;
   }
-  if (rc == 0) rc = ml_ckpt_write(dir, entries, (size_t)n, max_shard_bytes);
-  free(entries);
-  free(names);
+  if (go && rc == 0 && writer && covered != p->shape[0] * p->shape[1])
+    rc = ml_err("export: the pieces of '%s' cover %lld of its %lld elements", p->name,
+                (long long)covered, (long long)(p->shape[0] * p->shape[1]));
+  if (go && rc == 0 && writer) rc = ml_hf_export_put(s->x, s->global);
+  free(notes);
   return rc;
 }
 
-int ml_engine_save_hf(ml_engine *e, const char *dir) {
+/* Largest global tensor of the model and largest piece of this rank, in
+ * elements. */
+static void sizes(const ml_engine *e, int64_t *tensor, int64_t *piece) {
+  *tensor = *piece = 0;
+  int64_t off[2], shape[2];
+  for (int u = 0; u < e->fsdp.n_units; u++)
+    for (int i = 0; i < e->fsdp.units[u].n; i++) {
+      const ml_param *p = e->fsdp.units[u].params[i];
+      if (p->shape[0] * p->shape[1] > *tensor) *tensor = p->shape[0] * p->shape[1];
+      if (ml_engine_piece(e, &e->fsdp.units[u], i, off, shape) && shape[0] * shape[1] > *piece)
+        *piece = shape[0] * shape[1];
+    }
+}
+
+/* The writer's start: describe the source, open the export, allocate. */
+static int writer_begin(stream *s, const char *dir, ml_export_dtype dtype, const ml_param **params,
+                        json_t **source, int64_t tensor, int64_t piece) {
+  ml_engine *e = s->e;
+  ML_TRY(ml_hf_source_describe(e->model_dir, &e->model, source));
+  ml_hf_export_spec spec = {dir,     &e->model.cfg, params,       e->model.n_params, *source,
+                            e->model_dir, dtype,    ML_HF_MAX_SHARD_BYTES};
+  ML_TRY(ml_hf_export_begin(&spec, &s->x));
+  s->global = ml_be_host_alloc(e->be, tensor, sizeof(float), "the export's tensor buffer");
+  s->piece = ml_malloc(sizeof(float) * (size_t)piece, "the export's piece buffer");
+  return s->global && s->piece ? 0 : -1;
+}
+
+int ml_engine_save_hf(ml_engine *e, const char *dir, ml_export_dtype dtype) {
+  stream s = {e, ml_mesh_host(e->mesh, ML_GROUP_WORLD), NULL, NULL, NULL};
   int n = e->model.n_params;
-  float **tensors = ml_calloc((size_t)n, sizeof *tensors, "export tensors");
-  const ml_param **params = ml_calloc((size_t)n, sizeof *params, "export params");
-  int rc = tensors && params ? ml_engine_export(e, ML_EXPORT_PARAMS, tensors) : -1;
-  for (int i = 0; rc == 0 && i < n; i++) params[i] = ml_engine_export_param(e, i);
-  if (rc == 0 && e->mesh->rank == 0)
-    rc = ml_hf_write(dir, &e->model.cfg, params, tensors, n, ML_HF_MAX_SHARD_BYTES);
-  for (int i = 0; tensors && i < n; i++) ml_be_host_free(e->be, tensors[i]);
-  free(tensors);
+  json_t *source = NULL;
+  int64_t tensor, piece;
+  sizes(e, &tensor, &piece);
+  int64_t max_piece = piece;
+  int rc = ml_host_all_reduce_i64(s.w, &max_piece, 1, ML_RED_MAX);
+  const ml_param **params = ml_calloc((size_t)n + 1, sizeof *params, "export params");
+  for (int i = 0; params && i < n; i++) params[i] = ml_engine_export_param(e, i);
+  if (rc == 0 && !params) rc = -1;
+  if (rc == 0 && s.w->rank == 0) rc = writer_begin(&s, dir, dtype, params, &source, tensor, max_piece);
+  else if (rc == 0 && !(s.piece = ml_be_host_alloc(e->be, piece, sizeof(float),
+                                                   "the export's piece buffer")))
+    rc = -1;
+  rc = ml_host_agree(s.w, rc);
+  for (int u = 0; rc == 0 && u < e->fsdp.n_units; u++)
+    for (int i = 0; rc == 0 && i < e->fsdp.units[u].n; i++)
+      rc = ml_host_agree(s.w, stream_param(&s, u, i));
+  if (s.x && rc == 0) rc = ml_hf_export_end(s.x);
+  else ml_hf_export_abandon(s.x);
+  if (s.w->rank == 0) {
+    ml_be_host_free(e->be, s.global);
+    free(s.piece);
+  } else {
+    ml_be_host_free(e->be, s.piece);
+  }
+  json_decref(source);
   free(params);
-  return ml_host_agree(ml_mesh_host(e->mesh, ML_GROUP_WORLD), rc);
+  return ml_host_agree(s.w, rc);
 }

@@ -1,18 +1,17 @@
-/* Consolidation of an engine's sharded state into global HF tensors, and
- * the consolidated HF export: every rank contributes its shards (FSDP
- * all-gather over dp_shard, then an all-gather of the TP pieces over tp).
- * World rank 0 writes config.json and model.safetensors (sharded with
- * model.safetensors.index.json above 5 GiB, as save_pretrained) in fp32 so
- * transformers' from_pretrained loads it. Tied checkpoints omit
- * lm_head.weight. A composite family's text tower is saved as its text-only
- * family (ml_family_saved: Gemma3ForConditionalGeneration → Gemma3ForCausalLM,
- * model.language_model.* → model.*); the vision tower is never built. */
+/* Consolidation of an engine's sharded state into global tensors: the HF
+ * export at the end of a run (meshlm train --export-hf), streamed to world
+ * rank 0 one tensor at a time and written with the rest of the source model
+ * (train/hf_export.h: original architecture, tokenizer files, untrained
+ * tensors, source dtypes); and, for tests, every tensor on every rank. */
 #ifndef ML_SAVE_H
 #define ML_SAVE_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "train/engine.h"
+#include "train/hf_export.h"
 
 /* What ml_engine_export consolidates: the fp32 master weights, the
  * gradients left by the last backward, or AdamW's exp_avg / exp_avg_sq
@@ -38,18 +37,32 @@ int ml_engine_export(ml_engine *e, ml_export_what what, float **out);
 /* The i-th parameter in export order. */
 const ml_param *ml_engine_export_param(const ml_engine *e, int i);
 
-/* Write the consolidated weights as an HF checkpoint to `dir`. Collective.
- * Errors (on every rank): allocation, the write on rank 0 (file named). */
-int ml_engine_save_hf(ml_engine *e, const char *dir);
+/* The piece of parameter i of `unit` this rank contributes when the
+ * mesh's shards are consolidated (the HF export; a run checkpoint's
+ * pieces, train/runckpt.h): the rows of its TP-local tensor held in its
+ * FSDP chunk (ml_fsdp_param_rows; data at unit->shard + unit->shard_off[i],
+ * fp32, row-major), placed in the global tensor at off[2] with shape[2]
+ * ([n, 1] for 1-D) by the TP placement, whether or not it contributes them
+ * (a load reads them back). false when it contributes none: it
+ * holds no rows, or another rank holds the same ones — an HSDP replica
+ * (dp_replicate rank > 0) or a tp rank > 0 of a TP-replicated parameter
+ * (cp ranks hold distinct rows: FSDP shards over dp_shard_cp). The pieces of
+ * all ranks tile the global tensor exactly. */
+bool ml_engine_piece(const ml_engine *e, const ml_fsdp_unit *unit, int i, int64_t off[2],
+                     int64_t shape[2]);
 
-/* One process: write global fp32 tensors as an HF checkpoint in `dir`
- * (created with its parents if missing): config.json of `cfg` in its saved family's layout
- * (ml_family_saved, dtype float32) and tensors[i] [params[i]->shape] under
- * params[i]'s name renamed into that layout (ml_family_rename), in the
- * given order; one model.safetensors, or shards + index above
- * max_shard_bytes (0 = never shard). params hold the model's parameters,
- * so a tied lm_head is not among them. Errors: I/O (file named). */
-int ml_hf_write(const char *dir, const ml_model_config *cfg, const ml_param *const *params,
-                float *const *tensors, int n, size_t max_shard_bytes);
+/* Collective over the world: write the trained weights as an HF checkpoint
+ * in `dir` with the rest of the source model e->model_dir
+ * (train/hf_export.h), trained tensors in `dtype`, one file up to
+ * ML_HF_MAX_SHARD_BYTES. As FSDP2's full_state_dict with cpu_offload and
+ * rank0_only, streamed: tensor by tensor (FSDP unit order), each rank
+ * copies its piece (ml_engine_piece) to host memory and sends it to world
+ * rank 0, which assembles the global fp32 tensor and writes it before the
+ * next; so rank 0 holds one global tensor (plus, for a column-sharded one,
+ * a piece) beyond its shards, the others one piece. Errors (every rank,
+ * the first failing rank's message): the source unreadable (named),
+ * allocation, collectives, I/O on rank 0 (path named); nothing is left of
+ * a failed export (hf_export.h). */
+int ml_engine_save_hf(ml_engine *e, const char *dir, ml_export_dtype dtype);
 
 #endif

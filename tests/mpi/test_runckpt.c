@@ -356,13 +356,13 @@ static void test_export(void **unused) {
   open_on(&r, MPI_COMM_WORLD, 1, g_tp, g_fixture);
   for (int s = 0; s < 2; s++) train_step(&r, &b4);
   save_or_fail(&r, dir, &ST2);
-  if (ml_engine_save_hf(&r.e, hf)) fail_msg("save_hf: %s", ml_error_msg());
+  if (ml_engine_save_hf(&r.e, hf, ML_EXPORT_DTYPE_SOURCE)) fail_msg("save_hf: %s", ml_error_msg());
   report rep = {0};
   if (world_rank() == 0) {
     double t0 = MPI_Wtime();
-    if (ml_run_export(dir, ex, 0)) note(&rep, "export: %s", ml_error_msg());
+    if (ml_run_export(dir, ex, 0, ML_EXPORT_DTYPE_SOURCE)) note(&rep, "export: %s", ml_error_msg());
     double dt = MPI_Wtime() - t0;
-    if (ml_run_export(dir, exs, 20000)) note(&rep, "sharded export: %s", ml_error_msg());
+    if (ml_run_export(dir, exs, 20000, ML_EXPORT_DTYPE_SOURCE)) note(&rep, "sharded export: %s", ml_error_msg());
     printf("export (one process): %.3f ms\n", dt * 1e3);
     snprintf(a, sizeof a, "%s/model.safetensors", hf);
     snprintf(b, sizeof b, "%s/model.safetensors", ex);
@@ -512,7 +512,7 @@ static void test_protocol_and_errors(void **unused) {
                NULL);
   char out[600];
   snprintf(out, sizeof out, "%s/hf", base);
-  expect_error(&rep, ml_run_export(dir, out, 0), "export of a truncated checkpoint",
+  expect_error(&rep, ml_run_export(dir, out, 0, ML_EXPORT_DTYPE_SOURCE), "export of a truncated checkpoint",
                "rank-00000.safetensors", NULL);
   run_close(&r);
   agree(&rep, "protocol/error mismatches");

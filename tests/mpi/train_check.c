@@ -213,7 +213,7 @@ void check_replay_one_rank(run *r, const batch *b) {
   MPI_Bcast(g_replay_dir, sizeof g_replay_dir, MPI_CHAR, 0, MPI_COMM_WORLD);
   if (!g_replay_dir[0]) fail_msg("replay: no temporary directory");
   hold(g_replay_dir, replay_dir_release);
-  if (ml_engine_save_hf(&r->e, g_replay_dir)) fail_msg("save_hf: %s", ml_error_msg());
+  if (ml_engine_save_hf(&r->e, g_replay_dir, ML_EXPORT_DTYPE_F32)) fail_msg("save_hf: %s", ml_error_msg());
   MPI_Barrier(MPI_COMM_WORLD); /* rank 0 has written it */
   static run one;              /* held: static, see held.h */
   run_open(&one, MPI_COMM_SELF, 1, 1, NULL, g_replay_dir);

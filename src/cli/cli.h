@@ -43,5 +43,8 @@ int ml_cmd_plan(ml_host *world, int argc, char **argv);
 /* meshlm export: the latest run checkpoint as an HF checkpoint, written by
  * rank 0 alone (cmd_export.c). */
 int ml_cmd_export(ml_host *world, int argc, char **argv);
+/* meshlm tokenize: JSONL text → JSONL input_ids with tokenizer.json, by rank 0 alone
+ * (cmd_tokenize.c). */
+int ml_cmd_tokenize(ml_host *world, int argc, char **argv);
 
 #endif

@@ -98,8 +98,10 @@ static int build_tries(tok_added *a, const tok_normalizer *nm) {
       pat = normed.p;
       plen = normed.n;
       if (plen != t->len || memcmp(pat, t->content, plen) != 0) {
-        if (!(t->normed = ml_malloc(plen, "added token"))) rc = -1;
-        else memcpy(t->normed, pat, plen);
+        if (!(t->normed = ml_malloc(plen, "added token")))
+          rc = -1;
+        else
+          memcpy(t->normed, pat, plen);
         t->normed_len = plen;
       }
     }
@@ -111,8 +113,8 @@ static int build_tries(tok_added *a, const tok_normalizer *nm) {
   return rc;
 }
 
-int tok_added_load(tok_added *a, const json_t *list, const tok_bpe *model,
-                   const tok_normalizer *nm, const char *file) {
+int tok_added_load(tok_added *a, const json_t *list, const tok_bpe *model, const tok_normalizer *nm,
+                   const char *file) {
   memset(a, 0, sizeof *a);
   a->max_id = -1;
   if (list && !json_is_array(list)) return tok_bad(file, "added_tokens", list, "an array");
@@ -169,8 +171,8 @@ const tok_added_token *tok_added_by_id(const tok_added *a, int32_t id) {
 /* Rust's char::is_whitespace / regex \s: the Unicode White_Space chars. */
 static bool white_space(uint32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-         c == 0x205F || c == 0x3000;
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
 }
 
 /* Start of the char that ends at s[end] (exclusive), end > 0. */
@@ -208,7 +210,8 @@ int tok_added_split(const tok_added *a, bool normalized, tok_match_state *ms, co
     }
     if (tk->lstrip) {
       size_t ns = start;
-      while (ns > 0 && white_space(tok_utf8_decode(s + char_before(s, ns)))) ns = char_before(s, ns);
+      while (ns > 0 && white_space(tok_utf8_decode(s + char_before(s, ns))))
+        ns = char_before(s, ns);
       start = ns > done ? ns : done; /* spaces a previous match took stay with it */
     }
     if (tk->rstrip)

@@ -15,11 +15,10 @@
 #ifndef ML_TOK_ADDED_H
 #define ML_TOK_ADDED_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include <jansson.h>
 
 #include "tokenizer/tok_bpe.h"
 #include "tokenizer/tok_hash.h"
@@ -41,7 +40,7 @@ typedef struct tok_trie {
   tok_u64map edges; /* node << 8 | byte → child node */
   int32_t *term;    /* node → index of the token ending there, −1 */
   size_t nodes, cap;
-  bool first[256];  /* bytes that start a token */
+  bool first[256]; /* bytes that start a token */
 } tok_trie;
 
 typedef struct tok_added {
@@ -62,8 +61,8 @@ typedef struct tok_aspan {
 
 /* Read tokenizer.json's "added_tokens" (NULL: none) of `file`, ids from
  * `model`, normalized contents by `nm`. Errors: malformed entries. */
-int tok_added_load(tok_added *a, const json_t *list, const tok_bpe *model,
-                   const tok_normalizer *nm, const char *file);
+int tok_added_load(tok_added *a, const json_t *list, const tok_bpe *model, const tok_normalizer *nm,
+                   const char *file);
 void tok_added_free(tok_added *a);
 
 /* The added token of id `id`, or NULL. */

@@ -6,6 +6,7 @@
 
 #include "common/status.h"
 #include "tokenizer/tok_bytelevel.h"
+#include "tokenizer/tok_cache.h"
 #include "tokenizer/tok_util.h"
 
 /* ---- loading ---------------------------------------------------------- */
@@ -49,7 +50,8 @@ static int merge_parts(const json_t *item, size_t i, bool pairs, const char *fil
     *blen = json_string_length(json_array_get(item, 1));
     return 0;
   }
-  if (!json_is_string(item)) return tok_bad(file, f, item, "a string \"a b\" like the merges before it");
+  if (!json_is_string(item))
+    return tok_bad(file, f, item, "a string \"a b\" like the merges before it");
   const char *s = json_string_value(item);
   size_t len = json_string_length(item);
   const char *sp = memchr(s, ' ', len);
@@ -84,9 +86,12 @@ static int load_merges(tok_bpe *m, const json_t *merges, const char *file) {
       char f[64], what[300];
       snprintf(f, sizeof f, "model.merges[%zu]", i);
       snprintf(what, sizeof what, "tokens of the vocabulary (\"%.*s\" is not)",
-               (int)(ia < 0 ? (alen > 100 ? 100 : alen) : ib < 0 ? (blen > 100 ? 100 : blen)
-                                                            : (joined.n > 100 ? 100 : joined.n)),
-               ia < 0 ? a : ib < 0 ? b : joined.p);
+               (int)(ia < 0   ? (alen > 100 ? 100 : alen)
+                     : ib < 0 ? (blen > 100 ? 100 : blen)
+                              : (joined.n > 100 ? 100 : joined.n)),
+               ia < 0   ? a
+               : ib < 0 ? b
+                        : joined.p);
       rc = tok_bad(file, f, item, what);
       break;
     }
@@ -128,6 +133,7 @@ int tok_bpe_load(tok_bpe *m, const json_t *model, const char *file) {
     m->unk = json_string_value(unk);
     m->unk_len = json_string_length(unk);
   }
+  m->serial = tok_cache_serial();
   ML_TRY(load_vocab(m, json_object_get(model, "vocab"), file));
   ML_TRY(load_merges(m, json_object_get(model, "merges"), file));
   for (int b = 0; b < 256; b++) {
@@ -302,17 +308,8 @@ static int merge_all(const tok_bpe *m, tok_bpe_work *w, size_t n) {
   return 0;
 }
 
-int tok_bpe_encode(const tok_bpe *m, tok_bpe_work *w, const char *s, size_t len, int32_t **ids,
-                   size_t *n, size_t *cap) {
-  if (len == 0) return 0;
-  if (m->ignore_merges) {
-    int32_t id = tok_strmap_get(m->byte_level ? &m->raw_vocab : &m->vocab, s, len);
-    if (id >= 0) {
-      ML_TRY(tok_reserve(ids, cap, *n + 1, sizeof **ids, "token ids"));
-      (*ids)[(*n)++] = id;
-      return 0;
-    }
-  }
+/* merge_word: the word's symbols, merged. */
+static int merge_word(const tok_bpe *m, tok_bpe_work *w, const char *s, size_t len, size_t *n) {
   word wd = {w, 0, -1, 0};
   if (m->byte_level) {
     for (size_t i = 0; i < len; i++) {
@@ -330,9 +327,34 @@ int tok_bpe_encode(const tok_bpe *m, tok_bpe_work *w, const char *s, size_t len,
   }
   ML_TRY(flush_unk(&wd));
   ML_TRY(merge_all(m, w, wd.n));
-  ML_TRY(tok_reserve(ids, cap, *n + wd.n, sizeof **ids, "token ids"));
-  for (size_t i = 0; i < wd.n; i++)
+  *n = wd.n;
+  return 0;
+}
+
+int tok_bpe_encode(const tok_bpe *m, tok_bpe_work *w, const char *s, size_t len, int32_t **ids,
+                   size_t *n, size_t *cap) {
+  if (len == 0) return 0;
+  if (m->ignore_merges) {
+    int32_t id = tok_strmap_get(m->byte_level ? &m->raw_vocab : &m->vocab, s, len);
+    if (id >= 0) {
+      ML_TRY(tok_reserve(ids, cap, *n + 1, sizeof **ids, "token ids"));
+      (*ids)[(*n)++] = id;
+      return 0;
+    }
+  }
+  uint64_t h = len <= TOK_CACHE_KEY ? tok_hash_bytes(s, len) : 0;
+  ML_TRY(tok_reserve(ids, cap, *n + TOK_CACHE_IDS, sizeof **ids, "token ids"));
+  size_t hit;
+  if (h && tok_cache_get(m->serial, h, s, len, *ids + *n, &hit)) {
+    *n += hit;
+    return 0;
+  }
+  size_t nsym, n0 = *n;
+  ML_TRY(merge_word(m, w, s, len, &nsym));
+  ML_TRY(tok_reserve(ids, cap, *n + nsym, sizeof **ids, "token ids"));
+  for (size_t i = 0; i < nsym; i++)
     if (w->syms[i].len) (*ids)[(*n)++] = w->syms[i].id;
+  if (h) tok_cache_put(m->serial, h, s, len, *ids + n0, *n - n0);
   return 0;
 }
 

@@ -18,29 +18,29 @@
 #ifndef ML_TOK_BPE_H
 #define ML_TOK_BPE_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include <jansson.h>
-
 #include "tokenizer/tok_hash.h"
 
 typedef struct tok_bpe {
-  tok_strmap vocab;      /* token → id, as written in tokenizer.json */
-  size_t vocab_len;      /* distinct tokens (tokenizers' get_vocab_size) */
-  int32_t max_id;        /* largest id, −1 when empty */
-  int32_t *id_ent;       /* id → index of its vocab entry, −1 (max_id + 1 of them) */
-  tok_u64map merges;     /* (left id << 32 | right id) → rank */
-  int32_t *merge_new;    /* rank → id of the merged token */
+  tok_strmap vocab;   /* token → id, as written in tokenizer.json */
+  size_t vocab_len;   /* distinct tokens (tokenizers' get_vocab_size) */
+  int32_t max_id;     /* largest id, −1 when empty */
+  int32_t *id_ent;    /* id → index of its vocab entry, −1 (max_id + 1 of them) */
+  tok_u64map merges;  /* (left id << 32 | right id) → rank */
+  int32_t *merge_new; /* rank → id of the merged token */
   size_t n_merges;
-  const char *unk;       /* unk_token (into the JSON) or NULL */
+  const char *unk; /* unk_token (into the JSON) or NULL */
   size_t unk_len;
   bool byte_fallback, fuse_unk, ignore_merges;
-  int32_t byte_fb[256];  /* id of "<0xNN>", −1 when absent */
-  bool byte_level;       /* the byte-level mode above */
-  tok_strmap raw_vocab;  /* byte-level: raw bytes of a token → id */
-  int32_t byte_id[256];  /* byte-level: id of the char byte b stands for, −1 if none */
+  int32_t byte_fb[256]; /* id of "<0xNN>", −1 when absent */
+  bool byte_level;      /* the byte-level mode above */
+  tok_strmap raw_vocab; /* byte-level: raw bytes of a token → id */
+  int32_t byte_id[256]; /* byte-level: id of the char byte b stands for, −1 if none */
+  uint64_t serial;      /* this model's tag in the per-thread cache (tok_cache.h) */
 } tok_bpe;
 
 /* Read `model` (tokenizer.json's "model" object) of `file`. Refused: a type
@@ -70,7 +70,8 @@ void tok_bpe_work_free(tok_bpe_work *w);
 
 /* Encode one pre-token s[0..len) (valid UTF-8; raw bytes in byte-level
  * mode) and append its ids to ids[*n..] (growing *ids / *cap). Errors:
- * unk_token needed but not in the vocabulary, allocation. */
+ * unk_token needed but not in the vocabulary, allocation. Short pre-tokens'
+ * results are cached per thread (tok_cache.h). */
 int tok_bpe_encode(const tok_bpe *m, tok_bpe_work *w, const char *s, size_t len, int32_t **ids,
                    size_t *n, size_t *cap);
 

@@ -23,7 +23,9 @@ int tok_cp_to_byte(uint32_t cp) {
   return cp == 256 + 67 ? 0xAD : -1;
 }
 
-size_t tok_byte_to_utf8(unsigned char b, char *out) { return tok_utf8_encode(tok_byte_to_cp(b), out); }
+size_t tok_byte_to_utf8(unsigned char b, char *out) {
+  return tok_utf8_encode(tok_byte_to_cp(b), out);
+}
 
 long tok_bytelevel_unmap(const char *s, size_t len, char *out) {
   size_t o = 0;

@@ -49,7 +49,8 @@ static int add_step(tok_decoder *d, const json_t *j, const char *field, const ch
     const json_t *s = json_object_get(pat, "String");
     snprintf(f, sizeof f, "%s.pattern", field);
     if (!json_is_string(s) || json_string_length(s) == 0)
-      return tok_bad(file, f, pat, "{\"String\": s}, not empty (a Replace decoder meshlm implements)");
+      return tok_bad(file, f, pat,
+                     "{\"String\": s}, not empty (a Replace decoder meshlm implements)");
     st.pattern = json_string_value(s);
     st.pattern_len = json_string_length(s);
     ML_TRY(tok_str(file, j, field, "content", &st.content, &st.content_len));
@@ -58,9 +59,11 @@ static int add_step(tok_decoder *d, const json_t *j, const char *field, const ch
     ML_TRY(tok_str(file, j, field, "content", &st.content, &st.content_len));
     const json_t *a = json_object_get(j, "start"), *b = json_object_get(j, "stop");
     snprintf(f, sizeof f, "%s.start", field);
-    if (!json_is_integer(a) || json_integer_value(a) < 0) return tok_bad(file, f, a, "a count >= 0");
+    if (!json_is_integer(a) || json_integer_value(a) < 0)
+      return tok_bad(file, f, a, "a count >= 0");
     snprintf(f, sizeof f, "%s.stop", field);
-    if (!json_is_integer(b) || json_integer_value(b) < 0) return tok_bad(file, f, b, "a count >= 0");
+    if (!json_is_integer(b) || json_integer_value(b) < 0)
+      return tok_bad(file, f, b, "a count >= 0");
     st.start = (size_t)json_integer_value(a);
     st.stop = (size_t)json_integer_value(b);
     snprintf(f, sizeof f, "%s.content", field);
@@ -95,14 +98,22 @@ void tok_decoder_free(tok_decoder *d) {
 static size_t invalid_len(const unsigned char *s, size_t len) {
   unsigned c = s[0], lo = 0x80, hi = 0xBF;
   size_t need;
-  if (c >= 0xC2 && c <= 0xDF) need = 2;
-  else if (c >= 0xE0 && c <= 0xEF) need = 3;
-  else if (c >= 0xF0 && c <= 0xF4) need = 4;
-  else return 1;
-  if (c == 0xE0) lo = 0xA0;      /* overlong */
-  else if (c == 0xED) hi = 0x9F; /* surrogates */
-  else if (c == 0xF0) lo = 0x90; /* overlong */
-  else if (c == 0xF4) hi = 0x8F; /* above U+10FFFF */
+  if (c >= 0xC2 && c <= 0xDF)
+    need = 2;
+  else if (c >= 0xE0 && c <= 0xEF)
+    need = 3;
+  else if (c >= 0xF0 && c <= 0xF4)
+    need = 4;
+  else
+    return 1;
+  if (c == 0xE0)
+    lo = 0xA0; /* overlong */
+  else if (c == 0xED)
+    hi = 0x9F; /* surrogates */
+  else if (c == 0xF0)
+    lo = 0x90; /* overlong */
+  else if (c == 0xF4)
+    hi = 0x8F; /* above U+10FFFF */
   if (len < 2 || s[1] < lo || s[1] > hi) return 1;
   size_t k = 2;
   while (k < need && k < len && (s[k] & 0xC0) == 0x80) k++;
@@ -131,8 +142,10 @@ static int byte_level(tok_strs *in, tok_strs *out) {
     size_t len = in->off[i + 1] - in->off[i];
     if ((rc = tok_reserve(&raw.p, &raw.cap, raw.n + len + 1, 1, "decoded bytes"))) break;
     long n = tok_bytelevel_unmap(s, len, raw.p + raw.n);
-    if (n >= 0) raw.n += (size_t)n;
-    else rc = tok_buf_put(&raw, s, len); /* a char outside the map: the token as is */
+    if (n >= 0)
+      raw.n += (size_t)n;
+    else
+      rc = tok_buf_put(&raw, s, len); /* a char outside the map: the token as is */
   }
   if (rc == 0) rc = lossy(&txt, raw.p, raw.n);
   if (rc == 0) rc = tok_strs_push(out, txt.p, txt.n);
@@ -154,8 +167,10 @@ static int flush_bytes(tok_strs *out, tok_buf *bytes) {
 }
 
 static int hexval(char c) {
-  return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                                       : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+  return c >= '0' && c <= '9'   ? c - '0'
+         : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                : -1;
 }
 
 static int byte_fallback(tok_strs *in, tok_strs *out) {

@@ -7,10 +7,9 @@
 #ifndef ML_TOK_DECODE_H
 #define ML_TOK_DECODE_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
-
-#include <jansson.h>
 
 #include "tokenizer/tok_util.h"
 
@@ -26,7 +25,7 @@ typedef struct tok_dec_step {
   tok_dec_kind kind;
   const char *pattern, *content; /* Replace; Strip: content (one char) */
   size_t pattern_len, content_len;
-  size_t start, stop;            /* Strip */
+  size_t start, stop; /* Strip */
 } tok_dec_step;
 
 typedef struct tok_decoder {

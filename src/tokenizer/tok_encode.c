@@ -25,7 +25,7 @@ typedef struct ctx {
   ml_tokens *out;
   tok_match_state ms;
   tok_bpe_work bpe;
-  tok_buf norm, norm_tmp; /* the current piece, normalized */
+  tok_buf norm, norm_tmp;  /* the current piece, normalized */
   tok_aspan *raw, *normed; /* added-token splits of the text, of a normalized piece */
   size_t raw_n, raw_cap, normed_n, normed_cap;
   level *lv; /* one per pre-tokenizer step */
@@ -46,8 +46,8 @@ static int push_ids(ml_tokens *out, const int32_t *ids, size_t n) {
 /* Pre-tokenizer step k on one piece, then the model on what it cuts. */
 static int pretok(ctx *c, size_t k, const char *s, size_t len) {
   const tok_pretok *p = &c->t->pretok;
-  if (k == p->n) return tok_bpe_encode(&c->t->bpe, &c->bpe, s, len, &c->out->ids, &c->out->n,
-                                       &c->out->cap);
+  if (k == p->n)
+    return tok_bpe_encode(&c->t->bpe, &c->bpe, s, len, &c->out->ids, &c->out->n, &c->out->cap);
   const tok_pre_step *st = &p->steps[k];
   level *L = &c->lv[k];
   if (st->kind == TOK_PRE_BYTELEVEL) {
@@ -79,12 +79,14 @@ static int segment(ctx *c, const char *s, size_t len) {
   if (len == 0) return 0;
   if (t->added.norm.nodes == 0) return pretok(c, 0, s, len);
   c->normed_n = 0;
-  ML_TRY(tok_added_split(&t->added, true, &c->ms, s, len, &c->normed, &c->normed_n,
-                         &c->normed_cap));
+  ML_TRY(
+      tok_added_split(&t->added, true, &c->ms, s, len, &c->normed, &c->normed_n, &c->normed_cap));
   for (size_t i = 0; i < c->normed_n; i++) {
     const tok_aspan *a = &c->normed[i];
-    if (a->id >= 0) ML_TRY(push_ids(c->out, &a->id, 1));
-    else if (a->end > a->start) ML_TRY(pretok(c, 0, s + a->start, a->end - a->start));
+    if (a->id >= 0)
+      ML_TRY(push_ids(c->out, &a->id, 1));
+    else if (a->end > a->start)
+      ML_TRY(pretok(c, 0, s + a->start, a->end - a->start));
   }
   return 0;
 }
@@ -106,8 +108,10 @@ static int run(ctx *c, const char *text, size_t len, bool add_special) {
     ML_TRY(tok_added_split(&t->added, false, &c->ms, text, len, &c->raw, &c->raw_n, &c->raw_cap));
     for (size_t i = 0; i < c->raw_n; i++) {
       const tok_aspan *a = &c->raw[i];
-      if (a->id >= 0) ML_TRY(push_ids(c->out, &a->id, 1));
-      else if (a->end > a->start) ML_TRY(segment(c, text + a->start, a->end - a->start));
+      if (a->id >= 0)
+        ML_TRY(push_ids(c->out, &a->id, 1));
+      else if (a->end > a->start)
+        ML_TRY(segment(c, text + a->start, a->end - a->start));
     }
   }
   if (add_special) ML_TRY(push_ids(c->out, t->post.post, t->post.n_post));

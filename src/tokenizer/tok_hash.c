@@ -95,7 +95,7 @@ static int u64_rehash(tok_u64map *m, size_t slots) {
   memset(k, 0xFF, slots * sizeof *k);
   for (size_t i = 0; m->keys && i <= m->mask; i++) {
     if (m->keys[i] == UINT64_MAX) continue;
-    size_t j = (size_t)((m->keys[i] * 0x9E3779B97F4A7C15ull) >> 17) & (slots - 1);
+    size_t j = tok_u64_slot(m->keys[i], slots - 1);
     while (k[j] != UINT64_MAX) j = (j + 1) & (slots - 1);
     k[j] = m->keys[i];
     v[j] = m->vals[i];
@@ -111,7 +111,7 @@ static int u64_rehash(tok_u64map *m, size_t slots) {
 int tok_u64map_put(tok_u64map *m, uint64_t key, uint32_t val) {
   if (!m->keys || 2 * (m->n + 1) > m->mask + 1)
     ML_TRY(u64_rehash(m, m->keys ? 2 * (m->mask + 1) : 64));
-  size_t i = (size_t)((key * 0x9E3779B97F4A7C15ull) >> 17) & m->mask;
+  size_t i = tok_u64_slot(key, m->mask);
   while (m->keys[i] != UINT64_MAX && m->keys[i] != key) i = (i + 1) & m->mask;
   if (m->keys[i] == UINT64_MAX) m->n++;
   m->keys[i] = key;

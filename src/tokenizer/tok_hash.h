@@ -50,10 +50,15 @@ typedef struct tok_u64map {
 
 int tok_u64map_put(tok_u64map *m, uint64_t key, uint32_t val);
 /* Whether key is present; its value in *val. */
+/* The slot a key hashes to (every key bit reaches the low bits). */
+static inline size_t tok_u64_slot(uint64_t key, size_t mask) {
+  uint64_t h = (key ^ key >> 31) * 0x9E3779B97F4A7C15ull;
+  return (size_t)(h ^ h >> 29) & mask;
+}
+
 static inline bool tok_u64map_get(const tok_u64map *m, uint64_t key, uint32_t *val) {
   if (!m->keys) return false;
-  uint64_t h = key * 0x9E3779B97F4A7C15ull;
-  size_t i = (size_t)(h >> 17) & m->mask;
+  size_t i = tok_u64_slot(key, m->mask);
   for (;;) {
     uint64_t k = m->keys[i];
     if (k == key) {

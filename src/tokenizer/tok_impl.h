@@ -13,14 +13,14 @@
 #include "tokenizer/tokenizer.h"
 
 struct ml_tokenizer {
-  json_t *doc;           /* tokenizer.json; the parts point into it */
-  tok_added added;       /* split out first */
-  tok_normalizer norm;   /* then each piece between them normalized */
-  tok_pretok pretok;     /* then cut into pre-tokens */
-  tok_bpe bpe;           /* each pre-token encoded */
-  tok_post post;         /* special tokens around the sequence */
-  tok_decoder decoder;   /* ids → text (ml_tokenizer_decode) */
-  int32_t bos, eos;      /* −1: none */
+  json_t *doc;         /* tokenizer.json; the parts point into it */
+  tok_added added;     /* split out first */
+  tok_normalizer norm; /* then each piece between them normalized */
+  tok_pretok pretok;   /* then cut into pre-tokens */
+  tok_bpe bpe;         /* each pre-token encoded */
+  tok_post post;       /* special tokens around the sequence */
+  tok_decoder decoder; /* ids → text (ml_tokenizer_decode) */
+  int32_t bos, eos;    /* −1: none */
   int64_t vocab_size;
 };
 

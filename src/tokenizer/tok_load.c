@@ -23,7 +23,8 @@ static int load_json(const char *dir, const char *name, bool optional, char *pat
     return ml_err("%s: cannot open: %s", path, strerror(errno));
   }
   json_error_t e;
-  *doc = json_loadf(f, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL | (optional ? JSON_DECODE_INT_AS_REAL : 0), &e);
+  *doc = json_loadf(
+      f, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL | (optional ? JSON_DECODE_INT_AS_REAL : 0), &e);
   fclose(f);
   if (!*doc) return ml_err("%s:%d:%d: invalid JSON: %s", path, e.line, e.column, e.text);
   if (!json_is_object(*doc)) {
@@ -44,8 +45,8 @@ static int32_t token_id(const ml_tokenizer *t, const char *s, size_t len) {
 
 /* `key` (bos_token / eos_token) of a config file: a string, an AddedToken
  * object {"content": ...}, or null / missing (then *id is left alone). */
-static int config_token(const ml_tokenizer *t, const json_t *doc, const char *path,
-                        const char *key, int32_t *id, bool *set) {
+static int config_token(const ml_tokenizer *t, const json_t *doc, const char *path, const char *key,
+                        int32_t *id, bool *set) {
   const json_t *v = json_object_get(doc, key);
   if (!v || json_is_null(v)) return 0;
   if (json_is_object(v)) v = json_object_get(v, "content");

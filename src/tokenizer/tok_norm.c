@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
 #include <utf8proc.h>
 
 #include "common/status.h"
@@ -108,8 +107,8 @@ static int replace(const tok_norm_step *st, tok_match_state *ms, const char *s, 
   if (st->text) {
     size_t i = 0;
     for (;;) {
-      const char *hit = len - i >= st->text_len ? memmem(s + i, len - i, st->text, st->text_len)
-                                                : NULL;
+      const char *hit =
+          len - i >= st->text_len ? memmem(s + i, len - i, st->text, st->text_len) : NULL;
       size_t end = hit ? (size_t)(hit - s) : len;
       ML_TRY(tok_buf_put(out, s + i, end - i));
       if (!hit) return 0;

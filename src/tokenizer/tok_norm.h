@@ -6,10 +6,9 @@
 #ifndef ML_TOK_NORM_H
 #define ML_TOK_NORM_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
-
-#include <jansson.h>
 
 #include "tokenizer/tok_regex.h"
 #include "tokenizer/tok_util.h"
@@ -22,7 +21,7 @@ typedef struct tok_norm_step {
   size_t text_len;
   const char *content; /* Replace: the replacement */
   size_t content_len;
-  tok_regex re;        /* Replace with a {"Regex": ...} pattern */
+  tok_regex re; /* Replace with a {"Regex": ...} pattern */
 } tok_norm_step;
 
 typedef struct tok_normalizer {

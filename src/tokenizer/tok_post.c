@@ -10,10 +10,12 @@
 /* Append the ids of special token `name` (from special_tokens) to *ids. */
 static int special_ids(const json_t *specials, const json_t *name, const char *field,
                        const char *file, int32_t **ids, size_t *n, size_t *cap) {
-  const json_t *sp = json_is_string(name) ? json_object_get(specials, json_string_value(name)) : NULL;
+  const json_t *sp =
+      json_is_string(name) ? json_object_get(specials, json_string_value(name)) : NULL;
   if (!sp) return tok_bad(file, field, name, "a token named in the processor's special_tokens");
   const json_t *list = json_object_get(sp, "ids");
-  if (!json_is_array(list)) return tok_bad(file, field, sp, "a special token with an \"ids\" array");
+  if (!json_is_array(list))
+    return tok_bad(file, field, sp, "a special token with an \"ids\" array");
   for (size_t i = 0; i < json_array_size(list); i++) {
     const json_t *v = json_array_get(list, i);
     json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;

@@ -8,11 +8,10 @@
 #ifndef ML_TOK_POST_H
 #define ML_TOK_POST_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include <jansson.h>
 
 typedef struct tok_post {
   int32_t *pre, *post; /* ids before and after the sequence under add_special */

@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
 #include <utf8proc.h>
 
 #include "common/status.h"
@@ -25,8 +24,8 @@ static int push_step(tok_pretok *p, tok_pre_step *st) {
 }
 
 static int load_split(tok_pre_step *st, const json_t *j, const char *field, const char *file) {
-  static const char *const names[] = {"Removed", "Isolated", "MergedWithPrevious",
-                                      "MergedWithNext", "Contiguous"};
+  static const char *const names[] = {"Removed", "Isolated", "MergedWithPrevious", "MergedWithNext",
+                                      "Contiguous"};
   char f[256];
   const json_t *b = json_object_get(j, "behavior");
   int k = 0;
@@ -56,8 +55,9 @@ static int add_step(tok_pretok *p, const json_t *j, const char *field, const cha
   char f[256];
   if (p->byte_level) {
     snprintf(f, sizeof f, "%s", field);
-    return tok_bad(file, f, j, "nothing after the ByteLevel pre-tokenizer (meshlm applies its "
-                               "byte map in the model, so ByteLevel must come last)");
+    return tok_bad(file, f, j,
+                   "nothing after the ByteLevel pre-tokenizer (meshlm applies its "
+                   "byte map in the model, so ByteLevel must come last)");
   }
   const json_t *type = json_object_get(j, "type");
   const char *t = json_is_string(type) ? json_string_value(type) : "";
@@ -141,8 +141,10 @@ static int numeric_matches(const char *s, size_t len, tok_span **sp, size_t *n, 
 int tok_pretok_split(const tok_pre_step *st, tok_match_state *ms, const char *s, size_t len,
                      tok_span **sp, size_t *n, size_t *cap) {
   size_t first = *n;
-  if (st->kind == TOK_PRE_DIGITS) ML_TRY(numeric_matches(s, len, sp, n, cap));
-  else ML_TRY(tok_regex_find_matches(&st->re, ms, s, len, sp, n, cap));
+  if (st->kind == TOK_PRE_DIGITS)
+    ML_TRY(numeric_matches(s, len, sp, n, cap));
+  else
+    ML_TRY(tok_regex_find_matches(&st->re, ms, s, len, sp, n, cap));
   tok_span *m = *sp + first;
   size_t k = *n - first, out = 0;
   if (st->invert)
@@ -160,16 +162,20 @@ int tok_pretok_split(const tok_pre_step *st, tok_match_state *ms, const char *s,
       for (size_t i = 0; i < k; i++) {
         bool join = st->behavior == TOK_CONTIGUOUS ? m[i].match == prev : m[i].match && !prev;
         prev = m[i].match;
-        if (join && out > 0) m[out - 1].end = m[i].end;
-        else m[out++] = m[i];
+        if (join && out > 0)
+          m[out - 1].end = m[i].end;
+        else
+          m[out++] = m[i];
       }
       break;
     case TOK_MERGED_WITH_NEXT: /* the same from the right, merging into the next piece */
       for (size_t i = k; i-- > 0;) {
         bool join = m[i].match && !prev;
         prev = m[i].match;
-        if (join && out > 0) m[k - out].start = m[i].start;
-        else m[k - 1 - out++] = m[i];
+        if (join && out > 0)
+          m[k - out].start = m[i].start;
+        else
+          m[k - 1 - out++] = m[i];
       }
       memmove(m, m + k - out, out * sizeof *m);
       break;

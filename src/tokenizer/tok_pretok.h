@@ -14,10 +14,9 @@
 #ifndef ML_TOK_PRETOK_H
 #define ML_TOK_PRETOK_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
-
-#include <jansson.h>
 
 #include "tokenizer/tok_regex.h"
 

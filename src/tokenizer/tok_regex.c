@@ -17,8 +17,10 @@ static int rewrite(const char *p, size_t len, tok_buf *out, const char *file, co
   int depth = 0; /* inside a character class when > 0 */
   for (size_t i = 0; i < len; i++) {
     char c = p[i];
-    if (c == '[') depth++;
-    else if (c == ']' && depth > 0) depth--;
+    if (c == '[')
+      depth++;
+    else if (c == ']' && depth > 0)
+      depth--;
     if (c != '\\' || i + 1 == len) {
       ML_TRY(tok_buf_put(out, &c, 1));
       continue;
@@ -42,20 +44,35 @@ static int rewrite(const char *p, size_t len, tok_buf *out, const char *file, co
           continue;
         }
         break;
-      case 'b': case 'B': case 'h': case 'H': case 'R': case 'X': case 'K': case 'N':
-      case 'O': case 'y': case 'Y': case 'g': case 'k': case 'G':
-        return ml_err("%s: field '%s': found the escape \\%c in the pattern %.*s, expected a "
-                      "pattern without it (Oniguruma and PCRE2 read it differently; meshlm "
-                      "does not implement it)", file, field, e, (int)(len > 200 ? 200 : len), p);
+      case 'b':
+      case 'B':
+      case 'h':
+      case 'H':
+      case 'R':
+      case 'X':
+      case 'K':
+      case 'N':
+      case 'O':
+      case 'y':
+      case 'Y':
+      case 'g':
+      case 'k':
+      case 'G':
+        return ml_err(
+            "%s: field '%s': found the escape \\%c in the pattern %.*s, expected a "
+            "pattern without it (Oniguruma and PCRE2 read it differently; meshlm "
+            "does not implement it)",
+            file, field, e, (int)(len > 200 ? 200 : len), p);
       default: break;
     }
     if (body || neg) {
       /* a class body: bare outside a class, bracketed inside one; a negated
        * class inside a class cannot be written as a body, so refuse it */
       if (neg && depth > 0)
-        return ml_err("%s: field '%s': found \\%c inside a character class in %.*s, expected it "
-                      "outside one (meshlm does not implement it)", file, field, e,
-                      (int)(len > 200 ? 200 : len), p);
+        return ml_err(
+            "%s: field '%s': found \\%c inside a character class in %.*s, expected it "
+            "outside one (meshlm does not implement it)",
+            file, field, e, (int)(len > 200 ? 200 : len), p);
       if (depth == 0) ML_TRY(tok_buf_put(out, neg ? "[^" : "[", neg ? 2 : 1));
       const char *b = body ? body : neg;
       ML_TRY(tok_buf_put(out, b, strlen(b)));
@@ -101,7 +118,7 @@ int tok_regex_compile(tok_regex *re, const char *pattern, size_t len, bool liter
                   file, field, (int)(len > 200 ? 200 : len), pattern, (const char *)msg);
   }
   /* without JIT (a PCRE2 built without it) the interpreter gives the same matches */
-  pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE);
+  re->jit = pcre2_jit_compile(re->code, PCRE2_JIT_COMPLETE) == 0;
   return 0;
 }
 
@@ -124,8 +141,11 @@ static int search(const tok_regex *re, tok_match_state *st, const char *text, si
   if (!st->md && !(st->md = pcre2_match_data_create(1, NULL)))
     return ml_err("out of memory: regex match data");
   for (;;) {
-    int rc = pcre2_match(re->code, (PCRE2_SPTR)text, len, from, opts | PCRE2_NO_UTF_CHECK, st->md,
-                         st->mctx);
+    /* pcre2_jit_match skips pcre2_match's checks; it cannot anchor at match time */
+    int rc = re->jit && !(opts & PCRE2_ANCHORED)
+                 ? pcre2_jit_match(re->code, (PCRE2_SPTR)text, len, from, opts, st->md, st->mctx)
+                 : pcre2_match(re->code, (PCRE2_SPTR)text, len, from, opts | PCRE2_NO_UTF_CHECK,
+                               st->md, st->mctx);
     if (rc >= 0) {
       PCRE2_SIZE *ov = pcre2_get_ovector_pointer(st->md);
       *s = ov[0];
@@ -148,7 +168,7 @@ static int search(const tok_regex *re, tok_match_state *st, const char *text, si
 
 int tok_regex_match_at_start(const tok_regex *re, tok_match_state *st, const char *s, size_t len,
                              bool *matched) {
-  size_t a, b;
+  size_t a = 0, b = 0;
   int rc = search(re, st, s, len, 0, PCRE2_ANCHORED, &a, &b);
   if (rc < 0) return -1;
   *matched = rc == 1;
@@ -170,7 +190,7 @@ int tok_regex_find_matches(const tok_regex *re, tok_match_state *st, const char 
   bool have_last = false;
   size_t last_match_end = 0;
   while (last_end <= len) {
-    size_t a, b;
+    size_t a = 0, b = 0;
     int rc = search(re, st, s, len, last_end, 0, &a, &b);
     if (rc < 0) return -1;
     if (rc == 0) break;

@@ -21,6 +21,7 @@
 
 typedef struct tok_regex {
   pcre2_code *code;
+  bool jit; /* JIT-compiled */
 } tok_regex;
 
 /* A match or gap of a split: bytes [start, end) of the searched text. */

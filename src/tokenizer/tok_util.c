@@ -39,7 +39,8 @@ uint32_t tok_utf8_decode(const char *s) {
   const unsigned char *u = (const unsigned char *)s;
   if (u[0] < 0x80) return u[0];
   if (u[0] < 0xE0) return (uint32_t)(u[0] & 0x1F) << 6 | (u[1] & 0x3F);
-  if (u[0] < 0xF0) return (uint32_t)(u[0] & 0x0F) << 12 | (uint32_t)(u[1] & 0x3F) << 6 | (u[2] & 0x3F);
+  if (u[0] < 0xF0)
+    return (uint32_t)(u[0] & 0x0F) << 12 | (uint32_t)(u[1] & 0x3F) << 6 | (u[2] & 0x3F);
   return (uint32_t)(u[0] & 0x07) << 18 | (uint32_t)(u[1] & 0x3F) << 12 |
          (uint32_t)(u[2] & 0x3F) << 6 | (u[3] & 0x3F);
 }
@@ -87,15 +88,20 @@ bool tok_utf8_valid(const char *s, size_t len, size_t *bad) {
     }
     size_t n;
     unsigned lo = 0x80, hi = 0xBF; /* allowed range of the second byte */
-    if (c >= 0xC2 && c <= 0xDF) n = 2;
+    if (c >= 0xC2 && c <= 0xDF)
+      n = 2;
     else if (c >= 0xE0 && c <= 0xEF) {
       n = 3;
-      if (c == 0xE0) lo = 0xA0;      /* overlong */
-      else if (c == 0xED) hi = 0x9F; /* surrogates */
+      if (c == 0xE0)
+        lo = 0xA0; /* overlong */
+      else if (c == 0xED)
+        hi = 0x9F; /* surrogates */
     } else if (c >= 0xF0 && c <= 0xF4) {
       n = 4;
-      if (c == 0xF0) lo = 0x90;      /* overlong */
-      else if (c == 0xF4) hi = 0x8F; /* above U+10FFFF */
+      if (c == 0xF0)
+        lo = 0x90; /* overlong */
+      else if (c == 0xF4)
+        hi = 0x8F; /* above U+10FFFF */
     } else {
       *bad = i;
       return false;

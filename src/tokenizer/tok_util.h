@@ -4,11 +4,10 @@
 #ifndef ML_TOK_UTIL_H
 #define ML_TOK_UTIL_H
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-#include <jansson.h>
 
 /* Make room for `need` elements of `elem` bytes in *p (capacity *cap, in
  * elements), growing geometrically with realloc. Returns 0, or -1 with an

@@ -29,8 +29,10 @@ static void show(const char *what, const char *s, size_t len) {
   fprintf(stderr, "  %s: \"", what);
   for (size_t i = 0; i < len && i < 300; i++) {
     unsigned char c = (unsigned char)s[i];
-    if (c < 0x20 || c == '"' || c == '\\') fprintf(stderr, "\\x%02X", c);
-    else fputc(c, stderr);
+    if (c < 0x20 || c == '"' || c == '\\')
+      fprintf(stderr, "\\x%02X", c);
+    else
+      fputc(c, stderr);
   }
   fprintf(stderr, "%s\"\n", len > 300 ? "..." : "");
 }
@@ -82,8 +84,9 @@ static void check_fixture(const char *name) {
     size_t out_len = 0;
     if (ml_tokenizer_decode(t, got.ids, got.n, false, &out, &out_len))
       fail_msg("%s case %zu: decode: %s", name, i, ml_error_msg());
-    if (same && (out_len != json_string_length(dec) ||
-                 memcmp(out, json_string_value(dec), out_len) != 0) && bad++ < 5) {
+    if (same &&
+        (out_len != json_string_length(dec) || memcmp(out, json_string_value(dec), out_len) != 0) &&
+        bad++ < 5) {
       fprintf(stderr, "%s case %zu: decoding differs from tokenizers:\n", name, i);
       show("want", json_string_value(dec), json_string_length(dec));
       show("got ", out, out_len);
@@ -144,8 +147,12 @@ static void test_invalid_utf8(void **state) {
     const char *s;
     size_t len, off;
   } bad[] = {
-      {"abc\xFF", 4, 3},          {"ok \xC3", 4, 3},            {"\xED\xA0\x80 surrogate", 12, 0},
-      {"x\xC0\xAF overlong", 12, 1}, {"hi \xF4\x90\x80\x80", 7, 3}, {"a\x80", 2, 1},
+      {"abc\xFF", 4, 3},
+      {"ok \xC3", 4, 3},
+      {"\xED\xA0\x80 surrogate", 12, 0},
+      {"x\xC0\xAF overlong", 12, 1},
+      {"hi \xF4\x90\x80\x80", 7, 3},
+      {"a\x80", 2, 1},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     ml_tokens out = {0};
@@ -190,8 +197,8 @@ static void wordpiece(json_t *d) {
   json_object_set_new(json_object_get(d, "model"), "type", json_string("WordPiece"));
 }
 static void metaspace(json_t *d) {
-  json_object_set_new(d, "pre_tokenizer", json_pack("{s:s,s:s}", "type", "Metaspace",
-                                                    "replacement", "_"));
+  json_object_set_new(d, "pre_tokenizer",
+                      json_pack("{s:s,s:s}", "type", "Metaspace", "replacement", "_"));
 }
 static void lowercase(json_t *d) {
   json_object_set_new(d, "normalizer", json_pack("{s:s}", "type", "Lowercase"));
@@ -234,10 +241,10 @@ static void bad_regex(json_t *d) {
 /* Unsupported components and malformed fields: one message naming the
  * file and the field, what was found and what was expected. */
 static void test_load_errors(void **state) {
-  expect_error(wordpiece, (const char *const[]){"tokenizer.json", "model.type", "WordPiece",
-                                                 "BPE", NULL});
-  expect_error(metaspace, (const char *const[]){"tokenizer.json", "pre_tokenizer.type",
-                                                 "Metaspace", "expected", NULL});
+  expect_error(wordpiece,
+               (const char *const[]){"tokenizer.json", "model.type", "WordPiece", "BPE", NULL});
+  expect_error(metaspace, (const char *const[]){"tokenizer.json", "pre_tokenizer.type", "Metaspace",
+                                                "expected", NULL});
   expect_error(lowercase, (const char *const[]){"normalizer.type", "Lowercase", NULL});
   expect_error(bad_merge, (const char *const[]){"model.merges[3]", "nosuchtoken", NULL});
   expect_error(bad_merge_string, (const char *const[]){"model.merges[1]", "a b c", NULL});
@@ -248,8 +255,8 @@ static void test_load_errors(void **state) {
   expect_error(truncation, (const char *const[]){"truncation", "max_length", NULL});
   expect_error(bytelevel_first,
                (const char *const[]){"pre_tokenizer.pretokenizers[1]", "ByteLevel", NULL});
-  expect_error(bad_regex, (const char *const[]){"pre_tokenizer.pretokenizers[0].pattern.Regex",
-                                                 "\\b", NULL});
+  expect_error(bad_regex,
+               (const char *const[]){"pre_tokenizer.pretokenizers[0].pattern.Regex", "\\b", NULL});
   ml_tokenizer *t = NULL;
   assert_int_equal(ml_tokenizer_load(g_dir, &t), -1); /* the last edit is refused too */
   ml_error_clear();
@@ -261,12 +268,18 @@ static void test_load_errors(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_bytelevel),   cmocka_unit_test(test_bytelevel_legacy),
-      cmocka_unit_test(test_bytelevel_ignore), cmocka_unit_test(test_digits),
-      cmocka_unit_test(test_splits),      cmocka_unit_test(test_gpt2),
-      cmocka_unit_test(test_spm),         cmocka_unit_test(test_spm_prepend),
-      cmocka_unit_test(test_smollm2),     cmocka_unit_test(test_bos_eos),
-      cmocka_unit_test(test_invalid_utf8), cmocka_unit_test(test_load_errors),
+      cmocka_unit_test(test_bytelevel),
+      cmocka_unit_test(test_bytelevel_legacy),
+      cmocka_unit_test(test_bytelevel_ignore),
+      cmocka_unit_test(test_digits),
+      cmocka_unit_test(test_splits),
+      cmocka_unit_test(test_gpt2),
+      cmocka_unit_test(test_spm),
+      cmocka_unit_test(test_spm_prepend),
+      cmocka_unit_test(test_smollm2),
+      cmocka_unit_test(test_bos_eos),
+      cmocka_unit_test(test_invalid_utf8),
+      cmocka_unit_test(test_load_errors),
   };
   return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }

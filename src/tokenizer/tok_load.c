@@ -43,24 +43,28 @@ static int32_t token_id(const ml_tokenizer *t, const char *s, size_t len) {
   return tok_strmap_get(&t->bpe.vocab, s, len);
 }
 
-/* `key` (bos_token / eos_token) of a config file: a string, an AddedToken
- * object {"content": ...}, or null / missing (then *id is left alone). */
-static int config_token(const ml_tokenizer *t, const json_t *doc, const char *path, const char *key,
-                        int32_t *id, bool *set) {
+/* `key` (bos_token / eos_token) of a config file: a string or an AddedToken
+ * object {"content": ...} sets *id; null sets −1 (no such token); a
+ * missing key leaves *id to the next file. */
+static int config_token(const ml_tokenizer *t, const json_t *doc, const char *path,
+                        const char *key, int32_t *id, bool *set) {
   const json_t *v = json_object_get(doc, key);
-  if (!v || json_is_null(v)) return 0;
+  if (!v) return 0;
+  *set = true;
+  *id = -1;
+  if (json_is_null(v)) return 0;
   if (json_is_object(v)) v = json_object_get(v, "content");
   if (!json_is_string(v))
     return tok_bad(path, key, json_object_get(doc, key), "a string, {\"content\": ...} or null");
   int32_t found = token_id(t, json_string_value(v), json_string_length(v));
   if (found < 0) return tok_bad(path, key, v, "a token of tokenizer.json's vocabulary");
   *id = found;
-  *set = true;
   return 0;
 }
 
 /* BOS / EOS: special_tokens_map.json over tokenizer_config.json (as
- * transformers' from_pretrained reads them), else the template's. */
+ * transformers' from_pretrained reads them: the first file with the key
+ * decides, null included), else the template's first / last token. */
 static int load_bos_eos(ml_tokenizer *t, const char *dir) {
   static const char *const files[] = {"special_tokens_map.json", "tokenizer_config.json"};
   bool bos_set = false, eos_set = false;

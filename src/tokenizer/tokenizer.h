@@ -1,24 +1,42 @@
 /* Hugging Face tokenizer.json in C: text → token ids, exactly as the
- * `tokenizers` library's Tokenizer.encode(text, add_special_tokens=...).
+ * `tokenizers` library's Tokenizer.encode(text, add_special_tokens=...)
+ * (tokenizers/src/tokenizer/mod.rs: added tokens, normalizer,
+ * pre-tokenizer, model, post-processor, in that order).
  *
  * Supported (anything else is refused at load with a message naming the
- * component and the file, never silently different ids):
- * - model BPE, byte-level (GPT-2 / Llama 3 / Qwen2 / Qwen3 / SmolLM2): the
- *   ByteLevel pre-tokenizer (GPT-2 byte↔unicode map) behind a Split regex
- *   (PCRE2, UTF + UCP, JIT), merges as "a b" strings or [a, b] pairs,
- *   ignore_merges, the ByteLevel decoder's byte map;
+ * file, the JSON field, what was found and what was expected, never
+ * silently different ids):
+ * - model BPE (models/bpe/model.rs, word.rs), byte-level (GPT-2 / Llama 3 /
+ *   Qwen2 / Qwen3 / SmolLM2): the ByteLevel pre-tokenizer (GPT-2 byte ↔
+ *   unicode map, its regex when use_regex, add_prefix_space) last, after
+ *   Split regexes (PCRE2, UTF + UCP, JIT, matching as Oniguruma:
+ *   tok_regex.h); merges as "a b" strings or [a, b] pairs; ignore_merges;
+ *   unk_token; dropout null (or 0); continuing_subword_prefix and
+ *   end_of_word_suffix null or "";
  * - model BPE, SentencePiece style (Gemma 3): Replace(" " → "▁") / Prepend
- *   normalizers, no regex split, byte_fallback to <0xNN> tokens;
- * - added tokens (special or not) split out of the text first, longest
- *   match first, honouring `normalized`, `lstrip`, `rstrip`, `single_word`;
+ *   normalizers, no pre-tokenizer or a Split on " ", byte_fallback to
+ *   <0xNN> tokens, fuse_unk;
+ * - added tokens (special or not) split out of the text first, leftmost-
+ *   longest, honouring `normalized`, `lstrip`, `rstrip`, `single_word`
+ *   (tokenizer/added_vocabulary.rs; ids as tokenizers assigns them);
  * - normalizers NFC (utf8proc), Replace, Prepend, Sequence;
+ * - pre-tokenizers Split (every behaviour, invert), ByteLevel, Digits,
+ *   Sequence;
  * - post-processors TemplateProcessing (single sequence), ByteLevel
- *   (offsets only: ids unchanged), Sequence of those.
- * tokenizer_config.json and special_tokens_map.json, where present, name
- * the BOS/EOS tokens (bos_token / eos_token, a string or {"content": ...}).
+ *   (offsets only: ids unchanged), Sequence of those;
+ * - decoders (for ml_tokenizer_decode) ByteLevel, Replace, ByteFallback,
+ *   Fuse, Strip, Sequence.
+ * Refused as well: non-null truncation or padding, a version other than
+ * "1.0". tokenizer_config.json and special_tokens_map.json, where present,
+ * name the BOS/EOS tokens (bos_token / eos_token, a string or {"content":
+ * ...}, or null for none; special_tokens_map.json first, as transformers
+ * reads them).
+ * The one known gap: Unicode property tables (PCRE2's, utf8proc's) of
+ * another Unicode version than tokenizers' may class characters assigned
+ * in between differently.
  *
  * A tokenizer is immutable after load: encode may run on several threads at
- * once. */
+ * once (each thread keeps its own cache of BPE results, tok_cache.h). */
 #ifndef ML_TOKENIZER_H
 #define ML_TOKENIZER_H
 

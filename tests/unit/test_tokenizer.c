@@ -6,6 +6,7 @@
 #define _XOPEN_SOURCE 700
 #define TMPDIR_PREFIX "ml_test_tokenizer"
 
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -118,6 +119,54 @@ static void test_smollm2(void **state) {
   check_fixture("smollm2");
 }
 
+/* Several threads encoding with one tokenizer at once (each with its own
+ * BPE cache) give every case's ids. */
+typedef struct thread_job {
+  const ml_tokenizer *t;
+  const json_t *cases;
+  size_t bad;
+} thread_job;
+
+static void *encode_all(void *arg) {
+  thread_job *j = arg;
+  for (int round = 0; round < 3; round++) {
+    for (size_t i = 0; i < json_array_size(j->cases); i++) {
+      const json_t *c = json_array_get(j->cases, i), *text = json_object_get(c, "text");
+      const json_t *ids = json_object_get(c, "ids");
+      ml_tokens got = {0};
+      bool ok = ml_tokenizer_encode(j->t, json_string_value(text), json_string_length(text),
+                                    json_is_true(json_object_get(c, "add_special")), &got) == 0 &&
+                got.n == json_array_size(ids);
+      for (size_t k = 0; ok && k < got.n; k++)
+        ok = got.ids[k] == json_integer_value(json_array_get(ids, k));
+      j->bad += !ok;
+      ml_tokens_free(&got);
+    }
+  }
+  return NULL;
+}
+
+static void test_threads(void **state) {
+  json_error_t je;
+  json_t *doc = json_load_file(FIXTURES "/bytelevel/cases.json", JSON_ALLOW_NUL, &je);
+  assert_non_null(doc);
+  ml_tokenizer *t = NULL;
+  assert_int_equal(ml_tokenizer_load(FIXTURES "/bytelevel", &t), 0);
+  enum { N = 4 };
+  pthread_t th[N];
+  thread_job jobs[N];
+  for (int i = 0; i < N; i++) {
+    jobs[i] = (thread_job){t, json_object_get(doc, "cases"), 0};
+    assert_int_equal(pthread_create(&th[i], NULL, encode_all, &jobs[i]), 0);
+  }
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(pthread_join(th[i], NULL), 0);
+    assert_int_equal(jobs[i].bad, 0);
+  }
+  ml_tokenizer_free(t);
+  json_decref(doc);
+}
+
 /* BOS / EOS and whether encode adds them, from the template and the config. */
 static void test_bos_eos(void **state) {
   ml_tokenizer *t = NULL;
@@ -137,6 +186,24 @@ static void test_bos_eos(void **state) {
   assert_false(ml_tokenizer_adds_eos(t));
   assert_int_equal(ml_tokenizer_bos(t), 2);
   ml_tokenizer_free(t);
+  /* special_tokens_map.json over tokenizer_config.json, as transformers 5 reads them */
+  json_t *doc = json_load_file(FIXTURES "/bytelevel/tokenizer.json", 0, NULL);
+  assert_int_equal(json_dump_file(doc, tpath("tokenizer.json"), 0), 0);
+  json_decref(doc);
+  FILE *f = fopen(tpath("tokenizer_config.json"), "w");
+  fputs("{\"bos_token\": \"<|im_start|>\", \"eos_token\": \"<|im_end|>\", "
+        "\"model_max_length\": 1000000000000000019884624838656}", f);
+  fclose(f);
+  f = fopen(tpath("special_tokens_map.json"), "w");
+  fputs("{\"bos_token\": {\"content\": \"<|begin_of_text|>\"}, \"eos_token\": null}", f);
+  fclose(f);
+  assert_int_equal(ml_tokenizer_load(g_dir, &t), 0);
+  assert_int_equal(ml_tokenizer_bos(t), 1500); /* <|begin_of_text|> */
+  assert_int_equal(ml_tokenizer_eos(t), -1);   /* null, as transformers reads it */
+  assert_true(ml_tokenizer_adds_bos(t));
+  ml_tokenizer_free(t);
+  remove(tpath("tokenizer_config.json"));
+  remove(tpath("special_tokens_map.json"));
 }
 
 /* Invalid UTF-8 is an error naming the byte offset; the output is untouched. */
@@ -277,6 +344,7 @@ int main(void) {
       cmocka_unit_test(test_spm),
       cmocka_unit_test(test_spm_prepend),
       cmocka_unit_test(test_smollm2),
+      cmocka_unit_test(test_threads),
       cmocka_unit_test(test_bos_eos),
       cmocka_unit_test(test_invalid_utf8),
       cmocka_unit_test(test_load_errors),

@@ -30,7 +30,8 @@ int ml_cmd_export(ml_host *world, int argc, char **argv) {
   if (rc == 1) return 0;
   if (rc == 0 && max_shard < 0)
     rc = ml_err("export: --max-shard-size %lld: expected a byte count >= 0", (long long)max_shard);
-  if (rc == 0 && world->rank == 0) rc = ml_run_export(ckpt, out, (size_t)max_shard, (ml_export_dtype)dtype.index);
+  if (rc == 0 && world->rank == 0)
+    rc = ml_run_export(ckpt, out, (size_t)max_shard, (ml_export_dtype)dtype.index);
   ML_TRY(ml_cli_agree(world, rc));
   ml_cli_print("export: wrote %s from the latest checkpoint in %s\n", out, ckpt);
   return 0;

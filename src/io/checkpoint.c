@@ -266,8 +266,10 @@ static int check_unique(const char *dir, const ml_st_entry *e, size_t n) {
   json_t *seen = json_object();
   int rc = seen ? 0 : ml_err("%s: out of memory", dir);
   for (size_t i = 0; rc == 0 && i < n; i++) {
-    if (json_object_get(seen, e[i].name)) rc = ml_err("%s: duplicate tensor name '%s'", dir, e[i].name);
-    else if (json_object_set_new(seen, e[i].name, json_true()) != 0) rc = ml_err("%s: out of memory", dir);
+    if (json_object_get(seen, e[i].name))
+      rc = ml_err("%s: duplicate tensor name '%s'", dir, e[i].name);
+    else if (json_object_set_new(seen, e[i].name, json_true()) != 0)
+      rc = ml_err("%s: out of memory", dir);
   }
   json_decref(seen);
   return rc;

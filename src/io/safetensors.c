@@ -297,7 +297,8 @@ int ml_st_spec_nbytes(const char *path, const ml_st_entry *e, size_t *nbytes_out
   if (!e->name || strcmp(e->name, "__metadata__") == 0)
     return ml_err("%s: tensor name %s is not allowed", path, name);
   if ((unsigned)e->dtype >= ML_DTYPE_COUNT)
-    return ml_err("%s: tensor '%s': dtype %d is not a safetensors dtype", path, name, (int)e->dtype);
+    return ml_err("%s: tensor '%s': dtype %d is not a safetensors dtype", path, name,
+                  (int)e->dtype);
   if (e->ndim < 0 || e->ndim > ML_ST_MAX_DIMS)
     return ml_err("%s: tensor '%s': ndim %d, expected 0..%d", path, name, e->ndim, ML_ST_MAX_DIMS);
   for (int i = 0; i < e->ndim; i++)

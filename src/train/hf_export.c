@@ -153,7 +153,8 @@ static int pick_family(ml_hf_export *x) {
 /* out[PATH_CAP] = "dir/name". Errors: too long. */
 static int join(char *out, const char *dir, const char *name) {
   int n = snprintf(out, PATH_CAP, "%s/%s", dir, name);
-  return n >= 0 && n < PATH_CAP ? 0 : ml_err("%s/%s: path longer than %d bytes", dir, name, PATH_CAP - 1);
+  if (n >= 0 && n < PATH_CAP) return 0;
+  return ml_err("%s/%s: path longer than %d bytes", dir, name, PATH_CAP - 1);
 }
 
 /* Remove directory `dir` and the files in it (a stage holds no
@@ -201,7 +202,8 @@ static int make_stage(ml_hf_export *x) {
 }
 
 static bool weight_file(const char *name) {
-  return strcmp(name, "model.safetensors") == 0 || strcmp(name, "model.safetensors.index.json") == 0 ||
+  return strcmp(name, "model.safetensors") == 0 ||
+         strcmp(name, "model.safetensors.index.json") == 0 ||
          fnmatch("model-*-of-*.safetensors", name, 0) == 0;
 }
 
@@ -246,8 +248,8 @@ static int remove_stale(const ml_hf_export *x, const json_t *moved) {
   while (rc == 0 && (ent = readdir(d)) != NULL) {
     if (!weight_file(ent->d_name) || json_object_get(moved, ent->d_name)) continue;
     rc = join(path, x->out, ent->d_name);
-    if (rc == 0 && unlink(path) != 0) rc = ml_err("%s: cannot remove the stale %s: %s", x->out, path,
-                                       strerror(errno));
+    if (rc == 0 && unlink(path) != 0)
+      rc = ml_err("%s: cannot remove the stale %s: %s", x->out, path, strerror(errno));
   }
   closedir(d);
   return rc;
@@ -296,8 +298,9 @@ int ml_hf_export_begin(const ml_hf_export_spec *spec, ml_hf_export **out) {
   if (rc == 0) rc = plan_trained(x);
   if (rc == 0 && spec->source) rc = plan_carried(x);
   if (rc == 0) rc = make_stage(x);
-  if (rc == 0) rc = ml_ckpt_writer_open(x->stage, x->entries, (size_t)x->n_entries,
-                                        spec->max_shard_bytes, &x->w);
+  if (rc == 0)
+    rc = ml_ckpt_writer_open(x->stage, x->entries, (size_t)x->n_entries, spec->max_shard_bytes,
+                             &x->w);
   if (rc != 0) {
     ml_hf_export_abandon(x);
     return -1;
@@ -310,7 +313,8 @@ int ml_hf_export_put(ml_hf_export *x, const float *data) {
   if (x->next == x->spec.n)
     return ml_err("export: %d trained tensors put, expected %d", x->next + 1, x->spec.n);
   const ml_st_entry *e = &x->entries[x->next++];
-  return ml_ckpt_writer_put_f32(x->w, data, (size_t)(e->shape[0] * (e->ndim == 2 ? e->shape[1] : 1)));
+  int64_t numel = e->shape[0] * (e->ndim == 2 ? e->shape[1] : 1);
+  return ml_ckpt_writer_put_f32(x->w, data, (size_t)numel);
 }
 
 /* The carried tensors' bytes, from the mapped source weights. */

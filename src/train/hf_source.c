@@ -110,7 +110,8 @@ static int list_tensors(const ml_ckpt *ck, const ml_model *m, json_t *dtypes, js
 int ml_hf_source_describe(const char *dir, const ml_model *m, json_t **out) {
   *out = NULL;
   char *abs = realpath(dir, NULL);
-  if (!abs) return ml_err("%s: cannot resolve the source model directory: %s", dir, strerror(errno));
+  if (!abs)
+    return ml_err("%s: cannot resolve the source model directory: %s", dir, strerror(errno));
   json_t *src = json_pack("{s:s, s:s, s:[], s:{}, s:{}}", "dir", abs, "architecture",
                           m->cfg.family->architecture, "files", "dtypes", "carried");
   ml_ckpt ck;
@@ -184,7 +185,8 @@ int ml_hf_source_check(const json_t *src, const char *what) {
     const json_t *d = json_object_get(v, "dtype");
     if (!json_is_string(d) || ml_dtype_parse(json_string_value(d), &t) != 0 ||
         !good_shape(json_object_get(v, "shape")))
-      return bad(what, "carried", "entries {\"dtype\": a safetensors dtype, \"shape\": [sizes]}", v);
+      return bad(what, "carried", "entries {\"dtype\": a safetensors dtype, \"shape\": [sizes]}",
+                 v);
   }
   return 0;
 }
@@ -200,7 +202,8 @@ static int copy_file(const char *from, const char *to) {
   int rc = buf ? ml_file_open_tmp(to, tmp, sizeof tmp, &out) : -1;
   size_t k;
   while (rc == 0 && (k = fread(buf, 1, BUF, in)) > 0)
-    if (fwrite(buf, 1, k, out) != k) rc = ml_err("%s: cannot write %s: %s", to, tmp, strerror(errno));
+    if (fwrite(buf, 1, k, out) != k)
+      rc = ml_err("%s: cannot write %s: %s", to, tmp, strerror(errno));
   if (rc == 0 && ferror(in)) rc = ml_err("%s: cannot read: %s", from, strerror(errno));
   if (rc == 0) rc = ml_file_commit(out, tmp, to);
   else if (out) ml_file_abandon(out, tmp);

@@ -65,7 +65,8 @@ static int64_t pieces_numel(const ml_engine *e) {
   for (int u = 0; u < e->fsdp.n_units; u++) {
     const ml_fsdp_unit *unit = &e->fsdp.units[u];
     for (int i = 0; i < unit->n; i++)
-      if (ml_engine_piece(e, unit, i, b.off, b.shape)) total += ML_RC_STATES * b.shape[0] * b.shape[1];
+      if (ml_engine_piece(e, unit, i, b.off, b.shape))
+        total += ML_RC_STATES * b.shape[0] * b.shape[1];
   }
   return total;
 }

@@ -342,7 +342,8 @@ int ml_rc_open(const char *dir, ml_rc_ckpt *out) {
   ML_TRY(join(out->source_dir, out->dir, ML_RC_SOURCE));
   ML_TRY(ml_json_load(out->meta, &out->json));
   out->source = json_object_get(out->json.root, "source");
-  if (parse_info(out) || index_files(out) || (out->source && ml_hf_source_check(out->source, out->meta))) {
+  if (parse_info(out) || index_files(out) ||
+      (out->source && ml_hf_source_check(out->source, out->meta))) {
     ml_rc_close(out);
     return -1;
   }

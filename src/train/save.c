@@ -115,7 +115,9 @@ typedef struct stream {
   float *global, *piece;
 } stream;
 
-static bool whole_rows(const piece_note *n, const ml_param *p) { return n->shape[1] == p->shape[1]; }
+static bool whole_rows(const piece_note *n, const ml_param *p) {
+  return n->shape[1] == p->shape[1];
+}
 
 /* Writer: place piece n (row-major [n->shape]) into global [p->shape]. */
 static void place(float *global, const ml_param *p, const piece_note *n, const float *src) {
@@ -206,7 +208,8 @@ int ml_engine_save_hf(ml_engine *e, const char *dir, ml_export_dtype dtype) {
   const ml_param **params = ml_calloc((size_t)n + 1, sizeof *params, "export params");
   for (int i = 0; params && i < n; i++) params[i] = ml_engine_export_param(e, i);
   if (rc == 0 && !params) rc = -1;
-  if (rc == 0 && s.w->rank == 0) rc = writer_begin(&s, dir, dtype, params, &source, tensor, max_piece);
+  if (rc == 0 && s.w->rank == 0)
+    rc = writer_begin(&s, dir, dtype, params, &source, tensor, max_piece);
   else if (rc == 0 && !(s.piece = ml_be_host_alloc(e->be, piece, sizeof(float),
                                                    "the export's piece buffer")))
     rc = -1;

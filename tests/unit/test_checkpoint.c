@@ -1,5 +1,5 @@
 /* HF checkpoint directories: single file, sharded with an index, and every
- * kind of broken index. */
+ * kind of broken index; the streaming writer. */
 #define _XOPEN_SOURCE 700
 #define TMPDIR_PREFIX "ml_test_ckpt"
 
@@ -271,12 +271,66 @@ static void test_missing_or_invalid_files(void **state) {
   expect_open_err(tpath("badshard"), SH2 ": header length 16 runs past end of file");
 }
 
+/* The streaming writer shards as ml_ckpt_write does, one tensor at a time:
+ * shards open when their first tensor begins (raw bytes of any dtype and
+ * converted fp32 alike), the index comes last. */
+static void test_stream_sharded(void **state) {
+  (void)state;
+  ml_st_entry e[NT];
+  make_entries(e);
+  static const int32_t ints[NE] = {5, -6};
+  e[3].dtype = ML_I32; /* carried raw: 64 bytes, as the fp32 ones */
+  char dir[512];
+  snprintf(dir, sizeof dir, "%s", tpath("stream"));
+  ml_ckpt_writer *w;
+  ml_error_clear();
+  assert_int_equal(ml_ckpt_writer_open(dir, e, NT, 150, &w), 0); /* {0,1} {2,3} {4} */
+  assert_true(exists(tpath("stream/model-00001-of-00003.safetensors.tmp")));
+  for (int k = 0; k < 3; k++) assert_int_equal(ml_ckpt_writer_put_f32(w, g_data[k], NE), 0);
+  assert_true(exists(tpath("stream/model-00001-of-00003.safetensors")));
+  assert_int_equal(ml_ckpt_writer_put(w, ints, 32), 0);
+  assert_int_equal(ml_ckpt_writer_put(w, (const char *)ints + 32, 32), 0);
+  assert_true(exists(tpath("stream/model-00002-of-00003.safetensors")));
+  assert_false(exists(tpath("stream/model.safetensors.index.json")));
+  assert_int_equal(ml_ckpt_writer_put_f32(w, g_data[4], NE), 0);
+  assert_int_equal(ml_ckpt_writer_close(w), 0);
+  ml_ckpt c;
+  assert_int_equal(ml_ckpt_open(dir, &c), 0);
+  assert_int_equal(c.nfiles, 3);
+  const ml_st_tensor *t = ml_ckpt_find(&c, "l1.w");
+  assert_int_equal(t->dtype, ML_I32);
+  assert_memory_equal(t->data, ints, sizeof ints);
+  float out[NE];
+  assert_int_equal(ml_st_read_block(ml_ckpt_find(&c, "head.weight"), 0, NE, 0, 1, out), 0);
+  assert_memory_equal(out, g_data[4], sizeof out);
+  ml_ckpt_close(&c);
+
+  /* misuse: a put beyond the tensor; close before the end (no index) */
+  ml_error_clear();
+  assert_int_equal(ml_ckpt_writer_open(tpath("stream2"), e, NT, 0, &w), 0);
+  assert_int_equal(ml_ckpt_writer_put_f32(w, g_data[0], NE + 1), -1);
+  expect_msg("stream2", "'embed.weight': 68 bytes put where 64 of its 64 remain");
+  ml_ckpt_writer_abandon(w);
+  assert_false(exists(tpath("stream2/model.safetensors.tmp")));
+  ml_error_clear();
+  assert_int_equal(ml_ckpt_writer_open(tpath("stream2"), e, NT, 150, &w), 0);
+  for (int k = 0; k < 2; k++) assert_int_equal(ml_ckpt_writer_put_f32(w, g_data[k], NE), 0);
+  assert_int_equal(ml_ckpt_writer_close(w), -1);
+  expect_msg("stream2", "'l0.b': 0 of its 64 bytes put");
+  assert_false(exists(tpath("stream2/model.safetensors.index.json")));
+  assert_false(exists(tpath("stream2/model-00002-of-00003.safetensors.tmp")));
+  e[4].name = e[0].name;
+  ml_error_clear();
+  assert_int_equal(ml_ckpt_writer_open(tpath("stream3"), e, NT, 150, &w), -1);
+  expect_msg("stream3", "duplicate tensor name 'embed.weight'");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_single_file),         cmocka_unit_test(test_sharded),
       cmocka_unit_test(test_shard_oversized),     cmocka_unit_test(test_write_errors),
       cmocka_unit_test(test_bad_indexes),         cmocka_unit_test(test_tensor_in_two_files),
-      cmocka_unit_test(test_missing_or_invalid_files),
+      cmocka_unit_test(test_missing_or_invalid_files), cmocka_unit_test(test_stream_sharded),
   };
   return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }

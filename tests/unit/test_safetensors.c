@@ -1,5 +1,7 @@
 /* safetensors reader/writer: round trips, block reads, and every rejection
- * of a malformed file (with a message naming the file and the problem). */
+ * of a malformed file (with a message naming the file and the problem);
+ * the streaming writer (bf16 rounding, raw bytes of any dtype, misuse),
+ * and releasing a mapping's pages. */
 #define _XOPEN_SOURCE 700
 #define TMPDIR_PREFIX "ml_test_st"
 
@@ -355,13 +357,132 @@ static void test_overwrite_while_mapped(void **state) {
   ml_st_close(&cur);
 }
 
+/* The streaming writer: tensors in several puts, fp32 converted (bf16 ties
+ * to even, NaN canonical), raw bytes of a dtype it cannot convert, an
+ * empty tensor skipped; the result reads back as written. */
+static void test_stream_writer(void **state) {
+  (void)state;
+  const float a[3] = {1.5f, -2.0f, 0.25f};
+  /* 1 + 2^-8 ties between bf16 1.0 (even) and 1 + 2^-7; 1 + 3·2^-8 between
+   * 1 + 2^-7 and 1 + 2^-6 (even) */
+  float b[4] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 0.0f, 3.0f};
+  b[2] = b[2] / b[2]; /* NaN */
+  const uint16_t b_want[4] = {0x3f80, 0x3f82, 0x7fc0, 0x4040};
+  const int64_t ids[2] = {-1, 7};
+  const float h = 0.5f;
+  ml_st_entry e[5] = {
+      {.name = "a", .dtype = ML_F32, .ndim = 1, .shape = {3}},
+      {.name = "b", .dtype = ML_BF16, .ndim = 2, .shape = {2, 2}},
+      {.name = "ids", .dtype = ML_I64, .ndim = 1, .shape = {2}},
+      {.name = "empty", .dtype = ML_F32, .ndim = 2, .shape = {0, 4}},
+      {.name = "h", .dtype = ML_F16, .ndim = 0},
+  };
+  const char *path = tpath("stream.safetensors");
+  ml_st_writer *w;
+  ml_error_clear();
+  assert_int_equal(ml_st_writer_open(path, e, 5, &w), 0);
+  assert_int_equal(access(path, F_OK), -1); /* only the temp file so far */
+  assert_int_equal(ml_st_writer_put_f32(w, a, 2), 0);
+  assert_int_equal(ml_st_writer_put_f32(w, a + 2, 1), 0);
+  assert_int_equal(ml_st_writer_put_f32(w, b, 4), 0);
+  assert_int_equal(ml_st_writer_put(w, ids, sizeof ids), 0);
+  assert_int_equal(ml_st_writer_put_f32(w, &h, 1), 0);
+  assert_int_equal(ml_st_writer_close(w), 0);
+  assert_int_equal(access(tpath("stream.safetensors.tmp"), F_OK), -1);
+  ml_st_file f;
+  assert_int_equal(ml_st_open(path, &f), 0);
+  assert_int_equal(f.n, 5);
+  assert_memory_equal(ml_st_find(&f, "a")->data, a, sizeof a);
+  uint16_t got[4];
+  memcpy(got, ml_st_find(&f, "b")->data, sizeof got);
+  for (int i = 0; i < 4; i++)
+    if (got[i] != b_want[i]) fail_msg("b[%d]: bf16 0x%04x, expected 0x%04x", i, got[i], b_want[i]);
+  assert_int_equal(ml_st_find(&f, "ids")->dtype, ML_I64);
+  assert_memory_equal(ml_st_find(&f, "ids")->data, ids, sizeof ids);
+  assert_int_equal(ml_st_find(&f, "empty")->nbytes, 0);
+  float out;
+  assert_int_equal(ml_st_read_block(ml_st_find(&f, "h"), 0, 1, 0, 1, &out), 0);
+  assert_true(out == 0.5f);
+  ml_st_close(&f);
+}
+
+/* Misuse of the streaming writer: a message naming the file and tensor, and
+ * no file left behind (neither the file nor its temp). */
+static void expect_stream_err(int rc, ml_st_writer *w, const char *path, const char *word) {
+  assert_int_equal(rc, -1);
+  expect_msg(path, word);
+  ml_st_writer_abandon(w);
+  char tmp[600];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  assert_int_equal(access(path, F_OK), -1);
+  assert_int_equal(access(tmp, F_OK), -1);
+}
+
+static void test_stream_writer_errors(void **state) {
+  (void)state;
+  float x[4] = {1, 2, 3, 4};
+  ml_st_entry e[2] = {{.name = "w", .dtype = ML_F32, .ndim = 1, .shape = {2}},
+                      {.name = "n", .dtype = ML_I32, .ndim = 1, .shape = {1}}};
+  const char *path = tpath("swerr.safetensors");
+  ml_st_writer *w;
+  ml_error_clear();
+  assert_int_equal(ml_st_writer_open(path, e, 2, &w), 0);
+  expect_stream_err(ml_st_writer_put_f32(w, x, 3), w, path, "'w': 12 bytes put where 8 of its 8");
+  ml_error_clear();
+  assert_int_equal(ml_st_writer_open(path, e, 2, &w), 0);
+  assert_int_equal(ml_st_writer_put_f32(w, x, 2), 0);
+  expect_stream_err(ml_st_writer_put_f32(w, x, 1), w, path,
+                    "'n': cannot write fp32 data as dtype I32");
+  ml_error_clear();
+  assert_int_equal(ml_st_writer_open(path, e, 2, &w), 0);
+  assert_int_equal(ml_st_writer_put(w, x, 8), 0);
+  assert_int_equal(ml_st_writer_put(w, x, 4), 0);
+  expect_stream_err(ml_st_writer_put(w, x, 1), w, path, "1 bytes put after the last tensor");
+  /* close with a tensor incomplete: an error, and close has removed the temp file */
+  ml_error_clear();
+  assert_int_equal(ml_st_writer_open(path, e, 2, &w), 0);
+  assert_int_equal(ml_st_writer_put(w, x, 4), 0);
+  assert_int_equal(ml_st_writer_close(w), -1);
+  expect_stream_err(-1, NULL, path, "'w': 4 of its 8 bytes written");
+  ml_st_entry dup[2] = {e[0], e[0]};
+  ml_error_clear();
+  assert_int_equal(ml_st_writer_open(path, dup, 2, &w), -1);
+  expect_stream_err(-1, NULL, path, "duplicate");
+  ml_st_entry bad = e[0];
+  bad.dtype = ML_DTYPE_COUNT;
+  ml_error_clear();
+  assert_int_equal(ml_st_writer_open(path, &bad, 1, &w), -1);
+  expect_stream_err(-1, NULL, path, "not a safetensors dtype");
+}
+
+/* Released pages of a mapped tensor read back the same from the file. */
+static void test_release(void **state) {
+  (void)state;
+  enum { N = 5000 }; /* several pages */
+  static float v[N], out[N];
+  for (int i = 0; i < N; i++) v[i] = (float)i * 0.5f;
+  ml_st_entry e = {.name = "v", .dtype = ML_F32, .ndim = 1, .shape = {N}, .data = v};
+  const char *path = tpath("release.safetensors");
+  ml_error_clear();
+  assert_int_equal(ml_st_write(path, &e, 1), 0);
+  ml_st_file f;
+  assert_int_equal(ml_st_open(path, &f), 0);
+  assert_int_equal(ml_st_read_block(&f.tensors[0], 0, N, 0, 1, out), 0);
+  ml_st_release(f.tensors[0].data + 100, f.tensors[0].nbytes - 200);
+  memset(out, 0, sizeof out);
+  assert_int_equal(ml_st_read_block(&f.tensors[0], 0, N, 0, 1, out), 0);
+  assert_memory_equal(out, v, sizeof v);
+  ml_st_close(&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_reject_header_cases), cmocka_unit_test(test_reject_invalid_utf8),
       cmocka_unit_test(test_reject_header_length), cmocka_unit_test(test_accept_edge_cases),
       cmocka_unit_test(test_roundtrip),           cmocka_unit_test(test_read_block),
       cmocka_unit_test(test_read_block_errors),   cmocka_unit_test(test_write_errors),
-      cmocka_unit_test(test_overwrite_while_mapped),
+      cmocka_unit_test(test_overwrite_while_mapped), cmocka_unit_test(test_stream_writer),
+      cmocka_unit_test(test_stream_writer_errors),  cmocka_unit_test(test_release),
   };
   return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }

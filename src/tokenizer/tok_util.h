@@ -23,8 +23,8 @@ typedef struct tok_buf {
 int tok_buf_put(tok_buf *b, const char *s, size_t len);
 void tok_buf_free(tok_buf *b);
 
-/* Byte length of the UTF-8 sequence that starts with byte `c` (1 for a
- * continuation or invalid byte: callers pass validated text). */
+/* Byte length of the UTF-8 sequence that starts with byte `c` (a lead
+ * byte of validated text). */
 static inline size_t tok_utf8_len(unsigned char c) {
   return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
 }

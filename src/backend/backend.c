@@ -178,8 +178,10 @@ int ml_be_attention_bwd(ml_backend *be, const float *dout, const float *q, const
 /* Block attention is optional (context parallelism): a backend without it
  * says so. */
 static int no_block_attention(const ml_backend *be) {
-  return ml_err("backend '%s': block attention (context parallelism, --cp > 1) is not "
-                "implemented on this backend; expected --cp 1 or --device cpu",
+  return ml_err("backend '%s': block attention (context parallelism, --cp > 1, or a tp size "
+                "that does not divide the attention heads) is not implemented on this backend; "
+                "expected --cp 1 and tp dividing num_attention_heads and num_key_value_heads, or "
+                "--device cpu",
                 be->ops->name);
 }
 int ml_be_attention_block_fwd(ml_backend *be, const ml_attn_block *blk, const float *q,

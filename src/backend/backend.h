@@ -100,13 +100,19 @@ typedef struct ml_memory_stats {
  * dout, dq [B][sq rows, nh, hd] with q_bs floats from one sequence's first
  * row to the next's (rows of one sequence consecutive, nh·hd floats each);
  * k, v, dk, dv [B][sk rows, nkv, hd] with k_bs; lse [B][sq rows, nh] with
- * l_bs. Query head h reads key/value head h / (nh / nkv) (GQA). */
+ * l_bs. Query head h reads key/value head (h + head_off) / group (GQA;
+ * group 0 means nh / nkv, head_off 0): a tensor-parallel rank whose query
+ * heads start inside a kv group (tp not dividing the heads, parallel/tp.h)
+ * holds nh local query heads starting head_off heads into the group of its
+ * first local kv head. */
 typedef struct ml_attn_block {
   int64_t B, sq, sk, nh, nkv, hd;
   int64_t q_pos, k_pos;
   int64_t q_bs, k_bs, l_bs;
-  float scale;    /* scores = scale · q·k */
-  int64_t window; /* 0: causal only */
+  float scale;      /* scores = scale · q·k */
+  int64_t window;   /* 0: causal only */
+  int64_t group;    /* query heads per key/value head; 0: nh / nkv */
+  int64_t head_off; /* in [0, group) */
 } ml_attn_block;
 
 typedef struct ml_backend_ops {

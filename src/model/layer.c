@@ -49,6 +49,11 @@ static int expect_view(const char *what, const ml_act *v, int64_t s, int64_t c) 
                 what, (long long)v->s, (long long)v->c, (long long)s, (long long)c);
 }
 
+/* Query heads per key/value head: the config's, or the tp split's. */
+static int64_t group_of(const ml_model *m) {
+  return m->attn_group ? m->attn_group : m->cfg.n_heads / m->cfg.n_kv_heads;
+}
+
 /* q, k, v as attention needs them: whole sequences, head counts that
  * match; the local head counts come from the views. */
 static int attention_views(const ml_model *m, const ml_layer *L, int64_t *nh, int64_t *nkv) {
@@ -64,10 +69,12 @@ static int attention_views(const ml_model *m, const ml_layer *L, int64_t *nh, in
                     (long long)v[i]->s, (long long)m->S, (long long)v[i]->c, (long long)hd);
   *nh = a->qv.c / hd;
   *nkv = a->kv.c / hd;
-  if (a->vv.c != a->kv.c || *nkv == 0 || *nh % *nkv)
-    return ml_err("%s: %lld query heads and %lld/%lld key/value heads on this rank do not group",
-                  L->q_proj.weight->name, (long long)*nh, (long long)*nkv,
-                  (long long)(a->vv.c / hd));
+  int64_t g = group_of(m), off = m->attn_head_off;
+  if (a->vv.c != a->kv.c || *nkv == 0 || *nh == 0 || (*nh - 1 + off) / g != *nkv - 1)
+    return ml_err("%s: %lld query heads (from %lld into a group of %lld) and %lld/%lld key/value "
+                  "heads on this rank do not group",
+                  L->q_proj.weight->name, (long long)*nh, (long long)off, (long long)g,
+                  (long long)*nkv, (long long)(a->vv.c / hd));
   return 0;
 }
 
@@ -103,14 +110,35 @@ static ml_attn_call core_call(const ml_model *m, const ml_layer *L) {
   int64_t hd = m->cfg.head_dim;
   return (ml_attn_call){.q = a->q, .k = a->k, .v = a->v, .B = m->B, .S = m->S,
                         .nh = a->qv.c / hd, .nkv = a->kv.c / hd, .hd = hd,
+                        .group = group_of(m), .head_off = m->attn_head_off,
                         .scale = attn_scale(m), .window = L->window,
                         .compute = attn_compute(L)};
+}
+
+/* Whether c's heads group as the whole-sequence attention calls assume
+ * (query head h reads kv head h / (nh / nkv)); else the call runs as one
+ * block of block attention, which takes any grouping (ml_attn_block). */
+static bool plain_groups(const ml_attn_call *c) {
+  return c->head_off == 0 && c->group * c->nkv == c->nh;
+}
+
+// the whole sequences of c as one block of block attention
+static ml_attn_block whole_block(const ml_attn_call *c) {
+  return (ml_attn_block){.B = c->B, .sq = c->S, .sk = c->S, .nh = c->nh, .nkv = c->nkv,
+                         .hd = c->hd, .q_bs = c->S * c->nh * c->hd, .k_bs = c->S * c->nkv * c->hd,
+                         .l_bs = c->S * c->nh, .scale = c->scale, .window = c->window,
+                         .group = c->group, .head_off = c->head_off};
 }
 
 // q, k: [B, S, nh|nkv, hd] after RoPE, v: [B, S, nkv, hd] → att: [B, S, nh·hd], attn_saved
 static int core_forward(ml_model *m, const ml_layer *L, float *att) {
   ml_attn_call c = core_call(m, L);
   if (m->attn_core.fwd) return m->attn_core.fwd(m->attn_core.ctx, &c, att, L->acts.attn_saved);
+  if (!plain_groups(&c)) {
+    ml_attn_block blk = whole_block(&c);
+    return ml_be_attention_block_fwd(m->be, &blk, c.q, c.k, c.v, att, L->acts.attn_saved, false,
+                                     c.compute);
+  }
   return ml_be_attention_fwd(m->be, c.q, c.k, c.v, att, L->acts.attn_saved, c.B, c.S, c.nh, c.nkv,
                              c.hd, c.scale, c.window, c.compute);
 }
@@ -122,6 +150,16 @@ static int core_backward(ml_model *m, const ml_layer *L, const float *datt, floa
   ml_attn_call c = core_call(m, L);
   if (m->attn_core.bwd)
     return m->attn_core.bwd(m->attn_core.ctx, &c, datt, a->att, a->attn_saved, dq, dk, dv);
+  if (!plain_groups(&c)) { /* the block backward adds into dq, dk, dv */
+    ml_attn_block blk = whole_block(&c);
+    size_t nq = sizeof(float) * (size_t)(c.B * c.S * c.nh * c.hd),
+           nk = sizeof(float) * (size_t)(c.B * c.S * c.nkv * c.hd);
+    ML_TRY(ml_be_zero(m->be, dq, nq));
+    ML_TRY(ml_be_zero(m->be, dk, nk));
+    ML_TRY(ml_be_zero(m->be, dv, nk));
+    return ml_be_attention_block_bwd(m->be, &blk, datt, c.q, c.k, c.v, a->att, a->attn_saved, dq,
+                                     dk, dv, c.compute, m->attn_work);
+  }
   return ml_be_attention_bwd(m->be, datt, c.q, c.k, c.v, a->att, a->attn_saved, dq, dk, dv, c.B,
                              c.S, c.nh, c.nkv, c.hd, c.scale, c.window, c.compute, m->attn_work);
 }

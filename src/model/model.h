@@ -151,6 +151,7 @@ typedef struct ml_layer {
 typedef struct ml_attn_call {
   const float *q, *k, *v;
   int64_t B, S, nh, nkv, hd;
+  int64_t group, head_off; /* query head h reads kv head (h + head_off) / group */
   float scale;
   int64_t window;
   ml_dtype compute;
@@ -231,6 +232,12 @@ typedef struct ml_model {
    * that piece. 1 and 0 (the default): whole sequences. Set from outside
    * (parallel/) before ml_model_begin. */
   int res_parts, res_index;
+  /* The attention heads this rank holds when they are split over tensor
+   * parallelism (parallel/tp.h): its local query head h reads its local
+   * key/value head (h + attn_head_off) / attn_group. 0 and 0 (the default):
+   * the config's grouping, num_attention_heads / num_key_value_heads, from
+   * the first head of a group. Set from outside before ml_model_begin. */
+  int64_t attn_group, attn_head_off;
   /* The global position of each of the S local positions of a sequence (HF
    * position_ids, the same for every sequence of the batch): RoPE rotates
    * by it. NULL: 0 .. S−1. Context parallelism holds pieces of longer

@@ -34,7 +34,7 @@ static ring_block block_of(const ml_cp *cp, const ml_attn_call *c, int a, int b,
                           .hd = c->hd, .q_pos = chunk_of(cp->size, cp->rank, a) * ch,
                           .k_pos = chunk_of(cp->size, src, b) * ch, .q_bs = s * c->nh * c->hd,
                           .k_bs = s * c->nkv * c->hd, .l_bs = s * c->nh, .scale = c->scale,
-                          .window = c->window};
+                          .window = c->window, .group = c->group, .head_off = c->head_off};
   r.q_off = a * ch * c->nh * c->hd;
   r.k_off = b * ch * c->nkv * c->hd;
   r.l_off = a * ch * c->nh;

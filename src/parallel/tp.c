@@ -251,7 +251,61 @@ bool ml_tp_grad_partial(const ml_tp *tp, const ml_param *p) {
   return false;
 }
 
-/* Shard p on dim d over tp (torch.chunk): its local view and placement. */
+void ml_tp_heads_of(const ml_model_config *c, int size, int r, ml_tp_heads *h) {
+  int64_t nh = c->n_heads, g = c->n_heads / c->n_kv_heads, base = nh / size, extra = nh % size;
+  h->group = g;
+  h->nq = base + (r < extra);
+  h->q0 = r * base + (r < extra ? r : extra);
+  h->kv0 = h->q0 / g;
+  h->nkv = (h->q0 + h->nq - 1) / g + 1 - h->kv0;
+  /* the previous rank's last query head h->q0 − 1 reads kv0 too iff q0 is inside a group */
+  h->kv_own0 = r > 0 && h->q0 % g ? h->kv0 + 1 : h->kv0;
+}
+
+/* How parameter p is cut when sharded on dim d: whole attention heads for
+ * q_proj / k_proj / v_proj rows and o_proj columns, else torch.chunk. */
+static unsigned char heads_rule(const ml_model *m, const ml_param *p, int d) {
+  if (p->layer < 0) return 0;
+  const ml_layer *L = &m->layers[p->layer];
+  if (d == 0 && (p == L->q_proj.weight || p == L->q_proj.bias)) return ML_TP_QUERY_HEADS;
+  if (d == 1 && p == L->o_proj.weight) return ML_TP_QUERY_HEADS;
+  if (d == 0 && (p == L->k_proj.weight || p == L->k_proj.bias || p == L->v_proj.weight ||
+                 p == L->v_proj.bias))
+    return ML_TP_KV_HEADS;
+  return 0;
+}
+
+/* Rank r's cut of p's dim d under `rule` (start, len, owned from). */
+static void slice_of(const ml_model *m, int size, const ml_param *p, int d, unsigned char rule,
+                     int r, int64_t *start, int64_t *len, int64_t *own) {
+  if (!rule) {
+    ml_chunk(p->shape[d], size, r, start, len);
+    *own = *start;
+    return;
+  }
+  ml_tp_heads h;
+  ml_tp_heads_of(&m->cfg, size, r, &h);
+  int64_t hd = m->cfg.head_dim;
+  bool q = rule == ML_TP_QUERY_HEADS;
+  *start = (q ? h.q0 : h.kv0) * hd;
+  *len = (q ? h.nq : h.nkv) * hd;
+  *own = q ? *start : h.kv_own0 * hd;
+}
+
+void ml_tp_param_slice(const ml_tp *tp, const ml_model *m, const ml_param *p, int r,
+                       int64_t *start, int64_t *len, int64_t *own) {
+  int d = ml_tp_param_dim(tp, m, p);
+  if (d < 0) {
+    *start = 0;
+    *len = p->shape[0];
+    *own = r == 0 ? 0 : *len;
+    return;
+  }
+  slice_of(m, tp->size, p, d, tp->param_heads[p - m->params], r, start, len, own);
+}
+
+/* Shard p on dim d over tp (torch.chunk, or whole heads: ml_tp_param_slice):
+ * its local view and placement. */
 static int shard_param(walk *w, ml_param *p, int d) {
   ml_tp *tp = w->tp;
   int *dim = &tp->param_dim[p - w->m->params];
@@ -261,14 +315,16 @@ static int shard_param(walk *w, ml_param *p, int d) {
                   "embeddings must stay tied (embed_tokens rowwise and lm_head colwise both "
                   "shard the vocab dim 0)",
                   p->name, *dim, d);
-  int64_t n = p->shape[d], start, len;
+  unsigned char rule = heads_rule(w->m, p, d);
+  int64_t n = p->shape[d], start, len, own;
   int64_t c = (n + tp->size - 1) / tp->size;
-  if (c * (tp->size - 1) >= n)
+  if (!rule && c * (tp->size - 1) >= n)
     return ml_err("%s: dim %d of size %lld cannot be split into %d non-empty torch.chunk "
                   "shards; expected a size > %lld",
                   p->name, d, (long long)n, tp->size, (long long)(c * (tp->size - 1)));
-  ml_chunk(n, tp->size, tp->rank, &start, &len);
+  slice_of(w->m, tp->size, p, d, rule, tp->rank, &start, &len, &own);
   *dim = d;
+  tp->param_heads[p - w->m->params] = rule;
   p->offset[d] = start;
   p->local[d] = len;
   return 0;
@@ -453,17 +509,40 @@ static int residual_join(const char *where, const val *v, val *r) {
   return 0;
 }
 
-static int check_heads(walk *w) {
+/* Heads split over tp (ml_tp_heads): any tp up to num_attention_heads. The
+ * model learns its rank's grouping; the shared kv heads are listed. With tp
+ * not dividing both head counts, the heads' pieces are not torch.chunk's
+ * of the features, so no edge may redistribute them. */
+static int split_heads(walk *w, ml_layer *L) {
   const ml_model_config *c = &w->m->cfg;
-  int t = w->tp->size;
-  if (c->n_heads % t)
-    return ml_err("tp=%d does not divide num_attention_heads=%lld; expected a tp size that "
-                  "divides the number of heads",
+  ml_tp *tp = w->tp;
+  int t = tp->size;
+  if (c->n_heads < t)
+    return ml_err("tp=%d exceeds num_attention_heads=%lld; expected a tp size of at most the "
+                  "number of attention heads (each tp rank holds at least one)",
                   t, (long long)c->n_heads);
-  if (c->n_kv_heads % t)
-    return ml_err("tp=%d does not divide num_key_value_heads=%lld; expected a tp size that "
-                  "divides the number of key/value heads",
-                  t, (long long)c->n_kv_heads);
+  bool even = c->n_heads % t == 0 && c->n_kv_heads % t == 0;
+  ml_linear *moved[4] = {&L->q_proj, &L->k_proj, &L->v_proj, &L->o_proj};
+  for (int i = 0; i < 4 && !even; i++)
+    if (i < 3 ? moved[i]->out.fwd.fn != NULL : moved[i]->in.fwd.fn != NULL)
+      return ml_err("plan: '%s' redistributes the attention heads (%s layouts), but tp=%d does "
+                    "not divide num_attention_heads=%lld and num_key_value_heads=%lld, so the "
+                    "heads are not torch.chunk pieces of the features; expected q/k/v_proj "
+                    "colwise and o_proj rowwise with local outputs",
+                    moved[i]->weight->name, i < 3 ? "output" : "input", t,
+                    (long long)c->n_heads, (long long)c->n_kv_heads);
+  ml_tp_heads h;
+  ml_tp_heads_of(c, t, tp->rank, &h);
+  w->m->attn_group = h.group;
+  w->m->attn_head_off = h.q0 - h.kv0 * h.group;
+  if (tp->n_kv_shared || even) return 0; /* the same for every layer */
+  for (int r = 1; r < t; r++) {
+    ml_tp_heads o;
+    ml_tp_heads_of(c, t, r, &o);
+    bool inside = o.q0 % o.group != 0; /* its first kv head is rank r−1's last */
+    if (inside && (tp->n_kv_shared == 0 || tp->kv_shared[tp->n_kv_shared - 1] != o.kv0))
+      tp->kv_shared[tp->n_kv_shared++] = o.kv0;
+  }
   return 0;
 }
 
@@ -482,7 +561,6 @@ static int attention(walk *w, int l, val *r) {
     return ml_err("plan: '%s': q, k and v must all be head-sharded or all replicated; found %s, "
                   "%s, %s",
                   box.name, pstr(o[0].p), pstr(o[1].p), pstr(o[2].p));
-  if (is_feat(o[0].p) && w->tp->size > 1) ML_TRY(check_heads(w));
   for (int i = 0; i < 3; i++)
     ML_TRY(linear_out_close(qkv[i], oe[i], no_box, &o[i], grad_of(o[i].p)));
   ML_TRY(head_norm_apply(w, &L->q_norm, &o[0]));
@@ -492,6 +570,7 @@ static int attention(walk *w, int l, val *r) {
   val out;
   ml_tp_edge *ooe;
   ML_TRY(linear_group(w, no_box, &op, 1, att, c->n_heads * c->head_dim, &out, &ooe));
+  if (is_feat(o[0].p) && w->tp->size > 1) ML_TRY(split_heads(w, L));
   ML_TRY(linear_out_close(op, ooe, box, &out, grad_of(r->p)));
   ML_TRY(norm_apply(w, &L->attn_out_norm, &out));
   return residual_join(box.name, &out, r);
@@ -624,8 +703,13 @@ int ml_tp_apply(ml_tp *tp, const ml_plan *plan, ml_model *m, ml_comm *comm) {
   tp->edges = ml_calloc((size_t)(14 * m->cfg.n_layers + 8), sizeof *tp->edges, "tp edges");
   tp->partial = ml_calloc((size_t)m->n_params, sizeof *tp->partial, "tp partial params");
   tp->param_dim = ml_calloc((size_t)m->n_params, sizeof *tp->param_dim, "tp placements");
-  if (!tp->modules || !tp->edges || !tp->partial || !tp->param_dim) return -1;
+  tp->param_heads = ml_calloc((size_t)m->n_params, sizeof *tp->param_heads, "tp head cuts");
+  tp->kv_shared = ml_calloc((size_t)m->cfg.n_kv_heads, sizeof *tp->kv_shared, "tp kv heads");
+  if (!tp->modules || !tp->edges || !tp->partial || !tp->param_dim || !tp->param_heads ||
+      !tp->kv_shared)
+    return -1;
   tp->n_params = m->n_params;
+  tp->model = m;
   for (int i = 0; i < m->n_params; i++) tp->param_dim[i] = -1;
   for (int i = 0; i < m->n_modules; i++) tp->modules[i].module = &m->modules[i];
   ML_TRY(match_rules(tp, plan, m));
@@ -656,12 +740,77 @@ void ml_tp_destroy(ml_tp *tp) {
   free(tp->edges);
   free(tp->partial);
   free(tp->param_dim);
-  if (tp->be) ml_be_free(tp->be, tp->work);
+  free(tp->param_heads);
+  free(tp->kv_shared);
+  if (tp->be) {
+    ml_be_free(tp->be, tp->work);
+    ml_be_free(tp->be, tp->stash);
+  }
   memset(tp, 0, sizeof *tp);
 }
 
-int ml_tp_reduce_partial_grads(ml_tp *tp, ml_fsdp *f) {
-  if (tp->size == 1 || tp->n_partial == 0) return 0;
+/* Whether p's gradient takes a tp step after backward: Partial, or the
+ * rows of a k_proj / v_proj that holds shared kv heads. */
+static bool tp_reduced(const ml_tp *tp, const ml_param *p) {
+  if (ml_tp_grad_partial(tp, p)) return true;
+  return tp->n_kv_shared > 0 && tp->param_heads[p - tp->model->params] == ML_TP_KV_HEADS;
+}
+
+/* Each (unit, index) whose gradient takes a tp step, in unit order: calls
+ * fn with its shard gradient [k floats]; stops at the first error. */
+typedef int (*grad_fn)(ml_tp *tp, ml_fsdp *f, const ml_fsdp_unit *u, int i, float *g, size_t k,
+                       size_t *off);
+static int each_reduced(ml_tp *tp, ml_fsdp *f, grad_fn fn, size_t *off) {
+  *off = 0;
+  for (int u = 0; u < f->n_units; u++) {
+    ml_fsdp_unit *unit = &f->units[u];
+    for (int i = 0; i < unit->n; i++) {
+      if (!tp_reduced(tp, unit->params[i])) continue;
+      size_t k = (size_t)(unit->chunk_rows[i] * unit->params[i]->local[1]);
+      ML_TRY(fn(tp, f, unit, i, unit->shard_grad + unit->shard_off[i], k, off));
+    }
+  }
+  return 0;
+}
+
+static int count_rows(ml_tp *tp, ml_fsdp *f, const ml_fsdp_unit *u, int i, float *g, size_t k,
+                      size_t *off) {
+  *off += k;
+  return 0;
+}
+// stash (=) g; g (=) 0
+static int stash_rows(ml_tp *tp, ml_fsdp *f, const ml_fsdp_unit *u, int i, float *g, size_t k,
+                      size_t *off) {
+  ML_TRY(ml_be_copy(tp->be, tp->stash + *off, g, k * sizeof(float), ML_COPY_D2D));
+  *off += k;
+  return ml_be_zero(tp->be, g, k * sizeof(float));
+}
+// g += stash
+static int unstash_rows(ml_tp *tp, ml_fsdp *f, const ml_fsdp_unit *u, int i, float *g, size_t k,
+                        size_t *off) {
+  ML_TRY(ml_be_add(tp->be, g, tp->stash + *off, (int64_t)k));
+  *off += k;
+  return 0;
+}
+
+int ml_tp_grads_begin(ml_tp *tp, ml_fsdp *f) {
+  if (tp->size == 1) return 0;
+  size_t n;
+  ML_TRY(each_reduced(tp, f, count_rows, &n));
+  if (n == 0) return 0;
+  if (!tp->stash) {
+    tp->stash = ml_be_alloc(tp->be, (int64_t)n, sizeof(float),
+                            "the gradients accumulated before a micro-batch's tp step (%zu "
+                            "floats)",
+                            n);
+    if (!tp->stash) return -1;
+  }
+  return each_reduced(tp, f, stash_rows, &n);
+}
+
+/* The Partial gradients: one all-reduce of their shard rows over tp. */
+static int reduce_partial(ml_tp *tp, ml_fsdp *f) {
+  if (tp->n_partial == 0) return 0;
   size_t n = 0;
   for (int pass = 0; pass < 2; pass++) {
     float *buf = pass ? work_for(tp, n) : NULL;
@@ -696,4 +845,64 @@ int ml_tp_reduce_partial_grads(ml_tp *tp, ml_fsdp *f) {
     }
   }
   return 0;
+}
+
+/* The shared kv heads' rows of a k_proj / v_proj shard gradient g (local
+ * rows r0.. of the rank's slice starting at global row `first`) and the
+ * packed buffer [n_kv_shared · hd rows, cols] (to_buf: g → buf, else back). */
+static int shared_rows(ml_tp *tp, const ml_param *p, float *g, int64_t r0, int64_t nr,
+                       int64_t first, float *buf, bool to_buf) {
+  int64_t hd = tp->model->cfg.head_dim, cols = p->local[1];
+  for (int j = 0; j < tp->n_kv_shared; j++) {
+    int64_t a = tp->kv_shared[j] * hd, b = a + hd; /* the head's global rows */
+    int64_t lo = a > first + r0 ? a : first + r0, hi = b < first + r0 + nr ? b : first + r0 + nr;
+    if (lo >= hi) continue;
+    float *row_g = g + (lo - first - r0) * cols, *row_b = buf + (j * hd + lo - a) * cols;
+    size_t bytes = sizeof(float) * (size_t)((hi - lo) * cols);
+    ML_TRY(ml_be_copy(tp->be, to_buf ? row_b : row_g, to_buf ? row_g : row_b, bytes,
+                      ML_COPY_D2D));
+  }
+  return 0;
+}
+
+/* The shared kv heads' partial gradients: summed over every (tp, dp) rank
+ * holding their rows, packed per parameter in unit order. */
+static int reduce_kv_shared(ml_tp *tp, ml_fsdp *f) {
+  if (tp->n_kv_shared == 0) return 0;
+  int64_t hd = tp->model->cfg.head_dim, n = 0;
+  for (int pass = 0; pass < 2; pass++) {
+    float *buf = pass ? work_for(tp, (size_t)n) : NULL;
+    if (pass && !buf) return -1;
+    if (pass) ML_TRY(ml_be_zero(tp->be, buf, sizeof(float) * (size_t)n));
+    for (int dir = 0; dir < (pass ? 2 : 1); dir++) {
+      int64_t off = 0;
+      for (int u = 0; u < f->n_units; u++) {
+        ml_fsdp_unit *unit = &f->units[u];
+        for (int i = 0; i < unit->n; i++) {
+          ml_param *p = unit->params[i];
+          if (tp->param_heads[p - tp->model->params] != ML_TP_KV_HEADS) continue;
+          int64_t r0, nr;
+          ml_fsdp_param_rows(f, unit, i, &r0, &nr);
+          if (pass)
+            ML_TRY(shared_rows(tp, p, unit->shard_grad + unit->shard_off[i], r0, nr,
+                               p->offset[0], buf + off, dir == 0));
+          off += tp->n_kv_shared * hd * p->local[1];
+        }
+      }
+      n = off;
+      if (pass && dir == 0) {
+        ML_TRY(ml_all_reduce(tp->comm, buf, (size_t)n, ML_ELEM_F32, ML_RED_SUM));
+        if (f->dp->size > 1) ML_TRY(ml_all_reduce(f->dp, buf, (size_t)n, ML_ELEM_F32, ML_RED_SUM));
+      }
+    }
+  }
+  return 0;
+}
+
+int ml_tp_reduce_partial_grads(ml_tp *tp, ml_fsdp *f) {
+  if (tp->size == 1) return 0;
+  ML_TRY(reduce_partial(tp, f));
+  ML_TRY(reduce_kv_shared(tp, f));
+  size_t n;
+  return tp->stash ? each_reduced(tp, f, unstash_rows, &n) : 0;
 }

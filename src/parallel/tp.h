@@ -67,13 +67,45 @@ typedef struct ml_tp {
   ml_placement logits;   /* Shard(−1) (vocab-parallel loss) or Replicate() */
   int *param_dim;        /* [n_params]: per parameter (its index in the model's params),
                             the dim it is Shard on over tp (0 or 1), or −1 (Replicate) */
+  unsigned char *param_heads; /* [n_params]: how its Shard is cut (ml_tp_param_slice):
+                                 0 torch.chunk, ML_TP_QUERY_HEADS or ML_TP_KV_HEADS */
+  int64_t *kv_shared;    /* the key/value heads more than one tp rank holds, ascending */
+  int n_kv_shared;
   int n_params;
   ml_param **partial;    /* replicated params with Partial grads */
   int n_partial;
+  const ml_model *model; /* the model applied to */
+  float *stash; /* the gradients that take a tp step, as accumulated before this micro-batch */
   ml_backend *be; /* the model's (NULL when only planning: nothing runs) */
   float *work;    /* redistribute scratch (device memory from be's pool) */
   size_t work_cap;
 } ml_tp;
+
+/* The attention heads tp rank r of `size` holds when q/k/v are colwise and
+ * o_proj rowwise. Query heads are split as torch.tensor_split splits
+ * num_attention_heads (the first nh % size ranks get one more: 9 heads on
+ * tp=2 are 5 + 4, on tp=4 3 + 2 + 2 + 2; torch.chunk's split where it has
+ * `size` non-empty pieces, and every tp up to num_attention_heads works).
+ * Each rank holds the key/value heads its query heads read (query head h
+ * reads kv head h / group, group = num_attention_heads /
+ * num_key_value_heads, as HF's repeat_kv): a kv head whose group straddles
+ * two ranks, or every kv head when tp > num_key_value_heads, is held by
+ * several ranks (Megatron replicates kv heads when tp exceeds them; torch
+ * and NeMo refuse). Their copies stay equal: the same initial rows, and
+ * their gradients, partial sums over each holder's query heads, are summed
+ * over the holders (ml_tp_reduce_partial_grads). Owned: a held kv head no
+ * lower rank holds — what counts once in the grad norm and what run
+ * checkpoints write. With tp dividing both head counts: torch.chunk's
+ * shards, nothing shared. Requires 1 <= size <= num_attention_heads. */
+typedef struct ml_tp_heads {
+  int64_t q0, nq;   /* query heads [q0, q0 + nq) */
+  int64_t kv0, nkv; /* key/value heads [kv0, kv0 + nkv) */
+  int64_t kv_own0;  /* owned: [kv_own0, kv0 + nkv) */
+  int64_t group;    /* query heads per key/value head */
+} ml_tp_heads;
+void ml_tp_heads_of(const ml_model_config *c, int size, int r, ml_tp_heads *h);
+
+enum { ML_TP_QUERY_HEADS = 1, ML_TP_KV_HEADS = 2 };
 
 /* Validate `plan` against `m` and apply it over `comm` (size / rank may
  * describe a group that does not exist, with comm->ops NULL, to plan
@@ -100,6 +132,18 @@ int ml_tp_check_sequence_parallel(const ml_tp *tp, const ml_plan *plan, bool seq
  * tp size 1, and before ml_tp_apply. */
 int ml_tp_param_dim(const ml_tp *tp, const ml_model *m, const ml_param *p);
 
+/* Where tp rank r's local tensor of parameter p lies on its Shard dim
+ * (ml_tp_param_dim >= 0): elements [*start, *start + *len) of
+ * p->shape[dim], of which rank r owns [*own, *start + *len) (counts once
+ * in the grad norm, is written to run checkpoints; the rest are copies a
+ * lower rank owns). torch.chunk of the dim for most parameters; whole
+ * heads for q_proj / k_proj / v_proj (dim 0) and o_proj (dim 1) as
+ * ml_tp_heads_of says (k_proj / v_proj rows may be held by several
+ * ranks). For a Replicate parameter: the whole dim 0, owned by tp rank 0
+ * only. */
+void ml_tp_param_slice(const ml_tp *tp, const ml_model *m, const ml_param *p, int r,
+                       int64_t *start, int64_t *len, int64_t *own);
+
 /* Whether p is tp-replicated with a Partial gradient (each tp rank holds a
  * partial sum; ml_tp_reduce_partial_grads sums them): a replicated
  * parameter whose module sees a sharded activation. Never with tp size 1. */
@@ -107,9 +151,23 @@ bool ml_tp_grad_partial(const ml_tp *tp, const ml_param *p);
 
 /* Sum the Partial gradients of tp-replicated parameters over tp: one
  * all-reduce of this rank's FSDP shard rows of every such parameter (the
- * same rows on every tp rank), after backward and before the grad norm.
- * No-op with tp size 1 or no such parameter. */
+ * same rows on every tp rank), after backward and before the grad norm;
+ * then the partial gradients of key/value heads several tp ranks hold
+ * (ml_tp_heads): the shared heads' rows of every k_proj / v_proj shard,
+ * placed at their global rows, all-reduced over tp and then over the FSDP
+ * group (a replica's rows lie in another dp rank's shard on each tp rank),
+ * and written back; finally the gradients ml_tp_grads_begin set aside are
+ * added back. Once per micro-batch, after its backward. No-op with tp size
+ * 1 or nothing partial or shared. */
 int ml_tp_reduce_partial_grads(ml_tp *tp, ml_fsdp *f);
+
+/* Before a micro-batch's backward: set aside the shard gradients of the
+ * parameters ml_tp_reduce_partial_grads reduces (accumulated by earlier
+ * micro-batches) and zero them, so its sums add only this micro-batch's
+ * partial gradients (then it adds them back): a sum over tp of accumulated
+ * gradients would count the earlier micro-batches tp times. No-op with tp
+ * size 1. Errors: allocation, copies. */
+int ml_tp_grads_begin(ml_tp *tp, ml_fsdp *f);
 
 /* The redistributes edge e runs, forward (backward = false: p[i] →
  * p[i+1] where they differ) or on its gradient (backward: from grad_in,

@@ -232,6 +232,7 @@ int ml_engine_forward_backward(ml_engine *e, const int32_t *ids, const uint8_t *
                                int64_t S, int64_t global_targets, double *loss) {
   ML_TRY(prepare(e, B, S));
   ML_TRY(upload_batch(e, ids, mask, B, S));
+  ML_TRY(ml_tp_grads_begin(&e->tp, &e->fsdp));
   ML_TRY(forward_layers(e, e->ids));
   ML_TRY(ml_fsdp_grad_begin(&e->fsdp, (int)e->model.cfg.n_layers));
   ml_loss_out lo;
@@ -296,11 +297,17 @@ int ml_engine_zero_grad(ml_engine *e) {
   return 0;
 }
 
-/* Whether this rank's copy of parameter p counts towards the global norm:
- * TP-replicated parameters on tp rank 0, HSDP replicas on replica 0. */
-static bool owns_grad(const ml_engine *e, const ml_param *p) {
-  if (e->mesh->dp_replicate_rank != 0) return false;
-  return ml_tp_param_dim(&e->tp, &e->model, p) >= 0 || e->mesh->tp_rank == 0;
+void ml_engine_owned_rows(const ml_engine *e, const ml_fsdp_unit *unit, int i, int64_t *skip,
+                          int64_t *nr) {
+  const ml_param *p = unit->params[i];
+  int64_t r0, start, len, own;
+  ml_fsdp_param_rows(&e->fsdp, unit, i, &r0, nr);
+  ml_tp_param_slice(&e->tp, &e->model, p, e->mesh->tp_rank, &start, &len, &own);
+  if (ml_tp_param_dim(&e->tp, &e->model, p) == 1) own = start; /* column cuts own their rows */
+  *skip = own - start - r0; /* local rows before `own` belong to a lower tp rank */
+  if (*skip < 0) *skip = 0;
+  if (e->mesh->dp_replicate_rank != 0 || *skip > *nr) *skip = *nr;
+  *nr -= *skip;
 }
 
 /* This rank's part of the norm: the sum of squares (norm_type 2) or the
@@ -311,11 +318,12 @@ static int local_norm_part(const ml_engine *e, bool inf, double *total) {
   for (int u = 0; u < f->n_units; u++) {
     const ml_fsdp_unit *unit = &f->units[u];
     for (int i = 0; i < unit->n; i++) {
-      if (!owns_grad(e, unit->params[i])) continue;
+      int64_t skip, nr, cols = unit->params[i]->local[1];
+      ml_engine_owned_rows(e, unit, i, &skip, &nr);
+      if (nr <= 0) continue;
       double s;
-      ML_TRY(ml_be_norm_partial(e->be, unit->shard_grad + unit->shard_off[i],
-                                unit->chunk_rows[i] * unit->params[i]->local[1],
-                                inf ? ML_NORM_ABSMAX : ML_NORM_SUMSQ, &s));
+      ML_TRY(ml_be_norm_partial(e->be, unit->shard_grad + unit->shard_off[i] + skip * cols,
+                                nr * cols, inf ? ML_NORM_ABSMAX : ML_NORM_SUMSQ, &s));
       *total = inf ? fmax(*total, s) : *total + s;
     }
   }

@@ -106,10 +106,18 @@ int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, f
 /* Global norm of the gradients over the mesh (DESIGN §7,
  * torch.nn.utils.clip_grad_norm_ norm_type): norm_type 2 = L2 (local sums of
  * squares in fp64, summed over dp_shard × cp × tp), INFINITY = max |g|
- * (MAX). Each parameter counted once: TP-replicated parameters only from tp
- * rank 0, HSDP replicas only from dp_replicate rank 0. A NaN or Inf
+ * (MAX). Each parameter counted once (ml_engine_owned_rows). A NaN or Inf
  * gradient makes the norm non-finite. Collective over the world. */
 int ml_engine_grad_norm(ml_engine *e, double norm_type, double *norm);
+
+/* The rows of unit's parameter i this rank's copy stands for, the one copy
+ * of them that counts in the grad norm and that run checkpoints write: *nr
+ * of its FSDP shard's rows from shard row *skip on. None on an HSDP replica
+ * > 0; of a TP-replicated parameter, all on tp rank 0 and none elsewhere;
+ * of a k_proj / v_proj whose kv heads several tp ranks hold, those of the
+ * heads this rank owns (ml_tp_param_slice); else all. */
+void ml_engine_owned_rows(const ml_engine *e, const ml_fsdp_unit *unit, int i, int64_t *skip,
+                          int64_t *nr);
 
 /* Collective: whether any rank holds a non-finite gradient; if so, *name
  * (cap bytes) receives the HF name of the first such parameter in FSDP

@@ -60,12 +60,12 @@ _Noreturn static void crash_in_save(const char *path, const ml_st_entry *ent, in
 
 /* Elements of host staging this rank's pieces take: every state of them. */
 static int64_t pieces_numel(const ml_engine *e) {
-  int64_t total = 0;
+  int64_t total = 0, at;
   ml_rc_block b;
   for (int u = 0; u < e->fsdp.n_units; u++) {
     const ml_fsdp_unit *unit = &e->fsdp.units[u];
     for (int i = 0; i < unit->n; i++)
-      if (ml_engine_piece(e, unit, i, b.off, b.shape))
+      if (ml_engine_piece(e, unit, i, b.off, b.shape, &at))
         total += ML_RC_STATES * b.shape[0] * b.shape[1];
   }
   return total;
@@ -90,14 +90,15 @@ static int write_pieces(ml_engine *e, const char *step_dir, const ml_run_state *
     for (int i = 0; rc == 0 && i < unit->n; i++, k++) {
       const ml_param *p = unit->params[i];
       ml_rc_block b;
-      if (!ml_engine_piece(e, unit, i, b.off, b.shape)) continue;
+      int64_t b_at;
+      if (!ml_engine_piece(e, unit, i, b.off, b.shape, &b_at)) continue;
       mine[k] = b;
       rc = saved_name(&e->model.cfg, p, name);
       size_t numel = (size_t)(b.shape[0] * b.shape[1]);
       for (int s = 0; rc == 0 && s < ML_RC_STATES; s++, ne++, at += numel) {
         rc = ml_rc_state_key(name, s, keys[ne], sizeof keys[ne]);
         if (rc == 0)
-          rc = ml_be_copy(e->be, at, state_array(unit, s) + unit->shard_off[i],
+          rc = ml_be_copy(e->be, at, state_array(unit, s) + b_at,
                           sizeof(float) * numel, ML_COPY_D2H);
         ent[ne] = (ml_st_entry){keys[ne], ML_F32, p->ndim, {b.shape[0], b.shape[1]}, at};
       }
@@ -251,9 +252,9 @@ static int load_param(ml_engine *e, ml_rc_ckpt *c, const ml_fsdp_unit *unit, int
   ml_rc_tensor t;
   ML_TRY(saved_name(&e->model.cfg, p, name));
   ML_TRY(find_tensor(c, name, p, &t));
-  ml_rc_block b; /* what this rank holds, whether or not it writes it */
-  (void)ml_engine_piece(e, unit, i, b.off, b.shape);
-  int64_t nr = b.shape[0];
+  int64_t r0, nr; /* every row this rank holds, whether or not it writes them */
+  ml_fsdp_param_rows(&e->fsdp, unit, i, &r0, &nr);
+  ml_rc_block b = {{p->offset[0] + r0, p->offset[1]}, {nr, p->local[1]}};
   size_t numel = (size_t)(nr * p->local[1]);
   float *stage = NULL;
   int rc = 0;

@@ -8,19 +8,25 @@
 #include "parallel/redistribute.h"
 #include "parallel/tp.h"
 
-/* The global tensor of p (Shard on `dim` over tp, −1: Replicate) from the
- * tp group's local tensors `local` [p->local] (device memory) into `out`
- * [p->shape] (host memory) on every rank: one padded all-gather of the
- * torch.chunk pieces (ml_all_gather_padded), unpadded into place on the
- * device (Shard(1) pieces as strided column blocks, ml_be_copy2d), then
- * copied to the host. */
-static int gather_tp(ml_backend *be, ml_comm *tp, const ml_param *p, int dim, const float *local,
+/* The global tensor of p (Shard on its dim over tp, or Replicate) from
+ * the tp group's local tensors `local` [p->local] (device memory) into
+ * `out` [p->shape] (host memory) on every rank: one padded all-gather of
+ * the pieces (ml_tp_param_slice: torch.chunk's, or whole heads, kv heads
+ * held by several ranks landing on the same rows with the same values),
+ * unpadded into place on the device (Shard(1) pieces as strided column
+ * blocks, ml_be_copy2d), then copied to the host. */
+static int gather_tp(const ml_engine *e, ml_comm *tp, const ml_param *p, const float *local,
                      float *out) {
+  ml_backend *be = e->be;
   const size_t f = sizeof(float);
+  int dim = ml_tp_param_dim(&e->tp, &e->model, p);
   int64_t numel = p->shape[0] * p->shape[1];
   if (dim < 0 || tp->size == 1) return ml_be_copy(be, out, local, f * (size_t)numel, ML_COPY_D2H);
-  int64_t other = p->shape[1 - dim], n = ml_param_numel(p);
-  int64_t chunk = ml_chunk_size(p->shape[dim], tp->size) * other;
+  int64_t other = p->shape[1 - dim], n = ml_param_numel(p), s, len, own, chunk = 0;
+  for (int r = 0; r < tp->size; r++) {
+    ml_tp_param_slice(&e->tp, &e->model, p, r, &s, &len, &own);
+    if (len * other > chunk) chunk = len * other;
+  }
   /* device: send [chunk] | pieces [tp · chunk] | the global tensor [numel] */
   float *send = ml_be_alloc(be, (1 + tp->size) * chunk + numel, f, "the export of '%s'", p->name);
   if (!send) return -1;
@@ -28,8 +34,7 @@ static int gather_tp(ml_backend *be, ml_comm *tp, const ml_param *p, int dim, co
   int rc = ml_be_copy(be, send, local, f * (size_t)n, ML_COPY_D2D);
   if (rc == 0) rc = ml_all_gather_padded(be, tp, send, (size_t)n, (size_t)chunk, pieces);
   for (int r = 0; rc == 0 && r < tp->size; r++) {
-    int64_t s, len;
-    ml_chunk(p->shape[dim], tp->size, r, &s, &len);
+    ml_tp_param_slice(&e->tp, &e->model, p, r, &s, &len, &own);
     const float *piece = pieces + r * chunk;
     if (dim == 0) /* rows s .. s+len−1 */
       rc = ml_be_copy(be, global + s * other, piece, f * (size_t)(len * other), ML_COPY_D2D);
@@ -73,9 +78,7 @@ int ml_engine_export(ml_engine *e, ml_export_what what, float **out) {
       const ml_param *p = unit->params[i];
       out[n] = ml_be_host_alloc(e->be, p->shape[0] * p->shape[1], sizeof(float),
                                 "the export of '%s'", p->name);
-      rc = out[n] ? gather_tp(e->be, tp, p, ml_tp_param_dim(&e->tp, &e->model, p),
-                              full + unit->full_off[i], out[n])
-                  : -1;
+      rc = out[n] ? gather_tp(e, tp, p, full + unit->full_off[i], out[n]) : -1;
     }
     ml_be_free(e->be, full);
     ML_TRY(rc);
@@ -84,16 +87,17 @@ int ml_engine_export(ml_engine *e, ml_export_what what, float **out) {
 }
 
 bool ml_engine_piece(const ml_engine *e, const ml_fsdp_unit *unit, int i, int64_t off[2],
-                     int64_t shape[2]) {
+                     int64_t shape[2], int64_t *at) {
   const ml_param *p = unit->params[i];
-  int64_t r0, nr;
-  ml_fsdp_param_rows(&e->fsdp, unit, i, &r0, &nr);
-  off[0] = p->offset[0] + r0;
+  int64_t r0, n, skip, nr;
+  ml_fsdp_param_rows(&e->fsdp, unit, i, &r0, &n);
+  ml_engine_owned_rows(e, unit, i, &skip, &nr);
+  off[0] = p->offset[0] + r0 + skip;
   off[1] = p->offset[1];
   shape[0] = nr;
   shape[1] = p->local[1];
-  bool tp_copy = ml_tp_param_dim(&e->tp, &e->model, p) < 0 && e->mesh->tp_rank != 0;
-  return e->mesh->dp_replicate_rank == 0 && nr > 0 && !tp_copy;
+  *at = unit->shard_off[i] + skip * p->local[1];
+  return nr > 0;
 }
 
 /* ------------------------------------------------------ streamed export */
@@ -141,11 +145,12 @@ static int stream_param(stream *s, int u, int i) {
   const ml_param *p = unit->params[i];
   const bool writer = s->w->rank == 0;
   piece_note mine = {{0, 0}, {0, 0}, 0};
-  if (!ml_engine_piece(e, unit, i, mine.off, mine.shape)) mine.shape[0] = 0;
+  int64_t at = 0;
+  if (!ml_engine_piece(e, unit, i, mine.off, mine.shape, &at)) mine.shape[0] = 0;
   size_t bytes = sizeof(float) * (size_t)(mine.shape[0] * mine.shape[1]);
   float *host = writer && mine.shape[0] ? landing(s, p, &mine) : s->piece;
   if (mine.shape[0] > 0)
-    mine.rc = ml_be_copy(e->be, host, unit->shard + unit->shard_off[i], bytes, ML_COPY_D2H);
+    mine.rc = ml_be_copy(e->be, host, unit->shard + at, bytes, ML_COPY_D2H);
   piece_note *notes = ml_calloc((size_t)s->w->size, sizeof *notes, "the export's piece notes");
   int rc = notes ? ml_host_all_gather(s->w, &mine, sizeof mine, notes) : -1;
   bool go = rc == 0; /* every copy succeeded (a failed one's rank reports it) */
@@ -174,12 +179,13 @@ static int stream_param(stream *s, int u, int i) {
  * elements. */
 static void sizes(const ml_engine *e, int64_t *tensor, int64_t *piece) {
   *tensor = *piece = 0;
-  int64_t off[2], shape[2];
+  int64_t off[2], shape[2], at;
   for (int u = 0; u < e->fsdp.n_units; u++)
     for (int i = 0; i < e->fsdp.units[u].n; i++) {
       const ml_param *p = e->fsdp.units[u].params[i];
       if (p->shape[0] * p->shape[1] > *tensor) *tensor = p->shape[0] * p->shape[1];
-      if (ml_engine_piece(e, &e->fsdp.units[u], i, off, shape) && shape[0] * shape[1] > *piece)
+      if (ml_engine_piece(e, &e->fsdp.units[u], i, off, shape, &at) &&
+          shape[0] * shape[1] > *piece)
         *piece = shape[0] * shape[1];
     }
 }

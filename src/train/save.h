@@ -40,16 +40,17 @@ const ml_param *ml_engine_export_param(const ml_engine *e, int i);
 /* The piece of parameter i of `unit` this rank contributes when the
  * mesh's shards are consolidated (the HF export; a run checkpoint's
  * pieces, train/runckpt.h): the rows of its TP-local tensor held in its
- * FSDP chunk (ml_fsdp_param_rows; data at unit->shard + unit->shard_off[i],
- * fp32, row-major), placed in the global tensor at off[2] with shape[2]
- * ([n, 1] for 1-D) by the TP placement, whether or not it contributes them
- * (a load reads them back). false when it contributes none: it
- * holds no rows, or another rank holds the same ones — an HSDP replica
- * (dp_replicate rank > 0) or a tp rank > 0 of a TP-replicated parameter
- * (cp ranks hold distinct rows: FSDP shards over dp_shard_cp). The pieces of
+ * FSDP chunk (ml_fsdp_param_rows) that it owns (ml_engine_owned_rows),
+ * fp32, row-major, at element *at of the unit's flat arrays (unit->shard +
+ * *at), placed in the global tensor at off[2] with shape[2] ([n, 1] for
+ * 1-D) by the TP placement. false when it contributes none: it holds no
+ * rows, or only rows another rank contributes — an HSDP replica
+ * (dp_replicate rank > 0), a tp rank > 0 of a TP-replicated parameter, the
+ * copies of kv heads a lower tp rank owns (parallel/tp.h ml_tp_heads); cp
+ * ranks hold distinct rows (FSDP shards over dp_shard_cp). The pieces of
  * all ranks tile the global tensor exactly. */
 bool ml_engine_piece(const ml_engine *e, const ml_fsdp_unit *unit, int i, int64_t off[2],
-                     int64_t shape[2]);
+                     int64_t shape[2], int64_t *at);
 
 /* Collective over the world: write the trained weights as an HF checkpoint
  * in `dir` with the rest of the source model e->model_dir

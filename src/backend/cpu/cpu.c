@@ -352,7 +352,7 @@ static k_attn_block block_of(const ml_attn_block *b) {
   return (k_attn_block){.B = b->B, .sq = b->sq, .sk = b->sk, .nh = b->nh, .nkv = b->nkv,
                         .hd = b->hd, .q_pos = b->q_pos, .k_pos = b->k_pos, .q_bs = b->q_bs,
                         .k_bs = b->k_bs, .l_bs = b->l_bs, .scale = b->scale,
-                        .window = b->window};
+                        .window = b->window, .group = b->group, .head_off = b->head_off};
 }
 
 static int cpu_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,

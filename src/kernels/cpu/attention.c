@@ -44,7 +44,8 @@ typedef struct attn {
   const k_attn_bf16 *lp;
   size_t esz;
   int64_t qr, kr; /* floats from one row of q (k) to the next: nh·hd (nkv·hd) */
-  int64_t group;  /* query heads per kv head */
+  int64_t group;  /* query heads per kv head (k_attn_block.group) */
+  int64_t off;    /* k_attn_block.head_off */
 } attn;
 
 static attn attn_of(const k_attn_block *blk, const float *q, const float *k, const float *v,
@@ -58,13 +59,17 @@ static attn attn_of(const k_attn_block *blk, const float *q, const float *k, con
             .esz = sizeof(float),
             .qr = blk->nh * blk->hd,
             .kr = blk->nkv * blk->hd,
-            .group = blk->nh / blk->nkv};
+            .group = blk->group ? blk->group : blk->nh / blk->nkv,
+            .off = blk->head_off};
   if (lp) {
     a.q = lp->q, a.k = lp->k, a.v = lp->v, a.dout = lp->dout;
     a.esz = lp->packed ? sizeof(uint16_t) : sizeof(float);
   }
   return a;
 }
+
+// the kv head query head h reads
+static inline int64_t kv_of(const attn *a, int64_t h) { return (h + a->off) / a->group; }
 
 static const void *at(const void *base, int64_t off, size_t esz) {
   return (const char *)base + (size_t)off * esz;
@@ -276,7 +281,7 @@ static void finish_row(const float *O, float m, float l, float *out, float *lse,
 static int fwd_tile(const attn *a, float *out, float *lse, bool accumulate, int64_t b, int64_t h,
                     int64_t i0, scratch w) {
   const k_attn_block *k = a->blk;
-  int64_t hd = k->hd, M = min64(TQ, k->sq - i0), g = h / a->group;
+  int64_t hd = k->hd, M = min64(TQ, k->sq - i0), g = kv_of(a, h);
   int64_t jlo = key_lo(k, i0), jhi = key_hi(k, i0 + M - 1);
   for (int64_t r = 0; r < M; r++) w.m[r] = -INFINITY, w.l[r] = 0.0f;
   if (jlo < jhi) memset(w.O, 0, (size_t)(M * hd) * sizeof(float));
@@ -370,7 +375,7 @@ static int scores_dp(const attn *a, int64_t b, int64_t h, int64_t g, int64_t i0,
 static int bwd_query_tile(const attn *a, const float *out, const float *lse, float *dq, float *D,
                           int64_t b, int64_t h, int64_t i0, scratch w) {
   const k_attn_block *k = a->blk;
-  int64_t hd = k->hd, M = min64(TQ, k->sq - i0), g = h / a->group;
+  int64_t hd = k->hd, M = min64(TQ, k->sq - i0), g = kv_of(a, h);
   float *Dt = D + (b * k->nh + h) * k->sq + i0;
   for (int64_t r = 0; r < M; r++) {
     int64_t o = q_at(a, b, i0 + r, h);
@@ -395,7 +400,8 @@ static int bwd_key_tile(const attn *a, const float *lse, const float *D, float *
   const k_attn_block *k = a->blk;
   int64_t hd = k->hd, n = min64(TK, k->sk - j0), ko = k_at(a, b, j0, g);
   int64_t ilo = query_lo(k, j0), ihi = query_hi(k, j0 + n);
-  for (int64_t h = g * a->group; h < (g + 1) * a->group; h++)
+  int64_t h_lo = g * a->group - a->off, h_hi = h_lo + a->group;
+  for (int64_t h = h_lo < 0 ? 0 : h_lo; h < h_hi && h < k->nh; h++)
     for (int64_t i0 = ilo; i0 < ihi; i0 += TQ) {
       int64_t M = min64(TQ, ihi - i0), qo = q_at(a, b, i0, h);
       int rc = scores_dp(a, b, h, g, i0, M, j0, n, w);

@@ -52,14 +52,17 @@ void k_rope_bwd(float *dx, const float *cos_t, const float *sin_t, int64_t B, in
  * and, when window > 0, p' > p − window. q, out, dout, dq: [B][sq rows, nh,
  * hd] with q_bs floats from one sequence to the next; k, v, dk, dv: [B][sk
  * rows, nkv, hd] with k_bs; lse: [B][sq rows, nh] with l_bs. Query head h
- * reads kv head h / (nh / nkv). scores = scale · q·k. A whole sequence is
- * one block (q_pos = k_pos = 0, sq = sk = S). */
+ * reads kv head (h + head_off) / group (GQA; group 0 means nh / nkv).
+ * scores = scale · q·k. A whole sequence is one block (q_pos = k_pos = 0,
+ * sq = sk = S). */
 typedef struct k_attn_block {
   int64_t B, sq, sk, nh, nkv, hd;
   int64_t q_pos, k_pos;
   int64_t q_bs, k_bs, l_bs;
   float scale;
-  int64_t window; /* 0: causal only */
+  int64_t window;   /* 0: causal only */
+  int64_t group;    /* query heads per kv head; 0: nh / nkv */
+  int64_t head_off; /* 0 <= head_off < group: this block's first query head's place in its group */
 } k_attn_block;
 
 /* The tiles: query rows per task (forward, backward pass 1) and per step

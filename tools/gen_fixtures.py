@@ -51,8 +51,14 @@ FIXTURES
                    pixel_values) drawn from 1..252, so neither pad 0 nor the
                    image/boi/eoi ids occur.
 
-    All sizes: hidden 64, intermediate 160, 2 layers, 4 heads, 2 KV heads,
-    head_dim 16; B=2, S=24.
+    llama_h9kv3    LlamaForCausalLM with SmolLM2-135M's head grouping: 9 heads,
+                   3 KV heads, head_dim 8, hidden 72, tied, vocab 256 (tp 2
+                   and 4 split the heads unevenly and share kv heads)
+    gemma3_h4kv1   the gemma3 config with Gemma-3-270M's grouping: 4 heads,
+                   1 KV head (every tp > 1 replicates it)
+
+    All other sizes: hidden 64, intermediate 160, 2 layers, 4 heads, 2 KV
+    heads, head_dim 16; B=2, S=24.
 
 DEFINITIONS (hold exactly, in float64)
     logprobs[b][t] = log_softmax(logits[b, t])[input_ids[b][t+1]], t = 0..S-2
@@ -271,6 +277,28 @@ FIXTURES = [
         # prefix of the text tower in model.safetensors / grads.safetensors
         # (save_pretrained writes the original Hub layout, see the docstring)
         text_prefix="language_model.model.",
+    ),
+    dict(
+        name="llama_h9kv3",
+        cls=LlamaForCausalLM,
+        config=lambda: LlamaConfig(
+            **{**LLAMA_BASE, "hidden_size": 72, "num_attention_heads": 9,
+               "num_key_value_heads": 3, "head_dim": 8},
+            vocab_size=256,
+            tie_word_embeddings=True,
+        ),
+        seed=1007,
+        mask=False,
+    ),
+    dict(
+        name="gemma3_h4kv1",
+        cls=Gemma3ForCausalLM,
+        config=lambda: Gemma3TextConfig(
+            **{**copy.deepcopy(GEMMA3_TEXT), "num_key_value_heads": 1}),
+        seed=1008,
+        mask=False,
+        gemma=True,
+        id_range=(1, 256),
     ),
 ]
 

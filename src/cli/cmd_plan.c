@@ -17,6 +17,7 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/plan_heads.h"
 #include "cli/train_flags.h"
 #include "common/status.h"
 #include "model/config.h"
@@ -239,6 +240,7 @@ static void text_header(const plan_run *run) {
                o->t.dp_replicate, o->dp_shard, o->t.cp, o->t.tp, world, o->t.batch,
                o->t.seq_len, o->t.batch / dp);
   if (o->t.cp > 1) text_cp(run);
+  if (ml_plan_heads_split(&r0->tp, &r0->model)) ml_plan_heads_text(&r0->tp, &r0->model);
   ml_cli_print("plan %s%s\n  reason: %s\n", run->plan.name,
                run->plan.sequence_parallel ? " (sequence parallel)" : "", run->plan.reason);
   ml_cli_print("residual stream %s, logits %s%s\n", pstr(r0->tp.residual, b1, sizeof b1),
@@ -637,6 +639,9 @@ static json_t *jprediction(const ml_prediction *p, int64_t layers) {
 static int print_json(const plan_run *run) {
   json_t *root = jheader(run), *edges = NULL;
   json_object_set_new(root, "modules", jmodules(run));
+  const plan_rank *r0 = &run->ranks[0];
+  if (ml_plan_heads_split(&r0->tp, &r0->model))
+    json_object_set_new(root, "attention_heads", ml_plan_heads_json(&r0->tp, &r0->model));
   if (jedges(run, &edges)) {
     json_decref(edges);
     json_decref(root);

@@ -509,11 +509,12 @@ static int residual_join(const char *where, const val *v, val *r) {
   return 0;
 }
 
-/* Heads split over tp (ml_tp_heads): any tp up to num_attention_heads. The
- * model learns its rank's grouping; the shared kv heads are listed. With tp
- * not dividing both head counts, the heads' pieces are not torch.chunk's
- * of the features, so no edge may redistribute them. */
-static int split_heads(walk *w, ml_layer *L) {
+/* q/k/v_proj sharded over tp: whole heads (ml_tp_heads), any tp up to
+ * num_attention_heads. With tp not dividing both head counts the heads'
+ * pieces are not torch.chunk's of the features, so no edge may
+ * redistribute them. Attention on the local heads (`local`): the model
+ * learns its rank's grouping; the shared kv heads are listed. */
+static int split_heads(walk *w, ml_layer *L, bool local) {
   const ml_model_config *c = &w->m->cfg;
   ml_tp *tp = w->tp;
   int t = tp->size;
@@ -531,6 +532,7 @@ static int split_heads(walk *w, ml_layer *L) {
                     "colwise and o_proj rowwise with local outputs",
                     moved[i]->weight->name, i < 3 ? "output" : "input", t,
                     (long long)c->n_heads, (long long)c->n_kv_heads);
+  if (!local) return 0;
   ml_tp_heads h;
   ml_tp_heads_of(c, t, tp->rank, &h);
   w->m->attn_group = h.group;
@@ -570,7 +572,8 @@ static int attention(walk *w, int l, val *r) {
   val out;
   ml_tp_edge *ooe;
   ML_TRY(linear_group(w, no_box, &op, 1, att, c->n_heads * c->head_dim, &out, &ooe));
-  if (is_feat(o[0].p) && w->tp->size > 1) ML_TRY(split_heads(w, L));
+  if (ml_tp_param_dim(w->tp, w->m, L->q_proj.weight) == 0)
+    ML_TRY(split_heads(w, L, is_feat(o[0].p)));
   ML_TRY(linear_out_close(op, ooe, box, &out, grad_of(r->p)));
   ML_TRY(norm_apply(w, &L->attn_out_norm, &out));
   return residual_join(box.name, &out, r);

@@ -73,8 +73,8 @@ m=$(model wrong_shape)
 sed 's/"intermediate_size": 160/"intermediate_size": 128/' "$fx/config.json" > "$m/config.json"
 expect tensor-shape-mismatch "gate_proj.weight.*shape" "${logprobs[@]}" "$m"
 
-expect tp-not-dividing-kv-heads "tp=4 does not divide num_key_value_heads=2" \
-  mpiexec -n 4 "$meshlm" logprobs --model "$fx" --data "$work/data.jsonl" --out "$work/out.jsonl" --tp 4
+expect tp-above-heads "tp=5 exceeds num_attention_heads=4" \
+  mpiexec -n 5 "$meshlm" logprobs --model "$fx" --data "$work/data.jsonl" --out "$work/out.jsonl" --tp 5
 expect world-not-divisible-by-tp "world size 3 is not divisible" \
   mpiexec -n 3 "$meshlm" logprobs --model "$fx" --data "$work/data.jsonl" --out "$work/out.jsonl" --tp 2
 

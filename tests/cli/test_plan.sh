@@ -146,7 +146,10 @@ expect_err sp-with-hf-plan "--sequence-parallel: the HF base_model_tp_plan has n
   "$meshlm" plan --model "$work/hf" --tp 2 --parallel-plan hf --sequence-parallel
 expect_err batch-not-divisible "--batch-size 3 is not divisible by the data-parallel size 2" \
   "$meshlm" plan --model "$m" --dp-shard 2 --batch-size 3
-expect_err tp-not-dividing-kv-heads "tp=4 does not divide num_key_value_heads=2" \
+expect_err tp-above-heads "tp=8 exceeds num_attention_heads=4" \
+  "$meshlm" plan --model "$m" --tp 8
+# 4 query heads / 2 kv heads on tp 4: one query head each, each kv head held by two ranks
+expect_ok "heads over tp 4" "tp3: query heads 3-3 (1), kv heads 1-1 (1), 1 of them copies" -- \
   "$meshlm" plan --model "$m" --tp 4
 expect_err missing-config "config.json" "$meshlm" plan --model "$work/nowhere" --tp 2
 expect_err unknown-flag "--pipeline" "$meshlm" plan --model "$m" --pipeline 2

@@ -318,6 +318,26 @@ static int64_t partial_bytes(const run *r) {
   return n;
 }
 
+/* Bytes of the all-reduce (over tp, and again over dp_shard_cp) that sums
+ * the partial grads of kv heads several tp ranks hold (parallel/tp.h): the
+ * shared heads counted here from the head split (query heads as
+ * torch.tensor_split; rank r > 0 shares its first kv head with rank r − 1
+ * when its first query head is inside a group), their hd rows of k_proj
+ * and v_proj (weight and bias) in every layer. */
+static int64_t kv_shared_bytes(const run *r) {
+  const ml_model_config *c = &r->e.model.cfg;
+  int tp = r->mesh.tp;
+  int64_t g = c->n_heads / c->n_kv_heads, shared = 0, last = -1;
+  if (ml_tp_param_dim(&r->e.tp, &r->e.model, r->e.model.layers[0].q_proj.weight) != 0) return 0;
+  for (int k = 1; k < tp; k++) {
+    int64_t q0 = k * (c->n_heads / tp) + (k < c->n_heads % tp ? k : c->n_heads % tp);
+    if (q0 % g && q0 / g != last) shared++, last = q0 / g;
+  }
+  const ml_linear *kp = &r->e.model.layers[0].k_proj;
+  int64_t row = kp->weight->shape[1] + (kp->bias ? 1 : 0);
+  return 4 * c->n_layers * 2 * shared * c->head_dim * row;
+}
+
 /* One training step's collectives, per mesh group, vs DESIGN §5/§6 for L
  * layers and local tokens Tl (one logits chunk), P = 1 when some
  * tp-replicated param has Partial grads (one packed all-reduce):
@@ -333,6 +353,9 @@ static int64_t partial_bytes(const run *r) {
  *    tp divides S); all-reduces: the loss 2 + the norms' grads 1;
  *  dp_shard_cp all-gather: L + 1 units forward, L − 1 again in backward
  *    (the last layer and the root stay unsharded); reduce-scatter L + 1;
+ *  K = 1 when some kv head is held by several tp ranks: one more tp
+ *    all-reduce of their rows' grads, and one over dp_shard_cp when FSDP
+ *    shards (kv_shared_bytes each);
  *  cp (ring attention, parallel/cp.h), per layer: forward cp − 1 passes of
  *    the local K and V, backward cp − 1 of K and V and cp of dK and dV, each
  *    2·Tl·kv floats (kv = the local k_proj rows), Tl = the padded piece;
@@ -363,18 +386,19 @@ static void test_collective_counts(void **state) {
                        calls(cpc, ML_COLL_REDUCE_SCATTER),
                    0);
   int64_t pb = partial_bytes(&r), P = pb > 0;
+  int64_t kb = kv_shared_bytes(&r), K = kb > 0;
   if (tp > 1 && g_sp) {
     assert_int_equal(calls(tpc, ML_COLL_ALL_GATHER), 4 * L + 2);
     assert_int_equal(calls(tpc, ML_COLL_REDUCE_SCATTER), 4 * L + 2);
     assert_int_equal(bytes(tpc, ML_COLL_ALL_GATHER), 4 * (4 * L + 2) * Tw * H);
     assert_int_equal(bytes(tpc, ML_COLL_REDUCE_SCATTER), 4 * (4 * L + 2) * Tw * H);
     assert_int_equal(P, 1);
-    assert_int_equal(calls(tpc, ML_COLL_ALL_REDUCE), 2 + 1);
-    assert_int_equal(bytes(tpc, ML_COLL_ALL_REDUCE), 4 * 3 * Tl + pb);
+    assert_int_equal(calls(tpc, ML_COLL_ALL_REDUCE), 2 + 1 + K);
+    assert_int_equal(bytes(tpc, ML_COLL_ALL_REDUCE), 4 * 3 * Tl + pb + kb);
   } else {
-    assert_int_equal(calls(tpc, ML_COLL_ALL_REDUCE), tp > 1 ? 4 * L + 4 + P : 0);
+    assert_int_equal(calls(tpc, ML_COLL_ALL_REDUCE), tp > 1 ? 4 * L + 4 + P + K : 0);
     assert_int_equal(bytes(tpc, ML_COLL_ALL_REDUCE),
-                     tp > 1 ? 4 * ((4 * L + 2) * Tl * H + 3 * Tl) + pb : 0);
+                     tp > 1 ? 4 * ((4 * L + 2) * Tl * H + 3 * Tl) + pb + kb : 0);
     assert_int_equal(calls(tpc, ML_COLL_ALL_GATHER), 0);
     assert_int_equal(calls(tpc, ML_COLL_REDUCE_SCATTER), 0);
   }
@@ -383,6 +407,8 @@ static void test_collective_counts(void **state) {
   int64_t rs_bytes = 0;
   for (int u = 0; u < r.e.fsdp.n_units; u++) rs_bytes += 4 * fs * r.e.fsdp.units[u].shard_numel;
   assert_int_equal(bytes(dps, ML_COLL_REDUCE_SCATTER), fs > 1 ? rs_bytes : 0);
+  assert_int_equal(calls(dps, ML_COLL_ALL_REDUCE), fs > 1 ? K : 0);
+  assert_int_equal(bytes(dps, ML_COLL_ALL_REDUCE), fs > 1 ? kb : 0);
   /* the loss and grad-norm scalars go over the host channel, not the data comms */
   assert_int_equal(calls(ml_mesh_comm(m, ML_GROUP_DP), ML_COLL_ALL_REDUCE), 0);
   assert_int_equal(calls(ml_mesh_comm(m, ML_GROUP_WORLD), ML_COLL_ALL_REDUCE), 0);

@@ -1149,6 +1149,84 @@ static void test_attention_blocks(void **state) {
   }
 }
 
+/* Attention heads split over tp ranks as parallel/tp.h splits them (query
+ * heads as torch.tensor_split, each rank the kv heads its query heads
+ * read, a group straddling two ranks on both): each rank's block, in its
+ * local layouts with its group and head_off, gives exactly the whole
+ * kernel's out, lse and dq of its query heads (the same products in the
+ * same order), and its dk, dv are partial sums over its query heads whose
+ * sum over the ranks is the whole-run gradient, against the double
+ * reference (a sum in another association: the bounds hold for any). */
+static void test_attention_head_split(void **state) {
+  (void)state;
+  static const struct {
+    attn_ctx c;
+    int tp;
+  } cases[] = {
+      {ATTN(2, 70, 9, 3, 8, 0, 0.35f), 2},  // SmolLM2's grouping: 5 + 4, kv head 1 shared
+      {ATTN(2, 70, 9, 3, 8, 0, 0.35f), 4},  // 3+2+2+2: kv heads 1 and 2 shared
+      {ATTN(1, 140, 4, 1, 16, 8, 0.25f), 4}, // Gemma-3-270M's: the one kv head on every rank
+  };
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    attn_ctx a = attn_alloc(cases[c].c);
+    int tp = cases[c].tp;
+    int64_t nq = a.B * a.S * a.nh * a.hd, nk = a.B * a.S * a.nkv * a.hd;
+    int64_t g = a.nh / a.nkv, hd = a.hd;
+    float *out = malloc((size_t)nq * 4), *dout = rand_buf(nq, 1), *dq = malloc((size_t)nq * 4);
+    float *dk = malloc((size_t)nk * 4), *dv = malloc((size_t)nk * 4);
+    attn_run(&a, out);
+    attn_run_bwd(&a, dout, out, dq, dk, dv);
+    float *sdk = calloc((size_t)nk, 4), *sdv = calloc((size_t)nk, 4);
+    for (int r = 0; r < tp; r++) {
+      int64_t base = a.nh / tp, extra = a.nh % tp;
+      int64_t q0 = r * base + (r < extra ? r : extra), n = base + (r < extra);
+      int64_t kv0 = q0 / g, nkv = (q0 + n - 1) / g + 1 - kv0, T = a.B * a.S;
+      // local layouts: [T, n, hd] and [T, nkv, hd], the heads' rows copied
+      float *lq = malloc((size_t)(T * n * hd) * 4), *ldo = malloc((size_t)(T * n * hd) * 4);
+      float *lk = malloc((size_t)(T * nkv * hd) * 4), *lv = malloc((size_t)(T * nkv * hd) * 4);
+      for (int64_t t = 0; t < T; t++) {
+        memcpy(lq + t * n * hd, a.q + (t * a.nh + q0) * hd, (size_t)(n * hd) * 4);
+        memcpy(ldo + t * n * hd, dout + (t * a.nh + q0) * hd, (size_t)(n * hd) * 4);
+        memcpy(lk + t * nkv * hd, a.k + (t * a.nkv + kv0) * hd, (size_t)(nkv * hd) * 4);
+        memcpy(lv + t * nkv * hd, a.v + (t * a.nkv + kv0) * hd, (size_t)(nkv * hd) * 4);
+      }
+      k_attn_block blk = {.B = a.B, .sq = a.S, .sk = a.S, .nh = n, .nkv = nkv, .hd = hd,
+                          .q_bs = a.S * n * hd, .k_bs = a.S * nkv * hd, .l_bs = a.S * n,
+                          .scale = a.scale, .window = a.window, .group = g,
+                          .head_off = q0 - kv0 * g};
+      float *lo = malloc((size_t)(T * n * hd) * 4), *ll = malloc((size_t)(T * n) * 4);
+      float *ldq = calloc((size_t)(T * n * hd), 4), *ldk = calloc((size_t)(T * nkv * hd), 4),
+            *ldv = calloc((size_t)(T * nkv * hd), 4);
+      float *tiles = attn_tiles(hd), *D = malloc((size_t)k_attention_rows(&blk) * 4);
+      assert_int_equal(k_attention_block_fwd(&blk, lq, lk, lv, lo, ll, false, NULL, tiles), 0);
+      assert_int_equal(k_attention_block_bwd(&blk, ldo, lq, lk, lv, lo, ll, ldq, ldk, ldv, NULL,
+                                             D, tiles),
+                       0);
+      for (int64_t t = 0; t < T; t++) {
+        assert_memory_equal(lo + t * n * hd, out + (t * a.nh + q0) * hd, (size_t)(n * hd) * 4);
+        assert_memory_equal(ll + t * n, a.lse + t * a.nh + q0, (size_t)n * 4);
+        assert_memory_equal(ldq + t * n * hd, dq + (t * a.nh + q0) * hd, (size_t)(n * hd) * 4);
+        for (int64_t e = 0; e < nkv * hd; e++) {
+          sdk[(t * a.nkv + kv0) * hd + e] += ldk[t * nkv * hd + e];
+          sdv[(t * a.nkv + kv0) * hd + e] += ldv[t * nkv * hd + e];
+        }
+      }
+      free(lq), free(ldo), free(lk), free(lv), free(lo), free(ll), free(ldq), free(ldk);
+      free(ldv), free(tiles), free(D);
+    }
+    attn_ref_out ref = attn_ref_alloc(&a);
+    attn_ref(&a, dout, &ref);
+    char what[96];
+    snprintf(what, sizeof what, "heads %lld/%lld over tp %d: summed dk", (long long)a.nh,
+             (long long)a.nkv, tp);
+    expect_within(what, sdk, ref.dk, ref.dk_b, nk);
+    expect_within("  summed dv", sdv, ref.dv, ref.dv_b, nk);
+    free(out), free(dout), free(dq), free(dk), free(dv), free(sdk), free(sdv);
+    attn_ref_free(&ref);
+    attn_free(&a);
+  }
+}
+
 /* Attention with bf16 products through the CPU backend (autocast's SDPA):
  * against the double reference on the rounded q, k, v and dout, whose
  * products are then the kernels' up to fp32 summation (bf16 products are
@@ -1482,7 +1560,8 @@ int main(void) {
       cmocka_unit_test(test_rope_inv_freq), cmocka_unit_test(test_rope_tables),
       cmocka_unit_test(test_rope_apply),    cmocka_unit_test(test_expf),
       cmocka_unit_test(test_attention_fwd), cmocka_unit_test(test_attention_bwd),
-      cmocka_unit_test(test_attention_blocks), cmocka_unit_test(test_attention_bf16),
+      cmocka_unit_test(test_attention_blocks), cmocka_unit_test(test_attention_head_split),
+      cmocka_unit_test(test_attention_bf16),
       cmocka_unit_test(test_glu),
       cmocka_unit_test(test_embedding),     cmocka_unit_test(test_xent),
       cmocka_unit_test(test_adamw),

@@ -297,9 +297,19 @@ static void test_apply_errors(void **state) {
   ml_tp_destroy(&tp);
   ml_model_destroy(&m);
 
-  /* kv heads (2) not divisible by tp 4 */
-  expect_error(apply_named("llama_tied", NULL, false, 4, &tp, &m),
-               "tp=4 does not divide num_key_value_heads=2");
+  /* more tp ranks (8) than attention heads (4) */
+  expect_error(apply_named("llama_tied", NULL, false, 8, &tp, &m),
+               "tp=8 exceeds num_attention_heads=4");
+  ml_tp_destroy(&tp);
+  ml_model_destroy(&m);
+
+  /* kv heads (2) on tp 4: replicated, so no edge may gather the heads as torch.chunk pieces */
+  write_plan("gather_q.json", "{\"model.layers.*.self_attn.q_proj\": \"colwise_rep\", "
+                              "\"model.layers.*.self_attn.k_proj\": \"colwise_rep\", "
+                              "\"model.layers.*.self_attn.v_proj\": \"colwise_rep\", "
+                              "\"model.layers.*.self_attn.o_proj\": \"colwise\"}");
+  expect_error(apply_named("llama_tied", tpath("gather_q.json"), false, 4, &tp, &m),
+               "redistributes the attention heads");
   ml_tp_destroy(&tp);
   ml_model_destroy(&m);
 

@@ -149,7 +149,7 @@ expect_err batch-not-divisible "--batch-size 3 is not divisible by the data-para
 expect_err tp-above-heads "tp=8 exceeds num_attention_heads=4" \
   "$meshlm" plan --model "$m" --tp 8
 # 4 query heads / 2 kv heads on tp 4: one query head each, each kv head held by two ranks
-expect_ok "heads over tp 4" "tp3: query heads 3-3 (1), kv heads 1-1 (1), 1 of them copies" -- \
+expect_ok "heads over tp 4" "tp3: query heads 3-3 .1., kv heads 1-1 .1., 1 of them copies" -- \
   "$meshlm" plan --model "$m" --tp 4
 expect_err missing-config "config.json" "$meshlm" plan --model "$work/nowhere" --tp 2
 expect_err unknown-flag "--pipeline" "$meshlm" plan --model "$m" --pipeline 2

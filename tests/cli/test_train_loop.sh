@@ -3,7 +3,8 @@
 #  (a) gradient accumulation: --grad-accum 2 equals one batch: the first
 #      step's loss and gradient norm within the bounds for two fp32
 #      evaluations in different orders (tests/tolerance.h §3, printed by
-#      tol_bound; |Δ‖g‖| <= ‖Δg‖), on 1 rank and on 2 (dp_shard=2);
+#      tol_bound; |Δ‖g‖| <= ‖Δg‖), on 1 rank, on 2 (dp_shard=2) and on
+#      tp=2 with sequence parallelism;
 #  (b) --config FILE gives bitwise the losses of the same flags (NeMo's key
 #      names included, on 2 ranks with tensor_parallel_size 2), and a flag
 #      overrides the file;
@@ -49,17 +50,21 @@ close() {
 # the pair bound of QUANTITY for the tiny model's batch of 8 x 64 tokens
 pair() { "$tol_bound" "$work/model" "$1" pair 64 512; }
 
-# (a) gradient accumulation
-for np in 1 2; do
-  run=("${base[@]}" --steps 1)
+# (a) gradient accumulation (tp=2 + SP: the norms' Partial grads are summed over tp per
+# micro-batch, the earlier micro-batches' set aside, not summed again)
+for mesh in 1 2 "2 --tp 2 --sequence-parallel"; do
+  set -- $mesh
+  np=$1
+  shift
+  run=("${base[@]}" --steps 1 "$@")
   [ "$np" -eq 1 ] && launch=() || launch=(mpiexec -n "$np")
   "${launch[@]}" "$meshlm" "${run[@]}" --metrics "$work/ga1.jsonl" > /dev/null
   "${launch[@]}" "$meshlm" "${run[@]}" --grad-accum 2 --metrics "$work/ga2.jsonl" > "$work/out.txt"
   grep -q "in 2 micro-batch" "$work/out.txt"
-  close "accumulation loss, $np rank(s)" "$(pair loss)" "$(field "$work/ga1.jsonl" loss)" "$(field "$work/ga2.jsonl" loss)"
-  close "accumulation grad norm, $np rank(s)" "$(pair grads)" "$(field "$work/ga1.jsonl" grad_norm)" \
+  close "accumulation loss, $mesh rank(s)" "$(pair loss)" "$(field "$work/ga1.jsonl" loss)" "$(field "$work/ga2.jsonl" loss)"
+  close "accumulation grad norm, $mesh rank(s)" "$(pair grads)" "$(field "$work/ga1.jsonl" grad_norm)" \
     "$(field "$work/ga2.jsonl" grad_norm)"
-  ok "grad-accum 2 = one batch on $np rank(s)"
+  ok "grad-accum 2 = one batch on $mesh rank(s)"
 done
 
 # (b) config file = flags; a flag overrides the file

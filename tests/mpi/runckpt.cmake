@@ -6,3 +6,6 @@ ml_mpi_test_2blas(runckpt_llama_untied_dp2_tp2 4 $<TARGET_FILE:test_runckpt> lla
 ml_mpi_test_2blas(runckpt_qwen3_dp4 4 $<TARGET_FILE:test_runckpt> qwen3 1)
 ml_mpi_test_2blas(runckpt_llama_tied_tp2 2 $<TARGET_FILE:test_runckpt> llama_tied 2)
 ml_mpi_test_2blas(runckpt_gemma3_vlm_dp2 2 $<TARGET_FILE:test_runckpt> gemma3_vlm 1)
+# heads over tp beyond what tp divides: copies of shared kv heads written once, read by all
+ml_mpi_test(runckpt_llama_h9kv3_tp4 4 $<TARGET_FILE:test_runckpt> llama_h9kv3 4)
+ml_mpi_test(runckpt_gemma3_h4kv1_tp2 2 $<TARGET_FILE:test_runckpt> gemma3_h4kv1 2)

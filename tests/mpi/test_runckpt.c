@@ -3,7 +3,8 @@
  *    engine, ml_run_load, 2 more steps on the same mesh (dp_shard = N/TP ×
  *    tp = TP): the losses of steps 3–4 and the final params bitwise equal;
  *  - reshard: saved on that mesh, loaded on every other one over the same
- *    ranks (tp 1 and 2, and one rank alone over MPI_COMM_SELF): params and
+ *    ranks (tp 1, 2, 3, 4 where they divide the world, and one rank alone
+ *    over MPI_COMM_SELF): params and
  *    AdamW exp_avg / exp_avg_sq bitwise equal after the load (they are
  *    copies), the next step's loss within the pair bound of
  *    tests/tolerance.h §3 (another mesh sums in another order); also under ZeRO-2,
@@ -275,10 +276,12 @@ static void save_source(int dp_replicate, int tp, const char *dir, state *src, d
   fixture_free(&fx);
 }
 
-/* The tp sizes a 4-row batch and the fixture (2 kv heads) allow over the world. */
+/* The tp sizes a 4-row batch and the fixtures (at least 4 attention heads;
+ * kv heads shared by tp ranks where tp does not divide them, parallel/tp.h)
+ * allow over the world. */
 static bool tp_ok(int tp) {
   int n = world_size();
-  return n % tp == 0 && 4 % (n / tp) == 0 && 2 % tp == 0;
+  return n % tp == 0 && 4 % (n / tp) == 0 && tp <= 4;
 }
 
 /* (b) Reshard on load: every other mesh over the same ranks, and one rank. */
@@ -290,7 +293,7 @@ static void test_reshard(void **unused) {
   double next;
   save_source(1, g_tp, dir, &src, &next);
   report rep = {0};
-  for (int tp = 1; tp <= 2; tp++)
+  for (int tp = 1; tp <= 4; tp++)
     if (tp_ok(tp)) check_load(&rep, MPI_COMM_WORLD, 1, tp, 3, dir, &src, next);
   /* ZeRO-2 keeps unsharded params between steps: the load must refresh them */
   check_load(&rep, MPI_COMM_WORLD, 1, g_tp, 2, dir, &src, next);
@@ -309,7 +312,7 @@ static void test_hsdp(void **unused) {
   double next;
   save_source(2, g_tp, dir, &src, &next);
   report rep = {0};
-  for (int tp = 1; tp <= 2; tp++)
+  for (int tp = 1; tp <= 4; tp++)
     if (tp_ok(tp)) check_load(&rep, MPI_COMM_WORLD, 1, tp, 3, dir, &src, next);
   state_free(&src, 3);
   path_in(dir, sizeof dir, "fsdp_to_hsdp");

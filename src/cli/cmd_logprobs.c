@@ -1,12 +1,23 @@
-/* meshlm logprobs: per-token log-probs of JSONL sequences with the
- * vocab-parallel log-softmax (no rank holds full-vocab logits when tp > 1).
- * Sequences are dealt round-robin to the data-parallel ranks (the cp ranks
- * of one share its sequences, each scoring a piece: parallel/cp.h); rank 0
- * gathers and writes them in input order to a temp file renamed at the end.
+/* meshlm logprobs: per-token log-probs of JSONL records (token ids, text,
+ * or prompt + completion: train/data.h, tokenized as train tokenizes them)
+ * with the vocab-parallel log-softmax (no rank holds full-vocab logits when
+ * tp > 1). Sequences are dealt round-robin to the data-parallel ranks (the
+ * cp ranks of one share its sequences, each scoring a piece: parallel/cp.h);
+ * rank 0 gathers and writes them in input order to a temp file renamed at
+ * the end. One output line per record:
+ *   {"logprobs": [S-1 floats]}                     input_ids records;
+ *   + "input_ids": [S ids]                          text records (the ids scored);
+ *   + "completion_logprobs": [...], "completion_logprob_sum": x,
+ *     "prompt_tokens": P, "input_ids": [S ids]     prompt/completion records.
+ * logprobs[t] = log p(token t+1 | tokens 0..t). The completion is tokens
+ * P..S-1; completion_logprobs = logprobs[P-1 .. S-2] (each completion
+ * token's log-prob; with P = 0 — an empty prompt and no BOS — its first
+ * token has no context and is left out) and completion_logprob_sum their
+ * sum in double: log p(completion | prompt), what an RL policy loss needs.
  * A non-finite log-prob (NaN or ±inf, from weights or activations that
  * overflowed) is written as JSON null, which every JSON reader accepts
  * (Python's json module reads it as None), and counted in one warning on
- * stderr naming the first line that has one. */
+ * stderr naming the first line that has one; a sum over one is null. */
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -31,19 +42,50 @@ typedef struct lp_run {
   int64_t nonfinite, first_bad_line; /* written as null; its 1-based input line (0: none) */
 } lp_run;
 
-/* Output line `line` (1-based, the input line it scores). */
-static void write_line(lp_run *run, int64_t line, const float *lp, int64_t n) {
+/* lp[0, n) as a JSON array; non-finite values as null, counted when
+ * `count` (line: the 1-based output line). */
+static void write_floats(lp_run *run, int64_t line, const float *lp, int64_t n, bool count) {
   FILE *f = run->out;
-  fputs("{\"logprobs\": [", f);
+  fputc('[', f);
   for (int64_t t = 0; t < n; t++) {
     if (isfinite(lp[t])) {
       fprintf(f, "%s%.9g", t ? ", " : "", lp[t]);
       continue;
     }
     fprintf(f, "%snull", t ? ", " : "");
-    if (run->nonfinite++ == 0) run->first_bad_line = line;
+    if (count && run->nonfinite++ == 0) run->first_bad_line = line;
   }
-  fputs("]}\n", f);
+  fputc(']', f);
+}
+
+/* The completion's fields of sequence k (prompt/completion records). */
+static void write_completion(lp_run *run, int64_t k, const float *lp, int64_t n) {
+  FILE *f = run->out;
+  int64_t p = run->seqs->prompt_len[k], c0 = p > 0 ? p - 1 : 0;
+  double sum = 0;
+  for (int64_t t = c0; t < n; t++) sum += lp[t];
+  fputs(", \"completion_logprobs\": ", f);
+  write_floats(run, k + 1, lp + c0, n - c0, false);
+  if (isfinite(sum))
+    fprintf(f, ", \"completion_logprob_sum\": %.17g", sum);
+  else
+    fputs(", \"completion_logprob_sum\": null", f);
+  fprintf(f, ", \"prompt_tokens\": %lld", (long long)p);
+}
+
+/* The output line of sequence k (0-based; line k + 1): its n = S-1 log-probs. */
+static void write_line(lp_run *run, int64_t k, const float *lp, int64_t n) {
+  FILE *f = run->out;
+  fputs("{\"logprobs\": ", f);
+  write_floats(run, k + 1, lp, n, true);
+  if (run->seqs->format == ML_DATA_PROMPT) write_completion(run, k, lp, n);
+  if (run->seqs->format != ML_DATA_IDS) {
+    fputs(", \"input_ids\": [", f);
+    for (int64_t t = 0; t < run->seqs->len[k]; t++)
+      fprintf(f, "%s%d", t ? ", " : "", run->seqs->ids[k][t]);
+    fputc(']', f);
+  }
+  fputs("}\n", f);
 }
 
 /* Round r: dp rank d scores sequence r·dp + d (or repeats the last one
@@ -68,7 +110,7 @@ static int score_round(lp_run *run, int64_t r) {
     got = run->all;
   }
   for (int d = 0; run->out && d < dp->size && r * dp->size + d < n; d++) {
-    write_line(run, r * dp->size + d + 1, got, (int64_t)(bytes[d] / sizeof(float)));
+    write_line(run, r * dp->size + d, got, (int64_t)(bytes[d] / sizeof(float)));
     got += bytes[d] / sizeof(float);
   }
   return 0;
@@ -91,10 +133,15 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   int64_t tp = 1, cp = 1;
   bool sp = false;
   ml_arg_choice dtype = ml_dtype_choice(), device = ml_device_choice();
-  ml_arg spec[] = {
+  ml_data_opts dopts = ml_data_opts_default(NULL);
+  const ml_arg flags[] = {
       {"--model", ML_ARG_STR, &model, "HF checkpoint directory", true},
-      {"--data", ML_ARG_STR, &data, "JSONL, one {\"input_ids\": [...]} per line", true},
-      {"--out", ML_ARG_STR, &out, "output JSONL: {\"logprobs\": [S-1 floats]} per line", true},
+      {"--data", ML_ARG_STR, &data,
+       "JSONL records: input_ids, text, or prompt + completion (one sequence each)", true},
+      {"--out", ML_ARG_STR, &out,
+       "output JSONL: {\"logprobs\": [S-1 floats]} per record (+ input_ids for text; + "
+       "completion_logprobs, completion_logprob_sum, prompt_tokens, input_ids for "
+       "prompt/completion)", true},
       {"--device", ML_ARG_CHOICE, &device, "where to compute (cuda: one GPU per rank)", false},
       {"--tp", ML_ARG_INT, &tp, "tensor-parallel size (dp_shard = world / (cp*tp))", false},
       {"--cp", ML_ARG_INT, &cp, "context-parallel size: cp ranks share each sequence", false},
@@ -104,8 +151,12 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
       {"--param-dtype", ML_ARG_CHOICE, &dtype, "parameter and GEMM dtype (bf16: bf16 operands, "
        "fp32 accumulation)", false},
   };
+  enum { N_FLAGS = sizeof flags / sizeof flags[0] };
+  ml_arg spec[N_FLAGS + 3];
+  memcpy(spec, flags, sizeof flags);
+  size_t nspec = N_FLAGS + ml_data_key_flags(&dopts, spec + N_FLAGS);
   int rc = ml_cli_parse("logprobs", "per-token log-probs, log p(token t+1 | tokens <= t)", argc,
-                        argv, spec, sizeof spec / sizeof spec[0]);
+                        argv, spec, nspec);
   if (rc == 1) return 0;
   ml_mesh mesh = {0};
   ml_engine e = {0};
@@ -125,8 +176,8 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   eo.sequence_parallel = sp;
   eo.fsdp.param_dtype = ml_dtype_chosen(&dtype);
   if (rc == 0) rc = ml_engine_open(&e, &mesh, model, &eo);
-  if (rc == 0)
-    rc = ml_seqs_load_jsonl(data, e.model.cfg.vocab, e.model.cfg.max_positions, &seqs);
+  dopts.tokenizer_dir = model;
+  if (rc == 0) rc = ml_seqs_load(data, e.model.cfg.vocab, e.model.cfg.max_positions, &dopts, &seqs);
   if (rc == 0 && mesh.rank == 0) rc = ml_file_open_tmp(out, tmp, sizeof tmp, &run.out);
   if (ml_cli_agree(world, rc) == 0) {
     rc = run_all(&run);

@@ -86,7 +86,8 @@ static int setup(train_run *r) {
   ML_TRY(ml_engine_open(&r->e, &r->mesh, o->model, &eo));
   ML_TRY(ml_model_config_check_seq_len(&r->e.model.cfg, o->model, o->seq_len,
                                        "train: flag --seq-len"));
-  ML_TRY(ml_dataset_load(o->data, o->seq_len, r->e.model.cfg.vocab, &r->ds));
+  ml_data_opts dopts = ml_train_data_opts(o);
+  ML_TRY(ml_dataset_load(o->data, o->seq_len, r->e.model.cfg.vocab, &dopts, &r->ds));
   int dp = r->mesh.groups[ML_GROUP_DP].size;
   if (o->batch % (dp * o->grad_accum) != 0)
     return ml_err("train: flag --batch-size %lld is not divisible by the data-parallel size %d "
@@ -296,6 +297,14 @@ static void print_header(const train_run *r) {
                m->dp_replicate, m->dp_shard, m->tp,
                (long long)ml_model_config_num_params(&r->e.model.cfg));
   ml_cli_print("train: plan %s (%s)\n", r->e.plan.name, r->e.plan.reason);
+  const ml_dataset *ds = &r->ds;
+  bool raw = ds->format == ML_DATA_RAW || ds->format == ML_DATA_RAW_BYTES;
+  ml_cli_print("train: data %s: %lld %s record%s, %lld tokens -> %lld sequences (%s)\n", o->data,
+               (long long)ds->records, raw ? "raw text" : ml_data_format_name(ds->format),
+               ds->records == 1 ? "" : "s", (long long)ds->tokens, (long long)ds->nseq,
+               ds->format == ML_DATA_RAW_BYTES ? "bytes as token ids: no tokenizer.json in --model"
+               : ds->packed                    ? "packed into --seq-len windows"
+                                               : "one per record");
   ml_cli_print("train: %lld steps of %lld sequences x %lld tokens in %lld micro-batch(es)\n",
                (long long)o->steps, (long long)o->batch, (long long)o->seq_len,
                (long long)o->grad_accum);

@@ -21,6 +21,7 @@ static const ml_ac_mode k_ac_values[] = {ML_AC_NONE, ML_AC_MLP, ML_AC_LAYER, ML_
 static const char *const k_schedules[] = {"constant", "linear", "cosine", NULL};
 static const ml_lr_decay k_schedule_values[] = {ML_LR_CONSTANT, ML_LR_LINEAR, ML_LR_COSINE};
 static const char *const k_norm_types[] = {"2", "inf", NULL};
+static const char *const k_packing[] = {"true", "false", NULL};
 
 /* Config keys that are not the flag's own name: NeMo RL's dtensor_cfg
  * names (sequence_parallel and cpu_offload already are), and JSON booleans
@@ -31,6 +32,7 @@ static const ml_config_alias k_aliases[] = {
     {"context_parallel_size", "--cp", NULL, NULL},
     {"custom_parallel_plan", "--parallel-plan", NULL, NULL},
     {"activation_checkpointing", "--activation-checkpointing", "layer", "none"},
+    {"packing", "--packing", "true", "false"},
 };
 
 ml_arg_choice ml_dtype_choice(void) { return (ml_arg_choice){k_dtypes, 0}; }
@@ -41,6 +43,8 @@ ml_train_opts ml_train_opts_default(void) {
                          .tp = 1,
                          .dp_replicate = 1,
                          .cp = 1,
+                         .data_keys = ml_data_opts_default(NULL),
+                         .packing = {k_packing, 0},
                          .param_dtype = ml_dtype_choice(),
                          .reduce_dtype = ml_dtype_choice(),
                          .output_dtype = ml_dtype_choice(),
@@ -61,12 +65,22 @@ ml_train_opts ml_train_opts_default(void) {
                          .peak_tflops = 0};
 }
 
+size_t ml_data_key_flags(ml_data_opts *d, ml_arg *spec) {
+  spec[0] = (ml_arg){"--text-key", ML_ARG_STR, &d->text_key, "JSONL field of a text record",
+                     false};
+  spec[1] = (ml_arg){"--prompt-key", ML_ARG_STR, &d->prompt_key,
+                     "JSONL field of a prompt/completion record's prompt", false};
+  spec[2] = (ml_arg){"--completion-key", ML_ARG_STR, &d->completion_key,
+                     "JSONL field of its completion (train: the only targets)", false};
+  return 3;
+}
+
 size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
   const ml_arg flags[] = {
       {"--model", ML_ARG_STR, &o->model, "HF checkpoint directory (config.json + safetensors)",
        true},
-      {"--data", ML_ARG_STR, &o->data, "JSONL with input_ids [+ loss_mask], or raw text (bytes)",
-       true},
+      {"--data", ML_ARG_STR, &o->data,
+       "JSONL records: input_ids [+ loss_mask], text, or prompt + completion; or raw text", true},
       {"--config", ML_ARG_STR, &o->config,
        "JSON file with any of these settings (flags override it)", false},
       /* mesh and plan */
@@ -131,8 +145,14 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
        "dtype of --export-hf's trained tensors (source: each as in --model)", false},
   };
   size_t n = sizeof flags / sizeof flags[0];
-  _Static_assert(sizeof flags / sizeof flags[0] <= ML_TRAIN_MAX_FLAGS, "raise ML_TRAIN_MAX_FLAGS");
+  _Static_assert(sizeof flags / sizeof flags[0] + 4 <= ML_TRAIN_MAX_FLAGS,
+                 "raise ML_TRAIN_MAX_FLAGS");
   for (size_t i = 0; i < n; i++) spec[i] = flags[i];
+  n += ml_data_key_flags(&o->data_keys, spec + n);
+  spec[n++] = (ml_arg){"--packing", ML_ARG_CHOICE, &o->packing,
+                       "text records: pack documents into --seq-len windows (false: one per row, "
+                       "padded)",
+                       false};
   return n;
 }
 
@@ -217,6 +237,13 @@ int ml_train_reserve(ml_engine *e, const ml_train_opts *o, int dp) {
   char what[192];
   ml_train_batch_words(o, dp, what, sizeof what);
   return ml_engine_reserve(e, o->batch / (o->grad_accum * dp), o->seq_len, what);
+}
+
+ml_data_opts ml_train_data_opts(const ml_train_opts *o) {
+  ml_data_opts d = o->data_keys;
+  d.tokenizer_dir = o->model;
+  d.packing = o->packing.index == 0;
+  return d;
 }
 
 ml_engine_opts ml_train_engine_opts(const ml_train_opts *o) {

@@ -12,6 +12,7 @@
 
 #include "cli/args.h"
 #include "cli/config_file.h"
+#include "train/data.h"
 #include "train/engine.h"
 #include "train/schedule.h"
 
@@ -21,6 +22,10 @@ typedef struct ml_train_opts {
   ml_arg_choice device; /* cli/device.h */
   int64_t tp, dp_replicate, cp;
   bool sp;
+  /* data formats (train/data.h): the record keys (tokenizer_dir is --model,
+     packing from the choice below) and --packing true|false */
+  ml_data_opts data_keys;
+  ml_arg_choice packing;
   /* FSDP2 and activation checkpointing (the choices are mapped onto the
      engine's enums by ml_train_engine_opts) */
   ml_arg_choice param_dtype, reduce_dtype, output_dtype, reshard, ac;
@@ -42,9 +47,14 @@ typedef struct ml_train_opts {
 /* Capacity of a spec array for ml_train_flags. */
 enum { ML_TRAIN_MAX_FLAGS = 48 };
 
+/* The record-key flags train and logprobs share (--text-key, --prompt-key,
+ * --completion-key) over d's keys, into spec[0..3); returns 3. */
+size_t ml_data_key_flags(ml_data_opts *d, ml_arg *spec);
+
 /* The defaults: one rank's mesh, fp32, FSDP2's reshard policy, ZeRO-3,
  * prefetch 1/2, no AC, 10 steps of batch 8 × 128 tokens, no accumulation,
- * AdamW lr 3e-4 constant, clip at 1.0 (L2), MFU against 0.24 TFLOP/s. */
+ * AdamW lr 3e-4 constant, clip at 1.0 (L2), MFU against a measured GEMM
+ * rate; record keys text / prompt / completion, text records packed. */
 ml_train_opts ml_train_opts_default(void);
 
 /* Fill spec[0..) with the flags over `o` (dst pointers into it); returns
@@ -78,6 +88,10 @@ int ml_train_reserve(ml_engine *e, const ml_train_opts *o, int dp);
 /* How messages name the micro-batch, in the flags' terms (the text quoted
  * above), into buf[cap]. */
 void ml_train_batch_words(const ml_train_opts *o, int dp, char *buf, size_t cap);
+
+/* The data options the flags select: the keys, --packing, and the --model
+ * directory as the tokenizer's. */
+ml_data_opts ml_train_data_opts(const ml_train_opts *o);
 
 /* The engine options, the LR schedule over the run (--steps) and the
  * norm type (2.0 or INFINITY) the flags select. */

@@ -194,6 +194,9 @@ static int make_stage(ml_hf_export *x) {
     *slash = '\0';
     ML_TRY(ml_ckpt_make_dirs(parent));
   }
+  struct stat sb;
+  if (stat(x->out, &sb) == 0 && !S_ISDIR(sb.st_mode))
+    return ml_err("export: output directory %s exists and is not a directory", x->out);
   ML_TRY(remove_stage(x->stage));
   if (mkdir(x->stage, 0777) != 0)
     return ml_err("%s: cannot create the export's staging directory: %s", x->stage,

@@ -69,7 +69,8 @@ typedef struct ml_hf_export ml_hf_export;
  * Errors: the source's family not the trained model's, a carried tensor
  * missing from the source weights or changed (named, recorded vs found),
  * the source directory unreadable while tensors are to be carried from it
- * (named, with their count and one name), I/O (path named). */
+ * (named, with their count and one name), out_dir an existing file, I/O
+ * (path named). */
 int ml_hf_export_begin(const ml_hf_export_spec *spec, ml_hf_export **out);
 
 /* The next trained tensor (params[k] for the k-th call): its global data

@@ -222,6 +222,11 @@ check "no committed checkpoint: refused" '[ $rc -ne 0 ] && grep -q "no committed
 "$meshlm" export --checkpoint "$work/ck" --out "$work/none" --max-shard-size -1 2> "$work/err"
 rc=$?
 check "--max-shard-size -1: refused" '[ $rc -ne 0 ] && grep -q "max-shard-size" "$work/err"'
+"$meshlm" export --checkpoint "$work/ck" --out "$work/score.jsonl" 2> "$work/err"
+rc=$?
+check "--out naming a file: refused before anything is written" \
+  '[ $rc -ne 0 ] && grep -q "score.jsonl exists and is not a directory" "$work/err" &&
+   [ ! -e "$work/score.jsonl.export-tmp" ]'
 "$meshlm" export --checkpoint "$work/ck" --out "$work/none" --export-dtype fp16 2> "$work/err"
 rc=$?
 check "--export-dtype fp16: refused, naming the choices" \

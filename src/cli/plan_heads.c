@@ -10,9 +10,11 @@ bool ml_plan_heads_split(const ml_tp *tp, const ml_model *m) {
          ml_tp_param_dim(tp, m, m->layers[0].q_proj.weight) == 0;
 }
 
-/* Parameters of the kv heads rank r holds as copies (a lower rank owns
- * them), over every layer: k_proj and v_proj rows (and biases). */
-static int64_t copy_params(const ml_model *m, const ml_tp_heads *h) {
+/* Tp rank r's heads into *h; returns the parameters of the kv heads it
+ * holds as copies (a lower rank owns them), over every layer: k_proj and
+ * v_proj rows (and biases). */
+static int64_t rank_heads(const ml_tp *tp, const ml_model *m, int r, ml_tp_heads *h) {
+  ml_tp_heads_of(&m->cfg, tp->size, r, h);
   const ml_layer *L = &m->layers[0];
   int64_t per_row = L->k_proj.weight->shape[1] + (L->k_proj.bias ? 1 : 0);
   return (h->kv_own0 - h->kv0) * m->cfg.head_dim * per_row * 2 * m->cfg.n_layers;
@@ -25,8 +27,7 @@ void ml_plan_heads_text(const ml_tp *tp, const ml_model *m) {
   int64_t total = 0;
   for (int r = 0; r < tp->size; r++) {
     ml_tp_heads h;
-    ml_tp_heads_of(&m->cfg, tp->size, r, &h);
-    int64_t copies = copy_params(m, &h);
+    int64_t copies = rank_heads(tp, m, r, &h);
     total += copies;
     ml_cli_print("  tp%d: query heads %" PRId64 "-%" PRId64 " (%" PRId64 "), kv heads %" PRId64
                  "-%" PRId64 " (%" PRId64 ")",
@@ -54,8 +55,7 @@ json_t *ml_plan_heads_json(const ml_tp *tp, const ml_model *m) {
   int64_t total = 0;
   for (int r = 0; r < tp->size; r++) {
     ml_tp_heads h;
-    ml_tp_heads_of(&m->cfg, tp->size, r, &h);
-    int64_t copies = copy_params(m, &h);
+    int64_t copies = rank_heads(tp, m, r, &h);
     total += copies;
     json_array_append_new(
         per, json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "q0", (json_int_t)h.q0, "query_heads",

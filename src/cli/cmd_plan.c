@@ -262,7 +262,7 @@ static void text_modules(const plan_run *run) {
   int tp = run->n_ranks;
   ml_cli_print("\nmodules (style; parameters: global shape, tp placement, local shape per tp "
                "rank%s):\n",
-               run->o.dp_shard > 1 ? ", FSDP rows per dp_shard rank" : "");
+               run->o.dp_shard * run->o.t.cp > 1 ? ", FSDP rows per dp_shard_cp rank" : "");
   for (int i = 0; i < m->n_modules; i++) {
     const ml_module *mod = &m->modules[i];
     const ml_plan_rule *rule = r0->tp.modules[i].rule;
@@ -297,9 +297,13 @@ static void text_modules(const plan_run *run) {
           ml_cli_print(" tp%d %s", r, l);
         }
       }
-      if (run->o.dp_shard > 1) {
-        int64_t rows = (p->local[0] + run->o.dp_shard - 1) / run->o.dp_shard;
-        ml_cli_print("; fsdp %" PRId64 " rows/rank (tp0)", rows);
+      int64_t fs = run->o.dp_shard * run->o.t.cp; /* FSDP shards over dp_shard_cp */
+      if (fs > 1) {
+        int64_t rows = (p->local[0] + fs - 1) / fs;
+        bool vocab = r0->pred.vocab_group > 1 &&
+                     (p == m->embed_tokens.weight || p == m->lm_head.weight);
+        ml_cli_print("; fsdp %" PRId64 " rows/rank (tp0)%s", rows,
+                     vocab ? ", vocab-parallel (never all-gathered)" : "");
       }
       ml_cli_print("\n");
     }
@@ -418,6 +422,12 @@ static void text_prediction(const ml_prediction *p) {
   for (int g = 0; g < ML_GROUP_KINDS; g++)
     for (int k = 0; k < ML_COLL_KINDS; k++) any = any || p->train[g].calls[k];
   if (!any) ml_cli_print("    none (one rank)\n");
+  if (p->vocab_group > 1)
+    ml_cli_print("  embed_tokens and lm_head vocab-parallel over dp_shard_cp (%d ranks): each "
+                 "computes on its FSDP shard's vocab rows, never all-gathered; the token ids, "
+                 "lm_head's input and their gradients travel instead, the loss runs on the "
+                 "group's %" PRId64 " tokens\n",
+                 p->vocab_group, p->B * p->s_local * p->vocab_group);
   ml_cli_print("  logits: %" PRId64 " chunk(s) of up to %" PRId64 " tokens\n", p->loss_chunks,
                p->loss_chunk);
   ml_cli_print("  one logprobs pass (forward only), per group:\n");
@@ -572,11 +582,14 @@ static json_t *jmodules(const plan_run *run) {
       for (int r = 0; r < run->n_ranks; r++) {
         const ml_param *pr = param_on(run, r, p);
         json_array_append_new(local, jshape(pr, pr->local));
-        json_array_append_new(rows, json_integer((pr->local[0] + run->o.dp_shard - 1) /
-                                                 run->o.dp_shard));
+        int64_t fs = run->o.dp_shard * run->o.t.cp; /* FSDP shards over dp_shard_cp */
+        json_array_append_new(rows, json_integer((pr->local[0] + fs - 1) / fs));
       }
       json_object_set_new(jp, "local_shape_per_tp_rank", local);
       json_object_set_new(jp, "fsdp_rows_per_tp_rank", rows);
+      bool vocab = r0->pred.vocab_group > 1 &&
+                   (p == m->embed_tokens.weight || p == m->lm_head.weight);
+      json_object_set_new(jp, "fsdp_vocab_parallel", json_boolean(vocab));
       json_array_append_new(params, jp);
     }
     json_object_set_new(jm, "params", params);
@@ -623,6 +636,7 @@ static json_t *jprediction(const ml_prediction *p, int64_t layers) {
   json_object_set_new(ring, "backward_calls", json_integer(r.bwd_calls));
   json_object_set_new(ring, "backward_bytes", json_integer(r.bwd_bytes));
   json_object_set_new(o, "ring_attention_per_layer", ring);
+  json_object_set_new(o, "vocab_parallel_ranks", json_integer(p->vocab_group));
   json_object_set_new(o, "logits_chunk_tokens", json_integer(p->loss_chunk));
   json_object_set_new(o, "logits_chunks", json_integer(p->loss_chunks));
   const ml_predict_memory *m = &p->mem;

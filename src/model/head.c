@@ -2,14 +2,28 @@
 #include "common/status.h"
 #include "model/linear.h"
 
-// ids: [B, S] → x: [B, s_res, H]
-int ml_embed_forward(ml_model *m, const int32_t *ids, float *x) {
+ml_rows ml_param_rows(const ml_param *p) {
+  return (ml_rows){p->data, p->dtype, p->grad, p->offset[0], p->local[0], p->local[1]};
+}
+
+// ids: [n] → y: [n, w->cols] (=)
+int ml_embed_lookup(ml_model *m, const int32_t *ids, int64_t n, const ml_rows *w, float *y) {
+  return ml_be_embedding_fwd(m->be, ids, n, w->data, w->dtype, w->row0, w->rows, w->cols,
+                             m->embed_tokens.scale, y);
+}
+
+// dy: [n, w->cols] → w->grad (+=)
+int ml_embed_lookup_backward(ml_model *m, const int32_t *ids, int64_t n, const float *dy,
+                             const ml_rows *w) {
+  return ml_be_embedding_bwd(m->be, ids, n, dy, w->row0, w->rows, w->cols, m->embed_tokens.scale,
+                             w->grad);
+}
+
+// x: [B, S, c] → [B, s_res, H]
+int ml_embed_edge_forward(ml_model *m, float *x) {
   const ml_embedding *e = &m->embed_tokens;
   const ml_param *w = e->weight;
   int64_t H = m->cfg.hidden;
-  int64_t row0 = w->offset[0];
-  ML_TRY(ml_be_embedding_fwd(m->be, ids, m->B * m->S, w->data, w->dtype, row0, w->local[0],
-                             w->local[1], e->scale, x));
   ml_act v = ml_act_view(m, x, m->S, H, w->local[1]);
   ML_TRY(ml_hook_run(e->out.fwd, &v));
   if (v.c != H)
@@ -23,11 +37,10 @@ int ml_embed_forward(ml_model *m, const int32_t *ids, float *x) {
   return 0;
 }
 
-// dx: [B, s_res, H] → embedding weight grad (+=)
-int ml_embed_backward(ml_model *m, const int32_t *ids, float *dx) {
+// dx: [B, s_res, H] → [B, S, c]
+int ml_embed_edge_backward(ml_model *m, float *dx) {
   const ml_embedding *e = &m->embed_tokens;
   const ml_param *w = e->weight;
-  int64_t row0 = w->offset[0];
   ml_act v = ml_act_view(m, dx, m->s_res, m->cfg.hidden, m->cfg.hidden);
   ML_TRY(ml_hook_run(e->out.bwd, &v));
   if (v.s != m->S || v.c != w->local[1])
@@ -35,8 +48,21 @@ int ml_embed_backward(ml_model *m, const int32_t *ids, float *dx) {
                   "expected [%lld, %lld]",
                   w->name, (long long)v.s, (long long)v.c, (long long)m->S,
                   (long long)w->local[1]);
-  return ml_be_embedding_bwd(m->be, ids, m->B * m->S, dx, row0, w->local[0], w->local[1],
-                             e->scale, w->grad);
+  return 0;
+}
+
+// ids: [B, S] → x: [B, s_res, H]
+int ml_embed_forward(ml_model *m, const int32_t *ids, float *x) {
+  ml_rows w = ml_param_rows(m->embed_tokens.weight);
+  ML_TRY(ml_embed_lookup(m, ids, m->B * m->S, &w, x));
+  return ml_embed_edge_forward(m, x);
+}
+
+// dx: [B, s_res, H] → embedding weight grad (+=)
+int ml_embed_backward(ml_model *m, const int32_t *ids, float *dx) {
+  ML_TRY(ml_embed_edge_backward(m, dx));
+  ml_rows w = ml_param_rows(m->embed_tokens.weight);
+  return ml_embed_lookup_backward(m, ids, m->B * m->S, dx, &w);
 }
 
 // x: [B, s_res, H] → xn_final [B, S, c] (after lm_head's input edge)
@@ -92,4 +118,34 @@ int ml_head_end_backward(ml_model *m, float *dx) {
   const ml_param *w = m->norm.weight;
   return ml_be_rmsnorm_bwd(m->be, m->dxn_final, m->x_final, w->data, w->dtype, m->norm.offset,
                            m->rstd_final, dx, w->grad, Tr, H);
+}
+
+/* lm_head as a Linear over the rows w (a copy of its weight's description
+ * in *p, pointed at them), without its edges; lm_head has no bias. */
+static ml_linear rows_linear(const ml_model *m, const ml_rows *w, ml_param *p) {
+  *p = *m->lm_head.weight;
+  p->data = (void *)w->data; /* read only: the GEMMs' operand */
+  p->dtype = w->dtype;
+  p->grad = w->grad;
+  p->offset[0] = w->row0;
+  p->local[0] = w->rows;
+  return (ml_linear){.weight = p, .bias_in_forward = true};
+}
+
+// logits: [nt, w->rows] = x: [nt, c] · W_rows^T
+int ml_head_logits(ml_model *m, const float *x, int64_t nt, const ml_rows *w, float *logits) {
+  ml_param p;
+  ml_linear lin = rows_linear(m, w, &p);
+  ml_act xv = rows_view((float *)x, 0, nt, w->cols, w->cols), y;
+  return ml_linear_forward(m->be, &lin, &xv, NULL, logits, &y);
+}
+
+// dlogits: [nt, w->rows] → dx: [nt, c] (=), w->grad (+=)
+int ml_head_logits_backward(ml_model *m, const float *x, int64_t nt, const ml_rows *w,
+                            float *dlogits, float *dx) {
+  ml_param p;
+  ml_linear lin = rows_linear(m, w, &p);
+  ml_act xv = rows_view((float *)x, 0, nt, w->cols, w->cols);
+  ml_act dy = {dlogits, 1, nt, nt, p.shape[0], w->rows};
+  return ml_linear_backward(m->be, &lin, &dy, &xv, NULL, dx, 0);
 }

@@ -54,6 +54,23 @@ typedef struct ml_param {
                          (embed_tokens, the final norm, lm_head) */
 } ml_param;
 
+/* Whole rows of a vocab-sized weight (embed_tokens.weight, lm_head.weight)
+ * held apart from the parameter's local view: global rows (vocab ids)
+ * [row0, row0 + rows), each with the local view's `cols` columns. Vocab
+ * parallelism over FSDP's group computes on a rank's shard rows this way
+ * (parallel/fsdp.h ml_fsdp_rows, parallel/vocab.h); ml_param_rows is the
+ * local view itself. */
+typedef struct ml_rows {
+  const void *data; /* [rows, cols] of dtype (device memory) */
+  ml_dtype dtype;   /* ML_F32 or ML_BF16 (FSDP's param_dtype): the GEMMs compute in it */
+  float *grad;      /* [rows, cols] fp32, accumulated (+=); NULL outside backward */
+  int64_t row0, rows, cols;
+} ml_rows;
+
+/* The rows of p's local view: p->data, p->dtype, p->grad; global rows
+ * p->offset[0] .. p->offset[0] + p->local[0] − 1, p->local[1] columns. */
+ml_rows ml_param_rows(const ml_param *p);
+
 /* Elements of the local tensor: at most 2^44 (one weight of a config
  * ml_model_config_load accepts, config.h ML_MAX_*), so the plain product
  * cannot overflow. */
@@ -254,6 +271,9 @@ typedef struct ml_model {
   int64_t logits_c; /* features of the logits ml_head_forward hands out */
   float *rope_cos, *rope_sin;             /* full-attention layers: [S, hd/2] each */
   float *rope_local_cos, *rope_local_sin; /* sliding layers */
+  /* the final norm: its input [B, s_res, H], output (lm_head's input: head_in views it,
+   * [B·S, head_in.c] after the edge), rstd; dxn_final: the gradient of head_in, rows of
+   * head_in.c (=, ml_head_backward per chunk), which ml_head_end_backward reads */
   float *x_final, *rstd_final, *xn_final, *dxn_final;
   float *scratch; /* backward temporaries */
   void *attn_work; /* the attention backward's workspace (ml_be_attention_work) */
@@ -294,11 +314,30 @@ void ml_model_act_bytes(const ml_model *m, int64_t B, int64_t S, int64_t *per_la
 
 /* Embedding lookup: ids [B, S] → x [B, s_res, H] (scaled; the output edge
  * runs and sets m->s_res). x has room for [B, S, H]. Errors: an edge that
- * leaves other than H features. */
+ * leaves other than H features. = ml_embed_lookup on the weight's local
+ * view (ml_param_rows), then ml_embed_edge_forward. */
 int ml_embed_forward(ml_model *m, const int32_t *ids, float *x);
 /* dx [B, s_res, H] → embedding weight grad (+=). dx (room for [B, S, H])
- * is clobbered by the edge. */
+ * is clobbered by the edge. = ml_embed_edge_backward, then
+ * ml_embed_lookup_backward on the weight's local view. */
 int ml_embed_backward(ml_model *m, const int32_t *ids, float *dx);
+
+/* The embedding's lookup alone (HF Embedding / Gemma3TextScaledWordEmbedding
+ * forward on the rows w holds, as Megatron's VocabParallelEmbedding masks
+ * the ids outside its shard): ids [n] → y [n, w->cols] (=), scale · the row
+ * of each id in [w->row0, w->row0 + w->rows), 0 for any other id. */
+int ml_embed_lookup(ml_model *m, const int32_t *ids, int64_t n, const ml_rows *w, float *y);
+/* Its backward: w->grad (+=) scale · dy [n, w->cols] rows, each scattered
+ * onto the row of its id when w holds it. */
+int ml_embed_lookup_backward(ml_model *m, const int32_t *ids, int64_t n, const float *dy,
+                             const ml_rows *w);
+/* The embedding's output edge on this rank's lookup x [B, S, c] (c the
+ * weight's local columns; x has room for [B, S, H]) → the residual stream
+ * [B, s_res, H] (sets m->s_res). Errors: as ml_embed_forward. */
+int ml_embed_edge_forward(ml_model *m, float *x);
+/* The edge's backward: dx [B, s_res, H] → the lookup's output gradient
+ * [B, S, c] in place. Errors: an edge that leaves another shape. */
+int ml_embed_edge_backward(ml_model *m, float *dx);
 
 /* Decoder layer l: x [B, s_res, H] residual stream in place; saves the
  * activations m->ac keeps. Errors: edges whose layouts do not compose
@@ -328,6 +367,18 @@ int ml_head_backward(ml_model *m, int64_t t0, int64_t nt, float *dlogits);
 /* After every chunk's backward: lm_head's input edge backward, final norm
  * backward → dx [B, s_res, H] (=). */
 int ml_head_end_backward(ml_model *m, float *dx);
+
+/* lm_head on a block of rows of its weight, without its edges (HF
+ * nn.Linear without bias; the rows are the logits' columns): logits [nt,
+ * w->rows] (=) = x [nt, w->cols] · W_rows^T, x rows of lm_head's input as
+ * its input edge leaves it (m->head_in, or those of several ranks); the
+ * GEMM in w->dtype as ml_linear_forward runs it. */
+int ml_head_logits(ml_model *m, const float *x, int64_t nt, const ml_rows *w, float *logits);
+/* Its backward: dx [nt, w->cols] (=) dlogits · W_rows, w->grad (+=)
+ * dlogits^T · x; dlogits [nt, w->rows] (read only: with bf16 rows the
+ * GEMMs read it rounded once, as ml_linear_backward does). */
+int ml_head_logits_backward(ml_model *m, const float *x, int64_t nt, const ml_rows *w,
+                            float *dlogits, float *dx);
 
 /* The vocab rows lm_head holds: global ids v0 .. v0 + *nv − 1. */
 void ml_model_vocab_shard(const ml_model *m, int64_t *v0, int64_t *nv);

@@ -30,27 +30,6 @@ int ml_fsdp_param_index(const ml_fsdp_unit *unit, const ml_param *p) {
   return -1;
 }
 
-/* Plain int64 sums: the parameters come from a config that passed
- * ml_model_config_load's limits (config.h), so a unit holds < 2^47
- * elements, and its padded shard c·cols summed over the unit is at most
- * that / dp + (its columns, < 2^30). */
-void ml_fsdp_layout(ml_param *const *params, int n, int dp, int64_t *chunk_rows,
-                    int64_t *shard_off, int64_t *full_off, int64_t *shard_numel,
-                    int64_t *full_numel) {
-  int64_t shard = 0, full = 0;
-  for (int i = 0; i < n; i++) {
-    const ml_param *p = params[i];
-    int64_t c = (p->local[0] + dp - 1) / dp;
-    if (chunk_rows) chunk_rows[i] = c;
-    if (shard_off) shard_off[i] = shard;
-    if (full_off) full_off[i] = full;
-    shard += c * p->local[1];
-    full += ml_param_numel(p);
-  }
-  *shard_numel = shard;
-  *full_numel = full;
-}
-
 bool ml_fsdp_reshard_after_forward(ml_reshard_policy policy, int u, int n_units) {
   if (u == n_units - 1) return false; /* the root: its head runs forward and backward per chunk */
   if (policy != ML_RESHARD_DEFAULT) return policy == ML_RESHARD_ALWAYS;
@@ -67,19 +46,55 @@ static bool params_alias(const ml_fsdp *f) {
 static bool grads_alias(const ml_fsdp *f) {
   return params_alias(f) && f->rep->size == 1 && f->opts.reduce_dtype == ML_F32;
 }
+/* The vocab-parallel rows' gradient accumulates straight into shard_grad:
+ * it is complete there, and nothing rounds or reduces it. */
+static bool rows_grad_alias(const ml_fsdp *f) {
+  return f->opts.param_dtype == ML_F32 && f->rep->size == 1 && f->opts.reduce_dtype == ML_F32;
+}
 static ml_elem elem_of(ml_dtype t) { return t == ML_BF16 ? ML_ELEM_BF16 : ML_ELEM_F32; }
 static ml_dtype dtype_of(ml_elem e) { return e == ML_ELEM_BF16 ? ML_BF16 : ML_F32; }
 static ml_elem param_elem(const ml_fsdp *f) { return elem_of(f->opts.param_dtype); }
 
-static int unit_layout(ml_fsdp *f, ml_fsdp_unit *u) {
+/* The unit's flat-shard layout: per parameter its chunk of ceil(local[0]
+ * / dp) rows, the others' chunks first, then the vocab-parallel ones, so
+ * that what is gathered and reduced is the shard's leading part. Plain
+ * int64 sums: the parameters come from a config that passed
+ * ml_model_config_load's limits (config.h), so a unit holds < 2^47
+ * elements, and its padded shard c·cols summed over the unit is at most
+ * that / dp + (its columns, < 2^30). */
+static int unit_layout(ml_fsdp *f, ml_fsdp_unit *u, const ml_model *m) {
   u->chunk_rows = ml_calloc((size_t)u->n * 3, sizeof(int64_t), "fsdp layout");
-  if (!u->chunk_rows) return -1;
+  u->vocab = ml_calloc((size_t)u->n, sizeof(bool), "fsdp layout");
+  if (!u->chunk_rows || !u->vocab) return -1;
   u->shard_off = u->chunk_rows + u->n;
   u->full_off = u->shard_off + u->n;
-  ml_fsdp_layout(u->params, u->n, f->dp->size, u->chunk_rows, u->shard_off, u->full_off,
-                 &u->shard_numel, &u->full_numel);
+  for (int i = 0; i < u->n; i++)
+    u->vocab[i] = f->vocab_parallel &&
+                  (u->params[i] == m->embed_tokens.weight || u->params[i] == m->lm_head.weight);
+  int64_t shard = 0, full = 0;
+  for (int pass = 0; pass < 2; pass++) { /* 0: gathered parameters, 1: vocab-parallel ones */
+    for (int i = 0; i < u->n; i++) {
+      if (u->vocab[i] != (pass == 1)) continue;
+      const ml_param *p = u->params[i];
+      int64_t c = (p->local[0] + f->dp->size - 1) / f->dp->size;
+      u->chunk_rows[i] = c;
+      u->shard_off[i] = shard;
+      u->full_off[i] = full;
+      shard += c * p->local[1];
+      full += ml_param_numel(p);
+    }
+    if (pass == 0) {
+      u->gather_numel = shard;
+      u->gather_full = full;
+    }
+  }
+  u->shard_numel = shard;
+  u->full_numel = full;
   return 0;
 }
+
+/* Elements of the unit's vocab-parallel rows per rank (0: none). */
+static int64_t rows_numel(const ml_fsdp_unit *u) { return u->shard_numel - u->gather_numel; }
 
 /* Read this rank's rows of p's TP-local tensor from the checkpoint into
  * host staging, then copy them into the shard on the device. */
@@ -98,7 +113,7 @@ static int load_param(ml_fsdp *f, ml_fsdp_unit *u, int i, const ml_ckpt *ck) {
   ml_fsdp_param_rows(f, u, i, &r0, &nr);
   if (nr == 0) return 0;
   int64_t row0 = p->offset[0] + r0, col0 = p->offset[1]; /* in the global tensor */
-  int64_t n = nr * p->local[1]; /* rows of a parameter's chunk: bounded (ml_fsdp_layout) */
+  int64_t n = nr * p->local[1]; /* rows of a parameter's chunk: bounded (unit_layout) */
   float *stage = ml_be_host_alloc(f->be, n, sizeof(float), "loading '%s'", p->name);
   if (!stage) return -1;
   int rc = ml_st_read_block(t, row0, nr, col0, p->local[1], stage);
@@ -109,23 +124,26 @@ static int load_param(ml_fsdp *f, ml_fsdp_unit *u, int i, const ml_ckpt *ck) {
   return rc;
 }
 
-/* Point the unit's parameters at their places in `base`, the unsharded
- * buffer of `type` (NULL: not materialised). */
+/* Point the unit's gathered parameters at their places in `base`, the
+ * unsharded buffer of `type` (NULL: not materialised); the vocab-parallel
+ * ones are never whole (NULL). */
 static void point_data(ml_fsdp_unit *u, void *base, ml_dtype type) {
   for (int i = 0; i < u->n; i++) {
-    u->params[i]->data = base ? (char *)base + ml_dtype_size(type) * (size_t)u->full_off[i] : NULL;
+    bool at = base && !u->vocab[i];
+    u->params[i]->data = at ? (char *)base + ml_dtype_size(type) * (size_t)u->full_off[i] : NULL;
     u->params[i]->dtype = type;
   }
 }
 
 /* The same for the unsharded fp32 gradients. */
 static void point_grads(ml_fsdp_unit *u, float *base) {
-  for (int i = 0; i < u->n; i++) u->params[i]->grad = base ? base + u->full_off[i] : NULL;
+  for (int i = 0; i < u->n; i++)
+    u->params[i]->grad = base && !u->vocab[i] ? base + u->full_off[i] : NULL;
 }
 
-static int unit_init(ml_fsdp *f, ml_fsdp_unit *u, const ml_ckpt *ck) {
-  ML_TRY(unit_layout(f, u));
-  size_t n = (size_t)u->shard_numel; /* bounded (ml_fsdp_layout): 4n floats fit */
+static int unit_init(ml_fsdp *f, ml_fsdp_unit *u, const ml_model *m, const ml_ckpt *ck) {
+  ML_TRY(unit_layout(f, u, m));
+  size_t n = (size_t)u->shard_numel; /* bounded (unit_layout): 4n floats fit */
   u->shard = ml_be_alloc(f->be, 4 * u->shard_numel, sizeof(float),
                          "the FSDP shard, its gradient and AdamW state (%d parameters)", u->n);
   if (!u->shard) return -1;
@@ -154,7 +172,7 @@ static int check_opts(const ml_fsdp_opts *o) {
 }
 
 int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fsdp_opts *opts,
-                 const ml_ckpt *ck) {
+                 bool vocab_parallel, const ml_ckpt *ck) {
   memset(f, 0, sizeof *f);
   ML_TRY(check_opts(opts));
   if (!m->be) return ml_err("ml_fsdp_init: the model has no backend (ml_model.be)");
@@ -162,6 +180,7 @@ int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fs
   f->dp = dp;
   f->rep = rep;
   f->opts = *opts;
+  f->vocab_parallel = vocab_parallel && dp->size > 1;
   f->n_units = (int)m->cfg.n_layers + 1;
   f->units = ml_calloc((size_t)f->n_units, sizeof *f->units, "fsdp units");
   ml_param **slots = ml_calloc((size_t)m->n_params, sizeof *slots, "fsdp units");
@@ -179,17 +198,17 @@ int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fs
     unit->reshard_after_forward =
         ml_fsdp_reshard_after_forward(opts->reshard_after_forward, u, f->n_units);
   }
-  int64_t max_shard = 0;
+  int64_t max_gather = 0; /* the staging serves the gathered parts only */
   for (int u = 0; u < f->n_units; u++) {
-    ML_TRY(unit_init(f, &f->units[u], ck));
-    if (f->units[u].shard_numel > max_shard) max_shard = f->units[u].shard_numel;
+    ML_TRY(unit_init(f, &f->units[u], m, ck));
+    if (f->units[u].gather_numel > max_gather) max_gather = f->units[u].gather_numel;
   }
   if (!grads_alias(f)) {
     /* dp shards of a unit: its elements plus at most dp - 1 padding rows (bounded, see
-     * ml_fsdp_layout) */
-    int64_t n = max_shard * dp->size;
+     * unit_layout) */
+    int64_t n = max_gather * dp->size;
     f->comm_buf = ml_be_alloc(f->be, n, sizeof(float), "the FSDP communication buffer");
-    f->grad_buf = ml_be_alloc(f->be, max_shard, sizeof(float), "the FSDP gradient buffer");
+    f->grad_buf = ml_be_alloc(f->be, max_gather, sizeof(float), "the FSDP gradient buffer");
     if (opts->reduce_dtype == ML_BF16)
       f->wire = ml_be_alloc(f->be, n, sizeof(uint16_t), "the FSDP bf16 gradient buffer");
     if (!f->comm_buf || !f->grad_buf || (opts->reduce_dtype == ML_BF16 && !f->wire)) return -1;
@@ -206,8 +225,11 @@ void ml_fsdp_destroy(ml_fsdp *f) {
       if (unit->recv != unit->send) ml_be_free(f->be, unit->recv); /* one rank: the same */
       if (!params_alias(f)) ml_be_free(f->be, unit->full);
       if (!grads_alias(f)) ml_be_free(f->be, unit->full_grad);
+      if (!rows_grad_alias(f)) ml_be_free(f->be, unit->rows_grad);
+      ml_be_free(f->be, unit->rows);
       ml_be_free(f->be, unit->shard);
       free(unit->chunk_rows);
+      free(unit->vocab);
     }
     free(f->units[0].params); /* the slots array */
   }
@@ -221,17 +243,20 @@ void ml_fsdp_destroy(ml_fsdp *f) {
 }
 
 /* Copy between the rank-major gathered layout `wire` (dp blocks of
- * shard_numel elements of `elem`) and the unsharded buffer `full` of
- * `type`, converting where the types differ (widening exact, narrowing
- * rounds to nearest-even); the way to `wire` zero-pads each chunk. */
+ * gather_numel elements of `elem`; with `all`, of shard_numel, every
+ * parameter) and the unsharded buffer `full` of `type`, converting where
+ * the types differ (widening exact, narrowing rounds to nearest-even); the
+ * way to `wire` zero-pads each chunk. */
 static int copy_rank_major(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml_elem elem,
-                           void *full, ml_dtype type, int to_full) {
+                           void *full, ml_dtype type, int to_full, bool all) {
   int dp = f->dp->size;
   size_t es = ml_elem_size(elem), fs = ml_dtype_size(type);
   ml_dtype wt = dtype_of(elem);
+  int64_t stride = all ? u->shard_numel : u->gather_numel;
   for (int r = 0; r < dp; r++) {
-    char *block = (char *)wire + es * (size_t)(r * u->shard_numel);
+    char *block = (char *)wire + es * (size_t)(r * stride);
     for (int i = 0; i < u->n; i++) {
+      if (u->vocab[i] && !all) continue;
       const ml_param *p = u->params[i];
       int64_t c = u->chunk_rows[i], cols = p->local[1], rows = p->local[0];
       int64_t r0 = c * r < rows ? c * r : rows, nr = (c * r + c < rows ? c * r + c : rows) - r0;
@@ -253,15 +278,38 @@ int ml_fsdp_gather_flat(ml_fsdp *f, int u, const float *src, float *dst) {
   ml_fsdp_unit *unit = &f->units[u];
   if (f->dp->size == 1)
     return ml_be_copy(f->be, dst, src, sizeof(float) * (size_t)unit->full_numel, ML_COPY_D2D);
-  ML_TRY(ml_all_gather(f->dp, src, f->comm_buf, (size_t)unit->shard_numel));
-  return copy_rank_major(f, unit, f->comm_buf, ML_ELEM_F32, dst, ML_F32, 1);
+  /* dp shards of a unit: bounded (unit_layout) */
+  float *all = ml_be_alloc(f->be, unit->shard_numel * f->dp->size, sizeof(float),
+                           "the gathered shards of a unit");
+  if (!all) return -1;
+  int rc = ml_all_gather(f->dp, src, all, (size_t)unit->shard_numel);
+  if (rc == 0) rc = copy_rank_major(f, unit, all, ML_ELEM_F32, dst, ML_F32, 1, true);
+  ml_be_free(f->be, all);
+  return rc;
 }
 
-/* Start the all-gather of unit u's shard in param_dtype into unit->recv. */
+/* The vocab-parallel rows in param_dtype (bf16: rounded from the shard
+ * into unit->rows, as the gathered parameters are; fp32 reads the shard). */
+static int rows_materialise(ml_fsdp *f, ml_fsdp_unit *unit) {
+  int64_t n = rows_numel(unit);
+  ml_dtype pt = f->opts.param_dtype;
+  if (n == 0 || pt == ML_F32) return 0;
+  if (!unit->rows) {
+    unit->rows = ml_be_alloc(f->be, n, ml_dtype_size(pt), "the %s vocab rows of a unit",
+                             ml_dtype_name(pt));
+    if (!unit->rows) return -1;
+  }
+  return ml_be_convert(f->be, unit->rows, pt, unit->shard + unit->gather_numel, ML_F32,
+                       (size_t)n);
+}
+
+/* Start the all-gather of unit u's gathered part in param_dtype into
+ * unit->recv; its vocab-parallel rows in param_dtype. */
 static int gather_start(ml_fsdp *f, ml_fsdp_unit *unit) {
-  int64_t n = unit->shard_numel;
+  int64_t n = unit->gather_numel;
   ml_dtype pt = f->opts.param_dtype;
   size_t es = ml_dtype_size(pt);
+  ML_TRY(rows_materialise(f, unit));
   unit->send = unit->shard;
   if (pt != ML_F32) {
     unit->send = ml_be_alloc(f->be, n, es, "a %s parameter shard", ml_dtype_name(pt));
@@ -272,7 +320,7 @@ static int gather_start(ml_fsdp *f, ml_fsdp_unit *unit) {
     unit->recv = unit->send;
     return 0;
   }
-  /* dp shards of a unit: bounded (ml_fsdp_layout) */
+  /* dp shards of a unit: bounded (unit_layout) */
   unit->recv = ml_be_alloc(f->be, n * f->dp->size, es, "the gathered parameters of a unit");
   if (!unit->recv) return -1;
   ML_TRY(ml_iall_gather(f->dp, unit->send, unit->recv, (size_t)n, param_elem(f), &unit->req));
@@ -293,11 +341,12 @@ static int gather_finish(ml_fsdp *f, ml_fsdp_unit *unit) {
     unit->full = adopt;
   } else {
     if (rc == 0 && !unit->full) {
-      unit->full = ml_be_alloc(f->be, unit->full_numel, ml_dtype_size(pt),
+      unit->full = ml_be_alloc(f->be, unit->gather_full, ml_dtype_size(pt),
                                "the unsharded parameters of a unit");
       if (!unit->full) rc = -1;
     }
-    if (rc == 0) rc = copy_rank_major(f, unit, unit->recv, param_elem(f), unit->full, pt, 1);
+    if (rc == 0)
+      rc = copy_rank_major(f, unit, unit->recv, param_elem(f), unit->full, pt, 1, false);
     if (unit->send != unit->shard) ml_be_free(f->be, unit->send);
     if (unit->recv != unit->send) ml_be_free(f->be, unit->recv);
   }
@@ -324,7 +373,8 @@ void ml_fsdp_reshard(ml_fsdp *f, int u) {
   ml_fsdp_unit *unit = &f->units[u];
   if (params_alias(f) || persistent(f) || !unit->full) return;
   ml_be_free(f->be, unit->full);
-  unit->full = NULL;
+  ml_be_free(f->be, unit->rows);
+  unit->full = unit->rows = NULL;
   point_data(unit, NULL, f->opts.param_dtype);
 }
 
@@ -343,12 +393,20 @@ int ml_fsdp_grad_begin(ml_fsdp *f, int u) {
     point_grads(unit, unit->shard_grad);
     return 0;
   }
-  unit->full_grad = ml_be_alloc(f->be, unit->full_numel, sizeof(float),
+  unit->full_grad = ml_be_alloc(f->be, unit->gather_full, sizeof(float),
                                 "the unsharded gradients of a unit");
   if (!unit->full_grad) return -1;
-  ML_TRY(ml_be_zero(f->be, unit->full_grad, sizeof(float) * (size_t)unit->full_numel));
+  ML_TRY(ml_be_zero(f->be, unit->full_grad, sizeof(float) * (size_t)unit->gather_full));
   point_grads(unit, unit->full_grad);
-  return 0;
+  int64_t n = rows_numel(unit);
+  if (n == 0) return 0;
+  if (rows_grad_alias(f)) { /* the rows' gradient is complete: straight into shard_grad */
+    unit->rows_grad = unit->shard_grad + unit->gather_numel;
+    return 0;
+  }
+  unit->rows_grad = ml_be_alloc(f->be, n, sizeof(float), "the vocab rows' gradient of a unit");
+  if (!unit->rows_grad) return -1;
+  return ml_be_zero(f->be, unit->rows_grad, sizeof(float) * (size_t)n);
 }
 
 /* The gradient reduction of one unit over dp (and the replicas) in
@@ -356,17 +414,17 @@ int ml_fsdp_grad_begin(ml_fsdp *f, int u) {
  * then this rank's block) → all-reduce over the replicas → += shard_grad. */
 static int reduce_unit(ml_fsdp *f, ml_fsdp_unit *unit) {
   int dp = f->dp->size;
-  size_t n = (size_t)unit->shard_numel;
+  size_t n = (size_t)unit->gather_numel;
   bool bf16 = f->opts.reduce_dtype == ML_BF16;
   ml_elem elem = bf16 ? ML_ELEM_BF16 : ML_ELEM_F32;
   size_t es = ml_elem_size(elem);
   if (f->opts.param_dtype == ML_BF16)
-    ML_TRY(ml_be_round_bf16(f->be, unit->full_grad, (size_t)unit->full_numel));
+    ML_TRY(ml_be_round_bf16(f->be, unit->full_grad, (size_t)unit->gather_full));
   void *stage = bf16 ? (void *)f->wire : (void *)f->comm_buf;
   if (dp == 1 && !bf16) /* one rank's staging is full_grad itself: same layout, same type */
     stage = unit->full_grad;
   else
-    ML_TRY(copy_rank_major(f, unit, stage, elem, unit->full_grad, ML_F32, 0));
+    ML_TRY(copy_rank_major(f, unit, stage, elem, unit->full_grad, ML_F32, 0, false));
   void *red = (char *)stage + es * n * (size_t)f->dp->rank; /* this rank's reduced block */
   if (dp > 1 && f->opts.zero == 1) {
     ML_TRY(ml_all_reduce(f->dp, stage, n * (size_t)dp, elem, ML_RED_SUM));
@@ -384,12 +442,67 @@ static int reduce_unit(ml_fsdp *f, ml_fsdp_unit *unit) {
   return ml_be_add(f->be, unit->shard_grad, g, (int64_t)n);
 }
 
+/* The vocab-parallel rows' gradient of one unit, complete on this rank
+ * (every token of the group went through its rows): rounded to param_dtype
+ * (it was computed in it, as full_grad is), all-reduced over the replicas
+ * in reduce_dtype (rounded to it once even without replicas, as the
+ * reduce-scatter would), += shard_grad. Nothing to do where it accumulated
+ * in shard_grad itself. */
+static int reduce_rows(ml_fsdp *f, ml_fsdp_unit *unit) {
+  if (rows_grad_alias(f)) return 0;
+  size_t n = (size_t)rows_numel(unit);
+  float *g = unit->rows_grad;
+  if (f->opts.param_dtype == ML_BF16) ML_TRY(ml_be_round_bf16(f->be, g, n));
+  if (f->opts.reduce_dtype == ML_BF16) {
+    uint16_t *w = ml_be_alloc(f->be, (int64_t)n, sizeof(uint16_t), "the bf16 vocab rows' "
+                              "gradient of a unit");
+    if (!w) return -1;
+    int rc = ml_be_convert(f->be, w, ML_BF16, g, ML_F32, n);
+    if (rc == 0 && f->rep->size > 1) rc = ml_all_reduce(f->rep, w, n, ML_ELEM_BF16, ML_RED_SUM);
+    if (rc == 0) rc = ml_be_convert(f->be, g, ML_F32, w, ML_BF16, n);
+    ml_be_free(f->be, w);
+    ML_TRY(rc);
+  } else if (f->rep->size > 1) {
+    ML_TRY(ml_all_reduce(f->rep, g, n, ML_ELEM_F32, ML_RED_SUM));
+  }
+  return ml_be_add(f->be, unit->shard_grad + unit->gather_numel, g, (int64_t)n);
+}
+
 int ml_fsdp_reduce_grads(ml_fsdp *f, int u) {
   ml_fsdp_unit *unit = &f->units[u];
   point_grads(unit, NULL);
   if (grads_alias(f)) return 0;
   int rc = reduce_unit(f, unit);
+  if (rc == 0 && rows_numel(unit)) rc = reduce_rows(f, unit);
   ml_be_free(f->be, unit->full_grad);
-  unit->full_grad = NULL;
+  if (!rows_grad_alias(f)) ml_be_free(f->be, unit->rows_grad);
+  unit->full_grad = unit->rows_grad = NULL;
   return rc;
+}
+
+int ml_fsdp_rows(const ml_fsdp *f, const ml_param *p, ml_rows *w) {
+  for (int u = 0; u < f->n_units; u++) {
+    const ml_fsdp_unit *unit = &f->units[u];
+    int i = ml_fsdp_param_index(unit, p);
+    if (i < 0) continue;
+    if (!unit->vocab[i])
+      return ml_err("%s is not vocab-parallel over FSDP's group; expected embed_tokens.weight "
+                    "or lm_head.weight with vocab parallelism on",
+                    p->name);
+    if (!unit->full)
+      return ml_err("%s: its FSDP unit is not materialised; expected ml_fsdp_unshard first",
+                    p->name);
+    int64_t r0, nr, at = unit->shard_off[i] - unit->gather_numel; /* in the rows' part */
+    ml_fsdp_param_rows(f, unit, i, &r0, &nr);
+    ml_dtype pt = f->opts.param_dtype;
+    *w = (ml_rows){.data = pt == ML_F32 ? (const void *)(unit->shard + unit->shard_off[i])
+                                        : (const void *)((uint16_t *)unit->rows + at),
+                   .dtype = pt,
+                   .grad = unit->rows_grad ? unit->rows_grad + at : NULL,
+                   .row0 = p->offset[0] + r0,
+                   .rows = nr,
+                   .cols = p->local[1]};
+    return 0;
+  }
+  return ml_err("%s is in no FSDP unit", p->name);
 }

@@ -22,7 +22,28 @@
  * between steps (re-gathered after the optimizer step: ml_fsdp_sync_params),
  * so forward and backward gather nothing; 1 also all-reduces whole
  * gradients instead of reduce-scattering them (each rank then keeps its
- * shard's slice for the optimizer). The reshard policy applies to ZeRO-3. */
+ * shard's slice for the optimizer). The reshard policy applies to ZeRO-3.
+ *
+ * Vocab-parallel parameters (ml_fsdp_init's vocab_parallel: the engine's
+ * choice whenever the group has more than one rank, train/engine.h): the
+ * root's vocab-sized embed_tokens.weight and an untied lm_head.weight
+ * (dim 0 of their TP-local tensor is the vocab, so a rank's chunk is a
+ * contiguous block of vocab rows) are never gathered, under any ZeRO stage
+ * or reshard policy: the embedding and the loss compute on each rank's rows
+ * and move the tokens instead (parallel/vocab.h, Megatron's vocab
+ * parallelism over this group). Their chunks are laid out after the
+ * unit's other parameters', so a unit's all-gather and reduce-scatter move
+ * only the leading part of the shard (gather_numel: for the root, the final
+ * norm); their rows are read from the shard (fp32) or from a param_dtype
+ * copy made when the unit is unsharded (bf16, as the gathered parameters
+ * are rounded), and their gradient, complete on each rank (every token of
+ * the group went through its rows), accumulates in the shard's gradient
+ * directly, or where it must first be rounded to param_dtype / reduce_dtype
+ * or all-reduced over the HSDP replicas, in a buffer that is then added. So
+ * the root holds neither its [V, H] parameters nor their gradient
+ * unsharded, and FSDP's staging buffers are sized by the largest unit's
+ * gathered part (a decoder layer), not by the vocab. Checkpoints and
+ * exports read the shards and are unchanged. */
 #ifndef ML_FSDP_H
 #define ML_FSDP_H
 
@@ -54,14 +75,24 @@ typedef struct ml_fsdp_opts {
 typedef struct ml_fsdp_unit {
   ml_param **params;
   int n;
+  bool *vocab;          /* per param: vocab-parallel (never gathered; ml_fsdp_rows) */
   int64_t *chunk_rows;  /* per param: ceil(local rows / dp) */
-  int64_t *shard_off;   /* per param: offset of its chunk in the flat shard */
-  int64_t *full_off;    /* per param: offset in the unsharded buffer */
+  int64_t *shard_off;   /* per param: offset of its chunk in the flat shard (the others'
+                           chunks first, then the vocab-parallel ones) */
+  int64_t *full_off;    /* per param: offset in the unsharded layout (same order) */
   int64_t shard_numel;  /* per rank, padding included */
-  int64_t full_numel;
+  int64_t full_numel;   /* every parameter unsharded (ml_fsdp_gather_flat's layout) */
+  int64_t gather_numel; /* per rank: the shard's leading part the all-gather and the
+                           reduce-scatter move, all but the vocab-parallel chunks */
+  int64_t gather_full;  /* those parameters unsharded: the leading part of full_numel */
   float *shard, *shard_grad, *adam_m, *adam_v; /* [shard_numel] fp32 each (device memory) */
-  void *full;       /* unsharded parameters in param_dtype, while materialised */
-  float *full_grad; /* unsharded fp32 gradients, during backward */
+  void *full;       /* [gather_full] unsharded parameters in param_dtype, while materialised */
+  void *rows;       /* [shard_numel − gather_numel] bf16: the vocab-parallel rows in
+                       param_dtype while materialised (param_dtype bf16; fp32 reads the
+                       shard) */
+  float *full_grad; /* [gather_full] unsharded fp32 gradients, during backward */
+  float *rows_grad; /* [shard_numel − gather_numel] fp32: the vocab-parallel rows' gradient
+                       during backward (shard_grad's own part, or a buffer) */
   bool reshard_after_forward;
   /* an all-gather in flight (prefetch): its request and wire buffers */
   ml_request req;
@@ -76,9 +107,10 @@ typedef struct ml_fsdp {
   ml_fsdp_opts opts;
   ml_fsdp_unit *units; /* n_layers + 1; the root is the last */
   int n_units;
-  float *comm_buf;  /* [dp · max shard_numel] fp32: gather / gradient staging */
-  float *grad_buf;  /* [max shard_numel] fp32: the reduced gradient, added to shard_grad */
-  uint16_t *wire;   /* [dp · max shard_numel] bf16 gradients on the wire (reduce_dtype BF16
+  bool vocab_parallel; /* the vocab-sized root parameters are vocab-parallel (see above) */
+  float *comm_buf;  /* [dp · max gather_numel] fp32: gradient staging */
+  float *grad_buf;  /* [max gather_numel] fp32: the reduced gradient, added to shard_grad */
+  uint16_t *wire;   /* [dp · max gather_numel] bf16 gradients on the wire (reduce_dtype BF16
                        only) */
 } ml_fsdp;
 
@@ -92,17 +124,6 @@ int ml_fsdp_unit_of(const ml_model *m, const ml_param *p);
  * m->n_params); returns their count. */
 int ml_fsdp_unit_params(const ml_model *m, int u, ml_param **out);
 
-/* The flat-shard layout of one unit's parameters over a group of `dp`
- * ranks, exactly as ml_fsdp_init builds it, without allocating or reading
- * anything (for `meshlm plan`): per parameter i, chunk_rows[i] =
- * ceil(local[0] / dp), shard_off[i] its chunk's offset in the flat shard
- * and full_off[i] its offset in the unsharded buffer (each array may be
- * NULL); *shard_numel = sum of chunk_rows·local[1] (per rank, padding
- * included) and *full_numel = sum of local[0]·local[1]. */
-void ml_fsdp_layout(ml_param *const *params, int n, int dp, int64_t *chunk_rows,
-                    int64_t *shard_off, int64_t *full_off, int64_t *shard_numel,
-                    int64_t *full_numel);
-
 /* Whether unit u of n_units (n_layers + 1, the root last) frees its
  * unsharded parameters after forward under `policy`: by default every
  * layer but the last (FSDP2 as torchtitan applies it); ALWAYS / NEVER: every
@@ -115,33 +136,53 @@ bool ml_fsdp_reshard_after_forward(ml_reshard_policy policy, int u, int n_units)
  * shards and fill them from the checkpoint `ck` (each rank reads only its
  * slice; ck NULL: left zero, nothing read); under ZeRO-1/2 gather every
  * unit once. dp: the sharding group;
- * rep: the HSDP replica group (size 1: plain FSDP). Errors: options out
- * of range (named), a parameter missing from the checkpoint or with
- * another shape (named, with both shapes), unreadable dtype, allocation. */
+ * rep: the HSDP replica group (size 1: plain FSDP). vocab_parallel: keep
+ * embed_tokens.weight and an untied lm_head.weight vocab-parallel (see
+ * above; f->vocab_parallel says whether they are: not when dp has one rank,
+ * where the shard is the whole tensor). Errors: options out of range
+ * (named), a parameter missing from the checkpoint or with another shape
+ * (named, with both shapes), unreadable dtype, allocation. */
 int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fsdp_opts *opts,
-                 const ml_ckpt *ck);
+                 bool vocab_parallel, const ml_ckpt *ck);
 void ml_fsdp_destroy(ml_fsdp *f);
 
 /* Start unit u's all-gather without waiting (no-op when u is out of range,
  * materialised or already in flight). */
 int ml_fsdp_prefetch(ml_fsdp *f, int u);
 /* Materialise unit u's parameters (all-gather, or wait for its prefetch;
- * no-op if already there) and point param->data at them. */
+ * no-op if already there) and point param->data at them; its
+ * vocab-parallel parameters' rows in param_dtype (ml_fsdp_rows; their
+ * param->data stays NULL). */
 int ml_fsdp_unshard(ml_fsdp *f, int u);
 /* Free unit u's unsharded parameters (param->data = NULL); no-op when the
  * shard is the full tensor or the parameters persist (ZeRO-1/2). */
 void ml_fsdp_reshard(ml_fsdp *f, int u);
 /* Unsharded gradients for unit u (param->grad set): zeroed, or with one
- * rank the shard's gradient itself (backward accumulates into it). */
+ * rank the shard's gradient itself (backward accumulates into it); for
+ * its vocab-parallel parameters the gradient of their rows (ml_fsdp_rows;
+ * their param->grad stays NULL). */
 int ml_fsdp_grad_begin(ml_fsdp *f, int u);
 /* Reduce unit u's gradients (reduce-scatter over dp, or all-reduce under
  * ZeRO-1; then all-reduce over the replicas) and add this rank's part to
  * shard_grad (+=, so micro-batches accumulate; ml_engine_zero_grad clears),
- * then free them. */
+ * then free them. The vocab-parallel rows' gradient is complete already:
+ * rounded to param_dtype, all-reduced over the replicas in reduce_dtype
+ * (one more all-reduce under HSDP), added. */
 int ml_fsdp_reduce_grads(ml_fsdp *f, int u);
 
+/* This rank's rows of vocab-parallel parameter p while its unit is
+ * materialised (ml_fsdp_unshard): global rows p->offset[0] + r0 .. (its
+ * FSDP chunk, ml_fsdp_param_rows), all p->local[1] columns, in param_dtype
+ * (fp32: the shard itself; bf16: the copy the unshard rounded), and
+ * between ml_fsdp_grad_begin and ml_fsdp_reduce_grads of its unit their
+ * fp32 gradient (+=), else grad NULL. Errors: p not vocab-parallel, its
+ * unit not materialised. */
+int ml_fsdp_rows(const ml_fsdp *f, const ml_param *p, ml_rows *w);
+
 /* All-gather a flat per-rank array laid out like unit u's shard (`src`,
- * e.g. shard_grad) into the unsharded layout `dst` [full_numel]. */
+ * e.g. shard_grad) into the unsharded layout `dst` [full_numel], every
+ * parameter (the vocab-parallel ones too: for exports and tests, with its
+ * own staging of dp · shard_numel floats). */
 int ml_fsdp_gather_flat(ml_fsdp *f, int u, const float *src, float *dst);
 
 /* Re-gather the persistent unsharded parameters (ZeRO-1/2) from the

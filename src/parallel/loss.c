@@ -9,54 +9,87 @@
 enum { LOGITS_BUDGET = 1 << 24 };
 
 typedef struct chunk_bufs {
-  float *logits; /* [nt, V_local] */
+  float *logits; /* [nt, nv] */
   float *mx;     /* [nt] */
   float *se_tl;  /* [2 nt]: sum of exp, then target logit − max */
   float *w;      /* [nt] gradient weights */
   bool bf16;     /* round the logits to bf16 (output_dtype) */
 } chunk_bufs;
 
-/* mx, se, tl of tokens t0 .. t0+nt−1, reduced over the vocab shards. */
-/* The vocab columns of this rank's logits: lm_head's shard, or all of
- * them when the logits arrive whole (tp == NULL). */
-static void vocab_range(const ml_model *m, const ml_comm *tp, int64_t *v0, int64_t *nv) {
-  if (tp) {
-    ml_model_vocab_shard(m, v0, nv);
-  } else {
-    *v0 = 0;
-    *nv = m->cfg.vocab;
-  }
-}
+/* One pass of the loss: the N tokens it runs over, of which [own0, own0 +
+ * T) are this rank's, and this rank's vocab columns. Without a group N = T
+ * and lm_head runs on m->head_in with its edges; with one, on the gathered
+ * input h and lm_head's rows. */
+typedef struct loss_pass {
+  ml_model *m;
+  const ml_loss_split *split;
+  const int32_t *y; /* [N] targets */
+  const float *h;   /* [N, c] lm_head's input (group only) */
+  float *dh;        /* [N, c] its gradient (group and backward only) */
+  int64_t N, own0, T, c;
+  int64_t v0, nv;   /* global vocab columns v0 .. v0+nv−1 */
+} loss_pass;
 
-static int chunk_stats(ml_model *m, ml_comm *tp, const int32_t *y, int64_t t0, int64_t nt,
-                       chunk_bufs *b) {
-  int64_t v0, nv;
-  vocab_range(m, tp, &v0, &nv);
-  ML_TRY(ml_head_forward(m, t0, nt, b->logits));  // logits: [nt, nv]
-  if (b->bf16) ML_TRY(ml_be_round_bf16(m->be, b->logits, (size_t)(nt * nv)));
-  ML_TRY(ml_be_xent_rowmax(m->be, b->logits, nt, nv, b->mx));
-  if (tp && tp->size > 1) ML_TRY(ml_all_reduce(tp, b->mx, (size_t)nt, ML_ELEM_F32, ML_RED_MAX));
-  ML_TRY(ml_be_xent_sumexp_target(m->be, b->logits, nt, nv, v0, y + t0, b->mx, b->se_tl,
-                                  b->se_tl + nt));
-  if (tp && tp->size > 1)
-    ML_TRY(ml_all_reduce(tp, b->se_tl, (size_t)(2 * nt), ML_ELEM_F32, ML_RED_SUM));
+/* sum (or max) of n floats over the groups holding the other columns: tp,
+ * then the group */
+static int reduce_columns(const loss_pass *p, float *x, size_t n, ml_redop op) {
+  const ml_loss_split *s = p->split;
+  if (s->tp && s->tp->size > 1) ML_TRY(ml_all_reduce(s->tp, x, n, ML_ELEM_F32, op));
+  if (s->group) ML_TRY(ml_all_reduce(s->group->comm, x, n, ML_ELEM_F32, op));
   return 0;
 }
 
-static int run_chunks(ml_model *m, ml_comm *tp, const int32_t *y, bool backward, float scale,
-                      float *logprobs, ml_loss_out *out, chunk_bufs *b, int64_t chunk) {
-  int64_t T = m->B * m->S, v0, nv;
-  vocab_range(m, tp, &v0, &nv);
-  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-    int64_t nt = T - t0 < chunk ? T - t0 : chunk;
-    ML_TRY(chunk_stats(m, tp, y, t0, nt, b));
-    ML_TRY(ml_be_xent_logprobs(m->be, b->se_tl, b->se_tl + nt, y + t0, nt, scale,
-                               logprobs ? logprobs + t0 : NULL, b->w, &out->loss_sum,
-                               &out->count));
+/* mx, se, tl of tokens t0 .. t0+nt−1, reduced over the vocab split. */
+static int chunk_stats(const loss_pass *p, int64_t t0, int64_t nt, chunk_bufs *b) {
+  ml_model *m = p->m;
+  if (p->split->group)  // logits: [nt, nv] = h[t0 : t0+nt] · W_rows^T
+    ML_TRY(ml_head_logits(m, p->h + t0 * p->c, nt, &p->split->rows, b->logits));
+  else  // logits: [nt, nv] (lm_head's local view and edges)
+    ML_TRY(ml_head_forward(m, t0, nt, b->logits));
+  if (b->bf16) ML_TRY(ml_be_round_bf16(m->be, b->logits, (size_t)(nt * p->nv)));
+  ML_TRY(ml_be_xent_rowmax(m->be, b->logits, nt, p->nv, b->mx));
+  ML_TRY(reduce_columns(p, b->mx, (size_t)nt, ML_RED_MAX));
+  ML_TRY(ml_be_xent_sumexp_target(m->be, b->logits, nt, p->nv, p->v0, p->y + t0, b->mx,
+                                  b->se_tl, b->se_tl + nt));
+  return reduce_columns(p, b->se_tl, (size_t)(2 * nt), ML_RED_SUM);
+}
+
+/* Log-probs and gradient weights of tokens t0 .. t0+nt−1: the loss and
+ * log-probs of this rank's own tokens only (their sums over the data ranks
+ * are the caller's), the weights of all. */
+static int chunk_logprobs(const loss_pass *p, int64_t t0, int64_t nt, float scale,
+                          float *logprobs, ml_loss_out *out, chunk_bufs *b) {
+  int64_t end = t0 + nt, a = p->own0 > t0 ? p->own0 : t0, z = p->own0 + p->T;
+  a = a < end ? a : end;
+  z = z > a ? (z < end ? z : end) : a;
+  int64_t cut[4] = {t0, a, z, end}; /* before, own, after */
+  for (int k = 0; k < 3; k++) {
+    int64_t s = cut[k], n = cut[k + 1] - s;
+    if (n == 0) continue;
+    ml_loss_out other = {0};
+    ml_loss_out *o = k == 1 ? out : &other;
+    float *lp = k == 1 && logprobs ? logprobs + (s - p->own0) : NULL;
+    ML_TRY(ml_be_xent_logprobs(p->m->be, b->se_tl + (s - t0), b->se_tl + nt + (s - t0),
+                               p->y + s, n, scale, lp, b->w + (s - t0), &o->loss_sum,
+                               &o->count));
+  }
+  return 0;
+}
+
+static int run_chunks(const loss_pass *p, bool backward, float scale, float *logprobs,
+                      ml_loss_out *out, chunk_bufs *b, int64_t chunk) {
+  for (int64_t t0 = 0; t0 < p->N; t0 += chunk) {
+    int64_t nt = p->N - t0 < chunk ? p->N - t0 : chunk;
+    ML_TRY(chunk_stats(p, t0, nt, b));
+    ML_TRY(chunk_logprobs(p, t0, nt, scale, logprobs, out, b));
     if (!backward) continue;
-    ML_TRY(ml_be_xent_bwd(m->be, b->logits, nt, nv, v0, y + t0, b->mx, b->se_tl, b->w,
-                          b->logits));
-    ML_TRY(ml_head_backward(m, t0, nt, b->logits));
+    ML_TRY(ml_be_xent_bwd(p->m->be, b->logits, nt, p->nv, p->v0, p->y + t0, b->mx, b->se_tl,
+                          b->w, b->logits));
+    if (p->split->group)  // dh[t0 : t0+nt] (=) dlogits · W_rows; W_rows grad += dlogits^T · h
+      ML_TRY(ml_head_logits_backward(p->m, p->h + t0 * p->c, nt, &p->split->rows, b->logits,
+                                     p->dh + t0 * p->c));
+    else  // dxn_final[t0 : t0+nt] (=)
+      ML_TRY(ml_head_backward(p->m, t0, nt, b->logits));
   }
   return 0;
 }
@@ -68,26 +101,76 @@ int64_t ml_loss_chunk_tokens(int64_t T, int64_t V, int parts) {
   return chunk > T ? T : chunk;
 }
 
-int ml_vocab_parallel_loss(ml_model *m, ml_comm *tp, const int32_t *targets, ml_dtype logits_dtype,
-                           bool backward, float grad_scale, float *logprobs, ml_loss_out *out) {
-  int64_t T = m->B * m->S, v0, nv;
-  vocab_range(m, tp, &v0, &nv);
-  int64_t chunk = ml_loss_chunk_tokens(T, m->cfg.vocab, tp ? tp->size : 1);
-  chunk_bufs b;
+/* The chunk buffers, then the chunks. */
+static int run_pass(loss_pass *p, ml_dtype logits_dtype, bool backward, float scale,
+                    float *logprobs, ml_loss_out *out) {
+  ml_model *m = p->m;
+  const ml_loss_split *s = p->split;
+  int parts = (s->tp ? s->tp->size : 1) * (s->group ? s->group->comm->size : 1);
+  int64_t chunk = ml_loss_chunk_tokens(p->N, m->cfg.vocab, parts);
   /* chunk · nv <= max(LOGITS_BUDGET, vocab_size) (ml_loss_chunk_tokens): a plain count */
-  float *mem = ml_be_alloc(m->be, chunk * (nv + 4), sizeof(float),
-                               "the logits chunk (%lld tokens x %lld vocab columns of vocab_size "
-                               "%lld)",
-                               (long long)chunk, (long long)nv, (long long)m->cfg.vocab);
+  float *mem = ml_be_alloc(m->be, chunk * (p->nv + 4), sizeof(float),
+                           "the logits chunk (%lld tokens x %lld vocab columns of vocab_size "
+                           "%lld)",
+                           (long long)chunk, (long long)p->nv, (long long)m->cfg.vocab);
   if (!mem) return -1;
-  b.logits = mem;
-  b.mx = mem + chunk * nv;
-  b.se_tl = b.mx + chunk;
-  b.w = b.se_tl + 2 * chunk;
-  b.bf16 = logits_dtype == ML_BF16;
-  out->loss_sum = 0.0;
-  out->count = 0;
-  int rc = run_chunks(m, tp, targets, backward, grad_scale, logprobs, out, &b, chunk);
+  chunk_bufs b = {mem, mem + chunk * p->nv, mem + chunk * (p->nv + 1),
+                  mem + chunk * (p->nv + 3), logits_dtype == ML_BF16};
+  int rc = run_chunks(p, backward, scale, logprobs, out, &b, chunk);
   ml_be_free(m->be, mem);
   return rc;
+}
+
+/* Vocab parallelism over the group: lm_head's input of every rank
+ * gathered (and its gradient scattered back) around the chunks. */
+static int run_group(loss_pass *p, ml_dtype logits_dtype, bool backward, float scale,
+                     float *logprobs, ml_loss_out *out) {
+  ml_model *m = p->m;
+  const ml_vocab *g = p->split->group;
+  int64_t d = g->comm->size, T = p->T, c = m->head_in.c;
+  if (g->T != T)
+    return ml_err("vocab parallelism: the loss runs on %lld tokens per rank, but %lld were "
+                  "gathered; expected ml_vocab_gather_tokens of the same batch first",
+                  (long long)T, (long long)g->T);
+  /* two [d·T, c] blocks: d·T·c floats are what each rank's all-gather receives */
+  float *h = ml_be_alloc(m->be, ml_mul_sat(ml_mul_sat(backward ? 2 : 1, d * T), c),
+                         sizeof(float),
+                         "lm_head's input of the FSDP group (%lld tokens of %lld ranks x %lld "
+                         "features)%s",
+                         (long long)T, (long long)d, (long long)c,
+                         backward ? " and its gradient" : "");
+  if (!h) return -1;
+  p->h = h;
+  p->dh = backward ? h + d * T * c : NULL;
+  p->y = g->targets;
+  p->N = d * T;
+  p->own0 = g->comm->rank * T;
+  p->c = c;
+  // h: [d·T, c] = every rank's lm_head input [T, c]
+  int rc = ml_all_gather(g->comm, m->head_in.x, h, (size_t)(T * c));
+  if (rc == 0) rc = run_pass(p, logits_dtype, backward, scale, logprobs, out);
+  // dxn_final: [T, c] = sum over the group of its dh rows for this rank's tokens
+  if (rc == 0 && backward) rc = ml_reduce_scatter(g->comm, p->dh, m->dxn_final, (size_t)(T * c));
+  ml_be_free(m->be, h);
+  return rc;
+}
+
+int ml_vocab_parallel_loss(ml_model *m, const ml_loss_split *split, const int32_t *targets,
+                           ml_dtype logits_dtype, bool backward, float grad_scale,
+                           float *logprobs, ml_loss_out *out) {
+  int64_t T = m->B * m->S;
+  loss_pass p = {.m = m, .split = split, .y = targets, .N = T, .own0 = 0, .T = T};
+  if (split->group) {
+    p.v0 = split->rows.row0;
+    p.nv = split->rows.rows;
+  } else if (split->tp) {
+    ml_model_vocab_shard(m, &p.v0, &p.nv);
+  } else { /* whole rows */
+    p.v0 = 0;
+    p.nv = m->cfg.vocab;
+  }
+  out->loss_sum = 0.0;
+  out->count = 0;
+  if (split->group) return run_group(&p, logits_dtype, backward, grad_scale, logprobs, out);
+  return run_pass(&p, logits_dtype, backward, grad_scale, logprobs, out);
 }

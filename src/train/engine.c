@@ -69,10 +69,13 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   ml_ckpt ck;
   if (!opts->no_weights) ML_TRY(ml_ckpt_open(model_dir, &ck));
   /* FSDP shards over dp_shard_cp (Automodel: cp ranks hold parameter shards too), HSDP
-   * replicas over dp_replicate */
-  int rc = ml_fsdp_init(&e->fsdp, &e->model, ml_mesh_comm(mesh, ML_GROUP_DP_SHARD_CP),
-                        ml_mesh_comm(mesh, ML_GROUP_DP_REPLICATE), &opts->fsdp,
-                        opts->no_weights ? NULL : &ck);
+   * replicas over dp_replicate; the vocab rows stay where they are sharded unless lm_head's
+   * output edge reassembles the vocab over tp (engine.h) */
+  ml_comm *group = ml_mesh_comm(mesh, ML_GROUP_DP_SHARD_CP);
+  bool vocab = e->tp.size == 1 || !e->model.lm_head.out.fwd.fn;
+  int rc = ml_fsdp_init(&e->fsdp, &e->model, group, ml_mesh_comm(mesh, ML_GROUP_DP_REPLICATE),
+                        &opts->fsdp, vocab, opts->no_weights ? NULL : &ck);
+  if (rc == 0 && e->fsdp.vocab_parallel) ml_vocab_init(&e->vocab, group, e->be);
   if (opts->no_weights) return rc;
   if (rc == 0 && mesh->rank == 0) warn_unused(e, &ck);
   ml_ckpt_close(&ck);
@@ -81,6 +84,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
 
 void ml_engine_close(ml_engine *e) {
   if (e->fsdp.units) ml_fsdp_destroy(&e->fsdp);
+  ml_vocab_destroy(&e->vocab);
   ml_tp_destroy(&e->tp);
   ml_cp_destroy(&e->cp);
   ml_model_destroy(&e->model);
@@ -125,6 +129,7 @@ static int prepare(ml_engine *e, int64_t B, int64_t S) {
     e->targets = e->ids + T;
     e->cap_tokens = T;
   }
+  if (e->vocab.comm) ML_TRY(ml_vocab_reserve(&e->vocab, T));
   int64_t full = ml_mul_sat(B, S);
   if (full > e->cap_shifted) {
     ml_be_host_free(e->be, e->host_shifted);
@@ -153,9 +158,15 @@ static void shift_targets(const int32_t *ids, const uint8_t *mask, int64_t B, in
     }
 }
 
-/* The group the logits are vocab-sharded over; NULL when they are whole. */
-static ml_comm *loss_comm(const ml_engine *e) {
-  return e->tp.logits.kind == ML_SHARD ? ml_mesh_comm(e->mesh, ML_GROUP_TP) : NULL;
+/* Where the loss finds its vocab columns: the tp group the logits are
+ * vocab-sharded over (NULL when they are whole over tp), and under vocab
+ * parallelism the FSDP group and lm_head's rows there. */
+static int loss_split(ml_engine *e, ml_loss_split *s) {
+  *s = (ml_loss_split){0};
+  s->tp = e->tp.logits.kind == ML_SHARD ? ml_mesh_comm(e->mesh, ML_GROUP_TP) : NULL;
+  if (!e->vocab.comm) return 0;
+  s->group = &e->vocab;
+  return ml_fsdp_rows(&e->fsdp, e->model.lm_head.weight, &s->rows);
 }
 
 /* Mixed precision: a unit's floating-point inputs are cast to param_dtype
@@ -179,8 +190,10 @@ static int upload_batch(ml_engine *e, const int32_t *ids, const uint8_t *mask, i
   ml_cp_local_tokens(&e->cp, e->host_shifted, B, -1, e->host_ids + T);
   /* ids and targets are one block of 2·cap_tokens; copy both halves in use */
   ML_TRY(ml_be_copy(e->be, e->ids, e->host_ids, sizeof(int32_t) * (size_t)T, ML_COPY_H2D));
-  return ml_be_copy(e->be, e->targets, e->host_ids + T, sizeof(int32_t) * (size_t)T,
-                    ML_COPY_H2D);
+  ML_TRY(ml_be_copy(e->be, e->targets, e->host_ids + T, sizeof(int32_t) * (size_t)T,
+                    ML_COPY_H2D));
+  /* vocab parallelism: every rank's tokens meet the vocab rows this rank holds */
+  return e->vocab.comm ? ml_vocab_gather_tokens(&e->vocab, e->ids, e->targets, T) : 0;
 }
 
 /* Start the all-gathers of the `depth` units after u in `dir` (+1 forward,
@@ -191,12 +204,29 @@ static int prefetch(ml_engine *e, int u, int dir, int depth) {
   return 0;
 }
 
+/* The embedding of the uploaded batch into e->x: on the weight's local
+ * view, or vocab-parallel on this rank's rows. */
+static int embed_forward(ml_engine *e, const int32_t *ids) {
+  if (!e->vocab.comm) return ml_embed_forward(&e->model, ids, e->x);
+  ml_rows w;
+  ML_TRY(ml_fsdp_rows(&e->fsdp, e->model.embed_tokens.weight, &w));
+  return ml_vocab_embed_forward(&e->vocab, &e->model, &w, e->x);
+}
+
+// e->x: d(embedding output) → the embedding's weight gradient (+=)
+static int embed_backward(ml_engine *e, const int32_t *ids) {
+  if (!e->vocab.comm) return ml_embed_backward(&e->model, ids, e->x);
+  ml_rows w;
+  ML_TRY(ml_fsdp_rows(&e->fsdp, e->model.embed_tokens.weight, &w));
+  return ml_vocab_embed_backward(&e->vocab, &e->model, &w, e->x);
+}
+
 static int forward_layers(ml_engine *e, const int32_t *ids) {
   ml_fsdp *f = &e->fsdp;
   int L = (int)e->model.cfg.n_layers, root = L, depth = e->opts.fsdp.prefetch_forward;
   ML_TRY(ml_fsdp_unshard(f, root));
   ML_TRY(prefetch(e, -1, 1, depth)); /* layers 0 .. depth−1 during the embedding */
-  ML_TRY(ml_embed_forward(&e->model, ids, e->x));
+  ML_TRY(embed_forward(e, ids));
   for (int l = 0; l < L; l++) {
     ML_TRY(ml_fsdp_unshard(f, l));
     ML_TRY(prefetch(e, l, 1, depth));
@@ -222,7 +252,7 @@ static int backward_layers(ml_engine *e, const int32_t *ids) {
     ML_TRY(ml_fsdp_reduce_grads(f, l));
     ml_fsdp_reshard(f, l);
   }
-  ML_TRY(ml_embed_backward(&e->model, ids, e->x));
+  ML_TRY(embed_backward(e, ids));
   ML_TRY(ml_fsdp_reduce_grads(f, root));
   ml_fsdp_reshard(f, root);
   return ml_tp_reduce_partial_grads(&e->tp, f);
@@ -236,9 +266,11 @@ int ml_engine_forward_backward(ml_engine *e, const int32_t *ids, const uint8_t *
   ML_TRY(forward_layers(e, e->ids));
   ML_TRY(ml_fsdp_grad_begin(&e->fsdp, (int)e->model.cfg.n_layers));
   ml_loss_out lo;
+  ml_loss_split split;
+  ML_TRY(loss_split(e, &split));
   float scale = global_targets > 0 ? 1.0f / (float)global_targets : 0.0f;
-  ML_TRY(ml_vocab_parallel_loss(&e->model, loss_comm(e), e->targets, e->opts.output_dtype, true,
-                                scale, NULL, &lo));
+  ML_TRY(ml_vocab_parallel_loss(&e->model, &split, e->targets, e->opts.output_dtype, true, scale,
+                                NULL, &lo));
   ML_TRY(backward_layers(e, e->ids));
   double sum = lo.loss_sum;
   /* control plane: the loss sum over the data ranks (dp_cp: cp ranks see the same sequences) */
@@ -280,8 +312,11 @@ int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, f
                           (long long)T);
   if (!lp) return -1;
   ml_loss_out lo;
-  int rc = ml_vocab_parallel_loss(&e->model, loss_comm(e), e->targets, e->opts.output_dtype,
-                                  false, 0.0f, lp, &lo);
+  ml_loss_split split;
+  int rc = loss_split(e, &split);
+  if (!rc)
+    rc = ml_vocab_parallel_loss(&e->model, &split, e->targets, e->opts.output_dtype, false, 0.0f,
+                                lp, &lo);
   if (!rc) rc = logprobs_out(e, lp, B, S, out);
   ml_be_free(e->be, lp);
   /* forward only: release what the backward would have */

@@ -3,7 +3,16 @@
  * with the forward/backward of one step, the global grad norm and AdamW.
  * One step, as data flows (DESIGN §1): embedding → per layer (FSDP
  * all-gather, TP hooks, kernels, reshard) → lm_head → vocab-parallel loss →
- * backward in reverse (gather again, grads reduce-scattered into shards). */
+ * backward in reverse (gather again, grads reduce-scattered into shards).
+ *
+ * Whenever FSDP's group (dp_shard_cp) has more than one rank, the
+ * vocab-sized root parameters (embed_tokens.weight, an untied
+ * lm_head.weight) are vocab-parallel over it (parallel/vocab.h,
+ * parallel/fsdp.h): never all-gathered, the tokens, lm_head's input and
+ * their gradients travel instead — unless lm_head's logits need an output
+ * redistribute over tp (a custom plan's lm_head colwise_rep on tp > 1, which
+ * assembles whole-vocab rows from torch.chunk blocks), where the root is
+ * gathered whole as before. */
 #ifndef ML_ENGINE_H
 #define ML_ENGINE_H
 
@@ -16,6 +25,7 @@
 #include "parallel/mesh.h"
 #include "parallel/plan.h"
 #include "parallel/tp.h"
+#include "parallel/vocab.h"
 
 /* How to parallelize beyond the mesh, as NeMo's dtensor_cfg and FSDP2's
  * fully_shard arguments name it. Start from ml_engine_opts_default(). */
@@ -45,6 +55,7 @@ typedef struct ml_engine {
   ml_plan plan;
   ml_tp tp;
   ml_fsdp fsdp;
+  ml_vocab vocab; /* vocab parallelism over FSDP's group (comm NULL: off) */
   ml_cp cp;
   /* T = B · s local tokens: s = S, or this cp rank's piece of the sequences */
   float *x;          /* [T, H] residual stream (device) */

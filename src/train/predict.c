@@ -41,8 +41,11 @@ static int run(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp, ml_pr
   int64_t per_layer, work;
   ml_model_act_bytes(&e->model, p->B, p->s_local, &per_layer, &work);
   mem->activations = ml_add_sat(ml_mul_sat(per_layer, e->model.cfg.n_layers), work);
-  int parts = e->tp.logits.kind == ML_SHARD ? e->tp.size : 1;
-  int64_t T = p->B * p->s_local;
+  /* the loss runs over this rank's tokens, or the FSDP group's under vocab parallelism, whose
+   * columns are split over tp (sharded logits) and then over the group */
+  p->vocab_group = e->vocab.comm ? e->vocab.comm->size : 1;
+  int parts = (e->tp.logits.kind == ML_SHARD ? e->tp.size : 1) * p->vocab_group;
+  int64_t T = p->B * p->s_local * p->vocab_group;
   p->loss_chunk = ml_loss_chunk_tokens(T, e->model.cfg.vocab, parts);
   p->loss_chunks = T / p->loss_chunk + (T % p->loss_chunk != 0);
   return 0;

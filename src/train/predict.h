@@ -56,7 +56,12 @@ typedef struct ml_prediction {
   int world, tp_rank;
   int64_t B, S;                    /* local micro-batch per dp rank */
   int64_t S_pad, s_local;          /* S padded for cp (S when cp = 1), positions per cp rank */
-  int64_t loss_chunk, loss_chunks; /* logits chunk (tokens) and chunks per pass */
+  int vocab_group;   /* ranks the vocab-sized root parameters are split over by vocab rows
+                        (FSDP's group under vocab parallelism, parallel/vocab.h), or 1: they
+                        are gathered whole */
+  int64_t loss_chunk, loss_chunks; /* logits chunk (tokens) and chunks per pass, over the
+                                      tokens the loss runs on (the group's d·T under vocab
+                                      parallelism) */
   ml_comm_stats train[ML_GROUP_KINDS];    /* one training step */
   ml_comm_stats logprobs[ML_GROUP_KINDS]; /* one logprobs pass */
   ml_predict_memory mem;

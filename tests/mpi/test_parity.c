@@ -6,7 +6,8 @@
  * bounds tolerance.h §3 derives from the model's sizes; 3 AdamW steps on the mesh, each against
  * AdamW in double on the mesh's own state (§5), then one step against one rank on the same
  * parameters (train_check.h). It also checks the collectives of one step
- * against the counts the base plan and FSDP imply (DESIGN §5, §6).
+ * against the counts the base plan, FSDP and vocab parallelism over FSDP's
+ * group imply (DESIGN §5, §6, parallel/vocab.h).
  * grads.safetensors must hold exactly the built parameters; checkpoint
  * tensors without a gradient are allowed only in a vision-language fixture
  * (expected.json "text_prefix") and only outside its text tower. */
@@ -26,6 +27,7 @@
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "engine_run.h"
+#include "parallel/loss.h"
 #include "parity_util.h"
 #include "train_check.h"
 
@@ -338,21 +340,33 @@ static int64_t kv_shared_bytes(const run *r) {
   return 4 * c->n_layers * 2 * shared * c->head_dim * row;
 }
 
-/* One training step's collectives, per mesh group, vs DESIGN §5/§6 for L
- * layers and local tokens Tl (one logits chunk), P = 1 when some
- * tp-replicated param has Partial grads (one packed all-reduce):
+/* One training step's collectives, per mesh group, vs DESIGN §5/§6 and
+ * vocab parallelism over FSDP's group (parallel/vocab.h) for L layers,
+ * local tokens Tl, the FSDP group's fs = dp_shard·cp ranks and their
+ * N = fs·Tl tokens (N = Tl without FSDP), one logits chunk (asserted),
+ * P = 1 when some tp-replicated param has Partial grads (one packed
+ * all-reduce):
  *  without SP, tp all-reduce: embedding 1 + (o_proj, down_proj) 2L
- *    forward, loss 2 (max; sum-exp with target logit), (q/k/v, gate/up
- *    input grads) 2L + lm_head input grad 1 backward = 4L + 4 + P; bytes
- *    (4L + 2)·Tl·H + 3·Tl floats + the Partial grads;
+ *    forward, loss 2 (max; sum-exp with target logit, over the N tokens the
+ *    loss runs on), (q/k/v, gate/up input grads) 2L + lm_head input grad 1
+ *    backward = 4L + 4 + P; bytes (4L + 2)·Tl·H + 3·N floats + the Partial
+ *    grads;
  *  with SP, per layer 2 all-gathers + 2 reduce-scatters each way, plus the
  *    embedding (reduce-scatter forward, all-gather backward) and lm_head's
  *    input (all-gather forward, reduce-scatter backward): 4L + 2 of each,
  *    each moving Tw·H floats, Tw = Tl with the sequence padded to
  *    tp·ceil(S/tp) (comm.h: the padded chunk is on the wire; Tw = Tl when
  *    tp divides S); all-reduces: the loss 2 + the norms' grads 1;
- *  dp_shard_cp all-gather: L + 1 units forward, L − 1 again in backward
- *    (the last layer and the root stay unsharded); reduce-scatter L + 1;
+ *  dp_shard_cp (fs > 1), the units: all-gather L + 1 forward, L − 1 again
+ *    in backward (the last layer and the root stay unsharded),
+ *    reduce-scatter L + 1, each moving fs × the unit's gathered part in
+ *    fp32: a layer's whole shard, the root's final norm only (ceil(H/fs)
+ *    per rank: embed_tokens and lm_head are vocab-parallel, never gathered);
+ *    vocab parallelism: all-gathers of the token ids with their targets
+ *    (2·Tl words), lm_head's input (Tl·H) and the embedding's output
+ *    gradient (Tl·H), reduce-scatters of the embedding's lookup (Tl·H) and
+ *    lm_head's input gradient (Tl·H), each fs × that, and the loss's 2
+ *    all-reduces (3·N floats);
  *  K = 1 when some kv head is held by several tp ranks: one more tp
  *    all-reduce of their rows' grads, and one over dp_shard_cp when FSDP
  *    shards (kv_shared_bytes each);
@@ -371,7 +385,7 @@ static void test_collective_counts(void **state) {
   double norm;
   step(&r, &fx);
   assert_int_equal(ml_engine_grad_norm(&r.e, 2.0, &norm), 0);
-  int64_t L = r.e.model.cfg.n_layers, H = r.e.model.cfg.hidden;
+  int64_t L = r.e.model.cfg.n_layers, H = r.e.model.cfg.hidden, V = r.e.model.cfg.vocab;
   int tp = r.mesh.tp, dp = r.mesh.dp_shard, cp = r.mesh.cp;
   int64_t s = cp > 1 ? (fx.S + 2 * cp - 1) / (2 * cp) * 2 : fx.S; /* local positions */
   int64_t Tl = fx.B / dp * s, Tw = fx.B / dp * tp * ((s + tp - 1) / tp);
@@ -379,6 +393,9 @@ static void test_collective_counts(void **state) {
   ml_comm *tpc = ml_mesh_comm(m, ML_GROUP_TP), *dps = ml_mesh_comm(m, ML_GROUP_DP_SHARD_CP);
   ml_comm *cpc = ml_mesh_comm(m, ML_GROUP_CP);
   int fs = dp * cp; /* FSDP shards over dp_shard_cp */
+  int64_t N = fs * Tl;
+  assert_int_equal(r.e.fsdp.vocab_parallel, fs > 1);
+  assert_int_equal(ml_loss_chunk_tokens(N, V, tp * fs), N); /* one logits chunk */
   int64_t kv = r.e.model.layers[0].k_proj.weight->local[0];
   assert_int_equal(calls(cpc, ML_COLL_SEND_RECV), L * (3 * cp - 2) * (cp > 1));
   assert_int_equal(bytes(cpc, ML_COLL_SEND_RECV), 4 * L * (3 * cp - 2) * (cp > 1) * 2 * Tl * kv);
@@ -394,37 +411,48 @@ static void test_collective_counts(void **state) {
     assert_int_equal(bytes(tpc, ML_COLL_REDUCE_SCATTER), 4 * (4 * L + 2) * Tw * H);
     assert_int_equal(P, 1);
     assert_int_equal(calls(tpc, ML_COLL_ALL_REDUCE), 2 + 1 + K);
-    assert_int_equal(bytes(tpc, ML_COLL_ALL_REDUCE), 4 * 3 * Tl + pb + kb);
+    assert_int_equal(bytes(tpc, ML_COLL_ALL_REDUCE), 4 * 3 * N + pb + kb);
   } else {
     assert_int_equal(calls(tpc, ML_COLL_ALL_REDUCE), tp > 1 ? 4 * L + 4 + P + K : 0);
     assert_int_equal(bytes(tpc, ML_COLL_ALL_REDUCE),
-                     tp > 1 ? 4 * ((4 * L + 2) * Tl * H + 3 * Tl) + pb + kb : 0);
+                     tp > 1 ? 4 * ((4 * L + 2) * Tl * H + 3 * N) + pb + kb : 0);
     assert_int_equal(calls(tpc, ML_COLL_ALL_GATHER), 0);
     assert_int_equal(calls(tpc, ML_COLL_REDUCE_SCATTER), 0);
   }
-  assert_int_equal(calls(dps, ML_COLL_ALL_GATHER), fs > 1 ? 2 * L : 0);
-  assert_int_equal(calls(dps, ML_COLL_REDUCE_SCATTER), fs > 1 ? L + 1 : 0);
-  int64_t rs_bytes = 0;
-  for (int u = 0; u < r.e.fsdp.n_units; u++) rs_bytes += 4 * fs * r.e.fsdp.units[u].shard_numel;
-  assert_int_equal(bytes(dps, ML_COLL_REDUCE_SCATTER), fs > 1 ? rs_bytes : 0);
-  assert_int_equal(calls(dps, ML_COLL_ALL_REDUCE), fs > 1 ? K : 0);
-  assert_int_equal(bytes(dps, ML_COLL_ALL_REDUCE), fs > 1 ? kb : 0);
+  /* the units' parts: every layer's whole shard, the root's final norm */
+  int64_t unit_bytes = 0, regather_bytes = 0;
+  for (int u = 0; u < r.e.fsdp.n_units; u++) {
+    const ml_fsdp_unit *unit = &r.e.fsdp.units[u];
+    int64_t want = u < L || fs == 1 ? unit->shard_numel : (H + fs - 1) / fs;
+    assert_int_equal(unit->gather_numel, want);
+    unit_bytes += 4 * fs * unit->gather_numel;
+    if (u < L - 1) regather_bytes += 4 * fs * unit->gather_numel;
+  }
+  int64_t tokens_ag = 4 * fs * (2 * Tl + 2 * Tl * H), tokens_rs = 4 * fs * 2 * Tl * H;
+  assert_int_equal(calls(dps, ML_COLL_ALL_GATHER), fs > 1 ? 2 * L + 3 : 0);
+  assert_int_equal(bytes(dps, ML_COLL_ALL_GATHER),
+                   fs > 1 ? unit_bytes + regather_bytes + tokens_ag : 0);
+  assert_int_equal(calls(dps, ML_COLL_REDUCE_SCATTER), fs > 1 ? L + 3 : 0);
+  assert_int_equal(bytes(dps, ML_COLL_REDUCE_SCATTER), fs > 1 ? unit_bytes + tokens_rs : 0);
+  assert_int_equal(calls(dps, ML_COLL_ALL_REDUCE), fs > 1 ? 2 + K : 0);
+  assert_int_equal(bytes(dps, ML_COLL_ALL_REDUCE), fs > 1 ? 4 * 3 * N + kb : 0);
   /* the loss and grad-norm scalars go over the host channel, not the data comms */
   assert_int_equal(calls(ml_mesh_comm(m, ML_GROUP_DP), ML_COLL_ALL_REDUCE), 0);
   assert_int_equal(calls(ml_mesh_comm(m, ML_GROUP_WORLD), ML_COLL_ALL_REDUCE), 0);
   if (rank0())
     printf("collectives per step: tp all-reduce %lld (%lld B), all-gather %lld (%lld B), "
-           "reduce-scatter %lld (%lld B); dp_shard_cp all-gather %lld, reduce-scatter %lld (%lld "
-           "B); cp send_recv %lld (%lld B)\n",
+           "reduce-scatter %lld (%lld B); dp_shard_cp all-gather %lld (%lld B), reduce-scatter "
+           "%lld (%lld B), all-reduce %lld (%lld B); cp send_recv %lld (%lld B)\n",
            (long long)calls(tpc, ML_COLL_ALL_REDUCE),
            (long long)bytes(tpc, ML_COLL_ALL_REDUCE),
            (long long)calls(tpc, ML_COLL_ALL_GATHER),
            (long long)bytes(tpc, ML_COLL_ALL_GATHER),
            (long long)calls(tpc, ML_COLL_REDUCE_SCATTER),
            (long long)bytes(tpc, ML_COLL_REDUCE_SCATTER),
-           (long long)calls(dps, ML_COLL_ALL_GATHER),
+           (long long)calls(dps, ML_COLL_ALL_GATHER), (long long)bytes(dps, ML_COLL_ALL_GATHER),
            (long long)calls(dps, ML_COLL_REDUCE_SCATTER),
            (long long)bytes(dps, ML_COLL_REDUCE_SCATTER),
+           (long long)calls(dps, ML_COLL_ALL_REDUCE), (long long)bytes(dps, ML_COLL_ALL_REDUCE),
            (long long)calls(cpc, ML_COLL_SEND_RECV), (long long)bytes(cpc, ML_COLL_SEND_RECV));
   run_close(&r);
   fixture_free(&fx);

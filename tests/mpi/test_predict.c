@@ -1,7 +1,8 @@
 /* Predicted vs counted collectives and predicted vs measured memory:
  * `mpiexec -n N test_predict FIXTURE TP SP [OPTION...]`, OPTION one of
  * rep-logits (a custom plan whose lm_head is HF colwise_rep: logits
- * all-gathered per chunk, the loss on whole rows), hsdp (dp_replicate = 2,
+ * all-gathered per chunk, the loss on whole rows; with FSDP and tp > 1 the
+ * root is then gathered whole, not vocab-parallel), hsdp (dp_replicate = 2,
  * dp_shard inferred), ac=mlp|layer|selective (activation checkpointing),
  * bf16 (param_dtype bf16), accum=K (K micro-batches per step), cp=C
  * (context parallelism: ring attention's send_recv over the cp group).
@@ -13,6 +14,9 @@
  *  - for every mesh group and collective kind, the calls and bytes the
  *    counting comm recorded with ml_predict_step's (train/predict.h: the
  *    same step on the meta backend), exactly;
+ *  - vocab parallelism over FSDP's group (parallel/vocab.h) where the
+ *    engine says it is on: whenever the group has more than one rank,
+ *    except for rep-logits on tp > 1;
  *  - the device pool's peak bytes of the step and of the pass
  *    (ml_be_memory_stats) with the predicted peaks, within 5 % (the
  *    issue's bound for `meshlm plan`): the prediction allocates exactly
@@ -113,6 +117,10 @@ static void setup_open(setup *s) {
                             s->mesh.rank, s->Bl, s->fx.S, g_accum, NULL};
   if (ml_predict_step(s->fx.dir, &opts, &shape, &s->pred))
     fail_msg("predict: %s", ml_error_msg());
+  int fs = s->mesh.groups[ML_GROUP_DP_SHARD_CP].size;
+  bool vocab = fs > 1 && !(g_plan[0] && g_tp > 1);
+  assert_int_equal(s->e.fsdp.vocab_parallel, vocab);
+  assert_int_equal(s->pred.vocab_group, vocab ? fs : 1);
 }
 
 static void setup_close(setup *s) {

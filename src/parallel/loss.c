@@ -122,37 +122,26 @@ static int run_pass(loss_pass *p, ml_dtype logits_dtype, bool backward, float sc
 }
 
 /* Vocab parallelism over the group: lm_head's input of every rank
- * gathered (and its gradient scattered back) around the chunks. */
+ * gathered (and its gradient scattered back) around the chunks, in the
+ * group's work buffer (ml_vocab_reserve). */
 static int run_group(loss_pass *p, ml_dtype logits_dtype, bool backward, float scale,
                      float *logprobs, ml_loss_out *out) {
   ml_model *m = p->m;
   const ml_vocab *g = p->split->group;
   int64_t d = g->comm->size, T = p->T, c = m->head_in.c;
-  if (g->T != T)
-    return ml_err("vocab parallelism: the loss runs on %lld tokens per rank, but %lld were "
-                  "gathered; expected ml_vocab_gather_tokens of the same batch first",
-                  (long long)T, (long long)g->T);
-  /* two [d·T, c] blocks: d·T·c floats are what each rank's all-gather receives */
-  float *h = ml_be_alloc(m->be, ml_mul_sat(ml_mul_sat(backward ? 2 : 1, d * T), c),
-                         sizeof(float),
-                         "lm_head's input of the FSDP group (%lld tokens of %lld ranks x %lld "
-                         "features)%s",
-                         (long long)T, (long long)d, (long long)c,
-                         backward ? " and its gradient" : "");
-  if (!h) return -1;
-  p->h = h;
-  p->dh = backward ? h + d * T * c : NULL;
+  ML_TRY(ml_vocab_check(g, m, c));
+  p->h = g->work;
+  p->dh = backward ? g->work + d * T * c : NULL;
   p->y = g->targets;
   p->N = d * T;
   p->own0 = g->comm->rank * T;
   p->c = c;
   // h: [d·T, c] = every rank's lm_head input [T, c]
-  int rc = ml_all_gather(g->comm, m->head_in.x, h, (size_t)(T * c));
-  if (rc == 0) rc = run_pass(p, logits_dtype, backward, scale, logprobs, out);
+  ML_TRY(ml_all_gather(g->comm, m->head_in.x, g->work, (size_t)(T * c)));
+  ML_TRY(run_pass(p, logits_dtype, backward, scale, logprobs, out));
   // dxn_final: [T, c] = sum over the group of its dh rows for this rank's tokens
-  if (rc == 0 && backward) rc = ml_reduce_scatter(g->comm, p->dh, m->dxn_final, (size_t)(T * c));
-  ml_be_free(m->be, h);
-  return rc;
+  if (backward) ML_TRY(ml_reduce_scatter(g->comm, p->dh, m->dxn_final, (size_t)(T * c)));
+  return 0;
 }
 
 int ml_vocab_parallel_loss(ml_model *m, const ml_loss_split *split, const int32_t *targets,

@@ -26,12 +26,14 @@
  * the loss's 12·d·T (over the group and again over tp when the logits are
  * vocab-sharded there), against 8·V·c to all-gather the vocab rows and
  * reduce-scatter their gradient; about 2·d·T/V of it. The memory added is
- * [d·T, c] activations (two at once) against the gathered [V, c] weight,
- * its [V, c] gradient and FSDP's staging for both. Both favour this while
- * the group's tokens d·T stay below V/2 — 131,072 tokens per micro-batch
- * for Gemma 3's 262,144-token vocabulary, 24,576 for a 49,152-token one.
- * The engine turns it on whenever FSDP's group has more than one rank and
- * lm_head's logits need no output redistribute (train/engine.h). */
+ * [2, d·T, c] activations (ml_vocab.work, reserved with the batch) against
+ * the gathered [V, c] weight, its [V, c] gradient and FSDP's staging for
+ * both. Both favour this while the group's tokens d·T stay below V/2 —
+ * 131,072 tokens per micro-batch for Gemma 3's 262,144-token vocabulary,
+ * 24,576 for a 49,152-token one; beyond that gathering the weight would
+ * move fewer bytes, and the work buffer grows with d. The engine turns it
+ * on whenever FSDP's group has more than one rank and lm_head's logits
+ * need no output redistribute (train/engine.h). */
 #ifndef ML_VOCAB_H
 #define ML_VOCAB_H
 
@@ -48,7 +50,11 @@ typedef struct ml_vocab {
   int32_t *targets;/* [d·T] their targets (global id or −1), rank-major (device) */
   int32_t *send;   /* [2T] this rank's ids | targets (staging) */
   int32_t *wire;   /* [d, 2T] every rank's, as gathered (staging) */
+  float *work;     /* [2, d·T, hidden]: the group's tokens' activations — the embedding's
+                      lookup or output gradient in the first block, lm_head's input and its
+                      gradient in both (the loss, parallel/loss.h) */
   int64_t cap;     /* tokens per rank the buffers hold */
+  int64_t hidden;  /* features per token they hold */
 } ml_vocab;
 
 /* Vocab parallelism over `comm` (FSDP's group, more than one rank) on
@@ -56,22 +62,28 @@ typedef struct ml_vocab {
 void ml_vocab_init(ml_vocab *v, ml_comm *comm, ml_backend *be);
 void ml_vocab_destroy(ml_vocab *v);
 
-/* Room for T tokens per rank (no collective). Errors: allocation, naming
- * the token count. */
-int ml_vocab_reserve(ml_vocab *v, int64_t T);
+/* Room for T tokens per rank of `hidden` features (no collective): the
+ * engine reserves it with the batch, so that a batch whose group
+ * activations do not fit fails before any collective. Errors: allocation,
+ * naming the token counts. */
+int ml_vocab_reserve(ml_vocab *v, int64_t T, int64_t hidden);
 
 /* All-gather this rank's token ids and targets, T each (device memory),
  * over the group into v->ids and v->targets: one all-gather of [ids |
  * targets], the int32 words carried by an fp32 all-gather (which moves bits
- * and computes nothing). Collective over the group. Errors: allocation, the
- * collective. */
+ * and computes nothing). Collective over the group. Errors: T beyond what
+ * ml_vocab_reserve made room for, the collective. */
 int ml_vocab_gather_tokens(ml_vocab *v, const int32_t *ids, const int32_t *targets, int64_t T);
+
+/* Whether the model's batch is the one gathered last (B·S = v->T) and c
+ * features per token fit the work buffer: 0, or −1 with the error set. */
+int ml_vocab_check(const ml_vocab *v, const ml_model *m, int64_t c);
 
 /* Embedding forward of the gathered micro-batch (see above) with this
  * rank's rows w of embed_tokens.weight: x [B, s_res, H] (room for [B, S,
  * H]), this rank's B·S = v->T tokens, after the output edge. Collective
  * over the group (and the edge's tp group). Errors: another batch geometry
- * than the one gathered, allocation, the collectives, the edge's. */
+ * than the one gathered, the collectives, the edge's. */
 int ml_vocab_embed_forward(ml_vocab *v, ml_model *m, const ml_rows *w, float *x);
 /* Its backward: dx [B, s_res, H] (clobbered) → w->grad (+=) for every
  * token of the group whose id w holds. Collective as the forward. */

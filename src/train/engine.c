@@ -129,7 +129,7 @@ static int prepare(ml_engine *e, int64_t B, int64_t S) {
     e->targets = e->ids + T;
     e->cap_tokens = T;
   }
-  if (e->vocab.comm) ML_TRY(ml_vocab_reserve(&e->vocab, T));
+  if (e->vocab.comm) ML_TRY(ml_vocab_reserve(&e->vocab, T, H));
   int64_t full = ml_mul_sat(B, S);
   if (full > e->cap_shifted) {
     ml_be_host_free(e->be, e->host_shifted);

@@ -21,22 +21,18 @@ void tok_strs_free(tok_strs *l) {
   memset(l, 0, sizeof *l);
 }
 
+static int add_step(tok_decoder *d, const json_t *j, const char *field, const char *file);
+static int add_item(void *d, const json_t *j, const char *field, const char *file) {
+  return add_step(d, j, field, file);
+}
+
 static int add_step(tok_decoder *d, const json_t *j, const char *field, const char *file) {
   const json_t *type = json_object_get(j, "type");
   const char *t = json_is_string(type) ? json_string_value(type) : "";
   char f[256];
   tok_dec_step st = {0};
-  if (strcmp(t, "Sequence") == 0) {
-    const json_t *list = json_object_get(j, "decoders");
-    snprintf(f, sizeof f, "%s.decoders", field);
-    if (!json_is_array(list)) return tok_bad(file, f, list, "an array of decoders");
-    for (size_t i = 0; i < json_array_size(list); i++) {
-      char fi[300];
-      snprintf(fi, sizeof fi, "%s[%zu]", f, i);
-      ML_TRY(add_step(d, json_array_get(list, i), fi, file));
-    }
-    return 0;
-  }
+  if (strcmp(t, "Sequence") == 0)
+    return tok_each_item(j, "decoders", field, file, "an array of decoders", add_item, d);
   if (strcmp(t, "ByteLevel") == 0) {
     st.kind = TOK_DEC_BYTELEVEL;
   } else if (strcmp(t, "ByteFallback") == 0) {

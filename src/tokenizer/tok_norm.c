@@ -9,18 +9,12 @@
 #include "common/status.h"
 
 static int add_step(tok_normalizer *nm, const json_t *j, const char *field, const char *file);
+static int add_item(void *nm, const json_t *j, const char *field, const char *file) {
+  return add_step(nm, j, field, file);
+}
 
 static int load_sequence(tok_normalizer *nm, const json_t *j, const char *field, const char *file) {
-  const json_t *list = json_object_get(j, "normalizers");
-  char f[256];
-  snprintf(f, sizeof f, "%s.normalizers", field);
-  if (!json_is_array(list)) return tok_bad(file, f, list, "an array of normalizers");
-  for (size_t i = 0; i < json_array_size(list); i++) {
-    char fi[300];
-    snprintf(fi, sizeof fi, "%s[%zu]", f, i);
-    ML_TRY(add_step(nm, json_array_get(list, i), fi, file));
-  }
-  return 0;
+  return tok_each_item(j, "normalizers", field, file, "an array of normalizers", add_item, nm);
 }
 
 /* A {"String": s} or {"Regex": r} pattern object. */

@@ -55,6 +55,18 @@ static int load_template(tok_post *p, const json_t *j, const char *field, const 
   return 0;
 }
 
+static int load(tok_post *p, const json_t *j, const char *field, const char *file, int *templates);
+
+/* A Sequence's processor, through tok_each_item. */
+typedef struct load_ctx {
+  tok_post *p;
+  int *templates;
+} load_ctx;
+static int load_item(void *ctx, const json_t *j, const char *field, const char *file) {
+  load_ctx *c = ctx;
+  return load(c->p, j, field, file, c->templates);
+}
+
 static int load(tok_post *p, const json_t *j, const char *field, const char *file, int *templates) {
   const json_t *type = json_object_get(j, "type");
   const char *t = json_is_string(type) ? json_string_value(type) : "";
@@ -68,15 +80,8 @@ static int load(tok_post *p, const json_t *j, const char *field, const char *fil
     return load_template(p, j, field, file);
   }
   if (strcmp(t, "Sequence") == 0) {
-    const json_t *list = json_object_get(j, "processors");
-    snprintf(f, sizeof f, "%s.processors", field);
-    if (!json_is_array(list)) return tok_bad(file, f, list, "an array of processors");
-    for (size_t i = 0; i < json_array_size(list); i++) {
-      char fi[300];
-      snprintf(fi, sizeof fi, "%s[%zu]", f, i);
-      ML_TRY(load(p, json_array_get(list, i), fi, file, templates));
-    }
-    return 0;
+    load_ctx c = {p, templates};
+    return tok_each_item(j, "processors", field, file, "an array of processors", load_item, &c);
   }
   snprintf(f, sizeof f, "%s.type", field);
   return tok_bad(file, f, type,

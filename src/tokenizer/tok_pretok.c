@@ -13,6 +13,9 @@ static const char GPT2_RE[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 static int add_step(tok_pretok *p, const json_t *j, const char *field, const char *file);
+static int add_item(void *p, const json_t *j, const char *field, const char *file) {
+  return add_step(p, j, field, file);
+}
 
 static int push_step(tok_pretok *p, tok_pre_step *st) {
   if (tok_reserve(&p->steps, &p->cap, p->n + 1, sizeof *p->steps, "pre-tokenizers")) {
@@ -62,17 +65,9 @@ static int add_step(tok_pretok *p, const json_t *j, const char *field, const cha
   const json_t *type = json_object_get(j, "type");
   const char *t = json_is_string(type) ? json_string_value(type) : "";
   tok_pre_step st = {0};
-  if (strcmp(t, "Sequence") == 0) {
-    const json_t *list = json_object_get(j, "pretokenizers");
-    snprintf(f, sizeof f, "%s.pretokenizers", field);
-    if (!json_is_array(list)) return tok_bad(file, f, list, "an array of pre-tokenizers");
-    for (size_t i = 0; i < json_array_size(list); i++) {
-      char fi[300];
-      snprintf(fi, sizeof fi, "%s[%zu]", f, i);
-      ML_TRY(add_step(p, json_array_get(list, i), fi, file));
-    }
-    return 0;
-  }
+  if (strcmp(t, "Sequence") == 0)
+    return tok_each_item(j, "pretokenizers", field, file, "an array of pre-tokenizers", add_item,
+                         p);
   if (strcmp(t, "Split") == 0) {
     st.kind = TOK_PRE_SPLIT;
     if (load_split(&st, j, field, file)) {

@@ -126,6 +126,20 @@ int tok_bad(const char *file, const char *field, const json_t *found, const char
   return ml_err("%s: field '%s': found %s, expected %s", file, field, buf, expected);
 }
 
+int tok_each_item(const json_t *j, const char *key, const char *field, const char *file,
+                  const char *what, tok_item_fn fn, void *ctx) {
+  const json_t *list = json_object_get(j, key);
+  char f[256];
+  snprintf(f, sizeof f, "%s.%s", field, key);
+  if (!json_is_array(list)) return tok_bad(file, f, list, what);
+  for (size_t i = 0; i < json_array_size(list); i++) {
+    char fi[300];
+    snprintf(fi, sizeof fi, "%s[%zu]", f, i);
+    ML_TRY(fn(ctx, json_array_get(list, i), fi, file));
+  }
+  return 0;
+}
+
 int tok_str(const char *file, const json_t *obj, const char *field, const char *key,
             const char **out, size_t *len) {
   const json_t *v = json_object_get(obj, key);

@@ -45,6 +45,14 @@ bool tok_utf8_valid(const char *s, size_t len, size_t *bad);
  * Returns -1. */
 int tok_bad(const char *file, const char *field, const json_t *found, const char *expected);
 
+/* The components of a Sequence (normalizer, pre-tokenizer, post-processor,
+ * decoder): fn(ctx, element, "FIELD.KEY[i]", file) for each element of the
+ * array j[key], in order, stopping at the first error. Not an array:
+ * tok_bad naming FIELD.KEY, expecting `what`. */
+typedef int (*tok_item_fn)(void *ctx, const json_t *item, const char *field, const char *file);
+int tok_each_item(const json_t *j, const char *key, const char *field, const char *file,
+                  const char *what, tok_item_fn fn, void *ctx);
+
 /* A string field: *out points into the JSON (jansson keeps the length: the
  * string may hold NUL). Missing or not a string: tok_bad. */
 int tok_str(const char *file, const json_t *obj, const char *field, const char *key,

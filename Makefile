@@ -3,7 +3,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all deps build test demo clean
+.PHONY: all deps build test demo install clean
 
 all: build
 
@@ -21,6 +21,13 @@ test: build
 
 demo: build
 	bash scripts/demo.sh
+
+# the binary, libmeshlm.so, include/meshlm/meshlm.h and meshlm.pc under PREFIX
+PREFIX ?= /usr/local
+install: deps
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_INSTALL_PREFIX=$(PREFIX)
+	cmake --build $(BUILD) -j $(JOBS)
+	cmake --install $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

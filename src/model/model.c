@@ -392,6 +392,20 @@ static int alloc_rope(ml_model *m) {
   return 0;
 }
 
+int ml_model_set_positions(ml_model *m, const int64_t *position_ids) {
+  m->position_ids = position_ids;
+  if (!m->rope_cos) return 0; /* ml_model_begin builds them */
+  const ml_model_config *c = &m->cfg;
+  ML_TRY(rope_tables(m, c->rope_theta, &c->rope, m->rope_cos, m->rope_sin));
+  return rope_tables(m, c->rope_local_theta, &c->rope_local, m->rope_local_cos,
+                     m->rope_local_sin);
+}
+
+void ml_model_reset_acts(ml_model *m) {
+  free_acts(m);
+  m->B = m->S = 0;
+}
+
 int ml_model_begin(ml_model *m, int64_t B, int64_t S) {
   if (m->B == B && m->S == S && m->x_final) return 0;
   if (!m->be) return ml_err("ml_model_begin: no backend set (ml_model.be)");

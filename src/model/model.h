@@ -298,6 +298,18 @@ ml_param *ml_model_find_param(ml_model *m, const char *name);
  * size beyond 2^63 bytes is reported as such, never wrapped. */
 int ml_model_begin(ml_model *m, int64_t B, int64_t S);
 
+/* New positions (m->position_ids, NULL: 0 .. S−1) for the geometry in
+ * use: point at `position_ids` (host, m->S entries, kept while in use) and
+ * rebuild the RoPE tables when ml_model_begin built them for other
+ * positions of the same (B, S) — ml_model_begin alone keeps them (packed
+ * documents restarting at 0, a KV-cache decode step). Call before
+ * ml_model_begin, or after it to refresh. Errors: allocation. */
+int ml_model_set_positions(ml_model *m, const int64_t *position_ids);
+
+/* Drop the activations, so that the next ml_model_begin allocates them
+ * afresh (after m->attn_core changed: its saved size may differ). */
+void ml_model_reset_acts(ml_model *m);
+
 /* Activation memory under m->ac for a local batch of B sequences of S
  * tokens, with the local shapes and edges in effect (after TP), in bytes
  * (fp32): *per_layer, what ml_layer_forward keeps for the backward of one

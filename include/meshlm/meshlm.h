@@ -1,0 +1,356 @@
+/* meshlm — the library: train and score Hugging Face decoder language models
+ * (Llama, Qwen2, Qwen3, Gemma 3) over a device mesh from C, as an RL loop
+ * drives its policy (NVIDIA NeMo RL's DTensorPolicyWorker: get_logprobs,
+ * train with a policy-gradient loss, refit the generation engine).
+ *
+ * Link: `pkg-config --cflags --libs meshlm` (libmeshlm.so and Open MPI).
+ *
+ * Conventions of every call
+ * - Return 0 on success, −1 on error. The message of the last error is the
+ *   session's own (meshlm_error), not process-global; meshlm_open always
+ *   hands out a session, also on failure, so that its message can be read.
+ * - Collective calls (marked COLLECTIVE) must be made by every rank of the
+ *   session's communicator, in the same order. Each begins by comparing
+ *   the call with every rank's: a rank that calls another collective at
+ *   that point fails the call on every rank with a message naming both
+ *   calls (instead of a hang). On any error of a collective call every rank
+ *   returns −1 with the first failing rank's message; the session stays
+ *   usable unless the message says otherwise.
+ * - Data parallelism: each data-parallel rank passes its own sequences; the
+ *   tp and cp ranks of one data-parallel rank (meshlm_info's dp_rank) must
+ *   pass identical batches (checked: a hash of the batch is compared).
+ * - Sequences are variable length, never padded by the caller: a batch of
+ *   n sequences is `lens` [n] and the tokens of all of them concatenated,
+ *   [Σ lens] int32 ids. Per-token inputs and outputs are "prediction
+ *   aligned": sequence k of len L has L − 1 of them, entry t for token t + 1
+ *   predicted from tokens 0..t (HF's logits[:, :-1] against input_ids[:, 1:]),
+ *   concatenated over sequences: [Σ (lens − 1)] in all.
+ * - Log-probs are natural logs (nats), fp32; sums are accumulated in fp64.
+ * - Buffers are the caller's: read during the call only, or written by it.
+ * - Threads: a session is used by one thread at a time. The library asks MPI
+ *   for MPI_THREAD_FUNNELED when it initialises MPI itself.
+ * Semantics: the CLI's (README, `meshlm <command> --help`), the torch /
+ * NeMo functions named at each call. */
+#ifndef MESHLM_H
+#define MESHLM_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define MESHLM_API __attribute__((visibility("default")))
+#else
+#define MESHLM_API
+#endif
+
+#define MESHLM_VERSION_MAJOR 0
+#define MESHLM_VERSION_MINOR 1
+#define MESHLM_VERSION_PATCH 0
+
+/* "0.1.0". */
+MESHLM_API const char *meshlm_version(void);
+
+typedef struct meshlm_session meshlm_session;
+
+/* Data types of parameters and of exported / refitted tensors. */
+typedef enum meshlm_dtype {
+  MESHLM_DTYPE_SOURCE = 0, /* export / refit: each tensor in the source checkpoint's dtype */
+  MESHLM_DTYPE_F32 = 1,
+  MESHLM_DTYPE_BF16 = 2
+} meshlm_dtype;
+
+/* Activation checkpointing of every decoder layer (torch
+ * checkpoint_wrapper): none, full (recompute the layer), selective (keep
+ * the GEMM outputs, recompute the rest). */
+typedef enum meshlm_ac { MESHLM_AC_NONE = 0, MESHLM_AC_FULL = 1, MESHLM_AC_SELECTIVE = 2 } meshlm_ac;
+
+/* Learning-rate schedules: linear warmup from 0, then constant, or linear /
+ * cosine decay to min_lr on step total_steps − 1 (transformers'
+ * get_cosine_with_min_lr_schedule_with_warmup; README "Schedule"). */
+typedef enum meshlm_schedule {
+  MESHLM_LR_CONSTANT = 0,
+  MESHLM_LR_LINEAR = 1,
+  MESHLM_LR_COSINE = 2
+} meshlm_schedule;
+
+/* Everything a session is opened with. Start from meshlm_options_default. */
+typedef struct meshlm_options {
+  /* the device mesh: dp_replicate × dp_shard × cp × tp (tp fastest),
+     dp_shard = world / (dp_replicate · cp · tp) */
+  int dp_replicate, cp, tp;
+  const char *device;        /* "cpu" (default) or "cuda" (one GPU per rank) */
+  const char *parallel_plan; /* NULL/"auto", "optimized", "hf", "default" or a plan file */
+  int sequence_parallel;     /* 1: norms and residuals Shard(1) over tp */
+  meshlm_dtype param_dtype;  /* F32 or BF16: FSDP2 MixedPrecisionPolicy.param_dtype */
+  meshlm_dtype reduce_dtype; /* F32 or BF16: its reduce_dtype */
+  meshlm_ac ac;
+  /* AdamW (torch.optim.AdamW) and the schedule of meshlm_train_step */
+  double lr, min_lr, beta1, beta2, eps, weight_decay;
+  meshlm_schedule schedule;
+  int64_t warmup_steps, total_steps;
+  double max_grad_norm; /* clip_grad_norm_ (L2) before each step; 0: no clipping */
+  /* scoring and training micro-batches: sequences are packed into micro-
+     batches of at most this many tokens per rank (a longer sequence is one
+     micro-batch of its own) */
+  int64_t micro_batch_tokens;
+  /* meshlm_logprobs: all-gather every FSDP unit once per call and keep the
+     whole model unsharded until it returns (NeMo RL's unshard_fsdp2_model
+     around inference), instead of once per micro-batch: fewer all-gathers,
+     the whole model's parameters in memory for the call */
+  int unshard_for_inference;
+} meshlm_options;
+
+/* One rank's mesh (1 × world × 1 × 1 with the communicator's size), CPU,
+ * plan auto, no SP, fp32, no AC; AdamW lr 1e-5, min_lr 0, betas (0.9,
+ * 0.999), eps 1e-8, weight decay 0.01, constant schedule, no warmup,
+ * total_steps 1; max_grad_norm 1.0; micro_batch_tokens 4096;
+ * unshard_for_inference 1. */
+MESHLM_API void meshlm_options_default(meshlm_options *o);
+
+/* COLLECTIVE over `comm`. Open the HF checkpoint `model_dir` (config.json
+ * + safetensors; Llama, Qwen2, Qwen3, Gemma 3) sharded over the mesh of
+ * `o` (NULL: defaults) on the ranks of `comm` (the session duplicates it;
+ * MPI_COMM_WORLD is the usual choice). Initialises MPI
+ * (MPI_Init_thread, FUNNELED) when nobody has; see meshlm_finalize. *out
+ * always receives a session: on failure (−1) meshlm_error(*out) says why
+ * (the file, field or option, found and expected) and the session can only
+ * be closed. *out is NULL only when even that could not be allocated. */
+MESHLM_API int meshlm_open(const char *model_dir, const meshlm_options *o, MPI_Comm comm,
+                           meshlm_session **out);
+/* meshlm_open on the communicator with Fortran handle comm_f (MPI_Comm_f2c;
+ * mpi4py's comm.py2f()), or on MPI_COMM_WORLD when comm_f < 0: for callers
+ * without mpi.h (the Python binding). */
+MESHLM_API int meshlm_open_f(const char *model_dir, const meshlm_options *o, int64_t comm_f,
+                             meshlm_session **out);
+
+/* COLLECTIVE (when the session opened). Free everything; s may be NULL. */
+MESHLM_API void meshlm_close(meshlm_session *s);
+
+/* MPI_Finalize if the library initialised MPI and nobody finalised it
+ * since; call after the last meshlm_close (the Python binding does at
+ * exit). Returns 0, or −1 when MPI_Finalize failed. */
+MESHLM_API int meshlm_finalize(void);
+
+/* The last error's message on s ("" when none; never NULL). It names the
+ * world rank it arose on. Valid until the next call on s. */
+MESHLM_API const char *meshlm_error(const meshlm_session *s);
+
+/* Where this rank stands and what the model is. */
+typedef struct meshlm_info {
+  int rank, world;                      /* in the session's communicator */
+  int dp_replicate, dp_shard, cp, tp;   /* mesh sizes */
+  int dp_rank, dp_size;                 /* data-parallel rank (dp_replicate × dp_shard) */
+  int cp_rank, tp_rank;
+  int64_t vocab_size, hidden_size, num_layers, num_params;
+  int32_t bos_token_id, eos_token_id;   /* −1: none in config.json */
+  int64_t step;                         /* optimizer steps taken (meshlm_train_step, resume) */
+} meshlm_info;
+/* Not collective. Errors: s NULL or not open. */
+MESHLM_API int meshlm_get_info(meshlm_session *s, meshlm_info *out);
+
+/* A batch of variable-length token sequences (conventions above). */
+typedef struct meshlm_seqs {
+  int64_t n;             /* sequences on this rank, >= 0 */
+  const int64_t *lens;   /* [n] tokens of each, 1 <= len <= max_position_embeddings */
+  const int32_t *tokens; /* [Σ lens] token ids in [0, vocab_size) */
+} meshlm_seqs;
+
+/* COLLECTIVE. Per-token log-probs, out[t] = log p(token t+1 | tokens
+ * 0..t) of each sequence, prediction aligned: out [Σ (lens − 1)] fp32
+ * (NeMo RL get_logprobs without its leading 0). mask (NULL: all) [Σ (lens −
+ * 1)]: where 0, out is 0 and the token is left out of the sums. seq_sums
+ * (NULL: not wanted) [n] fp64: Σ out over each sequence (log p of the
+ * masked tokens given what precedes them, e.g. of a completion). Forward
+ * only, vocab-parallel (no rank holds full-vocabulary logits). Sequences
+ * are packed into micro-batches of options.micro_batch_tokens without
+ * padding; with unshard_for_inference each FSDP unit is all-gathered once
+ * per call, else once per micro-batch. Errors: a length or id out of
+ * range (which sequence, which value), differing batches on the tp/cp
+ * ranks of a data-parallel rank, allocation. */
+MESHLM_API int meshlm_logprobs(meshlm_session *s, const meshlm_seqs *batch, const uint8_t *mask,
+                               float *out, double *seq_sums);
+
+/* The objective of a training step. Per prediction t (of sequence k) with
+ * mask m_t, log-prob lp_t under the current weights, weight A_t =
+ * token_weights[t] · seq_weights[k] (1 where NULL):
+ *   NLL:          ℓ_t = −lp_t                           (SFT; NeMo RL NLLLoss)
+ *   WEIGHTED_NLL: ℓ_t = −A_t · lp_t                     (REINFORCE / GRPO without a ratio)
+ *   CLIPPED_PG:   r_t = exp(lp_t − old_t),
+ *                 ℓ_t = max(−A_t·r_t, −A_t·clip(r_t, 1 − ratio_clip_min, 1 + ratio_clip_max)),
+ *                 and where A_t < 0 and ratio_clip_c > 1: min(ℓ_t, −A_t·ratio_clip_c)
+ *                 (dual clip) — NeMo RL ClippedPGLossFn (PPO, GRPO, DAPO's decoupled clip)
+ * plus, for WEIGHTED_NLL and CLIPPED_PG with kl_penalty β > 0, β·k3_t where
+ *   k3_t = exp(ref_t − lp_t) − (ref_t − lp_t) − 1        (Schulman's k3;
+ * NeMo RL calculate_kl_penalty_joschu2020, reference_policy_kl_penalty).
+ * Normalised over the global batch of the step (all ranks), so every mesh
+ * gives the same loss: token level (NeMo token_level_loss: true):
+ *   loss = Σ_t m_t ℓ_t / Σ_t m_t, sums over every masked prediction of the
+ * step; sequence level (false): loss = Σ_k (Σ_{t∈k} m_t ℓ_t / Σ_{t∈k} m_t)
+ * / #{k : Σ_{t∈k} m_t > 0}. Gradients are those of this loss (torch.max's
+ * and clamp's subgradients: none through a clipped ratio). Not supported:
+ * NeMo's use_importance_sampling_correction and on-policy KL
+ * approximation (they need generation-engine log-probs). */
+typedef enum meshlm_loss_kind {
+  MESHLM_LOSS_NLL = 0,
+  MESHLM_LOSS_WEIGHTED_NLL = 1,
+  MESHLM_LOSS_CLIPPED_PG = 2
+} meshlm_loss_kind;
+
+typedef struct meshlm_loss {
+  meshlm_loss_kind kind;
+  int sequence_level;     /* 0: token-level normalisation, 1: sequence-level */
+  float ratio_clip_min;   /* ε_low (NeMo ratio_clip_min), >= 0 */
+  float ratio_clip_max;   /* ε_high (ratio_clip_max), >= 0 */
+  float ratio_clip_c;     /* dual clip c > 1, or 0: off */
+  float kl_penalty;       /* β >= 0; > 0 needs ref_logprobs */
+} meshlm_loss;
+
+/* NLL, token level, ε 0.2/0.2, no dual clip, β 0. */
+MESHLM_API void meshlm_loss_default(meshlm_loss *l);
+
+/* One optimizer step's batch on this rank (every array prediction aligned
+ * [Σ (lens − 1)] unless said otherwise; NULL where not needed). */
+typedef struct meshlm_train_batch {
+  meshlm_seqs seqs;
+  const uint8_t *token_mask;   /* 1: trained (NeMo token_mask[:, 1:]); NULL: all */
+  const float *token_weights;  /* per-token weights / advantages; NULL: 1 */
+  const float *seq_weights;    /* [n] per-sequence weights / advantages; NULL: 1 */
+  const float *old_logprobs;   /* CLIPPED_PG: log-probs of the policy that sampled
+                                  (NeMo prev_logprobs) */
+  const float *ref_logprobs;   /* kl_penalty > 0: the reference policy's */
+} meshlm_train_batch;
+
+typedef struct meshlm_step_result {
+  double loss;          /* the step's loss (above), same on every rank */
+  double kl;            /* its KL part: Σ m_t β k3_t normalised as the loss (0 without KL) */
+  double clip_fraction; /* CLIPPED_PG: masked predictions whose gradient the clip removed,
+                           over all masked predictions */
+  double grad_norm;     /* global L2 norm before clipping (torch clip_grad_norm_'s return) */
+  double lr;            /* the learning rate this step used */
+  int64_t tokens;       /* masked predictions over the whole global batch */
+  int64_t sequences;    /* sequences over the whole global batch */
+  int64_t step;         /* optimizer steps taken after this one */
+  int skipped;          /* 1: the grad norm was not finite; no update was made */
+} meshlm_step_result;
+
+/* COLLECTIVE. One optimizer step on the global batch (every data-parallel
+ * rank's `b`): zero the gradients, forward + backward of `loss` (NULL:
+ * meshlm_loss_default) over micro-batches of options.micro_batch_tokens
+ * (gradient accumulation, as one batch), global grad norm, clipping to
+ * max_grad_norm, AdamW at the schedule's lr for this step. A non-finite
+ * grad norm skips the update (result.skipped) but counts the step. A rank
+ * may pass n = 0 sequences. Errors: as meshlm_logprobs; a loss field out of
+ * range or an array the loss needs left NULL (named); no masked prediction
+ * in the whole global batch. */
+MESHLM_API int meshlm_train_step(meshlm_session *s, const meshlm_train_batch *b,
+                                 const meshlm_loss *loss, meshlm_step_result *out);
+
+/* COLLECTIVE. Run checkpoints (`meshlm train --save / --resume`'s format:
+ * sharded weights, AdamW state, the step; any mesh can resume any other's).
+ * save writes a new checkpoint under dir (created) and commits it
+ * atomically; resume loads the latest committed one. Errors: I/O (path
+ * named), a checkpoint of another model. */
+MESHLM_API int meshlm_save(meshlm_session *s, const char *dir);
+MESHLM_API int meshlm_resume(meshlm_session *s, const char *dir);
+
+/* COLLECTIVE. Write the current weights as an HF checkpoint in dir (the
+ * source model's config.json, tokenizer and untrained tensors carried over;
+ * trained tensors in dtype), as `meshlm export`. Nothing is left of a
+ * failed export. */
+MESHLM_API int meshlm_export(meshlm_session *s, const char *dir, meshlm_dtype dtype);
+
+/* The HF tensors of the model, in refit order (i in [0, meshlm_num_weights)). */
+typedef struct meshlm_weight {
+  const char *name;   /* HF name, e.g. "model.layers.0.self_attn.q_proj.weight" */
+  int ndim;           /* 1 or 2 */
+  int64_t shape[2];
+  meshlm_dtype dtype; /* the source checkpoint's (F32 or BF16; F16 sources read as F32) */
+} meshlm_weight;
+/* Not collective. */
+MESHLM_API int64_t meshlm_num_weights(meshlm_session *s);
+MESHLM_API int meshlm_weight_info(meshlm_session *s, int64_t i, meshlm_weight *out);
+
+/* Receives one full (unsharded) tensor during meshlm_refit: data
+ * [shape] row-major in dtype (F32 or BF16), nbytes long, valid during the
+ * call. Return 0 to go on, non-zero to stop the refit (every rank then
+ * fails with "refit stopped by the callback"). */
+typedef int (*meshlm_tensor_fn)(void *ctx, const char *name, meshlm_dtype dtype, int ndim,
+                                const int64_t *shape, const void *data, size_t nbytes);
+
+/* COLLECTIVE. Refit: the current weights, full and in HF names, streamed
+ * one tensor at a time (refit order) to rank `root` of the session, or to
+ * every rank when root < 0, without files — what NeMo RL's refit hands to
+ * vLLM. dtype: SOURCE, F32 or BF16. fn is called on the receiving rank(s)
+ * only (it may be NULL elsewhere). Each tensor is assembled from the
+ * shards (as meshlm_export) in host memory: the receiver holds one full
+ * tensor at a time beyond its shards. Equal, byte for byte, to the tensors
+ * meshlm_export writes with the same dtype. */
+MESHLM_API int meshlm_refit(meshlm_session *s, int root, meshlm_dtype dtype, meshlm_tensor_fn fn,
+                            void *ctx);
+/* COLLECTIVE. meshlm_refit into caller memory: bufs[i] receives tensor i
+ * (meshlm_weight_info's shape, in `dtype`'s element size) on the receiving
+ * rank(s); bufs may be NULL elsewhere. */
+MESHLM_API int meshlm_refit_into(meshlm_session *s, int root, meshlm_dtype dtype,
+                                 void *const *bufs);
+
+/* A full tensor handed to meshlm_reload_tensors. */
+typedef struct meshlm_tensor {
+  const char *name; /* HF name */
+  meshlm_dtype dtype; /* F32 or BF16 */
+  int ndim;
+  int64_t shape[2];
+  const void *data;
+} meshlm_tensor;
+
+/* COLLECTIVE. Replace the weights (not the optimizer state nor the step):
+ * from an HF checkpoint directory with the model's shapes, every parameter;
+ * or from caller memory, the n tensors given (each rank passes the same
+ * full tensors and keeps its shard of them; others stay). Errors: a
+ * missing or unknown tensor, a shape other than config.json's (named). */
+MESHLM_API int meshlm_reload(meshlm_session *s, const char *dir);
+MESHLM_API int meshlm_reload_tensors(meshlm_session *s, int64_t n, const meshlm_tensor *tensors);
+
+/* Sampling of meshlm_generate. */
+typedef struct meshlm_sampling {
+  int64_t max_new_tokens; /* >= 1 */
+  float temperature;      /* > 0; logits / temperature */
+  float top_p;            /* (0, 1]: nucleus sampling over the smallest set of tokens whose
+                             probability reaches top_p (vLLM / transformers TopPLogitsWarper) */
+  int greedy;             /* 1: argmax (temperature and top_p ignored) */
+  int32_t eos_token_id;   /* stop a sequence after it; −1: the model's (config.json), −2: none */
+  uint64_t seed;          /* the sampler's RNG: same seed, same tokens */
+} meshlm_sampling;
+/* max_new_tokens 32, temperature 1, top_p 1, not greedy, eos from the
+ * model, seed 0. */
+MESHLM_API void meshlm_sampling_default(meshlm_sampling *sp);
+
+/* COLLECTIVE (each rank samples its own prompts; n may differ and be 0).
+ * Continue each prompt with up to max_new_tokens sampled tokens, with a KV
+ * cache, on a replica of the current weights that every rank holds (the
+ * generation engine of NeMo RL, refitted from the policy when it changed
+ * since the last call: one meshlm_refit to every rank). out_tokens [n,
+ * max_new_tokens] int32, row k's first out_lens[k] entries generated (the
+ * eos included), the rest −1; out_logprobs (NULL: not wanted) [n,
+ * max_new_tokens]: log p of each generated token under the model at
+ * temperature 1 (the distribution meshlm_logprobs scores), 0 past the end.
+ * Errors: a prompt longer than max_position_embeddings − max_new_tokens,
+ * sampling fields out of range (named), allocation. */
+MESHLM_API int meshlm_generate(meshlm_session *s, const meshlm_seqs *prompts,
+                               const meshlm_sampling *sp, int32_t *out_tokens, int64_t *out_lens,
+                               float *out_logprobs);
+
+/* The command-line program: `meshlm <command> [flags]` (argv[0] the
+ * program name). Initialises and finalises MPI itself; returns the exit
+ * status. The meshlm binary is this call. */
+MESHLM_API int meshlm_cli_main(int argc, char **argv);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,257 @@
+/* Varlen attention (model/varlen.h) on the CPU backend: packed documents
+ * against each document run alone.
+ *
+ * Reference: per document, the backend's whole-sequence attention of that
+ * document as a batch of its own (ml_be_attention_fwd / _bwd, B = 1, S =
+ * its length), on the same q, k, v, dout; where the heads group in a way
+ * that call cannot express (head_off ≠ 0 or group · nkv ≠ nh: a tp size
+ * not dividing the heads), the whole document as one block of block
+ * attention, as model/layer.c runs such whole sequences. Expected: out,
+ * lse, dq, dk, dv bitwise equal. Why no tolerance: varlen runs each
+ * document as the block q_pos = k_pos = 0, sq = sk = length on pointers
+ * offset to its first token, which is the call the CPU's whole-sequence
+ * attention makes (backend/cpu/cpu.c `whole`): the same kernel with the same
+ * tiles (from the document's first token), the same products in the same
+ * order on the same operands (the buffers come from the same pool, the
+ * reference's outputs at the same offsets), and each output row is
+ * written by one task whatever the thread (kernels/cpu/attention.c), so
+ * not one rounding differs. The tokens outside every document must come
+ * out as attending to nothing: out 0, lse −inf, dq, dk, dv 0. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "check_util.h"
+#include "common/status.h"
+#include "model/varlen.h"
+
+static ml_backend *cpu_backend(void) {
+  static ml_backend *be;
+  if (!be && ml_backend_get("cpu", &be)) fail_msg("cpu backend: %s", ml_error_msg());
+  return be;
+}
+
+enum { MAX_DOCS = 8 };
+
+typedef struct varlen_case {
+  const char *name;
+  int64_t B, S, nh, nkv, hd, group, head_off, window;
+  ml_dtype compute;
+  int64_t ndocs;
+  int64_t cu[MAX_DOCS + 1];
+  int64_t used[MAX_DOCS];
+  bool has_used;
+} varlen_case;
+
+/* Lengths 1, 7, 63/64/65 and 128/129/130/134 around the kernel's tiles
+ * (64 query rows, 128 keys), padding at a row's end, inside a slot and as
+ * a whole slot. */
+static const varlen_case k_cases[] = {
+    {"gqa 4/2, causal, tail padding", 2, 200, 4, 2, 16, 2, 0, 0, ML_F32, 5,
+     {0, 1, 66, 200, 329, 336}, {0}, false},
+    {"gqa 4/2, window 37, padded slots", 2, 200, 4, 2, 16, 2, 0, 37, ML_F32, 5,
+     {0, 70, 200, 201, 330, 400}, {63, 130, 1, 128, 0}, true},
+    {"group 2 head_off 1 (3 heads), window 50, bf16", 1, 300, 3, 2, 8, 2, 1, 50, ML_BF16, 4,
+     {0, 64, 192, 193, 290}, {0}, false},
+    {"mha 2/2, one document per row", 2, 130, 2, 2, 8, 1, 0, 0, ML_F32, 2, {0, 130, 260}, {0},
+     false},
+};
+
+typedef struct bufs {
+  float *out, *lse, *dq, *dk, *dv;
+} bufs;
+
+static float *pool_buf(int64_t n) {
+  float *p = ml_be_alloc(cpu_backend(), n, sizeof(float), "a test buffer");
+  if (!p) fail_msg("%s", ml_error_msg());
+  return p;
+}
+
+static void fill(float *x, int64_t n, float c) {
+  for (int64_t i = 0; i < n; i++) x[i] = c;
+}
+
+static bufs bufs_alloc(int64_t T, int64_t qr, int64_t kr, int64_t nh, float value, float lse) {
+  bufs b = {pool_buf(T * qr), pool_buf(T * nh), pool_buf(T * qr), pool_buf(T * kr),
+            pool_buf(T * kr)};
+  fill(b.out, T * qr, value), fill(b.lse, T * nh, lse), fill(b.dq, T * qr, value);
+  fill(b.dk, T * kr, value), fill(b.dv, T * kr, value);
+  return b;
+}
+
+static void bufs_free(bufs *b) {
+  float *p[] = {b->out, b->lse, b->dq, b->dk, b->dv};
+  for (int i = 0; i < 5; i++) ml_be_free(cpu_backend(), p[i]);
+}
+
+/* got and want hold the same bits (-0 ≠ +0, NaN never passes). */
+static void expect_bitwise(const char *what, const char *name, const float *got,
+                           const float *want, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (memcmp(&got[i], &want[i], sizeof(float)) != 0 || isnan(got[i]))
+      fail_msg("varlen %s, %s: element %lld is %.9g, per document %.9g", name, what,
+               (long long)i, (double)got[i], (double)want[i]);
+}
+
+/* Document t0 .. t0+n−1 alone: the reference into r (outputs at the
+ * document's offsets). */
+static void reference_doc(const varlen_case *k, const float *q, const float *kk, const float *v,
+                          const float *dout, bufs *r, int64_t t0, int64_t n) {
+  ml_backend *be = cpu_backend();
+  int64_t qo = t0 * k->nh * k->hd, ko = t0 * k->nkv * k->hd, lo = t0 * k->nh;
+  float scale = 1.0f / sqrtf((float)k->hd);
+  if (k->head_off == 0 && k->group * k->nkv == k->nh) {
+    assert_int_equal(ml_be_attention_fwd(be, q + qo, kk + ko, v + ko, r->out + qo, r->lse + lo, 1,
+                                         n, k->nh, k->nkv, k->hd, scale, k->window, k->compute),
+                     0);
+    size_t wb = ml_be_attention_work(be, 1, n, k->nh, k->nkv, k->hd);
+    void *work = ml_be_alloc(be, (int64_t)wb, 1, "the reference's workspace");
+    assert_int_equal(ml_be_attention_bwd(be, dout + qo, q + qo, kk + ko, v + ko, r->out + qo,
+                                         r->lse + lo, r->dq + qo, r->dk + ko, r->dv + ko, 1, n,
+                                         k->nh, k->nkv, k->hd, scale, k->window, k->compute,
+                                         work),
+                     0);
+    ml_be_free(be, work);
+    return;
+  }
+  ml_attn_block blk = {.B = 1, .sq = n, .sk = n, .nh = k->nh, .nkv = k->nkv, .hd = k->hd,
+                       .q_bs = n * k->nh * k->hd, .k_bs = n * k->nkv * k->hd, .l_bs = n * k->nh,
+                       .scale = scale, .window = k->window, .group = k->group,
+                       .head_off = k->head_off};
+  assert_int_equal(ml_be_attention_block_fwd(be, &blk, q + qo, kk + ko, v + ko, r->out + qo,
+                                             r->lse + lo, false, k->compute),
+                   0);
+  size_t wb = ml_be_attention_block_work(be, &blk);
+  void *work = ml_be_alloc(be, (int64_t)wb, 1, "the reference's workspace");
+  /* dq, dk, dv are 0 there (the block backward adds) */
+  assert_int_equal(ml_be_attention_block_bwd(be, &blk, dout + qo, q + qo, kk + ko, v + ko,
+                                             r->out + qo, r->lse + lo, r->dq + qo, r->dk + ko,
+                                             r->dv + ko, k->compute, work),
+                   0);
+  ml_be_free(be, work);
+}
+
+static void run_case(const varlen_case *k) {
+  ml_backend *be = cpu_backend();
+  int64_t T = k->B * k->S, qr = k->nh * k->hd, kr = k->nkv * k->hd;
+  float *q = pool_buf(T * qr), *kk = pool_buf(T * kr), *v = pool_buf(T * kr),
+        *dout = pool_buf(T * qr);
+  for (int64_t i = 0; i < T * qr; i++) q[i] = 2.0f * frand(), dout[i] = frand();
+  for (int64_t i = 0; i < T * kr; i++) kk[i] = 2.0f * frand(), v[i] = frand();
+  bufs g = bufs_alloc(T, qr, kr, k->nh, NAN, NAN); /* every element must be written */
+  bufs r = bufs_alloc(T, qr, kr, k->nh, 0.0f, -INFINITY); /* padding: attends to nothing */
+
+  ml_varlen vl = {.be = be, .ndocs = k->ndocs, .cu = k->cu, .used = k->has_used ? k->used : NULL};
+  ml_attn_core core = ml_varlen_core(&vl);
+  ml_attn_call c = {.q = q, .k = kk, .v = v, .B = k->B, .S = k->S, .nh = k->nh, .nkv = k->nkv,
+                    .hd = k->hd, .group = k->group, .head_off = k->head_off,
+                    .scale = 1.0f / sqrtf((float)k->hd), .window = k->window,
+                    .compute = k->compute};
+  assert_int_equal(core.saved(core.ctx, k->B, k->S, k->nh), T * k->nh);
+  if (core.fwd(core.ctx, &c, g.out, g.lse) || core.bwd(core.ctx, &c, dout, g.out, g.lse, g.dq,
+                                                       g.dk, g.dv))
+    fail_msg("varlen %s: %s", k->name, ml_error_msg());
+
+  int64_t docs = 0;
+  for (int64_t d = 0; d < k->ndocs; d++) {
+    int64_t n = k->has_used ? k->used[d] : k->cu[d + 1] - k->cu[d];
+    if (n > 0) reference_doc(k, q, kk, v, dout, &r, k->cu[d], n);
+    docs += n;
+  }
+  expect_bitwise("out", k->name, g.out, r.out, T * qr);
+  expect_bitwise("lse", k->name, g.lse, r.lse, T * k->nh);
+  expect_bitwise("dq", k->name, g.dq, r.dq, T * qr);
+  expect_bitwise("dk", k->name, g.dk, r.dk, T * kr);
+  expect_bitwise("dv", k->name, g.dv, r.dv, T * kr);
+  printf("  varlen %-48s bitwise (%lld documents, %lld tokens, %lld padding)\n", k->name,
+         (long long)k->ndocs, (long long)docs, (long long)(T - docs));
+
+  ml_varlen_destroy(&vl);
+  bufs_free(&g), bufs_free(&r);
+  float *p[] = {q, kk, v, dout};
+  for (int i = 0; i < 4; i++) ml_be_free(be, p[i]);
+}
+
+static void test_against_documents_alone(void **state) {
+  for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++) run_case(&k_cases[i]);
+}
+
+/* ml_varlen_check on B = 2 rows of S = 8 refuses docs with a message
+ * containing `want`. */
+static void expect_refused(int64_t ndocs, const int64_t *cu, const int64_t *used,
+                           const char *want) {
+  ml_varlen vl = {.be = cpu_backend(), .ndocs = ndocs, .cu = cu, .used = used};
+  ml_error_clear();
+  assert_int_equal(ml_varlen_check(&vl, 2, 8), -1);
+  if (!strstr(ml_error_msg(), want))
+    fail_msg("expected a message with \"%s\"; got \"%s\"", want, ml_error_msg());
+  ml_error_clear();
+}
+
+static void test_refused(void **state) {
+  expect_refused(2, (const int64_t[]){0, 5, 10}, NULL,
+                 "document 1 (tokens 5 .. 9) crosses the boundary of rows 0 and 1");
+  expect_refused(3, (const int64_t[]){0, 4, 4, 8}, NULL,
+                 "cu[2] = 4 after cu[1] = 4; expected increasing offsets");
+  expect_refused(2, (const int64_t[]){0, 6, 3}, NULL, "cu[2] = 3 after cu[1] = 6");
+  expect_refused(1, (const int64_t[]){2, 6}, NULL, "cu[0] = 2; expected 0");
+  expect_refused(2, (const int64_t[]){0, 8, 17}, NULL,
+                 "document 1 ends at token 16 (cu[2] = 17), beyond the batch's 2 x 8 = 16");
+  expect_refused(2, (const int64_t[]){0, 8, 16}, (const int64_t[]){8, 9},
+                 "used[1] = 9; expected 0 .. 8");
+  expect_refused(-1, NULL, NULL, "-1 documents");
+  expect_refused(1, NULL, NULL, "1 documents without offsets");
+
+  /* the core refuses them too, before computing */
+  ml_varlen vl = {.be = cpu_backend(), .ndocs = 2, .cu = (const int64_t[]){0, 5, 10}};
+  ml_attn_core core = ml_varlen_core(&vl);
+  ml_attn_call c = {.B = 2, .S = 8, .nh = 1, .nkv = 1, .hd = 4, .scale = 0.5f, .compute = ML_F32};
+  assert_int_equal(core.fwd(core.ctx, &c, NULL, NULL), -1);
+  assert_non_null(strstr(ml_error_msg(), "crosses the boundary"));
+  ml_error_clear();
+  assert_int_equal(core.bwd(core.ctx, &c, NULL, NULL, NULL, NULL, NULL, NULL), -1);
+  assert_non_null(strstr(ml_error_msg(), "crosses the boundary"));
+  ml_error_clear();
+  ml_varlen_destroy(&vl);
+}
+
+/* A backend without block attention (CUDA today): not supported, and the
+ * forward says so. */
+static void test_unsupported_backend(void **state) {
+  ml_backend *cpu = cpu_backend();
+  assert_true(ml_varlen_supported(cpu));
+  ml_backend_ops ops = *cpu->ops;
+  ops.name = "noblock";
+  ops.attention_block_fwd = NULL;
+  ops.attention_block_bwd = NULL;
+  ml_backend fake = {.ops = &ops, .impl = cpu->impl};
+  assert_false(ml_varlen_supported(&fake));
+  ml_varlen vl = {.be = &fake, .ndocs = 1, .cu = (const int64_t[]){0, 8}};
+  ml_attn_core core = ml_varlen_core(&vl);
+  ml_attn_call c = {.B = 1, .S = 8, .nh = 1, .nkv = 1, .hd = 4, .scale = 0.5f, .compute = ML_F32};
+  ml_error_clear();
+  assert_int_equal(core.fwd(core.ctx, &c, NULL, NULL), -1);
+  const char *want = "backend 'noblock' has no block attention; expected one sequence per "
+                     "micro-batch";
+  if (!strstr(ml_error_msg(), want))
+    fail_msg("expected a message with \"%s\"; got \"%s\"", want, ml_error_msg());
+  ml_error_clear();
+  ml_varlen_destroy(&vl);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_against_documents_alone),
+      cmocka_unit_test(test_refused),
+      cmocka_unit_test(test_unsupported_backend),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  ml_backend_release_all();
+  return rc;
+}

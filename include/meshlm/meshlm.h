@@ -344,6 +344,25 @@ MESHLM_API int meshlm_generate(meshlm_session *s, const meshlm_seqs *prompts,
                                const meshlm_sampling *sp, int32_t *out_tokens, int64_t *out_lens,
                                float *out_logprobs);
 
+/* What the last meshlm_logprobs or meshlm_train_step did on this rank:
+ * its micro-batches and the collectives each mesh group issued (torch's
+ * CommDebugMode counts), from the mesh's counting communicators. The FSDP
+ * group (dp_shard × cp) carries the parameter all-gathers (one per FSDP
+ * unit — a decoder layer, the root — per micro-batch, or per call under
+ * unshard_for_inference) and the gradient reduce-scatters, and under
+ * vocab parallelism one all-gather of the token ids and one of lm_head's
+ * input per micro-batch. */
+typedef struct meshlm_call_stats {
+  int64_t micro_batches;
+  int64_t tokens;       /* token positions computed (padding included) */
+  int64_t padding;      /* of them padding: the packed rows' tails */
+  int64_t fsdp_all_gathers, fsdp_reduce_scatters, fsdp_all_reduces;
+  int64_t fsdp_bytes;   /* bytes of those collectives' full buffers per rank */
+  int64_t tp_collectives, cp_collectives, dp_replicate_collectives;
+} meshlm_call_stats;
+/* Not collective. */
+MESHLM_API int meshlm_last_call_stats(meshlm_session *s, meshlm_call_stats *out);
+
 /* The command-line program: `meshlm <command> [flags]` (argv[0] the
  * program name). Initialises and finalises MPI itself; returns the exit
  * status. The meshlm binary is this call. */

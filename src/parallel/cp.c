@@ -217,18 +217,26 @@ int ml_cp_geometry(ml_cp *cp, ml_model *m, int64_t S, int64_t *s_local) {
   return 0;
 }
 
-void ml_cp_local_tokens(const ml_cp *cp, const int32_t *in, int64_t B, int32_t pad,
-                        int32_t *out) {
+void ml_cp_local_values(const ml_cp *cp, const void *in, int64_t B, size_t size, const void *pad,
+                        void *out) {
+  const char *src = in;
+  char *dst = out;
   int64_t S = cp->S;
   if (cp->size == 1) {
-    memcpy(out, in, sizeof *out * (size_t)(B * S));
+    memcpy(dst, src, size * (size_t)(B * S));
     return;
   }
   int64_t ch = cp->chunk, s = 2 * ch;
   for (int64_t b = 0; b < B; b++)
     for (int a = 0; a < 2; a++)
       for (int64_t i = 0, g = chunk_of(cp->size, cp->rank, a) * ch; i < ch; i++, g++)
-        out[b * s + a * ch + i] = g < S ? in[b * S + g] : pad;
+        memcpy(dst + size * (size_t)(b * s + a * ch + i),
+               g < S ? src + size * (size_t)(b * S + g) : (const char *)pad, size);
+}
+
+void ml_cp_local_tokens(const ml_cp *cp, const int32_t *in, int64_t B, int32_t pad,
+                        int32_t *out) {
+  ml_cp_local_values(cp, in, B, sizeof *in, &pad, out);
 }
 
 int ml_cp_gather_tokens(const ml_cp *cp, const float *local, int64_t B, float *work, float *host,

@@ -70,6 +70,11 @@ int ml_cp_geometry(ml_cp *cp, ml_model *m, int64_t S, int64_t *s_local);
  * with `pad`. With cp = 1, a copy. */
 void ml_cp_local_tokens(const ml_cp *cp, const int32_t *in, int64_t B, int32_t pad,
                         int32_t *out);
+/* The same for per-position records of `size` bytes (e.g. a target's
+ * objective inputs, parallel/objective.h): in [B, S] → out [B, s_local],
+ * the positions past S set to *pad. */
+void ml_cp_local_values(const ml_cp *cp, const void *in, int64_t B, size_t size, const void *pad,
+                        void *out);
 
 /* The inverse for per-token values: every cp rank's local [B, s_local]
  * fp32 values (device) → out [B, S] in the original order (host), one

@@ -13,6 +13,8 @@ typedef struct chunk_bufs {
   float *mx;     /* [nt] */
   float *se_tl;  /* [2 nt]: sum of exp, then target logit − max */
   float *w;      /* [nt] gradient weights */
+  float *lp;     /* [nt] log-probs of every target of the chunk (objective only) */
+  float *host;   /* [2 nt] host staging of lp and w (objective only) */
   bool bf16;     /* round the logits to bf16 (output_dtype) */
 } chunk_bufs;
 
@@ -57,32 +59,49 @@ static int chunk_stats(const loss_pass *p, int64_t t0, int64_t nt, chunk_bufs *b
 /* Log-probs and gradient weights of tokens t0 .. t0+nt−1: the loss and
  * log-probs of this rank's own tokens only (their sums over the data ranks
  * are the caller's), the weights of all. */
-static int chunk_logprobs(const loss_pass *p, int64_t t0, int64_t nt, float scale,
+static int chunk_logprobs(const loss_pass *p, int64_t t0, int64_t nt, const ml_loss_grad *g,
                           float *logprobs, ml_loss_out *out, chunk_bufs *b) {
   int64_t end = t0 + nt, a = p->own0 > t0 ? p->own0 : t0, z = p->own0 + p->T;
   a = a < end ? a : end;
   z = z > a ? (z < end ? z : end) : a;
   int64_t cut[4] = {t0, a, z, end}; /* before, own, after */
+  bool obj = g && g->obj;
+  /* under an objective the NLL weights are validity flags (scale 1) and every lp is kept */
+  float scale = obj ? 1.0f : g ? g->scale : 0.0f;
   for (int k = 0; k < 3; k++) {
     int64_t s = cut[k], n = cut[k + 1] - s;
     if (n == 0) continue;
     ml_loss_out other = {0};
     ml_loss_out *o = k == 1 ? out : &other;
-    float *lp = k == 1 && logprobs ? logprobs + (s - p->own0) : NULL;
+    float *lp = obj ? b->lp + (s - t0) : k == 1 && logprobs ? logprobs + (s - p->own0) : NULL;
     ML_TRY(ml_be_xent_logprobs(p->m->be, b->se_tl + (s - t0), b->se_tl + nt + (s - t0),
                                p->y + s, n, scale, lp, b->w + (s - t0), &o->loss_sum,
                                &o->count));
   }
-  return 0;
+  if (!obj) return 0;
+  ml_backend *be = p->m->be;
+  if (logprobs && z > a)
+    ML_TRY(ml_be_copy(be, logprobs + (a - p->own0), b->lp + (a - t0),
+                      sizeof(float) * (size_t)(z - a), ML_COPY_D2D));
+  float *hlp = b->host, *hw = b->host + nt;
+  ML_TRY(ml_be_copy(be, hlp, b->lp, sizeof(float) * (size_t)nt, ML_COPY_D2H));
+  ML_TRY(ml_be_copy(be, hw, b->w, sizeof(float) * (size_t)nt, ML_COPY_D2H));
+  ml_obj_sums others = {0};
+  for (int64_t i = 0; i < nt; i++) {
+    int64_t t = t0 + i;
+    ml_obj_sums *acc = t >= a && t < z ? g->sums : &others;
+    hw[i] = hw[i] != 0.0f ? ml_objective_token(g->obj, &g->in[t], hlp[i], acc) : 0.0f;
+  }
+  return ml_be_copy(be, b->w, hw, sizeof(float) * (size_t)nt, ML_COPY_H2D);
 }
 
-static int run_chunks(const loss_pass *p, bool backward, float scale, float *logprobs,
+static int run_chunks(const loss_pass *p, const ml_loss_grad *g, float *logprobs,
                       ml_loss_out *out, chunk_bufs *b, int64_t chunk) {
   for (int64_t t0 = 0; t0 < p->N; t0 += chunk) {
     int64_t nt = p->N - t0 < chunk ? p->N - t0 : chunk;
     ML_TRY(chunk_stats(p, t0, nt, b));
-    ML_TRY(chunk_logprobs(p, t0, nt, scale, logprobs, out, b));
-    if (!backward) continue;
+    ML_TRY(chunk_logprobs(p, t0, nt, g, logprobs, out, b));
+    if (!g) continue;
     ML_TRY(ml_be_xent_bwd(p->m->be, b->logits, nt, p->nv, p->v0, p->y + t0, b->mx, b->se_tl,
                           b->w, b->logits));
     if (p->split->group)  // dh[t0 : t0+nt] (=) dlogits · W_rows; W_rows grad += dlogits^T · h
@@ -102,21 +121,28 @@ int64_t ml_loss_chunk_tokens(int64_t T, int64_t V, int parts) {
 }
 
 /* The chunk buffers, then the chunks. */
-static int run_pass(loss_pass *p, ml_dtype logits_dtype, bool backward, float scale,
+static int run_pass(loss_pass *p, ml_dtype logits_dtype, const ml_loss_grad *g,
                     float *logprobs, ml_loss_out *out) {
   ml_model *m = p->m;
   const ml_loss_split *s = p->split;
   int parts = (s->tp ? s->tp->size : 1) * (s->group ? s->group->comm->size : 1);
   int64_t chunk = ml_loss_chunk_tokens(p->N, m->cfg.vocab, parts);
   /* chunk · nv <= max(LOGITS_BUDGET, vocab_size) (ml_loss_chunk_tokens): a plain count */
-  float *mem = ml_be_alloc(m->be, chunk * (p->nv + 4), sizeof(float),
+  float *mem = ml_be_alloc(m->be, chunk * (p->nv + 5), sizeof(float),
                            "the logits chunk (%lld tokens x %lld vocab columns of vocab_size "
                            "%lld)",
                            (long long)chunk, (long long)p->nv, (long long)m->cfg.vocab);
   if (!mem) return -1;
   chunk_bufs b = {mem, mem + chunk * p->nv, mem + chunk * (p->nv + 1),
-                  mem + chunk * (p->nv + 3), logits_dtype == ML_BF16};
-  int rc = run_chunks(p, backward, scale, logprobs, out, &b, chunk);
+                  mem + chunk * (p->nv + 3), mem + chunk * (p->nv + 4), NULL,
+                  logits_dtype == ML_BF16};
+  int rc = 0;
+  if (g && g->obj && !(b.host = ml_be_host_alloc(m->be, 2 * chunk, sizeof(float),
+                                                 "the objective's staging (%lld tokens)",
+                                                 (long long)chunk)))
+    rc = -1;
+  if (rc == 0) rc = run_chunks(p, g, logprobs, out, &b, chunk);
+  ml_be_host_free(m->be, b.host);
   ml_be_free(m->be, mem);
   return rc;
 }
@@ -124,29 +150,29 @@ static int run_pass(loss_pass *p, ml_dtype logits_dtype, bool backward, float sc
 /* Vocab parallelism over the group: lm_head's input of every rank
  * gathered (and its gradient scattered back) around the chunks, in the
  * group's work buffer (ml_vocab_reserve). */
-static int run_group(loss_pass *p, ml_dtype logits_dtype, bool backward, float scale,
+static int run_group(loss_pass *p, ml_dtype logits_dtype, const ml_loss_grad *grad,
                      float *logprobs, ml_loss_out *out) {
   ml_model *m = p->m;
   const ml_vocab *g = p->split->group;
   int64_t d = g->comm->size, T = p->T, c = m->head_in.c;
   ML_TRY(ml_vocab_check(g, m, c));
   p->h = g->work;
-  p->dh = backward ? g->work + d * T * c : NULL;
+  p->dh = grad ? g->work + d * T * c : NULL;
   p->y = g->targets;
   p->N = d * T;
   p->own0 = g->comm->rank * T;
   p->c = c;
   // h: [d·T, c] = every rank's lm_head input [T, c]
   ML_TRY(ml_all_gather(g->comm, m->head_in.x, g->work, (size_t)(T * c)));
-  ML_TRY(run_pass(p, logits_dtype, backward, scale, logprobs, out));
+  ML_TRY(run_pass(p, logits_dtype, grad, logprobs, out));
   // dxn_final: [T, c] = sum over the group of its dh rows for this rank's tokens
-  if (backward) ML_TRY(ml_reduce_scatter(g->comm, p->dh, m->dxn_final, (size_t)(T * c)));
+  if (grad) ML_TRY(ml_reduce_scatter(g->comm, p->dh, m->dxn_final, (size_t)(T * c)));
   return 0;
 }
 
 int ml_vocab_parallel_loss(ml_model *m, const ml_loss_split *split, const int32_t *targets,
-                           ml_dtype logits_dtype, bool backward, float grad_scale,
-                           float *logprobs, ml_loss_out *out) {
+                           ml_dtype logits_dtype, const ml_loss_grad *grad, float *logprobs,
+                           ml_loss_out *out) {
   int64_t T = m->B * m->S;
   loss_pass p = {.m = m, .split = split, .y = targets, .N = T, .own0 = 0, .T = T};
   if (split->group) {
@@ -160,6 +186,6 @@ int ml_vocab_parallel_loss(ml_model *m, const ml_loss_split *split, const int32_
   }
   out->loss_sum = 0.0;
   out->count = 0;
-  if (split->group) return run_group(&p, logits_dtype, backward, grad_scale, logprobs, out);
-  return run_pass(&p, logits_dtype, backward, grad_scale, logprobs, out);
+  if (split->group) return run_group(&p, logits_dtype, grad, logprobs, out);
+  return run_pass(&p, logits_dtype, grad, logprobs, out);
 }

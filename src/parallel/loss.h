@@ -26,6 +26,7 @@
 
 #include "comm/comm.h"
 #include "model/model.h"
+#include "parallel/objective.h"
 #include "parallel/vocab.h"
 #include "tensor/dtype.h"
 
@@ -46,18 +47,32 @@ typedef struct ml_loss_split {
   ml_rows rows;          /* with group: this rank's rows of lm_head.weight (ml_fsdp_rows) */
 } ml_loss_split;
 
+/* The backward of a loss pass: each valid target's weight in the logits'
+ * gradient. Without an objective, `scale` (1 / global target count for a
+ * mean NLL). With one (parallel/objective.h), the weight is −dL/dlp of the
+ * target's objective on its log-prob, in[t] its inputs: [N] in host memory
+ * for the N targets of the pass (this rank's T, or under vocab parallelism
+ * the group's d·T in rank order, as the targets are gathered); the terms of
+ * this rank's own targets are added to *sums. */
+typedef struct ml_loss_grad {
+  float scale;
+  const ml_objective *obj;
+  const ml_obj_in *in;
+  ml_obj_sums *sums;
+} ml_loss_grad;
+
 /* Run lm_head (after ml_head_begin) and the loss over this rank's T = B·S
  * tokens. targets [T]: global token id, or −1 to ignore (with a group its
- * gathered targets are read, the same values). When `backward`, each valid
- * token's gradient weight is `grad_scale` (1 / global target count for a
- * mean loss), lm_head's weight gradient accumulates (+=) and its input
- * gradient m->dxn_final is written. logprobs [T] (may be NULL): log
- * p(targets[t]) (0 for ignored tokens). logits_dtype: ML_F32, or ML_BF16 to
+ * gathered targets are read, the same values). With `grad` (NULL: forward
+ * only), the backward: lm_head's weight gradient accumulates (+=) and its
+ * input gradient m->dxn_final is written. logprobs [T] (may be NULL): log
+ * p(targets[t]) (0 for ignored tokens). out: the NLL of this rank's
+ * targets (also under an objective). logits_dtype: ML_F32, or ML_BF16 to
  * round the logits to bf16 first (FSDP2 MixedPrecisionPolicy output_dtype;
- * the loss itself is fp32). Errors: allocation, collectives. */
+ * the loss itself is fp32). Errors: allocation, collectives, copies. */
 int ml_vocab_parallel_loss(ml_model *m, const ml_loss_split *split, const int32_t *targets,
-                           ml_dtype logits_dtype, bool backward, float grad_scale,
-                           float *logprobs, ml_loss_out *out);
+                           ml_dtype logits_dtype, const ml_loss_grad *grad, float *logprobs,
+                           ml_loss_out *out);
 
 /* Tokens per logits chunk of ml_vocab_parallel_loss for T tokens (this
  * rank's, or the group's d·T under vocab parallelism) and a vocabulary of

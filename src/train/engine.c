@@ -89,6 +89,8 @@ void ml_engine_close(ml_engine *e) {
   ml_cp_destroy(&e->cp);
   ml_model_destroy(&e->model);
   ml_plan_free(&e->plan);
+  ml_varlen_destroy(&e->varlen);
+  free(e->positions);
   if (e->be) {
     ml_be_free(e->be, e->x);
     ml_be_free(e->be, e->ids);
@@ -178,15 +180,23 @@ static int cast_unit_input(ml_engine *e, float *x) {
   return ml_be_round_bf16(e->be, x, (size_t)(e->model.B * e->model.s_res * e->model.cfg.hidden));
 }
 
+/* Packed documents: the last token of each predicts nothing (the next
+ * document is not its continuation), nor does the padding after them. */
+static void cut_documents(const ml_engine_batch *b, int32_t *targets) {
+  if (!b->docs) return;
+  for (int64_t d = 0; d < b->ndocs; d++) targets[b->docs[d + 1] - 1] = -1;
+  for (int64_t i = b->docs[b->ndocs]; i < b->B * b->S; i++) targets[i] = -1;
+}
+
 /* The batch on the device: this rank's piece of ids [B, S] and of their
  * targets, shifted on the whole sequences first (NeMo RL's seq_index
  * convention: a piece's last position scores the next piece's first token),
  * pads with id 0 and no target (host staging, then one copy). */
-static int upload_batch(ml_engine *e, const int32_t *ids, const uint8_t *mask, int64_t B,
-                        int64_t S) {
-  int64_t T = B * e->model.S; /* fits: prepare allocated it */
-  shift_targets(ids, mask, B, S, e->host_shifted);
-  ml_cp_local_tokens(&e->cp, ids, B, 0, e->host_ids);
+static int upload_batch(ml_engine *e, const ml_engine_batch *b) {
+  int64_t B = b->B, T = B * e->model.S; /* fits: prepare allocated it */
+  shift_targets(b->ids, b->mask, B, b->S, e->host_shifted);
+  cut_documents(b, e->host_shifted);
+  ml_cp_local_tokens(&e->cp, b->ids, B, 0, e->host_ids);
   ml_cp_local_tokens(&e->cp, e->host_shifted, B, -1, e->host_ids + T);
   /* ids and targets are one block of 2·cap_tokens; copy both halves in use */
   ML_TRY(ml_be_copy(e->be, e->ids, e->host_ids, sizeof(int32_t) * (size_t)T, ML_COPY_H2D));
@@ -194,6 +204,57 @@ static int upload_batch(ml_engine *e, const int32_t *ids, const uint8_t *mask, i
                     ML_COPY_H2D));
   /* vocab parallelism: every rank's tokens meet the vocab rows this rank holds */
   return e->vocab.comm ? ml_vocab_gather_tokens(&e->vocab, e->ids, e->targets, T) : 0;
+}
+
+bool ml_engine_can_pack(const ml_engine *e) {
+  return e->cp.size == 1 && ml_varlen_supported(e->be);
+}
+
+/* Each packed token's position in its document (padding from 0 too). */
+static int document_positions(ml_engine *e, const ml_engine_batch *b) {
+  if (b->S > e->cap_positions) {
+    int64_t *p = ml_malloc_array(b->S, sizeof *p, "the position ids (%lld tokens)",
+                                 (long long)b->S);
+    if (!p) return -1;
+    free(e->positions);
+    e->positions = p;
+    e->cap_positions = b->S;
+  }
+  for (int64_t d = 0; d <= b->ndocs; d++) {
+    int64_t a = b->docs[d], z = d < b->ndocs ? b->docs[d + 1] : b->S;
+    for (int64_t i = a; i < z; i++) e->positions[i] = i - a;
+  }
+  return 0;
+}
+
+/* The attention layout of batch b, then its geometry (prepare): packed
+ * documents (their positions, the varlen core) or whole sequences per row.
+ * A switch drops the activations: the cores' saved sizes may differ. */
+static int begin_batch(ml_engine *e, const ml_engine_batch *b) {
+  bool packed = b->docs != NULL;
+  if (packed && (!ml_engine_can_pack(e) || b->B != 1))
+    return ml_err("packed documents need one row (B = %lld given), no context parallelism "
+                  "(cp = %d) and a backend with block attention (%s)",
+                  (long long)b->B, e->cp.size, e->be->ops->name);
+  if (packed != e->packed) {
+    ml_model_reset_acts(&e->model);
+    e->model.attn_core = (ml_attn_core){0};
+    e->model.position_ids = NULL;
+    e->packed = packed;
+  }
+  if (packed) {
+    e->varlen.be = e->be;
+    e->varlen.ndocs = b->ndocs;
+    e->varlen.cu = b->docs;
+    e->varlen.used = NULL;
+    ML_TRY(ml_varlen_check(&e->varlen, b->B, b->S));
+    ML_TRY(document_positions(e, b));
+    e->model.attn_core = ml_varlen_core(&e->varlen);
+    e->model.position_ids = e->positions;
+  }
+  ML_TRY(prepare(e, b->B, b->S));
+  /* the same geometry keeps its RoPE tables: rebuild them for these documents */
+  return packed ? ml_model_set_positions(&e->model, e->positions) : 0;
 }
 
 /* Start the all-gathers of the `depth` units after u in `dir` (+1 forward,
@@ -232,7 +293,7 @@ static int forward_layers(ml_engine *e, const int32_t *ids) {
     ML_TRY(prefetch(e, l, 1, depth));
     ML_TRY(cast_unit_input(e, e->x));
     ML_TRY(ml_layer_forward(&e->model, l, e->x));
-    if (f->units[l].reshard_after_forward) ml_fsdp_reshard(f, l);
+    if (f->units[l].reshard_after_forward && !e->hold) ml_fsdp_reshard(f, l);
   }
   ML_TRY(cast_unit_input(e, e->x));
   return ml_head_begin(&e->model, e->x);
@@ -258,20 +319,57 @@ static int backward_layers(ml_engine *e, const int32_t *ids) {
   return ml_tp_reduce_partial_grads(&e->tp, f);
 }
 
-int ml_engine_forward_backward(ml_engine *e, const int32_t *ids, const uint8_t *mask, int64_t B,
-                               int64_t S, int64_t global_targets, double *loss) {
-  ML_TRY(prepare(e, B, S));
-  ML_TRY(upload_batch(e, ids, mask, B, S));
+/* The objective's inputs of the targets the loss runs over: this rank's
+ * positions (host, [T]), or under vocab parallelism every rank's of the
+ * group, in rank order as the targets are gathered ([d·T]). *buf: free. */
+static int stage_objective(ml_engine *e, const ml_engine_batch *b, ml_obj_in **buf,
+                           const ml_obj_in **in) {
+  int64_t T = b->B * e->model.S;
+  int d = e->vocab.comm ? e->vocab.comm->size : 1;
+  *buf = ml_malloc_array(ml_mul_sat(T, d + 1), sizeof **buf,
+                         "the objective's inputs (%lld tokens x %d ranks)", (long long)T, d);
+  if (!*buf) return -1;
+  ml_obj_in none = {0};
+  ml_cp_local_values(&e->cp, b->obj, b->B, sizeof none, &none, *buf);
+  *in = *buf;
+  if (d == 1) return 0;
+  *in = *buf + T;
+  return ml_host_all_gather(ml_mesh_host(e->mesh, ML_GROUP_DP_SHARD_CP), *buf,
+                            sizeof none * (size_t)T, *buf + T);
+}
+
+static int run_forward_backward(ml_engine *e, const ml_engine_batch *b, const ml_loss_grad *g,
+                                ml_loss_out *nll) {
+  ML_TRY(upload_batch(e, b));
   ML_TRY(ml_tp_grads_begin(&e->tp, &e->fsdp));
   ML_TRY(forward_layers(e, e->ids));
   ML_TRY(ml_fsdp_grad_begin(&e->fsdp, (int)e->model.cfg.n_layers));
-  ml_loss_out lo;
   ml_loss_split split;
   ML_TRY(loss_split(e, &split));
+  ML_TRY(ml_vocab_parallel_loss(&e->model, &split, e->targets, e->opts.output_dtype, g, NULL,
+                                nll));
+  return backward_layers(e, e->ids);
+}
+
+int ml_engine_forward_backward_batch(ml_engine *e, const ml_engine_batch *b,
+                                     const ml_objective *o, float global_scale,
+                                     ml_obj_sums *sums, ml_loss_out *nll) {
+  ML_TRY(begin_batch(e, b));
+  ml_loss_grad g = {global_scale, o, NULL, sums};
+  ml_obj_in *buf = NULL;
+  if (o && !b->obj) return ml_err("an objective without its inputs (ml_engine_batch.obj)");
+  int rc = o ? stage_objective(e, b, &buf, &g.in) : 0;
+  if (rc == 0) rc = run_forward_backward(e, b, &g, nll);
+  free(buf);
+  return rc;
+}
+
+int ml_engine_forward_backward(ml_engine *e, const int32_t *ids, const uint8_t *mask, int64_t B,
+                               int64_t S, int64_t global_targets, double *loss) {
+  ml_engine_batch b = {.ids = ids, .mask = mask, .B = B, .S = S};
   float scale = global_targets > 0 ? 1.0f / (float)global_targets : 0.0f;
-  ML_TRY(ml_vocab_parallel_loss(&e->model, &split, e->targets, e->opts.output_dtype, true, scale,
-                                NULL, &lo));
-  ML_TRY(backward_layers(e, e->ids));
+  ml_loss_out lo;
+  ML_TRY(ml_engine_forward_backward_batch(e, &b, NULL, scale, NULL, &lo));
   double sum = lo.loss_sum;
   /* control plane: the loss sum over the data ranks (dp_cp: cp ranks see the same sequences) */
   ML_TRY(ml_host_all_reduce_f64(ml_mesh_host(e->mesh, ML_GROUP_DP_CP), &sum, 1, ML_RED_SUM));
@@ -303,11 +401,11 @@ static int logprobs_out(ml_engine *e, const float *lp, int64_t B, int64_t S, flo
   return rc;
 }
 
-int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, float *out) {
-  ML_TRY(prepare(e, B, S));
-  ML_TRY(upload_batch(e, ids, NULL, B, S));
+int ml_engine_logprobs_batch(ml_engine *e, const ml_engine_batch *b, float *out) {
+  ML_TRY(begin_batch(e, b));
+  ML_TRY(upload_batch(e, b));
   ML_TRY(forward_layers(e, e->ids));
-  int64_t T = B * e->model.S; /* fits: prepare allocated B·s·H floats */
+  int64_t B = b->B, T = B * e->model.S; /* fits: prepare allocated B·s·H floats */
   float *lp = ml_be_alloc(e->be, T, sizeof(float), "the log-probs (%lld tokens per rank)",
                           (long long)T);
   if (!lp) return -1;
@@ -315,13 +413,23 @@ int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, f
   ml_loss_split split;
   int rc = loss_split(e, &split);
   if (!rc)
-    rc = ml_vocab_parallel_loss(&e->model, &split, e->targets, e->opts.output_dtype, false, 0.0f,
-                                lp, &lo);
-  if (!rc) rc = logprobs_out(e, lp, B, S, out);
+    rc = ml_vocab_parallel_loss(&e->model, &split, e->targets, e->opts.output_dtype, NULL, lp,
+                                &lo);
+  if (!rc) rc = logprobs_out(e, lp, B, b->S, out);
   ml_be_free(e->be, lp);
-  /* forward only: release what the backward would have */
-  for (int u = 0; u < e->fsdp.n_units; u++) ml_fsdp_reshard(&e->fsdp, u);
+  /* forward only: release what the backward would have, unless held */
+  for (int u = 0; !e->hold && u < e->fsdp.n_units; u++) ml_fsdp_reshard(&e->fsdp, u);
   return rc;
+}
+
+int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, float *out) {
+  ml_engine_batch b = {.ids = ids, .B = B, .S = S};
+  return ml_engine_logprobs_batch(e, &b, out);
+}
+
+void ml_engine_hold_params(ml_engine *e, bool hold) {
+  e->hold = hold;
+  for (int u = 0; !hold && u < e->fsdp.n_units; u++) ml_fsdp_reshard(&e->fsdp, u);
 }
 
 int ml_engine_zero_grad(ml_engine *e) {

@@ -19,10 +19,12 @@
 #include <stdbool.h>
 
 #include "model/model.h"
+#include "model/varlen.h"
 #include "parallel/cp.h"
 #include "parallel/fsdp.h"
 #include "parallel/loss.h"
 #include "parallel/mesh.h"
+#include "parallel/objective.h"
 #include "parallel/plan.h"
 #include "parallel/tp.h"
 #include "parallel/vocab.h"
@@ -66,6 +68,12 @@ typedef struct ml_engine {
   int32_t *host_shifted; /* [B, S] targets of the whole sequences (host), cap_shifted of them */
   int64_t cap_shifted;
   int64_t step; /* optimizer steps taken */
+  /* packed documents (ml_engine_batch.docs) of the batch in use */
+  bool packed;
+  int64_t *positions; /* [cap_positions] their RoPE positions (host) */
+  int64_t cap_positions;
+  ml_varlen varlen;   /* the packed documents' attention core */
+  bool hold;          /* ml_engine_hold_params: forwards leave every unit unsharded */
 } ml_engine;
 
 /* Load DIR (config.json + safetensors), select the plan (ml_plan_select;
@@ -108,6 +116,51 @@ int ml_engine_zero_grad(ml_engine *e);
  * the step's mean loss. */
 int ml_engine_forward_backward(ml_engine *e, const int32_t *ids, const uint8_t *mask, int64_t B,
                                int64_t S, int64_t global_targets, double *loss);
+
+/* A local (micro-)batch in full: token ids [B, S]; mask [B, S] (NULL:
+ * all 1; mask[b, i] = 1: token i is a target, predicted from the tokens
+ * before it); packed documents: docs [ndocs + 1] (NULL: one sequence per
+ * row) offsets into the flattened B·S tokens, document d = tokens docs[d]
+ * .. docs[d+1] − 1, each attending to itself only with positions from 0
+ * (FlashAttention's cu_seqlens; needs B = 1 and ml_engine_can_pack), the
+ * tokens from docs[ndocs] on padding (no target, nothing reads them); the
+ * last token of a document is never a target. obj [B, S] (NULL: NLL):
+ * position i's objective inputs, those of the target token i + 1. */
+typedef struct ml_engine_batch {
+  const int32_t *ids;
+  const uint8_t *mask;
+  int64_t B, S;
+  const int64_t *docs;
+  int64_t ndocs;
+  const ml_obj_in *obj;
+} ml_engine_batch;
+
+/* Whether batches of packed documents run here: no context parallelism
+ * (its ring owns the attention), a backend with block attention. */
+bool ml_engine_can_pack(const ml_engine *e);
+
+/* Forward + backward of batch b under objective `o` (NULL: the mean NLL
+ * of ml_engine_forward_backward, scaled by 1/global_targets; else b->obj
+ * gives every target's weight and inputs, parallel/objective.h): gradients
+ * accumulate (+=) into the FSDP shards as ml_engine_forward_backward's.
+ * *sums (with o) += the objective's terms of this rank's targets; *nll =
+ * the NLL sum and target count of this rank's targets (cp ranks: their
+ * pieces; no reduction over ranks). Errors: a malformed batch (docs), those
+ * of ml_engine_forward_backward. */
+int ml_engine_forward_backward_batch(ml_engine *e, const ml_engine_batch *b,
+                                     const ml_objective *o, float global_scale,
+                                     ml_obj_sums *sums, ml_loss_out *nll);
+
+/* Per-token log-probs of batch b (mask and obj unused): out [B, S−1] as
+ * ml_engine_logprobs; with packed documents the entries of each
+ * document's last token (no target) are 0. */
+int ml_engine_logprobs_batch(ml_engine *e, const ml_engine_batch *b, float *out);
+
+/* hold: from now on forwards leave every FSDP unit unsharded (each
+ * all-gathered once, by the first forward), as NeMo RL's
+ * unshard_fsdp2_model around a whole inference pass; !hold: reshard every
+ * unit now and return to FSDP2's policy. */
+void ml_engine_hold_params(ml_engine *e, bool hold);
 
 /* Per-token log-probs of one local batch ids [B, S]: out [B, S−1],
  * out[b, t] = log p(ids[b, t+1] | ids[b, ≤t]), in the original order on

@@ -74,6 +74,20 @@ static int plan_trained(ml_hf_export *x) {
   return 0;
 }
 
+static int pick_family(ml_hf_export *x);
+
+int ml_hf_export_layout(const ml_hf_export_spec *spec, char (*names)[NAME_CAP], ml_dtype *dtypes) {
+  ml_hf_export x = {.spec = *spec, .names = names, .uniform = true};
+  ml_st_entry *entries = ml_calloc((size_t)spec->n + 1, sizeof *entries, "the export's layout");
+  if (!entries) return -1;
+  x.entries = entries;
+  int rc = pick_family(&x);
+  if (rc == 0) rc = plan_trained(&x);
+  for (int k = 0; rc == 0 && k < spec->n; k++) dtypes[k] = entries[k].dtype;
+  free(entries);
+  return rc;
+}
+
 static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
   int at = snprintf(buf, cap, "[");
   for (int d = 0; d < ndim && at > 0 && (size_t)at < cap; d++)

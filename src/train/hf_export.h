@@ -73,6 +73,14 @@ typedef struct ml_hf_export ml_hf_export;
  * (path named). */
 int ml_hf_export_begin(const ml_hf_export_spec *spec, ml_hf_export **out);
 
+/* The names and dtypes spec's trained tensors are written under (the
+ * source family's layout, the dtype rule above), without writing anything:
+ * names[k] (capacity sizeof ml_param.name) and dtypes[k] for k < spec->n
+ * (out_dir unused). What refit hands out (include/meshlm/meshlm.h).
+ * Errors: as ml_hf_export_begin's for the layout and the dtypes. */
+int ml_hf_export_layout(const ml_hf_export_spec *spec, char (*names)[sizeof((ml_param *)0)->name],
+                        ml_dtype *dtypes);
+
 /* The next trained tensor (params[k] for the k-th call): its global data
  * in fp32, [shape] row-major, converted and written at once. Errors: more
  * calls than tensors, I/O. */

@@ -108,14 +108,18 @@ typedef struct piece_note {
   int32_t rc;               /* 0, or −1: its copy to the host failed (nothing is sent) */
 } piece_note;
 
-/* One export's buffers. Writer (world rank 0): `global` [largest tensor]
- * in host staging memory, `piece` [largest piece of any rank] (pageable,
- * touched only by column blocks: row blocks land in `global` directly).
- * Other ranks: `piece` [their largest piece] in host staging memory. */
+/* One stream's buffers. Receiver (world rank `root`): `global` [largest
+ * tensor] in host staging memory, `piece` [largest piece of any rank]
+ * (pageable, touched only by column blocks: row blocks land in `global`
+ * directly). Other ranks: `piece` [their largest piece] in host staging
+ * memory, and `global` too when every rank receives. */
 typedef struct stream {
   ml_engine *e;
   ml_host *w;
-  ml_hf_export *x; /* the writer's */
+  int root;  /* the rank that assembles each tensor */
+  bool all;  /* then broadcast to every rank */
+  ml_param_sink sink;
+  void *ctx;
   float *global, *piece;
 } stream;
 
@@ -123,32 +127,50 @@ static bool whole_rows(const piece_note *n, const ml_param *p) {
   return n->shape[1] == p->shape[1];
 }
 
-/* Writer: place piece n (row-major [n->shape]) into global [p->shape]. */
+/* Receiver: place piece n (row-major [n->shape]) into global [p->shape]. */
 static void place(float *global, const ml_param *p, const piece_note *n, const float *src) {
   for (int64_t r = 0; r < n->shape[0]; r++)
     memcpy(global + (n->off[0] + r) * p->shape[1] + n->off[1], src + r * n->shape[1],
            sizeof(float) * (size_t)n->shape[1]);
 }
 
-/* Where the writer receives piece n of p. */
+/* Where the receiver receives piece n of p. */
 static float *landing(const stream *s, const ml_param *p, const piece_note *n) {
   return whole_rows(n, p) ? s->global + n->off[0] * p->shape[1] : s->piece;
 }
 
-/* Parameter i of unit u to the writer, who writes it. Every rank copies
- * its piece to the host first (the writer's straight to where it lands),
- * then the notes are exchanged, so that a failed copy stops every rank
- * before any transfer. */
-static int stream_param(stream *s, int u, int i) {
+/* The receiver assembles p from every rank's piece (notes). */
+static int assemble(stream *s, const ml_param *p, const piece_note *notes) {
+  int64_t covered = 0;
+  for (int q = 0; q < s->w->size; q++) {
+    const piece_note *n = &notes[q];
+    int64_t numel = n->shape[0] * n->shape[1];
+    if (numel == 0) continue;
+    float *dst = landing(s, p, n);
+    if (q != s->root) ML_TRY(ml_host_recv(s->w, dst, sizeof(float) * (size_t)numel, q));
+    if (!whole_rows(n, p)) place(s->global, p, n, dst);
+    covered += numel;
+  }
+  if (covered != p->shape[0] * p->shape[1])
+    return ml_err("export: the pieces of '%s' cover %lld of its %lld elements", p->name,
+                  (long long)covered, (long long)(p->shape[0] * p->shape[1]));
+  return 0;
+}
+
+/* Parameter i of unit u (export index k) to the receiver(s). Every rank
+ * copies its piece to the host first (the receiver's straight to where it
+ * lands), then the notes are exchanged, so that a failed copy stops every
+ * rank before any transfer. */
+static int stream_param(stream *s, int u, int i, int k) {
   ml_engine *e = s->e;
   const ml_fsdp_unit *unit = &e->fsdp.units[u];
   const ml_param *p = unit->params[i];
-  const bool writer = s->w->rank == 0;
+  const bool receiver = s->w->rank == s->root;
   piece_note mine = {{0, 0}, {0, 0}, 0};
   int64_t at = 0;
   if (!ml_engine_piece(e, unit, i, mine.off, mine.shape, &at)) mine.shape[0] = 0;
   size_t bytes = sizeof(float) * (size_t)(mine.shape[0] * mine.shape[1]);
-  float *host = writer && mine.shape[0] ? landing(s, p, &mine) : s->piece;
+  float *host = receiver && mine.shape[0] ? landing(s, p, &mine) : s->piece;
   if (mine.shape[0] > 0)
     mine.rc = ml_be_copy(e->be, host, unit->shard + at, bytes, ML_COPY_D2H);
   piece_note *notes = ml_calloc((size_t)s->w->size, sizeof *notes, "the export's piece notes");
@@ -156,23 +178,16 @@ static int stream_param(stream *s, int u, int i) {
   bool go = rc == 0; /* every copy succeeded (a failed one's rank reports it) */
   for (int q = 0; go && q < s->w->size; q++) go = notes[q].rc == 0;
   if (rc == 0) rc = mine.rc;
-  if (go && !writer && mine.shape[0] > 0) rc = ml_host_send(s->w, host, bytes, 0);
-  int64_t covered = 0;
-  for (int q = 0; go && rc == 0 && writer && q < s->w->size; q++) {
-    const piece_note *n = &notes[q];
-    int64_t numel = n->shape[0] * n->shape[1];
-    if (numel == 0) continue;
-    float *dst = landing(s, p, n);
-    if (q > 0) rc = ml_host_recv(s->w, dst, sizeof(float) * (size_t)numel, q);
-    if (rc == 0 && !whole_rows(n, p)) place(s->global, p, n, dst);
-    covered += numel;
-  }
-  if (go && rc == 0 && writer && covered != p->shape[0] * p->shape[1])
-    rc = ml_err("export: the pieces of '%s' cover %lld of its %lld elements", p->name,
-                (long long)covered, (long long)(p->shape[0] * p->shape[1]));
-  if (go && rc == 0 && writer) rc = ml_hf_export_put(s->x, s->global);
+  if (go && !receiver && mine.shape[0] > 0) rc = ml_host_send(s->w, host, bytes, s->root);
+  if (go && rc == 0 && receiver) rc = assemble(s, p, notes);
   free(notes);
-  return rc;
+  if (!s->all) /* a failed copy's rank returns its error; the caller agrees */
+    return go && rc == 0 && receiver ? s->sink(s->ctx, k, p, s->global) : rc;
+  /* every rank receiving: the assembled tensor from the root to all, once all succeeded */
+  ML_TRY(ml_host_agree(s->w, rc));
+  ML_TRY(ml_host_broadcast(s->w, s->global, sizeof(float) * (size_t)(p->shape[0] * p->shape[1]),
+                           s->root));
+  return s->sink(s->ctx, k, p, s->global);
 }
 
 /* Largest global tensor of the model and largest piece of this rank, in
@@ -190,48 +205,61 @@ static void sizes(const ml_engine *e, int64_t *tensor, int64_t *piece) {
     }
 }
 
-/* The writer's start: describe the source, open the export, allocate. */
-static int writer_begin(stream *s, const char *dir, ml_export_dtype dtype, const ml_param **params,
-                        json_t **source, int64_t tensor, int64_t piece) {
-  ml_engine *e = s->e;
-  ML_TRY(ml_hf_source_describe(e->model_dir, &e->model, source));
-  ml_hf_export_spec spec = {dir,     &e->model.cfg, params,       e->model.n_params, *source,
-                            e->model_dir, dtype,    ML_HF_MAX_SHARD_BYTES};
-  ML_TRY(ml_hf_export_begin(&spec, &s->x));
-  s->global = ml_be_host_alloc(e->be, tensor, sizeof(float), "the export's tensor buffer");
-  s->piece = ml_malloc(sizeof(float) * (size_t)piece, "the export's piece buffer");
-  return s->global && s->piece ? 0 : -1;
-}
-
-int ml_engine_save_hf(ml_engine *e, const char *dir, ml_export_dtype dtype) {
-  stream s = {e, ml_mesh_host(e->mesh, ML_GROUP_WORLD), NULL, NULL, NULL};
-  int n = e->model.n_params;
-  json_t *source = NULL;
+int ml_engine_stream_params(ml_engine *e, int root, ml_param_sink sink, void *ctx) {
+  stream s = {e, ml_mesh_host(e->mesh, ML_GROUP_WORLD), root < 0 ? 0 : root, root < 0, sink, ctx,
+              NULL, NULL};
+  if (s.root >= s.w->size)
+    return ml_err("refit: root rank %d; expected < %d ranks (or < 0: every rank)", root,
+                  s.w->size);
   int64_t tensor, piece;
   sizes(e, &tensor, &piece);
   int64_t max_piece = piece;
   int rc = ml_host_all_reduce_i64(s.w, &max_piece, 1, ML_RED_MAX);
-  const ml_param **params = ml_calloc((size_t)n + 1, sizeof *params, "export params");
-  for (int i = 0; params && i < n; i++) params[i] = ml_engine_export_param(e, i);
-  if (rc == 0 && !params) rc = -1;
-  if (rc == 0 && s.w->rank == 0)
-    rc = writer_begin(&s, dir, dtype, params, &source, tensor, max_piece);
-  else if (rc == 0 && !(s.piece = ml_be_host_alloc(e->be, piece, sizeof(float),
+  bool receiver = s.w->rank == s.root;
+  if (rc == 0 && (receiver || s.all) &&
+      !(s.global = ml_be_host_alloc(e->be, tensor, sizeof(float), "the export's tensor buffer")))
+    rc = -1;
+  if (rc == 0 && receiver && !(s.piece = ml_malloc(sizeof(float) * (size_t)max_piece,
                                                    "the export's piece buffer")))
     rc = -1;
+  if (rc == 0 && !receiver && !(s.piece = ml_be_host_alloc(e->be, piece, sizeof(float),
+                                                           "the export's piece buffer")))
+    rc = -1;
   rc = ml_host_agree(s.w, rc);
-  for (int u = 0; rc == 0 && u < e->fsdp.n_units; u++)
-    for (int i = 0; rc == 0 && i < e->fsdp.units[u].n; i++)
-      rc = ml_host_agree(s.w, stream_param(&s, u, i));
-  if (s.x && rc == 0) rc = ml_hf_export_end(s.x);
-  else ml_hf_export_abandon(s.x);
-  if (s.w->rank == 0) {
-    ml_be_host_free(e->be, s.global);
-    free(s.piece);
-  } else {
-    ml_be_host_free(e->be, s.piece);
+  for (int u = 0, k = 0; rc == 0 && u < e->fsdp.n_units; u++)
+    for (int i = 0; rc == 0 && i < e->fsdp.units[u].n; i++, k++)
+      rc = ml_host_agree(s.w, stream_param(&s, u, i, k));
+  ml_be_host_free(e->be, s.global);
+  if (receiver) free(s.piece);
+  else ml_be_host_free(e->be, s.piece);
+  return rc;
+}
+
+/* ------------------------------------------------------ the HF export */
+
+static int put_tensor(void *x, int k, const ml_param *p, const float *global) {
+  return ml_hf_export_put(x, global);
+}
+
+int ml_engine_save_hf(ml_engine *e, const char *dir, ml_export_dtype dtype) {
+  ml_host *w = ml_mesh_host(e->mesh, ML_GROUP_WORLD);
+  int n = e->model.n_params;
+  json_t *source = NULL;
+  ml_hf_export *x = NULL;
+  const ml_param **params = ml_calloc((size_t)n + 1, sizeof *params, "export params");
+  for (int i = 0; params && i < n; i++) params[i] = ml_engine_export_param(e, i);
+  int rc = params ? 0 : -1;
+  if (rc == 0 && w->rank == 0) rc = ml_hf_source_describe(e->model_dir, &e->model, &source);
+  if (rc == 0 && w->rank == 0) {
+    ml_hf_export_spec spec = {dir,     &e->model.cfg, params,       n, source,
+                              e->model_dir, dtype,    ML_HF_MAX_SHARD_BYTES};
+    rc = ml_hf_export_begin(&spec, &x);
   }
+  rc = ml_host_agree(w, rc);
+  if (rc == 0) rc = ml_engine_stream_params(e, 0, put_tensor, x);
+  if (x && rc == 0) rc = ml_hf_export_end(x);
+  else ml_hf_export_abandon(x);
   json_decref(source);
   free(params);
-  return ml_host_agree(s.w, rc);
+  return ml_host_agree(w, rc);
 }

@@ -52,15 +52,27 @@ const ml_param *ml_engine_export_param(const ml_engine *e, int i);
 bool ml_engine_piece(const ml_engine *e, const ml_fsdp_unit *unit, int i, int64_t off[2],
                      int64_t shape[2], int64_t *at);
 
+/* Receives parameter k (export order) as its global fp32 tensor [p->shape],
+ * valid during the call. Non-zero stops the stream (an error). */
+typedef int (*ml_param_sink)(void *ctx, int k, const ml_param *p, const float *global);
+
+/* Collective over the world: every parameter, in export order, assembled
+ * from the ranks' pieces (ml_engine_piece) on world rank `root` — or on
+ * rank 0 and broadcast to every rank when root < 0 — and handed to `sink`
+ * there, one tensor at a time: each rank copies its piece to host memory
+ * and sends it to the root, which places it, before the next tensor (so a
+ * receiver holds one global tensor, plus for a column-sharded one a piece,
+ * beyond its shards; the others one piece). As FSDP2's full_state_dict
+ * with cpu_offload (rank0_only when root >= 0). Errors (every rank, the
+ * first failing rank's message): root out of range, allocation,
+ * collectives, the sink's. */
+int ml_engine_stream_params(ml_engine *e, int root, ml_param_sink sink, void *ctx);
+
 /* Collective over the world: write the trained weights as an HF checkpoint
  * in `dir` with the rest of the source model e->model_dir
  * (train/hf_export.h), trained tensors in `dtype`, one file up to
- * ML_HF_MAX_SHARD_BYTES. As FSDP2's full_state_dict with cpu_offload and
- * rank0_only, streamed: tensor by tensor (FSDP unit order), each rank
- * copies its piece (ml_engine_piece) to host memory and sends it to world
- * rank 0, which assembles the global fp32 tensor and writes it before the
- * next; so rank 0 holds one global tensor (plus, for a column-sharded one,
- * a piece) beyond its shards, the others one piece. Errors (every rank,
+ * ML_HF_MAX_SHARD_BYTES, streamed to world rank 0 tensor by tensor
+ * (ml_engine_stream_params), which writes each before the next. Errors (every rank,
  * the first failing rank's message): the source unreadable (named),
  * allocation, collectives, I/O on rank 0 (path named); nothing is left of
  * a failed export (hf_export.h). */

@@ -1,0 +1,316 @@
+/* meshlm_open / meshlm_close and what every call shares (api/session.h). */
+#define _POSIX_C_SOURCE 200809L /* strdup */
+
+#include "api/session.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/backend.h"
+#include "cli/device.h"
+#include "common/checked.h"
+
+static bool g_mpi_ours; /* MPI initialised by the library, not finalised yet */
+
+const char *meshlm_version(void) { return "0.1.0"; }
+
+void meshlm_options_default(meshlm_options *o) {
+  *o = (meshlm_options){.dp_replicate = 1, .cp = 1, .tp = 1, .device = "cpu",
+                        .param_dtype = MESHLM_DTYPE_F32, .reduce_dtype = MESHLM_DTYPE_F32,
+                        .ac = MESHLM_AC_NONE, .lr = 1e-5, .beta1 = 0.9, .beta2 = 0.999,
+                        .eps = 1e-8, .weight_decay = 0.01, .schedule = MESHLM_LR_CONSTANT,
+                        .total_steps = 1, .max_grad_norm = 1.0, .micro_batch_tokens = 4096,
+                        .unshard_for_inference = 1};
+}
+
+static const char *const k_calls[API_CALL_KINDS] = {
+    "?",             "meshlm_close",  "meshlm_logprobs",   "meshlm_train_step",
+    "meshlm_save",   "meshlm_resume", "meshlm_export",     "meshlm_refit",
+    "meshlm_reload", "meshlm_reload_tensors", "meshlm_generate"};
+
+int api_leave(meshlm_session *s, int rc) {
+  if (rc == 0) return 0;
+  const char *msg = ml_error_msg();
+  snprintf(s->err, sizeof s->err, "%s", msg[0] ? msg : "unknown error (no message recorded)");
+  ml_error_clear();
+  return -1;
+}
+
+int api_agree(meshlm_session *s, int rc) { return api_leave(s, ml_host_agree(s->world, rc)); }
+
+_Noreturn void api_abort(meshlm_session *s) {
+  fprintf(stderr, "meshlm: error: %s; aborting every rank (a failure inside collectives)\n",
+          ml_error_msg());
+  fflush(stderr);
+  MPI_Abort(s->comm, 1);
+  exit(1);
+}
+
+int api_enter(meshlm_session *s, api_call call) {
+  if (!s) return -1;
+  s->err[0] = '\0';
+  ml_error_clear();
+  if (!s->open) {
+    snprintf(s->err, sizeof s->err, "%s: the session is not open (closed, or its meshlm_open "
+             "failed)", k_calls[call]);
+    return -1;
+  }
+  int n = s->world->size;
+  int32_t mine = (int32_t)call, *all = ml_calloc((size_t)n, sizeof *all, "the call check");
+  int rc = all ? ml_host_all_gather(s->world, &mine, sizeof mine, all) : -1;
+  for (int q = 0; rc == 0 && q < n; q++)
+    if (all[q] != mine && all[q] > 0 && all[q] < API_CALL_KINDS)
+      rc = ml_err("collective call order: rank %d called %s while rank %d called %s; every rank "
+                  "must make the same collective calls in the same order",
+                  s->world->rank, k_calls[call], q, k_calls[all[q]]);
+  free(all);
+  return api_agree(s, rc);
+}
+
+/* The options a session cannot run with, named. */
+static int check_options(const meshlm_options *o) {
+  if (o->dp_replicate < 1 || o->cp < 1 || o->tp < 1)
+    return ml_err("meshlm_options: dp_replicate %d, cp %d, tp %d; expected each >= 1",
+                  o->dp_replicate, o->cp, o->tp);
+  if (!o->device || (strcmp(o->device, "cpu") && strcmp(o->device, "cuda")))
+    return ml_err("meshlm_options.device '%s'; expected \"cpu\" or \"cuda\"",
+                  o->device ? o->device : "(null)");
+  if ((o->param_dtype != MESHLM_DTYPE_F32 && o->param_dtype != MESHLM_DTYPE_BF16) ||
+      (o->reduce_dtype != MESHLM_DTYPE_F32 && o->reduce_dtype != MESHLM_DTYPE_BF16))
+    return ml_err("meshlm_options: param_dtype %d, reduce_dtype %d; expected MESHLM_DTYPE_F32 or "
+                  "MESHLM_DTYPE_BF16", (int)o->param_dtype, (int)o->reduce_dtype);
+  if ((unsigned)o->ac > MESHLM_AC_SELECTIVE)
+    return ml_err("meshlm_options.ac %d; expected MESHLM_AC_NONE, _FULL or _SELECTIVE", (int)o->ac);
+  if ((unsigned)o->schedule > MESHLM_LR_COSINE)
+    return ml_err("meshlm_options.schedule %d; expected MESHLM_LR_CONSTANT, _LINEAR or _COSINE",
+                  (int)o->schedule);
+  if (!(o->lr >= 0) || !(o->min_lr >= 0) || !(o->eps > 0) || !(o->weight_decay >= 0) ||
+      !(o->beta1 >= 0 && o->beta1 < 1) || !(o->beta2 >= 0 && o->beta2 < 1))
+    return ml_err("meshlm_options: lr %g, min_lr %g, betas (%g, %g), eps %g, weight_decay %g; "
+                  "expected lr, min_lr, weight_decay >= 0, betas in [0, 1), eps > 0",
+                  o->lr, o->min_lr, o->beta1, o->beta2, o->eps, o->weight_decay);
+  if (o->warmup_steps < 0 || o->total_steps < 1)
+    return ml_err("meshlm_options: warmup_steps %lld, total_steps %lld; expected >= 0 and >= 1",
+                  (long long)o->warmup_steps, (long long)o->total_steps);
+  if (!(o->max_grad_norm >= 0))
+    return ml_err("meshlm_options.max_grad_norm %g; expected >= 0 (0: no clipping)",
+                  o->max_grad_norm);
+  if (o->micro_batch_tokens < 1)
+    return ml_err("meshlm_options.micro_batch_tokens %lld; expected >= 1",
+                  (long long)o->micro_batch_tokens);
+  return 0;
+}
+
+static ml_engine_opts engine_opts(const meshlm_options *o, const char *plan) {
+  ml_engine_opts eo = ml_engine_opts_default();
+  eo.parallel_plan = plan;
+  eo.sequence_parallel = o->sequence_parallel != 0;
+  eo.fsdp.param_dtype = o->param_dtype == MESHLM_DTYPE_BF16 ? ML_BF16 : ML_F32;
+  eo.fsdp.reduce_dtype = o->reduce_dtype == MESHLM_DTYPE_BF16 ? ML_BF16 : ML_F32;
+  eo.ac = o->ac == MESHLM_AC_FULL ? ML_AC_LAYER : o->ac == MESHLM_AC_SELECTIVE ? ML_AC_SELECTIVE
+                                                                             : ML_AC_NONE;
+  return eo;
+}
+
+/* Copy the options, their strings and the schedule into s. */
+static int keep_options(meshlm_session *s, const meshlm_options *o) {
+  s->o = *o;
+  s->device = strdup(o->device);
+  s->plan = o->parallel_plan ? strdup(o->parallel_plan) : NULL;
+  if (!s->device || (o->parallel_plan && !s->plan)) return ml_err("meshlm_open: out of memory");
+  s->o.device = s->device;
+  s->o.parallel_plan = s->plan;
+  ml_lr_decay decay[] = {ML_LR_CONSTANT, ML_LR_LINEAR, ML_LR_COSINE};
+  s->sched = (ml_lr_schedule){decay[o->schedule], o->lr, o->min_lr, o->warmup_steps,
+                              o->total_steps};
+  return 0;
+}
+
+/* Mesh and engine on s->comm. */
+static int open_engine(meshlm_session *s, const char *model_dir) {
+  ml_arg_choice dev = ml_device_choice();
+  while (strcmp(dev.names[dev.index], s->o.device) != 0) dev.index++;
+  ml_engine_opts eo = engine_opts(&s->o, s->plan);
+  ml_comm_factory make_comm;
+  void *ctx;
+  ML_TRY(ml_device_open("meshlm_open", &dev, &eo.backend, &make_comm, &ctx));
+  ML_TRY(ml_mesh_create(s->comm, s->o.dp_replicate, 0, s->o.cp, s->o.tp, make_comm, ctx,
+                        &s->mesh));
+  return ml_engine_open(&s->e, &s->mesh, model_dir, &eo);
+}
+
+static int ensure_mpi(void) {
+  int up = 0, down = 0;
+  MPI_Initialized(&up);
+  MPI_Finalized(&down);
+  if (down) return ml_err("meshlm_open: MPI was finalised already; expected it running");
+  if (up) return 0;
+  int provided;
+  if (MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+    return ml_err("meshlm_open: MPI_Init_thread failed");
+  g_mpi_ours = true;
+  return 0;
+}
+
+int meshlm_open(const char *model_dir, const meshlm_options *o, MPI_Comm comm,
+                meshlm_session **out) {
+  meshlm_session *s = calloc(1, sizeof *s);
+  *out = s;
+  if (!s) return -1;
+  s->comm = MPI_COMM_NULL;
+  meshlm_options def;
+  meshlm_options_default(&def);
+  if (!o) o = &def;
+  ml_error_clear();
+  if (ensure_mpi()) return api_leave(s, -1);
+  int wr = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+  ml_error_set_rank(wr);
+  if (MPI_Comm_dup(comm, &s->comm) != MPI_SUCCESS) {
+    s->comm = MPI_COMM_NULL;
+    return api_leave(s, ml_err("meshlm_open: MPI_Comm_dup of the communicator failed"));
+  }
+  if (ml_host_create(s->comm, "world", &s->world)) return api_leave(s, -1);
+  int rc = check_options(o);
+  if (rc == 0 && !model_dir) rc = ml_err("meshlm_open: model_dir is NULL");
+  if (rc == 0) rc = keep_options(s, o);
+  if (ml_host_agree(s->world, rc)) return api_leave(s, -1);
+  if (api_agree(s, open_engine(s, model_dir))) return -1;
+  s->open = true;
+  return 0;
+}
+
+int meshlm_open_f(const char *model_dir, const meshlm_options *o, int64_t comm_f,
+                  meshlm_session **out) {
+  int up = 0;
+  MPI_Initialized(&up);
+  if (comm_f < 0 || !up) return meshlm_open(model_dir, o, MPI_COMM_WORLD, out);
+  return meshlm_open(model_dir, o, MPI_Comm_f2c((MPI_Fint)comm_f), out);
+}
+
+void meshlm_close(meshlm_session *s) {
+  if (!s) return;
+  if (s->open) api_enter(s, API_CALL_CLOSE);
+  if (s->gen_open) {
+    ml_engine_close(&s->gen);
+    ml_mesh_destroy(&s->gen_mesh);
+  }
+  ml_engine_close(&s->e);
+  ml_mesh_destroy(&s->mesh);
+  ml_host_destroy(s->world);
+  if (s->comm != MPI_COMM_NULL) MPI_Comm_free(&s->comm);
+  free(s->device);
+  free(s->plan);
+  free(s);
+}
+
+int meshlm_finalize(void) {
+  int down = 0;
+  MPI_Finalized(&down);
+  if (!g_mpi_ours || down) return 0;
+  g_mpi_ours = false;
+  ml_backend_release_all();
+  return MPI_Finalize() == MPI_SUCCESS ? 0 : -1;
+}
+
+const char *meshlm_error(const meshlm_session *s) {
+  return s ? s->err : "meshlm: no session (meshlm_open could not allocate one)";
+}
+
+/* config.json's bos_token_id / eos_token_id (an int, or the first of a
+ * list), −1 when absent. */
+static int32_t special_id(const char *model_dir, const char *key) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/config.json", model_dir);
+  json_t *root = json_load_file(path, 0, NULL);
+  json_t *v = root ? json_object_get(root, key) : NULL;
+  if (json_is_array(v)) v = json_array_get(v, 0);
+  int32_t id = json_is_integer(v) ? (int32_t)json_integer_value(v) : -1;
+  json_decref(root);
+  return id;
+}
+
+int meshlm_get_info(meshlm_session *s, meshlm_info *out) {
+  if (!s || !s->open) {
+    if (s) snprintf(s->err, sizeof s->err, "meshlm_get_info: the session is not open");
+    return -1;
+  }
+  const ml_mesh *m = &s->mesh;
+  const ml_model_config *c = &s->e.model.cfg;
+  *out = (meshlm_info){
+      .rank = m->rank, .world = m->world_size, .dp_replicate = m->dp_replicate,
+      .dp_shard = m->dp_shard, .cp = m->cp, .tp = m->tp,
+      .dp_rank = m->groups[ML_GROUP_DP].rank, .dp_size = m->groups[ML_GROUP_DP].size,
+      .cp_rank = m->cp_rank, .tp_rank = m->tp_rank, .vocab_size = c->vocab,
+      .hidden_size = c->hidden, .num_layers = c->n_layers,
+      .num_params = ml_model_config_num_params(c),
+      .bos_token_id = special_id(s->e.model_dir, "bos_token_id"),
+      .eos_token_id = special_id(s->e.model_dir, "eos_token_id"), .step = s->e.step};
+  return 0;
+}
+
+int api_check_seqs(const meshlm_session *s, const meshlm_seqs *b, const char *what,
+                   int64_t min_len, int64_t *tokens_out, int64_t *preds) {
+  if (!b) return ml_err("%s: the batch is NULL", what);
+  if (b->n < 0) return ml_err("%s: n = %lld sequences; expected >= 0", what, (long long)b->n);
+  if (b->n > 0 && (!b->lens || !b->tokens))
+    return ml_err("%s: %lld sequences but lens or tokens is NULL", what, (long long)b->n);
+  const ml_model_config *c = &s->e.model.cfg;
+  int64_t tokens = 0, p = 0;
+  for (int64_t k = 0; k < b->n; k++) {
+    int64_t L = b->lens[k];
+    if (L < min_len || L > c->max_positions)
+      return ml_err("%s: sequence %lld has %lld tokens; expected %lld .. %lld "
+                    "(max_position_embeddings)",
+                    what, (long long)k, (long long)L, (long long)min_len,
+                    (long long)c->max_positions);
+    tokens += L; /* each <= max_positions <= 2^31: no overflow below 2^32 sequences */
+    p += L - 1;
+  }
+  for (int64_t t = 0, k = 0, end = b->n ? b->lens[0] : 0; t < tokens; t++) {
+    while (t >= end) end += b->lens[++k];
+    if (b->tokens[t] < 0 || b->tokens[t] >= c->vocab)
+      return ml_err("%s: sequence %lld, token %lld: id %d; expected 0 .. %lld (vocab_size - 1)",
+                    what, (long long)k, (long long)(t - (end - b->lens[k])), b->tokens[t],
+                    (long long)(c->vocab - 1));
+  }
+  *tokens_out = tokens;
+  if (preds) *preds = p;
+  return 0;
+}
+
+/* FNV-1a over the batch's lengths and ids. */
+static uint64_t batch_hash(const meshlm_seqs *b) {
+  uint64_t h = 1469598103934665603ull;
+  const unsigned char *p = (const unsigned char *)&b->n;
+  for (size_t i = 0; i < sizeof b->n; i++) h = (h ^ p[i]) * 1099511628211ull;
+  int64_t tokens = 0;
+  for (int64_t k = 0; k < b->n; k++) {
+    tokens += b->lens[k];
+    p = (const unsigned char *)&b->lens[k];
+    for (size_t i = 0; i < sizeof b->lens[k]; i++) h = (h ^ p[i]) * 1099511628211ull;
+  }
+  p = (const unsigned char *)b->tokens;
+  for (size_t i = 0; i < sizeof(int32_t) * (size_t)tokens; i++) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+int api_check_replicas(meshlm_session *s, const meshlm_seqs *b, const char *what) {
+  uint64_t h = batch_hash(b);
+  ml_group groups[2] = {ML_GROUP_TP, ML_GROUP_CP};
+  for (int g = 0; g < 2; g++) {
+    ml_host *host = ml_mesh_host(&s->mesh, groups[g]);
+    if (host->size == 1) continue;
+    /* two int64 halves' MIN and MAX in one reduction: v and −v under MAX */
+    int64_t v[4] = {(int64_t)(h >> 32), (int64_t)(h & 0xffffffffu), -(int64_t)(h >> 32),
+                    -(int64_t)(h & 0xffffffffu)};
+    ML_TRY(ml_host_all_reduce_i64(host, v, 4, ML_RED_MAX));
+    if (v[0] != -v[2] || v[1] != -v[3])
+      return ml_err("%s: the %s ranks of data-parallel rank %d passed different batches; "
+                    "expected the same sequences on every tp and cp rank of a data-parallel rank",
+                    what, ml_group_name(groups[g]), s->mesh.groups[ML_GROUP_DP].rank);
+  }
+  return 0;
+}

@@ -1,0 +1,82 @@
+/* The library's session (include/meshlm/meshlm.h meshlm_session): the
+ * engine over a mesh on the caller's communicator, the options, the
+ * session's own error message, and the pieces every call shares — the
+ * collective-order check, error capture, batch validation. Internal to
+ * libmeshlm (src/api). */
+#ifndef ML_API_SESSION_H
+#define ML_API_SESSION_H
+
+#include <stdbool.h>
+
+#include "comm/host.h"
+#include "common/status.h"
+#include "meshlm/meshlm.h"
+#include "parallel/mesh.h"
+#include "train/engine.h"
+#include "train/schedule.h"
+
+/* The collective calls, for the order check (their names: api_call_name). */
+typedef enum {
+  API_CALL_CLOSE = 1,
+  API_CALL_LOGPROBS,
+  API_CALL_TRAIN_STEP,
+  API_CALL_SAVE,
+  API_CALL_RESUME,
+  API_CALL_EXPORT,
+  API_CALL_REFIT,
+  API_CALL_RELOAD,
+  API_CALL_RELOAD_TENSORS,
+  API_CALL_GENERATE,
+  API_CALL_KINDS
+} api_call;
+
+struct meshlm_session {
+  bool open;                  /* opened successfully, not closed */
+  char err[ML_ERROR_MSG_CAP]; /* the last error's message */
+  MPI_Comm comm;              /* the caller's communicator, duplicated */
+  ml_host *world;             /* host channel over it */
+  ml_mesh mesh;
+  ml_engine e;
+  meshlm_options o;           /* as opened (device and plan strings copied below) */
+  char *device, *plan;
+  ml_lr_schedule sched;
+  int64_t version;            /* bumped whenever the weights change */
+  meshlm_call_stats last;     /* of the last logprobs / train_step (meshlm_last_call_stats) */
+  /* the generation replica (api/generate.c): an engine on this rank alone */
+  ml_mesh gen_mesh;
+  ml_engine gen;
+  bool gen_open;
+  int64_t gen_version;        /* `version` it was refitted at */
+};
+
+/* Begin a collective call: clears the session's message and checks that
+ * every rank makes the same call (one all-gather of call ids over the
+ * world). Errors (every rank): s NULL or not open (no collective then:
+ * every rank sees its own), a rank calling another collective. */
+int api_enter(meshlm_session *s, api_call call);
+
+/* Record the current error (common/status.h) as s's message, clear it;
+ * returns −1. A no-op returning 0 when rc == 0. */
+int api_leave(meshlm_session *s, int rc);
+
+/* Agree rc over the world (every rank −1 with the first failing rank's
+ * message when any failed), then api_leave. */
+int api_agree(meshlm_session *s, int rc);
+
+/* A failure inside a computation's collectives, where the other ranks may
+ * be waiting in one: print the message and MPI_Abort the communicator (as
+ * the CLI does; the header says so). */
+_Noreturn void api_abort(meshlm_session *s);
+
+/* Check a batch: n >= 0, lens and tokens given when n > 0, each length in
+ * [1, max_position_embeddings] (min_len 2: at least one prediction),
+ * every id in [0, vocab); *tokens_out = Σ lens, *preds = Σ (lens − 1).
+ * `what` names the argument. No collective. */
+int api_check_seqs(const meshlm_session *s, const meshlm_seqs *b, const char *what,
+                   int64_t min_len, int64_t *tokens_out, int64_t *preds);
+
+/* The tp and cp ranks of one data-parallel rank pass the same batch:
+ * compared by a hash of it over the tp and the cp groups. Collective. */
+int api_check_replicas(meshlm_session *s, const meshlm_seqs *b, const char *what);
+
+#endif

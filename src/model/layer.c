@@ -112,7 +112,7 @@ static ml_attn_call core_call(const ml_model *m, const ml_layer *L) {
                         .nh = a->qv.c / hd, .nkv = a->kv.c / hd, .hd = hd,
                         .group = group_of(m), .head_off = m->attn_head_off,
                         .scale = attn_scale(m), .window = L->window,
-                        .compute = attn_compute(L)};
+                        .compute = attn_compute(L), .layer = L - m->layers};
 }
 
 /* Whether c's heads group as the whole-sequence attention calls assume

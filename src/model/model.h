@@ -172,6 +172,8 @@ typedef struct ml_attn_call {
   float scale;
   int64_t window;
   ml_dtype compute;
+  int64_t layer; /* the decoder layer the call serves (0 .. n_layers − 1), for a core
+                    that keeps per-layer state (train/generate.c: its KV cache) */
 } ml_attn_call;
 
 /* The attention core, replaceable from outside as torch's context_parallel

@@ -1,0 +1,347 @@
+/* Generation with a KV cache (train/generate.h) on one rank:
+ * `test_generate FIXTURE`. Prompts are pieces of the fixture's rows.
+ *  - greedy against the full forward: each generated token's log-prob is
+ *    the engine's log-prob of prompt + generated tokens at that position,
+ *    and the token is the argmax of the full forward's distribution, both
+ *    within tolerance.h's bounds; in fp32 and with bf16 parameters; the
+ *    engine's log-probs before and after the call are bitwise equal;
+ *  - batching: prompts of different lengths and a repeated prompt give each
+ *    row what it gets alone (greedy), and a sampled row what it gets in
+ *    another batch;
+ *  - seeds, top_p → 0 (greedy), eos, max_new 1;
+ *  - argument errors. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine_run.h"
+#include "parity_util.h"
+#include "train/generate.h"
+
+enum { NMAX = 4, NEW = 16 };
+
+static const char *g_fixture;
+
+/* Prompts: n pieces of the fixture's rows, concatenated. */
+typedef struct prompts {
+  int64_t n, lens[NMAX];
+  int32_t tokens[NMAX * 24];
+} prompts;
+
+/* Add fixture row `row`'s tokens off .. off+len−1 as the next prompt. */
+static void add(prompts *p, const fixture *fx, int64_t row, int64_t off, int64_t len) {
+  int64_t at = 0;
+  for (int64_t k = 0; k < p->n; k++) at += p->lens[k];
+  memcpy(p->tokens + at, fx->ids + row * fx->S + off, sizeof(int32_t) * (size_t)len);
+  p->lens[p->n++] = len;
+}
+
+/* The first token of prompt k. */
+static const int32_t *prompt_at(const prompts *p, int64_t k) {
+  int64_t at = 0;
+  for (int64_t i = 0; i < k; i++) at += p->lens[i];
+  return p->tokens + at;
+}
+
+typedef struct result {
+  int32_t tok[NMAX * NEW];
+  int64_t len[NMAX];
+  float lp[NMAX * NEW];
+} result;
+
+static ml_gen_opts greedy(void) { return (ml_gen_opts){.max_new = NEW, .greedy = true, .eos = -1}; }
+
+static ml_gen_opts sampled(float temperature, float top_p, uint64_t seed) {
+  return (ml_gen_opts){.max_new = NEW, .temperature = temperature, .top_p = top_p, .eos = -1,
+                       .seed = seed};
+}
+
+static void generate(run *r, const prompts *p, const ml_gen_opts *o, result *out) {
+  if (ml_generate(&r->e, p->n, p->lens, p->tokens, o, out->tok, out->len, out->lp))
+    fail_msg("generate: %s", ml_error_msg());
+}
+
+static void open_fixture(run *r, fixture *fx, ml_dtype param_dtype) {
+  fixture_load(g_fixture, fx);
+  ml_engine_opts opts = ml_engine_opts_default();
+  opts.fsdp.param_dtype = param_dtype;
+  run_open(r, MPI_COMM_SELF, 1, 1, &opts, fx->dir);
+}
+
+/* The engine's log-probs of the fixture batch [B, S−1] into lp (malloc'd). */
+static float *fixture_logprobs(run *r, const fixture *fx) {
+  float *lp = malloc(sizeof(float) * (size_t)(fx->B * (fx->S - 1)));
+  if (!lp || ml_engine_logprobs(&r->e, fx->ids, fx->B, fx->S, lp))
+    fail_msg("logprobs: %s", lp ? ml_error_msg() : "out of memory");
+  return lp;
+}
+
+/* The full forward's log-probs f [V] of every token v after prompt k and
+ * its first j generated tokens: V sequences (that prefix, then v) through
+ * ml_engine_logprobs, each's last position. */
+static void full_distribution(run *r, const prompts *p, int64_t k, const result *g, int64_t j,
+                              float *f) {
+  int64_t V = r->e.model.cfg.vocab, P = p->lens[k], S = P + j + 1;
+  int32_t *ids = malloc(sizeof(int32_t) * (size_t)(V * S));
+  float *lp = malloc(sizeof(float) * (size_t)(V * (S - 1)));
+  if (!ids || !lp) fail_msg("out of memory");
+  for (int64_t v = 0; v < V; v++) {
+    memcpy(ids + v * S, prompt_at(p, k), sizeof(int32_t) * (size_t)P);
+    memcpy(ids + v * S + P, g->tok + k * NEW, sizeof(int32_t) * (size_t)j);
+    ids[v * S + S - 1] = (int32_t)v;
+  }
+  int rc = ml_engine_logprobs(&r->e, ids, V, S, lp);
+  for (int64_t v = 0; rc == 0 && v < V; v++) f[v] = lp[v * (S - 1) + S - 2];
+  free(ids);
+  free(lp);
+  if (rc) fail_msg("logprobs: %s", ml_error_msg());
+}
+
+/* Greedy generation against the full forward, with parameters in
+ * param_dtype. The compared quantities are two evaluations of the same
+ * log-probs: in fp32 in different orders (the cache's attention over one
+ * query row, tolerance.h §3 tol_model_pair, relative L2), with bf16
+ * parameters each also with its own rounding sites (§4 tol_bf16_pair).
+ * Argmax: the cache path's log-probs c [V] and the full path's f [V] at a
+ * position satisfy ||c − f|| <= tol·||f|| (the bound applied to that
+ * tensor); the generated t maximises c, so for every v, f_t >= f_v −
+ * |c_t − f_t| − |c_v − f_v| >= f_v − sqrt(2)·tol·||f||. */
+static void check_greedy(ml_dtype param_dtype) {
+  static fixture fx;
+  static run r;
+  open_fixture(&r, &fx, param_dtype);
+  prompts p = {0};
+  add(&p, &fx, 0, 0, 5);
+  add(&p, &fx, 1, 2, 9);
+  float *before = fixture_logprobs(&r, &fx);
+  result g;
+  ml_gen_opts o = greedy();
+  generate(&r, &p, &o, &g);
+  float *after = fixture_logprobs(&r, &fx);
+  /* the engine is restored: the same kernels on the same inputs (TOL_EXACT) */
+  assert_memory_equal(before, after, sizeof(float) * (size_t)(fx.B * (fx.S - 1)));
+  free(before);
+  free(after);
+  int64_t V = r.e.model.cfg.vocab;
+  tol_model tm = tol_model_of(&r, p.lens[1] + NEW, V * (p.lens[1] + NEW));
+  double tol = param_dtype == ML_BF16 ? tol_bf16_pair(&tm, TOL_LOGPROBS)
+                                      : tol_model_pair(&tm, TOL_LOGPROBS);
+  float *f = malloc(sizeof(float) * (size_t)V), ref[NMAX * NEW], got[NMAX * NEW];
+  if (!f) fail_msg("out of memory");
+  int64_t m = 0;
+  double worst_gap = 0;
+  for (int64_t k = 0; k < p.n; k++) {
+    assert_int_equal(g.len[k], NEW);
+    for (int64_t j = 0; j < NEW; j++) {
+      full_distribution(&r, &p, k, &g, j, f);
+      int32_t t = g.tok[k * NEW + j];
+      double best = -INFINITY, norm = 0;
+      for (int64_t v = 0; v < V; v++) {
+        best = fmax(best, f[v]);
+        norm += (double)f[v] * f[v];
+      }
+      double gap = (best - f[t]) / (sqrt(2.0) * tol * sqrt(norm));
+      worst_gap = fmax(worst_gap, gap);
+      if (gap > 1.0)
+        fail_msg("prompt %lld step %lld: token %d has log-prob %.7g, the full forward's max is "
+                 "%.7g (gap %.3g of the bound)",
+                 (long long)k, (long long)j, t, f[t], best, gap);
+      ref[m] = f[t];
+      got[m++] = g.lp[k * NEW + j];
+    }
+  }
+  free(f);
+  double err = rel_l2(got, ref, m);
+  printf("%s %s greedy vs full forward: log-probs rel L2 %.3g (bound %.3g); argmax gap %.3g of "
+         "its bound\n",
+         g_fixture, param_dtype == ML_BF16 ? "bf16" : "fp32", err, tol, worst_gap);
+  assert_true(err <= tol);
+  run_close(&r);
+  fixture_free(&fx);
+}
+
+static void test_greedy_fp32(void **state) {
+  (void)state;
+  check_greedy(ML_F32);
+}
+
+static void test_greedy_bf16(void **state) {
+  (void)state;
+  check_greedy(ML_BF16);
+}
+
+/* Row k of a (of n_a rows, generating max_new) equals row k_b of b. The
+ * tokens exactly (a token could differ only where two candidates' log-probs
+ * tie within rounding, which the fixtures' random weights do not produce),
+ * the log-probs within tol (relative L2 over the row). */
+static void same_row(const result *a, int64_t k, const result *b, int64_t kb, double tol) {
+  assert_int_equal(a->len[k], b->len[kb]);
+  assert_memory_equal(a->tok + k * NEW, b->tok + kb * NEW, sizeof(int32_t) * NEW);
+  assert_true(rel_l2(a->lp + k * NEW, b->lp + kb * NEW, NEW) <= tol);
+}
+
+/* Prompts of different lengths and a repeated prompt in one call: greedy
+ * rows as each prompt alone; a sampled row as in another batch (its draws
+ * depend on the seed and its index only); the repeated prompt's sampled
+ * rows differ (different draws). */
+static void test_batching(void **state) {
+  (void)state;
+  static fixture fx;
+  static run r;
+  open_fixture(&r, &fx, ML_F32);
+  prompts p = {0};
+  add(&p, &fx, 0, 0, 4);
+  add(&p, &fx, 1, 0, 7);
+  add(&p, &fx, 0, 0, 4);
+  add(&p, &fx, 1, 5, 4);
+  tol_model tm = tol_model_of(&r, 7 + NEW, NMAX * (7 + NEW));
+  double tol = tol_model_pair(&tm, TOL_LOGPROBS);
+  result all, one;
+  ml_gen_opts o = greedy();
+  generate(&r, &p, &o, &all);
+  for (int64_t k = 0; k < p.n; k++) {
+    prompts q = {0};
+    q.n = 1;
+    q.lens[0] = p.lens[k];
+    memcpy(q.tokens, prompt_at(&p, k), sizeof(int32_t) * (size_t)p.lens[k]);
+    generate(&r, &q, &o, &one);
+    same_row(&all, k, &one, 0, tol);
+  }
+  o = sampled(1.0f, 0.9f, 11);
+  generate(&r, &p, &o, &all);
+  prompts q = {0};
+  add(&q, &fx, 0, 0, 4);
+  add(&q, &fx, 1, 3, 6);
+  generate(&r, &q, &o, &one);
+  same_row(&all, 0, &one, 0, tol);
+  assert_memory_not_equal(all.tok, all.tok + 2 * NEW, sizeof(int32_t) * NEW);
+  run_close(&r);
+  fixture_free(&fx);
+}
+
+/* Seeds, top_p → 0, eos and max_new 1. */
+static void test_sampling_and_eos(void **state) {
+  (void)state;
+  static fixture fx;
+  static run r;
+  open_fixture(&r, &fx, ML_F32);
+  prompts p = {0};
+  add(&p, &fx, 0, 1, 6);
+  add(&p, &fx, 1, 0, 3);
+  result a = {0}, b = {0}; /* rows past n stay 0: whole results compare */
+  ml_gen_opts o = sampled(1.0f, 1.0f, 5);
+  generate(&r, &p, &o, &a);
+  generate(&r, &p, &o, &b); /* the same computation: bitwise */
+  assert_memory_equal(&a, &b, sizeof a);
+  o.seed = 6;
+  generate(&r, &p, &o, &b);
+  assert_memory_not_equal(a.tok, b.tok, sizeof a.tok);
+  /* a nucleus of one token is the argmax, on the same logits */
+  result gr = {0};
+  ml_gen_opts og = greedy();
+  generate(&r, &p, &og, &gr);
+  o = sampled(0.7f, 1e-6f, 5);
+  generate(&r, &p, &o, &b);
+  assert_memory_equal(&gr, &b, sizeof gr);
+  /* eos: each row stops after its first eos of the greedy run */
+  og.eos = gr.tok[3];
+  generate(&r, &p, &og, &b);
+  for (int64_t k = 0; k < p.n; k++) {
+    int64_t end = NEW;
+    for (int64_t j = NEW - 1; j >= 0; j--)
+      if (gr.tok[k * NEW + j] == og.eos) end = j + 1;
+    assert_int_equal(b.len[k], end);
+    assert_memory_equal(b.tok + k * NEW, gr.tok + k * NEW, sizeof(int32_t) * (size_t)end);
+    assert_memory_equal(b.lp + k * NEW, gr.lp + k * NEW, sizeof(float) * (size_t)end);
+    for (int64_t j = end; j < NEW; j++) {
+      assert_int_equal(b.tok[k * NEW + j], -1);
+      assert_true(b.lp[k * NEW + j] == 0.0f);
+    }
+  }
+  assert_true(b.len[0] <= 4);
+  /* max_new 1: the prefill's token alone, into [n, 1] */
+  og = greedy();
+  og.max_new = 1;
+  int32_t t1[NMAX];
+  int64_t l1[NMAX];
+  if (ml_generate(&r.e, p.n, p.lens, p.tokens, &og, t1, l1, NULL))
+    fail_msg("generate: %s", ml_error_msg());
+  for (int64_t k = 0; k < p.n; k++) {
+    assert_int_equal(l1[k], 1);
+    assert_int_equal(t1[k], gr.tok[k * NEW]);
+  }
+  run_close(&r);
+  fixture_free(&fx);
+}
+
+/* A call refused with -1 and a message containing `want`. */
+static void refused(run *r, int64_t n, const int64_t *lens, const int32_t *tokens,
+                    const ml_gen_opts *o, const char *want) {
+  result out;
+  ml_error_clear();
+  int rc = ml_generate(&r->e, n, lens, tokens, o, out.tok, out.len, out.lp);
+  const char *msg = ml_error_msg();
+  printf("refused: %s\n", msg);
+  if (rc != -1 || !strstr(msg, want))
+    fail_msg("expected -1 and a message with \"%s\"; got %d, \"%s\"", want, rc, msg);
+  ml_error_clear();
+}
+
+static void test_errors(void **state) {
+  (void)state;
+  static fixture fx;
+  static run r;
+  open_fixture(&r, &fx, ML_F32);
+  prompts p = {0};
+  add(&p, &fx, 0, 0, 4);
+  add(&p, &fx, 1, 0, 3);
+  int64_t V = r.e.model.cfg.vocab, maxpos = r.e.model.cfg.max_positions;
+  ml_gen_opts o = sampled(1.0f, 1.0f, 0);
+  refused(&r, -1, p.lens, p.tokens, &o, "n = -1");
+  int64_t zero[2] = {4, 0};
+  refused(&r, 2, zero, p.tokens, &o, "prompt 1 has 0 tokens");
+  int32_t bad[7];
+  memcpy(bad, p.tokens, sizeof bad);
+  bad[5] = (int32_t)V;
+  refused(&r, 2, p.lens, bad, &o, "prompt 1, position 1: token id");
+  bad[5] = -3;
+  refused(&r, 2, p.lens, bad, &o, "token id -3");
+  o.max_new = 0;
+  refused(&r, 2, p.lens, p.tokens, &o, "max_new 0");
+  o = sampled(0.0f, 1.0f, 0);
+  refused(&r, 2, p.lens, p.tokens, &o, "temperature 0");
+  o = sampled(-1.0f, 1.0f, 0);
+  refused(&r, 2, p.lens, p.tokens, &o, "temperature -1");
+  o = sampled(1.0f, 0.0f, 0);
+  refused(&r, 2, p.lens, p.tokens, &o, "top_p 0");
+  o = sampled(1.0f, 1.5f, 0);
+  refused(&r, 2, p.lens, p.tokens, &o, "top_p 1.5");
+  o = sampled(1.0f, 1.0f, 0);
+  o.max_new = maxpos - 2; /* 3 + max_new fits, 4 + max_new does not */
+  refused(&r, 2, p.lens, p.tokens, &o, "max_position_embeddings");
+  run_close(&r);
+  fixture_free(&fx);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  if (argc != 2) {
+    fprintf(stderr, "usage: test_generate FIXTURE\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  g_fixture = argv[1];
+  const struct CMUnitTest tests[] = {
+      held_test(test_greedy_fp32),  held_test(test_greedy_bf16),
+      held_test(test_batching),     held_test(test_sampling_and_eos),
+      held_test(test_errors),
+  };
+  return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
+}

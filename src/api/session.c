@@ -203,6 +203,8 @@ void meshlm_close(meshlm_session *s) {
   if (s->comm != MPI_COMM_NULL) MPI_Comm_free(&s->comm);
   free(s->device);
   free(s->plan);
+  free(s->wnames);
+  free(s->wdtypes);
   free(s);
 }
 

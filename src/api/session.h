@@ -40,7 +40,11 @@ struct meshlm_session {
   meshlm_options o;           /* as opened (device and plan strings copied below) */
   char *device, *plan;
   ml_lr_schedule sched;
+  int64_t steps;              /* trainer steps taken (the schedule's position; skipped ones
+                                 included, as the CLI's) */
   int64_t version;            /* bumped whenever the weights change */
+  char (*wnames)[sizeof((ml_param *)0)->name]; /* refit names (source layout), lazily */
+  ml_dtype *wdtypes;                             /* their source dtypes */
   meshlm_call_stats last;     /* of the last logprobs / train_step (meshlm_last_call_stats) */
   /* the generation replica (api/generate.c): an engine on this rank alone */
   ml_mesh gen_mesh;

@@ -124,6 +124,14 @@ static int load_param(ml_fsdp *f, ml_fsdp_unit *u, int i, const ml_ckpt *ck) {
   return rc;
 }
 
+int ml_fsdp_load(ml_fsdp *f, const ml_ckpt *ck, bool all) {
+  for (int u = 0; u < f->n_units; u++)
+    for (int i = 0; i < f->units[u].n; i++)
+      if (all || ml_ckpt_find(ck, f->units[u].params[i]->name))
+        ML_TRY(load_param(f, &f->units[u], i, ck));
+  return 0;
+}
+
 /* Point the unit's gathered parameters at their places in `base`, the
  * unsharded buffer of `type` (NULL: not materialised); the vocab-parallel
  * ones are never whole (NULL). */

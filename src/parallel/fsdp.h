@@ -144,6 +144,15 @@ bool ml_fsdp_reshard_after_forward(ml_reshard_policy policy, int u, int n_units)
  * (named, with both shapes), unreadable dtype, allocation. */
 int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fsdp_opts *opts,
                  bool vocab_parallel, const ml_ckpt *ck);
+
+/* Overwrite the fp32 shards of the parameters from checkpoint `ck` (its
+ * tensors, or tensors in memory dressed as one): each rank reads its rows
+ * of each TP-local tensor, as ml_fsdp_init does. all: every parameter must
+ * be there; else the ones it lacks keep their values. Gradients and AdamW
+ * state are untouched; the unsharded copies are the caller's to refresh
+ * (ml_engine_sync_params). Errors: a missing tensor (all), another shape,
+ * an unreadable dtype (named), allocation. */
+int ml_fsdp_load(ml_fsdp *f, const ml_ckpt *ck, bool all);
 void ml_fsdp_destroy(ml_fsdp *f);
 
 /* Start unit u's all-gather without waiting (no-op when u is out of range,

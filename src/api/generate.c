@@ -1,0 +1,93 @@
+/* meshlm_generate: sampling on a per-rank replica of the policy's weights
+ * (include/meshlm/meshlm.h; train/generate.h does the decoding). The
+ * replica is an engine on this rank alone (a one-rank mesh over
+ * MPI_COMM_SELF), opened from the model directory at the first call and
+ * refitted from the policy (ml_engine_stream_params to every rank) whenever
+ * the policy's weights changed since — NeMo RL's generation engine and its
+ * refit, in one process. */
+#include <string.h>
+
+#include "api/session.h"
+#include "cli/device.h"
+#include "train/generate.h"
+#include "train/save.h"
+
+void meshlm_sampling_default(meshlm_sampling *sp) {
+  *sp = (meshlm_sampling){.max_new_tokens = 32, .temperature = 1.0f, .top_p = 1.0f,
+                          .eos_token_id = -1};
+}
+
+static int open_replica(meshlm_session *s) {
+  ml_engine_opts eo = s->e.opts;
+  eo.parallel_plan = NULL;
+  eo.sequence_parallel = false;
+  ml_arg_choice dev = ml_device_choice();
+  while (strcmp(dev.names[dev.index], s->o.device) != 0) dev.index++;
+  ml_comm_factory make_comm;
+  void *ctx;
+  ML_TRY(ml_device_open("meshlm_generate", &dev, &eo.backend, &make_comm, &ctx));
+  ML_TRY(ml_mesh_create(MPI_COMM_SELF, 1, 1, 1, 1, make_comm, ctx, &s->gen_mesh));
+  if (ml_engine_open(&s->gen, &s->gen_mesh, s->e.model_dir, &eo)) {
+    ml_engine_close(&s->gen);
+    ml_mesh_destroy(&s->gen_mesh);
+    return -1;
+  }
+  s->gen_open = true;
+  s->gen_version = 0; /* the directory's weights: the policy's until they change */
+  return 0;
+}
+
+/* The replica's parameter k (export order) takes the policy's global tensor:
+ * on one rank its FSDP shard is the whole tensor. */
+static int into_replica(void *ctx, int k, const ml_param *p, const float *global) {
+  ml_engine *g = ctx;
+  for (int u = 0; u < g->fsdp.n_units; u++) {
+    ml_fsdp_unit *unit = &g->fsdp.units[u];
+    if (k >= unit->n) {
+      k -= unit->n;
+      continue;
+    }
+    return ml_be_copy(g->be, unit->shard + unit->shard_off[k], global,
+                      sizeof(float) * (size_t)(p->shape[0] * p->shape[1]), ML_COPY_H2D);
+  }
+  return ml_err("meshlm_generate: the replica has no parameter %d", k);
+}
+
+/* Collective: the replica open and at the policy's weights on every rank. */
+static int sync_replica(meshlm_session *s) {
+  int rc = s->gen_open ? 0 : open_replica(s);
+  ML_TRY(ml_host_agree(s->world, rc));
+  if (s->gen_version == s->version) return 0;
+  ML_TRY(ml_engine_stream_params(&s->e, -1, into_replica, &s->gen));
+  ML_TRY(ml_host_agree(s->world, ml_engine_sync_params(&s->gen)));
+  s->gen_version = s->version;
+  return 0;
+}
+
+static int check_sampling(const meshlm_sampling *sp) {
+  if (!sp) return ml_err("meshlm_generate: sampling is NULL");
+  if (sp->eos_token_id < -2)
+    return ml_err("meshlm_generate: eos_token_id %d; expected a token id, -1 (the model's) or "
+                  "-2 (none)", sp->eos_token_id);
+  return 0; /* the rest: ml_generate's checks, naming each field */
+}
+
+int meshlm_generate(meshlm_session *s, const meshlm_seqs *prompts, const meshlm_sampling *sp,
+                    int32_t *out_tokens, int64_t *out_lens, float *out_logprobs) {
+  ML_TRY(api_enter(s, API_CALL_GENERATE));
+  int64_t tokens;
+  int rc = check_sampling(sp);
+  if (rc == 0) rc = api_check_seqs(s, prompts, "meshlm_generate", 1, &tokens, NULL);
+  if (rc == 0 && prompts->n > 0 && (!out_tokens || !out_lens))
+    rc = ml_err("meshlm_generate: out_tokens or out_lens is NULL");
+  if (api_agree(s, rc) || api_agree(s, sync_replica(s))) return -1;
+  meshlm_info info;
+  int32_t eos = sp->eos_token_id;
+  if (eos == -1 && meshlm_get_info(s, &info) == 0) eos = info.eos_token_id;
+  ml_gen_opts o = {sp->max_new_tokens, sp->temperature, sp->top_p, sp->greedy != 0,
+                   eos < 0 ? -1 : eos, sp->seed};
+  /* local: each rank decodes its own prompts; the outcome is agreed */
+  rc = ml_generate(&s->gen, prompts->n, prompts->lens, prompts->tokens, &o, out_tokens, out_lens,
+                   out_logprobs);
+  return api_agree(s, rc);
+}

@@ -1,0 +1,161 @@
+/* meshlm_train_step: one optimizer step on a variable-length batch under
+ * the objectives of include/meshlm/meshlm.h (NeMo RL's loss functions). */
+#include <math.h>
+#include <string.h>
+
+#include "api/pack.h"
+#include "common/checked.h"
+
+void meshlm_loss_default(meshlm_loss *l) {
+  *l = (meshlm_loss){.kind = MESHLM_LOSS_NLL, .ratio_clip_min = 0.2f, .ratio_clip_max = 0.2f};
+}
+
+/* The loss's fields and the arrays it needs, named. */
+static int check_loss(const meshlm_loss *l, const meshlm_train_batch *b) {
+  if ((unsigned)l->kind > MESHLM_LOSS_CLIPPED_PG)
+    return ml_err("meshlm_train_step: loss.kind %d; expected MESHLM_LOSS_NLL, _WEIGHTED_NLL or "
+                  "_CLIPPED_PG", (int)l->kind);
+  if (!(l->ratio_clip_min >= 0) || !(l->ratio_clip_max >= 0) ||
+      !(l->ratio_clip_c == 0 || l->ratio_clip_c > 1) || !(l->kl_penalty >= 0))
+    return ml_err("meshlm_train_step: loss ratio_clip_min %g, ratio_clip_max %g, ratio_clip_c %g, "
+                  "kl_penalty %g; expected clips >= 0, ratio_clip_c 0 (off) or > 1, "
+                  "kl_penalty >= 0",
+                  l->ratio_clip_min, l->ratio_clip_max, l->ratio_clip_c, l->kl_penalty);
+  if (l->kind == MESHLM_LOSS_NLL && l->kl_penalty > 0)
+    return ml_err("meshlm_train_step: loss.kl_penalty %g with MESHLM_LOSS_NLL; expected 0 (the "
+                  "KL penalty goes with WEIGHTED_NLL or CLIPPED_PG)", l->kl_penalty);
+  if (b->seqs.n > 0 && l->kind == MESHLM_LOSS_CLIPPED_PG && !b->old_logprobs)
+    return ml_err("meshlm_train_step: MESHLM_LOSS_CLIPPED_PG needs old_logprobs; it is NULL");
+  if (b->seqs.n > 0 && l->kl_penalty > 0 && !b->ref_logprobs)
+    return ml_err("meshlm_train_step: loss.kl_penalty %g needs ref_logprobs; it is NULL",
+                  l->kl_penalty);
+  return 0;
+}
+
+/* Masked predictions of sequence k. */
+static int64_t masked(const meshlm_train_batch *b, int64_t k, int64_t o) {
+  int64_t L = b->seqs.lens[k], n = 0;
+  for (int64_t t = 0; t < L - 1; t++) n += !b->token_mask || b->token_mask[o + t];
+  return n;
+}
+
+/* The global counts the loss is normalised by: masked predictions and
+ * sequences with one, over the data-parallel ranks (tp and cp ranks of one
+ * hold the same batch). g[0] tokens, g[1] sequences, g[2] all sequences. */
+static int global_counts(meshlm_session *s, const meshlm_train_batch *b, const api_plan *p,
+                         int64_t g[3]) {
+  g[0] = g[1] = 0;
+  g[2] = b->seqs.n;
+  for (int64_t k = 0; k < b->seqs.n; k++) {
+    int64_t n = masked(b, k, p->start[k] - k);
+    g[0] += n;
+    g[1] += n > 0;
+  }
+  ML_TRY(ml_host_all_reduce_i64(ml_mesh_host(&s->mesh, ML_GROUP_DP), g, 3, ML_RED_SUM));
+  if (g[0] == 0)
+    return ml_err("meshlm_train_step: no masked prediction in the whole global batch (%lld "
+                  "sequences); expected at least one token_mask entry set",
+                  (long long)g[2]);
+  return 0;
+}
+
+/* Micro-batch j's objective inputs (position i of the row: the target
+ * token i + 1). */
+static void fill_objective(const api_plan *p, const meshlm_train_batch *b, const meshlm_loss *l,
+                           const int64_t g[3], int64_t j) {
+  const api_micro *m = &p->mb[j];
+  memset(p->obj, 0, sizeof *p->obj * (size_t)m->S);
+  int64_t at = 0;
+  for (int64_t i = 0; i < m->count; i++) {
+    int64_t k = p->order[m->first + i], L = b->seqs.lens[k], o = p->start[k] - k;
+    int64_t nk = l->sequence_level ? masked(b, k, o) : 0;
+    double norm = l->sequence_level ? (double)nk * (double)g[1] : (double)g[0];
+    float sw = b->seq_weights ? b->seq_weights[k] : 1.0f;
+    for (int64_t t = 0; t < L - 1; t++) {
+      ml_obj_in *in = &p->obj[at + t];
+      bool on = !b->token_mask || b->token_mask[o + t];
+      in->w = on ? (float)(1.0 / norm) : 0.0f;
+      in->adv = (b->token_weights ? b->token_weights[o + t] : 1.0f) * sw;
+      in->old_lp = b->old_logprobs ? b->old_logprobs[o + t] : 0.0f;
+      in->ref_lp = b->ref_logprobs ? b->ref_logprobs[o + t] : 0.0f;
+    }
+    at += L;
+  }
+}
+
+/* Zero, then forward + backward of every micro-batch; sums reduced over
+ * the data ranks (cp ranks hold pieces of the same sequences). Aborts on
+ * a failure inside the collectives. */
+static int accumulate(meshlm_session *s, const meshlm_train_batch *b, const meshlm_loss *l,
+                      const api_plan *p, const int64_t g[3], ml_obj_sums *sums) {
+  ml_obj_kind kinds[] = {ML_OBJ_NLL, ML_OBJ_WEIGHTED_NLL, ML_OBJ_CLIPPED_PG};
+  ml_objective obj = {kinds[l->kind], l->ratio_clip_min, l->ratio_clip_max, l->ratio_clip_c,
+                      l->kl_penalty};
+  if (ml_engine_zero_grad(&s->e)) api_abort(s);
+  for (int64_t j = 0; j < p->n_mb; j++) {
+    ml_engine_batch eb;
+    api_plan_fill(p, &b->seqs, j, &eb);
+    fill_objective(p, b, l, g, j);
+    eb.obj = p->obj;
+    ml_loss_out nll;
+    if (ml_engine_forward_backward_batch(&s->e, &eb, &obj, 0.0f, sums, &nll)) api_abort(s);
+  }
+  double v[4] = {sums->loss, sums->kl, (double)sums->trained, (double)sums->clipped};
+  ML_TRY(ml_host_all_reduce_f64(ml_mesh_host(&s->mesh, ML_GROUP_DP_CP), v, 4, ML_RED_SUM));
+  *sums = (ml_obj_sums){v[0], v[1], (int64_t)v[2], (int64_t)v[3]};
+  return 0;
+}
+
+/* Norm, clip, AdamW (or a skipped step). */
+static int update(meshlm_session *s, meshlm_step_result *r) {
+  if (ml_engine_grad_norm(&s->e, 2.0, &r->grad_norm)) api_abort(s);
+  r->lr = ml_lr_at(&s->sched, s->steps);
+  r->skipped = !isfinite(r->grad_norm);
+  if (!r->skipped) {
+    ml_adamw_cfg adam = {r->lr, s->o.beta1, s->o.beta2, s->o.eps, s->o.weight_decay};
+    if ((s->o.max_grad_norm > 0 && ml_engine_clip(&s->e, r->grad_norm, s->o.max_grad_norm)) ||
+        ml_engine_adamw(&s->e, &adam))
+      api_abort(s);
+    s->version++;
+  }
+  r->step = ++s->steps;
+  return 0;
+}
+
+int meshlm_train_step(meshlm_session *s, const meshlm_train_batch *b, const meshlm_loss *loss,
+                      meshlm_step_result *out) {
+  ML_TRY(api_enter(s, API_CALL_TRAIN_STEP));
+  meshlm_loss def;
+  meshlm_loss_default(&def);
+  if (!loss) loss = &def;
+  int64_t tokens, preds;
+  int rc = b && out ? 0 : ml_err("meshlm_train_step: batch or result is NULL");
+  if (rc == 0) rc = api_check_seqs(s, &b->seqs, "meshlm_train_step", 1, &tokens, &preds);
+  if (rc == 0) rc = check_loss(loss, b);
+  if (api_agree(s, rc)) return -1;
+  if (api_agree(s, api_check_replicas(s, &b->seqs, "meshlm_train_step"))) return -1;
+  api_plan p;
+  if (api_agree(s, api_plan_batch(s, &b->seqs, &p))) return -1;
+  int64_t g[3];
+  rc = global_counts(s, b, &p, g);
+  if (rc == 0 && p.S_max > 0)
+    rc = ml_engine_reserve(&s->e, 1, p.S_max, "the longest micro-batch row");
+  if (api_agree(s, rc)) {
+    api_plan_free(&p);
+    return -1;
+  }
+  ml_mesh_stats_reset(&s->mesh);
+  ml_obj_sums sums = {0};
+  *out = (meshlm_step_result){0};
+  rc = accumulate(s, b, loss, &p, g, &sums);
+  if (rc == 0) rc = update(s, out);
+  api_plan_stats(s, &p);
+  api_plan_free(&p);
+  if (api_agree(s, rc)) return -1;
+  out->loss = sums.loss;
+  out->kl = sums.kl;
+  out->clip_fraction = sums.trained ? (double)sums.clipped / (double)sums.trained : 0.0;
+  out->tokens = g[0];
+  out->sequences = g[2];
+  return 0;
+}

@@ -2,7 +2,9 @@
  * or prompt + completion: train/data.h, tokenized as train tokenizes them)
  * with the vocab-parallel log-softmax (no rank holds full-vocab logits when
  * tp > 1). Sequences are dealt round-robin to the data-parallel ranks (the
- * cp ranks of one share its sequences, each scoring a piece: parallel/cp.h);
+ * cp ranks of one share its sequences, each scoring a piece: parallel/cp.h),
+ * with every FSDP unit all-gathered once for the whole pass
+ * (ml_engine_hold_params: the model's parameters held unsharded meanwhile);
  * rank 0 gathers and writes them in input order to a temp file renamed at
  * the end. One output line per record:
  *   {"logprobs": [S-1 floats]}                     input_ids records;
@@ -123,7 +125,10 @@ static int run_all(lp_run *run) {
   if (!run->buf) return -1;
   run->all = run->buf + maxlen;
   int rc = 0;
+  /* every FSDP unit all-gathered once for the whole pass (NeMo RL's unshard_fsdp2_model) */
+  ml_engine_hold_params(run->e, true);
   for (int64_t r = 0; rc == 0 && r * dp < n; r++) rc = score_round(run, r);
+  ml_engine_hold_params(run->e, false);
   free(run->buf);
   return rc;
 }

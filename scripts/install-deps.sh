@@ -2,7 +2,7 @@
 # Installs the Debian packages meshlm builds against, only those missing.
 set -euo pipefail
 need=()
-for pkg in build-essential cmake pkg-config libopenmpi-dev openmpi-bin libopenblas-dev libjansson-dev libcmocka-dev libdnnl-dev libpcre2-dev libutf8proc-dev; do
+for pkg in build-essential cmake pkg-config libopenmpi-dev openmpi-bin libopenblas-dev libjansson-dev libcmocka-dev libdnnl-dev libpcre2-dev libutf8proc-dev python3-numpy python3-pytest; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 [ ${#need[@]} -eq 0 ] && exit 0

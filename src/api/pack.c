@@ -5,168 +5,51 @@
 
 #include "common/checked.h"
 
-static const meshlm_seqs *g_sort_batch; /* qsort's comparator reads it (one call at a time) */
-
-/* Longer first, then input order: a deterministic plan. */
-static int by_length(const void *a, const void *b) {
-  int64_t i = *(const int64_t *)a, j = *(const int64_t *)b;
-  int64_t li = g_sort_batch->lens[i], lj = g_sort_batch->lens[j];
-  if (li != lj) return li > lj ? -1 : 1;
-  return (i > j) - (i < j);
-}
-
-/* First-fit decreasing into rows of `cap` tokens: bins[k] of sequence
- * order[k] (0-based micro-batch), *n_bins of them. */
-static int64_t first_fit(const meshlm_seqs *b, const int64_t *order, int64_t cap, int64_t *bins,
-                         int64_t *fill) {
-  int64_t n_bins = 0;
-  for (int64_t k = 0; k < b->n; k++) {
-    int64_t L = b->lens[order[k]], j = 0;
-    while (j < n_bins && fill[j] + L > cap) j++;
-    if (j == n_bins) fill[n_bins++] = 0;
-    fill[j] += L;
-    bins[k] = j;
-  }
-  return n_bins;
-}
-
-/* p->order and p->mb of this rank (n_mb its own count). */
-static int plan_local(meshlm_session *s, const meshlm_seqs *b, api_plan *p) {
-  int64_t n = b->n;
-  int64_t *tmp = ml_malloc_array(3 * (n > 0 ? n : 1), sizeof *tmp, "the micro-batch plan");
-  if (!tmp) return -1;
-  int64_t *sorted = tmp, *bins = tmp + n, *fill = tmp + 2 * n;
-  for (int64_t k = 0; k < n; k++) sorted[k] = k;
-  g_sort_batch = b;
-  qsort(sorted, (size_t)n, sizeof *sorted, by_length);
-  int64_t cap = p->packed ? s->o.micro_batch_tokens : 1; /* unpacked: one sequence each */
-  int64_t n_bins = first_fit(b, sorted, cap, bins, fill);
-  p->mb = ml_calloc_array(n_bins > 0 ? n_bins : 1, sizeof *p->mb, "the micro-batch plan");
-  if (!p->mb) {
-    free(tmp);
-    return -1;
-  }
-  /* counting sort of the sequences by bin, keeping the length order inside */
-  int64_t at = 0;
-  for (int64_t j = 0; j < n_bins; j++) {
-    p->mb[j].first = at;
-    for (int64_t k = 0; k < n; k++)
-      if (bins[k] == j) {
-        p->order[at++] = sorted[k];
-        p->mb[j].count++;
-        p->mb[j].tokens += b->lens[sorted[k]];
-      }
-    p->mb[j].S = p->mb[j].tokens;
-  }
-  p->n_mb = n_bins;
-  free(tmp);
-  return 0;
-}
-
-/* The count (and under vocab parallelism each length) agreed over the world. */
-static int agree_shape(meshlm_session *s, api_plan *p) {
-  int64_t n_mb = p->n_mb;
-  ML_TRY(ml_host_all_reduce_i64(s->world, &n_mb, 1, ML_RED_MAX));
-  if (n_mb > p->n_mb) {
-    api_micro *mb = realloc(p->mb, sizeof *mb * (size_t)n_mb);
-    if (!mb) return ml_err("out of memory planning %lld micro-batches", (long long)n_mb);
-    p->mb = mb;
-    /* an empty micro-batch: two tokens of padding (no target), so every rank runs the
-     * same collectives */
-    for (int64_t j = p->n_mb; j < n_mb; j++) p->mb[j] = (api_micro){p->n, 0, 0, 2};
-    p->n_mb = n_mb;
-  }
-  if (s->e.vocab.comm && n_mb > 0) {
-    int64_t *S = ml_malloc_array(n_mb, sizeof *S, "the micro-batch lengths");
-    if (!S) return -1;
-    for (int64_t j = 0; j < n_mb; j++) S[j] = p->mb[j].S;
-    int rc = ml_host_all_reduce_i64(s->world, S, (int)n_mb, ML_RED_MAX);
-    for (int64_t j = 0; rc == 0 && j < n_mb; j++) p->mb[j].S = S[j];
-    free(S);
-    ML_TRY(rc);
-  }
-  p->S_max = 0;
-  for (int64_t j = 0; j < n_mb; j++) p->S_max = p->mb[j].S > p->S_max ? p->mb[j].S : p->S_max;
-  return 0;
-}
-
-static int alloc_buffers(api_plan *p) {
-  int64_t S = p->S_max > 0 ? p->S_max : 1, docs = 1;
-  for (int64_t j = 0; j < p->n_mb; j++) docs = p->mb[j].count + 1 > docs ? p->mb[j].count + 1 : docs;
-  p->ids = ml_malloc_array(S, sizeof *p->ids, "a micro-batch's ids (%lld tokens)", (long long)S);
-  p->mask = ml_malloc_array(S, 1, "a micro-batch's mask (%lld tokens)", (long long)S);
-  p->docs = ml_malloc_array(docs, sizeof *p->docs, "a micro-batch's documents");
-  p->obj = ml_calloc_array(S, sizeof *p->obj, "a micro-batch's objective inputs");
-  p->lp = ml_malloc_array(S, sizeof *p->lp, "a micro-batch's log-probs (%lld)", (long long)S);
-  return p->ids && p->mask && p->docs && p->obj && p->lp ? 0 : -1;
-}
-
 int api_plan_batch(meshlm_session *s, const meshlm_seqs *b, api_plan *p) {
   memset(p, 0, sizeof *p);
-  p->n = b->n;
-  p->packed = ml_engine_can_pack(&s->e);
   int64_t n1 = b->n > 0 ? b->n : 1;
-  p->order = ml_malloc_array(n1, sizeof *p->order, "the micro-batch plan");
-  p->start = ml_malloc_array(n1 + 1, sizeof *p->start, "the micro-batch plan");
-  int rc = p->order && p->start ? 0 : -1;
+  p->start = ml_malloc_array(n1 + 1, sizeof *p->start, "the batch's offsets");
+  p->ids = ml_malloc_array(n1, sizeof *p->ids, "the batch's offsets");
+  int rc = p->start && p->ids ? 0 : -1;
   if (rc == 0) {
     p->start[0] = 0;
-    for (int64_t k = 0; k < b->n; k++) p->start[k + 1] = p->start[k] + b->lens[k];
-    rc = plan_local(s, b, p);
+    for (int64_t k = 0; k < b->n; k++) {
+      p->ids[k] = b->tokens + p->start[k];
+      p->start[k + 1] = p->start[k] + b->lens[k];
+    }
   }
   ML_TRY(ml_host_agree(s->world, rc));
-  ML_TRY(ml_host_agree(s->world, agree_shape(s, p)));
-  return ml_host_agree(s->world, alloc_buffers(p));
+  ML_TRY(ml_pack_plan(&p->pack, &s->e, s->world, b->n, b->lens, p->ids,
+                      s->o.micro_batch_tokens));
+  return ml_host_agree(s->world, ml_pack_reserve(&p->pack, &s->e));
 }
 
 void api_plan_free(api_plan *p) {
-  free(p->order);
+  ml_pack_free(&p->pack);
   free(p->start);
-  free(p->mb);
   free(p->ids);
-  free(p->mask);
-  free(p->docs);
-  free(p->obj);
-  free(p->lp);
   memset(p, 0, sizeof *p);
 }
 
-void api_plan_fill(const api_plan *p, const meshlm_seqs *b, int64_t j, ml_engine_batch *eb) {
-  const api_micro *m = &p->mb[j];
-  int64_t at = 0;
-  for (int64_t i = 0; i < m->count; i++) {
-    int64_t k = p->order[m->first + i], L = b->lens[k];
-    memcpy(p->ids + at, b->tokens + p->start[k], sizeof(int32_t) * (size_t)L);
-    memset(p->mask + at, 1, (size_t)L);
-    p->mask[at] = 0; /* a document's first token is no target */
-    p->docs[i] = at;
-    at += L;
-  }
-  p->docs[m->count] = at;
-  memset(p->ids + at, 0, sizeof(int32_t) * (size_t)(m->S - at));
-  memset(p->mask + at, 0, (size_t)(m->S - at));
-  *eb = (ml_engine_batch){.ids = p->ids, .mask = p->mask, .B = 1, .S = m->S,
-                          .docs = p->packed ? p->docs : NULL, .ndocs = m->count};
-}
-
 void api_plan_stats(meshlm_session *s, const api_plan *p) {
+  const ml_pack *k = &p->pack;
   meshlm_call_stats *st = &s->last;
   memset(st, 0, sizeof *st);
-  st->micro_batches = p->n_mb;
-  for (int64_t j = 0; j < p->n_mb; j++) {
-    st->tokens += p->mb[j].S;
-    st->padding += p->mb[j].S - p->mb[j].tokens;
+  st->micro_batches = k->n_mb;
+  for (int64_t j = 0; j < k->n_mb; j++) {
+    st->tokens += k->mb[j].S;
+    st->padding += k->mb[j].S - k->mb[j].tokens;
   }
   const ml_comm_stats *f = ml_comm_stats_of(ml_mesh_comm(&s->mesh, ML_GROUP_DP_SHARD_CP));
   st->fsdp_all_gathers = f->calls[ML_COLL_ALL_GATHER];
   st->fsdp_reduce_scatters = f->calls[ML_COLL_REDUCE_SCATTER];
   st->fsdp_all_reduces = f->calls[ML_COLL_ALL_REDUCE];
-  for (int k = 0; k < ML_COLL_KINDS; k++) {
-    st->fsdp_bytes += f->bytes[k];
-    st->tp_collectives += ml_comm_stats_of(ml_mesh_comm(&s->mesh, ML_GROUP_TP))->calls[k];
-    st->cp_collectives += ml_comm_stats_of(ml_mesh_comm(&s->mesh, ML_GROUP_CP))->calls[k];
+  for (int c = 0; c < ML_COLL_KINDS; c++) {
+    st->fsdp_bytes += f->bytes[c];
+    st->tp_collectives += ml_comm_stats_of(ml_mesh_comm(&s->mesh, ML_GROUP_TP))->calls[c];
+    st->cp_collectives += ml_comm_stats_of(ml_mesh_comm(&s->mesh, ML_GROUP_CP))->calls[c];
     st->dp_replicate_collectives +=
-        ml_comm_stats_of(ml_mesh_comm(&s->mesh, ML_GROUP_DP_REPLICATE))->calls[k];
+        ml_comm_stats_of(ml_mesh_comm(&s->mesh, ML_GROUP_DP_REPLICATE))->calls[c];
   }
 }
 

@@ -3,25 +3,17 @@
 
 #include "api/pack.h"
 
-/* Reserve the largest micro-batch's activations (before any of its
- * collectives, so that every rank can agree on an allocation failure). */
-static int reserve(meshlm_session *s, const api_plan *p) {
-  return p->S_max > 0 ? ml_engine_reserve(&s->e, 1, p->S_max, "the longest micro-batch row "
-                                          "(meshlm_options.micro_batch_tokens, or the longest "
-                                          "sequence)")
-                      : 0;
-}
-
 /* Micro-batch j's log-probs into out / seq_sums. */
 static void scatter(const api_plan *p, const meshlm_seqs *b, int64_t j, const uint8_t *mask,
                     float *out, double *seq_sums) {
-  const api_micro *m = &p->mb[j];
+  const ml_pack *pk = &p->pack;
+  const ml_micro *m = &pk->mb[j];
   int64_t at = 0;
   for (int64_t i = 0; i < m->count; i++) {
-    int64_t k = p->order[m->first + i], L = b->lens[k], o = p->start[k] - k;
+    int64_t k = pk->order[m->first + i], L = b->lens[k], o = p->start[k] - k;
     double sum = 0;
     for (int64_t t = 0; t < L - 1; t++) {
-      float v = mask && !mask[o + t] ? 0.0f : p->lp[at + t];
+      float v = mask && !mask[o + t] ? 0.0f : pk->lp[at + t];
       out[o + t] = v;
       sum += v;
     }
@@ -39,17 +31,16 @@ int meshlm_logprobs(meshlm_session *s, const meshlm_seqs *batch, const uint8_t *
   if (api_agree(s, rc)) return -1;
   if (api_agree(s, api_check_replicas(s, batch, "meshlm_logprobs"))) return -1;
   api_plan p;
-  if (api_agree(s, api_plan_batch(s, batch, &p))) return -1;
-  if (api_agree(s, reserve(s, &p))) {
+  if (api_agree(s, api_plan_batch(s, batch, &p))) {
     api_plan_free(&p);
     return -1;
   }
   ml_mesh_stats_reset(&s->mesh);
   ml_engine_hold_params(&s->e, s->o.unshard_for_inference != 0);
-  for (int64_t j = 0; j < p.n_mb; j++) {
+  for (int64_t j = 0; j < p.pack.n_mb; j++) {
     ml_engine_batch eb;
-    api_plan_fill(&p, batch, j, &eb);
-    if (ml_engine_logprobs_batch(&s->e, &eb, p.lp)) api_abort(s);
+    ml_pack_fill(&p.pack, j, &eb);
+    if (ml_engine_logprobs_batch(&s->e, &eb, p.pack.lp)) api_abort(s);
     scatter(&p, batch, j, mask, out, seq_sums);
   }
   ml_engine_hold_params(&s->e, false);

@@ -63,16 +63,17 @@ static int global_counts(meshlm_session *s, const meshlm_train_batch *b, const a
  * token i + 1). */
 static void fill_objective(const api_plan *p, const meshlm_train_batch *b, const meshlm_loss *l,
                            const int64_t g[3], int64_t j) {
-  const api_micro *m = &p->mb[j];
-  memset(p->obj, 0, sizeof *p->obj * (size_t)m->S);
+  const ml_pack *pk = &p->pack;
+  const ml_micro *m = &pk->mb[j];
+  memset(pk->obj, 0, sizeof *pk->obj * (size_t)m->S);
   int64_t at = 0;
   for (int64_t i = 0; i < m->count; i++) {
-    int64_t k = p->order[m->first + i], L = b->seqs.lens[k], o = p->start[k] - k;
+    int64_t k = pk->order[m->first + i], L = b->seqs.lens[k], o = p->start[k] - k;
     int64_t nk = l->sequence_level ? masked(b, k, o) : 0;
     double norm = l->sequence_level ? (double)nk * (double)g[1] : (double)g[0];
     float sw = b->seq_weights ? b->seq_weights[k] : 1.0f;
     for (int64_t t = 0; t < L - 1; t++) {
-      ml_obj_in *in = &p->obj[at + t];
+      ml_obj_in *in = &pk->obj[at + t];
       bool on = !b->token_mask || b->token_mask[o + t];
       in->w = on ? (float)(1.0 / norm) : 0.0f;
       in->adv = (b->token_weights ? b->token_weights[o + t] : 1.0f) * sw;
@@ -92,11 +93,11 @@ static int accumulate(meshlm_session *s, const meshlm_train_batch *b, const mesh
   ml_objective obj = {kinds[l->kind], l->ratio_clip_min, l->ratio_clip_max, l->ratio_clip_c,
                       l->kl_penalty};
   if (ml_engine_zero_grad(&s->e)) api_abort(s);
-  for (int64_t j = 0; j < p->n_mb; j++) {
+  for (int64_t j = 0; j < p->pack.n_mb; j++) {
     ml_engine_batch eb;
-    api_plan_fill(p, &b->seqs, j, &eb);
+    ml_pack_fill(&p->pack, j, &eb);
     fill_objective(p, b, l, g, j);
-    eb.obj = p->obj;
+    eb.obj = p->pack.obj;
     ml_loss_out nll;
     if (ml_engine_forward_backward_batch(&s->e, &eb, &obj, 0.0f, sums, &nll)) api_abort(s);
   }
@@ -135,12 +136,8 @@ int meshlm_train_step(meshlm_session *s, const meshlm_train_batch *b, const mesh
   if (api_agree(s, rc)) return -1;
   if (api_agree(s, api_check_replicas(s, &b->seqs, "meshlm_train_step"))) return -1;
   api_plan p;
-  if (api_agree(s, api_plan_batch(s, &b->seqs, &p))) return -1;
   int64_t g[3];
-  rc = global_counts(s, b, &p, g);
-  if (rc == 0 && p.S_max > 0)
-    rc = ml_engine_reserve(&s->e, 1, p.S_max, "the longest micro-batch row");
-  if (api_agree(s, rc)) {
+  if (api_agree(s, api_plan_batch(s, &b->seqs, &p)) || api_agree(s, global_counts(s, b, &p, g))) {
     api_plan_free(&p);
     return -1;
   }

@@ -1,12 +1,15 @@
 /* meshlm logprobs: per-token log-probs of JSONL records (token ids, text,
  * or prompt + completion: train/data.h, tokenized as train tokenizes them)
  * with the vocab-parallel log-softmax (no rank holds full-vocab logits when
- * tp > 1). Sequences are dealt round-robin to the data-parallel ranks (the
- * cp ranks of one share its sequences, each scoring a piece: parallel/cp.h),
- * with every FSDP unit all-gathered once for the whole pass
+ * tp > 1). Sequences are dealt to the data-parallel ranks by length (the
+ * longest first, round-robin: like shares of tokens; the cp ranks of one
+ * share its sequences, each scoring a piece: parallel/cp.h), packed into
+ * micro-batches of --micro-batch-tokens without padding (train/pack.h), with
+ * every FSDP unit all-gathered once for the whole pass
  * (ml_engine_hold_params: the model's parameters held unsharded meanwhile);
- * rank 0 gathers and writes them in input order to a temp file renamed at
- * the end. One output line per record:
+ * the log-probs are all-gathered over the dp group and rank 0 writes them
+ * in input order to a temp file renamed at the end. One output line per
+ * record:
  *   {"logprobs": [S-1 floats]}                     input_ids records;
  *   + "input_ids": [S ids]                          text records (the ids scored);
  *   + "completion_logprobs": [...], "completion_logprob_sum": x,
@@ -30,17 +33,18 @@
 #include "cli/cli.h"
 #include "cli/device.h"
 #include "cli/train_flags.h"
+#include "common/checked.h"
 #include "common/file.h"
 #include "common/status.h"
 #include "train/data.h"
 #include "train/engine.h"
+#include "train/pack.h"
 
 typedef struct lp_run {
   ml_mesh *mesh;
   ml_engine *e;
   const ml_seqs *seqs;
   FILE *out; /* world rank 0 only */
-  float *buf, *all;
   int64_t nonfinite, first_bad_line; /* written as null; its 1-based input line (0: none) */
 } lp_run;
 
@@ -90,52 +94,118 @@ static void write_line(lp_run *run, int64_t k, const float *lp, int64_t n) {
   fputs("}\n", f);
 }
 
-/* Round r: dp rank d scores sequence r·dp + d (or repeats the last one
- * when there is none, to keep FSDP's collectives in step); the round's
- * log-probs (host results) are gathered over the dp group's host channel,
- * each rank's S−1 values packed in rank order (ml_host_all_gather_v). */
-static int score_round(lp_run *run, int64_t r) {
-  ml_host *dp = ml_mesh_host(run->mesh, ML_GROUP_DP);
-  int64_t n = run->seqs->n, mine = r * dp->size + dp->rank;
-  int64_t i = mine < n ? mine : n - 1;
-  int64_t S = run->seqs->len[i];
-  ML_TRY(ml_engine_logprobs(run->e, run->seqs->ids[i], 1, S, run->buf));
-  size_t bytes[1024];
-  if (dp->size > 1024) return ml_err("logprobs: at most 1024 data-parallel ranks");
-  for (int d = 0; d < dp->size; d++) {
-    int64_t k = r * dp->size + d < n ? r * dp->size + d : n - 1;
-    bytes[d] = sizeof(float) * (size_t)(run->seqs->len[k] - 1);
-  }
-  const float *got = run->buf;
-  if (dp->size > 1) {
-    ML_TRY(ml_host_all_gather_v(dp, run->buf, bytes, run->all));
-    got = run->all;
-  }
-  for (int d = 0; run->out && d < dp->size && r * dp->size + d < n; d++) {
-    write_line(run, r * dp->size + d, got, (int64_t)(bytes[d] / sizeof(float)));
-    got += bytes[d] / sizeof(float);
+/* The deal: sequences sorted by length (longest first, then input
+ * order), the i-th to data-parallel rank i mod dp, so every rank gets a
+ * like share of tokens. mine[0 .. *n) = this rank's, by input index;
+ * owner[k] its rank, at[k] its first float in that rank's results. */
+static const int64_t *g_lens;
+static int by_length(const void *a, const void *b) {
+  int64_t i = *(const int64_t *)a, j = *(const int64_t *)b;
+  if (g_lens[i] != g_lens[j]) return g_lens[i] > g_lens[j] ? -1 : 1;
+  return (i > j) - (i < j);
+}
+
+typedef struct deal {
+  int64_t *sorted, *mine, *owner, *at, n_mine;
+  size_t *bytes; /* [dp] each rank's results */
+} deal;
+
+static int deal_out(const ml_seqs *q, int dp, int me, deal *d) {
+  int64_t n = q->n;
+  d->sorted = ml_malloc_array(4 * n, sizeof(int64_t), "the sequences' deal (%lld)", (long long)n);
+  d->bytes = ml_calloc_array(dp, sizeof *d->bytes, "the sequences' deal");
+  if (!d->sorted || !d->bytes) return -1;
+  d->mine = d->sorted + n;
+  d->owner = d->mine + n;
+  d->at = d->owner + n;
+  for (int64_t k = 0; k < n; k++) d->sorted[k] = k;
+  g_lens = q->len;
+  qsort(d->sorted, (size_t)n, sizeof *d->sorted, by_length);
+  d->n_mine = 0;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t k = d->sorted[i];
+    int r = (int)(i % dp);
+    d->owner[k] = r;
+    d->at[k] = (int64_t)(d->bytes[r] / sizeof(float));
+    d->bytes[r] += sizeof(float) * (size_t)(q->len[k] - 1);
+    if (r == me) d->mine[d->n_mine++] = k;
   }
   return 0;
 }
 
-static int run_all(lp_run *run) {
-  int64_t n = run->seqs->n, maxlen = 0, dp = run->mesh->groups[ML_GROUP_DP].size;
-  for (int64_t i = 0; i < n; i++) maxlen = run->seqs->len[i] > maxlen ? run->seqs->len[i] : maxlen;
-  run->buf = ml_malloc(sizeof(float) * (size_t)(maxlen * (dp + 1)), "log-probs");
-  if (!run->buf) return -1;
-  run->all = run->buf + maxlen;
-  int rc = 0;
-  /* every FSDP unit all-gathered once for the whole pass (NeMo RL's unshard_fsdp2_model) */
-  ml_engine_hold_params(run->e, true);
-  for (int64_t r = 0; rc == 0 && r * dp < n; r++) rc = score_round(run, r);
-  ml_engine_hold_params(run->e, false);
-  free(run->buf);
+static void deal_free(deal *d) {
+  free(d->sorted);
+  free(d->bytes);
+}
+
+/* Score this rank's sequences in packed micro-batches into `mine` (each
+ * sequence's S−1 floats at d->at), the parameters held unsharded for the
+ * whole pass (NeMo RL's unshard_fsdp2_model). */
+static int score_mine(lp_run *run, const deal *d, int64_t budget, float *mine) {
+  const ml_seqs *q = run->seqs;
+  int64_t n = d->n_mine;
+  int64_t *lens = ml_malloc_array(n > 0 ? n : 1, sizeof *lens, "this rank's sequences");
+  const int32_t **ids = ml_malloc_array(n > 0 ? n : 1, sizeof *ids, "this rank's sequences");
+  int rc = lens && ids ? 0 : -1;
+  for (int64_t i = 0; rc == 0 && i < n; i++) {
+    lens[i] = q->len[d->mine[i]];
+    ids[i] = q->ids[d->mine[i]];
+  }
+  ml_host *world = ml_mesh_host(run->mesh, ML_GROUP_WORLD);
+  ml_pack p = {0};
+  if (ml_host_agree(world, rc) == 0 && ml_pack_plan(&p, run->e, world, n, lens, ids, budget) == 0 &&
+      ml_host_agree(world, ml_pack_reserve(&p, run->e)) == 0) {
+    ml_engine_hold_params(run->e, true);
+    for (int64_t j = 0; rc == 0 && j < p.n_mb; j++) {
+      ml_engine_batch eb;
+      ml_pack_fill(&p, j, &eb);
+      if (ml_engine_logprobs_batch(run->e, &eb, p.lp)) ml_cli_abort();
+      for (int64_t i = 0, at = 0; i < p.mb[j].count; i++) {
+        int64_t s = p.order[p.mb[j].first + i], k = d->mine[s];
+        memcpy(mine + d->at[k], p.lp + at, sizeof(float) * (size_t)(lens[s] - 1));
+        at += lens[s];
+      }
+    }
+    ml_engine_hold_params(run->e, false);
+  } else {
+    rc = -1;
+  }
+  ml_pack_free(&p);
+  free(lens);
+  free(ids);
+  return rc;
+}
+
+/* Score every sequence (each data-parallel rank its deal), gather the
+ * log-probs over the dp group and write them in input order (rank 0). */
+static int run_all(lp_run *run, int64_t budget) {
+  const ml_seqs *q = run->seqs;
+  ml_host *dp = ml_mesh_host(run->mesh, ML_GROUP_DP);
+  deal d = {0};
+  int rc = deal_out(q, dp->size, dp->rank, &d);
+  size_t total = 0;
+  for (int r = 0; rc == 0 && r < dp->size; r++) total += d.bytes[r];
+  float *all = rc == 0 ? ml_malloc(total + sizeof(float), "the log-probs of every sequence") : NULL;
+  float *mine = rc == 0 ? ml_malloc(d.bytes[dp->rank] + sizeof(float), "this rank's log-probs")
+                        : NULL;
+  if (rc == 0 && (!all || !mine)) rc = -1;
+  if (ml_cli_agree(ml_mesh_host(run->mesh, ML_GROUP_WORLD), rc) == 0) rc = score_mine(run, &d, budget, mine);
+  else rc = -1;
+  if (rc == 0) rc = ml_host_all_gather_v(dp, mine, d.bytes, all);
+  for (int64_t k = 0; rc == 0 && run->out && k < q->n; k++) {
+    size_t off = 0;
+    for (int r = 0; r < d.owner[k]; r++) off += d.bytes[r] / sizeof(float);
+    write_line(run, k, all + off + d.at[k], q->len[k] - 1);
+  }
+  free(all);
+  free(mine);
+  deal_free(&d);
   return rc;
 }
 
 int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   const char *model = NULL, *data = NULL, *out = NULL, *plan = NULL;
-  int64_t tp = 1, cp = 1;
+  int64_t tp = 1, cp = 1, budget = 4096;
   bool sp = false;
   ml_arg_choice dtype = ml_dtype_choice(), device = ml_device_choice();
   ml_data_opts dopts = ml_data_opts_default(NULL);
@@ -153,6 +223,8 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
       {"--sequence-parallel", ML_ARG_FLAG, &sp, "shard norms and residuals on the sequence", false},
       {"--parallel-plan", ML_ARG_STR, &plan, "plan file (JSON), or auto|optimized|hf|default",
        false},
+      {"--micro-batch-tokens", ML_ARG_INT, &budget, "tokens per packed micro-batch and rank (a "
+       "longer sequence is one of its own)", false},
       {"--param-dtype", ML_ARG_CHOICE, &dtype, "parameter and GEMM dtype (bf16: bf16 operands, "
        "fp32 accumulation)", false},
   };
@@ -166,7 +238,7 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   ml_mesh mesh = {0};
   ml_engine e = {0};
   ml_seqs seqs = {0};
-  lp_run run = {&mesh, &e, &seqs, NULL, NULL, NULL, 0, 0};
+  lp_run run = {&mesh, &e, &seqs, NULL, 0, 0};
   char tmp[4096];
   ml_engine_opts eo = ml_engine_opts_default();
   ml_comm_factory make_comm = NULL;
@@ -185,7 +257,7 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   if (rc == 0) rc = ml_seqs_load(data, e.model.cfg.vocab, e.model.cfg.max_positions, &dopts, &seqs);
   if (rc == 0 && mesh.rank == 0) rc = ml_file_open_tmp(out, tmp, sizeof tmp, &run.out);
   if (ml_cli_agree(world, rc) == 0) {
-    rc = run_all(&run);
+    rc = run_all(&run, budget);
     if (run.out && rc == 0) rc = ml_file_commit(run.out, tmp, out);
     else if (run.out) ml_file_abandon(run.out, tmp);
     run.out = NULL;

@@ -33,7 +33,8 @@ static const char *const k_calls[API_CALL_KINDS] = {
 int api_leave(meshlm_session *s, int rc) {
   if (rc == 0) return 0;
   const char *msg = ml_error_msg();
-  snprintf(s->err, sizeof s->err, "%s", msg[0] ? msg : "unknown error (no message recorded)");
+  snprintf(s->err, sizeof s->err, "rank %d: %s", ml_error_origin() > 0 ? ml_error_origin() : 0,
+           msg[0] ? msg : "unknown error (no message recorded)");
   ml_error_clear();
   return -1;
 }

@@ -271,7 +271,7 @@ typedef struct meshlm_weight {
   int64_t shape[2];
   meshlm_dtype dtype; /* the source checkpoint's (F32 or BF16; F16 sources read as F32) */
 } meshlm_weight;
-/* Not collective. */
+/* Not collective. −1 (with s's message) on a session that is not open. */
 MESHLM_API int64_t meshlm_num_weights(meshlm_session *s);
 MESHLM_API int meshlm_weight_info(meshlm_session *s, int64_t i, meshlm_weight *out);
 
@@ -350,8 +350,11 @@ MESHLM_API int meshlm_generate(meshlm_session *s, const meshlm_seqs *prompts,
  * group (dp_shard × cp) carries the parameter all-gathers (one per FSDP
  * unit — a decoder layer, the root — per micro-batch, or per call under
  * unshard_for_inference) and the gradient reduce-scatters, and under
- * vocab parallelism one all-gather of the token ids and one of lm_head's
- * input per micro-batch. */
+ * vocab parallelism (embed_tokens / lm_head rows split over that group)
+ * per micro-batch: one all-gather of the token ids and one of lm_head's
+ * input, one reduce-scatter of the embedding, the log-softmax statistics'
+ * all-reduces (and, training, the reduce-scatter of lm_head's input
+ * gradient). */
 typedef struct meshlm_call_stats {
   int64_t micro_batches;
   int64_t tokens;       /* token positions computed (padding included) */

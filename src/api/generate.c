@@ -66,10 +66,13 @@ static int sync_replica(meshlm_session *s) {
 
 static int check_sampling(const meshlm_sampling *sp) {
   if (!sp) return ml_err("meshlm_generate: sampling is NULL");
+  if (sp->max_new_tokens < 1)
+    return ml_err("meshlm_generate: sampling.max_new_tokens %lld; expected >= 1",
+                  (long long)sp->max_new_tokens);
   if (sp->eos_token_id < -2)
     return ml_err("meshlm_generate: eos_token_id %d; expected a token id, -1 (the model's) or "
                   "-2 (none)", sp->eos_token_id);
-  return 0; /* the rest: ml_generate's checks, naming each field */
+  return 0; /* temperature and top_p: ml_generate's checks, naming each */
 }
 
 int meshlm_generate(meshlm_session *s, const meshlm_seqs *prompts, const meshlm_sampling *sp,

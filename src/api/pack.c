@@ -54,7 +54,7 @@ void api_plan_stats(meshlm_session *s, const api_plan *p) {
 }
 
 int meshlm_last_call_stats(meshlm_session *s, meshlm_call_stats *out) {
-  if (!s || !s->open) return -1;
+  ML_TRY(api_local(s, "meshlm_last_call_stats"));
   *out = s->last;
   return 0;
 }

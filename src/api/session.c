@@ -235,11 +235,15 @@ static int32_t special_id(const char *model_dir, const char *key) {
   return id;
 }
 
+int api_local(meshlm_session *s, const char *call) {
+  if (s && s->open) return 0;
+  if (s) snprintf(s->err, sizeof s->err, "%s: the session is not open (closed, or its meshlm_open "
+                  "failed)", call);
+  return -1;
+}
+
 int meshlm_get_info(meshlm_session *s, meshlm_info *out) {
-  if (!s || !s->open) {
-    if (s) snprintf(s->err, sizeof s->err, "meshlm_get_info: the session is not open");
-    return -1;
-  }
+  ML_TRY(api_local(s, "meshlm_get_info"));
   const ml_mesh *m = &s->mesh;
   const ml_model_config *c = &s->e.model.cfg;
   *out = (meshlm_info){

@@ -72,6 +72,10 @@ int api_agree(meshlm_session *s, int rc);
  * the CLI does; the header says so). */
 _Noreturn void api_abort(meshlm_session *s);
 
+/* For the calls that are not collective: 0 when s is open, else −1 with
+ * s's message (when s is not NULL) saying `call` needs an open session. */
+int api_local(meshlm_session *s, const char *call);
+
 /* Check a batch: n >= 0, lens and tokens given when n > 0, each length in
  * [1, max_position_embeddings] (min_len 2: at least one prediction),
  * every id in [0, vocab); *tokens_out = Σ lens, *preds = Σ (lens − 1).

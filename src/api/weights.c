@@ -88,10 +88,12 @@ static meshlm_dtype api_dtype(ml_dtype d) {
   return d == ML_BF16 ? MESHLM_DTYPE_BF16 : MESHLM_DTYPE_F32;
 }
 
-int64_t meshlm_num_weights(meshlm_session *s) { return s && s->open ? s->e.model.n_params : -1; }
+int64_t meshlm_num_weights(meshlm_session *s) {
+  return api_local(s, "meshlm_num_weights") ? -1 : s->e.model.n_params;
+}
 
 int meshlm_weight_info(meshlm_session *s, int64_t i, meshlm_weight *out) {
-  if (!s || !s->open) return -1;
+  ML_TRY(api_local(s, "meshlm_weight_info"));
   weight_name *names;
   ml_dtype *dtypes;
   int rc = i >= 0 && i < s->e.model.n_params

@@ -144,8 +144,15 @@ static int prepare(ml_engine *e, int64_t B, int64_t S) {
   return 0;
 }
 
+static int document_positions(ml_engine *e, const ml_engine_batch *b);
+
 int ml_engine_reserve(ml_engine *e, int64_t B, int64_t S, const char *what) {
   snprintf(e->model.batch_what, sizeof e->model.batch_what, "%s", what ? what : "");
+  if (e->packed) { /* the packed layout stays: positions for S tokens (one document) */
+    int64_t whole[2] = {0, S};
+    ML_TRY(document_positions(e, &(ml_engine_batch){.B = 1, .S = S, .docs = whole, .ndocs = 1}));
+    e->model.position_ids = e->positions;
+  }
   return prepare(e, B, S);
 }
 

@@ -139,14 +139,15 @@ typedef struct ml_engine_batch {
  * (its ring owns the attention), a backend with block attention. */
 bool ml_engine_can_pack(const ml_engine *e);
 
-/* Forward + backward of batch b under objective `o` (NULL: the mean NLL
- * of ml_engine_forward_backward, scaled by 1/global_targets; else b->obj
- * gives every target's weight and inputs, parallel/objective.h): gradients
+/* Forward + backward of batch b under objective `o`: NULL, the NLL with
+ * every target's gradient weight global_scale (1/global_targets: the mean
+ * of ml_engine_forward_backward); else b->obj gives every target's weight
+ * and inputs (parallel/objective.h) and global_scale is unused. Gradients
  * accumulate (+=) into the FSDP shards as ml_engine_forward_backward's.
  * *sums (with o) += the objective's terms of this rank's targets; *nll =
  * the NLL sum and target count of this rank's targets (cp ranks: their
- * pieces; no reduction over ranks). Errors: a malformed batch (docs), those
- * of ml_engine_forward_backward. */
+ * pieces; no reduction over ranks). Errors: a malformed batch (docs), an
+ * objective without b->obj, those of ml_engine_forward_backward. */
 int ml_engine_forward_backward_batch(ml_engine *e, const ml_engine_batch *b,
                                      const ml_objective *o, float global_scale,
                                      ml_obj_sums *sums, ml_loss_out *nll);

@@ -1,0 +1,22 @@
+"""meshlm: Python binding (ctypes) of libmeshlm, the C runtime that trains and
+scores Hugging Face decoder LMs over a device mesh of MPI ranks.
+
+    import meshlm
+    with meshlm.Policy("model_dir", tp=2, lr=1e-5) as p:
+        lps, sums = p.logprobs([ids0, ids1])           # per-token log-probs
+        r = p.train_step(seqs, loss="clipped_pg", ...)  # one optimizer step
+        weights = p.refit()                             # dict name -> array
+
+Run one process per rank (`mpirun -np N python3 script.py`); every rank
+makes the same collective calls in the same order.  The library is found via
+$MESHLM_LIBRARY, the dynamic linker (ctypes.util.find_library("meshlm")),
+or a checkout's build/libmeshlm.so.
+"""
+
+from ._lib import library_path
+from .policy import MeshlmError, Policy, bf16_to_f32, f32_to_bf16, version
+
+__version__ = "0.1.0"
+
+__all__ = ["Policy", "MeshlmError", "bf16_to_f32", "f32_to_bf16", "version", "library_path",
+           "__version__"]

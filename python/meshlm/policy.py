@@ -1,0 +1,701 @@
+"""meshlm.Policy: one meshlm session (include/meshlm/meshlm.h) driven from Python.
+
+Conventions (those of the C API):
+
+* Collective methods (marked COLLECTIVE) must be called by every rank of the
+  session's communicator, in the same order.  On an error every rank raises
+  MeshlmError with the first failing rank's message.
+* Each data-parallel rank passes its own sequences; the tp / cp ranks of one
+  data-parallel rank (``info["dp_rank"]``) must pass identical batches.
+* A batch is a list of 1-D integer arrays (any integer dtype; converted to
+  int32 token ids), variable length, never padded.  Per-token inputs and
+  outputs are *prediction aligned*: a sequence of L tokens has L - 1 of them,
+  entry t for token t + 1 predicted from tokens 0..t.  They are given either as
+  a list of per-sequence arrays (lengths L_k - 1) or as one array of all of
+  them concatenated (length sum(L_k - 1)).
+* Log-probs are natural logs, float32; sums are accumulated in float64.
+* bf16 tensors are numpy uint16 arrays holding the raw bits (numpy has no
+  bfloat16): see bf16_to_f32 / f32_to_bf16.
+"""
+
+import ctypes
+import os
+import re
+from ctypes import POINTER, byref, c_double, c_float, c_int32, c_int64, c_uint8, c_void_p
+
+import numpy as np
+
+from . import _lib as L
+
+__all__ = ["Policy", "MeshlmError", "bf16_to_f32", "f32_to_bf16", "version"]
+
+_INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+
+
+class MeshlmError(RuntimeError):
+    """An error of the meshlm library (its message: meshlm_error) or of the
+    arguments of a Policy method.  ``str(e)`` is the message."""
+
+
+def version():
+    """The library's version string (meshlm_version), e.g. "0.1.0"."""
+    return L.load().meshlm_version().decode()
+
+
+# --- bf16 helpers -----------------------------------------------------------------------------
+
+def bf16_to_f32(bits):
+    """bf16 values stored as raw bits (numpy uint16, any shape: what refit and
+    refit_stream return for bf16 tensors) -> float32 array of the same shape.
+    Exact: a bf16 value is the upper half of the float32 with that value."""
+    b = np.asarray(bits)
+    if b.dtype != np.uint16:
+        raise TypeError("bf16_to_f32: expected uint16 bits, got %s" % b.dtype)
+    return (b.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+def f32_to_bf16(values):
+    """float32 values (any shape) -> bf16 raw bits (uint16), rounded to
+    nearest even as torch's .to(torch.bfloat16); NaN stays a (quiet) NaN.
+    For reload_tensors with bf16 tensors."""
+    v = np.ascontiguousarray(values, dtype=np.float32)
+    u = v.view(np.uint32).astype(np.uint64)
+    rounded = ((u + np.uint64(0x7FFF) + ((u >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16))
+    nan = np.isnan(v)
+    out = np.where(nan, (u >> np.uint64(16)) | np.uint64(0x40), rounded)
+    return out.astype(np.uint16)
+
+
+# --- option names -----------------------------------------------------------------------------
+
+_DTYPES = {"source": L.DTYPE_SOURCE, "fp32": L.DTYPE_F32, "f32": L.DTYPE_F32,
+           "float32": L.DTYPE_F32, "bf16": L.DTYPE_BF16, "bfloat16": L.DTYPE_BF16}
+_DTYPE_NAMES = {L.DTYPE_SOURCE: "source", L.DTYPE_F32: "fp32", L.DTYPE_BF16: "bf16"}
+_AC = {"none": L.AC_NONE, "full": L.AC_FULL, "layer": L.AC_FULL, "selective": L.AC_SELECTIVE}
+_SCHEDULES = {"constant": L.LR_CONSTANT, "linear": L.LR_LINEAR, "cosine": L.LR_COSINE}
+_LOSSES = {"nll": L.LOSS_NLL, "weighted_nll": L.LOSS_WEIGHTED_NLL,
+           "clipped_pg": L.LOSS_CLIPPED_PG}
+
+
+def _choice(table, value, what, exclude=()):
+    key = value.lower() if isinstance(value, str) else value
+    if key not in table or key in exclude:
+        names = [k for k in table if k not in exclude]
+        raise MeshlmError("%s: %r is not one of %s" % (what, value, ", ".join(names)))
+    return table[key]
+
+
+def _np_dtype(dtype):
+    return np.float32 if dtype == L.DTYPE_F32 else np.uint16
+
+
+def _ptr(a, ctype):
+    return None if a is None else a.ctypes.data_as(POINTER(ctype))
+
+
+class _ArgError(Exception):
+    """An argument error found in Python before a collective call."""
+
+
+# --- batches ----------------------------------------------------------------------------------
+
+class _Batch:
+    """A list of sequences as the C API wants it: lens [n] int64 and tokens
+    [sum lens] int32, kept alive with the meshlm_seqs pointing at them."""
+
+    def __init__(self, seqs, what="seqs"):
+        if isinstance(seqs, np.ndarray):
+            if seqs.ndim != 2:
+                raise _ArgError("%s: expected a list of 1-D token arrays (or a 2-D array, one "
+                                "sequence per row), got a %d-D array" % (what, seqs.ndim))
+            rows = list(seqs)
+        elif isinstance(seqs, (list, tuple)):
+            rows = list(seqs)
+        else:
+            raise _ArgError("%s: expected a list of 1-D token arrays, got %s"
+                            % (what, type(seqs).__name__))
+        arrays = []
+        for k, r in enumerate(rows):
+            a = np.asarray(r)
+            if a.ndim != 1:
+                raise _ArgError("%s[%d]: expected a 1-D array of token ids, got shape %s"
+                                % (what, k, a.shape))
+            if a.size == 0:
+                a = a.astype(np.int32)
+            elif a.dtype.kind not in "iu":
+                raise _ArgError("%s[%d]: expected integer token ids, got dtype %s"
+                                % (what, k, a.dtype))
+            elif a.dtype.itemsize >= 4 and a.dtype != np.int32:
+                lo, hi = int(a.min()), int(a.max())
+                if lo < _INT32_MIN or hi > _INT32_MAX:
+                    raise _ArgError("%s[%d]: token id %d does not fit int32"
+                                    % (what, k, lo if lo < _INT32_MIN else hi))
+            arrays.append(a)
+        self.n = len(arrays)
+        self.lens = np.array([a.size for a in arrays], dtype=np.int64)
+        self.tokens = (np.concatenate(arrays).astype(np.int32, copy=False) if arrays
+                       else np.zeros(0, np.int32))
+        self.tokens = np.ascontiguousarray(self.tokens)
+        # prediction-aligned entries of each sequence (a length < 1 is the library's error to
+        # report; it gets no entries here)
+        self.pred = np.maximum(self.lens - 1, 0)
+        self.total = int(self.pred.sum())
+        self.c = L.meshlm_seqs(self.n, _ptr(self.lens, c_int64), _ptr(self.tokens, c_int32))
+
+    def split(self, flat):
+        """Per-sequence views of a prediction-aligned array of length total."""
+        return np.split(flat, np.cumsum(self.pred)[:-1]) if self.n else []
+
+    def per_token(self, x, what, dtype):
+        """A prediction-aligned input (list of per-sequence arrays, or one
+        concatenated array) as one contiguous array of dtype, length total."""
+        if x is None:
+            return None
+        per_seq = (isinstance(x, (list, tuple)) and len(x) > 0
+                   and all(np.ndim(e) == 1 for e in x))
+        if per_seq:
+            if len(x) != self.n:
+                raise _ArgError("%s: %d per-sequence arrays for %d sequences"
+                                % (what, len(x), self.n))
+            parts = []
+            for k, e in enumerate(x):
+                a = np.asarray(e)
+                if a.size != self.pred[k]:
+                    raise _ArgError("%s[%d]: %d entries for a sequence of %d tokens (expected "
+                                    "len - 1 = %d: prediction aligned)"
+                                    % (what, k, a.size, self.lens[k], self.pred[k]))
+                parts.append(a)
+            a = np.concatenate(parts) if parts else np.zeros(0)
+        else:
+            a = np.asarray(x)
+            if a.ndim != 1 or a.size != self.total:
+                raise _ArgError("%s: shape %s, expected (%d,): sum over sequences of len - 1 "
+                                "(prediction aligned), or a list of per-sequence arrays"
+                                % (what, a.shape, self.total))
+        if dtype == np.uint8:
+            a = (a != 0) if a.dtype != np.bool_ else a
+        return np.ascontiguousarray(a, dtype=dtype)
+
+    def per_seq(self, x, what, dtype):
+        """A per-sequence input [n]."""
+        if x is None:
+            return None
+        a = np.asarray(x)
+        if a.ndim != 1 or a.size != self.n:
+            raise _ArgError("%s: shape %s, expected (%d,): one value per sequence"
+                            % (what, a.shape, self.n))
+        return np.ascontiguousarray(a, dtype=dtype)
+
+
+_POISON_BASE = 1000000000
+
+
+def _poison_seqs(rank):
+    """A batch every rank's library refuses (one token, id -(10^9 + rank)):
+    sent by a rank whose own arguments were wrong, so that the collective call
+    fails on every rank instead of the other ranks waiting for this one.  The
+    other ranks' error names the rank (see Policy._check)."""
+    lens = np.ones(1, np.int64)
+    toks = np.array([-(_POISON_BASE + rank)], np.int32)
+    return lens, toks, L.meshlm_seqs(1, _ptr(lens, c_int64), _ptr(toks, c_int32))
+
+
+_POISON_RE = re.compile(r"id -(1\d{9})\b")
+
+
+# --- the policy -------------------------------------------------------------------------------
+
+class Policy:
+    """A model sharded over a device mesh of MPI ranks: score, train, save,
+    export, refit, reload, sample (one meshlm session).
+
+    COLLECTIVE: every rank of the communicator constructs it with the same
+    arguments (model_dir may differ only by path spelling).  Use it as a context
+    manager, or call close() (COLLECTIVE) on every rank; sessions left open
+    are closed at exit, before MPI is finalised.
+
+    model_dir: an HF checkpoint (config.json + safetensors; Llama, Qwen2,
+    Qwen3, Gemma 3).  Options default to meshlm_options_default; only those
+    given (not None) are changed:
+
+    tp, cp, dp_replicate: mesh sizes; dp_shard = world / (dp_replicate*cp*tp).
+    device: "cpu" or "cuda" (one GPU per rank).
+    parallel_plan: None/"auto", "optimized", "hf", "default" or a plan file.
+    sequence_parallel: bool.
+    param_dtype, reduce_dtype: "fp32" or "bf16" (FSDP2 MixedPrecisionPolicy).
+    activation_checkpointing: "none", "full" (alias "layer", True) or "selective".
+    lr, min_lr, betas=(beta1, beta2), eps, weight_decay: AdamW.
+    schedule: "constant", "linear" or "cosine"; warmup_steps, total_steps.
+    max_grad_norm: L2 clipping (0: none).
+    micro_batch_tokens: tokens per rank per micro-batch (packing).
+    unshard_for_inference: keep the model unsharded during logprobs calls.
+    comm: None (MPI_COMM_WORLD), an mpi4py communicator (its py2f() handle is
+    used) or a Fortran communicator handle (int).
+    """
+
+    def __init__(self, model_dir, *, tp=None, cp=None, dp_replicate=None, device=None,
+                 parallel_plan=None, sequence_parallel=None, param_dtype=None, reduce_dtype=None,
+                 activation_checkpointing=None, lr=None, min_lr=None, betas=None, eps=None,
+                 weight_decay=None, schedule=None, warmup_steps=None, total_steps=None,
+                 max_grad_norm=None, micro_batch_tokens=None, unshard_for_inference=None,
+                 comm=None):
+        self._s = None
+        self._info = None
+        lib = self._lib = L.load()
+        o = L.meshlm_options()
+        lib.meshlm_options_default(byref(o))
+        # the strings the options point at live as long as the policy
+        self._keep = []
+
+        def cstr(v):
+            b = os.fsencode(v) if isinstance(v, (str, bytes, os.PathLike)) else None
+            if b is None:
+                raise MeshlmError("expected a string, got %r" % (v,))
+            self._keep.append(b)
+            return b
+
+        if tp is not None:
+            o.tp = int(tp)
+        if cp is not None:
+            o.cp = int(cp)
+        if dp_replicate is not None:
+            o.dp_replicate = int(dp_replicate)
+        if device is not None:
+            o.device = cstr(device)
+        if parallel_plan is not None:
+            o.parallel_plan = cstr(parallel_plan)
+        if sequence_parallel is not None:
+            o.sequence_parallel = int(bool(sequence_parallel))
+        if param_dtype is not None:
+            o.param_dtype = _choice(_DTYPES, param_dtype, "param_dtype", exclude=("source",))
+        if reduce_dtype is not None:
+            o.reduce_dtype = _choice(_DTYPES, reduce_dtype, "reduce_dtype", exclude=("source",))
+        if activation_checkpointing is not None:
+            ac = activation_checkpointing
+            if ac is True or ac is False:
+                ac = "full" if ac else "none"
+            o.ac = _choice(_AC, ac, "activation_checkpointing")
+        if lr is not None:
+            o.lr = float(lr)
+        if min_lr is not None:
+            o.min_lr = float(min_lr)
+        if betas is not None:
+            o.beta1, o.beta2 = (float(b) for b in betas)
+        if eps is not None:
+            o.eps = float(eps)
+        if weight_decay is not None:
+            o.weight_decay = float(weight_decay)
+        if schedule is not None:
+            o.schedule = _choice(_SCHEDULES, schedule, "schedule")
+        if warmup_steps is not None:
+            o.warmup_steps = int(warmup_steps)
+        if total_steps is not None:
+            o.total_steps = int(total_steps)
+        if max_grad_norm is not None:
+            o.max_grad_norm = float(max_grad_norm)
+        if micro_batch_tokens is not None:
+            o.micro_batch_tokens = int(micro_batch_tokens)
+        if unshard_for_inference is not None:
+            o.unshard_for_inference = int(bool(unshard_for_inference))
+        if comm is None:
+            comm_f = -1
+        elif isinstance(comm, int):
+            comm_f = comm
+        else:
+            comm_f = int(comm.py2f())  # mpi4py
+        self._options = o
+        self.model_dir = os.fspath(model_dir)
+        s = c_void_p()
+        rc = lib.meshlm_open_f(cstr(model_dir), byref(o), comm_f, byref(s))
+        if rc != 0:
+            msg = (lib.meshlm_error(s) or b"").decode("utf-8", "replace") if s.value else \
+                "meshlm_open: out of memory"
+            if s.value:
+                lib.meshlm_close(s)  # not collective: the session did not open
+            raise MeshlmError(msg or "meshlm_open failed")
+        self._s = s
+        L._open_sessions.append(self)
+        self._info = self._get_info()
+
+    # --- lifetime -------------------------------------------------------------------------------
+
+    def close(self):
+        """COLLECTIVE. Free the session (its shards, optimizer state, generation
+        replica).  Closing twice is a no-op; any other method then raises."""
+        if self._s is None:
+            return
+        s, self._s = self._s, None
+        if self in L._open_sessions:
+            L._open_sessions.remove(self)
+        self._lib.meshlm_close(s)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        # Closing is collective: only a one-rank session is closed by the
+        # garbage collector (ranks need not collect at the same point); the
+        # others are closed at exit.
+        try:
+            if self._s is not None and self._info is not None and self._info["world"] == 1:
+                self.close()
+        except Exception:
+            pass
+
+    @property
+    def closed(self):
+        return self._s is None
+
+    def __repr__(self):
+        if self._s is None:
+            return "<meshlm.Policy %r closed>" % (self.model_dir,)
+        i = self.info
+        return ("<meshlm.Policy %r rank %d/%d dp_replicate=%d dp_shard=%d cp=%d tp=%d step=%d>"
+                % (self.model_dir, i["rank"], i["world"], i["dp_replicate"], i["dp_shard"],
+                   i["cp"], i["tp"], i["step"]))
+
+    # --- helpers --------------------------------------------------------------------------------
+
+    def _session(self):
+        if self._s is None:
+            raise MeshlmError("meshlm: the policy is closed")
+        return self._s
+
+    def _error(self):
+        return (self._lib.meshlm_error(self._s) or b"").decode("utf-8", "replace")
+
+    def _check(self, rc, call):
+        if rc != 0:
+            msg = self._error() or "%s failed" % call
+            m = _POISON_RE.search(msg)
+            if m:  # another rank's arguments were refused by its binding (_poison_seqs)
+                msg = ("%s: rank %d's arguments were wrong (its error says which); the call "
+                       "failed on every rank" % (call, int(m.group(1)) - _POISON_BASE))
+            raise MeshlmError(msg)
+
+    def _world(self):
+        return self._info["world"] if self._info else 1
+
+    def _get_info(self):
+        i = L.meshlm_info()
+        self._check(self._lib.meshlm_get_info(self._session(), byref(i)), "meshlm_get_info")
+        return {name: getattr(i, name) for name, _ in L.meshlm_info._fields_}
+
+    def _arg_error(self, err, poison):
+        """Raise an argument error found before a collective call; with more
+        than one rank, first make the call fail on every rank (poison)."""
+        if self._world() > 1:
+            poison()
+        raise MeshlmError(str(err)) from None
+
+    # --- information ------------------------------------------------------------------------------
+
+    @property
+    def info(self):
+        """This rank's place and the model (meshlm_info), a dict: rank, world,
+        dp_replicate, dp_shard, cp, tp, dp_rank, dp_size, cp_rank, tp_rank,
+        vocab_size, hidden_size, num_layers, num_params, bos_token_id,
+        eos_token_id (-1: none), step (optimizer steps taken).  Not collective."""
+        self._info = self._get_info()
+        return dict(self._info)
+
+    def weights(self):
+        """The model's HF tensors in refit order: a list of (name, shape tuple,
+        source dtype "fp32" | "bf16").  Not collective."""
+        s = self._session()
+        n = self._lib.meshlm_num_weights(s)
+        if n < 0:
+            raise MeshlmError(self._error())
+        out = []
+        w = L.meshlm_weight()
+        for i in range(n):
+            self._check(self._lib.meshlm_weight_info(s, i, byref(w)), "meshlm_weight_info")
+            out.append((w.name.decode(), tuple(int(w.shape[d]) for d in range(w.ndim)),
+                        _DTYPE_NAMES[w.dtype]))
+        return out
+
+    def last_call_stats(self):
+        """What the last logprobs() or train_step() did on this rank
+        (meshlm_last_call_stats), a dict: micro_batches, tokens (positions
+        computed, padding included), padding, fsdp_all_gathers,
+        fsdp_reduce_scatters, fsdp_all_reduces, fsdp_bytes, tp_collectives,
+        cp_collectives, dp_replicate_collectives.  Not collective."""
+        s = self._session()
+        st = L.meshlm_call_stats()
+        self._check(self._lib.meshlm_last_call_stats(s, byref(st)), "meshlm_last_call_stats")
+        return {name: int(getattr(st, name)) for name, _ in L.meshlm_call_stats._fields_}
+
+    # --- scoring ----------------------------------------------------------------------------------
+
+    def logprobs(self, seqs, mask=None):
+        """COLLECTIVE. Per-token log-probs of this rank's sequences.
+
+        seqs: list of n 1-D integer arrays (lengths L_k >= 1), token ids.
+        mask: None (all) or prediction-aligned 0/1 (list of arrays of len
+            L_k - 1, or one array of sum(L_k - 1)); where 0 the log-prob is 0
+            and left out of the sums.
+        Returns (lps, sums): lps a list of n float32 arrays of len L_k - 1,
+        lps[k][t] = log p(seqs[k][t+1] | seqs[k][:t+1]); sums a float64 array
+        [n], the sum of each sequence's (masked) entries."""
+        s = self._session()
+        try:
+            b = _Batch(seqs)
+            m = b.per_token(mask, "mask", np.uint8)
+        except _ArgError as e:
+            self._arg_error(e, lambda: self._poison_logprobs(s))
+        out = np.zeros(b.total, np.float32)
+        sums = np.zeros(b.n, np.float64)
+        rc = self._lib.meshlm_logprobs(s, byref(b.c), _ptr(m, c_uint8), _ptr(out, c_float),
+                                       _ptr(sums, c_double))
+        self._check(rc, "meshlm_logprobs")
+        return b.split(out), sums
+
+    def _poison_logprobs(self, s):
+        lens, toks, c = _poison_seqs(self._info["rank"])
+        out = np.zeros(1, np.float32)
+        self._lib.meshlm_logprobs(s, byref(c), None, _ptr(out, c_float), None)
+
+    # --- training ---------------------------------------------------------------------------------
+
+    def train_step(self, seqs, loss="nll", token_mask=None, token_weights=None, seq_weights=None,
+                   old_logprobs=None, ref_logprobs=None, sequence_level=False,
+                   ratio_clip_min=0.2, ratio_clip_max=0.2, ratio_clip_c=0.0, kl_penalty=0.0):
+        """COLLECTIVE. One optimizer step on the global batch (every data-parallel
+        rank's seqs; a rank may pass none).
+
+        seqs: list of n 1-D integer arrays.
+        loss: "nll" (SFT), "weighted_nll" (-A_t lp_t: REINFORCE) or
+            "clipped_pg" (PPO / GRPO clipped ratio; needs old_logprobs).
+        token_mask, token_weights, old_logprobs, ref_logprobs: prediction-aligned
+            (list of arrays of len L_k - 1, or one array of sum(L_k - 1));
+            token_mask 0/1 (None: all), the others float32.
+        seq_weights: [n] float32 per-sequence weights / advantages.
+        sequence_level: normalise per sequence, then over sequences (else over
+            all masked tokens of the global batch).
+        ratio_clip_min/max: epsilon low / high; ratio_clip_c: dual clip (> 1) or
+            0; kl_penalty: beta of the k3 KL to ref_logprobs (> 0 needs them).
+        Returns a dict: loss, kl, clip_fraction, grad_norm (before clipping), lr
+        (float); tokens, sequences (global counts), step (steps taken after this
+        one) (int); skipped (bool: non-finite grad norm, no update)."""
+        s = self._session()
+        kind = _choice(_LOSSES, loss, "loss")
+        try:
+            b = _Batch(seqs)
+            mask = b.per_token(token_mask, "token_mask", np.uint8)
+            tw = b.per_token(token_weights, "token_weights", np.float32)
+            sw = b.per_seq(seq_weights, "seq_weights", np.float32)
+            old = b.per_token(old_logprobs, "old_logprobs", np.float32)
+            ref = b.per_token(ref_logprobs, "ref_logprobs", np.float32)
+        except _ArgError as e:
+            self._arg_error(e, lambda: self._poison_train(s))
+        tb = L.meshlm_train_batch(b.c, _ptr(mask, c_uint8), _ptr(tw, c_float),
+                                  _ptr(sw, c_float), _ptr(old, c_float), _ptr(ref, c_float))
+        lo = L.meshlm_loss()
+        self._lib.meshlm_loss_default(byref(lo))
+        lo.kind = kind
+        lo.sequence_level = int(bool(sequence_level))
+        lo.ratio_clip_min = float(ratio_clip_min)
+        lo.ratio_clip_max = float(ratio_clip_max)
+        lo.ratio_clip_c = float(ratio_clip_c)
+        lo.kl_penalty = float(kl_penalty)
+        r = L.meshlm_step_result()
+        self._check(self._lib.meshlm_train_step(s, byref(tb), byref(lo), byref(r)),
+                    "meshlm_train_step")
+        return {"loss": r.loss, "kl": r.kl, "clip_fraction": r.clip_fraction,
+                "grad_norm": r.grad_norm, "lr": r.lr, "tokens": int(r.tokens),
+                "sequences": int(r.sequences), "step": int(r.step), "skipped": bool(r.skipped)}
+
+    def _poison_train(self, s):
+        lens, toks, c = _poison_seqs(self._info["rank"])
+        tb = L.meshlm_train_batch(c, None, None, None, None, None)
+        r = L.meshlm_step_result()
+        self._lib.meshlm_train_step(s, byref(tb), None, byref(r))
+
+    # --- checkpoints --------------------------------------------------------------------------------
+
+    def save(self, dir):
+        """COLLECTIVE. Write a run checkpoint (sharded weights, AdamW state, the
+        step) under dir, committed atomically (`meshlm train --save`'s format)."""
+        self._check(self._lib.meshlm_save(self._session(), os.fsencode(dir)), "meshlm_save")
+
+    def resume(self, dir):
+        """COLLECTIVE. Load the latest run checkpoint in dir (any mesh's)."""
+        self._check(self._lib.meshlm_resume(self._session(), os.fsencode(dir)), "meshlm_resume")
+        self._info = self._get_info()
+
+    def export(self, dir, dtype="source"):
+        """COLLECTIVE. Write the current weights as an HF checkpoint in dir
+        (config.json, tokenizer and untrained tensors of the source carried
+        over), trained tensors in dtype: "source", "fp32" or "bf16"."""
+        d = _choice(_DTYPES, dtype, "dtype")
+        self._check(self._lib.meshlm_export(self._session(), os.fsencode(dir), d), "meshlm_export")
+
+    def reload(self, dir):
+        """COLLECTIVE. Replace every weight (not the optimizer state nor the step)
+        from an HF checkpoint directory with the model's shapes."""
+        self._check(self._lib.meshlm_reload(self._session(), os.fsencode(dir)), "meshlm_reload")
+
+    # --- refit ----------------------------------------------------------------------------------------
+
+    def _receives(self, root):
+        return root < 0 or self._info["rank"] == root
+
+    def refit(self, root=0, dtype="source"):
+        """COLLECTIVE. The current weights, full, in HF names (what NeMo RL's
+        refit hands to vLLM): a dict name -> numpy array (shape of the HF
+        tensor) on the receiving rank(s) -- rank root of the session, or every
+        rank when root < 0 -- and None on the others.  dtype: "source" (each
+        tensor in the source checkpoint's dtype), "fp32" or "bf16"; float32
+        arrays for fp32, uint16 raw bits for bf16 (bf16_to_f32 converts).
+        Byte-equal to what export(dir, dtype) writes."""
+        s = self._session()
+        d = _choice(_DTYPES, dtype, "dtype")
+        root = int(root)
+        out = None
+        bufs = None
+        if self._receives(root):
+            out = {}
+            arrays = []
+            for name, shape, src in self.weights():
+                td = _DTYPES[src] if d == L.DTYPE_SOURCE else d
+                a = np.empty(shape, _np_dtype(td))
+                out[name] = a
+                arrays.append(a)
+            bufs = (c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
+        self._check(self._lib.meshlm_refit_into(s, root, d, bufs), "meshlm_refit_into")
+        return out
+
+    def refit_stream(self, fn, root=0, dtype="source", copy=True):
+        """COLLECTIVE. Stream the current weights one full tensor at a time
+        (refit order) to rank root (every rank when root < 0): on the receiving
+        rank(s) fn(name, array) is called per tensor, array float32 or uint16
+        (bf16 bits) of the HF shape.  copy=False passes a read-only view of the
+        library's buffer, valid only during the call (copy it to keep it).
+        fn returning False, or raising, stops the refit: every rank raises
+        MeshlmError, and the raising rank re-raises fn's exception.  The
+        receiver holds one full tensor at a time beyond its shards."""
+        s = self._session()
+        d = _choice(_DTYPES, dtype, "dtype")
+        failure = []
+
+        def tramp(ctx, name, dt, ndim, shape, data, nbytes):
+            try:
+                shp = tuple(int(shape[i]) for i in range(ndim))
+                npd = _np_dtype(dt)
+                buf = (ctypes.c_char * nbytes).from_address(data) if nbytes else b""
+                a = np.frombuffer(buf, dtype=npd).reshape(shp)
+                if copy:
+                    a = a.copy()
+                else:
+                    a.flags.writeable = False
+                return 1 if fn(name.decode(), a) is False else 0
+            except BaseException as e:  # stop the refit, re-raise after it
+                failure.append(e)
+                return 1
+
+        cb = L.meshlm_tensor_fn(tramp)  # kept alive for the call by this local
+        rc = self._lib.meshlm_refit(s, int(root), d, cb, None)
+        if failure:
+            raise failure[0]
+        self._check(rc, "meshlm_refit")
+
+    def reload_tensors(self, tensors):
+        """COLLECTIVE. Replace the given weights from memory (not the optimizer
+        state nor the step): tensors a dict HF name -> full numpy array of the
+        HF shape, float32 (other float dtypes are converted) or uint16 bf16
+        bits.  Every rank passes the same tensors; others stay as they are."""
+        s = self._session()
+        items = []
+        try:
+            if not isinstance(tensors, dict):
+                raise _ArgError("reload_tensors: expected a dict name -> array, got %s"
+                                % type(tensors).__name__)
+            for name, a in tensors.items():
+                a = np.asarray(a)
+                if a.dtype == np.uint16:
+                    dt = L.DTYPE_BF16
+                elif a.dtype.kind == "f":
+                    dt = L.DTYPE_F32
+                    a = a.astype(np.float32, copy=False)
+                else:
+                    raise _ArgError("reload_tensors: %s: dtype %s, expected float32 or uint16 "
+                                    "(bf16 bits)" % (name, a.dtype))
+                if a.ndim not in (1, 2):
+                    raise _ArgError("reload_tensors: %s: %d dimensions, expected 1 or 2"
+                                    % (name, a.ndim))
+                items.append((os.fsencode(name), dt, np.ascontiguousarray(a)))
+        except _ArgError as e:
+            self._arg_error(e, lambda: self._poison_reload(s))
+        arr = (L.meshlm_tensor * max(len(items), 1))()
+        for i, (name, dt, a) in enumerate(items):
+            t = arr[i]
+            t.name, t.dtype, t.ndim = name, dt, a.ndim
+            for dim in range(a.ndim):
+                t.shape[dim] = a.shape[dim]
+            t.data = a.ctypes.data
+        self._check(self._lib.meshlm_reload_tensors(s, len(items), arr),
+                    "meshlm_reload_tensors")
+
+    def _poison_reload(self, s):
+        arr = (L.meshlm_tensor * 1)()
+        one = np.zeros(1, np.float32)
+        name = b"(rank %d's tensors were refused by its binding)" % self._info["rank"]
+        arr[0].name, arr[0].dtype, arr[0].ndim = name, L.DTYPE_F32, 1
+        arr[0].shape[0] = 1
+        arr[0].data = one.ctypes.data
+        self._lib.meshlm_reload_tensors(s, 1, arr)
+
+    # --- generation ------------------------------------------------------------------------------------
+
+    def generate(self, prompts, max_new_tokens=32, temperature=1.0, top_p=1.0, greedy=False,
+                 eos_token_id=-1, seed=0):
+        """COLLECTIVE (each rank samples its own prompts; their number may
+        differ and be 0). Continue each prompt with up to max_new_tokens
+        sampled tokens (KV cache, on a replica of the current weights).
+
+        prompts: list of n 1-D integer arrays.
+        temperature > 0, top_p in (0, 1] (nucleus), greedy: argmax.
+        eos_token_id: stop a sequence after it; -1: the model's (config.json),
+            -2: none.  seed: same seed, same tokens.
+        Returns (tokens, logprobs): lists of n arrays, tokens[k] int32 of the
+        generated ids (the eos included; at most max_new_tokens), logprobs[k]
+        float32 of the same length, log p of each generated token at
+        temperature 1 (the distribution logprobs() scores)."""
+        s = self._session()
+        try:
+            b = _Batch(prompts, "prompts")
+        except _ArgError as e:
+            self._arg_error(e, lambda: self._poison_generate(s))
+        sp = L.meshlm_sampling()
+        self._lib.meshlm_sampling_default(byref(sp))
+        sp.max_new_tokens = int(max_new_tokens)
+        sp.temperature = float(temperature)
+        sp.top_p = float(top_p)
+        sp.greedy = int(bool(greedy))
+        sp.eos_token_id = int(eos_token_id)
+        sp.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        w = max(int(max_new_tokens), 0)
+        toks = np.full((b.n, w), -1, np.int32)
+        lens = np.zeros(b.n, np.int64)
+        lps = np.zeros((b.n, w), np.float32)
+        rc = self._lib.meshlm_generate(s, byref(b.c), byref(sp),
+                                       toks.ctypes.data_as(POINTER(c_int32)),
+                                       lens.ctypes.data_as(POINTER(c_int64)),
+                                       lps.ctypes.data_as(POINTER(c_float)))
+        self._check(rc, "meshlm_generate")
+        return ([toks[k, :lens[k]].copy() for k in range(b.n)],
+                [lps[k, :lens[k]].copy() for k in range(b.n)])
+
+    def _poison_generate(self, s):
+        lens, toks, c = _poison_seqs(self._info["rank"])
+        sp = L.meshlm_sampling()
+        self._lib.meshlm_sampling_default(byref(sp))
+        sp.max_new_tokens = 1
+        out_t = np.zeros(1, np.int32)
+        out_l = np.zeros(1, np.int64)
+        self._lib.meshlm_generate(s, byref(c), byref(sp), out_t.ctypes.data_as(POINTER(c_int32)),
+                                  out_l.ctypes.data_as(POINTER(c_int64)), None)

@@ -1,0 +1,131 @@
+"""The binding itself: struct layouts against the header, library lookup,
+bf16 helpers, options, info, generate."""
+
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+
+import numpy as np
+import pytest
+from conftest import REPO, RANK, WORLD, make_seqs
+
+import meshlm
+from meshlm import _lib as L
+
+STRUCTS = ["meshlm_options", "meshlm_info", "meshlm_seqs", "meshlm_loss", "meshlm_train_batch",
+           "meshlm_step_result", "meshlm_weight", "meshlm_tensor", "meshlm_sampling",
+           "meshlm_call_stats"]
+
+
+def test_struct_layouts_match_header():
+    """Every ctypes.Structure has the header's fields at the C compiler's
+    offsets and sizes (compiled with mpicc against include/meshlm/meshlm.h)."""
+    cc = shutil.which("mpicc")
+    header = os.path.join(REPO, "include", "meshlm", "meshlm.h")
+    if not cc or not os.path.exists(header):
+        pytest.skip("needs mpicc and include/meshlm/meshlm.h")
+    with open(header) as f:
+        declared = set(re.findall(r"typedef struct (\w+) \{", f.read()))
+    assert declared == set(STRUCTS), "the header's structs and the binding's differ"
+    lines = ['#include <stdio.h>', '#include <stddef.h>', '#include "meshlm/meshlm.h"',
+             'int main(void) {']
+    want = []
+    for s in STRUCTS:
+        cls = getattr(L, s)
+        lines.append('printf("%s %%zu\\n", sizeof(%s));' % (s, s))
+        want.append("%s %d" % (s, ctypes.sizeof(cls)))
+        for f, _ in cls._fields_:
+            lines.append('printf("%s.%s %%zu %%zu\\n", offsetof(%s, %s), sizeof(((%s *)0)->%s));'
+                         % (s, f, s, f, s, f))
+            want.append("%s.%s %d %d" % (s, f, getattr(cls, f).offset, getattr(cls, f).size))
+    lines.append("return 0; }")
+    with tempfile.TemporaryDirectory() as d:
+        src, exe = os.path.join(d, "layout.c"), os.path.join(d, "layout")
+        with open(src, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        subprocess.run([cc, "-I" + os.path.join(REPO, "include"), src, "-o", exe], check=True)
+        got = subprocess.run([exe], check=True, stdout=subprocess.PIPE,
+                             universal_newlines=True).stdout.split("\n")
+    assert got[:-1] == want
+
+
+def test_library_and_version():
+    assert meshlm.version() == "0.1.0" == meshlm.__version__
+    assert os.path.exists(meshlm.library_path())
+
+
+def test_bf16_helpers():
+    x = np.array([1.0, -2.5, 3.140625, 1 + 2 ** -8, 1 + 3 * 2 ** -9, 65504.0, np.inf, 0.0],
+                 np.float32)
+    b = meshlm.f32_to_bf16(x)
+    assert b.dtype == np.uint16
+    # 1 + 2^-8 is a tie between 1 and 1 + 2^-7: to even (1); 1 + 3*2^-9 rounds up
+    np.testing.assert_array_equal(meshlm.bf16_to_f32(b),
+                                  [1.0, -2.5, 3.140625, 1.0, 1 + 2 ** -7, 65536.0, np.inf, 0.0])
+    assert np.isnan(meshlm.bf16_to_f32(meshlm.f32_to_bf16(np.array([np.nan], np.float32))))[0]
+    with pytest.raises(TypeError):
+        meshlm.bf16_to_f32(np.zeros(2, np.float32))
+
+
+def test_options_and_info(model_dir):
+    with meshlm.Policy(model_dir, lr=3e-4, betas=(0.8, 0.9), schedule="cosine",
+                       warmup_steps=2, total_steps=10, micro_batch_tokens=64,
+                       activation_checkpointing="selective", unshard_for_inference=False) as p:
+        o = p._options
+        assert (o.lr, o.beta1, o.beta2, o.schedule, o.warmup_steps, o.total_steps,
+                o.micro_batch_tokens, o.ac, o.unshard_for_inference) == \
+            (3e-4, 0.8, 0.9, L.LR_COSINE, 2, 10, 64, L.AC_SELECTIVE, 0)
+        # what was not given keeps meshlm_options_default's value
+        d = L.meshlm_options()
+        L.load().meshlm_options_default(ctypes.byref(d))
+        assert (o.eps, o.weight_decay, o.max_grad_norm, o.tp) == \
+            (d.eps, d.weight_decay, d.max_grad_norm, d.tp)
+        i = p.info
+        assert (i["rank"], i["world"]) == (RANK, WORLD)
+        assert i["dp_shard"] == WORLD and i["dp_size"] == WORLD and i["tp"] == 1
+        assert i["vocab_size"] == 256 and i["hidden_size"] == 64 and i["num_layers"] == 2
+        assert i["num_params"] == sum(int(np.prod(s)) for _, s, _ in p.weights())
+        assert i["eos_token_id"] == -1 and i["step"] == 0
+        assert "closed" not in repr(p)
+        # warmup: the first step's lr is 0, the second's lr / 2
+        seqs = make_seqs(2, seed=1)[i["dp_rank"]::i["dp_size"]]
+        assert p.train_step(seqs)["lr"] == 0
+        assert p.train_step(seqs)["lr"] == pytest.approx(1.5e-4)
+    assert "closed" in repr(p)
+
+
+def test_generate(model_dir):
+    prompts = make_seqs(3, seed=13, lo=3, hi=9)
+    with meshlm.Policy(model_dir, lr=1e-2) as p:
+        mine = prompts if p.info["rank"] == 0 else prompts[:1]   # n may differ per rank
+        g1, l1 = p.generate(mine, max_new_tokens=6, greedy=True)
+        g2, l2 = p.generate(mine, max_new_tokens=6, greedy=True, seed=5)
+        assert all(np.array_equal(a, b) for a, b in zip(g1, g2))
+        assert [len(t) for t in g1] == [6] * len(mine)   # no eos in a byte-vocabulary config
+        assert all(t.dtype == np.int32 and lp.dtype == np.float32 for t, lp in zip(g1, l1))
+        s1, _ = p.generate(mine, max_new_tokens=8, seed=1)
+        s2, _ = p.generate(mine, max_new_tokens=8, seed=1)
+        s3, _ = p.generate(mine, max_new_tokens=8, seed=2)
+        assert all(np.array_equal(a, b) for a, b in zip(s1, s2))
+        assert any(not np.array_equal(a, b) for a, b in zip(s1, s3))
+        # the sampled tokens' log-probs are those logprobs() gives them (the KV-cache
+        # decode is another summation order than the full forward: 1e-4 absolute)
+        full = [np.concatenate([pr, t]) for pr, t in zip(mine, s1)]
+        lps, _ = p.logprobs(full)
+        _, sl = p.generate(mine, max_new_tokens=8, seed=1)
+        for pr, lp, got in zip(mine, lps, sl):
+            np.testing.assert_allclose(got, lp[len(pr) - 1:], atol=1e-4, rtol=0)
+        # eos: a sequence stops after it (the eos included)
+        eos = int(g1[0][2])
+        e, _ = p.generate(mine[:1], max_new_tokens=6, greedy=True, eos_token_id=eos)
+        stop = int(np.argmax(g1[0] == eos)) + 1
+        np.testing.assert_array_equal(e[0], g1[0][:stop])
+        # after a step, generation sees the new weights
+        p.train_step([np.concatenate([mine[0], [7] * 12])])
+        _, l3 = p.generate(mine, max_new_tokens=6, greedy=True)
+        assert not all(np.array_equal(a, b) for a, b in zip(l1, l3))
+        # every rank with no prompt
+        assert p.generate([], max_new_tokens=4) == ([], [])

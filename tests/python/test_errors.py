@@ -1,0 +1,89 @@
+"""Errors raise meshlm.MeshlmError with a message, on every rank, and leave the
+session usable."""
+
+import os
+
+import numpy as np
+import pytest
+from conftest import RANK, WORLD, make_seqs
+
+import meshlm
+
+
+def raises(fn, *words):
+    """fn() raises MeshlmError whose message names each of words (case-insensitive)."""
+    with pytest.raises(meshlm.MeshlmError) as e:
+        fn()
+    msg = str(e.value)
+    assert msg.strip(), "an empty message"
+    for w in words:
+        assert w.lower() in msg.lower(), "%r does not name %r" % (msg, w)
+    return msg
+
+
+def test_open_errors(model_dir, workdir):
+    missing = os.path.join(workdir, "no-such-model")
+    raises(lambda: meshlm.Policy(missing), "no-such-model")
+    raises(lambda: meshlm.Policy(model_dir, tp=3))           # 3 does not divide the world
+    raises(lambda: meshlm.Policy(model_dir, param_dtype="fp16"), "param_dtype")
+    raises(lambda: meshlm.Policy(model_dir, schedule="step"), "schedule")
+
+
+def test_call_errors(model_dir):
+    seqs = make_seqs(3, seed=9)
+    with meshlm.Policy(model_dir) as p:
+        ref, _ = p.logprobs(seqs)
+        # bad lengths: a sequence of no token (the library's check) ...
+        raises(lambda: p.logprobs([seqs[0], np.array([], np.int32)]))
+        # ... and per-token arrays of the wrong length (the binding's, before the call)
+        raises(lambda: p.logprobs(seqs, mask=np.ones(5, np.uint8)), "mask")
+        raises(lambda: p.logprobs(seqs, mask=[np.ones(len(s), bool) for s in seqs]), "mask")
+        raises(lambda: p.train_step(seqs, loss="weighted_nll", seq_weights=[1.0]),
+               "seq_weights")
+        # a token id outside the vocabulary, one that does not fit int32, a float id
+        raises(lambda: p.logprobs([np.array([1, 256, 3])]), "256")
+        raises(lambda: p.logprobs([np.array([1, 2 ** 40])]))
+        raises(lambda: p.logprobs([np.array([1.0, 2.0])]), "dtype")
+        raises(lambda: p.logprobs(np.arange(4)))                 # not a list of sequences
+        # what a loss needs, left out; a field out of range
+        raises(lambda: p.train_step(seqs, loss="clipped_pg"), "old_logprobs")
+        raises(lambda: p.train_step(seqs, loss="nll", token_mask=[np.zeros(len(s) - 1)
+                                                                  for s in seqs]))
+        raises(lambda: p.train_step(seqs, loss="ppo"), "loss")
+        raises(lambda: p.generate([seqs[0]], max_new_tokens=0), "max_new")
+        raises(lambda: p.generate([seqs[0]], temperature=0.0), "temperature")
+        raises(lambda: p.reload_tensors({"no.such.tensor": np.zeros(3, np.float32)}),
+               "no.such.tensor")
+        raises(lambda: p.reload_tensors({"lm_head.weight": np.zeros(3, np.int64)}), "dtype")
+        raises(lambda: p.export(p.model_dir + "/config.json"))   # an existing file
+        raises(lambda: p.export("/tmp/x", dtype="fp8"), "dtype")
+        # none of them changed the session: no step, the same log-probs
+        assert p.info["step"] == 0
+        again, _ = p.logprobs(seqs)
+        for a, b in zip(ref, again):
+            np.testing.assert_array_equal(a, b)
+    # closed
+    for call in (lambda: p.logprobs(seqs), lambda: p.train_step(seqs), lambda: p.info,
+                 lambda: p.refit(), lambda: p.generate([seqs[0]]), lambda: p.save("/tmp/x")):
+        raises(call, "closed")
+    p.close()   # closing twice is fine
+    assert p.closed
+
+
+def test_one_rank_wrong(model_dir):
+    """Arguments only one rank gets wrong: that rank raises the binding's
+    message, the others an error naming it, and nobody waits forever."""
+    seqs = make_seqs(2, seed=3)
+    total = sum(len(s) - 1 for s in seqs)
+    bad = RANK == WORLD - 1
+    with meshlm.Policy(model_dir) as p:
+        wrong_mask = np.ones(total + 1 if bad else total, np.uint8)
+        for call in (lambda: p.logprobs(seqs, mask=wrong_mask),
+                     lambda: p.train_step(seqs, token_mask=wrong_mask),
+                     lambda: p.generate(np.arange(3) if bad else seqs, max_new_tokens=2),
+                     lambda: p.reload_tensors({"x": np.zeros(2, np.int8)} if bad else {})):
+            msg = raises(call)
+            if not bad:
+                assert "rank %d" % (WORLD - 1) in msg
+        assert p.info["step"] == 0
+        p.logprobs(seqs)

@@ -75,7 +75,7 @@ static void fill_objective(const api_plan *p, const meshlm_train_batch *b, const
     for (int64_t t = 0; t < L - 1; t++) {
       ml_obj_in *in = &pk->obj[at + t];
       bool on = !b->token_mask || b->token_mask[o + t];
-      in->w = on ? (float)(1.0 / norm) : 0.0f;
+      in->w = on ? 1.0f / (float)norm : 0.0f; /* as the CLI's 1 / global targets */
       in->adv = (b->token_weights ? b->token_weights[o + t] : 1.0f) * sw;
       in->old_lp = b->old_logprobs ? b->old_logprobs[o + t] : 0.0f;
       in->ref_lp = b->ref_logprobs ? b->ref_logprobs[o + t] : 0.0f;

@@ -1,0 +1,266 @@
+/* test_api_generate: meshlm_generate. Greedy tokens are the argmax of the
+ * full forward and their log-probs meshlm_logprobs'; seeds; n = 0 on some
+ * ranks; eos; after a train step the replica has the new weights.
+ * The suite, its meshes and its helpers: api_util.h. */
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api_util.h"
+
+/* Prompts of dp rank d (its tp peers pass the same): two on even dp ranks, one on odd. */
+static batch prompts_of(int d, uint64_t seed) {
+  static const int64_t l0[] = {4, 7}, l1[] = {6};
+  return d % 2 == 0 ? batch_make(l0, 2, seed + (uint64_t)d) : batch_make(l1, 1, seed + (uint64_t)d);
+}
+
+typedef struct gen_out {
+  int64_t n;
+  int32_t *tok; /* [n, NEW] */
+  int64_t *len;
+  float *lp;
+} gen_out;
+
+static gen_out generate_ok(meshlm_session *s, const meshlm_seqs *q, const meshlm_sampling *sp) {
+  gen_out g = {q->n, xcalloc((size_t)(q->n * NEW), sizeof(int32_t)),
+               xcalloc((size_t)q->n, sizeof(int64_t)), xcalloc((size_t)(q->n * NEW), sizeof(float))};
+  OK(s, meshlm_generate(s, q, sp, q->n ? g.tok : NULL, q->n ? g.len : NULL, q->n ? g.lp : NULL));
+  for (int64_t k = 0; k < q->n; k++) {
+    assert_true(g.len[k] >= 1 && g.len[k] <= NEW);
+    for (int64_t j = 0; j < NEW; j++) {
+      int32_t t = g.tok[k * NEW + j];
+      if (j < g.len[k]) assert_true(t >= 0 && t < g_vocab);
+      else {
+        assert_int_equal(t, -1);
+        assert_true(g.lp[k * NEW + j] == 0.0f);
+      }
+    }
+  }
+  return g;
+}
+
+static void gen_free(gen_out *g) {
+  free(g->tok);
+  free(g->len);
+  free(g->lp);
+}
+
+/* Prompt k followed by its generated tokens, as a batch. */
+static batch continued(const batch *p, const gen_out *g) {
+  batch c = {.n = p->n};
+  c.lens = xcalloc((size_t)p->n, sizeof *c.lens);
+  for (int64_t k = 0; k < p->n; k++) {
+    c.lens[k] = p->lens[k] + g->len[k];
+    c.ntok += c.lens[k];
+    c.npred += c.lens[k] - 1;
+  }
+  c.tok = xcalloc((size_t)c.ntok, sizeof *c.tok);
+  c.mask = xcalloc((size_t)c.npred, 1);
+  for (int64_t k = 0, at = 0; k < p->n; k++) {
+    memcpy(c.tok + at, p->tok + tok_at(p, k), sizeof(int32_t) * (size_t)p->lens[k]);
+    memcpy(c.tok + at + p->lens[k], g->tok + k * NEW, sizeof(int32_t) * (size_t)g->len[k]);
+    at += c.lens[k];
+  }
+  return c;
+}
+
+/* The generated tokens' log-probs (got) against `scorer`'s meshlm_logprobs
+ * of prompt + generated at the same positions (ref): rel L2 over them. */
+static double gen_vs_scoring(meshlm_session *scorer, const batch *p, const gen_out *g) {
+  batch c = continued(p, g);
+  meshlm_seqs q = seqs_of(&c);
+  float *lp = xcalloc((size_t)c.npred, sizeof *lp), *got = xcalloc((size_t)(p->n * NEW), 4);
+  float *ref = xcalloc((size_t)(p->n * NEW), 4);
+  local_ok(scorer, meshlm_logprobs(scorer, &q, NULL, lp, NULL), "scoring the generated rows");
+  int64_t m = 0;
+  for (int64_t k = 0; k < p->n; k++)
+    for (int64_t j = 0; j < g->len[k]; j++, m++) {
+      got[m] = g->lp[k * NEW + j];
+      ref[m] = lp[pred_at(&c, k) + p->lens[k] - 1 + j];
+    }
+  double err = m ? rel_l2(got, ref, m) : 0.0;
+  free(lp);
+  free(got);
+  free(ref);
+  batch_free(&c);
+  return err;
+}
+
+/* Greedy on the mesh session: each token is the argmax of the full
+ * forward's distribution (meshlm_logprobs of prefix + v for every v) and
+ * its log-prob is meshlm_logprobs'. Both sides are fp32 evaluations of the
+ * same log-probs (the replica's KV-cache path, the mesh's full forward):
+ * ||c − f|| <= tol·||f|| for the vector over the vocabulary at a position
+ * (tolerance.h §3), so the generated t, maximising c, has f_t >= max_v f_v
+ * − sqrt(2)·tol·||f|| (as tests/mpi/test_generate.c). Then eos: a row
+ * stops after the first eos, the rest −1 / 0. */
+static void test_generate_greedy(void **state) {
+  (void)state;
+  meshlm_options o = mesh_opts();
+  meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+  meshlm_info in = info_of(s);
+  batch p = prompts_of(in.dp_rank, 500);
+  meshlm_seqs q = seqs_of(&p);
+  meshlm_sampling sp;
+  meshlm_sampling_default(&sp);
+  sp.greedy = 1;
+  sp.max_new_tokens = NEW;
+  sp.eos_token_id = -2;
+  gen_out g = generate_ok(s, &q, &sp);
+  for (int64_t k = 0; k < p.n; k++) assert_int_equal(g.len[k], NEW);
+  double tol = lp_tol(7 + NEW), err = gen_vs_scoring(s, &p, &g);
+  printf("[rank %d] greedy: generated log-probs vs meshlm_logprobs rel L2 %.3g (bound %.3g)\n",
+         g_rank, err, tol);
+  assert_true(err <= tol);
+
+  /* argmax, row 0: every candidate v after the prefix, scored on the mesh */
+  int64_t P0 = p.lens[0], V = g_vocab;
+  double worst = 0;
+  for (int64_t j = 0; j < NEW; j++) {
+    int64_t L = P0 + j + 1;
+    int64_t *lens = xcalloc((size_t)V, sizeof *lens);
+    int32_t *tok = xcalloc((size_t)(V * L), sizeof *tok);
+    float *out = xcalloc((size_t)(V * (L - 1)), sizeof *out), *f = xcalloc((size_t)V, 4);
+    for (int64_t v = 0; v < V; v++) {
+      lens[v] = L;
+      memcpy(tok + v * L, p.tok, sizeof(int32_t) * (size_t)P0);
+      memcpy(tok + v * L + P0, g.tok, sizeof(int32_t) * (size_t)j);
+      tok[v * L + L - 1] = (int32_t)v;
+    }
+    meshlm_seqs cand = {V, lens, tok};
+    OK(s, meshlm_logprobs(s, &cand, NULL, out, NULL));
+    double best = -INFINITY;
+    for (int64_t v = 0; v < V; v++) {
+      f[v] = out[v * (L - 1) + L - 2];
+      best = fmax(best, f[v]);
+    }
+    int32_t t = g.tok[j];
+    double gap = (best - f[t]) / (sqrt(2.0) * lp_tol(L) * l2(f, V));
+    worst = fmax(worst, gap);
+    if (gap > 1.0)
+      fail_msg("step %lld: greedy token %d has log-prob %.7g, the best %.7g", (long long)j, t,
+               f[t], best);
+    free(lens);
+    free(tok);
+    free(out);
+    free(f);
+  }
+  printf("[rank %d] greedy argmax: worst gap %.3g of its bound\n", g_rank, worst);
+
+  /* eos: the third token of row 0 (and the model's own, −1). A row stops after the first
+   * eos; the tokens before it are the greedy run's (the argmax of the same model on the same
+   * prefix: they could differ only at a near-tie within rounding, which the fixture's random
+   * weights do not produce — tests/mpi/test_generate.c's argument) */
+  int32_t eos_ids[2] = {g.tok[2], g_eos};
+  for (int e = 0; e < 2; e++) {
+    sp.eos_token_id = e == 0 ? eos_ids[0] : -1;
+    gen_out h = generate_ok(s, &q, &sp);
+    for (int64_t k = 0; k < p.n; k++) {
+      int64_t want = NEW;
+      for (int64_t j = 0; j < NEW && want == NEW; j++)
+        if (g.tok[k * NEW + j] == eos_ids[e]) want = j + 1;
+      assert_int_equal(h.len[k], want);
+      assert_memory_equal(h.tok + k * NEW, g.tok + k * NEW, sizeof(int32_t) * (size_t)want);
+    }
+    if (e == 0) assert_true(h.len[0] <= 3);
+    gen_free(&h);
+  }
+  gen_free(&g);
+  batch_free(&p);
+  meshlm_close(s);
+}
+
+/* Sampling: the same seed, the same tokens (and log-probs); another seed,
+ * other tokens; the log-probs at temperature 1 whatever the temperature;
+ * a dp rank with no prompts. */
+static void test_generate_seeds(void **state) {
+  (void)state;
+  meshlm_options o = mesh_opts();
+  meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+  meshlm_info in = info_of(s);
+  int none = in.dp_size > 1 && in.dp_rank == in.dp_size - 1; /* this dp rank samples nothing */
+  batch p = prompts_of(in.dp_rank, 600), empty = {0};
+  const batch *mine = none ? &empty : &p;
+  meshlm_seqs q = seqs_of(mine);
+  size_t nt = (size_t)(q.n * NEW);
+  meshlm_sampling sp;
+  meshlm_sampling_default(&sp);
+  sp.max_new_tokens = NEW;
+  sp.top_p = 0.9f;
+  sp.eos_token_id = -2;
+  sp.seed = 11;
+  gen_out a = generate_ok(s, &q, &sp), b = generate_ok(s, &q, &sp);
+  if (q.n > 0) {
+    assert_memory_equal(a.tok, b.tok, sizeof(int32_t) * nt);
+    assert_memory_equal(a.len, b.len, sizeof(int64_t) * (size_t)q.n);
+    assert_memory_equal(a.lp, b.lp, sizeof(float) * nt);
+  }
+  sp.seed = 12;
+  gen_out c = generate_ok(s, &q, &sp);
+  if (q.n > 0) /* 5 or 10 draws from ~300 near-uniform tokens: all equal by chance with
+                  probability ~300^-5 */
+    assert_true(memcmp(a.tok, c.tok, sizeof(int32_t) * nt) != 0);
+  sp.temperature = 0.7f;
+  sp.top_p = 1.0f;
+  gen_out d = generate_ok(s, &q, &sp);
+  double tol = lp_tol(7 + NEW), err = gen_vs_scoring(s, mine, &d);
+  printf("[rank %d] sampled at temperature 0.7: log-probs vs meshlm_logprobs rel L2 %.3g (bound "
+         "%.3g)\n", g_rank, err, tol);
+  assert_true(err <= tol);
+  gen_free(&a);
+  gen_free(&b);
+  gen_free(&c);
+  gen_free(&d);
+  batch_free(&p);
+  meshlm_close(s);
+}
+
+/* After a train step the replica is refitted: greedy continuations' log-
+ * probs are the new weights' meshlm_logprobs, and not the old weights'
+ * (scored on a one-rank session of the fixture). */
+static void test_generate_after_step(void **state) {
+  (void)state;
+  meshlm_options o = mesh_opts();
+  o.lr = 1e-2;
+  meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+  meshlm_session *old = open_ok(g_fixture, NULL, MPI_COMM_SELF);
+  meshlm_info in = info_of(s);
+  batch p = prompts_of(in.dp_rank, 700);
+  meshlm_seqs q = seqs_of(&p);
+  meshlm_sampling sp;
+  meshlm_sampling_default(&sp);
+  sp.greedy = 1;
+  sp.max_new_tokens = NEW;
+  sp.eos_token_id = -2;
+  gen_out before = generate_ok(s, &q, &sp); /* the replica at the fixture's weights */
+  double tol = lp_tol(7 + NEW);
+  assert_true(gen_vs_scoring(old, &p, &before) <= tol);
+  gbatch g = gbatch_make(44);
+  nll_step(s, &g);
+  gen_out after = generate_ok(s, &q, &sp);
+  double e_new = gen_vs_scoring(s, &p, &after), e_old = gen_vs_scoring(old, &p, &after);
+  printf("[rank %d] after a step: generated log-probs vs the new weights rel L2 %.3g, vs the "
+         "old %.3g (bound %.3g)\n", g_rank, e_new, e_old, tol);
+  assert_true(e_new <= tol);
+  assert_true(e_old > tol);
+  gen_free(&before);
+  gen_free(&after);
+  batch_free(&g.all);
+  batch_free(&p);
+  meshlm_close(old);
+  meshlm_close(s);
+}
+
+/* ======================================================================= */
+
+int main(int argc, char **argv) {
+  api_init(&argc, &argv);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_generate_greedy),
+      cmocka_unit_test(test_generate_seeds),
+      cmocka_unit_test(test_generate_after_step),
+  };
+  return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
+}

@@ -1,0 +1,260 @@
+/* test_api_weights: save / resume, export / reload(dir), refit (callback,
+ * into buffers, F32 / BF16 / SOURCE) against the exported safetensors
+ * bytes, reload_tensors (perturb and restore, unknown name), a refit
+ * callback that stops.
+ * The suite, its meshes and its helpers: api_util.h. */
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api_util.h"
+
+/* Save → train → resume gives the saved weights back; export → train →
+ * reload(dir) likewise, and a session opened from the export too. Every
+ * comparison is bitwise: the weights are copies (checkpoint and export
+ * bytes of fp32 values, read back) and the same mesh runs the same kernels
+ * on them (TOL_EXACT). */
+static void test_save_resume_export(void **state) {
+  (void)state;
+  meshlm_options o = mesh_opts();
+  o.lr = 1e-3;
+  meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+  gbatch g = gbatch_make(41);
+  int64_t n = g.all.npred;
+  size_t bytes = sizeof(float) * (size_t)n;
+  float *saved = xcalloc((size_t)n, 4), *lp = xcalloc((size_t)n, 4);
+  char ckpt[4200], exp[4200];
+  tmp_path(ckpt, sizeof ckpt, "ckpt");
+  tmp_path(exp, sizeof exp, "export");
+
+  nll_step(s, &g);
+  OK(s, meshlm_save(s, ckpt));
+  global_lp(s, &g, NULL, saved);
+  nll_step(s, &g);
+  assert_int_equal(info_of(s).step, 2);
+  global_lp(s, &g, NULL, lp);
+  assert_true(memcmp(lp, saved, bytes) != 0);
+  OK(s, meshlm_resume(s, ckpt));
+  assert_int_equal(info_of(s).step, 1);
+  global_lp(s, &g, NULL, lp);
+  assert_memory_equal(lp, saved, bytes);
+
+  OK(s, meshlm_export(s, exp, MESHLM_DTYPE_F32));
+  nll_step(s, &g);
+  global_lp(s, &g, NULL, lp);
+  assert_true(memcmp(lp, saved, bytes) != 0);
+  OK(s, meshlm_reload(s, exp));
+  assert_int_equal(info_of(s).step, 2); /* reload keeps the step */
+  global_lp(s, &g, NULL, lp);
+  assert_memory_equal(lp, saved, bytes);
+  meshlm_session *e = open_ok(exp, &o, MPI_COMM_WORLD);
+  global_lp(e, &g, NULL, lp);
+  assert_memory_equal(lp, saved, bytes);
+  meshlm_close(e);
+  meshlm_close(s);
+  free(saved);
+  free(lp);
+  batch_free(&g.all);
+}
+
+/* refit against the exported safetensors: F32 byte for byte (to root 0 by
+ * callback, to every rank into buffers), SOURCE = F32 for this fp32
+ * fixture, BF16 = round-to-nearest-even of the F32 values (byte for byte
+ * with a BF16 export). */
+static void test_refit(void **state) {
+  (void)state;
+  meshlm_options o = mesh_opts();
+  o.lr = 1e-3;
+  meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+  gbatch g = gbatch_make(42);
+  nll_step(s, &g); /* weights other than the fixture's */
+  char e32[4200], e16[4200], path[4300];
+  tmp_path(e32, sizeof e32, "refit_f32");
+  tmp_path(e16, sizeof e16, "refit_bf16");
+  OK(s, meshlm_export(s, e32, MESHLM_DTYPE_F32));
+  OK(s, meshlm_export(s, e16, MESHLM_DTYPE_BF16));
+  st_file f32, f16;
+  snprintf(path, sizeof path, "%s/model.safetensors", e32);
+  st_open(path, &f32);
+  snprintf(path, sizeof path, "%s/model.safetensors", e16);
+  st_open(path, &f16);
+
+  weights w = weights_of(s);
+  /* to root 0, by callback: rank 0 receives every tensor in weight order, the others none */
+  OK(s, meshlm_refit(s, 0, MESHLM_DTYPE_F32, keep_tensor, &w));
+  assert_int_equal(w.calls, g_rank == 0 ? w.n : 0);
+  for (int64_t i = 0; g_rank == 0 && i < w.n; i++) {
+    const char *dt;
+    int nd;
+    int64_t sh[2];
+    size_t nb;
+    const void *d = st_tensor(&f32, w.name[i], &dt, &nd, sh, &nb);
+    if (!d) fail_msg("'%s' is not in the export", w.name[i]);
+    assert_string_equal(dt, "F32");
+    assert_int_equal(w.dtype[i], MESHLM_DTYPE_F32);
+    assert_int_equal(w.nbytes[i], nb);
+    if (memcmp(w.data[i], d, nb) != 0) fail_msg("refit '%s' differs from the export", w.name[i]);
+  }
+  /* SOURCE on every rank (root −1): F32 for this fixture, the same bytes */
+  weights_clear(&w);
+  OK(s, meshlm_refit(s, -1, MESHLM_DTYPE_SOURCE, keep_tensor, &w));
+  assert_int_equal(w.calls, w.n);
+  /* into buffers, on every rank, F32 and BF16 */
+  weights b32 = weights_of(s), b16 = weights_of(s);
+  weights_alloc(&b32, MESHLM_DTYPE_F32);
+  weights_alloc(&b16, MESHLM_DTYPE_BF16);
+  OK(s, meshlm_refit_into(s, -1, MESHLM_DTYPE_F32, b32.data));
+  OK(s, meshlm_refit_into(s, -1, MESHLM_DTYPE_BF16, b16.data));
+  for (int64_t i = 0; i < w.n; i++) {
+    const char *dt;
+    int nd;
+    int64_t sh[2];
+    size_t nb, nb16;
+    const float *d = st_tensor(&f32, w.name[i], &dt, &nd, sh, &nb);
+    const uint16_t *h = st_tensor(&f16, w.name[i], &dt, &nd, sh, &nb16);
+    assert_non_null(d);
+    assert_non_null(h);
+    assert_string_equal(dt, "BF16");
+    assert_int_equal(w.dtype[i], MESHLM_DTYPE_F32);
+    assert_memory_equal(w.data[i], d, nb);
+    assert_memory_equal(b32.data[i], d, nb);
+    assert_int_equal(b16.nbytes[i], nb16);
+    assert_memory_equal(b16.data[i], h, nb16);
+    const uint16_t *got = b16.data[i];
+    for (int64_t j = 0; j < numel(&w.w[i]); j++)
+      if (got[j] != bf16_rne(d[j]))
+        fail_msg("'%s'[%lld]: bf16 0x%04x, round-to-nearest-even of %.9g is 0x%04x", w.name[i],
+                 (long long)j, got[j], d[j], bf16_rne(d[j]));
+  }
+  /* root 0 only: buffers may be NULL elsewhere */
+  weights_alloc(&b32, MESHLM_DTYPE_F32);
+  OK(s, meshlm_refit_into(s, 0, MESHLM_DTYPE_F32, g_rank == 0 ? b32.data : NULL));
+  for (int64_t i = 0; g_rank == 0 && i < w.n; i++)
+    assert_memory_equal(b32.data[i], w.data[i], b32.nbytes[i]);
+  st_close(&f32);
+  st_close(&f16);
+  weights_free(&w);
+  weights_free(&b32);
+  weights_free(&b16);
+  meshlm_close(s);
+  batch_free(&g.all);
+}
+
+/* reload_tensors: perturbed tensors change the log-probs, the originals
+ * restore them bitwise (copies of the same values, TOL_EXACT); BF16 data
+ * is widened exactly; an unknown name or a wrong shape fails naming it;
+ * a refit callback that stops fails every rank. */
+static void test_reload_tensors(void **state) {
+  (void)state;
+  meshlm_options o = mesh_opts();
+  meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+  gbatch g = gbatch_make(43);
+  int64_t n = g.all.npred;
+  size_t bytes = sizeof(float) * (size_t)n;
+  float *lp0 = xcalloc((size_t)n, 4), *lp = xcalloc((size_t)n, 4);
+  global_lp(s, &g, NULL, lp0);
+  weights w = weights_of(s);
+  weights_alloc(&w, MESHLM_DTYPE_F32);
+  OK(s, meshlm_refit_into(s, -1, MESHLM_DTYPE_F32, w.data));
+
+  meshlm_tensor *all = xcalloc((size_t)w.n, sizeof *all);
+  for (int64_t i = 0; i < w.n; i++)
+    all[i] = (meshlm_tensor){w.name[i], MESHLM_DTYPE_F32, w.w[i].ndim,
+                             {w.w[i].shape[0], w.w[i].shape[1]}, w.data[i]};
+  /* two tensors perturbed: the first and the last of the table */
+  int64_t pick[2] = {0, w.n - 1};
+  meshlm_tensor t[2];
+  float *pert[2];
+  for (int j = 0; j < 2; j++) {
+    int64_t i = pick[j], m = numel(&w.w[i]);
+    pert[j] = xcalloc((size_t)m, sizeof(float));
+    for (int64_t e = 0; e < m; e++) pert[j][e] = ((float *)w.data[i])[e] * 1.25f + 0.01f;
+    t[j] = all[i];
+    t[j].data = pert[j];
+  }
+  OK(s, meshlm_reload_tensors(s, 2, t));
+  global_lp(s, &g, NULL, lp);
+  double moved = rel_l2(lp, lp0, n);
+  printf("[rank %d] reload_tensors: perturbed log-probs moved by rel L2 %.3g (rounding bound "
+         "%.3g)\n", g_rank, moved, lp_tol(21));
+  assert_true(moved > lp_tol(21)); /* more than any rounding could */
+  OK(s, meshlm_reload_tensors(s, w.n, all));
+  global_lp(s, &g, NULL, lp);
+  assert_memory_equal(lp, lp0, bytes);
+  assert_int_equal(info_of(s).step, 0);
+
+  /* BF16 data: kept as its exact fp32 widening */
+  uint16_t *h = xcalloc((size_t)numel(&w.w[0]), 2);
+  for (int64_t e = 0; e < numel(&w.w[0]); e++) h[e] = bf16_rne(((float *)w.data[0])[e]);
+  meshlm_tensor tb = all[0];
+  tb.dtype = MESHLM_DTYPE_BF16;
+  tb.data = h;
+  OK(s, meshlm_reload_tensors(s, 1, &tb));
+  weights back = weights_of(s);
+  weights_alloc(&back, MESHLM_DTYPE_F32);
+  OK(s, meshlm_refit_into(s, -1, MESHLM_DTYPE_F32, back.data));
+  for (int64_t e = 0; e < numel(&w.w[0]); e++) {
+    uint32_t u = (uint32_t)h[e] << 16;
+    float want;
+    memcpy(&want, &u, sizeof want);
+    assert_true(((float *)back.data[0])[e] == want);
+  }
+  for (int64_t i = 1; i < w.n; i++) assert_memory_equal(back.data[i], w.data[i], w.nbytes[i]);
+  OK(s, meshlm_reload_tensors(s, 1, &all[0]));
+  global_lp(s, &g, NULL, lp);
+  assert_memory_equal(lp, lp0, bytes);
+
+  /* an unknown name; a wrong shape: both named, nothing changed */
+  meshlm_tensor bad = all[0];
+  bad.name = "model.layers.99.mlp.nonexistent.weight";
+  expect_fail(s, meshlm_reload_tensors(s, 1, &bad), "model.layers.99.mlp.nonexistent.weight",
+              "reload_tensors, an unknown name");
+  bad = all[w.n - 1];
+  bad.shape[0] -= 1;
+  expect_fail(s, meshlm_reload_tensors(s, 1, &bad), w.name[w.n - 1],
+              "reload_tensors, a wrong shape");
+  global_lp(s, &g, NULL, lp);
+  assert_memory_equal(lp, lp0, bytes);
+
+  /* a refit callback that stops: at the first tensor on root 0; at the third on the last
+   * rank of a refit to every rank. Every rank fails; nothing changed. */
+  weights c = weights_of(s);
+  c.stop_at = g_rank == 0 ? 0 : -1;
+  expect_fail(s, meshlm_refit(s, 0, MESHLM_DTYPE_F32, keep_tensor, &c),
+              "stopped by the callback", "refit stopped at root 0");
+  weights_clear(&c);
+  c.stop_at = g_rank == g_world - 1 ? 2 : -1;
+  expect_fail(s, meshlm_refit(s, -1, MESHLM_DTYPE_BF16, keep_tensor, &c),
+              "stopped by the callback", "refit stopped on the last rank");
+  weights_clear(&c);
+  c.stop_at = -1;
+  OK(s, meshlm_refit(s, -1, MESHLM_DTYPE_F32, keep_tensor, &c));
+  for (int64_t i = 0; i < w.n; i++) assert_memory_equal(c.data[i], w.data[i], w.nbytes[i]);
+  global_lp(s, &g, NULL, lp);
+  assert_memory_equal(lp, lp0, bytes);
+
+  weights_free(&c);
+  weights_free(&back);
+  free(h);
+  free(pert[0]);
+  free(pert[1]);
+  free(all);
+  weights_free(&w);
+  free(lp0);
+  free(lp);
+  meshlm_close(s);
+  batch_free(&g.all);
+}
+
+/* ======================================================================= */
+
+int main(int argc, char **argv) {
+  api_init(&argc, &argv);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_save_resume_export),
+      cmocka_unit_test(test_refit),
+      cmocka_unit_test(test_reload_tensors),
+  };
+  return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
+}

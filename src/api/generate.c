@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include "api/session.h"
-#include "cli/device.h"
 #include "train/generate.h"
 #include "train/save.h"
 
@@ -21,11 +20,9 @@ static int open_replica(meshlm_session *s) {
   ml_engine_opts eo = s->e.opts;
   eo.parallel_plan = NULL;
   eo.sequence_parallel = false;
-  ml_arg_choice dev = ml_device_choice();
-  while (strcmp(dev.names[dev.index], s->o.device) != 0) dev.index++;
   ml_comm_factory make_comm;
   void *ctx;
-  ML_TRY(ml_device_open("meshlm_generate", &dev, &eo.backend, &make_comm, &ctx));
+  ML_TRY(api_device_open(s, "meshlm_generate", &eo.backend, &make_comm, &ctx));
   ML_TRY(ml_mesh_create(MPI_COMM_SELF, 1, 1, 1, 1, make_comm, ctx, &s->gen_mesh));
   if (ml_engine_open(&s->gen, &s->gen_mesh, s->e.model_dir, &eo)) {
     ml_engine_close(&s->gen);

@@ -129,14 +129,19 @@ static int keep_options(meshlm_session *s, const meshlm_options *o) {
   return 0;
 }
 
+int api_device_open(const meshlm_session *s, const char *what, ml_backend **be,
+                    ml_comm_factory *make_comm, void **ctx) {
+  ml_arg_choice dev = ml_device_choice(); /* s->o.device is one of its names (checked) */
+  while (strcmp(dev.names[dev.index], s->o.device) != 0) dev.index++;
+  return ml_device_open(what, &dev, be, make_comm, ctx);
+}
+
 /* Mesh and engine on s->comm. */
 static int open_engine(meshlm_session *s, const char *model_dir) {
-  ml_arg_choice dev = ml_device_choice();
-  while (strcmp(dev.names[dev.index], s->o.device) != 0) dev.index++;
   ml_engine_opts eo = engine_opts(&s->o, s->plan);
   ml_comm_factory make_comm;
   void *ctx;
-  ML_TRY(ml_device_open("meshlm_open", &dev, &eo.backend, &make_comm, &ctx));
+  ML_TRY(api_device_open(s, "meshlm_open", &eo.backend, &make_comm, &ctx));
   ML_TRY(ml_mesh_create(s->comm, s->o.dp_replicate, 0, s->o.cp, s->o.tp, make_comm, ctx,
                         &s->mesh));
   return ml_engine_open(&s->e, &s->mesh, model_dir, &eo);

@@ -5,7 +5,6 @@
  * refitted from the policy (ml_engine_stream_params to every rank) whenever
  * the policy's weights changed since — NeMo RL's generation engine and its
  * refit, in one process. */
-#include <string.h>
 
 #include "api/session.h"
 #include "train/generate.h"

@@ -3,7 +3,7 @@
 # activation checkpointing mode, with and without sequence parallelism, on
 # the SmolLM2-135M-shaped model (preset smollm2-135m, random weights) at
 # S = SEQ, B = BATCH sequences: plan's train_peak (the engine's step on the
-# meta backend, train/predict.h) vs the run's device_peak_mib (the device
+# meta backend, engine/predict.h) vs the run's device_peak_mib (the device
 # pool's peak, torch.cuda.max_memory_allocated's count) and its peak RSS.
 # Meshes: 1 rank, and 3 ranks tp=3 (+SP; SmolLM2 has 9 heads, 3 kv heads).
 # --peak-tflops is given, so no GEMM calibration runs before the step.

@@ -64,7 +64,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
-# the files meshlm copies from the source (src/train/hf_source.c k_patterns)
+# the files meshlm copies from the source (src/ckpt/hf_source.c k_patterns)
 COPIED = ["tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt",
           "*.tiktoken", "spiece.model", "generation_config.json", "chat_template*",
           "preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json"]

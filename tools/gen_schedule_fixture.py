@@ -3,7 +3,7 @@
 
 PURPOSE
     Runs torch's LambdaLR with the transformers schedule functions that
-    src/train/schedule.h names as its reference, on a dummy parameter, and
+    src/engine/schedule.h names as its reference, on a dummy parameter, and
     prints the learning rate the optimizer uses at each 0-based step k
     (param_groups[0]["lr"] before the k-th scheduler.step()) as the C table of
     test_schedule.c:

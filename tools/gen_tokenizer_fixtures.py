@@ -133,7 +133,7 @@ def random_texts(n, seed):
 
 def training_files():
     files = [os.path.join(ROOT, "README.md")]
-    for pat in ("src/common/*.c", "src/io/*.c", "src/cli/args.c", "src/train/schedule.c"):
+    for pat in ("src/common/*.c", "src/io/*.c", "src/cli/args.c", "src/engine/schedule.c"):
         files += sorted(glob.glob(os.path.join(ROOT, pat)))
     return files
 

@@ -1,5 +1,5 @@
 /* meshlm_generate: sampling on a per-rank replica of the policy's weights
- * (include/meshlm/meshlm.h; train/generate.h does the decoding). The
+ * (include/meshlm/meshlm.h; engine/generate.h does the decoding). The
  * replica is an engine on this rank alone (a one-rank mesh over
  * MPI_COMM_SELF), opened from the model directory at the first call and
  * refitted from the policy (ml_engine_stream_params to every rank) whenever
@@ -7,8 +7,8 @@
  * refit, in one process. */
 
 #include "api/session.h"
-#include "train/generate.h"
-#include "train/save.h"
+#include "engine/generate.h"
+#include "ckpt/save.h"
 
 void meshlm_sampling_default(meshlm_sampling *sp) {
   *sp = (meshlm_sampling){.max_new_tokens = 32, .temperature = 1.0f, .top_p = 1.0f,

@@ -1,10 +1,10 @@
-/* A call's batch as micro-batches (train/pack.h) and the call statistics
+/* A call's batch as micro-batches (engine/pack.h) and the call statistics
  * (meshlm_last_call_stats). Internal to libmeshlm. */
 #ifndef ML_API_PACK_H
 #define ML_API_PACK_H
 
 #include "api/session.h"
-#include "train/pack.h"
+#include "engine/pack.h"
 
 typedef struct api_plan {
   ml_pack pack;

@@ -12,8 +12,8 @@
 #include "common/status.h"
 #include "meshlm/meshlm.h"
 #include "parallel/mesh.h"
-#include "train/engine.h"
-#include "train/schedule.h"
+#include "engine/engine.h"
+#include "engine/schedule.h"
 
 /* The collective calls, for the order check (their names: api_call_name). */
 typedef enum {

@@ -5,9 +5,9 @@
 
 #include "api/session.h"
 #include "io/checkpoint.h"
-#include "train/hf_source.h"
-#include "train/runckpt.h"
-#include "train/save.h"
+#include "ckpt/hf_source.h"
+#include "ckpt/runckpt.h"
+#include "ckpt/save.h"
 
 int meshlm_save(meshlm_session *s, const char *dir) {
   ML_TRY(api_enter(s, API_CALL_SAVE));

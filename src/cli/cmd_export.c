@@ -1,7 +1,7 @@
 /* meshlm export: consolidate the latest committed run checkpoint (meshlm
  * train --save DIR) into an HF checkpoint that transformers'
  * from_pretrained loads, with the rest of the model the run started from
- * (train/runckpt.h, ml_run_export; train/hf_export.h). One process does
+ * (ckpt/runckpt.h, ml_run_export; ckpt/hf_export.h). One process does
  * the work and runs no collective: launched under mpirun with several
  * ranks, rank 0 exports and the others only wait for its result. */
 #include <stdint.h>
@@ -9,8 +9,8 @@
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "common/status.h"
-#include "train/runckpt.h"
-#include "train/save.h"
+#include "ckpt/runckpt.h"
+#include "ckpt/save.h"
 
 int ml_cmd_export(ml_host *world, int argc, char **argv) {
   const char *ckpt = NULL, *out = NULL;

@@ -1,10 +1,10 @@
 /* meshlm logprobs: per-token log-probs of JSONL records (token ids, text,
- * or prompt + completion: train/data.h, tokenized as train tokenizes them)
+ * or prompt + completion: data/data.h, tokenized as train tokenizes them)
  * with the vocab-parallel log-softmax (no rank holds full-vocab logits when
  * tp > 1). Sequences are dealt to the data-parallel ranks by length (the
  * longest first, round-robin: like shares of tokens; the cp ranks of one
  * share its sequences, each scoring a piece: parallel/cp.h), packed into
- * micro-batches of --micro-batch-tokens without padding (train/pack.h), with
+ * micro-batches of --micro-batch-tokens without padding (engine/pack.h), with
  * every FSDP unit all-gathered once for the whole pass
  * (ml_engine_hold_params: the model's parameters held unsharded meanwhile);
  * the log-probs are all-gathered over the dp group and rank 0 writes them
@@ -36,9 +36,9 @@
 #include "common/checked.h"
 #include "common/file.h"
 #include "common/status.h"
-#include "train/data.h"
-#include "train/engine.h"
-#include "train/pack.h"
+#include "data/data.h"
+#include "engine/engine.h"
+#include "engine/pack.h"
 
 typedef struct lp_run {
   ml_mesh *mesh;

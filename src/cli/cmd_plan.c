@@ -7,7 +7,7 @@
  * with ops NULL), so plan errors are the training run's; then it reports
  * every module's style and per-rank shard shapes, every activation edge's
  * placements and collectives, and, from the engine's own step run on the
- * meta backend (train/predict.h), one step's collectives per mesh group
+ * meta backend (engine/predict.h), one step's collectives per mesh group
  * and the memory per rank. --json prints the same as one JSON document. */
 #include <inttypes.h>
 #include <jansson.h>
@@ -25,7 +25,7 @@
 #include "parallel/plan.h"
 #include "parallel/loss.h"
 #include "parallel/tp.h"
-#include "train/predict.h"
+#include "engine/predict.h"
 
 typedef struct plan_opts {
   ml_train_opts t; /* train's settings (the flags plan takes of them: plan_flags) */

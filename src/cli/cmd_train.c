@@ -11,12 +11,12 @@
  * one batch of --batch-size sequences (DESIGN §6). Then: global grad norm
  * (--grad-norm-type), and either a skipped step when it is not finite
  * (the first non-finite gradient named) or clipping (--max-grad-norm) and
- * AdamW at the schedule's learning rate (train/schedule.h). A skipped step
+ * AdamW at the schedule's learning rate (engine/schedule.h). A skipped step
  * still consumes its sequences and its slot of the schedule (AdamW's own
  * step count, kept by the engine for its bias correction, does not move).
  * Run checkpoints (--save, --resume) carry the step and the loader position
- * (train/runckpt.h); the --save directory is locked for the whole run (one
- * writer, train/runlock.h); --export-hf writes a consolidated HF checkpoint. */
+ * (ckpt/runckpt.h); the --save directory is locked for the whole run (one
+ * writer, ckpt/runlock.h); --export-hf writes a consolidated HF checkpoint. */
 #include <math.h>
 #include <mpi.h>
 #include <stdlib.h>
@@ -29,13 +29,13 @@
 #include "common/checked.h"
 #include "common/rng.h"
 #include "common/status.h"
-#include "train/data.h"
-#include "train/engine.h"
-#include "train/metrics.h"
-#include "train/runckpt.h"
-#include "train/runlock.h"
-#include "train/save.h"
-#include "train/schedule.h"
+#include "data/data.h"
+#include "engine/engine.h"
+#include "cli/metrics.h"
+#include "ckpt/runckpt.h"
+#include "ckpt/runlock.h"
+#include "ckpt/save.h"
+#include "engine/schedule.h"
 
 typedef struct train_run {
   const ml_train_opts *o;

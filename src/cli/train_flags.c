@@ -7,7 +7,7 @@
 #include "cli/device.h"
 #include "common/checked.h"
 #include "common/status.h"
-#include "train/hf_export.h"
+#include "ckpt/hf_export.h"
 
 /* The choices of the enumerated flags and the values they stand for (same
  * order). */

@@ -12,9 +12,9 @@
 
 #include "cli/args.h"
 #include "cli/config_file.h"
-#include "train/data.h"
-#include "train/engine.h"
-#include "train/schedule.h"
+#include "data/data.h"
+#include "engine/engine.h"
+#include "engine/schedule.h"
 
 typedef struct ml_train_opts {
   /* model, data, mesh and plan */
@@ -22,7 +22,7 @@ typedef struct ml_train_opts {
   ml_arg_choice device; /* cli/device.h */
   int64_t tp, dp_replicate, cp;
   bool sp;
-  /* data formats (train/data.h): the record keys (tokenizer_dir is --model,
+  /* data formats (data/data.h): the record keys (tokenizer_dir is --model,
      packing from the choice below) and --packing true|false */
   ml_data_opts data_keys;
   ml_arg_choice packing;
@@ -40,7 +40,7 @@ typedef struct ml_train_opts {
   /* outputs */
   double peak_tflops; /* of the whole mesh; 0 = measured at start-up (ml_gemm_flops_per_s) */
   const char *metrics, *save, *resume, *export_hf;
-  ml_arg_choice export_dtype; /* of --export-hf: train/hf_export.h's ml_export_dtype, by index */
+  ml_arg_choice export_dtype; /* of --export-hf: ckpt/hf_export.h's ml_export_dtype, by index */
   int64_t save_every;
 } ml_train_opts;
 

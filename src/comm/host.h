@@ -53,7 +53,7 @@ int ml_host_all_gather_v(ml_host *h, const void *send, const size_t *bytes, void
  * buf[bytes] to rank `dst`; ml_host_recv receives the same count from rank
  * `src` into buf[bytes] (MPI_Send / MPI_Recv, in messages of at most 1 GiB,
  * so any size goes). For streaming one rank's data to a writer (the HF
- * export gathers one tensor at a time to world rank 0, train/save.h).
+ * export gathers one tensor at a time to world rank 0, ckpt/save.h).
  * Errors: MPI failures, a message of another size than expected. */
 int ml_host_send(ml_host *h, const void *buf, size_t bytes, int dst);
 int ml_host_recv(ml_host *h, void *buf, size_t bytes, int src);

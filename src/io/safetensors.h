@@ -72,7 +72,7 @@ typedef struct ml_st_entry {
 int ml_st_write(const char *path, const ml_st_entry *entries, size_t n);
 
 /* The streaming form of ml_st_write, for data that arrives one tensor at a
- * time (the HF export, train/hf_export.h: a tensor gathered from the mesh,
+ * time (the HF export, ckpt/hf_export.h: a tensor gathered from the mesh,
  * or copied from a source file, is written and dropped before the next):
  * ml_st_writer_open writes `path`.tmp's header for entries[0..n) (name,
  * dtype — any safetensors dtype —, ndim, shape; data is not read; the

@@ -173,7 +173,7 @@ typedef struct ml_attn_call {
   int64_t window;
   ml_dtype compute;
   int64_t layer; /* the decoder layer the call serves (0 .. n_layers − 1), for a core
-                    that keeps per-layer state (train/generate.c: its KV cache) */
+                    that keeps per-layer state (engine/generate.c: its KV cache) */
 } ml_attn_call;
 
 /* The attention core, replaceable from outside as torch's context_parallel

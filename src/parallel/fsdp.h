@@ -25,7 +25,7 @@
  * shard's slice for the optimizer). The reshard policy applies to ZeRO-3.
  *
  * Vocab-parallel parameters (ml_fsdp_init's vocab_parallel: the engine's
- * choice whenever the group has more than one rank, train/engine.h): the
+ * choice whenever the group has more than one rank, engine/engine.h): the
  * root's vocab-sized embed_tokens.weight and an untied lm_head.weight
  * (dim 0 of their TP-local tensor is the vocab, so a rank's chunk is a
  * contiguous block of vocab rows) are never gathered, under any ZeRO stage

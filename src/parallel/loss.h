@@ -10,7 +10,7 @@
  * The columns are split over tp when lm_head's logits are vocab-sharded
  * there (output Shard(−1)), and under vocab parallelism over FSDP's group
  * too (parallel/vocab.h; on whenever that group has more than one rank,
- * train/engine.h): then lm_head's weight rows stay where FSDP
+ * engine/engine.h): then lm_head's weight rows stay where FSDP
  * sharded them and the tokens come to them — lm_head's input [T, c] (after
  * its input edge) and the targets of every rank of the group are gathered,
  * each rank computes its rows' logits for all d·T tokens, the statistics

@@ -83,7 +83,7 @@ int ml_mesh_create(MPI_Comm base, int dp_replicate, int dp_shard, int cp, int tp
  * comm over a null comm of the group's size and rank (comm/comm_null.h),
  * its host channel is this process alone (MPI_COMM_SELF: control values
  * stay this rank's). With the meta backend this runs one rank's step of a
- * mesh that does not exist (`meshlm plan`, train/predict.h). Needs MPI
+ * mesh that does not exist (`meshlm plan`, engine/predict.h). Needs MPI
  * initialised. Errors: a size outside 1..65536, a world beyond 2^24 ranks,
  * a rank outside it, allocation. */
 int ml_mesh_create_meta(int dp_replicate, int dp_shard, int cp, int tp, int rank, ml_mesh *out);

@@ -33,7 +33,7 @@
  * 24,576 for a 49,152-token one; beyond that gathering the weight would
  * move fewer bytes, and the work buffer grows with d. The engine turns it
  * on whenever FSDP's group has more than one rank and lm_head's logits
- * need no output redistribute (train/engine.h). */
+ * need no output redistribute (engine/engine.h). */
 #ifndef ML_VOCAB_H
 #define ML_VOCAB_H
 

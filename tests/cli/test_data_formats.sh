@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Data formats end to end (train/data.h): text and prompt/completion JSONL
+# Data formats end to end (data/data.h): text and prompt/completion JSONL
 # and raw text, tokenized in C with the model directory's tokenizer.json.
 # The model is `init --preset tiny` (vocab 256) with the tokenizer of
 # tests/fixtures/data_formats (256 ids; tools/gen_data_format_fixture.py),

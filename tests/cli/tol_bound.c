@@ -8,7 +8,7 @@
  * tests (tests/cli/test_*.sh), so that their comparisons use the bounds the
  * C tests use, derived once.
  * tol_bound schedule LR: the absolute bound of a learning rate computed by
- * train/schedule.c for peak LR (tol_schedule_abs, tolerance.h §7).
+ * engine/schedule.c for peak LR (tol_schedule_abs, tolerance.h §7).
  * Exit 1 with a message on bad arguments. */
 #include <stdio.h>
 #include <stdlib.h>

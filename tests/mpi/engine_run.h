@@ -12,8 +12,8 @@
 #include "common/status.h"
 #include "held.h"
 #include "tol_config.h"
-#include "train/engine.h"
-#include "train/save.h"
+#include "engine/engine.h"
+#include "ckpt/save.h"
 
 typedef struct run {
   ml_mesh mesh;

@@ -1,4 +1,4 @@
-# Run checkpoints (train/runckpt.h): resume bitwise on the same mesh, reshard
+# Run checkpoints (ckpt/runckpt.h): resume bitwise on the same mesh, reshard
 # on load (other dp/tp, one rank), HSDP <-> FSDP, one-process HF export,
 # the commit protocol and the errors. Saved on dp_shard = N / TP x tp = TP.
 ml_mpi_executable(test_runckpt test_runckpt.c parity_util.c)

@@ -30,8 +30,8 @@
 #include "engine_run.h"
 #include "parity_util.h"
 #include "rank_report.h"
-#include "train/engine.h"
-#include "train/save.h"
+#include "engine/engine.h"
+#include "ckpt/save.h"
 
 static const char *g_fixture;
 static int g_tp, g_cp = 1;

@@ -1,4 +1,4 @@
-/* Generation with a KV cache (train/generate.h) on one rank:
+/* Generation with a KV cache (engine/generate.h) on one rank:
  * `test_generate FIXTURE`. Prompts are pieces of the fixture's rows.
  *  - greedy against the full forward: each generated token's log-prob is
  *    the engine's log-prob of prompt + generated tokens at that position,
@@ -24,7 +24,7 @@
 
 #include "engine_run.h"
 #include "parity_util.h"
-#include "train/generate.h"
+#include "engine/generate.h"
 
 enum { NMAX = 4, NEW = 16 };
 

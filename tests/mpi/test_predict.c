@@ -12,7 +12,7 @@
  * AdamW) and one logprobs pass of the fixture batch, and compares on
  * every rank:
  *  - for every mesh group and collective kind, the calls and bytes the
- *    counting comm recorded with ml_predict_step's (train/predict.h: the
+ *    counting comm recorded with ml_predict_step's (engine/predict.h: the
  *    same step on the meta backend), exactly;
  *  - vocab parallelism over FSDP's group (parallel/vocab.h) where the
  *    engine says it is on: whenever the group has more than one rank,
@@ -42,11 +42,11 @@
 #include "common/status.h"
 #include "held.h"
 #include "rank_report.h"
-#include "train/predict.h"
+#include "engine/predict.h"
 #include "engine_run.h"
 #include "parity_util.h"
 #include "tensor/placement.h"
-#include "train/engine.h"
+#include "engine/engine.h"
 
 static const char *g_fixture;
 static int g_tp, g_sp, g_dpr = 1; /* g_dpr: dp_replicate (HSDP with "hsdp") */

@@ -1,4 +1,4 @@
-/* Run checkpoints (train/runckpt.h): `mpiexec -n N test_runckpt FIXTURE TP`.
+/* Run checkpoints (ckpt/runckpt.h): `mpiexec -n N test_runckpt FIXTURE TP`.
  *  - resume: 4 AdamW steps uninterrupted vs 2 steps, ml_run_save, a fresh
  *    engine, ml_run_load, 2 more steps on the same mesh (dp_shard = N/TP ×
  *    tp = TP): the losses of steps 3–4 and the final params bitwise equal;
@@ -44,9 +44,9 @@
 #include "io/checkpoint.h"
 #include "parity_util.h"
 #include "rank_report.h"
-#include "train/engine.h"
-#include "train/runckpt.h"
-#include "train/save.h"
+#include "engine/engine.h"
+#include "ckpt/runckpt.h"
+#include "ckpt/save.h"
 
 static const char *g_fixture;
 static int g_tp;

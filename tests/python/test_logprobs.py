@@ -11,7 +11,7 @@ import meshlm
 from meshlm import tools
 
 # The library's meshlm_logprobs and the CLI's logprobs are the same code
-# path: the same micro-batch planner (train/pack.h, both given the same
+# path: the same micro-batch planner (engine/pack.h, both given the same
 # micro_batch_tokens), forward pass and vocab-parallel log-softmax; the CLI
 # prints each fp32 value with %.9g, which round-trips fp32 exactly.  On one
 # rank the two are bit-identical (measured).  The tolerance covers what may

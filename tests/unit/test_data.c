@@ -2,7 +2,7 @@
  * text, packing, masks, errors, dp batch slicing. The tokenized formats are
  * checked against the tokenizer fixtures' golden ids (tokenizers'
  * Tokenizer.encode, tests/fixtures/tokenizer/NAME/cases.json): every
- * expected row is built from those ids by the rules of train/data.h. */
+ * expected row is built from those ids by the rules of data/data.h. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,7 +18,7 @@
 #include <jansson.h>
 
 #include "common/status.h"
-#include "train/data.h"
+#include "data/data.h"
 
 static char g_dir[64];
 static char g_path[128];
@@ -434,7 +434,7 @@ static void push_id(ids *out, int32_t id) {
   out->v[out->n++] = id;
 }
 
-/* A text document (train/data.h): encode(text, true), then EOS unless the
+/* A text document (data/data.h): encode(text, true), then EOS unless the
  * template ended with it (checked against the golden ids). */
 static void expect_document(const fixture *fx, const char *text, ids *out) {
   int64_t n0 = out->n;

@@ -15,7 +15,7 @@
 
 #include "common/status.h"
 #include "tolerance.h"
-#include "train/metrics.h"
+#include "cli/metrics.h"
 
 static const ml_step_metrics k_example = {.step = 12,
                                           .loss = 3.4567,

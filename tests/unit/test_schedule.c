@@ -1,4 +1,4 @@
-/* LR schedule (train/schedule.h) against torch's LambdaLR driven by the
+/* LR schedule (engine/schedule.h) against torch's LambdaLR driven by the
  * transformers schedule functions named in schedule.h.
  *
  * The table is the output of tools/gen_schedule_fixture.py (torch 2.15,
@@ -25,7 +25,7 @@
 #include <cmocka.h>
 
 #include "tolerance.h"
-#include "train/schedule.h"
+#include "engine/schedule.h"
 
 enum { MAX_STEPS = 10 };
 

@@ -22,7 +22,7 @@
 #include "common/status.h"
 #include "model/config.h"
 #include "model/model.h"
-#include "train/runckpt_format.h"
+#include "ckpt/runckpt_format.h"
 #include "tmpdir.h"
 
 static void write_text(const char *path, const char *text) {

@@ -12,7 +12,7 @@
  * step allocates (ml_be_memory_stats: the peak bytes of a 1-step run) and
  * the collectives it issues — as torch's FSDPMemTracker and CommDebugMode
  * run a model under FakeTensorMode (torch.distributed._tools). `meshlm
- * plan` predicts this way (train/predict.h).
+ * plan` predicts this way (engine/predict.h).
  *
  * Sizes a backend decides itself (the attention backward's workspace) are
  * those of the backend the meta device stands for (`like`). */

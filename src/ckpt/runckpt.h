@@ -8,7 +8,7 @@
  * previous checkpoint loadable. HSDP replicas hold identical shards; only
  * dp_replicate rank 0 writes them.
  *
- * Layout (train/runckpt_format.h has the details):
+ * Layout (ckpt/runckpt_format.h has the details):
  *   DIR/latest.json                    the commit point: names the step directory
  *   DIR/step-00000120/rank-00003.safetensors   rank 3's pieces, keys as DCP
  *                                      flattens a state dict: NAME,
@@ -29,8 +29,8 @@
 
 #include <stdint.h>
 
-#include "train/engine.h"
-#include "train/hf_export.h"
+#include "engine/engine.h"
+#include "ckpt/hf_export.h"
 
 /* What the trainer needs to continue exactly where it stopped. */
 typedef struct ml_run_state {
@@ -47,7 +47,7 @@ typedef struct ml_run_state {
  * the step directory); after a collective agreement that all succeeded,
  * world rank 0 writes config.json, records the source model e->model_dir
  * for `meshlm export` (its description and a copy of its small files,
- * train/hf_source.h; the tensors the run does not train stay in the
+ * ckpt/hf_source.h; the tensors the run does not train stay in the
  * source, referenced by its absolute path: a VLM's vision tower may be
  * large; an unreadable source only costs a warning) and metadata.json, and
  * commits by
@@ -87,7 +87,7 @@ int ml_run_load(ml_engine *e, const char *dir, ml_run_state *st);
 /* Single process, no collective: consolidate the latest committed
  * checkpoint under `ckpt_dir` into an HF checkpoint in `out_dir`, the same
  * files ml_engine_save_hf writes for the engine that saved it
- * (train/hf_export.h: the source model's architecture, config.json, files
+ * (ckpt/hf_export.h: the source model's architecture, config.json, files
  * and untrained tensors, read from the source directory the checkpoint
  * names; trained tensors in `dtype`; one model.safetensors, or shards +
  * model.safetensors.index.json above max_shard_bytes, 0 = never, as

@@ -1,4 +1,4 @@
-/* The data loaders' file access (train/data.h): the whole file in memory,
+/* The data loaders' file access (data/data.h): the whole file in memory,
  * the JSONL-or-raw decision, and iteration over a JSONL file's non-empty
  * lines, each parsed into one JSON object. Messages name the file and the
  * 1-based line. */

@@ -1,6 +1,6 @@
 #define _POSIX_C_SOURCE 200809L
 
-#include "train/runckpt_format.h"
+#include "ckpt/runckpt_format.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -14,7 +14,7 @@
 
 #include "common/status.h"
 #include "io/checkpoint.h"
-#include "train/hf_source.h"
+#include "ckpt/hf_source.h"
 
 typedef long long ll;
 

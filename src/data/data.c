@@ -1,4 +1,4 @@
-#include "train/data.h"
+#include "data/data.h"
 
 #include <stdbool.h>
 #include <stdio.h>
@@ -7,8 +7,8 @@
 
 #include "common/checked.h"
 #include "common/status.h"
-#include "train/data_lines.h"
-#include "train/data_record.h"
+#include "data/data_lines.h"
+#include "data/data_record.h"
 
 /* ---- a file's records ---------------------------------------------------- */
 

@@ -1,6 +1,6 @@
 #define _POSIX_C_SOURCE 200809L /* strdup */
 
-#include "train/engine.h"
+#include "engine/engine.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-#include "train/data_lines.h"
+#include "data/data_lines.h"
 
 #include <errno.h>
 #include <stdio.h>

@@ -1,6 +1,6 @@
 /* Prediction of one training step's collectives and per-rank memory,
  * without running it: `meshlm plan`'s numbers. The engine's own step
- * (train/engine.h) runs for one rank of the mesh on the meta backend
+ * (engine/engine.h) runs for one rank of the mesh on the meta backend
  * (backend/meta/meta.h: the caching pool over addresses nothing reads,
  * every operator a no-op) with null data comms under the counting wrapper
  * (parallel/mesh.h ml_mesh_create_meta), config.json only — as torch's
@@ -24,7 +24,7 @@
 
 #include "comm/comm.h"
 #include "parallel/mesh.h"
-#include "train/engine.h"
+#include "engine/engine.h"
 
 /* Per-rank device memory in bytes. */
 typedef struct ml_predict_memory {

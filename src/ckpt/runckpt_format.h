@@ -1,5 +1,5 @@
-/* The on-disk format of run checkpoints (train/runckpt.h), shared by the
- * collective save/load and the single-process export. Private to train/.
+/* The on-disk format of run checkpoints (ckpt/runckpt.h), shared by the
+ * collective save/load and the single-process export. Private to ckpt/.
  *
  * DIR/latest.json              {"format", "version", "step_dir": "step-00000120", "step": 120}
  *                              the commit point: written last (temp + fsync + rename, then
@@ -9,7 +9,7 @@
  *   rank-00003.safetensors     world rank 3's pieces (absent when it owns none)
  *   config.json                the model (ml_model_config_write: saved family, float32)
  *   source/                    copies of the files of the source model's description
- *                              (config.json, tokenizer*, ...: train/hf_source.h)
+ *                              (config.json, tokenizer*, ...: ckpt/hf_source.h)
  *   metadata.json              every piece, the mesh, the run state, the source (below)
  *
  * A piece is a 2-D block (1-D for 1-D tensors) of a global tensor: the rows
@@ -28,7 +28,7 @@
  *    "dp_shard", "cp", "tp"}, "config": "config.json", "files": {name: rank},
  *    "tensors": {NAME: {"shape": [..], "keys": {state: key}, "pieces":
  *    [{"file": name, "offset": [r0(, c0)], "shape": [nr(, nc)]}, ...]}},
- *    "source": the source model's description (train/hf_source.h; absent
+ *    "source": the source model's description (ckpt/hf_source.h; absent
  *    in checkpoints of older meshlm versions, and when the source could
  *    not be read at save time)} */
 #ifndef ML_RUNCKPT_FORMAT_H
@@ -40,7 +40,7 @@
 
 #include "io/json.h"
 #include "io/safetensors.h"
-#include "train/runckpt.h"
+#include "ckpt/runckpt.h"
 
 /* Checkpointed states of a parameter, in this order. */
 enum { ML_RC_PARAM, ML_RC_EXP_AVG, ML_RC_EXP_AVG_SQ, ML_RC_STATES };

@@ -1,5 +1,5 @@
 /* The HF export writer: a trained model's global tensors, streamed in one
- * at a time, written with the rest of its source model (train/hf_source.h)
+ * at a time, written with the rest of its source model (ckpt/hf_source.h)
  * as an HF checkpoint directory that transformers' from_pretrained loads —
  * what save_pretrained of the fine-tuned model writes (HF
  * modeling_utils.save_pretrained: config.json, model.safetensors or shards

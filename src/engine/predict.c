@@ -1,5 +1,5 @@
 /* One rank's step on the meta backend (predict.h). */
-#include "train/predict.h"
+#include "engine/predict.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -40,7 +40,7 @@ typedef struct ml_engine_opts {
   ml_backend *backend;       /* where to compute (NULL: the CPU backend) */
   bool no_weights;           /* read config.json only, never the safetensors: the shards are
                                 allocated and left unset (the meta backend: torch's meta-device
-                                init; train/predict.h) */
+                                init; engine/predict.h) */
 } ml_engine_opts;
 
 /* fp32 everywhere, FSDP2's reshard defaults, ZeRO-3, prefetch forward 1 /
@@ -49,7 +49,7 @@ ml_engine_opts ml_engine_opts_default(void);
 
 typedef struct ml_engine {
   char *model_dir; /* the HF checkpoint directory it was opened from, as given: the source
-                      an HF export carries the rest of the model over from (train/save.h) */
+                      an HF export carries the rest of the model over from (ckpt/save.h) */
   ml_backend *be;
   ml_mesh *mesh;
   ml_engine_opts opts;

@@ -1,10 +1,10 @@
-#include "train/save.h"
+#include "ckpt/save.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/status.h"
-#include "train/hf_source.h"
+#include "ckpt/hf_source.h"
 #include "parallel/redistribute.h"
 #include "parallel/tp.h"
 

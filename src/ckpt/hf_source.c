@@ -1,6 +1,6 @@
 #define _XOPEN_SOURCE 700 /* realpath */
 
-#include "train/hf_source.h"
+#include "ckpt/hf_source.h"
 
 #include <dirent.h>
 #include <errno.h>

@@ -33,7 +33,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "train/engine.h"
+#include "engine/engine.h"
 
 typedef struct ml_gen_opts {
   int64_t max_new;   /* tokens to generate per prompt, >= 1 */

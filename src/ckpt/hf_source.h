@@ -10,7 +10,7 @@
  * model in the dtype it was loaded in).
  *
  * The description is a JSON object, kept in a run checkpoint's
- * metadata.json as "source" (train/runckpt_format.h):
+ * metadata.json as "source" (ckpt/runckpt_format.h):
  *   {"dir": the source directory's absolute path (the carried tensors are
  *           read from there at export time),
  *    "architecture": its config.json's architectures[0],

@@ -1,6 +1,6 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 
-#include "train/metrics.h"
+#include "cli/metrics.h"
 
 #include <errno.h>
 #include <math.h>

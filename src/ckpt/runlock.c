@@ -1,6 +1,6 @@
 #define _DEFAULT_SOURCE /* flock, gethostname */
 
-#include "train/runlock.h"
+#include "ckpt/runlock.h"
 
 #include <errno.h>
 #include <fcntl.h>

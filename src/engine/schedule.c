@@ -1,4 +1,4 @@
-#include "train/schedule.h"
+#include "engine/schedule.h"
 
 #include <math.h>
 

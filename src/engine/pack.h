@@ -2,7 +2,7 @@
  * (meshlm_logprobs, meshlm_train_step, `meshlm logprobs`): sequences
  * sorted by length and packed first-fit decreasing into rows of at most
  * `budget` tokens (a longer sequence alone), each row a batch of packed
- * documents (train/engine.h ml_engine_batch.docs) — no padding inside a
+ * documents (engine/engine.h ml_engine_batch.docs) — no padding inside a
  * row; where the engine cannot pack (context parallelism, a backend
  * without block attention) one sequence per micro-batch. Every rank runs
  * the same number of micro-batches (FSDP's collectives go in step): a rank
@@ -13,7 +13,7 @@
 #define ML_PACK_H
 
 #include "comm/host.h"
-#include "train/engine.h"
+#include "engine/engine.h"
 
 typedef struct ml_micro {
   int64_t first, count; /* sequences order[first .. first+count−1] */

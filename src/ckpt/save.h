@@ -1,7 +1,7 @@
 /* Consolidation of an engine's sharded state into global tensors: the HF
  * export at the end of a run (meshlm train --export-hf), streamed to world
  * rank 0 one tensor at a time and written with the rest of the source model
- * (train/hf_export.h: original architecture, tokenizer files, untrained
+ * (ckpt/hf_export.h: original architecture, tokenizer files, untrained
  * tensors, source dtypes); and, for tests, every tensor on every rank. */
 #ifndef ML_SAVE_H
 #define ML_SAVE_H
@@ -10,8 +10,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "train/engine.h"
-#include "train/hf_export.h"
+#include "engine/engine.h"
+#include "ckpt/hf_export.h"
 
 /* What ml_engine_export consolidates: the fp32 master weights, the
  * gradients left by the last backward, or AdamW's exp_avg / exp_avg_sq
@@ -39,7 +39,7 @@ const ml_param *ml_engine_export_param(const ml_engine *e, int i);
 
 /* The piece of parameter i of `unit` this rank contributes when the
  * mesh's shards are consolidated (the HF export; a run checkpoint's
- * pieces, train/runckpt.h): the rows of its TP-local tensor held in its
+ * pieces, ckpt/runckpt.h): the rows of its TP-local tensor held in its
  * FSDP chunk (ml_fsdp_param_rows) that it owns (ml_engine_owned_rows),
  * fp32, row-major, at element *at of the unit's flat arrays (unit->shard +
  * *at), placed in the global tensor at off[2] with shape[2] ([n, 1] for
@@ -70,7 +70,7 @@ int ml_engine_stream_params(ml_engine *e, int root, ml_param_sink sink, void *ct
 
 /* Collective over the world: write the trained weights as an HF checkpoint
  * in `dir` with the rest of the source model e->model_dir
- * (train/hf_export.h), trained tensors in `dtype`, one file up to
+ * (ckpt/hf_export.h), trained tensors in `dtype`, one file up to
  * ML_HF_MAX_SHARD_BYTES, streamed to world rank 0 tensor by tensor
  * (ml_engine_stream_params), which writes each before the next. Errors (every rank,
  * the first failing rank's message): the source unreadable (named),

@@ -1,5 +1,5 @@
 /* Text generation with a KV cache (generate.h). */
-#include "train/generate.h"
+#include "engine/generate.h"
 
 #include <math.h>
 #include <stdio.h>

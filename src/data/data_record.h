@@ -1,5 +1,5 @@
 /* One record of a data file as token ids and loss targets: the formats,
- * their tokens and their targets are those of train/data.h (token ids,
+ * their tokens and their targets are those of data/data.h (token ids,
  * text, prompt/completion; raw text as one document). The training and the
  * scoring loaders both read records here, so both build the same tokens
  * from a record. The tokenizer is loaded from the model directory on the
@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #include "tokenizer/tokenizer.h"
-#include "train/data.h"
+#include "data/data.h"
 
 typedef struct ml_record_reader {
   const char *path;         /* the data file, for messages */
@@ -49,7 +49,7 @@ int ml_record_tokenizer_present(const ml_record_reader *r, bool *present);
  * contents replaced): the format its fields select, at least one token,
  * every id in [0, vocab). Sets the file's format on the first record.
  * Errors (file and line named, and the field): those listed for
- * ml_dataset_load's records in train/data.h. */
+ * ml_dataset_load's records in data/data.h. */
 int ml_record_read_line(ml_record_reader *r, int64_t lineno, const char *s, size_t n,
                         ml_record *rec);
 

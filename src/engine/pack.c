@@ -1,4 +1,4 @@
-#include "train/pack.h"
+#include "engine/pack.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-#include "train/data_record.h"
+#include "data/data_record.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -10,7 +10,7 @@
 #include "common/checked.h"
 #include "common/status.h"
 #include "io/json.h"
-#include "train/data_lines.h"
+#include "data/data_lines.h"
 
 const char *ml_data_format_name(ml_data_format f) {
   switch (f) {
@@ -263,7 +263,7 @@ static int read_ids(const ml_record_reader *r, int64_t lineno, const json_t *obj
   return 0;
 }
 
-/* The format the fields of `obj` select (train/data.h). */
+/* The format the fields of `obj` select (data/data.h). */
 static int record_format(const ml_record_reader *r, int64_t lineno, const json_t *obj,
                          ml_data_format *f) {
   const ml_data_opts *o = r->opts;

@@ -1,6 +1,6 @@
 #define _POSIX_C_SOURCE 200809L
 
-#include "train/runckpt.h"
+#include "ckpt/runckpt.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -12,9 +12,9 @@
 
 #include "common/status.h"
 #include "model/family.h"
-#include "train/runckpt_format.h"
-#include "train/hf_source.h"
-#include "train/save.h"
+#include "ckpt/runckpt_format.h"
+#include "ckpt/hf_source.h"
+#include "ckpt/save.h"
 
 typedef long long ll;
 
@@ -117,7 +117,7 @@ static int write_pieces(ml_engine *e, const char *step_dir, const ml_run_state *
   return rc;
 }
 
-/* The source model (train/hf_source.h) for `meshlm export`: its
+/* The source model (ckpt/hf_source.h) for `meshlm export`: its
  * description into *out and copies of its files into step_dir/source/. A
  * source that cannot be read is no reason to lose the checkpoint: a
  * warning, and *out NULL (the export then writes the text model alone). */

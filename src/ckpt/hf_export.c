@@ -1,6 +1,6 @@
 #define _POSIX_C_SOURCE 200809L
 
-#include "train/hf_export.h"
+#include "ckpt/hf_export.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -15,8 +15,8 @@
 #include "io/checkpoint.h"
 #include "io/json.h"
 #include "model/family.h"
-#include "train/hf_source.h"
-#include "train/runckpt_format.h"
+#include "ckpt/hf_source.h"
+#include "ckpt/runckpt_format.h"
 
 typedef long long ll;
 

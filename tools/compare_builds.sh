@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# compare_builds.sh OLD_BIN NEW_BIN [FIXTURES_DIR] — a refactor changes no number.
+#
+# Runs two meshlm binaries (e.g. one built from main before a refactor and
+# one after) on every fixture family under tests/fixtures (each directory with
+# a config.json and model.safetensors) and compares, byte for byte:
+#   - `meshlm logprobs` of the fixture's input_ids, on 1 rank and on tp 2;
+#   - three training steps (`meshlm train --steps 3`, AdamW, grad clipping),
+#     on 1 rank and on dp_shard 2 x tp 2 with sequence parallelism: the
+#     losses and grad norms of --metrics (timing fields dropped) and the
+#     exported HF checkpoint's model.safetensors.
+# Prints one line per check and exits non-zero when any differ. Not a CTest
+# (it needs the old binary); run by hand around a refactor.
+set -uo pipefail
+old=${1:?usage: compare_builds.sh OLD_BIN NEW_BIN [FIXTURES_DIR]}
+new=${2:?usage: compare_builds.sh OLD_BIN NEW_BIN [FIXTURES_DIR]}
+fixtures=${3:-$(dirname "$0")/../tests/fixtures}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+same=0 differ=0 failed=0
+
+# run WHICH BIN NP ARGS...: BIN's output under $work/WHICH (stderr kept apart)
+run() {
+  local which=$1 bin=$2 np=$3
+  shift 3
+  if [ "$np" = 1 ]; then "$bin" "$@"; else mpirun -np "$np" "$bin" "$@"; fi \
+    > "$work/$which.stdout" 2> "$work/$which.stderr"
+}
+
+# check NAME FILE: FILE under old/ and new/ must be equal bytes
+check() {
+  if cmp -s "$work/old/$2" "$work/new/$2"; then
+    same=$((same + 1)); echo "same    $1"
+  else
+    differ=$((differ + 1)); echo "DIFFER  $1"
+  fi
+}
+
+for dir in "$fixtures"/*/; do
+  fx=$(basename "$dir")
+  [ -f "$dir/config.json" ] && [ -f "$dir/model.safetensors" ] && [ -f "$dir/expected.json" ] || continue
+  python3 - "$dir/expected.json" "$work/$fx.jsonl" <<'EOF'
+import json, sys
+rows = json.load(open(sys.argv[1]))["input_ids"]
+with open(sys.argv[2], "w") as f:
+    for r in rows * 4:  # 8 rows: enough for dp 2 x 3 steps of batch 2
+        f.write(json.dumps({"input_ids": r}) + "\n")
+EOF
+  S=$(python3 -c "import json;print(len(json.load(open('$dir/expected.json'))['input_ids'][0]))")
+  for side in old new; do
+    bin=$old; [ $side = new ] && bin=$new
+    mkdir -p "$work/$side"
+    for mesh in "1" "2 --tp 2"; do
+      np=${mesh%% *}; flags=${mesh#"$np"}; tag=$fx.lp.np$np
+      run x "$bin" "$np" logprobs --model "$dir" --data "$work/$fx.jsonl" \
+        --out "$work/$side/$tag.jsonl" $flags || { failed=$((failed + 1)); echo "FAILED  $side $tag: $(tail -1 "$work/x.stderr")"; }
+    done
+    for mesh in "1" "4 --tp 2 --sequence-parallel"; do
+      np=${mesh%% *}; flags=${mesh#"$np"}; tag=$fx.train.np$np
+      rm -rf "$work/$side/$tag.hf"
+      run x "$bin" "$np" train --model "$dir" --data "$work/$fx.jsonl" --steps 3 --batch-size 2 \
+        --seq-len "$S" --lr 1e-3 --max-grad-norm 1.0 --seed 7 --metrics "$work/$side/$tag.m" \
+        --export-hf "$work/$side/$tag.hf" $flags || { failed=$((failed + 1)); echo "FAILED  $side $tag: $(tail -1 "$work/x.stderr")"; }
+      python3 - "$work/$side/$tag.m" > "$work/$side/$tag.numbers" <<'EOF'
+import json, sys
+try:
+    for line in open(sys.argv[1]):
+        r = json.loads(line)
+        print(r["step"], repr(r["loss"]), repr(r["grad_norm"]), repr(r["lr"]), r["skipped"])
+except FileNotFoundError:
+    print("no metrics")
+EOF
+      cp "$work/$side/$tag.hf/model.safetensors" "$work/$side/$tag.st" 2>/dev/null || echo none > "$work/$side/$tag.st"
+    done
+  done
+  for np in 1 2; do check "$fx logprobs np $np" "$fx.lp.np$np.jsonl"; done
+  for np in 1 4; do
+    check "$fx train np $np losses" "$fx.train.np$np.numbers"
+    check "$fx train np $np weights" "$fx.train.np$np.st"
+  done
+done
+echo "$same same, $differ differ, $failed runs failed"
+[ "$differ" -eq 0 ] && [ "$failed" -eq 0 ]

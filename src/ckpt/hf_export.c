@@ -31,9 +31,10 @@ struct ml_hf_export {
   ml_hf_export_spec spec;
   char out[PATH_CAP], stage[PATH_CAP];
   const ml_family *family; /* the layout written */
-  ml_st_entry *entries;    /* spec.n trained, then the carried ones */
-  int n_entries, next;     /* entries; the next trained tensor to put */
-  char (*names)[NAME_CAP]; /* the trained tensors' names in that layout */
+  ml_st_entry *entries;    /* n_trained trained, then the carried ones */
+  int n_entries, n_trained, next; /* entries; the next trained parameter to put */
+  char (*names)[NAME_CAP]; /* the trained parameters' names in that layout */
+  char (*keys)[NAME_CAP];  /* the trained entries' names (a fused tensor: one for its parts) */
   ml_dtype dtype;          /* the trained tensors' dtype when they share one */
   bool uniform;
   ml_ckpt src;             /* the source's weights (carried tensors), when open */
@@ -60,16 +61,32 @@ static int trained_dtype(const ml_hf_export *x, const char *name, ml_dtype *out)
   return 0;
 }
 
-static int plan_trained(ml_hf_export *x) {
+/* The trained entries: one per checkpoint tensor (ml_param.key), the parts
+ * of a fused one consecutive in spec->params, in their rows' order (their
+ * puts append to one entry); dtypes[k] (NULL: not wanted) the dtype
+ * parameter k is written in. */
+static int plan_trained(ml_hf_export *x, ml_dtype *dtypes) {
   const ml_hf_export_spec *s = &x->spec;
+  ml_st_entry *e = NULL;
+  int64_t next_row = 0; /* where the next part of e begins */
   for (int k = 0; k < s->n; k++) {
     const ml_param *p = s->params[k];
-    ml_st_entry *e = &x->entries[k];
     ML_TRY(ml_family_rename(s->cfg->family, x->family, p->name, x->names[k], NAME_CAP));
-    *e = (ml_st_entry){x->names[k], ML_F32, p->ndim, {p->shape[0], p->shape[1]}, NULL};
-    ML_TRY(trained_dtype(x, x->names[k], &e->dtype));
-    if (k > 0 && e->dtype != x->dtype) x->uniform = false;
-    x->dtype = e->dtype;
+    char *key = x->keys[x->n_trained];
+    ML_TRY(ml_family_rename(s->cfg->family, x->family, p->key, key, NAME_CAP));
+    if (p->key_row0 > 0) { /* a later part of the fused tensor e */
+      if (!e || strcmp(e->name, key) != 0 || p->key_row0 != next_row)
+        return ml_err("export: '%s' is rows %lld.. of '%s', which do not follow its other parts",
+                      p->name, (ll)p->key_row0, key);
+    } else {
+      e = &x->entries[x->n_trained++];
+      *e = (ml_st_entry){key, ML_F32, p->ndim, {p->key_rows, p->shape[1]}, NULL};
+      ML_TRY(trained_dtype(x, key, &e->dtype));
+      if (x->n_trained > 1 && e->dtype != x->dtype) x->uniform = false;
+      x->dtype = e->dtype;
+    }
+    next_row = p->key_row0 + p->shape[0];
+    if (dtypes) dtypes[k] = e->dtype;
   }
   return 0;
 }
@@ -78,13 +95,12 @@ static int pick_family(ml_hf_export *x);
 
 int ml_hf_export_layout(const ml_hf_export_spec *spec, char (*names)[NAME_CAP], ml_dtype *dtypes) {
   ml_hf_export x = {.spec = *spec, .names = names, .uniform = true};
-  ml_st_entry *entries = ml_calloc((size_t)spec->n + 1, sizeof *entries, "the export's layout");
-  if (!entries) return -1;
-  x.entries = entries;
-  int rc = pick_family(&x);
-  if (rc == 0) rc = plan_trained(&x);
-  for (int k = 0; rc == 0 && k < spec->n; k++) dtypes[k] = entries[k].dtype;
-  free(entries);
+  x.entries = ml_calloc((size_t)spec->n + 1, sizeof *x.entries, "the export's layout");
+  x.keys = ml_calloc((size_t)spec->n + 1, sizeof *x.keys, "the export's layout");
+  int rc = x.entries && x.keys ? pick_family(&x) : -1;
+  if (rc == 0) rc = plan_trained(&x, dtypes);
+  free(x.entries);
+  free(x.keys);
   return rc;
 }
 
@@ -131,7 +147,7 @@ static int check_carried(const ml_hf_export *x, const ml_st_entry *e) {
 static int plan_carried(ml_hf_export *x) {
   const json_t *carried = json_object_get(x->spec.source, "carried"), *v;
   const char *name;
-  int k = x->spec.n;
+  int k = x->n_trained;
   json_object_foreach((json_t *)carried, name, v) {
     ml_st_entry *e = &x->entries[k++];
     const json_t *shape = json_object_get(v, "shape");
@@ -140,9 +156,10 @@ static int plan_carried(ml_hf_export *x) {
     for (int d = 0; d < e->ndim; d++)
       e->shape[d] = json_integer_value(json_array_get(shape, (size_t)d));
   }
-  if (k == x->spec.n) return 0;
-  ML_TRY(open_source(x, k - x->spec.n, x->entries[x->spec.n].name));
-  for (int i = x->spec.n; i < k; i++) ML_TRY(check_carried(x, &x->entries[i]));
+  x->n_entries = k;
+  if (k == x->n_trained) return 0;
+  ML_TRY(open_source(x, k - x->n_trained, x->entries[x->n_trained].name));
+  for (int i = x->n_trained; i < k; i++) ML_TRY(check_carried(x, &x->entries[i]));
   return 0;
 }
 
@@ -298,6 +315,7 @@ static void export_free(ml_hf_export *x) {
   if (x->src_open) ml_ckpt_close(&x->src);
   free(x->entries);
   free(x->names);
+  free(x->keys);
   free(x);
 }
 
@@ -308,11 +326,12 @@ int ml_hf_export_begin(const ml_hf_export_spec *spec, ml_hf_export **out) {
   x->spec = *spec;
   x->uniform = true;
   size_t n_carried = spec->source ? json_object_size(json_object_get(spec->source, "carried")) : 0;
-  x->n_entries = spec->n + (int)n_carried;
-  x->entries = ml_calloc((size_t)x->n_entries + 1, sizeof *x->entries, "export entries");
+  x->entries = ml_calloc((size_t)spec->n + n_carried + 1, sizeof *x->entries, "export entries");
   x->names = ml_calloc((size_t)spec->n + 1, sizeof *x->names, "export names");
-  int rc = x->entries && x->names ? pick_family(x) : -1;
-  if (rc == 0) rc = plan_trained(x);
+  x->keys = ml_calloc((size_t)spec->n + 1, sizeof *x->keys, "export names");
+  int rc = x->entries && x->names && x->keys ? pick_family(x) : -1;
+  if (rc == 0) rc = plan_trained(x, NULL);
+  x->n_entries = x->n_trained;
   if (rc == 0 && spec->source) rc = plan_carried(x);
   if (rc == 0) rc = make_stage(x);
   if (rc == 0)
@@ -329,14 +348,14 @@ int ml_hf_export_begin(const ml_hf_export_spec *spec, ml_hf_export **out) {
 int ml_hf_export_put(ml_hf_export *x, const float *data) {
   if (x->next == x->spec.n)
     return ml_err("export: %d trained tensors put, expected %d", x->next + 1, x->spec.n);
-  const ml_st_entry *e = &x->entries[x->next++];
-  int64_t numel = e->shape[0] * (e->ndim == 2 ? e->shape[1] : 1);
-  return ml_ckpt_writer_put_f32(x->w, data, (size_t)numel);
+  /* appended to its entry: a fused tensor's parts come one after another */
+  const ml_param *p = x->spec.params[x->next++];
+  return ml_ckpt_writer_put_f32(x->w, data, (size_t)(p->shape[0] * p->shape[1]));
 }
 
 /* The carried tensors' bytes, from the mapped source weights. */
 static int write_carried(ml_hf_export *x) {
-  for (int i = x->spec.n; i < x->n_entries; i++) {
+  for (int i = x->n_trained; i < x->n_entries; i++) {
     const ml_st_tensor *t = ml_ckpt_find(&x->src, x->entries[i].name);
     for (size_t at = 0; at < t->nbytes; at += CARRY_CHUNK) {
       size_t k = t->nbytes - at < CARRY_CHUNK ? t->nbytes - at : CARRY_CHUNK;

@@ -22,27 +22,33 @@ static void init_param(const ml_param *p, float norm_offset, float *data, ml_rng
     data[i] = is_norm ? 1.0f - norm_offset : is_bias ? 0.0f : (float)(0.02 * ml_rng_normal(rng));
 }
 
+/* Every checkpoint tensor of m (ml_model_ckpt_keys: a fused one holds its
+ * parts' rows one after another), its parameters drawn in model order. */
 static int write_model(const ml_model_config *cfg, const char *dir, int64_t seed) {
   ml_model m;
   ML_TRY(ml_model_create(cfg, &m));
+  ml_ckpt_key *keys = ml_calloc((size_t)m.n_params, sizeof *keys, "init tensors");
   ml_st_entry *entries = ml_calloc((size_t)m.n_params, sizeof *entries, "init entries");
-  int rc = entries ? 0 : -1;
+  int rc = entries && keys ? 0 : -1, n = rc ? 0 : ml_model_ckpt_keys(&m, keys);
   ml_rng rng = ml_rng_seed((uint64_t)seed);
-  for (int i = 0; rc == 0 && i < m.n_params; i++) {
-    const ml_param *p = &m.params[i];
-    float *data = ml_malloc(sizeof(float) * (size_t)(p->shape[0] * p->shape[1]), p->name);
+  for (int k = 0; rc == 0 && k < n; k++) {
+    const ml_ckpt_key *t = &keys[k];
+    float *data = ml_malloc(sizeof(float) * (size_t)(t->rows * t->cols), t->key);
     if (!data) {
       rc = -1;
       break;
     }
-    init_param(p, cfg->family->norm_offset, data, &rng);
-    entries[i] = (ml_st_entry){p->name, ML_F32, p->ndim, {p->shape[0], p->shape[1]}, data};
+    for (int i = t->first; i < t->first + t->n; i++)
+      init_param(&m.params[i], cfg->family->norm_offset, data + m.params[i].key_row0 * t->cols,
+                 &rng);
+    entries[k] = (ml_st_entry){t->key, ML_F32, t->ndim, {t->rows, t->cols}, data};
   }
   if (rc == 0 && mkdir(dir, 0755) != 0 && errno != EEXIST)
     rc = ml_err("--out %s: cannot create the directory: %s", dir, strerror(errno));
   if (rc == 0) rc = ml_model_config_write(dir, cfg);
-  if (rc == 0) rc = ml_ckpt_write(dir, entries, (size_t)m.n_params, 0);
-  for (int i = 0; entries && i < m.n_params; i++) free((void *)entries[i].data);
+  if (rc == 0) rc = ml_ckpt_write(dir, entries, (size_t)n, 0);
+  for (int k = 0; entries && k < n; k++) free((void *)entries[k].data);
+  free(keys);
   free(entries);
   ml_model_destroy(&m);
   return rc;

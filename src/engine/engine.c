@@ -35,7 +35,7 @@ static void warn_unused(const ml_engine *e, const ml_ckpt *ck) {
       const char *name = ck->files[f].tensors[t].name;
       bool used = false;
       for (int i = 0; !used && i < e->model.n_params; i++)
-        used = strcmp(e->model.params[i].name, name) == 0;
+        used = strcmp(e->model.params[i].key, name) == 0;
       if (used || unused++ >= SHOWN) continue;
       int n = snprintf(names + at, sizeof names - at, "%s%.80s", at ? ", " : "", name);
       at += n > 0 && (size_t)n < sizeof names - at ? (size_t)n : 0;

@@ -1,4 +1,5 @@
 #include "model/config.h"
+#include "model/block.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -441,16 +442,8 @@ int ml_model_config_preset(const char *arch, const char *name, ml_model_config *
 }
 
 /* Plain int64 arithmetic: bounded by the ML_MAX_* limits (config.h), the
- * total is below 2^58. */
+ * total is below 2^58. The layer's elements are the block table's. */
 int64_t ml_model_config_num_params(const ml_model_config *c) {
-  const ml_family *f = c->family;
-  int64_t H = c->hidden, q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;
-  int64_t attn = H * q + 2 * H * kv + q * H + (c->qkv_bias ? q + 2 * kv : 0) + (c->o_bias ? H : 0);
-  attn += f->has_qk_norm ? 2 * c->head_dim : 0;
-  int64_t mlp = 3 * H * c->intermediate + (c->mlp_bias ? 2 * c->intermediate + H : 0);
-  const char *norms[] = {f->attn_norm, f->attn_out_norm, f->mlp_norm, f->mlp_out_norm};
-  int64_t layer = attn + mlp;
-  for (int i = 0; i < 4; i++) layer += norms[i] ? H : 0;
-  int64_t embed = c->vocab * H * (c->tie_embeddings ? 1 : 2);
-  return c->n_layers * layer + embed + H;
+  int64_t embed = c->vocab * c->hidden * (c->tie_embeddings ? 1 : 2);
+  return c->n_layers * ml_block_numel(c) + embed + c->hidden;
 }

@@ -20,7 +20,18 @@ typedef enum {
   ML_LAYERS_PATTERN,    /* Gemma3: sliding iff (i + 1) % sliding_window_pattern != 0 */
 } ml_layer_rule;
 
-enum { ML_FAMILY_MAX_UNSUPPORTED = 4 };
+enum { ML_FAMILY_MAX_UNSUPPORTED = 4, ML_FAMILY_MAX_FUSED = 2, ML_FUSED_MAX_PARTS = 3 };
+
+/* A checkpoint tensor that stacks several modules' parameters on dim 0, as
+ * transformers' Phi3Attention.qkv_proj holds [q_proj; k_proj; v_proj]: the
+ * checkpoint-key adapter (model.h ml_model_ckpt_keys) splits it on load and
+ * fuses it on export; inside meshlm the parts are separate modules (so TP
+ * shards each by heads). Names under "layers.N.", parts in stacking order,
+ * consecutive in the block (model/block.h); .weight and .bias alike. */
+typedef struct ml_fused {
+  const char *leaf;                        /* "self_attn.qkv_proj"; NULL: unused slot */
+  const char *parts[ML_FUSED_MAX_PARTS + 1]; /* "self_attn.q_proj", ...; NULL-terminated */
+} ml_fused;
 
 typedef struct ml_family {
   const char *name;         /* --arch name: "llama" */
@@ -88,6 +99,9 @@ typedef struct ml_family {
    * attn_scalar_default); NULL: s = head_dim. */
   const char *attn_scalar_key;
   double attn_scalar_default;
+
+  /* ---- checkpoint layout ---- */
+  ml_fused fused[ML_FAMILY_MAX_FUSED]; /* fused tensors of the block (Phi-3) */
 } ml_family;
 
 /* The family whose architecture string is `architecture`, or NULL. */

@@ -8,6 +8,7 @@
 
 #include "common/checked.h"
 #include "common/status.h"
+#include "model/block.h"
 #include "tensor/placement.h"
 
 static ml_param *add_param(ml_model *m, int layer, int64_t d0, int64_t d1, const char *fmt, ...)
@@ -23,6 +24,8 @@ static ml_param *add_param(ml_model *m, int layer, int64_t d0, int64_t d1, const
   p->shape[0] = p->local[0] = d0;
   p->shape[1] = p->local[1] = d1 ? d1 : 1;
   p->layer = layer;
+  snprintf(p->key, sizeof p->key, "%s", p->name); /* unfused: the adapter may change it */
+  p->key_rows = d0;
   return p;
 }
 
@@ -74,7 +77,36 @@ static void make_norm(ml_model *m, ml_rmsnorm *norm, int layer, const mod_name *
   add_module(m, ML_MOD_RMSNORM, norm, n->mod);
 }
 
-/* Modules in execution order, named as HF's Llama/Qwen3/Gemma3DecoderLayer. */
+/* The checkpoint-key adapter for one fused tensor of layer L: each part's
+ * weight (and bias) becomes its rows of key_base.leaf.weight (.bias), the
+ * parts stacked in order. */
+static void fuse(ml_layer *L, const ml_fused *fz, const char *key_base) {
+  for (int b = 0; b < 2; b++) { /* weight, bias */
+    ml_param *ps[ML_FUSED_MAX_PARTS] = {0};
+    int64_t rows = 0;
+    int n = 0;
+    for (; fz->parts[n]; n++)
+      for (int i = 0; i < ML_ROLE_COUNT; i++) {
+        const ml_block_row *r = &ml_block_rows[i];
+        if (r->kind != ML_MOD_LINEAR || strcmp(r->leaf, fz->parts[n]) != 0) continue;
+        ml_linear *lin = (ml_linear *)((char *)L + r->field);
+        ps[n] = b ? lin->bias : lin->weight;
+      }
+    for (int j = 0; j < n; j++) rows += ps[j] ? ps[j]->shape[0] : 0;
+    for (int j = 0, row0 = 0; j < n; j++) {
+      if (!ps[j]) continue;
+      snprintf(ps[j]->key, sizeof ps[j]->key, "%s%s.%s", key_base, fz->leaf,
+               b ? "bias" : "weight");
+      ps[j]->key_row0 = row0;
+      ps[j]->key_rows = rows;
+      row0 += ps[j]->shape[0];
+    }
+  }
+}
+
+/* Layer l's modules: the present rows of the block table (model/block.h),
+ * in its order, named as HF's decoder layer; then the family's fused
+ * checkpoint tensors. */
 static void make_layer(ml_model *m, int l) {
   const ml_model_config *c = &m->cfg;
   const ml_family *f = c->family;
@@ -83,26 +115,19 @@ static void make_layer(ml_model *m, int l) {
   mod_name n;
   snprintf(mod, sizeof mod, "%slayers.%d.", f->prefix, l);
   snprintf(key, sizeof key, "%slayers.%d.", f->ckpt_prefix, l);
-  int64_t q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim, H = c->hidden;
-  const char *q_norm = f->has_qk_norm ? "self_attn.q_norm" : NULL;
-  const char *k_norm = f->has_qk_norm ? "self_attn.k_norm" : NULL;
-#define SUB(leaf) name_of(&n, mod, key, leaf)
-  make_norm(m, &L->attn_norm, l, SUB(f->attn_norm), H);
-  add_module(m, ML_MOD_ATTENTION, L, SUB("self_attn")->mod);
-  make_linear(m, &L->q_proj, l, SUB("self_attn.q_proj"), H, q, c->qkv_bias);
-  make_linear(m, &L->k_proj, l, SUB("self_attn.k_proj"), H, kv, c->qkv_bias);
-  make_linear(m, &L->v_proj, l, SUB("self_attn.v_proj"), H, kv, c->qkv_bias);
-  make_norm(m, &L->q_norm, l, SUB(q_norm), c->head_dim);
-  make_norm(m, &L->k_norm, l, SUB(k_norm), c->head_dim);
-  make_linear(m, &L->o_proj, l, SUB("self_attn.o_proj"), q, H, c->o_bias);
-  make_norm(m, &L->attn_out_norm, l, SUB(f->attn_out_norm), H);
-  make_norm(m, &L->mlp_norm, l, SUB(f->mlp_norm), H);
-  add_module(m, ML_MOD_MLP, L, SUB("mlp")->mod);
-  make_linear(m, &L->gate_proj, l, SUB("mlp.gate_proj"), H, c->intermediate, c->mlp_bias);
-  make_linear(m, &L->up_proj, l, SUB("mlp.up_proj"), H, c->intermediate, c->mlp_bias);
-  make_linear(m, &L->down_proj, l, SUB("mlp.down_proj"), c->intermediate, H, c->mlp_bias);
-  make_norm(m, &L->mlp_out_norm, l, SUB(f->mlp_out_norm), H);
-#undef SUB
+  for (int i = 0; i < ML_ROLE_COUNT; i++) {
+    const ml_block_row *r = &ml_block_rows[i];
+    const mod_name *nm = name_of(&n, mod, key, ml_block_leaf(f, r));
+    void *at = (char *)L + r->field;
+    int64_t out = ml_block_dim(c, r->out), in = ml_block_dim(c, r->in);
+    if (r->kind == ML_MOD_LINEAR)
+      make_linear(m, at, l, nm, in, out, ml_block_has_bias(c, r));
+    else if (r->kind == ML_MOD_RMSNORM)
+      make_norm(m, at, l, nm, out);
+    else
+      add_module(m, r->kind, L, nm->mod);
+  }
+  for (int i = 0; i < ML_FAMILY_MAX_FUSED && f->fused[i].leaf; i++) fuse(L, &f->fused[i], key);
   L->window = c->sliding[l] ? c->sliding_window : 0;
 }
 
@@ -111,8 +136,9 @@ int ml_model_create(const ml_model_config *cfg, ml_model *m) {
   m->cfg = *cfg;
   const ml_family *f = cfg->family;
   int L = (int)cfg->n_layers, root = -1; /* root modules: in no layer */
-  /* per layer at most 6 norms and 7 linears with bias, and 2 containers */
-  int max_params = 20 * L + 4, max_modules = 15 * L + 4;
+  /* the block's per layer (model/block.h); the root: embed_tokens, norm, lm_head */
+  int max_params = ml_block_n_params(cfg) * L + 3;
+  int max_modules = ml_block_n_modules(cfg) * L + 3;
   m->params = ml_calloc((size_t)max_params, sizeof *m->params, "parameters");
   m->modules = ml_calloc((size_t)max_modules, sizeof *m->modules, "modules");
   m->layers = ml_calloc((size_t)L, sizeof *m->layers, "layers");
@@ -137,6 +163,19 @@ int ml_model_create(const ml_model_config *cfg, ml_model *m) {
     make_linear(m, &m->lm_head, root, &n, cfg->hidden, cfg->vocab, false);
   }
   return 0;
+}
+
+int ml_model_ckpt_keys(const ml_model *m, ml_ckpt_key *out) {
+  int n = 0;
+  for (int i = 0; i < m->n_params; i++) {
+    const ml_param *p = &m->params[i];
+    if (n > 0 && p->key_row0 > 0 && strcmp(out[n - 1].key, p->key) == 0) {
+      out[n - 1].n++; /* the next part of the fused tensor before */
+      continue;
+    }
+    out[n++] = (ml_ckpt_key){p->key, i, 1, p->ndim, p->key_rows, p->shape[1]};
+  }
+  return n;
 }
 
 /* Every activation buffer back to the backend's pool (none without a backend). */

@@ -52,6 +52,13 @@ typedef struct ml_param {
   float *grad;        /* [local[0], local[1]] fp32, during backward, else NULL */
   int layer;          /* the decoder layer holding it, or −1 for the root modules
                          (embed_tokens, the final norm, lm_head) */
+  /* Where checkpoints hold it (the checkpoint-key adapter, ml_model_ckpt_keys):
+   * rows [key_row0, key_row0 + shape[0]) of the tensor `key` of shape
+   * [key_rows, shape[1]]. key = name, key_row0 = 0, key_rows = shape[0],
+   * unless the family stores it fused with its neighbours on dim 0
+   * (ml_family.fused: Phi-3's q/k/v_proj in self_attn.qkv_proj). */
+  char key[160];
+  int64_t key_row0, key_rows;
 } ml_param;
 
 /* Whole rows of a vocab-sized weight (embed_tokens.weight, lm_head.weight)
@@ -286,6 +293,21 @@ typedef struct ml_model {
  * Errors: allocation. */
 int ml_model_create(const ml_model_config *cfg, ml_model *m);
 void ml_model_destroy(ml_model *m);
+
+/* One checkpoint tensor of m (the checkpoint-key adapter, torchtitan's
+ * state_dict_adapter): `key`, [rows, cols] (ndim 1: [rows]), holding the
+ * parameters m->params[first .. first + n) stacked on dim 0 in that order
+ * (n = 1 but for a family's fused tensors). */
+typedef struct ml_ckpt_key {
+  const char *key;
+  int first, n, ndim;
+  int64_t rows, cols;
+} ml_ckpt_key;
+
+/* m's checkpoint tensors in parameter order, into out (room for
+ * m->n_params); returns their count. The tied lm_head has none (its weight
+ * is embed_tokens'). */
+int ml_model_ckpt_keys(const ml_model *m, ml_ckpt_key *out);
 
 /* The module called `name`, or NULL. */
 ml_module *ml_model_find_module(ml_model *m, const char *name);

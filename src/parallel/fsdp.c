@@ -96,23 +96,25 @@ static int unit_layout(ml_fsdp *f, ml_fsdp_unit *u, const ml_model *m) {
 /* Elements of the unit's vocab-parallel rows per rank (0: none). */
 static int64_t rows_numel(const ml_fsdp_unit *u) { return u->shard_numel - u->gather_numel; }
 
-/* Read this rank's rows of p's TP-local tensor from the checkpoint into
- * host staging, then copy them into the shard on the device. */
+/* Read this rank's rows of p's TP-local tensor from the checkpoint (p's
+ * rows of its tensor p->key: ml_param.key_row0) into host staging, then
+ * copy them into the shard on the device. */
 static int load_param(ml_fsdp *f, ml_fsdp_unit *u, int i, const ml_ckpt *ck) {
   const ml_param *p = u->params[i];
-  const ml_st_tensor *t = ml_ckpt_find(ck, p->name);
-  if (!t) return ml_err("%s: checkpoint has no tensor '%s'", ck->dir, p->name);
+  const ml_st_tensor *t = ml_ckpt_find(ck, p->key);
+  if (!t) return ml_err("%s: checkpoint has no tensor '%s'", ck->dir, p->key);
   int64_t want1 = p->ndim == 2 ? p->shape[1] : 0, got1 = t->ndim == 2 ? t->shape[1] : 0;
-  if (t->ndim != p->ndim || t->shape[0] != p->shape[0] || got1 != want1)
+  if (t->ndim != p->ndim || t->shape[0] != p->key_rows || got1 != want1)
     return ml_err("%s: tensor '%s' has shape [%lld%s%lld] (ndim %d); expected [%lld%s%lld] from "
                   "config.json",
-                  ck->dir, p->name, (long long)t->shape[0], t->ndim == 2 ? ", " : "",
-                  (long long)got1, t->ndim, (long long)p->shape[0], p->ndim == 2 ? ", " : "",
+                  ck->dir, p->key, (long long)t->shape[0], t->ndim == 2 ? ", " : "",
+                  (long long)got1, t->ndim, (long long)p->key_rows, p->ndim == 2 ? ", " : "",
                   (long long)want1);
   int64_t r0, nr;
   ml_fsdp_param_rows(f, u, i, &r0, &nr);
   if (nr == 0) return 0;
-  int64_t row0 = p->offset[0] + r0, col0 = p->offset[1]; /* in the global tensor */
+  /* in the checkpoint's tensor */
+  int64_t row0 = p->key_row0 + p->offset[0] + r0, col0 = p->offset[1];
   int64_t n = nr * p->local[1]; /* rows of a parameter's chunk: bounded (unit_layout) */
   float *stage = ml_be_host_alloc(f->be, n, sizeof(float), "loading '%s'", p->name);
   if (!stage) return -1;
@@ -127,7 +129,7 @@ static int load_param(ml_fsdp *f, ml_fsdp_unit *u, int i, const ml_ckpt *ck) {
 int ml_fsdp_load(ml_fsdp *f, const ml_ckpt *ck, bool all) {
   for (int u = 0; u < f->n_units; u++)
     for (int i = 0; i < f->units[u].n; i++)
-      if (all || ml_ckpt_find(ck, f->units[u].params[i]->name))
+      if (all || ml_ckpt_find(ck, f->units[u].params[i]->key))
         ML_TRY(load_param(f, &f->units[u], i, ck));
   return 0;
 }

@@ -1,0 +1,95 @@
+#include "model/block.h"
+
+#include <stddef.h>
+
+#include "model/model.h"
+
+#define LIN(r, name, fld, o, i, b, g)                                                            \
+  {.role = r, .kind = ML_MOD_LINEAR, .leaf = name, .field = offsetof(ml_layer, fld), .out = o,   \
+   .in = i, .bias = b, .group = g}
+#define NORM(r, name, fld, dim)                                                                  \
+  {.role = r, .kind = ML_MOD_RMSNORM, .leaf = name, .field = offsetof(ml_layer, fld), .out = dim}
+#define BOX(r, k, name) {.role = r, .kind = k, .leaf = name}
+
+enum { GROUP_QKV = 1, GROUP_GATE_UP = 2 };
+
+/* HF's decoder layer, in execution order (LlamaDecoderLayer.forward;
+ * Gemma3's sandwich norms where the family names them). */
+const ml_block_row ml_block_rows[ML_ROLE_COUNT] = {
+    NORM(ML_ROLE_ATTN_NORM, NULL, attn_norm, ML_SZ_HIDDEN),
+    BOX(ML_ROLE_ATTN, ML_MOD_ATTENTION, "self_attn"),
+    LIN(ML_ROLE_Q, "self_attn.q_proj", q_proj, ML_SZ_Q, ML_SZ_HIDDEN, ML_BIAS_QKV, GROUP_QKV),
+    LIN(ML_ROLE_K, "self_attn.k_proj", k_proj, ML_SZ_KV, ML_SZ_HIDDEN, ML_BIAS_QKV, GROUP_QKV),
+    LIN(ML_ROLE_V, "self_attn.v_proj", v_proj, ML_SZ_KV, ML_SZ_HIDDEN, ML_BIAS_QKV, GROUP_QKV),
+    NORM(ML_ROLE_Q_NORM, NULL, q_norm, ML_SZ_HEAD_DIM),
+    NORM(ML_ROLE_K_NORM, NULL, k_norm, ML_SZ_HEAD_DIM),
+    LIN(ML_ROLE_O, "self_attn.o_proj", o_proj, ML_SZ_HIDDEN, ML_SZ_Q, ML_BIAS_O, 0),
+    NORM(ML_ROLE_ATTN_OUT_NORM, NULL, attn_out_norm, ML_SZ_HIDDEN),
+    NORM(ML_ROLE_MLP_NORM, NULL, mlp_norm, ML_SZ_HIDDEN),
+    BOX(ML_ROLE_MLP, ML_MOD_MLP, "mlp"),
+    LIN(ML_ROLE_GATE, "mlp.gate_proj", gate_proj, ML_SZ_INTER, ML_SZ_HIDDEN, ML_BIAS_MLP,
+        GROUP_GATE_UP),
+    LIN(ML_ROLE_UP, "mlp.up_proj", up_proj, ML_SZ_INTER, ML_SZ_HIDDEN, ML_BIAS_MLP,
+        GROUP_GATE_UP),
+    LIN(ML_ROLE_DOWN, "mlp.down_proj", down_proj, ML_SZ_HIDDEN, ML_SZ_INTER, ML_BIAS_MLP, 0),
+    NORM(ML_ROLE_MLP_OUT_NORM, NULL, mlp_out_norm, ML_SZ_HIDDEN),
+};
+
+const ml_block_row *ml_block_row_of(ml_block_role role) { return &ml_block_rows[role]; }
+
+const char *ml_block_leaf(const ml_family *f, const ml_block_row *r) {
+  switch (r->role) {
+  case ML_ROLE_ATTN_NORM: return f->attn_norm;
+  case ML_ROLE_ATTN_OUT_NORM: return f->attn_out_norm;
+  case ML_ROLE_MLP_NORM: return f->mlp_norm;
+  case ML_ROLE_MLP_OUT_NORM: return f->mlp_out_norm;
+  case ML_ROLE_Q_NORM: return f->has_qk_norm ? "self_attn.q_norm" : NULL;
+  case ML_ROLE_K_NORM: return f->has_qk_norm ? "self_attn.k_norm" : NULL;
+  default: return r->leaf;
+  }
+}
+
+bool ml_block_present(const ml_model_config *c, const ml_block_row *r) {
+  return ml_block_leaf(c->family, r) != NULL;
+}
+
+int64_t ml_block_dim(const ml_model_config *c, ml_block_size s) {
+  switch (s) {
+  case ML_SZ_HIDDEN: return c->hidden;
+  case ML_SZ_Q: return c->n_heads * c->head_dim;
+  case ML_SZ_KV: return c->n_kv_heads * c->head_dim;
+  case ML_SZ_INTER: return c->intermediate;
+  case ML_SZ_HEAD_DIM: return c->head_dim;
+  default: return 0;
+  }
+}
+
+bool ml_block_has_bias(const ml_model_config *c, const ml_block_row *r) {
+  switch (r->bias) {
+  case ML_BIAS_QKV: return c->qkv_bias;
+  case ML_BIAS_O: return c->o_bias;
+  case ML_BIAS_MLP: return c->mlp_bias;
+  default: return false;
+  }
+}
+
+/* Tensors (what = 0), elements (1), modules (2) or linears (3) of a layer. */
+static int64_t count(const ml_model_config *c, int what) {
+  int64_t n = 0;
+  for (int i = 0; i < ML_ROLE_COUNT; i++) {
+    const ml_block_row *r = &ml_block_rows[i];
+    if (!ml_block_present(c, r)) continue;
+    bool lin = r->kind == ML_MOD_LINEAR, bias = lin && ml_block_has_bias(c, r);
+    int64_t out = ml_block_dim(c, r->out), in = ml_block_dim(c, r->in);
+    if (what == 0) n += r->kind == ML_MOD_LINEAR || r->kind == ML_MOD_RMSNORM ? 1 + bias : 0;
+    if (what == 1) n += (lin ? out * in : out) + (bias ? out : 0);
+    if (what == 2) n++;
+    if (what == 3) n += lin;
+  }
+  return n;
+}
+
+int ml_block_n_params(const ml_model_config *c) { return (int)count(c, 0); }
+int64_t ml_block_numel(const ml_model_config *c) { return count(c, 1); }
+int ml_block_n_modules(const ml_model_config *c) { return (int)count(c, 2); }
+int ml_block_n_linears(const ml_model_config *c) { return (int)count(c, 3); }

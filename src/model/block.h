@@ -1,0 +1,102 @@
+/* The decoder block as data: one table of the modules of a decoder layer
+ * (HF *DecoderLayer's submodules, in execution order), which every part of
+ * the engine that walks a layer reads instead of writing the block out
+ * again:
+ *  - model construction (model.c) builds each present row's module and
+ *    parameters, named and keyed as the row says;
+ *  - the parameter count (ml_model_config_num_params) and the capacities of
+ *    the model's and the TP walk's arrays are sums over the rows;
+ *  - the TP walk (parallel/tp_walk.c) finds each module's struct, its plan
+ *    rule and its linear group (the linears reading one activation share one
+ *    input edge) through the rows;
+ *  - forward/backward (layer.c) computes on the ml_layer fields the rows
+ *    point at; a row that is absent for a family leaves its field's weight
+ *    NULL, which the forward reads as the identity (absent norms).
+ * A family differs from another by which rows are present (norm names,
+ * q/k norms, biases: ml_block_present) and by how its checkpoint stores the
+ * rows' parameters (fused tensors: ml_family.fused, split on load and fused
+ * on export by the checkpoint-key adapter, ml_model_ckpt_keys) — never by
+ * an `if family`. Semantics: transformers' LlamaDecoderLayer, Qwen2/3,
+ * Gemma3DecoderLayer, MistralDecoderLayer, Phi3DecoderLayer (unfused). */
+#ifndef ML_BLOCK_H
+#define ML_BLOCK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/config.h"
+
+/* A size of the block, from the config. */
+typedef enum {
+  ML_SZ_NONE,     /* no second dim (a norm's weight, a bias) */
+  ML_SZ_HIDDEN,   /* hidden_size H */
+  ML_SZ_Q,        /* num_attention_heads · head_dim */
+  ML_SZ_KV,       /* num_key_value_heads · head_dim */
+  ML_SZ_INTER,    /* intermediate_size I */
+  ML_SZ_HEAD_DIM, /* head_dim (per-head norms) */
+} ml_block_size;
+
+/* Which config switch gives a Linear row its bias. */
+typedef enum { ML_BIAS_NONE, ML_BIAS_QKV, ML_BIAS_O, ML_BIAS_MLP } ml_block_bias;
+
+/* The module kinds of the rows (ML_MOD_ATTENTION / ML_MOD_MLP rows are the
+ * containers self_attn and mlp: no parameters, a name for plans). */
+typedef enum {
+  ML_ROLE_ATTN_NORM,     /* RMSNorm before attention (family->attn_norm) */
+  ML_ROLE_ATTN,          /* the self_attn container */
+  ML_ROLE_Q, ML_ROLE_K, ML_ROLE_V, /* q/k/v_proj: one linear group */
+  ML_ROLE_Q_NORM, ML_ROLE_K_NORM,  /* per-head RMSNorm (family->has_qk_norm) */
+  ML_ROLE_O,             /* o_proj */
+  ML_ROLE_ATTN_OUT_NORM, /* RMSNorm on the attention output (family->attn_out_norm) */
+  ML_ROLE_MLP_NORM,      /* RMSNorm before the MLP (family->mlp_norm) */
+  ML_ROLE_MLP,           /* the mlp container */
+  ML_ROLE_GATE, ML_ROLE_UP, /* gate/up_proj: one linear group */
+  ML_ROLE_DOWN,          /* down_proj */
+  ML_ROLE_MLP_OUT_NORM,  /* RMSNorm on the MLP output (family->mlp_out_norm) */
+  ML_ROLE_COUNT
+} ml_block_role;
+
+typedef struct ml_block_row {
+  ml_block_role role;
+  int kind;             /* ml_module_kind (model.h) */
+  const char *leaf;     /* name under "layers.N.": "self_attn.q_proj"; NULL: the family's
+                           name for this norm role (ml_block_leaf) */
+  size_t field;         /* offsetof(ml_layer, the module's struct) */
+  ml_block_size out, in; /* Linear weight [out, in]; RMSNorm weight [out] */
+  ml_block_bias bias;
+  int group;            /* linears reading one activation share a group id (> 0); 0: alone */
+} ml_block_row;
+
+/* The rows, in execution order (the order modules and parameters are
+ * created, listed by plans and reports, and stored in run checkpoints). */
+extern const ml_block_row ml_block_rows[ML_ROLE_COUNT];
+
+/* The row of `role`. */
+const ml_block_row *ml_block_row_of(ml_block_role role);
+
+/* The row's module name under "layers.N." for family f ("input_layernorm",
+ * "self_attn.q_norm"), or NULL when f's block lacks it. */
+const char *ml_block_leaf(const ml_family *f, const ml_block_row *r);
+
+/* Whether c's block has the row (ml_block_leaf non-NULL). */
+bool ml_block_present(const ml_model_config *c, const ml_block_row *r);
+
+/* The config size s. */
+int64_t ml_block_dim(const ml_model_config *c, ml_block_size s);
+
+/* Whether a Linear row of c has a bias. */
+bool ml_block_has_bias(const ml_model_config *c, const ml_block_row *r);
+
+/* Parameters of one layer of c (tensors, not elements), and their elements
+ * (< 2^47 for a config ml_model_config_load accepts, config.h). */
+int ml_block_n_params(const ml_model_config *c);
+int64_t ml_block_numel(const ml_model_config *c);
+
+/* Modules of one layer of c (present rows, containers included). */
+int ml_block_n_modules(const ml_model_config *c);
+
+/* Linears of one layer of c. */
+int ml_block_n_linears(const ml_model_config *c);
+
+#endif

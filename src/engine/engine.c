@@ -85,6 +85,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
 void ml_engine_close(ml_engine *e) {
   if (e->fsdp.units) ml_fsdp_destroy(&e->fsdp);
   ml_vocab_destroy(&e->vocab);
+  ml_grads_free(&e->grads);
   ml_tp_destroy(&e->tp);
   ml_cp_destroy(&e->cp);
   ml_model_destroy(&e->model);
@@ -323,7 +324,7 @@ static int backward_layers(ml_engine *e, const int32_t *ids) {
   ML_TRY(embed_backward(e, ids));
   ML_TRY(ml_fsdp_reduce_grads(f, root));
   ml_fsdp_reshard(f, root);
-  return ml_tp_reduce_partial_grads(&e->tp, f);
+  return ml_grads_tp_reduce(&e->grads, &e->tp, f);
 }
 
 /* The objective's inputs of the targets the loss runs over: this rank's
@@ -348,7 +349,7 @@ static int stage_objective(ml_engine *e, const ml_engine_batch *b, ml_obj_in **b
 static int run_forward_backward(ml_engine *e, const ml_engine_batch *b, const ml_loss_grad *g,
                                 ml_loss_out *nll) {
   ML_TRY(upload_batch(e, b));
-  ML_TRY(ml_tp_grads_begin(&e->tp, &e->fsdp));
+  ML_TRY(ml_grads_tp_begin(&e->grads, &e->tp, &e->fsdp));
   ML_TRY(forward_layers(e, e->ids));
   ML_TRY(ml_fsdp_grad_begin(&e->fsdp, (int)e->model.cfg.n_layers));
   ml_loss_split split;

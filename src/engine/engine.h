@@ -18,6 +18,7 @@
 
 #include <stdbool.h>
 
+#include "engine/grads.h"
 #include "model/model.h"
 #include "model/varlen.h"
 #include "parallel/cp.h"
@@ -57,6 +58,7 @@ typedef struct ml_engine {
   ml_plan plan;
   ml_tp tp;
   ml_fsdp fsdp;
+  ml_grads grads; /* the gradients' tp step over the FSDP shards */
   ml_vocab vocab; /* vocab parallelism over FSDP's group (comm NULL: off) */
   ml_cp cp;
   /* T = B · s local tokens: s = S, or this cp rank's piece of the sequences */

@@ -4,9 +4,9 @@
 
 #include "model/model.h"
 
-#define LIN(r, name, fld, o, i, b, g)                                                            \
+#define LIN(r, name, fld, o, i, b, g, style, cut)                                                \
   {.role = r, .kind = ML_MOD_LINEAR, .leaf = name, .field = offsetof(ml_layer, fld), .out = o,   \
-   .in = i, .bias = b, .group = g}
+   .in = i, .bias = b, .group = g, .tp = style, .heads = cut}
 #define NORM(r, name, fld, dim)                                                                  \
   {.role = r, .kind = ML_MOD_RMSNORM, .leaf = name, .field = offsetof(ml_layer, fld), .out = dim}
 #define BOX(r, k, name) {.role = r, .kind = k, .leaf = name}
@@ -18,20 +18,25 @@ enum { GROUP_QKV = 1, GROUP_GATE_UP = 2 };
 const ml_block_row ml_block_rows[ML_ROLE_COUNT] = {
     NORM(ML_ROLE_ATTN_NORM, NULL, attn_norm, ML_SZ_HIDDEN),
     BOX(ML_ROLE_ATTN, ML_MOD_ATTENTION, "self_attn"),
-    LIN(ML_ROLE_Q, "self_attn.q_proj", q_proj, ML_SZ_Q, ML_SZ_HIDDEN, ML_BIAS_QKV, GROUP_QKV),
-    LIN(ML_ROLE_K, "self_attn.k_proj", k_proj, ML_SZ_KV, ML_SZ_HIDDEN, ML_BIAS_QKV, GROUP_QKV),
-    LIN(ML_ROLE_V, "self_attn.v_proj", v_proj, ML_SZ_KV, ML_SZ_HIDDEN, ML_BIAS_QKV, GROUP_QKV),
+    LIN(ML_ROLE_Q, "self_attn.q_proj", q_proj, ML_SZ_Q, ML_SZ_HIDDEN, ML_BIAS_QKV, GROUP_QKV,
+        ML_TP_COLWISE, ML_HEADS_Q_ROWS),
+    LIN(ML_ROLE_K, "self_attn.k_proj", k_proj, ML_SZ_KV, ML_SZ_HIDDEN, ML_BIAS_QKV, GROUP_QKV,
+        ML_TP_COLWISE, ML_HEADS_KV_ROWS),
+    LIN(ML_ROLE_V, "self_attn.v_proj", v_proj, ML_SZ_KV, ML_SZ_HIDDEN, ML_BIAS_QKV, GROUP_QKV,
+        ML_TP_COLWISE, ML_HEADS_KV_ROWS),
     NORM(ML_ROLE_Q_NORM, NULL, q_norm, ML_SZ_HEAD_DIM),
     NORM(ML_ROLE_K_NORM, NULL, k_norm, ML_SZ_HEAD_DIM),
-    LIN(ML_ROLE_O, "self_attn.o_proj", o_proj, ML_SZ_HIDDEN, ML_SZ_Q, ML_BIAS_O, 0),
+    LIN(ML_ROLE_O, "self_attn.o_proj", o_proj, ML_SZ_HIDDEN, ML_SZ_Q, ML_BIAS_O, 0,
+        ML_TP_ROWWISE, ML_HEADS_Q_COLS),
     NORM(ML_ROLE_ATTN_OUT_NORM, NULL, attn_out_norm, ML_SZ_HIDDEN),
     NORM(ML_ROLE_MLP_NORM, NULL, mlp_norm, ML_SZ_HIDDEN),
     BOX(ML_ROLE_MLP, ML_MOD_MLP, "mlp"),
     LIN(ML_ROLE_GATE, "mlp.gate_proj", gate_proj, ML_SZ_INTER, ML_SZ_HIDDEN, ML_BIAS_MLP,
-        GROUP_GATE_UP),
+        GROUP_GATE_UP, ML_TP_COLWISE, ML_HEADS_NONE),
     LIN(ML_ROLE_UP, "mlp.up_proj", up_proj, ML_SZ_INTER, ML_SZ_HIDDEN, ML_BIAS_MLP,
-        GROUP_GATE_UP),
-    LIN(ML_ROLE_DOWN, "mlp.down_proj", down_proj, ML_SZ_HIDDEN, ML_SZ_INTER, ML_BIAS_MLP, 0),
+        GROUP_GATE_UP, ML_TP_COLWISE, ML_HEADS_NONE),
+    LIN(ML_ROLE_DOWN, "mlp.down_proj", down_proj, ML_SZ_HIDDEN, ML_SZ_INTER, ML_BIAS_MLP, 0,
+        ML_TP_ROWWISE, ML_HEADS_NONE),
     NORM(ML_ROLE_MLP_OUT_NORM, NULL, mlp_out_norm, ML_SZ_HIDDEN),
 };
 
@@ -47,6 +52,27 @@ const char *ml_block_leaf(const ml_family *f, const ml_block_row *r) {
   case ML_ROLE_K_NORM: return f->has_qk_norm ? "self_attn.k_norm" : NULL;
   default: return r->leaf;
   }
+}
+
+const ml_block_row *ml_block_row_at(const ml_model *m, const void *ptr, int *layer) {
+  const char *p = ptr, *base = (const char *)m->layers;
+  size_t size = sizeof(ml_layer);
+  if (!m->layers || p < base || p >= base + size * (size_t)m->cfg.n_layers) return NULL;
+  *layer = (int)((size_t)(p - base) / size);
+  size_t off = (size_t)(p - base) % size;
+  for (int i = 0; i < ML_ROLE_COUNT; i++)
+    if (ml_block_rows[i].field == off && ml_block_rows[i].kind != ML_MOD_ATTENTION &&
+        ml_block_rows[i].kind != ML_MOD_MLP)
+      return &ml_block_rows[i];
+  return NULL;
+}
+
+int ml_block_group(ml_layer *L, int g, ml_linear **out) {
+  int n = 0;
+  for (int i = 0; i < ML_ROLE_COUNT; i++)
+    if (ml_block_rows[i].kind == ML_MOD_LINEAR && ml_block_rows[i].group == g)
+      out[n++] = ml_block_at(L, &ml_block_rows[i]);
+  return n;
 }
 
 bool ml_block_present(const ml_model_config *c, const ml_block_row *r) {

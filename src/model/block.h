@@ -25,7 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "model/config.h"
+#include "model/model.h"
 
 /* A size of the block, from the config. */
 typedef enum {
@@ -39,6 +39,17 @@ typedef enum {
 
 /* Which config switch gives a Linear row its bias. */
 typedef enum { ML_BIAS_NONE, ML_BIAS_QKV, ML_BIAS_O, ML_BIAS_MLP } ml_block_bias;
+
+/* How TP cuts a Linear row's weight by whole attention heads (parallel/tp.h
+ * ml_tp_heads) instead of torch.chunk: the rows of query heads (q_proj), of
+ * key/value heads (k_proj, v_proj), or the columns of query heads (o_proj). */
+typedef enum { ML_HEADS_NONE, ML_HEADS_Q_ROWS, ML_HEADS_KV_ROWS, ML_HEADS_Q_COLS } ml_block_heads;
+
+/* A Linear row's style in the Llama-style plans (parallel/plan.c:
+ * torchtitan's and NeMo's parallelize_llama): ColwiseParallel for the
+ * linears that fan out of the residual stream, RowwiseParallel for those
+ * that return to it. */
+typedef enum { ML_TP_NONE, ML_TP_COLWISE, ML_TP_ROWWISE } ml_block_tp;
 
 /* The module kinds of the rows (ML_MOD_ATTENTION / ML_MOD_MLP rows are the
  * containers self_attn and mlp: no parameters, a name for plans). */
@@ -59,13 +70,15 @@ typedef enum {
 
 typedef struct ml_block_row {
   ml_block_role role;
-  int kind;             /* ml_module_kind (model.h) */
+  ml_module_kind kind;
   const char *leaf;     /* name under "layers.N.": "self_attn.q_proj"; NULL: the family's
                            name for this norm role (ml_block_leaf) */
   size_t field;         /* offsetof(ml_layer, the module's struct) */
   ml_block_size out, in; /* Linear weight [out, in]; RMSNorm weight [out] */
   ml_block_bias bias;
   int group;            /* linears reading one activation share a group id (> 0); 0: alone */
+  ml_block_tp tp;       /* Linear: its style in the Llama-style plans */
+  ml_block_heads heads; /* Linear: cut by whole heads when TP shards it */
 } ml_block_row;
 
 /* The rows, in execution order (the order modules and parameters are
@@ -74,6 +87,20 @@ extern const ml_block_row ml_block_rows[ML_ROLE_COUNT];
 
 /* The row of `role`. */
 const ml_block_row *ml_block_row_of(ml_block_role role);
+
+/* The struct of row r in layer L: ml_linear for Linear rows, ml_rmsnorm
+ * for RMSNorm rows (its weight NULL when the family lacks it). */
+static inline void *ml_block_at(ml_layer *L, const ml_block_row *r) {
+  return (char *)L + r->field;
+}
+
+/* The row whose struct in a layer is `ptr` (ml_layer_of tells the layer),
+ * or NULL: ptr lies in no module of the layers array. *layer: its layer. */
+const ml_block_row *ml_block_row_at(const ml_model *m, const void *ptr, int *layer);
+
+/* The linears of layer L in group g (ml_block_row.group > 0), in table
+ * order, into out (room for ML_ROLE_COUNT); returns their count. */
+int ml_block_group(ml_layer *L, int g, ml_linear **out);
 
 /* The row's module name under "layers.N." for family f ("input_layernorm",
  * "self_attn.q_norm"), or NULL when f's block lacks it. */

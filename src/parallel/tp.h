@@ -27,7 +27,7 @@
  * q_norm/k_norm on head-sharded q/k, HF replicated_with_grad_allreduce)
  * get Partial gradients: they are listed in ml_tp.partial
  * (ml_tp_grad_partial) and summed over tp once per step
- * (ml_tp_reduce_partial_grads), packed into one all-reduce.
+ * (engine/grads.h ml_grads_tp_reduce), packed into one all-reduce.
  *
  * The placements live here, not in the model: a sharded parameter's
  * ml_param gets its local view (local shape and offset in the global
@@ -37,7 +37,6 @@
 
 #include "comm/comm.h"
 #include "model/model.h"
-#include "parallel/fsdp.h"
 #include "parallel/plan.h"
 
 /* One activation edge: its placements forward, the gradient's on arrival. */
@@ -62,7 +61,7 @@ typedef struct ml_tp {
   ml_tp_module *modules; /* one per model module */
   int n_modules;
   ml_tp_edge *edges;
-  int n_edges;
+  int n_edges, cap_edges;
   ml_placement residual; /* the residual stream: Replicate() or Shard(1) */
   ml_placement logits;   /* Shard(−1) (vocab-parallel loss) or Replicate() */
   int *param_dim;        /* [n_params]: per parameter (its index in the model's params),
@@ -75,7 +74,6 @@ typedef struct ml_tp {
   ml_param **partial;    /* replicated params with Partial grads */
   int n_partial;
   const ml_model *model; /* the model applied to */
-  float *stash; /* the gradients that take a tp step, as accumulated before this micro-batch */
   ml_backend *be; /* the model's (NULL when only planning: nothing runs) */
   float *work;    /* redistribute scratch (device memory from be's pool) */
   size_t work_cap;
@@ -93,7 +91,7 @@ typedef struct ml_tp {
  * several ranks (Megatron replicates kv heads when tp exceeds them; torch
  * and NeMo refuse). Their copies stay equal: the same initial rows, and
  * their gradients, partial sums over each holder's query heads, are summed
- * over the holders (ml_tp_reduce_partial_grads). Owned: a held kv head no
+ * over the holders (engine/grads.h). Owned: a held kv head no
  * lower rank holds — what counts once in the grad norm and what run
  * checkpoints write. With tp dividing both head counts: torch.chunk's
  * shards, nothing shared. Requires 1 <= size <= num_attention_heads. */
@@ -145,29 +143,14 @@ void ml_tp_param_slice(const ml_tp *tp, const ml_model *m, const ml_param *p, in
                        int64_t *start, int64_t *len, int64_t *own);
 
 /* Whether p is tp-replicated with a Partial gradient (each tp rank holds a
- * partial sum; ml_tp_reduce_partial_grads sums them): a replicated
+ * partial sum; engine/grads.h sums them): a replicated
  * parameter whose module sees a sharded activation. Never with tp size 1. */
 bool ml_tp_grad_partial(const ml_tp *tp, const ml_param *p);
 
-/* Sum the Partial gradients of tp-replicated parameters over tp: one
- * all-reduce of this rank's FSDP shard rows of every such parameter (the
- * same rows on every tp rank), after backward and before the grad norm;
- * then the partial gradients of key/value heads several tp ranks hold
- * (ml_tp_heads): the shared heads' rows of every k_proj / v_proj shard,
- * placed at their global rows, all-reduced over tp and then over the FSDP
- * group (a replica's rows lie in another dp rank's shard on each tp rank),
- * and written back; finally the gradients ml_tp_grads_begin set aside are
- * added back. Once per micro-batch, after its backward. No-op with tp size
- * 1 or nothing partial or shared. */
-int ml_tp_reduce_partial_grads(ml_tp *tp, ml_fsdp *f);
-
-/* Before a micro-batch's backward: set aside the shard gradients of the
- * parameters ml_tp_reduce_partial_grads reduces (accumulated by earlier
- * micro-batches) and zero them, so its sums add only this micro-batch's
- * partial gradients (then it adds them back): a sum over tp of accumulated
- * gradients would count the earlier micro-batches tp times. No-op with tp
- * size 1. Errors: allocation, copies. */
-int ml_tp_grads_begin(ml_tp *tp, ml_fsdp *f);
+/* The tp group's scratch buffer (device memory of tp->be), grown to `need`
+ * floats (0: 1); valid until the next call. The edges' redistributes and
+ * the gradients' tp step (engine/grads.h) use it. Errors: allocation (NULL). */
+float *ml_tp_work(ml_tp *tp, size_t need);
 
 /* The redistributes edge e runs, forward (backward = false: p[i] →
  * p[i+1] where they differ) or on its gradient (backward: from grad_in,

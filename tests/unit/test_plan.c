@@ -17,6 +17,7 @@
 #include "common/status.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "parallel/fsdp.h"
 #include "parallel/plan.h"
 #include "parallel/tp.h"
 #include "tmpdir.h"

@@ -104,6 +104,17 @@ static void fuse(ml_layer *L, const ml_fused *fz, const char *key_base) {
   }
 }
 
+/* The fused module's HF name (mod_base.leaf) as the alias of its parts, the
+ * modules of this layer named mod_base.part. */
+static void alias(ml_model *m, const ml_fused *fz, const char *mod_base) {
+  char name[128];
+  for (int j = 0; fz->parts[j]; j++) {
+    snprintf(name, sizeof name, "%s%s", mod_base, fz->parts[j]);
+    ml_module *mod = ml_model_find_module(m, name);
+    if (mod) snprintf(mod->alias, sizeof mod->alias, "%s%s", mod_base, fz->leaf);
+  }
+}
+
 /* Layer l's modules: the present rows of the block table (model/block.h),
  * in its order, named as HF's decoder layer; then the family's fused
  * checkpoint tensors. */
@@ -127,7 +138,10 @@ static void make_layer(ml_model *m, int l) {
     else
       add_module(m, r->kind, L, nm->mod);
   }
-  for (int i = 0; i < ML_FAMILY_MAX_FUSED && f->fused[i].leaf; i++) fuse(L, &f->fused[i], key);
+  for (int i = 0; i < ML_FAMILY_MAX_FUSED && f->fused[i].leaf; i++) {
+    fuse(L, &f->fused[i], key);
+    alias(m, &f->fused[i], mod);
+  }
   L->window = c->sliding[l] ? c->sliding_window : 0;
 }
 

@@ -208,6 +208,10 @@ typedef enum {
 
 typedef struct ml_module {
   char name[128]; /* HF module name: model.layers.0.self_attn.q_proj */
+  /* The HF module it is a part of when the family fuses it (ml_family.fused:
+   * Phi-3's model.layers.0.self_attn.qkv_proj), else empty: plans may name
+   * either, a rule on the fused module applying to each part. */
+  char alias[128];
   ml_module_kind kind;
   void *ptr; /* ml_linear*, ml_embedding*, ml_rmsnorm*; containers: their ml_layer */
 } ml_module;

@@ -6,6 +6,7 @@
 
 #include "common/status.h"
 #include "io/json.h"
+#include "model/block.h"
 
 static const char *const kind_names[ML_STYLE_KINDS] = {
     [ML_STYLE_COLWISE] = "ColwiseParallel",
@@ -188,13 +189,13 @@ static int llama_style(const ml_model *m, bool sp, bool head_norms, ml_plan *p) 
     ML_TRY(add(p, pre, "layers.*.self_attn", prep));
     ML_TRY(add(p, pre, "layers.*.mlp", prep));
   }
-  ML_TRY(add(p, pre, "layers.*.self_attn.q_proj", col));
-  ML_TRY(add(p, pre, "layers.*.self_attn.k_proj", col));
-  ML_TRY(add(p, pre, "layers.*.self_attn.v_proj", col));
-  ML_TRY(add(p, pre, "layers.*.self_attn.o_proj", out_row));
-  ML_TRY(add(p, pre, "layers.*.mlp.gate_proj", col));
-  ML_TRY(add(p, pre, "layers.*.mlp.up_proj", col));
-  ML_TRY(add(p, pre, "layers.*.mlp.down_proj", out_row));
+  for (int i = 0; i < ML_ROLE_COUNT; i++) { /* the block's linears by their tp style */
+    const ml_block_row *r = &ml_block_rows[i];
+    if (r->tp == ML_TP_NONE || !ml_block_present(&m->cfg, r)) continue;
+    char suffix[96];
+    snprintf(suffix, sizeof suffix, "layers.*.%s", r->leaf);
+    ML_TRY(add(p, pre, suffix, r->tp == ML_TP_COLWISE ? col : out_row));
+  }
   ml_style seq = ml_style_default(ML_STYLE_SEQUENCE_PARALLEL);
   ml_style rep = ml_style_default(ML_STYLE_REPLICATE);
   snprintf(rep.label, sizeof rep.label, "replicated_with_grad_allreduce");

@@ -204,7 +204,9 @@ static int match_rules(ml_tp *tp, const ml_plan *plan, ml_model *m) {
     int matched = 0;
     for (int i = 0; i < m->n_modules; i++) {
       const ml_module *mod = &m->modules[i];
-      if (!ml_pattern_match(rule->pattern, mod->name)) continue;
+      if (!ml_pattern_match(rule->pattern, mod->name) &&
+          !(mod->alias[0] && ml_pattern_match(rule->pattern, mod->alias)))
+        continue;
       matched++;
       if (tp->modules[i].rule)
         return ml_err("plan '%s': module '%s' is matched by '%s' and by '%s'; expected one rule "

@@ -40,6 +40,37 @@ const ml_block_row ml_block_rows[ML_ROLE_COUNT] = {
     NORM(ML_ROLE_MLP_OUT_NORM, NULL, mlp_out_norm, ML_SZ_HIDDEN),
 };
 
+#define ACT(fld, pt, r, c, need)                                                               \
+  {.field = offsetof(ml_layer_acts, fld), .part = pt, .rows = r, .cols = c, .needs = need}
+
+/* What layer.c's forward saves (ml_layer_acts), by the part producing it. */
+const ml_block_act ml_block_acts[] = {
+    ACT(x_in, ML_PART_INPUT, ML_ROWS_TR, ML_COLS_H, -1),
+    ACT(rstd1, ML_PART_ATTN, ML_ROWS_TR, ML_COLS_ONE, -1),
+    ACT(h1, ML_PART_ATTN, ML_ROWS_T, ML_COLS_H, -1),
+    ACT(q_raw, ML_PART_ATTN, ML_ROWS_T, ML_COLS_Q, ML_ROLE_Q_NORM),
+    ACT(k_raw, ML_PART_ATTN, ML_ROWS_T, ML_COLS_KV, ML_ROLE_K_NORM),
+    ACT(rstd_q, ML_PART_ATTN, ML_ROWS_T, ML_COLS_NH, ML_ROLE_Q_NORM),
+    ACT(rstd_k, ML_PART_ATTN, ML_ROWS_T, ML_COLS_NKV, ML_ROLE_K_NORM),
+    ACT(q, ML_PART_ATTN, ML_ROWS_T, ML_COLS_Q, -1),
+    ACT(k, ML_PART_ATTN, ML_ROWS_T, ML_COLS_KV, -1),
+    ACT(v, ML_PART_ATTN, ML_ROWS_T, ML_COLS_KV, -1),
+    ACT(attn_saved, ML_PART_CORE, ML_ROWS_T, ML_COLS_CORE, -1),
+    ACT(att, ML_PART_ATTN, ML_ROWS_T, ML_COLS_Q, -1),
+    ACT(o, ML_PART_ATTN, ML_ROWS_TR, ML_COLS_H, ML_ROLE_ATTN_OUT_NORM),
+    ACT(rstd_o, ML_PART_ATTN, ML_ROWS_TR, ML_COLS_ONE, ML_ROLE_ATTN_OUT_NORM),
+    ACT(x_mid, ML_PART_ATTN, ML_ROWS_TR, ML_COLS_H, -1),
+    ACT(rstd2, ML_PART_MLP, ML_ROWS_TR, ML_COLS_ONE, -1),
+    ACT(h2, ML_PART_MLP, ML_ROWS_T, ML_COLS_H, -1),
+    ACT(g, ML_PART_MLP, ML_ROWS_T, ML_COLS_I, -1),
+    ACT(u, ML_PART_MLP, ML_ROWS_T, ML_COLS_I, -1),
+    ACT(a, ML_PART_MLP, ML_ROWS_T, ML_COLS_I, -1),
+    ACT(d, ML_PART_MLP, ML_ROWS_TR, ML_COLS_H, ML_ROLE_MLP_OUT_NORM),
+    ACT(rstd_d, ML_PART_MLP, ML_ROWS_TR, ML_COLS_ONE, ML_ROLE_MLP_OUT_NORM),
+    ACT(out, ML_PART_OUT, ML_ROWS_T, ML_COLS_H, -1),
+};
+const int ml_block_n_acts = sizeof ml_block_acts / sizeof ml_block_acts[0];
+
 const ml_block_row *ml_block_row_of(ml_block_role role) { return &ml_block_rows[role]; }
 
 const char *ml_block_leaf(const ml_family *f, const ml_block_row *r) {

@@ -81,6 +81,45 @@ typedef struct ml_block_row {
   ml_block_heads heads; /* Linear: cut by whole heads when TP shards it */
 } ml_block_row;
 
+/* The parts of a layer by the saved activations they produce: its input,
+ * the attention block (all but its core), the attention core, the MLP
+ * block; and the layer output a recompute writes and discards. An
+ * activation-checkpointing mode keeps some parts per layer and recomputes
+ * the others into a workspace all layers share (model.h ml_ac_mode). */
+typedef enum {
+  ML_PART_INPUT = 1, ML_PART_ATTN = 2, ML_PART_CORE = 4, ML_PART_MLP = 8,
+  ML_PART_ALL = 15, ML_PART_OUT = 16
+} ml_block_part;
+
+/* A saved-activation buffer's extent: rows of tokens (all T = B·S, or the
+ * residual stream's Tr = B·s_res) times columns. */
+typedef enum { ML_ROWS_T, ML_ROWS_TR } ml_block_rows_of;
+typedef enum {
+  ML_COLS_ONE,   /* one float a token (a norm's rstd) */
+  ML_COLS_H,     /* hidden_size */
+  ML_COLS_Q,     /* the widest local q / attention output view */
+  ML_COLS_KV,    /* the widest local k / v view */
+  ML_COLS_I,     /* the widest local gate / up / act view */
+  ML_COLS_NH,    /* local query heads (a per-head norm's rstd) */
+  ML_COLS_NKV,   /* local key/value heads */
+  ML_COLS_CORE,  /* what the attention core saves for the whole batch (not per token) */
+} ml_block_cols;
+
+/* One buffer of ml_layer_acts that the forward saves for the backward. */
+typedef struct ml_block_act {
+  size_t field;          /* offsetof(ml_layer_acts, the buffer) */
+  ml_block_part part;
+  ml_block_rows_of rows;
+  ml_block_cols cols;
+  int needs;             /* the role (ml_block_role) whose module must be present, or −1 */
+} ml_block_act;
+
+/* The saved buffers of a layer in carve order (x_in first: it frees the
+ * layer's block), and their count. The layer output `out` (ML_PART_OUT) is
+ * there only when the MLP is recomputed. */
+extern const ml_block_act ml_block_acts[];
+extern const int ml_block_n_acts;
+
 /* The rows, in execution order (the order modules and parameters are
  * created, listed by plans and reports, and stored in run checkpoints). */
 extern const ml_block_row ml_block_rows[ML_ROLE_COUNT];

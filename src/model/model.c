@@ -228,19 +228,14 @@ ml_param *ml_model_find_param(ml_model *m, const char *name) {
   return NULL;
 }
 
-/* A layer's parts, by the saved activations they produce: its input, the
- * attention block (all but its core), the attention core (P), the MLP
- * block; and the output a recompute discards. An AC mode keeps some per
- * layer; the others live in the shared recompute workspace. */
-enum { PART_INPUT = 1, PART_ATTN = 2, PART_CORE = 4, PART_MLP = 8, PART_ALL = 15, PART_OUT = 16 };
-
-/* The parts kept per layer under ac; the input always. */
+/* The parts kept per layer under ac (model/block.h ml_block_part); the
+ * input always. */
 static int kept_parts(ml_ac_mode ac) {
   switch (ac) {
-  case ML_AC_MLP: return PART_INPUT | PART_ATTN | PART_CORE;
-  case ML_AC_LAYER: return PART_INPUT;
-  case ML_AC_SELECTIVE: return PART_ALL & ~PART_CORE;
-  default: return PART_ALL;
+  case ML_AC_MLP: return ML_PART_INPUT | ML_PART_ATTN | ML_PART_CORE;
+  case ML_AC_LAYER: return ML_PART_INPUT;
+  case ML_AC_SELECTIVE: return ML_PART_ALL & ~ML_PART_CORE;
+  default: return ML_PART_ALL;
   }
 }
 
@@ -301,37 +296,23 @@ static float *take(carver *c, int part, bool present, int64_t n) {
   return p;
 }
 
-/* Layer L's buffers (ml_layer_acts), x_in first: it is always kept and
- * frees the layer's block. `out` is there when the MLP is recomputed. */
-static void carve_layer(const act_dims *d, const ml_layer *L, carver *c, ml_layer_acts *a) {
-  int64_t T = d->T, Tr = d->Tr, nh = d->q / d->hd, nkv = d->kv / d->hd;
-  int64_t TH = ml_mul_sat(T, d->H), Tq = ml_mul_sat(T, d->q), Tkv = ml_mul_sat(T, d->kv);
-  int64_t TrH = ml_mul_sat(Tr, d->H);
-  int64_t TI = ml_mul_sat(T, d->I);
-  bool qk = L->q_norm.weight, ao = L->attn_out_norm.weight, mo = L->mlp_out_norm.weight;
-  a->x_in = take(c, PART_INPUT, true, TrH);
-  a->rstd1 = take(c, PART_ATTN, true, Tr);
-  a->h1 = take(c, PART_ATTN, true, TH);
-  a->q_raw = take(c, PART_ATTN, qk, Tq);
-  a->k_raw = take(c, PART_ATTN, qk, Tkv);
-  a->rstd_q = take(c, PART_ATTN, qk, ml_mul_sat(T, nh));
-  a->rstd_k = take(c, PART_ATTN, qk, ml_mul_sat(T, nkv));
-  a->q = take(c, PART_ATTN, true, Tq);
-  a->k = take(c, PART_ATTN, true, Tkv);
-  a->v = take(c, PART_ATTN, true, Tkv);
-  a->attn_saved = take(c, PART_CORE, true, d->attn_saved);
-  a->att = take(c, PART_ATTN, true, Tq);
-  a->o = take(c, PART_ATTN, ao, TrH);
-  a->rstd_o = take(c, PART_ATTN, ao, Tr);
-  a->x_mid = take(c, PART_ATTN, true, TrH);
-  a->rstd2 = take(c, PART_MLP, true, Tr);
-  a->h2 = take(c, PART_MLP, true, TH);
-  a->g = take(c, PART_MLP, true, TI);
-  a->u = take(c, PART_MLP, true, TI);
-  a->a = take(c, PART_MLP, true, TI);
-  a->d = take(c, PART_MLP, mo, TrH);
-  a->rstd_d = take(c, PART_MLP, mo, Tr);
-  a->out = take(c, PART_OUT, !(c->kept & PART_MLP), TH);
+/* Layer L's buffers (ml_layer_acts) as the block table lists them
+ * (model/block.h ml_block_acts), x_in first: it is always kept and frees the
+ * layer's block. `out` is there when the MLP is recomputed. */
+static void carve_layer(const act_dims *d, const ml_model *m, carver *c, ml_layer_acts *a) {
+  int64_t nh = d->q / d->hd, nkv = d->kv / d->hd;
+  const int64_t cols[] = {[ML_COLS_ONE] = 1, [ML_COLS_H] = d->H, [ML_COLS_Q] = d->q,
+                          [ML_COLS_KV] = d->kv, [ML_COLS_I] = d->I, [ML_COLS_NH] = nh,
+                          [ML_COLS_NKV] = nkv};
+  for (int i = 0; i < ml_block_n_acts; i++) {
+    const ml_block_act *b = &ml_block_acts[i];
+    bool present = b->needs < 0 || ml_block_present(&m->cfg, ml_block_row_of(b->needs));
+    if (b->part == ML_PART_OUT) present = !(c->kept & ML_PART_MLP);
+    int64_t n = b->cols == ML_COLS_CORE
+                    ? d->attn_saved
+                    : ml_mul_sat(b->rows == ML_ROWS_T ? d->T : d->Tr, cols[b->cols]);
+    *(float **)((char *)a + b->field) = take(c, (int)b->part, present, n);
+  }
 }
 
 /* Floats of the largest layer block and of the workspace under m->ac. */
@@ -340,7 +321,7 @@ static void act_floats(const ml_model *m, const act_dims *d, int64_t *block, int
   for (int l = 0; l < m->cfg.n_layers; l++) {
     carver c = {.kept = kept_parts(m->ac)};
     ml_layer_acts a;
-    carve_layer(d, &m->layers[l], &c, &a);
+    carve_layer(d, m, &c, &a);
     *block = max3(*block, c.used[0], 0);
     *work = max3(*work, c.used[1], 0);
   }
@@ -381,12 +362,12 @@ static int alloc_layer_acts(ml_model *m, const act_dims *d) {
   for (int l = 0; l < m->cfg.n_layers; l++) {
     ml_layer *L = &m->layers[l];
     carver count = {.kept = kept_parts(m->ac)};
-    carve_layer(d, L, &count, &L->acts);
+    carve_layer(d, m, &count, &L->acts);
     float *block = ml_be_alloc(m->be, count.used[0], sizeof(float),
                                    "the activations of layer %d (%s; %s)", l, batch, dims);
     if (!block) return -1;
     carver c = {.kept = count.kept, .block = {block, m->ac_work}};
-    carve_layer(d, L, &c, &L->acts);
+    carve_layer(d, m, &c, &L->acts);
   }
   return 0;
 }

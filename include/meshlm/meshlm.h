@@ -66,8 +66,23 @@ typedef enum meshlm_dtype {
 
 /* Activation checkpointing of every decoder layer (torch
  * checkpoint_wrapper): none, full (recompute the layer), selective (keep
- * the GEMM outputs, recompute the rest). */
-typedef enum meshlm_ac { MESHLM_AC_NONE = 0, MESHLM_AC_FULL = 1, MESHLM_AC_SELECTIVE = 2 } meshlm_ac;
+ * the GEMM outputs, recompute the rest), mlp (recompute the MLP block) —
+ * the CLI's none, layer, selective, mlp. */
+typedef enum meshlm_ac {
+  MESHLM_AC_NONE = 0,
+  MESHLM_AC_FULL = 1,
+  MESHLM_AC_SELECTIVE = 2,
+  MESHLM_AC_MLP = 3
+} meshlm_ac;
+
+/* FSDP2's reshard_after_forward: DEFAULT frees every decoder layer's
+ * gathered parameters after its forward but the last layer's and the
+ * root's (torchtitan's policy), ALWAYS every unit's, NEVER none's. */
+typedef enum meshlm_reshard {
+  MESHLM_RESHARD_DEFAULT = 0,
+  MESHLM_RESHARD_ALWAYS = 1,
+  MESHLM_RESHARD_NEVER = 2
+} meshlm_reshard;
 
 /* Learning-rate schedules: linear warmup from 0, then constant, or linear /
  * cosine decay to min_lr on step total_steps − 1 (transformers'
@@ -78,7 +93,9 @@ typedef enum meshlm_schedule {
   MESHLM_LR_COSINE = 2
 } meshlm_schedule;
 
-/* Everything a session is opened with. Start from meshlm_options_default. */
+/* Everything a session is opened with. Start from meshlm_options_default.
+ * The training settings are the CLI's (`meshlm train`): README.md
+ * "Defaults" lists each with its flag, its config key and both defaults. */
 typedef struct meshlm_options {
   /* the device mesh: dp_replicate × dp_shard × cp × tp (tp fastest),
      dp_shard = world / (dp_replicate · cp · tp) */
@@ -93,7 +110,7 @@ typedef struct meshlm_options {
   double lr, min_lr, beta1, beta2, eps, weight_decay;
   meshlm_schedule schedule;
   int64_t warmup_steps, total_steps;
-  double max_grad_norm; /* clip_grad_norm_ (L2) before each step; 0: no clipping */
+  double max_grad_norm; /* clip_grad_norm_ (in grad_norm_type) before each step; 0: none */
   /* scoring and training micro-batches: sequences are packed into micro-
      batches of at most this many tokens per rank (a longer sequence is one
      micro-batch of its own) */
@@ -103,13 +120,26 @@ typedef struct meshlm_options {
      around inference), instead of once per micro-batch: fewer all-gathers,
      the whole model's parameters in memory for the call */
   int unshard_for_inference;
+  /* FSDP2 and the grad norm (appended: the fields above keep their offsets) */
+  meshlm_dtype output_dtype;            /* F32 or BF16: MixedPrecisionPolicy.output_dtype (the
+                                           logits') */
+  meshlm_reshard reshard_after_forward;
+  int zero;                             /* ZeRO stage: 3 parameters, gradients and optimizer
+                                           state sharded; 2 parameters whole between steps;
+                                           1 gradients too */
+  int prefetch_forward, prefetch_backward; /* FSDP units all-gathered ahead (0: none) */
+  double grad_norm_type;                /* clip_grad_norm_'s norm_type: 2 (L2) or INFINITY
+                                           (max |g|, math.h) */
 } meshlm_options;
 
 /* One rank's mesh (1 × world × 1 × 1 with the communicator's size), CPU,
- * plan auto, no SP, fp32, no AC; AdamW lr 1e-5, min_lr 0, betas (0.9,
- * 0.999), eps 1e-8, weight decay 0.01, constant schedule, no warmup,
- * total_steps 1; max_grad_norm 1.0; micro_batch_tokens 4096;
- * unshard_for_inference 1. */
+ * micro_batch_tokens 4096, unshard_for_inference 1, and the training
+ * settings' defaults of the library (README.md "Defaults", the engine's
+ * one table: src/engine/settings.h): plan auto, no SP, fp32, FSDP2's
+ * reshard policy, ZeRO-3, prefetch 1 / 2, no AC; AdamW lr 1e-5, min_lr 0,
+ * betas (0.9, 0.999), eps 1e-8, weight decay 0.01 (the CLI's: lr 3e-4,
+ * weight decay 0), constant schedule, no warmup, total_steps 1;
+ * max_grad_norm 1.0 in the L2 norm. */
 MESHLM_API void meshlm_options_default(meshlm_options *o);
 
 /* COLLECTIVE over `comm`. Open the HF checkpoint `model_dir` (config.json
@@ -230,20 +260,25 @@ typedef struct meshlm_step_result {
   double kl;            /* its KL part: Σ m_t β k3_t normalised as the loss (0 without KL) */
   double clip_fraction; /* CLIPPED_PG: masked predictions whose gradient the clip removed,
                            over all masked predictions */
-  double grad_norm;     /* global L2 norm before clipping (torch clip_grad_norm_'s return) */
+  double grad_norm;     /* global norm (options.grad_norm_type) before clipping (torch
+                           clip_grad_norm_'s return) */
   double lr;            /* the learning rate this step used */
   int64_t tokens;       /* masked predictions over the whole global batch */
   int64_t sequences;    /* sequences over the whole global batch */
   int64_t step;         /* optimizer steps taken after this one */
   int skipped;          /* 1: the grad norm was not finite; no update was made */
+  char nonfinite_param[160]; /* skipped: the HF name of the first parameter with a non-finite
+                                gradient (model order), "" when every gradient is finite (the
+                                norm overflowed) or the step was not skipped */
 } meshlm_step_result;
 
 /* COLLECTIVE. One optimizer step on the global batch (every data-parallel
  * rank's `b`): zero the gradients, forward + backward of `loss` (NULL:
  * meshlm_loss_default) over micro-batches of options.micro_batch_tokens
  * (gradient accumulation, as one batch), global grad norm, clipping to
- * max_grad_norm, AdamW at the schedule's lr for this step. A non-finite
- * grad norm skips the update (result.skipped) but counts the step. A rank
+ * max_grad_norm, AdamW at the schedule's lr for this step — the CLI's step
+ * (src/engine/step.h). A non-finite grad norm skips the update
+ * (result.skipped, the parameter named) but counts the step. A rank
  * may pass n = 0 sequences. Errors: as meshlm_logprobs; a loss field out of
  * range or an array the loss needs left NULL (named); no masked prediction
  * in the whole global batch. */

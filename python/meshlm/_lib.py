@@ -14,9 +14,10 @@ import threading
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_double, c_float, c_int,
                     c_int32, c_int64, c_size_t, c_uint8, c_uint64, c_void_p)
 
-# --- enums (meshlm_dtype, meshlm_ac, meshlm_schedule, meshlm_loss_kind) ---------------------
+# --- enums (meshlm_dtype, meshlm_ac, meshlm_reshard, meshlm_schedule, meshlm_loss_kind) -----
 DTYPE_SOURCE, DTYPE_F32, DTYPE_BF16 = 0, 1, 2
-AC_NONE, AC_FULL, AC_SELECTIVE = 0, 1, 2
+AC_NONE, AC_FULL, AC_SELECTIVE, AC_MLP = 0, 1, 2, 3
+RESHARD_DEFAULT, RESHARD_ALWAYS, RESHARD_NEVER = 0, 1, 2
 LR_CONSTANT, LR_LINEAR, LR_COSINE = 0, 1, 2
 LOSS_NLL, LOSS_WEIGHTED_NLL, LOSS_CLIPPED_PG = 0, 1, 2
 
@@ -46,6 +47,12 @@ class meshlm_options(Structure):
         ("max_grad_norm", c_double),
         ("micro_batch_tokens", c_int64),
         ("unshard_for_inference", c_int),
+        ("output_dtype", c_enum),
+        ("reshard_after_forward", c_enum),
+        ("zero", c_int),
+        ("prefetch_forward", c_int),
+        ("prefetch_backward", c_int),
+        ("grad_norm_type", c_double),
     ]
 
 
@@ -112,6 +119,7 @@ class meshlm_step_result(Structure):
         ("sequences", c_int64),
         ("step", c_int64),
         ("skipped", c_int),
+        ("nonfinite_param", ctypes.c_char * 160),
     ]
 
 

@@ -71,10 +71,25 @@ def f32_to_bf16(values):
 _DTYPES = {"source": L.DTYPE_SOURCE, "fp32": L.DTYPE_F32, "f32": L.DTYPE_F32,
            "float32": L.DTYPE_F32, "bf16": L.DTYPE_BF16, "bfloat16": L.DTYPE_BF16}
 _DTYPE_NAMES = {L.DTYPE_SOURCE: "source", L.DTYPE_F32: "fp32", L.DTYPE_BF16: "bf16"}
-_AC = {"none": L.AC_NONE, "full": L.AC_FULL, "layer": L.AC_FULL, "selective": L.AC_SELECTIVE}
+_AC = {"none": L.AC_NONE, "full": L.AC_FULL, "layer": L.AC_FULL, "selective": L.AC_SELECTIVE,
+       "mlp": L.AC_MLP}
+_RESHARD = {"default": L.RESHARD_DEFAULT, "true": L.RESHARD_ALWAYS, "always": L.RESHARD_ALWAYS,
+            "false": L.RESHARD_NEVER, "never": L.RESHARD_NEVER}
+_NORMS = {"2": 2.0, "2.0": 2.0, "inf": float("inf")}  # by str(value): 2, 2.0, "inf", math.inf
 _SCHEDULES = {"constant": L.LR_CONSTANT, "linear": L.LR_LINEAR, "cosine": L.LR_COSINE}
 _LOSSES = {"nll": L.LOSS_NLL, "weighted_nll": L.LOSS_WEIGHTED_NLL,
            "clipped_pg": L.LOSS_CLIPPED_PG}
+
+
+def _bool_int(value):
+    return int(bool(value))
+
+
+def _bool_word(value, if_true, if_false):
+    """True / False as the word of an option that also takes them; else value."""
+    if value is True or value is False:
+        return if_true if value else if_false
+    return value
 
 
 def _choice(table, value, what, exclude=()):
@@ -222,11 +237,18 @@ class Policy:
     device: "cpu" or "cuda" (one GPU per rank).
     parallel_plan: None/"auto", "optimized", "hf", "default" or a plan file.
     sequence_parallel: bool.
-    param_dtype, reduce_dtype: "fp32" or "bf16" (FSDP2 MixedPrecisionPolicy).
-    activation_checkpointing: "none", "full" (alias "layer", True) or "selective".
+    param_dtype, reduce_dtype, output_dtype: "fp32" or "bf16" (FSDP2
+    MixedPrecisionPolicy).
+    reshard_after_forward: "default", "true"/"always" (or True), "false"/"never"
+    (or False).
+    zero: ZeRO stage 1, 2 or 3; prefetch_forward, prefetch_backward: FSDP
+    units all-gathered ahead (0: none).
+    activation_checkpointing: "none", "full" (alias "layer", True), "selective"
+    or "mlp".
     lr, min_lr, betas=(beta1, beta2), eps, weight_decay: AdamW.
     schedule: "constant", "linear" or "cosine"; warmup_steps, total_steps.
-    max_grad_norm: L2 clipping (0: none).
+    max_grad_norm: clipping (0: none) in grad_norm_type: 2 or "inf".
+    (README.md "Defaults": each option's CLI flag and both defaults.)
     micro_batch_tokens: tokens per rank per micro-batch (packing).
     unshard_for_inference: keep the model unsharded during logprobs calls.
     comm: None (MPI_COMM_WORLD), an mpi4py communicator (its py2f() handle is
@@ -238,7 +260,8 @@ class Policy:
                  activation_checkpointing=None, lr=None, min_lr=None, betas=None, eps=None,
                  weight_decay=None, schedule=None, warmup_steps=None, total_steps=None,
                  max_grad_norm=None, micro_batch_tokens=None, unshard_for_inference=None,
-                 comm=None):
+                 output_dtype=None, reshard_after_forward=None, zero=None, prefetch_forward=None,
+                 prefetch_backward=None, grad_norm_type=None, comm=None):
         self._s = None
         self._info = None
         lib = self._lib = L.load()
@@ -254,49 +277,40 @@ class Policy:
             self._keep.append(b)
             return b
 
-        if tp is not None:
-            o.tp = int(tp)
-        if cp is not None:
-            o.cp = int(cp)
-        if dp_replicate is not None:
-            o.dp_replicate = int(dp_replicate)
+        # the options taken as they are (int, float or bool as int), then the named ones
+        plain = {"tp": (tp, int), "cp": (cp, int), "dp_replicate": (dp_replicate, int),
+                 "sequence_parallel": (sequence_parallel, _bool_int), "zero": (zero, int),
+                 "prefetch_forward": (prefetch_forward, int),
+                 "prefetch_backward": (prefetch_backward, int), "lr": (lr, float),
+                 "min_lr": (min_lr, float), "eps": (eps, float),
+                 "weight_decay": (weight_decay, float), "warmup_steps": (warmup_steps, int),
+                 "total_steps": (total_steps, int), "max_grad_norm": (max_grad_norm, float),
+                 "micro_batch_tokens": (micro_batch_tokens, int),
+                 "unshard_for_inference": (unshard_for_inference, _bool_int)}
+        for field, (value, kind) in plain.items():
+            if value is not None:
+                setattr(o, field, kind(value))
         if device is not None:
             o.device = cstr(device)
         if parallel_plan is not None:
             o.parallel_plan = cstr(parallel_plan)
-        if sequence_parallel is not None:
-            o.sequence_parallel = int(bool(sequence_parallel))
-        if param_dtype is not None:
-            o.param_dtype = _choice(_DTYPES, param_dtype, "param_dtype", exclude=("source",))
-        if reduce_dtype is not None:
-            o.reduce_dtype = _choice(_DTYPES, reduce_dtype, "reduce_dtype", exclude=("source",))
+        for field, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype),
+                             ("output_dtype", output_dtype)):
+            if value is not None:
+                setattr(o, field, _choice(_DTYPES, value, field, exclude=("source",)))
+        if reshard_after_forward is not None:
+            o.reshard_after_forward = _choice(_RESHARD, _bool_word(reshard_after_forward, "true",
+                                                                   "false"),
+                                              "reshard_after_forward")
         if activation_checkpointing is not None:
-            ac = activation_checkpointing
-            if ac is True or ac is False:
-                ac = "full" if ac else "none"
-            o.ac = _choice(_AC, ac, "activation_checkpointing")
-        if lr is not None:
-            o.lr = float(lr)
-        if min_lr is not None:
-            o.min_lr = float(min_lr)
-        if betas is not None:
-            o.beta1, o.beta2 = (float(b) for b in betas)
-        if eps is not None:
-            o.eps = float(eps)
-        if weight_decay is not None:
-            o.weight_decay = float(weight_decay)
+            o.ac = _choice(_AC, _bool_word(activation_checkpointing, "full", "none"),
+                           "activation_checkpointing")
         if schedule is not None:
             o.schedule = _choice(_SCHEDULES, schedule, "schedule")
-        if warmup_steps is not None:
-            o.warmup_steps = int(warmup_steps)
-        if total_steps is not None:
-            o.total_steps = int(total_steps)
-        if max_grad_norm is not None:
-            o.max_grad_norm = float(max_grad_norm)
-        if micro_batch_tokens is not None:
-            o.micro_batch_tokens = int(micro_batch_tokens)
-        if unshard_for_inference is not None:
-            o.unshard_for_inference = int(bool(unshard_for_inference))
+        if grad_norm_type is not None:
+            o.grad_norm_type = _choice(_NORMS, str(grad_norm_type), "grad_norm_type")
+        if betas is not None:
+            o.beta1, o.beta2 = (float(b) for b in betas)
         if comm is None:
             comm_f = -1
         elif isinstance(comm, int):
@@ -480,7 +494,9 @@ class Policy:
             0; kl_penalty: beta of the k3 KL to ref_logprobs (> 0 needs them).
         Returns a dict: loss, kl, clip_fraction, grad_norm (before clipping), lr
         (float); tokens, sequences (global counts), step (steps taken after this
-        one) (int); skipped (bool: non-finite grad norm, no update)."""
+        one) (int); skipped (bool: non-finite grad norm, no update);
+        nonfinite_param (str: when skipped, the first parameter with a
+        non-finite gradient, "" when none is)."""
         s = self._session()
         kind = _choice(_LOSSES, loss, "loss")
         try:
@@ -507,7 +523,8 @@ class Policy:
                     "meshlm_train_step")
         return {"loss": r.loss, "kl": r.kl, "clip_fraction": r.clip_fraction,
                 "grad_norm": r.grad_norm, "lr": r.lr, "tokens": int(r.tokens),
-                "sequences": int(r.sequences), "step": int(r.step), "skipped": bool(r.skipped)}
+                "sequences": int(r.sequences), "step": int(r.step), "skipped": bool(r.skipped),
+                "nonfinite_param": r.nonfinite_param.decode("utf-8", "replace")}
 
     def _poison_train(self, s):
         lens, toks, c = _poison_seqs(self._info["rank"])

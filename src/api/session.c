@@ -4,6 +4,7 @@
 #include "api/session.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,18 +12,48 @@
 #include "backend/backend.h"
 #include "cli/device.h"
 #include "common/checked.h"
+#include "common/lookup.h"
 
 static bool g_mpi_ours; /* MPI initialised by the library, not finalised yet */
 
 const char *meshlm_version(void) { return "0.1.0"; }
 
+/* The engine's values of the public enums, indexed by them (the inverse:
+ * ML_INDEX_OF; dtype_of for the dtypes, where SOURCE has no engine value). */
+static const ml_dtype k_dtypes[] = {[MESHLM_DTYPE_F32] = ML_F32, [MESHLM_DTYPE_BF16] = ML_BF16};
+static const ml_ac_mode k_acs[] = {[MESHLM_AC_NONE] = ML_AC_NONE, [MESHLM_AC_FULL] = ML_AC_LAYER,
+                                   [MESHLM_AC_SELECTIVE] = ML_AC_SELECTIVE,
+                                   [MESHLM_AC_MLP] = ML_AC_MLP};
+static const ml_reshard_policy k_reshards[] = {[MESHLM_RESHARD_DEFAULT] = ML_RESHARD_DEFAULT,
+                                               [MESHLM_RESHARD_ALWAYS] = ML_RESHARD_ALWAYS,
+                                               [MESHLM_RESHARD_NEVER] = ML_RESHARD_NEVER};
+static const ml_lr_decay k_decays[] = {[MESHLM_LR_CONSTANT] = ML_LR_CONSTANT,
+                                       [MESHLM_LR_LINEAR] = ML_LR_LINEAR,
+                                       [MESHLM_LR_COSINE] = ML_LR_COSINE};
+
+/* The public dtype of an engine compute dtype (F32 or BF16). */
+static meshlm_dtype dtype_of(ml_dtype d) {
+  return d == ML_BF16 ? MESHLM_DTYPE_BF16 : MESHLM_DTYPE_F32;
+}
+
 void meshlm_options_default(meshlm_options *o) {
-  *o = (meshlm_options){.dp_replicate = 1, .cp = 1, .tp = 1, .device = "cpu",
-                        .param_dtype = MESHLM_DTYPE_F32, .reduce_dtype = MESHLM_DTYPE_F32,
-                        .ac = MESHLM_AC_NONE, .lr = 1e-5, .beta1 = 0.9, .beta2 = 0.999,
-                        .eps = 1e-8, .weight_decay = 0.01, .schedule = MESHLM_LR_CONSTANT,
-                        .total_steps = 1, .max_grad_norm = 1.0, .micro_batch_tokens = 4096,
-                        .unshard_for_inference = 1};
+  ml_train_settings d = ml_train_defaults(ML_DEFAULTS_API);
+  const ml_fsdp_opts *f = &d.engine.fsdp;
+  const ml_step_opts *st = &d.step;
+  *o = (meshlm_options){
+      .dp_replicate = 1, .cp = 1, .tp = 1, .device = "cpu",
+      .parallel_plan = d.engine.parallel_plan, .sequence_parallel = d.engine.sequence_parallel,
+      .param_dtype = dtype_of(f->param_dtype), .reduce_dtype = dtype_of(f->reduce_dtype),
+      .ac = (meshlm_ac)ML_INDEX_OF(k_acs, d.engine.ac), .lr = st->schedule.lr,
+      .min_lr = st->schedule.min_lr, .beta1 = st->beta1, .beta2 = st->beta2, .eps = st->eps,
+      .weight_decay = st->weight_decay,
+      .schedule = (meshlm_schedule)ML_INDEX_OF(k_decays, st->schedule.decay),
+      .warmup_steps = st->schedule.warmup_steps, .total_steps = st->schedule.total_steps,
+      .max_grad_norm = st->max_grad_norm, .micro_batch_tokens = 4096,
+      .unshard_for_inference = 1, .output_dtype = dtype_of(d.engine.output_dtype),
+      .reshard_after_forward = (meshlm_reshard)ML_INDEX_OF(k_reshards, f->reshard_after_forward),
+      .zero = f->zero, .prefetch_forward = f->prefetch_forward,
+      .prefetch_backward = f->prefetch_backward, .grad_norm_type = st->norm_type};
 }
 
 static const char *const k_calls[API_CALL_KINDS] = {
@@ -70,6 +101,10 @@ int api_enter(meshlm_session *s, api_call call) {
   return api_agree(s, rc);
 }
 
+static bool compute_dtype(meshlm_dtype d) {
+  return d == MESHLM_DTYPE_F32 || d == MESHLM_DTYPE_BF16;
+}
+
 /* The options a session cannot run with, named. */
 static int check_options(const meshlm_options *o) {
   if (o->dp_replicate < 1 || o->cp < 1 || o->tp < 1)
@@ -78,12 +113,21 @@ static int check_options(const meshlm_options *o) {
   if (!o->device || (strcmp(o->device, "cpu") && strcmp(o->device, "cuda")))
     return ml_err("meshlm_options.device '%s'; expected \"cpu\" or \"cuda\"",
                   o->device ? o->device : "(null)");
-  if ((o->param_dtype != MESHLM_DTYPE_F32 && o->param_dtype != MESHLM_DTYPE_BF16) ||
-      (o->reduce_dtype != MESHLM_DTYPE_F32 && o->reduce_dtype != MESHLM_DTYPE_BF16))
-    return ml_err("meshlm_options: param_dtype %d, reduce_dtype %d; expected MESHLM_DTYPE_F32 or "
-                  "MESHLM_DTYPE_BF16", (int)o->param_dtype, (int)o->reduce_dtype);
-  if ((unsigned)o->ac > MESHLM_AC_SELECTIVE)
-    return ml_err("meshlm_options.ac %d; expected MESHLM_AC_NONE, _FULL or _SELECTIVE", (int)o->ac);
+  if (!compute_dtype(o->param_dtype) || !compute_dtype(o->reduce_dtype) ||
+      !compute_dtype(o->output_dtype))
+    return ml_err("meshlm_options: param_dtype %d, reduce_dtype %d, output_dtype %d; expected "
+                  "MESHLM_DTYPE_F32 or MESHLM_DTYPE_BF16",
+                  (int)o->param_dtype, (int)o->reduce_dtype, (int)o->output_dtype);
+  if ((unsigned)o->ac > MESHLM_AC_MLP)
+    return ml_err("meshlm_options.ac %d; expected MESHLM_AC_NONE, _FULL, _SELECTIVE or _MLP",
+                  (int)o->ac);
+  if ((unsigned)o->reshard_after_forward > MESHLM_RESHARD_NEVER)
+    return ml_err("meshlm_options.reshard_after_forward %d; expected MESHLM_RESHARD_DEFAULT, "
+                  "_ALWAYS or _NEVER", (int)o->reshard_after_forward);
+  if (o->zero < 1 || o->zero > 3 || o->prefetch_forward < 0 || o->prefetch_backward < 0)
+    return ml_err("meshlm_options: zero %d, prefetch_forward %d, prefetch_backward %d; expected "
+                  "zero 1, 2 or 3 and prefetches >= 0",
+                  o->zero, o->prefetch_forward, o->prefetch_backward);
   if ((unsigned)o->schedule > MESHLM_LR_COSINE)
     return ml_err("meshlm_options.schedule %d; expected MESHLM_LR_CONSTANT, _LINEAR or _COSINE",
                   (int)o->schedule);
@@ -98,24 +142,37 @@ static int check_options(const meshlm_options *o) {
   if (!(o->max_grad_norm >= 0))
     return ml_err("meshlm_options.max_grad_norm %g; expected >= 0 (0: no clipping)",
                   o->max_grad_norm);
+  if (o->grad_norm_type != 2.0 && o->grad_norm_type != INFINITY)
+    return ml_err("meshlm_options.grad_norm_type %g; expected 2 or INFINITY", o->grad_norm_type);
   if (o->micro_batch_tokens < 1)
     return ml_err("meshlm_options.micro_batch_tokens %lld; expected >= 1",
                   (long long)o->micro_batch_tokens);
   return 0;
 }
 
-static ml_engine_opts engine_opts(const meshlm_options *o, const char *plan) {
-  ml_engine_opts eo = ml_engine_opts_default();
-  eo.parallel_plan = plan;
-  eo.sequence_parallel = o->sequence_parallel != 0;
-  eo.fsdp.param_dtype = o->param_dtype == MESHLM_DTYPE_BF16 ? ML_BF16 : ML_F32;
-  eo.fsdp.reduce_dtype = o->reduce_dtype == MESHLM_DTYPE_BF16 ? ML_BF16 : ML_F32;
-  eo.ac = o->ac == MESHLM_AC_FULL ? ML_AC_LAYER : o->ac == MESHLM_AC_SELECTIVE ? ML_AC_SELECTIVE
-                                                                             : ML_AC_NONE;
-  return eo;
+/* The engine's and the step's settings of o (checked), plan the session's copy of
+ * o->parallel_plan: the library's one mapping onto the engine. */
+static ml_train_settings settings_of(const meshlm_options *o, const char *plan) {
+  ml_train_settings t = {.engine = ml_engine_opts_default()};
+  ml_engine_opts *eo = &t.engine;
+  eo->parallel_plan = plan;
+  eo->sequence_parallel = o->sequence_parallel != 0;
+  eo->fsdp.param_dtype = k_dtypes[o->param_dtype];
+  eo->fsdp.reduce_dtype = k_dtypes[o->reduce_dtype];
+  eo->fsdp.reshard_after_forward = k_reshards[o->reshard_after_forward];
+  eo->fsdp.zero = o->zero;
+  eo->fsdp.prefetch_forward = o->prefetch_forward;
+  eo->fsdp.prefetch_backward = o->prefetch_backward;
+  eo->output_dtype = k_dtypes[o->output_dtype];
+  eo->ac = k_acs[o->ac];
+  t.step = (ml_step_opts){
+      .schedule = {k_decays[o->schedule], o->lr, o->min_lr, o->warmup_steps, o->total_steps},
+      .beta1 = o->beta1, .beta2 = o->beta2, .eps = o->eps, .weight_decay = o->weight_decay,
+      .max_grad_norm = o->max_grad_norm, .norm_type = o->grad_norm_type};
+  return t;
 }
 
-/* Copy the options, their strings and the schedule into s. */
+/* Copy the options, their strings and their settings into s. */
 static int keep_options(meshlm_session *s, const meshlm_options *o) {
   s->o = *o;
   s->device = strdup(o->device);
@@ -123,9 +180,7 @@ static int keep_options(meshlm_session *s, const meshlm_options *o) {
   if (!s->device || (o->parallel_plan && !s->plan)) return ml_err("meshlm_open: out of memory");
   s->o.device = s->device;
   s->o.parallel_plan = s->plan;
-  ml_lr_decay decay[] = {ML_LR_CONSTANT, ML_LR_LINEAR, ML_LR_COSINE};
-  s->sched = (ml_lr_schedule){decay[o->schedule], o->lr, o->min_lr, o->warmup_steps,
-                              o->total_steps};
+  s->set = settings_of(o, s->plan);
   return 0;
 }
 
@@ -138,7 +193,7 @@ int api_device_open(const meshlm_session *s, const char *what, ml_backend **be,
 
 /* Mesh and engine on s->comm. */
 static int open_engine(meshlm_session *s, const char *model_dir) {
-  ml_engine_opts eo = engine_opts(&s->o, s->plan);
+  ml_engine_opts eo = s->set.engine;
   ml_comm_factory make_comm;
   void *ctx;
   ML_TRY(api_device_open(s, "meshlm_open", &eo.backend, &make_comm, &ctx));

@@ -13,7 +13,7 @@
 #include "meshlm/meshlm.h"
 #include "parallel/mesh.h"
 #include "engine/engine.h"
-#include "engine/schedule.h"
+#include "engine/settings.h"
 
 /* The collective calls, for the order check (their names: api_call_name). */
 typedef enum {
@@ -39,7 +39,8 @@ struct meshlm_session {
   ml_engine e;
   meshlm_options o;           /* as opened (device and plan strings copied below) */
   char *device, *plan;
-  ml_lr_schedule sched;
+  ml_train_settings set;      /* the options' engine and step settings (api/session.c's
+                                 mapping; engine/settings.h) */
   int64_t steps;              /* trainer steps taken (the schedule's position; skipped ones
                                  included, as the CLI's) */
   int64_t version;            /* bumped whenever the weights change */

@@ -1,10 +1,10 @@
 /* meshlm_train_step: one optimizer step on a variable-length batch under
  * the objectives of include/meshlm/meshlm.h (NeMo RL's loss functions). */
-#include <math.h>
 #include <string.h>
 
 #include "api/pack.h"
 #include "common/checked.h"
+#include "engine/step.h"
 
 void meshlm_loss_default(meshlm_loss *l) {
   *l = (meshlm_loss){.kind = MESHLM_LOSS_NLL, .ratio_clip_min = 0.2f, .ratio_clip_max = 0.2f};
@@ -84,43 +84,42 @@ static void fill_objective(const api_plan *p, const meshlm_train_batch *b, const
   }
 }
 
-/* Zero, then forward + backward of every micro-batch; sums reduced over
- * the data ranks (cp ranks hold pieces of the same sequences). Aborts on
- * a failure inside the collectives. */
-static int accumulate(meshlm_session *s, const meshlm_train_batch *b, const meshlm_loss *l,
-                      const api_plan *p, const int64_t g[3], ml_obj_sums *sums) {
-  ml_obj_kind kinds[] = {ML_OBJ_NLL, ML_OBJ_WEIGHTED_NLL, ML_OBJ_CLIPPED_PG};
-  ml_objective obj = {kinds[l->kind], l->ratio_clip_min, l->ratio_clip_max, l->ratio_clip_c,
-                      l->kl_penalty};
-  if (ml_engine_zero_grad(&s->e)) api_abort(s);
-  for (int64_t j = 0; j < p->pack.n_mb; j++) {
-    ml_engine_batch eb;
-    ml_pack_fill(&p->pack, j, &eb);
-    fill_objective(p, b, l, g, j);
-    eb.obj = p->pack.obj;
-    ml_loss_out nll;
-    if (ml_engine_forward_backward_batch(&s->e, &eb, &obj, 0.0f, sums, &nll)) api_abort(s);
-  }
-  double v[4] = {sums->loss, sums->kl, (double)sums->trained, (double)sums->clipped};
-  ML_TRY(ml_host_all_reduce_f64(ml_mesh_host(&s->mesh, ML_GROUP_DP_CP), v, 4, ML_RED_SUM));
-  *sums = (ml_obj_sums){v[0], v[1], (int64_t)v[2], (int64_t)v[3]};
+/* A step's micro-batches (ml_step_source.fill): the packed batch with its
+ * objective inputs. */
+typedef struct train_source {
+  const api_plan *p;
+  const meshlm_train_batch *b;
+  const meshlm_loss *l;
+  const int64_t *g;
+} train_source;
+
+static int fill_micro(void *ctx, int64_t j, ml_engine_batch *eb) {
+  const train_source *t = ctx;
+  ml_pack_fill(&t->p->pack, j, eb);
+  fill_objective(t->p, t->b, t->l, t->g, j);
+  eb->obj = t->p->pack.obj;
   return 0;
 }
 
-/* Norm, clip, AdamW (or a skipped step). */
-static int update(meshlm_session *s, meshlm_step_result *r) {
-  if (ml_engine_grad_norm(&s->e, 2.0, &r->grad_norm)) api_abort(s);
-  r->lr = ml_lr_at(&s->sched, s->steps);
-  r->skipped = !isfinite(r->grad_norm);
-  if (!r->skipped) {
-    ml_adamw_cfg adam = {r->lr, s->o.beta1, s->o.beta2, s->o.eps, s->o.weight_decay};
-    if ((s->o.max_grad_norm > 0 && ml_engine_clip(&s->e, r->grad_norm, s->o.max_grad_norm)) ||
-        ml_engine_adamw(&s->e, &adam))
-      api_abort(s);
-    s->version++;
-  }
-  r->step = ++s->steps;
-  return 0;
+/* The engine's step (engine/step.h) of b's micro-batches into out. Aborts
+ * on a failure inside the collectives. */
+static void step(meshlm_session *s, const meshlm_train_batch *b, const meshlm_loss *l,
+                 const api_plan *p, const int64_t g[3], meshlm_step_result *out) {
+  ml_obj_kind kinds[] = {ML_OBJ_NLL, ML_OBJ_WEIGHTED_NLL, ML_OBJ_CLIPPED_PG};
+  ml_objective obj = {kinds[l->kind], l->ratio_clip_min, l->ratio_clip_max, l->ratio_clip_c,
+                      l->kl_penalty};
+  train_source t = {p, b, l, g};
+  ml_step_source src = {.n_micro = p->pack.n_mb, .fill = fill_micro, .ctx = &t, .objective = &obj};
+  ml_step_result r;
+  if (ml_step_run(&s->e, &s->set.step, s->steps, &src, &r)) api_abort(s);
+  s->version += !r.skipped;
+  _Static_assert(sizeof out->nonfinite_param == sizeof r.nonfinite, "the parameter name's size");
+  *out = (meshlm_step_result){
+      .loss = r.sums.loss, .kl = r.sums.kl,
+      .clip_fraction = r.sums.trained ? (double)r.sums.clipped / (double)r.sums.trained : 0.0,
+      .grad_norm = r.grad_norm, .lr = r.lr, .tokens = g[0], .sequences = g[2],
+      .step = ++s->steps, .skipped = r.skipped};
+  memcpy(out->nonfinite_param, r.nonfinite, sizeof r.nonfinite);
 }
 
 int meshlm_train_step(meshlm_session *s, const meshlm_train_batch *b, const meshlm_loss *loss,
@@ -142,17 +141,8 @@ int meshlm_train_step(meshlm_session *s, const meshlm_train_batch *b, const mesh
     return -1;
   }
   ml_mesh_stats_reset(&s->mesh);
-  ml_obj_sums sums = {0};
-  *out = (meshlm_step_result){0};
-  rc = accumulate(s, b, loss, &p, g, &sums);
-  if (rc == 0) rc = update(s, out);
+  step(s, b, loss, &p, g, out);
   api_plan_stats(s, &p);
   api_plan_free(&p);
-  if (api_agree(s, rc)) return -1;
-  out->loss = sums.loss;
-  out->kl = sums.kl;
-  out->clip_fraction = sums.trained ? (double)sums.clipped / (double)sums.trained : 0.0;
-  out->tokens = g[0];
-  out->sequences = g[2];
   return 0;
 }

@@ -82,7 +82,7 @@ static int build(plan_run *run) {
   run->n_ranks = (int)o->t.tp;
   run->ranks = ml_calloc((size_t)run->n_ranks, sizeof *run->ranks, "plan ranks");
   if (!run->ranks) return -1;
-  ml_engine_opts eo = ml_train_engine_opts(&o->t);
+  ml_engine_opts eo = ml_train_settings_of(&o->t).engine;
   char what[192];
   ml_train_batch_words(&o->t, (int)(o->t.dp_replicate * o->dp_shard), what, sizeof what);
   for (int r = 0; r < run->n_ranks; r++) {
@@ -218,7 +218,8 @@ static void text_cp(const plan_run *run) {
   ml_cli_print("  ring attention per layer and micro-batch (cp send_recv): forward %" PRId64
                " passes (K/V), %s; backward %" PRId64 " passes (K/V and dK/dV%s), %s\n",
                r.fwd_calls, human(r.fwd_bytes, fb, sizeof fb), r.bwd_calls,
-               ml_train_engine_opts(&o->t).ac == ML_AC_NONE ? "" : ", AC's recomputed forward",
+               ml_train_settings_of(&o->t).engine.ac == ML_AC_NONE ? ""
+                                                                   : ", AC's recomputed forward",
                human(r.bwd_bytes, bb, sizeof bb));
 }
 

@@ -8,7 +8,8 @@
  * data-parallel ranks as ml_dataset_batch splits a batch (dp rank r takes
  * the r-th contiguous slice). Every micro-batch's loss is normalised by the
  * target count of the whole step, so the accumulated gradient is that of
- * one batch of --batch-size sequences (DESIGN §6). Then: global grad norm
+ * one batch of --batch-size sequences (DESIGN §6). The step itself is the
+ * engine's (engine/step.h, the library's too): global grad norm
  * (--grad-norm-type), and either a skipped step when it is not finite
  * (the first non-finite gradient named) or clipping (--max-grad-norm) and
  * AdamW at the schedule's learning rate (engine/schedule.h). A skipped step
@@ -17,7 +18,6 @@
  * Run checkpoints (--save, --resume) carry the step and the loader position
  * (ckpt/runckpt.h); the --save directory is locked for the whole run (one
  * writer, ckpt/runlock.h); --export-hf writes a consolidated HF checkpoint. */
-#include <math.h>
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,7 +35,7 @@
 #include "ckpt/runckpt.h"
 #include "ckpt/runlock.h"
 #include "ckpt/save.h"
-#include "engine/schedule.h"
+#include "engine/step.h"
 
 typedef struct train_run {
   const ml_train_opts *o;
@@ -76,7 +76,7 @@ static int shuffle(ml_dataset *ds, int64_t seed) {
 /* Mesh, engine, data (shuffled) and the micro-batch buffers. */
 static int setup(train_run *r) {
   const ml_train_opts *o = r->o;
-  ml_engine_opts eo = ml_train_engine_opts(o);
+  ml_engine_opts eo = ml_train_settings_of(o).engine;
   ml_comm_factory make_comm;
   void *comm_ctx;
   ML_TRY(ml_device_open("train", &o->device, &eo.backend, &make_comm, &comm_ctx));
@@ -145,38 +145,13 @@ static int load_slice(train_run *r, int64_t first, int64_t count) {
   return 0;
 }
 
-/* Zero the grads, then forward + backward of every micro-batch of the step;
- * *loss = the step's mean token loss. Aborts every rank on failure. */
-static void accumulate(train_run *r, double *loss) {
-  const ml_train_opts *o = r->o;
-  int64_t targets = count_targets(&r->ds, r->st.consumed, o->batch);
-  if (ml_engine_zero_grad(&r->e)) ml_cli_abort();
-  *loss = 0;
-  for (int64_t m = 0; m < o->grad_accum; m++) {
-    double part;
-    if (load_slice(r, r->st.consumed + m * r->micro, r->micro) ||
-        ml_engine_forward_backward(&r->e, r->ids, r->mask, r->local, o->seq_len, targets, &part))
-      ml_cli_abort();
-    *loss += part;
-  }
-}
-
-/* Clip and take the AdamW step, or skip it when the grad norm is not
- * finite (naming the first non-finite gradient). Sets sm->skipped. */
-static void update(train_run *r, ml_step_metrics *sm) {
-  const ml_train_opts *o = r->o;
-  if (!isfinite(sm->grad_norm)) {
-    char name[256];
-    int found = ml_engine_find_nonfinite(&r->e, name, sizeof name);
-    if (found < 0) ml_cli_abort();
-    ml_cli_print("step %lld: skipped, non-finite gradient %s%s\n", (long long)sm->step,
-                 found ? "in " : "norm (every gradient finite)", found ? name : "");
-    sm->skipped = true;
-    return;
-  }
-  ml_adamw_cfg adam = {sm->lr, 0.9, 0.999, 1e-8, o->weight_decay};
-  if (ml_engine_clip(&r->e, sm->grad_norm, o->max_grad_norm) || ml_engine_adamw(&r->e, &adam))
-    ml_cli_abort();
+/* The step's micro-batch m (ml_step_source.fill): this dp rank's slice of
+ * stream sequences consumed + m·micro .. + micro − 1. */
+static int fill_micro(void *ctx, int64_t m, ml_engine_batch *b) {
+  train_run *r = ctx;
+  ML_TRY(load_slice(r, r->st.consumed + m * r->micro, r->micro));
+  *b = (ml_engine_batch){.ids = r->ids, .mask = r->mask, .B = r->local, .S = r->o->seq_len};
+  return 0;
 }
 
 /* The largest v over every rank (a timing or memory figure for the
@@ -186,16 +161,21 @@ static double max_over_world(ml_host *world, double v) {
   return ml_host_all_reduce_f64(world, &out, 1, ML_RED_MAX) ? v : out;
 }
 
-/* One optimizer step: accumulate, norm, update; metrics out. */
-static void train_step(train_run *r, const ml_lr_schedule *sched, ml_step_metrics *sm) {
+/* One optimizer step (engine/step.h) on the next --batch-size sequences;
+ * metrics out. Aborts every rank on failure. */
+static void train_step(train_run *r, const ml_step_opts *so, ml_step_metrics *sm) {
   const ml_train_opts *o = r->o;
   ml_mesh_stats_reset(&r->mesh);
   double t0 = MPI_Wtime();
-  *sm = (ml_step_metrics){
-      .step = r->st.step + 1, .lr = ml_lr_at(sched, r->st.step), .tokens = o->batch * o->seq_len};
-  accumulate(r, &sm->loss);
-  if (ml_engine_grad_norm(&r->e, ml_train_norm_type(o), &sm->grad_norm)) ml_cli_abort();
-  update(r, sm);
+  ml_step_source src = {.n_micro = o->grad_accum, .fill = fill_micro, .ctx = r,
+                        .global_targets = count_targets(&r->ds, r->st.consumed, o->batch)};
+  ml_step_result res;
+  if (ml_step_run(&r->e, so, r->st.step, &src, &res)) ml_cli_abort();
+  *sm = (ml_step_metrics){.step = r->st.step + 1, .lr = res.lr, .tokens = o->batch * o->seq_len,
+                          .loss = res.loss, .grad_norm = res.grad_norm, .skipped = res.skipped};
+  if (res.skipped)
+    ml_cli_print("step %lld: skipped, non-finite gradient %s%s\n", (long long)sm->step,
+                 res.nonfinite[0] ? "in " : "norm (every gradient finite)", res.nonfinite);
   r->st.step++;
   r->st.consumed += o->batch;
   double dt = max_over_world(r->world, MPI_Wtime() - t0);
@@ -272,10 +252,10 @@ static int train_loop(train_run *r) {
   double fpt =
       ml_flops_per_token((double)ml_model_config_num_params(c), c->n_layers, c->hidden, o->seq_len);
   double peak = mesh_peak_flops(o, &r->e, r->world);
-  ml_lr_schedule sched = ml_train_schedule(o);
+  ml_step_opts so = ml_train_settings_of(o).step;
   while (r->st.step < o->steps) {
     ml_step_metrics sm;
-    train_step(r, &sched, &sm);
+    train_step(r, &so, &sm);
     sm.mfu = ml_mfu(fpt, sm.tokens_per_s, peak);
     sm.peak_tflops = peak / 1e12;
     sm.peak_measured = o->peak_tflops == 0;

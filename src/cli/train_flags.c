@@ -6,6 +6,7 @@
 
 #include "cli/device.h"
 #include "common/checked.h"
+#include "common/lookup.h"
 #include "common/status.h"
 #include "ckpt/hf_export.h"
 
@@ -21,6 +22,7 @@ static const ml_ac_mode k_ac_values[] = {ML_AC_NONE, ML_AC_MLP, ML_AC_LAYER, ML_
 static const char *const k_schedules[] = {"constant", "linear", "cosine", NULL};
 static const ml_lr_decay k_schedule_values[] = {ML_LR_CONSTANT, ML_LR_LINEAR, ML_LR_COSINE};
 static const char *const k_norm_types[] = {"2", "inf", NULL};
+static const double k_norm_values[] = {2.0, INFINITY};
 static const char *const k_packing[] = {"true", "false", NULL};
 
 /* Config keys that are not the flag's own name: NeMo RL's dtensor_cfg
@@ -38,31 +40,39 @@ static const ml_config_alias k_aliases[] = {
 ml_arg_choice ml_dtype_choice(void) { return (ml_arg_choice){k_dtypes, 0}; }
 ml_dtype ml_dtype_chosen(const ml_arg_choice *c) { return k_dtype_values[c->index]; }
 
+ml_train_opts ml_train_opts_with(const ml_train_settings *d) {
+  const ml_fsdp_opts *f = &d->engine.fsdp;
+  return (ml_train_opts){
+      .device = ml_device_choice(),
+      .tp = 1,
+      .dp_replicate = 1,
+      .cp = 1,
+      .plan = d->engine.parallel_plan,
+      .sp = d->engine.sequence_parallel,
+      .data_keys = ml_data_opts_default(NULL),
+      .packing = {k_packing, 0},
+      .param_dtype = {k_dtypes, ML_INDEX_OF(k_dtype_values, f->param_dtype)},
+      .reduce_dtype = {k_dtypes, ML_INDEX_OF(k_dtype_values, f->reduce_dtype)},
+      .output_dtype = {k_dtypes, ML_INDEX_OF(k_dtype_values, d->engine.output_dtype)},
+      .reshard = {k_reshard, ML_INDEX_OF(k_reshard_values, f->reshard_after_forward)},
+      .ac = {k_ac, ML_INDEX_OF(k_ac_values, d->engine.ac)},
+      .zero = f->zero,
+      .prefetch_forward = f->prefetch_forward,
+      .prefetch_backward = f->prefetch_backward,
+      .steps = d->step.schedule.total_steps,
+      .batch = 8,
+      .grad_accum = 1,
+      .seq_len = 128,
+      .step = d->step,
+      .lr_schedule = {k_schedules, ML_INDEX_OF(k_schedule_values, d->step.schedule.decay)},
+      .grad_norm_type = {k_norm_types, ML_INDEX_OF(k_norm_values, d->step.norm_type)},
+      .export_dtype = {ml_export_dtype_names, ML_EXPORT_DTYPE_SOURCE},
+      .peak_tflops = 0};
+}
+
 ml_train_opts ml_train_opts_default(void) {
-  return (ml_train_opts){.device = ml_device_choice(),
-                         .tp = 1,
-                         .dp_replicate = 1,
-                         .cp = 1,
-                         .data_keys = ml_data_opts_default(NULL),
-                         .packing = {k_packing, 0},
-                         .param_dtype = ml_dtype_choice(),
-                         .reduce_dtype = ml_dtype_choice(),
-                         .output_dtype = ml_dtype_choice(),
-                         .reshard = {k_reshard, 0},
-                         .ac = {k_ac, 0},
-                         .zero = 3,
-                         .prefetch_forward = 1,
-                         .prefetch_backward = 2,
-                         .steps = 10,
-                         .batch = 8,
-                         .grad_accum = 1,
-                         .seq_len = 128,
-                         .lr = 3e-4,
-                         .lr_schedule = {k_schedules, 0},
-                         .max_grad_norm = 1.0,
-                         .grad_norm_type = {k_norm_types, 0},
-                         .export_dtype = {ml_export_dtype_names, ML_EXPORT_DTYPE_SOURCE},
-                         .peak_tflops = 0};
+  ml_train_settings d = ml_train_defaults(ML_DEFAULTS_CLI);
+  return ml_train_opts_with(&d);
 }
 
 size_t ml_data_key_flags(ml_data_opts *d, ml_arg *spec) {
@@ -119,16 +129,20 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
       {"--seq-len", ML_ARG_INT, &o->seq_len, "tokens per sequence", false},
       {"--seed", ML_ARG_INT, &o->seed, "seed of the data order", false},
       /* optimizer */
-      {"--lr", ML_ARG_FLOAT, &o->lr, "peak AdamW learning rate", false},
+      {"--lr", ML_ARG_FLOAT, &o->step.schedule.lr, "peak AdamW learning rate", false},
       {"--lr-schedule", ML_ARG_CHOICE, &o->lr_schedule, "decay after the warmup, to --min-lr",
        false},
-      {"--warmup-steps", ML_ARG_INT, &o->warmup_steps, "linear warmup from 0 over this many steps",
+      {"--warmup-steps", ML_ARG_INT, &o->step.schedule.warmup_steps,
+       "linear warmup from 0 over this many steps", false},
+      {"--min-lr", ML_ARG_FLOAT, &o->step.schedule.min_lr,
+       "learning rate of the last step (linear, cosine)", false},
+      {"--beta1", ML_ARG_FLOAT, &o->step.beta1, "AdamW beta1 (first moment's decay)", false},
+      {"--beta2", ML_ARG_FLOAT, &o->step.beta2, "AdamW beta2 (second moment's decay)", false},
+      {"--eps", ML_ARG_FLOAT, &o->step.eps, "AdamW eps (added to the denominator)", false},
+      {"--weight-decay", ML_ARG_FLOAT, &o->step.weight_decay, "AdamW decoupled weight decay",
        false},
-      {"--min-lr", ML_ARG_FLOAT, &o->min_lr, "learning rate of the last step (linear, cosine)",
-       false},
-      {"--weight-decay", ML_ARG_FLOAT, &o->weight_decay, "AdamW decoupled weight decay", false},
-      {"--max-grad-norm", ML_ARG_FLOAT, &o->max_grad_norm, "clip the global grad norm (0 = off)",
-       false},
+      {"--max-grad-norm", ML_ARG_FLOAT, &o->step.max_grad_norm,
+       "clip the global grad norm (0 = off)", false},
       {"--grad-norm-type", ML_ARG_CHOICE, &o->grad_norm_type, "norm of --max-grad-norm", false},
       /* outputs */
       {"--peak-tflops", ML_ARG_FLOAT, &o->peak_tflops,
@@ -185,6 +199,11 @@ static int check_nonnegative(const char *flag, double v) {
   return ml_err("train: flag %s: expected a number >= 0, found %g", flag, v);
 }
 
+static int check_beta(const char *flag, double v) {
+  if (v >= 0 && v < 1) return 0;
+  return ml_err("train: flag %s: expected a number in [0, 1), found %g", flag, v);
+}
+
 int ml_train_opts_check(const ml_train_opts *o) {
   const int_range ranges[] = {
       {"--tp", o->tp, 1, INT32_MAX},
@@ -197,14 +216,18 @@ int ml_train_opts_check(const ml_train_opts *o) {
       {"--batch-size", o->batch, 1, INT64_MAX},
       {"--grad-accum", o->grad_accum, 1, INT64_MAX},
       {"--seq-len", o->seq_len, 2, INT64_MAX},
-      {"--warmup-steps", o->warmup_steps, 0, INT64_MAX},
+      {"--warmup-steps", o->step.schedule.warmup_steps, 0, INT64_MAX},
       {"--save-every", o->save_every, 0, INT64_MAX},
   };
   ML_TRY(check_ranges(ranges, sizeof ranges / sizeof ranges[0]));
-  ML_TRY(check_nonnegative("--lr", o->lr));
-  ML_TRY(check_nonnegative("--min-lr", o->min_lr));
-  ML_TRY(check_nonnegative("--weight-decay", o->weight_decay));
-  ML_TRY(check_nonnegative("--max-grad-norm", o->max_grad_norm));
+  ML_TRY(check_nonnegative("--lr", o->step.schedule.lr));
+  ML_TRY(check_nonnegative("--min-lr", o->step.schedule.min_lr));
+  ML_TRY(check_nonnegative("--weight-decay", o->step.weight_decay));
+  ML_TRY(check_nonnegative("--max-grad-norm", o->step.max_grad_norm));
+  ML_TRY(check_beta("--beta1", o->step.beta1));
+  ML_TRY(check_beta("--beta2", o->step.beta2));
+  if (!(o->step.eps > 0))
+    return ml_err("train: flag --eps: expected a number > 0, found %g", o->step.eps);
   ML_TRY(check_nonnegative("--peak-tflops", o->peak_tflops));
   if (o->cpu_offload)
     return ml_err("train: flag --cpu-offload: cpu offload needs the CUDA backend; this build "
@@ -246,26 +269,21 @@ ml_data_opts ml_train_data_opts(const ml_train_opts *o) {
   return d;
 }
 
-ml_engine_opts ml_train_engine_opts(const ml_train_opts *o) {
-  ml_engine_opts eo = ml_engine_opts_default();
-  eo.parallel_plan = o->plan;
-  eo.sequence_parallel = o->sp;
-  eo.fsdp.param_dtype = ml_dtype_chosen(&o->param_dtype);
-  eo.fsdp.reduce_dtype = ml_dtype_chosen(&o->reduce_dtype);
-  eo.fsdp.reshard_after_forward = k_reshard_values[o->reshard.index];
-  eo.fsdp.zero = (int)o->zero;
-  eo.fsdp.prefetch_forward = (int)o->prefetch_forward;
-  eo.fsdp.prefetch_backward = (int)o->prefetch_backward;
-  eo.output_dtype = ml_dtype_chosen(&o->output_dtype);
-  eo.ac = k_ac_values[o->ac.index];
-  return eo;
-}
-
-ml_lr_schedule ml_train_schedule(const ml_train_opts *o) {
-  return (ml_lr_schedule){k_schedule_values[o->lr_schedule.index], o->lr, o->min_lr,
-                          o->warmup_steps, o->steps};
-}
-
-double ml_train_norm_type(const ml_train_opts *o) {
-  return o->grad_norm_type.index == 0 ? 2.0 : INFINITY;
+ml_train_settings ml_train_settings_of(const ml_train_opts *o) {
+  ml_train_settings t = {.engine = ml_engine_opts_default(), .step = o->step};
+  ml_engine_opts *eo = &t.engine;
+  eo->parallel_plan = o->plan;
+  eo->sequence_parallel = o->sp;
+  eo->fsdp.param_dtype = ml_dtype_chosen(&o->param_dtype);
+  eo->fsdp.reduce_dtype = ml_dtype_chosen(&o->reduce_dtype);
+  eo->fsdp.reshard_after_forward = k_reshard_values[o->reshard.index];
+  eo->fsdp.zero = (int)o->zero;
+  eo->fsdp.prefetch_forward = (int)o->prefetch_forward;
+  eo->fsdp.prefetch_backward = (int)o->prefetch_backward;
+  eo->output_dtype = ml_dtype_chosen(&o->output_dtype);
+  eo->ac = k_ac_values[o->ac.index];
+  t.step.schedule.decay = k_schedule_values[o->lr_schedule.index];
+  t.step.schedule.total_steps = o->steps;
+  t.step.norm_type = k_norm_values[o->grad_norm_type.index];
+  return t;
 }

@@ -14,7 +14,7 @@
 #include "cli/config_file.h"
 #include "data/data.h"
 #include "engine/engine.h"
-#include "engine/schedule.h"
+#include "engine/settings.h"
 
 typedef struct ml_train_opts {
   /* model, data, mesh and plan */
@@ -33,10 +33,11 @@ typedef struct ml_train_opts {
   bool cpu_offload;
   /* the loop */
   int64_t steps, batch, grad_accum, seq_len, seed;
-  /* AdamW, schedule, clipping */
-  double lr, min_lr, weight_decay, max_grad_norm;
+  /* AdamW, schedule, clipping: the flags' values in `step` (lr, min_lr, warmup, betas, eps,
+     weight decay, max norm); its schedule's decay and total_steps and its norm_type are
+     set from lr_schedule, steps and grad_norm_type by ml_train_settings_of */
+  ml_step_opts step;
   ml_arg_choice lr_schedule, grad_norm_type;
-  int64_t warmup_steps;
   /* outputs */
   double peak_tflops; /* of the whole mesh; 0 = measured at start-up (ml_gemm_flops_per_s) */
   const char *metrics, *save, *resume, *export_hf;
@@ -51,11 +52,18 @@ enum { ML_TRAIN_MAX_FLAGS = 48 };
  * --completion-key) over d's keys, into spec[0..3); returns 3. */
 size_t ml_data_key_flags(ml_data_opts *d, ml_arg *spec);
 
-/* The defaults: one rank's mesh, fp32, FSDP2's reshard policy, ZeRO-3,
- * prefetch 1/2, no AC, 10 steps of batch 8 × 128 tokens, no accumulation,
- * AdamW lr 3e-4 constant, clip at 1.0 (L2), MFU against a measured GEMM
- * rate; record keys text / prompt / completion, text records packed. */
+/* The defaults: the engine's and the step's of the CLI (engine/settings.h
+ * ml_train_defaults(ML_DEFAULTS_CLI): fp32, FSDP2's reshard policy,
+ * ZeRO-3, prefetch 1/2, no AC, 10 steps, AdamW lr 3e-4 constant, clip at
+ * 1.0 (L2)), then one rank's mesh, batch 8 × 128 tokens, no accumulation,
+ * MFU against a measured GEMM rate; record keys text / prompt /
+ * completion, text records packed. */
 ml_train_opts ml_train_opts_default(void);
+
+/* ml_train_opts_default with the engine's and the step's settings of d
+ * instead of the CLI's (README's "Defaults" test reads the library's
+ * column through it). */
+ml_train_opts ml_train_opts_with(const ml_train_settings *d);
 
 /* Fill spec[0..) with the flags over `o` (dst pointers into it); returns
  * their number (<= ML_TRAIN_MAX_FLAGS). */
@@ -93,11 +101,10 @@ void ml_train_batch_words(const ml_train_opts *o, int dp, char *buf, size_t cap)
  * directory as the tokenizer's. */
 ml_data_opts ml_train_data_opts(const ml_train_opts *o);
 
-/* The engine options, the LR schedule over the run (--steps) and the
- * norm type (2.0 or INFINITY) the flags select. */
-ml_engine_opts ml_train_engine_opts(const ml_train_opts *o);
-ml_lr_schedule ml_train_schedule(const ml_train_opts *o);
-double ml_train_norm_type(const ml_train_opts *o);
+/* The engine's and the step's settings the flags select (the LR schedule
+ * over the run's --steps, the norm type 2.0 or INFINITY): the CLI's one
+ * mapping onto the engine. */
+ml_train_settings ml_train_settings_of(const ml_train_opts *o);
 
 /* The choice of a dtype flag (--param-dtype, ...): "fp32" (the default) or
  * "bf16", and the ml_dtype a parsed one stands for. */

@@ -38,6 +38,12 @@ static void test_version_defaults(void **state) {
   assert_int_equal(o.total_steps, 1);
   assert_int_equal(o.micro_batch_tokens, 4096);
   assert_int_equal(o.unshard_for_inference, 1);
+  assert_int_equal(o.output_dtype, MESHLM_DTYPE_F32);
+  assert_int_equal(o.reshard_after_forward, MESHLM_RESHARD_DEFAULT);
+  assert_int_equal(o.zero, 3);
+  assert_int_equal(o.prefetch_forward, 1);
+  assert_int_equal(o.prefetch_backward, 2);
+  assert_true(o.grad_norm_type == 2.0);
 
   meshlm_loss l;
   memset(&l, 0xA5, sizeof l);
@@ -99,6 +105,16 @@ static void test_open_errors(void **state) {
   expect_open_fails(g_fixture, &o, "device", "device tpu");
   o.device = NULL;
   expect_open_fails(g_fixture, &o, "device", "device NULL");
+
+  meshlm_options_default(&o);
+  o.zero = 4;
+  expect_open_fails(g_fixture, &o, "zero", "zero 4");
+  meshlm_options_default(&o);
+  o.grad_norm_type = 1.0;
+  expect_open_fails(g_fixture, &o, "grad_norm_type", "grad_norm_type 1");
+  meshlm_options_default(&o);
+  o.output_dtype = MESHLM_DTYPE_SOURCE;
+  expect_open_fails(g_fixture, &o, "output_dtype", "output_dtype SOURCE");
 
   meshlm_options_default(&o);
   o.micro_batch_tokens = 0;

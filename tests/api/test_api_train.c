@@ -2,7 +2,8 @@
  * clipped PG at ratio 1 and with shifted old log-probs (clip, dual clip,
  * k3 KL), token and sequence level, against double references from
  * meshlm_logprobs' values; the same global batch on the mesh and on one
- * rank; the schedule (warmup, linear decay) and step counts.
+ * rank; the schedule (warmup, linear decay) and step counts; the engine
+ * options (ZeRO, prefetch, reshard, AC, the inf norm) through a session.
  * The suite, its meshes and its helpers: api_util.h. */
 #define _XOPEN_SOURCE 700 /* M_PI (lr_want) */
 
@@ -343,6 +344,56 @@ static void test_schedule(void **state) {
   batch_free(&g.all);
 }
 
+/* The engine options the CLI's flags set reach a session too: under ZeRO-2
+ * without prefetch, every unit resharded and the MLP recomputed, the
+ * first step's loss (a forward of the same weights) is bitwise the
+ * default session's; the inf norm of the gradient lies in [‖g‖₂ / √N,
+ * ‖g‖₂) of the L2 session's (N parameters; < as long as more than one
+ * gradient entry is nonzero). A non-finite gradient skips the step and is
+ * named. */
+static void test_engine_options(void **state) {
+  (void)state;
+  gbatch g = gbatch_make(51);
+  garr a = {g.all.mask, NULL, NULL, NULL, NULL};
+  meshlm_options o = mesh_opts();
+  meshlm_step_result r2, rinf;
+  meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+  OK(s, step_share(s, &g, &a, NULL, &r2));
+  double n_params = (double)info_of(s).num_params;
+  meshlm_close(s);
+  o.zero = 2;
+  o.prefetch_forward = o.prefetch_backward = 0;
+  o.reshard_after_forward = MESHLM_RESHARD_ALWAYS;
+  o.ac = MESHLM_AC_MLP;
+  o.grad_norm_type = INFINITY;
+  s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+  OK(s, step_share(s, &g, &a, NULL, &rinf));
+  meshlm_close(s);
+  printf("[rank %d] grad norm L2 %.9g, inf %.9g\n", g_rank, r2.grad_norm, rinf.grad_norm);
+  assert_true(rinf.loss == r2.loss);
+  assert_true(rinf.grad_norm < r2.grad_norm && rinf.grad_norm >= r2.grad_norm / sqrt(n_params));
+  assert_int_equal(rinf.skipped, 0);
+  assert_string_equal(rinf.nonfinite_param, "");
+
+  /* an lr of 1e38 makes the weights ±1e38 (AdamW's first update is lr·sign(g)), the next
+     forward overflows: that step is skipped, its first non-finite gradient named */
+  o = mesh_opts();
+  o.lr = 1e38;
+  o.max_grad_norm = 0;
+  s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+  OK(s, step_share(s, &g, &a, NULL, &r2));
+  assert_int_equal(r2.skipped, 0);
+  OK(s, step_share(s, &g, &a, NULL, &rinf));
+  printf("[rank %d] after lr 1e38: grad norm %g, skipped %d, %s\n", g_rank, rinf.grad_norm,
+         rinf.skipped, rinf.nonfinite_param);
+  assert_int_equal(rinf.skipped, 1);
+  assert_true(strncmp(rinf.nonfinite_param, "model.", 6) == 0 ||
+              strncmp(rinf.nonfinite_param, "lm_head.", 8) == 0);
+  assert_int_equal(rinf.step, 2);
+  meshlm_close(s);
+  batch_free(&g.all);
+}
+
 /* ======================================================================= */
 
 int main(int argc, char **argv) {
@@ -351,6 +402,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_train_nll),
       cmocka_unit_test(test_train_clipped_pg),
       cmocka_unit_test(test_schedule),
+      cmocka_unit_test(test_engine_options),
   };
   return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

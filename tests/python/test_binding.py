@@ -97,6 +97,52 @@ def test_options_and_info(model_dir):
     assert "closed" in repr(p)
 
 
+def test_readme_defaults_table():
+    """README.md's "Defaults": every row's meshlm_options field exists and holds
+    the library default the table gives (tests/unit/test_defaults_doc.c checks
+    the flags, keys and the engine's table)."""
+    from meshlm import policy as P
+    d = L.meshlm_options()
+    L.load().meshlm_options_default(ctypes.byref(d))
+    words = {"param_dtype": P._DTYPES, "reduce_dtype": P._DTYPES, "output_dtype": P._DTYPES,
+             "reshard_after_forward": P._RESHARD, "ac": P._AC, "schedule": P._SCHEDULES,
+             "grad_norm_type": P._NORMS}
+    text = open(os.path.join(REPO, "README.md")).read().split("## Defaults", 1)[1]
+    rows = [[c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+            for line in text.split("\n## ", 1)[0].splitlines()
+            if line.startswith("| ") and not line.startswith("| setting")]
+    assert len(rows) > 10
+    fields = {f for f, _ in L.meshlm_options._fields_}
+    for _, flag, _, field, _, want in rows:
+        assert field in fields, "README Defaults: %s: no meshlm_options.%s" % (flag, field)
+        got = getattr(d, field)
+        if field in words:
+            expect = words[field][want]
+        elif field == "parallel_plan":
+            got, expect = got or b"auto", want.encode()
+        elif want in ("true", "false"):
+            expect = int(want == "true")
+        else:
+            expect = float(want)
+        assert got == expect, "README Defaults: meshlm_options.%s is %r, the table says %s" % (
+            field, got, want)
+
+
+def test_engine_options(model_dir):
+    """The FSDP2 options and the grad norm reach the session (README "Defaults")."""
+    with meshlm.Policy(model_dir, zero=2, prefetch_forward=0, prefetch_backward=3,
+                       reshard_after_forward=False, output_dtype="fp32",
+                       activation_checkpointing="mlp", grad_norm_type="inf") as p:
+        o = p._options
+        assert (o.zero, o.prefetch_forward, o.prefetch_backward, o.reshard_after_forward,
+                o.output_dtype, o.ac, o.grad_norm_type) == \
+            (2, 0, 3, L.RESHARD_NEVER, L.DTYPE_F32, L.AC_MLP, float("inf"))
+        r = p.train_step(make_seqs(2, seed=3)[p.info["dp_rank"]::p.info["dp_size"]])
+        assert r["grad_norm"] > 0 and not r["skipped"] and r["nonfinite_param"] == ""
+    with pytest.raises(meshlm.MeshlmError, match="grad_norm_type"):
+        meshlm.Policy(model_dir, grad_norm_type=1)
+
+
 def test_generate(model_dir):
     prompts = make_seqs(3, seed=13, lo=3, hi=9)
     with meshlm.Policy(model_dir, lr=1e-2) as p:

@@ -186,7 +186,8 @@ static void test_train_nemo_names(void **state) {
       "\"reshard_after_forward\": \"false\", \"zero\": 2, \"prefetch_forward\": 0, "
       "\"grad_accum\": 4, \"batch_size\": 16, \"lr_schedule\": \"cosine\", \"warmup_steps\": 3, "
       "\"min_lr\": 1e-5, \"max_grad_norm\": 0.5, \"grad_norm_type\": \"inf\", \"steps\": 7, "
-      "\"save\": \"ck\", \"save_every\": 2, \"export_hf\": \"out\"}");
+      "\"save\": \"ck\", \"save_every\": 2, \"export_hf\": \"out\", \"beta1\": 0.8, "
+      "\"beta2\": 0.95, \"eps\": 1e-6, \"weight_decay\": 0.1}");
   ml_train_opts o;
   ml_config_argv a;
   assert_int_equal(parse_train(&o, ARGV("--config", (char *)p, "--steps", "9"), &a), 0);
@@ -201,7 +202,8 @@ static void test_train_nemo_names(void **state) {
   assert_int_equal(o.steps, 9); /* the flag overrides the file */
   assert_int_equal(o.save_every, 2);
   assert_string_equal(o.export_hf, "out");
-  ml_engine_opts eo = ml_train_engine_opts(&o);
+  ml_train_settings set = ml_train_settings_of(&o);
+  ml_engine_opts eo = set.engine;
   assert_int_equal(eo.ac, ML_AC_LAYER);
   assert_true(eo.sequence_parallel);
   assert_int_equal(eo.fsdp.param_dtype, ML_BF16);
@@ -211,24 +213,26 @@ static void test_train_nemo_names(void **state) {
   assert_int_equal(eo.fsdp.zero, 2);
   assert_int_equal(eo.fsdp.prefetch_forward, 0);
   assert_int_equal(eo.fsdp.prefetch_backward, 2);
-  ml_lr_schedule s = ml_train_schedule(&o);
+  ml_lr_schedule s = set.step.schedule;
   assert_int_equal(s.decay, ML_LR_COSINE);
   assert_int_equal(s.warmup_steps, 3);
   assert_int_equal(s.total_steps, 9);
   assert_true(s.min_lr == 1e-5);
-  assert_true(isinf(ml_train_norm_type(&o)));
+  assert_true(isinf(set.step.norm_type));
+  assert_true(set.step.beta1 == 0.8 && set.step.beta2 == 0.95 && set.step.eps == 1e-6);
+  assert_true(set.step.weight_decay == 0.1 && set.step.max_grad_norm == 0.5);
   ml_config_argv_free(&a);
 
   p = write_config("ac.json", "{\"model\": \"m\", \"data\": \"d\", \"activation_checkpointing\": "
                               "false, \"grad_norm_type\": 2}");
   assert_int_equal(parse_train(&o, ARGV("--config", (char *)p), &a), 0);
-  assert_int_equal(ml_train_engine_opts(&o).ac, ML_AC_NONE);
-  assert_true(ml_train_norm_type(&o) == 2.0);
+  assert_int_equal(ml_train_settings_of(&o).engine.ac, ML_AC_NONE);
+  assert_true(ml_train_settings_of(&o).step.norm_type == 2.0);
   ml_config_argv_free(&a);
   assert_int_equal(
       parse_train(&o, ARGV("--config", (char *)p, "--activation-checkpointing", "selective"), &a),
       0);
-  assert_int_equal(ml_train_engine_opts(&o).ac, ML_AC_SELECTIVE);
+  assert_int_equal(ml_train_settings_of(&o).engine.ac, ML_AC_SELECTIVE);
   ml_config_argv_free(&a);
 
   /* the flag name of a NeMo-named setting is not a key: one name each */
@@ -262,6 +266,10 @@ static void test_train_checks(void **state) {
                      ARGV("--model", "m", "--data", "d", "--grad-accum", "0"));
   expect_train_error("--min-lr", "expected a number >= 0, found -1",
                      ARGV("--model", "m", "--data", "d", "--min-lr", "-1"));
+  expect_train_error("--beta2", "expected a number in [0, 1), found 1",
+                     ARGV("--model", "m", "--data", "d", "--beta2", "1"));
+  expect_train_error("--eps", "expected a number > 0, found 0",
+                     ARGV("--model", "m", "--data", "d", "--eps", "0"));
   expect_train_error("--save-every 2", "needs --save",
                      ARGV("--model", "m", "--data", "d", "--save-every", "2"));
   expect_train_error("--param-dtype", "expected one of fp32, bf16, found 'fp16'",

@@ -1,0 +1,58 @@
+#include "engine/step.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "common/status.h"
+
+/* Zero the gradients, then forward + backward of every micro-batch; the
+ * loss (and the objective's sums) into r. */
+static int accumulate(ml_engine *e, const ml_step_source *src, ml_step_result *r) {
+  ML_TRY(ml_engine_zero_grad(e));
+  for (int64_t m = 0; m < src->n_micro; m++) {
+    ml_engine_batch b;
+    ML_TRY(src->fill(src->ctx, m, &b));
+    if (src->objective) {
+      ml_loss_out nll;
+      ML_TRY(ml_engine_forward_backward_batch(e, &b, src->objective, 0.0f, &r->sums, &nll));
+      continue;
+    }
+    if (b.docs || b.obj)
+      return ml_err("training step: micro-batch %lld has packed documents or objective inputs "
+                    "but the step has no objective; expected plain rows under the NLL",
+                    (long long)m);
+    double part;
+    ML_TRY(ml_engine_forward_backward(e, b.ids, b.mask, b.B, b.S, src->global_targets, &part));
+    r->loss += part;
+  }
+  if (!src->objective) return 0;
+  /* the sums over the data ranks (cp ranks hold pieces of the same sequences) */
+  ml_obj_sums *s = &r->sums;
+  double v[4] = {s->loss, s->kl, (double)s->trained, (double)s->clipped};
+  ML_TRY(ml_host_all_reduce_f64(ml_mesh_host(e->mesh, ML_GROUP_DP_CP), v, 4, ML_RED_SUM));
+  *s = (ml_obj_sums){v[0], v[1], (int64_t)v[2], (int64_t)v[3]};
+  r->loss = s->loss;
+  return 0;
+}
+
+/* Clip and take the AdamW step, or skip it when the norm is not finite
+ * (naming the first non-finite gradient). */
+static int update(ml_engine *e, const ml_step_opts *o, ml_step_result *r) {
+  r->skipped = !isfinite(r->grad_norm);
+  if (r->skipped) {
+    /* r->nonfinite stays "" (zeroed) when no gradient is found */
+    return ml_engine_find_nonfinite(e, r->nonfinite, sizeof r->nonfinite) < 0 ? -1 : 0;
+  }
+  ml_adamw_cfg adam = {r->lr, o->beta1, o->beta2, o->eps, o->weight_decay};
+  ML_TRY(ml_engine_clip(e, r->grad_norm, o->max_grad_norm));
+  return ml_engine_adamw(e, &adam);
+}
+
+int ml_step_run(ml_engine *e, const ml_step_opts *o, int64_t k, const ml_step_source *src,
+                ml_step_result *r) {
+  memset(r, 0, sizeof *r);
+  r->lr = ml_lr_at(&o->schedule, k);
+  ML_TRY(accumulate(e, src, r));
+  ML_TRY(ml_engine_grad_norm(e, o->norm_type, &r->grad_norm));
+  return update(e, o, r);
+}

@@ -401,6 +401,47 @@ typedef struct meshlm_call_stats {
 /* Not collective. */
 MESHLM_API int meshlm_last_call_stats(meshlm_session *s, meshlm_call_stats *out);
 
+/* A model family registered from outside the tree, as NeMo Automodel's
+ * register_parallel_strategy and transformers' AutoConfig.register add a
+ * model class: an HF architecture that meshlm reads as a built-in family's
+ * decoder block (`base`: its config keys and defaults, norms, activation,
+ * RoPE) under its own architecture and model_type, with optional fused
+ * checkpoint tensors and its own tensor-parallel plan. */
+#define MESHLM_MAX_FUSED 2
+typedef struct meshlm_fused {
+  /* the fused tensor's module under "layers.N." ("self_attn.qkv_proj") and
+     the block's linears it stacks on dim 0, in order ("self_attn.q_proj",
+     "self_attn.k_proj", "self_attn.v_proj"; 2 or 3, consecutive in the block,
+     NULL after the last); leaf NULL: unused */
+  const char *leaf;
+  const char *parts[4];
+} meshlm_fused;
+
+typedef struct meshlm_family {
+  size_t struct_size;       /* sizeof(meshlm_family) as the caller compiled it */
+  const char *architecture; /* config.json architectures[0]: "MyLlamaForCausalLM" */
+  const char *model_type;   /* config.json model_type */
+  const char *name;         /* its short name in messages and plan names: "myllama" */
+  const char *base;         /* the built-in family whose block it has: "llama", "qwen2",
+                               "qwen3", "gemma3", "mistral", "phi3" */
+  meshlm_fused fused[MESHLM_MAX_FUSED];
+  /* Its optimized plan (--parallel-plan auto / optimized), as a JSON object
+     {pattern: style} in the format of a --parallel-plan file (README), the
+     patterns relative to the base model ("layers.*.self_attn.q_proj",
+     "embed_tokens"; "lm_head" as is), or NULL: the base family's. A plan
+     with SequenceParallel styles is the one --sequence-parallel uses. */
+  const char *tp_plan_json;
+} meshlm_family;
+
+/* Register family f for this process (not collective: call it on every
+ * rank, before meshlm_open or meshlm_cli_main opens such a checkpoint).
+ * Strings are copied. Returns 0, or −1 with the reason in err (capacity
+ * err_cap, NUL-terminated; may be NULL): struct_size unknown, a missing
+ * field, an architecture or name already known, an unknown base, fused
+ * parts that are not consecutive linears of the block, a plan that does not
+ * parse (the key named). */
+MESHLM_API int meshlm_register_family(const meshlm_family *f, char *err, size_t err_cap);
+
 /* The command-line program: `meshlm <command> [flags]` (argv[0] the
  * program name). Initialises and finalises MPI itself; returns the exit
  * status. The meshlm binary is this call. */

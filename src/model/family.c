@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "model/block.h"
 
 /* Gemma3TextConfig / Gemma3TextModel, shared by the text model and the
  * text tower of the VLM. */
@@ -117,35 +118,85 @@ static const ml_family families[] = {
 };
 enum { N_FAMILIES = sizeof families / sizeof families[0] };
 
+/* Rows added at run time, after the built-in ones (never moved: configs
+ * point at them). */
+static ml_family registered[ML_FAMILY_MAX_REGISTERED];
+static int n_registered;
+
+static int n_all(void) { return N_FAMILIES + n_registered; }
+static const ml_family *row(int i) {
+  return i < N_FAMILIES ? &families[i] : &registered[i - N_FAMILIES];
+}
+
 const ml_family *ml_family_by_architecture(const char *architecture) {
-  for (int i = 0; i < N_FAMILIES; i++)
-    if (strcmp(families[i].architecture, architecture) == 0) return &families[i];
+  for (int i = 0; i < n_all(); i++)
+    if (strcmp(row(i)->architecture, architecture) == 0) return row(i);
   return NULL;
 }
 
 const ml_family *ml_family_by_name(const char *name) {
-  for (int i = 0; i < N_FAMILIES; i++)
-    if (strcmp(families[i].name, name) == 0) return &families[i];
+  for (int i = 0; i < n_all(); i++)
+    if (strcmp(row(i)->name, name) == 0) return row(i);
   return NULL;
+}
+
+/* The row of the block table (model/block.h) that is the linear called
+ * `leaf`, or −1. */
+static int linear_row(const char *leaf) {
+  for (int i = 0; i < ML_ROLE_COUNT; i++)
+    if (ml_block_rows[i].kind == ML_MOD_LINEAR && strcmp(ml_block_rows[i].leaf, leaf) == 0)
+      return i;
+  return -1;
+}
+
+/* A fused tensor's parts: 2 or more linears, consecutive rows in order. */
+static int check_fused(const ml_family *f, const ml_fused *fz) {
+  int prev = -1, n = 0;
+  for (; n < ML_FUSED_MAX_PARTS && fz->parts[n]; n++) {
+    int r = linear_row(fz->parts[n]);
+    if (r < 0 || (prev >= 0 && r != prev + 1))
+      return ml_err("family %s: fused tensor '%s': part '%s' is not the linear after '%s' in the "
+                    "decoder block; expected consecutive linears (self_attn.q_proj, "
+                    "self_attn.k_proj, self_attn.v_proj or mlp.gate_proj, mlp.up_proj)",
+                    f->name, fz->leaf, fz->parts[n], prev >= 0 ? ml_block_rows[prev].leaf : "");
+    prev = r;
+  }
+  if (n < 2 || fz->parts[n])
+    return ml_err("family %s: fused tensor '%s' has %d parts; expected 2 to %d", f->name,
+                  fz->leaf, n, ML_FUSED_MAX_PARTS);
+  return 0;
+}
+
+int ml_family_register(const ml_family *f) {
+  if (ml_family_by_architecture(f->architecture) || ml_family_by_name(f->name))
+    return ml_err("family %s (%s): the architecture or the name is already registered", f->name,
+                  f->architecture);
+  if (n_registered == ML_FAMILY_MAX_REGISTERED)
+    return ml_err("family %s: %d families are registered already, the most this build holds",
+                  f->name, ML_FAMILY_MAX_REGISTERED);
+  for (int i = 0; i < ML_FAMILY_MAX_FUSED && f->fused[i].leaf; i++)
+    ML_TRY(check_fused(f, &f->fused[i]));
+  registered[n_registered++] = *f;
+  return 0;
 }
 
 static const char *join(char *buf, size_t cap, int use_arch) {
   buf[0] = '\0';
-  for (int i = 0; i < N_FAMILIES; i++) {
-    if (!use_arch && families[i].save_as) continue;
+  for (int i = 0; i < n_all(); i++) {
+    if (!use_arch && row(i)->save_as) continue;
     if (buf[0]) strncat(buf, ", ", cap - strlen(buf) - 1);
-    strncat(buf, use_arch ? families[i].architecture : families[i].name, cap - strlen(buf) - 1);
+    strncat(buf, use_arch ? row(i)->architecture : row(i)->name, cap - strlen(buf) - 1);
   }
   return buf;
 }
 
 const char *ml_family_list_architectures(void) {
-  static char buf[512];
+  static char buf[2048];
   return join(buf, sizeof buf, 1);
 }
 
 const char *ml_family_list_names(void) {
-  static char buf[256];
+  static char buf[1024];
   return join(buf, sizeof buf, 0);
 }
 

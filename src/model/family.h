@@ -102,7 +102,26 @@ typedef struct ml_family {
 
   /* ---- checkpoint layout ---- */
   ml_fused fused[ML_FAMILY_MAX_FUSED]; /* fused tensors of the block (Phi-3) */
+
+  /* ---- tensor-parallel plans (parallel/plan.h), JSON {pattern: style}
+   * relative to `prefix` ---- */
+  /* The optimized plan, or NULL: the Llama-style plan of the block table
+   * (a registered family may bring its own: meshlm_register_family). */
+  const char *tp_plan;
+  /* transformers' class attribute base_model_tp_plan, the HF plan when
+   * config.json carries none (as PreTrainedConfig.base_model_tp_plan), or
+   * NULL. */
+  const char *hf_tp_plan;
 } ml_family;
+
+/* Families registered at run time (meshlm_register_family), at most. */
+enum { ML_FAMILY_MAX_REGISTERED = 32 };
+
+/* Add family f to the table for this process (the row is copied; its
+ * strings must outlive the process). Errors: an architecture or name
+ * already in the table, the table full, a fused tensor whose parts are not
+ * consecutive linears of the block (model/block.h). */
+int ml_family_register(const ml_family *f);
 
 /* The family whose architecture string is `architecture`, or NULL. */
 const ml_family *ml_family_by_architecture(const char *architecture);

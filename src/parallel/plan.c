@@ -206,8 +206,16 @@ static int llama_style(const ml_model *m, bool sp, bool head_norms, ml_plan *p) 
 }
 
 int ml_plan_optimized(const ml_model *m, bool sp, ml_plan *out) {
+  const ml_family *f = m->cfg.family;
+  if (f->tp_plan) { /* the family's own (a registered one's) */
+    char what[96];
+    snprintf(what, sizeof what, "the tp plan of family %s", f->name);
+    ML_TRY(ml_plan_parse(f->tp_plan, what, f->prefix, out));
+    snprintf(out->name, sizeof out->name, "%s-optimized", f->name);
+    return 0;
+  }
   memset(out, 0, sizeof *out);
-  snprintf(out->name, sizeof out->name, "%s-optimized%s", m->cfg.family->name, sp ? "-sp" : "");
+  snprintf(out->name, sizeof out->name, "%s-optimized%s", f->name, sp ? "-sp" : "");
   int rc = llama_style(m, sp, true, out);
   if (rc) ml_plan_free(out);
   return rc;
@@ -262,18 +270,26 @@ int ml_plan_hf(const ml_model *m, const char *model_dir, ml_plan *out, bool *fou
   json_t *plan = json_object_get(j.root, "base_model_tp_plan");
   json_t *text = json_object_get(j.root, "text_config");
   if (!plan && json_is_object(text)) plan = json_object_get(text, "base_model_tp_plan");
+  json_t *cls = NULL; /* the family's class attribute, when config.json has none */
+  const char *hf = m->cfg.family->hf_tp_plan;
   int rc = 0;
-  if (plan && !json_is_null(plan)) {
+  if ((!plan || json_is_null(plan)) && hf && !(plan = cls = json_loads(hf, 0, NULL)))
+    rc = ml_err("family %s: its base_model_tp_plan is not JSON", m->cfg.family->name);
+  if (rc == 0 && plan && !json_is_null(plan)) {
     if (!json_is_object(plan) || json_object_size(plan) == 0) {
       rc = ml_err("%s: field 'base_model_tp_plan': expected a non-empty object of "
                   "{module pattern: style string}",
                   path);
     } else {
       *found = true;
-      snprintf(out->name, sizeof out->name, "hf-base_model_tp_plan");
+      if (cls)
+        snprintf(out->name, sizeof out->name, "hf-%s-base_model_tp_plan", m->cfg.family->name);
+      else
+        snprintf(out->name, sizeof out->name, "hf-base_model_tp_plan");
       rc = hf_rules(m, &j, plan, out);
     }
   }
+  json_decref(cls);
   ml_json_free(&j);
   if (rc) ml_plan_free(out);
   return rc;
@@ -351,27 +367,46 @@ static const char *base_name(const char *path) {
   return b ? b + 1 : path;
 }
 
+/* The rules of plan object `root` ({pattern: style}) appended to out, each
+ * pattern behind `prefix` but "lm_head…" (a top-level module); `what`
+ * names the plan in messages. */
+static int plan_rules(const json_t *root, const char *what, const char *prefix, ml_plan *out) {
+  const char *key;
+  json_t *v;
+  json_object_foreach((json_t *)root, key, v) {
+    char where[256];
+    snprintf(where, sizeof where, "%s: '%s'", what, key);
+    ml_style s;
+    if (json_is_string(v)) ML_TRY(ml_style_from_hf(json_string_value(v), where, &s));
+    else if (json_is_object(v)) ML_TRY(style_object(where, v, &s));
+    else return ml_err("%s: expected an HF plan string or a style object", where);
+    ML_TRY(add(out, strncmp(key, "lm_head", 7) == 0 ? "" : prefix, key, s));
+    if (s.kind == ML_STYLE_SEQUENCE_PARALLEL) out->sequence_parallel = true;
+  }
+  if (out->n == 0) return ml_err("%s: the plan is empty; expected {pattern: style, ...}", what);
+  return 0;
+}
+
 int ml_plan_load(const char *path, ml_plan *out) {
   memset(out, 0, sizeof *out);
   ml_json j;
   ML_TRY(ml_json_load(path, &j));
   snprintf(out->name, sizeof out->name, "custom:%s", base_name(path));
-  int rc = 0;
-  const char *key;
-  json_t *v;
-  json_object_foreach(j.root, key, v) {
-    char where[256];
-    snprintf(where, sizeof where, "%s: '%s'", path, key);
-    ml_style s;
-    if (json_is_string(v)) rc = ml_style_from_hf(json_string_value(v), where, &s);
-    else if (json_is_object(v)) rc = style_object(where, v, &s);
-    else rc = ml_err("%s: expected an HF plan string or a style object", where);
-    if (!rc) rc = ml_plan_add(out, key, s);
-    if (rc) break;
-    if (s.kind == ML_STYLE_SEQUENCE_PARALLEL) out->sequence_parallel = true;
-  }
-  if (!rc && out->n == 0) rc = ml_err("%s: the plan is empty; expected {pattern: style, ...}", path);
+  int rc = plan_rules(j.root, path, "", out);
   ml_json_free(&j);
+  if (rc) ml_plan_free(out);
+  return rc;
+}
+
+int ml_plan_parse(const char *text, const char *what, const char *prefix, ml_plan *out) {
+  memset(out, 0, sizeof *out);
+  json_error_t e;
+  json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &e);
+  int rc = root ? 0 : ml_err("%s:%d:%d: invalid JSON: %s", what, e.line, e.column, e.text);
+  if (rc == 0 && !json_is_object(root))
+    rc = ml_err("%s: expected a JSON object {pattern: style, ...}", what);
+  if (rc == 0) rc = plan_rules(root, what, prefix, out);
+  json_decref(root);
   if (rc) ml_plan_free(out);
   return rc;
 }

@@ -123,6 +123,12 @@ int ml_plan_hf(const ml_model *m, const char *model_dir, ml_plan *out, bool *fou
  * key and what was expected. */
 int ml_plan_load(const char *path, ml_plan *out);
 
+/* A plan given as JSON text (the format of ml_plan_load), each pattern
+ * behind `prefix` (a family's module prefix, "model.") except those naming
+ * "lm_head"; `what` names it in messages (a registered family's plan).
+ * Errors: invalid JSON, and ml_plan_load's. */
+int ml_plan_parse(const char *text, const char *what, const char *prefix, ml_plan *out);
+
 /* Choose the plan, as NeMo's _get_parallel_plan: `choice` NULL or "auto":
  * optimized (every supported family has one) > HF > default; a path: that
  * custom file; "optimized", "hf", "default": that source. Sets out->name

@@ -10,7 +10,10 @@
 #     losses and grad norms of --metrics (timing fields dropped) and the
 #     exported HF checkpoint's model.safetensors.
 # Prints one line per check and exits non-zero when any differ. Not a CTest
-# (it needs the old binary); run by hand around a refactor.
+# (it needs the old binary); run by hand around a refactor. Each binary runs
+# with the libmeshlm.so beside it (LD_LIBRARY_PATH: the build's RUNPATH
+# would otherwise load the tree's newest library into the old binary), so
+# copy a build's meshlm and libmeshlm.so* together to keep it.
 set -uo pipefail
 old=${1:?usage: compare_builds.sh OLD_BIN NEW_BIN [FIXTURES_DIR]}
 new=${2:?usage: compare_builds.sh OLD_BIN NEW_BIN [FIXTURES_DIR]}
@@ -25,7 +28,10 @@ same=0 differ=0 failed=0
 run() {
   local which=$1 bin=$2 np=$3
   shift 3
-  if [ "$np" = 1 ]; then "$bin" "$@"; else mpirun -np "$np" "$bin" "$@"; fi \
+  local lib
+  lib=$(cd "$(dirname "$bin")" && pwd)
+  if [ "$np" = 1 ]; then LD_LIBRARY_PATH=$lib "$bin" "$@"
+  else mpirun -np "$np" -x LD_LIBRARY_PATH="$lib" "$bin" "$@"; fi \
     > "$work/$which.stdout" 2> "$work/$which.stderr"
 }
 

@@ -9,6 +9,7 @@
 #include "api/session.h"
 #include "engine/generate.h"
 #include "ckpt/save.h"
+#include "parallel/device.h"
 
 void meshlm_sampling_default(meshlm_sampling *sp) {
   *sp = (meshlm_sampling){.max_new_tokens = 32, .temperature = 1.0f, .top_p = 1.0f,
@@ -21,7 +22,8 @@ static int open_replica(meshlm_session *s) {
   eo.sequence_parallel = false;
   ml_comm_factory make_comm;
   void *ctx;
-  ML_TRY(api_device_open(s, "meshlm_generate", &eo.backend, &make_comm, &ctx));
+  eo.backend = s->e.be; /* the session's device */
+  ml_mesh_device_comm(eo.backend, &make_comm, &ctx);
   ML_TRY(ml_mesh_create(MPI_COMM_SELF, 1, 1, 1, 1, make_comm, ctx, &s->gen_mesh));
   if (ml_engine_open(&s->gen, &s->gen_mesh, s->e.model_dir, &eo)) {
     ml_engine_close(&s->gen);

@@ -10,9 +10,9 @@
 #include <string.h>
 
 #include "backend/backend.h"
-#include "cli/device.h"
 #include "common/checked.h"
 #include "common/lookup.h"
+#include "parallel/device.h"
 
 static bool g_mpi_ours; /* MPI initialised by the library, not finalised yet */
 
@@ -110,9 +110,9 @@ static int check_options(const meshlm_options *o) {
   if (o->dp_replicate < 1 || o->cp < 1 || o->tp < 1)
     return ml_err("meshlm_options: dp_replicate %d, cp %d, tp %d; expected each >= 1",
                   o->dp_replicate, o->cp, o->tp);
-  if (!o->device || (strcmp(o->device, "cpu") && strcmp(o->device, "cuda")))
-    return ml_err("meshlm_options.device '%s'; expected \"cpu\" or \"cuda\"",
-                  o->device ? o->device : "(null)");
+  if (!o->device || ml_device_find(o->device) < 0)
+    return ml_err("meshlm_options.device '%s'; expected one of %s",
+                  o->device ? o->device : "(null)", ml_device_list());
   if (!compute_dtype(o->param_dtype) || !compute_dtype(o->reduce_dtype) ||
       !compute_dtype(o->output_dtype))
     return ml_err("meshlm_options: param_dtype %d, reduce_dtype %d, output_dtype %d; expected "
@@ -184,19 +184,13 @@ static int keep_options(meshlm_session *s, const meshlm_options *o) {
   return 0;
 }
 
-int api_device_open(const meshlm_session *s, const char *what, ml_backend **be,
-                    ml_comm_factory *make_comm, void **ctx) {
-  ml_arg_choice dev = ml_device_choice(); /* s->o.device is one of its names (checked) */
-  while (strcmp(dev.names[dev.index], s->o.device) != 0) dev.index++;
-  return ml_device_open(what, &dev, be, make_comm, ctx);
-}
-
 /* Mesh and engine on s->comm. */
 static int open_engine(meshlm_session *s, const char *model_dir) {
   ml_engine_opts eo = s->set.engine;
   ml_comm_factory make_comm;
   void *ctx;
-  ML_TRY(api_device_open(s, "meshlm_open", &eo.backend, &make_comm, &ctx));
+  ML_TRY(ml_mesh_device_open(s->comm, s->o.device, "meshlm_open: meshlm_options.device",
+                             &eo.backend, &make_comm, &ctx));
   ML_TRY(ml_mesh_create(s->comm, s->o.dp_replicate, 0, s->o.cp, s->o.tp, make_comm, ctx,
                         &s->mesh));
   return ml_engine_open(&s->e, &s->mesh, model_dir, &eo);

@@ -73,12 +73,6 @@ int api_agree(meshlm_session *s, int rc);
  * the CLI does; the header says so). */
 _Noreturn void api_abort(meshlm_session *s);
 
-/* The backend and the comm factory of the session's device
- * (options.device), as the CLI's --device opens them (cli/device.h);
- * `what` names the call in errors. */
-int api_device_open(const meshlm_session *s, const char *what, ml_backend **be,
-                    ml_comm_factory *make_comm, void **ctx);
-
 /* For the calls that are not collective: 0 when s is open, else −1 with
  * s's message (when s is not NULL) saying `call` needs an open session. */
 int api_local(meshlm_session *s, const char *call);

@@ -3,50 +3,27 @@
 #include <stdarg.h>
 #include <string.h>
 
-#include "backend/cpu/cpu.h"
-#ifdef ML_HAVE_CUDA
-#include "backend/cuda/cuda.h"
-#endif
 #include "common/checked.h"
 #include "common/status.h"
 
-/* The backends this build knows, created on first use. */
-typedef struct known {
-  const char *name;
-  int (*create)(ml_backend **out);
-  ml_backend *made;
-} known;
+/* ---- properties ---------------------------------------------------------- */
 
-#ifdef ML_HAVE_CUDA
-static known g_known[] = {{"cpu", ml_backend_cpu_create, NULL},
-                          {"cuda", ml_backend_cuda_create, NULL}};
-#else
-static known g_known[] = {{"cpu", ml_backend_cpu_create, NULL}};
-#endif
-enum { N_KNOWN = sizeof g_known / sizeof g_known[0] };
-
-int ml_backend_get(const char *name, ml_backend **out) {
-  for (int i = 0; i < N_KNOWN; i++) {
-    if (strcmp(g_known[i].name, name) != 0) continue;
-    if (!g_known[i].made) ML_TRY(g_known[i].create(&g_known[i].made));
-    *out = g_known[i].made;
-    return 0;
-  }
-#ifndef ML_HAVE_CUDA
-  if (strcmp(name, "cuda") == 0)
-    return ml_err("device 'cuda': this build has no CUDA backend (nvcc was not found when it was "
-                  "configured, or MESHLM_CUDA=OFF); expected cpu");
-#endif
-  return ml_err("device '%s': unknown backend; expected %s", name,
-                N_KNOWN > 1 ? "cpu or cuda" : "cpu");
+bool ml_be_supports(const ml_backend *be, ml_op op) {
+  return (unsigned)op < ML_OP_COUNT && (be->ops->supports & ML_OP_BIT(op)) != 0;
 }
+bool ml_be_host_memory(const ml_backend *be) { return be->ops->host_memory; }
 
-void ml_backend_release_all(void) {
-  for (int i = 0; i < N_KNOWN; i++) {
-    if (g_known[i].made) g_known[i].made->ops->destroy(g_known[i].made);
-    g_known[i].made = NULL;
-  }
+/* An operator be does not implement (ml_be_supports), asked of it by the
+ * wrapper `call`: named, never reached. */
+static int lacks(const ml_backend *be, const char *call) {
+  return ml_err("backend '%s' does not implement %s (ml_be_supports); expected a device that "
+                "does (--device cpu has every operator)",
+                be->ops->name, call);
 }
+#define NEED(be, op)                                             \
+  do {                                                           \
+    if (!ml_be_supports((be), (op))) return lacks((be), __func__); \
+  } while (0)
 
 /* ---- memory -------------------------------------------------------------- */
 
@@ -122,128 +99,141 @@ static int gemm_check(const ml_gemm *a) {
 }
 
 int ml_be_gemm(ml_backend *be, const ml_gemm *g) {
+  NEED(be, ML_OP_GEMM);
   ML_TRY(gemm_check(g));
   return g->M == 0 || g->N == 0 ? 0 : be->ops->gemm(be, g);
 }
 int ml_be_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db) {
+  NEED(be, ML_OP_BIAS_GRAD);
   return be->ops->bias_grad(be, dy, T, N, db);
 }
 int ml_be_add(ml_backend *be, float *y, const float *x, int64_t n) {
+  NEED(be, ML_OP_ADD);
   return be->ops->add(be, y, x, n);
 }
 int ml_be_scale(ml_backend *be, float *x, int64_t n, float s) {
+  NEED(be, ML_OP_SCALE);
   return be->ops->scale(be, x, n, s);
 }
 int ml_be_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
                       float offset, float eps, float *y, float *rstd, int64_t T, int64_t H) {
+  NEED(be, ML_OP_RMSNORM);
   return be->ops->rmsnorm_fwd(be, x, w, w_type, offset, eps, y, rstd, T, H);
 }
 int ml_be_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const void *w,
                       ml_dtype w_type, float offset, const float *rstd, float *dx, float *dw,
                       int64_t T, int64_t H) {
+  NEED(be, ML_OP_RMSNORM);
   return be->ops->rmsnorm_bwd(be, dy, x, w, w_type, offset, rstd, dx, dw, T, H);
 }
 int ml_be_rope_tables(ml_backend *be, double theta, int64_t hd, const ml_rope_scaling *sc,
                       int64_t S, float *cos_t, float *sin_t) {
+  NEED(be, ML_OP_ROPE);
   return be->ops->rope_tables(be, theta, hd, sc, S, cos_t, sin_t);
 }
 int ml_be_rope_fwd(ml_backend *be, float *x, const float *cos_t, const float *sin_t, int64_t B,
                    int64_t S, int64_t nheads, int64_t hd) {
+  NEED(be, ML_OP_ROPE);
   return be->ops->rope_fwd(be, x, cos_t, sin_t, B, S, nheads, hd);
 }
 int ml_be_rope_bwd(ml_backend *be, float *dx, const float *cos_t, const float *sin_t, int64_t B,
                    int64_t S, int64_t nheads, int64_t hd) {
+  NEED(be, ML_OP_ROPE);
   return be->ops->rope_bwd(be, dx, cos_t, sin_t, B, S, nheads, hd);
 }
 int ml_be_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
                         float *out, float *saved, int64_t B, int64_t S, int64_t nh, int64_t nkv,
                         int64_t hd, float scale, int64_t window, ml_dtype compute) {
+  NEED(be, ML_OP_ATTENTION);
   return be->ops->attention_fwd(be, q, k, v, out, saved, B, S, nh, nkv, hd, scale, window,
                                 compute);
 }
 int64_t ml_be_attention_saved(ml_backend *be, int64_t B, int64_t S, int64_t nh) {
-  return be->ops->attention_saved(be, B, S, nh);
+  return ml_be_supports(be, ML_OP_ATTENTION) ? be->ops->attention_saved(be, B, S, nh) : 0;
 }
 size_t ml_be_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t nh, int64_t nkv,
                             int64_t hd) {
-  return be->ops->attention_work(be, B, S, nh, nkv, hd);
+  return ml_be_supports(be, ML_OP_ATTENTION) ? be->ops->attention_work(be, B, S, nh, nkv, hd) : 0;
 }
 int ml_be_attention_bwd(ml_backend *be, const float *dout, const float *q, const float *k,
                         const float *v, const float *out, const float *saved, float *dq,
                         float *dk, float *dv, int64_t B, int64_t S, int64_t nh, int64_t nkv,
                         int64_t hd, float scale, int64_t window, ml_dtype compute, void *work) {
+  NEED(be, ML_OP_ATTENTION);
   return be->ops->attention_bwd(be, dout, q, k, v, out, saved, dq, dk, dv, B, S, nh, nkv, hd,
                                 scale, window, compute, work);
-}
-/* Block attention is optional (context parallelism): a backend without it
- * says so. */
-static int no_block_attention(const ml_backend *be) {
-  return ml_err("backend '%s': block attention (context parallelism, --cp > 1, or a tp size "
-                "that does not divide the attention heads) is not implemented on this backend; "
-                "expected --cp 1 and tp dividing num_attention_heads and num_key_value_heads, or "
-                "--device cpu",
-                be->ops->name);
 }
 int ml_be_attention_block_fwd(ml_backend *be, const ml_attn_block *blk, const float *q,
                               const float *k, const float *v, float *out, float *lse,
                               bool accumulate, ml_dtype compute) {
-  if (!be->ops->attention_block_fwd) return no_block_attention(be);
+  NEED(be, ML_OP_ATTENTION_BLOCK);
   return be->ops->attention_block_fwd(be, blk, q, k, v, out, lse, accumulate, compute);
 }
 size_t ml_be_attention_block_work(ml_backend *be, const ml_attn_block *blk) {
-  return be->ops->attention_block_work ? be->ops->attention_block_work(be, blk) : 0;
+  return ml_be_supports(be, ML_OP_ATTENTION_BLOCK) ? be->ops->attention_block_work(be, blk) : 0;
 }
 int ml_be_attention_block_bwd(ml_backend *be, const ml_attn_block *blk, const float *dout,
                               const float *q, const float *k, const float *v, const float *out,
                               const float *lse, float *dq, float *dk, float *dv,
                               ml_dtype compute, void *work) {
-  if (!be->ops->attention_block_bwd) return no_block_attention(be);
+  NEED(be, ML_OP_ATTENTION_BLOCK);
   return be->ops->attention_block_bwd(be, blk, dout, q, k, v, out, lse, dq, dk, dv, compute,
                                       work);
 }
 int ml_be_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
                   ml_glu_act act) {
+  NEED(be, ML_OP_GLU);
   return be->ops->glu_fwd(be, g, u, h, n, act);
 }
 int ml_be_glu_bwd(ml_backend *be, const float *dh, const float *g, const float *u, float *dg,
                   float *du, int64_t n, ml_glu_act act) {
+  NEED(be, ML_OP_GLU);
   return be->ops->glu_bwd(be, dh, g, u, dg, du, n, act);
 }
 int ml_be_embedding_fwd(ml_backend *be, const int32_t *ids, int64_t T, const void *W,
                         ml_dtype w_type, int64_t row0, int64_t rows, int64_t H, float scale,
                         float *out) {
+  NEED(be, ML_OP_EMBEDDING);
   return be->ops->embedding_fwd(be, ids, T, W, w_type, row0, rows, H, scale, out);
 }
 int ml_be_embedding_bwd(ml_backend *be, const int32_t *ids, int64_t T, const float *dout,
                         int64_t row0, int64_t rows, int64_t H, float scale, float *dW) {
+  NEED(be, ML_OP_EMBEDDING);
   return be->ops->embedding_bwd(be, ids, T, dout, row0, rows, H, scale, dW);
 }
 int ml_be_xent_rowmax(ml_backend *be, const float *logits, int64_t T, int64_t V, float *mx) {
+  NEED(be, ML_OP_XENT);
   return be->ops->xent_rowmax(be, logits, T, V, mx);
 }
 int ml_be_xent_sumexp_target(ml_backend *be, const float *logits, int64_t T, int64_t V,
                              int64_t v0, const int32_t *y, const float *mx, float *se,
                              float *tl) {
+  NEED(be, ML_OP_XENT);
   return be->ops->xent_sumexp_target(be, logits, T, V, v0, y, mx, se, tl);
 }
 int ml_be_xent_logprobs(ml_backend *be, const float *se, const float *tl, const int32_t *y,
                         int64_t T, float scale, float *logprobs, float *w, double *loss_sum,
                         int64_t *count) {
+  NEED(be, ML_OP_XENT);
   return be->ops->xent_logprobs(be, se, tl, y, T, scale, logprobs, w, loss_sum, count);
 }
 int ml_be_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
                    const int32_t *y, const float *mx, const float *se, const float *w,
                    float *dlogits) {
+  NEED(be, ML_OP_XENT);
   return be->ops->xent_bwd(be, logits, T, V, v0, y, mx, se, w, dlogits);
 }
 int ml_be_adamw(ml_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
                 double lr, double b1, double b2, double eps, double wd, int64_t step) {
+  NEED(be, ML_OP_ADAMW);
   return be->ops->adamw(be, p, g, m, v, n, lr, b1, b2, eps, wd, step);
 }
 int ml_be_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind,
                        double *out) {
+  NEED(be, ML_OP_NORM_PARTIAL);
   return be->ops->norm_partial(be, g, n, kind, out);
 }
 int ml_be_find_nonfinite(ml_backend *be, const float *g, int64_t n, bool *found) {
+  NEED(be, ML_OP_FIND_NONFINITE);
   return be->ops->find_nonfinite(be, g, n, found);
 }

@@ -26,7 +26,9 @@
  * row-major [T, D] with T = B·S tokens; "(=)" overwrites, "(+=)"
  * accumulates (gradients of parameters used several times add up). Every
  * operator returns 0, or −1 with a message (common/status.h) when the
- * device reports an error or an argument is outside what it supports. */
+ * device reports an error, an argument is outside what it supports, or the
+ * backend does not implement the operator (ml_op: ml_be_supports says which
+ * it does; a sizing call of one it lacks returns 0). */
 #ifndef ML_BACKEND_H
 #define ML_BACKEND_H
 
@@ -115,8 +117,43 @@ typedef struct ml_attn_block {
   int64_t head_off; /* in [0, group) */
 } ml_attn_block;
 
+/* The operators of the seam, by family (a family's forward, backward and
+ * sizing calls together), as ggml_backend_supports_op asks of a ggml
+ * backend: each backend declares the ones it implements
+ * (ml_backend_ops.supports), ml_be_supports answers, and an ml_be_* call
+ * of one it lacks fails with a message naming it, never reaching an empty
+ * slot. Memory and ordering calls are on every backend. The CPU and meta
+ * backends implement every operator; CUDA all but ML_OP_ATTENTION_BLOCK. */
+typedef enum ml_op {
+  ML_OP_GEMM,            /* ml_be_gemm */
+  ML_OP_BIAS_GRAD,       /* ml_be_bias_grad */
+  ML_OP_ADD,             /* ml_be_add */
+  ML_OP_SCALE,           /* ml_be_scale */
+  ML_OP_RMSNORM,         /* ml_be_rmsnorm_fwd / _bwd */
+  ML_OP_ROPE,            /* ml_be_rope_tables / _fwd / _bwd */
+  ML_OP_ATTENTION,       /* ml_be_attention_saved / _work / _fwd / _bwd */
+  ML_OP_ATTENTION_BLOCK, /* ml_be_attention_block_fwd / _work / _bwd: context
+                          * parallelism, a tp size that does not divide the
+                          * heads, packed documents (model/varlen.h), the KV
+                          * cache of generation (engine/generate.h) */
+  ML_OP_GLU,             /* ml_be_glu_fwd / _bwd */
+  ML_OP_EMBEDDING,       /* ml_be_embedding_fwd / _bwd */
+  ML_OP_XENT,            /* ml_be_xent_rowmax / _sumexp_target / _logprobs / _bwd */
+  ML_OP_ADAMW,           /* ml_be_adamw */
+  ML_OP_NORM_PARTIAL,    /* ml_be_norm_partial */
+  ML_OP_FIND_NONFINITE,  /* ml_be_find_nonfinite */
+  ML_OP_COUNT
+} ml_op;
+
+/* The bit of op in ml_backend_ops.supports, and the set of every op. */
+#define ML_OP_BIT(op) (UINT32_C(1) << (op))
+#define ML_OPS_ALL (ML_OP_BIT(ML_OP_COUNT) - 1)
+
 typedef struct ml_backend_ops {
-  const char *name; /* "cpu" */
+  const char *name;  /* "cpu" */
+  bool host_memory;  /* its device memory is host memory (ml_be_host_memory) */
+  uint32_t supports; /* ML_OP_BIT of each operator it implements; their slots
+                      * are set, the others' may be NULL (ml_be_supports) */
   /* memory: bytes from the pool, NULL when there are not (no message) */
   void *(*alloc)(ml_backend *be, size_t bytes);
   void (*free)(ml_backend *be, void *p);
@@ -200,12 +237,48 @@ struct ml_backend {
   void *impl;
 };
 
-/* The backend called `name` ("cpu"), created on first use and kept for
- * the process (ml_backend_release_all frees them). Errors: an unknown name
- * (the message lists the known ones), a device that fails to start. */
-int ml_backend_get(const char *name, ml_backend **out);
+/* ---- the devices: one registry ------------------------------------------- */
+/* One device meshlm knows: the value of the CLI's --device and of
+ * meshlm_options.device (torch's device types). */
+typedef struct ml_device_info {
+  const char *name;        /* "cpu", "cuda" */
+  const char *description; /* one line: where it computes */
+  bool available;          /* this build has its backend */
+} ml_device_info;
+
+/* The known devices' names, NULL-terminated, cpu first (the default): every
+ * device meshlm knows, whether or not this build has it (ml_device_info). */
+const char *const *ml_device_names(void);
+/* Device i of ml_device_names (0 <= i < their count). */
+ml_device_info ml_device_at(int i);
+/* The index of device `name` in ml_device_names, or −1 (no message) when
+ * meshlm knows no device of that name. */
+int ml_device_find(const char *name);
+/* The known names joined by ", " ("cpu, cuda"), for messages. */
+const char *ml_device_list(void);
+
+/* The backend of device `name` ("cpu"), created on first use and kept for
+ * the process (ml_backend_release_all frees them): later calls return it,
+ * whatever their local_rank. local_rank is this process's rank among the
+ * processes of its job on its node (comm/node.h), from which a device
+ * backend picks its device (CUDA: local_rank modulo the GPUs visible, as
+ * torchrun's LOCAL_RANK picks cuda:LOCAL_RANK); the CPU backend ignores
+ * it. Errors: an unknown name ("device 'tpu': unknown; expected one of
+ * cpu, cuda"), a device this build does not have (saying why), a device
+ * that fails to start. */
+int ml_backend_get(const char *name, int local_rank, ml_backend **out);
 /* Destroy every backend ml_backend_get created (at exit). */
 void ml_backend_release_all(void);
+
+/* ---- properties ---------------------------------------------------------- */
+/* Whether be implements operator op (its ml_backend_ops.supports; false
+ * for an op outside the enum): ggml_backend_supports_op for the families
+ * of ml_op. The way code above the seam learns what a backend can do. */
+bool ml_be_supports(const ml_backend *be, ml_op op);
+/* Whether be's device memory (ml_be_alloc) is host memory, which the host
+ * and MPI may read and write directly: true on the CPU backend, false on
+ * CUDA (GPU memory) and meta (addresses no one may dereference). */
+bool ml_be_host_memory(const ml_backend *be);
 
 /* ---- memory -------------------------------------------------------------- */
 /* count elements of `elem` bytes of device memory from the pool; NULL
@@ -321,8 +394,7 @@ int ml_be_attention_bwd(ml_backend *be, const float *dout, const float *q, const
  * lse' = log(e^lse + e^lse_b), out' = out·e^(lse−lse') + out_b·e^(lse_b−lse')),
  * so a query's blocks in any order give its attention over all of them.
  * Products in `compute` as ml_be_attention_fwd's; softmax and merge fp32.
- * No [sq, sk] tensor is stored. A backend without block attention returns
- * an error naming itself. */
+ * No [sq, sk] tensor is stored. ML_OP_ATTENTION_BLOCK (not on CUDA). */
 int ml_be_attention_block_fwd(ml_backend *be, const ml_attn_block *blk, const float *q,
                               const float *k, const float *v, float *out, float *lse,
                               bool accumulate, ml_dtype compute);

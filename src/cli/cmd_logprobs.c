@@ -217,7 +217,7 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
        "output JSONL: {\"logprobs\": [S-1 floats]} per record (+ input_ids for text; + "
        "completion_logprobs, completion_logprob_sum, prompt_tokens, input_ids for "
        "prompt/completion)", true},
-      {"--device", ML_ARG_CHOICE, &device, "where to compute (cuda: one GPU per rank)", false},
+      {"--device", ML_ARG_CHOICE, &device, ml_device_help(), false},
       {"--tp", ML_ARG_INT, &tp, "tensor-parallel size (dp_shard = world / (cp*tp))", false},
       {"--cp", ML_ARG_INT, &cp, "context-parallel size: cp ranks share each sequence", false},
       {"--sequence-parallel", ML_ARG_FLAG, &sp, "shard norms and residuals on the sequence", false},

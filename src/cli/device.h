@@ -1,8 +1,6 @@
-/* --device: where `train` and `logprobs` compute (torch's device argument,
- * NeMo's one GPU per rank). cpu: the CPU backend, collectives on MPI. cuda:
- * the CUDA backend on one GPU per rank (backend/cuda/cuda.h); until NCCL
- * is in, its mesh groups must have one rank each (comm/comm_local.h), so
- * it runs one-rank meshes. The default is cpu. */
+/* --device: where `train` and `logprobs` compute, one of the devices of
+ * the registry (backend/backend.h), opened as a mesh's device
+ * (parallel/device.h). The default is cpu. */
 #ifndef ML_CLI_DEVICE_H
 #define ML_CLI_DEVICE_H
 
@@ -10,13 +8,18 @@
 #include "cli/args.h"
 #include "parallel/mesh.h"
 
-/* The --device flag's value, cpu by default. */
+/* The --device flag's value: the registry's names, cpu by default. */
 ml_arg_choice ml_device_choice(void);
 
-/* The chosen device's backend, and the data-comm factory and its context
- * for ml_mesh_create. cmd names the command in messages ("train").
- * Errors: the backend's (no GPU visible, a build without CUDA), prefixed
- * with "CMD: flag --device NAME: ". */
+/* The flag's help line: the devices with their descriptions (those this
+ * build lacks marked so). */
+const char *ml_device_help(void);
+
+/* The chosen device's backend, for this rank's place on its node among
+ * MPI_COMM_WORLD's, and the data-comm factory and its context for
+ * ml_mesh_create (ml_mesh_device_open). cmd names the command in messages
+ * ("train"). Collective over MPI_COMM_WORLD. Errors: the backend's (no GPU
+ * visible, a build without CUDA), prefixed with "CMD: flag --device NAME: ". */
 int ml_device_open(const char *cmd, const ml_arg_choice *device, ml_backend **be,
                    ml_comm_factory *make_comm, void **ctx);
 

@@ -103,7 +103,7 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
        false},
       {"--parallel-plan", ML_ARG_STR, &o->plan, "plan file (JSON), or auto|optimized|hf|default",
        false},
-      {"--device", ML_ARG_CHOICE, &o->device, "where to compute (cuda: one GPU per rank)", false},
+      {"--device", ML_ARG_CHOICE, &o->device, ml_device_help(), false},
       /* FSDP2 */
       {"--param-dtype", ML_ARG_CHOICE, &o->param_dtype, "parameter all-gather and compute dtype",
        false},

@@ -55,7 +55,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   e->opts = *opts;
   if (!(e->model_dir = strdup(model_dir))) return ml_err("%s: out of memory", model_dir);
   e->be = opts->backend;
-  if (!e->be) ML_TRY(ml_backend_get("cpu", &e->be));
+  if (!e->be) ML_TRY(ml_backend_get("cpu", 0, &e->be));
   ml_model_config cfg;
   ML_TRY(ml_model_config_load(model_dir, &cfg));
   ML_TRY(ml_model_create(&cfg, &e->model));
@@ -215,7 +215,7 @@ static int upload_batch(ml_engine *e, const ml_engine_batch *b) {
 }
 
 bool ml_engine_can_pack(const ml_engine *e) {
-  return e->cp.size == 1 && ml_varlen_supported(e->be);
+  return e->cp.size == 1 && ml_be_supports(e->be, ML_OP_ATTENTION_BLOCK);
 }
 
 /* Each packed token's position in its document (padding from 0 too). */

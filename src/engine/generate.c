@@ -298,7 +298,7 @@ static int check_engine(const ml_engine *e) {
     return ml_err("generate: the engine's mesh has %d ranks (dp_replicate %d x dp_shard %d x cp "
                   "%d x tp %d); expected one rank (all 1): generation runs on a whole replica",
                   ms->world_size, ms->dp_replicate, ms->dp_shard, ms->cp, ms->tp);
-  if (!e->be->ops->attention_block_fwd)
+  if (!ml_be_supports(e->be, ML_OP_ATTENTION_BLOCK))
     return ml_err("generate: backend '%s' has no block attention, which the KV cache's "
                   "attention runs on; expected a backend with it (cpu)",
                   e->be->ops->name);

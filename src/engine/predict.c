@@ -61,7 +61,7 @@ int ml_predict_step(const char *model_dir, const ml_engine_opts *opts,
                   (long long)B, (long long)S, shape->grad_accum);
   int64_t T = ml_mul_sat(B, S);
   ml_backend *like = opts->backend, *meta = NULL;
-  if (!like) ML_TRY(ml_backend_get("cpu", &like));
+  if (!like) ML_TRY(ml_backend_get("cpu", 0, &like));
   ML_TRY(ml_backend_meta_create(like, &meta));
   ml_mesh mesh;
   int rc = ml_mesh_create_meta(shape->dp_replicate, shape->dp_shard, shape->cp, shape->tp,

@@ -6,10 +6,6 @@
 #include "common/checked.h"
 #include "common/status.h"
 
-bool ml_varlen_supported(ml_backend *be) {
-  return be->ops->attention_block_fwd && be->ops->attention_block_bwd;
-}
-
 int ml_varlen_check(const ml_varlen *v, int64_t B, int64_t S) {
   int64_t n = v->ndocs, T = B * S;
   if (n < 0) return ml_err("varlen attention: %lld documents; expected >= 0", (long long)n);
@@ -58,7 +54,7 @@ static ml_attn_block run_block(const ml_attn_call *c, int64_t n) {
 }
 
 static int begin(const ml_varlen *v, const ml_attn_call *c) {
-  if (!ml_varlen_supported(v->be))
+  if (!ml_be_supports(v->be, ML_OP_ATTENTION_BLOCK))
     return ml_err("varlen attention (packed documents): backend '%s' has no block attention; "
                   "expected one sequence per micro-batch on it",
                   v->be->ops->name);

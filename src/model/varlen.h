@@ -44,10 +44,6 @@ typedef struct ml_varlen {
   size_t work_bytes;
 } ml_varlen;
 
-/* Whether `be` runs block attention (the CPU does; CUDA does not yet: the
- * caller then runs one sequence per micro-batch instead). */
-bool ml_varlen_supported(ml_backend *be);
-
 /* Checks v's documents against a batch [B, S]; the forward and backward
  * check them too. Errors (naming the document and its offsets): ndocs < 0,
  * cu NULL with ndocs > 0, cu[0] ≠ 0, offsets not increasing, a slot past

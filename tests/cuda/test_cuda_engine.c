@@ -184,11 +184,11 @@ int main(int argc, char **argv) {
     return 2;
   }
   g_fixture = argv[1];
-  if (ml_backend_get("cuda", &g_cuda)) {
+  if (ml_backend_get("cuda", 0, &g_cuda)) {
     printf("skipped: no GPU (%s)\n", ml_error_msg());
     return 77;
   }
-  if (ml_backend_get("cpu", &g_cpu)) {
+  if (ml_backend_get("cpu", 0, &g_cpu)) {
     fprintf(stderr, "cpu backend: %s\n", ml_error_msg());
     return 1;
   }

@@ -1170,11 +1170,11 @@ static void test_find_nonfinite(void **state) {
 }
 
 int main(void) {
-  if (ml_backend_get("cuda", &g_be[GPU])) {
+  if (ml_backend_get("cuda", 0, &g_be[GPU])) {
     printf("skipped: no GPU (%s)\n", ml_error_msg());
     return 77;
   }
-  if (ml_backend_get("cpu", &g_be[CPU])) {
+  if (ml_backend_get("cpu", 0, &g_be[CPU])) {
     fprintf(stderr, "cpu backend: %s\n", ml_error_msg());
     return 1;
   }

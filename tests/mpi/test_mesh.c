@@ -10,7 +10,11 @@
  *  - the comm factory: called once per group in table order with the
  *    caller's context; a failing factory fails the mesh with its message
  *    and leaves it empty; a comm of the wrong size is refused;
- *  - sizes that do not multiply to the world are refused. */
+ *  - sizes that do not multiply to the world are refused;
+ *  - the node-local rank (comm/node.h) on the world and on a split of it
+ *    (all ranks on this one machine: the rank itself), and the mesh's
+ *    device (parallel/device.h): cpu with the MPI comms, an unknown name
+ *    refused with the caller's prefix. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -24,8 +28,10 @@
 #include <string.h>
 
 #include "comm/comm_mpi.h"
+#include "comm/node.h"
 #include "common/status.h"
 #include "held.h"
+#include "parallel/device.h"
 #include "parallel/mesh.h"
 #include "rank_report.h"
 
@@ -255,6 +261,35 @@ static void test_bad_sizes(void **state) {
   agree(&rep, "failures");
 }
 
+static void test_node_and_device(void **state) {
+  (void)state;
+  report rep = {0};
+  int rank, local = -1, half_rank, half_local = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (ml_node_rank(MPI_COMM_WORLD, &local) || local != rank)
+    note(&rep, "node rank on the world: %d, want %d (%s)", local, rank, ml_error_msg());
+  MPI_Comm half;
+  MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
+  MPI_Comm_rank(half, &half_rank);
+  if (ml_node_rank(half, &half_local) || half_local != half_rank)
+    note(&rep, "node rank on a split: %d, want %d (%s)", half_local, half_rank, ml_error_msg());
+  MPI_Comm_free(&half);
+  ml_backend *be = NULL;
+  ml_comm_factory make = ml_comm_mpi_make;
+  void *ctx = &rep;
+  if (ml_mesh_device_open(MPI_COMM_WORLD, "cpu", "test: device", &be, &make, &ctx) || !be ||
+      strcmp(be->ops->name, "cpu") || make || ctx)
+    note(&rep, "cpu device: backend %s, factory %s (%s)", be ? be->ops->name : "none",
+         make ? "set" : "NULL (MPI)", ml_error_msg());
+  ml_error_clear();
+  if (ml_mesh_device_open(MPI_COMM_WORLD, "tpu", "test: device", &be, &make, &ctx) == 0 ||
+      !strstr(ml_error_msg(), "test: device tpu: ") ||
+      !strstr(ml_error_msg(), "device 'tpu': unknown; expected one of cpu, cuda"))
+    note(&rep, "unknown device: '%s'", ml_error_msg());
+  ml_error_clear();
+  agree(&rep, "failures");
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   const struct CMUnitTest tests[] = {
@@ -262,6 +297,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_written_out),
       cmocka_unit_test(test_factory),
       cmocka_unit_test(test_bad_sizes),
+      cmocka_unit_test(test_node_and_device),
   };
   return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

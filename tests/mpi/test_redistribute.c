@@ -34,7 +34,7 @@
 /* The CPU backend the activations live on. */
 static ml_backend *cpu(void) {
   static ml_backend *be;
-  if (!be && ml_backend_get("cpu", &be)) fail_msg("cpu backend: %s", ml_error_msg());
+  if (!be && ml_backend_get("cpu", 0, &be)) fail_msg("cpu backend: %s", ml_error_msg());
   return be;
 }
 

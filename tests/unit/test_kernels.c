@@ -142,7 +142,7 @@ typedef struct linear_ctx {
 
 static ml_backend *cpu_backend(void) {
   static ml_backend *be;
-  if (!be && ml_backend_get("cpu", &be)) fail_msg("cpu backend: %s", ml_error_msg());
+  if (!be && ml_backend_get("cpu", 0, &be)) fail_msg("cpu backend: %s", ml_error_msg());
   return be;
 }
 

@@ -179,7 +179,7 @@ static void test_peak_rss(void **state) {
  * (1 PFLOP/s); the time box bounds its run time, not its result. */
 static void test_gemm_rate(void **state) {
   ml_backend *be;
-  assert_int_equal(ml_backend_get("cpu", &be), 0);
+  assert_int_equal(ml_backend_get("cpu", 0, &be), 0);
   for (int bf16 = 0; bf16 < 2; bf16++) {
     double r = ml_gemm_flops_per_s(be, bf16 ? ML_BF16 : ML_F32, 0.01);
     assert_true(r > 0 && r < 1e15);

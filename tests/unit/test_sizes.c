@@ -187,7 +187,7 @@ static void test_activations_saturate(void **state) {
   assert_int_equal(ml_model_config_preset("llama", "tiny", &cfg), 0);
   ml_model m;
   assert_int_equal(ml_model_create(&cfg, &m), 0);
-  assert_int_equal(ml_backend_get("cpu", &m.be), 0);
+  assert_int_equal(ml_backend_get("cpu", 0, &m.be), 0);
   ml_error_clear();
   /* B·S = 2^62 tokens: T·H wraps in int64 */
   int64_t B = (int64_t)1 << 38, S = (int64_t)1 << 24;

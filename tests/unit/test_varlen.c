@@ -30,10 +30,11 @@
 #include "check_util.h"
 #include "common/status.h"
 #include "model/varlen.h"
+#include "noblock.h"
 
 static ml_backend *cpu_backend(void) {
   static ml_backend *be;
-  if (!be && ml_backend_get("cpu", &be)) fail_msg("cpu backend: %s", ml_error_msg());
+  if (!be && ml_backend_get("cpu", 0, &be)) fail_msg("cpu backend: %s", ml_error_msg());
   return be;
 }
 
@@ -224,14 +225,8 @@ static void test_refused(void **state) {
 /* A backend without block attention (CUDA today): not supported, and the
  * forward says so. */
 static void test_unsupported_backend(void **state) {
-  ml_backend *cpu = cpu_backend();
-  assert_true(ml_varlen_supported(cpu));
-  ml_backend_ops ops = *cpu->ops;
-  ops.name = "noblock";
-  ops.attention_block_fwd = NULL;
-  ops.attention_block_bwd = NULL;
-  ml_backend fake = {.ops = &ops, .impl = cpu->impl};
-  assert_false(ml_varlen_supported(&fake));
+  ml_backend_ops ops;
+  ml_backend fake = noblock_backend(cpu_backend(), &ops);
   ml_varlen vl = {.be = &fake, .ndocs = 1, .cu = (const int64_t[]){0, 8}};
   ml_attn_core core = ml_varlen_core(&vl);
   ml_attn_call c = {.B = 1, .S = 8, .nh = 1, .nkv = 1, .hd = 4, .scale = 0.5f, .compute = ML_F32};

@@ -482,6 +482,8 @@ static void cpu_destroy(ml_backend *be) {
 
 static const ml_backend_ops k_cpu_ops = {
     .name = "cpu",
+    .host_memory = true,
+    .supports = ML_OPS_ALL,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .host_alloc = cpu_host_alloc,

@@ -1,8 +1,9 @@
 /* The CPU backend (backend/backend.h): memory from a caching pool over
- * malloc (device and host memory are the same), every call synchronous,
- * operators from kernels/cpu (fp32, OpenMP) and oneDNN's matmul for the
- * GEMMs (gemm.c: fp32, and bf16 on AMX / AVX512-BF16 where the CPU has
- * them, also inside attention). The only code that includes kernels/cpu. */
+ * malloc (device and host memory are the same: ml_be_host_memory), every
+ * call synchronous, every operator (ml_be_supports), from kernels/cpu
+ * (fp32, OpenMP), and oneDNN's matmul for the GEMMs (gemm.c: fp32, and
+ * bf16 on AMX / AVX512-BF16 where the CPU has them, also inside
+ * attention). The only code that includes kernels/cpu. */
 #ifndef ML_BACKEND_CPU_H
 #define ML_BACKEND_CPU_H
 

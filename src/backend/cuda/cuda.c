@@ -234,7 +234,7 @@ static int cu_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const
 static int cu_rope_tables(ml_backend *be, double theta, int64_t hd, const ml_rope_scaling *sc,
                           int64_t S, float *cos_t, float *sin_t) {
   ml_backend *cpu;
-  ML_TRY(ml_backend_get("cpu", &cpu));
+  ML_TRY(ml_backend_get("cpu", 0, &cpu));
   int64_t n = ml_mul_sat(S, hd / 2);
   float *t = ml_be_alloc(cpu, ml_mul_sat(n, 2), sizeof(float), "the RoPE tables [2, %lld, %lld]",
                          (long long)S, (long long)(hd / 2));
@@ -419,6 +419,8 @@ static void cu_destroy(ml_backend *be) {
 
 static const ml_backend_ops k_cuda_ops = {
     .name = "cuda",
+    .host_memory = false,
+    .supports = ML_OPS_ALL & ~ML_OP_BIT(ML_OP_ATTENTION_BLOCK),
     .alloc = cu_alloc,
     .free = cu_free,
     .host_alloc = cu_host_alloc,
@@ -462,16 +464,14 @@ static const ml_backend_ops k_cuda_ops = {
 };
 
 /* The device this process drives (cuda.h). */
-static int pick_device(int *device) {
+static int pick_device(int local_rank, int *device) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count < 1)
     return ml_err("device 'cuda': no CUDA GPU is visible (cudaGetDeviceCount: %s); expected an "
                   "NVIDIA GPU with a driver for CUDA 13",
                   e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
-  const char *lr = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-  *device = lr ? atoi(lr) % count : 0;
-  if (*device < 0) *device = 0;
+  *device = local_rank > 0 ? local_rank % count : 0;
   struct cudaDeviceProp prop;
   ML_TRY(ml_cuda_check(cudaGetDeviceProperties(&prop, *device), "cudaGetDeviceProperties"));
   if (prop.major < 8)
@@ -481,9 +481,9 @@ static int pick_device(int *device) {
   return ml_cuda_check(cudaSetDevice(*device), "cudaSetDevice");
 }
 
-int ml_backend_cuda_create(ml_backend **out) {
+int ml_backend_cuda_create(int local_rank, ml_backend **out) {
   int device;
-  ML_TRY(pick_device(&device));
+  ML_TRY(pick_device(local_rank, &device));
   ml_backend *be = ml_calloc(1, sizeof *be, "the CUDA backend");
   cuda *c = ml_calloc(1, sizeof *c, "the CUDA backend");
   if (!be || !c) {

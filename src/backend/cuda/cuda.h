@@ -3,7 +3,8 @@
  * cudaMallocHost (pinned host staging), never managed memory; every
  * operator enqueued on one non-blocking compute stream; events are
  * cudaEvents; the kernels of kernels/cuda and cuBLASLt's matmul for the
- * GEMMs (gemm.c). Calls that hand results to the host (ml_be_copy D2H,
+ * GEMMs (gemm.c); every operator but block attention (ML_OP_ATTENTION_BLOCK,
+ * ml_be_supports). Calls that hand results to the host (ml_be_copy D2H,
  * the loss sums, norm partials) synchronise the stream before returning;
  * everything else returns once enqueued. Only this directory includes
  * kernels/cuda and the CUDA headers. Built only when CMake finds nvcc
@@ -13,13 +14,14 @@
 
 #include "backend/backend.h"
 
-/* Create the CUDA backend on the device this process should use: with
- * several GPUs visible, local rank (OMPI_COMM_WORLD_LOCAL_RANK) modulo
- * their count, as torchrun's LOCAL_RANK picks cuda:LOCAL_RANK; else
- * device 0. Errors: no CUDA device or driver (with the runtime's
- * message), a device older than sm_80 (bf16 tensor cores), allocation,
- * cuBLASLt initialisation. */
-int ml_backend_cuda_create(ml_backend **out);
+/* Create the CUDA backend on the device this process should use: GPU
+ * local_rank modulo the count visible, local_rank being this process's
+ * rank among its job's processes on its node (comm/node.h), as torchrun's
+ * LOCAL_RANK picks cuda:LOCAL_RANK (device 0 for local_rank <= 0).
+ * Errors: no CUDA device or driver (with the runtime's message), a device
+ * older than sm_80 (bf16 tensor cores), allocation, cuBLASLt
+ * initialisation. */
+int ml_backend_cuda_create(int local_rank, ml_backend **out);
 
 /* ---- the GEMM (gemm.c) ---------------------------------------------------- */
 typedef struct ml_cuda_gemm ml_cuda_gemm;

@@ -176,6 +176,8 @@ static int meta_find_nonfinite(ml_backend *be, const float *g, int64_t n, bool *
 
 static const ml_backend_ops k_meta_ops = {
     .name = "meta",
+    .host_memory = false,
+    .supports = ML_OPS_ALL,
     .alloc = meta_alloc,
     .free = meta_free,
     .host_alloc = meta_host_alloc,

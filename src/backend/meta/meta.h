@@ -15,7 +15,9 @@
  * plan` predicts this way (engine/predict.h).
  *
  * Sizes a backend decides itself (the attention backward's workspace) are
- * those of the backend the meta device stands for (`like`). */
+ * those of the backend the meta device stands for (`like`). It implements
+ * every operator (ml_be_supports), and its device memory is not host
+ * memory (ml_be_host_memory). */
 #ifndef ML_BACKEND_META_H
 #define ML_BACKEND_META_H
 

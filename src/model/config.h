@@ -80,11 +80,17 @@ typedef struct ml_model_config {
  * unsupported (e.g. Gemma3 final_logit_softcapping non-null). */
 int ml_model_config_load(const char *dir, ml_model_config *out);
 
+/* The longest sequence the model takes: max_position_embeddings, or
+ * ML_MAX_POSITIONS when every RoPE of the model is dynamic (its NTK scaling
+ * exists to run past max_position_embeddings, and HF sets no limit). */
+int64_t ml_model_config_max_seq_len(const ml_model_config *c);
+
 /* Refuse sequences longer than the model's positions: 0 when 1 <= seq_len
- * <= c->max_positions, else -1 with "WHAT: N tokens, above
+ * <= ml_model_config_max_seq_len(c), else -1 with "WHAT: N tokens, above
  * max_position_embeddings M of DIR/config.json; expected at most M" (what
  * names where seq_len came from, e.g. "train: flag --seq-len" or
- * "data.jsonl line 3"; dir is the model directory). */
+ * "data.jsonl line 3"; dir is the model directory; dynamic RoPE: "above
+ * meshlm's limit of ML_MAX_POSITIONS positions"). */
 int ml_model_config_check_seq_len(const ml_model_config *c, const char *dir, int64_t seq_len,
                                   const char *what);
 

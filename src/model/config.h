@@ -1,11 +1,16 @@
 /* Model hyper-parameters from an HF config.json, interpreted through the
  * family descriptor (defaults differ per family, as in transformers'
- * LlamaConfig / Qwen2Config / Qwen3Config / Gemma3TextConfig /
- * Gemma3Config). Reads both the transformers 4 layout (rope_theta,
- * rope_scaling, rope_local_base_freq, sliding_window_pattern, torch_dtype)
- * and the 5 layout (rope_parameters, flat or nested per layer type;
- * layer_types; dtype); composite configs (Gemma3Config) are read from their
- * text_config. */
+ * LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config /
+ * Gemma3TextConfig / Gemma3Config). Reads both the transformers 4 layout
+ * (rope_theta, rope_scaling, rope_local_base_freq, sliding_window_pattern,
+ * torch_dtype) and the 5 layout (rope_parameters, flat or nested per layer
+ * type; layer_types; dtype); composite configs (Gemma3Config) are read from
+ * their text_config. RoPE entries: the keys transformers 5.23's
+ * _compute_*_parameters read for rope_type default, linear, llama3, dynamic,
+ * yarn and longrope, with their defaults (backend/types.h ml_rope_scaling);
+ * original_max_position_embeddings as standardize_rope_params settles it (a
+ * top-level key first in the flat layout, Phi-3's, then the entry's, then
+ * max_position_embeddings); partial_rotary_factor only 1. */
 #ifndef ML_CONFIG_H
 #define ML_CONFIG_H
 
@@ -74,7 +79,11 @@ typedef struct ml_model_config {
  * num_attention_heads, vocab_size, rms_norm_eps), wrong type, a size
  * outside [1, its ML_MAX_* limit] (the message gives the value found and
  * the range expected), unsupported architecture (listing the supported
- * ones), unknown rope type, hidden_size/heads inconsistent with head_dim,
+ * ones), unknown rope type, a RoPE field of the wrong type or range
+ * (longrope factors not head_dim / 2 positive numbers, a yarn/longrope
+ * factor or attention_factor not positive, dynamic's factor not positive,
+ * partial_rotary_factor other than 1; named as 'rope_parameters.FIELD' or
+ * 'rope_scaling.FIELD'), hidden_size/heads inconsistent with head_dim,
  * a layer_types list of the wrong length or with an unknown entry, a
  * sliding layer without a sliding_window, a setting the family marks
  * unsupported (e.g. Gemma3 final_logit_softcapping non-null). */

@@ -209,6 +209,9 @@ static int read_rope_fields(const rope_entry *e, const ml_model_config *c, ml_ro
   case ML_ROPE_DYNAMIC:
     sc->max_positions = (double)c->max_positions;
     ML_TRY(rope_num(e, "factor", true, 0, &sc->factor));
+    if (c->head_dim <= 2) /* the NTK exponent head_dim / (head_dim − 2) */
+      return ml_err("%s: field 'head_dim': dynamic RoPE needs a head_dim above 2, found %lld",
+                    j->path, (long long)c->head_dim);
     if (sc->factor > 0) return 0;
     return ml_err("%s: field '%s.factor': expected a positive number, found %g", j->path,
                   e->where, sc->factor);

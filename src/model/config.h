@@ -81,9 +81,9 @@ typedef struct ml_model_config {
  * the range expected), unsupported architecture (listing the supported
  * ones), unknown rope type, a RoPE field of the wrong type or range
  * (longrope factors not head_dim / 2 positive numbers, a yarn/longrope
- * factor or attention_factor not positive, dynamic's factor not positive,
- * partial_rotary_factor other than 1; named as 'rope_parameters.FIELD' or
- * 'rope_scaling.FIELD'), hidden_size/heads inconsistent with head_dim,
+ * factor or attention_factor not positive, dynamic's factor not positive
+ * or head_dim <= 2, partial_rotary_factor other than 1; named as
+ * 'rope_parameters.FIELD' or 'rope_scaling.FIELD'), hidden_size/heads inconsistent with head_dim,
  * a layer_types list of the wrong length or with an unknown entry, a
  * sliding layer without a sliding_window, a setting the family marks
  * unsupported (e.g. Gemma3 final_logit_softcapping non-null). */

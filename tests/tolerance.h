@@ -112,6 +112,42 @@ static inline double tol_llama3_rel(double theta, double factor, double lo, doub
   double amp = (factor - 1.0) * (hi + lo) / (hi - lo);
   return amp * tol_vs_double(kf + 5.0, kf + 5.0) + tol_vs_double(kf + 6.0, kf + 6.0);
 }
+/* dynamic NTK base b' = theta·t^e, t = factor·L/M − (factor − 1) in fp32:
+ * factor's conversion, ·L, /M, (factor − 1)'s conversion and the
+ * difference: 4 roundings against t_abs = factor·L/M + (factor − 1) (R3);
+ * e = (float)(hd/(hd − 2)) rounded once, which moves t^e by e·|ln t|·u;
+ * powf 4 and scales t's error by e; theta's conversion and the product 2.
+ * Then inv_freq = 1/powf(b', x) as tol_inv_freq_rel with b' for theta,
+ * b''s own relative error scaled by x < 1. First order, made strict. */
+static inline double tol_dynamic_rel(double theta, double factor, double L, double M, double hd) {
+  double t = factor * L / M - (factor - 1.0), e = hd / (hd - 2.0);
+  double kb = e * 4.0 * (factor * L / M + factor - 1.0) / t + e * fabs(log(t)) + TOL_LIBM + 2.0;
+  double k = kb + log(theta * pow(t, e)) + TOL_LIBM + 1.0;
+  return TOL_FIRST_ORDER * (tol_gamma(k) + tol_gamma64(k));
+}
+/* yarn: pos = powf(theta, x) (x·ln(theta) + 4), extrapolation 1/pos (1),
+ * interpolation 1/(factor·pos) (2); the ramp r = ((float)i − (float)lo) /
+ * (float)(hi − lo): conversions 3, difference 1, quotient 1, an absolute
+ * error <= gamma_5·(i + lo)/(hi − lo) <= gamma_5·(hd/2 + lo)/(hi − lo),
+ * then 1 − r (u). That absolute error e_r moves the blend
+ * interp·r + extrap·(1 − r) by e_r·extrap·(1 − 1/factor), i.e. by
+ * e_r·(factor − 1) relative to its smallest value interp; the blend's own
+ * roundings (1 − extra, two products, the sum, all terms positive) add 4
+ * to the path of interp. */
+static inline double tol_yarn_rel(double theta, double factor, double hd, double lo, double hi) {
+  double k = log(theta) + TOL_LIBM + 2.0 + 4.0;
+  double e_r = tol_gamma(5.0) * (hd / 2.0 + lo) / (hi - lo) + TOL_U;
+  return TOL_FIRST_ORDER * ((factor - 1.0) * e_r + tol_gamma(k) + tol_gamma64(k));
+}
+/* longrope: 1/(ext·powf(theta, x)): the exponent and powf as
+ * tol_inv_freq_rel, the product and the quotient 2 (ext is the same fp32
+ * value on both sides). */
+static inline double tol_longrope_rel(double theta) {
+  return tol_gamma(log(theta) + TOL_LIBM + 2.0) + tol_gamma64(log(theta) + TOL_LIBM + 2.0);
+}
+/* An attention factor computed in double (log, sqrt, a quotient: 2 libm
+ * calls and 4 roundings on either side). Relative. */
+#define TOL_ROPE_ATTENTION_FACTOR_REL (2.0 * tol_gamma64(2.0 * TOL_LIBM + 4.0))
 /* attention forward, per row (computed in the test from the row's data):
  * scores s = scale·q·k: dot of length hd and the alpha scaling (R2), an
  * absolute error d_j <= gamma_{hd+1}·scale·sum|q||k|; softmax: m = max_j s_j

@@ -57,8 +57,39 @@ FIXTURES
     gemma3_h4kv1   the gemma3 config with Gemma-3-270M's grouping: 4 heads,
                    1 KV head (every tp > 1 replicates it)
 
+    mistral        MistralForCausalLM, untied, sliding_window 8 (< S) on every
+                   layer, head_dim from hidden/heads, vocab 257, loss mask
+    llama_yarn     LlamaForCausalLM, untied, vocab 258, rope_parameters yarn:
+                   factor 4, original_max_position_embeddings 16 (< S),
+                   max_position_embeddings 64, beta_fast 8, beta_slow 0.5,
+                   truncate false (a fractional ramp), attention_factor from
+                   the default formula (0.1 ln 4 + 1)
+    llama_dynamic  LlamaForCausalLM, tied, vocab 259, rope_parameters dynamic
+                   factor 2 with max_position_embeddings 16 (< S): transformers'
+                   dynamic_rope_update recomputes inv_freq for seq_len
+                   max(position_ids) + 1 = S = 24 (NTK base scaling)
+    llama_longrope LlamaForCausalLM, untied, vocab 261, rope_parameters
+                   longrope: short/long factors of head_dim/2 in [1, 1.5] /
+                   [1, 2], original_max_position_embeddings 16 (< S, so the
+                   long factors), max_position_embeddings 64, no factor and no
+                   attention_factor (both from the defaults: 64/16, then
+                   sqrt(1 + ln 4 / ln 16))
+    phi3           Phi3ForCausalLM (fused self_attn.qkv_proj and
+                   mlp.gate_up_proj in the checkpoint), untied, vocab 260,
+                   rope longrope as llama_longrope's (its own factors) with
+                   Phi-3's top-level original_max_position_embeddings 16,
+                   max_position_embeddings 64, partial_rotary_factor 1.0
+
     All other sizes: hidden 64, intermediate 160, 2 layers, 4 heads, 2 KV
     heads, head_dim 16; B=2, S=24.
+
+ROPE NOTES (transformers 5.23 modeling_rope_utils.py)
+    The fixtures with a RoPE that depends on the forward's length (dynamic,
+    longrope) are checked when generating: after the reference forward the
+    rotary embedding's inv_freq is the one computed for seq_len = S (dynamic:
+    base * (factor * S / max_position_embeddings - (factor - 1)) ** (hd /
+    (hd - 2)); longrope: 1 / (long_factor * base ** (2i / hd))), and yarn's
+    attention scaling is the default formula's.
 
 DEFINITIONS (hold exactly, in float64)
     logprobs[b][t] = log_softmax(logits[b, t])[input_ids[b][t+1]], t = 0..S-2
@@ -111,6 +142,7 @@ GEMMA3_VLM NOTES
 import argparse
 import copy
 import json
+import math
 import os
 import shutil
 import sys
@@ -121,8 +153,9 @@ from safetensors.torch import load_file, save_file
 from transformers import (AutoModelForCausalLM, Gemma3Config,
                           Gemma3ForCausalLM, Gemma3ForConditionalGeneration,
                           Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
-                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM, SiglipVisionConfig)
+                          MistralConfig, MistralForCausalLM, Phi3Config,
+                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM, SiglipVisionConfig)
 from transformers.core_model_loading import revert_weight_conversion
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 
@@ -166,6 +199,21 @@ GEMMA3_TEXT = dict(
     attn_logit_softcapping=None,
     attention_bias=False,
 )
+
+# the sizes of LLAMA_BASE without its RoPE and length keys (Mistral, Phi-3)
+SMALL = {k: LLAMA_BASE[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                     "num_attention_heads", "num_key_value_heads",
+                                     "rms_norm_eps")}
+
+
+def longrope_factors(seed):
+    """short_factor in [1, 1.5], long_factor in [1, 2], head_dim/2 each, 3 decimals."""
+    g = torch.Generator().manual_seed(seed)
+    half = LLAMA_BASE["head_dim"] // 2
+    short = (1.0 + 0.5 * torch.rand(half, generator=g, dtype=torch.float64)).tolist()
+    long = (1.0 + torch.rand(half, generator=g, dtype=torch.float64)).tolist()
+    return [round(x, 3) for x in short], [round(x, 3) for x in long]
+
 
 # ids the gemma3_vlm fixture reserves at the top of its 256-token vocabulary
 GEMMA3_VLM_BOI, GEMMA3_VLM_EOI, GEMMA3_VLM_IMAGE = 253, 254, 255
@@ -300,6 +348,81 @@ FIXTURES = [
         gemma=True,
         id_range=(1, 256),
     ),
+    dict(
+        name="mistral",
+        cls=MistralForCausalLM,
+        config=lambda: MistralConfig(
+            **SMALL,
+            vocab_size=257,
+            sliding_window=8,          # < S, so the window matters; every layer
+            tie_word_embeddings=False,
+            max_position_embeddings=256,
+        ),
+        seed=1009,
+        mask=True,
+        window=8,
+    ),
+    dict(
+        name="llama_yarn",
+        cls=LlamaForCausalLM,
+        config=lambda: LlamaConfig(
+            **{**LLAMA_BASE, "max_position_embeddings": 64},
+            vocab_size=258,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                             "original_max_position_embeddings": 16, "beta_fast": 8.0,
+                             "beta_slow": 0.5, "truncate": False},
+        ),
+        seed=1010,
+        mask=False,
+    ),
+    dict(
+        name="llama_dynamic",
+        cls=LlamaForCausalLM,
+        config=lambda: LlamaConfig(
+            **{**LLAMA_BASE, "max_position_embeddings": 16},   # < S: the NTK scaling applies
+            vocab_size=259,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
+        ),
+        seed=1011,
+        mask=False,
+    ),
+    dict(
+        name="llama_longrope",
+        cls=LlamaForCausalLM,
+        config=lambda: LlamaConfig(
+            **{**LLAMA_BASE, "max_position_embeddings": 64},
+            vocab_size=261,
+            tie_word_embeddings=False,
+            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                             "short_factor": longrope_factors(1012)[0],
+                             "long_factor": longrope_factors(1012)[1],
+                             "original_max_position_embeddings": 16},
+        ),
+        seed=1012,
+        mask=True,
+    ),
+    dict(
+        name="phi3",
+        cls=Phi3ForCausalLM,
+        config=lambda: Phi3Config(
+            **SMALL,
+            vocab_size=260,
+            tie_word_embeddings=False,
+            max_position_embeddings=64,
+            original_max_position_embeddings=16,   # Phi-3 keeps it top-level
+            partial_rotary_factor=1.0,
+            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                             "short_factor": longrope_factors(1013)[0],
+                             "long_factor": longrope_factors(1013)[1]},
+            pad_token_id=None,         # Phi3Config's 32000 is outside the vocabulary
+            eos_token_id=2,            # likewise its eos 32000
+            sliding_window=None,
+        ),
+        seed=1013,
+        mask=False,
+    ),
 ]
 
 
@@ -360,6 +483,18 @@ def check_norm_init(fx, model):
     assert n == want, (fx["name"], n, want)
 
 
+def window_loss(fx, out_dir, ref, input_ids, window):
+    """The fixture's unmasked mean loss with the config's sliding_window replaced."""
+    cfg = type(ref.config).from_pretrained(out_dir)
+    cfg.get_text_config().sliding_window = window
+    wide = fx["cls"].from_pretrained(out_dir, config=cfg, dtype=torch.float64,
+                                     attn_implementation="eager")
+    with torch.no_grad():
+        wl = wide(input_ids=input_ids).logits
+    lsm = torch.log_softmax(wl[:, :-1, :], dim=-1)
+    return -lsm.gather(-1, input_ids[:, 1:].unsqueeze(-1)).mean().item()
+
+
 def check_gemma3(fx, out_dir, ref, input_ids, loss):
     """Gemma3 fixtures: config round trip, rope / scaling / window semantics."""
     is_vlm = fx["cls"] is Gemma3ForConditionalGeneration
@@ -403,16 +538,8 @@ def check_gemma3(fx, out_dir, ref, input_ids, loss):
         assert torch.equal(nz, allowed[lt].expand_as(nz)), (li, lt)
 
     # the window changes the result
-    cfg = type(ref.config).from_pretrained(out_dir)
-    cfg.get_text_config().sliding_window = 64
-    wide = fx["cls"].from_pretrained(out_dir, config=cfg, dtype=torch.float64,
-                                     attn_implementation="eager")
-    with torch.no_grad():
-        wl = wide(input_ids=input_ids).logits
-    lsm = torch.log_softmax(wl[:, :-1, :], dim=-1)
-    wide_loss = -lsm.gather(-1, input_ids[:, 1:].unsqueeze(-1)).mean().item()
+    wide_loss = window_loss(fx, out_dir, ref, input_ids, 64)
     assert abs(wide_loss - loss) > 1e-4 * abs(loss), (wide_loss, loss)
-    del wide
 
     if is_vlm:
         # token_type_ids of zeros (text only) change nothing
@@ -435,6 +562,57 @@ def check_gemma3(fx, out_dir, ref, input_ids, loss):
             c = text(input_ids=input_ids).logits
         assert torch.allclose(a, c, rtol=0, atol=1e-12), (a - c).abs().max()
     return wide_loss
+
+
+def check_window(fx, out_dir, ref, input_ids):
+    """Mistral: every layer attends to the last `window` keys; the window matters."""
+    W = fx["window"]
+    assert ref.config.sliding_window == W
+    with torch.no_grad():
+        out = ref(input_ids=input_ids, output_attentions=True)
+        logits = out.logits
+    i = torch.arange(S)[:, None]
+    j = torch.arange(S)[None, :]
+    for att in out.attentions:
+        nz = att > 0
+        assert torch.equal(nz, ((j <= i) & (i - j < W)).expand_as(nz))
+    lsm = torch.log_softmax(logits[:, :-1, :], dim=-1)
+    loss = -lsm.gather(-1, input_ids[:, 1:].unsqueeze(-1)).mean().item()
+    wide = window_loss(fx, out_dir, ref, input_ids, 64)
+    assert abs(wide - loss) > 1e-4 * abs(loss), (wide, loss)
+    return wide
+
+
+def check_rope(ref):
+    """The RoPE the reference ran with, recomputed here in float64 from
+    modeling_rope_utils' formulas for seq_len = S (see ROPE NOTES)."""
+    cfg = ref.config
+    rp = cfg.rope_parameters
+    rope = ref.model.rotary_emb
+    hd = cfg.hidden_size // cfg.num_attention_heads
+    k = torch.arange(0, hd, 2, dtype=torch.float64) / hd
+    base = rp["rope_theta"]
+    kind = rp["rope_type"]
+    if kind == "dynamic":
+        M = cfg.max_position_embeddings
+        assert S > M
+        base = base * (rp["factor"] * S / M - (rp["factor"] - 1)) ** (hd / (hd - 2))
+        want, scale = 1.0 / base ** k, 1.0
+    elif kind == "longrope":
+        orig = rp["original_max_position_embeddings"]
+        assert S > orig and orig == 16, rp
+        want = 1.0 / (torch.tensor(rp["long_factor"], dtype=torch.float64) * base ** k)
+        factor = cfg.max_position_embeddings / orig
+        scale = math.sqrt(1 + math.log(factor) / math.log(orig))
+    elif kind == "yarn":
+        want = None  # the ramp: checked by meshlm's parity with the reference
+        scale = 0.1 * math.log(rp["factor"]) + 1.0
+    else:
+        return
+    if want is not None:
+        got = rope.inv_freq.double()
+        assert torch.allclose(got, want, rtol=1e-6, atol=0), (kind, got, want)
+    assert abs(rope.attention_scaling - scale) < 1e-12, (kind, rope.attention_scaling, scale)
 
 
 def make_fixture(fx, out_root):
@@ -545,6 +723,10 @@ def make_fixture(fx, out_root):
     if gemma:
         wide_loss = check_gemma3(fx, out_dir, ref, input_ids, loss.item())
         extra = f" (loss with sliding_window=64: {wide_loss:.10f})"
+    if "window" in fx:
+        wide_loss = check_window(fx, out_dir, ref, input_ids)
+        extra = f" (unmasked loss with sliding_window=64: {wide_loss:.10f})"
+    check_rope(ref)
 
     expected = {"input_ids": input_ids.tolist()}
     if loss_mask is not None:

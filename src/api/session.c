@@ -319,15 +319,14 @@ int api_check_seqs(const meshlm_session *s, const meshlm_seqs *b, const char *wh
   if (b->n > 0 && (!b->lens || !b->tokens))
     return ml_err("%s: %lld sequences but lens or tokens is NULL", what, (long long)b->n);
   const ml_model_config *c = &s->e.model.cfg;
-  int64_t tokens = 0, p = 0;
+  int64_t tokens = 0, p = 0, max = ml_model_config_max_seq_len(c);
   for (int64_t k = 0; k < b->n; k++) {
     int64_t L = b->lens[k];
-    if (L < min_len || L > c->max_positions)
+    if (L < min_len || L > max)
       return ml_err("%s: sequence %lld has %lld tokens; expected %lld .. %lld "
                     "(max_position_embeddings)",
-                    what, (long long)k, (long long)L, (long long)min_len,
-                    (long long)c->max_positions);
-    tokens += L; /* each <= max_positions <= 2^31: no overflow below 2^32 sequences */
+                    what, (long long)k, (long long)L, (long long)min_len, (long long)max);
+    tokens += L; /* each <= ML_MAX_POSITIONS = 2^24: no overflow below 2^39 sequences */
     p += L - 1;
   }
   for (int64_t t = 0, k = 0, end = b->n ? b->lens[0] : 0; t < tokens; t++) {

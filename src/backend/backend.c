@@ -127,9 +127,9 @@ int ml_be_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const voi
   return be->ops->rmsnorm_bwd(be, dy, x, w, w_type, offset, rstd, dx, dw, T, H);
 }
 int ml_be_rope_tables(ml_backend *be, double theta, int64_t hd, const ml_rope_scaling *sc,
-                      int64_t S, float *cos_t, float *sin_t) {
+                      int64_t seq_len, int64_t S, float *cos_t, float *sin_t) {
   NEED(be, ML_OP_ROPE);
-  return be->ops->rope_tables(be, theta, hd, sc, S, cos_t, sin_t);
+  return be->ops->rope_tables(be, theta, hd, sc, seq_len, S, cos_t, sin_t);
 }
 int ml_be_rope_fwd(ml_backend *be, float *x, const float *cos_t, const float *sin_t, int64_t B,
                    int64_t S, int64_t nheads, int64_t hd) {

@@ -184,7 +184,7 @@ typedef struct ml_backend_ops {
                      ml_dtype w_type, float offset, const float *rstd, float *dx, float *dw,
                      int64_t T, int64_t H);
   int (*rope_tables)(ml_backend *be, double theta, int64_t hd, const ml_rope_scaling *sc,
-                     int64_t S, float *cos_t, float *sin_t);
+                     int64_t seq_len, int64_t S, float *cos_t, float *sin_t);
   int (*rope_fwd)(ml_backend *be, float *x, const float *cos_t, const float *sin_t, int64_t B,
                   int64_t S, int64_t nheads, int64_t hd);
   int (*rope_bwd)(ml_backend *be, float *dx, const float *cos_t, const float *sin_t, int64_t B,
@@ -349,10 +349,15 @@ int ml_be_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dtype w_
 int ml_be_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const void *w,
                       ml_dtype w_type, float offset, const float *rstd, float *dx, float *dw,
                       int64_t T, int64_t H);
-/* RoPE cos/sin tables [S, hd/2] for base theta and scaling `sc` (HF
- * _compute_default/linear/llama3_parameters; fp32 angles). */
+/* RoPE cos/sin tables [S, hd/2] of positions 0 .. S−1 for base theta and
+ * scaling `sc`, as HF's rotary embedding computes them for a forward whose
+ * positions reach seq_len − 1 (seq_len = max(position_ids) + 1: what the
+ * length-dependent types, dynamic and longrope, are computed for; the
+ * others ignore it): cos/sin of fp32 angles p·inv_freq times the attention
+ * factor (kernels/cpu/kernels.h k_rope_inv_freq, k_rope_tables: the one
+ * definition every backend uses). Errors: allocation. */
 int ml_be_rope_tables(ml_backend *be, double theta, int64_t hd, const ml_rope_scaling *sc,
-                      int64_t S, float *cos_t, float *sin_t);
+                      int64_t seq_len, int64_t S, float *cos_t, float *sin_t);
 /* In place on x: [B·S, nheads, hd] (rotate_half); bwd: the transpose. */
 int ml_be_rope_fwd(ml_backend *be, float *x, const float *cos_t, const float *sin_t, int64_t B,
                    int64_t S, int64_t nheads, int64_t hd);

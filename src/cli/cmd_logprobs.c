@@ -254,7 +254,8 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   eo.fsdp.param_dtype = ml_dtype_chosen(&dtype);
   if (rc == 0) rc = ml_engine_open(&e, &mesh, model, &eo);
   dopts.tokenizer_dir = model;
-  if (rc == 0) rc = ml_seqs_load(data, e.model.cfg.vocab, e.model.cfg.max_positions, &dopts, &seqs);
+  if (rc == 0) rc = ml_seqs_load(data, e.model.cfg.vocab,
+                                       ml_model_config_max_seq_len(&e.model.cfg), &dopts, &seqs);
   if (rc == 0 && mesh.rank == 0) rc = ml_file_open_tmp(out, tmp, sizeof tmp, &run.out);
   if (ml_cli_agree(world, rc) == 0) {
     rc = run_all(&run, budget);

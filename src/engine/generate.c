@@ -229,8 +229,10 @@ static int group_alloc(gen *g, int64_t B, int64_t P, int64_t cap) {
   if (!g->kv.mem || !g->rope || !g->x || !g->ids || !g->host_ids || !g->logits ||
       !g->host_logits)
     return -1;
-  ML_TRY(ml_be_rope_tables(be, c->rope_theta, c->head_dim, &c->rope, cap, g->rope, g->rope + n));
-  return ml_be_rope_tables(be, c->rope_local_theta, c->head_dim, &c->rope_local, cap,
+  /* length-dependent scalings for the prefill's length P (generate.h) */
+  ML_TRY(ml_be_rope_tables(be, c->rope_theta, c->head_dim, &c->rope, P, cap, g->rope,
+                           g->rope + n));
+  return ml_be_rope_tables(be, c->rope_local_theta, c->head_dim, &c->rope_local, P, cap,
                            g->rope + 2 * n, g->rope + 3 * n);
 }
 

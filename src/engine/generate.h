@@ -13,7 +13,13 @@
  * keys 0 .. p0+S−1 (causal, the layer's sliding window). RoPE rotates by
  * the global positions: each forward points the layers' tables at rows p0
  * .. of tables built once for the call (ml_be_rope_tables, the same tables
- * ml_model_begin builds for positions 0 .. cap−1).
+ * ml_model_begin builds for positions 0 .. cap−1). RoPE types that depend
+ * on the forward's length (dynamic, longrope) are computed for the prompt's
+ * length P, as HF's prefill: the same as HF for every position while the
+ * generation stays within the length they switch at (max_position_embeddings
+ * for dynamic, original_max_position_embeddings for longrope); past it HF's
+ * dynamic_rope_update recomputes the frequencies for each new position (the
+ * cached keys keeping theirs), which tables built once do not follow.
  *
  * Batching: the rows of one forward share their positions, so prompts of
  * equal length form one group (GRPO's repeated prompts batch together):

@@ -81,49 +81,186 @@ static int read_sizes(const ml_json *j, ml_model_config *c) {
     return ml_err("%s: field 'head_dim': expected an even size for rotary embeddings, found %lld",
                   j->path, (long long)c->head_dim);
   ML_TRY(read_size(j, "vocab_size", false, 0, ML_MAX_VOCAB, &c->vocab));
-  ML_TRY(read_size(j, "max_position_embeddings", true, 2048, ML_MAX_POSITIONS,
-                   &c->max_positions));
+  ML_TRY(read_size(j, "max_position_embeddings", true, c->family->max_positions_default,
+                   ML_MAX_POSITIONS, &c->max_positions));
   ML_TRY(ml_json_num(j, NULL, "rms_norm_eps", &c->rms_eps));
   return 0;
 }
 
+int64_t ml_model_config_max_seq_len(const ml_model_config *c) {
+  bool dynamic = c->rope.type == ML_ROPE_DYNAMIC && c->rope_local.type == ML_ROPE_DYNAMIC;
+  return dynamic ? ML_MAX_POSITIONS : c->max_positions;
+}
+
 int ml_model_config_check_seq_len(const ml_model_config *c, const char *dir, int64_t seq_len,
                                   const char *what) {
-  if (seq_len <= c->max_positions) return 0;
+  int64_t max = ml_model_config_max_seq_len(c);
+  if (seq_len <= max) return 0;
+  if (max > c->max_positions)
+    return ml_err("%s: %lld tokens, above meshlm's limit of %lld positions; expected at most %lld "
+                  "tokens",
+                  what, (long long)seq_len, (long long)max, (long long)max);
   return ml_err("%s: %lld tokens, above max_position_embeddings %lld of %s/config.json; expected "
                 "at most %lld tokens",
                 what, (long long)seq_len, (long long)c->max_positions, dir,
                 (long long)c->max_positions);
 }
 
+/* One rope_parameters / rope_scaling entry being read: its JSON object,
+ * its name in messages ("rope_parameters", "rope_parameters.full_attention"),
+ * and whether it is the flat (one for all layers) layout. */
+typedef struct rope_entry {
+  const ml_json *j;
+  const json_t *params;
+  const char *where;
+  bool flat;
+} rope_entry;
+
+/* Field `key` of the entry as a number: required, or `dflt` when absent or
+ * null; errors name the file and where.key. */
+static int rope_num(const rope_entry *e, const char *key, bool required, double dflt, double *out) {
+  const json_t *v = json_object_get(e->params, key);
+  *out = dflt;
+  if (!required && (!v || json_is_null(v))) return 0;
+  if (json_is_number(v)) {
+    *out = json_number_value(v);
+    return 0;
+  }
+  char found[64];
+  ml_json_brief(v, found, sizeof found);
+  return ml_err("%s: field '%s.%s': expected a number, found %s", e->j->path, e->where, key,
+                found);
+}
+
+/* An optional number that must be positive when given (0: absent). */
+static int rope_positive_opt(const rope_entry *e, const char *key, double *out) {
+  const json_t *v = json_object_get(e->params, key);
+  ML_TRY(rope_num(e, key, false, 0.0, out));
+  if (!v || json_is_null(v) || *out > 0) return 0;
+  return ml_err("%s: field '%s.%s': expected a positive number or null, found %g", e->j->path,
+                e->where, key, *out);
+}
+
+/* original_max_position_embeddings of a llama3 / yarn / longrope entry as
+ * standardize_rope_params settles it: in the flat layout a top-level key
+ * wins (Phi-3 keeps it there), else the entry's, else
+ * max_position_embeddings. */
+static int rope_original_max(const rope_entry *e, const ml_model_config *c, double *out) {
+  const char *key = "original_max_position_embeddings";
+  const json_t *top = e->flat ? json_object_get(e->j->root, key) : NULL;
+  if (top && !json_is_null(top)) ML_TRY(ml_json_num(e->j, NULL, key, out));
+  else ML_TRY(rope_num(e, key, false, (double)c->max_positions, out));
+  if (*out >= 1) return 0;
+  return ml_err("%s: field '%s%s%s': expected a length >= 1, found %g", e->j->path,
+                top ? "" : e->where, top ? "" : ".", key, *out);
+}
+
+/* longrope's `key` list: head_dim / 2 numbers into out. */
+static int rope_factors(const rope_entry *e, const char *key, int64_t head_dim, float *out) {
+  const json_t *v = json_object_get(e->params, key);
+  size_t n = (size_t)(head_dim / 2);
+  if (json_is_array(v) && json_array_size(v) == n) {
+    for (size_t i = 0; i < n; i++) {
+      const json_t *x = json_array_get(v, i);
+      if (!json_is_number(x) || !(json_number_value(x) > 0))
+        return ml_err("%s: field '%s.%s[%zu]': expected a positive number", e->j->path, e->where,
+                      key, i);
+      out[i] = (float)json_number_value(x); /* torch.tensor(..., dtype=float32) */
+    }
+    return 0;
+  }
+  char found[64];
+  ml_json_brief(v, found, sizeof found);
+  return ml_err("%s: field '%s.%s': expected a list of %zu numbers (head_dim / 2), found %s",
+                e->j->path, e->where, key, n, found);
+}
+
+/* partial_rotary_factor, top-level or in an entry: meshlm rotates whole
+ * heads, so only 1 (or its absence) is accepted. */
+static int whole_heads(const ml_json *j, const json_t *obj, const char *where) {
+  double f;
+  ML_TRY(ml_json_num_opt(j, obj, "partial_rotary_factor", 1.0, &f));
+  if (f == 1.0) return 0;
+  return ml_err("%s: field '%s%spartial_rotary_factor': meshlm rotates whole heads; expected 1.0, "
+                "found %g",
+                j->path, where ? where : "", where ? "." : "", f);
+}
+
+static const struct {
+  const char *name;
+  ml_rope_type type;
+} rope_types[] = {
+    {"default", ML_ROPE_DEFAULT}, {"linear", ML_ROPE_LINEAR}, {"llama3", ML_ROPE_LLAMA3},
+    {"dynamic", ML_ROPE_DYNAMIC}, {"yarn", ML_ROPE_YARN},     {"longrope", ML_ROPE_LONGROPE},
+};
+enum { N_ROPE_TYPES = sizeof rope_types / sizeof rope_types[0] };
+
+/* The fields of the entry's type (transformers 5.23 modeling_rope_utils:
+ * the keys each _compute_*_parameters reads, with its defaults). */
+static int read_rope_fields(const rope_entry *e, const ml_model_config *c, ml_rope_scaling *sc) {
+  const ml_json *j = e->j;
+  switch (sc->type) {
+  case ML_ROPE_DEFAULT: return 0;
+  case ML_ROPE_LINEAR: return rope_num(e, "factor", true, 0, &sc->factor);
+  case ML_ROPE_LLAMA3:
+    ML_TRY(rope_num(e, "factor", true, 0, &sc->factor));
+    ML_TRY(rope_num(e, "low_freq_factor", true, 0, &sc->low_freq_factor));
+    ML_TRY(rope_num(e, "high_freq_factor", true, 0, &sc->high_freq_factor));
+    return rope_original_max(e, c, &sc->original_max_positions);
+  case ML_ROPE_DYNAMIC:
+    sc->max_positions = (double)c->max_positions;
+    ML_TRY(rope_num(e, "factor", true, 0, &sc->factor));
+    if (c->head_dim <= 2) /* the NTK exponent head_dim / (head_dim − 2) */
+      return ml_err("%s: field 'head_dim': dynamic RoPE needs a head_dim above 2, found %lld",
+                    j->path, (long long)c->head_dim);
+    if (sc->factor > 0) return 0;
+    return ml_err("%s: field '%s.factor': expected a positive number, found %g", j->path,
+                  e->where, sc->factor);
+  case ML_ROPE_YARN:
+    sc->max_positions = (double)c->max_positions;
+    sc->truncate = true; /* config.rope_parameters.get("truncate", True): the flat entry's */
+    if (e->flat) ML_TRY(ml_json_bool_opt(j, e->params, "truncate", true, &sc->truncate));
+    ML_TRY(rope_positive_opt(e, "factor", &sc->factor));
+    ML_TRY(rope_positive_opt(e, "attention_factor", &sc->attention_factor));
+    ML_TRY(rope_num(e, "mscale", false, 0, &sc->mscale));
+    ML_TRY(rope_num(e, "mscale_all_dim", false, 0, &sc->mscale_all_dim));
+    ML_TRY(rope_num(e, "beta_fast", false, 0, &sc->beta_fast));
+    ML_TRY(rope_num(e, "beta_slow", false, 0, &sc->beta_slow));
+    return rope_original_max(e, c, &sc->original_max_positions);
+  case ML_ROPE_LONGROPE:
+    sc->max_positions = (double)c->max_positions;
+    ML_TRY(rope_positive_opt(e, "factor", &sc->factor));
+    ML_TRY(rope_positive_opt(e, "attention_factor", &sc->attention_factor));
+    ML_TRY(rope_factors(e, "short_factor", c->head_dim, sc->short_factor));
+    ML_TRY(rope_factors(e, "long_factor", c->head_dim, sc->long_factor));
+    return rope_original_max(e, c, &sc->original_max_positions);
+  }
+  return 0;
+}
+
 /* One RoPE: theta from params.rope_theta (default theta_dflt) and the
  * scaling named by params.rope_type (or .type); params may be NULL / null
- * (default rope). `where` names params in messages. */
-static int read_rope_params(const ml_json *j, const json_t *params, const char *where,
-                            double theta_dflt, double *theta, ml_rope_scaling *sc) {
+ * (default rope). `where` names params in messages; `flat`: the one entry
+ * of every layer (not nested per layer type). */
+static int read_rope_params(const ml_json *j, const ml_model_config *c, const json_t *params,
+                            const char *where, bool flat, double theta_dflt, double *theta,
+                            ml_rope_scaling *sc) {
   memset(sc, 0, sizeof *sc);
   sc->type = ML_ROPE_DEFAULT;
   *theta = theta_dflt;
   if (!json_is_object(params)) return 0;
   ML_TRY(ml_json_num_opt(j, params, "rope_theta", theta_dflt, theta));
+  ML_TRY(whole_heads(j, params, where));
   json_t *t = json_object_get(params, "rope_type");
   if (!t) t = json_object_get(params, "type");
   const char *type = json_is_string(t) ? json_string_value(t) : "default";
-  if (strcmp(type, "default") == 0) return 0;
-  if (strcmp(type, "linear") == 0) {
-    sc->type = ML_ROPE_LINEAR;
-    return ml_json_num(j, params, "factor", &sc->factor);
-  }
-  if (strcmp(type, "llama3") == 0) {
-    sc->type = ML_ROPE_LLAMA3;
-    ML_TRY(ml_json_num(j, params, "factor", &sc->factor));
-    ML_TRY(ml_json_num(j, params, "low_freq_factor", &sc->low_freq_factor));
-    ML_TRY(ml_json_num(j, params, "high_freq_factor", &sc->high_freq_factor));
-    return ml_json_num(j, params, "original_max_position_embeddings",
-                       &sc->original_max_positions);
-  }
-  return ml_err("%s: field '%s.rope_type': unsupported rope type '%s'; expected default, linear "
-                "or llama3",
+  for (int i = 0; i < N_ROPE_TYPES; i++)
+    if (strcmp(type, rope_types[i].name) == 0) {
+      sc->type = rope_types[i].type;
+      return read_rope_fields(&(rope_entry){j, params, where, flat}, c, sc);
+    }
+  return ml_err("%s: field '%s.rope_type': unsupported rope type '%s'; expected default, linear, "
+                "llama3, dynamic, yarn or longrope",
                 j->path, where, type);
 }
 
@@ -134,23 +271,25 @@ static int read_rope(const ml_json *j, ml_model_config *c) {
   const ml_family *f = c->family;
   double theta_kw, local_kw;
   ML_TRY(ml_json_num_opt(j, NULL, "rope_theta", f->rope_theta_default, &theta_kw));
+  ML_TRY(whole_heads(j, NULL, NULL));
   json_t *params = json_object_get(j->root, "rope_parameters");
   if (!f->local_rope) {
     if (json_is_object(params))
-      ML_TRY(read_rope_params(j, params, "rope_parameters", theta_kw, &c->rope_theta, &c->rope));
+      ML_TRY(read_rope_params(j, c, params, "rope_parameters", true, theta_kw, &c->rope_theta,
+                              &c->rope));
     else
-      ML_TRY(read_rope_params(j, json_object_get(j->root, "rope_scaling"), "rope_scaling",
-                              theta_kw, &c->rope_theta, &c->rope));
+      ML_TRY(read_rope_params(j, c, json_object_get(j->root, "rope_scaling"), "rope_scaling",
+                              true, theta_kw, &c->rope_theta, &c->rope));
     c->rope_local_theta = c->rope_theta;
     c->rope_local = c->rope;
     return 0;
   }
   ML_TRY(ml_json_num_opt(j, NULL, "rope_local_base_freq", f->rope_local_theta_default, &local_kw));
   if (!json_is_object(params)) {
-    ML_TRY(read_rope_params(j, json_object_get(j->root, "rope_scaling"), "rope_scaling", theta_kw,
-                            &c->rope_theta, &c->rope));
-    return read_rope_params(j, NULL, "rope_local_base_freq", local_kw, &c->rope_local_theta,
-                            &c->rope_local);
+    ML_TRY(read_rope_params(j, c, json_object_get(j->root, "rope_scaling"), "rope_scaling", true,
+                            theta_kw, &c->rope_theta, &c->rope));
+    return read_rope_params(j, c, NULL, "rope_local_base_freq", true, local_kw,
+                            &c->rope_local_theta, &c->rope_local);
   }
   json_t *full = json_object_get(params, "full_attention");
   json_t *sliding = json_object_get(params, "sliding_attention");
@@ -158,15 +297,15 @@ static int read_rope(const ml_json *j, ml_model_config *c) {
     return ml_err("%s: field 'rope_parameters': %s models take one entry per layer type; "
                   "expected {\"full_attention\": {...}, \"sliding_attention\": {...}}",
                   j->path, f->name);
-  ML_TRY(read_rope_params(j, full, "rope_parameters.full_attention", theta_kw, &c->rope_theta,
-                          &c->rope));
-  return read_rope_params(j, sliding, "rope_parameters.sliding_attention", local_kw,
+  ML_TRY(read_rope_params(j, c, full, "rope_parameters.full_attention", false, theta_kw,
+                          &c->rope_theta, &c->rope));
+  return read_rope_params(j, c, sliding, "rope_parameters.sliding_attention", false, local_kw,
                           &c->rope_local_theta, &c->rope_local);
 }
 
 /* sliding_window and the per-layer attention types: layer_types when given,
  * else the family's rule (Qwen2Config/Qwen3Config/Gemma3TextConfig
- * __post_init__). */
+ * __post_init__; Mistral: sliding_window alone, on every layer). */
 static int read_layer_types(const ml_json *j, ml_model_config *c) {
   const ml_family *f = c->family;
   memset(c->sliding, 0, sizeof c->sliding);
@@ -175,6 +314,10 @@ static int read_layer_types(const ml_json *j, ml_model_config *c) {
   const char *why = "is null";
   ML_TRY(ml_json_int_opt(j, NULL, "sliding_window", f->sliding_window_default, &c->sliding_window));
   if (json_is_null(json_object_get(j->root, "sliding_window"))) c->sliding_window = 0;
+  if (f->layer_rule == ML_LAYERS_ALL_SLIDING) {
+    for (int64_t l = 0; l < c->n_layers; l++) c->sliding[l] = c->sliding_window > 0;
+    return 0;
+  }
   if (f->layer_rule == ML_LAYERS_MAX_WINDOW) {
     bool use = false;
     ML_TRY(ml_json_bool_opt(j, NULL, "use_sliding_window", false, &use));
@@ -286,19 +429,52 @@ static json_t *int_or_real(double v) {
   return v == floor(v) && fabs(v) < 9e15 ? json_integer((json_int_t)v) : json_real(v);
 }
 
-static json_t *rope_json(const ml_rope_scaling *sc) {
+/* key: v in o unless v is 0 (a field config.json omitted). */
+static void set_given(json_t *o, const char *key, double v) {
+  if (v != 0) json_object_set_new(o, key, json_real(v));
+}
+
+static json_t *factor_list(const float *f, int64_t n) {
+  json_t *a = json_array();
+  for (int64_t i = 0; i < n; i++) json_array_append_new(a, json_real(f[i]));
+  return a;
+}
+
+/* The rope_scaling / rope_parameters entry of sc (without rope_theta), the
+ * keys read_rope_fields reads. */
+static json_t *rope_json(const ml_rope_scaling *sc, int64_t head_dim) {
+  const char *name = NULL;
+  for (int i = 0; i < N_ROPE_TYPES; i++)
+    if (rope_types[i].type == sc->type) name = rope_types[i].name;
   if (sc->type == ML_ROPE_DEFAULT) return json_null();
-  if (sc->type == ML_ROPE_LINEAR)
-    return json_pack("{s:s, s:f}", "rope_type", "linear", "factor", sc->factor);
-  return json_pack("{s:s, s:f, s:f, s:f, s:o}", "rope_type", "llama3", "factor", sc->factor,
-                   "low_freq_factor", sc->low_freq_factor, "high_freq_factor",
-                   sc->high_freq_factor, "original_max_position_embeddings",
-                   int_or_real(sc->original_max_positions));
+  json_t *o = json_pack("{s:s}", "rope_type", name);
+  set_given(o, "factor", sc->factor);
+  if (sc->type == ML_ROPE_LLAMA3) {
+    json_object_set_new(o, "low_freq_factor", json_real(sc->low_freq_factor));
+    json_object_set_new(o, "high_freq_factor", json_real(sc->high_freq_factor));
+  }
+  if (sc->type == ML_ROPE_YARN) {
+    set_given(o, "attention_factor", sc->attention_factor);
+    set_given(o, "mscale", sc->mscale);
+    set_given(o, "mscale_all_dim", sc->mscale_all_dim);
+    set_given(o, "beta_fast", sc->beta_fast);
+    set_given(o, "beta_slow", sc->beta_slow);
+    if (!sc->truncate) json_object_set_new(o, "truncate", json_false());
+  }
+  if (sc->type == ML_ROPE_LONGROPE) {
+    set_given(o, "attention_factor", sc->attention_factor);
+    json_object_set_new(o, "short_factor", factor_list(sc->short_factor, head_dim / 2));
+    json_object_set_new(o, "long_factor", factor_list(sc->long_factor, head_dim / 2));
+  }
+  if (sc->type == ML_ROPE_LLAMA3 || sc->type == ML_ROPE_YARN || sc->type == ML_ROPE_LONGROPE)
+    json_object_set_new(o, "original_max_position_embeddings",
+                        int_or_real(sc->original_max_positions));
+  return o;
 }
 
 /* One rope_parameters entry (transformers 5): {rope_type, rope_theta, ...}. */
-static json_t *rope_params_json(double theta, const ml_rope_scaling *sc) {
-  json_t *p = rope_json(sc);
+static json_t *rope_params_json(double theta, const ml_rope_scaling *sc, int64_t head_dim) {
+  json_t *p = rope_json(sc, head_dim);
   if (json_is_null(p)) p = json_pack("{s:s}", "rope_type", "default");
   json_object_set_new(p, "rope_theta", json_real(theta));
   return p;
@@ -308,16 +484,23 @@ static json_t *rope_params_json(double theta, const ml_rope_scaling *sc) {
 static void write_attention_keys(json_t *o, const ml_model_config *c) {
   const ml_family *f = c->family;
   json_object_set_new(o, "rope_theta", json_real(c->rope_theta));
-  json_object_set_new(o, "rope_scaling", rope_json(&c->rope));
+  json_object_set_new(o, "rope_scaling", rope_json(&c->rope, c->head_dim));
   if (f->local_rope) {
     json_object_set_new(o, "rope_local_base_freq", json_real(c->rope_local_theta));
     json_object_set_new(o, "rope_parameters",
                         json_pack("{s:o, s:o}", "full_attention",
-                                  rope_params_json(c->rope_theta, &c->rope), "sliding_attention",
-                                  rope_params_json(c->rope_local_theta, &c->rope_local)));
+                                  rope_params_json(c->rope_theta, &c->rope, c->head_dim),
+                                  "sliding_attention",
+                                  rope_params_json(c->rope_local_theta, &c->rope_local,
+                                                   c->head_dim)));
   }
   if (f->attn_scalar_key) json_object_set_new(o, f->attn_scalar_key, int_or_real(c->attn_scalar));
   if (f->layer_rule == ML_LAYERS_ALL_FULL) return;
+  json_t *window = c->sliding_window > 0 ? json_integer(c->sliding_window) : json_null();
+  if (f->layer_rule == ML_LAYERS_ALL_SLIDING) { /* the window alone says it */
+    json_object_set_new(o, "sliding_window", window);
+    return;
+  }
   json_t *types = json_array();
   int64_t first_sliding = c->n_layers;
   for (int64_t l = 0; l < c->n_layers; l++) {
@@ -326,8 +509,7 @@ static void write_attention_keys(json_t *o, const ml_model_config *c) {
     if (c->sliding[l] && first_sliding == c->n_layers) first_sliding = l;
   }
   json_object_set_new(o, "layer_types", types);
-  json_object_set_new(o, "sliding_window",
-                      c->sliding_window > 0 ? json_integer(c->sliding_window) : json_null());
+  json_object_set_new(o, "sliding_window", window);
   if (f->layer_rule == ML_LAYERS_MAX_WINDOW) {
     json_object_set_new(o, "use_sliding_window", json_boolean(first_sliding < c->n_layers));
     json_object_set_new(o, "max_window_layers", json_integer(first_sliding));
@@ -428,10 +610,12 @@ int ml_model_config_preset(const char *arch, const char *name, ml_model_config *
   out->rope.type = ML_ROPE_DEFAULT;
   out->rope_local_theta = f->local_rope ? f->rope_local_theta_default : f->rope_theta_default;
   out->rope_local.type = ML_ROPE_DEFAULT;
-  /* families whose layers slide by pattern alternate sliding / full */
-  if (f->layer_rule == ML_LAYERS_PATTERN) {
+  /* families whose layers slide by pattern alternate sliding / full;
+   * Mistral's all slide */
+  if (f->layer_rule == ML_LAYERS_PATTERN || f->layer_rule == ML_LAYERS_ALL_SLIDING) {
     out->sliding_window = p->window;
-    for (int64_t l = 0; l < p->layers; l++) out->sliding[l] = l % 2 == 0;
+    for (int64_t l = 0; l < p->layers; l++)
+      out->sliding[l] = f->layer_rule == ML_LAYERS_ALL_SLIDING || l % 2 == 0;
   }
   out->attn_scalar = (double)out->head_dim;
   out->qkv_bias = f->qkv_bias_default;

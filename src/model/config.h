@@ -1,11 +1,16 @@
 /* Model hyper-parameters from an HF config.json, interpreted through the
  * family descriptor (defaults differ per family, as in transformers'
- * LlamaConfig / Qwen2Config / Qwen3Config / Gemma3TextConfig /
- * Gemma3Config). Reads both the transformers 4 layout (rope_theta,
- * rope_scaling, rope_local_base_freq, sliding_window_pattern, torch_dtype)
- * and the 5 layout (rope_parameters, flat or nested per layer type;
- * layer_types; dtype); composite configs (Gemma3Config) are read from their
- * text_config. */
+ * LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config /
+ * Gemma3TextConfig / Gemma3Config). Reads both the transformers 4 layout
+ * (rope_theta, rope_scaling, rope_local_base_freq, sliding_window_pattern,
+ * torch_dtype) and the 5 layout (rope_parameters, flat or nested per layer
+ * type; layer_types; dtype); composite configs (Gemma3Config) are read from
+ * their text_config. RoPE entries: the keys transformers 5.23's
+ * _compute_*_parameters read for rope_type default, linear, llama3, dynamic,
+ * yarn and longrope, with their defaults (backend/types.h ml_rope_scaling);
+ * original_max_position_embeddings as standardize_rope_params settles it (a
+ * top-level key first in the flat layout, Phi-3's, then the entry's, then
+ * max_position_embeddings); partial_rotary_factor only 1. */
 #ifndef ML_CONFIG_H
 #define ML_CONFIG_H
 
@@ -74,17 +79,27 @@ typedef struct ml_model_config {
  * num_attention_heads, vocab_size, rms_norm_eps), wrong type, a size
  * outside [1, its ML_MAX_* limit] (the message gives the value found and
  * the range expected), unsupported architecture (listing the supported
- * ones), unknown rope type, hidden_size/heads inconsistent with head_dim,
+ * ones), unknown rope type, a RoPE field of the wrong type or range
+ * (longrope factors not head_dim / 2 positive numbers, a yarn/longrope
+ * factor or attention_factor not positive, dynamic's factor not positive
+ * or head_dim <= 2, partial_rotary_factor other than 1; named as
+ * 'rope_parameters.FIELD' or 'rope_scaling.FIELD'), hidden_size/heads inconsistent with head_dim,
  * a layer_types list of the wrong length or with an unknown entry, a
  * sliding layer without a sliding_window, a setting the family marks
  * unsupported (e.g. Gemma3 final_logit_softcapping non-null). */
 int ml_model_config_load(const char *dir, ml_model_config *out);
 
+/* The longest sequence the model takes: max_position_embeddings, or
+ * ML_MAX_POSITIONS when every RoPE of the model is dynamic (its NTK scaling
+ * exists to run past max_position_embeddings, and HF sets no limit). */
+int64_t ml_model_config_max_seq_len(const ml_model_config *c);
+
 /* Refuse sequences longer than the model's positions: 0 when 1 <= seq_len
- * <= c->max_positions, else -1 with "WHAT: N tokens, above
+ * <= ml_model_config_max_seq_len(c), else -1 with "WHAT: N tokens, above
  * max_position_embeddings M of DIR/config.json; expected at most M" (what
  * names where seq_len came from, e.g. "train: flag --seq-len" or
- * "data.jsonl line 3"; dir is the model directory). */
+ * "data.jsonl line 3"; dir is the model directory; dynamic RoPE: "above
+ * meshlm's limit of ML_MAX_POSITIONS positions"). */
 int ml_model_config_check_seq_len(const ml_model_config *c, const char *dir, int64_t seq_len,
                                   const char *what);
 

@@ -11,7 +11,8 @@
 #define GEMMA3_TEXT                                                                              \
   .qkv_bias_key = "attention_bias", .qkv_bias_default = false, .o_bias_follows_qkv = true,      \
   .has_mlp_bias_key = false, .tie_default = true, .rope_theta_default = 1000000.0,              \
-  .head_dim_default = 256, .hidden_act_key = "hidden_activation",                               \
+  .max_positions_default = 131072, .head_dim_default = 256,                                    \
+  .hidden_act_key = "hidden_activation",                                                       \
   .hidden_act = "gelu_pytorch_tanh",                                                            \
   .unsupported = {"final_logit_softcapping", "attn_logit_softcapping",                         \
                   "use_bidirectional_attention"},                                               \
@@ -37,9 +38,33 @@ static const ml_family families[] = {
         .has_mlp_bias_key = true,
         .tie_default = false,
         .rope_theta_default = 10000.0,
+        .max_positions_default = 2048,
         .hidden_act_key = "hidden_act",
         .hidden_act = "silu",
         .layer_rule = ML_LAYERS_ALL_FULL,
+        .norm_offset = 0.0f,
+        .act = ML_GLU_SILU,
+        .attn_norm = "input_layernorm",
+        .mlp_norm = "post_attention_layernorm",
+    },
+    {
+        /* MistralConfig / MistralModel: Llama's block without biases; one
+         * sliding window on every layer unless sliding_window is null */
+        .name = "mistral",
+        .architecture = "MistralForCausalLM",
+        .model_type = "mistral",
+        .prefix = "model.",
+        .ckpt_prefix = "model.",
+        .ckpt_lm_head = "lm_head",
+        .qkv_bias_key = NULL,
+        .qkv_bias_default = false,
+        .tie_default = false,
+        .rope_theta_default = 10000.0,
+        .max_positions_default = 131072,
+        .hidden_act_key = "hidden_act",
+        .hidden_act = "silu",
+        .layer_rule = ML_LAYERS_ALL_SLIDING,
+        .sliding_window_default = 4096,
         .norm_offset = 0.0f,
         .act = ML_GLU_SILU,
         .attn_norm = "input_layernorm",
@@ -57,6 +82,7 @@ static const ml_family families[] = {
         .has_mlp_bias_key = false,
         .tie_default = false,
         .rope_theta_default = 1000000.0,
+        .max_positions_default = 32768,
         .hidden_act_key = "hidden_act",
         .hidden_act = "silu",
         .layer_rule = ML_LAYERS_MAX_WINDOW,
@@ -79,6 +105,7 @@ static const ml_family families[] = {
         .has_mlp_bias_key = false,
         .tie_default = false,
         .rope_theta_default = 10000.0,
+        .max_positions_default = 32768,
         .head_dim_default = 128,
         .hidden_act_key = "hidden_act",
         .hidden_act = "silu",

@@ -1,6 +1,6 @@
 /* Model families as rows of one descriptor table (DESIGN §8): every
- * difference between Llama, Qwen2, Qwen3 and Gemma3 (text model, and the
- * text tower of the Gemma3 VLM) is a field here, read by the config reader
+ * difference between Llama, Mistral, Qwen2, Qwen3 and Gemma3 (text model,
+ * and the text tower of the Gemma3 VLM) is a field here, read by the config reader
  * and the model code, never an `if (family == ...)`. Semantics follow the
  * transformers 5.23 modeling_* / configuration_* files of each family. */
 #ifndef ML_FAMILY_H
@@ -18,6 +18,9 @@ typedef enum {
   ML_LAYERS_ALL_FULL,   /* Llama: no sliding-window layers */
   ML_LAYERS_MAX_WINDOW, /* Qwen2/Qwen3: sliding iff use_sliding_window and i >= max_window_layers */
   ML_LAYERS_PATTERN,    /* Gemma3: sliding iff (i + 1) % sliding_window_pattern != 0 */
+  /* Mistral: every layer slides when sliding_window is set (not null), none
+   * when it is null; layer_types is not read (MistralModel ignores it) */
+  ML_LAYERS_ALL_SLIDING,
 } ml_layer_rule;
 
 enum { ML_FAMILY_MAX_UNSUPPORTED = 4, ML_FAMILY_MAX_FUSED = 2, ML_FUSED_MAX_PARTS = 3 };
@@ -65,6 +68,7 @@ typedef struct ml_family {
   bool has_mlp_bias_key;      /* Llama's `mlp_bias` */
   bool tie_default;           /* tie_word_embeddings when config.json omits it */
   double rope_theta_default;  /* rope_theta when config.json omits it, and in presets */
+  int64_t max_positions_default; /* max_position_embeddings when config.json omits it */
   int64_t head_dim_default;   /* head_dim when omitted; 0: hidden_size / num_attention_heads */
   const char *hidden_act_key; /* "hidden_act" or "hidden_activation" (Gemma3) */
   const char *hidden_act;     /* its only accepted value */

@@ -383,7 +383,8 @@ static int rope_at_positions(ml_model *m, double theta, const ml_rope_scaling *s
   float *tmp = ml_be_alloc(m->be, ml_mul_sat(2, n), sizeof(float),
                            "the RoPE tables of positions 0 .. %lld", (long long)top);
   if (!tmp) return -1;
-  int rc = ml_be_rope_tables(m->be, theta, m->cfg.head_dim, sc, top + 1, tmp, tmp + n);
+  int64_t len = m->rope_len ? m->rope_len : top + 1;
+  int rc = ml_be_rope_tables(m->be, theta, m->cfg.head_dim, sc, len, top + 1, tmp, tmp + n);
   size_t row = sizeof(float) * (size_t)half;
   for (int64_t i = 0, run; rc == 0 && i < S; i += run) {
     int64_t p = m->position_ids[i];
@@ -396,11 +397,14 @@ static int rope_at_positions(ml_model *m, double theta, const ml_rope_scaling *s
   return rc;
 }
 
-/* The cos/sin tables [S, hd/2] of base theta for the local positions. */
+/* The cos/sin tables [S, hd/2] of base theta for the local positions, the
+ * length-dependent scalings computed for m->rope_len (HF: max(position_ids)
+ * + 1). */
 static int rope_tables(ml_model *m, double theta, const ml_rope_scaling *sc, float *cos_t,
                        float *sin_t) {
   if (m->position_ids) return rope_at_positions(m, theta, sc, cos_t, sin_t);
-  return ml_be_rope_tables(m->be, theta, m->cfg.head_dim, sc, m->S, cos_t, sin_t);
+  int64_t len = m->rope_len ? m->rope_len : m->S;
+  return ml_be_rope_tables(m->be, theta, m->cfg.head_dim, sc, len, m->S, cos_t, sin_t);
 }
 
 /* cos/sin tables of the global (full-attention) and local (sliding) RoPE;

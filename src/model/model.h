@@ -274,6 +274,14 @@ typedef struct ml_model {
    * sequences (parallel/cp.h). Host memory, S entries, set from outside
    * before ml_model_begin and kept while the geometry is in use. */
   const int64_t *position_ids;
+  /* The sequence length RoPE's length-dependent scalings (dynamic, longrope;
+   * model/config.h) are computed for, HF's max(position_ids) + 1 of the
+   * whole forward: 0 takes it from the positions (max(position_ids) + 1,
+   * or S). Context parallelism sets the whole sequence's length, which no
+   * rank's piece shows (its pieces hold some positions each, and padding
+   * past the end). Set from outside like position_ids (ml_model_set_positions
+   * rebuilds the tables for a new value). */
+  int64_t rope_len;
   ml_attn_core attn_core; /* set from outside; zero: the backend's attention */
   /* batch geometry and buffers, set by ml_model_begin */
   int64_t B, S;

@@ -2,6 +2,7 @@
  * (cp.h). */
 #include "parallel/cp.h"
 
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -212,9 +213,14 @@ int ml_cp_geometry(ml_cp *cp, ml_model *m, int64_t S, int64_t *s_local) {
   cp->S = S;
   cp->S_pad = pad;
   cp->chunk = ch;
-  m->position_ids = cp->position_ids;
   *s_local = 2 * ch;
-  return 0;
+  /* RoPE's length-dependent scalings take the whole sequence's length, not
+   * the piece's: a new length in the same geometry rebuilds the tables
+   * (ml_model_begin keeps them); a new geometry's ml_model_begin builds them */
+  bool rebuild = m->rope_len != S && m->S == *s_local;
+  m->rope_len = S;
+  m->position_ids = cp->position_ids;
+  return rebuild ? ml_model_set_positions(m, cp->position_ids) : 0;
 }
 
 void ml_cp_local_values(const ml_cp *cp, const void *in, int64_t B, size_t size, const void *pad,

@@ -60,7 +60,8 @@ int ml_cp_apply(ml_cp *cp, ml_model *m, ml_comm *comm, ml_backend *be);
 void ml_cp_destroy(ml_cp *cp);
 
 /* The geometry for sequences of S tokens: the padded S', chunks and this
- * rank's position_ids (set on m). Returns the local positions per sequence
+ * rank's position_ids (set on m, with m->rope_len = S: RoPE's
+ * length-dependent scalings see the whole sequence). Returns the local positions per sequence
  * s = S' / cp (S when cp = 1) in *s_local, to pass to ml_model_begin.
  * Errors: S < 1, a padded length beyond int32 positions, allocation. */
 int ml_cp_geometry(ml_cp *cp, ml_model *m, int64_t S, int64_t *s_local);

@@ -69,6 +69,29 @@ m=$(model unknown_arch)
 sed 's/LlamaForCausalLM/MambaForCausalLM/' "$fx/config.json" > "$m/config.json"
 expect unknown-architecture "config.json.*MambaForCausalLM.*LlamaForCausalLM" "${logprobs[@]}" "$m"
 
+# RoPE fields (model/config.c), each named with the entry it sits in
+rope() { # rope NAME FIXTURE SED: a copy of the fixture whose config.json is edited by SED
+  mkdir -p "$work/$1"
+  cp "$src/tests/fixtures/$2/model.safetensors" "$work/$1/"
+  sed -E "$3" "$src/tests/fixtures/$2/config.json" > "$work/$1/config.json"
+  echo "$work/$1"
+}
+m=$(rope rope_type llama_yarn 's/"rope_type": "yarn"/"rope_type": "su"/')
+expect rope-unknown-type "config.json: field 'rope_parameters.rope_type': unsupported rope type 'su'" \
+  "${logprobs[@]}" "$m"
+m=$(rope yarn_attention llama_yarn 's/"beta_fast": 8.0/"attention_factor": -1.0, "beta_fast": 8.0/')
+expect rope-yarn-attention-factor "config.json: field 'rope_parameters.attention_factor': expected a positive number or null, found -1" \
+  "${logprobs[@]}" "$m"
+m=$(rope partial llama_yarn 's/"rope_type": "yarn"/"rope_type": "yarn", "partial_rotary_factor": 0.5/')
+expect rope-partial-rotary "config.json: field 'rope_parameters.partial_rotary_factor': meshlm rotates whole heads; expected 1.0, found 0.5" \
+  "${logprobs[@]}" "$m"
+m=$(rope short_factor llama_longrope 's/"short_factor": \[/"short_factor": [1.0, /')
+expect rope-longrope-factors "config.json: field 'rope_parameters.short_factor': expected a list of 8 numbers \(head_dim / 2\)" \
+  "${logprobs[@]}" "$m"
+m=$(rope dynamic_factor llama_dynamic 's/"factor": 2.0/"factor": "2"/')
+expect rope-dynamic-factor "config.json: field 'rope_parameters.factor': expected a number, found \"2\"" \
+  "${logprobs[@]}" "$m"
+
 m=$(model wrong_shape)
 sed 's/"intermediate_size": 160/"intermediate_size": 128/' "$fx/config.json" > "$m/config.json"
 expect tensor-shape-mismatch "gate_proj.weight.*shape" "${logprobs[@]}" "$m"

@@ -609,20 +609,26 @@ static void test_rmsnorm(void **state) {
  * between the backends; backward the same with −s. */
 static void test_rope(void **state) {
   (void)state;
-  const ml_rope_scaling scs[] = {{ML_ROPE_DEFAULT, 0, 0, 0, 0},
-                                 {ML_ROPE_LINEAR, 4.0, 0, 0, 0},
-                                 {ML_ROPE_LLAMA3, 8.0, 1.0, 4.0, 8192.0}};
-  const double thetas[] = {10000.0, 1e6, 500000.0};
+  static const ml_rope_scaling scs[] = {
+      {.type = ML_ROPE_DEFAULT},
+      {.type = ML_ROPE_LINEAR, .factor = 4.0},
+      {.type = ML_ROPE_LLAMA3, .factor = 8.0, .low_freq_factor = 1.0, .high_freq_factor = 4.0,
+       .original_max_positions = 8192.0},
+      /* an attention factor (0.1 ln 4 + 1) scales the tables */
+      {.type = ML_ROPE_YARN, .factor = 4.0, .original_max_positions = 16.0,
+       .max_positions = 64.0, .truncate = true}};
+  static const char *names[] = {"default", "linear", "llama3", "yarn"};
+  const double thetas[] = {10000.0, 1e6, 500000.0, 10000.0};
   const int64_t dims[][3] = {{1, 1, 64}, {2, 37, 72}, {2, 300, 72}, {3, 5, 6}, {1, 130, 256}};
-  for (int sc = 0; sc < 3; sc++)
+  for (int sc = 0; sc < 4; sc++)
     for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++) {
       int64_t B = dims[d][0], S = dims[d][1], hd = dims[d][2], nh = 3, half = hd / 2;
       dbuf cs = dev_new(4 * (size_t)(S * half)), sn = dev_new(4 * (size_t)(S * half));
       for (int s = 0; s < SIDES; s++)
-        ok(ml_be_rope_tables(g_be[s], thetas[sc], hd, &scs[sc], S, cs.p[s], sn.p[s]), "rope", s);
+        ok(ml_be_rope_tables(g_be[s], thetas[sc], hd, &scs[sc], S, S, cs.p[s], sn.p[s]), "rope", s);
       char what[96];
       snprintf(what, sizeof what, "rope tables %s S=%lld hd=%lld",
-               sc == 0 ? "default" : sc == 1 ? "linear" : "llama3", (long long)S, (long long)hd);
+               names[sc], (long long)S, (long long)hd);
       expect_same(what, &cs);
       expect_same("  rope sin table", &sn);
       float *ct = dev_get(&cs, CPU), *st = dev_get(&sn, CPU);

@@ -507,11 +507,11 @@ static void test_rope_inv_freq(void **state) {
   enum { HD = 16 };
   float inv[HD / 2];
   double ref[HD / 2];
-  k_rope_inv_freq(10000.0, HD, NULL, inv);
+  assert_true(k_rope_inv_freq(10000.0, HD, NULL, 1, inv) == 1.0);
   for (int i = 0; i < HD / 2; i++) ref[i] = 1.0 / pow(10000.0, 2.0 * i / HD);
   expect_rel("rope inv_freq default", inv, ref, tol_inv_freq_rel(10000.0), HD / 2);
-  ml_rope_scaling lin = {ML_ROPE_LINEAR, 4.0, 0, 0, 0};
-  k_rope_inv_freq(10000.0, HD, &lin, inv);
+  ml_rope_scaling lin = {.type = ML_ROPE_LINEAR, .factor = 4.0};
+  assert_true(k_rope_inv_freq(10000.0, HD, &lin, 1, inv) == 1.0);
   for (int i = 0; i < HD / 2; i++) ref[i] /= 4.0;
   expect_rel("rope inv_freq linear", inv, ref, tol_inv_freq_rel(10000.0), HD / 2);
   // transformers 5.23 llama3 inv_freq (theta 5e5, factor 8, low 1, high 4)
@@ -523,8 +523,9 @@ static void test_rope_inv_freq(void **state) {
   static const double originals[2] = {8192.0, 64.0};
   double tl3 = tol_llama3_rel(500000.0, 8.0, 1.0, 4.0);
   for (int c = 0; c < 2; c++) {
-    ml_rope_scaling l3 = {ML_ROPE_LLAMA3, 8.0, 1.0, 4.0, originals[c]};
-    k_rope_inv_freq(500000.0, HD, &l3, inv);
+    ml_rope_scaling l3 = {.type = ML_ROPE_LLAMA3, .factor = 8.0, .low_freq_factor = 1.0,
+                          .high_freq_factor = 4.0, .original_max_positions = originals[c]};
+    assert_true(k_rope_inv_freq(500000.0, HD, &l3, 1, inv) == 1.0);
     for (int i = 0; i < HD / 2; i++)
       ref[i] = llama3_ref(1.0 / pow(500000.0, 2.0 * i / HD), 8.0, 1.0, 4.0, originals[c]);
     expect_rel(c ? "rope llama3 (original 64) vs double" : "rope llama3 (original 8192) vs double",
@@ -538,14 +539,112 @@ static void test_rope_inv_freq(void **state) {
   }
 }
 
+/* transformers 5.23 ROPE_INIT_FUNCTIONS[type](config, seq_len=...) of a
+ * head_dim 16 config: inv_freq (fp32) and attention factor; each fp32
+ * evaluation within the type's bound (tolerance.h) of the exact value, so
+ * meshlm's within twice it of transformers'. */
+typedef struct hf_rope_case {
+  const char *what;
+  double theta;
+  ml_rope_scaling sc;
+  int64_t seq_len;
+  double lo, hi; /* yarn: its correction range (find_correction_range) */
+  const float *shorts, *longs; /* longrope */
+  double attention_factor, inv_freq[8];
+} hf_rope_case;
+
+static void test_rope_scalings(void **state) {
+  (void)state;
+  enum { HD = 16 };
+  static const float shorts[8] = {1.0f, 1.1f, 1.2f, 1.3f, 1.4f, 1.5f, 1.6f, 1.7f};
+  static const float longs[8] = {1.5f, 2.0f, 2.5f, 3.0f, 3.5f, 4.0f, 4.5f, 5.0f};
+  static const float ones[8] = {1, 1, 1, 1, 1, 1, 1, 1}, twos[8] = {2, 2, 2, 2, 2, 2, 2, 2};
+  /* llama_yarn's correction range, untruncated: [0, 16 ln(16 / (0.5·2π)) / (2 ln 1e4)] */
+  const double fx_hi = 0x1.69f7fc7b1222p+0;
+  static hf_rope_case cases[] = {
+      /* dynamic_rope_update past max_position_embeddings 16: seq_len 24 */
+      {"dynamic (seq 24 > 16)", 1e4, {.type = ML_ROPE_DYNAMIC, .factor = 2, .max_positions = 16},
+       24, 0, 0, NULL, NULL, 1.0,
+       {0x1p+0, 0x1.2549f6p-2, 0x1.500266p-4, 0x1.80f3d4p-6, 0x1.b9064cp-8, 0x1.f943ap-10,
+        0x1.216e32p-11, 0x1.4b96cp-13}},
+      {"dynamic (seq 100000 > 4096)", 5e5,
+       {.type = ML_ROPE_DYNAMIC, .factor = 8, .max_positions = 4096}, 100000, 0, 0, NULL, NULL, 1.0,
+       {0x1p+0, 0x1.77d7b2p-4, 0x1.13e4d2p-7, 0x1.950ca4p-11, 0x1.295566p-14, 0x1.b4869ep-18,
+        0x1.40707ep-21, 0x1.d672c8p-25}},
+      {"yarn (llama_yarn's)", 1e4,
+       {.type = ML_ROPE_YARN, .factor = 4, .original_max_positions = 16, .max_positions = 64,
+        .beta_fast = 8, .beta_slow = 0.5, .truncate = false},
+       1, 0, 0 /* set below */, NULL, NULL, 0x1.237d37fe5d298p+0,
+       {0x1p+0, 0x1.301ba8p-3, 0x1.99999ap-6, 0x1.030dc6p-7, 0x1.47ae14p-9, 0x1.9e7c7p-11,
+        0x1.0624dep-12, 0x1.4b96cp-14}},
+      {"yarn (mscale 1, mscale_all_dim 0.707)", 1e4,
+       {.type = ML_ROPE_YARN, .factor = 8, .original_max_positions = 4096, .max_positions = 32768,
+        .mscale = 1.0, .mscale_all_dim = 0.707, .truncate = true},
+       1, 2, 6, NULL, NULL, 0x1.0d992a365ebecp+0,
+       {0x1p+0, 0x1.43d136p-2, 0x1.99999ap-4, 0x1.94c584p-6, 0x1.70a3d6p-8, 0x1.1cf58cp-10,
+        0x1.0624dep-13, 0x1.4b96cp-15}},
+      {"yarn (no factor: 16384 / 4096)", 1e6,
+       {.type = ML_ROPE_YARN, .original_max_positions = 4096, .max_positions = 16384,
+        .truncate = true},
+       1, 1, 4, NULL, NULL, 0x1.237d37fe5d298p+0,
+       {0x1p+0, 0x1.6c310ep-3, 0x1.8494a8p-6, 0x1.708938p-9, 0x1.0624dep-12, 0x1.74eea6p-15,
+        0x1.094564p-17, 0x1.796182p-20}},
+      {"longrope (seq 16: short)", 1e4,
+       {.type = ML_ROPE_LONGROPE, .original_max_positions = 16, .max_positions = 64}, 16, 0, 0,
+       shorts, longs, 0x1.3988e1409212ep+0,
+       {0x1p+0, 0x1.266118p-2, 0x1.555556p-4, 0x1.8e8b58p-6, 0x1.d41d42p-8, 0x1.1452f6p-9,
+        0x1.47ae14p-11, 0x1.861ac2p-13}},
+      {"longrope (seq 17: long)", 1e4,
+       {.type = ML_ROPE_LONGROPE, .original_max_positions = 16, .max_positions = 64}, 17, 0, 0,
+       shorts, longs, 0x1.3988e1409212ep+0,
+       {0x1.555556p-1, 0x1.43d136p-3, 0x1.47ae14p-5, 0x1.5967bp-7, 0x1.767dcep-9, 0x1.9e7c7p-11,
+        0x1.d208a6p-13, 0x1.094566p-14}},
+      {"longrope (attention_factor 1.25)", 1e4,
+       {.type = ML_ROPE_LONGROPE, .factor = 2, .attention_factor = 1.25,
+        .original_max_positions = 16, .max_positions = 64},
+       17, 0, 0, ones, twos, 1.25,
+       {0x1p-1, 0x1.43d136p-3, 0x1.99999ap-5, 0x1.030dc6p-6, 0x1.47ae14p-8, 0x1.9e7c7p-10,
+        0x1.0624dep-11, 0x1.4b96cp-13}},
+  };
+  cases[2].hi = fx_hi;
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    hf_rope_case *k = &cases[c];
+    ml_rope_scaling *sc = &k->sc;
+    double tol = tol_yarn_rel(k->theta, sc->factor ? sc->factor : 4.0, HD, k->lo, k->hi);
+    if (sc->type == ML_ROPE_DYNAMIC)
+      tol = tol_dynamic_rel(k->theta, sc->factor, (double)k->seq_len, sc->max_positions, HD);
+    if (sc->type == ML_ROPE_LONGROPE) {
+      tol = tol_longrope_rel(k->theta);
+      memcpy(sc->short_factor, k->shorts, sizeof shorts);
+      memcpy(sc->long_factor, k->longs, sizeof longs);
+    }
+    float inv[HD / 2];
+    double af = k_rope_inv_freq(k->theta, HD, sc, k->seq_len, inv);
+    print_message("%s: attention factor %.17g (transformers %.17g)\n", k->what, af,
+                  k->attention_factor);
+    assert_true(fabs(af - k->attention_factor) <=
+                TOL_ROPE_ATTENTION_FACTOR_REL * k->attention_factor);
+    double *h = dzeros(HD / 2);
+    for (int i = 0; i < HD / 2; i++) h[i] = k->inv_freq[i];
+    expect_rel(k->what, inv, h, 2.0 * tol, HD / 2);
+    free(h);
+  }
+  /* up to max_position_embeddings dynamic is the default RoPE, bit for bit */
+  ml_rope_scaling dyn = {.type = ML_ROPE_DYNAMIC, .factor = 2, .max_positions = 16};
+  float a[HD / 2], b[HD / 2];
+  k_rope_inv_freq(1e4, HD, &dyn, 16, a);
+  k_rope_inv_freq(1e4, HD, NULL, 16, b);
+  assert_memory_equal(a, b, sizeof a);
+}
+
 static void test_rope_tables(void **state) {
   (void)state;
   int64_t hd = 12, S = 300, half = hd / 2;
   float inv[6], *c = malloc((size_t)(S * half) * sizeof(float)),
                 *s = malloc((size_t)(S * half) * sizeof(float));
   double *rc = dzeros(S * half), *rs = dzeros(S * half), *bound = dzeros(S * half);
-  k_rope_inv_freq(10000.0, hd, NULL, inv);
-  k_rope_tables(inv, hd, S, c, s);
+  k_rope_inv_freq(10000.0, hd, NULL, S, inv);
+  k_rope_tables(inv, 1.0f, hd, S, c, s);
   for (int64_t p = 0; p < S; p++)
     for (int64_t i = 0; i < half; i++) {
       double a = (float)p * inv[i];  // the kernel's fp32 angle
@@ -578,8 +677,8 @@ static void test_rope_apply(void **state) {
   (void)state;
   int64_t B = 2, S = 5, nh = 3, hd = 8, n = B * S * nh * hd;
   float inv[4], c[5 * 4], s[5 * 4];
-  k_rope_inv_freq(10000.0, hd, NULL, inv);
-  k_rope_tables(inv, hd, S, c, s);
+  k_rope_inv_freq(10000.0, hd, NULL, S, inv);
+  k_rope_tables(inv, 1.0f, hd, S, c, s);
   float *x = rand_buf(n, 1), *y = malloc((size_t)n * sizeof(float)), *g = rand_buf(n, 1);
   float *dx = malloc((size_t)n * sizeof(float));
   double *ref = dzeros(n), *ya = dzeros(n), *dxa = dzeros(n);
@@ -1557,7 +1656,8 @@ int main(void) {
       cmocka_unit_test(test_linear_fwd),    cmocka_unit_test(test_linear_bwd),
       cmocka_unit_test(test_linear_bf16),   cmocka_unit_test(test_gemm_empty_inner),
       cmocka_unit_test(test_rmsnorm_fwd),   cmocka_unit_test(test_rmsnorm_bwd),
-      cmocka_unit_test(test_rope_inv_freq), cmocka_unit_test(test_rope_tables),
+      cmocka_unit_test(test_rope_inv_freq), cmocka_unit_test(test_rope_scalings),
+      cmocka_unit_test(test_rope_tables),
       cmocka_unit_test(test_rope_apply),    cmocka_unit_test(test_expf),
       cmocka_unit_test(test_attention_fwd), cmocka_unit_test(test_attention_bwd),
       cmocka_unit_test(test_attention_blocks), cmocka_unit_test(test_attention_head_split),

@@ -172,12 +172,12 @@ static int cpu_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, cons
 }
 
 static int cpu_rope_tables(ml_backend *be, double theta, int64_t hd, const ml_rope_scaling *sc,
-                           int64_t S, float *cos_t, float *sin_t) {
+                           int64_t seq_len, int64_t S, float *cos_t, float *sin_t) {
   float *inv = ml_be_alloc(be, hd / 2, sizeof(float), "the RoPE frequencies [%lld]",
                            (long long)(hd / 2));
   if (!inv) return -1;
-  k_rope_inv_freq(theta, hd, sc, inv);
-  k_rope_tables(inv, hd, S, cos_t, sin_t);
+  double scale = k_rope_inv_freq(theta, hd, sc, seq_len, inv);
+  k_rope_tables(inv, (float)scale, hd, S, cos_t, sin_t);
   cpu_free(be, inv);
   return 0;
 }

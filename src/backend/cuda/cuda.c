@@ -232,14 +232,14 @@ static int cu_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const
 /* The tables are the CPU backend's (computed in host memory, which is its
  * device memory), copied up: one definition of RoPE's frequencies. */
 static int cu_rope_tables(ml_backend *be, double theta, int64_t hd, const ml_rope_scaling *sc,
-                          int64_t S, float *cos_t, float *sin_t) {
+                          int64_t seq_len, int64_t S, float *cos_t, float *sin_t) {
   ml_backend *cpu;
   ML_TRY(ml_backend_get("cpu", 0, &cpu));
   int64_t n = ml_mul_sat(S, hd / 2);
   float *t = ml_be_alloc(cpu, ml_mul_sat(n, 2), sizeof(float), "the RoPE tables [2, %lld, %lld]",
                          (long long)S, (long long)(hd / 2));
   if (!t) return -1;
-  int rc = ml_be_rope_tables(cpu, theta, hd, sc, S, t, t + n) ||
+  int rc = ml_be_rope_tables(cpu, theta, hd, sc, seq_len, S, t, t + n) ||
            cu_copy(be, cos_t, t, (size_t)n * sizeof(float), ML_COPY_H2D) ||
            cu_copy(be, sin_t, t + n, (size_t)n * sizeof(float), ML_COPY_H2D);
   ml_be_free(cpu, t);

@@ -83,7 +83,7 @@ static int meta_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, con
   return 0;
 }
 static int meta_rope_tables(ml_backend *be, double theta, int64_t hd, const ml_rope_scaling *sc,
-                            int64_t S, float *cos_t, float *sin_t) {
+                            int64_t seq_len, int64_t S, float *cos_t, float *sin_t) {
   return 0;
 }
 static int meta_rope(ml_backend *be, float *x, const float *cos_t, const float *sin_t, int64_t B,

@@ -30,12 +30,29 @@ void k_rmsnorm_bwd(const float *dy, const float *x, const float *w, float w_offs
                    const float *rstd, float *dx, float *dw, int64_t T, int64_t H);
 
 /* ---- Rotary position embedding (HF modeling_rope_utils + apply_rotary_pos_emb) */
-/* inv_freq[hd/2], computed in fp32 as HF does: 1/theta^(2i/hd), then
- * divided by factor (linear) or rescaled per wavelength (llama3,
- * _compute_llama3_parameters). */
-void k_rope_inv_freq(double theta, int64_t hd, const ml_rope_scaling *sc, float *inv_freq);
-/* cos/sin tables [S, hd/2]: angle[p, i] = (float)p · inv_freq[i] (fp32). */
-void k_rope_tables(const float *inv_freq, int64_t hd, int64_t S, float *cos_t, float *sin_t);
+/* inv_freq[hd/2] of RoPE `sc` (NULL: default) with base theta for a forward
+ * over positions 0 .. seq_len − 1 (HF: seq_len = max(position_ids) + 1),
+ * computed in fp32 where transformers 5.23 does (modeling_rope_utils'
+ * ROPE_INIT_FUNCTIONS): 1/theta^(2i/hd); linear divides by factor; llama3
+ * rescales per wavelength (_compute_llama3_parameters); dynamic raises the
+ * base to theta·(factor·L/M − (factor − 1))^(hd/(hd−2)) with L = seq_len,
+ * M = max_positions, when L > M (_compute_dynamic_ntk_parameters as
+ * dynamic_rope_update calls it; up to M the base is theta); yarn blends
+ * f/factor and f by a ramp over the correction range
+ * (_compute_yarn_parameters); longrope divides by long_factor[i] when
+ * seq_len > original_max_positions, else by short_factor[i]
+ * (_compute_longrope_parameters, dynamic_rope_update). Returns the
+ * attention factor the cos/sin tables are multiplied by: yarn's and
+ * longrope's (given, else HF's default formula of factor), 1 for the
+ * others. One definition for every backend (the CUDA backend's tables are
+ * computed here). */
+double k_rope_inv_freq(double theta, int64_t hd, const ml_rope_scaling *sc, int64_t seq_len,
+                       float *inv_freq);
+/* cos/sin tables [S, hd/2]: angle[p, i] = (float)p · inv_freq[i] (fp32),
+ * cos_t = cosf(angle) · scale, sin_t = sinf(angle) · scale (HF: emb.cos() *
+ * attention_scaling; scale 1 leaves them exact). */
+void k_rope_tables(const float *inv_freq, float scale, int64_t hd, int64_t S, float *cos_t,
+                   float *sin_t);
 /* In place on x: [B*S, nheads, hd], token row t at position t % S.
  * rotate_half convention: (x1, x2) = halves of each head vector;
  * out = (x1·cos − x2·sin, x2·cos + x1·sin). */

@@ -19,25 +19,98 @@ static float llama3_rescale(float f, const ml_rope_scaling *sc) {
   return (1.0f - smooth) * scaled / factor + smooth * scaled;
 }
 
-// inv_freq: [hd/2]
-void k_rope_inv_freq(double theta, int64_t hd, const ml_rope_scaling *sc, float *inv_freq) {
+// theta^(2i/hd) in fp32, as torch's `base ** (arange(0, dim, 2).float() / dim)`
+static float theta_pow(float theta, int64_t i, int64_t hd) {
+  return powf(theta, (float)(2 * i) / (float)hd);
+}
+
+// _compute_dynamic_ntk_parameters' base for a forward of seq_len positions.
+// Beyond max_positions dynamic_rope_update passes seq_len as a tensor, so
+// the base is computed in fp32 like it; up to it the model keeps the
+// frequencies of its construction (seq_len None → max_positions, in double).
+static float dynamic_base(double theta, int64_t hd, const ml_rope_scaling *sc, int64_t seq_len) {
+  double M = sc->max_positions, exponent = (double)hd / (double)(hd - 2);
+  if ((double)seq_len <= M)
+    return (float)(theta * pow(sc->factor * M / M - (sc->factor - 1.0), exponent));
+  float t = (float)sc->factor * (float)seq_len / (float)M - (float)(sc->factor - 1.0);
+  return (float)theta * powf(t, (float)exponent);
+}
+
+// _compute_yarn_parameters' get_mscale
+static double yarn_mscale(double scale, double mscale) {
+  return scale <= 1.0 ? 1.0 : 0.1 * mscale * log(scale) + 1.0;
+}
+
+// _compute_yarn_parameters' find_correction_dim
+static double yarn_correction_dim(double rotations, int64_t hd, double theta, double orig) {
+  return (double)hd * log(orig / (rotations * TWO_PI)) / (2.0 * log(theta));
+}
+
+// _compute_yarn_parameters: inv_freq blends interpolation (f / factor) and
+// extrapolation (f) by a linear ramp over the correction range; returns the
+// attention factor
+static double yarn(double theta, int64_t hd, const ml_rope_scaling *sc, float *inv_freq) {
+  double factor = sc->factor > 0 ? sc->factor : sc->max_positions / sc->original_max_positions;
+  double fast = sc->beta_fast != 0 ? sc->beta_fast : 32.0;
+  double slow = sc->beta_slow != 0 ? sc->beta_slow : 1.0;
+  double lo = yarn_correction_dim(fast, hd, theta, sc->original_max_positions);
+  double hi = yarn_correction_dim(slow, hd, theta, sc->original_max_positions);
+  if (sc->truncate) lo = floor(lo), hi = ceil(hi);
+  lo = lo > 0 ? lo : 0;
+  hi = hi < (double)(hd - 1) ? hi : (double)(hd - 1);
+  if (lo == hi) hi += 0.001; // linear_ramp_factor's guard against a zero width
   for (int64_t i = 0; i < hd / 2; i++) {
-    float f = 1.0f / powf((float)theta, (float)(2 * i) / (float)hd);
-    if (sc && sc->type == ML_ROPE_LINEAR) f /= (float)sc->factor;
-    if (sc && sc->type == ML_ROPE_LLAMA3) f = llama3_rescale(f, sc);
+    float pos = theta_pow((float)theta, i, hd); // pos_freqs
+    float ramp = ((float)i - (float)lo) / (float)(hi - lo);
+    ramp = ramp < 0.0f ? 0.0f : ramp > 1.0f ? 1.0f : ramp;
+    float extra = 1.0f - ramp; // inv_freq_extrapolation_factor
+    inv_freq[i] = 1.0f / ((float)factor * pos) * (1.0f - extra) + 1.0f / pos * extra;
+  }
+  if (sc->attention_factor > 0) return sc->attention_factor;
+  if (sc->mscale != 0 && sc->mscale_all_dim != 0)
+    return yarn_mscale(factor, sc->mscale) / yarn_mscale(factor, sc->mscale_all_dim);
+  return yarn_mscale(factor, 1.0);
+}
+
+// _compute_longrope_parameters with dynamic_rope_update's choice: the long
+// factors for a forward longer than original_max_positions; returns the
+// attention factor
+static double longrope(double theta, int64_t hd, const ml_rope_scaling *sc, int64_t seq_len,
+                       float *inv_freq) {
+  double orig = sc->original_max_positions;
+  const float *ext = (double)seq_len > orig ? sc->long_factor : sc->short_factor;
+  for (int64_t i = 0; i < hd / 2; i++)
+    inv_freq[i] = 1.0f / (ext[i] * theta_pow((float)theta, i, hd));
+  if (sc->attention_factor > 0) return sc->attention_factor;
+  double factor = sc->factor > 0 ? sc->factor : sc->max_positions / orig;
+  return factor <= 1.0 ? 1.0 : sqrt(1.0 + log(factor) / log(orig));
+}
+
+double k_rope_inv_freq(double theta, int64_t hd, const ml_rope_scaling *sc, int64_t seq_len,
+                       float *inv_freq) {
+  ml_rope_type type = sc ? sc->type : ML_ROPE_DEFAULT;
+  if (type == ML_ROPE_YARN) return yarn(theta, hd, sc, inv_freq);
+  if (type == ML_ROPE_LONGROPE) return longrope(theta, hd, sc, seq_len, inv_freq);
+  float base = type == ML_ROPE_DYNAMIC ? dynamic_base(theta, hd, sc, seq_len) : (float)theta;
+  for (int64_t i = 0; i < hd / 2; i++) {
+    float f = 1.0f / theta_pow(base, i, hd);
+    if (type == ML_ROPE_LINEAR) f /= (float)sc->factor;
+    if (type == ML_ROPE_LLAMA3) f = llama3_rescale(f, sc);
     inv_freq[i] = f;
   }
+  return 1.0;
 }
 
 // cos_t, sin_t: [S, hd/2]
-void k_rope_tables(const float *inv_freq, int64_t hd, int64_t S, float *cos_t, float *sin_t) {
+void k_rope_tables(const float *inv_freq, float scale, int64_t hd, int64_t S, float *cos_t,
+                   float *sin_t) {
   int64_t half = hd / 2;
 #pragma omp parallel for
   for (int64_t p = 0; p < S; p++)
     for (int64_t i = 0; i < half; i++) {
       float a = (float)p * inv_freq[i];
-      cos_t[p * half + i] = cosf(a);
-      sin_t[p * half + i] = sinf(a);
+      cos_t[p * half + i] = cosf(a) * scale;
+      sin_t[p * half + i] = sinf(a) * scale;
     }
 }
 

@@ -148,7 +148,9 @@ static int rope_positive_opt(const rope_entry *e, const char *key, double *out) 
 static int rope_original_max(const rope_entry *e, const ml_model_config *c, double *out) {
   const char *key = "original_max_position_embeddings";
   const json_t *top = e->flat ? json_object_get(e->j->root, key) : NULL;
+  int64_t dflt = c->family->original_max_default; /* a class attribute: always set */
   if (top && !json_is_null(top)) ML_TRY(ml_json_num(e->j, NULL, key, out));
+  else if (e->flat && dflt) *out = (double)dflt;
   else ML_TRY(rope_num(e, key, false, (double)c->max_positions, out));
   if (*out >= 1) return 0;
   return ml_err("%s: field '%s%s%s': expected a length >= 1, found %g", e->j->path,
@@ -553,6 +555,13 @@ int ml_model_config_write(const char *dir, const ml_model_config *c) {
   } else {
     json_object_update(root, text);
     json_decref(text);
+  }
+  if (f->original_max_default) { /* Phi-3 reads it top-level over the RoPE entry's */
+    const ml_rope_scaling *sc = &c->rope;
+    bool has = sc->type == ML_ROPE_LLAMA3 || sc->type == ML_ROPE_YARN || sc->type == ML_ROPE_LONGROPE;
+    json_object_set_new(root, "original_max_position_embeddings",
+                        has ? int_or_real(sc->original_max_positions)
+                            : json_integer(f->original_max_default));
   }
   char path[4096];
   snprintf(path, sizeof path, "%s/config.json", dir);

@@ -71,6 +71,40 @@ static const ml_family families[] = {
         .mlp_norm = "post_attention_layernorm",
     },
     {
+        /* Phi3ForCausalLM: the Llama block stored with fused self_attn.qkv_proj
+         * ([q; k; v]) and mlp.gate_up_proj ([gate; up], chunk(2) order), the
+         * sliding window (when set) on every layer; dropouts are 0 in eval
+         * and not applied. */
+        .name = "phi3",
+        .architecture = "Phi3ForCausalLM",
+        .model_type = "phi3",
+        .prefix = "model.",
+        .ckpt_prefix = "model.",
+        .ckpt_lm_head = "lm_head",
+        .qkv_bias_key = NULL,
+        .qkv_bias_default = false,
+        .tie_default = false,
+        .rope_theta_default = 10000.0,
+        .max_positions_default = 4096,
+        .original_max_default = 4096,
+        .hidden_act_key = "hidden_act",
+        .hidden_act = "silu",
+        .layer_rule = ML_LAYERS_ALL_SLIDING,
+        .norm_offset = 0.0f,
+        .act = ML_GLU_SILU,
+        .attn_norm = "input_layernorm",
+        .mlp_norm = "post_attention_layernorm",
+        .fused = {{"self_attn.qkv_proj", {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"}},
+                  {"mlp.gate_up_proj", {"mlp.gate_proj", "mlp.up_proj"}}},
+        /* Phi3Config.base_model_tp_plan (transformers 5.23): the fused outputs
+         * gathered, as HF slices them; on meshlm's split modules the optimized
+         * plan shards q/k/v by heads instead */
+        .hf_tp_plan = "{\"layers.*.self_attn.qkv_proj\": \"colwise_gather_output\", "
+                      "\"layers.*.self_attn.o_proj\": \"rowwise_split_input\", "
+                      "\"layers.*.mlp.gate_up_proj\": \"colwise_gather_output\", "
+                      "\"layers.*.mlp.down_proj\": \"rowwise_split_input\"}",
+    },
+    {
         .name = "qwen2",
         .architecture = "Qwen2ForCausalLM",
         .model_type = "qwen2",

@@ -69,6 +69,10 @@ typedef struct ml_family {
   bool tie_default;           /* tie_word_embeddings when config.json omits it */
   double rope_theta_default;  /* rope_theta when config.json omits it, and in presets */
   int64_t max_positions_default; /* max_position_embeddings when config.json omits it */
+  /* Phi3Config's top-level original_max_position_embeddings (default when
+   * omitted), which RoPE's llama3 / yarn / longrope entries take over theirs
+   * (standardize_rope_params); 0: the family has no such key. */
+  int64_t original_max_default;
   int64_t head_dim_default;   /* head_dim when omitted; 0: hidden_size / num_attention_heads */
   const char *hidden_act_key; /* "hidden_act" or "hidden_activation" (Gemma3) */
   const char *hidden_act;     /* its only accepted value */

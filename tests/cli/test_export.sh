@@ -25,6 +25,10 @@
 #     (vision_config kept) with every source tensor, the vision tower and
 #     projector byte-identical, also under --export-dtype bf16 (which rounds
 #     only the text tower); log-probs as the source's.
+#  3b. phi3 over 4 ranks (tp 2, q/k/v and gate/up split from the fused
+#     tensors): the export writes self_attn.qkv_proj and mlp.gate_up_proj
+#     fused again, every tensor byte for byte the source's, no unfused name;
+#     meshlm export = train --export-hf; the log-probs the source's.
 #  4. the source moved away: an export that carries tensors from it fails
 #     naming it and leaves nothing; one that carries none still works from
 #     the checkpoint's copies of the files.
@@ -158,6 +162,24 @@ check "VLM: the export scores the source's log-probs exactly" 'cmp -s "$work/lpv
 check "VLM --export-dtype bf16: the text tower rounded, the vision tower and projector unchanged" \
   'diff <(grep -v "^language_model" "$work/hfv16.lst") <(grep -v "^language_model" "$work/vlm.lst") &&
    diff <(grep "^language_model" "$work/hfv16.lst") <("$st_list" "$work/vlm" --bf16 | grep "^language_model")'
+
+# ---- 3b. phi3: fused tensors split on load, fused again on export
+mk_source phi3 "$work/phi3"
+mpiexec -n 4 "$meshlm" train --model "$work/phi3" --data "$data" --tp 2 --steps 2 --batch-size 4 \
+  --seq-len 64 --lr 0 --seed 5 --save "$work/ckp" --export-hf "$work/directp" > "$work/out" 2>&1 ||
+  cat "$work/out"
+"$meshlm" export --checkpoint "$work/ckp" --out "$work/hfp" > /dev/null 2>&1
+"$st_list" "$work/phi3" > "$work/phi3.lst"
+check "Phi-3: the fused qkv_proj / gate_up_proj written back, every tensor byte for byte" \
+  '"$st_list" "$work/hfp" | cmp -s - "$work/phi3.lst" &&
+   grep -q "^model.layers.1.self_attn.qkv_proj.weight F32 \[128,64\]" "$work/phi3.lst" &&
+   grep -q "^model.layers.0.mlp.gate_up_proj.weight F32 \[320,64\]" "$work/phi3.lst" &&
+   ! grep -q "q_proj\|gate_proj" "$work/phi3.lst"'
+check "Phi-3: meshlm export = train --export-hf" 'same_files "$work/hfp" "$work/directp"'
+lp "$work/phi3" "$work/lpp_src.jsonl"
+lp "$work/hfp" "$work/lpp.jsonl"
+check "Phi-3: the export scores the source's log-probs exactly" \
+  'cmp -s "$work/lpp.jsonl" "$work/lpp_src.jsonl"'
 
 # ---- 4. the source moved away
 mv "$work/vlm" "$work/vlm.moved"

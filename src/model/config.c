@@ -556,6 +556,9 @@ int ml_model_config_write(const char *dir, const ml_model_config *c) {
     json_object_update(root, text);
     json_decref(text);
   }
+  static const char *const token_keys[3] = {"bos_token_id", "eos_token_id", "pad_token_id"};
+  for (int i = 0; i < 3; i++) /* class defaults the vocabulary does not hold: none */
+    if (f->token_id_defaults[i] >= c->vocab) json_object_set_new(root, token_keys[i], json_null());
   if (f->original_max_default) { /* Phi-3 reads it top-level over the RoPE entry's */
     const ml_rope_scaling *sc = &c->rope;
     bool has = sc->type == ML_ROPE_LLAMA3 || sc->type == ML_ROPE_YARN || sc->type == ML_ROPE_LONGROPE;

@@ -87,6 +87,7 @@ static const ml_family families[] = {
         .rope_theta_default = 10000.0,
         .max_positions_default = 4096,
         .original_max_default = 4096,
+        .token_id_defaults = {1, 32000, 32000},
         .hidden_act_key = "hidden_act",
         .hidden_act = "silu",
         .layer_rule = ML_LAYERS_ALL_SLIDING,

@@ -73,6 +73,11 @@ typedef struct ml_family {
    * omitted), which RoPE's llama3 / yarn / longrope entries take over theirs
    * (standardize_rope_params); 0: the family has no such key. */
   int64_t original_max_default;
+  /* The config class's default bos_token_id, eos_token_id, pad_token_id
+   * (Phi3Config: 1, 32000, 32000); a config meshlm writes sets to null those
+   * outside its vocabulary, which transformers refuses (the padding_idx of
+   * nn.Embedding). 0 where the class default fits every vocabulary. */
+  int64_t token_id_defaults[3];
   int64_t head_dim_default;   /* head_dim when omitted; 0: hidden_size / num_attention_heads */
   const char *hidden_act_key; /* "hidden_act" or "hidden_activation" (Gemma3) */
   const char *hidden_act;     /* its only accepted value */

@@ -14,9 +14,9 @@ or a checkout's build/libmeshlm.so.
 """
 
 from ._lib import library_path
-from .policy import MeshlmError, Policy, bf16_to_f32, f32_to_bf16, version
+from .policy import MeshlmError, Policy, bf16_to_f32, f32_to_bf16, register_family, version
 
 __version__ = "0.1.0"
 
-__all__ = ["Policy", "MeshlmError", "bf16_to_f32", "f32_to_bf16", "version", "library_path",
-           "__version__"]
+__all__ = ["Policy", "MeshlmError", "bf16_to_f32", "f32_to_bf16", "register_family", "version",
+           "library_path", "__version__"]

@@ -168,6 +168,28 @@ class meshlm_call_stats(Structure):
     ]
 
 
+MAX_FUSED = 2  # MESHLM_MAX_FUSED
+
+
+class meshlm_fused(Structure):
+    _fields_ = [
+        ("leaf", c_char_p),
+        ("parts", c_char_p * 4),
+    ]
+
+
+class meshlm_family(Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("architecture", c_char_p),
+        ("model_type", c_char_p),
+        ("name", c_char_p),
+        ("base", c_char_p),
+        ("fused", meshlm_fused * MAX_FUSED),
+        ("tp_plan_json", c_char_p),
+    ]
+
+
 # int (*)(void *ctx, const char *name, meshlm_dtype dtype, int ndim, const int64_t *shape,
 #         const void *data, size_t nbytes)
 meshlm_tensor_fn = CFUNCTYPE(c_int, c_void_p, c_char_p, c_enum, c_int, POINTER(c_int64),
@@ -201,6 +223,7 @@ _PROTOTYPES = {
     "meshlm_generate": (c_int, [session_p, POINTER(meshlm_seqs), POINTER(meshlm_sampling),
                                 POINTER(c_int32), POINTER(c_int64), POINTER(c_float)]),
     "meshlm_last_call_stats": (c_int, [session_p, POINTER(meshlm_call_stats)]),
+    "meshlm_register_family": (c_int, [POINTER(meshlm_family), c_char_p, c_size_t]),
 }
 # without these the library is not meshlm's; any other function a library
 # lacks (an older one) raises MeshlmError when called

@@ -19,6 +19,7 @@ Conventions (those of the C API):
 """
 
 import ctypes
+import json
 import os
 import re
 from ctypes import POINTER, byref, c_double, c_float, c_int32, c_int64, c_uint8, c_void_p
@@ -40,6 +41,47 @@ class MeshlmError(RuntimeError):
 def version():
     """The library's version string (meshlm_version), e.g. "0.1.0"."""
     return L.load().meshlm_version().decode()
+
+
+def register_family(architecture, model_type, name, base, fused=None, tp_plan=None):
+    """Register a model family for this process (meshlm_register_family; call it
+    on every rank before a Policy opens such a checkpoint): the HF
+    `architecture` / `model_type` read as the built-in family `base`'s block
+    ("llama", "mistral", "phi3", "qwen2", "qwen3", "gemma3").
+
+    fused: up to two {fused module: [parts]} entries, e.g.
+        {"self_attn.qkv_proj": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]}
+    (the checkpoint stacks the parts' rows in that order).
+    tp_plan: the family's tensor-parallel plan, a dict {pattern: style} as a
+    --parallel-plan file (patterns relative to the base model), or None.
+    Raises MeshlmError with the library's reason when it is refused."""
+    f = L.meshlm_family()
+    f.struct_size = ctypes.sizeof(f)
+    keep = []  # the encoded strings must outlive the call
+
+    def enc(s):
+        b = s.encode()
+        keep.append(b)
+        return b
+
+    f.architecture, f.model_type, f.name, f.base = (enc(architecture), enc(model_type),
+                                                    enc(name), enc(base))
+    items = list((fused or {}).items())
+    if len(items) > L.MAX_FUSED:
+        raise MeshlmError("register_family: %d fused tensors; expected at most %d"
+                          % (len(items), L.MAX_FUSED))
+    for i, (leaf, parts) in enumerate(items):
+        if not 2 <= len(parts) <= 3:
+            raise MeshlmError("register_family: fused %r has %d parts; expected 2 or 3"
+                              % (leaf, len(parts)))
+        f.fused[i].leaf = enc(leaf)
+        for j, part in enumerate(parts):
+            f.fused[i].parts[j] = enc(part)
+    if tp_plan is not None:
+        f.tp_plan_json = enc(json.dumps(tp_plan))
+    err = ctypes.create_string_buffer(1024)
+    if L.load().meshlm_register_family(ctypes.byref(f), err, len(err)) != 0:
+        raise MeshlmError(err.value.decode())
 
 
 # --- bf16 helpers -----------------------------------------------------------------------------

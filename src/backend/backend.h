@@ -1,5 +1,5 @@
 /* The compute + memory backend: the one seam between the engine (model/,
- * parallel/, train/) and a device (DESIGN §12). The engine is written once
+ * parallel/, engine/) and a device (ARCHITECTURE.md §12). The engine is written once
  * against these calls; devices differ only behind the vtable. ggml's
  * ggml_backend_i + ggml_backend_buffer_i are the model: a small vtable of
  * memory, ordering and operators, dispatched by thin ml_be_* wrappers.

@@ -1,4 +1,4 @@
-/* Sharded, resumable run checkpoints (DESIGN §9), as torch.distributed.
+/* Sharded, resumable run checkpoints (ARCHITECTURE.md §9), as torch.distributed.
  * checkpoint (DCP) saves an FSDP2 + TP model: every rank writes the pieces
  * of the global tensors it owns — fp32 master weights and AdamW exp_avg /
  * exp_avg_sq — with their global offsets, so a run on another mesh (dp or tp

@@ -8,7 +8,7 @@
  * data-parallel ranks as ml_dataset_batch splits a batch (dp rank r takes
  * the r-th contiguous slice). Every micro-batch's loss is normalised by the
  * target count of the whole step, so the accumulated gradient is that of
- * one batch of --batch-size sequences (DESIGN §6). The step itself is the
+ * one batch of --batch-size sequences (ARCHITECTURE.md §6). The step itself is the
  * engine's (engine/step.h, the library's too): global grad norm
  * (--grad-norm-type), and either a skipped step when it is not finite
  * (the first non-finite gradient named) or clipping (--max-grad-norm) and

@@ -74,7 +74,7 @@ double ml_gemm_flops_per_s(ml_backend *be, ml_dtype dtype, double seconds);
 
 /* Training FLOPs per token, 6·N + 12·L·H·S: PaLM (Chowdhery et al. 2022)
  * appendix B — 6N for the dense matmuls forward + backward, 12·L·H·S for
- * attention scores and values (DESIGN §10). n_params N: the parameter
+ * attention scores and values (ARCHITECTURE.md §10). n_params N: the parameter
  * count the caller chooses to charge (PaLM counts non-embedding params),
  * n_layers L, hidden H (= heads · head_dim), seq_len S in tokens. */
 double ml_flops_per_token(double n_params, int64_t n_layers, int64_t hidden, int64_t seq_len);

@@ -1,4 +1,4 @@
-/* Data-path collective backend (DESIGN §12): a vtable with an MPI
+/* Data-path collective backend (ARCHITECTURE.md §12): a vtable with an MPI
  * implementation (comm_mpi.c) and a counting wrapper (comm_count.c) that
  * records, per collective, how many calls and how many bytes, for tests and
  * `meshlm plan`. Control-plane values (loss sums, norms, error agreement,

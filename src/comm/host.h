@@ -1,4 +1,4 @@
-/* Host channel: the control plane of one process group (DESIGN §12).
+/* Host channel: the control plane of one process group (ARCHITECTURE.md §12).
  * Small values the host decides on — loss sums, norms, the first failing
  * rank and its error message, checkpoint names and metadata, timings —
  * travel here, over MPI, whatever backend carries the data path (comm.h):

@@ -1,4 +1,4 @@
-/* Sizes without overflow (DESIGN §11): checked and saturating int64
+/* Sizes without overflow (ARCHITECTURE.md §11): checked and saturating int64
  * arithmetic, and array allocation whose out-of-memory message names what
  * was being allocated in the user's terms, never a wrapped count.
  *

@@ -1,7 +1,7 @@
 /* The parallel engine: a model loaded from an HF checkpoint, sharded over a
  * device mesh (TP from a plan, then FSDP over dp_shard, torchtitan's order),
  * with the forward/backward of one step, the global grad norm and AdamW.
- * One step, as data flows (DESIGN §1): embedding → per layer (FSDP
+ * One step, as data flows (ARCHITECTURE.md §1): embedding → per layer (FSDP
  * all-gather, TP hooks, kernels, reshard) → lm_head → vocab-parallel loss →
  * backward in reverse (gather again, grads reduce-scattered into shards).
  *
@@ -170,7 +170,7 @@ void ml_engine_hold_params(ml_engine *e, bool hold);
  * every cp rank (one all-gather over cp). Forward only. */
 int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, float *out);
 
-/* Global norm of the gradients over the mesh (DESIGN §7,
+/* Global norm of the gradients over the mesh (ARCHITECTURE.md §7,
  * torch.nn.utils.clip_grad_norm_ norm_type): norm_type 2 = L2 (local sums of
  * squares in fp64, summed over dp_shard × cp × tp), INFINITY = max |g|
  * (MAX). Each parameter counted once (ml_engine_owned_rows). A NaN or Inf

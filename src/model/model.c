@@ -104,14 +104,15 @@ static void fuse(ml_layer *L, const ml_fused *fz, const char *key_base) {
   }
 }
 
-/* The fused module's HF name (mod_base.leaf) as the alias of its parts, the
- * modules of this layer named mod_base.part. */
-static void alias(ml_model *m, const ml_fused *fz, const char *mod_base) {
+/* The fused module's HF name (mod_base.leaf) as the alias of its parts: the
+ * modules from m->modules[first] on named mod_base.part. */
+static void alias(ml_model *m, int first, const ml_fused *fz, const char *mod_base) {
   char name[128];
   for (int j = 0; fz->parts[j]; j++) {
     snprintf(name, sizeof name, "%s%s", mod_base, fz->parts[j]);
-    ml_module *mod = ml_model_find_module(m, name);
-    if (mod) snprintf(mod->alias, sizeof mod->alias, "%s%s", mod_base, fz->leaf);
+    for (int i = first; i < m->n_modules; i++)
+      if (strcmp(m->modules[i].name, name) == 0)
+        snprintf(m->modules[i].alias, sizeof m->modules[i].alias, "%s%s", mod_base, fz->leaf);
   }
 }
 
@@ -126,6 +127,7 @@ static void make_layer(ml_model *m, int l) {
   mod_name n;
   snprintf(mod, sizeof mod, "%slayers.%d.", f->prefix, l);
   snprintf(key, sizeof key, "%slayers.%d.", f->ckpt_prefix, l);
+  int first = m->n_modules;
   for (int i = 0; i < ML_ROLE_COUNT; i++) {
     const ml_block_row *r = &ml_block_rows[i];
     const mod_name *nm = name_of(&n, mod, key, ml_block_leaf(f, r));
@@ -140,7 +142,7 @@ static void make_layer(ml_model *m, int l) {
   }
   for (int i = 0; i < ML_FAMILY_MAX_FUSED && f->fused[i].leaf; i++) {
     fuse(L, &f->fused[i], key);
-    alias(m, &f->fused[i], mod);
+    alias(m, first, &f->fused[i], mod);
   }
   L->window = c->sliding[l] ? c->sliding_window : 0;
 }

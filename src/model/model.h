@@ -5,7 +5,7 @@
  * modeling_qwen3.py, modeling_gemma3.py) in fp32. What differs between them
  * is read from the family descriptor (model/family.h).
  *
- * The model knows nothing of parallelism (DESIGN §1). What parallel/ may
+ * The model knows nothing of parallelism (ARCHITECTURE.md §1). What parallel/ may
  * change from outside, as torch's parallelize_module does:
  *  - each parameter's local view of its global tensor (ml_param.local,
  *    offset), as a DTensor's local tensor: the model computes with whatever
@@ -84,7 +84,7 @@ ml_rows ml_param_rows(const ml_param *p);
 static inline int64_t ml_param_numel(const ml_param *p) { return p->local[0] * p->local[1]; }
 
 /* A transformation of an activation at a module edge (a redistribute
- * between placements, DESIGN §3), run on its local view: it may change
+ * between placements, ARCHITECTURE.md §3), run on its local view: it may change
  * the view's sequence extent s and feature count c in place (the buffer
  * has room for edge->cap_c features of all S positions). */
 typedef struct ml_hook {

@@ -1,4 +1,4 @@
-/* Context parallelism (DESIGN §2, reference/torch-parallel.md §5): the cp
+/* Context parallelism (ARCHITECTURE.md §2; torch.distributed.tensor.experimental.context_parallel): the cp
  * ranks of one data-parallel rank share its sequences, each holding a piece
  * of every sequence; attention, the one place tokens meet, runs as ring
  * attention over the cp group (Liu et al. 2023, "Ring Attention with

@@ -1,4 +1,4 @@
-/* FSDP (torch's fully_shard / FSDP2, DESIGN §6) over the dp_shard_cp group
+/* FSDP (torch's fully_shard / FSDP2, ARCHITECTURE.md §6) over the dp_shard_cp group
  * (dp_shard × cp, NeMo Automodel's name), with HSDP over dp_replicate.
  *
  * Unit = one decoder layer, plus a root unit (embedding, final norm,

@@ -1,4 +1,4 @@
-/* Vocab-parallel cross-entropy and per-token log-probs (DESIGN §7; Megatron
+/* Vocab-parallel cross-entropy and per-token log-probs (ARCHITECTURE.md §7; Megatron
  * _VocabParallelCrossEntropy, torchtitan _LossParallelCrossEntropy, NeMo RL
  * DistributedLogprob): each rank computes the logits of a block of vocab
  * columns only; per token, an all-reduce MAX of the row max, then one

@@ -2,7 +2,7 @@
  * dp_replicate × dp_shard × cp × tp, row-major with tp fastest (ranks
  * r .. r+tp−1 form one tp group), as torch's
  * init_device_mesh(("dp_replicate", "dp_shard", "cp", "tp")) and NeMo
- * Automodel's mesh layout (DESIGN §2). One process group per dimension plus
+ * Automodel's mesh layout (ARCHITECTURE.md §2). One process group per dimension plus
  * the flattened ones (torch's DeviceMesh._flatten, Automodel's names), all
  * in one table indexed by ml_group:
  *   world          every rank

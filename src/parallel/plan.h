@@ -1,6 +1,6 @@
 /* Tensor-parallel plans as data: an ordered list of (module-name pattern →
  * parallel style), as torch's parallelize_module(module, mesh["tp"], plan)
- * and NeMo's per-family plans (DESIGN §4–§5). Patterns are HF module names
+ * and NeMo's per-family plans (ARCHITECTURE.md §4–§5). Patterns are HF module names
  * where `*` matches exactly one dot-separated segment
  * ("model.layers.*.self_attn.q_proj"), like torch's per-atom fnmatch.
  *

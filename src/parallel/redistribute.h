@@ -1,4 +1,4 @@
-/* Placement algebra for activations on one mesh dimension (DESIGN §3):
+/* Placement algebra for activations on one mesh dimension (ARCHITECTURE.md §3):
  * torch.distributed.tensor.DTensor.redistribute on a 1-D mesh
  * (torch/distributed/tensor/_redistribute.py: redistribute_local_tensor and
  * the Redistribute autograd function), for an activation of global shape
@@ -38,7 +38,7 @@
  * rank already is the sum; shards of one rank are the whole tensor) that
  * still validates the request and the shapes.
  *
- * Backward (the contract of torch's Redistribute.backward and DESIGN §3's
+ * Backward (the contract of torch's Redistribute.backward and ARCHITECTURE.md §3's
  * table; this file implements the forward function only, the autograd
  * layer calls it again for the gradient): the backward of a forward
  * from → to is

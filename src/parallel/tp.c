@@ -33,7 +33,7 @@ float *ml_tp_work(ml_tp *tp, size_t need) {
   return tp->work;
 }
 
-/* DESIGN §3; the chain p[] holds at most 8 placements, so each direction
+/* ARCHITECTURE.md §3; the chain p[] holds at most 8 placements, so each direction
  * has at most 8 steps. */
 int ml_tp_edge_steps(const ml_tp_edge *e, bool backward, ml_placement *from, ml_placement *to) {
   int k = 0;

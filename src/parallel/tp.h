@@ -2,7 +2,7 @@
  * parallelize_module does (torch/distributed/tensor/parallel/style.py):
  * each matched module's parameters get their placement and local slice
  * (torch.chunk sizes), and every activation edge of the decoder gets the
- * redistributes its placements imply (DESIGN §3–§5).
+ * redistributes its placements imply (ARCHITECTURE.md §3–§5).
  *
  * Placements are propagated through the decoder graph before anything is
  * sharded: embedding → per layer [norm → self_attn (q/k/v → q_norm/k_norm →

@@ -1,5 +1,5 @@
 /* DTensor placements on one mesh dimension (torch.distributed.tensor
- * Replicate / Shard(dim) / Partial("sum"); DESIGN §3). Activations are
+ * Replicate / Shard(dim) / Partial("sum"); ARCHITECTURE.md §3). Activations are
  * [B, S, C]: Shard(1) is the sequence dim, Shard(2) = Shard(-1) the
  * feature dim. Shards follow torch.chunk sizes (ceil(n/t) per rank, the
  * trailing ranks may be short). */

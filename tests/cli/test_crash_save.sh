@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Crash safety of run checkpoints (DESIGN §9): train 5 steps over 4 ranks
+# Crash safety of run checkpoints (ARCHITECTURE.md §9): train 5 steps over 4 ranks
 # (dp_shard 2 x tp 2) with --save-every 1 while the test hook
 # MESHLM_TEST_CRASH_IN_SAVE=3:1 makes rank 1 write half of its file of the
 # 3rd save and die (SIGKILL). The job must fail; latest.json must still name

@@ -8,7 +8,7 @@
  * MLP; ML_AC_LAYER: attention and MLP) reruns its forward edges, with SP
  * one all-gather (its input) and one reduce-scatter (its output), without
  * one all-reduce (its output), per layer, each moving Tl·H floats
- * (DESIGN §5); ML_AC_SELECTIVE recomputes the attention core alone and
+ * (ARCHITECTURE.md §5); ML_AC_SELECTIVE recomputes the attention core alone and
  * adds none. Under context parallelism the attention core is ring
  * attention: ML_AC_LAYER and ML_AC_SELECTIVE rerun its forward, cp − 1
  * send_recv passes of the K/V (2·Tl·kv floats) per layer. The FSDP

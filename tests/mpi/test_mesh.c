@@ -41,7 +41,7 @@ typedef struct layout {
   int size[DIMS]; /* dp_replicate, dp_shard, cp, tp */
 } layout;
 
-/* The dimensions each group spans, as the layout rule says (DESIGN §2). */
+/* The dimensions each group spans, as the layout rule says (ARCHITECTURE.md §2). */
 static const char *const spans[ML_GROUP_KINDS] = {
     [ML_GROUP_WORLD] = "1111",       [ML_GROUP_DP_REPLICATE] = "1000", [ML_GROUP_DP_SHARD] = "0100",
     [ML_GROUP_CP] = "0010",          [ML_GROUP_TP] = "0001",           [ML_GROUP_DP] = "1100",

@@ -7,7 +7,7 @@
  * AdamW in double on the mesh's own state (§5), then one step against one rank on the same
  * parameters (train_check.h). It also checks the collectives of one step
  * against the counts the base plan, FSDP and vocab parallelism over FSDP's
- * group imply (DESIGN §5, §6, parallel/vocab.h).
+ * group imply (ARCHITECTURE.md §5, §6, parallel/vocab.h).
  * grads.safetensors must hold exactly the built parameters; checkpoint
  * tensors without a gradient are allowed only in a vision-language fixture
  * (expected.json "text_prefix") and only outside its text tower. */
@@ -348,7 +348,7 @@ static int64_t kv_shared_bytes(const run *r) {
   return 4 * c->n_layers * 2 * shared * c->head_dim * row;
 }
 
-/* One training step's collectives, per mesh group, vs DESIGN §5/§6 and
+/* One training step's collectives, per mesh group, vs ARCHITECTURE.md §5/§6 and
  * vocab parallelism over FSDP's group (parallel/vocab.h) for L layers,
  * local tokens Tl, the FSDP group's fs = dp_shard·cp ranks and their
  * N = fs·Tl tokens (N = Tl without FSDP), one logits chunk (asserted),

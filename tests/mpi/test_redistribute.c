@@ -3,7 +3,7 @@
  * per rank) deterministically, computes the local result each transition
  * must produce with plain loops (torch.chunk shards), and compares bitwise:
  * values are multiples of 1/8 in [−2, 2], so sums over ranks are exact in
- * any order. Also: the forward/backward pairs of DESIGN §3 (backward kind
+ * any order. Also: the forward/backward pairs of ARCHITECTURE.md §3 (backward kind
  * and the adjoint identity), ml_redistribute_cost against the counting
  * comm (padded byte counts), a group of one, ml_all_gather_padded (uneven
  * blocks over the equal-size all-gather), and the error cases.
@@ -239,7 +239,7 @@ static void test_group_of_one(void **state) {
   agree(&rep, "failures");
 }
 
-/* ---- DESIGN §3: forward/backward pairs ---- */
+/* ---- ARCHITECTURE.md §3: forward/backward pairs ---- */
 
 /* <u, v> of global values from local views: the sum over ranks of local
  * dot products, Replicate against Replicate counted once. */

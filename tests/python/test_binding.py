@@ -17,7 +17,7 @@ from meshlm import _lib as L
 
 STRUCTS = ["meshlm_options", "meshlm_info", "meshlm_seqs", "meshlm_loss", "meshlm_train_batch",
            "meshlm_step_result", "meshlm_weight", "meshlm_tensor", "meshlm_sampling",
-           "meshlm_call_stats"]
+           "meshlm_call_stats", "meshlm_fused", "meshlm_family"]
 
 
 def test_struct_layouts_match_header():
@@ -175,3 +175,23 @@ def test_generate(model_dir):
         assert not all(np.array_equal(a, b) for a, b in zip(l1, l3))
         # every rank with no prompt
         assert p.generate([], max_new_tokens=4) == ([], [])
+
+
+def test_register_family():
+    """register_family reaches meshlm_register_family: refusals raise
+    MeshlmError with the library's reason; a registered architecture is
+    known (a second registration is refused). test_api_family scores one."""
+    with pytest.raises(meshlm.MeshlmError, match="base 'gpt2' is not a built-in text family"):
+        meshlm.register_family("PyGptForCausalLM", "pygpt", "pygpt", "gpt2")
+    with pytest.raises(meshlm.MeshlmError, match="part 'self_attn.v_proj' is not the linear after"):
+        meshlm.register_family("PyBadForCausalLM", "pybad", "pybad", "llama",
+                               fused={"self_attn.qkv_proj": ["self_attn.q_proj",
+                                                             "self_attn.v_proj"]})
+    fused = {"self_attn.qkv_proj": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+             "mlp.gate_up_proj": ["mlp.gate_proj", "mlp.up_proj"]}
+    plan = {"layers.*.self_attn.qkv_proj": "colwise", "layers.*.self_attn.o_proj": "rowwise",
+            "layers.*.mlp.gate_up_proj": "colwise", "layers.*.mlp.down_proj": "rowwise"}
+    meshlm.register_family("PyFusedForCausalLM", "pyfused", "pyfused", "llama", fused=fused,
+                           tp_plan=plan)
+    with pytest.raises(meshlm.MeshlmError, match="already registered"):
+        meshlm.register_family("PyFusedForCausalLM", "pyfused", "pyfused", "llama")

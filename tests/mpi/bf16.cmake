@@ -2,6 +2,6 @@
 # one rank against dp2 x tp2 in bf16 (tests/mpi/test_bf16.c); again under the
 # second kernel set, where the bf16 GEMMs are emulated.
 ml_mpi_executable(test_bf16 test_bf16.c parity_util.c train_check.c)
-foreach(fx llama_tied llama_untied qwen2 qwen3 gemma3 gemma3_vlm mistral)
+foreach(fx llama_tied llama_untied qwen2 qwen3 gemma3 gemma3_vlm mistral phi3)
   ml_mpi_test_2blas(bf16_${fx} 4 $<TARGET_FILE:test_bf16> ${fx})
 endforeach()

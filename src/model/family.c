@@ -6,6 +6,20 @@
 #include "common/status.h"
 #include "model/block.h"
 
+/* The config classes' base_model_tp_plan (transformers 5.23), the HF plan
+ * of a checkpoint whose config.json carries none: LlamaConfig's (also
+ * MistralConfig's and Qwen2Config's), and with the per-head norms
+ * replicated (Qwen3Config's and Gemma3TextConfig's). */
+#define HF_PLAN_LINEARS                                                                          \
+  "\"layers.*.self_attn.q_proj\": \"colwise\", \"layers.*.self_attn.k_proj\": \"colwise\", "      \
+  "\"layers.*.self_attn.v_proj\": \"colwise\", \"layers.*.self_attn.o_proj\": \"rowwise\", "      \
+  "\"layers.*.mlp.gate_proj\": \"colwise\", \"layers.*.mlp.up_proj\": \"colwise\", "              \
+  "\"layers.*.mlp.down_proj\": \"rowwise\""
+#define HF_PLAN_LLAMA "{" HF_PLAN_LINEARS "}"
+#define HF_PLAN_QK_NORM                                                                          \
+  "{" HF_PLAN_LINEARS ", \"layers.*.self_attn.q_norm\": \"replicated_with_grad_allreduce\", "     \
+  "\"layers.*.self_attn.k_norm\": \"replicated_with_grad_allreduce\"}"
+
 /* Gemma3TextConfig / Gemma3TextModel, shared by the text model and the
  * text tower of the VLM. */
 #define GEMMA3_TEXT                                                                              \
@@ -22,7 +36,7 @@
   .attn_norm = "input_layernorm", .attn_out_norm = "post_attention_layernorm",                  \
   .mlp_norm = "pre_feedforward_layernorm", .mlp_out_norm = "post_feedforward_layernorm",        \
   .embed_scale_sqrt_hidden = true, .attn_scalar_key = "query_pre_attn_scalar",                  \
-  .attn_scalar_default = 256.0
+  .attn_scalar_default = 256.0, .hf_tp_plan = HF_PLAN_QK_NORM
 
 /* The module names of a text-only model: model.*, lm_head. */
 #define TEXT_MODEL .prefix = "model.", .ckpt_prefix = "model.", .ckpt_lm_head = "lm_head"
@@ -48,6 +62,7 @@ static const ml_family families[] = {
         .max_positions_default = 2048,
         .layer_rule = ML_LAYERS_ALL_FULL,
         LLAMA_BLOCK,
+        .hf_tp_plan = HF_PLAN_LLAMA,
     },
     {
         /* MistralConfig / MistralModel: Llama's block without biases; one
@@ -64,6 +79,7 @@ static const ml_family families[] = {
         .layer_rule = ML_LAYERS_ALL_SLIDING,
         .sliding_window_default = 4096,
         LLAMA_BLOCK,
+        .hf_tp_plan = HF_PLAN_LLAMA,
     },
     {
         /* Phi3ForCausalLM: the Llama block stored with fused self_attn.qkv_proj
@@ -108,6 +124,7 @@ static const ml_family families[] = {
         .layer_rule = ML_LAYERS_MAX_WINDOW,
         .sliding_window_default = 4096,
         LLAMA_BLOCK,
+        .hf_tp_plan = HF_PLAN_LLAMA,
     },
     {
         .name = "qwen3",
@@ -126,6 +143,7 @@ static const ml_family families[] = {
         .sliding_window_default = 4096,
         .has_qk_norm = true,
         LLAMA_BLOCK,
+        .hf_tp_plan = HF_PLAN_QK_NORM,
     },
     {
         .name = "gemma3",

@@ -420,9 +420,11 @@ int ml_plan_select(const ml_model *m, const char *model_dir, const char *choice,
   if (is_auto || !strcmp(choice, "optimized")) {
     ML_TRY(ml_plan_optimized(m, sp, out));
     snprintf(out->reason, sizeof out->reason,
-             "%s: the optimized plan of the %s family (NeMo _parallelize_%s%s); it ranks above "
-             "the checkpoint's HF plan and the default",
-             is_auto ? "no --parallel-plan" : "--parallel-plan optimized", fam, fam,
+             "%s: the optimized plan of the %s family (%s%s); it ranks above the checkpoint's HF "
+             "plan and the default",
+             is_auto ? "no --parallel-plan" : "--parallel-plan optimized", fam,
+             m->cfg.family->tp_plan ? "the family's registered plan"
+                                    : "the block table's styles, as NeMo's _parallelize_llama",
              sp ? ", sequence-parallel variant" : "");
     return 0;
   }
@@ -430,9 +432,10 @@ int ml_plan_select(const ml_model *m, const char *model_dir, const char *choice,
     bool found;
     ML_TRY(ml_plan_hf(m, model_dir, out, &found));
     if (!found)
-      return ml_err("--parallel-plan hf: %s/config.json carries no base_model_tp_plan; expected "
-                    "that field, or use auto, optimized, default or a plan file",
-                    model_dir);
+      return ml_err("--parallel-plan hf: %s/config.json carries no base_model_tp_plan and family "
+                    "%s has no class plan; expected that field, or use auto, optimized, default "
+                    "or a plan file",
+                    model_dir, fam);
     if (sp) {
       ml_plan_free(out);
       return ml_err("--sequence-parallel: the HF base_model_tp_plan has no sequence-parallel "
@@ -440,8 +443,11 @@ int ml_plan_select(const ml_model *m, const char *model_dir, const char *choice,
                     "SequenceParallel norms");
     }
     snprintf(out->reason, sizeof out->reason,
-             "--parallel-plan hf: config.json's base_model_tp_plan, with embed_tokens "
-             "vocab-parallel and lm_head kept vocab-sharded (NeMo get_hf_tp_plan)");
+             "--parallel-plan hf: %s, with embed_tokens vocab-parallel and lm_head kept "
+             "vocab-sharded (NeMo get_hf_tp_plan)",
+             strcmp(out->name, "hf-base_model_tp_plan") == 0
+                 ? "config.json's base_model_tp_plan"
+                 : "the config class's base_model_tp_plan (config.json has none)");
     return 0;
   }
   if (!strcmp(choice, "default")) {

@@ -109,10 +109,12 @@ int ml_plan_optimized(const ml_model *m, bool sequence_parallel, ml_plan *out);
  * SP overlay. */
 int ml_plan_default(const ml_model *m, bool sequence_parallel, ml_plan *out);
 /* The checkpoint's HF plan: config.json `base_model_tp_plan` (or
- * text_config's), keys prefixed with the base-model prefix, as NeMo's
+ * text_config's), else the family's class plan (ml_family.hf_tp_plan, as
+ * transformers' config classes default it), keys prefixed with the
+ * base-model prefix, as NeMo's
  * get_hf_tp_plan: embed_tokens added as rowwise_rep when absent; lm_head
  * (the class plan's colwise_rep) as Colwise(output Shard(−1),
- * use_local_output false). *found = false when config.json has none.
+ * use_local_output false). *found = false when neither has one.
  * Errors: unreadable config, a non-string style, an unknown string. */
 int ml_plan_hf(const ml_model *m, const char *model_dir, ml_plan *out, bool *found);
 /* A custom plan file: a JSON object {pattern: style}, in file order, where

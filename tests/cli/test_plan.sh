@@ -144,6 +144,15 @@ sed '0,/{/s//{\n  "base_model_tp_plan": {"layers.*.self_attn.q_proj": "colwise",
 expect_ok "hf plan" "^plan hf" -- "$meshlm" plan --model "$work/hf" --tp 2 --parallel-plan hf
 expect_err sp-with-hf-plan "--sequence-parallel: the HF base_model_tp_plan has no sequence-parallel" \
   "$meshlm" plan --model "$work/hf" --tp 2 --parallel-plan hf --sequence-parallel
+# config.json without one: the config class's (Phi-3's names its fused modules, which
+# apply to their parts: q/k/v gathered, o_proj split; the optimized plan shards heads)
+expect_ok "phi3 class hf plan" "^plan hf-phi3-base_model_tp_plan" \
+  "layers.0.self_attn.q_proj .Linear.: colwise_gather_output" \
+  "layers.0.mlp.up_proj .Linear.: colwise_gather_output" \
+  -- "$meshlm" plan --model "$src/tests/fixtures/phi3" --tp 2 --seq-len 64 --parallel-plan hf
+expect_ok "phi3 optimized plan" "^plan phi3-optimized" \
+  "layers.0.self_attn.q_proj .Linear.: ColwiseParallel" \
+  -- "$meshlm" plan --model "$src/tests/fixtures/phi3" --tp 2 --seq-len 64
 expect_err batch-not-divisible "--batch-size 3 is not divisible by the data-parallel size 2" \
   "$meshlm" plan --model "$m" --dp-shard 2 --batch-size 3
 expect_err tp-above-heads "tp=8 exceeds num_attention_heads=4" \

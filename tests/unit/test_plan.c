@@ -152,7 +152,23 @@ static void test_selection(void **state) {
   assert_int_equal(ml_plan_select(&m, dir, "default", false, &p), 0);
   assert_string_equal(p.name, "default-llama");
   ml_plan_free(&p);
+  /* config.json carries none: LlamaConfig's class plan (transformers' default) */
+  assert_int_equal(ml_plan_select(&m, dir, "hf", false, &p), 0);
+  assert_string_equal(p.name, "hf-llama-base_model_tp_plan");
+  assert_int_equal(p.n, 9); /* 7 + embed_tokens (rowwise_rep) + lm_head */
+  assert_string_equal(p.rules[6].pattern, "model.layers.*.mlp.down_proj");
+  assert_string_equal(p.rules[6].style.label, "rowwise");
+  ml_plan_free(&p);
+  /* a family without a class plan (a registered one) and none in config.json */
+  ml_family bare = *m.cfg.family;
+  bare.name = "bare_llama";
+  bare.architecture = "BareLlamaForCausalLM";
+  bare.hf_tp_plan = NULL;
+  assert_int_equal(ml_family_register(&bare), 0);
+  const ml_family *real = m.cfg.family;
+  m.cfg.family = ml_family_by_name("bare_llama");
   expect_error(ml_plan_select(&m, dir, "hf", false, &p), "carries no base_model_tp_plan");
+  m.cfg.family = real;
 
   /* a checkpoint whose config.json carries an HF plan */
   char cfg_in[600];

@@ -58,13 +58,30 @@ static const mod_name *name_of(mod_name *n, const char *mod_base, const char *ke
   return n;
 }
 
-/* A Linear [out, in] with an optional bias. */
+/* A Linear [out, in]; its bias [out] (when it has one) is added by
+ * make_bias, at once or after the other parts of its fused tensor. */
 static void make_linear(ml_model *m, ml_linear *lin, int layer, const mod_name *n, int64_t in,
-                        int64_t out, bool bias) {
+                        int64_t out) {
   lin->weight = add_param(m, layer, out, in, "%s.weight", n->key);
-  lin->bias = bias ? add_param(m, layer, out, 0, "%s.bias", n->key) : NULL;
+  lin->bias = NULL;
   lin->bias_in_forward = true;
   add_module(m, ML_MOD_LINEAR, lin, n->mod);
+}
+
+/* The bias of lin, whose weight is key_stem.weight. */
+static void make_bias(ml_model *m, ml_linear *lin, const char *key_stem) {
+  lin->bias = add_param(m, lin->weight->layer, lin->weight->shape[0], 0, "%s.bias", key_stem);
+}
+
+/* Whether `leaf` is a part of one of f's fused tensors, and the last one. */
+static bool fused_part(const ml_family *f, const char *leaf, bool *last) {
+  for (int i = 0; i < ML_FAMILY_MAX_FUSED && f->fused[i].leaf; i++)
+    for (int j = 0; f->fused[i].parts[j]; j++)
+      if (strcmp(f->fused[i].parts[j], leaf) == 0) {
+        *last = !f->fused[i].parts[j + 1];
+        return true;
+      }
+  return false;
 }
 
 /* An RMSNorm over `dim` features, or none (weight NULL) when n is NULL. */
@@ -128,17 +145,30 @@ static void make_layer(ml_model *m, int l) {
   snprintf(mod, sizeof mod, "%slayers.%d.", f->prefix, l);
   snprintf(key, sizeof key, "%slayers.%d.", f->ckpt_prefix, l);
   int first = m->n_modules;
+  /* the parts of a fused tensor with biases: their weights, then their biases, so
+   * each fused tensor's parts are consecutive parameters (ml_model_ckpt_keys) */
+  ml_linear *held[ML_FUSED_MAX_PARTS];
+  char held_key[ML_FUSED_MAX_PARTS][128];
+  int n_held = 0;
   for (int i = 0; i < ML_ROLE_COUNT; i++) {
     const ml_block_row *r = &ml_block_rows[i];
     const mod_name *nm = name_of(&n, mod, key, ml_block_leaf(f, r));
     void *at = (char *)L + r->field;
     int64_t out = ml_block_dim(c, r->out), in = ml_block_dim(c, r->in);
-    if (r->kind == ML_MOD_LINEAR)
-      make_linear(m, at, l, nm, in, out, ml_block_has_bias(c, r));
-    else if (r->kind == ML_MOD_RMSNORM)
+    if (r->kind == ML_MOD_LINEAR) {
+      bool last = true, part = fused_part(f, r->leaf, &last);
+      make_linear(m, at, l, nm, in, out);
+      if (ml_block_has_bias(c, r)) {
+        held[n_held] = at;
+        snprintf(held_key[n_held++], sizeof held_key[0], "%s", nm->key);
+      }
+      for (int j = 0; last && j < n_held; j++) make_bias(m, held[j], held_key[j]);
+      if (last || !part) n_held = 0;
+    } else if (r->kind == ML_MOD_RMSNORM) {
       make_norm(m, at, l, nm, out);
-    else
+    } else {
       add_module(m, r->kind, L, nm->mod);
+    }
   }
   for (int i = 0; i < ML_FAMILY_MAX_FUSED && f->fused[i].leaf; i++) {
     fuse(L, &f->fused[i], key);
@@ -176,7 +206,7 @@ int ml_model_create(const ml_model_config *cfg, ml_model *m) {
     m->lm_head.bias_in_forward = true;
     add_module(m, ML_MOD_LINEAR, &m->lm_head, n.mod);
   } else {
-    make_linear(m, &m->lm_head, root, &n, cfg->hidden, cfg->vocab, false);
+    make_linear(m, &m->lm_head, root, &n, cfg->hidden, cfg->vocab);
   }
   return 0;
 }

@@ -53,7 +53,9 @@ typedef struct ml_hf_export_spec {
   const char *out_dir;
   const ml_model_config *cfg;    /* the trained model */
   const ml_param *const *params; /* the trained tensors in the order their data comes, named
-                                    in cfg->family's layout; global shapes */
+                                    in cfg->family's layout; global shapes; the parts of a
+                                    fused checkpoint tensor (ml_param.key) consecutive, in
+                                    the order of their rows: their data is appended to it */
   int n;
   const json_t *source;  /* hf_source.h description (checked), or NULL: none recorded */
   const char *files_dir; /* where the description's files are */
@@ -69,14 +71,16 @@ typedef struct ml_hf_export ml_hf_export;
  * Errors: the source's family not the trained model's, a carried tensor
  * missing from the source weights or changed (named, recorded vs found),
  * the source directory unreadable while tensors are to be carried from it
- * (named, with their count and one name), out_dir an existing file, I/O
- * (path named). */
+ * (named, with their count and one name), a fused tensor's part out of
+ * its place in params (named), out_dir an existing file, I/O (path named). */
 int ml_hf_export_begin(const ml_hf_export_spec *spec, ml_hf_export **out);
 
 /* The names and dtypes spec's trained tensors are written under (the
  * source family's layout, the dtype rule above), without writing anything:
  * names[k] (capacity sizeof ml_param.name) and dtypes[k] for k < spec->n
- * (out_dir unused). What refit hands out (include/meshlm/meshlm.h).
+ * (out_dir unused) — per parameter: a fused tensor's parts under their own
+ * names, each in the fused tensor's dtype. What refit hands out
+ * (include/meshlm/meshlm.h).
  * Errors: as ml_hf_export_begin's for the layout and the dtypes. */
 int ml_hf_export_layout(const ml_hf_export_spec *spec, char (*names)[sizeof((ml_param *)0)->name],
                         ml_dtype *dtypes);

@@ -305,6 +305,38 @@ static void bad_regex(json_t *d) {
   json_object_set_new(json_array_get(seq, 0), "pattern", json_pack("{s:s}", "Regex", "\\bword"));
 }
 
+/* Sparse ids (tok_id): the bytelevel fixture's vocabulary has 1500
+ * tokens; with one more, model.vocab's ids must lie below 2 · 1501 + 256 =
+ * 3258, whatever the file's size (an id of 2·10^9 made a dense 8 GB table). */
+static json_int_t g_sparse_id;
+static void sparse_vocab_id(json_t *d) {
+  json_t *vocab = json_object_get(json_object_get(d, "model"), "vocab");
+  assert_int_equal(json_object_size(vocab), 1500);
+  json_object_set_new(vocab, "zz_sparse", json_integer(g_sparse_id));
+}
+/* The template's BOS (1500 tokens and the added ones: the bound is above 3256). */
+static void sparse_template_id(json_t *d) {
+  json_t *procs = json_object_get(json_object_get(d, "post_processor"), "processors");
+  json_t *specials = json_object_get(json_array_get(procs, 1), "special_tokens");
+  json_t *bos = json_object_get(specials, "<|begin_of_text|>");
+  json_object_set_new(bos, "ids", json_pack("[I]", g_sparse_id));
+}
+
+static void test_sparse_ids(void **state) {
+  g_sparse_id = 3257; /* the largest id allowed */
+  assert_int_equal(load_edited(sparse_vocab_id), 0);
+  g_sparse_id = 3258;
+  expect_error(sparse_vocab_id,
+               (const char *const[]){"tokenizer.json", "model.vocab[\"zz_sparse\"]", "found 3258",
+                                     "expected an id in [0, 3258)", "1501 tokens", NULL});
+  g_sparse_id = 2000000000;
+  expect_error(sparse_vocab_id, (const char *const[]){"model.vocab[\"zz_sparse\"]",
+                                                      "found 2000000000", "[0, 3258)", NULL});
+  expect_error(sparse_template_id,
+               (const char *const[]){"tokenizer.json", "post_processor.processors[1].single[0]",
+                                     "found 2000000000", "expected an id in [0, ", NULL});
+}
+
 /* Unsupported components and malformed fields: one message naming the
  * file and the field, what was found and what was expected. */
 static void test_load_errors(void **state) {
@@ -348,6 +380,7 @@ int main(void) {
       cmocka_unit_test(test_bos_eos),
       cmocka_unit_test(test_invalid_utf8),
       cmocka_unit_test(test_load_errors),
+      cmocka_unit_test(test_sparse_ids),
   };
   return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }

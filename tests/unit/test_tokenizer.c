@@ -337,6 +337,44 @@ static void test_sparse_ids(void **state) {
                                      "found 2000000000", "expected an id in [0, ", NULL});
 }
 
+/* The bytelevel fixture's template has nothing after $A (as SmolLM2's has
+ * nothing around it): encoding with special tokens appends an empty side;
+ * decoding nothing, or only special tokens skipped, runs the ByteLevel
+ * decoder on no tokens. Both once read through NULL (UBSan). */
+static void test_empty_template_side(void **state) {
+  ml_tokenizer *t = NULL;
+  assert_int_equal(ml_tokenizer_load(FIXTURES "/bytelevel", &t), 0);
+  assert_true(ml_tokenizer_adds_bos(t));
+  assert_false(ml_tokenizer_adds_eos(t));
+  int32_t bos = ml_tokenizer_bos(t);
+  ml_tokens plain = {0}, special = {0}, empty = {0};
+  assert_int_equal(ml_tokenizer_encode(t, "hello world", 11, false, &plain), 0);
+  assert_int_equal(ml_tokenizer_encode(t, "hello world", 11, true, &special), 0);
+  assert_int_equal(special.n, plain.n + 1);
+  assert_int_equal(special.ids[0], bos);
+  assert_memory_equal(special.ids + 1, plain.ids, plain.n * sizeof *plain.ids);
+  assert_int_equal(ml_tokenizer_encode(t, "", 0, true, &empty), 0);
+  assert_int_equal(empty.n, 1);
+  assert_int_equal(empty.ids[0], bos);
+  char *out = NULL;
+  size_t len = 1;
+  assert_int_equal(ml_tokenizer_decode(t, special.ids, special.n, true, &out, &len), 0);
+  assert_string_equal(out, "hello world");
+  free(out);
+  assert_int_equal(ml_tokenizer_decode(t, empty.ids, empty.n, true, &out, &len), 0);
+  assert_int_equal(len, 0);
+  assert_string_equal(out, "");
+  free(out);
+  assert_int_equal(ml_tokenizer_decode(t, NULL, 0, false, &out, &len), 0);
+  assert_int_equal(len, 0);
+  assert_string_equal(out, "");
+  free(out);
+  ml_tokens_free(&plain);
+  ml_tokens_free(&special);
+  ml_tokens_free(&empty);
+  ml_tokenizer_free(t);
+}
+
 /* Unsupported components and malformed fields: one message naming the
  * file and the field, what was found and what was expected. */
 static void test_load_errors(void **state) {
@@ -381,6 +419,7 @@ int main(void) {
       cmocka_unit_test(test_invalid_utf8),
       cmocka_unit_test(test_load_errors),
       cmocka_unit_test(test_sparse_ids),
+      cmocka_unit_test(test_empty_template_side),
   };
   return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }

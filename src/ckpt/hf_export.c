@@ -104,13 +104,6 @@ int ml_hf_export_layout(const ml_hf_export_spec *spec, char (*names)[NAME_CAP], 
   return rc;
 }
 
-static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t *shape) {
-  int at = snprintf(buf, cap, "[");
-  for (int d = 0; d < ndim && at > 0 && (size_t)at < cap; d++)
-    at += snprintf(buf + at, cap - (size_t)at, "%s%lld", d ? ", " : "", (ll)shape[d]);
-  if (at > 0 && (size_t)at < cap) snprintf(buf + at, cap - (size_t)at, "]");
-}
-
 /* The source's weights, where the carried tensors are read from. */
 static int open_source(ml_hf_export *x, int n_carried, const char *first) {
   const char *dir = json_string_value(json_object_get(x->spec.source, "dir"));
@@ -129,8 +122,8 @@ static int open_source(ml_hf_export *x, int n_carried, const char *first) {
 /* Entry e of a carried tensor, checked against the source's weights. */
 static int check_carried(const ml_hf_export *x, const ml_st_entry *e) {
   const ml_st_tensor *t = ml_ckpt_find(&x->src, e->name);
-  char want[160], got[160];
-  fmt_shape(want, sizeof want, e->ndim, e->shape);
+  char want[ML_ST_SHAPE_CAP], got[ML_ST_SHAPE_CAP];
+  ml_st_shape_str(want, sizeof want, e->ndim, e->shape);
   if (!t)
     return ml_err("%s: no tensor '%s' (%s %s), which the export carries over: the source model "
                   "changed since the run recorded it",
@@ -138,7 +131,7 @@ static int check_carried(const ml_hf_export *x, const ml_st_entry *e) {
   bool same = t->dtype == e->dtype && t->ndim == e->ndim;
   for (int d = 0; same && d < e->ndim; d++) same = t->shape[d] == e->shape[d];
   if (same) return 0;
-  fmt_shape(got, sizeof got, t->ndim, t->shape);
+  ml_st_shape_str(got, sizeof got, t->ndim, t->shape);
   return ml_err("%s: tensor '%s' is %s %s; the run recorded %s %s: the source model changed "
                 "since",
                 x->src.dir, e->name, ml_dtype_name(t->dtype), got, ml_dtype_name(e->dtype), want);

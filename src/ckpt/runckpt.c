@@ -28,11 +28,6 @@ static int saved_name(const ml_model_config *cfg, const ml_param *p, char *out) 
   return ml_family_rename(cfg->family, ml_family_saved(cfg->family), p->name, out, ML_RC_KEY);
 }
 
-static void fmt_shape(char *buf, size_t cap, int ndim, const int64_t shape[2]) {
-  if (ndim == 1) snprintf(buf, cap, "[%lld]", (ll)shape[0]);
-  else snprintf(buf, cap, "[%lld, %lld]", (ll)shape[0], (ll)shape[1]);
-}
-
 /* ------------------------------------------------------------------ save */
 
 /* Test hook of the crash-safety test (runckpt.h): MESHLM_TEST_CRASH_IN_SAVE
@@ -231,13 +226,13 @@ static int check_config(const ml_rc_ckpt *c, const ml_model_config *want) {
 /* The checkpoint's tensor of p, checked against p's global shape. */
 static int find_tensor(ml_rc_ckpt *c, const char *name, const ml_param *p, ml_rc_tensor *t) {
   int rc = ml_rc_tensor_get(c, name, t);
-  char want[48], got[48];
-  fmt_shape(want, sizeof want, p->ndim, p->shape);
+  char want[ML_ST_SHAPE_CAP], got[ML_ST_SHAPE_CAP];
+  ml_st_shape_str(want, sizeof want, p->ndim, p->shape);
   if (rc == 1)
     return ml_err("%s: no tensor '%s'; the model has it, of shape %s", c->meta, name, want);
   ML_TRY(rc);
   if (t->ndim != p->ndim || t->shape[0] != p->shape[0] || t->shape[1] != p->shape[1]) {
-    fmt_shape(got, sizeof got, t->ndim, t->shape);
+    ml_st_shape_str(got, sizeof got, t->ndim, t->shape);
     ml_rc_tensor_free(t);
     return ml_err("%s: tensor '%s' has shape %s; the model has %s", c->meta, name, got, want);
   }

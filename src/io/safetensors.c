@@ -266,6 +266,13 @@ const ml_st_tensor *ml_st_find(const ml_st_file *f, const char *name) {
   return NULL;
 }
 
+void ml_st_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {
+  int at = snprintf(buf, cap, "[");
+  for (int d = 0; d < ndim && at > 0 && (size_t)at < cap; d++)
+    at += snprintf(buf + at, cap - (size_t)at, "%s%lld", d ? ", " : "", (ll)shape[d]);
+  if (at > 0 && (size_t)at < cap) snprintf(buf + at, cap - (size_t)at, "]");
+}
+
 int ml_st_read_block(const ml_st_tensor *t, int64_t row0, int64_t nrows, int64_t col0,
                      int64_t ncols, float *dst) {
   if (t->ndim > 2)

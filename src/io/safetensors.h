@@ -46,6 +46,12 @@ void ml_st_close(ml_st_file *f);
 /* The tensor called `name`, or NULL. */
 const ml_st_tensor *ml_st_find(const ml_st_file *f, const char *name);
 
+/* For messages: shape[0..ndim) as "[a, b, ...]" in buf ("[]" for ndim 0),
+ * cut to fit `cap` bytes; ML_ST_SHAPE_CAP bytes hold any shape of up to
+ * ML_ST_MAX_DIMS dims (", " and 20 chars a dim, the brackets, the NUL). */
+#define ML_ST_SHAPE_CAP (ML_ST_MAX_DIMS * 22 + 3)
+void ml_st_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape);
+
 /* Read a block of a 1-D or 2-D tensor converted to fp32 (F32/BF16/F16):
  * dst[r, c] = t[row0 + r, col0 + c] for r < nrows, c < ncols; dst is
  * [nrows, ncols] row-major. A 1-D tensor is read as [n, 1] (col0 = 0,

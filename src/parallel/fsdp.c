@@ -103,13 +103,14 @@ static int load_param(ml_fsdp *f, ml_fsdp_unit *u, int i, const ml_ckpt *ck) {
   const ml_param *p = u->params[i];
   const ml_st_tensor *t = ml_ckpt_find(ck, p->key);
   if (!t) return ml_err("%s: checkpoint has no tensor '%s'", ck->dir, p->key);
-  int64_t want1 = p->ndim == 2 ? p->shape[1] : 0, got1 = t->ndim == 2 ? t->shape[1] : 0;
-  if (t->ndim != p->ndim || t->shape[0] != p->key_rows || got1 != want1)
-    return ml_err("%s: tensor '%s' has shape [%lld%s%lld] (ndim %d); expected [%lld%s%lld] from "
-                  "config.json",
-                  ck->dir, p->key, (long long)t->shape[0], t->ndim == 2 ? ", " : "",
-                  (long long)got1, t->ndim, (long long)p->key_rows, p->ndim == 2 ? ", " : "",
-                  (long long)want1);
+  const int64_t want[2] = {p->key_rows, p->shape[1]}; /* p's tensor: key_rows rows */
+  if (t->ndim != p->ndim || t->shape[0] != want[0] || (p->ndim == 2 && t->shape[1] != want[1])) {
+    char got_s[ML_ST_SHAPE_CAP], want_s[ML_ST_SHAPE_CAP];
+    ml_st_shape_str(got_s, sizeof got_s, t->ndim, t->shape);
+    ml_st_shape_str(want_s, sizeof want_s, p->ndim, want);
+    return ml_err("%s: tensor '%s' has shape %s; expected %s from config.json", ck->dir, p->key,
+                  got_s, want_s);
+  }
   int64_t r0, nr;
   ml_fsdp_param_rows(f, u, i, &r0, &nr);
   if (nr == 0) return 0;

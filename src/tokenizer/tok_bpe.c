@@ -14,18 +14,17 @@
 static int load_vocab(tok_bpe *m, const json_t *vocab, const char *file) {
   if (!json_is_object(vocab)) return tok_bad(file, "model.vocab", vocab, "an object token → id");
   m->max_id = -1;
+  size_t tokens = json_object_size(vocab); /* distinct: duplicate keys are refused */
   for (void *it = json_object_iter((json_t *)vocab); it;
        it = json_object_iter_next((json_t *)vocab, it)) {
     const char *key = json_object_iter_key(it);
     const json_t *v = json_object_iter_value(it);
-    json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
-    if (id < 0 || id > INT32_MAX) {
-      char f[300];
-      snprintf(f, sizeof f, "model.vocab[\"%.200s\"]", key);
-      return tok_bad(file, f, v, "an id in [0, 2^31)");
-    }
-    ML_TRY(tok_strmap_put(&m->vocab, key, json_object_iter_key_len(it), (int32_t)id));
-    if (id > m->max_id) m->max_id = (int32_t)id;
+    char f[300];
+    snprintf(f, sizeof f, "model.vocab[\"%.200s\"]", key);
+    int32_t id;
+    ML_TRY(tok_id(file, f, v, tokens, &id));
+    ML_TRY(tok_strmap_put(&m->vocab, key, json_object_iter_key_len(it), id));
+    if (id > m->max_id) m->max_id = id;
   }
   m->vocab_len = m->vocab.n;
   m->id_ent = ml_malloc(((size_t)m->max_id + 1) * sizeof *m->id_ent, "vocabulary by id");

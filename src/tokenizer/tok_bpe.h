@@ -29,7 +29,8 @@ typedef struct tok_bpe {
   tok_strmap vocab;   /* token → id, as written in tokenizer.json */
   size_t vocab_len;   /* distinct tokens (tokenizers' get_vocab_size) */
   int32_t max_id;     /* largest id, −1 when empty */
-  int32_t *id_ent;    /* id → index of its vocab entry, −1 (max_id + 1 of them) */
+  int32_t *id_ent;    /* id → index of its vocab entry, −1 (max_id + 1 of them: at most
+                         2 · vocab_len + 256, tok_id) */
   tok_u64map merges;  /* (left id << 32 | right id) → rank */
   int32_t *merge_new; /* rank → id of the merged token */
   size_t n_merges;
@@ -46,8 +47,9 @@ typedef struct tok_bpe {
 /* Read `model` (tokenizer.json's "model" object) of `file`. Refused: a type
  * other than "BPE", dropout other than null or 0, a non-empty
  * continuing_subword_prefix or end_of_word_suffix, vocabulary ids outside
- * [0, 2^31), merges that are not "a b" strings or [a, b] pairs, a merge
- * naming a token (or forming one) not in the vocabulary. */
+ * [0, 2 · its number of tokens + 256) (tok_id), merges that are not "a b"
+ * strings or [a, b] pairs, a merge naming a token (or forming one) not in
+ * the vocabulary. */
 int tok_bpe_load(tok_bpe *m, const json_t *model, const char *file);
 
 /* Switch to byte-level mode (builds raw_vocab and byte_id). */

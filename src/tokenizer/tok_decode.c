@@ -9,6 +9,7 @@
 
 int tok_strs_push(tok_strs *l, const char *s, size_t len) {
   ML_TRY(tok_reserve(&l->off, &l->cap, l->n + 2, sizeof *l->off, "decoded tokens"));
+  ML_TRY(tok_reserve(&l->buf.p, &l->buf.cap, 1, 1, "decoded tokens")); /* buf.p never NULL */
   if (l->n == 0) l->off[0] = l->buf.n;
   ML_TRY(tok_buf_put(&l->buf, s, len));
   l->off[++l->n] = l->buf.n;

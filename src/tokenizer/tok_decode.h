@@ -34,7 +34,9 @@ typedef struct tok_decoder {
   bool present; /* false: tokens are joined with " " */
 } tok_decoder;
 
-/* A list of strings: string i is buf[off[i] .. off[i + 1]). */
+/* A list of strings: string i is buf[off[i] .. off[i + 1]). Once a string
+ * is pushed (an empty one too) buf.p is not NULL, so buf.p + off[i] is
+ * defined for every i < n. */
 typedef struct tok_strs {
   tok_buf buf;
   size_t *off;

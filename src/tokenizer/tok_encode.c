@@ -36,7 +36,9 @@ void ml_tokens_free(ml_tokens *t) {
   memset(t, 0, sizeof *t);
 }
 
+/* Append ids[0..n); n = 0 (an empty side of the template: ids may be NULL) appends nothing. */
 static int push_ids(ml_tokens *out, const int32_t *ids, size_t n) {
+  if (n == 0) return 0;
   ML_TRY(tok_reserve(&out->ids, &out->cap, out->n + n, sizeof *out->ids, "token ids"));
   memcpy(out->ids + out->n, ids, n * sizeof *ids);
   out->n += n;

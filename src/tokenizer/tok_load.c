@@ -108,7 +108,8 @@ static int load(ml_tokenizer *t, const char *dir) {
   ML_TRY(tok_bpe_load(&t->bpe, json_object_get(d, "model"), path));
   if (t->pretok.byte_level) ML_TRY(tok_bpe_set_byte_level(&t->bpe));
   ML_TRY(tok_added_load(&t->added, json_object_get(d, "added_tokens"), &t->bpe, &t->norm, path));
-  ML_TRY(tok_post_load(&t->post, json_object_get(d, "post_processor"), path));
+  ML_TRY(tok_post_load(&t->post, json_object_get(d, "post_processor"),
+                       t->bpe.vocab_len + t->added.n, path));
   ML_TRY(tok_decoder_load(&t->decoder, json_object_get(d, "decoder"), path));
   int32_t max = t->bpe.max_id > t->added.max_id ? t->bpe.max_id : t->added.max_id;
   for (size_t i = 0; i < t->post.n_pre; i++) max = t->post.pre[i] > max ? t->post.pre[i] : max;

@@ -7,8 +7,16 @@
 #include "common/status.h"
 #include "tokenizer/tok_util.h"
 
+/* The loader's state: the processor read so far, the templates seen, the
+ * tokenizer's number of tokens (which bounds the ids: tok_id). */
+typedef struct load_ctx {
+  tok_post *p;
+  int templates;
+  size_t tokens;
+} load_ctx;
+
 /* Append the ids of special token `name` (from special_tokens) to *ids. */
-static int special_ids(const json_t *specials, const json_t *name, const char *field,
+static int special_ids(const json_t *specials, const json_t *name, size_t tokens, const char *field,
                        const char *file, int32_t **ids, size_t *n, size_t *cap) {
   const json_t *sp =
       json_is_string(name) ? json_object_get(specials, json_string_value(name)) : NULL;
@@ -17,16 +25,16 @@ static int special_ids(const json_t *specials, const json_t *name, const char *f
   if (!json_is_array(list))
     return tok_bad(file, field, sp, "a special token with an \"ids\" array");
   for (size_t i = 0; i < json_array_size(list); i++) {
-    const json_t *v = json_array_get(list, i);
-    json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
-    if (id < 0 || id > INT32_MAX) return tok_bad(file, field, v, "an id in [0, 2^31)");
+    int32_t id;
+    ML_TRY(tok_id(file, field, json_array_get(list, i), tokens, &id));
     ML_TRY(tok_reserve(ids, cap, *n + 1, sizeof **ids, "post-processor template"));
-    (*ids)[(*n)++] = (int32_t)id;
+    (*ids)[(*n)++] = id;
   }
   return 0;
 }
 
-static int load_template(tok_post *p, const json_t *j, const char *field, const char *file) {
+static int load_template(const load_ctx *c, const json_t *j, const char *field, const char *file) {
+  tok_post *p = c->p;
   char f[256];
   snprintf(f, sizeof f, "%s.single", field);
   const json_t *single = json_object_get(j, "single");
@@ -44,7 +52,7 @@ static int load_template(tok_post *p, const json_t *j, const char *field, const 
       if (!json_is_string(id) || strcmp(json_string_value(id), "A") != 0 || seen_a++)
         return tok_bad(file, fi, piece, "the sequence $A, once (a single template)");
     } else if (tok) {
-      ML_TRY(special_ids(specials, json_object_get(tok, "id"), fi, file,
+      ML_TRY(special_ids(specials, json_object_get(tok, "id"), c->tokens, fi, file,
                          seen_a ? &p->post : &p->pre, seen_a ? &p->n_post : &p->n_pre,
                          seen_a ? &p->post_cap : &p->pre_cap));
     } else {
@@ -55,46 +63,39 @@ static int load_template(tok_post *p, const json_t *j, const char *field, const 
   return 0;
 }
 
-static int load(tok_post *p, const json_t *j, const char *field, const char *file, int *templates);
+static int load(load_ctx *c, const json_t *j, const char *field, const char *file);
 
 /* A Sequence's processor, through tok_each_item. */
-typedef struct load_ctx {
-  tok_post *p;
-  int *templates;
-} load_ctx;
-static int load_item(void *ctx, const json_t *j, const char *field, const char *file) {
-  load_ctx *c = ctx;
-  return load(c->p, j, field, file, c->templates);
+static int load_item(void *c, const json_t *j, const char *field, const char *file) {
+  return load(c, j, field, file);
 }
 
-static int load(tok_post *p, const json_t *j, const char *field, const char *file, int *templates) {
+static int load(load_ctx *c, const json_t *j, const char *field, const char *file) {
   const json_t *type = json_object_get(j, "type");
   const char *t = json_is_string(type) ? json_string_value(type) : "";
   char f[256];
   if (strcmp(t, "ByteLevel") == 0) return 0;
   if (strcmp(t, "TemplateProcessing") == 0) {
-    if ((*templates)++) {
+    if (c->templates++) {
       snprintf(f, sizeof f, "%s", field);
       return tok_bad(file, f, type, "one TemplateProcessing in the post-processor at most");
     }
-    return load_template(p, j, field, file);
+    return load_template(c, j, field, file);
   }
-  if (strcmp(t, "Sequence") == 0) {
-    load_ctx c = {p, templates};
-    return tok_each_item(j, "processors", field, file, "an array of processors", load_item, &c);
-  }
+  if (strcmp(t, "Sequence") == 0)
+    return tok_each_item(j, "processors", field, file, "an array of processors", load_item, c);
   snprintf(f, sizeof f, "%s.type", field);
   return tok_bad(file, f, type,
                  "\"TemplateProcessing\", \"ByteLevel\" or \"Sequence\" (the post-processors "
                  "meshlm implements)");
 }
 
-int tok_post_load(tok_post *p, const json_t *j, const char *file) {
+int tok_post_load(tok_post *p, const json_t *j, size_t tokens, const char *file) {
   memset(p, 0, sizeof *p);
   if (!j || json_is_null(j)) return 0;
   if (!json_is_object(j)) return tok_bad(file, "post_processor", j, "an object or null");
-  int templates = 0;
-  return load(p, j, "post_processor", file, &templates);
+  load_ctx c = {p, 0, tokens};
+  return load(&c, j, "post_processor", file);
 }
 
 void tok_post_free(tok_post *p) {

@@ -4,7 +4,8 @@
  * (byte_level.rs: offsets only, the ids unchanged), Sequence of these
  * (sequence.rs) with at most one template. Refused: other types, a single
  * template with $B or without exactly one $A, a template naming a special
- * token its special_tokens do not define. */
+ * token its special_tokens do not define, ids outside [0, 2 · tokens + 256)
+ * (tok_id). */
 #ifndef ML_TOK_POST_H
 #define ML_TOK_POST_H
 
@@ -18,8 +19,9 @@ typedef struct tok_post {
   size_t n_pre, n_post, pre_cap, post_cap;
 } tok_post;
 
-/* Read tokenizer.json's "post_processor" (`j`: NULL or null for none). */
-int tok_post_load(tok_post *p, const json_t *j, const char *file);
+/* Read tokenizer.json's "post_processor" (`j`: NULL or null for none) of a
+ * tokenizer of `tokens` distinct tokens (the model's and the added ones). */
+int tok_post_load(tok_post *p, const json_t *j, size_t tokens, const char *file);
 void tok_post_free(tok_post *p);
 
 #endif

@@ -126,6 +126,21 @@ int tok_bad(const char *file, const char *field, const json_t *found, const char
   return ml_err("%s: field '%s': found %s, expected %s", file, field, buf, expected);
 }
 
+int tok_id(const char *file, const char *field, const json_t *v, size_t tokens, int32_t *out) {
+  int64_t limit =
+      tokens > (INT32_MAX - 256) / 2 ? (int64_t)INT32_MAX + 1 : 2 * (int64_t)tokens + 256;
+  json_int_t id = json_is_integer(v) ? json_integer_value(v) : -1;
+  if (id < 0 || id >= limit) {
+    char what[160];
+    snprintf(what, sizeof what,
+             "an id in [0, %lld) (meshlm's bound for %zu tokens: twice as many, plus 256)",
+             (long long)limit, tokens);
+    return tok_bad(file, field, v, what);
+  }
+  *out = (int32_t)id;
+  return 0;
+}
+
 int tok_each_item(const json_t *j, const char *key, const char *field, const char *file,
                   const char *what, tok_item_fn fn, void *ctx) {
   const json_t *list = json_object_get(j, key);

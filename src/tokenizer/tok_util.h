@@ -58,6 +58,17 @@ int tok_each_item(const json_t *j, const char *key, const char *field, const cha
 int tok_str(const char *file, const json_t *obj, const char *field, const char *key,
             const char **out, size_t *len);
 
+/* Id `v` (field `field` of `file`) of a tokenizer of `tokens` tokens into
+ * *out: an integer in [0, 2 · tokens + 256) (and in [0, 2^31)), else
+ * tok_bad naming the bound. An id indexes dense tables (the vocabulary by
+ * id, tok_bpe) and makes the vocabulary's size (ml_tokenizer_vocab_size),
+ * so an id far beyond the number of tokens would cost memory and time out
+ * of all proportion to the file (one id of 2·10^9 in a 2 MB file: an 8 GB
+ * table). `tokenizers` writes dense vocabularies (ids 0 .. n−1, added
+ * tokens after them); the bound leaves room for as many holes as tokens,
+ * plus 256 for small hand-made vocabularies. */
+int tok_id(const char *file, const char *field, const json_t *v, size_t tokens, int32_t *out);
+
 /* A boolean field; `dflt` when missing or null. */
 int tok_bool(const char *file, const json_t *obj, const char *field, const char *key, bool dflt,
              bool *out);

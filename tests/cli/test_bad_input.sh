@@ -95,6 +95,13 @@ expect rope-dynamic-factor "config.json: field 'rope_parameters.factor': expecte
 m=$(model wrong_shape)
 sed 's/"intermediate_size": 160/"intermediate_size": 128/' "$fx/config.json" > "$m/config.json"
 expect tensor-shape-mismatch "gate_proj.weight.*shape" "${logprobs[@]}" "$m"
+# a 1-D tensor of another size: input_layernorm.weight as F16 [128] (the same 256 bytes; the
+# header stays 2056 bytes, one of its padding spaces taken), named with both shapes
+m=$(model wrong_shape_1d)
+perl -0777 -pi -e 's/("model\.layers\.0\.input_layernorm\.weight":\{"dtype":")F32(","shape":\[)64\]/${1}F16${2}128]/ or die; s/\}\}   /}}  / or die' \
+  "$m/model.safetensors"
+expect tensor-shape-mismatch-1d "input_layernorm.weight' has shape \[128\]; expected \[64\] from config.json" \
+  "${logprobs[@]}" "$m"
 
 expect tp-above-heads "tp=5 exceeds num_attention_heads=4" \
   mpiexec -n 5 "$meshlm" logprobs --model "$fx" --data "$work/data.jsonl" --out "$work/out.jsonl" --tp 5

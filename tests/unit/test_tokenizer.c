@@ -305,6 +305,76 @@ static void bad_regex(json_t *d) {
   json_object_set_new(json_array_get(seq, 0), "pattern", json_pack("{s:s}", "Regex", "\\bword"));
 }
 
+/* Sparse ids (tok_id): the bytelevel fixture's vocabulary has 1500
+ * tokens; with one more, model.vocab's ids must lie below 2 · 1501 + 256 =
+ * 3258, whatever the file's size (an id of 2·10^9 made a dense 8 GB table). */
+static json_int_t g_sparse_id;
+static void sparse_vocab_id(json_t *d) {
+  json_t *vocab = json_object_get(json_object_get(d, "model"), "vocab");
+  assert_int_equal(json_object_size(vocab), 1500);
+  json_object_set_new(vocab, "zz_sparse", json_integer(g_sparse_id));
+}
+/* The template's BOS (1500 tokens and the added ones: the bound is above 3256). */
+static void sparse_template_id(json_t *d) {
+  json_t *procs = json_object_get(json_object_get(d, "post_processor"), "processors");
+  json_t *specials = json_object_get(json_array_get(procs, 1), "special_tokens");
+  json_t *bos = json_object_get(specials, "<|begin_of_text|>");
+  json_object_set_new(bos, "ids", json_pack("[I]", g_sparse_id));
+}
+
+static void test_sparse_ids(void **state) {
+  g_sparse_id = 3257; /* the largest id allowed */
+  assert_int_equal(load_edited(sparse_vocab_id), 0);
+  g_sparse_id = 3258;
+  expect_error(sparse_vocab_id,
+               (const char *const[]){"tokenizer.json", "model.vocab[\"zz_sparse\"]", "found 3258",
+                                     "expected an id in [0, 3258)", "1501 tokens", NULL});
+  g_sparse_id = 2000000000;
+  expect_error(sparse_vocab_id, (const char *const[]){"model.vocab[\"zz_sparse\"]",
+                                                      "found 2000000000", "[0, 3258)", NULL});
+  expect_error(sparse_template_id,
+               (const char *const[]){"tokenizer.json", "post_processor.processors[1].single[0]",
+                                     "found 2000000000", "expected an id in [0, ", NULL});
+}
+
+/* The bytelevel fixture's template has nothing after $A (as SmolLM2's has
+ * nothing around it): encoding with special tokens appends an empty side;
+ * decoding nothing, or only special tokens skipped, runs the ByteLevel
+ * decoder on no tokens. Both once read through NULL (UBSan). */
+static void test_empty_template_side(void **state) {
+  ml_tokenizer *t = NULL;
+  assert_int_equal(ml_tokenizer_load(FIXTURES "/bytelevel", &t), 0);
+  assert_true(ml_tokenizer_adds_bos(t));
+  assert_false(ml_tokenizer_adds_eos(t));
+  int32_t bos = ml_tokenizer_bos(t);
+  ml_tokens plain = {0}, special = {0}, empty = {0};
+  assert_int_equal(ml_tokenizer_encode(t, "hello world", 11, false, &plain), 0);
+  assert_int_equal(ml_tokenizer_encode(t, "hello world", 11, true, &special), 0);
+  assert_int_equal(special.n, plain.n + 1);
+  assert_int_equal(special.ids[0], bos);
+  assert_memory_equal(special.ids + 1, plain.ids, plain.n * sizeof *plain.ids);
+  assert_int_equal(ml_tokenizer_encode(t, "", 0, true, &empty), 0);
+  assert_int_equal(empty.n, 1);
+  assert_int_equal(empty.ids[0], bos);
+  char *out = NULL;
+  size_t len = 1;
+  assert_int_equal(ml_tokenizer_decode(t, special.ids, special.n, true, &out, &len), 0);
+  assert_string_equal(out, "hello world");
+  free(out);
+  assert_int_equal(ml_tokenizer_decode(t, empty.ids, empty.n, true, &out, &len), 0);
+  assert_int_equal(len, 0);
+  assert_string_equal(out, "");
+  free(out);
+  assert_int_equal(ml_tokenizer_decode(t, NULL, 0, false, &out, &len), 0);
+  assert_int_equal(len, 0);
+  assert_string_equal(out, "");
+  free(out);
+  ml_tokens_free(&plain);
+  ml_tokens_free(&special);
+  ml_tokens_free(&empty);
+  ml_tokenizer_free(t);
+}
+
 /* Unsupported components and malformed fields: one message naming the
  * file and the field, what was found and what was expected. */
 static void test_load_errors(void **state) {
@@ -348,6 +418,8 @@ int main(void) {
       cmocka_unit_test(test_bos_eos),
       cmocka_unit_test(test_invalid_utf8),
       cmocka_unit_test(test_load_errors),
+      cmocka_unit_test(test_sparse_ids),
+      cmocka_unit_test(test_empty_template_side),
   };
   return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }

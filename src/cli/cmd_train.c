@@ -307,9 +307,11 @@ static int run(train_run *r) {
   if (o->resume) ML_TRY(resume(r));
   ML_TRY(train_loop(r));
   if (!o->export_hf) return 0;
-  ML_TRY(ml_cli_agree(r->world, ml_engine_save_hf(&r->e, o->export_hf,
-                                                        (ml_export_dtype)o->export_dtype.index)));
-  ml_cli_print("train: exported %s\n", o->export_hf);
+  char what[256] = "";
+  rc = ml_engine_save_hf(&r->e, o->export_hf, (ml_export_dtype)o->export_dtype.index);
+  if (rc == 0 && r->mesh.rank == 0) rc = ml_cli_export_summary(o->export_hf, what, sizeof what);
+  ML_TRY(ml_cli_agree(r->world, rc));
+  ml_cli_print("train: exported %s: %s\n", o->export_hf, what);
   return 0;
 }
 

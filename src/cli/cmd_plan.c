@@ -339,7 +339,8 @@ static void text_costs(char *buf, size_t cap, const ml_comm_stats *s) {
     if (!s->calls[k]) continue;
     char h[32];
     n += (size_t)snprintf(buf + n, cap - n, "%s%s x%" PRId64 " (%s)", n ? ", " : "",
-                          ml_coll_name((ml_coll)k), s->calls[k], ml_cli_bytes(s->bytes[k], h, sizeof h));
+                          ml_coll_name((ml_coll)k), s->calls[k],
+                          ml_cli_bytes(s->bytes[k], h, sizeof h));
   }
   if (!n) snprintf(buf, cap, "none");
 }

@@ -33,10 +33,11 @@ static const ml_step_metrics k_example = {.step = 12,
                                           .eta_s = 250.0};
 
 /* The keys of a metrics line, in order. */
-static const char *const k_keys[] = {"step",          "loss",          "grad_norm",        "lr",
-                                     "tokens",        "tokens_per_s",  "mfu",              "peak_tflops",
-                                     "peak_measured", "peak_rss_mib_min", "peak_rss_mib_max",
-                                     "device_peak_mib", "skipped", "fsdp_wait_ms", "time"};
+static const char *const k_keys[] = {
+    "step",          "loss",          "grad_norm",        "lr",
+    "tokens",        "tokens_per_s",  "mfu",              "peak_tflops",
+    "peak_measured", "peak_rss_mib_min", "peak_rss_mib_max", "device_peak_mib",
+    "skipped",       "fsdp_wait_ms",  "time"};
 
 static void test_print(void **state) {
   FILE *f = tmpfile();
@@ -96,7 +97,8 @@ static void test_print_peak_sources(void **state) {
                            "elapsed 1m23s eta 4m10s\n");
   assert_non_null(fgets(buf, sizeof buf, f));
   assert_string_equal(buf, "step 12 | loss 3.4567 | grad_norm 1.234 | lr 3.00e-04 | "
-                           "tok/s 1234.5 | mfu n/a | peak_rss 345.6 MiB | elapsed 1m23s eta 4m10s\n");
+                           "tok/s 1234.5 | mfu n/a | peak_rss 345.6 MiB | "
+                           "elapsed 1m23s eta 4m10s\n");
   fclose(f);
 }
 

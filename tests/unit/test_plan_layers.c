@@ -77,7 +77,8 @@ static void test_verbose(void **state) {
   char *s = listing(true, -1, &rc);
   assert_int_equal(rc, 0);
   ml_text want = {0};
-  for (int i = 0; i < N_ITEMS; i++) ml_text_printf(&want, "  %s: %s\n", k_items[i].name, k_items[i].value);
+  for (int i = 0; i < N_ITEMS; i++)
+    ml_text_printf(&want, "  %s: %s\n", k_items[i].name, k_items[i].value);
   assert_string_equal(s, want.s);
   assert_null(strstr(s, "same as"));
   ml_text_free(&want);

@@ -16,7 +16,13 @@
 
 static bool g_mpi_ours; /* MPI initialised by the library, not finalised yet */
 
-const char *meshlm_version(void) { return "0.1.0"; }
+#define VERSION_STR_(x) #x
+#define VERSION_STR(x) VERSION_STR_(x)
+/* meshlm.h's MESHLM_VERSION_* are the one source of the version (CMakeLists.txt reads them too). */
+const char *meshlm_version(void) {
+  return VERSION_STR(MESHLM_VERSION_MAJOR) "." VERSION_STR(MESHLM_VERSION_MINOR) "." VERSION_STR(
+      MESHLM_VERSION_PATCH);
+}
 
 /* The engine's values of the public enums, indexed by them (the inverse:
  * ML_INDEX_OF; dtype_of for the dtypes, where SOURCE has no engine value). */

@@ -4,6 +4,7 @@
 #define ML_CLI_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "comm/host.h"
 
@@ -29,6 +30,15 @@ _Noreturn void ml_cli_abort(void);
  * message recorded; every rank sees the same argv). */
 int ml_cli_parse(const char *cmd, const char *summary, int argc, char **argv,
                  const struct ml_arg *spec, size_t n);
+
+/* `bytes` for people: "123 B", else "1.23 KiB" (KiB, MiB, GiB, TiB); returns buf. */
+const char *ml_cli_bytes(int64_t bytes, char *buf, size_t cap);
+
+/* What the HF checkpoint directory `dir` (an export) holds, as the phrase of
+ * a success line: "T tensors in S safetensors files, F files, B bytes (H)"
+ * (tensors: in the safetensors files' headers; files and bytes: the regular
+ * files in `dir`). Errors: `dir` or a file in it unreadable (named). */
+int ml_cli_export_summary(const char *dir, char *buf, size_t cap);
 
 /* Print `fmt` on world rank 0 only. */
 void ml_cli_print(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

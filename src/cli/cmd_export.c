@@ -3,7 +3,8 @@
  * from_pretrained loads, with the rest of the model the run started from
  * (ckpt/runckpt.h, ml_run_export; ckpt/hf_export.h). One process does
  * the work and runs no collective: launched under mpirun with several
- * ranks, rank 0 exports and the others only wait for its result. */
+ * ranks, rank 0 exports and the others only wait for its result. On
+ * success it prints one line: the directory, its tensors, files and bytes. */
 #include <stdint.h>
 
 #include "cli/args.h"
@@ -30,9 +31,11 @@ int ml_cmd_export(ml_host *world, int argc, char **argv) {
   if (rc == 1) return 0;
   if (rc == 0 && max_shard < 0)
     rc = ml_err("export: --max-shard-size %lld: expected a byte count >= 0", (long long)max_shard);
+  char what[256] = "";
   if (rc == 0 && world->rank == 0)
     rc = ml_run_export(ckpt, out, (size_t)max_shard, (ml_export_dtype)dtype.index);
+  if (rc == 0 && world->rank == 0) rc = ml_cli_export_summary(out, what, sizeof what);
   ML_TRY(ml_cli_agree(world, rc));
-  ml_cli_print("export: wrote %s from the latest checkpoint in %s\n", out, ckpt);
+  ml_cli_print("export: wrote %s from the latest checkpoint in %s: %s\n", out, ckpt, what);
   return 0;
 }

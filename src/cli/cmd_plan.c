@@ -5,10 +5,13 @@
  * plan and applies it exactly as `meshlm train` does (ml_plan_select,
  * ml_tp_apply), once per tp rank over a group that does not exist (ml_comm
  * with ops NULL), so plan errors are the training run's; then it reports
- * every module's style and per-rank shard shapes, every activation edge's
- * placements and collectives, and, from the engine's own step run on the
- * meta backend (engine/predict.h), one step's collectives per mesh group
- * and the memory per rank. --json prints the same as one JSON document. */
+ * first a summary: the model, the mesh, the plan and, from the engine's own
+ * step run on the meta backend (engine/predict.h), one step's collectives
+ * per mesh group and the memory per rank; then every module's style and
+ * per-rank shard shapes and every activation edge's placements and
+ * collectives, a decoder layer identical to an earlier one as one line
+ * unless --verbose (plan_layers.h). --json prints the same as one JSON
+ * document, every layer. */
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -18,6 +21,7 @@
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "cli/plan_heads.h"
+#include "cli/plan_layers.h"
 #include "cli/train_flags.h"
 #include "common/status.h"
 #include "model/config.h"
@@ -30,7 +34,7 @@
 typedef struct plan_opts {
   ml_train_opts t; /* train's settings (the flags plan takes of them: plan_flags) */
   int64_t dp_shard;
-  bool json;
+  bool json, verbose;
 } plan_opts;
 
 /* One tp rank's model with the plan applied over its (fake) tp group. */
@@ -152,19 +156,6 @@ static void module_params(const ml_module *mod, const ml_param *out[2]) {
 /* The role of module_params' entry i. */
 static const char *param_role(int i) { return i == 0 ? "weight" : "bias"; }
 
-static const char *human(int64_t bytes, char *buf, size_t cap) {
-  const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = (double)bytes;
-  int k = 0;
-  while (v >= 1024.0 && k < 4) {
-    v /= 1024.0;
-    k++;
-  }
-  if (k == 0) snprintf(buf, cap, "%" PRId64 " B", bytes);
-  else snprintf(buf, cap, "%.2f %s", v, u[k]);
-  return buf;
-}
-
 static bool pred_equal(const ml_prediction *a, const ml_prediction *b) {
   return !memcmp(a->train, b->train, sizeof a->train) &&
          !memcmp(a->logprobs, b->logprobs, sizeof a->logprobs) &&
@@ -217,13 +208,14 @@ static void text_cp(const plan_run *run) {
                o->dp_shard * cp);
   ml_cli_print("  ring attention per layer and micro-batch (cp send_recv): forward %" PRId64
                " passes (K/V), %s; backward %" PRId64 " passes (K/V and dK/dV%s), %s\n",
-               r.fwd_calls, human(r.fwd_bytes, fb, sizeof fb), r.bwd_calls,
+               r.fwd_calls, ml_cli_bytes(r.fwd_bytes, fb, sizeof fb), r.bwd_calls,
                ml_train_settings_of(&o->t).engine.ac == ML_AC_NONE ? ""
                                                                    : ", AC's recomputed forward",
-               human(r.bwd_bytes, bb, sizeof bb));
+               ml_cli_bytes(r.bwd_bytes, bb, sizeof bb));
 }
 
-static void text_header(const plan_run *run) {
+/* The model, the mesh, the plan and what the residual stream and the logits are. */
+static void text_summary(const plan_run *run) {
   const plan_opts *o = &run->o;
   const ml_model_config *c = &run->cfg;
   const plan_rank *r0 = &run->ranks[0];
@@ -241,13 +233,19 @@ static void text_header(const plan_run *run) {
                o->t.dp_replicate, o->dp_shard, o->t.cp, o->t.tp, world, o->t.batch,
                o->t.seq_len, o->t.batch / dp);
   if (o->t.cp > 1) text_cp(run);
-  if (ml_plan_heads_split(&r0->tp, &r0->model)) ml_plan_heads_text(&r0->tp, &r0->model);
   ml_cli_print("plan %s%s\n  reason: %s\n", run->plan.name,
                run->plan.sequence_parallel ? " (sequence parallel)" : "", run->plan.reason);
   ml_cli_print("residual stream %s, logits %s%s\n", pstr(r0->tp.residual, b1, sizeof b1),
                pstr(r0->tp.logits, b2, sizeof b2),
                r0->tp.logits.kind == ML_SHARD ? " (vocab-parallel loss)" : " (whole rows)");
-  ml_cli_print("\nrules (pattern -> style, in plan order):\n");
+}
+
+/* The heads over tp and the plan's rules. */
+static void text_rules(const plan_run *run) {
+  const plan_rank *r0 = &run->ranks[0];
+  ml_cli_print("\n");
+  if (ml_plan_heads_split(&r0->tp, &r0->model)) ml_plan_heads_text(&r0->tp, &r0->model);
+  ml_cli_print("rules (pattern -> style, in plan order):\n");
   for (size_t i = 0; i < run->plan.n; i++) {
     const ml_style *s = &run->plan.rules[i].style;
     const char *kn = ml_style_kind_name(s->kind);
@@ -257,58 +255,81 @@ static void text_header(const plan_run *run) {
   }
 }
 
-static void text_modules(const plan_run *run) {
+/* A listing of the model's modules or tp edges, identical layers collapsed
+ * unless --verbose (plan_layers.h), printed. */
+static int print_listing(const plan_run *run, int n, const char *(*name)(const void *, int),
+                         int (*render)(const void *, int, const char *, ml_text *)) {
+  char prefix[160];
+  snprintf(prefix, sizeof prefix, "%slayers.", run->cfg.family->prefix);
+  ml_listing l = {n, name, render, run, prefix, (int)run->cfg.n_layers, run->o.verbose};
+  ml_text out = {0};
+  int rc = ml_listing_text(&l, &out);
+  if (rc == 0 && out.s) ml_cli_print("%s", out.s);
+  ml_text_free(&out);
+  return rc;
+}
+
+static const char *module_name(const void *ctx, int i) {
+  return ((const plan_run *)ctx)->ranks[0].model.modules[i].name;
+}
+
+/* Module i's lines (ml_listing.render): style, then per parameter its
+ * global shape, tp placement, local shapes and FSDP rows. */
+static int render_module(const void *ctx, int i, const char *name, ml_text *out) {
+  const plan_run *run = ctx;
   const plan_rank *r0 = &run->ranks[0];
   const ml_model *m = &r0->model;
-  int tp = run->n_ranks;
+  const ml_module *mod = &m->modules[i];
+  const ml_plan_rule *rule = r0->tp.modules[i].rule;
+  char style[256];
+  const char *kn = rule ? ml_style_kind_name(rule->style.kind) : "";
+  if (rule && strcmp(rule->style.label, kn))
+    snprintf(style, sizeof style, "%s [%s] from '%s'", rule->style.label, kn, rule->pattern);
+  else if (rule)
+    snprintf(style, sizeof style, "%s from '%s'", kn, rule->pattern);
+  else snprintf(style, sizeof style, "replicated (no rule)");
+  ml_text_printf(out, "  %s (%s): %s\n", name, kind_name(mod->kind), style);
+  const ml_param *ps[2];
+  module_params(mod, ps);
+  for (int k = 0; k < 2; k++) {
+    const ml_param *p = ps[k];
+    if (!p) continue;
+    char g[48], where[192] = "";
+    text_shape(g, sizeof g, p, p->shape);
+    if (strncmp(p->name, mod->name, strlen(mod->name)) != 0)
+      snprintf(where, sizeof where, " (tied: %s)", p->name);
+    ml_text_printf(out, "    %s %s%s: ", param_role(k), g, where);
+    int dim = ml_tp_param_dim(&r0->tp, m, p);
+    if (dim < 0) {
+      ml_text_printf(out, "Replicate()%s",
+                     ml_tp_grad_partial(&r0->tp, p) ? ", grad Partial (all-reduced over tp)" : "");
+    } else {
+      ml_text_printf(out, "Shard(%d):", dim);
+      for (int r = 0; r < run->n_ranks; r++) {
+        char l[48];
+        const ml_param *pr = param_on(run, r, p);
+        text_shape(l, sizeof l, pr, pr->local);
+        ml_text_printf(out, " tp%d %s", r, l);
+      }
+    }
+    int64_t fs = run->o.dp_shard * run->o.t.cp; /* FSDP shards over dp_shard_cp */
+    if (fs > 1) {
+      int64_t rows = (p->local[0] + fs - 1) / fs;
+      bool vocab = r0->pred.vocab_group > 1 &&
+                   (p == m->embed_tokens.weight || p == m->lm_head.weight);
+      ml_text_printf(out, "; fsdp %" PRId64 " rows/rank (tp0)%s", rows,
+                     vocab ? ", vocab-parallel (never all-gathered)" : "");
+    }
+    ml_text_printf(out, "\n");
+  }
+  return 0;
+}
+
+static int text_modules(const plan_run *run) {
   ml_cli_print("\nmodules (style; parameters: global shape, tp placement, local shape per tp "
                "rank%s):\n",
                run->o.dp_shard * run->o.t.cp > 1 ? ", FSDP rows per dp_shard_cp rank" : "");
-  for (int i = 0; i < m->n_modules; i++) {
-    const ml_module *mod = &m->modules[i];
-    const ml_plan_rule *rule = r0->tp.modules[i].rule;
-    char style[256];
-    const char *kn = rule ? ml_style_kind_name(rule->style.kind) : "";
-    if (rule && strcmp(rule->style.label, kn))
-      snprintf(style, sizeof style, "%s [%s] from '%s'", rule->style.label, kn, rule->pattern);
-    else if (rule)
-      snprintf(style, sizeof style, "%s from '%s'", kn, rule->pattern);
-    else snprintf(style, sizeof style, "replicated (no rule)");
-    ml_cli_print("  %s (%s): %s\n", mod->name, kind_name(mod->kind), style);
-    const ml_param *ps[2];
-    module_params(mod, ps);
-    for (int k = 0; k < 2; k++) {
-      const ml_param *p = ps[k];
-      if (!p) continue;
-      char g[48], where[192] = "";
-      text_shape(g, sizeof g, p, p->shape);
-      if (strncmp(p->name, mod->name, strlen(mod->name)) != 0)
-        snprintf(where, sizeof where, " (tied: %s)", p->name);
-      ml_cli_print("    %s %s%s: ", param_role(k), g, where);
-      int dim = ml_tp_param_dim(&r0->tp, m, p);
-      if (dim < 0) {
-        ml_cli_print("Replicate()%s",
-                     ml_tp_grad_partial(&r0->tp, p) ? ", grad Partial (all-reduced over tp)" : "");
-      } else {
-        ml_cli_print("Shard(%d):", dim);
-        for (int r = 0; r < tp; r++) {
-          char l[48];
-          const ml_param *pr = param_on(run, r, p);
-          text_shape(l, sizeof l, pr, pr->local);
-          ml_cli_print(" tp%d %s", r, l);
-        }
-      }
-      int64_t fs = run->o.dp_shard * run->o.t.cp; /* FSDP shards over dp_shard_cp */
-      if (fs > 1) {
-        int64_t rows = (p->local[0] + fs - 1) / fs;
-        bool vocab = r0->pred.vocab_group > 1 &&
-                     (p == m->embed_tokens.weight || p == m->lm_head.weight);
-        ml_cli_print("; fsdp %" PRId64 " rows/rank (tp0)%s", rows,
-                     vocab ? ", vocab-parallel (never all-gathered)" : "");
-      }
-      ml_cli_print("\n");
-    }
-  }
+  return print_listing(run, run->ranks[0].model.n_modules, module_name, render_module);
 }
 
 static void text_costs(char *buf, size_t cap, const ml_comm_stats *s) {
@@ -318,7 +339,8 @@ static void text_costs(char *buf, size_t cap, const ml_comm_stats *s) {
     if (!s->calls[k]) continue;
     char h[32];
     n += (size_t)snprintf(buf + n, cap - n, "%s%s x%" PRId64 " (%s)", n ? ", " : "",
-                          ml_coll_name((ml_coll)k), s->calls[k], human(s->bytes[k], h, sizeof h));
+                          ml_coll_name((ml_coll)k), s->calls[k],
+                          ml_cli_bytes(s->bytes[k], h, sizeof h));
   }
   if (!n) snprintf(buf, cap, "none");
 }
@@ -375,32 +397,39 @@ static int grad_chain(const ml_tp_edge *e, ml_placement *chain) {
   return k + 1;
 }
 
-static int text_edges(const plan_run *run) {
+static const char *edge_name(const void *ctx, int i) {
+  return ((const plan_run *)ctx)->ranks[0].tp.edges[i].name;
+}
+
+/* Edge i's lines (ml_listing.render): its chains and their collectives. */
+static int render_edge(const void *ctx, int i, const char *name, ml_text *out) {
+  const plan_run *run = ctx;
   const plan_rank *r0 = &run->ranks[0];
-  const ml_prediction *pd = &r0->pred;
+  const ml_tp_edge *e = &r0->tp.edges[i];
+  ml_placement g[ML_TP_MAX_STEPS + 1];
+  int ng = grad_chain(e, g);
+  ml_comm_stats f, b;
+  ML_TRY(edge_costs(&r0->model, e, &r0->pred, &f, &b));
+  char fc[160], gc[160], fs[200], bs[200];
+  chain_str(fc, sizeof fc, e->p, e->n);
+  chain_str(gc, sizeof gc, g, ng);
+  text_costs(fs, sizeof fs, &f);
+  text_costs(bs, sizeof bs, &b);
+  if (e->n == 1 && ng == 1) /* nothing to redistribute either way */
+    ml_text_printf(out, "  %s [C=%" PRId64 "]: %s, gradient %s: no collective\n", name, e->C, fc,
+                   gc);
+  else
+    ml_text_printf(out, "  %s [C=%" PRId64 "]\n    forward  %s: %s\n    backward %s: %s\n", name,
+                   e->C, fc, fs, gc, bs);
+  return 0;
+}
+
+static int text_edges(const plan_run *run) {
+  const ml_prediction *pd = &run->ranks[0].pred;
   ml_cli_print("\nactivation edges (forward chain | gradient chain; collectives of one step of "
                "the local batch [%" PRId64 ", %" PRId64 "], lm_head's output per logits chunk):\n",
                pd->B, pd->s_local);
-  for (int i = 0; i < r0->tp.n_edges; i++) {
-    const ml_tp_edge *e = &r0->tp.edges[i];
-    ml_placement g[ML_TP_MAX_STEPS + 1];
-    int ng = grad_chain(e, g);
-    ml_comm_stats f, b;
-    ML_TRY(edge_costs(&r0->model, e, pd, &f, &b));
-    char fc[160], gc[160], fs[200], bs[200];
-    chain_str(fc, sizeof fc, e->p, e->n);
-    chain_str(gc, sizeof gc, g, ng);
-    text_costs(fs, sizeof fs, &f);
-    text_costs(bs, sizeof bs, &b);
-    if (e->n == 1 && ng == 1) { /* nothing to redistribute either way */
-      ml_cli_print("  %s [C=%" PRId64 "]: %s, gradient %s: no collective\n", e->name, e->C, fc,
-                   gc);
-      continue;
-    }
-    ml_cli_print("  %s [C=%" PRId64 "]\n    forward  %s: %s\n    backward %s: %s\n", e->name,
-                 e->C, fc, fs, gc, bs);
-  }
-  return 0;
+  return print_listing(run, run->ranks[0].tp.n_edges, edge_name, render_edge);
 }
 
 static void text_stats(const ml_comm_stats *st) {
@@ -410,7 +439,7 @@ static void text_stats(const ml_comm_stats *st) {
       char h[32];
       ml_cli_print("    %-12s %-15s %6" PRId64 " calls %14" PRId64 " B (%s)\n",
                    ml_group_name((ml_group)g), ml_coll_name((ml_coll)k), st[g].calls[k],
-                   st[g].bytes[k], human(st[g].bytes[k], h, sizeof h));
+                   st[g].bytes[k], ml_cli_bytes(st[g].bytes[k], h, sizeof h));
     }
 }
 
@@ -445,13 +474,12 @@ static void text_prediction(const ml_prediction *p) {
   char h[32];
   ml_cli_print("  device memory per rank (the engine's step on the meta backend):\n");
   for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
-    ml_cli_print("    %-64s %12s\n", rows[i].what, human(rows[i].v, h, sizeof h));
+    ml_cli_print("    %-64s %12s\n", rows[i].what, ml_cli_bytes(rows[i].v, h, sizeof h));
 }
 
-static int print_text(const plan_run *run) {
-  text_header(run);
-  text_modules(run);
-  ML_TRY(text_edges(run));
+/* One step's collectives per group and the memory, per tp rank (a rank
+ * that predicts another's numbers says so). */
+static void text_predictions(const plan_run *run) {
   ml_cli_print("\ncollectives (bytes as the counting comm records them: the full buffer per "
                "rank) and memory:\n");
   for (int r = 0; r < run->n_ranks; r++) {
@@ -466,7 +494,16 @@ static int print_text(const plan_run *run) {
     ml_cli_print("tp rank %d:\n", r);
     text_prediction(p);
   }
-  return 0;
+}
+
+/* The summary first (model, mesh, plan, collectives, memory), then the
+ * heads, rules, modules and edges. */
+static int print_text(const plan_run *run) {
+  text_summary(run);
+  text_predictions(run);
+  text_rules(run);
+  ML_TRY(text_modules(run));
+  return text_edges(run);
 }
 
 /* ---- JSON --------------------------------------------------------------- */
@@ -697,13 +734,17 @@ static size_t plan_flags(plan_opts *o, ml_arg *spec) {
                        "FSDP (sharded data-parallel) size", false};
   spec[n++] = (ml_arg){"--json", ML_ARG_FLAG, &o->json, "print the report as one JSON document",
                        false};
+  spec[n++] = (ml_arg){"--verbose", ML_ARG_FLAG, &o->verbose,
+                       "list every decoder layer's modules and edges (default: a layer identical "
+                       "to an earlier one is one line, 'same as')",
+                       false};
   return n;
 }
 
 int ml_cmd_plan(ml_host *world, int argc, char **argv) {
   plan_run run = {.o = {.t = ml_train_opts_default(), .dp_shard = 1}};
   plan_opts *o = &run.o;
-  ml_arg spec[ML_TRAIN_MAX_FLAGS + 2];
+  ml_arg spec[ML_TRAIN_MAX_FLAGS + 3];
   size_t n = plan_flags(o, spec);
   int rc = ml_cli_parse("plan",
                         "show the parallel plan, per-rank shards, one step's collectives and "

@@ -50,6 +50,7 @@ typedef struct train_run {
   int64_t micro, local; /* micro-batch: sequences in all, on this dp rank */
   int32_t *ids;         /* [local, seq_len] */
   uint8_t *mask;        /* [local, seq_len] */
+  double t_start;       /* MPI_Wtime at the command's start: the metrics' time */
 } train_run;
 
 /* Deterministic shuffle of the dataset's sequences (same on every rank). */
@@ -253,9 +254,13 @@ static int train_loop(train_run *r) {
       ml_flops_per_token((double)ml_model_config_num_params(c), c->n_layers, c->hidden, o->seq_len);
   double peak = mesh_peak_flops(o, &r->e, r->world);
   ml_step_opts so = ml_train_settings_of(o).step;
-  while (r->st.step < o->steps) {
+  double t_loop = MPI_Wtime();
+  for (int64_t done = 1; r->st.step < o->steps; done++) {
     ml_step_metrics sm;
     train_step(r, &so, &sm);
+    double now = MPI_Wtime();
+    sm.time_s = now - r->t_start;
+    sm.eta_s = (now - t_loop) / (double)done * (double)(o->steps - r->st.step);
     sm.mfu = ml_mfu(fpt, sm.tokens_per_s, peak);
     sm.peak_tflops = peak / 1e12;
     sm.peak_measured = o->peak_tflops == 0;
@@ -302,9 +307,11 @@ static int run(train_run *r) {
   if (o->resume) ML_TRY(resume(r));
   ML_TRY(train_loop(r));
   if (!o->export_hf) return 0;
-  ML_TRY(ml_cli_agree(r->world, ml_engine_save_hf(&r->e, o->export_hf,
-                                                        (ml_export_dtype)o->export_dtype.index)));
-  ml_cli_print("train: exported %s\n", o->export_hf);
+  char what[256] = "";
+  rc = ml_engine_save_hf(&r->e, o->export_hf, (ml_export_dtype)o->export_dtype.index);
+  if (rc == 0 && r->mesh.rank == 0) rc = ml_cli_export_summary(o->export_hf, what, sizeof what);
+  ML_TRY(ml_cli_agree(r->world, rc));
+  ml_cli_print("train: exported %s: %s\n", o->export_hf, what);
   return 0;
 }
 
@@ -319,6 +326,7 @@ static void run_free(train_run *r) {
 }
 
 int ml_cmd_train(ml_host *world, int argc, char **argv) {
+  double t_start = MPI_Wtime();
   ml_train_opts o = ml_train_opts_default();
   ml_arg spec[ML_TRAIN_MAX_FLAGS];
   size_t n = ml_train_flags(&o, spec);
@@ -332,7 +340,7 @@ int ml_cmd_train(ml_host *world, int argc, char **argv) {
     return 0;
   }
   if (rc == 0) rc = ml_train_opts_check(&o);
-  train_run r = {.o = &o, .world = world, .lock = {-1}};
+  train_run r = {.o = &o, .world = world, .lock = {-1}, .t_start = t_start};
   if (ml_cli_agree(world, rc) == 0)
     rc = run(&r);
   else

@@ -13,6 +13,20 @@
 
 #include "common/status.h"
 
+/* A duration for the progress line: "3.2s" below 10 s, then whole seconds
+ * ("42s", "1m23s", "2h05m09s"); a negative one (clocks) as 0. */
+static void print_duration(FILE *f, double s) {
+  if (!(s >= 0)) s = 0;
+  if (s < 9.95) {
+    fprintf(f, "%.1fs", s);
+    return;
+  }
+  long long t = llround(s), h = t / 3600, m = t / 60 % 60, sec = t % 60;
+  if (h) fprintf(f, "%lldh%02lldm%02llds", h, m, sec);
+  else if (m) fprintf(f, "%lldm%02llds", m, sec);
+  else fprintf(f, "%llds", sec);
+}
+
 void ml_metrics_print(FILE *f, const ml_step_metrics *m) {
   fprintf(f, "step %lld | loss %.4f | grad_norm %.3f | lr %.2e | tok/s %.1f | ", (long long)m->step,
           m->loss, m->grad_norm, m->lr, m->tokens_per_s);
@@ -24,6 +38,10 @@ void ml_metrics_print(FILE *f, const ml_step_metrics *m) {
   fprintf(f, "peak_rss %.1f MiB", m->peak_rss_mib_max);
   if (m->peak_rss_mib_max - m->peak_rss_mib_min >= 0.05) /* differs as printed */
     fprintf(f, " (min %.1f)", m->peak_rss_mib_min);
+  fputs(" | elapsed ", f);
+  print_duration(f, m->time_s);
+  fputs(" eta ", f);
+  print_duration(f, m->eta_s);
   fprintf(f, "%s\n", m->skipped ? " | skipped" : "");
 }
 
@@ -61,6 +79,7 @@ static json_t *metrics_json(const ml_step_metrics *m) {
   bad |= json_object_set_new(o, "device_peak_mib", real_or_null(m->device_peak_mib));
   bad |= json_object_set_new(o, "skipped", json_boolean(m->skipped));
   bad |= json_object_set_new(o, "fsdp_wait_ms", real_or_null(m->fsdp_wait_ms));
+  bad |= json_object_set_new(o, "time", real_or_null(m->time_s));
   if (!bad) return o;
   json_decref(o);
   return NULL;

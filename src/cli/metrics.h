@@ -25,15 +25,20 @@ typedef struct ml_step_metrics {
                              (ml_be_memory_stats: torch.cuda.max_memory_allocated) */
   bool skipped;        /* the optimizer step was skipped: a non-finite gradient */
   double fsdp_wait_ms; /* time blocked on FSDP collectives (dp_shard, dp_replicate), max over ranks */
+  double time_s;       /* seconds since the run started (the command's start on world rank 0) */
+  double eta_s;        /* seconds to the last step: the mean step time of this run so far
+                          times the steps left */
 } ml_step_metrics;
 
 /* Write one progress line (newline-terminated) to f, e.g.
  * "step 12 | loss 3.4567 | grad_norm 1.234 | lr 3.00e-04 | tok/s 1234.5 |
- *  mfu 1.23% of measured peak | peak_rss 345.6 MiB" (on one line): the MFU
- * says what it is against ("of measured peak", "of --peak-tflops", or
- * "mfu n/a" when the peak is unknown); peak_rss is the largest rank's,
- * followed by " (min M)" when the smallest rank's differs; then
- * " | skipped" for a skipped step. */
+ *  mfu 1.23% of measured peak | peak_rss 345.6 MiB | elapsed 1m23s eta 4m10s"
+ * (on one line): the MFU says what it is against ("of measured peak", "of
+ * --peak-tflops", or "mfu n/a" when the peak is unknown); peak_rss is the
+ * largest rank's, followed by " (min M)" when the smallest rank's differs;
+ * elapsed is time_s and eta eta_s (below 10 s with a decimal, "3.2s"; then
+ * whole seconds, "42s", "1m23s", "2h05m09s"); then " | skipped" for a
+ * skipped step. */
 void ml_metrics_print(FILE *f, const ml_step_metrics *m);
 
 typedef struct ml_metrics_writer {
@@ -46,8 +51,8 @@ int ml_metrics_open(const char *path, ml_metrics_writer *w);
 
 /* Append one line: a JSON object with exactly the keys step, loss,
  * grad_norm, lr, tokens, tokens_per_s, mfu, peak_tflops, peak_measured,
- * peak_rss_mib_min, peak_rss_mib_max, device_peak_mib, skipped, fsdp_wait_ms (in that
- * order; the integers as JSON integers, the flags as booleans, the rest as
+ * peak_rss_mib_min, peak_rss_mib_max, device_peak_mib, skipped, fsdp_wait_ms,
+ * time (in that order; the integers as JSON integers, the flags as booleans, the rest as
  * reals written with round-trip precision, a non-finite value — e.g. a
  * diverged loss — and mfu/peak_tflops when the peak is unknown as null),
  * then flush. Error: write failure (the message names the file). */

@@ -16,7 +16,8 @@
 #     byte, nothing else; the tensors are the source's (fp32, tied lm_head
 #     omitted) and score the source's log-probs exactly, within
 #     tests/tolerance.h's bound of transformers' (the fixture's expected.json);
-#     --max-shard-size gives shards + index that score the same.
+#     --max-shard-size gives shards + index that score the same; both print
+#     one line: the directory, its tensors, safetensors files, files, bytes.
 #  2. dtypes: --export-dtype bf16 holds the fp32 weights rounded to nearest
 #     even (st_list --bf16) and says bfloat16 in config.json; a bf16 source
 #     exports bf16 by default (the same bytes: bf16 → fp32 → bf16 is exact),
@@ -83,8 +84,21 @@ mpiexec -n 4 "$meshlm" train --model "$work/llama" --data "$data" --tp 2 --steps
 check "latest.json names step 4, the only checkpoint kept" \
   'grep -q "\"step_dir\": \"step-00000004\"" "$work/ck/latest.json" &&
    [ "$(ls -d "$work"/ck/step-* | wc -l)" -eq 1 ]'
-"$meshlm" export --checkpoint "$work/ck" --out "$work/hf" > /dev/null 2> "$work/err"
+"$meshlm" export --checkpoint "$work/ck" --out "$work/hf" > "$work/export.out" 2> "$work/err"
 check "meshlm export = train --export-hf, every file byte for byte" 'same_files "$work/hf" "$work/direct"'
+# summary DIR SHARDS: the success line's account of DIR: its tensors (st_list's lines) in SHARDS
+# safetensors files, its files and their bytes
+summary() {
+  local tensors files bytes
+  tensors=$("$st_list" "$1" | wc -l)
+  files=$(find "$1" -maxdepth 1 -type f | wc -l)
+  bytes=$(find "$1" -maxdepth 1 -type f -printf '%s\n' | awk '{ b += $1 } END { print b }')
+  echo "$tensors tensors in $2 safetensors file$([ "$2" -eq 1 ] || echo s), $files files, $bytes bytes \\([0-9.]+ [KMG]iB\\)"
+}
+check "meshlm export and train --export-hf print one line: the directory, tensors, files, bytes" \
+  '[ "$(wc -l < "$work/export.out")" -eq 1 ] &&
+   grep -qE "^export: wrote $work/hf from the latest checkpoint in $work/ck: $(summary "$work/hf" 1)\$" "$work/export.out" &&
+   grep -qE "^train: exported $work/direct: $(summary "$work/direct" 1)\$" "$work/out"'
 copied() {
   for f in tokenizer.json tokenizer_config.json special_tokens_map.json chat_template.jinja \
     generation_config.json; do
@@ -103,9 +117,10 @@ check "the export's tensors are the source's (fp32, no tied lm_head), config.jso
 lp "$work/llama" "$work/lp_src.jsonl"
 lp "$work/hf" "$work/lp.jsonl"
 check "the export scores the source's log-probs exactly" 'cmp -s "$work/lp.jsonl" "$work/lp_src.jsonl"'
-"$meshlm" export --checkpoint "$work/ck" --out "$work/hf_sharded" --max-shard-size 100000 > /dev/null
+"$meshlm" export --checkpoint "$work/ck" --out "$work/hf_sharded" --max-shard-size 100000 > "$work/export.out"
 check "--max-shard-size 100000: shards + index, scoring the same" \
   '[ -f "$work/hf_sharded/model.safetensors.index.json" ] &&
+   grep -qE ": $(summary "$work/hf_sharded" "$(ls "$work"/hf_sharded/model-*-of-*.safetensors | wc -l)")\$" "$work/export.out" &&
    [ "$(ls "$work"/hf_sharded/model-*-of-*.safetensors | wc -l)" -ge 2 ] &&
    lp "$work/hf_sharded" "$work/lp_sharded.jsonl" && cmp -s "$work/lp.jsonl" "$work/lp_sharded.jsonl"'
 values() { sed -E 's/.*\[//; s/\].*//' | tr ',' '\n'; }

@@ -3,7 +3,8 @@
 # log-probs of a model whose weights are NaN are JSON (null, one warning);
 # checkpoint tensors the model does not use are reported; the progress line
 # says what MFU is taken against, and the metrics carry the peak and the
-# peak RSS in MiB over the ranks (min <= max).
+# peak RSS in MiB over the ranks (min <= max); the progress line's elapsed
+# time and ETA, and the metrics' time.
 # usage: test_outputs.sh MESHLM SOURCE_DIR JSON_CHECK
 set -u
 meshlm=$1
@@ -63,11 +64,22 @@ else
   bad "measured peak (exit $rc): $(cat "$work/out")"
 fi
 "$meshlm" "${train[@]}" --peak-tflops 2 --metrics "$work/m.jsonl" > "$work/out" 2> "$work/err"
-if grep -q "^step 2 | .* | mfu [0-9.]*% of --peak-tflops | peak_rss [0-9.]* MiB$" "$work/out" &&
+if grep -q "^step 2 | .* | mfu [0-9.]*% of --peak-tflops | peak_rss [0-9.]* MiB | elapsed [0-9.hms]* eta 0\.0s$" "$work/out" &&
    ! grep -q "measured" "$work/out" && grep -q '"peak_tflops": *2\(\.0\)*, *"peak_measured": *false' "$work/m.jsonl"; then
   ok "given peak: $(grep '^step 2' "$work/out")"
 else
   bad "given peak: $(cat "$work/out")"
+fi
+
+# 4. Elapsed time and ETA: every step line has them; the metrics' time (seconds since the
+#    command started) is a real that grows from step to step.
+times=$(sed -E 's/.*"time": ?([0-9.eE+-]+)}$/\1/' "$work/m.jsonl" | tr '\n' ' ')
+if [ "$(grep -c "^step [12] | .* | elapsed [0-9.hms]* eta [0-9.hms]*$" "$work/out")" -eq 2 ] &&
+   grep -q '^step 1 | .* eta [0-9.hms]*$' "$work/out" && grep -q '"time": *[0-9.eE+-]*}$' "$work/m.jsonl" &&
+   awk -v t="$times" 'BEGIN { n = split(t, v, " "); exit !(n == 2 && v[1] > 0 && v[2] >= v[1]) }'; then
+  ok "elapsed and eta: $(grep -o 'elapsed .*' "$work/out" | tr '\n' ';') metrics time: $times"
+else
+  bad "elapsed and eta: $(cat "$work/out"); times $times"
 fi
 
 finish

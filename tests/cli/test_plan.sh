@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # meshlm plan end to end, one process without mpirun: the text and JSON
 # reports on llama_tied and qwen2 at tp 2 with and without sequence
-# parallelism (from config.json alone: no weights are read), and plan errors
+# parallelism (from config.json alone: no weights are read), the summary
+# first and identical layers collapsed (smollm2-135m), and plan errors
 # that must exit non-zero with one clear message, as `meshlm train` would.
 # usage: test_plan.sh MESHLM SOURCE_DIR JSON_CHECK
 set -u
@@ -124,6 +125,49 @@ expect_ok "qwen2 uneven vocab shards" "tp0 \[151, 64\] tp1 \[150, 64\]" "^tp ran
 expect_err cp-zero "--cp: expected an integer in \[1, 2147483647\], found 0" \
   "$meshlm" plan --model "$work/llama_tied" --cp 0
 expect_ok "one rank" "world 1 ranks" "none \(one rank\)" -- "$meshlm" plan --model "$work/llama_tied"
+
+# smollm2-135m's shape (30 identical layers) on dp_shard 2 x tp 3: the summary (mesh,
+# collectives, memory) first, the layers 1-29 one line each in the modules and the edges
+# (1,230 lines before they were collapsed), every layer with --verbose, the same JSON either way
+if "$meshlm" init --arch llama --preset smollm2-135m --out "$work/smol" >/dev/null 2>"$work/err"; then
+  rm -f "$work/smol"/*.safetensors
+  smol=("$meshlm" plan --model "$work/smol" --tp 3 --dp-shard 2)
+  "${smol[@]}" >"$work/smol.txt" 2>"$work/err"
+  rc=$?
+  lines=$(wc -l <"$work/smol.txt")
+  at() { grep -n -m1 -E -- "$1" "$work/smol.txt" | cut -d: -f1; }
+  if [ $rc -eq 0 ] && [ "$lines" -lt 150 ] &&
+     [ "$(grep -c '^  model.layers.1-29: same as model.layers.0$' "$work/smol.txt")" -eq 2 ] &&
+     [ "$(at '^plan: ')" -eq 1 ] && [ "$(at '^mesh: dp_replicate 1 x dp_shard 2 x cp 1 x tp 3')" -eq 2 ] &&
+     [ "$(at 'peak of one training step')" -lt "$(at '^rules ')" ] &&
+     [ "$(at '^rules ')" -lt "$(at '^modules ')" ] && [ "$(at '^modules ')" -lt "$(at '^activation edges')" ] &&
+     [ "$(at 'model.layers.0.mlp.down_proj \(Linear\)')" -lt "$(at 'model.layers.1-29: same')" ] &&
+     ! grep -q 'model.layers.29' "$work/smol.txt"; then
+    ok "smollm2-135m dp2 x tp3: $lines lines, the summary first, layers 1-29 collapsed"
+  else
+    bad "smollm2-135m dp2 x tp3 (exit $rc, $lines lines)" "$(head -40 "$work/smol.txt"; cat "$work/err")"
+  fi
+  "${smol[@]}" --verbose >"$work/smol_v.txt" 2>"$work/err"
+  rc=$?
+  if [ $rc -eq 0 ] && ! grep -q 'same as' "$work/smol_v.txt" &&
+     grep -q '^  model.layers.29.mlp.down_proj (Linear): RowwiseParallel' "$work/smol_v.txt" &&
+     grep -q '^  model.layers.29.mlp.down_proj output \[C=576\]$' "$work/smol_v.txt"; then
+    ok "smollm2-135m --verbose: every layer, $(wc -l <"$work/smol_v.txt") lines"
+  else
+    bad "smollm2-135m --verbose (exit $rc)" "$(cat "$work/err")"
+  fi
+  "${smol[@]}" --json >"$work/smol.json" 2>"$work/err" &&
+    "${smol[@]}" --json --verbose >"$work/smol_v.json" 2>>"$work/err"
+  rc=$?
+  if [ $rc -eq 0 ] && cmp -s "$work/smol.json" "$work/smol_v.json" &&
+     [ "$(grep -c '"name": "model.layers.29.mlp.down_proj output"' "$work/smol.json")" -eq 1 ]; then
+    ok "smollm2-135m --json: every layer, --verbose or not"
+  else
+    bad "smollm2-135m --json (exit $rc)" "$(cat "$work/err")"
+  fi
+else
+  bad "init --preset smollm2-135m" "$(cat "$work/err")"
+fi
 
 # ---- errors -------------------------------------------------------------------
 

@@ -28,7 +28,16 @@ static const ml_step_metrics k_example = {.step = 12,
                                           .peak_measured = true,
                                           .peak_rss_mib_min = 300.25,
                                           .peak_rss_mib_max = 345.6,
-                                          .device_peak_mib = 123.5};
+                                          .device_peak_mib = 123.5,
+                                          .time_s = 83.25,
+                                          .eta_s = 250.0};
+
+/* The keys of a metrics line, in order. */
+static const char *const k_keys[] = {
+    "step",          "loss",          "grad_norm",        "lr",
+    "tokens",        "tokens_per_s",  "mfu",              "peak_tflops",
+    "peak_measured", "peak_rss_mib_min", "peak_rss_mib_max", "device_peak_mib",
+    "skipped",       "fsdp_wait_ms",  "time"};
 
 static void test_print(void **state) {
   FILE *f = tmpfile();
@@ -40,7 +49,32 @@ static void test_print(void **state) {
   fclose(f);
   assert_string_equal(buf, "step 12 | loss 3.4567 | grad_norm 1.234 | lr 3.00e-04 | "
                            "tok/s 1234.5 | mfu 1.23% of measured peak | peak_rss 345.6 MiB "
-                           "(min 300.2)\n");
+                           "(min 300.2) | elapsed 1m23s eta 4m10s\n");
+}
+
+/* Elapsed and ETA: a decimal below 10 s, then whole seconds, minutes and
+ * hours (rounded to the second: 9.96 s is 10 s); a negative time as 0. */
+static void test_print_durations(void **state) {
+  static const struct {
+    double s;
+    const char *text;
+  } cases[] = {{0.04, "0.0s"}, {3.25, "3.2s"},   {9.94, "9.9s"},     {9.96, "10s"},
+               {59.4, "59s"},  {59.6, "1m00s"},  {65, "1m05s"},      {3599.4, "59m59s"},
+               {3600, "1h00m00s"}, {7509, "2h05m09s"}, {-1, "0.0s"}, {NAN, "0.0s"}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ml_step_metrics m = k_example;
+    m.time_s = cases[i].s;
+    m.eta_s = 0;
+    char buf[256] = "", want[64];
+    FILE *f = tmpfile();
+    assert_non_null(f);
+    ml_metrics_print(f, &m);
+    rewind(f);
+    buf[fread(buf, 1, sizeof buf - 1, f)] = '\0';
+    fclose(f);
+    snprintf(want, sizeof want, "| elapsed %s eta 0.0s\n", cases[i].text);
+    if (!strstr(buf, want)) fail_msg("%g s: '%s' lacks '%s'", cases[i].s, buf, want);
+  }
 }
 
 /* The line names the MFU's peak, or says n/a without one; one rank's RSS
@@ -59,10 +93,12 @@ static void test_print_peak_sources(void **state) {
   rewind(f);
   assert_non_null(fgets(buf, sizeof buf, f));
   assert_string_equal(buf, "step 12 | loss 3.4567 | grad_norm 1.234 | lr 3.00e-04 | "
-                           "tok/s 1234.5 | mfu 1.23% of --peak-tflops | peak_rss 345.6 MiB\n");
+                           "tok/s 1234.5 | mfu 1.23% of --peak-tflops | peak_rss 345.6 MiB | "
+                           "elapsed 1m23s eta 4m10s\n");
   assert_non_null(fgets(buf, sizeof buf, f));
   assert_string_equal(buf, "step 12 | loss 3.4567 | grad_norm 1.234 | lr 3.00e-04 | "
-                           "tok/s 1234.5 | mfu n/a | peak_rss 345.6 MiB\n");
+                           "tok/s 1234.5 | mfu n/a | peak_rss 345.6 MiB | "
+                           "elapsed 1m23s eta 4m10s\n");
   fclose(f);
 }
 
@@ -80,7 +116,7 @@ static void test_print_skipped(void **state) {
   fclose(f);
   assert_string_equal(buf, "step 12 | loss nan | grad_norm nan | lr 3.00e-04 | "
                            "tok/s 1234.5 | mfu 1.23% of measured peak | peak_rss 345.6 MiB "
-                           "(min 300.2) | skipped\n");
+                           "(min 300.2) | elapsed 1m23s eta 4m10s | skipped\n");
 }
 
 static json_t *read_line(FILE *f) {
@@ -91,7 +127,7 @@ static json_t *read_line(FILE *f) {
   json_t *o = json_loads(line, JSON_REJECT_DUPLICATES, &e);
   if (!o) fail_msg("bad JSON line '%s': %s", line, e.text);
   assert_true(json_is_object(o));
-  assert_int_equal(json_object_size(o), 14);
+  assert_int_equal(json_object_size(o), sizeof k_keys / sizeof k_keys[0]);
   return o;
 }
 
@@ -117,6 +153,31 @@ static void check_example(const json_t *o) {
   assert_true(num(o, "peak_rss_mib_max") == 345.6);
   assert_true(num(o, "device_peak_mib") == 123.5);
   assert_true(json_is_false(json_object_get(o, "skipped")));
+  assert_true(num(o, "time") == 83.25);
+}
+
+/* README.md's field list of --metrics ("JSONL (`step, loss, ...`") is the keys. */
+static void test_readme_fields(void **state) {
+  FILE *f = fopen(ML_SOURCE_DIR "/README.md", "r");
+  if (!f) fail_msg("cannot open %s/README.md", ML_SOURCE_DIR);
+  static char text[1 << 18];
+  text[fread(text, 1, sizeof text - 1, f)] = '\0';
+  fclose(f);
+  const char *at = strstr(text, "`--metrics` writes the same as JSONL (`");
+  if (!at) fail_msg("README.md: no \"`--metrics` writes the same as JSONL (`\"");
+  at = strchr(at, '(') + 2;
+  size_t i = 0, n = sizeof k_keys / sizeof k_keys[0];
+  for (;;) {
+    at += strspn(at, ", \n");
+    size_t len = strcspn(at, ", \n`");
+    if (len == 0) break;
+    if (i >= n) fail_msg("README.md's metrics field %.*s is not a key", (int)len, at);
+    if (strlen(k_keys[i]) != len || strncmp(at, k_keys[i], len) != 0)
+      fail_msg("README.md's metrics field %zu is %.*s, the key is %s", i, (int)len, at, k_keys[i]);
+    i++;
+    at += len;
+  }
+  if (i != n) fail_msg("README.md lists %zu metrics fields, the keys are %zu", i, n);
 }
 
 static void test_jsonl_roundtrip(void **state) {
@@ -131,14 +192,10 @@ static void test_jsonl_roundtrip(void **state) {
   assert_non_null(f);
   json_t *o = read_line(f);
   check_example(o);
-  const char *keys[] = {"step",          "loss",          "grad_norm",        "lr",
-                        "tokens",        "tokens_per_s",  "mfu",              "peak_tflops",
-                        "peak_measured", "peak_rss_mib_min", "peak_rss_mib_max",
-                        "device_peak_mib", "skipped", "fsdp_wait_ms"};
   const char *key;
   json_t *v;
   size_t i = 0;
-  json_object_foreach(o, key, v) assert_string_equal(key, keys[i++]);
+  json_object_foreach(o, key, v) assert_string_equal(key, k_keys[i++]);
   json_decref(o);
   ml_step_metrics diverged = k_example;
   diverged.step = 13;
@@ -199,8 +256,9 @@ static void test_flops_and_mfu(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_print),      cmocka_unit_test(test_print_skipped),
+      cmocka_unit_test(test_print_durations),
       cmocka_unit_test(test_print_peak_sources), cmocka_unit_test(test_gemm_rate),
-      cmocka_unit_test(test_jsonl_roundtrip),
+      cmocka_unit_test(test_jsonl_roundtrip), cmocka_unit_test(test_readme_fields),
       cmocka_unit_test(test_open_error), cmocka_unit_test(test_peak_rss),
       cmocka_unit_test(test_flops_and_mfu),
   };

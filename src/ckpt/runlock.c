@@ -30,7 +30,7 @@ static size_t first_missing(const char *dir) {
   char p[PATH_CAP];
   snprintf(p, sizeof p, "%s", dir);
   struct stat sb;
-  for (size_t i = 1;; i++) {
+  for (size_t i = p[0] == '/';; i++) { /* i: the end of a prefix; "/" exists */
     if (p[i] != '/' && p[i] != '\0') continue;
     char c = p[i];
     p[i] = '\0';
@@ -127,7 +127,8 @@ void ml_run_lock_abandon(ml_run_lock *l) {
   if (l->fd >= 0 && l->made_file && only_lock_file(l->dir) &&
       snprintf(path, sizeof path, "%s/%s", l->dir, ML_RUN_LOCK_FILE) < (int)sizeof path &&
       unlink(path) == 0 && l->created > 0)
-    remove_created(l->dir, l->created); /* the lock is still held: nobody took the new one */
+    remove_created(l->dir, l->created); /* still locked: a run that opened the removed file
+                                           fails its flock, or later finds it gone */
   ml_run_lock_release(l);
 }
 

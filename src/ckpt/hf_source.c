@@ -203,7 +203,7 @@ static int copy_file(const char *from, const char *to) {
   size_t k;
   while (rc == 0 && (k = fread(buf, 1, BUF, in)) > 0)
     if (fwrite(buf, 1, k, out) != k)
-      rc = ml_err("%s: cannot write %s: %s", to, tmp, strerror(errno));
+      rc = ml_err("%s: cannot write: %s", to, strerror(errno));
   if (rc == 0 && ferror(in)) rc = ml_err("%s: cannot read: %s", from, strerror(errno));
   if (rc == 0) rc = ml_file_commit(out, tmp, to);
   else if (out) ml_file_abandon(out, tmp);

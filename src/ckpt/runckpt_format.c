@@ -216,8 +216,16 @@ int ml_rc_write_metadata(const char *step_dir, const ml_rc_info *info, const ml_
   return rc == 0 ? ml_rc_fsync_dir(step_dir) : -1;
 }
 
-/* Remove every step-* directory under dir but `keep`. */
-static int prune(const char *dir, const char *keep) {
+/* A step directory's name as ml_rc_begin chooses it: "step-" and 8 or more
+ * digits, then ".b" or nothing. */
+static bool step_name(const char *s) {
+  size_t digits = strncmp(s, "step-", 5) == 0 ? strspn(s + 5, "0123456789") : 0;
+  return digits >= 8 && (s[5 + digits] == '\0' || strcmp(s + 5 + digits, ".b") == 0);
+}
+
+/* Remove every step directory under dir but `keep`; their names go to
+ * removed[cap] (", " between them, cut at cap) when removed is not NULL. */
+static int prune(const char *dir, const char *keep, char *removed, size_t cap) {
   DIR *d = opendir(dir);
   if (!d) return ml_err("%s: cannot open: %s", dir, strerror(errno));
   struct dirent *ent;
@@ -225,12 +233,27 @@ static int prune(const char *dir, const char *keep) {
   struct stat sb;
   int rc = 0;
   while (rc == 0 && (ent = readdir(d)) != NULL) {
-    if (strncmp(ent->d_name, "step-", 5) != 0 || strcmp(ent->d_name, keep) == 0) continue;
+    if (!step_name(ent->d_name) || strcmp(ent->d_name, keep) == 0) continue;
     rc = join(path, dir, ent->d_name);
-    if (rc == 0 && stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) rc = remove_dir(path);
+    if (rc != 0 || lstat(path, &sb) != 0 || !S_ISDIR(sb.st_mode)) continue;
+    rc = remove_dir(path);
+    size_t at = removed ? strlen(removed) : 0;
+    if (rc == 0 && removed)
+      snprintf(removed + at, cap - at, "%s%s", at ? ", " : "", ent->d_name);
   }
   closedir(d);
   return rc;
+}
+
+int ml_rc_clean(const char *dir) {
+  char committed[ML_RC_NAME] = "", removed[1024] = "";
+  ML_TRY(read_latest(dir, committed) < 0 ? -1 : 0);
+  int rc = prune(dir, committed, removed, sizeof removed);
+  if (removed[0])
+    ml_warn("%s: removed uncommitted %s (left by a save that did not finish; committed: %s)", dir,
+            removed, committed[0] ? committed : "none");
+  ML_TRY(rc);
+  return removed[0] ? ml_rc_fsync_dir(dir) : 0;
 }
 
 int ml_rc_commit(const char *dir, const char *name, int64_t step) {
@@ -246,7 +269,7 @@ int ml_rc_commit(const char *dir, const char *name, int64_t step) {
   json_decref(root);
   ML_TRY(rc);
   ML_TRY(ml_rc_fsync_dir(dir));
-  return prune(dir, name);
+  return prune(dir, name, NULL, 0);
 }
 
 /* -------------------------------------------------------------- reading */

@@ -101,9 +101,16 @@ int ml_rc_write_metadata(const char *step_dir, const ml_rc_info *info, const ml_
                          int n, const ml_rc_block *blocks, const json_t *source);
 
 /* World rank 0: commit checkpoint `name` under `dir` (latest.json via
- * temp + fsync + rename, then fsync dir), then remove every other step-*
+ * temp + fsync + rename, then fsync dir), then remove every other step
  * directory. Errors: I/O (path named). */
 int ml_rc_commit(const char *dir, const char *name, int64_t step);
+
+/* World rank 0, holding DIR's lock (ckpt/runlock.h), before the run's
+ * first save: remove every step directory under `dir` that latest.json
+ * does not commit (a save killed before its commit; all of them when there
+ * is no latest.json), with one warning naming them. Only names ml_rc_begin
+ * chooses are touched. Errors: a malformed latest.json, I/O (path named). */
+int ml_rc_clean(const char *dir);
 
 /* fsync a directory (after renaming files into it). Errors: I/O. */
 int ml_rc_fsync_dir(const char *dir);

@@ -109,7 +109,7 @@ static int run(tok_job *j, const char *model) {
     json_t *obj = NULL;
     rc = convert(j, t, line, (size_t)n, ln, &ids, &obj);
     if (rc == 0 && (json_dumpf(obj, out, JSON_COMPACT) != 0 || fputc('\n', out) == EOF))
-      rc = ml_err("%s: cannot write %s: %s", j->out, tmp, strerror(errno));
+      rc = ml_err("%s: cannot write: %s", j->out, strerror(errno));
     json_decref(obj);
   }
   if (rc == 0 && ferror(in)) rc = ml_err("%s: read error: %s", j->in, strerror(errno));

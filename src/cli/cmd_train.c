@@ -345,6 +345,7 @@ int ml_cmd_train(ml_host *world, int argc, char **argv) {
     rc = run(&r);
   else
     rc = -1;
+  if (rc != 0) ml_run_lock_abandon(&r.lock); /* a --save DIR it created and left empty goes */
   run_free(&r);
   ml_config_argv_free(&args);
   return rc;

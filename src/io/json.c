@@ -119,7 +119,7 @@ int ml_json_write(const char *path, const json_t *root) {
   FILE *fp;
   ML_TRY(ml_file_open_tmp(path, tmp, sizeof tmp, &fp));
   if (json_dumpf(root, fp, JSON_INDENT(2)) != 0 || fputc('\n', fp) == EOF) {
-    ml_err("%s: cannot write %s: %s", path, tmp, strerror(errno));
+    ml_err("%s: cannot write: %s", path, strerror(errno));
     ml_file_abandon(fp, tmp);
     return -1;
   }

@@ -432,7 +432,7 @@ static int write_header(ml_st_writer *w, const char *hdr, size_t hlen) {
   uint8_t len8[8];
   for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
   if (fwrite(len8, 1, 8, w->fp) == 8 && fwrite(hdr, 1, hlen, w->fp) == hlen) return 0;
-  return ml_err("%s: cannot write %s: %s", w->path, w->tmp, strerror(errno));
+  return ml_err("%s: cannot write: %s", w->path, strerror(errno));
 }
 
 int ml_st_writer_open(const char *path, const ml_st_entry *entries, size_t n, ml_st_writer **out) {
@@ -484,7 +484,7 @@ static int writer_room(const ml_st_writer *w, size_t nbytes) {
 int ml_st_writer_put(ml_st_writer *w, const void *bytes, size_t nbytes) {
   ML_TRY(writer_room(w, nbytes));
   if (nbytes > 0 && fwrite(bytes, 1, nbytes, w->fp) != nbytes)
-    return ml_err("%s: cannot write %s: %s", w->path, w->tmp, strerror(errno));
+    return ml_err("%s: cannot write: %s", w->path, strerror(errno));
   w->done += nbytes;
   writer_advance(w);
   return 0;

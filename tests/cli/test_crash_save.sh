@@ -5,7 +5,7 @@
 # 3rd save and die (SIGKILL). The job must fail; latest.json must still name
 # step 2, whose checkpoint loads: --resume continues from it, and the losses
 # and grad norms of steps 3-5 equal, bitwise (the metrics' 17 digits), those
-# of an uninterrupted run; the resumed run's saves replace the torn step 3.
+# of an uninterrupted run; the resumed run removes the torn step 3 at start.
 # usage: test_crash_save.sh MESHLM SOURCE_DIR
 set -eu
 meshlm=$1

@@ -4,7 +4,10 @@
 # failed save leaves nothing behind while the committed checkpoint stays
 # loadable; a second run saving into a directory in use is refused at start
 # naming the holder, on every rank; a lock left by a killed run does not
-# block the next one.
+# block the next one. A run that fails before saving leaves no --save
+# directory it created (nor its lock file in one it did not); a save killed
+# before its commit leaves a step directory that the next run saving there
+# removes at start, with one warning (issue 26).
 # usage: test_run_faults.sh MESHLM SOURCE_DIR JSON_CHECK
 set -u
 meshlm=$1
@@ -64,6 +67,59 @@ if "$meshlm" "${train[@]}" --steps 1 --save "$work/busy" > "$work/out" 2> "$work
   ok "the lock of a killed run does not block the next"
 else
   bad "saving after the holder was killed"
+fi
+
+# 3. A run that fails after taking the lock, before any save, leaves no trace.
+# gone NAME ARGS...: meshlm ARGS fails and $work/new does not exist
+gone() {
+  local name=$1
+  shift
+  "$@" > "$work/out" 2> "$work/err"
+  local rc=$?
+  if [ $rc -ne 0 ] && grep -q "meshlm: error" "$work/err" && [ ! -e "$work/new" ]; then
+    ok "$name: the --save directory it created is gone"
+  else
+    bad "$name (exit $rc): $(find "$work/new" 2>&1 | tr '\n' ' ')"
+  fi
+}
+gone "a model that does not exist" "$meshlm" train --model "$work/nosuch" \
+  --data "$src/tests/fixtures/export_roundtrip/train.txt" --save "$work/new/a/ck"
+gone "--batch-size 3 over 2 ranks" mpiexec -n 2 "$meshlm" "${train[@]}" --steps 1 --batch-size 3 \
+  --save "$work/new"
+mkdir "$work/pre"
+"$meshlm" "${train[@]}" --steps 1 --save "$work/pre" --model "$work/nosuch" > "$work/out" 2> "$work/err"
+rc=$?
+if [ $rc -ne 0 ] && [ -d "$work/pre" ] && [ -z "$(ls -A "$work/pre")" ]; then
+  ok "a --save directory that existed stays, without a lock file"
+else
+  bad "existing --save directory after a failed run (exit $rc): $(ls -A "$work/pre")"
+fi
+
+# 4. A save killed before its commit (rank 1 dies in the step-2 save): the
+# next run saving into the directory removes step 2 at start, even one that
+# then fails, and keeps the committed step 1.
+MESHLM_TEST_CRASH_IN_SAVE=2:1 mpiexec -n 2 "$meshlm" "${train[@]}" --steps 2 --save-every 1 \
+  --save "$work/killed" > "$work/out" 2>&1
+if [ -d "$work/killed/step-00000002" ] && grep -q '"step_dir": "step-00000001"' "$work/killed/latest.json"; then
+  ok "the killed save left step-00000002 uncommitted"
+else
+  bad "the killed save: $(ls -A "$work/killed" | tr '\n' ' ')"
+fi
+mpiexec -n 2 "$meshlm" "${train[@]}" --steps 1 --batch-size 3 --save "$work/killed" > "$work/out" 2> "$work/err"
+note="meshlm: warning: .*/killed: removed uncommitted step-00000002 (left by a save that did not finish; committed: step-00000001)"
+if [ ! -e "$work/killed/step-00000002" ] && [ -d "$work/killed/step-00000001" ] &&
+   grep -q '"step_dir": "step-00000001"' "$work/killed/latest.json" &&
+   [ "$(grep -c "$note" "$work/err")" -eq 1 ] && [ "$(grep -c warning "$work/err")" -eq 1 ]; then
+  ok "the next run removed the uncommitted step: $(grep warning "$work/err")"
+else
+  bad "the uncommitted step after the next run: $(ls -A "$work/killed" | tr '\n' ' ')"
+fi
+if mpiexec -n 2 "$meshlm" "${train[@]}" --steps 2 --save "$work/killed" --resume "$work/killed" \
+     > "$work/out" 2> "$work/err" && grep -q "resumed from .* at step 1" "$work/out" &&
+   grep -q '"step_dir": "step-00000002"' "$work/killed/latest.json"; then
+  ok "step 1 still resumes and step 2 commits"
+else
+  bad "resume after the cleaned killed save"
 fi
 
 finish

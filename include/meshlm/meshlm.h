@@ -158,7 +158,11 @@ MESHLM_API int meshlm_open(const char *model_dir, const meshlm_options *o, MPI_C
 MESHLM_API int meshlm_open_f(const char *model_dir, const meshlm_options *o, int64_t comm_f,
                              meshlm_session **out);
 
-/* COLLECTIVE (when the session opened). Free everything; s may be NULL. */
+/* COLLECTIVE (when the session opened). Free everything; s may be NULL.
+ * A rank that closes while the others make another collective call fails
+ * their call (call order, naming meshlm_close) and leaves the session: on
+ * the others every later collective call fails at once, naming that rank,
+ * and their meshlm_close frees without communicating (it returns). */
 MESHLM_API void meshlm_close(meshlm_session *s);
 
 /* MPI_Finalize if the library initialised MPI and nobody finalised it

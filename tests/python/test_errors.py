@@ -87,3 +87,20 @@ def test_one_rank_wrong(model_dir):
                 assert "rank %d" % (WORLD - 1) in msg
         assert p.info["step"] == 0
         p.logprobs(seqs)
+
+
+def test_close_during_call(model_dir):
+    """Rank 0 closes while the others score: their call raises naming
+    meshlm_close, the next one naming rank 0, and their close returns
+    (it used to wait for rank 0 forever)."""
+    if WORLD == 1:
+        pytest.skip("needs more than one rank")
+    seqs = make_seqs(2, seed=5)
+    p = meshlm.Policy(model_dir)
+    if RANK == 0:
+        p.close()
+    else:
+        raises(lambda: p.logprobs(seqs), "meshlm_close")
+        raises(lambda: p.logprobs(seqs), "rank 0 closed the session")
+        p.close()
+    assert p.closed

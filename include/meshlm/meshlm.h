@@ -183,6 +183,9 @@ typedef struct meshlm_info {
   int64_t vocab_size, hidden_size, num_layers, num_params;
   int32_t bos_token_id, eos_token_id;   /* −1: none in config.json */
   int64_t step;                         /* optimizer steps taken (meshlm_train_step, resume) */
+  int64_t max_seq_len;                  /* the longest sequence the model takes, in tokens:
+                                           max_position_embeddings (with dynamic RoPE scaling
+                                           meshlm's limit, 2^24) */
 } meshlm_info;
 /* Not collective. Errors: s NULL or not open. */
 MESHLM_API int meshlm_get_info(meshlm_session *s, meshlm_info *out);
@@ -356,7 +359,9 @@ MESHLM_API int meshlm_reload_tensors(meshlm_session *s, int64_t n, const meshlm_
 
 /* Sampling of meshlm_generate. */
 typedef struct meshlm_sampling {
-  int64_t max_new_tokens; /* >= 1 */
+  int64_t max_new_tokens; /* 1 .. meshlm_info.max_seq_len − the longest prompt's length
+                             (max_seq_len − 1 without prompts); checked before anything is
+                             allocated */
   float temperature;      /* > 0; logits / temperature */
   float top_p;            /* (0, 1]: nucleus sampling over the smallest set of tokens whose
                              probability reaches top_p (vLLM / transformers TopPLogitsWarper) */
@@ -377,8 +382,9 @@ MESHLM_API void meshlm_sampling_default(meshlm_sampling *sp);
  * eos included), the rest −1; out_logprobs (NULL: not wanted) [n,
  * max_new_tokens]: log p of each generated token under the model at
  * temperature 1 (the distribution meshlm_logprobs scores), 0 past the end.
- * Errors: a prompt longer than max_position_embeddings − max_new_tokens,
- * sampling fields out of range (named), allocation. */
+ * Errors: max_new_tokens beyond meshlm_info.max_seq_len − the longest
+ * prompt (meshlm_sampling's bound), other sampling fields out of range
+ * (named), allocation. */
 MESHLM_API int meshlm_generate(meshlm_session *s, const meshlm_seqs *prompts,
                                const meshlm_sampling *sp, int32_t *out_tokens, int64_t *out_lens,
                                float *out_logprobs);

@@ -75,6 +75,7 @@ class meshlm_info(Structure):
         ("bos_token_id", c_int32),
         ("eos_token_id", c_int32),
         ("step", c_int64),
+        ("max_seq_len", c_int64),
     ]
 
 

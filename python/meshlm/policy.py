@@ -455,7 +455,8 @@ class Policy:
         """This rank's place and the model (meshlm_info), a dict: rank, world,
         dp_replicate, dp_shard, cp, tp, dp_rank, dp_size, cp_rank, tp_rank,
         vocab_size, hidden_size, num_layers, num_params, bos_token_id,
-        eos_token_id (-1: none), step (optimizer steps taken).  Not collective."""
+        eos_token_id (-1: none), step (optimizer steps taken), max_seq_len (the
+        longest sequence the model takes, in tokens).  Not collective."""
         self._info = self._get_info()
         return dict(self._info)
 
@@ -717,6 +718,8 @@ class Policy:
         sampled tokens (KV cache, on a replica of the current weights).
 
         prompts: list of n 1-D integer arrays.
+        max_new_tokens: 1 .. info["max_seq_len"] - the longest prompt's length
+            (checked before the outputs are allocated).
         temperature > 0, top_p in (0, 1] (nucleus), greedy: argmax.
         eos_token_id: stop a sequence after it; -1: the model's (config.json),
             -2: none.  seed: same seed, same tokens.
@@ -727,6 +730,13 @@ class Policy:
         s = self._session()
         try:
             b = _Batch(prompts, "prompts")
+            w = max(int(max_new_tokens), 0)
+            longest = int(b.lens.max()) if b.n else 1
+            room = self._info["max_seq_len"] - longest
+            if w > room:
+                raise _ArgError("generate: max_new_tokens %d; expected at most %d "
+                                "(info['max_seq_len'] %d - the longest prompt's %d tokens)"
+                                % (w, room, self._info["max_seq_len"], longest))
         except _ArgError as e:
             self._arg_error(e, lambda: self._poison_generate(s))
         sp = L.meshlm_sampling()
@@ -737,7 +747,6 @@ class Policy:
         sp.greedy = int(bool(greedy))
         sp.eos_token_id = int(eos_token_id)
         sp.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-        w = max(int(max_new_tokens), 0)
         toks = np.full((b.n, w), -1, np.int32)
         lens = np.zeros(b.n, np.int64)
         lps = np.zeros((b.n, w), np.float32)

@@ -326,7 +326,8 @@ int meshlm_get_info(meshlm_session *s, meshlm_info *out) {
       .hidden_size = c->hidden, .num_layers = c->n_layers,
       .num_params = ml_model_config_num_params(c),
       .bos_token_id = special_id(s->e.model_dir, "bos_token_id"),
-      .eos_token_id = special_id(s->e.model_dir, "eos_token_id"), .step = s->e.step};
+      .eos_token_id = special_id(s->e.model_dir, "eos_token_id"), .step = s->e.step,
+      .max_seq_len = ml_model_config_max_seq_len(c)};
   return 0;
 }
 

@@ -52,6 +52,11 @@ def test_call_errors(model_dir):
         raises(lambda: p.train_step(seqs, loss="ppo"), "loss")
         raises(lambda: p.generate([seqs[0]], max_new_tokens=0), "max_new")
         raises(lambda: p.generate([seqs[0]], temperature=0.0), "temperature")
+        # beyond the model's positions: refused before the outputs are allocated
+        room = p.info["max_seq_len"] - len(seqs[0])
+        for too_many in (room + 1, 2 ** 40):
+            raises(lambda: p.generate([seqs[0]], max_new_tokens=too_many), "max_new_tokens",
+                   str(room))
         raises(lambda: p.reload_tensors({"no.such.tensor": np.zeros(3, np.float32)}),
                "no.such.tensor")
         raises(lambda: p.reload_tensors({"lm_head.weight": np.zeros(3, np.int64)}), "dtype")
@@ -81,6 +86,7 @@ def test_one_rank_wrong(model_dir):
         for call in (lambda: p.logprobs(seqs, mask=wrong_mask),
                      lambda: p.train_step(seqs, token_mask=wrong_mask),
                      lambda: p.generate(np.arange(3) if bad else seqs, max_new_tokens=2),
+                     lambda: p.generate(seqs, max_new_tokens=2 ** 40 if bad else 2),
                      lambda: p.reload_tensors({"x": np.zeros(2, np.int8)} if bad else {})):
             msg = raises(call)
             if not bad:

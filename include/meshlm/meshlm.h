@@ -353,7 +353,9 @@ typedef struct meshlm_tensor {
  * from an HF checkpoint directory with the model's shapes, every parameter;
  * or from caller memory, the n tensors given (each rank passes the same
  * full tensors and keeps its shard of them; others stay). Errors: a
- * missing or unknown tensor, a shape other than config.json's (named). */
+ * missing or unknown tensor, a shape other than config.json's (named);
+ * reload_tensors: a value that is not finite (NaN, ±inf: the tensor and
+ * its first such index named) — nothing is reloaded then. */
 MESHLM_API int meshlm_reload(meshlm_session *s, const char *dir);
 MESHLM_API int meshlm_reload_tensors(meshlm_session *s, int64_t n, const meshlm_tensor *tensors);
 
@@ -407,6 +409,10 @@ typedef struct meshlm_call_stats {
   int64_t fsdp_all_gathers, fsdp_reduce_scatters, fsdp_all_reduces;
   int64_t fsdp_bytes;   /* bytes of those collectives' full buffers per rank */
   int64_t tp_collectives, cp_collectives, dp_replicate_collectives;
+  int64_t nonfinite_logprobs; /* meshlm_logprobs: entries of out that are not finite (NaN or
+                                 ±inf, from weights or activations that overflowed; masked
+                                 entries are 0), what the CLI writes as null and warns of;
+                                 0 after meshlm_train_step */
 } meshlm_call_stats;
 /* Not collective. */
 MESHLM_API int meshlm_last_call_stats(meshlm_session *s, meshlm_call_stats *out);

@@ -166,6 +166,7 @@ class meshlm_call_stats(Structure):
         ("tp_collectives", c_int64),
         ("cp_collectives", c_int64),
         ("dp_replicate_collectives", c_int64),
+        ("nonfinite_logprobs", c_int64),
     ]
 
 

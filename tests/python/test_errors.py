@@ -60,6 +60,18 @@ def test_call_errors(model_dir):
         raises(lambda: p.reload_tensors({"no.such.tensor": np.zeros(3, np.float32)}),
                "no.such.tensor")
         raises(lambda: p.reload_tensors({"lm_head.weight": np.zeros(3, np.int64)}), "dtype")
+        # a mask value other than 0 / 1 (it was taken as 1)
+        raises(lambda: p.logprobs(seqs, mask=[np.full(len(s) - 1, 0.5) for s in seqs]),
+               "mask", "0.5", "sequence 0, entry 0")
+        bits = [np.ones(len(s) - 1) for s in seqs]
+        bits[1][2] = 2
+        raises(lambda: p.train_step(seqs, token_mask=bits), "token_mask", "2",
+               "sequence 1, entry 2")
+        # a non-finite weight, named with its first index
+        name, shape, _ = p.weights()[0]
+        nan = np.zeros(shape, np.float32)
+        nan.flat[3] = nan.flat[5] = np.nan
+        raises(lambda: p.reload_tensors({name: nan}), name, "index 3")
         raises(lambda: p.export(p.model_dir + "/config.json"))   # an existing file
         raises(lambda: p.export("/tmp/x", dtype="fp8"), "dtype")
         # none of them changed the session: no step, the same log-probs
@@ -84,6 +96,7 @@ def test_one_rank_wrong(model_dir):
     with meshlm.Policy(model_dir) as p:
         wrong_mask = np.ones(total + 1 if bad else total, np.uint8)
         for call in (lambda: p.logprobs(seqs, mask=wrong_mask),
+                     lambda: p.logprobs(seqs, mask=np.full(total, 0.5 if bad else 1.0)),
                      lambda: p.train_step(seqs, token_mask=wrong_mask),
                      lambda: p.generate(np.arange(3) if bad else seqs, max_new_tokens=2),
                      lambda: p.generate(seqs, max_new_tokens=2 ** 40 if bad else 2),

@@ -158,7 +158,11 @@ MESHLM_API int meshlm_open(const char *model_dir, const meshlm_options *o, MPI_C
 MESHLM_API int meshlm_open_f(const char *model_dir, const meshlm_options *o, int64_t comm_f,
                              meshlm_session **out);
 
-/* COLLECTIVE (when the session opened). Free everything; s may be NULL. */
+/* COLLECTIVE (when the session opened). Free everything; s may be NULL.
+ * A rank that closes while the others make another collective call fails
+ * their call (call order, naming meshlm_close) and leaves the session: on
+ * the others every later collective call fails at once, naming that rank,
+ * and their meshlm_close frees without communicating (it returns). */
 MESHLM_API void meshlm_close(meshlm_session *s);
 
 /* MPI_Finalize if the library initialised MPI and nobody finalised it
@@ -179,6 +183,9 @@ typedef struct meshlm_info {
   int64_t vocab_size, hidden_size, num_layers, num_params;
   int32_t bos_token_id, eos_token_id;   /* −1: none in config.json */
   int64_t step;                         /* optimizer steps taken (meshlm_train_step, resume) */
+  int64_t max_seq_len;                  /* the longest sequence the model takes, in tokens:
+                                           max_position_embeddings (with dynamic RoPE scaling
+                                           meshlm's limit, 2^24) */
 } meshlm_info;
 /* Not collective. Errors: s NULL or not open. */
 MESHLM_API int meshlm_get_info(meshlm_session *s, meshlm_info *out);
@@ -346,13 +353,17 @@ typedef struct meshlm_tensor {
  * from an HF checkpoint directory with the model's shapes, every parameter;
  * or from caller memory, the n tensors given (each rank passes the same
  * full tensors and keeps its shard of them; others stay). Errors: a
- * missing or unknown tensor, a shape other than config.json's (named). */
+ * missing or unknown tensor, a shape other than config.json's (named);
+ * reload_tensors: a value that is not finite (NaN, ±inf: the tensor and
+ * its first such index named) — nothing is reloaded then. */
 MESHLM_API int meshlm_reload(meshlm_session *s, const char *dir);
 MESHLM_API int meshlm_reload_tensors(meshlm_session *s, int64_t n, const meshlm_tensor *tensors);
 
 /* Sampling of meshlm_generate. */
 typedef struct meshlm_sampling {
-  int64_t max_new_tokens; /* >= 1 */
+  int64_t max_new_tokens; /* 1 .. meshlm_info.max_seq_len − the longest prompt's length
+                             (max_seq_len − 1 without prompts); checked before anything is
+                             allocated */
   float temperature;      /* > 0; logits / temperature */
   float top_p;            /* (0, 1]: nucleus sampling over the smallest set of tokens whose
                              probability reaches top_p (vLLM / transformers TopPLogitsWarper) */
@@ -373,8 +384,9 @@ MESHLM_API void meshlm_sampling_default(meshlm_sampling *sp);
  * eos included), the rest −1; out_logprobs (NULL: not wanted) [n,
  * max_new_tokens]: log p of each generated token under the model at
  * temperature 1 (the distribution meshlm_logprobs scores), 0 past the end.
- * Errors: a prompt longer than max_position_embeddings − max_new_tokens,
- * sampling fields out of range (named), allocation. */
+ * Errors: max_new_tokens beyond meshlm_info.max_seq_len − the longest
+ * prompt (meshlm_sampling's bound), other sampling fields out of range
+ * (named), allocation. */
 MESHLM_API int meshlm_generate(meshlm_session *s, const meshlm_seqs *prompts,
                                const meshlm_sampling *sp, int32_t *out_tokens, int64_t *out_lens,
                                float *out_logprobs);
@@ -397,6 +409,10 @@ typedef struct meshlm_call_stats {
   int64_t fsdp_all_gathers, fsdp_reduce_scatters, fsdp_all_reduces;
   int64_t fsdp_bytes;   /* bytes of those collectives' full buffers per rank */
   int64_t tp_collectives, cp_collectives, dp_replicate_collectives;
+  int64_t nonfinite_logprobs; /* meshlm_logprobs: entries of out that are not finite (NaN or
+                                 ±inf, from weights or activations that overflowed; masked
+                                 entries are 0), what the CLI writes as null and warns of;
+                                 0 after meshlm_train_step */
 } meshlm_call_stats;
 /* Not collective. */
 MESHLM_API int meshlm_last_call_stats(meshlm_session *s, meshlm_call_stats *out);

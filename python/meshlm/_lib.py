@@ -75,6 +75,7 @@ class meshlm_info(Structure):
         ("bos_token_id", c_int32),
         ("eos_token_id", c_int32),
         ("step", c_int64),
+        ("max_seq_len", c_int64),
     ]
 
 
@@ -165,6 +166,7 @@ class meshlm_call_stats(Structure):
         ("tp_collectives", c_int64),
         ("cp_collectives", c_int64),
         ("dp_replicate_collectives", c_int64),
+        ("nonfinite_logprobs", c_int64),
     ]
 
 

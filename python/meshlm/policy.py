@@ -22,6 +22,7 @@ import ctypes
 import json
 import os
 import re
+import warnings
 from ctypes import POINTER, byref, c_double, c_float, c_int32, c_int64, c_uint8, c_void_p
 
 import numpy as np
@@ -229,9 +230,18 @@ class _Batch:
                 raise _ArgError("%s: shape %s, expected (%d,): sum over sequences of len - 1 "
                                 "(prediction aligned), or a list of per-sequence arrays"
                                 % (what, a.shape, self.total))
-        if dtype == np.uint8:
-            a = (a != 0) if a.dtype != np.bool_ else a
+        if dtype == np.uint8 and a.dtype != np.bool_:
+            bad = np.flatnonzero((a != 0) & (a != 1))
+            if bad.size:
+                k, t = self.locate(int(bad[0]))
+                raise _ArgError("%s: value %r at sequence %d, entry %d; expected 0 or 1"
+                                % (what, a[bad[0]].item(), k, t))
         return np.ascontiguousarray(a, dtype=dtype)
+
+    def locate(self, i):
+        """Entry i of a prediction-aligned array as (sequence, entry in it)."""
+        k = int(np.searchsorted(np.cumsum(self.pred), i, side="right"))
+        return k, i - int(self.pred[:k].sum())
 
     def per_seq(self, x, what, dtype):
         """A per-sequence input [n]."""
@@ -455,7 +465,8 @@ class Policy:
         """This rank's place and the model (meshlm_info), a dict: rank, world,
         dp_replicate, dp_shard, cp, tp, dp_rank, dp_size, cp_rank, tp_rank,
         vocab_size, hidden_size, num_layers, num_params, bos_token_id,
-        eos_token_id (-1: none), step (optimizer steps taken).  Not collective."""
+        eos_token_id (-1: none), step (optimizer steps taken), max_seq_len (the
+        longest sequence the model takes, in tokens).  Not collective."""
         self._info = self._get_info()
         return dict(self._info)
 
@@ -479,7 +490,8 @@ class Policy:
         (meshlm_last_call_stats), a dict: micro_batches, tokens (positions
         computed, padding included), padding, fsdp_all_gathers,
         fsdp_reduce_scatters, fsdp_all_reduces, fsdp_bytes, tp_collectives,
-        cp_collectives, dp_replicate_collectives.  Not collective."""
+        cp_collectives, dp_replicate_collectives, nonfinite_logprobs (logprobs:
+        returned log-probs that are not finite).  Not collective."""
         s = self._session()
         st = L.meshlm_call_stats()
         self._check(self._lib.meshlm_last_call_stats(s, byref(st)), "meshlm_last_call_stats")
@@ -493,10 +505,13 @@ class Policy:
         seqs: list of n 1-D integer arrays (lengths L_k >= 1), token ids.
         mask: None (all) or prediction-aligned 0/1 (list of arrays of len
             L_k - 1, or one array of sum(L_k - 1)); where 0 the log-prob is 0
-            and left out of the sums.
+            and left out of the sums.  Another value raises MeshlmError.
         Returns (lps, sums): lps a list of n float32 arrays of len L_k - 1,
         lps[k][t] = log p(seqs[k][t+1] | seqs[k][:t+1]); sums a float64 array
-        [n], the sum of each sequence's (masked) entries."""
+        [n], the sum of each sequence's (masked) entries.  Log-probs that are
+        not finite (NaN or inf, from weights or activations that overflowed)
+        are returned as they are, with one warning (warnings.warn) counting
+        them and naming the first (last_call_stats()["nonfinite_logprobs"])."""
         s = self._session()
         try:
             b = _Batch(seqs)
@@ -508,6 +523,12 @@ class Policy:
         rc = self._lib.meshlm_logprobs(s, byref(b.c), _ptr(m, c_uint8), _ptr(out, c_float),
                                        _ptr(sums, c_double))
         self._check(rc, "meshlm_logprobs")
+        bad = self.last_call_stats()["nonfinite_logprobs"]
+        if bad:
+            k, t = b.locate(int(np.flatnonzero(~np.isfinite(out))[0]))
+            warnings.warn("logprobs: %d log-probs are not finite (NaN or inf) on rank %d, the "
+                          "first at sequence %d, entry %d" % (bad, self._info["rank"], k, t),
+                          stacklevel=2)
         return b.split(out), sums
 
     def _poison_logprobs(self, s):
@@ -528,7 +549,8 @@ class Policy:
             "clipped_pg" (PPO / GRPO clipped ratio; needs old_logprobs).
         token_mask, token_weights, old_logprobs, ref_logprobs: prediction-aligned
             (list of arrays of len L_k - 1, or one array of sum(L_k - 1));
-            token_mask 0/1 (None: all), the others float32.
+            token_mask 0/1 (None: all; another value raises MeshlmError), the
+            others float32.
         seq_weights: [n] float32 per-sequence weights / advantages.
         sequence_level: normalise per sequence, then over sequences (else over
             all masked tokens of the global batch).
@@ -717,6 +739,8 @@ class Policy:
         sampled tokens (KV cache, on a replica of the current weights).
 
         prompts: list of n 1-D integer arrays.
+        max_new_tokens: 1 .. info["max_seq_len"] - the longest prompt's length
+            (checked before the outputs are allocated).
         temperature > 0, top_p in (0, 1] (nucleus), greedy: argmax.
         eos_token_id: stop a sequence after it; -1: the model's (config.json),
             -2: none.  seed: same seed, same tokens.
@@ -727,6 +751,13 @@ class Policy:
         s = self._session()
         try:
             b = _Batch(prompts, "prompts")
+            w = max(int(max_new_tokens), 0)
+            longest = int(b.lens.max()) if b.n else 1
+            room = self._info["max_seq_len"] - longest
+            if w > room:
+                raise _ArgError("generate: max_new_tokens %d; expected at most %d "
+                                "(info['max_seq_len'] %d - the longest prompt's %d tokens)"
+                                % (w, room, self._info["max_seq_len"], longest))
         except _ArgError as e:
             self._arg_error(e, lambda: self._poison_generate(s))
         sp = L.meshlm_sampling()
@@ -737,7 +768,6 @@ class Policy:
         sp.greedy = int(bool(greedy))
         sp.eos_token_id = int(eos_token_id)
         sp.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-        w = max(int(max_new_tokens), 0)
         toks = np.full((b.n, w), -1, np.int32)
         lens = np.zeros(b.n, np.int64)
         lps = np.zeros((b.n, w), np.float32)

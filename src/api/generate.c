@@ -7,6 +7,9 @@
  * refit, in one process. */
 
 #include "api/session.h"
+
+#include <stdio.h>
+
 #include "engine/generate.h"
 #include "ckpt/save.h"
 #include "parallel/device.h"
@@ -73,12 +76,29 @@ static int check_sampling(const meshlm_sampling *sp) {
   return 0; /* temperature and top_p: ml_generate's checks, naming each */
 }
 
+/* max_new_tokens within what the longest prompt (checked) leaves of the
+ * model's positions, before the replica or the outputs are touched. */
+static int check_room(const meshlm_session *s, const meshlm_seqs *prompts, int64_t max_new) {
+  int64_t max = ml_model_config_max_seq_len(&s->e.model.cfg), longest = 0;
+  for (int64_t k = 1; k < prompts->n; k++)
+    if (prompts->lens[k] > prompts->lens[longest]) longest = k;
+  int64_t len = prompts->n ? prompts->lens[longest] : 1; /* <= max: api_check_seqs */
+  if (max_new <= max - len) return 0;
+  char which[64] = "no prompt: at least 1";
+  if (prompts->n) snprintf(which, sizeof which, "prompt %lld", (long long)longest);
+  return ml_err("meshlm_generate: sampling.max_new_tokens %lld; expected at most %lld "
+                "(meshlm_info.max_seq_len %lld − the longest prompt's %lld tokens, %s)",
+                (long long)max_new, (long long)(max - len), (long long)max, (long long)len,
+                which);
+}
+
 int meshlm_generate(meshlm_session *s, const meshlm_seqs *prompts, const meshlm_sampling *sp,
                     int32_t *out_tokens, int64_t *out_lens, float *out_logprobs) {
   ML_TRY(api_enter(s, API_CALL_GENERATE));
   int64_t tokens;
   int rc = check_sampling(sp);
   if (rc == 0) rc = api_check_seqs(s, prompts, "meshlm_generate", 1, &tokens, NULL);
+  if (rc == 0) rc = check_room(s, prompts, sp->max_new_tokens);
   if (rc == 0 && prompts->n > 0 && (!out_tokens || !out_lens))
     rc = ml_err("meshlm_generate: out_tokens or out_lens is NULL");
   if (api_agree(s, rc) || api_agree(s, sync_replica(s))) return -1;

@@ -95,14 +95,31 @@ int api_enter(meshlm_session *s, api_call call) {
              "failed)", k_calls[call]);
     return -1;
   }
-  int n = s->world->size;
+  if (s->closed_by >= 0) {
+    snprintf(s->err, sizeof s->err, "%s: rank %d closed the session (its meshlm_close met "
+             "another collective call here); expected only meshlm_close now", k_calls[call],
+             s->closed_by);
+    return -1;
+  }
+  int n = s->world->size, other = -1, closer = -1;
   int32_t mine = (int32_t)call, *all = ml_calloc((size_t)n, sizeof *all, "the call check");
   int rc = all ? ml_host_all_gather(s->world, &mine, sizeof mine, all) : -1;
   for (int q = 0; rc == 0 && q < n; q++)
-    if (all[q] != mine && all[q] > 0 && all[q] < API_CALL_KINDS)
-      rc = ml_err("collective call order: rank %d called %s while rank %d called %s; every rank "
-                  "must make the same collective calls in the same order",
-                  s->world->rank, k_calls[call], q, k_calls[all[q]]);
+    if (all[q] != mine && all[q] > 0 && all[q] < API_CALL_KINDS) {
+      other = other < 0 ? q : other;
+      closer = closer < 0 && all[q] == API_CALL_CLOSE ? q : closer;
+    }
+  if (other >= 0)
+    rc = ml_err("collective call order: rank %d called %s while rank %d called %s; every rank "
+                "must make the same collective calls in the same order%s",
+                s->world->rank, k_calls[call], other, k_calls[all[other]],
+                closer >= 0 || call == API_CALL_CLOSE
+                    ? " (a rank that calls meshlm_close leaves the session: the others can "
+                      "only close it too)"
+                    : "");
+  /* the closing rank tears its session down after this check and makes no
+   * collective call on it again: here the session can only be freed */
+  s->closed_by = closer;
   free(all);
   return api_agree(s, rc);
 }
@@ -221,6 +238,7 @@ int meshlm_open(const char *model_dir, const meshlm_options *o, MPI_Comm comm,
   *out = s;
   if (!s) return -1;
   s->comm = MPI_COMM_NULL;
+  s->closed_by = -1;
   meshlm_options def;
   meshlm_options_default(&def);
   if (!o) o = &def;
@@ -253,7 +271,7 @@ int meshlm_open_f(const char *model_dir, const meshlm_options *o, int64_t comm_f
 
 void meshlm_close(meshlm_session *s) {
   if (!s) return;
-  if (s->open) api_enter(s, API_CALL_CLOSE);
+  if (s->open && s->closed_by < 0) api_enter(s, API_CALL_CLOSE);
   if (s->gen_open) {
     ml_engine_close(&s->gen);
     ml_mesh_destroy(&s->gen_mesh);
@@ -314,7 +332,8 @@ int meshlm_get_info(meshlm_session *s, meshlm_info *out) {
       .hidden_size = c->hidden, .num_layers = c->n_layers,
       .num_params = ml_model_config_num_params(c),
       .bos_token_id = special_id(s->e.model_dir, "bos_token_id"),
-      .eos_token_id = special_id(s->e.model_dir, "eos_token_id"), .step = s->e.step};
+      .eos_token_id = special_id(s->e.model_dir, "eos_token_id"), .step = s->e.step,
+      .max_seq_len = ml_model_config_max_seq_len(c)};
   return 0;
 }
 

@@ -32,6 +32,9 @@ typedef enum {
 
 struct meshlm_session {
   bool open;                  /* opened successfully, not closed */
+  int closed_by;              /* >= 0: the world rank that closed the session while this one
+                                 made another collective call (api_enter): no collective can
+                                 run any more, meshlm_close only frees; −1: none */
   char err[ML_ERROR_MSG_CAP]; /* the last error's message */
   MPI_Comm comm;              /* the caller's communicator, duplicated */
   ml_host *world;             /* host channel over it */
@@ -56,8 +59,10 @@ struct meshlm_session {
 
 /* Begin a collective call: clears the session's message and checks that
  * every rank makes the same call (one all-gather of call ids over the
- * world). Errors (every rank): s NULL or not open (no collective then:
- * every rank sees its own), a rank calling another collective. */
+ * world). Errors (every rank): s NULL or not open, or closed by another
+ * rank (no collective then: every rank sees its own), a rank calling
+ * another collective — when that rank called meshlm_close, s->closed_by
+ * records it on the others. */
 int api_enter(meshlm_session *s, api_call call);
 
 /* Record the current error (common/status.h) as s's message, clear it;

@@ -1,5 +1,7 @@
 /* The session's weights: run checkpoints, HF export, refit, reload
  * (include/meshlm/meshlm.h). */
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -206,7 +208,27 @@ int meshlm_reload(meshlm_session *s, const char *dir) {
   return reloaded(s, rc);
 }
 
-/* t as a checkpoint tensor under the model's parameter name. */
+/* The first of n values of dtype d (F32 or BF16) that is not finite, its
+ * value in *v; −1 when every one is. */
+static int64_t first_nonfinite(const void *data, meshlm_dtype d, int64_t n, float *v) {
+  const float *f = data;
+  const uint16_t *h = data;
+  for (int64_t i = 0; i < n; i++) {
+    *v = d == MESHLM_DTYPE_BF16 ? ml_bf16_to_f32(h[i]) : f[i];
+    if (!isfinite(*v)) return i;
+  }
+  return -1;
+}
+
+/* "[d0]" or "[d0, d1]" into buf[64]. */
+static void shape_text(char *buf, int ndim, int64_t d0, int64_t d1) {
+  if (ndim == 2) snprintf(buf, 64, "[%lld, %lld]", (long long)d0, (long long)d1);
+  else snprintf(buf, 64, "[%lld]", (long long)d0);
+}
+
+/* t as a checkpoint tensor under the model's parameter name: its name, dtype
+ * and shape checked (meshlm_weight_info's) before its values are read, then
+ * every value finite. */
 static int dress(meshlm_session *s, const meshlm_tensor *t, int64_t i, ml_st_tensor *out) {
   weight_name *names;
   ml_dtype *dtypes;
@@ -217,12 +239,27 @@ static int dress(meshlm_session *s, const meshlm_tensor *t, int64_t i, ml_st_ten
     return ml_err("meshlm_reload_tensors: tensor %lld '%s' is not a weight of the model "
                   "(meshlm_weight_info lists them)", (long long)i, t->name ? t->name : "(null)");
   if ((t->dtype != MESHLM_DTYPE_F32 && t->dtype != MESHLM_DTYPE_BF16) || !t->data ||
-      t->ndim < 1 || t->ndim > 2 || t->shape[0] < 0 || (t->ndim == 2 && t->shape[1] < 0))
+      t->ndim < 1 || t->ndim > 2)
     return ml_err("meshlm_reload_tensors: tensor '%s': dtype %d, ndim %d, data %s; expected F32 "
                   "or BF16, ndim 1 or 2, data given", t->name, (int)t->dtype, t->ndim,
                   t->data ? "given" : "NULL");
   const ml_param *p = ml_engine_export_param(&s->e, k);
-  int64_t numel = t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
+  int64_t cols = t->ndim == 2 ? t->shape[1] : 1;
+  if (t->ndim != p->ndim || t->shape[0] != p->shape[0] || cols != p->shape[1]) {
+    char got[64], want[64];
+    shape_text(got, t->ndim, t->shape[0], cols);
+    shape_text(want, p->ndim, p->shape[0], p->shape[1]);
+    return ml_err("meshlm_reload_tensors: tensor '%s' has shape %s; expected %s "
+                  "(meshlm_weight_info)", t->name, got, want);
+  }
+  int64_t numel = p->shape[0] * p->shape[1]; /* the model's own tensor: no overflow */
+  float v;
+  int64_t bad = first_nonfinite(t->data, t->dtype, numel, &v);
+  if (bad >= 0)
+    return ml_err("meshlm_reload_tensors: tensor '%s' has a non-finite value (%g) at index "
+                  "%lld ([%lld, %lld]); expected finite values",
+                  t->name, (double)v, (long long)bad, (long long)(bad / cols),
+                  (long long)(bad % cols));
   size_t es = t->dtype == MESHLM_DTYPE_BF16 ? 2 : 4;
   *out = (ml_st_tensor){(char *)p->name, t->dtype == MESHLM_DTYPE_BF16 ? ML_BF16 : ML_F32,
                         t->ndim, {t->shape[0], t->ndim == 2 ? t->shape[1] : 0}, numel,

@@ -253,6 +253,48 @@ static void test_generate_after_step(void **state) {
   meshlm_close(s);
 }
 
+/* The header's bound: max_new_tokens up to meshlm_info.max_seq_len − the
+ * longest prompt (max_position_embeddings here) runs; one more, 2^31 and
+ * 2^40 fail on every rank naming the field, before anything is written
+ * (one-entry outputs); without prompts the bound is max_seq_len − 1. */
+static void test_generate_bound(void **state) {
+  (void)state;
+  meshlm_options o = mesh_opts();
+  meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+  meshlm_info in = info_of(s);
+  assert_int_equal(in.max_seq_len, g_maxpos);
+  batch p = prompts_of(in.dp_rank, 5);
+  meshlm_seqs q = seqs_of(&p), none = {0, NULL, NULL};
+  int64_t longest = 0;
+  for (int64_t k = 0; k < p.n; k++) longest = p.lens[k] > longest ? p.lens[k] : longest;
+  meshlm_sampling sp;
+  meshlm_sampling_default(&sp);
+  sp.greedy = 1;
+  sp.eos_token_id = -2;
+  int32_t tok1 = 7;
+  int64_t len1 = 7;
+  const int64_t too_many[] = {in.max_seq_len - longest + 1, (int64_t)1 << 31, (int64_t)1 << 40};
+  for (int c = 0; c < 3; c++) {
+    sp.max_new_tokens = too_many[c];
+    expect_fail(s, meshlm_generate(s, &q, &sp, &tok1, &len1, NULL), "max_new_tokens",
+                "max_new_tokens beyond the bound");
+    assert_int_equal(tok1, 7);
+    assert_int_equal(len1, 7);
+  }
+  sp.max_new_tokens = in.max_seq_len;
+  expect_fail(s, meshlm_generate(s, &none, &sp, NULL, NULL, NULL), "max_new_tokens",
+              "max_new_tokens = max_seq_len without prompts");
+  sp.max_new_tokens = in.max_seq_len - longest;
+  int32_t *tok = xcalloc((size_t)(p.n * sp.max_new_tokens), sizeof *tok);
+  int64_t *lens = xcalloc((size_t)p.n, sizeof *lens);
+  OK(s, meshlm_generate(s, &q, &sp, tok, lens, NULL));
+  for (int64_t k = 0; k < p.n; k++) assert_int_equal(lens[k], sp.max_new_tokens);
+  free(tok);
+  free(lens);
+  batch_free(&p);
+  meshlm_close(s);
+}
+
 /* ======================================================================= */
 
 int main(int argc, char **argv) {
@@ -261,6 +303,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_generate_greedy),
       cmocka_unit_test(test_generate_seeds),
       cmocka_unit_test(test_generate_after_step),
+      cmocka_unit_test(test_generate_bound),
   };
   return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -321,6 +321,31 @@ static void test_collective_order(void **state) {
   meshlm_close(s);
 }
 
+/* Rank 0 closes while the others call meshlm_logprobs: their call fails
+ * naming both, a later collective call fails at once naming rank 0, and
+ * their meshlm_close returns (it used to wait for rank 0 forever: the
+ * CTest timeout fails a hang). */
+static void test_close_during_call(void **state) {
+  (void)state;
+  if (g_world == 1) skip();
+  meshlm_options o = mesh_opts();
+  meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+  batch b = local_batch(info_of(s).dp_rank);
+  meshlm_seqs q = seqs_of(&b);
+  float *out = xcalloc((size_t)b.npred, 4);
+  if (g_rank == 0) {
+    meshlm_close(s);
+  } else {
+    expect_fail(s, meshlm_logprobs(s, &q, NULL, out, NULL), "meshlm_close",
+                "logprobs while rank 0 closes");
+    expect_fail(s, meshlm_logprobs(s, &q, NULL, out, NULL), "rank 0 closed the session",
+                "logprobs after rank 0 closed");
+    meshlm_close(s);
+  }
+  free(out);
+  batch_free(&b);
+}
+
 /* The tp peers of a dp rank pass different batches: −1 naming it. */
 static void test_tp_peers_differ(void **state) {
   (void)state;
@@ -380,6 +405,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_bad_sampling),
       cmocka_unit_test(test_bad_loss),
       cmocka_unit_test(test_collective_order),
+      cmocka_unit_test(test_close_during_call),
       cmocka_unit_test(test_tp_peers_differ),
       cmocka_unit_test(test_error_names_rank),
   };

@@ -4,7 +4,8 @@
  *    several micro-batches and one, unshard_for_inference 0 and 1; each dp
  *    rank its own sequences, the reference on MPI_COMM_SELF.
  *  - meshlm_last_call_stats: micro-batches as planned; FSDP all-gathers
- *    per micro-batch with and without holding the parameters (dp_shard 4).
+ *    per micro-batch with and without holding the parameters (dp_shard 4);
+ *    the non-finite log-probs of a model with a NaN weight counted.
  * The suite, its meshes and its helpers: api_util.h. */
 
 #include <math.h>
@@ -229,6 +230,58 @@ static void test_call_stats(void **state) {
   batch_free(&b);
 }
 
+/* A NaN in row 0 of lm_head.weight (written by rank 0 into an export,
+ * reloaded): every log-prob is NaN; meshlm_last_call_stats counts the
+ * unmasked ones (the masked are 0), and 0 again at the fixture's weights. */
+static void test_nonfinite_logprobs(void **state) {
+  (void)state;
+  meshlm_options o = mesh_opts();
+  meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+  char dir[4200], path[4300];
+  tmp_path(dir, sizeof dir, "nan_lm_head");
+  OK(s, meshlm_export(s, dir, MESHLM_DTYPE_F32));
+  snprintf(path, sizeof path, "%s/model.safetensors", dir);
+  if (g_rank == 0) {
+    st_file f;
+    st_open(path, &f);
+    const char *dt;
+    int nd;
+    int64_t shape[2];
+    size_t nb;
+    const unsigned char *w = st_tensor(&f, "lm_head.weight", &dt, &nd, shape, &nb);
+    if (!w || strcmp(dt, "F32") != 0) fail_msg("%s: no F32 lm_head.weight", path);
+    float nan = NAN;
+    memcpy(f.buf + (w - f.buf), &nan, sizeof nan);
+    FILE *fp = fopen(path, "wb");
+    if (!fp || fwrite(f.buf, 1, f.size, fp) != f.size || fclose(fp) != 0)
+      fail_msg("cannot write %s", path);
+    st_close(&f);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  OK(s, meshlm_reload(s, dir));
+  batch b = local_batch(info_of(s).dp_rank);
+  meshlm_seqs q = seqs_of(&b);
+  uint8_t *mask = xcalloc((size_t)b.npred, 1);
+  int64_t unmasked = 0;
+  for (int64_t t = 0; t < b.npred; t++) unmasked += mask[t] = t % 3 != 0;
+  float *out = xcalloc((size_t)b.npred, sizeof *out);
+  meshlm_call_stats st;
+  OK(s, meshlm_logprobs(s, &q, mask, out, NULL));
+  OK(s, meshlm_last_call_stats(s, &st));
+  for (int64_t t = 0; t < b.npred; t++)
+    if (mask[t] ? !isnan(out[t]) : out[t] != 0.0f)
+      fail_msg("entry %lld (mask %d): %g", (long long)t, mask[t], (double)out[t]);
+  assert_int_equal(st.nonfinite_logprobs, unmasked);
+  OK(s, meshlm_reload(s, g_fixture));
+  OK(s, meshlm_logprobs(s, &q, NULL, out, NULL));
+  OK(s, meshlm_last_call_stats(s, &st));
+  assert_int_equal(st.nonfinite_logprobs, 0);
+  free(mask);
+  free(out);
+  batch_free(&b);
+  meshlm_close(s);
+}
+
 /* ======================================================================= */
 
 int main(int argc, char **argv) {
@@ -236,6 +289,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_logprobs_packing),
       cmocka_unit_test(test_call_stats),
+      cmocka_unit_test(test_nonfinite_logprobs),
   };
   return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

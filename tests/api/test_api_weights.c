@@ -212,8 +212,31 @@ static void test_reload_tensors(void **state) {
               "reload_tensors, an unknown name");
   bad = all[w.n - 1];
   bad.shape[0] -= 1;
-  expect_fail(s, meshlm_reload_tensors(s, 1, &bad), w.name[w.n - 1],
-              "reload_tensors, a wrong shape");
+  int rc = meshlm_reload_tensors(s, 1, &bad);
+  expect_fail(s, rc, w.name[w.n - 1], "reload_tensors, a wrong shape");
+  char shape_s[96];
+  snprintf(shape_s, sizeof shape_s, "[%lld, %lld]; expected [%lld, %lld]",
+           (long long)bad.shape[0], (long long)bad.shape[1], (long long)w.w[w.n - 1].shape[0],
+           (long long)w.w[w.n - 1].shape[1]);
+  expect_fail(s, rc, shape_s, "reload_tensors, a wrong shape");
+  /* a NaN (F32) or an inf (BF16) on the last rank: refused on every rank naming the tensor
+   * and the first index */
+  int64_t m = numel(&w.w[w.n - 1]);
+  float *nan_t = xcalloc((size_t)m, sizeof *nan_t);
+  memcpy(nan_t, w.data[w.n - 1], sizeof *nan_t * (size_t)m);
+  nan_t[m - 1] = nan_t[m - 2] = NAN;
+  bad = all[w.n - 1];
+  bad.data = nan_t;
+  char at[64];
+  snprintf(at, sizeof at, "index %lld", (long long)(m - 2));
+  rc = meshlm_reload_tensors(s, 1, g_rank == g_world - 1 ? &bad : &all[w.n - 1]);
+  expect_fail(s, rc, w.name[w.n - 1], "reload_tensors, a NaN");
+  expect_fail(s, rc, at, "reload_tensors, a NaN");
+  h[1] = 0xff80; /* -inf */
+  rc = meshlm_reload_tensors(s, 1, g_rank == g_world - 1 ? &tb : &all[0]);
+  expect_fail(s, rc, w.name[0], "reload_tensors, a bf16 -inf");
+  expect_fail(s, rc, "index 1 ", "reload_tensors, a bf16 -inf");
+  free(nan_t);
   global_lp(s, &g, NULL, lp);
   assert_memory_equal(lp, lp0, bytes);
 

@@ -52,9 +52,26 @@ def test_call_errors(model_dir):
         raises(lambda: p.train_step(seqs, loss="ppo"), "loss")
         raises(lambda: p.generate([seqs[0]], max_new_tokens=0), "max_new")
         raises(lambda: p.generate([seqs[0]], temperature=0.0), "temperature")
+        # beyond the model's positions: refused before the outputs are allocated
+        room = p.info["max_seq_len"] - len(seqs[0])
+        for too_many in (room + 1, 2 ** 40):
+            raises(lambda: p.generate([seqs[0]], max_new_tokens=too_many), "max_new_tokens",
+                   str(room))
         raises(lambda: p.reload_tensors({"no.such.tensor": np.zeros(3, np.float32)}),
                "no.such.tensor")
         raises(lambda: p.reload_tensors({"lm_head.weight": np.zeros(3, np.int64)}), "dtype")
+        # a mask value other than 0 / 1 (it was taken as 1)
+        raises(lambda: p.logprobs(seqs, mask=[np.full(len(s) - 1, 0.5) for s in seqs]),
+               "mask", "0.5", "sequence 0, entry 0")
+        bits = [np.ones(len(s) - 1) for s in seqs]
+        bits[1][2] = 2
+        raises(lambda: p.train_step(seqs, token_mask=bits), "token_mask", "2",
+               "sequence 1, entry 2")
+        # a non-finite weight, named with its first index
+        name, shape, _ = p.weights()[0]
+        nan = np.zeros(shape, np.float32)
+        nan.flat[3] = nan.flat[5] = np.nan
+        raises(lambda: p.reload_tensors({name: nan}), name, "index 3")
         raises(lambda: p.export(p.model_dir + "/config.json"))   # an existing file
         raises(lambda: p.export("/tmp/x", dtype="fp8"), "dtype")
         # none of them changed the session: no step, the same log-probs
@@ -79,11 +96,30 @@ def test_one_rank_wrong(model_dir):
     with meshlm.Policy(model_dir) as p:
         wrong_mask = np.ones(total + 1 if bad else total, np.uint8)
         for call in (lambda: p.logprobs(seqs, mask=wrong_mask),
+                     lambda: p.logprobs(seqs, mask=np.full(total, 0.5 if bad else 1.0)),
                      lambda: p.train_step(seqs, token_mask=wrong_mask),
                      lambda: p.generate(np.arange(3) if bad else seqs, max_new_tokens=2),
+                     lambda: p.generate(seqs, max_new_tokens=2 ** 40 if bad else 2),
                      lambda: p.reload_tensors({"x": np.zeros(2, np.int8)} if bad else {})):
             msg = raises(call)
             if not bad:
                 assert "rank %d" % (WORLD - 1) in msg
         assert p.info["step"] == 0
         p.logprobs(seqs)
+
+
+def test_close_during_call(model_dir):
+    """Rank 0 closes while the others score: their call raises naming
+    meshlm_close, the next one naming rank 0, and their close returns
+    (it used to wait for rank 0 forever)."""
+    if WORLD == 1:
+        pytest.skip("needs more than one rank")
+    seqs = make_seqs(2, seed=5)
+    p = meshlm.Policy(model_dir)
+    if RANK == 0:
+        p.close()
+    else:
+        raises(lambda: p.logprobs(seqs), "meshlm_close")
+        raises(lambda: p.logprobs(seqs), "rank 0 closed the session")
+        p.close()
+    assert p.closed

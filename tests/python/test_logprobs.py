@@ -2,10 +2,12 @@
 
 import json
 import os
+import struct
+import warnings
 
 import numpy as np
 import pytest
-from conftest import make_seqs, mesh_id, meshes
+from conftest import RANK, make_seqs, mesh_id, meshes, wait_for
 
 import meshlm
 from meshlm import tools
@@ -95,3 +97,44 @@ def test_logprobs_layouts(model_dir):
         assert empty == [] and esums.shape == (0,)
         one, osums = p.logprobs([np.array([65])])   # one token: nothing to predict
         assert one[0].shape == (0,) and osums[0] == 0
+
+
+def nan_in_lm_head(path):
+    """Set element [0, 0] of the output projection (lm_head.weight, or the tied
+    embedding) of the fp32 safetensors file at path to NaN."""
+    with open(path, "r+b") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        name = "lm_head.weight" if "lm_head.weight" in header else "model.embed_tokens.weight"
+        assert header[name]["dtype"] == "F32"
+        f.seek(8 + n + header[name]["data_offsets"][0])
+        f.write(np.float32(np.nan).tobytes())
+
+
+def test_nonfinite_logprobs_warn(model_dir, shared_path):
+    """A NaN weight makes every log-prob NaN: returned as they are, with one
+    warning counting the unmasked ones and naming the first; counted in
+    last_call_stats; no warning at finite weights."""
+    seqs = make_seqs(3, seed=4, lo=4)
+    d = shared_path("nan")
+    with meshlm.Policy(model_dir) as p:
+        p.export(d, dtype="fp32")
+        if RANK == 0:
+            nan_in_lm_head(os.path.join(d, "model.safetensors"))
+            open(d + ".ready", "w").close()
+        wait_for(d + ".ready")
+        p.reload(d)
+        mask = [np.r_[0, np.ones(len(s) - 2)] for s in seqs]
+        n = sum(len(s) - 2 for s in seqs)
+        with pytest.warns(UserWarning) as caught:
+            lps, _ = p.logprobs(seqs, mask=mask)
+        assert len(caught) == 1
+        msg = str(caught[0].message)
+        assert "%d log-probs are not finite" % n in msg and "sequence 0, entry 1" in msg, msg
+        assert p.last_call_stats()["nonfinite_logprobs"] == n
+        assert all(lp[0] == 0 and np.isnan(lp[1:]).all() for lp in lps)
+        p.reload(model_dir)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            p.logprobs(seqs)
+        assert p.last_call_stats()["nonfinite_logprobs"] == 0

@@ -3,9 +3,9 @@ in the wheel (meshlm/libmeshlm.so), so that `pip install ./python` gives a
 binding that needs no MESHLM_LIBRARY.
 
 The library is built with CMake from the repository root (the parent of
-this directory) into python/build-lib/, the library and the CLI only
-(-DMESHLM_TESTS=OFF); MESHLM_CMAKE_ARGS adds options (e.g.
-"-DMESHLM_CUDA=OFF"). Its dependencies (MPI, OpenBLAS, oneDNN, jansson,
+this directory, or $MESHLM_SOURCE_DIR) into build-lib/ beside this file,
+the library and the CLI only (-DMESHLM_TESTS=OFF); MESHLM_CMAKE_ARGS adds
+options (e.g. "-DMESHLM_CUDA=OFF"). Its dependencies (MPI, OpenBLAS, oneDNN, jansson,
 PCRE2, utf8proc) must be installed: the configure names a missing one.
 The package metadata is pyproject.toml's.
 """
@@ -20,7 +20,7 @@ from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.abspath(os.environ.get("MESHLM_SOURCE_DIR") or os.path.dirname(HERE))
 
 
 class BuildWithLibrary(build_py):

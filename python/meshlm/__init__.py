@@ -13,10 +13,8 @@ $MESHLM_LIBRARY, the dynamic linker (ctypes.util.find_library("meshlm")),
 or a checkout's build/libmeshlm.so.
 """
 
-from ._lib import library_path
+from ._lib import VERSION as __version__, library_path
 from .policy import MeshlmError, Policy, bf16_to_f32, f32_to_bf16, register_family, version
-
-__version__ = "0.1.0"
 
 __all__ = ["Policy", "MeshlmError", "bf16_to_f32", "f32_to_bf16", "register_family", "version",
            "library_path", "__version__"]

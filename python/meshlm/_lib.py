@@ -21,6 +21,10 @@ RESHARD_DEFAULT, RESHARD_ALWAYS, RESHARD_NEVER = 0, 1, 2
 LR_CONSTANT, LR_LINEAR, LR_COSINE = 0, 1, 2
 LOSS_NLL, LOSS_WEIGHTED_NLL, LOSS_CLIPPED_PG = 0, 1, 2
 
+# The library version this binding mirrors (meshlm.h's MESHLM_VERSION_*);
+# load() refuses another (the package's version, pyproject.toml reads it).
+VERSION = "0.1.0"
+
 c_enum = c_int  # a C enum with small non-negative values is an int on every ABI we target
 
 
@@ -246,11 +250,16 @@ _lib_path = None
 
 
 def _candidates():
-    """Where libmeshlm.so is looked for, in order (see find_library)."""
+    """Where libmeshlm.so is looked for, in order: $MESHLM_LIBRARY alone when
+    set; the copy the wheel carries (pip install ./python builds it); the
+    dynamic linker's; a checkout's build directory."""
     env = os.environ.get("MESHLM_LIBRARY")
     if env:
         return [("MESHLM_LIBRARY", env)]
     out = []
+    carried = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libmeshlm.so")
+    if os.path.exists(carried):
+        out.append(("the copy in the meshlm package", carried))
     found = ctypes.util.find_library("meshlm")
     if found:
         out.append(("ctypes.util.find_library('meshlm')", found))
@@ -295,6 +304,12 @@ def load():
             if missing:
                 errors.append("%s (%s): not the meshlm library API (missing %s)"
                               % (path, where, ", ".join(missing)))
+                continue
+            lib.meshlm_version.restype = c_char_p
+            found = lib.meshlm_version().decode()
+            if found != VERSION:  # the structs below mirror this version's header
+                errors.append("%s (%s): libmeshlm %s; this binding is %s (rebuild one of them)"
+                              % (path, where, found, VERSION))
                 continue
             for name, (res, args) in _PROTOTYPES.items():
                 if not hasattr(lib, name):

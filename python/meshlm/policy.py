@@ -34,9 +34,22 @@ __all__ = ["Policy", "MeshlmError", "bf16_to_f32", "f32_to_bf16", "version"]
 _INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 
 
+# "train.c:28: " in a library message: where in the C sources it arose
+_C_LOCATION_RE = re.compile(r"(?:^|(?<=: ))([A-Za-z_][\w/]*\.c:\d+): ")
+
+
 class MeshlmError(RuntimeError):
     """An error of the meshlm library (its message: meshlm_error) or of the
-    arguments of a Policy method.  ``str(e)`` is the message."""
+    arguments of a Policy method.  ``str(e)`` is the message, without the C
+    source location the library adds, which is kept in ``e.c_location``
+    ("train.c:28", for a bug report; None when there is none)."""
+
+    def __init__(self, message):
+        m = _C_LOCATION_RE.search(message)
+        self.c_location = m.group(1) if m else None
+        if m:
+            message = message[:m.start(1)] + message[m.end():]
+        super().__init__(message)
 
 
 def version():

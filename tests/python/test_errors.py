@@ -2,6 +2,7 @@
 session usable."""
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -27,6 +28,16 @@ def test_open_errors(model_dir, workdir):
     raises(lambda: meshlm.Policy(model_dir, tp=3))           # 3 does not divide the world
     raises(lambda: meshlm.Policy(model_dir, param_dtype="fp16"), "param_dtype")
     raises(lambda: meshlm.Policy(model_dir, schedule="step"), "schedule")
+
+
+def test_message_without_c_location(workdir):
+    """A library message reads as Python's: the C source location it carries
+    ("config.c:NN") is kept apart in e.c_location."""
+    with pytest.raises(meshlm.MeshlmError) as e:
+        meshlm.Policy(os.path.join(workdir, "no-such-model"))
+    assert re.fullmatch(r"[a-z_]+\.c:\d+", e.value.c_location or ""), e.value.c_location
+    assert not re.search(r"\w\.c:\d+", str(e.value)), str(e.value)
+    assert "no-such-model" in str(e.value)
 
 
 def test_call_errors(model_dir):

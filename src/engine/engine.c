@@ -409,25 +409,40 @@ static int logprobs_out(ml_engine *e, const float *lp, int64_t B, int64_t S, flo
   return rc;
 }
 
-int ml_engine_logprobs_batch(ml_engine *e, const ml_engine_batch *b, float *out) {
+/* Forward only over batch b: the loss pass's NLL of this rank's targets
+ * and, with lp, this rank's log-probs (*lp: [B·s] on the device, the
+ * caller's to free); then the gathered units are resharded (what the
+ * backward would have done), unless held. */
+static int forward_only(ml_engine *e, const ml_engine_batch *b, float **lp, ml_loss_out *nll) {
   ML_TRY(begin_batch(e, b));
   ML_TRY(upload_batch(e, b));
   ML_TRY(forward_layers(e, e->ids));
-  int64_t B = b->B, T = B * e->model.S; /* fits: prepare allocated B·s·H floats */
-  float *lp = ml_be_alloc(e->be, T, sizeof(float), "the log-probs (%lld tokens per rank)",
-                          (long long)T);
-  if (!lp) return -1;
-  ml_loss_out lo;
+  int64_t T = b->B * e->model.S; /* fits: prepare allocated B·s·H floats */
   ml_loss_split split;
-  int rc = loss_split(e, &split);
+  int rc = 0;
+  if (lp && !(*lp = ml_be_alloc(e->be, T, sizeof(float), "the log-probs (%lld tokens per rank)",
+                                (long long)T)))
+    rc = -1;
+  if (!rc) rc = loss_split(e, &split);
   if (!rc)
-    rc = ml_vocab_parallel_loss(&e->model, &split, e->targets, e->opts.output_dtype, NULL, lp,
-                                &lo);
-  if (!rc) rc = logprobs_out(e, lp, B, b->S, out);
-  ml_be_free(e->be, lp);
-  /* forward only: release what the backward would have, unless held */
+    rc = ml_vocab_parallel_loss(&e->model, &split, e->targets, e->opts.output_dtype, NULL,
+                                lp ? *lp : NULL, nll);
   for (int u = 0; !e->hold && u < e->fsdp.n_units; u++) ml_fsdp_reshard(&e->fsdp, u);
   return rc;
+}
+
+int ml_engine_logprobs_batch(ml_engine *e, const ml_engine_batch *b, float *out) {
+  float *lp = NULL;
+  ml_loss_out lo;
+  int rc = forward_only(e, b, &lp, &lo);
+  if (!rc) rc = logprobs_out(e, lp, b->B, b->S, out);
+  ml_be_free(e->be, lp);
+  return rc;
+}
+
+int ml_engine_nll_batch(ml_engine *e, const ml_engine_batch *b, ml_loss_out *nll) {
+  if (b->obj) return ml_err("ml_engine_nll_batch: the NLL takes no objective inputs (obj)");
+  return forward_only(e, b, NULL, nll);
 }
 
 int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, float *out) {

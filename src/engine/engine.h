@@ -159,6 +159,14 @@ int ml_engine_forward_backward_batch(ml_engine *e, const ml_engine_batch *b,
  * document's last token (no target) are 0. */
 int ml_engine_logprobs_batch(ml_engine *e, const ml_engine_batch *b, float *out);
 
+/* Forward only: the NLL of batch b's targets (b->mask; b->obj must be NULL)
+ * as the training loss computes it (the same forward and loss pass, no
+ * gradient): *nll = this rank's NLL sum and target count (cp ranks: their
+ * pieces; no reduction over ranks), so that the sums over the data ranks
+ * (dp_cp) over the targets' count is the mean NLL the training step would
+ * report for b at these weights. Errors: those of ml_engine_logprobs_batch. */
+int ml_engine_nll_batch(ml_engine *e, const ml_engine_batch *b, ml_loss_out *nll);
+
 /* hold: from now on forwards leave every FSDP unit unsharded (each
  * all-gathered once, by the first forward), as NeMo RL's
  * unshard_fsdp2_model around a whole inference pass; !hold: reshard every

@@ -17,7 +17,15 @@
  * step count, kept by the engine for its bias correction, does not move).
  * Run checkpoints (--save, --resume) carry the step and the loader position
  * (ckpt/runckpt.h); the --save directory is locked for the whole run (one
- * writer, ckpt/runlock.h); --export-hf writes a consolidated HF checkpoint. */
+ * writer, ckpt/runlock.h); --export-hf writes a consolidated HF checkpoint.
+ * --eval-data: every --eval-every steps and after the last, the mean NLL
+ * over every target of its sequences in file order (no shuffling), forward
+ * only, in micro-batches of the step's (--batch-size / --grad-accum
+ * sequences), each split over the data-parallel ranks as a step's are: the
+ * sums over the dp ranks (dp_cp) of each micro-batch's NLL sum and target
+ * count, then their quotient. Its batch of a step's data at unchanged
+ * weights thus gives bitwise the loss that step prints (the same forward,
+ * loss pass and reduction; one micro-batch). */
 #include <mpi.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +51,7 @@ typedef struct train_run {
   ml_mesh mesh;
   ml_engine e;
   ml_dataset ds;
+  ml_dataset eval_ds; /* --eval-data (nseq 0 without) */
   ml_metrics_writer mw; /* world rank 0, with --metrics */
   bool has_metrics;
   ml_run_state st;      /* steps done, sequences consumed */
@@ -89,6 +98,8 @@ static int setup(train_run *r) {
                                        "train: flag --seq-len"));
   ml_data_opts dopts = ml_train_data_opts(o);
   ML_TRY(ml_dataset_load(o->data, o->seq_len, r->e.model.cfg.vocab, &dopts, &r->ds));
+  if (o->eval_data)
+    ML_TRY(ml_dataset_load(o->eval_data, o->seq_len, r->e.model.cfg.vocab, &dopts, &r->eval_ds));
   int dp = r->mesh.groups[ML_GROUP_DP].size;
   if (o->batch % (dp * o->grad_accum) != 0)
     return ml_err("train: flag --batch-size %lld is not divisible by the data-parallel size %d "
@@ -133,16 +144,26 @@ static int64_t count_targets(const ml_dataset *ds, int64_t first, int64_t count)
   return n;
 }
 
-/* This dp rank's slice of the `count` stream sequences from position
- * `first` on into r->ids/r->mask: dp rank d takes positions first + i for
- * i in [d·count/dp, (d+1)·count/dp), as ml_dataset_batch splits a batch
- * (stream position p is dataset row p mod nseq). */
-static int load_slice(train_run *r, int64_t first, int64_t count) {
+/* This dp rank's slice of the `count` sequences of `ds` from stream
+ * position `first` on into r->ids/r->mask, *rows of them: dp rank d takes
+ * positions first + i for i in [d·per, (d+1)·per), per = ⌈count/dp⌉, as
+ * ml_dataset_batch splits a batch when dp divides count (stream position
+ * p is dataset row p mod nseq); the rows past `count` (an eval's last
+ * micro-batch) are padding: token 0, no target. */
+static int load_slice(train_run *r, const ml_dataset *ds, int64_t first, int64_t count,
+                      int64_t *rows) {
   const ml_mesh_group *dp = &r->mesh.groups[ML_GROUP_DP];
-  int64_t per = count / dp->size, S = r->ds.seq_len;
-  for (int64_t i = 0; i < per; i++)
-    ML_TRY(ml_dataset_batch(&r->ds, first + dp->rank * per + i, 1, 0, 1, r->ids + i * S,
-                            r->mask + i * S));
+  int64_t per = (count + dp->size - 1) / dp->size, S = ds->seq_len;
+  for (int64_t i = 0; i < per; i++) {
+    int64_t k = dp->rank * per + i;
+    if (k < count)
+      ML_TRY(ml_dataset_batch(ds, first + k, 1, 0, 1, r->ids + i * S, r->mask + i * S));
+    else {
+      memset(r->ids + i * S, 0, sizeof(int32_t) * (size_t)S);
+      memset(r->mask + i * S, 0, (size_t)S);
+    }
+  }
+  *rows = per;
   return 0;
 }
 
@@ -150,9 +171,49 @@ static int load_slice(train_run *r, int64_t first, int64_t count) {
  * stream sequences consumed + m·micro .. + micro − 1. */
 static int fill_micro(void *ctx, int64_t m, ml_engine_batch *b) {
   train_run *r = ctx;
-  ML_TRY(load_slice(r, r->st.consumed + m * r->micro, r->micro));
-  *b = (ml_engine_batch){.ids = r->ids, .mask = r->mask, .B = r->local, .S = r->o->seq_len};
+  int64_t rows;
+  ML_TRY(load_slice(r, &r->ds, r->st.consumed + m * r->micro, r->micro, &rows));
+  *b = (ml_engine_batch){.ids = r->ids, .mask = r->mask, .B = rows, .S = r->o->seq_len};
   return 0;
+}
+
+/* --eval-data's mean NLL at the current weights and its target count (the
+ * header comment's order and sums). Collective; a failure may leave peers
+ * in a collective (callers abort). */
+static int evaluate(train_run *r, double *loss, int64_t *targets) {
+  const ml_dataset *ds = &r->eval_ds;
+  double total[2] = {0, 0}; /* NLL sum, targets */
+  for (int64_t first = 0; first < ds->nseq; first += r->micro) {
+    int64_t count = ds->nseq - first < r->micro ? ds->nseq - first : r->micro, rows;
+    ML_TRY(load_slice(r, ds, first, count, &rows));
+    ml_engine_batch b = {.ids = r->ids, .mask = r->mask, .B = rows, .S = r->o->seq_len};
+    ml_loss_out lo;
+    ML_TRY(ml_engine_nll_batch(&r->e, &b, &lo));
+    double part[2] = {lo.loss_sum, (double)lo.count}; /* counts exact in f64 below 2^53 */
+    ML_TRY(ml_host_all_reduce_f64(ml_mesh_host(&r->mesh, ML_GROUP_DP_CP), part, 2, ML_RED_SUM));
+    total[0] += part[0];
+    total[1] += part[1];
+  }
+  *targets = (int64_t)total[1];
+  *loss = total[1] > 0 ? total[0] / total[1] : 0.0;
+  return 0;
+}
+
+/* --eval-data after every --eval-every-th step and after the last: the
+ * line "eval step K: loss X (T tokens)" and the metrics' eval line.
+ * Aborts every rank on failure. */
+static void maybe_evaluate(train_run *r) {
+  const ml_train_opts *o = r->o;
+  bool due = r->st.step == o->steps || (o->eval_every > 0 && r->st.step % o->eval_every == 0);
+  if (!o->eval_data || !due) return;
+  double loss;
+  int64_t targets;
+  if (evaluate(r, &loss, &targets)) ml_cli_abort();
+  ml_cli_print("eval step %lld: loss %.6f (%lld tokens)\n", (long long)r->st.step, loss,
+               (long long)targets);
+  if (r->mesh.rank == 0 && r->has_metrics &&
+      ml_metrics_write_eval(&r->mw, r->st.step, loss, targets))
+    ml_cli_abort();
 }
 
 /* The largest v over every rank (a timing or memory figure for the
@@ -270,6 +331,7 @@ static int train_loop(train_run *r) {
       if (r->has_metrics && ml_metrics_write(&r->mw, &sm)) ml_cli_abort();
     }
     if (r->st.step == o->steps) print_comm_summary(&r->mesh);
+    maybe_evaluate(r);
     ML_TRY(maybe_save(r));
   }
   return 0;
@@ -293,6 +355,14 @@ static void print_header(const train_run *r) {
   ml_cli_print("train: %lld steps of %lld sequences x %lld tokens in %lld micro-batch(es)\n",
                (long long)o->steps, (long long)o->batch, (long long)o->seq_len,
                (long long)o->grad_accum);
+  const ml_dataset *ev = &r->eval_ds;
+  if (o->eval_data)
+    ml_cli_print("train: eval data %s: %lld record%s, %lld tokens -> %lld sequences, evaluated "
+                 "%s\n",
+                 o->eval_data, (long long)ev->records, ev->records == 1 ? "" : "s",
+                 (long long)ev->tokens, (long long)ev->nseq,
+                 o->eval_every > 0 ? "every --eval-every steps and after the last"
+                                   : "after the last step");
 }
 
 /* Set up, resume, train, export. Returns the agreed status. */
@@ -321,6 +391,7 @@ static void run_free(train_run *r) {
   free(r->ids);
   free(r->mask);
   ml_dataset_free(&r->ds);
+  ml_dataset_free(&r->eval_ds);
   ml_engine_close(&r->e);
   ml_mesh_destroy(&r->mesh);
 }

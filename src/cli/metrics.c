@@ -85,16 +85,32 @@ static json_t *metrics_json(const ml_step_metrics *m) {
   return NULL;
 }
 
-int ml_metrics_write(ml_metrics_writer *w, const ml_step_metrics *m) {
-  json_t *o = metrics_json(m);
+/* Write object o (consumed) as one line of the file, then flush; `what`
+ * names the line in messages ("metrics of step 3"). */
+static int write_line(ml_metrics_writer *w, json_t *o, const char *what, int64_t step) {
   char *line = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
   json_decref(o);
-  if (!line) return ml_err("%s: out of memory formatting metrics of step %lld", w->path,
-                           (long long)m->step);
+  if (!line) return ml_err("%s: out of memory formatting %s of step %lld", w->path, what,
+                           (long long)step);
   int bad = fputs(line, w->f) < 0 || fputc('\n', w->f) == EOF || fflush(w->f) != 0;
   free(line);
-  if (bad) return ml_err("%s: cannot write metrics: %s", w->path, strerror(errno));
+  if (bad) return ml_err("%s: cannot write %s: %s", w->path, what, strerror(errno));
   return 0;
+}
+
+int ml_metrics_write(ml_metrics_writer *w, const ml_step_metrics *m) {
+  return write_line(w, metrics_json(m), "metrics", m->step);
+}
+
+int ml_metrics_write_eval(ml_metrics_writer *w, int64_t step, double loss, int64_t tokens) {
+  json_t *o = json_object();
+  if (o && (json_object_set_new(o, "step", json_integer(step)) |
+            json_object_set_new(o, "eval_loss", real_or_null(loss)) |
+            json_object_set_new(o, "eval_tokens", json_integer(tokens)))) {
+    json_decref(o);
+    o = NULL;
+  }
+  return write_line(w, o, "eval metrics", step);
 }
 
 void ml_metrics_close(ml_metrics_writer *w) {

@@ -58,6 +58,12 @@ int ml_metrics_open(const char *path, ml_metrics_writer *w);
  * then flush. Error: write failure (the message names the file). */
 int ml_metrics_write(ml_metrics_writer *w, const ml_step_metrics *m);
 
+/* Append one eval line (train --eval-data): {"step": K, "eval_loss": X,
+ * "eval_tokens": T} (K and T JSON integers, X a real with round-trip
+ * precision, null when not finite), then flush. Error: write failure (the
+ * message names the file). */
+int ml_metrics_write_eval(ml_metrics_writer *w, int64_t step, double loss, int64_t tokens);
+
 /* Close the file (safe on a writer that failed to open or is closed). */
 void ml_metrics_close(ml_metrics_writer *w);
 

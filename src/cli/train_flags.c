@@ -157,6 +157,11 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
        "write a consolidated HF checkpoint here at the end", false},
       {"--export-dtype", ML_ARG_CHOICE, &o->export_dtype,
        "dtype of --export-hf's trained tensors (source: each as in --model)", false},
+      /* held-out evaluation */
+      {"--eval-data", ML_ARG_STR, &o->eval_data,
+       "held-out records (--data's formats): their mean NLL, no gradient", false},
+      {"--eval-every", ML_ARG_INT, &o->eval_every,
+       "evaluate --eval-data every N steps (0 = only after the last)", false},
   };
   size_t n = sizeof flags / sizeof flags[0];
   _Static_assert(sizeof flags / sizeof flags[0] + 4 <= ML_TRAIN_MAX_FLAGS,
@@ -218,6 +223,7 @@ int ml_train_opts_check(const ml_train_opts *o) {
       {"--seq-len", o->seq_len, 2, INT64_MAX},
       {"--warmup-steps", o->step.schedule.warmup_steps, 0, INT64_MAX},
       {"--save-every", o->save_every, 0, INT64_MAX},
+      {"--eval-every", o->eval_every, 0, INT64_MAX},
   };
   ML_TRY(check_ranges(ranges, sizeof ranges / sizeof ranges[0]));
   ML_TRY(check_nonnegative("--lr", o->step.schedule.lr));
@@ -239,6 +245,8 @@ int ml_train_opts_check(const ml_train_opts *o) {
                   o->batch, o->grad_accum);
   if (o->save_every > 0 && !o->save)
     return ml_err("train: flag --save-every %" PRId64 " needs --save DIR", o->save_every);
+  if (o->eval_every > 0 && !o->eval_data)
+    return ml_err("train: flag --eval-every %" PRId64 " needs --eval-data FILE", o->eval_every);
   int64_t tokens;
   if (ml_mul_i64(o->batch, o->seq_len, &tokens))
     return ml_err("train: flags --batch-size %" PRId64 " x --seq-len %" PRId64

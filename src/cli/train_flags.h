@@ -43,6 +43,10 @@ typedef struct ml_train_opts {
   const char *metrics, *save, *resume, *export_hf;
   ml_arg_choice export_dtype; /* of --export-hf: ckpt/hf_export.h's ml_export_dtype, by index */
   int64_t save_every;
+  /* held-out evaluation: --eval-data FILE's mean NLL every --eval-every steps (0: only after
+     the last) */
+  const char *eval_data;
+  int64_t eval_every;
 } ml_train_opts;
 
 /* Capacity of a spec array for ml_train_flags. */
@@ -78,7 +82,8 @@ int ml_train_argv(int argc, char **argv, const ml_arg *spec, size_t n, ml_config
 /* Values and combinations a single flag's type cannot check: ranges
  * (--steps >= 0, --zero 1..3, --cp >= 1, ...),
  * --cpu-offload (needs the CUDA backend), --batch-size not divisible by
- * --grad-accum, --save-every without --save, --batch-size x --seq-len
+ * --grad-accum, --save-every without --save, --eval-every without
+ * --eval-data, --batch-size x --seq-len
  * beyond int64. One message naming the flag, the value found and what is
  * expected. (--seq-len against the model's max_position_embeddings:
  * ml_model_config_check_seq_len, once the model is read.) */

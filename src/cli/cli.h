@@ -56,5 +56,8 @@ int ml_cmd_export(ml_host *world, int argc, char **argv);
 /* meshlm tokenize: JSONL text → JSONL input_ids with tokenizer.json, by rank 0 alone
  * (cmd_tokenize.c). */
 int ml_cmd_tokenize(ml_host *world, int argc, char **argv);
+/* meshlm plot: a train --metrics field over the steps, a PNG through
+ * gnuplot or a sparkline, by rank 0 alone (cmd_plot.c). */
+int ml_cmd_plot(ml_host *world, int argc, char **argv);
 
 #endif

@@ -19,6 +19,7 @@ static void usage(FILE *f) {
           "  plan      a mesh's plan, shards, collectives and memory (one process, config only)\n"
           "  export    the latest run checkpoint (train --save) as an HF checkpoint (one process)\n"
           "  tokenize  JSONL text to JSONL input_ids with the model's tokenizer.json (one process)\n"
+          "  plot      a train --metrics curve: PNG with gnuplot, else a sparkline (one process)\n"
           "  version   print the version (also: meshlm --version)\n"
           "'meshlm <command> --help' lists a command's flags.\n");
 }
@@ -38,6 +39,7 @@ int meshlm_cli_main(int argc, char **argv) {
   else if (strcmp(cmd, "plan") == 0) rc = ml_cmd_plan(world, argc - 2, argv + 2);
   else if (strcmp(cmd, "export") == 0) rc = ml_cmd_export(world, argc - 2, argv + 2);
   else if (strcmp(cmd, "tokenize") == 0) rc = ml_cmd_tokenize(world, argc - 2, argv + 2);
+  else if (strcmp(cmd, "plot") == 0) rc = ml_cmd_plot(world, argc - 2, argv + 2);
   else if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
     ml_cli_print("meshlm %s\n", meshlm_version());
     rc = 0;
@@ -48,7 +50,7 @@ int meshlm_cli_main(int argc, char **argv) {
     if (rank == 0) {
       fprintf(stderr,
               "meshlm: error: unknown command '%s'; expected init, train, logprobs, plan, "
-              "export, tokenize or version\n",
+              "export, tokenize, plot or version\n",
               cmd);
       usage(stderr);
     }

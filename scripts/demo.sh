@@ -5,6 +5,8 @@
 #    any fresh checkout has (this project's own sources and docs);
 # 3. meshlm logprobs of a held-out sample with the initial and the trained
 #    model. Fails unless the loss has clearly fallen.
+# 4. meshlm plot: the loss curve, $out/loss.png when gnuplot is on PATH
+#    (Debian: gnuplot-nox), else a sparkline on the terminal.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${DEMO_OUT:-build/demo}
@@ -41,5 +43,6 @@ first=$(loss 1)
 last=$(loss "$steps")
 echo "demo: loss first step $first, last step $last"
 echo "demo: held-out sample mean log-prob per byte: initial $(mean_lp "$out/lp_init.jsonl"), trained $(mean_lp "$out/lp_trained.jsonl")"
+"$meshlm" plot "$out/metrics.jsonl" --out "$out/loss.png" # without gnuplot: a sparkline
 awk -v a="$first" -v b="$last" 'BEGIN { if (b < a - 1.0) { print "demo: OK, the loss fell by " a - b; exit 0 }
                                           print "demo: FAILED, the loss did not fall clearly"; exit 1 }'

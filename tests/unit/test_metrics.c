@@ -219,6 +219,39 @@ static void test_jsonl_roundtrip(void **state) {
   assert_int_equal(rmdir(dir), 0);
 }
 
+/* The eval line (train --eval-data): exactly {"step", "eval_loss",
+ * "eval_tokens"} in that order, the loss round-tripped, null when not
+ * finite. */
+static void test_eval_line(void **state) {
+  char dir[] = "/tmp/ml_test_metrics_XXXXXX", path[64], line[256];
+  assert_non_null(mkdtemp(dir));
+  snprintf(path, sizeof path, "%s/metrics.jsonl", dir);
+  ml_metrics_writer w;
+  assert_int_equal(ml_metrics_open(path, &w), 0);
+  assert_int_equal(ml_metrics_write_eval(&w, 4, 2.0 / 3.0, 1234), 0);
+  assert_int_equal(ml_metrics_write_eval(&w, 5, NAN, 0), 0);
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  assert_non_null(fgets(line, sizeof line, f));
+  json_t *o = json_loads(line, JSON_REJECT_DUPLICATES, NULL);
+  assert_non_null(o);
+  const char *keys[] = {"step", "eval_loss", "eval_tokens"}, *key;
+  json_t *v;
+  size_t i = 0;
+  json_object_foreach(o, key, v) assert_string_equal(key, keys[i++]);
+  assert_int_equal(i, 3);
+  assert_int_equal(json_integer_value(json_object_get(o, "step")), 4);
+  assert_true(json_real_value(json_object_get(o, "eval_loss")) == 2.0 / 3.0);
+  assert_int_equal(json_integer_value(json_object_get(o, "eval_tokens")), 1234);
+  json_decref(o);
+  assert_non_null(fgets(line, sizeof line, f));
+  assert_string_equal(line, "{\"step\":5,\"eval_loss\":null,\"eval_tokens\":0}\n");
+  fclose(f);
+  ml_metrics_close(&w);
+  assert_int_equal(unlink(path), 0);
+  assert_int_equal(rmdir(dir), 0);
+}
+
 static void test_open_error(void **state) {
   ml_metrics_writer w;
   ml_error_clear();
@@ -259,7 +292,7 @@ int main(void) {
       cmocka_unit_test(test_print_durations),
       cmocka_unit_test(test_print_peak_sources), cmocka_unit_test(test_gemm_rate),
       cmocka_unit_test(test_jsonl_roundtrip), cmocka_unit_test(test_readme_fields),
-      cmocka_unit_test(test_open_error), cmocka_unit_test(test_peak_rss),
+      cmocka_unit_test(test_open_error), cmocka_unit_test(test_eval_line), cmocka_unit_test(test_peak_rss),
       cmocka_unit_test(test_flops_and_mfu),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

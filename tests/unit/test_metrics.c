@@ -292,8 +292,8 @@ int main(void) {
       cmocka_unit_test(test_print_durations),
       cmocka_unit_test(test_print_peak_sources), cmocka_unit_test(test_gemm_rate),
       cmocka_unit_test(test_jsonl_roundtrip), cmocka_unit_test(test_readme_fields),
-      cmocka_unit_test(test_open_error), cmocka_unit_test(test_eval_line), cmocka_unit_test(test_peak_rss),
-      cmocka_unit_test(test_flops_and_mfu),
+      cmocka_unit_test(test_open_error), cmocka_unit_test(test_eval_line),
+      cmocka_unit_test(test_peak_rss), cmocka_unit_test(test_flops_and_mfu),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

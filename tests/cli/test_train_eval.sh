@@ -10,7 +10,8 @@
 #      compared as strings). One record of 64 token ids, --batch-size = the
 #      data-parallel size, on 1 rank, dp_shard 2 (the step's batch wraps
 #      the one record onto both ranks; the eval's second rank runs a
-#      padding row without targets: (s+s)/(2c) = s/c exactly) and tp 2;
+#      padding row without targets: (s+s)/(2c) = s/c exactly), tp 2 and
+#      cp 2 (each cp rank's piece summed over dp_cp as the step's);
 #      every --eval-every step and the last, the metrics' eval line
 #      {"step", "eval_loss", "eval_tokens"} and the progress line;
 #  (b) dp_shard 2 against 1 rank on 47 sequences in micro-batches of 2 (the
@@ -40,7 +41,7 @@ common=(--model "$work/model" --seq-len 64 --peak-tflops 1)
 field() { grep "\"$2\":" "$1" | sed -E "s/.*\"$2\":([^,}]+).*/\1/"; }
 
 # (a) --lr 0: the eval loss is the step's loss, bitwise
-for mesh in "1 1" "2 2" "2 1 --tp 2"; do
+for mesh in "1 1" "2 2" "2 1 --tp 2" "2 1 --cp 2"; do
   set -- $mesh
   np=$1 batch=$2
   shift 2

@@ -77,86 +77,91 @@ ml_train_opts ml_train_opts_default(void) {
 
 size_t ml_data_key_flags(ml_data_opts *d, ml_arg *spec) {
   spec[0] = (ml_arg){"--text-key", ML_ARG_STR, &d->text_key, "JSONL field of a text record",
-                     false};
+                     false, "KEY"};
   spec[1] = (ml_arg){"--prompt-key", ML_ARG_STR, &d->prompt_key,
-                     "JSONL field of a prompt/completion record's prompt", false};
+                     "JSONL field of a prompt/completion record's prompt", false, "KEY"};
   spec[2] = (ml_arg){"--completion-key", ML_ARG_STR, &d->completion_key,
-                     "JSONL field of its completion (train: the only targets)", false};
+                     "JSONL field of its completion (train: the only targets)", false, "KEY"};
   return 3;
 }
 
 size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
   const ml_arg flags[] = {
       {"--model", ML_ARG_STR, &o->model, "HF checkpoint directory (config.json + safetensors)",
-       true},
+       true, "DIR"},
       {"--data", ML_ARG_STR, &o->data,
-       "JSONL records: input_ids [+ loss_mask], text, or prompt + completion; or raw text", true},
+       "JSONL records: input_ids [+ loss_mask], text, or prompt + completion; or raw text", true,
+       "FILE"},
       {"--config", ML_ARG_STR, &o->config,
-       "JSON file with any of these settings (flags override it)", false},
+       "JSON file with any of these settings (flags override it)", false, "FILE.json"},
       /* mesh and plan */
-      {"--tp", ML_ARG_INT, &o->tp, "tensor-parallel size", false},
+      {"--tp", ML_ARG_INT, &o->tp, "tensor-parallel size", false, NULL},
       {"--dp-replicate", ML_ARG_INT, &o->dp_replicate,
-       "HSDP replicas (dp_shard = world / (dp_replicate*cp*tp))", false},
+       "HSDP replicas (dp_shard = world / (dp_replicate*cp*tp))", false, NULL},
       {"--cp", ML_ARG_INT, &o->cp,
-       "context-parallel size: ring attention over cp ranks sharing each sequence", false},
+       "context-parallel size: ring attention over cp ranks sharing each sequence", false, NULL},
       {"--sequence-parallel", ML_ARG_FLAG, &o->sp, "shard norms and residuals on the sequence",
-       false},
+       false, NULL},
       {"--parallel-plan", ML_ARG_STR, &o->plan, "plan file (JSON), or auto|optimized|hf|default",
-       false},
-      {"--device", ML_ARG_CHOICE, &o->device, ml_device_help(), false},
+       false, "PLAN"},
+      {"--device", ML_ARG_CHOICE, &o->device, ml_device_help(), false, NULL},
       /* FSDP2 */
       {"--param-dtype", ML_ARG_CHOICE, &o->param_dtype, "parameter all-gather and compute dtype",
-       false},
-      {"--reduce-dtype", ML_ARG_CHOICE, &o->reduce_dtype, "gradient reduce-scatter dtype", false},
-      {"--output-dtype", ML_ARG_CHOICE, &o->output_dtype, "logits dtype", false},
+       false, NULL},
+      {"--reduce-dtype", ML_ARG_CHOICE, &o->reduce_dtype, "gradient reduce-scatter dtype", false,
+       NULL},
+      {"--output-dtype", ML_ARG_CHOICE, &o->output_dtype, "logits dtype", false, NULL},
       {"--reshard-after-forward", ML_ARG_CHOICE, &o->reshard, "free gathered params after forward",
-       false},
+       false, NULL},
       {"--zero", ML_ARG_INT, &o->zero,
-       "ZeRO stage: 3 params+grads+state sharded, 2 grads+state, 1 state", false},
+       "ZeRO stage: 3 params+grads+state sharded, 2 grads+state, 1 state", false, NULL},
       {"--prefetch-forward", ML_ARG_INT, &o->prefetch_forward,
-       "units all-gathered ahead in forward (0 = off)", false},
+       "units all-gathered ahead in forward (0 = off)", false, NULL},
       {"--prefetch-backward", ML_ARG_INT, &o->prefetch_backward,
-       "units all-gathered ahead in backward (0 = off)", false},
-      {"--activation-checkpointing", ML_ARG_CHOICE, &o->ac, "recompute in backward", false},
+       "units all-gathered ahead in backward (0 = off)", false, NULL},
+      {"--activation-checkpointing", ML_ARG_CHOICE, &o->ac, "recompute in backward", false, NULL},
       {"--cpu-offload", ML_ARG_FLAG, &o->cpu_offload,
-       "shards and optimizer step on the host (CUDA only)", false},
+       "shards and optimizer step on the host (CUDA only)", false, NULL},
       /* the loop */
-      {"--steps", ML_ARG_INT, &o->steps, "optimizer steps of the whole run", false},
+      {"--steps", ML_ARG_INT, &o->steps, "optimizer steps of the whole run", false, NULL},
       {"--batch-size", ML_ARG_INT, &o->batch, "global batch in sequences (per optimizer step)",
-       false},
+       false, NULL},
       {"--grad-accum", ML_ARG_INT, &o->grad_accum, "micro-batches per step (gradient accumulation)",
-       false},
-      {"--seq-len", ML_ARG_INT, &o->seq_len, "tokens per sequence", false},
-      {"--seed", ML_ARG_INT, &o->seed, "seed of the data order", false},
+       false, NULL},
+      {"--seq-len", ML_ARG_INT, &o->seq_len, "tokens per sequence", false, NULL},
+      {"--seed", ML_ARG_INT, &o->seed, "seed of the data order", false, NULL},
       /* optimizer */
-      {"--lr", ML_ARG_FLOAT, &o->step.schedule.lr, "peak AdamW learning rate", false},
+      {"--lr", ML_ARG_FLOAT, &o->step.schedule.lr, "peak AdamW learning rate", false, NULL},
       {"--lr-schedule", ML_ARG_CHOICE, &o->lr_schedule, "decay after the warmup, to --min-lr",
-       false},
+       false, NULL},
       {"--warmup-steps", ML_ARG_INT, &o->step.schedule.warmup_steps,
-       "linear warmup from 0 over this many steps", false},
+       "linear warmup from 0 over this many steps", false, NULL},
       {"--min-lr", ML_ARG_FLOAT, &o->step.schedule.min_lr,
-       "learning rate of the last step (linear, cosine)", false},
-      {"--beta1", ML_ARG_FLOAT, &o->step.beta1, "AdamW beta1 (first moment's decay)", false},
-      {"--beta2", ML_ARG_FLOAT, &o->step.beta2, "AdamW beta2 (second moment's decay)", false},
-      {"--eps", ML_ARG_FLOAT, &o->step.eps, "AdamW eps (added to the denominator)", false},
+       "learning rate of the last step (linear, cosine)", false, NULL},
+      {"--beta1", ML_ARG_FLOAT, &o->step.beta1, "AdamW beta1 (first moment's decay)", false, NULL},
+      {"--beta2", ML_ARG_FLOAT, &o->step.beta2, "AdamW beta2 (second moment's decay)", false, NULL},
+      {"--eps", ML_ARG_FLOAT, &o->step.eps, "AdamW eps (added to the denominator)", false, NULL},
       {"--weight-decay", ML_ARG_FLOAT, &o->step.weight_decay, "AdamW decoupled weight decay",
-       false},
+       false, NULL},
       {"--max-grad-norm", ML_ARG_FLOAT, &o->step.max_grad_norm,
-       "clip the global grad norm (0 = off)", false},
-      {"--grad-norm-type", ML_ARG_CHOICE, &o->grad_norm_type, "norm of --max-grad-norm", false},
+       "clip the global grad norm (0 = off)", false, NULL},
+      {"--grad-norm-type", ML_ARG_CHOICE, &o->grad_norm_type, "norm of --max-grad-norm", false,
+       NULL},
       /* outputs */
       {"--peak-tflops", ML_ARG_FLOAT, &o->peak_tflops,
-       "peak TFLOP/s of the whole mesh, for MFU (0 = measure a GEMM at start-up)", false},
-      {"--metrics", ML_ARG_STR, &o->metrics, "write one JSON object per step to this file", false},
-      {"--save", ML_ARG_STR, &o->save, "sharded run checkpoint directory (resumable)", false},
+       "peak TFLOP/s of the whole mesh, for MFU (0 = measure a GEMM at start-up)", false, NULL},
+      {"--metrics", ML_ARG_STR, &o->metrics, "write one JSON object per step to this file", false,
+       "FILE"},
+      {"--save", ML_ARG_STR, &o->save, "sharded run checkpoint directory (resumable)", false,
+       "DIR"},
       {"--save-every", ML_ARG_INT, &o->save_every, "save every N steps (0 = only after the last)",
-       false},
+       false, NULL},
       {"--resume", ML_ARG_STR, &o->resume, "continue from the run checkpoint in this directory",
-       false},
+       false, "DIR"},
       {"--export-hf", ML_ARG_STR, &o->export_hf,
-       "write a consolidated HF checkpoint here at the end", false},
+       "write a consolidated HF checkpoint here at the end", false, "DIR"},
       {"--export-dtype", ML_ARG_CHOICE, &o->export_dtype,
-       "dtype of --export-hf's trained tensors (source: each as in --model)", false},
+       "dtype of --export-hf's trained tensors (source: each as in --model)", false, NULL},
   };
   size_t n = sizeof flags / sizeof flags[0];
   _Static_assert(sizeof flags / sizeof flags[0] + 4 <= ML_TRAIN_MAX_FLAGS,
@@ -166,7 +171,7 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
   spec[n++] = (ml_arg){"--packing", ML_ARG_CHOICE, &o->packing,
                        "text records: pack documents into --seq-len windows (false: one per row, "
                        "padded)",
-                       false};
+                       false, NULL};
   return n;
 }
 

@@ -104,21 +104,6 @@ int ml_hf_export_layout(const ml_hf_export_spec *spec, char (*names)[NAME_CAP], 
   return rc;
 }
 
-/* The source's weights, where the carried tensors are read from. */
-static int open_source(ml_hf_export *x, int n_carried, const char *first) {
-  const char *dir = json_string_value(json_object_get(x->spec.source, "dir"));
-  if (ml_ckpt_open(dir, &x->src) == 0) {
-    x->src_open = true;
-    return 0;
-  }
-  char why[ML_ERROR_MSG_CAP];
-  snprintf(why, sizeof why, "%s", ml_error_msg());
-  ml_error_clear();
-  return ml_err("export: the source model %s holds the %d tensors the run does not train (e.g. "
-                "'%s'), which the export copies, but it cannot be read: %s",
-                dir, n_carried, first, why);
-}
-
 /* Entry e of a carried tensor, checked against the source's weights. */
 static int check_carried(const ml_hf_export *x, const ml_st_entry *e) {
   const ml_st_tensor *t = ml_ckpt_find(&x->src, e->name);
@@ -137,6 +122,66 @@ static int check_carried(const ml_hf_export *x, const ml_st_entry *e) {
                 x->src.dir, e->name, ml_dtype_name(t->dtype), got, ml_dtype_name(e->dtype), want);
 }
 
+/* The bytes of files a and b are the same. Errors: unreadable (named). */
+static int same_bytes(const char *a, const char *b, bool *same) {
+  FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+  int rc = fa && fb ? 0 : ml_err("%s: cannot open: %s", fa ? b : a, strerror(errno));
+  int ca = 0, cb = 0;
+  while (rc == 0 && (ca = getc(fa)) == (cb = getc(fb)) && ca != EOF) {}
+  if (rc == 0 && (ferror(fa) || ferror(fb)))
+    rc = ml_err("%s: cannot read: %s", ferror(fa) ? a : b, strerror(errno));
+  *same = rc == 0 && ca == cb;
+  if (fa) fclose(fa);
+  if (fb) fclose(fb);
+  return rc;
+}
+
+/* Open dir as the source of the carried entries: its config.json the
+ * recorded one (the files' copy), each carried tensor's dtype and shape as
+ * recorded. Errors: the first mismatch (named); nothing left open. */
+static int try_source(ml_hf_export *x, const char *dir) {
+  char got[PATH_CAP], want[PATH_CAP];
+  bool same = false;
+  int rc = 0;
+  if (snprintf(got, sizeof got, "%s/config.json", dir) >= (int)sizeof got ||
+      snprintf(want, sizeof want, "%s/config.json", x->spec.files_dir) >= (int)sizeof want)
+    rc = ml_err("%s: path too long", dir);
+  if (rc == 0) rc = same_bytes(got, want, &same);
+  if (rc == 0 && !same)
+    rc = ml_err("%s differs from the recorded %s: another model", got, want);
+  if (rc == 0) rc = ml_ckpt_open(dir, &x->src);
+  if (rc != 0) return -1;
+  x->src_open = true;
+  for (int i = x->n_trained; rc == 0 && i < x->n_entries; i++)
+    rc = check_carried(x, &x->entries[i]);
+  if (rc == 0) return 0;
+  ml_ckpt_close(&x->src);
+  x->src_open = false;
+  return -1;
+}
+
+/* The source's weights, where the carried tensors are read from: the
+ * recorded absolute path, else the one relative to the files' copy (a
+ * checkpoint moved with its source), whichever try_source accepts. */
+static int open_source(ml_hf_export *x) {
+  const char *dir = json_string_value(json_object_get(x->spec.source, "dir"));
+  const json_t *rel = json_object_get(x->spec.source, "dir_rel");
+  if (try_source(x, dir) == 0) return 0;
+  char why[ML_ERROR_MSG_CAP], rel_dir[PATH_CAP], why_rel[ML_ERROR_MSG_CAP + PATH_CAP + 64] = "";
+  snprintf(why, sizeof why, "%s", ml_error_msg());
+  ml_error_clear();
+  if (rel) {
+    snprintf(rel_dir, sizeof rel_dir, "%s/%s", x->spec.files_dir, json_string_value(rel));
+    if (try_source(x, rel_dir) == 0) return 0;
+    snprintf(why_rel, sizeof why_rel, "; nor at %s, relative to the checkpoint: %s", rel_dir,
+             ml_error_msg());
+    ml_error_clear();
+  }
+  return ml_err("export: the source model %s holds the %d tensors the run does not train (e.g. "
+                "'%s'), which the export copies, but it cannot be used: %s%s",
+                dir, x->n_entries - x->n_trained, x->entries[x->n_trained].name, why, why_rel);
+}
+
 static int plan_carried(ml_hf_export *x) {
   const json_t *carried = json_object_get(x->spec.source, "carried"), *v;
   const char *name;
@@ -150,10 +195,7 @@ static int plan_carried(ml_hf_export *x) {
       e->shape[d] = json_integer_value(json_array_get(shape, (size_t)d));
   }
   x->n_entries = k;
-  if (k == x->n_trained) return 0;
-  ML_TRY(open_source(x, k - x->n_trained, x->entries[x->n_trained].name));
-  for (int i = x->n_trained; i < k; i++) ML_TRY(check_carried(x, &x->entries[i]));
-  return 0;
+  return k == x->n_trained ? 0 : open_source(x);
 }
 
 /* The layout written: the source's family, which must be the trained

@@ -131,6 +131,39 @@ int ml_hf_source_describe(const char *dir, const ml_model *m, json_t **out) {
   return 0;
 }
 
+/* The path of `to` relative to `from`, both absolute and resolved, into
+ * out[PATH_CAP]: the components past their common ones, after a ".." for
+ * each of from's. Errors: too long. */
+static int relative_path(const char *from, const char *to, char *out) {
+  size_t common = 0; /* the length of their common whole components */
+  for (size_t i = 0;; i++) {
+    bool end_f = from[i] == '/' || from[i] == '\0', end_t = to[i] == '/' || to[i] == '\0';
+    if (end_f && end_t) common = i;
+    if (from[i] != to[i] || from[i] == '\0') break;
+  }
+  size_t n = 0;
+  out[0] = '\0';
+  for (const char *p = from + common; *p && n < PATH_CAP; p++)
+    if (*p == '/' && p[1] != '\0')
+      n += (size_t)snprintf(out + n, PATH_CAP - n, "%s..", n ? "/" : "");
+  const char *rest = to + common + (to[common] == '/');
+  if (*rest && n < PATH_CAP)
+    n += (size_t)snprintf(out + n, PATH_CAP - n, "%s%s", n ? "/" : "", rest);
+  if (n == 0) n = (size_t)snprintf(out, PATH_CAP, ".");
+  if (n < PATH_CAP) return 0;
+  return ml_err("%s: path relative to %s longer than %d bytes", to, from, PATH_CAP - 1);
+}
+
+int ml_hf_source_relate(json_t *src, const char *base) {
+  char *abs = realpath(base, NULL), rel[PATH_CAP];
+  if (!abs) return ml_err("%s: cannot resolve: %s", base, strerror(errno));
+  int rc = relative_path(abs, json_string_value(json_object_get(src, "dir")), rel);
+  free(abs);
+  if (rc == 0 && json_object_set_new(src, "dir_rel", json_string(rel)) != 0)
+    rc = ml_err("%s: out of memory recording the source model's relative path", base);
+  return rc;
+}
+
 /* ---------------------------------------------------------------- checking */
 
 static int bad(const char *what, const char *field, const char *expected, const json_t *v) {
@@ -162,6 +195,8 @@ int ml_hf_source_check(const json_t *src, const char *what) {
   for (int k = 0; k < 2; k++)
     if (!json_is_string(json_object_get(src, str_keys[k])))
       return bad(what, str_keys[k], "a string", json_object_get(src, str_keys[k]));
+  const json_t *rel = json_object_get(src, "dir_rel");
+  if (rel && !json_is_string(rel)) return bad(what, "dir_rel", "a string", rel);
   const json_t *files = json_object_get(src, "files"), *v;
   if (!json_is_array(files) || json_array_size(files) == 0 ||
       !json_is_string(json_array_get(files, 0)) ||

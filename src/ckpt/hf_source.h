@@ -13,6 +13,10 @@
  * metadata.json as "source" (ckpt/runckpt_format.h):
  *   {"dir": the source directory's absolute path (the carried tensors are
  *           read from there at export time),
+ *    "dir_rel": in a run checkpoint, the same directory relative to the
+ *           checkpoint's copy of the files (STEP/source; optional: tried
+ *           when "dir" is not the source, so that a checkpoint moved with
+ *           its source keeps exporting),
  *    "architecture": its config.json's architectures[0],
  *    "files": ["config.json", then the other files copied, sorted],
  *    "dtypes": {trained tensor (its source key): safetensors dtype},
@@ -39,8 +43,14 @@
  * from the weights or stored in a dtype other than F32/BF16/F16. */
 int ml_hf_source_describe(const char *dir, const ml_model *m, json_t **out);
 
+/* Record in src "dir_rel": its "dir" relative to the directory `base`
+ * (both resolved: "../../model"). Errors: base unresolvable (named), out of
+ * memory. */
+int ml_hf_source_relate(json_t *src, const char *base);
+
 /* Check the fields of a description read from a file (`what` names it in
- * messages): "dir" and "architecture" strings, "files" plain file names
+ * messages): "dir" and "architecture" strings, "dir_rel" a string where
+ * present, "files" plain file names
  * beginning with config.json, "dtypes" F32/BF16/F16 names, "carried"
  * entries with a dtype name and a shape of at most 8 non-negative sizes.
  * Errors: the first field that is not so (named, found vs expected). */

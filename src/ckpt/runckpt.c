@@ -128,6 +128,7 @@ static int record_source(const ml_engine *e, const char *step_dir, json_t **out)
   if (snprintf(dir, sizeof dir, "%s/" ML_RC_SOURCE, step_dir) >= (int)sizeof dir)
     return ml_err("%s/" ML_RC_SOURCE ": path too long", step_dir);
   if (mkdir(dir, 0777) != 0) return ml_err("%s: cannot create: %s", dir, strerror(errno));
+  ML_TRY(ml_hf_source_relate(*out, dir));
   ML_TRY(ml_hf_source_copy(*out, e->model_dir, dir, true));
   return ml_rc_fsync_dir(dir);
 }

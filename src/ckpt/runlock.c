@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -16,6 +17,31 @@
 #include "ckpt/runckpt_format.h"
 
 enum { PATH_CAP = 4096, OPEN_TRIES = 16 };
+
+/* The errors of a file system without flock: the run goes on unlocked. */
+static const struct {
+  const char *name;
+  int err;
+} k_no_flock[] = {{"ENOLCK", ENOLCK}, {"EOPNOTSUPP", EOPNOTSUPP}, {"ENOSYS", ENOSYS}};
+enum { N_NO_FLOCK = sizeof k_no_flock / sizeof k_no_flock[0] };
+
+static bool flock_unsupported(int err) {
+  for (int i = 0; i < N_NO_FLOCK; i++)
+    if (k_no_flock[i].err == err) return true;
+  return false;
+}
+
+/* flock(fd, LOCK_EX | LOCK_NB), or (test hook, runlock.h) the failure that
+ * MESHLM_TEST_FLOCK_UNSUPPORTED names. */
+static int lock_fd(int fd) {
+  const char *v = getenv("MESHLM_TEST_FLOCK_UNSUPPORTED");
+  for (int i = 0; v && i < N_NO_FLOCK; i++)
+    if (strcmp(v, k_no_flock[i].name) == 0) {
+      errno = k_no_flock[i].err;
+      return -1;
+    }
+  return flock(fd, LOCK_EX | LOCK_NB);
+}
 
 /* The holder as the lock file records it, one line ("" when unreadable). */
 static void read_holder(int fd, char *out, size_t cap) {
@@ -42,7 +68,8 @@ static size_t first_missing(const char *dir) {
 }
 
 /* Open and lock path (the lock file of dir, created with dir when
- * missing): the descriptor, or −1 with the error recorded. The file is
+ * missing): the descriptor (not locked where the file system has no flock,
+ * after a warning), or −1 with the error recorded. The file is
  * checked to be still in place once locked: a run that failed may remove
  * its lock file (ml_run_lock_abandon) after another opened it, and a lock
  * on a removed file keeps nobody out; then the new file is taken. */
@@ -54,8 +81,14 @@ static int open_locked(const char *dir, const char *path, bool *made) {
     if (fd < 0 && errno == EEXIST) fd = open(path, O_RDWR | O_CLOEXEC);
     if (fd < 0 && errno == ENOENT) continue; /* removed since: again */
     if (fd < 0) return ml_err("%s: cannot open the lock file: %s", path, strerror(errno));
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (lock_fd(fd) != 0) {
       int err = errno;
+      if (flock_unsupported(err)) {
+        ml_warn("%s: the file system does not support flock (%s): two runs saving into %s "
+                "would not be kept apart; going on without the lock",
+                dir, strerror(err), dir);
+        return fd;
+      }
       char holder[256];
       read_holder(fd, holder, sizeof holder);
       close(fd);

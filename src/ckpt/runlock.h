@@ -8,7 +8,11 @@
  * holder ("pid P on host H"). The kernel drops it when the holder exits,
  * however it exits (kill -9 included), so a stale lock file never blocks a
  * later run. flock needs a file system that supports it across the hosts
- * that share DIR (local disks, NFSv4, Lustre with -o flock).
+ * that share DIR (local disks, NFSv4, Lustre with -o flock); where flock
+ * fails with ENOLCK, EOPNOTSUPP or ENOSYS the run goes on without the lock
+ * after one warning naming DIR (two runs saving into it would not be kept
+ * apart). Test hook: MESHLM_TEST_FLOCK_UNSUPPORTED set to one of those
+ * names makes flock fail so (tests/cli/test_run_faults.sh).
  *
  * A run that fails leaves DIR as it found it where it can: when it created
  * the lock file and nothing else was written into DIR, the lock file goes,
@@ -33,7 +37,8 @@ typedef struct ml_run_lock {
 /* The lock file's name inside DIR. */
 #define ML_RUN_LOCK_FILE ".meshlm-lock"
 
-/* Create DIR (and parents) if needed, take its lock without waiting, record
+/* Create DIR (and parents) if needed, take its lock without waiting (or go
+ * on unlocked, warning, where the file system has no flock), record
  * the holder, then remove DIR's uncommitted step directories (ml_rc_clean:
  * one warning names them). Call on one rank (world rank 0); `dir` must
  * outlive the lock. Errors: another process holds it (the message names

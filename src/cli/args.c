@@ -148,11 +148,13 @@ const char *ml_args_value(int argc, char **argv, const char *name) {
   return val;
 }
 
-static const char *type_name(const ml_arg *a, char *buf, size_t size) {
+/* The value's name: the entry's own, else by type ("" for a flag). */
+static const char *value_name(const ml_arg *a, char *buf, size_t size) {
+  if (a->value) return a->value;
   switch (a->type) {
-  case ML_ARG_INT: return "INT";
-  case ML_ARG_FLOAT: return "FLOAT";
-  case ML_ARG_STR: return "STR";
+  case ML_ARG_INT: return "N";
+  case ML_ARG_FLOAT: return "X";
+  case ML_ARG_STR: return "VALUE";
   case ML_ARG_CHOICE: return ml_arg_choice_list(a->dst, "|", buf, size);
   case ML_ARG_FLAG: break;
   }
@@ -187,9 +189,35 @@ void ml_args_usage(FILE *f, const char *cmd, const char *summary, const ml_arg *
   if (n) fputs("flags:\n", f);
   for (size_t i = 0; i < n; i++) {
     char choices[256];
-    int w = fprintf(f, "  %s %s", spec[i].name, type_name(&spec[i], choices, sizeof choices));
+    int w = fprintf(f, "  %s %s", spec[i].name, value_name(&spec[i], choices, sizeof choices));
     fprintf(f, "%*s%s", w < 28 ? 28 - w : 1, "", spec[i].help ? spec[i].help : "");
     print_default(f, &spec[i]);
     fputc('\n', f);
   }
+}
+
+/* One synopsis item of a: "--name VALUE", bracketed unless required. */
+static void synopsis_item(const ml_arg *a, char *buf, size_t size) {
+  char choices[256];
+  const char *value = value_name(a, choices, sizeof choices);
+  snprintf(buf, size, "%s%s%s%s%s", a->required ? "" : "[", a->name, *value ? " " : "", value,
+           a->required ? "" : "]");
+}
+
+void ml_args_synopsis(FILE *f, const char *cmd, const ml_arg *spec, size_t n) {
+  int col = fprintf(f, "meshlm %s", cmd);
+  for (int pass = 0; pass < 2; pass++) /* the required flags, then the others */
+    for (size_t i = 0; i < n; i++) {
+      if (spec[i].required != (pass == 0)) continue;
+      char item[512];
+      synopsis_item(&spec[i], item, sizeof item);
+      int len = (int)strlen(item);
+      if (col < ML_ARGS_SYNOPSIS_INDENT)
+        col += fprintf(f, "%*s", ML_ARGS_SYNOPSIS_INDENT - col, "");
+      else if (col + 1 + len > ML_ARGS_SYNOPSIS_WIDTH && col > ML_ARGS_SYNOPSIS_INDENT)
+        col = fprintf(f, "\n%*s", ML_ARGS_SYNOPSIS_INDENT, "") - 1;
+      else col += fprintf(f, " ");
+      col += fprintf(f, "%s", item);
+    }
+  fputc('\n', f);
 }

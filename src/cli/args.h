@@ -32,6 +32,7 @@ typedef struct ml_arg {
   void *dst;        /* see ml_arg_type; holds the default on entry */
   const char *help; /* one line for the usage block */
   bool required;    /* error when absent from argv */
+  const char *value; /* the value's name in the usage and synopsis ("DIR"); NULL: by type */
 } ml_arg;
 
 /* Parse argv[0..argc) — the arguments after the subcommand name `cmd`
@@ -60,10 +61,20 @@ const char *ml_args_value(int argc, char **argv, const char *name);
  *   usage: meshlm CMD [flags]
  *   SUMMARY
  *   flags:
- *     --name TYPE   help (required | default: VALUE)
- * (TYPE of an ML_ARG_CHOICE: its names joined by '|')
+ *     --name VALUE   help (required | default: VALUE)
+ * (VALUE: the entry's value name, else by type: N (integer), X (number),
+ * VALUE (string), an ML_ARG_CHOICE's names joined by '|'; none for an
+ * ML_ARG_FLAG)
  * with defaults read from the current dst values (so call it before
  * ml_args_parse). A NULL string default and a false flag print no default. */
 void ml_args_usage(FILE *f, const char *cmd, const char *summary, const ml_arg *spec, size_t n);
+
+/* Print to f the synopsis of CMD, the form of the README's CLI block:
+ * "meshlm CMD" padded to ML_ARGS_SYNOPSIS_INDENT columns, the required
+ * flags (`--name VALUE`), then the others (`[--name VALUE]`, `[--name]` for
+ * an ML_ARG_FLAG), each in table order, wrapped before ML_ARGS_SYNOPSIS_WIDTH
+ * columns onto lines indented by ML_ARGS_SYNOPSIS_INDENT. */
+enum { ML_ARGS_SYNOPSIS_INDENT = 16, ML_ARGS_SYNOPSIS_WIDTH = 100 };
+void ml_args_synopsis(FILE *f, const char *cmd, const ml_arg *spec, size_t n);
 
 #endif

@@ -64,11 +64,13 @@ void ml_cli_print(const char *fmt, ...) {
 
 int ml_cli_parse(const char *cmd, const char *summary, int argc, char **argv, const ml_arg *spec,
                  size_t n) {
-  for (int i = 0; i < argc; i++)
-    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-      if (world_rank() == 0) ml_args_usage(stdout, cmd, summary, spec, n);
-      return 1;
-    }
+  for (int i = 0; i < argc; i++) {
+    bool help = strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0;
+    if (!help && strcmp(argv[i], "--synopsis") != 0) continue;
+    if (world_rank() == 0 && help) ml_args_usage(stdout, cmd, summary, spec, n);
+    else if (world_rank() == 0) ml_args_synopsis(stdout, cmd, spec, n);
+    return 1;
+  }
   return ml_args_parse(cmd, argc, argv, spec, n);
 }
 

@@ -26,8 +26,10 @@ int ml_cli_agree(ml_host *world, int rc);
 _Noreturn void ml_cli_abort(void);
 
 /* Parse the flags of `cmd` (with ml_args_parse); "--help" prints the usage
- * on rank 0 and returns 1. Returns 0 when parsed, −1 on a bad flag (the
- * message recorded; every rank sees the same argv). */
+ * on rank 0 and returns 1, as does "--synopsis" with the synopsis
+ * (ml_args_synopsis; `meshlm --synopsis`: every command's, the README's CLI
+ * block). Returns 0 when parsed, −1 on a bad flag (the message recorded;
+ * every rank sees the same argv). */
 int ml_cli_parse(const char *cmd, const char *summary, int argc, char **argv,
                  const struct ml_arg *spec, size_t n);
 

@@ -18,13 +18,14 @@ int ml_cmd_export(ml_host *world, int argc, char **argv) {
   int64_t max_shard = (int64_t)ML_HF_MAX_SHARD_BYTES;
   ml_arg_choice dtype = {ml_export_dtype_names, ML_EXPORT_DTYPE_SOURCE};
   ml_arg spec[] = {
-      {"--checkpoint", ML_ARG_STR, &ckpt, "run checkpoint directory (meshlm train --save)", true},
+      {"--checkpoint", ML_ARG_STR, &ckpt, "run checkpoint directory (meshlm train --save)", true,
+       "DIR"},
       {"--out", ML_ARG_STR, &out, "output directory (an HF checkpoint: config.json, weights, "
-       "tokenizer files)", true},
+       "tokenizer files)", true, "HFDIR"},
       {"--max-shard-size", ML_ARG_INT, &max_shard,
-       "bytes per safetensors file; above, shards + index (0 = one file)", false},
+       "bytes per safetensors file; above, shards + index (0 = one file)", false, "BYTES"},
       {"--export-dtype", ML_ARG_CHOICE, &dtype,
-       "dtype of the trained tensors (source: each as in the source model)", false},
+       "dtype of the trained tensors (source: each as in the source model)", false, NULL},
   };
   int rc = ml_cli_parse("export", "write the latest run checkpoint as an HF checkpoint", argc, argv,
                         spec, sizeof spec / sizeof spec[0]);

@@ -2,6 +2,7 @@
  * transformers' _init_weights does (Linear/Embedding weights ~ N(0, 0.02),
  * biases 0, RMSNorm weights 1 − offset: 1 for x·w, 0 for Gemma3's x·(1 + w)). */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -11,6 +12,7 @@
 #include "common/rng.h"
 #include "common/status.h"
 #include "io/checkpoint.h"
+#include "model/family.h"
 #include "model/model.h"
 
 static void init_param(const ml_param *p, float norm_offset, float *data, ml_rng *rng) {
@@ -58,13 +60,16 @@ int ml_cmd_init(ml_host *world, int argc, char **argv) {
   const char *arch = "llama", *preset = "tiny", *out = NULL;
   int64_t seed = 0;
   bool tie = false;
+  char arch_help[1100];
+  snprintf(arch_help, sizeof arch_help, "model family: %s", ml_family_list_names());
   ml_arg spec[] = {
-      {"--arch", ML_ARG_STR, &arch, "model family: llama, qwen2, qwen3 or gemma3", false},
+      {"--arch", ML_ARG_STR, &arch, arch_help, false, "FAMILY"},
       {"--preset", ML_ARG_STR, &preset, "tiny (tests), small (~13M parameters, the demo), "
-       "smollm2-135m or llama3.2-1b (benchmarks)", false},
-      {"--seed", ML_ARG_INT, &seed, "random seed of the initial weights", false},
-      {"--tie-word-embeddings", ML_ARG_FLAG, &tie, "share embed_tokens and lm_head", false},
-      {"--out", ML_ARG_STR, &out, "output directory (config.json + model.safetensors)", true},
+       "smollm2-135m or llama3.2-1b (benchmarks)", false, "PRESET"},
+      {"--seed", ML_ARG_INT, &seed, "random seed of the initial weights", false, NULL},
+      {"--tie-word-embeddings", ML_ARG_FLAG, &tie, "share embed_tokens and lm_head", false, NULL},
+      {"--out", ML_ARG_STR, &out, "output directory (config.json + model.safetensors)", true,
+       "DIR"},
   };
   int rc = ml_cli_parse("init", "write a randomly initialised HF checkpoint", argc, argv, spec,
                         sizeof spec / sizeof spec[0]);

@@ -210,23 +210,25 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   ml_arg_choice dtype = ml_dtype_choice(), device = ml_device_choice();
   ml_data_opts dopts = ml_data_opts_default(NULL);
   const ml_arg flags[] = {
-      {"--model", ML_ARG_STR, &model, "HF checkpoint directory", true},
+      {"--model", ML_ARG_STR, &model, "HF checkpoint directory", true, "DIR"},
       {"--data", ML_ARG_STR, &data,
-       "JSONL records: input_ids, text, or prompt + completion (one sequence each)", true},
+       "JSONL records: input_ids, text, or prompt + completion (one sequence each)", true,
+       "FILE.jsonl"},
       {"--out", ML_ARG_STR, &out,
        "output JSONL: {\"logprobs\": [S-1 floats]} per record (+ input_ids for text; + "
        "completion_logprobs, completion_logprob_sum, prompt_tokens, input_ids for "
-       "prompt/completion)", true},
-      {"--device", ML_ARG_CHOICE, &device, ml_device_help(), false},
-      {"--tp", ML_ARG_INT, &tp, "tensor-parallel size (dp_shard = world / (cp*tp))", false},
-      {"--cp", ML_ARG_INT, &cp, "context-parallel size: cp ranks share each sequence", false},
-      {"--sequence-parallel", ML_ARG_FLAG, &sp, "shard norms and residuals on the sequence", false},
+       "prompt/completion)", true, "FILE.jsonl"},
+      {"--device", ML_ARG_CHOICE, &device, ml_device_help(), false, NULL},
+      {"--tp", ML_ARG_INT, &tp, "tensor-parallel size (dp_shard = world / (cp*tp))", false, NULL},
+      {"--cp", ML_ARG_INT, &cp, "context-parallel size: cp ranks share each sequence", false, NULL},
+      {"--sequence-parallel", ML_ARG_FLAG, &sp, "shard norms and residuals on the sequence", false,
+       NULL},
       {"--parallel-plan", ML_ARG_STR, &plan, "plan file (JSON), or auto|optimized|hf|default",
-       false},
+       false, "PLAN"},
       {"--micro-batch-tokens", ML_ARG_INT, &budget, "tokens per packed micro-batch and rank (a "
-       "longer sequence is one of its own)", false},
+       "longer sequence is one of its own)", false, NULL},
       {"--param-dtype", ML_ARG_CHOICE, &dtype, "parameter and GEMM dtype (bf16: bf16 operands, "
-       "fp32 accumulation)", false},
+       "fp32 accumulation)", false, NULL},
   };
   enum { N_FLAGS = sizeof flags / sizeof flags[0] };
   ml_arg spec[N_FLAGS + 3];

@@ -731,13 +731,13 @@ static size_t plan_flags(plan_opts *o, ml_arg *spec) {
     if (!strcmp(spec[i].name, "--model"))
       spec[i].help = "HF checkpoint directory (only config.json is read)";
   spec[n++] = (ml_arg){"--dp-shard", ML_ARG_INT, &o->dp_shard,
-                       "FSDP (sharded data-parallel) size", false};
+                       "FSDP (sharded data-parallel) size", false, NULL};
   spec[n++] = (ml_arg){"--json", ML_ARG_FLAG, &o->json, "print the report as one JSON document",
-                       false};
+                       false, NULL};
   spec[n++] = (ml_arg){"--verbose", ML_ARG_FLAG, &o->verbose,
                        "list every decoder layer's modules and edges (default: a layer identical "
                        "to an earlier one is one line, 'same as')",
-                       false};
+                       false, NULL};
   return n;
 }
 

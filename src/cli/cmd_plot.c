@@ -250,9 +250,11 @@ int ml_cmd_plot(ml_host *world, int argc, char **argv) {
   const char *field = "loss", *out = NULL;
   ml_arg spec[] = {
       {"--out", ML_ARG_STR, &out,
-       "PNG to write with gnuplot (default: FIELD.png); '-': a sparkline on stdout", false},
+       "PNG to write with gnuplot (default: FIELD.png); '-': a sparkline on stdout", false,
+       "PNG|-"},
       {"--field", ML_ARG_STR, &field,
-       "the field to plot: loss, grad_norm, ... of the step lines, or eval_loss", false},
+       "the field to plot: loss, grad_norm, ... of the step lines, or eval_loss", false,
+       "FIELD"},
   };
   int rc = ml_cli_parse("plot", "plot METRICS.jsonl (train --metrics): a field over the steps",
                         argc - (path != NULL), argv + (path != NULL), spec,

@@ -128,12 +128,15 @@ int ml_cmd_tokenize(ml_host *world, int argc, char **argv) {
   const char *model = NULL, *data = NULL, *out = NULL, *key = "text";
   bool no_special = false;
   ml_arg spec[] = {
-      {"--model", ML_ARG_STR, &model, "directory with tokenizer.json (a model directory)", true},
-      {"--data", ML_ARG_STR, &data, "input JSONL, one object with a text field per line", true},
-      {"--out", ML_ARG_STR, &out, "output JSONL: {\"input_ids\": [...], other fields}", true},
-      {"--text-key", ML_ARG_STR, &key, "the field holding the text", false},
+      {"--model", ML_ARG_STR, &model, "directory with tokenizer.json (a model directory)", true,
+       "DIR"},
+      {"--data", ML_ARG_STR, &data, "input JSONL, one object with a text field per line", true,
+       "IN.jsonl"},
+      {"--out", ML_ARG_STR, &out, "output JSONL: {\"input_ids\": [...], other fields}", true,
+       "OUT.jsonl"},
+      {"--text-key", ML_ARG_STR, &key, "the field holding the text", false, "KEY"},
       {"--no-special", ML_ARG_FLAG, &no_special,
-       "no special tokens (add_special_tokens=False: no BOS/EOS from the template)", false},
+       "no special tokens (add_special_tokens=False: no BOS/EOS from the template)", false, NULL},
   };
   int rc = ml_cli_parse("tokenize", "tokenize JSONL text with the model's tokenizer.json", argc,
                         argv, spec, sizeof spec / sizeof spec[0]);

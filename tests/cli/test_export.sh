@@ -32,7 +32,9 @@
 #     meshlm export = train --export-hf; the log-probs the source's.
 #  4. the source moved away: an export that carries tensors from it fails
 #     naming it and leaves nothing; one that carries none still works from
-#     the checkpoint's copies of the files.
+#     the checkpoint's copies of the files. Moved together with the
+#     checkpoint, the source is found relative to it, also past another
+#     model at the recorded path (its config.json differs: refused).
 #  5. a checkpoint without a source record (older meshlm): a warning, and
 #     the text model alone (Gemma3ForCausalLM), scoring the same.
 #  6. failures: a write error in the middle of an export (ulimit -f) leaves
@@ -204,6 +206,27 @@ check "VLM source moved: the export fails naming it, leaving nothing" \
   '[ $rc -ne 0 ] && grep -q "source model .*/vlm holds the 23 tensors" "$work/err" && [ ! -e "$work/gone" ] &&
    [ ! -e "$work/gone.export-tmp" ]'
 mv "$work/vlm.moved" "$work/vlm"
+mkdir "$work/together"
+mv "$work/vlm" "$work/ckv" "$work/together/"
+"$meshlm" export --checkpoint "$work/together/ckv" --out "$work/hf_together" > /dev/null 2> "$work/err"
+check "VLM source and checkpoint moved together: the export finds the source relative to it" \
+  'grep -q "\"dir_rel\": \"../../../vlm\"" "$work"/together/ckv/step-*/metadata.json &&
+   same_files "$work/hf_together" "$work/hfv"'
+mk_source gemma3_vlm "$work/vlm" # another model at the recorded path: a config.json of its own
+sed -i 's/"rms_norm_eps": [^,]*,/"rms_norm_eps": 1e-3,/' "$work/vlm/config.json"
+"$meshlm" export --checkpoint "$work/together/ckv" --out "$work/hf_other" > /dev/null 2> "$work/err"
+check "another model at the recorded path: refused, the relative path taken" \
+  '! cmp -s "$work/vlm/config.json" "$work/together/vlm/config.json" &&
+   same_files "$work/hf_other" "$work/hfv"'
+mv "$work/together/vlm" "$work/vlm.moved"
+"$meshlm" export --checkpoint "$work/together/ckv" --out "$work/gone" > /dev/null 2> "$work/err"
+rc=$?
+check "another model at the recorded path, none at the relative one: refused naming both" \
+  '[ $rc -ne 0 ] && grep -q "/vlm/config.json differs from the recorded .*: another model; nor at .*/together/ckv/step-[0-9]*/source/../../../vlm, relative to the checkpoint" "$work/err" &&
+   [ ! -e "$work/gone" ]'
+rm -r "$work/vlm"
+mv "$work/vlm.moved" "$work/vlm"
+mv "$work/together/ckv" "$work/ckv"
 mv "$work/llama" "$work/llama.moved"
 "$meshlm" export --checkpoint "$work/ck" --out "$work/hf_moved" > /dev/null 2> "$work/err"
 check "llama source moved: nothing to carry, the export is complete from the checkpoint" \

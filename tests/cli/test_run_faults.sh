@@ -7,7 +7,8 @@
 # block the next one. A run that fails before saving leaves no --save
 # directory it created (nor its lock file in one it did not); a save killed
 # before its commit leaves a step directory that the next run saving there
-# removes at start, with one warning (issue 26).
+# removes at start, with one warning (issue 26). Where the file system has
+# no flock, the run saves unlocked after one warning.
 # usage: test_run_faults.sh MESHLM SOURCE_DIR JSON_CHECK
 set -u
 meshlm=$1
@@ -121,5 +122,22 @@ if mpiexec -n 2 "$meshlm" "${train[@]}" --steps 2 --save "$work/killed" --resume
 else
   bad "resume after the cleaned killed save"
 fi
+
+# 5. A file system without flock (the test hook makes flock fail with each
+# of ENOLCK, EOPNOTSUPP, ENOSYS): the run goes on unlocked after one
+# warning naming DIR, and its checkpoint commits.
+for err in ENOLCK EOPNOTSUPP ENOSYS; do
+  MESHLM_TEST_FLOCK_UNSUPPORTED=$err mpiexec -n 2 "$meshlm" "${train[@]}" --steps 1 \
+    --save "$work/nolock-$err" > "$work/out" 2> "$work/err"
+  rc=$?
+  note="meshlm: warning: .*/nolock-$err: the file system does not support flock (.*): two runs saving into .*/nolock-$err would not be kept apart; going on without the lock"
+  if [ $rc -eq 0 ] && [ "$(grep -c "$note" "$work/err")" -eq 1 ] &&
+     [ "$(grep -c warning "$work/err")" -eq 1 ] &&
+     grep -q '"step_dir": "step-00000001"' "$work/nolock-$err/latest.json"; then
+    ok "flock failing with $err: the run saves unlocked: $(grep warning "$work/err")"
+  else
+    bad "flock failing with $err (exit $rc): $(ls -A "$work/nolock-$err" 2>&1 | tr '\n' ' ')"
+  fi
+done
 
 finish

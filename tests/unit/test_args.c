@@ -1,5 +1,5 @@
 /* Long-flag parser: both syntaxes, explicit booleans, choices, the value
- * lookup, every error, the usage block. */
+ * lookup, every error, the usage block and the synopsis. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -27,11 +27,11 @@ static const char *const k_dtypes[] = {"fp32", "bf16", NULL};
 
 static void make_spec(opts *o, ml_arg spec[NSPEC]) {
   *o = (opts){.tp = 1, .lr = 3e-4, .model = NULL, .verbose = false, .dtype = {k_dtypes, 0}};
-  spec[0] = (ml_arg){"--tp", ML_ARG_INT, &o->tp, "tensor-parallel size", false};
-  spec[1] = (ml_arg){"--lr", ML_ARG_FLOAT, &o->lr, "peak learning rate", false};
-  spec[2] = (ml_arg){"--model", ML_ARG_STR, &o->model, "HF checkpoint directory", true};
-  spec[3] = (ml_arg){"--verbose", ML_ARG_FLAG, &o->verbose, "print every step", false};
-  spec[4] = (ml_arg){"--dtype", ML_ARG_CHOICE, &o->dtype, "compute dtype", false};
+  spec[0] = (ml_arg){"--tp", ML_ARG_INT, &o->tp, "tensor-parallel size", false, NULL};
+  spec[1] = (ml_arg){"--lr", ML_ARG_FLOAT, &o->lr, "peak learning rate", false, NULL};
+  spec[2] = (ml_arg){"--model", ML_ARG_STR, &o->model, "HF checkpoint directory", true, "DIR"};
+  spec[3] = (ml_arg){"--verbose", ML_ARG_FLAG, &o->verbose, "print every step", false, NULL};
+  spec[4] = (ml_arg){"--dtype", ML_ARG_CHOICE, &o->dtype, "compute dtype", false, NULL};
 }
 
 static int parse(opts *o, int argc, char **argv) {
@@ -145,27 +145,76 @@ static void test_value_lookup(void **state) {
   assert_null(ml_args_value(0, NULL, "--config"));
 }
 
+/* What `print` wrote to a temporary file, into buf. */
+static void printed(void (*print)(FILE *f, const ml_arg *spec), const ml_arg *spec, char *buf,
+                    size_t cap) {
+  FILE *f = tmpfile();
+  assert_non_null(f);
+  print(f, spec);
+  rewind(f);
+  buf[fread(buf, 1, cap - 1, f)] = '\0';
+  fclose(f);
+}
+
+static void usage_of(FILE *f, const ml_arg *spec) {
+  ml_args_usage(f, "train", "Train a model.", spec, NSPEC);
+}
+
 static void test_usage(void **state) {
   opts o;
   ml_arg spec[NSPEC];
   make_spec(&o, spec);
   o.verbose = true;
   o.dtype.index = 1;
-  FILE *f = tmpfile();
-  assert_non_null(f);
-  ml_args_usage(f, "train", "Train a model.", spec, NSPEC);
-  char buf[2048] = "";
-  rewind(f);
-  buf[fread(buf, 1, sizeof buf - 1, f)] = '\0';
-  fclose(f);
+  char buf[2048];
+  printed(usage_of, spec, buf, sizeof buf);
   const char *want[] = {"usage: meshlm train [flags]\nTrain a model.\nflags:\n",
-                        "--tp INT", "tensor-parallel size (default: 1)\n",
-                        "--lr FLOAT", "(default: 0.0003)\n",
-                        "--model STR", "HF checkpoint directory (required)\n",
+                        "--tp N", "tensor-parallel size (default: 1)\n",
+                        "--lr X", "(default: 0.0003)\n",
+                        "--model DIR", "HF checkpoint directory (required)\n",
                         "--verbose", "print every step (default: on)\n",
                         "--dtype fp32|bf16", "compute dtype (default: bf16)\n"};
   for (size_t i = 0; i < sizeof want / sizeof *want; i++)
     if (!strstr(buf, want[i])) fail_msg("usage lacks '%s':\n%s", want[i], buf);
+}
+
+static void synopsis_of(FILE *f, const ml_arg *spec) { ml_args_synopsis(f, "train", spec, NSPEC); }
+
+/* Required flags first, then the others bracketed, in table order. */
+static void test_synopsis(void **state) {
+  opts o;
+  ml_arg spec[NSPEC];
+  make_spec(&o, spec);
+  char buf[2048];
+  printed(synopsis_of, spec, buf, sizeof buf);
+  assert_string_equal(buf, "meshlm train    --model DIR [--tp N] [--lr X] [--verbose] "
+                           "[--dtype fp32|bf16]\n");
+}
+
+/* Lines wrap before ML_ARGS_SYNOPSIS_WIDTH columns, indented. */
+static void test_synopsis_wraps(void **state) {
+  enum { N = 12 };
+  int64_t v[N] = {0};
+  char names[N][16];
+  ml_arg spec[N];
+  for (int i = 0; i < N; i++) {
+    snprintf(names[i], sizeof names[i], "--flag-%02d", i);
+    spec[i] = (ml_arg){names[i], ML_ARG_INT, &v[i], "", false, "VALUE"};
+  }
+  FILE *f = tmpfile();
+  assert_non_null(f);
+  ml_args_synopsis(f, "plan", spec, N);
+  rewind(f);
+  char line[256];
+  int lines = 0;
+  while (fgets(line, sizeof line, f)) {
+    size_t len = strlen(line) - 1; /* the newline */
+    assert_true(len < ML_ARGS_SYNOPSIS_WIDTH);
+    if (lines++ == 0) assert_memory_equal(line, "meshlm plan     [--flag-00 VALUE] ", 34);
+    else assert_memory_equal(line, "                [--flag-", 24);
+  }
+  fclose(f);
+  assert_int_equal(lines, 3); /* items of 17 columns + a space: 4 a line */
 }
 
 int main(void) {
@@ -176,6 +225,7 @@ int main(void) {
       cmocka_unit_test(test_missing_required), cmocka_unit_test(test_positional),
       cmocka_unit_test(test_flag_with_value),  cmocka_unit_test(test_choice),
       cmocka_unit_test(test_value_lookup),     cmocka_unit_test(test_usage),
+      cmocka_unit_test(test_synopsis),         cmocka_unit_test(test_synopsis_wraps),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -40,11 +40,11 @@ enum { NSPEC = 5 };
 
 static void make_spec(opts *o, ml_arg spec[NSPEC]) {
   *o = (opts){.tp = 1, .lr = 3e-4, .mode = {k_modes, 1}};
-  spec[0] = (ml_arg){"--tp", ML_ARG_INT, &o->tp, "tensor-parallel size", false};
-  spec[1] = (ml_arg){"--lr", ML_ARG_FLOAT, &o->lr, "learning rate", false};
-  spec[2] = (ml_arg){"--model", ML_ARG_STR, &o->model, "checkpoint", true};
-  spec[3] = (ml_arg){"--verbose", ML_ARG_FLAG, &o->verbose, "talk", false};
-  spec[4] = (ml_arg){"--mode", ML_ARG_CHOICE, &o->mode, "how much", false};
+  spec[0] = (ml_arg){"--tp", ML_ARG_INT, &o->tp, "tensor-parallel size", false, NULL};
+  spec[1] = (ml_arg){"--lr", ML_ARG_FLOAT, &o->lr, "learning rate", false, NULL};
+  spec[2] = (ml_arg){"--model", ML_ARG_STR, &o->model, "checkpoint", true, NULL};
+  spec[3] = (ml_arg){"--verbose", ML_ARG_FLAG, &o->verbose, "talk", false, NULL};
+  spec[4] = (ml_arg){"--mode", ML_ARG_CHOICE, &o->mode, "how much", false, NULL};
 }
 
 static const char *write_config(const char *name, const char *json) {

@@ -27,7 +27,7 @@ demo: deps
 	$(MAKE) build
 	bash scripts/demo.sh
 
-# the binary, libmeshlm.so, include/meshlm/meshlm.h and meshlm.pc under
+# the binary, libmeshlm.so, include/meshlm/ (meshlm.h, meshlm_mpi.h) and meshlm.pc under
 # PREFIX; the library and the CLI only (no tests, no benchmarks), built in
 # their own directory; on the loader's path when PREFIX's lib directory is
 # (else: its RUNPATH finds it from the binary; others set LD_LIBRARY_PATH)

@@ -17,7 +17,7 @@
  * mpirun -np R bench_api_logprobs --model DIR [--n 32] [--min-len 16]
  *   [--max-len 512] [--seed 1] [--iters 3] [--micro-batch-tokens 4096]
  *   [--unshard 0|1] [--tp 1] [--dump FILE [--dump-only]] */
-#include <meshlm/meshlm.h>
+#include <meshlm/meshlm_mpi.h>
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -138,7 +138,7 @@ int main(int argc, char **argv) {
   if (meshlm_open(a.model, &o, MPI_COMM_WORLD, &s)) return fail(s, "meshlm_open");
   MPI_Barrier(MPI_COMM_WORLD);
   t_open = MPI_Wtime() - t_open;
-  meshlm_info info;
+  meshlm_info info = {.struct_size = sizeof info};
   if (meshlm_get_info(s, &info)) return fail(s, "meshlm_get_info");
 
   /* the global sequences */
@@ -198,7 +198,7 @@ int main(int argc, char **argv) {
   }
   MPI_Allreduce(MPI_IN_PLACE, &cpu, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   cpu /= (double)a.iters;
-  meshlm_call_stats cs;
+  meshlm_call_stats cs = {.struct_size = sizeof cs};
   if (meshlm_last_call_stats(s, &cs)) return fail(s, "meshlm_last_call_stats");
   int64_t mb_max = cs.micro_batches;
   MPI_Allreduce(MPI_IN_PLACE, &mb_max, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);

@@ -2,7 +2,7 @@
  * policy-gradient step and refitted through libmeshlm. Build:
  *   cc policy.c $(pkg-config --cflags --libs meshlm) -o policy
  * Run: ./policy MODEL_DIR   or   mpirun -np 2 ./policy MODEL_DIR */
-#include <meshlm/meshlm.h>
+#include <meshlm/meshlm_mpi.h> /* meshlm.h and meshlm_open on an MPI_Comm */
 #include <stdio.h>
 
 static int count(void *ctx, const char *name, meshlm_dtype dt, int ndim, const int64_t *shape,
@@ -25,12 +25,13 @@ int main(int argc, char **argv) {
   meshlm_loss loss;
   meshlm_loss_default(&loss);
   loss.kind = MESHLM_LOSS_CLIPPED_PG;             /* NeMo RL ClippedPGLossFn, ε = 0.2 */
-  meshlm_train_batch tb = {.seqs = batch, .seq_weights = adv, .old_logprobs = old_lp};
-  meshlm_step_result r;
+  meshlm_train_batch tb = {.struct_size = sizeof tb, .seqs = batch, .seq_weights = adv,
+                           .old_logprobs = old_lp};
+  meshlm_step_result r = {.struct_size = sizeof r}; /* what the library may write */
   if (meshlm_train_step(s, &tb, &loss, &r)) return fprintf(stderr, "%s\n", meshlm_error(s)), 1;
   size_t bytes = 0;                               /* refit: full weights to rank 0, no files */
   if (meshlm_refit(s, 0, MESHLM_DTYPE_BF16, count, &bytes)) return fprintf(stderr, "%s\n", meshlm_error(s)), 1;
-  meshlm_info info;
+  meshlm_info info = {.struct_size = sizeof info};
   meshlm_get_info(s, &info);
   if (info.rank == 0) printf("loss %.6f grad_norm %.6f refit %zu bytes\n", r.loss, r.grad_norm, bytes);
   meshlm_close(s);

@@ -29,12 +29,31 @@
  * - Buffers are the caller's: read during the call only, or written by it.
  * - Threads: a session is used by one thread at a time. The library asks MPI
  *   for MPI_THREAD_FUNNELED when it initialises MPI itself.
+ * - MPI: this header does not include <mpi.h> (an application may use any
+ *   MPI; the communicator crosses the ABI as its Fortran handle, an int64_t:
+ *   meshlm_open_f). meshlm/meshlm_mpi.h adds meshlm_open(…, MPI_Comm, …).
+ * - Struct sizes (the ABI): every struct the caller allocates and the library
+ *   reads or writes begins with `size_t struct_size`, sizeof(T) as the
+ *   caller compiled it: set by the *_default functions (meshlm_options,
+ *   meshlm_loss, meshlm_sampling), else by the caller (`meshlm_info i =
+ *   {sizeof i};`, and in every element of a meshlm_tensor array). The
+ *   library takes any size from the struct's minimum (named at each
+ *   struct_size: the struct with the fields of its first 0.1 layout; those
+ *   appended during 0.1 are optional) to its own sizeof:
+ *   fields beyond the caller's size are not read (they take their defaults:
+ *   *_default's, or 0 / NULL) and not written (nothing past struct_size is
+ *   touched). A smaller or larger size is refused, the message naming the
+ *   struct and both sizes. Fields are only ever appended, so a program built
+ *   against this header runs with any later libmeshlm.so.0.
+ * - ABI history: 0.2.0 added struct_size (first field) and took <mpi.h> out of
+ *   this header (meshlm_open moved to meshlm_mpi.h as an inline function):
+ *   it breaks 0.1's layouts, under the same SONAME (libmeshlm.so.0) —
+ *   rebuild programs built against 0.1. From 0.2 on the layouts only grow.
  * Semantics: the CLI's (README, `meshlm <command> --help`), the torch /
  * NeMo functions named at each call. */
 #ifndef MESHLM_H
 #define MESHLM_H
 
-#include <mpi.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -49,10 +68,10 @@ extern "C" {
 #endif
 
 #define MESHLM_VERSION_MAJOR 0
-#define MESHLM_VERSION_MINOR 1
+#define MESHLM_VERSION_MINOR 2
 #define MESHLM_VERSION_PATCH 0
 
-/* "0.1.0". */
+/* "0.2.0". */
 MESHLM_API const char *meshlm_version(void);
 
 typedef struct meshlm_session meshlm_session;
@@ -97,6 +116,9 @@ typedef enum meshlm_schedule {
  * The training settings are the CLI's (`meshlm train`): README.md
  * "Defaults" lists each with its flag, its config key and both defaults. */
 typedef struct meshlm_options {
+  size_t struct_size;        /* sizeof(meshlm_options); minimum offsetof(meshlm_options,
+                                grad_norm_type): the fields from grad_norm_type on then take
+                                their defaults */
   /* the device mesh: dp_replicate × dp_shard × cp × tp (tp fastest),
      dp_shard = world / (dp_replicate · cp · tp) */
   int dp_replicate, cp, tp;
@@ -120,7 +142,9 @@ typedef struct meshlm_options {
      around inference), instead of once per micro-batch: fewer all-gathers,
      the whole model's parameters in memory for the call */
   int unshard_for_inference;
-  /* FSDP2 and the grad norm (appended: the fields above keep their offsets) */
+  /* the grad norm and FSDP2 (appended in 0.1; optional: see struct_size) */
+  double grad_norm_type;                /* clip_grad_norm_'s norm_type: 2 (L2) or INFINITY
+                                           (max |g|, math.h) */
   meshlm_dtype output_dtype;            /* F32 or BF16: MixedPrecisionPolicy.output_dtype (the
                                            logits') */
   meshlm_reshard reshard_after_forward;
@@ -128,8 +152,6 @@ typedef struct meshlm_options {
                                            state sharded; 2 parameters whole between steps;
                                            1 gradients too */
   int prefetch_forward, prefetch_backward; /* FSDP units all-gathered ahead (0: none) */
-  double grad_norm_type;                /* clip_grad_norm_'s norm_type: 2 (L2) or INFINITY
-                                           (max |g|, math.h) */
 } meshlm_options;
 
 /* One rank's mesh (1 × world × 1 × 1 with the communicator's size), CPU,
@@ -139,22 +161,28 @@ typedef struct meshlm_options {
  * reshard policy, ZeRO-3, prefetch 1 / 2, no AC; AdamW lr 1e-5, min_lr 0,
  * betas (0.9, 0.999), eps 1e-8, weight decay 0.01 (the CLI's: lr 3e-4,
  * weight decay 0), constant schedule, no warmup, total_steps 1;
- * max_grad_norm 1.0 in the L2 norm. */
-MESHLM_API void meshlm_options_default(meshlm_options *o);
+ * max_grad_norm 1.0 in the L2 norm. meshlm_options_init writes the first
+ * struct_size bytes of them (struct_size included); a struct_size out of
+ * range (see "Struct sizes") returns −1 with only o->struct_size written,
+ * which meshlm_open then refuses with the sizes named. meshlm_options_default
+ * is meshlm_options_init with the size this header gives. */
+MESHLM_API int meshlm_options_init(meshlm_options *o, size_t struct_size);
+static inline int meshlm_options_default(meshlm_options *o) {
+  return meshlm_options_init(o, sizeof *o);
+}
 
-/* COLLECTIVE over `comm`. Open the HF checkpoint `model_dir` (config.json
- * + safetensors; Llama, Qwen2, Qwen3, Gemma 3) sharded over the mesh of
- * `o` (NULL: defaults) on the ranks of `comm` (the session duplicates it;
- * MPI_COMM_WORLD is the usual choice). Initialises MPI
+/* COLLECTIVE over the communicator with Fortran handle comm_f
+ * (MPI_Comm_c2f's MPI_Fint, widened; mpi4py's comm.py2f()), or over
+ * MPI_COMM_WORLD when comm_f < 0 or MPI is not initialised yet. Open the HF
+ * checkpoint `model_dir` (config.json + safetensors; Llama, Qwen2, Qwen3,
+ * Gemma 3) sharded over the mesh of `o` (NULL: defaults) on the ranks of
+ * the communicator (the session duplicates it). Initialises MPI
  * (MPI_Init_thread, FUNNELED) when nobody has; see meshlm_finalize. *out
  * always receives a session: on failure (−1) meshlm_error(*out) says why
- * (the file, field or option, found and expected) and the session can only
- * be closed. *out is NULL only when even that could not be allocated. */
-MESHLM_API int meshlm_open(const char *model_dir, const meshlm_options *o, MPI_Comm comm,
-                           meshlm_session **out);
-/* meshlm_open on the communicator with Fortran handle comm_f (MPI_Comm_f2c;
- * mpi4py's comm.py2f()), or on MPI_COMM_WORLD when comm_f < 0: for callers
- * without mpi.h (the Python binding). */
+ * (the file, field or option, found and expected; o's struct_size) and the
+ * session can only be closed. *out is NULL only when even that could not be
+ * allocated. C callers with <mpi.h>: meshlm_open (meshlm/meshlm_mpi.h)
+ * takes an MPI_Comm. */
 MESHLM_API int meshlm_open_f(const char *model_dir, const meshlm_options *o, int64_t comm_f,
                              meshlm_session **out);
 
@@ -176,6 +204,8 @@ MESHLM_API const char *meshlm_error(const meshlm_session *s);
 
 /* Where this rank stands and what the model is. */
 typedef struct meshlm_info {
+  size_t struct_size;                   /* sizeof(meshlm_info), set by the caller; minimum
+                                           offsetof(meshlm_info, max_seq_len) */
   int rank, world;                      /* in the session's communicator */
   int dp_replicate, dp_shard, cp, tp;   /* mesh sizes */
   int dp_rank, dp_size;                 /* data-parallel rank (dp_replicate × dp_shard) */
@@ -187,7 +217,8 @@ typedef struct meshlm_info {
                                            max_position_embeddings (with dynamic RoPE scaling
                                            meshlm's limit, 2^24) */
 } meshlm_info;
-/* Not collective. Errors: s NULL or not open. */
+/* Not collective. Errors: s NULL or not open, out->struct_size out of
+ * range. */
 MESHLM_API int meshlm_get_info(meshlm_session *s, meshlm_info *out);
 
 /* A batch of variable-length token sequences (conventions above). */
@@ -239,6 +270,7 @@ typedef enum meshlm_loss_kind {
 } meshlm_loss_kind;
 
 typedef struct meshlm_loss {
+  size_t struct_size;     /* sizeof(meshlm_loss) (the minimum) */
   meshlm_loss_kind kind;
   int sequence_level;     /* 0: token-level normalisation, 1: sequence-level */
   float ratio_clip_min;   /* ε_low (NeMo ratio_clip_min), >= 0 */
@@ -247,12 +279,16 @@ typedef struct meshlm_loss {
   float kl_penalty;       /* β >= 0; > 0 needs ref_logprobs */
 } meshlm_loss;
 
-/* NLL, token level, ε 0.2/0.2, no dual clip, β 0. */
-MESHLM_API void meshlm_loss_default(meshlm_loss *l);
+/* NLL, token level, ε 0.2/0.2, no dual clip, β 0; _init and _default as
+ * meshlm_options_init / _default's. */
+MESHLM_API int meshlm_loss_init(meshlm_loss *l, size_t struct_size);
+static inline int meshlm_loss_default(meshlm_loss *l) { return meshlm_loss_init(l, sizeof *l); }
 
 /* One optimizer step's batch on this rank (every array prediction aligned
  * [Σ (lens − 1)] unless said otherwise; NULL where not needed). */
 typedef struct meshlm_train_batch {
+  size_t struct_size;          /* sizeof(meshlm_train_batch), set by the caller (the
+                                  minimum) */
   meshlm_seqs seqs;
   const uint8_t *token_mask;   /* 1: trained (NeMo token_mask[:, 1:]); NULL: all */
   const float *token_weights;  /* per-token weights / advantages; NULL: 1 */
@@ -263,6 +299,8 @@ typedef struct meshlm_train_batch {
 } meshlm_train_batch;
 
 typedef struct meshlm_step_result {
+  size_t struct_size;   /* sizeof(meshlm_step_result), set by the caller; minimum
+                           offsetof(meshlm_step_result, nonfinite_param) */
   double loss;          /* the step's loss (above), same on every rank */
   double kl;            /* its KL part: Σ m_t β k3_t normalised as the loss (0 without KL) */
   double clip_fraction; /* CLIPPED_PG: masked predictions whose gradient the clip removed,
@@ -286,7 +324,8 @@ typedef struct meshlm_step_result {
  * max_grad_norm, AdamW at the schedule's lr for this step — the CLI's step
  * (src/engine/step.h). A non-finite grad norm skips the update
  * (result.skipped, the parameter named) but counts the step. A rank
- * may pass n = 0 sequences. Errors: as meshlm_logprobs; a loss field out of
+ * may pass n = 0 sequences. Errors: as meshlm_logprobs; a struct_size out of
+ * range (b, loss, out); a loss field out of
  * range or an array the loss needs left NULL (named); no masked prediction
  * in the whole global batch. */
 MESHLM_API int meshlm_train_step(meshlm_session *s, const meshlm_train_batch *b,
@@ -308,12 +347,14 @@ MESHLM_API int meshlm_export(meshlm_session *s, const char *dir, meshlm_dtype dt
 
 /* The HF tensors of the model, in refit order (i in [0, meshlm_num_weights)). */
 typedef struct meshlm_weight {
+  size_t struct_size; /* sizeof(meshlm_weight), set by the caller (the minimum) */
   const char *name;   /* HF name, e.g. "model.layers.0.self_attn.q_proj.weight" */
   int ndim;           /* 1 or 2 */
   int64_t shape[2];
   meshlm_dtype dtype; /* the source checkpoint's (F32 or BF16; F16 sources read as F32) */
 } meshlm_weight;
-/* Not collective. −1 (with s's message) on a session that is not open. */
+/* Not collective. −1 (with s's message) on a session that is not open;
+ * weight_info also on an index or out->struct_size out of range. */
 MESHLM_API int64_t meshlm_num_weights(meshlm_session *s);
 MESHLM_API int meshlm_weight_info(meshlm_session *s, int64_t i, meshlm_weight *out);
 
@@ -342,6 +383,9 @@ MESHLM_API int meshlm_refit_into(meshlm_session *s, int root, meshlm_dtype dtype
 
 /* A full tensor handed to meshlm_reload_tensors. */
 typedef struct meshlm_tensor {
+  size_t struct_size; /* sizeof(meshlm_tensor), set by the caller (the minimum); the
+                         array's stride is tensors[0].struct_size, the same in every
+                         element */
   const char *name; /* HF name */
   meshlm_dtype dtype; /* F32 or BF16 */
   int ndim;
@@ -353,7 +397,8 @@ typedef struct meshlm_tensor {
  * from an HF checkpoint directory with the model's shapes, every parameter;
  * or from caller memory, the n tensors given (each rank passes the same
  * full tensors and keeps its shard of them; others stay). Errors: a
- * missing or unknown tensor, a shape other than config.json's (named);
+ * missing or unknown tensor, a shape other than config.json's (named), a
+ * struct_size out of range or differing from tensors[0]'s;
  * reload_tensors: a value that is not finite (NaN, ±inf: the tensor and
  * its first such index named) — nothing is reloaded then. */
 MESHLM_API int meshlm_reload(meshlm_session *s, const char *dir);
@@ -361,6 +406,7 @@ MESHLM_API int meshlm_reload_tensors(meshlm_session *s, int64_t n, const meshlm_
 
 /* Sampling of meshlm_generate. */
 typedef struct meshlm_sampling {
+  size_t struct_size;     /* sizeof(meshlm_sampling) (the minimum) */
   int64_t max_new_tokens; /* 1 .. meshlm_info.max_seq_len − the longest prompt's length
                              (max_seq_len − 1 without prompts); checked before anything is
                              allocated */
@@ -372,8 +418,11 @@ typedef struct meshlm_sampling {
   uint64_t seed;          /* the sampler's RNG: same seed, same tokens */
 } meshlm_sampling;
 /* max_new_tokens 32, temperature 1, top_p 1, not greedy, eos from the
- * model, seed 0. */
-MESHLM_API void meshlm_sampling_default(meshlm_sampling *sp);
+ * model, seed 0; _init and _default as meshlm_options_init / _default's. */
+MESHLM_API int meshlm_sampling_init(meshlm_sampling *sp, size_t struct_size);
+static inline int meshlm_sampling_default(meshlm_sampling *sp) {
+  return meshlm_sampling_init(sp, sizeof *sp);
+}
 
 /* COLLECTIVE (each rank samples its own prompts; n may differ and be 0).
  * Continue each prompt with up to max_new_tokens sampled tokens, with a KV
@@ -384,7 +433,7 @@ MESHLM_API void meshlm_sampling_default(meshlm_sampling *sp);
  * eos included), the rest −1; out_logprobs (NULL: not wanted) [n,
  * max_new_tokens]: log p of each generated token under the model at
  * temperature 1 (the distribution meshlm_logprobs scores), 0 past the end.
- * Errors: max_new_tokens beyond meshlm_info.max_seq_len − the longest
+ * Errors: sp->struct_size out of range; max_new_tokens beyond meshlm_info.max_seq_len − the longest
  * prompt (meshlm_sampling's bound), other sampling fields out of range
  * (named), allocation. */
 MESHLM_API int meshlm_generate(meshlm_session *s, const meshlm_seqs *prompts,
@@ -403,6 +452,8 @@ MESHLM_API int meshlm_generate(meshlm_session *s, const meshlm_seqs *prompts,
  * all-reduces (and, training, the reduce-scatter of lm_head's input
  * gradient). */
 typedef struct meshlm_call_stats {
+  size_t struct_size;   /* sizeof(meshlm_call_stats), set by the caller; minimum
+                           offsetof(meshlm_call_stats, nonfinite_logprobs) */
   int64_t micro_batches;
   int64_t tokens;       /* token positions computed (padding included) */
   int64_t padding;      /* of them padding: the packed rows' tails */
@@ -414,7 +465,7 @@ typedef struct meshlm_call_stats {
                                  entries are 0), what the CLI writes as null and warns of;
                                  0 after meshlm_train_step */
 } meshlm_call_stats;
-/* Not collective. */
+/* Not collective. Errors: s not open, out->struct_size out of range. */
 MESHLM_API int meshlm_last_call_stats(meshlm_session *s, meshlm_call_stats *out);
 
 /* A model family registered from outside the tree, as NeMo Automodel's
@@ -434,7 +485,7 @@ typedef struct meshlm_fused {
 } meshlm_fused;
 
 typedef struct meshlm_family {
-  size_t struct_size;       /* sizeof(meshlm_family) as the caller compiled it */
+  size_t struct_size;       /* sizeof(meshlm_family) as the caller compiled it (exactly) */
   const char *architecture; /* config.json architectures[0]: "MyLlamaForCausalLM" */
   const char *model_type;   /* config.json model_type */
   const char *name;         /* its short name in messages and plan names: "myllama" */

@@ -23,13 +23,23 @@ LOSS_NLL, LOSS_WEIGHTED_NLL, LOSS_CLIPPED_PG = 0, 1, 2
 
 # The library version this binding mirrors (meshlm.h's MESHLM_VERSION_*);
 # load() refuses another (the package's version, pyproject.toml reads it).
-VERSION = "0.1.0"
+VERSION = "0.2.0"
 
 c_enum = c_int  # a C enum with small non-negative values is an int on every ABI we target
 
 
-class meshlm_options(Structure):
+class Sized(Structure):
+    """A struct whose first field is struct_size (meshlm.h "Struct sizes"):
+    set to this layout's size on construction; positional arguments fill the
+    fields after it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(ctypes.sizeof(type(self)), *args, **kwargs)
+
+
+class meshlm_options(Sized):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("dp_replicate", c_int),
         ("cp", c_int),
         ("tp", c_int),
@@ -51,17 +61,18 @@ class meshlm_options(Structure):
         ("max_grad_norm", c_double),
         ("micro_batch_tokens", c_int64),
         ("unshard_for_inference", c_int),
+        ("grad_norm_type", c_double),
         ("output_dtype", c_enum),
         ("reshard_after_forward", c_enum),
         ("zero", c_int),
         ("prefetch_forward", c_int),
         ("prefetch_backward", c_int),
-        ("grad_norm_type", c_double),
     ]
 
 
-class meshlm_info(Structure):
+class meshlm_info(Sized):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("rank", c_int),
         ("world", c_int),
         ("dp_replicate", c_int),
@@ -91,8 +102,9 @@ class meshlm_seqs(Structure):
     ]
 
 
-class meshlm_loss(Structure):
+class meshlm_loss(Sized):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("kind", c_enum),
         ("sequence_level", c_int),
         ("ratio_clip_min", c_float),
@@ -102,8 +114,9 @@ class meshlm_loss(Structure):
     ]
 
 
-class meshlm_train_batch(Structure):
+class meshlm_train_batch(Sized):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("seqs", meshlm_seqs),
         ("token_mask", POINTER(c_uint8)),
         ("token_weights", POINTER(c_float)),
@@ -113,8 +126,9 @@ class meshlm_train_batch(Structure):
     ]
 
 
-class meshlm_step_result(Structure):
+class meshlm_step_result(Sized):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("loss", c_double),
         ("kl", c_double),
         ("clip_fraction", c_double),
@@ -128,8 +142,9 @@ class meshlm_step_result(Structure):
     ]
 
 
-class meshlm_weight(Structure):
+class meshlm_weight(Sized):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("name", c_char_p),
         ("ndim", c_int),
         ("shape", c_int64 * 2),
@@ -137,8 +152,9 @@ class meshlm_weight(Structure):
     ]
 
 
-class meshlm_tensor(Structure):
+class meshlm_tensor(Sized):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("name", c_char_p),
         ("dtype", c_enum),
         ("ndim", c_int),
@@ -147,8 +163,9 @@ class meshlm_tensor(Structure):
     ]
 
 
-class meshlm_sampling(Structure):
+class meshlm_sampling(Sized):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("max_new_tokens", c_int64),
         ("temperature", c_float),
         ("top_p", c_float),
@@ -158,8 +175,9 @@ class meshlm_sampling(Structure):
     ]
 
 
-class meshlm_call_stats(Structure):
+class meshlm_call_stats(Sized):
     _fields_ = [
+        ("struct_size", c_size_t),
         ("micro_batches", c_int64),
         ("tokens", c_int64),
         ("padding", c_int64),
@@ -184,7 +202,7 @@ class meshlm_fused(Structure):
     ]
 
 
-class meshlm_family(Structure):
+class meshlm_family(Sized):
     _fields_ = [
         ("struct_size", c_size_t),
         ("architecture", c_char_p),
@@ -205,7 +223,7 @@ session_p = c_void_p  # meshlm_session * (opaque)
 
 _PROTOTYPES = {
     "meshlm_version": (c_char_p, []),
-    "meshlm_options_default": (None, [POINTER(meshlm_options)]),
+    "meshlm_options_init": (c_int, [POINTER(meshlm_options), c_size_t]),
     "meshlm_open_f": (c_int, [c_char_p, POINTER(meshlm_options), c_int64, POINTER(session_p)]),
     "meshlm_close": (None, [session_p]),
     "meshlm_finalize": (c_int, []),
@@ -213,7 +231,7 @@ _PROTOTYPES = {
     "meshlm_get_info": (c_int, [session_p, POINTER(meshlm_info)]),
     "meshlm_logprobs": (c_int, [session_p, POINTER(meshlm_seqs), POINTER(c_uint8),
                                 POINTER(c_float), POINTER(c_double)]),
-    "meshlm_loss_default": (None, [POINTER(meshlm_loss)]),
+    "meshlm_loss_init": (c_int, [POINTER(meshlm_loss), c_size_t]),
     "meshlm_train_step": (c_int, [session_p, POINTER(meshlm_train_batch), POINTER(meshlm_loss),
                                   POINTER(meshlm_step_result)]),
     "meshlm_save": (c_int, [session_p, c_char_p]),
@@ -225,7 +243,7 @@ _PROTOTYPES = {
     "meshlm_refit_into": (c_int, [session_p, c_int, c_enum, POINTER(c_void_p)]),
     "meshlm_reload": (c_int, [session_p, c_char_p]),
     "meshlm_reload_tensors": (c_int, [session_p, c_int64, POINTER(meshlm_tensor)]),
-    "meshlm_sampling_default": (None, [POINTER(meshlm_sampling)]),
+    "meshlm_sampling_init": (c_int, [POINTER(meshlm_sampling), c_size_t]),
     "meshlm_generate": (c_int, [session_p, POINTER(meshlm_seqs), POINTER(meshlm_sampling),
                                 POINTER(c_int32), POINTER(c_int64), POINTER(c_float)]),
     "meshlm_last_call_stats": (c_int, [session_p, POINTER(meshlm_call_stats)]),
@@ -233,7 +251,7 @@ _PROTOTYPES = {
 }
 # without these the library is not meshlm's; any other function a library
 # lacks (an older one) raises MeshlmError when called
-_REQUIRED = ("meshlm_version", "meshlm_options_default", "meshlm_open_f", "meshlm_close",
+_REQUIRED = ("meshlm_version", "meshlm_options_init", "meshlm_open_f", "meshlm_close",
              "meshlm_error", "meshlm_finalize", "meshlm_get_info")
 
 

@@ -53,7 +53,7 @@ class MeshlmError(RuntimeError):
 
 
 def version():
-    """The library's version string (meshlm_version), e.g. "0.1.0"."""
+    """The library's version string (meshlm_version), e.g. "0.2.0"."""
     return L.load().meshlm_version().decode()
 
 
@@ -70,7 +70,6 @@ def register_family(architecture, model_type, name, base, fused=None, tp_plan=No
     --parallel-plan file (patterns relative to the base model), or None.
     Raises MeshlmError with the library's reason when it is refused."""
     f = L.meshlm_family()
-    f.struct_size = ctypes.sizeof(f)
     keep = []  # the encoded strings must outlive the call
 
     def enc(s):
@@ -331,7 +330,7 @@ class Policy:
         self._info = None
         lib = self._lib = L.load()
         o = L.meshlm_options()
-        lib.meshlm_options_default(byref(o))
+        lib.meshlm_options_init(byref(o), ctypes.sizeof(o))
         # the strings the options point at live as long as the policy
         self._keep = []
 
@@ -588,7 +587,7 @@ class Policy:
         tb = L.meshlm_train_batch(b.c, _ptr(mask, c_uint8), _ptr(tw, c_float),
                                   _ptr(sw, c_float), _ptr(old, c_float), _ptr(ref, c_float))
         lo = L.meshlm_loss()
-        self._lib.meshlm_loss_default(byref(lo))
+        self._lib.meshlm_loss_init(byref(lo), ctypes.sizeof(lo))
         lo.kind = kind
         lo.sequence_level = int(bool(sequence_level))
         lo.ratio_clip_min = float(ratio_clip_min)
@@ -724,9 +723,10 @@ class Policy:
                 items.append((os.fsencode(name), dt, np.ascontiguousarray(a)))
         except _ArgError as e:
             self._arg_error(e, lambda: self._poison_reload(s))
-        arr = (L.meshlm_tensor * max(len(items), 1))()
+        arr = (L.meshlm_tensor * max(len(items), 1))()  # no __init__: struct_size set below
         for i, (name, dt, a) in enumerate(items):
             t = arr[i]
+            t.struct_size = ctypes.sizeof(t)
             t.name, t.dtype, t.ndim = name, dt, a.ndim
             for dim in range(a.ndim):
                 t.shape[dim] = a.shape[dim]
@@ -736,6 +736,7 @@ class Policy:
 
     def _poison_reload(self, s):
         arr = (L.meshlm_tensor * 1)()
+        arr[0].struct_size = ctypes.sizeof(arr[0])
         one = np.zeros(1, np.float32)
         name = b"(rank %d's tensors were refused by its binding)" % self._info["rank"]
         arr[0].name, arr[0].dtype, arr[0].ndim = name, L.DTYPE_F32, 1
@@ -774,7 +775,7 @@ class Policy:
         except _ArgError as e:
             self._arg_error(e, lambda: self._poison_generate(s))
         sp = L.meshlm_sampling()
-        self._lib.meshlm_sampling_default(byref(sp))
+        self._lib.meshlm_sampling_init(byref(sp), ctypes.sizeof(sp))
         sp.max_new_tokens = int(max_new_tokens)
         sp.temperature = float(temperature)
         sp.top_p = float(top_p)
@@ -795,7 +796,7 @@ class Policy:
     def _poison_generate(self, s):
         lens, toks, c = _poison_seqs(self._info["rank"])
         sp = L.meshlm_sampling()
-        self._lib.meshlm_sampling_default(byref(sp))
+        self._lib.meshlm_sampling_init(byref(sp), ctypes.sizeof(sp))
         sp.max_new_tokens = 1
         out_t = np.zeros(1, np.int32)
         out_l = np.zeros(1, np.int64)

@@ -14,9 +14,10 @@
 #include "ckpt/save.h"
 #include "parallel/device.h"
 
-void meshlm_sampling_default(meshlm_sampling *sp) {
-  *sp = (meshlm_sampling){.max_new_tokens = 32, .temperature = 1.0f, .top_p = 1.0f,
+int meshlm_sampling_init(meshlm_sampling *sp, size_t struct_size) {
+  meshlm_sampling full = {.max_new_tokens = 32, .temperature = 1.0f, .top_p = 1.0f,
                           .eos_token_id = -1};
+  return api_init_struct(sp, struct_size, API_MIN(meshlm_sampling), sizeof full, &full);
 }
 
 static int open_replica(meshlm_session *s) {
@@ -66,7 +67,6 @@ static int sync_replica(meshlm_session *s) {
 }
 
 static int check_sampling(const meshlm_sampling *sp) {
-  if (!sp) return ml_err("meshlm_generate: sampling is NULL");
   if (sp->max_new_tokens < 1)
     return ml_err("meshlm_generate: sampling.max_new_tokens %lld; expected >= 1",
                   (long long)sp->max_new_tokens);
@@ -96,7 +96,12 @@ int meshlm_generate(meshlm_session *s, const meshlm_seqs *prompts, const meshlm_
                     int32_t *out_tokens, int64_t *out_lens, float *out_logprobs) {
   ML_TRY(api_enter(s, API_CALL_GENERATE));
   int64_t tokens;
-  int rc = check_sampling(sp);
+  meshlm_sampling def, spc;
+  meshlm_sampling_default(&def);
+  int rc = sp ? API_READ("meshlm_generate", meshlm_sampling, sp, &def, &spc)
+              : ml_err("meshlm_generate: sampling is NULL");
+  sp = &spc;
+  if (rc == 0) rc = check_sampling(sp);
   if (rc == 0) rc = api_check_seqs(s, prompts, "meshlm_generate", 1, &tokens, NULL);
   if (rc == 0) rc = check_room(s, prompts, sp->max_new_tokens);
   if (rc == 0 && prompts->n > 0 && (!out_tokens || !out_lens))

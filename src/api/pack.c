@@ -55,6 +55,6 @@ void api_plan_stats(meshlm_session *s, const api_plan *p) {
 
 int meshlm_last_call_stats(meshlm_session *s, meshlm_call_stats *out) {
   ML_TRY(api_local(s, "meshlm_last_call_stats"));
-  *out = s->last;
-  return 0;
+  if (!out) return api_leave(s, ml_err("meshlm_last_call_stats: out is NULL"));
+  return api_leave(s, API_WRITE("meshlm_last_call_stats", meshlm_call_stats, out, &s->last));
 }

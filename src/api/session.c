@@ -42,11 +42,55 @@ static meshlm_dtype dtype_of(ml_dtype d) {
   return d == ML_BF16 ? MESHLM_DTYPE_BF16 : MESHLM_DTYPE_F32;
 }
 
-void meshlm_options_default(meshlm_options *o) {
+/* An old caller's layout ends at the minimum without tail padding that a
+ * later field would lie in (meshlm.h orders the appended fields so). */
+_Static_assert(API_MIN(meshlm_options) % _Alignof(meshlm_options) == 0,
+               "meshlm_options' minimum layout ends on its alignment");
+
+int api_struct_size(const char *call, const char *type, size_t size, size_t min, size_t max) {
+  if (size >= min && size <= max) return 0;
+  return ml_err("%s: %s.struct_size %zu; expected %zu (the first layout) .. %zu (sizeof(%s) of "
+                "libmeshlm %s)%s",
+                call, type, size, min, max, type, meshlm_version(),
+                size == 0 ? ": struct_size not set (sizeof the struct, or its *_default)" : "");
+}
+
+int api_read_struct(const char *call, const char *type, const void *in, size_t min, size_t max,
+                    const void *def, void *full) {
+  size_t size;
+  memcpy(&size, in, sizeof size);
+  ML_TRY(api_struct_size(call, type, size, min, max));
+  memcpy(full, def, max);
+  memcpy(full, in, size);
+  memcpy(full, &max, sizeof max);
+  return 0;
+}
+
+int api_init_struct(void *out, size_t size, size_t min, size_t max, void *full) {
+  if (size < min || size > max) {
+    if (size >= sizeof size) memcpy(out, &size, sizeof size);
+    return -1;
+  }
+  memcpy(full, &size, sizeof size);
+  memcpy(out, full, size);
+  return 0;
+}
+
+int api_write_struct(const char *call, const char *type, void *out, size_t min, size_t max,
+                     const void *full) {
+  size_t size;
+  memcpy(&size, out, sizeof size);
+  ML_TRY(api_struct_size(call, type, size, min, max));
+  memcpy(out, full, size);
+  memcpy(out, &size, sizeof size);
+  return 0;
+}
+
+int meshlm_options_init(meshlm_options *o, size_t struct_size) {
   ml_train_settings d = ml_train_defaults(ML_DEFAULTS_API);
   const ml_fsdp_opts *f = &d.engine.fsdp;
   const ml_step_opts *st = &d.step;
-  *o = (meshlm_options){
+  meshlm_options full = {
       .dp_replicate = 1, .cp = 1, .tp = 1, .device = "cpu",
       .parallel_plan = d.engine.parallel_plan, .sequence_parallel = d.engine.sequence_parallel,
       .param_dtype = dtype_of(f->param_dtype), .reduce_dtype = dtype_of(f->reduce_dtype),
@@ -60,6 +104,7 @@ void meshlm_options_default(meshlm_options *o) {
       .reshard_after_forward = (meshlm_reshard)ML_INDEX_OF(k_reshards, f->reshard_after_forward),
       .zero = f->zero, .prefetch_forward = f->prefetch_forward,
       .prefetch_backward = f->prefetch_backward, .grad_norm_type = st->norm_type};
+  return api_init_struct(o, struct_size, API_MIN(meshlm_options), sizeof full, &full);
 }
 
 static const char *const k_calls[API_CALL_KINDS] = {
@@ -232,16 +277,16 @@ static int ensure_mpi(void) {
   return 0;
 }
 
-int meshlm_open(const char *model_dir, const meshlm_options *o, MPI_Comm comm,
-                meshlm_session **out) {
+/* meshlm_open_f on the communicator itself. */
+static int open_comm(const char *model_dir, const meshlm_options *o, MPI_Comm comm,
+                     meshlm_session **out) {
   meshlm_session *s = calloc(1, sizeof *s);
   *out = s;
   if (!s) return -1;
   s->comm = MPI_COMM_NULL;
   s->closed_by = -1;
-  meshlm_options def;
+  meshlm_options def, opts;
   meshlm_options_default(&def);
-  if (!o) o = &def;
   ml_error_clear();
   if (ensure_mpi()) return api_leave(s, -1);
   int wr = 0;
@@ -252,7 +297,9 @@ int meshlm_open(const char *model_dir, const meshlm_options *o, MPI_Comm comm,
     return api_leave(s, ml_err("meshlm_open: MPI_Comm_dup of the communicator failed"));
   }
   if (ml_host_create(s->comm, "world", &s->world)) return api_leave(s, -1);
-  int rc = check_options(o);
+  int rc = o ? API_READ("meshlm_open", meshlm_options, o, &def, &opts) : 0;
+  o = o ? &opts : &def;
+  if (rc == 0) rc = check_options(o);
   if (rc == 0 && !model_dir) rc = ml_err("meshlm_open: model_dir is NULL");
   if (rc == 0) rc = keep_options(s, o);
   if (ml_host_agree(s->world, rc)) return api_leave(s, -1);
@@ -265,8 +312,8 @@ int meshlm_open_f(const char *model_dir, const meshlm_options *o, int64_t comm_f
                   meshlm_session **out) {
   int up = 0;
   MPI_Initialized(&up);
-  if (comm_f < 0 || !up) return meshlm_open(model_dir, o, MPI_COMM_WORLD, out);
-  return meshlm_open(model_dir, o, MPI_Comm_f2c((MPI_Fint)comm_f), out);
+  if (comm_f < 0 || !up) return open_comm(model_dir, o, MPI_COMM_WORLD, out);
+  return open_comm(model_dir, o, MPI_Comm_f2c((MPI_Fint)comm_f), out);
 }
 
 void meshlm_close(meshlm_session *s) {
@@ -324,7 +371,7 @@ int meshlm_get_info(meshlm_session *s, meshlm_info *out) {
   ML_TRY(api_local(s, "meshlm_get_info"));
   const ml_mesh *m = &s->mesh;
   const ml_model_config *c = &s->e.model.cfg;
-  *out = (meshlm_info){
+  meshlm_info full = {
       .rank = m->rank, .world = m->world_size, .dp_replicate = m->dp_replicate,
       .dp_shard = m->dp_shard, .cp = m->cp, .tp = m->tp,
       .dp_rank = m->groups[ML_GROUP_DP].rank, .dp_size = m->groups[ML_GROUP_DP].size,
@@ -334,7 +381,8 @@ int meshlm_get_info(meshlm_session *s, meshlm_info *out) {
       .bos_token_id = special_id(s->e.model_dir, "bos_token_id"),
       .eos_token_id = special_id(s->e.model_dir, "eos_token_id"), .step = s->e.step,
       .max_seq_len = ml_model_config_max_seq_len(c)};
-  return 0;
+  if (!out) return api_leave(s, ml_err("meshlm_get_info: out is NULL"));
+  return api_leave(s, API_WRITE("meshlm_get_info", meshlm_info, out, &full));
 }
 
 int api_check_seqs(const meshlm_session *s, const meshlm_seqs *b, const char *what,

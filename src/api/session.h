@@ -7,6 +7,7 @@
 #define ML_API_SESSION_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "comm/host.h"
 #include "common/status.h"
@@ -81,6 +82,45 @@ _Noreturn void api_abort(meshlm_session *s);
 /* For the calls that are not collective: 0 when s is open, else −1 with
  * s's message (when s is not NULL) saying `call` needs an open session. */
 int api_local(meshlm_session *s, const char *call);
+
+/* The struct sizes the library takes (meshlm.h "Struct sizes"): from the
+ * struct's minimum layout to its sizeof. API_MIN(T) is T's minimum. */
+#define API_MIN_meshlm_options offsetof(meshlm_options, grad_norm_type)
+#define API_MIN_meshlm_info offsetof(meshlm_info, max_seq_len)
+#define API_MIN_meshlm_call_stats offsetof(meshlm_call_stats, nonfinite_logprobs)
+#define API_MIN_meshlm_step_result offsetof(meshlm_step_result, nonfinite_param)
+#define API_MIN_meshlm_loss sizeof(meshlm_loss)
+#define API_MIN_meshlm_train_batch sizeof(meshlm_train_batch)
+#define API_MIN_meshlm_sampling sizeof(meshlm_sampling)
+#define API_MIN_meshlm_weight sizeof(meshlm_weight)
+#define API_MIN_meshlm_tensor sizeof(meshlm_tensor)
+#define API_MIN(T) API_MIN_##T
+
+/* 0 when `size` (a caller's T.struct_size) is in [min, max], else the error
+ * "call: T.struct_size N; expected min .. max (sizeof(T) of this library, 0.2.0)". */
+int api_struct_size(const char *call, const char *type, size_t size, size_t min, size_t max);
+#define API_STRUCT_SIZE(call, T, size) api_struct_size(call, #T, size, API_MIN(T), sizeof(T))
+
+/* An input struct T at `in` (the caller's, struct_size checked) as this
+ * library's T in *full: *def (T's defaults) with the caller's first
+ * struct_size bytes over it; full->struct_size = sizeof(T). */
+#define API_READ(call, T, in, def, full) \
+  api_read_struct(call, #T, in, API_MIN(T), sizeof(T), def, full)
+int api_read_struct(const char *call, const char *type, const void *in, size_t min, size_t max,
+                    const void *def, void *full);
+
+/* The caller's first out->struct_size bytes of an output struct T from
+ * *full (its struct_size the caller's); the size checked first (nothing
+ * written when it is out of range). */
+#define API_WRITE(call, T, out, full) \
+  api_write_struct(call, #T, out, API_MIN(T), sizeof(T), full)
+int api_write_struct(const char *call, const char *type, void *out, size_t min, size_t max,
+                     const void *full);
+
+/* A *_init function (meshlm_options_init): the first `size` bytes of
+ * *full (T's defaults) into out with struct_size = size, 0; a size out of
+ * [min, max]: only struct_size written (when it fits), −1. */
+int api_init_struct(void *out, size_t size, size_t min, size_t max, void *full);
 
 /* Check a batch: n >= 0, lens and tokens given when n > 0, each length in
  * [1, max_position_embeddings] (min_len 2: at least one prediction),

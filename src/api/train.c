@@ -6,8 +6,9 @@
 #include "common/checked.h"
 #include "engine/step.h"
 
-void meshlm_loss_default(meshlm_loss *l) {
-  *l = (meshlm_loss){.kind = MESHLM_LOSS_NLL, .ratio_clip_min = 0.2f, .ratio_clip_max = 0.2f};
+int meshlm_loss_init(meshlm_loss *l, size_t struct_size) {
+  meshlm_loss full = {.kind = MESHLM_LOSS_NLL, .ratio_clip_min = 0.2f, .ratio_clip_max = 0.2f};
+  return api_init_struct(l, struct_size, API_MIN(meshlm_loss), sizeof full, &full);
 }
 
 /* The loss's fields and the arrays it needs, named. */
@@ -114,22 +115,29 @@ static void step(meshlm_session *s, const meshlm_train_batch *b, const meshlm_lo
   if (ml_step_run(&s->e, &s->set.step, s->steps, &src, &r)) api_abort(s);
   s->version += !r.skipped;
   _Static_assert(sizeof out->nonfinite_param == sizeof r.nonfinite, "the parameter name's size");
-  *out = (meshlm_step_result){
+  meshlm_step_result full = {
       .loss = r.sums.loss, .kl = r.sums.kl,
       .clip_fraction = r.sums.trained ? (double)r.sums.clipped / (double)r.sums.trained : 0.0,
       .grad_norm = r.grad_norm, .lr = r.lr, .tokens = g[0], .sequences = g[2],
       .step = ++s->steps, .skipped = r.skipped};
-  memcpy(out->nonfinite_param, r.nonfinite, sizeof r.nonfinite);
+  memcpy(full.nonfinite_param, r.nonfinite, sizeof r.nonfinite);
+  api_write_struct("meshlm_train_step", "meshlm_step_result", out, API_MIN(meshlm_step_result),
+                   sizeof full, &full); /* its size checked before the step */
 }
 
 int meshlm_train_step(meshlm_session *s, const meshlm_train_batch *b, const meshlm_loss *loss,
                       meshlm_step_result *out) {
   ML_TRY(api_enter(s, API_CALL_TRAIN_STEP));
-  meshlm_loss def;
+  meshlm_loss def, l;
   meshlm_loss_default(&def);
-  if (!loss) loss = &def;
+  meshlm_train_batch nothing = {.struct_size = sizeof nothing}, tb;
   int64_t tokens, preds;
   int rc = b && out ? 0 : ml_err("meshlm_train_step: batch or result is NULL");
+  if (rc == 0) rc = API_READ("meshlm_train_step", meshlm_train_batch, b, &nothing, &tb);
+  if (rc == 0 && loss) rc = API_READ("meshlm_train_step", meshlm_loss, loss, &def, &l);
+  if (rc == 0) rc = API_STRUCT_SIZE("meshlm_train_step", meshlm_step_result, out->struct_size);
+  b = &tb;
+  loss = loss ? &l : &def;
   if (rc == 0) rc = api_check_seqs(s, &b->seqs, "meshlm_train_step", 1, &tokens, &preds);
   if (rc == 0) rc = check_loss(loss, b);
   if (api_agree(s, rc)) return -1;

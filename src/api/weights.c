@@ -105,9 +105,10 @@ int meshlm_weight_info(meshlm_session *s, int64_t i, meshlm_weight *out) {
   if (rc == 0) rc = weight_table(s, &names, &dtypes);
   if (rc) return api_leave(s, rc);
   const ml_param *p = ml_engine_export_param(&s->e, (int)i);
-  *out = (meshlm_weight){names[i], p->ndim, {p->shape[0], p->ndim == 2 ? p->shape[1] : 1},
-                         api_dtype(dtypes[i])};
-  return 0;
+  meshlm_weight full = {0, names[i], p->ndim, {p->shape[0], p->ndim == 2 ? p->shape[1] : 1},
+                        api_dtype(dtypes[i])};
+  if (!out) return api_leave(s, ml_err("meshlm_weight_info: out is NULL"));
+  return api_leave(s, API_WRITE("meshlm_weight_info", meshlm_weight, out, &full));
 }
 
 /* ------------------------------------------------------------------ refit */
@@ -275,7 +276,17 @@ int meshlm_reload_tensors(meshlm_session *s, int64_t n, const meshlm_tensor *ten
                         "tensors given", (long long)n, tensors ? "given" : "NULL");
   ml_st_tensor *ts = rc == 0 ? ml_calloc((size_t)n + 1, sizeof *ts, "the reloaded tensors") : NULL;
   if (rc == 0 && !ts) rc = -1;
-  for (int64_t i = 0; rc == 0 && i < n; i++) rc = dress(s, &tensors[i], i, &ts[i]);
+  /* the caller's layout: its elements tensors[0].struct_size apart */
+  size_t stride = n > 0 ? tensors[0].struct_size : 0;
+  for (int64_t i = 0; rc == 0 && i < n; i++) {
+    const meshlm_tensor *in = (const meshlm_tensor *)((const char *)tensors + stride * (size_t)i);
+    meshlm_tensor def = {0}, t;
+    if (in->struct_size != stride)
+      rc = ml_err("meshlm_reload_tensors: tensor %lld's struct_size %zu; expected tensors[0]'s, "
+                  "%zu (one layout for the array)", (long long)i, in->struct_size, stride);
+    if (rc == 0) rc = API_READ("meshlm_reload_tensors", meshlm_tensor, in, &def, &t);
+    if (rc == 0) rc = dress(s, &t, i, &ts[i]);
+  }
   if (api_agree(s, rc)) {
     free(ts);
     return -1;

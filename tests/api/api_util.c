@@ -121,7 +121,7 @@ meshlm_options mesh_opts(void) {
 }
 
 meshlm_info info_of(meshlm_session *s) {
-  meshlm_info in;
+  meshlm_info in = {.struct_size = sizeof in};
   if (meshlm_get_info(s, &in)) fail_msg("meshlm_get_info: %s", meshlm_error(s));
   return in;
 }
@@ -225,7 +225,7 @@ int step_share(meshlm_session *s, const gbatch *g, const garr *a, const meshlm_l
                meshlm_step_result *r) {
   meshlm_info in = info_of(s);
   slice sl = slice_of(g, in.dp_rank, in.dp_size);
-  meshlm_train_batch tb = {sl.seqs,
+  meshlm_train_batch tb = {sizeof tb, sl.seqs,
                            a->mask ? a->mask + sl.p0 : NULL,
                            a->tw ? a->tw + sl.p0 : NULL,
                            a->sw ? a->sw + sl.s0 : NULL,
@@ -236,7 +236,7 @@ int step_share(meshlm_session *s, const gbatch *g, const garr *a, const meshlm_l
 
 void nll_step(meshlm_session *s, const gbatch *g) {
   garr a = {g->all.mask, NULL, NULL, NULL, NULL};
-  meshlm_step_result r;
+  meshlm_step_result r = {.struct_size = sizeof r};
   OK(s, step_share(s, g, &a, NULL, &r));
 }
 
@@ -304,6 +304,7 @@ weights weights_of(meshlm_session *s) {
   w.nbytes = xcalloc((size_t)w.n, sizeof *w.nbytes);
   w.dtype = xcalloc((size_t)w.n, sizeof *w.dtype);
   for (int64_t i = 0; i < w.n; i++) {
+    w.w[i].struct_size = sizeof w.w[i];
     OK(s, meshlm_weight_info(s, i, &w.w[i]));
     snprintf(w.name[i], sizeof w.name[i], "%s", w.w[i].name);
   }

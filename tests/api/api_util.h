@@ -42,7 +42,7 @@
 #include <cmocka.h>
 #include <jansson.h>
 
-#include "meshlm/meshlm.h"
+#include "meshlm/meshlm_mpi.h"
 #include "tolerance.h"
 
 /* ======================================================================= */

@@ -3,10 +3,14 @@
  * table against config.json and the fixture's safetensors; open errors
  * (missing dir, NULL dir, tp not dividing the world, bad dtypes, device,
  * micro_batch_tokens, and on four ranks a bad option on one rank only)
- * each −1 with a session whose message names the field and that closes.
+ * each −1 with a session whose message names the field and that closes;
+ * struct sizes: older callers' layouts (struct_size at the minimum) read
+ * with defaults and written no further, sizes out of range refused.
  * The suite, its meshes and its helpers: api_util.h. */
 
+#include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "api_util.h"
@@ -73,7 +77,7 @@ static void expect_open_fails(const char *dir, const meshlm_options *o, const ch
   int rc = meshlm_open(dir, o, MPI_COMM_WORLD, &s);
   if (!s) fail_msg("%s: meshlm_open handed out no session", what);
   expect_fail(s, rc, needle, what);
-  meshlm_info in;
+  meshlm_info in = {.struct_size = sizeof in};
   assert_int_equal(meshlm_get_info(s, &in), -1);
   meshlm_close(s);
 }
@@ -142,7 +146,7 @@ static void check_weight_table(meshlm_session *s, int64_t *params) {
   assert_int_equal(n, in_file);
   *params = 0;
   for (int64_t i = 0; i < n; i++) {
-    meshlm_weight w;
+    meshlm_weight w = {.struct_size = sizeof w};
     OK(s, meshlm_weight_info(s, i, &w));
     const char *dt;
     int nd;
@@ -157,7 +161,7 @@ static void check_weight_table(meshlm_session *s, int64_t *params) {
     *params += numel(&w);
   }
   st_close(&f);
-  meshlm_weight w;
+  meshlm_weight w = {.struct_size = sizeof w};
   expect_fail(s, meshlm_weight_info(s, n, &w), "index", "meshlm_weight_info(n)");
   expect_fail(s, meshlm_weight_info(s, -1, &w), "index", "meshlm_weight_info(-1)");
 }
@@ -212,6 +216,197 @@ static void test_open_info(void **state) {
 }
 
 /* ======================================================================= */
+/* Struct sizes (meshlm.h "Struct sizes")                                  */
+/* ======================================================================= */
+
+/* An older caller's layouts: each struct up to its minimum (without the
+ * fields appended during 0.1), as a program built against that header
+ * declares it; the tests put guard bytes behind them. */
+typedef struct old_call_stats {
+  size_t struct_size;
+  int64_t micro_batches, tokens, padding, fsdp_all_gathers, fsdp_reduce_scatters,
+      fsdp_all_reduces, fsdp_bytes, tp_collectives, cp_collectives, dp_replicate_collectives;
+} old_call_stats;
+typedef struct old_info {
+  size_t struct_size;
+  int rank, world, dp_replicate, dp_shard, cp, tp, dp_rank, dp_size, cp_rank, tp_rank;
+  int64_t vocab_size, hidden_size, num_layers, num_params;
+  int32_t bos_token_id, eos_token_id;
+  int64_t step;
+} old_info;
+typedef struct old_step_result {
+  size_t struct_size;
+  double loss, kl, clip_fraction, grad_norm, lr;
+  int64_t tokens, sequences, step;
+  int skipped;
+} old_step_result;
+_Static_assert(sizeof(old_call_stats) == offsetof(meshlm_call_stats, nonfinite_logprobs),
+               "the old meshlm_call_stats: every field before nonfinite_logprobs");
+_Static_assert(sizeof(old_info) == offsetof(meshlm_info, max_seq_len),
+               "the old meshlm_info: every field before max_seq_len");
+_Static_assert(offsetof(old_step_result, skipped) == offsetof(meshlm_step_result, skipped),
+               "the old meshlm_step_result: every field before nonfinite_param");
+
+#define GUARD 0xA5
+/* Every byte of p[0, n) is still GUARD. */
+static void assert_guard(const void *p, size_t n, const char *what) {
+  for (size_t i = 0; i < n; i++)
+    if (((const unsigned char *)p)[i] != GUARD)
+      fail_msg("%s: byte %zu past the caller's struct_size written", what, i);
+}
+
+/* rc −1 and s's message names the struct and the sizes. */
+static void expect_size_refused(meshlm_session *s, int rc, const char *type, size_t size,
+                                size_t min, size_t max, const char *what) {
+  char needle[200];
+  snprintf(needle, sizeof needle, "%s.struct_size %zu; expected %zu (the first layout) .. %zu",
+           type, size, min, max);
+  expect_fail(s, rc, needle, what);
+}
+
+/* _init at the minimum size and out of range; meshlm_open with an old
+ * meshlm_options (the rest defaulted) and with sizes out of range. */
+static void test_struct_sizes_in(void **state) {
+  (void)state;
+  const size_t omin = offsetof(meshlm_options, grad_norm_type);
+  struct {
+    meshlm_options o;
+    unsigned char guard[8];
+  } ob;
+  memset(&ob, GUARD, sizeof ob);
+  assert_int_equal(meshlm_options_init(&ob.o, omin), 0);
+  assert_int_equal(ob.o.struct_size, omin);
+  assert_int_equal(ob.o.micro_batch_tokens, 4096);
+  assert_guard((char *)&ob + omin, sizeof ob - omin, "meshlm_options_init at the minimum");
+  meshlm_options bad;
+  memset(&bad, GUARD, sizeof bad);
+  assert_int_equal(meshlm_options_init(&bad, omin - 1), -1);
+  assert_int_equal(bad.struct_size, omin - 1); /* only struct_size, which meshlm_open refuses */
+  assert_guard((char *)&bad + sizeof(size_t), sizeof bad - sizeof(size_t), "a refused _init");
+  meshlm_loss l;
+  assert_int_equal(meshlm_loss_init(&l, sizeof l + 8), -1);
+  meshlm_sampling sp;
+  assert_int_equal(meshlm_sampling_init(&sp, sizeof sp - 1), -1);
+
+  /* past the old size: bytes that, read, would be refused (dtype −1, zero −1) */
+  meshlm_options o;
+  memset(&o, 0xFF, sizeof o);
+  memcpy(&o, &ob.o, omin);
+  meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+  meshlm_close(s);
+  size_t sizes[3] = {0, omin - 8, sizeof o + 8};
+  for (int k = 0; k < 3; k++) {
+    meshlm_options_default(&o);
+    o.struct_size = sizes[k];
+    s = NULL;
+    int rc = meshlm_open(g_fixture, &o, MPI_COMM_WORLD, &s);
+    expect_size_refused(s, rc, "meshlm_options", sizes[k], omin, sizeof o, "meshlm_open");
+    meshlm_close(s);
+  }
+}
+
+/* Old output layouts written up to their size, nothing past it; input and
+ * output structs of each call refused out of range, before anything runs. */
+static void test_struct_sizes_calls(void **state) {
+  (void)state;
+  meshlm_session *s = open_ok(g_fixture, NULL, MPI_COMM_WORLD);
+  meshlm_info full = info_of(s);
+  struct {
+    old_info i;
+    unsigned char guard[16];
+  } oi;
+  memset(&oi, GUARD, sizeof oi);
+  oi.i.struct_size = sizeof oi.i;
+  OK(s, meshlm_get_info(s, (meshlm_info *)&oi.i));
+  assert_int_equal(oi.i.struct_size, sizeof oi.i);
+  assert_memory_equal((char *)&oi.i + sizeof(size_t), (char *)&full + sizeof(size_t),
+                      sizeof oi.i - sizeof(size_t));
+  assert_guard(oi.guard, sizeof oi.guard, "meshlm_get_info, old meshlm_info");
+
+  int64_t lens[1] = {4};
+  int32_t ids[4] = {1, 2, 3, 4};
+  meshlm_seqs q = {1, lens, ids};
+  float lp[3];
+  OK(s, meshlm_logprobs(s, &q, NULL, lp, NULL));
+  meshlm_call_stats cs = {.struct_size = sizeof cs};
+  OK(s, meshlm_last_call_stats(s, &cs));
+  struct {
+    old_call_stats c;
+    unsigned char guard[16];
+  } oc;
+  memset(&oc, GUARD, sizeof oc);
+  oc.c.struct_size = sizeof oc.c;
+  OK(s, meshlm_last_call_stats(s, (meshlm_call_stats *)&oc.c));
+  assert_int_equal(oc.c.micro_batches, 1);
+  assert_memory_equal(&oc.c.micro_batches, &cs.micro_batches, sizeof oc.c - sizeof(size_t));
+  assert_guard(oc.guard, sizeof oc.guard, "meshlm_last_call_stats, old meshlm_call_stats");
+
+  meshlm_train_batch tb = {.struct_size = sizeof tb, .seqs = q};
+  struct {
+    old_step_result r;
+    unsigned char guard[16];
+  } orr;
+  memset(&orr, GUARD, sizeof orr);
+  orr.r.struct_size = sizeof orr.r;
+  OK(s, meshlm_train_step(s, &tb, NULL, (meshlm_step_result *)&orr.r));
+  assert_int_equal(orr.r.step, 1);
+  assert_int_equal(orr.r.tokens, 3 * g_world);
+  assert_int_equal(orr.r.skipped, 0);
+  assert_guard(orr.guard, sizeof orr.guard, "meshlm_train_step, old meshlm_step_result");
+
+  /* out of range: refused naming the struct and both sizes */
+  const size_t imin = offsetof(meshlm_info, max_seq_len);
+  meshlm_info in = {.struct_size = imin - 1};
+  expect_size_refused(s, meshlm_get_info(s, &in), "meshlm_info", imin - 1, imin, sizeof in,
+                      "get_info, too small");
+  in.struct_size = sizeof in + 8;
+  expect_size_refused(s, meshlm_get_info(s, &in), "meshlm_info", sizeof in + 8, imin, sizeof in,
+                      "get_info, too large");
+  const size_t cmin = offsetof(meshlm_call_stats, nonfinite_logprobs);
+  cs.struct_size = 0;
+  expect_fail(s, meshlm_last_call_stats(s, &cs), "struct_size not set", "call stats, size 0");
+  cs.struct_size = sizeof cs + 1;
+  expect_size_refused(s, meshlm_last_call_stats(s, &cs), "meshlm_call_stats", sizeof cs + 1,
+                      cmin, sizeof cs, "call stats, too large");
+  meshlm_step_result r = {.struct_size = sizeof r + 8};
+  const size_t rmin = offsetof(meshlm_step_result, nonfinite_param);
+  expect_size_refused(s, meshlm_train_step(s, &tb, NULL, &r), "meshlm_step_result",
+                      sizeof r + 8, rmin, sizeof r, "train_step, result too large");
+  r.struct_size = sizeof r;
+  tb.struct_size = sizeof tb - 8;
+  expect_size_refused(s, meshlm_train_step(s, &tb, NULL, &r), "meshlm_train_batch",
+                      sizeof tb - 8, sizeof tb, sizeof tb, "train_step, batch too small");
+  assert_int_equal(info_of(s).step, 1); /* no step taken */
+  meshlm_sampling sp;
+  meshlm_sampling_default(&sp);
+  sp.struct_size = sizeof sp - 4;
+  int32_t out_tok[32];
+  int64_t out_len[1];
+  expect_size_refused(s, meshlm_generate(s, &q, &sp, out_tok, out_len, NULL), "meshlm_sampling",
+                      sizeof sp - 4, sizeof sp, sizeof sp, "generate, sampling too small");
+  meshlm_weight w = {.struct_size = sizeof w + 8};
+  expect_size_refused(s, meshlm_weight_info(s, 0, &w), "meshlm_weight", sizeof w + 8, sizeof w,
+                      sizeof w, "weight_info, too large");
+  w.struct_size = sizeof w;
+  OK(s, meshlm_weight_info(s, 0, &w));
+  int64_t numel = w.shape[0] * (w.ndim == 2 ? w.shape[1] : 1);
+  float *zeros = calloc((size_t)numel, sizeof *zeros);
+  assert_non_null(zeros);
+  meshlm_tensor t[2] = {{sizeof t[0], w.name, MESHLM_DTYPE_F32, w.ndim,
+                         {w.shape[0], w.shape[1]}, zeros}};
+  t[1] = t[0];
+  t[0].struct_size = sizeof t[0] - 8;
+  expect_size_refused(s, meshlm_reload_tensors(s, 1, t), "meshlm_tensor", sizeof t[0] - 8,
+                      sizeof t[0], sizeof t[0], "reload_tensors, too small");
+  t[0].struct_size = sizeof t[0];
+  t[1].struct_size = 8;
+  expect_fail(s, meshlm_reload_tensors(s, 2, t), "tensor 1's struct_size 8; expected tensors[0]'s",
+              "reload_tensors, mixed layouts");
+  free(zeros);
+  meshlm_close(s);
+}
+
+/* ======================================================================= */
 
 int main(int argc, char **argv) {
   api_init(&argc, &argv);
@@ -219,6 +414,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_version_defaults),
       cmocka_unit_test(test_open_errors),
       cmocka_unit_test(test_open_info),
+      cmocka_unit_test(test_struct_sizes_in),
+      cmocka_unit_test(test_struct_sizes_calls),
   };
   return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -30,13 +30,13 @@ static void test_failed_session(void **state) {
   batch b = local_batch(0);
   meshlm_seqs q = seqs_of(&b);
   float *out = xcalloc((size_t)b.npred, sizeof *out);
-  meshlm_train_batch tb = {.seqs = q};
-  meshlm_step_result r;
+  meshlm_train_batch tb = {.struct_size = sizeof tb, .seqs = q};
+  meshlm_step_result r = {.struct_size = sizeof r};
   meshlm_sampling sp;
   meshlm_sampling_default(&sp);
   int32_t tok[64 * 32];
   int64_t lens[64];
-  meshlm_info in;
+  meshlm_info in = {.struct_size = sizeof in};
   weights none = {0};
   char dir[4200];
   tmp_path(dir, sizeof dir, "failed");
@@ -64,8 +64,8 @@ static void test_failed_session_local_calls(void **state) {
   (void)state;
   char missing[512] = "";
   meshlm_session *s = failed_session();
-  meshlm_call_stats st;
-  meshlm_weight w;
+  meshlm_call_stats st = {.struct_size = sizeof st};
+  meshlm_weight w = {.struct_size = sizeof w};
   if (meshlm_last_call_stats(s, &st) != -1 || !strstr(meshlm_error(s), "session is not open"))
     strcat(missing, " meshlm_last_call_stats");
   meshlm_close(s);
@@ -135,8 +135,8 @@ static void test_bad_arguments(void **state) {
   /* train_step: a bad length on one rank */
   memcpy(lens, b.lens, sizeof *lens * (size_t)b.n);
   lens[2] = 0;
-  meshlm_train_batch tb = {.seqs = q}, tbad = {.seqs = {q.n, lens, q.tokens}};
-  meshlm_step_result r;
+  meshlm_train_batch tb = {.struct_size = sizeof tb, .seqs = q}, tbad = {.struct_size = sizeof tbad, .seqs = {q.n, lens, q.tokens}};
+  meshlm_step_result r = {.struct_size = sizeof r};
   expect_fail(s, meshlm_train_step(s, bad ? &tbad : &tb, NULL, &r), "sequence 2",
               "train_step with a length 0");
 
@@ -242,7 +242,7 @@ static void test_bad_loss(void **state) {
   uint8_t *zero = xcalloc((size_t)n, 1);
   global_lp(s, &g, NULL, lp0);
   memcpy(old, lp0, sizeof(float) * (size_t)n);
-  meshlm_step_result r;
+  meshlm_step_result r = {.struct_size = sizeof r};
   enum { NCASES = 9 };
   static const char *needle[NCASES] = {"kind", "ratio_clip_min", "ratio_clip_max", "ratio_clip_c",
                                        "kl_penalty", "kl_penalty", "old_logprobs",
@@ -300,8 +300,8 @@ static void test_collective_order(void **state) {
   meshlm_seqs q = seqs_of(&b);
   float *ref = xcalloc((size_t)b.npred, 4), *out = xcalloc((size_t)b.npred, 4);
   OK(s, meshlm_logprobs(s, &q, NULL, ref, NULL));
-  meshlm_train_batch tb = {.seqs = q};
-  meshlm_step_result r;
+  meshlm_train_batch tb = {.struct_size = sizeof tb, .seqs = q};
+  meshlm_step_result r = {.struct_size = sizeof r};
   int rc = g_rank == 0 ? meshlm_logprobs(s, &q, NULL, out, NULL)
                        : meshlm_train_step(s, &tb, NULL, &r);
   expect_fail(s, rc, "meshlm_logprobs", "mismatched collective order");
@@ -362,8 +362,8 @@ static void test_tp_peers_differ(void **state) {
               "tp peers with different tokens");
   expect_fail(s, meshlm_logprobs(s, in.tp_rank == 1 ? &fewer : &q, NULL, out, NULL),
               "different batches", "tp peers with different counts");
-  meshlm_train_batch tb = {.seqs = qc};
-  meshlm_step_result r;
+  meshlm_train_batch tb = {.struct_size = sizeof tb, .seqs = qc};
+  meshlm_step_result r = {.struct_size = sizeof r};
   expect_fail(s, meshlm_train_step(s, &tb, NULL, &r), "different batches",
               "train_step, tp peers with different tokens");
   assert_int_equal(info_of(s).step, 0);

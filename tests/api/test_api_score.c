@@ -106,7 +106,7 @@ static void test_logprobs_packing(void **state) {
     assert_true(err <= tol);
     check_sums(&b, got[i], sums);
 
-    meshlm_call_stats st;
+    meshlm_call_stats st = {.struct_size = sizeof st};
     OK(s[i], meshlm_last_call_stats(s[i], &st));
     assert_int_equal(st.micro_batches, max_all(ffd_rows(b.lens, b.n, caps[i])));
     assert_int_equal(st.tokens - st.padding, b.ntok); /* every token computed once */
@@ -181,7 +181,7 @@ static void test_call_stats(void **state) {
     meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
     meshlm_info in = info_of(s);
     assert_int_equal(in.dp_shard, g_world);
-    meshlm_call_stats sa, sb;
+    meshlm_call_stats sa = {.struct_size = sizeof sa}, sb = {.struct_size = sizeof sb};
     meshlm_seqs qa = seqs_of(&a), qb = seqs_of(&b);
     OK(s, meshlm_logprobs(s, &qa, NULL, out, NULL));
     OK(s, meshlm_last_call_stats(s, &sa));
@@ -265,7 +265,7 @@ static void test_nonfinite_logprobs(void **state) {
   int64_t unmasked = 0;
   for (int64_t t = 0; t < b.npred; t++) unmasked += mask[t] = t % 3 != 0;
   float *out = xcalloc((size_t)b.npred, sizeof *out);
-  meshlm_call_stats st;
+  meshlm_call_stats st = {.struct_size = sizeof st};
   OK(s, meshlm_logprobs(s, &q, mask, out, NULL));
   OK(s, meshlm_last_call_stats(s, &st));
   for (int64_t t = 0; t < b.npred; t++)

@@ -168,13 +168,13 @@ static ref_loss run_case(const char *what, const gbatch *g, const meshlm_loss *l
   if (l->kind == MESHLM_LOSS_CLIPPED_PG && !(R.margin > R.dnorm))
     fail_msg("%s: a log-ratio lies %.3g from a clip boundary, within the log-probs' bound %.3g",
              what, R.margin, R.dnorm);
-  meshlm_step_result r;
+  meshlm_step_result r = {.struct_size = sizeof r};
   OK(s, step_share(s, g, &a, l, &r));
   check_step(what, "mesh", &r, &R, lr);
   if (one) {
-    meshlm_step_result r1;
+    meshlm_step_result r1 = {.struct_size = sizeof r1};
     garr a1 = a;
-    local_ok(one, meshlm_train_step(one, &(meshlm_train_batch){seqs_of(&g->all), a1.mask, a1.tw,
+    local_ok(one, meshlm_train_step(one, &(meshlm_train_batch){sizeof(meshlm_train_batch), seqs_of(&g->all), a1.mask, a1.tw,
                                                                 a1.sw, a1.old, a1.ref},
                                     l, &r1),
              "the step on one rank");
@@ -209,7 +209,7 @@ static void test_train_nll(void **state) {
   for (int64_t k = 0; k < g.all.n; k++) sones[k] = 1.0f;
   meshlm_loss l;
   meshlm_loss_default(&l);
-  meshlm_step_result r_nll, r_w;
+  meshlm_step_result r_nll = {.struct_size = sizeof r_nll}, r_w = {.struct_size = sizeof r_w};
   /* NLL: the mean of −log-probs over the masked predictions of the global batch */
   ref_loss R = run_case("NLL", &g, &l, OLD_NONE, NULL, NULL, &r_nll, after_nll);
   assert_true(r_nll.kl == 0.0 && r_nll.clip_fraction == 0.0);
@@ -245,7 +245,7 @@ static void test_train_clipped_pg(void **state) {
    * prediction (sequence level); nothing clipped */
   for (int seq = 0; seq <= 1; seq++) {
     l.sequence_level = seq;
-    meshlm_step_result r;
+    meshlm_step_result r = {.struct_size = sizeof r};
     ref_loss R = run_case(seq ? "clipped PG, ratio 1, sequence level" : "clipped PG, ratio 1",
                           &g, &l, OLD_SAME, NULL, sw, &r, NULL);
     double closed = 0, absa = 0;
@@ -272,7 +272,7 @@ static void test_train_clipped_pg(void **state) {
   l.ratio_clip_max = 0.28f;
   l.ratio_clip_c = 3.0f;
   l.kl_penalty = 0.05f;
-  meshlm_step_result r;
+  meshlm_step_result r = {.struct_size = sizeof r};
   ref_loss R = run_case("clipped PG, shifted, dual clip, KL", &g, &l, OLD_SHIFTED, tw, sw, &r,
                         NULL);
   assert_true(R.clipped > 0 && R.clipped < R.tokens); /* the case clips some, not all */
@@ -319,7 +319,7 @@ static void test_schedule(void **state) {
     meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
     global_lp(s, &g, NULL, lp0);
     for (int64_t k = 0; k < steps[i]; k++) {
-      meshlm_step_result r;
+      meshlm_step_result r = {.struct_size = sizeof r};
       OK(s, step_share(s, &g, &a, NULL, &r));
       double want = lr_want(kinds[i], o.lr, o.min_lr, warm[i], total[i], k);
       printf("[rank %d] schedule %d step %lld: lr %.9g (want %.9g)\n", g_rank, (int)kinds[i],
@@ -356,7 +356,7 @@ static void test_engine_options(void **state) {
   gbatch g = gbatch_make(51);
   garr a = {g.all.mask, NULL, NULL, NULL, NULL};
   meshlm_options o = mesh_opts();
-  meshlm_step_result r2, rinf;
+  meshlm_step_result r2 = {.struct_size = sizeof r2}, rinf = {.struct_size = sizeof rinf};
   meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
   OK(s, step_share(s, &g, &a, NULL, &r2));
   double n_params = (double)info_of(s).num_params;

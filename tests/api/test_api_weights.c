@@ -160,7 +160,7 @@ static void test_reload_tensors(void **state) {
 
   meshlm_tensor *all = xcalloc((size_t)w.n, sizeof *all);
   for (int64_t i = 0; i < w.n; i++)
-    all[i] = (meshlm_tensor){w.name[i], MESHLM_DTYPE_F32, w.w[i].ndim,
+    all[i] = (meshlm_tensor){sizeof all[i], w.name[i], MESHLM_DTYPE_F32, w.w[i].ndim,
                              {w.w[i].shape[0], w.w[i].shape[1]}, w.data[i]};
   /* two tensors perturbed: the first and the last of the table */
   int64_t pick[2] = {0, w.n - 1};

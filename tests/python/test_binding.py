@@ -53,8 +53,28 @@ def test_struct_layouts_match_header():
 
 
 def test_library_and_version():
-    assert meshlm.version() == "0.1.0" == meshlm.__version__
+    assert meshlm.version() == "0.2.0" == meshlm.__version__
     assert os.path.exists(meshlm.library_path())
+
+
+def test_struct_sizes():
+    """Every struct the library reads or writes carries its size, set by the
+    binding (positional fields follow it); the library refuses another."""
+    for s in STRUCTS:
+        cls = getattr(L, s)
+        if issubclass(cls, L.Sized):
+            assert cls._fields_[0] == ("struct_size", ctypes.c_size_t), s
+            assert cls().struct_size == ctypes.sizeof(cls), s
+        else:
+            assert s in ("meshlm_seqs", "meshlm_fused"), s  # embedded only, never sized
+    tb = L.meshlm_train_batch(L.meshlm_seqs(0, None, None))
+    assert tb.struct_size == ctypes.sizeof(tb) and tb.seqs.n == 0
+    lib = L.load()
+    o = L.meshlm_options()
+    assert lib.meshlm_options_init(ctypes.byref(o), ctypes.sizeof(o) + 8) == -1
+    assert o.struct_size == ctypes.sizeof(o) + 8  # only the size written
+    assert lib.meshlm_options_init(ctypes.byref(o), ctypes.sizeof(o)) == 0
+    assert o.struct_size == ctypes.sizeof(o) and o.micro_batch_tokens == 4096
 
 
 def test_bf16_helpers():
@@ -80,7 +100,7 @@ def test_options_and_info(model_dir):
             (3e-4, 0.8, 0.9, L.LR_COSINE, 2, 10, 64, L.AC_SELECTIVE, 0)
         # what was not given keeps meshlm_options_default's value
         d = L.meshlm_options()
-        L.load().meshlm_options_default(ctypes.byref(d))
+        L.load().meshlm_options_init(ctypes.byref(d), ctypes.sizeof(d))
         assert (o.eps, o.weight_decay, o.max_grad_norm, o.tp) == \
             (d.eps, d.weight_decay, d.max_grad_norm, d.tp)
         i = p.info
@@ -103,7 +123,7 @@ def test_readme_defaults_table():
     the flags, keys and the engine's table)."""
     from meshlm import policy as P
     d = L.meshlm_options()
-    L.load().meshlm_options_default(ctypes.byref(d))
+    L.load().meshlm_options_init(ctypes.byref(d), ctypes.sizeof(d))
     words = {"param_dtype": P._DTYPES, "reduce_dtype": P._DTYPES, "output_dtype": P._DTYPES,
              "reshard_after_forward": P._RESHARD, "ac": P._AC, "schedule": P._SCHEDULES,
              "grad_norm_type": P._NORMS}

@@ -27,6 +27,8 @@ cd "$work" && env -u MESHLM_LIBRARY PYTHONPATH="$work/site" python3 -c '
 import meshlm, os, sys
 assert meshlm.library_path().startswith(sys.argv[1]), meshlm.library_path()
 print(meshlm.version(), meshlm.__version__)' "$work/site" > "$work/out" 2> "$work/err"
-check "the installed package loads its own library, versions agree" \
-  '[ "$(cat "$work/out")" = "0.1.0 0.1.0" ]'
+v=$(awk '/#define MESHLM_VERSION_(MAJOR|MINOR|PATCH)/ { printf "%s%s", sep, $3; sep = "." }' \
+  "$src/include/meshlm/meshlm.h")
+check "the installed package loads its own library, versions agree (meshlm.h's $v)" \
+  '[ "$(cat "$work/out")" = "$v $v" ]'
 finish

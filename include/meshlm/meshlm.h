@@ -1,5 +1,6 @@
 /* meshlm — the library: train and score Hugging Face decoder language models
- * (Llama, Qwen2, Qwen3, Gemma 3) over a device mesh from C, as an RL loop
+ * (Llama, Mistral, Phi-3, Qwen2, Qwen3, Gemma 3; others registered with
+ * meshlm_register_family) over a device mesh from C, as an RL loop
  * drives its policy (NVIDIA NeMo RL's DTensorPolicyWorker: get_logprobs,
  * train with a policy-gradient loss, refit the generation engine).
  *
@@ -174,8 +175,9 @@ static inline int meshlm_options_default(meshlm_options *o) {
 /* COLLECTIVE over the communicator with Fortran handle comm_f
  * (MPI_Comm_c2f's MPI_Fint, widened; mpi4py's comm.py2f()), or over
  * MPI_COMM_WORLD when comm_f < 0 or MPI is not initialised yet. Open the HF
- * checkpoint `model_dir` (config.json + safetensors; Llama, Qwen2, Qwen3,
- * Gemma 3) sharded over the mesh of `o` (NULL: defaults) on the ranks of
+ * checkpoint `model_dir` (config.json + safetensors; Llama, Mistral, Phi-3,
+ * Qwen2, Qwen3, Gemma 3, or a registered family) sharded over the mesh of
+ * `o` (NULL: defaults) on the ranks of
  * the communicator (the session duplicates it). Initialises MPI
  * (MPI_Init_thread, FUNNELED) when nobody has; see meshlm_finalize. *out
  * always receives a session: on failure (−1) meshlm_error(*out) says why

@@ -1,9 +1,10 @@
 /* The decoder: HF module tree (names, parameters) and per-module forward /
- * backward, following transformers' LlamaForCausalLM, Qwen2ForCausalLM,
- * Qwen3ForCausalLM, Gemma3ForCausalLM and the text tower of
- * Gemma3ForConditionalGeneration (modeling_llama.py, modeling_qwen2.py,
- * modeling_qwen3.py, modeling_gemma3.py) in fp32. What differs between them
- * is read from the family descriptor (model/family.h).
+ * backward, following transformers' LlamaForCausalLM, MistralForCausalLM,
+ * Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM and
+ * the text tower of Gemma3ForConditionalGeneration (their modeling_*.py) in
+ * fp32. What differs between them is read from the family descriptor
+ * (model/family.h); the layer's modules are the rows of the block table
+ * (model/block.h).
  *
  * The model knows nothing of parallelism (ARCHITECTURE.md §1). What parallel/ may
  * change from outside, as torch's parallelize_module does:
@@ -35,8 +36,9 @@
 #include "tensor/act.h"
 
 typedef struct ml_param {
-  char name[160];     /* checkpoint key: model.layers.0.self_attn.q_proj.weight (the HF
-                         parameter name, except in composite checkpoints: family->ckpt_prefix) */
+  char name[160];     /* its name: model.layers.0.self_attn.q_proj.weight (the HF parameter
+                         name, in composite checkpoints under family->ckpt_prefix); the
+                         checkpoint tensor holding it is `key` below (fused families) */
   int ndim;           /* 1 or 2 */
   int64_t shape[2];   /* global shape; shape[1] = 1 when ndim = 1 */
   /* The local view this rank computes with: the block [offset[0],

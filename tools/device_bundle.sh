@@ -10,7 +10,8 @@
 # whole build directory is over the device tool's 64 MiB). The build is
 # its own (BUILD, default build-device), configured with
 # -DMESHLM_MARCH=x86-64-v3: the GPU machine's CPU is unknown, and a native
-# build of a machine with AVX-512 would stop there on SIGILL.
+# build of a machine with AVX-512 would stop there on SIGILL; each GPU test
+# limited to 90 s (-DMESHLM_CUDA_TEST_TIMEOUT=90).
 # tools/device_checks.sh unpacks the packages next to the system, not over
 # it, makes BUILD lead to .device/build and runs the checks; carry .device.
 # The bundle must weigh at most MESHLM_BUNDLE_MAX_MIB (default 60) MiB: over
@@ -41,7 +42,8 @@ if [ "${1:-}" = --check ]; then
   exit
 fi
 BUILD=${1:-build-device}
-cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMESHLM_MARCH=x86-64-v3 > /dev/null
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMESHLM_MARCH=x86-64-v3 \
+  -DMESHLM_CUDA_TEST_TIMEOUT=90 > /dev/null
 cmake --build "$BUILD" -j"${JOBS:-2}" --target meshlm test_cuda_ops test_cuda_engine > /dev/null
 dest=.device/debs
 rm -rf .device

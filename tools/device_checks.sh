@@ -6,24 +6,30 @@
 #              MESHLM_RT (tools/device_env.sh), then nvidia-smi, ldd of every
 #              binary and library of the bundle and of the unpacked tree (no
 #              "not found"), `mpiexec -n 1 true`, lscpu
-#   ctest      CUDA_LAUNCH_BLOCKING=1 ctest -L cuda -j4 --timeout 90 (every
-#              kernel against the CPU backend, every fixture family's
-#              log-probs and training step against the CPU), at most CTEST_S
-#              (default 170) seconds
+#   ctest      CUDA_LAUNCH_BLOCKING=1 ctest -L cuda -j4 (every kernel against
+#              the CPU backend, every fixture family's log-probs and training
+#              step against the CPU; 90 s a test, the bundle's build sets
+#              it), at most CTEST_S (default 170) seconds in all
 #   bench      bench/cuda_train.sh with few steps and the PyTorch eager peer
 #              only (no torch.compile), at most BENCH_S (default 180) seconds
 # Every stage logs into OUT (the device tool's $OUT; default
 # /tmp/meshlm-device) and appends `STAGE STATUS SECONDS DETAIL` to
-# OUT/summary.txt (STATUS ok, fail, or no-gpu for a preflight that finds no
-# GPU). Exits 0 when every stage it ran is ok.
+# OUT/summary.txt (STATUS ok, fail, no-gpu for a preflight that finds no
+# GPU, skipped for a ctest where tests skipped and none failed). Exits 0
+# when every stage it ran is ok.
 # usage: tools/device_checks.sh [STAGE...]   (default: preflight ctest bench; from the
 #        repository root with .device carried; MESHLM_BUNDLE=DIR for another bundle,
 #        MESHLM_RT=DIR where to unpack it, default /tmp/meshlm-rt)
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 root=$(pwd -P)
 bundle=${MESHLM_BUNDLE:-.device}
-bundle=$(cd "$bundle" && pwd -P) || exit 1
+if [ ! -f "$bundle/build/CTestTestfile.cmake" ]; then
+  echo "device_checks.sh: no bundle at $bundle (build/CTestTestfile.cmake missing): run" \
+    "tools/device_bundle.sh and carry .device" >&2
+  exit 2
+fi
+bundle=$(cd "$bundle" && pwd -P)
 rt=${MESHLM_RT:-/tmp/meshlm-rt}
 out=${OUT:-/tmp/meshlm-device}
 mkdir -p "$out" "$rt"
@@ -105,11 +111,17 @@ ctest_stage() {
   local t0 rc
   t0=$(date +%s)
   (cd "$bundle/build" && CUDA_LAUNCH_BLOCKING=1 timeout -k 5 "${CTEST_S:-170}" \
-    ctest -L cuda -j4 --timeout 90 --output-on-failure) > "$out/ctest_cuda.log" 2>&1
+    ctest -L cuda -j4 --output-on-failure) > "$out/ctest_cuda.log" 2>&1
   rc=$?
-  record ctest "$([ $rc -eq 0 ] && echo ok || echo fail)" "$t0" "rc=$rc" \
-    "$(grep -E 'tests passed|tests failed|Skipped|Timeout|Failed' "$out/ctest_cuda.log" |
-      tail -n 8 | tr -s ' ' | tr '\n' ';')"
+  # the result line, how many skipped (no GPU: every one), the failed by name;
+  # status ok, skipped (none failed, some skipped: the GPU was not usable) or fail
+  local skipped status=fail
+  skipped=$(grep -cE '^\s+[0-9]+ - .* \(Skipped\)$' "$out/ctest_cuda.log")
+  [ $rc -ne 0 ] || status=$([ "$skipped" -eq 0 ] && echo ok || echo skipped)
+  record ctest "$status" "$t0" "rc=$rc;" "$(grep '% tests passed' "$out/ctest_cuda.log");" \
+    "skipped: $skipped;" \
+    "not passed: $(grep -E '^\s+[0-9]+ - .* \(.*\)$' "$out/ctest_cuda.log" | grep -v '(Skipped)' |
+      sed -E 's/^\s+[0-9]+ - //' | tr '\n' ' ')"
 }
 
 bench_stage() {

@@ -91,4 +91,8 @@ fi
 rc=$?
 check "device_checks.sh: an unknown stage is refused" \
   '[ $rc -eq 2 ] && grep -q "unknown stage .preflght." "$work/out"'
+(cd "$src" && OUT=$work/o3 MESHLM_BUNDLE=$work/nothing bash tools/device_checks.sh) > "$work/out" 2>&1
+rc=$?
+check "device_checks.sh without a bundle: exit 2, a message" \
+  '[ $rc -eq 2 ] && grep -q "no bundle at $work/nothing" "$work/out"'
 finish

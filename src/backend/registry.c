@@ -28,7 +28,7 @@ static int cpu_create(int local_rank, ml_backend **out) { return ml_backend_cpu_
     "one NVIDIA GPU per rank, of a capability the build has code for (sm_90 "       \
     "by default); one-rank meshes until NCCL",                                      \
     CUDA_CREATE,                                                                    \
-    "this build has no CUDA backend (nvcc was not found when it was configured, or "\
+    "this build has no CUDA backend (nvcc was not found when it was configured, or " \
     "MESHLM_CUDA=OFF)")
 
 typedef struct device {

@@ -18,7 +18,8 @@
 # notes; nothing is asserted.
 # usage: bench/cuda_train.sh [SEQ [BATCH [STEPS]]]   (after `make`, on a GPU machine;
 #        defaults 2048, 8, 12; LP_SEQS=64 LP_LEN=1024 PEAK_TFLOPS=989 MODEL=DIR to reuse
-#        a model directory; DEVICE=cpu runs the same on the CPU, for a dry run of this
+#        a model directory; PEER_MODES=bf16 for the eager peer alone (default
+#        bf16,compile-bf16); DEVICE=cpu runs the same on the CPU, for a dry run of this
 #        script with PRESET=tiny)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +31,7 @@ LP_LEN=${LP_LEN:-1024}
 PEAK=${PEAK_TFLOPS:-989}
 DEVICE=${DEVICE:-cuda}
 PRESET=${PRESET:-llama3.2-1b}
+PEER_MODES=${PEER_MODES:-bf16,compile-bf16}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -59,10 +61,10 @@ printf "%-24s %12.0f %7.1f%% %14.0f\n" "meshlm bf16" "$tps" "$(awk -v m="$mfu" '
 
 if python3 -c 'import torch, transformers' 2> /dev/null; then
   python3 bench/torch_peer.py --device "$DEVICE" --model "$model" --data "$out/train.jsonl" \
-    --seq-len "$S" --batch-size "$B" --steps "$STEPS" --modes bf16,compile-bf16 > "$out/peer.txt"
+    --seq-len "$S" --batch-size "$B" --steps "$STEPS" --modes "$PEER_MODES" > "$out/peer.txt"
   # FLOPs per token as meshlm's metrics count them: its MFU / tokens/s × peak
   fpt=$(awk -v m="$mfu" -v t="$tps" -v p="$PEAK" 'BEGIN { print m * p * 1e12 / t }')
-  for mode in bf16 compile-bf16; do
+  for mode in ${PEER_MODES//,/ }; do
     line=$(grep "mode=$mode " "$out/peer.txt" || true)
     if [ -z "$line" ] || grep -q "mode=$mode skipped" "$out/peer.txt"; then
       echo "torch $mode: skipped"; continue

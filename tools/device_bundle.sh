@@ -4,23 +4,65 @@
 # packages of every shared library that build/meshlm and the test binaries
 # load (Open MPI, OpenBLAS, oneDNN, jansson, cmocka and what they load),
 # apart from glibc, libgcc, libstdc++ and CUDA's own, plus Open MPI's
-# launcher (openmpi-bin), downloaded into .device/debs; and the part of the
-# build the GPU checks run — build/meshlm, the tests labelled cuda and the
-# CTest files — copied into .device/build (the whole build directory is
-# over the device tool's 64 MiB). tools/device_checks.sh unpacks the
-# packages next to the system, not over it, links build to .device/build
-# and runs the checks; carry .device.
+# launcher (openmpi-bin) and PMIx, downloaded into .device/debs; and the
+# part of the build the GPU checks run — meshlm, its libmeshlm.so, the
+# tests labelled cuda and the CTest files — copied into .device/build (the
+# whole build directory is over the device tool's 64 MiB). The build is
+# its own (BUILD, default build-device), configured with
+# -DMESHLM_MARCH=x86-64-v3: the GPU machine's CPU is unknown, and a native
+# build of a machine with AVX-512 would stop there on SIGILL; each GPU test
+# limited to 90 s (-DMESHLM_CUDA_TEST_TIMEOUT=90).
+# tools/device_checks.sh unpacks the packages next to the system, not over
+# it, makes BUILD lead to .device/build and runs the checks; carry .device.
+# The bundle must weigh at most MESHLM_BUNDLE_MAX_MIB (default 60) MiB: over
+# it, this fails naming its largest pieces.
 #
-# usage: tools/device_bundle.sh [BUILD]   (default build; run after building;
-#        needs apt-get access here; .device/ is ignored by git)
+# usage: tools/device_bundle.sh [BUILD]   (configures and builds BUILD, then packs;
+#          needs apt-get access here; .device/ is ignored by git)
+#        tools/device_bundle.sh --check [DIR]   (only the size check of a packed
+#          bundle, default .device)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BUILD=${1:-build}
+max=${MESHLM_BUNDLE_MAX_MIB:-60}
+# check_size DIR: DIR's bytes (apparent size: what the device tool copies) within max MiB
+check_size() {
+  local bytes
+  bytes=$(du -s --apparent-size -B1 "$1" | cut -f1)
+  if [ "$bytes" -gt $((max * 1048576)) ]; then
+    echo "device_bundle.sh: $1 weighs $((bytes / 1048576)) MiB, over $max MiB (the device tool" \
+      "carries 64 MiB in all); its largest pieces:" >&2
+    find "$1" -type f -printf '%s %p\n' | sort -rn | head -n 10 |
+      awk '{ printf "  %8.1f MiB  %s\n", $1 / 1048576, $2 }' >&2
+    return 1
+  fi
+  echo "bundle: $1, $((bytes / 1048576)) MiB of at most $max MiB"
+}
+if [ "${1:-}" = --check ]; then
+  check_size "${2:-.device}"
+  exit
+fi
+BUILD=${1:-build-device}
+cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMESHLM_MARCH=x86-64-v3 \
+  -DMESHLM_CUDA_TEST_TIMEOUT=90 > /dev/null
+cmake --build "$BUILD" -j"${JOBS:-2}" --target meshlm test_cuda_ops test_cuda_engine > /dev/null
 dest=.device/debs
+rm -rf .device
 mkdir -p "$dest"
 ex=$(git rev-parse --git-path info/exclude)
 mkdir -p "$(dirname "$ex")"
 grep -qx '/.device/' "$ex" 2> /dev/null || echo '/.device/' >> "$ex"
+# the build's GPU part, same relative paths: meshlm's library by its soname
+soname=$(readelf -d "$BUILD/meshlm" | sed -n 's/.*(NEEDED).*\[\(libmeshlm\.so[^]]*\)\].*/\1/p')
+if ! readelf -d "$BUILD/$soname" | grep -q 'NEEDED.*libcudart'; then
+  echo "device_bundle.sh: $BUILD has no CUDA backend ($soname does not load libcudart: nvcc" \
+    "was not found when it was configured, or MESHLM_CUDA=OFF)" >&2
+  exit 1
+fi
+(cd "$BUILD" && find . -name CTestTestfile.cmake -o -path ./meshlm -o -path "./$soname" \
+  -o -path './tests/cuda/test_*' -type f -perm -u+x) | while read -r f; do
+  mkdir -p ".device/build/$(dirname "$f")" && cp -L "$BUILD/$f" ".device/build/$f"
+done
+strip --strip-unneeded .device/build/meshlm ".device/build/$soname" .device/build/tests/cuda/test_*
 # the owning package of a library path (Debian's merged /usr: dpkg knows /usr/lib)
 owner() {
   local p
@@ -28,7 +70,7 @@ owner() {
   dpkg -S "$p" 2> /dev/null || dpkg -S "/usr${p#/usr}" 2> /dev/null ||
     dpkg -S "${p/#\/lib/\/usr\/lib}" 2> /dev/null || true
 }
-bins=$(find "$BUILD" -maxdepth 3 -type f -perm -u+x ! -name '*.so*' ! -name '*.sh' | head -n 200)
+bins=$(find .device/build -type f -perm -u+x)
 libs=$(for b in $bins; do ldd "$b" 2> /dev/null | awk '$3 ~ /^\// { print $3 }'; done | sort -u)
 pkgs=$(for l in $libs; do owner "$l"; done | cut -d: -f1 | sort -u |
   grep -vE '^(libc6|libgcc-s1|libstdc\+\+6|zlib1g|libudev1|libcrypt1)$' |
@@ -39,12 +81,6 @@ pkgs="$pkgs openmpi-bin openmpi-common libopenmpi3 libpmix2 libhwloc15 libevent-
   librdmacm1 libpsm2-2 libpsm-infinipath1 libnuma1 libxml2 libicu72 libltdl7"
 pkgs=$(echo "$pkgs" | tr ' ' '\n' | grep -v '^$' | sort -u)
 (cd "$dest" && apt-get download $pkgs > /dev/null)
-# the build's GPU part, same relative paths
-rm -rf .device/build
-(cd "$BUILD" && find . -name CTestTestfile.cmake -o -path ./meshlm -o -path './tests/cuda/test_*' \
-  -type f -perm -u+x) | while read -r f; do
-  mkdir -p ".device/build/$(dirname "$f")" && cp -p "$BUILD/$f" ".device/build/$f"
-done
-strip --strip-unneeded .device/build/meshlm .device/build/tests/cuda/test_* 2> /dev/null || true
 du -sh "$dest" .device/build
 echo "packages: $(echo "$pkgs" | tr '\n' ' ')"
+check_size .device

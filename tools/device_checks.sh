@@ -1,27 +1,145 @@
 #!/usr/bin/env bash
-# Everything the CUDA backend must pass on a GPU machine, in one command for
-# an offline, bare machine (the device tool): unpack the runtime packages
-# tools/device_bundle.sh gathered, then the GPU tests (ctest label cuda,
-# every kernel against the CPU backend and every fixture family's
-# log-probs and training step against the CPU), then bench/cuda_train.sh on
-# the Llama-3.2-1B shape. Logs go to OUT (the device tool's $OUT) when set.
-# usage: tools/device_checks.sh   (from the repository root, with .device carried)
+# Everything the CUDA backend must pass on a GPU machine, in one command of
+# at most ~7 minutes for an offline, bare machine (the device tool), in
+# stages that each run even when the one before failed:
+#   preflight  unpack the packages tools/device_bundle.sh gathered into
+#              MESHLM_RT (tools/device_env.sh), then nvidia-smi, ldd of every
+#              binary and library of the bundle and of the unpacked tree (no
+#              "not found"), `mpiexec -n 1 true`, lscpu
+#   ctest      CUDA_LAUNCH_BLOCKING=1 ctest -L cuda -j4 (every kernel against
+#              the CPU backend, every fixture family's log-probs and training
+#              step against the CPU; 90 s a test, the bundle's build sets
+#              it), at most CTEST_S (default 170) seconds in all
+#   bench      bench/cuda_train.sh with few steps and the PyTorch eager peer
+#              only (no torch.compile), at most BENCH_S (default 180) seconds
+# Every stage logs into OUT (the device tool's $OUT; default
+# /tmp/meshlm-device) and appends `STAGE STATUS SECONDS DETAIL` to
+# OUT/summary.txt (STATUS ok, fail, no-gpu for a preflight that finds no
+# GPU, skipped for a ctest where tests skipped and none failed). Exits 0
+# when every stage it ran is ok.
+# usage: tools/device_checks.sh [STAGE...]   (default: preflight ctest bench; from the
+#        repository root with .device carried; MESHLM_BUNDLE=DIR for another bundle,
+#        MESHLM_RT=DIR where to unpack it, default /tmp/meshlm-rt)
 set -uo pipefail
-cd "$(dirname "$0")/.."
-BUILD=build
-[ -e build ] || ln -s .device/build build
-out=${OUT:-/tmp/meshlm-device}
-mkdir -p "$out"
-# the build has this checkout's absolute path compiled in (ctest files, the
-# tests' fixture directory): make that path lead to this copy
-src=$(sed -n 's/^# Source directory: //p' "$BUILD/CTestTestfile.cmake")
-if [ "$src" != "$(pwd -P)" ] && [ ! -e "$src" ]; then
-  mkdir -p "$(dirname "$src")" && ln -s "$(pwd -P)" "$src"
+cd "$(dirname "$0")/.." || exit 2
+root=$(pwd -P)
+bundle=${MESHLM_BUNDLE:-.device}
+if [ ! -f "$bundle/build/CTestTestfile.cmake" ]; then
+  echo "device_checks.sh: no bundle at $bundle (build/CTestTestfile.cmake missing): run" \
+    "tools/device_bundle.sh and carry .device" >&2
+  exit 2
 fi
-rt=/opt/meshlm-rt
-for f in .device/debs/*.deb; do dpkg -x "$f" "$rt"; done
+bundle=$(cd "$bundle" && pwd -P)
+rt=${MESHLM_RT:-/tmp/meshlm-rt}
+out=${OUT:-/tmp/meshlm-device}
+mkdir -p "$out" "$rt"
+summary=$out/summary.txt
+: > "$summary"
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(preflight ctest bench)
+failed=0
+# record STAGE STATUS START DETAIL: one summary line (and on stdout)
+record() {
+  local line
+  line="$1 $2 $(($(date +%s) - $3)) ${*:4}"
+  echo "$line" | tee -a "$summary"
+  [ "$2" = ok ] || failed=1
+}
+
+# The build has this checkout's absolute paths compiled in (the CTest files,
+# the tests' fixture directory, meshlm's RUNPATH to its library): make the
+# source directory lead to this copy and the build directory to the bundle's
+# (and, for bench/cuda_train.sh, ./build too).
+src=$(sed -n 's/^# Source directory: //p' "$bundle/build/CTestTestfile.cmake")
+bdir=$(sed -n 's/^# Build directory: //p' "$bundle/build/CTestTestfile.cmake")
+if [ -n "$src" ] && [ "$src" != "$root" ] && [ ! -e "$src" ]; then
+  mkdir -p "$(dirname "$src")" && ln -s "$root" "$src"
+fi
+links=("$bdir")
+[[ " ${stages[*]} " != *" bench "* ]] || links+=("$root/build")
+for b in "${links[@]}"; do
+  if [ -n "$b" ] && [ ! -e "$b" ]; then mkdir -p "$(dirname "$b")" && ln -s "$bundle/build" "$b"; fi
+done
+
+# The unpacked packages' environment, in this shell (every stage runs under it).
+for f in "$bundle"/debs/*.deb; do [ -e "$f" ] && dpkg -x "$f" "$rt"; done
 # shellcheck source=tools/device_env.sh
-. tools/device_env.sh "$rt"
-nvidia-smi > "$out/nvidia-smi.txt" 2>&1
-(cd "$BUILD" && ctest -L cuda --output-on-failure --timeout 600) 2>&1 | tee "$out/ctest_cuda.log"
-bash bench/cuda_train.sh 2>&1 | tee "$out/bench_cuda.log"
+. tools/device_env.sh "$rt" 2> "$out/device_env.log"
+env_rc=$?
+export LD_LIBRARY_PATH="$bundle/build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+preflight() {
+  local t0 gpu=ok detail=() nf
+  t0=$(date +%s)
+  [ "$env_rc" -eq 0 ] || detail+=("device_env.sh failed: $(head -c 300 "$out/device_env.log")")
+  if ! command -v nvidia-smi > /dev/null; then
+    gpu=no-gpu detail+=("no GPU: nvidia-smi not found")
+    echo "nvidia-smi: not found" > "$out/nvidia-smi.txt"
+  elif ! nvidia-smi > "$out/nvidia-smi.txt" 2>&1; then
+    gpu=no-gpu detail+=("no GPU: nvidia-smi failed ($(head -n 1 "$out/nvidia-smi.txt"))")
+  fi
+  # ldd of the bundle's binaries and libraries and of every library unpacked
+  {
+    find -L "$bundle/build" -type f \( -perm -u+x -o -name '*.so*' \)
+    find -L "$rt" -type f -name '*.so*'
+    find -L "$rt/usr/bin" -type f -perm -u+x
+  } 2> /dev/null | sort -u | while read -r f; do
+    [ "$(od -An -tx1 -N4 "$f" | tr -d ' ')" = 7f454c46 ] || continue
+    echo "== $f"
+    ldd "$f" 2>&1
+  done > "$out/ldd.txt"
+  nf=$(grep -c 'not found' "$out/ldd.txt")
+  if [ "$nf" -gt 0 ]; then
+    detail+=("ldd: $nf not found (ldd.txt): $(grep -B0 'not found' "$out/ldd.txt" | sort -u |
+      head -n 5 | tr -s ' \t' ' ' | tr '\n' ';')")
+    grep -e '^==' -e 'not found' "$out/ldd.txt" | grep -B1 'not found' | grep '^==' |
+      head -n 5 > "$out/ldd_not_found_in.txt"
+  fi
+  if ! timeout 60 mpiexec -n 1 true > "$out/mpiexec.txt" 2>&1; then
+    detail+=("mpiexec -n 1 true failed ($(command -v mpiexec), mpiexec.txt)")
+  fi
+  lscpu > "$out/lscpu.txt" 2>&1
+  grep -E '^(Model name|Flags)' "$out/lscpu.txt" | grep -o 'Model name.*\|avx512f\|amx_tile' |
+    tr -s ' \n' ' ' > "$out/cpu.txt"
+  local status=ok
+  [ ${#detail[@]} -eq 0 ] || status=fail
+  [ "$gpu" = ok ] || status=no-gpu
+  record preflight "$status" "$t0" "${detail[*]:-}" "cpu: $(cat "$out/cpu.txt")"
+}
+
+ctest_stage() {
+  local t0 rc
+  t0=$(date +%s)
+  (cd "$bundle/build" && CUDA_LAUNCH_BLOCKING=1 timeout -k 5 "${CTEST_S:-170}" \
+    ctest -L cuda -j4 --output-on-failure) > "$out/ctest_cuda.log" 2>&1
+  rc=$?
+  # the result line, how many skipped (no GPU: every one), the failed by name;
+  # status ok, skipped (none failed, some skipped: the GPU was not usable) or fail
+  local skipped status=fail
+  skipped=$(grep -cE '^\s+[0-9]+ - .* \(Skipped\)$' "$out/ctest_cuda.log")
+  [ $rc -ne 0 ] || status=$([ "$skipped" -eq 0 ] && echo ok || echo skipped)
+  record ctest "$status" "$t0" "rc=$rc;" "$(grep '% tests passed' "$out/ctest_cuda.log");" \
+    "skipped: $skipped;" \
+    "not passed: $(grep -E '^\s+[0-9]+ - .* \(.*\)$' "$out/ctest_cuda.log" | grep -v '(Skipped)' |
+      sed -E 's/^\s+[0-9]+ - //' | tr '\n' ' ')"
+}
+
+bench_stage() {
+  local t0 rc
+  t0=$(date +%s)
+  PEER_MODES=bf16 LP_SEQS=16 timeout -k 5 "${BENCH_S:-180}" bash bench/cuda_train.sh 2048 8 6 \
+    > "$out/bench_cuda.log" 2>&1
+  rc=$?
+  record bench "$([ $rc -eq 0 ] && echo ok || echo fail)" "$t0" "rc=$rc" \
+    "$(grep -E '^(meshlm|torch)' "$out/bench_cuda.log" | tr -s ' ' | tr '\n' ';')"
+}
+
+for s in "${stages[@]}"; do
+  case $s in
+    preflight) preflight ;;
+    ctest) ctest_stage ;;
+    bench) bench_stage ;;
+    *) echo "device_checks.sh: unknown stage '$s' (expected preflight, ctest, bench)" >&2; exit 2 ;;
+  esac
+done
+exit $failed

@@ -24,7 +24,9 @@ static int cpu_create(int local_rank, ml_backend **out) { return ml_backend_cpu_
  * the build lacks then), cpu first (the default). */
 #define ML_DEVICES(X)                                                                \
   X("cpu", "host memory, collectives on MPI", cpu_create, "")                        \
-  X("cuda", "one NVIDIA GPU per rank, sm_80 or newer; one-rank meshes until NCCL",   \
+  X("cuda",                                                                          \
+    "one NVIDIA GPU per rank, of a capability the build has code for (sm_90 "        \
+    "by default); one-rank meshes until NCCL",                                       \
     CUDA_CREATE,                                                                     \
     "this build has no CUDA backend (nvcc was not found when it was configured, or " \
     "MESHLM_CUDA=OFF)")

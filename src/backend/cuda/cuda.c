@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda_arch.h"
 #include "backend/pool.h"
 #include "common/checked.h"
 #include "common/status.h"
@@ -36,8 +37,17 @@ int ml_cuda_check(int rc, const char *what) {
   return ml_err("cuda: %s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
 }
 
-/* A launcher's result, named by the operator. */
-static int launched(cudaError_t rc, const char *op) { return ml_cuda_check(rc, op); }
+int ml_cuda_launched(int rc, const char *op) {
+  if (rc == cudaSuccess) return 0;
+  const char *kernel = kc_failed_kernel();
+  cudaError_t e = (cudaError_t)rc;
+  if (!kernel) return ml_cuda_check(rc, op);
+  return ml_err("cuda: %s: kernel %s: %s (%s)%s", op, kernel, cudaGetErrorName(e),
+                cudaGetErrorString(e),
+                getenv("CUDA_LAUNCH_BLOCKING") ? ""
+                                               : " (or an earlier kernel's asynchronous error: "
+                                                 "CUDA_LAUNCH_BLOCKING=1 tells them apart)");
+}
 
 /* ---- memory -------------------------------------------------------------- */
 
@@ -138,19 +148,19 @@ static int cu_convert(ml_backend *be, void *dst, ml_dtype dst_type, const void *
     return dst == src ? 0 : cu_copy(be, dst, src, n * ml_dtype_size(src_type), ML_COPY_D2D);
   int64_t len = (int64_t)n;
   if (src_type == ML_F32 && dst_type == ML_BF16)
-    return launched(kc_f32_to_bf16(st, src, dst, len), "convert F32 to BF16");
+    return ml_cuda_launched(kc_f32_to_bf16(st, src, dst, len), "convert F32 to BF16");
   if (src_type == ML_BF16 && dst_type == ML_F32)
-    return launched(kc_bf16_to_f32(st, src, dst, len), "convert BF16 to F32");
+    return ml_cuda_launched(kc_bf16_to_f32(st, src, dst, len), "convert BF16 to F32");
   if (src_type == ML_F32 && dst_type == ML_F16)
-    return launched(kc_f32_to_f16(st, src, dst, len), "convert F32 to F16");
+    return ml_cuda_launched(kc_f32_to_f16(st, src, dst, len), "convert F32 to F16");
   if (src_type == ML_F16 && dst_type == ML_F32)
-    return launched(kc_f16_to_f32(st, src, dst, len), "convert F16 to F32");
+    return ml_cuda_launched(kc_f16_to_f32(st, src, dst, len), "convert F16 to F32");
   return ml_err("convert %s to %s: expected fp32 and BF16 or F16", ml_dtype_name(src_type),
                 ml_dtype_name(dst_type));
 }
 
 static int cu_round_bf16(ml_backend *be, float *x, size_t n) {
-  return launched(kc_round_bf16(impl(be)->stream, x, (int64_t)n), "round to bf16");
+  return ml_cuda_launched(kc_round_bf16(impl(be)->stream, x, (int64_t)n), "round to bf16");
 }
 
 /* ---- ordering ------------------------------------------------------------ */
@@ -189,17 +199,17 @@ static int cu_gemm(ml_backend *be, const ml_gemm *g) { return ml_cuda_gemm_run(i
 static int cu_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db) {
   void *work = scratch(be, kc_bias_grad_work(T, N), "the bias gradient's partial sums");
   if (!work) return -1;
-  int rc = launched(kc_bias_grad(impl(be)->stream, dy, T, N, db, work), "bias_grad");
+  int rc = ml_cuda_launched(kc_bias_grad(impl(be)->stream, dy, T, N, db, work), "bias_grad");
   cu_free(be, work);
   return rc;
 }
 
 static int cu_add(ml_backend *be, float *y, const float *x, int64_t n) {
-  return launched(kc_add(impl(be)->stream, y, x, n), "add");
+  return ml_cuda_launched(kc_add(impl(be)->stream, y, x, n), "add");
 }
 
 static int cu_scale(ml_backend *be, float *x, int64_t n, float s) {
-  return launched(kc_scale(impl(be)->stream, x, n, s), "scale");
+  return ml_cuda_launched(kc_scale(impl(be)->stream, x, n, s), "scale");
 }
 
 /* Norm and embedding weights: fp32 or bf16, read as they are. */
@@ -211,9 +221,9 @@ static int weight_type(const char *op, ml_dtype t) {
 static int cu_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
                           float offset, float eps, float *y, float *rstd, int64_t T, int64_t H) {
   ML_TRY(weight_type("rmsnorm", w_type));
-  return launched(kc_rmsnorm_fwd(impl(be)->stream, x, w, w_type == ML_BF16, offset, eps, y, rstd,
-                                 T, H),
-                  "rmsnorm forward");
+  return ml_cuda_launched(
+      kc_rmsnorm_fwd(impl(be)->stream, x, w, w_type == ML_BF16, offset, eps, y, rstd, T, H),
+      "rmsnorm forward");
 }
 
 static int cu_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const void *w,
@@ -222,9 +232,9 @@ static int cu_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const
   ML_TRY(weight_type("rmsnorm", w_type));
   void *work = scratch(be, kc_rmsnorm_bwd_work(T, H), "the RMSNorm weight gradient's partials");
   if (!work) return -1;
-  int rc = launched(kc_rmsnorm_bwd(impl(be)->stream, dy, x, w, w_type == ML_BF16, offset, rstd,
-                                   dx, dw, T, H, work),
-                    "rmsnorm backward");
+  int rc = ml_cuda_launched(kc_rmsnorm_bwd(impl(be)->stream, dy, x, w, w_type == ML_BF16, offset,
+                                           rstd, dx, dw, T, H, work),
+                            "rmsnorm backward");
   cu_free(be, work);
   return rc;
 }
@@ -248,12 +258,12 @@ static int cu_rope_tables(ml_backend *be, double theta, int64_t hd, const ml_rop
 
 static int cu_rope_fwd(ml_backend *be, float *x, const float *c, const float *s, int64_t B,
                        int64_t S, int64_t nh, int64_t hd) {
-  return launched(kc_rope_fwd(impl(be)->stream, x, c, s, B, S, nh, hd), "rope forward");
+  return ml_cuda_launched(kc_rope_fwd(impl(be)->stream, x, c, s, B, S, nh, hd), "rope forward");
 }
 
 static int cu_rope_bwd(ml_backend *be, float *dx, const float *c, const float *s, int64_t B,
                        int64_t S, int64_t nh, int64_t hd) {
-  return launched(kc_rope_bwd(impl(be)->stream, dx, c, s, B, S, nh, hd), "rope backward");
+  return ml_cuda_launched(kc_rope_bwd(impl(be)->stream, dx, c, s, B, S, nh, hd), "rope backward");
 }
 
 /* FlashAttention-2 saves each query's log-sum-exp [B, nh, S]. */
@@ -275,9 +285,9 @@ static int cu_attention_fwd(ml_backend *be, const float *q, const float *k, cons
                             float *out, float *lse, int64_t B, int64_t S, int64_t nh, int64_t nkv,
                             int64_t hd, float scale, int64_t window, ml_dtype compute) {
   ML_TRY(attention_compute(compute));
-  return launched(kc_attention_fwd(impl(be)->stream, q, k, v, out, lse, B, S, nh, nkv, hd, scale,
-                                   window, compute == ML_BF16),
-                  "attention forward");
+  return ml_cuda_launched(kc_attention_fwd(impl(be)->stream, q, k, v, out, lse, B, S, nh, nkv, hd,
+                                           scale, window, compute == ML_BF16),
+                          "attention forward");
 }
 
 static int cu_attention_bwd(ml_backend *be, const float *dout, const float *q, const float *k,
@@ -286,50 +296,51 @@ static int cu_attention_bwd(ml_backend *be, const float *dout, const float *q, c
                             int64_t hd, float scale, int64_t window, ml_dtype compute,
                             void *work) {
   ML_TRY(attention_compute(compute));
-  return launched(kc_attention_bwd(impl(be)->stream, dout, q, k, v, out, lse, dq, dk, dv, B, S,
-                                   nh, nkv, hd, scale, window, compute == ML_BF16, work),
-                  "attention backward");
+  return ml_cuda_launched(kc_attention_bwd(impl(be)->stream, dout, q, k, v, out, lse, dq, dk, dv, B,
+                                           S, nh, nkv, hd, scale, window, compute == ML_BF16, work),
+                          "attention backward");
 }
 
 static int cu_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
                       ml_glu_act act) {
-  return launched(kc_glu_fwd(impl(be)->stream, g, u, h, n, act), "glu forward");
+  return ml_cuda_launched(kc_glu_fwd(impl(be)->stream, g, u, h, n, act), "glu forward");
 }
 
 static int cu_glu_bwd(ml_backend *be, const float *dh, const float *g, const float *u, float *dg,
                       float *du, int64_t n, ml_glu_act act) {
-  return launched(kc_glu_bwd(impl(be)->stream, dh, g, u, dg, du, n, act), "glu backward");
+  return ml_cuda_launched(kc_glu_bwd(impl(be)->stream, dh, g, u, dg, du, n, act), "glu backward");
 }
 
 static int cu_embedding_fwd(ml_backend *be, const int32_t *ids, int64_t T, const void *W,
                             ml_dtype w_type, int64_t row0, int64_t rows, int64_t H, float scale,
                             float *out) {
   ML_TRY(weight_type("embedding", w_type));
-  return launched(kc_embedding_fwd(impl(be)->stream, ids, T, W, w_type == ML_BF16, row0, rows, H,
-                                   scale, out),
-                  "embedding forward");
+  return ml_cuda_launched(
+      kc_embedding_fwd(impl(be)->stream, ids, T, W, w_type == ML_BF16, row0, rows, H, scale, out),
+      "embedding forward");
 }
 
 static int cu_embedding_bwd(ml_backend *be, const int32_t *ids, int64_t T, const float *dout,
                             int64_t row0, int64_t rows, int64_t H, float scale, float *dW) {
   void *work = scratch(be, kc_embedding_bwd_work(T), "the embedding backward's token order");
   if (!work) return -1;
-  int rc = launched(kc_embedding_bwd(impl(be)->stream, ids, T, dout, row0, rows, H, scale, dW,
-                                     work),
-                    "embedding backward");
+  int rc = ml_cuda_launched(
+      kc_embedding_bwd(impl(be)->stream, ids, T, dout, row0, rows, H, scale, dW, work),
+      "embedding backward");
   cu_free(be, work);
   return rc;
 }
 
 static int cu_xent_rowmax(ml_backend *be, const float *logits, int64_t T, int64_t V, float *mx) {
-  return launched(kc_xent_rowmax(impl(be)->stream, logits, T, V, mx), "cross-entropy row max");
+  return ml_cuda_launched(kc_xent_rowmax(impl(be)->stream, logits, T, V, mx),
+                          "cross-entropy row max");
 }
 
 static int cu_xent_sumexp_target(ml_backend *be, const float *logits, int64_t T, int64_t V,
                                  int64_t v0, const int32_t *y, const float *mx, float *se,
                                  float *tl) {
-  return launched(kc_xent_sumexp_target(impl(be)->stream, logits, T, V, v0, y, mx, se, tl),
-                  "cross-entropy sum of exponentials");
+  return ml_cuda_launched(kc_xent_sumexp_target(impl(be)->stream, logits, T, V, v0, y, mx, se, tl),
+                          "cross-entropy sum of exponentials");
 }
 
 /* The result slot's `bytes` to the host, after the stream has run. */
@@ -349,8 +360,9 @@ static int cu_xent_logprobs(ml_backend *be, const float *se, const float *tl, co
   if (!work) return -1;
   double *sum = c->result_dev;
   long long *n = (long long *)(sum + 1);
-  int rc = launched(kc_xent_logprobs(c->stream, se, tl, y, T, scale, logprobs, w, sum, n, work),
-                    "cross-entropy log-probs");
+  int rc =
+      ml_cuda_launched(kc_xent_logprobs(c->stream, se, tl, y, T, scale, logprobs, w, sum, n, work),
+                       "cross-entropy log-probs");
   cu_free(be, work);
   ML_TRY(rc || fetch_result(be, sizeof(double) + sizeof(long long)));
   const double *hs = c->result_host;
@@ -364,13 +376,14 @@ static int cu_xent_logprobs(ml_backend *be, const float *se, const float *tl, co
 static int cu_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
                        const int32_t *y, const float *mx, const float *se, const float *w,
                        float *dlogits) {
-  return launched(kc_xent_bwd(impl(be)->stream, logits, T, V, v0, y, mx, se, w, dlogits),
-                  "cross-entropy backward");
+  return ml_cuda_launched(kc_xent_bwd(impl(be)->stream, logits, T, V, v0, y, mx, se, w, dlogits),
+                          "cross-entropy backward");
 }
 
 static int cu_adamw(ml_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
                     double lr, double b1, double b2, double eps, double wd, int64_t step) {
-  return launched(kc_adamw(impl(be)->stream, p, g, m, v, n, lr, b1, b2, eps, wd, step), "AdamW");
+  return ml_cuda_launched(kc_adamw(impl(be)->stream, p, g, m, v, n, lr, b1, b2, eps, wd, step),
+                          "AdamW");
 }
 
 static int cu_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind,
@@ -381,7 +394,7 @@ static int cu_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_ki
   cudaError_t e = kind == ML_NORM_ABSMAX ? kc_absmax(c->stream, g, n, c->result_dev, work)
                                          : kc_sumsq(c->stream, g, n, c->result_dev, work);
   cu_free(be, work);
-  ML_TRY(launched(e, "grad-norm partial") || fetch_result(be, sizeof(double)));
+  ML_TRY(ml_cuda_launched(e, "grad-norm partial") || fetch_result(be, sizeof(double)));
   memcpy(out, c->result_host, sizeof *out);
   return 0;
 }
@@ -392,7 +405,7 @@ static int cu_find_nonfinite(ml_backend *be, const float *g, int64_t n, bool *fo
   if (!work) return -1;
   cudaError_t e = kc_has_nonfinite(c->stream, g, n, c->result_dev, work);
   cu_free(be, work);
-  ML_TRY(launched(e, "non-finite search") || fetch_result(be, sizeof(int)));
+  ML_TRY(ml_cuda_launched(e, "non-finite search") || fetch_result(be, sizeof(int)));
   int flag;
   memcpy(&flag, c->result_host, sizeof flag);
   *found = flag != 0;
@@ -474,10 +487,14 @@ static int pick_device(int local_rank, int *device) {
   *device = local_rank > 0 ? local_rank % count : 0;
   struct cudaDeviceProp prop;
   ML_TRY(ml_cuda_check(cudaGetDeviceProperties(&prop, *device), "cudaGetDeviceProperties"));
-  if (prop.major < 8)
-    return ml_err("device 'cuda': GPU %d (%s) is sm_%d%d; expected sm_80 or newer (bf16 tensor "
-                  "cores)",
-                  *device, prop.name, prop.major, prop.minor);
+  int covered = ml_cuda_arch_covers(ML_CUDA_ARCHS, prop.major, prop.minor);
+  if (covered < 0) return -1;
+  if (!covered)
+    return ml_err("device 'cuda': GPU %d (%s) has compute capability %d.%d, which this build has "
+                  "no code for: its kernels were built for CUDA architectures %s "
+                  "(CMAKE_CUDA_ARCHITECTURES; rebuild with one that covers sm_%d%d)",
+                  *device, prop.name, prop.major, prop.minor, ML_CUDA_ARCHS, prop.major,
+                  prop.minor);
   return ml_cuda_check(cudaSetDevice(*device), "cudaSetDevice");
 }
 

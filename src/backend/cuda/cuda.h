@@ -19,8 +19,8 @@
  * rank among its job's processes on its node (comm/node.h), as torchrun's
  * LOCAL_RANK picks cuda:LOCAL_RANK (device 0 for local_rank <= 0).
  * Errors: no CUDA device or driver (with the runtime's message), a device
- * older than sm_80 (bf16 tensor cores), allocation, cuBLASLt
- * initialisation. */
+ * whose compute capability the build has no code for (ML_CUDA_ARCHS,
+ * backend/cuda_arch.h), allocation, cuBLASLt initialisation. */
 int ml_backend_cuda_create(int local_rank, ml_backend **out);
 
 /* ---- the GEMM (gemm.c) ---------------------------------------------------- */
@@ -38,5 +38,8 @@ int ml_cuda_gemm_run(ml_cuda_gemm *g, const ml_gemm *args);
 /* 0, or −1 with "cuda: WHAT: <the runtime's error name and text>" for a
  * failed CUDA runtime call (rc a cudaError_t). */
 int ml_cuda_check(int rc, const char *what);
+/* The same for a kernels/cuda launcher's result (operator `op`), naming the
+ * kernel whose launch failed (kc_failed_kernel) where there is one. */
+int ml_cuda_launched(int rc, const char *op);
 
 #endif

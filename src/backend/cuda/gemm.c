@@ -169,7 +169,7 @@ static int to_bf16(ml_cuda_gemm *g, const void *p, ml_dtype type, int64_t rows, 
                      (long long)rows, (long long)cols);
   if (!*mem) return -1;
   *out = *mem;
-  return ml_cuda_check(kc_f32_to_bf16(g->stream, p, *mem, n), "GEMM operand to bf16");
+  return ml_cuda_launched(kc_f32_to_bf16(g->stream, p, *mem, n), "GEMM operand to bf16");
 }
 
 /* K = 0: every product is an empty sum, so C (=|+=) 0 (+ bias). */
@@ -180,8 +180,8 @@ static int empty_sum(ml_cuda_gemm *g, const ml_gemm *a, const float *bias) {
                                            g->stream),
                          "cudaMemset2DAsync"));
   if (!bias) return 0;
-  return ml_cuda_check(kc_add_bias_rows(g->stream, a->C, a->ldc, a->M, a->N, bias),
-                       "GEMM bias rows");
+  return ml_cuda_launched(kc_add_bias_rows(g->stream, a->C, a->ldc, a->M, a->N, bias),
+                          "GEMM bias rows");
 }
 
 int ml_cuda_gemm_run(ml_cuda_gemm *g, const ml_gemm *a) {
@@ -190,8 +190,8 @@ int ml_cuda_gemm_run(ml_cuda_gemm *g, const ml_gemm *a) {
   int rc = 0;
   if (a->bias && a->bias_type == ML_BF16) {
     mem[2] = ml_be_alloc(g->be, a->N, sizeof(float), "a GEMM bias [%lld]", (long long)a->N);
-    rc = !mem[2] || ml_cuda_check(kc_bf16_to_f32(g->stream, a->bias, mem[2], a->N),
-                                  "GEMM bias to fp32");
+    rc = !mem[2] ||
+         ml_cuda_launched(kc_bf16_to_f32(g->stream, a->bias, mem[2], a->N), "GEMM bias to fp32");
     bias = mem[2];
   }
   if (!rc && a->K == 0) rc = empty_sum(g, a, bias);

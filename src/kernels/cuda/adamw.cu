@@ -36,7 +36,6 @@ extern "C" cudaError_t kc_adamw(cudaStream_t st, float *p, const float *g, float
                                 int64_t step) {
   if (n <= 0) return cudaSuccess;
   ml_adamw_scalars c = ml_adamw_scalars_of(lr, b1, b2, eps, wd, step);
-  adamw_kernel<<<kc_grid((n + 3) / 4, KC_THREADS), KC_THREADS, 0, st>>>(
-      p, g, m, v, n, c.decay, c.w1, c.w2, c.neg_step, c.bc2_sqrt, c.eps, b2);
-  return cudaGetLastError();
+  return KC_LAUNCH(adamw_kernel, kc_grid((n + 3) / 4, KC_THREADS), KC_THREADS, 0, st, p, g, m, v, n,
+                   c.decay, c.w1, c.w2, c.neg_step, c.bc2_sqrt, c.eps, b2);
 }

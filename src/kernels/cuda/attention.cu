@@ -58,6 +58,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
 namespace {
@@ -907,19 +908,22 @@ __global__ void __launch_bounds__(ROWDOT_NT) rowdot(const float *__restrict__ do
 
 /* ==== launchers ========================================================== */
 
-/* Launches `kernel` on `blocks` 1-D blocks, opting in to its shared memory
- * first when that is above the default 48 KiB. */
+/* Launches `kernel` (`name` in an error, common.cuh's kc_launch) on
+ * `blocks` 1-D blocks, opting in to its shared memory first when that is
+ * above the default 48 KiB. */
 template <typename K>
-cudaError_t launch(K kernel, int64_t blocks, int threads, size_t smem, cudaStream_t st,
-                   const Params &p) {
+cudaError_t launch(const char *name, K kernel, int64_t blocks, int threads, size_t smem,
+                   cudaStream_t st, const Params &p) {
   if (blocks < 1 || blocks > INT32_MAX) return cudaErrorInvalidValue;
   if (smem > 48 * 1024) {
     cudaError_t e =
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e != cudaSuccess) return e;
+    if (e != cudaSuccess) {
+      kc_failed = name;
+      return e;
+    }
   }
-  kernel<<<(unsigned)blocks, threads, smem, st>>>(p);
-  return cudaGetLastError();
+  return kc_launch(name, kernel, (unsigned)blocks, threads, smem, st, p);
 }
 
 bool aligned16(const void *x) { return ((uintptr_t)x & 15) == 0; }
@@ -951,10 +955,10 @@ template <int HP>
 cudaError_t fwd_launch(cudaStream_t st, const Params &p, bool bf) {
   const int64_t heads = (int64_t)p.B * p.nh;
   if (bf)
-    return launch(fwd_bf16<HP>, tiles(p.S, FwdBf16<HP>::BM) * heads, FwdBf16<HP>::NT,
+    return launch("fwd_bf16", fwd_bf16<HP>, tiles(p.S, FwdBf16<HP>::BM) * heads, FwdBf16<HP>::NT,
                   FwdBf16<HP>::smem, st, p);
-  return launch(fwd_f32<HP>, tiles(p.S, F32<HP>::BM) * heads, F32<HP>::NT, F32<HP>::smem_fwd, st,
-                p);
+  return launch("fwd_f32", fwd_f32<HP>, tiles(p.S, F32<HP>::BM) * heads, F32<HP>::NT,
+                F32<HP>::smem_fwd, st, p);
 }
 
 template <int HP>
@@ -963,14 +967,14 @@ cudaError_t bwd_launch(cudaStream_t st, const Params &p, bool bf) {
   cudaError_t e;
   if (bf) {
     using C = BwdBf16<HP>;
-    e = launch(dkdv_bf16<HP>, tiles(p.S, C::BN) * kv_heads, C::NT, C::smem_kv, st, p);
+    e = launch("dkdv_bf16", dkdv_bf16<HP>, tiles(p.S, C::BN) * kv_heads, C::NT, C::smem_kv, st, p);
     if (e != cudaSuccess) return e;
-    return launch(dq_bf16<HP>, tiles(p.S, C::BM) * heads, C::NT, C::smem_q, st, p);
+    return launch("dq_bf16", dq_bf16<HP>, tiles(p.S, C::BM) * heads, C::NT, C::smem_q, st, p);
   }
   using C = F32<HP>;
-  e = launch(dkdv_f32<HP>, tiles(p.S, C::BN) * kv_heads, C::NT, C::smem_kv, st, p);
+  e = launch("dkdv_f32", dkdv_f32<HP>, tiles(p.S, C::BN) * kv_heads, C::NT, C::smem_kv, st, p);
   if (e != cudaSuccess) return e;
-  return launch(dq_f32<HP>, tiles(p.S, C::BM) * heads, C::NT, C::smem_q, st, p);
+  return launch("dq_f32", dq_f32<HP>, tiles(p.S, C::BM) * heads, C::NT, C::smem_q, st, p);
 }
 
 }  // namespace
@@ -1035,8 +1039,9 @@ extern "C" cudaError_t kc_attention_bwd(cudaStream_t st, const float *dout, cons
   /* 1. D, then 2. dk/dv and 3. dq (both read D; neither writes what the other reads) */
   const int64_t rows = (int64_t)p.B * p.S * p.nh;
   const int64_t blocks = tiles(rows, ROWDOT_NT / 32);
-  rowdot<<<(unsigned)(blocks < (1 << 20) ? blocks : (1 << 20)), ROWDOT_NT, 0, st>>>(
-      dout, out, D, rows, p.S, p.nh, p.hd, bf16);
+  e = KC_LAUNCH(rowdot, (unsigned)(blocks < (1 << 20) ? blocks : (1 << 20)), ROWDOT_NT, 0, st, dout,
+                out, D, rows, p.S, p.nh, p.hd, bf16);
+  if (e != cudaSuccess) return e;
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   switch (padded(p.hd)) {

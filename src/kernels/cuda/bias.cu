@@ -15,6 +15,5 @@ static __global__ void add_bias_rows(float *C, int64_t ldc, int64_t M, int64_t N
 extern "C" cudaError_t kc_add_bias_rows(cudaStream_t st, float *C, int64_t ldc, int64_t M,
                                         int64_t N, const float *bias) {
   if (M <= 0 || N <= 0) return cudaSuccess;
-  add_bias_rows<<<kc_row_grid(M), KC_THREADS, 0, st>>>(C, ldc, M, N, bias);
-  return cudaGetLastError();
+  return KC_LAUNCH(add_bias_rows, kc_row_grid(M), KC_THREADS, 0, st, C, ldc, M, N, bias);
 }

@@ -41,6 +41,27 @@ static inline int kc_reduce_blocks(int64_t items) {
   return (int)(b < 1 ? 1 : b < KC_RED_BLOCKS ? b : KC_RED_BLOCKS);
 }
 
+/* ---- launches (host) ----------------------------------------------------
+ * Every kernel launch goes through KC_LAUNCH(kernel, grid, block, smem,
+ * stream, args...) (a template kernel in parentheses: KC_LAUNCH((k<A, B>),
+ * ...)): it launches, checks cudaGetLastError() at once and, on an error,
+ * records the kernel's name for kc_failed_kernel() (kernels.h) before
+ * returning the error, so that the backend's message names the kernel and
+ * not only the operator. The error is the launch's (a bad configuration,
+ * no code for the device) or one left by earlier asynchronous work; under
+ * CUDA_LAUNCH_BLOCKING=1 it is this kernel's own execution too. */
+extern thread_local const char *kc_failed;
+
+template <typename... P, typename... A>
+static cudaError_t kc_launch(const char *name, void (*kernel)(P...), dim3 grid, dim3 block,
+                             size_t smem, cudaStream_t st, A... args) {
+  kernel<<<grid, block, smem, st>>>(args...);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) kc_failed = name;
+  return e;
+}
+#define KC_LAUNCH(kernel, ...) kc_launch(#kernel, kernel, __VA_ARGS__)
+
 /* ---- grid-stride indices (device) --------------------------------------- */
 
 static __device__ __forceinline__ int64_t kc_gtid(void) {

@@ -174,8 +174,7 @@ static unsigned quad_grid(int64_t n) { return kc_grid((n + 3) / 4, KC_THREADS); 
 template <typename S, typename D, D (*F)(S)>
 static cudaError_t launch_map(cudaStream_t st, const S *src, D *dst, int64_t n) {
   if (n <= 0) return cudaSuccess;
-  map_kernel<S, D, F><<<quad_grid(n), KC_THREADS, 0, st>>>(src, dst, n);
-  return cudaGetLastError();
+  return KC_LAUNCH((map_kernel<S, D, F>), quad_grid(n), KC_THREADS, 0, st, src, dst, n);
 }
 
 extern "C" cudaError_t kc_f32_to_bf16(cudaStream_t st, const float *src, uint16_t *dst,
@@ -204,27 +203,23 @@ extern "C" cudaError_t kc_round_bf16(cudaStream_t st, float *x, int64_t n) {
 
 extern "C" cudaError_t kc_add(cudaStream_t st, float *y, const float *x, int64_t n) {
   if (n <= 0) return cudaSuccess;
-  add_kernel<<<quad_grid(n), KC_THREADS, 0, st>>>(y, x, n);
-  return cudaGetLastError();
+  return KC_LAUNCH(add_kernel, quad_grid(n), KC_THREADS, 0, st, y, x, n);
 }
 
 extern "C" cudaError_t kc_scale(cudaStream_t st, float *x, int64_t n, float s) {
   if (n <= 0) return cudaSuccess;
-  scale_kernel<<<quad_grid(n), KC_THREADS, 0, st>>>(x, n, s);
-  return cudaGetLastError();
+  return KC_LAUNCH(scale_kernel, quad_grid(n), KC_THREADS, 0, st, x, n, s);
 }
 
 extern "C" cudaError_t kc_glu_fwd(cudaStream_t st, const float *g, const float *u, float *h,
                                   int64_t n, ml_glu_act act) {
   if (n <= 0) return cudaSuccess;
-  glu_fwd_kernel<<<quad_grid(n), KC_THREADS, 0, st>>>(g, u, h, n, act);
-  return cudaGetLastError();
+  return KC_LAUNCH(glu_fwd_kernel, quad_grid(n), KC_THREADS, 0, st, g, u, h, n, act);
 }
 
 extern "C" cudaError_t kc_glu_bwd(cudaStream_t st, const float *dh, const float *g,
                                   const float *u, float *dg, float *du, int64_t n,
                                   ml_glu_act act) {
   if (n <= 0) return cudaSuccess;
-  glu_bwd_kernel<<<quad_grid(n), KC_THREADS, 0, st>>>(dh, g, u, dg, du, n, act);
-  return cudaGetLastError();
+  return KC_LAUNCH(glu_bwd_kernel, quad_grid(n), KC_THREADS, 0, st, dh, g, u, dg, du, n, act);
 }

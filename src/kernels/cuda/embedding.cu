@@ -57,9 +57,8 @@ extern "C" cudaError_t kc_embedding_fwd(cudaStream_t st, const int32_t *ids, int
                                         const void *W, bool w_bf16, int64_t row0, int64_t rows,
                                         int64_t H, float scale, float *out) {
   if (T <= 0 || H <= 0) return cudaSuccess;
-  embedding_fwd_kernel<<<kc_row_grid(T), KC_THREADS, 0, st>>>(ids, T, W, w_bf16, row0, rows, H,
-                                                              scale, out);
-  return cudaGetLastError();
+  return KC_LAUNCH(embedding_fwd_kernel, kc_row_grid(T), KC_THREADS, 0, st, ids, T, W, w_bf16, row0,
+                   rows, H, scale, out);
 }
 
 /* ---- backward: work layout --------------------------------------------------
@@ -213,18 +212,23 @@ extern "C" cudaError_t kc_embedding_bwd(cudaStream_t st, const int32_t *ids, int
   uint32_t *key = (uint32_t *)wp, *val = (uint32_t *)(wp + kb);
   uint32_t *key2 = (uint32_t *)(wp + 2 * kb), *val2 = (uint32_t *)(wp + 3 * kb);
   uint32_t *hist = (uint32_t *)(wp + 4 * kb);
-  sort_init<<<kc_grid(T, KC_THREADS), KC_THREADS, 0, st>>>(ids, T, row0, rows, sentinel, key,
-                                                            val);
+  cudaError_t e = KC_LAUNCH(sort_init, kc_grid(T, KC_THREADS), KC_THREADS, 0, st, ids, T, row0,
+                            rows, sentinel, key, val);
+  if (e != cudaSuccess) return e;
   for (int p = 0; p < passes; p++) {
-    sort_hist<<<(unsigned)tiles, SORT_THREADS, 0, st>>>(key, T, 8 * p, hist);
-    sort_scan<<<1, SCAN_THREADS, 0, st>>>(hist, RADIX * tiles);
-    sort_scatter<<<(unsigned)tiles, SORT_THREADS, 0, st>>>(key, val, T, 8 * p, hist, key2, val2);
+    e = KC_LAUNCH(sort_hist, (unsigned)tiles, SORT_THREADS, 0, st, key, T, 8 * p, hist);
+    if (e != cudaSuccess) return e;
+    e = KC_LAUNCH(sort_scan, 1, SCAN_THREADS, 0, st, hist, RADIX * tiles);
+    if (e != cudaSuccess) return e;
+    e = KC_LAUNCH(sort_scatter, (unsigned)tiles, SORT_THREADS, 0, st, key, val, T, 8 * p, hist,
+                  key2, val2);
+    if (e != cudaSuccess) return e;
     uint32_t *t = key;
     key = key2, key2 = t;
     t = val, val = val2, val2 = t;
   }
   int64_t ygrid = (H + 4 * KC_THREADS - 1) / (4 * KC_THREADS);
   dim3 grid(kc_row_grid(T), (unsigned)(ygrid < KC_MAX_ROW_GRID ? ygrid : KC_MAX_ROW_GRID));
-  embedding_accum<<<grid, KC_THREADS, 0, st>>>(key, val, T, sentinel, dout, H, scale, dW);
-  return cudaGetLastError();
+  return KC_LAUNCH(embedding_accum, grid, KC_THREADS, 0, st, key, val, T, sentinel, dout, H, scale,
+                   dW);
 }

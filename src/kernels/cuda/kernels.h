@@ -5,7 +5,8 @@
  * backend's (cuBLASLt, backend/cuda/gemm.c).
  *
  * Every launcher enqueues its kernels on `st` and returns at once with
- * cudaGetLastError() (cudaSuccess, or the launch's error); nothing
+ * cudaSuccess or the first launch error (cudaGetLastError() checked right
+ * after each launch; kc_failed_kernel() names the kernel); nothing
  * synchronises and nothing allocates: where a kernel needs scratch, a
  * kc_*_work function gives its bytes and the caller passes device memory
  * of that size. Pointers are device memory unless a comment says host.
@@ -160,6 +161,12 @@ cudaError_t kc_attention_bwd(cudaStream_t st, const float *dout, const float *q,
                              const float *v, const float *out, const float *lse, float *dq,
                              float *dk, float *dv, int64_t B, int64_t S, int64_t nh, int64_t nkv,
                              int64_t hd, float scale, int64_t window, bool bf16, void *work);
+
+/* ---- launch errors (launch.cu) ------------------------------------------ */
+/* The name of the kernel whose launch returned the last error a launcher
+ * above gave this host thread (cleared by the call), or NULL when its error
+ * came from elsewhere (an argument refused before any launch). */
+const char *kc_failed_kernel(void);
 
 #ifdef __cplusplus
 }

@@ -74,10 +74,11 @@ cudaError_t kc_colsum(cudaStream_t st, const float *dy, const float *x, const fl
                       int64_t T, int64_t N, float *out, void *work) {
   int64_t rows_per, chunks = colsum_chunks(T, N, &rows_per);
   dim3 grid((unsigned)((N + COLSUM_COLS - 1) / COLSUM_COLS), (unsigned)chunks);
-  colsum_partial<<<grid, COLSUM_THREADS, 0, st>>>(dy, x, rstd, T, N, rows_per, (double *)work);
-  colsum_final<<<kc_grid(N, KC_THREADS), KC_THREADS, 0, st>>>((const double *)work, chunks, N,
-                                                             out);
-  return cudaGetLastError();
+  cudaError_t e = KC_LAUNCH(colsum_partial, grid, COLSUM_THREADS, 0, st, dy, x, rstd, T, N,
+                            rows_per, (double *)work);
+  if (e != cudaSuccess) return e;
+  return KC_LAUNCH(colsum_final, kc_grid(N, KC_THREADS), KC_THREADS, 0, st, (const double *)work,
+                   chunks, N, out);
 }
 
 extern "C" size_t kc_bias_grad_work(int64_t T, int64_t N) { return kc_colsum_work(T, N); }
@@ -145,25 +146,28 @@ extern "C" cudaError_t kc_sumsq(cudaStream_t st, const float *g, int64_t n, doub
                                 void *work) {
   if (n <= 0) return cudaMemsetAsync(out, 0, sizeof(double), st); /* empty sum: 0.0 */
   int nb = kc_reduce_blocks((n + 3) / 4);
-  sumsq_partial<<<nb, KC_THREADS, 0, st>>>(g, n, (double *)work);
-  reduce_final<<<1, KC_RED_BLOCKS, 0, st>>>((const double *)work, nb, 0.0, kc_sum_op(), out);
-  return cudaGetLastError();
+  cudaError_t e = KC_LAUNCH(sumsq_partial, nb, KC_THREADS, 0, st, g, n, (double *)work);
+  if (e != cudaSuccess) return e;
+  return KC_LAUNCH((reduce_final<double, kc_sum_op>), 1, KC_RED_BLOCKS, 0, st, (const double *)work,
+                   nb, 0.0, kc_sum_op(), out);
 }
 
 extern "C" cudaError_t kc_absmax(cudaStream_t st, const float *g, int64_t n, double *out,
                                  void *work) {
   if (n <= 0) return cudaMemsetAsync(out, 0, sizeof(double), st); /* as the CPU's 0.0 */
   int nb = kc_reduce_blocks((n + 3) / 4);
-  absmax_partial<<<nb, KC_THREADS, 0, st>>>(g, n, (double *)work);
-  reduce_final<<<1, KC_RED_BLOCKS, 0, st>>>((const double *)work, nb, 0.0, kc_max_op(), out);
-  return cudaGetLastError();
+  cudaError_t e = KC_LAUNCH(absmax_partial, nb, KC_THREADS, 0, st, g, n, (double *)work);
+  if (e != cudaSuccess) return e;
+  return KC_LAUNCH((reduce_final<double, kc_max_op>), 1, KC_RED_BLOCKS, 0, st, (const double *)work,
+                   nb, 0.0, kc_max_op(), out);
 }
 
 extern "C" cudaError_t kc_has_nonfinite(cudaStream_t st, const float *g, int64_t n, int *out,
                                         void *work) {
   if (n <= 0) return cudaMemsetAsync(out, 0, sizeof(int), st);
   int nb = kc_reduce_blocks((n + 3) / 4);
-  nonfinite_partial<<<nb, KC_THREADS, 0, st>>>(g, n, (int *)work);
-  reduce_final<<<1, KC_RED_BLOCKS, 0, st>>>((const int *)work, nb, 0, kc_max_op(), out);
-  return cudaGetLastError();
+  cudaError_t e = KC_LAUNCH(nonfinite_partial, nb, KC_THREADS, 0, st, g, n, (int *)work);
+  if (e != cudaSuccess) return e;
+  return KC_LAUNCH((reduce_final<int, kc_max_op>), 1, KC_RED_BLOCKS, 0, st, (const int *)work, nb,
+                   0, kc_max_op(), out);
 }

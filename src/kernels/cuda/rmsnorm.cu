@@ -79,9 +79,8 @@ extern "C" cudaError_t kc_rmsnorm_fwd(cudaStream_t st, const float *x, const voi
                                       float offset, float eps, float *y, float *rstd, int64_t T,
                                       int64_t H) {
   if (T <= 0) return cudaSuccess;
-  rmsnorm_fwd_kernel<<<kc_row_grid(T), row_threads(H), 0, st>>>(x, w, w_bf16, offset, eps, y,
-                                                                rstd, T, H);
-  return cudaGetLastError();
+  return KC_LAUNCH(rmsnorm_fwd_kernel, kc_row_grid(T), row_threads(H), 0, st, x, w, w_bf16, offset,
+                   eps, y, rstd, T, H);
 }
 
 extern "C" size_t kc_rmsnorm_bwd_work(int64_t T, int64_t H) { return kc_colsum_work(T, H); }
@@ -94,7 +93,6 @@ extern "C" cudaError_t kc_rmsnorm_bwd(cudaStream_t st, const float *dy, const fl
     cudaError_t e = kc_colsum(st, dy, x, rstd, T, H, dw, work); /* reads dy before dx */
     if (e != cudaSuccess) return e;
   }
-  rmsnorm_dx_kernel<<<kc_row_grid(T), row_threads(H), 0, st>>>(dy, x, w, w_bf16, offset, rstd,
-                                                               dx, T, H);
-  return cudaGetLastError();
+  return KC_LAUNCH(rmsnorm_dx_kernel, kc_row_grid(T), row_threads(H), 0, st, dy, x, w, w_bf16,
+                   offset, rstd, dx, T, H);
 }

@@ -41,9 +41,8 @@ static cudaError_t rope(cudaStream_t st, float *x, const float *cos_t, const flo
                         int64_t B, int64_t S, int64_t nheads, int64_t hd, float dir) {
   if (B <= 0 || S <= 0 || nheads <= 0 || hd < 2) return cudaSuccess;
   if (nheads * ((hd / 2 + 3) / 4) > INT32_MAX) return cudaErrorInvalidValue;
-  rope_kernel<<<kc_row_grid(B * S), KC_THREADS, 0, st>>>(x, cos_t, sin_t, B * S, S, nheads, hd,
-                                                         dir);
-  return cudaGetLastError();
+  return KC_LAUNCH(rope_kernel, kc_row_grid(B * S), KC_THREADS, 0, st, x, cos_t, sin_t, B * S, S,
+                   nheads, hd, dir);
 }
 
 extern "C" cudaError_t kc_rope_fwd(cudaStream_t st, float *x, const float *cos_t,

@@ -66,16 +66,15 @@ static __global__ void sumexp_target_kernel(const float *logits, int64_t T, int6
 extern "C" cudaError_t kc_xent_rowmax(cudaStream_t st, const float *logits, int64_t T, int64_t V,
                                       float *mx) {
   if (T <= 0) return cudaSuccess;
-  rowmax_kernel<<<kc_row_grid(T), XENT_THREADS, 0, st>>>(logits, T, V, mx);
-  return cudaGetLastError();
+  return KC_LAUNCH(rowmax_kernel, kc_row_grid(T), XENT_THREADS, 0, st, logits, T, V, mx);
 }
 
 extern "C" cudaError_t kc_xent_sumexp_target(cudaStream_t st, const float *logits, int64_t T,
                                              int64_t V, int64_t v0, const int32_t *y,
                                              const float *mx, float *se, float *tl) {
   if (T <= 0) return cudaSuccess;
-  sumexp_target_kernel<<<kc_row_grid(T), XENT_THREADS, 0, st>>>(logits, T, V, v0, y, mx, se, tl);
-  return cudaGetLastError();
+  return KC_LAUNCH(sumexp_target_kernel, kc_row_grid(T), XENT_THREADS, 0, st, logits, T, V, v0, y,
+                   mx, se, tl);
 }
 
 /* ---- log-probs and the loss sums -------------------------------------------
@@ -124,9 +123,10 @@ extern "C" cudaError_t kc_xent_logprobs(cudaStream_t st, const float *se, const 
   int nb = kc_reduce_blocks(T);
   double *lsum = (double *)work;
   long long *cnt = (long long *)(lsum + nb);
-  logprobs_kernel<<<nb, KC_THREADS, 0, st>>>(se, tl, y, T, scale, logprobs, w, lsum, cnt);
-  logprobs_final<<<1, KC_RED_BLOCKS, 0, st>>>(lsum, cnt, nb, sums, count);
-  return cudaGetLastError();
+  cudaError_t e = KC_LAUNCH(logprobs_kernel, nb, KC_THREADS, 0, st, se, tl, y, T, scale, logprobs,
+                            w, lsum, cnt);
+  if (e != cudaSuccess) return e;
+  return KC_LAUNCH(logprobs_final, 1, KC_RED_BLOCKS, 0, st, lsum, cnt, nb, sums, count);
 }
 
 /* ---- backward -------------------------------------------------------------- */
@@ -157,6 +157,6 @@ extern "C" cudaError_t kc_xent_bwd(cudaStream_t st, const float *logits, int64_t
   int64_t cols = (V + 4 * KC_THREADS - 1) / (4 * KC_THREADS);
   if (cols > INT32_MAX) return cudaErrorInvalidValue;
   dim3 grid((unsigned)cols, kc_row_grid(T));
-  xent_bwd_kernel<<<grid, KC_THREADS, 0, st>>>(logits, T, V, v0, y, mx, se, w, dlogits);
-  return cudaGetLastError();
+  return KC_LAUNCH(xent_bwd_kernel, grid, KC_THREADS, 0, st, logits, T, V, v0, y, mx, se, w,
+                   dlogits);
 }

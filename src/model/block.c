@@ -1,6 +1,7 @@
 #include "model/block.h"
 
 #include <stddef.h>
+#include <string.h>
 
 #include "model/model.h"
 
@@ -94,6 +95,13 @@ const ml_block_row *ml_block_row_at(const ml_model *m, const void *ptr, int *lay
   for (int i = 0; i < ML_ROLE_COUNT; i++)
     if (ml_block_rows[i].field == off && ml_block_rows[i].kind != ML_MOD_ATTENTION &&
         ml_block_rows[i].kind != ML_MOD_MLP)
+      return &ml_block_rows[i];
+  return NULL;
+}
+
+const ml_block_row *ml_block_linear(const char *leaf) {
+  for (int i = 0; i < ML_ROLE_COUNT; i++)
+    if (ml_block_rows[i].kind == ML_MOD_LINEAR && strcmp(ml_block_rows[i].leaf, leaf) == 0)
       return &ml_block_rows[i];
   return NULL;
 }

@@ -137,6 +137,9 @@ static inline void *ml_block_at(ml_layer *L, const ml_block_row *r) {
  * or NULL: ptr lies in no module of the layers array. *layer: its layer. */
 const ml_block_row *ml_block_row_at(const ml_model *m, const void *ptr, int *layer);
 
+/* The Linear row called `leaf` ("self_attn.q_proj"), or NULL. */
+const ml_block_row *ml_block_linear(const char *leaf);
+
 /* The linears of layer L in group g (ml_block_row.group > 0), in table
  * order, into out (room for ML_ROLE_COUNT); returns their count. */
 int ml_block_group(ml_layer *L, int g, ml_linear **out);

@@ -193,25 +193,17 @@ const ml_family *ml_family_by_name(const char *name) {
   return NULL;
 }
 
-/* The row of the block table (model/block.h) that is the linear called
- * `leaf`, or −1. */
-static int linear_row(const char *leaf) {
-  for (int i = 0; i < ML_ROLE_COUNT; i++)
-    if (ml_block_rows[i].kind == ML_MOD_LINEAR && strcmp(ml_block_rows[i].leaf, leaf) == 0)
-      return i;
-  return -1;
-}
-
 /* A fused tensor's parts: 2 or more linears, consecutive rows in order. */
 static int check_fused(const ml_family *f, const ml_fused *fz) {
-  int prev = -1, n = 0;
+  const ml_block_row *prev = NULL;
+  int n = 0;
   for (; n < ML_FUSED_MAX_PARTS && fz->parts[n]; n++) {
-    int r = linear_row(fz->parts[n]);
-    if (r < 0 || (prev >= 0 && r != prev + 1))
+    const ml_block_row *r = ml_block_linear(fz->parts[n]);
+    if (!r || (prev && r != prev + 1))
       return ml_err("family %s: fused tensor '%s': part '%s' is not the linear after '%s' in the "
                     "decoder block; expected consecutive linears (self_attn.q_proj, "
                     "self_attn.k_proj, self_attn.v_proj or mlp.gate_proj, mlp.up_proj)",
-                    f->name, fz->leaf, fz->parts[n], prev >= 0 ? ml_block_rows[prev].leaf : "");
+                    f->name, fz->leaf, fz->parts[n], prev ? prev->leaf : "");
     prev = r;
   }
   if (n < 2 || fz->parts[n])

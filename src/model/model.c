@@ -102,13 +102,10 @@ static void fuse(ml_layer *L, const ml_fused *fz, const char *key_base) {
     ml_param *ps[ML_FUSED_MAX_PARTS] = {0};
     int64_t rows = 0;
     int n = 0;
-    for (; fz->parts[n]; n++)
-      for (int i = 0; i < ML_ROLE_COUNT; i++) {
-        const ml_block_row *r = &ml_block_rows[i];
-        if (r->kind != ML_MOD_LINEAR || strcmp(r->leaf, fz->parts[n]) != 0) continue;
-        ml_linear *lin = (ml_linear *)((char *)L + r->field);
-        ps[n] = b ? lin->bias : lin->weight;
-      }
+    for (; fz->parts[n]; n++) { /* parts are Linear rows (ml_family_register checks) */
+      ml_linear *lin = ml_block_at(L, ml_block_linear(fz->parts[n]));
+      ps[n] = b ? lin->bias : lin->weight;
+    }
     for (int j = 0; j < n; j++) rows += ps[j] ? ps[j]->shape[0] : 0;
     for (int j = 0, row0 = 0; j < n; j++) {
       if (!ps[j]) continue;

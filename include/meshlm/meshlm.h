@@ -233,14 +233,14 @@ typedef struct meshlm_seqs {
 /* COLLECTIVE. Per-token log-probs, out[t] = log p(token t+1 | tokens
  * 0..t) of each sequence, prediction aligned: out [Σ (lens − 1)] fp32
  * (NeMo RL get_logprobs without its leading 0). mask (NULL: all) [Σ (lens −
- * 1)]: where 0, out is 0 and the token is left out of the sums. seq_sums
+ * 1)], each 0 or 1: where 0, out is 0 and the token is left out of the sums. seq_sums
  * (NULL: not wanted) [n] fp64: Σ out over each sequence (log p of the
  * masked tokens given what precedes them, e.g. of a completion). Forward
  * only, vocab-parallel (no rank holds full-vocabulary logits). Sequences
  * are packed into micro-batches of options.micro_batch_tokens without
  * padding; with unshard_for_inference each FSDP unit is all-gathered once
  * per call, else once per micro-batch. Errors: a length or id out of
- * range (which sequence, which value), differing batches on the tp/cp
+ * range (which sequence, which value), a mask entry other than 0/1, differing batches on the tp/cp
  * ranks of a data-parallel rank, allocation. */
 MESHLM_API int meshlm_logprobs(meshlm_session *s, const meshlm_seqs *batch, const uint8_t *mask,
                                float *out, double *seq_sums);
@@ -292,7 +292,8 @@ typedef struct meshlm_train_batch {
   size_t struct_size;          /* sizeof(meshlm_train_batch), set by the caller (the
                                   minimum) */
   meshlm_seqs seqs;
-  const uint8_t *token_mask;   /* 1: trained (NeMo token_mask[:, 1:]); NULL: all */
+  const uint8_t *token_mask;   /* 1: trained, 0: not (NeMo token_mask[:, 1:]; any other
+                                  value is refused); NULL: all */
   const float *token_weights;  /* per-token weights / advantages; NULL: 1 */
   const float *seq_weights;    /* [n] per-sequence weights / advantages; NULL: 1 */
   const float *old_logprobs;   /* CLIPPED_PG: log-probs of the policy that sampled

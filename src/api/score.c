@@ -32,6 +32,7 @@ int meshlm_logprobs(meshlm_session *s, const meshlm_seqs *batch, const uint8_t *
   int64_t tokens, preds;
   int rc = api_check_seqs(s, batch, "meshlm_logprobs", 1, &tokens, &preds);
   if (rc == 0 && preds > 0 && !out) rc = ml_err("meshlm_logprobs: out is NULL");
+  if (rc == 0) rc = api_check_mask(batch, mask, "meshlm_logprobs: mask");
   if (api_agree(s, rc)) return -1;
   if (api_agree(s, api_check_replicas(s, batch, "meshlm_logprobs"))) return -1;
   api_plan p;

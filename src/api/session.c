@@ -414,6 +414,16 @@ int api_check_seqs(const meshlm_session *s, const meshlm_seqs *b, const char *wh
   return 0;
 }
 
+int api_check_mask(const meshlm_seqs *b, const uint8_t *mask, const char *what) {
+  if (!mask) return 0;
+  for (int64_t k = 0, o = 0; k < b->n; o += b->lens[k] - 1, k++)
+    for (int64_t t = 0; t < b->lens[k] - 1; t++)
+      if (mask[o + t] > 1)
+        return ml_err("%s: sequence %lld, prediction %lld: %u; expected 0 or 1", what,
+                      (long long)k, (long long)t, (unsigned)mask[o + t]);
+  return 0;
+}
+
 /* FNV-1a over the batch's lengths and ids. */
 static uint64_t batch_hash(const meshlm_seqs *b) {
   uint64_t h = 1469598103934665603ull;

@@ -129,6 +129,13 @@ int api_init_struct(void *out, size_t size, size_t min, size_t max, void *full);
 int api_check_seqs(const meshlm_session *s, const meshlm_seqs *b, const char *what,
                    int64_t min_len, int64_t *tokens_out, int64_t *preds);
 
+/* A prediction mask (NULL: all) of b's Σ (lens − 1) entries holds only 0
+ * and 1 (torch bool masks; any other byte is refused rather than read as
+ * true). `what` names the argument, e.g. "meshlm_logprobs: mask". Errors:
+ * the first other value, with its sequence and prediction index. No
+ * collective. */
+int api_check_mask(const meshlm_seqs *b, const uint8_t *mask, const char *what);
+
 /* The tp and cp ranks of one data-parallel rank pass the same batch:
  * compared by a hash of it over the tp and the cp groups. Collective. */
 int api_check_replicas(meshlm_session *s, const meshlm_seqs *b, const char *what);

@@ -139,6 +139,7 @@ int meshlm_train_step(meshlm_session *s, const meshlm_train_batch *b, const mesh
   b = &tb;
   loss = loss ? &l : &def;
   if (rc == 0) rc = api_check_seqs(s, &b->seqs, "meshlm_train_step", 1, &tokens, &preds);
+  if (rc == 0) rc = api_check_mask(&b->seqs, b->token_mask, "meshlm_train_step: token_mask");
   if (rc == 0) rc = check_loss(loss, b);
   if (api_agree(s, rc)) return -1;
   if (api_agree(s, api_check_replicas(s, &b->seqs, "meshlm_train_step"))) return -1;

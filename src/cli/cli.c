@@ -71,7 +71,9 @@ int ml_cli_parse(const char *cmd, const char *summary, int argc, char **argv, co
     else if (world_rank() == 0) ml_args_synopsis(stdout, cmd, spec, n);
     return 1;
   }
-  return ml_args_parse(cmd, argc, argv, spec, n);
+  char word[64]; /* the command's name without its positional arguments, for messages */
+  snprintf(word, sizeof word, "%.*s", (int)strcspn(cmd, " "), cmd);
+  return ml_args_parse(word, argc, argv, spec, n);
 }
 
 const char *ml_cli_bytes(int64_t bytes, char *buf, size_t cap) {

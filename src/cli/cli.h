@@ -25,7 +25,9 @@ int ml_cli_agree(ml_host *world, int rc);
  * abort every rank with exit status 1 (MPI_Abort). */
 _Noreturn void ml_cli_abort(void);
 
-/* Parse the flags of `cmd` (with ml_args_parse); "--help" prints the usage
+/* Parse the flags of `cmd` (with ml_args_parse; `cmd` may name positional
+ * arguments after the command, "plot METRICS.jsonl": the usage and the
+ * synopsis show them, messages name the command); "--help" prints the usage
  * on rank 0 and returns 1, as does "--synopsis" with the synopsis
  * (ml_args_synopsis; `meshlm --synopsis`: every command's, the README's CLI
  * block). Returns 0 when parsed, −1 on a bad flag (the message recorded;

@@ -256,7 +256,7 @@ int ml_cmd_plot(ml_host *world, int argc, char **argv) {
        "the field to plot: loss, grad_norm, ... of the step lines, or eval_loss", false,
        "FIELD"},
   };
-  int rc = ml_cli_parse("plot", "plot METRICS.jsonl (train --metrics): a field over the steps",
+  int rc = ml_cli_parse("plot METRICS.jsonl", "a field of train --metrics' file over the steps",
                         argc - (path != NULL), argv + (path != NULL), spec,
                         sizeof spec / sizeof spec[0]);
   if (rc == 1) return 0;

@@ -316,6 +316,7 @@ static int train_loop(train_run *r) {
   double peak = mesh_peak_flops(o, &r->e, r->world);
   ml_step_opts so = ml_train_settings_of(o).step;
   double t_loop = MPI_Wtime();
+  if (r->st.step >= o->steps) maybe_evaluate(r); /* --steps 0, or resumed at the end: no step runs */
   for (int64_t done = 1; r->st.step < o->steps; done++) {
     ml_step_metrics sm;
     train_step(r, &so, &sm);

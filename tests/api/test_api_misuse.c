@@ -239,14 +239,16 @@ static void test_bad_loss(void **state) {
   gbatch g = gbatch_make(51);
   int64_t n = g.all.npred;
   float *lp0 = xcalloc((size_t)n, 4), *lp = xcalloc((size_t)n, 4), *old = xcalloc((size_t)n, 4);
-  uint8_t *zero = xcalloc((size_t)n, 1);
+  uint8_t *zero = xcalloc((size_t)n, 1), *two = xcalloc((size_t)n, 1);
+  memcpy(two, g.all.mask, (size_t)n);
+  two[n - 1] = 2; /* any byte but 0/1 is refused, not read as true */
   global_lp(s, &g, NULL, lp0);
   memcpy(old, lp0, sizeof(float) * (size_t)n);
   meshlm_step_result r = {.struct_size = sizeof r};
-  enum { NCASES = 9 };
+  enum { NCASES = 10 };
   static const char *needle[NCASES] = {"kind", "ratio_clip_min", "ratio_clip_max", "ratio_clip_c",
                                        "kl_penalty", "kl_penalty", "old_logprobs",
-                                       "ref_logprobs", "masked"};
+                                       "ref_logprobs", "masked", "expected 0 or 1"};
   for (int once = 0; once <= 1; once++)
     for (int c = 0; c < NCASES; c++) {
       meshlm_loss l, good;
@@ -263,6 +265,7 @@ static void test_bad_loss(void **state) {
       case 6: l.kind = MESHLM_LOSS_CLIPPED_PG; break;
       case 7: l.kind = MESHLM_LOSS_WEIGHTED_NLL; l.kl_penalty = 0.1f; break;
       case 8: a.mask = zero; break;
+      case 9: a.mask = two; break;
       }
       if (c == 8 && once) continue; /* "none in the global batch" needs every rank */
       int mine = !once || g_rank == g_world - 1;
@@ -274,6 +277,10 @@ static void test_bad_loss(void **state) {
       }
       expect_fail(s, step_share(s, &g, mine ? &a : &ga, &l, &r), needle[c], needle[c]);
     }
+  meshlm_info in = info_of(s);
+  slice sl = slice_of(&g, in.dp_rank, in.dp_size);
+  expect_fail(s, meshlm_logprobs(s, &sl.seqs, two + sl.p0, lp + sl.p0, NULL), "expected 0 or 1",
+              "logprobs, mask entry 2");
   garr a = {g.all.mask, NULL, NULL, NULL, NULL};
   expect_fail(s, step_share(s, &g, &a, NULL, NULL), "NULL", "train_step, result NULL");
   expect_fail(s, meshlm_train_step(s, NULL, NULL, &r), "NULL", "train_step, batch NULL");
@@ -284,6 +291,7 @@ static void test_bad_loss(void **state) {
   free(lp);
   free(old);
   free(zero);
+  free(two);
   batch_free(&g.all);
   meshlm_close(s);
 }

@@ -20,6 +20,7 @@
 #      the loss in different orders (tol_bound loss pair);
 #  (c) the config keys eval_data / eval_every give the flags' eval lines
 #      bitwise;
+#  (e) --steps 0 evaluates the initial weights once;
 #  (d) errors: --eval-every without --eval-data, a negative --eval-every,
 #      a missing and an empty --eval-data file (named), on 2 ranks every
 #      rank exiting non-zero.
@@ -97,6 +98,18 @@ printf '{"eval_data": "%s", "eval_every": 1}\n' "$work/rec.jsonl" > "$work/cfg.j
   [ "$(grep eval_loss "$work/c1.jsonl" | wc -l)" -eq 2 ] &&
   [ "$(grep eval_loss "$work/c1.jsonl")" = "$(grep eval_loss "$work/c2.jsonl")" ] &&
   ok "(c) config keys eval_data, eval_every = the flags" || bad "(c) config keys eval_data, eval_every"
+
+# (e) --steps 0: no step, one evaluation of the initial weights (step 0); with
+#     --lr 0 the weights of (a)'s 1-rank run never moved, so its eval loss
+#     is this one bitwise
+if "$meshlm" train "${common[@]}" --data "$work/rec.jsonl" --eval-data "$work/rec.jsonl" \
+    --batch-size 1 --steps 0 --metrics "$work/e.jsonl" > "$work/out" 2> "$work/err" &&
+  [ "$(field "$work/e.jsonl" step)" = 0 ] &&
+  [ "$(field "$work/e.jsonl" eval_loss)" = "$(field "$work/m1.jsonl" eval_loss | head -1)" ]; then
+  ok "(e) --steps 0: one eval line at step 0, the --lr 0 run's eval loss bitwise"
+else
+  bad "(e) --steps 0: eval lines $(grep eval_loss "$work/e.jsonl" 2> /dev/null), expected one at step 0"
+fi
 
 # (d) errors
 : > "$work/empty.jsonl"

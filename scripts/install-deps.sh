@@ -3,11 +3,15 @@
 # so and exits 0 on any system; some, on Debian/Ubuntu: installs their
 # packages (apt-get, sudo when not root); elsewhere: names them with the
 # RHEL/Fedora packages and exits 1. --build-only skips what only the tests
-# need (cmocka, numpy, pytest). Nothing else is touched.
+# need (cmocka, numpy, pytest); --mpich adds MPICH (`make test-mpich`).
+# Nothing else is touched.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-want=build
-[ "${1:-}" = "--build-only" ] || want="build tests"
+want="build tests"
+case "${1:-}" in
+  --build-only) want=build ;;
+  --mpich) want="build tests mpich" ;;
+esac
 
 # present HOW: whether the check "pkg:M", "header:H", "cmd:C" or "py:M" passes
 present() {

@@ -11,10 +11,20 @@ Run one process per rank (`mpirun -np N python3 script.py`); every rank
 makes the same collective calls in the same order.  The library is found via
 $MESHLM_LIBRARY, the dynamic linker (ctypes.util.find_library("meshlm")),
 or a checkout's build/libmeshlm.so.
+
+The package is typed (PEP 561: it carries py.typed): PolicyInfo, StepResult
+and CallStats are the TypedDicts of Policy.info, train_step() and
+last_call_stats(); TokenSeqs, PerToken, WeightArray and StrPath the aliases
+of its arguments and results.
 """
 
 from ._lib import VERSION as __version__, library_path
-from .policy import MeshlmError, Policy, bf16_to_f32, f32_to_bf16, register_family, version
+from .policy import (CallStats, Communicator, MeshlmError, PerToken, Policy, PolicyInfo,
+                     StepResult, StrPath, TokenSeqs, WeightArray, bf16_to_f32, f32_to_bf16,
+                     register_family, version)
 
 __all__ = ["Policy", "MeshlmError", "bf16_to_f32", "f32_to_bf16", "register_family", "version",
-           "library_path", "__version__"]
+           "library_path", "__version__",
+           # types of the API (the package is typed: PEP 561 py.typed)
+           "PolicyInfo", "StepResult", "CallStats", "Communicator", "TokenSeqs", "PerToken",
+           "WeightArray", "StrPath"]

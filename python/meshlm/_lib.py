@@ -5,6 +5,8 @@ types); the enums are plain C ints.  Nothing here is public API: use
 meshlm.Policy.
 """
 
+from __future__ import annotations
+
 import atexit
 import ctypes
 import ctypes.util
@@ -13,6 +15,11 @@ import sys
 import threading
 from ctypes import (CFUNCTYPE, POINTER, Structure, c_char_p, c_double, c_float, c_int,
                     c_int32, c_int64, c_size_t, c_uint8, c_uint64, c_void_p)
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Callable, List, NoReturn, Optional, Tuple, Type
+
+if TYPE_CHECKING:
+    from .policy import Policy
 
 # --- enums (meshlm_dtype, meshlm_ac, meshlm_reshard, meshlm_schedule, meshlm_loss_kind) -----
 DTYPE_SOURCE, DTYPE_F32, DTYPE_BF16 = 0, 1, 2
@@ -33,7 +40,7 @@ class Sized(Structure):
     set to this layout's size on construction; positional arguments fill the
     fields after it."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(ctypes.sizeof(type(self)), *args, **kwargs)
 
 
@@ -255,19 +262,19 @@ _REQUIRED = ("meshlm_version", "meshlm_options_init", "meshlm_open_f", "meshlm_c
              "meshlm_error", "meshlm_finalize", "meshlm_get_info")
 
 
-def _missing(name, path):
-    def stub(*args):
+def _missing(name: str, path: str) -> Callable[..., NoReturn]:
+    def stub(*args: object) -> NoReturn:
         from .policy import MeshlmError
         raise MeshlmError("%s: not in %s (an older meshlm library)" % (name, path))
     stub.__name__ = name
     return stub
 
 _lock = threading.Lock()
-_lib = None
-_lib_path = None
+_lib: Optional[ctypes.CDLL] = None
+_lib_path: Optional[str] = None
 
 
-def _candidates():
+def _candidates() -> List[Tuple[str, str]]:
     """Where libmeshlm.so is looked for, in order: $MESHLM_LIBRARY alone when
     set; the copy the wheel carries (pip install ./python builds it); the
     dynamic linker's; a checkout's build directory."""
@@ -289,7 +296,7 @@ def _candidates():
     return out
 
 
-def library_path():
+def library_path() -> Optional[str]:
     """The path of the libmeshlm.so that is (or would be) loaded."""
     if _lib_path is not None:
         return _lib_path
@@ -297,7 +304,7 @@ def library_path():
     return c[0][1] if c else None
 
 
-def load():
+def load() -> ctypes.CDLL:
     """Load libmeshlm.so once (RTLD_GLOBAL: Open MPI's plugins resolve libmpi's
     symbols globally) and declare the prototypes; register meshlm_finalize
     with atexit.  Raises OSError naming every place looked at."""
@@ -345,21 +352,21 @@ def load():
 
 # Sessions still open at exit are closed (in reverse order of opening, the
 # same on every rank) before MPI is finalised.
-_open_sessions = []  # the open Policy objects, in order of opening
-_uncaught = []       # set when the interpreter exits on an uncaught exception
+_open_sessions: List[Policy] = []  # the open Policy objects, in order of opening
+_uncaught: List[Type[BaseException]] = []  # set when the interpreter exits on an uncaught exception
 
 
-def _chain_excepthook():
+def _chain_excepthook() -> None:
     prev = sys.excepthook
 
-    def hook(t, v, tb):
+    def hook(t: Type[BaseException], v: BaseException, tb: Optional[TracebackType]) -> None:
         _uncaught.append(t)
         prev(t, v, tb)
 
     sys.excepthook = hook
 
 
-def _at_exit():
+def _at_exit() -> None:
     # A rank that dies of an uncaught exception must not make collective
     # calls (close, MPI_Finalize): the other ranks are elsewhere and would
     # wait for it forever.  It exits at once with status 1 instead, without

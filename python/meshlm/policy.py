@@ -18,18 +18,100 @@ Conventions (those of the C API):
   bfloat16): see bf16_to_f32 / f32_to_bf16.
 """
 
+from __future__ import annotations
+
 import ctypes
 import json
 import os
 import re
 import warnings
+from collections.abc import Mapping as _MappingABC
 from ctypes import POINTER, byref, c_double, c_float, c_int32, c_int64, c_uint8, c_void_p
+# Literal, Protocol and TypedDict are in typing since Python 3.8 (no typing_extensions)
+from typing import (Any, Callable, Dict, List, Literal, Mapping, NoReturn, Optional, Protocol,
+                    Sequence, Tuple, Type, TypedDict, TypeVar, Union, cast)
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray  # numpy >= 1.21
 
 from . import _lib as L
 
-__all__ = ["Policy", "MeshlmError", "bf16_to_f32", "f32_to_bf16", "version"]
+__all__ = ["Policy", "MeshlmError", "bf16_to_f32", "f32_to_bf16", "version", "register_family",
+           "PolicyInfo", "StepResult", "CallStats", "Communicator",
+           "TokenSeqs", "PerToken", "WeightArray", "StrPath"]
+
+# --- types of the public API (PEP 561: the package carries py.typed) ---------------------------
+
+#: A path: str, bytes or an os.PathLike (os.fsencode takes it).
+StrPath = Union[str, bytes, "os.PathLike[str]", "os.PathLike[bytes]"]
+#: A batch: a sequence (list or tuple) of 1-D integer token-id arrays (any integer dtype,
+#: variable length), or a 2-D integer array, one sequence per row.
+TokenSeqs = Union[Sequence[ArrayLike], "NDArray[np.integer[Any]]"]
+#: A prediction-aligned per-token input: a sequence of per-sequence 1-D arrays (lengths
+#: L_k - 1), or one flat 1-D array of them all concatenated (length sum(L_k - 1)).
+PerToken = Union[Sequence[ArrayLike], ArrayLike]
+#: A full weight tensor: float32 values, or bf16 raw bits as uint16 (bf16_to_f32 converts).
+WeightArray = Union["NDArray[np.float32]", "NDArray[np.uint16]"]
+
+
+class Communicator(Protocol):
+    """An MPI communicator as mpi4py's: its Fortran handle is py2f()."""
+
+    def py2f(self) -> int: ...
+
+
+class PolicyInfo(TypedDict):
+    """Policy.info: this rank's place in the mesh and the model (meshlm_info)."""
+
+    rank: int
+    world: int
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    tp: int
+    dp_rank: int
+    dp_size: int
+    cp_rank: int
+    tp_rank: int
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_params: int
+    bos_token_id: int
+    eos_token_id: int
+    step: int
+    max_seq_len: int
+
+
+class StepResult(TypedDict):
+    """What Policy.train_step returns (meshlm_step_result)."""
+
+    loss: float
+    kl: float
+    clip_fraction: float
+    grad_norm: float
+    lr: float
+    tokens: int
+    sequences: int
+    step: int
+    skipped: bool
+    nonfinite_param: str
+
+
+class CallStats(TypedDict):
+    """Policy.last_call_stats(): what the last logprobs / train_step did (meshlm_call_stats)."""
+
+    micro_batches: int
+    tokens: int
+    padding: int
+    fsdp_all_gathers: int
+    fsdp_reduce_scatters: int
+    fsdp_all_reduces: int
+    fsdp_bytes: int
+    tp_collectives: int
+    cp_collectives: int
+    dp_replicate_collectives: int
+    nonfinite_logprobs: int
 
 _INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 
@@ -44,7 +126,9 @@ class MeshlmError(RuntimeError):
     source location the library adds, which is kept in ``e.c_location``
     ("train.c:28", for a bug report; None when there is none)."""
 
-    def __init__(self, message):
+    c_location: Optional[str]
+
+    def __init__(self, message: str) -> None:
         m = _C_LOCATION_RE.search(message)
         self.c_location = m.group(1) if m else None
         if m:
@@ -52,12 +136,14 @@ class MeshlmError(RuntimeError):
         super().__init__(message)
 
 
-def version():
+def version() -> str:
     """The library's version string (meshlm_version), e.g. "0.2.0"."""
-    return L.load().meshlm_version().decode()
+    return str(L.load().meshlm_version().decode())
 
 
-def register_family(architecture, model_type, name, base, fused=None, tp_plan=None):
+def register_family(architecture: str, model_type: str, name: str, base: str,
+                    fused: Optional[Mapping[str, Sequence[str]]] = None,
+                    tp_plan: Optional[Mapping[str, str]] = None) -> None:
     """Register a model family for this process (meshlm_register_family; call it
     on every rank before a Policy opens such a checkpoint): the HF
     `architecture` / `model_type` read as the built-in family `base`'s block
@@ -70,9 +156,9 @@ def register_family(architecture, model_type, name, base, fused=None, tp_plan=No
     --parallel-plan file (patterns relative to the base model), or None.
     Raises MeshlmError with the library's reason when it is refused."""
     f = L.meshlm_family()
-    keep = []  # the encoded strings must outlive the call
+    keep: List[bytes] = []  # the encoded strings must outlive the call
 
-    def enc(s):
+    def enc(s: str) -> bytes:
         b = s.encode()
         keep.append(b)
         return b
@@ -99,7 +185,7 @@ def register_family(architecture, model_type, name, base, fused=None, tp_plan=No
 
 # --- bf16 helpers -----------------------------------------------------------------------------
 
-def bf16_to_f32(bits):
+def bf16_to_f32(bits: ArrayLike) -> NDArray[np.float32]:
     """bf16 values stored as raw bits (numpy uint16, any shape: what refit and
     refit_stream return for bf16 tensors) -> float32 array of the same shape.
     Exact: a bf16 value is the upper half of the float32 with that value."""
@@ -109,7 +195,7 @@ def bf16_to_f32(bits):
     return (b.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
-def f32_to_bf16(values):
+def f32_to_bf16(values: ArrayLike) -> NDArray[np.uint16]:
     """float32 values (any shape) -> bf16 raw bits (uint16), rounded to
     nearest even as torch's .to(torch.bfloat16); NaN stays a (quiet) NaN.
     For reload_tensors with bf16 tensors."""
@@ -118,7 +204,8 @@ def f32_to_bf16(values):
     rounded = ((u + np.uint64(0x7FFF) + ((u >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16))
     nan = np.isnan(v)
     out = np.where(nan, (u >> np.uint64(16)) | np.uint64(0x40), rounded)
-    return out.astype(np.uint16)
+    bits: NDArray[np.uint16] = out.astype(np.uint16)  # (np.where is untyped in older numpy)
+    return bits
 
 
 # --- option names -----------------------------------------------------------------------------
@@ -136,30 +223,35 @@ _LOSSES = {"nll": L.LOSS_NLL, "weighted_nll": L.LOSS_WEIGHTED_NLL,
            "clipped_pg": L.LOSS_CLIPPED_PG}
 
 
-def _bool_int(value):
+def _bool_int(value: object) -> int:
     return int(bool(value))
 
 
-def _bool_word(value, if_true, if_false):
+def _bool_word(value: Union[str, bool], if_true: str, if_false: str) -> str:
     """True / False as the word of an option that also takes them; else value."""
     if value is True or value is False:
         return if_true if value else if_false
     return value
 
 
-def _choice(table, value, what, exclude=()):
+_V = TypeVar("_V")
+_G = TypeVar("_G", bound="np.generic")
+
+
+def _choice(table: Mapping[str, _V], value: object, what: str,
+            exclude: Sequence[str] = ()) -> _V:
     key = value.lower() if isinstance(value, str) else value
-    if key not in table or key in exclude:
+    if not isinstance(key, str) or key not in table or key in exclude:
         names = [k for k in table if k not in exclude]
         raise MeshlmError("%s: %r is not one of %s" % (what, value, ", ".join(names)))
     return table[key]
 
 
-def _np_dtype(dtype):
+def _np_dtype(dtype: int) -> Union[Type[np.float32], Type[np.uint16]]:
     return np.float32 if dtype == L.DTYPE_F32 else np.uint16
 
 
-def _ptr(a, ctype):
+def _ptr(a: Optional[NDArray[Any]], ctype: Any) -> Any:
     return None if a is None else a.ctypes.data_as(POINTER(ctype))
 
 
@@ -173,7 +265,8 @@ class _Batch:
     """A list of sequences as the C API wants it: lens [n] int64 and tokens
     [sum lens] int32, kept alive with the meshlm_seqs pointing at them."""
 
-    def __init__(self, seqs, what="seqs"):
+    def __init__(self, seqs: TokenSeqs, what: str = "seqs") -> None:
+        rows: List[ArrayLike]
         if isinstance(seqs, np.ndarray):
             if seqs.ndim != 2:
                 raise _ArgError("%s: expected a list of 1-D token arrays (or a 2-D array, one "
@@ -184,7 +277,7 @@ class _Batch:
         else:
             raise _ArgError("%s: expected a list of 1-D token arrays, got %s"
                             % (what, type(seqs).__name__))
-        arrays = []
+        arrays: List[NDArray[Any]] = []
         for k, r in enumerate(rows):
             a = np.asarray(r)
             if a.ndim != 1:
@@ -212,22 +305,21 @@ class _Batch:
         self.total = int(self.pred.sum())
         self.c = L.meshlm_seqs(self.n, _ptr(self.lens, c_int64), _ptr(self.tokens, c_int32))
 
-    def split(self, flat):
+    def split(self, flat: NDArray[_G]) -> List[NDArray[_G]]:
         """Per-sequence views of a prediction-aligned array of length total."""
         return np.split(flat, np.cumsum(self.pred)[:-1]) if self.n else []
 
-    def per_token(self, x, what, dtype):
+    def per_token(self, x: Optional[PerToken], what: str,
+                  dtype: Type[_G]) -> Optional[NDArray[_G]]:
         """A prediction-aligned input (list of per-sequence arrays, or one
         concatenated array) as one contiguous array of dtype, length total."""
         if x is None:
             return None
-        per_seq = (isinstance(x, (list, tuple)) and len(x) > 0
-                   and all(np.ndim(e) == 1 for e in x))
-        if per_seq:
+        if isinstance(x, (list, tuple)) and len(x) > 0 and all(np.ndim(e) == 1 for e in x):
             if len(x) != self.n:
                 raise _ArgError("%s: %d per-sequence arrays for %d sequences"
                                 % (what, len(x), self.n))
-            parts = []
+            parts: List[NDArray[Any]] = []
             for k, e in enumerate(x):
                 a = np.asarray(e)
                 if a.size != self.pred[k]:
@@ -250,12 +342,13 @@ class _Batch:
                                 % (what, a[bad[0]].item(), k, t))
         return np.ascontiguousarray(a, dtype=dtype)
 
-    def locate(self, i):
+    def locate(self, i: int) -> Tuple[int, int]:
         """Entry i of a prediction-aligned array as (sequence, entry in it)."""
         k = int(np.searchsorted(np.cumsum(self.pred), i, side="right"))
         return k, i - int(self.pred[:k].sum())
 
-    def per_seq(self, x, what, dtype):
+    def per_seq(self, x: Optional[ArrayLike], what: str,
+                dtype: Type[_G]) -> Optional[NDArray[_G]]:
         """A per-sequence input [n]."""
         if x is None:
             return None
@@ -269,7 +362,7 @@ class _Batch:
 _POISON_BASE = 1000000000
 
 
-def _poison_seqs(rank):
+def _poison_seqs(rank: int) -> Tuple[NDArray[np.int64], NDArray[np.int32], L.meshlm_seqs]:
     """A batch every rank's library refuses (one token, id -(10^9 + rank)):
     sent by a rank whose own arguments were wrong, so that the collective call
     fails on every rank instead of the other ranks waiting for this one.  The
@@ -319,22 +412,34 @@ class Policy:
     used) or a Fortran communicator handle (int).
     """
 
-    def __init__(self, model_dir, *, tp=None, cp=None, dp_replicate=None, device=None,
-                 parallel_plan=None, sequence_parallel=None, param_dtype=None, reduce_dtype=None,
-                 activation_checkpointing=None, lr=None, min_lr=None, betas=None, eps=None,
-                 weight_decay=None, schedule=None, warmup_steps=None, total_steps=None,
-                 max_grad_norm=None, micro_batch_tokens=None, unshard_for_inference=None,
-                 output_dtype=None, reshard_after_forward=None, zero=None, prefetch_forward=None,
-                 prefetch_backward=None, grad_norm_type=None, comm=None):
-        self._s = None
-        self._info = None
+    model_dir: Union[str, bytes]
+
+    def __init__(self, model_dir: StrPath, *, tp: Optional[int] = None, cp: Optional[int] = None,
+                 dp_replicate: Optional[int] = None, device: Optional[str] = None,
+                 parallel_plan: Optional[StrPath] = None,
+                 sequence_parallel: Optional[bool] = None, param_dtype: Optional[str] = None,
+                 reduce_dtype: Optional[str] = None,
+                 activation_checkpointing: Optional[Union[str, bool]] = None,
+                 lr: Optional[float] = None, min_lr: Optional[float] = None,
+                 betas: Optional[Sequence[float]] = None, eps: Optional[float] = None,
+                 weight_decay: Optional[float] = None, schedule: Optional[str] = None,
+                 warmup_steps: Optional[int] = None, total_steps: Optional[int] = None,
+                 max_grad_norm: Optional[float] = None, micro_batch_tokens: Optional[int] = None,
+                 unshard_for_inference: Optional[bool] = None, output_dtype: Optional[str] = None,
+                 reshard_after_forward: Optional[Union[str, bool]] = None,
+                 zero: Optional[int] = None, prefetch_forward: Optional[int] = None,
+                 prefetch_backward: Optional[int] = None,
+                 grad_norm_type: Optional[Union[float, str]] = None,
+                 comm: Optional[Union[int, Communicator]] = None) -> None:
+        self._s: Optional[c_void_p] = None
+        self._info: Optional[PolicyInfo] = None
         lib = self._lib = L.load()
         o = L.meshlm_options()
         lib.meshlm_options_init(byref(o), ctypes.sizeof(o))
         # the strings the options point at live as long as the policy
-        self._keep = []
+        self._keep: List[bytes] = []
 
-        def cstr(v):
+        def cstr(v: object) -> bytes:
             b = os.fsencode(v) if isinstance(v, (str, bytes, os.PathLike)) else None
             if b is None:
                 raise MeshlmError("expected a string, got %r" % (v,))
@@ -342,7 +447,8 @@ class Policy:
             return b
 
         # the options taken as they are (int, float or bool as int), then the named ones
-        plain = {"tp": (tp, int), "cp": (cp, int), "dp_replicate": (dp_replicate, int),
+        plain: Dict[str, Tuple[Any, Callable[[Any], Union[int, float]]]] = {
+                 "tp": (tp, int), "cp": (cp, int), "dp_replicate": (dp_replicate, int),
                  "sequence_parallel": (sequence_parallel, _bool_int), "zero": (zero, int),
                  "prefetch_forward": (prefetch_forward, int),
                  "prefetch_backward": (prefetch_backward, int), "lr": (lr, float),
@@ -397,7 +503,7 @@ class Policy:
 
     # --- lifetime -------------------------------------------------------------------------------
 
-    def close(self):
+    def close(self) -> None:
         """COLLECTIVE. Free the session (its shards, optimizer state, generation
         replica).  Closing twice is a no-op; any other method then raises."""
         if self._s is None:
@@ -407,14 +513,14 @@ class Policy:
             L._open_sessions.remove(self)
         self._lib.meshlm_close(s)
 
-    def __enter__(self):
+    def __enter__(self) -> Policy:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         self.close()
         return False
 
-    def __del__(self):
+    def __del__(self) -> None:
         # Closing is collective: only a one-rank session is closed by the
         # garbage collector (ranks need not collect at the same point); the
         # others are closed at exit.
@@ -425,10 +531,10 @@ class Policy:
             pass
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._s is None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if self._s is None:
             return "<meshlm.Policy %r closed>" % (self.model_dir,)
         i = self.info
@@ -438,15 +544,15 @@ class Policy:
 
     # --- helpers --------------------------------------------------------------------------------
 
-    def _session(self):
+    def _session(self) -> c_void_p:
         if self._s is None:
             raise MeshlmError("meshlm: the policy is closed")
         return self._s
 
-    def _error(self):
-        return (self._lib.meshlm_error(self._s) or b"").decode("utf-8", "replace")
+    def _error(self) -> str:
+        return str((self._lib.meshlm_error(self._s) or b"").decode("utf-8", "replace"))
 
-    def _check(self, rc, call):
+    def _check(self, rc: int, call: str) -> None:
         if rc != 0:
             msg = self._error() or "%s failed" % call
             m = _POISON_RE.search(msg)
@@ -455,15 +561,24 @@ class Policy:
                        "failed on every rank" % (call, int(m.group(1)) - _POISON_BASE))
             raise MeshlmError(msg)
 
-    def _world(self):
+    def _world(self) -> int:
         return self._info["world"] if self._info else 1
 
-    def _get_info(self):
+    def _rank(self) -> int:
+        return self._known_info()["rank"]
+
+    def _known_info(self) -> PolicyInfo:
+        if self._info is None:  # only before __init__ has finished
+            raise MeshlmError("meshlm: the policy did not open")
+        return self._info
+
+    def _get_info(self) -> PolicyInfo:
         i = L.meshlm_info()
         self._check(self._lib.meshlm_get_info(self._session(), byref(i)), "meshlm_get_info")
-        return {name: getattr(i, name) for name, _ in L.meshlm_info._fields_}
+        # (the dict also has the struct's struct_size, which PolicyInfo leaves undeclared)
+        return cast(PolicyInfo, {name: getattr(i, name) for name, *_ in L.meshlm_info._fields_})
 
-    def _arg_error(self, err, poison):
+    def _arg_error(self, err: _ArgError, poison: Callable[[], None]) -> NoReturn:
         """Raise an argument error found before a collective call; with more
         than one rank, first make the call fail on every rank (poison)."""
         if self._world() > 1:
@@ -473,23 +588,23 @@ class Policy:
     # --- information ------------------------------------------------------------------------------
 
     @property
-    def info(self):
+    def info(self) -> PolicyInfo:
         """This rank's place and the model (meshlm_info), a dict: rank, world,
         dp_replicate, dp_shard, cp, tp, dp_rank, dp_size, cp_rank, tp_rank,
         vocab_size, hidden_size, num_layers, num_params, bos_token_id,
         eos_token_id (-1: none), step (optimizer steps taken), max_seq_len (the
         longest sequence the model takes, in tokens).  Not collective."""
         self._info = self._get_info()
-        return dict(self._info)
+        return self._info.copy()
 
-    def weights(self):
+    def weights(self) -> List[Tuple[str, Tuple[int, ...], str]]:
         """The model's HF tensors in refit order: a list of (name, shape tuple,
         source dtype "fp32" | "bf16").  Not collective."""
         s = self._session()
         n = self._lib.meshlm_num_weights(s)
         if n < 0:
             raise MeshlmError(self._error())
-        out = []
+        out: List[Tuple[str, Tuple[int, ...], str]] = []
         w = L.meshlm_weight()
         for i in range(n):
             self._check(self._lib.meshlm_weight_info(s, i, byref(w)), "meshlm_weight_info")
@@ -497,7 +612,7 @@ class Policy:
                         _DTYPE_NAMES[w.dtype]))
         return out
 
-    def last_call_stats(self):
+    def last_call_stats(self) -> CallStats:
         """What the last logprobs() or train_step() did on this rank
         (meshlm_last_call_stats), a dict: micro_batches, tokens (positions
         computed, padding included), padding, fsdp_all_gathers,
@@ -507,11 +622,13 @@ class Policy:
         s = self._session()
         st = L.meshlm_call_stats()
         self._check(self._lib.meshlm_last_call_stats(s, byref(st)), "meshlm_last_call_stats")
-        return {name: int(getattr(st, name)) for name, _ in L.meshlm_call_stats._fields_}
+        return cast(CallStats, {name: int(getattr(st, name))
+                                for name, *_ in L.meshlm_call_stats._fields_})
 
     # --- scoring ----------------------------------------------------------------------------------
 
-    def logprobs(self, seqs, mask=None):
+    def logprobs(self, seqs: TokenSeqs, mask: Optional[PerToken] = None
+                 ) -> Tuple[List[NDArray[np.float32]], NDArray[np.float64]]:
         """COLLECTIVE. Per-token log-probs of this rank's sequences.
 
         seqs: list of n 1-D integer arrays (lengths L_k >= 1), token ids.
@@ -539,20 +656,24 @@ class Policy:
         if bad:
             k, t = b.locate(int(np.flatnonzero(~np.isfinite(out))[0]))
             warnings.warn("logprobs: %d log-probs are not finite (NaN or inf) on rank %d, the "
-                          "first at sequence %d, entry %d" % (bad, self._info["rank"], k, t),
+                          "first at sequence %d, entry %d" % (bad, self._rank(), k, t),
                           stacklevel=2)
         return b.split(out), sums
 
-    def _poison_logprobs(self, s):
-        lens, toks, c = _poison_seqs(self._info["rank"])
+    def _poison_logprobs(self, s: c_void_p) -> None:
+        lens, toks, c = _poison_seqs(self._rank())
         out = np.zeros(1, np.float32)
         self._lib.meshlm_logprobs(s, byref(c), None, _ptr(out, c_float), None)
 
     # --- training ---------------------------------------------------------------------------------
 
-    def train_step(self, seqs, loss="nll", token_mask=None, token_weights=None, seq_weights=None,
-                   old_logprobs=None, ref_logprobs=None, sequence_level=False,
-                   ratio_clip_min=0.2, ratio_clip_max=0.2, ratio_clip_c=0.0, kl_penalty=0.0):
+    def train_step(self, seqs: TokenSeqs, loss: str = "nll", token_mask: Optional[PerToken] = None,
+                   token_weights: Optional[PerToken] = None,
+                   seq_weights: Optional[ArrayLike] = None,
+                   old_logprobs: Optional[PerToken] = None,
+                   ref_logprobs: Optional[PerToken] = None, sequence_level: bool = False,
+                   ratio_clip_min: float = 0.2, ratio_clip_max: float = 0.2,
+                   ratio_clip_c: float = 0.0, kl_penalty: float = 0.0) -> StepResult:
         """COLLECTIVE. One optimizer step on the global batch (every data-parallel
         rank's seqs; a rank may pass none).
 
@@ -602,42 +723,42 @@ class Policy:
                 "sequences": int(r.sequences), "step": int(r.step), "skipped": bool(r.skipped),
                 "nonfinite_param": r.nonfinite_param.decode("utf-8", "replace")}
 
-    def _poison_train(self, s):
-        lens, toks, c = _poison_seqs(self._info["rank"])
+    def _poison_train(self, s: c_void_p) -> None:
+        lens, toks, c = _poison_seqs(self._rank())
         tb = L.meshlm_train_batch(c, None, None, None, None, None)
         r = L.meshlm_step_result()
         self._lib.meshlm_train_step(s, byref(tb), None, byref(r))
 
     # --- checkpoints --------------------------------------------------------------------------------
 
-    def save(self, dir):
+    def save(self, dir: StrPath) -> None:
         """COLLECTIVE. Write a run checkpoint (sharded weights, AdamW state, the
         step) under dir, committed atomically (`meshlm train --save`'s format)."""
         self._check(self._lib.meshlm_save(self._session(), os.fsencode(dir)), "meshlm_save")
 
-    def resume(self, dir):
+    def resume(self, dir: StrPath) -> None:
         """COLLECTIVE. Load the latest run checkpoint in dir (any mesh's)."""
         self._check(self._lib.meshlm_resume(self._session(), os.fsencode(dir)), "meshlm_resume")
         self._info = self._get_info()
 
-    def export(self, dir, dtype="source"):
+    def export(self, dir: StrPath, dtype: str = "source") -> None:
         """COLLECTIVE. Write the current weights as an HF checkpoint in dir
         (config.json, tokenizer and untrained tensors of the source carried
         over), trained tensors in dtype: "source", "fp32" or "bf16"."""
         d = _choice(_DTYPES, dtype, "dtype")
         self._check(self._lib.meshlm_export(self._session(), os.fsencode(dir), d), "meshlm_export")
 
-    def reload(self, dir):
+    def reload(self, dir: StrPath) -> None:
         """COLLECTIVE. Replace every weight (not the optimizer state nor the step)
         from an HF checkpoint directory with the model's shapes."""
         self._check(self._lib.meshlm_reload(self._session(), os.fsencode(dir)), "meshlm_reload")
 
     # --- refit ----------------------------------------------------------------------------------------
 
-    def _receives(self, root):
-        return root < 0 or self._info["rank"] == root
+    def _receives(self, root: int) -> bool:
+        return root < 0 or self._rank() == root
 
-    def refit(self, root=0, dtype="source"):
+    def refit(self, root: int = 0, dtype: str = "source") -> Optional[Dict[str, WeightArray]]:
         """COLLECTIVE. The current weights, full, in HF names (what NeMo RL's
         refit hands to vLLM): a dict name -> numpy array (shape of the HF
         tensor) on the receiving rank(s) -- rank root of the session, or every
@@ -648,21 +769,22 @@ class Policy:
         s = self._session()
         d = _choice(_DTYPES, dtype, "dtype")
         root = int(root)
-        out = None
+        out: Optional[Dict[str, WeightArray]] = None
         bufs = None
         if self._receives(root):
             out = {}
-            arrays = []
+            arrays: List[WeightArray] = []
             for name, shape, src in self.weights():
                 td = _DTYPES[src] if d == L.DTYPE_SOURCE else d
-                a = np.empty(shape, _np_dtype(td))
+                a = cast(WeightArray, np.empty(shape, _np_dtype(td)))
                 out[name] = a
                 arrays.append(a)
             bufs = (c_void_p * max(len(arrays), 1))(*[a.ctypes.data for a in arrays])
         self._check(self._lib.meshlm_refit_into(s, root, d, bufs), "meshlm_refit_into")
         return out
 
-    def refit_stream(self, fn, root=0, dtype="source", copy=True):
+    def refit_stream(self, fn: Callable[[str, WeightArray], object], root: int = 0,
+                     dtype: str = "source", copy: bool = True) -> None:
         """COLLECTIVE. Stream the current weights one full tensor at a time
         (refit order) to rank root (every rank when root < 0): on the receiving
         rank(s) fn(name, array) is called per tensor, array float32 or uint16
@@ -673,14 +795,15 @@ class Policy:
         receiver holds one full tensor at a time beyond its shards."""
         s = self._session()
         d = _choice(_DTYPES, dtype, "dtype")
-        failure = []
+        failure: List[BaseException] = []
 
-        def tramp(ctx, name, dt, ndim, shape, data, nbytes):
+        def tramp(ctx: Optional[int], name: bytes, dt: int, ndim: int, shape: Any,
+                  data: Optional[int], nbytes: int) -> int:
             try:
                 shp = tuple(int(shape[i]) for i in range(ndim))
                 npd = _np_dtype(dt)
-                buf = (ctypes.c_char * nbytes).from_address(data) if nbytes else b""
-                a = np.frombuffer(buf, dtype=npd).reshape(shp)
+                buf: Any = (ctypes.c_char * nbytes).from_address(cast(int, data)) if nbytes else b""
+                a = cast(WeightArray, np.frombuffer(buf, dtype=npd).reshape(shp))
                 if copy:
                     a = a.copy()
                 else:
@@ -696,15 +819,16 @@ class Policy:
             raise failure[0]
         self._check(rc, "meshlm_refit")
 
-    def reload_tensors(self, tensors):
+    def reload_tensors(self, tensors: Mapping[str, ArrayLike]) -> None:
         """COLLECTIVE. Replace the given weights from memory (not the optimizer
-        state nor the step): tensors a dict HF name -> full numpy array of the
-        HF shape, float32 (other float dtypes are converted) or uint16 bf16
-        bits.  Every rank passes the same tensors; others stay as they are."""
+        state nor the step): tensors a dict (any Mapping) HF name -> full
+        numpy array of the HF shape, float32 (other float dtypes are converted)
+        or uint16 bf16 bits.  Every rank passes the same tensors; others stay
+        as they are."""
         s = self._session()
-        items = []
+        items: List[Tuple[bytes, int, NDArray[Any]]] = []
         try:
-            if not isinstance(tensors, dict):
+            if not isinstance(tensors, _MappingABC):
                 raise _ArgError("reload_tensors: expected a dict name -> array, got %s"
                                 % type(tensors).__name__)
             for name, a in tensors.items():
@@ -724,21 +848,21 @@ class Policy:
         except _ArgError as e:
             self._arg_error(e, lambda: self._poison_reload(s))
         arr = (L.meshlm_tensor * max(len(items), 1))()  # no __init__: struct_size set below
-        for i, (name, dt, a) in enumerate(items):
+        for i, (bname, dt, c) in enumerate(items):
             t = arr[i]
             t.struct_size = ctypes.sizeof(t)
-            t.name, t.dtype, t.ndim = name, dt, a.ndim
-            for dim in range(a.ndim):
-                t.shape[dim] = a.shape[dim]
-            t.data = a.ctypes.data
+            t.name, t.dtype, t.ndim = bname, dt, c.ndim
+            for dim in range(c.ndim):
+                t.shape[dim] = c.shape[dim]
+            t.data = c.ctypes.data
         self._check(self._lib.meshlm_reload_tensors(s, len(items), arr),
                     "meshlm_reload_tensors")
 
-    def _poison_reload(self, s):
+    def _poison_reload(self, s: c_void_p) -> None:
         arr = (L.meshlm_tensor * 1)()
         arr[0].struct_size = ctypes.sizeof(arr[0])
         one = np.zeros(1, np.float32)
-        name = b"(rank %d's tensors were refused by its binding)" % self._info["rank"]
+        name = b"(rank %d's tensors were refused by its binding)" % self._rank()
         arr[0].name, arr[0].dtype, arr[0].ndim = name, L.DTYPE_F32, 1
         arr[0].shape[0] = 1
         arr[0].data = one.ctypes.data
@@ -746,8 +870,9 @@ class Policy:
 
     # --- generation ------------------------------------------------------------------------------------
 
-    def generate(self, prompts, max_new_tokens=32, temperature=1.0, top_p=1.0, greedy=False,
-                 eos_token_id=-1, seed=0):
+    def generate(self, prompts: TokenSeqs, max_new_tokens: int = 32, temperature: float = 1.0,
+                 top_p: float = 1.0, greedy: bool = False, eos_token_id: int = -1, seed: int = 0
+                 ) -> Tuple[List[NDArray[np.int32]], List[NDArray[np.float32]]]:
         """COLLECTIVE (each rank samples its own prompts; their number may
         differ and be 0). Continue each prompt with up to max_new_tokens
         sampled tokens (KV cache, on a replica of the current weights).
@@ -767,11 +892,11 @@ class Policy:
             b = _Batch(prompts, "prompts")
             w = max(int(max_new_tokens), 0)
             longest = int(b.lens.max()) if b.n else 1
-            room = self._info["max_seq_len"] - longest
+            room = self._known_info()["max_seq_len"] - longest
             if w > room:
                 raise _ArgError("generate: max_new_tokens %d; expected at most %d "
                                 "(info['max_seq_len'] %d - the longest prompt's %d tokens)"
-                                % (w, room, self._info["max_seq_len"], longest))
+                                % (w, room, self._known_info()["max_seq_len"], longest))
         except _ArgError as e:
             self._arg_error(e, lambda: self._poison_generate(s))
         sp = L.meshlm_sampling()
@@ -793,8 +918,8 @@ class Policy:
         return ([toks[k, :lens[k]].copy() for k in range(b.n)],
                 [lps[k, :lens[k]].copy() for k in range(b.n)])
 
-    def _poison_generate(self, s):
-        lens, toks, c = _poison_seqs(self._info["rank"])
+    def _poison_generate(self, s: c_void_p) -> None:
+        lens, toks, c = _poison_seqs(self._rank())
         sp = L.meshlm_sampling()
         self._lib.meshlm_sampling_init(byref(sp), ctypes.sizeof(sp))
         sp.max_new_tokens = 1

@@ -9,9 +9,12 @@ environment, so that it initialises MPI on its own instead of taking the
 place of the calling rank.
 """
 
+from __future__ import annotations
+
 import os
 import shutil
 import subprocess
+from typing import Any, Dict, Iterable, Mapping, Optional, Sequence
 
 __all__ = ["launcher_rank", "launcher_size", "job_id", "cli_path", "cli_env", "run_cli"]
 
@@ -20,7 +23,7 @@ _RANK_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "MV2_COMM_WORLD_R
 _SIZE_VARS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "MV2_COMM_WORLD_SIZE", "SLURM_NTASKS")
 
 
-def _first_int(names, default):
+def _first_int(names: Sequence[str], default: int) -> int:
     for n in names:
         v = os.environ.get(n)
         if v is not None and v.strip().lstrip("-").isdigit():
@@ -28,18 +31,18 @@ def _first_int(names, default):
     return default
 
 
-def launcher_rank():
+def launcher_rank() -> int:
     """This process's world rank as the MPI launcher set it (0 when not
     launched by one).  Equal to Policy.info["rank"] for MPI_COMM_WORLD."""
     return _first_int(_RANK_VARS, 0)
 
 
-def launcher_size():
+def launcher_size() -> int:
     """The number of processes the launcher started (1 without one)."""
     return _first_int(_SIZE_VARS, 1)
 
 
-def job_id():
+def job_id() -> str:
     """A string that every rank of one MPI job shares and another job (most
     likely) does not: the launcher's job id, or the parent process id (the
     launcher's daemon, the same for the ranks of one job on one node)."""
@@ -52,7 +55,7 @@ def job_id():
     return "pid%d" % os.getpid()
 
 
-def cli_path():
+def cli_path() -> str:
     """The meshlm binary: $MESHLM, else `meshlm` on PATH, else the checkout's
     build/meshlm.  Raises FileNotFoundError naming them."""
     env = os.environ.get("MESHLM")
@@ -75,17 +78,18 @@ _KEEP = ("OMPI_ALLOW_RUN_AS_ROOT", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM",
          "OMPI_MCA_rmaps_base_oversubscribe")
 
 
-def cli_env(env=None):
+def cli_env(env: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """A copy of env (default os.environ) without the MPI launcher's variables,
     for a child program that must start its own one-process MPI."""
-    env = dict(os.environ if env is None else env)
-    for k in list(env):
+    out = dict(os.environ if env is None else env)
+    for k in list(out):
         if k.startswith(_LAUNCHER_PREFIXES) and k not in _KEEP:
-            del env[k]
-    return env
+            del out[k]
+    return out
 
 
-def run_cli(args, check=True, **kw):
+def run_cli(args: Iterable[object], check: bool = True,
+            **kw: Any) -> subprocess.CompletedProcess[str]:
     """Run `meshlm ARGS...` (one process, its own MPI) and return the
     subprocess.CompletedProcess (stdout and stderr captured as text).  With
     check, a non-zero exit raises RuntimeError with its stderr."""

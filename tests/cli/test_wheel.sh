@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # pip install ./python gives a binding that carries its library: a wheel
 # built from a copy of python/ (so the checkout is not written into) holds
-# meshlm/libmeshlm.so, installs into a directory with no MESHLM_LIBRARY set
-# and no build tree to find, loads its own copy, and says its version.
+# meshlm/libmeshlm.so and the PEP 561 marker meshlm/py.typed, installs into a
+# directory with no MESHLM_LIBRARY set and no build tree to find, loads its
+# own copy, and says its version.
 # Skipped (exit 0, saying why) where python3 has no pip or setuptools.
 # usage: test_wheel.sh MESHLM SOURCE_DIR
 set -u
@@ -22,6 +23,8 @@ ls "$work"/wheel/*.whl > /dev/null 2>&1 || grep -i -m5 -B2 "error" "$work/err"
 check "pip wheel builds a platform wheel carrying meshlm/libmeshlm.so" \
   'ls "$work"/wheel/meshlm-*-linux_*.whl > /dev/null 2>&1 &&
    python3 -m zipfile -l "$work"/wheel/meshlm-*.whl | grep -q "meshlm/libmeshlm.so"'
+check "the wheel carries the PEP 561 marker meshlm/py.typed (the package is typed)" \
+  'python3 -m zipfile -l "$work"/wheel/meshlm-*.whl | grep -q "meshlm/py.typed"'
 python3 -m pip install --no-deps --target "$work/site" "$work"/wheel/meshlm-*.whl > "$work/err" 2>&1
 cd "$work" && env -u MESHLM_LIBRARY PYTHONPATH="$work/site" python3 -c '
 import meshlm, os, sys

@@ -6,6 +6,10 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 work=$(mktemp -d)
 on_exit=
 trap 'eval "$on_exit"; rm -rf "$work"' EXIT
+# mpiexec with the shared-memory transports off (Open MPI's btl, MPICH's
+# UCX), for ranks under a file size limit (ulimit -f), which their
+# shared-memory segment files would hit
+mpiexec_noshm() { OMPI_MCA_btl=self,tcp UCX_TLS=self,tcp mpiexec "$@"; }
 pass=0 fail=0
 ok() { pass=$((pass + 1)); echo "ok   $1"; }
 # bad NAME: a failed check; shows the start of $work/err when there is one

@@ -29,9 +29,10 @@ expect() {
   rm -f "$work"/rc.* "$work/out.jsonl"
   # each rank records its own exit status and exits 0, so that mpiexec does
   # not kill the other ranks before they record theirs
-  local wrap='"$@"; echo $? > "$RC_DIR/rc.${OMPI_COMM_WORLD_RANK:-0}"'
+  # (the rank: Open MPI's variable, else the PMI one of MPICH's hydra)
+  local wrap='"$@"; echo $? > "$RC_DIR/rc.${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-0}}"'
   if [ "$ranks" -gt 1 ]; then
-    RC_DIR=$work timeout 120 mpiexec -n "$ranks" -x RC_DIR bash -c "$wrap" rank "$meshlm" "$@" \
+    RC_DIR=$work timeout 120 mpiexec -n "$ranks" bash -c "$wrap" rank "$meshlm" "$@" \
       > "$work/stdout" 2> "$work/err"
   else
     RC_DIR=$work timeout 120 bash -c "$wrap" rank "$meshlm" "$@" > "$work/stdout" 2> "$work/err"

@@ -252,8 +252,8 @@ check "no source record: a warning, the text model alone, the same log-probs" \
 # fails with EFBIG as it would with ENOSPC) is below the weights; set in
 # the rank alone (mpiexec and its shared-memory segments are not limited),
 # the shared-memory transport off (its segment files would hit it).
-rank0_limited="if [ \"\$OMPI_COMM_WORLD_RANK\" = 0 ]; then trap '' XFSZ; ulimit -f 100; fi; exec \"\$@\""
-limited() { OMPI_MCA_btl=self,tcp mpiexec -n 1 bash -c "$rank0_limited" limited "$@"; }
+rank0_limited="if [ \"\${OMPI_COMM_WORLD_RANK:-\$PMI_RANK}\" = 0 ]; then trap '' XFSZ; ulimit -f 100; fi; exec \"\$@\""
+limited() { mpiexec_noshm -n 1 bash -c "$rank0_limited" limited "$@"; }
 limited "$meshlm" export --checkpoint "$work/ck" --out "$work/fail" > /dev/null 2> "$work/err"
 rc=$?
 check "a write error mid-export leaves no output and no staging directory" \
@@ -268,7 +268,7 @@ check "a write error mid-export leaves an earlier export in that directory untou
 check "an export over an earlier sharded one removes its stale shards and index" \
   '[ ! -e "$work/keep/model.safetensors.index.json" ] && ! ls "$work"/keep/model-* > /dev/null 2>&1 &&
    "$st_list" "$work/keep" | cmp -s - "$work/hf.lst"'
-OMPI_MCA_btl=self,tcp mpiexec -n 2 bash -c "$rank0_limited" limited "$meshlm" train --model "$work/llama" \
+mpiexec_noshm -n 2 bash -c "$rank0_limited" limited "$meshlm" train --model "$work/llama" \
   --data "$data" --steps 1 --batch-size 4 --seq-len 64 --lr 0 --export-hf "$work/failc" > /dev/null 2> "$work/err"
 rc=$?
 check "train --export-hf: rank 0's write error, one message, nothing left" \

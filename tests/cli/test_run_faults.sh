@@ -26,8 +26,8 @@ train=(train --model "$work/model" --data "$src/tests/fixtures/export_roundtrip/
 # with ENOSPC) is below its rank file. Shared-memory transport off: its
 # segment files would hit the limit too.
 mpiexec -n 2 "$meshlm" "${train[@]}" --steps 2 --save "$work/ck" > /dev/null 2>&1
-limited="if [ \"\$OMPI_COMM_WORLD_RANK\" = 1 ]; then trap '' XFSZ; ulimit -f 64; fi; exec \"\$@\""
-OMPI_MCA_btl=self,tcp mpiexec -n 2 bash -c "$limited" limited "$meshlm" "${train[@]}" --steps 3 \
+limited="if [ \"\${OMPI_COMM_WORLD_RANK:-\$PMI_RANK}\" = 1 ]; then trap '' XFSZ; ulimit -f 64; fi; exec \"\$@\""
+mpiexec_noshm -n 2 bash -c "$limited" limited "$meshlm" "${train[@]}" --steps 3 \
   --save "$work/ck" --resume "$work/ck" > "$work/out" 2> "$work/err"
 rc=$?
 if [ $rc -ne 0 ] && grep -q "meshlm: error (rank 1): .*rank-00001.safetensors.*File too large" "$work/err" &&

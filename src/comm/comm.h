@@ -24,7 +24,11 @@
  *    three or more ranks are in the order of the library's nonblocking
  *    algorithm (Open MPI: libnbc, whose reduce-scatter order differs from its
  *    blocking MPI_Reduce_scatter_block's), the same on every call.
- *  - A device backend (CUDA + NCCL) maps the same calls onto
+ *  - Staged (comm_staged.h), device memory over MPI: the input copied to
+ *    host staging, the MPI comm's collective, the result copied back in
+ *    ml_wait (gloo's way with CUDA tensors): the MPI comm's results, bit for
+ *    bit, with any number of ranks on one device.
+ *  - A device backend (CUDA + NCCL, nccl/comm_nccl.h) maps the same calls onto
  *    ncclAllReduce / ncclAllGather / ncclReduceScatter (ncclFloat32,
  *    ncclFloat64, ncclBfloat16; ncclSum / ncclMax / ncclMin) enqueued on the
  *    group's communication stream, after a cudaStreamWaitEvent on the event

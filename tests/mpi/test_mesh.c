@@ -277,12 +277,12 @@ static void test_node_and_device(void **state) {
   ml_backend *be = NULL;
   ml_comm_factory make = ml_comm_mpi_make;
   void *ctx = &rep;
-  if (ml_mesh_device_open(MPI_COMM_WORLD, "cpu", "test: device", &be, &make, &ctx) || !be ||
+  if (ml_mesh_device_open(MPI_COMM_WORLD, "cpu", "test: device", ML_DEVICE_COMM_AUTO, "test: comm", &be, &make, &ctx) || !be ||
       strcmp(be->ops->name, "cpu") || make || ctx)
     note(&rep, "cpu device: backend %s, factory %s (%s)", be ? be->ops->name : "none",
          make ? "set" : "NULL (MPI)", ml_error_msg());
   ml_error_clear();
-  if (ml_mesh_device_open(MPI_COMM_WORLD, "tpu", "test: device", &be, &make, &ctx) == 0 ||
+  if (ml_mesh_device_open(MPI_COMM_WORLD, "tpu", "test: device", ML_DEVICE_COMM_AUTO, "test: comm", &be, &make, &ctx) == 0 ||
       !strstr(ml_error_msg(), "test: device tpu: ") ||
       !strstr(ml_error_msg(), "device 'tpu': unknown; expected one of cpu, cuda"))
     note(&rep, "unknown device: '%s'", ml_error_msg());

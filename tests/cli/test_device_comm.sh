@@ -55,6 +55,21 @@ check "dp_shard=2 x tp=2 + SP" 4 --tp 2 --sequence-parallel
 check "HSDP dp_replicate=2 x dp_shard=2" 4 --dp-replicate 2
 check "cp=2" 2 --cp 2
 check "dp_shard=2, bf16 params and reductions" 2 --param-dtype bf16 --reduce-dtype bf16
+# logprobs: the same output bytes on dp=2 (vocab-parallel over 2) and tp=2 + SP
+awk 'BEGIN { srand(7); for (k = 0; k < 5; k++) { n = 2 + int(rand() * 60); printf "{\"input_ids\": [";
+             for (i = 0; i < n; i++) printf "%s%d", i ? ", " : "", int(rand() * 256); print "]}" } }' \
+  > "$work/in.jsonl"
+for mesh in "" "--tp 2 --sequence-parallel"; do
+  lp=(logprobs --model "$work/model" --data "$work/in.jsonl" $mesh)
+  if mpiexec -n 2 "$meshlm" "${lp[@]}" --out "$work/lp_mpi.jsonl" > /dev/null 2> "$work/err" &&
+      mpiexec -n 2 "$meshlm" "${lp[@]}" --device-comm staged --out "$work/lp_staged.jsonl" \
+        > /dev/null 2> "$work/err" &&
+      cmp -s "$work/lp_mpi.jsonl" "$work/lp_staged.jsonl"; then
+    ok "logprobs ${mesh:-dp=2}: the staged comm's output bitwise the MPI comm's"
+  else
+    bad "logprobs ${mesh:-dp=2}: failed or differs"
+  fi
+done
 # the line names the comm and the reason
 if grep -q 'staged (MPI through host staging buffers), as train: flag --device-comm staged asks' \
     "$work/err.staged"; then

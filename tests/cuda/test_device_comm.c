@@ -15,12 +15,14 @@
  *    one addition, and the inputs (multiples of 1/8 of small magnitude)
  *    make any order exact anyway.
  * Checks that fail on some ranks are agreed on after the collectives, so
- * no rank is left waiting, and every rank exits with the same status. */
+ * no rank is left waiting, and every rank exits with the same status.
+ * `test_device_comm cuda watchdog` checks the NCCL watchdog (below). */
 #include <mpi.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/backend.h"
 #include "comm/comm_mpi.h"
@@ -183,11 +185,46 @@ static void check_nccl(ml_backend *be) {
   check_comm(label, c, be);
   ml_comm_destroy(c);
 }
+
+/* The watchdog (comm/nccl/watchdog.h), `test_device_comm cuda watchdog` on 2
+ * ranks: rank 1 never issues the all-reduce rank 0 issues and waits for, so
+ * rank 0's watchdog must end the job once the collective is 2 s old, its
+ * message naming the collective, its bytes and the group (the test's
+ * PASS_REGULAR_EXPRESSION); returning from here is the failure. */
+static int watchdog(ml_backend *be) {
+  char why[512];
+  int ok = 0;
+  ml_comm *c;
+  if (ml_nccl_usable(MPI_COMM_WORLD, be, &ok, why, sizeof why)) {
+    fprintf(stderr, "FAIL: watchdog: ml_nccl_usable: %s\n", ml_error_msg());
+    return 1;
+  }
+  if (!ok) {
+    if (g_rank == 0) printf("not run: the watchdog needs NCCL: %s\n", why);
+    return 77;
+  }
+  if (g_size != 2 || ml_comm_nccl_create(be, MPI_COMM_WORLD, "world", 2.0, &c)) {
+    fprintf(stderr, "FAIL: watchdog: expected 2 ranks and an NCCL comm (%s)\n", ml_error_msg());
+    return 1;
+  }
+  if (g_rank == 0) {
+    ml_request req;
+    float *buf = ml_be_alloc(be, N, sizeof(float), "the watchdog's buffer");
+    if (buf && ml_be_zero(be, buf, N * sizeof(float)) == 0 &&
+        ml_iall_reduce(c, buf, N, ML_ELEM_F32, ML_RED_SUM, &req) == 0 && ml_wait(c, &req) == 0)
+      ml_be_sync(be); /* blocks until the watchdog ends the process */
+  } else {
+    sleep(60);
+  }
+  fprintf(stderr, "rank %d: FAIL: the watchdog did not end the job (%s)\n", g_rank,
+          ml_error_msg());
+  return 1;
+}
 #endif
 
 int main(int argc, char **argv) {
-  if (argc != 2) {
-    fprintf(stderr, "usage: mpiexec -n N test_device_comm cpu|cuda\n");
+  if (argc != 2 && !(argc == 3 && strcmp(argv[2], "watchdog") == 0)) {
+    fprintf(stderr, "usage: mpiexec -n N test_device_comm cpu|cuda [watchdog]\n");
     return 2;
   }
   MPI_Init(&argc, &argv);
@@ -204,6 +241,13 @@ int main(int argc, char **argv) {
     MPI_Finalize();
     return 77;
   }
+#ifdef ML_HAVE_NCCL
+  if (argc == 3) {
+    int rc = ml_be_host_memory(be) ? 2 : watchdog(be);
+    MPI_Finalize();
+    return rc;
+  }
+#endif
   ml_comm *staged;
   if (ml_comm_staged_create(be, MPI_COMM_WORLD, "world", &staged)) {
     failed("ml_comm_staged_create: %s", ml_error_msg());

@@ -29,7 +29,9 @@ static int cuda_ok(ml_comm *c, cudaError_t e, const char *what) {
                 cudaGetErrorString(e));
 }
 
-static ncclDataType_t nccl_type(ml_elem e) { return e == ML_ELEM_BF16 ? ncclBfloat16 : ncclFloat32; }
+static ncclDataType_t nccl_type(ml_elem e) {
+  return e == ML_ELEM_BF16 ? ncclBfloat16 : ncclFloat32;
+}
 
 /* The group's stream after everything enqueued on the compute stream so
  * far (the collective's inputs). */

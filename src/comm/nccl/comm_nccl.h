@@ -51,7 +51,8 @@ int ml_comm_nccl_make(void *ctx, MPI_Comm group, const char *name, ml_comm **out
  * cannot be loaded; or more ranks share a GPU (found by PCI bus id among
  * the ranks of each node) than NCCL allows — one, or two with NCCL >= 2.30
  * and NCCL_MULTI_RANK_GPU_ENABLE=1 (its experimental multi-rank mode, set
- * on every rank). Collective over comm. Errors: CUDA and MPI failures. */
+ * on every rank). Collective over comm. Errors: be not the CUDA backend,
+ * CUDA and MPI failures. */
 int ml_nccl_usable(MPI_Comm comm, ml_backend *be, int *ok, char *why, size_t cap);
 
 #endif

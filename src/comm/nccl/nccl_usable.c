@@ -42,6 +42,8 @@ static int ranks_per_gpu(MPI_Comm comm, ml_backend *be, int *share) {
 }
 
 int ml_nccl_usable(MPI_Comm comm, ml_backend *be, int *ok, char *why, size_t cap) {
+  if (!ml_cuda_stream(be))
+    return ml_err("NCCL check: device '%s'; expected the cuda backend", be->ops->name);
   int share;
   ML_TRY(ranks_per_gpu(comm, be, &share));
   const ml_nccl_lib *lib;

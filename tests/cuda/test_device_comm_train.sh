@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # meshlm train --device cuda on meshes whose ranks share one GPU (the GPU
 # machines lent have one): one step of a tiny Llama on 1 rank, then on
-# dp_shard=2, tp=2 and dp_shard=2 x tp=2 + SP with --device-comm staged
+# dp_shard=2, tp=2, dp_shard=2 x tp=2 + SP and HSDP (dp_replicate=2 x
+# dp_shard=2) with --device-comm staged
 # (comm/comm_staged.h), each step's loss and gradient norm within the pair
 # bound of tests/tolerance.h §3 (tol_bound: two fp32 evaluations in
 # different orders; |Δ‖g‖| <= ‖Δg‖) of the one-rank run's; then
@@ -61,6 +62,8 @@ mesh "dp_shard=2, staged" 2 dp2 --device-comm staged && near "dp_shard=2, staged
 mesh "tp=2, staged" 2 tp2 --device-comm staged --tp 2 && near "tp=2, staged" "$work/tp2.jsonl"
 mesh "dp_shard=2 x tp=2 + SP, staged" 4 dp2tp2 --device-comm staged --tp 2 --sequence-parallel &&
   near "dp_shard=2 x tp=2 + SP, staged" "$work/dp2tp2.jsonl"
+mesh "HSDP dp_replicate=2 x dp_shard=2, staged" 4 hsdp --device-comm staged --dp-replicate 2 &&
+  near "HSDP dp_replicate=2 x dp_shard=2, staged" "$work/hsdp.jsonl"
 if NCCL_MULTI_RANK_GPU_ENABLE=1 mesh "dp_shard=2, auto" 2 auto; then
   line=$(grep '^meshlm: device comm' "$work/auto.err" || echo "no line")
   if [[ $line != "meshlm: device comm: nccl"* ]]; then

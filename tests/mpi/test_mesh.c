@@ -192,6 +192,7 @@ typedef struct factory_log {
   int calls;
   char names[ML_GROUP_KINDS + 1][32];
   const char *fail_on;  /* fail for this group name */
+  bool rank0_only;      /* ... on world rank 0 only */
   const char *wrong_on; /* make a one-rank comm for this group name */
 } factory_log;
 
@@ -199,7 +200,9 @@ static int logging_factory(void *ctx, MPI_Comm group, const char *name, ml_comm 
   factory_log *log = ctx;
   if (log->calls <= ML_GROUP_KINDS) snprintf(log->names[log->calls], 32, "%s", name);
   log->calls++;
-  if (log->fail_on && !strcmp(name, log->fail_on))
+  int rank;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (log->fail_on && !strcmp(name, log->fail_on) && (!log->rank0_only || rank == 0))
     return ml_err("no device communicator for group '%s'", name);
   return ml_comm_mpi_make(
       NULL, log->wrong_on && !strcmp(name, log->wrong_on) ? MPI_COMM_SELF : group, name, out);
@@ -230,6 +233,15 @@ static void test_factory(void **state) {
       !strstr(ml_error_msg(), "no device communicator for group 'cp'") ||
       m.groups[ML_GROUP_WORLD].comm || m.groups[ML_GROUP_WORLD].host)
     note(&rep, "failing factory: '%s'", ml_error_msg());
+  /* a factory failing on rank 0 alone: every rank fails, none hangs; the others name rank 0 */
+  factory_log first = {.fail_on = "tp", .rank0_only = true};
+  ml_error_clear();
+  int rank;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, 1, logging_factory, &first, &m) == 0 ||
+      !strstr(ml_error_msg(), rank == 0 ? "no device communicator for group 'tp'"
+                                        : "mesh group 'tp': making its comm failed on rank 0"))
+    note(&rep, "factory failing on rank 0: '%s'", ml_error_msg());
   /* a comm that is not the group's */
   if (n > 1) {
     factory_log wrong = {.wrong_on = "dp_shard"};

@@ -247,7 +247,8 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   ml_engine_opts eo = ml_engine_opts_default();
   ml_comm_factory make_comm = NULL;
   void *comm_ctx = NULL;
-  if (rc == 0) rc = ml_device_open("logprobs", &device, &device_comm, &eo.backend, &make_comm, &comm_ctx);
+  if (rc == 0)
+    rc = ml_device_open("logprobs", &device, &device_comm, &eo.backend, &make_comm, &comm_ctx);
   if (rc == 0 && (tp < 1 || tp > INT32_MAX || cp < 1 || cp > INT32_MAX))
     rc = ml_err("logprobs: flags --tp %lld, --cp %lld: expected sizes >= 1", (long long)tp,
                 (long long)cp);

@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "comm/comm_mpi.h"
+#include "comm/comm_staged.h"
 #include "comm/node.h"
 #include "common/status.h"
 #include "held.h"
@@ -289,12 +290,25 @@ static void test_node_and_device(void **state) {
   ml_backend *be = NULL;
   ml_comm_factory make = ml_comm_mpi_make;
   void *ctx = &rep;
-  if (ml_mesh_device_open(MPI_COMM_WORLD, "cpu", "test: device", ML_DEVICE_COMM_AUTO, "test: comm", &be, &make, &ctx) || !be ||
-      strcmp(be->ops->name, "cpu") || make || ctx)
+  if (ml_mesh_device_open(MPI_COMM_WORLD, "cpu", "test: device", ML_DEVICE_COMM_AUTO, "test: comm",
+                          &be, &make, &ctx) ||
+      !be || strcmp(be->ops->name, "cpu") || make || ctx)
     note(&rep, "cpu device: backend %s, factory %s (%s)", be ? be->ops->name : "none",
          make ? "set" : "NULL (MPI)", ml_error_msg());
+  /* staged on request: its factory over the backend; nccl refused, naming the flag */
+  if (ml_mesh_device_open(MPI_COMM_WORLD, "cpu", "test: device", ML_DEVICE_COMM_STAGED,
+                          "test: comm", &be, &make, &ctx) ||
+      make != ml_comm_staged_make || ctx != be)
+    note(&rep, "cpu device, staged comm: factory %s (%s)", make ? "other" : "NULL",
+         ml_error_msg());
   ml_error_clear();
-  if (ml_mesh_device_open(MPI_COMM_WORLD, "tpu", "test: device", ML_DEVICE_COMM_AUTO, "test: comm", &be, &make, &ctx) == 0 ||
+  if (ml_mesh_device_open(MPI_COMM_WORLD, "cpu", "test: device", ML_DEVICE_COMM_NCCL, "test: comm",
+                          &be, &make, &ctx) == 0 ||
+      !strstr(ml_error_msg(), "test: comm nccl: device 'cpu' keeps tensors in host memory"))
+    note(&rep, "cpu device, nccl: '%s'", ml_error_msg());
+  ml_error_clear();
+  if (ml_mesh_device_open(MPI_COMM_WORLD, "tpu", "test: device", ML_DEVICE_COMM_AUTO, "test: comm",
+                          &be, &make, &ctx) == 0 ||
       !strstr(ml_error_msg(), "test: device tpu: ") ||
       !strstr(ml_error_msg(), "device 'tpu': unknown; expected one of cpu, cuda"))
     note(&rep, "unknown device: '%s'", ml_error_msg());

@@ -6,7 +6,8 @@
 # apart from glibc, libgcc, libstdc++ and CUDA's own, plus Open MPI's
 # launcher (openmpi-bin) and PMIx, downloaded into .device/debs; and the
 # part of the build the GPU checks run — meshlm, its libmeshlm.so, the
-# tests labelled cuda and the CTest files — copied into .device/build (the
+# tests labelled cuda, tol_bound (their tolerances) and the CTest files —
+# copied into .device/build (the
 # whole build directory is over the device tool's 64 MiB). The build is
 # its own (BUILD, default build-device), configured with
 # -DMESHLM_MARCH=x86-64-v3: the GPU machine's CPU is unknown, and a native
@@ -44,7 +45,8 @@ fi
 BUILD=${1:-build-device}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMESHLM_MARCH=x86-64-v3 \
   -DMESHLM_CUDA_TEST_TIMEOUT=90 > /dev/null
-cmake --build "$BUILD" -j"${JOBS:-2}" --target meshlm test_cuda_ops test_cuda_engine > /dev/null
+cmake --build "$BUILD" -j"${JOBS:-2}" --target meshlm test_cuda_ops test_cuda_engine \
+  test_device_comm tol_bound > /dev/null
 dest=.device/debs
 rm -rf .device
 mkdir -p "$dest"
@@ -59,10 +61,11 @@ if ! readelf -d "$BUILD/$soname" | grep -q 'NEEDED.*libcudart'; then
   exit 1
 fi
 (cd "$BUILD" && find . -name CTestTestfile.cmake -o -path ./meshlm -o -path "./$soname" \
-  -o -path './tests/cuda/test_*' -type f -perm -u+x) | while read -r f; do
+  -o -path ./tests/tol_bound -o -path './tests/cuda/test_*' -type f -perm -u+x) | while read -r f; do
   mkdir -p ".device/build/$(dirname "$f")" && cp -L "$BUILD/$f" ".device/build/$f"
 done
-strip --strip-unneeded .device/build/meshlm ".device/build/$soname" .device/build/tests/cuda/test_*
+strip --strip-unneeded .device/build/meshlm ".device/build/$soname" .device/build/tests/tol_bound \
+  .device/build/tests/cuda/test_*
 # the owning package of a library path (Debian's merged /usr: dpkg knows /usr/lib)
 owner() {
   local p

@@ -5,11 +5,14 @@
 #   preflight  unpack the packages tools/device_bundle.sh gathered into
 #              MESHLM_RT (tools/device_env.sh), then nvidia-smi, ldd of every
 #              binary and library of the bundle and of the unpacked tree (no
-#              "not found"), `mpiexec -n 1 true`, lscpu
+#              "not found"), `mpiexec -n 1 true`, lscpu, and where the
+#              machine's libnccl.so.2 is (loaded at run time, not carried)
 #   ctest      CUDA_LAUNCH_BLOCKING=1 ctest -L cuda -j4 (every kernel against
 #              the CPU backend, every fixture family's log-probs and training
-#              step against the CPU; 90 s a test, the bundle's build sets
-#              it), at most CTEST_S (default 170) seconds in all
+#              step against the CPU, the staged and NCCL comms against MPI on
+#              1 and 2 ranks sharing the GPU, training on 2 and 4 ranks sharing
+#              it against 1; 90 s a test, the bundle's build sets it), at most
+#              CTEST_S (default 170) seconds in all
 #   bench      bench/cuda_train.sh with few steps and the PyTorch eager peer
 #              only (no torch.compile), at most BENCH_S (default 180) seconds
 # Every stage logs into OUT (the device tool's $OUT; default
@@ -101,10 +104,15 @@ preflight() {
   lscpu > "$out/lscpu.txt" 2>&1
   grep -E '^(Model name|Flags)' "$out/lscpu.txt" | grep -o 'Model name.*\|avx512f\|amx_tile' |
     tr -s ' \n' ' ' > "$out/cpu.txt"
+  # NCCL is not in the bundle: the machine's own libnccl.so.2, if any, serves meshes of several
+  # ranks (loaded at run time; without it they use the staged comm)
+  local nccl
+  nccl=$(ldconfig -p 2> /dev/null | sed -n 's/.*libnccl\.so\.2 .*=> //p' | head -n 1)
   local status=ok
   [ ${#detail[@]} -eq 0 ] || status=fail
   [ "$gpu" = ok ] || status=no-gpu
-  record preflight "$status" "$t0" "${detail[*]:-}" "cpu: $(cat "$out/cpu.txt")"
+  record preflight "$status" "$t0" "${detail[*]:-}" "cpu: $(cat "$out/cpu.txt");" \
+    "nccl: ${nccl:-none (ldconfig)}"
 }
 
 ctest_stage() {

@@ -258,6 +258,7 @@ static int open_engine(meshlm_session *s, const char *model_dir) {
   ml_comm_factory make_comm;
   void *ctx;
   ML_TRY(ml_mesh_device_open(s->comm, s->o.device, "meshlm_open: meshlm_options.device",
+                             ML_DEVICE_COMM_AUTO, "meshlm_open",
                              &eo.backend, &make_comm, &ctx));
   ML_TRY(ml_mesh_create(s->comm, s->o.dp_replicate, 0, s->o.cp, s->o.tp, make_comm, ctx,
                         &s->mesh));

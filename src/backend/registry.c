@@ -26,7 +26,7 @@ static int cpu_create(int local_rank, ml_backend **out) { return ml_backend_cpu_
   X("cpu", "host memory, collectives on MPI", cpu_create, "")                        \
   X("cuda",                                                                          \
     "one NVIDIA GPU per rank, of a capability the build has code for (sm_90 "        \
-    "by default); one-rank meshes until NCCL",                                       \
+    "by default); meshes of several ranks over NCCL or MPI through host staging",   \
     CUDA_CREATE,                                                                     \
     "this build has no CUDA backend (nvcc was not found when it was configured, or " \
     "MESHLM_CUDA=OFF)")

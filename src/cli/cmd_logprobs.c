@@ -207,7 +207,8 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   const char *model = NULL, *data = NULL, *out = NULL, *plan = NULL;
   int64_t tp = 1, cp = 1, budget = 4096;
   bool sp = false;
-  ml_arg_choice dtype = ml_dtype_choice(), device = ml_device_choice();
+  ml_arg_choice dtype = ml_dtype_choice(), device = ml_device_choice(),
+                device_comm = ml_device_comm_choice();
   ml_data_opts dopts = ml_data_opts_default(NULL);
   const ml_arg flags[] = {
       {"--model", ML_ARG_STR, &model, "HF checkpoint directory", true, "DIR"},
@@ -219,6 +220,7 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
        "completion_logprobs, completion_logprob_sum, prompt_tokens, input_ids for "
        "prompt/completion)", true, "FILE.jsonl"},
       {"--device", ML_ARG_CHOICE, &device, ml_device_help(), false, NULL},
+      {"--device-comm", ML_ARG_CHOICE, &device_comm, ml_device_comm_help(), false, NULL},
       {"--tp", ML_ARG_INT, &tp, "tensor-parallel size (dp_shard = world / (cp*tp))", false, NULL},
       {"--cp", ML_ARG_INT, &cp, "context-parallel size: cp ranks share each sequence", false, NULL},
       {"--sequence-parallel", ML_ARG_FLAG, &sp, "shard norms and residuals on the sequence", false,
@@ -245,7 +247,8 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   ml_engine_opts eo = ml_engine_opts_default();
   ml_comm_factory make_comm = NULL;
   void *comm_ctx = NULL;
-  if (rc == 0) rc = ml_device_open("logprobs", &device, &eo.backend, &make_comm, &comm_ctx);
+  if (rc == 0)
+    rc = ml_device_open("logprobs", &device, &device_comm, &eo.backend, &make_comm, &comm_ctx);
   if (rc == 0 && (tp < 1 || tp > INT32_MAX || cp < 1 || cp > INT32_MAX))
     rc = ml_err("logprobs: flags --tp %lld, --cp %lld: expected sizes >= 1", (long long)tp,
                 (long long)cp);

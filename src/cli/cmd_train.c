@@ -89,7 +89,7 @@ static int setup(train_run *r) {
   ml_engine_opts eo = ml_train_settings_of(o).engine;
   ml_comm_factory make_comm;
   void *comm_ctx;
-  ML_TRY(ml_device_open("train", &o->device, &eo.backend, &make_comm, &comm_ctx));
+  ML_TRY(ml_device_open("train", &o->device, &o->device_comm, &eo.backend, &make_comm, &comm_ctx));
   ML_TRY(ml_mesh_create(MPI_COMM_WORLD, (int)o->dp_replicate, 0, (int)o->cp, (int)o->tp,
                         make_comm, comm_ctx, &r->mesh));
   if (o->save && r->mesh.rank == 0) ML_TRY(ml_run_lock_take(o->save, &r->lock));

@@ -20,10 +20,21 @@ const char *ml_device_help(void) {
   return help;
 }
 
-int ml_device_open(const char *cmd, const ml_arg_choice *device, ml_backend **be,
-                   ml_comm_factory *make_comm, void **ctx) {
-  char what[64];
+ml_arg_choice ml_device_comm_choice(void) {
+  return (ml_arg_choice){ml_device_comm_names(), ML_DEVICE_COMM_AUTO};
+}
+
+const char *ml_device_comm_help(void) {
+  return "collectives of a device mesh: auto (cpu: MPI; cuda: NCCL where it can serve the "
+         "mesh, else staged), nccl, staged (MPI through host staging buffers, any number of "
+         "ranks per GPU)";
+}
+
+int ml_device_open(const char *cmd, const ml_arg_choice *device, const ml_arg_choice *device_comm,
+                   ml_backend **be, ml_comm_factory *make_comm, void **ctx) {
+  char what[64], comm_what[64];
   snprintf(what, sizeof what, "%s: flag --device", cmd);
-  return ml_mesh_device_open(MPI_COMM_WORLD, device->names[device->index], what, be, make_comm,
-                             ctx);
+  snprintf(comm_what, sizeof comm_what, "%s: flag --device-comm", cmd);
+  return ml_mesh_device_open(MPI_COMM_WORLD, device->names[device->index], what,
+                             (ml_device_comm)device_comm->index, comm_what, be, make_comm, ctx);
 }

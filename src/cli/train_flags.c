@@ -44,6 +44,7 @@ ml_train_opts ml_train_opts_with(const ml_train_settings *d) {
   const ml_fsdp_opts *f = &d->engine.fsdp;
   return (ml_train_opts){
       .device = ml_device_choice(),
+      .device_comm = ml_device_comm_choice(),
       .tp = 1,
       .dp_replicate = 1,
       .cp = 1,
@@ -105,6 +106,7 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
       {"--parallel-plan", ML_ARG_STR, &o->plan, "plan file (JSON), or auto|optimized|hf|default",
        false, "PLAN"},
       {"--device", ML_ARG_CHOICE, &o->device, ml_device_help(), false, NULL},
+      {"--device-comm", ML_ARG_CHOICE, &o->device_comm, ml_device_comm_help(), false, NULL},
       /* FSDP2 */
       {"--param-dtype", ML_ARG_CHOICE, &o->param_dtype, "parameter all-gather and compute dtype",
        false, NULL},

@@ -19,7 +19,7 @@
 typedef struct ml_train_opts {
   /* model, data, mesh and plan */
   const char *model, *data, *plan, *config;
-  ml_arg_choice device; /* cli/device.h */
+  ml_arg_choice device, device_comm; /* cli/device.h */
   int64_t tp, dp_replicate, cp;
   bool sp;
   /* data formats (data/data.h): the record keys (tokenizer_dir is --model,

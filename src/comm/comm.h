@@ -24,18 +24,23 @@
  *    three or more ranks are in the order of the library's nonblocking
  *    algorithm (Open MPI: libnbc, whose reduce-scatter order differs from its
  *    blocking MPI_Reduce_scatter_block's), the same on every call.
- *  - A device backend (CUDA + NCCL) maps the same calls onto
+ *  - Staged (comm_staged.h), device memory over MPI: the input copied to
+ *    host staging, the MPI comm's collective, the result copied back in
+ *    ml_wait (gloo's way with CUDA tensors): the MPI comm's results, bit for
+ *    bit, with any number of ranks on one device.
+ *  - A device backend (CUDA + NCCL, nccl/comm_nccl.h) maps the same calls onto
  *    ncclAllReduce / ncclAllGather / ncclReduceScatter (ncclFloat32,
- *    ncclFloat64, ncclBfloat16; ncclSum / ncclMax / ncclMin) enqueued on the
+ *    ncclBfloat16; ncclSum / ncclMax / ncclMin) enqueued on the
  *    group's communication stream, after a cudaStreamWaitEvent on the event
  *    the compute stream recorded when the inputs were ready; the request is a
  *    cudaEvent recorded on the communication stream after the collective.
  *    ml_wait makes the result usable: cudaStreamWaitEvent(compute stream,
- *    event) (device-side ordering; the host does not block) or
- *    cudaEventSynchronize when the host reads the result. Buffers are device
- *    pointers there; one ncclComm per mesh group (parallel/mesh.h's comm
- *    factory: ncclCommInitRank / ncclCommSplit bootstrapped over the group's
- *    MPI communicator). */
+ *    event) (device-side ordering; the host does not block; a host read
+ *    of the result, ml_be_copy D2H, synchronises the compute stream).
+ *    Buffers are device pointers there; one ncclComm per mesh group of
+ *    several ranks (parallel/mesh.h's comm factory: ncclCommInitRank
+ *    bootstrapped over the group's MPI communicator); parallel/device.h
+ *    chooses it or the staged comm. */
 #ifndef ML_COMM_H
 #define ML_COMM_H
 
@@ -55,7 +60,8 @@ size_t ml_elem_size(ml_elem e);
 
 /* A collective in flight (torch's Work): started by ml_iall_reduce,
  * ml_iall_gather or ml_ireduce_scatter, done after ml_wait on the comm that
- * started it. impl belongs to the backend (MPI: an MPI_Request; NCCL: a
+ * started it. impl belongs to the backend (MPI: an MPI_Request; staged: the
+ * MPI request and the host staging; NCCL: the watchdog's record of a
  * cudaEvent); NULL when nothing is in flight. */
 typedef struct ml_request {
   void *impl;

@@ -39,9 +39,8 @@ int ml_comm_local_make(void *ctx, MPI_Comm group, const char *name, ml_comm **ou
   int size;
   MPI_Comm_size(group, &size);
   if (size != 1)
-    return ml_err("mesh group '%s' has %d ranks on device '%s': groups of several ranks need a "
-                  "device collective library (NCCL), which this build does not have yet; run "
-                  "one rank per device mesh, or --device cpu",
+    return ml_err("mesh group '%s' has %d ranks on device '%s': the local comm serves groups "
+                  "of one rank; expected the staged or NCCL comm for several (parallel/device.h)",
                   name, size, ((ml_backend *)ctx)->ops->name);
   ml_comm *c = ml_calloc(1, sizeof *c, "a local comm");
   if (!c) return -1;

@@ -27,6 +27,22 @@ const char *ml_group_name(ml_group g) {
   return g >= 0 && g < ML_GROUP_KINDS ? names[g] : "?";
 }
 
+/* rc of every rank of base, agreed: where a rank failed to make group
+ * `name`'s comm (a device communicator's set-up can fail on one rank
+ * alone), every rank fails, the others naming the lowest failing world
+ * rank, so that none is left waiting in the next group's MPI_Comm_split. */
+static int agreed(MPI_Comm base, int rc, const char *name) {
+  int rank, size, first;
+  MPI_Comm_rank(base, &rank);
+  MPI_Comm_size(base, &size);
+  int mine = rc ? rank : size;
+  ML_TRY(ml_mpi_check(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, base),
+                      "MPI_Allreduce of the comm factory's status", name));
+  if (first == size || rc) return rc;
+  return ml_err("mesh group '%s': making its comm failed on rank %d (its message there)", name,
+                first);
+}
+
 /* Group g's data comm and host channel over the ranks sharing `color`
  * (key = world rank keeps the mesh order inside the group). */
 static int group_create(MPI_Comm base, int color, int key, ml_group g, ml_comm_factory make,
@@ -47,7 +63,7 @@ static int group_create(MPI_Comm base, int color, int key, ml_group g, ml_comm_f
   if (rc != 0) ml_comm_destroy(raw);
   if (rc == 0) rc = ml_host_create(sub, name, &out->host);
   MPI_Comm_free(&sub);
-  return rc;
+  return agreed(base, rc, name);
 }
 
 static int check_sizes(int world, int dpr, int dps, int cp, int tp) {

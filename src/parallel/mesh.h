@@ -73,9 +73,11 @@ typedef struct ml_mesh {
  * (world / (dp_replicate·cp·tp)). make_comm makes each group's data comm
  * (called with ctx; NULL = MPI, comm/comm_mpi.h); the mesh wraps it in a
  * counting comm and owns it. Collective over base.
- * Errors (same on every rank): a size < 1, or a product that does not
+ * Errors (on every rank): a size < 1, or a product that does not
  * equal the world size, named with the numbers found and expected; MPI or
- * factory failures (the mesh is then left empty). */
+ * factory failures (the mesh is then left empty; a factory that fails on
+ * some ranks only fails every rank, the others naming the first failing
+ * rank). */
 int ml_mesh_create(MPI_Comm base, int dp_replicate, int dp_shard, int cp, int tp,
                    ml_comm_factory make_comm, void *ctx, ml_mesh *out);
 /* The mesh as rank `rank` of a dp_replicate × dp_shard × cp × tp world

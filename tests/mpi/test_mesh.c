@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "comm/comm_mpi.h"
+#include "comm/comm_staged.h"
 #include "comm/node.h"
 #include "common/status.h"
 #include "held.h"
@@ -192,6 +193,7 @@ typedef struct factory_log {
   int calls;
   char names[ML_GROUP_KINDS + 1][32];
   const char *fail_on;  /* fail for this group name */
+  bool rank0_only;      /* ... on world rank 0 only */
   const char *wrong_on; /* make a one-rank comm for this group name */
 } factory_log;
 
@@ -199,7 +201,9 @@ static int logging_factory(void *ctx, MPI_Comm group, const char *name, ml_comm 
   factory_log *log = ctx;
   if (log->calls <= ML_GROUP_KINDS) snprintf(log->names[log->calls], 32, "%s", name);
   log->calls++;
-  if (log->fail_on && !strcmp(name, log->fail_on))
+  int rank;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (log->fail_on && !strcmp(name, log->fail_on) && (!log->rank0_only || rank == 0))
     return ml_err("no device communicator for group '%s'", name);
   return ml_comm_mpi_make(
       NULL, log->wrong_on && !strcmp(name, log->wrong_on) ? MPI_COMM_SELF : group, name, out);
@@ -230,6 +234,15 @@ static void test_factory(void **state) {
       !strstr(ml_error_msg(), "no device communicator for group 'cp'") ||
       m.groups[ML_GROUP_WORLD].comm || m.groups[ML_GROUP_WORLD].host)
     note(&rep, "failing factory: '%s'", ml_error_msg());
+  /* a factory failing on rank 0 alone: every rank fails, none hangs; the others name rank 0 */
+  factory_log first = {.fail_on = "tp", .rank0_only = true};
+  ml_error_clear();
+  int rank;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, 1, logging_factory, &first, &m) == 0 ||
+      !strstr(ml_error_msg(), rank == 0 ? "no device communicator for group 'tp'"
+                                        : "mesh group 'tp': making its comm failed on rank 0"))
+    note(&rep, "factory failing on rank 0: '%s'", ml_error_msg());
   /* a comm that is not the group's */
   if (n > 1) {
     factory_log wrong = {.wrong_on = "dp_shard"};
@@ -277,12 +290,25 @@ static void test_node_and_device(void **state) {
   ml_backend *be = NULL;
   ml_comm_factory make = ml_comm_mpi_make;
   void *ctx = &rep;
-  if (ml_mesh_device_open(MPI_COMM_WORLD, "cpu", "test: device", &be, &make, &ctx) || !be ||
-      strcmp(be->ops->name, "cpu") || make || ctx)
+  if (ml_mesh_device_open(MPI_COMM_WORLD, "cpu", "test: device", ML_DEVICE_COMM_AUTO, "test: comm",
+                          &be, &make, &ctx) ||
+      !be || strcmp(be->ops->name, "cpu") || make || ctx)
     note(&rep, "cpu device: backend %s, factory %s (%s)", be ? be->ops->name : "none",
          make ? "set" : "NULL (MPI)", ml_error_msg());
+  /* staged on request: its factory over the backend; nccl refused, naming the flag */
+  if (ml_mesh_device_open(MPI_COMM_WORLD, "cpu", "test: device", ML_DEVICE_COMM_STAGED,
+                          "test: comm", &be, &make, &ctx) ||
+      make != ml_comm_staged_make || ctx != be)
+    note(&rep, "cpu device, staged comm: factory %s (%s)", make ? "other" : "NULL",
+         ml_error_msg());
   ml_error_clear();
-  if (ml_mesh_device_open(MPI_COMM_WORLD, "tpu", "test: device", &be, &make, &ctx) == 0 ||
+  if (ml_mesh_device_open(MPI_COMM_WORLD, "cpu", "test: device", ML_DEVICE_COMM_NCCL, "test: comm",
+                          &be, &make, &ctx) == 0 ||
+      !strstr(ml_error_msg(), "test: comm nccl: device 'cpu' keeps tensors in host memory"))
+    note(&rep, "cpu device, nccl: '%s'", ml_error_msg());
+  ml_error_clear();
+  if (ml_mesh_device_open(MPI_COMM_WORLD, "tpu", "test: device", ML_DEVICE_COMM_AUTO, "test: comm",
+                          &be, &make, &ctx) == 0 ||
       !strstr(ml_error_msg(), "test: device tpu: ") ||
       !strstr(ml_error_msg(), "device 'tpu': unknown; expected one of cpu, cuda"))
     note(&rep, "unknown device: '%s'", ml_error_msg());

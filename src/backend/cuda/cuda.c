@@ -476,6 +476,14 @@ static const ml_backend_ops k_cuda_ops = {
     .destroy = cu_destroy,
 };
 
+void *ml_cuda_stream(const ml_backend *be) {
+  return be->ops == &k_cuda_ops ? ((const cuda *)be->impl)->stream : NULL;
+}
+
+int ml_cuda_device(const ml_backend *be) {
+  return be->ops == &k_cuda_ops ? ((const cuda *)be->impl)->device : -1;
+}
+
 /* The device this process drives (cuda.h). */
 static int pick_device(int local_rank, int *device) {
   int count = 0;

@@ -8,7 +8,8 @@
  * the loss sums, norm partials) synchronise the stream before returning;
  * everything else returns once enqueued. Only this directory includes
  * kernels/cuda and the CUDA headers. Built only when CMake finds nvcc
- * (ML_HAVE_CUDA). */
+ * (ML_HAVE_CUDA); comm/nccl (the NCCL comm) uses the CUDA runtime too, on
+ * this backend's stream and device (ml_cuda_stream, ml_cuda_device). */
 #ifndef ML_BACKEND_CUDA_H
 #define ML_BACKEND_CUDA_H
 
@@ -22,6 +23,13 @@
  * whose compute capability the build has no code for (ML_CUDA_ARCHS,
  * backend/cuda_arch.h), allocation, cuBLASLt initialisation. */
 int ml_backend_cuda_create(int local_rank, ml_backend **out);
+
+/* The compute stream (a cudaStream_t) and the device index of be, for the
+ * NCCL comm (comm/nccl/comm_nccl.h), which orders its own streams against
+ * the compute stream with events; NULL and −1 when be is not the CUDA
+ * backend. */
+void *ml_cuda_stream(const ml_backend *be);
+int ml_cuda_device(const ml_backend *be);
 
 /* ---- the GEMM (gemm.c) ---------------------------------------------------- */
 typedef struct ml_cuda_gemm ml_cuda_gemm;

@@ -307,6 +307,8 @@ class Policy:
     (or False).
     zero: ZeRO stage 1, 2 or 3; prefetch_forward, prefetch_backward: FSDP
     units all-gathered ahead (0: none).
+    cpu_offload: bool, FSDP2's CPUOffloadPolicy (shards, grads and AdamW state
+    in host memory, the optimizer step on the host; the same numbers).
     activation_checkpointing: "none", "full" (alias "layer", True), "selective"
     or "mlp".
     lr, min_lr, betas=(beta1, beta2), eps, weight_decay: AdamW.
@@ -325,7 +327,7 @@ class Policy:
                  weight_decay=None, schedule=None, warmup_steps=None, total_steps=None,
                  max_grad_norm=None, micro_batch_tokens=None, unshard_for_inference=None,
                  output_dtype=None, reshard_after_forward=None, zero=None, prefetch_forward=None,
-                 prefetch_backward=None, grad_norm_type=None, comm=None):
+                 prefetch_backward=None, grad_norm_type=None, cpu_offload=None, comm=None):
         self._s = None
         self._info = None
         lib = self._lib = L.load()
@@ -345,7 +347,8 @@ class Policy:
         plain = {"tp": (tp, int), "cp": (cp, int), "dp_replicate": (dp_replicate, int),
                  "sequence_parallel": (sequence_parallel, _bool_int), "zero": (zero, int),
                  "prefetch_forward": (prefetch_forward, int),
-                 "prefetch_backward": (prefetch_backward, int), "lr": (lr, float),
+                 "prefetch_backward": (prefetch_backward, int),
+                 "cpu_offload": (cpu_offload, _bool_int), "lr": (lr, float),
                  "min_lr": (min_lr, float), "eps": (eps, float),
                  "weight_decay": (weight_decay, float), "warmup_steps": (warmup_steps, int),
                  "total_steps": (total_steps, int), "max_grad_norm": (max_grad_norm, float),

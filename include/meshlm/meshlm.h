@@ -158,7 +158,7 @@ typedef struct meshlm_options {
                       their gradients and the AdamW state in host memory (pinned on CUDA),
                       each shard copied to the device before its all-gather, the reduced
                       gradients copied back, the optimizer step on the host; the same
-                      numbers as without (README "CPU offload") */
+                      numbers as without (README: --cpu-offload) */
 } meshlm_options;
 
 /* One rank's mesh (1 × world × 1 × 1 with the communicator's size), CPU,

@@ -248,7 +248,7 @@ int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fs
                                     "the host staging of offloaded gradients");
     if (!f->host_grad) return -1;
   }
-  if (!grads_alias(f)) {
+  if (!grads_in_place(f)) {
     /* dp shards of a unit: its elements plus at most dp - 1 padding rows (bounded, see
      * unit_layout) */
     int64_t n = max_gather * dp->size;

@@ -153,13 +153,19 @@ typedef struct meshlm_options {
                                            state sharded; 2 parameters whole between steps;
                                            1 gradients too */
   int prefetch_forward, prefetch_backward; /* FSDP units all-gathered ahead (0: none) */
+  /* appended in 0.2 (optional: see struct_size) */
+  int cpu_offload; /* 1: FSDP2's CPUOffloadPolicy (NeMo's cpu_offload): the parameter shards,
+                      their gradients and the AdamW state in host memory (pinned on CUDA),
+                      each shard copied to the device before its all-gather, the reduced
+                      gradients copied back, the optimizer step on the host; the same
+                      numbers as without (README: --cpu-offload) */
 } meshlm_options;
 
 /* One rank's mesh (1 × world × 1 × 1 with the communicator's size), CPU,
  * micro_batch_tokens 4096, unshard_for_inference 1, and the training
  * settings' defaults of the library (README.md "Defaults", the engine's
  * one table: src/engine/settings.h): plan auto, no SP, fp32, FSDP2's
- * reshard policy, ZeRO-3, prefetch 1 / 2, no AC; AdamW lr 1e-5, min_lr 0,
+ * reshard policy, ZeRO-3, prefetch 1 / 2, no CPU offload, no AC; AdamW lr 1e-5, min_lr 0,
  * betas (0.9, 0.999), eps 1e-8, weight decay 0.01 (the CLI's: lr 3e-4,
  * weight decay 0), constant schedule, no warmup, total_steps 1;
  * max_grad_norm 1.0 in the L2 norm. meshlm_options_init writes the first

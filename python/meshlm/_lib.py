@@ -74,6 +74,7 @@ class meshlm_options(Sized):
         ("zero", c_int),
         ("prefetch_forward", c_int),
         ("prefetch_backward", c_int),
+        ("cpu_offload", c_int),
     ]
 
 

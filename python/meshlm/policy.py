@@ -400,6 +400,8 @@ class Policy:
     (or False).
     zero: ZeRO stage 1, 2 or 3; prefetch_forward, prefetch_backward: FSDP
     units all-gathered ahead (0: none).
+    cpu_offload: bool, FSDP2's CPUOffloadPolicy (shards, grads and AdamW state
+    in host memory, the optimizer step on the host; the same numbers).
     activation_checkpointing: "none", "full" (alias "layer", True), "selective"
     or "mlp".
     lr, min_lr, betas=(beta1, beta2), eps, weight_decay: AdamW.
@@ -430,6 +432,7 @@ class Policy:
                  zero: Optional[int] = None, prefetch_forward: Optional[int] = None,
                  prefetch_backward: Optional[int] = None,
                  grad_norm_type: Optional[Union[float, str]] = None,
+                 cpu_offload: Optional[bool] = None,
                  comm: Optional[Union[int, Communicator]] = None) -> None:
         self._s: Optional[c_void_p] = None
         self._info: Optional[PolicyInfo] = None
@@ -451,7 +454,8 @@ class Policy:
                  "tp": (tp, int), "cp": (cp, int), "dp_replicate": (dp_replicate, int),
                  "sequence_parallel": (sequence_parallel, _bool_int), "zero": (zero, int),
                  "prefetch_forward": (prefetch_forward, int),
-                 "prefetch_backward": (prefetch_backward, int), "lr": (lr, float),
+                 "prefetch_backward": (prefetch_backward, int),
+                 "cpu_offload": (cpu_offload, _bool_int), "lr": (lr, float),
                  "min_lr": (min_lr, float), "eps": (eps, float),
                  "weight_decay": (weight_decay, float), "warmup_steps": (warmup_steps, int),
                  "total_steps": (total_steps, int), "max_grad_norm": (max_grad_norm, float),

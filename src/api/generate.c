@@ -49,7 +49,7 @@ static int into_replica(void *ctx, int k, const ml_param *p, const float *global
       k -= unit->n;
       continue;
     }
-    return ml_be_copy(g->be, unit->shard + unit->shard_off[k], global,
+    return ml_be_copy(g->fsdp.shard_be, unit->shard + unit->shard_off[k], global,
                       sizeof(float) * (size_t)(p->shape[0] * p->shape[1]), ML_COPY_H2D);
   }
   return ml_err("meshlm_generate: the replica has no parameter %d", k);

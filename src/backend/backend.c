@@ -12,6 +12,7 @@ bool ml_be_supports(const ml_backend *be, ml_op op) {
   return (unsigned)op < ML_OP_COUNT && (be->ops->supports & ML_OP_BIT(op)) != 0;
 }
 bool ml_be_host_memory(const ml_backend *be) { return be->ops->host_memory; }
+int ml_be_host_peer(ml_backend *be, ml_backend **out) { return be->ops->host_peer(be, out); }
 
 /* An operator be does not implement (ml_be_supports), asked of it by the
  * wrapper `call`: named, never reached. */
@@ -57,6 +58,12 @@ void ml_be_reset_peak(ml_backend *be) { be->ops->reset_peak(be); }
 int ml_be_copy(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind) {
   return bytes ? be->ops->copy(be, dst, src, bytes, kind) : 0;
 }
+int ml_be_copy_async(ml_backend *be, void *dst, const void *src, size_t bytes,
+                     ml_copy_kind kind) {
+  if (kind == ML_COPY_D2D)
+    return ml_err("ml_be_copy_async: a device-to-device copy; expected H2D or D2H");
+  return bytes ? be->ops->copy_async(be, dst, src, bytes, kind) : 0;
+}
 int ml_be_copy2d(ml_backend *be, void *dst, size_t dpitch, const void *src, size_t spitch,
                  size_t width, size_t rows) {
   return width && rows ? be->ops->copy2d(be, dst, dpitch, src, spitch, width, rows) : 0;
@@ -76,6 +83,7 @@ int ml_be_round_bf16(ml_backend *be, float *x, size_t n) {
 
 int ml_be_event_record(ml_backend *be, ml_event *ev) { return be->ops->event_record(be, ev); }
 int ml_be_event_wait(ml_backend *be, ml_event *ev) { return be->ops->event_wait(be, ev); }
+int ml_be_event_sync(ml_backend *be, ml_event *ev) { return be->ops->event_sync(be, ev); }
 int ml_be_sync(ml_backend *be) { return be->ops->sync(be); }
 
 /* ---- operators ----------------------------------------------------------- */

@@ -86,11 +86,15 @@ typedef enum {
 /* Device memory of a backend's pool in bytes, as torch.cuda's
  * memory_allocated / max_memory_allocated / memory_reserved count it:
  * in_use, the bytes requested by live ml_be_alloc blocks (before the pool
- * rounds them to a size class; host staging is not counted); peak, the
+ * rounds them to a size class; host memory is not counted); peak, the
  * largest in_use since the backend was made or ml_be_reset_peak; reserved,
- * what the pool holds from the device (in use or cached). */
+ * what the pool holds from the device (in use or cached). host_in_use and
+ * host_peak count the host pool (ml_be_host_alloc: staging, and the shards
+ * FSDP's cpu_offload keeps there) the same way (0 where host memory is not
+ * pooled: meta). */
 typedef struct ml_memory_stats {
   size_t in_use, peak, reserved;
+  size_t host_in_use, host_peak;
 } ml_memory_stats;
 
 /* One block of attention between a run of queries and a run of keys of
@@ -160,6 +164,8 @@ typedef struct ml_backend_ops {
   void *(*host_alloc)(ml_backend *be, size_t bytes);
   void (*host_free)(ml_backend *be, void *p);
   int (*copy)(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind);
+  int (*copy_async)(ml_backend *be, void *dst, const void *src, size_t bytes,
+                    ml_copy_kind kind);
   int (*zero)(ml_backend *be, void *dst, size_t bytes);
   int (*copy2d)(ml_backend *be, void *dst, size_t dpitch, const void *src, size_t spitch,
                 size_t width, size_t rows);
@@ -172,7 +178,10 @@ typedef struct ml_backend_ops {
   /* ordering */
   int (*event_record)(ml_backend *be, ml_event *ev);
   int (*event_wait)(ml_backend *be, ml_event *ev);
+  int (*event_sync)(ml_backend *be, ml_event *ev);
   int (*sync)(ml_backend *be);
+  /* the backend computing on its host memory (ml_be_host_peer) */
+  int (*host_peer)(ml_backend *be, ml_backend **out);
   /* operators */
   int (*gemm)(ml_backend *be, const ml_gemm *g);
   int (*bias_grad)(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db);
@@ -279,6 +288,14 @@ bool ml_be_supports(const ml_backend *be, ml_op op);
  * and MPI may read and write directly: true on the CPU backend, false on
  * CUDA (GPU memory) and meta (addresses no one may dereference). */
 bool ml_be_host_memory(const ml_backend *be);
+/* The backend whose kernels compute on be's host memory (ml_be_host_alloc):
+ * where FSDP's cpu_offload runs the optimizer step (torch's
+ * CPUOffloadPolicy: AdamW, the grad norm and clipping on the CPU's copies
+ * of the shards). be itself where its device memory is host memory (cpu)
+ * or nothing is computed (meta); on CUDA the CPU backend (kernels/cpu),
+ * created on first use (ml_backend_get). Errors: the CPU backend fails to
+ * start. */
+int ml_be_host_peer(ml_backend *be, ml_backend **out);
 
 /* ---- memory -------------------------------------------------------------- */
 /* count elements of `elem` bytes of device memory from the pool; NULL
@@ -307,6 +324,15 @@ void ml_be_reset_peak(ml_backend *be);
 
 /* dst[bytes] = src[bytes] between the memories `kind` names. */
 int ml_be_copy(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind);
+/* The same for H2D or D2H, enqueued on the compute stream without waiting
+ * (cudaMemcpyAsync from pinned memory: torch's .to(non_blocking=True)), the
+ * host side from ml_be_host_alloc: the device side is ordered as any
+ * operator's; the host side must not be touched until ml_be_event_sync of
+ * an event recorded after the call (FSDP2's offloaded gradients,
+ * parallel/fsdp.h). Synchronous where every call is (cpu). Errors: a D2D
+ * kind, the device's. */
+int ml_be_copy_async(ml_backend *be, void *dst, const void *src, size_t bytes,
+                     ml_copy_kind kind);
 /* rows rows of width bytes, device to device: row i from src + i·spitch
  * to dst + i·dpitch (cudaMemcpy2DAsync's shape of call), rows in
  * increasing order; the ranges may overlap only to compact in place (dst
@@ -326,6 +352,9 @@ int ml_be_round_bf16(ml_backend *be, float *x, size_t n);
 /* ---- ordering ------------------------------------------------------------ */
 int ml_be_event_record(ml_backend *be, ml_event *ev);
 int ml_be_event_wait(ml_backend *be, ml_event *ev);
+/* Block the host until ev (ml_be_event_record) has completed
+ * (cudaEventSynchronize); an event never recorded has. */
+int ml_be_event_sync(ml_backend *be, ml_event *ev);
 int ml_be_sync(ml_backend *be);
 
 /* ---- operators (semantics: kernels/cpu/kernels.h of the same name) ------- */

@@ -67,7 +67,7 @@ static int64_t pieces_numel(const ml_engine *e) {
 }
 
 /* Write this rank's pieces to step_dir/rank-R.safetensors (each copied
- * from the device shards into host staging first) and record their blocks
+ * from the shards into host staging first) and record their blocks
  * in mine[n] (shape[0] = 0: none). */
 static int write_pieces(ml_engine *e, const char *step_dir, const ml_run_state *st,
                         ml_rc_block *mine) {
@@ -93,7 +93,7 @@ static int write_pieces(ml_engine *e, const char *step_dir, const ml_run_state *
       for (int s = 0; rc == 0 && s < ML_RC_STATES; s++, ne++, at += numel) {
         rc = ml_rc_state_key(name, s, keys[ne], sizeof keys[ne]);
         if (rc == 0)
-          rc = ml_be_copy(e->be, at, state_array(unit, s) + b_at,
+          rc = ml_be_copy(e->fsdp.shard_be, at, state_array(unit, s) + b_at,
                           sizeof(float) * numel, ML_COPY_D2H);
         ent[ne] = (ml_st_entry){keys[ne], ML_F32, p->ndim, {b.shape[0], b.shape[1]}, at};
       }
@@ -241,7 +241,7 @@ static int find_tensor(ml_rc_ckpt *c, const char *name, const ml_param *p, ml_rc
 }
 
 /* Parameter i of unit: this rank's rows of every state from the pieces,
- * read into host staging, then copied into the device shards. */
+ * read into host staging, then copied into the shards. */
 static int load_param(ml_engine *e, ml_rc_ckpt *c, const ml_fsdp_unit *unit, int i) {
   const ml_param *p = unit->params[i];
   char name[ML_RC_KEY];
@@ -260,7 +260,7 @@ static int load_param(ml_engine *e, ml_rc_ckpt *c, const ml_fsdp_unit *unit, int
   for (int s = 0; rc == 0 && nr > 0 && s < ML_RC_STATES; s++) {
     rc = ml_rc_read_block(c, &t, s, b.off[0], b.off[1], b.shape[0], b.shape[1], stage);
     if (rc == 0)
-      rc = ml_be_copy(e->be, state_array(unit, s) + unit->shard_off[i], stage,
+      rc = ml_be_copy(e->fsdp.shard_be, state_array(unit, s) + unit->shard_off[i], stage,
                       sizeof(float) * numel, ML_COPY_H2D);
   }
   ml_be_host_free(e->be, stage);

@@ -172,7 +172,7 @@ static int stream_param(stream *s, int u, int i, int k) {
   size_t bytes = sizeof(float) * (size_t)(mine.shape[0] * mine.shape[1]);
   float *host = receiver && mine.shape[0] ? landing(s, p, &mine) : s->piece;
   if (mine.shape[0] > 0)
-    mine.rc = ml_be_copy(e->be, host, unit->shard + at, bytes, ML_COPY_D2H);
+    mine.rc = ml_be_copy(e->fsdp.shard_be, host, unit->shard + at, bytes, ML_COPY_D2H);
   piece_note *notes = ml_calloc((size_t)s->w->size, sizeof *notes, "the export's piece notes");
   int rc = notes ? ml_host_all_gather(s->w, &mine, sizeof mine, notes) : -1;
   bool go = rc == 0; /* every copy succeeded (a failed one's rank reports it) */

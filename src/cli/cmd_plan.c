@@ -467,14 +467,21 @@ static void text_prediction(const ml_prediction *p) {
     const char *what;
     int64_t v;
   } rows[] = {{"FSDP shards: params, grads, AdamW exp_avg + exp_avg_sq (fp32)", m->shards},
-              {"in use once open (shards, FSDP buffers, persistent params)", m->opened},
+              {m->host ? "in use once open (FSDP buffers, persistent params)"
+                       : "in use once open (shards, FSDP buffers, persistent params)",
+               m->opened},
               {"saved activations (all layers, AC workspace)", m->activations},
               {"peak of one training step", m->train_peak},
               {"peak of one logprobs pass", m->logprobs_peak}};
   char h[32];
   ml_cli_print("  device memory per rank (the engine's step on the meta backend):\n");
-  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+  for (size_t i = m->host ? 1 : 0; i < sizeof rows / sizeof rows[0]; i++) /* shards: host */
     ml_cli_print("    %-64s %12s\n", rows[i].what, ml_cli_bytes(rows[i].v, h, sizeof h));
+  if (!m->host) return;
+  ml_cli_print("  host memory per rank (--cpu-offload), none of it in the device rows above:\n");
+  ml_cli_print("    %-64s %12s\n", rows[0].what, ml_cli_bytes(m->shards, h, sizeof h));
+  ml_cli_print("    %-64s %12s\n", "in all, with the staging of gradients accumulated there",
+               ml_cli_bytes(m->host, h, sizeof h));
 }
 
 /* One step's collectives per group and the memory, per tp rank (a rank
@@ -680,6 +687,7 @@ static json_t *jprediction(const ml_prediction *p, int64_t layers) {
   const ml_predict_memory *m = &p->mem;
   json_t *mem = json_object();
   json_object_set_new(mem, "shards", json_integer(m->shards));
+  json_object_set_new(mem, "host", json_integer(m->host));
   json_object_set_new(mem, "opened", json_integer(m->opened));
   json_object_set_new(mem, "activations", json_integer(m->activations));
   json_object_set_new(mem, "train_peak", json_integer(m->train_peak));
@@ -717,8 +725,8 @@ static int print_json(const plan_run *run) {
 static const char *const k_step_flags[] = {
     "--model", "--tp", "--dp-replicate", "--cp", "--sequence-parallel", "--parallel-plan",
     "--param-dtype", "--reduce-dtype", "--output-dtype", "--reshard-after-forward", "--zero",
-    "--prefetch-forward", "--prefetch-backward", "--activation-checkpointing", "--batch-size",
-    "--grad-accum", "--seq-len"};
+    "--prefetch-forward", "--prefetch-backward", "--activation-checkpointing", "--cpu-offload",
+    "--batch-size", "--grad-accum", "--seq-len"};
 
 /* spec[]: train's step flags over o->t, then plan's own. Returns the count. */
 static size_t plan_flags(plan_opts *o, ml_arg *spec) {

@@ -60,6 +60,7 @@ ml_train_opts ml_train_opts_with(const ml_train_settings *d) {
       .zero = f->zero,
       .prefetch_forward = f->prefetch_forward,
       .prefetch_backward = f->prefetch_backward,
+      .cpu_offload = f->cpu_offload,
       .steps = d->step.schedule.total_steps,
       .batch = 8,
       .grad_accum = 1,
@@ -123,7 +124,8 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
        "units all-gathered ahead in backward (0 = off)", false, NULL},
       {"--activation-checkpointing", ML_ARG_CHOICE, &o->ac, "recompute in backward", false, NULL},
       {"--cpu-offload", ML_ARG_FLAG, &o->cpu_offload,
-       "shards and optimizer step on the host (CUDA only)", false, NULL},
+       "FSDP shards, their grads and AdamW state in host memory; optimizer step on the host",
+       false, NULL},
       /* the loop */
       {"--steps", ML_ARG_INT, &o->steps, "optimizer steps of the whole run", false, NULL},
       {"--batch-size", ML_ARG_INT, &o->batch, "global batch in sequences (per optimizer step)",
@@ -242,10 +244,6 @@ int ml_train_opts_check(const ml_train_opts *o) {
   if (!(o->step.eps > 0))
     return ml_err("train: flag --eps: expected a number > 0, found %g", o->step.eps);
   ML_TRY(check_nonnegative("--peak-tflops", o->peak_tflops));
-  if (o->cpu_offload)
-    return ml_err("train: flag --cpu-offload: cpu offload needs the CUDA backend; this build "
-                  "trains on the CPU (MPI + OpenBLAS), whose parameters already live in host "
-                  "memory");
   if (o->batch % o->grad_accum != 0)
     return ml_err("train: flag --batch-size %" PRId64 " is not divisible by --grad-accum %" PRId64
                   "; expected a multiple of it",
@@ -295,6 +293,7 @@ ml_train_settings ml_train_settings_of(const ml_train_opts *o) {
   eo->fsdp.zero = (int)o->zero;
   eo->fsdp.prefetch_forward = (int)o->prefetch_forward;
   eo->fsdp.prefetch_backward = (int)o->prefetch_backward;
+  eo->fsdp.cpu_offload = o->cpu_offload;
   eo->output_dtype = ml_dtype_chosen(&o->output_dtype);
   eo->ac = k_ac_values[o->ac.index];
   t.step.schedule.decay = k_schedule_values[o->lr_schedule.index];

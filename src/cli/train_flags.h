@@ -80,8 +80,7 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec);
 int ml_train_argv(int argc, char **argv, const ml_arg *spec, size_t n, ml_config_argv *out);
 
 /* Values and combinations a single flag's type cannot check: ranges
- * (--steps >= 0, --zero 1..3, --cp >= 1, ...),
- * --cpu-offload (needs the CUDA backend), --batch-size not divisible by
+ * (--steps >= 0, --zero 1..3, --cp >= 1, ...), --batch-size not divisible by
  * --grad-accum, --save-every without --save, --eval-every without
  * --eval-data, --batch-size x --seq-len
  * beyond int64. One message naming the flag, the value found and what is

@@ -16,7 +16,7 @@ ml_engine_opts ml_engine_opts_default(void) {
   ml_engine_opts o = {0};
   o.fsdp = (ml_fsdp_opts){.param_dtype = ML_F32, .reduce_dtype = ML_F32,
                           .reshard_after_forward = ML_RESHARD_DEFAULT, .zero = 3,
-                          .prefetch_forward = 1, .prefetch_backward = 2};
+                          .prefetch_forward = 1, .prefetch_backward = 2, .cpu_offload = false};
   o.output_dtype = ML_F32;
   o.ac = ML_AC_NONE;
   return o;
@@ -83,9 +83,9 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
 }
 
 void ml_engine_close(ml_engine *e) {
+  ml_grads_free(&e->grads); /* in the shards' memory: before FSDP goes */
   if (e->fsdp.units) ml_fsdp_destroy(&e->fsdp);
   ml_vocab_destroy(&e->vocab);
-  ml_grads_free(&e->grads);
   ml_tp_destroy(&e->tp);
   ml_cp_destroy(&e->cp);
   ml_model_destroy(&e->model);
@@ -324,6 +324,7 @@ static int backward_layers(ml_engine *e, const int32_t *ids) {
   ML_TRY(embed_backward(e, ids));
   ML_TRY(ml_fsdp_reduce_grads(f, root));
   ml_fsdp_reshard(f, root);
+  ML_TRY(ml_fsdp_finish_backward(f));
   return ml_grads_tp_reduce(&e->grads, &e->tp, f);
 }
 
@@ -455,13 +456,7 @@ void ml_engine_hold_params(ml_engine *e, bool hold) {
   for (int u = 0; !hold && u < e->fsdp.n_units; u++) ml_fsdp_reshard(&e->fsdp, u);
 }
 
-int ml_engine_zero_grad(ml_engine *e) {
-  for (int u = 0; u < e->fsdp.n_units; u++) {
-    ml_fsdp_unit *unit = &e->fsdp.units[u];
-    ML_TRY(ml_be_zero(e->be, unit->shard_grad, sizeof(float) * (size_t)unit->shard_numel));
-  }
-  return 0;
-}
+int ml_engine_zero_grad(ml_engine *e) { return ml_fsdp_zero_grads(&e->fsdp); }
 
 void ml_engine_owned_rows(const ml_engine *e, const ml_fsdp_unit *unit, int i, int64_t *skip,
                           int64_t *nr) {
@@ -488,7 +483,7 @@ static int local_norm_part(const ml_engine *e, bool inf, double *total) {
       ml_engine_owned_rows(e, unit, i, &skip, &nr);
       if (nr <= 0) continue;
       double s;
-      ML_TRY(ml_be_norm_partial(e->be, unit->shard_grad + unit->shard_off[i] + skip * cols,
+      ML_TRY(ml_be_norm_partial(f->shard_be, unit->shard_grad + unit->shard_off[i] + skip * cols,
                                 nr * cols, inf ? ML_NORM_ABSMAX : ML_NORM_SUMSQ, &s));
       *total = inf ? fmax(*total, s) : *total + s;
     }
@@ -515,7 +510,7 @@ int ml_engine_find_nonfinite(ml_engine *e, char *name, size_t cap) {
     const ml_fsdp_unit *unit = &f->units[u];
     for (int i = 0; i < unit->n && isinf(first); i++, idx++) {
       bool found;
-      ML_TRY(ml_be_find_nonfinite(e->be, unit->shard_grad + unit->shard_off[i],
+      ML_TRY(ml_be_find_nonfinite(f->shard_be, unit->shard_grad + unit->shard_off[i],
                                   unit->chunk_rows[i] * unit->params[i]->local[1], &found));
       if (found) first = idx;
     }
@@ -537,7 +532,7 @@ int ml_engine_clip(ml_engine *e, double norm, double max_norm) {
   if (!(max_norm > 0) || coef >= 1.0) return 0;
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
-    ML_TRY(ml_be_scale(e->be, unit->shard_grad, unit->shard_numel, (float)coef));
+    ML_TRY(ml_be_scale(e->fsdp.shard_be, unit->shard_grad, unit->shard_numel, (float)coef));
   }
   return 0;
 }
@@ -546,7 +541,7 @@ int ml_engine_adamw(ml_engine *e, const ml_adamw_cfg *c) {
   e->step++;
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
-    ML_TRY(ml_be_adamw(e->be, unit->shard, unit->shard_grad, unit->adam_m, unit->adam_v,
+    ML_TRY(ml_be_adamw(e->fsdp.shard_be, unit->shard, unit->shard_grad, unit->adam_m, unit->adam_v,
                        unit->shard_numel, c->lr, c->beta1, c->beta2, c->eps, c->weight_decay,
                        e->step));
   }

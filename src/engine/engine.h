@@ -45,7 +45,8 @@ typedef struct ml_engine_opts {
 } ml_engine_opts;
 
 /* fp32 everywhere, FSDP2's reshard defaults, ZeRO-3, prefetch forward 1 /
- * backward 2, no activation checkpointing, plan auto, no SP. */
+ * backward 2, no CPU offload, no activation checkpointing, plan auto, no
+ * SP. */
 ml_engine_opts ml_engine_opts_default(void);
 
 typedef struct ml_engine {

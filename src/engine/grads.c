@@ -31,17 +31,18 @@ static int count_rows(ml_grads *gs, ml_tp *tp, const ml_fsdp_unit *u, float *g, 
   *off += k;
   return 0;
 }
-// stash (=) g; g (=) 0
+// stash (=) g; g (=) 0 (where the shards live: on their backend)
 static int stash_rows(ml_grads *gs, ml_tp *tp, const ml_fsdp_unit *u, float *g, size_t k,
                       size_t *off) {
-  ML_TRY(ml_be_copy(tp->be, gs->stash + *off, g, k * sizeof(float), ML_COPY_D2D));
+  ml_backend *be = gs->f->shard_be;
+  ML_TRY(ml_be_copy(be, gs->stash + *off, g, k * sizeof(float), ML_COPY_D2D));
   *off += k;
-  return ml_be_zero(tp->be, g, k * sizeof(float));
+  return ml_be_zero(be, g, k * sizeof(float));
 }
 // g += stash
 static int unstash_rows(ml_grads *gs, ml_tp *tp, const ml_fsdp_unit *u, float *g, size_t k,
                         size_t *off) {
-  ML_TRY(ml_be_add(tp->be, g, gs->stash + *off, (int64_t)k));
+  ML_TRY(ml_be_add(gs->f->shard_be, g, gs->stash + *off, (int64_t)k));
   *off += k;
   return 0;
 }
@@ -52,11 +53,11 @@ int ml_grads_tp_begin(ml_grads *gs, ml_tp *tp, ml_fsdp *f) {
   ML_TRY(each_reduced(gs, tp, f, count_rows, &n));
   if (n == 0) return 0;
   if (!gs->stash) {
-    gs->be = tp->be;
-    gs->stash = ml_be_alloc(tp->be, (int64_t)n, sizeof(float),
-                            "the gradients accumulated before a micro-batch's tp step (%zu "
-                            "floats)",
-                            n);
+    gs->f = f;
+    gs->stash = ml_fsdp_shard_alloc(f, (int64_t)n, sizeof(float),
+                                    "the gradients accumulated before a micro-batch's tp step "
+                                    "(%zu floats)",
+                                    n);
     if (!gs->stash) return -1;
   }
   return each_reduced(gs, tp, f, stash_rows, &n);
@@ -77,7 +78,7 @@ static int reduce_partial(ml_tp *tp, ml_fsdp *f) {
         size_t k = (size_t)(unit->chunk_rows[i] * unit->params[i]->local[1]);
         if (pass)
           ML_TRY(ml_be_copy(tp->be, buf + off, unit->shard_grad + unit->shard_off[i],
-                            k * sizeof(float), ML_COPY_D2D));
+                            k * sizeof(float), ml_fsdp_shard_to_device(f)));
         off += k;
       }
     }
@@ -93,7 +94,7 @@ static int reduce_partial(ml_tp *tp, ml_fsdp *f) {
         if (!ml_tp_grad_partial(tp, unit->params[i])) continue;
         size_t k = (size_t)(unit->chunk_rows[i] * unit->params[i]->local[1]);
         ML_TRY(ml_be_copy(tp->be, unit->shard_grad + unit->shard_off[i], buf + off,
-                          k * sizeof(float), ML_COPY_D2D));
+                          k * sizeof(float), ml_fsdp_device_to_shard(f)));
         off += k;
       }
     }
@@ -102,10 +103,11 @@ static int reduce_partial(ml_tp *tp, ml_fsdp *f) {
 }
 
 /* The shared kv heads' rows of a k_proj / v_proj shard gradient g (local
- * rows r0.. of the rank's slice starting at global row `first`) and the
- * packed buffer [n_kv_shared · hd rows, cols] (to_buf: g → buf, else back). */
-static int shared_rows(ml_tp *tp, const ml_param *p, float *g, int64_t r0, int64_t nr,
-                       int64_t first, float *buf, bool to_buf) {
+ * rows r0.. of the rank's slice starting at global row `first`, where f's
+ * shards live) and the packed device buffer [n_kv_shared · hd rows, cols]
+ * (to_buf: g → buf, else back). */
+static int shared_rows(ml_tp *tp, const ml_fsdp *f, const ml_param *p, float *g, int64_t r0,
+                       int64_t nr, int64_t first, float *buf, bool to_buf) {
   int64_t hd = tp->model->cfg.head_dim, cols = p->local[1];
   for (int j = 0; j < tp->n_kv_shared; j++) {
     int64_t a = tp->kv_shared[j] * hd, b = a + hd; /* the head's global rows */
@@ -114,7 +116,7 @@ static int shared_rows(ml_tp *tp, const ml_param *p, float *g, int64_t r0, int64
     float *row_g = g + (lo - first - r0) * cols, *row_b = buf + (j * hd + lo - a) * cols;
     size_t bytes = sizeof(float) * (size_t)((hi - lo) * cols);
     ML_TRY(ml_be_copy(tp->be, to_buf ? row_b : row_g, to_buf ? row_g : row_b, bytes,
-                      ML_COPY_D2D));
+                      to_buf ? ml_fsdp_shard_to_device(f) : ml_fsdp_device_to_shard(f)));
   }
   return 0;
 }
@@ -138,7 +140,7 @@ static int reduce_kv_shared(ml_tp *tp, ml_fsdp *f) {
           int64_t r0, nr;
           ml_fsdp_param_rows(f, unit, i, &r0, &nr);
           if (pass)
-            ML_TRY(shared_rows(tp, p, unit->shard_grad + unit->shard_off[i], r0, nr,
+            ML_TRY(shared_rows(tp, f, p, unit->shard_grad + unit->shard_off[i], r0, nr,
                                p->offset[0], buf + off, dir == 0));
           off += tp->n_kv_shared * hd * p->local[1];
         }
@@ -162,7 +164,7 @@ int ml_grads_tp_reduce(ml_grads *gs, ml_tp *tp, ml_fsdp *f) {
 }
 
 void ml_grads_free(ml_grads *gs) {
-  if (gs->be) ml_be_free(gs->be, gs->stash);
+  if (gs->f) ml_fsdp_shard_free(gs->f, gs->stash);
   gs->stash = NULL;
-  gs->be = NULL;
+  gs->f = NULL;
 }

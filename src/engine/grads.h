@@ -18,8 +18,8 @@
  * ml_grads_free). */
 typedef struct ml_grads {
   float *stash; /* the reduced parameters' shard gradients as accumulated before this
-                   micro-batch (device memory of be) */
-  ml_backend *be;
+                   micro-batch (where f's shards live: ml_fsdp_shard_alloc) */
+  const ml_fsdp *f;
 } ml_grads;
 
 /* Before a micro-batch's backward: set aside the shard gradients of the

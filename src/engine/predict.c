@@ -20,7 +20,14 @@ static int run(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp, ml_pr
   ml_predict_memory *mem = &p->mem;
   ml_memory_stats ms = ml_be_memory_stats(e->be);
   mem->opened = (int64_t)ms.in_use;
-  for (int u = 0; u < e->fsdp.n_units; u++) mem->shards += 16 * e->fsdp.units[u].shard_numel;
+  int64_t max_shard = 0;
+  for (int u = 0; u < e->fsdp.n_units; u++) {
+    int64_t n = e->fsdp.units[u].shard_numel;
+    mem->shards += 16 * n;
+    max_shard = n > max_shard ? n : max_shard;
+  }
+  if (e->opts.fsdp.cpu_offload) /* the shards, and host_grad where FSDP allocated it */
+    mem->host = mem->shards + (e->fsdp.host_grad ? 4 * max_shard : 0);
   ml_mesh_stats_reset(mesh);
   ml_be_reset_peak(e->be);
   double loss, norm;

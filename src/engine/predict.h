@@ -26,12 +26,18 @@
 #include "parallel/mesh.h"
 #include "engine/engine.h"
 
-/* Per-rank device memory in bytes. */
+/* Per-rank memory in bytes: the device's, and what FSDP keeps in host
+ * memory under cpu_offload. */
 typedef struct ml_predict_memory {
   int64_t shards;      /* FSDP shards: parameters, gradients, AdamW exp_avg and exp_avg_sq
-                          (4 × the padded shard, fp32) */
-  int64_t opened;      /* in use once the engine is open: the shards, FSDP's communication
-                          buffers, persistent unsharded parameters (ZeRO-1/2) */
+                          (4 × the padded shard, fp32): device memory, or host memory under
+                          cpu_offload */
+  int64_t host;        /* host memory FSDP holds under cpu_offload: the shards and the
+                          staging of the gradients it accumulates there (0 without offload;
+                          the tp step's stash of a few norm gradients is not counted) */
+  int64_t opened;      /* device memory in use once the engine is open: the shards (not under
+                          cpu_offload), FSDP's communication buffers, persistent unsharded
+                          parameters (ZeRO-1/2) */
   int64_t activations; /* saved for backward, all layers, plus the AC recompute workspace
                           (ml_model_act_bytes) */
   int64_t train_peak;  /* the peak of one training step (everything live at once) */

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "common/status.h"
+#include "parallel/fsdp_impl.h"
 
 void ml_fsdp_param_rows(const ml_fsdp *f, const ml_fsdp_unit *unit, int i, int64_t *r0,
                         int64_t *nr) {
@@ -35,25 +36,6 @@ bool ml_fsdp_reshard_after_forward(ml_reshard_policy policy, int u, int n_units)
   if (policy != ML_RESHARD_DEFAULT) return policy == ML_RESHARD_ALWAYS;
   return u < n_units - 2;
 }
-
-/* Unsharded parameters kept between steps (ZeRO-1/2). */
-static bool persistent(const ml_fsdp *f) { return f->opts.zero < 3; }
-/* The shard is the unsharded fp32 tensor (one rank, fp32 params). */
-static bool params_alias(const ml_fsdp *f) {
-  return f->dp->size == 1 && f->opts.param_dtype == ML_F32;
-}
-/* Backward accumulates straight into shard_grad: nothing to reduce or round. */
-static bool grads_alias(const ml_fsdp *f) {
-  return params_alias(f) && f->rep->size == 1 && f->opts.reduce_dtype == ML_F32;
-}
-/* The vocab-parallel rows' gradient accumulates straight into shard_grad:
- * it is complete there, and nothing rounds or reduces it. */
-static bool rows_grad_alias(const ml_fsdp *f) {
-  return f->opts.param_dtype == ML_F32 && f->rep->size == 1 && f->opts.reduce_dtype == ML_F32;
-}
-static ml_elem elem_of(ml_dtype t) { return t == ML_BF16 ? ML_ELEM_BF16 : ML_ELEM_F32; }
-static ml_dtype dtype_of(ml_elem e) { return e == ML_ELEM_BF16 ? ML_BF16 : ML_F32; }
-static ml_elem param_elem(const ml_fsdp *f) { return elem_of(f->opts.param_dtype); }
 
 /* The unit's flat-shard layout: per parameter its chunk of ceil(local[0]
  * / dp) rows, the others' chunks first, then the vocab-parallel ones, so
@@ -93,8 +75,16 @@ static int unit_layout(ml_fsdp *f, ml_fsdp_unit *u, const ml_model *m) {
   return 0;
 }
 
-/* Elements of the unit's vocab-parallel rows per rank (0: none). */
-static int64_t rows_numel(const ml_fsdp_unit *u) { return u->shard_numel - u->gather_numel; }
+void ml_fsdp_shard_free(const ml_fsdp *f, void *p) {
+  if (fsdp_offload(f)) ml_be_host_free(f->be, p);
+  else ml_be_free(f->be, p);
+}
+ml_copy_kind ml_fsdp_shard_to_device(const ml_fsdp *f) {
+  return fsdp_offload(f) ? ML_COPY_H2D : ML_COPY_D2D;
+}
+ml_copy_kind ml_fsdp_device_to_shard(const ml_fsdp *f) {
+  return fsdp_offload(f) ? ML_COPY_D2H : ML_COPY_D2D;
+}
 
 /* Read this rank's rows of p's TP-local tensor from the checkpoint (p's
  * rows of its tensor p->key: ml_param.key_row0) into host staging, then
@@ -121,7 +111,7 @@ static int load_param(ml_fsdp *f, ml_fsdp_unit *u, int i, const ml_ckpt *ck) {
   if (!stage) return -1;
   int rc = ml_st_read_block(t, row0, nr, col0, p->local[1], stage);
   if (rc == 0)
-    rc = ml_be_copy(f->be, u->shard + u->shard_off[i], stage, sizeof(float) * (size_t)n,
+    rc = ml_be_copy(f->shard_be, u->shard + u->shard_off[i], stage, sizeof(float) * (size_t)n,
                     ML_COPY_H2D);
   ml_be_host_free(f->be, stage);
   return rc;
@@ -146,24 +136,20 @@ static void point_data(ml_fsdp_unit *u, void *base, ml_dtype type) {
   }
 }
 
-/* The same for the unsharded fp32 gradients. */
-static void point_grads(ml_fsdp_unit *u, float *base) {
-  for (int i = 0; i < u->n; i++)
-    u->params[i]->grad = base && !u->vocab[i] ? base + u->full_off[i] : NULL;
-}
-
 static int unit_init(ml_fsdp *f, ml_fsdp_unit *u, const ml_model *m, const ml_ckpt *ck) {
   ML_TRY(unit_layout(f, u, m));
   size_t n = (size_t)u->shard_numel; /* bounded (unit_layout): 4n floats fit */
-  u->shard = ml_be_alloc(f->be, 4 * u->shard_numel, sizeof(float),
-                         "the FSDP shard, its gradient and AdamW state (%d parameters)", u->n);
+  u->shard = ml_fsdp_shard_alloc(f, 4 * u->shard_numel, sizeof(float),
+                                 "the FSDP shard, its gradient and AdamW state (%d parameters%s)",
+                                 u->n, fsdp_offload(f) ? ", offloaded to host memory" : "");
   if (!u->shard) return -1;
-  ML_TRY(ml_be_zero(f->be, u->shard, 4 * n * sizeof(float))); /* padding rows stay 0 */
+  ML_TRY(ml_be_zero(f->shard_be, u->shard, 4 * n * sizeof(float))); /* padding rows stay 0 */
+  u->grad_fresh = true;
   u->shard_grad = u->shard + n;
   u->adam_m = u->shard_grad + n;
   u->adam_v = u->adam_m + n;
   for (int i = 0; ck && i < u->n; i++) ML_TRY(load_param(f, u, i, ck));
-  if (params_alias(f)) { /* the shard is the whole TP-local tensor */
+  if (fsdp_params_alias(f)) { /* the shard is the whole TP-local tensor */
     u->full = u->shard;
     point_data(u, u->full, ML_F32);
   }
@@ -188,6 +174,8 @@ int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fs
   ML_TRY(check_opts(opts));
   if (!m->be) return ml_err("ml_fsdp_init: the model has no backend (ml_model.be)");
   f->be = m->be;
+  f->shard_be = m->be;
+  if (opts->cpu_offload) ML_TRY(ml_be_host_peer(m->be, &f->shard_be));
   f->dp = dp;
   f->rep = rep;
   f->opts = *opts;
@@ -209,12 +197,18 @@ int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fs
     unit->reshard_after_forward =
         ml_fsdp_reshard_after_forward(opts->reshard_after_forward, u, f->n_units);
   }
-  int64_t max_gather = 0; /* the staging serves the gathered parts only */
+  int64_t max_gather = 0, max_shard = 0; /* the staging serves the gathered parts only */
   for (int u = 0; u < f->n_units; u++) {
     ML_TRY(unit_init(f, &f->units[u], m, ck));
     if (f->units[u].gather_numel > max_gather) max_gather = f->units[u].gather_numel;
+    if (f->units[u].shard_numel > max_shard) max_shard = f->units[u].shard_numel;
   }
-  if (!grads_alias(f)) {
+  if (fsdp_offload(f) && !fsdp_grads_in_place(f)) {
+    f->host_grad = ml_be_host_alloc(f->be, max_shard, sizeof(float),
+                                    "the host staging of offloaded gradients");
+    if (!f->host_grad) return -1;
+  }
+  if (!fsdp_grads_in_place(f)) {
     /* dp shards of a unit: its elements plus at most dp - 1 padding rows (bounded, see
      * unit_layout) */
     int64_t n = max_gather * dp->size;
@@ -232,13 +226,15 @@ void ml_fsdp_destroy(ml_fsdp *f) {
     for (int u = 0; u < f->n_units; u++) {
       ml_fsdp_unit *unit = &f->units[u];
       if (unit->in_flight) ml_wait(f->dp, &unit->req);
-      if (unit->send != unit->shard) ml_be_free(f->be, unit->send);
+      if (unit->grad_pending) ml_be_event_sync(f->be, &unit->grad_ev);
+      if (unit->send != fsdp_shard_on_device(unit)) ml_be_free(f->be, unit->send);
       if (unit->recv != unit->send) ml_be_free(f->be, unit->recv); /* one rank: the same */
-      if (!params_alias(f)) ml_be_free(f->be, unit->full);
-      if (!grads_alias(f)) ml_be_free(f->be, unit->full_grad);
-      if (!rows_grad_alias(f)) ml_be_free(f->be, unit->rows_grad);
+      if (!fsdp_params_alias(f)) ml_be_free(f->be, unit->full);
+      if (!fsdp_grads_alias(f)) ml_be_free(f->be, unit->full_grad);
+      if (!fsdp_rows_grad_alias(f)) ml_be_free(f->be, unit->rows_grad);
       ml_be_free(f->be, unit->rows);
-      ml_be_free(f->be, unit->shard);
+      ml_be_free(f->be, unit->dev_shard);
+      ml_fsdp_shard_free(f, unit->shard);
       free(unit->chunk_rows);
       free(unit->vocab);
     }
@@ -249,20 +245,17 @@ void ml_fsdp_destroy(ml_fsdp *f) {
     ml_be_free(f->be, f->comm_buf);
     ml_be_free(f->be, f->grad_buf);
     ml_be_free(f->be, f->wire);
+    ml_be_host_free(f->be, f->host_grad);
   }
   memset(f, 0, sizeof *f);
 }
 
-/* Copy between the rank-major gathered layout `wire` (dp blocks of
- * gather_numel elements of `elem`; with `all`, of shard_numel, every
- * parameter) and the unsharded buffer `full` of `type`, converting where
- * the types differ (widening exact, narrowing rounds to nearest-even); the
- * way to `wire` zero-pads each chunk. */
-static int copy_rank_major(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml_elem elem,
-                           void *full, ml_dtype type, int to_full, bool all) {
+/* fsdp_impl.h */
+int fsdp_copy_rank_major(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml_elem elem,
+                         void *full, ml_dtype type, int to_full, bool all) {
   int dp = f->dp->size;
   size_t es = ml_elem_size(elem), fs = ml_dtype_size(type);
-  ml_dtype wt = dtype_of(elem);
+  ml_dtype wt = fsdp_dtype_of(elem);
   int64_t stride = all ? u->shard_numel : u->gather_numel;
   for (int r = 0; r < dp; r++) {
     char *block = (char *)wire + es * (size_t)(r * stride);
@@ -287,14 +280,22 @@ static int copy_rank_major(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, 
 
 int ml_fsdp_gather_flat(ml_fsdp *f, int u, const float *src, float *dst) {
   ml_fsdp_unit *unit = &f->units[u];
-  if (f->dp->size == 1)
-    return ml_be_copy(f->be, dst, src, sizeof(float) * (size_t)unit->full_numel, ML_COPY_D2D);
-  /* dp shards of a unit: bounded (unit_layout) */
-  float *all = ml_be_alloc(f->be, unit->shard_numel * f->dp->size, sizeof(float),
-                           "the gathered shards of a unit");
+  size_t bytes = sizeof(float) * (size_t)unit->shard_numel;
+  if (f->dp->size == 1) return ml_be_copy(f->be, dst, src, bytes, ml_fsdp_shard_to_device(f));
+  /* dp shards of a unit: bounded (unit_layout); under cpu_offload this rank's shard copied
+   * to the device after them */
+  int64_t n = unit->shard_numel * (f->dp->size + (fsdp_offload(f) ? 1 : 0));
+  float *all = ml_be_alloc(f->be, n, sizeof(float), "the gathered shards of a unit");
   if (!all) return -1;
-  int rc = ml_all_gather(f->dp, src, all, (size_t)unit->shard_numel);
-  if (rc == 0) rc = copy_rank_major(f, unit, all, ML_ELEM_F32, dst, ML_F32, 1, true);
+  const float *mine = src;
+  int rc = 0;
+  if (fsdp_offload(f)) {
+    float *staged = all + unit->shard_numel * f->dp->size;
+    rc = ml_be_copy(f->be, staged, src, bytes, ML_COPY_H2D);
+    mine = staged;
+  }
+  if (rc == 0) rc = ml_all_gather(f->dp, mine, all, (size_t)unit->shard_numel);
+  if (rc == 0) rc = fsdp_copy_rank_major(f, unit, all, ML_ELEM_F32, dst, ML_F32, 1, true);
   ml_be_free(f->be, all);
   return rc;
 }
@@ -302,7 +303,7 @@ int ml_fsdp_gather_flat(ml_fsdp *f, int u, const float *src, float *dst) {
 /* The vocab-parallel rows in param_dtype (bf16: rounded from the shard
  * into unit->rows, as the gathered parameters are; fp32 reads the shard). */
 static int rows_materialise(ml_fsdp *f, ml_fsdp_unit *unit) {
-  int64_t n = rows_numel(unit);
+  int64_t n = fsdp_rows_numel(unit);
   ml_dtype pt = f->opts.param_dtype;
   if (n == 0 || pt == ML_F32) return 0;
   if (!unit->rows) {
@@ -310,8 +311,28 @@ static int rows_materialise(ml_fsdp *f, ml_fsdp_unit *unit) {
                              ml_dtype_name(pt));
     if (!unit->rows) return -1;
   }
-  return ml_be_convert(f->be, unit->rows, pt, unit->shard + unit->gather_numel, ML_F32,
-                       (size_t)n);
+  return ml_be_convert(f->be, unit->rows, pt, fsdp_shard_on_device(unit) + unit->gather_numel,
+                       ML_F32, (size_t)n);
+}
+
+/* cpu_offload: the shard on the device (dev_shard), copied without blocking
+ * the host (the compute stream orders the all-gather after it). */
+static int shard_upload(ml_fsdp *f, ml_fsdp_unit *unit) {
+  if (!unit->dev_shard) {
+    unit->dev_shard = ml_be_alloc(f->be, unit->shard_numel, sizeof(float),
+                                  "the device copy of an offloaded FSDP shard");
+    if (!unit->dev_shard) return -1;
+  }
+  return ml_be_copy_async(f->be, unit->dev_shard, unit->shard,
+                          sizeof(float) * (size_t)unit->shard_numel, ML_COPY_H2D);
+}
+
+/* Free the shard's device copy once nothing reads it: the fp32 vocab rows
+ * read it while the unit is materialised (keep: until reshard). */
+static void shard_release(ml_fsdp *f, ml_fsdp_unit *unit, bool keep) {
+  if (keep && fsdp_rows_numel(unit) > 0 && f->opts.param_dtype == ML_F32) return;
+  ml_be_free(f->be, unit->dev_shard);
+  unit->dev_shard = NULL;
 }
 
 /* Start the all-gather of unit u's gathered part in param_dtype into
@@ -320,12 +341,13 @@ static int gather_start(ml_fsdp *f, ml_fsdp_unit *unit) {
   int64_t n = unit->gather_numel;
   ml_dtype pt = f->opts.param_dtype;
   size_t es = ml_dtype_size(pt);
+  if (fsdp_offload(f)) ML_TRY(shard_upload(f, unit));
   ML_TRY(rows_materialise(f, unit));
-  unit->send = unit->shard;
+  unit->send = fsdp_shard_on_device(unit);
   if (pt != ML_F32) {
     unit->send = ml_be_alloc(f->be, n, es, "a %s parameter shard", ml_dtype_name(pt));
     if (!unit->send) return -1;
-    ML_TRY(ml_be_convert(f->be, unit->send, pt, unit->shard, ML_F32, (size_t)n));
+    ML_TRY(ml_be_convert(f->be, unit->send, pt, fsdp_shard_on_device(unit), ML_F32, (size_t)n));
   }
   if (f->dp->size == 1) { /* nothing to gather: the "gathered" block is the shard */
     unit->recv = unit->send;
@@ -334,15 +356,16 @@ static int gather_start(ml_fsdp *f, ml_fsdp_unit *unit) {
   /* dp shards of a unit: bounded (unit_layout) */
   unit->recv = ml_be_alloc(f->be, n * f->dp->size, es, "the gathered parameters of a unit");
   if (!unit->recv) return -1;
-  ML_TRY(ml_iall_gather(f->dp, unit->send, unit->recv, (size_t)n, param_elem(f), &unit->req));
+  ML_TRY(ml_iall_gather(f->dp, unit->send, unit->recv, (size_t)n, fsdp_param_elem(f), &unit->req));
   unit->in_flight = true;
   return 0;
 }
 
 /* Wait for unit u's all-gather and copy it out into the unsharded buffer,
  * which keeps param_dtype (the GEMMs read it as it is). On one rank the
- * converted shard is that buffer already (same layout: no padding rows),
- * unless one is kept between steps (ZeRO-1/2). */
+ * converted shard (or under cpu_offload its device copy) is that buffer
+ * already (same layout: no padding rows), unless one is kept between steps
+ * (ZeRO-1/2). */
 static int gather_finish(ml_fsdp *f, ml_fsdp_unit *unit) {
   int rc = unit->in_flight ? ml_wait(f->dp, &unit->req) : 0;
   unit->in_flight = false;
@@ -350,6 +373,7 @@ static int gather_finish(ml_fsdp *f, ml_fsdp_unit *unit) {
   void *adopt = f->dp->size == 1 && !unit->full && unit->send != unit->shard ? unit->send : NULL;
   if (rc == 0 && adopt) {
     unit->full = adopt;
+    if (adopt == unit->dev_shard) unit->dev_shard = NULL; /* now the unsharded buffer */
   } else {
     if (rc == 0 && !unit->full) {
       unit->full = ml_be_alloc(f->be, unit->gather_full, ml_dtype_size(pt),
@@ -357,10 +381,11 @@ static int gather_finish(ml_fsdp *f, ml_fsdp_unit *unit) {
       if (!unit->full) rc = -1;
     }
     if (rc == 0)
-      rc = copy_rank_major(f, unit, unit->recv, param_elem(f), unit->full, pt, 1, false);
-    if (unit->send != unit->shard) ml_be_free(f->be, unit->send);
+      rc = fsdp_copy_rank_major(f, unit, unit->recv, fsdp_param_elem(f), unit->full, pt, 1, false);
+    if (unit->send != fsdp_shard_on_device(unit)) ml_be_free(f->be, unit->send);
     if (unit->recv != unit->send) ml_be_free(f->be, unit->recv);
   }
+  shard_release(f, unit, rc == 0);
   if (rc == 0) point_data(unit, unit->full, pt);
   unit->send = unit->recv = NULL;
   return rc;
@@ -382,113 +407,21 @@ int ml_fsdp_unshard(ml_fsdp *f, int u) {
 
 void ml_fsdp_reshard(ml_fsdp *f, int u) {
   ml_fsdp_unit *unit = &f->units[u];
-  if (params_alias(f) || persistent(f) || !unit->full) return;
+  if (fsdp_params_alias(f) || fsdp_persistent(f) || !unit->full) return;
   ml_be_free(f->be, unit->full);
   ml_be_free(f->be, unit->rows);
   unit->full = unit->rows = NULL;
+  shard_release(f, unit, false);
   point_data(unit, NULL, f->opts.param_dtype);
 }
 
 int ml_fsdp_sync_params(ml_fsdp *f) {
-  if (params_alias(f) || !persistent(f)) return 0;
+  if (fsdp_params_alias(f) || !fsdp_persistent(f)) return 0;
   for (int u = 0; u < f->n_units; u++) {
     ML_TRY(gather_start(f, &f->units[u]));
     ML_TRY(gather_finish(f, &f->units[u]));
   }
   return 0;
-}
-
-int ml_fsdp_grad_begin(ml_fsdp *f, int u) {
-  ml_fsdp_unit *unit = &f->units[u];
-  if (grads_alias(f)) { /* backward accumulates straight into the shard's grads */
-    point_grads(unit, unit->shard_grad);
-    return 0;
-  }
-  unit->full_grad = ml_be_alloc(f->be, unit->gather_full, sizeof(float),
-                                "the unsharded gradients of a unit");
-  if (!unit->full_grad) return -1;
-  ML_TRY(ml_be_zero(f->be, unit->full_grad, sizeof(float) * (size_t)unit->gather_full));
-  point_grads(unit, unit->full_grad);
-  int64_t n = rows_numel(unit);
-  if (n == 0) return 0;
-  if (rows_grad_alias(f)) { /* the rows' gradient is complete: straight into shard_grad */
-    unit->rows_grad = unit->shard_grad + unit->gather_numel;
-    return 0;
-  }
-  unit->rows_grad = ml_be_alloc(f->be, n, sizeof(float), "the vocab rows' gradient of a unit");
-  if (!unit->rows_grad) return -1;
-  return ml_be_zero(f->be, unit->rows_grad, sizeof(float) * (size_t)n);
-}
-
-/* The gradient reduction of one unit over dp (and the replicas) in
- * reduce_dtype: rank-major staging → reduce-scatter (ZeRO-1: all-reduce,
- * then this rank's block) → all-reduce over the replicas → += shard_grad. */
-static int reduce_unit(ml_fsdp *f, ml_fsdp_unit *unit) {
-  int dp = f->dp->size;
-  size_t n = (size_t)unit->gather_numel;
-  bool bf16 = f->opts.reduce_dtype == ML_BF16;
-  ml_elem elem = bf16 ? ML_ELEM_BF16 : ML_ELEM_F32;
-  size_t es = ml_elem_size(elem);
-  if (f->opts.param_dtype == ML_BF16)
-    ML_TRY(ml_be_round_bf16(f->be, unit->full_grad, (size_t)unit->gather_full));
-  void *stage = bf16 ? (void *)f->wire : (void *)f->comm_buf;
-  if (dp == 1 && !bf16) /* one rank's staging is full_grad itself: same layout, same type */
-    stage = unit->full_grad;
-  else
-    ML_TRY(copy_rank_major(f, unit, stage, elem, unit->full_grad, ML_F32, 0, false));
-  void *red = (char *)stage + es * n * (size_t)f->dp->rank; /* this rank's reduced block */
-  if (dp > 1 && f->opts.zero == 1) {
-    ML_TRY(ml_all_reduce(f->dp, stage, n * (size_t)dp, elem, ML_RED_SUM));
-  } else if (dp > 1) {
-    /* out of place; with bf16 the fp32 staging buffer is free to receive */
-    red = bf16 ? (void *)f->comm_buf : (void *)f->grad_buf;
-    ML_TRY(ml_reduce_scatter_t(f->dp, stage, red, n, elem));
-  }
-  if (f->rep->size > 1) ML_TRY(ml_all_reduce(f->rep, red, n, elem, ML_RED_SUM));
-  float *g = red;
-  if (bf16) {
-    ML_TRY(ml_be_convert(f->be, f->grad_buf, ML_F32, red, ML_BF16, n));
-    g = f->grad_buf;
-  }
-  return ml_be_add(f->be, unit->shard_grad, g, (int64_t)n);
-}
-
-/* The vocab-parallel rows' gradient of one unit, complete on this rank
- * (every token of the group went through its rows): rounded to param_dtype
- * (it was computed in it, as full_grad is), all-reduced over the replicas
- * in reduce_dtype (rounded to it once even without replicas, as the
- * reduce-scatter would), += shard_grad. Nothing to do where it accumulated
- * in shard_grad itself. */
-static int reduce_rows(ml_fsdp *f, ml_fsdp_unit *unit) {
-  if (rows_grad_alias(f)) return 0;
-  size_t n = (size_t)rows_numel(unit);
-  float *g = unit->rows_grad;
-  if (f->opts.param_dtype == ML_BF16) ML_TRY(ml_be_round_bf16(f->be, g, n));
-  if (f->opts.reduce_dtype == ML_BF16) {
-    uint16_t *w = ml_be_alloc(f->be, (int64_t)n, sizeof(uint16_t), "the bf16 vocab rows' "
-                              "gradient of a unit");
-    if (!w) return -1;
-    int rc = ml_be_convert(f->be, w, ML_BF16, g, ML_F32, n);
-    if (rc == 0 && f->rep->size > 1) rc = ml_all_reduce(f->rep, w, n, ML_ELEM_BF16, ML_RED_SUM);
-    if (rc == 0) rc = ml_be_convert(f->be, g, ML_F32, w, ML_BF16, n);
-    ml_be_free(f->be, w);
-    ML_TRY(rc);
-  } else if (f->rep->size > 1) {
-    ML_TRY(ml_all_reduce(f->rep, g, n, ML_ELEM_F32, ML_RED_SUM));
-  }
-  return ml_be_add(f->be, unit->shard_grad + unit->gather_numel, g, (int64_t)n);
-}
-
-int ml_fsdp_reduce_grads(ml_fsdp *f, int u) {
-  ml_fsdp_unit *unit = &f->units[u];
-  point_grads(unit, NULL);
-  if (grads_alias(f)) return 0;
-  int rc = reduce_unit(f, unit);
-  if (rc == 0 && rows_numel(unit)) rc = reduce_rows(f, unit);
-  ml_be_free(f->be, unit->full_grad);
-  if (!rows_grad_alias(f)) ml_be_free(f->be, unit->rows_grad);
-  unit->full_grad = unit->rows_grad = NULL;
-  return rc;
 }
 
 int ml_fsdp_rows(const ml_fsdp *f, const ml_param *p, ml_rows *w) {
@@ -506,7 +439,8 @@ int ml_fsdp_rows(const ml_fsdp *f, const ml_param *p, ml_rows *w) {
     int64_t r0, nr, at = unit->shard_off[i] - unit->gather_numel; /* in the rows' part */
     ml_fsdp_param_rows(f, unit, i, &r0, &nr);
     ml_dtype pt = f->opts.param_dtype;
-    *w = (ml_rows){.data = pt == ML_F32 ? (const void *)(unit->shard + unit->shard_off[i])
+    const float *shard = fsdp_shard_on_device(unit);
+    *w = (ml_rows){.data = pt == ML_F32 ? (const void *)(shard + unit->shard_off[i])
                                         : (const void *)((uint16_t *)unit->rows + at),
                    .dtype = pt,
                    .grad = unit->rows_grad ? unit->rows_grad + at : NULL,

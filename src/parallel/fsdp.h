@@ -18,6 +18,27 @@
  * ml_fsdp_prefetch starts a unit's all-gather without blocking (MPI
  * nonblocking collective); ml_fsdp_unshard waits for it.
  *
+ * CPU offload (cpu_offload: torch's CPUOffloadPolicy for fully_shard,
+ * NeMo's cpu_offload): the flat shards, their gradients and the AdamW
+ * state live in host memory (ml_be_host_alloc: pinned on CUDA; on the CPU
+ * backend its host pool, apart from the device pool). Before a unit's
+ * all-gather its shard is copied to the device (dev_shard, FSDP2's
+ * sharded_param.to(device, non_blocking=True) in all_gather_inputs); the
+ * reduced gradient shard is copied back and accumulated on the host: the
+ * first since zero_grad without waiting, straight into shard_grad, the
+ * copy overlapping the next unit's backward (FSDP2's non-blocking D2H,
+ * synchronised in finalize_backward: ml_fsdp_finish_backward), later ones
+ * through a host buffer and added there (FSDP2 blocks on the copy to
+ * accumulate). Everything computed on the shards afterwards (the tp step of
+ * the gradients, the grad norm, clipping, AdamW) runs on shard_be, the
+ * host peer of the backend (kernels/cpu; backend.h ml_be_host_peer). Where
+ * backward would accumulate into shard_grad itself (one rank, or the vocab
+ * rows, in fp32 without replicas) the device holds a copy of the shard's
+ * gradient during the unit's backward, loaded before and stored back after
+ * it, so the sums are the same: on the CPU backend the results are
+ * bitwise those without offload (up to the sign of a zero gradient, which
+ * nothing downstream tells apart).
+ *
  * ZeRO stages: 3 is the above. 2 keeps every unit's unsharded parameters
  * between steps (re-gathered after the optimizer step: ml_fsdp_sync_params),
  * so forward and backward gather nothing; 1 also all-reduces whole
@@ -70,6 +91,8 @@ typedef struct ml_fsdp_opts {
                             stay unsharded between steps; 1: grads also all-reduced whole */
   int prefetch_forward;  /* units whose all-gather is issued ahead in forward (0 = none) */
   int prefetch_backward; /* the same in backward */
+  bool cpu_offload;      /* CPUOffloadPolicy: shards, gradients and AdamW state in host memory,
+                            the optimizer step on the host (see above) */
 } ml_fsdp_opts;
 
 typedef struct ml_fsdp_unit {
@@ -85,7 +108,10 @@ typedef struct ml_fsdp_unit {
   int64_t gather_numel; /* per rank: the shard's leading part the all-gather and the
                            reduce-scatter move, all but the vocab-parallel chunks */
   int64_t gather_full;  /* those parameters unsharded: the leading part of full_numel */
-  float *shard, *shard_grad, *adam_m, *adam_v; /* [shard_numel] fp32 each (device memory) */
+  float *shard, *shard_grad, *adam_m, *adam_v; /* [shard_numel] fp32 each, where the shards
+                                                  live (ml_fsdp_shard_alloc) */
+  float *dev_shard; /* cpu_offload: [shard_numel] fp32, the shard copied to the device for
+                       its all-gather; kept while materialised where fp32 vocab rows read it */
   void *full;       /* [gather_full] unsharded parameters in param_dtype, while materialised */
   void *rows;       /* [shard_numel − gather_numel] bf16: the vocab-parallel rows in
                        param_dtype while materialised (param_dtype bf16; fp32 reads the
@@ -98,10 +124,17 @@ typedef struct ml_fsdp_unit {
   ml_request req;
   void *send, *recv;
   bool in_flight;
+  /* cpu_offload: the reduced gradient's copy to the host */
+  ml_event grad_ev;  /* recorded after its non-blocking copies */
+  bool grad_pending; /* copies in flight (ml_fsdp_finish_backward waits) */
+  bool grad_fresh;   /* nothing accumulated in shard_grad since ml_fsdp_zero_grads */
 } ml_fsdp_unit;
 
 typedef struct ml_fsdp {
-  ml_backend *be; /* the model's: shards, buffers and copies live there */
+  ml_backend *be;       /* the model's: buffers, the unsharded parameters, copies */
+  ml_backend *shard_be; /* computes on the shards (zero, the gradients' tp step, norms,
+                           clipping, AdamW) and copies them to and from the host: be, or under
+                           cpu_offload its host peer (ml_be_host_peer: kernels/cpu) */
   ml_comm *dp;  /* dp_shard (× cp): the group parameters are sharded over */
   ml_comm *rep; /* dp_replicate: HSDP replicas (size 1: plain FSDP) */
   ml_fsdp_opts opts;
@@ -112,6 +145,8 @@ typedef struct ml_fsdp {
   float *grad_buf;  /* [max gather_numel] fp32: the reduced gradient, added to shard_grad */
   uint16_t *wire;   /* [dp · max gather_numel] bf16 gradients on the wire (reduce_dtype BF16
                        only) */
+  float *host_grad; /* cpu_offload: [max shard_numel] fp32 host staging of a reduced
+                       gradient being accumulated */
 } ml_fsdp;
 
 /* The FSDP unit of parameter p (fully_shard applied to every decoder layer,
@@ -188,8 +223,9 @@ int ml_fsdp_reduce_grads(ml_fsdp *f, int u);
  * unit not materialised. */
 int ml_fsdp_rows(const ml_fsdp *f, const ml_param *p, ml_rows *w);
 
-/* All-gather a flat per-rank array laid out like unit u's shard (`src`,
- * e.g. shard_grad) into the unsharded layout `dst` [full_numel], every
+/* All-gather a flat per-rank array laid out like unit u's shard where the
+ * shards live (`src`, e.g. shard_grad) into the unsharded layout `dst`
+ * [full_numel] of device memory, every
  * parameter (the vocab-parallel ones too: for exports and tests, with its
  * own staging of dp · shard_numel floats). */
 int ml_fsdp_gather_flat(ml_fsdp *f, int u, const float *src, float *dst);
@@ -198,6 +234,29 @@ int ml_fsdp_gather_flat(ml_fsdp *f, int u, const float *src, float *dst);
  * shards after they changed (optimizer step, checkpoint load); no-op under
  * ZeRO-3. Collective over the group. */
 int ml_fsdp_sync_params(ml_fsdp *f);
+
+/* count elements of `elem` bytes where the shards live: the backend's
+ * device memory, or under cpu_offload its host memory (ml_be_host_alloc:
+ * pinned on CUDA); NULL with ml_be_alloc's message (what_fmt, ...). Free
+ * with ml_fsdp_shard_free. */
+#define ml_fsdp_shard_alloc(f, count, elem, ...)                                        \
+  ml_be_alloc_at(__FILE__, __LINE__, (f)->be, (f)->opts.cpu_offload, (count), (elem), \
+                 __VA_ARGS__)
+void ml_fsdp_shard_free(const ml_fsdp *f, void *p);
+/* The copy kinds between the shards' memory and the device's: H2D / D2H
+ * under cpu_offload, else D2D (for ml_be_copy on f->be). */
+ml_copy_kind ml_fsdp_shard_to_device(const ml_fsdp *f);
+ml_copy_kind ml_fsdp_device_to_shard(const ml_fsdp *f);
+
+/* Zero every unit's shard_grad (torch's optimizer.zero_grad(), on
+ * shard_be) and mark it fresh: the next reduced gradient of each unit is
+ * its value (under cpu_offload copied without waiting). */
+int ml_fsdp_zero_grads(ml_fsdp *f);
+/* The end of a backward (FSDP2's finalize_backward): wait for the
+ * gradients' copies to the host still in flight (cpu_offload), after which
+ * shard_grad may be read on the host. No-op without offload. Errors: the
+ * device's. */
+int ml_fsdp_finish_backward(ml_fsdp *f);
 
 /* Which unit holds parameter p: its index, and where its chunk lies. */
 int ml_fsdp_param_index(const ml_fsdp_unit *unit, const ml_param *p);

@@ -47,6 +47,7 @@ static void test_version_defaults(void **state) {
   assert_int_equal(o.zero, 3);
   assert_int_equal(o.prefetch_forward, 1);
   assert_int_equal(o.prefetch_backward, 2);
+  assert_int_equal(o.cpu_offload, 0);
   assert_true(o.grad_norm_type == 2.0);
 
   meshlm_loss l;

@@ -394,6 +394,32 @@ static void test_engine_options(void **state) {
   batch_free(&g.all);
 }
 
+/* meshlm_options.cpu_offload (FSDP2's CPUOffloadPolicy): two steps give
+ * bitwise the losses and grad norms of the same session without it (the
+ * CPU backend: the same kernels on the host pool's shards). */
+static void test_cpu_offload(void **state) {
+  (void)state;
+  gbatch g = gbatch_make(52);
+  garr a = {g.all.mask, NULL, NULL, NULL, NULL};
+  meshlm_step_result r[2][2];
+  for (int off = 0; off < 2; off++) {
+    meshlm_options o = mesh_opts();
+    o.cpu_offload = off;
+    meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+    for (int k = 0; k < 2; k++) {
+      r[off][k] = (meshlm_step_result){.struct_size = sizeof r[off][k]};
+      OK(s, step_share(s, &g, &a, NULL, &r[off][k]));
+    }
+    meshlm_close(s);
+  }
+  for (int k = 0; k < 2; k++) {
+    printf("[rank %d] step %d: loss %.17g / %.17g, grad norm %.17g / %.17g (offloaded / not)\n",
+           g_rank, k + 1, r[1][k].loss, r[0][k].loss, r[1][k].grad_norm, r[0][k].grad_norm);
+    assert_true(r[1][k].loss == r[0][k].loss && r[1][k].grad_norm == r[0][k].grad_norm);
+  }
+  batch_free(&g.all);
+}
+
 /* ======================================================================= */
 
 int main(int argc, char **argv) {
@@ -403,6 +429,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_train_clipped_pg),
       cmocka_unit_test(test_schedule),
       cmocka_unit_test(test_engine_options),
+      cmocka_unit_test(test_cpu_offload),
   };
   return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -130,7 +130,11 @@ expect bad-zero "--zero: expected an integer in \[1, 3\], found 0" "${train[@]}"
 expect cp-zero "--cp: expected an integer in \[1, 2147483647\], found 0" "${train[@]}" --cp 0
 expect cp-not-dividing "world size 2 is not divisible by dp_replicate\(1\) x cp\(4\) x tp\(1\) = 4" \
   mpiexec -n 2 "${train[@]}" --cp 4
-expect cpu-offload "--cpu-offload: cpu offload needs the CUDA backend" "${train[@]}" --cpu-offload
+expect cpu-offload-value "flag --cpu-offload takes no value or =true / =false, found 'maybe'" \
+  mpiexec -n 2 "${train[@]}" --cpu-offload=maybe
+echo '{"cpu_offload": "yes"}' > "$work/offload.json"
+expect config-cpu-offload-type "offload.json: key 'cpu_offload': expected a boolean, found a string" \
+  mpiexec -n 2 "${train[@]}" --config "$work/offload.json"
 expect grad-accum-not-dividing "--batch-size 6 is not divisible by --grad-accum 4" \
   "${train[@]}" --batch-size 6 --grad-accum 4
 expect grad-accum-times-dp-not-dividing "--batch-size 4 is not divisible by the data-parallel size 2 x --grad-accum 4 = 8" \

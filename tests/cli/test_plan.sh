@@ -119,6 +119,10 @@ for fx in llama_tied qwen2; do
   expect_json "$fx tp2 --json" "$meshlm" plan --model "$m" --tp 2 --json
   expect_json "$fx tp2 sp --json" "$meshlm" plan --model "$m" --tp 2 --sequence-parallel --json
 done
+# --cpu-offload: the shards leave the device rows for the host memory line
+expect_ok "llama_tied dp2 cpu-offload" "in use once open \(FSDP buffers, persistent params\)" \
+  "host memory per rank \(--cpu-offload\)" "FSDP shards: params, grads, AdamW" -- \
+  "$meshlm" plan --model "$work/llama_tied" --dp-shard 2 --batch-size 2 --cpu-offload
 # qwen2's vocab 301 splits unevenly over 2 ranks (torch.chunk: 151 + 150)
 expect_ok "qwen2 uneven vocab shards" "tp0 \[151, 64\] tp1 \[150, 64\]" "^tp rank 1:$" -- \
   "$meshlm" plan --model "$work/qwen2" --tp 2 --dp-shard 2 --batch-size 2

@@ -15,6 +15,11 @@
  *    checkpoint) and after it within the step's bound below; and the CUDA
  *    run's next forward/backward against the CPU on its stepped parameters
  *    (check_replay_one_rank), which catches a device copy left stale.
+ *  - fp32 with cpu_offload on the CUDA run (FSDP2's CPUOffloadPolicy:
+ *    shards in pinned host memory, the step on the CPU backend's kernels,
+ *    parallel/fsdp.h): the same checks against the CPU run without it;
+ *    the replay catches a device copy of a shard not refreshed from the
+ *    host after the step.
  *  - bf16 (param_dtype bf16, as tests/mpi/test_bf16.c runs it): the CUDA
  *    run against the CPU in fp32 within that test's limits and bound
  *    (tolerance.h §4: TOL_BF16_LOSS_LIMIT, TOL_BF16_LOGPROB_LIMIT,
@@ -96,15 +101,18 @@ static void check_params_after_step(run *a, float **a0, float **b0, float **a1, 
   printf("%s parameters after the step: worst |diff|/bound %.3g\n", g_fixture, worst);
 }
 
-static void test_fp32(void **state) {
-  (void)state;
+/* The fp32 checks of the header, the CUDA run with cpu_offload or not. */
+static void fp32_against_cpu(bool offload) {
   static fixture fx; /* held: static, see held.h */
   fixture_load(g_fixture, &fx);
   static batch bt;
   batch_make(&fx, fx.B, &bt);
   static run cpu, gpu;
+  ml_engine_opts go = ml_engine_opts_default();
+  go.fsdp.cpu_offload = offload;
   open_on(&cpu, g_cpu, ml_engine_opts_default(), &fx);
-  open_on(&gpu, g_cuda, ml_engine_opts_default(), &fx);
+  open_on(&gpu, g_cuda, go, &fx);
+  if (offload) printf("%s: the CUDA run with cpu_offload\n", g_fixture);
   run_diff d = run_compare(&gpu, &cpu, &fx, &bt);
   tol_model tm = tol_model_of(&cpu, bt.S, bt.B * bt.S);
   double tl = tol_model_pair(&tm, TOL_LOSS), tg = tol_model_pair(&tm, TOL_GRADS);
@@ -131,6 +139,16 @@ static void test_fp32(void **state) {
   run_close(&cpu);
   batch_free(&bt);
   fixture_free(&fx);
+}
+
+static void test_fp32(void **state) {
+  (void)state;
+  fp32_against_cpu(false);
+}
+
+static void test_fp32_offload(void **state) {
+  (void)state;
+  fp32_against_cpu(true);
 }
 
 static void test_bf16(void **state) {
@@ -195,6 +213,7 @@ int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   const struct CMUnitTest tests[] = {
       held_test(test_fp32),
+      held_test(test_fp32_offload),
       held_test(test_bf16),
   };
   int rc = held_finish(cmocka_run_group_tests(tests, NULL, NULL));

@@ -5,7 +5,8 @@
  * root is then gathered whole, not vocab-parallel), hsdp (dp_replicate = 2,
  * dp_shard inferred), ac=mlp|layer|selective (activation checkpointing),
  * bf16 (param_dtype bf16), accum=K (K micro-batches per step), cp=C
- * (context parallelism: ring attention's send_recv over the cp group).
+ * (context parallelism: ring attention's send_recv over the cp group),
+ * offload (FSDP's cpu_offload).
  * Opens the engine on the fixture over MPI_COMM_WORLD (dp_shard = N /
  * (C·TP), tp = TP, sequence parallel when SP =
  * 1), runs one training step (zero_grad, forward_backward, grad_norm,
@@ -22,7 +23,13 @@
  *    issue's bound for `meshlm plan`): the prediction allocates exactly
  *    what the step allocates; what it does not model is the CPU backend's
  *    own kernel temporaries (a bf16 GEMM's converted operand, a widened
- *    norm weight), live only inside one kernel call.
+ *    norm weight), live only inside one kernel call;
+ *  - with offload, that the device pool holds no shard: opening the engine
+ *    takes exactly 16 B per shard element less of it than without offload
+ *    (the shards, their gradients and AdamW state, fp32) and exactly the
+ *    predicted host bytes of the host pool (the same 16 B per element, and
+ *    the gradients' host staging), and the prediction's device memory once
+ *    open is the one without offload less the shards.
  * Mismatches are collected per rank and agreed on after the collectives,
  * so a failure never leaves other ranks waiting. */
 #include <math.h>
@@ -54,6 +61,7 @@ static int g_cp = 1;                /* context parallelism ("cp=C") */
 static ml_ac_mode g_ac = ML_AC_NONE;
 static ml_dtype g_param_dtype = ML_F32;
 static int g_accum = 1; /* micro-batches per step ("accum=K") */
+static bool g_offload;  /* FSDP's cpu_offload ("offload") */
 static char g_plan[64]; /* a custom plan file, or "" for the automatic choice */
 
 /* The HF-style plan with lm_head colwise_rep (Replicate logits). Each
@@ -105,6 +113,7 @@ static void setup_open(setup *s) {
   opts.sequence_parallel = g_sp != 0;
   opts.ac = g_ac;
   opts.fsdp.param_dtype = g_param_dtype;
+  opts.fsdp.cpu_offload = g_offload;
   if (ml_mesh_create(MPI_COMM_WORLD, g_dpr, 0, g_cp, g_tp, NULL, NULL, &s->mesh) ||
       ml_engine_open(&s->e, &s->mesh, s->fx.dir, &opts))
     fail_msg("setup: %s", ml_error_msg());
@@ -298,11 +307,64 @@ static void test_cp_divides_activations(void **state) {
   setup_close(&s);
 }
 
+/* The device and host pool bytes opening an engine on s's mesh takes with
+ * (offload) or without FSDP's cpu_offload (what it holds once open). */
+static void open_bytes(setup *s, bool offload, int64_t *dev, int64_t *host) {
+  ml_engine_opts opts = s->e.opts;
+  opts.fsdp.cpu_offload = offload;
+  ml_memory_stats a = ml_be_memory_stats(s->e.be);
+  ml_engine e;
+  if (ml_engine_open(&e, &s->mesh, s->fx.dir, &opts)) fail_msg("open: %s", ml_error_msg());
+  ml_memory_stats b = ml_be_memory_stats(s->e.be);
+  ml_engine_close(&e);
+  *dev = (int64_t)b.in_use - (int64_t)a.in_use;
+  *host = (int64_t)b.host_in_use - (int64_t)a.host_in_use;
+}
+
+/* cpu_offload: the shards in the host pool, none in the device pool
+ * (header), measured and predicted. */
+static void test_offload_memory(void **state) {
+  (void)state;
+  if (!g_offload) skip();
+  static setup s;
+  setup_open(&s);
+  int64_t dev_off, host_off, dev_on, host_on, shard = 0;
+  open_bytes(&s, true, &dev_off, &host_off);
+  open_bytes(&s, false, &dev_on, &host_on);
+  for (int u = 0; u < s.e.fsdp.n_units; u++) shard += s.e.fsdp.units[u].shard_numel;
+  ml_engine_opts opts = s.e.opts;
+  opts.backend = NULL;
+  opts.fsdp.cpu_offload = false;
+  ml_prediction on;
+  if (ml_predict_step(s.fx.dir, &opts, &s.pred.shape, &on))
+    fail_msg("predict without offload: %s", ml_error_msg());
+  if (rank0())
+    printf("opening (rank 0): device pool %lld B offloaded, %lld B not (shards %lld B); host "
+           "pool %lld B offloaded (predicted %lld B), %lld B not\n",
+           (long long)dev_off, (long long)dev_on, (long long)(16 * shard), (long long)host_off,
+           (long long)s.pred.mem.host, (long long)host_on);
+  report rep = {0};
+  if (dev_on - dev_off != 16 * shard)
+    note(&rep, "the device pool holds %lld B less once open with offload; expected the shards' "
+         "%lld B", (long long)(dev_on - dev_off), (long long)(16 * shard));
+  if (host_off != s.pred.mem.host || host_on != 0)
+    note(&rep, "the host pool holds %lld B once open with offload (predicted %lld B), %lld B "
+         "without (expected 0)", (long long)host_off, (long long)s.pred.mem.host,
+         (long long)host_on);
+  if (on.mem.opened - s.pred.mem.opened != 16 * shard || on.mem.host != 0)
+    note(&rep, "predicted device memory once open: %lld B offloaded, %lld B not; expected the "
+         "shards' %lld B apart (and no host bytes without offload: %lld B)",
+         (long long)s.pred.mem.opened, (long long)on.mem.opened, (long long)(16 * shard),
+         (long long)on.mem.host);
+  agree(&rep, "offloaded memory");
+  setup_close(&s);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   if (argc < 4) {
     fprintf(stderr, "usage: test_predict FIXTURE TP SP(0|1) [rep-logits|hsdp|ac=MODE|bf16|"
-                    "accum=K|cp=C]...\n");
+                    "accum=K|cp=C|offload]...\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];
@@ -318,6 +380,7 @@ int main(int argc, char **argv) {
       }
     if (!strcmp(argv[i], "hsdp")) g_dpr = 2;
     else if (!strcmp(argv[i], "bf16")) g_param_dtype = ML_BF16;
+    else if (!strcmp(argv[i], "offload")) g_offload = true;
     else if (!strncmp(argv[i], "accum=", 6) && atoi(argv[i] + 6) >= 1) g_accum = atoi(argv[i] + 6);
     else if (!strncmp(argv[i], "cp=", 3) && atoi(argv[i] + 3) >= 1) g_cp = atoi(argv[i] + 3);
     else if (!strcmp(argv[i], "rep-logits")) write_rep_logits_plan();
@@ -331,6 +394,7 @@ int main(int argc, char **argv) {
       held_test(test_logprobs),
       held_test(test_sp_saves_memory),
       held_test(test_cp_divides_activations),
+      held_test(test_offload_memory),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   int any = 0;

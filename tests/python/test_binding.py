@@ -152,11 +152,12 @@ def test_engine_options(model_dir):
     """The FSDP2 options and the grad norm reach the session (README "Defaults")."""
     with meshlm.Policy(model_dir, zero=2, prefetch_forward=0, prefetch_backward=3,
                        reshard_after_forward=False, output_dtype="fp32",
-                       activation_checkpointing="mlp", grad_norm_type="inf") as p:
+                       activation_checkpointing="mlp", grad_norm_type="inf",
+                       cpu_offload=True) as p:
         o = p._options
         assert (o.zero, o.prefetch_forward, o.prefetch_backward, o.reshard_after_forward,
-                o.output_dtype, o.ac, o.grad_norm_type) == \
-            (2, 0, 3, L.RESHARD_NEVER, L.DTYPE_F32, L.AC_MLP, float("inf"))
+                o.output_dtype, o.ac, o.grad_norm_type, o.cpu_offload) == \
+            (2, 0, 3, L.RESHARD_NEVER, L.DTYPE_F32, L.AC_MLP, float("inf"), 1)
         r = p.train_step(make_seqs(2, seed=3)[p.info["dp_rank"]::p.info["dp_size"]])
         assert r["grad_norm"] > 0 and not r["skipped"] and r["nonfinite_param"] == ""
     with pytest.raises(meshlm.MeshlmError, match="grad_norm_type"):

@@ -256,8 +256,8 @@ static void expect_train_error(const char *want1, const char *want2, int argc, c
 static void test_train_checks(void **state) {
   expect_train_error("--cp", "expected an integer in [1, 2147483647], found 0",
                      ARGV("--model", "m", "--data", "d", "--cp", "0"));
-  expect_train_error("--cpu-offload", "needs the CUDA backend",
-                     ARGV("--model", "m", "--data", "d", "--cpu-offload"));
+  expect_train_error("--cpu-offload", "takes no value or =true / =false, found 'maybe'",
+                     ARGV("--model", "m", "--data", "d", "--cpu-offload=maybe"));
   expect_train_error("--batch-size 6 is not divisible by --grad-accum 4", "expected a multiple",
                      ARGV("--model", "m", "--data", "d", "--batch-size", "6", "--grad-accum", "4"));
   expect_train_error("--zero", "expected an integer in [1, 3], found 4",
@@ -276,13 +276,19 @@ static void test_train_checks(void **state) {
                      ARGV("--model", "m", "--data", "d", "--param-dtype", "fp16"));
   expect_train_error("--grad-norm-type", "expected one of 2, inf, found '1'",
                      ARGV("--model", "m", "--data", "d", "--grad-norm-type", "1"));
-  /* --cpu-offload=false switches it off again */
+  /* --cpu-offload=false switches it off again; alone it reaches FSDP's options (any mesh and
+   * device: torch's CPUOffloadPolicy has no requirement of its own) */
   ml_train_opts o;
   ml_config_argv a;
   assert_int_equal(
       parse_train(&o, ARGV("--model", "m", "--data", "d", "--cpu-offload", "--cpu-offload=false"),
                   &a),
       0);
+  assert_false(ml_train_settings_of(&o).engine.fsdp.cpu_offload);
+  ml_config_argv_free(&a);
+  assert_int_equal(parse_train(&o, ARGV("--model", "m", "--data", "d", "--cpu-offload"), &a), 0);
+  assert_int_equal(ml_train_opts_check(&o), 0);
+  assert_true(ml_train_settings_of(&o).engine.fsdp.cpu_offload);
   ml_config_argv_free(&a);
 }
 

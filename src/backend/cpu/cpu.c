@@ -42,10 +42,18 @@ static void cpu_trim(ml_backend *be) {
   ml_pool_trim(impl(be)->host);
 }
 static void cpu_memory_stats(ml_backend *be, ml_memory_stats *out) {
-  ml_pool_stats s = ml_pool_get_stats(impl(be)->pool);
-  *out = (ml_memory_stats){s.in_use, s.peak, s.reserved};
+  ml_pool_stats s = ml_pool_get_stats(impl(be)->pool), h = ml_pool_get_stats(impl(be)->host);
+  *out = (ml_memory_stats){s.in_use, s.peak, s.reserved, h.in_use, h.peak};
 }
-static void cpu_reset_peak(ml_backend *be) { ml_pool_reset_peak(impl(be)->pool); }
+static void cpu_reset_peak(ml_backend *be) {
+  ml_pool_reset_peak(impl(be)->pool);
+  ml_pool_reset_peak(impl(be)->host);
+}
+/* Its own memory is host memory: it computes on it. */
+static int cpu_host_peer(ml_backend *be, ml_backend **out) {
+  *out = be;
+  return 0;
+}
 
 /* Memory passes over large buffers (FSDP's parameter and gradient
  * staging, residual copies) run in chunks on every OpenMP thread: one core
@@ -116,6 +124,7 @@ static int cpu_event_record(ml_backend *be, ml_event *ev) {
   return 0;
 }
 static int cpu_event_wait(ml_backend *be, ml_event *ev) { return 0; }
+static int cpu_event_sync(ml_backend *be, ml_event *ev) { return 0; }
 static int cpu_sync(ml_backend *be) { return 0; }
 
 /* ---- operators ----------------------------------------------------------- */
@@ -489,6 +498,7 @@ static const ml_backend_ops k_cpu_ops = {
     .host_alloc = cpu_host_alloc,
     .host_free = cpu_host_free,
     .copy = cpu_copy,
+    .copy_async = cpu_copy,
     .zero = cpu_zero,
     .copy2d = cpu_copy2d,
     .convert = cpu_convert,
@@ -498,6 +508,8 @@ static const ml_backend_ops k_cpu_ops = {
     .reset_peak = cpu_reset_peak,
     .event_record = cpu_event_record,
     .event_wait = cpu_event_wait,
+    .event_sync = cpu_event_sync,
+    .host_peer = cpu_host_peer,
     .sync = cpu_sync,
     .gemm = cpu_gemm,
     .bias_grad = cpu_bias_grad,

@@ -76,10 +76,17 @@ static void cu_trim(ml_backend *be) {
   ml_pool_trim(impl(be)->host);
 }
 static void cu_memory_stats(ml_backend *be, ml_memory_stats *out) {
-  ml_pool_stats s = ml_pool_get_stats(impl(be)->pool);
-  *out = (ml_memory_stats){s.in_use, s.peak, s.reserved};
+  ml_pool_stats s = ml_pool_get_stats(impl(be)->pool), h = ml_pool_get_stats(impl(be)->host);
+  *out = (ml_memory_stats){s.in_use, s.peak, s.reserved, h.in_use, h.peak};
 }
-static void cu_reset_peak(ml_backend *be) { ml_pool_reset_peak(impl(be)->pool); }
+static void cu_reset_peak(ml_backend *be) {
+  ml_pool_reset_peak(impl(be)->pool);
+  ml_pool_reset_peak(impl(be)->host);
+}
+/* Pinned host memory is computed on by the CPU backend (kernels/cpu). */
+static int cu_host_peer(ml_backend *be, ml_backend **out) {
+  return ml_backend_get("cpu", 0, out);
+}
 
 /* Scratch for an operator's kernels: freed right after they are enqueued,
  * which is safe because every user of the pool runs on the one compute
@@ -111,6 +118,14 @@ static int cu_copy(ml_backend *be, void *dst, const void *src, size_t bytes, ml_
   ML_TRY(ml_cuda_check(cudaMemcpyAsync(dst, src, bytes, k[kind], impl(be)->stream),
                        "cudaMemcpyAsync"));
   return kind == ML_COPY_D2D ? 0 : cu_sync(be);
+}
+
+/* H2D / D2H enqueued only: the caller records an event and syncs it
+ * (ml_be_copy_async). */
+static int cu_copy_async(ml_backend *be, void *dst, const void *src, size_t bytes,
+                         ml_copy_kind kind) {
+  enum cudaMemcpyKind k = kind == ML_COPY_H2D ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+  return ml_cuda_check(cudaMemcpyAsync(dst, src, bytes, k, impl(be)->stream), "cudaMemcpyAsync");
 }
 
 static int cu_copy2d(ml_backend *be, void *dst, size_t dpitch, const void *src, size_t spitch,
@@ -190,6 +205,11 @@ static int cu_event_wait(ml_backend *be, ml_event *ev) {
   if (!ev->impl) return 0;
   return ml_cuda_check(cudaStreamWaitEvent(impl(be)->stream, (cudaEvent_t)ev->impl, 0),
                        "cudaStreamWaitEvent");
+}
+
+static int cu_event_sync(ml_backend *be, ml_event *ev) {
+  if (!ev->impl) return 0;
+  return ml_cuda_check(cudaEventSynchronize((cudaEvent_t)ev->impl), "cudaEventSynchronize");
 }
 
 /* ---- operators ----------------------------------------------------------- */
@@ -439,6 +459,7 @@ static const ml_backend_ops k_cuda_ops = {
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
     .copy = cu_copy,
+    .copy_async = cu_copy_async,
     .zero = cu_zero,
     .copy2d = cu_copy2d,
     .convert = cu_convert,
@@ -448,6 +469,8 @@ static const ml_backend_ops k_cuda_ops = {
     .reset_peak = cu_reset_peak,
     .event_record = cu_event_record,
     .event_wait = cu_event_wait,
+    .event_sync = cu_event_sync,
+    .host_peer = cu_host_peer,
     .sync = cu_sync,
     .gemm = cu_gemm,
     .bias_grad = cu_bias_grad,

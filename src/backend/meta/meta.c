@@ -42,14 +42,27 @@ static void meta_host_free(ml_backend *be, void *p) { free(p); }
 static void meta_trim(ml_backend *be) { ml_pool_trim(impl(be)->pool); }
 static void meta_memory_stats(ml_backend *be, ml_memory_stats *out) {
   ml_pool_stats s = ml_pool_get_stats(impl(be)->pool);
-  *out = (ml_memory_stats){s.in_use, s.peak, s.reserved};
+  *out = (ml_memory_stats){s.in_use, s.peak, s.reserved, 0, 0}; /* host memory: malloc */
 }
 static void meta_reset_peak(ml_backend *be) { ml_pool_reset_peak(impl(be)->pool); }
+/* Nothing is computed: the host-side steps of cpu_offload are no-ops too. */
+static int meta_host_peer(ml_backend *be, ml_backend **out) {
+  *out = be;
+  return 0;
+}
 
 /* Only host memory is real: a copy into it reads as zeros. */
 static int meta_copy(ml_backend *be, void *dst, const void *src, size_t bytes,
                      ml_copy_kind kind) {
   if (kind == ML_COPY_D2H) memset(dst, 0, bytes);
+  return 0;
+}
+
+/* The non-blocking copies of cpu_offload move the shards, which are never
+ * read here: nothing is written (a model's offloaded gradients are not
+ * touched, so planning one allocates no host pages for them). */
+static int meta_copy_async(ml_backend *be, void *dst, const void *src, size_t bytes,
+                           ml_copy_kind kind) {
   return 0;
 }
 
@@ -183,6 +196,7 @@ static const ml_backend_ops k_meta_ops = {
     .host_alloc = meta_host_alloc,
     .host_free = meta_host_free,
     .copy = meta_copy,
+    .copy_async = meta_copy_async,
     .zero = meta_zero,
     .copy2d = meta_copy2d,
     .convert = meta_convert,
@@ -192,6 +206,8 @@ static const ml_backend_ops k_meta_ops = {
     .reset_peak = meta_reset_peak,
     .event_record = meta_event,
     .event_wait = meta_event,
+    .event_sync = meta_event,
+    .host_peer = meta_host_peer,
     .sync = meta_sync,
     .gemm = meta_gemm,
     .bias_grad = meta_bias_grad,

@@ -1,0 +1,169 @@
+/* FSDP's gradients (parallel/fsdp.h): the unsharded gradient buffers of a
+ * unit's backward, their reduction into the shards (reduce-scatter, HSDP
+ * all-reduce, the vocab rows), zero_grad, and under cpu_offload their
+ * copies to the host shards and the wait for them at the end of backward
+ * (FSDP2's foreach_reduce and finalize_backward). */
+#include <string.h>
+
+#include "common/status.h"
+#include "parallel/fsdp.h"
+#include "parallel/fsdp_impl.h"
+
+/* Point the unit's gathered parameters' grad at their places in the
+ * unsharded fp32 gradients `base` (NULL: none); the vocab-parallel ones
+ * have none there (ml_fsdp_rows gives their rows' gradient). */
+static void point_grads(ml_fsdp_unit *u, float *base) {
+  for (int i = 0; i < u->n; i++)
+    u->params[i]->grad = base && !u->vocab[i] ? base + u->full_off[i] : NULL;
+}
+
+/* cpu_offload, a gradient accumulated in place: its device copy dst [n]
+ * of shard_grad[at ..] (zero while fresh), loaded without blocking the
+ * host (the backward that adds to it follows in the compute stream). */
+static int load_grad(ml_fsdp *f, ml_fsdp_unit *unit, float *dst, int64_t at, int64_t n) {
+  size_t bytes = sizeof(float) * (size_t)n;
+  if (unit->grad_fresh) return ml_be_zero(f->be, dst, bytes);
+  return ml_be_copy_async(f->be, dst, unit->shard_grad + at, bytes, ML_COPY_H2D);
+}
+
+/* cpu_offload: shard_grad[at .. at+n) (=) the device's g [n], copied
+ * without waiting (ml_fsdp_finish_backward does). */
+static int store_grad(ml_fsdp *f, ml_fsdp_unit *unit, int64_t at, const float *g, int64_t n) {
+  ML_TRY(ml_be_copy_async(f->be, unit->shard_grad + at, g, sizeof(float) * (size_t)n,
+                          ML_COPY_D2H));
+  ML_TRY(ml_be_event_record(f->be, &unit->grad_ev));
+  unit->grad_pending = true;
+  return 0;
+}
+
+/* shard_grad[at .. at+n) += the device's reduced gradient g [n]: on the
+ * device; under cpu_offload on the host: while fresh (shard_grad is 0) the
+ * copy itself, without waiting, else through host_grad (blocking) and
+ * added there by shard_be. */
+static int add_grad(ml_fsdp *f, ml_fsdp_unit *unit, int64_t at, const float *g, int64_t n) {
+  if (!fsdp_offload(f)) return ml_be_add(f->be, unit->shard_grad + at, g, n);
+  if (unit->grad_fresh) return store_grad(f, unit, at, g, n);
+  ML_TRY(ml_be_copy(f->be, f->host_grad, g, sizeof(float) * (size_t)n, ML_COPY_D2H));
+  return ml_be_add(f->shard_be, unit->shard_grad + at, f->host_grad, n);
+}
+
+int ml_fsdp_grad_begin(ml_fsdp *f, int u) {
+  ml_fsdp_unit *unit = &f->units[u];
+  if (fsdp_grads_alias(f)) { /* backward accumulates straight into the shard's grads */
+    point_grads(unit, unit->shard_grad);
+    return 0;
+  }
+  unit->full_grad = ml_be_alloc(f->be, unit->gather_full, sizeof(float),
+                                "the unsharded gradients of a unit");
+  if (!unit->full_grad) return -1;
+  if (fsdp_grads_in_place(f)) /* offloaded: one rank's unsharded gradient is the shard's */
+    ML_TRY(load_grad(f, unit, unit->full_grad, 0, unit->gather_full));
+  else
+    ML_TRY(ml_be_zero(f->be, unit->full_grad, sizeof(float) * (size_t)unit->gather_full));
+  point_grads(unit, unit->full_grad);
+  int64_t n = fsdp_rows_numel(unit);
+  if (n == 0) return 0;
+  if (fsdp_rows_grad_alias(f)) { /* the rows' gradient is complete: straight into shard_grad */
+    unit->rows_grad = unit->shard_grad + unit->gather_numel;
+    return 0;
+  }
+  unit->rows_grad = ml_be_alloc(f->be, n, sizeof(float), "the vocab rows' gradient of a unit");
+  if (!unit->rows_grad) return -1;
+  if (fsdp_rows_grad_in_place(f)) return load_grad(f, unit, unit->rows_grad, unit->gather_numel, n);
+  return ml_be_zero(f->be, unit->rows_grad, sizeof(float) * (size_t)n);
+}
+
+/* The gradient reduction of one unit over dp (and the replicas) in
+ * reduce_dtype: rank-major staging → reduce-scatter (ZeRO-1: all-reduce,
+ * then this rank's block) → all-reduce over the replicas → += shard_grad. */
+static int reduce_unit(ml_fsdp *f, ml_fsdp_unit *unit) {
+  int dp = f->dp->size;
+  size_t n = (size_t)unit->gather_numel;
+  bool bf16 = f->opts.reduce_dtype == ML_BF16;
+  ml_elem elem = bf16 ? ML_ELEM_BF16 : ML_ELEM_F32;
+  size_t es = ml_elem_size(elem);
+  if (f->opts.param_dtype == ML_BF16)
+    ML_TRY(ml_be_round_bf16(f->be, unit->full_grad, (size_t)unit->gather_full));
+  void *stage = bf16 ? (void *)f->wire : (void *)f->comm_buf;
+  if (dp == 1 && !bf16) /* one rank's staging is full_grad itself: same layout, same type */
+    stage = unit->full_grad;
+  else
+    ML_TRY(fsdp_copy_rank_major(f, unit, stage, elem, unit->full_grad, ML_F32, 0, false));
+  void *red = (char *)stage + es * n * (size_t)f->dp->rank; /* this rank's reduced block */
+  if (dp > 1 && f->opts.zero == 1) {
+    ML_TRY(ml_all_reduce(f->dp, stage, n * (size_t)dp, elem, ML_RED_SUM));
+  } else if (dp > 1) {
+    /* out of place; with bf16 the fp32 staging buffer is free to receive */
+    red = bf16 ? (void *)f->comm_buf : (void *)f->grad_buf;
+    ML_TRY(ml_reduce_scatter_t(f->dp, stage, red, n, elem));
+  }
+  if (f->rep->size > 1) ML_TRY(ml_all_reduce(f->rep, red, n, elem, ML_RED_SUM));
+  float *g = red;
+  if (bf16) {
+    ML_TRY(ml_be_convert(f->be, f->grad_buf, ML_F32, red, ML_BF16, n));
+    g = f->grad_buf;
+  }
+  return add_grad(f, unit, 0, g, (int64_t)n);
+}
+
+/* The vocab-parallel rows' gradient of one unit, complete on this rank
+ * (every token of the group went through its rows): rounded to param_dtype
+ * (it was computed in it, as full_grad is), all-reduced over the replicas
+ * in reduce_dtype (rounded to it once even without replicas, as the
+ * reduce-scatter would), += shard_grad. Where it accumulated in place:
+ * nothing to do, or under cpu_offload its copy stored back. */
+static int reduce_rows(ml_fsdp *f, ml_fsdp_unit *unit) {
+  if (fsdp_rows_grad_alias(f)) return 0;
+  if (fsdp_rows_grad_in_place(f))
+    return store_grad(f, unit, unit->gather_numel, unit->rows_grad, fsdp_rows_numel(unit));
+  size_t n = (size_t)fsdp_rows_numel(unit);
+  float *g = unit->rows_grad;
+  if (f->opts.param_dtype == ML_BF16) ML_TRY(ml_be_round_bf16(f->be, g, n));
+  if (f->opts.reduce_dtype == ML_BF16) {
+    uint16_t *w = ml_be_alloc(f->be, (int64_t)n, sizeof(uint16_t), "the bf16 vocab rows' "
+                              "gradient of a unit");
+    if (!w) return -1;
+    int rc = ml_be_convert(f->be, w, ML_BF16, g, ML_F32, n);
+    if (rc == 0 && f->rep->size > 1) rc = ml_all_reduce(f->rep, w, n, ML_ELEM_BF16, ML_RED_SUM);
+    if (rc == 0) rc = ml_be_convert(f->be, g, ML_F32, w, ML_BF16, n);
+    ml_be_free(f->be, w);
+    ML_TRY(rc);
+  } else if (f->rep->size > 1) {
+    ML_TRY(ml_all_reduce(f->rep, g, n, ML_ELEM_F32, ML_RED_SUM));
+  }
+  return add_grad(f, unit, unit->gather_numel, g, (int64_t)n);
+}
+
+int ml_fsdp_reduce_grads(ml_fsdp *f, int u) {
+  ml_fsdp_unit *unit = &f->units[u];
+  point_grads(unit, NULL);
+  if (fsdp_grads_alias(f)) return 0;
+  int rc = fsdp_grads_in_place(f) ? store_grad(f, unit, 0, unit->full_grad, unit->gather_full)
+                             : reduce_unit(f, unit);
+  if (rc == 0 && fsdp_rows_numel(unit)) rc = reduce_rows(f, unit);
+  unit->grad_fresh = false;
+  ml_be_free(f->be, unit->full_grad);
+  if (!fsdp_rows_grad_alias(f)) ml_be_free(f->be, unit->rows_grad);
+  unit->full_grad = unit->rows_grad = NULL;
+  return rc;
+}
+
+int ml_fsdp_zero_grads(ml_fsdp *f) {
+  for (int u = 0; u < f->n_units; u++) {
+    ml_fsdp_unit *unit = &f->units[u];
+    ML_TRY(ml_be_zero(f->shard_be, unit->shard_grad, sizeof(float) * (size_t)unit->shard_numel));
+    unit->grad_fresh = true;
+  }
+  return 0;
+}
+
+int ml_fsdp_finish_backward(ml_fsdp *f) {
+  for (int u = 0; u < f->n_units; u++) {
+    ml_fsdp_unit *unit = &f->units[u];
+    if (!unit->grad_pending) continue;
+    unit->grad_pending = false;
+    ML_TRY(ml_be_event_sync(f->be, &unit->grad_ev));
+  }
+  return 0;
+}
+

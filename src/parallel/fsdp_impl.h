@@ -1,0 +1,61 @@
+/* Internal to FSDP (parallel/fsdp.c: layout, shards, unsharding;
+ * parallel/fsdp_grads.c: gradients, their reduction and, under
+ * cpu_offload, their way to the host): what the two share. Not for use
+ * outside parallel/fsdp*. */
+#ifndef ML_FSDP_IMPL_H
+#define ML_FSDP_IMPL_H
+
+#include "parallel/fsdp.h"
+
+/* Unsharded parameters kept between steps (ZeRO-1/2). */
+static inline bool fsdp_persistent(const ml_fsdp *f) { return f->opts.zero < 3; }
+static inline bool fsdp_offload(const ml_fsdp *f) { return f->opts.cpu_offload; }
+/* The shard is the unsharded fp32 tensor (one rank, fp32 params, on the
+ * device). */
+static inline bool fsdp_params_alias(const ml_fsdp *f) {
+  return f->dp->size == 1 && f->opts.param_dtype == ML_F32 && !fsdp_offload(f);
+}
+/* Backward accumulates into the shard's gradient itself: one rank, fp32,
+ * no replicas (nothing to reduce or round). Under cpu_offload into a device
+ * copy of it (load_grad, store_grad); else into shard_grad (grads_alias). */
+static inline bool fsdp_grads_in_place(const ml_fsdp *f) {
+  return f->dp->size == 1 && f->opts.param_dtype == ML_F32 && f->rep->size == 1 &&
+         f->opts.reduce_dtype == ML_F32;
+}
+static inline bool fsdp_grads_alias(const ml_fsdp *f) {
+  return fsdp_grads_in_place(f) && !fsdp_offload(f);
+}
+/* The same for the vocab-parallel rows' gradient: it is complete on this
+ * rank, and nothing rounds or reduces it. */
+static inline bool fsdp_rows_grad_in_place(const ml_fsdp *f) {
+  return f->opts.param_dtype == ML_F32 && f->rep->size == 1 && f->opts.reduce_dtype == ML_F32;
+}
+static inline bool fsdp_rows_grad_alias(const ml_fsdp *f) {
+  return fsdp_rows_grad_in_place(f) && !fsdp_offload(f);
+}
+static inline ml_elem fsdp_elem_of(ml_dtype t) { return t == ML_BF16 ? ML_ELEM_BF16 : ML_ELEM_F32; }
+static inline ml_dtype fsdp_dtype_of(ml_elem e) { return e == ML_ELEM_BF16 ? ML_BF16 : ML_F32; }
+static inline ml_elem fsdp_param_elem(const ml_fsdp *f) {
+  return fsdp_elem_of(f->opts.param_dtype);
+}
+
+/* Elements of the unit's vocab-parallel rows per rank (0: none). */
+static inline int64_t fsdp_rows_numel(const ml_fsdp_unit *u) {
+  return u->shard_numel - u->gather_numel;
+}
+
+/* The shard as the device reads it: under cpu_offload its device copy
+ * (while one is there: gather_start to gather_finish, or reshard). */
+static inline float *fsdp_shard_on_device(const ml_fsdp_unit *u) {
+  return u->dev_shard ? u->dev_shard : u->shard;
+}
+
+/* Copy between the rank-major gathered layout `wire` (dp blocks of
+ * gather_numel elements of `elem`; with `all`, of shard_numel, every
+ * parameter) and the unsharded buffer `full` of `type`, converting where
+ * the types differ (widening exact, narrowing rounds to nearest-even); the
+ * way to `wire` zero-pads each chunk. */
+int fsdp_copy_rank_major(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml_elem elem,
+                         void *full, ml_dtype type, int to_full, bool all);
+
+#endif

@@ -18,10 +18,6 @@
 
 #include "emu.h"
 #include "kernels/cuda/kernels.h"
-extern int emu_order;
-extern unsigned emu_seed;
-extern long emu_switches;
-extern size_t emu_blocks_run;
 
 static float R(float x, bool bf) { return bf ? __bfloat162float(__float2bfloat16_rn(x)) : x; }
 

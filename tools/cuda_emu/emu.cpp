@@ -10,7 +10,9 @@
 // dynamic shared memory <= the kernel's attribute (48 KiB by default, at
 // most 227 KiB), static shared memory <= 48 KiB and both together <= 227
 // KiB, __launch_bounds__) and refuse with cudaErrorInvalidConfiguration as
-// the device does. mma and ldmatrix follow the PTX ISA's fragment layouts.
+// the device does. A kernel that transform.py found no barrier in runs its
+// threads one after the other on the scheduler's stack (much faster; a
+// barrier reached there aborts). mma and ldmatrix follow the PTX ISA's fragment layouts.
 #include "emu.h"
 
 #include <sanitizer/asan_interface.h>
@@ -69,13 +71,16 @@ static const void *sched_bottom;
 static size_t sched_size;
 static char *stacks;  // 1024 fiber stacks, mapped once
 static std::vector<EmuThread> threads;
-static std::vector<unsigned char> slots;  // per warp 32 lanes x 64 bytes
+static std::vector<unsigned char> slots;  // per warp 2 banks x 32 lanes x 64 bytes
 static const std::function<void()> *body;
 static cudaError_t last_error = cudaSuccess;
 static std::map<const void *, int> smem_attr;
 static unsigned char *dyn_smem;
 static size_t dyn_smem_size, static_smem_size;
 static std::map<const void *, void *> static_smem;  // this block's, by declaration
+static bool probing, probe_fibers;  // emu_kernel_entry's report on the kernel launched
+static unsigned probe_bound;
+static bool direct;  // the threads run without fibers
 
 static void die(const char *m) {
   fprintf(stderr, "EMU ERROR: %s (block %u,%u,%u thread %u)\n", m, emu_block_idx.x,
@@ -85,7 +90,10 @@ static void die(const char *m) {
 
 unsigned emu_tid() { return cur->tid; }
 uint3 emu_thread_idx() { return cur->idx; }
-void *emu_warp_slot(int lane) { return &slots[((cur->tid / 32) * 32 + lane) * 64]; }
+int emu_warp_bank() { return (int)(cur->nwarp & 1); }
+void *emu_warp_slot(int bank, int lane) {
+  return &slots[(((cur->tid / 32) * 2 + bank) * 32 + lane) * 64];
+}
 void emu_full_mask(unsigned mask, const char *what) {
   if (mask != 0xffffffffu) {
     fprintf(stderr, "EMU ERROR: %s with mask %#x (only full warps are emulated)\n", what, mask);
@@ -99,12 +107,17 @@ static void yield_to_sched() {
   emu_ctx_switch(&me->sp, sched_sp);
   __sanitizer_finish_switch_fiber(me->fake, &sched_bottom, &sched_size);
 }
+static void no_barrier_here() {
+  if (direct) die("a barrier in a kernel transform.py found none in (run without fibers)");
+}
 void emu_syncthreads() {
+  no_barrier_here();
   cur->state = WAIT_BLOCK;
   cur->nblock++;
   yield_to_sched();
 }
 void emu_warp_barrier(emu_op op) {
+  no_barrier_here();
   cur->state = WAIT_WARP;
   cur->nwarp++;
   cur->op = op;
@@ -141,10 +154,24 @@ static void release_warp(unsigned w, unsigned n) {
   for (unsigned i = w * 32; i < std::min(n, w * 32 + 32); i++) threads[i].state = RUN;
 }
 
+// a kernel without barriers: each thread to its end, in order
+static void run_direct(unsigned nthreads, std::vector<unsigned> &order, std::mt19937 &rng) {
+  dim3 bd = emu_block_dim;
+  EmuThread t = {};
+  if (emu_order == 2) std::shuffle(order.begin(), order.end(), rng);
+  for (unsigned i : order) {
+    t.tid = i;
+    t.idx = {i % bd.x, (i / bd.x) % bd.y, i / (bd.x * bd.y)};
+    cur = &t;
+    (*body)();
+  }
+  cur = nullptr;
+}
+
 static void run_block(unsigned nthreads, std::mt19937 &rng) {
   dim3 bd = emu_block_dim;
   threads.assign(nthreads, EmuThread());
-  slots.assign(((nthreads + 31) / 32) * 32 * 64, 0xEE);
+  slots.assign(((nthreads + 31) / 32) * 2 * 32 * 64, 0xEE);
   for (unsigned i = 0; i < nthreads; i++) {
     EmuThread &t = threads[i];
     t.tid = i;
@@ -220,9 +247,10 @@ void *emu_static_smem(const void *site, size_t bytes) {
   return p;
 }
 
-void emu_launch_bounds(unsigned n) {
-  if (emu_block_dim.x * emu_block_dim.y * emu_block_dim.z > n)
-    die("block larger than the kernel's __launch_bounds__");
+bool emu_kernel_entry(bool fibers, unsigned bound) {
+  if (!probing) return false;
+  probe_fibers = fibers, probe_bound = bound;
+  return true;
 }
 
 cudaError_t emu_set_smem(const void *k, int bytes) {
@@ -262,6 +290,21 @@ void emu_run_grid(const void *k, dim3 grid, dim3 block, size_t smem,
     if (stacks == MAP_FAILED) die("no memory for the fiber stacks");
   }
   body = &b;
+  EmuThread probe = {};
+  cur = &probe;
+  probing = true;
+  b();
+  probing = false;
+  cur = nullptr;
+  if (nthreads > probe_bound) {
+    fprintf(stderr, "EMU: launch refused: block of %llu threads, __launch_bounds__(%u)\n",
+            (unsigned long long)nthreads, probe_bound);
+    last_error = cudaErrorInvalidConfiguration;  // the device: too many resources requested
+    return;
+  }
+  direct = !probe_fibers;
+  std::vector<unsigned> order(nthreads);
+  for (unsigned i = 0; i < nthreads; i++) order[i] = emu_order == 1 ? (unsigned)nthreads - 1 - i : i;
   std::mt19937 rng(emu_seed);
   uint64_t nblocks = (uint64_t)grid.x * grid.y * grid.z;
   std::vector<uint64_t> blocks(nblocks);
@@ -277,12 +320,16 @@ void emu_run_grid(const void *k, dim3 grid, dim3 block, size_t smem,
     static_smem_size = 0;
     dyn_smem = (unsigned char *)malloc(smem ? smem : 1);
     memset(dyn_smem, 0xFF, smem);  // NaN in fp32 and bf16
-    run_block((unsigned)nthreads, rng);
+    if (direct)
+      run_direct((unsigned)nthreads, order, rng);
+    else
+      run_block((unsigned)nthreads, rng);
     free(dyn_smem);
     for (auto &s : static_smem) free(s.second);
     static_smem.clear();
     emu_blocks_run++;
   }
+  direct = false;
 }
 
 /* ---- ldmatrix and mma ------------------------------------------------------ */
@@ -294,12 +341,12 @@ static void check_smem(const void *p, size_t bytes) {
 }
 
 void emu_ldsm(uint32_t (&r)[4], const __nv_bfloat16 *p, bool trans) {
-  int lane = emu_tid() & 31;
+  int lane = emu_tid() & 31, bank = emu_warp_bank();
   check_smem(p, 16);
-  memcpy(emu_warp_slot(lane), &p, sizeof p);
+  memcpy(emu_warp_slot(bank, lane), &p, sizeof p);
   emu_warp_barrier(EMU_LDSM);
   const __nv_bfloat16 *rows[32];
-  for (int l = 0; l < 32; l++) memcpy(&rows[l], emu_warp_slot(l), sizeof rows[l]);
+  for (int l = 0; l < 32; l++) memcpy(&rows[l], emu_warp_slot(bank, l), sizeof rows[l]);
   int g = lane >> 2, t = lane & 3;
   for (int m = 0; m < 4; m++) {
     uint16_t e0, e1;
@@ -312,21 +359,21 @@ void emu_ldsm(uint32_t (&r)[4], const __nv_bfloat16 *p, bool trans) {
     }
     r[m] = (uint32_t)e0 | ((uint32_t)e1 << 16);
   }
-  emu_warp_barrier(EMU_LDSM);
+  emu_warp_barrier(EMU_LDSM);  // the warp reads shared memory at once, before any lane writes
 }
 
 static float lo(uint32_t u) { return __bfloat162float({(uint16_t)(u & 0xffff)}); }
 static float hi(uint32_t u) { return __bfloat162float({(uint16_t)(u >> 16)}); }
 
 void emu_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  int lane = emu_tid() & 31;
+  int lane = emu_tid() & 31, bank = emu_warp_bank();
   uint32_t mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
-  memcpy(emu_warp_slot(lane), mine, sizeof mine);
+  memcpy(emu_warp_slot(bank, lane), mine, sizeof mine);
   emu_warp_barrier(EMU_MMA);
   float A[16][16], B[16][8];
   for (int L = 0; L < 32; L++) {
     uint32_t f[6];
-    memcpy(f, emu_warp_slot(L), sizeof f);
+    memcpy(f, emu_warp_slot(bank, L), sizeof f);
     int g = L >> 2, t = L & 3;
     // PTX ISA: A row = g for a0,a1,a4,a5 (regs 0, 2), g+8 for regs 1, 3;
     // col = 2t + (i&1), +8 for a4..a7 (regs 2, 3)
@@ -351,5 +398,4 @@ void emu_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     for (int k = 0; k < 16; k++) acc += (double)A[row][k] * B[k][col];
     c[e] = (float)acc;
   }
-  emu_warp_barrier(EMU_MMA);
 }

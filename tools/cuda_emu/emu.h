@@ -104,7 +104,12 @@ void emu_syncthreads();
 // every lane of the warp reaches the collective `op` (its count and kind checked)
 void emu_warp_barrier(emu_op op);
 void emu_full_mask(unsigned mask, const char *what);  // aborts unless mask is 0xffffffff
-void *emu_warp_slot(int lane);                        // 64 bytes per lane of this warp
+// A collective's lanes write their slots (64 bytes each) of the warp's bank,
+// pass one barrier and read: the two banks alternate between successive
+// collectives, so a bank is written again only after the next barrier,
+// which every lane reaches after its reads.
+int emu_warp_bank();
+void *emu_warp_slot(int bank, int lane);
 #define __syncthreads() emu_syncthreads()
 static inline void __syncwarp(unsigned mask = 0xffffffffu) {
   emu_full_mask(mask, "__syncwarp");
@@ -119,12 +124,11 @@ static inline T emu_shfl(unsigned mask, T v, int width, F src, const char *what)
     fprintf(stderr, "EMU ERROR: %s width %d (only 32 is emulated)\n", what, width);
     abort();
   }
-  int lane = emu_tid() & 31, s = src(lane);
-  memcpy(emu_warp_slot(lane), &v, sizeof(T));
+  int lane = emu_tid() & 31, s = src(lane), bank = emu_warp_bank();
+  memcpy(emu_warp_slot(bank, lane), &v, sizeof(T));
   emu_warp_barrier(EMU_SHFL);
   T r = v;
-  if (s >= 0 && s < 32) memcpy(&r, emu_warp_slot(s), sizeof(T));
-  emu_warp_barrier(EMU_SHFL);
+  if (s >= 0 && s < 32) memcpy(&r, emu_warp_slot(bank, s), sizeof(T));
   return r;
 }
 template <class T>
@@ -148,13 +152,12 @@ template <class T>
 unsigned __match_any_sync(unsigned mask, T v) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "match of 32 or 64 bits");
   emu_full_mask(mask, "__match_any_sync");
-  int lane = emu_tid() & 31;
-  memcpy(emu_warp_slot(lane), &v, sizeof(T));
+  int lane = emu_tid() & 31, bank = emu_warp_bank();
+  memcpy(emu_warp_slot(bank, lane), &v, sizeof(T));
   emu_warp_barrier(EMU_MATCH);
   unsigned m = 0;
   for (int l = 0; l < 32; l++)
-    if (!memcmp(emu_warp_slot(l), &v, sizeof(T))) m |= 1u << l;
-  emu_warp_barrier(EMU_MATCH);
+    if (!memcmp(emu_warp_slot(bank, l), &v, sizeof(T))) m |= 1u << l;
   return m;
 }
 // fibers switch only at barriers and collectives, so a read-modify-write is atomic
@@ -186,8 +189,12 @@ A *emu_shared(const void *site) {
     static char emu_site_;       \
     return &emu_site_;           \
   }())
-// a kernel's __launch_bounds__(n): the block must not exceed n threads
-void emu_launch_bounds(unsigned n);
+// A kernel's first statement (transform.py): `fibers` whether it reaches
+// barriers or collectives (each thread then runs on its own stack; else the
+// threads run one after another on the scheduler's), `bound` its
+// __launch_bounds__ (the block must not exceed it). True when the emulator
+// only asked for these (the kernel returns at once).
+bool emu_kernel_entry(bool fibers, unsigned bound);
 
 /* ---- launches and the runtime calls the kernels make ---------------------- */
 cudaError_t emu_set_smem(const void *k, int bytes);

@@ -2,8 +2,7 @@
 # emu.h (tools/cuda_emu): the CUDA headers become emu.h; kernel<<<...>>>(
 # becomes emu_launch(kernel, ...,; extern __shared__ arrays become the
 # block's dynamic shared memory and __shared__ arrays emu_shared buffers;
-# __launch_bounds__(n, ...) becomes a check of the block size at the top of
-# the kernel; attention.cu's inline-PTX wrappers (ldmatrix x4, its .trans
+# each kernel begins with emu_kernel_entry (below); attention.cu's inline-PTX wrappers (ldmatrix x4, its .trans
 # form, mma m16n8k16 bf16) call the emulations. Every rewrite must find
 # what it expects (an assert fails otherwise), so a kernel source that
 # outgrows the emulator stops the build instead of compiling differently.
@@ -28,15 +27,36 @@ s = re.sub(r'__shared__ ([\w:<> ]+?) (\w+)((?:\[[^\]]+\])+);',
            r'auto &\2 = *emu_shared<\1\3>(EMU_SITE);', s)
 assert not re.search(r'__shared__ \w', s), name
 
+# Every kernel starts with emu_kernel_entry(fibers, n): n its
+# __launch_bounds__ (checked against the block; 1024 without), fibers
+# whether its body names a barrier, a collective or a function that holds
+# one (then each thread needs its own stack; else the threads run one after
+# the other, and a barrier reached there stops the emulator).
+COLLECTIVE = re.compile(r'__syncthreads|__syncwarp|__shfl_\w+|__match_any_sync|kc_block_reduce|'
+                        r'kc_warp_reduce|ldsm_x4|mma_bf16|\bmma_|\bfrag_')
 
-# __launch_bounds__(n[, minBlocks]) before a kernel's name: a check of n as
-# the first statement of the kernel's body
-out, pos = [], 0
-for m in re.finditer(r'__launch_bounds__\(([^,()]+)(?:,[^()]*)?\)', s):
-    body = s.index('{', m.end())
-    out.append(s[pos:m.start()] + s[m.end():body + 1] + ' emu_launch_bounds(' + m.group(1) + ');')
-    pos = body + 1
+
+def body_end(s, i):  # the index past the brace matching s[i] == '{'
+    depth = 0
+    for j in range(i, len(s)):
+        depth += {'{': 1, '}': -1}.get(s[j], 0)
+        if depth == 0:
+            return j + 1
+    raise AssertionError('unbalanced braces')
+
+
+out, pos, kernels = [], 0, 0
+for m in re.finditer(r'__global__ void (?:__launch_bounds__\(([^,()]+)(?:,[^()]*)?\) )?(\w+)\(', s):
+    if m.start() < pos:
+        continue
+    brace = s.index('{', m.end())
+    fibers = 'true' if COLLECTIVE.search(s[brace:body_end(s, brace)]) else 'false'
+    head = s[pos:m.start()] + '__global__ void ' + m.group(2) + '(' + s[m.end():brace + 1]
+    out.append(head + ' if (emu_kernel_entry(%s, %s)) return;' % (fibers, m.group(1) or '1024'))
+    pos, kernels = brace + 1, kernels + 1
 s = ''.join(out) + s[pos:]
+assert kernels == src.count('__global__ void'), (name, kernels)
+assert '__launch_bounds__' not in s, name
 
 
 def repl_fn(s, fn, body):

@@ -72,6 +72,14 @@ static size_t sched_size;
 static char *stacks;  // 1024 fiber stacks, mapped once
 static std::vector<EmuThread> threads;
 static std::vector<unsigned char> slots;  // per warp 2 banks x 32 lanes x 64 bytes
+// The warp's product A·B of an mma (exact products of bf16 values, summed in
+// double), formed by the first lane to run after the collective's barrier;
+// one per warp and bank, `stamp` the collective count it was formed at
+struct MmaProduct {
+  long stamp;
+  double p[16][8];
+};
+static std::vector<MmaProduct> mma_products;
 static const std::function<void()> *body;
 static cudaError_t last_error = cudaSuccess;
 static std::map<const void *, int> smem_attr;
@@ -172,6 +180,7 @@ static void run_block(unsigned nthreads, std::mt19937 &rng) {
   dim3 bd = emu_block_dim;
   threads.assign(nthreads, EmuThread());
   slots.assign(((nthreads + 31) / 32) * 2 * 32 * 64, 0xEE);
+  mma_products.assign(((nthreads + 31) / 32) * 2, MmaProduct{-1, {}});
   for (unsigned i = 0; i < nthreads; i++) {
     EmuThread &t = threads[i];
     t.tid = i;
@@ -365,11 +374,7 @@ void emu_ldsm(uint32_t (&r)[4], const __nv_bfloat16 *p, bool trans) {
 static float lo(uint32_t u) { return __bfloat162float({(uint16_t)(u & 0xffff)}); }
 static float hi(uint32_t u) { return __bfloat162float({(uint16_t)(u >> 16)}); }
 
-void emu_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  int lane = emu_tid() & 31, bank = emu_warp_bank();
-  uint32_t mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
-  memcpy(emu_warp_slot(bank, lane), mine, sizeof mine);
-  emu_warp_barrier(EMU_MMA);
+static void mma_form(MmaProduct &mp, int bank) {
   float A[16][16], B[16][8];
   for (int L = 0; L < 32; L++) {
     uint32_t f[6];
@@ -391,11 +396,24 @@ void emu_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     B[2 * t + 8][g] = lo(f[5]);
     B[2 * t + 9][g] = hi(f[5]);
   }
-  int g = lane >> 2, t = lane & 3;
-  for (int e = 0; e < 4; e++) {
-    int row = g + 8 * (e >> 1), col = 2 * t + (e & 1);
-    double acc = c[e];
-    for (int k = 0; k < 16; k++) acc += (double)A[row][k] * B[k][col];
-    c[e] = (float)acc;
+  for (int r = 0; r < 16; r++)
+    for (int c = 0; c < 8; c++) {
+      double acc = 0;
+      for (int k = 0; k < 16; k++) acc += (double)A[r][k] * B[k][c];
+      mp.p[r][c] = acc;
+    }
+}
+
+void emu_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  int lane = emu_tid() & 31, bank = emu_warp_bank();
+  uint32_t mine[6] = {a[0], a[1], a[2], a[3], b0, b1};
+  memcpy(emu_warp_slot(bank, lane), mine, sizeof mine);
+  emu_warp_barrier(EMU_MMA);
+  MmaProduct &mp = mma_products[(cur->tid / 32) * 2 + bank];
+  if (mp.stamp != cur->nwarp) {
+    mma_form(mp, bank);
+    mp.stamp = cur->nwarp;
   }
+  int g = lane >> 2, t = lane & 3;
+  for (int e = 0; e < 4; e++) c[e] = (float)(c[e] + mp.p[g + 8 * (e >> 1)][2 * t + (e & 1)]);
 }

@@ -9,7 +9,8 @@
 // says they give zeros / no gradient / weight 0), embedding tables above
 // 2^16 rows (three radix passes), the grid-stride loops past their 4096
 // blocks, outputs aliasing inputs where kernels.h allows it. Every output
-// buffer starts as NaN so that an element left unwritten shows.
+// buffer starts as NaN so that an element left unwritten shows; threads and
+// blocks run in shuffled orders, so that a race or a missing barrier shows.
 //
 // Tolerances are those tests/cuda/test_cuda_ops.c derives for the CUDA
 // backend against the CPU backend, from tests/tolerance.h (R1-R5, §1, §5):
@@ -628,6 +629,7 @@ static void test_launch_error() {
 }
 
 int main(int argc, char **argv) {
+  emu_order = 2;  // threads and blocks shuffled: a race or a missing barrier changes results
   struct {
     const char *name;
     void (*fn)();

@@ -271,7 +271,8 @@ int run(const Cfg &c, unsigned seed) {
   return fail;
 }
 
-// head sizes the engine's config allows (even) but the kernels do not: refused
+// head sizes the engine's config allows (even) but the kernels do not, and
+// misaligned pointers: refused before any launch
 static int refused() {
   int fails = 0;
   float *x = alloc_f(1024, 0.0f);
@@ -282,6 +283,10 @@ static int refused() {
            name ? " by a launch" : "");
     fails += e != cudaErrorInvalidValue || name;
   }
+  // pointers not 16-byte aligned: refused (the tiles load float4)
+  cudaError_t e = kc_attention_fwd(nullptr, x + 1, x, x, x, x, 1, 1, 1, 1, 8, 1.0f, 0, false);
+  printf("q misaligned: %s\n", e == cudaErrorInvalidValue ? "refused" : "NOT refused");
+  fails += e != cudaErrorInvalidValue;
   free(x);
   return fails;
 }
@@ -324,6 +329,7 @@ int main(int argc, char **argv) {
     cfgs.push_back({1, 150, 2, 1, 64, 0, true});
     cfgs.push_back({1, 130, 4, 2, 128, 65, false});
     cfgs.push_back({2, 97, 3, 1, 32, 33, true});
+    cfgs.push_back({1, 33, 3, 3, 72, 40, false});  // a window beyond S: causal only
     fails += refused();
   }
   for (size_t i = 0; i < cfgs.size(); i++) fails += run(cfgs[i], 1000 + i);

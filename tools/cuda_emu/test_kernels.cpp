@@ -583,6 +583,17 @@ static void test_xent() {
     ok(kc_xent_bwd(nullptr, lg, T, V, v0, y, mxr, ser, w, lg), "xent bwd in place");
     same("  bwd in place (dlogits aliasing logits)", lg, dl, 4 * n);
   }
+  // NaNs skipped by the row max (kernels.h, xent.c): one among numbers, a row
+  // of NaN (-inf), NaN beside -inf
+  Pool pl;
+  const int64_t T = 3, V = 9;
+  float *lg = rand_f(pl, T * V, 4.0f, 1), *mx = pl.get<float>(T), *mxr = pl.get<float>(T);
+  lg[4] = NAN;
+  for (int64_t j = 0; j < V; j++) lg[V + j] = NAN;
+  for (int64_t j = 0; j < V; j++) lg[2 * V + j] = j % 2 ? NAN : -INFINITY;
+  ok(kc_xent_rowmax(nullptr, lg, T, V, mx), "xent rowmax");
+  k_xent_rowmax(lg, T, V, mxr);
+  same("xent rowmax with NaNs", mx, mxr, 4 * T);
 }
 
 /* ---- AdamW: four steps from the same state (some |g| near eps): both within

@@ -43,7 +43,7 @@ __asm__(
 
 enum { RUN, WAIT_BLOCK, WAIT_WARP, DONE };
 enum : size_t {
-  STACK = 256 * 1024,          // per fiber (attention's register tiles, ASan's redzones)
+  STACK = 256 * 1024,           // per fiber (attention's register tiles, ASan's redzones)
   SMEM_STATIC_MAX = 48 * 1024,  // sm_90: static __shared__ per block
   SMEM_OPTIN_MAX = 232448,      // sm_90: 227 KiB per block, opted in
 };
@@ -91,8 +91,8 @@ static unsigned probe_bound;
 static bool direct;  // the threads run without fibers
 
 static void die(const char *m) {
-  fprintf(stderr, "EMU ERROR: %s (block %u,%u,%u thread %u)\n", m, emu_block_idx.x,
-          emu_block_idx.y, emu_block_idx.z, cur ? cur->tid : 0u);
+  fprintf(stderr, "EMU ERROR: %s (block %u,%u,%u thread %u)\n", m, emu_block_idx.x, emu_block_idx.y,
+          emu_block_idx.z, cur ? cur->tid : 0u);
   abort();
 }
 
@@ -313,7 +313,8 @@ void emu_run_grid(const void *k, dim3 grid, dim3 block, size_t smem,
   }
   direct = !probe_fibers;
   std::vector<unsigned> order(nthreads);
-  for (unsigned i = 0; i < nthreads; i++) order[i] = emu_order == 1 ? (unsigned)nthreads - 1 - i : i;
+  for (unsigned i = 0; i < nthreads; i++)
+    order[i] = emu_order == 1 ? (unsigned)nthreads - 1 - i : i;
   std::mt19937 rng(emu_seed);
   uint64_t nblocks = (uint64_t)grid.x * grid.y * grid.z;
   std::vector<uint64_t> blocks(nblocks);

@@ -133,19 +133,23 @@ static inline T emu_shfl(unsigned mask, T v, int width, F src, const char *what)
 }
 template <class T>
 T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
-  return emu_shfl(mask, v, width, [&](int) { return src & 31; }, "__shfl_sync");
+  return emu_shfl(
+      mask, v, width, [&](int) { return src & 31; }, "__shfl_sync");
 }
 template <class T>
 T __shfl_xor_sync(unsigned mask, T v, int m, int width = 32) {
-  return emu_shfl(mask, v, width, [&](int l) { return l ^ m; }, "__shfl_xor_sync");
+  return emu_shfl(
+      mask, v, width, [&](int l) { return l ^ m; }, "__shfl_xor_sync");
 }
 template <class T>
 T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = 32) {
-  return emu_shfl(mask, v, width, [&](int l) { return l + (int)d; }, "__shfl_down_sync");
+  return emu_shfl(
+      mask, v, width, [&](int l) { return l + (int)d; }, "__shfl_down_sync");
 }
 template <class T>
 T __shfl_up_sync(unsigned mask, T v, unsigned d, int width = 32) {
-  return emu_shfl(mask, v, width, [&](int l) { return l - (int)d; }, "__shfl_up_sync");
+  return emu_shfl(
+      mask, v, width, [&](int l) { return l - (int)d; }, "__shfl_up_sync");
 }
 // the lanes whose v equals this lane's
 template <class T>
@@ -184,10 +188,10 @@ template <class A>
 A *emu_shared(const void *site) {
   return (A *)emu_static_smem(site, sizeof(A));
 }
-#define EMU_SITE                 \
-  ([]() -> const void * {        \
-    static char emu_site_;       \
-    return &emu_site_;           \
+#define EMU_SITE           \
+  ([]() -> const void * {  \
+    static char emu_site_; \
+    return &emu_site_;     \
   }())
 // A kernel's first statement (transform.py): `fibers` whether it reaches
 // barriers or collectives (each thread then runs on its own stack; else the
@@ -217,5 +221,5 @@ void emu_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_
 // results that depend on it)
 extern int emu_order;
 extern unsigned emu_seed;
-extern long emu_switches;    // fiber switches so far
+extern long emu_switches;      // fiber switches so far
 extern size_t emu_blocks_run;  // blocks run so far

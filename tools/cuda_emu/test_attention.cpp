@@ -52,7 +52,9 @@ static float *alloc_f(size_t n, float fill) {
 
 // roundings a sum of n products counts: n, or on tensor cores 2·max over the
 // block size b in 1..32 of (n + n/b + b + 1) (test_cuda_ops.c derives it)
-static double sum_count(double n, bool tc) { return tc ? 2.0 * fmax(2.0 * n + 2.0, n + n / 32.0 + 33.0) : n; }
+static double sum_count(double n, bool tc) {
+  return tc ? 2.0 * fmax(2.0 * n + 2.0, n + n / 32.0 + 33.0) : n;
+}
 
 struct Bounds {
   std::vector<double> out, lse, dq, dk, dv;
@@ -86,9 +88,9 @@ static Bounds attn_bound(const Cfg &c, const float *q, const float *k, const flo
         double dd = tol_gamma(sum_count((double)hd, bf16) + 2.0) * Amax;
         double eps_e = 2 * dd + 2 * u * Rr + (TOL_LIBM + (nv - 1.0) * (TOL_LIBM + 2.0)) * u;
         double gl = tol_gamma(sum_count((double)nv, bf16)), logl = log(l), lse = m + logl;
-        double eps_P = fmax(2 * eps_e + gl + 2 * u,
-                            2 * dd + eps_e + gl + TOL_LIBM * u * (1 + logl) +
-                                u * (fabs(lse) + Rr + logl));
+        double eps_P =
+            fmax(2 * eps_e + gl + 2 * u,
+                 2 * dd + eps_e + gl + TOL_LIBM * u * (1 + logl) + u * (fabs(lse) + Rr + logl));
         o.lse[(b * nh + h) * S + i] =
             2.0 * TOL_FIRST_ORDER *
             (dd + eps_e + gl + TOL_LIBM * u * (1 + fabs(logl)) + 3 * u * (fabs(lse) + fabs(m)));
@@ -323,8 +325,8 @@ int main(int argc, char **argv) {
     int i = 0;
     for (int64_t hd = 8; hd <= 256; hd += 8)
       for (int bf = 0; bf < 2; bf++, i++)
-        cfgs.push_back({1 + (i % 5 == 0), Ss[i % 6], gr[i % 6][0], gr[i % 6][1], hd, wins[(i / 6) % 6],
-                        bf != 0});
+        cfgs.push_back({1 + (i % 5 == 0), Ss[i % 6], gr[i % 6][0], gr[i % 6][1], hd,
+                        wins[(i / 6) % 6], bf != 0});
     // several tiles of 64 queries and keys, windows across tile edges
     cfgs.push_back({1, 150, 2, 1, 64, 0, true});
     cfgs.push_back({1, 130, 4, 2, 128, 65, false});

@@ -5,7 +5,8 @@
  * ml_model_create's module tree, in their forward y = x·W^T, and backward
  * dx = dy·W and dW += dy^T·x, model/linear.c's ml_gemm calls field for
  * field; whole weights and tensor-parallel halves (torch.chunk: the first
- * piece, rows or columns), T = 1 and 5 tokens), the (m, n, k, ops,
+ * piece, rows or columns), T = 1 and 5 tokens; each also with its leading
+ * dimensions 3 above the widths), the (m, n, k, ops,
  * layouts, operands) it computes go through cblas_sgemm in column-major,
  * as cuBLASLt would compute them, and the result is compared with
  * cblas_sgemm of the row-major ml_gemm itself. Both are fp32 dot products
@@ -13,7 +14,8 @@
  * exact value (tests/tolerance.h R2), so they differ by at most twice
  * that; a wrong transpose, swap or leading dimension gives another matrix
  * (or a parameter cblas refuses). Also: each layout as cuBLASLt checks it
- * (op(A') m x k, op(B') k x n, D m x n, ld >= rows).
+ * (op(A') m x k, op(B') k x n, D m x n, ld >= rows), and within the
+ * operand it names.
  * usage: test_gemm_map FIXTURES_DIR */
 #include <cblas.h>
 #include <dirent.h>
@@ -53,12 +55,18 @@ static void check(const char *what, const ml_gemm *g) {
   ml_lt_operands(A, B, &la, &lb);
   int64_t am = l.trans_a ? l.a_cols : l.a_rows, ak = l.trans_a ? l.a_rows : l.a_cols;
   int64_t bk = l.trans_b ? l.b_cols : l.b_rows, bn = l.trans_b ? l.b_rows : l.b_cols;
-  const char *bad = am != l.m || ak != l.k   ? "op(A') is not m x k"
-                    : bk != l.k || bn != l.n ? "op(B') is not k x n"
-                    : l.c_rows != l.m || l.c_cols != l.n ? "D is not m x n"
-                    : l.lda < l.a_rows || l.ldb < l.b_rows || l.ldc < l.c_rows
-                        ? "a leading dimension below its rows"
-                        : NULL;
+  const char *bad =
+      am != l.m || ak != l.k               ? "op(A') is not m x k"
+      : bk != l.k || bn != l.n             ? "op(B') is not k x n"
+      : l.c_rows != l.m || l.c_cols != l.n ? "D is not m x n"
+      : l.lda < l.a_rows || l.ldb < l.b_rows || l.ldc < l.c_rows
+          ? "a leading dimension below its rows"
+      /* column-major [rows, cols] with ld ends at ld·(cols − 1) + rows */
+      : (l.a_cols - 1) * l.lda + l.a_rows > (la == B ? br * g->ldb : ar * g->lda) ||
+              (l.b_cols - 1) * l.ldb + l.b_rows > (lb == B ? br * g->ldb : ar * g->lda) ||
+              (l.c_cols - 1) * l.ldc + l.c_rows > g->M * g->ldc
+          ? "an operand read or written past its end"
+          : NULL;
   double worst = 0;
   if (!bad) {
     cblas_sgemm(CblasColMajor, l.trans_a ? CblasTrans : CblasNoTrans,
@@ -93,21 +101,32 @@ static void check(const char *what, const ml_gemm *g) {
   free(A), free(B), free(C), free(D);
 }
 
+/* g as issued, then with every leading dimension 3 above its width (the
+ * engine's are exact; a view's would not be): a mapping that confused a
+ * leading dimension with a width would pass the first alone. */
+static void check_both(const char *what, ml_gemm g) {
+  check(what, &g);
+  char padded[200];
+  snprintf(padded, sizeof padded, "%s, ld + 3", what);
+  g.lda += 3, g.ldb += 3, g.ldc += 3;
+  check(padded, &g);
+}
+
 /* model/linear.c's three GEMMs of a Linear [out, in] on T tokens. */
 static void linear_gemms(const char *name, int64_t out, int64_t in, int64_t T) {
   char what[160];
   ml_gemm f = {.trans_b = true, .M = T, .N = out, .K = in, .lda = in, .ldb = in, .ldc = out};
   snprintf(what, sizeof what, "%s [%lld x %lld] T=%lld forward", name, (long long)out,
            (long long)in, (long long)T);
-  check(what, &f);
+  check_both(what, f);
   ml_gemm dx = {.M = T, .N = in, .K = out, .lda = out, .ldb = in, .ldc = in};
   snprintf(what, sizeof what, "%s [%lld x %lld] T=%lld dx", name, (long long)out, (long long)in,
            (long long)T);
-  check(what, &dx);
+  check_both(what, dx);
   ml_gemm dw = {.trans_a = true, .M = out, .N = in, .K = T, .lda = out, .ldb = in, .ldc = in};
   snprintf(what, sizeof what, "%s [%lld x %lld] T=%lld dW", name, (long long)out, (long long)in,
            (long long)T);
-  check(what, &dw);
+  check_both(what, dw);
 }
 
 static int64_t first_chunk(int64_t n, int64_t parts) { return (n + parts - 1) / parts; }

@@ -137,7 +137,9 @@ static void test_convert() {
                                 0x00000001u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x33000000u,
                                 0x387fe000u, 0x477ff000u, 0x38800000u, 0x7f7f8000u};
     for (int64_t i = 0; i < n; i++) {
-      uint32_t u = i < 14 ? special[i] : i % 3 ? bits(rng) : (bits(rng) & 0x87ffffffu) | 0x30000000u;
+      uint32_t u = i < 14  ? special[i]
+                   : i % 3 ? bits(rng)
+                           : (bits(rng) & 0x87ffffffu) | 0x30000000u;
       memcpy(&x[i], &u, 4);
     }
     uint16_t *h = pl.get<uint16_t>(n, off), *href = pl.get<uint16_t>(n);
@@ -192,7 +194,8 @@ static void test_glu() {
       for (int off = 0; off < 2; off++) {
         Pool pl;
         ml_glu_act a = act ? ML_GLU_GELU_TANH : ML_GLU_SILU;
-        float *g = rand_f(pl, n, 8.0f, off), *u = rand_f(pl, n, 1.0f), *dh = rand_f(pl, n, 1.0f, off);
+        float *g = rand_f(pl, n, 8.0f, off), *u = rand_f(pl, n, 1.0f),
+              *dh = rand_f(pl, n, 1.0f, off);
         float *h = pl.get<float>(n, 1 - off), *dg = pl.get<float>(n), *du = pl.get<float>(n, off);
         float *hr = pl.get<float>(n), *dgr = pl.get<float>(n), *dur = pl.get<float>(n);
         ok(kc_glu_fwd(nullptr, g, u, h, n, a), "glu fwd");
@@ -223,7 +226,8 @@ static void test_glu() {
           bg[i] *= 2.0 * tol_gamma(gr);
           bu[i] = 2.0 * tol_gamma(TOL_K_GLU_DU) * ad * dv;
         }
-        close(fmt("glu %s n=%lld off=%d h", act ? "gelu" : "silu", (long long)n, off), h, hr, bh, n);
+        close(fmt("glu %s n=%lld off=%d h", act ? "gelu" : "silu", (long long)n, off), h, hr, bh,
+              n);
         close("  dg", dg, dgr, bg, n);
         close("  du", du, dur, bu, n);
       }
@@ -242,8 +246,8 @@ static void test_bias_rows() {
     for (int64_t r = 0; r < M; r++)
       for (int64_t c = 0; c < N; c++) ref[r * ldc + c] += bias[c];
     ok(kc_add_bias_rows(nullptr, C, ldc, M, N, bias), "add_bias_rows");
-    same(fmt("add_bias_rows M=%lld N=%lld ldc=%lld", (long long)M, (long long)N, (long long)ldc),
-         C, ref, 4 * M * ldc);
+    same(fmt("add_bias_rows M=%lld N=%lld ldc=%lld", (long long)M, (long long)N, (long long)ldc), C,
+         ref, 4 * M * ldc);
   }
 }
 
@@ -287,8 +291,8 @@ static void test_reduce() {
       int *f = pl.get<int>(1);
       ok(kc_sumsq(nullptr, g, n, d, work), "sumsq");
       double ss = k_sumsq(g, n), b = 2.0 * tol_gamma64((double)n) * ss;
-      printf("  %-52s |diff| %.3g, bound %.3g\n", fmt("sumsq n=%lld off=%d", (long long)n, off).c_str(),
-             fabs(*d - ss), b);
+      printf("  %-52s |diff| %.3g, bound %.3g\n",
+             fmt("sumsq n=%lld off=%d", (long long)n, off).c_str(), fabs(*d - ss), b);
       if (!(fabs(*d - ss) <= b)) failures++;
       ok(kc_absmax(nullptr, g, n, d, work), "absmax");
       double am = k_absmax(g, n);
@@ -351,8 +355,8 @@ static void test_rmsnorm() {
             by[t * H + h] = 2.0 * tol_vs_double(TOL_K_RMS_FWD, H + 2.0) * fabs(x[t * H + h]) * rex *
                             (fabs(offset) + fabs(w[h]));
         }
-        std::string what = fmt("rmsnorm T=%lld H=%lld off=%d %s", (long long)T, (long long)H,
-                               off, wb ? "bf16 w" : "f32 w");
+        std::string what = fmt("rmsnorm T=%lld H=%lld off=%d %s", (long long)T, (long long)H, off,
+                               wb ? "bf16 w" : "f32 w");
         close(what + " y", y, yr, by, T * H);
         close("  rstd", rstd, rr, br, T);
         memcpy(rstd, rr, 4 * T);
@@ -450,8 +454,8 @@ static void test_embedding() {
       std::uniform_int_distribution<int64_t> U(0, 99), R(0, rows - 1);
       for (int64_t t = 0; t < T; t++) {
         int64_t r = U(rng);
-        ids[t] = r < 5   ? -1
-                 : r < 8 ? INT32_MIN + (int32_t)U(rng)
+        ids[t] = r < 5    ? -1
+                 : r < 8  ? INT32_MIN + (int32_t)U(rng)
                  : r < 10 ? INT32_MAX - (int32_t)U(rng)
                  : r < 18 ? (int32_t)(U(rng) % row0)
                  : r < 25 ? (int32_t)(row0 + rows + U(rng))
@@ -465,8 +469,8 @@ static void test_embedding() {
       float *out = pl.get<float>(T * H, 1), *ref = pl.get<float>(T * H);
       ok(kc_embedding_fwd(nullptr, ids, T, Wk, wb, row0, rows, H, scale, out), "embedding fwd");
       k_embedding_fwd(ids, T, Wk, wb, row0, rows, H, scale, ref);
-      std::string what = fmt("embedding T=%lld rows=%lld H=%lld %s", (long long)T,
-                             (long long)rows, (long long)H, wb ? "bf16" : "f32");
+      std::string what = fmt("embedding T=%lld rows=%lld H=%lld %s", (long long)T, (long long)rows,
+                             (long long)H, wb ? "bf16" : "f32");
       same(what + " fwd", out, ref, 4 * T * H);
       float *dout = rand_f(pl, T * H, 1.0f), *dW = rand_f(pl, rows * H, 1.0f, 1);
       float *dWr = pl.copy(dW, rows * H);
@@ -483,8 +487,7 @@ static void test_embedding() {
         for (int64_t h = 0; h < H; h++)
           bound[r * H + h] = cnt[r] ? 2.0 * tol_gamma(cnt[r] + 2.0) * bound[r * H + h] : 0.0;
       void *work = pl.get<char>((int64_t)kc_embedding_bwd_work(T));
-      ok(kc_embedding_bwd(nullptr, ids, T, dout, row0, rows, H, scale, dW, work),
-         "embedding bwd");
+      ok(kc_embedding_bwd(nullptr, ids, T, dout, row0, rows, H, scale, dW, work), "embedding bwd");
       k_embedding_bwd(ids, T, dout, row0, rows, H, scale, dWr);
       close("  bwd (+=, repeated and out-of-range ids)", dW, dWr, bound, rows * H);
     }
@@ -510,8 +513,9 @@ static void test_xent() {
     bool wide = T > 65535;  // rows beyond grid.y: the backward only (rowmax and sumexp
                             // run 1024-thread blocks, too slow to emulate 65,535 of)
     int32_t *y = pl.get<int32_t>(T, 1);
-    const int32_t ys[7] = {(int32_t)v0, (int32_t)(v0 + V - 1), -1, (int32_t)(v0 + V / 2), 3,
-                           (int32_t)(v0 + V + 7), (int32_t)(v0 + 1)};
+    const int32_t ys[7] = {
+        (int32_t)v0,           (int32_t)(v0 + V - 1), -1, (int32_t)(v0 + V / 2), 3,
+        (int32_t)(v0 + V + 7), (int32_t)(v0 + 1)};
     for (int64_t t = 0; t < T; t++) y[t] = ys[t % 7];
     float *lg = rand_f(pl, n, 6.0f, 1);
     float *mx = pl.get<float>(T, 1), *se = pl.get<float>(T), *tl = pl.get<float>(T, 1);
@@ -644,12 +648,18 @@ int main(int argc, char **argv) {
   struct {
     const char *name;
     void (*fn)();
-  } tests[] = {{"convert", test_convert},   {"add_scale", test_add_scale},
-               {"glu", test_glu},           {"bias_rows", test_bias_rows},
-               {"bias_grad", test_bias_grad}, {"reduce", test_reduce},
-               {"rmsnorm", test_rmsnorm},   {"rope", test_rope},
-               {"embedding", test_embedding}, {"xent", test_xent},
-               {"adamw", test_adamw},       {"launch_error", test_launch_error}};
+  } tests[] = {{"convert", test_convert},
+               {"add_scale", test_add_scale},
+               {"glu", test_glu},
+               {"bias_rows", test_bias_rows},
+               {"bias_grad", test_bias_grad},
+               {"reduce", test_reduce},
+               {"rmsnorm", test_rmsnorm},
+               {"rope", test_rope},
+               {"embedding", test_embedding},
+               {"xent", test_xent},
+               {"adamw", test_adamw},
+               {"launch_error", test_launch_error}};
   for (auto &t : tests)
     if (argc < 2 || !strcmp(argv[1], t.name)) t.fn();
   printf("%d failed checks; %zu blocks, %ld fiber switches\n", failures, emu_blocks_run,

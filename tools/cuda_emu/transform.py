@@ -2,8 +2,9 @@
 # emu.h (tools/cuda_emu): the CUDA headers become emu.h; kernel<<<...>>>(
 # becomes emu_launch(kernel, ...,; extern __shared__ arrays become the
 # block's dynamic shared memory and __shared__ arrays emu_shared buffers;
-# each kernel begins with emu_kernel_entry (below); attention.cu's inline-PTX wrappers (ldmatrix x4, its .trans
-# form, mma m16n8k16 bf16) call the emulations. Every rewrite must find
+# each kernel begins with emu_kernel_entry (below); attention.cu's
+# inline-PTX wrappers (ldmatrix x4, its .trans form, mma m16n8k16 bf16)
+# call the emulations. Every rewrite must find
 # what it expects (an assert fails otherwise), so a kernel source that
 # outgrows the emulator stops the build instead of compiling differently.
 # usage: transform.py in.cu out.cpp

@@ -12,7 +12,8 @@
 // KiB, __launch_bounds__) and refuse with cudaErrorInvalidConfiguration as
 // the device does. A kernel that transform.py found no barrier in runs its
 // threads one after the other on the scheduler's stack (much faster; a
-// barrier reached there aborts). mma and ldmatrix follow the PTX ISA's fragment layouts.
+// barrier reached there aborts). mma and ldmatrix follow the PTX ISA's
+// fragment layouts.
 #include "emu.h"
 
 #include <sanitizer/asan_interface.h>
@@ -193,10 +194,27 @@ static void run_block(unsigned nthreads, std::mt19937 &rng) {
   for (unsigned i = 0; i < nthreads; i++) order[i] = i;
   if (emu_order == 1) std::reverse(order.begin(), order.end());
   unsigned nw = (nthreads + 31) / 32;
+  std::vector<unsigned> ready;
   for (;;) {
-    if (emu_order == 2) std::shuffle(order.begin(), order.end(), rng);
-    for (unsigned i : order) {
-      EmuThread &t = threads[i];
+    // order 2: one warp chosen at random runs until each of its threads
+    // waits (a warp runs ahead of the others by whole barriers-free phases);
+    // else every thread that can run, in order
+    unsigned lo = 0, hi = nthreads;
+    if (emu_order == 2) {
+      ready.clear();
+      for (unsigned w = 0; w < nw; w++)
+        for (unsigned i = w * 32; i < std::min(nthreads, w * 32 + 32); i++)
+          if (threads[i].state == RUN) {
+            ready.push_back(w);
+            break;
+          }
+      if (!ready.empty()) {
+        lo = ready[rng() % ready.size()] * 32, hi = std::min(nthreads, lo + 32);
+        std::shuffle(order.begin() + lo, order.begin() + hi, rng);
+      }
+    }
+    for (unsigned k = lo; k < hi; k++) {
+      EmuThread &t = threads[order[k]];
       if (t.state != RUN) continue;
       cur = &t;
       void *fake = nullptr;
@@ -207,21 +225,24 @@ static void run_block(unsigned nthreads, std::mt19937 &rng) {
     }
     cur = nullptr;
     bool released = false;
-    unsigned ndone = 0, nblock = 0;
+    unsigned ndone = 0, nblock = 0, nrun = 0;
     for (unsigned w = 0; w < nw; w++) {
-      unsigned lo = w * 32, hi = std::min(nthreads, lo + 32), nwait = 0, wdone = 0;
-      for (unsigned i = lo; i < hi; i++) {
+      unsigned wlo = w * 32, whi = std::min(nthreads, wlo + 32), nwait = 0, wdone = 0;
+      const EmuThread *first = nullptr;  // the first lane waiting at a collective
+      for (unsigned i = wlo; i < whi; i++) {
         EmuThread &t = threads[i];
         if (t.state == WAIT_WARP) {
-          if (nwait && (t.nwarp != threads[lo].nwarp || t.op != threads[lo].op))
+          if (first && (t.nwarp != first->nwarp || t.op != first->op))
             die("lanes of a warp at different collectives");
+          first = first ? first : &t;
           nwait++;
         }
         wdone += t.state == DONE;
         nblock += t.state == WAIT_BLOCK;
+        nrun += t.state == RUN;
       }
       ndone += wdone;
-      if (nwait && hi - lo < 32) die("warp collective in a partial warp");
+      if (nwait && whi - wlo < 32) die("warp collective in a partial warp");
       if (nwait && wdone) die("warp collective with exited lanes");
       if (nwait == 32) {
         release_warp(w, nthreads);
@@ -229,8 +250,8 @@ static void run_block(unsigned nthreads, std::mt19937 &rng) {
       }
     }
     if (ndone == nthreads) break;
-    if (released) continue;
-    if (nblock + ndone == nthreads && ndone == 0) {
+    if (released || nrun) continue;
+    if (nblock == nthreads) {
       for (auto &t : threads)
         if (t.nblock != threads[0].nblock) die("threads at different __syncthreads");
       for (auto &t : threads) t.state = RUN;

@@ -216,9 +216,13 @@ void emu_launch(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_
 }
 
 /* ---- scheduling options (tests) -------------------------------------------- */
-// order of the threads between barriers and of the blocks: 0 ascending,
-// 1 descending, 2 shuffled with emu_seed (a race or missing barrier shows as
-// results that depend on it)
+// How the scheduler orders the threads of a block (and the blocks): 0 every
+// thread that can run, ascending, then the next round; 1 the same descending;
+// 2 one warp at a time, chosen at random with emu_seed, each until all its
+// threads wait (blocks shuffled). A race or a missing barrier shows as
+// results that depend on the order; 2 lets a warp run ahead of the others
+// by whole phases between block barriers, which 0 and 1 (all warps advance
+// one collective per round) do not.
 extern int emu_order;
 extern unsigned emu_seed;
 extern long emu_switches;      // fiber switches so far

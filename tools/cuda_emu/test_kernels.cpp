@@ -21,7 +21,8 @@
 // FMA rounding once where the count has two), so they differ by at most
 // twice it. The emulated kernels call glibc's libm, the device's is within
 // TOL_LIBM too. Each check prints its worst error/bound; the exit status is
-// the number of failed checks.
+// nonzero when any failed. usage: test_kernels [convert|add_scale|glu|...]
+// (one group of checks; none: all).
 #include <stdarg.h>
 
 #include <cmath>

@@ -14,6 +14,19 @@
 // threads one after the other on the scheduler's stack (much faster; a
 // barrier reached there aborts). mma and ldmatrix follow the PTX ISA's
 // fragment layouts.
+//
+// Not emulated: a data race between two barriers is seen only through
+// results that change with the scheduling order (fibers switch at barriers
+// and collectives alone, so a plain read-modify-write is never torn, and
+// memory is the host's: no caches, no fences, no visibility delays);
+// collectives on partial masks or widths other than 32 (they abort, the
+// kernels use none); registers, occupancy, __launch_bounds__'s minimum
+// blocks; streams (every launch runs to completion at once, in order, so
+// asynchronous errors and inter-stream ordering are not exercised); the
+// device's arithmetic: libm is glibc's, nvcc's FMA contraction is the host
+// compiler's, and mma sums each 16-term product exactly and rounds once,
+// where tensor cores truncate per block (the bounds cover both, the bits
+// differ from a GPU's); cp.async, TMA, wgmma (the kernels use none).
 #include "emu.h"
 
 #include <sanitizer/asan_interface.h>

@@ -644,6 +644,49 @@ static void test_launch_error() {
   if (e != cudaErrorInvalidValue || name) failures++;
 }
 
+/* ---- the emulator's launch limits (sm_90), on a kernel of this file: each
+ * launch the device refuses is refused, the largest it takes runs ---------- */
+static int probe_runs;
+static void probe(int) {
+  if (emu_kernel_entry(false, 64)) return;  // as __launch_bounds__(64)
+  probe_runs++;
+}
+static void test_emulator() {
+  printf("emulator launch limits\n");
+  struct {
+    const char *what;
+    dim3 grid, block;
+    size_t smem;
+    int attr;  // MaxDynamicSharedMemorySize set first (0: none)
+    bool runs;
+  } cases[] = {
+      {"grid (1, 65535, 2), block 64", dim3(1, 65535, 2), dim3(64), 0, 0, true},
+      {"grid.y 65536", dim3(1, 65536), dim3(32), 0, 0, false},
+      {"grid.z 65536", dim3(1, 1, 65536), dim3(32), 0, 0, false},
+      {"grid.x 2^31", dim3(2147483648u), dim3(32), 0, 0, false},
+      {"block 65 > __launch_bounds__(64)", dim3(1), dim3(65), 0, 0, false},
+      {"shared 48 KiB", dim3(1), dim3(32), 49152, 0, true},
+      {"shared 48 KiB + 1 without the attribute", dim3(1), dim3(32), 49153, 0, false},
+      {"shared 227 KiB with the attribute", dim3(1), dim3(32), 232448, 232448, true},
+      {"shared above the attribute", dim3(1), dim3(32), 100001, 100000, false},
+  };
+  for (auto &c : cases) {
+    probe_runs = 0;
+    if (c.attr)
+      ok(cudaFuncSetAttribute(probe, cudaFuncAttributeMaxDynamicSharedMemorySize, c.attr),
+         "cudaFuncSetAttribute");
+    emu_launch(probe, c.grid, c.block, c.smem, nullptr, 0);
+    cudaError_t e = cudaGetLastError();
+    uint64_t threads = (uint64_t)c.grid.x * c.grid.y * c.grid.z * c.block.x;
+    bool ran = e == cudaSuccess && (uint64_t)probe_runs == threads;
+    printf("  %-52s %s\n", c.what, ran ? "runs" : "refused");
+    if (ran != c.runs || (!ran && e != cudaErrorInvalidConfiguration)) failures++;
+  }
+  cudaError_t e = cudaFuncSetAttribute(probe, cudaFuncAttributeMaxDynamicSharedMemorySize, 232449);
+  printf("  %-52s %s\n", "the attribute above 227 KiB", e == cudaSuccess ? "taken" : "refused");
+  if (e != cudaErrorInvalidValue) failures++;
+}
+
 int main(int argc, char **argv) {
   emu_order = 2;  // threads and blocks shuffled: a race or a missing barrier changes results
   struct {
@@ -660,7 +703,8 @@ int main(int argc, char **argv) {
                {"embedding", test_embedding},
                {"xent", test_xent},
                {"adamw", test_adamw},
-               {"launch_error", test_launch_error}};
+               {"launch_error", test_launch_error},
+               {"emulator", test_emulator}};
   for (auto &t : tests)
     if (argc < 2 || !strcmp(argv[1], t.name)) t.fn();
   printf("%d failed checks; %zu blocks, %ld fiber switches\n", failures, emu_blocks_run,

@@ -438,8 +438,9 @@ static void test_rope() {
 
 /* ---- embedding: forward bitwise (scale·W[id - row0], one product, or 0);
  * backward (+=): dW0 plus the c tokens of a row, c + 1 terms of one product
- * each (R2): gamma_{c+2}·(|dW0| + sum |scale·dout|), twice; a row no id
- * hits (c = 0) is left as it was: bound 0 ------------------------------------ */
+ * each (R2): gamma_{c+2}·(|dW0| + sum |scale·dout|), twice, against the CPU
+ * (whose build may contract to FMA); a row no id hits (c = 0) is left as it
+ * was: bound 0; and bitwise the fp32 sum in token order kernels.h promises -- */
 static void test_embedding() {
   printf("embedding\n");
   // T, rows, H: repeats in one sort tile, several tiles, rows above 2^16 (3
@@ -488,9 +489,16 @@ static void test_embedding() {
         for (int64_t h = 0; h < H; h++)
           bound[r * H + h] = cnt[r] ? 2.0 * tol_gamma(cnt[r] + 2.0) * bound[r * H + h] : 0.0;
       void *work = pl.get<char>((int64_t)kc_embedding_bwd_work(T));
+      // kernels.h: each row's tokens added one at a time in token order, in
+      // fp32: exactly this sequence (no contraction here or in the kernel)
+      float *dWs = pl.copy(dW, rows * H);
+      for (int64_t t = 0; t < T; t++)
+        if (ids[t] >= row0 && ids[t] < row0 + rows)
+          for (int64_t h = 0; h < H; h++) dWs[(ids[t] - row0) * H + h] += scale * dout[t * H + h];
       ok(kc_embedding_bwd(nullptr, ids, T, dout, row0, rows, H, scale, dW, work), "embedding bwd");
       k_embedding_bwd(ids, T, dout, row0, rows, H, scale, dWr);
       close("  bwd (+=, repeated and out-of-range ids)", dW, dWr, bound, rows * H);
+      same("  bwd in token order (the sort is stable)", dW, dWs, 4 * rows * H);
     }
 }
 

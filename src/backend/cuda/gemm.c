@@ -1,11 +1,8 @@
 /* The CUDA backend's GEMM (cuda.h): ml_gemm on cuBLASLt.
  *
- * Layout. ml_gemm is row-major; cuBLASLt is column-major. A row-major [r, c]
- * matrix with stride ld is the column-major [c, r] matrix with the same ld,
- * so C [M, N] = op(A)·op(B) row-major is C^T [N, M] = op(B)^T·op(A)^T
- * column-major: cuBLASLt's A is our B (transposed iff trans_b), its B is
- * our A (transposed iff trans_a), m = N, n = M, k = K, and the bias
- * epilogue's vector (one value per row of the column-major D) is our [N].
+ * Layout: ml_gemm is row-major, cuBLASLt column-major; gemm_map.h maps one
+ * onto the other (cuBLASLt's A is our B, its B our A, m = N, n = M), and
+ * the bias epilogue's vector is our [N].
  *
  * Types. fp32 compute: fp32 operands, CUBLAS_COMPUTE_32F — never TF32 (the
  * parity mode). bf16 compute: bf16 operands (fp32 ones rounded into pool
@@ -22,6 +19,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda.h"
+#include "backend/cuda/gemm_map.h"
 #include "common/status.h"
 #include "kernels/cuda/kernels.h"
 
@@ -33,7 +31,7 @@ enum {
 typedef struct key {
   int64_t M, N, K, lda, ldb, ldc;
   int ta, tb, bf16, bias;
-  int align_a, align_b, align_c; /* bytes, a power of two <= 256 */
+  int align_a, align_b, align_c; /* of cuBLASLt's A, B, C: bytes, a power of two <= 256 */
 } key;
 
 typedef struct entry {
@@ -82,9 +80,12 @@ static int set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, co
 static int entry_build(ml_cuda_gemm *g, const key *k, entry *e) {
   memset(e, 0, sizeof *e);
   e->k = *k;
+  ml_gemm shape = {.trans_a = k->ta, .trans_b = k->tb, .M = k->M, .N = k->N, .K = k->K,
+                   .lda = k->lda, .ldb = k->ldb, .ldc = k->ldc};
+  ml_lt_gemm l = ml_lt_gemm_of(&shape);
   cudaDataType_t in = k->bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  cublasOperation_t opa = k->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasOperation_t opb = k->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t opa = l.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t opb = l.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   int rc = lt_check(cublasLtMatmulDescCreate(&e->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                     "cublasLtMatmulDescCreate");
   if (!rc)
@@ -96,22 +97,18 @@ static int entry_build(ml_cuda_gemm *g, const key *k, entry *e) {
     rc = set_attr(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep) ||
          set_attr(e->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
   }
-  /* column-major shapes: A' = our B, op N: [N, K]; op T: stored [K, N]; B' = our A, op N:
-   * [K, M]; op T: stored [M, K]; C = [N, M] */
   if (!rc)
-    rc = lt_check(cublasLtMatrixLayoutCreate(&e->la, in, k->tb ? k->K : k->N,
-                                             k->tb ? k->N : k->K, k->ldb),
+    rc = lt_check(cublasLtMatrixLayoutCreate(&e->la, in, l.a_rows, l.a_cols, l.lda),
                   "cublasLtMatrixLayoutCreate") ||
-         lt_check(cublasLtMatrixLayoutCreate(&e->lb, in, k->ta ? k->M : k->K,
-                                             k->ta ? k->K : k->M, k->lda),
+         lt_check(cublasLtMatrixLayoutCreate(&e->lb, in, l.b_rows, l.b_cols, l.ldb),
                   "cublasLtMatrixLayoutCreate") ||
-         lt_check(cublasLtMatrixLayoutCreate(&e->lc, CUDA_R_32F, k->N, k->M, k->ldc),
+         lt_check(cublasLtMatrixLayoutCreate(&e->lc, CUDA_R_32F, l.c_rows, l.c_cols, l.ldc),
                   "cublasLtMatrixLayoutCreate");
   cublasLtMatmulPreference_t pref = NULL;
   if (!rc) rc = lt_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
   if (!rc) {
     size_t ws = WORKSPACE_BYTES;
-    uint32_t al[4] = {(uint32_t)k->align_b, (uint32_t)k->align_a, (uint32_t)k->align_c,
+    uint32_t al[4] = {(uint32_t)k->align_a, (uint32_t)k->align_b, (uint32_t)k->align_c,
                       (uint32_t)k->align_c};
     cublasLtMatmulPreferenceAttributes_t at[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
@@ -206,14 +203,16 @@ int ml_cuda_gemm_run(ml_cuda_gemm *g, const ml_gemm *a) {
                    a->lda, &A, &mem[0]) ||
            to_bf16(g, a->B, a->b_type, a->trans_b ? a->N : a->K, a->trans_b ? a->K : a->N,
                    a->ldb, &B, &mem[1]);
-    k.align_a = align_of(A), k.align_b = align_of(B), k.align_c = align_of(a->C);
+    const void *lt_a, *lt_b; /* cuBLASLt's A and B */
+    ml_lt_operands(A, B, &lt_a, &lt_b);
+    k.align_a = align_of(lt_a), k.align_b = align_of(lt_b), k.align_c = align_of(a->C);
     entry *e = rc ? NULL : lookup(g, &k);
     if (!rc && !e) rc = -1;
     if (!rc && bias) rc = set_attr(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
     if (!rc) {
       float alpha = 1.0f, beta = a->accumulate ? 1.0f : 0.0f;
-      rc = lt_check(cublasLtMatmul(g->lt, e->desc, &alpha, B, e->la, A, e->lb, &beta, a->C, e->lc,
-                                   a->C, e->lc, &e->algo, g->workspace, WORKSPACE_BYTES,
+      rc = lt_check(cublasLtMatmul(g->lt, e->desc, &alpha, lt_a, e->la, lt_b, e->lb, &beta, a->C,
+                                   e->lc, a->C, e->lc, &e->algo, g->workspace, WORKSPACE_BYTES,
                                    g->stream),
                     "cublasLtMatmul");
     }

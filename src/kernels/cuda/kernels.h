@@ -146,7 +146,10 @@ cudaError_t kc_adamw(cudaStream_t st, float *p, const float *g, float *m, float 
  * when window > 0, j > i − window; scores = scale · q·k^T; softmax in
  * fp32. bf16: q, k, v, P and (backward) dout, dS enter every product
  * rounded to bf16 with fp32 accumulation (SDPA under autocast(bfloat16)),
- * as the CPU kernel's lp path; else fp32 products. hd <= 256. */
+ * as the CPU kernel's lp path; else fp32 products. hd a multiple of 8 from
+ * 8 to 256, nh a multiple of nkv, S < 2^30, q, k, v, out (backward: dout,
+ * dq, dk, dv too) 16-byte aligned; else cudaErrorInvalidValue before any
+ * launch (kc_failed_kernel() NULL). */
 /* out [B·S, nh, hd]; lse [B, nh, S] (fp32 log-sum-exp of each query's
  * scaled scores) saved for the backward. */
 cudaError_t kc_attention_fwd(cudaStream_t st, const float *q, const float *k, const float *v,

@@ -1,0 +1,721 @@
+// Every kernel of src/kernels/cuda but attention (test_attention.cpp), run
+// on the CPU under tools/cuda_emu's emulator (AddressSanitizer, UBSan),
+// against its counterpart in src/kernels/cpu (or tensor/dtype.c for the
+// conversions) on edge shapes: n % 4 != 0, pointers one element past an
+// aligned address (a vector access there would be a misaligned float4/uint2
+// load, which UBSan stops), more than 65,535 rows (the row kernels' grids
+// stop at 65,535 blocks and loop; xent_bwd's rows are grid.y), odd vocab
+// shards, targets and ids outside the shard (below, above, -1: kernels.h
+// says they give zeros / no gradient / weight 0), embedding tables above
+// 2^16 rows (three radix passes), the grid-stride loops past their 4096
+// blocks, outputs aliasing inputs where kernels.h allows it. Every output
+// buffer starts as NaN so that an element left unwritten shows; threads and
+// blocks run in shuffled orders, so that a race or a missing barrier shows.
+//
+// Tolerances are those tests/cuda/test_cuda_ops.c derives for the CUDA
+// backend against the CPU backend, from tests/tolerance.h (R1-R5, §1, §5):
+// where both sides perform the same correctly rounded operations on the same
+// operands the results must be bitwise equal and are compared so; elsewhere
+// each side is within tolerance.h's bound of the exact value (the kernels
+// repeat the CPU kernels' expressions operation for operation, a contracted
+// FMA rounding once where the count has two), so they differ by at most
+// twice it. The emulated kernels call glibc's libm, the device's is within
+// TOL_LIBM too. Each check prints its worst error/bound; the exit status is
+// nonzero when any failed. usage: test_kernels [convert|add_scale|glu|...]
+// (one group of checks; none: all).
+#include <stdarg.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "emu.h"
+#include "kernels/cuda/kernels.h"
+extern "C" {
+#include "kernels/cpu/kernels.h"
+#include "tensor/dtype.h"
+}
+#include "tolerance.h"
+
+static int failures = 0;
+static std::mt19937_64 rng(20261126);
+
+/* ---- buffers ---------------------------------------------------------------
+ * Exact-size heap blocks (AddressSanitizer sees one element past the end),
+ * 16-byte aligned by malloc; `off` elements in (off 1: misaligned for every
+ * vector access). Freed at the end of each check. */
+struct Pool {
+  std::vector<void *> blocks;
+  template <class T>
+  T *get(int64_t n, int off = 0) {
+    size_t bytes = sizeof(T) * (size_t)(n + off);
+    void *p = malloc(bytes ? bytes : 1);
+    if ((uintptr_t)p % 16) abort();
+    memset(p, 0xFF, bytes);  // NaN as fp32 and bf16, -1 as int
+    blocks.push_back(p);
+    return (T *)p + off;
+  }
+  template <class T>
+  T *copy(const T *src, int64_t n, int off = 0) {
+    T *p = get<T>(n, off);
+    memcpy(p, src, sizeof(T) * (size_t)n);
+    return p;
+  }
+  ~Pool() {
+    for (void *p : blocks) free(p);
+  }
+};
+
+static float *rand_f(Pool &pl, int64_t n, float scale, int off = 0) {
+  std::uniform_real_distribution<float> U(-scale, scale);
+  float *p = pl.get<float>(n, off);
+  for (int64_t i = 0; i < n; i++) p[i] = U(rng);
+  return p;
+}
+
+static void ok(cudaError_t e, const char *what) {
+  if (e != cudaSuccess) {
+    printf("  %-52s launch error %d\n", what, (int)e);
+    failures++;
+  }
+}
+
+/* ---- comparisons ------------------------------------------------------------ */
+
+static void same(const std::string &what, const void *got, const void *ref, size_t bytes) {
+  const unsigned char *g = (const unsigned char *)got, *r = (const unsigned char *)ref;
+  size_t at = 0;
+  while (at < bytes && g[at] == r[at]) at++;
+  printf("  %-52s %s\n", what.c_str(), at == bytes ? "bitwise equal" : "DIFFERENT");
+  if (at < bytes) {
+    printf("    byte %zu: 0x%02x, expected 0x%02x\n", at, g[at], r[at]);
+    failures++;
+  }
+}
+
+// |got_i - ref_i| <= bound_i (NaN never within; a zero bound asks equality)
+static void close(const std::string &what, const float *got, const float *ref,
+                  const std::vector<double> &bound, int64_t n) {
+  double worst = 0;
+  int64_t bad = -1;
+  for (int64_t i = 0; i < n; i++) {
+    double d = fabs((double)got[i] - ref[i]);
+    if (!(d <= bound[i])) {
+      if (bad < 0) bad = i;
+      worst = INFINITY;
+    } else if (bound[i] > 0) {
+      worst = std::max(worst, d / bound[i]);
+    }
+  }
+  printf("  %-52s error/bound %.3g\n", what.c_str(), worst);
+  if (bad >= 0) {
+    printf("    element %lld: %.9g, expected %.9g within %.3g\n", (long long)bad, got[bad],
+           ref[bad], bound[bad]);
+    failures++;
+  }
+}
+
+static std::string fmt(const char *f, ...) __attribute__((format(printf, 1, 2)));
+static std::string fmt(const char *f, ...) {
+  char b[160];
+  va_list ap;
+  va_start(ap, f);
+  vsnprintf(b, sizeof b, f, ap);
+  va_end(ap);
+  return b;
+}
+
+/* ---- conversions: bitwise (tensor/dtype's integer arithmetic, ported) ------ */
+static void test_convert() {
+  printf("conversions\n");
+  const int64_t n = 65536 + 3;  // every 16-bit pattern, then 3 more
+  for (int off = 0; off < 2; off++) {
+    Pool pl;
+    std::uniform_int_distribution<uint32_t> bits;
+    float *x = pl.get<float>(n, off), *ref = pl.get<float>(n);
+    const uint32_t special[] = {0x7fc00000u, 0xffc00001u, 0x7f800000u, 0xff800000u, 0x7f7fffffu,
+                                0x00000001u, 0x80000000u, 0x3f808000u, 0x3f818000u, 0x33000000u,
+                                0x387fe000u, 0x477ff000u, 0x38800000u, 0x7f7f8000u};
+    for (int64_t i = 0; i < n; i++) {
+      uint32_t u = i < 14  ? special[i]
+                   : i % 3 ? bits(rng)
+                           : (bits(rng) & 0x87ffffffu) | 0x30000000u;
+      memcpy(&x[i], &u, 4);
+    }
+    uint16_t *h = pl.get<uint16_t>(n, off), *href = pl.get<uint16_t>(n);
+    ok(kc_f32_to_bf16(nullptr, x, h, n), "f32_to_bf16");
+    for (int64_t i = 0; i < n; i++) href[i] = ml_f32_to_bf16(x[i]);
+    same(fmt("f32 -> bf16 n=%lld off=%d", (long long)n, off), h, href, 2 * n);
+    ok(kc_f32_to_f16(nullptr, x, h, n), "f32_to_f16");
+    for (int64_t i = 0; i < n; i++) href[i] = ml_f32_to_f16(x[i]);
+    same("f32 -> f16", h, href, 2 * n);
+    for (int64_t i = 0; i < n; i++) h[i] = (uint16_t)i;  // all patterns
+    float *y = pl.get<float>(n, 1 - off);
+    ok(kc_bf16_to_f32(nullptr, h, y, n), "bf16_to_f32");
+    for (int64_t i = 0; i < n; i++) ref[i] = ml_bf16_to_f32(h[i]);
+    same("bf16 -> f32 (every pattern)", y, ref, 4 * n);
+    ok(kc_f16_to_f32(nullptr, h, y, n), "f16_to_f32");
+    for (int64_t i = 0; i < n; i++) ref[i] = ml_f16_to_f32(h[i]);
+    same("f16 -> f32 (every pattern)", y, ref, 4 * n);
+    memcpy(ref, x, 4 * n);
+    ml_round_bf16(ref, (size_t)n);
+    ok(kc_round_bf16(nullptr, x, n), "round_bf16");
+    same("round_bf16 (in place)", x, ref, 4 * n);
+  }
+}
+
+/* ---- add, scale: one correctly rounded operation each: bitwise ------------- */
+static void test_add_scale() {
+  printf("add, scale\n");
+  // 4096 blocks x 256 threads x 4 = 4194304 elements before the grid strides
+  const int64_t sizes[] = {1, 5, 4099, 70001, 4194304 + 5};
+  for (int64_t n : sizes)
+    for (int off = 0; off < 3; off++) {
+      if (n > 70001 && off) continue;
+      Pool pl;
+      int oy = off & 1, ox = off >> 1;  // y misaligned, then x
+      float *x = rand_f(pl, n, 3.0f, ox), *y = rand_f(pl, n, 1.0f, oy);
+      float *yr = pl.copy(y, n), *xr = pl.copy(x, n);
+      ok(kc_add(nullptr, y, x, n), "add");
+      k_add(yr, xr, n);
+      same(fmt("add n=%lld y+%d x+%d", (long long)n, oy, ox), y, yr, 4 * n);
+      ok(kc_scale(nullptr, x, n, -0.37f), "scale");
+      k_scale(xr, n, -0.37f);
+      same(fmt("scale n=%lld x+%d", (long long)n, ox), x, xr, 4 * n);
+    }
+}
+
+/* ---- gated activation: tolerance.h §1 (GLU) for either side, twice -------- */
+static void test_glu() {
+  printf("glu\n");
+  const double beta = 0.7978845608028654, kappa = 0.044715;
+  for (int act = 0; act < 2; act++)
+    for (int64_t n : {7, 4099})
+      for (int off = 0; off < 2; off++) {
+        Pool pl;
+        ml_glu_act a = act ? ML_GLU_GELU_TANH : ML_GLU_SILU;
+        float *g = rand_f(pl, n, 8.0f, off), *u = rand_f(pl, n, 1.0f),
+              *dh = rand_f(pl, n, 1.0f, off);
+        float *h = pl.get<float>(n, 1 - off), *dg = pl.get<float>(n), *du = pl.get<float>(n, off);
+        float *hr = pl.get<float>(n), *dgr = pl.get<float>(n), *dur = pl.get<float>(n);
+        ok(kc_glu_fwd(nullptr, g, u, h, n, a), "glu fwd");
+        ok(kc_glu_bwd(nullptr, dh, g, u, dg, du, n, a), "glu bwd");
+        k_glu_fwd(g, u, hr, n, a);
+        k_glu_bwd(dh, g, u, dgr, dur, n, a);
+        std::vector<double> bh(n), bg(n), bu(n);
+        for (int64_t i = 0; i < n; i++) {
+          double x = g[i], au = fabs(u[i]), ad = fabs(dh[i]), fw, gr, dv;
+          if (a == ML_GLU_SILU) {
+            double s = 1.0 / (1.0 + exp(-x));
+            fw = TOL_K_GLU_SILU_FWD, gr = TOL_K_GLU_SILU_DG;
+            bh[i] = fabs(x) * s * au;
+            bg[i] = ad * au * s * (1 + fabs(x) * (1 + s));
+            dv = fabs(x) * s;
+          } else {
+            double inner = beta * (x + kappa * x * x * x), th = tanh(inner), t2 = 1 - th * th;
+            double G = 0.5 * fabs(x) * (1 + fabs(th) + t2 * fabs(inner));
+            fw = TOL_K_GLU_GELU_FWD, gr = TOL_K_GLU_GELU_DG;
+            bh[i] = au * G;
+            bg[i] = ad * au *
+                    (0.5 * (1 + fabs(th) + t2 * fabs(inner)) +
+                     0.5 * fabs(x) * (1 + th * th + 2 * fabs(th) * (fabs(th) + t2 * fabs(inner))) *
+                         beta * (1 + 3 * kappa * x * x));
+            dv = G;
+          }
+          bh[i] *= 2.0 * tol_gamma(fw);
+          bg[i] *= 2.0 * tol_gamma(gr);
+          bu[i] = 2.0 * tol_gamma(TOL_K_GLU_DU) * ad * dv;
+        }
+        close(fmt("glu %s n=%lld off=%d h", act ? "gelu" : "silu", (long long)n, off), h, hr, bh,
+              n);
+        close("  dg", dg, dgr, bg, n);
+        close("  du", du, dur, bu, n);
+      }
+}
+
+/* ---- the GEMM's bias rows: C + bias, one correctly rounded add: bitwise;
+ * the columns past N of each row (ldc > N) untouched ------------------------ */
+static void test_bias_rows() {
+  printf("add_bias_rows\n");
+  const int64_t shapes[][3] = {{1, 1, 1}, {7, 13, 15}, {70000, 3, 5}};  // M, N, ldc
+  for (auto &s : shapes) {
+    Pool pl;
+    int64_t M = s[0], N = s[1], ldc = s[2];
+    float *C = rand_f(pl, M * ldc, 1.0f, 1), *bias = rand_f(pl, N, 1.0f, 1);
+    float *ref = pl.copy(C, M * ldc);
+    for (int64_t r = 0; r < M; r++)
+      for (int64_t c = 0; c < N; c++) ref[r * ldc + c] += bias[c];
+    ok(kc_add_bias_rows(nullptr, C, ldc, M, N, bias), "add_bias_rows");
+    same(fmt("add_bias_rows M=%lld N=%lld ldc=%lld", (long long)M, (long long)N, (long long)ldc), C,
+         ref, 4 * M * ldc);
+  }
+}
+
+/* ---- bias gradient: each side sums in fp64 (gamma64_T), converts (1), adds to
+ * db (1): tol_vs_double(TOL_K_LINEAR_DB, T) of |db0| + sum_t |dy|, twice ---- */
+static void test_bias_grad() {
+  printf("bias_grad\n");
+  const int64_t shapes[][2] = {{1, 1}, {7, 13}, {300, 1030}, {70000, 3}};
+  for (auto &s : shapes) {
+    Pool pl;
+    int64_t T = s[0], N = s[1];
+    float *dy = rand_f(pl, T * N, 1.0f, 1), *db = rand_f(pl, N, 1.0f, 1);
+    float *ref = pl.copy(db, N);
+    void *work = pl.get<char>((int64_t)kc_bias_grad_work(T, N));
+    ok(kc_bias_grad(nullptr, dy, T, N, db, work), "bias_grad");
+    std::vector<double> bound(N);
+    for (int64_t j = 0; j < N; j++) {
+      double a = fabs(ref[j]);
+      for (int64_t t = 0; t < T; t++) a += fabs(dy[t * N + j]);
+      bound[j] = 2.0 * tol_vs_double(TOL_K_LINEAR_DB, (double)T) * a;
+    }
+    k_bias_grad(dy, T, N, ref);
+    close(fmt("bias_grad T=%lld N=%lld (+=)", (long long)T, (long long)N), db, ref, bound, N);
+  }
+}
+
+/* ---- norms and the non-finite search: sumsq 2·gamma64_n·sum g² (fp64 sums
+ * of exact squares, any order); absmax and has_nonfinite exact; n = 0 gives
+ * 0 on both ------------------------------------------------------------------ */
+static void test_reduce() {
+  printf("sumsq, absmax, has_nonfinite\n");
+  // 262144 quads fill the 1024 blocks of 256 threads: beyond, the threads stride
+  for (int64_t n : {0, 1, 1000, 70001, 262144 * 4 + 3})
+    for (int off = 0; off < 2; off++) {
+      bool big = n > 70001;  // one run of each: 1024 blocks of 256 fibers
+      if (big && off) continue;
+      Pool pl;
+      float *g = rand_f(pl, n, 3.0f, off);
+      void *work = pl.get<char>((int64_t)kc_reduce_work(n));
+      double *d = pl.get<double>(1);
+      int *f = pl.get<int>(1);
+      ok(kc_sumsq(nullptr, g, n, d, work), "sumsq");
+      double ss = k_sumsq(g, n), b = 2.0 * tol_gamma64((double)n) * ss;
+      printf("  %-52s |diff| %.3g, bound %.3g\n",
+             fmt("sumsq n=%lld off=%d", (long long)n, off).c_str(), fabs(*d - ss), b);
+      if (!(fabs(*d - ss) <= b)) failures++;
+      ok(kc_absmax(nullptr, g, n, d, work), "absmax");
+      double am = k_absmax(g, n);
+      same("  absmax", d, &am, 8);
+      for (int pos = big ? 2 : 0; pos < 3 + !big && n > 0; pos++) {
+        int64_t at = pos == 0 ? 0 : pos == 1 ? n / 2 : n - 1;
+        float saved = g[at];
+        if (pos < 3) g[at] = pos == 1 ? -INFINITY : NAN;
+        ok(kc_has_nonfinite(nullptr, g, n, f, work), "has_nonfinite");
+        int want = k_has_nonfinite(g, n);
+        same(fmt("  has_nonfinite (%s)", pos < 3 ? "one at first/middle/last" : "none"), f, &want,
+             4);
+        ok(kc_absmax(nullptr, g, n, d, work), "absmax");
+        am = k_absmax(g, n);
+        same("  absmax (NaN: +inf)", d, &am, 8);
+        g[at] = saved;
+      }
+      if (n == 0) {
+        ok(kc_has_nonfinite(nullptr, g, n, f, work), "has_nonfinite");
+        int want = 0;
+        same("  has_nonfinite of nothing", f, &want, 4);
+      }
+    }
+}
+
+/* ---- RMSNorm: tolerance.h §1 (TOL_K_RMS_*) for either side, twice; the
+ * backward from the CPU's rstd on both; y aliasing x and dx aliasing dy
+ * repeat the results without aliasing bitwise -------------------------------- */
+static void test_rmsnorm() {
+  printf("rmsnorm\n");
+  const int64_t shapes[][2] = {{1, 1}, {3, 7}, {5, 64}, {2, 1030}, {65537, 3}};
+  const float eps = 1e-6f;
+  int c = 0;
+  for (auto &s : shapes)
+    for (int off = 0; off < 2; off++)
+      for (int wb = 0; wb < 2; wb++, c++) {
+        int64_t T = s[0], H = s[1];
+        if (T > 65535 && (off || wb)) continue;  // one run of the wide grid
+        Pool pl;
+        float offset = (float)off;
+        bool with_dw = c % 2 == 0;
+        float *x = rand_f(pl, T * H, 2.0f, off), *w = rand_f(pl, H, 1.0f);
+        float *dy = rand_f(pl, T * H, 1.0f, 1 - off), *dw = rand_f(pl, H, 1.0f, off);
+        uint16_t *wh = pl.get<uint16_t>(H, off);
+        for (int64_t h = 0; h < H; h++) wh[h] = ml_f32_to_bf16(w[h]);
+        if (wb)
+          for (int64_t h = 0; h < H; h++) w[h] = ml_bf16_to_f32(wh[h]);
+        const void *wk = wb ? (const void *)wh : (const void *)w;
+        float *y = pl.get<float>(T * H, 1 - off), *rstd = pl.get<float>(T, off);
+        float *yr = pl.get<float>(T * H), *rr = pl.get<float>(T);
+        ok(kc_rmsnorm_fwd(nullptr, x, wk, wb, offset, eps, y, rstd, T, H), "rmsnorm fwd");
+        k_rmsnorm_fwd(x, w, offset, eps, yr, rr, T, H);
+        std::vector<double> by(T * H), br(T);
+        for (int64_t t = 0; t < T; t++) {
+          double ss = 0;
+          for (int64_t h = 0; h < H; h++) ss += (double)x[t * H + h] * x[t * H + h];
+          double rex = 1.0 / sqrt(ss / (double)H + eps);
+          br[t] = 2.0 * tol_vs_double(TOL_K_RMS_RSTD, H + 2.0) * rex;
+          for (int64_t h = 0; h < H; h++)
+            by[t * H + h] = 2.0 * tol_vs_double(TOL_K_RMS_FWD, H + 2.0) * fabs(x[t * H + h]) * rex *
+                            (fabs(offset) + fabs(w[h]));
+        }
+        std::string what = fmt("rmsnorm T=%lld H=%lld off=%d %s", (long long)T, (long long)H, off,
+                               wb ? "bf16 w" : "f32 w");
+        close(what + " y", y, yr, by, T * H);
+        close("  rstd", rstd, rr, br, T);
+        memcpy(rstd, rr, 4 * T);
+        float *dx = pl.get<float>(T * H, off), *dxr = pl.get<float>(T * H);
+        float *dwr = pl.copy(dw, H), *dw0 = pl.copy(dw, H);
+        void *work = pl.get<char>((int64_t)kc_rmsnorm_bwd_work(T, H));
+        ok(kc_rmsnorm_bwd(nullptr, dy, x, wk, wb, offset, rstd, dx, with_dw ? dw : nullptr, T, H,
+                          work),
+           "rmsnorm bwd");
+        k_rmsnorm_bwd(dy, x, w, offset, rr, dxr, with_dw ? dwr : nullptr, T, H);
+        std::vector<double> bdx(T * H), bdw(H);
+        for (int64_t h = 0; h < H; h++) bdw[h] = fabs(dw0[h]);
+        for (int64_t t = 0; t < T; t++) {
+          double dot = 0, rt = rr[t];
+          for (int64_t h = 0; h < H; h++)
+            dot += fabs((double)dy[t * H + h] * (offset + (double)w[h]) * x[t * H + h]);
+          for (int64_t h = 0; h < H; h++) {
+            double we = fabs(offset + (double)w[h]);
+            bdx[t * H + h] = 2.0 * tol_vs_double(TOL_K_RMS_DX, H + 2.0) *
+                             (rt * we * fabs(dy[t * H + h]) +
+                              fabs(x[t * H + h]) * dot * rt * rt * rt / (double)H);
+            bdw[h] += fabs((double)dy[t * H + h] * x[t * H + h]) * rt;
+          }
+        }
+        for (int64_t h = 0; h < H; h++) bdw[h] *= 2.0 * tol_vs_double(TOL_K_RMS_DW, T + 1.0);
+        close("  dx", dx, dxr, bdx, T * H);
+        if (with_dw)
+          close("  dw (+=)", dw, dwr, bdw, H);
+        else
+          same("  dw NULL: untouched", dw, dw0, 4 * H);
+        if (T > 65535) continue;
+        // dx aliasing dy, y aliasing x: the same arithmetic
+        float *dw2 = pl.copy(dw0, H);
+        ok(kc_rmsnorm_bwd(nullptr, dy, x, wk, wb, offset, rstd, dy, with_dw ? dw2 : nullptr, T, H,
+                          work),
+           "rmsnorm bwd in place");
+        same("  dx aliasing dy", dy, dx, 4 * T * H);
+        same("  dw with dx aliasing dy", dw2, with_dw ? dw : dw0, 4 * H);
+        ok(kc_rmsnorm_fwd(nullptr, x, wk, wb, offset, eps, x, rstd, T, H), "rmsnorm fwd in place");
+        same("  y aliasing x", x, y, 4 * T * H);
+      }
+}
+
+/* ---- RoPE from the CPU's tables: a 2-term dot product, TOL_K_ROPE against
+ * |x1·c| + |x2·s| (and |x2·c| + |x1·s|), twice; backward with -s ----------- */
+static void test_rope() {
+  printf("rope\n");
+  const int64_t dims[][4] = {{1, 1, 3, 64},  {2, 37, 3, 72}, {3, 5, 2, 6},
+                             {1, 3, 1, 256}, {1, 9, 5, 10},  {1, 65537, 1, 2}};  // B S nh hd
+  for (auto &d : dims) {
+    Pool pl;
+    int64_t B = d[0], S = d[1], nh = d[2], hd = d[3], half = hd / 2, n = B * S * nh * hd;
+    std::vector<float> inv(half);
+    double att = k_rope_inv_freq(10000.0, hd, nullptr, S, inv.data());
+    float *ct = pl.get<float>(S * half), *st = pl.get<float>(S * half);
+    k_rope_tables(inv.data(), (float)att, hd, S, ct, st);
+    float *x = rand_f(pl, n, 2.0f), *xf = pl.copy(x, n), *xb = pl.copy(x, n);
+    float *rf = pl.copy(x, n), *rb = pl.copy(x, n);
+    ok(kc_rope_fwd(nullptr, xf, ct, st, B, S, nh, hd), "rope fwd");
+    ok(kc_rope_bwd(nullptr, xb, ct, st, B, S, nh, hd), "rope bwd");
+    k_rope_fwd(rf, ct, st, B, S, nh, hd);
+    k_rope_bwd(rb, ct, st, B, S, nh, hd);
+    std::vector<double> bound(n);
+    for (int64_t t = 0; t < B * S; t++)
+      for (int64_t h = 0; h < nh; h++)
+        for (int64_t i = 0; i < half; i++) {
+          int64_t o = (t * nh + h) * hd + i, p = (t % S) * half + i;
+          double a = fabs(x[o]), b = fabs(x[o + half]), c = fabs(ct[p]), s = fabs(st[p]);
+          bound[o] = 2.0 * tol_gamma(TOL_K_ROPE) * (a * c + b * s);
+          bound[o + half] = 2.0 * tol_gamma(TOL_K_ROPE) * (b * c + a * s);
+        }
+    std::string what = fmt("rope B=%lld S=%lld nh=%lld hd=%lld", (long long)B, (long long)S,
+                           (long long)nh, (long long)hd);
+    close(what + " fwd", xf, rf, bound, n);
+    close("  bwd", xb, rb, bound, n);
+  }
+}
+
+/* ---- embedding: forward bitwise (scale·W[id - row0], one product, or 0);
+ * backward (+=): dW0 plus the c tokens of a row, c + 1 terms of one product
+ * each (R2): gamma_{c+2}·(|dW0| + sum |scale·dout|), twice, against the CPU
+ * (whose build may contract to FMA); a row no id hits (c = 0) is left as it
+ * was: bound 0; and bitwise the fp32 sum in token order kernels.h promises -- */
+static void test_embedding() {
+  printf("embedding\n");
+  // T, rows, H: repeats in one sort tile, several tiles, rows above 2^16 (3
+  // radix passes), a row wider than one block's 1024 columns, T > 65,535
+  const int64_t shapes[][3] = {{300, 50, 7}, {3000, 70000, 5}, {40, 20, 1030}, {65537, 3, 1}};
+  const float scale = 2.5f;
+  for (auto &s : shapes)
+    for (int wb = 0; wb < 2; wb++) {
+      int64_t T = s[0], rows = s[1], H = s[2], row0 = 20;
+      if (T > 65535 && wb) continue;
+      Pool pl;
+      int32_t *ids = pl.get<int32_t>(T);
+      std::uniform_int_distribution<int64_t> U(0, 99), R(0, rows - 1);
+      for (int64_t t = 0; t < T; t++) {
+        int64_t r = U(rng);
+        ids[t] = r < 5    ? -1
+                 : r < 8  ? INT32_MIN + (int32_t)U(rng)
+                 : r < 10 ? INT32_MAX - (int32_t)U(rng)
+                 : r < 18 ? (int32_t)(U(rng) % row0)
+                 : r < 25 ? (int32_t)(row0 + rows + U(rng))
+                 : r < 60 ? (int32_t)(row0 + rows - 1 - U(rng) % 3)  // few rows, many repeats
+                          : (int32_t)(row0 + R(rng));
+      }
+      float *W = rand_f(pl, rows * H, 1.0f, 1);
+      uint16_t *Wh = pl.get<uint16_t>(rows * H, 1);
+      for (int64_t i = 0; i < rows * H; i++) Wh[i] = ml_f32_to_bf16(W[i]);
+      const void *Wk = wb ? (const void *)Wh : (const void *)W;
+      float *out = pl.get<float>(T * H, 1), *ref = pl.get<float>(T * H);
+      ok(kc_embedding_fwd(nullptr, ids, T, Wk, wb, row0, rows, H, scale, out), "embedding fwd");
+      k_embedding_fwd(ids, T, Wk, wb, row0, rows, H, scale, ref);
+      std::string what = fmt("embedding T=%lld rows=%lld H=%lld %s", (long long)T, (long long)rows,
+                             (long long)H, wb ? "bf16" : "f32");
+      same(what + " fwd", out, ref, 4 * T * H);
+      float *dout = rand_f(pl, T * H, 1.0f), *dW = rand_f(pl, rows * H, 1.0f, 1);
+      float *dWr = pl.copy(dW, rows * H);
+      std::vector<double> bound(rows * H);
+      std::vector<int64_t> cnt(rows);
+      for (int64_t i = 0; i < rows * H; i++) bound[i] = fabs(dW[i]);
+      for (int64_t t = 0; t < T; t++)
+        if (ids[t] >= row0 && ids[t] < row0 + rows) {
+          cnt[ids[t] - row0]++;
+          for (int64_t h = 0; h < H; h++)
+            bound[(ids[t] - row0) * H + h] += fabs((double)scale * dout[t * H + h]);
+        }
+      for (int64_t r = 0; r < rows; r++)
+        for (int64_t h = 0; h < H; h++)
+          bound[r * H + h] = cnt[r] ? 2.0 * tol_gamma(cnt[r] + 2.0) * bound[r * H + h] : 0.0;
+      void *work = pl.get<char>((int64_t)kc_embedding_bwd_work(T));
+      // kernels.h: each row's tokens added one at a time in token order, in
+      // fp32: exactly this sequence (no contraction here or in the kernel)
+      float *dWs = pl.copy(dW, rows * H);
+      for (int64_t t = 0; t < T; t++)
+        if (ids[t] >= row0 && ids[t] < row0 + rows)
+          for (int64_t h = 0; h < H; h++) dWs[(ids[t] - row0) * H + h] += scale * dout[t * H + h];
+      ok(kc_embedding_bwd(nullptr, ids, T, dout, row0, rows, H, scale, dW, work), "embedding bwd");
+      k_embedding_bwd(ids, T, dout, row0, rows, H, scale, dWr);
+      close("  bwd (+=, repeated and out-of-range ids)", dW, dWr, bound, rows * H);
+      same("  bwd in token order (the sort is stable)", dW, dWs, 4 * rows * H);
+    }
+}
+
+/* ---- cross-entropy pieces on a shard [v0, v0 + V): targets inside, outside
+ * on both sides, -1. Bounds as test_cuda_ops.c derives them (tolerance.h §1):
+ *  rowmax exact: bitwise; tl = l_y - mx one subtraction (or 0): bitwise;
+ *  se = (float) sum_j expf(l_j - mx) in fp64: u·max|l - mx| + TOL_K_XENT_SE·u
+ *    + gamma64_V relative each, twice;
+ *  logprobs from the same se, tl: tl - log(se) in fp64, rounded once: 2u|lp|
+ *    + 2·gamma64_3·(|tl| + |log se|); w bitwise; the loss sum: both fp64 sums
+ *    of the same terms: those bounds plus 2·gamma64_{T+1}·sum |lp|; count exact;
+ *  bwd from the same mx, se, w: |w|p_j(u|l_j - mx| + TOL_K_XENT_BWD·u) +
+ *    u|w|(p_j + [j = y]) each, twice, first order. ------------------------- */
+static void test_xent() {
+  printf("cross-entropy\n");
+  const int64_t shapes[][2] = {{7, 5}, {7, 1001}, {3, 70001}, {70000, 3}};  // T, V
+  const int64_t v0 = 100;
+  for (auto &s : shapes) {
+    Pool pl;
+    int64_t T = s[0], V = s[1], n = T * V;
+    bool wide = T > 65535;  // rows beyond grid.y: the backward only (rowmax and sumexp
+                            // run 1024-thread blocks, too slow to emulate 65,535 of)
+    int32_t *y = pl.get<int32_t>(T, 1);
+    const int32_t ys[7] = {
+        (int32_t)v0,           (int32_t)(v0 + V - 1), -1, (int32_t)(v0 + V / 2), 3,
+        (int32_t)(v0 + V + 7), (int32_t)(v0 + 1)};
+    for (int64_t t = 0; t < T; t++) y[t] = ys[t % 7];
+    float *lg = rand_f(pl, n, 6.0f, 1);
+    float *mx = pl.get<float>(T, 1), *se = pl.get<float>(T), *tl = pl.get<float>(T, 1);
+    float *mxr = pl.get<float>(T), *ser = pl.get<float>(T), *tlr = pl.get<float>(T);
+    k_xent_rowmax(lg, T, V, mxr);
+    k_xent_sumexp_target(lg, T, V, v0, y, mxr, ser, tlr);
+    std::string what = fmt("xent T=%lld V=%lld", (long long)T, (long long)V);
+    if (!wide) {
+      ok(kc_xent_rowmax(nullptr, lg, T, V, mx), "xent rowmax");
+      same(what + " rowmax", mx, mxr, 4 * T);
+      ok(kc_xent_sumexp_target(nullptr, lg, T, V, v0, y, mxr, se, tl), "xent sumexp");
+      std::vector<double> bse(T);
+      for (int64_t t = 0; t < T; t++) {
+        double e = 0, R = 0;
+        for (int64_t j = 0; j < V; j++)
+          e += exp((double)lg[t * V + j] - mxr[t]), R = fmax(R, fabs(lg[t * V + j] - mxr[t]));
+        bse[t] = 2.0 * (TOL_U * R + TOL_K_XENT_SE * TOL_U + tol_gamma64((double)V)) * e;
+      }
+      close("  sum of exponentials", se, ser, bse, T);
+      same("  target logit", tl, tlr, 4 * T);
+      float *lp = pl.get<float>(T), *w = pl.get<float>(T, 1), *lpr = pl.get<float>(T);
+      float *wr = pl.get<float>(T);
+      double *sums = pl.get<double>(1), lr = 0;
+      long long *count = pl.get<long long>(1);
+      int64_t cr = 0;
+      void *work = pl.get<char>((int64_t)kc_xent_logprobs_work(T));
+      ok(kc_xent_logprobs(nullptr, ser, tlr, y, T, 0.5f, lp, w, sums, count, work), "logprobs");
+      k_xent_logprobs(ser, tlr, y, T, 0.5f, lpr, wr, &lr, &cr);
+      std::vector<double> blp(T);
+      double lb = 0, labs = 0;
+      for (int64_t t = 0; t < T; t++) {
+        double l = y[t] >= 0 ? (double)tlr[t] - log((double)ser[t]) : 0.0;
+        double e64 = y[t] >= 0 ? tol_gamma64(3.0) * (fabs(tlr[t]) + fabs(log((double)ser[t]))) : 0;
+        blp[t] = 2.0 * TOL_U * fabs(l) + 2.0 * e64;
+        lb += 2.0 * e64;
+        labs += fabs(l);
+      }
+      lb += 2.0 * tol_gamma64(T + 1.0) * labs;
+      close("  log-probs", lp, lpr, blp, T);
+      same("  weights", w, wr, 4 * T);
+      printf("  %-52s |diff| %.3g, bound %.3g; count %lld, %lld\n", "loss sum", fabs(*sums - lr),
+             lb, *count, (long long)cr);
+      if (!(fabs(*sums - lr) <= lb) || *count != cr) failures++;
+      double s2 = -1;
+      long long c2 = -1;
+      ok(kc_xent_logprobs(nullptr, ser, tlr, y, T, 0.5f, nullptr, w, sums, count, work),
+         "logprobs");
+      s2 = *sums, c2 = *count;
+      ok(kc_xent_logprobs(nullptr, ser, tlr, y, T, 0.5f, lp, w, sums, count, work), "logprobs");
+      printf("  %-52s %s\n", "log-probs NULL: the same sums",
+             s2 == *sums && c2 == *count ? "bitwise equal" : "DIFFERENT");
+      if (s2 != *sums || c2 != *count) failures++;
+    }
+    float *w = pl.get<float>(T);
+    for (int64_t t = 0; t < T; t++) w[t] = y[t] >= 0 ? 0.5f : 0.0f;
+    float *dl = pl.get<float>(n), *dlr = pl.get<float>(n);
+    ok(kc_xent_bwd(nullptr, lg, T, V, v0, y, mxr, ser, w, dl), "xent bwd");
+    k_xent_bwd(lg, T, V, v0, y, mxr, ser, w, dlr);
+    std::vector<double> bd(n);
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t j = 0; j < V; j++) {
+        double p = exp((double)lg[t * V + j] - mxr[t]) / ser[t], aw = fabs(w[t]);
+        double hit = y[t] == v0 + j;
+        bd[t * V + j] = 2.0 * TOL_FIRST_ORDER *
+                        (aw * p * (TOL_U * fabs(lg[t * V + j] - mxr[t]) + TOL_K_XENT_BWD * TOL_U) +
+                         TOL_U * aw * (p + hit));
+      }
+    close(wide ? what + " bwd" : "  bwd", dl, dlr, bd, n);
+    ok(kc_xent_bwd(nullptr, lg, T, V, v0, y, mxr, ser, w, lg), "xent bwd in place");
+    same("  bwd in place (dlogits aliasing logits)", lg, dl, 4 * n);
+  }
+  // NaNs skipped by the row max (kernels.h, xent.c): one among numbers, a row
+  // of NaN (-inf), NaN beside -inf
+  Pool pl;
+  const int64_t T = 3, V = 9;
+  float *lg = rand_f(pl, T * V, 4.0f, 1), *mx = pl.get<float>(T), *mxr = pl.get<float>(T);
+  lg[4] = NAN;
+  for (int64_t j = 0; j < V; j++) lg[V + j] = NAN;
+  for (int64_t j = 0; j < V; j++) lg[2 * V + j] = j % 2 ? NAN : -INFINITY;
+  ok(kc_xent_rowmax(nullptr, lg, T, V, mx), "xent rowmax");
+  k_xent_rowmax(lg, T, V, mxr);
+  same("xent rowmax with NaNs", mx, mxr, 4 * T);
+}
+
+/* ---- AdamW: four steps from the same state (some |g| near eps): both within
+ * tol_adamw_step's bounds (tolerance.h §5) of the exact trajectory, so within
+ * twice them of each other after every step -------------------------------- */
+static void test_adamw() {
+  printf("adamw\n");
+  const double lr = 1e-3, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.1;
+  for (int64_t n : {1, 5, 4099})
+    for (int off = 0; off < 2; off++) {
+      Pool pl;
+      float *p = rand_f(pl, n, 1.0f, off), *m = pl.get<float>(n, 1 - off), *v = pl.get<float>(n);
+      memset(m, 0, 4 * n), memset(v, 0, 4 * n);
+      float *pr = pl.copy(p, n), *mr = pl.copy(m, n), *vr = pl.copy(v, n);
+      std::vector<tol_adamw> ex(n);
+      for (int64_t i = 0; i < n; i++) ex[i] = {p[i], 0, 0, 0, 0, 0};
+      std::vector<double> bp(n), bm(n), bv(n);
+      for (int64_t step = 1; step <= 4; step++) {
+        float *g = rand_f(pl, n, 1e-2f, off);
+        for (int64_t i = 0; i < n; i += 7) g[i] *= 1e-6f;
+        ok(kc_adamw(nullptr, p, g, m, v, n, lr, b1, b2, eps, wd, step), "adamw");
+        k_adamw_step(pr, g, mr, vr, n, lr, b1, b2, eps, wd, step);
+        for (int64_t i = 0; i < n; i++) {
+          ex[i] = tol_adamw_step(ex[i], g[i], lr, b1, b2, eps, wd, (double)step);
+          bp[i] = 2.0 * ex[i].bp, bm[i] = 2.0 * ex[i].bm, bv[i] = 2.0 * ex[i].bv;
+        }
+        close(fmt("adamw n=%lld off=%d step %lld p", (long long)n, off, (long long)step), p, pr, bp,
+              n);
+        close("  exp_avg", m, mr, bm, n);
+        close("  exp_avg_sq", v, vr, bv, n);
+      }
+    }
+}
+
+/* ---- launch errors: a refused launch names its kernel (kernels.h) --------- */
+static void test_launch_error() {
+  printf("launch errors\n");
+  // kc_rope's check refuses nheads·quads > INT32_MAX before any launch: no name
+  cudaError_t e = kc_rope_fwd(nullptr, nullptr, nullptr, nullptr, 1, 1, (int64_t)1 << 31, 8);
+  const char *name = kc_failed_kernel();
+  printf("  %-52s %s, %s\n", "rope with 2^31 heads", e == cudaErrorInvalidValue ? "refused" : "ran",
+         name ? name : "no kernel named");
+  if (e != cudaErrorInvalidValue || name) failures++;
+}
+
+/* ---- the emulator's launch limits (sm_90), on a kernel of this file: each
+ * launch the device refuses is refused, the largest it takes runs ---------- */
+static int probe_runs;
+static void probe(int) {
+  if (emu_kernel_entry(false, 64)) return;  // as __launch_bounds__(64)
+  probe_runs++;
+}
+static void test_emulator() {
+  printf("emulator launch limits\n");
+  struct {
+    const char *what;
+    dim3 grid, block;
+    size_t smem;
+    int attr;  // MaxDynamicSharedMemorySize set first (0: none)
+    bool runs;
+  } cases[] = {
+      {"grid (1, 65535, 2), block 64", dim3(1, 65535, 2), dim3(64), 0, 0, true},
+      {"grid.y 65536", dim3(1, 65536), dim3(32), 0, 0, false},
+      {"grid.z 65536", dim3(1, 1, 65536), dim3(32), 0, 0, false},
+      {"grid.x 2^31", dim3(2147483648u), dim3(32), 0, 0, false},
+      {"block 65 > __launch_bounds__(64)", dim3(1), dim3(65), 0, 0, false},
+      {"shared 48 KiB", dim3(1), dim3(32), 49152, 0, true},
+      {"shared 48 KiB + 1 without the attribute", dim3(1), dim3(32), 49153, 0, false},
+      {"shared 227 KiB with the attribute", dim3(1), dim3(32), 232448, 232448, true},
+      {"shared above the attribute", dim3(1), dim3(32), 100001, 100000, false},
+  };
+  for (auto &c : cases) {
+    probe_runs = 0;
+    if (c.attr)
+      ok(cudaFuncSetAttribute(probe, cudaFuncAttributeMaxDynamicSharedMemorySize, c.attr),
+         "cudaFuncSetAttribute");
+    emu_launch(probe, c.grid, c.block, c.smem, nullptr, 0);
+    cudaError_t e = cudaGetLastError();
+    uint64_t threads = (uint64_t)c.grid.x * c.grid.y * c.grid.z * c.block.x;
+    bool ran = e == cudaSuccess && (uint64_t)probe_runs == threads;
+    printf("  %-52s %s\n", c.what, ran ? "runs" : "refused");
+    if (ran != c.runs || (!ran && e != cudaErrorInvalidConfiguration)) failures++;
+  }
+  cudaError_t e = cudaFuncSetAttribute(probe, cudaFuncAttributeMaxDynamicSharedMemorySize, 232449);
+  printf("  %-52s %s\n", "the attribute above 227 KiB", e == cudaSuccess ? "taken" : "refused");
+  if (e != cudaErrorInvalidValue) failures++;
+}
+
+int main(int argc, char **argv) {
+  emu_order = 2;  // threads and blocks shuffled: a race or a missing barrier changes results
+  struct {
+    const char *name;
+    void (*fn)();
+  } tests[] = {{"convert", test_convert},
+               {"add_scale", test_add_scale},
+               {"glu", test_glu},
+               {"bias_rows", test_bias_rows},
+               {"bias_grad", test_bias_grad},
+               {"reduce", test_reduce},
+               {"rmsnorm", test_rmsnorm},
+               {"rope", test_rope},
+               {"embedding", test_embedding},
+               {"xent", test_xent},
+               {"adamw", test_adamw},
+               {"launch_error", test_launch_error},
+               {"emulator", test_emulator}};
+  for (auto &t : tests)
+    if (argc < 2 || !strcmp(argv[1], t.name)) t.fn();
+  printf("%d failed checks; %zu blocks, %ld fiber switches\n", failures, emu_blocks_run,
+         emu_switches);
+  return failures != 0;
+}

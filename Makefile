@@ -25,17 +25,19 @@ test: deps
 
 # The suite again against MPICH (Open MPI stays the default MPI) in its own
 # build directory, CUDA off: every MPI test (C, API, CLI, Python) with
-# MPICH's mpiexec; the second OpenBLAS-kernel runs (label blas_alt) only
-# under the default build. MPICH_CC / MPICH_EXEC name other MPICH programs
-# (RHEL: /usr/lib64/mpich/bin/mpicc, .../mpiexec).
+# MPICH's mpiexec; the second OpenBLAS-kernel runs (label blas_alt) and the
+# CUDA ones only under the default build. MPICH_CC / MPICH_EXEC name other
+# MPICH programs (RHEL: /usr/lib64/mpich/bin/mpicc, .../mpiexec);
+# MPICH_CTEST_ARGS selects other tests (CI: .ci/run).
 MPICH_CC ?= mpicc.mpich
 MPICH_EXEC ?= mpiexec.mpich
+MPICH_CTEST_ARGS ?= -LE 'blas_alt|cuda'
 test-mpich:
 	@bash scripts/install-deps.sh --mpich
 	cmake -S . -B $(BUILD)-mpich -DCMAKE_BUILD_TYPE=Release -DMESHLM_CUDA=OFF \
 	  -DMPI_C_COMPILER=$$(command -v $(MPICH_CC)) -DMPIEXEC_EXECUTABLE=$$(command -v $(MPICH_EXEC))
 	cmake --build $(BUILD)-mpich -j $(JOBS)
-	cd $(BUILD)-mpich && ctest --output-on-failure --timeout 600 -LE blas_alt
+	cd $(BUILD)-mpich && ctest --output-on-failure --timeout 600 $(MPICH_CTEST_ARGS)
 
 demo: deps
 	$(MAKE) build

@@ -49,6 +49,7 @@
 #define ML_DATA_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* The format of a data file's records. */
@@ -64,6 +65,29 @@ typedef enum ml_data_format {
  * "prompt/completion", "raw text, tokenized", "raw text, bytes as token ids". */
 const char *ml_data_format_name(ml_data_format f);
 
+/* The ranks that load a data file together (every rank of the run): each
+ * reads and tokenizes only its part of a JSONL file (data/data_split.h:
+ * contiguous byte ranges cut at line starts), and the parts' records are
+ * then all-gathered, so every rank holds the dataset a single-rank load
+ * gives, bitwise (rows, masks, counts), and fails with the message a
+ * single-rank load gives (the first failing line's: the lowest failing
+ * rank's, whose part holds the lowest lines). Raw text (one document) is
+ * read and tokenized whole by every rank. The data layer does no
+ * communication of its own: the caller passes its collectives
+ * (cli/data_group.h: the CLI's host channel over MPI). */
+typedef struct ml_data_group {
+  int rank, size; /* this rank in [0, size) */
+  void *ctx;      /* the callbacks' */
+  /* Collective: recv = every rank's send[bytes[rank]] in rank order, packed
+   * (bytes[size] the same array on every rank; MPI_Allgatherv). The loader
+   * keeps each call's sum below 2^30 bytes. */
+  int (*all_gather_v)(void *ctx, const void *send, const size_t *bytes, void *recv);
+  /* Collective: 0 when rc == 0 on every rank, else −1 on every rank, each
+   * then holding the lowest failing rank's message (comm/host.h
+   * ml_host_agree). */
+  int (*agree)(void *ctx, int rc);
+} ml_data_group;
+
 /* How records are read. */
 typedef struct ml_data_opts {
   const char *tokenizer_dir;  /* where tokenizer.json is looked for: the --model directory */
@@ -71,6 +95,7 @@ typedef struct ml_data_opts {
   const char *prompt_key;     /* "prompt" */
   const char *completion_key; /* "completion" */
   bool packing;               /* training: text documents packed into windows (true) */
+  const ml_data_group *group; /* the ranks loading together; NULL: this process alone */
 } ml_data_opts;
 
 /* The defaults above, over tokenizer_dir `dir`. */

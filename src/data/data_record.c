@@ -24,7 +24,7 @@ const char *ml_data_format_name(ml_data_format f) {
 }
 
 ml_data_opts ml_data_opts_default(const char *dir) {
-  return (ml_data_opts){dir, "text", "prompt", "completion", true};
+  return (ml_data_opts){dir, "text", "prompt", "completion", true, NULL};
 }
 
 ml_record_reader ml_record_reader_open(const char *path, const ml_data_opts *opts, int64_t vocab) {
@@ -263,9 +263,8 @@ static int read_ids(const ml_record_reader *r, int64_t lineno, const json_t *obj
   return 0;
 }
 
-/* The format the fields of `obj` select (data/data.h). */
-static int record_format(const ml_record_reader *r, int64_t lineno, const json_t *obj,
-                         ml_data_format *f) {
+/* The format the fields of `obj` select (data/data.h); false for none. */
+static bool select_format(const ml_record_reader *r, const json_t *obj, ml_data_format *f) {
   const ml_data_opts *o = r->opts;
   if (json_object_get(obj, "input_ids"))
     *f = ML_DATA_IDS;
@@ -274,6 +273,29 @@ static int record_format(const ml_record_reader *r, int64_t lineno, const json_t
   else if (json_object_get(obj, o->prompt_key) || json_object_get(obj, o->completion_key))
     *f = ML_DATA_PROMPT;
   else
+    return false;
+  return true;
+}
+
+bool ml_record_peek_format(const ml_record_reader *r, const char *s, size_t n,
+                           ml_data_format *f) {
+  json_t *obj = json_loadb(s, n, JSON_REJECT_DUPLICATES, NULL);
+  bool found = json_is_object(obj) && select_format(r, obj, f);
+  json_decref(obj);
+  return found;
+}
+
+void ml_record_reader_expect(ml_record_reader *r, ml_data_format f, int64_t first_line) {
+  r->has_format = true;
+  r->format = f;
+  r->first_line = first_line;
+}
+
+/* The format the fields of `obj` select, or an error naming the fields. */
+static int record_format(const ml_record_reader *r, int64_t lineno, const json_t *obj,
+                         ml_data_format *f) {
+  const ml_data_opts *o = r->opts;
+  if (!select_format(r, obj, f))
     return ml_err("%s:%lld: no data field: expected field 'input_ids' (token ids), '%s' (text, "
                   "--text-key) or '%s' + '%s' (--prompt-key, --completion-key), found the fields "
                   "missing",

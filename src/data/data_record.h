@@ -45,6 +45,17 @@ void ml_record_reader_close(ml_record_reader *r);
  * it exists but cannot be opened (the file and the reason named). */
 int ml_record_tokenizer_present(const ml_record_reader *r, bool *present);
 
+/* The format line s[0, n) selects (its fields, as ml_record_read_line),
+ * into *f; false when the line is not a JSON object or has none of the
+ * format fields (nothing recorded: ml_record_read_line names the error). */
+bool ml_record_peek_format(const ml_record_reader *r, const char *s, size_t n,
+                           ml_data_format *f);
+
+/* The file's format as found on an earlier record, line `first_line`, by
+ * another reader (another rank's part): records of another format are
+ * refused as if this reader had read that record. */
+void ml_record_reader_expect(ml_record_reader *r, ml_data_format f, int64_t first_line);
+
 /* Parse line `lineno` of the file, s[0, n), into `rec` (its previous
  * contents replaced): the format its fields select, at least one token,
  * every id in [0, vocab). Sets the file's format on the first record.

@@ -213,7 +213,8 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   const ml_arg flags[] = {
       {"--model", ML_ARG_STR, &model, "HF checkpoint directory", true, "DIR"},
       {"--data", ML_ARG_STR, &data,
-       "JSONL records: input_ids, text, or prompt + completion (one sequence each)", true,
+       "JSONL records: input_ids, text, prompt + completion, or messages (one sequence "
+       "each)", true,
        "FILE.jsonl"},
       {"--out", ML_ARG_STR, &out,
        "output JSONL: {\"logprobs\": [S-1 floats]} per record (+ input_ids for text; + "

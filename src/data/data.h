@@ -57,12 +57,14 @@ typedef enum ml_data_format {
   ML_DATA_IDS,      /* JSONL "input_ids" [+ "loss_mask"] */
   ML_DATA_TEXT,     /* JSONL text records */
   ML_DATA_PROMPT,   /* JSONL prompt/completion records */
+  ML_DATA_CHAT,     /* JSONL "messages" records, rendered with the chat template */
   ML_DATA_RAW,      /* raw text, tokenized with tokenizer.json */
   ML_DATA_RAW_BYTES /* raw text, bytes as ids (no tokenizer.json) */
 } ml_data_format;
 
 /* A few words naming a format for messages: "input_ids", "text",
- * "prompt/completion", "raw text, tokenized", "raw text, bytes as token ids". */
+ * "prompt/completion", "messages", "raw text, tokenized", "raw text, bytes
+ * as token ids". */
 const char *ml_data_format_name(ml_data_format f);
 
 /* The ranks that load a data file together (every rank of the run): each
@@ -95,6 +97,8 @@ typedef struct ml_data_opts {
   const char *prompt_key;     /* "prompt" */
   const char *completion_key; /* "completion" */
   bool packing;               /* training: text documents packed into windows (true) */
+  bool assistant_only_loss;   /* messages records: only the assistant turns are targets (true),
+                                 else every token (TRL's assistant_only_loss) */
   const ml_data_group *group; /* the ranks loading together; NULL: this process alone */
 } ml_data_opts;
 

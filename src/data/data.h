@@ -12,9 +12,9 @@
  * batch.
  *
  * JSONL (first non-whitespace byte of the file is '{'): each non-empty line
- * is one object, a record of one of three formats, chosen by the fields
+ * is one object, a record of one of four formats, chosen by the fields
  * present (input_ids first, then the text key, then the prompt/completion
- * keys); other fields are ignored. Every record of a file has the first
+ * keys, then "messages"); other fields are ignored. Every record of a file has the first
  * record's format (a record of another format is an error naming its line
  * and the first record's). Line numbers in messages are 1-based and count
  * empty lines.
@@ -36,9 +36,21 @@
  *    GPTSFTDataset: context_ids + answer_ids), so the boundary is exact.
  *    Targets: the completion's tokens (its EOS included) only — NeMo SFT's
  *    answer-only loss.
- * A text or prompt/completion record needs tokenizer.json in
- * ml_data_opts.tokenizer_dir; token ids it yields must lie in
- * [0, vocab_size).
+ *  - messages: "messages": [{"role": "...", "content": "..."}, ...] and an
+ *    optional "tools" list (TRL's and NeMo RL's conversational format;
+ *    content a string or a list of {"type": "text", "text": ...} parts).
+ *    The conversation rendered with the model's chat template
+ *    (data/data_chat.h: chat_template.jinja or tokenizer_config.json's, in
+ *    the context of transformers' apply_chat_template, add_generation_prompt
+ *    false), then encode(rendering, add_special = false) — the ids of
+ *    apply_chat_template(tokenize=True). Targets: the tokens overlapping
+ *    the assistant turns' text ({% generation %} blocks, else each
+ *    assistant message's text after the generation prompt) — TRL's
+ *    assistant_only_loss; every token with
+ *    ml_data_opts.assistant_only_loss false.
+ * A text, prompt/completion or messages record needs tokenizer.json in
+ * ml_data_opts.tokenizer_dir (and a messages record a chat template
+ * there); token ids it yields must lie in [0, vocab_size).
  *
  * Raw text (anything else): with a tokenizer.json, the file is one text
  * document (tokens and EOS as a text record; valid UTF-8 required). Without
@@ -118,7 +130,7 @@ typedef struct ml_dataset {
 
 /* Load `path` into `out` (zeroed on entry; free with ml_dataset_free).
  * seq_len >= 2, vocab_size >= 1. Rows:
- *  - token ids and prompt/completion records: one row per record,
+ *  - token ids, prompt/completion and messages records: one row per record,
  *    truncated to seq_len (ids and targets alike; the completion's tail
  *    first) or padded with id 0 and mask 0; NeMo's SFT datasets unpacked.
  *  - text records with opts->packing (the default) and raw text: the
@@ -145,7 +157,10 @@ typedef struct ml_dataset {
  * record that tokenizes to no token; a token id >= vocab_size; a record of
  * another format than the file's first; a text record without
  * tokenizer.json (the missing file named) or a tokenizer.json that does
- * not load (its message). */
+ * not load (its message); a messages record's errors (data/data_chat.h:
+ * no chat template, a malformed message named by index and field, the
+ * template's render error, a template breaking the prefix rule).
+ * Collective over opts->group's ranks (ml_data_group above), when set. */
 int ml_dataset_load(const char *path, int64_t seq_len, int64_t vocab_size,
                     const ml_data_opts *opts, ml_dataset *out);
 void ml_dataset_free(ml_dataset *ds);
@@ -173,7 +188,7 @@ typedef struct ml_seqs {
   int64_t *len;          /* [n] */
   int32_t **ids;         /* [n][len[i]] */
   int64_t *prompt_len;   /* [n]: prompt/completion records: the prompt's tokens; else 0 */
-  ml_data_format format; /* of every record: ML_DATA_IDS, ML_DATA_TEXT or ML_DATA_PROMPT */
+  ml_data_format format; /* of every record: ML_DATA_IDS, _TEXT, _PROMPT or _CHAT */
 } ml_seqs;
 
 /* Load a JSONL file of records (the formats above; loss_mask ignored), one
@@ -183,7 +198,8 @@ typedef struct ml_seqs {
  * zeroed on entry; free with ml_seqs_free. Errors: those of the records
  * above (file, line, field), file unreadable, no sequences, fewer than 2
  * or more than max_len tokens (line, the field, the count,
- * max_position_embeddings). */
+ * max_position_embeddings). Collective over opts->group's ranks, when
+ * set. */
 int ml_seqs_load(const char *path, int64_t vocab_size, int64_t max_len, const ml_data_opts *opts,
                  ml_seqs *out);
 void ml_seqs_free(ml_seqs *s);

@@ -59,7 +59,7 @@ static int load_json(const char *dir, const char *name, char *path, size_t cap, 
   ML_TRY(join(dir, name, path, cap));
   if (!exists(path)) return 0;
   json_error_t e;
-  *doc = json_load_file(path, JSON_REJECT_DUPLICATES, &e);
+  *doc = json_load_file(path, JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &e);
   if (!*doc) return ml_err("%s:%d:%d: invalid JSON: %s", path, e.line, e.column, e.text);
   if (json_is_object(*doc)) return 0;
   json_decref(*doc);

@@ -309,9 +309,9 @@ static void test_prefix_rule(void **state) {
   expect_chat_error(dir, conv, "bad.jsonl:1: field 'messages'[1]",
                     "does not start with its rendering of messages[0..1)", NULL);
   write_text(tpath("prefix/chat_template.jinja"),
-             "{% for m in messages %}{% if loop.last %}<{{ m.role }}>{{ m.content }}{% else %}"
-             "<{{ m.role }}>{% endif %}{% endfor %}{% if add_generation_prompt %}<assistant>"
-             "{% endif %}");
+             "{% for m in messages %}<{{ m.role }}>{% if m.role == 'assistant' and not loop.last "
+             "%}[earlier]{% else %}{{ m.content }}{% endif %}{% endfor %}"
+             "{% if add_generation_prompt %}<assistant>{% endif %}");
   expect_chat_error(dir, conv, "bad.jsonl:1: field 'messages'[1]",
                     "the whole conversation", "rewrites earlier turns", NULL);
 }

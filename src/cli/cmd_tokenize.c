@@ -87,7 +87,8 @@ static int encode(tok_job *j, const ml_tokenizer *t, const json_t *rec, int64_t 
   if (json_object_get(rec, "input_ids"))
     return ml_err("%s:%lld: field 'input_ids': already present, expected text only", j->in,
                   (long long)ln);
-  if (!text && json_object_get(rec, "messages")) return encode_chat(j, t, rec, ln, ids, mask, bytes);
+  if (!text && json_object_get(rec, "messages"))
+    return encode_chat(j, t, rec, ln, ids, mask, bytes);
   if (!text)
     return ml_err("%s:%lld: field '%s': missing, expected a string (--text-key) or a field "
                   "'messages' (a conversation)",
@@ -193,17 +194,20 @@ int ml_cmd_tokenize(ml_host *world, int argc, char **argv) {
   ml_arg spec[] = {
       {"--model", ML_ARG_STR, &model, "directory with tokenizer.json (a model directory)", true,
        "DIR"},
-      {"--data", ML_ARG_STR, &data, "input JSONL, one object with a text field (or messages) per line", true,
-       "IN.jsonl"},
-      {"--out", ML_ARG_STR, &out, "output JSONL: {\"input_ids\": [...] (+ \"loss_mask\" for messages), other fields}", true,
-       "OUT.jsonl"},
+      {"--data", ML_ARG_STR, &data,
+       "input JSONL, one object with a text field (or messages) per line", true, "IN.jsonl"},
+      {"--out", ML_ARG_STR, &out,
+       "output JSONL: {\"input_ids\": [...] (+ \"loss_mask\" for messages), other fields}",
+       true, "OUT.jsonl"},
       {"--text-key", ML_ARG_STR, &key, "the field holding the text", false, "KEY"},
       {"--no-special", ML_ARG_FLAG, &no_special,
        "no special tokens (add_special_tokens=False: no BOS/EOS from the template; messages "
        "never get them)", false, NULL},
   };
-  int rc = ml_cli_parse("tokenize", "tokenize JSONL text with the model's tokenizer.json", argc,
-                        argv, spec, sizeof spec / sizeof spec[0]);
+  int rc = ml_cli_parse("tokenize",
+                        "tokenize JSONL text (or messages, with the chat template) with the "
+                        "model's tokenizer.json",
+                        argc, argv, spec, sizeof spec / sizeof spec[0]);
   if (rc == 1) return 0;
   tok_job j = {.in = data, .out = out, .key = key, .model = model, .add_special = !no_special};
   if (rc == 0 && world->rank == 0) rc = run(&j, model);

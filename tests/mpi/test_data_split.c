@@ -8,7 +8,8 @@
  * and loss masks, text (packed and not) and prompt/completion records
  * tokenized with tests/fixtures/data_formats' tokenizer, a first line
  * longer than a part (later parts empty), raw text (read whole by every
- * rank), and errors at lines of every part. */
+ * rank), conversations rendered with SmolLM2's chat template (data_chat.h),
+ * and errors at lines of every part. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/data_group.h"
@@ -35,6 +37,7 @@ static char g_path[128];
 static ml_host *g_world;
 static ml_data_group g_group;
 static const char *g_tok = ML_SOURCE_DIR "/tests/fixtures/data_formats";
+static char g_chat[128]; /* g_tok's tokenizer with SmolLM2's chat template */
 
 /* A growing text buffer. */
 typedef struct text {
@@ -84,8 +87,9 @@ static const char *g_sentences[] = {"The quick brown fox jumps over the lazy dog
                                     "Question: what is two plus two?", " Answer: four.",
                                     "Name a colour of the sky.", " Blue, on a clear day."};
 
-/* Load with one rank alone and with the group; equal results required. */
-static void compare_dataset(report *rep, const char *what, int64_t seq_len, int64_t vocab,
+/* Load with one rank alone and with the group; equal results required.
+ * Returns the single-rank load's status. */
+static int compare_dataset(report *rep, const char *what, int64_t seq_len, int64_t vocab,
                             ml_data_opts o) {
   ml_dataset solo, all;
   char msg[ML_ERROR_MSG_CAP];
@@ -111,9 +115,10 @@ static void compare_dataset(report *rep, const char *what, int64_t seq_len, int6
   ml_error_clear();
   ml_dataset_free(&solo);
   ml_dataset_free(&all);
+  return rc1;
 }
 
-static void compare_seqs(report *rep, const char *what, int64_t vocab, int64_t max_len,
+static int compare_seqs(report *rep, const char *what, int64_t vocab, int64_t max_len,
                          ml_data_opts o) {
   ml_seqs solo, all;
   char msg[ML_ERROR_MSG_CAP];
@@ -134,6 +139,12 @@ static void compare_seqs(report *rep, const char *what, int64_t vocab, int64_t m
   ml_error_clear();
   ml_seqs_free(&solo);
   ml_seqs_free(&all);
+  return rc1;
+}
+
+/* A load that must succeed. */
+static void good(report *rep, const char *what, int rc) {
+  if (rc != 0) note(rep, "%s: the single-rank load failed", what);
 }
 
 static void ids_file(int lines, int bad_line, int bad_line2) {
@@ -166,7 +177,7 @@ static void test_ids(void **state) {
   report rep = {0};
   ml_data_opts o = ml_data_opts_default(g_dir);
   ids_file(300, 0, 0);
-  compare_dataset(&rep, "ids", 8, 64, o);
+  good(&rep, "ids", compare_dataset(&rep, "ids", 8, 64, o));
   compare_seqs(&rep, "ids scoring", 64, 13, o); /* 1-token records: the first one's line */
   for (int bad = 1; bad <= 300; bad += 37) {
     ids_file(300, bad, 300 - bad / 2);
@@ -197,19 +208,62 @@ static void test_text(void **state) {
   report rep = {0};
   ml_data_opts o = ml_data_opts_default(g_tok);
   text_file(120, false, 0);
-  compare_dataset(&rep, "text, packed", 16, 256, o);
+  good(&rep, "text", compare_dataset(&rep, "text, packed", 16, 256, o));
   o.packing = false;
-  compare_dataset(&rep, "text, one row each", 16, 256, o);
-  compare_seqs(&rep, "text scoring", 256, 512, o);
+  good(&rep, "text", compare_dataset(&rep, "text, one row each", 16, 256, o));
+  good(&rep, "text", compare_seqs(&rep, "text scoring", 256, 512, o));
   text_file(120, true, 0);
-  compare_dataset(&rep, "prompt/completion", 16, 256, o);
-  compare_seqs(&rep, "prompt/completion scoring", 256, 512, o);
+  good(&rep, "pc", compare_dataset(&rep, "prompt/completion", 16, 256, o));
+  good(&rep, "pc", compare_seqs(&rep, "prompt/completion scoring", 256, 512, o));
   compare_seqs(&rep, "prompt/completion scoring, too long", 256, 30, o);
   for (int other = 1; other <= 120; other += 29) {
     text_file(120, other % 2, other);
     compare_dataset(&rep, "a record of another format", 16, 256, o);
   }
   compare_dataset(&rep, "a tokenizer-less vocabulary", 16, 5, o); /* ids out of the vocabulary */
+  agree(&rep, "failures");
+}
+
+/* Conversations (data/data_chat.h); line `bad` with a content that is not
+ * text, line `other` a text record. */
+static void chat_file(int lines, int bad, int other) {
+  text t = {0};
+  for (int i = 1; i <= lines; i++) {
+    if (i == bad) {
+      put(&t, "{\"messages\": [{\"role\": \"user\", \"content\": 7}]}\n");
+      continue;
+    }
+    if (i == other) {
+      put(&t, "{\"text\": \"%s\"}\n", g_sentences[0]);
+      continue;
+    }
+    put(&t, "{\"messages\": [");
+    if (rnd(2)) put(&t, "{\"role\": \"system\", \"content\": \"%s\"}, ", g_sentences[rnd(6)]);
+    for (int k = 0, turns = 1 + (int)rnd(3); k < turns; k++)
+      put(&t, "%s{\"role\": \"user\", \"content\": \"%s\"}, {\"role\": \"assistant\", "
+              "\"content\": \"%s\"}",
+          k ? ", " : "", g_sentences[rnd(6)], g_sentences[rnd(6)]);
+    put(&t, "]}\n");
+  }
+  publish(&t);
+}
+
+static void test_chat(void **state) {
+  (void)state;
+  report rep = {0};
+  ml_data_opts o = ml_data_opts_default(g_chat);
+  chat_file(90, 0, 0);
+  good(&rep, "messages", compare_dataset(&rep, "messages", 64, 256, o));
+  o.assistant_only_loss = false;
+  good(&rep, "messages", compare_dataset(&rep, "messages, every token a target", 64, 256, o));
+  good(&rep, "messages", compare_seqs(&rep, "messages scoring", 256, 512, o));
+  for (int bad = 7; bad <= 90; bad += 28) {
+    chat_file(90, bad, 95 - bad);
+    compare_dataset(&rep, "messages, a bad record", 64, 256, o);
+  }
+  ml_data_opts none = ml_data_opts_default(g_tok); /* no chat template */
+  chat_file(90, 0, 0);
+  compare_dataset(&rep, "messages without a chat template", 64, 256, none);
   agree(&rep, "failures");
 }
 
@@ -222,16 +276,33 @@ static void test_shapes(void **state) {
   for (int k = 0; k < 5000; k++) put(&t, "%s%d", k ? "," : "", k % 40);
   put(&t, "]}\n{\"input_ids\": [1, 2, 3]}");
   publish(&t);
-  compare_dataset(&rep, "a line longer than a part", 64, 64, o);
+  good(&rep, "long", compare_dataset(&rep, "a line longer than a part", 64, 64, o));
   put(&t, "\n \n\n");
   publish(&t);
   compare_dataset(&rep, "blank lines only", 8, 64, o);
   put(&t, "The quick brown fox jumps over the lazy dog.\nmeshlm trains.\n");
   publish(&t);
-  compare_dataset(&rep, "raw text", 8, 256, o);
-  compare_dataset(&rep, "raw text bytes", 8, 256, ml_data_opts_default(g_dir));
+  good(&rep, "raw", compare_dataset(&rep, "raw text", 8, 256, o));
+  ml_data_opts bytes = ml_data_opts_default(g_dir);
+  good(&rep, "raw", compare_dataset(&rep, "raw text bytes", 8, 256, bytes));
   compare_seqs(&rep, "raw text, scored", 256, 64, o);
   agree(&rep, "failures");
+}
+
+/* g_chat: the data_formats tokenizer and SmolLM2's chat template, linked. */
+static const char *const g_chat_files[][2] = {
+    {"tokenizer.json", ML_SOURCE_DIR "/tests/fixtures/data_formats/tokenizer.json"},
+    {"tokenizer_config.json", ML_SOURCE_DIR "/tests/fixtures/data_formats/tokenizer_config.json"},
+    {"chat_template.jinja", ML_SOURCE_DIR "/tests/fixtures/chat/smollm2.jinja"}};
+
+static int make_chat_dir(void) {
+  char dst[256];
+  if (mkdir(g_chat, 0755)) return -1;
+  for (int k = 0; k < 3; k++) {
+    snprintf(dst, sizeof dst, "%s/%s", g_chat, g_chat_files[k][0]);
+    if (symlink(g_chat_files[k][1], dst)) return -1;
+  }
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -248,14 +319,23 @@ int main(int argc, char **argv) {
   if (rank == 0 && !mkdtemp(g_dir)) MPI_Abort(MPI_COMM_WORLD, 1);
   MPI_Bcast(g_dir, sizeof g_dir, MPI_CHAR, 0, MPI_COMM_WORLD);
   snprintf(g_path, sizeof g_path, "%s/data.jsonl", g_dir);
+  snprintf(g_chat, sizeof g_chat, "%s/chat", g_dir);
+  if (rank == 0 && make_chat_dir()) MPI_Abort(MPI_COMM_WORLD, 1);
   const struct CMUnitTest tests[] = {
       held_test(test_ids),
       held_test(test_text),
+      held_test(test_chat),
       held_test(test_shapes),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) {
+    for (int k = 0; k < 3; k++) {
+      char p[256];
+      snprintf(p, sizeof p, "%s/%s", g_chat, g_chat_files[k][0]);
+      unlink(p);
+    }
+    rmdir(g_chat);
     unlink(g_path);
     rmdir(g_dir);
   }

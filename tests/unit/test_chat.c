@@ -99,7 +99,8 @@ static void check_case(const json_t *c) {
   const char *name = json_string_value(json_object_get(c, "name"));
   const char *tokenizer = json_string_value(json_object_get(c, "tokenizer"));
   const char *tmpl = json_string_value(json_object_get(c, "template"));
-  const json_t *ids = json_object_get(c, "input_ids"), *mask = json_object_get(c, "assistant_masks");
+  const json_t *ids = json_object_get(c, "input_ids");
+  const json_t *mask = json_object_get(c, "assistant_masks");
   int64_t n = (int64_t)json_array_size(ids), vocab = strstr(tokenizer, "smollm2") ? 49152 : 256;
   const char *dir = model_dir("m", tokenizer);
   put_template(dir, tmpl);
@@ -218,6 +219,31 @@ static void test_template_sources(void **state) {
   got = render_text(dir, c);
   assert_string_equal(got, want);
   free(got);
+  /* "tool_use" of a list for a record with tools; "default" for one without */
+  free(list);
+  assert_true(asprintf(&list, "[{\"name\": \"default\", \"template\": \"plain\"}, {\"name\": "
+                              "\"tool_use\", \"template\": \"{{ tools[0].name }}\"}]") > 0);
+  put_config(dir, list);
+  unlink(tpath("cfg/chat_template.jinja"));
+  json_t *rec = json_pack("{s:[{s:s,s:s}],s:[{s:s}]}", "messages", "role", "user", "content", "a",
+                          "tools", "name", "get_weather");
+  got = render_text(dir, rec);
+  assert_string_equal(got, "get_weather");
+  free(got);
+  json_object_del(rec, "tools");
+  got = render_text(dir, rec);
+  assert_string_equal(got, "plain");
+  free(got);
+  json_decref(rec);
+  /* messages as transformers passes them: null-valued keys dropped, the reasoning aliased */
+  write_text(tpath("cfg/chat_template.jinja"), "{{ messages[0].x is defined }}|{{ messages[0]"
+                                                ".thinking }}|{{ messages[0].reasoning_content }}");
+  rec = json_pack("{s:[{s:s,s:s,s:n,s:s}]}", "messages", "role", "assistant", "content", "a", "x",
+                  "reasoning", "r");
+  got = render_text(dir, rec);
+  assert_string_equal(got, "False|r|r");
+  free(got);
+  json_decref(rec);
   /* the special tokens: {"content"} and strings, null left out */
   write_text(tpath("cfg/chat_template.jinja"), "{{ bos_token }}|{{ eos_token }}|{{ pad_token is "
                                                 "defined }}|{{ tools is none }}");

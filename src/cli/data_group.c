@@ -7,5 +7,9 @@ static int gather(void *ctx, const void *send, const size_t *bytes, void *recv) 
 static int agree(void *ctx, int rc) { return ml_host_agree(ctx, rc); }
 
 ml_data_group ml_cli_data_group(ml_host *world) {
-  return (ml_data_group){world->rank, world->size, world, gather, agree};
+  return (ml_data_group){.rank = world->rank,
+                         .size = world->size,
+                         .ctx = world,
+                         .all_gather_v = gather,
+                         .agree = agree};
 }

@@ -94,8 +94,10 @@ typedef struct ml_data_group {
   void *ctx;      /* the callbacks' */
   /* Collective: recv = every rank's send[bytes[rank]] in rank order, packed
    * (bytes[size] the same array on every rank; MPI_Allgatherv). The loader
-   * keeps each call's sum below 2^30 bytes. */
+   * keeps each call's sum below call_bytes. */
   int (*all_gather_v)(void *ctx, const void *send, const size_t *bytes, void *recv);
+  size_t call_bytes; /* the most bytes one all_gather_v call moves, all ranks together (more
+                        go in rounds); 0: 2^30 (MPI's int counts) */
   /* Collective: 0 when rc == 0 on every rank, else −1 on every rank, each
    * then holding the lowest failing rank's message (comm/host.h
    * ml_host_agree). */

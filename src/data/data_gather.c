@@ -17,22 +17,25 @@ static int solo_agree(void *ctx, int rc) {
   return rc ? -1 : 0;
 }
 
-static const ml_data_group solo = {0, 1, NULL, solo_gather, solo_agree};
+static const ml_data_group solo = {.rank = 0, .size = 1, .all_gather_v = solo_gather,
+                                   .agree = solo_agree};
 
 const ml_data_group *ml_data_group_or_solo(const ml_data_group *g) { return g ? g : &solo; }
 
 /* Bytes per call of all ranks together. */
-enum { CALL_BYTES = 1 << 30 };
+static size_t call_bytes(const ml_data_group *g) { return g->call_bytes ? g->call_bytes : 1u << 30; }
 
 /* recv[sum of bytes] = every rank's send[bytes[rank]], in rounds of at most
- * CALL_BYTES / size bytes per rank, each gathered into `tmp` and moved to
+ * call_bytes / size bytes per rank, each gathered into `tmp` and moved to
  * its place. */
 static int gather_rounds(const ml_data_group *g, const char *send, const size_t *bytes,
                          char *recv) {
-  size_t per = CALL_BYTES / (size_t)g->size, most = 0;
+  size_t per = call_bytes(g) / (size_t)g->size, most = 0;
+  if (per == 0) per = 1;
   for (int q = 0; q < g->size; q++) most = bytes[q] > most ? bytes[q] : most;
   size_t *cnt = ml_calloc_array(g->size, sizeof *cnt, "data gather counts");
-  char *tmp = cnt ? ml_malloc_array(CALL_BYTES, 1, "a data gather buffer") : NULL;
+  char *tmp = cnt ? ml_malloc_array((int64_t)(per * (size_t)g->size), 1, "a data gather buffer")
+                  : NULL;
   int rc = tmp ? 0 : -1;
   for (size_t at = 0; rc == 0 && at < most; at += per) {
     for (int q = 0; q < g->size; q++)
@@ -68,8 +71,8 @@ int ml_data_gather(const ml_data_group *g, const void *send, int64_t count, size
                        : NULL;
   if (rc == 0 && !recv) rc = -1;
   if (rc == 0)
-    rc = sum < CALL_BYTES ? g->all_gather_v(g->ctx, send, bytes, recv)
-                          : gather_rounds(g, send, bytes, recv);
+    rc = sum <= call_bytes(g) ? g->all_gather_v(g->ctx, send, bytes, recv)
+                              : gather_rounds(g, send, bytes, recv);
   free(bytes);
   if (rc != 0) {
     free(recv);

@@ -1,6 +1,6 @@
 /* The data loader's collectives over a group of ranks (data/data.h
  * ml_data_group): a one-rank group for a process alone, and an all-gather
- * of arrays of any size, cut into calls below 2^30 bytes. */
+ * of arrays of any size, cut into calls of at most the group's call_bytes. */
 #ifndef ML_DATA_GATHER_H
 #define ML_DATA_GATHER_H
 

@@ -9,7 +9,7 @@
  * tokenized with tests/fixtures/data_formats' tokenizer, a first line
  * longer than a part (later parts empty), raw text (read whole by every
  * rank), conversations rendered with SmolLM2's chat template (data_chat.h),
- * and errors at lines of every part. */
+ * gathers in rounds of a few bytes, and errors at lines of every part. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -267,6 +267,19 @@ static void test_chat(void **state) {
   agree(&rep, "failures");
 }
 
+/* The gathers in rounds of a few bytes (ml_data_group.call_bytes), as
+ * beyond MPI's int counts: the same dataset. */
+static void test_rounds(void **state) {
+  (void)state;
+  report rep = {0};
+  ml_data_opts o = ml_data_opts_default(g_tok);
+  text_file(50, true, 0);
+  g_group.call_bytes = 7 * (size_t)g_world->size;
+  good(&rep, "rounds", compare_dataset(&rep, "prompt/completion in rounds", 16, 256, o));
+  g_group.call_bytes = 0;
+  agree(&rep, "failures");
+}
+
 static void test_shapes(void **state) {
   (void)state;
   report rep = {0};
@@ -325,6 +338,7 @@ int main(int argc, char **argv) {
       held_test(test_ids),
       held_test(test_text),
       held_test(test_chat),
+      held_test(test_rounds),
       held_test(test_shapes),
   };
   int failed = cmocka_run_group_tests(tests, NULL, NULL);

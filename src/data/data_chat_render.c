@@ -123,12 +123,10 @@ static int tools(const char *where, const json_t *rec, const json_t **out) {
   char f[96];
   *out = t && !json_is_null(t) ? t : NULL;
   if (!*out) return 0;
-  size_t i;
-  const json_t *e;
-  if (json_is_array(t)) {
-    json_array_foreach(t, i, e) if (!json_is_object(e)) break;
-    if (i == json_array_size(t)) return 0;
-  }
+  bool list = json_is_array(t);
+  for (size_t i = 0; list && i < json_array_size(t); i++)
+    list = json_is_object(json_array_get(t, i));
+  if (list) return 0;
   return ml_err("%s: field 'tools': expected a list of JSON-schema objects, found %s", where,
                 found(t, f, sizeof f));
 }

@@ -23,7 +23,9 @@ static const ml_data_group solo = {.rank = 0, .size = 1, .all_gather_v = solo_ga
 const ml_data_group *ml_data_group_or_solo(const ml_data_group *g) { return g ? g : &solo; }
 
 /* Bytes per call of all ranks together. */
-static size_t call_bytes(const ml_data_group *g) { return g->call_bytes ? g->call_bytes : 1u << 30; }
+static size_t call_bytes(const ml_data_group *g) {
+  return g->call_bytes ? g->call_bytes : (size_t)1 << 30;
+}
 
 /* recv[sum of bytes] = every rank's send[bytes[rank]], in rounds of at most
  * call_bytes / size bytes per rank, each gathered into `tmp` and moved to

@@ -54,6 +54,7 @@ int jx_tostr(jx *x, const jexpr *at, jv v, jv *out) {
 }
 
 int jx_undefined(jx *x, const jexpr *at, jv v) {
+  if (v.aux && v.u.i == 1) return jx_fail(x, at, "%s", (const char *)v.aux);
   if (v.aux) return jx_fail(x, at, "'%s' is undefined", (const char *)v.aux);
   return jx_fail(x, at, "a value is undefined");
 }
@@ -67,7 +68,7 @@ int jx_iter(jx *x, const jexpr *at, jv v, jlist **out) {
   case JV_DICT: {
     jlist *l = jlist_new(&x->a, v.u.d->n);
     if (!l) return jx_oom(x, at);
-    memcpy(l->items, v.u.d->keys, v.u.d->n * sizeof(jv));
+    jv_copy(l->items, v.u.d->keys, v.u.d->n);
     l->n = v.u.d->n;
     *out = l;
     return 0;
@@ -93,7 +94,7 @@ int jx_iter(jx *x, const jexpr *at, jv v, jlist **out) {
 
 static jframe *frame_new(jx *x, const jexpr *at, jframe *parent) {
   jframe *f = ja_alloc(&x->a, sizeof *f);
-  if (!f || !(f->vars = jdict_new(&x->a, 0))) {
+  if (!f) {
     jx_oom(x, at);
     return NULL;
   }
@@ -101,20 +102,42 @@ static jframe *frame_new(jx *x, const jexpr *at, jframe *parent) {
   return f;
 }
 
+static jv *frame_get(const jframe *f, const char *name) {
+  for (size_t i = f->n; i-- > 0;)
+    if (!strcmp(f->names[i], name)) return &f->vals[i];
+  return NULL;
+}
+
 static int frame_set(jx *x, const jexpr *at, jframe *f, const char *name, jv v) {
-  jv k;
-  if (jx_str(x, at, name, strlen(name), &k)) return -1;
-  if (jdict_set(&x->a, f->vars, k, v)) return jx_oom(x, at);
+  jv *old = frame_get(f, name);
+  if (old) {
+    *old = v;
+    return 0;
+  }
+  if (f->n == f->cap) {
+    size_t nc = f->cap ? f->cap * 2 : 8;
+    const char **names = ja_alloc(&x->a, nc * sizeof *names);
+    jv *vals = ja_alloc(&x->a, nc * sizeof *vals);
+    if (!names || !vals) return jx_oom(x, at);
+    if (f->n) {
+      memcpy(names, f->names, f->n * sizeof *names);
+      memcpy(vals, f->vals, f->n * sizeof *vals);
+    }
+    f->names = names;
+    f->vals = vals;
+    f->cap = nc;
+  }
+  f->names[f->n] = name;
+  f->vals[f->n++] = v;
   return 0;
 }
 
 static jv lookup(jx *x, const jframe *f, const char *name) {
-  size_t len = strlen(name);
   for (; f; f = f->parent) {
-    jv *v = jdict_get_str(f->vars, name, len);
+    jv *v = frame_get(f, name);
     if (v) return *v;
   }
-  jv *v = jdict_get_str(x->ctx, name, len);
+  jv *v = jdict_get_str(x->ctx, name, strlen(name));
   if (v) return *v;
   jv g;
   if (jb_global(name, &g)) return g;
@@ -405,7 +428,7 @@ static int repeat(jx *x, const jexpr *at, jv a, int64_t n, jv *out) {
   }
   jlist *l = jlist_new(&x->a, a.u.l->n * (size_t)n);
   if (!l) return jx_oom(x, at);
-  for (int64_t i = 0; i < n; i++) memcpy(l->items + (size_t)i * a.u.l->n, a.u.l->items, a.u.l->n * sizeof(jv));
+  for (int64_t i = 0; i < n; i++) jv_copy(l->items + (size_t)i * a.u.l->n, a.u.l->items, a.u.l->n);
   l->n = a.u.l->n * (size_t)n;
   l->view = a.u.l->view;
   *out = (jv){.kind = JV_LIST, .u.l = l};
@@ -493,8 +516,8 @@ static int arith(jx *x, const jexpr *at, int op, jv a, jv b, jv *out) {
       a.u.l->view <= JL_TUPLE) {
     jlist *l = jlist_new(&x->a, a.u.l->n + b.u.l->n);
     if (!l) return jx_oom(x, at);
-    memcpy(l->items, a.u.l->items, a.u.l->n * sizeof(jv));
-    memcpy(l->items + a.u.l->n, b.u.l->items, b.u.l->n * sizeof(jv));
+    jv_copy(l->items, a.u.l->items, a.u.l->n);
+    jv_copy(l->items + a.u.l->n, b.u.l->items, b.u.l->n);
     l->n = a.u.l->n + b.u.l->n;
     l->view = a.u.l->view;
     *out = (jv){.kind = JV_LIST, .u.l = l};
@@ -599,7 +622,20 @@ static int eval_seq(jx *x, jframe *f, const jexpr *e, jv *out) {
   return 0;
 }
 
+static int eval_node(jx *x, jframe *f, const jexpr *e, jv *out);
+
+/* Every expression and statement goes through here: the recursion bound
+ * (a left-deep chain such as a + b + ... parses without nesting). */
 static int eval(jx *x, jframe *f, const jexpr *e, jv *out) {
+  if (x->depth >= JINJA_MAX_EVAL_DEPTH)
+    return jx_fail(x, e, "expressions, blocks and macro calls nested deeper than %d", JINJA_MAX_EVAL_DEPTH);
+  x->depth++;
+  int rc = eval_node(x, f, e, out);
+  x->depth--;
+  return rc;
+}
+
+static int eval_node(jx *x, jframe *f, const jexpr *e, jv *out) {
   jv a, b;
   switch (e->kind) {
   case E_CONST: *out = e->val; return 0;
@@ -711,21 +747,23 @@ static int exec_for(jx *x, jframe *f, const jstmt *s) {
   jv it;
   jlist *items;
   if (eval(x, f, s->expr, &it) || jx_iter(x, s->expr, it, &items)) return -1;
+  jframe *g = frame_new(x, s->expr, f);
+  if (!g) return -1;
   if (s->cond) { /* {% for a in b if c %}: c sees a, not loop */
     jlist *kept = jlist_new(&x->a, 0);
     if (!kept) return jx_oom(x, s->expr);
     for (size_t i = 0; i < items->n; i++) {
-      jframe *g = frame_new(x, s->expr, f);
       jv c;
-      if (!g || assign(x, s->expr, g, s, items->items[i]) || eval(x, g, s->cond, &c)) return -1;
+      g->n = 0;
+      if (++x->iters > JINJA_MAX_ITERS)
+        return jx_fail(x, s->expr, "more than %llu loop iterations", (unsigned long long)JINJA_MAX_ITERS);
+      if (assign(x, s->expr, g, s, items->items[i]) || eval(x, g, s->cond, &c)) return -1;
       if (jv_truthy(c) && jlist_push(&x->a, kept, items->items[i])) return jx_oom(x, s->expr);
     }
     items = kept;
   }
-  if (!items->n) {
-    jframe *g = frame_new(x, s->expr, f);
-    return g ? exec_body(x, g, &s->orelse) : -1;
-  }
+  g->n = 0;
+  if (!items->n) return exec_body(x, g, &s->orelse);
   jloop *lp = ja_alloc(&x->a, sizeof *lp);
   if (!lp) return jx_oom(x, s->expr);
   lp->items = items;
@@ -733,8 +771,8 @@ static int exec_for(jx *x, jframe *f, const jstmt *s) {
     if (++x->iters > JINJA_MAX_ITERS)
       return jx_fail(x, s->expr, "more than %llu loop iterations", (unsigned long long)JINJA_MAX_ITERS);
     lp->index0 = i;
-    jframe *g = frame_new(x, s->expr, f);
-    if (!g || assign(x, s->expr, g, s, items->items[i]) ||
+    g->n = 0;
+    if (assign(x, s->expr, g, s, items->items[i]) ||
         frame_set(x, s->expr, g, "loop", (jv){.kind = JV_LOOP, .u.loop = lp}) || exec_body(x, g, &s->body))
       return -1;
     if (x->ctl == 1) {
@@ -810,9 +848,13 @@ static int exec_stmt(jx *x, jframe *f, const jstmt *s) {
 }
 
 static int exec_body(jx *x, jframe *f, const jbody *b) {
-  for (size_t i = 0; i < b->n && !x->ctl; i++)
-    if (exec_stmt(x, f, b->s[i])) return -1;
-  return 0;
+  if (x->depth >= JINJA_MAX_EVAL_DEPTH)
+    return jx_fail(x, NULL, "expressions, blocks and macro calls nested deeper than %d", JINJA_MAX_EVAL_DEPTH);
+  x->depth++;
+  int rc = 0;
+  for (size_t i = 0; !rc && i < b->n && !x->ctl; i++) rc = exec_stmt(x, f, b->s[i]);
+  x->depth--;
+  return rc;
 }
 
 int jx_render(jx *x, const jbody *body) {

@@ -19,12 +19,17 @@ struct jargs; /* builtins.h */
 #define JINJA_MAX_ITERS 10000000ULL           /* for-loop iterations in all */
 #define JINJA_MAX_RANGE 100000                /* range()'s length, as the sandbox's */
 #define JINJA_MAX_CALLS 100                   /* nested macro calls */
+#define JINJA_MAX_EVAL_DEPTH 2000             /* nested expressions, blocks and calls at once */
 
 /* Variables of a scope: the template's top level, a loop iteration, a macro
- * call. Lookups go up the parents, then to the context and the globals. */
+ * call. Lookups go up the parents, then to the context and the globals.
+ * Names point into the template (they outlive the render); a loop reuses
+ * one frame for all its iterations, emptied before each. */
 typedef struct jframe {
   struct jframe *parent;
-  jdict *vars;
+  const char **names;
+  jv *vals;
+  size_t n, cap;
 } jframe;
 
 typedef struct jx {
@@ -37,6 +42,7 @@ typedef struct jx {
   size_t ngen, capgen;
   uint64_t iters;
   int calls;
+  int depth; /* the evaluator's recursion now */
   int ctl; /* a pending {% break %} (1) or {% continue %} (2) */
 } jx;
 

@@ -513,7 +513,7 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
     if (jb_bind(x, at, fname, a, NULL, 0, p) || jx_iter(x, at, v, &items)) return -1;
     jlist *l = jlist_new(&x->a, items->n);
     if (!l) return jx_oom(x, at);
-    memcpy(l->items, items->items, items->n * sizeof(jv));
+    jv_copy(l->items, items->items, items->n);
     l->n = items->n;
     *out = list_v(l);
     return 0;

@@ -67,7 +67,8 @@ struct jv {
     struct jfunc *fn;
   } u;
   /* JV_UNDEF: the name or attribute that was missing (for messages), or
-   * NULL; JV_MACRO: the frame the macro was defined in. */
+   * NULL, or with u.i == 1 the whole message (jv_undef_msg); JV_MACRO:
+   * the frame the macro was defined in. */
   const void *aux;
 };
 
@@ -83,6 +84,11 @@ struct jlist {
   size_t n, cap;
   jlist_view view;
 };
+
+/* Copy n values (n may be 0 with NULL pointers, unlike memcpy). */
+static inline void jv_copy(jv *dst, const jv *src, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = src[i];
+}
 
 /* Whether l supports x[i] and slices (lists, tuples, ranges). */
 static inline bool jlist_indexable(const jlist *l) { return l->view <= JL_TUPLE || l->view == JL_RANGE; }
@@ -108,6 +114,9 @@ typedef struct jloop {
 
 /* Constructors. */
 static inline jv jv_undef(const char *what) { return (jv){.kind = JV_UNDEF, .aux = what}; }
+/* An Undefined whose use fails with `msg` itself (e.g. the sandbox's
+ * "access to attribute 'append' of 'list' object is unsafe"). */
+static inline jv jv_undef_msg(const char *msg) { return (jv){.kind = JV_UNDEF, .u.i = 1, .aux = msg}; }
 static inline jv jv_none(void) { return (jv){.kind = JV_NONE}; }
 static inline jv jv_bool(bool b) { return (jv){.kind = JV_BOOL, .u.b = b}; }
 static inline jv jv_int(int64_t i) { return (jv){.kind = JV_INT, .u.i = i}; }

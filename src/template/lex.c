@@ -176,16 +176,17 @@ static int unescape(lx *x, size_t off, const char *s, size_t n, char *out, size_
 static const char *const OPS[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "<",
                                   ">",  "=",  "(",  ")",  "[",  "]",  "{", "}", ",", ".", ":", "|", ";"};
 
-/* The tokens of one tag from pos (after its opening and sign) to its end;
- * *pos is left after the end, *sign holds the end's sign. */
-static int lex_tag(lx *x, size_t *pos, bool block, char *sign) {
+/* The tokens of one tag (opened at `open`) from *pos (after its opening
+ * and sign) to its end; *pos is left after the end, *sign holds the end's
+ * sign. */
+static int lex_tag(lx *x, size_t open, size_t *pos, bool block, char *sign) {
   const char *s = x->src;
   size_t len = x->len, p = *pos;
   char stack[JINJA_MAX_DEPTH];
   int depth = 0;
   for (;;) {
     while (p < len && is_ws(s[p])) p++;
-    if (p >= len) return fail(x, *pos, "%s", block ? "unterminated '{%': no '%}' before the end" : "unterminated '{{': no '}}' before the end");
+    if (p >= len) return fail(x, open, "%s", block ? "unterminated '{%': no '%}' before the end" : "unterminated '{{': no '}}' before the end");
     if (depth == 0) {
       const char *end = block ? "%}" : "}}";
       if ((s[p] == '-' || (block && s[p] == '+')) && p + 2 < len && memcmp(s + p + 1, end, 2) == 0) {
@@ -337,7 +338,7 @@ int jinja_lex(jarena *a, const char *origin, const char *src, size_t len, jtok *
     if (push(&x, block ? TK_BLOCK_BEGIN : TK_VAR_BEGIN, p, NULL, 0)) return -1;
     pos = p + 2 + (sign == '-' || sign == '+');
     char end_sign = 0;
-    if (lex_tag(&x, &pos, block, &end_sign)) return -1;
+    if (lex_tag(&x, p, &pos, block, &end_sign)) return -1;
     pos = after_end(src, pos, len, end_sign, block);
   }
   if (push(&x, TK_EOF, len, NULL, 0)) return -1;

@@ -2,6 +2,7 @@
  * Jinja2's ImmutableSandboxedEnvironment: methods that modify a list or a
  * dict are "unsafe" (the call is refused, as the sandbox's SecurityError);
  * Python methods outside this subset are refused by name when called. */
+#include <stdio.h>
 #include <string.h>
 
 #include "template/bi.h"
@@ -47,6 +48,14 @@ bool jb_method(jx *x, jv v, const char *name, size_t len, jv *out) {
   if (!type) return false;
   for (size_t i = 0; i < NMETHODS; i++)
     if (METHODS[i].type == type && strlen(METHODS[i].name) == len && !memcmp(METHODS[i].name, name, len)) {
+      if (METHODS[i].st == UNSAFE) { /* the sandbox: an Undefined that fails when used */
+        char *msg = ja_alloc(&x->a, 96);
+        if (!msg) return false;
+        snprintf(msg, 96, "access to attribute '%s' of '%s' object is unsafe", METHODS[i].name,
+                 type == 'd' ? "dict" : "list");
+        *out = jv_undef_msg(msg);
+        return true;
+      }
       jfunc *f = ja_alloc(&x->a, sizeof *f);
       if (!f) return false;
       f->id = M_FIRST + (int)i;
@@ -487,9 +496,6 @@ static int dict_method(jx *x, const jexpr *at, const char *name, const jdict *d,
 int jb_call_method(jx *x, const jexpr *at, const jfunc *f, const jargs *a, jv *out) {
   const method *m = &METHODS[f->id - M_FIRST];
   const char *tname = m->type == 's' ? "str" : m->type == 'd' ? "dict" : m->type == 'l' ? "list" : "loop";
-  if (m->st == UNSAFE)
-    return jx_fail(x, at, "access to attribute '%s' of '%s' object is unsafe (transformers' sandbox is immutable)",
-                   m->name, tname);
   if (m->st == UNSUPPORTED) return jx_fail(x, at, "%s.%s() is not supported", tname, m->name);
   switch (m->type) {
   case 's': return str_method(x, at, m->name, f->self.u.s, a, out);

@@ -16,10 +16,10 @@ PURPOSE
                        add_generation_prompt=True), mapped onto the whole chat's tokens through
                        char_to_token exactly as return_assistant_tokens_mask maps its spans;
       text             the rendered chat (tokenize=False).
-    Templates (tests/fixtures/chat/*.jinja): smollm2.jinja and gemma3.jinja are the real chat
-    templates of SmolLM2-135M-Instruct and Gemma 3 270M (their GGUF files' tokenizer.chat_template
-    metadata); smollm2_generation.jinja is SmolLM2's with {% generation %} around the assistant
-    turns (content and <|im_end|>). Tokenizers: tests/fixtures/tokenizer/smollm2 (SmolLM2's real
+    Templates (paths under tests/fixtures): jinja/templates/smollm2.jinja and gemma3.jinja are the
+    real chat templates of SmolLM2-135M-Instruct and Gemma 3 270M (their GGUF files'
+    tokenizer.chat_template metadata, tools/gen_jinja_fixtures.py); chat/smollm2_generation.jinja
+    is SmolLM2's with {% generation %} around the assistant turns (content and <|im_end|>). Tokenizers: tests/fixtures/tokenizer/smollm2 (SmolLM2's real
     tokenizer) and tests/fixtures/data_formats (the 256-id tokenizer that fits `meshlm init
     --preset tiny`, ASCII chats only), each with the template as chat_template.jinja.
 
@@ -31,7 +31,7 @@ USAGE
 
 OUTPUT
     cases.json  {"transformers_version", "cases": [{"name", "tokenizer" (a fixture directory
-                under tests/fixtures), "template" (a file of tests/fixtures/chat), "messages",
+                under tests/fixtures), "template" (a file under tests/fixtures), "messages",
                 "tools" (optional), "text", "input_ids", "assistant_masks"}]}, one case per line
 """
 import argparse
@@ -78,12 +78,15 @@ PARTS_CHAT = {
 }
 
 # (tokenizer fixture, template, chats)
+SMOLLM2 = "jinja/templates/smollm2.jinja"
+GEMMA3 = "jinja/templates/gemma3.jinja"
+SMOLLM2_GEN = "chat/smollm2_generation.jinja"
 SETS = [
-    ("tokenizer/smollm2", "smollm2.jinja", {**ASCII_CHATS, **UNICODE_CHATS}),
-    ("tokenizer/smollm2", "smollm2_generation.jinja", {**ASCII_CHATS, **UNICODE_CHATS}),
-    ("tokenizer/smollm2", "gemma3.jinja", {**ASCII_CHATS, **UNICODE_CHATS, **PARTS_CHAT}),
-    ("data_formats", "smollm2.jinja", ASCII_CHATS),
-    ("data_formats", "smollm2_generation.jinja", ASCII_CHATS),
+    ("tokenizer/smollm2", SMOLLM2, {**ASCII_CHATS, **UNICODE_CHATS}),
+    ("tokenizer/smollm2", SMOLLM2_GEN, {**ASCII_CHATS, **UNICODE_CHATS}),
+    ("tokenizer/smollm2", GEMMA3, {**ASCII_CHATS, **UNICODE_CHATS, **PARTS_CHAT}),
+    ("data_formats", SMOLLM2, ASCII_CHATS),
+    ("data_formats", SMOLLM2_GEN, ASCII_CHATS),
 ]
 
 
@@ -92,7 +95,7 @@ def model_dir(tok_fixture, template):
     src = os.path.join(FIX, tok_fixture)
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(os.path.join(src, f), d)
-    shutil.copy(os.path.join(FIX, "chat", template), os.path.join(d, "chat_template.jinja"))
+    shutil.copy(os.path.join(FIX, template), os.path.join(d, "chat_template.jinja"))
     return d
 
 
@@ -124,7 +127,7 @@ def main():
     for tok_fixture, template, chats in SETS:
         d = model_dir(tok_fixture, template)
         tok = AutoTokenizer.from_pretrained(d)
-        generation = "{% generation %}" in open(os.path.join(FIX, "chat", template)).read()
+        generation = "{% generation %}" in open(os.path.join(FIX, template)).read()
         for name, messages in chats.items():
             tools = TOOLS if name == "spaces_and_tools" else None
             text = tok.apply_chat_template(messages, tools=tools, tokenize=False)

@@ -24,11 +24,11 @@ fx=$src/tests/fixtures
 model=$work/model
 "$meshlm" init --arch llama --preset tiny --seed 5 --out "$model" > /dev/null || exit 1
 cp "$fx/data_formats/tokenizer.json" "$fx/data_formats/tokenizer_config.json" "$model/"
-cp "$fx/chat/smollm2.jinja" "$model/chat_template.jinja"
+cp "$fx/jinja/templates/smollm2.jinja" "$model/chat_template.jinja"
 
 # case NAME: the fixture line of conversation NAME (data_formats tokenizer, SmolLM2's template)
 case_line() {
-  grep -F "\"name\": \"$1\", \"tokenizer\": \"data_formats\", \"template\": \"smollm2.jinja\"" \
+  grep -F "\"name\": \"$1\", \"tokenizer\": \"data_formats\", \"template\": \"jinja/templates/smollm2.jinja\"" \
     "$fx/chat/cases.json"
 }
 # array LINE NAME: the JSON array field NAME of LINE, comma-separated, no spaces

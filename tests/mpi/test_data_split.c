@@ -306,7 +306,7 @@ static void test_shapes(void **state) {
 static const char *const g_chat_files[][2] = {
     {"tokenizer.json", ML_SOURCE_DIR "/tests/fixtures/data_formats/tokenizer.json"},
     {"tokenizer_config.json", ML_SOURCE_DIR "/tests/fixtures/data_formats/tokenizer_config.json"},
-    {"chat_template.jinja", ML_SOURCE_DIR "/tests/fixtures/chat/smollm2.jinja"}};
+    {"chat_template.jinja", ML_SOURCE_DIR "/tests/fixtures/jinja/templates/smollm2.jinja"}};
 
 static int make_chat_dir(void) {
   char dst[256];

@@ -72,10 +72,10 @@ static const char *model_dir(const char *name, const char *tokenizer) {
   return dir;
 }
 
-/* dir/chat_template.jinja = the fixture template `name`. */
+/* dir/chat_template.jinja = the fixture template `name` (a path under tests/fixtures). */
 static void put_template(const char *dir, const char *name) {
   char src[512], dst[600];
-  snprintf(src, sizeof src, "%s/chat/%s", FIX, name);
+  snprintf(src, sizeof src, "%s/%s", FIX, name);
   snprintf(dst, sizeof dst, "%s/chat_template.jinja", dir);
   char *t = read_text(src);
   write_text(dst, t);
@@ -194,9 +194,9 @@ static void put_config(const char *dir, const char *chat_template_json) {
 
 static void test_template_sources(void **state) {
   (void)state;
-  const json_t *c = case_of("smollm2.jinja");
+  const json_t *c = case_of("jinja/templates/smollm2.jinja");
   const char *want = json_string_value(json_object_get(c, "text"));
-  char *src = read_text(FIX "/chat/smollm2.jinja");
+  char *src = read_text(FIX "/jinja/templates/smollm2.jinja");
   json_t *s = json_string(src);
   char *js = json_dumps(s, JSON_ENCODE_ANY), *list;
   /* a string in tokenizer_config.json */
@@ -215,7 +215,7 @@ static void test_template_sources(void **state) {
   free(got);
   /* chat_template.jinja wins over the config's */
   put_config(dir, "\"{{ 'from the config' }}\"");
-  put_template(dir, "smollm2.jinja");
+  put_template(dir, "jinja/templates/smollm2.jinja");
   got = render_text(dir, c);
   assert_string_equal(got, want);
   free(got);
@@ -238,7 +238,7 @@ static void test_template_sources(void **state) {
   /* messages as transformers passes them: null-valued keys dropped, the reasoning aliased */
   write_text(tpath("cfg/chat_template.jinja"), "{{ messages[0].x is defined }}|{{ messages[0]"
                                                 ".thinking }}|{{ messages[0].reasoning_content }}");
-  rec = json_pack("{s:[{s:s,s:s,s:n,s:s}]}", "messages", "role", "assistant", "content", "a", "x",
+  rec = json_pack("{s:[{s:s,s:s,s:n,s:s}]}", "messages", "role", "user", "content", "a", "x",
                   "reasoning", "r");
   got = render_text(dir, rec);
   assert_string_equal(got, "False|r|r");
@@ -287,7 +287,7 @@ static void test_missing_template(void **state) {
 static void test_bad_records(void **state) {
   (void)state;
   const char *dir = model_dir("bad", "tokenizer/smollm2");
-  put_template(dir, "gemma3.jinja");
+  put_template(dir, "jinja/templates/gemma3.jinja");
   const char *ok = "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n";
   char two[512];
   snprintf(two, sizeof two, "%s{\"messages\": []}\n", ok);

@@ -11,6 +11,7 @@
 #   mean of logprobs' log-probs over the assistant tokens, and over every
 #   token but the first with --assistant-only-loss false (config key
 #   assistant_only_loss); 2 ranks give the 1-rank loss within the bound;
+#   tokenize's output (input_ids + loss_mask) trains to the same loss bitwise;
 # - bad input, on 2 ranks: every rank exits non-zero and one message names
 #   the model directory and files (no template) or the file, line and field.
 # usage: test_data_chat.sh MESHLM SOURCE_DIR JSON_CHECK TOL_BOUND
@@ -96,15 +97,14 @@ close() {
 loss1() { sed -nE '1s/.*"loss": ?([-0-9.eE+]+).*/\1/p' "$1"; }
 bound=$("$tol_bound" "$model" loss pair 256 512)
 train() {
-  "$meshlm" train --model "$model" --data "$work/chat.jsonl" --steps 1 --batch-size 2 --seq-len 256 \
-    --peak-tflops 1 "$@"
+  "$meshlm" train --model "$model" --steps 1 --batch-size 2 --seq-len 256 --peak-tflops 1 "$@"
 }
 
 # 3. train on the assistant turns, and on every token
 printf '{"assistant_only_loss": false}\n' > "$work/all.json"
 for mode in assistant all; do
   if [ $mode = assistant ]; then args=(); want=$(nll 0); else args=(--config "$work/all.json"); want=$(nll 1); fi
-  if train "${args[@]}" --metrics "$work/m_$mode.jsonl" > "$work/out" 2> "$work/err" &&
+  if train --data "$work/chat.jsonl" "${args[@]}" --metrics "$work/m_$mode.jsonl" > "$work/out" 2> "$work/err" &&
      grep -q "2 messages records, 332 tokens -> 2 sequences (one per record)" "$work/out" &&
      close "$want" "$(loss1 "$work/m_$mode.jsonl")" "$bound"; then
     ok "train on messages ($mode tokens): step 1 loss $(loss1 "$work/m_$mode.jsonl") = logprobs' $want"
@@ -112,6 +112,12 @@ for mode in assistant all; do
     bad "train on messages ($mode tokens): loss $(loss1 "$work/m_$mode.jsonl") vs $want"; cat "$work/out"
   fi
 done
+if train --data "$work/tok.jsonl" --metrics "$work/m_tok.jsonl" > "$work/out" 2> "$work/err" &&
+   [ "$(loss1 "$work/m_tok.jsonl")" = "$(loss1 "$work/m_assistant.jsonl")" ]; then
+  ok "train on tokenize's output (input_ids + loss_mask): the conversations' loss, bitwise"
+else
+  bad "train on tokenize's output: loss $(loss1 "$work/m_tok.jsonl")"; cat "$work/out"
+fi
 if mpiexec -n 2 "$meshlm" train --model "$model" --data "$work/chat.jsonl" --steps 1 --batch-size 2 \
      --seq-len 256 --peak-tflops 1 --metrics "$work/m_dp2.jsonl" > "$work/out" 2> "$work/err" &&
    close "$(loss1 "$work/m_assistant.jsonl")" "$(loss1 "$work/m_dp2.jsonl")" "$bound"; then

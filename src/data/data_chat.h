@@ -7,7 +7,8 @@
  *
  * The template of a model directory, as from_pretrained finds it:
  * chat_template.jinja (transformers >= 4.43 saves it apart; when present it
- * replaces tokenizer_config.json's), else tokenizer_config.json's
+ * replaces tokenizer_config.json's, with additional_chat_templates/
+ * tool_use.jinja as its "tool_use"), else tokenizer_config.json's
  * "chat_template": a string, or a list of {"name", "template"} of which the
  * one named "default" is used — "tool_use" instead for a record with tools
  * where the list has one (get_chat_template). The context of a render is

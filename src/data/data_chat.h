@@ -83,8 +83,12 @@ void ml_chat_text_free(ml_chat_text *t);
  * return_assistant_tokens_mask maps spans through char_to_token (the
  * token holding a span's first byte through the one holding its last).
  * A boundary's token is found by encoding the text before it: when that
- * encoding is a prefix of the whole one, its length; otherwise the
- * tokens agree up to the one that straddles the boundary. `scratch` is
+ * encoding is a prefix of the whole one, its length (the boundary falls
+ * between two tokens: chat templates put one after a role header's
+ * newline or special token); otherwise the first token where they differ
+ * is taken as the one straddling the boundary (which it is, unless the
+ * pre-tokenizer cut the text before the boundary otherwise, as whitespace
+ * runs that end at it: then one more token is a target). `scratch` is
  * work space. Errors: the tokenizer's (text not UTF-8), allocation. */
 int ml_chat_tokens(const ml_tokenizer *tok, const ml_chat_text *t, ml_tokens *ids,
                    ml_tokens *scratch, uint8_t **target);

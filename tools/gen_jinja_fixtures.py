@@ -177,6 +177,20 @@ CASES = [
     ("idiom_bos_eos", "{{ bos_token }}{% for m in messages %}{{ m.content + eos_token }}{% endfor %}", {"messages": MSGS[:2], "bos_token": "<s>", "eos_token": "</s>"}, None),
     ("idiom_loop_messages_alternate", "{%- for message in messages %}{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif %}{{ message['role'][0] }}{%- endfor %}", {"messages": MSGS[1:]}, None),
     ("idiom_reasoning_split", "{%- set c = m.content %}{%- if '</think>' in c %}{%- set r = c.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}{%- set c = c.split('</think>')[-1].lstrip('\\n') %}{% endif %}[{{ r }}][{{ c }}]", {"m": {"content": "<think>\nhmm\n</think>\n\nanswer"}}, None),
+    # more values, operators and conversions
+    ("float_repr", "{{ 1e16 }} {{ 1e15 }} {{ 123456789.123456789 }} {{ 0.30000000000000004 }} {{ -0.0 }} {{ 1e-4 }} {{ 1.5e300 * 1e10 }} {{ 0.1 + 0.7 }} {{ 1/3 * 3 }} {{ 100.0 }} {{ 1e100 }} {{ 1.0e-10 }} {{ 5e-324 }} {{ 1.7976931348623157e308 }} {{ 10 ** 18 }}", {}, None),
+    ("arith_more", "{{ 5 // 0.5 }} {{ -5 // 3.0 }} {{ 5 % -3 }} {{ 5.5 % -2 }} {{ 10 / 4 }} {{ true + true }} {{ true * 3 }} {{ 'a' * true }} {{ 3 - false }}", {}, None),
+    ("dict_key_collision", "{{ {1: 'a', True: 'b', 1.0: 'c'} }}", {}, None),
+    ("slices_more", "{{ 'abc'[5:] }}|{{ 'abc'[-10:2] }}|{{ [1,2,3][-10:] }}|{{ [1,2,3][::-2] }}|{{ 'abcdef'[4:1:-1] }}", {}, None),
+    ("tuple_concat_eq", "{{ (1, 2) + (3,) }} {{ none == none }} {{ [] == [] }} {{ x == y }} {{ 'a' != 'a' }}", {}, None),
+    ("tojson_more", "{{ [1, [2, [3]]] | tojson }} {{ {'a': {'b': {}}} | tojson(indent=1) }} {{ 'tab\\there' | tojson }} {{ '\\x7f\\x00' | tojson }} {{ '\\x7f€😀' | tojson(ensure_ascii=true) }}", {}, None),
+    ("int_float_parse", "{{ 3.0 | int }} {{ '1e3' | int }} {{ '-12' | int }} {{ '+5' | int }} {{ '1_000' | int }} {{ '12abc' | int }} {{ 'inf' | float }} {{ 'nan' | float }} {{ '-1.5e3' | float }} {{ '1_0.5' | float }} {{ 'infinity' | float }}", {}, None),
+    ("select_tests_args", "{{ [1, 2, 3] | select('greaterthan', 1) | list }} {{ [1, 2, 3] | select('==', 2) | list }} {{ [1, 2, 3] | reject('in', [1, 3]) | list }} {{ ['b', 'a', 'B'] | unique | list }} {{ ['b', 'a', 'B'] | unique(case_sensitive=true) | list }}", {}, None),
+    ("replace_range_first_last", "{{ 'Hello World' | replace('o', '0', 1) }} {{ 'abc' | replace('', '.') }} {{ range(5) | last }} {{ range(3) | first }}", {}, None),
+    ("dict_views", "{{ d.items() | first }} {{ d | first }} {{ d.keys() | first }} {{ d | length }} {{ d.values() | sum }} {{ d.items() | length }} {{ d | dictsort | first }} {{ d.items() | list | last }} {{ d.get('b', 0) + d['a'] }} {{ d.b.x is defined }}", {"d": {"b": 1, "a": 2}}, None),
+    ("macro_late_binding", "{% set a = 1 %}{% macro f() %}{{ a }}{% endmacro %}{% set a = 2 %}{{ f() }}{% for i in range(2) %}{% macro g() %}{{ i }}{% endmacro %}{{ g() }}{% endfor %}", {}, None),
+    ("loop_length_nested", "{% for x in [1,2] %}{% for y in [3] %}{{ loop.length }}{% endfor %}{{ loop.length }}{% endfor %}", {}, None),
+    ("case_special", "{{ 'ß'|upper }} {{ 'ΟΔΟΣ'|lower }} {{ 'ǅ'|lower }} {{ 'ﬁ'.upper() }} {{ 'İ'.lower() }} {{ 'ßa'|capitalize }} {{ 'ßa ﬂy'.title() }} {{ 'ΑΣ ΟΔΟΣ.'|title }} {{ 'ΑΣ ΟΔΟΣ.'.title() }} {{ 'Σ'|lower }} {{ 'aΣb'|lower }} {{ \"a'Σ\"|lower }} {{ 'ǆemal'|capitalize }} {{ 'ǆemal'.title() }} {{ ['b', 'ß', 'SS'] | sort }}", {}, None),
     # errors both sides
     ("err_raise_exception", "{{ raise_exception('Roles must alternate!') }}", {}, ("error", "Roles must alternate!")),
     ("err_undefined_attr", "{{ x.y }}", {}, ("error", "undefined")),
@@ -220,6 +234,10 @@ CASES = [
     ("refused_zfill", "{{ '1'.zfill(3) }}", {}, ("refused", "zfill")),
     ("refused_cycler", "{% set c = cycler('a') %}{{ c.next() }}", {}, ("refused", "cycler")),
     ("refused_generation_in_macro", "{% macro m() %}{% generation %}x{% endgeneration %}{% endmacro %}{{ m() }}", {}, ("refused", "generation")),
+    ("refused_macro_varargs", "{% macro m() %}{{ varargs }}{% endmacro %}{{ m() }}", {}, ("refused", "varargs")),
+    ("refused_special_casing", "{{ 'ᾳ' | upper }}", {}, ("refused", "special casing")),
+    ("refused_big_int", "{{ 2 ** 63 }}", {}, ("refused", "overflow")),
+    ("refused_loop_changed", "{% for x in [1] %}{{ loop.changed(x) }}{% endfor %}", {}, ("refused", "loop.changed")),
     ("refused_kwargs_splat", "{{ dict(**{'a': 1}) }}", {}, ("refused", "kwargs")),
 ]
 

@@ -34,6 +34,13 @@ int jb_buf_fail(jx *x, const jexpr *at, const jbuf *b) {
   return jx_fail(x, at, "out of memory building a string");
 }
 
+int jb_case_fail(jx *x, const jexpr *at, jbuf *b, int rc, int32_t bad) {
+  int r = rc == -2 ? jx_fail(x, at, "changing the case of U+%04X needs Unicode's special casing, which is not supported", bad)
+                   : jb_buf_fail(x, at, b);
+  jbuf_free(b);
+  return r;
+}
+
 int jb_take(jx *x, const jexpr *at, jbuf *b, jv *out) {
   int rc = jx_str(x, at, b->p ? b->p : "", b->len, out);
   jbuf_free(b);

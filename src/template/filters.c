@@ -79,8 +79,7 @@ static int fold(jx *x, const jexpr *at, jv v, bool case_sensitive, jv *out) {
     *out = v;
     return 0;
   }
-  jbuf b = {.limit = JINJA_MAX_OUTPUT};
-  return finish(x, at, &b, txt_map(&b, v.u.s->s, v.u.s->len, 'l'), out);
+  return jb_case_str(x, at, v.u.s, 'l', out);
 }
 
 /* The key of an item for sort/unique/min/max: the attribute (comma
@@ -361,14 +360,7 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
   case F_LOWER:
   case F_UPPER: {
     if (jb_bind(x, at, fname, a, NULL, 0, p) || as_str(x, at, v, &s)) return -1;
-    char mode = id == F_LOWER ? 'l' : 'u';
-    if (id == F_CAPITALIZE) { /* first character titlecased, the rest lowercased */
-      size_t n = 0;
-      if (s->len) txt_cp(s->s, s->len, 0, &n);
-      int rc = txt_map(&b, s->s, n, 't') || txt_map(&b, s->s + n, s->len - n, 'l');
-      return finish(x, at, &b, rc, out);
-    }
-    return finish(x, at, &b, txt_map(&b, s->s, s->len, mode), out);
+    return jb_case_str(x, at, s, id == F_LOWER ? 'l' : id == F_UPPER ? 'u' : 'C', out);
   }
   case F_CENTER: {
     int64_t w = 80;
@@ -644,17 +636,29 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
     *out = acc;
     return 0;
   }
-  case F_TITLE: { /* Jinja2's: words start after runs of - whitespace ( { [ < */
+  case F_TITLE: { /* Jinja2's: per word (after runs of - whitespace ( { [ <), word[0].upper() +
+                    word[1:].lower(), each part a string of its own */
     if (jb_bind(x, at, fname, a, NULL, 0, p) || as_str(x, at, v, &s)) return -1;
     int rc = 0;
-    bool start = true;
-    for (size_t i = 0, n; !rc && i < s->len; i += n) {
+    int32_t bad = 0;
+    for (size_t i = 0, n; !rc && i < s->len;) {
       int32_t c = txt_cp(s->s, s->len, i, &n);
-      bool sep = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || txt_space(c);
-      rc = sep ? jbuf_put(&b, s->s + i, n) : txt_map(&b, s->s + i, n, start ? 'u' : 'l');
-      start = sep;
+      if (c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || txt_space(c)) {
+        rc = jbuf_put(&b, s->s + i, n);
+        i += n;
+        continue;
+      }
+      size_t e = i + n, m;
+      while (e < s->len) {
+        int32_t d = txt_cp(s->s, s->len, e, &m);
+        if (d == '-' || d == '(' || d == '{' || d == '[' || d == '<' || txt_space(d)) break;
+        e += m;
+      }
+      rc = txt_case(&b, s->s + i, n, 0, n, 'u', &bad);
+      if (!rc) rc = txt_case(&b, s->s + i + n, e - i - n, 0, e - i - n, 'l', &bad);
+      i = e;
     }
-    return finish(x, at, &b, rc, out);
+    return rc ? jb_case_fail(x, at, &b, rc, bad) : jb_take(x, at, &b, out);
   }
   case F_TOJSON:
     if (jb_bind(x, at, fname, a, P("ensure_ascii", "indent", "separators", "sort_keys"), p)) return -1;

@@ -348,6 +348,8 @@ static jexpr *parse_primary(ps *p) {
     if (is_name(t, "true") || is_name(t, "True")) e->val = jv_bool(true);
     else if (is_name(t, "false") || is_name(t, "False")) e->val = jv_bool(false);
     else if (is_name(t, "none") || is_name(t, "None")) e->val = jv_none();
+    else if (p->macros && (is_name(t, "varargs") || is_name(t, "kwargs") || is_name(t, "caller")))
+      return failat(p, t, "a macro's '%s' is not supported", t->s), NULL;
     else {
       e->kind = E_NAME;
       e->name = t->s;
@@ -701,7 +703,9 @@ static jstmt *parse_macro(ps *p, const jtok *at) {
   int loops = p->loops;
   p->loops = 0;
   p->gens += 1000;
+  p->macros++;
   if (expect_end(p) || parse_body(p, ends, &s->body, &found)) return NULL;
+  p->macros--;
   p->gens -= 1000;
   p->loops = loops;
   if (cur(p)->kind == TK_NAME) p->i++; /* {% endmacro name %} */

@@ -268,11 +268,12 @@ static const char *const GLOBALS[] = {[G_RANGE] = "range", [G_DICT] = "dict", [G
                                       [G_CYCLER] = "cycler", [G_JOINER] = "joiner", [G_LIPSUM] = "lipsum"};
 
 bool jb_global(const char *name, jv *out) {
-  static jfunc fns[sizeof GLOBALS / sizeof *GLOBALS];
-  for (int i = 0; i < (int)(sizeof GLOBALS / sizeof *GLOBALS); i++)
+  /* constants: the callables are never written, so renders may share them */
+  static const jfunc fns[] = {{.id = G_RANGE},    {.id = G_DICT},     {.id = G_NAMESPACE}, {.id = G_RAISE},
+                              {.id = G_STRFTIME}, {.id = G_CYCLER},   {.id = G_JOINER},    {.id = G_LIPSUM}};
+  for (size_t i = 0; i < sizeof GLOBALS / sizeof *GLOBALS; i++)
     if (!strcmp(GLOBALS[i], name)) {
-      fns[i].id = i; /* the same constant every time: no arena needed */
-      *out = (jv){.kind = JV_FUNC, .u.fn = &fns[i]};
+      *out = (jv){.kind = JV_FUNC, .u.fn = (jfunc *)&fns[i]};
       return true;
     }
   return false;

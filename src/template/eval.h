@@ -69,6 +69,11 @@ int jx_undefined(jx *x, const jexpr *at, jv v);
  * order), for sort and comparisons. */
 int jx_less(jx *x, const jexpr *at, jv a, jv b, bool *out);
 
+/* Python's a op b for op '+', '-', '*', '/', 'f' (//), '%', 'p' (**) and
+ * '~' (Jinja2's concatenation of str(a) and str(b)); integers are int64
+ * and their overflow an error. */
+int jx_arith(jx *x, const jexpr *at, int op, jv a, jv b, jv *out);
+
 /* v's attribute `name` as Jinja2's getattr (dict keys; methods of str,
  * dict and list; namespace and loop attributes); Undefined when none. */
 int jx_getattr(jx *x, const jexpr *at, jv v, const char *name, size_t len, jv *out);

@@ -79,8 +79,7 @@ static int fold(jx *x, const jexpr *at, jv v, bool case_sensitive, jv *out) {
     *out = v;
     return 0;
   }
-  jbuf b = {.limit = JINJA_MAX_OUTPUT};
-  return finish(x, at, &b, txt_map(&b, v.u.s->s, v.u.s->len, 'l'), out);
+  return jb_case_str(x, at, v.u.s, 'l', out);
 }
 
 /* The key of an item for sort/unique/min/max: the attribute (comma
@@ -361,14 +360,7 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
   case F_LOWER:
   case F_UPPER: {
     if (jb_bind(x, at, fname, a, NULL, 0, p) || as_str(x, at, v, &s)) return -1;
-    char mode = id == F_LOWER ? 'l' : 'u';
-    if (id == F_CAPITALIZE) { /* first character titlecased, the rest lowercased */
-      size_t n = 0;
-      if (s->len) txt_cp(s->s, s->len, 0, &n);
-      int rc = txt_map(&b, s->s, n, 't') || txt_map(&b, s->s + n, s->len - n, 'l');
-      return finish(x, at, &b, rc, out);
-    }
-    return finish(x, at, &b, txt_map(&b, s->s, s->len, mode), out);
+    return jb_case_str(x, at, s, id == F_LOWER ? 'l' : id == F_UPPER ? 'u' : 'C', out);
   }
   case F_CENTER: {
     int64_t w = 80;
@@ -595,9 +587,26 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
       return jx_fail(x, at, "method must be common, ceil or floor");
     if (!jv_is_num(v)) return jx_fail(x, at, "round: expected a number, found %s", jv_type_name(v));
     if (method[0] == 'c' && method[1] == 'o') {
-      if (v.kind != JV_FLOAT) { /* round(int, n) is an int */
-        if (nd < 0) return jx_fail(x, at, "round of an integer to negative digits is not supported");
-        *out = jv_int(v.kind == JV_INT ? v.u.i : v.u.b);
+      if (v.kind != JV_FLOAT) { /* round(int, n) is an int, ties to even */
+        int64_t i = v.kind == JV_INT ? v.u.i : v.u.b, r = i;
+        if (nd < 0) {
+          int64_t m = 1;
+          for (int64_t k = 0; k < -nd && m <= INT64_MAX / 10; k++) m *= 10;
+          if (-nd > 18) { /* |i| < 2^63 < 10^20 / 2: 0, or 10^19 which does not fit */
+            if (-nd == 19 && (i > 5000000000000000000LL || i < -5000000000000000000LL))
+              return jx_fail(x, at, "integer overflow in round");
+            r = 0;
+          } else {
+            int64_t q = i / m, rem = i % m;
+            if (rem < 0) {
+              q--;
+              rem += m;
+            }
+            if (rem * 2 > m || (rem * 2 == m && (q & 1))) q++;
+            if (__builtin_mul_overflow(q, m, &r)) return jx_fail(x, at, "integer overflow in round");
+          }
+        }
+        *out = jv_int(r);
         return 0;
       }
       *out = jv_float(py_round(v.u.f, nd));
@@ -624,37 +633,41 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
   case F_SUM: {
     if (jb_bind(x, at, fname, a, P("attribute", "start"), p) || jx_iter(x, at, v, &items)) return -1;
     jv acc = jb_given(p[1]) ? p[1] : jv_int(0);
+    if (acc.kind == JV_STR) return jx_fail(x, at, "sum() can't sum strings [use ''.join(seq) instead]");
     for (size_t i = 0; i < items->n; i++) {
       jv it = items->items[i];
       const jstr *path;
       if (jb_given(p[0]) && p[0].kind != JV_NONE &&
           (jb_str_arg(x, at, fname, p[0], &path) || jb_attr_path(x, at, it, path, &it)))
         return -1;
-      if (!jv_is_num(acc) || !jv_is_num(it))
-        return jx_fail(x, at, "sum: unsupported operand type(s) for +: '%s' and '%s'", jv_type_name(acc),
-                       jv_type_name(it));
-      if (acc.kind != JV_FLOAT && it.kind != JV_FLOAT) {
-        int64_t r, p1 = acc.kind == JV_BOOL ? acc.u.b : acc.u.i, p2 = it.kind == JV_BOOL ? it.u.b : it.u.i;
-        if (__builtin_add_overflow(p1, p2, &r)) return jx_fail(x, at, "integer overflow in sum");
-        acc = jv_int(r);
-      } else {
-        acc = jv_float(jv_num(acc) + jv_num(it));
-      }
+      if (jx_arith(x, at, '+', acc, it, &acc)) return -1;
     }
     *out = acc;
     return 0;
   }
-  case F_TITLE: { /* Jinja2's: words start after runs of - whitespace ( { [ < */
+  case F_TITLE: { /* Jinja2's: per word (after runs of - whitespace ( { [ <), word[0].upper() +
+                    word[1:].lower(), each part a string of its own */
     if (jb_bind(x, at, fname, a, NULL, 0, p) || as_str(x, at, v, &s)) return -1;
     int rc = 0;
-    bool start = true;
-    for (size_t i = 0, n; !rc && i < s->len; i += n) {
+    int32_t bad = 0;
+    for (size_t i = 0, n; !rc && i < s->len;) {
       int32_t c = txt_cp(s->s, s->len, i, &n);
-      bool sep = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || txt_space(c);
-      rc = sep ? jbuf_put(&b, s->s + i, n) : txt_map(&b, s->s + i, n, start ? 'u' : 'l');
-      start = sep;
+      if (c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || txt_space(c)) {
+        rc = jbuf_put(&b, s->s + i, n);
+        i += n;
+        continue;
+      }
+      size_t e = i + n, m;
+      while (e < s->len) {
+        int32_t d = txt_cp(s->s, s->len, e, &m);
+        if (d == '-' || d == '(' || d == '{' || d == '[' || d == '<' || txt_space(d)) break;
+        e += m;
+      }
+      rc = txt_case(&b, s->s + i, n, 0, n, 'u', &bad);
+      if (!rc) rc = txt_case(&b, s->s + i + n, e - i - n, 0, e - i - n, 'l', &bad);
+      i = e;
     }
-    return finish(x, at, &b, rc, out);
+    return rc ? jb_case_fail(x, at, &b, rc, bad) : jb_take(x, at, &b, out);
   }
   case F_TOJSON:
     if (jb_bind(x, at, fname, a, P("ensure_ascii", "indent", "separators", "sort_keys"), p)) return -1;

@@ -18,6 +18,7 @@
 
 #include "common/status.h"
 #include "template/ast.h"
+#include "template/text.h"
 
 typedef struct lx {
   jarena *a;
@@ -78,7 +79,28 @@ static int push(lx *x, jtok_kind k, size_t off, const char *s, size_t len) {
   return 0;
 }
 
-static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+/* Past the whitespace (Python's \s, Unicode's included) from i. */
+static size_t ws_fwd(const char *s, size_t len, size_t i) {
+  while (i < len) {
+    size_t n;
+    if (!txt_space(txt_cp(s, len, i, &n))) break;
+    i += n;
+  }
+  return i;
+}
+
+/* The start of the whitespace run that ends at e, not before lo; newlines
+ * end the run unless nl. */
+static size_t ws_back(const char *s, size_t lo, size_t e, bool nl) {
+  while (e > lo) {
+    size_t k = e - 1, n;
+    while (k > lo && ((unsigned char)s[k] & 0xC0) == 0x80) k--;
+    int32_t c = txt_cp(s, e, k, &n);
+    if (!txt_space(c) || (!nl && c == '\n')) break;
+    e = k;
+  }
+  return e;
+}
 
 /* The next "{{", "{%" or "{#" at or after pos, or len. */
 static size_t next_tag(const char *s, size_t pos, size_t len) {
@@ -93,10 +115,10 @@ static bool word_tag(const char *s, size_t p, size_t len, const char *word, size
                      char *close_sign) {
   size_t wl = strlen(word), q = p + 2;
   *open_sign = q < len && (s[q] == '-' || s[q] == '+') ? s[q++] : 0;
-  while (q < len && is_ws(s[q])) q++;
+  q = ws_fwd(s, len, q);
   if (len - q < wl || memcmp(s + q, word, wl) != 0) return false;
   q += wl;
-  while (q < len && is_ws(s[q])) q++;
+  q = ws_fwd(s, len, q);
   *close_sign = q < len && (s[q] == '-' || s[q] == '+') ? s[q++] : 0;
   if (len - q < 2 || s[q] != '%' || s[q + 1] != '}') return false;
   *end = q + 2;
@@ -107,7 +129,7 @@ static bool word_tag(const char *s, size_t p, size_t len, const char *word, size
  * trim_blocks one newline (after %} and #} without "+"). */
 static size_t after_end(const char *s, size_t pos, size_t len, char sign, bool block) {
   if (sign == '-')
-    while (pos < len && is_ws(s[pos])) pos++;
+    pos = ws_fwd(s, len, pos);
   else if (sign != '+' && block && pos < len && s[pos] == '\n')
     pos++;
   return pos;
@@ -185,7 +207,7 @@ static int lex_tag(lx *x, size_t open, size_t *pos, bool block, char *sign) {
   char stack[JINJA_MAX_DEPTH];
   int depth = 0;
   for (;;) {
-    while (p < len && is_ws(s[p])) p++;
+    p = ws_fwd(s, len, p);
     if (p >= len) return fail(x, open, "%s", block ? "unterminated '{%': no '%}' before the end" : "unterminated '{{': no '}}' before the end");
     if (depth == 0) {
       const char *end = block ? "%}" : "}}";
@@ -298,12 +320,9 @@ int jinja_lex(jarena *a, const char *origin, const char *src, size_t len, jtok *
     char raw_open = 0, raw_close = 0;
     bool raw = kind == '%' && word_tag(src, p, len, "raw", &raw_end, &raw_open, &raw_close);
     if (p < len && sign == '-') {
-      while (te > pos && is_ws(src[te - 1])) te--;
+      te = ws_back(src, pos, te, true);
     } else if (p < len && sign != '+' && kind != '{') { /* lstrip_blocks */
-      size_t l = te;
-      while (l > pos && (src[l - 1] == ' ' || src[l - 1] == '\t' || src[l - 1] == '\v' ||
-                         src[l - 1] == '\f' || src[l - 1] == '\r'))
-        l--;
+      size_t l = ws_back(src, pos, te, false);
       if (l < te && ((l > pos && src[l - 1] == '\n') || (l == pos && line_starting))) te = l;
     }
     if (te > pos && push(&x, TK_TEXT, pos, src + pos, te - pos)) return -1;
@@ -311,8 +330,7 @@ int jinja_lex(jarena *a, const char *origin, const char *src, size_t len, jtok *
     if (raw) {
       size_t q = raw_end, e = 0;
       char os = 0, cs = 0;
-      if (raw_close == '-')
-        while (q < len && is_ws(src[q])) q++;
+      if (raw_close == '-') q = ws_fwd(src, len, q);
       size_t body = q;
       for (;; q++) {
         q = next_tag(src, q, len);
@@ -320,8 +338,7 @@ int jinja_lex(jarena *a, const char *origin, const char *src, size_t len, jtok *
         if (src[q + 1] == '%' && word_tag(src, q, len, "endraw", &e, &os, &cs)) break;
       }
       size_t bend = q;
-      if (os == '-')
-        while (bend > body && is_ws(src[bend - 1])) bend--;
+      if (os == '-') bend = ws_back(src, body, bend, true);
       if (bend > body && push(&x, TK_TEXT, body, src + body, bend - body)) return -1;
       pos = after_end(src, e, len, cs, true);
       continue;

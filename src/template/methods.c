@@ -223,29 +223,22 @@ static int do_replace(jx *x, const jexpr *at, const jstr *s, const jstr *old, co
   return jb_take(x, at, &b, out);
 }
 
-/* str.title(): a letter after an uncased character is titlecased, others
- * lowercased. capitalize(): the first character titlecased, the rest
- * lowercased. */
-static int do_case(jx *x, const jexpr *at, const jstr *s, char mode, jv *out) {
+int jb_case_str(jx *x, const jexpr *at, const jstr *s, char mode, jv *out) {
   jbuf b = {.limit = JINJA_MAX_OUTPUT};
   int rc = 0;
+  int32_t bad = 0;
   if (mode == 'u' || mode == 'l') {
-    rc = txt_map(&b, s->s, s->len, mode);
+    rc = txt_case(&b, s->s, s->len, 0, s->len, mode, &bad);
   } else {
     bool prev_cased = false;
     for (size_t i = 0, n; !rc && i < s->len; i += n) {
       int32_t c = txt_cp(s->s, s->len, i, &n);
       bool up = mode == 'T' ? !prev_cased : i == 0;
-      rc = txt_map(&b, s->s + i, n, up ? 't' : 'l');
+      rc = txt_case(&b, s->s, s->len, i, i + n, up ? 't' : 'l', &bad);
       prev_cased = txt_upper(c) || txt_lower(c);
     }
   }
-  if (rc) {
-    int r = jb_buf_fail(x, at, &b);
-    jbuf_free(&b);
-    return r;
-  }
-  return jb_take(x, at, &b, out);
+  return rc ? jb_case_fail(x, at, &b, rc, bad) : jb_take(x, at, &b, out);
 }
 
 /* str.format with {} {0} {name} fields and {{ }}; format specs and
@@ -392,10 +385,10 @@ static int str_method(jx *x, const jexpr *at, const char *name, const jstr *s, c
   if (a->npos + a->nkw && (!strcmp(name, "upper") || !strcmp(name, "lower") || !strcmp(name, "title") ||
                            !strcmp(name, "capitalize") || !strncmp(name, "is", 2)))
     return jx_fail(x, at, "%s() takes no arguments", name);
-  if (!strcmp(name, "upper")) return do_case(x, at, s, 'u', out);
-  if (!strcmp(name, "lower")) return do_case(x, at, s, 'l', out);
-  if (!strcmp(name, "title")) return do_case(x, at, s, 'T', out);
-  if (!strcmp(name, "capitalize")) return do_case(x, at, s, 'C', out);
+  if (!strcmp(name, "upper")) return jb_case_str(x, at, s, 'u', out);
+  if (!strcmp(name, "lower")) return jb_case_str(x, at, s, 'l', out);
+  if (!strcmp(name, "title")) return jb_case_str(x, at, s, 'T', out);
+  if (!strcmp(name, "capitalize")) return jb_case_str(x, at, s, 'C', out);
   if (!strncmp(name, "is", 2)) {
     bool r = s->len > 0, any_cased = false, bad_case = false;
     for (size_t i = 0, n; i < s->len; i += n) {

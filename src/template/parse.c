@@ -16,7 +16,11 @@ typedef struct ps {
   const char *origin;
   const jtok *t;
   size_t n, i;
-  int depth, loops, macros, gens;
+  int depth;
+  int loops;    /* enclosing for loops (of this macro): where break/continue may be */
+  int macros;   /* enclosing macros */
+  int captures; /* enclosing macros, set blocks and generation blocks: a generation
+                   block inside one would measure a text that is not the output */
   bool has_gen;
 } ps;
 
@@ -348,6 +352,8 @@ static jexpr *parse_primary(ps *p) {
     if (is_name(t, "true") || is_name(t, "True")) e->val = jv_bool(true);
     else if (is_name(t, "false") || is_name(t, "False")) e->val = jv_bool(false);
     else if (is_name(t, "none") || is_name(t, "None")) e->val = jv_none();
+    else if (p->macros && (is_name(t, "varargs") || is_name(t, "kwargs") || is_name(t, "caller")))
+      return failat(p, t, "a macro's '%s' is not supported", t->s), NULL;
     else {
       e->kind = E_NAME;
       e->name = t->s;
@@ -664,9 +670,9 @@ static jstmt *parse_set(ps *p, const jtok *at) {
   static const char *const ends[] = {"endset", NULL};
   const char *found;
   s->kind = S_SETBLOCK;
-  p->gens += 1000; /* a capture: a generation span inside would be lost */
+  p->captures++;
   if (expect_end(p) || parse_body(p, ends, &s->body, &found)) return NULL;
-  p->gens -= 1000;
+  p->captures--;
   return expect_end(p) ? NULL : s;
 }
 
@@ -700,9 +706,11 @@ static jstmt *parse_macro(ps *p, const jtok *at) {
   const char *found;
   int loops = p->loops;
   p->loops = 0;
-  p->gens += 1000;
+  p->captures++;
+  p->macros++;
   if (expect_end(p) || parse_body(p, ends, &s->body, &found)) return NULL;
-  p->gens -= 1000;
+  p->macros--;
+  p->captures--;
   p->loops = loops;
   if (cur(p)->kind == TK_NAME) p->i++; /* {% endmacro name %} */
   return expect_end(p) ? NULL : s;
@@ -729,14 +737,14 @@ static jstmt *parse_stmt(ps *p) {
   if (!strcmp(at->s, "generation")) {
     static const char *const ends[] = {"endgeneration", NULL};
     const char *found;
-    if (p->gens)
+    if (p->captures)
       return failat(p, at, "{%% generation %%} inside a macro, a {%% set %%} block or another "
                            "generation block is not supported"),
              NULL;
     if (!(s = stmt(p, S_GENERATION, at)) || expect_end(p)) return NULL;
-    p->gens++;
+    p->captures++;
     if (parse_body(p, ends, &s->body, &found)) return NULL;
-    p->gens--;
+    p->captures--;
     p->has_gen = true;
     return expect_end(p) ? NULL : s;
   }

@@ -46,12 +46,89 @@ size_t txt_chars(const char *s, size_t len) {
   return n;
 }
 
-int txt_map(jbuf *b, const char *s, size_t len, char mode) {
-  for (size_t i = 0; i < len;) {
+/* Python's _PyUnicode_IsCased / _PyUnicode_IsCaseIgnorable (the final
+ * sigma context), from the general categories and the word-break
+ * apostrophes and stops. */
+static bool cased(int32_t c) {
+  utf8proc_category_t k = utf8proc_category(c);
+  return k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LL || k == UTF8PROC_CATEGORY_LT;
+}
+
+static bool case_ignorable(int32_t c) {
+  switch (c) {
+  case 0x27: case 0x2E: case 0x3A: case 0xB7: case 0x387: case 0x5F4: case 0x2018: case 0x2019:
+  case 0x2024: case 0x2027: case 0xFE13: case 0xFE52: case 0xFE55: case 0xFF07: case 0xFF0E: case 0xFF1A:
+    return true;
+  default: break;
+  }
+  utf8proc_category_t k = utf8proc_category(c);
+  return k == UTF8PROC_CATEGORY_MN || k == UTF8PROC_CATEGORY_ME || k == UTF8PROC_CATEGORY_CF ||
+         k == UTF8PROC_CATEGORY_LM || k == UTF8PROC_CATEGORY_SK;
+}
+
+/* Σ at s[i] is final: a cased letter before it and none after it (case
+ * ignorable characters skipped). */
+static bool final_sigma(const char *s, size_t len, size_t i, size_t n) {
+  int32_t c = 0;
+  size_t j = i, m;
+  bool before = false;
+  while (j > 0) {
+    size_t k = j - 1;
+    while (k > 0 && ((unsigned char)s[k] & 0xC0) == 0x80) k--;
+    c = txt_cp(s, len, k, &m);
+    j = k;
+    if (!case_ignorable(c)) {
+      before = cased(c);
+      break;
+    }
+  }
+  if (!before) return false;
+  for (j = i + n; j < len; j += m) {
+    c = txt_cp(s, len, j, &m);
+    if (!case_ignorable(c)) return !cased(c);
+  }
+  return true;
+}
+
+/* Unicode's SpecialCasing (unconditional) where it differs from the simple
+ * mappings: the implemented ones, and the ranges refused. */
+static const struct special {
+  int32_t cp;
+  const char *upper, *title, *lower;
+} SPECIAL[] = {
+    {0xDF, "SS", "Ss", NULL},      {0x130, NULL, NULL, "i\xCC\x87"}, {0xFB00, "FF", "Ff", NULL},
+    {0xFB01, "FI", "Fi", NULL},    {0xFB02, "FL", "Fl", NULL},       {0xFB03, "FFI", "Ffi", NULL},
+    {0xFB04, "FFL", "Ffl", NULL},  {0xFB05, "ST", "St", NULL},       {0xFB06, "ST", "St", NULL},
+};
+
+static bool special_refused(int32_t c) {
+  static const int32_t ranges[][2] = {
+      {0x149, 0x149},   {0x1F0, 0x1F0},   {0x390, 0x390},   {0x3B0, 0x3B0},   {0x587, 0x587},
+      {0x1E96, 0x1E9A}, {0x1F50, 0x1F50}, {0x1F52, 0x1F52}, {0x1F54, 0x1F54}, {0x1F56, 0x1F56},
+      {0x1F80, 0x1FAF}, {0x1FB2, 0x1FB4}, {0x1FB6, 0x1FB7}, {0x1FBC, 0x1FBC}, {0x1FC2, 0x1FC4},
+      {0x1FC6, 0x1FC7}, {0x1FCC, 0x1FCC}, {0x1FD2, 0x1FD3}, {0x1FD6, 0x1FD7}, {0x1FE2, 0x1FE4},
+      {0x1FE6, 0x1FE7}, {0x1FF2, 0x1FF4}, {0x1FF6, 0x1FF7}, {0x1FFC, 0x1FFC}, {0xFB13, 0xFB17}};
+  for (size_t i = 0; i < sizeof ranges / sizeof *ranges; i++)
+    if (c >= ranges[i][0] && c <= ranges[i][1]) return true;
+  return false;
+}
+
+int txt_case(jbuf *b, const char *s, size_t len, size_t from, size_t to, char mode, int32_t *bad) {
+  for (size_t i = from; i < to;) {
     size_t n;
     int32_t c = txt_cp(s, len, i, &n);
-    int32_t m = mode == 'u' ? utf8proc_toupper(c) : mode == 'l' ? utf8proc_tolower(c) : utf8proc_totitle(c);
-    if (txt_put_cp(b, m)) return -1;
+    const char *full = NULL;
+    for (size_t k = 0; k < sizeof SPECIAL / sizeof *SPECIAL; k++)
+      if (SPECIAL[k].cp == c) full = mode == 'u' ? SPECIAL[k].upper : mode == 't' ? SPECIAL[k].title : SPECIAL[k].lower;
+    if (!full && mode != 'l' && special_refused(c)) {
+      *bad = c;
+      return -2;
+    }
+    int rc;
+    if (full) rc = jbuf_put(b, full, strlen(full));
+    else if (mode == 'l' && c == 0x3A3) rc = txt_put_cp(b, final_sigma(s, len, i, n) ? 0x3C2 : 0x3C3);
+    else rc = txt_put_cp(b, mode == 'u' ? utf8proc_toupper(c) : mode == 'l' ? utf8proc_tolower(c) : utf8proc_totitle(c));
+    if (rc) return -1;
     i += n;
   }
   return 0;

@@ -1,7 +1,7 @@
 /* Python's str operations on UTF-8 text that the filters and methods share:
- * whitespace (str.isspace), case mapping per code point (str.upper, lower,
- * title; special casings such as 'ß'.upper() == 'SS' are not applied), and
- * the line breaks of str.splitlines. */
+ * whitespace (str.isspace), case mapping (str.upper, lower, title's
+ * titlecase, with Unicode's full mappings for ß, İ, the ligatures ﬀ-ﬆ and
+ * the final sigma rule), and the line breaks of str.splitlines. */
 #ifndef ML_TEMPLATE_TEXT_H
 #define ML_TEMPLATE_TEXT_H
 
@@ -22,8 +22,12 @@ int txt_put_cp(jbuf *b, int32_t cp);
 bool txt_space(int32_t cp);
 /* The number of code points of s. */
 size_t txt_chars(const char *s, size_t len);
-/* Map every code point (mode 'u' upper, 'l' lower, 't' title case). */
-int txt_map(jbuf *b, const char *s, size_t len, char mode);
+/* Case-map the code points of s[from, to) (mode 'u' upper, 'l' lower, 't'
+ * titlecase), s[0, len) being the string whose neighbours decide a final
+ * sigma. 0; -1 when the buffer refuses; -2 with *bad set for a code point
+ * whose Unicode special casing is not implemented here (the Greek with
+ * ypogegrammeni, ŉ, ǰ, և...): an error, never a different text. */
+int txt_case(jbuf *b, const char *s, size_t len, size_t from, size_t to, char mode, int32_t *bad);
 /* The length of the line break at s[i] (\n, \r\n, \r, \v, \f, \x1c-\x1e,
  * U+0085, U+2028, U+2029 as str.splitlines), 0 when none. */
 size_t txt_linebreak(const char *s, size_t len, size_t i);

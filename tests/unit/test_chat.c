@@ -322,7 +322,7 @@ static void test_bad_records(void **state) {
 }
 
 /* A template that rewrites earlier turns breaks the prefix rule: refused,
- * naming the assistant message; with {% generation %} it needs no prefix. */
+ * naming the assistant message. */
 static void test_prefix_rule(void **state) {
   (void)state;
   const char *dir = model_dir("prefix", "tokenizer/smollm2");
@@ -340,6 +340,14 @@ static void test_prefix_rule(void **state) {
              "{% if add_generation_prompt %}<assistant>{% endif %}");
   expect_chat_error(dir, conv, "bad.jsonl:1: field 'messages'[1]",
                     "the whole conversation", "rewrites earlier turns", NULL);
+  /* real templates that break it: DeepSeek-R1-Distill's generation prompt opens a <think> its
+   * assistant turns do not have; Command R7B's tool-use template opens a new chatbot turn after
+   * every assistant message */
+  put_template(dir, "jinja/templates/deepseek_r1_distill.jinja");
+  expect_chat_error(dir, conv, "bad.jsonl:1: field 'messages'[1]",
+                    "does not start with its rendering of messages[0..1)", NULL);
+  put_template(dir, "jinja/templates/command_r7b_tool_use.jinja");
+  expect_chat_error(dir, conv, "bad.jsonl:1: field 'messages'[1]", "the chat template", NULL);
 }
 
 static int setup(void **state) {

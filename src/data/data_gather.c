@@ -42,7 +42,7 @@ static int gather_rounds(const ml_data_group *g, const char *send, const size_t 
   for (size_t at = 0; rc == 0 && at < most; at += per) {
     for (int q = 0; q < g->size; q++)
       cnt[q] = bytes[q] <= at ? 0 : bytes[q] - at < per ? bytes[q] - at : per;
-    rc = g->all_gather_v(g->ctx, send + at, cnt, tmp);
+    rc = g->all_gather_v(g->ctx, cnt[g->rank] ? send + at : send, cnt, tmp);
     size_t from = 0, to = 0;
     for (int q = 0; rc == 0 && q < g->size; to += bytes[q++]) {
       memcpy(recv + to + at, tmp + from, cnt[q]);

@@ -220,10 +220,10 @@ static int read_chat(ml_record_reader *r, const char *line, const json_t *obj, m
   int rc = ml_chat_tokens(r->tok, &text, &r->scratch, &r->scratch2, &target);
   if (rc != 0) rc = wrap_error(where);
   if (rc == 0) rc = check_vocab(r, where);
+  if (rc == 0 && r->scratch.n == 0)
+    rc = ml_err("%s: the conversation renders to no token; expected at least 1", where);
   if (rc == 0) rc = push(rec, r->scratch.ids, (int64_t)r->scratch.n, 1);
   if (rc == 0 && r->opts->assistant_only_loss) memcpy(rec->target, target, r->scratch.n);
-  if (rc == 0 && rec->n == 0)
-    rc = ml_err("%s: the conversation renders to no token; expected at least 1", where);
   free(target);
   ml_chat_text_free(&text);
   return rc;

@@ -53,8 +53,10 @@ void ml_record_free(ml_record *rec) {
   memset(rec, 0, sizeof *rec);
 }
 
-/* Append k tokens ids[0, k), each with target `target`. */
+/* Append k tokens ids[0, k), each with target `target` (k = 0: nothing;
+ * ids may then be NULL). */
 static int push(ml_record *rec, const int32_t *ids, int64_t k, uint8_t target) {
+  if (k == 0) return 0;
   int64_t need = ml_add_sat(rec->n, k);
   if (need > rec->cap) {
     int64_t cap = rec->cap ? rec->cap : 256;
@@ -85,7 +87,7 @@ static int push(ml_record *rec, const int32_t *ids, int64_t k, uint8_t target) {
 int ml_record_append(ml_record *dst, const ml_record *src) {
   int64_t n0 = dst->n;
   ML_TRY(push(dst, src->ids, src->n, 1));
-  memcpy(dst->target + n0, src->target, (size_t)src->n);
+  if (src->n) memcpy(dst->target + n0, src->target, (size_t)src->n);
   return 0;
 }
 

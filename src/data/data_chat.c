@@ -132,11 +132,12 @@ static int load(ml_chat *c, const char *dir) {
   c->tokens = json_object();
   if (!c->tokens) return ml_err("out of memory for the chat template's context");
   int rc = load_file(dir, "chat_template.jinja", &c->tmpl, &c->origin);
-  if (rc == 0 && c->tmpl)
+  if (rc == 0)
     rc = load_file(dir, "additional_chat_templates/tool_use.jinja", &c->tool_use,
                    &c->tool_origin);
+  bool files = c->tmpl || c->tool_use; /* template files replace the config's */
   if (rc == 0) rc = load_json(dir, "tokenizer_config.json", cfg_path, sizeof cfg_path, &cfg);
-  if (rc == 0 && !c->tmpl && cfg && json_object_get(cfg, "chat_template"))
+  if (rc == 0 && !files && cfg && json_object_get(cfg, "chat_template"))
     rc = load_config(c, cfg_path, json_object_get(cfg, "chat_template"));
   if (rc == 0) rc = load_json(dir, "special_tokens_map.json", map_path, sizeof map_path, &map);
   if (rc == 0 && map) rc = add_specials(c, map_path, map, seen);
@@ -146,6 +147,10 @@ static int load(ml_chat *c, const char *dir) {
   ML_TRY(rc);
   if (c->tmpl) return 0;
   ML_TRY(join(dir, "chat_template.jinja", jinja_path, sizeof jinja_path));
+  if (files)
+    return ml_err("%s: %s without %s: no default chat template; expected %s (template files "
+                  "replace tokenizer_config.json's chat_template, as transformers reads them)",
+                  dir, c->tool_origin, jinja_path, jinja_path);
   return ml_err("%s: no chat template: neither %s nor field 'chat_template' of %s%s exists; "
                 "expected the model's chat template (messages records are rendered with it, "
                 "as transformers' apply_chat_template)",

@@ -6,9 +6,10 @@
  * interpreter being template/jinja.h.
  *
  * The template of a model directory, as from_pretrained finds it:
- * chat_template.jinja (transformers >= 4.43 saves it apart; when present it
- * replaces tokenizer_config.json's, with additional_chat_templates/
- * tool_use.jinja as its "tool_use"), else tokenizer_config.json's
+ * chat_template.jinja (transformers >= 4.43 saves it apart) and
+ * additional_chat_templates/tool_use.jinja as "tool_use" — template files
+ * that, when present, replace tokenizer_config.json's — else
+ * tokenizer_config.json's
  * "chat_template": a string, or a list of {"name", "template"} of which the
  * one named "default" is used — "tool_use" instead for a record with tools
  * where the list has one (get_chat_template). The context of a render is
@@ -47,7 +48,7 @@ typedef struct ml_chat ml_chat; /* a model's chat template(s) and render context
 
 /* The chat template of model directory `dir` (above) into *out (free with
  * ml_chat_free). Errors: no template anywhere (one message naming dir and
- * the files looked in), a file unreadable or invalid JSON, "chat_template"
+ * the files looked in), a tool_use.jinja without chat_template.jinja, a file unreadable or invalid JSON, "chat_template"
  * of another type or a list without "default", the template's parse error
  * (template/jinja.h: origin, line, column, the construct). */
 int ml_chat_load(const char *dir, ml_chat **out);

@@ -282,6 +282,12 @@ static void test_missing_template(void **state) {
   put_config(dir, "7");
   expect_chat_error(dir, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}",
                     "field 'chat_template'", "expected a string or a list", NULL);
+  /* a tool_use template file replaces the config's, and has no default beside it */
+  put_config(dir, "\"{{ 'from the config' }}\"");
+  mkdir(tpath("none/additional_chat_templates"), 0755);
+  write_text(tpath("none/additional_chat_templates/tool_use.jinja"), "{{ tools }}");
+  expect_chat_error(dir, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}",
+                    "tool_use.jinja without", "chat_template.jinja", "no default", NULL);
 }
 
 static void test_bad_records(void **state) {

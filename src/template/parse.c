@@ -293,6 +293,9 @@ static jexpr *parse_postfix(ps *p, jexpr *e) {
       if (!idx.n) return expected(p, "a subscript"), NULL;
       p->i++;
       jexpr *key = idx.v[0];
+      for (size_t k = 0; idx.n > 1 && k < idx.n; k++)
+        if (((jexpr *)idx.v[k])->kind == E_SLICE)
+          return failat(p, at, "a slice among several subscripts (x[a, b:c]) is not supported"), NULL;
       if (idx.n > 1) {
         if (!(key = node(p, E_TUPLE, at))) return NULL;
         key->args = (jexpr **)idx.v;

@@ -19,7 +19,10 @@ PURPOSE
     Templates (paths under tests/fixtures): jinja/templates/smollm2.jinja and gemma3.jinja are the
     real chat templates of SmolLM2-135M-Instruct and Gemma 3 270M (their GGUF files'
     tokenizer.chat_template metadata, tools/gen_jinja_fixtures.py); chat/smollm2_generation.jinja
-    is SmolLM2's with {% generation %} around the assistant turns (content and <|im_end|>). Tokenizers: tests/fixtures/tokenizer/smollm2 (SmolLM2's real
+    is SmolLM2's with {% generation %} around the assistant turns (content and <|im_end|>);
+    chat/two_spaces.jinja ends its generation prompt with two spaces, so that the assistant
+    text starts inside a token (" Hello" after a lone " ": the pre-tokenizer cuts the prompt's
+    text alone otherwise). Tokenizers: tests/fixtures/tokenizer/smollm2 (SmolLM2's real
     tokenizer) and tests/fixtures/data_formats (the 256-id tokenizer that fits `meshlm init
     --preset tiny`, ASCII chats only), each with the template as chat_template.jinja.
 
@@ -81,10 +84,12 @@ PARTS_CHAT = {
 SMOLLM2 = "jinja/templates/smollm2.jinja"
 GEMMA3 = "jinja/templates/gemma3.jinja"
 SMOLLM2_GEN = "chat/smollm2_generation.jinja"
+TWO_SPACES = "chat/two_spaces.jinja"
 SETS = [
     ("tokenizer/smollm2", SMOLLM2, {**ASCII_CHATS, **UNICODE_CHATS}),
     ("tokenizer/smollm2", SMOLLM2_GEN, {**ASCII_CHATS, **UNICODE_CHATS}),
     ("tokenizer/smollm2", GEMMA3, {**ASCII_CHATS, **UNICODE_CHATS, **PARTS_CHAT}),
+    ("tokenizer/smollm2", TWO_SPACES, {**ASCII_CHATS, **UNICODE_CHATS}),
     ("data_formats", SMOLLM2, ASCII_CHATS),
     ("data_formats", SMOLLM2_GEN, ASCII_CHATS),
 ]

@@ -87,10 +87,12 @@ void ml_chat_text_free(ml_chat_text *t);
  * encoding is a prefix of the whole one, its length (the boundary falls
  * between two tokens: chat templates put one after a role header's
  * newline or special token); otherwise the first token where they differ
- * is taken as the one straddling the boundary (which it is, unless the
- * pre-tokenizer cut the text before the boundary otherwise, as whitespace
- * runs that end at it: then one more token is a target). `scratch` is
- * work space. Errors: the tokenizer's (text not UTF-8), allocation. */
+ * straddles the boundary, unless the pre-tokenizer cut the text before it
+ * otherwise (a whitespace run ending at it): the whole encoding's tokens
+ * that decode to text ending at or before the boundary are counted before
+ * it (where decoding reproduces the text, as for byte-level tokenizers).
+ * `scratch` is work space. Errors: the tokenizer's (text not UTF-8),
+ * allocation. */
 int ml_chat_tokens(const ml_tokenizer *tok, const ml_chat_text *t, ml_tokens *ids,
                    ml_tokens *scratch, uint8_t **target);
 

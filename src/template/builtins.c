@@ -86,7 +86,7 @@ int jb_attr_path(jx *x, const jexpr *at, jv v, const jstr *path, jv *out) {
     else if (key.kind == JV_STR) {
       if (jx_getattr(x, at, v, key.u.s->s, key.u.s->len, &v)) return -1;
     } else
-      v = jv_undef("no such item");
+      v = jv_undef_msg("no such item");
     i = j + 1;
   } while (i <= path->len);
   *out = v;

@@ -40,8 +40,11 @@
  * lipsum, Python methods
  * outside the list above, integers beyond int64 (Python's are unbounded),
  * the case mapping of the few code points whose Unicode special casing is
- * not implemented, and rendering what Python would show by address
- * (generators from map/select/..., range(), namespace, loop, macros). */
+ * not implemented, rendering what Python would show by address
+ * (generators from map/select/..., range(), namespace, loop, macros), and
+ * a Markup string (from escape or safe) anywhere its text would differ
+ * from a str's (inside a rendered list, with +, its methods, most
+ * filters). */
 #ifndef ML_TEMPLATE_JINJA_H
 #define ML_TEMPLATE_JINJA_H
 

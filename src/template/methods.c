@@ -491,7 +491,10 @@ int jb_call_method(jx *x, const jexpr *at, const jfunc *f, const jargs *a, jv *o
   const char *tname = m->type == 's' ? "str" : m->type == 'd' ? "dict" : m->type == 'l' ? "list" : "loop";
   if (m->st == UNSUPPORTED) return jx_fail(x, at, "%s.%s() is not supported", tname, m->name);
   switch (m->type) {
-  case 's': return str_method(x, at, m->name, f->self.u.s, a, out);
+  case 's':
+    if (jv_is_markup(f->self))
+      return jx_fail(x, at, "str.%s() of a Markup string (from escape or safe) is not supported", m->name);
+    return str_method(x, at, m->name, f->self.u.s, a, out);
   case 'd': return dict_method(x, at, m->name, f->self.u.d, a, out);
   case 'p':
     if (!a->npos || a->nkw) return jx_fail(x, at, "loop.cycle() needs at least one positional argument");

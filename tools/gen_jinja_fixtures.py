@@ -212,6 +212,9 @@ CASES = [
     ("refused_markup_repr", "{{ ['<'|e] }}", {}, ("refused", "Markup")),
     ("refused_markup_add", "{{ '<'|e + '<' }}", {}, ("refused", "Markup")),
     ("refused_markup_method", "{{ ('<'|e).upper() }}", {}, ("refused", "Markup")),
+    ("underscore_names", "{{ d._x }} {{ d.__y }} {{ d['_x'] }} {% for x in [1] %}[{{ loop._x }}]{% endfor %}[{{ ''._x }}]", {"d": {"_x": 1, "__y": 2}}, None),
+    ("err_namespace_underscore_set", "{% set ns = namespace(a=1) %}{% set ns._b = 2 %}", {}, ("error", "underscore-prefixed")),
+    ("err_namespace_underscore_new", "{% set ns = namespace(_a=1) %}", {}, ("error", "underscore-prefixed")),
     # errors both sides
     ("err_raise_exception", "{{ raise_exception('Roles must alternate!') }}", {}, ("error", "Roles must alternate!")),
     ("err_undefined_attr", "{{ x.y }}", {}, ("error", "undefined")),

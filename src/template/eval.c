@@ -172,13 +172,12 @@ static int loop_attr(jx *x, const jexpr *at, jv v, const char *name, jv *out) {
 
 int jx_getattr(jx *x, const jexpr *at, jv v, const char *name, size_t len, jv *out) {
   if (v.kind == JV_UNDEF) return jx_undefined(x, at, v);
-  if (len && name[0] == '_') { /* the sandbox: no private attributes */
-    *out = jv_undef(name);
-    return 0;
-  }
-  if (v.kind == JV_LOOP) return loop_attr(x, at, v, name, out);
-  if (v.kind != JV_NS && jb_method(x, v, name, len, out)) return 0;
-  if (v.kind == JV_DICT || v.kind == JV_NS) {
+  /* the sandbox hides attributes named _...; a dict's keys are items, not
+   * attributes, and stay visible */
+  bool hidden = len && name[0] == '_';
+  if (v.kind == JV_LOOP && !hidden) return loop_attr(x, at, v, name, out);
+  if (v.kind != JV_NS && !hidden && jb_method(x, v, name, len, out)) return 0;
+  if (v.kind == JV_DICT || (v.kind == JV_NS && !hidden)) {
     jv *f = jdict_get_str(v.u.d, name, len);
     if (f) {
       *out = *f;
@@ -814,6 +813,9 @@ static int exec_stmt(jx *x, jframe *f, const jstmt *s) {
       if (ns.kind != JV_NS)
         return jx_fail(x, s->expr, "cannot assign attribute '%s' of '%s': it is a %s, not a namespace()", s->attr,
                        s->names[0], jv_type_name(ns));
+      if (s->attr[0] == '_') /* transformers' TemplateNamespace */
+        return jx_fail(x, s->expr, "Chat templates cannot store underscore-prefixed attributes on a namespace, but got '%s'",
+                       s->attr);
       jv k;
       if (jx_str(x, s->expr, s->attr, strlen(s->attr), &k)) return -1;
       if (jdict_set(&x->a, ns.u.d, k, v)) return jx_oom(x, s->expr);

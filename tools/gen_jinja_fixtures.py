@@ -2,8 +2,8 @@
 """Writes tests/fixtures/jinja/ for tests/unit/test_jinja.c: what transformers renders, as
 the C interpreter (src/template) must render it byte for byte.
 
-  cases.json  {"cases": [...], "real": [...]}
-    cases: small templates with a context, rendered by transformers' own compiled
+  cases.json  {"contexts": {...}, "cases": [...], "real": [...]}, one case a line
+    cases: small templates with a context (or the name of one in contexts), rendered by transformers' own compiled
       environment (chat_template_utils._compile_jinja_template: the sandbox, trim_blocks,
       lstrip_blocks, loopcontrols, tojson, raise_exception, generation blocks). Each has
       "text" (and "gen", the {% generation %} spans as UTF-8 byte ranges), or
@@ -28,6 +28,7 @@ run in CI: its output is committed. Usage: tools/gen_jinja_fixtures.py [REPO_ROO
 """
 import json
 import os
+import random
 import sys
 
 from transformers.utils.chat_template_utils import (
@@ -267,6 +268,62 @@ CASES = [
 
 DEEPSEEK_TOKENS = {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>", "pad_token": "<｜end▁of▁sentence｜>"}
 COHERE_TOKENS = {"bos_token": "<BOS_TOKEN>", "eos_token": "<|END_OF_TURN_TOKEN|>", "unk_token": "<UNK>", "pad_token": "<PAD>"}
+# Random expressions over a fixed context (seeded: the same cases every run), kept where
+# transformers renders them: the differential suite's long tail.
+RND_CTX = {"s": "Héllo World", "t": "  a b  ", "n": 3, "f": 2.5, "z": 0, "b": True, "nn": None, "l": [3, 1, 2],
+           "ls": ["b", "A", "c"], "d": {"k": "v", "n": 2}, "e": [],
+           "m": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+RND_ATOMS = ["s", "t", "n", "f", "z", "b", "nn", "l", "ls", "d", "e", "m", "u", "1", "0", "-2", "2.5", "'x'", "''",
+             "'a,b'", "true", "none", "[1, 2]", "(1, 'a')", "{'a': 1}", "m[0]", "m[-1].content", "d.k", "l[1:]",
+             "s[::-1]", "v"]
+RND_BIN = ["+", "-", "*", "/", "//", "~", "==", "!=", "<", ">=", "and", "or", "in", "not in"]
+RND_FILTERS = ["length", "first", "last", "upper", "lower", "trim", "string", "int", "float", "list", "join(',')",
+               "tojson", "default('D')", "reverse|list", "sort", "unique|list", "map('string')|list", "select|list",
+               "selectattr('role')|list", "title", "capitalize", "abs", "round", "sum", "max", "min", "items|list",
+               "dictsort", "count", "replace('a','o')", "indent(2)", "center(7)"]
+RND_TESTS = ["defined", "none", "string", "number", "sequence", "mapping", "iterable", "odd", "even", "true",
+             "false", "integer", "float", "lower", "upper", "eq 1", "in [1, 'x']"]
+RND_METHODS = [".upper()", ".strip()", ".split()", ".split(',')", ".startswith('H')", ".endswith('d')",
+               ".replace('l', 'L')", ".title()", ".lower()", ".find('o')", ".count('l')", ".items()|list",
+               ".keys()|list", ".get('k')", ".get('q', 5)", ".values()|list", ".isdigit()"]
+
+
+def random_cases(seed, count):
+    rnd = random.Random(seed)
+
+    def expr(depth=0):
+        r = rnd.random()
+        if depth > 2 or r < 0.3:
+            return rnd.choice(RND_ATOMS)
+        if r < 0.5:
+            return "(%s %s %s)" % (expr(depth + 1), rnd.choice(RND_BIN), expr(depth + 1))
+        if r < 0.65:
+            return "%s | %s" % (expr(depth + 1), rnd.choice(RND_FILTERS))
+        if r < 0.75:
+            return "(%s is %s%s)" % (expr(depth + 1), rnd.choice(["", "not "]), rnd.choice(RND_TESTS))
+        if r < 0.85:
+            return rnd.choice(["s", "t", "d", "'a,b'", "ls"]) + rnd.choice(RND_METHODS)
+        if r < 0.92:
+            return "(%s if %s else %s)" % (expr(depth + 1), expr(depth + 1), expr(depth + 1))
+        return "[%s, %s]" % (expr(depth + 1), expr(depth + 1))
+
+    cases = []
+    while len(cases) < count:
+        e, k = expr(), rnd.random()
+        if k < 0.6:
+            t = "{{ %s }}" % e
+        elif k < 0.8:
+            t = "{%% for v in %s %%}[{{ v }}|{{ loop.index }}]{%% else %%}E{%% endfor %%}" % e
+        else:
+            t = "{%% if %s %%}Y{%% else %%}N{%% endif %%}" % e
+        try:
+            _compile_jinja_template(t).render(**RND_CTX)
+        except Exception:  # noqa: BLE001 - only what transformers renders is kept
+            continue
+        cases.append((f"random_{len(cases):03d}", t, "random", None))
+    return cases
+
+
 SMOL_TOKENS = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "unk_token": "<|endoftext|>", "pad_token": "<|im_end|>"}
 GEMMA_TOKENS = {"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>"}
 
@@ -313,11 +370,12 @@ DOCUMENTS = [{"title": "Doc A", "text": "Alpha \"quoted\""}, {"title": "Doc B", 
 
 # Per template: its special tokens and the conversations beyond CONVERSATIONS, each
 # (name, messages, extra render arguments).
-REAL = [
-    ("smollm2", SMOL_TOKENS, []),
-    ("gemma3", GEMMA_TOKENS, [(n, m, {}) for n, m in GEMMA_EXTRA]),
-    ("deepseek_r1_distill", DEEPSEEK_TOKENS, [("tool_calls", TOOL_CHAT, {})]),
-    ("command_r7b_tool_use", COHERE_TOKENS, [("tool_calls", TOOL_CHAT, {"tools": TOOLS}),
+ALL = [c[0] for c in CONVERSATIONS]
+REAL = [  # (template, tokens, names of CONVERSATIONS rendered, more conversations)
+    ("smollm2", SMOL_TOKENS, ALL, []),
+    ("gemma3", GEMMA_TOKENS, ALL, [(n, m, {}) for n, m in GEMMA_EXTRA]),
+    ("deepseek_r1_distill", DEEPSEEK_TOKENS, ALL, [("tool_calls", TOOL_CHAT, {})]),
+    ("command_r7b_tool_use", COHERE_TOKENS, ["user_only", "multi_turn"], [("tool_calls", TOOL_CHAT, {"tools": TOOLS}),
                                              ("documents", CONVERSATIONS[1][1], {"documents": DOCUMENTS, "tools": TOOLS}),
                                              ("citations", CONVERSATIONS[2][1], {"tools": TOOLS, "enable_citations": True})]),
 ]
@@ -332,8 +390,13 @@ def byte_spans(text, spans):
     return [[len(text[:b].encode()), len(text[:e].encode())] for b, e in spans]
 
 
+CONTEXTS = {"random": RND_CTX}  # contexts cases name instead of repeating them
+
+
 def run_case(name, template, context, expect):
     case = {"name": name, "template": template, "context": context}
+    if isinstance(context, str):
+        context = CONTEXTS[context]
     try:
         env_tpl = _compile_jinja_template(template)
         blocks, gen = [], []
@@ -403,19 +466,22 @@ def main():
     tdir = os.path.join(OUT, "templates")
     os.makedirs(tdir, exist_ok=True)
     refresh_smollm2(os.path.join(tdir, "smollm2.jinja"))
-    cases = [run_case(*c) for c in CASES]
+    cases = [run_case(*c) for c in CASES + random_cases(2026, 400)]
     real = []
-    for tname, tokens, extra_convs in REAL:
+    for tname, tokens, conv_names, extra_convs in REAL:
         with open(os.path.join(tdir, tname + ".jinja"), encoding="utf-8", newline="") as fp:
             template = fp.read()
-        for conv_name, messages, extra in [(n, m, {}) for n, m in CONVERSATIONS] + extra_convs:
-            for agp in (True, False):
+        for conv_name, messages, extra in [(n, m, {}) for n, m in CONVERSATIONS if n in conv_names] + extra_convs:
+            # Command R ignores add_generation_prompt (it always opens the chatbot turn)
+            for agp in (True,) if tname.startswith("command_r") else (True, False):
                 real.append(run_real(tname, template, tokens, conv_name, messages, agp, extra=extra))
         for conv_name, messages, words in ERRORS.get(tname, []):
             real.append(run_real(tname, template, tokens, conv_name, messages, True, words))
     with open(os.path.join(OUT, "cases.json"), "w", encoding="utf-8") as fp:
-        json.dump({"cases": cases, "real": real}, fp, ensure_ascii=False, indent=1)
-        fp.write("\n")
+        def rows(items):  # one case a line: small, and diffs read case by case
+            return ",\n".join(json.dumps(c, ensure_ascii=False) for c in items)
+        fp.write('{"contexts": %s,\n"cases": [\n%s\n],\n"real": [\n%s\n]}\n'
+                 % (json.dumps(CONTEXTS, ensure_ascii=False), rows(cases), rows(real)))
     print(f"{len(cases)} cases, {len(real)} real renders -> {OUT}")
 
 

@@ -824,8 +824,10 @@ static int exec_stmt(jx *x, jframe *f, const jstmt *s) {
     return assign(x, s->expr, f, s, v);
   case S_SETBLOCK: {
     jbuf cap = {.limit = JINJA_MAX_OUTPUT}, *saved = x->cur;
+    jframe *g = frame_new(x, NULL, f); /* the block's body is a scope of its own */
+    if (!g) return -1;
     x->cur = &cap;
-    int rc = exec_body(x, f, &s->body);
+    int rc = exec_body(x, g, &s->body);
     x->cur = saved;
     if (!rc) rc = jx_str(x, NULL, cap.p ? cap.p : "", cap.len, &v) || frame_set(x, NULL, f, s->names[0], v);
     jbuf_free(&cap);
@@ -835,9 +837,10 @@ static int exec_stmt(jx *x, jframe *f, const jstmt *s) {
     return frame_set(x, NULL, f, s->names[0], (jv){.kind = JV_MACRO, .u.macro = s, .aux = f});
   case S_BREAK: x->ctl = 1; return 0;
   case S_CONTINUE: x->ctl = 2; return 0;
-  case S_GENERATION: {
+  case S_GENERATION: { /* a call block: its body is a scope of its own, as a macro's */
     size_t begin = x->out.len;
-    if (exec_body(x, f, &s->body)) return -1;
+    jframe *g = frame_new(x, NULL, f);
+    if (!g || exec_body(x, g, &s->body)) return -1;
     if (x->ngen == x->capgen) {
       size_t nc = x->capgen ? x->capgen * 2 : 8;
       ml_jinja_span *g = ja_alloc(&x->a, nc * sizeof *g);

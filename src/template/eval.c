@@ -161,7 +161,7 @@ static int loop_attr(jx *x, const jexpr *at, jv v, const char *name, jv *out) {
   else if (!strcmp(name, "previtem")) *out = i ? l->items->items[i - 1] : jv_undef_msg("there is no previous item");
   else if (!strcmp(name, "nextitem")) *out = i + 1 < n ? l->items->items[i + 1] : jv_undef_msg("there is no next item");
   else if (!strcmp(name, "cycle")) {
-    if (!jb_method(x, v, name, strlen(name), out)) return jx_oom(x, at);
+    if (jb_method(x, at, v, name, strlen(name), out) < 0) return -1;
   } else if (!strcmp(name, "changed")) {
     return jx_fail(x, at, "loop.changed is not supported");
   } else {
@@ -176,7 +176,10 @@ int jx_getattr(jx *x, const jexpr *at, jv v, const char *name, size_t len, jv *o
    * attributes, and stay visible */
   bool hidden = len && name[0] == '_';
   if (v.kind == JV_LOOP && !hidden) return loop_attr(x, at, v, name, out);
-  if (v.kind != JV_NS && !hidden && jb_method(x, v, name, len, out)) return 0;
+  if (v.kind != JV_NS && !hidden) {
+    int m = jb_method(x, at, v, name, len, out);
+    if (m) return m < 0 ? -1 : 0;
+  }
   if (v.kind == JV_DICT || (v.kind == JV_NS && !hidden)) {
     jv *f = jdict_get_str(v.u.d, name, len);
     if (f) {

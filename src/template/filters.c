@@ -107,8 +107,9 @@ static int sort_key(jx *x, const jexpr *at, jv item, jv attr, bool multi, bool c
     while (j < path->len && path->s[j] != ',') j++;
     jv part, v;
     if (jx_str(x, at, path->s + i, j - i, &part) || jb_attr_path(x, at, item, part.u.s, &v) ||
-        fold(x, at, v, cs, &v) || jlist_push(&x->a, keys, v))
+        fold(x, at, v, cs, &v))
       return -1;
+    if (jlist_push(&x->a, keys, v)) return jx_oom(x, at);
     i = j + 1;
   }
   *out = list_v(keys);
@@ -362,8 +363,9 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
   case F_ATTR:
     if (jb_bind(x, at, fname, a, P("name"), p) || jb_str_arg(x, at, fname, p[0], &s)) return -1;
     if (v.kind == JV_DICT) { /* getattr only: a dict's keys are not its attributes */
-      if (!jb_method(x, v, s->s, s->len, out)) *out = jv_undef(s->s);
-      return 0;
+      int m = jb_method(x, at, v, s->s, s->len, out);
+      if (!m) *out = jv_undef(s->s);
+      return m < 0 ? -1 : 0;
     }
     return jx_getattr(x, at, v, s->s, s->len, out);
   case F_CAPITALIZE:
@@ -479,7 +481,7 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
     if (v.kind != JV_DICT || !v.u.d) return v.u.d ? jx_fail(x, at, "Can only get item pairs from a mapping.") : jx_oom(x, at);
     jv fn;
     jargs none = {0};
-    if (!jb_method(x, v, "items", 5, &fn) || jb_call(x, at, fn.u.fn, &none, out)) return jx_oom(x, at);
+    if (jb_method(x, at, v, "items", 5, &fn) < 0 || jb_call(x, at, fn.u.fn, &none, out)) return -1;
     out->u.l->view = JL_GEN;
     return 0;
   }
@@ -567,7 +569,7 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
     args3[0] = jv_strv(o);
     args3[1] = jv_strv(n);
     jargs ra = {.pos = args3, .npos = 3};
-    if (!jb_method(x, jv_strv(s), "replace", 7, &fn)) return jx_oom(x, at);
+    if (jb_method(x, at, jv_strv(s), "replace", 7, &fn) < 0) return -1;
     return jb_call(x, at, fn.u.fn, &ra, out);
   }
   case F_REVERSE: {
@@ -697,7 +699,7 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
     jv fn;
     jv sv = jv_strv(s);
     jargs ta = {.pos = p, .npos = jb_given(p[0]) ? 1 : 0};
-    if (!jb_method(x, sv, "strip", 5, &fn)) return jx_oom(x, at);
+    if (jb_method(x, at, sv, "strip", 5, &fn) < 0) return -1;
     return jb_call(x, at, fn.u.fn, &ta, out);
   }
   case F_UNIQUE: {

@@ -12,8 +12,14 @@
  * Values are JSON values (jansson) extended with what a template creates
  * (namespace(), loop, macros, ranges, none/undefined). The context of a
  * render is a JSON object: messages, add_generation_prompt, bos_token,
- * eos_token, tools, and whatever else the caller passes (transformers
- * passes the tokenizer's special tokens and the caller's kwargs).
+ * eos_token, tools, and whatever else the caller passes. To render as
+ * apply_chat_template does (render_jinja_template), pass: "messages" (each
+ * message with reasoning under "reasoning_content", "thinking" or
+ * "reasoning" also carrying the other two names: _alias_reasoning_fields),
+ * "tools" and "documents" (null when none: a template sees them defined),
+ * "add_generation_prompt", the tokenizer's special tokens by name
+ * (bos_token, eos_token, unk_token, pad_token, ...) and the caller's extra
+ * arguments.
  *
  * A construct outside the subset is a parse error that names it (the
  * template's origin, line and column, the construct, what is supported),

@@ -42,28 +42,28 @@ static const method METHODS[] = {
 
 #define NMETHODS (sizeof METHODS / sizeof *METHODS)
 
-bool jb_method(jx *x, jv v, const char *name, size_t len, jv *out) {
+int jb_method(jx *x, const jexpr *at, jv v, const char *name, size_t len, jv *out) {
   char type = v.kind == JV_STR ? 's' : v.kind == JV_DICT ? 'd' : v.kind == JV_LOOP ? 'p'
               : v.kind == JV_LIST && v.u.l->view == JL_LIST ? 'l' : 0;
-  if (!type) return false;
+  if (!type) return 0;
   for (size_t i = 0; i < NMETHODS; i++)
     if (METHODS[i].type == type && strlen(METHODS[i].name) == len && !memcmp(METHODS[i].name, name, len)) {
       if (METHODS[i].st == UNSAFE) { /* the sandbox: an Undefined that fails when used */
         char *msg = ja_alloc(&x->a, 96);
-        if (!msg) return false;
+        if (!msg) return jx_oom(x, at);
         snprintf(msg, 96, "access to attribute '%s' of '%s' object is unsafe", METHODS[i].name,
                  type == 'd' ? "dict" : "list");
         *out = jv_undef_msg(msg);
-        return true;
+        return 1;
       }
       jfunc *f = ja_alloc(&x->a, sizeof *f);
-      if (!f) return false;
+      if (!f) return jx_oom(x, at);
       f->id = M_FIRST + (int)i;
       f->self = v;
       *out = (jv){.kind = JV_FUNC, .u.fn = f};
-      return true;
+      return 1;
     }
-  return false;
+  return 0;
 }
 
 /* ---- str ---- */

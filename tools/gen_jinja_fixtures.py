@@ -331,6 +331,56 @@ def random_cases(seed, count):
     return cases
 
 
+# Random statements (for, if, set, namespace, macros, set blocks, generation, whitespace
+# control) over another context: scoping and whitespace as Jinja2's.
+STMT_CTX = {"m": [{"role": "system", "content": " sys "}, {"role": "user", "content": "hi"},
+                  {"role": "assistant", "content": "yo", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]},
+                  {"role": "user", "content": [{"type": "text", "text": "t"}, {"type": "image"}]}],
+            "n": 2, "s": "ab"}
+STMT_EXPRS = ["x", "y", "ns.a", "ns.b", "n", "s", "m|length", "loop.index", "loop.first", "i", "i.role", "i.content",
+              "1", "'q'", "x ~ y", "x + 1", "(x is defined)", "m[0].content|trim", "i.tool_calls is defined",
+              "i.content is string", "ns.a ~ i"]
+
+
+def random_statements(seed, count):
+    rnd = random.Random(seed)
+
+    def ex():
+        return rnd.choice(STMT_EXPRS)
+
+    def stmt(depth=0):
+        r = rnd.random()
+        if depth > 2 or r < 0.25:
+            return "{{ %s }}" % ex()
+        if r < 0.4:
+            return "{%% set %s = %s %%}" % (rnd.choice(["x", "y"]), ex())
+        if r < 0.5:
+            return "{%% set ns.%s = %s %%}" % (rnd.choice(["a", "b"]), ex())
+        if r < 0.65:
+            seq = rnd.choice(["m", "[1, 2]", "m[1:]", "m|selectattr('role', 'eq', 'user')"])
+            return "{%% for i in %s %%}%s%s{%% endfor %%}" % (seq, stmt(depth + 1), stmt(depth + 1))
+        if r < 0.8:
+            return "{%% if %s %%}%s{%% elif %s %%}%s{%% else %%}%s{%% endif %%}" % (
+                ex(), stmt(depth + 1), ex(), stmt(depth + 1), stmt(depth + 1))
+        if r < 0.88:
+            return "{%% macro mm(p, q=3) %%}%s[{{ p }}{{ q }}]{%% endmacro %%}{{ mm(%s) }}" % (stmt(depth + 1), ex())
+        if r < 0.94:
+            return "{%% set x %%}%s{%% endset %%}" % stmt(depth + 1)
+        ws = ["{%- if true %} \n {{ x }}\n{% endif -%}\n", "  {% for i in [1] %}\n  [{{ i }}]\n  {%- endfor %}\n"]
+        # generation at the top only: inside a macro or a set block it is refused
+        return rnd.choice(ws + (["{% generation %}{{ x }}{% endgeneration %}"] if depth == 0 else []))
+
+    cases = []
+    while len(cases) < count:
+        t = "{% set ns = namespace(a=0, b='') %}" + "".join(stmt() for _ in range(rnd.randint(1, 4)))
+        try:
+            _compile_jinja_template(t).render(**STMT_CTX)
+        except Exception:  # noqa: BLE001 - only what transformers renders is kept
+            continue
+        cases.append((f"random_stmt_{len(cases):03d}", t, "statements", None))
+    return cases
+
+
 SMOL_TOKENS = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "unk_token": "<|endoftext|>", "pad_token": "<|im_end|>"}
 GEMMA_TOKENS = {"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>"}
 
@@ -397,7 +447,7 @@ def byte_spans(text, spans):
     return [[len(text[:b].encode()), len(text[:e].encode())] for b, e in spans]
 
 
-CONTEXTS = {"random": RND_CTX}  # contexts cases name instead of repeating them
+CONTEXTS = {"random": RND_CTX, "statements": STMT_CTX}  # contexts cases name instead of repeating them
 
 
 def run_case(name, template, context, expect):
@@ -473,7 +523,7 @@ def main():
     tdir = os.path.join(OUT, "templates")
     os.makedirs(tdir, exist_ok=True)
     refresh_smollm2(os.path.join(tdir, "smollm2.jinja"))
-    cases = [run_case(*c) for c in CASES + random_cases(2026, 400)]
+    cases = [run_case(*c) for c in CASES + random_cases(2026, 400) + random_statements(2026, 200)]
     real = []
     for tname, tokens, conv_names, extra_convs in REAL:
         with open(os.path.join(tdir, tname + ".jinja"), encoding="utf-8", newline="") as fp:

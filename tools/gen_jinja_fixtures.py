@@ -71,6 +71,7 @@ CASES = [
     ("var_end_in_dict", "{{ {'a': {'b': 1}}['a'] }}", {}, None),
     # literals and rendering of values
     ("literals", "{{ 1 }} {{ -2 }} {{ 1.5 }} {{ 1e3 }} {{ 10000000000000000.0 }} {{ 1e-5 }} {{ 0.1 }} {{ 1_000 }}", {}, None),
+    ("literals_bases", "{{ 0x1F }} {{ 0o17 }} {{ 0b101 }} {{ 0xff_ff }} {{ 0XA }}", {}, None),
     ("render_consts", "{{ true }} {{ false }} {{ none }} {{ True }} {{ None }}|{{ undefined_thing }}|", {}, None),
     ("render_list", "{{ [1, 'a', \"b'c\", none, true, 1.0, [2]] }}", {}, None),
     ("render_dict", "{{ {'a': 1, 'b': [1, 2], 3: 'x'} }}", {}, None),

@@ -2,8 +2,8 @@
 """Writes tests/fixtures/jinja/ for tests/unit/test_jinja.c: what transformers renders, as
 the C interpreter (src/template) must render it byte for byte.
 
-  cases.json  {"cases": [...], "real": [...]}
-    cases: small templates with a context, rendered by transformers' own compiled
+  cases.json  {"contexts": {...}, "cases": [...], "real": [...]}, one case a line
+    cases: small templates with a context (or the name of one in contexts), rendered by transformers' own compiled
       environment (chat_template_utils._compile_jinja_template: the sandbox, trim_blocks,
       lstrip_blocks, loopcontrols, tojson, raise_exception, generation blocks). Each has
       "text" (and "gen", the {% generation %} spans as UTF-8 byte ranges), or
@@ -28,6 +28,7 @@ run in CI: its output is committed. Usage: tools/gen_jinja_fixtures.py [REPO_ROO
 """
 import json
 import os
+import random
 import sys
 
 from transformers.utils.chat_template_utils import (
@@ -70,6 +71,7 @@ CASES = [
     ("var_end_in_dict", "{{ {'a': {'b': 1}}['a'] }}", {}, None),
     # literals and rendering of values
     ("literals", "{{ 1 }} {{ -2 }} {{ 1.5 }} {{ 1e3 }} {{ 10000000000000000.0 }} {{ 1e-5 }} {{ 0.1 }} {{ 1_000 }}", {}, None),
+    ("literals_bases", "{{ 0x1F }} {{ 0o17 }} {{ 0b101 }} {{ 0xff_ff }} {{ 0XA }}", {}, None),
     ("render_consts", "{{ true }} {{ false }} {{ none }} {{ True }} {{ None }}|{{ undefined_thing }}|", {}, None),
     ("render_list", "{{ [1, 'a', \"b'c\", none, true, 1.0, [2]] }}", {}, None),
     ("render_dict", "{{ {'a': 1, 'b': [1, 2], 3: 'x'} }}", {}, None),
@@ -125,6 +127,13 @@ CASES = [
     ("generation", "{% for m in messages %}{% if m.role == 'assistant' %}<a>{% generation %}{{ m.content }}</s>{% endgeneration %}{% else %}<u>{{ m.content }}{% endif %}\n{% endfor %}", {"messages": MSGS}, None),
     ("generation_unicode", "é{% generation %}ü{{ x }}{% endgeneration %}ß{% generation %}{% endgeneration %}", {"x": "日本"}, None),
     ("generation_trim", "{%- for m in messages %}\n  {%- if m.role == 'assistant' %}\n    {%- generation %}\n{{ m.content }}\n    {%- endgeneration %}\n  {%- endif %}\n{%- endfor %}", {"messages": MSGS}, None),
+    ("generation_scope", "{% generation %}{% set x = 1 %}{{ x }}{% endgeneration %}[{{ x }}]{% set y = 1 %}{% generation %}{% set y = 2 %}{{ y }}{% endgeneration %}{{ y }}{% set ns = namespace(c=0) %}{% generation %}{% set ns.c = 7 %}{% endgeneration %}{{ ns.c }}{% for m in [5, 6] %}{% generation %}{{ loop.index }}{{ m }}{% endgeneration %}{% endfor %}", {}, None),
+    ("generation_plus_minus", "A\n   {%+ generation %}\n   X\n   {% endgeneration +%}\n   B|A\n   {%- generation %}\n   X\n   {% endgeneration -%}\n   B", {}, None),
+    ("generation_chatml", "{%- for message in messages %}\n    {%- if message['role'] == 'assistant' %}\n        {{- '<|im_start|>assistant\\n' }}\n        {%- generation %}{{- message['content'] + '<|im_end|>' }}{%- endgeneration %}\n        {{- '\\n' }}\n    {%- else %}\n        {{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}", {"messages": MSGS, "add_generation_prompt": True}, None),
+    ("err_generation_macro_scope", "{% generation %}{% macro f() %}m{% endmacro %}{% endgeneration %}{{ f() }}", {}, ("error", "undefined")),
+    ("err_break_in_generation", "{% for m in [1, 2] %}{% generation %}{% break %}{% endgeneration %}{% endfor %}", {}, ("error", "break")),
+    ("scopes_more", "{% set y = 1 %}{% set x %}{% set y = 2 %}{{ y }}{% endset %}{{ x }}{{ y }}|{% set x = 5 %}{% for x in [1] %}{{ x }}{% endfor %}{{ x }}|{% for a in [1, 2] %}{% set t = a %}{% for b in [3] %}{% set t = b %}{{ t }}{% endfor %}{{ t }}{% endfor %}|{% macro f(a) %}{% set a = a + 1 %}{{ a }}{% endmacro %}{% set a = 10 %}{{ f(1) }}{{ a }}|{% set z = 0 %}{% for i in [1, 2] %}{{ z }}{% set z = i %}{{ z }}{% endfor %}{{ z }}|{% set a, b = [1, 2] %}{{ b }}{% for a, b in [[3, 4]] %}{{ a }}{% endfor %}{{ a }}", {}, None),
+    ("err_assign_loop", "{% for x in [1] %}{% set loop = 5 %}{% endfor %}", {}, ("error", "loop variable")),
     # tests
     ("tests_types", "{{ 1 is number }}{{ true is number }}{{ true is integer }}{{ 1.0 is float }}{{ 1 is integer }}{{ 's' is string }}{{ {} is mapping }}{{ [] is sequence }}{{ 's' is sequence }}{{ 1 is iterable }}{{ [] is iterable }}{{ none is none }}{{ true is boolean }}", {}, None),
     ("tests_defined", "{{ x is defined }}{{ x is undefined }}{{ y is defined }}{{ y is not none }}{{ d.a is defined }}{{ d.b is defined }}{{ u is sequence }}{{ u is iterable }}", {"y": None, "d": {"a": 0}}, None),
@@ -203,6 +212,18 @@ CASES = [
     ("repr_quotes", "{{ \"it's\" }} {{ [\"it's\"] }} {{ ['a\"b'] }} {{ [\"a'b\\\"c\"] }} {{ ['\\\\'] }} {{ [1.0, -0.0, 1e-7, 1e22, 12345678901234567890.0] }}", {}, None),
     ("namespace_list_accumulate", "{%- set ns = namespace(items=[]) %}{% for m in messages %}{% set ns.items = ns.items + [m.role] %}{% endfor %}{{ ns.items }}{{ ns['items'] | length }}", {"messages": MSGS}, None),
     ("split_unicode_spaces", "{{ 'a\\u200bb'.split() }} {{ 'a\\u00a0b'.split() }} {{ 'a\\x1cb'.split() }} {{ 'a\\u00a0' | trim | length }}", {}, None),
+    ("markup_plain_uses", "{{ '<a>'|e }} {{ '<a>'|e|e }} {{ '<a>'|forceescape|forceescape }} {{ ('<'|e) ~ '<' }} {{ '<b>'|safe }} {{ '<'|safe|e }} {{ ('<'|e)|length }} {{ '<'|e == '&lt;' }} {{ '<'|e|tojson }} {{ 1|e }}", {}, None),
+    ("map_select_falsy", "{{ 0 | map('string') | list }} {{ none | map('string') | list }} {{ false | select | list }} {{ none in {'a': 1} }} {{ u in {'a': 1} }}", {}, None),
+    ("err_float_of_undefined", "{{ [] | last | float }}", {}, ("error", "No last item")),
+    ("err_indent_not_str", "{{ true | indent(2) }}", {}, ("error", "+=")),
+    ("err_unhashable_in", "{{ [1] in {'a': 1} }}", {}, ("error", "unhashable")),
+    ("err_unique_unhashable", "{{ [{'a': 1}, {'a': 1}] | unique | list }}", {}, ("error", "unhashable")),
+    ("refused_markup_repr", "{{ ['<'|e] }}", {}, ("refused", "Markup")),
+    ("refused_markup_add", "{{ '<'|e + '<' }}", {}, ("refused", "Markup")),
+    ("refused_markup_method", "{{ ('<'|e).upper() }}", {}, ("refused", "Markup")),
+    ("underscore_names", "{{ d._x }} {{ d.__y }} {{ d['_x'] }} {% for x in [1] %}[{{ loop._x }}]{% endfor %}[{{ ''._x }}]", {"d": {"_x": 1, "__y": 2}}, None),
+    ("err_namespace_underscore_set", "{% set ns = namespace(a=1) %}{% set ns._b = 2 %}", {}, ("error", "underscore-prefixed")),
+    ("err_namespace_underscore_new", "{% set ns = namespace(_a=1) %}", {}, ("error", "underscore-prefixed")),
     # errors both sides
     ("err_raise_exception", "{{ raise_exception('Roles must alternate!') }}", {}, ("error", "Roles must alternate!")),
     ("err_undefined_attr", "{{ x.y }}", {}, ("error", "undefined")),
@@ -255,6 +276,112 @@ CASES = [
 
 DEEPSEEK_TOKENS = {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>", "pad_token": "<｜end▁of▁sentence｜>"}
 COHERE_TOKENS = {"bos_token": "<BOS_TOKEN>", "eos_token": "<|END_OF_TURN_TOKEN|>", "unk_token": "<UNK>", "pad_token": "<PAD>"}
+# Random expressions over a fixed context (seeded: the same cases every run), kept where
+# transformers renders them: the differential suite's long tail.
+RND_CTX = {"s": "Héllo World", "t": "  a b  ", "n": 3, "f": 2.5, "z": 0, "b": True, "nn": None, "l": [3, 1, 2],
+           "ls": ["b", "A", "c"], "d": {"k": "v", "n": 2}, "e": [],
+           "m": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+RND_ATOMS = ["s", "t", "n", "f", "z", "b", "nn", "l", "ls", "d", "e", "m", "u", "1", "0", "-2", "2.5", "'x'", "''",
+             "'a,b'", "true", "none", "[1, 2]", "(1, 'a')", "{'a': 1}", "m[0]", "m[-1].content", "d.k", "l[1:]",
+             "s[::-1]", "v"]
+RND_BIN = ["+", "-", "*", "/", "//", "~", "==", "!=", "<", ">=", "and", "or", "in", "not in"]
+RND_FILTERS = ["length", "first", "last", "upper", "lower", "trim", "string", "int", "float", "list", "join(',')",
+               "tojson", "default('D')", "reverse|list", "sort", "unique|list", "map('string')|list", "select|list",
+               "selectattr('role')|list", "title", "capitalize", "abs", "round", "sum", "max", "min", "items|list",
+               "dictsort", "count", "replace('a','o')", "indent(2)", "center(7)"]
+RND_TESTS = ["defined", "none", "string", "number", "sequence", "mapping", "iterable", "odd", "even", "true",
+             "false", "integer", "float", "lower", "upper", "eq 1", "in [1, 'x']"]
+RND_METHODS = [".upper()", ".strip()", ".split()", ".split(',')", ".startswith('H')", ".endswith('d')",
+               ".replace('l', 'L')", ".title()", ".lower()", ".find('o')", ".count('l')", ".items()|list",
+               ".keys()|list", ".get('k')", ".get('q', 5)", ".values()|list", ".isdigit()"]
+
+
+def random_cases(seed, count):
+    rnd = random.Random(seed)
+
+    def expr(depth=0):
+        r = rnd.random()
+        if depth > 2 or r < 0.3:
+            return rnd.choice(RND_ATOMS)
+        if r < 0.5:
+            return "(%s %s %s)" % (expr(depth + 1), rnd.choice(RND_BIN), expr(depth + 1))
+        if r < 0.65:
+            return "%s | %s" % (expr(depth + 1), rnd.choice(RND_FILTERS))
+        if r < 0.75:
+            return "(%s is %s%s)" % (expr(depth + 1), rnd.choice(["", "not "]), rnd.choice(RND_TESTS))
+        if r < 0.85:
+            return rnd.choice(["s", "t", "d", "'a,b'", "ls"]) + rnd.choice(RND_METHODS)
+        if r < 0.92:
+            return "(%s if %s else %s)" % (expr(depth + 1), expr(depth + 1), expr(depth + 1))
+        return "[%s, %s]" % (expr(depth + 1), expr(depth + 1))
+
+    cases = []
+    while len(cases) < count:
+        e, k = expr(), rnd.random()
+        if k < 0.6:
+            t = "{{ %s }}" % e
+        elif k < 0.8:
+            t = "{%% for v in %s %%}[{{ v }}|{{ loop.index }}]{%% else %%}E{%% endfor %%}" % e
+        else:
+            t = "{%% if %s %%}Y{%% else %%}N{%% endif %%}" % e
+        try:
+            _compile_jinja_template(t).render(**RND_CTX)
+        except Exception:  # noqa: BLE001 - only what transformers renders is kept
+            continue
+        cases.append((f"random_{len(cases):03d}", t, "random", None))
+    return cases
+
+
+# Random statements (for, if, set, namespace, macros, set blocks, generation, whitespace
+# control) over another context: scoping and whitespace as Jinja2's.
+STMT_CTX = {"m": [{"role": "system", "content": " sys "}, {"role": "user", "content": "hi"},
+                  {"role": "assistant", "content": "yo", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]},
+                  {"role": "user", "content": [{"type": "text", "text": "t"}, {"type": "image"}]}],
+            "n": 2, "s": "ab"}
+STMT_EXPRS = ["x", "y", "ns.a", "ns.b", "n", "s", "m|length", "loop.index", "loop.first", "i", "i.role", "i.content",
+              "1", "'q'", "x ~ y", "x + 1", "(x is defined)", "m[0].content|trim", "i.tool_calls is defined",
+              "i.content is string", "ns.a ~ i"]
+
+
+def random_statements(seed, count):
+    rnd = random.Random(seed)
+
+    def ex():
+        return rnd.choice(STMT_EXPRS)
+
+    def stmt(depth=0):
+        r = rnd.random()
+        if depth > 2 or r < 0.25:
+            return "{{ %s }}" % ex()
+        if r < 0.4:
+            return "{%% set %s = %s %%}" % (rnd.choice(["x", "y"]), ex())
+        if r < 0.5:
+            return "{%% set ns.%s = %s %%}" % (rnd.choice(["a", "b"]), ex())
+        if r < 0.65:
+            seq = rnd.choice(["m", "[1, 2]", "m[1:]", "m|selectattr('role', 'eq', 'user')"])
+            return "{%% for i in %s %%}%s%s{%% endfor %%}" % (seq, stmt(depth + 1), stmt(depth + 1))
+        if r < 0.8:
+            return "{%% if %s %%}%s{%% elif %s %%}%s{%% else %%}%s{%% endif %%}" % (
+                ex(), stmt(depth + 1), ex(), stmt(depth + 1), stmt(depth + 1))
+        if r < 0.88:
+            return "{%% macro mm(p, q=3) %%}%s[{{ p }}{{ q }}]{%% endmacro %%}{{ mm(%s) }}" % (stmt(depth + 1), ex())
+        if r < 0.94:
+            return "{%% set x %%}%s{%% endset %%}" % stmt(depth + 1)
+        ws = ["{%- if true %} \n {{ x }}\n{% endif -%}\n", "  {% for i in [1] %}\n  [{{ i }}]\n  {%- endfor %}\n"]
+        # generation at the top only: inside a macro or a set block it is refused
+        return rnd.choice(ws + (["{% generation %}{{ x }}{% endgeneration %}"] if depth == 0 else []))
+
+    cases = []
+    while len(cases) < count:
+        t = "{% set ns = namespace(a=0, b='') %}" + "".join(stmt() for _ in range(rnd.randint(1, 4)))
+        try:
+            _compile_jinja_template(t).render(**STMT_CTX)
+        except Exception:  # noqa: BLE001 - only what transformers renders is kept
+            continue
+        cases.append((f"random_stmt_{len(cases):03d}", t, "statements", None))
+    return cases
+
+
 SMOL_TOKENS = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "unk_token": "<|endoftext|>", "pad_token": "<|im_end|>"}
 GEMMA_TOKENS = {"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>"}
 
@@ -301,11 +428,12 @@ DOCUMENTS = [{"title": "Doc A", "text": "Alpha \"quoted\""}, {"title": "Doc B", 
 
 # Per template: its special tokens and the conversations beyond CONVERSATIONS, each
 # (name, messages, extra render arguments).
-REAL = [
-    ("smollm2", SMOL_TOKENS, []),
-    ("gemma3", GEMMA_TOKENS, [(n, m, {}) for n, m in GEMMA_EXTRA]),
-    ("deepseek_r1_distill", DEEPSEEK_TOKENS, [("tool_calls", TOOL_CHAT, {})]),
-    ("command_r7b_tool_use", COHERE_TOKENS, [("tool_calls", TOOL_CHAT, {"tools": TOOLS}),
+ALL = [c[0] for c in CONVERSATIONS]
+REAL = [  # (template, tokens, names of CONVERSATIONS rendered, more conversations)
+    ("smollm2", SMOL_TOKENS, ALL, []),
+    ("gemma3", GEMMA_TOKENS, ALL, [(n, m, {}) for n, m in GEMMA_EXTRA]),
+    ("deepseek_r1_distill", DEEPSEEK_TOKENS, ALL, [("tool_calls", TOOL_CHAT, {})]),
+    ("command_r7b_tool_use", COHERE_TOKENS, ["user_only", "multi_turn"], [("tool_calls", TOOL_CHAT, {"tools": TOOLS}),
                                              ("documents", CONVERSATIONS[1][1], {"documents": DOCUMENTS, "tools": TOOLS}),
                                              ("citations", CONVERSATIONS[2][1], {"tools": TOOLS, "enable_citations": True})]),
 ]
@@ -320,8 +448,13 @@ def byte_spans(text, spans):
     return [[len(text[:b].encode()), len(text[:e].encode())] for b, e in spans]
 
 
+CONTEXTS = {"random": RND_CTX, "statements": STMT_CTX}  # contexts cases name instead of repeating them
+
+
 def run_case(name, template, context, expect):
     case = {"name": name, "template": template, "context": context}
+    if isinstance(context, str):
+        context = CONTEXTS[context]
     try:
         env_tpl = _compile_jinja_template(template)
         blocks, gen = [], []
@@ -391,19 +524,22 @@ def main():
     tdir = os.path.join(OUT, "templates")
     os.makedirs(tdir, exist_ok=True)
     refresh_smollm2(os.path.join(tdir, "smollm2.jinja"))
-    cases = [run_case(*c) for c in CASES]
+    cases = [run_case(*c) for c in CASES + random_cases(2026, 400) + random_statements(2026, 200)]
     real = []
-    for tname, tokens, extra_convs in REAL:
+    for tname, tokens, conv_names, extra_convs in REAL:
         with open(os.path.join(tdir, tname + ".jinja"), encoding="utf-8", newline="") as fp:
             template = fp.read()
-        for conv_name, messages, extra in [(n, m, {}) for n, m in CONVERSATIONS] + extra_convs:
-            for agp in (True, False):
+        for conv_name, messages, extra in [(n, m, {}) for n, m in CONVERSATIONS if n in conv_names] + extra_convs:
+            # Command R ignores add_generation_prompt (it always opens the chatbot turn)
+            for agp in (True,) if tname.startswith("command_r") else (True, False):
                 real.append(run_real(tname, template, tokens, conv_name, messages, agp, extra=extra))
         for conv_name, messages, words in ERRORS.get(tname, []):
             real.append(run_real(tname, template, tokens, conv_name, messages, True, words))
     with open(os.path.join(OUT, "cases.json"), "w", encoding="utf-8") as fp:
-        json.dump({"cases": cases, "real": real}, fp, ensure_ascii=False, indent=1)
-        fp.write("\n")
+        def rows(items):  # one case a line: small, and diffs read case by case
+            return ",\n".join(json.dumps(c, ensure_ascii=False) for c in items)
+        fp.write('{"contexts": %s,\n"cases": [\n%s\n],\n"real": [\n%s\n]}\n'
+                 % (json.dumps(CONTEXTS, ensure_ascii=False), rows(cases), rows(real)))
     print(f"{len(cases)} cases, {len(real)} real renders -> {OUT}")
 
 

@@ -51,7 +51,7 @@ typedef enum jexpr_kind {
   E_CALL,    /* a(args, kw=...) */
   E_FILTER,  /* a | fn(args, kw=...) */
   E_TEST,    /* a is [not] fn args */
-  E_BIN,     /* a op b: + - * / // % ** ~ */
+  E_BIN,     /* a op b: + - * / // % ** ~ (fn) */
   E_NEG,     /* -a */
   E_POS,     /* +a */
   E_NOT,     /* not a */
@@ -70,7 +70,8 @@ struct jexpr {
   int line, col;
   jv val;               /* E_CONST */
   const char *name;     /* E_NAME, E_ATTR; E_FILTER/E_TEST: the function's name */
-  int fn;               /* E_FILTER, E_TEST: the builtins' id; E_BIN: the operator */
+  int fn;               /* E_FILTER, E_TEST: the builtins' id; E_BIN: the operator, one of
+                           '+' '-' '*' '/' '%' '~', 'f' (//), 'p' (**) */
   bool negated;         /* E_TEST: is not */
   jexpr *a, *b, *c, *d; /* operands */
   jexpr **args;         /* E_CALL/E_FILTER/E_TEST arguments, E_LIST/E_TUPLE items,

@@ -86,7 +86,7 @@ int jb_attr_path(jx *x, const jexpr *at, jv v, const jstr *path, jv *out) {
     else if (key.kind == JV_STR) {
       if (jx_getattr(x, at, v, key.u.s->s, key.u.s->len, &v)) return -1;
     } else
-      v = jv_undef("no such item");
+      v = jv_undef_msg("no such item");
     i = j + 1;
   } while (i <= path->len);
   *out = v;
@@ -340,8 +340,13 @@ int jb_call(jx *x, const jexpr *at, const jfunc *f, const jargs *args, jv *out) 
   case G_DICT: return do_dict(x, at, "dict", args, out);
   case G_NAMESPACE:
     if (do_dict(x, at, "namespace", args, out)) return -1;
-    for (size_t i = 0; i < out->u.d->n; i++)
-      if (out->u.d->keys[i].kind != JV_STR) return jx_fail(x, at, "namespace(): keywords must be strings");
+    for (size_t i = 0; i < out->u.d->n; i++) {
+      jv k = out->u.d->keys[i];
+      if (k.kind != JV_STR) return jx_fail(x, at, "namespace(): keywords must be strings");
+      if (k.u.s->len && k.u.s->s[0] == '_') /* transformers' TemplateNamespace */
+        return jx_fail(x, at, "Chat templates cannot store underscore-prefixed attributes on a namespace, but got '%s'",
+                       k.u.s->s);
+    }
     out->kind = JV_NS;
     return 0;
   case G_RAISE: {

@@ -49,9 +49,11 @@ int jb_test(struct jx *x, const jexpr *at, int id, jv v, const jargs *args, bool
 bool jb_global(const char *name, jv *out);
 
 /* The attribute `name` of v when it is a method (str, dict and list
- * methods as Python's, through the sandbox: methods that modify a list or
- * dict refuse when called): true with *out bound to v, false otherwise. */
-bool jb_method(struct jx *x, jv v, const char *name, size_t len, jv *out);
+ * methods as Python's, through the sandbox: a method that modifies a list
+ * or dict is an Undefined that fails when called): 1 with *out bound to v,
+ * 0 when v has no such method, -1 with the message when the render's
+ * memory is exhausted. */
+int jb_method(struct jx *x, const jexpr *at, jv v, const char *name, size_t len, jv *out);
 
 /* Call a global or bound method. 0 with *out, or -1 with the message. */
 int jb_call(struct jx *x, const jexpr *at, const jfunc *f, const jargs *args, jv *out);

@@ -158,10 +158,10 @@ static int loop_attr(jx *x, const jexpr *at, jv v, const char *name, jv *out) {
   else if (!strcmp(name, "length")) *out = jv_int((int64_t)n);
   else if (!strcmp(name, "depth")) *out = jv_int(1);
   else if (!strcmp(name, "depth0")) *out = jv_int(0);
-  else if (!strcmp(name, "previtem")) *out = i ? l->items->items[i - 1] : jv_undef("there is no previous item");
-  else if (!strcmp(name, "nextitem")) *out = i + 1 < n ? l->items->items[i + 1] : jv_undef("there is no next item");
+  else if (!strcmp(name, "previtem")) *out = i ? l->items->items[i - 1] : jv_undef_msg("there is no previous item");
+  else if (!strcmp(name, "nextitem")) *out = i + 1 < n ? l->items->items[i + 1] : jv_undef_msg("there is no next item");
   else if (!strcmp(name, "cycle")) {
-    if (!jb_method(x, v, name, strlen(name), out)) return jx_oom(x, at);
+    if (jb_method(x, at, v, name, strlen(name), out) < 0) return -1;
   } else if (!strcmp(name, "changed")) {
     return jx_fail(x, at, "loop.changed is not supported");
   } else {
@@ -172,13 +172,15 @@ static int loop_attr(jx *x, const jexpr *at, jv v, const char *name, jv *out) {
 
 int jx_getattr(jx *x, const jexpr *at, jv v, const char *name, size_t len, jv *out) {
   if (v.kind == JV_UNDEF) return jx_undefined(x, at, v);
-  if (len && name[0] == '_') { /* the sandbox: no private attributes */
-    *out = jv_undef(name);
-    return 0;
+  /* the sandbox hides attributes named _...; a dict's keys are items, not
+   * attributes, and stay visible */
+  bool hidden = len && name[0] == '_';
+  if (v.kind == JV_LOOP && !hidden) return loop_attr(x, at, v, name, out);
+  if (v.kind != JV_NS && !hidden) {
+    int m = jb_method(x, at, v, name, len, out);
+    if (m) return m < 0 ? -1 : 0;
   }
-  if (v.kind == JV_LOOP) return loop_attr(x, at, v, name, out);
-  if (v.kind != JV_NS && jb_method(x, v, name, len, out)) return 0;
-  if (v.kind == JV_DICT || v.kind == JV_NS) {
+  if (v.kind == JV_DICT || (v.kind == JV_NS && !hidden)) {
     jv *f = jdict_get_str(v.u.d, name, len);
     if (f) {
       *out = *f;
@@ -222,21 +224,21 @@ static int getitem(jx *x, const jexpr *at, jv v, jv k, jv *out) {
   } else if (v.kind == JV_LIST && jlist_indexable(v.u.l) && as_index(k, &i)) {
     int64_t n = (int64_t)v.u.l->n;
     if (i < 0) i += n;
-    *out = i >= 0 && i < n ? v.u.l->items[i] : jv_undef("list index out of range");
+    *out = i >= 0 && i < n ? v.u.l->items[i] : jv_undef_msg("list index out of range");
     return 0;
   } else if (v.kind == JV_STR && as_index(k, &i)) {
     size_t *o = NULL, n = 0;
     if (char_offsets(x, at, v.u.s, &o, &n)) return -1;
     if (i < 0) i += (int64_t)n;
     if (i < 0 || i >= (int64_t)n) {
-      *out = jv_undef("string index out of range");
+      *out = jv_undef_msg("string index out of range");
       return 0;
     }
     return jx_str(x, at, v.u.s->s + o[i], o[i + 1] - o[i], out);
   }
   /* Jinja2 then tries the attribute of that name */
   if (k.kind == JV_STR) return jx_getattr(x, at, v, k.u.s->s, k.u.s->len, out);
-  *out = jv_undef("no such item");
+  *out = jv_undef_msg("no such item");
   return 0;
 }
 
@@ -282,7 +284,7 @@ static int do_slice(jx *x, const jexpr *at, jv v, jv *parts, jv *out) {
   } else if (v.kind == JV_LIST && jlist_indexable(v.u.l)) {
     n = (int64_t)v.u.l->n;
   } else {
-    *out = jv_undef("not sliceable");
+    *out = jv_undef_msg("not sliceable");
     return 0;
   }
   if (slice_bounds(x, at, parts, n, &start, &stop, &step)) return -1;
@@ -353,6 +355,8 @@ static int compare(jx *x, const jexpr *at, const char *op, jv a, jv b, bool *out
         return jx_fail(x, at, "'in <string>' requires string as left operand, not %s", jv_type_name(a));
       r = a.u.s->len == 0 || txt_find(b.u.s->s, b.u.s->len, a.u.s->s, a.u.s->len) != NULL;
     } else if (b.kind == JV_DICT) {
+      if (a.kind == JV_DICT || a.kind == JV_NS || (a.kind == JV_LIST && a.u.l->view != JL_TUPLE))
+        return jx_fail(x, at, "unhashable type: '%s'", jv_type_name(a));
       r = jdict_get(b.u.d, a) != NULL;
     } else if (b.kind == JV_LIST || b.kind == JV_UNDEF) {
       r = false;
@@ -436,6 +440,8 @@ static int repeat(jx *x, const jexpr *at, jv a, int64_t n, jv *out) {
 }
 
 int jx_arith(jx *x, const jexpr *at, int op, jv a, jv b, jv *out) {
+  if (op != '~' && (jv_is_markup(a) || jv_is_markup(b)))
+    return jx_fail(x, at, "'%s' with a Markup string (from escape or safe) is not supported", opname(op));
   if (op == '~') {
     jv sa, sb;
     if (jx_tostr(x, at, a, &sa) || jx_tostr(x, at, b, &sb)) return -1;
@@ -717,7 +723,7 @@ static int eval_node(jx *x, jframe *f, const jexpr *e, jv *out) {
     if (eval(x, f, e->a, &a)) return -1;
     if (jv_truthy(a)) return eval(x, f, e->b, out);
     if (e->c) return eval(x, f, e->c, out);
-    *out = jv_undef("the condition was false and there is no else");
+    *out = jv_undef_msg("the condition was false and there is no else");
     return 0;
   default: return eval_seq(x, f, e, out);
   }
@@ -810,6 +816,9 @@ static int exec_stmt(jx *x, jframe *f, const jstmt *s) {
       if (ns.kind != JV_NS)
         return jx_fail(x, s->expr, "cannot assign attribute '%s' of '%s': it is a %s, not a namespace()", s->attr,
                        s->names[0], jv_type_name(ns));
+      if (s->attr[0] == '_') /* transformers' TemplateNamespace */
+        return jx_fail(x, s->expr, "Chat templates cannot store underscore-prefixed attributes on a namespace, but got '%s'",
+                       s->attr);
       jv k;
       if (jx_str(x, s->expr, s->attr, strlen(s->attr), &k)) return -1;
       if (jdict_set(&x->a, ns.u.d, k, v)) return jx_oom(x, s->expr);
@@ -818,8 +827,10 @@ static int exec_stmt(jx *x, jframe *f, const jstmt *s) {
     return assign(x, s->expr, f, s, v);
   case S_SETBLOCK: {
     jbuf cap = {.limit = JINJA_MAX_OUTPUT}, *saved = x->cur;
+    jframe *g = frame_new(x, NULL, f); /* the block's body is a scope of its own */
+    if (!g) return -1;
     x->cur = &cap;
-    int rc = exec_body(x, f, &s->body);
+    int rc = exec_body(x, g, &s->body);
     x->cur = saved;
     if (!rc) rc = jx_str(x, NULL, cap.p ? cap.p : "", cap.len, &v) || frame_set(x, NULL, f, s->names[0], v);
     jbuf_free(&cap);
@@ -829,9 +840,10 @@ static int exec_stmt(jx *x, jframe *f, const jstmt *s) {
     return frame_set(x, NULL, f, s->names[0], (jv){.kind = JV_MACRO, .u.macro = s, .aux = f});
   case S_BREAK: x->ctl = 1; return 0;
   case S_CONTINUE: x->ctl = 2; return 0;
-  case S_GENERATION: {
+  case S_GENERATION: { /* a call block: its body is a scope of its own, as a macro's */
     size_t begin = x->out.len;
-    if (exec_body(x, f, &s->body)) return -1;
+    jframe *g = frame_new(x, NULL, f);
+    if (!g || exec_body(x, g, &s->body)) return -1;
     if (x->ngen == x->capgen) {
       size_t nc = x->capgen ? x->capgen * 2 : 8;
       ml_jinja_span *g = ja_alloc(&x->a, nc * sizeof *g);

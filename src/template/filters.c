@@ -92,7 +92,7 @@ static int sort_key(jx *x, const jexpr *at, jv item, jv attr, bool multi, bool c
     *out = item.kind == JV_LIST && jlist_indexable(item.u.l) && attr.u.i >= 0 && (size_t)attr.u.i < item.u.l->n
                ? item.u.l->items[attr.u.i]
            : item.kind == JV_DICT && (f = jdict_get(item.u.d, key)) ? *f
-                                                                   : jv_undef("no such item");
+                                                                   : jv_undef_msg("no such item");
     return fold(x, at, *out, cs, out);
   }
   if (jb_str_arg(x, at, "attribute", attr, &path)) return -1;
@@ -107,8 +107,9 @@ static int sort_key(jx *x, const jexpr *at, jv item, jv attr, bool multi, bool c
     while (j < path->len && path->s[j] != ',') j++;
     jv part, v;
     if (jx_str(x, at, path->s + i, j - i, &part) || jb_attr_path(x, at, item, part.u.s, &v) ||
-        fold(x, at, v, cs, &v) || jlist_push(&x->a, keys, v))
+        fold(x, at, v, cs, &v))
       return -1;
+    if (jlist_push(&x->a, keys, v)) return jx_oom(x, at);
     i = j + 1;
   }
   *out = list_v(keys);
@@ -267,6 +268,12 @@ static int do_tojson(jx *x, const jexpr *at, jv v, const jv *p, jv *out) {
 /* map / select / reject / selectattr / rejectattr. */
 static int do_map(jx *x, const jexpr *at, jv v, const jargs *a, jv *out) {
   jlist *items, *l;
+  if (!jv_truthy(v)) { /* "if value:" */
+    if (!(l = jlist_new(&x->a, 0))) return jx_oom(x, at);
+    l->view = JL_GEN;
+    *out = list_v(l);
+    return 0;
+  }
   if (jx_iter(x, at, v, &items)) return -1;
   if (!(l = jlist_new(&x->a, items->n))) return jx_oom(x, at);
   l->view = JL_GEN;
@@ -339,6 +346,10 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
   const jstr *s;
   jlist *items;
   jbuf b = {.limit = JINJA_MAX_OUTPUT};
+  /* Markup strings: what keeps the same text as a str does is allowed */
+  if (jv_is_markup(v) && id != F_ESCAPE && id != F_SAFE && id != F_STRING && id != F_LENGTH && id != F_TOJSON &&
+      id != F_DEFAULT && id != F_JOIN && id != F_FIRST && id != F_LAST && id != F_LIST)
+    return jx_fail(x, at, "filter '%s' of a Markup string (from escape or safe) is not supported", fname);
   switch (id) {
   case F_ABS:
     if (jb_bind(x, at, fname, a, NULL, 0, p)) return -1;
@@ -352,8 +363,9 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
   case F_ATTR:
     if (jb_bind(x, at, fname, a, P("name"), p) || jb_str_arg(x, at, fname, p[0], &s)) return -1;
     if (v.kind == JV_DICT) { /* getattr only: a dict's keys are not its attributes */
-      if (!jb_method(x, v, s->s, s->len, out)) *out = jv_undef(s->s);
-      return 0;
+      int m = jb_method(x, at, v, s->s, s->len, out);
+      if (!m) *out = jv_undef(s->s);
+      return m < 0 ? -1 : 0;
     }
     return jx_getattr(x, at, v, s->s, s->len, out);
   case F_CAPITALIZE:
@@ -414,14 +426,21 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
     return 0;
   }
   case F_ESCAPE: {
-    if (jb_bind(x, at, fname, a, NULL, 0, p) || as_str(x, at, v, &s)) return -1;
+    if (jb_bind(x, at, fname, a, NULL, 0, p)) return -1;
+    if (jv_is_markup(v) && strcmp(fname, "forceescape")) { /* escaped once */
+      *out = v;
+      return 0;
+    }
+    if (as_str(x, at, v, &s)) return -1;
     int rc = 0;
     for (size_t i = 0; !rc && i < s->len; i++) {
       const char *r = s->s[i] == '&' ? "&amp;" : s->s[i] == '<' ? "&lt;" : s->s[i] == '>' ? "&gt;"
                     : s->s[i] == '"' ? "&#34;" : s->s[i] == '\'' ? "&#39;" : NULL;
       rc = r ? jbuf_put(&b, r, strlen(r)) : jbuf_put(&b, s->s + i, 1);
     }
-    return finish(x, at, &b, rc, out);
+    if (finish(x, at, &b, rc, out)) return -1;
+    *out = jv_markupv(out->u.s);
+    return 0;
   }
   case F_FIRST:
   case F_LAST:
@@ -431,10 +450,11 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
     if (id == F_LAST && v.kind == JV_DICT) return jx_fail(x, at, "last of a dict is not supported");
     if (jx_iter(x, at, v, &items)) return -1;
     *out = items->n ? items->items[id == F_FIRST ? 0 : items->n - 1]
-                    : jv_undef(id == F_FIRST ? "No first item, sequence was empty." : "No last item, sequence was empty.");
+                    : jv_undef_msg(id == F_FIRST ? "No first item, sequence was empty." : "No last item, sequence was empty.");
     return 0;
   case F_FLOAT: {
     if (jb_bind(x, at, fname, a, P("default"), p)) return -1;
+    if (v.kind == JV_UNDEF) return jx_undefined(x, at, v); /* float(Undefined) fails */
     double f;
     if (jv_is_num(v)) *out = jv_float(jv_num(v));
     else if (v.kind == JV_STR && parse_float(v.u.s, &f)) *out = jv_float(f);
@@ -443,6 +463,7 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
   }
   case F_INT: {
     if (jb_bind(x, at, fname, a, P("default", "base"), p)) return -1;
+    if (v.kind == JV_UNDEF) return jx_undefined(x, at, v); /* int(Undefined) fails */
     if (jb_given(p[1]) && !jv_eq(p[1], jv_int(10))) return jx_fail(x, at, "int(): only base 10 is supported");
     int64_t i;
     double f;
@@ -460,7 +481,7 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
     if (v.kind != JV_DICT || !v.u.d) return v.u.d ? jx_fail(x, at, "Can only get item pairs from a mapping.") : jx_oom(x, at);
     jv fn;
     jargs none = {0};
-    if (!jb_method(x, v, "items", 5, &fn) || jb_call(x, at, fn.u.fn, &none, out)) return jx_oom(x, at);
+    if (jb_method(x, at, v, "items", 5, &fn) < 0 || jb_call(x, at, fn.u.fn, &none, out)) return -1;
     out->u.l->view = JL_GEN;
     return 0;
   }
@@ -519,7 +540,7 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
   case F_MIN: {
     if (jb_bind(x, at, fname, a, P("case_sensitive", "attribute"), p) || jx_iter(x, at, v, &items)) return -1;
     if (!items->n) {
-      *out = jv_undef("No aggregated item, sequence was empty.");
+      *out = jv_undef_msg("No aggregated item, sequence was empty.");
       return 0;
     }
     bool cs = jb_given(p[0]) && jv_truthy(p[0]);
@@ -548,7 +569,7 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
     args3[0] = jv_strv(o);
     args3[1] = jv_strv(n);
     jargs ra = {.pos = args3, .npos = 3};
-    if (!jb_method(x, jv_strv(s), "replace", 7, &fn)) return jx_oom(x, at);
+    if (jb_method(x, at, jv_strv(s), "replace", 7, &fn) < 0) return -1;
     return jb_call(x, at, fn.u.fn, &ra, out);
   }
   case F_REVERSE: {
@@ -618,9 +639,10 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
     return 0;
   }
   case F_SAFE:
-  case F_STRING:
-    if (jb_bind(x, at, fname, a, NULL, 0, p)) return -1;
-    return jx_tostr(x, at, v, out);
+  case F_STRING: /* soft_str keeps a Markup; safe makes one */
+    if (jb_bind(x, at, fname, a, NULL, 0, p) || jx_tostr(x, at, v, out)) return -1;
+    if (id == F_SAFE || jv_is_markup(v)) *out = jv_markupv(out->u.s);
+    return 0;
   case F_SORT: {
     if (jb_bind(x, at, fname, a, P("reverse", "case_sensitive", "attribute"), p) || jx_iter(x, at, v, &items))
       return -1;
@@ -677,7 +699,7 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
     jv fn;
     jv sv = jv_strv(s);
     jargs ta = {.pos = p, .npos = jb_given(p[0]) ? 1 : 0};
-    if (!jb_method(x, sv, "strip", 5, &fn)) return jx_oom(x, at);
+    if (jb_method(x, at, sv, "strip", 5, &fn) < 0) return -1;
     return jb_call(x, at, fn.u.fn, &ta, out);
   }
   case F_UNIQUE: {
@@ -690,6 +712,8 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
       jv k;
       bool dup = false;
       if (sort_key(x, at, items->items[i], p[1], false, cs, &k)) return -1;
+      if (k.kind == JV_DICT || k.kind == JV_NS || (k.kind == JV_LIST && k.u.l->view != JL_TUPLE))
+        return jx_fail(x, at, "unhashable type: '%s'", jv_type_name(k));
       for (size_t j = 0; j < seen->n && !dup; j++)
         if (jv_equal(seen->items[j], k, &dup)) return jx_fail(x, at, "values nested deeper than %d", JV_DEPTH);
       if (!dup && (jlist_push(&x->a, seen, k) || jlist_push(&x->a, l, items->items[i]))) return jx_oom(x, at);
@@ -698,7 +722,11 @@ int jb_filter(jx *x, const jexpr *at, int id, jv v, const jargs *a, jv *out) {
     return 0;
   }
   case F_INDENT: {
-    if (jb_bind(x, at, fname, a, P("width", "first", "blank"), p) || as_str(x, at, v, &s)) return -1;
+    if (jb_bind(x, at, fname, a, P("width", "first", "blank"), p)) return -1;
+    if (v.kind == JV_UNDEF) return jx_undefined(x, at, v);
+    if (v.kind != JV_STR) /* Jinja2's indent does s += "\n" */
+      return jx_fail(x, at, "unsupported operand type(s) for +=: '%s' and 'str'", jv_type_name(v));
+    s = v.u.s;
     const jstr *ind;
     if (jb_given(p[0]) && p[0].kind == JV_STR) {
       ind = p[0].u.s;

@@ -33,7 +33,7 @@ int ml_jinja_parse(const char *src, size_t len, const char *origin, ml_jinja **o
   if (!origin) origin = "template";
   if (len > JINJA_MAX_SOURCE)
     return ml_err("%s: a template of %zu bytes, expected at most %zu", origin, len, JINJA_MAX_SOURCE);
-  if (memchr(src, 0, len)) return ml_err("%s: a NUL byte in the template", origin);
+  if (len && memchr(src, 0, len)) return ml_err("%s: a NUL byte in the template", origin);
   ml_jinja *t = calloc(1, sizeof *t);
   if (!t || !(t->origin = strdup(origin))) {
     free(t);
@@ -48,7 +48,7 @@ int ml_jinja_parse(const char *src, size_t len, const char *origin, ml_jinja **o
     return ml_err("%s: out of memory parsing the template", origin);
   }
   size_t n = 0;
-  for (size_t i = 0; i < len; i++) {
+  for (size_t i = 0; i < len; i++) { /* (len 0: src may be NULL) */
     if (src[i] == '\r') {
       s[n++] = '\n';
       if (i + 1 < len && src[i + 1] == '\n') i++;

@@ -12,12 +12,19 @@
  * Values are JSON values (jansson) extended with what a template creates
  * (namespace(), loop, macros, ranges, none/undefined). The context of a
  * render is a JSON object: messages, add_generation_prompt, bos_token,
- * eos_token, tools, and whatever else the caller passes (transformers
- * passes the tokenizer's special tokens and the caller's kwargs).
+ * eos_token, tools, and whatever else the caller passes. To render as
+ * apply_chat_template does (render_jinja_template), pass: "messages" (each
+ * message with reasoning under "reasoning_content", "thinking" or
+ * "reasoning" also carrying the other two names: _alias_reasoning_fields),
+ * "tools" and "documents" (null when none: a template sees them defined),
+ * "add_generation_prompt", the tokenizer's special tokens by name
+ * (bos_token, eos_token, unk_token, pad_token, ...) and the caller's extra
+ * arguments.
  *
- * A construct outside the subset is a parse error that names it (the
- * template's origin, line and column, the construct, what is supported),
- * never a silent mis-render.
+ * A construct outside the subset is an error that names it (the template's
+ * origin, line and column, the construct, what is supported): a parse
+ * error, or a render error where only the values tell (a method, an
+ * overflow, a value without text); never a silent mis-render.
  *
  * The subset (src/template; tests/fixtures/jinja holds the cases checked
  * against transformers): {{ }}, {% if/elif/else %}, {% for %} (else,
@@ -36,12 +43,16 @@
  * index/count; globals range, dict, namespace, raise_exception,
  * strftime_now. Refused: the tags include, extends, block, import, from,
  * call, filter, with, do; recursive loops, loop.changed, a macro's varargs,
- * kwargs and caller, `str % args`, * and ** arguments, cycler, joiner and
- * lipsum, Python methods
- * outside the list above, integers beyond int64 (Python's are unbounded),
+ * kwargs and caller, a {% generation %} block inside a macro, a set block
+ * or another generation block, `str % args`, * and ** arguments, x[a, b:c],
+ * cycler, joiner and lipsum, Python methods outside the list above,
+ * integers beyond int64 (Python's are unbounded),
  * the case mapping of the few code points whose Unicode special casing is
- * not implemented, and rendering what Python would show by address
- * (generators from map/select/..., range(), namespace, loop, macros). */
+ * not implemented, rendering what Python would show by address
+ * (generators from map/select/..., range(), namespace, loop, macros), and
+ * a Markup string (from escape or safe) anywhere its text would differ
+ * from a str's (inside a rendered list, with +, its methods, most
+ * filters). */
 #ifndef ML_TEMPLATE_JINJA_H
 #define ML_TEMPLATE_JINJA_H
 

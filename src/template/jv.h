@@ -67,8 +67,9 @@ struct jv {
     struct jfunc *fn;
   } u;
   /* JV_UNDEF: the name or attribute that was missing (for messages), or
-   * NULL, or with u.i == 1 the whole message (jv_undef_msg); JV_MACRO:
-   * the frame the macro was defined in. */
+   * NULL, or with u.i == 1 the whole message (jv_undef_msg); JV_STR:
+   * non-NULL for a Markup string; JV_MACRO: the frame the macro was
+   * defined in. */
   const void *aux;
 };
 
@@ -122,6 +123,11 @@ static inline jv jv_bool(bool b) { return (jv){.kind = JV_BOOL, .u.b = b}; }
 static inline jv jv_int(int64_t i) { return (jv){.kind = JV_INT, .u.i = i}; }
 static inline jv jv_float(double f) { return (jv){.kind = JV_FLOAT, .u.f = f}; }
 static inline jv jv_strv(const jstr *s) { return (jv){.kind = JV_STR, .u.s = s}; }
+/* A string marked as Jinja2's Markup (what escape and safe return): its
+ * text renders alike, but Python shows it as Markup('...') inside a list,
+ * escapes what is added to it and keeps it from being escaped twice. */
+static inline jv jv_markupv(const jstr *s) { return (jv){.kind = JV_STR, .u.s = s, .aux = s}; }
+static inline bool jv_is_markup(jv v) { return v.kind == JV_STR && v.aux != NULL; }
 
 /* A string of len bytes copied from p (NULL when the arena refuses). */
 jstr *jstr_new(jarena *a, const char *p, size_t len);

@@ -224,7 +224,28 @@ static int lex_tag(lx *x, size_t open, size_t *pos, bool block, char *sign) {
     }
     char c = s[p];
     size_t q = p;
-    if (isdigit((unsigned char)c)) {
+    int base = c == '0' && p + 2 < len ? (s[p + 1] == 'x' || s[p + 1] == 'X'   ? 16
+                                          : s[p + 1] == 'o' || s[p + 1] == 'O' ? 8
+                                          : s[p + 1] == 'b' || s[p + 1] == 'B' ? 2
+                                                                               : 0)
+                                       : 0;
+    if (base) { /* 0x1F, 0o17, 0b101 (digits with single underscores) */
+      uint64_t v = 0;
+      size_t ndig = 0;
+      q = p + 2;
+      for (; q < len; q++) {
+        char d = s[q];
+        int dv = d >= '0' && d <= '9' ? d - '0' : d >= 'a' && d <= 'f' ? d - 'a' + 10 : d >= 'A' && d <= 'F' ? d - 'A' + 10 : 99;
+        if (d == '_' && q + 1 < len && s[q + 1] != '_') continue;
+        if (dv >= base) break;
+        if (v > (INT64_MAX - (uint64_t)dv) / (uint64_t)base) return fail(x, p, "%s", "an integer literal that does not fit 64 bits");
+        v = v * (uint64_t)base + (uint64_t)dv;
+        ndig++;
+      }
+      if (!ndig) return fail(x, p, "%s", "a 0x, 0o or 0b literal without digits");
+      if (push(x, TK_INT, p, NULL, 0)) return -1;
+      x->t[x->n - 1].i = (int64_t)v;
+    } else if (isdigit((unsigned char)c)) {
       bool fl = false;
       char num[64];
       size_t k = 0;

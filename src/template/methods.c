@@ -42,28 +42,28 @@ static const method METHODS[] = {
 
 #define NMETHODS (sizeof METHODS / sizeof *METHODS)
 
-bool jb_method(jx *x, jv v, const char *name, size_t len, jv *out) {
+int jb_method(jx *x, const jexpr *at, jv v, const char *name, size_t len, jv *out) {
   char type = v.kind == JV_STR ? 's' : v.kind == JV_DICT ? 'd' : v.kind == JV_LOOP ? 'p'
               : v.kind == JV_LIST && v.u.l->view == JL_LIST ? 'l' : 0;
-  if (!type) return false;
+  if (!type) return 0;
   for (size_t i = 0; i < NMETHODS; i++)
     if (METHODS[i].type == type && strlen(METHODS[i].name) == len && !memcmp(METHODS[i].name, name, len)) {
       if (METHODS[i].st == UNSAFE) { /* the sandbox: an Undefined that fails when used */
         char *msg = ja_alloc(&x->a, 96);
-        if (!msg) return false;
+        if (!msg) return jx_oom(x, at);
         snprintf(msg, 96, "access to attribute '%s' of '%s' object is unsafe", METHODS[i].name,
                  type == 'd' ? "dict" : "list");
         *out = jv_undef_msg(msg);
-        return true;
+        return 1;
       }
       jfunc *f = ja_alloc(&x->a, sizeof *f);
-      if (!f) return false;
+      if (!f) return jx_oom(x, at);
       f->id = M_FIRST + (int)i;
       f->self = v;
       *out = (jv){.kind = JV_FUNC, .u.fn = f};
-      return true;
+      return 1;
     }
-  return false;
+  return 0;
 }
 
 /* ---- str ---- */
@@ -491,7 +491,10 @@ int jb_call_method(jx *x, const jexpr *at, const jfunc *f, const jargs *a, jv *o
   const char *tname = m->type == 's' ? "str" : m->type == 'd' ? "dict" : m->type == 'l' ? "list" : "loop";
   if (m->st == UNSUPPORTED) return jx_fail(x, at, "%s.%s() is not supported", tname, m->name);
   switch (m->type) {
-  case 's': return str_method(x, at, m->name, f->self.u.s, a, out);
+  case 's':
+    if (jv_is_markup(f->self))
+      return jx_fail(x, at, "str.%s() of a Markup string (from escape or safe) is not supported", m->name);
+    return str_method(x, at, m->name, f->self.u.s, a, out);
   case 'd': return dict_method(x, at, m->name, f->self.u.d, a, out);
   case 'p':
     if (!a->npos || a->nkw) return jx_fail(x, at, "loop.cycle() needs at least one positional argument");

@@ -576,13 +576,15 @@ static jexpr *parse_tuple(ps *p, bool condexpr, bool parens, const char *end_nam
 }
 
 /* Names assigned by for and set: a name or names separated by commas,
- * optionally in parentheses. */
-static int parse_targets(ps *p, jstmt *s) {
+ * optionally in parentheses; never `loop` in a for loop (Jinja2 refuses it). */
+static int parse_targets(ps *p, jstmt *s, bool for_target) {
   pvec names = {0};
   bool paren = is_op(cur(p), "(");
   if (paren) p->i++;
   for (;;) {
     if (cur(p)->kind != TK_NAME) return expected(p, "a variable name");
+    if (is_name(cur(p), "loop") && (p->loops || for_target))
+      return failat(p, cur(p), "Can't assign to special loop variable in for-loop target");
     if (vpush(p, &names, (void *)cur(p)->s)) return -1;
     p->i++;
     if (!is_op(cur(p), ",")) break;
@@ -631,7 +633,7 @@ static jstmt *parse_for(ps *p, const jtok *at) {
   static const char *const ends[] = {"endfor", "else", NULL};
   static const char *const endfor[] = {"endfor", NULL};
   jstmt *s = stmt(p, S_FOR, at);
-  if (!s || parse_targets(p, s)) return NULL;
+  if (!s || parse_targets(p, s, true)) return NULL;
   if (!is_name(cur(p), "in")) return expected(p, "'in'"), NULL;
   p->i++;
   if (!(s->expr = parse_tuple(p, false, false, "recursive"))) return NULL;
@@ -660,7 +662,7 @@ static jstmt *parse_set(ps *p, const jtok *at) {
     if (cur(p)->kind != TK_NAME) return expected(p, "an attribute name"), NULL;
     s->attr = cur(p)->s;
     p->i++;
-  } else if (parse_targets(p, s)) {
+  } else if (parse_targets(p, s, false)) {
     return NULL;
   }
   if (is_op(cur(p), "=")) {
@@ -745,9 +747,12 @@ static jstmt *parse_stmt(ps *p) {
                            "generation block is not supported"),
              NULL;
     if (!(s = stmt(p, S_GENERATION, at)) || expect_end(p)) return NULL;
+    int loops = p->loops; /* a call block's body: break and continue cannot leave it */
+    p->loops = 0;
     p->captures++;
     if (parse_body(p, ends, &s->body, &found)) return NULL;
     p->captures--;
+    p->loops = loops;
     p->has_gen = true;
     return expect_end(p) ? NULL : s;
   }

@@ -158,7 +158,12 @@ static int str_d(jbuf *b, jv v, bool repr, int depth, const char **why) {
     snprintf(tmp, sizeof tmp, "%" PRId64, v.u.i);
     return puts_(b, tmp);
   case JV_FLOAT: py_float_repr(v.u.f, tmp); return puts_(b, tmp);
-  case JV_STR: return repr ? repr_str(b, v.u.s) : jbuf_put(b, v.u.s->s, v.u.s->len);
+  case JV_STR:
+    if (repr && jv_is_markup(v)) {
+      *why = "a Markup string (from escape or safe) inside a list or dict has no text here";
+      return -1;
+    }
+    return repr ? repr_str(b, v.u.s) : jbuf_put(b, v.u.s->s, v.u.s->len);
   case JV_LIST: {
     const jlist *l = v.u.l;
     static const char *const open[] = {"[", "(", "dict_items([", "dict_keys([", "dict_values(["};

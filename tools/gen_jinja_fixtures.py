@@ -68,6 +68,7 @@ CASES = [
     ("comment", "a{# hidden #}b\n{# line #}\nc {#- x -#} d", {}, None),
     ("comment_lstrip", "a\n  {# c #}\nb", {}, None),
     ("raw", "{% raw %}{{ not evaluated }}{% endraw %}!", {}, None),
+    ("raw_whitespace", "{% raw %}\n  x\n  {% endraw %}\ny|  {% raw %}a{% endraw %}\n{% raw %}a\n\t{%+ endraw %}b|{% raw %}{% endraw %}|{% raw -%}  a  {%- endraw %}|", {}, None),
     ("var_end_in_dict", "{{ {'a': {'b': 1}}['a'] }}", {}, None),
     # literals and rendering of values
     ("literals", "{{ 1 }} {{ -2 }} {{ 1.5 }} {{ 1e3 }} {{ 10000000000000000.0 }} {{ 1e-5 }} {{ 0.1 }} {{ 1_000 }}", {}, None),

@@ -29,6 +29,7 @@ run in CI: its output is committed. Usage: tools/gen_jinja_fixtures.py [REPO_ROO
 import json
 import os
 import random
+import re
 import sys
 
 from transformers.utils.chat_template_utils import (
@@ -68,6 +69,7 @@ CASES = [
     ("comment", "a{# hidden #}b\n{# line #}\nc {#- x -#} d", {}, None),
     ("comment_lstrip", "a\n  {# c #}\nb", {}, None),
     ("raw", "{% raw %}{{ not evaluated }}{% endraw %}!", {}, None),
+    ("raw_whitespace", "{% raw %}\n  x\n  {% endraw %}\ny|  {% raw %}a{% endraw %}\n{% raw %}a\n\t{%+ endraw %}b|{% raw %}{% endraw %}|{% raw -%}  a  {%- endraw %}|", {}, None),
     ("var_end_in_dict", "{{ {'a': {'b': 1}}['a'] }}", {}, None),
     # literals and rendering of values
     ("literals", "{{ 1 }} {{ -2 }} {{ 1.5 }} {{ 1e3 }} {{ 10000000000000000.0 }} {{ 1e-5 }} {{ 0.1 }} {{ 1_000 }}", {}, None),
@@ -382,6 +384,34 @@ def random_statements(seed, count):
     return cases
 
 
+# Random text and tags with every whitespace control (- + trim_blocks lstrip_blocks, \r\n,
+# Unicode spaces, comments, raw): the lexer as Jinja2's.
+WS_PIECES = ["a", "b", " ", "  ", "\t", "\n", "\n\n", " \n", "\r\n", "\u3000", "\u00a0",
+             "{{ 'x' }}", "{{- 'y' }}", "{{ 'z' -}}", "{{- 1 -}}", "{{+ 2 }}",
+             "{% if true %}", "{%- if true %}", "{% if true -%}", "{%+ if true %}", "{% if true +%}",
+             "{# c #}", "{#- c #}", "{# c -#}", "{#+ c #}", "{# c +#}",
+             "{% set v = 1 %}", "{%- set v = 2 -%}", "{% raw %}R{% endraw %}", "{%- raw -%} r {%- endraw -%}"]
+WS_ENDS = ["{% endif %}", "{%- endif %}", "{% endif -%}", "{%+ endif %}", "{% endif +%}"]
+
+
+def random_whitespace(seed, count):
+    rnd = random.Random(seed)
+    cases = []
+    for k in range(count):
+        out, depth = [], 0
+        for _ in range(rnd.randint(1, 12)):
+            piece = rnd.choice(WS_PIECES + WS_ENDS)
+            if piece in WS_ENDS:
+                if depth == 0:
+                    continue
+                depth -= 1
+            elif "if true" in piece:
+                depth += 1
+            out.append(piece)
+        cases.append((f"random_ws_{k:03d}", "".join(out + ["{% endif %}"] * depth), {}, None))
+    return cases
+
+
 SMOL_TOKENS = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "unk_token": "<|endoftext|>", "pad_token": "<|im_end|>"}
 GEMMA_TOKENS = {"bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>", "pad_token": "<pad>"}
 
@@ -475,7 +505,8 @@ def run_case(name, template, context, expect):
         case["error"], case["py_error"] = expect[1], py[1]
     else:
         case["refused"] = expect[1]
-        case["py_text" if py[0] == "text" else "py_error"] = py[1]
+        # what transformers gives, for the reader (object addresses elided: stable output)
+        case["py_text" if py[0] == "text" else "py_error"] = re.sub(r" at 0x[0-9a-f]+", " at 0x...", py[1])
     return case
 
 
@@ -524,7 +555,8 @@ def main():
     tdir = os.path.join(OUT, "templates")
     os.makedirs(tdir, exist_ok=True)
     refresh_smollm2(os.path.join(tdir, "smollm2.jinja"))
-    cases = [run_case(*c) for c in CASES + random_cases(2026, 400) + random_statements(2026, 200)]
+    cases = [run_case(*c) for c in
+             CASES + random_cases(2026, 400) + random_statements(2026, 200) + random_whitespace(2026, 200)]
     real = []
     for tname, tokens, conv_names, extra_convs in REAL:
         with open(os.path.join(tdir, tname + ".jinja"), encoding="utf-8", newline="") as fp:

@@ -419,12 +419,13 @@ static int overflow(jx *x, const jexpr *at) {
 static int repeat(jx *x, const jexpr *at, jv a, int64_t n, jv *out) {
   if (n < 0) n = 0;
   size_t unit = a.kind == JV_STR ? a.u.s->len : a.u.l->n * sizeof(jv);
+  if (a.kind == JV_STR && unit && (uint64_t)n > JINJA_MAX_OUTPUT / unit) /* never renderable */
+    return jx_fail(x, at, "a string of more than %zu MiB", JINJA_MAX_OUTPUT >> 20);
   if (unit && (uint64_t)n > JINJA_MAX_MEMORY / unit) return jx_oom(x, at);
   if (a.kind == JV_STR) {
-    jstr *s = jstr_new(&x->a, "", 0);
     size_t len = a.u.s->len * (size_t)n;
     jstr *r = ja_alloc(&x->a, sizeof *r + len + 1);
-    if (!s || !r) return jx_oom(x, at);
+    if (!r) return jx_oom(x, at);
     for (int64_t i = 0; i < n; i++) memcpy(r->s + (size_t)i * a.u.s->len, a.u.s->s, a.u.s->len);
     r->len = len;
     *out = jv_strv(r);
@@ -446,6 +447,7 @@ int jx_arith(jx *x, const jexpr *at, int op, jv a, jv b, jv *out) {
     jv sa, sb;
     if (jx_tostr(x, at, a, &sa) || jx_tostr(x, at, b, &sb)) return -1;
     size_t n = sa.u.s->len + sb.u.s->len;
+    if (n > JINJA_MAX_OUTPUT) return jx_fail(x, at, "a string of more than %zu MiB", JINJA_MAX_OUTPUT >> 20);
     jstr *r = ja_alloc(&x->a, sizeof *r + n + 1);
     if (!r) return jx_oom(x, at);
     memcpy(r->s, sa.u.s->s, sa.u.s->len);

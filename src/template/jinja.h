@@ -105,8 +105,9 @@ typedef struct ml_jinja_output {
  * as Python's (e.g. "can only concatenate str (not \"int\") to str"),
  * using an undefined value, the sandbox's refusals (an unsafe attribute
  * such as list.append, range() over 100000 items), a refused construct
- * (above), and the bounds: 64 MiB of output, 512 MiB of values, 10^7 loop
- * iterations, 100 nested macro calls, 2000 nested evaluations. */
+ * (above), and the bounds: 64 MiB of output and of any string, 512 MiB of
+ * values, 10^7 loop iterations, 100 nested macro calls, 2000 nested
+ * evaluations. */
 int ml_jinja_render(const ml_jinja *t, const json_t *ctx, ml_jinja_output *out);
 void ml_jinja_output_free(ml_jinja_output *o);
 

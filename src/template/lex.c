@@ -359,7 +359,13 @@ int jinja_lex(jarena *a, const char *origin, const char *src, size_t len, jtok *
         if (src[q + 1] == '%' && word_tag(src, q, len, "endraw", &e, &os, &cs)) break;
       }
       size_t bend = q;
-      if (os == '-') bend = ws_back(src, body, bend, true);
+      if (os == '-') {
+        bend = ws_back(src, body, bend, true);
+      } else if (os != '+') { /* lstrip_blocks before {% endraw %} too */
+        size_t l = ws_back(src, body, bend, false);
+        if (l < bend && ((l > body && src[l - 1] == '\n') || (l == body && (body == 0 || src[body - 1] == '\n'))))
+          bend = l;
+      }
       if (bend > body && push(&x, TK_TEXT, body, src + body, bend - body)) return -1;
       pos = after_end(src, e, len, cs, true);
       continue;

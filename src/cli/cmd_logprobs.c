@@ -31,6 +31,7 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/data_group.h"
 #include "cli/device.h"
 #include "cli/train_flags.h"
 #include "common/checked.h"
@@ -213,7 +214,8 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   const ml_arg flags[] = {
       {"--model", ML_ARG_STR, &model, "HF checkpoint directory", true, "DIR"},
       {"--data", ML_ARG_STR, &data,
-       "JSONL records: input_ids, text, or prompt + completion (one sequence each)", true,
+       "JSONL records: input_ids, text, prompt + completion, or messages (one sequence "
+       "each)", true,
        "FILE.jsonl"},
       {"--out", ML_ARG_STR, &out,
        "output JSONL: {\"logprobs\": [S-1 floats]} per record (+ input_ids for text; + "
@@ -259,10 +261,14 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   eo.fsdp.param_dtype = ml_dtype_chosen(&dtype);
   if (rc == 0) rc = ml_engine_open(&e, &mesh, model, &eo);
   dopts.tokenizer_dir = model;
-  if (rc == 0) rc = ml_seqs_load(data, e.model.cfg.vocab,
-                                       ml_model_config_max_seq_len(&e.model.cfg), &dopts, &seqs);
+  ml_data_group group = ml_cli_data_group(world); /* every rank reads its part of --data */
+  dopts.group = &group;
+  bool opened = ml_cli_agree(world, rc) == 0; /* the load below is collective */
+  rc = opened ? ml_seqs_load(data, e.model.cfg.vocab, ml_model_config_max_seq_len(&e.model.cfg),
+                             &dopts, &seqs)
+              : -1;
   if (rc == 0 && mesh.rank == 0) rc = ml_file_open_tmp(out, tmp, sizeof tmp, &run.out);
-  if (ml_cli_agree(world, rc) == 0) {
+  if (opened && ml_cli_agree(world, rc) == 0) {
     rc = run_all(&run, budget);
     if (run.out && rc == 0) rc = ml_file_commit(run.out, tmp, out);
     else if (run.out) ml_file_abandon(run.out, tmp);

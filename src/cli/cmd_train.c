@@ -32,6 +32,7 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "cli/data_group.h"
 #include "cli/device.h"
 #include "cli/train_flags.h"
 #include "common/checked.h"
@@ -83,8 +84,8 @@ static int shuffle(ml_dataset *ds, int64_t seed) {
   return rc;
 }
 
-/* Mesh, engine, data (shuffled) and the micro-batch buffers. */
-static int setup(train_run *r) {
+/* Mesh and engine. */
+static int setup_engine(train_run *r) {
   const ml_train_opts *o = r->o;
   ml_engine_opts eo = ml_train_settings_of(o).engine;
   ml_comm_factory make_comm;
@@ -96,7 +97,16 @@ static int setup(train_run *r) {
   ML_TRY(ml_engine_open(&r->e, &r->mesh, o->model, &eo));
   ML_TRY(ml_model_config_check_seq_len(&r->e.model.cfg, o->model, o->seq_len,
                                        "train: flag --seq-len"));
+  return 0;
+}
+
+/* Data (every rank reads its part, cli/data_group.h; shuffled) and the
+ * micro-batch buffers. Collective: the engine is open on every rank. */
+static int setup_data(train_run *r) {
+  const ml_train_opts *o = r->o;
+  ml_data_group group = ml_cli_data_group(r->world);
   ml_data_opts dopts = ml_train_data_opts(o);
+  dopts.group = &group;
   ML_TRY(ml_dataset_load(o->data, o->seq_len, r->e.model.cfg.vocab, &dopts, &r->ds));
   if (o->eval_data)
     ML_TRY(ml_dataset_load(o->eval_data, o->seq_len, r->e.model.cfg.vocab, &dopts, &r->eval_ds));
@@ -369,7 +379,8 @@ static void print_header(const train_run *r) {
 /* Set up, resume, train, export. Returns the agreed status. */
 static int run(train_run *r) {
   const ml_train_opts *o = r->o;
-  int rc = setup(r);
+  ML_TRY(ml_cli_agree(r->world, setup_engine(r)));
+  int rc = setup_data(r);
   if (rc == 0 && o->metrics && r->mesh.rank == 0 && (rc = ml_metrics_open(o->metrics, &r->mw)) == 0)
     r->has_metrics = true;
   ML_TRY(ml_cli_agree(r->world, rc));

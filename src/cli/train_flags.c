@@ -23,7 +23,7 @@ static const char *const k_schedules[] = {"constant", "linear", "cosine", NULL};
 static const ml_lr_decay k_schedule_values[] = {ML_LR_CONSTANT, ML_LR_LINEAR, ML_LR_COSINE};
 static const char *const k_norm_types[] = {"2", "inf", NULL};
 static const double k_norm_values[] = {2.0, INFINITY};
-static const char *const k_packing[] = {"true", "false", NULL};
+static const char *const k_true_false[] = {"true", "false", NULL};
 
 /* Config keys that are not the flag's own name: NeMo RL's dtensor_cfg
  * names (sequence_parallel and cpu_offload already are), and JSON booleans
@@ -35,6 +35,7 @@ static const ml_config_alias k_aliases[] = {
     {"custom_parallel_plan", "--parallel-plan", NULL, NULL},
     {"activation_checkpointing", "--activation-checkpointing", "layer", "none"},
     {"packing", "--packing", "true", "false"},
+    {"assistant_only_loss", "--assistant-only-loss", "true", "false"},
 };
 
 ml_arg_choice ml_dtype_choice(void) { return (ml_arg_choice){k_dtypes, 0}; }
@@ -51,7 +52,8 @@ ml_train_opts ml_train_opts_with(const ml_train_settings *d) {
       .plan = d->engine.parallel_plan,
       .sp = d->engine.sequence_parallel,
       .data_keys = ml_data_opts_default(NULL),
-      .packing = {k_packing, 0},
+      .packing = {k_true_false, 0},
+      .assistant_only = {k_true_false, 0},
       .param_dtype = {k_dtypes, ML_INDEX_OF(k_dtype_values, f->param_dtype)},
       .reduce_dtype = {k_dtypes, ML_INDEX_OF(k_dtype_values, f->reduce_dtype)},
       .output_dtype = {k_dtypes, ML_INDEX_OF(k_dtype_values, d->engine.output_dtype)},
@@ -92,7 +94,8 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
       {"--model", ML_ARG_STR, &o->model, "HF checkpoint directory (config.json + safetensors)",
        true, "DIR"},
       {"--data", ML_ARG_STR, &o->data,
-       "JSONL records: input_ids [+ loss_mask], text, or prompt + completion; or raw text", true,
+       "JSONL records: input_ids [+ loss_mask], text, prompt + completion, or messages "
+       "(chat); or raw text", true,
        "FILE"},
       {"--config", ML_ARG_STR, &o->config,
        "JSON file with any of these settings (flags override it)", false, "FILE.json"},
@@ -173,13 +176,17 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
        "evaluate --eval-data every N steps (0 = only after the last)", false, NULL},
   };
   size_t n = sizeof flags / sizeof flags[0];
-  _Static_assert(sizeof flags / sizeof flags[0] + 4 <= ML_TRAIN_MAX_FLAGS,
+  _Static_assert(sizeof flags / sizeof flags[0] + 5 <= ML_TRAIN_MAX_FLAGS,
                  "raise ML_TRAIN_MAX_FLAGS");
   for (size_t i = 0; i < n; i++) spec[i] = flags[i];
   n += ml_data_key_flags(&o->data_keys, spec + n);
   spec[n++] = (ml_arg){"--packing", ML_ARG_CHOICE, &o->packing,
                        "text records: pack documents into --seq-len windows (false: one per row, "
                        "padded)",
+                       false, NULL};
+  spec[n++] = (ml_arg){"--assistant-only-loss", ML_ARG_CHOICE, &o->assistant_only,
+                       "messages records: targets are the assistant turns only, as TRL's "
+                       "assistant_only_loss (false: every token)",
                        false, NULL};
   return n;
 }
@@ -279,6 +286,7 @@ ml_data_opts ml_train_data_opts(const ml_train_opts *o) {
   ml_data_opts d = o->data_keys;
   d.tokenizer_dir = o->model;
   d.packing = o->packing.index == 0;
+  d.assistant_only_loss = o->assistant_only.index == 0;
   return d;
 }
 

@@ -23,9 +23,10 @@ typedef struct ml_train_opts {
   int64_t tp, dp_replicate, cp;
   bool sp;
   /* data formats (data/data.h): the record keys (tokenizer_dir is --model,
-     packing from the choice below) and --packing true|false */
+     packing and assistant_only_loss from the choices below), --packing
+     true|false and --assistant-only-loss true|false */
   ml_data_opts data_keys;
-  ml_arg_choice packing;
+  ml_arg_choice packing, assistant_only;
   /* FSDP2 and activation checkpointing (the choices are mapped onto the
      engine's enums by ml_train_engine_opts) */
   ml_arg_choice param_dtype, reduce_dtype, output_dtype, reshard, ac;

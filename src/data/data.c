@@ -7,85 +7,7 @@
 
 #include "common/checked.h"
 #include "common/status.h"
-#include "data/data_lines.h"
-#include "data/data_record.h"
-
-/* ---- a file's records ---------------------------------------------------- */
-
-/* Every record's tokens and targets in file order, before they become rows:
- * record i is tokens [start[i], start[i + 1]) of `all`. */
-typedef struct records {
-  ml_record all;
-  int64_t *start; /* [n + 1] */
-  int64_t n;
-  ml_data_format format;
-} records;
-
-static void records_free(records *rs) {
-  ml_record_free(&rs->all);
-  free(rs->start);
-  memset(rs, 0, sizeof *rs);
-}
-
-/* Room for `count` records (start[0] = 0). */
-static int records_alloc(records *rs, int64_t count) {
-  rs->start = ml_calloc_array(ml_add_sat(count, 1), sizeof *rs->start, "data record offsets");
-  return rs->start ? 0 : -1;
-}
-
-static int records_add(records *rs, const ml_record *rec) {
-  ML_TRY(ml_record_append(&rs->all, rec));
-  rs->start[++rs->n] = rs->all.n;
-  return 0;
-}
-
-static int read_jsonl(ml_record_reader *r, const char *buf, size_t len, records *rs) {
-  ML_TRY(records_alloc(rs, ml_data_count_lines(buf, len)));
-  ml_line_iter it = ml_line_iter_start(buf, len);
-  ml_record rec = {0};
-  const char *s;
-  size_t n;
-  int rc = 0;
-  while (rc == 0 && ml_line_next(&it, &s, &n)) {
-    rc = ml_record_read_line(r, it.lineno, s, n, &rec);
-    if (rc == 0) rc = records_add(rs, &rec);
-  }
-  ml_record_free(&rec);
-  rs->format = r->format;
-  return rc;
-}
-
-/* Raw text: one document tokenized with tokenizer.json, or without one its
- * bytes as ids (vocab >= 256), read straight into rs->all. An empty file
- * has no record. */
-static int read_raw(ml_record_reader *r, const char *buf, size_t len, records *rs) {
-  bool tokenize;
-  ML_TRY(ml_record_tokenizer_present(r, &tokenize));
-  rs->format = tokenize ? ML_DATA_RAW : ML_DATA_RAW_BYTES;
-  ML_TRY(records_alloc(rs, 1));
-  if (!tokenize && r->vocab < 256)
-    return ml_err("%s: raw text data uses bytes as token ids (%s/tokenizer.json does not exist) "
-                  "and needs vocab_size >= 256, found vocab_size %lld (use JSONL input_ids for a "
-                  "smaller vocabulary)",
-                  r->path, r->opts->tokenizer_dir, (long long)r->vocab);
-  if (len == 0) return 0;
-  ML_TRY(tokenize ? ml_record_read_raw(r, buf, len, &rs->all)
-                  : ml_record_append_bytes(&rs->all, (const unsigned char *)buf, len));
-  rs->start[++rs->n] = rs->all.n;
-  return 0;
-}
-
-/* The records of `path` (JSONL or raw text). */
-static int read_records(const char *path, int64_t vocab, const ml_data_opts *opts, records *rs) {
-  char *buf;
-  size_t len;
-  ML_TRY(ml_data_read_file(path, &buf, &len));
-  ml_record_reader r = ml_record_reader_open(path, opts, vocab);
-  int rc = ml_data_is_jsonl(buf, len) ? read_jsonl(&r, buf, len, rs) : read_raw(&r, buf, len, rs);
-  ml_record_reader_close(&r);
-  free(buf);
-  return rc;
-}
+#include "data/data_records.h"
 
 /* ---- training data ------------------------------------------------------- */
 
@@ -115,7 +37,7 @@ static void fill_row(ml_dataset *ds, int64_t r, const ml_record *all, int64_t fr
 
 /* Consecutive windows of seq_len tokens over every record; a tail of at
  * least 2 tokens padded, a 1-token tail dropped. */
-static int pack_rows(const char *path, const records *rs, ml_dataset *ds) {
+static int pack_rows(const char *path, const ml_records *rs, ml_dataset *ds) {
   int64_t S = ds->seq_len, full = rs->all.n / S, tail = rs->all.n % S;
   ML_TRY(alloc_rows(path, ds, full + (tail >= 2)));
   for (int64_t r = 0; r < ds->nseq; r++) fill_row(ds, r, &rs->all, r * S, r < full ? S : tail);
@@ -123,7 +45,7 @@ static int pack_rows(const char *path, const records *rs, ml_dataset *ds) {
 }
 
 /* One row per record, truncated to seq_len. */
-static int record_rows(const char *path, const records *rs, ml_dataset *ds) {
+static int record_rows(const char *path, const ml_records *rs, ml_dataset *ds) {
   ML_TRY(alloc_rows(path, ds, rs->n));
   for (int64_t i = 0; i < rs->n; i++) {
     int64_t n = rs->start[i + 1] - rs->start[i];
@@ -132,7 +54,7 @@ static int record_rows(const char *path, const records *rs, ml_dataset *ds) {
   return 0;
 }
 
-static int build_rows(const char *path, const ml_data_opts *opts, const records *rs,
+static int build_rows(const char *path, const ml_data_opts *opts, const ml_records *rs,
                       ml_dataset *ds) {
   ds->format = rs->format;
   ds->records = rs->n;
@@ -149,10 +71,10 @@ int ml_dataset_load(const char *path, int64_t seq_len, int64_t vocab_size,
   if (vocab_size < 1)
     return ml_err("%s: vocab_size %lld, expected >= 1", path, (long long)vocab_size);
   out->seq_len = seq_len;
-  records rs = {0};
-  int rc = read_records(path, vocab_size, opts, &rs);
+  ml_records rs;
+  int rc = ml_records_load(path, vocab_size, 0, opts, &rs);
   if (rc == 0) rc = build_rows(path, opts, &rs, out);
-  records_free(&rs);
+  ml_records_free(&rs);
   if (rc == 0 && out->nseq == 0)
     rc = ml_err("%s: empty dataset: expected at least one JSONL record or at least 2 tokens of "
                 "raw text",
@@ -213,53 +135,23 @@ int64_t ml_dataset_count_targets(const ml_dataset *ds, int64_t step, int64_t glo
 
 /* ---- scoring data -------------------------------------------------------- */
 
-/* Record `lineno` as sequence out->n: 2 to max_len tokens, never truncated. */
-static int load_seq(ml_record_reader *r, int64_t lineno, const char *s, size_t n,
-                    int64_t max_len, ml_record *rec, ml_seqs *out) {
-  ML_TRY(ml_record_read_line(r, lineno, s, n, rec));
-  char fields[160];
-  ml_record_fields(r, fields, sizeof fields);
-  const char *what = r->format == ML_DATA_PROMPT ? "fields" : "field";
-  const char *tok = r->format == ML_DATA_IDS ? "" : " (after tokenization)";
-  if (rec->n < 2)
-    return ml_err("%s:%lld: %s %s: expected at least 2 tokens (log-probs score tokens 1..n-1), "
-                  "found %lld%s",
-                  r->path, (long long)lineno, what, fields, (long long)rec->n, tok);
-  if (rec->n > max_len)
-    return ml_err("%s:%lld: %s %s: %lld tokens%s, above the model's max_position_embeddings "
-                  "%lld (config.json); expected at most %lld tokens",
-                  r->path, (long long)lineno, what, fields, (long long)rec->n, tok,
-                  (long long)max_len, (long long)max_len);
-  int32_t *ids = ml_malloc_array(rec->n, sizeof *ids, "a scoring sequence of %lld tokens",
-                                 (long long)rec->n);
-  if (!ids) return -1;
-  memcpy(ids, rec->ids, (size_t)rec->n * sizeof *ids);
-  out->ids[out->n] = ids;
-  out->len[out->n] = rec->n;
-  out->prompt_len[out->n] = rec->prompt_len;
-  out->n++;
-  return 0;
-}
-
-static int load_seqs(ml_record_reader *r, const char *buf, size_t len, int64_t max_len,
-                     ml_seqs *out) {
-  int64_t count = ml_data_count_lines(buf, len);
-  if (count == 0)
-    return ml_err("%s: empty dataset: expected at least one JSONL record", r->path);
-  out->len = ml_calloc_array(count, sizeof *out->len, "scoring sequence lengths");
-  out->prompt_len = ml_calloc_array(count, sizeof *out->prompt_len, "scoring prompt lengths");
-  out->ids = ml_calloc_array(count, sizeof *out->ids, "scoring sequences");
+/* One sequence per record. */
+static int build_seqs(const ml_records *rs, ml_seqs *out) {
+  out->len = ml_calloc_array(rs->n, sizeof *out->len, "scoring sequence lengths");
+  out->prompt_len = ml_calloc_array(rs->n, sizeof *out->prompt_len, "scoring prompt lengths");
+  out->ids = ml_calloc_array(rs->n, sizeof *out->ids, "scoring sequences");
   if (!out->len || !out->prompt_len || !out->ids) return -1;
-  ml_line_iter it = ml_line_iter_start(buf, len);
-  ml_record rec = {0};
-  const char *s;
-  size_t n;
-  int rc = 0;
-  while (rc == 0 && ml_line_next(&it, &s, &n))
-    rc = load_seq(r, it.lineno, s, n, max_len, &rec, out);
-  ml_record_free(&rec);
-  out->format = r->format;
-  return rc;
+  out->format = rs->format;
+  for (; out->n < rs->n; out->n++) {
+    int64_t i = out->n, n = rs->start[i + 1] - rs->start[i];
+    out->ids[i] = ml_malloc_array(n, sizeof *out->ids[i], "a scoring sequence of %lld tokens",
+                                  (long long)n);
+    if (!out->ids[i]) return -1;
+    memcpy(out->ids[i], rs->all.ids + rs->start[i], (size_t)n * sizeof *out->ids[i]);
+    out->len[i] = n;
+    out->prompt_len[i] = rs->prompt_len[i];
+  }
+  return 0;
 }
 
 int ml_seqs_load(const char *path, int64_t vocab_size, int64_t max_len, const ml_data_opts *opts,
@@ -267,14 +159,14 @@ int ml_seqs_load(const char *path, int64_t vocab_size, int64_t max_len, const ml
   memset(out, 0, sizeof *out);
   if (vocab_size < 1)
     return ml_err("%s: vocab_size %lld, expected >= 1", path, (long long)vocab_size);
-  char *buf;
-  size_t len;
-  ML_TRY(ml_data_read_file(path, &buf, &len));
-  ml_record_reader r = ml_record_reader_open(path, opts, vocab_size);
-  r.scoring = true;
-  int rc = load_seqs(&r, buf, len, max_len, out);
-  ml_record_reader_close(&r);
-  free(buf);
+  if (max_len < 2)
+    return ml_err("%s: max_len %lld, expected >= 2", path, (long long)max_len);
+  ml_records rs;
+  int rc = ml_records_load(path, vocab_size, max_len, opts, &rs);
+  if (rc == 0 && rs.n == 0)
+    rc = ml_err("%s: empty dataset: expected at least one JSONL record", path);
+  if (rc == 0) rc = build_seqs(&rs, out);
+  ml_records_free(&rs);
   if (rc != 0) ml_seqs_free(out);
   return rc;
 }

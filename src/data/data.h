@@ -12,9 +12,9 @@
  * batch.
  *
  * JSONL (first non-whitespace byte of the file is '{'): each non-empty line
- * is one object, a record of one of three formats, chosen by the fields
+ * is one object, a record of one of four formats, chosen by the fields
  * present (input_ids first, then the text key, then the prompt/completion
- * keys); other fields are ignored. Every record of a file has the first
+ * keys, then "messages"); other fields are ignored. Every record of a file has the first
  * record's format (a record of another format is an error naming its line
  * and the first record's). Line numbers in messages are 1-based and count
  * empty lines.
@@ -36,9 +36,21 @@
  *    GPTSFTDataset: context_ids + answer_ids), so the boundary is exact.
  *    Targets: the completion's tokens (its EOS included) only — NeMo SFT's
  *    answer-only loss.
- * A text or prompt/completion record needs tokenizer.json in
- * ml_data_opts.tokenizer_dir; token ids it yields must lie in
- * [0, vocab_size).
+ *  - messages: "messages": [{"role": "...", "content": "..."}, ...] and an
+ *    optional "tools" list (TRL's and NeMo RL's conversational format;
+ *    content a string or a list of {"type": "text", "text": ...} parts).
+ *    The conversation rendered with the model's chat template
+ *    (data/data_chat.h: chat_template.jinja or tokenizer_config.json's, in
+ *    the context of transformers' apply_chat_template, add_generation_prompt
+ *    false), then encode(rendering, add_special = false) — the ids of
+ *    apply_chat_template(tokenize=True). Targets: the tokens overlapping
+ *    the assistant turns' text ({% generation %} blocks, else each
+ *    assistant message's text after the generation prompt) — TRL's
+ *    assistant_only_loss; every token with
+ *    ml_data_opts.assistant_only_loss false.
+ * A text, prompt/completion or messages record needs tokenizer.json in
+ * ml_data_opts.tokenizer_dir (and a messages record a chat template
+ * there); token ids it yields must lie in [0, vocab_size).
  *
  * Raw text (anything else): with a tokenizer.json, the file is one text
  * document (tokens and EOS as a text record; valid UTF-8 required). Without
@@ -49,6 +61,7 @@
 #define ML_DATA_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* The format of a data file's records. */
@@ -56,13 +69,40 @@ typedef enum ml_data_format {
   ML_DATA_IDS,      /* JSONL "input_ids" [+ "loss_mask"] */
   ML_DATA_TEXT,     /* JSONL text records */
   ML_DATA_PROMPT,   /* JSONL prompt/completion records */
+  ML_DATA_CHAT,     /* JSONL "messages" records, rendered with the chat template */
   ML_DATA_RAW,      /* raw text, tokenized with tokenizer.json */
   ML_DATA_RAW_BYTES /* raw text, bytes as ids (no tokenizer.json) */
 } ml_data_format;
 
 /* A few words naming a format for messages: "input_ids", "text",
- * "prompt/completion", "raw text, tokenized", "raw text, bytes as token ids". */
+ * "prompt/completion", "messages", "raw text, tokenized", "raw text, bytes
+ * as token ids". */
 const char *ml_data_format_name(ml_data_format f);
+
+/* The ranks that load a data file together (every rank of the run): each
+ * reads and tokenizes only its part of a JSONL file (data/data_split.h:
+ * contiguous byte ranges cut at line starts), and the parts' records are
+ * then all-gathered, so every rank holds the dataset a single-rank load
+ * gives, bitwise (rows, masks, counts), and fails with the message a
+ * single-rank load gives (the first failing line's: the lowest failing
+ * rank's, whose part holds the lowest lines). Raw text (one document) is
+ * read and tokenized whole by every rank. The data layer does no
+ * communication of its own: the caller passes its collectives
+ * (cli/data_group.h: the CLI's host channel over MPI). */
+typedef struct ml_data_group {
+  int rank, size; /* this rank in [0, size) */
+  void *ctx;      /* the callbacks' */
+  /* Collective: recv = every rank's send[bytes[rank]] in rank order, packed
+   * (bytes[size] the same array on every rank; MPI_Allgatherv). The loader
+   * keeps each call's sum below call_bytes. */
+  int (*all_gather_v)(void *ctx, const void *send, const size_t *bytes, void *recv);
+  size_t call_bytes; /* the most bytes one all_gather_v call moves, all ranks together (more
+                        go in rounds); 0: 2^30 (MPI's int counts) */
+  /* Collective: 0 when rc == 0 on every rank, else −1 on every rank, each
+   * then holding the lowest failing rank's message (comm/host.h
+   * ml_host_agree). */
+  int (*agree)(void *ctx, int rc);
+} ml_data_group;
 
 /* How records are read. */
 typedef struct ml_data_opts {
@@ -71,6 +111,9 @@ typedef struct ml_data_opts {
   const char *prompt_key;     /* "prompt" */
   const char *completion_key; /* "completion" */
   bool packing;               /* training: text documents packed into windows (true) */
+  bool assistant_only_loss;   /* messages records: only the assistant turns are targets (true),
+                                 else every token (TRL's assistant_only_loss) */
+  const ml_data_group *group; /* the ranks loading together; NULL: this process alone */
 } ml_data_opts;
 
 /* The defaults above, over tokenizer_dir `dir`. */
@@ -89,7 +132,7 @@ typedef struct ml_dataset {
 
 /* Load `path` into `out` (zeroed on entry; free with ml_dataset_free).
  * seq_len >= 2, vocab_size >= 1. Rows:
- *  - token ids and prompt/completion records: one row per record,
+ *  - token ids, prompt/completion and messages records: one row per record,
  *    truncated to seq_len (ids and targets alike; the completion's tail
  *    first) or padded with id 0 and mask 0; NeMo's SFT datasets unpacked.
  *  - text records with opts->packing (the default) and raw text: the
@@ -116,7 +159,10 @@ typedef struct ml_dataset {
  * record that tokenizes to no token; a token id >= vocab_size; a record of
  * another format than the file's first; a text record without
  * tokenizer.json (the missing file named) or a tokenizer.json that does
- * not load (its message). */
+ * not load (its message); a messages record's errors (data/data_chat.h:
+ * no chat template, a malformed message named by index and field, the
+ * template's render error, a template breaking the prefix rule).
+ * Collective over opts->group's ranks (ml_data_group above), when set. */
 int ml_dataset_load(const char *path, int64_t seq_len, int64_t vocab_size,
                     const ml_data_opts *opts, ml_dataset *out);
 void ml_dataset_free(ml_dataset *ds);
@@ -144,7 +190,7 @@ typedef struct ml_seqs {
   int64_t *len;          /* [n] */
   int32_t **ids;         /* [n][len[i]] */
   int64_t *prompt_len;   /* [n]: prompt/completion records: the prompt's tokens; else 0 */
-  ml_data_format format; /* of every record: ML_DATA_IDS, ML_DATA_TEXT or ML_DATA_PROMPT */
+  ml_data_format format; /* of every record: ML_DATA_IDS, _TEXT, _PROMPT or _CHAT */
 } ml_seqs;
 
 /* Load a JSONL file of records (the formats above; loss_mask ignored), one
@@ -154,7 +200,8 @@ typedef struct ml_seqs {
  * zeroed on entry; free with ml_seqs_free. Errors: those of the records
  * above (file, line, field), file unreadable, no sequences, fewer than 2
  * or more than max_len tokens (line, the field, the count,
- * max_position_embeddings). */
+ * max_position_embeddings). Collective over opts->group's ranks, when
+ * set. */
 int ml_seqs_load(const char *path, int64_t vocab_size, int64_t max_len, const ml_data_opts *opts,
                  ml_seqs *out);
 void ml_seqs_free(ml_seqs *s);

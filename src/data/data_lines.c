@@ -37,12 +37,6 @@ int ml_data_read_file(const char *path, char **buf, size_t *len) {
 
 static bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n'; }
 
-bool ml_data_is_jsonl(const char *buf, size_t len) {
-  size_t i = 0;
-  while (i < len && is_space(buf[i])) i++;
-  return i < len && buf[i] == '{';
-}
-
 ml_line_iter ml_line_iter_start(const char *buf, size_t len) {
   return (ml_line_iter){buf, len, 0, 0};
 }

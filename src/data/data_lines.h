@@ -1,5 +1,5 @@
 /* The data loaders' file access (data/data.h): the whole file in memory,
- * the JSONL-or-raw decision, and iteration over a JSONL file's non-empty
+ * and iteration over a JSONL file's non-empty
  * lines, each parsed into one JSON object. Messages name the file and the
  * 1-based line. */
 #ifndef ML_DATA_LINES_H
@@ -14,9 +14,6 @@
 /* Read the whole of `path` into *buf (malloc'd; free it) of *len bytes.
  * Errors: the file cannot be opened or read, out of memory. */
 int ml_data_read_file(const char *path, char **buf, size_t *len);
-
-/* Whether buf is JSONL: its first non-whitespace byte is '{'. */
-bool ml_data_is_jsonl(const char *buf, size_t len);
 
 typedef struct ml_line_iter {
   const char *buf;

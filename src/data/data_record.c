@@ -10,6 +10,7 @@
 #include "common/checked.h"
 #include "common/status.h"
 #include "io/json.h"
+#include "data/data_chat.h"
 #include "data/data_lines.h"
 
 const char *ml_data_format_name(ml_data_format f) {
@@ -17,6 +18,7 @@ const char *ml_data_format_name(ml_data_format f) {
   case ML_DATA_IDS: return "input_ids";
   case ML_DATA_TEXT: return "text";
   case ML_DATA_PROMPT: return "prompt/completion";
+  case ML_DATA_CHAT: return "messages";
   case ML_DATA_RAW: return "raw text, tokenized";
   case ML_DATA_RAW_BYTES: return "raw text, bytes as token ids";
   }
@@ -24,7 +26,12 @@ const char *ml_data_format_name(ml_data_format f) {
 }
 
 ml_data_opts ml_data_opts_default(const char *dir) {
-  return (ml_data_opts){dir, "text", "prompt", "completion", true};
+  return (ml_data_opts){.tokenizer_dir = dir,
+                        .text_key = "text",
+                        .prompt_key = "prompt",
+                        .completion_key = "completion",
+                        .packing = true,
+                        .assistant_only_loss = true};
 }
 
 ml_record_reader ml_record_reader_open(const char *path, const ml_data_opts *opts, int64_t vocab) {
@@ -33,8 +40,11 @@ ml_record_reader ml_record_reader_open(const char *path, const ml_data_opts *opt
 
 void ml_record_reader_close(ml_record_reader *r) {
   ml_tokenizer_free(r->tok);
+  ml_chat_free(r->chat);
   ml_tokens_free(&r->scratch);
+  ml_tokens_free(&r->scratch2);
   r->tok = NULL;
+  r->chat = NULL;
 }
 
 void ml_record_free(ml_record *rec) {
@@ -43,8 +53,10 @@ void ml_record_free(ml_record *rec) {
   memset(rec, 0, sizeof *rec);
 }
 
-/* Append k tokens ids[0, k), each with target `target`. */
+/* Append k tokens ids[0, k), each with target `target` (k = 0: nothing;
+ * ids may then be NULL). */
 static int push(ml_record *rec, const int32_t *ids, int64_t k, uint8_t target) {
+  if (k == 0) return 0;
   int64_t need = ml_add_sat(rec->n, k);
   if (need > rec->cap) {
     int64_t cap = rec->cap ? rec->cap : 256;
@@ -75,7 +87,7 @@ static int push(ml_record *rec, const int32_t *ids, int64_t k, uint8_t target) {
 int ml_record_append(ml_record *dst, const ml_record *src) {
   int64_t n0 = dst->n;
   ML_TRY(push(dst, src->ids, src->n, 1));
-  memcpy(dst->target + n0, src->target, (size_t)src->n);
+  if (src->n) memcpy(dst->target + n0, src->target, (size_t)src->n);
   return 0;
 }
 
@@ -132,12 +144,8 @@ static int need_tokenizer(ml_record_reader *r, const char *where) {
   return 0;
 }
 
-/* Encode text[0, len) (add_special: the template's BOS/EOS) into the
- * scratch list; its ids checked against the model's vocabulary. */
-static int encode(ml_record_reader *r, const char *where, const char *text, size_t len,
-                  bool add_special) {
-  r->scratch.n = 0;
-  if (ml_tokenizer_encode(r->tok, text, len, add_special, &r->scratch)) return wrap_error(where);
+/* The scratch list's ids checked against the model's vocabulary. */
+static int check_vocab(const ml_record_reader *r, const char *where) {
   for (size_t t = 0; t < r->scratch.n; t++) {
     int32_t id = r->scratch.ids[t];
     if (id < 0 || id >= r->vocab)
@@ -147,6 +155,15 @@ static int encode(ml_record_reader *r, const char *where, const char *text, size
                     where, t, id, r->opts->tokenizer_dir, (long long)r->vocab);
   }
   return 0;
+}
+
+/* Encode text[0, len) (add_special: the template's BOS/EOS) into the
+ * scratch list; its ids checked against the model's vocabulary. */
+static int encode(ml_record_reader *r, const char *where, const char *text, size_t len,
+                  bool add_special) {
+  r->scratch.n = 0;
+  if (ml_tokenizer_encode(r->tok, text, len, add_special, &r->scratch)) return wrap_error(where);
+  return check_vocab(r, where);
 }
 
 /* The tokenizer's EOS appended with `target`, when it has one. */
@@ -188,6 +205,30 @@ static int read_prompt(ml_record_reader *r, const char *where, const char *promp
     return ml_err("%s: the prompt and completion tokenize to no token; expected at least 1",
                   where);
   return 0;
+}
+
+/* A conversation (data/data_chat.h): its rendering's tokens; targets the
+ * assistant turns' (every token without opts->assistant_only_loss).
+ * `line` is "FILE:LINE". */
+static int read_chat(ml_record_reader *r, const char *line, const json_t *obj, ml_record *rec) {
+  char where[1100];
+  snprintf(where, sizeof where, "%s: field 'messages'", line);
+  ML_TRY(need_tokenizer(r, where));
+  if (!r->chat && ml_chat_load(r->opts->tokenizer_dir, &r->chat)) return wrap_error(where);
+  ml_chat_text text;
+  ML_TRY(ml_chat_render(r->chat, line, obj, &text));
+  uint8_t *target = NULL;
+  r->scratch.n = 0;
+  int rc = ml_chat_tokens(r->tok, &text, &r->scratch, &r->scratch2, &target);
+  if (rc != 0) rc = wrap_error(where);
+  if (rc == 0) rc = check_vocab(r, where);
+  if (rc == 0 && r->scratch.n == 0)
+    rc = ml_err("%s: the conversation renders to no token; expected at least 1", where);
+  if (rc == 0) rc = push(rec, r->scratch.ids, (int64_t)r->scratch.n, 1);
+  if (rc == 0 && r->opts->assistant_only_loss) memcpy(rec->target, target, r->scratch.n);
+  free(target);
+  ml_chat_text_free(&text);
+  return rc;
 }
 
 /* ---- fields -------------------------------------------------------------- */
@@ -263,9 +304,8 @@ static int read_ids(const ml_record_reader *r, int64_t lineno, const json_t *obj
   return 0;
 }
 
-/* The format the fields of `obj` select (data/data.h). */
-static int record_format(const ml_record_reader *r, int64_t lineno, const json_t *obj,
-                         ml_data_format *f) {
+/* The format the fields of `obj` select (data/data.h); false for none. */
+static bool select_format(const ml_record_reader *r, const json_t *obj, ml_data_format *f) {
   const ml_data_opts *o = r->opts;
   if (json_object_get(obj, "input_ids"))
     *f = ML_DATA_IDS;
@@ -273,10 +313,35 @@ static int record_format(const ml_record_reader *r, int64_t lineno, const json_t
     *f = ML_DATA_TEXT;
   else if (json_object_get(obj, o->prompt_key) || json_object_get(obj, o->completion_key))
     *f = ML_DATA_PROMPT;
+  else if (json_object_get(obj, "messages"))
+    *f = ML_DATA_CHAT;
   else
+    return false;
+  return true;
+}
+
+bool ml_record_peek_format(const ml_record_reader *r, const char *s, size_t n,
+                           ml_data_format *f) {
+  json_t *obj = json_loadb(s, n, JSON_REJECT_DUPLICATES, NULL);
+  bool found = json_is_object(obj) && select_format(r, obj, f);
+  json_decref(obj);
+  return found;
+}
+
+void ml_record_reader_expect(ml_record_reader *r, ml_data_format f, int64_t first_line) {
+  r->has_format = true;
+  r->format = f;
+  r->first_line = first_line;
+}
+
+/* The format the fields of `obj` select, or an error naming the fields. */
+static int record_format(const ml_record_reader *r, int64_t lineno, const json_t *obj,
+                         ml_data_format *f) {
+  const ml_data_opts *o = r->opts;
+  if (!select_format(r, obj, f))
     return ml_err("%s:%lld: no data field: expected field 'input_ids' (token ids), '%s' (text, "
-                  "--text-key) or '%s' + '%s' (--prompt-key, --completion-key), found the fields "
-                  "missing",
+                  "--text-key), '%s' + '%s' (--prompt-key, --completion-key) or 'messages' "
+                  "(a conversation), found the fields missing",
                   r->path, (long long)lineno, o->text_key, o->prompt_key, o->completion_key);
   return 0;
 }
@@ -287,6 +352,8 @@ const char *ml_record_fields(const ml_record_reader *r, char *buf, size_t cap) {
     snprintf(buf, cap, "'%s'", o->text_key);
   else if (r->format == ML_DATA_PROMPT)
     snprintf(buf, cap, "'%s' + '%s'", o->prompt_key, o->completion_key);
+  else if (r->format == ML_DATA_CHAT)
+    snprintf(buf, cap, "'messages'");
   else
     snprintf(buf, cap, "'input_ids'");
   return buf;
@@ -316,6 +383,10 @@ static int read_fields(ml_record_reader *r, int64_t lineno, const json_t *obj, m
   const ml_data_opts *o = r->opts;
   char where[1024], missing[256];
   if (f == ML_DATA_IDS) return read_ids(r, lineno, obj, rec);
+  if (f == ML_DATA_CHAT) {
+    snprintf(where, sizeof where, "%s:%lld", r->path, (long long)lineno);
+    return read_chat(r, where, obj, rec);
+  }
   if (f == ML_DATA_TEXT) {
     size_t n;
     const char *text = get_string(r, lineno, obj, o->text_key, "", &n);

@@ -1,6 +1,6 @@
 /* One record of a data file as token ids and loss targets: the formats,
  * their tokens and their targets are those of data/data.h (token ids,
- * text, prompt/completion; raw text as one document). The training and the
+ * text, prompt/completion, messages; raw text as one document). The training and the
  * scoring loaders both read records here, so both build the same tokens
  * from a record. The tokenizer is loaded from the model directory on the
  * first record that needs it, so token-id data never needs (or loads) a
@@ -14,6 +14,7 @@
 
 #include "tokenizer/tokenizer.h"
 #include "data/data.h"
+#include "data/data_chat.h"
 
 typedef struct ml_record_reader {
   const char *path;         /* the data file, for messages */
@@ -21,7 +22,9 @@ typedef struct ml_record_reader {
   int64_t vocab;            /* token ids must lie in [0, vocab) (config.json vocab_size) */
   ml_tokenizer *tok;        /* NULL until a record needs it */
   bool scoring;             /* loss_mask ignored (log-probs score every token); set by the caller */
+  ml_chat *chat;            /* the chat template: NULL until a messages record needs it */
   ml_tokens scratch;        /* encode's output */
+  ml_tokens scratch2;       /* a conversation's boundary encodings (data_chat.h) */
   bool has_format;          /* a record has been read */
   ml_data_format format;    /* the file's format: its first record's */
   int64_t first_line;       /* that record's line */
@@ -45,6 +48,17 @@ void ml_record_reader_close(ml_record_reader *r);
  * it exists but cannot be opened (the file and the reason named). */
 int ml_record_tokenizer_present(const ml_record_reader *r, bool *present);
 
+/* The format line s[0, n) selects (its fields, as ml_record_read_line),
+ * into *f; false when the line is not a JSON object or has none of the
+ * format fields (nothing recorded: ml_record_read_line names the error). */
+bool ml_record_peek_format(const ml_record_reader *r, const char *s, size_t n,
+                           ml_data_format *f);
+
+/* The file's format as found on an earlier record, line `first_line`, by
+ * another reader (another rank's part): records of another format are
+ * refused as if this reader had read that record. */
+void ml_record_reader_expect(ml_record_reader *r, ml_data_format f, int64_t first_line);
+
 /* Parse line `lineno` of the file, s[0, n), into `rec` (its previous
  * contents replaced): the format its fields select, at least one token,
  * every id in [0, vocab). Sets the file's format on the first record.
@@ -59,7 +73,8 @@ int ml_record_read_line(ml_record_reader *r, int64_t lineno, const char *s, size
 int ml_record_read_raw(ml_record_reader *r, const char *text, size_t len, ml_record *rec);
 
 /* The field(s) that hold the file's format's data, for messages:
- * "'input_ids'", "'text'" or "'prompt' + 'completion'" (the keys in use);
+ * "'input_ids'", "'text'", "'prompt' + 'completion'" (the keys in use) or
+ * "'messages'";
  * buf[cap]. Returns buf. */
 const char *ml_record_fields(const ml_record_reader *r, char *buf, size_t cap);
 

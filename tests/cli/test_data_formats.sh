@@ -202,7 +202,7 @@ expect "formats mixed" \
   "$meshlm" train --model "$model" --data "$work/bad.jsonl" --steps 1 --batch-size 1
 printf '{"question": "a", "answer": "b"}\n' > "$work/bad.jsonl"
 expect "keys not found" "bad.jsonl:1: no data field: expected field 'input_ids' (token ids),\
- 'text' (text, --text-key) or 'prompt' + 'completion'" \
+ 'text' (text, --text-key), 'prompt' + 'completion' (--prompt-key, --completion-key) or 'messages'" \
   "$meshlm" logprobs --model "$model" --data "$work/bad.jsonl" --out "$work/bad_out.jsonl"
 printf '{"question": "%s", "answer": "%s"}\n' "$p1" "$c1" > "$work/qa.jsonl"
 if "$meshlm" logprobs --model "$model" --data "$work/qa.jsonl" --out "$work/qa_out.jsonl" \

@@ -179,7 +179,8 @@ static void test_custom_keys(void **state) {
                                          "field 'question'), found the field missing"));
   ml_error_clear();
   assert_int_equal(ml_dataset_load(write_file("{\"text\": \"t\"}"), 4, 10, &o, &ds), -1);
-  assert_non_null(strstr(ml_error_msg(), "'body' (text, --text-key) or 'question' + 'answer'"));
+  assert_non_null(strstr(ml_error_msg(), "'body' (text, --text-key), 'question' + 'answer' "
+                                         "(--prompt-key, --completion-key) or 'messages'"));
 }
 
 /* A text or prompt/completion record without the model's tokenizer.json:

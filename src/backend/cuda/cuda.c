@@ -363,6 +363,18 @@ static int cu_xent_sumexp_target(ml_backend *be, const float *logits, int64_t T,
                           "cross-entropy sum of exponentials");
 }
 
+static int cu_xent_online(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                          const int32_t *y, float *mx, float *se, float *tl) {
+  return ml_cuda_launched(kc_xent_online(impl(be)->stream, logits, T, V, v0, y, mx, se, tl),
+                          "cross-entropy online log-sum-exp");
+}
+
+static int cu_xent_rebase(ml_backend *be, int64_t T, int64_t V, int64_t v0, const int32_t *y,
+                          const float *mx, const float *M, float *se, float *tl) {
+  return ml_cuda_launched(kc_xent_rebase(impl(be)->stream, T, V, v0, y, mx, M, se, tl),
+                          "cross-entropy rebase");
+}
+
 /* The result slot's `bytes` to the host, after the stream has run. */
 static int fetch_result(ml_backend *be, size_t bytes) {
   cuda *c = impl(be);
@@ -491,6 +503,8 @@ static const ml_backend_ops k_cuda_ops = {
     .embedding_bwd = cu_embedding_bwd,
     .xent_rowmax = cu_xent_rowmax,
     .xent_sumexp_target = cu_xent_sumexp_target,
+    .xent_online = cu_xent_online,
+    .xent_rebase = cu_xent_rebase,
     .xent_logprobs = cu_xent_logprobs,
     .xent_bwd = cu_xent_bwd,
     .adamw = cu_adamw,

@@ -233,8 +233,7 @@ typedef struct ml_backend_ops {
   int (*xent_rebase)(ml_backend *be, int64_t T, int64_t V, int64_t v0, const int32_t *y,
                      const float *mx, const float *M, float *se, float *tl);
   int (*xent_logprobs)(ml_backend *be, const float *se, const float *tl, const int32_t *y,
-                       int64_t T, float scale, float *logprobs, float *w, double *loss_sum,
-                       int64_t *count);
+                       int64_t T, float scale, float *logprobs, float *w, double *sums);
   int (*xent_bwd)(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
                   const int32_t *y, const float *mx, const float *se, const float *w,
                   float *dlogits);
@@ -485,11 +484,12 @@ int ml_be_xent_rebase(ml_backend *be, int64_t T, int64_t V, int64_t v0, const in
                       const float *mx, const float *M, float *se, float *tl);
 /* From the reduced se, tl [T]: logprobs[t] = tl − log(se) (fp64, rounded
  * once; 0 for y[t] < 0; logprobs may be NULL), w[t] = scale where y[t] >=
- * 0 else 0; *loss_sum (host) −= the sum of the log-probs, *count (host) +=
- * the targets counted. */
+ * 0 else 0; sums [2] (device memory, fp64): sums[0] −= the sum of the
+ * log-probs, sums[1] += the targets counted (exact below 2^53). The sums
+ * stay on the device (no synchronisation): the caller copies them once,
+ * when its pass ends. */
 int ml_be_xent_logprobs(ml_backend *be, const float *se, const float *tl, const int32_t *y,
-                        int64_t T, float scale, float *logprobs, float *w, double *loss_sum,
-                        int64_t *count);
+                        int64_t T, float scale, float *logprobs, float *w, double *sums);
 /* dlogits [T, V] (=, may alias logits) = w[t]·(softmax − onehot). */
 int ml_be_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
                    const int32_t *y, const float *mx, const float *se, const float *w,

@@ -17,6 +17,8 @@ typedef struct chunk_bufs {
   float *w;      /* [nt] gradient weights */
   float *lp;     /* [nt] log-probs of every target of the chunk (objective only) */
   float *host;   /* [2 nt] host staging of lp and w (objective only) */
+  double *sums;  /* [4] device: this rank's tokens' −Σ log-prob and target count, then the
+                    other tokens' (discarded); read once when the pass ends */
   void *xr;      /* [nt, c] bf16: the block's lm_head input rounded once (tiled, bf16 rows) */
   void *dlr;     /* [nt, cols] bf16: a tile's logits gradient rounded once (likewise, backward) */
   int64_t cols;  /* columns per tile; >= nv: whole rows through lm_head's own forward */
@@ -133,7 +135,7 @@ static int tiled_backward(const loss_pass *p, const void *x, ml_dtype xt, int64_
  * log-probs of this rank's own tokens only (their sums over the data ranks
  * are the caller's), the weights of all. */
 static int chunk_logprobs(const loss_pass *p, int64_t t0, int64_t nt, const ml_loss_grad *g,
-                          float *logprobs, ml_loss_out *out, chunk_bufs *b) {
+                          float *logprobs, chunk_bufs *b) {
   int64_t end = t0 + nt, a = p->own0 > t0 ? p->own0 : t0, z = p->own0 + p->T;
   a = a < end ? a : end;
   z = z > a ? (z < end ? z : end) : a;
@@ -144,12 +146,10 @@ static int chunk_logprobs(const loss_pass *p, int64_t t0, int64_t nt, const ml_l
   for (int k = 0; k < 3; k++) {
     int64_t s = cut[k], n = cut[k + 1] - s;
     if (n == 0) continue;
-    ml_loss_out other = {0};
-    ml_loss_out *o = k == 1 ? out : &other;
     float *lp = obj ? b->lp + (s - t0) : k == 1 && logprobs ? logprobs + (s - p->own0) : NULL;
     ML_TRY(ml_be_xent_logprobs(p->m->be, b->se_tl + (s - t0), b->se_tl + nt + (s - t0),
-                               p->y + s, n, scale, lp, b->w + (s - t0), &o->loss_sum,
-                               &o->count));
+                               p->y + s, n, scale, lp, b->w + (s - t0),
+                               b->sums + (k == 1 ? 0 : 2)));
   }
   if (!obj) return 0;
   ml_backend *be = p->m->be;
@@ -172,8 +172,8 @@ static int chunk_logprobs(const loss_pass *p, int64_t t0, int64_t nt, const ml_l
  * into [nt, nv] logits, the statistics, their gradient in place and
  * lm_head's backward. Tiled: the statistics over the tiles, then the
  * backward tile by tile (tiled_stats, tiled_backward). */
-static int run_chunks(const loss_pass *p, const ml_loss_grad *g, float *logprobs,
-                      ml_loss_out *out, chunk_bufs *b, int64_t block) {
+static int run_chunks(const loss_pass *p, const ml_loss_grad *g, float *logprobs, chunk_bufs *b,
+                      int64_t block) {
   bool tiled = b->cols < p->nv;
   for (int64_t t0 = 0; t0 < p->N; t0 += block) {
     int64_t nt = p->N - t0 < block ? p->N - t0 : block;
@@ -185,7 +185,7 @@ static int run_chunks(const loss_pass *p, const ml_loss_grad *g, float *logprobs
     } else {
       ML_TRY(chunk_stats(p, t0, nt, b));
     }
-    ML_TRY(chunk_logprobs(p, t0, nt, g, logprobs, out, b));
+    ML_TRY(chunk_logprobs(p, t0, nt, g, logprobs, b));
     if (!g) continue;
     if (tiled) {
       ML_TRY(tiled_backward(p, x, xt, t0, nt, b));
@@ -260,7 +260,17 @@ static int run_pass(loss_pass *p, ml_dtype logits_dtype, const ml_loss_grad *g,
                                                         "the objective's staging (%lld tokens)",
                                                         (long long)chunk)))
     rc = -1;
-  if (rc == 0) rc = run_chunks(p, g, logprobs, out, &b, chunk);
+  if (!rc && !(b.sums = ml_be_alloc(m->be, 4, sizeof(double), "the loss sums")))
+    rc = -1;
+  if (!rc) rc = ml_be_zero(m->be, b.sums, 4 * sizeof(double));
+  if (!rc) rc = run_chunks(p, g, logprobs, &b, chunk);
+  double sums[4];
+  if (!rc) rc = ml_be_copy(m->be, sums, b.sums, sizeof sums, ML_COPY_D2H);
+  if (!rc) {
+    out->loss_sum = sums[0];
+    out->count = (int64_t)sums[1]; /* exact: a count below 2^53 */
+  }
+  ml_be_free(m->be, b.sums);
   ml_be_host_free(m->be, b.host);
   ml_be_free(m->be, b.dlr);
   ml_be_free(m->be, b.xr);

@@ -458,9 +458,8 @@ static int cpu_xent_rebase(ml_backend *be, int64_t T, int64_t V, int64_t v0, con
 }
 
 static int cpu_xent_logprobs(ml_backend *be, const float *se, const float *tl, const int32_t *y,
-                             int64_t T, float scale, float *logprobs, float *w, double *loss_sum,
-                             int64_t *count) {
-  k_xent_logprobs(se, tl, y, T, scale, logprobs, w, loss_sum, count);
+                             int64_t T, float scale, float *logprobs, float *w, double *sums) {
+  k_xent_logprobs(se, tl, y, T, scale, logprobs, w, sums);
   return 0;
 }
 

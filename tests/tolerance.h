@@ -193,6 +193,17 @@ static inline double tol_longrope_rel(double theta) {
  * |d - ref| <= |w|p_j(eps_se + u|l_j - m| + 7u) + u|w|(p_j + [j = y]). */
 #define TOL_K_XENT_SE 5.0
 #define TOL_K_XENT_BWD 7.0
+/* the fused classifier's online log-sum-exp over n column tiles
+ * (k_xent_online, k_xent_rebase): each tile moves the running sum to the
+ * new max, s·exp(m − m') in fp64 (m − m' exact in fp64; exp, the product
+ * and the add: TOL_LIBM + 2 fp64 roundings) and rounds it to fp32 (u); the
+ * rebase onto the reduced max once more (TOL_LIBM + 1, u). A term's own
+ * l_j − m' (m' the max when its tile ran) has |l_j − m'| <= |l_j − m|, as
+ * l_j <= m' <= m: inside eps_se's u·max|l_j − m|. Relative, added to
+ * eps_se. */
+static inline double tol_xent_online(double tiles) {
+  return (tiles + 1.0) * TOL_U + (tiles * (TOL_LIBM + 2.0) + TOL_LIBM + 1.0) * TOL_U64;
+}
 
 /* ===================================================================== */
 /* 2. Finite differences (test_kernels.c): a central difference with the  */
@@ -266,6 +277,8 @@ typedef struct tol_model {
   double hidden, intermediate, heads, kv_heads, head_dim, layers, vocab;
   double seq;    /* S: keys per query, at most the sequence length */
   double tokens; /* T: token rows of the batch (all dp ranks together) */
+  double vocab_tiles; /* column tiles of the fused classifier's online log-sum-exp per row
+                         (parallel/loss.h); 0 or 1: whole rows, Megatron's two passes */
 } tol_model;
 
 /* n·sqrt(n): a signed reduction of n terms (M1). */
@@ -316,7 +329,16 @@ static inline double tol_model_k(const tol_model *m, tol_quantity q) {
   double fwd = 1.0                                  /* embedding scale (Gemma3) */
                + m->layers * tol_k_layer_fwd(m)
                + (H + 4.0) + tol_signed(H)          /* final norm, lm_head */
-               + V + 2.0 * TOL_LIBM + 2.0;          /* log-sum-exp over V, z_y - lse */
+               + V + 2.0 * TOL_LIBM + 2.0           /* log-sum-exp over V, z_y - lse */
+               + (m->vocab_tiles > 1.0               /* online log-sum-exp over the tiles: */
+                      ? m->vocab_tiles * (TOL_LIBM + 3.0) /* per tile the sum so far times
+                                                            exp(m - m') (fp64: within one libm
+                                                            call), plus the tile's sum, rounded
+                                                            to fp32 (as attention's online
+                                                            softmax above) */
+                            + TOL_LIBM + 2.0        /* the rebase onto the reduced max:
+                                                       exp, a product, a rounding */
+                      : 0.0);
   if (q == TOL_LOGPROBS) return fwd;
   if (q == TOL_LOSS) return fwd + m->tokens + 1.0;  /* mean of T positive losses */
   return fwd + 3.0 + TOL_LIBM                       /* cross-entropy backward */

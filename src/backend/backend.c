@@ -219,11 +219,20 @@ int ml_be_xent_sumexp_target(ml_backend *be, const float *logits, int64_t T, int
   NEED(be, ML_OP_XENT);
   return be->ops->xent_sumexp_target(be, logits, T, V, v0, y, mx, se, tl);
 }
-int ml_be_xent_logprobs(ml_backend *be, const float *se, const float *tl, const int32_t *y,
-                        int64_t T, float scale, float *logprobs, float *w, double *loss_sum,
-                        int64_t *count) {
+int ml_be_xent_online(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                      const int32_t *y, float *mx, float *se, float *tl) {
   NEED(be, ML_OP_XENT);
-  return be->ops->xent_logprobs(be, se, tl, y, T, scale, logprobs, w, loss_sum, count);
+  return be->ops->xent_online(be, logits, T, V, v0, y, mx, se, tl);
+}
+int ml_be_xent_rebase(ml_backend *be, int64_t T, int64_t V, int64_t v0, const int32_t *y,
+                      const float *mx, const float *M, float *se, float *tl) {
+  NEED(be, ML_OP_XENT);
+  return be->ops->xent_rebase(be, T, V, v0, y, mx, M, se, tl);
+}
+int ml_be_xent_logprobs(ml_backend *be, const float *se, const float *tl, const int32_t *y,
+                        int64_t T, float scale, float *logprobs, float *w, double *sums) {
+  NEED(be, ML_OP_XENT);
+  return be->ops->xent_logprobs(be, se, tl, y, T, scale, logprobs, w, sums);
 }
 int ml_be_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
                    const int32_t *y, const float *mx, const float *se, const float *w,

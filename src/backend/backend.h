@@ -142,7 +142,7 @@ typedef enum ml_op {
                           * cache of generation (engine/generate.h) */
   ML_OP_GLU,             /* ml_be_glu_fwd / _bwd */
   ML_OP_EMBEDDING,       /* ml_be_embedding_fwd / _bwd */
-  ML_OP_XENT,            /* ml_be_xent_rowmax / _sumexp_target / _logprobs / _bwd */
+  ML_OP_XENT,            /* ml_be_xent_rowmax / _sumexp_target / _online / _rebase / _logprobs / _bwd */
   ML_OP_ADAMW,           /* ml_be_adamw */
   ML_OP_NORM_PARTIAL,    /* ml_be_norm_partial */
   ML_OP_FIND_NONFINITE,  /* ml_be_find_nonfinite */
@@ -228,9 +228,12 @@ typedef struct ml_backend_ops {
   int (*xent_rowmax)(ml_backend *be, const float *logits, int64_t T, int64_t V, float *mx);
   int (*xent_sumexp_target)(ml_backend *be, const float *logits, int64_t T, int64_t V,
                             int64_t v0, const int32_t *y, const float *mx, float *se, float *tl);
+  int (*xent_online)(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                     const int32_t *y, float *mx, float *se, float *tl);
+  int (*xent_rebase)(ml_backend *be, int64_t T, int64_t V, int64_t v0, const int32_t *y,
+                     const float *mx, const float *M, float *se, float *tl);
   int (*xent_logprobs)(ml_backend *be, const float *se, const float *tl, const int32_t *y,
-                       int64_t T, float scale, float *logprobs, float *w, double *loss_sum,
-                       int64_t *count);
+                       int64_t T, float scale, float *logprobs, float *w, double *sums);
   int (*xent_bwd)(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
                   const int32_t *y, const float *mx, const float *se, const float *w,
                   float *dlogits);
@@ -466,13 +469,27 @@ int ml_be_embedding_bwd(ml_backend *be, const int32_t *ids, int64_t T, const flo
 int ml_be_xent_rowmax(ml_backend *be, const float *logits, int64_t T, int64_t V, float *mx);
 int ml_be_xent_sumexp_target(ml_backend *be, const float *logits, int64_t T, int64_t V,
                              int64_t v0, const int32_t *y, const float *mx, float *se, float *tl);
+/* The online log-sum-exp over column tiles of the shard (the fused
+ * classifier, parallel/loss.h; Milakov & Gimelshein 2018). xent_online:
+ * logits [T, V] one tile = global columns v0 .. v0+V−1; mx, se, tl [T]
+ * (se = tl = 0 before the first tile, mx then unread) become the running max, the sum of
+ * exp(logit − mx) (fp64, rounded once per tile) and the target's raw logit
+ * where the tile holds it. xent_rebase, after the MAX reduction M [T] of mx:
+ * se ·= exp(mx − M), tl = tl − M where y[t] is in the shard's columns v0 ..
+ * v0+V−1, else 0: sumexp_target's se, tl (bit for bit from one tile on the
+ * rank holding the max), ready for the SUM reduction. */
+int ml_be_xent_online(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                      const int32_t *y, float *mx, float *se, float *tl);
+int ml_be_xent_rebase(ml_backend *be, int64_t T, int64_t V, int64_t v0, const int32_t *y,
+                      const float *mx, const float *M, float *se, float *tl);
 /* From the reduced se, tl [T]: logprobs[t] = tl − log(se) (fp64, rounded
  * once; 0 for y[t] < 0; logprobs may be NULL), w[t] = scale where y[t] >=
- * 0 else 0; *loss_sum (host) −= the sum of the log-probs, *count (host) +=
- * the targets counted. */
+ * 0 else 0; sums [2] (device memory, fp64): sums[0] −= the sum of the
+ * log-probs, sums[1] += the targets counted (exact below 2^53). The sums
+ * stay on the device (no synchronisation): the caller copies them once,
+ * when its pass ends. */
 int ml_be_xent_logprobs(ml_backend *be, const float *se, const float *tl, const int32_t *y,
-                        int64_t T, float scale, float *logprobs, float *w, double *loss_sum,
-                        int64_t *count);
+                        int64_t T, float scale, float *logprobs, float *w, double *sums);
 /* dlogits [T, V] (=, may alias logits) = w[t]·(softmax − onehot). */
 int ml_be_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
                    const int32_t *y, const float *mx, const float *se, const float *w,

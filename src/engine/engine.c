@@ -172,7 +172,7 @@ static void shift_targets(const int32_t *ids, const uint8_t *mask, int64_t B, in
  * vocab-sharded over (NULL when they are whole over tp), and under vocab
  * parallelism the FSDP group and lm_head's rows there. */
 static int loss_split(ml_engine *e, ml_loss_split *s) {
-  *s = (ml_loss_split){0};
+  *s = (ml_loss_split){.tile_floats = e->opts.loss_tile_floats};
   s->tp = e->tp.logits.kind == ML_SHARD ? ml_mesh_comm(e->mesh, ML_GROUP_TP) : NULL;
   if (!e->vocab.comm) return 0;
   s->group = &e->vocab;

@@ -37,6 +37,8 @@ typedef struct ml_engine_opts {
   bool sequence_parallel;
   ml_fsdp_opts fsdp;         /* mixed precision, reshard policy, ZeRO stage, prefetch */
   ml_dtype output_dtype;     /* MixedPrecisionPolicy.output_dtype: logits rounded to it (F32/BF16) */
+  int64_t loss_tile_floats;  /* logits per tile of the fused classifier (parallel/loss.h); 0: the
+                                default 2^24 */
   ml_ac_mode ac;             /* activation checkpointing of every decoder layer */
   ml_backend *backend;       /* where to compute (NULL: the CPU backend) */
   bool no_weights;           /* read config.json only, never the safetensors: the shards are

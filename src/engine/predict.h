@@ -65,9 +65,9 @@ typedef struct ml_prediction {
   int vocab_group;   /* ranks the vocab-sized root parameters are split over by vocab rows
                         (FSDP's group under vocab parallelism, parallel/vocab.h), or 1: they
                         are gathered whole */
-  int64_t loss_chunk, loss_chunks; /* logits chunk (tokens) and chunks per pass, over the
-                                      tokens the loss runs on (the group's d·T under vocab
-                                      parallelism) */
+  int64_t loss_chunk, loss_chunks; /* the fused classifier's token block (ml_loss_tiling) and
+                                      blocks per pass, over the tokens the loss runs on (the
+                                      group's d·T under vocab parallelism) */
   ml_comm_stats train[ML_GROUP_KINDS];    /* one training step */
   ml_comm_stats logprobs[ML_GROUP_KINDS]; /* one logprobs pass */
   ml_predict_memory mem;

@@ -149,3 +149,35 @@ int ml_head_logits_backward(ml_model *m, const float *x, int64_t nt, const ml_ro
   ml_act dy = {dlogits, 1, nt, nt, p.shape[0], w->rows};
   return ml_linear_backward(m->be, &lin, &dy, &xv, NULL, dx, 0);
 }
+
+/* Rows r0 .. of w as a GEMM operand. */
+static const void *rows_at(const ml_rows *w, int64_t r0) {
+  return (const char *)w->data + (size_t)(r0 * w->cols) * ml_dtype_size(w->dtype);
+}
+
+// logits: [nt, n] = x: [nt, c] · W[r0 : r0+n]^T
+int ml_head_tile_logits(ml_model *m, const ml_rows *w, const void *x, ml_dtype x_type,
+                        int64_t nt, int64_t r0, int64_t n, float *logits) {
+  int64_t c = w->cols;
+  ml_gemm g = {.trans_b = true, .M = nt, .N = n, .K = c, .A = x, .a_type = x_type, .lda = c,
+               .B = rows_at(w, r0), .b_type = w->dtype, .ldb = c, .C = logits, .ldc = n,
+               .compute = w->dtype};
+  return ml_be_gemm(m->be, &g);
+}
+
+// dlogits: [nt, n] → dx: [nt, c] (= or +=), W.grad[r0 : r0+n] (+=)
+int ml_head_tile_backward(ml_model *m, const ml_rows *w, const void *x, ml_dtype x_type,
+                          int64_t nt, int64_t r0, int64_t n, const void *dlogits,
+                          ml_dtype dl_type, float *dx, bool accumulate) {
+  int64_t c = w->cols;
+  // dx: [nt, c] (= or +=) dlogits: [nt, n] · W[r0 : r0+n]: [n, c]
+  ml_gemm gx = {.M = nt, .N = c, .K = n, .A = dlogits, .a_type = dl_type, .lda = n,
+                .B = rows_at(w, r0), .b_type = w->dtype, .ldb = c, .C = dx, .ldc = c,
+                .accumulate = accumulate, .compute = w->dtype};
+  ML_TRY(ml_be_gemm(m->be, &gx));
+  // dW[r0 : r0+n]: [n, c] += dlogits^T: [n, nt] · x: [nt, c]
+  ml_gemm gw = {.trans_a = true, .M = n, .N = c, .K = nt, .A = dlogits, .a_type = dl_type,
+                .lda = n, .B = x, .b_type = x_type, .ldb = c, .C = w->grad + r0 * c, .ldc = c,
+                .accumulate = true, .compute = w->dtype};
+  return ml_be_gemm(m->be, &gw);
+}

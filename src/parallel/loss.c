@@ -3,31 +3,41 @@
 #include "common/checked.h"
 #include "common/status.h"
 
-/* floats of logits per chunk (64 MiB): for a 49k vocabulary, chunks of
- * ~340 tokens, where lm_head's GEMMs (M = the chunk's tokens) run near the
- * speed of the layers' ones; half that costs a sixth more time in them */
-enum { LOGITS_BUDGET = 1 << 24 };
+/* floats of logits per tile by default (64 MiB); where the vocabulary is
+ * tiled, token blocks of at least BLOCK_MIN tokens (lm_head's weight
+ * gradient one GEMM over K = the block per tile) and tiles of a multiple of
+ * COLS_MIN columns (aligned rows) */
+enum { TILE_FLOATS = 1 << 24, BLOCK_MIN = 4096, COLS_MIN = 16 };
 
 typedef struct chunk_bufs {
-  float *logits; /* [nt, nv] */
-  float *mx;     /* [nt] */
+  float *logits; /* [nt, cols] one tile of logits, then of their gradient */
+  float *mx;     /* [nt] the max over the vocabulary (after the MAX reduction) */
+  float *mxl;    /* [nt] this rank's running max over its tiles (tiled only) */
   float *se_tl;  /* [2 nt]: sum of exp, then target logit − max */
   float *w;      /* [nt] gradient weights */
   float *lp;     /* [nt] log-probs of every target of the chunk (objective only) */
   float *host;   /* [2 nt] host staging of lp and w (objective only) */
+  double *sums;  /* [4] device: this rank's tokens' −Σ log-prob and target count, then the
+                    other tokens' (discarded); read once when the pass ends */
+  void *xr;      /* [nt, c] bf16: the block's lm_head input rounded once (tiled, bf16 rows) */
+  void *dlr;     /* [nt, cols] bf16: a tile's logits gradient rounded once (likewise, backward) */
+  int64_t cols;  /* columns per tile; >= nv: whole rows through lm_head's own forward */
   bool bf16;     /* round the logits to bf16 (output_dtype) */
 } chunk_bufs;
 
 /* One pass of the loss: the N tokens it runs over, of which [own0, own0 +
  * T) are this rank's, and this rank's vocab columns. Without a group N = T
  * and lm_head runs on m->head_in with its edges; with one, on the gathered
- * input h and lm_head's rows. */
+ * input h and lm_head's rows. Tiles read x and lm_head's rows w directly. */
 typedef struct loss_pass {
   ml_model *m;
   const ml_loss_split *split;
   const int32_t *y; /* [N] targets */
   const float *h;   /* [N, c] lm_head's input (group only) */
   float *dh;        /* [N, c] its gradient (group and backward only) */
+  const float *x;   /* [N, c] lm_head's input: h, or m->head_in's rows */
+  float *dx;        /* [N, c] its gradient: dh, or m->dxn_final */
+  ml_rows w;        /* lm_head's rows: the group's, or its local view */
   int64_t N, own0, T, c;
   int64_t v0, nv;   /* global vocab columns v0 .. v0+nv−1 */
 } loss_pass;
@@ -56,11 +66,78 @@ static int chunk_stats(const loss_pass *p, int64_t t0, int64_t nt, chunk_bufs *b
   return reduce_columns(p, b->se_tl, (size_t)(2 * nt), ML_RED_SUM);
 }
 
+/* The block's lm_head input for the tiles: x rows t0 .. t0+nt−1, rounded
+ * to bf16 once for every tile's GEMMs when lm_head's rows are bf16. */
+static int block_input(const loss_pass *p, int64_t t0, int64_t nt, chunk_bufs *b,
+                       const void **x, ml_dtype *xt) {
+  *x = p->x + t0 * p->c;
+  *xt = ML_F32;
+  if (!b->xr) return 0;
+  ML_TRY(ml_be_convert(p->m->be, b->xr, ML_BF16, *x, ML_F32, (size_t)(nt * p->c)));
+  *x = b->xr;
+  *xt = ML_BF16;
+  return 0;
+}
+
+// logits: [nt, n] = x · W[r0 : r0+n]^T (rounded to output_dtype)
+static int tile_logits(const loss_pass *p, const void *x, ml_dtype xt, int64_t nt, int64_t r0,
+                       int64_t n, chunk_bufs *b) {
+  ML_TRY(ml_head_tile_logits(p->m, &p->w, x, xt, nt, r0, n, b->logits));
+  return b->bf16 ? ml_be_round_bf16(p->m->be, b->logits, (size_t)(nt * n)) : 0;
+}
+
+/* mx, se, tl of tokens t0 .. t0+nt−1 from this rank's columns in tiles (nv >= 1 here): the
+ * online log-sum-exp over the tiles, its max reduced over the vocab split,
+ * the sums moved onto that max, then reduced. */
+static int tiled_stats(const loss_pass *p, const void *x, ml_dtype xt, int64_t t0, int64_t nt,
+                       chunk_bufs *b) {
+  ml_backend *be = p->m->be;
+  float *se = b->se_tl, *tl = b->se_tl + nt;
+  ML_TRY(ml_be_zero(be, b->se_tl, sizeof(float) * (size_t)(2 * nt)));
+  for (int64_t r0 = 0; r0 < p->nv; r0 += b->cols) {
+    int64_t n = p->nv - r0 < b->cols ? p->nv - r0 : b->cols;
+    ML_TRY(tile_logits(p, x, xt, nt, r0, n, b));
+    ML_TRY(ml_be_xent_online(be, b->logits, nt, n, p->v0 + r0, p->y + t0, b->mxl, se, tl));
+  }
+  ML_TRY(ml_be_copy(be, b->mx, b->mxl, sizeof(float) * (size_t)nt, ML_COPY_D2D));
+  ML_TRY(reduce_columns(p, b->mx, (size_t)nt, ML_RED_MAX));
+  ML_TRY(ml_be_xent_rebase(be, nt, p->nv, p->v0, p->y + t0, b->mxl, b->mx, se, tl));
+  return reduce_columns(p, b->se_tl, (size_t)(2 * nt), ML_RED_SUM);
+}
+
+/* The backward of tokens t0 .. t0+nt−1 tile by tile (nv >= 1 here), last
+ * tile first: its logits are still in the buffer from tiled_stats, every
+ * other tile's are computed again; then their gradient, dx[t0 : t0+nt] (=
+ * on the first tile done, += after) and the tile's rows of lm_head's
+ * weight gradient (+=, one GEMM over the block's nt tokens). */
+static int tiled_backward(const loss_pass *p, const void *x, ml_dtype xt, int64_t t0, int64_t nt,
+                          chunk_bufs *b) {
+  ml_backend *be = p->m->be;
+  float *dx = p->dx + t0 * p->c;
+  int64_t last = (p->nv - 1) / b->cols * b->cols;
+  for (int64_t r0 = last; r0 >= 0; r0 -= b->cols) {
+    int64_t n = p->nv - r0 < b->cols ? p->nv - r0 : b->cols;
+    if (r0 != last) ML_TRY(tile_logits(p, x, xt, nt, r0, n, b));
+    // dlogits: [nt, n] = w·(softmax − onehot) on the tile's columns
+    ML_TRY(ml_be_xent_bwd(be, b->logits, nt, n, p->v0 + r0, p->y + t0, b->mx, b->se_tl, b->w,
+                          b->logits));
+    const void *dl = b->logits;
+    ml_dtype dt = ML_F32;
+    if (b->dlr) {
+      ML_TRY(ml_be_convert(be, b->dlr, ML_BF16, b->logits, ML_F32, (size_t)(nt * n)));
+      dl = b->dlr;
+      dt = ML_BF16;
+    }
+    ML_TRY(ml_head_tile_backward(p->m, &p->w, x, xt, nt, r0, n, dl, dt, dx, r0 != last));
+  }
+  return 0;
+}
+
 /* Log-probs and gradient weights of tokens t0 .. t0+nt−1: the loss and
  * log-probs of this rank's own tokens only (their sums over the data ranks
  * are the caller's), the weights of all. */
 static int chunk_logprobs(const loss_pass *p, int64_t t0, int64_t nt, const ml_loss_grad *g,
-                          float *logprobs, ml_loss_out *out, chunk_bufs *b) {
+                          float *logprobs, chunk_bufs *b) {
   int64_t end = t0 + nt, a = p->own0 > t0 ? p->own0 : t0, z = p->own0 + p->T;
   a = a < end ? a : end;
   z = z > a ? (z < end ? z : end) : a;
@@ -71,12 +148,10 @@ static int chunk_logprobs(const loss_pass *p, int64_t t0, int64_t nt, const ml_l
   for (int k = 0; k < 3; k++) {
     int64_t s = cut[k], n = cut[k + 1] - s;
     if (n == 0) continue;
-    ml_loss_out other = {0};
-    ml_loss_out *o = k == 1 ? out : &other;
     float *lp = obj ? b->lp + (s - t0) : k == 1 && logprobs ? logprobs + (s - p->own0) : NULL;
     ML_TRY(ml_be_xent_logprobs(p->m->be, b->se_tl + (s - t0), b->se_tl + nt + (s - t0),
-                               p->y + s, n, scale, lp, b->w + (s - t0), &o->loss_sum,
-                               &o->count));
+                               p->y + s, n, scale, lp, b->w + (s - t0),
+                               b->sums + (k == 1 ? 0 : 2)));
   }
   if (!obj) return 0;
   ml_backend *be = p->m->be;
@@ -95,13 +170,29 @@ static int chunk_logprobs(const loss_pass *p, int64_t t0, int64_t nt, const ml_l
   return ml_be_copy(be, b->w, hw, sizeof(float) * (size_t)nt, ML_COPY_H2D);
 }
 
-static int run_chunks(const loss_pass *p, const ml_loss_grad *g, float *logprobs,
-                      ml_loss_out *out, chunk_bufs *b, int64_t chunk) {
-  for (int64_t t0 = 0; t0 < p->N; t0 += chunk) {
-    int64_t nt = p->N - t0 < chunk ? p->N - t0 : chunk;
-    ML_TRY(chunk_stats(p, t0, nt, b));
-    ML_TRY(chunk_logprobs(p, t0, nt, g, logprobs, out, b));
+/* Whole rows (b->cols >= nv): per block lm_head's own forward (and edges)
+ * into [nt, nv] logits, the statistics, their gradient in place and
+ * lm_head's backward. Tiled: the statistics over the tiles, then the
+ * backward tile by tile (tiled_stats, tiled_backward). */
+static int run_chunks(const loss_pass *p, const ml_loss_grad *g, float *logprobs, chunk_bufs *b,
+                      int64_t block) {
+  bool tiled = b->cols < p->nv;
+  for (int64_t t0 = 0; t0 < p->N; t0 += block) {
+    int64_t nt = p->N - t0 < block ? p->N - t0 : block;
+    const void *x = NULL;
+    ml_dtype xt = ML_F32;
+    if (tiled) {
+      ML_TRY(block_input(p, t0, nt, b, &x, &xt));
+      ML_TRY(tiled_stats(p, x, xt, t0, nt, b));
+    } else {
+      ML_TRY(chunk_stats(p, t0, nt, b));
+    }
+    ML_TRY(chunk_logprobs(p, t0, nt, g, logprobs, b));
     if (!g) continue;
+    if (tiled) {
+      ML_TRY(tiled_backward(p, x, xt, t0, nt, b));
+      continue;
+    }
     ML_TRY(ml_be_xent_bwd(p->m->be, b->logits, nt, p->nv, p->v0, p->y + t0, b->mx, b->se_tl,
                           b->w, b->logits));
     if (p->split->group)  // dh[t0 : t0+nt] (=) dlogits · W_rows; W_rows grad += dlogits^T · h
@@ -113,11 +204,23 @@ static int run_chunks(const loss_pass *p, const ml_loss_grad *g, float *logprobs
   return 0;
 }
 
-int64_t ml_loss_chunk_tokens(int64_t T, int64_t V, int parts) {
+ml_loss_tiles ml_loss_tiling(int64_t N, int64_t V, int parts, bool tileable, int64_t budget) {
+  budget = budget > 0 ? budget : TILE_FLOATS;
   int64_t widest = (V + parts - 1) / parts; /* torch.chunk: the first shard is the largest */
-  int64_t chunk = LOGITS_BUDGET / (widest > 0 ? widest : 1);
-  chunk = chunk < 1 ? 1 : chunk;
-  return chunk > T ? T : chunk;
+  widest = widest > 0 ? widest : 1;
+  int64_t block = budget / widest; /* tokens whose whole rows fit */
+  block = block < 1 ? 1 : block;
+  if (tileable && block < N) {
+    int64_t lo = budget / COLS_MIN < BLOCK_MIN ? budget / COLS_MIN : BLOCK_MIN;
+    block = block < lo ? lo : block;
+  }
+  block = block > N ? N : block;
+  int64_t cols = widest;
+  if (tileable && block > 0 && budget / block < widest) {
+    cols = budget / block;
+    cols = cols > COLS_MIN ? cols - cols % COLS_MIN : cols < 1 ? 1 : cols;
+  }
+  return (ml_loss_tiles){block, cols};
 }
 
 /* The chunk buffers, then the chunks. */
@@ -126,23 +229,53 @@ static int run_pass(loss_pass *p, ml_dtype logits_dtype, const ml_loss_grad *g,
   ml_model *m = p->m;
   const ml_loss_split *s = p->split;
   int parts = (s->tp ? s->tp->size : 1) * (s->group ? s->group->comm->size : 1);
-  int64_t chunk = ml_loss_chunk_tokens(p->N, m->cfg.vocab, parts);
-  /* chunk · nv <= max(LOGITS_BUDGET, vocab_size) (ml_loss_chunk_tokens): a plain count */
-  float *mem = ml_be_alloc(m->be, chunk * (p->nv + 5), sizeof(float),
-                           "the logits chunk (%lld tokens x %lld vocab columns of vocab_size "
+  ml_loss_tiles tiles = ml_loss_tiling(p->N, m->cfg.vocab, parts, !m->lm_head.out.fwd.fn,
+                                       s->tile_floats);
+  int64_t chunk = tiles.block, cols = tiles.cols < p->nv ? tiles.cols : p->nv;
+  bool tiled = cols < p->nv;
+  if (tiled && p->c != p->w.cols)
+    return ml_err("lm_head: its input has %lld features but this rank's rows expect %lld; the "
+                  "plan's layouts do not compose here",
+                  (long long)p->c, (long long)p->w.cols);
+  /* chunk · cols <= max(budget, vocab_size) (ml_loss_tiling): a plain count */
+  float *mem = ml_be_alloc(m->be, chunk * (cols + 6), sizeof(float),
+                           "the logits tile (%lld tokens x %lld vocab columns of vocab_size "
                            "%lld)",
-                           (long long)chunk, (long long)p->nv, (long long)m->cfg.vocab);
+                           (long long)chunk, (long long)cols, (long long)m->cfg.vocab);
   if (!mem) return -1;
-  chunk_bufs b = {mem, mem + chunk * p->nv, mem + chunk * (p->nv + 1),
-                  mem + chunk * (p->nv + 3), mem + chunk * (p->nv + 4), NULL,
-                  logits_dtype == ML_BF16};
+  chunk_bufs b = {.logits = mem, .mx = mem + chunk * cols, .mxl = mem + chunk * (cols + 1),
+                  .se_tl = mem + chunk * (cols + 2), .w = mem + chunk * (cols + 4),
+                  .lp = mem + chunk * (cols + 5), .cols = tiled ? cols : p->nv,
+                  .bf16 = logits_dtype == ML_BF16};
   int rc = 0;
-  if (g && g->obj && !(b.host = ml_be_host_alloc(m->be, 2 * chunk, sizeof(float),
-                                                 "the objective's staging (%lld tokens)",
-                                                 (long long)chunk)))
+  bool bf16_rows = tiled && p->w.dtype == ML_BF16;
+  if (bf16_rows && !(b.xr = ml_be_alloc(m->be, chunk * p->c, sizeof(uint16_t),
+                                        "lm_head's input as bf16 (%lld tokens)",
+                                        (long long)chunk)))
     rc = -1;
-  if (rc == 0) rc = run_chunks(p, g, logprobs, out, &b, chunk);
+  if (!rc && bf16_rows && g &&
+      !(b.dlr = ml_be_alloc(m->be, chunk * cols, sizeof(uint16_t),
+                            "the logits tile's gradient as bf16 (%lld tokens x %lld columns)",
+                            (long long)chunk, (long long)cols)))
+    rc = -1;
+  if (!rc && g && g->obj && !(b.host = ml_be_host_alloc(m->be, 2 * chunk, sizeof(float),
+                                                        "the objective's staging (%lld tokens)",
+                                                        (long long)chunk)))
+    rc = -1;
+  if (!rc && !(b.sums = ml_be_alloc(m->be, 4, sizeof(double), "the loss sums")))
+    rc = -1;
+  if (!rc) rc = ml_be_zero(m->be, b.sums, 4 * sizeof(double));
+  if (!rc) rc = run_chunks(p, g, logprobs, &b, chunk);
+  double sums[4];
+  if (!rc) rc = ml_be_copy(m->be, sums, b.sums, sizeof sums, ML_COPY_D2H);
+  if (!rc) {
+    out->loss_sum = sums[0];
+    out->count = (int64_t)sums[1]; /* exact: a count below 2^53 */
+  }
+  ml_be_free(m->be, b.sums);
   ml_be_host_free(m->be, b.host);
+  ml_be_free(m->be, b.dlr);
+  ml_be_free(m->be, b.xr);
   ml_be_free(m->be, mem);
   return rc;
 }
@@ -158,6 +291,8 @@ static int run_group(loss_pass *p, ml_dtype logits_dtype, const ml_loss_grad *gr
   ML_TRY(ml_vocab_check(g, m, c));
   p->h = g->work;
   p->dh = grad ? g->work + d * T * c : NULL;
+  p->x = p->h;
+  p->dx = p->dh;
   p->y = g->targets;
   p->N = d * T;
   p->own0 = g->comm->rank * T;
@@ -174,8 +309,11 @@ int ml_vocab_parallel_loss(ml_model *m, const ml_loss_split *split, const int32_
                            ml_dtype logits_dtype, const ml_loss_grad *grad, float *logprobs,
                            ml_loss_out *out) {
   int64_t T = m->B * m->S;
-  loss_pass p = {.m = m, .split = split, .y = targets, .N = T, .own0 = 0, .T = T};
+  loss_pass p = {.m = m, .split = split, .y = targets, .x = m->head_in.x, .dx = m->dxn_final,
+                 .w = ml_param_rows(m->lm_head.weight), .N = T, .own0 = 0, .T = T,
+                 .c = m->head_in.c};
   if (split->group) {
+    p.w = split->rows;
     p.v0 = split->rows.row0;
     p.nv = split->rows.rows;
   } else if (split->tp) {

@@ -4,8 +4,31 @@
  * columns only; per token, an all-reduce MAX of the row max, then one
  * all-reduce SUM of (sum of exp, target logit) over the ranks holding the
  * other columns. Backward is local: (softmax − onehot)·w. The full [T, V]
- * logits never exist; tokens are processed in chunks that bound the logits
- * buffer.
+ * logits never exist.
+ *
+ * The fused classifier (Liger's fused linear cross entropy, with an online
+ * log-sum-exp per tile as Milakov & Gimelshein's online softmax and
+ * FlashAttention run it): tokens go in blocks (every rank the same count,
+ * so the same collectives: per block MAX of nt floats, SUM of 2·nt), and a
+ * rank's vocab columns in tiles of at most `tile_floats` logits
+ * (ml_loss_tiling). Where a block's whole rows fit one tile, lm_head runs
+ * once per block with its edges and the statistics are Megatron's two
+ * passes over the stored logits. Otherwise the block has at least 4096
+ * tokens (or all N) and per tile: logits = x·W_tile^T, the running max
+ * and sum of exp of each token updated (fp64 per tile, rounded once); the
+ * max is then MAX-reduced, each rank's sum moved onto it (·exp(local max −
+ * max)) and SUM-reduced; the backward runs the tiles again, last first —
+ * the logits recomputed (but the last tile's, still in the buffer), their
+ * gradient, dx += dlogits·W_tile and W_tile's gradient
+ * += dlogits^T·x, one GEMM over the whole block (K = its tokens) per tile,
+ * so lm_head's weight gradient is read and written once per block. With
+ * bf16 rows the block's x and each tile's gradient are rounded once for
+ * both GEMMs. fp32 logits live one tile at a time; with one tile per
+ * block (a narrow vocabulary or few tokens) it is exactly the unfused
+ * computation. With several tiles the sum of exp differs from the unfused
+ * one by the order of its terms and the rescaling (tests/tolerance.h
+ * tol_xent_online, tol_model.vocab_tiles), dx and lm_head's weight
+ * gradient by their GEMMs' summation order over tiles and blocks.
  *
  * The columns are split over tp when lm_head's logits are vocab-sharded
  * there (output Shard(−1)), and under vocab parallelism over FSDP's group
@@ -45,6 +68,7 @@ typedef struct ml_loss_split {
                             the group (vocab parallelism over FSDP's group, gathered by
                             ml_vocab_gather_tokens; lm_head's output edge must be inactive) */
   ml_rows rows;          /* with group: this rank's rows of lm_head.weight (ml_fsdp_rows) */
+  int64_t tile_floats;   /* logits per tile of the fused classifier; 0: 2^24 (64 MiB) */
 } ml_loss_split;
 
 /* The backward of a loss pass: each valid target's weight in the logits'
@@ -74,17 +98,23 @@ int ml_vocab_parallel_loss(ml_model *m, const ml_loss_split *split, const int32_
                            ml_dtype logits_dtype, const ml_loss_grad *grad, float *logprobs,
                            ml_loss_out *out);
 
-/* Tokens per logits chunk of ml_vocab_parallel_loss for T tokens (this
- * rank's, or the group's d·T under vocab parallelism) and a vocabulary of
- * V split into `parts` column blocks (the tp size when the logits are
- * vocab-sharded over tp, else 1; times d under vocab parallelism, which
- * splits each tp block over the group by torch.chunk again: the largest
- * block is ceil(ceil(V / tp) / d) = ceil(V / (tp·d))): a budget of 2^24
- * floats (64 MiB) of logits over the largest block ceil(V / parts), clamped
- * to [1, T] (T = 0 gives 0). Computed from the largest block so that every
- * rank runs the same number of chunks and so issues the same collectives
- * (per chunk and group reduced over: MAX of nt floats, SUM of 2·nt
- * floats). For `meshlm plan`. */
-int64_t ml_loss_chunk_tokens(int64_t T, int64_t V, int parts);
+/* The fused classifier's tiling for N tokens (this rank's T, or the group's
+ * d·T under vocab parallelism) and a vocabulary of V split into `parts`
+ * column blocks (the tp size when the logits are vocab-sharded over tp,
+ * else 1; times d under vocab parallelism, which splits each tp block over
+ * the group by torch.chunk again: the largest block is ceil(ceil(V / tp) /
+ * d) = ceil(V / (tp·d))), with `budget` logits per tile (0: 2^24). block:
+ * tokens per block — as many as whole rows of the largest block fit the
+ * budget, and where fewer than N fit and the logits may be tiled
+ * (`tileable`: lm_head's output needs no redistribute), at least
+ * min(4096, budget / 16); clamped to N (N = 0 gives 0). cols: columns per
+ * tile (a multiple of 16 when above 16), the largest block's width where
+ * whole rows fit; a rank holding nv columns tiles them when cols < nv.
+ * Computed from the largest block so that every rank runs the same number
+ * of blocks and so issues the same collectives. For `meshlm plan` too. */
+typedef struct ml_loss_tiles {
+  int64_t block, cols;
+} ml_loss_tiles;
+ml_loss_tiles ml_loss_tiling(int64_t N, int64_t V, int parts, bool tileable, int64_t budget);
 
 #endif

@@ -69,7 +69,8 @@ static void read_config(void) {
                         (double)g_layers,
                         (double)g_vocab,
                         0.0,
-                        0.0};
+                        0.0,
+                        1.0 /* whole rows (parallel/loss.h) */};
   g_bos = cfg_int(root, "bos_token_id", -1);
   g_eos = cfg_int(root, "eos_token_id", -1);
   json_decref(root);

@@ -971,6 +971,18 @@ static void test_embedding(void **state) {
  *    *count exact; with logprobs NULL, each backend's own sums again.
  *  bwd from the same mx, se, w: |w|p_j(u|l_j − mx| + TOL_K_XENT_BWD·u) +
  *    u|w|(p_j + [j = y]) each (§1 with se given), twice between them. */
+/* ml_be_xent_logprobs on side s with scale 0.5, its sums [2] in that side's
+ * device memory starting from h (host) and copied back into h. */
+static int xent_logprobs_sums(int s, const void *se, const void *tl, const void *y, int64_t T,
+                              void *lp, void *w, double h[2]) {
+  double *d = ml_be_alloc(g_be[s], 2, sizeof(double), "the loss sums");
+  int rc = !d || ml_be_copy(g_be[s], d, h, 2 * sizeof(double), ML_COPY_H2D) ||
+           ml_be_xent_logprobs(g_be[s], se, tl, y, T, 0.5f, lp, w, d) ||
+           ml_be_copy(g_be[s], h, d, 2 * sizeof(double), ML_COPY_D2H);
+  ml_be_free(g_be[s], d);
+  return rc ? -1 : 0;
+}
+
 static void test_xent(void **state) {
   (void)state;
   const int64_t Vs[] = {5, 1000, 70001}, T = 7, v0 = 100;
@@ -1002,11 +1014,10 @@ static void test_xent(void **state) {
     dev_set(&SE, se);
     double loss[SIDES];
     int64_t count[SIDES];
-    for (int s = 0; s < SIDES; s++) {
-      loss[s] = 1.25, count[s] = 3;
-      ok(ml_be_xent_logprobs(g_be[s], SE.p[s], TL.p[s], Y.p[s], T, 0.5f, LP.p[s], W.p[s],
-                             &loss[s], &count[s]),
-         "logprobs", s);
+    for (int s = 0; s < SIDES; s++) { /* the sums accumulate in device memory */
+      double h[2] = {1.25, 3.0};
+      ok(xent_logprobs_sums(s, SE.p[s], TL.p[s], Y.p[s], T, LP.p[s], W.p[s], h), "logprobs", s);
+      loss[s] = h[0], count[s] = (int64_t)h[1];
     }
     double loss_b = 0;
     for (int64_t t = 0; t < T; t++) {
@@ -1029,10 +1040,10 @@ static void test_xent(void **state) {
     assert_int_equal(count[CPU], 3 + targets);
     /* without the log-probs (NULL): each backend's own sums and weights */
     for (int s = 0; s < SIDES; s++) {
-      double l2 = 1.25;
-      int64_t c2 = 3;
-      ok(ml_be_xent_logprobs(g_be[s], SE.p[s], TL.p[s], Y.p[s], T, 0.5f, NULL, W.p[s], &l2, &c2),
-         "logprobs", s);
+      double h[2] = {1.25, 3.0};
+      ok(xent_logprobs_sums(s, SE.p[s], TL.p[s], Y.p[s], T, NULL, W.p[s], h), "logprobs", s);
+      double l2 = h[0];
+      int64_t c2 = (int64_t)h[1];
       if (l2 != loss[s] || c2 != count[s])
         fail_msg("xent logprobs NULL on %s: loss_sum %.17g, count %lld; with them %.17g, %lld",
                  side_name(s), l2, (long long)c2, loss[s], (long long)count[s]);

@@ -403,7 +403,7 @@ static void test_collective_counts(void **state) {
   int fs = dp * cp; /* FSDP shards over dp_shard_cp */
   int64_t N = fs * Tl;
   assert_int_equal(r.e.fsdp.vocab_parallel, fs > 1);
-  assert_int_equal(ml_loss_chunk_tokens(N, V, tp * fs), N); /* one logits chunk */
+  assert_int_equal(ml_loss_tiling(N, V, tp * fs, true, 0).block, N); /* one logits block */
   int64_t kv = r.e.model.layers[0].k_proj.weight->local[0];
   assert_int_equal(calls(cpc, ML_COLL_SEND_RECV), L * (3 * cp - 2) * (cp > 1));
   assert_int_equal(bytes(cpc, ML_COLL_SEND_RECV), 4 * L * (3 * cp - 2) * (cp > 1) * 2 * Tl * kv);

@@ -1593,6 +1593,72 @@ static void test_xent(void **state) {
   free(logits);
 }
 
+enum { XTILE = 4 }; /* columns per tile: 3 tiles of the first shard, 4 of the second */
+
+/* The online log-sum-exp (the fused classifier): one tile is the unfused
+ * two passes bit for bit (the same order); tiles of two shards, reduced as
+ * parallel/loss.c does (MAX, rebase, SUM), within eps_se + tol_xent_online
+ * of log_softmax; the backward tile by tile bitwise the shard's. */
+static void test_xent_online(void **state) {
+  (void)state;
+  const int32_t y[XT] = {0, 9, 10, 22, -1, 15};
+  const float w[XT] = {0.5f, 1.0f, 1.0f, 0.25f, 0.0f, 2.0f};
+  float *logits = rand_buf(XT * XV, 6);
+  double loss[XT], p[XT * XV], dl[XT * XV], lossd[XT], spread[XT], ty[XT], bl[XT], bd[XT * XV];
+  xent_ref(logits, y, loss, p, dl, w, spread, ty);
+  // one tile from a fresh row: rowmax's mx and sumexp_target's se, tl exactly
+  float mx[XT], se[XT], tl[XT], omx[XT], ose[XT] = {0}, otl[XT] = {0};
+  xent_pieces(logits, 0, XV, y, NULL, mx, NULL, NULL);
+  xent_pieces(logits, 0, XV, y, mx, mx, se, tl);
+  k_xent_online(logits, XT, XV, 0, y, omx, ose, otl);
+  k_xent_rebase(XT, XV, 0, y, omx, omx, ose, otl);
+  assert_memory_equal(omx, mx, sizeof mx);
+  assert_memory_equal(ose, se, sizeof se);
+  assert_memory_equal(otl, tl, sizeof tl);
+  // two shards in tiles of XTILE columns, then MAX, rebase, SUM
+  const int64_t v0s[2] = {0, XSPLIT}, Vs[2] = {XSPLIT, XV - XSPLIT};
+  float smx[2][XT], sse[2][XT] = {{0}}, stl[2][XT] = {{0}}, gmx[XT], gse[XT];
+  int tiles = 0;
+  for (int s = 0; s < 2; s++) {
+    float *sh = xent_shard(logits, v0s[s], Vs[s]);
+    for (int64_t c0 = 0; c0 < Vs[s]; c0 += XTILE) {
+      int64_t n = Vs[s] - c0 < XTILE ? Vs[s] - c0 : XTILE;
+      float *tile = malloc((size_t)(XT * n) * sizeof(float));
+      for (int t = 0; t < XT; t++) memcpy(tile + t * n, sh + t * Vs[s] + c0, (size_t)n * 4);
+      k_xent_online(tile, XT, n, v0s[s] + c0, y, smx[s], sse[s], stl[s]);
+      free(tile);
+      tiles += s == 0;
+    }
+    free(sh);
+  }
+  for (int t = 0; t < XT; t++) gmx[t] = fmaxf(smx[0][t], smx[1][t]);
+  for (int s = 0; s < 2; s++) k_xent_rebase(XT, Vs[s], v0s[s], y, smx[s], gmx, sse[s], stl[s]);
+  for (int t = 0; t < XT; t++) {
+    gse[t] = sse[0][t] + sse[1][t];
+    lossd[t] = y[t] < 0 ? stl[0][t] + stl[1][t] : log((double)gse[t]) - (stl[0][t] + stl[1][t]);
+  }
+  xent_bounds(2, loss, p, y, w, spread, ty, bl, bd);
+  for (int t = 0; t < XT; t++) bl[t] += y[t] < 0 ? 0.0 : TOL_FIRST_ORDER * tol_xent_online(tiles);
+  expect_within_d("xent online (tiles of two shards) vs log_softmax", lossd, loss, bl, XT);
+  // backward: per tile (its v0) against the whole shard, the same elementwise ops
+  for (int s = 0; s < 2; s++) {
+    float *sh = xent_shard(logits, v0s[s], Vs[s]), *whole = xent_shard(logits, v0s[s], Vs[s]);
+    k_xent_bwd(whole, XT, Vs[s], v0s[s], y, gmx, gse, w, whole);
+    for (int64_t c0 = 0; c0 < Vs[s]; c0 += XTILE) {
+      int64_t n = Vs[s] - c0 < XTILE ? Vs[s] - c0 : XTILE;
+      float *tile = malloc((size_t)(XT * n) * sizeof(float));
+      for (int t = 0; t < XT; t++) memcpy(tile + t * n, sh + t * Vs[s] + c0, (size_t)n * 4);
+      k_xent_bwd(tile, XT, n, v0s[s] + c0, y, gmx, gse, w, tile);
+      for (int t = 0; t < XT; t++)
+        assert_memory_equal(tile + t * n, whole + t * Vs[s] + c0, (size_t)n * 4);
+      free(tile);
+    }
+    free(whole);
+    free(sh);
+  }
+  free(logits);
+}
+
 /* ---- AdamW ------------------------------------------------------------------ */
 
 static void test_adamw(void **state) {
@@ -1664,6 +1730,7 @@ int main(void) {
       cmocka_unit_test(test_attention_bf16),
       cmocka_unit_test(test_glu),
       cmocka_unit_test(test_embedding),     cmocka_unit_test(test_xent),
+      cmocka_unit_test(test_xent_online),
       cmocka_unit_test(test_adamw),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -445,10 +445,21 @@ static int cpu_xent_sumexp_target(ml_backend *be, const float *logits, int64_t T
   return 0;
 }
 
+static int cpu_xent_online(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                           const int32_t *y, float *mx, float *se, float *tl) {
+  k_xent_online(logits, T, V, v0, y, mx, se, tl);
+  return 0;
+}
+
+static int cpu_xent_rebase(ml_backend *be, int64_t T, int64_t V, int64_t v0, const int32_t *y,
+                           const float *mx, const float *M, float *se, float *tl) {
+  k_xent_rebase(T, V, v0, y, mx, M, se, tl);
+  return 0;
+}
+
 static int cpu_xent_logprobs(ml_backend *be, const float *se, const float *tl, const int32_t *y,
-                             int64_t T, float scale, float *logprobs, float *w, double *loss_sum,
-                             int64_t *count) {
-  k_xent_logprobs(se, tl, y, T, scale, logprobs, w, loss_sum, count);
+                             int64_t T, float scale, float *logprobs, float *w, double *sums) {
+  k_xent_logprobs(se, tl, y, T, scale, logprobs, w, sums);
   return 0;
 }
 
@@ -533,6 +544,8 @@ static const ml_backend_ops k_cpu_ops = {
     .embedding_bwd = cpu_embedding_bwd,
     .xent_rowmax = cpu_xent_rowmax,
     .xent_sumexp_target = cpu_xent_sumexp_target,
+    .xent_online = cpu_xent_online,
+    .xent_rebase = cpu_xent_rebase,
     .xent_logprobs = cpu_xent_logprobs,
     .xent_bwd = cpu_xent_bwd,
     .adamw = cpu_adamw,

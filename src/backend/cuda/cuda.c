@@ -363,6 +363,18 @@ static int cu_xent_sumexp_target(ml_backend *be, const float *logits, int64_t T,
                           "cross-entropy sum of exponentials");
 }
 
+static int cu_xent_online(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                          const int32_t *y, float *mx, float *se, float *tl) {
+  return ml_cuda_launched(kc_xent_online(impl(be)->stream, logits, T, V, v0, y, mx, se, tl),
+                          "cross-entropy online log-sum-exp");
+}
+
+static int cu_xent_rebase(ml_backend *be, int64_t T, int64_t V, int64_t v0, const int32_t *y,
+                          const float *mx, const float *M, float *se, float *tl) {
+  return ml_cuda_launched(kc_xent_rebase(impl(be)->stream, T, V, v0, y, mx, M, se, tl),
+                          "cross-entropy rebase");
+}
+
 /* The result slot's `bytes` to the host, after the stream has run. */
 static int fetch_result(ml_backend *be, size_t bytes) {
   cuda *c = impl(be);
@@ -373,24 +385,14 @@ static int fetch_result(ml_backend *be, size_t bytes) {
 }
 
 static int cu_xent_logprobs(ml_backend *be, const float *se, const float *tl, const int32_t *y,
-                            int64_t T, float scale, float *logprobs, float *w, double *loss_sum,
-                            int64_t *count) {
+                            int64_t T, float scale, float *logprobs, float *w, double *sums) {
   cuda *c = impl(be);
   void *work = scratch(be, kc_xent_logprobs_work(T), "the log-probs' partial sums");
   if (!work) return -1;
-  double *sum = c->result_dev;
-  long long *n = (long long *)(sum + 1);
-  int rc =
-      ml_cuda_launched(kc_xent_logprobs(c->stream, se, tl, y, T, scale, logprobs, w, sum, n, work),
-                       "cross-entropy log-probs");
+  int rc = ml_cuda_launched(kc_xent_logprobs(c->stream, se, tl, y, T, scale, logprobs, w, sums, work),
+                            "cross-entropy log-probs");
   cu_free(be, work);
-  ML_TRY(rc || fetch_result(be, sizeof(double) + sizeof(long long)));
-  const double *hs = c->result_host;
-  long long hn;
-  memcpy(&hn, hs + 1, sizeof hn);
-  *loss_sum += hs[0];
-  *count += hn;
-  return 0;
+  return rc;
 }
 
 static int cu_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
@@ -491,6 +493,8 @@ static const ml_backend_ops k_cuda_ops = {
     .embedding_bwd = cu_embedding_bwd,
     .xent_rowmax = cu_xent_rowmax,
     .xent_sumexp_target = cu_xent_sumexp_target,
+    .xent_online = cu_xent_online,
+    .xent_rebase = cu_xent_rebase,
     .xent_logprobs = cu_xent_logprobs,
     .xent_bwd = cu_xent_bwd,
     .adamw = cu_adamw,

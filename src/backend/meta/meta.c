@@ -163,9 +163,16 @@ static int meta_xent_sumexp_target(ml_backend *be, const float *logits, int64_t 
                                    float *tl) {
   return 0;
 }
+static int meta_xent_online(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                            const int32_t *y, float *mx, float *se, float *tl) {
+  return 0;
+}
+static int meta_xent_rebase(ml_backend *be, int64_t T, int64_t V, int64_t v0, const int32_t *y,
+                            const float *mx, const float *M, float *se, float *tl) {
+  return 0;
+}
 static int meta_xent_logprobs(ml_backend *be, const float *se, const float *tl, const int32_t *y,
-                              int64_t T, float scale, float *logprobs, float *w,
-                              double *loss_sum, int64_t *count) {
+                              int64_t T, float scale, float *logprobs, float *w, double *sums) {
   return 0; /* the sums stay as they were: no token is scored */
 }
 static int meta_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
@@ -231,6 +238,8 @@ static const ml_backend_ops k_meta_ops = {
     .embedding_bwd = meta_embedding_bwd,
     .xent_rowmax = meta_xent_rowmax,
     .xent_sumexp_target = meta_xent_sumexp_target,
+    .xent_online = meta_xent_online,
+    .xent_rebase = meta_xent_rebase,
     .xent_logprobs = meta_xent_logprobs,
     .xent_bwd = meta_xent_bwd,
     .adamw = meta_adamw,

@@ -172,11 +172,27 @@ void k_xent_rowmax(const float *logits, int64_t T, int64_t V, float *mx);
  * when y[t] is in this shard, else 0. */
 void k_xent_sumexp_target(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,
                           const float *mx, float *se, float *tl);
+/* Online log-sum-exp over column tiles (the fused classifier): logits [T, V]
+ * one tile, the columns v0 .. v0+V−1; before the first tile se = tl = 0 (mx
+ * is then not read; after a tile se >= 1, the max's own term). mx[t] = max(mx[t], the tile's max); se[t] = se[t]·exp(old mx −
+ * new mx) + sum_j exp(logits[t, j] − mx[t]) (fp64, rounded once per tile);
+ * tl[t] = logits[t, y[t] − v0] (raw) where y[t] is in the tile. One tile
+ * covering the shard gives k_xent_rowmax's mx and, once rebased onto the
+ * same max, k_xent_sumexp_target's se bit for bit. */
+void k_xent_online(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,
+                   float *mx, float *se, float *tl);
+/* After the tiles and the MAX reduction M [T] of mx over the shards: se[t]
+ * ·= exp(mx[t] − M[t]) (fp64, rounded once; unchanged where mx = M);
+ * tl[t] = tl[t] − M[t] where y[t] is in this shard's columns v0 .. v0+V−1,
+ * else 0 — k_xent_sumexp_target's meaning, ready for the SUM reduction. */
+void k_xent_rebase(int64_t T, int64_t V, int64_t v0, const int32_t *y, const float *mx,
+                   const float *M, float *se, float *tl);
 /* From the reduced se, tl: logprobs[t] = tl[t] − log(se[t]) in fp64 (0
  * where y[t] < 0; logprobs may be NULL), w[t] = scale for targets and 0
- * otherwise; *loss_sum −= the log-probs, *count += the targets. */
+ * otherwise; sums[0] −= the log-probs (in token order), sums[1] += the
+ * targets. */
 void k_xent_logprobs(const float *se, const float *tl, const int32_t *y, int64_t T, float scale,
-                     float *logprobs, float *w, double *loss_sum, int64_t *count);
+                     float *logprobs, float *w, double *sums);
 /* dlogits[t, j] (=) w[t] · (exp(logits[t, j] − mx[t]) / se[t] − [j == y[t] − v0]).
  * dlogits may alias logits. */
 void k_xent_bwd(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,

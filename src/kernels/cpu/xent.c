@@ -1,5 +1,8 @@
-/* Cross-entropy pieces on one vocab shard (Megatron _VocabParallelCrossEntropy).
- * Exponentials come from k_expf (vectorized, expf's values). */
+/* Cross-entropy pieces on one vocab shard (Megatron _VocabParallelCrossEntropy),
+ * and the online log-sum-exp over its column tiles (Milakov & Gimelshein,
+ * "Online normalizer calculation for softmax", 2018; the fused classifier
+ * of parallel/loss.h). Exponentials come from k_expf (vectorized, expf's
+ * values). */
 #include <math.h>
 
 #include "kernels/cpu/kernels.h"
@@ -46,15 +49,43 @@ void k_xent_sumexp_target(const float *logits, int64_t T, int64_t V, int64_t v0,
   }
 }
 
+// logits: [T, V] one tile of columns v0 .. v0+V−1; mx, se, tl: [T] updated
+void k_xent_online(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,
+                   float *mx, float *se, float *tl) {
+#pragma omp parallel for
+  for (int64_t t = 0; t < T; t++) {
+    const float *l = logits + t * V;
+    /* se = 0: no tile yet (after one, se >= 1: the max's own term), mx not read */
+    float s0 = se[t], m0 = mx[t], mt = k_max(l, V), m = s0 != 0.0f && m0 > mt ? m0 : mt;
+    /* the sum so far moved to the new max (none before the first tile: exactly sumexp's) */
+    double s = s0 != 0.0f ? (double)s0 * exp((double)m0 - (double)m) : 0.0;
+    se[t] = (float)(s + sumexp(l, V, m));
+    mx[t] = m;
+    int64_t c = shard_col(y[t], v0, V);
+    if (c >= 0) tl[t] = l[c];
+  }
+}
+
+// mx, M, se, tl: [T]
+void k_xent_rebase(int64_t T, int64_t V, int64_t v0, const int32_t *y, const float *mx,
+                   const float *M, float *se, float *tl) {
+#pragma omp parallel for
+  for (int64_t t = 0; t < T; t++) {
+    /* exp(0) = 1 where this rank holds the max: se unchanged */
+    se[t] = se[t] != 0.0f ? (float)((double)se[t] * exp((double)mx[t] - (double)M[t])) : 0.0f;
+    tl[t] = shard_col(y[t], v0, V) >= 0 ? tl[t] - M[t] : 0.0f;
+  }
+}
+
 // se, tl, y, logprobs, w: [T]; the loss sum in fp64 as the token loop always was
 void k_xent_logprobs(const float *se, const float *tl, const int32_t *y, int64_t T, float scale,
-                     float *logprobs, float *w, double *loss_sum, int64_t *count) {
+                     float *logprobs, float *w, double *sums) {
   for (int64_t t = 0; t < T; t++) {
     int valid = y[t] >= 0;
     double lp = valid ? (double)tl[t] - log((double)se[t]) : 0.0;
     if (logprobs) logprobs[t] = (float)lp;
-    *loss_sum -= lp;
-    *count += valid;
+    sums[0] -= lp;
+    sums[1] += valid;
     w[t] = valid ? scale : 0.0f;
   }
 }

@@ -119,15 +119,25 @@ cudaError_t kc_xent_rowmax(cudaStream_t st, const float *logits, int64_t T, int6
 cudaError_t kc_xent_sumexp_target(cudaStream_t st, const float *logits, int64_t T, int64_t V,
                                   int64_t v0, const int32_t *y, const float *mx, float *se,
                                   float *tl);
+/* The online log-sum-exp over column tiles (the fused classifier;
+ * kernels/cpu/kernels.h k_xent_online / k_xent_rebase give the semantics):
+ * online updates the running mx, se (fp64 per tile, rounded once) and the
+ * raw target logit tl from one tile [T, V] of columns v0 .. v0+V−1; rebase
+ * moves se to the reduced max M and turns tl into tl − M (0 outside the
+ * shard's columns v0 .. v0+V−1). */
+cudaError_t kc_xent_online(cudaStream_t st, const float *logits, int64_t T, int64_t V, int64_t v0,
+                           const int32_t *y, float *mx, float *se, float *tl);
+cudaError_t kc_xent_rebase(cudaStream_t st, int64_t T, int64_t V, int64_t v0, const int32_t *y,
+                           const float *mx, const float *M, float *se, float *tl);
 /* From the reduced se, tl: logprobs[t] = tl − log(se) computed in fp64 and
  * rounded once (0 where y < 0; logprobs may be NULL); w[t] = scale where
- * y[t] >= 0 else 0; sums[0] (device double) = −sum of the log-probs,
- * count[0] (device int64) = targets counted (both overwritten: the
- * backend adds them to the host totals); work: kc_xent_logprobs_work bytes. */
+ * y[t] >= 0 else 0; sums [2] (device doubles): sums[0] −= the sum of the
+ * log-probs, sums[1] += the targets counted — accumulated on the device
+ * across calls, read by the caller once; work: kc_xent_logprobs_work bytes. */
 size_t kc_xent_logprobs_work(int64_t T);
 cudaError_t kc_xent_logprobs(cudaStream_t st, const float *se, const float *tl, const int32_t *y,
                              int64_t T, float scale, float *logprobs, float *w, double *sums,
-                             long long *count, void *work);
+                             void *work);
 /* dlogits [T, V] (=, may alias logits) = w[t]·(exp(logits − mx)/se − onehot). */
 cudaError_t kc_xent_bwd(cudaStream_t st, const float *logits, int64_t T, int64_t V, int64_t v0,
                         const int32_t *y, const float *mx, const float *se, const float *w,

@@ -8,6 +8,8 @@
  * the grid loop), each a single pass over the row in quads (common.cuh
  * kc_ld4, vectorised when the row is aligned), folded by a fixed tree.
  * They stay two passes: sumexp needs the max reduced over the shards.
+ * online / rebase: the fused classifier's per-tile log-sum-exp (one block
+ * per row, as rowmax) and its move onto the reduced max (per token).
  * logprobs: block partials in `work`, one block folds them in order.
  * bwd: element-wise, grid (column quads, rows). */
 #include <math.h>
@@ -77,6 +79,66 @@ extern "C" cudaError_t kc_xent_sumexp_target(cudaStream_t st, const float *logit
                    mx, se, tl);
 }
 
+/* ---- the online log-sum-exp over column tiles (the fused classifier) --------
+ * one block per row: the tile's max (fixed tree), the running sum moved to
+ * the new max, then the tile's sum of expf in fp64 (fixed tree), rounded
+ * once; one tile on a fresh row gives rowmax's and sumexp_target's values. */
+static __global__ void online_kernel(const float *logits, int64_t T, int64_t V, int64_t v0,
+                                     const int32_t *y, float *mx, float *se, float *tl) {
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    const float *l = logits + t * V;
+    float mt = -INFINITY;
+    for (int64_t i = threadIdx.x * 4; i < V; i += blockDim.x * 4) {
+      float v[4];
+      kc_ld4(l, i, V, v);
+      for (int k = 0; k < 4; k++)
+        if (i + k < V) mt = fmaxf(mt, v[k]);
+    }
+    mt = kc_block_reduce(mt, -INFINITY, kc_max_op());
+    float s0 = se[t], m0 = mx[t], m = s0 != 0.0f && m0 > mt ? m0 : mt; /* se = 0: first tile */
+    double s = 0.0;
+    for (int64_t i = threadIdx.x * 4; i < V; i += blockDim.x * 4) {
+      float v[4];
+      kc_ld4(l, i, V, v);
+      for (int k = 0; k < 4; k++)
+        if (i + k < V) s += expf(v[k] - m);
+    }
+    s = kc_block_reduce(s, 0.0, kc_sum_op());
+    if (threadIdx.x == 0) {
+      double r = s0 != 0.0f ? (double)s0 * exp((double)m0 - (double)m) : 0.0;
+      se[t] = (float)(r + s);
+      mx[t] = m;
+      int64_t c = shard_col(y[t], v0, V);
+      if (c >= 0) tl[t] = l[c];
+    }
+  }
+}
+
+static __global__ void rebase_kernel(int64_t T, int64_t V, int64_t v0, const int32_t *y,
+                                     const float *mx, const float *M, float *se, float *tl) {
+  for (int64_t t = kc_gtid(); t < T; t += kc_gstride()) {
+    float s = se[t];
+    se[t] = s != 0.0f ? (float)((double)s * exp((double)mx[t] - (double)M[t])) : 0.0f;
+    tl[t] = shard_col(y[t], v0, V) >= 0 ? tl[t] - M[t] : 0.0f;
+  }
+}
+
+extern "C" cudaError_t kc_xent_online(cudaStream_t st, const float *logits, int64_t T, int64_t V,
+                                      int64_t v0, const int32_t *y, float *mx, float *se,
+                                      float *tl) {
+  if (T <= 0) return cudaSuccess;
+  return KC_LAUNCH(online_kernel, kc_row_grid(T), XENT_THREADS, 0, st, logits, T, V, v0, y, mx,
+                   se, tl);
+}
+
+extern "C" cudaError_t kc_xent_rebase(cudaStream_t st, int64_t T, int64_t V, int64_t v0,
+                                      const int32_t *y, const float *mx, const float *M, float *se,
+                                      float *tl) {
+  if (T <= 0) return cudaSuccess;
+  return KC_LAUNCH(rebase_kernel, kc_reduce_blocks(T), KC_THREADS, 0, st, T, V, v0, y, mx, M, se,
+                   tl);
+}
+
 /* ---- log-probs and the loss sums -------------------------------------------
  * kc_reduce_blocks(T) blocks stride over the tokens; block b writes its
  * fp64 log-prob sum to lsum[b] and its target count to cnt[b] (work: the
@@ -104,29 +166,26 @@ static __global__ void logprobs_kernel(const float *se, const float *tl, const i
   if (threadIdx.x == 0) lsum[blockIdx.x] = s, cnt[blockIdx.x] = c;
 }
 
-// sums[0] = −(sum of the nb partial log-prob sums), count[0] = their targets
+// sums[0] −= the sum of the nb partial log-prob sums, sums[1] += their targets
 static __global__ void logprobs_final(const double *lsum, const long long *cnt, int nb,
-                                      double *sums, long long *count) {
+                                      double *sums) {
   bool in = (int)threadIdx.x < nb;
   double s = kc_block_reduce(in ? lsum[threadIdx.x] : 0.0, 0.0, kc_sum_op());
   long long c = kc_block_reduce(in ? cnt[threadIdx.x] : 0LL, 0LL, kc_sum_op());
-  if (threadIdx.x == 0) sums[0] = -s, count[0] = c;
+  if (threadIdx.x == 0) sums[0] -= s, sums[1] += (double)c;
 }
 
 extern "C" cudaError_t kc_xent_logprobs(cudaStream_t st, const float *se, const float *tl,
                                         const int32_t *y, int64_t T, float scale, float *logprobs,
-                                        float *w, double *sums, long long *count, void *work) {
-  if (T <= 0) { /* nothing counted: both totals are 0 */
-    cudaError_t e = cudaMemsetAsync(sums, 0, sizeof(double), st);
-    return e != cudaSuccess ? e : cudaMemsetAsync(count, 0, sizeof(long long), st);
-  }
+                                        float *w, double *sums, void *work) {
+  if (T <= 0) return cudaSuccess; /* nothing counted: the sums stay */
   int nb = kc_reduce_blocks(T);
   double *lsum = (double *)work;
   long long *cnt = (long long *)(lsum + nb);
   cudaError_t e = KC_LAUNCH(logprobs_kernel, nb, KC_THREADS, 0, st, se, tl, y, T, scale, logprobs,
                             w, lsum, cnt);
   if (e != cudaSuccess) return e;
-  return KC_LAUNCH(logprobs_final, 1, KC_RED_BLOCKS, 0, st, lsum, cnt, nb, sums, count);
+  return KC_LAUNCH(logprobs_final, 1, KC_RED_BLOCKS, 0, st, lsum, cnt, nb, sums);
 }
 
 /* ---- backward -------------------------------------------------------------- */

@@ -91,10 +91,14 @@ typedef enum {
  * what the pool holds from the device (in use or cached). host_in_use and
  * host_peak count the host pool (ml_be_host_alloc: staging, and the shards
  * FSDP's cpu_offload keeps there) the same way (0 where host memory is not
- * pooled: meta). */
+ * pooled: meta). raw_allocs and host_raw_allocs count the blocks each pool
+ * has taken from the system (malloc, cudaMalloc, cudaMallocHost) since the
+ * backend was made (ml_pool_stats): unchanged over a steady-state training
+ * step, whose buffers the pools keep. */
 typedef struct ml_memory_stats {
   size_t in_use, peak, reserved;
   size_t host_in_use, host_peak;
+  uint64_t raw_allocs, host_raw_allocs;
 } ml_memory_stats;
 
 /* One block of attention between a run of queries and a run of keys of

@@ -43,7 +43,8 @@ static void cpu_trim(ml_backend *be) {
 }
 static void cpu_memory_stats(ml_backend *be, ml_memory_stats *out) {
   ml_pool_stats s = ml_pool_get_stats(impl(be)->pool), h = ml_pool_get_stats(impl(be)->host);
-  *out = (ml_memory_stats){s.in_use, s.peak, s.reserved, h.in_use, h.peak};
+  *out = (ml_memory_stats){s.in_use, s.peak, s.reserved, h.in_use, h.peak,
+                           s.raw_allocs, h.raw_allocs};
 }
 static void cpu_reset_peak(ml_backend *be) {
   ml_pool_reset_peak(impl(be)->pool);

@@ -42,7 +42,7 @@ static void meta_host_free(ml_backend *be, void *p) { free(p); }
 static void meta_trim(ml_backend *be) { ml_pool_trim(impl(be)->pool); }
 static void meta_memory_stats(ml_backend *be, ml_memory_stats *out) {
   ml_pool_stats s = ml_pool_get_stats(impl(be)->pool);
-  *out = (ml_memory_stats){s.in_use, s.peak, s.reserved, 0, 0}; /* host memory: malloc */
+  *out = (ml_memory_stats){s.in_use, s.peak, s.reserved, 0, 0, s.raw_allocs, 0}; /* host: malloc */
 }
 static void meta_reset_peak(ml_backend *be) { ml_pool_reset_peak(impl(be)->pool); }
 /* Nothing is computed: the host-side steps of cpu_offload are no-ops too. */

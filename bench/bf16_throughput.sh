@@ -20,9 +20,11 @@
 # MFU from meshlm's metrics ((6N + 12·L·H·S) per token against the GEMM
 # peak meshlm measures at start-up in the run's dtype — fp32, or bf16 on
 # the CPU's bf16 units — or BENCH_PEAK_TFLOPS; the peer's fp32 and bf16 MFU
-# are against the 1-rank fp32 and bf16 runs' peaks), and
+# are against the 1-rank fp32 and bf16 runs' peaks),
 # the peak RSS (meshlm: its largest rank; the peer: its process, which
-# holds both modes). BENCH_TORCH_COMPILE=1 adds torch.compile rows (the first
+# holds both modes) and meshlm's minor page faults per step (the median of
+# --metrics' minor_faults: 0 once the pools hold the step's buffers). The
+# ISA oneDNN dispatches to (DNNL_VERBOSE) and its bf16 matmul are printed. BENCH_TORCH_COMPILE=1 adds torch.compile rows (the first
 # step compiles: a minute for small, several for smollm2-135m on 2 cores);
 # without torch installed (pip install torch transformers; never in CI) the
 # peer's rows are skipped. Figures for notes; nothing here is asserted. On
@@ -71,8 +73,8 @@ meshlm_run() { # tag, np, threads, dtype, train args...: writes $out/tag.jsonl
   fi
 }
 
-row() { # label, fp32 tok/s, bf16 tok/s, MFU fp32, MFU bf16, RSS fp32, RSS bf16, vs torch fp32, vs torch bf16
-  printf "%-36s %9s %9s %6s %7s %7s %8s %8s %7s %7s\n" "$@"
+row() { # label, fp32 tok/s, bf16 tok/s, MFU fp32, MFU bf16, RSS fp32, RSS bf16, vs torch fp32, vs torch bf16, faults/step fp32, bf16
+  printf "%-36s %9s %9s %6s %7s %7s %8s %8s %7s %7s %7s %7s\n" "$@"
 }
 
 # bench: model tag, preset, S, B, steps, data file, mesh-4 flags, mesh-4 label
@@ -99,8 +101,8 @@ bench() {
   tb=$(field "$t" bf16 tokens_per_s)
   echo
   echo "$preset, S=$S, global batch $B, $n steps (median of steps 3..$n)"
-  row "" "tok/s" "tok/s" "bf16/" "MFU" "MFU" "RSS MiB" "RSS MiB" "/torch" "/torch"
-  row "" "fp32" "bf16" "fp32" "fp32" "bf16" "fp32" "bf16" "fp32" "bf16"
+  row "" "tok/s" "tok/s" "bf16/" "MFU" "MFU" "RSS MiB" "RSS MiB" "/torch" "/torch" "flt/stp" "flt/stp"
+  row "" "fp32" "bf16" "fp32" "fp32" "bf16" "fp32" "bf16" "fp32" "bf16" "fp32" "bf16"
   local m lab
   for m in "$m1" "$m4"; do
     if [ "$m" = "$m1" ]; then lab="meshlm 1 rank x $cores thr"; else lab="meshlm $label4 x $threads4 thr"; fi
@@ -111,7 +113,8 @@ bench() {
       "$(pct "$(median "$out/$m-fp32.jsonl" mfu)")" "$(pct "$(median "$out/$m-bf16.jsonl" mfu)")" \
       "$(printf %.1f "$(last "$out/$m-fp32.jsonl" peak_rss_mib_max)")" \
       "$(printf %.1f "$(last "$out/$m-bf16.jsonl" peak_rss_mib_max)")" \
-      "$(ratio "$f" "$tf")" "$(ratio "$b" "$tb")"
+      "$(ratio "$f" "$tf")" "$(ratio "$b" "$tb")" \
+      "$(median "$out/$m-fp32.jsonl" minor_faults)" "$(median "$out/$m-bf16.jsonl" minor_faults)"
   done
   printf "meshlm's measured peaks (TFLOP/s, GEMM 1024^3 in the run's dtype at start-up; BENCH_PEAK_TFLOPS fixes one):"
   for m in "$m1" "$m4"; do
@@ -163,6 +166,12 @@ echo "load average at start: $(cut -d ' ' -f 1-3 /proc/loadavg)"
 find src -name '*.[ch]' | sort | xargs cat > "$out/corpus.txt"
 build/meshlm init --arch llama --preset small --out "$out/small" > /dev/null
 build/meshlm init --arch llama --preset smollm2-135m --out "$out/smollm2-135m" > /dev/null
+# oneDNN's ISA and the implementation of the start-up calibration's bf16 matmul
+OMP_NUM_THREADS=1 DNNL_VERBOSE=1 build/meshlm train --model "$out/small" --data "$out/corpus.txt" \
+  --steps 1 --batch-size 1 --seq-len 16 --param-dtype bf16 > "$out/dnnl.txt" 2> /dev/null || true
+sed -nE '/^onednn_verbose,info,cpu,isa:/s/^[^:]*:/oneDNN ISA: /p
+  /^onednn_verbose,exec,cpu,matmul,/{s/^onednn_verbose,exec,cpu,matmul,([^,]*),.*/oneDNN bf16 matmul (1024^3): \1/p;q}' \
+  "$out/dnnl.txt"
 bench small small 128 8 "$steps" "$out/corpus.txt" "--tp 2" "4 ranks dp_shard=2 x tp=2"
 for S in ${BENCH_SMOL_SEQ_LENS:-512}; do
   # random ids in [0, 49152), seed 0: one sequence per line, enough for every step

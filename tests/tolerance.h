@@ -20,7 +20,10 @@
  *     computes every output as such a dot product in fp32 arithmetic on
  *     every x86-64 target, so a kernel (Haswell, SkylakeX, ...) chooses only
  *     the order, and the bound holds for all of them; alpha != 1 and
- *     beta = 1 (accumulate into C) add one term or one rounding each.
+ *     beta = 1 (accumulate into C) add one term or one rounding each,
+ *     wherever they are applied (the CPU's bf16 attention tiles scale and
+ *     add after oneDNN's product, backend/cpu/gemm.c: the same two
+ *     roundings, or one FMA, so every attention bound below stands).
  * R3  |.|-evaluation: an expression built from +, -, * and division by
  *     quantities with known relative error satisfies |fl(f) - f| <=
  *     gamma_k · f_abs, where f_abs evaluates f with each operand replaced

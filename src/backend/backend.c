@@ -240,10 +240,11 @@ int ml_be_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t V, in
   NEED(be, ML_OP_XENT);
   return be->ops->xent_bwd(be, logits, T, V, v0, y, mx, se, w, dlogits);
 }
-int ml_be_adamw(ml_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
-                double lr, double b1, double b2, double eps, double wd, int64_t step) {
+int ml_be_adamw(ml_backend *be, float *p, float *g, float *m, float *v, int64_t n,
+                float grad_scale, double lr, double b1, double b2, double eps, double wd,
+                int64_t step) {
   NEED(be, ML_OP_ADAMW);
-  return be->ops->adamw(be, p, g, m, v, n, lr, b1, b2, eps, wd, step);
+  return be->ops->adamw(be, p, g, m, v, n, grad_scale, lr, b1, b2, eps, wd, step);
 }
 int ml_be_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind,
                        double *out) {

@@ -91,10 +91,14 @@ typedef enum {
  * what the pool holds from the device (in use or cached). host_in_use and
  * host_peak count the host pool (ml_be_host_alloc: staging, and the shards
  * FSDP's cpu_offload keeps there) the same way (0 where host memory is not
- * pooled: meta). */
+ * pooled: meta). raw_allocs and host_raw_allocs count the blocks each pool
+ * has taken from the system (malloc, cudaMalloc, cudaMallocHost) since the
+ * backend was made (ml_pool_stats): unchanged over a steady-state training
+ * step, whose buffers the pools keep. */
 typedef struct ml_memory_stats {
   size_t in_use, peak, reserved;
   size_t host_in_use, host_peak;
+  uint64_t raw_allocs, host_raw_allocs;
 } ml_memory_stats;
 
 /* One block of attention between a run of queries and a run of keys of
@@ -237,8 +241,9 @@ typedef struct ml_backend_ops {
   int (*xent_bwd)(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
                   const int32_t *y, const float *mx, const float *se, const float *w,
                   float *dlogits);
-  int (*adamw)(ml_backend *be, float *p, const float *g, float *m, float *v, int64_t n, double lr,
-               double b1, double b2, double eps, double wd, int64_t step);
+  int (*adamw)(ml_backend *be, float *p, float *g, float *m, float *v, int64_t n,
+               float grad_scale, double lr, double b1, double b2, double eps, double wd,
+               int64_t step);
   int (*norm_partial)(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind, double *out);
   int (*find_nonfinite)(ml_backend *be, const float *g, int64_t n, bool *found);
   void (*destroy)(ml_backend *be);
@@ -494,9 +499,13 @@ int ml_be_xent_logprobs(ml_backend *be, const float *se, const float *tl, const 
 int ml_be_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
                    const int32_t *y, const float *mx, const float *se, const float *w,
                    float *dlogits);
-/* One AdamW step (torch.optim.AdamW, single-tensor) on p, m, v [n] with g. */
-int ml_be_adamw(ml_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
-                double lr, double b1, double b2, double eps, double wd, int64_t step);
+/* One AdamW step (torch.optim.AdamW, single-tensor) on p, m, v [n] with g.
+ * grad_scale != 1: g *= grad_scale first, in the same pass (the clipping
+ * of clip_grad_norm_ folded into the step: g and the step bit for bit
+ * those of ml_be_scale then the step); 1: g is only read. */
+int ml_be_adamw(ml_backend *be, float *p, float *g, float *m, float *v, int64_t n,
+                float grad_scale, double lr, double b1, double b2, double eps, double wd,
+                int64_t step);
 /* *out (host) = the partial `kind` of g [n]. */
 int ml_be_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind, double *out);
 /* *found (host) = whether g [n] holds a NaN or ±inf. */

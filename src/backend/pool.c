@@ -75,6 +75,7 @@ static block *add_block(ml_pool *p, void *ptr, size_t size) {
   }
   p->blocks[p->n] = (block){ptr, size, 0, false};
   p->stats.reserved += size;
+  p->stats.raw_allocs++;
   return &p->blocks[p->n++];
 }
 

@@ -12,6 +12,7 @@
 #define ML_POOL_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 typedef struct ml_pool ml_pool;
 
@@ -40,9 +41,13 @@ void ml_pool_trim(ml_pool *p);
  * / memory_reserved count them: in_use, the bytes requested by the blocks
  * handed out and not yet freed (before rounding to a size class); peak,
  * the largest in_use since the pool was made or ml_pool_reset_peak;
- * reserved, what the pool holds from the raw allocator (in use or cached). */
+ * reserved, what the pool holds from the raw allocator (in use or cached).
+ * raw_allocs counts the blocks taken from the raw allocator since the pool
+ * was made (torch.cuda.memory_stats' "segment.all.allocated"): a loop whose
+ * working set the cache serves leaves it unchanged. */
 typedef struct ml_pool_stats {
   size_t in_use, peak, reserved;
+  uint64_t raw_allocs;
 } ml_pool_stats;
 
 ml_pool_stats ml_pool_get_stats(const ml_pool *p);

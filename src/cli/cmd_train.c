@@ -238,6 +238,7 @@ static double max_over_world(ml_host *world, double v) {
 static void train_step(train_run *r, const ml_step_opts *so, ml_step_metrics *sm) {
   const ml_train_opts *o = r->o;
   ml_mesh_stats_reset(&r->mesh);
+  int64_t faults = ml_minor_faults();
   double t0 = MPI_Wtime();
   ml_step_source src = {.n_micro = o->grad_accum, .fill = fill_micro, .ctx = r,
                         .global_targets = count_targets(&r->ds, r->st.consumed, o->batch)};
@@ -251,6 +252,7 @@ static void train_step(train_run *r, const ml_step_opts *so, ml_step_metrics *sm
   r->st.step++;
   r->st.consumed += o->batch;
   double dt = max_over_world(r->world, MPI_Wtime() - t0);
+  sm->minor_faults = (int64_t)max_over_world(r->world, (double)(ml_minor_faults() - faults));
   sm->tokens_per_s = (double)sm->tokens / dt;
   double rss = ml_peak_rss_mib();
   sm->peak_rss_mib_max = max_over_world(r->world, rss);

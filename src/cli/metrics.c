@@ -79,6 +79,7 @@ static json_t *metrics_json(const ml_step_metrics *m) {
   bad |= json_object_set_new(o, "device_peak_mib", real_or_null(m->device_peak_mib));
   bad |= json_object_set_new(o, "skipped", json_boolean(m->skipped));
   bad |= json_object_set_new(o, "fsdp_wait_ms", real_or_null(m->fsdp_wait_ms));
+  bad |= json_object_set_new(o, "minor_faults", json_integer(m->minor_faults));
   bad |= json_object_set_new(o, "time", real_or_null(m->time_s));
   if (!bad) return o;
   json_decref(o);
@@ -124,6 +125,11 @@ double ml_peak_rss_mib(void) {
   struct rusage ru;
   if (getrusage(RUSAGE_SELF, &ru) != 0) return 0.0;
   return (double)ru.ru_maxrss / 1024.0;
+}
+
+int64_t ml_minor_faults(void) {
+  struct rusage ru;
+  return getrusage(RUSAGE_SELF, &ru) == 0 ? (int64_t)ru.ru_minflt : 0;
 }
 
 static double now_s(void) {

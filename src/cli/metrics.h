@@ -25,6 +25,9 @@ typedef struct ml_step_metrics {
                              (ml_be_memory_stats: torch.cuda.max_memory_allocated) */
   bool skipped;        /* the optimizer step was skipped: a non-finite gradient */
   double fsdp_wait_ms; /* time blocked on FSDP collectives (dp_shard, dp_replicate), max over ranks */
+  int64_t minor_faults; /* minor page faults of the step (ml_minor_faults before and after),
+                           max over ranks: pages the step touched afresh; 0 in a steady state
+                           whose buffers the pools keep */
   double time_s;       /* seconds since the run started (the command's start on world rank 0) */
   double eta_s;        /* seconds to the last step: the mean step time of this run so far
                           times the steps left */
@@ -52,7 +55,7 @@ int ml_metrics_open(const char *path, ml_metrics_writer *w);
 /* Append one line: a JSON object with exactly the keys step, loss,
  * grad_norm, lr, tokens, tokens_per_s, mfu, peak_tflops, peak_measured,
  * peak_rss_mib_min, peak_rss_mib_max, device_peak_mib, skipped, fsdp_wait_ms,
- * time (in that order; the integers as JSON integers, the flags as booleans, the rest as
+ * minor_faults, time (in that order; the integers as JSON integers, the flags as booleans, the rest as
  * reals written with round-trip precision, a non-finite value — e.g. a
  * diverged loss — and mfu/peak_tflops when the peak is unknown as null),
  * then flush. Error: write failure (the message names the file). */
@@ -71,6 +74,11 @@ void ml_metrics_close(ml_metrics_writer *w);
  * getrusage(RUSAGE_SELF) ru_maxrss (KiB on Linux) / 1024. 0 when getrusage
  * fails. */
 double ml_peak_rss_mib(void);
+
+/* Minor page faults of this process so far: getrusage(RUSAGE_SELF)
+ * ru_minflt (pages mapped on first touch, e.g. memory freshly taken from the
+ * system). 0 when getrusage fails. */
+int64_t ml_minor_faults(void);
 
 /* This process's sustained GEMM rate in FLOP/s, for MFU when the hardware
  * peak is not given: the model's own matrix product (ml_be_gemm on `be`,

@@ -527,25 +527,40 @@ int ml_engine_find_nonfinite(ml_engine *e, char *name, size_t cap) {
   return 1;
 }
 
-int ml_engine_clip(ml_engine *e, double norm, double max_norm) {
+/* The factor clip_grad_norm_ multiplies the gradients by: max_norm /
+ * (norm + 1e-6) in fp32 when that is < 1; else 1 (no clipping). */
+static float clip_coef(double norm, double max_norm) {
   double coef = max_norm / (norm + 1e-6);
-  if (!(max_norm > 0) || coef >= 1.0) return 0;
+  return max_norm > 0 && coef < 1.0 ? (float)coef : 1.0f;
+}
+
+int ml_engine_clip(ml_engine *e, double norm, double max_norm) {
+  float coef = clip_coef(norm, max_norm);
+  if (coef == 1.0f) return 0;
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
-    ML_TRY(ml_be_scale(e->fsdp.shard_be, unit->shard_grad, unit->shard_numel, (float)coef));
+    ML_TRY(ml_be_scale(e->fsdp.shard_be, unit->shard_grad, unit->shard_numel, coef));
   }
   return 0;
 }
 
-int ml_engine_adamw(ml_engine *e, const ml_adamw_cfg *c) {
+/* AdamW on every unit's shard, its gradients first scaled by grad_scale in
+ * the same pass (ml_be_adamw); then the parameters' sync. */
+static int adamw_scaled(ml_engine *e, float grad_scale, const ml_adamw_cfg *c) {
   e->step++;
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
     ML_TRY(ml_be_adamw(e->fsdp.shard_be, unit->shard, unit->shard_grad, unit->adam_m, unit->adam_v,
-                       unit->shard_numel, c->lr, c->beta1, c->beta2, c->eps, c->weight_decay,
-                       e->step));
+                       unit->shard_numel, grad_scale, c->lr, c->beta1, c->beta2, c->eps,
+                       c->weight_decay, e->step));
   }
   return ml_engine_sync_params(e);
+}
+
+int ml_engine_adamw(ml_engine *e, const ml_adamw_cfg *c) { return adamw_scaled(e, 1.0f, c); }
+
+int ml_engine_clip_adamw(ml_engine *e, double norm, double max_norm, const ml_adamw_cfg *c) {
+  return adamw_scaled(e, clip_coef(norm, max_norm), c);
 }
 
 int ml_engine_sync_params(ml_engine *e) { return ml_fsdp_sync_params(&e->fsdp); }

@@ -215,6 +215,13 @@ typedef struct ml_adamw_cfg {
  * again. e->step counts the steps taken. Errors: the all-gather. */
 int ml_engine_adamw(ml_engine *e, const ml_adamw_cfg *cfg);
 
+/* ml_engine_clip then ml_engine_adamw in one pass over each unit's shard
+ * (the clip factor applied by the AdamW kernel as it reads a gradient, the
+ * scaled gradient stored as ml_engine_clip leaves it): the same gradients,
+ * parameters and moments bit for bit, one read and write of the gradients
+ * fewer. Errors: ml_engine_adamw's. */
+int ml_engine_clip_adamw(ml_engine *e, double norm, double max_norm, const ml_adamw_cfg *cfg);
+
 /* After the fp32 shards were overwritten from outside (a run checkpoint
  * loaded): refresh what is derived from them — the persistent unsharded
  * parameters of ZeRO-1/2. Collective over dp_shard. */

@@ -44,8 +44,7 @@ static int update(ml_engine *e, const ml_step_opts *o, ml_step_result *r) {
     return ml_engine_find_nonfinite(e, r->nonfinite, sizeof r->nonfinite) < 0 ? -1 : 0;
   }
   ml_adamw_cfg adam = {r->lr, o->beta1, o->beta2, o->eps, o->weight_decay};
-  ML_TRY(ml_engine_clip(e, r->grad_norm, o->max_grad_norm));
-  return ml_engine_adamw(e, &adam);
+  return ml_engine_clip_adamw(e, r->grad_norm, o->max_grad_norm, &adam);
 }
 
 int ml_step_run(ml_engine *e, const ml_step_opts *o, int64_t k, const ml_step_source *src,

@@ -63,7 +63,7 @@ typedef struct ml_step_result {
  * order (gradients accumulate); global grad norm in o->norm_type
  * (ml_engine_grad_norm); then a skipped step (non-finite norm, named by
  * ml_engine_find_nonfinite), or clipping to o->max_grad_norm
- * (ml_engine_clip) and AdamW at ml_lr_at(&o->schedule, k) (ml_engine_adamw).
+ * and AdamW at ml_lr_at(&o->schedule, k) in one pass (ml_engine_clip_adamw).
  * Collective over the world (every rank the same k, o and n_micro). *r is
  * set in full on success. Errors: src->fill's, a batch with docs or obj
  * under the NLL, those of the engine calls; a failure may leave peers

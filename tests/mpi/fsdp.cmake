@@ -4,3 +4,9 @@ ml_mpi_executable(test_fsdp test_fsdp.c parity_util.c train_check.c)
 foreach(fx llama_untied qwen3 gemma3)
   ml_mpi_test_2blas(fsdp_${fx} 4 $<TARGET_FILE:test_fsdp> ${fx})
 endforeach()
+
+# The steady-state step takes no block from the system (pool statistics),
+# fp32 and bf16, on one rank and on dp_shard 2 x tp 2 (tests/mpi/test_steady.c).
+ml_mpi_executable(test_steady test_steady.c parity_util.c train_check.c)
+ml_mpi_test(steady_llama_tied_1rank 1 $<TARGET_FILE:test_steady> llama_tied 1)
+ml_mpi_test(steady_llama_tied_dp2_tp2 4 $<TARGET_FILE:test_steady> llama_tied 2)

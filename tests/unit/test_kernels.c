@@ -1684,7 +1684,10 @@ static void test_adamw(void **state) {
   for (int s = 0; s < 2; s++) {
     float p0[3], m0[3], v0[3];
     memcpy(p0, p, sizeof p), memcpy(m0, m, sizeof m), memcpy(v0, v, sizeof v);
-    k_adamw_step(p, g[s], m, v, 3, lr, b1, b2, eps, wd, s + 1);
+    float gs[3];
+    memcpy(gs, g[s], sizeof gs);
+    k_adamw_step(p, gs, m, v, 3, 1.0f, lr, b1, b2, eps, wd, s + 1);
+    assert_memory_equal(gs, g[s], sizeof gs); /* grad_scale 1: g only read */
     double hp[3], hm[3], hv[3], bp[3], bm[3], bv[3], tp[3], btp[3];
     for (int i = 0; i < 3; i++) {
       /* this step from the kernel's own state, by hand in double */
@@ -1717,6 +1720,31 @@ static void test_adamw(void **state) {
   expect_within("adamw v vs torch", v, sv, bv2, 3);
 }
 
+/* Clipping folded into the step (grad_scale, ml_engine_clip_adamw): the
+ * gradients, parameters and moments bit for bit those of k_scale then the
+ * step, over lengths that end inside and outside a SIMD vector. */
+static void test_adamw_clip_fused(void **state) {
+  (void)state;
+  enum { N = 1000 };
+  static float p[2][N], g[2][N], m[2][N], v[2][N];
+  for (int i = 0; i < N; i++) {
+    p[0][i] = p[1][i] = 0.5f * frand();
+    g[0][i] = g[1][i] = 1.5f * frand();
+    m[0][i] = m[1][i] = 0.05f * frand();
+    v[0][i] = v[1][i] = 0.01f * fabsf(frand());
+  }
+  const float coef = 0.3719f;
+  for (int64_t n = N - 13; n <= N; n += 13) {
+    k_scale(g[0], n, coef);
+    k_adamw_step(p[0], g[0], m[0], v[0], n, 1.0f, 1e-3, 0.9, 0.999, 1e-8, 0.1, 3);
+    k_adamw_step(p[1], g[1], m[1], v[1], n, coef, 1e-3, 0.9, 0.999, 1e-8, 0.1, 3);
+    assert_memory_equal(g[0], g[1], sizeof g[0]);
+    assert_memory_equal(p[0], p[1], sizeof p[0]);
+    assert_memory_equal(m[0], m[1], sizeof m[0]);
+    assert_memory_equal(v[0], v[1], sizeof v[0]);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_linear_fwd),    cmocka_unit_test(test_linear_bwd),
@@ -1731,7 +1759,7 @@ int main(void) {
       cmocka_unit_test(test_glu),
       cmocka_unit_test(test_embedding),     cmocka_unit_test(test_xent),
       cmocka_unit_test(test_xent_online),
-      cmocka_unit_test(test_adamw),
+      cmocka_unit_test(test_adamw),         cmocka_unit_test(test_adamw_clip_fused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -29,6 +29,7 @@ static const ml_step_metrics k_example = {.step = 12,
                                           .peak_rss_mib_min = 300.25,
                                           .peak_rss_mib_max = 345.6,
                                           .device_peak_mib = 123.5,
+                                          .minor_faults = 7,
                                           .time_s = 83.25,
                                           .eta_s = 250.0};
 
@@ -37,7 +38,7 @@ static const char *const k_keys[] = {
     "step",          "loss",          "grad_norm",        "lr",
     "tokens",        "tokens_per_s",  "mfu",              "peak_tflops",
     "peak_measured", "peak_rss_mib_min", "peak_rss_mib_max", "device_peak_mib",
-    "skipped",       "fsdp_wait_ms",  "time"};
+    "skipped",       "fsdp_wait_ms",  "minor_faults",     "time"};
 
 static void test_print(void **state) {
   FILE *f = tmpfile();
@@ -153,6 +154,8 @@ static void check_example(const json_t *o) {
   assert_true(num(o, "peak_rss_mib_max") == 345.6);
   assert_true(num(o, "device_peak_mib") == 123.5);
   assert_true(json_is_false(json_object_get(o, "skipped")));
+  assert_true(json_is_integer(json_object_get(o, "minor_faults")));
+  assert_int_equal(json_integer_value(json_object_get(o, "minor_faults")), 7);
   assert_true(num(o, "time") == 83.25);
 }
 

@@ -43,7 +43,8 @@ static void cpu_trim(ml_backend *be) {
 }
 static void cpu_memory_stats(ml_backend *be, ml_memory_stats *out) {
   ml_pool_stats s = ml_pool_get_stats(impl(be)->pool), h = ml_pool_get_stats(impl(be)->host);
-  *out = (ml_memory_stats){s.in_use, s.peak, s.reserved, h.in_use, h.peak};
+  *out = (ml_memory_stats){s.in_use, s.peak, s.reserved, h.in_use, h.peak,
+                           s.raw_allocs, h.raw_allocs};
 }
 static void cpu_reset_peak(ml_backend *be) {
   ml_pool_reset_peak(impl(be)->pool);
@@ -470,9 +471,10 @@ static int cpu_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t 
   return 0;
 }
 
-static int cpu_adamw(ml_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
-                     double lr, double b1, double b2, double eps, double wd, int64_t step) {
-  k_adamw_step(p, g, m, v, n, lr, b1, b2, eps, wd, step);
+static int cpu_adamw(ml_backend *be, float *p, float *g, float *m, float *v, int64_t n,
+                     float grad_scale, double lr, double b1, double b2, double eps, double wd,
+                     int64_t step) {
+  k_adamw_step(p, g, m, v, n, grad_scale, lr, b1, b2, eps, wd, step);
   return 0;
 }
 

@@ -23,7 +23,6 @@ enum { CACHE = 128, TILE_CACHE = 64 };
 typedef struct key {
   int64_t M, N, K, lda, ldb, ldc;
   int ta, tb, accumulate, bias;
-  float alpha; /* 1 but for tiles */
   dnnl_data_type_t dt;
 } key;
 
@@ -42,11 +41,14 @@ typedef struct cache {
   uint64_t clock;
 } cache;
 
-/* One OpenMP thread's tile GEMMs: its primitives, its stream, and its
- * first failure (reported by the driving thread: messages are per thread). */
+/* One OpenMP thread's tile GEMMs: its primitives, its stream, its
+ * product scratch (see ml_cpu_gemm_tile), and its first failure (reported
+ * by the driving thread: messages are per thread). */
 typedef struct tiles {
   cache c;
   dnnl_stream_t stream;
+  float *acc; /* [acc_cap] op(A)·op(B) of a scaled, accumulating tile */
+  int64_t acc_cap;
   dnnl_status_t status;
   const char *what;
   key failed;
@@ -123,6 +125,7 @@ void ml_cpu_gemm_destroy(ml_cpu_gemm *g) {
   for (int t = 0; t < g->ntiles; t++) {
     cache_clear(&g->tiles[t].c);
     free(g->tiles[t].c.e);
+    free(g->tiles[t].acc);
     if (g->tiles[t].stream) dnnl_stream_destroy(g->tiles[t].stream);
   }
   free(g->tiles);
@@ -167,7 +170,6 @@ static dnnl_status_t entry_build(ml_cpu_gemm *g, const key *k, bool user_pad, en
     STEP(dnnl_memory_desc_init_by_tag(&bias, 2, bdims, dnnl_f32, dnnl_ab), "memory desc");
   STEP(dnnl_matmul_desc_init(&md, &a, &b, k->bias ? &bias : NULL, &c), "matmul desc");
   STEP(dnnl_primitive_attr_create(&attr), "attribute");
-  if (k->alpha != 1.0f) STEP(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &k->alpha), "scale");
   if (k->accumulate) { /* C += A·B: the sum post-op reads C before writing it */
     STEP(dnnl_post_ops_create(&po), "post-ops");
     STEP(dnnl_post_ops_append_sum(po, 1.0f), "sum post-op");
@@ -300,7 +302,6 @@ int ml_cpu_gemm_run(ml_cpu_gemm *g, const ml_gemm *a) {
   memset(&k, 0, sizeof k); /* the cache compares keys bytewise, padding included */
   k.M = a->M, k.N = a->N, k.K = a->K, k.lda = a->lda, k.ldb = a->ldb, k.ldc = a->ldc;
   k.ta = a->trans_a, k.tb = a->trans_b, k.accumulate = a->accumulate, k.bias = !!a->bias;
-  k.alpha = 1.0f;
   k.dt = a->compute == ML_BF16 && g->bf16_native ? dnnl_bf16 : dnnl_f32;
   const void *A, *B;
   void *sa = NULL, *sb = NULL;
@@ -356,21 +357,69 @@ int ml_cpu_gemm_tiles_reserve(ml_cpu_gemm *g, int threads) {
   return 0;
 }
 
+/* C [M, N] (ldc) = alpha·P (+ C) for the product P [M, N] (ldp), the
+ * tile's epilogue in fp32: a product and, when accumulating, a sum per
+ * element (one fused multiply-add where the compiler contracts them), as
+ * oneDNN's output scale and sum post-op; P may be C (ldp = ldc) when not
+ * accumulating. Vectorized by the compiler (AVX-512 / AVX2). */
+static void tile_epilogue(int64_t M, int64_t N, float alpha, const float *P, int64_t ldp,
+                          bool accumulate, float *C, int64_t ldc) {
+  for (int64_t i = 0; i < M; i++) {
+    const float *p = P + i * ldp;
+    float *c = C + i * ldc;
+    if (accumulate) {
+#pragma omp simd
+      for (int64_t j = 0; j < N; j++) c[j] += alpha * p[j];
+    } else {
+#pragma omp simd
+      for (int64_t j = 0; j < N; j++) c[j] = alpha * p[j];
+    }
+  }
+}
+
+/* A tile's output scale stays out of oneDNN: with alpha != 1, oneDNN 2.6's
+ * gemm path (where strided tiles land, brgemm refusing strided operands)
+ * runs on AMX into an fp32 buffer and scales and adds it in a scalar loop
+ * (src/cpu/x64/gemm/gemm_driver.cpp, add_results: "AMX bfloat16 kernels
+ * don't support alpha scaling yet") — the scalar loop of issue 30's
+ * Sapphire Rapids profile, ~20 % of a bf16 step. (Read from oneDNN
+ * 2.6.3's source; on AVX512-BF16 the same tiles scale inside the JIT
+ * kernel.) So the primitive computes op(A)·op(B) plain, or with the sum
+ * post-op when alpha = 1 (inside the kernel on every ISA: gemm beta = 1),
+ * and tile_epilogue applies alpha: into C itself when not accumulating,
+ * else from the thread's scratch. */
 int ml_cpu_gemm_tile(ml_cpu_gemm *g, int thread, bool ta, bool tb, int64_t M, int64_t N,
                      int64_t K, float alpha, const void *A, int64_t lda, const void *B,
                      int64_t ldb, float beta, float *C, int64_t ldc) {
   tiles *t = &g->tiles[thread];
+  bool accumulate = beta != 0.0f, scaled = alpha != 1.0f;
+  bool via_acc = scaled && accumulate; /* the product goes to t->acc first */
   key k;
   memset(&k, 0, sizeof k);
-  k.M = M, k.N = N, k.K = K, k.lda = lda, k.ldb = ldb, k.ldc = ldc;
-  k.ta = ta, k.tb = tb, k.accumulate = beta != 0.0f, k.alpha = alpha, k.dt = dnnl_bf16;
+  k.M = M, k.N = N, k.K = K, k.lda = lda, k.ldb = ldb, k.ldc = via_acc ? N : ldc;
+  k.ta = ta, k.tb = tb, k.accumulate = accumulate && !scaled, k.dt = dnnl_bf16;
   const char *what = "";
   dnnl_status_t st = dnnl_success;
-  entry *e = lookup(g, &t->c, &k, true, &st, &what);
+  float *out = C;
+  if (via_acc && M * N > t->acc_cap) { /* grown to the largest tile, then kept */
+    float *acc = malloc((size_t)(M * N) * sizeof *acc);
+    if (acc) {
+      free(t->acc);
+      t->acc = acc;
+      t->acc_cap = M * N;
+    } else {
+      st = dnnl_out_of_memory;
+      what = "tile scratch allocation";
+    }
+  }
+  if (via_acc) out = t->acc;
+  entry *e = st == dnnl_success ? lookup(g, &t->c, &k, true, &st, &what) : NULL;
   if (e) {
     what = "execute";
-    st = entry_run(e, t->stream, A, B, C, NULL);
+    st = entry_run(e, t->stream, A, B, out, NULL);
   }
+  if (st == dnnl_success && scaled)
+    tile_epilogue(M, N, alpha, out, k.ldc, accumulate, C, ldc);
   if (st != dnnl_success && t->status == dnnl_success) {
     t->status = st;
     t->what = what;

@@ -77,7 +77,8 @@ static void cu_trim(ml_backend *be) {
 }
 static void cu_memory_stats(ml_backend *be, ml_memory_stats *out) {
   ml_pool_stats s = ml_pool_get_stats(impl(be)->pool), h = ml_pool_get_stats(impl(be)->host);
-  *out = (ml_memory_stats){s.in_use, s.peak, s.reserved, h.in_use, h.peak};
+  *out = (ml_memory_stats){s.in_use, s.peak, s.reserved, h.in_use, h.peak,
+                           s.raw_allocs, h.raw_allocs};
 }
 static void cu_reset_peak(ml_backend *be) {
   ml_pool_reset_peak(impl(be)->pool);
@@ -402,10 +403,11 @@ static int cu_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t V
                           "cross-entropy backward");
 }
 
-static int cu_adamw(ml_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
-                    double lr, double b1, double b2, double eps, double wd, int64_t step) {
-  return ml_cuda_launched(kc_adamw(impl(be)->stream, p, g, m, v, n, lr, b1, b2, eps, wd, step),
-                          "AdamW");
+static int cu_adamw(ml_backend *be, float *p, float *g, float *m, float *v, int64_t n,
+                    float grad_scale, double lr, double b1, double b2, double eps, double wd,
+                    int64_t step) {
+  return ml_cuda_launched(
+      kc_adamw(impl(be)->stream, p, g, m, v, n, grad_scale, lr, b1, b2, eps, wd, step), "AdamW");
 }
 
 static int cu_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind,

@@ -42,7 +42,7 @@ static void meta_host_free(ml_backend *be, void *p) { free(p); }
 static void meta_trim(ml_backend *be) { ml_pool_trim(impl(be)->pool); }
 static void meta_memory_stats(ml_backend *be, ml_memory_stats *out) {
   ml_pool_stats s = ml_pool_get_stats(impl(be)->pool);
-  *out = (ml_memory_stats){s.in_use, s.peak, s.reserved, 0, 0}; /* host memory: malloc */
+  *out = (ml_memory_stats){s.in_use, s.peak, s.reserved, 0, 0, s.raw_allocs, 0}; /* host: malloc */
 }
 static void meta_reset_peak(ml_backend *be) { ml_pool_reset_peak(impl(be)->pool); }
 /* Nothing is computed: the host-side steps of cpu_offload are no-ops too. */
@@ -180,8 +180,9 @@ static int meta_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t
                          float *dlogits) {
   return 0;
 }
-static int meta_adamw(ml_backend *be, float *p, const float *g, float *m, float *v, int64_t n,
-                      double lr, double b1, double b2, double eps, double wd, int64_t step) {
+static int meta_adamw(ml_backend *be, float *p, float *g, float *m, float *v, int64_t n,
+                      float grad_scale, double lr, double b1, double b2, double eps, double wd,
+                      int64_t step) {
   return 0;
 }
 static int meta_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind,

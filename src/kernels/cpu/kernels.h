@@ -202,9 +202,12 @@ void k_xent_bwd(const float *logits, int64_t T, int64_t V, int64_t v0, const int
 /* p *= 1 − lr·wd; m = b1·m + (1−b1)·g; v = b2·v + (1−b2)·g²;
  * p −= (lr / (1 − b1^step)) · m / (sqrt(v) / sqrt(1 − b2^step) + eps).
  * step counts from 1. Hyper-parameters are doubles, as torch's Python floats;
- * the scalar factors are formed in double and rounded once to fp32. */
-void k_adamw_step(float *p, const float *g, float *m, float *v, int64_t n, double lr, double b1,
-                  double b2, double eps, double wd, int64_t step);
+ * the scalar factors are formed in double and rounded once to fp32.
+ * grad_scale != 1 first sets g *= grad_scale in fp32 (clip_grad_norm_'s
+ * in-place scaling, bit for bit k_scale's) in the same pass; 1: g is only
+ * read. */
+void k_adamw_step(float *p, float *g, float *m, float *v, int64_t n, float grad_scale, double lr,
+                  double b1, double b2, double eps, double wd, int64_t step);
 
 /* ---- Vectors ----------------------------------------------------------- */
 /* y[n] = expf(x[n]), equal bit for bit to glibc's expf (vectorized on

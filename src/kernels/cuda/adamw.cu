@@ -8,15 +8,19 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
-static __global__ void adamw_kernel(float *p, const float *g, float *m, float *v, int64_t n,
-                                    float decay, float w1, float w2, float neg_step,
-                                    float bc2_sqrt, float feps, double b2) {
+static __global__ void adamw_kernel(float *p, float *g, float *m, float *v, int64_t n,
+                                    float grad_scale, float decay, float w1, float w2,
+                                    float neg_step, float bc2_sqrt, float feps, double b2) {
   for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
     float pv[4], gv[4], mv[4], vv[4];
     kc_ld4(p, i, n, pv);
     kc_ld4(g, i, n, gv);
     kc_ld4(m, i, n, mv);
     kc_ld4(v, i, n, vv);
+    if (grad_scale != 1.0f) { /* clipping: kc_scale's rounded product, never fused */
+      for (int k = 0; k < 4; k++) gv[k] = __fmul_rn(gv[k], grad_scale);
+      kc_st4(g, i, n, gv);
+    }
     for (int k = 0; k < 4; k++) {
       float gi = gv[k];
       pv[k] *= decay;
@@ -31,11 +35,11 @@ static __global__ void adamw_kernel(float *p, const float *g, float *m, float *v
   }
 }
 
-extern "C" cudaError_t kc_adamw(cudaStream_t st, float *p, const float *g, float *m, float *v,
-                                int64_t n, double lr, double b1, double b2, double eps, double wd,
-                                int64_t step) {
+extern "C" cudaError_t kc_adamw(cudaStream_t st, float *p, float *g, float *m, float *v,
+                                int64_t n, float grad_scale, double lr, double b1, double b2,
+                                double eps, double wd, int64_t step) {
   if (n <= 0) return cudaSuccess;
   ml_adamw_scalars c = ml_adamw_scalars_of(lr, b1, b2, eps, wd, step);
   return KC_LAUNCH(adamw_kernel, kc_grid((n + 3) / 4, KC_THREADS), KC_THREADS, 0, st, p, g, m, v, n,
-                   c.decay, c.w1, c.w2, c.neg_step, c.bc2_sqrt, c.eps, b2);
+                   grad_scale, c.decay, c.w1, c.w2, c.neg_step, c.bc2_sqrt, c.eps, b2);
 }

@@ -145,9 +145,12 @@ cudaError_t kc_xent_bwd(cudaStream_t st, const float *logits, int64_t T, int64_t
 
 /* ---- AdamW (torch.optim.AdamW, single-tensor, fp32 state) (adamw.cu) --- */
 /* One step on p, m, v [n] with g, in one launch; the bias corrections are
- * computed in fp64 on the host side of the launcher, as the CPU kernel. */
-cudaError_t kc_adamw(cudaStream_t st, float *p, const float *g, float *m, float *v, int64_t n,
-                     double lr, double b1, double b2, double eps, double wd, int64_t step);
+ * computed in fp64 on the host side of the launcher, as the CPU kernel.
+ * grad_scale != 1: g *= grad_scale first (kc_scale's product, stored), in
+ * the same launch. */
+cudaError_t kc_adamw(cudaStream_t st, float *p, float *g, float *m, float *v, int64_t n,
+                     float grad_scale, double lr, double b1, double b2, double eps, double wd,
+                     int64_t step);
 
 /* ---- Attention (attention.cu): causal GQA, flash-style (FlashAttention-2:
  * tiles of queries × keys in shared memory, running max and sum, no

@@ -87,6 +87,8 @@ static inline unsigned __float_as_uint(float f) {
   return u;
 }
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
+/* a product rounded once, never contracted into an FMA (the harness builds without contraction) */
+static inline float __fmul_rn(float a, float b) { return a * b; }
 
 /* ---- the running thread, its block and grid ------------------------------- */
 extern uint3 emu_block_idx;

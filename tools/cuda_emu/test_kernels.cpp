@@ -547,12 +547,11 @@ static void test_xent() {
       same("  target logit", tl, tlr, 4 * T);
       float *lp = pl.get<float>(T), *w = pl.get<float>(T, 1), *lpr = pl.get<float>(T);
       float *wr = pl.get<float>(T);
-      double *sums = pl.get<double>(1), lr = 0;
-      long long *count = pl.get<long long>(1);
-      int64_t cr = 0;
+      double *sums = pl.get<double>(2), lr[2] = {0, 0};  // [−Σ log-probs, targets], accumulated
+      sums[0] = sums[1] = 0;
       void *work = pl.get<char>((int64_t)kc_xent_logprobs_work(T));
-      ok(kc_xent_logprobs(nullptr, ser, tlr, y, T, 0.5f, lp, w, sums, count, work), "logprobs");
-      k_xent_logprobs(ser, tlr, y, T, 0.5f, lpr, wr, &lr, &cr);
+      ok(kc_xent_logprobs(nullptr, ser, tlr, y, T, 0.5f, lp, w, sums, work), "logprobs");
+      k_xent_logprobs(ser, tlr, y, T, 0.5f, lpr, wr, lr);
       std::vector<double> blp(T);
       double lb = 0, labs = 0;
       for (int64_t t = 0; t < T; t++) {
@@ -565,18 +564,43 @@ static void test_xent() {
       lb += 2.0 * tol_gamma64(T + 1.0) * labs;
       close("  log-probs", lp, lpr, blp, T);
       same("  weights", w, wr, 4 * T);
-      printf("  %-52s |diff| %.3g, bound %.3g; count %lld, %lld\n", "loss sum", fabs(*sums - lr),
-             lb, *count, (long long)cr);
-      if (!(fabs(*sums - lr) <= lb) || *count != cr) failures++;
-      double s2 = -1;
-      long long c2 = -1;
-      ok(kc_xent_logprobs(nullptr, ser, tlr, y, T, 0.5f, nullptr, w, sums, count, work),
-         "logprobs");
-      s2 = *sums, c2 = *count;
-      ok(kc_xent_logprobs(nullptr, ser, tlr, y, T, 0.5f, lp, w, sums, count, work), "logprobs");
-      printf("  %-52s %s\n", "log-probs NULL: the same sums",
-             s2 == *sums && c2 == *count ? "bitwise equal" : "DIFFERENT");
-      if (s2 != *sums || c2 != *count) failures++;
+      printf("  %-52s |diff| %.3g, bound %.3g; count %.0f, %.0f\n", "loss sum",
+             fabs(sums[0] - lr[0]), lb, sums[1], lr[1]);
+      if (!(fabs(sums[0] - lr[0]) <= lb) || sums[1] != lr[1]) failures++;
+      double s2[2];
+      sums[0] = sums[1] = 0;
+      ok(kc_xent_logprobs(nullptr, ser, tlr, y, T, 0.5f, nullptr, w, sums, work), "logprobs");
+      s2[0] = sums[0], s2[1] = sums[1];
+      sums[0] = sums[1] = 0;
+      ok(kc_xent_logprobs(nullptr, ser, tlr, y, T, 0.5f, lp, w, sums, work), "logprobs");
+      bool eq = s2[0] == sums[0] && s2[1] == sums[1];
+      printf("  %-52s %s\n", "log-probs NULL: the same sums", eq ? "bitwise equal" : "DIFFERENT");
+      if (!eq) failures++;
+      // The online log-sum-exp over one tile covering the shard (kernels.h): its
+      // mx is the row max and its raw target logit a copy (bitwise); rebased
+      // onto the same max its se is sumexp's, so within the se bound above
+      // (the same fp64 sum of the same terms in another order) and tl − mx
+      // one subtraction (bitwise). Rebased onto a larger M (odd rows, M = mx
+      // + 0.5) from the same se on both sides: one fp64 exp (both within an
+      // ulp of double) and product, rounded once to fp32: 2(u + gamma64_4)·se.
+      float *omx = pl.get<float>(T), *ose = pl.get<float>(T, 1), *otl = pl.get<float>(T);
+      float *rmx = pl.get<float>(T), *rse = pl.get<float>(T), *rtl = pl.get<float>(T);
+      memset(ose, 0, 4 * T), memset(otl, 0, 4 * T), memset(rse, 0, 4 * T), memset(rtl, 0, 4 * T);
+      ok(kc_xent_online(nullptr, lg, T, V, v0, y, omx, ose, otl), "xent online");
+      k_xent_online(lg, T, V, v0, y, rmx, rse, rtl);
+      same("  online: running max = rowmax", omx, mxr, 4 * T);
+      same("  online: raw target logit", otl, rtl, 4 * T);
+      ok(kc_xent_rebase(nullptr, T, V, v0, y, omx, mxr, ose, otl), "xent rebase");
+      close("  online + rebase onto the row max: se", ose, ser, bse, T);
+      same("  online + rebase onto the row max: tl", otl, tlr, 4 * T);
+      float *M = pl.copy(mxr, T), *gse = pl.copy(rse, T), *gtl = pl.copy(rtl, T);
+      for (int64_t t = 1; t < T; t += 2) M[t] += 0.5f;
+      ok(kc_xent_rebase(nullptr, T, V, v0, y, rmx, M, gse, gtl), "xent rebase");
+      k_xent_rebase(T, V, v0, y, rmx, M, rse, rtl);
+      std::vector<double> bre(T);
+      for (int64_t t = 0; t < T; t++) bre[t] = 2.0 * (TOL_U + tol_gamma64(4.0)) * fabs(rse[t]);
+      close("  rebase onto a larger max: se", gse, rse, bre, T);
+      same("  rebase onto a larger max: tl", gtl, rtl, 4 * T);
     }
     float *w = pl.get<float>(T);
     for (int64_t t = 0; t < T; t++) w[t] = y[t] >= 0 ? 0.5f : 0.0f;
@@ -627,8 +651,15 @@ static void test_adamw() {
       for (int64_t step = 1; step <= 4; step++) {
         float *g = rand_f(pl, n, 1e-2f, off);
         for (int64_t i = 0; i < n; i += 7) g[i] *= 1e-6f;
-        ok(kc_adamw(nullptr, p, g, m, v, n, lr, b1, b2, eps, wd, step), "adamw");
-        k_adamw_step(pr, g, mr, vr, n, lr, b1, b2, eps, wd, step);
+        // even steps clip: the gradient scaled (one rounded product, written
+        // back, bitwise on both sides) before the update
+        float gs = step % 2 ? 1.0f : 0.5f;
+        float *gr = pl.copy(g, n);
+        ok(kc_adamw(nullptr, p, g, m, v, n, gs, lr, b1, b2, eps, wd, step), "adamw");
+        k_adamw_step(pr, gr, mr, vr, n, gs, lr, b1, b2, eps, wd, step);
+        same(fmt("adamw n=%lld off=%d step %lld: the scaled gradient", (long long)n, off,
+                 (long long)step),
+             g, gr, 4 * n);
         for (int64_t i = 0; i < n; i++) {
           ex[i] = tol_adamw_step(ex[i], g[i], lr, b1, b2, eps, wd, (double)step);
           bp[i] = 2.0 * ex[i].bp, bm[i] = 2.0 * ex[i].bm, bv[i] = 2.0 * ex[i].bv;

@@ -23,17 +23,10 @@
  * (CUDA C++ Programming Guide, "Mathematical Functions", max ulp error),
  * glibc's within R4's: TOL_LIBM's 4 roundings cover either. Sums of n
  * terms in any order: gamma_n·sum|terms| (R2), fp64 sums gamma64_n. bf16
- * GEMMs and attention products on the GPU run on tensor cores, whose fp32
- * accumulation works in block FMAs that align the products of a block (up
- * to 32 of them here) and the accumulator to the largest exponent and
- * truncate instead of rounding (Fasi, Higham, Mikaitis, Pranesh, "Numerical
- * behavior of NVIDIA tensor cores", PeerJ Comput. Sci. 7:e330, 2021): one
- * block of b products errs by < 2u·(b + 1)·max|term| (one ulp per term of
- * the largest), so a sum of n products in ceil(n/b) blocks errs by <
- * 2u·(n + n/b + b + 1)·sum|terms|, at most sum_count(n) roundings for any b
- * in 1..32; the bf16 operands are the same RNE roundings on both backends,
- * and a product of two bf16 values is exact in fp32.
- * Attention's bound (attn_bound below) is derived where it is computed.
+ * GEMMs and attention products on the GPU run on tensor cores, whose
+ * block-FMA accumulation counts sum_count(n) roundings for a sum of n
+ * products (derived in cuda/op_bounds.h, with the bounds of the kernels the
+ * CPU emulator tests share; attention's bound: cuda/attn_bound.h).
  * Each check prints its worst error/bound. */
 #include <math.h>
 #include <setjmp.h>
@@ -49,6 +42,8 @@
 
 #include "backend/backend.h"
 #include "check_util.h"
+#include "cuda/attn_bound.h"
+#include "cuda/op_bounds.h"
 #include "common/status.h"
 #include "tensor/dtype.h"
 #include "tolerance.h"
@@ -132,13 +127,6 @@ static void expect_close(const char *what, const dbuf *b, const double *bound, i
   for (int64_t i = 0; i < n; i++) ref[i] = c[i];
   expect_within(what, g, ref, bound, n);
   free(c), free(g), free(ref);
-}
-
-/* Roundings a sum of n products counts (R2): n in fp32, or on tensor
- * cores (bf16) 2·max over the block size b in 1..32 of (n + n/b + b + 1),
- * reached at b = 1 or b = 32 (convex in b), as the header derives. */
-static double sum_count(double n, bool tensor_cores) {
-  return tensor_cores ? 2.0 * fmax(2.0 * n + 2.0, n + n / 32.0 + 33.0) : n;
 }
 
 static uint16_t *to_bf16(const float *x, int64_t n) {
@@ -456,9 +444,7 @@ static void test_gemm(void **state) {
   dev_free(&x);
 }
 
-/* db (+=) column sums of dy [T, N]: each backend sums in fp64 (gamma64_T),
- * converts (1) and adds to db (1): tol_vs_double(TOL_K_LINEAR_DB, T) of
- * |db0| + sum_t |dy| each, twice that between them. */
+/* db (+=) column sums of dy [T, N]: bias_grad_bounds (cuda/op_bounds.h). */
 static void test_bias_grad(void **state) {
   (void)state;
   const int64_t shapes[][2] = {{1, 1}, {7, 13}, {300, 257}, {1000, 67}};
@@ -468,11 +454,7 @@ static void test_bias_grad(void **state) {
     dbuf d = dev_from(dy, sizeof(float) * (size_t)(T * N)), db = dev_from(db0, 4 * (size_t)N);
     for (int s = 0; s < SIDES; s++) ok(ml_be_bias_grad(g_be[s], d.p[s], T, N, db.p[s]), "db", s);
     double *bound = dzeros(N);
-    for (int64_t j = 0; j < N; j++) {
-      double a = fabs(db0[j]);
-      for (int64_t t = 0; t < T; t++) a += fabs(dy[t * N + j]);
-      bound[j] = 2.0 * tol_vs_double(TOL_K_LINEAR_DB, (double)T) * a;
-    }
+    bias_grad_bounds(dy, T, N, db0, bound);
     char what[64];
     snprintf(what, sizeof what, "bias_grad T=%lld N=%lld (+=)", (long long)T, (long long)N);
     expect_close(what, &db, bound, N);
@@ -506,12 +488,8 @@ static void test_add_scale(void **state) {
 
 /* ---- rmsnorm ------------------------------------------------------------- */
 
-/* Forward: rstd relative tol_vs_double(TOL_K_RMS_RSTD, H) each (the fp64
- * sum of squares in any order, R2 in double), y TOL_K_RMS_FWD against
- * |x|·rstd·(|offset| + |w|). Backward, from the same inputs on both (the
- * CPU's rstd): dx TOL_K_RMS_DX against rstd|we||dy| + |x|·rstd³/H·sum
- * |dy||we||x| (fp64 row dot), dw (+=) TOL_K_RMS_DW against |dw0| + sum_t
- * |dy·x|·rstd (fp64 column sums). Twice each between the backends. With
+/* Forward and backward (from the same inputs on both: the CPU's rstd)
+ * within rmsnorm_fwd_bounds and rmsnorm_bwd_bounds (cuda/op_bounds.h). With
  * y aliasing x and dx aliasing dy (backend.h allows both), each backend
  * repeats its own results bitwise. */
 static void test_rmsnorm(void **state) {
@@ -538,16 +516,8 @@ static void test_rmsnorm(void **state) {
           ok(ml_be_rmsnorm_fwd(g_be[s], dxb.p[s], dwt.p[s], wt, offset, eps, y.p[s], rstd.p[s],
                                T, H),
              "rmsnorm fwd", s);
-        double *by = dzeros(T * H), *br = dzeros(T), *rex = dzeros(T);
-        for (int64_t t = 0; t < T; t++) {
-          double ss = 0;
-          for (int64_t h = 0; h < H; h++) ss += (double)x[t * H + h] * x[t * H + h];
-          rex[t] = 1.0 / sqrt(ss / (double)H + eps);
-          br[t] = 2.0 * tol_vs_double(TOL_K_RMS_RSTD, H + 2.0) * rex[t];
-          for (int64_t h = 0; h < H; h++)
-            by[t * H + h] = 2.0 * tol_vs_double(TOL_K_RMS_FWD, H + 2.0) * fabs(x[t * H + h]) *
-                            rex[t] * (fabs(offset) + fabs(w[h]));
-        }
+        double *by = dzeros(T * H), *br = dzeros(T);
+        rmsnorm_fwd_bounds(x, w, offset, eps, T, H, by, br);
         char what[96];
         snprintf(what, sizeof what, "rmsnorm T=%lld H=%lld off=%d %s", (long long)T,
                  (long long)H, off, wb ? "bf16 w" : "f32 w");
@@ -561,20 +531,7 @@ static void test_rmsnorm(void **state) {
                                dxo.p[s], with_dw ? dw.p[s] : NULL, T, H),
              "rmsnorm bwd", s);
         double *bdx = dzeros(T * H), *bdw = dzeros(H);
-        for (int64_t h = 0; h < H; h++) bdw[h] = fabs(dw0[h]);
-        for (int64_t t = 0; t < T; t++) {
-          double dot = 0, rt = r[t];
-          for (int64_t h = 0; h < H; h++)
-            dot += fabs((double)dy[t * H + h] * (offset + (double)w[h]) * x[t * H + h]);
-          for (int64_t h = 0; h < H; h++) {
-            double we = fabs(offset + (double)w[h]);
-            bdx[t * H + h] = 2.0 * tol_vs_double(TOL_K_RMS_DX, H + 2.0) *
-                             (rt * we * fabs(dy[t * H + h]) +
-                              fabs(x[t * H + h]) * dot * rt * rt * rt / (double)H);
-            bdw[h] += fabs((double)dy[t * H + h] * x[t * H + h]) * rt;
-          }
-        }
-        for (int64_t h = 0; h < H; h++) bdw[h] *= 2.0 * tol_vs_double(TOL_K_RMS_DW, T + 1.0);
+        rmsnorm_bwd_bounds(dy, x, w, offset, r, dw0, T, H, bdx, bdw);
         expect_close("  rmsnorm dx", &dxo, bdx, T * H);
         if (with_dw)
           expect_close("  rmsnorm dw (+=)", &dw, bdw, H);
@@ -594,7 +551,7 @@ static void test_rmsnorm(void **state) {
         expect_own("  rmsnorm bwd, dw with dx aliasing dy", &dw, &dw2);
         expect_own("  rmsnorm fwd, y aliasing x", &y, &dxb);
         dev_free(&dw2);
-        free(x), free(w), free(dy), free(dw0), free(wh), free(by), free(br), free(rex), free(r);
+        free(x), free(w), free(dy), free(dw0), free(wh), free(by), free(br), free(r);
         free(bdx), free(bdw);
         dev_free(&dxb), dev_free(&y), dev_free(&rstd), dev_free(&ddy), dev_free(&dw);
         dev_free(&dxo), dev_free(&dwt);
@@ -604,9 +561,8 @@ static void test_rmsnorm(void **state) {
 /* ---- rope ---------------------------------------------------------------- */
 
 /* Tables: bitwise (the CUDA backend computes them with the CPU's code and
- * copies them up, cuda.c). Rotation from the same tables: a 2-term dot
- * product, TOL_K_ROPE against |x1·c| + |x2·s| (and |x2·c| + |x1·s|), twice
- * between the backends; backward the same with −s. */
+ * copies them up, cuda.c). Rotation from the same tables, forward and
+ * backward: rope_bounds (cuda/op_bounds.h). */
 static void test_rope(void **state) {
   (void)state;
   static const ml_rope_scaling scs[] = {
@@ -640,14 +596,7 @@ static void test_rope(void **state) {
         ok(ml_be_rope_bwd(g_be[s], bx.p[s], cs.p[s], sn.p[s], B, S, nh, hd), "rope bwd", s);
       }
       double *bound = dzeros(n);
-      for (int64_t t = 0; t < B * S; t++)
-        for (int64_t h = 0; h < nh; h++)
-          for (int64_t i = 0; i < half; i++) {
-            int64_t o = (t * nh + h) * hd + i, p = (t % S) * half + i;
-            double a = fabs(x[o]), b = fabs(x[o + half]), c = fabs(ct[p]), s = fabs(st[p]);
-            bound[o] = 2.0 * tol_gamma(TOL_K_ROPE) * (a * c + b * s);
-            bound[o + half] = 2.0 * tol_gamma(TOL_K_ROPE) * (b * c + a * s);
-          }
+      rope_bounds(x, ct, st, B, S, nh, hd, bound);
       expect_close("  rope fwd", &fx, bound, n);
       expect_close("  rope bwd", &bx, bound, n);
       free(ct), free(st), free(x), free(bound);
@@ -661,121 +610,8 @@ typedef struct attn_case {
   int64_t B, S, nh, nkv, hd, window;
 } attn_case;
 
-/* Bounds on |cuda − cpu| for out, dq, dk, dv: twice a bound that holds for
- * either backend's error against exact attention on the operands as
- * rounded (bf16: q, k, v, dout rounded to bf16, RNE, on both), first order
- * (TOL_FIRST_ORDER). Per query row i, with A_j = |scale|·sum_d |q_d k_jd|,
- * R = max_j (m − s_j) over the visible keys, nv of them, and k(n) =
- * sum_count(n) roundings for a sum of n products (tensor cores in bf16):
- *  score s_j: a dot of hd terms, the scale and (CUDA) the log2(e) factor
- *    folded into it: d = gamma_{k(hd) + 2}·max_j A_j absolute;
- *  e_j = exp(s_j − m): 2d (s_j and the maximum), the subtraction u·R,
- *    expf/exp2f TOL_LIBM; the online softmax (CUDA) rescales a term by
- *    exp(m_old − m_new) at most once per later key that raises the
- *    maximum (nv − 1 times), each a subtraction, exp2f and two products
- *    (acc and l); the intermediate maxima telescope, their subtractions
- *    add at most another u·R: eps_e = 2d + 2uR + (TOL_LIBM + (nv − 1)·
- *    (TOL_LIBM + 2))·u;
- *  P_j = e_j / l: eps_P = 2·eps_e + gamma_{k(nv)} + 2u. CUDA's backward
- *    recomputes P = exp(s − lse), lse = m + logf(l): 2d + eps_e +
- *    gamma_{k(nv)} + TOL_LIBM·u·(1 + log l) + u·(|lse| + R + log l); the
- *    larger of the two is used; bf16 adds u_bf16 where P enters a product;
- *  out = sum_j P_j v_j: (gamma_{k(nv) + 1} + eps_P + lowp)·sum_j P_j|v_j|;
- *  dP_j = dout·v_j: gamma_{k(hd)}·sum|dout||v_j|; D = sum_j P_j dP_j (CPU,
- *    fp64) or sum_d dout_d·out_d (CUDA, from its own out): both terms added;
- *  dS_j = P_j(dP_j − D): P_j(eps_P|dP_j − D| + e_dP + e_D) + 2u·P_j|dP_j − D|
- *    + lowp·|dS_j|;
- *  dq = scale·sum_j dS_j k_j, dk = scale·sum over the group's rows dS q,
- *    dv = sum P·dout: the dS (P) errors carried, plus gamma of the sum
- *    length (nv + 1, S·group + 1) times its |.|-evaluation. */
-typedef struct attn_bounds {
-  double *out, *dq, *dk, *dv;
-} attn_bounds;
-
-static attn_bounds attn_bound(const attn_case *c, const float *q, const float *k, const float *v,
-                              const float *dout, float scale, bool bf16) {
-  int64_t B = c->B, S = c->S, nh = c->nh, nkv = c->nkv, hd = c->hd, grp = nh / nkv;
-  int64_t nq = B * S * nh * hd, nk = B * S * nkv * hd;
-  attn_bounds o = {dzeros(nq), dzeros(nq), dzeros(nk), dzeros(nk)};
-  const double u = TOL_U, lowp = bf16 ? TOL_U_BF16 : 0.0;
-  const double as = fabs(scale);
-  double *sc = dzeros(S), *P = dzeros(S), *dP = dzeros(S), *dPa = dzeros(S), *dS = dzeros(S);
-  double *edS = dzeros(S), *outv = dzeros(hd), *outb = dzeros(hd);
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t h = 0; h < nh; h++)
-      for (int64_t i = 0; i < S; i++) {
-        int64_t g = h / grp, lo = c->window > 0 && i - c->window + 1 > 0 ? i - c->window + 1 : 0;
-        const float *qi = q + ((b * S + i) * nh + h) * hd, *gi = dout + ((b * S + i) * nh + h) * hd;
-        double m = -INFINITY, Amax = 0, l = 0, R = 0;
-        int64_t nv = i - lo + 1;
-        for (int64_t j = lo; j <= i; j++) {
-          const float *kj = k + ((b * S + j) * nkv + g) * hd;
-          double dot = 0, a = 0;
-          for (int64_t d = 0; d < hd; d++) dot += (double)qi[d] * kj[d], a += fabs(qi[d] * kj[d]);
-          sc[j] = scale * dot;
-          Amax = fmax(Amax, as * a);
-          m = fmax(m, sc[j]);
-        }
-        for (int64_t j = lo; j <= i; j++) R = fmax(R, m - sc[j]), l += exp(sc[j] - m);
-        double dd = tol_gamma(sum_count((double)hd, bf16) + 2.0) * Amax;
-        double eps_e = 2 * dd + 2 * u * R + (TOL_LIBM + (nv - 1.0) * (TOL_LIBM + 2.0)) * u;
-        double gl = tol_gamma(sum_count((double)nv, bf16)), logl = log(l), lse = m + logl;
-        double eps_P = fmax(2 * eps_e + gl + 2 * u,
-                            2 * dd + eps_e + gl + TOL_LIBM * u * (1 + logl) +
-                                u * (fabs(lse) + R + logl));
-        double D = 0, eD = 0, Dabs = 0;
-        for (int64_t d = 0; d < hd; d++) outv[d] = 0, outb[d] = 0;
-        for (int64_t j = lo; j <= i; j++) {
-          P[j] = exp(sc[j] - m) / l;
-          const float *vj = v + ((b * S + j) * nkv + g) * hd;
-          double dp = 0, dpa = 0;
-          for (int64_t d = 0; d < hd; d++) {
-            outv[d] += P[j] * vj[d];
-            outb[d] += P[j] * fabs(vj[d]);
-            dp += (double)gi[d] * vj[d], dpa += fabs(gi[d] * vj[d]);
-          }
-          dP[j] = dp, dPa[j] = dpa;
-          D += P[j] * dp;
-        }
-        int64_t oq = ((b * S + i) * nh + h) * hd;
-        double tout = tol_gamma(sum_count((double)nv, bf16) + 1.0) + eps_P + lowp;
-        for (int64_t d = 0; d < hd; d++) {
-          double bo = TOL_FIRST_ORDER * tout * outb[d];
-          o.out[oq + d] = 2.0 * bo;
-          Dabs += fabs(gi[d] * outv[d]);
-          eD += fabs(gi[d]) * bo; /* CUDA's D from its own out */
-        }
-        eD += tol_gamma(sum_count((double)hd, bf16)) * Dabs + u * fabs(D);
-        for (int64_t j = lo; j <= i; j++) {
-          double edp = tol_gamma(sum_count((double)hd, bf16)) * dPa[j];
-          eD += P[j] * (eps_P * fabs(dP[j]) + edp); /* the CPU's D = sum P·dP */
-        }
-        for (int64_t j = lo; j <= i; j++) {
-          double x = fabs(dP[j] - D), edp = tol_gamma(sum_count((double)hd, bf16)) * dPa[j];
-          dS[j] = P[j] * (dP[j] - D);
-          edS[j] = P[j] * (eps_P * x + edp + eD) + 2 * u * P[j] * x + lowp * fabs(dS[j]);
-        }
-        double gq = tol_gamma(sum_count((double)nv, bf16) + 1.0);
-        double gk = tol_gamma(sum_count((double)(S * grp), bf16) + 1.0);
-        double gv = tol_gamma(sum_count((double)(S * grp), bf16));
-        for (int64_t j = lo; j <= i; j++) {
-          const float *kj = k + ((b * S + j) * nkv + g) * hd;
-          int64_t okv = ((b * S + j) * nkv + g) * hd;
-          for (int64_t d = 0; d < hd; d++) {
-            o.dq[oq + d] += as * (edS[j] + gq * fabs(dS[j])) * fabs(kj[d]);
-            o.dk[okv + d] += as * (edS[j] + gk * fabs(dS[j])) * fabs(qi[d]);
-            o.dv[okv + d] += (eps_P + lowp + gv) * P[j] * fabs(gi[d]);
-          }
-        }
-      }
-  for (int64_t x = 0; x < nq; x++) o.dq[x] *= 2.0 * TOL_FIRST_ORDER;
-  for (int64_t x = 0; x < nk; x++) {
-    o.dk[x] *= 2.0 * TOL_FIRST_ORDER;
-    o.dv[x] *= 2.0 * TOL_FIRST_ORDER;
-  }
-  free(sc), free(P), free(dP), free(dPa), free(dS), free(edS), free(outv), free(outb);
-  return o;
-}
+/* Bounds on |cuda − cpu| for out, dq, dk, dv: attn_bound (cuda/attn_bound.h
+ * derives it; its lse bound is not used here). */
 
 /* Forward and backward on both backends, each with its own saved and work
  * sizes, the backward given that backend's out and saved; dq, dk, dv
@@ -809,7 +645,7 @@ static void attn_run(const attn_case *c, bool bf16) {
   /* the bounds on the operands as the products read them */
   float *qr = bf16 ? bf16_rounded(q, nq) : q, *kr = bf16 ? bf16_rounded(k, nk) : k;
   float *vr = bf16 ? bf16_rounded(v, nk) : v, *dor = bf16 ? bf16_rounded(dout, nq) : dout;
-  attn_bounds bd = attn_bound(c, qr, kr, vr, dor, scale, bf16);
+  attn_bounds bd = attn_bound(B, S, nh, nkv, hd, c->window, qr, kr, vr, dor, scale, bf16);
   if (bf16) free(qr), free(kr), free(vr), free(dor);
   char what[112];
   snprintf(what, sizeof what, "attention %s B=%lld S=%lld nh=%lld nkv=%lld hd=%lld w=%lld out",
@@ -819,7 +655,7 @@ static void attn_run(const attn_case *c, bool bf16) {
   expect_close("  attention dq", &gq, bd.dq, nq);
   expect_close("  attention dk (=)", &gk, bd.dk, nk);
   expect_close("  attention dv (=)", &gv, bd.dv, nk);
-  free(bd.out), free(bd.dq), free(bd.dk), free(bd.dv);
+  attn_bounds_free(&bd);
   free(q), free(k), free(v), free(dout), free(fill);
   dev_free(&dq_), dev_free(&dk_), dev_free(&dv_), dev_free(&ddo), dev_free(&out);
   dev_free(&gq), dev_free(&gk), dev_free(&gv);
@@ -840,15 +676,9 @@ static void test_attention(void **state) {
 
 /* ---- gated activation ---------------------------------------------------- */
 
-/* tolerance.h §1 (GLU) for either backend, twice between them: SiLU h
- * TOL_K_GLU_SILU_FWD of |h|, dg TOL_K_GLU_SILU_DG of |dh||u|·s(1 + |x|(1 +
- * s)), du TOL_K_GLU_DU of |dh||silu|; GELU(tanh) h TOL_K_GLU_GELU_FWD of
- * |u|·G, G = 0.5|x|(1 + |th| + (1 − th²)|inner|), dg TOL_K_GLU_GELU_DG of
- * |dh||u|(0.5(1 + |th| + (1 − th²)|inner|) + 0.5|x|(1 + th² + 2|th|(|th| +
- * (1 − th²)|inner|))·beta(1 + 3kappa·x²)), du TOL_K_GLU_DU of |dh|·G. */
+/* h, dg, du within glu_bounds (cuda/op_bounds.h: tolerance.h §1 GLU). */
 static void test_glu(void **state) {
   (void)state;
-  const double beta = 0.7978845608028654, kappa = 0.044715;
   const int64_t sizes[] = {1, 7, 65536 + 3};
   for (int act = 0; act < 2; act++)
     for (size_t c = 0; c < sizeof sizes / sizeof sizes[0]; c++) {
@@ -863,29 +693,7 @@ static void test_glu(void **state) {
         ok(ml_be_glu_bwd(g_be[s], DH.p[s], G.p[s], U.p[s], DG.p[s], DU.p[s], n, a), "glu bwd", s);
       }
       double *bh = dzeros(n), *bg = dzeros(n), *bu = dzeros(n);
-      for (int64_t i = 0; i < n; i++) {
-        double x = g[i], au = fabs(u[i]), ad = fabs(dh[i]), fw, gr, dv;
-        if (a == ML_GLU_SILU) {
-          double s = 1.0 / (1.0 + exp(-x));
-          fw = TOL_K_GLU_SILU_FWD, gr = TOL_K_GLU_SILU_DG;
-          bh[i] = fabs(x) * s * au;
-          bg[i] = ad * au * s * (1 + fabs(x) * (1 + s));
-          dv = fabs(x) * s;
-        } else {
-          double inner = beta * (x + kappa * x * x * x), th = tanh(inner), t2 = 1 - th * th;
-          double Gx = 0.5 * fabs(x) * (1 + fabs(th) + t2 * fabs(inner));
-          fw = TOL_K_GLU_GELU_FWD, gr = TOL_K_GLU_GELU_DG;
-          bh[i] = au * Gx;
-          bg[i] = ad * au *
-                  (0.5 * (1 + fabs(th) + t2 * fabs(inner)) +
-                   0.5 * fabs(x) * (1 + th * th + 2 * fabs(th) * (fabs(th) + t2 * fabs(inner))) *
-                       beta * (1 + 3 * kappa * x * x));
-          dv = Gx;
-        }
-        bh[i] *= 2.0 * tol_gamma(fw);
-        bg[i] *= 2.0 * tol_gamma(gr);
-        bu[i] = 2.0 * tol_gamma(TOL_K_GLU_DU) * ad * dv;
-      }
+      glu_bounds(g, u, dh, n, a != ML_GLU_SILU, bh, bg, bu);
       char what[64];
       snprintf(what, sizeof what, "glu %s n=%lld h", act ? "gelu_tanh" : "silu", (long long)n);
       expect_close(what, &H, bh, n);
@@ -899,9 +707,7 @@ static void test_glu(void **state) {
 /* ---- embedding ----------------------------------------------------------- */
 
 /* Forward: scale·W[id − row0] is one product (or 0): bitwise. Backward
- * (+=): dW0 plus the c tokens of a row, c + 1 terms of one product each
- * (R2): gamma_{c+2}·(|dW0| + sum |scale·dout|) each, twice between them;
- * a row no id hits (c = 0) is left as it was: bound 0. */
+ * (+=): emb_bwd_sums, emb_bwd_bound (cuda/op_bounds.h). */
 static void test_embedding(void **state) {
   (void)state;
   const int64_t row0 = 20, rows = 50, Hs[] = {1, 7, 260}, T = 300;
@@ -938,17 +744,10 @@ static void test_embedding(void **state) {
       expect_same(what, &out);
       double *bound = dzeros(rows * H);
       int64_t *cnt = calloc((size_t)rows, sizeof(int64_t));
-      for (int64_t t = 0; t < T; t++)
-        if (ids[t] >= row0 && ids[t] < row0 + rows) {
-          cnt[ids[t] - row0]++;
-          for (int64_t h = 0; h < H; h++)
-            bound[(ids[t] - row0) * H + h] += fabs((double)scale * dout[t * H + h]);
-        }
+      emb_bwd_sums(ids, T, dout, row0, rows, H, scale, bound, cnt);
       for (int64_t r = 0; r < rows; r++)
         for (int64_t h = 0; h < H; h++)
-          bound[r * H + h] = cnt[r] == 0 ? 0.0
-                                         : 2.0 * tol_gamma(cnt[r] + 2.0) *
-                                               (fabs(dW0[r * H + h]) + bound[r * H + h]);
+          bound[r * H + h] = emb_bwd_bound(cnt[r], fabs(dW0[r * H + h]) + bound[r * H + h]);
       expect_close("  embedding bwd (+=, repeated ids)", &dW, bound, rows * H);
       free(W), free(dout), free(dW0), free(junk), free(Wh), free(bound), free(cnt);
       dev_free(&dw), dev_free(&out), dev_free(&dd), dev_free(&dW);
@@ -958,19 +757,6 @@ static void test_embedding(void **state) {
 
 /* ---- cross-entropy ------------------------------------------------------- */
 
-/* The shard [v0, v0 + V) of a vocabulary; targets in it, outside it on
- * both sides, and −1.
- *  rowmax: exact: bitwise. tl = l_y − mx: one subtraction (or 0): bitwise.
- *  se = (float) sum_j expf(l_j − mx) in fp64: relative u·max|l − mx| +
- *    TOL_K_XENT_SE·u + gamma64_V each (§1), twice between them.
- *  logprobs from the same se, tl: tl − log(se) in fp64 (log within 1 ulp
- *    on both: 2 roundings, the subtraction 1: gamma64_3·(|tl| + |log se|)),
- *    rounded once to fp32: 2u|lp| + 2·gamma64_3(...) between them; w
- *    bitwise; *loss_sum: both fp64 sums of the same T terms onto the same
- *    start: the per-term bounds plus 2·gamma64_{T+1}·(|start| + sum |lp|);
- *    *count exact; with logprobs NULL, each backend's own sums again.
- *  bwd from the same mx, se, w: |w|p_j(u|l_j − mx| + TOL_K_XENT_BWD·u) +
- *    u|w|(p_j + [j = y]) each (§1 with se given), twice between them. */
 /* ml_be_xent_logprobs on side s with scale 0.5, its sums [2] in that side's
  * device memory starting from h (host) and copied back into h. */
 static int xent_logprobs_sums(int s, const void *se, const void *tl, const void *y, int64_t T,
@@ -983,6 +769,10 @@ static int xent_logprobs_sums(int s, const void *se, const void *tl, const void 
   return rc ? -1 : 0;
 }
 
+/* The shard [v0, v0 + V) of a vocabulary; targets in it, outside it on
+ * both sides, and −1. Bounds: xent_se_bounds, xent_logprob_bounds,
+ * xent_bwd_bounds (cuda/op_bounds.h); with logprobs NULL, each backend's own
+ * sums again. */
 static void test_xent(void **state) {
   (void)state;
   const int64_t Vs[] = {5, 1000, 70001}, T = 7, v0 = 100;
@@ -1002,13 +792,8 @@ static void test_xent(void **state) {
       ok(ml_be_xent_sumexp_target(g_be[s], L.p[s], T, V, v0, Y.p[s], MX.p[s], SE.p[s], TL.p[s]),
          "sumexp", s);
     expect_same("  xent target logit", &TL);
-    double bse[7], blp[7], lsum_abs = 1.25;
-    for (int64_t t = 0; t < T; t++) {
-      double se = 0, R = 0;
-      for (int64_t j = 0; j < V; j++)
-        se += exp((double)lg[t * V + j] - mx[t]), R = fmax(R, fabs(lg[t * V + j] - mx[t]));
-      bse[t] = 2.0 * (TOL_U * R + TOL_K_XENT_SE * TOL_U + tol_gamma64((double)V)) * se;
-    }
+    double bse[7], blp[7];
+    xent_se_bounds(lg, T, V, mx, bse);
     expect_close("  xent sum of exponentials", &SE, bse, T);
     float *se = dev_get(&SE, CPU), *tl = dev_get(&TL, CPU);
     dev_set(&SE, se);
@@ -1019,16 +804,7 @@ static void test_xent(void **state) {
       ok(xent_logprobs_sums(s, SE.p[s], TL.p[s], Y.p[s], T, LP.p[s], W.p[s], h), "logprobs", s);
       loss[s] = h[0], count[s] = (int64_t)h[1];
     }
-    double loss_b = 0;
-    for (int64_t t = 0; t < T; t++) {
-      bool hit = y[t] >= 0;
-      double lp = hit ? (double)tl[t] - log((double)se[t]) : 0.0;
-      double e64 = hit ? tol_gamma64(3.0) * (fabs(tl[t]) + fabs(log((double)se[t]))) : 0.0;
-      blp[t] = 2.0 * TOL_U * fabs(lp) + 2.0 * e64;
-      loss_b += 2.0 * e64;
-      lsum_abs += fabs(lp);
-    }
-    loss_b += 2.0 * tol_gamma64(T + 1.0) * lsum_abs;
+    double loss_b = xent_logprob_bounds(se, tl, y, T, 1.25, blp);
     expect_close("  xent log-probs", &LP, blp, T);
     expect_same("  xent weights", &W);
     printf("  %-44s |diff| %.3g, bound %.3g; count %lld, %lld\n", "xent loss_sum (host)",
@@ -1055,14 +831,7 @@ static void test_xent(void **state) {
       ok(ml_be_xent_bwd(g_be[s], L.p[s], T, V, v0, Y.p[s], MX.p[s], SE.p[s], W.p[s], L.p[s]),
          "xent bwd", s);
     double *bd = dzeros(n);
-    for (int64_t t = 0; t < T; t++)
-      for (int64_t j = 0; j < V; j++) {
-        double p = exp((double)lg[t * V + j] - mx[t]) / se[t], aw = fabs(w[t]);
-        double hit = y[t] == v0 + j;
-        bd[t * V + j] = 2.0 * TOL_FIRST_ORDER *
-                        (aw * p * (TOL_U * fabs(lg[t * V + j] - mx[t]) + TOL_K_XENT_BWD * TOL_U) +
-                         TOL_U * aw * (p + hit));
-      }
+    xent_bwd_bounds(lg, T, V, v0, y, mx, se, w, bd);
     expect_close("  xent bwd (in place)", &L, bd, n);
     free(lg), free(mx), free(se), free(tl), free(w), free(bd);
     dev_free(&L), dev_free(&Y), dev_free(&MX), dev_free(&SE), dev_free(&TL), dev_free(&LP);

@@ -12,14 +12,11 @@
 // and sliding windows, GQA groups 1 to 6, S = 1, S not a multiple of a
 // tile, several tiles.
 //
-// Tolerance: attn_bound below is tests/cuda/test_cuda_ops.c's bound on
-// either backend's error against exact attention (derived there, term by
-// term, from tests/tolerance.h; tensor-core sums counted by its sum_count),
-// ported; it is used twice as there, the second half covering the double
-// reference's own rounding (R5, u64 in place of u: far smaller). lse: the
-// scores' error d, the sum of exponentials' eps_e + gamma_{k(nv)}
-// (relative, so absolute in its log), logf (TOL_LIBM), and the additions
-// and base-2 conversions around them (3u of |lse| and |m|), first order.
+// Tolerance: attn_bound, the bound on either backend's error against exact
+// attention that tests/cuda/test_cuda_ops.c uses too (derived term by term,
+// lse's included, from tests/tolerance.h in tests/cuda/attn_bound.h); used
+// twice as there, the second half covering the double reference's own
+// rounding.
 // The tensor-core fragments are emulated from the PTX ISA's description of
 // mma.m16n8k16 and ldmatrix, so a misreading of that description would
 // pass here; the GPU check is tests/cuda/test_cuda_ops.c.
@@ -33,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/attn_bound.h"
 #include "emu.h"
 #include "kernels/cuda/kernels.h"
 #include "tolerance.h"
@@ -50,104 +48,8 @@ static float *alloc_f(size_t n, float fill) {
   return p;
 }
 
-/* ---- the bound (tests/cuda/test_cuda_ops.c attn_bound, ported) ----------- */
-
-// roundings a sum of n products counts: n, or on tensor cores 2·max over the
-// block size b in 1..32 of (n + n/b + b + 1) (test_cuda_ops.c derives it)
-static double sum_count(double n, bool tc) {
-  return tc ? 2.0 * fmax(2.0 * n + 2.0, n + n / 32.0 + 33.0) : n;
-}
-
-struct Bounds {
-  std::vector<double> out, lse, dq, dk, dv;
-};
-
-static Bounds attn_bound(const Cfg &c, const float *q, const float *k, const float *v,
-                         const float *dout, float scale) {
-  int64_t B = c.B, S = c.S, nh = c.nh, nkv = c.nkv, hd = c.hd, grp = nh / nkv;
-  int64_t nq = B * S * nh * hd, nk = B * S * nkv * hd;
-  bool bf16 = c.bf;
-  Bounds o{std::vector<double>(nq), std::vector<double>(B * nh * S), std::vector<double>(nq),
-           std::vector<double>(nk), std::vector<double>(nk)};
-  const double u = TOL_U, lowp = bf16 ? TOL_U_BF16 : 0.0, as = fabs(scale);
-  std::vector<double> sc(S), P(S), dP(S), dPa(S), dS(S), edS(S), outv(hd), outb(hd);
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t h = 0; h < nh; h++)
-      for (int64_t i = 0; i < S; i++) {
-        int64_t g = h / grp, lo = c.win > 0 && i - c.win + 1 > 0 ? i - c.win + 1 : 0;
-        const float *qi = q + ((b * S + i) * nh + h) * hd, *gi = dout + ((b * S + i) * nh + h) * hd;
-        double m = -INFINITY, Amax = 0, l = 0, Rr = 0;
-        int64_t nv = i - lo + 1;
-        for (int64_t j = lo; j <= i; j++) {
-          const float *kj = k + ((b * S + j) * nkv + g) * hd;
-          double dot = 0, a = 0;
-          for (int64_t d = 0; d < hd; d++) dot += (double)qi[d] * kj[d], a += fabs(qi[d] * kj[d]);
-          sc[j] = scale * dot;
-          Amax = fmax(Amax, as * a);
-          m = fmax(m, sc[j]);
-        }
-        for (int64_t j = lo; j <= i; j++) Rr = fmax(Rr, m - sc[j]), l += exp(sc[j] - m);
-        double dd = tol_gamma(sum_count((double)hd, bf16) + 2.0) * Amax;
-        double eps_e = 2 * dd + 2 * u * Rr + (TOL_LIBM + (nv - 1.0) * (TOL_LIBM + 2.0)) * u;
-        double gl = tol_gamma(sum_count((double)nv, bf16)), logl = log(l), lse = m + logl;
-        double eps_P =
-            fmax(2 * eps_e + gl + 2 * u,
-                 2 * dd + eps_e + gl + TOL_LIBM * u * (1 + logl) + u * (fabs(lse) + Rr + logl));
-        o.lse[(b * nh + h) * S + i] =
-            2.0 * TOL_FIRST_ORDER *
-            (dd + eps_e + gl + TOL_LIBM * u * (1 + fabs(logl)) + 3 * u * (fabs(lse) + fabs(m)));
-        double D = 0, eD = 0, Dabs = 0;
-        for (int64_t d = 0; d < hd; d++) outv[d] = 0, outb[d] = 0;
-        for (int64_t j = lo; j <= i; j++) {
-          P[j] = exp(sc[j] - m) / l;
-          const float *vj = v + ((b * S + j) * nkv + g) * hd;
-          double dp = 0, dpa = 0;
-          for (int64_t d = 0; d < hd; d++) {
-            outv[d] += P[j] * vj[d];
-            outb[d] += P[j] * fabs(vj[d]);
-            dp += (double)gi[d] * vj[d], dpa += fabs(gi[d] * vj[d]);
-          }
-          dP[j] = dp, dPa[j] = dpa;
-          D += P[j] * dp;
-        }
-        int64_t oq = ((b * S + i) * nh + h) * hd;
-        double tout = tol_gamma(sum_count((double)nv, bf16) + 1.0) + eps_P + lowp;
-        for (int64_t d = 0; d < hd; d++) {
-          double bo = TOL_FIRST_ORDER * tout * outb[d];
-          o.out[oq + d] = 2.0 * bo;
-          Dabs += fabs(gi[d] * outv[d]);
-          eD += fabs(gi[d]) * bo;  // CUDA's D from its own out
-        }
-        eD += tol_gamma(sum_count((double)hd, bf16)) * Dabs + u * fabs(D);
-        for (int64_t j = lo; j <= i; j++) {
-          double edp = tol_gamma(sum_count((double)hd, bf16)) * dPa[j];
-          eD += P[j] * (eps_P * fabs(dP[j]) + edp);  // the CPU's D = sum P·dP
-        }
-        for (int64_t j = lo; j <= i; j++) {
-          double x = fabs(dP[j] - D), edp = tol_gamma(sum_count((double)hd, bf16)) * dPa[j];
-          dS[j] = P[j] * (dP[j] - D);
-          edS[j] = P[j] * (eps_P * x + edp + eD) + 2 * u * P[j] * x + lowp * fabs(dS[j]);
-        }
-        double gq = tol_gamma(sum_count((double)nv, bf16) + 1.0);
-        double gk = tol_gamma(sum_count((double)(S * grp), bf16) + 1.0);
-        double gv = tol_gamma(sum_count((double)(S * grp), bf16));
-        for (int64_t j = lo; j <= i; j++) {
-          const float *kj = k + ((b * S + j) * nkv + g) * hd;
-          int64_t okv = ((b * S + j) * nkv + g) * hd;
-          for (int64_t d = 0; d < hd; d++) {
-            o.dq[oq + d] += as * (edS[j] + gq * fabs(dS[j])) * fabs(kj[d]);
-            o.dk[okv + d] += as * (edS[j] + gk * fabs(dS[j])) * fabs(qi[d]);
-            o.dv[okv + d] += (eps_P + lowp + gv) * P[j] * fabs(gi[d]);
-          }
-        }
-      }
-  for (auto *x : {&o.dq, &o.dk, &o.dv})
-    for (double &e : *x) e *= 2.0 * TOL_FIRST_ORDER;
-  return o;
-}
-
 // worst |a - r| / bound (inf when any is above its bound or not finite)
-static double worst(const float *a, const std::vector<double> &r, const std::vector<double> &b) {
+static double worst(const float *a, const std::vector<double> &r, const double *b) {
   double w = 0;
   for (size_t i = 0; i < r.size(); i++) {
     double d = fabs(a[i] - r[i]);
@@ -222,7 +124,8 @@ int run(const Cfg &c, unsigned seed) {
           }
         }
     }
-  Bounds bd = attn_bound(c, qr.data(), kr.data(), vr.data(), dr.data(), scale);
+  attn_bounds bd = attn_bound(B, S, nh, nkv, hd, c.win, qr.data(), kr.data(), vr.data(),
+                              dr.data(), scale, c.bf);
 
   float *outs[2][5];
   for (int pass = 0; pass < 2; pass++) {
@@ -239,6 +142,7 @@ int run(const Cfg &c, unsigned seed) {
                            c.win, c.bf, work);
     if (e != cudaSuccess) {
       printf("launch error %d (%s)\n", e, kc_failed_kernel());
+      attn_bounds_free(&bd);
       return 1;
     }
     outs[pass][0] = out;
@@ -250,13 +154,13 @@ int run(const Cfg &c, unsigned seed) {
   }
   size_t ns[5] = {nq, (size_t)(B * nh * S), nq, nk, nk};
   const std::vector<double> *refs[5] = {&ro, &rlse, &rdq, &rdk, &rdv};
-  const std::vector<double> *bnds[5] = {&bd.out, &bd.lse, &bd.dq, &bd.dk, &bd.dv};
+  const double *bnds[5] = {bd.out, bd.lse, bd.dq, bd.dk, bd.dv};
   const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
   int fail = 0;
   printf("B=%ld S=%ld nh=%ld nkv=%ld hd=%ld win=%ld %s: error/bound", (long)B, (long)S, (long)nh,
          (long)nkv, (long)hd, (long)c.win, c.bf ? "bf16" : "fp32");
   for (int t = 0; t < 5; t++) {
-    double w = worst(outs[0][t], *refs[t], *bnds[t]);
+    double w = worst(outs[0][t], *refs[t], bnds[t]);
     printf(" %s %.2e", names[t], w);
     if (!(w <= 1.0)) fail = 1;
     if (memcmp(outs[0][t], outs[1][t], ns[t] * 4)) {
@@ -266,6 +170,7 @@ int run(const Cfg &c, unsigned seed) {
     free(outs[0][t]);
     free(outs[1][t]);
   }
+  attn_bounds_free(&bd);
   printf(fail ? "  FAIL\n" : "  ok\n");
   fflush(stdout);
   free(q);

@@ -12,8 +12,9 @@
 // buffer starts as NaN so that an element left unwritten shows; threads and
 // blocks run in shuffled orders, so that a race or a missing barrier shows.
 //
-// Tolerances are those tests/cuda/test_cuda_ops.c derives for the CUDA
-// backend against the CPU backend, from tests/tolerance.h (R1-R5, §1, §5):
+// Tolerances are those tests/cuda/test_cuda_ops.c uses for the CUDA backend
+// against the CPU backend, from tests/tolerance.h (R1-R5, §1, §5; derived in
+// tests/cuda/op_bounds.h, shared by both):
 // where both sides perform the same correctly rounded operations on the same
 // operands the results must be bitwise equal and are compared so; elsewhere
 // each side is within tolerance.h's bound of the exact value (the kernels
@@ -30,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/op_bounds.h"
 #include "emu.h"
 #include "kernels/cuda/kernels.h"
 extern "C" {
@@ -186,10 +188,9 @@ static void test_add_scale() {
     }
 }
 
-/* ---- gated activation: tolerance.h §1 (GLU) for either side, twice -------- */
+/* ---- gated activation: glu_bounds (tests/cuda/op_bounds.h) ---------------- */
 static void test_glu() {
   printf("glu\n");
-  const double beta = 0.7978845608028654, kappa = 0.044715;
   for (int act = 0; act < 2; act++)
     for (int64_t n : {7, 4099})
       for (int off = 0; off < 2; off++) {
@@ -204,29 +205,7 @@ static void test_glu() {
         k_glu_fwd(g, u, hr, n, a);
         k_glu_bwd(dh, g, u, dgr, dur, n, a);
         std::vector<double> bh(n), bg(n), bu(n);
-        for (int64_t i = 0; i < n; i++) {
-          double x = g[i], au = fabs(u[i]), ad = fabs(dh[i]), fw, gr, dv;
-          if (a == ML_GLU_SILU) {
-            double s = 1.0 / (1.0 + exp(-x));
-            fw = TOL_K_GLU_SILU_FWD, gr = TOL_K_GLU_SILU_DG;
-            bh[i] = fabs(x) * s * au;
-            bg[i] = ad * au * s * (1 + fabs(x) * (1 + s));
-            dv = fabs(x) * s;
-          } else {
-            double inner = beta * (x + kappa * x * x * x), th = tanh(inner), t2 = 1 - th * th;
-            double G = 0.5 * fabs(x) * (1 + fabs(th) + t2 * fabs(inner));
-            fw = TOL_K_GLU_GELU_FWD, gr = TOL_K_GLU_GELU_DG;
-            bh[i] = au * G;
-            bg[i] = ad * au *
-                    (0.5 * (1 + fabs(th) + t2 * fabs(inner)) +
-                     0.5 * fabs(x) * (1 + th * th + 2 * fabs(th) * (fabs(th) + t2 * fabs(inner))) *
-                         beta * (1 + 3 * kappa * x * x));
-            dv = G;
-          }
-          bh[i] *= 2.0 * tol_gamma(fw);
-          bg[i] *= 2.0 * tol_gamma(gr);
-          bu[i] = 2.0 * tol_gamma(TOL_K_GLU_DU) * ad * dv;
-        }
+        glu_bounds(g, u, dh, n, a != ML_GLU_SILU, bh.data(), bg.data(), bu.data());
         close(fmt("glu %s n=%lld off=%d h", act ? "gelu" : "silu", (long long)n, off), h, hr, bh,
               n);
         close("  dg", dg, dgr, bg, n);
@@ -252,8 +231,7 @@ static void test_bias_rows() {
   }
 }
 
-/* ---- bias gradient: each side sums in fp64 (gamma64_T), converts (1), adds to
- * db (1): tol_vs_double(TOL_K_LINEAR_DB, T) of |db0| + sum_t |dy|, twice ---- */
+/* ---- bias gradient: bias_grad_bounds (tests/cuda/op_bounds.h) ------------- */
 static void test_bias_grad() {
   printf("bias_grad\n");
   const int64_t shapes[][2] = {{1, 1}, {7, 13}, {300, 1030}, {70000, 3}};
@@ -265,11 +243,7 @@ static void test_bias_grad() {
     void *work = pl.get<char>((int64_t)kc_bias_grad_work(T, N));
     ok(kc_bias_grad(nullptr, dy, T, N, db, work), "bias_grad");
     std::vector<double> bound(N);
-    for (int64_t j = 0; j < N; j++) {
-      double a = fabs(ref[j]);
-      for (int64_t t = 0; t < T; t++) a += fabs(dy[t * N + j]);
-      bound[j] = 2.0 * tol_vs_double(TOL_K_LINEAR_DB, (double)T) * a;
-    }
+    bias_grad_bounds(dy, T, N, ref, bound.data());
     k_bias_grad(dy, T, N, ref);
     close(fmt("bias_grad T=%lld N=%lld (+=)", (long long)T, (long long)N), db, ref, bound, N);
   }
@@ -319,8 +293,8 @@ static void test_reduce() {
     }
 }
 
-/* ---- RMSNorm: tolerance.h §1 (TOL_K_RMS_*) for either side, twice; the
- * backward from the CPU's rstd on both; y aliasing x and dx aliasing dy
+/* ---- RMSNorm: rmsnorm_fwd_bounds, rmsnorm_bwd_bounds (tests/cuda/op_bounds.h);
+ * the backward from the CPU's rstd on both; y aliasing x and dx aliasing dy
  * repeat the results without aliasing bitwise -------------------------------- */
 static void test_rmsnorm() {
   printf("rmsnorm\n");
@@ -347,15 +321,7 @@ static void test_rmsnorm() {
         ok(kc_rmsnorm_fwd(nullptr, x, wk, wb, offset, eps, y, rstd, T, H), "rmsnorm fwd");
         k_rmsnorm_fwd(x, w, offset, eps, yr, rr, T, H);
         std::vector<double> by(T * H), br(T);
-        for (int64_t t = 0; t < T; t++) {
-          double ss = 0;
-          for (int64_t h = 0; h < H; h++) ss += (double)x[t * H + h] * x[t * H + h];
-          double rex = 1.0 / sqrt(ss / (double)H + eps);
-          br[t] = 2.0 * tol_vs_double(TOL_K_RMS_RSTD, H + 2.0) * rex;
-          for (int64_t h = 0; h < H; h++)
-            by[t * H + h] = 2.0 * tol_vs_double(TOL_K_RMS_FWD, H + 2.0) * fabs(x[t * H + h]) * rex *
-                            (fabs(offset) + fabs(w[h]));
-        }
+        rmsnorm_fwd_bounds(x, w, offset, eps, T, H, by.data(), br.data());
         std::string what = fmt("rmsnorm T=%lld H=%lld off=%d %s", (long long)T, (long long)H, off,
                                wb ? "bf16 w" : "f32 w");
         close(what + " y", y, yr, by, T * H);
@@ -369,20 +335,7 @@ static void test_rmsnorm() {
            "rmsnorm bwd");
         k_rmsnorm_bwd(dy, x, w, offset, rr, dxr, with_dw ? dwr : nullptr, T, H);
         std::vector<double> bdx(T * H), bdw(H);
-        for (int64_t h = 0; h < H; h++) bdw[h] = fabs(dw0[h]);
-        for (int64_t t = 0; t < T; t++) {
-          double dot = 0, rt = rr[t];
-          for (int64_t h = 0; h < H; h++)
-            dot += fabs((double)dy[t * H + h] * (offset + (double)w[h]) * x[t * H + h]);
-          for (int64_t h = 0; h < H; h++) {
-            double we = fabs(offset + (double)w[h]);
-            bdx[t * H + h] = 2.0 * tol_vs_double(TOL_K_RMS_DX, H + 2.0) *
-                             (rt * we * fabs(dy[t * H + h]) +
-                              fabs(x[t * H + h]) * dot * rt * rt * rt / (double)H);
-            bdw[h] += fabs((double)dy[t * H + h] * x[t * H + h]) * rt;
-          }
-        }
-        for (int64_t h = 0; h < H; h++) bdw[h] *= 2.0 * tol_vs_double(TOL_K_RMS_DW, T + 1.0);
+        rmsnorm_bwd_bounds(dy, x, w, offset, rr, dw0, T, H, bdx.data(), bdw.data());
         close("  dx", dx, dxr, bdx, T * H);
         if (with_dw)
           close("  dw (+=)", dw, dwr, bdw, H);
@@ -401,8 +354,8 @@ static void test_rmsnorm() {
       }
 }
 
-/* ---- RoPE from the CPU's tables: a 2-term dot product, TOL_K_ROPE against
- * |x1·c| + |x2·s| (and |x2·c| + |x1·s|), twice; backward with -s ----------- */
+/* ---- RoPE from the CPU's tables, forward and backward: rope_bounds
+ * (tests/cuda/op_bounds.h) ---------------------------------------------------- */
 static void test_rope() {
   printf("rope\n");
   const int64_t dims[][4] = {{1, 1, 3, 64},  {2, 37, 3, 72}, {3, 5, 2, 6},
@@ -421,14 +374,7 @@ static void test_rope() {
     k_rope_fwd(rf, ct, st, B, S, nh, hd);
     k_rope_bwd(rb, ct, st, B, S, nh, hd);
     std::vector<double> bound(n);
-    for (int64_t t = 0; t < B * S; t++)
-      for (int64_t h = 0; h < nh; h++)
-        for (int64_t i = 0; i < half; i++) {
-          int64_t o = (t * nh + h) * hd + i, p = (t % S) * half + i;
-          double a = fabs(x[o]), b = fabs(x[o + half]), c = fabs(ct[p]), s = fabs(st[p]);
-          bound[o] = 2.0 * tol_gamma(TOL_K_ROPE) * (a * c + b * s);
-          bound[o + half] = 2.0 * tol_gamma(TOL_K_ROPE) * (b * c + a * s);
-        }
+    rope_bounds(x, ct, st, B, S, nh, hd, bound.data());
     std::string what = fmt("rope B=%lld S=%lld nh=%lld hd=%lld", (long long)B, (long long)S,
                            (long long)nh, (long long)hd);
     close(what + " fwd", xf, rf, bound, n);
@@ -437,10 +383,9 @@ static void test_rope() {
 }
 
 /* ---- embedding: forward bitwise (scale·W[id - row0], one product, or 0);
- * backward (+=): dW0 plus the c tokens of a row, c + 1 terms of one product
- * each (R2): gamma_{c+2}·(|dW0| + sum |scale·dout|), twice, against the CPU
- * (whose build may contract to FMA); a row no id hits (c = 0) is left as it
- * was: bound 0; and bitwise the fp32 sum in token order kernels.h promises -- */
+ * backward (+=) against the CPU (whose build may contract to FMA) within
+ * emb_bwd_sums, emb_bwd_bound (tests/cuda/op_bounds.h), and bitwise the fp32
+ * sum in token order kernels.h promises ---------------------------------------- */
 static void test_embedding() {
   printf("embedding\n");
   // T, rows, H: repeats in one sort tile, several tiles, rows above 2^16 (3
@@ -479,15 +424,9 @@ static void test_embedding() {
       std::vector<double> bound(rows * H);
       std::vector<int64_t> cnt(rows);
       for (int64_t i = 0; i < rows * H; i++) bound[i] = fabs(dW[i]);
-      for (int64_t t = 0; t < T; t++)
-        if (ids[t] >= row0 && ids[t] < row0 + rows) {
-          cnt[ids[t] - row0]++;
-          for (int64_t h = 0; h < H; h++)
-            bound[(ids[t] - row0) * H + h] += fabs((double)scale * dout[t * H + h]);
-        }
+      emb_bwd_sums(ids, T, dout, row0, rows, H, scale, bound.data(), cnt.data());
       for (int64_t r = 0; r < rows; r++)
-        for (int64_t h = 0; h < H; h++)
-          bound[r * H + h] = cnt[r] ? 2.0 * tol_gamma(cnt[r] + 2.0) * bound[r * H + h] : 0.0;
+        for (int64_t h = 0; h < H; h++) bound[r * H + h] = emb_bwd_bound(cnt[r], bound[r * H + h]);
       void *work = pl.get<char>((int64_t)kc_embedding_bwd_work(T));
       // kernels.h: each row's tokens added one at a time in token order, in
       // fp32: exactly this sequence (no contraction here or in the kernel)
@@ -503,15 +442,9 @@ static void test_embedding() {
 }
 
 /* ---- cross-entropy pieces on a shard [v0, v0 + V): targets inside, outside
- * on both sides, -1. Bounds as test_cuda_ops.c derives them (tolerance.h §1):
- *  rowmax exact: bitwise; tl = l_y - mx one subtraction (or 0): bitwise;
- *  se = (float) sum_j expf(l_j - mx) in fp64: u·max|l - mx| + TOL_K_XENT_SE·u
- *    + gamma64_V relative each, twice;
- *  logprobs from the same se, tl: tl - log(se) in fp64, rounded once: 2u|lp|
- *    + 2·gamma64_3·(|tl| + |log se|); w bitwise; the loss sum: both fp64 sums
- *    of the same terms: those bounds plus 2·gamma64_{T+1}·sum |lp|; count exact;
- *  bwd from the same mx, se, w: |w|p_j(u|l_j - mx| + TOL_K_XENT_BWD·u) +
- *    u|w|(p_j + [j = y]) each, twice, first order. ------------------------- */
+ * on both sides, -1: rowmax and the target logit bitwise, the rest within
+ * xent_se_bounds, xent_logprob_bounds, xent_bwd_bounds
+ * (tests/cuda/op_bounds.h) --------------------------------------------------- */
 static void test_xent() {
   printf("cross-entropy\n");
   const int64_t shapes[][2] = {{7, 5}, {7, 1001}, {3, 70001}, {70000, 3}};  // T, V
@@ -537,12 +470,7 @@ static void test_xent() {
       same(what + " rowmax", mx, mxr, 4 * T);
       ok(kc_xent_sumexp_target(nullptr, lg, T, V, v0, y, mxr, se, tl), "xent sumexp");
       std::vector<double> bse(T);
-      for (int64_t t = 0; t < T; t++) {
-        double e = 0, R = 0;
-        for (int64_t j = 0; j < V; j++)
-          e += exp((double)lg[t * V + j] - mxr[t]), R = fmax(R, fabs(lg[t * V + j] - mxr[t]));
-        bse[t] = 2.0 * (TOL_U * R + TOL_K_XENT_SE * TOL_U + tol_gamma64((double)V)) * e;
-      }
+      xent_se_bounds(lg, T, V, mxr, bse.data());
       close("  sum of exponentials", se, ser, bse, T);
       same("  target logit", tl, tlr, 4 * T);
       float *lp = pl.get<float>(T), *w = pl.get<float>(T, 1), *lpr = pl.get<float>(T);
@@ -553,15 +481,7 @@ static void test_xent() {
       ok(kc_xent_logprobs(nullptr, ser, tlr, y, T, 0.5f, lp, w, sums, work), "logprobs");
       k_xent_logprobs(ser, tlr, y, T, 0.5f, lpr, wr, lr);
       std::vector<double> blp(T);
-      double lb = 0, labs = 0;
-      for (int64_t t = 0; t < T; t++) {
-        double l = y[t] >= 0 ? (double)tlr[t] - log((double)ser[t]) : 0.0;
-        double e64 = y[t] >= 0 ? tol_gamma64(3.0) * (fabs(tlr[t]) + fabs(log((double)ser[t]))) : 0;
-        blp[t] = 2.0 * TOL_U * fabs(l) + 2.0 * e64;
-        lb += 2.0 * e64;
-        labs += fabs(l);
-      }
-      lb += 2.0 * tol_gamma64(T + 1.0) * labs;
+      double lb = xent_logprob_bounds(ser, tlr, y, T, 0.0, blp.data());
       close("  log-probs", lp, lpr, blp, T);
       same("  weights", w, wr, 4 * T);
       printf("  %-52s |diff| %.3g, bound %.3g; count %.0f, %.0f\n", "loss sum",
@@ -608,14 +528,7 @@ static void test_xent() {
     ok(kc_xent_bwd(nullptr, lg, T, V, v0, y, mxr, ser, w, dl), "xent bwd");
     k_xent_bwd(lg, T, V, v0, y, mxr, ser, w, dlr);
     std::vector<double> bd(n);
-    for (int64_t t = 0; t < T; t++)
-      for (int64_t j = 0; j < V; j++) {
-        double p = exp((double)lg[t * V + j] - mxr[t]) / ser[t], aw = fabs(w[t]);
-        double hit = y[t] == v0 + j;
-        bd[t * V + j] = 2.0 * TOL_FIRST_ORDER *
-                        (aw * p * (TOL_U * fabs(lg[t * V + j] - mxr[t]) + TOL_K_XENT_BWD * TOL_U) +
-                         TOL_U * aw * (p + hit));
-      }
+    xent_bwd_bounds(lg, T, V, v0, y, mxr, ser, w, bd.data());
     close(wide ? what + " bwd" : "  bwd", dl, dlr, bd, n);
     ok(kc_xent_bwd(nullptr, lg, T, V, v0, y, mxr, ser, w, lg), "xent bwd in place");
     same("  bwd in place (dlogits aliasing logits)", lg, dl, 4 * n);

@@ -1,3 +1,4 @@
+/* The data loader's group over the host channel (cli/data_group.h). */
 #include "cli/data_group.h"
 
 static int gather(void *ctx, const void *send, const size_t *bytes, void *recv) {

@@ -21,7 +21,7 @@ build: $(BUILD)/Makefile
 
 test: deps
 	$(MAKE) build
-	cd $(BUILD) && ctest --output-on-failure --timeout 600
+	cd $(BUILD) && ctest --output-on-failure --timeout 600 -j $(JOBS)
 
 # The suite again against MPICH (Open MPI stays the default MPI) in its own
 # build directory, CUDA off: every MPI test (C, API, CLI, Python) with
@@ -37,7 +37,7 @@ test-mpich:
 	cmake -S . -B $(BUILD)-mpich -DCMAKE_BUILD_TYPE=Release -DMESHLM_CUDA=OFF \
 	  -DMPI_C_COMPILER=$$(command -v $(MPICH_CC)) -DMPIEXEC_EXECUTABLE=$$(command -v $(MPICH_EXEC))
 	cmake --build $(BUILD)-mpich -j $(JOBS)
-	cd $(BUILD)-mpich && ctest --output-on-failure --timeout 600 $(MPICH_CTEST_ARGS)
+	cd $(BUILD)-mpich && ctest --output-on-failure --timeout 600 -j $(JOBS) $(MPICH_CTEST_ARGS)
 
 demo: deps
 	$(MAKE) build

@@ -5,7 +5,7 @@
 
 #include "common/checked.h"
 
-int api_plan_batch(meshlm_session *s, const meshlm_seqs *b, api_plan *p) {
+int api_plan_batch(meshlm_session *s, const meshlm_seqs *b, bool forward_only, api_plan *p) {
   memset(p, 0, sizeof *p);
   int64_t n1 = b->n > 0 ? b->n : 1;
   p->start = ml_malloc_array(n1 + 1, sizeof *p->start, "the batch's offsets");
@@ -21,7 +21,7 @@ int api_plan_batch(meshlm_session *s, const meshlm_seqs *b, api_plan *p) {
   ML_TRY(ml_host_agree(s->world, rc));
   ML_TRY(ml_pack_plan(&p->pack, &s->e, s->world, b->n, b->lens, p->ids,
                       s->o.micro_batch_tokens));
-  return ml_host_agree(s->world, ml_pack_reserve(&p->pack, &s->e));
+  return ml_host_agree(s->world, ml_pack_reserve(&p->pack, &s->e, forward_only));
 }
 
 void api_plan_free(api_plan *p) {

@@ -14,9 +14,10 @@ typedef struct api_plan {
 } api_plan;
 
 /* Plan b's micro-batches of options.micro_batch_tokens over the session's
- * world and reserve the longest (collective; errors agreed). Free with
+ * world and reserve the longest (collective; errors agreed), for scoring
+ * when forward_only (ml_engine_reserve). Free with
  * api_plan_free, also after an error. */
-int api_plan_batch(meshlm_session *s, const meshlm_seqs *b, api_plan *p);
+int api_plan_batch(meshlm_session *s, const meshlm_seqs *b, bool forward_only, api_plan *p);
 void api_plan_free(api_plan *p);
 
 /* Set s's call statistics after a call of p's micro-batches (see

@@ -36,7 +36,7 @@ int meshlm_logprobs(meshlm_session *s, const meshlm_seqs *batch, const uint8_t *
   if (api_agree(s, rc)) return -1;
   if (api_agree(s, api_check_replicas(s, batch, "meshlm_logprobs"))) return -1;
   api_plan p;
-  if (api_agree(s, api_plan_batch(s, batch, &p))) {
+  if (api_agree(s, api_plan_batch(s, batch, true, &p))) {
     api_plan_free(&p);
     return -1;
   }

@@ -145,7 +145,7 @@ int meshlm_train_step(meshlm_session *s, const meshlm_train_batch *b, const mesh
   if (api_agree(s, api_check_replicas(s, &b->seqs, "meshlm_train_step"))) return -1;
   api_plan p;
   int64_t g[3];
-  if (api_agree(s, api_plan_batch(s, &b->seqs, &p)) || api_agree(s, global_counts(s, b, &p, g))) {
+  if (api_agree(s, api_plan_batch(s, &b->seqs, false, &p)) || api_agree(s, global_counts(s, b, &p, g))) {
     api_plan_free(&p);
     return -1;
   }

@@ -155,7 +155,7 @@ static int score_mine(lp_run *run, const deal *d, int64_t budget, float *mine) {
   ml_host *world = ml_mesh_host(run->mesh, ML_GROUP_WORLD);
   ml_pack p = {0};
   if (ml_host_agree(world, rc) == 0 && ml_pack_plan(&p, run->e, world, n, lens, ids, budget) == 0 &&
-      ml_host_agree(world, ml_pack_reserve(&p, run->e)) == 0) {
+      ml_host_agree(world, ml_pack_reserve(&p, run->e, true)) == 0) {
     ml_engine_hold_params(run->e, true);
     for (int64_t j = 0; rc == 0 && j < p.n_mb; j++) {
       ml_engine_batch eb;

@@ -279,7 +279,7 @@ void ml_train_batch_words(const ml_train_opts *o, int dp, char *buf, size_t cap)
 int ml_train_reserve(ml_engine *e, const ml_train_opts *o, int dp) {
   char what[192];
   ml_train_batch_words(o, dp, what, sizeof what);
-  return ml_engine_reserve(e, o->batch / (o->grad_accum * dp), o->seq_len, what);
+  return ml_engine_reserve(e, o->batch / (o->grad_accum * dp), o->seq_len, false, what);
 }
 
 ml_data_opts ml_train_data_opts(const ml_train_opts *o) {

@@ -147,7 +147,8 @@ static int prepare(ml_engine *e, int64_t B, int64_t S) {
 
 static int document_positions(ml_engine *e, const ml_engine_batch *b);
 
-int ml_engine_reserve(ml_engine *e, int64_t B, int64_t S, const char *what) {
+int ml_engine_reserve(ml_engine *e, int64_t B, int64_t S, bool forward_only, const char *what) {
+  e->model.forward_only = forward_only;
   snprintf(e->model.batch_what, sizeof e->model.batch_what, "%s", what ? what : "");
   if (e->packed) { /* the packed layout stays: positions for S tokens (one document) */
     int64_t whole[2] = {0, S};
@@ -237,8 +238,10 @@ static int document_positions(ml_engine *e, const ml_engine_batch *b) {
 
 /* The attention layout of batch b, then its geometry (prepare): packed
  * documents (their positions, the varlen core) or whole sequences per row.
- * A switch drops the activations: the cores' saved sizes may differ. */
-static int begin_batch(ml_engine *e, const ml_engine_batch *b) {
+ * A switch drops the activations: the cores' saved sizes may differ.
+ * forward_only: no backward follows (ml_model.forward_only). */
+static int begin_batch(ml_engine *e, const ml_engine_batch *b, bool forward_only) {
+  e->model.forward_only = forward_only;
   bool packed = b->docs != NULL;
   if (packed && (!ml_engine_can_pack(e) || b->B != 1))
     return ml_err("packed documents need one row (B = %lld given), no context parallelism "
@@ -363,7 +366,7 @@ static int run_forward_backward(ml_engine *e, const ml_engine_batch *b, const ml
 int ml_engine_forward_backward_batch(ml_engine *e, const ml_engine_batch *b,
                                      const ml_objective *o, float global_scale,
                                      ml_obj_sums *sums, ml_loss_out *nll) {
-  ML_TRY(begin_batch(e, b));
+  ML_TRY(begin_batch(e, b, false));
   ml_loss_grad g = {global_scale, o, NULL, sums};
   ml_obj_in *buf = NULL;
   if (o && !b->obj) return ml_err("an objective without its inputs (ml_engine_batch.obj)");
@@ -415,7 +418,7 @@ static int logprobs_out(ml_engine *e, const float *lp, int64_t B, int64_t S, flo
  * caller's to free); then the gathered units are resharded (what the
  * backward would have done), unless held. */
 static int forward_only(ml_engine *e, const ml_engine_batch *b, float **lp, ml_loss_out *nll) {
-  ML_TRY(begin_batch(e, b));
+  ML_TRY(begin_batch(e, b, true));
   ML_TRY(upload_batch(e, b));
   ML_TRY(forward_layers(e, e->ids));
   int64_t T = b->B * e->model.S; /* fits: prepare allocated B·s·H floats */

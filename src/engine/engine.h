@@ -99,9 +99,11 @@ void ml_engine_close(ml_engine *e);
  * any collective, where every rank can agree on the error. `what` (NULL:
  * the plain geometry) names the batch in allocation messages, in the
  * user's terms, e.g. "4 sequences per rank (--batch-size 8 / 2
- * data-parallel ranks) x --seq-len 4096"; it is copied. No collective.
+ * data-parallel ranks) x --seq-len 4096"; it is copied. forward_only: the
+ * batches will only be scored (ml_model.forward_only: one layer's
+ * activations), else trained. No collective.
  * Errors: allocation (the buffer, the batch and the config sizes named). */
-int ml_engine_reserve(ml_engine *e, int64_t B, int64_t S, const char *what);
+int ml_engine_reserve(ml_engine *e, int64_t B, int64_t S, bool forward_only, const char *what);
 
 /* Zero the sharded gradients: the start of an optimizer step (torch's
  * optimizer.zero_grad()). */

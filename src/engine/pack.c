@@ -120,8 +120,8 @@ int ml_pack_plan(ml_pack *p, ml_engine *e, ml_host *world, int64_t n, const int6
   return ml_host_agree(world, alloc_buffers(p));
 }
 
-int ml_pack_reserve(const ml_pack *p, ml_engine *e) {
-  return p->S_max > 0 ? ml_engine_reserve(e, 1, p->S_max, "the longest micro-batch row "
+int ml_pack_reserve(const ml_pack *p, ml_engine *e, bool forward_only) {
+  return p->S_max > 0 ? ml_engine_reserve(e, 1, p->S_max, forward_only, "the longest micro-batch row "
                                           "(the micro-batch token budget, or the longest "
                                           "sequence)")
                       : 0;

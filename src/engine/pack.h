@@ -55,8 +55,9 @@ void ml_pack_fill(const ml_pack *p, int64_t j, ml_engine_batch *eb);
 
 /* Reserve the longest row's activations (ml_engine_reserve) before any
  * micro-batch's collectives, so that every rank can agree on an
- * allocation failure. No collective. */
-int ml_pack_reserve(const ml_pack *p, ml_engine *e);
+ * allocation failure; forward_only: scoring (ml_engine_reserve). No
+ * collective. */
+int ml_pack_reserve(const ml_pack *p, ml_engine *e, bool forward_only);
 
 /* (A micro-batch's sequences sit in its row in order: sequence
  * order[first + i] begins at the sum of the lengths before it.) */

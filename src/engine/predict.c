@@ -91,7 +91,7 @@ int ml_predict_step(const char *model_dir, const ml_engine_opts *opts,
   float *lp = NULL;
   rc = ml_engine_open(&e, &mesh, model_dir, &o);
   /* the device buffers first: a batch beyond 2^63 bytes fails there, with their message */
-  if (rc == 0) rc = ml_engine_reserve(&e, B, S, shape->batch_what);
+  if (rc == 0) rc = ml_engine_reserve(&e, B, S, false, shape->batch_what);
   if (rc == 0) {
     ids = ml_calloc_array(T, sizeof *ids, "the planned batch's token ids");
     lp = ml_calloc_array(T, sizeof *lp, "the planned batch's log-probs");

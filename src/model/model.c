@@ -225,9 +225,11 @@ int ml_model_ckpt_keys(const ml_model *m, ml_ckpt_key *out) {
 static void free_acts(ml_model *m) {
   if (!m->be) return;
   for (int l = 0; m->layers && l < m->cfg.n_layers; l++) {
-    ml_be_free(m->be, m->layers[l].acts.x_in); /* the layer's block, see carve_layer */
+    /* the layer's block (see carve_layer), unless x_in is in the shared one */
+    if (!m->acts_shared) ml_be_free(m->be, m->layers[l].acts.x_in);
     memset(&m->layers[l].acts, 0, sizeof m->layers[l].acts);
   }
+  m->acts_shared = false;
   ml_be_free(m->be, m->ac_work);
   ml_be_free(m->be, m->x_final);
   ml_be_free(m->be, m->scratch);
@@ -259,8 +261,9 @@ ml_param *ml_model_find_param(ml_model *m, const char *name) {
 
 /* The parts kept per layer under ac (model/block.h ml_block_part); the
  * input always. */
-static int kept_parts(ml_ac_mode ac) {
-  switch (ac) {
+static int kept_parts(const ml_model *m) {
+  if (m->forward_only) return 0; /* every layer's buffers in the one shared block */
+  switch (m->ac) {
   case ML_AC_MLP: return ML_PART_INPUT | ML_PART_ATTN | ML_PART_CORE;
   case ML_AC_LAYER: return ML_PART_INPUT;
   case ML_AC_SELECTIVE: return ML_PART_ALL & ~ML_PART_CORE;
@@ -336,7 +339,8 @@ static void carve_layer(const act_dims *d, const ml_model *m, carver *c, ml_laye
   for (int i = 0; i < ml_block_n_acts; i++) {
     const ml_block_act *b = &ml_block_acts[i];
     bool present = b->needs < 0 || ml_block_present(&m->cfg, ml_block_row_of(b->needs));
-    if (b->part == ML_PART_OUT) present = !(c->kept & ML_PART_MLP);
+    /* out: for the recompute of a dropped MLP, never in a forward-only pass */
+    if (b->part == ML_PART_OUT) present = !(c->kept & ML_PART_MLP) && !m->forward_only;
     int64_t n = b->cols == ML_COLS_CORE
                     ? d->attn_saved
                     : ml_mul_sat(b->rows == ML_ROWS_T ? d->T : d->Tr, cols[b->cols]);
@@ -348,7 +352,7 @@ static void carve_layer(const act_dims *d, const ml_model *m, carver *c, ml_laye
 static void act_floats(const ml_model *m, const act_dims *d, int64_t *block, int64_t *work) {
   *block = *work = 0;
   for (int l = 0; l < m->cfg.n_layers; l++) {
-    carver c = {.kept = kept_parts(m->ac)};
+    carver c = {.kept = kept_parts(m)};
     ml_layer_acts a;
     carve_layer(d, m, &c, &a);
     *block = max3(*block, c.used[0], 0);
@@ -385,16 +389,22 @@ static int alloc_layer_acts(ml_model *m, const act_dims *d) {
   act_floats(m, d, &block, &work);
   if (work) {
     m->ac_work = ml_be_alloc(m->be, work, sizeof(float),
-                             "the activation recompute workspace (%s; %s)", batch, dims);
+                             m->forward_only ? "the forward-only activations (%s; %s)"
+                                             : "the activation recompute workspace (%s; %s)",
+                             batch, dims);
     if (!m->ac_work) return -1;
   }
+  m->acts_shared = m->forward_only;
   for (int l = 0; l < m->cfg.n_layers; l++) {
     ml_layer *L = &m->layers[l];
-    carver count = {.kept = kept_parts(m->ac)};
+    carver count = {.kept = kept_parts(m)};
     carve_layer(d, m, &count, &L->acts);
-    float *block = ml_be_alloc(m->be, count.used[0], sizeof(float),
-                                   "the activations of layer %d (%s; %s)", l, batch, dims);
-    if (!block) return -1;
+    float *block = NULL; /* forward-only: nothing of the layer's own */
+    if (count.used[0]) {
+      block = ml_be_alloc(m->be, count.used[0], sizeof(float),
+                          "the activations of layer %d (%s; %s)", l, batch, dims);
+      if (!block) return -1;
+    }
     carver c = {.kept = count.kept, .block = {block, m->ac_work}};
     carve_layer(d, m, &c, &L->acts);
   }
@@ -474,7 +484,8 @@ void ml_model_reset_acts(ml_model *m) {
 }
 
 int ml_model_begin(ml_model *m, int64_t B, int64_t S) {
-  if (m->B == B && m->S == S && m->x_final) return 0;
+  /* a training geometry serves a forward-only pass too, not the reverse */
+  if (m->B == B && m->S == S && m->x_final && (m->forward_only || !m->acts_shared)) return 0;
   if (!m->be) return ml_err("ml_model_begin: no backend set (ml_model.be)");
   free_acts(m);
   ml_be_trim(m->be); /* the old geometry's buffers go back to the system */
@@ -496,6 +507,10 @@ int ml_model_begin(ml_model *m, int64_t B, int64_t S) {
                                "the final norm's activations (%s x hidden_size %lld)", batch,
                                (long long)H);
   if (!m->x_final) return -1;
+  m->xn_final = m->x_final + T * H;
+  m->dxn_final = m->xn_final + T * H;
+  m->rstd_final = m->dxn_final + T * H;
+  if (m->forward_only) return alloc_rope(m); /* no backward: no scratch */
   /* backward temporaries: two [T, H], then attention's datt, dq [T, cap_q] and dk, dv
    * [T, cap_kv], or the MLP's da, dg, du [T, cap_i]; then the attention backward's
    * workspace */
@@ -511,9 +526,6 @@ int ml_model_begin(ml_model *m, int64_t B, int64_t S) {
                                batch, (long long)H, (long long)m->cfg.intermediate);
   if (!m->scratch) return -1;
   m->attn_work = m->scratch + temps;
-  m->xn_final = m->x_final + T * H;
-  m->dxn_final = m->xn_final + T * H;
-  m->rstd_final = m->dxn_final + T * H;
   return alloc_rope(m);
 }
 

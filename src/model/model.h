@@ -244,6 +244,16 @@ typedef struct ml_model {
   ml_model_config cfg;
   ml_backend *be; /* where the model computes and its buffers live; set before ml_model_begin */
   ml_ac_mode ac; /* set before ml_model_begin; default ML_AC_NONE */
+  /* Set before ml_model_begin: no backward will follow the forwards until
+   * it is cleared (scoring, generation's prefill and decode). Then every
+   * layer's buffers are carved from one shared block, overwritten by the
+   * next layer (torch.no_grad / inference_mode keep no activations
+   * either), and no backward scratch is allocated: a forward costs one
+   * layer's activations instead of n_layers'. Buffers allocated for
+   * training serve a forward-only pass of the same geometry as they are
+   * (no reallocation when an RL loop alternates scoring and training). */
+  bool forward_only;
+  bool acts_shared; /* the buffers in place are forward_only's (one block for every layer) */
   ml_embedding embed_tokens;
   ml_layer *layers;
   ml_rmsnorm norm;
@@ -331,7 +341,9 @@ ml_param *ml_model_find_param(ml_model *m, const char *name);
 /* (Re)allocate activations for a local batch of B sequences of S tokens,
  * with the local shapes in effect (call after TP is applied): per layer
  * the buffers m->ac keeps, and one recompute workspace for those it drops
- * (sizes: ml_model_act_bytes). Errors: allocation, the message naming the
+ * (sizes: ml_model_act_bytes); under m->forward_only one block for every
+ * layer and no backward scratch (kept when the buffers in place are a
+ * training geometry of the same B and S). Errors: allocation, the message naming the
  * buffer, the batch (m->batch_what) and the config sizes that set it; a
  * size beyond 2^63 bytes is reported as such, never wrapped. */
 int ml_model_begin(ml_model *m, int64_t B, int64_t S);

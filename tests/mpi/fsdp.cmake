@@ -10,3 +10,10 @@ endforeach()
 ml_mpi_executable(test_steady test_steady.c parity_util.c train_check.c)
 ml_mpi_test(steady_llama_tied_1rank 1 $<TARGET_FILE:test_steady> llama_tied 1)
 ml_mpi_test(steady_llama_tied_dp2_tp2 4 $<TARGET_FILE:test_steady> llama_tied 2)
+
+# Forward-only passes (scoring) keep one layer's activations, with the same
+# log-probs bitwise (pool statistics; tests/mpi/test_forward_only.c).
+ml_mpi_executable(test_forward_only test_forward_only.c parity_util.c)
+ml_mpi_test(forward_only_llama_tied_1rank 1 $<TARGET_FILE:test_forward_only> llama_tied 1)
+ml_mpi_test(forward_only_gemma3_1rank 1 $<TARGET_FILE:test_forward_only> gemma3 1)
+ml_mpi_test(forward_only_llama_tied_dp2_tp2 4 $<TARGET_FILE:test_forward_only> llama_tied 2)

@@ -1,0 +1,119 @@
+/* Forward-only passes keep one layer's activations (issue 31):
+ * `mpiexec -n N test_forward_only FIXTURE TP`. Scoring (ml_engine_logprobs)
+ * allocates its activations under ml_model.forward_only: one block shared by
+ * every layer and no backward scratch, where a training geometry holds one
+ * block per layer. Asserted on the backend's pool statistics (bytes in use,
+ * not timings) and on the numbers:
+ *  - the buffers a training reserve takes exceed the forward-only reserve's
+ *    by at least (n_layers − 1) layer blocks (ml_model_act_bytes; the
+ *    backward scratch comes on top);
+ *  - the log-probs are bitwise the same from slim buffers and from a
+ *    training geometry's (which serve a forward-only pass as they are),
+ *    before and after a forward + backward has run on the latter (no
+ *    optimizer step: the weights do not change);
+ *  - a training geometry in place serves scoring without reallocating its
+ *    activations (its layer blocks stay). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/step.h"
+#include "engine_run.h"
+#include "parity_util.h"
+
+static const char *g_fixture;
+static int g_tp;
+
+/* This rank's rows of the batch, scored: out [rows, S − 1]. */
+static void score(run *r, const batch *bt, int64_t rows, int64_t row0, float *out) {
+  if (ml_engine_logprobs(&r->e, bt->ids + row0 * bt->S, rows, bt->S, out))
+    fail_msg("logprobs: %s", ml_error_msg());
+}
+
+/* Bytes in use that reserving [rows, S] for `forward_only` adds, from empty
+ * activations (the pool counts the bytes asked for, backend/pool.c; the
+ * engine's own residual stream and ids exist from the first reserve on). */
+static size_t reserved_for(run *r, int64_t rows, int64_t S, bool forward_only) {
+  ml_model_reset_acts(&r->e.model);
+  ml_be_trim(r->e.be);
+  size_t before = ml_be_memory_stats(r->e.be).in_use;
+  if (ml_engine_reserve(&r->e, rows, S, forward_only, NULL))
+    fail_msg("reserve: %s", ml_error_msg());
+  return ml_be_memory_stats(r->e.be).in_use - before;
+}
+
+static void test_forward_only(void **state) {
+  (void)state;
+  static fixture fx; /* held: static, see held.h */
+  fixture_load(g_fixture, &fx);
+  int world;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  static batch bt;
+  batch_make(&fx, world, &bt);
+  static run r;
+  ml_engine_opts eo = ml_engine_opts_default();
+  run_open(&r, MPI_COMM_WORLD, 1, g_tp, &eo, fx.dir);
+  int64_t dp = r.mesh.groups[ML_GROUP_DP].size, dp_rank = r.mesh.groups[ML_GROUP_DP].rank;
+  int64_t rows = bt.B / dp, row0 = dp_rank * rows, n = rows * (bt.S - 1);
+  float *slim = calloc((size_t)n, sizeof *slim), *wide = calloc((size_t)n, sizeof *wide);
+  assert_non_null(slim);
+  assert_non_null(wide);
+
+  /* memory: L layer blocks and the backward scratch (training) against one block */
+  reserved_for(&r, rows, bt.S, false); /* the engine's residual stream and ids */
+  size_t fwd = reserved_for(&r, rows, bt.S, true);
+  score(&r, &bt, rows, row0, slim);
+  size_t train = reserved_for(&r, rows, bt.S, false);
+  int64_t per_layer, work;
+  ml_model_act_bytes(&r.e.model, rows, r.e.model.S, &per_layer, &work);
+  int64_t L = r.e.model.cfg.n_layers;
+  if (rank0())
+    printf("%s: activations reserved %zu B training, %zu B forward-only (%lld layers x %lld B "
+           "per layer)\n",
+           g_fixture, train, fwd, (long long)L, (long long)per_layer);
+  assert_true(L >= 2);
+  assert_true(train >= fwd + (size_t)((L - 1) * per_layer));
+
+  /* the training geometry serves scoring as it is (the same layer blocks), same numbers */
+  const float *block1 = r.e.model.layers[1].acts.x_in;
+  score(&r, &bt, rows, row0, wide);
+  assert_memory_equal(wide, slim, sizeof(float) * (size_t)n);
+  assert_false(r.e.model.acts_shared);
+  assert_ptr_equal(r.e.model.layers[1].acts.x_in, block1);
+
+  /* a training step, then scoring from slim buffers again = from the training ones */
+  double loss;
+  if (ml_engine_zero_grad(&r.e) ||
+      ml_engine_forward_backward(&r.e, bt.ids + row0 * bt.S, bt.mask + row0 * bt.S, rows, bt.S,
+                                 bt.targets, &loss))
+    fail_msg("forward_backward: %s", ml_error_msg());
+  score(&r, &bt, rows, row0, wide);    /* on the step's buffers */
+  reserved_for(&r, rows, bt.S, true); /* slim again */
+  score(&r, &bt, rows, row0, slim);
+  assert_memory_equal(wide, slim, sizeof(float) * (size_t)n);
+
+  free(slim);
+  free(wide);
+  run_close(&r);
+  batch_free(&bt);
+  fixture_free(&fx);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  if (argc != 3 || atoi(argv[2]) < 1) {
+    fprintf(stderr, "usage: mpiexec -n N test_forward_only FIXTURE TP\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  g_fixture = argv[1];
+  g_tp = atoi(argv[2]);
+  const struct CMUnitTest tests[] = {held_test(test_forward_only)};
+  return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
+}

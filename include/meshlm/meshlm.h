@@ -251,6 +251,32 @@ typedef struct meshlm_seqs {
 MESHLM_API int meshlm_logprobs(meshlm_session *s, const meshlm_seqs *batch, const uint8_t *mask,
                                float *out, double *seq_sums);
 
+/* The reference policy (the KL penalty's π_ref) in the same session, as
+ * NeMo RL's DTensorPolicyWorker keeps reference_model_state_dict and swaps
+ * it in for get_reference_policy_logprobs (use_reference_model): a frozen
+ * copy of the weights as FSDP shards beside the policy's — fp32, no
+ * gradient, no AdamW state, no second model — 4Ψ/N bytes per rank (Ψ
+ * parameters over N = dp_shard·cp·tp ranks: each rank's shard; in the
+ * device memory, or the host's under cpu_offload). */
+
+/* COLLECTIVE (every rank calls it; no communication). Capture the
+ * session's current weights as the reference: right after meshlm_open for
+ * the initial policy (NeMo's init_reference_model), or later to move the
+ * reference (e.g. after meshlm_reload_tensors of other weights). A second
+ * call overwrites the first's copy in place. Errors: allocation (agreed:
+ * every rank returns −1 and no reference is kept where it failed). */
+MESHLM_API int meshlm_set_reference(meshlm_session *s);
+
+/* COLLECTIVE. meshlm_logprobs (same arguments, outputs and errors; the
+ * messages name meshlm_logprobs' arguments) computed with the reference's
+ * weights;
+ * the policy's weights, gradients and AdamW state are as before the call.
+ * The numbers are bitwise those of a session opened on the captured
+ * weights on the same mesh and options. Errors: also no reference
+ * captured. */
+MESHLM_API int meshlm_reference_logprobs(meshlm_session *s, const meshlm_seqs *batch,
+                                         const uint8_t *mask, float *out, double *seq_sums);
+
 /* The objective of a training step. Per prediction t (of sequence k) with
  * mask m_t, log-prob lp_t under the current weights, weight A_t =
  * token_weights[t] · seq_weights[k] (1 where NULL):

@@ -412,6 +412,8 @@ class Policy:
     unshard_for_inference: keep the model unsharded during logprobs calls.
     comm: None (MPI_COMM_WORLD), an mpi4py communicator (its py2f() handle is
     used) or a Fortran communicator handle (int).
+    reference: capture the initial weights as the reference policy
+    (set_reference(); reference_logprobs()).
     """
 
     model_dir: Union[str, bytes]
@@ -433,7 +435,8 @@ class Policy:
                  prefetch_backward: Optional[int] = None,
                  grad_norm_type: Optional[Union[float, str]] = None,
                  cpu_offload: Optional[bool] = None,
-                 comm: Optional[Union[int, Communicator]] = None) -> None:
+                 comm: Optional[Union[int, Communicator]] = None,
+                 reference: bool = False) -> None:
         self._s: Optional[c_void_p] = None
         self._info: Optional[PolicyInfo] = None
         lib = self._lib = L.load()
@@ -504,6 +507,8 @@ class Policy:
         self._s = s
         L._open_sessions.append(self)
         self._info = self._get_info()
+        if reference:
+            self.set_reference()
 
     # --- lifetime -------------------------------------------------------------------------------
 
@@ -645,29 +650,52 @@ class Policy:
         not finite (NaN or inf, from weights or activations that overflowed)
         are returned as they are, with one warning (warnings.warn) counting
         them and naming the first (last_call_stats()["nonfinite_logprobs"])."""
+        return self._score("meshlm_logprobs", seqs, mask)
+
+    def set_reference(self) -> None:
+        """COLLECTIVE. Capture the current weights as the reference policy
+        (the KL penalty's pi_ref; NeMo RL's reference model): a frozen copy of
+        this rank's FSDP shards in fp32 (4 bytes per parameter over the ranks
+        sharing them), no gradient, no optimizer state.  Right after opening
+        (or Policy(reference=True)) it is the initial policy; a later call
+        moves it to the weights of that moment (meshlm_set_reference)."""
+        s = self._session()
+        self._check(self._lib.meshlm_set_reference(s), "meshlm_set_reference")
+
+    def reference_logprobs(self, seqs: TokenSeqs, mask: Optional[PerToken] = None
+                           ) -> Tuple[List[NDArray[np.float32]], NDArray[np.float64]]:
+        """COLLECTIVE. logprobs() computed with the reference policy's
+        weights (set_reference), as NeMo RL's get_reference_policy_logprobs:
+        bitwise those of a Policy opened on the captured weights with the same
+        options; the policy itself is left as it was.  Raises MeshlmError
+        when no reference was captured."""
+        return self._score("meshlm_reference_logprobs", seqs, mask)
+
+    def _score(self, fn: str, seqs: TokenSeqs, mask: Optional[PerToken]
+               ) -> Tuple[List[NDArray[np.float32]], NDArray[np.float64]]:
         s = self._session()
         try:
             b = _Batch(seqs)
             m = b.per_token(mask, "mask", np.uint8)
         except _ArgError as e:
-            self._arg_error(e, lambda: self._poison_logprobs(s))
+            self._arg_error(e, lambda: self._poison_logprobs(s, fn))
         out = np.zeros(b.total, np.float32)
         sums = np.zeros(b.n, np.float64)
-        rc = self._lib.meshlm_logprobs(s, byref(b.c), _ptr(m, c_uint8), _ptr(out, c_float),
-                                       _ptr(sums, c_double))
-        self._check(rc, "meshlm_logprobs")
+        rc = getattr(self._lib, fn)(s, byref(b.c), _ptr(m, c_uint8), _ptr(out, c_float),
+                                    _ptr(sums, c_double))
+        self._check(rc, fn)
         bad = self.last_call_stats()["nonfinite_logprobs"]
         if bad:
             k, t = b.locate(int(np.flatnonzero(~np.isfinite(out))[0]))
             warnings.warn("logprobs: %d log-probs are not finite (NaN or inf) on rank %d, the "
                           "first at sequence %d, entry %d" % (bad, self._rank(), k, t),
-                          stacklevel=2)
+                          stacklevel=3)
         return b.split(out), sums
 
-    def _poison_logprobs(self, s: c_void_p) -> None:
+    def _poison_logprobs(self, s: c_void_p, fn: str) -> None:
         lens, toks, c = _poison_seqs(self._rank())
         out = np.zeros(1, np.float32)
-        self._lib.meshlm_logprobs(s, byref(c), None, _ptr(out, c_float), None)
+        getattr(self._lib, fn)(s, byref(c), None, _ptr(out, c_float), None)
 
     # --- training ---------------------------------------------------------------------------------
 

@@ -20,6 +20,12 @@ typedef struct api_plan {
 int api_plan_batch(meshlm_session *s, const meshlm_seqs *b, bool forward_only, api_plan *p);
 void api_plan_free(api_plan *p);
 
+/* meshlm_logprobs after its api_enter: the scoring of `batch` with the
+ * engine's weights as they are (meshlm_reference_logprobs swaps the
+ * reference's in around it). */
+int api_score(meshlm_session *s, const meshlm_seqs *batch, const uint8_t *mask, float *out,
+              double *seq_sums);
+
 /* Set s's call statistics after a call of p's micro-batches (see
  * meshlm_call_stats). */
 void api_plan_stats(meshlm_session *s, const api_plan *p);

@@ -29,6 +29,11 @@ static int64_t scatter(const api_plan *p, const meshlm_seqs *b, int64_t j, const
 int meshlm_logprobs(meshlm_session *s, const meshlm_seqs *batch, const uint8_t *mask,
                     float *out, double *seq_sums) {
   ML_TRY(api_enter(s, API_CALL_LOGPROBS));
+  return api_score(s, batch, mask, out, seq_sums);
+}
+
+int api_score(meshlm_session *s, const meshlm_seqs *batch, const uint8_t *mask, float *out,
+              double *seq_sums) {
   int64_t tokens, preds;
   int rc = api_check_seqs(s, batch, "meshlm_logprobs", 1, &tokens, &preds);
   if (rc == 0 && preds > 0 && !out) rc = ml_err("meshlm_logprobs: out is NULL");

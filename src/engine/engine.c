@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/checked.h"
+#include "engine/reference.h"
 #include "common/status.h"
 #include "io/checkpoint.h"
 #include "parallel/tp.h"
@@ -84,6 +85,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
 
 void ml_engine_close(ml_engine *e) {
   ml_grads_free(&e->grads); /* in the shards' memory: before FSDP goes */
+  ml_engine_reference_free(e); /* likewise (the policy's shards swapped back) */
   if (e->fsdp.units) ml_fsdp_destroy(&e->fsdp);
   ml_vocab_destroy(&e->vocab);
   ml_tp_destroy(&e->tp);

@@ -79,6 +79,8 @@ typedef struct ml_engine {
   int64_t cap_positions;
   ml_varlen varlen;   /* the packed documents' attention core */
   bool hold;          /* ml_engine_hold_params: forwards leave every unit unsharded */
+  float **ref;        /* [n_units] the reference policy's shards (engine/reference.h), or NULL */
+  bool ref_swapped;   /* the engine computes with them now (ml_engine_reference_swap) */
 } ml_engine;
 
 /* Load DIR (config.json + safetensors), select the plan (ml_plan_select;

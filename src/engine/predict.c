@@ -24,6 +24,7 @@ static int run(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp, ml_pr
   for (int u = 0; u < e->fsdp.n_units; u++) {
     int64_t n = e->fsdp.units[u].shard_numel;
     mem->shards += 16 * n;
+    mem->reference += 4 * n;
     max_shard = n > max_shard ? n : max_shard;
   }
   if (e->opts.fsdp.cpu_offload) /* the shards, and host_grad where FSDP allocated it */
@@ -39,15 +40,16 @@ static int run(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp, ml_pr
   ML_TRY(ml_engine_adamw(e, &adam));
   take_stats(mesh, p->train);
   mem->train_peak = (int64_t)ml_be_memory_stats(e->be).peak;
+  p->S_pad = e->cp.S_pad;
+  p->s_local = p->S_pad / e->cp.size;
+  int64_t per_layer, work; /* the step's (m->forward_only is off) */
+  ml_model_act_bytes(&e->model, p->B, p->s_local, &per_layer, &work);
+  mem->activations = ml_add_sat(ml_mul_sat(per_layer, e->model.cfg.n_layers), work);
+  ml_model_reset_acts(&e->model); /* scoring allocates its own: one layer's (forward_only) */
   ml_be_reset_peak(e->be);
   ML_TRY(ml_engine_logprobs(e, ids, p->B, p->S, lp));
   take_stats(mesh, p->logprobs);
   mem->logprobs_peak = (int64_t)ml_be_memory_stats(e->be).peak;
-  p->S_pad = e->cp.S_pad;
-  p->s_local = p->S_pad / e->cp.size;
-  int64_t per_layer, work;
-  ml_model_act_bytes(&e->model, p->B, p->s_local, &per_layer, &work);
-  mem->activations = ml_add_sat(ml_mul_sat(per_layer, e->model.cfg.n_layers), work);
   /* the loss runs over this rank's tokens, or the FSDP group's under vocab parallelism, whose
    * columns are split over tp (sharded logits) and then over the group */
   p->vocab_group = e->vocab.comm ? e->vocab.comm->size : 1;

@@ -42,6 +42,8 @@ typedef struct ml_predict_memory {
                           (ml_model_act_bytes) */
   int64_t train_peak;  /* the peak of one training step (everything live at once) */
   int64_t logprobs_peak; /* the peak of one logprobs pass */
+  int64_t reference;   /* a reference policy's shards (engine/reference.h: the padded fp32
+                          parameter shards, a quarter of `shards`), where the shards live */
 } ml_predict_memory;
 
 /* What is predicted: world rank `rank` of a dp_replicate × dp_shard × cp

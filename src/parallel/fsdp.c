@@ -424,6 +424,21 @@ int ml_fsdp_sync_params(ml_fsdp *f) {
   return 0;
 }
 
+int ml_fsdp_swap_shards(ml_fsdp *f, float **other) {
+  for (int u = 0; u < f->n_units; u++) {
+    ml_fsdp_unit *unit = &f->units[u];
+    ml_fsdp_reshard(f, u); /* no-op where the unsharded parameters persist or alias */
+    float *mine = unit->shard;
+    unit->shard = other[u];
+    other[u] = mine;
+    if (fsdp_params_alias(f)) {
+      unit->full = unit->shard;
+      point_data(unit, unit->full, ML_F32);
+    }
+  }
+  return ml_fsdp_sync_params(f);
+}
+
 int ml_fsdp_rows(const ml_fsdp *f, const ml_param *p, ml_rows *w) {
   for (int u = 0; u < f->n_units; u++) {
     const ml_fsdp_unit *unit = &f->units[u];

@@ -235,6 +235,18 @@ int ml_fsdp_gather_flat(ml_fsdp *f, int u, const float *src, float *dst);
  * ZeRO-3. Collective over the group. */
 int ml_fsdp_sync_params(ml_fsdp *f);
 
+/* Exchange every unit's fp32 parameter shard with other[u] (an array of
+ * n_units buffers of the unit's shard_numel floats, where the shards live:
+ * ml_fsdp_shard_alloc), as a swap of the module's parameters would (NeMo
+ * RL's use_reference_model swaps the reference state dict in): the
+ * unsharded parameters of the old shards are dropped (ZeRO-3; the next
+ * forward gathers the new ones), re-pointed where they alias the shard,
+ * or re-gathered where they persist (ZeRO-1/2: collective over the group,
+ * ml_fsdp_sync_params). The gradients and AdamW state stay. The shard
+ * pointers are owned by whoever holds them after the call: a caller swaps
+ * back before ml_fsdp_destroy. Errors: those of the re-gather. */
+int ml_fsdp_swap_shards(ml_fsdp *f, float **other);
+
 /* count elements of `elem` bytes where the shards live: the backend's
  * device memory, or under cpu_offload its host memory (ml_be_host_alloc:
  * pinned on CUDA); NULL with ml_be_alloc's message (what_fmt, ...). Free

@@ -17,6 +17,7 @@
  *  test_api_train.c     train_step's losses against double references, the schedule
  *  test_api_weights.c   save / resume, export / reload, refit, reload_tensors
  *  test_api_generate.c  generate
+ *  test_api_reference.c the reference policy (set_reference, reference_logprobs)
  *  test_api_misuse.c    failed sessions, bad arguments, collective order, tp
  *                       peers, the error message's rank
  *

@@ -29,7 +29,9 @@
  *    (the shards, their gradients and AdamW state, fp32) and exactly the
  *    predicted host bytes of the host pool (the same 16 B per element, and
  *    the gradients' host staging), and the prediction's device memory once
- *    open is the one without offload less the shards.
+ *    open is the one without offload less the shards;
+ *  - a reference policy (engine/reference.h) takes exactly the predicted
+ *    bytes (the fp32 parameter shards) of the pool where the shards live.
  * Mismatches are collected per rank and agreed on after the collectives,
  * so a failure never leaves other ranks waiting. */
 #include <math.h>
@@ -50,6 +52,7 @@
 #include "held.h"
 #include "rank_report.h"
 #include "engine/predict.h"
+#include "engine/reference.h"
 #include "engine_run.h"
 #include "parity_util.h"
 #include "tensor/placement.h"
@@ -207,6 +210,29 @@ static void test_train_step(void **state) {
          (long long)s.pred.mem.shards, (long long)(16 * shard));
   print_counts(s.pred.train, "train step");
   agree(&rep, "mismatches between prediction and counting comm");
+  setup_close(&s);
+}
+
+/* The reference policy's shards: the predicted bytes of the device pool,
+ * or of the host pool under offload, exactly (the pool counts the bytes
+ * asked for). */
+static void test_reference_memory(void **state) {
+  (void)state;
+  static setup s;
+  setup_open(&s);
+  report rep = {0};
+  ml_memory_stats a = ml_be_memory_stats(s.e.be);
+  if (ml_engine_reference_set(&s.e)) fail_msg("reference: %s", ml_error_msg());
+  ml_memory_stats b = ml_be_memory_stats(s.e.be);
+  int64_t took = g_offload ? (int64_t)(b.host_in_use - a.host_in_use)
+                           : (int64_t)(b.in_use - a.in_use);
+  if (rank0())
+    printf("reference policy: %lld B per rank (predicted %lld B)\n", (long long)took,
+           (long long)s.pred.mem.reference);
+  if (took != s.pred.mem.reference || took != (int64_t)ml_engine_reference_bytes(&s.e))
+    note(&rep, "the reference policy took %lld B of the %s pool; predicted %lld B",
+         (long long)took, g_offload ? "host" : "device", (long long)s.pred.mem.reference);
+  agree(&rep, "mismatches between predicted and measured reference memory");
   setup_close(&s);
 }
 
@@ -390,6 +416,7 @@ int main(int argc, char **argv) {
     }
   }
   const struct CMUnitTest tests[] = {
+      held_test(test_reference_memory),
       held_test(test_train_step),
       held_test(test_logprobs),
       held_test(test_sp_saves_memory),

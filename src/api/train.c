@@ -66,7 +66,7 @@ static void fill_objective(const api_plan *p, const meshlm_train_batch *b, const
                            const int64_t g[3], int64_t j) {
   const ml_pack *pk = &p->pack;
   const ml_micro *m = &pk->mb[j];
-  memset(pk->obj, 0, sizeof *pk->obj * (size_t)m->S);
+  for (int64_t i = 0; i < m->S; i++) pk->obj[i] = (ml_obj_in){.idx = -1};
   int64_t at = 0;
   for (int64_t i = 0; i < m->count; i++) {
     int64_t k = pk->order[m->first + i], L = b->seqs.lens[k], o = p->start[k] - k;
@@ -80,6 +80,7 @@ static void fill_objective(const api_plan *p, const meshlm_train_batch *b, const
       in->adv = (b->token_weights ? b->token_weights[o + t] : 1.0f) * sw;
       in->old_lp = b->old_logprobs ? b->old_logprobs[o + t] : 0.0f;
       in->ref_lp = b->ref_logprobs ? b->ref_logprobs[o + t] : 0.0f;
+      in->idx = o + t;
     }
     at += L;
   }
@@ -107,8 +108,9 @@ static int fill_micro(void *ctx, int64_t j, ml_engine_batch *eb) {
 static void step(meshlm_session *s, const meshlm_train_batch *b, const meshlm_loss *l,
                  const api_plan *p, const int64_t g[3], meshlm_step_result *out) {
   ml_obj_kind kinds[] = {ML_OBJ_NLL, ML_OBJ_WEIGHTED_NLL, ML_OBJ_CLIPPED_PG};
-  ml_objective obj = {kinds[l->kind], l->ratio_clip_min, l->ratio_clip_max, l->ratio_clip_c,
-                      l->kl_penalty};
+  ml_objective obj = {.kind = kinds[l->kind], .clip_low = l->ratio_clip_min,
+                      .clip_high = l->ratio_clip_max, .clip_c = l->ratio_clip_c,
+                      .kl_beta = l->kl_penalty};
   train_source t = {p, b, l, g};
   ml_step_source src = {.n_micro = p->pack.n_mb, .fill = fill_micro, .ctx = &t, .objective = &obj};
   ml_step_result r;

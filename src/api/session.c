@@ -111,7 +111,8 @@ int meshlm_options_init(meshlm_options *o, size_t struct_size) {
 static const char *const k_calls[API_CALL_KINDS] = {
     "?",             "meshlm_close",  "meshlm_logprobs",   "meshlm_train_step",
     "meshlm_save",   "meshlm_resume", "meshlm_export",     "meshlm_refit",
-    "meshlm_reload", "meshlm_reload_tensors", "meshlm_generate"};
+    "meshlm_reload", "meshlm_reload_tensors", "meshlm_generate", "meshlm_zero_grad",
+    "meshlm_forward_backward", "meshlm_optimizer_step", "meshlm_eval_loss"};
 
 int api_leave(meshlm_session *s, int rc) {
   if (rc == 0) return 0;

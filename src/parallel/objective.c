@@ -37,6 +37,10 @@ float ml_objective_token(const ml_objective *o, const ml_obj_in *in, float lp, m
     break;
   case ML_OBJ_CLIPPED_PG:
     l = clipped_pg(o, A, exp(x - (double)in->old_lp), &dl, &clipped);
+    if (o->is_weighted) {
+      l *= in->rho;
+      dl *= in->rho;
+    }
     break;
   case ML_OBJ_NLL:
   default:
@@ -59,12 +63,12 @@ float ml_objective_token(const ml_objective *o, const ml_obj_in *in, float lp, m
 
 bool ml_objective_own_only(const ml_objective *o) { return o->kind == ML_OBJ_CUSTOM; }
 
-/* CUSTOM: the trained targets of [own0, own1) compacted into one call of
+/* CUSTOM: the trained targets (a target, weight in.w != 0) of [own0, own1) compacted into one call of
  * the caller's objective; every other weight 0. */
 static int custom_chunk(const ml_objective *o, int64_t n, const float *lp, const ml_obj_in *in,
                         int64_t own0, int64_t own1, float *w, ml_obj_sums *acc) {
   int64_t m = 0;
-  for (int64_t i = own0; i < own1; i++) m += w[i] != 0.0f;
+  for (int64_t i = own0; i < own1; i++) m += w[i] != 0.0f && in[i].w != 0.0f;
   /* per target: lp (float), in, loss and grad (2 doubles); m <= n, a buffer's size */
   size_t each = sizeof(float) + sizeof(ml_obj_in) + 2 * sizeof(double);
   char *mem = m ? ml_malloc_array(m, each, "the objective's chunk (%lld targets)", (long long)m)
@@ -75,14 +79,14 @@ static int custom_chunk(const ml_objective *o, int64_t n, const float *lp, const
   float *clp = (float *)(grad + m);
   int64_t j = 0;
   for (int64_t i = own0; i < own1; i++)
-    if (w[i] != 0.0f) {
+    if (w[i] != 0.0f && in[i].w != 0.0f) {
       cin[j] = in[i];
       clp[j++] = lp[i];
     }
   int rc = m ? o->fn(o->ctx, m, clp, cin, loss, grad) : 0;
   j = 0;
   for (int64_t i = 0; i < n; i++) {
-    bool mine = i >= own0 && i < own1 && w[i] != 0.0f;
+    bool mine = i >= own0 && i < own1 && w[i] != 0.0f && in[i].w != 0.0f;
     w[i] = mine && rc == 0 ? (float)(-grad[j]) : 0.0f;
     if (mine && rc == 0) acc->loss += loss[j];
     j += mine;

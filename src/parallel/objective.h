@@ -31,6 +31,8 @@ typedef struct ml_objective {
   double clip_low, clip_high; /* ratio clipped to [1 − clip_low, 1 + clip_high] */
   double clip_c;              /* dual clip c > 1 where the advantage is negative; 0: off */
   double kl_beta;             /* β of the k3 penalty (WEIGHTED_NLL, CLIPPED_PG); 0: off */
+  bool is_weighted;           /* CLIPPED_PG: the clipped term times each target's in.rho (an
+                                 importance-sampling weight, constant in lp) */
   ml_obj_fn fn;               /* CUSTOM: the caller's objective, with ctx */
   void *ctx;
 } ml_objective;
@@ -44,6 +46,7 @@ typedef struct ml_obj_in {
   float w, adv, old_lp, ref_lp;
   int64_t idx; /* the caller's own index of the target (api: its place in the batch's
                   prediction-aligned arrays), −1 where no target; read by CUSTOM only */
+  float rho;   /* the importance-sampling weight of the clipped term (is_weighted only) */
 } ml_obj_in;
 
 /* Sums over targets, this rank's: loss Σ w·(ℓ + β·k3), kl Σ w·β·k3;
@@ -67,7 +70,7 @@ float ml_objective_token(const ml_objective *o, const ml_obj_in *in, float lp, m
  * own1) are this rank's own: their terms go to *acc, the others' are
  * dropped. A built-in objective runs ml_objective_token on every target
  * (the same weights on every rank, no communication). A CUSTOM one is
- * called on the trained targets of [own0, own1) only and leaves every
+ * called on the trained targets (in.w != 0) of [own0, own1) only and leaves every
  * other weight 0: when the pass runs over other ranks' targets too
  * (vocab parallelism over a group) the caller sums w over that group
  * (ml_objective_own_only). Errors: the objective's, allocation. */

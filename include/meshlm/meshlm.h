@@ -348,7 +348,9 @@ typedef int (*meshlm_objective_fn)(void *ctx, const meshlm_objective_chunk *c);
  * (not its KL):
  *   TOKEN:    ρ_t = exp(old_t − gen_t)
  *   SEQUENCE: ρ_t = exp(Σ_{masked s∈k} (old_s − gen_s)) for every t of k
- * (a NaN or ±Inf ρ becomes 0: torch.nan_to_num(nan=0, posinf=0, neginf=0)),
+ * (a NaN or ±Inf ρ of finite inputs becomes 0: torch.nan_to_num(nan=0,
+ * posinf=0, neginf=0); a non-finite old_t or gen_t of a masked target gives
+ * ρ_t NaN instead, a non-finite loss: the step is skipped, the input named),
  * then truncation:
  *   TIS:          ρ ← min(ρ, is_ratio_max)
  *   ICEPOP:       ρ ← 0 where ρ ∉ [is_ratio_min, is_ratio_max]

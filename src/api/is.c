@@ -110,7 +110,13 @@ int api_is_prepare(const meshlm_train_batch *b, const meshlm_loss *l, const api_
     int64_t L = b->seqs.lens[k], o = p->start[k] - k;
     raw_weights(b, l, o, L, rho);
     if (l->is_truncation != MESHLM_IS_TRUNC_NONE) truncate(b, l, o, L, rho, is);
-    for (int64_t t = 0; t < L - 1; t++) is->rho[o + t] = (float)rho[t];
+    /* a non-finite input is bad data, not an overflow to zero: its ρ is NaN, so the loss is
+       not finite and the step skipped (its reason names the input) */
+    for (int64_t t = 0; t < L - 1; t++)
+      is->rho[o + t] = masked_at(b, o + t) && !(isfinite(b->old_logprobs[o + t]) &&
+                                               isfinite(b->generation_logprobs[o + t]))
+                           ? NAN
+                           : (float)rho[t];
   }
   free(rho);
   return 0;

@@ -502,6 +502,25 @@ MESHLM_API int meshlm_optimizer_step(meshlm_session *s, meshlm_step_result *out)
 MESHLM_API int meshlm_eval_loss(meshlm_session *s, const meshlm_train_batch *b,
                                 const meshlm_loss *loss, meshlm_step_result *out);
 
+/* The reference policy in the same session (NeMo RL
+ * get_reference_policy_logprobs without a second model): a frozen copy of
+ * the weights, FSDP-sharded like the policy's (each rank its shards' fp32
+ * copy: 4Ψ/N bytes for Ψ parameters over N = dp_shard × cp shards, where
+ * the shards live), no gradients, no optimizer state.
+ * COLLECTIVE. meshlm_set_reference: the reference := the current weights
+ * (right after meshlm_open: the initial ones; after meshlm_reload /
+ * meshlm_reload_tensors: those). Errors: allocation (agreed). */
+MESHLM_API int meshlm_set_reference(meshlm_session *s);
+
+/* COLLECTIVE. meshlm_logprobs (the same arguments and results) under the
+ * reference's weights: the policy's shards and the reference's exchange
+ * their contents around the pass (the gathered parameters freed before and
+ * after), so the numbers are those of a session holding the reference's
+ * weights, bitwise, and the policy, its gradients and optimizer state are
+ * untouched. Errors: no reference set, those of meshlm_logprobs. */
+MESHLM_API int meshlm_reference_logprobs(meshlm_session *s, const meshlm_seqs *batch,
+                                         const uint8_t *mask, float *out, double *seq_sums);
+
 /* COLLECTIVE. Run checkpoints (`meshlm train --save / --resume`'s format:
  * sharded weights, AdamW state, the step; any mesh can resume any other's).
  * save writes a new checkpoint under dir (created) and commits it

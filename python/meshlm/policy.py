@@ -734,6 +734,20 @@ class Policy:
 
     # --- scoring ----------------------------------------------------------------------------------
 
+    def set_reference(self) -> None:
+        """COLLECTIVE. The reference policy := the current weights (right after
+        opening: the initial ones), a frozen FSDP-sharded copy in this session
+        (meshlm_set_reference: no gradients, no optimizer state)."""
+        s = self._session()
+        self._check(self._lib.meshlm_set_reference(s), "meshlm_set_reference")
+
+    def reference_logprobs(self, seqs: TokenSeqs, mask: Optional[PerToken] = None
+                           ) -> Tuple[List[NDArray[np.float32]], NDArray[np.float64]]:
+        """COLLECTIVE. logprobs() under the reference policy's weights
+        (meshlm_reference_logprobs; set_reference first): the same arguments
+        and results, the numbers a session holding those weights gives."""
+        return self._logprobs(seqs, mask, "meshlm_reference_logprobs")
+
     def logprobs(self, seqs: TokenSeqs, mask: Optional[PerToken] = None
                  ) -> Tuple[List[NDArray[np.float32]], NDArray[np.float64]]:
         """COLLECTIVE. Per-token log-probs of this rank's sequences.
@@ -748,29 +762,33 @@ class Policy:
         not finite (NaN or inf, from weights or activations that overflowed)
         are returned as they are, with one warning (warnings.warn) counting
         them and naming the first (last_call_stats()["nonfinite_logprobs"])."""
+        return self._logprobs(seqs, mask, "meshlm_logprobs")
+
+    def _logprobs(self, seqs: TokenSeqs, mask: Optional[PerToken], call: str
+                  ) -> Tuple[List[NDArray[np.float32]], NDArray[np.float64]]:
         s = self._session()
         try:
             b = _Batch(seqs)
             m = b.per_token(mask, "mask", np.uint8)
         except _ArgError as e:
-            self._arg_error(e, lambda: self._poison_logprobs(s))
+            self._arg_error(e, lambda: self._poison_logprobs(s, call))
         out = np.zeros(b.total, np.float32)
         sums = np.zeros(b.n, np.float64)
-        rc = self._lib.meshlm_logprobs(s, byref(b.c), _ptr(m, c_uint8), _ptr(out, c_float),
-                                       _ptr(sums, c_double))
-        self._check(rc, "meshlm_logprobs")
+        rc = getattr(self._lib, call)(s, byref(b.c), _ptr(m, c_uint8), _ptr(out, c_float),
+                                      _ptr(sums, c_double))
+        self._check(rc, call)
         bad = self.last_call_stats()["nonfinite_logprobs"]
         if bad:
             k, t = b.locate(int(np.flatnonzero(~np.isfinite(out))[0]))
             warnings.warn("logprobs: %d log-probs are not finite (NaN or inf) on rank %d, the "
                           "first at sequence %d, entry %d" % (bad, self._rank(), k, t),
-                          stacklevel=2)
+                          stacklevel=3)
         return b.split(out), sums
 
-    def _poison_logprobs(self, s: c_void_p) -> None:
+    def _poison_logprobs(self, s: c_void_p, call: str = "meshlm_logprobs") -> None:
         lens, toks, c = _poison_seqs(self._rank())
         out = np.zeros(1, np.float32)
-        self._lib.meshlm_logprobs(s, byref(c), None, _ptr(out, c_float), None)
+        getattr(self._lib, call)(s, byref(c), None, _ptr(out, c_float), None)
 
     # --- training ---------------------------------------------------------------------------------
 

@@ -32,6 +32,8 @@ typedef enum {
   API_CALL_FORWARD_BACKWARD,
   API_CALL_OPTIMIZER_STEP,
   API_CALL_EVAL_LOSS,
+  API_CALL_SET_REFERENCE,
+  API_CALL_REFERENCE_LOGPROBS,
   API_CALL_KINDS
 } api_call;
 
@@ -72,7 +74,12 @@ struct meshlm_session {
   bool gen_open;
   int64_t gen_version;        /* `version` it was refitted at */
   api_acc acc;                /* since meshlm_zero_grad (split steps) */
+  float **ref;                /* the reference policy (api/reference.c): per FSDP unit a copy of
+                                 its fp32 shard, or NULL before meshlm_set_reference */
 };
+
+/* Free the reference policy's shards (meshlm_close). */
+void api_reference_free(meshlm_session *s);
 
 /* Begin a collective call: clears the session's message and checks that
  * every rank makes the same call (one all-gather of call ids over the

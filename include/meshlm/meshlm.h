@@ -446,8 +446,9 @@ typedef struct meshlm_step_result {
  * meshlm_loss_default) over micro-batches of options.micro_batch_tokens
  * (gradient accumulation, as one batch), global grad norm, clipping to
  * max_grad_norm, AdamW at the schedule's lr for this step — the CLI's step
- * (src/engine/step.h). A non-finite grad norm skips the update
- * (result.skipped, the parameter named) but counts the step. A rank
+ * (src/engine/step.h). A non-finite loss (e.g. NaN in an input it reads)
+ * or grad norm skips the update (result.skipped, skip_reason, the parameter
+ * named) but counts the step. A rank
  * may pass n = 0 sequences. Errors: as meshlm_logprobs; a struct_size out of
  * range (b, loss, out); a loss field out of
  * range or an array the loss needs left NULL (named); no masked prediction

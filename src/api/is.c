@@ -64,8 +64,8 @@ static void raw_weights(const meshlm_train_batch *b, const meshlm_loss *l, int64
 
 /* Truncation of sequence k's weights rho [L − 1] (in place); the
  * out-of-bounds counts into is. */
-static void truncate(const meshlm_train_batch *b, const meshlm_loss *l, int64_t o, int64_t L,
-                     double *rho, api_is *is) {
+static void truncate_weights(const meshlm_train_batch *b, const meshlm_loss *l, int64_t o,
+                             int64_t L, double *rho, api_is *is) {
   double lo = l->is_ratio_min, hi = l->is_ratio_max;
   if (l->is_truncation == MESHLM_IS_TRUNC_SEQ_MASK_TIS) {
     int64_t n;
@@ -79,7 +79,8 @@ static void truncate(const meshlm_train_batch *b, const meshlm_loss *l, int64_t 
     return;
   }
   for (int64_t t = 0; t < L - 1; t++) {
-    bool out = l->is_truncation == MESHLM_IS_TRUNC_TIS ? rho[t] > hi : !(rho[t] >= lo && rho[t] <= hi);
+    bool out = l->is_truncation == MESHLM_IS_TRUNC_TIS ? rho[t] > hi
+                                                       : !(rho[t] >= lo && rho[t] <= hi);
     if (masked_at(b, o + t)) {
       is->oob += out;
       is->oob_of++;
@@ -109,7 +110,7 @@ int api_is_prepare(const meshlm_train_batch *b, const meshlm_loss *l, const api_
   for (int64_t k = 0; k < b->seqs.n; k++) {
     int64_t L = b->seqs.lens[k], o = p->start[k] - k;
     raw_weights(b, l, o, L, rho);
-    if (l->is_truncation != MESHLM_IS_TRUNC_NONE) truncate(b, l, o, L, rho, is);
+    if (l->is_truncation != MESHLM_IS_TRUNC_NONE) truncate_weights(b, l, o, L, rho, is);
     /* a non-finite input is bad data, not an overflow to zero: its ρ is NaN, so the loss is
        not finite and the step skipped (its reason names the input) */
     for (int64_t t = 0; t < L - 1; t++)

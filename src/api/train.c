@@ -193,9 +193,9 @@ void api_loss_forward(meshlm_session *s, api_loss_call *c, ml_step_result *r) {
     ml_pack_fill(pk, j, &eb);
     if (ml_engine_logprobs_batch(&s->e, &eb, pk->lp)) api_abort(s);
     fill_micro(c, j, &eb);
-    int64_t n = eb.S - 1; /* out [1, S − 1] */
+    int64_t n = eb.S - 1; /* out [1, S − 1]; an empty micro-batch (S 0) has none */
     for (int64_t i = 0; rc == 0 && i < n; i++) w[i] = pk->obj[i].w != 0.0f ? 1.0f : 0.0f;
-    if (rc == 0) rc = ml_objective_chunk(&c->obj, n, pk->lp, pk->obj, 0, n, w, sums);
+    if (rc == 0 && n > 0) rc = ml_objective_chunk(&c->obj, n, pk->lp, pk->obj, 0, n, w, sums);
   }
   free(w);
   double v[5] = {sums->loss, sums->kl, (double)sums->trained, (double)sums->clipped, rc != 0};

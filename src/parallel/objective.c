@@ -63,8 +63,8 @@ float ml_objective_token(const ml_objective *o, const ml_obj_in *in, float lp, m
 
 bool ml_objective_own_only(const ml_objective *o) { return o->kind == ML_OBJ_CUSTOM; }
 
-/* CUSTOM: the trained targets (a target, weight in.w != 0) of [own0, own1) compacted into one call of
- * the caller's objective; every other weight 0. */
+/* CUSTOM: the trained targets (a target, weight in.w != 0) of [own0, own1)
+ * compacted into one call of the caller's objective; every other weight 0. */
 static int custom_chunk(const ml_objective *o, int64_t n, const float *lp, const ml_obj_in *in,
                         int64_t own0, int64_t own1, float *w, ml_obj_sums *acc) {
   int64_t m = 0;

@@ -204,7 +204,8 @@ static void test_custom_is_builtin(void **state) {
     meshlm_step_result ra = {.struct_size = sizeof ra}, rb = ra;
     OK(a, step_share(a, &c.g, &c.a, &lb, &ra));
     OK(b, step_share(b, &c.g, &c.a, &lc, &rb));
-    custom_loss_close(b, &ctx, &ra, &rb, k ? "NLL / custom NLL, sequence level" : "NLL / custom NLL");
+    custom_loss_close(b, &ctx, &ra, &rb,
+                      k ? "NLL / custom NLL, sequence level" : "NLL / custom NLL");
   }
   assert_true(ctx.calls > 0 || sl.npred == 0);
   /* the clipped surrogate with clips that never bind (ratios within e^±0.3 ⊂ [1 − 0.9, 1 + 9]):

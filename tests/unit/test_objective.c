@@ -250,7 +250,8 @@ static void test_clipped_pg(void **state) {
   (void)state;
   for (int dual = 0; dual < 2; dual++)
     for (int kl = 0; kl < 2; kl++) {
-      ml_objective o = {ML_OBJ_CLIPPED_PG, 0.2, 0.28, dual ? 3.0 : 0.0, kl ? 0.1 : 0.0, false, NULL, NULL};
+      ml_objective o = {ML_OBJ_CLIPPED_PG, 0.2,   0.28, dual ? 3.0 : 0.0, kl ? 0.1 : 0.0,
+                        false,             NULL,  NULL};
       worst w = {0};
       sweep(&o, &w);
       char what[64];

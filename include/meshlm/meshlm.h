@@ -498,7 +498,9 @@ MESHLM_API int meshlm_optimizer_step(meshlm_session *s, meshlm_step_result *out)
 /* COLLECTIVE. The loss of `loss` on the global batch b at the current
  * weights, forward only: no gradient is touched (NeMo RL train(...,
  * eval_mode=True)). out: as meshlm_forward_backward's (grad_norm 0). A
- * CUSTOM objective is called as in training; its grad outputs are read
+ * CUSTOM objective is called on the trained targets of each micro-batch
+ * of this data rank's batch (every tp and cp rank of it with the same
+ * inputs: the log-probs are gathered over cp); its grad outputs are read
  * and dropped. Errors: as meshlm_train_step's. */
 MESHLM_API int meshlm_eval_loss(meshlm_session *s, const meshlm_train_batch *b,
                                 const meshlm_loss *loss, meshlm_step_result *out);

@@ -907,7 +907,6 @@ class Policy:
         """train_step / forward_backward / eval_loss: the arguments a (the
         method's locals) as meshlm_train_batch and meshlm_loss, then `call`."""
         s = self._session()
-        keep: List[Any] = []
         try:
             b = _Batch(seqs)
             mask = b.per_token(a["token_mask"], "token_mask", np.uint8)
@@ -933,7 +932,6 @@ class Policy:
             lo.is_truncation = _choice(_IS_TRUNCATIONS, a["is_truncation"], "is_truncation")
         except _ArgError as e:
             self._arg_error(e, lambda: self._poison_train(s, call))
-        keep += [b, mask, arr, sw, obj]
         tb = L.meshlm_train_batch(b.c, _ptr(mask, c_uint8), _ptr(arr["token_weights"], c_float),
                                   _ptr(sw, c_float), _ptr(arr["old_logprobs"], c_float),
                                   _ptr(arr["ref_logprobs"], c_float),

@@ -15,10 +15,12 @@ One step, on every data-parallel rank (the loop of NeMo RL's GRPO):
      communication is needed);
   3. old log-probs of prompt + completion under the sampling policy
      (Policy.logprobs, masked to the completion's tokens);
-  4. --epochs optimizer steps of the clipped policy-gradient loss
-     (Policy.train_step(loss="clipped_pg", token_mask=completion mask,
-     seq_weights=advantages, old_logprobs=...)), optionally with a k3 KL
-     penalty to the initial policy (--kl-beta).
+  4. --epochs optimizer steps of the clipped policy-gradient loss, written
+     here in Python (grpo_loss: the loss as a function of the per-token
+     log-probs, Policy.train_step(loss=grpo_loss(...), tensors=...)), or the
+     built-in (--builtin-loss: loss="clipped_pg"), optionally with a k3 KL
+     penalty to the initial policy (--kl-beta), held as the session's
+     reference policy (Policy.set_reference: no second model).
 
 Run:  python3 examples/grpo_toy.py [--model DIR] [--steps N] [--out DIR]
       mpirun -np 2 python3 examples/grpo_toy.py ...      (2 data-parallel ranks)
@@ -68,6 +70,8 @@ def parse_args(argv):
     ap.add_argument("--target", default="meshlm")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quiet", action="store_true", help="no per-step lines")
+    ap.add_argument("--builtin-loss", action="store_true",
+                    help="the built-in clipped_pg instead of the Python-defined loss")
     return ap.parse_args(argv)
 
 
@@ -81,6 +85,27 @@ def group_advantages(r, eps=1e-6):
     """GRPO: (r - mean) / (std + eps) within a group (population std, as NeMo RL)."""
     r = np.asarray(r, np.float64)
     return (r - r.mean()) / (r.std() + eps)
+
+
+def grpo_loss(clip, beta):
+    """The clipped surrogate with a k3 KL to the reference, as a Python
+    objective (meshlm.ObjectiveChunk -> loss terms, dL/dlogprobs per target):
+    r = exp(lp - old), l = max(-A r, -A clip(r, 1 - eps, 1 + eps)) + beta k3,
+    k3 = exp(ref - lp) - (ref - lp) - 1, each term times its normalisation
+    weight (token level: 1 / the global batch's masked tokens) -- the
+    built-in clipped_pg's formulas (NeMo RL ClippedPGLossFn), any other loss
+    of the log-probs written the same way."""
+    def fn(c):
+        lp = c.logprobs.astype(np.float64)
+        A, old, ref = c.tensors["A"], c.tensors["old"], c.tensors["ref"]
+        r = np.exp(lp - old)
+        l1, l2 = -A * r, -A * np.clip(r, 1.0 - clip, 1.0 + clip)
+        d = ref - lp
+        k3 = np.exp(d) - d - 1.0
+        loss = c.weight * (np.maximum(l1, l2) + beta * k3)
+        grad = c.weight * (np.where(l1 >= l2, -A * r, 0.0) + beta * (1.0 - np.exp(d)))
+        return loss, grad
+    return fn
 
 
 def wait_for(path, what, timeout=300.0):
@@ -157,7 +182,8 @@ def main(argv=None):
     t0 = time.time()
     policy = meshlm.Policy(model, lr=args.lr, betas=(0.9, 0.99), weight_decay=0.0,
                            max_grad_norm=1.0)
-    ref = meshlm.Policy(model) if args.kl_beta > 0 else None
+    if args.kl_beta > 0:
+        policy.set_reference()  # the initial weights, frozen in this session
     info = policy.info
     rank, dp_rank, dp_size = info["rank"], info["dp_rank"], info["dp_size"]
     log = rank == 0 and not args.quiet
@@ -187,7 +213,8 @@ def main(argv=None):
             mask = [np.arange(len(s) - 1) >= P - 1 for s in seqs]
             t_score = time.time()
             old, _ = policy.logprobs(seqs, mask=mask)
-            ref_lps = ref.logprobs(seqs, mask=mask)[0] if ref is not None else None
+            ref_lps = (policy.reference_logprobs(seqs, mask=mask)[0] if args.kl_beta > 0
+                       else [np.zeros(len(s) - 1, np.float32) for s in seqs])
             if step == 1 and log:
                 d = max(float(np.max(np.abs(o[P - 1:] - g))) for o, g in zip(old, gen_lps))
                 print("grpo_toy: generate's log-probs vs logprobs(): max |diff| %.2e" % d,
@@ -195,10 +222,15 @@ def main(argv=None):
             # 4. clipped policy-gradient steps
             t_train = time.time()
             for _ in range(args.epochs):
-                r = policy.train_step(seqs, loss="clipped_pg", token_mask=mask,
-                                      seq_weights=adv, old_logprobs=old, ref_logprobs=ref_lps,
-                                      ratio_clip_min=args.clip, ratio_clip_max=args.clip,
-                                      kl_penalty=args.kl_beta)
+                if args.builtin_loss:
+                    r = policy.train_step(seqs, loss="clipped_pg", token_mask=mask,
+                                          seq_weights=adv, old_logprobs=old,
+                                          ref_logprobs=ref_lps, ratio_clip_min=args.clip,
+                                          ratio_clip_max=args.clip, kl_penalty=args.kl_beta)
+                else:
+                    r = policy.train_step(seqs, loss=grpo_loss(args.clip, args.kl_beta),
+                                          token_mask=mask, tensors={"old": old, "ref": ref_lps},
+                                          seq_tensors={"A": adv})
             t_end = time.time()
             phases = (t_score - t_gen, t_train - t_score, t_end - t_train)
             mean_r = float(rewards.mean())
@@ -214,8 +246,6 @@ def main(argv=None):
                           time.time() - ts) + phases), flush=True)
     sync(policy)  # every rank's CSV is complete
     world = info["world"]
-    if ref is not None:
-        ref.close()
     policy.close()
     elapsed = time.time() - t0
     if rank == 0:

@@ -294,23 +294,123 @@ MESHLM_API int meshlm_reference_logprobs(meshlm_session *s, const meshlm_seqs *b
  *   loss = Σ_t m_t ℓ_t / Σ_t m_t, sums over every masked prediction of the
  * step; sequence level (false): loss = Σ_k (Σ_{t∈k} m_t ℓ_t / Σ_{t∈k} m_t)
  * / #{k : Σ_{t∈k} m_t > 0}. Gradients are those of this loss (torch.max's
- * and clamp's subgradients: none through a clipped ratio). Not supported:
- * NeMo's use_importance_sampling_correction and on-policy KL
- * approximation (they need generation-engine log-probs). */
+ * and clamp's subgradients: none through a clipped ratio). Importance
+ * sampling (meshlm_is_level) corrects CLIPPED_PG for a generator's
+ * log-probs; CUSTOM is any other loss of the log-probs
+ * (meshlm_objective_chunk). Not supported: NeMo's on-policy KL
+ * approximation. */
 typedef enum meshlm_loss_kind {
   MESHLM_LOSS_NLL = 0,
   MESHLM_LOSS_WEIGHTED_NLL = 1,
-  MESHLM_LOSS_CLIPPED_PG = 2
+  MESHLM_LOSS_CLIPPED_PG = 2,
+  MESHLM_LOSS_CUSTOM = 3 /* the caller's objective: meshlm_loss.objective */
 } meshlm_loss_kind;
 
+/* A caller's objective (MESHLM_LOSS_CUSTOM): the loss as a function of the
+ * per-token log-probs, evaluated by the engine after the vocab-parallel
+ * log-softmax of each chunk of targets, as NeMo RL's loss functions take
+ * next_token_logprobs (LossInputType.LOGPROB) and return the loss whose
+ * gradient backward carries to the logits: dL/dlogits = −∂L/∂lp_t ·
+ * (softmax − onehot) per target, so full-vocabulary logits never exist.
+ *
+ * When: once per chunk of targets of each micro-batch (the fused
+ * classifier's token blocks, parallel/loss.h), during the forward +
+ * backward; the targets of one sequence may come in several calls and in
+ * any order. On which rank: every rank, on the trained targets (mask 1)
+ * of its own batch only (under context parallelism the positions this cp
+ * rank holds); every tp rank of a data-parallel rank with the same inputs,
+ * so the function must be deterministic (a pure function of its inputs and
+ * of data the caller fixed before the call). What it may not do: call
+ * collectives or any meshlm function (ranks call it different numbers of
+ * times), keep the pointers after it returns.
+ *
+ * Inputs, entry i of n (n >= 1): logprobs[i] = lp_t (nats, fp32, the
+ * current weights); index[i]: the target's place in this rank's
+ * prediction-aligned batch arrays (meshlm_train_batch: token_weights,
+ * old_logprobs, … — and any array of the caller's of that layout, e.g.
+ * rewards, held through ctx); seq[i]: its sequence in this rank's batch;
+ * weight[i]: its weight in the built-in normalisation of
+ * meshlm_loss.sequence_level (token level: 1 / global masked targets;
+ * sequence level: 1 / (its sequence's masked targets × global sequences
+ * with one)); seq_logprobs [seqs.n] (NULL unless
+ * meshlm_loss.objective_seq_logprobs): each sequence's Σ over its masked
+ * targets of lp_t under the same weights, from a forward-only pass before
+ * the first micro-batch (the sequence-sum-then-gradient scheme: DPO's
+ * pairwise sums, GSPO's sequence ratio; lp_t in the calls and in the sums
+ * are the same numbers, the forward being deterministic); global_tokens,
+ * global_sequences: masked targets and sequences with one over the global
+ * batch of the call (every data-parallel rank).
+ * Outputs: loss[i], the target's term of the loss, already normalised
+ * (the loss reported is Σ of every term over the global batch: the
+ * function chooses how a sequence's or a pair's loss is split over its
+ * targets); grad[i] = ∂loss/∂lp_t. Return 0, or nonzero for an error:
+ * then the step's loss is NaN (the step is skipped, meshlm_step_result.
+ * skip_reason naming the call) and the meshlm call returns −1 on every
+ * rank after the pass (its collectives finish first).
+ * Pairwise (DPO): chosen and rejected sequences of a pair in the same
+ * rank's batch (e.g. adjacent, as NeMo RL's PreferenceLossFn splits
+ * [::2], [1::2]), the pair's loss from seq_logprobs, ∂L/∂lp_t = ∂L/∂S_k
+ * for each target of sequence k. */
+typedef struct meshlm_objective_chunk {
+  size_t struct_size;        /* sizeof(meshlm_objective_chunk) of the library */
+  int64_t n;
+  const float *logprobs;     /* [n] */
+  const int64_t *index;      /* [n] */
+  const int64_t *seq;        /* [n] */
+  const float *weight;       /* [n] */
+  const double *seq_logprobs; /* [seqs.n] or NULL */
+  int64_t global_tokens, global_sequences;
+  double *loss;              /* [n] out */
+  double *grad;              /* [n] out */
+} meshlm_objective_chunk;
+typedef int (*meshlm_objective_fn)(void *ctx, const meshlm_objective_chunk *c);
+
+/* Importance-sampling correction between the generator's log-probs and the
+ * trainer's (meshlm_train_batch.generation_logprobs), NeMo RL
+ * nemo_rl/algorithms/loss_functions.py ClippedPGLossFn
+ * (use_importance_sampling_correction, sequence_level_importance_ratios,
+ * truncated_importance_sampling_ratio / _min / _type): a weight ρ, constant
+ * in the current weights (detached), multiplies CLIPPED_PG's clipped term
+ * (not its KL):
+ *   TOKEN:    ρ_t = exp(old_t − gen_t)
+ *   SEQUENCE: ρ_t = exp(Σ_{masked s∈k} (old_s − gen_s)) for every t of k
+ * (a NaN or ±Inf ρ of finite inputs becomes 0: torch.nan_to_num(nan=0,
+ * posinf=0, neginf=0); a non-finite old_t or gen_t of a masked target gives
+ * ρ_t NaN instead, a non-finite loss: the step is skipped, the input named),
+ * then truncation:
+ *   TIS:          ρ ← min(ρ, is_ratio_max)
+ *   ICEPOP:       ρ ← 0 where ρ ∉ [is_ratio_min, is_ratio_max]
+ *   SEQ_MASK_TIS: ρ ← 0 over a sequence whose geometric mean
+ *                 exp(mean_{masked t} nan_to_num(old_t − gen_t)) ∉
+ *                 [is_ratio_min, is_ratio_max]; kept ones keep ρ. */
+typedef enum meshlm_is_level {
+  MESHLM_IS_OFF = 0,
+  MESHLM_IS_TOKEN = 1,
+  MESHLM_IS_SEQUENCE = 2
+} meshlm_is_level;
+typedef enum meshlm_is_truncation {
+  MESHLM_IS_TRUNC_NONE = 0,
+  MESHLM_IS_TRUNC_TIS = 1,
+  MESHLM_IS_TRUNC_ICEPOP = 2,
+  MESHLM_IS_TRUNC_SEQ_MASK_TIS = 3
+} meshlm_is_truncation;
+
 typedef struct meshlm_loss {
-  size_t struct_size;     /* sizeof(meshlm_loss) (the minimum) */
+  size_t struct_size;     /* sizeof(meshlm_loss); minimum offsetof(meshlm_loss, objective) */
   meshlm_loss_kind kind;
   int sequence_level;     /* 0: token-level normalisation, 1: sequence-level */
   float ratio_clip_min;   /* ε_low (NeMo ratio_clip_min), >= 0 */
   float ratio_clip_max;   /* ε_high (ratio_clip_max), >= 0 */
   float ratio_clip_c;     /* dual clip c > 1, or 0: off */
   float kl_penalty;       /* β >= 0; > 0 needs ref_logprobs */
+  /* appended in 0.2 (the minimum ends before them): */
+  meshlm_objective_fn objective; /* MESHLM_LOSS_CUSTOM: the objective (above), with ctx */
+  void *objective_ctx;
+  int objective_seq_logprobs;    /* CUSTOM: 1 = compute seq_logprobs first (one more forward) */
+  meshlm_is_level is_level;      /* CLIPPED_PG: importance-sampling correction (above); not OFF
+                                    needs generation_logprobs; SEQUENCE needs sequence_level */
+  meshlm_is_truncation is_truncation;
+  float is_ratio_min, is_ratio_max; /* truncation bounds (TIS reads max only), 0 <= min <= max */
 } meshlm_loss;
 
 /* NLL, token level, ε 0.2/0.2, no dual clip, β 0; _init and _default as
@@ -321,8 +421,8 @@ static inline int meshlm_loss_default(meshlm_loss *l) { return meshlm_loss_init(
 /* One optimizer step's batch on this rank (every array prediction aligned
  * [Σ (lens − 1)] unless said otherwise; NULL where not needed). */
 typedef struct meshlm_train_batch {
-  size_t struct_size;          /* sizeof(meshlm_train_batch), set by the caller (the
-                                  minimum) */
+  size_t struct_size;          /* sizeof(meshlm_train_batch), set by the caller; minimum
+                                  offsetof(meshlm_train_batch, generation_logprobs) */
   meshlm_seqs seqs;
   const uint8_t *token_mask;   /* 1: trained, 0: not (NeMo token_mask[:, 1:]; any other
                                   value is refused); NULL: all */
@@ -331,6 +431,10 @@ typedef struct meshlm_train_batch {
   const float *old_logprobs;   /* CLIPPED_PG: log-probs of the policy that sampled
                                   (NeMo prev_logprobs) */
   const float *ref_logprobs;   /* kl_penalty > 0: the reference policy's */
+  /* appended in 0.2 (the minimum ends before it): */
+  const float *generation_logprobs; /* the generator's (NeMo generation_logprobs): with
+                                  old_logprobs, the mismatch metrics of meshlm_step_result
+                                  and loss.is_level's correction */
 } meshlm_train_batch;
 
 typedef struct meshlm_step_result {
@@ -350,6 +454,17 @@ typedef struct meshlm_step_result {
   char nonfinite_param[160]; /* skipped: the HF name of the first parameter with a non-finite
                                 gradient (model order), "" when every gradient is finite (the
                                 norm overflowed) or the step was not skipped */
+  /* appended in 0.2: */
+  double token_mult_prob_error; /* with generation_logprobs and old_logprobs (else 0), NeMo RL
+                                   ClippedPGLossFn's metrics over the masked targets m of the
+                                   global batch: mean_m exp(|gen_t − old_t|) */
+  double gen_kl_error;          /* mean_m k3(gen ‖ old) = exp(old_t − gen_t) − (old_t − gen_t)
+                                   − 1 */
+  double is_oob_fraction;       /* with is_truncation: the fraction of masked targets (of
+                                   sequences, SEQ_MASK_TIS) whose ρ was out of the bounds */
+  char skip_reason[256];        /* skipped: why (a non-finite loss and its first non-finite
+                                   per-token input on this rank, a failed objective call, a
+                                   non-finite grad norm); "" otherwise */
 } meshlm_step_result;
 
 /* COLLECTIVE. One optimizer step on the global batch (every data-parallel
@@ -357,14 +472,64 @@ typedef struct meshlm_step_result {
  * meshlm_loss_default) over micro-batches of options.micro_batch_tokens
  * (gradient accumulation, as one batch), global grad norm, clipping to
  * max_grad_norm, AdamW at the schedule's lr for this step — the CLI's step
- * (src/engine/step.h). A non-finite grad norm skips the update
- * (result.skipped, the parameter named) but counts the step. A rank
+ * (src/engine/step.h). A non-finite loss (e.g. NaN in an input it reads)
+ * or grad norm skips the update (result.skipped, skip_reason, the parameter
+ * named) but counts the step. A rank
  * may pass n = 0 sequences. Errors: as meshlm_logprobs; a struct_size out of
  * range (b, loss, out); a loss field out of
  * range or an array the loss needs left NULL (named); no masked prediction
  * in the whole global batch. */
 MESHLM_API int meshlm_train_step(meshlm_session *s, const meshlm_train_batch *b,
                                  const meshlm_loss *loss, meshlm_step_result *out);
+
+/* Split steps: meshlm_train_step is exactly (bitwise) meshlm_zero_grad,
+ * meshlm_forward_backward, meshlm_optimizer_step, in that order, as a torch
+ * loop writes optimizer.zero_grad(); loss.backward(); clip_grad_norm_();
+ * optimizer.step() (NeMo RL's policy train(), verl's
+ * forward_backward_batch + optimizer step).
+ *
+ * COLLECTIVE. meshlm_zero_grad: zero the accumulated gradients and the
+ * accumulated results (torch optimizer.zero_grad()). */
+MESHLM_API int meshlm_zero_grad(meshlm_session *s);
+
+/* COLLECTIVE. Forward + backward of `loss` on the global batch b (as
+ * meshlm_train_step's), the gradients added (+=) to those accumulated
+ * since meshlm_zero_grad. Normalisation: each call by its own global batch
+ * (the loss is Σ over its targets / its global masked targets or
+ * sequences), as one torch loss.backward() per call: k calls accumulate
+ * the sum of k means, as NeMo RL normalises every micro-batch by the
+ * global valid tokens of the batch its train() call was given
+ * (global_valid_toks); to train on one mean over several calls' data pass
+ * it in one call (it is split into micro-batches of
+ * options.micro_batch_tokens anyway). out (NULL: not wanted): this call's
+ * loss, kl, clip_fraction, tokens, sequences and mismatch metrics;
+ * grad_norm, lr 0, step the steps taken so far; skipped 1 with
+ * skip_reason when this call's loss is not finite (the next
+ * meshlm_optimizer_step then skips). Errors: as meshlm_train_step's. */
+MESHLM_API int meshlm_forward_backward(meshlm_session *s, const meshlm_train_batch *b,
+                                       const meshlm_loss *loss, meshlm_step_result *out);
+
+/* COLLECTIVE. The optimizer step on the accumulated gradients: global grad
+ * norm, then a skipped step (a non-finite loss in any forward_backward since
+ * meshlm_zero_grad, or a non-finite norm: skip_reason says which) or
+ * clipping to max_grad_norm and AdamW at the schedule's lr; the step counts
+ * either way (meshlm_train_step's policy). The gradients stay (zero them
+ * with meshlm_zero_grad). out (NULL: not wanted): loss, kl, clip_fraction,
+ * tokens, sequences and the mismatch metrics summed over the
+ * forward_backward calls since zero_grad (their ratios over the summed
+ * counts), grad_norm, lr, step, skipped, nonfinite_param, skip_reason.
+ * Errors: a struct_size out of range. */
+MESHLM_API int meshlm_optimizer_step(meshlm_session *s, meshlm_step_result *out);
+
+/* COLLECTIVE. The loss of `loss` on the global batch b at the current
+ * weights, forward only: no gradient is touched (NeMo RL train(...,
+ * eval_mode=True)). out: as meshlm_forward_backward's (grad_norm 0). A
+ * CUSTOM objective is called on the trained targets of each micro-batch
+ * of this data rank's batch (every tp and cp rank of it with the same
+ * inputs: the log-probs are gathered over cp); its grad outputs are read
+ * and dropped. Errors: as meshlm_train_step's. */
+MESHLM_API int meshlm_eval_loss(meshlm_session *s, const meshlm_train_batch *b,
+                                const meshlm_loss *loss, meshlm_step_result *out);
 
 /* COLLECTIVE. Run checkpoints (`meshlm train --save / --resume`'s format:
  * sharded weights, AdamW state, the step; any mesh can resume any other's).

@@ -22,9 +22,10 @@ from ._lib import VERSION as __version__, library_path
 from .policy import (CallStats, Communicator, MeshlmError, PerToken, Policy, PolicyInfo,
                      StepResult, StrPath, TokenSeqs, WeightArray, bf16_to_f32, f32_to_bf16,
                      register_family, version)
+from .policy import Objective, ObjectiveChunk
 
 __all__ = ["Policy", "MeshlmError", "bf16_to_f32", "f32_to_bf16", "register_family", "version",
            "library_path", "__version__",
            # types of the API (the package is typed: PEP 561 py.typed)
            "PolicyInfo", "StepResult", "CallStats", "Communicator", "TokenSeqs", "PerToken",
-           "WeightArray", "StrPath"]
+           "WeightArray", "StrPath", "Objective", "ObjectiveChunk"]

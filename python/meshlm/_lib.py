@@ -27,6 +27,9 @@ AC_NONE, AC_FULL, AC_SELECTIVE, AC_MLP = 0, 1, 2, 3
 RESHARD_DEFAULT, RESHARD_ALWAYS, RESHARD_NEVER = 0, 1, 2
 LR_CONSTANT, LR_LINEAR, LR_COSINE = 0, 1, 2
 LOSS_NLL, LOSS_WEIGHTED_NLL, LOSS_CLIPPED_PG = 0, 1, 2
+LOSS_CUSTOM = 3
+IS_OFF, IS_TOKEN, IS_SEQUENCE = 0, 1, 2  # meshlm_is_level
+IS_TRUNC_NONE, IS_TRUNC_TIS, IS_TRUNC_ICEPOP, IS_TRUNC_SEQ_MASK_TIS = 0, 1, 2, 3
 
 # The library version this binding mirrors (meshlm.h's MESHLM_VERSION_*);
 # load() refuses another (the package's version, pyproject.toml reads it).
@@ -110,6 +113,26 @@ class meshlm_seqs(Structure):
     ]
 
 
+class meshlm_objective_chunk(Sized):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("n", c_int64),
+        ("logprobs", POINTER(c_float)),
+        ("index", POINTER(c_int64)),
+        ("seq", POINTER(c_int64)),
+        ("weight", POINTER(c_float)),
+        ("seq_logprobs", POINTER(c_double)),
+        ("global_tokens", c_int64),
+        ("global_sequences", c_int64),
+        ("loss", POINTER(c_double)),
+        ("grad", POINTER(c_double)),
+    ]
+
+
+# int (*)(void *ctx, const meshlm_objective_chunk *c)
+meshlm_objective_fn = CFUNCTYPE(c_int, c_void_p, POINTER(meshlm_objective_chunk))
+
+
 class meshlm_loss(Sized):
     _fields_ = [
         ("struct_size", c_size_t),
@@ -119,6 +142,14 @@ class meshlm_loss(Sized):
         ("ratio_clip_max", c_float),
         ("ratio_clip_c", c_float),
         ("kl_penalty", c_float),
+        # appended in 0.2
+        ("objective", meshlm_objective_fn),
+        ("objective_ctx", c_void_p),
+        ("objective_seq_logprobs", c_int),
+        ("is_level", c_enum),
+        ("is_truncation", c_enum),
+        ("is_ratio_min", c_float),
+        ("is_ratio_max", c_float),
     ]
 
 
@@ -131,6 +162,8 @@ class meshlm_train_batch(Sized):
         ("seq_weights", POINTER(c_float)),
         ("old_logprobs", POINTER(c_float)),
         ("ref_logprobs", POINTER(c_float)),
+        # appended in 0.2
+        ("generation_logprobs", POINTER(c_float)),
     ]
 
 
@@ -147,6 +180,11 @@ class meshlm_step_result(Sized):
         ("step", c_int64),
         ("skipped", c_int),
         ("nonfinite_param", ctypes.c_char * 160),
+        # appended in 0.2
+        ("token_mult_prob_error", c_double),
+        ("gen_kl_error", c_double),
+        ("is_oob_fraction", c_double),
+        ("skip_reason", ctypes.c_char * 256),
     ]
 
 
@@ -245,6 +283,12 @@ _PROTOTYPES = {
     "meshlm_loss_init": (c_int, [POINTER(meshlm_loss), c_size_t]),
     "meshlm_train_step": (c_int, [session_p, POINTER(meshlm_train_batch), POINTER(meshlm_loss),
                                   POINTER(meshlm_step_result)]),
+    "meshlm_zero_grad": (c_int, [session_p]),
+    "meshlm_forward_backward": (c_int, [session_p, POINTER(meshlm_train_batch),
+                                        POINTER(meshlm_loss), POINTER(meshlm_step_result)]),
+    "meshlm_optimizer_step": (c_int, [session_p, POINTER(meshlm_step_result)]),
+    "meshlm_eval_loss": (c_int, [session_p, POINTER(meshlm_train_batch), POINTER(meshlm_loss),
+                                 POINTER(meshlm_step_result)]),
     "meshlm_save": (c_int, [session_p, c_char_p]),
     "meshlm_resume": (c_int, [session_p, c_char_p]),
     "meshlm_export": (c_int, [session_p, c_char_p, c_enum]),

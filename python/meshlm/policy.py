@@ -38,7 +38,7 @@ from . import _lib as L
 
 __all__ = ["Policy", "MeshlmError", "bf16_to_f32", "f32_to_bf16", "version", "register_family",
            "PolicyInfo", "StepResult", "CallStats", "Communicator",
-           "TokenSeqs", "PerToken", "WeightArray", "StrPath"]
+           "TokenSeqs", "PerToken", "WeightArray", "StrPath", "ObjectiveChunk", "Objective"]
 
 # --- types of the public API (PEP 561: the package carries py.typed) ---------------------------
 
@@ -84,7 +84,8 @@ class PolicyInfo(TypedDict):
 
 
 class StepResult(TypedDict):
-    """What Policy.train_step returns (meshlm_step_result)."""
+    """What Policy.train_step, forward_backward, optimizer_step and eval_loss
+    return (meshlm_step_result)."""
 
     loss: float
     kl: float
@@ -96,6 +97,49 @@ class StepResult(TypedDict):
     step: int
     skipped: bool
     nonfinite_param: str
+    token_mult_prob_error: float
+    gen_kl_error: float
+    is_oob_fraction: float
+    skip_reason: str
+
+
+class ObjectiveChunk:
+    """One call of a Python objective (meshlm_objective_chunk in meshlm.h, its
+    contract): n trained targets of this rank, a chunk of a micro-batch.
+
+    logprobs [n] float32: log p of each target under the current weights.
+    index [n] int64: its place in this rank's prediction-aligned batch arrays.
+    seq [n] int64: its sequence in this rank's batch.
+    weight [n] float32: its weight in the built-in normalisation (token level:
+        1 / global masked targets; sequence level: 1 / (its sequence's masked
+        targets x global sequences with one)).
+    seq_logprobs [n_seqs] float64 or None: each sequence's sum of masked
+        log-probs at these weights (with seq_logprobs=True).
+    global_tokens, global_sequences: counts over the global batch.
+    tensors: the caller's per-token tensors at index and per-sequence ones
+        at seq (dict name -> [n] array).
+    The objective returns (loss terms [n], dL/dlogprobs [n]): the terms
+    already normalised (the loss is their sum over the global batch)."""
+
+    __slots__ = ("logprobs", "index", "seq", "weight", "seq_logprobs", "global_tokens",
+                 "global_sequences", "tensors")
+
+    def __init__(self, logprobs: NDArray[np.float32], index: NDArray[np.int64],
+                 seq: NDArray[np.int64], weight: NDArray[np.float32],
+                 seq_logprobs: Optional[NDArray[np.float64]], global_tokens: int,
+                 global_sequences: int, tensors: Dict[str, NDArray[Any]]) -> None:
+        self.logprobs = logprobs
+        self.index = index
+        self.seq = seq
+        self.weight = weight
+        self.seq_logprobs = seq_logprobs
+        self.global_tokens = global_tokens
+        self.global_sequences = global_sequences
+        self.tensors = tensors
+
+
+#: A Python objective: ObjectiveChunk -> (loss terms [n], dL/dlogprobs [n]), float arrays.
+Objective = Callable[[ObjectiveChunk], Tuple[ArrayLike, ArrayLike]]
 
 
 class CallStats(TypedDict):
@@ -221,6 +265,55 @@ _NORMS = {"2": 2.0, "2.0": 2.0, "inf": float("inf")}  # by str(value): 2, 2.0, "
 _SCHEDULES = {"constant": L.LR_CONSTANT, "linear": L.LR_LINEAR, "cosine": L.LR_COSINE}
 _LOSSES = {"nll": L.LOSS_NLL, "weighted_nll": L.LOSS_WEIGHTED_NLL,
            "clipped_pg": L.LOSS_CLIPPED_PG}
+_IS_LEVELS = {"off": L.IS_OFF, "token": L.IS_TOKEN, "sequence": L.IS_SEQUENCE}
+_IS_TRUNCATIONS = {"none": L.IS_TRUNC_NONE, "tis": L.IS_TRUNC_TIS, "icepop": L.IS_TRUNC_ICEPOP,
+                   "seq-mask-tis": L.IS_TRUNC_SEQ_MASK_TIS}
+
+
+class _ObjectiveCall:
+    """A Python objective behind meshlm_objective_fn for one call: the
+    caller's tensors of this rank's batch, the first exception it raised (the
+    C call then fails on every rank; Policy re-raises it chained)."""
+
+    def __init__(self, fn: Objective, n_seqs: int, tensors: Dict[str, NDArray[Any]],
+                 seq_tensors: Dict[str, NDArray[Any]]) -> None:
+        self.fn = fn
+        self.n_seqs = n_seqs
+        self.tensors = tensors
+        self.seq_tensors = seq_tensors
+        self.error: Optional[BaseException] = None
+        self.c_fn = L.meshlm_objective_fn(self._call)
+
+    def _call(self, ctx: Optional[int], cp: Any) -> int:
+        if self.error is not None:
+            return 1
+        try:
+            c = cp.contents
+            n = int(c.n)
+            index = np.ctypeslib.as_array(c.index, (n,))
+            seq = np.ctypeslib.as_array(c.seq, (n,))
+            tensors = {k: v[index] for k, v in self.tensors.items()}
+            tensors.update({k: v[seq] for k, v in self.seq_tensors.items()})
+            sums = None
+            if c.seq_logprobs:
+                sums = np.ctypeslib.as_array(c.seq_logprobs, (self.n_seqs,)).copy()
+            chunk = ObjectiveChunk(np.ctypeslib.as_array(c.logprobs, (n,)).copy(), index.copy(),
+                                   seq.copy(), np.ctypeslib.as_array(c.weight, (n,)).copy(),
+                                   sums, int(c.global_tokens), int(c.global_sequences),
+                                   tensors)
+            loss, grad = self.fn(chunk)
+            loss_a = np.asarray(loss, dtype=np.float64)
+            grad_a = np.asarray(grad, dtype=np.float64)
+            if loss_a.shape != (n,) or grad_a.shape != (n,):
+                raise ValueError("objective: returned loss of shape %s and grad of shape %s; "
+                                 "expected (%d,) each (one per target of the chunk)"
+                                 % (loss_a.shape, grad_a.shape, n))
+            np.ctypeslib.as_array(c.loss, (n,))[:] = loss_a
+            np.ctypeslib.as_array(c.grad, (n,))[:] = grad_a
+            return 0
+        except BaseException as e:  # noqa: B036 (any error: the C call must go on)
+            self.error = e
+            return 1
 
 
 def _bool_int(value: object) -> int:
@@ -357,6 +450,16 @@ class _Batch:
             raise _ArgError("%s: shape %s, expected (%d,): one value per sequence"
                             % (what, a.shape, self.n))
         return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _step_result(r: L.meshlm_step_result) -> StepResult:
+    return {"loss": r.loss, "kl": r.kl, "clip_fraction": r.clip_fraction,
+            "grad_norm": r.grad_norm, "lr": r.lr, "tokens": int(r.tokens),
+            "sequences": int(r.sequences), "step": int(r.step), "skipped": bool(r.skipped),
+            "nonfinite_param": r.nonfinite_param.decode("utf-8", "replace"),
+            "token_mult_prob_error": r.token_mult_prob_error, "gen_kl_error": r.gen_kl_error,
+            "is_oob_fraction": r.is_oob_fraction,
+            "skip_reason": r.skip_reason.decode("utf-8", "replace")}
 
 
 _POISON_BASE = 1000000000
@@ -699,67 +802,167 @@ class Policy:
 
     # --- training ---------------------------------------------------------------------------------
 
-    def train_step(self, seqs: TokenSeqs, loss: str = "nll", token_mask: Optional[PerToken] = None,
+    def train_step(self, seqs: TokenSeqs, loss: Union[str, Objective] = "nll",
+                   token_mask: Optional[PerToken] = None,
                    token_weights: Optional[PerToken] = None,
                    seq_weights: Optional[ArrayLike] = None,
                    old_logprobs: Optional[PerToken] = None,
                    ref_logprobs: Optional[PerToken] = None, sequence_level: bool = False,
                    ratio_clip_min: float = 0.2, ratio_clip_max: float = 0.2,
-                   ratio_clip_c: float = 0.0, kl_penalty: float = 0.0) -> StepResult:
+                   ratio_clip_c: float = 0.0, kl_penalty: float = 0.0, *,
+                   generation_logprobs: Optional[PerToken] = None, is_level: str = "off",
+                   is_truncation: str = "none", is_ratio_min: float = 0.0,
+                   is_ratio_max: float = 0.0, tensors: Optional[Mapping[str, PerToken]] = None,
+                   seq_tensors: Optional[Mapping[str, ArrayLike]] = None,
+                   seq_logprobs: bool = False) -> StepResult:
         """COLLECTIVE. One optimizer step on the global batch (every data-parallel
-        rank's seqs; a rank may pass none).
+        rank's seqs; a rank may pass none): zero_grad, forward_backward,
+        optimizer_step (bitwise their composition).
 
         seqs: list of n 1-D integer arrays.
         loss: "nll" (SFT), "weighted_nll" (-A_t lp_t: REINFORCE) or
-            "clipped_pg" (PPO / GRPO clipped ratio; needs old_logprobs).
-        token_mask, token_weights, old_logprobs, ref_logprobs: prediction-aligned
-            (list of arrays of len L_k - 1, or one array of sum(L_k - 1));
-            token_mask 0/1 (None: all; another value raises MeshlmError), the
-            others float32.
+            "clipped_pg" (PPO / GRPO clipped ratio; needs old_logprobs), or a
+            Python objective (a callable of an ObjectiveChunk returning its
+            loss terms and dL/dlogprobs: MESHLM_LOSS_CUSTOM, called per chunk
+            of this rank's trained targets; it must be deterministic and
+            must not call the Policy).
+        token_mask, token_weights, old_logprobs, ref_logprobs,
+            generation_logprobs: prediction-aligned (list of arrays of len
+            L_k - 1, or one array of sum(L_k - 1)); token_mask 0/1 (None: all;
+            another value raises MeshlmError), the others float32.
         seq_weights: [n] float32 per-sequence weights / advantages.
         sequence_level: normalise per sequence, then over sequences (else over
             all masked tokens of the global batch).
         ratio_clip_min/max: epsilon low / high; ratio_clip_c: dual clip (> 1) or
             0; kl_penalty: beta of the k3 KL to ref_logprobs (> 0 needs them).
+        is_level ("off", "token", "sequence"), is_truncation ("none", "tis",
+            "icepop", "seq-mask-tis"), is_ratio_min/max: clipped_pg's
+            importance-sampling correction to generation_logprobs (NeMo RL
+            ClippedPGLossFn; meshlm.h meshlm_is_level).
+        tensors / seq_tensors: a Python objective's per-token (prediction
+            aligned) / per-sequence ([n]) arrays, handed to it gathered at each
+            chunk's targets (ObjectiveChunk.tensors).
+        seq_logprobs: a Python objective gets each sequence's masked
+            log-prob sum first (one more forward pass; DPO, GSPO).
         Returns a dict: loss, kl, clip_fraction, grad_norm (before clipping), lr
         (float); tokens, sequences (global counts), step (steps taken after this
-        one) (int); skipped (bool: non-finite grad norm, no update);
-        nonfinite_param (str: when skipped, the first parameter with a
-        non-finite gradient, "" when none is)."""
+        one) (int); skipped (bool: a non-finite loss or grad norm, no update);
+        nonfinite_param (str: the first parameter with a non-finite gradient,
+        "" when none is); token_mult_prob_error, gen_kl_error (with
+        generation_logprobs and old_logprobs), is_oob_fraction (float);
+        skip_reason (str)."""
+        return self._loss_call("meshlm_train_step", seqs, loss, locals())
+
+    def forward_backward(self, seqs: TokenSeqs, loss: Union[str, Objective] = "nll",
+                         token_mask: Optional[PerToken] = None,
+                         token_weights: Optional[PerToken] = None,
+                         seq_weights: Optional[ArrayLike] = None,
+                         old_logprobs: Optional[PerToken] = None,
+                         ref_logprobs: Optional[PerToken] = None, sequence_level: bool = False,
+                         ratio_clip_min: float = 0.2, ratio_clip_max: float = 0.2,
+                         ratio_clip_c: float = 0.0, kl_penalty: float = 0.0, *,
+                         generation_logprobs: Optional[PerToken] = None, is_level: str = "off",
+                         is_truncation: str = "none", is_ratio_min: float = 0.0,
+                         is_ratio_max: float = 0.0,
+                         tensors: Optional[Mapping[str, PerToken]] = None,
+                         seq_tensors: Optional[Mapping[str, ArrayLike]] = None,
+                         seq_logprobs: bool = False) -> StepResult:
+        """COLLECTIVE. Forward + backward of the loss on the global batch (the
+        arguments as train_step's), the gradients added to those accumulated
+        since zero_grad (meshlm_forward_backward): each call normalised by its
+        own global batch, as one torch loss.backward() per call.  Returns this
+        call's loss, kl, clip_fraction, tokens, sequences and metrics; skipped
+        True (and skip_reason) when its loss is not finite (the next
+        optimizer_step then skips)."""
+        return self._loss_call("meshlm_forward_backward", seqs, loss, locals())
+
+    def eval_loss(self, seqs: TokenSeqs, loss: Union[str, Objective] = "nll",
+                  token_mask: Optional[PerToken] = None,
+                  token_weights: Optional[PerToken] = None,
+                  seq_weights: Optional[ArrayLike] = None,
+                  old_logprobs: Optional[PerToken] = None,
+                  ref_logprobs: Optional[PerToken] = None, sequence_level: bool = False,
+                  ratio_clip_min: float = 0.2, ratio_clip_max: float = 0.2,
+                  ratio_clip_c: float = 0.0, kl_penalty: float = 0.0, *,
+                  generation_logprobs: Optional[PerToken] = None, is_level: str = "off",
+                  is_truncation: str = "none", is_ratio_min: float = 0.0,
+                  is_ratio_max: float = 0.0, tensors: Optional[Mapping[str, PerToken]] = None,
+                  seq_tensors: Optional[Mapping[str, ArrayLike]] = None,
+                  seq_logprobs: bool = False) -> StepResult:
+        """COLLECTIVE. The loss on the global batch at the current weights,
+        forward only (meshlm_eval_loss; no gradient touched).  Arguments and
+        result as forward_backward's."""
+        return self._loss_call("meshlm_eval_loss", seqs, loss, locals())
+
+    def zero_grad(self) -> None:
+        """COLLECTIVE. Zero the accumulated gradients and results
+        (meshlm_zero_grad; torch optimizer.zero_grad())."""
         s = self._session()
-        kind = _choice(_LOSSES, loss, "loss")
+        self._check(self._lib.meshlm_zero_grad(s), "meshlm_zero_grad")
+
+    def optimizer_step(self) -> StepResult:
+        """COLLECTIVE. Grad norm, clipping, AdamW at the schedule's lr on the
+        accumulated gradients, or a skipped step (a non-finite loss since
+        zero_grad, or a non-finite norm; skip_reason says which)
+        (meshlm_optimizer_step).  Returns the accumulated loss and metrics of
+        the forward_backward calls since zero_grad, grad_norm, lr, step,
+        skipped, nonfinite_param, skip_reason."""
+        s = self._session()
+        r = L.meshlm_step_result()
+        self._check(self._lib.meshlm_optimizer_step(s, byref(r)), "meshlm_optimizer_step")
+        return _step_result(r)
+
+    def _loss_call(self, call: str, seqs: TokenSeqs, loss: Union[str, Objective],
+                   a: Dict[str, Any]) -> StepResult:
+        """train_step / forward_backward / eval_loss: the arguments a (the
+        method's locals) as meshlm_train_batch and meshlm_loss, then `call`."""
+        s = self._session()
         try:
             b = _Batch(seqs)
-            mask = b.per_token(token_mask, "token_mask", np.uint8)
-            tw = b.per_token(token_weights, "token_weights", np.float32)
-            sw = b.per_seq(seq_weights, "seq_weights", np.float32)
-            old = b.per_token(old_logprobs, "old_logprobs", np.float32)
-            ref = b.per_token(ref_logprobs, "ref_logprobs", np.float32)
+            mask = b.per_token(a["token_mask"], "token_mask", np.uint8)
+            arr = {k: b.per_token(a[k], k, np.float32)
+                   for k in ("token_weights", "old_logprobs", "ref_logprobs",
+                             "generation_logprobs")}
+            sw = b.per_seq(a["seq_weights"], "seq_weights", np.float32)
+            lo = L.meshlm_loss()
+            self._lib.meshlm_loss_init(byref(lo), ctypes.sizeof(lo))
+            obj: Optional[_ObjectiveCall] = None
+            if callable(loss):
+                tens = {k: cast(NDArray[Any], b.per_token(v, "tensors[%r]" % k, np.float64))
+                        for k, v in (a["tensors"] or {}).items()}
+                stens = {k: cast(NDArray[Any], b.per_seq(v, "seq_tensors[%r]" % k, np.float64))
+                         for k, v in (a["seq_tensors"] or {}).items()}
+                obj = _ObjectiveCall(cast(Objective, loss), b.n, tens, stens)
+                lo.kind = L.LOSS_CUSTOM
+                lo.objective = obj.c_fn
+                lo.objective_seq_logprobs = _bool_int(a["seq_logprobs"])
+            else:
+                lo.kind = _choice(_LOSSES, loss, "loss")
+            lo.is_level = _choice(_IS_LEVELS, a["is_level"], "is_level")
+            lo.is_truncation = _choice(_IS_TRUNCATIONS, a["is_truncation"], "is_truncation")
         except _ArgError as e:
-            self._arg_error(e, lambda: self._poison_train(s))
-        tb = L.meshlm_train_batch(b.c, _ptr(mask, c_uint8), _ptr(tw, c_float),
-                                  _ptr(sw, c_float), _ptr(old, c_float), _ptr(ref, c_float))
-        lo = L.meshlm_loss()
-        self._lib.meshlm_loss_init(byref(lo), ctypes.sizeof(lo))
-        lo.kind = kind
-        lo.sequence_level = int(bool(sequence_level))
-        lo.ratio_clip_min = float(ratio_clip_min)
-        lo.ratio_clip_max = float(ratio_clip_max)
-        lo.ratio_clip_c = float(ratio_clip_c)
-        lo.kl_penalty = float(kl_penalty)
+            self._arg_error(e, lambda: self._poison_train(s, call))
+        tb = L.meshlm_train_batch(b.c, _ptr(mask, c_uint8), _ptr(arr["token_weights"], c_float),
+                                  _ptr(sw, c_float), _ptr(arr["old_logprobs"], c_float),
+                                  _ptr(arr["ref_logprobs"], c_float),
+                                  _ptr(arr["generation_logprobs"], c_float))
+        lo.sequence_level = _bool_int(a["sequence_level"])
+        for k in ("ratio_clip_min", "ratio_clip_max", "ratio_clip_c", "kl_penalty",
+                  "is_ratio_min", "is_ratio_max"):
+            setattr(lo, k, float(a[k]))
         r = L.meshlm_step_result()
-        self._check(self._lib.meshlm_train_step(s, byref(tb), byref(lo), byref(r)),
-                    "meshlm_train_step")
-        return {"loss": r.loss, "kl": r.kl, "clip_fraction": r.clip_fraction,
-                "grad_norm": r.grad_norm, "lr": r.lr, "tokens": int(r.tokens),
-                "sequences": int(r.sequences), "step": int(r.step), "skipped": bool(r.skipped),
-                "nonfinite_param": r.nonfinite_param.decode("utf-8", "replace")}
+        rc = getattr(self._lib, call)(s, byref(tb), byref(lo), byref(r))
+        if rc != 0 and obj is not None and obj.error is not None:
+            raise MeshlmError("%s: the objective raised %s: %s"
+                              % (call, type(obj.error).__name__, obj.error)) from obj.error
+        self._check(rc, call)
+        return _step_result(r)
 
-    def _poison_train(self, s: c_void_p) -> None:
+    def _poison_train(self, s: c_void_p, call: str = "meshlm_train_step") -> None:
         lens, toks, c = _poison_seqs(self._rank())
-        tb = L.meshlm_train_batch(c, None, None, None, None, None)
+        tb = L.meshlm_train_batch(c, None, None, None, None, None, None)
         r = L.meshlm_step_result()
-        self._lib.meshlm_train_step(s, byref(tb), None, byref(r))
+        getattr(self._lib, call)(s, byref(tb), None, byref(r))
 
     # --- checkpoints --------------------------------------------------------------------------------
 

@@ -23,11 +23,19 @@ void api_plan_free(api_plan *p);
 /* meshlm_logprobs after its api_enter: the scoring of `batch` with the
  * engine's weights as they are (meshlm_reference_logprobs swaps the
  * reference's in around it). */
-int api_score(meshlm_session *s, const meshlm_seqs *batch, const uint8_t *mask, float *out,
-              double *seq_sums);
+int api_logprobs(meshlm_session *s, const meshlm_seqs *batch, const uint8_t *mask, float *out,
+                 double *seq_sums);
 
 /* Set s's call statistics after a call of p's micro-batches (see
  * meshlm_call_stats). */
 void api_plan_stats(meshlm_session *s, const api_plan *p);
+
+/* The log-probs of batch (checked; p its plan) at the current weights,
+ * forward only, as meshlm_logprobs writes them: out [Σ (lens − 1)], 0
+ * where mask (NULL: all) is 0; seq_sums [n] (may be NULL) Σ out per
+ * sequence. Collective; a failure inside the passes aborts the job
+ * (api_abort). Returns how many written entries are not finite. */
+int64_t api_score(meshlm_session *s, api_plan *p, const meshlm_seqs *batch, const uint8_t *mask,
+                  float *out, double *seq_sums);
 
 #endif

@@ -26,14 +26,28 @@ static int64_t scatter(const api_plan *p, const meshlm_seqs *b, int64_t j, const
   return nonfinite;
 }
 
+int64_t api_score(meshlm_session *s, api_plan *p, const meshlm_seqs *batch, const uint8_t *mask,
+                  float *out, double *seq_sums) {
+  ml_engine_hold_params(&s->e, s->o.unshard_for_inference != 0);
+  int64_t nonfinite = 0;
+  for (int64_t j = 0; j < p->pack.n_mb; j++) {
+    ml_engine_batch eb;
+    ml_pack_fill(&p->pack, j, &eb);
+    if (ml_engine_logprobs_batch(&s->e, &eb, p->pack.lp)) api_abort(s);
+    nonfinite += scatter(p, batch, j, mask, out, seq_sums);
+  }
+  ml_engine_hold_params(&s->e, false);
+  return nonfinite;
+}
+
 int meshlm_logprobs(meshlm_session *s, const meshlm_seqs *batch, const uint8_t *mask,
                     float *out, double *seq_sums) {
   ML_TRY(api_enter(s, API_CALL_LOGPROBS));
-  return api_score(s, batch, mask, out, seq_sums);
+  return api_logprobs(s, batch, mask, out, seq_sums);
 }
 
-int api_score(meshlm_session *s, const meshlm_seqs *batch, const uint8_t *mask, float *out,
-              double *seq_sums) {
+int api_logprobs(meshlm_session *s, const meshlm_seqs *batch, const uint8_t *mask, float *out,
+                 double *seq_sums) {
   int64_t tokens, preds;
   int rc = api_check_seqs(s, batch, "meshlm_logprobs", 1, &tokens, &preds);
   if (rc == 0 && preds > 0 && !out) rc = ml_err("meshlm_logprobs: out is NULL");
@@ -46,15 +60,7 @@ int api_score(meshlm_session *s, const meshlm_seqs *batch, const uint8_t *mask, 
     return -1;
   }
   ml_mesh_stats_reset(&s->mesh);
-  ml_engine_hold_params(&s->e, s->o.unshard_for_inference != 0);
-  int64_t nonfinite = 0;
-  for (int64_t j = 0; j < p.pack.n_mb; j++) {
-    ml_engine_batch eb;
-    ml_pack_fill(&p.pack, j, &eb);
-    if (ml_engine_logprobs_batch(&s->e, &eb, p.pack.lp)) api_abort(s);
-    nonfinite += scatter(&p, batch, j, mask, out, seq_sums);
-  }
-  ml_engine_hold_params(&s->e, false);
+  int64_t nonfinite = api_score(s, &p, batch, mask, out, seq_sums);
   api_plan_stats(s, &p);
   s->last.nonfinite_logprobs = nonfinite;
   api_plan_free(&p);

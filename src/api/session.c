@@ -111,8 +111,9 @@ int meshlm_options_init(meshlm_options *o, size_t struct_size) {
 static const char *const k_calls[API_CALL_KINDS] = {
     "?",             "meshlm_close",  "meshlm_logprobs",   "meshlm_train_step",
     "meshlm_save",   "meshlm_resume", "meshlm_export",     "meshlm_refit",
-    "meshlm_reload", "meshlm_reload_tensors", "meshlm_generate", "meshlm_set_reference",
-    "meshlm_reference_logprobs"};
+    "meshlm_reload", "meshlm_reload_tensors", "meshlm_generate", "meshlm_zero_grad",
+    "meshlm_forward_backward", "meshlm_optimizer_step", "meshlm_eval_loss",
+    "meshlm_set_reference", "meshlm_reference_logprobs"};
 
 int api_leave(meshlm_session *s, int rc) {
   if (rc == 0) return 0;
@@ -327,7 +328,7 @@ void meshlm_close(meshlm_session *s) {
     ml_engine_close(&s->gen);
     ml_mesh_destroy(&s->gen_mesh);
   }
-  ml_engine_close(&s->e);
+  ml_engine_close(&s->e); /* the reference policy's shards too (engine/reference.h) */
   ml_mesh_destroy(&s->mesh);
   ml_host_destroy(s->world);
   if (s->comm != MPI_COMM_NULL) MPI_Comm_free(&s->comm);

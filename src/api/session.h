@@ -28,10 +28,25 @@ typedef enum {
   API_CALL_RELOAD,
   API_CALL_RELOAD_TENSORS,
   API_CALL_GENERATE,
+  API_CALL_ZERO_GRAD,
+  API_CALL_FORWARD_BACKWARD,
+  API_CALL_OPTIMIZER_STEP,
+  API_CALL_EVAL_LOSS,
   API_CALL_SET_REFERENCE,
   API_CALL_REFERENCE_LOGPROBS,
   API_CALL_KINDS
 } api_call;
+
+/* What the forward_backward calls since meshlm_zero_grad added up
+ * (api/steps.c): global sums, the same on every rank. */
+typedef struct api_acc {
+  double loss, kl;          /* the losses and their KL parts */
+  double mult_err, gen_kl;  /* Σ over the metrics' targets of exp|gen − old| and k3(gen ‖ old) */
+  int64_t trained, clipped; /* the objective's counts */
+  int64_t tokens, sequences, metric_tokens; /* masked targets, sequences; of the metrics */
+  int64_t oob, oob_of;      /* importance weights out of the truncation bounds, of how many */
+  char skip[256];           /* "" or the first call's reason its loss was not finite */
+} api_acc;
 
 struct meshlm_session {
   bool open;                  /* opened successfully, not closed */
@@ -58,6 +73,7 @@ struct meshlm_session {
   ml_engine gen;
   bool gen_open;
   int64_t gen_version;        /* `version` it was refitted at */
+  api_acc acc;                /* since meshlm_zero_grad (split steps) */
 };
 
 /* Begin a collective call: clears the session's message and checks that
@@ -91,8 +107,8 @@ int api_local(meshlm_session *s, const char *call);
 #define API_MIN_meshlm_info offsetof(meshlm_info, max_seq_len)
 #define API_MIN_meshlm_call_stats offsetof(meshlm_call_stats, nonfinite_logprobs)
 #define API_MIN_meshlm_step_result offsetof(meshlm_step_result, nonfinite_param)
-#define API_MIN_meshlm_loss sizeof(meshlm_loss)
-#define API_MIN_meshlm_train_batch sizeof(meshlm_train_batch)
+#define API_MIN_meshlm_loss offsetof(meshlm_loss, objective)
+#define API_MIN_meshlm_train_batch offsetof(meshlm_train_batch, generation_logprobs)
 #define API_MIN_meshlm_sampling sizeof(meshlm_sampling)
 #define API_MIN_meshlm_weight sizeof(meshlm_weight)
 #define API_MIN_meshlm_tensor sizeof(meshlm_tensor)

@@ -343,7 +343,7 @@ static int stage_objective(ml_engine *e, const ml_engine_batch *b, ml_obj_in **b
   *buf = ml_malloc_array(ml_mul_sat(T, d + 1), sizeof **buf,
                          "the objective's inputs (%lld tokens x %d ranks)", (long long)T, d);
   if (!*buf) return -1;
-  ml_obj_in none = {0};
+  ml_obj_in none = {.idx = -1};
   ml_cp_local_values(&e->cp, b->obj, b->B, sizeof none, &none, *buf);
   *in = *buf;
   if (d == 1) return 0;

@@ -1,14 +1,14 @@
 #include "engine/step.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "common/status.h"
 
-/* Zero the gradients, then forward + backward of every micro-batch; the
- * loss (and the objective's sums) into r. */
-static int accumulate(ml_engine *e, const ml_step_source *src, ml_step_result *r) {
-  ML_TRY(ml_engine_zero_grad(e));
+int ml_step_accumulate(ml_engine *e, const ml_step_source *src, ml_step_result *r) {
+  r->loss = 0.0;
+  r->sums = (ml_obj_sums){0};
   for (int64_t m = 0; m < src->n_micro; m++) {
     ml_engine_batch b;
     ML_TRY(src->fill(src->ctx, m, &b));
@@ -35,14 +35,19 @@ static int accumulate(ml_engine *e, const ml_step_source *src, ml_step_result *r
   return 0;
 }
 
-/* Clip and take the AdamW step, or skip it when the norm is not finite
- * (naming the first non-finite gradient). */
-static int update(ml_engine *e, const ml_step_opts *o, ml_step_result *r) {
-  r->skipped = !isfinite(r->grad_norm);
-  if (r->skipped) {
+int ml_step_apply(ml_engine *e, const ml_step_opts *o, int64_t k, const char *skip,
+                  ml_step_result *r) {
+  r->lr = ml_lr_at(&o->schedule, k);
+  ML_TRY(ml_engine_grad_norm(e, o->norm_type, &r->grad_norm));
+  r->skipped = skip || !isfinite(r->grad_norm);
+  if (skip) snprintf(r->reason, sizeof r->reason, "%s", skip);
+  if (!isfinite(r->grad_norm)) {
+    if (!skip)
+      snprintf(r->reason, sizeof r->reason, "the grad norm is not finite (%g)", r->grad_norm);
     /* r->nonfinite stays "" (zeroed) when no gradient is found */
     return ml_engine_find_nonfinite(e, r->nonfinite, sizeof r->nonfinite) < 0 ? -1 : 0;
   }
+  if (r->skipped) return 0;
   ml_adamw_cfg adam = {r->lr, o->beta1, o->beta2, o->eps, o->weight_decay};
   return ml_engine_clip_adamw(e, r->grad_norm, o->max_grad_norm, &adam);
 }
@@ -50,8 +55,10 @@ static int update(ml_engine *e, const ml_step_opts *o, ml_step_result *r) {
 int ml_step_run(ml_engine *e, const ml_step_opts *o, int64_t k, const ml_step_source *src,
                 ml_step_result *r) {
   memset(r, 0, sizeof *r);
-  r->lr = ml_lr_at(&o->schedule, k);
-  ML_TRY(accumulate(e, src, r));
-  ML_TRY(ml_engine_grad_norm(e, o->norm_type, &r->grad_norm));
-  return update(e, o, r);
+  ML_TRY(ml_engine_zero_grad(e));
+  ML_TRY(ml_step_accumulate(e, src, r));
+  char why[64];
+  /* r->loss is the same on every rank (summed over the data ranks): an agreed decision */
+  if (!isfinite(r->loss)) snprintf(why, sizeof why, "the loss is not finite (%g)", r->loss);
+  return ml_step_apply(e, o, k, isfinite(r->loss) ? NULL : why, r);
 }

@@ -56,14 +56,35 @@ typedef struct ml_step_result {
   char nonfinite[sizeof((ml_param *)0)->name]; /* skipped: the HF name of the first
                        parameter (FSDP unit order) with a non-finite gradient, "" when every
                        gradient is finite (the norm itself overflowed) */
+  char reason[256];  /* skipped: why ("the loss is not finite", "the grad norm is not
+                        finite", or the caller's reason given to ml_step_apply) */
 } ml_step_result;
+
+/* Forward + backward of src's micro-batches in order, the gradients added
+ * (+=) to the accumulated ones (no zeroing): r->loss and r->sums set to
+ * this source's loss and objective sums over the data ranks (as
+ * ml_step_result's). Collective over the world. Errors: src->fill's, a
+ * batch with docs or obj under the NLL, those of the engine calls. */
+int ml_step_accumulate(ml_engine *e, const ml_step_source *src, ml_step_result *r);
+
+/* The optimizer step of index k on the accumulated gradients: r->lr,
+ * r->grad_norm (ml_engine_grad_norm), then a skipped step when `skip`
+ * names a reason (copied to r->reason; the caller's agreed decision, e.g.
+ * a non-finite loss) or the norm is not finite (then r->nonfinite named
+ * either way), else
+ * clipping and AdamW (ml_engine_clip_adamw). Collective over the world
+ * (every rank the same k, o and skip != NULL). Errors: the engine's. */
+int ml_step_apply(ml_engine *e, const ml_step_opts *o, int64_t k, const char *skip,
+                  ml_step_result *r);
 
 /* Run the optimizer step of 0-based index k (its place in o->schedule) on
  * e: zero the gradients; forward + backward of src's micro-batches in
- * order (gradients accumulate); global grad norm in o->norm_type
- * (ml_engine_grad_norm); then a skipped step (non-finite norm, named by
- * ml_engine_find_nonfinite), or clipping to o->max_grad_norm
- * and AdamW at ml_lr_at(&o->schedule, k) in one pass (ml_engine_clip_adamw).
+ * order (gradients accumulate: ml_step_accumulate); then ml_step_apply,
+ * skipping the step when the loss is not finite (a NaN input whose
+ * gradient is 0, e.g. a clipped ratio of NaN old log-probs, leaves the norm
+ * finite) or the norm is not (named by ml_engine_find_nonfinite), else
+ * clipping to o->max_grad_norm and AdamW at ml_lr_at(&o->schedule, k) in
+ * one pass (ml_engine_clip_adamw).
  * Collective over the world (every rank the same k, o and n_micro). *r is
  * set in full on success. Errors: src->fill's, a batch with docs or obj
  * under the NLL, those of the engine calls; a failure may leave peers

@@ -161,13 +161,12 @@ static int chunk_logprobs(const loss_pass *p, int64_t t0, int64_t nt, const ml_l
   float *hlp = b->host, *hw = b->host + nt;
   ML_TRY(ml_be_copy(be, hlp, b->lp, sizeof(float) * (size_t)nt, ML_COPY_D2H));
   ML_TRY(ml_be_copy(be, hw, b->w, sizeof(float) * (size_t)nt, ML_COPY_D2H));
-  ml_obj_sums others = {0};
-  for (int64_t i = 0; i < nt; i++) {
-    int64_t t = t0 + i;
-    ml_obj_sums *acc = t >= a && t < z ? g->sums : &others;
-    hw[i] = hw[i] != 0.0f ? ml_objective_token(g->obj, &g->in[t], hlp[i], acc) : 0.0f;
-  }
-  return ml_be_copy(be, b->w, hw, sizeof(float) * (size_t)nt, ML_COPY_H2D);
+  ML_TRY(ml_objective_chunk(g->obj, nt, hlp, g->in + t0, a - t0, z - t0, hw, g->sums));
+  ML_TRY(ml_be_copy(be, b->w, hw, sizeof(float) * (size_t)nt, ML_COPY_H2D));
+  /* an objective of own targets only: each weight from its owner in the group */
+  if (p->split->group && ml_objective_own_only(g->obj))
+    ML_TRY(ml_all_reduce(p->split->group->comm, b->w, (size_t)nt, ML_ELEM_F32, ML_RED_SUM));
+  return 0;
 }
 
 /* Whole rows (b->cols >= nv): per block lm_head's own forward (and edges)

@@ -374,9 +374,10 @@ static void test_struct_sizes_calls(void **state) {
   expect_size_refused(s, meshlm_train_step(s, &tb, NULL, &r), "meshlm_step_result",
                       sizeof r + 8, rmin, sizeof r, "train_step, result too large");
   r.struct_size = sizeof r;
-  tb.struct_size = sizeof tb - 8;
-  expect_size_refused(s, meshlm_train_step(s, &tb, NULL, &r), "meshlm_train_batch",
-                      sizeof tb - 8, sizeof tb, sizeof tb, "train_step, batch too small");
+  const size_t bmin = offsetof(meshlm_train_batch, generation_logprobs);
+  tb.struct_size = bmin - 8;
+  expect_size_refused(s, meshlm_train_step(s, &tb, NULL, &r), "meshlm_train_batch", bmin - 8,
+                      bmin, sizeof tb, "train_step, batch too small");
   assert_int_equal(info_of(s).step, 1); /* no step taken */
   meshlm_sampling sp;
   meshlm_sampling_default(&sp);

@@ -43,7 +43,7 @@ static int g_tp;
 
 /* The clipped objective of the tests: DAPO-style decoupled clip, dual clip. */
 static ml_objective pg_objective(double beta) {
-  return (ml_objective){ML_OBJ_CLIPPED_PG, 0.2, 0.28, 3.0, beta};
+  return (ml_objective){ML_OBJ_CLIPPED_PG, 0.2, 0.28, 3.0, beta, false, NULL, NULL};
 }
 
 /* Target k's advantage, log ratio log r = lp − old, and ref − lp: log r
@@ -157,7 +157,7 @@ static void make_inputs(const int32_t *ids, const uint8_t *mask, int64_t B, int6
       double lr, d, x = lp[b * (S - 1) + i];
       pattern(k++, &A, &lr, &d);
       *in = (ml_obj_in){(float)(1.0 / (double)global_targets), A, (float)(x - lr),
-                        (float)(x + d)};
+                        (float)(x + d), -1, 1.0f};
     }
 }
 
@@ -255,8 +255,8 @@ static void check_run(run *r, pg_case *pc, const ml_objective *o, const char *na
   ml_obj_in *objw = xcalloc((size_t)(Bl * S), sizeof *objw);
   for (int64_t p = 0; p < Bl * S; p++)
     if (obj[p].w != 0.0f)
-      objw[p] = (ml_obj_in){obj[p].w, (float)(c[p] / (double)obj[p].w), NAN, NAN};
-  ml_objective wn = {ML_OBJ_WEIGHTED_NLL, 0, 0, 0, 0};
+      objw[p] = (ml_obj_in){obj[p].w, (float)(c[p] / (double)obj[p].w), NAN, NAN, -1, 1.0f};
+  ml_objective wn = {ML_OBJ_WEIGHTED_NLL, 0, 0, 0, 0, false, NULL, NULL};
   eb.obj = objw;
   ml_engine_zero_grad(&r->e);
   fb(r, &eb, &wn, 0.0f);
@@ -362,14 +362,14 @@ static void test_nll_as_plain(void **state) {
   for (int64_t p = 0; p < Bl * S; p++) {
     int tgt = (p % S) + 1 < S && mask[p + 1];
     /* garbage in the fields NLL does not read */
-    obj[p] = (ml_obj_in){tgt ? 1.0f / (float)b.targets : 0.0f, NAN, NAN, NAN};
+    obj[p] = (ml_obj_in){tgt ? 1.0f / (float)b.targets : 0.0f, NAN, NAN, NAN, -1, 1.0f};
   }
   double loss_old;
   ml_engine_zero_grad(&mesh.e);
   if (ml_engine_forward_backward(&mesh.e, ids, mask, Bl, S, b.targets, &loss_old))
     fail_msg("forward_backward: %s", ml_error_msg());
   float **g_old = export_all(&mesh, ML_EXPORT_GRADS);
-  ml_objective nll = {ML_OBJ_NLL, 0, 0, 0, 0};
+  ml_objective nll = {ML_OBJ_NLL, 0, 0, 0, 0, false, NULL, NULL};
   ml_engine_batch eb = {.ids = ids, .mask = mask, .B = Bl, .S = S, .obj = obj};
   ml_engine_zero_grad(&mesh.e);
   ml_obj_sums s = fb(&mesh, &eb, &nll, 0.0f);

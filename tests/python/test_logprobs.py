@@ -139,29 +139,3 @@ def test_nonfinite_logprobs_warn(model_dir, shared_path):
             p.logprobs(seqs)
         assert p.last_call_stats()["nonfinite_logprobs"] == 0
 
-
-def test_reference_policy(model_dir):
-    """Policy(reference=True): reference_logprobs() keeps the initial weights'
-    log-probs bitwise while the policy trains away from them, and leaves the
-    policy as it was; set_reference() moves the reference to the policy's
-    weights of that moment; without a reference the call raises."""
-    seqs = make_seqs(4, seed=7, lo=6, hi=20)
-    with meshlm.Policy(model_dir, lr=1e-3) as bare:
-        init, _ = bare.logprobs(seqs)
-        with pytest.raises(meshlm.MeshlmError, match="no reference policy"):
-            bare.reference_logprobs(seqs)
-    with meshlm.Policy(model_dir, lr=1e-3, reference=True) as p:
-        for _ in range(2):
-            p.train_step(seqs)
-            ref, _ = p.reference_logprobs(seqs)
-            for a, b in zip(ref, init):
-                np.testing.assert_array_equal(a, b)
-            now, _ = p.logprobs(seqs)
-            assert any(not np.array_equal(a, b) for a, b in zip(now, init))
-            again, _ = p.logprobs(seqs)
-            for a, b in zip(again, now):
-                np.testing.assert_array_equal(a, b)
-        p.set_reference()
-        ref, _ = p.reference_logprobs(seqs)
-        for a, b in zip(ref, now):
-            np.testing.assert_array_equal(a, b)

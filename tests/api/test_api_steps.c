@@ -8,11 +8,10 @@
  * its loss within the bound of custom_loss_close; eval_loss = forward_backward's
  * loss at the same weights and leaves the gradients alone; NaN in a
  * per-token input is a skipped step with its reason; an objective that
- * fails fails the call on every rank and skips the step; the reference
- * policy's log-probs = a second session's. The suite, its
- * meshes and its helpers: api_util.h. */
+ * fails fails the call on every rank and skips the step (the reference
+ * policy: test_api_reference.c). The suite, its meshes and its helpers:
+ * api_util.h. */
 #include <math.h>
-#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -312,56 +311,6 @@ static void test_nan_input_skips(void **state) {
   pg_free(&c);
 }
 
-/* g's log-probs on every rank under the reference (ref) or the policy, as global_lp. */
-static void global_lp_of(meshlm_session *s, const gbatch *g, bool ref, float *out) {
-  meshlm_info in = info_of(s);
-  slice sl = slice_of(g, in.dp_rank, in.dp_size);
-  float *loc = xcalloc((size_t)sl.npred + 1, sizeof *loc);
-  if (ref)
-    OK(s, meshlm_reference_logprobs(s, &sl.seqs, NULL, loc, NULL));
-  else
-    OK(s, meshlm_logprobs(s, &sl.seqs, NULL, loc, NULL));
-  memset(out, 0, sizeof(float) * (size_t)g->all.npred);
-  if (in.tp_rank == 0 && in.cp_rank == 0)
-    memcpy(out + sl.p0, loc, sizeof(float) * (size_t)sl.npred);
-  MPI_Allreduce(MPI_IN_PLACE, out, (int)g->all.npred, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-  free(loc);
-}
-
-/* The reference policy: after two steps, a second (untrained) session's log-probs bitwise; the
-   policy's untouched by scoring it. */
-static void test_reference(void **state) {
-  (void)state;
-  meshlm_options o = mesh_opts();
-  meshlm_session *a = open_ok(g_fixture, &o, MPI_COMM_WORLD);
-  meshlm_session *b = open_ok(g_fixture, &o, MPI_COMM_WORLD);
-  gbatch g = gbatch_make(45);
-  int64_t n = g.all.npred;
-  float *x = xcalloc((size_t)n, sizeof *x), *y = xcalloc((size_t)n, sizeof *y);
-  float *z = xcalloc((size_t)n, sizeof *z);
-  meshlm_info in = info_of(a);
-  slice sl = slice_of(&g, in.dp_rank, in.dp_size);
-  float out[1];
-  expect_fail(a, meshlm_reference_logprobs(a, &sl.seqs, NULL, sl.npred ? NULL : out, NULL),
-              "meshlm_set_reference first", "no reference yet");
-  OK(a, meshlm_set_reference(a));
-  nll_step(a, &g);
-  nll_step(a, &g);
-  global_lp_of(a, &g, false, z);
-  global_lp_of(a, &g, true, x);
-  global_lp_of(b, &g, false, y);
-  assert_memory_equal(x, y, sizeof *x * (size_t)n);
-  assert_true(memcmp(z, y, sizeof *z * (size_t)n) != 0); /* the steps moved the policy */
-  global_lp_of(a, &g, false, y);
-  assert_memory_equal(z, y, sizeof *z * (size_t)n);
-  free(x);
-  free(y);
-  free(z);
-  meshlm_close(a);
-  meshlm_close(b);
-  batch_free(&g.all);
-}
-
 int main(int argc, char **argv) {
   api_init(&argc, &argv);
   const struct CMUnitTest tests[] = {
@@ -369,7 +318,6 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_custom_is_builtin),
       cmocka_unit_test(test_eval_loss),
       cmocka_unit_test(test_nan_input_skips),
-      cmocka_unit_test(test_reference),
   };
   return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

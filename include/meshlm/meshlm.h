@@ -518,6 +518,41 @@ typedef struct meshlm_family {
  * parse (the key named). */
 MESHLM_API int meshlm_register_family(const meshlm_family *f, char *err, size_t err_cap);
 
+/* ---- Entropy and top-k log-probs (scoring for RL: verl's
+ * compute_log_prob(calculate_entropy=True), NeMo RL's get_topk_logits) ---- */
+
+/* What meshlm_score writes, each prediction aligned as meshlm_logprobs's
+ * out (P = Σ (lens − 1) predictions, sequence after sequence); a NULL
+ * pointer (topk 0) is an output not wanted. */
+typedef struct meshlm_scores {
+  size_t struct_size;     /* sizeof(meshlm_scores), set by the caller */
+  float *logprobs;        /* [P] fp32: meshlm_logprobs's out, bit for bit */
+  double *seq_sums;       /* [n] fp64: meshlm_logprobs's seq_sums */
+  float *entropy;         /* [P] fp32: H_t = −Σ_v p_v log p_v (nats) of the whole
+                             distribution that predicts token t+1 (verl
+                             entropy_from_logits), computed vocab-parallel beside the
+                             log-sum-exp: no rank holds full-vocabulary logits */
+  int32_t topk;           /* k, 0 <= k <= vocab_size; 0: no top-k */
+  float *topk_logprobs;   /* [P, k] fp32: the k largest log-probs at each prediction, best
+                             first (NeMo RL get_topk_logits, as log-probs: logit −
+                             log-sum-exp); the entry of token v is bitwise the log-prob
+                             meshlm_logprobs gives v as the next token */
+  int32_t *topk_ids;      /* [P, k]: their token ids; equal log-probs: the lower id first */
+} meshlm_scores;
+
+/* COLLECTIVE. meshlm_logprobs with the entropy and top-k outputs of `out`
+ * (the same micro-batches and forward; each output optional). mask (NULL:
+ * all) as meshlm_logprobs: where 0, logprobs and entropy are 0, the top-k
+ * ids −1 and their log-probs 0. The top-k lists are merged over the
+ * vocab-parallel ranks (tp, and the FSDP group under vocab parallelism):
+ * each rank's k best per vocabulary tile, all-gathered and merged with
+ * ties by the lower id, so every mesh gives the same ids. Errors: those of
+ * meshlm_logprobs, out->struct_size out of range, topk out of range, topk
+ * > 0 with a NULL topk_logprobs or topk_ids, topk > 0 under context
+ * parallelism (cp > 1: not implemented). */
+MESHLM_API int meshlm_score(meshlm_session *s, const meshlm_seqs *batch, const uint8_t *mask,
+                            const meshlm_scores *out);
+
 /* The command-line program: `meshlm <command> [flags]` (argv[0] the
  * program name). Initialises and finalises MPI itself; returns the exit
  * status. The meshlm binary is this call. */

@@ -94,6 +94,7 @@ int api_local(meshlm_session *s, const char *call);
 #define API_MIN_meshlm_sampling sizeof(meshlm_sampling)
 #define API_MIN_meshlm_weight sizeof(meshlm_weight)
 #define API_MIN_meshlm_tensor sizeof(meshlm_tensor)
+#define API_MIN_meshlm_scores sizeof(meshlm_scores)
 #define API_MIN(T) API_MIN_##T
 
 /* 0 when `size` (a caller's T.struct_size) is in [min, max], else the error

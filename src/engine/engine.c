@@ -414,7 +414,8 @@ static int logprobs_out(ml_engine *e, const float *lp, int64_t B, int64_t S, flo
  * and, with lp, this rank's log-probs (*lp: [B·s] on the device, the
  * caller's to free); then the gathered units are resharded (what the
  * backward would have done), unless held. */
-static int forward_only(ml_engine *e, const ml_engine_batch *b, float **lp, ml_loss_out *nll) {
+static int forward_only(ml_engine *e, const ml_engine_batch *b, float **lp,
+                        const ml_loss_extra *ex, ml_loss_out *nll) {
   ML_TRY(begin_batch(e, b));
   ML_TRY(upload_batch(e, b));
   ML_TRY(forward_layers(e, e->ids));
@@ -426,8 +427,8 @@ static int forward_only(ml_engine *e, const ml_engine_batch *b, float **lp, ml_l
     rc = -1;
   if (!rc) rc = loss_split(e, &split);
   if (!rc)
-    rc = ml_vocab_parallel_loss(&e->model, &split, e->targets, e->opts.output_dtype, NULL,
-                                lp ? *lp : NULL, nll);
+    rc = ml_vocab_parallel_scores(&e->model, &split, e->targets, e->opts.output_dtype, NULL,
+                                  lp ? *lp : NULL, ex, nll);
   for (int u = 0; !e->hold && u < e->fsdp.n_units; u++) ml_fsdp_reshard(&e->fsdp, u);
   return rc;
 }
@@ -435,15 +436,62 @@ static int forward_only(ml_engine *e, const ml_engine_batch *b, float **lp, ml_l
 int ml_engine_logprobs_batch(ml_engine *e, const ml_engine_batch *b, float *out) {
   float *lp = NULL;
   ml_loss_out lo;
-  int rc = forward_only(e, b, &lp, &lo);
+  int rc = forward_only(e, b, &lp, NULL, &lo);
   if (!rc) rc = logprobs_out(e, lp, b->B, b->S, out);
+  ml_be_free(e->be, lp);
+  return rc;
+}
+
+/* The top-k lists [B, s, k] on the device → out [B, S−1, k] (cp = 1). */
+static int topk_out(ml_engine *e, const void *dev, int64_t B, int64_t S, int64_t k, void *out) {
+  int64_t s = e->model.S;
+  size_t row = sizeof(float) * (size_t)((S - 1) * k);
+  for (int64_t b = 0; b < B; b++)
+    ML_TRY(ml_be_copy(e->be, (char *)out + (size_t)b * row,
+                      (const char *)dev + sizeof(float) * (size_t)(b * s * k), row, ML_COPY_D2H));
+  return 0;
+}
+
+int ml_engine_scores_batch(ml_engine *e, const ml_engine_batch *b, const ml_engine_scores *out) {
+  int64_t k = out->topk, T = b->B * e->model.S; /* fits: prepare allocated B·s·H floats */
+  if (k < 0) return ml_err("top-k: k is %lld; expected k >= 0", (long long)k);
+  if (k > 0 && e->cp.size > 1)
+    return ml_err("top-k log-probs under context parallelism (cp %d): not implemented; "
+                  "expected cp = 1",
+                  e->cp.size);
+  if (k > 0 && (!out->topk_logprobs || !out->topk_ids))
+    return ml_err("top-k: k is %lld but topk_logprobs or topk_ids is NULL", (long long)k);
+  ml_loss_extra ex = {.topk = k};
+  int64_t n = ml_mul_sat(T, k);
+  int rc = 0;
+  if (out->entropy && !(ex.entropy = ml_be_alloc(e->be, T, sizeof(float),
+                                                 "the entropies (%lld tokens)", (long long)T)))
+    rc = -1;
+  if (!rc && k && !(ex.topk_logprobs = ml_be_alloc(e->be, n, sizeof(float),
+                                                   "the top-k log-probs (%lld tokens x k %lld)",
+                                                   (long long)T, (long long)k)))
+    rc = -1;
+  if (!rc && k && !(ex.topk_ids = ml_be_alloc(e->be, n, sizeof(int32_t),
+                                              "the top-k ids (%lld tokens x k %lld)",
+                                              (long long)T, (long long)k)))
+    rc = -1;
+  float *lp = NULL;
+  ml_loss_out lo;
+  if (!rc) rc = forward_only(e, b, out->logprobs ? &lp : NULL, &ex, &lo);
+  if (!rc && out->logprobs) rc = logprobs_out(e, lp, b->B, b->S, out->logprobs);
+  if (!rc && out->entropy) rc = logprobs_out(e, ex.entropy, b->B, b->S, out->entropy);
+  if (!rc && k) rc = topk_out(e, ex.topk_logprobs, b->B, b->S, k, out->topk_logprobs);
+  if (!rc && k) rc = topk_out(e, ex.topk_ids, b->B, b->S, k, out->topk_ids);
+  ml_be_free(e->be, ex.topk_ids);
+  ml_be_free(e->be, ex.topk_logprobs);
+  ml_be_free(e->be, ex.entropy);
   ml_be_free(e->be, lp);
   return rc;
 }
 
 int ml_engine_nll_batch(ml_engine *e, const ml_engine_batch *b, ml_loss_out *nll) {
   if (b->obj) return ml_err("ml_engine_nll_batch: the NLL takes no objective inputs (obj)");
-  return forward_only(e, b, NULL, nll);
+  return forward_only(e, b, NULL, NULL, nll);
 }
 
 int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, float *out) {

@@ -535,9 +535,11 @@ typedef struct meshlm_scores {
   int32_t topk;           /* k, 0 <= k <= vocab_size; 0: no top-k */
   float *topk_logprobs;   /* [P, k] fp32: the k largest log-probs at each prediction, best
                              first (NeMo RL get_topk_logits, as log-probs: logit −
-                             log-sum-exp); the entry of token v is bitwise the log-prob
-                             meshlm_logprobs gives v as the next token */
-  int32_t *topk_ids;      /* [P, k]: their token ids; equal log-probs: the lower id first */
+                             log-sum-exp), so non-increasing; the entry of token v is
+                             bitwise the log-prob meshlm_logprobs gives v as the next token */
+  int32_t *topk_ids;      /* [P, k]: their token ids, in the logits' order: larger logit
+                             first, equal logits by the lower id (two logits a rounding
+                             apart may give equal log-probs: then the larger logit's first) */
 } meshlm_scores;
 
 /* COLLECTIVE. meshlm_logprobs with the entropy and top-k outputs of `out`
@@ -546,7 +548,8 @@ typedef struct meshlm_scores {
  * ids −1 and their log-probs 0. The top-k lists are merged over the
  * vocab-parallel ranks (tp, and the FSDP group under vocab parallelism):
  * each rank's k best per vocabulary tile, all-gathered and merged with
- * ties by the lower id, so every mesh gives the same ids. Errors: those of
+ * equal logits by the lower id, so the order is one total order however
+ * the vocabulary is split. Errors: those of
  * meshlm_logprobs, out->struct_size out of range, topk out of range, topk
  * > 0 with a NULL topk_logprobs or topk_ids, topk > 0 under context
  * parallelism (cp > 1: not implemented). */

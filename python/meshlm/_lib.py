@@ -200,6 +200,18 @@ class meshlm_call_stats(Sized):
     ]
 
 
+class meshlm_scores(Sized):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("logprobs", POINTER(c_float)),
+        ("seq_sums", POINTER(c_double)),
+        ("entropy", POINTER(c_float)),
+        ("topk", c_int32),
+        ("topk_logprobs", POINTER(c_float)),
+        ("topk_ids", POINTER(c_int32)),
+    ]
+
+
 MAX_FUSED = 2  # MESHLM_MAX_FUSED
 
 
@@ -256,6 +268,8 @@ _PROTOTYPES = {
                                 POINTER(c_int32), POINTER(c_int64), POINTER(c_float)]),
     "meshlm_last_call_stats": (c_int, [session_p, POINTER(meshlm_call_stats)]),
     "meshlm_register_family": (c_int, [POINTER(meshlm_family), c_char_p, c_size_t]),
+    "meshlm_score": (c_int, [session_p, POINTER(meshlm_seqs), POINTER(c_uint8),
+                             POINTER(meshlm_scores)]),
 }
 # without these the library is not meshlm's; any other function a library
 # lacks (an older one) raises MeshlmError when called

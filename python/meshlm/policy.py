@@ -29,7 +29,7 @@ from collections.abc import Mapping as _MappingABC
 from ctypes import POINTER, byref, c_double, c_float, c_int32, c_int64, c_uint8, c_void_p
 # Literal, Protocol and TypedDict are in typing since Python 3.8 (no typing_extensions)
 from typing import (Any, Callable, Dict, List, Literal, Mapping, NoReturn, Optional, Protocol,
-                    Sequence, Tuple, Type, TypedDict, TypeVar, Union, cast)
+                    Sequence, Tuple, Type, TypedDict, TypeVar, Union, cast, overload)
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray  # numpy >= 1.21
@@ -631,20 +631,40 @@ class Policy:
 
     # --- scoring ----------------------------------------------------------------------------------
 
-    def logprobs(self, seqs: TokenSeqs, mask: Optional[PerToken] = None
-                 ) -> Tuple[List[NDArray[np.float32]], NDArray[np.float64]]:
+    @overload
+    def logprobs(self, seqs: TokenSeqs, mask: Optional[PerToken] = None,
+                 return_entropy: Literal[False] = False
+                 ) -> Tuple[List[NDArray[np.float32]], NDArray[np.float64]]: ...
+
+    @overload
+    def logprobs(self, seqs: TokenSeqs, mask: Optional[PerToken] = None, *,
+                 return_entropy: Literal[True]
+                 ) -> Tuple[List[NDArray[np.float32]], NDArray[np.float64],
+                            List[NDArray[np.float32]]]: ...
+
+    def logprobs(self, seqs: TokenSeqs, mask: Optional[PerToken] = None,
+                 return_entropy: bool = False
+                 ) -> Union[Tuple[List[NDArray[np.float32]], NDArray[np.float64]],
+                            Tuple[List[NDArray[np.float32]], NDArray[np.float64],
+                                  List[NDArray[np.float32]]]]:
         """COLLECTIVE. Per-token log-probs of this rank's sequences.
 
         seqs: list of n 1-D integer arrays (lengths L_k >= 1), token ids.
         mask: None (all) or prediction-aligned 0/1 (list of arrays of len
             L_k - 1, or one array of sum(L_k - 1)); where 0 the log-prob is 0
             and left out of the sums.  Another value raises MeshlmError.
-        Returns (lps, sums): lps a list of n float32 arrays of len L_k - 1,
-        lps[k][t] = log p(seqs[k][t+1] | seqs[k][:t+1]); sums a float64 array
-        [n], the sum of each sequence's (masked) entries.  Log-probs that are
-        not finite (NaN or inf, from weights or activations that overflowed)
-        are returned as they are, with one warning (warnings.warn) counting
-        them and naming the first (last_call_stats()["nonfinite_logprobs"])."""
+        return_entropy: also return each position's entropy (verl's
+            compute_log_prob(calculate_entropy=True)).
+        Returns (lps, sums), or (lps, sums, entropies) with return_entropy:
+        lps a list of n float32 arrays of len L_k - 1, lps[k][t] = log
+        p(seqs[k][t+1] | seqs[k][:t+1]); sums a float64 array [n], the sum of
+        each sequence's (masked) entries; entropies like lps, entropies[k][t] =
+        -sum_v p_v log p_v (nats) of the distribution lps[k][t] is read from,
+        computed vocab-parallel (meshlm_score; 0 where masked).  Log-probs
+        that are not finite (NaN or inf, from weights or activations that
+        overflowed) are returned as they are, with one warning
+        (warnings.warn) counting them and naming the first
+        (last_call_stats()["nonfinite_logprobs"])."""
         s = self._session()
         try:
             b = _Batch(seqs)
@@ -653,16 +673,59 @@ class Policy:
             self._arg_error(e, lambda: self._poison_logprobs(s))
         out = np.zeros(b.total, np.float32)
         sums = np.zeros(b.n, np.float64)
-        rc = self._lib.meshlm_logprobs(s, byref(b.c), _ptr(m, c_uint8), _ptr(out, c_float),
-                                       _ptr(sums, c_double))
-        self._check(rc, "meshlm_logprobs")
+        ent = np.zeros(b.total, np.float32) if return_entropy else None
+        if return_entropy:
+            req = L.meshlm_scores(logprobs=_ptr(out, c_float), seq_sums=_ptr(sums, c_double),
+                                  entropy=_ptr(ent, c_float))
+            rc = self._lib.meshlm_score(s, byref(b.c), _ptr(m, c_uint8), byref(req))
+            self._check(rc, "meshlm_score")
+        else:
+            rc = self._lib.meshlm_logprobs(s, byref(b.c), _ptr(m, c_uint8), _ptr(out, c_float),
+                                           _ptr(sums, c_double))
+            self._check(rc, "meshlm_logprobs")
         bad = self.last_call_stats()["nonfinite_logprobs"]
         if bad:
             k, t = b.locate(int(np.flatnonzero(~np.isfinite(out))[0]))
             warnings.warn("logprobs: %d log-probs are not finite (NaN or inf) on rank %d, the "
                           "first at sequence %d, entry %d" % (bad, self._rank(), k, t),
                           stacklevel=2)
+        if ent is not None:
+            return b.split(out), sums, b.split(ent)
         return b.split(out), sums
+
+    def topk_logprobs(self, seqs: TokenSeqs, k: int, mask: Optional[PerToken] = None
+                      ) -> Tuple[List[NDArray[np.int32]], List[NDArray[np.float32]]]:
+        """COLLECTIVE. The k most probable next tokens at each position of
+        this rank's sequences (NeMo RL's get_topk_logits, next-token
+        aligned, as log-probs).
+
+        seqs, mask: as logprobs (where the mask is 0 the ids are -1 and the
+            log-probs 0).
+        k: 0 <= k <= vocab_size.
+        Returns (ids, lps): two lists of n arrays of shape (L_k - 1, k), int32
+        token ids and their float32 log-probs, best first in the logits'
+        order (equal logits: the lower id first; log-probs non-increasing), merged over the vocab-parallel ranks so that no
+        rank holds full-vocabulary logits; an id's log-prob is bitwise the
+        one logprobs gives it as the next token.  k out of range, or k > 0
+        under context parallelism (cp > 1, not implemented), raises
+        MeshlmError."""
+        s = self._session()
+        try:
+            b = _Batch(seqs)
+            m = b.per_token(mask, "mask", np.uint8)
+            if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+                raise _ArgError("k: expected an int, got %s" % type(k).__name__)
+            if not 0 <= k <= _INT32_MAX:
+                raise _ArgError("k: %d; expected 0 <= k <= vocab_size" % k)
+        except _ArgError as e:
+            self._arg_error(e, lambda: self._poison_logprobs(s))
+        ids = np.zeros((b.total, int(k)), np.int32)
+        lps = np.zeros((b.total, int(k)), np.float32)
+        req = L.meshlm_scores(topk=int(k), topk_logprobs=_ptr(lps, c_float),
+                              topk_ids=_ptr(ids, c_int32))
+        self._check(self._lib.meshlm_score(s, byref(b.c), _ptr(m, c_uint8), byref(req)),
+                    "meshlm_score")
+        return b.split(ids), b.split(lps)
 
     def _poison_logprobs(self, s: c_void_p) -> None:
         lens, toks, c = _poison_seqs(self._rank())

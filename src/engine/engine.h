@@ -166,7 +166,8 @@ int ml_engine_logprobs_batch(ml_engine *e, const ml_engine_batch *b, float *out)
  * logprobs [B, S−1] as ml_engine_logprobs_batch; entropy [B, S−1] the
  * entropy (nats) of the distribution at each position (of the token after
  * it); topk_logprobs, topk_ids [B, S−1, topk] the topk largest log-probs
- * there, best first, ties by the lower id (parallel/loss.h ml_loss_extra). */
+ * there, best first in the logits' order, equal logits by the lower id
+ * (parallel/loss.h ml_loss_extra). */
 typedef struct ml_engine_scores {
   float *logprobs;
   float *entropy;

@@ -107,8 +107,8 @@ int ml_vocab_parallel_loss(ml_model *m, const ml_loss_split *split, const int32_
  *    (moved to a new max as sl·e^d + d·se·e^d), reduced with it (one SUM
  *    over tp then the group), H = log(se) − sl/se;
  *  - topk_logprobs, topk_ids [T, topk] (topk 0: not wanted): the topk
- *    largest log-probs best first and their global token ids, equal logits
- *    by the lower id (NeMo RL get_topk_logits with its
+ *    largest log-probs best first and their global token ids, in the
+ *    logits' order (equal logits by the lower id; NeMo RL get_topk_logits with its
  *    distributed_vocab_topk merge, as log-probs: logit − log-sum-exp); each
  *    rank's lists per tile, all-gathered over tp then the group and merged.
  *    A log-prob is bitwise the one the scoring path gives that token as a

@@ -278,13 +278,21 @@ typedef enum meshlm_loss_kind {
 } meshlm_loss_kind;
 
 typedef struct meshlm_loss {
-  size_t struct_size;     /* sizeof(meshlm_loss) (the minimum) */
+  size_t struct_size;     /* sizeof(meshlm_loss); minimum offsetof(meshlm_loss, entropy_coef) */
   meshlm_loss_kind kind;
   int sequence_level;     /* 0: token-level normalisation, 1: sequence-level */
   float ratio_clip_min;   /* ε_low (NeMo ratio_clip_min), >= 0 */
   float ratio_clip_max;   /* ε_high (ratio_clip_max), >= 0 */
   float ratio_clip_c;     /* dual clip c > 1, or 0: off */
   float kl_penalty;       /* β >= 0; > 0 needs ref_logprobs */
+  /* appended (a caller's struct_size may end before it: 0): */
+  float entropy_coef;     /* c: an entropy bonus, loss − c·H̄ with H̄ = the masked
+                             predictions' entropies H_t = −Σ_v p_v log p_v of the whole
+                             distribution, normalised as the loss (token or sequence
+                             level); its gradient exact on the logits (dH_t/dl_v =
+                             −p_v(log p_v + H_t)), computed vocab-parallel in the fused
+                             classifier; any kind; finite; 0: off (NeMo RL's
+                             entropy_loss_coeff, verl's entropy_coeff) */
 } meshlm_loss;
 
 /* NLL, token level, ε 0.2/0.2, no dual clip, β 0; _init and _default as
@@ -324,6 +332,10 @@ typedef struct meshlm_step_result {
   char nonfinite_param[160]; /* skipped: the HF name of the first parameter with a non-finite
                                 gradient (model order), "" when every gradient is finite (the
                                 norm overflowed) or the step was not skipped */
+  /* appended (written when the caller's struct_size holds it): */
+  double entropy;       /* with loss.entropy_coef ≠ 0: H̄, the masked predictions' mean
+                           entropy (nats) normalised as the loss, at the step's weights
+                           (before the update); 0 otherwise */
 } meshlm_step_result;
 
 /* COLLECTIVE. One optimizer step on the global batch (every data-parallel

@@ -704,9 +704,10 @@ class Policy:
         k: 0 <= k <= vocab_size.
         Returns (ids, lps): two lists of n arrays of shape (L_k - 1, k), int32
         token ids and their float32 log-probs, best first in the logits'
-        order (equal logits: the lower id first; log-probs non-increasing), merged over the vocab-parallel ranks so that no
-        rank holds full-vocabulary logits; an id's log-prob is bitwise the
-        one logprobs gives it as the next token.  k out of range, or k > 0
+        order (equal logits: the lower id first; log-probs non-increasing),
+        merged over the vocab-parallel ranks so that no rank holds
+        full-vocabulary logits; an id's log-prob is bitwise the one logprobs
+        gives it as the next token.  k out of range, or k > 0
         under context parallelism (cp > 1, not implemented), raises
         MeshlmError."""
         s = self._session()

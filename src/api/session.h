@@ -89,7 +89,7 @@ int api_local(meshlm_session *s, const char *call);
 #define API_MIN_meshlm_info offsetof(meshlm_info, max_seq_len)
 #define API_MIN_meshlm_call_stats offsetof(meshlm_call_stats, nonfinite_logprobs)
 #define API_MIN_meshlm_step_result offsetof(meshlm_step_result, nonfinite_param)
-#define API_MIN_meshlm_loss sizeof(meshlm_loss)
+#define API_MIN_meshlm_loss offsetof(meshlm_loss, entropy_coef)
 #define API_MIN_meshlm_train_batch sizeof(meshlm_train_batch)
 #define API_MIN_meshlm_sampling sizeof(meshlm_sampling)
 #define API_MIN_meshlm_weight sizeof(meshlm_weight)

@@ -1,5 +1,6 @@
 /* meshlm_train_step: one optimizer step on a variable-length batch under
  * the objectives of include/meshlm/meshlm.h (NeMo RL's loss functions). */
+#include <math.h>
 #include <string.h>
 
 #include "api/pack.h"
@@ -22,6 +23,10 @@ static int check_loss(const meshlm_loss *l, const meshlm_train_batch *b) {
                   "kl_penalty %g; expected clips >= 0, ratio_clip_c 0 (off) or > 1, "
                   "kl_penalty >= 0",
                   l->ratio_clip_min, l->ratio_clip_max, l->ratio_clip_c, l->kl_penalty);
+  if (!isfinite(l->entropy_coef))
+    return ml_err("meshlm_train_step: loss.entropy_coef %g; expected a finite coefficient (0: "
+                  "off)",
+                  l->entropy_coef);
   if (l->kind == MESHLM_LOSS_NLL && l->kl_penalty > 0)
     return ml_err("meshlm_train_step: loss.kl_penalty %g with MESHLM_LOSS_NLL; expected 0 (the "
                   "KL penalty goes with WEIGHTED_NLL or CLIPPED_PG)", l->kl_penalty);
@@ -108,7 +113,7 @@ static void step(meshlm_session *s, const meshlm_train_batch *b, const meshlm_lo
                  const api_plan *p, const int64_t g[3], meshlm_step_result *out) {
   ml_obj_kind kinds[] = {ML_OBJ_NLL, ML_OBJ_WEIGHTED_NLL, ML_OBJ_CLIPPED_PG};
   ml_objective obj = {kinds[l->kind], l->ratio_clip_min, l->ratio_clip_max, l->ratio_clip_c,
-                      l->kl_penalty};
+                      l->kl_penalty, l->entropy_coef};
   train_source t = {p, b, l, g};
   ml_step_source src = {.n_micro = p->pack.n_mb, .fill = fill_micro, .ctx = &t, .objective = &obj};
   ml_step_result r;
@@ -119,7 +124,7 @@ static void step(meshlm_session *s, const meshlm_train_batch *b, const meshlm_lo
       .loss = r.sums.loss, .kl = r.sums.kl,
       .clip_fraction = r.sums.trained ? (double)r.sums.clipped / (double)r.sums.trained : 0.0,
       .grad_norm = r.grad_norm, .lr = r.lr, .tokens = g[0], .sequences = g[2],
-      .step = ++s->steps, .skipped = r.skipped};
+      .step = ++s->steps, .skipped = r.skipped, .entropy = r.sums.entropy};
   memcpy(full.nonfinite_param, r.nonfinite, sizeof r.nonfinite);
   api_write_struct("meshlm_train_step", "meshlm_step_result", out, API_MIN(meshlm_step_result),
                    sizeof full, &full); /* its size checked before the step */

@@ -278,6 +278,12 @@ int ml_be_xent_topk_logprobs(ml_backend *be, int64_t T, int64_t k, const float *
   NEED(be, ML_OP_TOPK);
   return be->ops->xent_topk_logprobs(be, T, k, M, se, val, id, lp);
 }
+int ml_be_xent_bwd_entropy(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                           const int32_t *y, const float *mx, const float *se, const float *w,
+                           const float *H, const float *ew, float *dlogits) {
+  NEED(be, ML_OP_ENTROPY);
+  return be->ops->xent_bwd_entropy(be, logits, T, V, v0, y, mx, se, w, H, ew, dlogits);
+}
 int ml_be_adamw(ml_backend *be, float *p, float *g, float *m, float *v, int64_t n,
                 float grad_scale, double lr, double b1, double b2, double eps, double wd,
                 int64_t step) {

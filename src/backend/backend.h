@@ -150,7 +150,8 @@ typedef enum ml_op {
   ML_OP_ADAMW,           /* ml_be_adamw */
   ML_OP_NORM_PARTIAL,    /* ml_be_norm_partial */
   ML_OP_FIND_NONFINITE,  /* ml_be_find_nonfinite */
-  ML_OP_ENTROPY,         /* ml_be_xent_entropy_sum / _online / _rebase, ml_be_xent_entropy */
+  ML_OP_ENTROPY,         /* ml_be_xent_entropy_sum / _online / _rebase, ml_be_xent_entropy,
+                          * ml_be_xent_bwd_entropy */
   ML_OP_TOPK,            /* ml_be_xent_topk_clear / _online / _merge / _logprobs */
   ML_OP_COUNT
 } ml_op;
@@ -255,6 +256,9 @@ typedef struct ml_backend_ops {
   int (*xent_entropy_rebase)(ml_backend *be, int64_t T, const float *mx, const float *M,
                              const float *se, float *sl);
   int (*xent_entropy)(ml_backend *be, const float *se, const float *sl, int64_t T, float *ent);
+  int (*xent_bwd_entropy)(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                          const int32_t *y, const float *mx, const float *se, const float *w,
+                          const float *H, const float *ew, float *dlogits);
   int (*xent_topk_clear)(ml_backend *be, int64_t T, int64_t k, float *val, int32_t *id);
   int (*xent_topk_online)(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
                           int64_t k, float *val, int32_t *id);
@@ -530,6 +534,13 @@ int ml_be_xent_entropy_online(ml_backend *be, const float *logits, int64_t T, in
 int ml_be_xent_entropy_rebase(ml_backend *be, int64_t T, const float *mx, const float *M,
                               const float *se, float *sl);
 int ml_be_xent_entropy(ml_backend *be, const float *se, const float *sl, int64_t T, float *ent);
+/* The backward with an entropy bonus (loss − Σ_t ew[t]·H_t, ew [T] the
+ * coefficient times each token's normalised weight; dH/dl = −p(log p + H)):
+ * dlogits [T, V] (=, may alias logits) = w[t]·(softmax − onehot) +
+ * ew[t]·p·(log p + H[t]), from the reduced mx, se and the entropies H [T]. */
+int ml_be_xent_bwd_entropy(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                           const int32_t *y, const float *mx, const float *se, const float *w,
+                           const float *H, const float *ew, float *dlogits);
 /* Per-token top-k logits over the shards (NeMo RL distributed_vocab_topk;
  * kernels/cpu/kernels.h k_xent_topk_*): lists val, id [T, k] best first
  * (larger logit, ties by the lower global id; empty: −inf, id −1). clear:

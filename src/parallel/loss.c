@@ -17,7 +17,10 @@ typedef struct chunk_bufs {
                     Σ exp(l − max)·(l − max) — one SUM reduction of the first 2 or all 3 */
   float *w;      /* [nt] gradient weights */
   float *lp;     /* [nt] log-probs of every target of the chunk (objective only) */
-  float *host;   /* [2 nt] host staging of lp and w (objective only) */
+  float *H;      /* [nt] the entropies of every token of the chunk (entropy bonus only) */
+  float *ew;     /* [nt] their bonus weights c·w_t (entropy bonus only) */
+  float *host;   /* [2 nt] host staging of lp and w (objective only); [4 nt] with the entropy
+                    bonus: then H and ew */
   double *sums;  /* [4] device: this rank's tokens' −Σ log-prob and target count, then the
                     other tokens' (discarded); read once when the pass ends */
   void *xr;      /* [nt, c] bf16: the block's lm_head input rounded once (tiled, bf16 rows) */
@@ -46,6 +49,7 @@ typedef struct loss_pass {
   int64_t N, own0, T, c;
   int64_t v0, nv;   /* global vocab columns v0 .. v0+nv−1 */
   const ml_loss_extra *ex; /* NULL: neither entropy nor top-k */
+  double coef;             /* the objective's entropy_coef (0: no entropy bonus) */
 } loss_pass;
 
 /* sum (or max) of n floats over the groups holding the other columns: tp,
@@ -57,7 +61,9 @@ static int reduce_columns(const loss_pass *p, float *x, size_t n, ml_redop op) {
   return 0;
 }
 
-static bool want_entropy(const loss_pass *p) { return p->ex && p->ex->entropy; }
+static bool want_entropy(const loss_pass *p) {
+  return (p->ex && p->ex->entropy) || p->coef != 0.0;
+}
 static int64_t topk_of(const loss_pass *p) { return p->ex ? p->ex->topk : 0; }
 
 /* The statistics' SUM reduction: se, tl and, for the entropy, sl. */
@@ -168,6 +174,18 @@ static int chunk_extras(const loss_pass *p, int64_t t0, int64_t nt, int64_t a, i
                     ML_COPY_D2D);
 }
 
+/* dlogits [nt, n] (=, over the logits) of tokens t0 .. t0+nt−1 on columns
+ * v0 .. v0+n−1: the objective's (softmax − onehot) weights, plus the
+ * entropy bonus's term when there is one. */
+static int logits_grad(const loss_pass *p, int64_t t0, int64_t nt, int64_t v0, int64_t n,
+                       chunk_bufs *b) {
+  if (p->coef != 0.0)
+    return ml_be_xent_bwd_entropy(p->m->be, b->logits, nt, n, v0, p->y + t0, b->mx, b->se_tl,
+                                  b->w, b->H, b->ew, b->logits);
+  return ml_be_xent_bwd(p->m->be, b->logits, nt, n, v0, p->y + t0, b->mx, b->se_tl, b->w,
+                        b->logits);
+}
+
 /* The backward of tokens t0 .. t0+nt−1 tile by tile (nv >= 1 here), last
  * tile first: its logits are still in the buffer from tiled_stats, every
  * other tile's are computed again; then their gradient, dx[t0 : t0+nt] (=
@@ -181,9 +199,8 @@ static int tiled_backward(const loss_pass *p, const void *x, ml_dtype xt, int64_
   for (int64_t r0 = last; r0 >= 0; r0 -= b->cols) {
     int64_t n = p->nv - r0 < b->cols ? p->nv - r0 : b->cols;
     if (r0 != last) ML_TRY(tile_logits(p, x, xt, nt, r0, n, b));
-    // dlogits: [nt, n] = w·(softmax − onehot) on the tile's columns
-    ML_TRY(ml_be_xent_bwd(be, b->logits, nt, n, p->v0 + r0, p->y + t0, b->mx, b->se_tl, b->w,
-                          b->logits));
+    // dlogits: [nt, n] = w·(softmax − onehot) (+ the entropy bonus's) on the tile's columns
+    ML_TRY(logits_grad(p, t0, nt, p->v0 + r0, n, b));
     const void *dl = b->logits;
     ml_dtype dt = ML_F32;
     if (b->dlr) {
@@ -241,6 +258,27 @@ static int chunk_logprobs(const loss_pass *p, int64_t t0, int64_t nt, const ml_l
   return ml_be_copy(be, b->w, hw, sizeof(float) * (size_t)nt, ML_COPY_H2D);
 }
 
+/* The entropy bonus of tokens t0 .. t0+nt−1 (own: [a, z)) after the
+ * objective's weights b->w: H of every token, its bonus weight ew = c·w_t
+ * where the target is trained (in[t].w ≠ 0; else 0), and the own tokens'
+ * −c·w·H added to the loss sum and w·H to the entropy sum. */
+static int entropy_bonus(const loss_pass *p, int64_t t0, int64_t nt, int64_t a, int64_t z,
+                         const ml_loss_grad *g, chunk_bufs *b) {
+  ml_backend *be = p->m->be;
+  float *hH = b->host + 2 * nt, *hew = b->host + 3 * nt;
+  ML_TRY(ml_be_xent_entropy(be, b->se_tl, b->se_tl + 2 * nt, nt, b->H));
+  ML_TRY(ml_be_copy(be, hH, b->H, sizeof(float) * (size_t)nt, ML_COPY_D2H));
+  for (int64_t i = 0; i < nt; i++) {
+    int64_t t = t0 + i;
+    double w = p->y[t] >= 0 ? g->in[t].w : 0.0; /* an ignored target's inputs are not read */
+    hew[i] = (float)(p->coef * w);
+    if (t < a || t >= z || w == 0.0) continue;
+    g->sums->loss -= p->coef * w * hH[i];
+    g->sums->entropy += w * hH[i];
+  }
+  return ml_be_copy(be, b->ew, hew, sizeof(float) * (size_t)nt, ML_COPY_H2D);
+}
+
 /* Whole rows (b->cols >= nv): per block lm_head's own forward (and edges)
  * into [nt, nv] logits, the statistics, their gradient in place and
  * lm_head's backward. Tiled: the statistics over the tiles, then the
@@ -259,18 +297,16 @@ static int run_chunks(const loss_pass *p, const ml_loss_grad *g, float *logprobs
       ML_TRY(chunk_stats(p, t0, nt, b));
     }
     ML_TRY(chunk_logprobs(p, t0, nt, g, logprobs, b));
-    if (p->ex) {
-      int64_t a, z;
-      own_range(p, t0, nt, &a, &z);
-      ML_TRY(chunk_extras(p, t0, nt, a, z, b));
-    }
+    int64_t a, z;
+    own_range(p, t0, nt, &a, &z);
+    if (p->ex) ML_TRY(chunk_extras(p, t0, nt, a, z, b));
+    if (g && p->coef != 0.0) ML_TRY(entropy_bonus(p, t0, nt, a, z, g, b));
     if (!g) continue;
     if (tiled) {
       ML_TRY(tiled_backward(p, x, xt, t0, nt, b));
       continue;
     }
-    ML_TRY(ml_be_xent_bwd(p->m->be, b->logits, nt, p->nv, p->v0, p->y + t0, b->mx, b->se_tl,
-                          b->w, b->logits));
+    ML_TRY(logits_grad(p, t0, nt, p->v0, p->nv, b));
     if (p->split->group)  // dh[t0 : t0+nt] (=) dlogits · W_rows; W_rows grad += dlogits^T · h
       ML_TRY(ml_head_logits_backward(p->m, p->h + t0 * p->c, nt, &p->split->rows, b->logits,
                                      p->dh + t0 * p->c));
@@ -335,14 +371,15 @@ static int run_pass(loss_pass *p, ml_dtype logits_dtype, const ml_loss_grad *g,
                   "plan's layouts do not compose here",
                   (long long)p->c, (long long)p->w.cols);
   /* chunk · cols <= max(budget, vocab_size) (ml_loss_tiling): a plain count */
-  float *mem = ml_be_alloc(m->be, chunk * (cols + 7), sizeof(float),
+  float *mem = ml_be_alloc(m->be, chunk * (cols + 9), sizeof(float),
                            "the logits tile (%lld tokens x %lld vocab columns of vocab_size "
                            "%lld)",
                            (long long)chunk, (long long)cols, (long long)m->cfg.vocab);
   if (!mem) return -1;
   chunk_bufs b = {.logits = mem, .mx = mem + chunk * cols, .mxl = mem + chunk * (cols + 1),
                   .se_tl = mem + chunk * (cols + 2), .w = mem + chunk * (cols + 5),
-                  .lp = mem + chunk * (cols + 6), .cols = tiled ? cols : p->nv,
+                  .lp = mem + chunk * (cols + 6), .H = mem + chunk * (cols + 7),
+                  .ew = mem + chunk * (cols + 8), .cols = tiled ? cols : p->nv,
                   .bf16 = logits_dtype == ML_BF16};
   int rc = 0;
   bool bf16_rows = tiled && p->w.dtype == ML_BF16;
@@ -355,7 +392,8 @@ static int run_pass(loss_pass *p, ml_dtype logits_dtype, const ml_loss_grad *g,
                             "the logits tile's gradient as bf16 (%lld tokens x %lld columns)",
                             (long long)chunk, (long long)cols)))
     rc = -1;
-  if (!rc && g && g->obj && !(b.host = ml_be_host_alloc(m->be, 2 * chunk, sizeof(float),
+  if (!rc && g && g->obj && !(b.host = ml_be_host_alloc(m->be, (p->coef != 0.0 ? 4 : 2) * chunk,
+                                                        sizeof(float),
                                                         "the objective's staging (%lld tokens)",
                                                         (long long)chunk)))
     rc = -1;
@@ -424,7 +462,8 @@ int ml_vocab_parallel_scores(ml_model *m, const ml_loss_split *split, const int3
                   (long long)m->cfg.vocab);
   loss_pass p = {.m = m, .split = split, .y = targets, .x = m->head_in.x, .dx = m->dxn_final,
                  .w = ml_param_rows(m->lm_head.weight), .N = T, .own0 = 0, .T = T,
-                 .c = m->head_in.c, .ex = extra};
+                 .c = m->head_in.c, .ex = extra,
+                 .coef = grad && grad->obj ? grad->obj->entropy_coef : 0.0};
   if (split->group) {
     p.w = split->rows;
     p.v0 = split->rows.row0;

@@ -18,6 +18,10 @@ typedef struct ml_objective {
   double clip_low, clip_high; /* ratio clipped to [1 − clip_low, 1 + clip_high] */
   double clip_c;              /* dual clip c > 1 where the advantage is negative; 0: off */
   double kl_beta;             /* β of the k3 penalty (WEIGHTED_NLL, CLIPPED_PG); 0: off */
+  double entropy_coef;        /* c of the entropy bonus: the loss − c·Σ_t w_t·H_t (H_t the
+                                 target's whole-distribution entropy, w_t its weight below),
+                                 applied by the vocab-parallel loss (parallel/loss.c), its
+                                 gradient exact on the logits; 0: off */
 } ml_objective;
 
 /* One target's inputs. w: its weight in the global mean — mask × the
@@ -29,12 +33,14 @@ typedef struct ml_obj_in {
   float w, adv, old_lp, ref_lp;
 } ml_obj_in;
 
-/* Sums over targets, this rank's: loss Σ w·(ℓ + β·k3), kl Σ w·β·k3;
- * trained (w ≠ 0) and clipped (trained targets whose gradient a clip
- * removed) counts. */
+/* Sums over targets, this rank's: loss Σ w·(ℓ + β·k3) (− c·Σ w·H with
+ * an entropy bonus), kl Σ w·β·k3; trained (w ≠ 0) and clipped (trained
+ * targets whose gradient a clip removed) counts; entropy Σ w·H (with an
+ * entropy bonus only: its mean, normalised as the loss). */
 typedef struct ml_obj_sums {
   double loss, kl;
   int64_t trained, clipped;
+  double entropy;
 } ml_obj_sums;
 
 /* Target with inputs `in` and log-prob lp: adds its terms to *acc and

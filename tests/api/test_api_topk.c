@@ -9,7 +9,12 @@
  *    top-k entry of the next token bitwise its log-prob there;
  *  - k = vocab_size: every token once per position, best first
  *    (log-probs non-increasing), the top-5 a bitwise prefix of it; the mask;
- *  - the errors: topk out of range, missing arrays, struct_size.
+ *  - the errors: topk out of range, missing arrays, struct_size;
+ *  - the entropy bonus (meshlm_loss.entropy_coef): the step's loss is the
+ *    same step's without it minus c·H̄, and step_result.entropy is H̄ as
+ *    meshlm_score's entropies give it (normalised as the loss), token and
+ *    sequence level. (Its gradient on the logits against a double
+ *    reference: tests/unit/test_xent_scores.c.)
  * The suite, its meshes and its helpers: api_util.h. */
 
 #include <math.h>
@@ -37,6 +42,11 @@ static json_t *load(const char *file) {
   return j;
 }
 
+/* j[key][b][t] as a double */
+static double at2(json_t *j, const char *key, int64_t b, int64_t t) {
+  return json_real_value(json_array_get(json_array_get(json_object_get(j, key), b), t));
+}
+
 static ref ref_load(void) {
   ref r = {0};
   json_t *ex = load("expected.json"), *sc = load("scores.json");
@@ -59,10 +69,9 @@ static ref ref_load(void) {
   for (int64_t b = 0; b < B; b++)
     for (int64_t t = 0; t < S - 1; t++) {
       int64_t i = b * (S - 1) + t;
-      r.ent[i] = json_real_value(json_array_get(json_array_get(json_object_get(sc, "entropy"), b), t));
-      r.weight[i] =
-          json_real_value(json_array_get(json_array_get(json_object_get(sc, "weight"), b), t));
-      r.gaps[i] = json_real_value(json_array_get(json_array_get(json_object_get(sc, "gaps"), b), t));
+      r.ent[i] = at2(sc, "entropy", b, t);
+      r.weight[i] = at2(sc, "weight", b, t);
+      r.gaps[i] = at2(sc, "gaps", b, t);
       json_t *li = json_array_get(json_array_get(json_object_get(sc, "topk_logprobs"), b), t);
       json_t *ii = json_array_get(json_array_get(json_object_get(sc, "topk_ids"), b), t);
       for (int64_t c = 0; c < r.k; c++) {
@@ -298,6 +307,85 @@ static void test_errors(void **state) {
   meshlm_close(s);
 }
 
+/* H̄ of g's masked predictions at s's weights, normalised as the loss (seq:
+ * sequence level), and its bound against a training forward's: each H_t
+ * within eps·Σ p|lp||1 + lp| (the pair bound eps of two fp32 forwards,
+ * propagated as at against_reference; the weights from k = V lists) plus
+ * both sides' own roundings (2·gamma(V + 2·TOL_LIBM + 4 + max|lp|)·H_t),
+ * averaged with the same nonnegative weights. */
+static double mean_entropy(meshlm_session *s, const gbatch *g, bool seq, double *bound) {
+  const batch *b = &g->all;
+  int32_t V = (int32_t)g_vocab;
+  scored o = score_ok(s, b, NULL, V);
+  tol_model m = g_sizes;
+  m.seq = 21.0; /* the longest sequence of gbatch_make */
+  double eps = tol_model_pair(&m, TOL_LOGPROBS), num = 0, bnum = 0, den = 0;
+  for (int64_t q = 0; q < b->n; q++) {
+    double sn = 0, sb = 0, sd = 0;
+    for (int64_t t = 0; t + 1 < b->lens[q]; t++) {
+      int64_t i = pred_at(b, q) + t;
+      if (!b->mask[i]) continue;
+      double w = 0, lmax = 0;
+      for (int64_t c = 0; c < V; c++) {
+        double lp = o.tlp[i * V + c];
+        w += exp(lp) * fabs(lp) * fabs(1.0 + lp);
+        lmax = fmax(lmax, fabs(lp));
+      }
+      sn += o.ent[i];
+      sb += eps * w + 2.0 * tol_gamma(V + 2.0 * TOL_LIBM + 4.0 + lmax) * o.ent[i];
+      sd += 1.0;
+    }
+    if (seq && sd > 0) num += sn / sd, bnum += sb / sd, den += 1.0;
+    if (!seq) num += sn, bnum += sb, den += sd;
+  }
+  scored_free(&o);
+  *bound = bnum / den;
+  return num / den;
+}
+
+static void test_entropy_bonus(void **state) {
+  (void)state;
+  gbatch g = gbatch_make(41);
+  garr a = {g.all.mask, NULL, NULL, NULL, NULL};
+  meshlm_options o = mesh_opts();
+  const double coef = (double)0.3f; /* the loss field is a float */
+  for (int seq = 0; seq < 2; seq++) {
+    meshlm_session *plain = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+    meshlm_session *bonus = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+    double hb, h = mean_entropy(bonus, &g, seq, &hb);
+    meshlm_loss l;
+    meshlm_loss_default(&l);
+    l.sequence_level = seq;
+    meshlm_step_result r0 = {.struct_size = sizeof r0}, r1 = {.struct_size = sizeof r1};
+    OK(plain, step_share(plain, &g, &a, &l, &r0));
+    l.entropy_coef = (float)coef;
+    OK(bonus, step_share(bonus, &g, &a, &l, &r1));
+    /* the objective's terms are the same (the same forward) and summed in
+     * fp64 with −c·w·H interleaved: within gamma64(2n + 2) of their
+     * absolute sum (R2), n the masked predictions */
+    double lb = tol_gamma64(2.0 * (double)g.all.npred + 2.0) * (fabs(r0.loss) + coef * r1.entropy);
+    double dl = fabs(r1.loss + coef * r1.entropy - r0.loss);
+    printf("[rank %d] entropy bonus c = %g (%s level): loss %.9g = %.9g − c·%.9g (|d| %.3g, "
+           "bound %.3g); entropy vs scoring %.9g (|d| %.3g, bound %.3g); without it %g\n",
+           g_rank, coef, seq ? "sequence" : "token", r1.loss, r0.loss, r1.entropy, dl, lb, h,
+           fabs(r1.entropy - h), hb, r0.entropy);
+    assert_true(dl <= lb);
+    assert_true(fabs(r1.entropy - h) <= hb);
+    assert_true(r0.entropy == 0.0);
+    meshlm_close(bonus);
+    meshlm_close(plain);
+  }
+  meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+  meshlm_loss l;
+  meshlm_loss_default(&l);
+  l.entropy_coef = NAN;
+  meshlm_step_result r = {.struct_size = sizeof r};
+  expect_fail(s, step_share(s, &g, &a, &l, &r), "loss.entropy_coef nan; expected a finite",
+              "entropy_coef NaN");
+  meshlm_close(s);
+  batch_free(&g.all);
+}
+
 int main(int argc, char **argv) {
   api_init(&argc, &argv);
   const struct CMUnitTest tests[] = {
@@ -306,6 +394,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_reference_replicate),
       cmocka_unit_test(test_full_vocabulary),
       cmocka_unit_test(test_errors),
+      cmocka_unit_test(test_entropy_bonus),
   };
   return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

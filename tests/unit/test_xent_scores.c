@@ -9,7 +9,10 @@
  *  - top-k: exact selection, so the tiled and sharded lists, merged, equal
  *    the whole row's bit for bit (memcmp), ties ordered by the lower id,
  *    NaNs skipped, a shard narrower than k (empty entries) merged; their
- *    log-probs bitwise k_xent_logprobs's for the same token as target. */
+ *    log-probs bitwise k_xent_logprobs's for the same token as target;
+ *  - the entropy bonus's backward (k_xent_bwd_entropy) against the
+ *    gradient of w·(−log p_y) − ew·H in double, dH/dl_j = −p_j(log p_j +
+ *    H), within the bound derived at test_bwd_entropy. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -176,10 +179,63 @@ static void test_topk(void **state) {
   free(lg);
 }
 
+/* Per element, with z = fl(l − m) (u|z| absolute), p = expf(z)·fl(1/se):
+ * relative e_p = (TOL_LIBM + 2)u + u|z| + e_se (se's relative error, from
+ * entropy_ref's derivation); the bracket z − c with c = fl(log se − H):
+ * absolute e_b = u|z| + u|c| + e_se + e_H (H's bound) + u|z − c|; then
+ * p·bracket (u), ·ew (u), w·p (u), their sum (u) and the target's − w
+ * (u): |d − ref| <= |w|p(e_p + 2u) + |ew|p(|z − c|(e_p + 3u) + e_b) +
+ * u(|d| + |w|[j = y]). */
+static void test_bwd_entropy(void **state) {
+  (void)state;
+  float *lg = rand_buf(T * V, 6.0f);
+  lg[V + 5] = -INFINITY; /* a masked logit: no gradient, not 0·inf */
+  double ref[T], hb[T];
+  entropy_ref(lg, 1.0, ref, hb);
+  float mx[T], se[T], tl[T], sl[T], H[T], w[T], ew[T];
+  int32_t y[T];
+  for (int t = 0; t < T; t++) {
+    y[t] = t == 2 ? -1 : (int32_t)((t * 131) % V);
+    w[t] = y[t] >= 0 ? 0.25f + 0.1f * (float)t : 0.0f;
+    ew[t] = t % 3 == 0 ? 0.0f : 0.05f * (float)(t + 1) * (t % 2 ? 1.0f : -1.0f);
+  }
+  k_xent_rowmax(lg, T, V, mx);
+  k_xent_sumexp_target(lg, T, V, 0, y, mx, se, tl);
+  k_xent_entropy_sum(lg, T, V, mx, sl);
+  k_xent_entropy(se, sl, T, H);
+  float *d = malloc(sizeof(float) * T * V);
+  k_xent_bwd_entropy(lg, T, V, 0, y, mx, se, w, H, ew, d);
+  double *rd = dzeros(T * V), *bd = dzeros(T * V);
+  for (int t = 0; t < T; t++) {
+    const float *l = lg + t * V;
+    double m = mx[t], s = 0, dmax = 0;
+    for (int j = 0; j < V; j++)
+      if (isfinite(l[j])) s += exp(l[j] - m), dmax = fmax(dmax, m - l[j]);
+    double e_se = tol_gamma(V + TOL_LIBM + 2.0 + dmax) + TOL_U, c = log(se[t]) - H[t];
+    for (int j = 0; j < V; j++) {
+      double z = l[j] - m, p = exp(z) / s, lp = z - log(s), g = w[t] * (p - (j == y[t]));
+      g += p != 0.0 ? ew[t] * p * (lp + ref[t]) : 0.0; /* −ew·dH/dl_j */
+      z = isinf(z) ? 0.0 : z; /* the −inf logit's bound: its p = 0 terms only */
+      double e_p = (TOL_LIBM + 2.0) * TOL_U + TOL_U * fabs(z) + e_se;
+      double e_b = TOL_U * (fabs(z) + fabs(c) + fabs(z - c)) + e_se + hb[t];
+      rd[t * V + j] = g;
+      bd[t * V + j] = fabs(w[t]) * p * (e_p + 2.0 * TOL_U) +
+                      fabs(ew[t]) * p * (fabs(z - c) * (e_p + 3.0 * TOL_U) + e_b) +
+                      TOL_U * (fabs(g) + fabs(w[t]) * (j == y[t]));
+    }
+  }
+  expect_within("entropy bonus backward vs double", d, rd, bd, T * V);
+  /* in place, as loss.c runs it: the same values */
+  k_xent_bwd_entropy(lg, T, V, 0, y, mx, se, w, H, ew, lg);
+  assert_memory_equal(lg, d, sizeof(float) * T * V);
+  free(rd), free(bd), free(d), free(lg);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_entropy),
       cmocka_unit_test(test_topk),
+      cmocka_unit_test(test_bwd_entropy),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -552,7 +552,10 @@ static void test_xent() {
  * gamma64(V))·|sl|, the terms all of one sign), the rebase and the entropy
  * (the same fp64 expression rounded once: 2(u + gamma64(6)) relative); the
  * top-k lists (exact selection: bitwise), their merge and log-probs (the
- * same operations: bitwise). Rows NaN-free but for one top-k NaN. ---------- */
+ * same operations: bitwise); the entropy bonus's backward (the same fp32
+ * operations but for the contractions a CPU build may make of w·p + ew·q
+ * and the bracket: 2u(|w·p| + |ew·p·(z − c)|) + u|d| apart, p and z − c
+ * each side's own). Rows NaN-free but for one top-k NaN. ------------------ */
 static void test_xent_scores() {
   printf("entropy and top-k\n");
   const int64_t shapes[][2] = {{7, 5}, {7, 1001}, {3, 5003}};  // T, V
@@ -637,6 +640,35 @@ static void test_xent_scores() {
     same(what + " top-k log-probs", lp, lpr, 4 * T * k);
     ok(kc_xent_topk_logprobs(nullptr, T, k, rmx, rse, valr, idr, valr), "top-k in place");
     same(what + " top-k log-probs in place", valr, lpr, 4 * T * k);
+    // the entropy bonus's backward on the whole rows (targets in and out of range, ignored)
+    lg[3] = 0.5f;
+    float *se = pl.get<float>(T), *tl = pl.get<float>(T), *w2 = pl.get<float>(T);
+    float *ew = pl.get<float>(T, 1);
+    for (int64_t t = 0; t < T; t++) {
+      y[t] = t % 3 == 2 ? -1 : (int32_t)((t * 7) % (V + 2));
+      w2[t] = y[t] >= 0 ? 0.5f : 0.0f;
+      ew[t] = 0.1f * (float)(t % 4) - 0.15f;
+    }
+    k_xent_rowmax(lg, T, V, mx);
+    k_xent_sumexp_target(lg, T, V, 0, y, mx, se, tl);
+    k_xent_entropy_sum(lg, T, V, mx, slr);
+    k_xent_entropy(se, slr, T, Hr);
+    float *dl = pl.get<float>(T * V), *dlr = pl.get<float>(T * V);
+    ok(kc_xent_bwd_entropy(nullptr, lg, T, V, 0, y, mx, se, w2, Hr, ew, dl), "bwd entropy");
+    k_xent_bwd_entropy(lg, T, V, 0, y, mx, se, w2, Hr, ew, dlr);
+    std::vector<double> bd(T * V);
+    for (int64_t t = 0; t < T; t++) {
+      double c = log((double)se[t]) - Hr[t];
+      for (int64_t j = 0; j < V; j++) {
+        double z = (double)lg[t * V + j] - mx[t], p = exp(z) / se[t];
+        double q = p != 0.0 ? p * (z - c) : 0.0; /* the −inf logit: no term */
+        bd[t * V + j] = 2.0 * TOL_U * (fabs(w2[t] * p) + fabs(ew[t] * q)) +
+                        TOL_U * fabs(dlr[t * V + j]);
+      }
+    }
+    close(what + " entropy bonus backward", dl, dlr, bd, T * V);
+    ok(kc_xent_bwd_entropy(nullptr, lg, T, V, 0, y, mx, se, w2, Hr, ew, lg), "bwd in place");
+    same(what + " entropy bonus backward in place", lg, dl, 4 * T * V);
   }
 }
 

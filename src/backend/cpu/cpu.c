@@ -518,6 +518,13 @@ static int cpu_xent_topk_logprobs(ml_backend *be, int64_t T, int64_t k, const fl
   return 0;
 }
 
+static int cpu_xent_bwd_entropy(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                                int64_t v0, const int32_t *y, const float *mx, const float *se,
+                                const float *w, const float *H, const float *ew, float *dlogits) {
+  k_xent_bwd_entropy(logits, T, V, v0, y, mx, se, w, H, ew, dlogits);
+  return 0;
+}
+
 static int cpu_adamw(ml_backend *be, float *p, float *g, float *m, float *v, int64_t n,
                      float grad_scale, double lr, double b1, double b2, double eps, double wd,
                      int64_t step) {
@@ -605,6 +612,7 @@ static const ml_backend_ops k_cpu_ops = {
     .xent_topk_online = cpu_xent_topk_online,
     .xent_topk_merge = cpu_xent_topk_merge,
     .xent_topk_logprobs = cpu_xent_topk_logprobs,
+    .xent_bwd_entropy = cpu_xent_bwd_entropy,
     .adamw = cpu_adamw,
     .norm_partial = cpu_norm_partial,
     .find_nonfinite = cpu_find_nonfinite,

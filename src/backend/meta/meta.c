@@ -212,6 +212,11 @@ static int meta_xent_topk_logprobs(ml_backend *be, int64_t T, int64_t k, const f
                                    float *lp) {
   return 0;
 }
+static int meta_xent_bwd_entropy(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                                 int64_t v0, const int32_t *y, const float *mx, const float *se,
+                                 const float *w, const float *H, const float *ew, float *dlogits) {
+  return 0;
+}
 static int meta_adamw(ml_backend *be, float *p, float *g, float *m, float *v, int64_t n,
                       float grad_scale, double lr, double b1, double b2, double eps, double wd,
                       int64_t step) {
@@ -283,6 +288,7 @@ static const ml_backend_ops k_meta_ops = {
     .xent_topk_online = meta_xent_topk_online,
     .xent_topk_merge = meta_xent_topk_merge,
     .xent_topk_logprobs = meta_xent_topk_logprobs,
+    .xent_bwd_entropy = meta_xent_bwd_entropy,
     .adamw = meta_adamw,
     .norm_partial = meta_norm_partial,
     .find_nonfinite = meta_find_nonfinite,

@@ -213,6 +213,15 @@ void k_xent_entropy_online(const float *logits, int64_t T, int64_t V, const floa
 void k_xent_entropy_rebase(int64_t T, const float *mx, const float *M, const float *se,
                            float *sl);
 void k_xent_entropy(const float *se, const float *sl, int64_t T, float *ent);
+/* The backward of a loss with an entropy bonus −Σ_t c_t·H_t (c_t = ew[t],
+ * the coefficient times the token's normalised weight): dlogits[t, j] (=)
+ * w[t]·(p_j − [j == y[t] − v0]) + ew[t]·p_j·(log p_j + H[t]), p_j =
+ * exp(l − mx)/se over the reduced mx, se, H the token's entropy (dH/dl_j =
+ * −p_j(log p_j + H)); log p_j + H = (l_j − mx) − (log se − H), the bracket
+ * in fp64 rounded once per row. dlogits may alias logits. */
+void k_xent_bwd_entropy(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,
+                        const float *mx, const float *se, const float *w, const float *H,
+                        const float *ew, float *dlogits);
 /* Top-k logits per token over the shards (xent_topk.c): val, id [T, k] a
  * list best first (larger logit; equal logits: lower global id), empty
  * entries −inf and id −1. clear: every list empty. online: the columns v0

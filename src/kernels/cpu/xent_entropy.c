@@ -22,7 +22,8 @@ static double sum_shifted(const float *l, int64_t n, float m) {
     for (int64_t k = 0; k < c; k++) d[k] = l[c0 + k] - m;
     k_expf(d, e, c);
     for (; j + LANES <= c; j += LANES)
-      for (int k = 0; k < LANES; k++) acc[k] += e[j + k] != 0.0f ? (double)e[j + k] * d[j + k] : 0.0;
+      for (int k = 0; k < LANES; k++)
+        acc[k] += e[j + k] != 0.0f ? (double)e[j + k] * d[j + k] : 0.0;
     for (; j < c; j++) acc[0] += e[j] != 0.0f ? (double)e[j] * d[j] : 0.0;
   }
   double s = 0.0;
@@ -63,4 +64,27 @@ void k_xent_entropy_rebase(int64_t T, const float *mx, const float *M, const flo
 // se, sl, ent: [T]
 void k_xent_entropy(const float *se, const float *sl, int64_t T, float *ent) {
   for (int64_t t = 0; t < T; t++) ent[t] = (float)(log((double)se[t]) - (double)sl[t] / se[t]);
+}
+
+/* ---- the entropy bonus's backward ------------------------------------------ */
+
+// dlogits: [T, V] = w·(softmax − onehot) + ew·p·(log p + H); may alias logits
+void k_xent_bwd_entropy(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,
+                        const float *mx, const float *se, const float *w, const float *H,
+                        const float *ew, float *dlogits) {
+#pragma omp parallel for
+  for (int64_t t = 0; t < T; t++) {
+    const float *l = logits + t * V;
+    float *d = dlogits + t * V;
+    float m = mx[t], inv = 1.0f / se[t], wt = w[t], et = ew[t];
+    /* log p_j + H = (l_j − m) − (log se − H): the constant once per row */
+    float c = (float)(log((double)se[t]) - (double)H[t]);
+    for (int64_t j = 0; j < V; j++) d[j] = l[j] - m;
+    for (int64_t j = 0; j < V; j++) {
+      float z = d[j], p = expf(z) * inv;
+      d[j] = wt * p + et * (p != 0.0f ? p * (z - c) : 0.0f); /* l = −inf: 0, not 0·inf */
+    }
+    int64_t col = y[t] >= v0 && y[t] < v0 + V ? y[t] - v0 : -1;
+    if (col >= 0) d[col] -= wt;
+  }
 }

@@ -154,6 +154,12 @@ cudaError_t kc_xent_entropy_rebase(cudaStream_t st, int64_t T, const float *mx, 
                                    const float *se, float *sl);
 cudaError_t kc_xent_entropy(cudaStream_t st, const float *se, const float *sl, int64_t T,
                             float *ent);
+/* The entropy bonus's backward (k_xent_bwd_entropy): dlogits (=, may alias
+ * logits) = w·(softmax − onehot) + ew·p·(log p + H). */
+cudaError_t kc_xent_bwd_entropy(cudaStream_t st, const float *logits, int64_t T, int64_t V,
+                                int64_t v0, const int32_t *y, const float *mx, const float *se,
+                                const float *w, const float *H, const float *ew,
+                                float *dlogits);
 /* Top-k logits per token over the shards and tiles (kernels/cpu/kernels.h
  * k_xent_topk_* give the semantics): lists val, id [T, k] cleared, a
  * tile's columns merged in, P gathered lists [P, T, k] merged, log-probs. */

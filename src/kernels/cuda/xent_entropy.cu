@@ -91,3 +91,38 @@ extern "C" cudaError_t kc_xent_entropy(cudaStream_t st, const float *se, const f
   if (T <= 0) return cudaSuccess;
   return KC_LAUNCH(entropy_kernel, kc_reduce_blocks(T), KC_THREADS, 0, st, se, sl, T, ent);
 }
+
+/* ---- the entropy bonus's backward: element-wise, grid (column quads, rows),
+ * as xent.cu's xent_bwd; each row's log(se) − H formed in fp64 and rounded
+ * once, as the CPU's */
+static __global__ void bwd_entropy_kernel(const float *logits, int64_t T, int64_t V, int64_t v0,
+                                          const int32_t *y, const float *mx, const float *se,
+                                          const float *w, const float *H, const float *ew,
+                                          float *dlogits) {
+  int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) * 4;
+  if (i >= V) return;
+  for (int64_t t = blockIdx.y; t < T; t += gridDim.y) {
+    float m = mx[t], inv = 1.0f / se[t], wt = w[t], et = ew[t], v[4];
+    float c = (float)(log((double)se[t]) - (double)H[t]);
+    int64_t col = y[t] >= v0 && y[t] < v0 + V ? y[t] - v0 : -1;
+    kc_ld4(logits + t * V, i, V, v);
+    for (int k = 0; k < 4; k++) {
+      float z = v[k] - m, p = expf(z) * inv;
+      v[k] = wt * p + et * (p != 0.0f ? p * (z - c) : 0.0f); /* l = −inf: 0, not 0·inf */
+      if (i + k == col) v[k] -= wt;
+    }
+    kc_st4(dlogits + t * V, i, V, v);
+  }
+}
+
+extern "C" cudaError_t kc_xent_bwd_entropy(cudaStream_t st, const float *logits, int64_t T,
+                                           int64_t V, int64_t v0, const int32_t *y,
+                                           const float *mx, const float *se, const float *w,
+                                           const float *H, const float *ew, float *dlogits) {
+  if (T <= 0 || V <= 0) return cudaSuccess;
+  int64_t cols = (V + 4 * KC_THREADS - 1) / (4 * KC_THREADS);
+  if (cols > INT32_MAX) return cudaErrorInvalidValue;
+  dim3 grid((unsigned)cols, kc_row_grid(T));
+  return KC_LAUNCH(bwd_entropy_kernel, grid, KC_THREADS, 0, st, logits, T, V, v0, y, mx, se, w, H,
+                   ew, dlogits);
+}

@@ -119,6 +119,7 @@ class meshlm_loss(Sized):
         ("ratio_clip_max", c_float),
         ("ratio_clip_c", c_float),
         ("kl_penalty", c_float),
+        ("entropy_coef", c_float),
     ]
 
 
@@ -147,6 +148,7 @@ class meshlm_step_result(Sized):
         ("step", c_int64),
         ("skipped", c_int),
         ("nonfinite_param", ctypes.c_char * 160),
+        ("entropy", c_double),
     ]
 
 

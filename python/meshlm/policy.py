@@ -96,6 +96,7 @@ class StepResult(TypedDict):
     step: int
     skipped: bool
     nonfinite_param: str
+    entropy: float
 
 
 class CallStats(TypedDict):
@@ -741,7 +742,8 @@ class Policy:
                    old_logprobs: Optional[PerToken] = None,
                    ref_logprobs: Optional[PerToken] = None, sequence_level: bool = False,
                    ratio_clip_min: float = 0.2, ratio_clip_max: float = 0.2,
-                   ratio_clip_c: float = 0.0, kl_penalty: float = 0.0) -> StepResult:
+                   ratio_clip_c: float = 0.0, kl_penalty: float = 0.0,
+                   entropy_coef: float = 0.0) -> StepResult:
         """COLLECTIVE. One optimizer step on the global batch (every data-parallel
         rank's seqs; a rank may pass none).
 
@@ -757,11 +759,15 @@ class Policy:
             all masked tokens of the global batch).
         ratio_clip_min/max: epsilon low / high; ratio_clip_c: dual clip (> 1) or
             0; kl_penalty: beta of the k3 KL to ref_logprobs (> 0 needs them).
+        entropy_coef: c of an entropy bonus, the loss minus c times the masked
+            predictions' mean entropy (normalised as the loss; its gradient
+            exact, vocab-parallel; NeMo RL's entropy_loss_coeff); 0: off.
         Returns a dict: loss, kl, clip_fraction, grad_norm (before clipping), lr
         (float); tokens, sequences (global counts), step (steps taken after this
         one) (int); skipped (bool: non-finite grad norm, no update);
         nonfinite_param (str: when skipped, the first parameter with a
-        non-finite gradient, "" when none is)."""
+        non-finite gradient, "" when none is); entropy (float: with
+        entropy_coef != 0 that mean entropy in nats, else 0)."""
         s = self._session()
         kind = _choice(_LOSSES, loss, "loss")
         try:
@@ -783,13 +789,15 @@ class Policy:
         lo.ratio_clip_max = float(ratio_clip_max)
         lo.ratio_clip_c = float(ratio_clip_c)
         lo.kl_penalty = float(kl_penalty)
+        lo.entropy_coef = float(entropy_coef)
         r = L.meshlm_step_result()
         self._check(self._lib.meshlm_train_step(s, byref(tb), byref(lo), byref(r)),
                     "meshlm_train_step")
         return {"loss": r.loss, "kl": r.kl, "clip_fraction": r.clip_fraction,
                 "grad_norm": r.grad_norm, "lr": r.lr, "tokens": int(r.tokens),
                 "sequences": int(r.sequences), "step": int(r.step), "skipped": bool(r.skipped),
-                "nonfinite_param": r.nonfinite_param.decode("utf-8", "replace")}
+                "nonfinite_param": r.nonfinite_param.decode("utf-8", "replace"),
+                "entropy": r.entropy}
 
     def _poison_train(self, s: c_void_p) -> None:
         lens, toks, c = _poison_seqs(self._rank())

@@ -58,3 +58,24 @@ def test_topk_bad_k(model_dir):
                 assert w.lower() in str(e.value).lower()
         ids, lps = p.topk_logprobs(seqs, 0)  # the session still works; k = 0: empty rows
         assert [x.shape for x in ids] == [(len(s) - 1, 0) for s in seqs]
+
+
+@pytest.mark.parametrize("mesh", meshes(), ids=mesh_id)
+def test_entropy_bonus(model_dir, mesh):
+    """train_step(entropy_coef=c): the loss is the plain step's minus c times
+    the reported mean entropy (the same forward; the fp64 sums of the
+    objective's terms and the -c*w*H terms interleaved: within
+    gamma64(2n + 2) of their absolute sum, tests/tolerance.h R2), which lies
+    in [0, log V]; 0 reported without the bonus."""
+    seqs = make_seqs(4, seed=8, lo=3, hi=20)
+    c = float(np.float32(0.25))  # the C field is a float
+    with meshlm.Policy(model_dir, **mesh) as p0, meshlm.Policy(model_dir, **mesh) as p1:
+        V = p0.info["vocab_size"]
+        mine = seqs[p0.info["dp_rank"]::p0.info["dp_size"]]
+        r0 = p0.train_step(mine)
+        r1 = p1.train_step(mine, entropy_coef=c)
+    n = sum(len(s) - 1 for s in seqs)
+    u64 = 2.0 ** -53
+    bound = (2 * n + 2) * u64 / (1 - (2 * n + 2) * u64) * (abs(r0["loss"]) + c * r1["entropy"])
+    assert abs(r1["loss"] + c * r1["entropy"] - r0["loss"]) <= bound
+    assert 0 < r1["entropy"] <= np.log(V) and r0["entropy"] == 0.0

@@ -318,7 +318,7 @@ static double mean_entropy(meshlm_session *s, const gbatch *g, bool seq, double 
   int32_t V = (int32_t)g_vocab;
   scored o = score_ok(s, b, NULL, V);
   tol_model m = g_sizes;
-  m.seq = 21.0; /* the longest sequence of gbatch_make */
+  for (int64_t q = 0; q < b->n; q++) m.seq = fmax(m.seq, (double)b->lens[q]); /* keys per query */
   double eps = tol_model_pair(&m, TOL_LOGPROBS), num = 0, bnum = 0, den = 0;
   for (int64_t q = 0; q < b->n; q++) {
     double sn = 0, sb = 0, sd = 0;

@@ -561,7 +561,8 @@ typedef struct meshlm_scores {
  * vocab-parallel ranks (tp, and the FSDP group under vocab parallelism):
  * each rank's k best per vocabulary tile, all-gathered and merged with
  * equal logits by the lower id, so the order is one total order however
- * the vocabulary is split. Errors: those of
+ * the vocabulary is split. meshlm_last_call_stats reports it as a
+ * meshlm_logprobs call (nonfinite_logprobs: of out->logprobs). Errors: those of
  * meshlm_logprobs, out->struct_size out of range, topk out of range, topk
  * > 0 with a NULL topk_logprobs or topk_ids, topk > 0 under context
  * parallelism (cp > 1: not implemented). */

@@ -158,7 +158,7 @@ static int chunk_extras(const loss_pass *p, int64_t t0, int64_t nt, int64_t a, i
                         chunk_bufs *b) {
   ml_backend *be = p->m->be;
   const ml_loss_extra *ex = p->ex;
-  if (want_entropy(p) && z > a)
+  if (ex->entropy && z > a)
     ML_TRY(ml_be_xent_entropy(be, b->se_tl + (a - t0), b->se_tl + 2 * nt + (a - t0), z - a,
                               ex->entropy + (a - p->own0)));
   int64_t k = topk_of(p);

@@ -77,7 +77,11 @@ typedef struct ml_loss_split {
  * target's objective on its log-prob, in[t] its inputs: [N] in host memory
  * for the N targets of the pass (this rank's T, or under vocab parallelism
  * the group's d·T in rank order, as the targets are gathered); the terms of
- * this rank's own targets are added to *sums. */
+ * this rank's own targets are added to *sums. With obj->entropy_coef c ≠ 0
+ * the entropy bonus too: each trained target's token gets the gradient
+ * c·w·p(log p + H) on its logits beside its objective's (the entropy
+ * computed as ml_loss_extra's, xent_bwd_entropy tile by tile), and its
+ * −c·w·H, w·H go to sums->loss, sums->entropy. */
 typedef struct ml_loss_grad {
   float scale;
   const ml_objective *obj;

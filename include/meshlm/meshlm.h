@@ -411,6 +411,14 @@ typedef struct meshlm_loss {
                                     needs generation_logprobs; SEQUENCE needs sequence_level */
   meshlm_is_truncation is_truncation;
   float is_ratio_min, is_ratio_max; /* truncation bounds (TIS reads max only), 0 <= min <= max */
+  /* appended (a caller's struct_size may end before it: 0): */
+  float entropy_coef;     /* c: an entropy bonus, loss − c·H̄ with H̄ = the masked
+                             predictions' entropies H_t = −Σ_v p_v log p_v of the whole
+                             distribution, normalised as the loss (token or sequence
+                             level); its gradient exact on the logits (dH_t/dl_v =
+                             −p_v(log p_v + H_t)), computed vocab-parallel in the fused
+                             classifier; any kind; finite; 0: off (NeMo RL's
+                             entropy_loss_coeff, verl's entropy_coeff) */
 } meshlm_loss;
 
 /* NLL, token level, ε 0.2/0.2, no dual clip, β 0; _init and _default as
@@ -465,6 +473,10 @@ typedef struct meshlm_step_result {
   char skip_reason[256];        /* skipped: why (a non-finite loss and its first non-finite
                                    per-token input on this rank, a failed objective call, a
                                    non-finite grad norm); "" otherwise */
+  /* appended (written when the caller's struct_size holds it): */
+  double entropy;       /* with loss.entropy_coef ≠ 0: H̄, the masked predictions' mean
+                           entropy (nats) normalised as the loss, at the step's weights
+                           (before the update); 0 otherwise */
 } meshlm_step_result;
 
 /* COLLECTIVE. One optimizer step on the global batch (every data-parallel
@@ -708,6 +720,45 @@ typedef struct meshlm_family {
  * parts that are not consecutive linears of the block, a plan that does not
  * parse (the key named). */
 MESHLM_API int meshlm_register_family(const meshlm_family *f, char *err, size_t err_cap);
+
+/* ---- Entropy and top-k log-probs (scoring for RL: verl's
+ * compute_log_prob(calculate_entropy=True), NeMo RL's get_topk_logits) ---- */
+
+/* What meshlm_score writes, each prediction aligned as meshlm_logprobs's
+ * out (P = Σ (lens − 1) predictions, sequence after sequence); a NULL
+ * pointer (topk 0) is an output not wanted. */
+typedef struct meshlm_scores {
+  size_t struct_size;     /* sizeof(meshlm_scores), set by the caller */
+  float *logprobs;        /* [P] fp32: meshlm_logprobs's out, bit for bit */
+  double *seq_sums;       /* [n] fp64: meshlm_logprobs's seq_sums */
+  float *entropy;         /* [P] fp32: H_t = −Σ_v p_v log p_v (nats) of the whole
+                             distribution that predicts token t+1 (verl
+                             entropy_from_logits), computed vocab-parallel beside the
+                             log-sum-exp: no rank holds full-vocabulary logits */
+  int32_t topk;           /* k, 0 <= k <= vocab_size; 0: no top-k */
+  float *topk_logprobs;   /* [P, k] fp32: the k largest log-probs at each prediction, best
+                             first (NeMo RL get_topk_logits, as log-probs: logit −
+                             log-sum-exp), so non-increasing; the entry of token v is
+                             bitwise the log-prob meshlm_logprobs gives v as the next token */
+  int32_t *topk_ids;      /* [P, k]: their token ids, in the logits' order: larger logit
+                             first, equal logits by the lower id (two logits a rounding
+                             apart may give equal log-probs: then the larger logit's first) */
+} meshlm_scores;
+
+/* COLLECTIVE. meshlm_logprobs with the entropy and top-k outputs of `out`
+ * (the same micro-batches and forward; each output optional). mask (NULL:
+ * all) as meshlm_logprobs: where 0, logprobs and entropy are 0, the top-k
+ * ids −1 and their log-probs 0. The top-k lists are merged over the
+ * vocab-parallel ranks (tp, and the FSDP group under vocab parallelism):
+ * each rank's k best per vocabulary tile, all-gathered and merged with
+ * equal logits by the lower id, so the order is one total order however
+ * the vocabulary is split. meshlm_last_call_stats reports it as a
+ * meshlm_logprobs call (nonfinite_logprobs: of out->logprobs). Errors: those of
+ * meshlm_logprobs, out->struct_size out of range, topk out of range, topk
+ * > 0 with a NULL topk_logprobs or topk_ids, topk > 0 under context
+ * parallelism (cp > 1: not implemented). */
+MESHLM_API int meshlm_score(meshlm_session *s, const meshlm_seqs *batch, const uint8_t *mask,
+                            const meshlm_scores *out);
 
 /* The command-line program: `meshlm <command> [flags]` (argv[0] the
  * program name). Initialises and finalises MPI itself; returns the exit

@@ -150,6 +150,7 @@ class meshlm_loss(Sized):
         ("is_truncation", c_enum),
         ("is_ratio_min", c_float),
         ("is_ratio_max", c_float),
+        ("entropy_coef", c_float),
     ]
 
 
@@ -185,6 +186,7 @@ class meshlm_step_result(Sized):
         ("gen_kl_error", c_double),
         ("is_oob_fraction", c_double),
         ("skip_reason", ctypes.c_char * 256),
+        ("entropy", c_double),
     ]
 
 
@@ -235,6 +237,18 @@ class meshlm_call_stats(Sized):
         ("cp_collectives", c_int64),
         ("dp_replicate_collectives", c_int64),
         ("nonfinite_logprobs", c_int64),
+    ]
+
+
+class meshlm_scores(Sized):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("logprobs", POINTER(c_float)),
+        ("seq_sums", POINTER(c_double)),
+        ("entropy", POINTER(c_float)),
+        ("topk", c_int32),
+        ("topk_logprobs", POINTER(c_float)),
+        ("topk_ids", POINTER(c_int32)),
     ]
 
 
@@ -303,6 +317,8 @@ _PROTOTYPES = {
                                 POINTER(c_int32), POINTER(c_int64), POINTER(c_float)]),
     "meshlm_last_call_stats": (c_int, [session_p, POINTER(meshlm_call_stats)]),
     "meshlm_register_family": (c_int, [POINTER(meshlm_family), c_char_p, c_size_t]),
+    "meshlm_score": (c_int, [session_p, POINTER(meshlm_seqs), POINTER(c_uint8),
+                             POINTER(meshlm_scores)]),
 }
 # without these the library is not meshlm's; any other function a library
 # lacks (an older one) raises MeshlmError when called

@@ -29,7 +29,7 @@ from collections.abc import Mapping as _MappingABC
 from ctypes import POINTER, byref, c_double, c_float, c_int32, c_int64, c_uint8, c_void_p
 # Literal, Protocol and TypedDict are in typing since Python 3.8 (no typing_extensions)
 from typing import (Any, Callable, Dict, List, Literal, Mapping, NoReturn, Optional, Protocol,
-                    Sequence, Tuple, Type, TypedDict, TypeVar, Union, cast)
+                    Sequence, Tuple, Type, TypedDict, TypeVar, Union, cast, overload)
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray  # numpy >= 1.21
@@ -101,6 +101,7 @@ class StepResult(TypedDict):
     gen_kl_error: float
     is_oob_fraction: float
     skip_reason: str
+    entropy: float
 
 
 class ObjectiveChunk:
@@ -459,7 +460,7 @@ def _step_result(r: L.meshlm_step_result) -> StepResult:
             "nonfinite_param": r.nonfinite_param.decode("utf-8", "replace"),
             "token_mult_prob_error": r.token_mult_prob_error, "gen_kl_error": r.gen_kl_error,
             "is_oob_fraction": r.is_oob_fraction,
-            "skip_reason": r.skip_reason.decode("utf-8", "replace")}
+            "skip_reason": r.skip_reason.decode("utf-8", "replace"), "entropy": r.entropy}
 
 
 _POISON_BASE = 1000000000
@@ -739,21 +740,42 @@ class Policy:
 
     # --- scoring ----------------------------------------------------------------------------------
 
-    def logprobs(self, seqs: TokenSeqs, mask: Optional[PerToken] = None
-                 ) -> Tuple[List[NDArray[np.float32]], NDArray[np.float64]]:
+    @overload
+    def logprobs(self, seqs: TokenSeqs, mask: Optional[PerToken] = None,
+                 return_entropy: Literal[False] = False
+                 ) -> Tuple[List[NDArray[np.float32]], NDArray[np.float64]]: ...
+
+    @overload
+    def logprobs(self, seqs: TokenSeqs, mask: Optional[PerToken] = None, *,
+                 return_entropy: Literal[True]
+                 ) -> Tuple[List[NDArray[np.float32]], NDArray[np.float64],
+                            List[NDArray[np.float32]]]: ...
+
+    def logprobs(self, seqs: TokenSeqs, mask: Optional[PerToken] = None,
+                 return_entropy: bool = False
+                 ) -> Union[Tuple[List[NDArray[np.float32]], NDArray[np.float64]],
+                            Tuple[List[NDArray[np.float32]], NDArray[np.float64],
+                                  List[NDArray[np.float32]]]]:
         """COLLECTIVE. Per-token log-probs of this rank's sequences.
 
         seqs: list of n 1-D integer arrays (lengths L_k >= 1), token ids.
         mask: None (all) or prediction-aligned 0/1 (list of arrays of len
             L_k - 1, or one array of sum(L_k - 1)); where 0 the log-prob is 0
             and left out of the sums.  Another value raises MeshlmError.
-        Returns (lps, sums): lps a list of n float32 arrays of len L_k - 1,
-        lps[k][t] = log p(seqs[k][t+1] | seqs[k][:t+1]); sums a float64 array
-        [n], the sum of each sequence's (masked) entries.  Log-probs that are
-        not finite (NaN or inf, from weights or activations that overflowed)
-        are returned as they are, with one warning (warnings.warn) counting
-        them and naming the first (last_call_stats()["nonfinite_logprobs"])."""
-        return self._score("meshlm_logprobs", seqs, mask)
+        return_entropy: also return each position's entropy (verl's
+            compute_log_prob(calculate_entropy=True)).
+        Returns (lps, sums), or (lps, sums, entropies) with return_entropy:
+        lps a list of n float32 arrays of len L_k - 1, lps[k][t] = log
+        p(seqs[k][t+1] | seqs[k][:t+1]); sums a float64 array [n], the sum of
+        each sequence's (masked) entries; entropies like lps, entropies[k][t] =
+        -sum_v p_v log p_v (nats) of the distribution lps[k][t] is read from,
+        computed vocab-parallel (meshlm_score; 0 where masked).  Log-probs
+        that are not finite (NaN or inf, from weights or activations that
+        overflowed) are returned as they are, with one warning
+        (warnings.warn) counting them and naming the first
+        (last_call_stats()["nonfinite_logprobs"])."""
+        lps, sums, ent = self._score("meshlm_logprobs", seqs, mask, return_entropy)
+        return (lps, sums, ent) if ent is not None else (lps, sums)
 
     def set_reference(self) -> None:
         """COLLECTIVE. Capture the current weights as the reference policy
@@ -772,33 +794,85 @@ class Policy:
         bitwise those of a Policy opened on the captured weights with the same
         options; the policy itself is left as it was.  Raises MeshlmError
         when no reference was captured."""
-        return self._score("meshlm_reference_logprobs", seqs, mask)
+        lps, sums, _ = self._score("meshlm_reference_logprobs", seqs, mask, False)
+        return lps, sums
 
-    def _score(self, fn: str, seqs: TokenSeqs, mask: Optional[PerToken]
-               ) -> Tuple[List[NDArray[np.float32]], NDArray[np.float64]]:
+    def _score(self, fn: str, seqs: TokenSeqs, mask: Optional[PerToken], return_entropy: bool
+               ) -> Tuple[List[NDArray[np.float32]], NDArray[np.float64],
+                          Optional[List[NDArray[np.float32]]]]:
+        """logprobs / reference_logprobs through `fn` (meshlm_score where the
+        entropies are asked for): (lps, sums, entropies or None)."""
+        call = "meshlm_score" if return_entropy else fn
         s = self._session()
         try:
             b = _Batch(seqs)
             m = b.per_token(mask, "mask", np.uint8)
         except _ArgError as e:
-            self._arg_error(e, lambda: self._poison_logprobs(s, fn))
+            self._arg_error(e, lambda: self._poison_logprobs(s, call))
         out = np.zeros(b.total, np.float32)
         sums = np.zeros(b.n, np.float64)
-        rc = getattr(self._lib, fn)(s, byref(b.c), _ptr(m, c_uint8), _ptr(out, c_float),
-                                    _ptr(sums, c_double))
-        self._check(rc, fn)
+        ent = np.zeros(b.total, np.float32) if return_entropy else None
+        if return_entropy:
+            req = L.meshlm_scores(logprobs=_ptr(out, c_float), seq_sums=_ptr(sums, c_double),
+                                  entropy=_ptr(ent, c_float))
+            rc = self._lib.meshlm_score(s, byref(b.c), _ptr(m, c_uint8), byref(req))
+            self._check(rc, "meshlm_score")
+        else:
+            rc = getattr(self._lib, fn)(s, byref(b.c), _ptr(m, c_uint8), _ptr(out, c_float),
+                                        _ptr(sums, c_double))
+            self._check(rc, fn)
         bad = self.last_call_stats()["nonfinite_logprobs"]
         if bad:
             k, t = b.locate(int(np.flatnonzero(~np.isfinite(out))[0]))
             warnings.warn("logprobs: %d log-probs are not finite (NaN or inf) on rank %d, the "
                           "first at sequence %d, entry %d" % (bad, self._rank(), k, t),
                           stacklevel=3)
-        return b.split(out), sums
+        return b.split(out), sums, (b.split(ent) if ent is not None else None)
+
+
+    def topk_logprobs(self, seqs: TokenSeqs, k: int, mask: Optional[PerToken] = None
+                      ) -> Tuple[List[NDArray[np.int32]], List[NDArray[np.float32]]]:
+        """COLLECTIVE. The k most probable next tokens at each position of
+        this rank's sequences (NeMo RL's get_topk_logits, next-token
+        aligned, as log-probs).
+
+        seqs, mask: as logprobs (where the mask is 0 the ids are -1 and the
+            log-probs 0).
+        k: 0 <= k <= vocab_size.
+        Returns (ids, lps): two lists of n arrays of shape (L_k - 1, k), int32
+        token ids and their float32 log-probs, best first in the logits'
+        order (equal logits: the lower id first; log-probs non-increasing),
+        merged over the vocab-parallel ranks so that no rank holds
+        full-vocabulary logits; an id's log-prob is bitwise the one logprobs
+        gives it as the next token.  k out of range, or k > 0
+        under context parallelism (cp > 1, not implemented), raises
+        MeshlmError."""
+        s = self._session()
+        try:
+            b = _Batch(seqs)
+            m = b.per_token(mask, "mask", np.uint8)
+            if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+                raise _ArgError("k: expected an int, got %s" % type(k).__name__)
+            if not 0 <= k <= _INT32_MAX:
+                raise _ArgError("k: %d; expected 0 <= k <= vocab_size" % k)
+        except _ArgError as e:
+            self._arg_error(e, lambda: self._poison_logprobs(s, "meshlm_score"))
+        ids = np.zeros((b.total, int(k)), np.int32)
+        lps = np.zeros((b.total, int(k)), np.float32)
+        req = L.meshlm_scores(topk=int(k), topk_logprobs=_ptr(lps, c_float),
+                              topk_ids=_ptr(ids, c_int32))
+        self._check(self._lib.meshlm_score(s, byref(b.c), _ptr(m, c_uint8), byref(req)),
+                    "meshlm_score")
+        return b.split(ids), b.split(lps)
 
     def _poison_logprobs(self, s: c_void_p, fn: str) -> None:
         lens, toks, c = _poison_seqs(self._rank())
         out = np.zeros(1, np.float32)
-        getattr(self._lib, fn)(s, byref(c), None, _ptr(out, c_float), None)
+        if fn == "meshlm_score":
+            req = L.meshlm_scores(logprobs=_ptr(out, c_float))
+            self._lib.meshlm_score(s, byref(c), None, byref(req))
+        else:
+            getattr(self._lib, fn)(s, byref(c), None, _ptr(out, c_float), None)
 
     # --- training ---------------------------------------------------------------------------------
 
@@ -814,7 +888,7 @@ class Policy:
                    is_truncation: str = "none", is_ratio_min: float = 0.0,
                    is_ratio_max: float = 0.0, tensors: Optional[Mapping[str, PerToken]] = None,
                    seq_tensors: Optional[Mapping[str, ArrayLike]] = None,
-                   seq_logprobs: bool = False) -> StepResult:
+                   seq_logprobs: bool = False, entropy_coef: float = 0.0) -> StepResult:
         """COLLECTIVE. One optimizer step on the global batch (every data-parallel
         rank's seqs; a rank may pass none): zero_grad, forward_backward,
         optimizer_step (bitwise their composition).
@@ -844,13 +918,17 @@ class Policy:
             chunk's targets (ObjectiveChunk.tensors).
         seq_logprobs: a Python objective gets each sequence's masked
             log-prob sum first (one more forward pass; DPO, GSPO).
+        entropy_coef: c of an entropy bonus, the loss minus c times the masked
+            predictions' mean entropy (normalised as the loss; its gradient
+            exact, vocab-parallel; NeMo RL's entropy_loss_coeff); 0: off.
         Returns a dict: loss, kl, clip_fraction, grad_norm (before clipping), lr
         (float); tokens, sequences (global counts), step (steps taken after this
         one) (int); skipped (bool: a non-finite loss or grad norm, no update);
         nonfinite_param (str: the first parameter with a non-finite gradient,
         "" when none is); token_mult_prob_error, gen_kl_error (with
         generation_logprobs and old_logprobs), is_oob_fraction (float);
-        skip_reason (str)."""
+        skip_reason (str); entropy (float: with entropy_coef != 0 the masked
+        predictions' mean entropy in nats, else 0)."""
         return self._loss_call("meshlm_train_step", seqs, loss, locals())
 
     def forward_backward(self, seqs: TokenSeqs, loss: Union[str, Objective] = "nll",
@@ -866,7 +944,7 @@ class Policy:
                          is_ratio_max: float = 0.0,
                          tensors: Optional[Mapping[str, PerToken]] = None,
                          seq_tensors: Optional[Mapping[str, ArrayLike]] = None,
-                         seq_logprobs: bool = False) -> StepResult:
+                         seq_logprobs: bool = False, entropy_coef: float = 0.0) -> StepResult:
         """COLLECTIVE. Forward + backward of the loss on the global batch (the
         arguments as train_step's), the gradients added to those accumulated
         since zero_grad (meshlm_forward_backward): each call normalised by its
@@ -888,7 +966,7 @@ class Policy:
                   is_truncation: str = "none", is_ratio_min: float = 0.0,
                   is_ratio_max: float = 0.0, tensors: Optional[Mapping[str, PerToken]] = None,
                   seq_tensors: Optional[Mapping[str, ArrayLike]] = None,
-                  seq_logprobs: bool = False) -> StepResult:
+                  seq_logprobs: bool = False, entropy_coef: float = 0.0) -> StepResult:
         """COLLECTIVE. The loss on the global batch at the current weights,
         forward only (meshlm_eval_loss; no gradient touched).  Arguments and
         result as forward_backward's."""
@@ -948,7 +1026,7 @@ class Policy:
                                   _ptr(arr["generation_logprobs"], c_float))
         lo.sequence_level = _bool_int(a["sequence_level"])
         for k in ("ratio_clip_min", "ratio_clip_max", "ratio_clip_c", "kl_penalty",
-                  "is_ratio_min", "is_ratio_max"):
+                  "is_ratio_min", "is_ratio_max", "entropy_coef"):
             setattr(lo, k, float(a[k]))
         r = L.meshlm_step_result()
         rc = getattr(self._lib, call)(s, byref(tb), byref(lo), byref(r))

@@ -20,11 +20,14 @@ typedef struct api_plan {
 int api_plan_batch(meshlm_session *s, const meshlm_seqs *b, bool forward_only, api_plan *p);
 void api_plan_free(api_plan *p);
 
-/* meshlm_logprobs after its api_enter: the scoring of `batch` with the
- * engine's weights as they are (meshlm_reference_logprobs swaps the
- * reference's in around it). */
-int api_logprobs(meshlm_session *s, const meshlm_seqs *batch, const uint8_t *mask, float *out,
-                 double *seq_sums);
+/* The body of meshlm_logprobs and meshlm_score after their api_enter:
+ * `batch` scored with the engine's weights as they are
+ * (meshlm_reference_logprobs swaps the reference's in around it) into the
+ * caller's `req` (struct_size checked; logprobs_out: req->logprobs is
+ * required, as meshlm_logprobs' out); `call` names the caller in
+ * messages. Collective; errors agreed (those of meshlm_score). */
+int api_scores(meshlm_session *s, const char *call, const meshlm_seqs *batch,
+               const uint8_t *mask, const meshlm_scores *req, bool logprobs_out);
 
 /* Set s's call statistics after a call of p's micro-batches (see
  * meshlm_call_stats). */

@@ -22,7 +22,8 @@ int meshlm_reference_logprobs(meshlm_session *s, const meshlm_seqs *batch, const
   if (!ml_engine_has_reference(&s->e)) return api_leave(s, ml_engine_reference_swap(&s->e));
   /* the swaps: local under ZeRO-3, a re-gather on every rank under ZeRO-1/2 */
   if (ml_engine_reference_swap(&s->e)) api_abort(s);
-  int rc = api_logprobs(s, batch, mask, out, seq_sums);
+  meshlm_scores o = {.struct_size = sizeof o, .logprobs = out, .seq_sums = seq_sums};
+  int rc = api_scores(s, "meshlm_reference_logprobs", batch, mask, &o, true);
   char err[sizeof s->err];
   snprintf(err, sizeof err, "%s", s->err); /* the scoring's message, kept across the swap */
   if (ml_engine_reference_swap(&s->e)) api_abort(s);

@@ -113,7 +113,7 @@ static const char *const k_calls[API_CALL_KINDS] = {
     "meshlm_save",   "meshlm_resume", "meshlm_export",     "meshlm_refit",
     "meshlm_reload", "meshlm_reload_tensors", "meshlm_generate", "meshlm_zero_grad",
     "meshlm_forward_backward", "meshlm_optimizer_step", "meshlm_eval_loss",
-    "meshlm_set_reference", "meshlm_reference_logprobs"};
+    "meshlm_set_reference", "meshlm_reference_logprobs", "meshlm_score"};
 
 int api_leave(meshlm_session *s, int rc) {
   if (rc == 0) return 0;

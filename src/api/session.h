@@ -34,6 +34,7 @@ typedef enum {
   API_CALL_EVAL_LOSS,
   API_CALL_SET_REFERENCE,
   API_CALL_REFERENCE_LOGPROBS,
+  API_CALL_SCORE,
   API_CALL_KINDS
 } api_call;
 
@@ -41,6 +42,7 @@ typedef enum {
  * (api/steps.c): global sums, the same on every rank. */
 typedef struct api_acc {
   double loss, kl;          /* the losses and their KL parts */
+  double entropy;           /* with an entropy bonus: Σ w·H, normalised as the loss */
   double mult_err, gen_kl;  /* Σ over the metrics' targets of exp|gen − old| and k3(gen ‖ old) */
   int64_t trained, clipped; /* the objective's counts */
   int64_t tokens, sequences, metric_tokens; /* masked targets, sequences; of the metrics */
@@ -112,6 +114,7 @@ int api_local(meshlm_session *s, const char *call);
 #define API_MIN_meshlm_sampling sizeof(meshlm_sampling)
 #define API_MIN_meshlm_weight sizeof(meshlm_weight)
 #define API_MIN_meshlm_tensor sizeof(meshlm_tensor)
+#define API_MIN_meshlm_scores sizeof(meshlm_scores)
 #define API_MIN(T) API_MIN_##T
 
 /* 0 when `size` (a caller's T.struct_size) is in [min, max], else the error

@@ -25,6 +25,9 @@ static int check_loss(const char *call, const meshlm_loss *l, const meshlm_train
                   "kl_penalty %g; expected clips >= 0, ratio_clip_c 0 (off) or > 1, "
                   "kl_penalty >= 0",
                   call, l->ratio_clip_min, l->ratio_clip_max, l->ratio_clip_c, l->kl_penalty);
+  if (!isfinite(l->entropy_coef))
+    return ml_err("%s: loss.entropy_coef %g; expected a finite coefficient (0: off)", call,
+                  l->entropy_coef);
   if ((l->kind == MESHLM_LOSS_NLL || l->kind == MESHLM_LOSS_CUSTOM) && l->kl_penalty > 0)
     return ml_err("%s: loss.kl_penalty %g with kind %d; expected 0 (the KL penalty goes with "
                   "WEIGHTED_NLL or CLIPPED_PG)", call, l->kl_penalty, (int)l->kind);
@@ -161,7 +164,8 @@ int api_loss_begin(meshlm_session *s, const char *name, const meshlm_train_batch
   c->obj = (ml_objective){.kind = kinds[l->kind], .clip_low = l->ratio_clip_min,
                           .clip_high = l->ratio_clip_max, .clip_c = l->ratio_clip_c,
                           .kl_beta = l->kl_penalty, .is_weighted = c->is.rho != NULL,
-                          .fn = api_custom_call, .ctx = &c->cu};
+                          .fn = api_custom_call, .ctx = &c->cu,
+                          .entropy_coef = l->entropy_coef};
   ml_mesh_stats_reset(&s->mesh);
   api_custom_sums(s, &c->b, &c->p, &c->cu);
   return 0;
@@ -184,25 +188,37 @@ void api_loss_forward(meshlm_session *s, api_loss_call *c, ml_step_result *r) {
   const ml_pack *pk = &c->p.pack;
   ml_obj_sums *sums = &r->sums;
   *sums = (ml_obj_sums){0};
+  double coef = c->obj.entropy_coef;
   float *w = ml_malloc_array(pk->S_max, sizeof *w, "the objective's weights (%lld)",
                              (long long)pk->S_max);
-  int rc = w ? 0 : -1;
+  float *ent = coef != 0.0 ? ml_malloc_array(pk->S_max, sizeof *ent, "the entropies (%lld)",
+                                             (long long)pk->S_max)
+                           : NULL;
+  int rc = w && (ent || coef == 0.0) ? 0 : -1;
   /* every rank holds all of its data rank's log-probs (gathered over cp): evaluated once per
      data rank, summed over dp below */
   for (int64_t j = 0; j < pk->n_mb; j++) {
     ml_engine_batch eb;
     ml_pack_fill(pk, j, &eb);
-    if (ml_engine_logprobs_batch(&s->e, &eb, pk->lp)) api_abort(s);
+    ml_engine_scores es = {.logprobs = pk->lp, .entropy = ent};
+    if (ent ? ml_engine_scores_batch(&s->e, &eb, &es) : ml_engine_logprobs_batch(&s->e, &eb, pk->lp))
+      api_abort(s);
     fill_micro(c, j, &eb);
     int64_t n = eb.S - 1; /* out [1, S − 1]; an empty micro-batch (S 0) has none */
     for (int64_t i = 0; rc == 0 && i < n; i++) w[i] = pk->obj[i].w != 0.0f ? 1.0f : 0.0f;
     if (rc == 0 && n > 0) rc = ml_objective_chunk(&c->obj, n, pk->lp, pk->obj, 0, n, w, sums);
+    /* the entropy bonus, − c·Σ w·H as the training pass's classifier adds it */
+    for (int64_t i = 0; ent && rc == 0 && i < n; i++)
+      sums->entropy += pk->obj[i].w != 0.0f ? (double)pk->obj[i].w * (double)ent[i] : 0.0;
   }
   free(w);
-  double v[5] = {sums->loss, sums->kl, (double)sums->trained, (double)sums->clipped, rc != 0};
-  if (ml_host_all_reduce_f64(ml_mesh_host(&s->mesh, ML_GROUP_DP), v, 5, ML_RED_SUM) || v[4] > 0)
+  free(ent);
+  sums->loss -= coef * sums->entropy;
+  double v[6] = {sums->loss, sums->kl, (double)sums->trained, (double)sums->clipped,
+                 sums->entropy, rc != 0};
+  if (ml_host_all_reduce_f64(ml_mesh_host(&s->mesh, ML_GROUP_DP), v, 6, ML_RED_SUM) || v[5] > 0)
     api_abort(s);
-  *sums = (ml_obj_sums){v[0], v[1], (int64_t)v[2], (int64_t)v[3]};
+  *sums = (ml_obj_sums){v[0], v[1], (int64_t)v[2], (int64_t)v[3], v[4]};
   r->loss = sums->loss;
   api_plan_stats(s, &c->p);
 }
@@ -240,7 +256,8 @@ static int nonfinite_input(const api_loss_call *c, char *buf, size_t cap) {
 }
 
 int api_loss_result(meshlm_session *s, api_loss_call *c, const ml_step_result *r, api_acc *a) {
-  *a = (api_acc){.loss = r->sums.loss, .kl = r->sums.kl, .trained = r->sums.trained,
+  *a = (api_acc){.loss = r->sums.loss, .kl = r->sums.kl, .entropy = r->sums.entropy,
+                 .trained = r->sums.trained,
                  .clipped = r->sums.clipped, .tokens = c->g[0], .sequences = c->g[2]};
   const api_is *is = &c->is;
   double v[6] = {is->mult_err, is->gen_kl, (double)is->tokens, (double)is->oob,
@@ -270,6 +287,7 @@ int api_loss_result(meshlm_session *s, api_loss_call *c, const ml_step_result *r
 void api_acc_add(api_acc *a, const api_acc *b) {
   a->loss += b->loss;
   a->kl += b->kl;
+  a->entropy += b->entropy;
   a->mult_err += b->mult_err;
   a->gen_kl += b->gen_kl;
   a->trained += b->trained;
@@ -293,7 +311,8 @@ void api_result_fill(const api_acc *a, const ml_step_result *step, int64_t steps
       .grad_norm = step->grad_norm, .lr = step->lr, .tokens = a->tokens,
       .sequences = a->sequences, .step = steps, .skipped = step->skipped,
       .token_mult_prob_error = a->mult_err / mt, .gen_kl_error = a->gen_kl / mt,
-      .is_oob_fraction = a->oob_of ? (double)a->oob / (double)a->oob_of : 0.0};
+      .is_oob_fraction = a->oob_of ? (double)a->oob / (double)a->oob_of : 0.0,
+      .entropy = a->entropy};
   memcpy(full->nonfinite_param, step->nonfinite, sizeof step->nonfinite);
   memcpy(full->skip_reason, step->reason, sizeof full->skip_reason);
 }

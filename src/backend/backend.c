@@ -240,6 +240,50 @@ int ml_be_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t V, in
   NEED(be, ML_OP_XENT);
   return be->ops->xent_bwd(be, logits, T, V, v0, y, mx, se, w, dlogits);
 }
+int ml_be_xent_entropy_sum(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                           const float *mx, float *sl) {
+  NEED(be, ML_OP_ENTROPY);
+  return be->ops->xent_entropy_sum(be, logits, T, V, mx, sl);
+}
+int ml_be_xent_entropy_online(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                              const float *mx, const float *se, float *sl) {
+  NEED(be, ML_OP_ENTROPY);
+  return be->ops->xent_entropy_online(be, logits, T, V, mx, se, sl);
+}
+int ml_be_xent_entropy_rebase(ml_backend *be, int64_t T, const float *mx, const float *M,
+                              const float *se, float *sl) {
+  NEED(be, ML_OP_ENTROPY);
+  return be->ops->xent_entropy_rebase(be, T, mx, M, se, sl);
+}
+int ml_be_xent_entropy(ml_backend *be, const float *se, const float *sl, int64_t T, float *ent) {
+  NEED(be, ML_OP_ENTROPY);
+  return be->ops->xent_entropy(be, se, sl, T, ent);
+}
+int ml_be_xent_topk_clear(ml_backend *be, int64_t T, int64_t k, float *val, int32_t *id) {
+  NEED(be, ML_OP_TOPK);
+  return be->ops->xent_topk_clear(be, T, k, val, id);
+}
+int ml_be_xent_topk_online(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                           int64_t k, float *val, int32_t *id) {
+  NEED(be, ML_OP_TOPK);
+  return be->ops->xent_topk_online(be, logits, T, V, v0, k, val, id);
+}
+int ml_be_xent_topk_merge(ml_backend *be, int64_t P, int64_t T, int64_t k, const float *cval,
+                          const int32_t *cid, float *val, int32_t *id) {
+  NEED(be, ML_OP_TOPK);
+  return be->ops->xent_topk_merge(be, P, T, k, cval, cid, val, id);
+}
+int ml_be_xent_topk_logprobs(ml_backend *be, int64_t T, int64_t k, const float *M, const float *se,
+                             const float *val, const int32_t *id, float *lp) {
+  NEED(be, ML_OP_TOPK);
+  return be->ops->xent_topk_logprobs(be, T, k, M, se, val, id, lp);
+}
+int ml_be_xent_bwd_entropy(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                           const int32_t *y, const float *mx, const float *se, const float *w,
+                           const float *H, const float *ew, float *dlogits) {
+  NEED(be, ML_OP_ENTROPY);
+  return be->ops->xent_bwd_entropy(be, logits, T, V, v0, y, mx, se, w, H, ew, dlogits);
+}
 int ml_be_adamw(ml_backend *be, float *p, float *g, float *m, float *v, int64_t n,
                 float grad_scale, double lr, double b1, double b2, double eps, double wd,
                 int64_t step) {

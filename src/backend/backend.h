@@ -150,6 +150,9 @@ typedef enum ml_op {
   ML_OP_ADAMW,           /* ml_be_adamw */
   ML_OP_NORM_PARTIAL,    /* ml_be_norm_partial */
   ML_OP_FIND_NONFINITE,  /* ml_be_find_nonfinite */
+  ML_OP_ENTROPY,         /* ml_be_xent_entropy_sum / _online / _rebase, ml_be_xent_entropy,
+                          * ml_be_xent_bwd_entropy */
+  ML_OP_TOPK,            /* ml_be_xent_topk_clear / _online / _merge / _logprobs */
   ML_OP_COUNT
 } ml_op;
 
@@ -246,6 +249,23 @@ typedef struct ml_backend_ops {
                int64_t step);
   int (*norm_partial)(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind, double *out);
   int (*find_nonfinite)(ml_backend *be, const float *g, int64_t n, bool *found);
+  int (*xent_entropy_sum)(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                          const float *mx, float *sl);
+  int (*xent_entropy_online)(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                             const float *mx, const float *se, float *sl);
+  int (*xent_entropy_rebase)(ml_backend *be, int64_t T, const float *mx, const float *M,
+                             const float *se, float *sl);
+  int (*xent_entropy)(ml_backend *be, const float *se, const float *sl, int64_t T, float *ent);
+  int (*xent_bwd_entropy)(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                          const int32_t *y, const float *mx, const float *se, const float *w,
+                          const float *H, const float *ew, float *dlogits);
+  int (*xent_topk_clear)(ml_backend *be, int64_t T, int64_t k, float *val, int32_t *id);
+  int (*xent_topk_online)(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                          int64_t k, float *val, int32_t *id);
+  int (*xent_topk_merge)(ml_backend *be, int64_t P, int64_t T, int64_t k, const float *cval,
+                         const int32_t *cid, float *val, int32_t *id);
+  int (*xent_topk_logprobs)(ml_backend *be, int64_t T, int64_t k, const float *M,
+                            const float *se, const float *val, const int32_t *id, float *lp);
   void (*destroy)(ml_backend *be);
 } ml_backend_ops;
 
@@ -499,6 +519,42 @@ int ml_be_xent_logprobs(ml_backend *be, const float *se, const float *tl, const 
 int ml_be_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
                    const int32_t *y, const float *mx, const float *se, const float *w,
                    float *dlogits);
+/* Per-token entropy H = log(se) − sl/se (nats) of the softmax over the
+ * shards, from sl [T] = Σ exp(l − m)·(l − m) about the max m (fp64, rounded
+ * once per call as se is; kernels/cpu/kernels.h k_xent_entropy_*). Whole
+ * rows: entropy_sum about the reduced max mx, then the SUM reduction with
+ * se. Tiles: entropy_online on each tile before xent_online (reads its mx,
+ * se before the update; sl = 0 first), entropy_rebase before xent_rebase
+ * (reads mx, M, se), then the SUM reduction. entropy: ent [T] from the
+ * reduced se, sl. */
+int ml_be_xent_entropy_sum(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                           const float *mx, float *sl);
+int ml_be_xent_entropy_online(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                              const float *mx, const float *se, float *sl);
+int ml_be_xent_entropy_rebase(ml_backend *be, int64_t T, const float *mx, const float *M,
+                              const float *se, float *sl);
+int ml_be_xent_entropy(ml_backend *be, const float *se, const float *sl, int64_t T, float *ent);
+/* The backward with an entropy bonus (loss − Σ_t ew[t]·H_t, ew [T] the
+ * coefficient times each token's normalised weight; dH/dl = −p(log p + H)):
+ * dlogits [T, V] (=, may alias logits) = w[t]·(softmax − onehot) +
+ * ew[t]·p·(log p + H[t]), from the reduced mx, se and the entropies H [T]. */
+int ml_be_xent_bwd_entropy(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                           const int32_t *y, const float *mx, const float *se, const float *w,
+                           const float *H, const float *ew, float *dlogits);
+/* Per-token top-k logits over the shards (NeMo RL distributed_vocab_topk;
+ * kernels/cpu/kernels.h k_xent_topk_*): lists val, id [T, k] best first
+ * (larger logit, ties by the lower global id; empty: −inf, id −1). clear:
+ * all empty; online: logits [T, V] of global columns v0 .. v0+V−1 merged in;
+ * merge: val, id (=) the top-k of P lists cval, cid [P, T, k] (all-gathered);
+ * logprobs: lp [T, k] (may alias val) = (val − M) − log(se) as
+ * xent_logprobs computes a target's (bitwise the same for the same logit). */
+int ml_be_xent_topk_clear(ml_backend *be, int64_t T, int64_t k, float *val, int32_t *id);
+int ml_be_xent_topk_online(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
+                           int64_t k, float *val, int32_t *id);
+int ml_be_xent_topk_merge(ml_backend *be, int64_t P, int64_t T, int64_t k, const float *cval,
+                          const int32_t *cid, float *val, int32_t *id);
+int ml_be_xent_topk_logprobs(ml_backend *be, int64_t T, int64_t k, const float *M,
+                             const float *se, const float *val, const int32_t *id, float *lp);
 /* One AdamW step (torch.optim.AdamW, single-tensor) on p, m, v [n] with g.
  * grad_scale != 1: g *= grad_scale first, in the same pass (the clipping
  * of clip_grad_norm_ folded into the step: g and the step bit for bit

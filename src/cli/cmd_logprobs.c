@@ -14,6 +14,12 @@
  *   + "input_ids": [S ids]                          text records (the ids scored);
  *   + "completion_logprobs": [...], "completion_logprob_sum": x,
  *     "prompt_tokens": P, "input_ids": [S ids]     prompt/completion records.
+ * With --entropy, + "entropy": [S-1 floats], the entropy (nats) of each
+ * position's whole next-token distribution; with --topk K, + "topk_ids":
+ * [[K ids] x S-1] and "topk_logprobs": [[K floats] x S-1], each position's
+ * K most probable next tokens, best first, equal logits by the lower id
+ * (verl's calculate_entropy, NeMo RL's get_topk_logits; both computed
+ * vocab-parallel, parallel/loss.h ml_loss_extra).
  * logprobs[t] = log p(token t+1 | tokens 0..t). The completion is tokens
  * P..S-1; completion_logprobs = logprobs[P-1 .. S-2] (each completion
  * token's log-prob; with P = 0 — an empty prompt and no BOS — its first
@@ -47,7 +53,15 @@ typedef struct lp_run {
   const ml_seqs *seqs;
   FILE *out; /* world rank 0 only */
   int64_t nonfinite, first_bad_line; /* written as null; its 1-based input line (0: none) */
+  bool entropy; /* --entropy */
+  int64_t topk; /* --topk (0: none) */
 } lp_run;
+
+/* 32-bit words per prediction in the results: the log-prob, the entropy,
+ * the top-k log-probs and ids (moved between ranks as bytes). A
+ * sequence's n predictions are stored as [n lp][n entropy][n·k top-k
+ * log-probs][n·k top-k ids]. */
+static int64_t words(const lp_run *run) { return 1 + run->entropy + 2 * run->topk; }
 
 /* lp[0, n) as a JSON array; non-finite values as null, counted when
  * `count` (line: the 1-based output line). */
@@ -80,11 +94,39 @@ static void write_completion(lp_run *run, int64_t k, const float *lp, int64_t n)
   fprintf(f, ", \"prompt_tokens\": %lld", (long long)p);
 }
 
-/* The output line of sequence k (0-based; line k + 1): its n = S-1 log-probs. */
+/* The top-k fields of a sequence's n predictions: log-probs tlp and ids tid [n, k]. */
+static void write_topk(lp_run *run, int64_t line, const float *tlp, const int32_t *tid,
+                       int64_t n) {
+  FILE *f = run->out;
+  int64_t k = run->topk;
+  fputs(", \"topk_ids\": [", f);
+  for (int64_t t = 0; t < n; t++) {
+    fputs(t ? ", [" : "[", f);
+    for (int64_t c = 0; c < k; c++) fprintf(f, "%s%d", c ? ", " : "", tid[t * k + c]);
+    fputc(']', f);
+  }
+  fputs("], \"topk_logprobs\": [", f);
+  for (int64_t t = 0; t < n; t++) {
+    fputs(t ? ", " : "", f);
+    write_floats(run, line, tlp + t * k, k, false);
+  }
+  fputc(']', f);
+}
+
+/* The output line of sequence k (0-based; line k + 1) from its results
+ * (words(run) per prediction, n = S-1 predictions). */
 static void write_line(lp_run *run, int64_t k, const float *lp, int64_t n) {
   FILE *f = run->out;
   fputs("{\"logprobs\": ", f);
   write_floats(run, k + 1, lp, n, true);
+  if (run->entropy) {
+    fputs(", \"entropy\": ", f);
+    write_floats(run, k + 1, lp + n, n, false);
+  }
+  if (run->topk) {
+    const float *tlp = lp + n * (1 + run->entropy);
+    write_topk(run, k + 1, tlp, (const int32_t *)(tlp + n * run->topk), n);
+  }
   if (run->seqs->format == ML_DATA_PROMPT) write_completion(run, k, lp, n);
   if (run->seqs->format != ML_DATA_IDS) {
     fputs(", \"input_ids\": [", f);
@@ -111,7 +153,7 @@ typedef struct deal {
   size_t *bytes; /* [dp] each rank's results */
 } deal;
 
-static int deal_out(const ml_seqs *q, int dp, int me, deal *d) {
+static int deal_out(const ml_seqs *q, int dp, int me, int64_t w, deal *d) {
   int64_t n = q->n;
   d->sorted = ml_malloc_array(4 * n, sizeof(int64_t), "the sequences' deal (%lld)", (long long)n);
   d->bytes = ml_calloc_array(dp, sizeof *d->bytes, "the sequences' deal");
@@ -128,7 +170,7 @@ static int deal_out(const ml_seqs *q, int dp, int me, deal *d) {
     int r = (int)(i % dp);
     d->owner[k] = r;
     d->at[k] = (int64_t)(d->bytes[r] / sizeof(float));
-    d->bytes[r] += sizeof(float) * (size_t)(q->len[k] - 1);
+    d->bytes[r] += sizeof(float) * (size_t)((q->len[k] - 1) * w);
     if (r == me) d->mine[d->n_mine++] = k;
   }
   return 0;
@@ -139,8 +181,45 @@ static void deal_free(deal *d) {
   free(d->bytes);
 }
 
+/* Micro-batch j's results into `mine`: each sequence's words at d->at,
+ * from the pack's log-probs and the extras `es` asked for. */
+static void keep(const lp_run *run, const deal *d, const ml_pack *p, int64_t j,
+                 const int64_t *lens, const ml_engine_scores *es, float *mine) {
+  int64_t k = run->topk;
+  for (int64_t i = 0, at = 0; i < p->mb[j].count; i++) {
+    int64_t s = p->order[p->mb[j].first + i], n = lens[s] - 1;
+    float *o = mine + d->at[d->mine[s]];
+    memcpy(o, p->lp + at, sizeof(float) * (size_t)n);
+    o += n;
+    if (es->entropy) memcpy(o, es->entropy + at, sizeof(float) * (size_t)n), o += n;
+    if (k) {
+      memcpy(o, es->topk_logprobs + at * k, sizeof(float) * (size_t)(n * k));
+      memcpy(o + n * k, es->topk_ids + at * k, sizeof(int32_t) * (size_t)(n * k));
+    }
+    at += lens[s];
+  }
+}
+
+/* Host buffers of the extras for micro-batches of S tokens (es->logprobs
+ * the pack's). */
+static int extras_alloc(const lp_run *run, int64_t S, ml_engine_scores *es) {
+  int64_t n = ml_mul_sat(S, run->topk);
+  es->topk = run->topk;
+  if (run->entropy && !(es->entropy = ml_malloc_array(S, sizeof(float), "the entropies (%lld)",
+                                                      (long long)S)))
+    return -1;
+  if (run->topk && !(es->topk_logprobs = ml_malloc_array(n, sizeof(float),
+                                                         "the top-k log-probs (%lld)",
+                                                         (long long)n)))
+    return -1;
+  if (run->topk && !(es->topk_ids = ml_malloc_array(n, sizeof(int32_t), "the top-k ids (%lld)",
+                                                    (long long)n)))
+    return -1;
+  return 0;
+}
+
 /* Score this rank's sequences in packed micro-batches into `mine` (each
- * sequence's S−1 floats at d->at), the parameters held unsharded for the
+ * sequence's words at d->at), the parameters held unsharded for the
  * whole pass (NeMo RL's unshard_fsdp2_model). */
 static int score_mine(lp_run *run, const deal *d, int64_t budget, float *mine) {
   const ml_seqs *q = run->seqs;
@@ -154,23 +233,28 @@ static int score_mine(lp_run *run, const deal *d, int64_t budget, float *mine) {
   }
   ml_host *world = ml_mesh_host(run->mesh, ML_GROUP_WORLD);
   ml_pack p = {0};
+  ml_engine_scores es = {0};
+  bool extra = run->entropy || run->topk;
   if (ml_host_agree(world, rc) == 0 && ml_pack_plan(&p, run->e, world, n, lens, ids, budget) == 0 &&
-      ml_host_agree(world, ml_pack_reserve(&p, run->e, true)) == 0) {
+      ml_host_agree(world, ml_pack_reserve(&p, run->e, true)) == 0 &&
+      ml_host_agree(world, extra ? extras_alloc(run, p.S_max, &es) : 0) == 0) {
+    es.logprobs = p.lp;
     ml_engine_hold_params(run->e, true);
     for (int64_t j = 0; rc == 0 && j < p.n_mb; j++) {
       ml_engine_batch eb;
       ml_pack_fill(&p, j, &eb);
-      if (ml_engine_logprobs_batch(run->e, &eb, p.lp)) ml_cli_abort();
-      for (int64_t i = 0, at = 0; i < p.mb[j].count; i++) {
-        int64_t s = p.order[p.mb[j].first + i], k = d->mine[s];
-        memcpy(mine + d->at[k], p.lp + at, sizeof(float) * (size_t)(lens[s] - 1));
-        at += lens[s];
-      }
+      if (extra ? ml_engine_scores_batch(run->e, &eb, &es)
+                : ml_engine_logprobs_batch(run->e, &eb, p.lp))
+        ml_cli_abort();
+      keep(run, d, &p, j, lens, &es, mine);
     }
     ml_engine_hold_params(run->e, false);
   } else {
     rc = -1;
   }
+  free(es.entropy);
+  free(es.topk_logprobs);
+  free(es.topk_ids);
   ml_pack_free(&p);
   free(lens);
   free(ids);
@@ -183,7 +267,7 @@ static int run_all(lp_run *run, int64_t budget) {
   const ml_seqs *q = run->seqs;
   ml_host *dp = ml_mesh_host(run->mesh, ML_GROUP_DP);
   deal d = {0};
-  int rc = deal_out(q, dp->size, dp->rank, &d);
+  int rc = deal_out(q, dp->size, dp->rank, words(run), &d);
   size_t total = 0;
   for (int r = 0; rc == 0 && r < dp->size; r++) total += d.bytes[r];
   float *all = rc == 0 ? ml_malloc(total + sizeof(float), "the log-probs of every sequence") : NULL;
@@ -206,8 +290,8 @@ static int run_all(lp_run *run, int64_t budget) {
 
 int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   const char *model = NULL, *data = NULL, *out = NULL, *plan = NULL;
-  int64_t tp = 1, cp = 1, budget = 4096;
-  bool sp = false;
+  int64_t tp = 1, cp = 1, budget = 4096, topk = 0;
+  bool sp = false, entropy = false;
   ml_arg_choice dtype = ml_dtype_choice(), device = ml_device_choice(),
                 device_comm = ml_device_comm_choice();
   ml_data_opts dopts = ml_data_opts_default(NULL);
@@ -233,6 +317,10 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
        "longer sequence is one of its own)", false, NULL},
       {"--param-dtype", ML_ARG_CHOICE, &dtype, "parameter and GEMM dtype (bf16: bf16 operands, "
        "fp32 accumulation)", false, NULL},
+      {"--entropy", ML_ARG_FLAG, &entropy, "add \"entropy\": each position's next-token "
+       "entropy (nats)", false, NULL},
+      {"--topk", ML_ARG_INT, &topk, "add \"topk_ids\" and \"topk_logprobs\": each position's K "
+       "most probable next tokens (0: none)", false, "K"},
   };
   enum { N_FLAGS = sizeof flags / sizeof flags[0] };
   ml_arg spec[N_FLAGS + 3];
@@ -244,7 +332,7 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   ml_mesh mesh = {0};
   ml_engine e = {0};
   ml_seqs seqs = {0};
-  lp_run run = {&mesh, &e, &seqs, NULL, 0, 0};
+  lp_run run = {&mesh, &e, &seqs, NULL, 0, 0, entropy, topk};
   char tmp[4096];
   ml_engine_opts eo = ml_engine_opts_default();
   ml_comm_factory make_comm = NULL;
@@ -260,6 +348,13 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   eo.sequence_parallel = sp;
   eo.fsdp.param_dtype = ml_dtype_chosen(&dtype);
   if (rc == 0) rc = ml_engine_open(&e, &mesh, model, &eo);
+  if (rc == 0 && (topk < 0 || topk > e.model.cfg.vocab))
+    rc = ml_err("logprobs: flag --topk %lld: expected 0 .. vocab_size %lld", (long long)topk,
+                (long long)e.model.cfg.vocab);
+  if (rc == 0 && topk > 0 && cp > 1)
+    rc = ml_err("logprobs: flag --topk %lld with --cp %lld: top-k under context parallelism is "
+                "not implemented; expected --cp 1",
+                (long long)topk, (long long)cp);
   dopts.tokenizer_dir = model;
   ml_data_group group = ml_cli_data_group(world); /* every rank reads its part of --data */
   dopts.group = &group;

@@ -419,20 +419,41 @@ static int logprobs_out(ml_engine *e, const float *lp, int64_t B, int64_t S, flo
  * and, with lp, this rank's log-probs (*lp: [B·s] on the device, the
  * caller's to free); then the gathered units are resharded (what the
  * backward would have done), unless held. */
-static int forward_only(ml_engine *e, const ml_engine_batch *b, float **lp, ml_loss_out *nll) {
+/* The device buffers of what `want` asks for beyond the log-probs, for T
+ * tokens, into *ex (zeroed; the caller frees them, also after an error). */
+static int extras_alloc(ml_engine *e, int64_t T, const ml_engine_scores *want,
+                        ml_loss_extra *ex) {
+  int64_t k = want->topk, n = ml_mul_sat(T, k);
+  ex->topk = k;
+  if (want->entropy && !(ex->entropy = ml_be_alloc(e->be, T, sizeof(float),
+                                                   "the entropies (%lld tokens)", (long long)T)))
+    return -1;
+  if (k && !(ex->topk_logprobs = ml_be_alloc(e->be, n, sizeof(float),
+                                             "the top-k log-probs (%lld tokens x k %lld)",
+                                             (long long)T, (long long)k)))
+    return -1;
+  if (k && !(ex->topk_ids = ml_be_alloc(e->be, n, sizeof(int32_t),
+                                        "the top-k ids (%lld tokens x k %lld)", (long long)T,
+                                        (long long)k)))
+    return -1;
+  return 0;
+}
+
+static int forward_only(ml_engine *e, const ml_engine_batch *b, float **lp,
+                        const ml_engine_scores *want, ml_loss_extra *ex, ml_loss_out *nll) {
   ML_TRY(begin_batch(e, b, true));
   ML_TRY(upload_batch(e, b));
   ML_TRY(forward_layers(e, e->ids));
   int64_t T = b->B * e->model.S; /* fits: prepare allocated B·s·H floats */
   ml_loss_split split;
-  int rc = 0;
-  if (lp && !(*lp = ml_be_alloc(e->be, T, sizeof(float), "the log-probs (%lld tokens per rank)",
-                                (long long)T)))
+  int rc = want ? extras_alloc(e, T, want, ex) : 0;
+  if (!rc && lp && !(*lp = ml_be_alloc(e->be, T, sizeof(float),
+                                       "the log-probs (%lld tokens per rank)", (long long)T)))
     rc = -1;
   if (!rc) rc = loss_split(e, &split);
   if (!rc)
-    rc = ml_vocab_parallel_loss(&e->model, &split, e->targets, e->opts.output_dtype, NULL,
-                                lp ? *lp : NULL, nll);
+    rc = ml_vocab_parallel_scores(&e->model, &split, e->targets, e->opts.output_dtype, NULL,
+                                  lp ? *lp : NULL, want ? ex : NULL, nll);
   for (int u = 0; !e->hold && u < e->fsdp.n_units; u++) ml_fsdp_reshard(&e->fsdp, u);
   return rc;
 }
@@ -440,15 +461,49 @@ static int forward_only(ml_engine *e, const ml_engine_batch *b, float **lp, ml_l
 int ml_engine_logprobs_batch(ml_engine *e, const ml_engine_batch *b, float *out) {
   float *lp = NULL;
   ml_loss_out lo;
-  int rc = forward_only(e, b, &lp, &lo);
+  int rc = forward_only(e, b, &lp, NULL, NULL, &lo);
   if (!rc) rc = logprobs_out(e, lp, b->B, b->S, out);
+  ml_be_free(e->be, lp);
+  return rc;
+}
+
+/* The top-k lists [B, s, k] on the device → out [B, S−1, k] (cp = 1). */
+static int topk_out(ml_engine *e, const void *dev, int64_t B, int64_t S, int64_t k, void *out) {
+  int64_t s = e->model.S;
+  size_t row = sizeof(float) * (size_t)((S - 1) * k);
+  for (int64_t b = 0; b < B; b++)
+    ML_TRY(ml_be_copy(e->be, (char *)out + (size_t)b * row,
+                      (const char *)dev + sizeof(float) * (size_t)(b * s * k), row, ML_COPY_D2H));
+  return 0;
+}
+
+int ml_engine_scores_batch(ml_engine *e, const ml_engine_batch *b, const ml_engine_scores *out) {
+  int64_t k = out->topk;
+  if (k < 0) return ml_err("top-k: k is %lld; expected k >= 0", (long long)k);
+  if (k > 0 && e->cp.size > 1)
+    return ml_err("top-k log-probs under context parallelism (cp %d): not implemented; "
+                  "expected cp = 1",
+                  e->cp.size);
+  if (k > 0 && (!out->topk_logprobs || !out->topk_ids))
+    return ml_err("top-k: k is %lld but topk_logprobs or topk_ids is NULL", (long long)k);
+  ml_loss_extra ex = {0};
+  float *lp = NULL;
+  ml_loss_out lo;
+  int rc = forward_only(e, b, out->logprobs ? &lp : NULL, out, &ex, &lo);
+  if (!rc && out->logprobs) rc = logprobs_out(e, lp, b->B, b->S, out->logprobs);
+  if (!rc && out->entropy) rc = logprobs_out(e, ex.entropy, b->B, b->S, out->entropy);
+  if (!rc && k) rc = topk_out(e, ex.topk_logprobs, b->B, b->S, k, out->topk_logprobs);
+  if (!rc && k) rc = topk_out(e, ex.topk_ids, b->B, b->S, k, out->topk_ids);
+  ml_be_free(e->be, ex.topk_ids);
+  ml_be_free(e->be, ex.topk_logprobs);
+  ml_be_free(e->be, ex.entropy);
   ml_be_free(e->be, lp);
   return rc;
 }
 
 int ml_engine_nll_batch(ml_engine *e, const ml_engine_batch *b, ml_loss_out *nll) {
   if (b->obj) return ml_err("ml_engine_nll_batch: the NLL takes no objective inputs (obj)");
-  return forward_only(e, b, NULL, nll);
+  return forward_only(e, b, NULL, NULL, NULL, nll);
 }
 
 int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, float *out) {

@@ -166,6 +166,26 @@ int ml_engine_forward_backward_batch(ml_engine *e, const ml_engine_batch *b,
  * document's last token (no target) are 0. */
 int ml_engine_logprobs_batch(ml_engine *e, const ml_engine_batch *b, float *out);
 
+/* What ml_engine_scores_batch writes (host memory; NULL / 0: not wanted):
+ * logprobs [B, S−1] as ml_engine_logprobs_batch; entropy [B, S−1] the
+ * entropy (nats) of the distribution at each position (of the token after
+ * it); topk_logprobs, topk_ids [B, S−1, topk] the topk largest log-probs
+ * there, best first in the logits' order, equal logits by the lower id
+ * (parallel/loss.h ml_loss_extra). */
+typedef struct ml_engine_scores {
+  float *logprobs;
+  float *entropy;
+  int64_t topk;
+  float *topk_logprobs;
+  int32_t *topk_ids;
+} ml_engine_scores;
+
+/* Forward only over batch b (mask and obj unused): what `out` asks for, in
+ * the original order (cp ranks: gathered, as ml_engine_logprobs). Errors:
+ * those of ml_engine_logprobs_batch, topk < 0 or above vocab_size, topk
+ * with cp > 1 (not implemented), a NULL topk output with topk > 0. */
+int ml_engine_scores_batch(ml_engine *e, const ml_engine_batch *b, const ml_engine_scores *out);
+
 /* Forward only: the NLL of batch b's targets (b->mask; b->obj must be NULL)
  * as the training loss computes it (the same forward and loss pass, no
  * gradient): *nll = this rank's NLL sum and target count (cp ranks: their

@@ -28,9 +28,9 @@ int ml_step_accumulate(ml_engine *e, const ml_step_source *src, ml_step_result *
   if (!src->objective) return 0;
   /* the sums over the data ranks (cp ranks hold pieces of the same sequences) */
   ml_obj_sums *s = &r->sums;
-  double v[4] = {s->loss, s->kl, (double)s->trained, (double)s->clipped};
-  ML_TRY(ml_host_all_reduce_f64(ml_mesh_host(e->mesh, ML_GROUP_DP_CP), v, 4, ML_RED_SUM));
-  *s = (ml_obj_sums){v[0], v[1], (int64_t)v[2], (int64_t)v[3]};
+  double v[5] = {s->loss, s->kl, (double)s->trained, (double)s->clipped, s->entropy};
+  ML_TRY(ml_host_all_reduce_f64(ml_mesh_host(e->mesh, ML_GROUP_DP_CP), v, 5, ML_RED_SUM));
+  *s = (ml_obj_sums){v[0], v[1], (int64_t)v[2], (int64_t)v[3], v[4]};
   r->loss = s->loss;
   return 0;
 }

@@ -13,16 +13,24 @@ typedef struct chunk_bufs {
   float *logits; /* [nt, cols] one tile of logits, then of their gradient */
   float *mx;     /* [nt] the max over the vocabulary (after the MAX reduction) */
   float *mxl;    /* [nt] this rank's running max over its tiles (tiled only) */
-  float *se_tl;  /* [2 nt]: sum of exp, then target logit − max */
+  float *se_tl;  /* [3 nt]: sum of exp, then target logit − max, then (entropy only) sl =
+                    Σ exp(l − max)·(l − max) — one SUM reduction of the first 2 or all 3 */
   float *w;      /* [nt] gradient weights */
   float *lp;     /* [nt] log-probs of every target of the chunk (objective only) */
-  float *host;   /* [2 nt] host staging of lp and w (objective only) */
+  float *H;      /* [nt] the entropies of every token of the chunk (entropy bonus only) */
+  float *ew;     /* [nt] their bonus weights c·w_t (entropy bonus only) */
+  float *host;   /* [2 nt] host staging of lp and w (objective only); [4 nt] with the entropy
+                    bonus: then H and ew */
   double *sums;  /* [4] device: this rank's tokens' −Σ log-prob and target count, then the
                     other tokens' (discarded); read once when the pass ends */
   void *xr;      /* [nt, c] bf16: the block's lm_head input rounded once (tiled, bf16 rows) */
   void *dlr;     /* [nt, cols] bf16: a tile's logits gradient rounded once (likewise, backward) */
   int64_t cols;  /* columns per tile; >= nv: whole rows through lm_head's own forward */
   bool bf16;     /* round the logits to bf16 (output_dtype) */
+  float *tv;     /* [nt, k] top-k: the running lists' logits (then their log-probs) */
+  int32_t *ti;   /* [nt, k] and global ids */
+  float *gv;     /* [P nt, k] the lists all-gathered over tp or the group (P its size) */
+  int32_t *gi;   /* [P nt, k] */
 } chunk_bufs;
 
 /* One pass of the loss: the N tokens it runs over, of which [own0, own0 +
@@ -40,6 +48,8 @@ typedef struct loss_pass {
   ml_rows w;        /* lm_head's rows: the group's, or its local view */
   int64_t N, own0, T, c;
   int64_t v0, nv;   /* global vocab columns v0 .. v0+nv−1 */
+  const ml_loss_extra *ex; /* NULL: neither entropy nor top-k */
+  double coef;             /* the objective's entropy_coef (0: no entropy bonus) */
 } loss_pass;
 
 /* sum (or max) of n floats over the groups holding the other columns: tp,
@@ -49,6 +59,16 @@ static int reduce_columns(const loss_pass *p, float *x, size_t n, ml_redop op) {
   if (s->tp && s->tp->size > 1) ML_TRY(ml_all_reduce(s->tp, x, n, ML_ELEM_F32, op));
   if (s->group) ML_TRY(ml_all_reduce(s->group->comm, x, n, ML_ELEM_F32, op));
   return 0;
+}
+
+static bool want_entropy(const loss_pass *p) {
+  return (p->ex && p->ex->entropy) || p->coef != 0.0;
+}
+static int64_t topk_of(const loss_pass *p) { return p->ex ? p->ex->topk : 0; }
+
+/* The statistics' SUM reduction: se, tl and, for the entropy, sl. */
+static int reduce_sums(const loss_pass *p, int64_t nt, chunk_bufs *b) {
+  return reduce_columns(p, b->se_tl, (size_t)((want_entropy(p) ? 3 : 2) * nt), ML_RED_SUM);
 }
 
 /* mx, se, tl of tokens t0 .. t0+nt−1, reduced over the vocab split. */
@@ -63,7 +83,13 @@ static int chunk_stats(const loss_pass *p, int64_t t0, int64_t nt, chunk_bufs *b
   ML_TRY(reduce_columns(p, b->mx, (size_t)nt, ML_RED_MAX));
   ML_TRY(ml_be_xent_sumexp_target(m->be, b->logits, nt, p->nv, p->v0, p->y + t0, b->mx,
                                   b->se_tl, b->se_tl + nt));
-  return reduce_columns(p, b->se_tl, (size_t)(2 * nt), ML_RED_SUM);
+  if (want_entropy(p))
+    ML_TRY(ml_be_xent_entropy_sum(m->be, b->logits, nt, p->nv, b->mx, b->se_tl + 2 * nt));
+  if (topk_of(p)) {
+    ML_TRY(ml_be_xent_topk_clear(m->be, nt, topk_of(p), b->tv, b->ti));
+    ML_TRY(ml_be_xent_topk_online(m->be, b->logits, nt, p->nv, p->v0, topk_of(p), b->tv, b->ti));
+  }
+  return reduce_sums(p, nt, b);
 }
 
 /* The block's lm_head input for the tiles: x rows t0 .. t0+nt−1, rounded
@@ -93,16 +119,71 @@ static int tiled_stats(const loss_pass *p, const void *x, ml_dtype xt, int64_t t
                        chunk_bufs *b) {
   ml_backend *be = p->m->be;
   float *se = b->se_tl, *tl = b->se_tl + nt;
-  ML_TRY(ml_be_zero(be, b->se_tl, sizeof(float) * (size_t)(2 * nt)));
+  float *sl = want_entropy(p) ? b->se_tl + 2 * nt : NULL;
+  int64_t k = topk_of(p);
+  ML_TRY(ml_be_zero(be, b->se_tl, sizeof(float) * (size_t)((sl ? 3 : 2) * nt)));
+  if (k) ML_TRY(ml_be_xent_topk_clear(be, nt, k, b->tv, b->ti));
   for (int64_t r0 = 0; r0 < p->nv; r0 += b->cols) {
     int64_t n = p->nv - r0 < b->cols ? p->nv - r0 : b->cols;
     ML_TRY(tile_logits(p, x, xt, nt, r0, n, b));
+    /* before xent_online: it reads the running mx, se this tile updates */
+    if (sl) ML_TRY(ml_be_xent_entropy_online(be, b->logits, nt, n, b->mxl, se, sl));
+    if (k) ML_TRY(ml_be_xent_topk_online(be, b->logits, nt, n, p->v0 + r0, k, b->tv, b->ti));
     ML_TRY(ml_be_xent_online(be, b->logits, nt, n, p->v0 + r0, p->y + t0, b->mxl, se, tl));
   }
   ML_TRY(ml_be_copy(be, b->mx, b->mxl, sizeof(float) * (size_t)nt, ML_COPY_D2D));
   ML_TRY(reduce_columns(p, b->mx, (size_t)nt, ML_RED_MAX));
+  if (sl) ML_TRY(ml_be_xent_entropy_rebase(be, nt, b->mxl, b->mx, se, sl)); /* se not yet moved */
   ML_TRY(ml_be_xent_rebase(be, nt, p->nv, p->v0, p->y + t0, b->mxl, b->mx, se, tl));
-  return reduce_columns(p, b->se_tl, (size_t)(2 * nt), ML_RED_SUM);
+  return reduce_sums(p, nt, b);
+}
+
+/* The top-k lists of tokens t0 .. t0+nt−1 merged over the group c (its
+ * size P): every rank's [nt, k] all-gathered ([P, nt, k]; the ids moved as
+ * 32-bit words) and the top-k of them kept, the same on every rank. */
+static int merge_topk(const loss_pass *p, ml_comm *c, int64_t nt, chunk_bufs *b) {
+  if (!c || c->size == 1) return 0;
+  ml_backend *be = p->m->be;
+  int64_t k = topk_of(p);
+  size_t n = (size_t)(nt * k);
+  ML_TRY(ml_all_gather(c, b->tv, b->gv, n));
+  ML_TRY(ml_all_gather(c, (const float *)b->ti, (float *)b->gi, n));
+  return ml_be_xent_topk_merge(be, c->size, nt, k, b->gv, b->gi, b->tv, b->ti);
+}
+
+/* The entropy and top-k of this rank's own tokens [a, z) among t0 ..
+ * t0+nt−1, from the reduced statistics: the lists merged over tp, then the
+ * group, their log-probs val − log-sum-exp. */
+static int chunk_extras(const loss_pass *p, int64_t t0, int64_t nt, int64_t a, int64_t z,
+                        chunk_bufs *b) {
+  ml_backend *be = p->m->be;
+  const ml_loss_extra *ex = p->ex;
+  if (ex->entropy && z > a)
+    ML_TRY(ml_be_xent_entropy(be, b->se_tl + (a - t0), b->se_tl + 2 * nt + (a - t0), z - a,
+                              ex->entropy + (a - p->own0)));
+  int64_t k = topk_of(p);
+  if (!k) return 0;
+  ML_TRY(merge_topk(p, p->split->tp, nt, b));
+  ML_TRY(merge_topk(p, p->split->group ? p->split->group->comm : NULL, nt, b));
+  ML_TRY(ml_be_xent_topk_logprobs(be, nt, k, b->mx, b->se_tl, b->tv, b->ti, b->tv));
+  if (z == a) return 0;
+  size_t own = sizeof(float) * (size_t)((z - a) * k);
+  ML_TRY(ml_be_copy(be, ex->topk_logprobs + (a - p->own0) * k, b->tv + (a - t0) * k, own,
+                    ML_COPY_D2D));
+  return ml_be_copy(be, ex->topk_ids + (a - p->own0) * k, b->ti + (a - t0) * k, own,
+                    ML_COPY_D2D);
+}
+
+/* dlogits [nt, n] (=, over the logits) of tokens t0 .. t0+nt−1 on columns
+ * v0 .. v0+n−1: the objective's (softmax − onehot) weights, plus the
+ * entropy bonus's term when there is one. */
+static int logits_grad(const loss_pass *p, int64_t t0, int64_t nt, int64_t v0, int64_t n,
+                       chunk_bufs *b) {
+  if (p->coef != 0.0)
+    return ml_be_xent_bwd_entropy(p->m->be, b->logits, nt, n, v0, p->y + t0, b->mx, b->se_tl,
+                                  b->w, b->H, b->ew, b->logits);
+  return ml_be_xent_bwd(p->m->be, b->logits, nt, n, v0, p->y + t0, b->mx, b->se_tl, b->w,
+                        b->logits);
 }
 
 /* The backward of tokens t0 .. t0+nt−1 tile by tile (nv >= 1 here), last
@@ -118,9 +199,8 @@ static int tiled_backward(const loss_pass *p, const void *x, ml_dtype xt, int64_
   for (int64_t r0 = last; r0 >= 0; r0 -= b->cols) {
     int64_t n = p->nv - r0 < b->cols ? p->nv - r0 : b->cols;
     if (r0 != last) ML_TRY(tile_logits(p, x, xt, nt, r0, n, b));
-    // dlogits: [nt, n] = w·(softmax − onehot) on the tile's columns
-    ML_TRY(ml_be_xent_bwd(be, b->logits, nt, n, p->v0 + r0, p->y + t0, b->mx, b->se_tl, b->w,
-                          b->logits));
+    // dlogits: [nt, n] = w·(softmax − onehot) (+ the entropy bonus's) on the tile's columns
+    ML_TRY(logits_grad(p, t0, nt, p->v0 + r0, n, b));
     const void *dl = b->logits;
     ml_dtype dt = ML_F32;
     if (b->dlr) {
@@ -133,14 +213,22 @@ static int tiled_backward(const loss_pass *p, const void *x, ml_dtype xt, int64_
   return 0;
 }
 
+/* [*a, *z): this rank's own tokens among t0 .. t0+nt−1 (empty: a = z). */
+static void own_range(const loss_pass *p, int64_t t0, int64_t nt, int64_t *a, int64_t *z) {
+  int64_t end = t0 + nt;
+  *a = p->own0 > t0 ? p->own0 : t0;
+  *a = *a < end ? *a : end;
+  *z = p->own0 + p->T;
+  *z = *z > *a ? (*z < end ? *z : end) : *a;
+}
+
 /* Log-probs and gradient weights of tokens t0 .. t0+nt−1: the loss and
  * log-probs of this rank's own tokens only (their sums over the data ranks
  * are the caller's), the weights of all. */
 static int chunk_logprobs(const loss_pass *p, int64_t t0, int64_t nt, const ml_loss_grad *g,
                           float *logprobs, chunk_bufs *b) {
-  int64_t end = t0 + nt, a = p->own0 > t0 ? p->own0 : t0, z = p->own0 + p->T;
-  a = a < end ? a : end;
-  z = z > a ? (z < end ? z : end) : a;
+  int64_t a, z, end = t0 + nt;
+  own_range(p, t0, nt, &a, &z);
   int64_t cut[4] = {t0, a, z, end}; /* before, own, after */
   bool obj = g && g->obj;
   /* under an objective the NLL weights are validity flags (scale 1) and every lp is kept */
@@ -169,6 +257,27 @@ static int chunk_logprobs(const loss_pass *p, int64_t t0, int64_t nt, const ml_l
   return 0;
 }
 
+/* The entropy bonus of tokens t0 .. t0+nt−1 (own: [a, z)) after the
+ * objective's weights b->w: H of every token, its bonus weight ew = c·w_t
+ * where the target is trained (in[t].w ≠ 0; else 0), and the own tokens'
+ * −c·w·H added to the loss sum and w·H to the entropy sum. */
+static int entropy_bonus(const loss_pass *p, int64_t t0, int64_t nt, int64_t a, int64_t z,
+                         const ml_loss_grad *g, chunk_bufs *b) {
+  ml_backend *be = p->m->be;
+  float *hH = b->host + 2 * nt, *hew = b->host + 3 * nt;
+  ML_TRY(ml_be_xent_entropy(be, b->se_tl, b->se_tl + 2 * nt, nt, b->H));
+  ML_TRY(ml_be_copy(be, hH, b->H, sizeof(float) * (size_t)nt, ML_COPY_D2H));
+  for (int64_t i = 0; i < nt; i++) {
+    int64_t t = t0 + i;
+    double w = p->y[t] >= 0 ? g->in[t].w : 0.0; /* an ignored target's inputs are not read */
+    hew[i] = (float)(p->coef * w);
+    if (t < a || t >= z || w == 0.0) continue;
+    g->sums->loss -= p->coef * w * hH[i];
+    g->sums->entropy += w * hH[i];
+  }
+  return ml_be_copy(be, b->ew, hew, sizeof(float) * (size_t)nt, ML_COPY_H2D);
+}
+
 /* Whole rows (b->cols >= nv): per block lm_head's own forward (and edges)
  * into [nt, nv] logits, the statistics, their gradient in place and
  * lm_head's backward. Tiled: the statistics over the tiles, then the
@@ -187,13 +296,16 @@ static int run_chunks(const loss_pass *p, const ml_loss_grad *g, float *logprobs
       ML_TRY(chunk_stats(p, t0, nt, b));
     }
     ML_TRY(chunk_logprobs(p, t0, nt, g, logprobs, b));
+    int64_t a, z;
+    own_range(p, t0, nt, &a, &z);
+    if (p->ex) ML_TRY(chunk_extras(p, t0, nt, a, z, b));
+    if (g && p->coef != 0.0) ML_TRY(entropy_bonus(p, t0, nt, a, z, g, b));
     if (!g) continue;
     if (tiled) {
       ML_TRY(tiled_backward(p, x, xt, t0, nt, b));
       continue;
     }
-    ML_TRY(ml_be_xent_bwd(p->m->be, b->logits, nt, p->nv, p->v0, p->y + t0, b->mx, b->se_tl,
-                          b->w, b->logits));
+    ML_TRY(logits_grad(p, t0, nt, p->v0, p->nv, b));
     if (p->split->group)  // dh[t0 : t0+nt] (=) dlogits · W_rows; W_rows grad += dlogits^T · h
       ML_TRY(ml_head_logits_backward(p->m, p->h + t0 * p->c, nt, &p->split->rows, b->logits,
                                      p->dh + t0 * p->c));
@@ -222,6 +334,27 @@ ml_loss_tiles ml_loss_tiling(int64_t N, int64_t V, int parts, bool tileable, int
   return (ml_loss_tiles){block, cols};
 }
 
+/* The top-k lists of a block of `chunk` tokens and their all-gathers over
+ * the larger of tp and the group. */
+static int topk_alloc(const loss_pass *p, int64_t chunk, chunk_bufs *b) {
+  ml_backend *be = p->m->be;
+  const ml_loss_split *s = p->split;
+  int64_t k = topk_of(p), P = s->tp ? s->tp->size : 1;
+  if (s->group && s->group->comm->size > P) P = s->group->comm->size;
+  int64_t n = ml_mul_sat(chunk, k), gn = ml_mul_sat(n, P);
+  b->tv = ml_be_alloc(be, n, sizeof(float), "the top-k lists (%lld tokens x k %lld)",
+                      (long long)chunk, (long long)k);
+  b->ti = ml_be_alloc(be, n, sizeof(int32_t), "the top-k ids (%lld tokens x k %lld)",
+                      (long long)chunk, (long long)k);
+  b->gv = P > 1 ? ml_be_alloc(be, gn, sizeof(float), "the gathered top-k lists (%lld ranks)",
+                              (long long)P)
+                : NULL;
+  b->gi = P > 1 ? ml_be_alloc(be, gn, sizeof(int32_t), "the gathered top-k ids (%lld ranks)",
+                              (long long)P)
+                : NULL;
+  return b->tv && b->ti && (P == 1 || (b->gv && b->gi)) ? 0 : -1;
+}
+
 /* The chunk buffers, then the chunks. */
 static int run_pass(loss_pass *p, ml_dtype logits_dtype, const ml_loss_grad *g,
                     float *logprobs, ml_loss_out *out) {
@@ -237,14 +370,15 @@ static int run_pass(loss_pass *p, ml_dtype logits_dtype, const ml_loss_grad *g,
                   "plan's layouts do not compose here",
                   (long long)p->c, (long long)p->w.cols);
   /* chunk · cols <= max(budget, vocab_size) (ml_loss_tiling): a plain count */
-  float *mem = ml_be_alloc(m->be, chunk * (cols + 6), sizeof(float),
+  float *mem = ml_be_alloc(m->be, chunk * (cols + 9), sizeof(float),
                            "the logits tile (%lld tokens x %lld vocab columns of vocab_size "
                            "%lld)",
                            (long long)chunk, (long long)cols, (long long)m->cfg.vocab);
   if (!mem) return -1;
   chunk_bufs b = {.logits = mem, .mx = mem + chunk * cols, .mxl = mem + chunk * (cols + 1),
-                  .se_tl = mem + chunk * (cols + 2), .w = mem + chunk * (cols + 4),
-                  .lp = mem + chunk * (cols + 5), .cols = tiled ? cols : p->nv,
+                  .se_tl = mem + chunk * (cols + 2), .w = mem + chunk * (cols + 5),
+                  .lp = mem + chunk * (cols + 6), .H = mem + chunk * (cols + 7),
+                  .ew = mem + chunk * (cols + 8), .cols = tiled ? cols : p->nv,
                   .bf16 = logits_dtype == ML_BF16};
   int rc = 0;
   bool bf16_rows = tiled && p->w.dtype == ML_BF16;
@@ -257,12 +391,14 @@ static int run_pass(loss_pass *p, ml_dtype logits_dtype, const ml_loss_grad *g,
                             "the logits tile's gradient as bf16 (%lld tokens x %lld columns)",
                             (long long)chunk, (long long)cols)))
     rc = -1;
-  if (!rc && g && g->obj && !(b.host = ml_be_host_alloc(m->be, 2 * chunk, sizeof(float),
+  if (!rc && g && g->obj && !(b.host = ml_be_host_alloc(m->be, (p->coef != 0.0 ? 4 : 2) * chunk,
+                                                        sizeof(float),
                                                         "the objective's staging (%lld tokens)",
                                                         (long long)chunk)))
     rc = -1;
   if (!rc && !(b.sums = ml_be_alloc(m->be, 4, sizeof(double), "the loss sums")))
     rc = -1;
+  if (!rc && topk_of(p)) rc = topk_alloc(p, chunk, &b);
   if (!rc) rc = ml_be_zero(m->be, b.sums, 4 * sizeof(double));
   if (!rc) rc = run_chunks(p, g, logprobs, &b, chunk);
   double sums[4];
@@ -271,6 +407,10 @@ static int run_pass(loss_pass *p, ml_dtype logits_dtype, const ml_loss_grad *g,
     out->loss_sum = sums[0];
     out->count = (int64_t)sums[1]; /* exact: a count below 2^53 */
   }
+  ml_be_free(m->be, b.gi);
+  ml_be_free(m->be, b.gv);
+  ml_be_free(m->be, b.ti);
+  ml_be_free(m->be, b.tv);
   ml_be_free(m->be, b.sums);
   ml_be_host_free(m->be, b.host);
   ml_be_free(m->be, b.dlr);
@@ -307,10 +447,22 @@ static int run_group(loss_pass *p, ml_dtype logits_dtype, const ml_loss_grad *gr
 int ml_vocab_parallel_loss(ml_model *m, const ml_loss_split *split, const int32_t *targets,
                            ml_dtype logits_dtype, const ml_loss_grad *grad, float *logprobs,
                            ml_loss_out *out) {
+  return ml_vocab_parallel_scores(m, split, targets, logits_dtype, grad, logprobs, NULL, out);
+}
+
+int ml_vocab_parallel_scores(ml_model *m, const ml_loss_split *split, const int32_t *targets,
+                             ml_dtype logits_dtype, const ml_loss_grad *grad, float *logprobs,
+                             const ml_loss_extra *extra, ml_loss_out *out) {
   int64_t T = m->B * m->S;
+  if (extra && extra->topk < 0)
+    return ml_err("top-k: k is %lld; expected k >= 0", (long long)extra->topk);
+  if (extra && extra->topk > m->cfg.vocab)
+    return ml_err("top-k: k is %lld; expected at most vocab_size %lld", (long long)extra->topk,
+                  (long long)m->cfg.vocab);
   loss_pass p = {.m = m, .split = split, .y = targets, .x = m->head_in.x, .dx = m->dxn_final,
                  .w = ml_param_rows(m->lm_head.weight), .N = T, .own0 = 0, .T = T,
-                 .c = m->head_in.c};
+                 .c = m->head_in.c, .ex = extra,
+                 .coef = grad && grad->obj ? grad->obj->entropy_coef : 0.0};
   if (split->group) {
     p.w = split->rows;
     p.v0 = split->rows.row0;

@@ -77,7 +77,11 @@ typedef struct ml_loss_split {
  * target's objective on its log-prob, in[t] its inputs: [N] in host memory
  * for the N targets of the pass (this rank's T, or under vocab parallelism
  * the group's d·T in rank order, as the targets are gathered); the terms of
- * this rank's own targets are added to *sums. */
+ * this rank's own targets are added to *sums. With obj->entropy_coef c ≠ 0
+ * the entropy bonus too: each trained target's token gets the gradient
+ * c·w·p(log p + H) on its logits beside its objective's (the entropy
+ * computed as ml_loss_extra's, xent_bwd_entropy tile by tile), and its
+ * −c·w·H, w·H go to sums->loss, sums->entropy. */
 typedef struct ml_loss_grad {
   float scale;
   const ml_objective *obj;
@@ -97,6 +101,36 @@ typedef struct ml_loss_grad {
 int ml_vocab_parallel_loss(ml_model *m, const ml_loss_split *split, const int32_t *targets,
                            ml_dtype logits_dtype, const ml_loss_grad *grad, float *logprobs,
                            ml_loss_out *out);
+
+/* What a forward pass gives per token besides the log-probs (loss.c
+ * chunk_extras), of this rank's T tokens, in device memory:
+ *  - entropy [T] (NULL: not wanted): H_t = −Σ_v p_v log p_v of the full
+ *    softmax in nats (verl's entropy_from_logits), computed as the
+ *    log-sum-exp is, never over full-vocabulary logits: with each tile's
+ *    shifted sum sl = Σ exp(l − m)·(l − m) carried beside the sum of exp
+ *    (moved to a new max as sl·e^d + d·se·e^d), reduced with it (one SUM
+ *    over tp then the group), H = log(se) − sl/se;
+ *  - topk_logprobs, topk_ids [T, topk] (topk 0: not wanted): the topk
+ *    largest log-probs best first and their global token ids, in the
+ *    logits' order (equal logits by the lower id; NeMo RL get_topk_logits with its
+ *    distributed_vocab_topk merge, as log-probs: logit − log-sum-exp); each
+ *    rank's lists per tile, all-gathered over tp then the group and merged.
+ *    A log-prob is bitwise the one the scoring path gives that token as a
+ *    target (the same fp32 logit − max, then − log(se) in fp64). */
+typedef struct ml_loss_extra {
+  float *entropy;
+  int64_t topk;
+  float *topk_logprobs;
+  int32_t *topk_ids;
+} ml_loss_extra;
+
+/* ml_vocab_parallel_loss with the extra outputs `extra` (NULL: none, the
+ * same pass bit for bit; the statistics' SUM reduction carries sl as well
+ * when the entropy is wanted). Errors: those of ml_vocab_parallel_loss, a
+ * topk below 0 or above vocab_size. */
+int ml_vocab_parallel_scores(ml_model *m, const ml_loss_split *split, const int32_t *targets,
+                             ml_dtype logits_dtype, const ml_loss_grad *grad, float *logprobs,
+                             const ml_loss_extra *extra, ml_loss_out *out);
 
 /* The fused classifier's tiling for N tokens (this rank's T, or the group's
  * d·T under vocab parallelism) and a vocabulary of V split into `parts`

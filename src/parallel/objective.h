@@ -35,6 +35,10 @@ typedef struct ml_objective {
                                  importance-sampling weight, constant in lp) */
   ml_obj_fn fn;               /* CUSTOM: the caller's objective, with ctx */
   void *ctx;
+  double entropy_coef;        /* c of the entropy bonus: the loss − c·Σ_t w_t·H_t (H_t the
+                                 target's whole-distribution entropy, w_t its weight below),
+                                 applied by the vocab-parallel loss (parallel/loss.c), its
+                                 gradient exact on the logits; 0: off */
 } ml_objective;
 
 /* One target's inputs. w: its weight in the global mean — mask × the
@@ -49,12 +53,14 @@ typedef struct ml_obj_in {
   float rho;   /* the importance-sampling weight of the clipped term (is_weighted only) */
 } ml_obj_in;
 
-/* Sums over targets, this rank's: loss Σ w·(ℓ + β·k3), kl Σ w·β·k3;
- * trained (w ≠ 0) and clipped (trained targets whose gradient a clip
- * removed) counts. */
+/* Sums over targets, this rank's: loss Σ w·(ℓ + β·k3) (− c·Σ w·H with
+ * an entropy bonus), kl Σ w·β·k3; trained (w ≠ 0) and clipped (trained
+ * targets whose gradient a clip removed) counts; entropy Σ w·H (with an
+ * entropy bonus only: its mean, normalised as the loss). */
 typedef struct ml_obj_sums {
   double loss, kl;
   int64_t trained, clipped;
+  double entropy;
 } ml_obj_sums;
 
 /* Target with inputs `in` and log-prob lp: adds its terms to *acc and

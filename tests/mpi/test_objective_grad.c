@@ -43,7 +43,7 @@ static int g_tp;
 
 /* The clipped objective of the tests: DAPO-style decoupled clip, dual clip. */
 static ml_objective pg_objective(double beta) {
-  return (ml_objective){ML_OBJ_CLIPPED_PG, 0.2, 0.28, 3.0, beta, false, NULL, NULL};
+  return (ml_objective){ML_OBJ_CLIPPED_PG, 0.2, 0.28, 3.0, beta, false, NULL, NULL, 0.0};
 }
 
 /* Target k's advantage, log ratio log r = lp − old, and ref − lp: log r
@@ -256,7 +256,7 @@ static void check_run(run *r, pg_case *pc, const ml_objective *o, const char *na
   for (int64_t p = 0; p < Bl * S; p++)
     if (obj[p].w != 0.0f)
       objw[p] = (ml_obj_in){obj[p].w, (float)(c[p] / (double)obj[p].w), NAN, NAN, -1, 1.0f};
-  ml_objective wn = {ML_OBJ_WEIGHTED_NLL, 0, 0, 0, 0, false, NULL, NULL};
+  ml_objective wn = {ML_OBJ_WEIGHTED_NLL, 0, 0, 0, 0, false, NULL, NULL, 0.0};
   eb.obj = objw;
   ml_engine_zero_grad(&r->e);
   fb(r, &eb, &wn, 0.0f);
@@ -369,7 +369,7 @@ static void test_nll_as_plain(void **state) {
   if (ml_engine_forward_backward(&mesh.e, ids, mask, Bl, S, b.targets, &loss_old))
     fail_msg("forward_backward: %s", ml_error_msg());
   float **g_old = export_all(&mesh, ML_EXPORT_GRADS);
-  ml_objective nll = {ML_OBJ_NLL, 0, 0, 0, 0, false, NULL, NULL};
+  ml_objective nll = {ML_OBJ_NLL, 0, 0, 0, 0, false, NULL, NULL, 0.0};
   ml_engine_batch eb = {.ids = ids, .mask = mask, .B = Bl, .S = S, .obj = obj};
   ml_engine_zero_grad(&mesh.e);
   ml_obj_sums s = fb(&mesh, &eb, &nll, 0.0f);

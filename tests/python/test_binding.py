@@ -17,7 +17,8 @@ from meshlm import _lib as L
 
 STRUCTS = ["meshlm_options", "meshlm_info", "meshlm_seqs", "meshlm_loss", "meshlm_train_batch",
            "meshlm_step_result", "meshlm_weight", "meshlm_tensor", "meshlm_sampling",
-           "meshlm_call_stats", "meshlm_fused", "meshlm_family", "meshlm_objective_chunk"]
+           "meshlm_call_stats", "meshlm_fused", "meshlm_family", "meshlm_objective_chunk",
+           "meshlm_scores"]
 
 
 def test_struct_layouts_match_header():

@@ -229,7 +229,7 @@ static void test_nll(void **state) {
   (void)state;
   for (int kl = 0; kl < 2; kl++) {
     /* β is documented for WEIGHTED_NLL and CLIPPED_PG only: NLL ignores it */
-    ml_objective o = {ML_OBJ_NLL, 0.2, 0.28, 0.0, kl ? 0.1 : 0.0, false, NULL, NULL};
+    ml_objective o = {ML_OBJ_NLL, 0.2, 0.28, 0.0, kl ? 0.1 : 0.0, false, NULL, NULL, 0.0};
     worst w = {0};
     sweep(&o, &w);
     report(kl ? "NLL (beta 0.1 set: ignored)" : "NLL", &w);
@@ -239,7 +239,7 @@ static void test_nll(void **state) {
 static void test_weighted_nll(void **state) {
   (void)state;
   for (int kl = 0; kl < 2; kl++) {
-    ml_objective o = {ML_OBJ_WEIGHTED_NLL, 0.2, 0.28, 0.0, kl ? 0.1 : 0.0, false, NULL, NULL};
+    ml_objective o = {ML_OBJ_WEIGHTED_NLL, 0.2, 0.28, 0.0, kl ? 0.1 : 0.0, false, NULL, NULL, 0.0};
     worst w = {0};
     sweep(&o, &w);
     report(kl ? "WEIGHTED_NLL + k3 (beta 0.1)" : "WEIGHTED_NLL", &w);
@@ -251,7 +251,7 @@ static void test_clipped_pg(void **state) {
   for (int dual = 0; dual < 2; dual++)
     for (int kl = 0; kl < 2; kl++) {
       ml_objective o = {ML_OBJ_CLIPPED_PG, 0.2,   0.28, dual ? 3.0 : 0.0, kl ? 0.1 : 0.0,
-                        false,             NULL,  NULL};
+                        false,             NULL,  NULL, 0.0};
       worst w = {0};
       sweep(&o, &w);
       char what[64];
@@ -267,7 +267,7 @@ static void test_clipped_pg(void **state) {
  * where the ratio passes the gradient, and whether it counts as clipped. */
 static void test_regions_by_hand(void **state) {
   (void)state;
-  ml_objective o = {ML_OBJ_CLIPPED_PG, 0.2, 0.28, 3.0, 0.0, false, NULL, NULL};
+  ml_objective o = {ML_OBJ_CLIPPED_PG, 0.2, 0.28, 3.0, 0.0, false, NULL, NULL, 0.0};
   struct {
     float A;
     double lr;
@@ -310,9 +310,9 @@ static void test_zero_weight(void **state) {
   ml_obj_kind kinds[] = {ML_OBJ_NLL, ML_OBJ_WEIGHTED_NLL, ML_OBJ_CLIPPED_PG};
   for (int k = 0; k < 3; k++)
     for (int kl = 0; kl < 2; kl++) {
-      ml_objective o = {kinds[k], 0.2, 0.28, 3.0, kl ? 0.1 : 0.0, false, NULL, NULL};
+      ml_objective o = {kinds[k], 0.2, 0.28, 3.0, kl ? 0.1 : 0.0, false, NULL, NULL, 0.0};
       ml_obj_in in = {0.0f, NAN, NAN, NAN, -1, 1.0f};
-      ml_obj_sums acc = {1.25, 0.5, 7, 3}, before = acc;
+      ml_obj_sums acc = {1.25, 0.5, 7, 3, 0.0}, before = acc;
       float coef = ml_objective_token(&o, &in, NAN, &acc);
       assert_true(coef == 0.0f && !signbit(coef));
       assert_memory_equal(&acc, &before, sizeof acc);
@@ -326,7 +326,7 @@ static void test_zero_weight(void **state) {
 /* Sums accumulate over targets (+=), in double. */
 static void test_accumulates(void **state) {
   (void)state;
-  ml_objective o = {ML_OBJ_CLIPPED_PG, 0.2, 0.28, 3.0, 0.1, false, NULL, NULL};
+  ml_objective o = {ML_OBJ_CLIPPED_PG, 0.2, 0.28, 3.0, 0.1, false, NULL, NULL, 0.0};
   ml_obj_in in[3] = {{0.25f, 1.0f, -1.0f, -1.2f, -1, 1.0f},
                      {0.25f, -1.0f, 0.0f, -0.7f, -1, 1.0f},  /* r = e^-1 < 0.8, A < 0: clipped */
                      {0.5f, 0.5f, -2.0f, -2.0f, -1, 1.0f}};

@@ -546,6 +546,132 @@ static void test_xent() {
   same("xent rowmax with NaNs", mx, mxr, 4 * T);
 }
 
+/* ---- the entropy and top-k pieces (kernels/cpu/xent_entropy.c,
+ * xent_topk.c): sl about a given max and online over two tiles (the same
+ * fp64 terms in another order, each side rounded once: within 2(u +
+ * gamma64(V))·|sl|, the terms all of one sign), the rebase and the entropy
+ * (the same fp64 expression rounded once: 2(u + gamma64(6)) relative); the
+ * top-k lists (exact selection: bitwise), their merge and log-probs (the
+ * same operations: bitwise); the entropy bonus's backward (the same fp32
+ * operations but for the contractions a CPU build may make of w·p + ew·q
+ * and the bracket: 2u(|w·p| + |ew·p·(z − c)|) + u|d| apart, p and z − c
+ * each side's own). Rows NaN-free but for one top-k NaN. ------------------ */
+static void test_xent_scores() {
+  printf("entropy and top-k\n");
+  const int64_t shapes[][2] = {{7, 5}, {7, 1001}, {3, 5003}};  // T, V
+  const int64_t k = 6;
+  for (auto &sh : shapes) {
+    Pool pl;
+    int64_t T = sh[0], V = sh[1], h = V / 2;  // tiles [0, h) and [h, V)
+    float *lg = rand_f(pl, T * V, 6.0f, 1);
+    lg[V - 1] = -INFINITY;
+    std::string what = fmt("T=%lld V=%lld", (long long)T, (long long)V);
+    // whole rows about the row max
+    float *mx = pl.get<float>(T), *sl = pl.get<float>(T, 1), *slr = pl.get<float>(T);
+    k_xent_rowmax(lg, T, V, mx);
+    ok(kc_xent_entropy_sum(nullptr, lg, T, V, mx, sl), "entropy sum");
+    k_xent_entropy_sum(lg, T, V, mx, slr);
+    std::vector<double> b(T);
+    for (int64_t t = 0; t < T; t++) b[t] = 2.0 * (TOL_U + tol_gamma64((double)V)) * fabs(slr[t]);
+    close(what + " entropy sum", sl, slr, b, T);
+    // online over two tiles (the tiles copied out, as loss.c's buffers)
+    float *t0 = pl.get<float>(T * h), *t1 = pl.get<float>(T * (V - h), 1);
+    for (int64_t t = 0; t < T; t++) {
+      memcpy(t0 + t * h, lg + t * V, sizeof(float) * h);
+      memcpy(t1 + t * (V - h), lg + t * V + h, sizeof(float) * (V - h));
+    }
+    float *rmx = pl.get<float>(T), *rse = pl.get<float>(T), *rtl = pl.get<float>(T);
+    float *osl = pl.get<float>(T), *rsl = pl.get<float>(T);
+    int32_t *y = pl.get<int32_t>(T);
+    for (int64_t t = 0; t < T; t++) y[t] = -1, rse[t] = 0, rtl[t] = 0, osl[t] = 0, rsl[t] = 0;
+    const float *tiles[2] = {t0, t1};
+    int64_t w[2] = {h, V - h}, v0[2] = {0, h};
+    for (int i = 0; i < 2; i++) {
+      if (w[i] == 0) continue;
+      ok(kc_xent_entropy_online(nullptr, tiles[i], T, w[i], rmx, rse, osl), "entropy online");
+      k_xent_entropy_online(tiles[i], T, w[i], rmx, rse, rsl);
+      // the next tile from the same running statistics on both sides
+      float *gsl = pl.copy(rsl, T);
+      for (int64_t t = 0; t < T; t++) b[t] = 2.0 * (TOL_U + tol_gamma64((double)V)) * fabs(rsl[t]);
+      close(what + fmt(" entropy online, tile %d", i), osl, gsl, b, T);
+      memcpy(osl, rsl, sizeof(float) * T);
+      k_xent_online(tiles[i], T, w[i], v0[i], y, rmx, rse, rtl);
+    }
+    // rebase onto a larger max (odd rows), and the entropy
+    float *M = pl.copy(rmx, T), *gsl = pl.copy(rsl, T);
+    for (int64_t t = 1; t < T; t += 2) M[t] += 0.5f;
+    ok(kc_xent_entropy_rebase(nullptr, T, rmx, M, rse, gsl), "entropy rebase");
+    k_xent_entropy_rebase(T, rmx, M, rse, rsl);
+    for (int64_t t = 0; t < T; t++) b[t] = 2.0 * (TOL_U + tol_gamma64(6.0)) * fabs(rsl[t]);
+    close(what + " entropy rebase", gsl, rsl, b, T);
+    float *H = pl.get<float>(T, 1), *Hr = pl.get<float>(T);
+    ok(kc_xent_entropy(nullptr, rse, rsl, T, H), "entropy");
+    k_xent_entropy(rse, rsl, T, Hr);
+    for (int64_t t = 0; t < T; t++) b[t] = 2.0 * (TOL_U + tol_gamma64(6.0)) * fabs(Hr[t]);
+    close(what + " entropy", H, Hr, b, T);
+    // top-k: a NaN skipped, ties (row 0: three equal maxima)
+    lg[3] = NAN;
+    if (V > 10) lg[1] = lg[7] = lg[9] = 40.0f;
+    for (int64_t t = 0; t < T; t++) memcpy(t0 + t * h, lg + t * V, sizeof(float) * h);
+    float *val = pl.get<float>(T * k), *valr = pl.get<float>(T * k, 1);
+    int32_t *id = pl.get<int32_t>(T * k, 1), *idr = pl.get<int32_t>(T * k);
+    ok(kc_xent_topk_clear(nullptr, T, k, val, id), "top-k clear");
+    k_xent_topk_clear(T, k, valr, idr);
+    for (int i = 0; i < 2; i++) {
+      ok(kc_xent_topk_online(nullptr, tiles[i], T, w[i], v0[i], k, val, id), "top-k online");
+      k_xent_topk_online(tiles[i], T, w[i], v0[i], k, valr, idr);
+    }
+    same(what + " top-k logits", val, valr, 4 * T * k);
+    same(what + " top-k ids", id, idr, 4 * T * k);
+    // merge of P = 2 lists (the same lists twice and the tiles' apart)
+    float *cv = pl.get<float>(2 * T * k), *mv = pl.get<float>(T * k), *mvr = pl.get<float>(T * k);
+    int32_t *ci = pl.get<int32_t>(2 * T * k), *mi = pl.get<int32_t>(T * k, 1);
+    int32_t *mir = pl.get<int32_t>(T * k);
+    memcpy(cv, valr, 4 * T * k), memcpy(cv + T * k, valr, 4 * T * k);
+    memcpy(ci, idr, 4 * T * k), memcpy(ci + T * k, idr, 4 * T * k);
+    for (int64_t i = 0; i < T * k; i += 3) ci[T * k + i] = -1;  // some entries empty
+    ok(kc_xent_topk_merge(nullptr, 2, T, k, cv, ci, mv, mi), "top-k merge");
+    k_xent_topk_merge(2, T, k, cv, ci, mvr, mir);
+    same(what + " top-k merge logits", mv, mvr, 4 * T * k);
+    same(what + " top-k merge ids", mi, mir, 4 * T * k);
+    float *lp = pl.get<float>(T * k), *lpr = pl.get<float>(T * k);
+    ok(kc_xent_topk_logprobs(nullptr, T, k, rmx, rse, valr, idr, lp), "top-k log-probs");
+    k_xent_topk_logprobs(T, k, rmx, rse, valr, idr, lpr);
+    same(what + " top-k log-probs", lp, lpr, 4 * T * k);
+    ok(kc_xent_topk_logprobs(nullptr, T, k, rmx, rse, valr, idr, valr), "top-k in place");
+    same(what + " top-k log-probs in place", valr, lpr, 4 * T * k);
+    // the entropy bonus's backward on the whole rows (targets in and out of range, ignored)
+    lg[3] = 0.5f;
+    float *se = pl.get<float>(T), *tl = pl.get<float>(T), *w2 = pl.get<float>(T);
+    float *ew = pl.get<float>(T, 1);
+    for (int64_t t = 0; t < T; t++) {
+      y[t] = t % 3 == 2 ? -1 : (int32_t)((t * 7) % (V + 2));
+      w2[t] = y[t] >= 0 ? 0.5f : 0.0f;
+      ew[t] = 0.1f * (float)(t % 4) - 0.15f;
+    }
+    k_xent_rowmax(lg, T, V, mx);
+    k_xent_sumexp_target(lg, T, V, 0, y, mx, se, tl);
+    k_xent_entropy_sum(lg, T, V, mx, slr);
+    k_xent_entropy(se, slr, T, Hr);
+    float *dl = pl.get<float>(T * V), *dlr = pl.get<float>(T * V);
+    ok(kc_xent_bwd_entropy(nullptr, lg, T, V, 0, y, mx, se, w2, Hr, ew, dl), "bwd entropy");
+    k_xent_bwd_entropy(lg, T, V, 0, y, mx, se, w2, Hr, ew, dlr);
+    std::vector<double> bd(T * V);
+    for (int64_t t = 0; t < T; t++) {
+      double c = log((double)se[t]) - Hr[t];
+      for (int64_t j = 0; j < V; j++) {
+        double z = (double)lg[t * V + j] - mx[t], p = exp(z) / se[t];
+        double q = p != 0.0 ? p * (z - c) : 0.0; /* the −inf logit: no term */
+        bd[t * V + j] = 2.0 * TOL_U * (fabs(w2[t] * p) + fabs(ew[t] * q)) +
+                        TOL_U * fabs(dlr[t * V + j]);
+      }
+    }
+    close(what + " entropy bonus backward", dl, dlr, bd, T * V);
+    ok(kc_xent_bwd_entropy(nullptr, lg, T, V, 0, y, mx, se, w2, Hr, ew, lg), "bwd in place");
+    same(what + " entropy bonus backward in place", lg, dl, 4 * T * V);
+  }
+}
+
 /* ---- AdamW: four steps from the same state (some |g| near eps): both within
  * tol_adamw_step's bounds (tolerance.h §5) of the exact trajectory, so within
  * twice them of each other after every step -------------------------------- */
@@ -654,6 +780,7 @@ int main(int argc, char **argv) {
                {"rope", test_rope},
                {"embedding", test_embedding},
                {"xent", test_xent},
+               {"xent_scores", test_xent_scores},
                {"adamw", test_adamw},
                {"launch_error", test_launch_error},
                {"emulator", test_emulator}};

@@ -471,6 +471,60 @@ static int cpu_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t 
   return 0;
 }
 
+static int cpu_xent_entropy_sum(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                                const float *mx, float *sl) {
+  k_xent_entropy_sum(logits, T, V, mx, sl);
+  return 0;
+}
+
+static int cpu_xent_entropy_online(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                                   const float *mx, const float *se, float *sl) {
+  k_xent_entropy_online(logits, T, V, mx, se, sl);
+  return 0;
+}
+
+static int cpu_xent_entropy_rebase(ml_backend *be, int64_t T, const float *mx, const float *M,
+                                   const float *se, float *sl) {
+  k_xent_entropy_rebase(T, mx, M, se, sl);
+  return 0;
+}
+
+static int cpu_xent_entropy(ml_backend *be, const float *se, const float *sl, int64_t T,
+                            float *ent) {
+  k_xent_entropy(se, sl, T, ent);
+  return 0;
+}
+
+static int cpu_xent_topk_clear(ml_backend *be, int64_t T, int64_t k, float *val, int32_t *id) {
+  k_xent_topk_clear(T, k, val, id);
+  return 0;
+}
+
+static int cpu_xent_topk_online(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                                int64_t v0, int64_t k, float *val, int32_t *id) {
+  k_xent_topk_online(logits, T, V, v0, k, val, id);
+  return 0;
+}
+
+static int cpu_xent_topk_merge(ml_backend *be, int64_t P, int64_t T, int64_t k, const float *cval,
+                               const int32_t *cid, float *val, int32_t *id) {
+  k_xent_topk_merge(P, T, k, cval, cid, val, id);
+  return 0;
+}
+
+static int cpu_xent_topk_logprobs(ml_backend *be, int64_t T, int64_t k, const float *M,
+                                  const float *se, const float *val, const int32_t *id, float *lp) {
+  k_xent_topk_logprobs(T, k, M, se, val, id, lp);
+  return 0;
+}
+
+static int cpu_xent_bwd_entropy(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                                int64_t v0, const int32_t *y, const float *mx, const float *se,
+                                const float *w, const float *H, const float *ew, float *dlogits) {
+  k_xent_bwd_entropy(logits, T, V, v0, y, mx, se, w, H, ew, dlogits);
+  return 0;
+}
+
 static int cpu_adamw(ml_backend *be, float *p, float *g, float *m, float *v, int64_t n,
                      float grad_scale, double lr, double b1, double b2, double eps, double wd,
                      int64_t step) {
@@ -550,6 +604,15 @@ static const ml_backend_ops k_cpu_ops = {
     .xent_rebase = cpu_xent_rebase,
     .xent_logprobs = cpu_xent_logprobs,
     .xent_bwd = cpu_xent_bwd,
+    .xent_entropy_sum = cpu_xent_entropy_sum,
+    .xent_entropy_online = cpu_xent_entropy_online,
+    .xent_entropy_rebase = cpu_xent_entropy_rebase,
+    .xent_entropy = cpu_xent_entropy,
+    .xent_topk_clear = cpu_xent_topk_clear,
+    .xent_topk_online = cpu_xent_topk_online,
+    .xent_topk_merge = cpu_xent_topk_merge,
+    .xent_topk_logprobs = cpu_xent_topk_logprobs,
+    .xent_bwd_entropy = cpu_xent_bwd_entropy,
     .adamw = cpu_adamw,
     .norm_partial = cpu_norm_partial,
     .find_nonfinite = cpu_find_nonfinite,

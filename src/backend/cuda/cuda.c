@@ -403,6 +403,59 @@ static int cu_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t V
                           "cross-entropy backward");
 }
 
+static int cu_xent_entropy_sum(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                               const float *mx, float *sl) {
+  return ml_cuda_launched(kc_xent_entropy_sum(impl(be)->stream, logits, T, V, mx, sl),
+                          "entropy sum");
+}
+
+static int cu_xent_entropy_online(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                                  const float *mx, const float *se, float *sl) {
+  return ml_cuda_launched(kc_xent_entropy_online(impl(be)->stream, logits, T, V, mx, se, sl),
+                          "entropy online sum");
+}
+
+static int cu_xent_entropy_rebase(ml_backend *be, int64_t T, const float *mx, const float *M,
+                                  const float *se, float *sl) {
+  return ml_cuda_launched(kc_xent_entropy_rebase(impl(be)->stream, T, mx, M, se, sl),
+                          "entropy rebase");
+}
+
+static int cu_xent_entropy(ml_backend *be, const float *se, const float *sl, int64_t T,
+                           float *ent) {
+  return ml_cuda_launched(kc_xent_entropy(impl(be)->stream, se, sl, T, ent), "entropy");
+}
+
+static int cu_xent_topk_clear(ml_backend *be, int64_t T, int64_t k, float *val, int32_t *id) {
+  return ml_cuda_launched(kc_xent_topk_clear(impl(be)->stream, T, k, val, id), "top-k clear");
+}
+
+static int cu_xent_topk_online(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                               int64_t v0, int64_t k, float *val, int32_t *id) {
+  return ml_cuda_launched(kc_xent_topk_online(impl(be)->stream, logits, T, V, v0, k, val, id),
+                          "top-k of a tile");
+}
+
+static int cu_xent_topk_merge(ml_backend *be, int64_t P, int64_t T, int64_t k, const float *cval,
+                              const int32_t *cid, float *val, int32_t *id) {
+  return ml_cuda_launched(kc_xent_topk_merge(impl(be)->stream, P, T, k, cval, cid, val, id),
+                          "top-k merge");
+}
+
+static int cu_xent_topk_logprobs(ml_backend *be, int64_t T, int64_t k, const float *M,
+                                 const float *se, const float *val, const int32_t *id, float *lp) {
+  return ml_cuda_launched(kc_xent_topk_logprobs(impl(be)->stream, T, k, M, se, val, id, lp),
+                          "top-k log-probs");
+}
+
+static int cu_xent_bwd_entropy(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                               int64_t v0, const int32_t *y, const float *mx, const float *se,
+                               const float *w, const float *H, const float *ew, float *dlogits) {
+  return ml_cuda_launched(
+      kc_xent_bwd_entropy(impl(be)->stream, logits, T, V, v0, y, mx, se, w, H, ew, dlogits),
+      "entropy bonus backward");
+}
+
 static int cu_adamw(ml_backend *be, float *p, float *g, float *m, float *v, int64_t n,
                     float grad_scale, double lr, double b1, double b2, double eps, double wd,
                     int64_t step) {
@@ -499,6 +552,15 @@ static const ml_backend_ops k_cuda_ops = {
     .xent_rebase = cu_xent_rebase,
     .xent_logprobs = cu_xent_logprobs,
     .xent_bwd = cu_xent_bwd,
+    .xent_entropy_sum = cu_xent_entropy_sum,
+    .xent_entropy_online = cu_xent_entropy_online,
+    .xent_entropy_rebase = cu_xent_entropy_rebase,
+    .xent_entropy = cu_xent_entropy,
+    .xent_topk_clear = cu_xent_topk_clear,
+    .xent_topk_online = cu_xent_topk_online,
+    .xent_topk_merge = cu_xent_topk_merge,
+    .xent_topk_logprobs = cu_xent_topk_logprobs,
+    .xent_bwd_entropy = cu_xent_bwd_entropy,
     .adamw = cu_adamw,
     .norm_partial = cu_norm_partial,
     .find_nonfinite = cu_find_nonfinite,

@@ -180,6 +180,43 @@ static int meta_xent_bwd(ml_backend *be, const float *logits, int64_t T, int64_t
                          float *dlogits) {
   return 0;
 }
+static int meta_xent_entropy_sum(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                                 const float *mx, float *sl) {
+  return 0;
+}
+static int meta_xent_entropy_online(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                                    const float *mx, const float *se, float *sl) {
+  return 0;
+}
+static int meta_xent_entropy_rebase(ml_backend *be, int64_t T, const float *mx, const float *M,
+                                    const float *se, float *sl) {
+  return 0;
+}
+static int meta_xent_entropy(ml_backend *be, const float *se, const float *sl, int64_t T,
+                             float *ent) {
+  return 0;
+}
+static int meta_xent_topk_clear(ml_backend *be, int64_t T, int64_t k, float *val, int32_t *id) {
+  return 0;
+}
+static int meta_xent_topk_online(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                                 int64_t v0, int64_t k, float *val, int32_t *id) {
+  return 0;
+}
+static int meta_xent_topk_merge(ml_backend *be, int64_t P, int64_t T, int64_t k, const float *cval,
+                                const int32_t *cid, float *val, int32_t *id) {
+  return 0;
+}
+static int meta_xent_topk_logprobs(ml_backend *be, int64_t T, int64_t k, const float *M,
+                                   const float *se, const float *val, const int32_t *id,
+                                   float *lp) {
+  return 0;
+}
+static int meta_xent_bwd_entropy(ml_backend *be, const float *logits, int64_t T, int64_t V,
+                                 int64_t v0, const int32_t *y, const float *mx, const float *se,
+                                 const float *w, const float *H, const float *ew, float *dlogits) {
+  return 0;
+}
 static int meta_adamw(ml_backend *be, float *p, float *g, float *m, float *v, int64_t n,
                       float grad_scale, double lr, double b1, double b2, double eps, double wd,
                       int64_t step) {
@@ -243,6 +280,15 @@ static const ml_backend_ops k_meta_ops = {
     .xent_rebase = meta_xent_rebase,
     .xent_logprobs = meta_xent_logprobs,
     .xent_bwd = meta_xent_bwd,
+    .xent_entropy_sum = meta_xent_entropy_sum,
+    .xent_entropy_online = meta_xent_entropy_online,
+    .xent_entropy_rebase = meta_xent_entropy_rebase,
+    .xent_entropy = meta_xent_entropy,
+    .xent_topk_clear = meta_xent_topk_clear,
+    .xent_topk_online = meta_xent_topk_online,
+    .xent_topk_merge = meta_xent_topk_merge,
+    .xent_topk_logprobs = meta_xent_topk_logprobs,
+    .xent_bwd_entropy = meta_xent_bwd_entropy,
     .adamw = meta_adamw,
     .norm_partial = meta_norm_partial,
     .find_nonfinite = meta_find_nonfinite,

@@ -197,6 +197,47 @@ void k_xent_logprobs(const float *se, const float *tl, const int32_t *y, int64_t
  * dlogits may alias logits. */
 void k_xent_bwd(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,
                 const float *mx, const float *se, const float *w, float *dlogits);
+/* Entropy of the softmax over the shards (xent_entropy.c): sl[t] = Σ_j
+ * exp(l − m)·(l − m) about a max m, fp64 per call, rounded once to fp32.
+ * entropy_sum: about m = mx[t] (the reduced max; logits [T, V] the
+ * shard's). entropy_online, called on a tile [T, V] before k_xent_online
+ * with its mx, se (se = 0: no tile yet): sl moved onto the new max m =
+ * max(mx, the tile's max) — sl·e^d + d·se·e^d, d = mx − m — plus the
+ * tile's terms (sl = 0 before the first tile). entropy_rebase, before
+ * k_xent_rebase with its mx, M, se: sl = e^d·(sl + d·se), d = mx − M (0
+ * where se = 0). entropy: ent[t] = log(se) − sl/se from the reduced se,
+ * sl (fp64, rounded once), in nats. */
+void k_xent_entropy_sum(const float *logits, int64_t T, int64_t V, const float *mx, float *sl);
+void k_xent_entropy_online(const float *logits, int64_t T, int64_t V, const float *mx,
+                           const float *se, float *sl);
+void k_xent_entropy_rebase(int64_t T, const float *mx, const float *M, const float *se,
+                           float *sl);
+void k_xent_entropy(const float *se, const float *sl, int64_t T, float *ent);
+/* The backward of a loss with an entropy bonus −Σ_t c_t·H_t (c_t = ew[t],
+ * the coefficient times the token's normalised weight): dlogits[t, j] (=)
+ * w[t]·(p_j − [j == y[t] − v0]) + ew[t]·p_j·(log p_j + H[t]), p_j =
+ * exp(l − mx)/se over the reduced mx, se, H the token's entropy (dH/dl_j =
+ * −p_j(log p_j + H)); log p_j + H = (l_j − mx) − (log se − H), the bracket
+ * in fp64 rounded once per row. dlogits may alias logits. */
+void k_xent_bwd_entropy(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,
+                        const float *mx, const float *se, const float *w, const float *H,
+                        const float *ew, float *dlogits);
+/* Top-k logits per token over the shards (xent_topk.c): val, id [T, k] a
+ * list best first (larger logit; equal logits: lower global id), empty
+ * entries −inf and id −1. clear: every list empty. online: the columns v0
+ * .. v0+V−1 of logits [T, V] merged into the lists (NaNs skipped). merge:
+ * val, id (=) the top-k of P candidate lists cval, cid [P, T, k] (an
+ * all-gather's layout). logprobs: lp[t, j] = (val − M[t]) − log(se[t]),
+ * the subtraction in fp32 then fp64 rounded once (k_xent_logprobs's
+ * arithmetic on the same logit), −inf for an empty entry; lp may alias
+ * val. */
+void k_xent_topk_clear(int64_t T, int64_t k, float *val, int32_t *id);
+void k_xent_topk_online(const float *logits, int64_t T, int64_t V, int64_t v0, int64_t k,
+                        float *val, int32_t *id);
+void k_xent_topk_merge(int64_t P, int64_t T, int64_t k, const float *cval, const int32_t *cid,
+                       float *val, int32_t *id);
+void k_xent_topk_logprobs(int64_t T, int64_t k, const float *M, const float *se,
+                          const float *val, const int32_t *id, float *lp);
 
 /* ---- AdamW (torch.optim.AdamW, single-tensor path) --------------------- */
 /* p *= 1 − lr·wd; m = b1·m + (1−b1)·g; v = b2·v + (1−b2)·g²;

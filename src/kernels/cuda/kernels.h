@@ -142,6 +142,35 @@ cudaError_t kc_xent_logprobs(cudaStream_t st, const float *se, const float *tl, 
 cudaError_t kc_xent_bwd(cudaStream_t st, const float *logits, int64_t T, int64_t V, int64_t v0,
                         const int32_t *y, const float *mx, const float *se, const float *w,
                         float *dlogits);
+/* Entropy pieces over the shards and tiles (kernels/cpu/kernels.h
+ * k_xent_entropy_* give the semantics): sl about the reduced max (sum) or
+ * the running one (online, before kc_xent_online), moved onto the reduced
+ * max (rebase, before kc_xent_rebase), ent = log(se) − sl/se. */
+cudaError_t kc_xent_entropy_sum(cudaStream_t st, const float *logits, int64_t T, int64_t V,
+                                const float *mx, float *sl);
+cudaError_t kc_xent_entropy_online(cudaStream_t st, const float *logits, int64_t T, int64_t V,
+                                   const float *mx, const float *se, float *sl);
+cudaError_t kc_xent_entropy_rebase(cudaStream_t st, int64_t T, const float *mx, const float *M,
+                                   const float *se, float *sl);
+cudaError_t kc_xent_entropy(cudaStream_t st, const float *se, const float *sl, int64_t T,
+                            float *ent);
+/* The entropy bonus's backward (k_xent_bwd_entropy): dlogits (=, may alias
+ * logits) = w·(softmax − onehot) + ew·p·(log p + H). */
+cudaError_t kc_xent_bwd_entropy(cudaStream_t st, const float *logits, int64_t T, int64_t V,
+                                int64_t v0, const int32_t *y, const float *mx, const float *se,
+                                const float *w, const float *H, const float *ew,
+                                float *dlogits);
+/* Top-k logits per token over the shards and tiles (kernels/cpu/kernels.h
+ * k_xent_topk_* give the semantics): lists val, id [T, k] cleared, a
+ * tile's columns merged in, P gathered lists [P, T, k] merged, log-probs. */
+cudaError_t kc_xent_topk_clear(cudaStream_t st, int64_t T, int64_t k, float *val, int32_t *id);
+cudaError_t kc_xent_topk_online(cudaStream_t st, const float *logits, int64_t T, int64_t V,
+                                int64_t v0, int64_t k, float *val, int32_t *id);
+cudaError_t kc_xent_topk_merge(cudaStream_t st, int64_t P, int64_t T, int64_t k,
+                               const float *cval, const int32_t *cid, float *val, int32_t *id);
+cudaError_t kc_xent_topk_logprobs(cudaStream_t st, int64_t T, int64_t k, const float *M,
+                                  const float *se, const float *val, const int32_t *id,
+                                  float *lp);
 
 /* ---- AdamW (torch.optim.AdamW, single-tensor, fp32 state) (adamw.cu) --- */
 /* One step on p, m, v [n] with g, in one launch; the bias corrections are

@@ -207,7 +207,7 @@ static int run_all(lp_run *run, int64_t budget) {
 int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   const char *model = NULL, *data = NULL, *out = NULL, *plan = NULL;
   int64_t tp = 1, cp = 1, budget = 4096;
-  bool sp = false;
+  bool sp = false, invariant = false;
   ml_arg_choice dtype = ml_dtype_choice(), device = ml_device_choice(),
                 device_comm = ml_device_comm_choice();
   ml_data_opts dopts = ml_data_opts_default(NULL);
@@ -233,6 +233,8 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
        "longer sequence is one of its own)", false, NULL},
       {"--param-dtype", ML_ARG_CHOICE, &dtype, "parameter and GEMM dtype (bf16: bf16 operands, "
        "fp32 accumulation)", false, NULL},
+      {"--batch-invariant", ML_ARG_FLAG, &invariant, "every token's log-prob the same bits in "
+       "any batch, micro-batch or dp size (as meshlm train --batch-invariant)", false, NULL},
   };
   enum { N_FLAGS = sizeof flags / sizeof flags[0] };
   ml_arg spec[N_FLAGS + 3];
@@ -259,6 +261,7 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   eo.parallel_plan = plan;
   eo.sequence_parallel = sp;
   eo.fsdp.param_dtype = ml_dtype_chosen(&dtype);
+  eo.batch_invariant = invariant;
   if (rc == 0) rc = ml_engine_open(&e, &mesh, model, &eo);
   dopts.tokenizer_dir = model;
   ml_data_group group = ml_cli_data_group(world); /* every rank reads its part of --data */

@@ -5,7 +5,11 @@
  * (b) in meshlm_generate's out_logprobs (KV-cache prefill and decode,
  * greedy and sampled) and in meshlm_logprobs of prompt + generation on the
  * same weights; (c) on a dp_shard = world session (each rank its share of a
- * batch) and on one rank scoring the whole batch. Registered on one and two
+ * batch) and on one rank scoring the whole batch; (d) the training
+ * forward's log-probs (a meshlm_train_step of the clipped policy gradient
+ * with a k3 KL penalty, whose reference and old log-probs are one rank's
+ * meshlm_logprobs): the KL is exactly 0 (k3 = e^d − d − 1 of d = ref −
+ * logp in fp64 is 0 only where the two floats are equal). Registered on one and two
  * ranks (api_invariant_1rank, _2ranks: dp_shard 2, where the default mode
  * differs from one rank by 1–2 ulp through vocab parallelism's split sum).
  * RoPE types whose tables HF computes for the longest sequence of the
@@ -237,6 +241,43 @@ static void check_dp(const char *fx, meshlm_dtype param) {
   meshlm_close(w);
 }
 
+/* (d) a train step on a dp_shard = world session under micro_batch_tokens
+ * 16 (several micro-batches per rank) whose ref and old log-probs are one
+ * rank's meshlm_logprobs of the whole batch: KL exactly 0. */
+static void check_train(const char *fx, meshlm_dtype param) {
+  meshlm_options o = invariant_opts(param, 4096), t = invariant_opts(param, 16);
+  meshlm_session *w = open_ok(fx, &t, MPI_COMM_WORLD), *s = open_ok(fx, &o, MPI_COMM_SELF);
+  meshlm_info in = info_of(w);
+  batch b = seqs_make(k_lens, NSEQ, rope_cap(fx), in.vocab_size, 45);
+  float *all = score(s, &b);
+  int64_t lens[NSEQ], n = 0;
+  for (int64_t k = in.dp_rank; k < b.n; k += in.dp_size) lens[n++] = b.lens[k];
+  batch mine = seqs_make(lens, n, INT64_MAX, in.vocab_size, 1);
+  float *ref = xcalloc((size_t)(mine.npred ? mine.npred : 1), sizeof *ref);
+  for (int64_t k = in.dp_rank, j = 0; k < b.n; k += in.dp_size, j++) {
+    memcpy(mine.tok + tok_at(&mine, j), b.tok + tok_at(&b, k), sizeof(int32_t) * (size_t)b.lens[k]);
+    memcpy(ref + pred_at(&mine, j), all + pred_at(&b, k), sizeof(float) * (size_t)(b.lens[k] - 1));
+  }
+  meshlm_loss l;
+  meshlm_loss_default(&l);
+  l.kind = MESHLM_LOSS_CLIPPED_PG;
+  l.kl_penalty = 0.5f;
+  meshlm_train_batch tb = {.struct_size = sizeof tb, .seqs = seqs_of(&mine),
+                           .old_logprobs = ref, .ref_logprobs = ref};
+  meshlm_step_result r = {.struct_size = sizeof r};
+  OK(w, meshlm_train_step(w, &tb, &l, &r));
+  if (r.kl != 0.0)
+    fail_msg("%s, %s: the training forward's KL to one rank's meshlm_logprobs is %.3g, "
+             "expected exactly 0 (equal log-probs)",
+             fx, dtype_name(param), r.kl);
+  free(ref);
+  free(all);
+  batch_free(&mine);
+  batch_free(&b);
+  meshlm_close(s);
+  meshlm_close(w);
+}
+
 static void test_batches(void **state) {
   (void)state;
   char fx[MAX_FIXTURES][PATH];
@@ -274,12 +315,25 @@ static void test_dp(void **state) {
          g_rank, n, g_world);
 }
 
+static void test_train(void **state) {
+  (void)state;
+  char fx[MAX_FIXTURES][PATH];
+  int n = fixtures(fx);
+  for (int i = 0; i < n; i++) {
+    check_train(fx[i], MESHLM_DTYPE_F32);
+    check_train(fx[i], MESHLM_DTYPE_BF16);
+  }
+  printf("[rank %d] %d fixture families, fp32 and bf16: the training forward's log-probs on "
+         "dp_shard %d = one rank's meshlm_logprobs (KL exactly 0)\n", g_rank, n, g_world);
+}
+
 int main(int argc, char **argv) {
   api_init(&argc, &argv);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_batches),
       cmocka_unit_test(test_generate),
       cmocka_unit_test(test_dp),
+      cmocka_unit_test(test_train),
   };
   return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

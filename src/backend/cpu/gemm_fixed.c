@@ -26,7 +26,7 @@
 
 #include "backend/cpu/cpu.h"
 
-enum { LANES = 16, MR = 4, NR = 4, MB = 64, NB = 64 };
+enum { LANES = 16, MR = 4, NR = 4 /* reduce4 */, MB = 64, NB = 64 };
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -40,12 +40,22 @@ static inline __m512 load16(const void *row, int64_t k, bool bf, __mmask16 m) {
   return _mm512_maskz_loadu_ps(m, (const float *)row + k);
 }
 
-// the lanes' tree: (l + l+8), then +4, +2, +1
-static inline float reduce16(__m512 v) {
-  __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+/* The lanes' tree of four accumulators at once, the same additions as the
+ * portable reduce16: s8[l] = v[l] + v[l+8] (two accumulators per add),
+ * s4[l] = s8[l] + s8[l+4], s2[l] = s4[l] + s4[l+2], s2[0] + s2[1];
+ * returns the four sums [a, b, c, d]. */
+static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)));
+  /* 128-bit chunk x of s4: accumulator x's lanes s8[0..3] + s8[4..7] */
+  __m512 s4 = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+  __m512 s2 = _mm512_add_ps(s4, _mm512_shuffle_ps(s4, s4, _MM_SHUFFLE(3, 2, 3, 2)));
+  __m512 s1 = _mm512_add_ps(s2, _mm512_shuffle_ps(s2, s2, _MM_SHUFFLE(1, 1, 1, 1)));
+  return _mm512_castps512_ps128(
+      _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), s1));
 }
 
 /* out[r][c] = row a[r] · row b[c] over K, r < mr (1 or MR), c < NR */
@@ -54,18 +64,37 @@ static inline __attribute__((always_inline)) void micro(int mr, bool bf, int64_t
                                                         const void *const *b,
                                                         float out[MR][NR]) {
   __m512 acc[MR][NR];
+#pragma GCC unroll 4
   for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
     for (int c = 0; c < NR; c++) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += LANES) {
-    __mmask16 m = K - k >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << (K - k)) - 1);
-    __m512 av[MR], bv[NR];
-    for (int r = 0; r < mr; r++) av[r] = load16(a[r], k, bf, m);
-    for (int c = 0; c < NR; c++) bv[c] = load16(b[c], k, bf, m);
-    for (int r = 0; r < mr; r++)
-      for (int c = 0; c < NR; c++) acc[r][c] = _mm512_fmadd_ps(av[r], bv[c], acc[r][c]);
+  int64_t k = 0;
+  for (; k + LANES <= K; k += LANES) { /* whole chunks (the accumulators stay in registers) */
+    __m512 bv[NR];
+#pragma GCC unroll 4
+    for (int c = 0; c < NR; c++) bv[c] = load16(b[c], k, bf, (__mmask16)0xFFFF);
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++) {
+      __m512 av = load16(a[r], k, bf, (__mmask16)0xFFFF);
+#pragma GCC unroll 4
+      for (int c = 0; c < NR; c++) acc[r][c] = _mm512_fmadd_ps(av, bv[c], acc[r][c]);
+    }
   }
+  if (k < K) { /* the last partial chunk: its missing lanes load 0 and add +0 */
+    __mmask16 m = (__mmask16)((1u << (K - k)) - 1);
+    __m512 bv[NR];
+#pragma GCC unroll 4
+    for (int c = 0; c < NR; c++) bv[c] = load16(b[c], k, bf, m);
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++) {
+      __m512 av = load16(a[r], k, bf, m);
+#pragma GCC unroll 4
+      for (int c = 0; c < NR; c++) acc[r][c] = _mm512_fmadd_ps(av, bv[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 4
   for (int r = 0; r < mr; r++)
-    for (int c = 0; c < NR; c++) out[r][c] = reduce16(acc[r][c]);
+    _mm_storeu_ps(out[r], reduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
 }
 
 #else

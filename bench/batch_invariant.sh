@@ -7,7 +7,10 @@
 #     --dump-only writes them), tokens/s of the whole process, median of
 #     BENCH_ITERS runs;
 #   - training: `meshlm train` (global batch 8, S=128), median tokens/s of
-#     steps 3.. from --metrics.
+#     steps 3.. from --metrics;
+#   - generation: Policy.generate (the Python binding) of 4 prompts of 64
+#     tokens, 64 new tokens each (KV-cache decode), generated tokens/s of the
+#     call after a warm-up one.
 # fp32, and bf16 param_dtype. Figures for notes; nothing here is asserted.
 # usage: bench/batch_invariant.sh [BUILD_DIR]   (after building meshlm and bench_api_logprobs)
 set -euo pipefail
@@ -47,6 +50,23 @@ score() {
   done | median
 }
 
+# decode DIR DTYPE INVARIANT(0|1): generated tokens/s of Policy.generate
+decode() {
+  PYTHONPATH=python MESHLM_LIBRARY=$build/libmeshlm.so python3 - "$@" <<'PY'
+import sys, time
+import numpy as np
+import meshlm
+d, dt, inv = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
+p = meshlm.Policy(d, param_dtype=dt, batch_invariant=inv)
+rng = np.random.default_rng(0)
+prompts = [rng.integers(0, p.info["vocab_size"], 64, dtype=np.int32) for _ in range(4)]
+p.generate(prompts, max_new_tokens=4, greedy=True, eos_token_id=-2)
+t = time.perf_counter()
+out, _ = p.generate(prompts, max_new_tokens=64, greedy=True, eos_token_id=-2)
+print("%.1f" % (sum(len(o) for o in out) / (time.perf_counter() - t)))
+PY
+}
+
 # train DIR FLAGS...: median tokens/s of steps 3..
 train() {
   local dir=$1
@@ -68,8 +88,11 @@ for m in "${models[@]}"; do
     s1=$(score "$dir" "$tokens" --param-dtype "$dt" --batch-invariant)
     t0=$(train "$dir" --param-dtype "$dt")
     t1=$(train "$dir" --param-dtype "$dt" --batch-invariant)
-    awk -v m="$name" -v d="$dt" -v a="$s0" -v b="$s1" -v c="$t0" -v e="$t1" 'BEGIN {
+    g0=$(decode "$dir" "$dt" 0)
+    g1=$(decode "$dir" "$dt" 1)
+    awk -v m="$name" -v d="$dt" -v a="$s0" -v b="$s1" -v c="$t0" -v e="$t1" -v f="$g0" -v g="$g1" 'BEGIN {
       printf "%-14s %-6s %-9s %12.1f %12.1f %8.2f\n", m, d, "logprobs", a, b, b / a
-      printf "%-14s %-6s %-9s %12.1f %12.1f %8.2f\n", m, d, "train", c, e, e / c }'
+      printf "%-14s %-6s %-9s %12.1f %12.1f %8.2f\n", m, d, "train", c, e, e / c
+      printf "%-14s %-6s %-9s %12.1f %12.1f %8.2f\n", m, d, "decode", f, g, g / f }'
   done
 done

@@ -72,7 +72,10 @@ static inline __attribute__((always_inline)) void micro(int mr, bool bf, int64_t
   for (; k + LANES <= K; k += LANES) { /* whole chunks (the accumulators stay in registers) */
     __m512 bv[NR];
 #pragma GCC unroll 4
-    for (int c = 0; c < NR; c++) bv[c] = load16(b[c], k, bf, (__mmask16)0xFFFF);
+    for (int c = 0; c < NR; c++) {
+      bv[c] = load16(b[c], k, bf, (__mmask16)0xFFFF);
+      __asm__("" : "+v"(bv[c])); /* one load per chunk, not one per FMA (GCC folds it) */
+    }
 #pragma GCC unroll 4
     for (int r = 0; r < mr; r++) {
       __m512 av = load16(a[r], k, bf, (__mmask16)0xFFFF);

@@ -159,6 +159,14 @@ typedef struct meshlm_options {
                       each shard copied to the device before its all-gather, the reduced
                       gradients copied back, the optimizer step on the host; the same
                       numbers as without (README: --cpu-offload) */
+  /* appended later in 0.2 (optional: see struct_size) */
+  int batch_invariant; /* 1: every token's log-prob is the same bit pattern whatever batch,
+                          padding, packing, micro_batch_tokens, dp size or KV-cache step
+                          computes it — meshlm_logprobs, the training forward and
+                          meshlm_generate's out_logprobs alike (vLLM's VLLM_BATCH_INVARIANT):
+                          GEMMs and attention in one fixed reduction order, no vocab
+                          parallelism; tp and cp sizes still change the bits; CPU only
+                          (README: --batch-invariant) */
 } meshlm_options;
 
 /* One rank's mesh (1 × world × 1 × 1 with the communicator's size), CPU,

@@ -78,6 +78,7 @@ class meshlm_options(Sized):
         ("prefetch_forward", c_int),
         ("prefetch_backward", c_int),
         ("cpu_offload", c_int),
+        ("batch_invariant", c_int),
     ]
 
 

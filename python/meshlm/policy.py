@@ -514,6 +514,9 @@ class Policy:
     (README.md "Defaults": each option's CLI flag and both defaults.)
     micro_batch_tokens: tokens per rank per micro-batch (packing).
     unshard_for_inference: keep the model unsharded during logprobs calls.
+    batch_invariant: bool, every token's log-prob the same bits whatever batch,
+    packing, micro_batch_tokens, dp size or KV-cache step computes it
+    (logprobs, the training forward and generate's log-probs alike; CPU only).
     comm: None (MPI_COMM_WORLD), an mpi4py communicator (its py2f() handle is
     used) or a Fortran communicator handle (int).
     reference: capture the initial weights as the reference policy
@@ -539,6 +542,7 @@ class Policy:
                  prefetch_backward: Optional[int] = None,
                  grad_norm_type: Optional[Union[float, str]] = None,
                  cpu_offload: Optional[bool] = None,
+                 batch_invariant: Optional[bool] = None,
                  comm: Optional[Union[int, Communicator]] = None,
                  reference: bool = False) -> None:
         self._s: Optional[c_void_p] = None
@@ -567,7 +571,8 @@ class Policy:
                  "weight_decay": (weight_decay, float), "warmup_steps": (warmup_steps, int),
                  "total_steps": (total_steps, int), "max_grad_norm": (max_grad_norm, float),
                  "micro_batch_tokens": (micro_batch_tokens, int),
-                 "unshard_for_inference": (unshard_for_inference, _bool_int)}
+                 "unshard_for_inference": (unshard_for_inference, _bool_int),
+                 "batch_invariant": (batch_invariant, _bool_int)}
         for field, (value, kind) in plain.items():
             if value is not None:
                 setattr(o, field, kind(value))

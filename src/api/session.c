@@ -104,7 +104,7 @@ int meshlm_options_init(meshlm_options *o, size_t struct_size) {
       .reshard_after_forward = (meshlm_reshard)ML_INDEX_OF(k_reshards, f->reshard_after_forward),
       .zero = f->zero, .prefetch_forward = f->prefetch_forward,
       .prefetch_backward = f->prefetch_backward, .grad_norm_type = st->norm_type,
-      .cpu_offload = f->cpu_offload};
+      .cpu_offload = f->cpu_offload, .batch_invariant = d.engine.batch_invariant};
   return api_init_struct(o, struct_size, API_MIN(meshlm_options), sizeof full, &full);
 }
 
@@ -235,6 +235,7 @@ static ml_train_settings settings_of(const meshlm_options *o, const char *plan) 
   eo->fsdp.prefetch_forward = o->prefetch_forward;
   eo->fsdp.prefetch_backward = o->prefetch_backward;
   eo->fsdp.cpu_offload = o->cpu_offload != 0;
+  eo->batch_invariant = o->batch_invariant != 0;
   eo->output_dtype = k_dtypes[o->output_dtype];
   eo->ac = k_acs[o->ac];
   t.step = (ml_step_opts){

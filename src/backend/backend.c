@@ -106,6 +106,11 @@ static int gemm_check(const ml_gemm *a) {
   return 0;
 }
 
+int ml_be_set_batch_invariant(ml_backend *be, bool on) {
+  NEED(be, ML_OP_BATCH_INVARIANT);
+  return be->ops->set_batch_invariant(be, on);
+}
+
 int ml_be_gemm(ml_backend *be, const ml_gemm *g) {
   NEED(be, ML_OP_GEMM);
   ML_TRY(gemm_check(g));

@@ -153,6 +153,7 @@ typedef enum ml_op {
   ML_OP_ENTROPY,         /* ml_be_xent_entropy_sum / _online / _rebase, ml_be_xent_entropy,
                           * ml_be_xent_bwd_entropy */
   ML_OP_TOPK,            /* ml_be_xent_topk_clear / _online / _merge / _logprobs */
+  ML_OP_BATCH_INVARIANT, /* ml_be_set_batch_invariant: the CPU's (meta: nothing to do) */
   ML_OP_COUNT
 } ml_op;
 
@@ -267,6 +268,7 @@ typedef struct ml_backend_ops {
   int (*xent_topk_logprobs)(ml_backend *be, int64_t T, int64_t k, const float *M,
                             const float *se, const float *val, const int32_t *id, float *lp);
   void (*destroy)(ml_backend *be);
+  int (*set_batch_invariant)(ml_backend *be, bool on);
 } ml_backend_ops;
 
 struct ml_backend {
@@ -386,6 +388,22 @@ int ml_be_event_sync(ml_backend *be, ml_event *ev);
 int ml_be_sync(ml_backend *be);
 
 /* ---- operators (semantics: kernels/cpu/kernels.h of the same name) ------- */
+/* Batch-invariant mode (on: true; off when the backend is made): from now
+ * on every forward product that feeds a log-prob reduces in one order per
+ * output element that depends on neither the batch nor the call's shape —
+ * the GEMMs of the forward's layout (ml_gemm with trans_a false, trans_b
+ * true: the linears, lm_head, the fused classifier's tiles) with a fixed
+ * K order whatever M and N, and the attention forwards (ml_be_attention_fwd,
+ * ml_be_attention_block_fwd) with key tiles at fixed global positions and
+ * each query row computed alone — so a token's log-prob is the same bit
+ * pattern whatever batch, padding, packing, micro-batch or KV-cache step
+ * computes it (vLLM's VLLM_BATCH_INVARIANT). Norms, RoPE, GLU and the
+ * log-softmax kernels are row-local with fixed chunking in both modes. The
+ * backward and the optimizer are unchanged. A mode of the backend (the
+ * process's), not of one call. Errors: a backend without the mode (cuda:
+ * "backend 'cuda' does not implement ml_be_set_batch_invariant"). */
+int ml_be_set_batch_invariant(ml_backend *be, bool on);
+
 /* See ml_gemm. Checks the arguments for every backend (a backend's gemm
  * sees valid ones with M, N > 0; K may be 0: C (=|+=) 0 (+ bias)). Errors:
  * dtypes other than F32/BF16, compute F32 with a bf16 operand, a leading

@@ -71,7 +71,8 @@ ml_train_opts ml_train_opts_with(const ml_train_settings *d) {
       .lr_schedule = {k_schedules, ML_INDEX_OF(k_schedule_values, d->step.schedule.decay)},
       .grad_norm_type = {k_norm_types, ML_INDEX_OF(k_norm_values, d->step.norm_type)},
       .export_dtype = {ml_export_dtype_names, ML_EXPORT_DTYPE_SOURCE},
-      .peak_tflops = 0};
+      .peak_tflops = 0,
+      .batch_invariant = d->engine.batch_invariant};
 }
 
 ml_train_opts ml_train_opts_default(void) {
@@ -128,6 +129,9 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
       {"--activation-checkpointing", ML_ARG_CHOICE, &o->ac, "recompute in backward", false, NULL},
       {"--cpu-offload", ML_ARG_FLAG, &o->cpu_offload,
        "FSDP shards, their grads and AdamW state in host memory; optimizer step on the host",
+       false, NULL},
+      {"--batch-invariant", ML_ARG_FLAG, &o->batch_invariant,
+       "every token's log-prob the same bits in any batch, packing, micro-batch or dp size",
        false, NULL},
       /* the loop */
       {"--steps", ML_ARG_INT, &o->steps, "optimizer steps of the whole run", false, NULL},
@@ -302,6 +306,7 @@ ml_train_settings ml_train_settings_of(const ml_train_opts *o) {
   eo->fsdp.prefetch_forward = (int)o->prefetch_forward;
   eo->fsdp.prefetch_backward = (int)o->prefetch_backward;
   eo->fsdp.cpu_offload = o->cpu_offload;
+  eo->batch_invariant = o->batch_invariant;
   eo->output_dtype = ml_dtype_chosen(&o->output_dtype);
   eo->ac = k_ac_values[o->ac.index];
   t.step.schedule.decay = k_schedule_values[o->lr_schedule.index];

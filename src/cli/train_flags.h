@@ -48,10 +48,11 @@ typedef struct ml_train_opts {
      the last) */
   const char *eval_data;
   int64_t eval_every;
+  bool batch_invariant; /* --batch-invariant: ml_engine_opts.batch_invariant */
 } ml_train_opts;
 
 /* Capacity of a spec array for ml_train_flags. */
-enum { ML_TRAIN_MAX_FLAGS = 48 };
+enum { ML_TRAIN_MAX_FLAGS = 56 };
 
 /* The record-key flags train and logprobs share (--text-key, --prompt-key,
  * --completion-key) over d's keys, into spec[0..3); returns 3. */

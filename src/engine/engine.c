@@ -47,6 +47,15 @@ static void warn_unused(const ml_engine *e, const ml_ckpt *ck) {
           unused > SHOWN ? ", ..." : "");
 }
 
+int ml_engine_batch_mode(ml_engine *e) {
+  bool on = e->opts.batch_invariant, has = ml_be_supports(e->be, ML_OP_BATCH_INVARIANT);
+  if (on && !has)
+    return ml_err("batch_invariant (--batch-invariant): backend '%s' has no batch-invariant "
+                  "mode; expected --device cpu, or the mode off",
+                  e->be->ops->name);
+  return has ? ml_be_set_batch_invariant(e->be, on) : 0;
+}
+
 int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
                    const ml_engine_opts *opts) {
   memset(e, 0, sizeof *e);
@@ -57,6 +66,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   if (!(e->model_dir = strdup(model_dir))) return ml_err("%s: out of memory", model_dir);
   e->be = opts->backend;
   if (!e->be) ML_TRY(ml_backend_get("cpu", 0, &e->be));
+  ML_TRY(ml_engine_batch_mode(e));
   ml_model_config cfg;
   ML_TRY(ml_model_config_load(model_dir, &cfg));
   ML_TRY(ml_model_create(&cfg, &e->model));
@@ -73,7 +83,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
    * replicas over dp_replicate; the vocab rows stay where they are sharded unless lm_head's
    * output edge reassembles the vocab over tp (engine.h) */
   ml_comm *group = ml_mesh_comm(mesh, ML_GROUP_DP_SHARD_CP);
-  bool vocab = e->tp.size == 1 || !e->model.lm_head.out.fwd.fn;
+  bool vocab = (e->tp.size == 1 || !e->model.lm_head.out.fwd.fn) && !opts->batch_invariant;
   int rc = ml_fsdp_init(&e->fsdp, &e->model, group, ml_mesh_comm(mesh, ML_GROUP_DP_REPLICATE),
                         &opts->fsdp, vocab, opts->no_weights ? NULL : &ck);
   if (rc == 0 && e->fsdp.vocab_parallel) ml_vocab_init(&e->vocab, group, e->be);
@@ -175,7 +185,8 @@ static void shift_targets(const int32_t *ids, const uint8_t *mask, int64_t B, in
  * vocab-sharded over (NULL when they are whole over tp), and under vocab
  * parallelism the FSDP group and lm_head's rows there. */
 static int loss_split(ml_engine *e, ml_loss_split *s) {
-  *s = (ml_loss_split){.tile_floats = e->opts.loss_tile_floats};
+  *s = (ml_loss_split){.tile_floats = e->opts.loss_tile_floats,
+                       .batch_invariant = e->opts.batch_invariant};
   s->tp = e->tp.logits.kind == ML_SHARD ? ml_mesh_comm(e->mesh, ML_GROUP_TP) : NULL;
   if (!e->vocab.comm) return 0;
   s->group = &e->vocab;
@@ -298,6 +309,7 @@ static int embed_backward(ml_engine *e, const int32_t *ids) {
 static int forward_layers(ml_engine *e, const int32_t *ids) {
   ml_fsdp *f = &e->fsdp;
   int L = (int)e->model.cfg.n_layers, root = L, depth = e->opts.fsdp.prefetch_forward;
+  ML_TRY(ml_engine_batch_mode(e));
   ML_TRY(ml_fsdp_unshard(f, root));
   ML_TRY(prefetch(e, -1, 1, depth)); /* layers 0 .. depth−1 during the embedding */
   ML_TRY(embed_forward(e, ids));

@@ -44,6 +44,12 @@ typedef struct ml_engine_opts {
   bool no_weights;           /* read config.json only, never the safetensors: the shards are
                                 allocated and left unset (the meta backend: torch's meta-device
                                 init; engine/predict.h) */
+  bool batch_invariant;      /* every token's log-prob the same bits whatever batch, padding,
+                                packing, micro-batch, dp size or KV-cache step computes it: the
+                                backend's batch-invariant mode (ml_be_set_batch_invariant), no
+                                vocab parallelism (whole vocab rows per rank: the sum of exp
+                                over the vocabulary in one order), the fused classifier's
+                                tiles whole rows (ml_loss_split.batch_invariant) */
 } ml_engine_opts;
 
 /* fp32 everywhere, FSDP2's reshard defaults, ZeRO-3, prefetch forward 1 /
@@ -93,6 +99,12 @@ typedef struct ml_engine {
 int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
                    const ml_engine_opts *opts);
 void ml_engine_close(ml_engine *e);
+
+/* Put e's backend in e's mode (opts.batch_invariant, ml_be_set_batch_invariant):
+ * the mode belongs to the backend, which every engine of the process shares,
+ * so every forward (training, scoring, generation) sets it first. Errors:
+ * the mode on over a backend without it (cuda), naming the option. */
+int ml_engine_batch_mode(ml_engine *e);
 
 /* Allocate the buffers of a local batch [B, S] now (S: whole sequences;
  * under context parallelism the buffers hold this rank's piece) (the model's

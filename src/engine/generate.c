@@ -9,6 +9,7 @@
 #include "common/checked.h"
 #include "common/rng.h"
 #include "common/status.h"
+#include "engine/token_lp.h"
 
 /* The KV cache of one group: per layer its K then its V, [B, cap, nkv, hd]
  * each (device); p0, the position of the first of the forward's S new
@@ -280,6 +281,8 @@ static int run_group(gen *g, const prompt_ref *grp, int64_t B, const int32_t *to
       int64_t k = grp[b].k;
       float lp;
       int32_t t = pick(g->host_logits + b * V, V, o, &out->rng[b], out->sorted, &lp);
+      if (out->logprobs && g->e->opts.batch_invariant) /* bitwise the loss's log-prob */
+        ML_TRY(ml_token_logprob(g->e->be, g->logits + b * V, V, t, &lp));
       out->tokens[k * mx + j] = t;
       if (out->logprobs) out->logprobs[k * mx + j] = lp;
       out->lens[k] = j + 1;
@@ -363,6 +366,7 @@ int ml_generate(ml_engine *e, int64_t n, const int64_t *lens, const int32_t *tok
                 float *out_logprobs) {
   ML_TRY(check_engine(e));
   ML_TRY(check_args(e, n, lens, tokens, o, out_tokens, out_lens));
+  ML_TRY(ml_engine_batch_mode(e));
   if (n == 0) return 0;
   ml_model *m = &e->model;
   int64_t cells = ml_mul_sat(n, o->max_new), V = m->cfg.vocab;

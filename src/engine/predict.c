@@ -55,7 +55,8 @@ static int run(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp, ml_pr
   p->vocab_group = e->vocab.comm ? e->vocab.comm->size : 1;
   int parts = (e->tp.logits.kind == ML_SHARD ? e->tp.size : 1) * p->vocab_group;
   int64_t T = p->B * p->s_local * p->vocab_group;
-  p->loss_chunk = ml_loss_tiling(T, e->model.cfg.vocab, parts, !e->model.lm_head.out.fwd.fn,
+  p->loss_chunk = ml_loss_tiling(T, e->model.cfg.vocab, parts,
+                                 !e->model.lm_head.out.fwd.fn && !e->opts.batch_invariant,
                                  e->opts.loss_tile_floats)
                       .block;
   p->loss_chunks = T / p->loss_chunk + (T % p->loss_chunk != 0);

@@ -2,10 +2,14 @@
 
 ml_train_settings ml_train_defaults(ml_defaults_for who) {
   bool api = who == ML_DEFAULTS_API;
-  return (ml_train_settings){
+  ml_train_settings s = (ml_train_settings){
       .engine = ml_engine_opts_default(),
       .step = {.schedule = {.decay = ML_LR_CONSTANT, .lr = api ? 1e-5 : 3e-4, .min_lr = 0,
                             .warmup_steps = 0, .total_steps = api ? 1 : 10},
                .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = api ? 0.01 : 0,
                .max_grad_norm = 1.0, .norm_type = 2.0}};
+  /* batch-invariant log-probs: off, its fixed-order GEMM and attention cost a large part
+   * of the speed (bench/batch_invariant.sh) */
+  s.engine.batch_invariant = false;
+  return s;
 }

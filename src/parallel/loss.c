@@ -361,7 +361,8 @@ static int run_pass(loss_pass *p, ml_dtype logits_dtype, const ml_loss_grad *g,
   ml_model *m = p->m;
   const ml_loss_split *s = p->split;
   int parts = (s->tp ? s->tp->size : 1) * (s->group ? s->group->comm->size : 1);
-  ml_loss_tiles tiles = ml_loss_tiling(p->N, m->cfg.vocab, parts, !m->lm_head.out.fwd.fn,
+  ml_loss_tiles tiles = ml_loss_tiling(p->N, m->cfg.vocab, parts,
+                                       !m->lm_head.out.fwd.fn && !s->batch_invariant,
                                        s->tile_floats);
   int64_t chunk = tiles.block, cols = tiles.cols < p->nv ? tiles.cols : p->nv;
   bool tiled = cols < p->nv;

@@ -69,6 +69,9 @@ typedef struct ml_loss_split {
                             ml_vocab_gather_tokens; lm_head's output edge must be inactive) */
   ml_rows rows;          /* with group: this rank's rows of lm_head.weight (ml_fsdp_rows) */
   int64_t tile_floats;   /* logits per tile of the fused classifier; 0: 2^24 (64 MiB) */
+  bool batch_invariant;  /* never tile the vocabulary (ml_loss_tiling's tileable false): each
+                            token's whole row of logits in one tile, whatever the block's
+                            token count, so its log-sum-exp is summed in one order */
 } ml_loss_split;
 
 /* The backward of a loss pass: each valid target's weight in the logits'

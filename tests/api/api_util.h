@@ -20,6 +20,8 @@
  *  test_api_reference.c the reference policy (set_reference, reference_logprobs)
  *  test_api_misuse.c    failed sessions, bad arguments, collective order, tp
  *                       peers, the error message's rank
+ *  test_api_invariant.c batch_invariant: bitwise across batches, micro-batches,
+ *                       generation, the training forward and dp_shard 2 (1, 2 ranks)
  *
  * This header: what the programs share (api_util.c): the process-wide
  * facts (rank, world, the fixture and its config.json's sizes, a shared

@@ -75,7 +75,7 @@ static void check(int64_t tile_floats, const char *what) {
   for (int64_t t = 0; t < T; t++) in[t].w = (float)(1.0 / (double)T);
   ml_engine_batch eb = {.ids = fx.ids, .B = 1, .S = S, .obj = in};
   const double c = 0.375; /* exact in fp32 */
-  ml_objective o0 = {ML_OBJ_NLL, 0, 0, 0, 0, 0}, oc = o0;
+  ml_objective o0 = {.kind = ML_OBJ_NLL}, oc = o0;
   oc.entropy_coef = c;
   float *A = head_grad(&r, &eb, &oc, li, n), *B = head_grad(&r, &eb, &o0, li, n);
   /* x: the forward's lm_head input [S, H]; W: lm_head's weights [V, H] */

@@ -764,12 +764,14 @@ typedef struct attn_ctx {
   bool flash;
   double rescales;
   float *lse; /* the flash kernel's log-sum-exp [B][S, nh] */
+  bool fixed; /* the flash kernel's forward in the batch-invariant order (fixed_order) */
 } attn_ctx;
 
 static k_attn_block attn_whole(const attn_ctx *a) {
   return (k_attn_block){.B = a->B, .sq = a->S, .sk = a->S, .nh = a->nh, .nkv = a->nkv,
                         .hd = a->hd, .q_bs = a->S * a->nh * a->hd, .k_bs = a->S * a->nkv * a->hd,
-                        .l_bs = a->S * a->nh, .scale = a->scale, .window = a->window};
+                        .l_bs = a->S * a->nh, .scale = a->scale, .window = a->window,
+                        .fixed_order = a->fixed};
 }
 
 // the kernels' tiles (64-byte aligned, as the backend holds them)
@@ -1128,6 +1130,111 @@ static void test_attention_fwd(void **state) {
     attn_ref_free(&r), attn_ref_free(&re);
     attn_free(&a);
   }
+}
+
+/* The batch-invariant forward (k_attn_block.fixed_order) against the
+ * double reference with the flash kernel's bounds: each row still goes
+ * through at most key_tiles(S) online-softmax steps (its keys lie in that
+ * many tiles at multiples of K_ATTN_TILE_K), its scores and P·v are sums
+ * in some order (tolerance.h R2 bounds any). */
+static void test_attention_fixed_fwd(void **state) {
+  (void)state;
+  for (size_t c = 0; c < sizeof ATTN_CASES / sizeof ATTN_CASES[0]; c++) {
+    attn_ctx a = attn_alloc(ATTN_CASES[c]);
+    a.fixed = true;
+    int64_t nq = a.B * a.S * a.nh * a.hd;
+    float *out = malloc((size_t)nq * sizeof(float));
+    attn_ref_out r = attn_ref_alloc(&a);
+    attn_run(&a, out);
+    attn_ref(&a, NULL, &r);
+    char what[80];
+    attn_name(what, sizeof what, "fixed-order fwd", &a);
+    expect_within(what, out, r.out, r.out_b, nq);
+    expect_within("attention fixed-order lse", a.lse, r.lse, r.lse_b, a.B * a.S * a.nh);
+    free(out);
+    attn_ref_free(&r);
+    attn_free(&a);
+  }
+}
+
+/* Rows [i0, i0 + sq) of sequence b of a (q_pos i0 against keys 0 .. i0+sq−1,
+ * as a KV cache or a chunked prefill holds them) in the fixed order, fp32
+ * or packed bf16 (lp: the rounded q, k, v of the whole sequences): out
+ * [sq, nh, hd], lse [sq, nh]. */
+static void fixed_rows(const attn_ctx *a, const k_attn_bf16 *lp, int64_t b, int64_t i0,
+                       int64_t sq, float *tiles, float *out, float *lse) {
+  int64_t qr = a->nh * a->hd, kr = a->nkv * a->hd;
+  k_attn_block blk = {.B = 1, .sq = sq, .sk = i0 + sq, .nh = a->nh, .nkv = a->nkv, .hd = a->hd,
+                      .q_pos = i0, .q_bs = sq * qr, .k_bs = a->S * kr, .l_bs = sq * a->nh,
+                      .scale = a->scale, .window = a->window, .fixed_order = true};
+  int64_t qo = (b * a->S + i0) * qr, ko = b * a->S * kr;
+  k_attn_bf16 part;
+  if (lp) {
+    part = *lp;
+    part.q = (const uint16_t *)lp->q + qo, part.k = (const uint16_t *)lp->k + ko;
+    part.v = (const uint16_t *)lp->v + ko;
+  }
+  assert_int_equal(k_attention_block_fwd(&blk, a->q + qo, a->k + ko, a->v + ko, out, lse, false,
+                                         lp ? &part : NULL, tiles),
+                   0);
+}
+
+static uint16_t *bf16_copy(const float *x, int64_t n) {
+  uint16_t *y = malloc((size_t)n * sizeof *y);
+  for (int64_t i = 0; i < n; i++) y[i] = ml_f32_to_bf16(x[i]);
+  return y;
+}
+
+/* The batch-invariant forward is the same bit pattern (memcmp) for a query
+ * whatever block computes it: the whole batch of sequences, its sequence
+ * alone, a KV-cache step (sq = 1 at q_pos p against the keys 0 .. p), and
+ * chunks of a prefill (q_pos at 0, 37, 150), over several key tiles, GQA
+ * and sliding windows inside and across tiles, fp32 and packed bf16. */
+static void test_attention_fixed_blocks(void **state) {
+  (void)state;
+  static const attn_ctx cases[] = {
+      ATTN(2, 300, 4, 2, 16, 0, 0.25f),
+      ATTN(2, 300, 4, 1, 16, 40, 0.25f),
+      ATTN(2, 300, 2, 1, 16, 130, 0.25f),
+  };
+  const int64_t cut[] = {0, 37, 150, 151, 300};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+    for (int bf = 0; bf < 2; bf++) {
+      attn_ctx a = attn_alloc(cases[c]);
+      a.fixed = true;
+      int64_t qr = a.nh * a.hd, nq = a.B * a.S * qr, nk = a.B * a.S * a.nkv * a.hd;
+      k_attn_bf16 lp = {.packed = true};
+      if (bf) lp.q = bf16_copy(a.q, nq), lp.k = bf16_copy(a.k, nk), lp.v = bf16_copy(a.v, nk);
+      float *tiles = attn_tiles(a.hd), *out = malloc((size_t)nq * sizeof(float));
+      float *o = malloc((size_t)(a.S * qr) * sizeof(float)), *l = malloc(sizeof(float) * a.S * a.nh);
+      k_attn_block whole = attn_whole(&a);
+      assert_int_equal(
+          k_attention_block_fwd(&whole, a.q, a.k, a.v, out, a.lse, false, bf ? &lp : NULL, tiles),
+          0);
+      for (int64_t b = 0; b < a.B; b++) {
+        const float *ob = out + b * a.S * qr, *lb = a.lse + b * a.S * a.nh;
+        fixed_rows(&a, bf ? &lp : NULL, b, 0, a.S, tiles, o, l); /* alone */
+        assert_memory_equal(o, ob, sizeof(float) * (size_t)(a.S * qr));
+        assert_memory_equal(l, lb, sizeof(float) * (size_t)(a.S * a.nh));
+        for (int k = 0; k + 1 < 5; k++) { /* prefill chunks */
+          fixed_rows(&a, bf ? &lp : NULL, b, cut[k], cut[k + 1] - cut[k], tiles, o, l);
+          assert_memory_equal(o, ob + cut[k] * qr, sizeof(float) * (size_t)((cut[k + 1] - cut[k]) * qr));
+          assert_memory_equal(l, lb + cut[k] * a.nh,
+                              sizeof(float) * (size_t)((cut[k + 1] - cut[k]) * a.nh));
+        }
+        for (int64_t p = 0; p < a.S; p++) { /* KV-cache steps */
+          fixed_rows(&a, bf ? &lp : NULL, b, p, 1, tiles, o, l);
+          assert_memory_equal(o, ob + p * qr, sizeof(float) * (size_t)qr);
+          assert_memory_equal(l, lb + p * a.nh, sizeof(float) * (size_t)a.nh);
+        }
+      }
+      printf("  attention fixed order S=%lld window=%lld %s: batch = alone = chunks = KV steps, "
+             "bitwise\n",
+             (long long)a.S, (long long)a.window, bf ? "bf16" : "fp32");
+      free((void *)lp.q), free((void *)lp.k), free((void *)lp.v);
+      free(tiles), free(out), free(o), free(l);
+      attn_free(&a);
+    }
 }
 
 /* The backward: both kernels against the double reference and each other,
@@ -1753,7 +1860,9 @@ int main(void) {
       cmocka_unit_test(test_rope_inv_freq), cmocka_unit_test(test_rope_scalings),
       cmocka_unit_test(test_rope_tables),
       cmocka_unit_test(test_rope_apply),    cmocka_unit_test(test_expf),
-      cmocka_unit_test(test_attention_fwd), cmocka_unit_test(test_attention_bwd),
+      cmocka_unit_test(test_attention_fwd),
+      cmocka_unit_test(test_attention_fixed_fwd),
+      cmocka_unit_test(test_attention_fixed_blocks), cmocka_unit_test(test_attention_bwd),
       cmocka_unit_test(test_attention_blocks), cmocka_unit_test(test_attention_head_split),
       cmocka_unit_test(test_attention_bf16),
       cmocka_unit_test(test_glu),

@@ -20,6 +20,7 @@ typedef struct cpu {
    * kept like the GEMM's: a fixed per-process scratch, not the pool's */
   float *tiles;
   int64_t tiles_cap;
+  bool invariant; /* ml_be_set_batch_invariant */
 } cpu;
 
 static cpu *impl(ml_backend *be) { return be->impl; }
@@ -339,7 +340,9 @@ static int block_fwd(ml_backend *be, const k_attn_block *blk, const float *q, co
   attn_lowp a;
   const k_attn_bf16 *lp;
   ML_TRY(attention_begin(be, compute, blk, q, k, v, NULL, &a, &lp));
-  int rc = k_attention_block_fwd(blk, q, k, v, out, lse, accumulate, lp, tiles);
+  k_attn_block b = *blk;
+  b.fixed_order = impl(be)->invariant;
+  int rc = k_attention_block_fwd(&b, q, k, v, out, lse, accumulate, lp, tiles);
   attention_end(be, &a);
   return attention_result(be, rc);
 }
@@ -543,6 +546,14 @@ static int cpu_find_nonfinite(ml_backend *be, const float *g, int64_t n, bool *f
   return 0;
 }
 
+/* The GEMMs of the forward's layout on the fixed-order kernel and the
+ * attention forwards in the fixed order (backend.h). */
+static int cpu_set_batch_invariant(ml_backend *be, bool on) {
+  impl(be)->invariant = on;
+  ml_cpu_gemm_set_fixed(impl(be)->gemm, on);
+  return 0;
+}
+
 static void cpu_destroy(ml_backend *be) {
   if (!be) return;
   cpu *c = impl(be);
@@ -617,6 +628,7 @@ static const ml_backend_ops k_cpu_ops = {
     .norm_partial = cpu_norm_partial,
     .find_nonfinite = cpu_find_nonfinite,
     .destroy = cpu_destroy,
+    .set_batch_invariant = cpu_set_batch_invariant,
 };
 
 int ml_backend_cpu_create(ml_backend **out) {

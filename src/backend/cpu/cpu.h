@@ -22,6 +22,21 @@ int ml_cpu_gemm_create(ml_backend *pool_be, ml_cpu_gemm **out);
 void ml_cpu_gemm_destroy(ml_cpu_gemm *g);
 /* backend.h's ml_be_gemm on the CPU. */
 int ml_cpu_gemm_run(ml_cpu_gemm *g, const ml_gemm *args);
+/* Batch-invariant mode (on: true): every ml_cpu_gemm_run of the forward's
+ * layout (trans_a false, trans_b true: x·W^T, the linears, lm_head and the
+ * fused classifier's tiles) runs on ml_cpu_gemm_fixed instead of oneDNN;
+ * the backward's layouts (dY·W, dY^T·X) stay on oneDNN (no log-prob reads
+ * them). Off at creation. */
+void ml_cpu_gemm_set_fixed(ml_cpu_gemm *g, bool on);
+/* The batch-invariant GEMM (gemm_fixed.c): args' C (=|+=) A·B^T (+ bias)
+ * for args' M, N, K >= 1, trans_a false and trans_b true, on the operands
+ * as the compute dtype has them — A [M, K] (lda), B [N, K] (ldb), both
+ * fp32 (bf16 false) or both bf16 (true) — and bias [N] fp32 (NULL: none),
+ * args' own A, B, bias ignored. Each C element's summation order depends on
+ * K only (see gemm_fixed.c), so a row of C is bitwise the same whatever M,
+ * N, the other rows or the thread count. Returns 0. */
+int ml_cpu_gemm_fixed(const ml_gemm *args, const void *A, int64_t lda, const void *B, int64_t ldb,
+                      bool bf16, const float *bias);
 /* Whether bf16 GEMMs run on bf16 operands here (else they are emulated on
  * fp32 operands holding bf16 values, and the tiles below are unavailable). */
 bool ml_cpu_gemm_bf16_native(const ml_cpu_gemm *g);

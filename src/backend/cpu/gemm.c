@@ -57,6 +57,7 @@ typedef struct tiles {
 struct ml_cpu_gemm {
   ml_backend *be; /* its pool serves the conversion scratch */
   bool bf16_native; /* oneDNN has a bf16 matmul for this CPU (else emulated, see operand) */
+  bool fixed;       /* batch-invariant mode: products A·B^T on ml_cpu_gemm_fixed */
   dnnl_engine_t eng;
   dnnl_stream_t stream;
   entry main[CACHE];
@@ -296,6 +297,14 @@ static int empty_sum(const ml_gemm *a) {
   return 0;
 }
 
+// frees a run's scratch (the converted operands and bias); returns rc
+static int finish(ml_cpu_gemm *g, void *sa, void *sb, float *bias, int rc) {
+  ml_be_free(g->be, sa);
+  ml_be_free(g->be, sb);
+  ml_be_free(g->be, bias);
+  return rc;
+}
+
 int ml_cpu_gemm_run(ml_cpu_gemm *g, const ml_gemm *a) {
   if (a->K == 0) return empty_sum(a); /* an empty torch.chunk shard of the inner dim */
   key k;
@@ -316,6 +325,10 @@ int ml_cpu_gemm_run(ml_cpu_gemm *g, const ml_gemm *a) {
     if (!bias) rc = -1;
     else ml_convert_to_f32(ML_BF16, a->bias, bias, (size_t)a->N);
   }
+  if (!rc && g->fixed && !a->trans_a && a->trans_b)
+    return finish(g, sa, sb, bias,
+                  ml_cpu_gemm_fixed(a, A, k.lda, B, k.ldb, k.dt == dnnl_bf16,
+                                    bias ? bias : (const float *)a->bias));
   if (!rc) {
     dnnl_status_t st = dnnl_success;
     const char *what = "";
@@ -326,11 +339,10 @@ int ml_cpu_gemm_run(ml_cpu_gemm *g, const ml_gemm *a) {
     }
     rc = dnnl_check(st, what, &k);
   }
-  ml_be_free(g->be, sa);
-  ml_be_free(g->be, sb);
-  ml_be_free(g->be, bias);
-  return rc;
+  return finish(g, sa, sb, bias, rc);
 }
+
+void ml_cpu_gemm_set_fixed(ml_cpu_gemm *g, bool on) { g->fixed = on; }
 
 /* ---- tiles: small bf16 GEMMs from OpenMP threads ------------------------ */
 

@@ -510,7 +510,8 @@ static void cu_destroy(ml_backend *be) {
 static const ml_backend_ops k_cuda_ops = {
     .name = "cuda",
     .host_memory = false,
-    .supports = ML_OPS_ALL & ~ML_OP_BIT(ML_OP_ATTENTION_BLOCK),
+    .supports = ML_OPS_ALL & ~ML_OP_BIT(ML_OP_ATTENTION_BLOCK) &
+                ~ML_OP_BIT(ML_OP_BATCH_INVARIANT),
     .alloc = cu_alloc,
     .free = cu_free,
     .host_alloc = cu_host_alloc,

@@ -227,6 +227,9 @@ static int meta_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_
   *out = 0.0;
   return 0;
 }
+/* Nothing is computed: no order to fix. */
+static int meta_set_batch_invariant(ml_backend *be, bool on) { return 0; }
+
 static int meta_find_nonfinite(ml_backend *be, const float *g, int64_t n, bool *found) {
   *found = false;
   return 0;
@@ -293,6 +296,7 @@ static const ml_backend_ops k_meta_ops = {
     .norm_partial = meta_norm_partial,
     .find_nonfinite = meta_find_nonfinite,
     .destroy = ml_backend_meta_destroy,
+    .set_batch_invariant = meta_set_batch_invariant,
 };
 
 int ml_backend_meta_create(ml_backend *like, ml_backend **out) {

@@ -195,15 +195,19 @@ static double dot_dout_out(const attn *a, int64_t off, const float *out, int64_t
 
 /* floats of one thread's scratch: S and dS tiles [TQ, TK] (fp32), their
  * rounded copies (of the operands' type, at most 4 bytes an element), the
- * accumulator O [TQ, hd] and the row terms m, l [TQ] */
+ * accumulator O [TQ, hd], the row terms m, l [TQ], and the fixed-order
+ * forward's key tile transposed, value tile and queries in fp32 [hd, TK],
+ * [TK, hd], [TQ, hd] */
 static int64_t per_thread(int64_t hd) {
-  int64_t n = 4 * TQ * TK + TQ * hd + 2 * TQ;
+  int64_t n = 4 * TQ * TK + TQ * hd + 2 * TQ + 2 * TK * hd + TQ * hd;
   return (n + ALIGN - 1) / ALIGN * ALIGN;
 }
 
 typedef struct scratch {
   float *S, *dS, *O, *m, *l;
   void *Pt, *dSt; /* the rounded P and dS tiles (lp) */
+  float *kT, *vt, *qf; /* fixed order: [hd, TK] keys transposed, [TK, hd] values, [TQ, hd]
+                          queries (fp32) */
 } scratch;
 
 static scratch scratch_of(float *work, int64_t hd) {
@@ -212,6 +216,9 @@ static scratch scratch_of(float *work, int64_t hd) {
   s.O = w + 4 * TQ * TK;
   s.m = s.O + TQ * hd;
   s.l = s.m + TQ;
+  s.kT = s.l + TQ;
+  s.vt = s.kT + TK * hd;
+  s.qf = s.vt + TK * hd;
   return s;
 }
 
@@ -308,6 +315,83 @@ static int fwd_tile(const attn *a, float *out, float *lse, bool accumulate, int6
   return 0;
 }
 
+/* ---- forward in a fixed order (k_attn_block.fixed_order) -------------------- */
+
+/* x[n] of an operand (fp32, fp32 holding bf16 values, or packed bf16) as fp32, exactly */
+static void widen(const attn *a, const void *x, float *y, int64_t n) {
+  if (a->esz == sizeof(float)) {
+    memcpy(y, x, (size_t)n * sizeof(float));
+    return;
+  }
+  for (int64_t d = 0; d < n; d++) y[d] = ml_bf16_to_f32(((const uint16_t *)x)[d]);
+}
+
+/* One query row r of the tile (query i0 + r, q its fp32 copy [hd]) against
+ * its keys in the tile at local keys [t0, t0+n) (kT, vt loaded): the keys
+ * it sees there, [lo, hi) = its range ∩ the tile, a run fixed by its own
+ * global position and the tile's. Scores s[j] = scale·(fma chain over d =
+ * 0 .. hd−1 of q[d]·k[j][d]), the online softmax over the run as
+ * softmax_row, P rounded to bf16 where the products are bf16, then o[d] =
+ * fma(p_j, v[j][d], o[d]) for j in increasing order: no step depends on the
+ * other rows, the block or the batch. */
+static void fwd_row_fixed(const attn *a, const float *q, int64_t i, int64_t t0, int64_t n,
+                          float *s, float *m, float *l, float *o, scratch w) {
+  const k_attn_block *k = a->blk;
+  int64_t hd = k->hd;
+  int64_t lo = clamp(key_lo(k, i) - t0, 0, n), hi = clamp(key_hi(k, i) - t0, 0, n);
+  if (lo >= hi) return;
+  for (int64_t j = lo; j < hi; j++) s[j] = 0.0f;
+  for (int64_t d = 0; d < hd; d++) {
+    const float *kd = w.kT + d * TK;
+#pragma omp simd
+    for (int64_t j = lo; j < hi; j++) s[j] = fmaf(q[d], kd[j], s[j]);
+  }
+  for (int64_t j = lo; j < hi; j++) s[j] *= k->scale;
+  softmax_row(s + lo, hi - lo, 0, hi - lo, m, l, o, hd);
+  if (a->lp) round_row(s + lo, s + lo, hi - lo, false);
+  for (int64_t j = lo; j < hi; j++) {
+    const float *vj = w.vt + j * hd;
+    float p = s[j];
+#pragma omp simd
+    for (int64_t d = 0; d < hd; d++) o[d] = fmaf(p, vj[d], o[d]);
+  }
+}
+
+/* fwd_tile in the fixed order: the key tiles start at global positions
+ * that are multiples of TK (whatever the query tile, so a KV-cache step
+ * with one query walks the tiles a whole-sequence forward does), each
+ * row computed alone (fwd_row_fixed), the tile's keys and values loaded
+ * once for all rows. */
+static int fwd_tile_fixed(const attn *a, float *out, float *lse, bool accumulate, int64_t b,
+                          int64_t h, int64_t i0, scratch w) {
+  const k_attn_block *k = a->blk;
+  int64_t hd = k->hd, M = min64(TQ, k->sq - i0), g = kv_of(a, h);
+  int64_t jlo = key_lo(k, i0), jhi = key_hi(k, i0 + M - 1);
+  float *q = w.qf;
+  for (int64_t r = 0; r < M; r++) {
+    w.m[r] = -INFINITY, w.l[r] = 0.0f;
+    memset(w.O + r * hd, 0, (size_t)hd * sizeof(float));
+    widen(a, at(a->q, q_at(a, b, i0 + r, h), a->esz), q + r * hd, hd);
+  }
+  int64_t first = jlo < jhi ? (k->k_pos + jlo) / TK * TK : k->k_pos + jhi;
+  for (int64_t G = first; G < k->k_pos + jhi; G += TK) {
+    int64_t t0 = G - k->k_pos > jlo ? G - k->k_pos : jlo;
+    int64_t t1 = min64(G + TK - k->k_pos, jhi), n = t1 - t0;
+    for (int64_t j = 0; j < n; j++) {
+      float *vj = w.vt + j * hd, *kj = w.dS; /* dS: staging of one key row (hd <= TQ·TK) */
+      widen(a, at(a->k, k_at(a, b, t0 + j, g), a->esz), kj, hd);
+      for (int64_t d = 0; d < hd; d++) w.kT[d * TK + j] = kj[d];
+      widen(a, at(a->v, k_at(a, b, t0 + j, g), a->esz), vj, hd);
+    }
+    for (int64_t r = 0; r < M; r++)
+      fwd_row_fixed(a, q + r * hd, i0 + r, t0, n, w.S, &w.m[r], &w.l[r], w.O + r * hd, w);
+  }
+  for (int64_t r = 0; r < M; r++)
+    finish_row(w.O + r * hd, w.m[r], w.l[r], out + q_at(a, b, i0 + r, h),
+               lse + lse_at(a, b, i0 + r, h), hd, accumulate);
+  return 0;
+}
+
 int k_attention_block_fwd(const k_attn_block *blk, const float *q, const float *k, const float *v,
                           float *out, float *lse, bool accumulate, const k_attn_bf16 *lp,
                           float *tiles) {
@@ -323,7 +407,9 @@ int k_attention_block_fwd(const k_attn_block *blk, const float *q, const float *
     for (int64_t task = 0; task < tasks; task++) {
       /* the last tiles first: they see the most keys */
       int64_t bh = task / nt, t = nt - 1 - task % nt;
-      keep_first(&rc, fwd_tile(&a, out, lse, accumulate, bh / blk->nh, bh % blk->nh, t * TQ, w));
+      int64_t b = bh / blk->nh, h = bh % blk->nh;
+      keep_first(&rc, blk->fixed_order ? fwd_tile_fixed(&a, out, lse, accumulate, b, h, t * TQ, w)
+                                       : fwd_tile(&a, out, lse, accumulate, b, h, t * TQ, w));
     }
   }
   openblas_set_num_threads(blas_threads);

@@ -80,6 +80,11 @@ typedef struct k_attn_block {
   int64_t window;   /* 0: causal only */
   int64_t group;    /* query heads per kv head; 0: nh / nkv */
   int64_t head_off; /* 0 <= head_off < group: this block's first query head's place in its group */
+  bool fixed_order; /* batch-invariant forward: each query row computed alone, over key tiles at
+                       global positions that are multiples of K_ATTN_TILE_K, its scores and
+                       P·V in one fixed order (attention.c fwd_row_fixed), so a query's output
+                       and lse are bitwise the same whatever block, batch, packing or KV-cache
+                       step computes it; the backward is the same either way */
 } k_attn_block;
 
 /* The tiles: query rows per task (forward, backward pass 1) and per step

@@ -1,0 +1,196 @@
+/* The batch-invariant GEMM (cpu.h ml_cpu_gemm_fixed): C (=|+=) A·B^T (+
+ * bias) with one summation order per output element that depends on K
+ * alone — never on M, N, the blocking or the thread count — so a token's
+ * row of a linear layer's output is the same bit pattern whatever batch it
+ * is computed in (vLLM's VLLM_BATCH_INVARIANT, Thinking Machines'
+ * "Defeating Nondeterminism in LLM Inference": a matmul that never splits
+ * its reduction by the shape of the call).
+ *
+ * The order: element (i, j) is
+ * the dot product of row i of A and row j of B over k = 0 .. K−1 in 16
+ * lanes, lane l the chain of fused multiply-adds over k ≡ l (mod 16) in
+ * increasing k (starting from +0; the last partial chunk's missing lanes
+ * add nothing), then the lanes summed as a fixed tree (l + l⊕8, then ⊕4,
+ * ⊕2, ⊕1), then + bias[j] (fp32), then, accumulating, C + that. The AVX-512
+ * kernel and the portable one (AVX2 or scalar, as the compiler vectorizes
+ * its fmaf lanes) compute exactly these operations, so the bits are the
+ * same on every x86-64 CPU. bf16 operands are widened to fp32 exactly;
+ * their products are exact in fp32, and the order above is the one sum.
+ *
+ * Blocking: 64 × 64 output tiles, one OpenMP task each (K never split),
+ * inside them 4 × 4 register tiles (one row of A at a time for the rows
+ * left over), rows of B past N repeated and their results dropped. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "backend/cpu/cpu.h"
+
+enum { LANES = 16, MR = 4, NR = 4 /* reduce4 */, MB = 64, NB = 64 };
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+
+/* 16 elements from k of a row (bf16 widened), lanes outside mask 0 */
+static inline __m512 load16(const void *row, int64_t k, bool bf, __mmask16 m) {
+  if (bf) {
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + k);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  return _mm512_maskz_loadu_ps(m, (const float *)row + k);
+}
+
+/* The lanes' tree of four accumulators at once, the same additions as the
+ * portable reduce16: s8[l] = v[l] + v[l+8] (two accumulators per add),
+ * s4[l] = s8[l] + s8[l+4], s2[l] = s4[l] + s4[l+2], s2[0] + s2[1];
+ * returns the four sums [a, b, c, d]. */
+static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+  __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(1, 0, 1, 0)),
+                            _mm512_shuffle_f32x4(c, d, _MM_SHUFFLE(3, 2, 3, 2)));
+  /* 128-bit chunk x of s4: accumulator x's lanes s8[0..3] + s8[4..7] */
+  __m512 s4 = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(2, 0, 2, 0)),
+                            _mm512_shuffle_f32x4(ab, cd, _MM_SHUFFLE(3, 1, 3, 1)));
+  __m512 s2 = _mm512_add_ps(s4, _mm512_shuffle_ps(s4, s4, _MM_SHUFFLE(3, 2, 3, 2)));
+  __m512 s1 = _mm512_add_ps(s2, _mm512_shuffle_ps(s2, s2, _MM_SHUFFLE(1, 1, 1, 1)));
+  return _mm512_castps512_ps128(
+      _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), s1));
+}
+
+/* out[r][c] = row a[r] · row b[c] over K, r < mr (1 or MR), c < NR */
+static inline __attribute__((always_inline)) void micro(int mr, bool bf, int64_t K,
+                                                        const void *const *a,
+                                                        const void *const *b,
+                                                        float out[MR][NR]) {
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+    for (int c = 0; c < NR; c++) acc[r][c] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + LANES <= K; k += LANES) { /* whole chunks (the accumulators stay in registers) */
+    __m512 bv[NR];
+#pragma GCC unroll 4
+    for (int c = 0; c < NR; c++) {
+      bv[c] = load16(b[c], k, bf, (__mmask16)0xFFFF);
+      __asm__("" : "+v"(bv[c])); /* one load per chunk, not one per FMA (GCC folds it) */
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++) {
+      __m512 av = load16(a[r], k, bf, (__mmask16)0xFFFF);
+#pragma GCC unroll 4
+      for (int c = 0; c < NR; c++) acc[r][c] = _mm512_fmadd_ps(av, bv[c], acc[r][c]);
+    }
+  }
+  if (k < K) { /* the last partial chunk: its missing lanes load 0 and add +0 */
+    __mmask16 m = (__mmask16)((1u << (K - k)) - 1);
+    __m512 bv[NR];
+#pragma GCC unroll 4
+    for (int c = 0; c < NR; c++) bv[c] = load16(b[c], k, bf, m);
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++) {
+      __m512 av = load16(a[r], k, bf, m);
+#pragma GCC unroll 4
+      for (int c = 0; c < NR; c++) acc[r][c] = _mm512_fmadd_ps(av, bv[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < mr; r++)
+    _mm_storeu_ps(out[r], reduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
+}
+
+#else
+
+static inline float elem(const void *row, int64_t k, bool bf) {
+  return bf ? ml_bf16_to_f32(((const uint16_t *)row)[k]) : ((const float *)row)[k];
+}
+
+// the lanes' tree: (l + l+8), then +4, +2, +1
+static inline float reduce16(const float *v) {
+  float s8[8], s4[4], s2[2];
+  for (int l = 0; l < 8; l++) s8[l] = v[l] + v[l + 8];
+  for (int l = 0; l < 4; l++) s4[l] = s8[l] + s8[l + 4];
+  for (int l = 0; l < 2; l++) s2[l] = s4[l] + s4[l + 2];
+  return s2[0] + s2[1];
+}
+
+/* out[r][c] = row a[r] · row b[c] over K, r < mr, c < NR (the lanes as above) */
+static inline __attribute__((always_inline)) void micro(int mr, bool bf, int64_t K,
+                                                        const void *const *a,
+                                                        const void *const *b,
+                                                        float out[MR][NR]) {
+  float acc[MR][NR][LANES];
+  memset(acc, 0, sizeof acc);
+  for (int64_t k0 = 0; k0 < K; k0 += LANES) {
+    int n = K - k0 >= LANES ? LANES : (int)(K - k0);
+    for (int r = 0; r < mr; r++)
+      for (int c = 0; c < NR; c++)
+        for (int l = 0; l < n; l++)
+          acc[r][c][l] = fmaf(elem(a[r], k0 + l, bf), elem(b[c], k0 + l, bf), acc[r][c][l]);
+  }
+  for (int r = 0; r < mr; r++)
+    for (int c = 0; c < NR; c++) out[r][c] = reduce16(acc[r][c]);
+}
+
+#endif
+
+typedef struct fixed_args {
+  const ml_gemm *g;
+  const void *A, *B;
+  int64_t lda, ldb; /* elements */
+  size_t esz;       /* bytes per operand element: 4 (fp32) or 2 (bf16) */
+  const float *bias;
+} fixed_args;
+
+static const void *row_of(const void *base, int64_t r, int64_t ld, size_t esz) {
+  return (const char *)base + (size_t)(r * ld) * esz;
+}
+
+// C[i, j0 .. j0+nc) from out[r][0 .. nc): + bias, then (=) or (+=)
+static void store(const fixed_args *f, int64_t i, int64_t j0, int nc, const float *out) {
+  float *c = f->g->C + i * f->g->ldc + j0;
+  for (int q = 0; q < nc; q++) {
+    float v = out[q];
+    if (f->bias) v += f->bias[j0 + q];
+    c[q] = f->g->accumulate ? c[q] + v : v;
+  }
+}
+
+/* rows i0 .. i0+mr of A against rows j0 .. j0+NR of B (those past N
+ * repeat the last one; their results are dropped) */
+static void tile(const fixed_args *f, int mr, int64_t i0, int64_t j0) {
+  const ml_gemm *g = f->g;
+  bool bf = f->esz == sizeof(uint16_t);
+  const void *a[MR], *b[NR];
+  for (int r = 0; r < mr; r++) a[r] = row_of(f->A, i0 + r, f->lda, f->esz);
+  for (int c = 0; c < NR; c++) b[c] = row_of(f->B, j0 + c < g->N ? j0 + c : g->N - 1, f->ldb, f->esz);
+  float out[MR][NR];
+  if (mr == MR) {
+    if (bf) micro(MR, true, g->K, a, b, out);
+    else micro(MR, false, g->K, a, b, out);
+  } else {
+    if (bf) micro(1, true, g->K, a, b, out);
+    else micro(1, false, g->K, a, b, out);
+  }
+  int nc = g->N - j0 < NR ? (int)(g->N - j0) : NR;
+  for (int r = 0; r < mr; r++) store(f, i0 + r, j0, nc, out[r]);
+}
+
+int ml_cpu_gemm_fixed(const ml_gemm *g, const void *A, int64_t lda, const void *B, int64_t ldb,
+                      bool bf16, const float *bias) {
+  fixed_args f = {.g = g, .A = A, .B = B, .lda = lda, .ldb = ldb,
+                  .esz = bf16 ? sizeof(uint16_t) : sizeof(float), .bias = bias};
+  int64_t mt = (g->M + MB - 1) / MB, nt = (g->N + NB - 1) / NB;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < mt * nt; t++) {
+    int64_t i_lo = t / nt * MB, j_lo = t % nt * NB;
+    int64_t i_hi = i_lo + MB < g->M ? i_lo + MB : g->M, j_hi = j_lo + NB < g->N ? j_lo + NB : g->N;
+    for (int64_t j0 = j_lo; j0 < j_hi; j0 += NR) {
+      int64_t i0 = i_lo;
+      for (; i0 + MR <= i_hi; i0 += MR) tile(&f, MR, i0, j0);
+      for (; i0 < i_hi; i0++) tile(&f, 1, i0, j0);
+    }
+  }
+  return 0;
+}

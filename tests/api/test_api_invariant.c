@@ -1,0 +1,339 @@
+/* test_api_invariant: meshlm_options.batch_invariant. On every fixture
+ * family, fp32 and bf16 param_dtype, the log-prob of a token is the same
+ * bit pattern (memcmp, never a tolerance) (a) alone, inside a batch of
+ * other sequences of other lengths, and under another micro_batch_tokens;
+ * (b) in meshlm_generate's out_logprobs (KV-cache prefill and decode,
+ * greedy and sampled) and in meshlm_logprobs of prompt + generation on the
+ * same weights; (c) on a dp_shard = world session (each rank its share of a
+ * batch) and on one rank scoring the whole batch; (d) the training
+ * forward's log-probs (a meshlm_train_step of the clipped policy gradient
+ * with a k3 KL penalty, whose reference and old log-probs are one rank's
+ * meshlm_logprobs): the KL is exactly 0 (k3 = e^d − d − 1 of d = ref −
+ * logp in fp64 is 0 only where the two floats are equal). Registered on one and two
+ * ranks (api_invariant_1rank, _2ranks: dp_shard 2, where the default mode
+ * differs from one rank by 1–2 ulp through vocab parallelism's split sum).
+ * RoPE types whose tables HF computes for the longest sequence of the
+ * forward (dynamic, longrope: their numbers depend on the batch by
+ * definition) are run within their original context, where the tables
+ * depend on the position alone. The suite, its meshes and its helpers:
+ * api_util.h. */
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "api_util.h"
+
+enum { MAX_FIXTURES = 32, GEN = 6, PATH = 4352 };
+
+/* The fixture families: every directory of tests/fixtures with a model and its
+ * expected.json (tools/compare_builds.sh's rule), sorted. */
+static int fixtures(char names[MAX_FIXTURES][PATH]) {
+  char root[4096], f[4096 + 2 * 256];
+  snprintf(root, sizeof root, "%s/tests/fixtures", ML_SOURCE_DIR);
+  DIR *d = opendir(root);
+  if (!d) fail_msg("cannot open %s", root);
+  int n = 0;
+  struct dirent *e;
+  struct stat st;
+  while ((e = readdir(d)) && n < MAX_FIXTURES) {
+    snprintf(f, sizeof f, "%s/%s/expected.json", root, e->d_name);
+    if (e->d_name[0] == '.' || stat(f, &st)) continue;
+    snprintf(f, sizeof f, "%s/%s/model.safetensors", root, e->d_name);
+    if (stat(f, &st)) continue;
+    snprintf(names[n++], PATH, "%s/%s", root, e->d_name);
+  }
+  closedir(d);
+  qsort(names, (size_t)n, PATH, (int (*)(const void *, const void *))strcmp);
+  if (n < 5) fail_msg("%s: %d fixture families; expected every family's", root, n);
+  return n;
+}
+
+/* The longest sequence whose RoPE tables depend on positions alone: HF's
+ * dynamic NTK and longrope tables change with the forward's longest
+ * sequence past the original context (max_position_embeddings, or
+ * original_max_position_embeddings); INT64_MAX for the other types. */
+static int64_t rope_cap(const char *fx) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/config.json", fx);
+  json_error_t err;
+  json_t *c = json_load_file(path, 0, &err);
+  if (!c) fail_msg("%s: %s", path, err.text);
+  json_t *r = json_object_get(c, "rope_scaling");
+  if (!r) r = json_object_get(c, "rope_parameters");
+  const char *type = json_string_value(json_object_get(r, "rope_type"));
+  int64_t cap = INT64_MAX;
+  if (type && (!strcmp(type, "dynamic") || !strcmp(type, "longrope"))) {
+    json_t *o = json_object_get(r, "original_max_position_embeddings");
+    if (!o) o = json_object_get(c, "original_max_position_embeddings");
+    if (!o) o = json_object_get(c, "max_position_embeddings");
+    cap = json_integer_value(o);
+  }
+  json_decref(c);
+  return cap;
+}
+
+static meshlm_options invariant_opts(meshlm_dtype param, int64_t micro_batch_tokens) {
+  meshlm_options o;
+  meshlm_options_default(&o);
+  o.batch_invariant = 1;
+  o.param_dtype = param;
+  o.micro_batch_tokens = micro_batch_tokens;
+  return o;
+}
+
+/* n sequences of the given lengths (at most cap), tokens drawn below vocab. */
+static batch seqs_make(const int64_t *lens, int64_t n, int64_t cap, int64_t vocab,
+                       uint64_t seed) {
+  batch b = {.n = n};
+  b.lens = xcalloc((size_t)n, sizeof *b.lens);
+  for (int64_t k = 0; k < n; k++) {
+    b.lens[k] = lens[k] < cap ? lens[k] : cap;
+    b.ntok += lens[k];
+    b.npred += lens[k] - 1;
+  }
+  b.tok = xcalloc((size_t)b.ntok, sizeof *b.tok);
+  b.mask = xcalloc((size_t)(b.npred ? b.npred : 1), 1);
+  rng_seed(seed);
+  for (int64_t t = 0; t < b.ntok; t++) b.tok[t] = (int32_t)(rnd() % (uint64_t)vocab);
+  return b;
+}
+
+/* meshlm_logprobs of b on s (a one-rank session: local_ok) into a new array. */
+static float *score(meshlm_session *s, const batch *b) {
+  float *lp = xcalloc((size_t)(b->npred ? b->npred : 1), sizeof *lp);
+  meshlm_seqs q = seqs_of(b);
+  local_ok(s, meshlm_logprobs(s, &q, NULL, lp, NULL), "meshlm_logprobs");
+  return lp;
+}
+
+/* Sequence k of b alone, as a batch of one. */
+static batch one_of(const batch *b, int64_t k) {
+  batch o = {.n = 1, .ntok = b->lens[k], .npred = b->lens[k] - 1};
+  o.lens = xcalloc(1, sizeof *o.lens);
+  o.lens[0] = b->lens[k];
+  o.tok = xcalloc((size_t)o.ntok, sizeof *o.tok);
+  o.mask = xcalloc(1, 1);
+  memcpy(o.tok, b->tok + tok_at(b, k), sizeof(int32_t) * (size_t)o.ntok);
+  return o;
+}
+
+/* memcmp of n log-probs, the first differing one named on failure; every
+ * rank calls it in the same order and all fail together (no rank runs
+ * ahead into a world collective). */
+static void same_bits(const float *got, const float *ref, int64_t n, const char *fx,
+                      const char *what) {
+  int bad = n > 0 && memcmp(got, ref, sizeof(float) * (size_t)n) != 0, any = 0;
+  MPI_Allreduce(&bad, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  if (!bad && any) fail_msg("%s, %s: log-probs differ on another rank", fx, what);
+  if (!bad) return;
+  int64_t i = 0;
+  while (memcmp(&got[i], &ref[i], sizeof(float)) == 0) i++;
+  fail_msg("%s, %s: log-prob %lld is %.9g, expected %.9g bit for bit", fx, what, (long long)i,
+           got[i], ref[i]);
+}
+
+static const char *dtype_name(meshlm_dtype d) { return d == MESHLM_DTYPE_BF16 ? "bf16" : "fp32"; }
+
+static const int64_t k_lens[] = {23, 5, 17, 2, 40, 11, 9};
+enum { NSEQ = sizeof k_lens / sizeof k_lens[0] };
+
+/* (a) alone = in the batch = under micro_batch_tokens 16 (one or two
+ * sequences per micro-batch, packed) and 4096 (all in one). */
+static void check_batches(const char *fx, meshlm_dtype param) {
+  meshlm_options big = invariant_opts(param, 4096), small = invariant_opts(param, 16);
+  meshlm_session *s = open_ok(fx, &big, MPI_COMM_SELF), *t = open_ok(fx, &small, MPI_COMM_SELF);
+  int64_t V = info_of(s).vocab_size;
+  batch b = seqs_make(k_lens, NSEQ, rope_cap(fx), V, 71);
+  float *all = score(s, &b), *packed = score(t, &b);
+  char what[128];
+  snprintf(what, sizeof what, "%s, micro_batch_tokens 16 vs 4096", dtype_name(param));
+  same_bits(packed, all, b.npred, fx, what);
+  for (int64_t k = 0; k < b.n; k++) {
+    batch o = one_of(&b, k);
+    float *alone = score(s, &o);
+    snprintf(what, sizeof what, "%s, sequence %lld alone vs in the batch", dtype_name(param),
+             (long long)k);
+    same_bits(alone, all + pred_at(&b, k), o.npred, fx, what);
+    free(alone);
+    batch_free(&o);
+  }
+  free(all);
+  free(packed);
+  batch_free(&b);
+  meshlm_close(s);
+  meshlm_close(t);
+}
+
+/* (b) generate's log-probs = meshlm_logprobs of prompt + generation. */
+static void check_generate(const char *fx, meshlm_dtype param, int greedy) {
+  meshlm_options o = invariant_opts(param, 4096);
+  meshlm_session *s = open_ok(fx, &o, MPI_COMM_SELF);
+  int64_t V = info_of(s).vocab_size;
+  static const int64_t want[] = {7, 3, 12};
+  batch p = seqs_make(want, 3, rope_cap(fx) - GEN, V, 97);
+  const int64_t *plens = p.lens;
+  meshlm_seqs q = seqs_of(&p);
+  meshlm_sampling sp;
+  meshlm_sampling_default(&sp);
+  sp.greedy = greedy;
+  sp.max_new_tokens = GEN;
+  sp.eos_token_id = -2;
+  sp.seed = 5;
+  int32_t tok[3 * GEN];
+  int64_t len[3];
+  float glp[3 * GEN];
+  local_ok(s, meshlm_generate(s, &q, &sp, tok, len, glp), "meshlm_generate");
+  int64_t lens[3], n = 0;
+  for (int k = 0; k < 3; k++) lens[k] = plens[k] + len[k];
+  batch c = seqs_make(lens, 3, INT64_MAX, V, 1);
+  for (int k = 0; k < 3; k++) {
+    memcpy(c.tok + n, p.tok + tok_at(&p, k), sizeof(int32_t) * (size_t)plens[k]);
+    memcpy(c.tok + n + plens[k], tok + k * GEN, sizeof(int32_t) * (size_t)len[k]);
+    n += lens[k];
+  }
+  float *lp = score(s, &c);
+  char what[128];
+  for (int k = 0; k < 3; k++) {
+    snprintf(what, sizeof what, "%s, %s generation of prompt %d vs meshlm_logprobs",
+             dtype_name(param), greedy ? "greedy" : "sampled", k);
+    same_bits(glp + k * GEN, lp + pred_at(&c, k) + plens[k] - 1, len[k], fx, what);
+  }
+  free(lp);
+  batch_free(&c);
+  batch_free(&p);
+  meshlm_close(s);
+}
+
+/* (c) each rank's share scored on a dp_shard = world session = the whole
+ * batch scored on one rank. */
+static void check_dp(const char *fx, meshlm_dtype param) {
+  meshlm_options o = invariant_opts(param, 4096);
+  meshlm_session *w = open_ok(fx, &o, MPI_COMM_WORLD), *s = open_ok(fx, &o, MPI_COMM_SELF);
+  meshlm_info in = info_of(w);
+  assert_int_equal(in.dp_size, g_world);
+  batch b = seqs_make(k_lens, NSEQ, rope_cap(fx), in.vocab_size, 33);
+  float *all = score(s, &b);
+  /* rank r's share: sequences r, r + world, ... */
+  int64_t lens[NSEQ], n = 0;
+  for (int64_t k = in.dp_rank; k < b.n; k += in.dp_size) lens[n++] = b.lens[k];
+  batch mine = seqs_make(lens, n, INT64_MAX, in.vocab_size, 1);
+  float *ref = xcalloc((size_t)(mine.npred ? mine.npred : 1), sizeof *ref);
+  for (int64_t k = in.dp_rank, j = 0; k < b.n; k += in.dp_size, j++) {
+    memcpy(mine.tok + tok_at(&mine, j), b.tok + tok_at(&b, k), sizeof(int32_t) * (size_t)b.lens[k]);
+    memcpy(ref + pred_at(&mine, j), all + pred_at(&b, k), sizeof(float) * (size_t)(b.lens[k] - 1));
+  }
+  float *got = xcalloc((size_t)(mine.npred ? mine.npred : 1), sizeof *got);
+  meshlm_seqs q = seqs_of(&mine);
+  OK(w, meshlm_logprobs(w, &q, NULL, got, NULL));
+  char what[128];
+  snprintf(what, sizeof what, "%s, dp_shard %d rank %d vs one rank", dtype_name(param), g_world,
+           in.dp_rank);
+  same_bits(got, ref, mine.npred, fx, what);
+  free(got);
+  free(ref);
+  free(all);
+  batch_free(&mine);
+  batch_free(&b);
+  meshlm_close(s);
+  meshlm_close(w);
+}
+
+/* (d) a train step on a dp_shard = world session under micro_batch_tokens
+ * 16 (several micro-batches per rank) whose ref and old log-probs are one
+ * rank's meshlm_logprobs of the whole batch: KL exactly 0. */
+static void check_train(const char *fx, meshlm_dtype param) {
+  meshlm_options o = invariant_opts(param, 4096), t = invariant_opts(param, 16);
+  meshlm_session *w = open_ok(fx, &t, MPI_COMM_WORLD), *s = open_ok(fx, &o, MPI_COMM_SELF);
+  meshlm_info in = info_of(w);
+  batch b = seqs_make(k_lens, NSEQ, rope_cap(fx), in.vocab_size, 45);
+  float *all = score(s, &b);
+  int64_t lens[NSEQ], n = 0;
+  for (int64_t k = in.dp_rank; k < b.n; k += in.dp_size) lens[n++] = b.lens[k];
+  batch mine = seqs_make(lens, n, INT64_MAX, in.vocab_size, 1);
+  float *ref = xcalloc((size_t)(mine.npred ? mine.npred : 1), sizeof *ref);
+  for (int64_t k = in.dp_rank, j = 0; k < b.n; k += in.dp_size, j++) {
+    memcpy(mine.tok + tok_at(&mine, j), b.tok + tok_at(&b, k), sizeof(int32_t) * (size_t)b.lens[k]);
+    memcpy(ref + pred_at(&mine, j), all + pred_at(&b, k), sizeof(float) * (size_t)(b.lens[k] - 1));
+  }
+  meshlm_loss l;
+  meshlm_loss_default(&l);
+  l.kind = MESHLM_LOSS_CLIPPED_PG;
+  l.kl_penalty = 0.5f;
+  meshlm_train_batch tb = {.struct_size = sizeof tb, .seqs = seqs_of(&mine),
+                           .old_logprobs = ref, .ref_logprobs = ref};
+  meshlm_step_result r = {.struct_size = sizeof r};
+  OK(w, meshlm_train_step(w, &tb, &l, &r));
+  if (r.kl != 0.0)
+    fail_msg("%s, %s: the training forward's KL to one rank's meshlm_logprobs is %.3g, "
+             "expected exactly 0 (equal log-probs)",
+             fx, dtype_name(param), r.kl);
+  free(ref);
+  free(all);
+  batch_free(&mine);
+  batch_free(&b);
+  meshlm_close(s);
+  meshlm_close(w);
+}
+
+static void test_batches(void **state) {
+  (void)state;
+  char fx[MAX_FIXTURES][PATH];
+  int n = fixtures(fx);
+  for (int i = 0; i < n; i++) {
+    check_batches(fx[i], MESHLM_DTYPE_F32);
+    check_batches(fx[i], MESHLM_DTYPE_BF16);
+  }
+  printf("[rank %d] %d fixture families, fp32 and bf16: alone = in a batch = packed, bitwise\n",
+         g_rank, n);
+}
+
+static void test_generate(void **state) {
+  (void)state;
+  char fx[MAX_FIXTURES][PATH];
+  int n = fixtures(fx);
+  for (int i = 0; i < n; i++)
+    for (int greedy = 0; greedy < 2; greedy++) {
+      check_generate(fx[i], MESHLM_DTYPE_F32, greedy);
+      check_generate(fx[i], MESHLM_DTYPE_BF16, greedy);
+    }
+  printf("[rank %d] %d fixture families, fp32 and bf16, greedy and sampled: generate's "
+         "log-probs = meshlm_logprobs', bitwise\n", g_rank, n);
+}
+
+static void test_dp(void **state) {
+  (void)state;
+  char fx[MAX_FIXTURES][PATH];
+  int n = fixtures(fx);
+  for (int i = 0; i < n; i++) {
+    check_dp(fx[i], MESHLM_DTYPE_F32);
+    check_dp(fx[i], MESHLM_DTYPE_BF16);
+  }
+  printf("[rank %d] %d fixture families, fp32 and bf16: dp_shard %d = one rank, bitwise\n",
+         g_rank, n, g_world);
+}
+
+static void test_train(void **state) {
+  (void)state;
+  char fx[MAX_FIXTURES][PATH];
+  int n = fixtures(fx);
+  for (int i = 0; i < n; i++) {
+    check_train(fx[i], MESHLM_DTYPE_F32);
+    check_train(fx[i], MESHLM_DTYPE_BF16);
+  }
+  printf("[rank %d] %d fixture families, fp32 and bf16: the training forward's log-probs on "
+         "dp_shard %d = one rank's meshlm_logprobs (KL exactly 0)\n", g_rank, n, g_world);
+}
+
+int main(int argc, char **argv) {
+  api_init(&argc, &argv);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_batches),
+      cmocka_unit_test(test_generate),
+      cmocka_unit_test(test_dp),
+      cmocka_unit_test(test_train),
+  };
+  return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
+}

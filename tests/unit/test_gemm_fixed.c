@@ -1,0 +1,137 @@
+/* The batch-invariant GEMM (backend/cpu/gemm_fixed.c, ml_cpu_gemm_fixed):
+ * every element bitwise equal (memcmp) to a scalar evaluation of the one
+ * documented order — 16 lanes of fmaf over k ≡ l (mod 16) in increasing k,
+ * the lanes summed (l + l+8, +4, +2, +1), + bias, then C + that when
+ * accumulating — for shapes around the kernel's 4 × 4 register tiles, its
+ * 64 × 64 tasks and the 16-lane chunks of K, fp32 and bf16 operands, on 1
+ * and 2 OpenMP threads. An order that depended on M, N, the blocking or
+ * the threads would differ from the scalar one somewhere. Then through the
+ * backend (ml_be_gemm in batch-invariant mode, operands converted as the
+ * compute dtype wants): every row of a 130-row product equals that row
+ * computed alone. */
+#include <math.h>
+#include <omp.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>  // after the headers it needs
+
+#include "backend/cpu/cpu.h"
+#include "tensor/dtype.h"
+
+static uint64_t g_state = 0x9E3779B97F4A7C15ull;
+static float rnd(void) { /* xorshift64, uniform in [-1, 1) */
+  g_state ^= g_state << 13, g_state ^= g_state >> 7, g_state ^= g_state << 17;
+  return (float)((double)(g_state >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+// x of a bf16 operand (bf) or an fp32 one, element k
+static float elem(const void *x, int64_t k, bool bf) {
+  return bf ? ml_bf16_to_f32(((const uint16_t *)x)[k]) : ((const float *)x)[k];
+}
+
+/* The documented order for one element: row a · row b over K. */
+static float dot_ref(const void *a, const void *b, int64_t K, bool bf) {
+  float lane[16] = {0};
+  for (int64_t k = 0; k < K; k++) lane[k % 16] = fmaf(elem(a, k, bf), elem(b, k, bf), lane[k % 16]);
+  float s8[8], s4[4], s2[2];
+  for (int l = 0; l < 8; l++) s8[l] = lane[l] + lane[l + 8];
+  for (int l = 0; l < 4; l++) s4[l] = s8[l] + s8[l + 4];
+  for (int l = 0; l < 2; l++) s2[l] = s4[l] + s4[l + 2];
+  return s2[0] + s2[1];
+}
+
+static void *operand(int64_t n, bool bf) {
+  void *p = malloc((size_t)n * (bf ? sizeof(uint16_t) : sizeof(float)));
+  for (int64_t i = 0; i < n; i++) {
+    float x = rnd();
+    if (bf) ((uint16_t *)p)[i] = ml_f32_to_bf16(x);
+    else ((float *)p)[i] = x;
+  }
+  return p;
+}
+
+static const void *row(const void *p, int64_t r, int64_t ld, bool bf) {
+  return (const char *)p + (size_t)(r * ld) * (bf ? 2 : 4);
+}
+
+/* One shape: C (ldc = N + 3) from ml_cpu_gemm_fixed against dot_ref. */
+static void check_shape(int64_t M, int64_t N, int64_t K, bool bf, bool bias, bool accumulate,
+                        int threads) {
+  int64_t lda = K + 1, ldb = K + 2, ldc = N + 3;
+  void *A = operand(M * lda, bf), *B = operand(N * ldb, bf);
+  float *bv = bias ? operand(N, false) : NULL, *C = malloc(sizeof(float) * (size_t)(M * ldc));
+  float *ref = malloc(sizeof(float) * (size_t)(M * ldc));
+  for (int64_t i = 0; i < M * ldc; i++) C[i] = ref[i] = rnd();
+  for (int64_t i = 0; i < M; i++)
+    for (int64_t j = 0; j < N; j++) {
+      float v = dot_ref(row(A, i, lda, bf), row(B, j, ldb, bf), K, bf);
+      if (bias) v += bv[j];
+      ref[i * ldc + j] = accumulate ? ref[i * ldc + j] + v : v;
+    }
+  ml_gemm g = {.trans_b = true, .M = M, .N = N, .K = K, .C = C, .ldc = ldc,
+               .accumulate = accumulate};
+  omp_set_num_threads(threads);
+  assert_int_equal(ml_cpu_gemm_fixed(&g, A, lda, B, ldb, bf, bv), 0);
+  if (memcmp(C, ref, sizeof(float) * (size_t)(M * ldc)) != 0)
+    fail_msg("M %lld N %lld K %lld %s%s%s, %d threads: not the documented order", (long long)M,
+             (long long)N, (long long)K, bf ? "bf16" : "fp32", bias ? " + bias" : "",
+             accumulate ? " accumulating" : "", threads);
+  free(A), free(B), free(bv), free(C), free(ref);
+}
+
+static void test_fixed_order(void **state) {
+  (void)state;
+  static const int64_t Ms[] = {1, 3, 4, 5, 67, 130}, Ns[] = {1, 3, 4, 5, 70};
+  static const int64_t Ks[] = {1, 15, 16, 17, 100, 300};
+  int n = 0;
+  for (size_t a = 0; a < sizeof Ms / sizeof Ms[0]; a++)
+    for (size_t b = 0; b < sizeof Ns / sizeof Ns[0]; b++)
+      for (size_t c = 0; c < sizeof Ks / sizeof Ks[0]; c++)
+        for (int v = 0; v < 8; v++, n++)
+          check_shape(Ms[a], Ns[b], Ks[c], v & 1, v & 2, v & 4, 1 + n % 2);
+  printf("  %d shapes x dtypes x epilogues: the documented order, bitwise\n", n);
+}
+
+/* ml_be_gemm in batch-invariant mode, x·W^T with x [130, K] fp32 and W
+ * [N, K] fp32 or bf16 (compute bf16: x rounded by the backend): each row
+ * of the 130-row product = the same row alone (M = 1). */
+static void test_backend_rows(void **state) {
+  (void)state;
+  ml_backend *be;
+  assert_int_equal(ml_backend_get("cpu", 0, &be), 0);
+  assert_int_equal(ml_be_set_batch_invariant(be, true), 0);
+  enum { M = 130, N = 70, K = 200 };
+  for (int bf = 0; bf < 2; bf++) {
+    float *x = operand(M * K, false), *C = malloc(sizeof(float) * M * N), one[N];
+    void *W = operand(N * K, bf);
+    ml_gemm g = {.trans_b = true, .M = M, .N = N, .K = K, .A = x, .a_type = ML_F32, .lda = K,
+                 .B = W, .b_type = bf ? ML_BF16 : ML_F32, .ldb = K, .C = C, .ldc = N,
+                 .compute = bf ? ML_BF16 : ML_F32};
+    assert_int_equal(ml_be_gemm(be, &g), 0);
+    for (int64_t i = 0; i < M; i++) {
+      ml_gemm r = g;
+      r.M = 1, r.A = x + i * K, r.C = one;
+      assert_int_equal(ml_be_gemm(be, &r), 0);
+      if (memcmp(one, C + i * N, sizeof one) != 0)
+        fail_msg("%s: row %lld of a %d-row product differs from the row alone",
+                 bf ? "bf16" : "fp32", (long long)i, M);
+    }
+    free(x), free(C), free(W);
+  }
+  assert_int_equal(ml_be_set_batch_invariant(be, false), 0);
+  ml_backend_release_all();
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fixed_order),
+      cmocka_unit_test(test_backend_rows),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

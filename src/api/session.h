@@ -91,7 +91,7 @@ int api_local(meshlm_session *s, const char *call);
 #define API_MIN_meshlm_step_result offsetof(meshlm_step_result, nonfinite_param)
 #define API_MIN_meshlm_loss sizeof(meshlm_loss)
 #define API_MIN_meshlm_train_batch sizeof(meshlm_train_batch)
-#define API_MIN_meshlm_sampling sizeof(meshlm_sampling)
+#define API_MIN_meshlm_sampling offsetof(meshlm_sampling, n)
 #define API_MIN_meshlm_weight sizeof(meshlm_weight)
 #define API_MIN_meshlm_tensor sizeof(meshlm_tensor)
 #define API_MIN(T) API_MIN_##T

@@ -57,15 +57,17 @@ typedef struct result {
   float lp[NMAX * NEW];
 } result;
 
-static ml_gen_opts greedy(void) { return (ml_gen_opts){.max_new = NEW, .greedy = true, .eos = -1}; }
+static ml_gen_opts greedy(void) {
+  return (ml_gen_opts){.max_new = NEW, .n_samples = 1, .sampler = {.greedy = true}};
+}
 
 static ml_gen_opts sampled(float temperature, float top_p, uint64_t seed) {
-  return (ml_gen_opts){.max_new = NEW, .temperature = temperature, .top_p = top_p, .eos = -1,
-                       .seed = seed};
+  return (ml_gen_opts){.max_new = NEW, .n_samples = 1, .seed = seed,
+                       .sampler = {.temperature = temperature, .top_p = top_p}};
 }
 
 static void generate(run *r, const prompts *p, const ml_gen_opts *o, result *out) {
-  if (ml_generate(&r->e, p->n, p->lens, p->tokens, o, out->tok, out->len, out->lp))
+  if (ml_generate(&r->e, p->n, p->lens, p->tokens, o, out->tok, out->len, out->lp, NULL))
     fail_msg("generate: %s", ml_error_msg());
 }
 
@@ -251,13 +253,15 @@ static void test_sampling_and_eos(void **state) {
   o = sampled(0.7f, 1e-6f, 5);
   generate(&r, &p, &o, &b);
   assert_memory_equal(&gr, &b, sizeof gr);
-  /* eos: each row stops after its first eos of the greedy run */
-  og.eos = gr.tok[3];
+  /* a stop id: each row stops after its first occurrence in the greedy run */
+  int32_t stop = gr.tok[3];
+  og.stop = &stop;
+  og.n_stop = 1;
   generate(&r, &p, &og, &b);
   for (int64_t k = 0; k < p.n; k++) {
     int64_t end = NEW;
     for (int64_t j = NEW - 1; j >= 0; j--)
-      if (gr.tok[k * NEW + j] == og.eos) end = j + 1;
+      if (gr.tok[k * NEW + j] == stop) end = j + 1;
     assert_int_equal(b.len[k], end);
     assert_memory_equal(b.tok + k * NEW, gr.tok + k * NEW, sizeof(int32_t) * (size_t)end);
     assert_memory_equal(b.lp + k * NEW, gr.lp + k * NEW, sizeof(float) * (size_t)end);
@@ -272,7 +276,7 @@ static void test_sampling_and_eos(void **state) {
   og.max_new = 1;
   int32_t t1[NMAX];
   int64_t l1[NMAX];
-  if (ml_generate(&r.e, p.n, p.lens, p.tokens, &og, t1, l1, NULL))
+  if (ml_generate(&r.e, p.n, p.lens, p.tokens, &og, t1, l1, NULL, NULL))
     fail_msg("generate: %s", ml_error_msg());
   for (int64_t k = 0; k < p.n; k++) {
     assert_int_equal(l1[k], 1);
@@ -287,7 +291,7 @@ static void refused(run *r, int64_t n, const int64_t *lens, const int32_t *token
                     const ml_gen_opts *o, const char *want) {
   result out;
   ml_error_clear();
-  int rc = ml_generate(&r->e, n, lens, tokens, o, out.tok, out.len, out.lp);
+  int rc = ml_generate(&r->e, n, lens, tokens, o, out.tok, out.len, out.lp, NULL);
   const char *msg = ml_error_msg();
   printf("refused: %s\n", msg);
   if (rc != -1 || !strstr(msg, want))
@@ -316,6 +320,28 @@ static void test_errors(void **state) {
   refused(&r, 2, p.lens, bad, &o, "token id -3");
   o.max_new = 0;
   refused(&r, 2, p.lens, p.tokens, &o, "max_new 0");
+  o = sampled(1.0f, 1.0f, 0);
+  o.n_samples = 0;
+  refused(&r, 2, p.lens, p.tokens, &o, "n_samples 0");
+  o = sampled(1.0f, 1.0f, 0);
+  o.sampler.top_k = -1;
+  refused(&r, 2, p.lens, p.tokens, &o, "top_k -1");
+  o = sampled(1.0f, 1.0f, 0);
+  o.sampler.min_p = 1.5f;
+  refused(&r, 2, p.lens, p.tokens, &o, "min_p 1.5");
+  o = sampled(1.0f, 1.0f, 0);
+  int32_t bad_stop = (int32_t)V;
+  o.stop = &bad_stop;
+  o.n_stop = 1;
+  refused(&r, 2, p.lens, p.tokens, &o, "stop id 0 is");
+  o = sampled(1.0f, 1.0f, 0);
+  int64_t per[2] = {NEW, NEW + 1};
+  o.max_new_per = per;
+  refused(&r, 2, p.lens, p.tokens, &o, "max_new_per[1]");
+  o = sampled(1.0f, 1.0f, 0);
+  o.n_samples = 3;
+  o.max_running = 2;
+  refused(&r, 2, p.lens, p.tokens, &o, "max_running 2");
   o = sampled(0.0f, 1.0f, 0);
   refused(&r, 2, p.lens, p.tokens, &o, "temperature 0");
   o = sampled(-1.0f, 1.0f, 0);

@@ -5,6 +5,7 @@
  *    and the token is the argmax of the full forward's distribution, both
  *    within tolerance.h's bounds; in fp32 and with bf16 parameters; the
  *    engine's log-probs before and after the call are bitwise equal;
+ *  - greedy tokens = transformers' generate (the fixture's generate.json);
  *  - batching (continuous): prompts of different lengths and a repeated
  *    prompt give each row bitwise what it gets alone, in another order,
  *    arriving one or two at a time, with chunked prefill (greedy), and a
@@ -19,6 +20,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -182,6 +184,52 @@ static void test_greedy_fp32(void **state) {
 static void test_greedy_bf16(void **state) {
   (void)state;
   check_greedy(ML_BF16);
+}
+
+/* Greedy tokens = transformers' (tools/gen_generate_fixture.py: generate
+ * with do_sample=False on the fixture in float64, each prompt alone; the
+ * fixture's generate.json): all three prompts in one call, fp32. Exact
+ * tokens: a token could differ only where two candidates tie within fp32
+ * rounding, which the fixtures' random weights do not produce (the greedy
+ * tests above bound the gap of every generated token). */
+static void test_greedy_transformers(void **state) {
+  (void)state;
+  static fixture fx;
+  static run r;
+  open_fixture(&r, &fx, ML_F32);
+  char path[600];
+  snprintf(path, sizeof path, "%s/generate.json", fx.dir);
+  json_error_t err;
+  json_t *root = json_load_file(path, 0, &err);
+  if (!root) fail_msg("%s: %s (tools/gen_generate_fixture.py writes it)", path, err.text);
+  json_t *jp = json_object_get(root, "prompts"), *jt = json_object_get(root, "tokens");
+  assert_int_equal(json_integer_value(json_object_get(root, "new")), NEW);
+  prompts p = {0};
+  for (size_t k = 0; k < json_array_size(jp); k++) {
+    json_t *row = json_array_get(jp, k);
+    int64_t at = 0;
+    for (int64_t i = 0; i < p.n; i++) at += p.lens[i];
+    for (size_t i = 0; i < json_array_size(row); i++)
+      p.tokens[at + (int64_t)i] = (int32_t)json_integer_value(json_array_get(row, i));
+    p.lens[p.n++] = (int64_t)json_array_size(row);
+  }
+  assert_int_equal(p.n, 3);
+  result g;
+  ml_gen_opts o = greedy();
+  generate(&r, &p, &o, &g);
+  for (int64_t k = 0; k < p.n; k++) {
+    assert_int_equal(g.len[k], NEW);
+    for (int64_t j = 0; j < NEW; j++) {
+      int32_t want = (int32_t)json_integer_value(json_array_get(json_array_get(jt, k), j));
+      if (g.tok[k * NEW + j] != want)
+        fail_msg("prompt %lld, token %lld: %d; transformers' greedy generate gives %d",
+                 (long long)k, (long long)j, g.tok[k * NEW + j], want);
+    }
+  }
+  printf("%s: greedy tokens = transformers' (3 prompts x %d)\n", g_fixture, NEW);
+  json_decref(root);
+  run_close(&r);
+  fixture_free(&fx);
 }
 
 /* Row k of a equals row kb of b bitwise: length, tokens, log-probs and
@@ -490,6 +538,7 @@ int main(int argc, char **argv) {
   g_fixture = argv[1];
   const struct CMUnitTest tests[] = {
       held_test(test_greedy_fp32),  held_test(test_greedy_bf16),
+      held_test(test_greedy_transformers),
       held_test(test_batch_invariance_greedy), held_test(test_batch_invariance_greedy_bf16),
       held_test(test_batch_invariance_sampled),
       held_test(test_samples_and_limits), held_test(test_sampling_and_eos),

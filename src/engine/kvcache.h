@@ -21,7 +21,12 @@
  *
  * RoPE: each slot keeps the cos/sin tables of its positions 0 .. cap−1,
  * built for its prompt's length (generate.h: length-dependent types as
- * HF's prefill); a step gathers its tokens' rows into [T, hd/2] tables. */
+ * HF's prefill); a step gathers its tokens' rows into [T, hd/2] tables.
+ *
+ * fp32 keys and values whatever param_dtype: the block attention reads fp32
+ * k and v (backend.h ml_attn_block: `compute` picks the products'
+ * precision, not the storage), so a bf16 cache would need a kernel that
+ * reads bf16 (half the cache's memory); not done here. */
 #ifndef ML_KVCACHE_H
 #define ML_KVCACHE_H
 

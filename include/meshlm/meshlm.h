@@ -460,6 +460,7 @@ static inline int meshlm_sampling_default(meshlm_sampling *sp) {
  * eos included), the rest −1; out_logprobs (NULL: not wanted) [n,
  * max_new_tokens]: log p of each generated token under the model at
  * temperature 1 (the distribution meshlm_logprobs scores), 0 past the end.
+ * With sp->n > 1 the outputs have prompts.n x n rows (meshlm_generate_samples).
  * Errors: sp->struct_size out of range; max_new_tokens beyond meshlm_info.max_seq_len − the longest
  * prompt (meshlm_sampling's bound), other sampling fields out of range
  * (named), allocation. */

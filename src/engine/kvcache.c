@@ -93,6 +93,24 @@ static int check_call(const ml_kv_pool *p, const ml_attn_call *c) {
   return 0;
 }
 
+/* Segments i .. of one block attention call: a run of decode tokens (n =
+ * 1) at one position in consecutive slots and consecutive tokens is one
+ * call over B of them (q rows at pitch nh·hd, keys at the slots' pitch
+ * cap·nkv·hd); any other segment is a call of its own. The kernel computes
+ * each (sequence, head) of a call alone, so the run gives each sequence
+ * what its own call gives; one call saves the per-call cost (a parallel
+ * region) of every decode token of every layer. */
+static int64_t run_of(const ml_kv_pool *p, int64_t i) {
+  const ml_kv_seg *g = &p->seg[i];
+  int64_t B = 1;
+  while (g->n == 1 && i + B < p->nseg) {
+    const ml_kv_seg *h = &p->seg[i + B];
+    if (h->n != 1 || h->pos != g->pos || h->slot != g->slot + B || h->t0 != g->t0 + B) break;
+    B++;
+  }
+  return B;
+}
+
 // q [1, T, nh, hd], k, v [1, T, nkv, hd]: each segment's k, v appended to its slot;
 // out [1, T, nh·hd], lse [1, T, nh] = each segment's queries over its slot's keys
 static int kv_fwd(void *ctx, const ml_attn_call *c, float *out, float *lse) {
@@ -101,15 +119,22 @@ static int kv_fwd(void *ctx, const ml_attn_call *c, float *out, float *lse) {
   int64_t qr = c->nh * c->hd, kr = c->nkv * c->hd;
   for (int64_t i = 0; i < p->nseg; i++) {
     const ml_kv_seg *g = &p->seg[i];
-    float *K = slot_kv(p, c->layer, 0, g->slot), *V = slot_kv(p, c->layer, 1, g->slot);
     size_t bytes = sizeof(float) * (size_t)(g->n * kr);
-    ML_TRY(ml_be_copy(p->be, K + g->pos * kr, c->k + g->t0 * kr, bytes, ML_COPY_D2D));
-    ML_TRY(ml_be_copy(p->be, V + g->pos * kr, c->v + g->t0 * kr, bytes, ML_COPY_D2D));
-    ml_attn_block blk = {.B = 1, .sq = g->n, .sk = g->pos + g->n, .nh = c->nh, .nkv = c->nkv,
+    ML_TRY(ml_be_copy(p->be, slot_kv(p, c->layer, 0, g->slot) + g->pos * kr, c->k + g->t0 * kr,
+                      bytes, ML_COPY_D2D));
+    ML_TRY(ml_be_copy(p->be, slot_kv(p, c->layer, 1, g->slot) + g->pos * kr, c->v + g->t0 * kr,
+                      bytes, ML_COPY_D2D));
+  }
+  for (int64_t i = 0, B; i < p->nseg; i += B) {
+    const ml_kv_seg *g = &p->seg[i];
+    B = run_of(p, i);
+    ml_attn_block blk = {.B = B, .sq = g->n, .sk = g->pos + g->n, .nh = c->nh, .nkv = c->nkv,
                          .hd = c->hd, .q_pos = g->pos, .k_pos = 0, .q_bs = g->n * qr,
                          .k_bs = p->cap * kr, .l_bs = g->n * c->nh, .scale = c->scale,
                          .window = c->window, .group = c->group, .head_off = c->head_off};
-    ML_TRY(ml_be_attention_block_fwd(p->be, &blk, c->q + g->t0 * qr, K, V, out + g->t0 * qr,
+    ML_TRY(ml_be_attention_block_fwd(p->be, &blk, c->q + g->t0 * qr,
+                                     slot_kv(p, c->layer, 0, g->slot),
+                                     slot_kv(p, c->layer, 1, g->slot), out + g->t0 * qr,
                                      lse + g->t0 * c->nh, false, c->compute));
   }
   return 0;

@@ -104,11 +104,18 @@ static int32_t sample_row(const float *l, int64_t V, const ml_sampler *s, ml_rng
   int64_t arg = 0;
   for (int64_t i = 1; i < V; i++) arg = l[i] > l[arg] ? i : arg;
   double mx = l[arg], se = 0.0;
-  for (int64_t i = 0; i < V; i++) se += exp((double)l[i] - mx);
+  /* at temperature 1 the weights are the log-sum-exp's terms: one pass of exp for both (the
+     same doubles summed in the same order as the other pass: the same se) */
+  bool unit = !s->greedy && s->temperature == 1.0f;
+  for (int64_t i = 0; i < V; i++) {
+    double e = exp((double)l[i] - mx);
+    se += e;
+    if (unit) w[i] = (float)e;
+  }
   int64_t tok = arg;
   if (!s->greedy) {
     double inv_t = 1.0 / (double)s->temperature;
-    for (int64_t i = 0; i < V; i++) w[i] = (float)exp(((double)l[i] - mx) * inv_t);
+    for (int64_t i = 0; i < V && !unit; i++) w[i] = (float)exp(((double)l[i] - mx) * inv_t);
     /* every threshold keeps the heaviest token, whose weight is exp(0) = 1 */
     float tau = 0.0f;
     if (s->top_k > 0 && s->top_k < V) {

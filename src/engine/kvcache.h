@@ -14,10 +14,12 @@
  * A step is a packed batch [1, T] of segments, each a run of consecutive
  * positions pos .. pos+n−1 of one slot (a decode token: n = 1; a chunk of a
  * prompt's prefill: n > 1). The core appends each segment's keys and values
- * to its slot and runs one block attention per segment, its n queries at
- * q_pos = pos over the slot's keys 0 .. pos+n−1 (causal, the layer's
- * sliding window): the same call for a segment whatever else the step
- * holds, so a sequence's attention does not depend on its batch.
+ * to its slot and runs the block attention of each segment, its n queries
+ * at q_pos = pos over the slot's keys 0 .. pos+n−1 (causal, the layer's
+ * sliding window; a run of decode tokens at one position in consecutive
+ * slots is one call of B sequences, each computed alone by the kernel):
+ * the same computation for a segment whatever else the step holds, so a
+ * sequence's attention does not depend on its batch.
  *
  * RoPE: each slot keeps the cos/sin tables of its positions 0 .. cap−1,
  * built for its prompt's length (generate.h: length-dependent types as

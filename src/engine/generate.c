@@ -145,14 +145,17 @@ static int admit(gen *g) {
   return 0;
 }
 
-/* The step's segments: a token per decoding slot (in slot order), then
- * prefill chunks in order of admission while they fit the budget (the
- * first always). Sets the batch's ids and need[]; returns T, *nl the
- * tokens whose logits are drawn from. */
+/* The step's segments: while prompts wait for their prefill, prefill
+ * chunks in order of admission while they fit the budget (the first
+ * always); else a token per decoding slot (in slot order). A step is all
+ * prefill or all decode (vLLM's V0 scheduler): the steps take few distinct
+ * sizes (the model's buffers and the GEMMs' primitives are per size).
+ * Sets the batch's ids and need[]; returns T, *nl the tokens whose logits
+ * are drawn from. */
 static int64_t plan_step(gen *g, int64_t *nl) {
   int64_t t = 0, ns = 0, used = 0;
   *nl = 0;
-  for (int64_t s = 0; s < g->nslots; s++) {
+  for (int64_t s = 0; s < g->nslots && g->nq == 0; s++) {
     const slot *sl = &g->slots[s];
     if (sl->kind != SLOT_DECODE) continue;
     g->seg[ns++] = (ml_kv_seg){s, sl->pos, 1, t};
@@ -393,7 +396,7 @@ static int size_call(gen *g, int64_t *cap) {
   int64_t S = o->max_running ? o->max_running : g->R < ML_GEN_RUNNING ? g->R : ML_GEN_RUNNING;
   g->nslots = S < g->N ? g->N : S > g->R ? g->R : S;
   g->budget = o->prefill_tokens ? o->prefill_tokens : ML_GEN_PREFILL;
-  g->Tmax = ml_add_sat(g->nslots, g->budget);
+  g->Tmax = g->nslots > g->budget ? g->nslots : g->budget;
   g->V = g->m->cfg.vocab;
   g->start = ml_malloc_array(g->n, sizeof(int64_t), "the prompts' offsets (%lld)",
                              (long long)g->n);

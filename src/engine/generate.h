@@ -21,14 +21,15 @@
  * decodes together, one forward per generated token over all running
  * sequences, each at its own position: a step is a packed batch [1, T]
  * (the varlen layout of model/varlen.h) of segments — one token per
- * decoding sequence, and chunks of prompts being prefilled — through the
+ * decoding sequence, or (while prompts wait for it, vLLM's V0 scheduler)
+ * chunks of prompts being prefilled — through the
  * KV cache's attention core (engine/kvcache.h: one block attention per
  * segment over its own slot's keys; the GEMMs run once over all T tokens).
  * Prompts enter in order (first come, first served) while slots are free:
  * a prompt of n samples takes n slots at once, its prefill runs once in
  * the first (chunks of at most prefill_tokens, cut at multiples of it from
- * position 0, so a prompt's chunks do not depend on its batch; a step holds
- * whole chunks up to prefill_tokens, or one), then its keys are copied to
+ * position 0, so a prompt's chunks do not depend on its batch; a prefill
+ * step holds whole chunks up to prefill_tokens, or one), then its keys are copied to
  * the other n − 1 slots and each sample draws its first token from the
  * prompt's last logits. A sequence that finishes (a stop id, or its
  * max_new) hands its slot back at once and the next prompt takes it.
@@ -101,7 +102,7 @@ enum { ML_GEN_RUNNING = 256, ML_GEN_PREFILL = 512 };
  * do not depend on which other prompts it was batched with.
  *
  * Memory (device): the KV cache and its RoPE tables (above), the model's
- * forward activations for a step of at most max_running + prefill_tokens
+ * forward activations for a step of at most max(max_running, prefill_tokens)
  * tokens (the model keeps the last step's until the engine's next forward
  * re-sizes them), [max_running, vocab] logits; on the host the logits and
  * the sampler's [max_running, 2 · vocab] scratch; all but the activations

@@ -198,12 +198,13 @@ def main(argv=None):
         w.writerow(["step", "reward", "loss", "clip_fraction", "kl", "grad_norm", "seconds"])
         for step in range(1, args.steps + 1):
             ts = time.time()
-            # 1. sample (each data-parallel rank its own seed; tp/cp ranks of one share it)
-            n = args.groups * args.group
+            # 1. sample: groups of `group` samples per prompt, each prompt prefilled once
+            # (each data-parallel rank its own seed; tp/cp ranks of one share it)
             seed = args.seed * 1000003 + step * 1009 + dp_rank
             t_gen = time.time()
-            comps, gen_lps = policy.generate([prompt] * n, max_new_tokens=T, temperature=1.0,
-                                             eos_token_id=-2, seed=seed)
+            comps, gen_lps, _ = policy.generate([prompt] * args.groups, n=args.group,
+                                                max_new_tokens=T, temperature=1.0,
+                                                eos_token_id=-2, seed=seed)
             # 2. rewards and group-normalised advantages
             rewards = np.array([reward(c, target) for c in comps])
             adv = np.concatenate([group_advantages(rewards[g * args.group:(g + 1) * args.group])

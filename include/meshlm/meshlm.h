@@ -626,7 +626,7 @@ MESHLM_API int meshlm_reload_tensors(meshlm_session *s, int64_t n, const meshlm_
 
 /* Sampling of meshlm_generate. */
 typedef struct meshlm_sampling {
-  size_t struct_size;     /* sizeof(meshlm_sampling) (the minimum) */
+  size_t struct_size;     /* sizeof(meshlm_sampling) (the minimum: offsetof(meshlm_sampling, n)) */
   int64_t max_new_tokens; /* 1 .. meshlm_info.max_seq_len − the longest prompt's length
                              (max_seq_len − 1 without prompts); checked before anything is
                              allocated */
@@ -636,9 +636,27 @@ typedef struct meshlm_sampling {
   int greedy;             /* 1: argmax (temperature and top_p ignored) */
   int32_t eos_token_id;   /* stop a sequence after it; −1: the model's (config.json), −2: none */
   uint64_t seed;          /* the sampler's RNG: same seed, same tokens */
+  /* Appended during 0.2 (optional: a caller's struct_size without them gives their
+   * defaults). The warpers apply as
+   * transformers' for do_sample: temperature, top_k, top_p, min_p, in that order. */
+  int64_t n;              /* samples per prompt (GRPO's group), >= 1: output rows
+                             prompts.n x n, row k·n + j sample j of prompt k; the prompt is
+                             prefilled once, its KV cache copied to each sample */
+  int64_t top_k;          /* >= 0: keep the top_k most probable tokens (ties at the k-th
+                             kept; TopKLogitsWarper); 0: off */
+  float min_p;            /* [0, 1]: keep tokens with probability >= min_p x the most
+                             probable's (MinPLogitsWarper); 0: off */
+  int64_t n_stop;         /* >= 0: stop ids besides eos_token_id */
+  const int32_t *stop_token_ids;      /* [n_stop] a sequence stops after any of them */
+  const int64_t *max_new_tokens_per;  /* [prompts.n] each prompt's own max_new_tokens, 1 ..
+                                         max_new_tokens; NULL: max_new_tokens for all */
+  int64_t max_running;    /* sequences decoding at once (continuous batching: a finished one's
+                             KV slot goes to the next prompt), >= n; 0: all, at most 256 */
+  int64_t prefill_tokens; /* prompt tokens per forward (chunked prefill), >= 0; 0: 512 */
 } meshlm_sampling;
 /* max_new_tokens 32, temperature 1, top_p 1, not greedy, eos from the
- * model, seed 0; _init and _default as meshlm_options_init / _default's. */
+ * model, seed 0, n 1, top_k 0, min_p 0, no stop ids, max_new_tokens for
+ * every prompt, max_running 0, prefill_tokens 0; _init and _default as meshlm_options_init / _default's. */
 MESHLM_API int meshlm_sampling_init(meshlm_sampling *sp, size_t struct_size);
 static inline int meshlm_sampling_default(meshlm_sampling *sp) {
   return meshlm_sampling_init(sp, sizeof *sp);
@@ -653,12 +671,34 @@ static inline int meshlm_sampling_default(meshlm_sampling *sp) {
  * eos included), the rest −1; out_logprobs (NULL: not wanted) [n,
  * max_new_tokens]: log p of each generated token under the model at
  * temperature 1 (the distribution meshlm_logprobs scores), 0 past the end.
+ * With sp->n > 1 the outputs have prompts.n x n rows (meshlm_generate_samples).
  * Errors: sp->struct_size out of range; max_new_tokens beyond meshlm_info.max_seq_len − the longest
  * prompt (meshlm_sampling's bound), other sampling fields out of range
  * (named), allocation. */
 MESHLM_API int meshlm_generate(meshlm_session *s, const meshlm_seqs *prompts,
                                const meshlm_sampling *sp, int32_t *out_tokens, int64_t *out_lens,
                                float *out_logprobs);
+
+/* Why a generated sequence ended (meshlm_generate_samples' out_finish). */
+enum { MESHLM_FINISH_STOP = 1, MESHLM_FINISH_LENGTH = 2 };
+
+/* COLLECTIVE, as meshlm_generate (which is this call with out_finish NULL),
+ * with sp->n samples per prompt: every output has R = prompts.n x sp->n
+ * rows, row k·n + j sample j of prompt k (out_tokens, out_logprobs [R,
+ * max_new_tokens], out_lens [R]); out_finish (NULL: not wanted) [R]
+ * int32: MESHLM_FINISH_STOP (eos_token_id or a stop_token_ids id, included
+ * in the tokens) or MESHLM_FINISH_LENGTH (its max_new_tokens). All
+ * sequences decode together (one forward per token over every running
+ * sequence, continuous batching); a sequence's tokens and log-probs do not
+ * depend on the other prompts of the call (its draws: a function of seed
+ * and its row). Errors: meshlm_generate's, and n < 1, top_k < 0, min_p
+ * outside [0, 1], n_stop < 0 or a stop id out of range, a per-prompt
+ * max_new_tokens outside 1 .. max_new_tokens, max_running in 1 .. n − 1,
+ * prefill_tokens < 0 (each named). */
+MESHLM_API int meshlm_generate_samples(meshlm_session *s, const meshlm_seqs *prompts,
+                                       const meshlm_sampling *sp, int32_t *out_tokens,
+                                       int64_t *out_lens, float *out_logprobs,
+                                       int32_t *out_finish);
 
 /* What the last meshlm_logprobs or meshlm_train_step did on this rank:
  * its micro-batches and the collectives each mesh group issued (torch's

@@ -221,6 +221,14 @@ class meshlm_sampling(Sized):
         ("greedy", c_int),
         ("eos_token_id", c_int32),
         ("seed", c_uint64),
+        ("n", c_int64),
+        ("top_k", c_int64),
+        ("min_p", c_float),
+        ("n_stop", c_int64),
+        ("stop_token_ids", POINTER(c_int32)),
+        ("max_new_tokens_per", POINTER(c_int64)),
+        ("max_running", c_int64),
+        ("prefill_tokens", c_int64),
     ]
 
 
@@ -316,6 +324,9 @@ _PROTOTYPES = {
     "meshlm_sampling_init": (c_int, [POINTER(meshlm_sampling), c_size_t]),
     "meshlm_generate": (c_int, [session_p, POINTER(meshlm_seqs), POINTER(meshlm_sampling),
                                 POINTER(c_int32), POINTER(c_int64), POINTER(c_float)]),
+    "meshlm_generate_samples": (c_int, [session_p, POINTER(meshlm_seqs),
+                                        POINTER(meshlm_sampling), POINTER(c_int32),
+                                        POINTER(c_int64), POINTER(c_float), POINTER(c_int32)]),
     "meshlm_last_call_stats": (c_int, [session_p, POINTER(meshlm_call_stats)]),
     "meshlm_register_family": (c_int, [POINTER(meshlm_family), c_char_p, c_size_t]),
     "meshlm_score": (c_int, [session_p, POINTER(meshlm_seqs), POINTER(c_uint8),

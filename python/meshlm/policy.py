@@ -1188,53 +1188,85 @@ class Policy:
 
     # --- generation ------------------------------------------------------------------------------------
 
-    def generate(self, prompts: TokenSeqs, max_new_tokens: int = 32, temperature: float = 1.0,
-                 top_p: float = 1.0, greedy: bool = False, eos_token_id: int = -1, seed: int = 0
-                 ) -> Tuple[List[NDArray[np.int32]], List[NDArray[np.float32]]]:
+    def generate(self, prompts: TokenSeqs, max_new_tokens: Union[int, Sequence[int]] = 32,
+                 temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
+                 eos_token_id: int = -1, seed: int = 0, n: int = 1, top_k: int = 0,
+                 min_p: float = 0.0, stop: Optional[Sequence[int]] = None,
+                 max_running: int = 0, prefill_tokens: int = 0
+                 ) -> Tuple[List[NDArray[np.int32]], List[NDArray[np.float32]], List[str]]:
         """COLLECTIVE (each rank samples its own prompts; their number may
-        differ and be 0). Continue each prompt with up to max_new_tokens
-        sampled tokens (KV cache, on a replica of the current weights).
+        differ and be 0). Continue each prompt with n samples of up to
+        max_new_tokens sampled tokens (meshlm_generate_samples: every
+        sequence decodes together over a KV cache, continuous batching, on a
+        replica of the current weights).
 
-        prompts: list of n 1-D integer arrays.
+        prompts: list of P 1-D integer arrays.
         max_new_tokens: 1 .. info["max_seq_len"] - the longest prompt's length
-            (checked before the outputs are allocated).
-        temperature > 0, top_p in (0, 1] (nucleus), greedy: argmax.
+            (checked before the outputs are allocated); or a list of P, each
+            prompt's own.
+        temperature > 0, top_k >= 0 (0: off), top_p in (0, 1] (nucleus),
+            min_p in [0, 1] (0: off), applied in that order as transformers'
+            warpers; greedy: argmax.
         eos_token_id: stop a sequence after it; -1: the model's (config.json),
-            -2: none.  seed: same seed, same tokens.
-        Returns (tokens, logprobs): lists of n arrays, tokens[k] int32 of the
-        generated ids (the eos included; at most max_new_tokens), logprobs[k]
-        float32 of the same length, log p of each generated token at
-        temperature 1 (the distribution logprobs() scores)."""
+            -2: none.  stop: more stop ids.  seed: same seed, same tokens.
+        n: samples per prompt (GRPO's group; the prompt is prefilled once).
+        max_running: sequences decoding at once (>= n; 0: all, at most 256);
+            prefill_tokens: prompt tokens per forward (0: 512).
+        Returns (tokens, logprobs, finish): lists of P·n entries, entry k·n + j
+        sample j of prompt k: tokens int32 of the generated ids (the stop id
+        included), logprobs float32 of the same length, log p of each
+        generated token at temperature 1 (the distribution logprobs()
+        scores), finish "stop" (a stop id) or "length" (max_new_tokens)."""
         s = self._session()
         try:
             b = _Batch(prompts, "prompts")
-            w = max(int(max_new_tokens), 0)
+            per = None if isinstance(max_new_tokens, (int, np.integer)) else \
+                np.ascontiguousarray(max_new_tokens, dtype=np.int64)
+            if per is not None and per.shape != (b.n,):
+                raise _ArgError("generate: max_new_tokens has %d entries; expected one per "
+                                "prompt (%d) or an int" % (per.size, b.n))
+            w = max(int(max_new_tokens) if per is None else int(per.max(initial=1)), 0)
             longest = int(b.lens.max()) if b.n else 1
             room = self._known_info()["max_seq_len"] - longest
             if w > room:
                 raise _ArgError("generate: max_new_tokens %d; expected at most %d "
                                 "(info['max_seq_len'] %d - the longest prompt's %d tokens)"
                                 % (w, room, self._known_info()["max_seq_len"], longest))
+            stops = np.ascontiguousarray([] if stop is None else stop, dtype=np.int32)
         except _ArgError as e:
             self._arg_error(e, lambda: self._poison_generate(s))
         sp = L.meshlm_sampling()
         self._lib.meshlm_sampling_init(byref(sp), ctypes.sizeof(sp))
-        sp.max_new_tokens = int(max_new_tokens)
+        sp.max_new_tokens = int(max_new_tokens) if per is None else w
         sp.temperature = float(temperature)
         sp.top_p = float(top_p)
         sp.greedy = int(bool(greedy))
         sp.eos_token_id = int(eos_token_id)
         sp.seed = int(seed) & 0xFFFFFFFFFFFFFFFF
-        toks = np.full((b.n, w), -1, np.int32)
-        lens = np.zeros(b.n, np.int64)
-        lps = np.zeros((b.n, w), np.float32)
-        rc = self._lib.meshlm_generate(s, byref(b.c), byref(sp),
-                                       toks.ctypes.data_as(POINTER(c_int32)),
-                                       lens.ctypes.data_as(POINTER(c_int64)),
-                                       lps.ctypes.data_as(POINTER(c_float)))
-        self._check(rc, "meshlm_generate")
-        return ([toks[k, :lens[k]].copy() for k in range(b.n)],
-                [lps[k, :lens[k]].copy() for k in range(b.n)])
+        sp.n = int(n)
+        sp.top_k = int(top_k)
+        sp.min_p = float(min_p)
+        sp.n_stop = stops.size
+        sp.stop_token_ids = stops.ctypes.data_as(POINTER(c_int32))
+        if per is not None:
+            sp.max_new_tokens_per = per.ctypes.data_as(POINTER(c_int64))
+        sp.max_running = int(max_running)
+        sp.prefill_tokens = int(prefill_tokens)
+        rows = b.n * max(int(n), 0)
+        toks = np.full((rows, w), -1, np.int32)
+        lens = np.zeros(rows, np.int64)
+        lps = np.zeros((rows, w), np.float32)
+        fin = np.zeros(rows, np.int32)
+        rc = self._lib.meshlm_generate_samples(s, byref(b.c), byref(sp),
+                                               toks.ctypes.data_as(POINTER(c_int32)),
+                                               lens.ctypes.data_as(POINTER(c_int64)),
+                                               lps.ctypes.data_as(POINTER(c_float)),
+                                               fin.ctypes.data_as(POINTER(c_int32)))
+        self._check(rc, "meshlm_generate_samples")
+        why = {1: "stop", 2: "length"}
+        return ([toks[r, :lens[r]].copy() for r in range(rows)],
+                [lps[r, :lens[r]].copy() for r in range(rows)],
+                [why[int(f)] for f in fin])
 
     def _poison_generate(self, s: c_void_p) -> None:
         lens, toks, c = _poison_seqs(self._rank())

@@ -9,14 +9,16 @@
 #include "api/session.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
+#include "common/checked.h"
 #include "engine/generate.h"
 #include "ckpt/save.h"
 #include "parallel/device.h"
 
 int meshlm_sampling_init(meshlm_sampling *sp, size_t struct_size) {
   meshlm_sampling full = {.max_new_tokens = 32, .temperature = 1.0f, .top_p = 1.0f,
-                          .eos_token_id = -1};
+                          .eos_token_id = -1, .n = 1};
   return api_init_struct(sp, struct_size, API_MIN(meshlm_sampling), sizeof full, &full);
 }
 
@@ -73,7 +75,7 @@ static int check_sampling(const meshlm_sampling *sp) {
   if (sp->eos_token_id < -2)
     return ml_err("meshlm_generate: eos_token_id %d; expected a token id, -1 (the model's) or "
                   "-2 (none)", sp->eos_token_id);
-  return 0; /* temperature and top_p: ml_generate's checks, naming each */
+  return 0; /* the rest: ml_generate's checks, naming each */
 }
 
 /* max_new_tokens within what the longest prompt (checked) leaves of the
@@ -92,8 +94,27 @@ static int check_room(const meshlm_session *s, const meshlm_seqs *prompts, int64
                 which);
 }
 
-int meshlm_generate(meshlm_session *s, const meshlm_seqs *prompts, const meshlm_sampling *sp,
-                    int32_t *out_tokens, int64_t *out_lens, float *out_logprobs) {
+/* The stop ids: eos (resolved; < 0: none) then the caller's, into ids
+ * (malloc'd, *n of them). Errors: allocation, n_stop < 0 or the list
+ * missing (named). */
+static int stop_ids(const meshlm_sampling *sp, int32_t eos, int32_t **ids, int64_t *n) {
+  *ids = NULL;
+  *n = 0;
+  if (sp->n_stop < 0 || (sp->n_stop > 0 && !sp->stop_token_ids))
+    return ml_err("meshlm_generate: sampling.n_stop %lld%s; expected >= 0 and the ids in "
+                  "stop_token_ids",
+                  (long long)sp->n_stop, sp->n_stop > 0 ? " with stop_token_ids NULL" : "");
+  *ids = ml_malloc_array(sp->n_stop + 1, sizeof(int32_t), "the stop ids (%lld)",
+                         (long long)(sp->n_stop + 1));
+  if (!*ids) return -1;
+  if (eos >= 0) (*ids)[(*n)++] = eos;
+  for (int64_t i = 0; i < sp->n_stop; i++) (*ids)[(*n)++] = sp->stop_token_ids[i];
+  return 0;
+}
+
+int meshlm_generate_samples(meshlm_session *s, const meshlm_seqs *prompts,
+                            const meshlm_sampling *sp, int32_t *out_tokens, int64_t *out_lens,
+                            float *out_logprobs, int32_t *out_finish) {
   ML_TRY(api_enter(s, API_CALL_GENERATE));
   int64_t tokens;
   meshlm_sampling def, spc;
@@ -108,12 +129,24 @@ int meshlm_generate(meshlm_session *s, const meshlm_seqs *prompts, const meshlm_
     rc = ml_err("meshlm_generate: out_tokens or out_lens is NULL");
   if (api_agree(s, rc) || api_agree(s, sync_replica(s))) return -1;
   meshlm_info info;
-  int32_t eos = sp->eos_token_id;
+  int32_t eos = sp->eos_token_id, *stop = NULL;
   if (eos == -1 && meshlm_get_info(s, &info) == 0) eos = info.eos_token_id;
-  ml_gen_opts o = {sp->max_new_tokens, sp->temperature, sp->top_p, sp->greedy != 0,
-                   eos < 0 ? -1 : eos, sp->seed};
+  int64_t n_stop;
+  rc = stop_ids(sp, eos, &stop, &n_stop);
+  ml_gen_opts o = {.max_new = sp->max_new_tokens, .max_new_per = sp->max_new_tokens_per,
+                   .n_samples = sp->n, .stop = stop, .n_stop = n_stop, .seed = sp->seed,
+                   .max_running = sp->max_running, .prefill_tokens = sp->prefill_tokens,
+                   .sampler = {.greedy = sp->greedy != 0, .temperature = sp->temperature,
+                               .top_k = sp->top_k, .top_p = sp->top_p, .min_p = sp->min_p}};
   /* local: each rank decodes its own prompts; the outcome is agreed */
-  rc = ml_generate(&s->gen, prompts->n, prompts->lens, prompts->tokens, &o, out_tokens, out_lens,
-                   out_logprobs);
+  if (rc == 0)
+    rc = ml_generate(&s->gen, prompts->n, prompts->lens, prompts->tokens, &o, out_tokens,
+                     out_lens, out_logprobs, out_finish);
+  free(stop);
   return api_agree(s, rc);
+}
+
+int meshlm_generate(meshlm_session *s, const meshlm_seqs *prompts, const meshlm_sampling *sp,
+                    int32_t *out_tokens, int64_t *out_lens, float *out_logprobs) {
+  return meshlm_generate_samples(s, prompts, sp, out_tokens, out_lens, out_logprobs, NULL);
 }

@@ -111,7 +111,7 @@ int api_local(meshlm_session *s, const char *call);
 #define API_MIN_meshlm_step_result offsetof(meshlm_step_result, nonfinite_param)
 #define API_MIN_meshlm_loss offsetof(meshlm_loss, objective)
 #define API_MIN_meshlm_train_batch offsetof(meshlm_train_batch, generation_logprobs)
-#define API_MIN_meshlm_sampling sizeof(meshlm_sampling)
+#define API_MIN_meshlm_sampling offsetof(meshlm_sampling, n)
 #define API_MIN_meshlm_weight sizeof(meshlm_weight)
 #define API_MIN_meshlm_tensor sizeof(meshlm_tensor)
 #define API_MIN_meshlm_scores sizeof(meshlm_scores)

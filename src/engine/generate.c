@@ -1,7 +1,6 @@
-/* Text generation with a KV cache (generate.h). */
+/* Text generation with a KV cache, continuous batching (generate.h). */
 #include "engine/generate.h"
 
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,72 +8,80 @@
 #include "common/checked.h"
 #include "common/rng.h"
 #include "common/status.h"
+#include "engine/kvcache.h"
 #include "engine/token_lp.h"
 
-/* The KV cache of one group: per layer its K then its V, [B, cap, nkv, hd]
- * each (device); p0, the position of the first of the forward's S new
- * positions. */
-typedef struct kv_cache {
-  ml_backend *be;
-  float *mem;
-  int64_t L, B, cap, nkv, hd;
-  int64_t p0;
-} kv_cache;
+/* A slot of the KV cache and the sequence in it. */
+typedef enum { SLOT_FREE, SLOT_WAIT, SLOT_PREFILL, SLOT_DECODE } slot_kind;
 
-/* What the core saves per forward: the log-sum-exp [B, S, nh] of the block
- * attention; never less than the backend's own attention saves, so that
- * the buffers the model sizes with it stay valid for that attention once
- * the core is restored (the model keeps this geometry after the call). */
-static int64_t kv_saved(void *ctx, int64_t B, int64_t S, int64_t nh) {
-  const kv_cache *kc = ctx;
-  int64_t lse = ml_mul_sat(ml_mul_sat(B, S), nh), own = ml_be_attention_saved(kc->be, B, S, nh);
-  return lse > own ? lse : own;
-}
+typedef struct slot {
+  slot_kind kind; /* WAIT: a sample slot until its prompt's prefill ends */
+  int64_t row;    /* its output row (PREFILL: the prompt's first sample) */
+  int64_t pos;    /* positions in its cache */
+  int32_t next;   /* DECODE: the token the next step feeds */
+} slot;
 
-// q [B, S, nh, hd], k, v [B, S, nkv, hd] at positions p0 .. p0+S−1: k, v appended to the
-// layer's cache; out [B, S, nh·hd] = attention over the cached keys 0 .. p0+S−1, lse [B, S, nh]
-static int kv_fwd(void *ctx, const ml_attn_call *c, float *out, float *lse) {
-  kv_cache *kc = ctx;
-  if (c->layer < 0 || c->layer >= kc->L || c->B != kc->B || c->nkv != kc->nkv ||
-      c->hd != kc->hd || kc->p0 + c->S > kc->cap)
-    return ml_err("generate: layer %lld's attention of %lld sequences x %lld positions from %lld "
-                  "(%lld kv heads of %lld) does not fit the KV cache of %lld layers x %lld "
-                  "sequences x %lld positions (%lld kv heads of %lld)",
-                  (long long)c->layer, (long long)c->B, (long long)c->S, (long long)kc->p0,
-                  (long long)c->nkv, (long long)c->hd, (long long)kc->L, (long long)kc->B,
-                  (long long)kc->cap, (long long)kc->nkv, (long long)kc->hd);
-  int64_t row = c->nkv * c->hd, seq = kc->cap * row; /* floats of a position, a sequence */
-  float *K = kc->mem + c->layer * 2 * kc->B * seq, *V = K + kc->B * seq;
-  size_t width = sizeof(float) * (size_t)(c->S * row), pitch = sizeof(float) * (size_t)seq;
-  ML_TRY(ml_be_copy2d(kc->be, K + kc->p0 * row, pitch, c->k, width, width, (size_t)c->B));
-  ML_TRY(ml_be_copy2d(kc->be, V + kc->p0 * row, pitch, c->v, width, width, (size_t)c->B));
-  ml_attn_block blk = {.B = c->B, .sq = c->S, .sk = kc->p0 + c->S, .nh = c->nh, .nkv = c->nkv,
-                       .hd = c->hd, .q_pos = kc->p0, .k_pos = 0, .q_bs = c->S * c->nh * c->hd,
-                       .k_bs = seq, .l_bs = c->S * c->nh, .scale = c->scale,
-                       .window = c->window, .group = c->group, .head_off = c->head_off};
-  return ml_be_attention_block_fwd(kc->be, &blk, c->q, K, V, out, lse, false, c->compute);
-}
-
-/* One group's state: B prompts of P tokens, generating into positions up
- * to cap − 1. */
+/* One call's state. */
 typedef struct gen {
   ml_engine *e;
   ml_model *m;
-  kv_cache kv;
-  float *rope;        /* [4, cap, hd/2]: full-attention cos, sin; sliding cos, sin (device) */
-  float *x;           /* [B·P, H] residual stream (device) */
-  int32_t *ids;       /* [B·P] token ids (device) */
-  float *logits;      /* [B, V] of each row's last position (device) */
-  int32_t *host_ids;  /* [B·P] (host) */
-  float *host_logits; /* [B, V] (host) */
+  const ml_gen_opts *o;
+  int64_t n, N, R;            /* prompts, samples per prompt, rows n·N */
+  const int64_t *lens;         /* [n] prompt lengths */
+  int64_t *start;              /* [n] their offsets into tokens */
+  const int32_t *tokens;
+  int64_t budget, Tmax, V;     /* prefill tokens per step, tokens per step, vocab */
+  ml_kv_pool kv;
+  slot *slots;
+  int64_t nslots, nfree;
+  int64_t *slot_of;            /* [R] the slot of each row once admitted */
+  int64_t next_prompt;         /* prompts admitted: 0 .. next_prompt − 1 */
+  int64_t *queue, nq;          /* slots prefilling, in order of admission */
+  ml_kv_seg *seg;              /* [nslots] the step's segments */
+  int64_t *need;               /* [nslots] tokens whose logits the step samples from */
+  ml_rng *rng;                 /* [R] each row's stream */
+  /* draws of a step, [nslots] each */
+  int64_t *d_row, *d_logit;
+  ml_rng *d_rng;
+  int32_t *d_tok;
+  float *d_lp;
+  float *work;                 /* [nslots, 2·V] the sampler's scratch (NULL: greedy) */
+  /* the step's batch (device) and its host sides */
+  float *x, *rope, *logits;
+  int32_t *ids, *host_ids;
+  float *host_logits;
+  /* outputs */
+  int32_t *out_tokens, *out_finish;
+  int64_t *out_lens;
+  float *out_logprobs;
 } gen;
 
-/* Each layer's RoPE tables at rows p0 .. of the group's tables (the model's
- * own, ml_model_begin's, cover positions 0 .. S−1 of its geometry). */
-static void rope_point(gen *g, int64_t p0) {
-  int64_t half = g->m->cfg.head_dim / 2, n = g->kv.cap * half;
+static int64_t max_new_of(const gen *g, int64_t k) {
+  return g->o->max_new_per ? g->o->max_new_per[k] : g->o->max_new;
+}
+
+/* Row r's draws: seed's stream (its first output, a mixed 64-bit value,
+ * as the base) advanced by r·2^32 draws, so that rows' streams never
+ * overlap (a row draws at most max_new <= 2^24 numbers) and depend on seed
+ * and r only. */
+static ml_rng row_rng(uint64_t seed, int64_t r) {
+  ml_rng s = ml_rng_seed(seed);
+  return ml_rng_seed(ml_rng_next(&s) + ((uint64_t)r << 32));
+}
+
+/* Mixed precision: the residual stream rounded to param_dtype at a unit's
+ * input, as the engine's forward does (FSDP2's cast_forward_inputs). */
+static int cast_unit_input(gen *g, float *x) {
+  if (g->e->opts.fsdp.param_dtype != ML_BF16) return 0;
+  ml_model *m = g->m;
+  return ml_be_round_bf16(g->e->be, x, (size_t)(m->B * m->s_res * m->cfg.hidden));
+}
+
+/* Each layer's RoPE tables at the step's gathered rows [4][T][hd/2]. */
+static void rope_point(gen *g, int64_t T) {
+  int64_t n = T * g->kv.half;
   for (int l = 0; l < g->m->cfg.n_layers; l++) {
-    const float *t = g->rope + (g->m->cfg.sliding[l] ? 2 * n : 0) + p0 * half;
+    const float *t = g->rope + (g->m->cfg.sliding[l] ? 2 * n : 0);
     g->m->layers[l].rope_cos = t;
     g->m->layers[l].rope_sin = t + n;
   }
@@ -88,23 +95,17 @@ static void rope_restore(ml_model *m) {
   }
 }
 
-/* Mixed precision: the residual stream rounded to param_dtype at a unit's
- * input, as the engine's forward does (FSDP2's cast_forward_inputs). */
-static int cast_unit_input(gen *g, float *x) {
-  if (g->e->opts.fsdp.param_dtype != ML_BF16) return 0;
-  ml_model *m = g->m;
-  return ml_be_round_bf16(g->e->be, x, (size_t)(m->B * m->s_res * m->cfg.hidden));
-}
-
-// host_ids [B, S] at positions p0 .. p0+S−1 → host_logits [B, V] of each row's last position
-static int forward_last(gen *g, int64_t B, int64_t S, int64_t p0) {
+// host_ids [1, T] of the step's segments → host_logits [nl, V] of tokens need[0 .. nl)
+static int forward(gen *g, int64_t T, int64_t nl) {
   ml_model *m = g->m;
   ml_backend *be = g->e->be;
-  int64_t V = m->cfg.vocab;
-  ML_TRY(ml_model_begin(m, B, S));
-  rope_point(g, p0);
-  g->kv.p0 = p0;
-  ML_TRY(ml_be_copy(be, g->ids, g->host_ids, sizeof(int32_t) * (size_t)(B * S), ML_COPY_H2D));
+  snprintf(m->batch_what, sizeof m->batch_what, "generation: a step of %lld tokens",
+           (long long)T);
+  m->forward_only = true; /* no backward: one layer's activations (model.h) */
+  ML_TRY(ml_model_begin(m, 1, T));
+  ML_TRY(ml_kv_gather_rope(&g->kv, g->rope, T));
+  rope_point(g, T);
+  ML_TRY(ml_be_copy(be, g->ids, g->host_ids, sizeof(int32_t) * (size_t)T, ML_COPY_H2D));
   ML_TRY(ml_embed_forward(m, g->ids, g->x));
   for (int l = 0; l < m->cfg.n_layers; l++) {
     ML_TRY(cast_unit_input(g, g->x));
@@ -112,188 +113,210 @@ static int forward_last(gen *g, int64_t B, int64_t S, int64_t p0) {
   }
   ML_TRY(cast_unit_input(g, g->x));
   ML_TRY(ml_head_begin(m, g->x));
-  // lm_head's input: each row's last position compacted in place to rows 0 .. B−1
-  size_t c = sizeof(float) * (size_t)m->head_in.c;
-  if (S > 1)
-    ML_TRY(ml_be_copy2d(be, m->head_in.x, c, m->head_in.x + (S - 1) * m->head_in.c, c * (size_t)S,
-                        c, (size_t)B));
-  ML_TRY(ml_head_forward(m, 0, B, g->logits));  // [B, V]
-  if (g->e->opts.output_dtype == ML_BF16)        /* as the loss reads them */
-    ML_TRY(ml_be_round_bf16(be, g->logits, (size_t)(B * V)));
-  return ml_be_copy(be, g->host_logits, g->logits, sizeof(float) * (size_t)(B * V),
+  /* lm_head's input: the sampled tokens' rows compacted to rows 0 .. nl−1 (need ascending,
+     need[i] >= i: each row moves down onto a row no later one reads) */
+  int64_t c = m->head_in.c;
+  for (int64_t i = 0; i < nl; i++)
+    if (g->need[i] != i)
+      ML_TRY(ml_be_copy(be, m->head_in.x + i * c, m->head_in.x + g->need[i] * c,
+                        sizeof(float) * (size_t)c, ML_COPY_D2D));
+  ML_TRY(ml_head_forward(m, 0, nl, g->logits)); // [nl, V]
+  if (g->e->opts.output_dtype == ML_BF16)       /* as the loss reads them */
+    ML_TRY(ml_be_round_bf16(be, g->logits, (size_t)(nl * g->V)));
+  return ml_be_copy(be, g->host_logits, g->logits, sizeof(float) * (size_t)(nl * g->V),
                     ML_COPY_D2H);
 }
 
-/* A token id and its weight, for the nucleus's sort. */
-typedef struct weighted {
-  double w;
-  int32_t id;
-} weighted;
-
-/* Heaviest first; the lower id first among equals. */
-static int heavier_first(const void *a, const void *b) {
-  const weighted *x = a, *y = b;
-  if (x->w != y->w) return x->w > y->w ? -1 : 1;
-  return (x->id > y->id) - (x->id < y->id);
-}
-
-/* The next token of a row from its logits l [V] (host); *lp = log_softmax(l)
- * at it. Greedy: the argmax (lowest id on ties). Else weights exp((l −
- * max)/T) (TemperatureLogitsWarper), restricted under top_p < 1 to the
- * heaviest tokens while the mass before each is below top_p of the total
- * (TopPLogitsWarper: the smallest such set reaching top_p, at least one
- * token), then one uniform draw u of rng over the kept mass, walked in the
- * kept order. `sorted` [V]: scratch for top_p < 1. */
-static int32_t pick(const float *l, int64_t V, const ml_gen_opts *o, ml_rng *rng,
-                    weighted *sorted, float *lp) {
-  int64_t arg = 0;
-  for (int64_t i = 1; i < V; i++) arg = l[i] > l[arg] ? i : arg;
-  double mx = l[arg], se = 0.0;
-  for (int64_t i = 0; i < V; i++) se += exp((double)l[i] - mx);
-  int64_t tok = arg;
-  if (!o->greedy) {
-    double inv_t = 1.0 / (double)o->temperature, total = 0.0, kept = 0.0;
-    int64_t n = 0;
-    if (o->top_p < 1.0f) {
-      for (int64_t i = 0; i < V; i++) {
-        sorted[i] = (weighted){exp(((double)l[i] - mx) * inv_t), (int32_t)i};
-        total += sorted[i].w;
-      }
-      qsort(sorted, (size_t)V, sizeof *sorted, heavier_first);
-      for (; n < V && kept < (double)o->top_p * total; n++) kept += sorted[n].w;
-    } else {
-      for (int64_t i = 0; i < V; i++) kept += exp(((double)l[i] - mx) * inv_t);
+/* Prompts enter in order while their n samples find free slots: the first
+ * slot prefills, the others wait for its keys. */
+static int admit(gen *g) {
+  while (g->next_prompt < g->n && g->nfree >= g->N) {
+    int64_t k = g->next_prompt++, j = 0;
+    for (int64_t s = 0; j < g->N; s++) {
+      if (g->slots[s].kind != SLOT_FREE) continue;
+      int64_t r = k * g->N + j;
+      g->slots[s] = (slot){j == 0 ? SLOT_PREFILL : SLOT_WAIT, r, 0, -1};
+      g->slot_of[r] = s;
+      j++;
     }
-    /* the walk adds the same weights in the same order, so it ends inside the kept mass */
-    double u = ml_rng_uniform(rng) * kept, acc = 0.0;
-    for (int64_t r = 0; r < (n ? n : V); r++) {
-      tok = n ? sorted[r].id : r;
-      acc += n ? sorted[r].w : exp(((double)l[r] - mx) * inv_t);
-      if (u < acc) break;
-    }
+    g->nfree -= g->N;
+    int64_t owner = g->slot_of[k * g->N];
+    g->queue[g->nq++] = owner;
+    ML_TRY(ml_kv_slot_rope(&g->kv, &g->m->cfg, owner, g->lens[k]));
   }
-  *lp = (float)((double)l[tok] - mx - log(se));
-  return (int32_t)tok;
+  return 0;
 }
 
-/* Row k's draws: seed's stream (its first output, a mixed 64-bit value,
- * as the base) advanced by k·2^32 draws, so that rows' streams never
- * overlap (a row draws at most max_new <= 2^24 numbers) and depend on seed
- * and k only. */
-static ml_rng row_rng(uint64_t seed, int64_t k) {
-  ml_rng r = ml_rng_seed(seed);
-  return ml_rng_seed(ml_rng_next(&r) + ((uint64_t)k << 32));
+/* The step's segments: while prompts wait for their prefill, prefill
+ * chunks in order of admission while they fit the budget (the first
+ * always); else a token per decoding slot (in slot order). A step is all
+ * prefill or all decode (vLLM's V0 scheduler): the steps take few distinct
+ * sizes (the model's buffers and the GEMMs' primitives are per size).
+ * Sets the batch's ids and need[]; returns T, *nl the tokens whose logits
+ * are drawn from. */
+static int64_t plan_step(gen *g, int64_t *nl) {
+  int64_t t = 0, ns = 0, used = 0;
+  *nl = 0;
+  for (int64_t s = 0; s < g->nslots && g->nq == 0; s++) {
+    const slot *sl = &g->slots[s];
+    if (sl->kind != SLOT_DECODE) continue;
+    g->seg[ns++] = (ml_kv_seg){s, sl->pos, 1, t};
+    g->host_ids[t] = sl->next;
+    g->need[(*nl)++] = t++;
+  }
+  for (int64_t i = 0; i < g->nq; i++) {
+    const slot *sl = &g->slots[g->queue[i]];
+    int64_t k = sl->row / g->N, P = g->lens[k];
+    int64_t c = P - sl->pos < g->budget ? P - sl->pos : g->budget;
+    if (used > 0 && used + c > g->budget) break;
+    g->seg[ns++] = (ml_kv_seg){g->queue[i], sl->pos, c, t};
+    memcpy(g->host_ids + t, g->tokens + g->start[k] + sl->pos, sizeof(int32_t) * (size_t)c);
+    if (sl->pos + c == P) g->need[(*nl)++] = t + c - 1;
+    used += c;
+    t += c;
+  }
+  g->kv.seg = g->seg;
+  g->kv.nseg = ns;
+  return t;
 }
 
-/* Prompt index and length, ordered by length, then index. */
-typedef struct prompt_ref {
-  int64_t len, k, start; /* start: offset of its tokens */
-} prompt_ref;
-
-static int shorter_first(const void *a, const void *b) {
-  const prompt_ref *x = a, *y = b;
-  if (x->len != y->len) return (x->len > y->len) - (x->len < y->len);
-  return (x->k > y->k) - (x->k < y->k);
+/* Row r's next token: written out; the row finishes on a stop id or its
+ * max_new (its slot freed), else decodes it next. */
+static void take(gen *g, int64_t r, int32_t tok, float lp) {
+  int64_t mx = g->o->max_new, k = r / g->N, j = g->out_lens[r]++;
+  g->out_tokens[r * mx + j] = tok;
+  if (g->out_logprobs) g->out_logprobs[r * mx + j] = lp;
+  int32_t why = 0;
+  for (int64_t i = 0; i < g->o->n_stop && !why; i++)
+    if (g->o->stop[i] == tok) why = ML_FINISH_STOP;
+  if (!why && j + 1 == max_new_of(g, k)) why = ML_FINISH_LENGTH;
+  slot *sl = &g->slots[g->slot_of[r]];
+  if (why) {
+    if (g->out_finish) g->out_finish[r] = why;
+    *sl = (slot){SLOT_FREE, -1, 0, -1};
+    g->nfree++;
+  } else {
+    *sl = (slot){SLOT_DECODE, r, sl->pos, tok};
+  }
 }
 
-/* The group's buffers: KV cache, RoPE tables of positions 0 .. cap−1, the
- * batch and its logits (errors: allocation, named). */
-static int group_alloc(gen *g, int64_t B, int64_t P, int64_t cap) {
+/* After the forward: segments' positions advance; a finished prefill hands
+ * its keys to its samples' slots; the draws of every sampled token. */
+static int finish_step(gen *g, int64_t nl) {
+  int64_t nd = 0, i = 0;
+  for (int64_t q = 0; q < g->kv.nseg; q++) {
+    const ml_kv_seg *sg = &g->seg[q];
+    slot *sl = &g->slots[sg->slot];
+    sl->pos += sg->n;
+    if (i >= nl || g->need[i] != sg->t0 + sg->n - 1) continue; /* a prefill chunk, not the last */
+    if (sl->kind == SLOT_PREFILL) {
+      int64_t k = sl->row / g->N;
+      for (int64_t j = 0; j < g->N; j++) {
+        int64_t r = k * g->N + j, s = g->slot_of[r];
+        if (j > 0) {
+          ML_TRY(ml_kv_copy_prefix(&g->kv, sg->slot, s, sl->pos));
+          g->slots[s].pos = sl->pos;
+        }
+        g->d_row[nd] = r;
+        g->d_logit[nd++] = i;
+      }
+    } else {
+      g->d_row[nd] = sl->row;
+      g->d_logit[nd++] = i;
+    }
+    i++;
+  }
+  /* prefills that ended leave the queue */
+  int64_t kept = 0;
+  for (int64_t q = 0; q < g->nq; q++) {
+    const slot *sl = &g->slots[g->queue[q]];
+    if (sl->pos < g->lens[sl->row / g->N]) g->queue[kept++] = g->queue[q];
+  }
+  g->nq = kept;
+  for (int64_t d = 0; d < nd; d++) g->d_rng[d] = g->rng[g->d_row[d]];
+  ml_sample_rows(g->host_logits, g->d_logit, nd, g->V, &g->o->sampler, g->d_rng, g->work,
+                 g->d_tok, g->d_lp);
+  for (int64_t d = 0; d < nd; d++) {
+    g->rng[g->d_row[d]] = g->d_rng[d];
+    if (g->out_logprobs && g->e->opts.batch_invariant) /* bitwise the loss's log-prob */
+      ML_TRY(ml_token_logprob(g->e->be, g->logits + g->d_logit[d] * g->V, g->V, g->d_tok[d],
+                              &g->d_lp[d]));
+    take(g, g->d_row[d], g->d_tok[d], g->d_lp[d]);
+  }
+  return 0;
+}
+
+/* Steps until every prompt is admitted and every row has finished. */
+static int run(gen *g) {
+  for (;;) {
+    ML_TRY(admit(g));
+    int64_t nl, T = plan_step(g, &nl);
+    if (T == 0) return 0; /* nothing decodes or prefills: every prompt admitted and done */
+    ML_TRY(forward(g, T, nl));
+    ML_TRY(finish_step(g, nl));
+  }
+}
+
+/* The call's buffers (errors: allocation, named). */
+static int gen_alloc(gen *g, int64_t cap) {
   ml_model *m = g->m;
   ml_backend *be = g->e->be;
   const ml_model_config *c = &m->cfg;
-  int64_t half = c->head_dim / 2, n = ml_mul_sat(cap, half), T = ml_mul_sat(B, P);
-  g->kv = (kv_cache){.be = be, .L = c->n_layers, .B = B, .cap = cap, .nkv = c->n_kv_heads,
-                     .hd = c->head_dim};
-  int64_t kv = ml_mul_sat(ml_mul_sat(2 * c->n_layers, ml_mul_sat(B, cap)),
-                          c->n_kv_heads * c->head_dim);
-  g->kv.mem = ml_be_alloc(be, kv, sizeof(float),
-                          "the KV cache (%lld layers x %lld prompts x %lld positions x %lld kv "
-                          "heads x head_dim %lld, K and V)",
-                          (long long)c->n_layers, (long long)B, (long long)cap,
-                          (long long)c->n_kv_heads, (long long)c->head_dim);
-  g->rope = ml_be_alloc(be, ml_mul_sat(4, n), sizeof(float),
-                        "the RoPE tables (%lld positions x head_dim %lld)", (long long)cap,
-                        (long long)c->head_dim);
+  int64_t S = g->nslots, T = g->Tmax, V = c->vocab;
+  ML_TRY(ml_kv_pool_create(&g->kv, be, c, S, cap));
   g->x = ml_be_alloc(be, ml_mul_sat(T, c->hidden), sizeof(float),
-                     "the residual stream (%lld prompts x %lld tokens x hidden_size %lld)",
-                     (long long)B, (long long)P, (long long)c->hidden);
-  g->ids = ml_be_alloc(be, T, sizeof(int32_t), "the prompt ids (%lld tokens)", (long long)T);
-  g->host_ids = ml_be_host_alloc(be, T, sizeof(int32_t), "the prompt ids (%lld tokens)",
+                     "the residual stream (a step of %lld tokens x hidden_size %lld)",
+                     (long long)T, (long long)c->hidden);
+  g->rope = ml_be_alloc(be, ml_mul_sat(4 * T, c->head_dim / 2), sizeof(float),
+                        "the step's RoPE tables (%lld tokens x head_dim %lld)", (long long)T,
+                        (long long)c->head_dim);
+  g->ids = ml_be_alloc(be, T, sizeof(int32_t), "the step's ids (%lld tokens)", (long long)T);
+  g->host_ids = ml_be_host_alloc(be, T, sizeof(int32_t), "the step's ids (%lld tokens)",
                                  (long long)T);
-  int64_t BV = ml_mul_sat(B, c->vocab);
-  g->logits = ml_be_alloc(be, BV, sizeof(float), "the logits (%lld prompts x vocab_size %lld)",
-                          (long long)B, (long long)c->vocab);
-  g->host_logits = ml_be_host_alloc(be, BV, sizeof(float),
-                                    "the logits (%lld prompts x vocab_size %lld)", (long long)B,
-                                    (long long)c->vocab);
-  if (!g->kv.mem || !g->rope || !g->x || !g->ids || !g->host_ids || !g->logits ||
-      !g->host_logits)
+  int64_t SV = ml_mul_sat(S, V);
+  g->logits = ml_be_alloc(be, SV, sizeof(float),
+                          "the logits (%lld sequence slots x vocab_size %lld)", (long long)S,
+                          (long long)V);
+  g->host_logits = ml_be_host_alloc(be, SV, sizeof(float),
+                                    "the logits (%lld sequence slots x vocab_size %lld)",
+                                    (long long)S, (long long)V);
+  if (!g->x || !g->rope || !g->ids || !g->host_ids || !g->logits || !g->host_logits) return -1;
+  g->slots = ml_malloc_array(S, sizeof *g->slots, "the slots (%lld)", (long long)S);
+  g->queue = ml_malloc_array(S, sizeof(int64_t), "the prefill queue (%lld)", (long long)S);
+  g->seg = ml_malloc_array(S, sizeof *g->seg, "the step's segments (%lld)", (long long)S);
+  g->need = ml_malloc_array(S, sizeof(int64_t), "the step's sampled tokens (%lld)", (long long)S);
+  g->d_row = ml_malloc_array(S, sizeof(int64_t), "the step's draws (%lld)", (long long)S);
+  g->d_logit = ml_malloc_array(S, sizeof(int64_t), "the step's draws (%lld)", (long long)S);
+  g->d_rng = ml_malloc_array(S, sizeof(ml_rng), "the step's draws (%lld)", (long long)S);
+  g->d_tok = ml_malloc_array(S, sizeof(int32_t), "the step's draws (%lld)", (long long)S);
+  g->d_lp = ml_malloc_array(S, sizeof(float), "the step's draws (%lld)", (long long)S);
+  g->slot_of = ml_malloc_array(g->R, sizeof(int64_t), "the rows' slots (%lld)", (long long)g->R);
+  g->rng = ml_malloc_array(g->R, sizeof(ml_rng), "the rows' draws (%lld)", (long long)g->R);
+  if (!g->o->sampler.greedy)
+    g->work = ml_malloc_array(ml_mul_sat(S, 2 * V), sizeof(float),
+                              "the sampler's scratch (%lld sequence slots x 2 x vocab_size %lld)",
+                              (long long)S, (long long)V);
+  if (!g->slots || !g->queue || !g->seg || !g->need || !g->d_row || !g->d_logit || !g->d_rng ||
+      !g->d_tok || !g->d_lp || !g->slot_of || !g->rng || (!g->work && !g->o->sampler.greedy))
     return -1;
-  /* length-dependent scalings for the prefill's length P (generate.h) */
-  ML_TRY(ml_be_rope_tables(be, c->rope_theta, c->head_dim, &c->rope, P, cap, g->rope,
-                           g->rope + n));
-  return ml_be_rope_tables(be, c->rope_local_theta, c->head_dim, &c->rope_local, P, cap,
-                           g->rope + 2 * n, g->rope + 3 * n);
+  for (int64_t s = 0; s < S; s++) g->slots[s] = (slot){SLOT_FREE, -1, 0, -1};
+  g->nfree = S;
+  for (int64_t r = 0; r < g->R; r++) g->rng[r] = row_rng(g->o->seed, r);
+  return 0;
 }
 
-static void group_free(gen *g) {
+static void gen_free(gen *g) {
   ml_backend *be = g->e->be;
-  ml_be_free(be, g->kv.mem);
-  ml_be_free(be, g->rope);
+  ml_kv_pool_destroy(&g->kv);
   ml_be_free(be, g->x);
+  ml_be_free(be, g->rope);
   ml_be_free(be, g->ids);
   ml_be_free(be, g->logits);
   ml_be_host_free(be, g->host_ids);
   ml_be_host_free(be, g->host_logits);
-  g->kv.mem = g->rope = g->x = g->logits = g->host_logits = NULL;
-  g->ids = g->host_ids = NULL;
-}
-
-/* Outputs of one run: as ml_generate's, and the per-row scratch. */
-typedef struct gen_out {
-  int32_t *tokens;
-  int64_t *lens;
-  float *logprobs;
-  bool *done;        /* [B]: the row has finished */
-  ml_rng *rng;       /* [B]: the rows' streams (row_rng) */
-  weighted *sorted;  /* [V] (top_p < 1 only) */
-} gen_out;
-
-/* The prompts grp [B] of P tokens each: prefill, then one token per step
- * for every row until each has its max_new or its eos. */
-static int run_group(gen *g, const prompt_ref *grp, int64_t B, const int32_t *tokens,
-                     const ml_gen_opts *o, gen_out *out) {
-  int64_t P = grp[0].len, V = g->m->cfg.vocab, mx = o->max_new;
-  snprintf(g->m->batch_what, sizeof g->m->batch_what, "generation: %lld prompts x %lld tokens",
-           (long long)B, (long long)P);
-  ML_TRY(group_alloc(g, B, P, P + mx - 1));
-  for (int64_t b = 0; b < B; b++) {
-    memcpy(g->host_ids + b * P, tokens + grp[b].start, sizeof(int32_t) * (size_t)P);
-    out->done[b] = false;
-    out->rng[b] = row_rng(o->seed, grp[b].k);
-  }
-  ML_TRY(forward_last(g, B, P, 0));
-  for (int64_t j = 0; j < mx; j++) {
-    bool running = false;
-    for (int64_t b = 0; b < B; b++) {
-      if (out->done[b]) continue;
-      int64_t k = grp[b].k;
-      float lp;
-      int32_t t = pick(g->host_logits + b * V, V, o, &out->rng[b], out->sorted, &lp);
-      if (out->logprobs && g->e->opts.batch_invariant) /* bitwise the loss's log-prob */
-        ML_TRY(ml_token_logprob(g->e->be, g->logits + b * V, V, t, &lp));
-      out->tokens[k * mx + j] = t;
-      if (out->logprobs) out->logprobs[k * mx + j] = lp;
-      out->lens[k] = j + 1;
-      g->host_ids[b] = t; /* the next forward's input; a finished row keeps its last */
-      out->done[b] = t == o->eos;
-      running |= !out->done[b];
-    }
-    if (!running || j + 1 == mx) break;
-    ML_TRY(forward_last(g, B, 1, P + j));
-  }
-  return 0;
+  void *host[] = {g->slots, g->queue, g->seg, g->need, g->d_row, g->d_logit, g->d_rng,
+                  g->d_tok, g->d_lp, g->slot_of, g->rng, g->work, g->start};
+  for (size_t i = 0; i < sizeof host / sizeof *host; i++) free(host[i]);
 }
 
 /* One rank, and a backend the KV cache's attention runs on. */
@@ -310,30 +333,51 @@ static int check_engine(const ml_engine *e) {
   return 0;
 }
 
-static int check_args(const ml_engine *e, int64_t n, const int64_t *lens, const int32_t *tokens,
-                      const ml_gen_opts *o, const int32_t *out_tokens, const int64_t *out_lens) {
-  const ml_model_config *c = &e->model.cfg;
+static int check_opts(const ml_engine *e, int64_t n, const ml_gen_opts *o) {
+  int64_t V = e->model.cfg.vocab;
   if (!o) return ml_err("generate: no options (o NULL)");
   if (n < 0) return ml_err("generate: n = %lld prompts; expected >= 0", (long long)n);
+  if (o->max_new < 1)
+    return ml_err("generate: max_new %lld; expected >= 1", (long long)o->max_new);
+  if (o->n_samples < 1)
+    return ml_err("generate: n_samples %lld; expected >= 1", (long long)o->n_samples);
+  if (o->max_running != 0 && o->max_running < o->n_samples)
+    return ml_err("generate: max_running %lld; expected 0 (every sequence) or >= n_samples "
+                  "%lld (a prompt's samples run together)",
+                  (long long)o->max_running, (long long)o->n_samples);
+  if (o->prefill_tokens < 0)
+    return ml_err("generate: prefill_tokens %lld; expected >= 1 (0: %d)",
+                  (long long)o->prefill_tokens, ML_GEN_PREFILL);
+  if (o->n_stop < 0 || (o->n_stop > 0 && !o->stop))
+    return ml_err("generate: %lld stop ids%s; expected >= 0 ids and a list for them",
+                  (long long)o->n_stop, o->n_stop > 0 ? " without a list (stop NULL)" : "");
+  for (int64_t i = 0; i < o->n_stop; i++)
+    if (o->stop[i] < 0 || o->stop[i] >= V)
+      return ml_err("generate: stop id %lld is %d; expected 0 .. %lld (vocab_size %lld)",
+                    (long long)i, o->stop[i], (long long)(V - 1), (long long)V);
+  for (int64_t k = 0; o->max_new_per && k < n; k++)
+    if (o->max_new_per[k] < 1 || o->max_new_per[k] > o->max_new)
+      return ml_err("generate: max_new_per[%lld] = %lld; expected 1 .. max_new %lld",
+                    (long long)k, (long long)o->max_new_per[k], (long long)o->max_new);
+  return ml_sampler_check(&o->sampler, "generate");
+}
+
+static int check_prompts(const ml_engine *e, int64_t n, const int64_t *lens,
+                         const int32_t *tokens, const ml_gen_opts *o, const int32_t *out_tokens,
+                         const int64_t *out_lens) {
+  const ml_model_config *c = &e->model.cfg;
   if (n > 0 && (!lens || !tokens || !out_tokens || !out_lens))
     return ml_err("generate: %lld prompts but %s is NULL", (long long)n,
                   !lens ? "lens" : !tokens ? "tokens" : !out_tokens ? "out_tokens" : "out_lens");
-  if (o->max_new < 1)
-    return ml_err("generate: max_new %lld; expected >= 1", (long long)o->max_new);
-  if (!o->greedy && !(o->temperature > 0.0f && isfinite(o->temperature)))
-    return ml_err("generate: temperature %g; expected a finite value > 0 (or greedy)",
-                  (double)o->temperature);
-  if (!o->greedy && !(o->top_p > 0.0f && o->top_p <= 1.0f))
-    return ml_err("generate: top_p %g; expected in (0, 1] (or greedy)", (double)o->top_p);
   for (int64_t k = 0, at = 0; k < n; k++) {
     if (lens[k] < 1)
       return ml_err("generate: prompt %lld has %lld tokens; expected >= 1", (long long)k,
                     (long long)lens[k]);
     char what[128];
+    int64_t mx = o->max_new_per ? o->max_new_per[k] : o->max_new;
     snprintf(what, sizeof what, "generate: prompt %lld (%lld tokens) + max_new %lld",
-             (long long)k, (long long)lens[k], (long long)o->max_new);
-    ML_TRY(ml_model_config_check_seq_len(c, e->model_dir, ml_add_sat(lens[k], o->max_new),
-                                         what));
+             (long long)k, (long long)lens[k], (long long)mx);
+    ML_TRY(ml_model_config_check_seq_len(c, e->model_dir, ml_add_sat(lens[k], mx), what));
     for (int64_t i = 0; i < lens[k]; i++)
       if (tokens[at + i] < 0 || tokens[at + i] >= c->vocab)
         return ml_err("generate: prompt %lld, position %lld: token id %d; expected 0 .. %lld "
@@ -347,60 +391,64 @@ static int check_args(const ml_engine *e, int64_t n, const int64_t *lens, const 
   return 0;
 }
 
-/* Every group in order of length; the engine's units unsharded throughout. */
-static int run_all(gen *g, prompt_ref *refs, int64_t n, const int32_t *tokens,
-                   const ml_gen_opts *o, gen_out *out) {
-  ml_fsdp *f = &g->e->fsdp;
-  for (int u = 0; u < f->n_units; u++) ML_TRY(ml_fsdp_unshard(f, u));
-  for (int64_t a = 0, z; a < n; a = z) {
-    for (z = a + 1; z < n && refs[z].len == refs[a].len;) z++;
-    int rc = run_group(g, refs + a, z - a, tokens, o, out);
-    group_free(g);
-    ML_TRY(rc);
+/* The call's sizes: rows, slots, step tokens, and each slot's positions
+ * (the longest prompt + its max_new − 1). */
+static int size_call(gen *g, int64_t *cap) {
+  const ml_gen_opts *o = g->o;
+  if (ml_mul_i64(g->n, g->N, &g->R))
+    return ml_err("generate: %lld prompts x n_samples %lld rows overflow int64", (long long)g->n,
+                  (long long)g->N);
+  int64_t S = o->max_running ? o->max_running : g->R < ML_GEN_RUNNING ? g->R : ML_GEN_RUNNING;
+  g->nslots = S < g->N ? g->N : S > g->R ? g->R : S;
+  g->budget = o->prefill_tokens ? o->prefill_tokens : ML_GEN_PREFILL;
+  g->Tmax = g->nslots > g->budget ? g->nslots : g->budget;
+  g->V = g->m->cfg.vocab;
+  g->start = ml_malloc_array(g->n, sizeof(int64_t), "the prompts' offsets (%lld)",
+                             (long long)g->n);
+  if (!g->start) return -1;
+  *cap = 1;
+  for (int64_t k = 0, at = 0; k < g->n; at += g->lens[k], k++) {
+    g->start[k] = at;
+    int64_t need = g->lens[k] + max_new_of(g, k) - 1; /* <= max_position_embeddings: checked */
+    if (need > *cap) *cap = need;
   }
   return 0;
 }
 
 int ml_generate(ml_engine *e, int64_t n, const int64_t *lens, const int32_t *tokens,
                 const ml_gen_opts *o, int32_t *out_tokens, int64_t *out_lens,
-                float *out_logprobs) {
+                float *out_logprobs, int32_t *out_finish) {
   ML_TRY(check_engine(e));
-  ML_TRY(check_args(e, n, lens, tokens, o, out_tokens, out_lens));
+  ML_TRY(check_opts(e, n, o));
+  ML_TRY(check_prompts(e, n, lens, tokens, o, out_tokens, out_lens));
   ML_TRY(ml_engine_batch_mode(e));
   if (n == 0) return 0;
   ml_model *m = &e->model;
-  int64_t cells = ml_mul_sat(n, o->max_new), V = m->cfg.vocab;
-  for (int64_t i = 0; i < cells; i++) out_tokens[i] = -1; /* the caller's [n, max_new] */
-  if (out_logprobs) memset(out_logprobs, 0, sizeof(float) * (size_t)cells);
-  memset(out_lens, 0, sizeof(int64_t) * (size_t)n);
-  bool top_p = !o->greedy && o->top_p < 1.0f;
-  prompt_ref *refs = ml_malloc_array(n, sizeof *refs, "the prompt order (%lld prompts)",
-                                     (long long)n);
-  gen_out out = {out_tokens, out_lens, out_logprobs,
-                 ml_malloc_array(n, sizeof(bool), "the rows' state (%lld prompts)", (long long)n),
-                 ml_malloc_array(n, sizeof(ml_rng), "the rows' draws (%lld prompts)",
-                                 (long long)n),
-                 top_p ? ml_malloc_array(V, sizeof(weighted), "the top_p sort (vocab_size %lld)",
-                                         (long long)V)
-                       : NULL};
-  int rc = refs && out.done && out.rng && (out.sorted || !top_p) ? 0 : -1;
-  for (int64_t k = 0, at = 0; rc == 0 && k < n; at += lens[k], k++)
-    refs[k] = (prompt_ref){lens[k], k, at};
-  if (rc == 0) qsort(refs, (size_t)n, sizeof *refs, shorter_first);
+  gen g = {.e = e, .m = m, .o = o, .n = n, .N = o->n_samples, .lens = lens, .tokens = tokens,
+           .out_tokens = out_tokens, .out_finish = out_finish, .out_lens = out_lens,
+           .out_logprobs = out_logprobs, .kv = {.be = e->be}};
+  int64_t cap = 1;
+  int rc = size_call(&g, &cap);
+  if (rc == 0) {
+    int64_t cells = ml_mul_sat(g.R, o->max_new);
+    for (int64_t i = 0; i < cells; i++) out_tokens[i] = -1; /* the caller's [R, max_new] */
+    if (out_logprobs) memset(out_logprobs, 0, sizeof(float) * (size_t)cells);
+    if (out_finish) memset(out_finish, 0, sizeof(int32_t) * (size_t)g.R);
+    memset(out_lens, 0, sizeof(int64_t) * (size_t)g.R);
+    rc = gen_alloc(&g, cap);
+  }
   /* the model forwards through the KV cache for the call, then as before */
-  gen g = {.e = e, .m = m, .kv = {.be = e->be}};
   ml_attn_core core = m->attn_core;
   char what[sizeof m->batch_what];
   memcpy(what, m->batch_what, sizeof what);
-  m->attn_core = (ml_attn_core){.saved = kv_saved, .fwd = kv_fwd, .ctx = &g.kv};
-  if (rc == 0) rc = run_all(&g, refs, n, tokens, o, &out);
-  for (int u = 0; u < e->fsdp.n_units; u++) ml_fsdp_reshard(&e->fsdp, u);
+  m->attn_core = ml_kv_core(&g.kv);
+  ml_fsdp *f = &e->fsdp;
+  for (int u = 0; rc == 0 && u < f->n_units; u++) rc = ml_fsdp_unshard(f, u);
+  if (rc == 0) rc = run(&g);
+  for (int u = 0; u < f->n_units; u++) ml_fsdp_reshard(f, u);
   m->attn_core = core;
   rope_restore(m);
   memcpy(m->batch_what, what, sizeof what);
-  free(refs);
-  free(out.done);
-  free(out.rng);
-  free(out.sorted);
+  gen_free(&g);
   return rc;
 }

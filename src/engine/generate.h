@@ -1,19 +1,15 @@
 /* Text generation with a KV cache on a one-rank engine (the engine level of
  * meshlm_generate, include/meshlm/meshlm.h): prompts continued token by
  * token, as transformers' GenerationMixin.generate with use_cache (sampling:
- * TemperatureLogitsWarper, then TopPLogitsWarper, then a draw; greedy:
- * argmax).
+ * engine/sample.h: TemperatureLogitsWarper, TopKLogitsWarper,
+ * TopPLogitsWarper, MinPLogitsWarper, then a draw; greedy: argmax).
  *
  * The model's own forward runs (model/model.h ml_layer_forward: no second
  * copy of the layer math); only its attention core is replaced for the
- * call by a KV-cache core: each layer's keys and values of the positions
- * seen so far stay in a cache [B, cap, nkv, hd] per layer, a forward of
- * the new positions p0 .. p0+S−1 appends theirs and runs the backend's
- * block attention (ml_be_attention_block_fwd) of the new queries over
- * keys 0 .. p0+S−1 (causal, the layer's sliding window). RoPE rotates by
- * the global positions: each forward points the layers' tables at rows p0
- * .. of tables built once for the call (ml_be_rope_tables, the same tables
- * ml_model_begin builds for positions 0 .. cap−1). RoPE types that depend
+ * call by the KV cache's core (engine/kvcache.h). RoPE rotates by each
+ * token's own position: each step points the layers' tables at its tokens'
+ * rows, gathered from tables built per sequence (ml_be_rope_tables, the
+ * same tables ml_model_begin builds for positions 0 .. cap−1). RoPE types that depend
  * on the forward's length (dynamic, longrope) are computed for the prompt's
  * length P, as HF's prefill: the same as HF for every position while the
  * generation stays within the length they switch at (max_position_embeddings
@@ -21,13 +17,37 @@
  * dynamic_rope_update recomputes the frequencies for each new position (the
  * cached keys keeping theirs), which tables built once do not follow.
  *
- * Batching: the rows of one forward share their positions, so prompts of
- * equal length form one group (GRPO's repeated prompts batch together):
- * per group one prefill [B, P] (the logits of the last position only),
- * then one forward [B, 1] per generated token. A row that has finished
- * (eos, or its max_new tokens) keeps running with the group, its outputs
- * ignored; a group stops when all of its rows have. Groups run one after
- * another in order of length.
+ * Batching (continuous, as vLLM's scheduler): every sequence of the call
+ * decodes together, one forward per generated token over all running
+ * sequences, each at its own position: a step is a packed batch [1, T]
+ * (the varlen layout of model/varlen.h) of segments — one token per
+ * decoding sequence, or (while prompts wait for it, vLLM's V0 scheduler)
+ * chunks of prompts being prefilled — through the
+ * KV cache's attention core (engine/kvcache.h: one block attention per
+ * segment over its own slot's keys; the GEMMs run once over all T tokens).
+ * Prompts enter in order (first come, first served) while slots are free:
+ * a prompt of n samples takes n slots at once, its prefill runs once in
+ * the first (chunks of at most prefill_tokens, cut at multiples of it from
+ * position 0, so a prompt's chunks do not depend on its batch; a prefill
+ * step holds whole chunks up to prefill_tokens, or one), then its keys are copied to
+ * the other n − 1 slots and each sample draws its first token from the
+ * prompt's last logits. A sequence that finishes (a stop id, or its
+ * max_new) hands its slot back at once and the next prompt takes it.
+ *
+ * Invariance: a sequence's attention is the same block calls whatever its
+ * batch, its draws come from its own stream, and row-wise kernels (norms,
+ * RoPE, GLU) do not mix rows; its tokens and log-probs are bitwise those of
+ * its prompt alone wherever the GEMMs give a row the same bits whatever
+ * their M (the number of tokens of the step) — tests/mpi/test_generate.c
+ * asserts it where that holds.
+ *
+ * Cost: the KV cache holds max_running slots of (the longest prompt +
+ * max_new − 1) positions, 2 · n_layers · slots · cap · n_kv_heads · head_dim
+ * floats, whatever the sequences' actual lengths (paged blocks would hold
+ * only the positions in use; the backend's block attention reads a
+ * sequence's keys as one run of rows, so slots are contiguous); a prompt's
+ * samples each hold a copy of its keys. The model's activations are sized
+ * for the step's T tokens (ml_model_begin: re-sized when T changes).
  *
  * Mixed precision as the engine's forward: parameters in FSDP's
  * param_dtype, the residual stream rounded to it at each unit input
@@ -40,44 +60,54 @@
 #include <stdint.h>
 
 #include "engine/engine.h"
+#include "engine/sample.h"
+
+/* Why a sequence ended (ml_generate's out_finish). */
+typedef enum { ML_FINISH_STOP = 1, ML_FINISH_LENGTH = 2 } ml_finish;
 
 typedef struct ml_gen_opts {
-  int64_t max_new;   /* tokens to generate per prompt, >= 1 */
-  float temperature; /* > 0 (finite): logits / temperature; ignored when greedy */
-  float top_p;       /* (0, 1]: keep the smallest set of most probable tokens whose
-                        probability reaches top_p, renormalised (TopPLogitsWarper; 1:
-                        every token); ignored when greedy */
-  bool greedy;       /* argmax of the logits, the lowest id on ties */
-  int32_t eos;       /* a row stops after generating this id; < 0: never */
-  uint64_t seed;     /* the draws: the same seed, prompts and weights give the same tokens */
+  int64_t max_new;            /* the outputs' width and the default per prompt, >= 1 */
+  const int64_t *max_new_per; /* [n] each prompt's own, 1 .. max_new; NULL: max_new for all */
+  int64_t n_samples;          /* samples per prompt (GRPO's group), >= 1 */
+  ml_sampler sampler;         /* engine/sample.h */
+  const int32_t *stop;        /* [n_stop] a sequence stops after generating any of these ids */
+  int64_t n_stop;             /* >= 0 */
+  uint64_t seed;              /* the draws: the same seed, prompts and weights give the same tokens */
+  int64_t max_running;        /* sequences decoding at once (slots), >= n_samples; 0: every
+                                 sequence of the call, at most ML_GEN_RUNNING (and n_samples) */
+  int64_t prefill_tokens;     /* prompt tokens per step, >= 1; 0: ML_GEN_PREFILL */
 } ml_gen_opts;
 
-/* Continue each of n prompts with up to o->max_new tokens. Not collective.
+enum { ML_GEN_RUNNING = 256, ML_GEN_PREFILL = 512 };
+
+/* Continue each of n prompts with n_samples sequences of up to its max_new
+ * tokens each. Not collective.
  *
  * e: an engine on a one-rank mesh (tp = cp = dp_shard = dp_replicate = 1)
  * on a backend with block attention (the CPU's; CUDA has none yet).
  * prompts: lens [n] (each >= 1) and tokens [Σ lens] int32, the prompts
  * concatenated, each id in [0, vocab_size); lens[k] + max_new <=
  * max_position_embeddings.
- * Out (host memory): out_tokens [n, max_new] int32, row k's first
- * out_lens[k] entries generated (the eos included), −1 after;
- * out_logprobs [n, max_new] (NULL: not wanted): log p of each generated
+ * Out (host memory), R = n · n_samples rows, row r = k · n_samples + j
+ * sample j of prompt k: out_tokens [R, max_new] int32, row r's first
+ * out_lens[r] entries generated (the stop id included), −1 after;
+ * out_logprobs [R, max_new] (NULL: not wanted): log p of each generated
  * token under the model's distribution at temperature 1, the log_softmax of
  * the logits lm_head gives (rounded to output_dtype, as the loss path reads
- * them), 0 after the row's end.
+ * them), 0 after the row's end; out_finish [R] (NULL: not wanted):
+ * ML_FINISH_STOP (a stop id) or ML_FINISH_LENGTH (its max_new).
  *
- * Draws: row k draws one uniform number per sampled token from its own
- * stream (common/rng.h, a function of seed and k only), so a row's tokens
+ * Draws: row r draws one uniform number per sampled token from its own
+ * stream (common/rng.h, a function of seed and r only), so a row's tokens
  * do not depend on which other prompts it was batched with.
  *
- * Memory (device) per group of B prompts of P tokens: the model's forward
- * activations for [B, P] (ml_model_begin; the model keeps those of the
- * last group's [B, 1] until the engine's next forward re-sizes them), the
- * KV cache 2 · n_layers · B · (P + max_new − 1) · n_kv_heads · head_dim
- * floats, the RoPE tables of those positions and the batch; on the host
- * [B, vocab] logits and, with top_p < 1, a [vocab] sort buffer; all but the
- * activations freed before returning. Every FSDP unit is unsharded for the
- * call (the whole model in param_dtype) and resharded after it.
+ * Memory (device): the KV cache and its RoPE tables (above), the model's
+ * forward-only activations (one layer's: ml_model.forward_only) for a step
+ * of at most max(max_running, prefill_tokens) tokens (the model keeps the
+ * last step's until the engine's next forward re-sizes them), [max_running, vocab] logits; on the host the logits and
+ * the sampler's [max_running, 2 · vocab] scratch; all but the activations
+ * freed before returning. Every FSDP unit is unsharded for the call (the
+ * whole model in param_dtype) and resharded after it.
  *
  * The engine keeps working afterwards: its attention core and the layers'
  * RoPE tables are restored, and its next forward (ml_engine_logprobs,
@@ -85,11 +115,13 @@ typedef struct ml_gen_opts {
  *
  * Errors (-1, message naming the argument with the value found and the
  * range expected): n < 0, a prompt length < 1, a token id out of range,
- * max_new < 1, temperature <= 0 or top_p outside (0, 1] when sampling, a
- * prompt too long for max_position_embeddings, a mesh of more than one
- * rank, a backend without block attention, allocation. */
+ * max_new < 1, max_new_per[k] outside 1 .. max_new, n_samples < 1,
+ * n_stop < 0 or a stop id out of range, max_running < n_samples (when set),
+ * prefill_tokens < 0, the sampler's (ml_sampler_check), a prompt too long
+ * for max_position_embeddings, a mesh of more than one rank, a backend
+ * without block attention, allocation. */
 int ml_generate(ml_engine *e, int64_t n, const int64_t *lens, const int32_t *tokens,
                 const ml_gen_opts *o, int32_t *out_tokens, int64_t *out_lens,
-                float *out_logprobs);
+                float *out_logprobs, int32_t *out_finish);
 
 #endif

@@ -66,6 +66,14 @@ static void test_version_defaults(void **state) {
   assert_int_equal(sp.greedy, 0);
   assert_int_equal(sp.eos_token_id, -1);
   assert_int_equal(sp.seed, 0);
+  assert_int_equal(sp.n, 1);
+  assert_int_equal(sp.top_k, 0);
+  assert_true(sp.min_p == 0.0f);
+  assert_int_equal(sp.n_stop, 0);
+  assert_null(sp.stop_token_ids);
+  assert_null(sp.max_new_tokens_per);
+  assert_int_equal(sp.max_running, 0);
+  assert_int_equal(sp.prefill_tokens, 0);
 
   assert_non_null(meshlm_error(NULL));
   meshlm_close(NULL); /* s may be NULL */
@@ -287,7 +295,7 @@ static void test_struct_sizes_in(void **state) {
   meshlm_loss l;
   assert_int_equal(meshlm_loss_init(&l, sizeof l + 8), -1);
   meshlm_sampling sp;
-  assert_int_equal(meshlm_sampling_init(&sp, sizeof sp - 1), -1);
+  assert_int_equal(meshlm_sampling_init(&sp, offsetof(meshlm_sampling, n) - 1), -1);
 
   /* past the old size: bytes that, read, would be refused (dtype −1, zero −1) */
   meshlm_options o;
@@ -381,11 +389,12 @@ static void test_struct_sizes_calls(void **state) {
   assert_int_equal(info_of(s).step, 1); /* no step taken */
   meshlm_sampling sp;
   meshlm_sampling_default(&sp);
-  sp.struct_size = sizeof sp - 4;
+  sp.struct_size = offsetof(meshlm_sampling, n) - 4;
   int32_t out_tok[32];
   int64_t out_len[1];
   expect_size_refused(s, meshlm_generate(s, &q, &sp, out_tok, out_len, NULL), "meshlm_sampling",
-                      sizeof sp - 4, sizeof sp, sizeof sp, "generate, sampling too small");
+                      offsetof(meshlm_sampling, n) - 4, offsetof(meshlm_sampling, n), sizeof sp,
+                      "generate, sampling too small");
   meshlm_weight w = {.struct_size = sizeof w + 8};
   expect_size_refused(s, meshlm_weight_info(s, 0, &w), "meshlm_weight", sizeof w + 8, sizeof w,
                       sizeof w, "weight_info, too large");

@@ -1,6 +1,8 @@
 /* test_api_generate: meshlm_generate. Greedy tokens are the argmax of the
  * full forward and their log-probs meshlm_logprobs'; seeds; n = 0 on some
- * ranks; eos; after a train step the replica has the new weights.
+ * ranks; eos; after a train step the replica has the new weights;
+ * meshlm_generate_samples (n samples, stop ids, per-prompt max_new_tokens,
+ * finish reasons, the first 0.2 struct layout).
  * The suite, its meshes and its helpers: api_util.h. */
 
 #include <math.h>
@@ -295,6 +297,84 @@ static void test_generate_bound(void **state) {
   meshlm_close(s);
 }
 
+/* meshlm_generate_samples: n samples per prompt in rows k·n + j, each
+ * greedy sample bitwise the n = 1 row; finish reasons (length; stop at a
+ * stop id, included); per-prompt max_new_tokens; a caller compiled with the
+ * first 0.2 layout (struct_size = offsetof(meshlm_sampling, n)) gets the
+ * defaults of the appended fields (n 1); bad new fields fail naming them. */
+static void test_generate_samples(void **state) {
+  (void)state;
+  meshlm_options o = mesh_opts();
+  meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+  meshlm_info in = info_of(s);
+  batch p = prompts_of(in.dp_rank, 800);
+  meshlm_seqs q = seqs_of(&p);
+  meshlm_sampling sp;
+  meshlm_sampling_default(&sp);
+  sp.greedy = 1;
+  sp.max_new_tokens = NEW;
+  sp.eos_token_id = -2;
+  gen_out one = generate_ok(s, &q, &sp);
+  int64_t R = 2 * q.n;
+  int32_t *tok = xcalloc((size_t)(R * NEW), sizeof *tok), *fin = xcalloc((size_t)R, 4);
+  int64_t *len = xcalloc((size_t)R, sizeof *len);
+  float *lp = xcalloc((size_t)(R * NEW), sizeof *lp);
+  sp.n = 2;
+  OK(s, meshlm_generate_samples(s, &q, &sp, tok, len, lp, fin));
+  for (int64_t r = 0; r < R; r++) {
+    int64_t k = r / 2;
+    assert_int_equal(len[r], NEW);
+    assert_int_equal(fin[r], MESHLM_FINISH_LENGTH);
+    assert_memory_equal(tok + r * NEW, one.tok + k * NEW, sizeof(int32_t) * NEW);
+    assert_memory_equal(lp + r * NEW, one.lp + k * NEW, sizeof(float) * NEW);
+  }
+  /* a stop id (row 0's third token) and max_new_tokens 3 for the other prompts */
+  int32_t stop = one.tok[2];
+  int64_t per[2] = {NEW, 3};
+  sp.n = 1;
+  sp.stop_token_ids = &stop;
+  sp.n_stop = 1;
+  sp.max_new_tokens_per = per;
+  OK(s, meshlm_generate_samples(s, &q, &sp, tok, len, lp, fin));
+  for (int64_t k = 0; k < q.n; k++) {
+    int64_t cap = per[k], end = cap, why = MESHLM_FINISH_LENGTH;
+    for (int64_t j = 0; j < cap && why == MESHLM_FINISH_LENGTH; j++)
+      if (one.tok[k * NEW + j] == stop) {
+        end = j + 1;
+        why = MESHLM_FINISH_STOP;
+      }
+    assert_int_equal(len[k], end);
+    assert_int_equal(fin[k], why);
+    assert_memory_equal(tok + k * NEW, one.tok + k * NEW, sizeof(int32_t) * (size_t)end);
+  }
+  if (q.n > 0) assert_int_equal(fin[0], MESHLM_FINISH_STOP);
+  /* the first 0.2 layout: the appended fields take their defaults */
+  meshlm_sampling old = sp;
+  old.struct_size = offsetof(meshlm_sampling, n);
+  old.n = 5; /* past the caller's struct: not read */
+  OK(s, meshlm_generate_samples(s, &q, &old, tok, len, lp, fin));
+  for (int64_t k = 0; k < q.n; k++) {
+    assert_int_equal(len[k], NEW);
+    assert_memory_equal(tok + k * NEW, one.tok + k * NEW, sizeof(int32_t) * NEW);
+  }
+  meshlm_sampling bad = sp;
+  bad.n = 0;
+  expect_fail(s, meshlm_generate_samples(s, &q, &bad, tok, len, lp, fin), "n_samples 0",
+              "n = 0");
+  bad = sp;
+  bad.greedy = 0;
+  bad.top_k = -1;
+  expect_fail(s, meshlm_generate_samples(s, &q, &bad, tok, len, lp, fin), "top_k -1",
+              "top_k -1");
+  free(tok);
+  free(fin);
+  free(len);
+  free(lp);
+  gen_free(&one);
+  batch_free(&p);
+  meshlm_close(s);
+}
+
 /* ======================================================================= */
 
 int main(int argc, char **argv) {
@@ -304,6 +384,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_generate_seeds),
       cmocka_unit_test(test_generate_after_step),
       cmocka_unit_test(test_generate_bound),
+      cmocka_unit_test(test_generate_samples),
   };
   return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

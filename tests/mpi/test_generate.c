@@ -5,9 +5,13 @@
  *    and the token is the argmax of the full forward's distribution, both
  *    within tolerance.h's bounds; in fp32 and with bf16 parameters; the
  *    engine's log-probs before and after the call are bitwise equal;
- *  - batching: prompts of different lengths and a repeated prompt give each
- *    row what it gets alone (greedy), and a sampled row what it gets in
- *    another batch;
+ *  - greedy tokens = transformers' generate (the fixture's generate.json);
+ *  - batching (continuous): prompts of different lengths and a repeated
+ *    prompt give each row bitwise what it gets alone, in another order,
+ *    arriving one or two at a time, with chunked prefill (greedy), and a
+ *    sampled row (top_k, top_p, min_p, 3 samples per prompt) what it gets
+ *    in another batch or arrival;
+ *  - n samples per prompt, max_new per prompt, stop ids, finish reasons;
  *  - seeds, top_p → 0 (greedy), eos, max_new 1;
  *  - argument errors. */
 #include <setjmp.h>
@@ -16,6 +20,7 @@
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <jansson.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -26,7 +31,7 @@
 #include "parity_util.h"
 #include "engine/generate.h"
 
-enum { NMAX = 4, NEW = 16 };
+enum { NMAX = 4, RMAX = 12, NEW = 16 };
 
 static const char *g_fixture;
 
@@ -51,21 +56,24 @@ static const int32_t *prompt_at(const prompts *p, int64_t k) {
   return p->tokens + at;
 }
 
-typedef struct result {
-  int32_t tok[NMAX * NEW];
-  int64_t len[NMAX];
-  float lp[NMAX * NEW];
+typedef struct result { /* up to RMAX rows (prompts x samples) */
+  int32_t tok[RMAX * NEW];
+  int64_t len[RMAX];
+  float lp[RMAX * NEW];
+  int32_t fin[RMAX];
 } result;
 
-static ml_gen_opts greedy(void) { return (ml_gen_opts){.max_new = NEW, .greedy = true, .eos = -1}; }
+static ml_gen_opts greedy(void) {
+  return (ml_gen_opts){.max_new = NEW, .n_samples = 1, .sampler = {.greedy = true}};
+}
 
 static ml_gen_opts sampled(float temperature, float top_p, uint64_t seed) {
-  return (ml_gen_opts){.max_new = NEW, .temperature = temperature, .top_p = top_p, .eos = -1,
-                       .seed = seed};
+  return (ml_gen_opts){.max_new = NEW, .n_samples = 1, .seed = seed,
+                       .sampler = {.temperature = temperature, .top_p = top_p}};
 }
 
 static void generate(run *r, const prompts *p, const ml_gen_opts *o, result *out) {
-  if (ml_generate(&r->e, p->n, p->lens, p->tokens, o, out->tok, out->len, out->lp))
+  if (ml_generate(&r->e, p->n, p->lens, p->tokens, o, out->tok, out->len, out->lp, out->fin))
     fail_msg("generate: %s", ml_error_msg());
 }
 
@@ -178,51 +186,217 @@ static void test_greedy_bf16(void **state) {
   check_greedy(ML_BF16);
 }
 
-/* Row k of a (of n_a rows, generating max_new) equals row k_b of b. The
- * tokens exactly (a token could differ only where two candidates' log-probs
- * tie within rounding, which the fixtures' random weights do not produce),
- * the log-probs within tol (relative L2 over the row). */
-static void same_row(const result *a, int64_t k, const result *b, int64_t kb, double tol) {
-  assert_int_equal(a->len[k], b->len[kb]);
-  assert_memory_equal(a->tok + k * NEW, b->tok + kb * NEW, sizeof(int32_t) * NEW);
-  assert_true(rel_l2(a->lp + k * NEW, b->lp + kb * NEW, NEW) <= tol);
-}
-
-/* Prompts of different lengths and a repeated prompt in one call: greedy
- * rows as each prompt alone; a sampled row as in another batch (its draws
- * depend on the seed and its index only); the repeated prompt's sampled
- * rows differ (different draws). */
-static void test_batching(void **state) {
+/* Greedy tokens = transformers' (tools/gen_generate_fixture.py: generate
+ * with do_sample=False on the fixture in float64, each prompt alone; the
+ * fixture's generate.json): all three prompts in one call, fp32. Exact
+ * tokens: a token could differ only where two candidates tie within fp32
+ * rounding, which the fixtures' random weights do not produce (the greedy
+ * tests above bound the gap of every generated token). */
+static void test_greedy_transformers(void **state) {
   (void)state;
   static fixture fx;
   static run r;
   open_fixture(&r, &fx, ML_F32);
+  char path[600];
+  snprintf(path, sizeof path, "%s/generate.json", fx.dir);
+  json_error_t err;
+  json_t *root = json_load_file(path, 0, &err);
+  if (!root) fail_msg("%s: %s (tools/gen_generate_fixture.py writes it)", path, err.text);
+  json_t *jp = json_object_get(root, "prompts"), *jt = json_object_get(root, "tokens");
+  assert_int_equal(json_integer_value(json_object_get(root, "new")), NEW);
   prompts p = {0};
-  add(&p, &fx, 0, 0, 4);
-  add(&p, &fx, 1, 0, 7);
-  add(&p, &fx, 0, 0, 4);
-  add(&p, &fx, 1, 5, 4);
-  tol_model tm = tol_model_of(&r, 7 + NEW, NMAX * (7 + NEW));
-  double tol = tol_model_pair(&tm, TOL_LOGPROBS);
+  for (size_t k = 0; k < json_array_size(jp); k++) {
+    json_t *row = json_array_get(jp, k);
+    int64_t at = 0;
+    for (int64_t i = 0; i < p.n; i++) at += p.lens[i];
+    for (size_t i = 0; i < json_array_size(row); i++)
+      p.tokens[at + (int64_t)i] = (int32_t)json_integer_value(json_array_get(row, i));
+    p.lens[p.n++] = (int64_t)json_array_size(row);
+  }
+  assert_int_equal(p.n, 3);
+  result g;
+  ml_gen_opts o = greedy();
+  generate(&r, &p, &o, &g);
+  for (int64_t k = 0; k < p.n; k++) {
+    assert_int_equal(g.len[k], NEW);
+    for (int64_t j = 0; j < NEW; j++) {
+      int32_t want = (int32_t)json_integer_value(json_array_get(json_array_get(jt, k), j));
+      if (g.tok[k * NEW + j] != want)
+        fail_msg("prompt %lld, token %lld: %d; transformers' greedy generate gives %d",
+                 (long long)k, (long long)j, g.tok[k * NEW + j], want);
+    }
+  }
+  printf("%s: greedy tokens = transformers' (3 prompts x %d)\n", g_fixture, NEW);
+  json_decref(root);
+  run_close(&r);
+  fixture_free(&fx);
+}
+
+/* Row k of a equals row kb of b bitwise: length, tokens, log-probs and
+ * finish reason. generate.h: a sequence's computation is the same block
+ * attention calls and row-wise kernels whatever its batch, and its draws
+ * its own stream's; the GEMMs see other M (tokens per step) — bitwise when
+ * their rows do not depend on M (oneDNN's fp32/bf16 matmul on this CPU;
+ * this test is the check). */
+static void same_row(const result *a, int64_t k, const result *b, int64_t kb) {
+  assert_int_equal(a->len[k], b->len[kb]);
+  assert_int_equal(a->fin[k], b->fin[kb]);
+  assert_memory_equal(a->tok + k * NEW, b->tok + kb * NEW, sizeof(int32_t) * NEW);
+  assert_memory_equal(a->lp + k * NEW, b->lp + kb * NEW, sizeof(float) * NEW);
+}
+
+/* Prompt k of p alone, as a batch. */
+static prompts alone(const prompts *p, int64_t k) {
+  prompts q = {.n = 1, .lens = {p->lens[k]}};
+  memcpy(q.tokens, prompt_at(p, k), sizeof(int32_t) * (size_t)p->lens[k]);
+  return q;
+}
+
+/* p's prompts in the order perm. */
+static prompts permuted(const prompts *p, const int64_t *perm) {
+  prompts q = {0};
+  for (int64_t i = 0; i < p->n; i++) {
+    int64_t at = 0;
+    for (int64_t k = 0; k < i; k++) at += q.lens[k];
+    q.lens[i] = p->lens[perm[i]];
+    memcpy(q.tokens + at, prompt_at(p, perm[i]), sizeof(int32_t) * (size_t)q.lens[i]);
+    q.n++;
+  }
+  return q;
+}
+
+/* The batch of four prompts (lengths 4, 7, 4 repeated, 4) the invariance tests run. */
+static prompts four(const fixture *fx) {
+  prompts p = {0};
+  add(&p, fx, 0, 0, 4);
+  add(&p, fx, 1, 0, 7);
+  add(&p, fx, 0, 0, 4);
+  add(&p, fx, 1, 5, 4);
+  return p;
+}
+
+/* Greedy: every row as its prompt alone, in any order of the prompts, and
+ * whatever the order of arrival — all at once, one at a time
+ * (max_running 1: each enters when the previous finished), two at a time
+ * with prefill chunks of 3 tokens mixed into decode steps — bitwise; with
+ * parameters in param_dtype (fp32, bf16). */
+static void check_invariance_greedy(ml_dtype param_dtype) {
+  static fixture fx;
+  static run r;
+  open_fixture(&r, &fx, param_dtype);
+  prompts p = four(&fx);
   result all, one;
   ml_gen_opts o = greedy();
   generate(&r, &p, &o, &all);
   for (int64_t k = 0; k < p.n; k++) {
-    prompts q = {0};
-    q.n = 1;
-    q.lens[0] = p.lens[k];
-    memcpy(q.tokens, prompt_at(&p, k), sizeof(int32_t) * (size_t)p.lens[k]);
+    prompts q = alone(&p, k);
     generate(&r, &q, &o, &one);
-    same_row(&all, k, &one, 0, tol);
+    same_row(&all, k, &one, 0);
   }
-  o = sampled(1.0f, 0.9f, 11);
+  static const int64_t perm[] = {3, 1, 0, 2};
+  prompts q = permuted(&p, perm);
+  generate(&r, &q, &o, &one);
+  for (int64_t i = 0; i < p.n; i++) same_row(&all, perm[i], &one, i);
+  static const int64_t running[] = {1, 2}, chunk[] = {0, 3};
+  for (int i = 0; i < 2; i++) {
+    o.max_running = running[i];
+    o.prefill_tokens = chunk[i];
+    generate(&r, &p, &o, &one);
+    for (int64_t k = 0; k < p.n; k++) same_row(&all, k, &one, k);
+  }
+  run_close(&r);
+  fixture_free(&fx);
+}
+
+static void test_batch_invariance_greedy(void **state) {
+  (void)state;
+  check_invariance_greedy(ML_F32);
+}
+
+static void test_batch_invariance_greedy_bf16(void **state) {
+  (void)state;
+  check_invariance_greedy(ML_BF16);
+}
+
+/* Sampled (temperature, top_k, top_p, min_p together), 3 samples per
+ * prompt: a row's draws depend on the seed and its row only, so each row
+ * is bitwise the same whatever its arrival (all at once, one prompt's
+ * group at a time, chunked prefill) and whatever the other prompts (rows of
+ * prompt 0 with prompts 1 .. 3 replaced by others); a prompt's samples
+ * differ from one another (their own streams); the repeated prompt's rows
+ * differ from the first's. */
+static void test_batch_invariance_sampled(void **state) {
+  (void)state;
+  static fixture fx;
+  static run r;
+  open_fixture(&r, &fx, ML_F32);
+  prompts p = four(&fx);
+  result all, one;
+  ml_gen_opts o = sampled(0.8f, 0.9f, 11);
+  o.sampler.top_k = 20;
+  o.sampler.min_p = 0.02f;
+  o.n_samples = 3;
   generate(&r, &p, &o, &all);
+  int64_t R = p.n * 3;
+  static const int64_t running[] = {3, 4}, chunk[] = {0, 3};
+  for (int i = 0; i < 2; i++) {
+    o.max_running = running[i];
+    o.prefill_tokens = chunk[i];
+    generate(&r, &p, &o, &one);
+    for (int64_t k = 0; k < R; k++) same_row(&all, k, &one, k);
+  }
+  o.max_running = o.prefill_tokens = 0;
   prompts q = {0};
   add(&q, &fx, 0, 0, 4);
   add(&q, &fx, 1, 3, 6);
   generate(&r, &q, &o, &one);
-  same_row(&all, 0, &one, 0, tol);
-  assert_memory_not_equal(all.tok, all.tok + 2 * NEW, sizeof(int32_t) * NEW);
+  for (int64_t j = 0; j < 3; j++) same_row(&all, j, &one, j);
+  assert_memory_not_equal(all.tok, all.tok + NEW, sizeof(int32_t) * NEW);
+  assert_memory_not_equal(all.tok, all.tok + 6 * NEW, sizeof(int32_t) * NEW);
+  run_close(&r);
+  fixture_free(&fx);
+}
+
+/* n samples, greedy: each sample is the n = 1 row (the prompt's prefill
+ * copied to every sample's slot bitwise); max_new per prompt and finish
+ * reasons: a row stops at its own max_new (length) or its first stop id
+ * (stop), the rows' tokens the unbounded run's up to there. */
+static void test_samples_and_limits(void **state) {
+  (void)state;
+  static fixture fx;
+  static run r;
+  open_fixture(&r, &fx, ML_F32);
+  prompts p = four(&fx);
+  result one, got;
+  ml_gen_opts o = greedy();
+  generate(&r, &p, &o, &one);
+  for (int64_t k = 0; k < p.n; k++) assert_int_equal(one.fin[k], ML_FINISH_LENGTH);
+  o.n_samples = 2;
+  generate(&r, &p, &o, &got);
+  for (int64_t r2 = 0; r2 < 2 * p.n; r2++) same_row(&one, r2 / 2, &got, r2);
+  o.n_samples = 1;
+  int64_t per[NMAX] = {3, NEW, 1, 9};
+  int32_t stop = one.tok[1 * NEW + 4]; /* prompt 1's fifth token */
+  o.max_new_per = per;
+  o.stop = &stop;
+  o.n_stop = 1;
+  generate(&r, &p, &o, &got);
+  for (int64_t k = 0; k < p.n; k++) {
+    int64_t end = per[k], why = ML_FINISH_LENGTH;
+    for (int64_t j = 0; j < per[k]; j++)
+      if (one.tok[k * NEW + j] == stop) {
+        end = j + 1;
+        why = ML_FINISH_STOP;
+        break;
+      }
+    assert_int_equal(got.len[k], end);
+    assert_int_equal(got.fin[k], why);
+    assert_memory_equal(got.tok + k * NEW, one.tok + k * NEW, sizeof(int32_t) * (size_t)end);
+    assert_memory_equal(got.lp + k * NEW, one.lp + k * NEW, sizeof(float) * (size_t)end);
+    for (int64_t j = end; j < NEW; j++) assert_int_equal(got.tok[k * NEW + j], -1);
+  }
+  assert_int_equal(got.fin[1], ML_FINISH_STOP);
+  assert_true(got.len[1] <= 5);
   run_close(&r);
   fixture_free(&fx);
 }
@@ -251,13 +425,15 @@ static void test_sampling_and_eos(void **state) {
   o = sampled(0.7f, 1e-6f, 5);
   generate(&r, &p, &o, &b);
   assert_memory_equal(&gr, &b, sizeof gr);
-  /* eos: each row stops after its first eos of the greedy run */
-  og.eos = gr.tok[3];
+  /* a stop id: each row stops after its first occurrence in the greedy run */
+  int32_t stop = gr.tok[3];
+  og.stop = &stop;
+  og.n_stop = 1;
   generate(&r, &p, &og, &b);
   for (int64_t k = 0; k < p.n; k++) {
     int64_t end = NEW;
     for (int64_t j = NEW - 1; j >= 0; j--)
-      if (gr.tok[k * NEW + j] == og.eos) end = j + 1;
+      if (gr.tok[k * NEW + j] == stop) end = j + 1;
     assert_int_equal(b.len[k], end);
     assert_memory_equal(b.tok + k * NEW, gr.tok + k * NEW, sizeof(int32_t) * (size_t)end);
     assert_memory_equal(b.lp + k * NEW, gr.lp + k * NEW, sizeof(float) * (size_t)end);
@@ -272,7 +448,7 @@ static void test_sampling_and_eos(void **state) {
   og.max_new = 1;
   int32_t t1[NMAX];
   int64_t l1[NMAX];
-  if (ml_generate(&r.e, p.n, p.lens, p.tokens, &og, t1, l1, NULL))
+  if (ml_generate(&r.e, p.n, p.lens, p.tokens, &og, t1, l1, NULL, NULL))
     fail_msg("generate: %s", ml_error_msg());
   for (int64_t k = 0; k < p.n; k++) {
     assert_int_equal(l1[k], 1);
@@ -287,7 +463,7 @@ static void refused(run *r, int64_t n, const int64_t *lens, const int32_t *token
                     const ml_gen_opts *o, const char *want) {
   result out;
   ml_error_clear();
-  int rc = ml_generate(&r->e, n, lens, tokens, o, out.tok, out.len, out.lp);
+  int rc = ml_generate(&r->e, n, lens, tokens, o, out.tok, out.len, out.lp, NULL);
   const char *msg = ml_error_msg();
   printf("refused: %s\n", msg);
   if (rc != -1 || !strstr(msg, want))
@@ -316,6 +492,28 @@ static void test_errors(void **state) {
   refused(&r, 2, p.lens, bad, &o, "token id -3");
   o.max_new = 0;
   refused(&r, 2, p.lens, p.tokens, &o, "max_new 0");
+  o = sampled(1.0f, 1.0f, 0);
+  o.n_samples = 0;
+  refused(&r, 2, p.lens, p.tokens, &o, "n_samples 0");
+  o = sampled(1.0f, 1.0f, 0);
+  o.sampler.top_k = -1;
+  refused(&r, 2, p.lens, p.tokens, &o, "top_k -1");
+  o = sampled(1.0f, 1.0f, 0);
+  o.sampler.min_p = 1.5f;
+  refused(&r, 2, p.lens, p.tokens, &o, "min_p 1.5");
+  o = sampled(1.0f, 1.0f, 0);
+  int32_t bad_stop = (int32_t)V;
+  o.stop = &bad_stop;
+  o.n_stop = 1;
+  refused(&r, 2, p.lens, p.tokens, &o, "stop id 0 is");
+  o = sampled(1.0f, 1.0f, 0);
+  int64_t per[2] = {NEW, NEW + 1};
+  o.max_new_per = per;
+  refused(&r, 2, p.lens, p.tokens, &o, "max_new_per[1]");
+  o = sampled(1.0f, 1.0f, 0);
+  o.n_samples = 3;
+  o.max_running = 2;
+  refused(&r, 2, p.lens, p.tokens, &o, "max_running 2");
   o = sampled(0.0f, 1.0f, 0);
   refused(&r, 2, p.lens, p.tokens, &o, "temperature 0");
   o = sampled(-1.0f, 1.0f, 0);
@@ -340,7 +538,10 @@ int main(int argc, char **argv) {
   g_fixture = argv[1];
   const struct CMUnitTest tests[] = {
       held_test(test_greedy_fp32),  held_test(test_greedy_bf16),
-      held_test(test_batching),     held_test(test_sampling_and_eos),
+      held_test(test_greedy_transformers),
+      held_test(test_batch_invariance_greedy), held_test(test_batch_invariance_greedy_bf16),
+      held_test(test_batch_invariance_sampled),
+      held_test(test_samples_and_limits), held_test(test_sampling_and_eos),
       held_test(test_errors),
   };
   return held_finish(cmocka_run_group_tests(tests, NULL, NULL));

@@ -169,34 +169,52 @@ def test_generate(model_dir):
     prompts = make_seqs(3, seed=13, lo=3, hi=9)
     with meshlm.Policy(model_dir, lr=1e-2) as p:
         mine = prompts if p.info["rank"] == 0 else prompts[:1]   # n may differ per rank
-        g1, l1 = p.generate(mine, max_new_tokens=6, greedy=True)
-        g2, l2 = p.generate(mine, max_new_tokens=6, greedy=True, seed=5)
+        g1, l1, f1 = p.generate(mine, max_new_tokens=6, greedy=True)
+        g2, l2, _ = p.generate(mine, max_new_tokens=6, greedy=True, seed=5)
+        assert f1 == ["length"] * len(mine)
         assert all(np.array_equal(a, b) for a, b in zip(g1, g2))
         assert [len(t) for t in g1] == [6] * len(mine)   # no eos in a byte-vocabulary config
         assert all(t.dtype == np.int32 and lp.dtype == np.float32 for t, lp in zip(g1, l1))
-        s1, _ = p.generate(mine, max_new_tokens=8, seed=1)
-        s2, _ = p.generate(mine, max_new_tokens=8, seed=1)
-        s3, _ = p.generate(mine, max_new_tokens=8, seed=2)
+        s1, _, _ = p.generate(mine, max_new_tokens=8, seed=1)
+        s2, _, _ = p.generate(mine, max_new_tokens=8, seed=1)
+        s3, _, _ = p.generate(mine, max_new_tokens=8, seed=2)
         assert all(np.array_equal(a, b) for a, b in zip(s1, s2))
         assert any(not np.array_equal(a, b) for a, b in zip(s1, s3))
         # the sampled tokens' log-probs are those logprobs() gives them (the KV-cache
         # decode is another summation order than the full forward: 1e-4 absolute)
         full = [np.concatenate([pr, t]) for pr, t in zip(mine, s1)]
         lps, _ = p.logprobs(full)
-        _, sl = p.generate(mine, max_new_tokens=8, seed=1)
+        _, sl, _ = p.generate(mine, max_new_tokens=8, seed=1)
         for pr, lp, got in zip(mine, lps, sl):
             np.testing.assert_allclose(got, lp[len(pr) - 1:], atol=1e-4, rtol=0)
         # eos: a sequence stops after it (the eos included)
         eos = int(g1[0][2])
-        e, _ = p.generate(mine[:1], max_new_tokens=6, greedy=True, eos_token_id=eos)
+        e, _, fe = p.generate(mine[:1], max_new_tokens=6, greedy=True, eos_token_id=eos)
         stop = int(np.argmax(g1[0] == eos)) + 1
         np.testing.assert_array_equal(e[0], g1[0][:stop])
+        assert fe == ["stop"]
+        # stop ids, per-prompt max_new_tokens, n samples per prompt (rows k·n + j), top_k /
+        # min_p: greedy samples are each the n = 1 row, bitwise
+        e, el, fe = p.generate(mine, max_new_tokens=[6] + [3] * (len(mine) - 1), greedy=True,
+                               stop=[eos], eos_token_id=-2, n=2)
+        assert len(e) == 2 * len(mine)
+        for r, (t, lp, why) in enumerate(zip(e, el, fe)):
+            k = r // 2
+            cap = 6 if k == 0 else 3
+            end = min(cap, int(np.argmax(g1[k] == eos)) + 1 if eos in g1[k][:cap] else cap)
+            np.testing.assert_array_equal(t, g1[k][:end])
+            np.testing.assert_array_equal(lp, l1[k][:end])
+            assert why == ("stop" if t[-1] == eos else "length")
+        t1, _, _ = p.generate(mine, max_new_tokens=8, seed=1, top_k=3, min_p=0.05, n=3)
+        assert len(t1) == 3 * len(mine) and all(len(t) == 8 for t in t1)
+        with pytest.raises(meshlm.MeshlmError, match="top_k -1"):
+            p.generate(mine, max_new_tokens=4, top_k=-1)
         # after a step, generation sees the new weights
         p.train_step([np.concatenate([mine[0], [7] * 12])])
-        _, l3 = p.generate(mine, max_new_tokens=6, greedy=True)
+        _, l3, _ = p.generate(mine, max_new_tokens=6, greedy=True)
         assert not all(np.array_equal(a, b) for a, b in zip(l1, l3))
         # every rank with no prompt
-        assert p.generate([], max_new_tokens=4) == ([], [])
+        assert p.generate([], max_new_tokens=4) == ([], [], [])
 
 
 def test_register_family():

@@ -31,8 +31,8 @@ def test_generate_equals_logprobs(model_dir):
         rng = np.random.default_rng(3 + p.info["dp_rank"])
         prompts = [rng.integers(0, p.info["vocab_size"], n, dtype=np.int32) for n in (5, 9)]
         for greedy in (True, False):
-            toks, glps = p.generate(prompts, max_new_tokens=6, greedy=greedy, eos_token_id=-2,
-                                    seed=7)
+            toks, glps, _ = p.generate(prompts, max_new_tokens=6, greedy=greedy, eos_token_id=-2,
+                                       seed=7)
             full = [np.concatenate([q, t]) for q, t in zip(prompts, toks)]
             lps, _ = p.logprobs(full)
             for k, q in enumerate(prompts):

@@ -297,14 +297,15 @@ static void test_generate_bound(void **state) {
   meshlm_close(s);
 }
 
-/* meshlm_generate_samples: n samples per prompt in rows k·n + j, each
- * greedy sample bitwise the n = 1 row; finish reasons (length; stop at a
+/* meshlm_generate_samples (in the batch-invariant mode): n samples per
+ * prompt in rows k·n + j, each greedy sample bitwise the n = 1 row; finish reasons (length; stop at a
  * stop id, included); per-prompt max_new_tokens; a caller compiled with the
  * first 0.2 layout (struct_size = offsetof(meshlm_sampling, n)) gets the
  * defaults of the appended fields (n 1); bad new fields fail naming them. */
 static void test_generate_samples(void **state) {
   (void)state;
   meshlm_options o = mesh_opts();
+  o.batch_invariant = 1; /* a row's bits whatever the step's other rows, by construction */
   meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
   meshlm_info in = info_of(s);
   batch p = prompts_of(in.dp_rank, 800);

@@ -35,6 +35,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray  # numpy >= 1.21
 
 from . import _lib as L
+from .interop import as_numpy
 
 __all__ = ["Policy", "MeshlmError", "bf16_to_f32", "f32_to_bf16", "version", "register_family",
            "PolicyInfo", "StepResult", "CallStats", "Communicator",
@@ -373,7 +374,7 @@ class _Batch:
                             % (what, type(seqs).__name__))
         arrays: List[NDArray[Any]] = []
         for k, r in enumerate(rows):
-            a = np.asarray(r)
+            a = as_numpy(r)
             if a.ndim != 1:
                 raise _ArgError("%s[%d]: expected a 1-D array of token ids, got shape %s"
                                 % (what, k, a.shape))
@@ -409,13 +410,13 @@ class _Batch:
         concatenated array) as one contiguous array of dtype, length total."""
         if x is None:
             return None
-        if isinstance(x, (list, tuple)) and len(x) > 0 and all(np.ndim(e) == 1 for e in x):
+        if isinstance(x, (list, tuple)) and len(x) > 0 and all(as_numpy(e).ndim == 1 for e in x):
             if len(x) != self.n:
                 raise _ArgError("%s: %d per-sequence arrays for %d sequences"
                                 % (what, len(x), self.n))
             parts: List[NDArray[Any]] = []
             for k, e in enumerate(x):
-                a = np.asarray(e)
+                a = as_numpy(e)
                 if a.size != self.pred[k]:
                     raise _ArgError("%s[%d]: %d entries for a sequence of %d tokens (expected "
                                     "len - 1 = %d: prediction aligned)"
@@ -423,7 +424,7 @@ class _Batch:
                 parts.append(a)
             a = np.concatenate(parts) if parts else np.zeros(0)
         else:
-            a = np.asarray(x)
+            a = as_numpy(x)
             if a.ndim != 1 or a.size != self.total:
                 raise _ArgError("%s: shape %s, expected (%d,): sum over sequences of len - 1 "
                                 "(prediction aligned), or a list of per-sequence arrays"
@@ -446,7 +447,7 @@ class _Batch:
         """A per-sequence input [n]."""
         if x is None:
             return None
-        a = np.asarray(x)
+        a = as_numpy(x)
         if a.ndim != 1 or a.size != self.n:
             raise _ArgError("%s: shape %s, expected (%d,): one value per sequence"
                             % (what, a.shape, self.n))
@@ -1141,7 +1142,8 @@ class Policy:
         """COLLECTIVE. Replace the given weights from memory (not the optimizer
         state nor the step): tensors a dict (any Mapping) HF name -> full
         numpy array of the HF shape, float32 (other float dtypes are converted)
-        or uint16 bf16 bits.  Every rank passes the same tensors; others stay
+        or uint16 bf16 bits; a torch tensor (host memory, zero-copy through
+        DLPack; torch.bfloat16 as bf16) or an ml_dtypes.bfloat16 array too.  Every rank passes the same tensors; others stay
         as they are."""
         s = self._session()
         items: List[Tuple[bytes, int, NDArray[Any]]] = []
@@ -1150,7 +1152,7 @@ class Policy:
                 raise _ArgError("reload_tensors: expected a dict name -> array, got %s"
                                 % type(tensors).__name__)
             for name, a in tensors.items():
-                a = np.asarray(a)
+                a = as_numpy(a)  # a torch / ml_dtypes bf16 tensor: its uint16 bits
                 if a.dtype == np.uint16:
                     dt = L.DTYPE_BF16
                 elif a.dtype.kind == "f":

@@ -275,10 +275,10 @@ MESHLM_API int meshlm_logprobs(meshlm_session *s, const meshlm_seqs *batch, cons
  * every rank returns −1 and no reference is kept where it failed). */
 MESHLM_API int meshlm_set_reference(meshlm_session *s);
 
-/* COLLECTIVE. meshlm_logprobs (same arguments, outputs and errors; the
- * messages name meshlm_logprobs' arguments) computed with the reference's
- * weights;
- * the policy's weights, gradients and AdamW state are as before the call.
+/* COLLECTIVE. meshlm_logprobs (same arguments, outputs and errors, the
+ * messages naming meshlm_reference_logprobs) computed with the reference's
+ * weights; the policy's weights, gradients and AdamW state are as before
+ * the call.
  * The numbers are bitwise those of a session opened on the captured
  * weights on the same mesh and options. Errors: also no reference
  * captured. */

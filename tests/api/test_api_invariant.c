@@ -207,6 +207,22 @@ static void check_generate(const char *fx, meshlm_dtype param, int greedy) {
   meshlm_close(s);
 }
 
+/* Data-parallel rank in.dp_rank's share of b (sequences dp_rank, dp_rank +
+ * dp_size, ...) as a batch of its own, and *ref (xcalloc'd) its entries of
+ * all, b's log-probs scored on one rank. */
+static batch dp_share(const batch *b, const float *all, const meshlm_info *in, float **ref) {
+  int64_t lens[NSEQ], n = 0;
+  for (int64_t k = in->dp_rank; k < b->n; k += in->dp_size) lens[n++] = b->lens[k];
+  batch mine = seqs_make(lens, n, INT64_MAX, in->vocab_size, 1);
+  *ref = xcalloc((size_t)(mine.npred ? mine.npred : 1), sizeof **ref);
+  for (int64_t k = in->dp_rank, j = 0; k < b->n; k += in->dp_size, j++) {
+    memcpy(mine.tok + tok_at(&mine, j), b->tok + tok_at(b, k),
+           sizeof(int32_t) * (size_t)b->lens[k]);
+    memcpy(*ref + pred_at(&mine, j), all + pred_at(b, k), sizeof(float) * (size_t)(b->lens[k] - 1));
+  }
+  return mine;
+}
+
 /* (c) each rank's share scored on a dp_shard = world session = the whole
  * batch scored on one rank. */
 static void check_dp(const char *fx, meshlm_dtype param) {
@@ -216,15 +232,8 @@ static void check_dp(const char *fx, meshlm_dtype param) {
   assert_int_equal(in.dp_size, g_world);
   batch b = seqs_make(k_lens, NSEQ, rope_cap(fx), in.vocab_size, 33);
   float *all = score(s, &b);
-  /* rank r's share: sequences r, r + world, ... */
-  int64_t lens[NSEQ], n = 0;
-  for (int64_t k = in.dp_rank; k < b.n; k += in.dp_size) lens[n++] = b.lens[k];
-  batch mine = seqs_make(lens, n, INT64_MAX, in.vocab_size, 1);
-  float *ref = xcalloc((size_t)(mine.npred ? mine.npred : 1), sizeof *ref);
-  for (int64_t k = in.dp_rank, j = 0; k < b.n; k += in.dp_size, j++) {
-    memcpy(mine.tok + tok_at(&mine, j), b.tok + tok_at(&b, k), sizeof(int32_t) * (size_t)b.lens[k]);
-    memcpy(ref + pred_at(&mine, j), all + pred_at(&b, k), sizeof(float) * (size_t)(b.lens[k] - 1));
-  }
+  float *ref;
+  batch mine = dp_share(&b, all, &in, &ref);
   float *got = xcalloc((size_t)(mine.npred ? mine.npred : 1), sizeof *got);
   meshlm_seqs q = seqs_of(&mine);
   OK(w, meshlm_logprobs(w, &q, NULL, got, NULL));
@@ -250,14 +259,8 @@ static void check_train(const char *fx, meshlm_dtype param) {
   meshlm_info in = info_of(w);
   batch b = seqs_make(k_lens, NSEQ, rope_cap(fx), in.vocab_size, 45);
   float *all = score(s, &b);
-  int64_t lens[NSEQ], n = 0;
-  for (int64_t k = in.dp_rank; k < b.n; k += in.dp_size) lens[n++] = b.lens[k];
-  batch mine = seqs_make(lens, n, INT64_MAX, in.vocab_size, 1);
-  float *ref = xcalloc((size_t)(mine.npred ? mine.npred : 1), sizeof *ref);
-  for (int64_t k = in.dp_rank, j = 0; k < b.n; k += in.dp_size, j++) {
-    memcpy(mine.tok + tok_at(&mine, j), b.tok + tok_at(&b, k), sizeof(int32_t) * (size_t)b.lens[k]);
-    memcpy(ref + pred_at(&mine, j), all + pred_at(&b, k), sizeof(float) * (size_t)(b.lens[k] - 1));
-  }
+  float *ref;
+  batch mine = dp_share(&b, all, &in, &ref);
   meshlm_loss l;
   meshlm_loss_default(&l);
   l.kind = MESHLM_LOSS_CLIPPED_PG;

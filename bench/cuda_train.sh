@@ -18,7 +18,7 @@
 # notes; nothing is asserted.
 # usage: bench/cuda_train.sh [SEQ [BATCH [STEPS]]]   (after `make`, on a GPU machine;
 #        defaults 2048, 8, 12; LP_SEQS=64 LP_LEN=1024 PEAK_TFLOPS=989 MODEL=DIR to reuse
-#        a model directory; PEER_MODES=bf16 for the eager peer alone (default
+#        a model directory; LR=3e-4 the learning rate of both; PEER_MODES=bf16 for the eager peer alone (default
 #        bf16,compile-bf16); DEVICE=cpu runs the same on the CPU, for a dry run of this
 #        script with PRESET=tiny)
 set -euo pipefail
@@ -29,6 +29,7 @@ STEPS=${3:-12}
 LP_SEQS=${LP_SEQS:-64}
 LP_LEN=${LP_LEN:-1024}
 PEAK=${PEAK_TFLOPS:-989}
+LR=${LR:-3e-4} # both sides: their losses track each other step by step (bf16 rounding apart)
 DEVICE=${DEVICE:-cuda}
 PRESET=${PRESET:-llama3.2-1b}
 PEER_MODES=${PEER_MODES:-bf16,compile-bf16}
@@ -51,7 +52,7 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print NR % 2 ? v[(NR + 1) / 2] : 
 key() { sed -nE "s/.*\"$1\": ?([0-9.eE+-]+).*/\1/p"; }
 
 build/meshlm train --device "$DEVICE" --model "$model" --data "$out/train.jsonl" \
-  --param-dtype bf16 --seq-len "$S" --batch-size "$B" --steps "$STEPS" \
+  --param-dtype bf16 --seq-len "$S" --batch-size "$B" --steps "$STEPS" --lr "$LR" \
   --peak-tflops "$PEAK" --metrics "$out/m.jsonl" >&2
 tps=$(tail -n +3 "$out/m.jsonl" | key tokens_per_s | median)
 mfu=$(tail -n +3 "$out/m.jsonl" | key mfu | median)
@@ -61,7 +62,7 @@ printf "%-24s %12.0f %7.1f%% %14.0f\n" "meshlm bf16" "$tps" "$(awk -v m="$mfu" '
 
 if python3 -c 'import torch, transformers' 2> /dev/null; then
   python3 bench/torch_peer.py --device "$DEVICE" --model "$model" --data "$out/train.jsonl" \
-    --seq-len "$S" --batch-size "$B" --steps "$STEPS" --modes "$PEER_MODES" > "$out/peer.txt"
+    --seq-len "$S" --batch-size "$B" --steps "$STEPS" --lr "$LR" --modes "$PEER_MODES" > "$out/peer.txt"
   # FLOPs per token as meshlm's metrics count them: its MFU / tokens/s × peak
   fpt=$(awk -v m="$mfu" -v t="$tps" -v p="$PEAK" 'BEGIN { print m * p * 1e12 / t }')
   for mode in ${PEER_MODES//,/ }; do

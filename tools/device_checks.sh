@@ -7,7 +7,9 @@
 #              binary and library of the bundle and of the unpacked tree (no
 #              "not found"), `mpiexec -n 1 true`, lscpu, and where the
 #              machine's libnccl.so.2 is (loaded at run time, not carried)
-#   ctest      CUDA_LAUNCH_BLOCKING=1 ctest -L cuda -j4 (every kernel against
+#   ctest      CUDA_LAUNCH_BLOCKING=1 ctest -L '^cuda$' -j4 (the label exactly:
+#              -L is a regular expression, and plain 'cuda' also selects the
+#              emulator's cuda_emu tests, not in the bundle; every kernel against
 #              the CPU backend, every fixture family's log-probs and training
 #              step against the CPU, the staged and NCCL comms against MPI on
 #              1 and 2 ranks sharing the GPU, training on 2 and 4 ranks sharing
@@ -27,8 +29,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 root=$(pwd -P)
 bundle=${MESHLM_BUNDLE:-.device}
+# the build as tools/device_bundle.sh packs it
+if [ ! -f "$bundle/build/CTestTestfile.cmake" ] && [ -f "$bundle/build.tar.xz" ]; then
+  tar -C "$bundle" -xJf "$bundle/build.tar.xz" || exit 2
+fi
 if [ ! -f "$bundle/build/CTestTestfile.cmake" ]; then
-  echo "device_checks.sh: no bundle at $bundle (build/CTestTestfile.cmake missing): run" \
+  echo "device_checks.sh: no bundle at $bundle (build/CTestTestfile.cmake and build.tar.xz" \
+    "missing): run" \
     "tools/device_bundle.sh and carry .device" >&2
   exit 2
 fi
@@ -119,7 +126,7 @@ ctest_stage() {
   local t0 rc
   t0=$(date +%s)
   (cd "$bundle/build" && CUDA_LAUNCH_BLOCKING=1 timeout -k 5 "${CTEST_S:-170}" \
-    ctest -L cuda -j4 --output-on-failure) > "$out/ctest_cuda.log" 2>&1
+    ctest -L '^cuda$' -j4 --output-on-failure) > "$out/ctest_cuda.log" 2>&1
   rc=$?
   # the result line, how many skipped (no GPU: every one), the failed by name;
   # status ok, skipped (none failed, some skipped: the GPU was not usable) or fail
@@ -135,7 +142,8 @@ ctest_stage() {
 bench_stage() {
   local t0 rc
   t0=$(date +%s)
-  PEER_MODES=bf16 LP_SEQS=16 timeout -k 5 "${BENCH_S:-180}" bash bench/cuda_train.sh 2048 8 6 \
+  PEER_MODES=${PEER_MODES:-bf16} LP_SEQS=${LP_SEQS:-16} timeout -k 5 "${BENCH_S:-180}" \
+    bash bench/cuda_train.sh 2048 8 "${BENCH_STEPS:-6}" \
     > "$out/bench_cuda.log" 2>&1
   rc=$?
   record bench "$([ $rc -eq 0 ] && echo ok || echo fail)" "$t0" "rc=$rc" \

@@ -1,10 +1,13 @@
 #include "backend/backend.h"
 
+#include <stdio.h>
+
 #include <stdarg.h>
 #include <string.h>
 
 #include "common/checked.h"
 #include "common/status.h"
+#include "backend/profile.h"
 
 /* ---- properties ---------------------------------------------------------- */
 
@@ -21,9 +24,17 @@ static int lacks(const ml_backend *be, const char *call) {
                 "does (--device cpu has every operator)",
                 be->ops->name, call);
 }
-#define NEED(be, op)                                             \
-  do {                                                           \
-    if (!ml_be_supports((be), (op))) return lacks((be), __func__); \
+/* ... and, under MESHLM_OP_PROFILE=1, a boundary of the operator profile
+ * (backend/profile.h) named after the wrapper. */
+#define NEED(be, op)                                               \
+  do {                                                             \
+    if (!ml_be_supports((be), (op))) return lacks((be), __func__);  \
+    if (ml_be_profile_on()) ml_be_profile_mark((be), __func__);     \
+  } while (0)
+/* A profile boundary of a memory operation (no capability to check). */
+#define MARK(be)                                                   \
+  do {                                                             \
+    if (ml_be_profile_on()) ml_be_profile_mark((be), __func__);     \
   } while (0)
 
 /* ---- memory -------------------------------------------------------------- */
@@ -56,26 +67,32 @@ ml_memory_stats ml_be_memory_stats(ml_backend *be) {
 void ml_be_reset_peak(ml_backend *be) { be->ops->reset_peak(be); }
 
 int ml_be_copy(ml_backend *be, void *dst, const void *src, size_t bytes, ml_copy_kind kind) {
+  MARK(be);
   return bytes ? be->ops->copy(be, dst, src, bytes, kind) : 0;
 }
 int ml_be_copy_async(ml_backend *be, void *dst, const void *src, size_t bytes,
                      ml_copy_kind kind) {
   if (kind == ML_COPY_D2D)
     return ml_err("ml_be_copy_async: a device-to-device copy; expected H2D or D2H");
+  MARK(be);
   return bytes ? be->ops->copy_async(be, dst, src, bytes, kind) : 0;
 }
 int ml_be_copy2d(ml_backend *be, void *dst, size_t dpitch, const void *src, size_t spitch,
                  size_t width, size_t rows) {
+  MARK(be);
   return width && rows ? be->ops->copy2d(be, dst, dpitch, src, spitch, width, rows) : 0;
 }
 int ml_be_zero(ml_backend *be, void *dst, size_t bytes) {
+  MARK(be);
   return bytes ? be->ops->zero(be, dst, bytes) : 0;
 }
 int ml_be_convert(ml_backend *be, void *dst, ml_dtype dst_type, const void *src,
                   ml_dtype src_type, size_t n) {
+  MARK(be);
   return n ? be->ops->convert(be, dst, dst_type, src, src_type, n) : 0;
 }
 int ml_be_round_bf16(ml_backend *be, float *x, size_t n) {
+  MARK(be);
   return n ? be->ops->round_bf16(be, x, n) : 0;
 }
 
@@ -84,7 +101,10 @@ int ml_be_round_bf16(ml_backend *be, float *x, size_t n) {
 int ml_be_event_record(ml_backend *be, ml_event *ev) { return be->ops->event_record(be, ev); }
 int ml_be_event_wait(ml_backend *be, ml_event *ev) { return be->ops->event_wait(be, ev); }
 int ml_be_event_sync(ml_backend *be, ml_event *ev) { return be->ops->event_sync(be, ev); }
-int ml_be_sync(ml_backend *be) { return be->ops->sync(be); }
+int ml_be_sync(ml_backend *be) {
+  MARK(be);
+  return be->ops->sync(be);
+}
 
 /* ---- operators ----------------------------------------------------------- */
 
@@ -112,8 +132,15 @@ int ml_be_set_batch_invariant(ml_backend *be, bool on) {
 }
 
 int ml_be_gemm(ml_backend *be, const ml_gemm *g) {
-  NEED(be, ML_OP_GEMM);
+  if (!ml_be_supports(be, ML_OP_GEMM)) return lacks(be, __func__);
   ML_TRY(gemm_check(g));
+  if (ml_be_profile_on()) { /* a GEMM's class is its shape: the profile tells which linear */
+    char name[64];
+    snprintf(name, sizeof name, "gemm %lldx%lldx%lld%s%s%s%s", (long long)g->M, (long long)g->N,
+             (long long)g->K, g->compute == ML_BF16 ? " bf16" : "", g->trans_a ? " tA" : "",
+             g->trans_b ? " tB" : "", g->accumulate ? " acc" : "");
+    ml_be_profile_mark(be, name);
+  }
   return g->M == 0 || g->N == 0 ? 0 : be->ops->gemm(be, g);
 }
 int ml_be_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db) {

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/profile.h"
 #include "common/status.h"
 
 int ml_step_accumulate(ml_engine *e, const ml_step_source *src, ml_step_result *r) {
@@ -55,6 +56,7 @@ int ml_step_apply(ml_engine *e, const ml_step_opts *o, int64_t k, const char *sk
 int ml_step_run(ml_engine *e, const ml_step_opts *o, int64_t k, const ml_step_source *src,
                 ml_step_result *r) {
   memset(r, 0, sizeof *r);
+  if (ml_be_profile_on()) ml_be_profile_restart(e->be); /* the table is the last step's */
   ML_TRY(ml_engine_zero_grad(e));
   ML_TRY(ml_step_accumulate(e, src, r));
   char why[64];

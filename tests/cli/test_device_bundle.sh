@@ -7,7 +7,9 @@
 # tools/device_checks.sh's preflight, on a bundle of this build and a tree
 # of this system's Open MPI and PMIx files laid out as dpkg -x lays them
 # (links; skipped where dpkg does not list them), relocates Open MPI, runs
-# `mpiexec -n 1 true`, finds every library and reports "no GPU" cleanly.
+# `mpiexec -n 1 true`, finds every library and reports "no GPU" cleanly; a
+# bundle whose build is packed (build.tar.xz, as device_bundle.sh packs it)
+# is unpacked first.
 # usage: test_device_bundle.sh MESHLM SOURCE_DIR
 set -u
 meshlm=$1 src=$2
@@ -91,6 +93,15 @@ fi
 rc=$?
 check "device_checks.sh: an unknown stage is refused" \
   '[ $rc -eq 2 ] && grep -q "unknown stage .preflght." "$work/out"'
+# the build packed as tools/device_bundle.sh packs it: unpacked before the stages run
+mkdir -p "$work/packed/debs"
+tar -C "$work/bundle" -cJf "$work/packed/build.tar.xz" build
+(cd "$src" && OUT=$work/o4 MESHLM_BUNDLE=$work/packed MESHLM_RT=$work/rt \
+  bash tools/device_checks.sh preflght) > "$work/out" 2>&1
+rc=$?
+check "device_checks.sh: a packed build (build.tar.xz) is unpacked" \
+  '[ $rc -eq 2 ] && cmp -s "$work/bundle/build/meshlm" "$work/packed/build/meshlm" &&
+   grep -q "unknown stage" "$work/out"'
 (cd "$src" && OUT=$work/o3 MESHLM_BUNDLE=$work/nothing bash tools/device_checks.sh) > "$work/out" 2>&1
 rc=$?
 check "device_checks.sh without a bundle: exit 2, a message" \

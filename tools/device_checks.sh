@@ -17,12 +17,21 @@
 #              CTEST_S (default 170) seconds in all
 #   bench      bench/cuda_train.sh with few steps and the PyTorch eager peer
 #              only (no torch.compile), at most BENCH_S (default 180) seconds
+# and, named only (not by default), the figures of a tuning pass:
+#   peak       bench/gemm_peak.py: a large bf16 GEMM's rate through PyTorch
+#              (cuBLAS), the measured ceiling for MFU (60 s at most)
+#   profile    MESHLM_OP_PROFILE=1 on 2 training steps of the bench's
+#              Llama-3.2-1B shape (S 2048, batch 8, bf16): the last step's time
+#              per operator (src/backend/profile.h) into profile.log, the six
+#              heaviest classes in the summary (PROFILE_S, default 120, seconds;
+#              PROFILE_DEVICE=cpu PROFILE_PRESET=tiny PROFILE_SEQ=64: a dry run here)
 # Every stage logs into OUT (the device tool's $OUT; default
 # /tmp/meshlm-device) and appends `STAGE STATUS SECONDS DETAIL` to
 # OUT/summary.txt (STATUS ok, fail, no-gpu for a preflight that finds no
 # GPU, skipped for a ctest where tests skipped and none failed). Exits 0
 # when every stage it ran is ok.
-# usage: tools/device_checks.sh [STAGE...]   (default: preflight ctest bench; from the
+# usage: tools/device_checks.sh [STAGE...]   (default: preflight ctest bench; also peak,
+#        profile; from the
 #        repository root with .device carried; MESHLM_BUNDLE=DIR for another bundle,
 #        MESHLM_RT=DIR where to unpack it, default /tmp/meshlm-rt)
 set -uo pipefail
@@ -66,7 +75,7 @@ if [ -n "$src" ] && [ "$src" != "$root" ] && [ ! -e "$src" ]; then
   mkdir -p "$(dirname "$src")" && ln -s "$root" "$src"
 fi
 links=("$bdir")
-[[ " ${stages[*]} " != *" bench "* ]] || links+=("$root/build")
+[[ " ${stages[*]} " != *" bench "* && " ${stages[*]} " != *" profile "* ]] || links+=("$root/build")
 for b in "${links[@]}"; do
   if [ -n "$b" ] && [ ! -e "$b" ]; then mkdir -p "$(dirname "$b")" && ln -s "$bundle/build" "$b"; fi
 done
@@ -150,12 +159,43 @@ bench_stage() {
     "$(grep -E '^(meshlm|torch)' "$out/bench_cuda.log" | tr -s ' ' | tr '\n' ';')"
 }
 
+peak_stage() {
+  local t0 rc
+  t0=$(date +%s)
+  timeout -k 5 60 python3 bench/gemm_peak.py > "$out/gemm_peak.txt" 2>&1
+  rc=$?
+  record peak "$([ $rc -eq 0 ] && echo ok || echo fail)" "$t0" "rc=$rc" \
+    "$(grep '^gemm_peak' "$out/gemm_peak.txt")"
+}
+
+profile_stage() {
+  local t0 rc
+  t0=$(date +%s)
+  M=$out/profile-model D=${PROFILE_DEVICE:-cuda} P=${PROFILE_PRESET:-llama3.2-1b} \
+    S=${PROFILE_SEQ:-2048} timeout -k 5 "${PROFILE_S:-120}" bash -ec '
+    build/meshlm init --arch llama --preset "$P" --out "$M" > /dev/null
+    V=$(sed -nE "s/.*\"vocab_size\": ?([0-9]+).*/\1/p" "$M/config.json")
+    awk -v V="$V" -v S="$S" '\''BEGIN { srand(1); for (i = 0; i < 8; i++) {
+      printf "{\"input_ids\": [%d", int(rand() * V)
+      for (t = 1; t < S; t++) printf ", %d", int(rand() * V); print "]}" } }'\'' > "$M/train.jsonl"
+    MESHLM_OP_PROFILE=1 build/meshlm train --device "$D" --model "$M" --data "$M/train.jsonl" \
+      --param-dtype bf16 --seq-len "$S" --batch-size 8 --steps 2 --peak-tflops 989' \
+    > "$out/profile.log" 2>&1
+  rc=$?
+  rm -rf "$out/profile-model"
+  record profile "$([ $rc -eq 0 ] && echo ok || echo fail)" "$t0" "rc=$rc" \
+    "$(sed -n '/^op profile/,$p' "$out/profile.log" | sed -n '1p;3,8p' | tr -s ' ' | tr '\n' ';')"
+}
+
 for s in "${stages[@]}"; do
   case $s in
     preflight) preflight ;;
     ctest) ctest_stage ;;
     bench) bench_stage ;;
-    *) echo "device_checks.sh: unknown stage '$s' (expected preflight, ctest, bench)" >&2; exit 2 ;;
+    peak) peak_stage ;;
+    profile) profile_stage ;;
+    *) echo "device_checks.sh: unknown stage '$s' (expected preflight, ctest, bench, peak," \
+      "profile)" >&2; exit 2 ;;
   esac
 done
 exit $failed

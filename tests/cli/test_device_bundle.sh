@@ -9,7 +9,7 @@
 # (links; skipped where dpkg does not list them), relocates Open MPI, runs
 # `mpiexec -n 1 true`, finds every library and reports "no GPU" cleanly; a
 # bundle whose build is packed (build.tar.xz, as device_bundle.sh packs it)
-# is unpacked first.
+# is unpacked first; the profile stage runs on the CPU as a dry run.
 # usage: test_device_bundle.sh MESHLM SOURCE_DIR
 set -u
 meshlm=$1 src=$2
@@ -93,6 +93,20 @@ fi
 rc=$?
 check "device_checks.sh: an unknown stage is refused" \
   '[ $rc -eq 2 ] && grep -q "unknown stage .preflght." "$work/out"'
+# the profile stage's dry run on the CPU (tiny preset): the last step's table in the summary
+# (only where the checkout has build/: otherwise the stage would link it to the bundle's)
+if [ -e "$src/build/meshlm" ]; then
+  (cd "$src" && PROFILE_DEVICE=cpu PROFILE_PRESET=tiny PROFILE_SEQ=64 OUT=$work/o5 \
+    MESHLM_BUNDLE=$work/bundle MESHLM_RT=$work/rt bash tools/device_checks.sh profile) \
+    > "$work/out" 2>&1
+  rc=$?
+  check "device_checks.sh profile (PROFILE_DEVICE=cpu): ok, the table's heaviest classes" \
+    '[ $rc -eq 0 ] && grep -q "^profile ok .*op profile (MESHLM_OP_PROFILE=1.*;gemm [0-9x]* bf16" \
+      "$work/o5/summary.txt" && grep -q "^ml_be_attention_fwd " "$work/o5/profile.log" &&
+     [ ! -e "$work/o5/profile-model" ]'
+else
+  echo "skip the profile stage's dry run: $src/build/meshlm is not there"
+fi
 # the build packed as tools/device_bundle.sh packs it: unpacked before the stages run
 mkdir -p "$work/packed/debs"
 tar -C "$work/bundle" -cJf "$work/packed/build.tar.xz" build

@@ -148,43 +148,40 @@ ctest_stage() {
       sed -E 's/^\s+[0-9]+ - //' | tr '\n' ' ')"
 }
 
-bench_stage() {
-  local t0 rc
+# timed_stage NAME LOG SECONDS CMD...: CMD under a time limit, its output into OUT/LOG,
+# its status recorded (the detail: what `summarize LOG` prints, set by the caller)
+timed_stage() {
+  local name=$1 log=$out/$2 limit=$3 t0 rc
+  shift 3
   t0=$(date +%s)
-  PEER_MODES=${PEER_MODES:-bf16} LP_SEQS=${LP_SEQS:-16} timeout -k 5 "${BENCH_S:-180}" \
-    bash bench/cuda_train.sh 2048 8 "${BENCH_STEPS:-6}" \
-    > "$out/bench_cuda.log" 2>&1
+  timeout -k 5 "$limit" "$@" > "$log" 2>&1
   rc=$?
-  record bench "$([ $rc -eq 0 ] && echo ok || echo fail)" "$t0" "rc=$rc" \
-    "$(grep -E '^(meshlm|torch)' "$out/bench_cuda.log" | tr -s ' ' | tr '\n' ';')"
+  record "$name" "$([ $rc -eq 0 ] && echo ok || echo fail)" "$t0" "rc=$rc" "$(summarize "$log")"
+}
+
+bench_stage() {
+  summarize() { grep -E '^(meshlm|torch)' "$1" | tr -s ' ' | tr '\n' ';'; }
+  PEER_MODES=${PEER_MODES:-bf16} LP_SEQS=${LP_SEQS:-16} timed_stage bench bench_cuda.log \
+    "${BENCH_S:-180}" bash bench/cuda_train.sh 2048 8 "${BENCH_STEPS:-6}"
 }
 
 peak_stage() {
-  local t0 rc
-  t0=$(date +%s)
-  timeout -k 5 60 python3 bench/gemm_peak.py > "$out/gemm_peak.txt" 2>&1
-  rc=$?
-  record peak "$([ $rc -eq 0 ] && echo ok || echo fail)" "$t0" "rc=$rc" \
-    "$(grep '^gemm_peak' "$out/gemm_peak.txt")"
+  summarize() { grep '^gemm_peak' "$1"; }
+  timed_stage peak gemm_peak.txt 60 python3 bench/gemm_peak.py
 }
 
 profile_stage() {
-  local t0 rc
-  t0=$(date +%s)
+  summarize() { sed -n '/^op profile/,$p' "$1" | sed -n '1p;3,8p' | tr -s ' ' | tr '\n' ';'; }
   M=$out/profile-model D=${PROFILE_DEVICE:-cuda} P=${PROFILE_PRESET:-llama3.2-1b} \
-    S=${PROFILE_SEQ:-2048} timeout -k 5 "${PROFILE_S:-120}" bash -ec '
+    S=${PROFILE_SEQ:-2048} timed_stage profile profile.log "${PROFILE_S:-120}" bash -ec '
     build/meshlm init --arch llama --preset "$P" --out "$M" > /dev/null
     V=$(sed -nE "s/.*\"vocab_size\": ?([0-9]+).*/\1/p" "$M/config.json")
     awk -v V="$V" -v S="$S" '\''BEGIN { srand(1); for (i = 0; i < 8; i++) {
       printf "{\"input_ids\": [%d", int(rand() * V)
       for (t = 1; t < S; t++) printf ", %d", int(rand() * V); print "]}" } }'\'' > "$M/train.jsonl"
     MESHLM_OP_PROFILE=1 build/meshlm train --device "$D" --model "$M" --data "$M/train.jsonl" \
-      --param-dtype bf16 --seq-len "$S" --batch-size 8 --steps 2 --peak-tflops 989' \
-    > "$out/profile.log" 2>&1
-  rc=$?
+      --param-dtype bf16 --seq-len "$S" --batch-size 8 --steps 2 --peak-tflops 989'
   rm -rf "$out/profile-model"
-  record profile "$([ $rc -eq 0 ] && echo ok || echo fail)" "$t0" "rc=$rc" \
-    "$(sed -n '/^op profile/,$p' "$out/profile.log" | sed -n '1p;3,8p' | tr -s ' ' | tr '\n' ';')"
 }
 
 for s in "${stages[@]}"; do

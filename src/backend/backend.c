@@ -1,13 +1,12 @@
 #include "backend/backend.h"
 
-#include <stdio.h>
-
 #include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
+#include "backend/profile.h"
 #include "common/checked.h"
 #include "common/status.h"
-#include "backend/profile.h"
 
 /* ---- properties ---------------------------------------------------------- */
 

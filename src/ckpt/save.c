@@ -73,7 +73,10 @@ int ml_engine_export(ml_engine *e, ml_export_what what, float **out) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
     float *full = ml_be_alloc(e->be, unit->full_numel, sizeof(float), "the export of a unit");
     if (!full) return -1;
-    int rc = ml_fsdp_gather_flat(&e->fsdp, u, unit_array(unit, what), full);
+    const float *src = unit_array(unit, what);
+    /* a frozen unit has no gradient or AdamW state: exported as zeros (torch: grad None) */
+    int rc = src ? ml_fsdp_gather_flat(&e->fsdp, u, src, full)
+                 : ml_be_zero(e->be, full, sizeof(float) * (size_t)unit->full_numel);
     for (int i = 0; rc == 0 && i < unit->n; i++, n++) {
       const ml_param *p = unit->params[i];
       out[n] = ml_be_host_alloc(e->be, p->shape[0] * p->shape[1], sizeof(float),

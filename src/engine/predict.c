@@ -23,7 +23,7 @@ static int run(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp, ml_pr
   int64_t max_shard = 0;
   for (int u = 0; u < e->fsdp.n_units; u++) {
     int64_t n = e->fsdp.units[u].shard_numel;
-    mem->shards += 16 * n;
+    mem->shards += 4 * ml_fsdp_unit_arrays(&e->fsdp.units[u]) * n; /* frozen: the shard alone */
     mem->reference += 4 * n;
     max_shard = n > max_shard ? n : max_shard;
   }

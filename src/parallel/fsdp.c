@@ -139,15 +139,22 @@ static void point_data(ml_fsdp_unit *u, void *base, ml_dtype type) {
 static int unit_init(ml_fsdp *f, ml_fsdp_unit *u, const ml_model *m, const ml_ckpt *ck) {
   ML_TRY(unit_layout(f, u, m));
   size_t n = (size_t)u->shard_numel; /* bounded (unit_layout): 4n floats fit */
-  u->shard = ml_fsdp_shard_alloc(f, 4 * u->shard_numel, sizeof(float),
-                                 "the FSDP shard, its gradient and AdamW state (%d parameters%s)",
+  u->frozen = true;
+  for (int i = 0; i < u->n; i++) u->frozen = u->frozen && u->params[i]->frozen;
+  int k = ml_fsdp_unit_arrays(u);
+  u->shard = ml_fsdp_shard_alloc(f, k * u->shard_numel, sizeof(float),
+                                 u->frozen ? "the FSDP shard of a frozen unit (%d parameters%s)"
+                                           : "the FSDP shard, its gradient and AdamW state (%d "
+                                             "parameters%s)",
                                  u->n, fsdp_offload(f) ? ", offloaded to host memory" : "");
   if (!u->shard) return -1;
-  ML_TRY(ml_be_zero(f->shard_be, u->shard, 4 * n * sizeof(float))); /* padding rows stay 0 */
+  ML_TRY(ml_be_zero(f->shard_be, u->shard, k * n * sizeof(float))); /* padding rows stay 0 */
   u->grad_fresh = true;
-  u->shard_grad = u->shard + n;
-  u->adam_m = u->shard_grad + n;
-  u->adam_v = u->adam_m + n;
+  if (!u->frozen) {
+    u->shard_grad = u->shard + n;
+    u->adam_m = u->shard_grad + n;
+    u->adam_v = u->adam_m + n;
+  }
   for (int i = 0; ck && i < u->n; i++) ML_TRY(load_param(f, u, i, ck));
   if (fsdp_params_alias(f)) { /* the shard is the whole TP-local tensor */
     u->full = u->shard;
@@ -458,7 +465,7 @@ int ml_fsdp_rows(const ml_fsdp *f, const ml_param *p, ml_rows *w) {
     *w = (ml_rows){.data = pt == ML_F32 ? (const void *)(shard + unit->shard_off[i])
                                         : (const void *)((uint16_t *)unit->rows + at),
                    .dtype = pt,
-                   .grad = unit->rows_grad ? unit->rows_grad + at : NULL,
+                   .grad = unit->rows_grad && !p->frozen ? unit->rows_grad + at : NULL,
                    .row0 = p->offset[0] + r0,
                    .rows = nr,
                    .cols = p->local[1]};

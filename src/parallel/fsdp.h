@@ -64,7 +64,16 @@
  * the root holds neither its [V, H] parameters nor their gradient
  * unsharded, and FSDP's staging buffers are sized by the largest unit's
  * gathered part (a decoder layer), not by the vocab. Checkpoints and
- * exports read the shards and are unchanged. */
+ * exports read the shards and are unchanged.
+ *
+ * Frozen parameters (ml_param.frozen, engine/freeze.h): their param->grad
+ * and vocab rows' gradient stay NULL, so backward computes no weight
+ * gradient for them. A unit whose parameters are all frozen (unit->frozen)
+ * allocates no gradient or optimizer state and issues no reduce-scatter or
+ * all-reduce. A partly frozen unit keeps the flat-shard layout: its frozen
+ * chunks hold zero gradients, reduced with the rest in the unit's one
+ * reduce-scatter (bytes not saved), and AdamW state that is never read or
+ * written (the optimizer steps the trainable chunks only). */
 #ifndef ML_FSDP_H
 #define ML_FSDP_H
 
@@ -128,7 +137,16 @@ typedef struct ml_fsdp_unit {
   ml_event grad_ev;  /* recorded after its non-blocking copies */
   bool grad_pending; /* copies in flight (ml_fsdp_finish_backward waits) */
   bool grad_fresh;   /* nothing accumulated in shard_grad since ml_fsdp_zero_grads */
+  bool frozen;       /* every parameter frozen (ml_param.frozen, requires_grad=False): as
+                        FSDP2 on a module without trainable parameters, the unit is gathered
+                        for forward only and has no gradient or AdamW state (shard_grad,
+                        adam_m, adam_v NULL, full_grad never allocated) and no reduction */
 } ml_fsdp_unit;
+
+/* fp32 arrays of shard_numel a unit keeps where the shards live: the
+ * shard, and unless the unit is frozen its gradient and AdamW's exp_avg,
+ * exp_avg_sq. */
+static inline int ml_fsdp_unit_arrays(const ml_fsdp_unit *u) { return u->frozen ? 1 : 4; }
 
 typedef struct ml_fsdp {
   ml_backend *be;       /* the model's: buffers, the unsharded parameters, copies */

@@ -11,10 +11,13 @@
 
 /* Point the unit's gathered parameters' grad at their places in the
  * unsharded fp32 gradients `base` (NULL: none); the vocab-parallel ones
- * have none there (ml_fsdp_rows gives their rows' gradient). */
+ * have none there (ml_fsdp_rows gives their rows' gradient), nor the
+ * frozen ones (no weight gradient: their places stay zero). */
 static void point_grads(ml_fsdp_unit *u, float *base) {
-  for (int i = 0; i < u->n; i++)
-    u->params[i]->grad = base && !u->vocab[i] ? base + u->full_off[i] : NULL;
+  for (int i = 0; i < u->n; i++) {
+    bool at = base && !u->vocab[i] && !u->params[i]->frozen;
+    u->params[i]->grad = at ? base + u->full_off[i] : NULL;
+  }
 }
 
 /* cpu_offload, a gradient accumulated in place: its device copy dst [n]
@@ -49,6 +52,7 @@ static int add_grad(ml_fsdp *f, ml_fsdp_unit *unit, int64_t at, const float *g, 
 
 int ml_fsdp_grad_begin(ml_fsdp *f, int u) {
   ml_fsdp_unit *unit = &f->units[u];
+  if (unit->frozen) return 0; /* no gradient: every param->grad stays NULL */
   if (fsdp_grads_alias(f)) { /* backward accumulates straight into the shard's grads */
     point_grads(unit, unit->shard_grad);
     return 0;
@@ -137,7 +141,7 @@ static int reduce_rows(ml_fsdp *f, ml_fsdp_unit *unit) {
 int ml_fsdp_reduce_grads(ml_fsdp *f, int u) {
   ml_fsdp_unit *unit = &f->units[u];
   point_grads(unit, NULL);
-  if (fsdp_grads_alias(f)) return 0;
+  if (fsdp_grads_alias(f) || unit->frozen) return 0;
   int rc = fsdp_grads_in_place(f) ? store_grad(f, unit, 0, unit->full_grad, unit->gather_full)
                              : reduce_unit(f, unit);
   if (rc == 0 && fsdp_rows_numel(unit)) rc = reduce_rows(f, unit);
@@ -151,6 +155,7 @@ int ml_fsdp_reduce_grads(ml_fsdp *f, int u) {
 int ml_fsdp_zero_grads(ml_fsdp *f) {
   for (int u = 0; u < f->n_units; u++) {
     ml_fsdp_unit *unit = &f->units[u];
+    if (unit->frozen) continue;
     ML_TRY(ml_be_zero(f->shard_be, unit->shard_grad, sizeof(float) * (size_t)unit->shard_numel));
     unit->grad_fresh = true;
   }

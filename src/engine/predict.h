@@ -74,6 +74,11 @@ typedef struct ml_prediction {
   ml_comm_stats train[ML_GROUP_KINDS];    /* one training step */
   ml_comm_stats logprobs[ML_GROUP_KINDS]; /* one logprobs pass */
   ml_predict_memory mem;
+  /* frozen parameters (ml_engine_opts.freeze, engine/freeze.h): their count and elements
+     (global), and the FSDP units all of whose parameters are frozen (no gradient, AdamW
+     state or gradient reduction) */
+  int frozen_params, frozen_units;
+  int64_t frozen_numel;
 } ml_prediction;
 
 /* Predict one training step and one logprobs pass of `shape` for the

@@ -8,6 +8,7 @@
 #      requires_grad of others, and AdamW is elementwise), via st_list's hashes; on 1 rank and
 #      dp_shard 2 x tp 2 + SP, freezing the embedding, and a partly frozen set (the final norm,
 #      whose gradient is Partial under SP, and one q_proj: units with frozen and trainable chunks);
+#      and on dp_shard 2 with --cpu-offload and bf16 parameters, and with ZeRO-1 (all-reduce);
 #  (b) the grad norm over trainable parameters only: runs freezing a set F and its complement C
 #      print n_F and n_C with n_F^2 + n_C^2 = n^2, n the unfrozen run's (each a sum of squares over
 #      a part of the same gradients); a norm counting frozen gradients breaks it;
@@ -53,7 +54,7 @@ embed='model.embed_tokens.*'
 partial='model.norm.weight,model.layers.0.self_attn.q_proj.weight'
 F='model.embed_tokens.*,model.layers.0.*'
 C='model.layers.1.*,model.norm.weight,lm_head.weight'
-for mesh in "1" "4 --tp 2 --sequence-parallel"; do
+for mesh in "1" "4 --tp 2 --sequence-parallel" "2 --cpu-offload --param-dtype bf16" "2 --zero 1"; do
   set -- $mesh
   np=$1
   shift

@@ -9,11 +9,12 @@
 
 #include "common/status.h"
 
-/* The parameters matching pattern `pat` marked frozen; their count. */
+/* The parameters matching pattern `pat` (by name, or by the fused
+ * checkpoint tensor holding them) marked frozen; their count. */
 static int freeze_matching(ml_model *m, const char *pat) {
   int n = 0;
   for (int i = 0; i < m->n_params; i++)
-    if (fnmatch(pat, m->params[i].name, 0) == 0) {
+    if (fnmatch(pat, m->params[i].name, 0) == 0 || fnmatch(pat, m->params[i].key, 0) == 0) {
       m->params[i].frozen = true;
       n++;
     }

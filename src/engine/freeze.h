@@ -19,7 +19,9 @@
  * the others trainable. patterns: comma-separated fnmatch(3) patterns
  * (flags 0: `*` also matches dots, as Python's fnmatch.fnmatchcase) over
  * the HF parameter names as model.named_parameters() lists them
- * (ml_param.name, e.g. `model.embed_tokens.*,model.layers.[0-9].*`),
+ * (ml_param.name, e.g. `model.embed_tokens.*,model.layers.[0-9].*`) or
+ * the fused checkpoint tensor holding a parameter (ml_param.key: Phi-3's
+ * `*.self_attn.qkv_proj.weight`, HF's one Parameter, freezes q, k and v),
  * spaces around each ignored; NULL or "" freezes nothing. A tied lm_head
  * (tie_word_embeddings) is model.embed_tokens.weight itself, which
  * named_parameters() lists once: freezing embed_tokens freezes it, and a

@@ -8,7 +8,7 @@
 #      requires_grad of others, and AdamW is elementwise), via st_list's hashes; on 1 rank and
 #      dp_shard 2 x tp 2 + SP, freezing the embedding, and a partly frozen set (the final norm,
 #      whose gradient is Partial under SP, and one q_proj: units with frozen and trainable chunks);
-#      and on dp_shard 2 with --cpu-offload and bf16 parameters, and with ZeRO-1 (all-reduce);
+#      and on dp_shard 2 with --cpu-offload and bf16 parameters, with ZeRO-1 (all-reduce), and on cp 2;
 #  (b) the grad norm over trainable parameters only: runs freezing a set F and its complement C
 #      print n_F and n_C with n_F^2 + n_C^2 = n^2, n the unfrozen run's (each a sum of squares over
 #      a part of the same gradients); a norm counting frozen gradients breaks it;
@@ -17,8 +17,9 @@
 #      + SP with backward stopping below the frozen prefix);
 #  (d) a run checkpoint of a frozen run resumes bit-exact (losses, export), and a resume with
 #      another --freeze set is refused naming both;
-#  (e) the config key (a JSON list) equals the flag; errors: a pattern matching nothing, every
-#      parameter frozen, an empty pattern, the tied lm_head, a config value of the wrong type.
+#  (e) the config key (a JSON list) equals the flag; Phi-3's fused qkv_proj (HF's one Parameter)
+#      freezes its three parts; errors: a pattern matching nothing, every parameter frozen, an
+#      empty pattern, the tied lm_head, a config value of the wrong type.
 # usage: test_freeze.sh MESHLM SOURCE_DIR JSON_CHECK TOL_BOUND ST_LIST
 set -u
 meshlm=$1
@@ -54,7 +55,8 @@ embed='model.embed_tokens.*'
 partial='model.norm.weight,model.layers.0.self_attn.q_proj.weight'
 F='model.embed_tokens.*,model.layers.0.*'
 C='model.layers.1.*,model.norm.weight,lm_head.weight'
-for mesh in "1" "4 --tp 2 --sequence-parallel" "2 --cpu-offload --param-dtype bf16" "2 --zero 1"; do
+for mesh in "1" "4 --tp 2 --sequence-parallel" "2 --cpu-offload --param-dtype bf16" "2 --zero 1" \
+  "2 --cp 2"; do
   set -- $mesh
   np=$1
   shift
@@ -193,6 +195,13 @@ echo '{"freeze": ["model.embed_tokens.*", "model.layers.0.*"], "steps": 1}' > "$
   cmp -s "$work/e_cfg/model.safetensors" "$work/e_flag/model.safetensors" &&
   ok "config key freeze (a JSON list) = --freeze (export bitwise)" ||
   bad "config key freeze (a JSON list) vs --freeze"
+if "$meshlm" train --model "$src/tests/fixtures/phi3" --data "$src/README.md" --seq-len 32 --steps 1 \
+  --freeze 'model.layers.0.self_attn.qkv_proj.weight' > "$work/phi3.txt" 2> "$work/err" &&
+  grep -q -- "--freeze '[^']*': 3 of " "$work/phi3.txt"; then
+  ok "Phi-3's fused qkv_proj.weight freezes q, k and v"
+else
+  bad "Phi-3's fused qkv_proj.weight"
+fi
 echo '{"freeze": ["model.embed_tokens.*", 3]}' > "$work/bad.json"
 expect_err "config freeze with a number in the list" "key 'freeze': expected a list of strings" \
   "$meshlm" "${base[@]}" --config "$work/bad.json"

@@ -18,9 +18,13 @@
 
 typedef long long ll;
 
-/* The flat per-rank array of `unit` holding checkpointed state s. */
-static float *state_array(const ml_fsdp_unit *unit, int s) {
-  return s == ML_RC_EXP_AVG ? unit->adam_m : s == ML_RC_EXP_AVG_SQ ? unit->adam_v : unit->shard;
+/* The flat per-rank array of `unit` holding checkpointed state s of its
+ * parameter i, or NULL: a frozen parameter has no AdamW state (saved as
+ * zeros; its chunk may lie beyond the unit's grad_numel). */
+static float *state_array(const ml_fsdp_unit *unit, int i, int s) {
+  if (s == ML_RC_EXP_AVG || s == ML_RC_EXP_AVG_SQ)
+    return unit->params[i]->frozen ? NULL : s == ML_RC_EXP_AVG ? unit->adam_m : unit->adam_v;
+  return unit->shard;
 }
 
 /* p's checkpoint key in the saved family's layout (ml_family_saved). */
@@ -92,8 +96,8 @@ static int write_pieces(ml_engine *e, const char *step_dir, const ml_run_state *
       size_t numel = (size_t)(b.shape[0] * b.shape[1]);
       for (int s = 0; rc == 0 && s < ML_RC_STATES; s++, ne++, at += numel) {
         rc = ml_rc_state_key(name, s, keys[ne], sizeof keys[ne]);
-        const float *src = state_array(unit, s);
-        if (rc == 0 && !src) /* a frozen unit has no AdamW state: saved as zeros */
+        const float *src = state_array(unit, i, s);
+        if (rc == 0 && !src) /* a frozen parameter has no AdamW state: saved as zeros */
           memset(at, 0, sizeof(float) * numel);
         else if (rc == 0)
           rc = ml_be_copy(e->fsdp.shard_be, at, src + b_at, sizeof(float) * numel, ML_COPY_D2H);
@@ -260,10 +264,10 @@ static int load_param(ml_engine *e, ml_rc_ckpt *c, const ml_fsdp_unit *unit, int
                                            name)))
     rc = -1;
   for (int s = 0; rc == 0 && nr > 0 && s < ML_RC_STATES; s++) {
-    if (!state_array(unit, s)) continue; /* a frozen unit's AdamW state: none (saved as 0) */
+    if (!state_array(unit, i, s)) continue; /* a frozen parameter's AdamW state: none */
     rc = ml_rc_read_block(c, &t, s, b.off[0], b.off[1], b.shape[0], b.shape[1], stage);
     if (rc == 0)
-      rc = ml_be_copy(e->fsdp.shard_be, state_array(unit, s) + unit->shard_off[i], stage,
+      rc = ml_be_copy(e->fsdp.shard_be, state_array(unit, i, s) + unit->shard_off[i], stage,
                       sizeof(float) * numel, ML_COPY_H2D);
   }
   ml_be_host_free(e->be, stage);

@@ -643,8 +643,8 @@ int ml_engine_clip(ml_engine *e, double norm, double max_norm) {
   if (coef == 1.0f) return 0;
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
-    if (unit->frozen) continue; /* no gradient (a partly frozen unit's frozen chunks are 0) */
-    ML_TRY(ml_be_scale(e->fsdp.shard_be, unit->shard_grad, unit->shard_numel, coef));
+    if (unit->frozen) continue; /* no gradient (a partly frozen unit: its leading grad_numel) */
+    ML_TRY(ml_be_scale(e->fsdp.shard_be, unit->shard_grad, unit->grad_numel, coef));
   }
   return 0;
 }
@@ -662,7 +662,8 @@ static int adamw_range(ml_engine *e, ml_fsdp_unit *unit, int64_t at, int64_t n, 
  * parameters are not stepped (torch.optim skips a parameter whose grad is
  * None: no weight decay, no state): a frozen unit is skipped, a partly
  * frozen one stepped chunk by chunk over its trainable parameters (the
- * same elementwise update, so the same bits). */
+ * same elementwise update, so the same bits; their chunks lie within
+ * grad_numel, parallel/fsdp.h). */
 static int adamw_scaled(ml_engine *e, float grad_scale, const ml_adamw_cfg *c) {
   e->step++;
   for (int u = 0; u < e->fsdp.n_units; u++) {

@@ -26,7 +26,7 @@ static int run(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp, ml_pr
   for (int u = 0; u < e->fsdp.n_units; u++) {
     p->frozen_units += e->fsdp.units[u].frozen;
     int64_t n = e->fsdp.units[u].shard_numel;
-    mem->shards += 4 * ml_fsdp_unit_arrays(&e->fsdp.units[u]) * n; /* frozen: the shard alone */
+    mem->shards += 4 * ml_fsdp_unit_floats(&e->fsdp.units[u]); /* frozen chunks: params alone */
     mem->reference += 4 * n;
     max_shard = n > max_shard ? n : max_shard;
   }

@@ -30,8 +30,8 @@
  * memory under cpu_offload. */
 typedef struct ml_predict_memory {
   int64_t shards;      /* FSDP shards: parameters, gradients, AdamW exp_avg and exp_avg_sq
-                          (4 × the padded shard, fp32; a frozen unit's parameters alone,
-                          ml_fsdp_unit_arrays): device memory, or host memory under
+                          (4 × the padded shard, fp32; the frozen chunks' parameters alone,
+                          ml_fsdp_unit_floats): device memory, or host memory under
                           cpu_offload */
   int64_t host;        /* host memory FSDP holds under cpu_offload: the shards and the
                           staging of the gradients it accumulates there (0 without offload;

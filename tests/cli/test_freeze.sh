@@ -13,8 +13,9 @@
 #      print n_F and n_C with n_F^2 + n_C^2 = n^2, n the unfrozen run's (each a sum of squares over
 #      a part of the same gradients); a norm counting frozen gradients breaks it;
 #  (c) collectives of the last step: an all-frozen unit (layer 0) does one reduce-scatter fewer on
-#      dp_shard 2, and the run's counts and bytes equal `meshlm plan --freeze` (dp 2, dp 2 x tp 2
-#      + SP with backward stopping below the frozen prefix);
+#      dp_shard 2, a partly frozen one (a q_proj) as many with fewer bytes (its trainable prefix),
+#      and the run's counts and bytes equal `meshlm plan --freeze` (dp 2, dp 2 x tp 2 + SP with
+#      backward stopping below the frozen prefix);
 #  (d) a run checkpoint of a frozen run resumes bit-exact (losses, export), and a resume with
 #      another --freeze set is refused naming both;
 #  (e) the config key (a JSON list) equals the flag; Phi-3's fused qkv_proj (HF's one Parameter)
@@ -126,16 +127,26 @@ plan_colls() {
          on { printf "%s %s x%s (%.3f MB)\n", $1, $2, $3, $5 / 1e6 }'
 }
 rs_calls() { run_colls "$1" | grep 'dp_shard_cp reduce_scatter' | sed -E 's/.* x([0-9]+) .*/\1/'; }
-for fz in "" "model.layers.0.*"; do
-  launch 2 "${base[@]}" --steps 1 ${fz:+--freeze "$fz"} > "$work/c${fz:+_fz}.txt" 2> "$work/err" ||
-    bad "collectives run ${fz:+--freeze $fz}"
+rs_mb() { run_colls "$1" | grep 'dp_shard_cp reduce_scatter' | sed -E 's/.*\(([0-9.]+) MB\)/\1/'; }
+for fz in "" "model.layers.0.*" "model.layers.0.self_attn.q_proj.weight"; do
+  launch 2 "${base[@]}" --steps 1 ${fz:+--freeze "$fz"} > "$work/c_${fz//[^a-z0-9]/_}.txt" \
+    2> "$work/err" || bad "collectives run ${fz:+--freeze $fz}"
 done
-full_rs=$(rs_calls "$work/c.txt")
-fz_rs=$(rs_calls "$work/c_fz.txt")
+full_rs=$(rs_calls "$work/c_.txt")
+fz_rs=$(rs_calls "$work/c_model_layers_0__.txt")
 if [ -n "$full_rs" ] && [ "$fz_rs" = "$((full_rs - 1))" ]; then
   ok "an all-frozen unit (layer 0) does no reduce-scatter: $fz_rs calls, $full_rs unfrozen"
 else
   bad "reduce-scatters with layer 0 frozen: $fz_rs, unfrozen: $full_rs (expected one fewer)"
+fi
+# a partly frozen unit reduces its trainable prefix only: as many calls, fewer bytes (q_proj's
+# chunk, 32 x 64 fp32 per rank, of which the counting comm records dp = 2: 0.016 MB)
+q=c_model_layers_0_self_attn_q_proj_weight.txt
+if [ "$(rs_calls "$work/$q")" = "$full_rs" ] &&
+  awk -v a="$(rs_mb "$work/$q")" -v b="$(rs_mb "$work/c_.txt")" 'BEGIN { exit !(a < b) }'; then
+  ok "a partly frozen unit (layer 0's q_proj): $full_rs reduce-scatters, $(rs_mb "$work/$q") MB < $(rs_mb "$work/c_.txt") MB"
+else
+  bad "a partly frozen unit's reduce-scatters: $(rs_calls "$work/$q") calls, $(rs_mb "$work/$q") MB; unfrozen $full_rs, $(rs_mb "$work/c_.txt") MB"
 fi
 for mesh in "2|--dp-shard 2" "4|--dp-shard 2 --tp 2 --sequence-parallel"; do
   np=${mesh%%|*}

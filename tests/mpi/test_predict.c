@@ -147,19 +147,27 @@ static void setup_close(setup *s) {
   fixture_free(&s->fx);
 }
 
-/* The bytes of e's FSDP shards where they live: per unit 16 B per shard
- * element (parameters, gradients, exp_avg, exp_avg_sq in fp32), 4 B (the
- * parameters alone) where every parameter of the unit is frozen; *frozen:
- * the units of that kind. */
-static int64_t shard_bytes(const ml_engine *e, int *frozen) {
+/* The bytes of e's FSDP shards where they live: per unit 4 B per shard
+ * element (the fp32 parameters) and 12 B more (gradients, exp_avg,
+ * exp_avg_sq) per element up to the end of its last trainable chunk (the
+ * frozen chunks come after the trainable ones of their part, parallel/
+ * fsdp.h: 16 B per element when nothing is frozen, 4 B in a unit whose
+ * parameters are all frozen); *frozen: the units of that kind, *partly:
+ * the units whose frozen chunks this saves bytes of. */
+static int64_t shard_bytes(const ml_engine *e, int *frozen, int *partly) {
   int64_t bytes = 0;
-  *frozen = 0;
+  *frozen = *partly = 0;
   for (int u = 0; u < e->fsdp.n_units; u++) {
     const ml_fsdp_unit *unit = &e->fsdp.units[u];
-    bool all = true;
-    for (int i = 0; i < unit->n; i++) all = all && unit->params[i]->frozen;
-    *frozen += all;
-    bytes += (all ? 4 : 16) * unit->shard_numel;
+    int64_t end = 0;
+    for (int i = 0; i < unit->n; i++) {
+      const ml_param *p = unit->params[i];
+      int64_t chunk_end = unit->shard_off[i] + unit->chunk_rows[i] * p->local[1];
+      if (!p->frozen && chunk_end > end) end = chunk_end;
+    }
+    *frozen += end == 0;
+    *partly += end > 0 && end < unit->shard_numel;
+    bytes += 4 * unit->shard_numel + 12 * end;
   }
   return bytes;
 }
@@ -226,14 +234,14 @@ static void test_train_step(void **state) {
   compare(&s, s.pred.train, "train step", &rep);
   compare_peak((int64_t)ml_be_memory_stats(s.e.be).peak, s.pred.mem.train_peak, "train step",
                &rep);
-  int frozen;
-  int64_t shards = shard_bytes(&s.e, &frozen);
+  int frozen, partly;
+  int64_t shards = shard_bytes(&s.e, &frozen, &partly);
   if (s.pred.mem.shards != shards)
     note(&rep, "shard memory: predicted %lld B, FSDP holds %lld B",
          (long long)s.pred.mem.shards, (long long)shards);
   if (rank0() && g_freeze)
-    printf("freeze=%s: %d frozen unit(s); shards %lld B per rank\n", g_freeze, frozen,
-           (long long)shards);
+    printf("freeze=%s: %d frozen unit(s), %d partly frozen with smaller state; shards %lld B per "
+           "rank\n", g_freeze, frozen, partly, (long long)shards);
   print_counts(s.pred.train, "train step");
   agree(&rep, "mismatches between prediction and counting comm");
   setup_close(&s);
@@ -381,10 +389,10 @@ static void test_offload_memory(void **state) {
   static setup s;
   setup_open(&s);
   int64_t dev_off, host_off, dev_on, host_on;
-  int frozen;
+  int frozen, partly;
   open_bytes(&s, true, &dev_off, &host_off);
   open_bytes(&s, false, &dev_on, &host_on);
-  int64_t shards = shard_bytes(&s.e, &frozen);
+  int64_t shards = shard_bytes(&s.e, &frozen, &partly);
   ml_engine_opts opts = s.e.opts;
   opts.backend = NULL;
   opts.fsdp.cpu_offload = false;

@@ -8,7 +8,8 @@
 #      requires_grad of others, and AdamW is elementwise), via st_list's hashes; on 1 rank and
 #      dp_shard 2 x tp 2 + SP, freezing the embedding, and a partly frozen set (the final norm,
 #      whose gradient is Partial under SP, and one q_proj: units with frozen and trainable chunks);
-#      and on dp_shard 2 with --cpu-offload and bf16 parameters, with ZeRO-1 (all-reduce), and on cp 2;
+#      and on dp_shard 2 with --cpu-offload and bf16 parameters, with ZeRO-1 (all-reduce), on cp 2,
+#      and on tp 4 with shared kv heads (llama_h9kv3) and their projections frozen;
 #  (b) the grad norm over trainable parameters only: runs freezing a set F and its complement C
 #      print n_F and n_C with n_F^2 + n_C^2 = n^2, n the unfrozen run's (each a sum of squares over
 #      a part of the same gradients); a norm counting frozen gradients breaks it;
@@ -51,6 +52,30 @@ is_frozen() {
   return 1
 }
 
+# check_export PATTERNS INIT FULL FROZEN WHERE: st_list listings of the initial weights, the
+# unfrozen step's and the frozen step's export: every tensor PATTERNS freeze = initial (and the
+# unfrozen step changed it: else the check is void), every other = the unfrozen step's
+check_export() {
+  local pats=$1 init=$2 full=$3 fz=$4 wrong= n_frozen=0 name
+  while read -r name _; do
+    if is_frozen "$name" "$pats"; then
+      n_frozen=$((n_frozen + 1))
+      [ "$(line "$name" "$fz")" = "$(line "$name" "$init")" ] ||
+        wrong="$wrong $name (frozen: not the initial weights)"
+      [ "$(line "$name" "$full")" != "$(line "$name" "$init")" ] ||
+        wrong="$wrong $name (the unfrozen step left it unchanged: the check is void)"
+    else
+      [ "$(line "$name" "$fz")" = "$(line "$name" "$full")" ] ||
+        wrong="$wrong $name (trainable: not the unfrozen step's)"
+    fi
+  done < "$init"
+  if [ -n "$wrong" ] || [ "$n_frozen" -eq 0 ]; then
+    bad "--freeze '$pats' on $5: $n_frozen frozen;$wrong"
+  else
+    ok "--freeze '$pats' on $5 rank(s): $n_frozen frozen tensors = initial, the rest = unfrozen step, bitwise"
+  fi
+}
+
 # (a) + (b): one step per mesh, unfrozen, then each frozen set
 embed='model.embed_tokens.*'
 partial='model.norm.weight,model.layers.0.self_attn.q_proj.weight'
@@ -74,25 +99,7 @@ for mesh in "1" "4 --tp 2 --sequence-parallel" "2 --cpu-offload --param-dtype bf
     fi
     cp "$work/m_fz.jsonl" "$work/m_${tag}_${pats//[^a-z0-9]/_}.jsonl"
     "$st_list" "$work/e_fz" > "$work/fz.txt"
-    wrong=
-    n_frozen=0
-    while read -r name _; do
-      if is_frozen "$name" "$pats"; then
-        n_frozen=$((n_frozen + 1))
-        [ "$(line "$name" "$work/fz.txt")" = "$(line "$name" "$work/init.txt")" ] ||
-          wrong="$wrong $name (frozen: not the initial weights)"
-        [ "$(line "$name" "$work/full.txt")" != "$(line "$name" "$work/init.txt")" ] ||
-          wrong="$wrong $name (the unfrozen step left it unchanged: the check is void)"
-      else
-        [ "$(line "$name" "$work/fz.txt")" = "$(line "$name" "$work/full.txt")" ] ||
-          wrong="$wrong $name (trainable: not the unfrozen step's)"
-      fi
-    done < "$work/init.txt"
-    if [ -n "$wrong" ] || [ "$n_frozen" -eq 0 ]; then
-      bad "--freeze '$pats' on $mesh: $n_frozen frozen;$wrong"
-    else
-      ok "--freeze '$pats' on $mesh rank(s): $n_frozen frozen tensors = initial, the rest = unfrozen step, bitwise"
-    fi
+    check_export "$pats" "$work/init.txt" "$work/full.txt" "$work/fz.txt" "$mesh"
   done
   # (b) n_F^2 + n_C^2 = n^2 up to rounding. Each printed norm is sqrt of a sum of squares of fp32
   # gradients computed in double (k_sumsq: products exact, 24 + 24 significant bits < 53; the
@@ -115,6 +122,21 @@ for mesh in "1" "4 --tp 2 --sequence-parallel" "2 --cpu-offload --param-dtype bf
   fi
   rm -rf "$work/e_full" "$work/e_fz"
 done
+
+# (a) on shared kv heads (llama_h9kv3: 3 kv heads over tp 4, their gradient rows summed over
+# their holders): every k_proj and one v_proj frozen
+h9=(train --model "$src/tests/fixtures/llama_h9kv3" --data "$src/README.md" --seq-len 32
+  --batch-size 4 --lr 1e-3 --weight-decay 0.1 --max-grad-norm 0 --steps 1 --tp 4)
+kv='model.layers.*.self_attn.k_proj.weight,model.layers.0.self_attn.v_proj.weight'
+"$st_list" "$src/tests/fixtures/llama_h9kv3" > "$work/h9_init.txt"
+if launch 4 "${h9[@]}" --export-hf "$work/h9_full" > /dev/null 2> "$work/err" &&
+  launch 4 "${h9[@]}" --freeze "$kv" --export-hf "$work/h9_fz" > /dev/null 2> "$work/err"; then
+  "$st_list" "$work/h9_full" > "$work/h9_full.txt"
+  "$st_list" "$work/h9_fz" > "$work/h9_fz.txt"
+  check_export "$kv" "$work/h9_init.txt" "$work/h9_full.txt" "$work/h9_fz.txt" "tp 4, shared kv heads, 4"
+else
+  bad "llama_h9kv3 on tp 4 with --freeze '$kv'"
+fi
 
 # (c) the last step's collectives as train prints them (rank 0) and as plan predicts them
 # run_colls FILE: "group kind xN (X MB)" one per line

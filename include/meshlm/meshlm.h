@@ -167,6 +167,14 @@ typedef struct meshlm_options {
                           GEMMs and attention in one fixed reduction order, no vocab
                           parallelism; tp and cp sizes still change the bits; CPU only
                           (README: --batch-invariant) */
+  /* appended for frozen parameters (optional: see struct_size) */
+  const char *freeze; /* NULL or "": train every parameter; else comma-separated fnmatch
+                         patterns of HF parameter names to freeze (requires_grad=False, as
+                         NeMo Automodel / torch users set it before fully_shard), e.g.
+                         "model.embed_tokens.*,model.layers.0.*": no gradient, no AdamW
+                         state or update, not in the grad norm; a pattern matching nothing,
+                         or every parameter frozen, fails meshlm_open (README: --freeze);
+                         copied */
 } meshlm_options;
 
 /* One rank's mesh (1 × world × 1 × 1 with the communicator's size), CPU,

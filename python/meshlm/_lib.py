@@ -79,6 +79,7 @@ class meshlm_options(Sized):
         ("prefetch_backward", c_int),
         ("cpu_offload", c_int),
         ("batch_invariant", c_int),
+        ("freeze", c_char_p),
     ]
 
 

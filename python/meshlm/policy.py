@@ -518,6 +518,11 @@ class Policy:
     batch_invariant: bool, every token's log-prob the same bits whatever batch,
     packing, micro_batch_tokens, dp size or KV-cache step computes it
     (logprobs, the training forward and generate's log-probs alike; CPU only).
+    freeze: fnmatch patterns of HF parameter names to freeze (requires_grad=False:
+    no gradient, no AdamW state or update, not in the grad norm), a list of
+    strings or one comma-separated string, e.g. ["model.embed_tokens.*",
+    "model.layers.0.*"]; a pattern matching nothing or freezing everything
+    raises MeshlmError (README: --freeze).
     comm: None (MPI_COMM_WORLD), an mpi4py communicator (its py2f() handle is
     used) or a Fortran communicator handle (int).
     reference: capture the initial weights as the reference policy
@@ -544,6 +549,7 @@ class Policy:
                  grad_norm_type: Optional[Union[float, str]] = None,
                  cpu_offload: Optional[bool] = None,
                  batch_invariant: Optional[bool] = None,
+                 freeze: Optional[Union[str, Sequence[str]]] = None,
                  comm: Optional[Union[int, Communicator]] = None,
                  reference: bool = False) -> None:
         self._s: Optional[c_void_p] = None
@@ -581,6 +587,8 @@ class Policy:
             o.device = cstr(device)
         if parallel_plan is not None:
             o.parallel_plan = cstr(parallel_plan)
+        if freeze is not None:
+            o.freeze = cstr(freeze if isinstance(freeze, (str, bytes)) else ",".join(freeze))
         for field, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype),
                              ("output_dtype", output_dtype)):
             if value is not None:

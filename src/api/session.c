@@ -104,7 +104,8 @@ int meshlm_options_init(meshlm_options *o, size_t struct_size) {
       .reshard_after_forward = (meshlm_reshard)ML_INDEX_OF(k_reshards, f->reshard_after_forward),
       .zero = f->zero, .prefetch_forward = f->prefetch_forward,
       .prefetch_backward = f->prefetch_backward, .grad_norm_type = st->norm_type,
-      .cpu_offload = f->cpu_offload, .batch_invariant = d.engine.batch_invariant};
+      .cpu_offload = f->cpu_offload, .batch_invariant = d.engine.batch_invariant,
+      .freeze = d.engine.freeze};
   return api_init_struct(o, struct_size, API_MIN(meshlm_options), sizeof full, &full);
 }
 
@@ -236,6 +237,7 @@ static ml_train_settings settings_of(const meshlm_options *o, const char *plan) 
   eo->fsdp.prefetch_backward = o->prefetch_backward;
   eo->fsdp.cpu_offload = o->cpu_offload != 0;
   eo->batch_invariant = o->batch_invariant != 0;
+  eo->freeze = o->freeze;
   eo->output_dtype = k_dtypes[o->output_dtype];
   eo->ac = k_acs[o->ac];
   t.step = (ml_step_opts){
@@ -250,10 +252,13 @@ static int keep_options(meshlm_session *s, const meshlm_options *o) {
   s->o = *o;
   s->device = strdup(o->device);
   s->plan = o->parallel_plan ? strdup(o->parallel_plan) : NULL;
-  if (!s->device || (o->parallel_plan && !s->plan)) return ml_err("meshlm_open: out of memory");
+  s->freeze = o->freeze ? strdup(o->freeze) : NULL;
+  if (!s->device || (o->parallel_plan && !s->plan) || (o->freeze && !s->freeze))
+    return ml_err("meshlm_open: out of memory");
   s->o.device = s->device;
   s->o.parallel_plan = s->plan;
-  s->set = settings_of(o, s->plan);
+  s->o.freeze = s->freeze;
+  s->set = settings_of(&s->o, s->plan);
   return 0;
 }
 
@@ -335,6 +340,7 @@ void meshlm_close(meshlm_session *s) {
   if (s->comm != MPI_COMM_NULL) MPI_Comm_free(&s->comm);
   free(s->device);
   free(s->plan);
+  free(s->freeze);
   free(s->wnames);
   free(s->wdtypes);
   free(s);

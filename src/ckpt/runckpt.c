@@ -18,9 +18,13 @@
 
 typedef long long ll;
 
-/* The flat per-rank array of `unit` holding checkpointed state s. */
-static float *state_array(const ml_fsdp_unit *unit, int s) {
-  return s == ML_RC_EXP_AVG ? unit->adam_m : s == ML_RC_EXP_AVG_SQ ? unit->adam_v : unit->shard;
+/* The flat per-rank array of `unit` holding checkpointed state s of its
+ * parameter i, or NULL: a frozen parameter has no AdamW state (saved as
+ * zeros; its chunk may lie beyond the unit's grad_numel). */
+static float *state_array(const ml_fsdp_unit *unit, int i, int s) {
+  if (s == ML_RC_EXP_AVG || s == ML_RC_EXP_AVG_SQ)
+    return unit->params[i]->frozen ? NULL : s == ML_RC_EXP_AVG ? unit->adam_m : unit->adam_v;
+  return unit->shard;
 }
 
 /* p's checkpoint key in the saved family's layout (ml_family_saved). */
@@ -92,9 +96,11 @@ static int write_pieces(ml_engine *e, const char *step_dir, const ml_run_state *
       size_t numel = (size_t)(b.shape[0] * b.shape[1]);
       for (int s = 0; rc == 0 && s < ML_RC_STATES; s++, ne++, at += numel) {
         rc = ml_rc_state_key(name, s, keys[ne], sizeof keys[ne]);
-        if (rc == 0)
-          rc = ml_be_copy(e->fsdp.shard_be, at, state_array(unit, s) + b_at,
-                          sizeof(float) * numel, ML_COPY_D2H);
+        const float *src = state_array(unit, i, s);
+        if (rc == 0 && !src) /* a frozen parameter has no AdamW state: saved as zeros */
+          memset(at, 0, sizeof(float) * numel);
+        else if (rc == 0)
+          rc = ml_be_copy(e->fsdp.shard_be, at, src + b_at, sizeof(float) * numel, ML_COPY_D2H);
         ent[ne] = (ml_st_entry){keys[ne], ML_F32, p->ndim, {b.shape[0], b.shape[1]}, at};
       }
     }
@@ -145,13 +151,13 @@ static int commit(ml_engine *e, const char *dir, const char *name, const char *s
   for (int i = 0; rc == 0 && i < n; i++) {
     const ml_param *p = ml_engine_export_param(e, i);
     rc = saved_name(&e->model.cfg, p, names[i]);
-    params[i] = (ml_rc_param){names[i], p->ndim, {p->shape[0], p->shape[1]}};
+    params[i] = (ml_rc_param){names[i], p->ndim, {p->shape[0], p->shape[1]}, p->frozen};
   }
   ml_model_config cfg = e->model.cfg;
   cfg.family = ml_family_saved(cfg.family);
   cfg.dtype = ML_F32;
-  ml_rc_info info = {*st, e->step, mesh->world_size, mesh->dp_replicate, mesh->dp_shard, mesh->cp,
-                     mesh->tp};
+  ml_rc_info info = {*st,       e->step,  mesh->world_size, mesh->dp_replicate, mesh->dp_shard,
+                     mesh->cp,  mesh->tp, e->opts.freeze ? e->opts.freeze : ""};
   json_t *source = NULL;
   if (rc == 0) rc = ml_model_config_write(step_dir, &cfg);
   if (rc == 0) rc = record_source(e, step_dir, &source);
@@ -258,9 +264,10 @@ static int load_param(ml_engine *e, ml_rc_ckpt *c, const ml_fsdp_unit *unit, int
                                            name)))
     rc = -1;
   for (int s = 0; rc == 0 && nr > 0 && s < ML_RC_STATES; s++) {
+    if (!state_array(unit, i, s)) continue; /* a frozen parameter's AdamW state: none */
     rc = ml_rc_read_block(c, &t, s, b.off[0], b.off[1], b.shape[0], b.shape[1], stage);
     if (rc == 0)
-      rc = ml_be_copy(e->fsdp.shard_be, state_array(unit, s) + unit->shard_off[i], stage,
+      rc = ml_be_copy(e->fsdp.shard_be, state_array(unit, i, s) + unit->shard_off[i], stage,
                       sizeof(float) * numel, ML_COPY_H2D);
   }
   ml_be_host_free(e->be, stage);
@@ -268,11 +275,49 @@ static int load_param(ml_engine *e, ml_rc_ckpt *c, const ml_fsdp_unit *unit, int
   return rc;
 }
 
+/* The checkpoint's frozen parameters (metadata's "frozen"; none when it
+ * lacks the key) against the engine's: the same set, or an error naming
+ * both runs' --freeze patterns and the first parameter they disagree on
+ * (AdamW state exists for trainable parameters only, and one step count
+ * serves all: a parameter thawed on resume would start its moments at
+ * step k, not 1, so the change is refused rather than guessed). */
+static int check_frozen(const ml_engine *e, const ml_rc_ckpt *c) {
+  const json_t *list = json_object_get(c->json.root, "frozen");
+  if (list && !json_is_array(list))
+    return ml_err("%s: field 'frozen': expected an array of parameter names", c->meta);
+  const char *mine = e->opts.freeze ? e->opts.freeze : "";
+  int n_mine = 0;
+  char name[ML_RC_KEY];
+  for (int i = 0; i < e->model.n_params; i++) {
+    const ml_param *p = &e->model.params[i];
+    n_mine += p->frozen;
+    bool listed = false;
+    ML_TRY(saved_name(&e->model.cfg, p, name));
+    for (size_t k = 0; list && k < json_array_size(list) && !listed; k++) {
+      const char *v = json_string_value(json_array_get(list, k));
+      listed = v && strcmp(v, name) == 0;
+    }
+    if (listed != p->frozen)
+      return ml_err("--resume %s: the checkpoint's run froze --freeze '%s' and this run "
+                    "--freeze '%s': %s is %s there and %s here; expected the same frozen "
+                    "parameters (frozen ones have no AdamW state)",
+                    c->dir, c->info.freeze, mine, name, listed ? "frozen" : "trainable",
+                    p->frozen ? "frozen" : "trainable");
+  }
+  size_t n_ck = list ? json_array_size(list) : 0;
+  if (n_ck != (size_t)n_mine)
+    return ml_err("--resume %s: the checkpoint lists %zu frozen parameters (--freeze '%s') and "
+                  "this run freezes %d (--freeze '%s'); expected the same set",
+                  c->dir, n_ck, c->info.freeze, n_mine, mine);
+  return 0;
+}
+
 int ml_run_load(ml_engine *e, const char *dir, ml_run_state *st) {
   ml_rc_ckpt c;
   int rc = ml_rc_open(dir, &c);
   bool opened = rc == 0;
   if (rc == 0) rc = check_config(&c, &e->model.cfg);
+  if (rc == 0) rc = check_frozen(e, &c);
   for (int u = 0; rc == 0 && u < e->fsdp.n_units; u++)
     for (int i = 0; rc == 0 && i < e->fsdp.units[u].n; i++)
       rc = load_param(e, &c, &e->fsdp.units[u], i);

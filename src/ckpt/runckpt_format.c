@@ -204,6 +204,10 @@ int ml_rc_write_metadata(const char *step_dir, const ml_rc_info *info, const ml_
         put(files, file, json_integer(r), &ok);
         break;
       }
+  put(root, "freeze", json_string(info->freeze ? info->freeze : ""), &ok);
+  json_t *frozen = put(root, "frozen", json_array(), &ok);
+  for (int i = 0; ok && i < n; i++)
+    if (params[i].frozen) ok = ok && json_array_append_new(frozen, json_string(params[i].name)) == 0;
   json_t *tensors = put(root, "tensors", json_object(), &ok);
   for (int i = 0; ok && i < n; i++)
     put(tensors, params[i].name, tensor_json(&params[i], i, n, world, blocks, &ok), &ok);
@@ -326,6 +330,8 @@ static int parse_info(ml_rc_ckpt *c) {
   }
   in->world_size = (int)v[0], in->dp_replicate = (int)v[1], in->dp_shard = (int)v[2];
   in->cp = (int)v[3], in->tp = (int)v[4];
+  in->freeze = "";
+  if (json_object_get(j->root, "freeze")) ML_TRY(ml_json_str(j, NULL, "freeze", &in->freeze));
   return 0;
 }
 

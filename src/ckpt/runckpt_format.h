@@ -34,6 +34,7 @@
 #ifndef ML_RUNCKPT_FORMAT_H
 #define ML_RUNCKPT_FORMAT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <jansson.h>
@@ -73,11 +74,13 @@ int ml_rc_begin(const char *dir, int64_t step, char *name);
 int ml_rc_abandon(const char *dir, const char *name);
 
 /* One parameter as metadata.json lists it: name (saved layout), ndim,
- * global shape ([n, 1] for 1-D). */
+ * global shape ([n, 1] for 1-D), and whether the run froze it (listed in
+ * metadata's "frozen"; its AdamW states are saved as zeros: it has none). */
 typedef struct ml_rc_param {
   const char *name;
   int ndim;
   int64_t shape[2];
+  bool frozen;
 } ml_rc_param;
 
 /* A piece of one parameter held by one rank: global offset and shape
@@ -91,6 +94,8 @@ typedef struct ml_rc_info {
   ml_run_state st;
   int64_t optimizer_step;
   int world_size, dp_replicate, dp_shard, cp, tp;
+  const char *freeze; /* the run's freeze patterns (--freeze) as given, "" for none (metadata's
+                         "freeze"; a checkpoint without the key: ""); read: into the metadata */
 } ml_rc_info;
 
 /* World rank 0, after every rank's file is on disk: write

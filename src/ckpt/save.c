@@ -66,6 +66,27 @@ static const float *unit_array(const ml_fsdp_unit *unit, ml_export_what what) {
   return unit->shard;
 }
 
+/* `what` of unit laid out as its shard [shard_numel] in *out: the array
+ * itself, or where it covers only the leading grad_numel elements (frozen
+ * chunks have no gradient or AdamW state: torch's grad None, exported as
+ * zeros) a zero-padded copy in *tmp (ml_fsdp_shard_free it). */
+static int unit_array_padded(ml_engine *e, const ml_fsdp_unit *unit, ml_export_what what,
+                             const float **out, float **tmp) {
+  *tmp = NULL;
+  *out = unit_array(unit, what);
+  if (what == ML_EXPORT_PARAMS || unit->grad_numel == unit->shard_numel) return 0;
+  ml_fsdp *f = &e->fsdp;
+  *tmp = ml_fsdp_shard_alloc(f, unit->shard_numel, sizeof(float),
+                             "the zero-padded gradients or AdamW state of a partly frozen unit");
+  if (!*tmp) return -1;
+  ML_TRY(ml_be_zero(f->shard_be, *tmp, sizeof(float) * (size_t)unit->shard_numel));
+  if (unit->grad_numel > 0)
+    ML_TRY(ml_be_copy(f->shard_be, *tmp, *out, sizeof(float) * (size_t)unit->grad_numel,
+                      ML_COPY_D2D));
+  *out = *tmp;
+  return 0;
+}
+
 int ml_engine_export(ml_engine *e, ml_export_what what, float **out) {
   ml_comm *tp = ml_mesh_comm(e->mesh, ML_GROUP_TP);
   int n = 0;
@@ -73,7 +94,11 @@ int ml_engine_export(ml_engine *e, ml_export_what what, float **out) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
     float *full = ml_be_alloc(e->be, unit->full_numel, sizeof(float), "the export of a unit");
     if (!full) return -1;
-    int rc = ml_fsdp_gather_flat(&e->fsdp, u, unit_array(unit, what), full);
+    const float *src;
+    float *tmp;
+    int rc = unit_array_padded(e, unit, what, &src, &tmp);
+    if (rc == 0) rc = ml_fsdp_gather_flat(&e->fsdp, u, src, full);
+    ml_fsdp_shard_free(&e->fsdp, tmp);
     for (int i = 0; rc == 0 && i < unit->n; i++, n++) {
       const ml_param *p = unit->params[i];
       out[n] = ml_be_host_alloc(e->be, p->shape[0] * p->shape[1], sizeof(float),

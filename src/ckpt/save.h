@@ -29,7 +29,8 @@ typedef enum {
 
 /* Collective over the world: out[i] = the global tensor [shape] of the
  * i-th parameter in FSDP unit order (names from ml_engine_export_param) of
- * `what`, in host memory from ml_be_host_alloc(e->be), on every rank; the
+ * `what` (a frozen unit's gradients and AdamW state: zeros), in host memory
+ * from ml_be_host_alloc(e->be), on every rank; the
  * caller frees each with ml_be_host_free(e->be, ·), also after an error
  * (entries not reached are left as they were). Errors: allocation,
  * collectives, copies. */

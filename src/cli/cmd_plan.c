@@ -460,13 +460,19 @@ static void text_prediction(const ml_prediction *p) {
                  p->vocab_group, p->B * p->s_local * p->vocab_group);
   ml_cli_print("  logits: %" PRId64 " chunk(s) of up to %" PRId64 " tokens\n", p->loss_chunks,
                p->loss_chunk);
+  if (p->frozen_params)
+    ml_cli_print("  frozen (--freeze): %d parameters, %" PRId64 " elements; %d FSDP unit(s) "
+                 "wholly frozen (no gradient, AdamW state or reduce-scatter)\n",
+                 p->frozen_params, p->frozen_numel, p->frozen_units);
   ml_cli_print("  one logprobs pass (forward only), per group:\n");
   text_stats(p->logprobs);
   const ml_predict_memory *m = &p->mem;
   struct {
     const char *what;
     int64_t v;
-  } rows[] = {{"FSDP shards: params, grads, AdamW exp_avg + exp_avg_sq (fp32)", m->shards},
+  } rows[] = {{p->frozen_units ? "FSDP shards: params (+ grads, AdamW state unless frozen), fp32"
+                                : "FSDP shards: params, grads, AdamW exp_avg + exp_avg_sq (fp32)",
+               m->shards},
               {m->host ? "in use once open (FSDP buffers, persistent params)"
                        : "in use once open (shards, FSDP buffers, persistent params)",
                m->opened},
@@ -689,6 +695,11 @@ static json_t *jprediction(const ml_prediction *p, int64_t layers) {
   json_object_set_new(o, "vocab_parallel_ranks", json_integer(p->vocab_group));
   json_object_set_new(o, "logits_chunk_tokens", json_integer(p->loss_chunk));
   json_object_set_new(o, "logits_chunks", json_integer(p->loss_chunks));
+  json_t *fz = json_object();
+  json_object_set_new(fz, "parameters", json_integer(p->frozen_params));
+  json_object_set_new(fz, "elements", json_integer(p->frozen_numel));
+  json_object_set_new(fz, "units", json_integer(p->frozen_units));
+  json_object_set_new(o, "frozen", fz);
   const ml_predict_memory *m = &p->mem;
   json_t *mem = json_object();
   json_object_set_new(mem, "shards", json_integer(m->shards));
@@ -732,7 +743,7 @@ static const char *const k_step_flags[] = {
     "--model", "--tp", "--dp-replicate", "--cp", "--sequence-parallel", "--parallel-plan",
     "--param-dtype", "--reduce-dtype", "--output-dtype", "--reshard-after-forward", "--zero",
     "--prefetch-forward", "--prefetch-backward", "--activation-checkpointing", "--cpu-offload",
-    "--batch-invariant", "--batch-size", "--grad-accum", "--seq-len"};
+    "--batch-invariant", "--batch-size", "--grad-accum", "--seq-len", "--freeze"};
 
 /* spec[]: train's step flags over o->t, then plan's own. Returns the count. */
 static size_t plan_flags(plan_opts *o, ml_arg *spec) {

@@ -40,6 +40,7 @@
 #include "common/status.h"
 #include "data/data.h"
 #include "engine/engine.h"
+#include "engine/freeze.h"
 #include "cli/metrics.h"
 #include "ckpt/runckpt.h"
 #include "ckpt/runlock.h"
@@ -357,6 +358,15 @@ static void print_header(const train_run *r) {
                m->dp_replicate, m->dp_shard, m->tp,
                (long long)ml_model_config_num_params(&r->e.model.cfg));
   ml_cli_print("train: plan %s (%s)\n", r->e.plan.name, r->e.plan.reason);
+  int n_frozen, units = 0;
+  int64_t frozen_numel;
+  ml_freeze_count(&r->e.model, &n_frozen, &frozen_numel);
+  for (int u = 0; u < r->e.fsdp.n_units; u++) units += r->e.fsdp.units[u].frozen;
+  if (n_frozen)
+    ml_cli_print("train: --freeze '%s': %d of %d parameter tensors frozen (%lld elements), %d "
+                 "FSDP unit(s) wholly frozen; backward runs down to layer %d\n",
+                 o->freeze, n_frozen, r->e.model.n_params, (long long)frozen_numel, units,
+                 r->e.bwd_first);
   const ml_dataset *ds = &r->ds;
   bool raw = ds->format == ML_DATA_RAW || ds->format == ML_DATA_RAW_BYTES;
   ml_cli_print("train: data %s: %lld %s record%s, %lld tokens -> %lld sequences (%s)\n", o->data,

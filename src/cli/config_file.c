@@ -96,7 +96,25 @@ static const char *expected_json(const ml_arg *a, const ml_config_alias *al) {
   bool bools = al && al->if_true;
   if (a->type == ML_ARG_CHOICE)
     return bools ? "a string, an integer or a boolean" : "a string or an integer";
+  if (al && al->list) return "a string or a list of strings";
   return bools ? "a string or a boolean" : "a string";
+}
+
+/* "--flag=" and the strings of array v joined with commas; NULL with a
+ * message naming the key when an element is not a string. */
+static char *list_token(const cfg_ctx *c, const char *key, const ml_arg *a, const json_t *v) {
+  size_t len = strlen(a->name) + 2, i;
+  const json_t *s;
+  json_array_foreach((json_t *)v, i, s) {
+    if (!json_is_string(s)) return wrong_type(c, key, "a list of strings", v), NULL;
+    len += json_string_length(s) + 1;
+  }
+  char *t = ml_malloc(len, "config file argument");
+  if (!t) return NULL;
+  size_t at = (size_t)snprintf(t, len, "%s=", a->name);
+  json_array_foreach((json_t *)v, i, s)
+    at += (size_t)snprintf(t + at, len - at, "%s%s", i ? "," : "", json_string_value(s));
+  return t;
 }
 
 /* The token for choice flag `a` taking `text` (from `v`), or NULL when
@@ -132,6 +150,7 @@ static char *translate(const cfg_ctx *c, const char *key, const ml_arg *a,
     return token(a->name, json_is_true(v) ? "true" : "false");
   case ML_ARG_CHOICE:
   case ML_ARG_STR:
+    if (al && al->list && json_is_array(v)) return list_token(c, key, a, v);
     if (json_is_string(v))
       text = json_string_value(v);
     else if (al && al->if_true && json_is_boolean(v))

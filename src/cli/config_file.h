@@ -15,7 +15,10 @@
  * integer (written in decimal: "grad_norm_type": 2), checked here so the
  * message names the key; ML_ARG_FLAG a boolean (false becomes
  * "--flag=false"). An alias may also let a string or choice flag take a
- * boolean (NeMo's "activation_checkpointing": true). null leaves a setting
+ * boolean (NeMo's "activation_checkpointing": true), or a string flag a
+ * list of strings, joined with commas ("freeze": ["model.embed_tokens.*",
+ * "model.layers.0.*"] is --freeze=model.embed_tokens.*,model.layers.0.*).
+ * null leaves a setting
  * as it is (NeMo's "custom_parallel_plan": null). Other values (ranges)
  * are checked by the command as flags are, in messages naming the flag. */
 #ifndef ML_CONFIG_FILE_H
@@ -26,12 +29,15 @@
 
 #include "cli/args.h"
 
-/* A key that is not the flag's own name, and what JSON booleans stand for
- * when the flag takes a string (NULL: booleans refused). */
+/* A key that is not the flag's own name (or the flag's own name where
+ * only `list` matters), what JSON booleans stand for when the flag takes a
+ * string (NULL: booleans refused), and whether a list of strings is taken
+ * (joined with commas). */
 typedef struct ml_config_alias {
   const char *key;                /* "activation_checkpointing" */
   const char *flag;               /* "--activation-checkpointing" */
   const char *if_true, *if_false; /* "layer", "none" */
+  bool list;                      /* a JSON array of strings: their comma-separated join */
 } ml_config_alias;
 
 /* An argument vector of the config's tokens followed by the command line's. */

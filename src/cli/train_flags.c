@@ -29,13 +29,14 @@ static const char *const k_true_false[] = {"true", "false", NULL};
  * names (sequence_parallel and cpu_offload already are), and JSON booleans
  * for activation checkpointing as NeMo writes them. */
 static const ml_config_alias k_aliases[] = {
-    {"tensor_parallel_size", "--tp", NULL, NULL},
-    {"dp_replicate_size", "--dp-replicate", NULL, NULL},
-    {"context_parallel_size", "--cp", NULL, NULL},
-    {"custom_parallel_plan", "--parallel-plan", NULL, NULL},
-    {"activation_checkpointing", "--activation-checkpointing", "layer", "none"},
-    {"packing", "--packing", "true", "false"},
-    {"assistant_only_loss", "--assistant-only-loss", "true", "false"},
+    {"tensor_parallel_size", "--tp", NULL, NULL, false},
+    {"dp_replicate_size", "--dp-replicate", NULL, NULL, false},
+    {"context_parallel_size", "--cp", NULL, NULL, false},
+    {"custom_parallel_plan", "--parallel-plan", NULL, NULL, false},
+    {"activation_checkpointing", "--activation-checkpointing", "layer", "none", false},
+    {"packing", "--packing", "true", "false", false},
+    {"assistant_only_loss", "--assistant-only-loss", "true", "false", false},
+    {"freeze", "--freeze", NULL, NULL, true},
 };
 
 ml_arg_choice ml_dtype_choice(void) { return (ml_arg_choice){k_dtypes, 0}; }
@@ -72,7 +73,8 @@ ml_train_opts ml_train_opts_with(const ml_train_settings *d) {
       .grad_norm_type = {k_norm_types, ML_INDEX_OF(k_norm_values, d->step.norm_type)},
       .export_dtype = {ml_export_dtype_names, ML_EXPORT_DTYPE_SOURCE},
       .peak_tflops = 0,
-      .batch_invariant = d->engine.batch_invariant};
+      .batch_invariant = d->engine.batch_invariant,
+      .freeze = d->engine.freeze};
 }
 
 ml_train_opts ml_train_opts_default(void) {
@@ -133,6 +135,10 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
       {"--batch-invariant", ML_ARG_FLAG, &o->batch_invariant,
        "every token's log-prob the same bits in any batch, packing, micro-batch or dp size",
        false, NULL},
+      {"--freeze", ML_ARG_STR, &o->freeze,
+       "freeze the parameters whose HF names match these comma-separated fnmatch patterns "
+       "(requires_grad=False)",
+       false, "PATTERNS"},
       /* the loop */
       {"--steps", ML_ARG_INT, &o->steps, "optimizer steps of the whole run", false, NULL},
       {"--batch-size", ML_ARG_INT, &o->batch, "global batch in sequences (per optimizer step)",
@@ -307,6 +313,7 @@ ml_train_settings ml_train_settings_of(const ml_train_opts *o) {
   eo->fsdp.prefetch_backward = (int)o->prefetch_backward;
   eo->fsdp.cpu_offload = o->cpu_offload;
   eo->batch_invariant = o->batch_invariant;
+  eo->freeze = o->freeze;
   eo->output_dtype = ml_dtype_chosen(&o->output_dtype);
   eo->ac = k_ac_values[o->ac.index];
   t.step.schedule.decay = k_schedule_values[o->lr_schedule.index];

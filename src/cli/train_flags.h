@@ -49,6 +49,7 @@ typedef struct ml_train_opts {
   const char *eval_data;
   int64_t eval_every;
   bool batch_invariant; /* --batch-invariant: ml_engine_opts.batch_invariant */
+  const char *freeze;   /* --freeze: ml_engine_opts.freeze (comma-separated fnmatch patterns) */
 } ml_train_opts;
 
 /* Capacity of a spec array for ml_train_flags. */

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/checked.h"
+#include "engine/freeze.h"
 #include "engine/reference.h"
 #include "common/status.h"
 #include "io/checkpoint.h"
@@ -56,6 +57,20 @@ int ml_engine_batch_mode(ml_engine *e) {
   return has ? ml_be_set_batch_invariant(e->be, on) : 0;
 }
 
+/* The lowest decoder layer backward must run through (ml_engine.bwd_first). */
+static int first_backward_layer(const ml_model *m) {
+  if (!m->embed_tokens.weight->frozen) return 0;
+  int first = 0, L = (int)m->cfg.n_layers;
+  while (first < L) {
+    bool frozen = true;
+    for (int i = 0; i < m->n_params && frozen; i++)
+      if (m->params[i].layer == first) frozen = m->params[i].frozen;
+    if (!frozen) break;
+    first++;
+  }
+  return first;
+}
+
 int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
                    const ml_engine_opts *opts) {
   memset(e, 0, sizeof *e);
@@ -64,6 +79,8 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   if (!opts) opts = &def;
   e->opts = *opts;
   if (!(e->model_dir = strdup(model_dir))) return ml_err("%s: out of memory", model_dir);
+  if (opts->freeze && !(e->opts.freeze = e->freeze = strdup(opts->freeze)))
+    return ml_err("freeze (--freeze): out of memory copying '%s'", opts->freeze);
   e->be = opts->backend;
   if (!e->be) ML_TRY(ml_backend_get("cpu", 0, &e->be));
   ML_TRY(ml_engine_batch_mode(e));
@@ -77,6 +94,8 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   ML_TRY(ml_tp_apply(&e->tp, &e->plan, &e->model, ml_mesh_comm(mesh, ML_GROUP_TP)));
   ML_TRY(ml_tp_check_sequence_parallel(&e->tp, &e->plan, opts->sequence_parallel));
   ML_TRY(ml_cp_apply(&e->cp, &e->model, ml_mesh_comm(mesh, ML_GROUP_CP), e->be));
+  ML_TRY(ml_freeze_apply(&e->model, opts->freeze));
+  e->bwd_first = first_backward_layer(&e->model);
   ml_ckpt ck;
   if (!opts->no_weights) ML_TRY(ml_ckpt_open(model_dir, &ck));
   /* FSDP shards over dp_shard_cp (Automodel: cp ranks hold parameter shards too), HSDP
@@ -111,6 +130,7 @@ void ml_engine_close(ml_engine *e) {
     ml_be_host_free(e->be, e->host_shifted);
   }
   free(e->model_dir);
+  free(e->freeze);
   memset(e, 0, sizeof *e);
 }
 
@@ -298,8 +318,9 @@ static int embed_forward(ml_engine *e, const int32_t *ids) {
   return ml_vocab_embed_forward(&e->vocab, &e->model, &w, e->x);
 }
 
-// e->x: d(embedding output) → the embedding's weight gradient (+=)
+// e->x: d(embedding output) → the embedding's weight gradient (+=); none when it is frozen
 static int embed_backward(ml_engine *e, const int32_t *ids) {
+  if (e->model.embed_tokens.weight->frozen) return 0;
   if (!e->vocab.comm) return ml_embed_backward(&e->model, ids, e->x);
   ml_rows w;
   ML_TRY(ml_fsdp_rows(&e->fsdp, e->model.embed_tokens.weight, &w));
@@ -324,20 +345,29 @@ static int forward_layers(ml_engine *e, const int32_t *ids) {
   return ml_head_begin(&e->model, e->x);
 }
 
+/* Backward's prefetch: as prefetch(), never below e->bwd_first (layers
+ * backward does not run through). */
+static int prefetch_backward(ml_engine *e, int u, int depth) {
+  for (int k = 1; k <= depth && u - k >= e->bwd_first; k++)
+    ML_TRY(ml_fsdp_prefetch(&e->fsdp, u - k));
+  return 0;
+}
+
 static int backward_layers(ml_engine *e, const int32_t *ids) {
   ml_fsdp *f = &e->fsdp;
   int L = (int)e->model.cfg.n_layers, root = L, depth = e->opts.fsdp.prefetch_backward;
-  ML_TRY(prefetch(e, L, -1, depth)); /* the last layers during the head's backward */
+  ML_TRY(prefetch_backward(e, L, depth)); /* the last layers during the head's backward */
   ML_TRY(ml_head_end_backward(&e->model, e->x));  // x now holds d(residual)
-  for (int l = L - 1; l >= 0; l--) {
+  for (int l = L - 1; l >= e->bwd_first; l--) {
     ML_TRY(ml_fsdp_unshard(f, l));
-    ML_TRY(prefetch(e, l, -1, depth));
+    ML_TRY(prefetch_backward(e, l, depth));
     ML_TRY(ml_fsdp_grad_begin(f, l));
     ML_TRY(cast_unit_input(e, e->x));
     ML_TRY(ml_layer_backward(&e->model, l, e->x));
     ML_TRY(ml_fsdp_reduce_grads(f, l));
     ml_fsdp_reshard(f, l);
   }
+  for (int l = 0; l < e->bwd_first; l++) ml_fsdp_reshard(f, l); /* kept after forward (last) */
   ML_TRY(embed_backward(e, ids));
   ML_TRY(ml_fsdp_reduce_grads(f, root));
   ml_fsdp_reshard(f, root);
@@ -551,6 +581,7 @@ static int local_norm_part(const ml_engine *e, bool inf, double *total) {
   for (int u = 0; u < f->n_units; u++) {
     const ml_fsdp_unit *unit = &f->units[u];
     for (int i = 0; i < unit->n; i++) {
+      if (unit->params[i]->frozen) continue; /* grad None: not in clip_grad_norm_'s norm */
       int64_t skip, nr, cols = unit->params[i]->local[1];
       ml_engine_owned_rows(e, unit, i, &skip, &nr);
       if (nr <= 0) continue;
@@ -581,6 +612,7 @@ int ml_engine_find_nonfinite(ml_engine *e, char *name, size_t cap) {
   for (int u = 0, idx = 0; u < f->n_units && isinf(first); u++) {
     const ml_fsdp_unit *unit = &f->units[u];
     for (int i = 0; i < unit->n && isinf(first); i++, idx++) {
+      if (unit->params[i]->frozen) continue; /* no gradient */
       bool found;
       ML_TRY(ml_be_find_nonfinite(f->shard_be, unit->shard_grad + unit->shard_off[i],
                                   unit->chunk_rows[i] * unit->params[i]->local[1], &found));
@@ -611,20 +643,42 @@ int ml_engine_clip(ml_engine *e, double norm, double max_norm) {
   if (coef == 1.0f) return 0;
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
-    ML_TRY(ml_be_scale(e->fsdp.shard_be, unit->shard_grad, unit->shard_numel, coef));
+    if (unit->frozen) continue; /* no gradient (a partly frozen unit: its leading grad_numel) */
+    ML_TRY(ml_be_scale(e->fsdp.shard_be, unit->shard_grad, unit->grad_numel, coef));
   }
   return 0;
 }
 
+/* AdamW (elementwise) on elements [at, at + n) of unit's shard. */
+static int adamw_range(ml_engine *e, ml_fsdp_unit *unit, int64_t at, int64_t n, float grad_scale,
+                       const ml_adamw_cfg *c) {
+  return ml_be_adamw(e->fsdp.shard_be, unit->shard + at, unit->shard_grad + at, unit->adam_m + at,
+                     unit->adam_v + at, n, grad_scale, c->lr, c->beta1, c->beta2, c->eps,
+                     c->weight_decay, e->step);
+}
+
 /* AdamW on every unit's shard, its gradients first scaled by grad_scale in
- * the same pass (ml_be_adamw); then the parameters' sync. */
+ * the same pass (ml_be_adamw); then the parameters' sync. Frozen
+ * parameters are not stepped (torch.optim skips a parameter whose grad is
+ * None: no weight decay, no state): a frozen unit is skipped, a partly
+ * frozen one stepped chunk by chunk over its trainable parameters (the
+ * same elementwise update, so the same bits; their chunks lie within
+ * grad_numel, parallel/fsdp.h). */
 static int adamw_scaled(ml_engine *e, float grad_scale, const ml_adamw_cfg *c) {
   e->step++;
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
-    ML_TRY(ml_be_adamw(e->fsdp.shard_be, unit->shard, unit->shard_grad, unit->adam_m, unit->adam_v,
-                       unit->shard_numel, grad_scale, c->lr, c->beta1, c->beta2, c->eps,
-                       c->weight_decay, e->step));
+    if (unit->frozen) continue;
+    bool partly = false;
+    for (int i = 0; i < unit->n; i++) partly = partly || unit->params[i]->frozen;
+    if (!partly) {
+      ML_TRY(adamw_range(e, unit, 0, unit->shard_numel, grad_scale, c));
+      continue;
+    }
+    for (int i = 0; i < unit->n; i++)
+      if (!unit->params[i]->frozen)
+        ML_TRY(adamw_range(e, unit, unit->shard_off[i],
+                           unit->chunk_rows[i] * unit->params[i]->local[1], grad_scale, c));
   }
   return ml_engine_sync_params(e);
 }

@@ -50,6 +50,8 @@ typedef struct ml_engine_opts {
                                 vocab parallelism (whole vocab rows per rank: the sum of exp
                                 over the vocabulary in one order), the fused classifier's
                                 tiles whole rows (ml_loss_split.batch_invariant) */
+  const char *freeze;        /* comma-separated fnmatch patterns of HF parameter names to freeze
+                                (requires_grad=False: engine/freeze.h); NULL/"": none */
 } ml_engine_opts;
 
 /* fp32 everywhere, FSDP2's reshard defaults, ZeRO-3, prefetch forward 1 /
@@ -87,6 +89,11 @@ typedef struct ml_engine {
   bool hold;          /* ml_engine_hold_params: forwards leave every unit unsharded */
   float **ref;        /* [n_units] the reference policy's shards (engine/reference.h), or NULL */
   bool ref_swapped;   /* the engine computes with them now (ml_engine_reference_swap) */
+  char *freeze;       /* opts.freeze's copy (opts.freeze points at it), or NULL */
+  int bwd_first;      /* the lowest decoder layer backward runs through: the number of
+                         leading layers whose parameters are all frozen when embed_tokens is
+                         frozen too (nothing below them needs a gradient, as autograd prunes
+                         a graph whose leaves do not require grad), else 0 */
 } ml_engine;
 
 /* Load DIR (config.json + safetensors), select the plan (ml_plan_select;

@@ -2,11 +2,23 @@
 
 #include "common/status.h"
 
+/* Whether p has a Partial gradient to all-reduce over tp (a frozen
+ * parameter has none). */
+static bool partial(const ml_tp *tp, const ml_param *p) {
+  return !p->frozen && ml_tp_grad_partial(tp, p);
+}
+
+/* Whether p is a k_proj / v_proj with shared kv heads whose gradient rows
+ * are summed over their holders (a frozen parameter has none). */
+static bool kv_shared(const ml_tp *tp, const ml_param *p) {
+  return !p->frozen && tp->n_kv_shared > 0 &&
+         tp->param_heads[p - tp->model->params] == ML_TP_KV_HEADS;
+}
+
 /* Whether p's gradient takes a tp step after backward: Partial, or the
  * rows of a k_proj / v_proj that holds shared kv heads. */
 static bool tp_reduced(const ml_tp *tp, const ml_param *p) {
-  if (ml_tp_grad_partial(tp, p)) return true;
-  return tp->n_kv_shared > 0 && tp->param_heads[p - tp->model->params] == ML_TP_KV_HEADS;
+  return partial(tp, p) || kv_shared(tp, p);
 }
 
 /* Each (unit, index) whose gradient takes a tp step, in unit order: calls
@@ -74,7 +86,7 @@ static int reduce_partial(ml_tp *tp, ml_fsdp *f) {
     for (int u = 0; u < f->n_units; u++) {
       ml_fsdp_unit *unit = &f->units[u];
       for (int i = 0; i < unit->n; i++) {
-        if (!ml_tp_grad_partial(tp, unit->params[i])) continue;
+        if (!partial(tp, unit->params[i])) continue;
         size_t k = (size_t)(unit->chunk_rows[i] * unit->params[i]->local[1]);
         if (pass)
           ML_TRY(ml_be_copy(tp->be, buf + off, unit->shard_grad + unit->shard_off[i],
@@ -84,6 +96,7 @@ static int reduce_partial(ml_tp *tp, ml_fsdp *f) {
     }
     if (!pass) {
       n = off;
+      if (n == 0) return 0; /* every Partial gradient frozen */
       continue;
     }
     ML_TRY(ml_all_reduce(tp->comm, buf, n, ML_ELEM_F32, ML_RED_SUM));
@@ -91,7 +104,7 @@ static int reduce_partial(ml_tp *tp, ml_fsdp *f) {
     for (int u = 0; u < f->n_units; u++) {
       ml_fsdp_unit *unit = &f->units[u];
       for (int i = 0; i < unit->n; i++) {
-        if (!ml_tp_grad_partial(tp, unit->params[i])) continue;
+        if (!partial(tp, unit->params[i])) continue;
         size_t k = (size_t)(unit->chunk_rows[i] * unit->params[i]->local[1]);
         ML_TRY(ml_be_copy(tp->be, unit->shard_grad + unit->shard_off[i], buf + off,
                           k * sizeof(float), ml_fsdp_device_to_shard(f)));
@@ -136,7 +149,7 @@ static int reduce_kv_shared(ml_tp *tp, ml_fsdp *f) {
         ml_fsdp_unit *unit = &f->units[u];
         for (int i = 0; i < unit->n; i++) {
           ml_param *p = unit->params[i];
-          if (tp->param_heads[p - tp->model->params] != ML_TP_KV_HEADS) continue;
+          if (!kv_shared(tp, p)) continue;
           int64_t r0, nr;
           ml_fsdp_param_rows(f, unit, i, &r0, &nr);
           if (pass)
@@ -146,6 +159,7 @@ static int reduce_kv_shared(ml_tp *tp, ml_fsdp *f) {
         }
       }
       n = off;
+      if (n == 0) return 0; /* every shared kv head's projection frozen */
       if (pass && dir == 0) {
         ML_TRY(ml_all_reduce(tp->comm, buf, (size_t)n, ML_ELEM_F32, ML_RED_SUM));
         if (f->dp->size > 1) ML_TRY(ml_all_reduce(f->dp, buf, (size_t)n, ML_ELEM_F32, ML_RED_SUM));

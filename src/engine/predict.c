@@ -7,6 +7,7 @@
 #include "backend/meta/meta.h"
 #include "common/checked.h"
 #include "common/status.h"
+#include "engine/freeze.h"
 #include "parallel/loss.h"
 
 /* The counters of every group into st, then zeroed. */
@@ -21,9 +22,11 @@ static int run(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp, ml_pr
   ml_memory_stats ms = ml_be_memory_stats(e->be);
   mem->opened = (int64_t)ms.in_use;
   int64_t max_shard = 0;
+  ml_freeze_count(&e->model, &p->frozen_params, &p->frozen_numel);
   for (int u = 0; u < e->fsdp.n_units; u++) {
+    p->frozen_units += e->fsdp.units[u].frozen;
     int64_t n = e->fsdp.units[u].shard_numel;
-    mem->shards += 16 * n;
+    mem->shards += 4 * ml_fsdp_unit_floats(&e->fsdp.units[u]); /* frozen chunks: params alone */
     mem->reference += 4 * n;
     max_shard = n > max_shard ? n : max_shard;
   }

@@ -30,7 +30,8 @@
  * memory under cpu_offload. */
 typedef struct ml_predict_memory {
   int64_t shards;      /* FSDP shards: parameters, gradients, AdamW exp_avg and exp_avg_sq
-                          (4 × the padded shard, fp32): device memory, or host memory under
+                          (4 × the padded shard, fp32; the frozen chunks' parameters alone,
+                          ml_fsdp_unit_floats): device memory, or host memory under
                           cpu_offload */
   int64_t host;        /* host memory FSDP holds under cpu_offload: the shards and the
                           staging of the gradients it accumulates there (0 without offload;
@@ -73,6 +74,11 @@ typedef struct ml_prediction {
   ml_comm_stats train[ML_GROUP_KINDS];    /* one training step */
   ml_comm_stats logprobs[ML_GROUP_KINDS]; /* one logprobs pass */
   ml_predict_memory mem;
+  /* frozen parameters (ml_engine_opts.freeze, engine/freeze.h): their count and elements
+     (global), and the FSDP units all of whose parameters are frozen (no gradient, AdamW
+     state or gradient reduction) */
+  int frozen_params, frozen_units;
+  int64_t frozen_numel;
 } ml_prediction;
 
 /* Predict one training step and one logprobs pass of `shape` for the

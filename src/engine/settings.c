@@ -11,5 +11,7 @@ ml_train_settings ml_train_defaults(ml_defaults_for who) {
   /* batch-invariant log-probs: off, its fixed-order GEMM and attention cost a large part
    * of the speed (bench/batch_invariant.sh) */
   s.engine.batch_invariant = false;
+  /* frozen parameters: none (every parameter trains, as torch's requires_grad default) */
+  s.engine.freeze = NULL;
   return s;
 }

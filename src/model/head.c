@@ -12,9 +12,10 @@ int ml_embed_lookup(ml_model *m, const int32_t *ids, int64_t n, const ml_rows *w
                              m->embed_tokens.scale, y);
 }
 
-// dy: [n, w->cols] → w->grad (+=)
+// dy: [n, w->cols] → w->grad (+=); nothing for a frozen weight (grad NULL)
 int ml_embed_lookup_backward(ml_model *m, const int32_t *ids, int64_t n, const float *dy,
                              const ml_rows *w) {
+  if (!w->grad) return 0;
   return ml_be_embedding_bwd(m->be, ids, n, dy, w->row0, w->rows, w->cols, m->embed_tokens.scale,
                              w->grad);
 }
@@ -165,7 +166,7 @@ int ml_head_tile_logits(ml_model *m, const ml_rows *w, const void *x, ml_dtype x
   return ml_be_gemm(m->be, &g);
 }
 
-// dlogits: [nt, n] → dx: [nt, c] (= or +=), W.grad[r0 : r0+n] (+=)
+// dlogits: [nt, n] → dx: [nt, c] (= or +=), W.grad[r0 : r0+n] (+=, unless grad is NULL)
 int ml_head_tile_backward(ml_model *m, const ml_rows *w, const void *x, ml_dtype x_type,
                           int64_t nt, int64_t r0, int64_t n, const void *dlogits,
                           ml_dtype dl_type, float *dx, bool accumulate) {
@@ -175,7 +176,8 @@ int ml_head_tile_backward(ml_model *m, const ml_rows *w, const void *x, ml_dtype
                 .B = rows_at(w, r0), .b_type = w->dtype, .ldb = c, .C = dx, .ldc = c,
                 .accumulate = accumulate, .compute = w->dtype};
   ML_TRY(ml_be_gemm(m->be, &gx));
-  // dW[r0 : r0+n]: [n, c] += dlogits^T: [n, nt] · x: [nt, c]
+  // dW[r0 : r0+n]: [n, c] += dlogits^T: [n, nt] · x: [nt, c]; none when frozen (grad NULL)
+  if (!w->grad) return 0;
   ml_gemm gw = {.trans_a = true, .M = n, .N = c, .K = nt, .A = dlogits, .a_type = dl_type,
                 .lda = n, .B = x, .b_type = x_type, .ldb = c, .C = w->grad + r0 * c, .ldc = c,
                 .accumulate = true, .compute = w->dtype};

@@ -4,7 +4,9 @@
  * (FSDP's param_dtype), bf16 operands with fp32 accumulation and fp32
  * output, as autocast(bfloat16) runs a linear and its backward. Each
  * fp32 activation is rounded once however many GEMMs read it: dy for dx
- * and dW here, a shared input by the caller (ml_linear_round_input). */
+ * and dW here, a shared input by the caller (ml_linear_round_input). A
+ * frozen weight or bias (grad NULL, requires_grad=False) gets no gradient:
+ * its GEMM is skipped, dx still flows. */
 #include "model/linear.h"
 
 #include "common/status.h"
@@ -70,13 +72,13 @@ int ml_linear_backward(ml_backend *be, const ml_linear *lin, ml_act *dy, const m
                  .accumulate = accumulate, .compute = w->dtype};
     rc = ml_be_gemm(be, &g);
   }
-  // dW: [out, in] += dy^T: [out, T] · x: [T, in]
+  // dW: [out, in] += dy^T: [out, T] · x: [T, in]; none for a frozen weight (grad NULL)
   ml_gemm gw = {.trans_a = true, .M = out, .N = in, .K = T, .A = A, .a_type = a_type,
                 .lda = out, .B = xr ? xr : (const void *)x->x, .b_type = xr ? ML_BF16 : ML_F32,
                 .ldb = in, .C = w->grad, .ldc = in, .accumulate = true, .compute = w->dtype};
-  if (!rc) rc = ml_be_gemm(be, &gw);
+  if (!rc && w->grad) rc = ml_be_gemm(be, &gw);
   ml_be_free(be, dyr);
   ML_TRY(rc);
-  if (lin->bias) ML_TRY(ml_be_bias_grad(be, dy->x, T, out, lin->bias->grad));
+  if (lin->bias && lin->bias->grad) ML_TRY(ml_be_bias_grad(be, dy->x, T, out, lin->bias->grad));
   return 0;
 }

@@ -61,6 +61,8 @@ typedef struct ml_param {
    * (ml_family.fused: Phi-3's q/k/v_proj in self_attn.qkv_proj). */
   char key[160];
   int64_t key_row0, key_rows;
+  bool frozen;        /* requires_grad=False (engine/freeze.h): grad stays NULL, so backward
+                         computes no weight gradient (dW) for it, only the input's */
 } ml_param;
 
 /* Whole rows of a vocab-sized weight (embed_tokens.weight, lm_head.weight)

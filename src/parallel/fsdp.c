@@ -54,18 +54,23 @@ static int unit_layout(ml_fsdp *f, ml_fsdp_unit *u, const ml_model *m) {
     u->vocab[i] = f->vocab_parallel &&
                   (u->params[i] == m->embed_tokens.weight || u->params[i] == m->lm_head.weight);
   int64_t shard = 0, full = 0;
-  for (int pass = 0; pass < 2; pass++) { /* 0: gathered parameters, 1: vocab-parallel ones */
+  /* gathered parameters, then vocab-parallel ones; each trainable first, then frozen */
+  for (int pass = 0; pass < 4; pass++) {
     for (int i = 0; i < u->n; i++) {
-      if (u->vocab[i] != (pass == 1)) continue;
       const ml_param *p = u->params[i];
+      if (u->vocab[i] != (pass >= 2) || p->frozen != (pass % 2 == 1)) continue;
       int64_t c = (p->local[0] + f->dp->size - 1) / f->dp->size;
       u->chunk_rows[i] = c;
       u->shard_off[i] = shard;
       u->full_off[i] = full;
       shard += c * p->local[1];
       full += ml_param_numel(p);
+      if (!p->frozen) {
+        u->grad_numel = shard;
+        if (pass == 0) u->grad_full = full;
+      }
     }
-    if (pass == 0) {
+    if (pass == 1) {
       u->gather_numel = shard;
       u->gather_full = full;
     }
@@ -139,15 +144,21 @@ static void point_data(ml_fsdp_unit *u, void *base, ml_dtype type) {
 static int unit_init(ml_fsdp *f, ml_fsdp_unit *u, const ml_model *m, const ml_ckpt *ck) {
   ML_TRY(unit_layout(f, u, m));
   size_t n = (size_t)u->shard_numel; /* bounded (unit_layout): 4n floats fit */
-  u->shard = ml_fsdp_shard_alloc(f, 4 * u->shard_numel, sizeof(float),
-                                 "the FSDP shard, its gradient and AdamW state (%d parameters%s)",
+  size_t g = (size_t)u->grad_numel, k = n + 3 * g;
+  u->frozen = g == 0; /* every parameter frozen (unit_layout: no trainable chunk) */
+  u->shard = ml_fsdp_shard_alloc(f, (int64_t)k, sizeof(float),
+                                 u->frozen ? "the FSDP shard of a frozen unit (%d parameters%s)"
+                                           : "the FSDP shard, its gradient and AdamW state (%d "
+                                             "parameters%s)",
                                  u->n, fsdp_offload(f) ? ", offloaded to host memory" : "");
   if (!u->shard) return -1;
-  ML_TRY(ml_be_zero(f->shard_be, u->shard, 4 * n * sizeof(float))); /* padding rows stay 0 */
+  ML_TRY(ml_be_zero(f->shard_be, u->shard, k * sizeof(float))); /* padding rows stay 0 */
   u->grad_fresh = true;
-  u->shard_grad = u->shard + n;
-  u->adam_m = u->shard_grad + n;
-  u->adam_v = u->adam_m + n;
+  if (!u->frozen) {
+    u->shard_grad = u->shard + n;
+    u->adam_m = u->shard_grad + g;
+    u->adam_v = u->adam_m + g;
+  }
   for (int i = 0; ck && i < u->n; i++) ML_TRY(load_param(f, u, i, ck));
   if (fsdp_params_alias(f)) { /* the shard is the whole TP-local tensor */
     u->full = u->shard;
@@ -252,17 +263,16 @@ void ml_fsdp_destroy(ml_fsdp *f) {
 
 /* fsdp_impl.h */
 int fsdp_copy_rank_major(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml_elem elem,
-                         void *full, ml_dtype type, int to_full, bool all) {
+                         void *full, ml_dtype type, int to_full, int64_t stride) {
   int dp = f->dp->size;
   size_t es = ml_elem_size(elem), fs = ml_dtype_size(type);
   ml_dtype wt = fsdp_dtype_of(elem);
-  int64_t stride = all ? u->shard_numel : u->gather_numel;
   for (int r = 0; r < dp; r++) {
     char *block = (char *)wire + es * (size_t)(r * stride);
     for (int i = 0; i < u->n; i++) {
-      if (u->vocab[i] && !all) continue;
       const ml_param *p = u->params[i];
       int64_t c = u->chunk_rows[i], cols = p->local[1], rows = p->local[0];
+      if (u->shard_off[i] + c * cols > stride) continue; /* beyond the block */
       int64_t r0 = c * r < rows ? c * r : rows, nr = (c * r + c < rows ? c * r + c : rows) - r0;
       char *full_rows = (char *)full + fs * (size_t)(u->full_off[i] + r0 * cols);
       char *chunk = block + es * (size_t)u->shard_off[i];
@@ -295,7 +305,8 @@ int ml_fsdp_gather_flat(ml_fsdp *f, int u, const float *src, float *dst) {
     mine = staged;
   }
   if (rc == 0) rc = ml_all_gather(f->dp, mine, all, (size_t)unit->shard_numel);
-  if (rc == 0) rc = fsdp_copy_rank_major(f, unit, all, ML_ELEM_F32, dst, ML_F32, 1, true);
+  if (rc == 0)
+    rc = fsdp_copy_rank_major(f, unit, all, ML_ELEM_F32, dst, ML_F32, 1, unit->shard_numel);
   ml_be_free(f->be, all);
   return rc;
 }
@@ -381,7 +392,8 @@ static int gather_finish(ml_fsdp *f, ml_fsdp_unit *unit) {
       if (!unit->full) rc = -1;
     }
     if (rc == 0)
-      rc = fsdp_copy_rank_major(f, unit, unit->recv, fsdp_param_elem(f), unit->full, pt, 1, false);
+      rc = fsdp_copy_rank_major(f, unit, unit->recv, fsdp_param_elem(f), unit->full, pt, 1,
+                                unit->gather_numel);
     if (unit->send != fsdp_shard_on_device(unit)) ml_be_free(f->be, unit->send);
     if (unit->recv != unit->send) ml_be_free(f->be, unit->recv);
   }
@@ -458,7 +470,7 @@ int ml_fsdp_rows(const ml_fsdp *f, const ml_param *p, ml_rows *w) {
     *w = (ml_rows){.data = pt == ML_F32 ? (const void *)(shard + unit->shard_off[i])
                                         : (const void *)((uint16_t *)unit->rows + at),
                    .dtype = pt,
-                   .grad = unit->rows_grad ? unit->rows_grad + at : NULL,
+                   .grad = unit->rows_grad && !p->frozen ? unit->rows_grad + at : NULL,
                    .row0 = p->offset[0] + r0,
                    .rows = nr,
                    .cols = p->local[1]};

@@ -64,7 +64,24 @@
  * the root holds neither its [V, H] parameters nor their gradient
  * unsharded, and FSDP's staging buffers are sized by the largest unit's
  * gathered part (a decoder layer), not by the vocab. Checkpoints and
- * exports read the shards and are unchanged. */
+ * exports read the shards and are unchanged.
+ *
+ * Frozen parameters (ml_param.frozen, engine/freeze.h): their param->grad
+ * and vocab rows' gradient stay NULL, so backward computes no weight
+ * gradient for them. Within each part of the shard (the gathered one, then
+ * the vocab-parallel rows) the trainable parameters' chunks come first and
+ * the frozen ones after: [trainable | frozen | vocab trainable | vocab
+ * frozen]. Gradients and AdamW state exist for the shard's leading
+ * grad_numel elements only (up to the last trainable chunk), the unsharded
+ * gradient for the gathered part's leading grad_full, and the reduce-scatter
+ * moves each rank's trainable prefix of the gathered part (a prefix of
+ * every rank's block: one collective, shorter); a unit whose parameters are
+ * all frozen (unit->frozen, grad_numel 0) has neither and reduces nothing.
+ * What a partly frozen unit still holds: the gradient and AdamW state of
+ * frozen gathered chunks lying before a trainable vocab-parallel one (the
+ * root under vocab parallelism with the final norm frozen and lm_head
+ * trainable), zeros that the optimizer never touches (it steps the trainable
+ * chunks only). */
 #ifndef ML_FSDP_H
 #define ML_FSDP_H
 
@@ -108,17 +125,23 @@ typedef struct ml_fsdp_unit {
   int64_t gather_numel; /* per rank: the shard's leading part the all-gather and the
                            reduce-scatter move, all but the vocab-parallel chunks */
   int64_t gather_full;  /* those parameters unsharded: the leading part of full_numel */
-  float *shard, *shard_grad, *adam_m, *adam_v; /* [shard_numel] fp32 each, where the shards
-                                                  live (ml_fsdp_shard_alloc) */
+  int64_t grad_numel;   /* per rank: the shard's leading part with a gradient and AdamW state
+                           (through the last trainable chunk; shard_numel when nothing is
+                           frozen, 0 when everything is): shard_grad, adam_m, adam_v's size */
+  int64_t grad_full;    /* the gathered part's leading unsharded elements with a gradient
+                           (through the last trainable gathered parameter): full_grad's size */
+  float *shard;                       /* [shard_numel] fp32, where the shards live
+                                         (ml_fsdp_shard_alloc) */
+  float *shard_grad, *adam_m, *adam_v; /* [grad_numel] fp32 each, likewise (NULL: frozen) */
   float *dev_shard; /* cpu_offload: [shard_numel] fp32, the shard copied to the device for
                        its all-gather; kept while materialised where fp32 vocab rows read it */
   void *full;       /* [gather_full] unsharded parameters in param_dtype, while materialised */
   void *rows;       /* [shard_numel − gather_numel] bf16: the vocab-parallel rows in
                        param_dtype while materialised (param_dtype bf16; fp32 reads the
                        shard) */
-  float *full_grad; /* [gather_full] unsharded fp32 gradients, during backward */
-  float *rows_grad; /* [shard_numel − gather_numel] fp32: the vocab-parallel rows' gradient
-                       during backward (shard_grad's own part, or a buffer) */
+  float *full_grad; /* [grad_full] unsharded fp32 gradients, during backward */
+  float *rows_grad; /* [grad_numel − gather_numel] fp32: the trainable vocab-parallel rows'
+                       gradient during backward (shard_grad's own part, or a buffer) */
   bool reshard_after_forward;
   /* an all-gather in flight (prefetch): its request and wire buffers */
   ml_request req;
@@ -128,7 +151,18 @@ typedef struct ml_fsdp_unit {
   ml_event grad_ev;  /* recorded after its non-blocking copies */
   bool grad_pending; /* copies in flight (ml_fsdp_finish_backward waits) */
   bool grad_fresh;   /* nothing accumulated in shard_grad since ml_fsdp_zero_grads */
+  bool frozen;       /* every parameter frozen (ml_param.frozen, requires_grad=False): as
+                        FSDP2 on a module without trainable parameters, the unit is gathered
+                        for forward only and has no gradient or AdamW state (shard_grad,
+                        adam_m, adam_v NULL, full_grad never allocated) and no reduction */
 } ml_fsdp_unit;
+
+/* fp32 elements a unit keeps where the shards live: the shard
+ * (shard_numel), its gradient and AdamW's exp_avg, exp_avg_sq (grad_numel
+ * each). */
+static inline int64_t ml_fsdp_unit_floats(const ml_fsdp_unit *u) {
+  return u->shard_numel + 3 * u->grad_numel;
+}
 
 typedef struct ml_fsdp {
   ml_backend *be;       /* the model's: buffers, the unsharded parameters, copies */
@@ -141,7 +175,8 @@ typedef struct ml_fsdp {
   ml_fsdp_unit *units; /* n_layers + 1; the root is the last */
   int n_units;
   bool vocab_parallel; /* the vocab-sized root parameters are vocab-parallel (see above) */
-  float *comm_buf;  /* [dp · max gather_numel] fp32: gradient staging */
+  float *comm_buf;  /* [dp · max gather_numel] fp32: gradient staging (a unit's gradients use
+                       dp blocks of its trainable prefix of the gathered part) */
   float *grad_buf;  /* [max gather_numel] fp32: the reduced gradient, added to shard_grad */
   uint16_t *wire;   /* [dp · max gather_numel] bf16 gradients on the wire (reduce_dtype BF16
                        only) */

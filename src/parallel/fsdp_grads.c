@@ -11,10 +11,13 @@
 
 /* Point the unit's gathered parameters' grad at their places in the
  * unsharded fp32 gradients `base` (NULL: none); the vocab-parallel ones
- * have none there (ml_fsdp_rows gives their rows' gradient). */
+ * have none there (ml_fsdp_rows gives their rows' gradient), nor the
+ * frozen ones (no weight gradient: their places stay zero). */
 static void point_grads(ml_fsdp_unit *u, float *base) {
-  for (int i = 0; i < u->n; i++)
-    u->params[i]->grad = base && !u->vocab[i] ? base + u->full_off[i] : NULL;
+  for (int i = 0; i < u->n; i++) {
+    bool at = base && !u->vocab[i] && !u->params[i]->frozen;
+    u->params[i]->grad = at ? base + u->full_off[i] : NULL;
+  }
 }
 
 /* cpu_offload, a gradient accumulated in place: its device copy dst [n]
@@ -49,19 +52,22 @@ static int add_grad(ml_fsdp *f, ml_fsdp_unit *unit, int64_t at, const float *g, 
 
 int ml_fsdp_grad_begin(ml_fsdp *f, int u) {
   ml_fsdp_unit *unit = &f->units[u];
+  if (unit->frozen) return 0; /* no gradient: every param->grad stays NULL */
   if (fsdp_grads_alias(f)) { /* backward accumulates straight into the shard's grads */
     point_grads(unit, unit->shard_grad);
     return 0;
   }
-  unit->full_grad = ml_be_alloc(f->be, unit->gather_full, sizeof(float),
-                                "the unsharded gradients of a unit");
-  if (!unit->full_grad) return -1;
-  if (fsdp_grads_in_place(f)) /* offloaded: one rank's unsharded gradient is the shard's */
-    ML_TRY(load_grad(f, unit, unit->full_grad, 0, unit->gather_full));
-  else
-    ML_TRY(ml_be_zero(f->be, unit->full_grad, sizeof(float) * (size_t)unit->gather_full));
+  if (unit->grad_full > 0) { /* the gathered trainable parameters' (a leading part) */
+    unit->full_grad = ml_be_alloc(f->be, unit->grad_full, sizeof(float),
+                                  "the unsharded gradients of a unit");
+    if (!unit->full_grad) return -1;
+    if (fsdp_grads_in_place(f)) /* offloaded: one rank's unsharded gradient is the shard's */
+      ML_TRY(load_grad(f, unit, unit->full_grad, 0, unit->grad_full));
+    else
+      ML_TRY(ml_be_zero(f->be, unit->full_grad, sizeof(float) * (size_t)unit->grad_full));
+  }
   point_grads(unit, unit->full_grad);
-  int64_t n = fsdp_rows_numel(unit);
+  int64_t n = fsdp_rows_grad_numel(unit);
   if (n == 0) return 0;
   if (fsdp_rows_grad_alias(f)) { /* the rows' gradient is complete: straight into shard_grad */
     unit->rows_grad = unit->shard_grad + unit->gather_numel;
@@ -75,20 +81,22 @@ int ml_fsdp_grad_begin(ml_fsdp *f, int u) {
 
 /* The gradient reduction of one unit over dp (and the replicas) in
  * reduce_dtype: rank-major staging → reduce-scatter (ZeRO-1: all-reduce,
- * then this rank's block) → all-reduce over the replicas → += shard_grad. */
+ * then this rank's block) → all-reduce over the replicas → += shard_grad;
+ * of each rank's trainable prefix of the gathered part (fsdp_reduce_numel:
+ * the frozen chunks after it have no gradient). */
 static int reduce_unit(ml_fsdp *f, ml_fsdp_unit *unit) {
   int dp = f->dp->size;
-  size_t n = (size_t)unit->gather_numel;
+  size_t n = (size_t)fsdp_reduce_numel(unit);
   bool bf16 = f->opts.reduce_dtype == ML_BF16;
   ml_elem elem = bf16 ? ML_ELEM_BF16 : ML_ELEM_F32;
   size_t es = ml_elem_size(elem);
   if (f->opts.param_dtype == ML_BF16)
-    ML_TRY(ml_be_round_bf16(f->be, unit->full_grad, (size_t)unit->gather_full));
+    ML_TRY(ml_be_round_bf16(f->be, unit->full_grad, (size_t)unit->grad_full));
   void *stage = bf16 ? (void *)f->wire : (void *)f->comm_buf;
   if (dp == 1 && !bf16) /* one rank's staging is full_grad itself: same layout, same type */
     stage = unit->full_grad;
   else
-    ML_TRY(fsdp_copy_rank_major(f, unit, stage, elem, unit->full_grad, ML_F32, 0, false));
+    ML_TRY(fsdp_copy_rank_major(f, unit, stage, elem, unit->full_grad, ML_F32, 0, (int64_t)n));
   void *red = (char *)stage + es * n * (size_t)f->dp->rank; /* this rank's reduced block */
   if (dp > 1 && f->opts.zero == 1) {
     ML_TRY(ml_all_reduce(f->dp, stage, n * (size_t)dp, elem, ML_RED_SUM));
@@ -115,8 +123,8 @@ static int reduce_unit(ml_fsdp *f, ml_fsdp_unit *unit) {
 static int reduce_rows(ml_fsdp *f, ml_fsdp_unit *unit) {
   if (fsdp_rows_grad_alias(f)) return 0;
   if (fsdp_rows_grad_in_place(f))
-    return store_grad(f, unit, unit->gather_numel, unit->rows_grad, fsdp_rows_numel(unit));
-  size_t n = (size_t)fsdp_rows_numel(unit);
+    return store_grad(f, unit, unit->gather_numel, unit->rows_grad, fsdp_rows_grad_numel(unit));
+  size_t n = (size_t)fsdp_rows_grad_numel(unit);
   float *g = unit->rows_grad;
   if (f->opts.param_dtype == ML_BF16) ML_TRY(ml_be_round_bf16(f->be, g, n));
   if (f->opts.reduce_dtype == ML_BF16) {
@@ -137,10 +145,12 @@ static int reduce_rows(ml_fsdp *f, ml_fsdp_unit *unit) {
 int ml_fsdp_reduce_grads(ml_fsdp *f, int u) {
   ml_fsdp_unit *unit = &f->units[u];
   point_grads(unit, NULL);
-  if (fsdp_grads_alias(f)) return 0;
-  int rc = fsdp_grads_in_place(f) ? store_grad(f, unit, 0, unit->full_grad, unit->gather_full)
-                             : reduce_unit(f, unit);
-  if (rc == 0 && fsdp_rows_numel(unit)) rc = reduce_rows(f, unit);
+  if (fsdp_grads_alias(f) || unit->frozen) return 0;
+  int rc = 0;
+  if (unit->grad_full > 0)
+    rc = fsdp_grads_in_place(f) ? store_grad(f, unit, 0, unit->full_grad, unit->grad_full)
+                                : reduce_unit(f, unit);
+  if (rc == 0 && fsdp_rows_grad_numel(unit)) rc = reduce_rows(f, unit);
   unit->grad_fresh = false;
   ml_be_free(f->be, unit->full_grad);
   if (!fsdp_rows_grad_alias(f)) ml_be_free(f->be, unit->rows_grad);
@@ -151,7 +161,8 @@ int ml_fsdp_reduce_grads(ml_fsdp *f, int u) {
 int ml_fsdp_zero_grads(ml_fsdp *f) {
   for (int u = 0; u < f->n_units; u++) {
     ml_fsdp_unit *unit = &f->units[u];
-    ML_TRY(ml_be_zero(f->shard_be, unit->shard_grad, sizeof(float) * (size_t)unit->shard_numel));
+    if (unit->frozen) continue;
+    ML_TRY(ml_be_zero(f->shard_be, unit->shard_grad, sizeof(float) * (size_t)unit->grad_numel));
     unit->grad_fresh = true;
   }
   return 0;

@@ -43,6 +43,15 @@ static inline ml_elem fsdp_param_elem(const ml_fsdp *f) {
 static inline int64_t fsdp_rows_numel(const ml_fsdp_unit *u) {
   return u->shard_numel - u->gather_numel;
 }
+/* Per rank, the gathered part's elements with a gradient (its trainable
+ * prefix: what the reduce-scatter moves), and the vocab-parallel rows'
+ * (their trainable prefix; 0: none). */
+static inline int64_t fsdp_reduce_numel(const ml_fsdp_unit *u) {
+  return u->grad_numel < u->gather_numel ? u->grad_numel : u->gather_numel;
+}
+static inline int64_t fsdp_rows_grad_numel(const ml_fsdp_unit *u) {
+  return u->grad_numel > u->gather_numel ? u->grad_numel - u->gather_numel : 0;
+}
 
 /* The shard as the device reads it: under cpu_offload its device copy
  * (while one is there: gather_start to gather_finish, or reshard). */
@@ -50,12 +59,14 @@ static inline float *fsdp_shard_on_device(const ml_fsdp_unit *u) {
   return u->dev_shard ? u->dev_shard : u->shard;
 }
 
-/* Copy between the rank-major gathered layout `wire` (dp blocks of
- * gather_numel elements of `elem`; with `all`, of shard_numel, every
- * parameter) and the unsharded buffer `full` of `type`, converting where
- * the types differ (widening exact, narrowing rounds to nearest-even); the
- * way to `wire` zero-pads each chunk. */
+/* Copy between the rank-major layout `wire` (dp blocks of `stride`
+ * elements of `elem`, each a rank's leading shard part: gather_numel for
+ * the gathered parameters, shard_numel for every one, fsdp_reduce_numel for
+ * the gathered trainable ones) and the unsharded buffer `full` of `type`
+ * (each parameter at full_off), for the parameters whose chunk lies within
+ * the block; converting where the types differ (widening exact, narrowing
+ * rounds to nearest-even); the way to `wire` zero-pads each chunk. */
 int fsdp_copy_rank_major(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml_elem elem,
-                         void *full, ml_dtype type, int to_full, bool all);
+                         void *full, ml_dtype type, int to_full, int64_t stride);
 
 #endif

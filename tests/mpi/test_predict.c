@@ -6,7 +6,9 @@
  * dp_shard inferred), ac=mlp|layer|selective (activation checkpointing),
  * bf16 (param_dtype bf16), accum=K (K micro-batches per step), cp=C
  * (context parallelism: ring attention's send_recv over the cp group),
- * offload (FSDP's cpu_offload).
+ * offload (FSDP's cpu_offload), freeze=PATTERNS (frozen parameters,
+ * engine/freeze.h: a unit whose parameters are all frozen holds its fp32
+ * parameter shard alone, 4 B per element, and reduces nothing).
  * Opens the engine on the fixture over MPI_COMM_WORLD (dp_shard = N /
  * (C·TP), tp = TP, sequence parallel when SP =
  * 1), runs one training step (zero_grad, forward_backward, grad_norm,
@@ -24,10 +26,12 @@
  *    what the step allocates; what it does not model is the CPU backend's
  *    own kernel temporaries (a bf16 GEMM's converted operand, a widened
  *    norm weight), live only inside one kernel call;
+ *  - the shards' bytes: 16 B per shard element (the shards, their gradients
+ *    and AdamW state, fp32), 4 B in a unit whose parameters are all frozen;
  *  - with offload, that the device pool holds no shard: opening the engine
- *    takes exactly 16 B per shard element less of it than without offload
+ *    takes exactly the shards' bytes less of it than without offload
  *    (the shards, their gradients and AdamW state, fp32) and exactly the
- *    predicted host bytes of the host pool (the same 16 B per element, and
+ *    predicted host bytes of the host pool (the same bytes, and
  *    the gradients' host staging), and the prediction's device memory once
  *    open is the one without offload less the shards;
  *  - a reference policy (engine/reference.h) takes exactly the predicted
@@ -65,6 +69,7 @@ static ml_ac_mode g_ac = ML_AC_NONE;
 static ml_dtype g_param_dtype = ML_F32;
 static int g_accum = 1; /* micro-batches per step ("accum=K") */
 static bool g_offload;  /* FSDP's cpu_offload ("offload") */
+static const char *g_freeze; /* frozen parameters' patterns ("freeze=PATTERNS"), or NULL */
 static char g_plan[64]; /* a custom plan file, or "" for the automatic choice */
 
 /* The HF-style plan with lm_head colwise_rep (Replicate logits). Each
@@ -117,6 +122,7 @@ static void setup_open(setup *s) {
   opts.ac = g_ac;
   opts.fsdp.param_dtype = g_param_dtype;
   opts.fsdp.cpu_offload = g_offload;
+  opts.freeze = g_freeze;
   if (ml_mesh_create(MPI_COMM_WORLD, g_dpr, 0, g_cp, g_tp, NULL, NULL, &s->mesh) ||
       ml_engine_open(&s->e, &s->mesh, s->fx.dir, &opts))
     fail_msg("setup: %s", ml_error_msg());
@@ -139,6 +145,31 @@ static void setup_close(setup *s) {
   unhold(s);
   setup_release(s);
   fixture_free(&s->fx);
+}
+
+/* The bytes of e's FSDP shards where they live: per unit 4 B per shard
+ * element (the fp32 parameters) and 12 B more (gradients, exp_avg,
+ * exp_avg_sq) per element up to the end of its last trainable chunk (the
+ * frozen chunks come after the trainable ones of their part, parallel/
+ * fsdp.h: 16 B per element when nothing is frozen, 4 B in a unit whose
+ * parameters are all frozen); *frozen: the units of that kind, *partly:
+ * the units whose frozen chunks this saves bytes of. */
+static int64_t shard_bytes(const ml_engine *e, int *frozen, int *partly) {
+  int64_t bytes = 0;
+  *frozen = *partly = 0;
+  for (int u = 0; u < e->fsdp.n_units; u++) {
+    const ml_fsdp_unit *unit = &e->fsdp.units[u];
+    int64_t end = 0;
+    for (int i = 0; i < unit->n; i++) {
+      const ml_param *p = unit->params[i];
+      int64_t chunk_end = unit->shard_off[i] + unit->chunk_rows[i] * p->local[1];
+      if (!p->frozen && chunk_end > end) end = chunk_end;
+    }
+    *frozen += end == 0;
+    *partly += end > 0 && end < unit->shard_numel;
+    bytes += 4 * unit->shard_numel + 12 * end;
+  }
+  return bytes;
 }
 
 /* Every group and kind: counted (this rank's counting comms) vs predicted. */
@@ -203,11 +234,14 @@ static void test_train_step(void **state) {
   compare(&s, s.pred.train, "train step", &rep);
   compare_peak((int64_t)ml_be_memory_stats(s.e.be).peak, s.pred.mem.train_peak, "train step",
                &rep);
-  int64_t shard = 0;
-  for (int u = 0; u < s.e.fsdp.n_units; u++) shard += s.e.fsdp.units[u].shard_numel;
-  if (s.pred.mem.shards != 16 * shard)
+  int frozen, partly;
+  int64_t shards = shard_bytes(&s.e, &frozen, &partly);
+  if (s.pred.mem.shards != shards)
     note(&rep, "shard memory: predicted %lld B, FSDP holds %lld B",
-         (long long)s.pred.mem.shards, (long long)(16 * shard));
+         (long long)s.pred.mem.shards, (long long)shards);
+  if (rank0() && g_freeze)
+    printf("freeze=%s: %d frozen unit(s), %d partly frozen with smaller state; shards %lld B per "
+           "rank\n", g_freeze, frozen, partly, (long long)shards);
   print_counts(s.pred.train, "train step");
   agree(&rep, "mismatches between prediction and counting comm");
   setup_close(&s);
@@ -354,10 +388,11 @@ static void test_offload_memory(void **state) {
   if (!g_offload) skip();
   static setup s;
   setup_open(&s);
-  int64_t dev_off, host_off, dev_on, host_on, shard = 0;
+  int64_t dev_off, host_off, dev_on, host_on;
+  int frozen, partly;
   open_bytes(&s, true, &dev_off, &host_off);
   open_bytes(&s, false, &dev_on, &host_on);
-  for (int u = 0; u < s.e.fsdp.n_units; u++) shard += s.e.fsdp.units[u].shard_numel;
+  int64_t shards = shard_bytes(&s.e, &frozen, &partly);
   ml_engine_opts opts = s.e.opts;
   opts.backend = NULL;
   opts.fsdp.cpu_offload = false;
@@ -367,20 +402,20 @@ static void test_offload_memory(void **state) {
   if (rank0())
     printf("opening (rank 0): device pool %lld B offloaded, %lld B not (shards %lld B); host "
            "pool %lld B offloaded (predicted %lld B), %lld B not\n",
-           (long long)dev_off, (long long)dev_on, (long long)(16 * shard), (long long)host_off,
+           (long long)dev_off, (long long)dev_on, (long long)shards, (long long)host_off,
            (long long)s.pred.mem.host, (long long)host_on);
   report rep = {0};
-  if (dev_on - dev_off != 16 * shard)
+  if (dev_on - dev_off != shards)
     note(&rep, "the device pool holds %lld B less once open with offload; expected the shards' "
-         "%lld B", (long long)(dev_on - dev_off), (long long)(16 * shard));
+         "%lld B", (long long)(dev_on - dev_off), (long long)shards);
   if (host_off != s.pred.mem.host || host_on != 0)
     note(&rep, "the host pool holds %lld B once open with offload (predicted %lld B), %lld B "
          "without (expected 0)", (long long)host_off, (long long)s.pred.mem.host,
          (long long)host_on);
-  if (on.mem.opened - s.pred.mem.opened != 16 * shard || on.mem.host != 0)
+  if (on.mem.opened - s.pred.mem.opened != shards || on.mem.host != 0)
     note(&rep, "predicted device memory once open: %lld B offloaded, %lld B not; expected the "
          "shards' %lld B apart (and no host bytes without offload: %lld B)",
-         (long long)s.pred.mem.opened, (long long)on.mem.opened, (long long)(16 * shard),
+         (long long)s.pred.mem.opened, (long long)on.mem.opened, (long long)shards,
          (long long)on.mem.host);
   agree(&rep, "offloaded memory");
   setup_close(&s);
@@ -390,7 +425,7 @@ int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   if (argc < 4) {
     fprintf(stderr, "usage: test_predict FIXTURE TP SP(0|1) [rep-logits|hsdp|ac=MODE|bf16|"
-                    "accum=K|cp=C|offload]...\n");
+                    "accum=K|cp=C|offload|freeze=PATTERNS]...\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];
@@ -410,6 +445,7 @@ int main(int argc, char **argv) {
     else if (!strncmp(argv[i], "accum=", 6) && atoi(argv[i] + 6) >= 1) g_accum = atoi(argv[i] + 6);
     else if (!strncmp(argv[i], "cp=", 3) && atoi(argv[i] + 3) >= 1) g_cp = atoi(argv[i] + 3);
     else if (!strcmp(argv[i], "rep-logits")) write_rep_logits_plan();
+    else if (!strncmp(argv[i], "freeze=", 7) && argv[i][7]) g_freeze = argv[i] + 7;
     else if (!known) {
       fprintf(stderr, "test_predict: unknown option '%s'\n", argv[i]);
       MPI_Abort(MPI_COMM_WORLD, 2);

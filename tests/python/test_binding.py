@@ -141,6 +141,8 @@ def test_readme_defaults_table():
             expect = words[field][want]
         elif field == "parallel_plan":
             got, expect = got or b"auto", want.encode()
+        elif field == "freeze":  # NULL: nothing frozen
+            got, expect = got or b"none", want.encode()
         elif want in ("true", "false"):
             expect = int(want == "true")
         else:

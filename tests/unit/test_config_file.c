@@ -34,8 +34,8 @@ typedef struct opts {
 } opts;
 
 static const char *const k_modes[] = {"none", "some", "all", NULL};
-static const ml_config_alias k_aliases[] = {{"tp_size", "--tp", NULL, NULL},
-                                            {"mode", "--mode", "all", "none"}};
+static const ml_config_alias k_aliases[] = {{"tp_size", "--tp", NULL, NULL, false},
+                                            {"mode", "--mode", "all", "none", false}};
 enum { NSPEC = 5 };
 
 static void make_spec(opts *o, ml_arg spec[NSPEC]) {

@@ -80,7 +80,8 @@ static const ml_arg *find_flag(const ml_arg *spec, size_t n, const char *flag) {
 }
 
 /* Whether flag a holds the value README writes as `text`. An unset string
- * is the engine's "auto" (engine.h: parallel_plan NULL/"auto"). */
+ * is the engine's "auto" (engine.h: parallel_plan NULL/"auto"), or for
+ * --freeze "none" (engine.h: freeze NULL, nothing frozen). */
 static bool holds(const ml_arg *a, const char *text) {
   switch (a->type) {
   case ML_ARG_INT: return *(const int64_t *)a->dst == strtoll(text, NULL, 10);
@@ -92,7 +93,8 @@ static bool holds(const ml_arg *a, const char *text) {
   }
   case ML_ARG_STR: {
     const char *v = *(const char *const *)a->dst;
-    return strcmp(v ? v : "auto", text) == 0;
+    const char *unset = strcmp(a->name, "--freeze") == 0 ? "none" : "auto";
+    return strcmp(v ? v : unset, text) == 0;
   }
   }
   return false;

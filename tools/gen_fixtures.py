@@ -74,6 +74,20 @@ FIXTURES
                    long factors), max_position_embeddings 64, no factor and no
                    attention_factor (both from the defaults: 64/16, then
                    sqrt(1 + ln 4 / ln 16))
+    qwen3_moe      Qwen3MoeForCausalLM, 3 layers: layer 0 dense (mlp_only_layers,
+                   intermediate 64), layers 1-2 sparse: 8 experts of 16, top 2,
+                   norm_topk_prob true; output_router_logits true with
+                   router_aux_loss_coef 0.25, so loss and gradients include
+                   0.25 x load_balancing_loss_func (expected.json also gives
+                   "aux_loss"); hidden 32, head_dim 8, tied, vocab 303, mask
+    mixtral        MixtralForCausalLM, 2 sparse layers of 4 experts (w1/w3/w2,
+                   intermediate 32), top 2 (always renormalized),
+                   sliding_window 8 (< S), no aux term, untied, vocab 262
+                   Both: the router's top-k has a margin of 1e-4 on every token
+                   (checked), and save_pretrained writes the experts one by one
+                   (mlp.experts.N.gate_proj.weight, block_sparse_moe.experts.
+                   N.w1.weight), the names grads.safetensors uses.
+
     phi3           Phi3ForCausalLM (fused self_attn.qkv_proj and
                    mlp.gate_up_proj in the checkpoint), untied, vocab 260,
                    rope longrope as llama_longrope's (its own factors) with
@@ -153,9 +167,11 @@ from safetensors.torch import load_file, save_file
 from transformers import (AutoModelForCausalLM, Gemma3Config,
                           Gemma3ForCausalLM, Gemma3ForConditionalGeneration,
                           Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
-                          MistralConfig, MistralForCausalLM, Phi3Config,
-                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM, SiglipVisionConfig)
+                          MistralConfig, MistralForCausalLM, MixtralConfig,
+                          MixtralForCausalLM, Phi3Config, Phi3ForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM, SiglipVisionConfig)
 from transformers.core_model_loading import revert_weight_conversion
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 
@@ -199,6 +215,22 @@ GEMMA3_TEXT = dict(
     attn_logit_softcapping=None,
     attention_bias=False,
 )
+
+# the mixture-of-experts fixtures' attention (narrower than LLAMA_BASE so the
+# experts fit the size budget: < 600 KB a fixture)
+MOE_SMALL = dict(
+    hidden_size=32,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=256,
+)
+
+# a sparse layer's k-th and (k+1)-th router probabilities differ by at least
+# this in the float64 reference, so that meshlm's fp32 routing (rounding
+# ~1e-7) picks the same experts
+ROUTER_MARGIN = 1e-4
 
 # the sizes of LLAMA_BASE without its RoPE and length keys (Mistral, Phi-3)
 SMALL = {k: LLAMA_BASE[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
@@ -423,6 +455,49 @@ FIXTURES = [
         seed=1013,
         mask=False,
     ),
+    dict(
+        name="qwen3_moe",
+        cls=Qwen3MoeForCausalLM,
+        config=lambda: Qwen3MoeConfig(
+            **MOE_SMALL,
+            num_hidden_layers=3,
+            intermediate_size=64,      # the dense layer's MLP
+            moe_intermediate_size=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            mlp_only_layers=[0],       # layer 0 dense, layers 1 and 2 sparse
+            output_router_logits=True,  # the aux term joins the loss
+            router_aux_loss_coef=0.25,  # large, so the aux gradient is visible
+            vocab_size=303,
+            tie_word_embeddings=True,
+            rope_theta=1000000.0,
+            use_sliding_window=False,
+        ),
+        seed=1019,
+        mask=True,
+        moe=True,
+    ),
+    dict(
+        name="mixtral",
+        cls=MixtralForCausalLM,
+        config=lambda: MixtralConfig(
+            **MOE_SMALL,
+            num_hidden_layers=2,
+            intermediate_size=32,      # each expert's
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            output_router_logits=False,
+            vocab_size=262,
+            tie_word_embeddings=False,
+            sliding_window=8,          # < S: every layer slides
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        seed=1015,
+        mask=False,
+        moe=True,
+    ),
 ]
 
 
@@ -475,7 +550,7 @@ def check_norm_init(fx, model):
     cfg = model.config.get_text_config()
     if gemma:    # input, post_attention, pre/post_feedforward, q_norm, k_norm
         per_layer = 6
-    elif fx["cls"] is Qwen3ForCausalLM:   # input, post_attention, q_norm, k_norm
+    elif fx["cls"] in (Qwen3ForCausalLM, Qwen3MoeForCausalLM):  # input, post_attention, q/k_norm
         per_layer = 4
     else:        # input, post_attention
         per_layer = 2
@@ -615,6 +690,17 @@ def check_rope(ref):
     assert abs(rope.attention_scaling - scale) < 1e-12, (kind, rope.attention_scaling, scale)
 
 
+def check_router_margin(name, router_logits, k):
+    """Every token's k-th and (k+1)-th router probabilities of every sparse
+    layer differ by at least ROUTER_MARGIN (see there)."""
+    for layer, lg in enumerate(router_logits):
+        top = torch.topk(torch.softmax(lg.double(), dim=-1), k + 1, dim=-1).values
+        gap = (top[:, k - 1] - top[:, k]).min().item()
+        if gap < ROUTER_MARGIN:
+            sys.exit(f"{name}: sparse layer {layer}: top-{k} probability gap {gap:.2e} "
+                     f"< {ROUTER_MARGIN}; pick another seed")
+
+
 def make_fixture(fx, out_root):
     name = fx["name"]
     out_dir = os.path.join(out_root, name)
@@ -653,9 +739,11 @@ def make_fixture(fx, out_root):
         assert int(loss_mask[:, 1:].sum()) > 0
 
     # ---- float64 eager reference from the saved checkpoint ------------------
+    # the experts' loop over tokens (their default grouped_mm takes no float64)
+    moe_kw = {"experts_implementation": "eager"} if fx.get("moe") else {}
     ref, info = AutoModelForCausalLM.from_pretrained(
         out_dir, dtype=torch.float64, attn_implementation="eager",
-        output_loading_info=True)
+        output_loading_info=True, **moe_kw)
     bad = {k: v for k, v in info.items() if v}
     if bad:
         sys.exit(f"{name}: loading info not clean: {bad}")
@@ -663,8 +751,12 @@ def make_fixture(fx, out_root):
     ref.train(False)  # dropout is 0 anyway; keep things deterministic
     ref.zero_grad(set_to_none=True)
 
-    logits = ref(input_ids=input_ids).logits  # [B, S, V] float64
+    moe = fx.get("moe", False)
+    out = ref(input_ids=input_ids, output_router_logits=moe)
+    logits = out.logits  # [B, S, V] float64
     assert logits.dtype == torch.float64
+    if moe:
+        check_router_margin(name, out.router_logits, text_config.num_experts_per_tok)
     lsm = torch.log_softmax(logits[:, :-1, :], dim=-1)
     tgt = input_ids[:, 1:]
     logprobs = lsm.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)  # [B, S-1]
@@ -673,6 +765,13 @@ def make_fixture(fx, out_root):
     else:
         sel = loss_mask[:, 1:].bool()
     loss = -(logprobs[sel]).sum() / sel.sum()
+    aux = None
+    if moe and text_config.output_router_logits:
+        # transformers' load_balancing_loss_func over every sparse layer, no
+        # attention mask (no padding), times router_aux_loss_coef, as
+        # *ForCausalLM.forward adds it to the loss
+        aux = out.aux_loss
+        loss = loss + text_config.router_aux_loss_coef * aux
 
     # cross-check against HF's own loss with -100 labels (HF's loss function
     # upcasts logits to float32, so this only agrees to ~1e-7 relative)
@@ -732,6 +831,8 @@ def make_fixture(fx, out_root):
     if loss_mask is not None:
         expected["loss_mask"] = loss_mask.tolist()
     expected["loss"] = loss.item()
+    if aux is not None:
+        expected["aux_loss"] = aux.item()
     expected["logprobs"] = [[float(x) for x in row] for row in logprobs.detach().tolist()]
     if text_prefix is not None:
         expected["text_prefix"] = text_prefix

@@ -11,6 +11,7 @@
 #include "engine/reference.h"
 #include "common/status.h"
 #include "io/checkpoint.h"
+#include "model/moe.h"
 #include "parallel/tp.h"
 
 ml_engine_opts ml_engine_opts_default(void) {
@@ -72,6 +73,11 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   ML_TRY(ml_model_create(&cfg, &e->model));
   e->model.be = e->be;
   e->model.ac = opts->ac;
+  ML_TRY(ml_moe_check(&e->model, e->be->ops->name));
+  if (cfg.n_experts > 0 && (mesh->tp > 1 || mesh->cp > 1))
+    return ml_err("%s: expert layers under tp/cp are not supported yet; found tp = %d and cp = "
+                  "%d, expected tp = 1 and cp = 1",
+                  cfg.family->architecture, mesh->tp, mesh->cp);
   ML_TRY(ml_plan_select(&e->model, model_dir, opts->parallel_plan, opts->sequence_parallel,
                         &e->plan));
   ML_TRY(ml_tp_apply(&e->tp, &e->plan, &e->model, ml_mesh_comm(mesh, ML_GROUP_TP)));

@@ -1,0 +1,42 @@
+/* The sparse mixture-of-experts block of a decoder layer (model.h ml_moe),
+ * forward and backward, as transformers 5.23 computes Qwen3MoeSparseMoeBlock
+ * and MixtralSparseMoeBlock (their TopKRouter and Experts modules) and as
+ * torch's autograd differentiates them:
+ *   logits = h·W_gate^T                       [T, E]
+ *   p      = softmax(logits) in fp32          [T, E]
+ *   e_t,j, v_t,j = torch.topk(p_t, k)         (ties: the lower expert first)
+ *   w_t,j  = v_t,j / Σ_i v_t,i  if norm_topk, else v_t,j
+ *   y_t    = Σ_j w_t,j · down_e(act(gate_e(h_t)) · up_e(h_t)),  e = e_t,j
+ * Dropless: every (token, choice) reaches its expert. The tokens routed to
+ * an expert are gathered contiguously (in token order, then choice order)
+ * and run as one GEMM per expert; the weighted outputs are
+ * summed per token in choice order, a fixed order, so results do not
+ * depend on threads or batch layout beyond the GEMMs' own. The selection
+ * has no gradient (as torch.topk's indices); the weights do, through the
+ * renormalization and the softmax to the router.
+ *
+ * Computed on the backend's GEMMs and GLU; the routing (softmax, top-k,
+ * the gathers and the weighted sums) runs on the host over the buffers, so
+ * the block needs a backend whose memory is the host's (the engine refuses
+ * others: ml_moe_check). */
+#ifndef ML_MOE_H
+#define ML_MOE_H
+
+#include "model/model.h"
+
+/* Whether m can run its sparse layers on m->be: 0, or −1 with a message
+ * naming the family and the device when the backend's memory is not the
+ * host's (the CUDA backend: the block is CPU-only). */
+int ml_moe_check(const ml_model *m, const char *device);
+
+/* Sparse layer L's block on h [T, H] (T = h->B · h->s tokens, the mlp
+ * norm's output): y [T, H] (=); saves the routing and the experts'
+ * activations in L->acts (probs, top_e, top_w, ye, g, u, a). */
+int ml_moe_forward(ml_model *m, ml_layer *L, const ml_act *h, float *y);
+
+/* Its backward: dy [T, H] the gradient of y (read only), dh [T, H] (=) the
+ * gradient of h; the router's and the experts' weight gradients
+ * accumulate (+=). */
+int ml_moe_backward(ml_model *m, ml_layer *L, const ml_act *h, const float *dy, float *dh);
+
+#endif

@@ -273,6 +273,7 @@ void ml_model_destroy(ml_model *m) {
   free(m->modules);
   free(m->layers);
   free(m->experts);
+  free(m->aux.sums);
   memset(m, 0, sizeof *m);
 }
 

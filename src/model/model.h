@@ -172,6 +172,21 @@ typedef struct ml_moe {
                          experts[3e + 0, 1, 2] (ml_model.experts) */
 } ml_moe;
 
+/* The load-balancing loss of a forward's sparse layers (cfg.router_aux;
+ * transformers' load_balancing_loss_func, Switch Transformer eqs. 4-6),
+ * kept by model/moe.h's ml_moe_aux_*: over the counted tokens t (HF
+ * attention_mask 1) of every sparse layer l, count_e = the top-k choices of
+ * expert e, prob_e = Σ p_{l,t,e}, rows = tokens × sparse layers;
+ * aux = E · Σ_e count_e · prob_e / rows². */
+typedef struct ml_moe_aux {
+  bool open;     /* the forward accumulates into sums (between begin and close) */
+  int64_t valid; /* positions 0 .. valid − 1 of each sequence count; later ones are padding */
+  double *sums;  /* host [2E + 1]: count_e, prob_e, rows */
+  double value;  /* after close: aux */
+  double grad;   /* after close: coef · E / rows², so d(coef · aux) / d p_{l,t,e} =
+                    grad · count_e on a counted token (count is the selection's: no gradient) */
+} ml_moe_aux;
+
 typedef struct ml_layer {
   /* norms by role (family->attn_norm ... mlp_out_norm name them) */
   ml_rmsnorm attn_norm;     /* before attention: input_layernorm */
@@ -333,6 +348,7 @@ typedef struct ml_model {
   float *ac_work; /* recompute workspace shared by all layers (NULL under ML_AC_NONE) */
   /* The experts' linears of every sparse layer (ml_moe.experts points in), or NULL. */
   ml_linear *experts;
+  ml_moe_aux aux; /* the load-balancing loss of the last training forward */
 } ml_model;
 
 /* Build the module tree of `cfg` (parameters described, no storage).

@@ -83,6 +83,44 @@ static void route(const ml_model *m, float *probs, float *top_e, float *top_w, i
   }
 }
 
+int ml_moe_aux_begin(ml_model *m, int64_t valid) {
+  ml_moe_aux *x = &m->aux;
+  x->grad = x->value = 0.0;
+  if (!m->cfg.router_aux) return 0;
+  int64_t n = 2 * m->cfg.n_experts + 1;
+  if (!x->sums && !(x->sums = malloc(sizeof(double) * (size_t)n)))
+    return ml_err("out of host memory for the load-balancing loss's %lld sums", (long long)n);
+  memset(x->sums, 0, sizeof(double) * (size_t)n);
+  x->valid = valid;
+  x->open = true;
+  return 0;
+}
+
+void ml_moe_aux_close(ml_model *m) {
+  ml_moe_aux *x = &m->aux;
+  if (!x->open) return;
+  x->open = false;
+  int64_t E = m->cfg.n_experts;
+  double rows = x->sums[2 * E], dot = 0.0;
+  if (rows <= 0.0) return;
+  for (int64_t e = 0; e < E; e++) dot += x->sums[e] * x->sums[E + e];
+  x->value = (double)E * dot / (rows * rows);
+  x->grad = m->cfg.aux_coef * (double)E / (rows * rows);
+}
+
+/* The counted tokens of h [B, s] into the aux sums: each one's k choices,
+ * its probabilities, one row. */
+static void aux_add(ml_model *m, const ml_layer_acts *a, const ml_act *h) {
+  ml_moe_aux *x = &m->aux;
+  int64_t E = m->cfg.n_experts, k = m->cfg.top_k, T = h->B * h->s;
+  for (int64_t t = 0; t < T; t++) {
+    if (t % h->s >= x->valid) continue;
+    for (int64_t j = 0; j < k; j++) x->sums[(int64_t)a->top_e[t * k + j]] += 1.0;
+    for (int64_t e = 0; e < E; e++) x->sums[E + e] += a->probs[t * E + e];
+    x->sums[2 * E] += 1.0;
+  }
+}
+
 /* dst [T·k, cols] rows in expert order = src [T, cols] row t for each of
  * its choices. */
 static void gather(const routing *r, const float *src, int64_t cols, float *dst) {
@@ -111,6 +149,7 @@ int ml_moe_forward(ml_model *m, ml_layer *L, const ml_act *h, float *y) {
   ML_TRY(ml_linear_forward(m->be, &moe->gate, h, NULL, a->probs, &lv));  // logits [T, E]
   ML_TRY(ml_be_sync(m->be));
   route(m, a->probs, a->top_e, a->top_w, T);
+  if (m->aux.open) aux_add(m, a, h);
   routing r;
   ML_TRY(routing_of(m, L, T, &r));
   float *xe = scratch(m, T * k * H, "gathered tokens");  // [T·k, H] in expert order
@@ -149,11 +188,13 @@ int ml_moe_forward(ml_model *m, ml_layer *L, const ml_act *h, float *y) {
 /* d probs [T, E] (=) from the routing weights' gradient dw [T, k]: through
  * the renormalization w_j = v_j / Σ_i v_i (dv_j = (dw_j − Σ_i dw_i w_i) /
  * Σ_i v_i) when norm_topk, else dv = dw, scattered onto the chosen experts
- * (topk's backward); then the softmax's backward in place: dlogit_e = p_e ·
- * (dp_e − Σ_f p_f dp_f). */
+ * (topk's backward), plus the load-balancing loss's aux.grad · count_e on
+ * a counted token (h's positions s per sequence); then the softmax's
+ * backward in place: dlogit_e = p_e · (dp_e − Σ_f p_f dp_f). */
 static void route_backward(const ml_model *m, const ml_layer_acts *a, const float *dw,
-                           float *dlogits, int64_t T) {
+                           float *dlogits, int64_t T, int64_t s) {
   int64_t E = m->cfg.n_experts, k = m->cfg.top_k;
+  const ml_moe_aux *x = &m->aux;
   for (int64_t t = 0; t < T; t++) {
     const float *p = a->probs + t * E, *tw = a->top_w + t * k, *te = a->top_e + t * k;
     const float *g = dw + t * k;
@@ -165,9 +206,11 @@ static void route_backward(const ml_model *m, const ml_layer_acts *a, const floa
     }
     for (int64_t j = 0; j < k; j++)
       d[(int64_t)te[j]] += m->cfg.norm_topk ? (g[j] - dot) / vsum : g[j];
-    float s = 0.0f;
-    for (int64_t e = 0; e < E; e++) s += p[e] * d[e];
-    for (int64_t e = 0; e < E; e++) d[e] = p[e] * (d[e] - s);
+    if (x->grad != 0.0 && t % s < x->valid)
+      for (int64_t e = 0; e < E; e++) d[e] += (float)(x->grad * x->sums[e]);
+    float sd = 0.0f;
+    for (int64_t e = 0; e < E; e++) sd += p[e] * d[e];
+    for (int64_t e = 0; e < E; e++) d[e] = p[e] * (d[e] - sd);
   }
 }
 
@@ -255,7 +298,7 @@ int ml_moe_backward(ml_model *m, ml_layer *L, const ml_act *h, const float *dy, 
     }
   }
   if (!rc) {
-    route_backward(m, a, p[BW_DW], p[BW_DLOGITS], T);
+    route_backward(m, a, p[BW_DW], p[BW_DLOGITS], T, h->s);
     ml_act dl = {p[BW_DLOGITS], h->B, h->S, h->s, E, E};
     rc = ml_linear_backward(m->be, &L->moe.gate, &dl, h, NULL, dh, 1);  // dh += dlogits · W_gate
   }

@@ -39,4 +39,18 @@ int ml_moe_forward(ml_model *m, ml_layer *L, const ml_act *h, float *y);
  * accumulate (+=). */
 int ml_moe_backward(ml_model *m, ml_layer *L, const ml_act *h, const float *dy, float *dh);
 
+/* The load-balancing loss (model.h ml_moe_aux) of a training forward, when
+ * cfg.router_aux (else both are no-ops and the loss gets no aux term):
+ * begin before the forward: the sums restart, and each sparse layer's
+ * forward adds its tokens at positions < valid of each sequence (HF's
+ * attention_mask: the others are padding). The caller then sums
+ * m->aux.sums (2E + 1 doubles) over the ranks holding the other tokens of
+ * the batch, and close computes aux and its gradient's scale, which the
+ * sparse layers' backward adds to the router probabilities' gradient
+ * (ml_moe_backward). Recomputed forwards (activation checkpointing) after
+ * close add nothing. No counted token: aux = 0. Errors (begin): host
+ * memory. */
+int ml_moe_aux_begin(ml_model *m, int64_t valid);
+void ml_moe_aux_close(ml_model *m);
+
 #endif

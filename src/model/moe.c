@@ -11,8 +11,9 @@
 
 int ml_moe_check(const ml_model *m, const char *device) {
   if (m->cfg.n_experts == 0 || ml_be_host_memory(m->be)) return 0;
-  return ml_err("--device %s: %s's mixture-of-experts layers run on the CPU backend only (their "
-                "routing reads host memory); expected --device cpu",
+  return ml_err("backend '%s': %s's mixture-of-experts layers run on the CPU backend only (their "
+                "routing reads host memory; `meshlm plan`'s meta backend does not model them "
+                "yet); expected --device cpu",
                 device, m->cfg.family->architecture);
 }
 

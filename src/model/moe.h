@@ -24,9 +24,10 @@
 
 #include "model/model.h"
 
-/* Whether m can run its sparse layers on m->be: 0, or −1 with a message
- * naming the family and the device when the backend's memory is not the
- * host's (the CUDA backend: the block is CPU-only). */
+/* Whether m can run its sparse layers on m->be (called `device` in the
+ * message): 0, or −1 with a message naming the family and the backend when
+ * the backend's memory is not the host's (cuda: the block is CPU-only;
+ * meta: `meshlm plan` does not model it). */
 int ml_moe_check(const ml_model *m, const char *device);
 
 /* Sparse layer L's block on h [T, H] (T = h->B · h->s tokens, the mlp

@@ -4,6 +4,10 @@ ml_mpi_executable(test_fsdp test_fsdp.c parity_util.c train_check.c)
 foreach(fx llama_untied qwen3 gemma3)
   ml_mpi_test_2blas(fsdp_${fx} 4 $<TARGET_FILE:test_fsdp> ${fx})
 endforeach()
+# mixture-of-experts fixtures: experts are parameters like any other to FSDP (no tp: refused)
+foreach(fx qwen3_moe mixtral)
+  ml_mpi_test(fsdp_${fx} 4 $<TARGET_FILE:test_fsdp> ${fx} 1)
+endforeach()
 
 # The steady-state step takes no block from the system (pool statistics),
 # fp32 and bf16, on one rank and on dp_shard 2 x tp 2 (tests/mpi/test_steady.c).

@@ -17,7 +17,9 @@
  * rows' parameters (fused tensors: ml_family.fused, split on load and fused
  * on export by the checkpoint-key adapter, ml_model_ckpt_keys) — never by
  * an `if family`. Semantics: transformers' LlamaDecoderLayer, Qwen2/3,
- * Gemma3DecoderLayer, MistralDecoderLayer, Phi3DecoderLayer (unfused). */
+ * Gemma3DecoderLayer, MistralDecoderLayer, Phi3DecoderLayer (unfused),
+ * Qwen3MoeDecoderLayer and MixtralDecoderLayer (a sparse layer: the rows
+ * without the dense gate/up/down, its ml_moe after the mlp container). */
 #ifndef ML_BLOCK_H
 #define ML_BLOCK_H
 

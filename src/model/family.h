@@ -1,6 +1,6 @@
 /* Model families as rows of one descriptor table (ARCHITECTURE.md §8): every
- * difference between Llama, Mistral, Phi-3, Qwen2, Qwen3 and Gemma3 (text model,
- * and the text tower of the Gemma3 VLM) is a field here, read by the config reader
+ * difference between Llama, Mistral, Phi-3, Qwen2, Qwen3, Gemma3 (text model,
+ * and the text tower of the Gemma3 VLM), Qwen3-MoE and Mixtral is a field here, read by the config reader
  * and the model code, never an `if (family == ...)`. Semantics follow the
  * transformers 5.23 modeling_* / configuration_* files of each family. */
 #ifndef ML_FAMILY_H

@@ -1,8 +1,8 @@
 /* The decoder: HF module tree (names, parameters) and per-module forward /
  * backward, following transformers' LlamaForCausalLM, MistralForCausalLM,
- * Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM and
- * the text tower of Gemma3ForConditionalGeneration (their modeling_*.py) in
- * fp32. What differs between them is read from the family descriptor
+ * Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, the
+ * text tower of Gemma3ForConditionalGeneration, Qwen3MoeForCausalLM and
+ * MixtralForCausalLM (their modeling_*.py) in fp32. What differs between them is read from the family descriptor
  * (model/family.h); the layer's modules are the rows of the block table
  * (model/block.h).
  *

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Mixture-of-experts families end to end (model/moe.h): `meshlm init --arch qwen3_moe|mixtral`
 # writes a model that trains and exports with the same tensor names and config keys; expert
-# layers under tp or cp, and MoE configs meshlm does not implement or cannot bound, are refused
-# with one message naming what was found and what is expected.
+# layers under tp or cp, `meshlm plan` (its meta backend does not model them yet), and MoE
+# configs meshlm does not implement or cannot bound, are refused with one message naming what
+# was found and what is expected.
 # usage: test_moe.sh MESHLM SOURCE_DIR ...
 set -u
 meshlm=$1
@@ -55,6 +56,9 @@ expect_fail "tp 2 refused" "expert layers under tp/cp are not supported yet; fou
 expect_fail "cp 2 refused" "expected tp = 1 and cp = 1" -- \
   mpiexec -n 2 "$meshlm" logprobs --model "$fx" --data "$work/data.jsonl" --out "$work/lp.jsonl" \
   --cp 2
+
+expect_fail "plan refused" "backend 'meta': MixtralForCausalLM's mixture-of-experts layers run on the CPU backend only" -- \
+  "$meshlm" plan --model "$fx" --seq-len 24
 
 # config.json fields out of range, each named
 bad_config() { # NAME PATTERN SED-EXPRESSION

@@ -59,8 +59,9 @@ static int routing_of(const ml_model *m, const ml_layer *L, int64_t T, routing *
 /* Router probabilities in place: probs [T, E] holds the logits, becomes
  * softmax over each row (fp32, max-subtracted as torch's softmax); then
  * each token's top k (torch.topk: descending, ties by the lower index)
- * into top_e / top_w, renormalized when norm_topk. */
-static void route(const ml_model *m, float *probs, float *top_e, float *top_w, int64_t T) {
+ * into top_e / top_w, renormalized when norm_topk. taken: [E] host scratch. */
+static void route(const ml_model *m, float *probs, float *top_e, float *top_w, int64_t T,
+                  bool *taken) {
   int64_t E = m->cfg.n_experts, k = m->cfg.top_k;
   for (int64_t t = 0; t < T; t++) {
     float *p = probs + t * E, mx = p[0], sum = 0.0f;
@@ -68,13 +69,12 @@ static void route(const ml_model *m, float *probs, float *top_e, float *top_w, i
     for (int64_t e = 0; e < E; e++) sum += p[e] = expf(p[e] - mx);
     for (int64_t e = 0; e < E; e++) p[e] /= sum;
     float *te = top_e + t * k, *tw = top_w + t * k, wsum = 0.0f;
+    memset(taken, 0, sizeof(bool) * (size_t)E);
     for (int64_t j = 0; j < k; j++) { /* the largest not taken yet, the lower index on ties */
       int64_t best = -1;
-      for (int64_t e = 0; e < E; e++) {
-        bool taken = false;
-        for (int64_t i = 0; i < j; i++) taken = taken || (int64_t)te[i] == e;
-        if (!taken && (best < 0 || p[e] > p[best])) best = e;
-      }
+      for (int64_t e = 0; e < E; e++)
+        if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+      taken[best] = true;
       te[j] = (float)best;
       tw[j] = p[best];
       wsum += p[best];
@@ -141,6 +141,10 @@ static float *scratch(ml_model *m, int64_t n, const char *what) {
                      (long long)n);
 }
 
+/* The sizes below (T·k·H, T·k·I, T·E) are those of the layer's saved
+ * buffers ye, g/u/a and probs, which ml_model_begin allocated (model.c
+ * sizes them with saturating products): they fit int64. */
+
 // h: [T, H] → y: [T, H] (=)
 int ml_moe_forward(ml_model *m, ml_layer *L, const ml_act *h, float *y) {
   ml_layer_acts *a = &L->acts;
@@ -149,7 +153,11 @@ int ml_moe_forward(ml_model *m, ml_layer *L, const ml_act *h, float *y) {
   ml_act lv;
   ML_TRY(ml_linear_forward(m->be, &moe->gate, h, NULL, a->probs, &lv));  // logits [T, E]
   ML_TRY(ml_be_sync(m->be));
-  route(m, a->probs, a->top_e, a->top_w, T);
+  bool *taken = malloc(sizeof(bool) * (size_t)m->cfg.n_experts);
+  if (!taken) return ml_err("out of host memory for the routing of %lld experts",
+                            (long long)m->cfg.n_experts);
+  route(m, a->probs, a->top_e, a->top_w, T, taken);
+  free(taken);
   if (m->aux.open) aux_add(m, a, h);
   routing r;
   ML_TRY(routing_of(m, L, T, &r));

@@ -44,7 +44,9 @@ int ml_moe_backward(ml_model *m, ml_layer *L, const ml_act *h, const float *dy, 
  * cfg.router_aux (else both are no-ops and the loss gets no aux term):
  * begin before the forward: the sums restart, and each sparse layer's
  * forward adds its tokens at positions < valid of each sequence (HF's
- * attention_mask: the others are padding). The caller then sums
+ * attention_mask: the others are padding; the engine passes docs[ndocs] for
+ * packed documents, S for whole rows, whose pad tokens it cannot tell from
+ * others and which therefore count, as HF counts them without a mask). The caller then sums
  * m->aux.sums (2E + 1 doubles) over the ranks holding the other tokens of
  * the batch, and close computes aux and its gradient's scale, which the
  * sparse layers' backward adds to the router probabilities' gradient

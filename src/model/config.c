@@ -722,6 +722,8 @@ int ml_model_config_preset(const char *arch, const char *name, ml_model_config *
     out->n_experts = 4;
     out->top_k = 2;
     out->moe_inter = p->intermediate / 4;
+    /* experts sized by intermediate_size (Mixtral): the model's one MLP size */
+    if (strcmp(f->moe_inter_key, "intermediate_size") == 0) out->intermediate = out->moe_inter;
     out->norm_topk = true;
     out->aux_coef = 0.001;
     for (int64_t l = 0; l < p->layers; l++) out->moe[l] = true;

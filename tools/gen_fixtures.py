@@ -110,7 +110,11 @@ DEFINITIONS (hold exactly, in float64)
     loss = mean over all (b, t), t in 0..S-2, with (no mask or
            loss_mask[b][t+1] == 1), of -logprobs[b][t]
     i.e. HF labels = input_ids with -100 where the mask is 0, standard shift,
-    mean reduction over non-ignored targets across the whole batch.
+    mean reduction over non-ignored targets across the whole batch; for a
+    config with output_router_logits (qwen3_moe) plus router_aux_loss_coef x
+    load_balancing_loss_func(router logits of every sparse layer, no
+    attention mask), as *ForCausalLM.forward adds it (checked against HF's
+    own loss with labels).
 
     The reference is computed by reloading the saved checkpoint with
     from_pretrained(dtype=float64, attn_implementation="eager"), so the

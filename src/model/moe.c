@@ -58,7 +58,8 @@ static int routing_of(const ml_model *m, const ml_layer *L, int64_t T, routing *
 
 /* Router probabilities in place: probs [T, E] holds the logits, becomes
  * softmax over each row (fp32, max-subtracted as torch's softmax); then
- * each token's top k (torch.topk: descending, ties by the lower index)
+ * each token's top k (torch.topk's descending order; exact ties by the
+ * lower index: model/moe.h)
  * into top_e / top_w, renormalized when norm_topk. taken: [E] host scratch. */
 static void route(const ml_model *m, float *probs, float *top_e, float *top_w, int64_t T,
                   bool *taken) {

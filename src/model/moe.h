@@ -4,15 +4,19 @@
  * torch's autograd differentiates them:
  *   logits = h·W_gate^T                       [T, E]
  *   p      = softmax(logits) in fp32          [T, E]
- *   e_t,j, v_t,j = torch.topk(p_t, k)         (ties: the lower expert first)
+ *   e_t,j, v_t,j = torch.topk(p_t, k)         (descending; exact ties: see below)
  *   w_t,j  = v_t,j / Σ_i v_t,i  if norm_topk, else v_t,j
  *   y_t    = Σ_j w_t,j · down_e(act(gate_e(h_t)) · up_e(h_t)),  e = e_t,j
  * Dropless: every (token, choice) reaches its expert. The tokens routed to
  * an expert are gathered contiguously (in token order, then choice order)
  * and run as one GEMM per expert; the weighted outputs are
  * summed per token in choice order, a fixed order, so results do not
- * depend on threads or batch layout beyond the GEMMs' own. The selection
- * has no gradient (as torch.topk's indices); the weights do, through the
+ * depend on threads or batch layout beyond the GEMMs' own. Exactly equal
+ * probabilities go to the lower expert index first; torch's CPU topk
+ * leaves their order to std::nth_element / std::sort (measured: of three
+ * tied 0.3 it keeps experts 1 and 2, not 0), so an exact tie at the k-th
+ * place may route differently from torch (the fixtures keep a 1e-4 margin
+ * there: tools/gen_fixtures.py). The selection has no gradient (as torch.topk's indices); the weights do, through the
  * renormalization and the softmax to the router.
  *
  * Computed on the backend's GEMMs and GLU; the routing (softmax, top-k,

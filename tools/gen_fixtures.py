@@ -83,6 +83,11 @@ FIXTURES
     mixtral        MixtralForCausalLM, 2 sparse layers of 4 experts (w1/w3/w2,
                    intermediate 32), top 2 (always renormalized),
                    sliding_window 8 (< S), no aux term, untied, vocab 262
+    qwen3_moe_window  Qwen3MoeForCausalLM, 2 layers: decoder_sparse_step 2 (layer
+                   0 dense, intermediate 32; layer 1 sparse: 4 experts of 16,
+                   top 2), norm_topk_prob false, use_sliding_window with
+                   sliding_window 8 (< S) on every layer, no aux term, untied,
+                   vocab 264, mask
                    Both: the router's top-k has a margin of 1e-4 on every token
                    (checked), and save_pretrained writes the experts one by one
                    (mlp.experts.N.gate_proj.weight, block_sparse_moe.experts.
@@ -501,6 +506,30 @@ FIXTURES = [
         seed=1015,
         mask=False,
         moe=True,
+        window=8,
+    ),
+    dict(
+        name="qwen3_moe_window",
+        cls=Qwen3MoeForCausalLM,
+        config=lambda: Qwen3MoeConfig(
+            **MOE_SMALL,
+            num_hidden_layers=2,
+            intermediate_size=32,      # the dense layer's MLP
+            moe_intermediate_size=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,      # the top-k probabilities as they are
+            decoder_sparse_step=2,     # layer 0 dense, layer 1 sparse
+            output_router_logits=False,
+            vocab_size=264,
+            tie_word_embeddings=False,
+            use_sliding_window=True,
+            sliding_window=8,          # < S: every layer slides
+        ),
+        seed=1020,
+        mask=True,
+        moe=True,
+        window=8,
     ),
 ]
 
@@ -566,8 +595,9 @@ def window_loss(fx, out_dir, ref, input_ids, window):
     """The fixture's unmasked mean loss with the config's sliding_window replaced."""
     cfg = type(ref.config).from_pretrained(out_dir)
     cfg.get_text_config().sliding_window = window
+    moe_kw = {"experts_implementation": "eager"} if fx.get("moe") else {}
     wide = fx["cls"].from_pretrained(out_dir, config=cfg, dtype=torch.float64,
-                                     attn_implementation="eager")
+                                     attn_implementation="eager", **moe_kw)
     with torch.no_grad():
         wl = wide(input_ids=input_ids).logits
     lsm = torch.log_softmax(wl[:, :-1, :], dim=-1)

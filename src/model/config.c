@@ -307,7 +307,8 @@ static int read_rope(const ml_json *j, ml_model_config *c) {
 
 /* sliding_window and the per-layer attention types: layer_types when given,
  * else the family's rule (Qwen2Config/Qwen3Config/Gemma3TextConfig
- * __post_init__; Mistral: sliding_window alone, on every layer). */
+ * __post_init__; Mistral, Mixtral: sliding_window alone, on every layer;
+ * Qwen3-MoE: the same when use_sliding_window). */
 static int read_layer_types(const ml_json *j, ml_model_config *c) {
   const ml_family *f = c->family;
   memset(c->sliding, 0, sizeof c->sliding);
@@ -317,6 +318,9 @@ static int read_layer_types(const ml_json *j, ml_model_config *c) {
   ML_TRY(ml_json_int_opt(j, NULL, "sliding_window", f->sliding_window_default, &c->sliding_window));
   if (json_is_null(json_object_get(j->root, "sliding_window"))) c->sliding_window = 0;
   if (f->layer_rule == ML_LAYERS_ALL_SLIDING) {
+    bool use = true;
+    if (f->window_gated) ML_TRY(ml_json_bool_opt(j, NULL, "use_sliding_window", false, &use));
+    if (!use) c->sliding_window = 0;
     for (int64_t l = 0; l < c->n_layers; l++) c->sliding[l] = c->sliding_window > 0;
     return 0;
   }
@@ -563,8 +567,10 @@ static void write_attention_keys(json_t *o, const ml_model_config *c) {
   if (f->attn_scalar_key) json_object_set_new(o, f->attn_scalar_key, int_or_real(c->attn_scalar));
   if (f->layer_rule == ML_LAYERS_ALL_FULL) return;
   json_t *window = c->sliding_window > 0 ? json_integer(c->sliding_window) : json_null();
-  if (f->layer_rule == ML_LAYERS_ALL_SLIDING) { /* the window alone says it */
+  if (f->layer_rule == ML_LAYERS_ALL_SLIDING) { /* the window alone says it (and its switch) */
     json_object_set_new(o, "sliding_window", window);
+    if (f->window_gated)
+      json_object_set_new(o, "use_sliding_window", json_boolean(c->sliding_window > 0));
     return;
   }
   json_t *types = json_array();

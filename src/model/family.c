@@ -172,9 +172,9 @@ static const ml_family families[] = {
         /* Qwen3MoeConfig / Qwen3MoeForCausalLM: Qwen3's attention (q/k norms),
          * the sparse MoE block as `mlp` on the layers decoder_sparse_step and
          * mlp_only_layers make sparse, a dense Qwen3MoeMLP (intermediate_size)
-         * on the others; its sliding window (use_sliding_window) is not
-         * implemented. The class plan shards experts (local_colwise, ...),
-         * which meshlm refuses under tp: no HF plan. */
+         * on the others; with use_sliding_window, sliding_window on every
+         * layer (Qwen3MoeModel's mask). The class plan shards experts
+         * (local_colwise, ...), which meshlm refuses under tp: no HF plan. */
         .name = "qwen3_moe",
         .architecture = "Qwen3MoeForCausalLM",
         .model_type = "qwen3_moe",
@@ -185,8 +185,9 @@ static const ml_family families[] = {
         .tie_default = false,
         .rope_theta_default = 10000.0,
         .max_positions_default = 32768,
-        .unsupported = {"use_sliding_window"},
-        .layer_rule = ML_LAYERS_ALL_FULL,
+        .layer_rule = ML_LAYERS_ALL_SLIDING,
+        .sliding_window_default = 4096,
+        .window_gated = true,
         .has_qk_norm = true,
         LLAMA_BLOCK,
         .moe_block = "mlp",

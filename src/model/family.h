@@ -149,6 +149,11 @@ typedef struct ml_family {
    * layer l is sparse iff l is not in mlp_only_layers and (l + 1) %
    * decoder_sparse_step == 0); false: every layer is sparse (Mixtral). */
   bool moe_sparse_keys;
+
+  /* ML_LAYERS_ALL_SLIDING: the window applies only when use_sliding_window
+   * is true (Qwen3MoeConfig.__post_init__ sets sliding_window to None
+   * otherwise); false: whenever sliding_window is set (Mistral, Mixtral). */
+  bool window_gated;
 } ml_family;
 
 /* Families registered at run time (meshlm_register_family), at most. */

@@ -73,6 +73,6 @@ bad_config "mlp_only_layers index" "field 'mlp_only_layers\[0\]': expected a lay
   's/^    0$/    7/'
 bad_config "router jitter" "field 'router_jitter_noise'" \
   's/"rms_norm_eps"/"router_jitter_noise": 0.01, "rms_norm_eps"/'
-bad_config "sliding window" "field 'use_sliding_window'" \
-  's/"use_sliding_window": false/"use_sliding_window": true/'
+bad_config "experts above the limit" "field 'num_local_experts': expected an integer from 1 to 4096" \
+  's/"num_local_experts": 8/"num_local_experts": 5000/'
 finish

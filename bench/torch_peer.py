@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch peer of `meshlm train` for the throughput benchmarks.
 
-Trains transformers' LlamaForCausalLM loaded from a meshlm model directory
+Trains the transformers model of a meshlm model directory (AutoModelForCausalLM:
+LlamaForCausalLM for `meshlm init --arch llama`)
 (config.json + model.safetensors, as `meshlm init` writes them) on the same
 tokens meshlm reads, with the same optimizer step meshlm takes: AdamW
 (betas 0.9/0.999, eps 1e-8, weight decay 0 — meshlm's defaults), the grad
@@ -44,6 +45,7 @@ run in one process. Progress goes to stderr.
 
 usage: bench/torch_peer.py --model DIR [--data FILE] --seq-len S --batch-size B
          --steps N [--threads T] [--modes fp32,bf16] [--lr 1e-3] [--device cpu|cuda]
+         [--experts-implementation eager]
 """
 import argparse
 import json
@@ -69,6 +71,9 @@ def parse_args():
     p.add_argument("--max-grad-norm", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0, help="seed of the random ids (no --data)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--experts-implementation", default=None,
+                   help="mixture-of-experts models: transformers' experts_implementation "
+                        "(eager: the loop over experts; default: transformers' choice)")
     a = p.parse_args()
     if a.steps <= a.warmup:
         p.error(f"--steps {a.steps} must exceed --warmup {a.warmup}")
@@ -105,8 +110,9 @@ def load_tokens(path, seq_len, batch, vocab, seed, torch):
 
 def run_mode(mode, a, tokens, torch, transformers):
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM.from_pretrained(
-        a.model, dtype=torch.float32, attn_implementation="sdpa").to(a.device)
+    kw = {"experts_implementation": a.experts_implementation} if a.experts_implementation else {}
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        a.model, dtype=torch.float32, attn_implementation="sdpa", **kw).to(a.device)
     model.train()
     cuda = a.device == "cuda"
     if cuda:

@@ -282,15 +282,38 @@ typedef struct tol_model {
   double tokens; /* T: token rows of the batch (all dp ranks together) */
   double vocab_tiles; /* column tiles of the fused classifier's online log-sum-exp per row
                          (parallel/loss.h); 0 or 1: whole rows, Megatron's two passes */
+  double experts, top_k; /* a sparse MoE layer's E and k (model/moe.h); 0: dense layers.
+                            `intermediate` is then the wider of the dense and expert MLPs */
 } tol_model;
 
 /* n·sqrt(n): a signed reduction of n terms (M1). */
 static inline double tol_signed(double n) { return n * sqrt(n); }
 
+/* The stages a sparse MoE block adds to a layer's forward chain (model/moe.h):
+ * the router GEMM (H terms), the fp32 softmax over E (subtract max, expf,
+ * sum of E, 1/x), the top-k renormalization (sum of k, a division) and the
+ * weighted sum of k expert outputs (a product and k terms); the experts'
+ * own GEMMs are gate/up/down's stages, counted with `intermediate`. */
+static inline double tol_k_moe_fwd(const tol_model *m) {
+  if (m->experts <= 0) return 0.0;
+  return tol_signed(m->hidden) + m->experts + TOL_LIBM + 2.0 + m->top_k + 1.0 +
+         tol_signed(m->top_k) + 1.0;
+}
+
+/* ... and to its backward: dw = dy·ye (H terms), the renormalization's
+ * backward (a dot of k, a difference, a division), the softmax's (a dot of
+ * E, a difference, a product), the router's input gradient (E terms, then
+ * added) and the sum of each token's k expert input gradients. */
+static inline double tol_k_moe_bwd(const tol_model *m) {
+  if (m->experts <= 0) return 0.0;
+  return tol_signed(m->hidden) + tol_signed(m->top_k) + 2.0 + tol_signed(m->experts) + 2.0 +
+         tol_signed(m->experts) + 1.0 + tol_signed(m->top_k);
+}
+
 /* One layer's forward. */
 static inline double tol_k_layer_fwd(const tol_model *m) {
   double H = m->hidden, hd = m->head_dim, S = m->seq;
-  return 4.0 * (H + 4.0)                     /* four RMSNorms: sum of H squares, rstd 3, scale 1 */
+  return tol_k_moe_fwd(m) + 4.0 * (H + 4.0)                     /* four RMSNorms: sum of H squares, rstd 3, scale 1 */
          + tol_signed(H + 1.0)               /* q, k, v projections (+ bias) */
          + (hd + 4.0)                        /* q_norm, k_norm */
          + tol_signed(2.0) + S + TOL_LIBM + 1.0 /* rope: rotation; the angle pos·f rounded
@@ -311,7 +334,7 @@ static inline double tol_k_layer_fwd(const tol_model *m) {
 /* One layer's backward, from its output gradient to its input gradient. */
 static inline double tol_k_layer_bwd(const tol_model *m) {
   double H = m->hidden, hd = m->head_dim, S = m->seq, group = m->heads / m->kv_heads;
-  return 2.0 * tol_signed(2.0)                       /* residual gradient adds */
+  return tol_k_moe_bwd(m) + 2.0 * tol_signed(2.0)    /* residual gradient adds */
          + tol_signed(H)                             /* down_proj input gradient */
          + 12.0 + TOL_LIBM                           /* activation backward */
          + tol_signed(2.0 * m->intermediate)         /* gate + up input gradients */

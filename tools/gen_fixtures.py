@@ -74,6 +74,25 @@ FIXTURES
                    long factors), max_position_embeddings 64, no factor and no
                    attention_factor (both from the defaults: 64/16, then
                    sqrt(1 + ln 4 / ln 16))
+    qwen3_moe      Qwen3MoeForCausalLM, 3 layers: layer 0 dense (mlp_only_layers,
+                   intermediate 64), layers 1-2 sparse: 8 experts of 16, top 2,
+                   norm_topk_prob true; output_router_logits true with
+                   router_aux_loss_coef 0.25, so loss and gradients include
+                   0.25 x load_balancing_loss_func (expected.json also gives
+                   "aux_loss"); hidden 32, head_dim 8, tied, vocab 303, mask
+    mixtral        MixtralForCausalLM, 2 sparse layers of 4 experts (w1/w3/w2,
+                   intermediate 32), top 2 (always renormalized),
+                   sliding_window 8 (< S), no aux term, untied, vocab 262
+    qwen3_moe_window  Qwen3MoeForCausalLM, 2 layers: decoder_sparse_step 2 (layer
+                   0 dense, intermediate 32; layer 1 sparse: 4 experts of 16,
+                   top 2), norm_topk_prob false, use_sliding_window with
+                   sliding_window 8 (< S) on every layer, no aux term, untied,
+                   vocab 264, mask
+                   Both: the router's top-k has a margin of 1e-4 on every token
+                   (checked), and save_pretrained writes the experts one by one
+                   (mlp.experts.N.gate_proj.weight, block_sparse_moe.experts.
+                   N.w1.weight), the names grads.safetensors uses.
+
     phi3           Phi3ForCausalLM (fused self_attn.qkv_proj and
                    mlp.gate_up_proj in the checkpoint), untied, vocab 260,
                    rope longrope as llama_longrope's (its own factors) with
@@ -96,7 +115,11 @@ DEFINITIONS (hold exactly, in float64)
     loss = mean over all (b, t), t in 0..S-2, with (no mask or
            loss_mask[b][t+1] == 1), of -logprobs[b][t]
     i.e. HF labels = input_ids with -100 where the mask is 0, standard shift,
-    mean reduction over non-ignored targets across the whole batch.
+    mean reduction over non-ignored targets across the whole batch; for a
+    config with output_router_logits (qwen3_moe) plus router_aux_loss_coef x
+    load_balancing_loss_func(router logits of every sparse layer, no
+    attention mask), as *ForCausalLM.forward adds it (checked against HF's
+    own loss with labels).
 
     The reference is computed by reloading the saved checkpoint with
     from_pretrained(dtype=float64, attn_implementation="eager"), so the
@@ -153,9 +176,11 @@ from safetensors.torch import load_file, save_file
 from transformers import (AutoModelForCausalLM, Gemma3Config,
                           Gemma3ForCausalLM, Gemma3ForConditionalGeneration,
                           Gemma3TextConfig, LlamaConfig, LlamaForCausalLM,
-                          MistralConfig, MistralForCausalLM, Phi3Config,
-                          Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
-                          Qwen3Config, Qwen3ForCausalLM, SiglipVisionConfig)
+                          MistralConfig, MistralForCausalLM, MixtralConfig,
+                          MixtralForCausalLM, Phi3Config, Phi3ForCausalLM,
+                          Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
+                          Qwen3ForCausalLM, Qwen3MoeConfig,
+                          Qwen3MoeForCausalLM, SiglipVisionConfig)
 from transformers.core_model_loading import revert_weight_conversion
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 
@@ -199,6 +224,22 @@ GEMMA3_TEXT = dict(
     attn_logit_softcapping=None,
     attention_bias=False,
 )
+
+# the mixture-of-experts fixtures' attention (narrower than LLAMA_BASE so the
+# experts fit the size budget: < 600 KB a fixture)
+MOE_SMALL = dict(
+    hidden_size=32,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=256,
+)
+
+# a sparse layer's k-th and (k+1)-th router probabilities differ by at least
+# this in the float64 reference, so that meshlm's fp32 routing (rounding
+# ~1e-7) picks the same experts
+ROUTER_MARGIN = 1e-4
 
 # the sizes of LLAMA_BASE without its RoPE and length keys (Mistral, Phi-3)
 SMALL = {k: LLAMA_BASE[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
@@ -423,6 +464,73 @@ FIXTURES = [
         seed=1013,
         mask=False,
     ),
+    dict(
+        name="qwen3_moe",
+        cls=Qwen3MoeForCausalLM,
+        config=lambda: Qwen3MoeConfig(
+            **MOE_SMALL,
+            num_hidden_layers=3,
+            intermediate_size=64,      # the dense layer's MLP
+            moe_intermediate_size=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            mlp_only_layers=[0],       # layer 0 dense, layers 1 and 2 sparse
+            output_router_logits=True,  # the aux term joins the loss
+            router_aux_loss_coef=0.25,  # large, so the aux gradient is visible
+            vocab_size=303,
+            tie_word_embeddings=True,
+            rope_theta=1000000.0,
+            use_sliding_window=False,
+        ),
+        seed=1019,
+        mask=True,
+        moe=True,
+    ),
+    dict(
+        name="mixtral",
+        cls=MixtralForCausalLM,
+        config=lambda: MixtralConfig(
+            **MOE_SMALL,
+            num_hidden_layers=2,
+            intermediate_size=32,      # each expert's
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            output_router_logits=False,
+            vocab_size=262,
+            tie_word_embeddings=False,
+            sliding_window=8,          # < S: every layer slides
+            bos_token_id=1,
+            eos_token_id=2,
+        ),
+        seed=1015,
+        mask=False,
+        moe=True,
+        window=8,
+    ),
+    dict(
+        name="qwen3_moe_window",
+        cls=Qwen3MoeForCausalLM,
+        config=lambda: Qwen3MoeConfig(
+            **MOE_SMALL,
+            num_hidden_layers=2,
+            intermediate_size=32,      # the dense layer's MLP
+            moe_intermediate_size=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,      # the top-k probabilities as they are
+            decoder_sparse_step=2,     # layer 0 dense, layer 1 sparse
+            output_router_logits=False,
+            vocab_size=264,
+            tie_word_embeddings=False,
+            use_sliding_window=True,
+            sliding_window=8,          # < S: every layer slides
+        ),
+        seed=1020,
+        mask=True,
+        moe=True,
+        window=8,
+    ),
 ]
 
 
@@ -475,7 +583,7 @@ def check_norm_init(fx, model):
     cfg = model.config.get_text_config()
     if gemma:    # input, post_attention, pre/post_feedforward, q_norm, k_norm
         per_layer = 6
-    elif fx["cls"] is Qwen3ForCausalLM:   # input, post_attention, q_norm, k_norm
+    elif fx["cls"] in (Qwen3ForCausalLM, Qwen3MoeForCausalLM):  # input, post_attention, q/k_norm
         per_layer = 4
     else:        # input, post_attention
         per_layer = 2
@@ -487,8 +595,9 @@ def window_loss(fx, out_dir, ref, input_ids, window):
     """The fixture's unmasked mean loss with the config's sliding_window replaced."""
     cfg = type(ref.config).from_pretrained(out_dir)
     cfg.get_text_config().sliding_window = window
+    moe_kw = {"experts_implementation": "eager"} if fx.get("moe") else {}
     wide = fx["cls"].from_pretrained(out_dir, config=cfg, dtype=torch.float64,
-                                     attn_implementation="eager")
+                                     attn_implementation="eager", **moe_kw)
     with torch.no_grad():
         wl = wide(input_ids=input_ids).logits
     lsm = torch.log_softmax(wl[:, :-1, :], dim=-1)
@@ -615,6 +724,17 @@ def check_rope(ref):
     assert abs(rope.attention_scaling - scale) < 1e-12, (kind, rope.attention_scaling, scale)
 
 
+def check_router_margin(name, router_logits, k):
+    """Every token's k-th and (k+1)-th router probabilities of every sparse
+    layer differ by at least ROUTER_MARGIN (see there)."""
+    for layer, lg in enumerate(router_logits):
+        top = torch.topk(torch.softmax(lg.double(), dim=-1), k + 1, dim=-1).values
+        gap = (top[:, k - 1] - top[:, k]).min().item()
+        if gap < ROUTER_MARGIN:
+            sys.exit(f"{name}: sparse layer {layer}: top-{k} probability gap {gap:.2e} "
+                     f"< {ROUTER_MARGIN}; pick another seed")
+
+
 def make_fixture(fx, out_root):
     name = fx["name"]
     out_dir = os.path.join(out_root, name)
@@ -653,9 +773,11 @@ def make_fixture(fx, out_root):
         assert int(loss_mask[:, 1:].sum()) > 0
 
     # ---- float64 eager reference from the saved checkpoint ------------------
+    # the experts' loop over tokens (their default grouped_mm takes no float64)
+    moe_kw = {"experts_implementation": "eager"} if fx.get("moe") else {}
     ref, info = AutoModelForCausalLM.from_pretrained(
         out_dir, dtype=torch.float64, attn_implementation="eager",
-        output_loading_info=True)
+        output_loading_info=True, **moe_kw)
     bad = {k: v for k, v in info.items() if v}
     if bad:
         sys.exit(f"{name}: loading info not clean: {bad}")
@@ -663,8 +785,12 @@ def make_fixture(fx, out_root):
     ref.train(False)  # dropout is 0 anyway; keep things deterministic
     ref.zero_grad(set_to_none=True)
 
-    logits = ref(input_ids=input_ids).logits  # [B, S, V] float64
+    moe = fx.get("moe", False)
+    out = ref(input_ids=input_ids, output_router_logits=moe)
+    logits = out.logits  # [B, S, V] float64
     assert logits.dtype == torch.float64
+    if moe:
+        check_router_margin(name, out.router_logits, text_config.num_experts_per_tok)
     lsm = torch.log_softmax(logits[:, :-1, :], dim=-1)
     tgt = input_ids[:, 1:]
     logprobs = lsm.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)  # [B, S-1]
@@ -673,6 +799,13 @@ def make_fixture(fx, out_root):
     else:
         sel = loss_mask[:, 1:].bool()
     loss = -(logprobs[sel]).sum() / sel.sum()
+    aux = None
+    if moe and text_config.output_router_logits:
+        # transformers' load_balancing_loss_func over every sparse layer, no
+        # attention mask (no padding), times router_aux_loss_coef, as
+        # *ForCausalLM.forward adds it to the loss
+        aux = out.aux_loss
+        loss = loss + text_config.router_aux_loss_coef * aux
 
     # cross-check against HF's own loss with -100 labels (HF's loss function
     # upcasts logits to float32, so this only agrees to ~1e-7 relative)
@@ -732,6 +865,8 @@ def make_fixture(fx, out_root):
     if loss_mask is not None:
         expected["loss_mask"] = loss_mask.tolist()
     expected["loss"] = loss.item()
+    if aux is not None:
+        expected["aux_loss"] = aux.item()
     expected["logprobs"] = [[float(x) for x in row] for row in logprobs.detach().tolist()]
     if text_prefix is not None:
         expected["text_prefix"] = text_prefix

@@ -12,6 +12,7 @@
 #include "engine/reference.h"
 #include "common/status.h"
 #include "io/checkpoint.h"
+#include "model/moe.h"
 #include "parallel/tp.h"
 
 ml_engine_opts ml_engine_opts_default(void) {
@@ -89,6 +90,11 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   ML_TRY(ml_model_create(&cfg, &e->model));
   e->model.be = e->be;
   e->model.ac = opts->ac;
+  ML_TRY(ml_moe_check(&e->model, e->be->ops->name));
+  if (cfg.n_experts > 0 && (mesh->tp > 1 || mesh->cp > 1))
+    return ml_err("%s: expert layers under tp/cp are not supported yet; found tp = %d and cp = "
+                  "%d, expected tp = 1 and cp = 1",
+                  cfg.family->architecture, mesh->tp, mesh->cp);
   ML_TRY(ml_plan_select(&e->model, model_dir, opts->parallel_plan, opts->sequence_parallel,
                         &e->plan));
   ML_TRY(ml_tp_apply(&e->tp, &e->plan, &e->model, ml_mesh_comm(mesh, ML_GROUP_TP)));
@@ -394,11 +400,26 @@ static int stage_objective(ml_engine *e, const ml_engine_batch *b, ml_obj_in **b
                             sizeof none * (size_t)T, *buf + T);
 }
 
+/* The load-balancing loss of the forward that just ran (model/moe.h): its
+ * sums over every data rank's tokens of the micro-batch (dp_cp), so that
+ * every mesh computes the aux term of the whole batch, as one rank does. */
+static int aux_close(ml_engine *e) {
+  ml_moe_aux *x = &e->model.aux;
+  if (!x->open) return 0;
+  ML_TRY(ml_host_all_reduce_f64(ml_mesh_host(e->mesh, ML_GROUP_DP_CP), x->sums,
+                                (int)(2 * e->model.cfg.n_experts + 1), ML_RED_SUM));
+  ml_moe_aux_close(&e->model);
+  return 0;
+}
+
 static int run_forward_backward(ml_engine *e, const ml_engine_batch *b, const ml_loss_grad *g,
                                 ml_loss_out *nll) {
   ML_TRY(upload_batch(e, b));
   ML_TRY(ml_grads_tp_begin(&e->grads, &e->tp, &e->fsdp));
+  /* packed documents: the tokens from docs[ndocs] on are padding (HF attention_mask 0) */
+  ML_TRY(ml_moe_aux_begin(&e->model, b->docs ? b->docs[b->ndocs] : b->S));
   ML_TRY(forward_layers(e, e->ids));
+  ML_TRY(aux_close(e));
   ML_TRY(ml_fsdp_grad_begin(&e->fsdp, (int)e->model.cfg.n_layers));
   ml_loss_split split;
   ML_TRY(loss_split(e, &split));
@@ -430,6 +451,7 @@ int ml_engine_forward_backward(ml_engine *e, const int32_t *ids, const uint8_t *
   /* control plane: the loss sum over the data ranks (dp_cp: cp ranks see the same sequences) */
   ML_TRY(ml_host_all_reduce_f64(ml_mesh_host(e->mesh, ML_GROUP_DP_CP), &sum, 1, ML_RED_SUM));
   *loss = global_targets > 0 ? sum / (double)global_targets : 0.0;
+  *loss += e->model.cfg.aux_coef * e->model.aux.value; /* 0 without cfg.router_aux */
   return 0;
 }
 

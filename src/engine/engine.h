@@ -141,7 +141,12 @@ int ml_engine_zero_grad(ml_engine *e);
  * micro-batches give the gradient of one batch N times larger. *loss
  * receives this micro-batch's loss sum over the whole dp group divided by
  * global_targets (one all-reduce over dp): the sum over micro-batches is
- * the step's mean loss. */
+ * the step's mean loss. A mixture-of-experts config with
+ * output_router_logits adds router_aux_loss_coef × the load-balancing loss
+ * of this micro-batch's tokens over the whole dp group (model/moe.h
+ * ml_moe_aux_begin; transformers' *ForCausalLM.forward adds it per forward
+ * call, so N micro-batches add N terms) to *loss and to the gradients; the
+ * objective path (ml_engine_forward_backward_batch) differentiates it too. */
 int ml_engine_forward_backward(ml_engine *e, const int32_t *ids, const uint8_t *mask, int64_t B,
                                int64_t S, int64_t global_targets, double *loss);
 

@@ -69,6 +69,10 @@ const ml_block_act ml_block_acts[] = {
     ACT(d, ML_PART_MLP, ML_ROWS_TR, ML_COLS_H, ML_ROLE_MLP_OUT_NORM),
     ACT(rstd_d, ML_PART_MLP, ML_ROWS_TR, ML_COLS_ONE, ML_ROLE_MLP_OUT_NORM),
     ACT(out, ML_PART_OUT, ML_ROWS_T, ML_COLS_H, -1),
+    ACT(probs, ML_PART_MLP, ML_ROWS_T, ML_COLS_E, ML_NEEDS_SPARSE),
+    ACT(top_e, ML_PART_MLP, ML_ROWS_T, ML_COLS_K, ML_NEEDS_SPARSE),
+    ACT(top_w, ML_PART_MLP, ML_ROWS_T, ML_COLS_K, ML_NEEDS_SPARSE),
+    ACT(ye, ML_PART_MLP, ML_ROWS_T, ML_COLS_KH, ML_NEEDS_SPARSE),
 };
 const int ml_block_n_acts = sizeof ml_block_acts / sizeof ml_block_acts[0];
 
@@ -114,8 +118,25 @@ int ml_block_group(ml_layer *L, int g, ml_linear **out) {
   return n;
 }
 
+/* The dense MLP's rows: absent from a sparse layer. */
+static bool dense_mlp_row(const ml_block_row *r) {
+  return r->role == ML_ROLE_GATE || r->role == ML_ROLE_UP || r->role == ML_ROLE_DOWN;
+}
+
+const char *ml_block_leaf_at(const ml_model_config *c, const ml_block_row *r, int64_t l) {
+  if (!ml_config_moe_layer(c, l)) return ml_block_leaf(c->family, r);
+  if (r->role == ML_ROLE_MLP) return c->family->moe_block;
+  return dense_mlp_row(r) ? NULL : ml_block_leaf(c->family, r);
+}
+
+bool ml_block_present_at(const ml_model_config *c, const ml_block_row *r, int64_t l) {
+  return ml_block_leaf_at(c, r, l) != NULL;
+}
+
 bool ml_block_present(const ml_model_config *c, const ml_block_row *r) {
-  return ml_block_leaf(c->family, r) != NULL;
+  for (int64_t l = 0; l < c->n_layers; l++)
+    if (ml_block_present_at(c, r, l)) return true;
+  return false;
 }
 
 int64_t ml_block_dim(const ml_model_config *c, ml_block_size s) {
@@ -138,12 +159,14 @@ bool ml_block_has_bias(const ml_model_config *c, const ml_block_row *r) {
   }
 }
 
-/* Tensors (what = 0), elements (1), modules (2) or linears (3) of a layer. */
-static int64_t count(const ml_model_config *c, int what) {
+/* Tensors (what = 0), elements (1), modules (2) or linears (3) of layer l:
+ * its present rows, and a sparse layer's router [E, H] and experts (gate,
+ * up [I_e, H], down [H, I_e] each; Linear modules without bias). */
+static int64_t count(const ml_model_config *c, int64_t l, int what) {
   int64_t n = 0;
   for (int i = 0; i < ML_ROLE_COUNT; i++) {
     const ml_block_row *r = &ml_block_rows[i];
-    if (!ml_block_present(c, r)) continue;
+    if (!ml_block_present_at(c, r, l)) continue;
     bool lin = r->kind == ML_MOD_LINEAR, bias = lin && ml_block_has_bias(c, r);
     int64_t out = ml_block_dim(c, r->out), in = ml_block_dim(c, r->in);
     if (what == 0) n += r->kind == ML_MOD_LINEAR || r->kind == ML_MOD_RMSNORM ? 1 + bias : 0;
@@ -151,10 +174,23 @@ static int64_t count(const ml_model_config *c, int what) {
     if (what == 2) n++;
     if (what == 3) n += lin;
   }
-  return n;
+  if (!ml_config_moe_layer(c, l)) return n;
+  int64_t E = c->n_experts;
+  /* E · H · (1 + 3 I_e) <= 2^20 · (2^12 + 3 · 2^24) < 2^47 (config.h) */
+  return n + (what == 1 ? E * c->hidden * (1 + 3 * c->moe_inter) : 1 + 3 * E);
 }
 
-int ml_block_n_params(const ml_model_config *c) { return (int)count(c, 0); }
-int64_t ml_block_numel(const ml_model_config *c) { return count(c, 1); }
-int ml_block_n_modules(const ml_model_config *c) { return (int)count(c, 2); }
-int ml_block_n_linears(const ml_model_config *c) { return (int)count(c, 3); }
+/* The most of `what` in one layer of c. */
+static int64_t count_max(const ml_model_config *c, int what) {
+  int64_t most = 0;
+  for (int64_t l = 0; l < c->n_layers; l++) {
+    int64_t n = count(c, l, what);
+    most = n > most ? n : most;
+  }
+  return most;
+}
+
+int ml_block_n_params(const ml_model_config *c) { return (int)count_max(c, 0); }
+int64_t ml_block_numel_at(const ml_model_config *c, int64_t l) { return count(c, l, 1); }
+int ml_block_n_modules(const ml_model_config *c) { return (int)count_max(c, 2); }
+int ml_block_n_linears(const ml_model_config *c) { return (int)count_max(c, 3); }

@@ -17,7 +17,9 @@
  * rows' parameters (fused tensors: ml_family.fused, split on load and fused
  * on export by the checkpoint-key adapter, ml_model_ckpt_keys) — never by
  * an `if family`. Semantics: transformers' LlamaDecoderLayer, Qwen2/3,
- * Gemma3DecoderLayer, MistralDecoderLayer, Phi3DecoderLayer (unfused). */
+ * Gemma3DecoderLayer, MistralDecoderLayer, Phi3DecoderLayer (unfused),
+ * Qwen3MoeDecoderLayer and MixtralDecoderLayer (a sparse layer: the rows
+ * without the dense gate/up/down, its ml_moe after the mlp container). */
 #ifndef ML_BLOCK_H
 #define ML_BLOCK_H
 
@@ -103,7 +105,14 @@ typedef enum {
   ML_COLS_NH,    /* local query heads (a per-head norm's rstd) */
   ML_COLS_NKV,   /* local key/value heads */
   ML_COLS_CORE,  /* what the attention core saves for the whole batch (not per token) */
+  ML_COLS_E,     /* num_experts (a sparse layer's router) */
+  ML_COLS_K,     /* num_experts_per_tok */
+  ML_COLS_KH,    /* num_experts_per_tok · hidden_size (an expert output per choice) */
 } ml_block_cols;
+
+/* ml_block_act.needs of the buffers only sparse layers use: present when
+ * the model has one (config.h ml_config_moe_layer). */
+enum { ML_NEEDS_SPARSE = -2 };
 
 /* One buffer of ml_layer_acts that the forward saves for the backward. */
 typedef struct ml_block_act {
@@ -111,7 +120,8 @@ typedef struct ml_block_act {
   ml_block_part part;
   ml_block_rows_of rows;
   ml_block_cols cols;
-  int needs;             /* the role (ml_block_role) whose module must be present, or −1 */
+  int needs;             /* the role (ml_block_role) whose module must be present, −1
+                            (always there) or ML_NEEDS_SPARSE */
 } ml_block_act;
 
 /* The saved buffers of a layer in carve order (x_in first: it frees the
@@ -148,7 +158,16 @@ int ml_block_group(ml_layer *L, int g, ml_linear **out);
  * "self_attn.q_norm"), or NULL when f's block lacks it. */
 const char *ml_block_leaf(const ml_family *f, const ml_block_row *r);
 
-/* Whether c's block has the row (ml_block_leaf non-NULL). */
+/* The row's module name in layer l of c: ml_block_leaf, but in a sparse
+ * layer (config.h ml_config_moe_layer) the mlp container is the family's
+ * moe_block ("block_sparse_moe") and the dense gate/up/down rows are absent
+ * (NULL): the layer's sparse block (model.h ml_moe) takes their place. */
+const char *ml_block_leaf_at(const ml_model_config *c, const ml_block_row *r, int64_t l);
+
+/* Whether layer l of c has the row (ml_block_leaf_at non-NULL). */
+bool ml_block_present_at(const ml_model_config *c, const ml_block_row *r, int64_t l);
+
+/* Whether some layer of c has the row. */
 bool ml_block_present(const ml_model_config *c, const ml_block_row *r);
 
 /* The config size s. */
@@ -157,15 +176,17 @@ int64_t ml_block_dim(const ml_model_config *c, ml_block_size s);
 /* Whether a Linear row of c has a bias. */
 bool ml_block_has_bias(const ml_model_config *c, const ml_block_row *r);
 
-/* Parameters of one layer of c (tensors, not elements), and their elements
- * (< 2^47 for a config ml_model_config_load accepts, config.h). */
+/* The most parameters (tensors, not elements) of one layer of c (a sparse
+ * layer's router and experts included), and the elements of layer l (<
+ * 2^47 for a config ml_model_config_load accepts, config.h). */
 int ml_block_n_params(const ml_model_config *c);
-int64_t ml_block_numel(const ml_model_config *c);
+int64_t ml_block_numel_at(const ml_model_config *c, int64_t l);
 
-/* Modules of one layer of c (present rows, containers included). */
+/* The most modules of one layer of c (present rows, containers included;
+ * a sparse layer's router and expert linears). */
 int ml_block_n_modules(const ml_model_config *c);
 
-/* Linears of one layer of c. */
+/* The most linears of one layer of c. */
 int ml_block_n_linears(const ml_model_config *c);
 
 #endif

@@ -307,7 +307,8 @@ static int read_rope(const ml_json *j, ml_model_config *c) {
 
 /* sliding_window and the per-layer attention types: layer_types when given,
  * else the family's rule (Qwen2Config/Qwen3Config/Gemma3TextConfig
- * __post_init__; Mistral: sliding_window alone, on every layer). */
+ * __post_init__; Mistral, Mixtral: sliding_window alone, on every layer;
+ * Qwen3-MoE: the same when use_sliding_window). */
 static int read_layer_types(const ml_json *j, ml_model_config *c) {
   const ml_family *f = c->family;
   memset(c->sliding, 0, sizeof c->sliding);
@@ -317,6 +318,9 @@ static int read_layer_types(const ml_json *j, ml_model_config *c) {
   ML_TRY(ml_json_int_opt(j, NULL, "sliding_window", f->sliding_window_default, &c->sliding_window));
   if (json_is_null(json_object_get(j->root, "sliding_window"))) c->sliding_window = 0;
   if (f->layer_rule == ML_LAYERS_ALL_SLIDING) {
+    bool use = true;
+    if (f->window_gated) ML_TRY(ml_json_bool_opt(j, NULL, "use_sliding_window", false, &use));
+    if (!use) c->sliding_window = 0;
     for (int64_t l = 0; l < c->n_layers; l++) c->sliding[l] = c->sliding_window > 0;
     return 0;
   }
@@ -408,6 +412,69 @@ static int read_flags(const ml_json *root, const ml_json *t, ml_model_config *c)
   return reject_unsupported(t, f);
 }
 
+/* The sparse layers of a Qwen3-MoE config: l is sparse unless listed in
+ * mlp_only_layers or (l + 1) % decoder_sparse_step != 0
+ * (Qwen3MoeDecoderLayer.__init__). */
+static int read_sparse_layers(const ml_json *j, ml_model_config *c) {
+  int64_t step;
+  ML_TRY(ml_json_int_opt(j, NULL, "decoder_sparse_step", 1, &step));
+  ML_TRY(positive(j, "decoder_sparse_step", step));
+  for (int64_t l = 0; l < c->n_layers; l++) c->moe[l] = (l + 1) % step == 0;
+  json_t *only = json_object_get(j->root, "mlp_only_layers");
+  if (!only || json_is_null(only)) return 0;
+  if (!json_is_array(only))
+    return ml_err("%s: field 'mlp_only_layers': expected a list of layer indices, found "
+                  "something else",
+                  j->path);
+  for (size_t i = 0; i < json_array_size(only); i++) {
+    json_t *v = json_array_get(only, i);
+    int64_t l = json_is_integer(v) ? (int64_t)json_integer_value(v) : -1;
+    if (l < 0 || l >= c->n_layers)
+      return ml_err("%s: field 'mlp_only_layers[%zu]': expected a layer index from 0 to %lld, "
+                    "found %s",
+                    j->path, i, (long long)c->n_layers - 1,
+                    json_is_integer(v) ? "one outside" : "a non-integer");
+    c->moe[l] = false;
+  }
+  return 0;
+}
+
+/* The mixture-of-experts settings of a family with a sparse block
+ * (family.h moe_block), bounded before any product is formed. */
+static int read_moe(const ml_json *j, ml_model_config *c) {
+  const ml_family *f = c->family;
+  if (!f->moe_block) return 0;
+  const char *ek = json_object_get(j->root, "num_experts") ? "num_experts" : "num_local_experts";
+  ML_TRY(read_size(j, ek, true, f->experts_default, ML_MAX_EXPERTS, &c->n_experts));
+  ML_TRY(read_size(j, "num_experts_per_tok", true, f->top_k_default, ML_MAX_EXPERTS, &c->top_k));
+  if (c->top_k > c->n_experts)
+    return ml_err("%s: field 'num_experts_per_tok': %lld experts per token, but %s is %lld; "
+                  "expected at most %lld",
+                  j->path, (long long)c->top_k, ek, (long long)c->n_experts,
+                  (long long)c->n_experts);
+  ML_TRY(read_size(j, f->moe_inter_key, f->moe_inter_default > 0, f->moe_inter_default,
+                   ML_MAX_INTERMEDIATE, &c->moe_inter));
+  if (c->moe_inter > ML_MAX_INTERMEDIATE / c->n_experts)
+    return ml_err("%s: %s %lld experts of %s %lld: %lld features in all, above meshlm's limit of "
+                  "%d (ML_MAX_INTERMEDIATE, which keeps every tensor size within 64 bits)",
+                  j->path, ek, (long long)c->n_experts, f->moe_inter_key,
+                  (long long)c->moe_inter, (long long)(c->n_experts * c->moe_inter),
+                  ML_MAX_INTERMEDIATE);
+  c->norm_topk = true;
+  if (f->norm_topk_key) ML_TRY(ml_json_bool_opt(j, NULL, f->norm_topk_key, false, &c->norm_topk));
+  ML_TRY(ml_json_bool_opt(j, NULL, "output_router_logits", false, &c->router_aux));
+  ML_TRY(ml_json_num_opt(j, NULL, "router_aux_loss_coef", 0.001, &c->aux_coef));
+  double jitter;
+  ML_TRY(ml_json_num_opt(j, NULL, "router_jitter_noise", 0.0, &jitter));
+  if (jitter != 0.0)
+    return ml_err("%s: field 'router_jitter_noise': meshlm does not implement the router's "
+                  "training noise, found %g; expected 0",
+                  j->path, jitter);
+  if (f->moe_sparse_keys) return read_sparse_layers(j, c);
+  for (int64_t l = 0; l < c->n_layers; l++) c->moe[l] = true;
+  return 0;
+}
+
 int ml_model_config_load(const char *dir, ml_model_config *out) {
   char path[4096], text_path[4200];
   snprintf(path, sizeof path, "%s/config.json", dir);
@@ -420,6 +487,7 @@ int ml_model_config_load(const char *dir, ml_model_config *out) {
   if (!rc) rc = read_rope(&t, out);
   if (!rc) rc = read_layer_types(&t, out);
   if (!rc) rc = read_flags(&j, &t, out);
+  if (!rc) rc = read_moe(&t, out);
   ml_json_free(&j);
   return rc;
 }
@@ -499,8 +567,10 @@ static void write_attention_keys(json_t *o, const ml_model_config *c) {
   if (f->attn_scalar_key) json_object_set_new(o, f->attn_scalar_key, int_or_real(c->attn_scalar));
   if (f->layer_rule == ML_LAYERS_ALL_FULL) return;
   json_t *window = c->sliding_window > 0 ? json_integer(c->sliding_window) : json_null();
-  if (f->layer_rule == ML_LAYERS_ALL_SLIDING) { /* the window alone says it */
+  if (f->layer_rule == ML_LAYERS_ALL_SLIDING) { /* the window alone says it (and its switch) */
     json_object_set_new(o, "sliding_window", window);
+    if (f->window_gated)
+      json_object_set_new(o, "use_sliding_window", json_boolean(c->sliding_window > 0));
     return;
   }
   json_t *types = json_array();
@@ -516,6 +586,24 @@ static void write_attention_keys(json_t *o, const ml_model_config *c) {
     json_object_set_new(o, "use_sliding_window", json_boolean(first_sliding < c->n_layers));
     json_object_set_new(o, "max_window_layers", json_integer(first_sliding));
   }
+}
+
+/* The mixture-of-experts keys (read_moe's): num_experts under the name
+ * save_pretrained writes (num_local_experts, the attribute_map target). */
+static void write_moe_keys(json_t *o, const ml_model_config *c) {
+  const ml_family *f = c->family;
+  json_object_set_new(o, "num_local_experts", json_integer(c->n_experts));
+  json_object_set_new(o, "num_experts_per_tok", json_integer(c->top_k));
+  json_object_set_new(o, f->moe_inter_key, json_integer(c->moe_inter));
+  if (f->norm_topk_key) json_object_set_new(o, f->norm_topk_key, json_boolean(c->norm_topk));
+  json_object_set_new(o, "output_router_logits", json_boolean(c->router_aux));
+  json_object_set_new(o, "router_aux_loss_coef", json_real(c->aux_coef));
+  if (!f->moe_sparse_keys) return;
+  json_t *only = json_array();
+  for (int64_t l = 0; l < c->n_layers; l++)
+    if (!c->moe[l]) json_array_append_new(only, json_integer(l));
+  json_object_set_new(o, "decoder_sparse_step", json_integer(1));
+  json_object_set_new(o, "mlp_only_layers", only);
 }
 
 /* The text model's keys (the whole config of a text-only family). */
@@ -534,6 +622,7 @@ static json_t *text_json(const ml_model_config *c) {
   write_attention_keys(o, c);
   if (f->qkv_bias_key) json_object_set_new(o, f->qkv_bias_key, json_boolean(c->qkv_bias));
   if (f->has_mlp_bias_key) json_object_set_new(o, "mlp_bias", json_boolean(c->mlp_bias));
+  if (f->moe_block) write_moe_keys(o, c);
   return o;
 }
 
@@ -634,12 +723,26 @@ int ml_model_config_preset(const char *arch, const char *name, ml_model_config *
   out->o_bias = f->o_bias_follows_qkv && out->qkv_bias;
   out->tie_embeddings = f->tie_default || p->tied;
   out->dtype = ML_F32;
+  if (f->moe_block) { /* 4 experts, top 2, each a quarter of the preset's MLP: the
+                         active MLP width is half the dense preset's */
+    out->n_experts = 4;
+    out->top_k = 2;
+    out->moe_inter = p->intermediate / 4;
+    /* experts sized by intermediate_size (Mixtral): the model's one MLP size */
+    if (strcmp(f->moe_inter_key, "intermediate_size") == 0) out->intermediate = out->moe_inter;
+    out->norm_topk = true;
+    out->aux_coef = 0.001;
+    for (int64_t l = 0; l < p->layers; l++) out->moe[l] = true;
+  }
   return 0;
 }
 
 /* Plain int64 arithmetic: bounded by the ML_MAX_* limits (config.h), the
- * total is below 2^58. The layer's elements are the block table's. */
+ * total is below 2^58. Each layer's elements are the block table's (a
+ * sparse layer's: its router and experts). */
 int64_t ml_model_config_num_params(const ml_model_config *c) {
   int64_t embed = c->vocab * c->hidden * (c->tie_embeddings ? 1 : 2);
-  return c->n_layers * ml_block_numel(c) + embed + c->hidden;
+  int64_t n = embed + c->hidden;
+  for (int64_t l = 0; l < c->n_layers; l++) n += ml_block_numel_at(c, l);
+  return n;
 }

@@ -45,6 +45,11 @@ enum {
   ML_MAX_HEADS = 1 << 12,        /* num_attention_heads, hence num_key_value_heads */
   ML_MAX_HEAD_DIM = 1 << 12,     /* head_dim */
   ML_MAX_POSITIONS = 1 << 24,    /* max_position_embeddings, hence any sequence */
+  /* num_experts (Qwen3-MoE-235B: 128; DeepSeek-V3: 256); the experts of a
+   * layer together are bounded as one dense MLP: num_experts ·
+   * moe_intermediate_size <= ML_MAX_INTERMEDIATE, so a sparse layer's
+   * elements obey the per-layer bound above */
+  ML_MAX_EXPERTS = 1 << 12,
 };
 
 typedef struct ml_model_config {
@@ -72,7 +77,28 @@ typedef struct ml_model_config {
   double attn_scalar;
   bool qkv_bias, o_bias, mlp_bias, tie_embeddings;
   ml_dtype dtype; /* the checkpoint's torch dtype (weights are fp32 in memory) */
+  /* Mixture of experts (family->moe_block; all 0/false for dense families):
+   * layer l's MLP is the sparse block when moe[l], else the dense MLP of
+   * `intermediate`. Each token's router probabilities softmax(x·W_gate^T)
+   * (fp32) pick its top_k experts (torch.topk); their probabilities,
+   * renormalized to sum 1 when norm_topk, weight the experts' SwiGLU
+   * outputs (moe_inter features each). */
+  int64_t n_experts;   /* num_experts / num_local_experts E, in [top_k, ML_MAX_EXPERTS] */
+  int64_t top_k;       /* num_experts_per_tok, in [1, E] */
+  int64_t moe_inter;   /* moe_intermediate_size (Mixtral: intermediate_size) */
+  bool norm_topk;      /* norm_topk_prob (Mixtral: always) */
+  bool moe[ML_MAX_LAYERS];
+  /* output_router_logits: the load-balancing loss (transformers'
+   * load_balancing_loss_func) × router_aux_loss_coef joins the loss, as
+   * *ForCausalLM.forward adds it */
+  bool router_aux;
+  double aux_coef; /* router_aux_loss_coef */
 } ml_model_config;
+
+/* Whether layer l of c has the sparse MoE block as its MLP. */
+static inline bool ml_config_moe_layer(const ml_model_config *c, int64_t l) {
+  return c->n_experts > 0 && c->moe[l];
+}
 
 /* Parse DIR/config.json. Errors name the file and the field: missing
  * required field (hidden_size, intermediate_size, num_hidden_layers,
@@ -86,7 +112,12 @@ typedef struct ml_model_config {
  * 'rope_parameters.FIELD' or 'rope_scaling.FIELD'), hidden_size/heads inconsistent with head_dim,
  * a layer_types list of the wrong length or with an unknown entry, a
  * sliding layer without a sliding_window, a setting the family marks
- * unsupported (e.g. Gemma3 final_logit_softcapping non-null). */
+ * unsupported (e.g. Gemma3 final_logit_softcapping non-null); for MoE
+ * families num_experts / num_experts_per_tok / the experts' intermediate
+ * size out of range (top_k above num_experts, num_experts ·
+ * moe_intermediate_size above ML_MAX_INTERMEDIATE), decoder_sparse_step
+ * not positive, mlp_only_layers not a list of layer indices, a non-zero
+ * router_jitter_noise (not implemented). */
 int ml_model_config_load(const char *dir, ml_model_config *out);
 
 /* The longest sequence the model takes: max_position_embeddings, or

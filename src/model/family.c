@@ -168,6 +168,63 @@ static const ml_family families[] = {
         .save_as = "gemma3",
         GEMMA3_TEXT,
     },
+    {
+        /* Qwen3MoeConfig / Qwen3MoeForCausalLM: Qwen3's attention (q/k norms),
+         * the sparse MoE block as `mlp` on the layers decoder_sparse_step and
+         * mlp_only_layers make sparse, a dense Qwen3MoeMLP (intermediate_size)
+         * on the others; with use_sliding_window, sliding_window on every
+         * layer (Qwen3MoeModel's mask). The class plan shards experts
+         * (local_colwise, ...), which meshlm refuses under tp: no HF plan. */
+        .name = "qwen3_moe",
+        .architecture = "Qwen3MoeForCausalLM",
+        .model_type = "qwen3_moe",
+        TEXT_MODEL,
+        .qkv_bias_key = "attention_bias",
+        .qkv_bias_default = false,
+        .o_bias_follows_qkv = true,
+        .tie_default = false,
+        .rope_theta_default = 10000.0,
+        .max_positions_default = 32768,
+        .layer_rule = ML_LAYERS_ALL_SLIDING,
+        .sliding_window_default = 4096,
+        .window_gated = true,
+        .has_qk_norm = true,
+        LLAMA_BLOCK,
+        .moe_block = "mlp",
+        .expert_leaves = {"gate_proj", "up_proj", "down_proj"},
+        .moe_inter_key = "moe_intermediate_size",
+        .moe_inter_default = 768,
+        .experts_default = 128,
+        .top_k_default = 8,
+        .norm_topk_key = "norm_topk_prob",
+        .moe_sparse_keys = true,
+    },
+    {
+        /* MixtralConfig / MixtralForCausalLM: Mistral's attention (the sliding
+         * window, when set, on every layer), every MLP the sparse block
+         * `block_sparse_moe` with experts w1 (gate), w3 (up), w2 (down) of
+         * intermediate_size, the top-k weights always renormalized; the
+         * router's jitter noise is not implemented. */
+        .name = "mixtral",
+        .architecture = "MixtralForCausalLM",
+        .model_type = "mixtral",
+        TEXT_MODEL,
+        .qkv_bias_key = NULL,
+        .qkv_bias_default = false,
+        .tie_default = false,
+        .rope_theta_default = 1000000.0,
+        .max_positions_default = 131072,
+        .token_id_defaults = {1, 2, 0},
+        .layer_rule = ML_LAYERS_ALL_SLIDING,
+        .sliding_window_default = 0,
+        LLAMA_BLOCK,
+        .moe_block = "block_sparse_moe",
+        .expert_leaves = {"w1", "w3", "w2"},
+        .moe_inter_key = "intermediate_size",
+        .experts_default = 8,
+        .top_k_default = 2,
+        .moe_sparse_keys = false,
+    },
 };
 enum { N_FAMILIES = sizeof families / sizeof families[0] };
 

@@ -1,6 +1,6 @@
 /* Model families as rows of one descriptor table (ARCHITECTURE.md §8): every
- * difference between Llama, Mistral, Phi-3, Qwen2, Qwen3 and Gemma3 (text model,
- * and the text tower of the Gemma3 VLM) is a field here, read by the config reader
+ * difference between Llama, Mistral, Phi-3, Qwen2, Qwen3, Gemma3 (text model,
+ * and the text tower of the Gemma3 VLM), Qwen3-MoE and Mixtral is a field here, read by the config reader
  * and the model code, never an `if (family == ...)`. Semantics follow the
  * transformers 5.23 modeling_* / configuration_* files of each family. */
 #ifndef ML_FAMILY_H
@@ -125,6 +125,35 @@ typedef struct ml_family {
    * config.json carries none (as PreTrainedConfig.base_model_tp_plan), or
    * NULL. */
   const char *hf_tp_plan;
+
+  /* ---- mixture of experts (transformers' Qwen3MoeSparseMoeBlock,
+   * MixtralSparseMoeBlock): NULL moe_block: every layer's MLP is dense ---- */
+  /* The sparse block's module name under "layers.N." ("mlp",
+   * "block_sparse_moe"): its router is <moe_block>.gate ([E, H]), expert e's
+   * SwiGLU MLP <moe_block>.experts.<e>.<expert_leaves[0..2]> (gate, up, down:
+   * "gate_proj", "up_proj", "down_proj"; Mixtral "w1", "w3", "w2"), the
+   * per-expert layout transformers 5.23's save_pretrained writes. */
+  const char *moe_block;
+  const char *expert_leaves[3];
+  /* config.json key of the experts' intermediate size ("moe_intermediate_size";
+   * Mixtral: "intermediate_size", its only MLP) and its default when omitted
+   * (0: required). num_experts (alias num_local_experts, both classes'
+   * attribute_map) and num_experts_per_tok default to experts_default and
+   * top_k_default. */
+  const char *moe_inter_key;
+  int64_t moe_inter_default, experts_default, top_k_default;
+  /* config key renormalizing the top-k weights (Qwen3-MoE "norm_topk_prob",
+   * default false), or NULL: always renormalized (MixtralTopKRouter) */
+  const char *norm_topk_key;
+  /* decoder_sparse_step and mlp_only_layers choose dense layers (Qwen3-MoE:
+   * layer l is sparse iff l is not in mlp_only_layers and (l + 1) %
+   * decoder_sparse_step == 0); false: every layer is sparse (Mixtral). */
+  bool moe_sparse_keys;
+
+  /* ML_LAYERS_ALL_SLIDING: the window applies only when use_sliding_window
+   * is true (Qwen3MoeConfig.__post_init__ sets sliding_window to None
+   * otherwise); false: whenever sliding_window is set (Mistral, Mixtral). */
+  bool window_gated;
 } ml_family;
 
 /* Families registered at run time (meshlm_register_family), at most. */

@@ -13,6 +13,7 @@
 
 #include "common/status.h"
 #include "model/linear.h"
+#include "model/moe.h"
 
 // x, y: [rows, dim]; rstd: [rows]
 static int norm_fwd(ml_model *m, const ml_rmsnorm *n, const float *x, float *y, float *rstd,
@@ -240,14 +241,15 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
                               dx);  // dx += d x_in
 }
 
-// x_mid [B, s_res, H] → x [B, s_res, H] = layer output (room for [B, S, H]; not read)
-static int mlp_forward(ml_model *m, ml_layer *L, float *x) {
+/* The linear whose input edge the MLP's input crosses: gate_proj, or a
+ * sparse layer's router. */
+static const ml_linear *mlp_first(const ml_layer *L) {
+  return L->moe.gate.weight ? &L->moe.gate : &L->gate_proj;
+}
+
+// in_gu [B, s, H] → x [B, s_res, H] = down(act(gate) · up) (room for [B, S, H]; not read)
+static int dense_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
-  int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
-  bool out_norm = L->mlp_out_norm.weight;
-  ML_TRY(norm_fwd(m, &L->mlp_norm, a->x_mid, a->h2, a->rstd2, Tr, H));
-  a->in_gu = ml_act_view(m, a->h2, m->s_res, H, H);
-  ML_TRY(ml_hook_run(L->gate_proj.in.fwd, &a->in_gu)); /* shared by gate/up */
   ml_act u;
   void *xr; /* in_gu rounded once for both (bf16 weights) */
   ML_TRY(ml_linear_round_input(m->be, &L->gate_proj, &a->in_gu, &xr));
@@ -261,7 +263,19 @@ static int mlp_forward(ml_model *m, ml_layer *L, float *x) {
   ML_TRY(ml_hook_run(L->down_proj.in.fwd, &a->in_down));
   ml_act d; /* into x, which has room for the output edge's unsharded [B, S, H] */
   ML_TRY(ml_linear_forward(m->be, &L->down_proj, &a->in_down, NULL, x, &d));  // d: [B, s_res, H]
-  ML_TRY(expect_view(L->down_proj.weight->name, &d, m->s_res, H));
+  return expect_view(L->down_proj.weight->name, &d, m->s_res, m->cfg.hidden);
+}
+
+// x_mid [B, s_res, H] → x [B, s_res, H] = layer output (room for [B, S, H]; not read)
+static int mlp_forward(ml_model *m, ml_layer *L, float *x) {
+  ml_layer_acts *a = &L->acts;
+  int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
+  bool out_norm = L->mlp_out_norm.weight;
+  ML_TRY(norm_fwd(m, &L->mlp_norm, a->x_mid, a->h2, a->rstd2, Tr, H));
+  a->in_gu = ml_act_view(m, a->h2, m->s_res, H, H);
+  ML_TRY(ml_hook_run(mlp_first(L)->in.fwd, &a->in_gu)); /* shared by gate/up (the router) */
+  if (L->moe.gate.weight) ML_TRY(ml_moe_forward(m, L, &a->in_gu, x));  // [B, s_res, H]
+  else ML_TRY(dense_forward(m, L, x));
   if (out_norm) { /* d: [B, s_res, H] saved; x = mlp_out_norm(d) */
     ML_TRY(copy_floats(m, a->d, x, Tr * H));
     ML_TRY(norm_fwd(m, &L->mlp_out_norm, a->d, x, a->rstd_d, Tr, H));
@@ -269,19 +283,13 @@ static int mlp_forward(ml_model *m, ml_layer *L, float *x) {
   return add_inplace(m, x, a->x_mid, Tr * H);
 }
 
-// dx: [B, s_res, H] grad of the layer output in, grad of x_mid out
-static int mlp_backward(ml_model *m, ml_layer *L, float *dx) {
+// d [B, s_res, H]: grad of down_proj's output → dh [B, s, H] (=) grad of in_gu
+static int dense_backward(ml_model *m, ml_layer *L, ml_act *d, float *dh) {
   ml_layer_acts *a = &L->acts;
-  int64_t T = m->B * m->S, Tr = m->B * m->s_res, H = m->cfg.hidden;
-  float *dtmp = m->scratch, *dh = dtmp + T * H, *da = dh + T * H;
+  int64_t T = m->B * m->S;
+  float *da = dh + T * m->cfg.hidden;
   float *dg = da + T * m->cap_i, *du = dg + T * m->cap_i;
-  if (L->mlp_out_norm.weight)
-    /* dtmp: d down [B, s_res, H] */
-    ML_TRY(norm_bwd(m, &L->mlp_out_norm, dx, a->d, a->rstd_d, dtmp, Tr, H));
-  else
-    ML_TRY(copy_floats(m, dtmp, dx, Tr * H));
-  ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
-  ML_TRY(ml_linear_backward(m->be, &L->down_proj, &d, &a->in_down, NULL, da, 0));  // da: [B, s, I]
+  ML_TRY(ml_linear_backward(m->be, &L->down_proj, d, &a->in_down, NULL, da, 0));  // da: [B, s, I]
   ml_act dav = on(a->in_down, da);
   ML_TRY(ml_hook_run(L->down_proj.in.bwd, &dav));
   ML_TRY(expect_view(L->down_proj.weight->name, &dav, a->gv.s, a->gv.c));
@@ -293,8 +301,23 @@ static int mlp_backward(ml_model *m, ml_layer *L, float *dx) {
   int rc = ml_linear_backward(m->be, &L->gate_proj, &dgv, &a->in_gu, xr, dh, 0);  // dh: [B, s, H]
   if (!rc) rc = ml_linear_backward(m->be, &L->up_proj, &duv, &a->in_gu, xr, dh, 1);
   ml_be_free(m->be, xr);
-  ML_TRY(rc);
-  return block_input_backward(m, &L->gate_proj, &a->in_gu, dh, &L->mlp_norm, a->x_mid, a->rstd2,
+  return rc;
+}
+
+// dx: [B, s_res, H] grad of the layer output in, grad of x_mid out
+static int mlp_backward(ml_model *m, ml_layer *L, float *dx) {
+  ml_layer_acts *a = &L->acts;
+  int64_t T = m->B * m->S, Tr = m->B * m->s_res, H = m->cfg.hidden;
+  float *dtmp = m->scratch, *dh = dtmp + T * H;
+  if (L->mlp_out_norm.weight)
+    /* dtmp: d down [B, s_res, H] */
+    ML_TRY(norm_bwd(m, &L->mlp_out_norm, dx, a->d, a->rstd_d, dtmp, Tr, H));
+  else
+    ML_TRY(copy_floats(m, dtmp, dx, Tr * H));
+  ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
+  if (L->moe.gate.weight) ML_TRY(ml_moe_backward(m, L, &a->in_gu, dtmp, dh));  // dh: [B, s, H]
+  else ML_TRY(dense_backward(m, L, &d, dh));
+  return block_input_backward(m, mlp_first(L), &a->in_gu, dh, &L->mlp_norm, a->x_mid, a->rstd2,
                               dx);  // dx += d x_mid
 }
 

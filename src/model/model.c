@@ -130,9 +130,32 @@ static void alias(ml_model *m, int first, const ml_fused *fz, const char *mod_ba
   }
 }
 
+/* Sparse layer l's block after its container `mod_base` + moe_block: the
+ * router <moe_block>.gate [E, H], then expert e's gate, up [I_e, H] and
+ * down [H, I_e] (<moe_block>.experts.<e>.<family expert_leaves>), as
+ * save_pretrained names them. */
+static void make_moe(ml_model *m, int l, const char *mod_base, const char *key_base) {
+  const ml_model_config *c = &m->cfg;
+  const ml_family *f = c->family;
+  ml_moe *moe = &m->layers[l].moe;
+  int64_t E = c->n_experts, H = c->hidden, I = c->moe_inter;
+  char leaf[64]; /* "block_sparse_moe.experts.4095.gate_proj" */
+  mod_name n;
+  snprintf(leaf, sizeof leaf, "%s.gate", f->moe_block);
+  make_linear(m, &moe->gate, l, name_of(&n, mod_base, key_base, leaf), H, E);
+  moe->experts = m->experts + (size_t)l * (size_t)(3 * E);
+  for (int64_t e = 0; e < E; e++)
+    for (int j = 0; j < 3; j++) {
+      snprintf(leaf, sizeof leaf, "%s.experts.%lld.%s", f->moe_block, (long long)e,
+               f->expert_leaves[j]);
+      make_linear(m, &moe->experts[3 * e + j], l, name_of(&n, mod_base, key_base, leaf),
+                  j == 2 ? I : H, j == 2 ? H : I);
+    }
+}
+
 /* Layer l's modules: the present rows of the block table (model/block.h),
- * in its order, named as HF's decoder layer; then the family's fused
- * checkpoint tensors. */
+ * in its order, named as HF's decoder layer, a sparse layer's block after
+ * its container; then the family's fused checkpoint tensors. */
 static void make_layer(ml_model *m, int l) {
   const ml_model_config *c = &m->cfg;
   const ml_family *f = c->family;
@@ -149,9 +172,10 @@ static void make_layer(ml_model *m, int l) {
   int n_held = 0;
   for (int i = 0; i < ML_ROLE_COUNT; i++) {
     const ml_block_row *r = &ml_block_rows[i];
-    const mod_name *nm = name_of(&n, mod, key, ml_block_leaf(f, r));
+    const mod_name *nm = name_of(&n, mod, key, ml_block_leaf_at(c, r, l));
     void *at = (char *)L + r->field;
     int64_t out = ml_block_dim(c, r->out), in = ml_block_dim(c, r->in);
+    if (!nm && r->kind == ML_MOD_LINEAR) continue; /* a sparse layer's dense MLP: weight NULL */
     if (r->kind == ML_MOD_LINEAR) {
       bool last = true, part = fused_part(f, r->leaf, &last);
       make_linear(m, at, l, nm, in, out);
@@ -165,6 +189,7 @@ static void make_layer(ml_model *m, int l) {
       make_norm(m, at, l, nm, out);
     } else {
       add_module(m, r->kind, L, nm->mod);
+      if (r->role == ML_ROLE_MLP && ml_config_moe_layer(c, l)) make_moe(m, l, mod, key);
     }
   }
   for (int i = 0; i < ML_FAMILY_MAX_FUSED && f->fused[i].leaf; i++) {
@@ -185,7 +210,10 @@ int ml_model_create(const ml_model_config *cfg, ml_model *m) {
   m->params = ml_calloc((size_t)max_params, sizeof *m->params, "parameters");
   m->modules = ml_calloc((size_t)max_modules, sizeof *m->modules, "modules");
   m->layers = ml_calloc((size_t)L, sizeof *m->layers, "layers");
-  if (!m->params || !m->modules || !m->layers) {
+  /* the experts of every layer (<= 2^10 · 3 · 2^12 linears: config.h) */
+  if (cfg->n_experts > 0)
+    m->experts = ml_calloc((size_t)(L * 3 * cfg->n_experts), sizeof *m->experts, "experts");
+  if (!m->params || !m->modules || !m->layers || (cfg->n_experts > 0 && !m->experts)) {
     ml_model_destroy(m);
     return -1;
   }
@@ -244,6 +272,8 @@ void ml_model_destroy(ml_model *m) {
   free(m->params);
   free(m->modules);
   free(m->layers);
+  free(m->experts);
+  free(m->aux.sums);
   memset(m, 0, sizeof *m);
 }
 
@@ -296,8 +326,10 @@ static act_dims act_dims_of(const ml_model *m, int64_t B, int64_t S) {
     const ml_layer *L = &m->layers[l];
     int64_t q = max3(L->q_proj.weight->local[0], L->q_proj.out.cap_c, L->o_proj.in.cap_c);
     int64_t kv = max3(L->k_proj.weight->local[0], L->k_proj.out.cap_c, L->v_proj.out.cap_c);
-    int64_t i = max3(L->gate_proj.weight->local[0], L->gate_proj.out.cap_c,
-                     L->down_proj.in.cap_c);
+    /* a sparse layer's g, u, a: its T·k rows of moe_inter in [T, k·moe_inter] */
+    int64_t i = L->moe.gate.weight ? m->cfg.top_k * m->cfg.moe_inter
+                                   : max3(L->gate_proj.weight->local[0], L->gate_proj.out.cap_c,
+                                          L->down_proj.in.cap_c);
     d.q = max3(d.q, q, 0);
     d.kv = max3(d.kv, kv, 0);
     d.I = max3(d.I, i, L->up_proj.out.cap_c);
@@ -335,10 +367,12 @@ static void carve_layer(const act_dims *d, const ml_model *m, carver *c, ml_laye
   int64_t nh = d->q / d->hd, nkv = d->kv / d->hd;
   const int64_t cols[] = {[ML_COLS_ONE] = 1, [ML_COLS_H] = d->H, [ML_COLS_Q] = d->q,
                           [ML_COLS_KV] = d->kv, [ML_COLS_I] = d->I, [ML_COLS_NH] = nh,
-                          [ML_COLS_NKV] = nkv};
+                          [ML_COLS_NKV] = nkv, [ML_COLS_E] = m->cfg.n_experts,
+                          [ML_COLS_K] = m->cfg.top_k, [ML_COLS_KH] = m->cfg.top_k * d->H};
   for (int i = 0; i < ml_block_n_acts; i++) {
     const ml_block_act *b = &ml_block_acts[i];
-    bool present = b->needs < 0 || ml_block_present(&m->cfg, ml_block_row_of(b->needs));
+    bool present = b->needs == ML_NEEDS_SPARSE ? m->cfg.n_experts > 0
+                   : b->needs < 0 || ml_block_present(&m->cfg, ml_block_row_of(b->needs));
     /* out: for the recompute of a dropped MLP, never in a forward-only pass */
     if (b->part == ML_PART_OUT) present = !(c->kept & ML_PART_MLP) && !m->forward_only;
     int64_t n = b->cols == ML_COLS_CORE

@@ -1,8 +1,8 @@
 /* The decoder: HF module tree (names, parameters) and per-module forward /
  * backward, following transformers' LlamaForCausalLM, MistralForCausalLM,
- * Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM and
- * the text tower of Gemma3ForConditionalGeneration (their modeling_*.py) in
- * fp32. What differs between them is read from the family descriptor
+ * Phi3ForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, the
+ * text tower of Gemma3ForConditionalGeneration, Qwen3MoeForCausalLM and
+ * MixtralForCausalLM (their modeling_*.py) in fp32. What differs between them is read from the family descriptor
  * (model/family.h); the layer's modules are the rows of the block table
  * (model/block.h).
  *
@@ -147,6 +147,13 @@ typedef struct ml_layer_acts {
   float *d, *rstd_d;    /* down_proj output before mlp_out_norm [T, H], rstd [T] */
   float *out;           /* workspace only, where the MLP is recomputed: the layer
                            output a recompute writes and discards [T, H] */
+  /* A sparse layer's routing (ml_moe; NULL in a model without one): probs
+   * [T, E] the router's softmax (fp32), top_e [T, k] each token's chosen
+   * experts (exact small integers, torch.topk's order), top_w [T, k] their
+   * weights (renormalized when cfg.norm_topk), ye [T·k, H] each choice's
+   * expert output before weighting (rows in expert order: ml_moe_order).
+   * g, u, a then hold the experts' [T·k, moe_inter] rows in that order. */
+  float *probs, *top_e, *top_w, *ye;
   /* Buffers on the residual stream (x_in, x_mid, the rstd of attn_norm,
    * mlp_norm and the post-norms, o and d) hold Tr = B · s_res tokens, s_res
    * this rank's sequence piece (ml_model.res_parts); the others T = B · S. */
@@ -154,6 +161,33 @@ typedef struct ml_layer_acts {
    * gate/up, down_proj; and q, k, v as attention saw them */
   ml_act in_qkv, in_o, in_gu, in_down, qv, kv, vv, gv;
 } ml_layer_acts;
+
+/* A sparse mixture-of-experts block (transformers 5.23 Qwen3MoeSparseMoeBlock,
+ * MixtralSparseMoeBlock; dropless: every token reaches its top_k experts):
+ * router logits = h·W_gate^T, probs = softmax (fp32), the top_k experts by
+ * probability (torch.topk), their probabilities (renormalized to sum 1
+ * when cfg.norm_topk) weighting each expert's SwiGLU MLP
+ * down(act(gate(h))·up(h)) of moe_inter features. */
+typedef struct ml_moe {
+  ml_linear gate;     /* router <moe_block>.gate [E, H], no bias; weight NULL: a dense layer */
+  ml_linear *experts; /* expert e's gate_proj, up_proj [I_e, H] and down_proj [H, I_e] at
+                         experts[3e + 0, 1, 2] (ml_model.experts) */
+} ml_moe;
+
+/* The load-balancing loss of a forward's sparse layers (cfg.router_aux;
+ * transformers' load_balancing_loss_func, Switch Transformer eqs. 4-6),
+ * kept by model/moe.h's ml_moe_aux_*: over the counted tokens t (HF
+ * attention_mask 1) of every sparse layer l, count_e = the top-k choices of
+ * expert e, prob_e = Σ p_{l,t,e}, rows = tokens × sparse layers;
+ * aux = E · Σ_e count_e · prob_e / rows². */
+typedef struct ml_moe_aux {
+  bool open;     /* the forward accumulates into sums (between begin and close) */
+  int64_t valid; /* positions 0 .. valid − 1 of each sequence count; later ones are padding */
+  double *sums;  /* host [2E + 1]: count_e, prob_e, rows */
+  double value;  /* after close: aux */
+  double grad;   /* after close: coef · E / rows², so d(coef · aux) / d p_{l,t,e} =
+                    grad · count_e on a counted token (count is the selection's: no gradient) */
+} ml_moe_aux;
 
 typedef struct ml_layer {
   /* norms by role (family->attn_norm ... mlp_out_norm name them) */
@@ -169,6 +203,7 @@ typedef struct ml_layer {
   int64_t window;
   const float *rope_cos, *rope_sin;
   ml_layer_acts acts;
+  ml_moe moe; /* the sparse block replacing gate/up/down_proj (their weights NULL) */
 } ml_layer;
 
 /* One call of a layer's attention core, softmax(scale·q·k^T + mask)·v
@@ -313,6 +348,9 @@ typedef struct ml_model {
   float *scratch; /* backward temporaries */
   void *attn_work; /* the attention backward's workspace (ml_be_attention_work) */
   float *ac_work; /* recompute workspace shared by all layers (NULL under ML_AC_NONE) */
+  /* The experts' linears of every sparse layer (ml_moe.experts points in), or NULL. */
+  ml_linear *experts;
+  ml_moe_aux aux; /* the load-balancing loss of the last training forward */
 } ml_model;
 
 /* Build the module tree of `cfg` (parameters described, no storage).

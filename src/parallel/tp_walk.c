@@ -24,8 +24,6 @@ typedef struct val {
 typedef struct walk {
   ml_tp *tp;
   ml_model *m;
-  int per_layer;            /* modules of a layer (ml_block_n_modules) */
-  int idx[ML_ROLE_COUNT];   /* a present row's module among its layer's */
 } walk;
 
 /* A module of the walk: its HF name and its style (NULL: not in the plan). */
@@ -39,11 +37,23 @@ static node node_at(walk *w, int i) {
   return (node){w->m->modules[i].name, r ? &r->style : NULL};
 }
 
-/* The module of row `role` in layer l: the model lists embed_tokens, each
- * layer's present rows in table order (model/block.h), the final norm and
- * lm_head. */
+/* The module of kind `kind` whose struct is `ptr` (containers: their
+ * layer), which the model lists (a sparse layer has other modules than a
+ * dense one, so none is found by its position). */
+static node module_at(walk *w, ml_module_kind kind, const void *ptr) {
+  int i = 0;
+  while (i < w->m->n_modules - 1 &&
+         !(w->m->modules[i].ptr == ptr && w->m->modules[i].kind == kind))
+    i++;
+  return node_at(w, i);
+}
+
+/* The module of row `role` in layer l. */
 static node row_node(walk *w, int l, ml_block_role role) {
-  return node_at(w, 1 + l * w->per_layer + w->idx[role]);
+  const ml_block_row *r = ml_block_row_of(role);
+  ml_layer *L = &w->m->layers[l];
+  bool box = r->kind == ML_MOD_ATTENTION || r->kind == ML_MOD_MLP;
+  return module_at(w, r->kind, box ? (const void *)L : ml_block_at(L, r));
 }
 
 /* The leaf module whose struct is `ptr`. */
@@ -53,7 +63,7 @@ static node leaf(walk *w, const void *ptr) {
   const ml_block_row *r = ml_block_row_at(m, ptr, &l);
   if (r) return row_node(w, l, r->role);
   if (ptr == &m->embed_tokens) return node_at(w, 0);
-  if (ptr == &m->norm) return node_at(w, 1 + (int)m->cfg.n_layers * w->per_layer);
+  if (ptr == &m->norm) return module_at(w, ML_MOD_RMSNORM, ptr);
   return node_at(w, m->n_modules - 1); /* lm_head */
 }
 
@@ -424,6 +434,11 @@ static int mlp(walk *w, int l, val *r) {
   const ml_model_config *c = &w->m->cfg;
   ml_layer *L = &w->m->layers[l];
   node box = row_node(w, l, ML_ROLE_MLP);
+  if (L->moe.gate.weight) /* a sparse block: whole on every rank, the residual passes */
+    return w->tp->size == 1 ? 0
+                            : ml_err("plan: '%s': expert layers under tp/cp are not supported "
+                                     "yet; found tp = %d, expected tp = 1 and cp = 1",
+                                     box.name, w->tp->size);
   val v = *r;
   ML_TRY(norm_apply(w, &L->mlp_norm, &v));
   ml_linear *gu[ML_ROLE_COUNT]; /* gate, up */
@@ -491,9 +506,7 @@ static int head(walk *w, val r) {
 }
 
 int ml_tp_walk(ml_tp *tp, ml_model *m) {
-  walk w = {tp, m, 0, {0}};
-  for (int i = 0; i < ML_ROLE_COUNT; i++)
-    if (ml_block_present(&m->cfg, &ml_block_rows[i])) w.idx[i] = w.per_layer++;
+  walk w = {tp, m};
   val r;
   ML_TRY(embedding(&w, &r));
   for (int l = 0; l < m->cfg.n_layers; l++) {

@@ -70,7 +70,9 @@ static void read_config(void) {
                         (double)g_vocab,
                         0.0,
                         0.0,
-                        1.0 /* whole rows (parallel/loss.h) */};
+                        1.0 /* whole rows (parallel/loss.h) */,
+                        0.0, /* dense layers: the API tests' fixtures have no experts */
+                        0.0};
   g_bos = cfg_int(root, "bos_token_id", -1);
   g_eos = cfg_int(root, "eos_token_id", -1);
   json_decref(root);

@@ -4,6 +4,10 @@ ml_mpi_executable(test_fsdp test_fsdp.c parity_util.c train_check.c)
 foreach(fx llama_untied qwen3 gemma3)
   ml_mpi_test_2blas(fsdp_${fx} 4 $<TARGET_FILE:test_fsdp> ${fx})
 endforeach()
+# mixture-of-experts fixtures: experts are parameters like any other to FSDP (no tp: refused)
+foreach(fx qwen3_moe mixtral)
+  ml_mpi_test(fsdp_${fx} 4 $<TARGET_FILE:test_fsdp> ${fx} 1)
+endforeach()
 
 # The steady-state step takes no block from the system (pool statistics),
 # fp32 and bf16, on one rank and on dp_shard 2 x tp 2 (tests/mpi/test_steady.c).
@@ -16,4 +20,5 @@ ml_mpi_test(steady_llama_tied_dp2_tp2 4 $<TARGET_FILE:test_steady> llama_tied 2)
 ml_mpi_executable(test_forward_only test_forward_only.c parity_util.c)
 ml_mpi_test(forward_only_llama_tied_1rank 1 $<TARGET_FILE:test_forward_only> llama_tied 1)
 ml_mpi_test(forward_only_gemma3_1rank 1 $<TARGET_FILE:test_forward_only> gemma3 1)
+ml_mpi_test(forward_only_qwen3_moe_1rank 1 $<TARGET_FILE:test_forward_only> qwen3_moe 1)
 ml_mpi_test(forward_only_llama_tied_dp2_tp2 4 $<TARGET_FILE:test_forward_only> llama_tied 2)

@@ -1,8 +1,10 @@
-/* FSDP2 semantics on 4 ranks: `mpiexec -n 4 test_fsdp FIXTURE`.
+/* FSDP2 semantics on 4 ranks: `mpiexec -n 4 test_fsdp FIXTURE [TP]`, TP (default 2) the
+ * tensor-parallel size of the runs below that use one (1 for a mixture-of-experts fixture:
+ * expert layers under tp are refused).
  *  - HSDP: dp_replicate=2 × dp_shard=2 against FSDP over 4 ranks (first-step
  *    loss and gradients within the pair bounds of tests/tolerance.h §3: the
  *    vocab-parallel loss splits each softmax sum over FSDP's group, 2 blocks
- *    against 4), also with tp=2; grad norms (L2 and inf) against the same
+ *    against 4), also with tp=TP; grad norms (L2 and inf) against the same
  *    run's gradients and against one rank (§6); the replica all-reduce per
  *    unit and of the vocab rows; 3 AdamW steps of FSDP and HSDP each checked
  *    against AdamW in double (§5), then HSDP against one rank on its
@@ -36,6 +38,7 @@
 #include "train_check.h"
 
 static const char *g_fixture;
+static int g_tp = 2; /* the tp size of the runs with tensor parallelism */
 
 static const ml_adamw_cfg k_adam = {1e-3, 0.9, 0.999, 1e-8, 0.1};
 
@@ -80,9 +83,9 @@ static void test_hsdp(void **state) {
   run_open(&one, MPI_COMM_SELF, 1, 1, &o, fx.dir);
   run_open(&fsdp, MPI_COMM_WORLD, 1, 1, &o, fx.dir);
   run_open(&hsdp, MPI_COMM_WORLD, 2, 1, &o, fx.dir);
-  run_open(&hsdp_tp, MPI_COMM_WORLD, 2, 2, &o, fx.dir);
+  run_open(&hsdp_tp, MPI_COMM_WORLD, 2, g_tp, &o, fx.dir);
   assert_int_equal(hsdp.mesh.dp_shard, 2);
-  assert_int_equal(hsdp_tp.mesh.dp_shard, 1);
+  assert_int_equal(hsdp_tp.mesh.dp_shard, 2 / g_tp);
   double l1 = step_rows(&one, &bt), lf = step_rows(&fsdp, &bt);
   ml_mesh_stats_reset(&hsdp.mesh);
   double lh = step_rows(&hsdp, &bt), lht = step_rows(&hsdp_tp, &bt);
@@ -90,9 +93,9 @@ static void test_hsdp(void **state) {
   double tl = tol_model_pair(&tm, TOL_LOSS), tg = tol_model_pair(&tm, TOL_GRADS);
   if (rank0())
     printf(
-        "first-step loss: 1 rank %.17g, FSDP(4) %.17g, HSDP(2x2) %.17g, HSDP(2)xTP(2) %.17g "
+        "first-step loss: 1 rank %.17g, FSDP(4) %.17g, HSDP(2x2) %.17g, HSDP(2)xTP(%d) %.17g "
         "(rel HSDP vs FSDP %.3g, HSDPxTP vs 1 rank %.3g, bound %.3g)\n",
-        l1, lf, lh, lht, fabs(lh - lf) / fabs(lf), fabs(lht - l1) / fabs(l1), tl);
+        l1, lf, lh, g_tp, lht, fabs(lh - lf) / fabs(lf), fabs(lht - l1) / fabs(l1), tl);
   /* two fp32 evaluations in different orders: each token's softmax sums
    * run over the vocab blocks of FSDP's group, 4 on FSDP, 2 on HSDP */
   assert_true(fabs(lh - lf) <= tl * fabs(lf));
@@ -205,7 +208,7 @@ static void test_zero(void **state) {
   for (int z = 1; z <= 3; z++) {
     ml_engine_opts o = ml_engine_opts_default();
     o.fsdp.zero = z;
-    run_open(&r[z - 1], MPI_COMM_WORLD, 1, 2, &o, fx.dir);
+    run_open(&r[z - 1], MPI_COMM_WORLD, 1, g_tp, &o, fx.dir);
   }
   int64_t units = r[2].e.fsdp.n_units;
   for (int z = 1; z <= 3; z++) {
@@ -242,7 +245,7 @@ static void test_zero(void **state) {
     ml_engine_opts o = ml_engine_opts_default();
     o.fsdp.zero = 2 + k;
     o.fsdp.param_dtype = ML_BF16;
-    run_open(&h[k], MPI_COMM_WORLD, 1, 2, &o, fx.dir);
+    run_open(&h[k], MPI_COMM_WORLD, 1, g_tp, &o, fx.dir);
     train3(&h[k], &bt);
   }
   bool exact16;
@@ -311,8 +314,9 @@ int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   int size;
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (argc != 2 || size != 4) {
-    fprintf(stderr, "usage: mpiexec -n 4 test_fsdp FIXTURE\n");
+  g_tp = argc == 3 ? atoi(argv[2]) : 2;
+  if (argc < 2 || argc > 3 || size != 4 || (g_tp != 1 && g_tp != 2)) {
+    fprintf(stderr, "usage: mpiexec -n 4 test_fsdp FIXTURE [TP: 1 or 2]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];

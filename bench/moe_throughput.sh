@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Training throughput of a small Qwen3-MoE (`meshlm init --arch qwen3_moe --preset small`: 8
+# layers, hidden 384, 4 experts of 256 features, top 2; ~13M parameters) on 1 rank, S=128,
+# global batch 8, against the same model and tokens through transformers (bench/torch_peer.py:
+# eager experts loop, sdpa attention, fp32, the same AdamW step), both on THREADS threads:
+# median tokens/s and peak RSS. Figures for notes; nothing here is asserted.
+# usage: bench/moe_throughput.sh [STEPS] [THREADS]   (after `make`; torch + transformers for the peer)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=${1:-8}
+threads=${2:-2}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+build/meshlm init --arch qwen3_moe --preset small --out "$out/model" > /dev/null
+awk 'BEGIN { srand(7); for (r = 0; r < 64; r++) { s = "";
+  for (i = 0; i < 128; i++) s = s (i ? "," : "") int(rand() * 256); print "{\"input_ids\": [" s "]}" } }' \
+  > "$out/data.jsonl"
+OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads build/meshlm train --model "$out/model" \
+  --data "$out/data.jsonl" --steps "$steps" --batch-size 8 --seq-len 128 --lr 1e-3 \
+  --metrics "$out/m.jsonl" > "$out/log"
+echo "Qwen3-MoE small, S=128, global batch 8, $threads threads, $steps steps (median of steps 3..$steps)"
+tail -n +3 "$out/m.jsonl" |
+  sed -E 's/.*"tokens_per_s": ?([0-9.eE+-]+).*"peak_rss_mib_max": ?([0-9.eE+-]+).*/\1 \2/' |
+  sort -n | awk '{ t[NR] = $1; r = $2 } END { i = int((NR + 1) / 2);
+    printf "meshlm 1 rank            tokens/s %8.1f   peak RSS %.1f MiB\n", t[i], r }'
+if python3 -c 'import torch, transformers' 2> /dev/null; then
+  python3 bench/torch_peer.py --model "$out/model" --data "$out/data.jsonl" --seq-len 128 \
+    --batch-size 8 --steps "$steps" --threads "$threads" --modes fp32 \
+    --experts-implementation eager 2> "$out/peer.log"
+else
+  echo "torch peer skipped: torch/transformers not installed"
+fi

@@ -1,0 +1,63 @@
+/* The sparse mixture-of-experts block of a decoder layer (model.h ml_moe),
+ * forward and backward, as transformers 5.23 computes Qwen3MoeSparseMoeBlock
+ * and MixtralSparseMoeBlock (their TopKRouter and Experts modules) and as
+ * torch's autograd differentiates them:
+ *   logits = h·W_gate^T                       [T, E]
+ *   p      = softmax(logits) in fp32          [T, E]
+ *   e_t,j, v_t,j = torch.topk(p_t, k)         (descending; exact ties: see below)
+ *   w_t,j  = v_t,j / Σ_i v_t,i  if norm_topk, else v_t,j
+ *   y_t    = Σ_j w_t,j · down_e(act(gate_e(h_t)) · up_e(h_t)),  e = e_t,j
+ * Dropless: every (token, choice) reaches its expert. The tokens routed to
+ * an expert are gathered contiguously (in token order, then choice order)
+ * and run as one GEMM per expert; the weighted outputs are
+ * summed per token in choice order, a fixed order, so results do not
+ * depend on threads or batch layout beyond the GEMMs' own. Exactly equal
+ * probabilities go to the lower expert index first; torch's CPU topk
+ * leaves their order to std::nth_element / std::sort (measured: of three
+ * tied 0.3 it keeps experts 1 and 2, not 0), so an exact tie at the k-th
+ * place may route differently from torch (the fixtures keep a 1e-4 margin
+ * there: tools/gen_fixtures.py). The selection has no gradient (as torch.topk's indices); the weights do, through the
+ * renormalization and the softmax to the router.
+ *
+ * Computed on the backend's GEMMs and GLU; the routing (softmax, top-k,
+ * the gathers and the weighted sums) runs on the host over the buffers, so
+ * the block needs a backend whose memory is the host's (the engine refuses
+ * others: ml_moe_check). */
+#ifndef ML_MOE_H
+#define ML_MOE_H
+
+#include "model/model.h"
+
+/* Whether m can run its sparse layers on m->be (called `device` in the
+ * message): 0, or −1 with a message naming the family and the backend when
+ * the backend's memory is not the host's (cuda: the block is CPU-only;
+ * meta: `meshlm plan` does not model it). */
+int ml_moe_check(const ml_model *m, const char *device);
+
+/* Sparse layer L's block on h [T, H] (T = h->B · h->s tokens, the mlp
+ * norm's output): y [T, H] (=); saves the routing and the experts'
+ * activations in L->acts (probs, top_e, top_w, ye, g, u, a). */
+int ml_moe_forward(ml_model *m, ml_layer *L, const ml_act *h, float *y);
+
+/* Its backward: dy [T, H] the gradient of y (read only), dh [T, H] (=) the
+ * gradient of h; the router's and the experts' weight gradients
+ * accumulate (+=). */
+int ml_moe_backward(ml_model *m, ml_layer *L, const ml_act *h, const float *dy, float *dh);
+
+/* The load-balancing loss (model.h ml_moe_aux) of a training forward, when
+ * cfg.router_aux (else both are no-ops and the loss gets no aux term):
+ * begin before the forward: the sums restart, and each sparse layer's
+ * forward adds its tokens at positions < valid of each sequence (HF's
+ * attention_mask: the others are padding; the engine passes docs[ndocs] for
+ * packed documents, S for whole rows, whose pad tokens it cannot tell from
+ * others and which therefore count, as HF counts them without a mask). The caller then sums
+ * m->aux.sums (2E + 1 doubles) over the ranks holding the other tokens of
+ * the batch, and close computes aux and its gradient's scale, which the
+ * sparse layers' backward adds to the router probabilities' gradient
+ * (ml_moe_backward). Recomputed forwards (activation checkpointing) after
+ * close add nothing. No counted token: aux = 0. Errors (begin): host
+ * memory. */
+int ml_moe_aux_begin(ml_model *m, int64_t valid);
+void ml_moe_aux_close(ml_model *m);
+
+#endif

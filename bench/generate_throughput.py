@@ -21,6 +21,11 @@ Implementations, side by side:
               torch.bfloat16), where torch and transformers import
 --mixed gives the B prompts B distinct lengths (PROMPT − B/2 .. PROMPT +
 B/2 − 1 when B > 1), the case where old runs one group per prompt.
+--ranks N runs new over N MPI ranks (mpiexec), each with cores / N
+threads, on a mesh of tp --tp (dp_shard N / tp): generate() on the policy's
+mesh (the tp ranks decode the prompts together; each data-parallel rank
+its share of the B prompts), or with --replica on a one-rank replica per
+rank (each rank its share of the prompts); times are the slowest rank's.
 Figures for notes; nothing here is asserted.
 
 usage: bench/generate_throughput.py [--batches 1,8,64] [--prompt 128] [--new 256]
@@ -49,14 +54,18 @@ def worker(a):
     if a.impl == "torch":
         return torch_worker(a)
     import meshlm
-    with meshlm.Policy(a.model, param_dtype=a.dtype) as p:
+    with meshlm.Policy(a.model, param_dtype=a.dtype, tp=a.tp) as p:
         vocab = p.info["vocab_size"]
         ps = prompts_of(a.batch, a.prompt, a.mixed, vocab, 1)
-        p.generate(ps[:1], max_new_tokens=2, eos_token_id=-2)  # opens the replica
+        share = p.info["rank"] if a.replica else p.info["dp_rank"]
+        of = p.info["world_size"] if a.replica else p.info["dp_size"]
+        ps = ps[share::of]
+        kw = dict(eos_token_id=-2, replica=a.replica)
+        p.generate(ps[:1], max_new_tokens=2, **kw)  # opens the replica (replica only)
         t = []
         for new in (1, a.new):
             t0 = time.perf_counter()
-            out = p.generate(ps, max_new_tokens=new, eos_token_id=-2, seed=3)
+            out = p.generate(ps, max_new_tokens=new, seed=3, **kw)
             t.append(time.perf_counter() - t0)
             assert all(len(x) == new for x in out[0])
     print(json.dumps({"prefill": t[0], "total": t[1]}))
@@ -90,7 +99,8 @@ def torch_worker(a):
 
 def run(a, impl, dtype, batch, model):
     env = dict(os.environ)
-    n = str(os.cpu_count())
+    ranks = a.ranks if impl == "new" else 1
+    n = str(max(os.cpu_count() // ranks, 1))
     env.update(OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n, OMP_WAIT_POLICY="passive")
     if impl == "new":
         env["PYTHONPATH"] = os.path.join(ROOT, "python")
@@ -100,11 +110,15 @@ def run(a, impl, dtype, batch, model):
         env["MESHLM_LIBRARY"] = os.path.join(a.old, "build", "libmeshlm.so")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--impl", impl, "--dtype", dtype,
            "--batch", str(batch), "--prompt", str(a.prompt), "--new", str(a.new),
-           "--model", model] + (["--mixed"] if a.mixed else [])
+           "--model", model, "--tp", str(a.tp if impl == "new" else 1)] + \
+        (["--mixed"] if a.mixed else []) + (["--replica"] if a.replica else [])
+    if ranks > 1:
+        cmd = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--bind-to", "none"] + cmd
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
         return None, (r.stderr.strip().splitlines() or ["failed"])[-1]
-    return json.loads(r.stdout.strip().splitlines()[-1]), None
+    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    return {k: max(x[k] for x in rows) for k in ("prefill", "total")}, None
 
 
 def main():
@@ -121,6 +135,10 @@ def main():
                          "smollm2-135m, 8 GB at 64 x 128)")
     ap.add_argument("--mixed", action="store_true", help="B distinct prompt lengths")
     ap.add_argument("--model", help="a model directory (default: smollm2-135m from meshlm init)")
+    ap.add_argument("--ranks", type=int, default=1, help="MPI ranks of new (cores / ranks threads)")
+    ap.add_argument("--tp", type=int, default=1, help="new's tp (divides --ranks)")
+    ap.add_argument("--replica", action="store_true",
+                    help="new generates on a one-rank replica per rank, not the policy's mesh")
     # one measurement (internal)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--impl", help=argparse.SUPPRESS)
@@ -137,8 +155,9 @@ def main():
                             "--preset", "smollm2-135m", "--out", model], check=True,
                            stdout=subprocess.DEVNULL)
         print("smollm2-135m (random weights), prompt %d%s, %d new tokens, %d cores, "
-              "temperature 1, no stop id" % (a.prompt, " (B distinct lengths)" if a.mixed else "",
-                                             a.new, os.cpu_count()))
+              "temperature 1, no stop id; new: %d rank(s), tp %d, %s"
+              % (a.prompt, " (B distinct lengths)" if a.mixed else "", a.new, os.cpu_count(),
+                 a.ranks, a.tp, "a replica per rank" if a.replica else "the policy's mesh"))
         print("%-6s %-5s %5s %10s %10s %14s" % ("impl", "dtype", "batch", "prefill s", "total s",
                                                "decode tok/s"))
         for dtype in a.dtypes.split(","):

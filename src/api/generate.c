@@ -166,31 +166,29 @@ int meshlm_generate_samples(meshlm_session *s, const meshlm_seqs *prompts,
   if (rc == 0) rc = check_room(s, prompts, sp->max_new_tokens);
   if (rc == 0 && prompts->n > 0 && (!out_tokens || !out_lens))
     rc = ml_err("meshlm_generate: out_tokens or out_lens is NULL");
-  if (api_agree(s, rc)) return -1;
-  if (api_agree(s, sp->replica ? sync_replica(s) : check_policy_mesh(s, prompts, sp))) return -1;
   meshlm_info info;
   int32_t eos = sp->eos_token_id, *stop = NULL;
-  if (eos == -1 && meshlm_get_info(s, &info) == 0) eos = info.eos_token_id;
-  int64_t n_stop;
-  rc = stop_ids(sp, eos, &stop, &n_stop);
+  if (rc == 0 && eos == -1 && meshlm_get_info(s, &info) == 0) eos = info.eos_token_id;
+  int64_t n_stop = 0;
+  if (rc == 0) rc = stop_ids(sp, eos, &stop, &n_stop);
   ml_gen_opts o = {.max_new = sp->max_new_tokens, .max_new_per = sp->max_new_tokens_per,
                    .n_samples = sp->n, .stop = stop, .n_stop = n_stop, .seed = sp->seed,
                    .max_running = sp->max_running, .prefill_tokens = sp->prefill_tokens,
                    .sampler = {.greedy = sp->greedy != 0, .temperature = sp->temperature,
                                .top_k = sp->top_k, .top_p = sp->top_p, .min_p = sp->min_p}};
-  /* the replica: each rank decodes its own prompts; the policy's engine: its tp group
-     together, each data-parallel rank its own prompts, FSDP's group unsharding together —
-     so every rank enters or none (the checks agreed first); the outcome is agreed */
-  ml_engine *e = sp->replica ? &s->gen : &s->e;
+  /* the arguments against the model (the replica's config is the policy's), before any
+     collective: the replica decodes each rank's own prompts, the policy's engine its tp
+     group together and FSDP's group unsharding together, so every rank enters or none */
   if (rc == 0)
-    rc = ml_generate_check(e, prompts->n, prompts->lens, prompts->tokens, &o, out_tokens,
+    rc = ml_generate_check(&s->e, prompts->n, prompts->lens, prompts->tokens, &o, out_tokens,
                            out_lens);
-  if (api_agree(s, rc)) {
+  if (api_agree(s, rc) ||
+      api_agree(s, sp->replica ? sync_replica(s) : check_policy_mesh(s, prompts, sp))) {
     free(stop);
     return -1;
   }
-  rc = ml_generate(e, prompts->n, prompts->lens, prompts->tokens, &o, out_tokens, out_lens,
-                   out_logprobs, out_finish);
+  rc = ml_generate(sp->replica ? &s->gen : &s->e, prompts->n, prompts->lens, prompts->tokens,
+                   &o, out_tokens, out_lens, out_logprobs, out_finish);
   free(stop);
   return api_agree(s, rc);
 }

@@ -469,7 +469,6 @@ static int generate(gen *g) {
 
 int ml_generate_check(const ml_engine *e, int64_t n, const int64_t *lens, const int32_t *tokens,
                       const ml_gen_opts *o, const int32_t *out_tokens, const int64_t *out_lens) {
-  ML_TRY(check_engine(e));
   ML_TRY(check_opts(e, n, o));
   return check_prompts(e, n, lens, tokens, o, out_tokens, out_lens);
 }
@@ -477,6 +476,7 @@ int ml_generate_check(const ml_engine *e, int64_t n, const int64_t *lens, const 
 int ml_generate(ml_engine *e, int64_t n, const int64_t *lens, const int32_t *tokens,
                 const ml_gen_opts *o, int32_t *out_tokens, int64_t *out_lens,
                 float *out_logprobs, int32_t *out_finish) {
+  ML_TRY(check_engine(e));
   ML_TRY(ml_generate_check(e, n, lens, tokens, o, out_tokens, out_lens));
   ML_TRY(ml_engine_batch_mode(e));
   ml_fsdp *f = &e->fsdp;

@@ -159,9 +159,11 @@ int ml_generate(ml_engine *e, int64_t n, const int64_t *lens, const int32_t *tok
                 const ml_gen_opts *o, int32_t *out_tokens, int64_t *out_lens,
                 float *out_logprobs, int32_t *out_finish);
 
-/* ml_generate's argument checks alone (its errors before any collective
- * or allocation; not collective): a caller whose ranks must enter
- * ml_generate together (tp, FSDP) agrees on it first. */
+/* ml_generate's checks of its arguments against e's model config (not of
+ * its mesh or backend; not collective; the errors listed above but the
+ * mesh's, the backend's and allocation): a caller whose ranks must enter
+ * ml_generate together (tp, FSDP) agrees on it first; it reads only e's
+ * config, so any engine of the same checkpoint checks for another. */
 int ml_generate_check(const ml_engine *e, int64_t n, const int64_t *lens, const int32_t *tokens,
                       const ml_gen_opts *o, const int32_t *out_tokens, const int64_t *out_lens);
 

@@ -176,6 +176,12 @@ def test_generate(model_dir):
         assert f1 == ["length"] * len(mine)
         assert all(np.array_equal(a, b) for a, b in zip(g1, g2))
         assert [len(t) for t in g1] == [6] * len(mine)   # no eos in a byte-vocabulary config
+        # the per-rank replica (replica=True) against the policy's mesh (the default; here
+        # one rank or dp_shard 2: FSDP's gathered weights are the replica's bits, the same
+        # kernels run on them): bitwise the same
+        gr, lr, _ = p.generate(mine, max_new_tokens=6, greedy=True, replica=True)
+        assert all(np.array_equal(a, b) for a, b in zip(g1, gr))
+        assert all(np.array_equal(a, b) for a, b in zip(l1, lr))
         assert all(t.dtype == np.int32 and lp.dtype == np.float32 for t, lp in zip(g1, l1))
         s1, _, _ = p.generate(mine, max_new_tokens=8, seed=1)
         s2, _, _ = p.generate(mine, max_new_tokens=8, seed=1)

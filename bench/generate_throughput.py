@@ -11,6 +11,10 @@ measurement:
   total s     generate(max_new_tokens=NEW)
   decode tok/s  B·(NEW − 1) / (total − prefill): the generated tokens of the
               decode steps per second of wall clock
+  step s      (new) generate(max_new_tokens=1) right after a train step: the
+              prefill plus, with --replica, the refit of the changed weights
+  rss MB      (new) the process's peak resident memory (the slowest rank's
+              when several: the largest)
 Implementations, side by side:
   new         this tree (build/): every sequence decodes together
   old         --old ROOT, a source tree of an earlier meshlm with its build
@@ -68,7 +72,13 @@ def worker(a):
             out = p.generate(ps, max_new_tokens=new, seed=3, **kw)
             t.append(time.perf_counter() - t0)
             assert all(len(x) == new for x in out[0])
-    print(json.dumps({"prefill": t[0], "total": t[1]}))
+        p.train_step([ps[0]])
+        t0 = time.perf_counter()
+        p.generate(ps, max_new_tokens=1, seed=3, **kw)
+        t.append(time.perf_counter() - t0)
+    import resource
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    print(json.dumps({"prefill": t[0], "total": t[1], "step": t[2], "rss": rss}))
 
 
 def torch_worker(a):
@@ -118,7 +128,8 @@ def run(a, impl, dtype, batch, model):
     if r.returncode != 0:
         return None, (r.stderr.strip().splitlines() or ["failed"])[-1]
     rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
-    return {k: max(x[k] for x in rows) for k in ("prefill", "total")}, None
+    return {k: max(x.get(k, float("nan")) for x in rows)
+            for k in ("prefill", "total", "step", "rss")}, None
 
 
 def main():
@@ -158,8 +169,9 @@ def main():
               "temperature 1, no stop id; new: %d rank(s), tp %d, %s"
               % (a.prompt, " (B distinct lengths)" if a.mixed else "", a.new, os.cpu_count(),
                  a.ranks, a.tp, "a replica per rank" if a.replica else "the policy's mesh"))
-        print("%-6s %-5s %5s %10s %10s %14s" % ("impl", "dtype", "batch", "prefill s", "total s",
-                                               "decode tok/s"))
+        print("%-6s %-5s %5s %10s %10s %14s %8s %8s" % ("impl", "dtype", "batch", "prefill s",
+                                                     "total s", "decode tok/s", "step s",
+                                                     "rss MB"))
         for dtype in a.dtypes.split(","):
             for batch in [int(b) for b in a.batches.split(",")]:
                 for impl in impls:
@@ -172,9 +184,9 @@ def main():
                         print("%-6s %-5s %5d   skipped: %s" % (impl, dtype, batch, err[:90]))
                         continue
                     dec = batch * (a.new - 1) / max(r["total"] - r["prefill"], 1e-9)
-                    print("%-6s %-5s %5d %10.2f %10.2f %14.1f" % (impl, dtype, batch,
-                                                                   r["prefill"], r["total"], dec),
-                          flush=True)
+                    print("%-6s %-5s %5d %10.2f %10.2f %14.1f %8.2f %8.0f"
+                          % (impl, dtype, batch, r["prefill"], r["total"], dec, r["step"],
+                             r["rss"]), flush=True)
 
 
 if __name__ == "__main__":

@@ -486,11 +486,14 @@ int ml_generate(ml_engine *e, int64_t n, const int64_t *lens, const int32_t *tok
   gen g = {.e = e, .m = m, .o = o, .n = n, .N = o->n_samples, .lens = lens, .tokens = tokens,
            .out_tokens = out_tokens, .out_finish = out_finish, .out_lens = out_lens,
            .out_logprobs = out_logprobs, .kv = {.be = e->be}};
-  /* the model forwards through the KV cache for the call, then as before */
+  /* the model forwards through the KV cache for the call, then as before (the positions
+     of a packed training batch set aside: each step points the layers at its own tables) */
   ml_attn_core core = m->attn_core;
+  const int64_t *positions = m->position_ids;
   char what[sizeof m->batch_what];
   memcpy(what, m->batch_what, sizeof what);
   m->attn_core = ml_kv_core(&g.kv);
+  m->position_ids = NULL;
   ml_gen_vocab vocab = {0};
   int rc = 0;
   for (int u = 0; rc == 0 && u < f->n_units; u++) rc = ml_fsdp_unshard(f, u);
@@ -500,6 +503,7 @@ int ml_generate(ml_engine *e, int64_t n, const int64_t *lens, const int32_t *tok
   ml_gen_vocab_release(f, &vocab);
   for (int u = 0; u < f->n_units; u++) ml_fsdp_reshard(f, u);
   m->attn_core = core;
+  m->position_ids = positions;
   rope_restore(m);
   memcpy(m->batch_what, what, sizeof what);
   gen_free(&g);

@@ -219,8 +219,19 @@ def test_generate(model_dir):
             p.generate(mine, max_new_tokens=4, top_k=-1)
         # after a step, generation sees the new weights
         p.train_step([np.concatenate([mine[0], [7] * 12])])
-        _, l3, _ = p.generate(mine, max_new_tokens=6, greedy=True)
+        g3, l3, _ = p.generate(mine, max_new_tokens=6, greedy=True)
         assert not all(np.array_equal(a, b) for a, b in zip(l1, l3))
+        # the policy's mesh after a packed training step (its positions set aside: a prefill
+        # longer than the step's tokens reads none of them) = the replica refitted with the
+        # new weights, bitwise
+        g3r, l3r, _ = p.generate(mine, max_new_tokens=6, greedy=True, replica=True)
+        assert all(np.array_equal(a, b) for a, b in zip(g3, g3r))
+        assert all(np.array_equal(a, b) for a, b in zip(l3, l3r))
+        p.train_step([mine[0]])
+        longer = [np.tile(mine[0], 40)[:p.info["max_seq_len"] - 6]]
+        g4, l4, _ = p.generate(longer, max_new_tokens=6, greedy=True)
+        g4r, l4r, _ = p.generate(longer, max_new_tokens=6, greedy=True, replica=True)
+        assert np.array_equal(g4[0], g4r[0]) and np.array_equal(l4[0], l4r[0])
         # every rank with no prompt
         assert p.generate([], max_new_tokens=4) == ([], [], [])
 

@@ -62,7 +62,7 @@ def worker(a):
         vocab = p.info["vocab_size"]
         ps = prompts_of(a.batch, a.prompt, a.mixed, vocab, 1)
         share = p.info["rank"] if a.replica else p.info["dp_rank"]
-        of = p.info["world_size"] if a.replica else p.info["dp_size"]
+        of = p.info["world"] if a.replica else p.info["dp_size"]
         ps = ps[share::of]
         kw = dict(eos_token_id=-2, replica=a.replica)
         p.generate(ps[:1], max_new_tokens=2, **kw)  # opens the replica (replica only)
@@ -76,9 +76,11 @@ def worker(a):
         t0 = time.perf_counter()
         p.generate(ps, max_new_tokens=1, seed=3, **kw)
         t.append(time.perf_counter() - t0)
+        rank = p.info["rank"]
     import resource
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(json.dumps({"prefill": t[0], "total": t[1], "step": t[2], "rss": rss}))
+    with open(os.path.join(a.out, "rank%d.json" % rank), "w") as f:
+        json.dump({"prefill": t[0], "total": t[1], "step": t[2], "rss": rss}, f)
 
 
 def torch_worker(a):
@@ -104,7 +106,8 @@ def torch_worker(a):
             t0 = time.perf_counter()
             m.generate(ids, max_new_tokens=new, min_new_tokens=new, **kw)
             t.append(time.perf_counter() - t0)
-    print(json.dumps({"prefill": t[0], "total": t[1]}))
+    with open(os.path.join(a.out, "rank0.json"), "w") as f:
+        json.dump({"prefill": t[0], "total": t[1]}, f)
 
 
 def run(a, impl, dtype, batch, model):
@@ -124,10 +127,12 @@ def run(a, impl, dtype, batch, model):
         (["--mixed"] if a.mixed else []) + (["--replica"] if a.replica else [])
     if ranks > 1:
         cmd = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--bind-to", "none"] + cmd
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if r.returncode != 0:
-        return None, (r.stderr.strip().splitlines() or ["failed"])[-1]
-    rows = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
+    with tempfile.TemporaryDirectory() as out:  # one JSON file per rank
+        r = subprocess.run(cmd + ["--out", out], env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            err = [x for x in r.stderr.strip().splitlines() if "Error" in x or "error" in x]
+            return None, (err or r.stderr.strip().splitlines() or ["failed"])[-1]
+        rows = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))]
     return {k: max(x.get(k, float("nan")) for x in rows)
             for k in ("prefill", "total", "step", "rss")}, None
 
@@ -155,6 +160,7 @@ def main():
     ap.add_argument("--impl", help=argparse.SUPPRESS)
     ap.add_argument("--dtype", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         return worker(a)

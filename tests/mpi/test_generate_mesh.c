@@ -1,5 +1,5 @@
 /* Generation on the engine's own mesh (engine/generate.h) against one rank:
- * `test_generate_mesh FIXTURE TP [sp] [bf16]` on W ranks = dp_shard (W / TP)
+ * `test_generate_mesh FIXTURE TP [sp] [bf16] [offload]` on W ranks = dp_shard (W / TP)
  * x tp TP. Each data-parallel rank continues its own prompts (pieces of the
  * fixture's rows chosen by its dp rank), every tp rank of it the same; a
  * one-rank engine on the same checkpoint (MPI_COMM_SELF) is the reference.
@@ -16,7 +16,8 @@
  *    rank's, the KV cache's against the full forward's), whatever tokens
  *    were drawn, so no near-tie of a draw can flake it;
  *  - every tp rank returns bitwise the same tokens, lengths and log-probs
- *    (memcmp against tp rank 0's);
+ *    (memcmp against tp rank 0's); without tp (dp_shard alone) greedy
+ *    tokens and log-probs are bitwise the one-rank run's;
  *  - the engine keeps working: its log-probs of the fixture batch before and
  *    after the calls are bitwise equal. */
 #include <setjmp.h>
@@ -39,7 +40,7 @@ enum { NPROMPT = 2, NSAMPLE = 2, RMAX = NPROMPT * NSAMPLE, NEW = 12, PMAX = 10 }
 
 static const char *g_fixture;
 static int g_tp = 1;
-static bool g_sp, g_bf16;
+static bool g_sp, g_bf16, g_offload; /* sequence parallel, bf16 parameters, FSDP's CPU offload */
 
 typedef struct prompts {
   int64_t n, lens[NPROMPT];
@@ -75,6 +76,7 @@ static ml_engine_opts opts_of(bool mesh) {
   ml_engine_opts o = ml_engine_opts_default();
   o.fsdp.param_dtype = g_bf16 ? ML_BF16 : ML_F32;
   o.sequence_parallel = mesh && g_sp;
+  o.fsdp.cpu_offload = mesh && g_offload;
   return o;
 }
 
@@ -173,9 +175,16 @@ static void test_greedy(void **state) {
   printf("[rank %d] %s dp_shard %d x tp %d%s%s%s greedy vs one rank: %lld tokens equal, %lld "
          "near-tie divergences; log-probs rel L2 %.3g (bound %.3g)\n",
          r.mesh.rank, g_fixture, r.mesh.dp_shard, g_tp, g_sp ? " sp" : "",
-         g_bf16 ? " bf16" : "", r.e.fsdp.vocab_parallel ? " vocab-parallel" : "", (long long)m,
+         g_bf16 ? " bf16" : "", r.e.fsdp.vocab_parallel ? (g_offload ? " vocab-parallel offload" : " vocab-parallel") : "",
+         (long long)m,
          (long long)ties, err, tol);
   assert_true(err <= tol);
+  /* without tp the mesh computes what one rank does: FSDP's gathers copy the parameters'
+     bits, and the same kernels run on the same rows */
+  if (g_tp == 1) {
+    assert_memory_equal(g.tok, want.tok, sizeof g.tok);
+    assert_memory_equal(g.lp, want.lp, sizeof g.lp);
+  }
   run_close(&ref);
   run_close(&r);
   fixture_free(&fx);
@@ -221,7 +230,8 @@ static void test_sampled(void **state) {
   printf("[rank %d] %s dp_shard %d x tp %d%s%s%s sampled: %lld log-probs vs one rank's "
          "scoring rel L2 %.3g (bound %.3g)\n",
          r.mesh.rank, g_fixture, r.mesh.dp_shard, g_tp, g_sp ? " sp" : "",
-         g_bf16 ? " bf16" : "", r.e.fsdp.vocab_parallel ? " vocab-parallel" : "", (long long)m,
+         g_bf16 ? " bf16" : "", r.e.fsdp.vocab_parallel ? (g_offload ? " vocab-parallel offload" : " vocab-parallel") : "",
+         (long long)m,
          err, tol);
   assert_true(err <= tol);
   run_close(&ref);
@@ -232,7 +242,7 @@ static void test_sampled(void **state) {
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   if (argc < 3) {
-    fprintf(stderr, "usage: test_generate_mesh FIXTURE TP [sp] [bf16]\n");
+    fprintf(stderr, "usage: test_generate_mesh FIXTURE TP [sp] [bf16] [offload]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];
@@ -240,6 +250,7 @@ int main(int argc, char **argv) {
   for (int i = 3; i < argc; i++) {
     g_sp |= strcmp(argv[i], "sp") == 0;
     g_bf16 |= strcmp(argv[i], "bf16") == 0;
+    g_offload |= strcmp(argv[i], "offload") == 0;
   }
   const struct CMUnitTest tests[] = {held_test(test_greedy), held_test(test_sampled)};
   return held_finish(cmocka_run_group_tests(tests, NULL, NULL));

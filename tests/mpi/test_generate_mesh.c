@@ -1,5 +1,6 @@
 /* Generation on the engine's own mesh (engine/generate.h) against one rank:
- * `test_generate_mesh FIXTURE TP [sp] [bf16] [offload]` on W ranks = dp_shard (W / TP)
+ * `test_generate_mesh FIXTURE TP [sp] [bf16] [offload] [hsdp]` on W ranks =
+ * dp_shard (W / TP) x tp TP, or with hsdp dp_replicate 2 x dp_shard (W / 2TP)
  * x tp TP. Each data-parallel rank continues its own prompts (pieces of the
  * fixture's rows chosen by its dp rank), every tp rank of it the same; a
  * one-rank engine on the same checkpoint (MPI_COMM_SELF) is the reference.
@@ -41,6 +42,7 @@ enum { NPROMPT = 2, NSAMPLE = 2, RMAX = NPROMPT * NSAMPLE, NEW = 12, PMAX = 10 }
 static const char *g_fixture;
 static int g_tp = 1;
 static bool g_sp, g_bf16, g_offload; /* sequence parallel, bf16 parameters, FSDP's CPU offload */
+static int g_dpr = 1;                  /* dp_replicate (HSDP's replicas) */
 
 typedef struct prompts {
   int64_t n, lens[NPROMPT];
@@ -113,6 +115,12 @@ static double dist_norm(run *ref, const prompts *p, int64_t k, const int32_t *ge
   return sqrt(s);
 }
 
+/* What the mesh adds to the printed figures: FSDP's vocab-parallel rows, its CPU offload. */
+static const char *mesh_notes(const run *r) {
+  if (!r->e.fsdp.vocab_parallel) return "";
+  return g_offload ? " vocab-parallel offload" : " vocab-parallel";
+}
+
 static double pair_tol(const run *ref, int64_t S, int64_t T) {
   tol_model tm = tol_model_of(ref, S, T);
   return g_bf16 ? tol_bf16_pair(&tm, TOL_LOGPROBS) : tol_model_pair(&tm, TOL_LOGPROBS);
@@ -135,7 +143,7 @@ static void test_greedy(void **state) {
   static run r, ref;
   fixture_load(g_fixture, &fx);
   ml_engine_opts om = opts_of(true), o1 = opts_of(false);
-  run_open(&r, MPI_COMM_WORLD, 1, g_tp, &om, fx.dir);
+  run_open(&r, MPI_COMM_WORLD, g_dpr, g_tp, &om, fx.dir);
   run_open(&ref, MPI_COMM_SELF, 1, 1, &o1, fx.dir);
   prompts p = prompts_of(&fx, r.mesh.groups[ML_GROUP_DP].rank);
   ml_gen_opts o = {.max_new = NEW, .n_samples = 1, .sampler = {.greedy = true}};
@@ -172,11 +180,10 @@ static void test_greedy(void **state) {
     }
   }
   double err = rel_l2(got, exp, m);
-  printf("[rank %d] %s dp_shard %d x tp %d%s%s%s greedy vs one rank: %lld tokens equal, %lld "
-         "near-tie divergences; log-probs rel L2 %.3g (bound %.3g)\n",
-         r.mesh.rank, g_fixture, r.mesh.dp_shard, g_tp, g_sp ? " sp" : "",
-         g_bf16 ? " bf16" : "", r.e.fsdp.vocab_parallel ? (g_offload ? " vocab-parallel offload" : " vocab-parallel") : "",
-         (long long)m,
+  printf("[rank %d] %s dp_replicate %d x dp_shard %d x tp %d%s%s%s greedy vs one rank: %lld "
+         "tokens equal, %lld near-tie divergences; log-probs rel L2 %.3g (bound %.3g)\n",
+         r.mesh.rank, g_fixture, r.mesh.dp_replicate, r.mesh.dp_shard, g_tp, g_sp ? " sp" : "",
+         g_bf16 ? " bf16" : "", mesh_notes(&r), (long long)m,
          (long long)ties, err, tol);
   assert_true(err <= tol);
   /* without tp the mesh computes what one rank does: FSDP's gathers copy the parameters'
@@ -198,7 +205,7 @@ static void test_sampled(void **state) {
   static run r, ref;
   fixture_load(g_fixture, &fx);
   ml_engine_opts om = opts_of(true), o1 = opts_of(false);
-  run_open(&r, MPI_COMM_WORLD, 1, g_tp, &om, fx.dir);
+  run_open(&r, MPI_COMM_WORLD, g_dpr, g_tp, &om, fx.dir);
   run_open(&ref, MPI_COMM_SELF, 1, 1, &o1, fx.dir);
   int64_t nlp = fx.B * (fx.S - 1);
   float *before = malloc(sizeof(float) * (size_t)nlp), *after = malloc(sizeof(float) * (size_t)nlp);
@@ -227,11 +234,10 @@ static void test_sampled(void **state) {
   }
   int64_t V = ref.e.model.cfg.vocab, S = PMAX + NEW;
   double tol = pair_tol(&ref, S, V * S), err = rel_l2(got, exp, m);
-  printf("[rank %d] %s dp_shard %d x tp %d%s%s%s sampled: %lld log-probs vs one rank's "
-         "scoring rel L2 %.3g (bound %.3g)\n",
-         r.mesh.rank, g_fixture, r.mesh.dp_shard, g_tp, g_sp ? " sp" : "",
-         g_bf16 ? " bf16" : "", r.e.fsdp.vocab_parallel ? (g_offload ? " vocab-parallel offload" : " vocab-parallel") : "",
-         (long long)m,
+  printf("[rank %d] %s dp_replicate %d x dp_shard %d x tp %d%s%s%s sampled: %lld log-probs vs "
+         "one rank's scoring rel L2 %.3g (bound %.3g)\n",
+         r.mesh.rank, g_fixture, r.mesh.dp_replicate, r.mesh.dp_shard, g_tp, g_sp ? " sp" : "",
+         g_bf16 ? " bf16" : "", mesh_notes(&r), (long long)m,
          err, tol);
   assert_true(err <= tol);
   run_close(&ref);
@@ -242,7 +248,7 @@ static void test_sampled(void **state) {
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   if (argc < 3) {
-    fprintf(stderr, "usage: test_generate_mesh FIXTURE TP [sp] [bf16] [offload]\n");
+    fprintf(stderr, "usage: test_generate_mesh FIXTURE TP [sp] [bf16] [offload] [hsdp]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];
@@ -251,6 +257,7 @@ int main(int argc, char **argv) {
     g_sp |= strcmp(argv[i], "sp") == 0;
     g_bf16 |= strcmp(argv[i], "bf16") == 0;
     g_offload |= strcmp(argv[i], "offload") == 0;
+    if (strcmp(argv[i], "hsdp") == 0) g_dpr = 2;
   }
   const struct CMUnitTest tests[] = {held_test(test_greedy), held_test(test_sampled)};
   return held_finish(cmocka_run_group_tests(tests, NULL, NULL));

@@ -20,7 +20,9 @@
  *    (memcmp against tp rank 0's); without tp (dp_shard alone) greedy
  *    tokens and log-probs are bitwise the one-rank run's;
  *  - the engine keeps working: its log-probs of the fixture batch before and
- *    after the calls are bitwise equal. */
+ *    after the calls are bitwise equal;
+ *  - in the batch-invariant mode, generation's log-probs are bitwise the
+ *    same mesh's scoring of prompt + generated tokens (tp 2 included). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -245,6 +247,41 @@ static void test_sampled(void **state) {
   fixture_free(&fx);
 }
 
+/* The batch-invariant mode on the mesh: generation's log-probs (KV-cache
+ * prefill and decode) are bitwise the same mesh's scoring of prompt +
+ * generated tokens (ml_engine_logprobs, one row at a time), tp included:
+ * every reduction of a token's forward runs in one order per element
+ * whatever the step's batch or cache position (engine.h batch_invariant),
+ * and tp's all-reduces add the same partial sums in both. Greedy, fp32 or
+ * the fixture's param_dtype. (Against one rank it is not: tp changes the
+ * row-parallel sums' order.) */
+static void test_invariant(void **state) {
+  (void)state;
+  static fixture fx;
+  static run r;
+  fixture_load(g_fixture, &fx);
+  ml_engine_opts om = opts_of(true);
+  om.batch_invariant = true;
+  run_open(&r, MPI_COMM_WORLD, g_dpr, g_tp, &om, fx.dir);
+  prompts p = prompts_of(&fx, r.mesh.groups[ML_GROUP_DP].rank);
+  ml_gen_opts o = {.max_new = NEW, .n_samples = 1, .sampler = {.greedy = true}};
+  result g = {0};
+  generate(&r, &p, &o, &g);
+  for (int64_t k = 0; k < p.n; k++) { /* every dp rank the same lengths: calls in step */
+    int64_t P = p.lens[k], S = P + g.len[k];
+    int32_t ids[PMAX + NEW];
+    float lp[PMAX + NEW];
+    memcpy(ids, p.tokens + prompt_at(&p, k), sizeof(int32_t) * (size_t)P);
+    memcpy(ids + P, g.tok + k * NEW, sizeof(int32_t) * (size_t)g.len[k]);
+    if (ml_engine_logprobs(&r.e, ids, 1, S, lp)) fail_msg("logprobs: %s", ml_error_msg());
+    assert_memory_equal(g.lp + k * NEW, lp + P - 1, sizeof(float) * (size_t)g.len[k]);
+  }
+  printf("[rank %d] %s tp %d batch-invariant: generate's log-probs = the mesh's scoring, "
+         "bitwise\n", r.mesh.rank, g_fixture, g_tp);
+  run_close(&r);
+  fixture_free(&fx);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   if (argc < 3) {
@@ -259,6 +296,7 @@ int main(int argc, char **argv) {
     g_offload |= strcmp(argv[i], "offload") == 0;
     if (strcmp(argv[i], "hsdp") == 0) g_dpr = 2;
   }
-  const struct CMUnitTest tests[] = {held_test(test_greedy), held_test(test_sampled)};
+  const struct CMUnitTest tests[] = {held_test(test_greedy), held_test(test_sampled),
+                                     held_test(test_invariant)};
   return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

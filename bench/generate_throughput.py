@@ -11,6 +11,10 @@ measurement:
   total s     generate(max_new_tokens=NEW)
   decode tok/s  B·(NEW − 1) / (total − prefill): the generated tokens of the
               decode steps per second of wall clock
+  step s      (new) generate(max_new_tokens=1) right after a train step: the
+              prefill plus, with --replica, the refit of the changed weights
+  rss MB      (new) the process's peak resident memory (the slowest rank's
+              when several: the largest)
 Implementations, side by side:
   new         this tree (build/): every sequence decodes together
   old         --old ROOT, a source tree of an earlier meshlm with its build
@@ -21,6 +25,11 @@ Implementations, side by side:
               torch.bfloat16), where torch and transformers import
 --mixed gives the B prompts B distinct lengths (PROMPT − B/2 .. PROMPT +
 B/2 − 1 when B > 1), the case where old runs one group per prompt.
+--ranks N runs new over N MPI ranks (mpiexec), each with cores / N
+threads, on a mesh of tp --tp (dp_shard N / tp): generate() on the policy's
+mesh (the tp ranks decode the prompts together; each data-parallel rank
+its share of the B prompts), or with --replica on a one-rank replica per
+rank (each rank its share of the prompts); times are the slowest rank's.
 Figures for notes; nothing here is asserted.
 
 usage: bench/generate_throughput.py [--batches 1,8,64] [--prompt 128] [--new 256]
@@ -49,17 +58,29 @@ def worker(a):
     if a.impl == "torch":
         return torch_worker(a)
     import meshlm
-    with meshlm.Policy(a.model, param_dtype=a.dtype) as p:
+    with meshlm.Policy(a.model, param_dtype=a.dtype, tp=a.tp) as p:
         vocab = p.info["vocab_size"]
         ps = prompts_of(a.batch, a.prompt, a.mixed, vocab, 1)
-        p.generate(ps[:1], max_new_tokens=2, eos_token_id=-2)  # opens the replica
+        share = p.info["rank"] if a.replica else p.info["dp_rank"]
+        of = p.info["world"] if a.replica else p.info["dp_size"]
+        ps = ps[share::of]
+        kw = dict(eos_token_id=-2, replica=a.replica)
+        p.generate(ps[:1], max_new_tokens=2, **kw)  # opens the replica (replica only)
         t = []
         for new in (1, a.new):
             t0 = time.perf_counter()
-            out = p.generate(ps, max_new_tokens=new, eos_token_id=-2, seed=3)
+            out = p.generate(ps, max_new_tokens=new, seed=3, **kw)
             t.append(time.perf_counter() - t0)
             assert all(len(x) == new for x in out[0])
-    print(json.dumps({"prefill": t[0], "total": t[1]}))
+        p.train_step([ps[0]])
+        t0 = time.perf_counter()
+        p.generate(ps, max_new_tokens=1, seed=3, **kw)
+        t.append(time.perf_counter() - t0)
+        rank = p.info["rank"]
+    import resource
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    with open(os.path.join(a.out, "rank%d.json" % rank), "w") as f:
+        json.dump({"prefill": t[0], "total": t[1], "step": t[2], "rss": rss}, f)
 
 
 def torch_worker(a):
@@ -85,12 +106,14 @@ def torch_worker(a):
             t0 = time.perf_counter()
             m.generate(ids, max_new_tokens=new, min_new_tokens=new, **kw)
             t.append(time.perf_counter() - t0)
-    print(json.dumps({"prefill": t[0], "total": t[1]}))
+    with open(os.path.join(a.out, "rank0.json"), "w") as f:
+        json.dump({"prefill": t[0], "total": t[1]}, f)
 
 
 def run(a, impl, dtype, batch, model):
     env = dict(os.environ)
-    n = str(os.cpu_count())
+    ranks = a.ranks if impl == "new" else 1
+    n = str(max(os.cpu_count() // ranks, 1))
     env.update(OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n, OMP_WAIT_POLICY="passive")
     if impl == "new":
         env["PYTHONPATH"] = os.path.join(ROOT, "python")
@@ -100,11 +123,18 @@ def run(a, impl, dtype, batch, model):
         env["MESHLM_LIBRARY"] = os.path.join(a.old, "build", "libmeshlm.so")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--impl", impl, "--dtype", dtype,
            "--batch", str(batch), "--prompt", str(a.prompt), "--new", str(a.new),
-           "--model", model] + (["--mixed"] if a.mixed else [])
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if r.returncode != 0:
-        return None, (r.stderr.strip().splitlines() or ["failed"])[-1]
-    return json.loads(r.stdout.strip().splitlines()[-1]), None
+           "--model", model, "--tp", str(a.tp if impl == "new" else 1)] + \
+        (["--mixed"] if a.mixed else []) + (["--replica"] if a.replica else [])
+    if ranks > 1:
+        cmd = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--bind-to", "none"] + cmd
+    with tempfile.TemporaryDirectory() as out:  # one JSON file per rank
+        r = subprocess.run(cmd + ["--out", out], env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            err = [x for x in r.stderr.strip().splitlines() if "Error" in x or "error" in x]
+            return None, (err or r.stderr.strip().splitlines() or ["failed"])[-1]
+        rows = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))]
+    return {k: max(x.get(k, float("nan")) for x in rows)
+            for k in ("prefill", "total", "step", "rss")}, None
 
 
 def main():
@@ -121,11 +151,16 @@ def main():
                          "smollm2-135m, 8 GB at 64 x 128)")
     ap.add_argument("--mixed", action="store_true", help="B distinct prompt lengths")
     ap.add_argument("--model", help="a model directory (default: smollm2-135m from meshlm init)")
+    ap.add_argument("--ranks", type=int, default=1, help="MPI ranks of new (cores / ranks threads)")
+    ap.add_argument("--tp", type=int, default=1, help="new's tp (divides --ranks)")
+    ap.add_argument("--replica", action="store_true",
+                    help="new generates on a one-rank replica per rank, not the policy's mesh")
     # one measurement (internal)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--impl", help=argparse.SUPPRESS)
     ap.add_argument("--dtype", help=argparse.SUPPRESS)
     ap.add_argument("--batch", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         return worker(a)
@@ -137,10 +172,12 @@ def main():
                             "--preset", "smollm2-135m", "--out", model], check=True,
                            stdout=subprocess.DEVNULL)
         print("smollm2-135m (random weights), prompt %d%s, %d new tokens, %d cores, "
-              "temperature 1, no stop id" % (a.prompt, " (B distinct lengths)" if a.mixed else "",
-                                             a.new, os.cpu_count()))
-        print("%-6s %-5s %5s %10s %10s %14s" % ("impl", "dtype", "batch", "prefill s", "total s",
-                                               "decode tok/s"))
+              "temperature 1, no stop id; new: %d rank(s), tp %d, %s"
+              % (a.prompt, " (B distinct lengths)" if a.mixed else "", a.new, os.cpu_count(),
+                 a.ranks, a.tp, "a replica per rank" if a.replica else "the policy's mesh"))
+        print("%-6s %-5s %5s %10s %10s %14s %8s %8s" % ("impl", "dtype", "batch", "prefill s",
+                                                     "total s", "decode tok/s", "step s",
+                                                     "rss MB"))
         for dtype in a.dtypes.split(","):
             for batch in [int(b) for b in a.batches.split(",")]:
                 for impl in impls:
@@ -153,9 +190,9 @@ def main():
                         print("%-6s %-5s %5d   skipped: %s" % (impl, dtype, batch, err[:90]))
                         continue
                     dec = batch * (a.new - 1) / max(r["total"] - r["prefill"], 1e-9)
-                    print("%-6s %-5s %5d %10.2f %10.2f %14.1f" % (impl, dtype, batch,
-                                                                   r["prefill"], r["total"], dec),
-                          flush=True)
+                    print("%-6s %-5s %5d %10.2f %10.2f %14.1f %8.2f %8.0f"
+                          % (impl, dtype, batch, r["prefill"], r["total"], dec, r["step"],
+                             r["rss"]), flush=True)
 
 
 if __name__ == "__main__":

@@ -661,20 +661,37 @@ typedef struct meshlm_sampling {
   int64_t max_running;    /* sequences decoding at once (continuous batching: a finished one's
                              KV slot goes to the next prompt), >= n; 0: all, at most 256 */
   int64_t prefill_tokens; /* prompt tokens per forward (chunked prefill), >= 0; 0: 512 */
+  /* Appended by issue 31 item 2 (optional, as above). */
+  int replica;            /* 0: generate on the policy's own mesh and weights (refit-free: tp
+                             ranks decode together, each data-parallel rank its own prompts,
+                             FSDP units unsharded for the call; cp > 1 refused); 1: on a
+                             one-rank replica per rank, refitted from the policy when it
+                             changed (each rank its own prompts, any mesh) */
 } meshlm_sampling;
 /* max_new_tokens 32, temperature 1, top_p 1, not greedy, eos from the
  * model, seed 0, n 1, top_k 0, min_p 0, no stop ids, max_new_tokens for
- * every prompt, max_running 0, prefill_tokens 0; _init and _default as meshlm_options_init / _default's. */
+ * every prompt, max_running 0, prefill_tokens 0, replica 0; _init and _default as meshlm_options_init / _default's. */
 MESHLM_API int meshlm_sampling_init(meshlm_sampling *sp, size_t struct_size);
 static inline int meshlm_sampling_default(meshlm_sampling *sp) {
   return meshlm_sampling_init(sp, sizeof *sp);
 }
 
-/* COLLECTIVE (each rank samples its own prompts; n may differ and be 0).
+/* COLLECTIVE (each data-parallel rank samples its own prompts; n may differ
+ * between them and be 0).
  * Continue each prompt with up to max_new_tokens sampled tokens, with a KV
- * cache, on a replica of the current weights that every rank holds (the
- * generation engine of NeMo RL, refitted from the policy when it changed
- * since the last call: one meshlm_refit to every rank). out_tokens [n,
+ * cache. Where (sp->replica):
+ *  - 0: on the policy's own mesh and weights (refit-free): the tp ranks of
+ *    a data-parallel rank decode its prompts together under the training
+ *    plan and must pass identical prompts and sampling (checked: their
+ *    hashes are compared, as for every batch of this API), and each returns
+ *    the same outputs; FSDP units are all-gathered for the call and
+ *    resharded after. A mesh with cp > 1 is refused (use replica 1).
+ *    Tokens and log-probs equal a one-rank session's up to the order of the
+ *    tp row-parallel sums (tests/tolerance.h).
+ *  - 1: on a replica of the current weights that every rank holds (the
+ *    generation engine of NeMo RL, refitted from the policy when it changed
+ *    since the last call: one meshlm_refit to every rank); every rank,
+ *    tp and cp ranks included, samples its own prompts. out_tokens [n,
  * max_new_tokens] int32, row k's first out_lens[k] entries generated (the
  * eos included), the rest −1; out_logprobs (NULL: not wanted) [n,
  * max_new_tokens]: log p of each generated token under the model at
@@ -682,7 +699,8 @@ static inline int meshlm_sampling_default(meshlm_sampling *sp) {
  * With sp->n > 1 the outputs have prompts.n x n rows (meshlm_generate_samples).
  * Errors: sp->struct_size out of range; max_new_tokens beyond meshlm_info.max_seq_len − the longest
  * prompt (meshlm_sampling's bound), other sampling fields out of range
- * (named), allocation. */
+ * (named), replica other than 0 or 1, and with replica 0: cp > 1, tp ranks
+ * of a data-parallel rank with different prompts or sampling; allocation. */
 MESHLM_API int meshlm_generate(meshlm_session *s, const meshlm_seqs *prompts,
                                const meshlm_sampling *sp, int32_t *out_tokens, int64_t *out_lens,
                                float *out_logprobs);

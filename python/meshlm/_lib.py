@@ -230,6 +230,7 @@ class meshlm_sampling(Sized):
         ("max_new_tokens_per", POINTER(c_int64)),
         ("max_running", c_int64),
         ("prefill_tokens", c_int64),
+        ("replica", c_int),
     ]
 
 

@@ -1202,13 +1202,13 @@ class Policy:
                  temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
                  eos_token_id: int = -1, seed: int = 0, n: int = 1, top_k: int = 0,
                  min_p: float = 0.0, stop: Optional[Sequence[int]] = None,
-                 max_running: int = 0, prefill_tokens: int = 0
+                 max_running: int = 0, prefill_tokens: int = 0, replica: bool = False
                  ) -> Tuple[List[NDArray[np.int32]], List[NDArray[np.float32]], List[str]]:
-        """COLLECTIVE (each rank samples its own prompts; their number may
-        differ and be 0). Continue each prompt with n samples of up to
+        """COLLECTIVE (each data-parallel rank samples its own prompts; their
+        number may differ and be 0). Continue each prompt with n samples of up to
         max_new_tokens sampled tokens (meshlm_generate_samples: every
-        sequence decodes together over a KV cache, continuous batching, on a
-        replica of the current weights).
+        sequence decodes together over a KV cache, continuous batching, on the
+        policy's mesh or, with replica, on a replica of the current weights).
 
         prompts: list of P 1-D integer arrays.
         max_new_tokens: 1 .. info["max_seq_len"] - the longest prompt's length
@@ -1222,6 +1222,10 @@ class Policy:
         n: samples per prompt (GRPO's group; the prompt is prefilled once).
         max_running: sequences decoding at once (>= n; 0: all, at most 256);
             prefill_tokens: prompt tokens per forward (0: 512).
+        replica: False (default): generate on the policy's own mesh and weights
+            (refit-free; the tp ranks of a data-parallel rank decode together
+            and must pass the same prompts and arguments; cp > 1 refused);
+            True: on a one-rank replica per rank (each rank its own prompts).
         Returns (tokens, logprobs, finish): lists of P·n entries, entry k·n + j
         sample j of prompt k: tokens int32 of the generated ids (the stop id
         included), logprobs float32 of the same length, log p of each
@@ -1262,6 +1266,7 @@ class Policy:
             sp.max_new_tokens_per = per.ctypes.data_as(POINTER(c_int64))
         sp.max_running = int(max_running)
         sp.prefill_tokens = int(prefill_tokens)
+        sp.replica = int(bool(replica))
         rows = b.n * max(int(n), 0)
         toks = np.full((rows, w), -1, np.int32)
         lens = np.zeros(rows, np.int64)

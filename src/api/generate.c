@@ -1,6 +1,7 @@
-/* meshlm_generate: sampling on a per-rank replica of the policy's weights
- * (include/meshlm/meshlm.h; engine/generate.h does the decoding). The
- * replica is an engine on this rank alone (a one-rank mesh over
+/* meshlm_generate (include/meshlm/meshlm.h; engine/generate.h does the
+ * decoding): on the policy's own engine (sampling.replica 0: its mesh, its
+ * weights), or on a per-rank replica of the policy's weights (replica 1).
+ * The replica is an engine on this rank alone (a one-rank mesh over
  * MPI_COMM_SELF), opened from the model directory at the first call and
  * refitted from the policy (ml_engine_stream_params to every rank) whenever
  * the policy's weights changed since — NeMo RL's generation engine and its
@@ -12,6 +13,7 @@
 #include <stdlib.h>
 
 #include "common/checked.h"
+#include "common/hash.h"
 #include "engine/generate.h"
 #include "ckpt/save.h"
 #include "parallel/device.h"
@@ -69,6 +71,9 @@ static int sync_replica(meshlm_session *s) {
 }
 
 static int check_sampling(const meshlm_sampling *sp) {
+  if (sp->replica != 0 && sp->replica != 1)
+    return ml_err("meshlm_generate: sampling.replica %d; expected 0 (the policy's mesh) or 1 "
+                  "(a one-rank replica per rank)", sp->replica);
   if (sp->max_new_tokens < 1)
     return ml_err("meshlm_generate: sampling.max_new_tokens %lld; expected >= 1",
                   (long long)sp->max_new_tokens);
@@ -92,6 +97,40 @@ static int check_room(const meshlm_session *s, const meshlm_seqs *prompts, int64
                 "(meshlm_info.max_seq_len %lld − the longest prompt's %lld tokens, %s)",
                 (long long)max_new, (long long)(max - len), (long long)max, (long long)len,
                 which);
+}
+
+/* FNV-1a of what the decoding reads of the sampling besides the prompts
+ * (the struct's scalars field by field: its padding is not the caller's). */
+static uint64_t sampling_hash(const meshlm_sampling *sp, int64_t n_prompts) {
+  uint64_t h = ML_FNV_BASIS;
+#define H(f) h = ml_fnv1a(h, &sp->f, sizeof sp->f)
+  H(max_new_tokens); H(temperature); H(top_p); H(greedy); H(eos_token_id); H(seed); H(n);
+  H(top_k); H(min_p); H(n_stop); H(max_running); H(prefill_tokens); H(replica);
+#undef H
+  if (sp->n_stop > 0) h = ml_fnv1a(h, sp->stop_token_ids, sizeof(int32_t) * (size_t)sp->n_stop);
+  if (sp->max_new_tokens_per)
+    h = ml_fnv1a(h, sp->max_new_tokens_per, sizeof(int64_t) * (size_t)n_prompts);
+  return h;
+}
+
+/* replica 0: a mesh without cp whose tp ranks passed the same prompts and
+ * sampling (collective over tp and cp). */
+static int check_policy_mesh(meshlm_session *s, const meshlm_seqs *prompts,
+                             const meshlm_sampling *sp) {
+  const ml_mesh *ms = &s->mesh;
+  if (ms->cp != 1)
+    return ml_err("meshlm_generate: sampling.replica 0 (the policy's mesh) on a mesh with cp "
+                  "%d; expected cp 1 (the KV cache holds whole sequences), or replica 1",
+                  ms->cp);
+  ML_TRY(api_check_replicas(s, prompts, "meshlm_generate"));
+  bool same;
+  ML_TRY(ml_host_all_equal(ml_mesh_host(ms, ML_GROUP_TP), sampling_hash(sp, prompts->n), &same));
+  if (!same)
+    return ml_err("meshlm_generate: the tp ranks of data-parallel rank %d passed different "
+                  "sampling; expected the same meshlm_sampling on every tp rank of a "
+                  "data-parallel rank (they decode together), or replica 1",
+                  ms->groups[ML_GROUP_DP].rank);
+  return 0;
 }
 
 /* The stop ids: eos (resolved; < 0: none) then the caller's, into ids
@@ -127,21 +166,29 @@ int meshlm_generate_samples(meshlm_session *s, const meshlm_seqs *prompts,
   if (rc == 0) rc = check_room(s, prompts, sp->max_new_tokens);
   if (rc == 0 && prompts->n > 0 && (!out_tokens || !out_lens))
     rc = ml_err("meshlm_generate: out_tokens or out_lens is NULL");
-  if (api_agree(s, rc) || api_agree(s, sync_replica(s))) return -1;
   meshlm_info info;
   int32_t eos = sp->eos_token_id, *stop = NULL;
-  if (eos == -1 && meshlm_get_info(s, &info) == 0) eos = info.eos_token_id;
-  int64_t n_stop;
-  rc = stop_ids(sp, eos, &stop, &n_stop);
+  if (rc == 0 && eos == -1 && meshlm_get_info(s, &info) == 0) eos = info.eos_token_id;
+  int64_t n_stop = 0;
+  if (rc == 0) rc = stop_ids(sp, eos, &stop, &n_stop);
   ml_gen_opts o = {.max_new = sp->max_new_tokens, .max_new_per = sp->max_new_tokens_per,
                    .n_samples = sp->n, .stop = stop, .n_stop = n_stop, .seed = sp->seed,
                    .max_running = sp->max_running, .prefill_tokens = sp->prefill_tokens,
                    .sampler = {.greedy = sp->greedy != 0, .temperature = sp->temperature,
                                .top_k = sp->top_k, .top_p = sp->top_p, .min_p = sp->min_p}};
-  /* local: each rank decodes its own prompts; the outcome is agreed */
+  /* the arguments against the model (the replica's config is the policy's), before any
+     collective: the replica decodes each rank's own prompts, the policy's engine its tp
+     group together and FSDP's group unsharding together, so every rank enters or none */
   if (rc == 0)
-    rc = ml_generate(&s->gen, prompts->n, prompts->lens, prompts->tokens, &o, out_tokens,
-                     out_lens, out_logprobs, out_finish);
+    rc = ml_generate_check(&s->e, prompts->n, prompts->lens, prompts->tokens, &o, out_tokens,
+                           out_lens);
+  if (api_agree(s, rc) ||
+      api_agree(s, sp->replica ? sync_replica(s) : check_policy_mesh(s, prompts, sp))) {
+    free(stop);
+    return -1;
+  }
+  rc = ml_generate(sp->replica ? &s->gen : &s->e, prompts->n, prompts->lens, prompts->tokens,
+                   &o, out_tokens, out_lens, out_logprobs, out_finish);
   free(stop);
   return api_agree(s, rc);
 }

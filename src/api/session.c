@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "common/checked.h"
+#include "common/hash.h"
 #include "common/lookup.h"
 #include "parallel/device.h"
 
@@ -438,31 +439,22 @@ int api_check_mask(const meshlm_seqs *b, const uint8_t *mask, const char *what) 
 
 /* FNV-1a over the batch's lengths and ids. */
 static uint64_t batch_hash(const meshlm_seqs *b) {
-  uint64_t h = 1469598103934665603ull;
-  const unsigned char *p = (const unsigned char *)&b->n;
-  for (size_t i = 0; i < sizeof b->n; i++) h = (h ^ p[i]) * 1099511628211ull;
+  uint64_t h = ml_fnv1a(ML_FNV_BASIS, &b->n, sizeof b->n);
   int64_t tokens = 0;
   for (int64_t k = 0; k < b->n; k++) {
     tokens += b->lens[k];
-    p = (const unsigned char *)&b->lens[k];
-    for (size_t i = 0; i < sizeof b->lens[k]; i++) h = (h ^ p[i]) * 1099511628211ull;
+    h = ml_fnv1a(h, &b->lens[k], sizeof b->lens[k]);
   }
-  p = (const unsigned char *)b->tokens;
-  for (size_t i = 0; i < sizeof(int32_t) * (size_t)tokens; i++) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
+  return ml_fnv1a(h, b->tokens, sizeof(int32_t) * (size_t)tokens);
 }
 
 int api_check_replicas(meshlm_session *s, const meshlm_seqs *b, const char *what) {
   uint64_t h = batch_hash(b);
   ml_group groups[2] = {ML_GROUP_TP, ML_GROUP_CP};
   for (int g = 0; g < 2; g++) {
-    ml_host *host = ml_mesh_host(&s->mesh, groups[g]);
-    if (host->size == 1) continue;
-    /* two int64 halves' MIN and MAX in one reduction: v and −v under MAX */
-    int64_t v[4] = {(int64_t)(h >> 32), (int64_t)(h & 0xffffffffu), -(int64_t)(h >> 32),
-                    -(int64_t)(h & 0xffffffffu)};
-    ML_TRY(ml_host_all_reduce_i64(host, v, 4, ML_RED_MAX));
-    if (v[0] != -v[2] || v[1] != -v[3])
+    bool same;
+    ML_TRY(ml_host_all_equal(ml_mesh_host(&s->mesh, groups[g]), h, &same));
+    if (!same)
       return ml_err("%s: the %s ranks of data-parallel rank %d passed different batches; "
                     "expected the same sequences on every tp and cp rank of a data-parallel rank",
                     what, ml_group_name(groups[g]), s->mesh.groups[ML_GROUP_DP].rank);

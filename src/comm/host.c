@@ -140,3 +140,13 @@ int ml_host_agree(ml_host *h, int rc) {
              first, h->name);
   return ml_error_adopt(report.origin, report.msg);
 }
+
+int ml_host_all_equal(ml_host *h, uint64_t v, bool *equal) {
+  int64_t x[4] = {(int64_t)(v >> 32), (int64_t)(v & 0xffffffffu), -(int64_t)(v >> 32),
+                  -(int64_t)(v & 0xffffffffu)};
+  *equal = true;
+  if (h->size == 1) return 0;
+  ML_TRY(ml_host_all_reduce_i64(h, x, 4, ML_RED_MAX));
+  *equal = x[0] == -x[2] && x[1] == -x[3];
+  return 0;
+}

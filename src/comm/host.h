@@ -15,6 +15,7 @@
 #define ML_HOST_H
 
 #include <mpi.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -71,5 +72,11 @@ int ml_host_first_failing(ml_host *h, int rc, int *first);
  * file, one rank's disk full), so that all exit and whichever rank prints
  * shows the real cause and the rank it arose on. */
 int ml_host_agree(ml_host *h, int rc);
+
+/* Whether every rank of h passed the same value v (e.g. a fingerprint,
+ * common/hash.h): *equal on every rank, from one all-reduce MAX of v's
+ * two 32-bit halves and their negations (max = −min: all equal). Errors:
+ * MPI failures. */
+int ml_host_all_equal(ml_host *h, uint64_t v, bool *equal);
 
 #endif

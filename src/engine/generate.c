@@ -6,10 +6,13 @@
 #include <string.h>
 
 #include "common/checked.h"
+#include "common/hash.h"
 #include "common/rng.h"
 #include "common/status.h"
+#include "engine/gen_vocab.h"
 #include "engine/kvcache.h"
 #include "engine/token_lp.h"
+#include "parallel/redistribute.h"
 
 /* A slot of the KV cache and the sequence in it. */
 typedef enum { SLOT_FREE, SLOT_WAIT, SLOT_PREFILL, SLOT_DECODE } slot_kind;
@@ -48,6 +51,8 @@ typedef struct gen {
   float *work;                 /* [nslots, 2·V] the sampler's scratch (NULL: greedy) */
   /* the step's batch (device) and its host sides */
   float *x, *rope, *logits;
+  float *gather_work;          /* vocab-sharded logits' all-gather over tp (NULL: none) */
+  int lp_parts;                /* the vocab blocks the loss's log-prob sums over (tp or 1) */
   int32_t *ids, *host_ids;
   float *host_logits;
   /* outputs */
@@ -120,7 +125,12 @@ static int forward(gen *g, int64_t T, int64_t nl) {
     if (g->need[i] != i)
       ML_TRY(ml_be_copy(be, m->head_in.x + i * c, m->head_in.x + g->need[i] * c,
                         sizeof(float) * (size_t)c, ML_COPY_D2D));
-  ML_TRY(ml_head_forward(m, 0, nl, g->logits)); // [nl, V]
+  ML_TRY(ml_head_forward(m, 0, nl, g->logits)); // [nl, V], or [nl, V_local] vocab-sharded
+  if (m->logits_c != g->V) { /* lm_head's Shard(−1) logits → Replicate: every tp rank all V */
+    ml_act a = {g->logits, 1, nl, nl, g->V, m->logits_c};
+    ML_TRY(ml_redistribute(be, ml_mesh_comm(g->e->mesh, ML_GROUP_TP), ml_shard(2),
+                           ml_replicate(), &a, g->gather_work));
+  }
   if (g->e->opts.output_dtype == ML_BF16)       /* as the loss reads them */
     ML_TRY(ml_be_round_bf16(be, g->logits, (size_t)(nl * g->V)));
   return ml_be_copy(be, g->host_logits, g->logits, sizeof(float) * (size_t)(nl * g->V),
@@ -239,8 +249,8 @@ static int finish_step(gen *g, int64_t nl) {
   for (int64_t d = 0; d < nd; d++) {
     g->rng[g->d_row[d]] = g->d_rng[d];
     if (g->out_logprobs && g->e->opts.batch_invariant) /* bitwise the loss's log-prob */
-      ML_TRY(ml_token_logprob(g->e->be, g->logits + g->d_logit[d] * g->V, g->V, g->d_tok[d],
-                              &g->d_lp[d]));
+      ML_TRY(ml_token_logprob(g->e->be, g->logits + g->d_logit[d] * g->V, g->V, g->lp_parts,
+                              g->d_tok[d], &g->d_lp[d]));
     take(g, g->d_row[d], g->d_tok[d], g->d_lp[d]);
   }
   return 0;
@@ -257,13 +267,19 @@ static int run(gen *g) {
   }
 }
 
+/* The key/value heads this rank's attention reads: k_proj's rows over
+ * head_dim (all of them on one rank; its whole heads under tp, parallel/tp.h). */
+static int64_t local_kv_heads(const ml_model *m) {
+  return m->layers[0].k_proj.weight->local[0] / m->cfg.head_dim;
+}
+
 /* The call's buffers (errors: allocation, named). */
 static int gen_alloc(gen *g, int64_t cap) {
   ml_model *m = g->m;
   ml_backend *be = g->e->be;
   const ml_model_config *c = &m->cfg;
   int64_t S = g->nslots, T = g->Tmax, V = c->vocab;
-  ML_TRY(ml_kv_pool_create(&g->kv, be, c, S, cap));
+  ML_TRY(ml_kv_pool_create(&g->kv, be, c, local_kv_heads(m), S, cap));
   g->x = ml_be_alloc(be, ml_mul_sat(T, c->hidden), sizeof(float),
                      "the residual stream (a step of %lld tokens x hidden_size %lld)",
                      (long long)T, (long long)c->hidden);
@@ -281,6 +297,14 @@ static int gen_alloc(gen *g, int64_t cap) {
                                     "the logits (%lld sequence slots x vocab_size %lld)",
                                     (long long)S, (long long)V);
   if (!g->x || !g->rope || !g->ids || !g->host_ids || !g->logits || !g->host_logits) return -1;
+  int tp = g->e->mesh->tp;
+  if (tp > 1 && !m->lm_head.out.fwd.fn && m->lm_head.weight->local[0] != V) {
+    g->gather_work = ml_be_alloc(be, ml_redistribute_work(1, S, V, tp), sizeof(float),
+                                 "the logits' all-gather over tp %d (%lld sequence slots x "
+                                 "vocab_size %lld)", tp, (long long)S, (long long)V);
+    if (!g->gather_work) return -1;
+  }
+  g->lp_parts = g->gather_work ? tp : 1;
   g->slots = ml_malloc_array(S, sizeof *g->slots, "the slots (%lld)", (long long)S);
   g->queue = ml_malloc_array(S, sizeof(int64_t), "the prefill queue (%lld)", (long long)S);
   g->seg = ml_malloc_array(S, sizeof *g->seg, "the step's segments (%lld)", (long long)S);
@@ -312,6 +336,7 @@ static void gen_free(gen *g) {
   ml_be_free(be, g->rope);
   ml_be_free(be, g->ids);
   ml_be_free(be, g->logits);
+  ml_be_free(be, g->gather_work);
   ml_be_host_free(be, g->host_ids);
   ml_be_host_free(be, g->host_logits);
   void *host[] = {g->slots, g->queue, g->seg, g->need, g->d_row, g->d_logit, g->d_rng,
@@ -319,13 +344,14 @@ static void gen_free(gen *g) {
   for (size_t i = 0; i < sizeof host / sizeof *host; i++) free(host[i]);
 }
 
-/* One rank, and a backend the KV cache's attention runs on. */
+/* No context parallelism, and a backend the KV cache's attention runs on. */
 static int check_engine(const ml_engine *e) {
   const ml_mesh *ms = e->mesh;
-  if (ms->world_size != 1)
-    return ml_err("generate: the engine's mesh has %d ranks (dp_replicate %d x dp_shard %d x cp "
-                  "%d x tp %d); expected one rank (all 1): generation runs on a whole replica",
-                  ms->world_size, ms->dp_replicate, ms->dp_shard, ms->cp, ms->tp);
+  if (ms->cp != 1)
+    return ml_err("generate: the engine's mesh has cp %d (dp_replicate %d x dp_shard %d x cp "
+                  "%d x tp %d); expected cp 1: the KV cache holds whole sequences on each rank "
+                  "(generate on a one-rank replica instead: meshlm_sampling.replica = 1)",
+                  ms->cp, ms->dp_replicate, ms->dp_shard, ms->cp, ms->tp);
   if (!ml_be_supports(e->be, ML_OP_ATTENTION_BLOCK))
     return ml_err("generate: backend '%s' has no block attention, which the KV cache's "
                   "attention runs on; expected a backend with it (cpu)",
@@ -415,38 +441,71 @@ static int size_call(gen *g, int64_t *cap) {
   return 0;
 }
 
+/* The tp ranks drew the same tokens (generate.h): one fingerprint of the
+ * outputs compared over the tp group. */
+static int check_tp_agree(const gen *g) {
+  ml_host *h = ml_mesh_host(g->e->mesh, ML_GROUP_TP);
+  uint64_t f = ml_fnv1a(ML_FNV_BASIS, g->out_lens, sizeof(int64_t) * (size_t)g->R);
+  f = ml_fnv1a(f, g->out_tokens, sizeof(int32_t) * (size_t)(g->R * g->o->max_new));
+  bool same;
+  ML_TRY(ml_host_all_equal(h, f, &same));
+  if (!same)
+    return ml_err("generate: the tp ranks of data-parallel rank %d drew different tokens; "
+                  "expected the same on every tp rank (the same prompts, options and logits)",
+                  g->e->mesh->groups[ML_GROUP_DP].rank);
+  return 0;
+}
+
+/* The call's sizes, buffers and steps, with every FSDP unit unsharded. */
+static int generate(gen *g) {
+  int64_t cap = 1;
+  ML_TRY(size_call(g, &cap));
+  int64_t cells = ml_mul_sat(g->R, g->o->max_new);
+  for (int64_t i = 0; i < cells; i++) g->out_tokens[i] = -1; /* the caller's [R, max_new] */
+  if (g->out_logprobs) memset(g->out_logprobs, 0, sizeof(float) * (size_t)cells);
+  if (g->out_finish) memset(g->out_finish, 0, sizeof(int32_t) * (size_t)g->R);
+  memset(g->out_lens, 0, sizeof(int64_t) * (size_t)g->R);
+  ML_TRY(gen_alloc(g, cap));
+  return run(g);
+}
+
+int ml_generate_check(const ml_engine *e, int64_t n, const int64_t *lens, const int32_t *tokens,
+                      const ml_gen_opts *o, const int32_t *out_tokens, const int64_t *out_lens) {
+  ML_TRY(check_opts(e, n, o));
+  return check_prompts(e, n, lens, tokens, o, out_tokens, out_lens);
+}
+
 int ml_generate(ml_engine *e, int64_t n, const int64_t *lens, const int32_t *tokens,
                 const ml_gen_opts *o, int32_t *out_tokens, int64_t *out_lens,
                 float *out_logprobs, int32_t *out_finish) {
   ML_TRY(check_engine(e));
-  ML_TRY(check_opts(e, n, o));
-  ML_TRY(check_prompts(e, n, lens, tokens, o, out_tokens, out_lens));
+  ML_TRY(ml_generate_check(e, n, lens, tokens, o, out_tokens, out_lens));
   ML_TRY(ml_engine_batch_mode(e));
-  if (n == 0) return 0;
+  ml_fsdp *f = &e->fsdp;
+  /* a rank without prompts still takes part in FSDP's gathers */
+  if (n == 0 && f->dp->size == 1) return 0;
   ml_model *m = &e->model;
   gen g = {.e = e, .m = m, .o = o, .n = n, .N = o->n_samples, .lens = lens, .tokens = tokens,
            .out_tokens = out_tokens, .out_finish = out_finish, .out_lens = out_lens,
            .out_logprobs = out_logprobs, .kv = {.be = e->be}};
-  int64_t cap = 1;
-  int rc = size_call(&g, &cap);
-  if (rc == 0) {
-    int64_t cells = ml_mul_sat(g.R, o->max_new);
-    for (int64_t i = 0; i < cells; i++) out_tokens[i] = -1; /* the caller's [R, max_new] */
-    if (out_logprobs) memset(out_logprobs, 0, sizeof(float) * (size_t)cells);
-    if (out_finish) memset(out_finish, 0, sizeof(int32_t) * (size_t)g.R);
-    memset(out_lens, 0, sizeof(int64_t) * (size_t)g.R);
-    rc = gen_alloc(&g, cap);
-  }
-  /* the model forwards through the KV cache for the call, then as before */
+  /* the model forwards through the KV cache for the call, then as before (the positions
+     of a packed training batch set aside: each step points the layers at its own tables) */
   ml_attn_core core = m->attn_core;
+  const int64_t *positions = m->position_ids;
   char what[sizeof m->batch_what];
   memcpy(what, m->batch_what, sizeof what);
   m->attn_core = ml_kv_core(&g.kv);
-  ml_fsdp *f = &e->fsdp;
+  m->position_ids = NULL;
+  ml_gen_vocab vocab = {0};
+  int rc = 0;
   for (int u = 0; rc == 0 && u < f->n_units; u++) rc = ml_fsdp_unshard(f, u);
-  if (rc == 0) rc = run(&g);
+  if (rc == 0) rc = ml_gen_vocab_whole(f, &vocab);
+  if (rc == 0 && n > 0) rc = generate(&g);
+  if (rc == 0 && n > 0) rc = check_tp_agree(&g);
+  ml_gen_vocab_release(f, &vocab);
   for (int u = 0; u < f->n_units; u++) ml_fsdp_reshard(f, u);
   m->attn_core = core;
+  m->position_ids = positions;
   rope_restore(m);
   memcpy(m->batch_what, what, sizeof what);
   gen_free(&g);

@@ -1,5 +1,5 @@
-/* Text generation with a KV cache on a one-rank engine (the engine level of
- * meshlm_generate, include/meshlm/meshlm.h): prompts continued token by
+/* Text generation with a KV cache on an engine's own mesh (the engine level
+ * of meshlm_generate, include/meshlm/meshlm.h): prompts continued token by
  * token, as transformers' GenerationMixin.generate with use_cache (sampling:
  * engine/sample.h: TemperatureLogitsWarper, TopKLogitsWarper,
  * TopPLogitsWarper, MinPLogitsWarper, then a draw; greedy: argmax).
@@ -49,6 +49,37 @@
  * samples each hold a copy of its keys. The model's activations are sized
  * for the step's T tokens (ml_model_begin: re-sized when T changes).
  *
+ * The engine's mesh (cp 1; api/generate.c also keeps a one-rank replica):
+ *  - tensor parallelism: the tp ranks of a data-parallel rank generate
+ *    together, the same prompts and options on each, through the model's
+ *    own forward under the training plan (its column/row-parallel linears,
+ *    the all-reduces or, with sequence parallelism, the gathers of its
+ *    edges); the KV cache holds this rank's key/value heads only
+ *    (k_proj's local rows) and the block attention runs over its local
+ *    query heads. Vocab-sharded logits (lm_head colwise with no output
+ *    edge) are all-gathered over tp (Shard(−1) → Replicate,
+ *    parallel/redistribute.h: [slots, V] floats per step) so every tp rank
+ *    samples from the whole distribution: the same logits bits and the
+ *    same row streams give every tp rank the same tokens, which the call
+ *    checks at its end (a fingerprint of the outputs compared over tp).
+ *    Gathering the rows costs V floats a sequence a step where reducing
+ *    the sampler's statistics (max, sum of exp, top-k/top-p thresholds)
+ *    would cost O(k); the logits are what the batch-invariant mode's
+ *    log-probs and the sampler's selection read whole.
+ *  - data parallelism: each data-parallel rank continues its own prompts,
+ *    alone after the unshard (no collective across dp while decoding, so
+ *    ranks may run different numbers of steps).
+ *  - FSDP: every unit is all-gathered once for the call (the
+ *    unshard_for_inference of scoring, for every unit at once) and
+ *    resharded after; the vocab-parallel embed_tokens / lm_head rows, which
+ *    tie FSDP ranks' forwards together, are gathered whole for the call
+ *    (engine/gen_vocab.h). The weights are the training weights: nothing
+ *    is copied or refitted.
+ *  - context parallelism: refused (the KV cache holds whole sequences).
+ * Tokens and log-probs under tp differ from one rank's by the row-parallel
+ * sums' order (tests/tolerance.h); greedy tokens agree unless two logits
+ * are within that bound of each other.
+ *
  * Mixed precision as the engine's forward: parameters in FSDP's
  * param_dtype, the residual stream rounded to it at each unit input
  * (FSDP2's cast_forward_inputs), the logits rounded to output_dtype, so
@@ -81,10 +112,13 @@ typedef struct ml_gen_opts {
 enum { ML_GEN_RUNNING = 256, ML_GEN_PREFILL = 512 };
 
 /* Continue each of n prompts with n_samples sequences of up to its max_new
- * tokens each. Not collective.
+ * tokens each. Collective over the tp group (every argument the same on
+ * each of its ranks) and, when FSDP's group has more than one rank, over it
+ * (the unshard; a rank with n = 0 takes part); each data-parallel rank
+ * passes its own prompts. On a one-rank mesh: not collective.
  *
- * e: an engine on a one-rank mesh (tp = cp = dp_shard = dp_replicate = 1)
- * on a backend with block attention (the CPU's; CUDA has none yet).
+ * e: an engine on a mesh with cp = 1 (any tp, dp_shard, dp_replicate) on a
+ * backend with block attention (the CPU's; CUDA has none yet).
  * prompts: lens [n] (each >= 1) and tokens [Σ lens] int32, the prompts
  * concatenated, each id in [0, vocab_size); lens[k] + max_new <=
  * max_position_embeddings.
@@ -118,10 +152,19 @@ enum { ML_GEN_RUNNING = 256, ML_GEN_PREFILL = 512 };
  * max_new < 1, max_new_per[k] outside 1 .. max_new, n_samples < 1,
  * n_stop < 0 or a stop id out of range, max_running < n_samples (when set),
  * prefill_tokens < 0, the sampler's (ml_sampler_check), a prompt too long
- * for max_position_embeddings, a mesh of more than one rank, a backend
- * without block attention, allocation. */
+ * for max_position_embeddings, a mesh with cp > 1, a backend without block
+ * attention, allocation, tp ranks whose tokens differ (a bug, or different
+ * arguments on them). */
 int ml_generate(ml_engine *e, int64_t n, const int64_t *lens, const int32_t *tokens,
                 const ml_gen_opts *o, int32_t *out_tokens, int64_t *out_lens,
                 float *out_logprobs, int32_t *out_finish);
+
+/* ml_generate's checks of its arguments against e's model config (not of
+ * its mesh or backend; not collective; the errors listed above but the
+ * mesh's, the backend's and allocation): a caller whose ranks must enter
+ * ml_generate together (tp, FSDP) agrees on it first; it reads only e's
+ * config, so any engine of the same checkpoint checks for another. */
+int ml_generate_check(const ml_engine *e, int64_t n, const int64_t *lens, const int32_t *tokens,
+                      const ml_gen_opts *o, const int32_t *out_tokens, const int64_t *out_lens);
 
 #endif

@@ -4,16 +4,16 @@
 #include "common/checked.h"
 #include "common/status.h"
 
-int ml_kv_pool_create(ml_kv_pool *p, ml_backend *be, const ml_model_config *c, int64_t slots,
-                      int64_t cap) {
-  *p = (ml_kv_pool){.be = be, .L = c->n_layers, .slots = slots, .cap = cap,
-                    .nkv = c->n_kv_heads, .hd = c->head_dim, .half = c->head_dim / 2};
-  int64_t seq = ml_mul_sat(ml_mul_sat(slots, cap), c->n_kv_heads * c->head_dim);
+int ml_kv_pool_create(ml_kv_pool *p, ml_backend *be, const ml_model_config *c, int64_t nkv,
+                      int64_t slots, int64_t cap) {
+  *p = (ml_kv_pool){.be = be, .L = c->n_layers, .slots = slots, .cap = cap, .nkv = nkv,
+                    .hd = c->head_dim, .half = c->head_dim / 2};
+  int64_t seq = ml_mul_sat(ml_mul_sat(slots, cap), nkv * c->head_dim);
   p->mem = ml_be_alloc(be, ml_mul_sat(2 * c->n_layers, seq), sizeof(float),
                        "the KV cache (%lld layers x %lld sequence slots x %lld positions x %lld "
                        "kv heads x head_dim %lld, K and V)",
                        (long long)c->n_layers, (long long)slots, (long long)cap,
-                       (long long)c->n_kv_heads, (long long)c->head_dim);
+                       (long long)nkv, (long long)c->head_dim);
   p->rope = ml_be_alloc(be, ml_mul_sat(ml_mul_sat(4 * slots, cap), p->half), sizeof(float),
                         "the RoPE tables (%lld sequence slots x %lld positions x head_dim %lld)",
                         (long long)slots, (long long)cap, (long long)c->head_dim);

@@ -52,10 +52,12 @@ typedef struct ml_kv_pool {
   int64_t nseg;
 } ml_kv_pool;
 
-/* Allocates slots × cap positions of keys and values for every layer of c,
- * and their RoPE tables. Errors: allocation, naming the sizes. */
-int ml_kv_pool_create(ml_kv_pool *p, ml_backend *be, const ml_model_config *c, int64_t slots,
-                      int64_t cap);
+/* Allocates slots × cap positions of keys and values of nkv key/value
+ * heads (this rank's: c->n_kv_heads on one rank, its local heads under
+ * tensor parallelism, parallel/tp.h) for every layer of c, and their RoPE
+ * tables. Errors: allocation, naming the sizes. */
+int ml_kv_pool_create(ml_kv_pool *p, ml_backend *be, const ml_model_config *c, int64_t nkv,
+                      int64_t slots, int64_t cap);
 void ml_kv_pool_destroy(ml_kv_pool *p);
 
 /* Slot s's RoPE tables for a sequence whose prompt has P tokens

@@ -2,7 +2,8 @@
  * full forward and their log-probs meshlm_logprobs'; seeds; n = 0 on some
  * ranks; eos; after a train step the replica has the new weights;
  * meshlm_generate_samples (n samples, stop ids, per-prompt max_new_tokens,
- * finish reasons, the first 0.2 struct layout).
+ * finish reasons, the first 0.2 struct layout); sampling.replica (the
+ * policy's mesh or a replica per rank, and what each refuses).
  * The suite, its meshes and its helpers: api_util.h. */
 
 #include <math.h>
@@ -93,7 +94,7 @@ static double gen_vs_scoring(meshlm_session *scorer, const batch *p, const gen_o
 /* Greedy on the mesh session: each token is the argmax of the full
  * forward's distribution (meshlm_logprobs of prefix + v for every v) and
  * its log-prob is meshlm_logprobs'. Both sides are fp32 evaluations of the
- * same log-probs (the replica's KV-cache path, the mesh's full forward):
+ * same log-probs (generation's KV-cache path, the mesh's full forward):
  * ||c − f|| <= tol·||f|| for the vector over the vocabulary at a position
  * (tolerance.h §3), so the generated t, maximising c, has f_t >= max_v f_v
  * − sqrt(2)·tol·||f|| (as tests/mpi/test_generate.c). Then eos: a row
@@ -236,7 +237,7 @@ static void test_generate_after_step(void **state) {
   sp.greedy = 1;
   sp.max_new_tokens = NEW;
   sp.eos_token_id = -2;
-  gen_out before = generate_ok(s, &q, &sp); /* the replica at the fixture's weights */
+  gen_out before = generate_ok(s, &q, &sp); /* the policy's mesh at the fixture's weights */
   double tol = lp_tol(7 + NEW);
   assert_true(gen_vs_scoring(old, &p, &before) <= tol);
   gbatch g = gbatch_make(44);
@@ -253,6 +254,75 @@ static void test_generate_after_step(void **state) {
   batch_free(&p);
   meshlm_close(old);
   meshlm_close(s);
+}
+
+/* sampling.replica: 0 (the policy's mesh, the default) and 1 (a replica
+ * per rank) both within the bound of scoring (greedy, as
+ * test_generate_greedy); replica 2 refused naming the field. On a mesh with
+ * tp 2: with replica 0 tp ranks passing different prompts, or different
+ * sampling (a seed), are refused on every rank, naming what differs; with
+ * replica 1 each rank samples its own. A cp 2 session (4 ranks) refuses
+ * replica 0 naming cp and serves replica 1. */
+static void test_generate_replica(void **state) {
+  (void)state;
+  meshlm_options o = mesh_opts();
+  meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+  meshlm_info in = info_of(s);
+  batch p = prompts_of(in.dp_rank, 800);
+  meshlm_seqs q = seqs_of(&p);
+  meshlm_sampling sp;
+  meshlm_sampling_default(&sp);
+  sp.greedy = 1;
+  sp.max_new_tokens = NEW;
+  sp.eos_token_id = -2;
+  double tol = lp_tol(7 + NEW);
+  for (int r = 0; r < 2; r++) {
+    sp.replica = r;
+    gen_out g = generate_ok(s, &q, &sp);
+    double err = gen_vs_scoring(s, &p, &g);
+    printf("[rank %d] replica %d: generated log-probs vs meshlm_logprobs rel L2 %.3g (bound "
+           "%.3g)\n", g_rank, r, err, tol);
+    assert_true(err <= tol);
+    gen_free(&g);
+  }
+  int32_t *tok = xcalloc((size_t)(4 * NEW), sizeof *tok);
+  int64_t *len = xcalloc(4, sizeof *len);
+  sp.replica = 2;
+  expect_fail(s, meshlm_generate(s, &q, &sp, tok, len, NULL), "replica 2", "replica 2");
+  if (in.tp > 1) {
+    batch other = prompts_of(in.dp_rank + 2 * in.tp_rank, 800); /* differs on tp rank 1 */
+    meshlm_seqs qo = seqs_of(&other);
+    sp.replica = 0;
+    expect_fail(s, meshlm_generate(s, &qo, &sp, tok, len, NULL), "different batches",
+                "tp ranks' prompts");
+    sp.seed = (uint64_t)in.tp_rank;
+    expect_fail(s, meshlm_generate(s, &q, &sp, tok, len, NULL), "different sampling",
+                "tp ranks' seeds");
+    sp.replica = 1;
+    sp.seed = 0;
+    gen_out g = generate_ok(s, &qo, &sp);
+    gen_free(&g);
+    batch_free(&other);
+  }
+  meshlm_close(s);
+  if (g_world == 4) {
+    meshlm_options oc;
+    meshlm_options_default(&oc);
+    oc.cp = 2;
+    meshlm_session *c = open_ok(g_fixture, &oc, MPI_COMM_WORLD);
+    batch pc = prompts_of(info_of(c).dp_rank, 800);
+    meshlm_seqs qc = seqs_of(&pc);
+    sp.replica = 0;
+    expect_fail(c, meshlm_generate(c, &qc, &sp, tok, len, NULL), "cp 2", "replica 0 under cp");
+    sp.replica = 1;
+    gen_out g = generate_ok(c, &qc, &sp);
+    gen_free(&g);
+    batch_free(&pc);
+    meshlm_close(c);
+  }
+  free(tok);
+  free(len);
+  batch_free(&p);
 }
 
 /* The header's bound: max_new_tokens up to meshlm_info.max_seq_len − the
@@ -384,6 +454,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_generate_greedy),
       cmocka_unit_test(test_generate_seeds),
       cmocka_unit_test(test_generate_after_step),
+      cmocka_unit_test(test_generate_replica),
       cmocka_unit_test(test_generate_bound),
       cmocka_unit_test(test_generate_samples),
   };

@@ -178,6 +178,12 @@ def test_generate(model_dir):
         assert f1 == ["length"] * len(mine)
         assert all(np.array_equal(a, b) for a, b in zip(g1, g2))
         assert [len(t) for t in g1] == [6] * len(mine)   # no eos in a byte-vocabulary config
+        # the per-rank replica (replica=True) against the policy's mesh (the default; here
+        # one rank or dp_shard 2: FSDP's gathered weights are the replica's bits, the same
+        # kernels run on them): bitwise the same
+        gr, lr, _ = p.generate(mine, max_new_tokens=6, greedy=True, replica=True)
+        assert all(np.array_equal(a, b) for a, b in zip(g1, gr))
+        assert all(np.array_equal(a, b) for a, b in zip(l1, lr))
         assert all(t.dtype == np.int32 and lp.dtype == np.float32 for t, lp in zip(g1, l1))
         s1, _, _ = p.generate(mine, max_new_tokens=8, seed=1)
         s2, _, _ = p.generate(mine, max_new_tokens=8, seed=1)
@@ -215,8 +221,19 @@ def test_generate(model_dir):
             p.generate(mine, max_new_tokens=4, top_k=-1)
         # after a step, generation sees the new weights
         p.train_step([np.concatenate([mine[0], [7] * 12])])
-        _, l3, _ = p.generate(mine, max_new_tokens=6, greedy=True)
+        g3, l3, _ = p.generate(mine, max_new_tokens=6, greedy=True)
         assert not all(np.array_equal(a, b) for a, b in zip(l1, l3))
+        # the policy's mesh after a packed training step (its positions set aside: a prefill
+        # longer than the step's tokens reads none of them) = the replica refitted with the
+        # new weights, bitwise
+        g3r, l3r, _ = p.generate(mine, max_new_tokens=6, greedy=True, replica=True)
+        assert all(np.array_equal(a, b) for a, b in zip(g3, g3r))
+        assert all(np.array_equal(a, b) for a, b in zip(l3, l3r))
+        p.train_step([mine[0]])
+        longer = [np.tile(mine[0], 40)[:p.info["max_seq_len"] - 6]]
+        g4, l4, _ = p.generate(longer, max_new_tokens=6, greedy=True)
+        g4r, l4r, _ = p.generate(longer, max_new_tokens=6, greedy=True, replica=True)
+        assert np.array_equal(g4[0], g4r[0]) and np.array_equal(l4[0], l4r[0])
         # every rank with no prompt
         assert p.generate([], max_new_tokens=4) == ([], [], [])
 

@@ -1,0 +1,55 @@
+/* The vocab-parallel parameters whole for a generation call (gen_vocab.h). */
+#include "engine/gen_vocab.h"
+
+#include "common/checked.h"
+#include "common/status.h"
+
+static int64_t numel(const ml_param *p) { return p->local[0] * p->local[1]; }
+
+int ml_gen_vocab_whole(ml_fsdp *f, ml_gen_vocab *v) {
+  *v = (ml_gen_vocab){0};
+  if (!f->vocab_parallel) return 0;
+  for (int u = 0; u < f->n_units && !v->unit; u++)
+    for (int i = 0; i < f->units[u].n; i++)
+      if (f->units[u].vocab[i]) v->unit = &f->units[u];
+  if (!v->unit) return 0;
+  ml_fsdp_unit *unit = v->unit;
+  v->full = ml_be_alloc(f->be, unit->full_numel, sizeof(float),
+                        "generate: the vocab-parallel unit unsharded (%lld floats)",
+                        (long long)unit->full_numel);
+  if (!v->full) return -1;
+  ML_TRY(ml_fsdp_gather_flat(f, (int)(unit - f->units), unit->shard, v->full));
+  ml_dtype pt = f->opts.param_dtype;
+  int64_t total = 0; /* the vocab-parallel parameters' elements, laid out one after another */
+  for (int i = 0; i < unit->n; i++)
+    if (unit->vocab[i]) total = ml_add_sat(total, numel(unit->params[i]));
+  if (pt != ML_F32) {
+    v->cast = ml_be_alloc(f->be, total, ml_dtype_size(pt),
+                          "generate: the vocab-parallel parameters in %s (%lld elements)",
+                          ml_dtype_name(pt), (long long)total);
+    if (!v->cast) return -1;
+  }
+  int64_t at = 0;
+  for (int i = 0; i < unit->n; i++) {
+    if (!unit->vocab[i]) continue;
+    ml_param *p = unit->params[i];
+    float *whole = v->full + unit->full_off[i];
+    if (pt == ML_F32) {
+      p->data = whole;
+      continue;
+    }
+    void *dst = (char *)v->cast + ml_dtype_size(pt) * (size_t)at;
+    ML_TRY(ml_be_convert(f->be, dst, pt, whole, ML_F32, (size_t)numel(p)));
+    p->data = dst;
+    at += numel(p);
+  }
+  return 0;
+}
+
+void ml_gen_vocab_release(ml_fsdp *f, ml_gen_vocab *v) {
+  for (int i = 0; v->unit && i < v->unit->n; i++)
+    if (v->unit->vocab[i]) v->unit->params[i]->data = NULL;
+  ml_be_free(f->be, v->full);
+  ml_be_free(f->be, v->cast);
+  *v = (ml_gen_vocab){0};
+}

@@ -313,7 +313,8 @@ static inline double tol_k_moe_bwd(const tol_model *m) {
 /* One layer's forward. */
 static inline double tol_k_layer_fwd(const tol_model *m) {
   double H = m->hidden, hd = m->head_dim, S = m->seq;
-  return tol_k_moe_fwd(m) + 4.0 * (H + 4.0)                     /* four RMSNorms: sum of H squares, rstd 3, scale 1 */
+  return tol_k_moe_fwd(m)                     /* a sparse block's router and combine (0: dense) */
+         + 4.0 * (H + 4.0)                   /* four RMSNorms: sum of H squares, rstd 3, scale 1 */
          + tol_signed(H + 1.0)               /* q, k, v projections (+ bias) */
          + (hd + 4.0)                        /* q_norm, k_norm */
          + tol_signed(2.0) + S + TOL_LIBM + 1.0 /* rope: rotation; the angle pos·f rounded
@@ -334,7 +335,8 @@ static inline double tol_k_layer_fwd(const tol_model *m) {
 /* One layer's backward, from its output gradient to its input gradient. */
 static inline double tol_k_layer_bwd(const tol_model *m) {
   double H = m->hidden, hd = m->head_dim, S = m->seq, group = m->heads / m->kv_heads;
-  return tol_k_moe_bwd(m) + 2.0 * tol_signed(2.0)    /* residual gradient adds */
+  return tol_k_moe_bwd(m)                            /* a sparse block's (0: dense) */
+         + 2.0 * tol_signed(2.0)                     /* residual gradient adds */
          + tol_signed(H)                             /* down_proj input gradient */
          + 12.0 + TOL_LIBM                           /* activation backward */
          + tol_signed(2.0 * m->intermediate)         /* gate + up input gradients */

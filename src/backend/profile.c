@@ -2,6 +2,7 @@
 #include "backend/profile.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,7 @@ typedef struct {
 } op_class;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static int enabled = -1; /* -1: environment not read yet */
+static _Atomic int enabled = -1; /* -1: environment not read yet (read outside the lock) */
 static op_class classes[MAX_CLASSES];
 static int n_classes;
 static char current[NAME_CAP]; /* the operator running since `since` ("" before the first) */

@@ -61,6 +61,11 @@ enum : size_t {
   SMEM_STATIC_MAX = 48 * 1024,  // sm_90: static __shared__ per block
   SMEM_OPTIN_MAX = 232448,      // sm_90: 227 KiB per block, opted in
 };
+struct EmuCopy {  // one cp.async
+  void *dst;
+  const void *src;  // nullptr: zeros
+  int bytes;
+};
 struct EmuThread {
   void *sp;
   char *stack;
@@ -70,6 +75,8 @@ struct EmuThread {
   long nblock, nwarp;  // barriers and collectives reached (divergence check)
   emu_op op;           // the collective it waits at
   void *fake;
+  std::vector<EmuCopy> cp_open;                  // cp.async since the last commit
+  std::vector<std::vector<EmuCopy>> cp_groups;  // committed, not landed, oldest first
 };
 
 uint3 emu_block_idx;
@@ -179,9 +186,10 @@ static void release_warp(unsigned w, unsigned n) {
 // a kernel without barriers: each thread to its end, in order
 static void run_direct(unsigned nthreads, std::vector<unsigned> &order, std::mt19937 &rng) {
   dim3 bd = emu_block_dim;
-  EmuThread t = {};
+  EmuThread t;
   if (emu_order == 2) std::shuffle(order.begin(), order.end(), rng);
   for (unsigned i : order) {
+    t = EmuThread();
     t.tid = i;
     t.idx = {i % bd.x, (i / bd.x) % bd.y, i / (bd.x * bd.y)};
     cur = &t;
@@ -451,4 +459,27 @@ void emu_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   }
   int g = lane >> 2, t = lane & 3;
   for (int e = 0; e < 4; e++) c[e] = (float)(c[e] + mp.p[g + 8 * (e >> 1)][2 * t + (e & 1)]);
+}
+
+/* ---- cp.async ---------------------------------------------------------------- */
+
+void emu_cp_async(void *dst, const void *src, int bytes, bool in) {
+  const unsigned char *c = (const unsigned char *)dst;
+  if (c < dyn_smem || c + bytes > dyn_smem + dyn_smem_size) die("cp.async out of shared memory");
+  if ((uintptr_t)(c - dyn_smem) % bytes || (uintptr_t)src % bytes) die("cp.async misaligned");
+  cur->cp_open.push_back({dst, in ? src : nullptr, bytes});
+}
+
+void emu_cp_commit() {
+  cur->cp_groups.push_back(std::move(cur->cp_open));
+  cur->cp_open.clear();
+}
+
+void emu_cp_wait(int n) {
+  auto &g = cur->cp_groups;
+  size_t land = g.size() > (size_t)n ? g.size() - (size_t)n : 0;
+  for (size_t i = 0; i < land; i++)
+    for (const EmuCopy &x : g[i])
+      x.src ? (void)memcpy(x.dst, x.src, x.bytes) : (void)memset(x.dst, 0, x.bytes);
+  g.erase(g.begin(), g.begin() + (long)land);
 }

@@ -177,6 +177,13 @@ T atomicAdd(T *p, T v) {
 /* ---- tensor cores (attention.cu's inline PTX, emulated from the PTX ISA) -- */
 void emu_ldsm(uint32_t (&r)[4], const __nv_bfloat16 *p, bool trans);
 void emu_mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
+/* cp.async: a thread's copies (bytes to shared memory; zeros when !in) are
+ * queued and land only at its emu_cp_wait(n), which lands all but its n most
+ * recently committed groups (emu_cp_commit closes a group), as
+ * cp.async.wait_group: a tile read before its wait reads the 0xFF fill. */
+void emu_cp_async(void *dst, const void *src, int bytes, bool in);
+void emu_cp_commit();
+void emu_cp_wait(int n);
 
 /* ---- shared memory ----------------------------------------------------------
  * Dynamic: one exact-size buffer per block (AddressSanitizer sees overruns),

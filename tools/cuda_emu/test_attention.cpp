@@ -135,11 +135,15 @@ int run(const Cfg &c, unsigned seed) {
     float *dq = alloc_f(nq, NAN), *dk = alloc_f(nk, NAN), *dv = alloc_f(nk, NAN);
     size_t wb = kc_attention_bwd_work(B, S, nh, nkv, hd);
     float *work = alloc_f(wb / 4, NAN);
-    cudaError_t e =
-        kc_attention_fwd(nullptr, q, k, v, out, lse, B, S, nh, nkv, hd, scale, c.win, c.bf);
+    // bf16: the rounded copies of q, k, v, dout (NaN-filled first: a tile
+    // copied from past a tensor's end would show); fp32: none
+    float *stage =
+        c.bf ? alloc_f(kc_attention_stage_bytes(B, S, nh, nkv, hd, true) / 4, NAN) : nullptr;
+    cudaError_t e = kc_attention_fwd(nullptr, q, k, v, out, lse, B, S, nh, nkv, hd, scale, c.win,
+                                     c.bf, stage);
     if (e == cudaSuccess)
       e = kc_attention_bwd(nullptr, dout, q, k, v, out, lse, dq, dk, dv, B, S, nh, nkv, hd, scale,
-                           c.win, c.bf, work);
+                           c.win, c.bf, work, stage);
     if (e != cudaSuccess) {
       printf("launch error %d (%s)\n", e, kc_failed_kernel());
       attn_bounds_free(&bd);
@@ -151,6 +155,7 @@ int run(const Cfg &c, unsigned seed) {
     outs[pass][3] = dk;
     outs[pass][4] = dv;
     free(work);
+    free(stage);
   }
   size_t ns[5] = {nq, (size_t)(B * nh * S), nq, nk, nk};
   const std::vector<double> *refs[5] = {&ro, &rlse, &rdq, &rdk, &rdv};
@@ -186,16 +191,25 @@ static int refused() {
   int fails = 0;
   float *x = alloc_f(1024, 0.0f);
   for (int64_t hd : {2, 6, 12, 260, 264}) {
-    cudaError_t e = kc_attention_fwd(nullptr, x, x, x, x, x, 1, 1, 1, 1, hd, 1.0f, 0, false);
+    cudaError_t e =
+        kc_attention_fwd(nullptr, x, x, x, x, x, 1, 1, 1, 1, hd, 1.0f, 0, false, nullptr);
     const char *name = kc_failed_kernel();
     printf("hd=%ld: %s%s\n", (long)hd, e == cudaErrorInvalidValue ? "refused" : "NOT refused",
            name ? " by a launch" : "");
     fails += e != cudaErrorInvalidValue || name;
   }
   // pointers not 16-byte aligned: refused (the tiles load float4)
-  cudaError_t e = kc_attention_fwd(nullptr, x + 1, x, x, x, x, 1, 1, 1, 1, 8, 1.0f, 0, false);
+  cudaError_t e =
+      kc_attention_fwd(nullptr, x + 1, x, x, x, x, 1, 1, 1, 1, 8, 1.0f, 0, false, nullptr);
   printf("q misaligned: %s\n", e == cudaErrorInvalidValue ? "refused" : "NOT refused");
   fails += e != cudaErrorInvalidValue;
+  // bf16 without its stage, or with a misaligned one: refused
+  for (float *st : {(float *)nullptr, x + 1}) {
+    e = kc_attention_fwd(nullptr, x, x, x, x, x, 1, 1, 1, 1, 8, 1.0f, 0, true, st);
+    printf("bf16 stage %s: %s\n", st ? "misaligned" : "missing",
+           e == cudaErrorInvalidValue ? "refused" : "NOT refused");
+    fails += e != cudaErrorInvalidValue;
+  }
   free(x);
   return fails;
 }

@@ -3,8 +3,8 @@
 # becomes emu_launch(kernel, ...,; extern __shared__ arrays become the
 # block's dynamic shared memory and __shared__ arrays emu_shared buffers;
 # each kernel begins with emu_kernel_entry (below); attention.cu's
-# inline-PTX wrappers (ldmatrix x4, its .trans form, mma m16n8k16 bf16)
-# call the emulations. Every rewrite must find
+# inline-PTX wrappers (ldmatrix x4, its .trans form, mma m16n8k16 bf16,
+# cp.async and its commit/wait) call the emulations. Every rewrite must find
 # what it expects (an assert fails otherwise), so a kernel source that
 # outgrows the emulator stops the build instead of compiling differently.
 # usage: transform.py in.cu out.cpp
@@ -72,6 +72,10 @@ if 'asm' in s:
     s = repl_fn(s, 'ldsm_x4', '  emu_ldsm(r, p, false);')
     s = repl_fn(s, 'ldsm_x4_t', '  emu_ldsm(r, p, true);')
     s = repl_fn(s, 'mma_bf16', '  emu_mma(c, a, b0, b1);')
+    s = repl_fn(s, 'cp_async16', '  emu_cp_async(dst, src, 16, in);')
+    s = repl_fn(s, 'cp_async4', '  emu_cp_async(dst, src, 4, in);')
+    s = repl_fn(s, 'cp_async_commit', '  emu_cp_commit();')
+    s = repl_fn(s, 'cp_async_wait', '  emu_cp_wait(N);')
     assert not re.search(r'\basm\b', s), name
 
 os.makedirs(os.path.dirname(os.path.abspath(sys.argv[2])), exist_ok=True)

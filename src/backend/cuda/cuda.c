@@ -302,13 +302,35 @@ static int attention_compute(ml_dtype compute) {
   return ml_err("attention: compute dtype %s; expected F32 or BF16", ml_dtype_name(compute));
 }
 
+/* bf16 attention's scratch from the pool: the bf16 copies of q, k, v (and
+ * dout) its tiles are copied from (kc_attention_stage_bytes); NULL in fp32.
+ * Freed right after the launch: the pool's next user is stream-ordered
+ * after the attention kernels (as the GEMMs' operands, gemm.c). */
+static int attention_stage(ml_backend *be, ml_dtype compute, int64_t B, int64_t S, int64_t nh,
+                           int64_t nkv, int64_t hd, bool dout, void **stage) {
+  *stage = NULL;
+  if (compute != ML_BF16) return 0;
+  size_t n = kc_attention_stage_bytes(B, S, nh, nkv, hd, dout);
+  if (n > (size_t)INT64_MAX)
+    return ml_err("attention: the bf16 copies of q, k, v of B %lld, S %lld, %lld/%lld heads of "
+                  "%lld overflow 64 bits",
+                  (long long)B, (long long)S, (long long)nh, (long long)nkv, (long long)hd);
+  *stage = ml_be_alloc(be, (int64_t)n, 1, "attention's bf16 copies of q, k, v%s",
+                       dout ? " and dout" : "");
+  return *stage ? 0 : -1;
+}
+
 static int cu_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
                             float *out, float *lse, int64_t B, int64_t S, int64_t nh, int64_t nkv,
                             int64_t hd, float scale, int64_t window, ml_dtype compute) {
+  void *stage;
   ML_TRY(attention_compute(compute));
-  return ml_cuda_launched(kc_attention_fwd(impl(be)->stream, q, k, v, out, lse, B, S, nh, nkv, hd,
-                                           scale, window, compute == ML_BF16),
-                          "attention forward");
+  ML_TRY(attention_stage(be, compute, B, S, nh, nkv, hd, false, &stage));
+  int rc = ml_cuda_launched(kc_attention_fwd(impl(be)->stream, q, k, v, out, lse, B, S, nh, nkv,
+                                             hd, scale, window, compute == ML_BF16, stage),
+                            "attention forward");
+  ml_be_free(be, stage);
+  return rc;
 }
 
 static int cu_attention_bwd(ml_backend *be, const float *dout, const float *q, const float *k,
@@ -316,10 +338,15 @@ static int cu_attention_bwd(ml_backend *be, const float *dout, const float *q, c
                             float *dk, float *dv, int64_t B, int64_t S, int64_t nh, int64_t nkv,
                             int64_t hd, float scale, int64_t window, ml_dtype compute,
                             void *work) {
+  void *stage;
   ML_TRY(attention_compute(compute));
-  return ml_cuda_launched(kc_attention_bwd(impl(be)->stream, dout, q, k, v, out, lse, dq, dk, dv, B,
-                                           S, nh, nkv, hd, scale, window, compute == ML_BF16, work),
-                          "attention backward");
+  ML_TRY(attention_stage(be, compute, B, S, nh, nkv, hd, true, &stage));
+  int rc = ml_cuda_launched(kc_attention_bwd(impl(be)->stream, dout, q, k, v, out, lse, dq, dk, dv,
+                                             B, S, nh, nkv, hd, scale, window, compute == ML_BF16,
+                                             work, stage),
+                            "attention backward");
+  ml_be_free(be, stage);
+  return rc;
 }
 
 static int cu_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,

@@ -72,6 +72,8 @@ constexpr float LN2 = 0.6931471805599453f;
 struct Params {
   const float *q, *k, *v;  /* [B·S, nh | nkv, hd] */
   const float *dout;       /* backward */
+  /* bf16 mode: q, k, v (and dout) rounded to bf16 once, same layout */
+  const bf16 *qh, *kh, *vh, *douth;
   const float *lse_in;     /* backward: the forward's lse */
   const float *D;          /* backward: rowsum(dout ⊙ out) [B, nh, S] */
   float *o, *lse;          /* forward results */
@@ -158,25 +160,69 @@ __device__ __forceinline__ const bf16 *frag_bt(const bf16 *X, int ld, int r0, in
   return X + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + c0 + (lane >> 4) * 8;
 }
 
-/* ---- staging tiles in shared memory -------------------------------------
- * Rows 0..R−1 of a tile come from src + r·ld (fp32, hd columns); rows past
- * nrows and columns past hd are zero, so padded keys and queries score 0,
- * padded values add 0, and no uninitialised shared memory is ever read. */
+/* ---- asynchronous copies (PTX ISA 9.7.9.25: cp.async, sm_80) -------------
+ * A thread's copies global → shared bypass its registers; they land when
+ * cp_async_wait<N>() has retired all but its N most recent committed groups,
+ * and other threads see them after the __syncthreads that follows. `in`
+ * false copies nothing and writes zeros (src-size 0; src is not read). */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool in) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap(); /* cp.async needs sm_80: build for sm_90 */
+#else
+  uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(in ? 16 : 0)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async4(void *dst, const void *src, bool in) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  __trap();
+#else
+  uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src),
+               "r"(in ? 4 : 0)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
 
-/* bf16 tile [R][HP + 8]: 8-element (16-byte) padding per row keeps the
- * ldmatrix row addresses 16-byte aligned and spreads 8 consecutive rows
+/* ---- staging tiles in shared memory -------------------------------------
+ * Rows 0..R−1 of a tile come from src + r·ld (hd columns); rows past nrows
+ * and columns past hd are zero, so padded keys and queries score 0, padded
+ * values add 0, and no uninitialised shared memory is ever read. */
+
+/* bf16 tile [R][HP + 8] from the bf16 copy of a tensor, by cp.async (the
+ * caller commits and waits). The 8-element (16-byte) padding per row keeps
+ * the ldmatrix row addresses 16-byte aligned and spreads 8 consecutive rows
  * over distinct banks. */
 template <int R, int HP, int NT>
-__device__ __forceinline__ void stage_bf16(bf16 *dst, const float *__restrict__ src, int64_t ld,
-                                           int nrows, int hd) {
-  constexpr int C4 = HP / 4; /* float4 chunks per row; hd % 8 == 0: a chunk is all in or out */
-  for (int e = threadIdx.x; e < R * C4; e += NT) {
-    int r = e / C4, c = (e % C4) * 4;
-    float4 x = {0.f, 0.f, 0.f, 0.f};
-    if (r < nrows && c < hd) x = *reinterpret_cast<const float4 *>(src + r * ld + c);
-    uint2 u = {pack_bf16(x.x, x.y), pack_bf16(x.z, x.w)};
-    *reinterpret_cast<uint2 *>(dst + r * (HP + 8) + c) = u;
+__device__ __forceinline__ void stage_async(bf16 *dst, const bf16 *__restrict__ src, int64_t ld,
+                                            int nrows, int hd) {
+  constexpr int C8 = HP / 8; /* 16-byte chunks per row; hd % 8 == 0: a chunk is all in or out */
+  for (int e = threadIdx.x; e < R * C8; e += NT) {
+    const int r = e / C8, c = (e % C8) * 8;
+    const bool in = r < nrows && c < hd;
+    cp_async16(dst + r * (HP + 8) + c, in ? src + r * ld + c : src, in);
   }
+}
+
+/* Double buffering: 2 stages (the next tile's copies in flight while the
+ * current one is computed) when `blocks` blocks of that size still fit an
+ * SM's shared memory (sm_90: 228 KiB, 1 KiB of it reserved per block), else
+ * 1 (each tile copied, then computed: the other resident block overlaps). */
+constexpr int stages_for(size_t smem2, int blocks) {
+  return (smem2 + 1024) * blocks <= 233472 ? 2 : 1;
 }
 
 /* fp32 tile [R][HP + 1]: the odd row stride puts the 8 rows a warp reads
@@ -236,12 +282,15 @@ __device__ __forceinline__ bool tile_masked(int i0, int BM, int j0, int BN, int 
  * accumulator registers re-packed as bf16 A fragments (the C layout of two
  * adjacent n-tiles is the A layout of one k-step) and V via ldmatrix.trans.
  * MT = 2 (32 rows per warp) halves the shared-memory traffic per mma where
- * the registers allow it; BN shrinks for wide heads for the same reason. */
+ * the registers allow it; BN shrinks for wide heads for the same reason.
+ * Key/value tiles are double-buffered: tile kb + 1 is copied (cp.async)
+ * while tile kb is computed. */
 template <int HP>
 struct FwdBf16 {
   static constexpr int MT = HP <= 64 ? 2 : 1, NW = 4, NT = 32 * NW;
   static constexpr int BM = 16 * MT * NW, BN = HP <= 128 ? 64 : 32, LD = HP + 8;
-  static constexpr size_t smem = (size_t)(BM + 2 * BN) * LD * sizeof(bf16);
+  /* Qs [BM][LD]; per buffer Ks, Vs [BN][LD] */
+  static constexpr size_t smem = (size_t)(BM + 4 * BN) * LD * sizeof(bf16);
 };
 
 template <int HP>
@@ -249,17 +298,26 @@ __global__ void __launch_bounds__(FwdBf16<HP>::NT) fwd_bf16(Params p) {
   using C = FwdBf16<HP>;
   constexpr int MT = C::MT, BM = C::BM, BN = C::BN, LD = C::LD;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16 *Qs = reinterpret_cast<bf16 *>(smem), *Ks = Qs + BM * LD, *Vs = Ks + BN * LD;
+  bf16 *Qs = reinterpret_cast<bf16 *>(smem), *KV = Qs + BM * LD; /* buffer u: KV + 2·BN·LD·u */
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const QTile qt = qtile_of(p, BM);
   const int i0 = qt.qb * BM, kvh = qt.h / p.group;
   const int64_t ldq = (int64_t)p.nh * p.hd, ldk = (int64_t)p.nkv * p.hd;
   const float sl2 = p.scale * LOG2E; /* scores in log2 units: exp(x) = exp2(x·log2 e) */
+  /* key/value tile kb into buffer u */
+  auto stage_kv = [&](int kb, int u) {
+    const int j0 = kb * BN;
+    const int64_t koff = row_off(qt.b, j0, p.nkv, kvh, p.S, p.hd);
+    stage_async<BN, HP, C::NT>(KV + 2 * BN * LD * u, p.kh + koff, ldk, p.S - j0, p.hd);
+    stage_async<BN, HP, C::NT>(KV + 2 * BN * LD * u + BN * LD, p.vh + koff, ldk, p.S - j0, p.hd);
+  };
 
-  stage_bf16<BM, HP, C::NT>(Qs, p.q + row_off(qt.b, i0, p.nh, qt.h, p.S, p.hd), ldq,
-                            p.S - i0, p.hd);
   int kb0, kb1;
   key_tiles(p, i0, BM, BN, kb0, kb1);
+  stage_async<BM, HP, C::NT>(Qs, p.qh + row_off(qt.b, i0, p.nh, qt.h, p.S, p.hd), ldq, p.S - i0,
+                             p.hd);
+  stage_kv(kb0, 0);
+  cp_async_commit();
 
   const int wr = warp * 16 * MT; /* first tile row of this warp */
   float o[MT][HP / 8][4] = {};   /* out accumulator, C layout per 8 columns */
@@ -270,12 +328,17 @@ __global__ void __launch_bounds__(FwdBf16<HP>::NT) fwd_bf16(Params p) {
     for (int hf = 0; hf < 2; hf++) m[mt][hf] = -INFINITY, l[mt][hf] = 0.f;
 
   for (int kb = kb0; kb <= kb1; kb++) {
-    const int j0 = kb * BN;
-    __syncthreads(); /* the previous tile's Ks, Vs are no longer read (first pass: no-op) */
-    const int64_t koff = row_off(qt.b, j0, p.nkv, kvh, p.S, p.hd);
-    stage_bf16<BN, HP, C::NT>(Ks, p.k + koff, ldk, p.S - j0, p.hd);
-    stage_bf16<BN, HP, C::NT>(Vs, p.v + koff, ldk, p.S - j0, p.hd);
-    __syncthreads(); /* Qs (first pass), Ks, Vs staged */
+    const int j0 = kb * BN, u = (kb - kb0) & 1;
+    __syncthreads(); /* tile kb − 1 (buffer u ^ 1, refilled next) is no longer read */
+    if (kb < kb1) {
+      stage_kv(kb + 1, u ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>(); /* all but tile kb + 1's copies have landed */
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads(); /* Qs (first pass) and tile kb staged, for every thread */
+    const bf16 *Ks = KV + 2 * BN * LD * u, *Vs = Ks + BN * LD;
 
     float s[MT][BN / 8][4] = {};
 #pragma unroll
@@ -397,18 +460,26 @@ __global__ void __launch_bounds__(FwdBf16<HP>::NT) fwd_bf16(Params p) {
  *            bf16 into shared memory;
  *   phase 2: the tile's gradient rows 16·(w%4).. and head columns
  *            (HP/2)·(w/4).. accumulate (HP/2 columns per warp keeps the
- *            accumulators within registers at HP = 256). */
+ *            accumulators within registers at HP = 256).
+ * The tiles a kernel streams (dk/dv: the query tiles' Qs, dOs, lse, D; dq:
+ * the key tiles' Ks, Vs) are double-buffered where shared memory allows
+ * (stages_for): the next one is copied while the current one is computed. */
 template <int HP>
 struct BwdBf16 {
   static constexpr int NT = 256, BM = 64, BN = 64, LD = HP + 8, LP = 64 + 8, DW = HP / 2;
   /* 2 blocks per SM (registers capped at 128) where that costs no spills */
   static constexpr int MINB = HP <= 128 ? 2 : 1;
-  /* dk/dv: Ks, Vs, Qs, dOs [64][LD], Pt, dSt [64][LP] bf16; lse, D [64] fp32 */
-  static constexpr size_t smem_kv =
-      (size_t)(2 * BN + 2 * BM) * LD * sizeof(bf16) + 2 * BN * LP * sizeof(bf16) + 2 * BM * 4;
-  /* dq: Qs, dOs, Ks, Vs [64][LD], dS [64][LP] bf16 */
-  static constexpr size_t smem_q =
-      (size_t)(2 * BM + 2 * BN) * LD * sizeof(bf16) + BM * LP * sizeof(bf16);
+  /* dk/dv: Ks, Vs [64][LD], Pt, dSt [64][LP] bf16; per stage Qs, dOs [64][LD] bf16 and
+   * lse, D [64] fp32 */
+  static constexpr size_t kv_fixed = (size_t)2 * BN * LD * sizeof(bf16) + 2 * BN * LP * sizeof(bf16);
+  static constexpr size_t kv_stage = (size_t)2 * BM * LD * sizeof(bf16) + 2 * BM * 4;
+  static constexpr int KV_STAGES = stages_for(kv_fixed + 2 * kv_stage, MINB);
+  static constexpr size_t smem_kv = kv_fixed + KV_STAGES * kv_stage;
+  /* dq: Qs, dOs [64][LD], dS [64][LP] bf16; per stage Ks, Vs [64][LD] bf16 */
+  static constexpr size_t q_fixed = (size_t)2 * BM * LD * sizeof(bf16) + BM * LP * sizeof(bf16);
+  static constexpr size_t q_stage = (size_t)2 * BN * LD * sizeof(bf16);
+  static constexpr int Q_STAGES = stages_for(q_fixed + 2 * q_stage, MINB);
+  static constexpr size_t smem_q = q_fixed + Q_STAGES * q_stage;
 };
 
 /* Phase 1 of both backward kernels, per warp: x1 += A1·B1^T and x2 += A2·B2^T
@@ -447,9 +518,9 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dkdv_bf16(
   using C = BwdBf16<HP>;
   constexpr int BM = C::BM, BN = C::BN, LD = C::LD, LP = C::LP, DW = C::DW;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16 *Ks = reinterpret_cast<bf16 *>(smem), *Vs = Ks + BN * LD, *Qs = Vs + BN * LD;
-  bf16 *dOs = Qs + BM * LD, *Pt = dOs + BM * LD, *dSt = Pt + BN * LP;
-  float *lse_s = reinterpret_cast<float *>(dSt + BN * LP), *D_s = lse_s + BM;
+  bf16 *Ks = reinterpret_cast<bf16 *>(smem), *Vs = Ks + BN * LD, *Pt = Vs + BN * LD;
+  bf16 *dSt = Pt + BN * LP;
+  unsigned char *stage0 = reinterpret_cast<unsigned char *>(dSt + BN * LP);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int bg = (int)(blockIdx.x % (unsigned)(p.B * p.nkv));
   const int kb = (int)(blockIdx.x / (unsigned)(p.B * p.nkv));
@@ -457,78 +528,99 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dkdv_bf16(
   const int64_t ldq = (int64_t)p.nh * p.hd, ldk = (int64_t)p.nkv * p.hd;
   const float sl2 = p.scale * LOG2E;
 
-  const int64_t koff = row_off(b, j0, p.nkv, kvh, p.S, p.hd);
-  stage_bf16<BN, HP, C::NT>(Ks, p.k + koff, ldk, p.S - j0, p.hd);
-  stage_bf16<BN, HP, C::NT>(Vs, p.v + koff, ldk, p.S - j0, p.hd);
-
   /* queries that see a key of this tile: i >= j0 (causal) and
-   * i <= last key + win − 1 (window) */
+   * i <= last key + win − 1 (window); the block visits the query tiles
+   * qb0 .. qb0 + nq − 1 of each head of the group: iteration n = head · nq + tile */
   const int jlast = min(j0 + BN, p.S) - 1;
   const int ilast = p.win > 0 ? min(p.S - 1, jlast + p.win - 1) : p.S - 1;
-  const int qb0 = j0 / BM, qb1 = ilast / BM;
+  const int qb0 = j0 / BM, nq = ilast / BM - qb0 + 1, nit = p.group * nq;
+  /* stage u: Qs, dOs [BM][LD] bf16, then lse (natural log), D [BM] fp32 */
+  auto Qs_of = [&](int u) { return reinterpret_cast<bf16 *>(stage0 + C::kv_stage * u); };
+  auto lse_of = [&](int u) { return reinterpret_cast<float *>(Qs_of(u) + 2 * BM * LD); };
+  /* iteration n's query tile into stage u; rows past S zero */
+  auto stage_q = [&](int n, int u) {
+    const int h = kvh * p.group + n / nq, i0 = (qb0 + n % nq) * BM;
+    const int64_t qoff = row_off(b, i0, p.nh, h, p.S, p.hd);
+    stage_async<BM, HP, C::NT>(Qs_of(u), p.qh + qoff, ldq, p.S - i0, p.hd);
+    stage_async<BM, HP, C::NT>(Qs_of(u) + BM * LD, p.douth + qoff, ldq, p.S - i0, p.hd);
+    const int64_t row = ((int64_t)b * p.nh + h) * p.S + i0;
+    for (int r = threadIdx.x; r < BM; r += C::NT) {
+      const bool in = i0 + r < p.S;
+      cp_async4(lse_of(u) + r, p.lse_in + (in ? row + r : row), in);
+      cp_async4(lse_of(u) + BM + r, p.D + (in ? row + r : row), in);
+    }
+  };
+
+  const int64_t koff = row_off(b, j0, p.nkv, kvh, p.S, p.hd);
+  stage_async<BN, HP, C::NT>(Ks, p.kh + koff, ldk, p.S - j0, p.hd);
+  stage_async<BN, HP, C::NT>(Vs, p.vh + koff, ldk, p.S - j0, p.hd);
+  if (C::KV_STAGES == 2) stage_q(0, 0);
+  cp_async_commit();
 
   const int kr = 16 * (warp & 3);  /* phase 1 and 2: this warp's 16 key rows */
   const int qc = 32 * (warp >> 2); /* phase 1: its 32 query columns */
   const int dc = DW * (warp >> 2); /* phase 2: its DW head columns */
   float dk[DW / 8][4] = {}, dv[DW / 8][4] = {};
 
-  for (int h = kvh * p.group; h < (kvh + 1) * p.group; h++) {
-    const float *lse_h = p.lse_in + ((int64_t)b * p.nh + h) * p.S;
-    const float *D_h = p.D + ((int64_t)b * p.nh + h) * p.S;
-    for (int qb = qb0; qb <= qb1; qb++) {
-      const int i0 = qb * BM;
-      __syncthreads(); /* the previous tile's phase 2 no longer reads Qs, dOs, Pt, dSt */
-      const int64_t qoff = row_off(b, i0, p.nh, h, p.S, p.hd);
-      stage_bf16<BM, HP, C::NT>(Qs, p.q + qoff, ldq, p.S - i0, p.hd);
-      stage_bf16<BM, HP, C::NT>(dOs, p.dout + qoff, ldq, p.S - i0, p.hd);
-      for (int r = threadIdx.x; r < BM; r += C::NT) {
-        const bool in = i0 + r < p.S;
-        lse_s[r] = in ? lse_h[i0 + r] * LOG2E : 0.f; /* log2 units, as the scores */
-        D_s[r] = in ? D_h[i0 + r] : 0.f;
+  for (int n = 0; n < nit; n++) {
+    const int i0 = (qb0 + n % nq) * BM, u = C::KV_STAGES == 2 ? n & 1 : 0;
+    __syncthreads(); /* iteration n − 1's phase 2 no longer reads Pt, dSt and its stage */
+    if (C::KV_STAGES == 1) {
+      stage_q(n, 0);
+      cp_async_commit();
+      cp_async_wait<0>();
+    } else if (n + 1 < nit) {
+      stage_q(n + 1, u ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>(); /* all but iteration n + 1's copies have landed */
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads(); /* Ks, Vs (first pass) and iteration n's stage, for every thread */
+    const bf16 *Qs = Qs_of(u), *dOs = Qs + BM * LD;
+    const float *lse_s = lse_of(u), *D_s = lse_s + BM;
+
+    /* phase 1: S^T = K·Q^T and dP^T = V·dO^T, 16 keys × 32 queries */
+    float st[4][4] = {}, dpt[4][4] = {};
+    products_16x32<HP, LD>(Ks, Vs, Qs, dOs, kr, qc, lane, st, dpt);
+    /* P = exp(scaled score − lse), 0 where masked or past S; dS = P ⊙ (dP − D).
+     * Element (e) of n-tile nt: key row kr + g + 8·(e/2), query qc + 8·nt + 2t + e%2. */
+    const bool masked = tile_masked(i0, BM, j0, BN, p.win) || i0 + BM > p.S;
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+      for (int hf = 0; hf < 2; hf++) {
+        float pv[2], ds[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+          const int ic = qc + 8 * nt + 2 * t + e, jr = kr + g + 8 * hf;
+          /* lse in log2 units, as the scores (__fmul_rn: never fused) */
+          const float x = st[nt][2 * hf + e] * sl2 - __fmul_rn(lse_s[ic], LOG2E);
+          const bool off = masked && (i0 + ic >= p.S || !visible(i0 + ic, j0 + jr, p.win));
+          pv[e] = off ? 0.f : exp2f(x);
+          ds[e] = pv[e] * (dpt[nt][2 * hf + e] - D_s[ic]);
+        }
+        const int at = (kr + g + 8 * hf) * LP + qc + 8 * nt + 2 * t;
+        *reinterpret_cast<uint32_t *>(Pt + at) = pack_bf16(pv[0], pv[1]);
+        *reinterpret_cast<uint32_t *>(dSt + at) = pack_bf16(ds[0], ds[1]);
       }
-      __syncthreads(); /* Ks, Vs (first pass), Qs, dOs, lse_s, D_s staged */
+    __syncthreads(); /* Pt, dSt complete */
 
-      /* phase 1: S^T = K·Q^T and dP^T = V·dO^T, 16 keys × 32 queries */
-      float st[4][4] = {}, dpt[4][4] = {};
-      products_16x32<HP, LD>(Ks, Vs, Qs, dOs, kr, qc, lane, st, dpt);
-      /* P = exp(scaled score − lse), 0 where masked or past S; dS = P ⊙ (dP − D).
-       * Element (e) of n-tile nt: key row kr + g + 8·(e/2), query qc + 8·nt + 2t + e%2. */
-      const bool masked = tile_masked(i0, BM, j0, BN, p.win) || i0 + BM > p.S;
+    /* phase 2: dV += P^T·dO, dK += dS^T·Q over the tile's 64 queries */
 #pragma unroll
-      for (int nt = 0; nt < 4; nt++)
+    for (int kk = 0; kk < BM / 16; kk++) {
+      uint32_t ap[4], as[4];
+      ldsm_x4(ap, frag_a(Pt, LP, kr, 16 * kk, lane));
+      ldsm_x4(as, frag_a(dSt, LP, kr, 16 * kk, lane));
 #pragma unroll
-        for (int hf = 0; hf < 2; hf++) {
-          float pv[2], ds[2];
-#pragma unroll
-          for (int e = 0; e < 2; e++) {
-            const int ic = qc + 8 * nt + 2 * t + e, jr = kr + g + 8 * hf;
-            const float x = st[nt][2 * hf + e] * sl2 - lse_s[ic];
-            const bool off = masked && (i0 + ic >= p.S || !visible(i0 + ic, j0 + jr, p.win));
-            pv[e] = off ? 0.f : exp2f(x);
-            ds[e] = pv[e] * (dpt[nt][2 * hf + e] - D_s[ic]);
-          }
-          const int at = (kr + g + 8 * hf) * LP + qc + 8 * nt + 2 * t;
-          *reinterpret_cast<uint32_t *>(Pt + at) = pack_bf16(pv[0], pv[1]);
-          *reinterpret_cast<uint32_t *>(dSt + at) = pack_bf16(ds[0], ds[1]);
-        }
-      __syncthreads(); /* Pt, dSt complete */
-
-      /* phase 2: dV += P^T·dO, dK += dS^T·Q over the tile's 64 queries */
-#pragma unroll
-      for (int kk = 0; kk < BM / 16; kk++) {
-        uint32_t ap[4], as[4];
-        ldsm_x4(ap, frag_a(Pt, LP, kr, 16 * kk, lane));
-        ldsm_x4(as, frag_a(dSt, LP, kr, 16 * kk, lane));
-#pragma unroll
-        for (int dp = 0; dp < DW / 16; dp++) {
-          uint32_t bo[4], bq[4];
-          ldsm_x4_t(bo, frag_bt(dOs, LD, 16 * kk, dc + 16 * dp, lane));
-          ldsm_x4_t(bq, frag_bt(Qs, LD, 16 * kk, dc + 16 * dp, lane));
-          mma_bf16(dv[2 * dp], ap, bo[0], bo[1]);
-          mma_bf16(dv[2 * dp + 1], ap, bo[2], bo[3]);
-          mma_bf16(dk[2 * dp], as, bq[0], bq[1]);
-          mma_bf16(dk[2 * dp + 1], as, bq[2], bq[3]);
-        }
+      for (int dp = 0; dp < DW / 16; dp++) {
+        uint32_t bo[4], bq[4];
+        ldsm_x4_t(bo, frag_bt(dOs, LD, 16 * kk, dc + 16 * dp, lane));
+        ldsm_x4_t(bq, frag_bt(Qs, LD, 16 * kk, dc + 16 * dp, lane));
+        mma_bf16(dv[2 * dp], ap, bo[0], bo[1]);
+        mma_bf16(dv[2 * dp + 1], ap, bo[2], bo[3]);
+        mma_bf16(dk[2 * dp], as, bq[0], bq[1]);
+        mma_bf16(dk[2 * dp + 1], as, bq[2], bq[3]);
       }
     }
   }
@@ -558,17 +650,24 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dq_bf16(Pa
   using C = BwdBf16<HP>;
   constexpr int BM = C::BM, BN = C::BN, LD = C::LD, LP = C::LP, DW = C::DW;
   extern __shared__ __align__(16) unsigned char smem[];
-  bf16 *Qs = reinterpret_cast<bf16 *>(smem), *dOs = Qs + BM * LD, *Ks = dOs + BM * LD;
-  bf16 *Vs = Ks + BN * LD, *dSs = Vs + BN * LD;
+  bf16 *Qs = reinterpret_cast<bf16 *>(smem), *dOs = Qs + BM * LD, *dSs = dOs + BM * LD;
+  bf16 *KV = dSs + BM * LP; /* stage u: Ks, Vs [BN][LD] at KV + 2·BN·LD·u */
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const QTile qt = qtile_of(p, BM);
   const int i0 = qt.qb * BM, kvh = qt.h / p.group;
   const int64_t ldq = (int64_t)p.nh * p.hd, ldk = (int64_t)p.nkv * p.hd;
   const float sl2 = p.scale * LOG2E;
 
+  /* key/value tile kb into stage u */
+  auto stage_kv = [&](int kb, int u) {
+    const int j0 = kb * BN;
+    const int64_t koff = row_off(qt.b, j0, p.nkv, kvh, p.S, p.hd);
+    stage_async<BN, HP, C::NT>(KV + 2 * BN * LD * u, p.kh + koff, ldk, p.S - j0, p.hd);
+    stage_async<BN, HP, C::NT>(KV + 2 * BN * LD * u + BN * LD, p.vh + koff, ldk, p.S - j0, p.hd);
+  };
   const int64_t qoff = row_off(qt.b, i0, p.nh, qt.h, p.S, p.hd);
-  stage_bf16<BM, HP, C::NT>(Qs, p.q + qoff, ldq, p.S - i0, p.hd);
-  stage_bf16<BM, HP, C::NT>(dOs, p.dout + qoff, ldq, p.S - i0, p.hd);
+  stage_async<BM, HP, C::NT>(Qs, p.qh + qoff, ldq, p.S - i0, p.hd);
+  stage_async<BM, HP, C::NT>(dOs, p.douth + qoff, ldq, p.S - i0, p.hd);
 
   const int qr = 16 * (warp & 3);  /* phase 1 and 2: this warp's 16 query rows */
   const int kc = 32 * (warp >> 2); /* phase 1: its 32 key columns */
@@ -584,15 +683,26 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dq_bf16(Pa
   }
   int kb0, kb1;
   key_tiles(p, i0, BM, BN, kb0, kb1);
+  if (C::Q_STAGES == 2) stage_kv(kb0, 0);
+  cp_async_commit();
   float dq[DW / 8][4] = {};
 
   for (int kb = kb0; kb <= kb1; kb++) {
-    const int j0 = kb * BN;
-    __syncthreads(); /* the previous tile's phase 2 no longer reads Ks, dSs */
-    const int64_t koff = row_off(qt.b, j0, p.nkv, kvh, p.S, p.hd);
-    stage_bf16<BN, HP, C::NT>(Ks, p.k + koff, ldk, p.S - j0, p.hd);
-    stage_bf16<BN, HP, C::NT>(Vs, p.v + koff, ldk, p.S - j0, p.hd);
-    __syncthreads(); /* Qs, dOs (first pass), Ks, Vs staged */
+    const int j0 = kb * BN, u = C::Q_STAGES == 2 ? (kb - kb0) & 1 : 0;
+    __syncthreads(); /* tile kb − 1's phase 2 no longer reads dSs and its stage */
+    if (C::Q_STAGES == 1) {
+      stage_kv(kb, 0);
+      cp_async_commit();
+      cp_async_wait<0>();
+    } else if (kb < kb1) {
+      stage_kv(kb + 1, u ^ 1);
+      cp_async_commit();
+      cp_async_wait<1>(); /* all but tile kb + 1's copies have landed */
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads(); /* Qs, dOs (first pass) and tile kb staged, for every thread */
+    const bf16 *Ks = KV + 2 * BN * LD * u, *Vs = Ks + BN * LD;
 
     /* phase 1: S = Q·K^T, dP = dO·V^T, 16 queries × 32 keys */
     float s[4][4] = {}, dp[4][4] = {};
@@ -977,22 +1087,62 @@ cudaError_t bwd_launch(cudaStream_t st, const Params &p, bool bf) {
   return launch("dq_f32", dq_f32<HP>, tiles(p.S, C::BM) * heads, C::NT, C::smem_q, st, p);
 }
 
+/* Elements of q (and dout) and of k (and v). */
+void counts(const Params &p, int64_t &nq, int64_t &nk) {
+  nq = (int64_t)p.B * p.S * p.nh * p.hd;
+  nk = (int64_t)p.B * p.S * p.nkv * p.hd;
+}
+
+/* bf16 mode: q, k, v (and dout when given) rounded to bf16 into `stage`
+ * (kc_attention_stage_bytes: q, k, v, dout one after the other; each a
+ * multiple of 16 bytes, as hd % 8 == 0), as the tiles' cp.async reads them. */
+cudaError_t round_inputs(cudaStream_t st, Params &p, void *stage) {
+  int64_t nq, nk;
+  counts(p, nq, nk);
+  bf16 *h = static_cast<bf16 *>(stage);
+  const float *src[] = {p.q, p.k, p.v, p.dout};
+  const bf16 **dst[] = {&p.qh, &p.kh, &p.vh, &p.douth};
+  const int64_t n[] = {nq, nk, nk, nq};
+  for (int i = 0; i < (p.dout ? 4 : 3); i++) {
+    cudaError_t e = kc_f32_to_bf16(st, src[i], reinterpret_cast<uint16_t *>(h), n[i]);
+    if (e != cudaSuccess) return e;
+    *dst[i] = h;
+    h += n[i];
+  }
+  return cudaSuccess;
+}
+
 }  // namespace
+
+extern "C" size_t kc_attention_stage_bytes(int64_t B, int64_t S, int64_t nh, int64_t nkv,
+                                           int64_t hd, bool dout) {
+  if (B < 0 || S < 0 || nh < 0 || nkv < 0 || hd < 0) return SIZE_MAX;
+  size_t bs, q, k, n;
+  if (__builtin_mul_overflow((size_t)B, (size_t)S, &bs) ||
+      __builtin_mul_overflow(bs, (size_t)hd * sizeof(bf16), &bs) ||
+      __builtin_mul_overflow(bs, (size_t)nh, &q) || __builtin_mul_overflow(bs, (size_t)nkv, &k) ||
+      __builtin_mul_overflow(q, (size_t)(dout ? 2 : 1), &q) ||
+      __builtin_mul_overflow(k, (size_t)2, &k) || __builtin_add_overflow(q, k, &n))
+    return SIZE_MAX;
+  return n;
+}
 
 extern "C" cudaError_t kc_attention_fwd(cudaStream_t st, const float *q, const float *k,
                                         const float *v, float *out, float *lse, int64_t B,
                                         int64_t S, int64_t nh, int64_t nkv, int64_t hd,
-                                        float scale, int64_t window, bool bf16) {
+                                        float scale, int64_t window, bool bf16, void *stage) {
   Params p = {};
   cudaError_t e = setup(p, B, S, nh, nkv, hd, scale, window);
   if (e != cudaSuccess) return e;
-  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out) || !lse)
+  if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out) || !lse ||
+      (bf16 && (!stage || !aligned16(stage))))
     return cudaErrorInvalidValue;
   p.q = q;
   p.k = k;
   p.v = v;
   p.o = out;
   p.lse = lse;
+  if (bf16 && (e = round_inputs(st, p, stage)) != cudaSuccess) return e;
   switch (padded(p.hd)) {
     case 32: return fwd_launch<32>(st, p, bf16);
     case 64: return fwd_launch<64>(st, p, bf16);
@@ -1017,14 +1167,14 @@ extern "C" cudaError_t kc_attention_bwd(cudaStream_t st, const float *dout, cons
                                         const float *lse, float *dq, float *dk, float *dv,
                                         int64_t B, int64_t S, int64_t nh, int64_t nkv,
                                         int64_t hd, float scale, int64_t window, bool bf16,
-                                        void *work) {
+                                        void *work, void *stage) {
   Params p = {};
   cudaError_t e = setup(p, B, S, nh, nkv, hd, scale, window);
   if (e != cudaSuccess) return e;
   const void *ptrs[] = {dout, q, k, v, out, dq, dk, dv};
   for (const void *x : ptrs)
     if (!aligned16(x)) return cudaErrorInvalidValue;
-  if (!lse || !work) return cudaErrorInvalidValue;
+  if (!lse || !work || (bf16 && (!stage || !aligned16(stage)))) return cudaErrorInvalidValue;
   float *D = static_cast<float *>(work);
   p.q = q;
   p.k = k;
@@ -1044,6 +1194,7 @@ extern "C" cudaError_t kc_attention_bwd(cudaStream_t st, const float *dout, cons
   if (e != cudaSuccess) return e;
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;
+  if (bf16 && (e = round_inputs(st, p, stage)) != cudaSuccess) return e;
   switch (padded(p.hd)) {
     case 32: return bwd_launch<32>(st, p, bf16);
     case 64: return bwd_launch<64>(st, p, bf16);

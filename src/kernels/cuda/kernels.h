@@ -190,13 +190,23 @@ cudaError_t kc_adamw(cudaStream_t st, float *p, float *g, float *m, float *v, in
  * rounded to bf16 with fp32 accumulation (SDPA under autocast(bfloat16)),
  * as the CPU kernel's lp path; else fp32 products. hd a multiple of 8 from
  * 8 to 256, nh a multiple of nkv, S < 2^30, q, k, v, out (backward: dout,
- * dq, dk, dv too) 16-byte aligned; else cudaErrorInvalidValue before any
- * launch (kc_failed_kernel() NULL). */
+ * dq, dk, dv too) and, in bf16, `stage` 16-byte aligned; else
+ * cudaErrorInvalidValue before any launch (kc_failed_kernel() NULL).
+ * bf16 `stage`: kc_attention_stage_bytes of scratch (device) that receives
+ * the bf16 copies of q, k, v (and dout) the tiles are copied from (cp.async,
+ * double-buffered); free to reuse once the call's kernels have run (stream
+ * order); unused (may be NULL) in fp32. */
+/* Bytes of `stage` for bf16: q [B·S, nh, hd], k, v [B·S, nkv, hd] and, when
+ * `dout` (the backward), dout [B·S, nh, hd], in bf16; SIZE_MAX when a size is
+ * negative or the product overflows. */
+size_t kc_attention_stage_bytes(int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd,
+                                bool dout);
 /* out [B·S, nh, hd]; lse [B, nh, S] (fp32 log-sum-exp of each query's
  * scaled scores) saved for the backward. */
 cudaError_t kc_attention_fwd(cudaStream_t st, const float *q, const float *k, const float *v,
                              float *out, float *lse, int64_t B, int64_t S, int64_t nh,
-                             int64_t nkv, int64_t hd, float scale, int64_t window, bool bf16);
+                             int64_t nkv, int64_t hd, float scale, int64_t window, bool bf16,
+                             void *stage);
 /* dq [B·S, nh, hd], dk, dv [B·S, nkv, hd] (=) given dout and the forward's
  * q, k, v, out, lse (probabilities recomputed tile by tile; dk, dv summed
  * over each group's heads in a fixed order); work: kc_attention_bwd_work
@@ -205,7 +215,8 @@ size_t kc_attention_bwd_work(int64_t B, int64_t S, int64_t nh, int64_t nkv, int6
 cudaError_t kc_attention_bwd(cudaStream_t st, const float *dout, const float *q, const float *k,
                              const float *v, const float *out, const float *lse, float *dq,
                              float *dk, float *dv, int64_t B, int64_t S, int64_t nh, int64_t nkv,
-                             int64_t hd, float scale, int64_t window, bool bf16, void *work);
+                             int64_t hd, float scale, int64_t window, bool bf16, void *work,
+                             void *stage);
 
 /* ---- launch errors (launch.cu) ------------------------------------------ */
 /* The name of the kernel whose launch returned the last error a launcher

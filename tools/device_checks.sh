@@ -25,6 +25,11 @@
 #              per operator (src/backend/profile.h) into profile.log, the six
 #              heaviest classes in the summary (PROFILE_S, default 120, seconds;
 #              PROFILE_DEVICE=cpu PROFILE_PRESET=tiny PROFILE_SEQ=64: a dry run here)
+#   attention  build/bench_cuda_attention (bf16 on ATTN_SHAPES, default the
+#              Llama-3.2-1B and Llama-3-8B attention shapes at S 2048; fp32 on
+#              the first) and bench/attention_peer.py (PyTorch SDPA's flash
+#              and cuDNN backends) on the same shapes (ATTENTION_S, default
+#              120, seconds)
 # Every stage logs into OUT (the device tool's $OUT; default
 # /tmp/meshlm-device) and appends `STAGE STATUS SECONDS DETAIL` to
 # OUT/summary.txt (STATUS ok, fail, no-gpu for a preflight that finds no
@@ -184,6 +189,14 @@ profile_stage() {
   rm -rf "$out/profile-model"
 }
 
+attention_stage() {
+  summarize() { grep '^attention' "$1" | sed -E 's/; median of.*//' | tr -s ' ' | tr '\n' ';'; }
+  local shapes=(${ATTN_SHAPES:-8 2048 32 8 64 4 2048 32 8 128})
+  timed_stage attention attention.log "${ATTENTION_S:-120}" bash -c '
+    "$0"/bench_cuda_attention --compute bf16 "$@" && "$0"/bench_cuda_attention --compute f32 \
+      "${@:1:5}" && python3 bench/attention_peer.py "$@"' "$bundle/build" "${shapes[@]}"
+}
+
 for s in "${stages[@]}"; do
   case $s in
     preflight) preflight ;;
@@ -191,8 +204,9 @@ for s in "${stages[@]}"; do
     bench) bench_stage ;;
     peak) peak_stage ;;
     profile) profile_stage ;;
+    attention) attention_stage ;;
     *) echo "device_checks.sh: unknown stage '$s' (expected preflight, ctest, bench, peak," \
-      "profile)" >&2; exit 2 ;;
+      "profile, attention)" >&2; exit 2 ;;
   esac
 done
 exit $failed

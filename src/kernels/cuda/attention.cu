@@ -33,26 +33,39 @@
  *   false: fp32 products on CUDA cores (plain FMA), the parity mode;
  *   true:  tensor cores (mma.sync m16n8k16, bf16 in, fp32 accumulate), as
  *          SDPA under autocast(bfloat16): q, k, v, dout are rounded to bf16
- *          (nearest-even) while their tiles are staged in shared memory,
- *          and P and dS are rounded where they enter a product; the
+ *          (nearest-even) once per call (bf16 staging, below), and P and
+ *          dS are rounded where they enter a product; the
  *          softmax, its sums and its backward stay fp32.
  * Head sizes: hd any multiple of 8 up to 256; kernels are instantiated for
  * padded widths 32, 64, 128, 256 (the zero columns past hd add nothing).
  *
  * Requirements checked by the launchers: q, k, v, out, dout, dq, dk, dv
- * 16-byte aligned (cudaMalloc's are; tiles load as float4), S < 2^30, nh a
+ * and (bf16) the stage 16-byte aligned (cudaMalloc's are; tiles load as
+ * float4 or 16-byte cp.async), S < 2^30, nh a
  * multiple of nkv. Tiles above 48 KiB of shared memory opt in with
  * cudaFuncSetAttribute before each launch (cheap; follows the current
  * device). The bf16 kernels need sm_80 or newer (built for sm_90 they run
  * on H100); an older target traps in them.
  *
- * Speed notes (what would make it faster): global → shared staging is not
- * pipelined (the fp32 → bf16 rounding happens in registers, so cp.async
- * cannot be used; a bf16 copy of q, k, v, dout made once would allow
- * cp.async or TMA double buffering); Hopper's wgmma would roughly double
- * the tensor-core rate of mma.sync; the dk/dv kernel could split the
- * group's heads across blocks (deterministic second-pass sum) when
- * B·nkv·S/64 blocks do not fill the GPU. */
+ * bf16 staging: q, k, v (and dout) are rounded to bf16 once per call into
+ * a scratch (kc_attention_stage_bytes) by the launcher; the kernels copy
+ * their tiles from it with cp.async, double-buffered (the next tile's
+ * copies in flight while the current one is computed) where shared memory
+ * allows (stages_for). The rounding is the one the tiles used to do in
+ * registers (nearest-even), so the results are bitwise those of staging
+ * from fp32.
+ *
+ * Speed (H200, bench/cuda_attention.c vs bench/attention_peer.py, causal,
+ * S 2048, bf16; bench/results/2026-11-26-nvidia-h200-attention.md): hd 64
+ * forward 142 TFLOP/s, backward 102 (PyTorch SDPA's FlashAttention-2 246
+ * and 187, cuDNN 346 and 265); hd 128: 151 and 136 (FA2 272 and 200, cuDNN
+ * 471 and 327). What would close the gap: Hopper's wgmma and TMA
+ * (FlashAttention-3) in place of mma.sync and cp.async; the backward's dq
+ * without recomputing S and dP in a second kernel (7 products where FA2
+ * does 5 — FA2 adds dq with atomics, which is not deterministic; an
+ * ordered accumulation would be); the dk/dv kernel could split the group's
+ * heads across blocks (deterministic second-pass sum) when B·nkv·S/64
+ * blocks do not fill the GPU. */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>

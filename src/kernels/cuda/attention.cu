@@ -288,8 +288,8 @@ __device__ __forceinline__ bool tile_masked(int i0, int BM, int j0, int BN, int 
 }
 
 /* ==== bf16 forward ========================================================
- * Block: 4 warps; warp w owns query rows [16·MT·w, 16·MT·(w+1)) of a BM =
- * 64·MT query tile and keeps their scores, running max/sum and output
+ * Block: NW warps; warp w owns query rows [16·MT·w, 16·MT·(w+1)) of a BM =
+ * 16·MT·NW query tile and keeps their scores, running max/sum and output
  * accumulator in registers. Per key tile of BN keys: S = Q·K^T (A from Qs,
  * B from Ks via ldmatrix), mask, online softmax, then O += P·V with P's
  * accumulator registers re-packed as bf16 A fragments (the C layout of two
@@ -297,11 +297,14 @@ __device__ __forceinline__ bool tile_masked(int i0, int BM, int j0, int BN, int 
  * MT = 2 (32 rows per warp) halves the shared-memory traffic per mma where
  * the registers allow it; BN shrinks for wide heads for the same reason.
  * Key/value tiles are double-buffered: tile kb + 1 is copied (cp.async)
- * while tile kb is computed. */
+ * while tile kb is computed. The shapes per head size are the fastest of
+ * those measured on an H200 (bench/results/2026-11-26-nvidia-h200-attention.md:
+ * hd 128 with 8 warps and 128-key tiles 1.24× the 4-warp, 64-key one; hd 64
+ * best as here; 32 and 256 not measured). */
 template <int HP>
 struct FwdBf16 {
-  static constexpr int MT = HP <= 64 ? 2 : 1, NW = 4, NT = 32 * NW;
-  static constexpr int BM = 16 * MT * NW, BN = HP <= 128 ? 64 : 32, LD = HP + 8;
+  static constexpr int MT = HP <= 64 ? 2 : 1, NW = HP == 128 ? 8 : 4, NT = 32 * NW;
+  static constexpr int BM = 16 * MT * NW, BN = HP <= 64 ? 64 : HP == 128 ? 128 : 32, LD = HP + 8;
   /* Qs [BM][LD]; per buffer Ks, Vs [BN][LD] */
   static constexpr size_t smem = (size_t)(BM + 4 * BN) * LD * sizeof(bf16);
 };
@@ -467,56 +470,69 @@ __global__ void __launch_bounds__(FwdBf16<HP>::NT) fwd_bf16(Params p) {
 }
 
 /* ==== bf16 backward =======================================================
- * Both kernels: 8 warps, 64 queries × 64 keys per tile, two phases per tile:
- *   phase 1: the 64×64 scores and dP in 8 pieces of 16 rows × 32 columns
- *            (warp w: rows 16·(w%4), columns 32·(w/4)); P and dS rounded to
- *            bf16 into shared memory;
- *   phase 2: the tile's gradient rows 16·(w%4).. and head columns
+ * Both kernels: 8 warps; each block owns BR = 64·RT rows of its own side
+ * (dk/dv: keys; dq: queries) and streams tiles of BC = 64 of the other
+ * side, two phases per tile:
+ *   phase 1: the BR × 64 scores and dP in 8 pieces of 16·RT rows × 32
+ *            columns (warp w: rows 16·RT·(w%4), columns 32·(w/4)); P and dS
+ *            rounded to bf16 into shared memory;
+ *   phase 2: the block's gradient rows 16·RT·(w%4).. and head columns
  *            (HP/2)·(w/4).. accumulate (HP/2 columns per warp keeps the
  *            accumulators within registers at HP = 256).
+ * RT = 2 (32 rows per warp) where the accumulators fit in 128 registers
+ * (2 blocks per SM): each ldmatrix of the streamed side then feeds two mma
+ * instead of one (on an H200 the hd-64 backward 1.05× the RT = 1 one; with
+ * 1 block per SM, RT = 2 was 0.82× at hd 64 and 0.93× at hd 128).
  * The tiles a kernel streams (dk/dv: the query tiles' Qs, dOs, lse, D; dq:
  * the key tiles' Ks, Vs) are double-buffered where shared memory allows
  * (stages_for): the next one is copied while the current one is computed. */
 template <int HP>
 struct BwdBf16 {
-  static constexpr int NT = 256, BM = 64, BN = 64, LD = HP + 8, LP = 64 + 8, DW = HP / 2;
+  static constexpr int NT = 256, RT = HP <= 64 ? 2 : 1, BR = 64 * RT, BC = 64;
+  static constexpr int LD = HP + 8, LP = BC + 8, DW = HP / 2;
   /* 2 blocks per SM (registers capped at 128) where that costs no spills */
   static constexpr int MINB = HP <= 128 ? 2 : 1;
-  /* dk/dv: Ks, Vs [64][LD], Pt, dSt [64][LP] bf16; per stage Qs, dOs [64][LD] bf16 and
-   * lse, D [64] fp32 */
-  static constexpr size_t kv_fixed = (size_t)2 * BN * LD * sizeof(bf16) + 2 * BN * LP * sizeof(bf16);
-  static constexpr size_t kv_stage = (size_t)2 * BM * LD * sizeof(bf16) + 2 * BM * 4;
+  /* dk/dv: Ks, Vs [BR][LD], Pt, dSt [BR][LP] bf16; per stage Qs, dOs [BC][LD] bf16 and
+   * lse, D [BC] fp32 */
+  static constexpr size_t kv_fixed = (size_t)2 * BR * LD * sizeof(bf16) + 2 * BR * LP * sizeof(bf16);
+  static constexpr size_t kv_stage = (size_t)2 * BC * LD * sizeof(bf16) + 2 * BC * 4;
   static constexpr int KV_STAGES = stages_for(kv_fixed + 2 * kv_stage, MINB);
   static constexpr size_t smem_kv = kv_fixed + KV_STAGES * kv_stage;
-  /* dq: Qs, dOs [64][LD], dS [64][LP] bf16; per stage Ks, Vs [64][LD] bf16 */
-  static constexpr size_t q_fixed = (size_t)2 * BM * LD * sizeof(bf16) + BM * LP * sizeof(bf16);
-  static constexpr size_t q_stage = (size_t)2 * BN * LD * sizeof(bf16);
+  /* dq: Qs, dOs [BR][LD], dS [BR][LP] bf16; per stage Ks, Vs [BC][LD] bf16 */
+  static constexpr size_t q_fixed = (size_t)2 * BR * LD * sizeof(bf16) + BR * LP * sizeof(bf16);
+  static constexpr size_t q_stage = (size_t)2 * BC * LD * sizeof(bf16);
   static constexpr int Q_STAGES = stages_for(q_fixed + 2 * q_stage, MINB);
   static constexpr size_t smem_q = q_fixed + Q_STAGES * q_stage;
 };
 
 /* Phase 1 of both backward kernels, per warp: x1 += A1·B1^T and x2 += A2·B2^T
- * for rows r0..r0+15 of A1, A2 and rows c0..c0+31 of B1, B2 (bf16 tiles
- * [rows][LD] in shared memory; the products reduce over their HP columns),
- * as 4 C fragments of 8 columns each. */
-template <int HP, int LD>
-__device__ __forceinline__ void products_16x32(const bf16 *A1, const bf16 *A2, const bf16 *B1,
-                                               const bf16 *B2, int r0, int c0, int lane,
-                                               float (&x1)[4][4], float (&x2)[4][4]) {
+ * for rows r0..r0+16·RT−1 of A1, A2 (m-tile mt: rows r0 + 16·mt..) and rows
+ * c0..c0+31 of B1, B2 (bf16 tiles [rows][LD] in shared memory; the products
+ * reduce over their HP columns), as 4 C fragments of 8 columns per m-tile. */
+template <int HP, int LD, int RT>
+__device__ __forceinline__ void products_32(const bf16 *A1, const bf16 *A2, const bf16 *B1,
+                                            const bf16 *B2, int r0, int c0, int lane,
+                                            float (&x1)[RT][4][4], float (&x2)[RT][4][4]) {
 #pragma unroll
   for (int kk = 0; kk < HP / 16; kk++) {
-    uint32_t a1[4], a2[4];
-    ldsm_x4(a1, frag_a(A1, LD, r0, 16 * kk, lane));
-    ldsm_x4(a2, frag_a(A2, LD, r0, 16 * kk, lane));
+    uint32_t a1[RT][4], a2[RT][4];
+#pragma unroll
+    for (int mt = 0; mt < RT; mt++) {
+      ldsm_x4(a1[mt], frag_a(A1, LD, r0 + 16 * mt, 16 * kk, lane));
+      ldsm_x4(a2[mt], frag_a(A2, LD, r0 + 16 * mt, 16 * kk, lane));
+    }
 #pragma unroll
     for (int np = 0; np < 2; np++) {
       uint32_t b1[4], b2[4];
       ldsm_x4(b1, frag_bn(B1, LD, c0 + 16 * np, 16 * kk, lane));
       ldsm_x4(b2, frag_bn(B2, LD, c0 + 16 * np, 16 * kk, lane));
-      mma_bf16(x1[2 * np], a1, b1[0], b1[1]);
-      mma_bf16(x1[2 * np + 1], a1, b1[2], b1[3]);
-      mma_bf16(x2[2 * np], a2, b2[0], b2[1]);
-      mma_bf16(x2[2 * np + 1], a2, b2[2], b2[3]);
+#pragma unroll
+      for (int mt = 0; mt < RT; mt++) {
+        mma_bf16(x1[mt][2 * np], a1[mt], b1[0], b1[1]);
+        mma_bf16(x1[mt][2 * np + 1], a1[mt], b1[2], b1[3]);
+        mma_bf16(x2[mt][2 * np], a2[mt], b2[0], b2[1]);
+        mma_bf16(x2[mt][2 * np + 1], a2[mt], b2[2], b2[3]);
+      }
     }
   }
 }
@@ -529,7 +545,8 @@ __device__ __forceinline__ void products_16x32(const bf16 *A1, const bf16 *A2, c
 template <int HP>
 __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dkdv_bf16(Params p) {
   using C = BwdBf16<HP>;
-  constexpr int BM = C::BM, BN = C::BN, LD = C::LD, LP = C::LP, DW = C::DW;
+  /* BN keys of the block, BM queries per streamed tile */
+  constexpr int RT = C::RT, BN = C::BR, BM = C::BC, LD = C::LD, LP = C::LP, DW = C::DW;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16 *Ks = reinterpret_cast<bf16 *>(smem), *Vs = Ks + BN * LD, *Pt = Vs + BN * LD;
   bf16 *dSt = Pt + BN * LP;
@@ -570,10 +587,10 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dkdv_bf16(
   if (C::KV_STAGES == 2) stage_q(0, 0);
   cp_async_commit();
 
-  const int kr = 16 * (warp & 3);  /* phase 1 and 2: this warp's 16 key rows */
-  const int qc = 32 * (warp >> 2); /* phase 1: its 32 query columns */
-  const int dc = DW * (warp >> 2); /* phase 2: its DW head columns */
-  float dk[DW / 8][4] = {}, dv[DW / 8][4] = {};
+  const int kr = 16 * RT * (warp & 3); /* phase 1 and 2: this warp's 16·RT key rows */
+  const int qc = 32 * (warp >> 2);      /* phase 1: its 32 query columns */
+  const int dc = DW * (warp >> 2);      /* phase 2: its DW head columns */
+  float dk[RT][DW / 8][4] = {}, dv[RT][DW / 8][4] = {};
 
   for (int n = 0; n < nit; n++) {
     const int i0 = (qb0 + n % nq) * BM, u = C::KV_STAGES == 2 ? n & 1 : 0;
@@ -593,66 +610,79 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dkdv_bf16(
     const bf16 *Qs = Qs_of(u), *dOs = Qs + BM * LD;
     const float *lse_s = lse_of(u), *D_s = lse_s + BM;
 
-    /* phase 1: S^T = K·Q^T and dP^T = V·dO^T, 16 keys × 32 queries */
-    float st[4][4] = {}, dpt[4][4] = {};
-    products_16x32<HP, LD>(Ks, Vs, Qs, dOs, kr, qc, lane, st, dpt);
+    /* phase 1: S^T = K·Q^T and dP^T = V·dO^T, 16·RT keys × 32 queries */
+    float st[RT][4][4] = {}, dpt[RT][4][4] = {};
+    products_32<HP, LD, RT>(Ks, Vs, Qs, dOs, kr, qc, lane, st, dpt);
     /* P = exp(scaled score − lse), 0 where masked or past S; dS = P ⊙ (dP − D).
-     * Element (e) of n-tile nt: key row kr + g + 8·(e/2), query qc + 8·nt + 2t + e%2. */
+     * Element (e) of n-tile nt of m-tile mt: key row kr + 16·mt + g + 8·(e/2),
+     * query qc + 8·nt + 2t + e%2. */
     const bool masked = tile_masked(i0, BM, j0, BN, p.win) || i0 + BM > p.S;
 #pragma unroll
-    for (int nt = 0; nt < 4; nt++)
+    for (int mt = 0; mt < RT; mt++)
 #pragma unroll
-      for (int hf = 0; hf < 2; hf++) {
-        float pv[2], ds[2];
+      for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
-          const int ic = qc + 8 * nt + 2 * t + e, jr = kr + g + 8 * hf;
-          /* lse in log2 units, as the scores (__fmul_rn: never fused) */
-          const float x = st[nt][2 * hf + e] * sl2 - __fmul_rn(lse_s[ic], LOG2E);
-          const bool off = masked && (i0 + ic >= p.S || !visible(i0 + ic, j0 + jr, p.win));
-          pv[e] = off ? 0.f : exp2f(x);
-          ds[e] = pv[e] * (dpt[nt][2 * hf + e] - D_s[ic]);
+        for (int hf = 0; hf < 2; hf++) {
+          float pv[2], ds[2];
+          const int jr = kr + 16 * mt + g + 8 * hf;
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            const int ic = qc + 8 * nt + 2 * t + e;
+            /* lse in log2 units, as the scores (__fmul_rn: never fused) */
+            const float x = st[mt][nt][2 * hf + e] * sl2 - __fmul_rn(lse_s[ic], LOG2E);
+            const bool off = masked && (i0 + ic >= p.S || !visible(i0 + ic, j0 + jr, p.win));
+            pv[e] = off ? 0.f : exp2f(x);
+            ds[e] = pv[e] * (dpt[mt][nt][2 * hf + e] - D_s[ic]);
+          }
+          const int at = jr * LP + qc + 8 * nt + 2 * t;
+          *reinterpret_cast<uint32_t *>(Pt + at) = pack_bf16(pv[0], pv[1]);
+          *reinterpret_cast<uint32_t *>(dSt + at) = pack_bf16(ds[0], ds[1]);
         }
-        const int at = (kr + g + 8 * hf) * LP + qc + 8 * nt + 2 * t;
-        *reinterpret_cast<uint32_t *>(Pt + at) = pack_bf16(pv[0], pv[1]);
-        *reinterpret_cast<uint32_t *>(dSt + at) = pack_bf16(ds[0], ds[1]);
-      }
     __syncthreads(); /* Pt, dSt complete */
 
     /* phase 2: dV += P^T·dO, dK += dS^T·Q over the tile's 64 queries */
 #pragma unroll
     for (int kk = 0; kk < BM / 16; kk++) {
-      uint32_t ap[4], as[4];
-      ldsm_x4(ap, frag_a(Pt, LP, kr, 16 * kk, lane));
-      ldsm_x4(as, frag_a(dSt, LP, kr, 16 * kk, lane));
+      uint32_t ap[RT][4], as[RT][4];
+#pragma unroll
+      for (int mt = 0; mt < RT; mt++) {
+        ldsm_x4(ap[mt], frag_a(Pt, LP, kr + 16 * mt, 16 * kk, lane));
+        ldsm_x4(as[mt], frag_a(dSt, LP, kr + 16 * mt, 16 * kk, lane));
+      }
 #pragma unroll
       for (int dp = 0; dp < DW / 16; dp++) {
         uint32_t bo[4], bq[4];
         ldsm_x4_t(bo, frag_bt(dOs, LD, 16 * kk, dc + 16 * dp, lane));
         ldsm_x4_t(bq, frag_bt(Qs, LD, 16 * kk, dc + 16 * dp, lane));
-        mma_bf16(dv[2 * dp], ap, bo[0], bo[1]);
-        mma_bf16(dv[2 * dp + 1], ap, bo[2], bo[3]);
-        mma_bf16(dk[2 * dp], as, bq[0], bq[1]);
-        mma_bf16(dk[2 * dp + 1], as, bq[2], bq[3]);
+#pragma unroll
+        for (int mt = 0; mt < RT; mt++) {
+          mma_bf16(dv[mt][2 * dp], ap[mt], bo[0], bo[1]);
+          mma_bf16(dv[mt][2 * dp + 1], ap[mt], bo[2], bo[3]);
+          mma_bf16(dk[mt][2 * dp], as[mt], bq[0], bq[1]);
+          mma_bf16(dk[mt][2 * dp + 1], as[mt], bq[2], bq[3]);
+        }
       }
     }
   }
 
-  /* rows kr + g (+8) of the tile, columns dc + 8·dt + 2t (+1) */
+  /* rows kr + 16·mt + g (+8) of the tile, columns dc + 8·dt + 2t (+1) */
 #pragma unroll
-  for (int hf = 0; hf < 2; hf++) {
-    const int j = j0 + kr + g + 8 * hf;
-    if (j >= p.S) continue;
-    const int64_t off = row_off(b, j, p.nkv, kvh, p.S, p.hd);
+  for (int mt = 0; mt < RT; mt++)
 #pragma unroll
-    for (int dt = 0; dt < DW / 8; dt++) {
-      const int c = dc + 8 * dt + 2 * t;
-      if (c >= p.hd) continue;
-      *reinterpret_cast<float2 *>(p.dk + off + c) =
-          make_float2(p.scale * dk[dt][2 * hf], p.scale * dk[dt][2 * hf + 1]);
-      *reinterpret_cast<float2 *>(p.dv + off + c) = make_float2(dv[dt][2 * hf], dv[dt][2 * hf + 1]);
+    for (int hf = 0; hf < 2; hf++) {
+      const int j = j0 + kr + 16 * mt + g + 8 * hf;
+      if (j >= p.S) continue;
+      const int64_t off = row_off(b, j, p.nkv, kvh, p.S, p.hd);
+#pragma unroll
+      for (int dt = 0; dt < DW / 8; dt++) {
+        const int c = dc + 8 * dt + 2 * t;
+        if (c >= p.hd) continue;
+        *reinterpret_cast<float2 *>(p.dk + off + c) =
+            make_float2(p.scale * dk[mt][dt][2 * hf], p.scale * dk[mt][dt][2 * hf + 1]);
+        *reinterpret_cast<float2 *>(p.dv + off + c) =
+            make_float2(dv[mt][dt][2 * hf], dv[mt][dt][2 * hf + 1]);
+      }
     }
-  }
 }
 
 /* dq of one query tile of one head: per key tile, phase 1 recomputes S =
@@ -661,7 +691,8 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dkdv_bf16(
 template <int HP>
 __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dq_bf16(Params p) {
   using C = BwdBf16<HP>;
-  constexpr int BM = C::BM, BN = C::BN, LD = C::LD, LP = C::LP, DW = C::DW;
+  /* BM queries of the block, BN keys per streamed tile */
+  constexpr int RT = C::RT, BM = C::BR, BN = C::BC, LD = C::LD, LP = C::LP, DW = C::DW;
   extern __shared__ __align__(16) unsigned char smem[];
   bf16 *Qs = reinterpret_cast<bf16 *>(smem), *dOs = Qs + BM * LD, *dSs = dOs + BM * LD;
   bf16 *KV = dSs + BM * LP; /* stage u: Ks, Vs [BN][LD] at KV + 2·BN·LD·u */
@@ -682,23 +713,25 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dq_bf16(Pa
   stage_async<BM, HP, C::NT>(Qs, p.qh + qoff, ldq, p.S - i0, p.hd);
   stage_async<BM, HP, C::NT>(dOs, p.douth + qoff, ldq, p.S - i0, p.hd);
 
-  const int qr = 16 * (warp & 3);  /* phase 1 and 2: this warp's 16 query rows */
-  const int kc = 32 * (warp >> 2); /* phase 1: its 32 key columns */
-  const int dc = DW * (warp >> 2); /* phase 2: its DW head columns */
-  /* lse (log2 units) and D of rows qr + g, qr + g + 8; rows past S: 0 (never stored) */
-  float lse_r[2], D_r[2];
+  const int qr = 16 * RT * (warp & 3); /* phase 1 and 2: this warp's 16·RT query rows */
+  const int kc = 32 * (warp >> 2);      /* phase 1: its 32 key columns */
+  const int dc = DW * (warp >> 2);      /* phase 2: its DW head columns */
+  /* lse (log2 units) and D of rows qr + 16·mt + g (+8); rows past S: 0 (never stored) */
+  float lse_r[RT][2], D_r[RT][2];
 #pragma unroll
-  for (int hf = 0; hf < 2; hf++) {
-    const int i = i0 + qr + g + 8 * hf;
-    const int64_t at = ((int64_t)qt.b * p.nh + qt.h) * p.S + i;
-    lse_r[hf] = i < p.S ? p.lse_in[at] * LOG2E : 0.f;
-    D_r[hf] = i < p.S ? p.D[at] : 0.f;
-  }
+  for (int mt = 0; mt < RT; mt++)
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++) {
+      const int i = i0 + qr + 16 * mt + g + 8 * hf;
+      const int64_t at = ((int64_t)qt.b * p.nh + qt.h) * p.S + i;
+      lse_r[mt][hf] = i < p.S ? p.lse_in[at] * LOG2E : 0.f;
+      D_r[mt][hf] = i < p.S ? p.D[at] : 0.f;
+    }
   int kb0, kb1;
   key_tiles(p, i0, BM, BN, kb0, kb1);
   if (C::Q_STAGES == 2) stage_kv(kb0, 0);
   cp_async_commit();
-  float dq[DW / 8][4] = {};
+  float dq[RT][DW / 8][4] = {};
 
   for (int kb = kb0; kb <= kb1; kb++) {
     const int j0 = kb * BN, u = C::Q_STAGES == 2 ? (kb - kb0) & 1 : 0;
@@ -717,56 +750,65 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dq_bf16(Pa
     __syncthreads(); /* Qs, dOs (first pass) and tile kb staged, for every thread */
     const bf16 *Ks = KV + 2 * BN * LD * u, *Vs = Ks + BN * LD;
 
-    /* phase 1: S = Q·K^T, dP = dO·V^T, 16 queries × 32 keys */
-    float s[4][4] = {}, dp[4][4] = {};
-    products_16x32<HP, LD>(Qs, dOs, Ks, Vs, qr, kc, lane, s, dp);
+    /* phase 1: S = Q·K^T, dP = dO·V^T, 16·RT queries × 32 keys */
+    float s[RT][4][4] = {}, dp[RT][4][4] = {};
+    products_32<HP, LD, RT>(Qs, dOs, Ks, Vs, qr, kc, lane, s, dp);
     /* dS = P ⊙ (dP − D), P = exp(scaled score − lse), 0 where masked */
     const bool masked = tile_masked(i0, BM, j0, BN, p.win);
 #pragma unroll
-    for (int nt = 0; nt < 4; nt++)
+    for (int mt = 0; mt < RT; mt++)
 #pragma unroll
-      for (int hf = 0; hf < 2; hf++) {
-        float ds[2];
+      for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-        for (int e = 0; e < 2; e++) {
-          const int i = i0 + qr + g + 8 * hf, j = j0 + kc + 8 * nt + 2 * t + e;
-          const float x = s[nt][2 * hf + e] * sl2 - lse_r[hf];
-          const float pv = masked && !visible(i, j, p.win) ? 0.f : exp2f(x);
-          ds[e] = pv * (dp[nt][2 * hf + e] - D_r[hf]);
+        for (int hf = 0; hf < 2; hf++) {
+          float ds[2];
+          const int ir = qr + 16 * mt + g + 8 * hf;
+#pragma unroll
+          for (int e = 0; e < 2; e++) {
+            const int j = j0 + kc + 8 * nt + 2 * t + e;
+            const float x = s[mt][nt][2 * hf + e] * sl2 - lse_r[mt][hf];
+            const float pv = masked && !visible(i0 + ir, j, p.win) ? 0.f : exp2f(x);
+            ds[e] = pv * (dp[mt][nt][2 * hf + e] - D_r[mt][hf]);
+          }
+          *reinterpret_cast<uint32_t *>(dSs + ir * LP + kc + 8 * nt + 2 * t) =
+              pack_bf16(ds[0], ds[1]);
         }
-        *reinterpret_cast<uint32_t *>(dSs + (qr + g + 8 * hf) * LP + kc + 8 * nt + 2 * t) =
-            pack_bf16(ds[0], ds[1]);
-      }
     __syncthreads(); /* dSs complete */
 
     /* phase 2: dQ += dS·K over the tile's 64 keys */
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++) {
-      uint32_t as[4];
-      ldsm_x4(as, frag_a(dSs, LP, qr, 16 * kk, lane));
+      uint32_t as[RT][4];
+#pragma unroll
+      for (int mt = 0; mt < RT; mt++) ldsm_x4(as[mt], frag_a(dSs, LP, qr + 16 * mt, 16 * kk, lane));
 #pragma unroll
       for (int dq2 = 0; dq2 < DW / 16; dq2++) {
         uint32_t bk[4];
         ldsm_x4_t(bk, frag_bt(Ks, LD, 16 * kk, dc + 16 * dq2, lane));
-        mma_bf16(dq[2 * dq2], as, bk[0], bk[1]);
-        mma_bf16(dq[2 * dq2 + 1], as, bk[2], bk[3]);
+#pragma unroll
+        for (int mt = 0; mt < RT; mt++) {
+          mma_bf16(dq[mt][2 * dq2], as[mt], bk[0], bk[1]);
+          mma_bf16(dq[mt][2 * dq2 + 1], as[mt], bk[2], bk[3]);
+        }
       }
     }
   }
 
 #pragma unroll
-  for (int hf = 0; hf < 2; hf++) {
-    const int i = i0 + qr + g + 8 * hf;
-    if (i >= p.S) continue;
-    float *dst = p.dq + row_off(qt.b, i, p.nh, qt.h, p.S, p.hd);
+  for (int mt = 0; mt < RT; mt++)
 #pragma unroll
-    for (int dt = 0; dt < DW / 8; dt++) {
-      const int c = dc + 8 * dt + 2 * t;
-      if (c < p.hd)
-        *reinterpret_cast<float2 *>(dst + c) =
-            make_float2(p.scale * dq[dt][2 * hf], p.scale * dq[dt][2 * hf + 1]);
+    for (int hf = 0; hf < 2; hf++) {
+      const int i = i0 + qr + 16 * mt + g + 8 * hf;
+      if (i >= p.S) continue;
+      float *dst = p.dq + row_off(qt.b, i, p.nh, qt.h, p.S, p.hd);
+#pragma unroll
+      for (int dt = 0; dt < DW / 8; dt++) {
+        const int c = dc + 8 * dt + 2 * t;
+        if (c < p.hd)
+          *reinterpret_cast<float2 *>(dst + c) =
+              make_float2(p.scale * dq[mt][dt][2 * hf], p.scale * dq[mt][dt][2 * hf + 1]);
+      }
     }
-  }
 }
 
 /* ==== fp32 kernels (parity mode) ==========================================
@@ -1090,9 +1132,9 @@ cudaError_t bwd_launch(cudaStream_t st, const Params &p, bool bf) {
   cudaError_t e;
   if (bf) {
     using C = BwdBf16<HP>;
-    e = launch("dkdv_bf16", dkdv_bf16<HP>, tiles(p.S, C::BN) * kv_heads, C::NT, C::smem_kv, st, p);
+    e = launch("dkdv_bf16", dkdv_bf16<HP>, tiles(p.S, C::BR) * kv_heads, C::NT, C::smem_kv, st, p);
     if (e != cudaSuccess) return e;
-    return launch("dq_bf16", dq_bf16<HP>, tiles(p.S, C::BM) * heads, C::NT, C::smem_q, st, p);
+    return launch("dq_bf16", dq_bf16<HP>, tiles(p.S, C::BR) * heads, C::NT, C::smem_q, st, p);
   }
   using C = F32<HP>;
   e = launch("dkdv_f32", dkdv_f32<HP>, tiles(p.S, C::BN) * kv_heads, C::NT, C::smem_kv, st, p);

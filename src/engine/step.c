@@ -10,12 +10,16 @@
 int ml_step_accumulate(ml_engine *e, const ml_step_source *src, ml_step_result *r) {
   r->loss = 0.0;
   r->sums = (ml_obj_sums){0};
+  /* with an objective: the micro-batches' MoE load-balancing terms, each already the whole
+     batch's on every rank (engine.h ml_engine_forward_backward; 0 without router_aux) */
+  double aux = 0.0;
   for (int64_t m = 0; m < src->n_micro; m++) {
     ml_engine_batch b;
     ML_TRY(src->fill(src->ctx, m, &b));
     if (src->objective) {
       ml_loss_out nll;
       ML_TRY(ml_engine_forward_backward_batch(e, &b, src->objective, 0.0f, &r->sums, &nll));
+      aux += e->model.cfg.aux_coef * e->model.aux.value;
       continue;
     }
     if (b.docs || b.obj)
@@ -32,6 +36,7 @@ int ml_step_accumulate(ml_engine *e, const ml_step_source *src, ml_step_result *
   double v[5] = {s->loss, s->kl, (double)s->trained, (double)s->clipped, s->entropy};
   ML_TRY(ml_host_all_reduce_f64(ml_mesh_host(e->mesh, ML_GROUP_DP_CP), v, 5, ML_RED_SUM));
   *s = (ml_obj_sums){v[0], v[1], (int64_t)v[2], (int64_t)v[3], v[4]};
+  s->loss += aux;
   r->loss = s->loss;
   return 0;
 }

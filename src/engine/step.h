@@ -50,7 +50,8 @@ typedef struct ml_step_result {
                        (Σ over micro-batches of each one's loss sum over the data ranks /
                        global_targets); else sums.loss */
   ml_obj_sums sums; /* with an objective: its sums over every micro-batch and data rank
-                       (dp × cp); zero without */
+                       (dp × cp), sums.loss plus each micro-batch's MoE load-balancing term
+                       (as the NLL path's loss: engine.h); zero without */
   double grad_norm; /* the global norm before clipping (clip_grad_norm_'s return) */
   bool skipped;     /* the norm was not finite: no update */
   char nonfinite[sizeof((ml_param *)0)->name]; /* skipped: the HF name of the first

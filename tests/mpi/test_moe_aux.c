@@ -6,7 +6,10 @@
  * tests/tolerance.h §3: the padding is in no sum of the aux loss. The same 32 tokens as a
  * whole row (c: no documents, every token counts, as HF counts them without a mask) move
  * the gradients beyond that bound (the aux gradient reaches the router through the extra
- * tokens), so (b) would fail if the padding were counted. */
+ * tokens), so (b) would fail if the padding were counted.
+ * The objective path (engine/step.h ml_step_accumulate with an ml_objective, as the library's
+ * custom losses run) reports the same loss as the NLL path: the NLL objective with weights
+ * 1 / targets plus the aux term, within the same pair bound (test_objective_loss). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/step.h"
 #include "engine_run.h"
 #include "parity_util.h"
 #include "train_check.h"
@@ -89,6 +93,51 @@ static void test_padding(void **state) {
   fixture_free(&fx);
 }
 
+/* ml_step_source's fill: the one batch of ctx. */
+static int fill_one(void *ctx, int64_t m, ml_engine_batch *b) {
+  (void)m;
+  *b = *(const ml_engine_batch *)ctx;
+  return 0;
+}
+
+static void test_objective_loss(void **state) {
+  (void)state;
+  static fixture fx; /* held: static, see held.h */
+  fixture_load(g_fixture, &fx);
+  static run r;
+  run_open(&r, MPI_COMM_SELF, 1, 1, NULL, fx.dir);
+  assert_true(r.e.model.cfg.router_aux);
+  int64_t S = fx.S, targets = 0;
+  for (int64_t i = 0; i < S; i++) targets += fx.mask[i];
+  /* obj[i]: the inputs of target token i + 1 (engine.h), weight 1 / targets where it is one */
+  ml_obj_in obj[S];
+  for (int64_t i = 0; i < S; i++)
+    obj[i] = (ml_obj_in){.w = i + 1 < S && fx.mask[i + 1] ? 1.0f / (float)targets : 0.0f,
+                         .idx = -1};
+  ml_engine_batch plain = {.ids = fx.ids, .mask = fx.mask, .B = 1, .S = S};
+  ml_engine_batch with_obj = plain;
+  with_obj.obj = obj;
+  const ml_objective nll = {.kind = ML_OBJ_NLL};
+  ml_step_source src = {.n_micro = 1, .fill = fill_one, .ctx = &plain, .global_targets = targets};
+  ml_step_result a = {0}, b = {0};
+  if (ml_engine_zero_grad(&r.e) || ml_step_accumulate(&r.e, &src, &a))
+    fail_msg("NLL step: %s", ml_error_msg());
+  double aux = r.e.model.cfg.aux_coef * r.e.model.aux.value;
+  src.ctx = &with_obj;
+  src.objective = &nll;
+  if (ml_engine_zero_grad(&r.e) || ml_step_accumulate(&r.e, &src, &b))
+    fail_msg("objective step: %s", ml_error_msg());
+  tol_model tm = tol_model_of(&r, S, S);
+  double tl = tol_model_pair(&tm, TOL_LOSS);
+  printf("loss: NLL path %.9g, objective path %.9g (rel %.3g, bound %.3g); aux term %.6g\n",
+         a.loss, b.loss, fabs(b.loss - a.loss) / fabs(a.loss), tl, aux);
+  /* the aux term is above the bound: a path that left it out would fail */
+  assert_true(aux > tl * fabs(a.loss));
+  assert_true(fabs(b.loss - a.loss) <= tl * fabs(a.loss));
+  run_close(&r);
+  fixture_free(&fx);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   if (argc != 2) {
@@ -96,6 +145,6 @@ int main(int argc, char **argv) {
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];
-  const struct CMUnitTest tests[] = {held_test(test_padding)};
+  const struct CMUnitTest tests[] = {held_test(test_padding), held_test(test_objective_loss)};
   return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

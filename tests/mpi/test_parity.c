@@ -1,7 +1,8 @@
-/* Mesh parity: `mpiexec -n N test_parity FIXTURE TP [sp] [cp=C] [ep=P]`.
+/* Mesh parity: `mpiexec -n N test_parity FIXTURE TP [sp] [cp=C] [ep=P] [dpr=R]`.
  * The mesh (dp_shard = N / (C·TP) × cp = C × tp = TP, sequence-parallel with `sp`, context
  * parallel with cp=C: ring attention, parallel/cp.h; expert parallel with ep=P: the sparse
- * layers' experts split over ep groups of P ranks, parallel/ep.h) must reproduce HF
+ * layers' experts split over ep groups of P ranks, parallel/ep.h; HSDP with dpr=R replicas,
+ * dp_shard = N / (R·C·TP)) must reproduce HF
  * transformers' fixture and the single-rank run (a mesh over MPI_COMM_SELF, computed on every
  * rank): the loss, the per-token log-probs (rel L2), every parameter gradient (rel L2) within the
  * bounds tolerance.h §3 derives from the model's sizes; 3 AdamW steps on the mesh, each against
@@ -37,6 +38,7 @@ static int g_tp;
 static bool g_sp; /* the mesh run uses --sequence-parallel */
 static int g_cp = 1;
 static int g_ep = 1;
+static int g_dpr = 1; /* dp_replicate of the mesh run */
 
 /* The fixture over `base` with tp; the mesh run (MPI_COMM_WORLD) is
  * sequence-parallel with `sp`. */
@@ -44,7 +46,8 @@ static void open_on(run *r, MPI_Comm base, int tp, const fixture *fx) {
   ml_engine_opts opts = ml_engine_opts_default();
   opts.sequence_parallel = base == MPI_COMM_WORLD && g_sp;
   bool world = base == MPI_COMM_WORLD;
-  run_open_ep(r, base, 1, world ? g_cp : 1, tp, world ? g_ep : 1, &opts, fx->dir, NULL, NULL);
+  run_open_ep(r, base, world ? g_dpr : 1, world ? g_cp : 1, tp, world ? g_ep : 1, &opts, fx->dir,
+              NULL, NULL);
 }
 
 /* This dp rank's rows of the fixture batch. */
@@ -388,6 +391,7 @@ static int64_t kv_shared_bytes(const run *r) {
  *  the host channel (comm/host.h). */
 static void test_collective_counts(void **state) {
   (void)state;
+  if (g_dpr > 1) skip(); /* the counts below are those of one replica (HSDP's: fsdp.cmake) */
   static fixture fx;
   fixture_load(g_fixture, &fx);
   static run r;
@@ -532,7 +536,7 @@ static void test_expert_parallel(void **state) {
   ml_engine_opts bi = ml_engine_opts_default();
   bi.batch_invariant = true;
   run_open_ep(&r, MPI_COMM_WORLD, 1, 1, g_tp, g_ep, &bi, fx.dir, NULL, NULL);
-  run_open_mesh(&plain, MPI_COMM_WORLD, 1, 1, g_tp, &bi, fx.dir, NULL, NULL);
+  run_open_mesh(&plain, MPI_COMM_WORLD, g_dpr, 1, g_tp, &bi, fx.dir, NULL, NULL);
   int64_t n = Bl * (fx.S - 1);
   float *lp = malloc(sizeof(float) * (size_t)n * 2);
   hold(lp, free);
@@ -557,10 +561,11 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[i], "sp")) g_sp = true;
     else if (!strncmp(argv[i], "cp=", 3)) g_cp = atoi(argv[i] + 3);
     else if (!strncmp(argv[i], "ep=", 3)) g_ep = atoi(argv[i] + 3);
+    else if (!strncmp(argv[i], "dpr=", 4)) g_dpr = atoi(argv[i] + 4);
     else ok = false;
   }
-  if (!ok || g_cp < 1 || g_ep < 1) {
-    fprintf(stderr, "usage: test_parity FIXTURE TP [sp] [cp=C] [ep=P]\n");
+  if (!ok || g_cp < 1 || g_ep < 1 || g_dpr < 1) {
+    fprintf(stderr, "usage: test_parity FIXTURE TP [sp] [cp=C] [ep=P] [dpr=R]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];

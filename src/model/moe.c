@@ -10,10 +10,9 @@
 #include "model/linear.h"
 
 int ml_moe_check(const ml_model *m, const char *device) {
-  if (m->cfg.n_experts == 0 || ml_be_host_memory(m->be)) return 0;
+  if (m->cfg.n_experts == 0 || ml_be_host_memory(m->be) || strcmp(device, "meta") == 0) return 0;
   return ml_err("backend '%s': %s's mixture-of-experts layers run on the CPU backend only (their "
-                "routing reads host memory; `meshlm plan`'s meta backend does not model them "
-                "yet); expected --device cpu",
+                "routing reads host memory); expected --device cpu",
                 device, m->cfg.family->architecture);
 }
 
@@ -32,7 +31,17 @@ static void routing_free(routing *r) {
   free(r->slot);
 }
 
-/* The rows of each expert from L's saved top_e (a counting sort). */
+/* Whether the block models its routing instead of computing it: on the
+ * meta backend (`meshlm plan`, engine/predict.h; the only backend without
+ * host memory ml_moe_check lets through) nothing can read the router's
+ * output, so the routing is taken as balanced — expert e gets rows
+ * floor(e·T·k/E) .. floor((e+1)·T·k/E) − 1, in token order — and the host
+ * loops over the buffers (gathers, weighted sums, the router's backward)
+ * are skipped; the GEMMs and the exchanges run with those sizes. */
+static bool modelled(const ml_model *m) { return !ml_be_host_memory(m->be); }
+
+/* The rows of each expert from L's saved top_e (a counting sort), or the
+ * balanced routing where it is modelled. */
 static int routing_of(const ml_model *m, const ml_layer *L, int64_t T, routing *r) {
   int64_t E = m->cfg.n_experts, k = m->cfg.top_k;
   *r = (routing){T, E, k, calloc((size_t)E + 1, sizeof(int64_t)),
@@ -41,6 +50,11 @@ static int routing_of(const ml_model *m, const ml_layer *L, int64_t T, routing *
     routing_free(r);
     return ml_err("out of host memory for the routing of %lld tokens to %lld experts",
                   (long long)T, (long long)E);
+  }
+  if (modelled(m)) {
+    for (int64_t e = 0; e <= E; e++) r->off[e] = e * T * k / E;
+    for (int64_t i = 0; i < T * k; i++) r->slot[i] = i;
+    return 0;
   }
   const float *top_e = L->acts.top_e;
   for (int64_t i = 0; i < T * k; i++) r->off[(int64_t)top_e[i] + 1]++;
@@ -307,7 +321,10 @@ static int ep_forward(ml_model *m, ml_layer *L, const routing *r, const float *x
   if (!rc && !(h->cnt = malloc(sizeof(int64_t) * (size_t)E)))
     rc = ml_err("out of host memory for the expert exchange's counts");
   for (int64_t e = 0; !rc && e < E; e++) mine[e] = r->off[e + 1] - r->off[e];
-  if (!rc) rc = ep->counts(ep->ctx, mine, (int)El, h->cnt);  // [ranks · El] rows per (q, j)
+  if (!rc && modelled(m)) /* every rank's routing balanced alike: no exchange */
+    for (int64_t i = 0; i < E; i++) h->cnt[i] = mine[(int64_t)ep->rank * El + i % El];
+  else if (!rc)
+    rc = ep->counts(ep->ctx, mine, (int)El, h->cnt);  // [ranks · El] rows per (q, j)
   float *tmp = NULL; /* [2R, H]: the rows as received, then the outputs as sent back */
   if (!rc) {
     ep_sizes(m, r, h->cnt, 1, t.sc, t.rc, t.loff);
@@ -324,14 +341,14 @@ static int ep_forward(ml_model *m, ml_layer *L, const routing *r, const float *x
   }
   if (!rc) {
     ep_sizes(m, r, h->cnt, 1, t.sc, t.rc, t.loff);
-    regroup(m, El, h->cnt, t.loff, H, tmp, h->x, true, t.next);  // by local expert
+    if (!modelled(m)) regroup(m, El, h->cnt, t.loff, H, tmp, h->x, true, t.next);  // by expert
     rc = experts_forward(m, L, h->x, t.loff, (int64_t)ep->rank * El, El, h->g, h->u, h->act,
                          tmp);
   }
   if (!rc) rc = ml_be_sync(m->be);
   if (!rc) {
     float *back = tmp + h->R * H;
-    regroup(m, El, h->cnt, t.loff, H, tmp, back, false, t.next);  // outputs by source rank
+    if (!modelled(m)) regroup(m, El, h->cnt, t.loff, H, tmp, back, false, t.next);  // by source
     ep_sizes(m, r, h->cnt, H, t.sc, t.rc, t.loff);
     rc = ep->rows(ep->ctx, back, t.rc, ye, t.sc);  // the inverse exchange
   }
@@ -363,13 +380,13 @@ static int ep_backward(ml_model *m, ml_layer *L, const routing *r, const float *
   }
   if (!rc) {
     ep_sizes(m, r, h->cnt, 1, t.sc, t.rc, t.loff);
-    regroup(m, El, h->cnt, t.loff, H, dyr, dyl, true, t.next);
+    if (!modelled(m)) regroup(m, El, h->cnt, t.loff, H, dyr, dyl, true, t.next);
     rc = experts_backward(m, L, t.loff, (int64_t)ep->rank * El, El, dyl, h->x, h->act, h->g,
                           h->u, dxl, da, dg, du);
   }
   if (!rc) rc = ml_be_sync(m->be);
   if (!rc) {
-    regroup(m, El, h->cnt, t.loff, H, dxl, dyr, false, t.next);  // by source rank
+    if (!modelled(m)) regroup(m, El, h->cnt, t.loff, H, dxl, dyr, false, t.next);  // by source
     ep_sizes(m, r, h->cnt, H, t.sc, t.rc, t.loff);
     rc = ep->rows(ep->ctx, dyr, t.rc, dxe, t.sc);
   }
@@ -398,19 +415,19 @@ int ml_moe_forward(ml_model *m, ml_layer *L, const ml_act *h, float *y) {
   bool *taken = malloc(sizeof(bool) * (size_t)m->cfg.n_experts);
   if (!taken) return ml_err("out of host memory for the routing of %lld experts",
                             (long long)m->cfg.n_experts);
-  route(m, a->probs, a->top_e, a->top_w, T, taken);
+  if (!modelled(m)) route(m, a->probs, a->top_e, a->top_w, T, taken);
   free(taken);
-  if (m->aux.open) aux_add(m, a, h);
+  if (m->aux.open && !modelled(m)) aux_add(m, a, h);
   routing r;
   ML_TRY(routing_of(m, L, T, &r));
   float *xe = scratch(m, T * k * H, "gathered tokens");  // [T·k, H] in expert order
   int rc = xe ? 0 : -1;
-  if (!rc) gather(&r, h->x, H, xe);
+  if (!rc && !modelled(m)) gather(&r, h->x, H, xe);
   if (!rc)
     rc = ep_on(m) ? ep_forward(m, L, &r, xe, a->ye)
                   : experts_forward(m, L, xe, r.off, 0, r.E, a->g, a->u, a->a, a->ye);
   if (!rc) rc = ml_be_sync(m->be);
-  for (int64_t t = 0; !rc && t < T; t++) { /* y_t = Σ_j w_tj · ye[slot(t, j)], j in order */
+  for (int64_t t = 0; !rc && !modelled(m) && t < T; t++) { /* y_t = Σ_j w_tj · ye[slot(t, j)] */
     float *yt = y + t * H;
     memset(yt, 0, sizeof(float) * (size_t)H);
     for (int64_t j = 0; j < k; j++) {
@@ -497,17 +514,17 @@ int ml_moe_backward(ml_model *m, ml_layer *L, const ml_act *h, const float *dy, 
   for (int i = 0; i < BW_N; i++) p[i] = buf + at[i];
   int rc = ml_be_sync(m->be);
   if (!rc) {
-    weigh_backward(m, a, &r, dy, p[BW_DYE], p[BW_DW]);
+    if (!modelled(m)) weigh_backward(m, a, &r, dy, p[BW_DYE], p[BW_DW]);
     if (ep_on(m)) {
       rc = ep_backward(m, L, &r, p[BW_DYE], p[BW_DXE]);
     } else {
-      gather(&r, h->x, H, p[BW_XE]);
+      if (!modelled(m)) gather(&r, h->x, H, p[BW_XE]);
       rc = experts_backward(m, L, r.off, 0, E, p[BW_DYE], p[BW_XE], a->a, a->g, a->u,
                             p[BW_DXE], p[BW_DA], p[BW_DG], p[BW_DU]);
     }
   }
   if (!rc) rc = ml_be_sync(m->be);
-  for (int64_t t = 0; !rc && t < T; t++) { /* dh_t = Σ_j dxe[slot(t, j)], j in order */
+  for (int64_t t = 0; !rc && !modelled(m) && t < T; t++) { /* dh_t = Σ_j dxe[slot(t, j)] */
     float *d = dh + t * H;
     memset(d, 0, sizeof(float) * (size_t)H);
     for (int64_t j = 0; j < k; j++) {
@@ -516,7 +533,7 @@ int ml_moe_backward(ml_model *m, ml_layer *L, const ml_act *h, const float *dy, 
     }
   }
   if (!rc) {
-    route_backward(m, a, p[BW_DW], p[BW_DLOGITS], T, h->s);
+    if (!modelled(m)) route_backward(m, a, p[BW_DW], p[BW_DLOGITS], T, h->s);
     ml_act dl = {p[BW_DLOGITS], h->B, h->S, h->s, E, E};
     rc = ml_linear_backward(m->be, &L->moe.gate, &dl, h, NULL, dh, 1);  // dh += dlogits · W_gate
   }

@@ -22,7 +22,11 @@
  * Computed on the backend's GEMMs and GLU; the routing (softmax, top-k,
  * the gathers and the weighted sums) runs on the host over the buffers, so
  * the block needs a backend whose memory is the host's (the engine refuses
- * others: ml_moe_check). */
+ * others: ml_moe_check), or the meta backend (`meshlm plan`), where nothing
+ * is computed and the routing is modelled as balanced: expert e gets rows
+ * floor(e·T·k/E) .. floor((e+1)·T·k/E) − 1 on every rank, so the GEMMs'
+ * sizes, the exchanges' bytes and the buffers are those of a perfectly
+ * balanced router (a real run's follow its routing). */
 #ifndef ML_MOE_H
 #define ML_MOE_H
 
@@ -30,8 +34,8 @@
 
 /* Whether m can run its sparse layers on m->be (called `device` in the
  * message): 0, or −1 with a message naming the family and the backend when
- * the backend's memory is not the host's (cuda: the block is CPU-only;
- * meta: `meshlm plan` does not model it). */
+ * the backend's memory is not the host's and it is not the meta backend
+ * (cuda: the block is CPU-only). */
 int ml_moe_check(const ml_model *m, const char *device);
 
 /* Sparse layer L's block on h [T, H] (T = h->B · h->s tokens, the mlp

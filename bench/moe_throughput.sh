@@ -3,7 +3,11 @@
 # layers, hidden 384, 4 experts of 256 features, top 2; ~13M parameters) on 1 rank, S=128,
 # global batch 8, against the same model and tokens through transformers (bench/torch_peer.py:
 # eager experts loop, sdpa attention, fp32, the same AdamW step), both on THREADS threads:
-# median tokens/s and peak RSS. Figures for notes; nothing here is asserted.
+# median tokens/s and peak RSS; then 2 ranks x 1 thread, FSDP over dp_shard 2 without and with
+# expert parallelism (--ep 2: each rank computes 2 of the 4 experts, tokens exchanged by
+# all-to-all): median tokens/s, peak RSS per rank (max and min over ranks) and the collectives
+# of the last step on rank 0 (the ep group's all-to-all bytes among them). Figures for notes;
+# nothing here is asserted.
 # usage: bench/moe_throughput.sh [STEPS] [THREADS]   (after `make`; torch + transformers for the peer)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,10 +24,22 @@ OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads build/meshlm train --mode
   --data "$out/data.jsonl" --steps "$steps" --batch-size 8 --seq-len 128 --lr 1e-3 \
   --metrics "$out/m.jsonl" > "$out/log"
 echo "Qwen3-MoE small, S=128, global batch 8, $threads threads, $steps steps (median of steps 3..$steps)"
-tail -n +3 "$out/m.jsonl" |
-  sed -E 's/.*"tokens_per_s": ?([0-9.eE+-]+).*"peak_rss_mib_max": ?([0-9.eE+-]+).*/\1 \2/' |
-  sort -n | awk '{ t[NR] = $1; r = $2 } END { i = int((NR + 1) / 2);
-    printf "meshlm 1 rank            tokens/s %8.1f   peak RSS %.1f MiB\n", t[i], r }'
+# median tokens/s of steps 3.. of metrics file $2, and the last step's peak RSS (max, min over
+# ranks), printed under label $1
+summary() {
+  tail -n +3 "$2" |
+    sed -E 's/.*"tokens_per_s": ?([0-9.eE+-]+).*"peak_rss_mib_min": ?([0-9.eE+-]+),"peak_rss_mib_max": ?([0-9.eE+-]+).*/\1 \3 \2/' |
+    sort -n | awk -v label="$1" '{ t[NR] = $1; hi = $2; lo = $3 } END { i = int((NR + 1) / 2);
+      printf "%-24s tokens/s %8.1f   peak RSS %.1f MiB (min over ranks %.1f)\n", label, t[i], hi, lo }'
+}
+summary "meshlm 1 rank" "$out/m.jsonl"
+for ep in 1 2; do
+  OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 mpiexec -n 2 build/meshlm train --model "$out/model" \
+    --data "$out/data.jsonl" --steps "$steps" --batch-size 8 --seq-len 128 --lr 1e-3 --ep "$ep" \
+    --metrics "$out/m$ep.jsonl" > "$out/log$ep"
+  summary "meshlm dp2 ep$ep (2x1 thr)" "$out/m$ep.jsonl"
+  grep 'collectives of the last step' "$out/log$ep" | sed 's/^train: /  /'
+done
 if python3 -c 'import torch, transformers' 2> /dev/null; then
   python3 bench/torch_peer.py --model "$out/model" --data "$out/data.jsonl" --seq-len 128 \
     --batch-size 8 --steps "$steps" --threads "$threads" --modes fp32 \

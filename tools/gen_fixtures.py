@@ -92,6 +92,9 @@ FIXTURES
                    (checked), and save_pretrained writes the experts one by one
                    (mlp.experts.N.gate_proj.weight, block_sparse_moe.experts.
                    N.w1.weight), the names grads.safetensors uses.
+    qwen3_moe_b4, mixtral_b4  qwen3_moe and mixtral with B=4 (other seeds):
+                   four data-parallel ranks hold one sequence each (expert
+                   parallelism over 4 ranks: tests/mpi/CMakeLists.txt)
 
     phi3           Phi3ForCausalLM (fused self_attn.qkv_proj and
                    mlp.gate_up_proj in the checkpoint), untied, vocab 260,
@@ -735,6 +738,13 @@ def check_router_margin(name, router_logits, k):
                      f"< {ROUTER_MARGIN}; pick another seed")
 
 
+# Four sequences of the MoE fixtures: one per rank of a 4-rank data-parallel mesh.
+FIXTURES += [
+    dict(next(f for f in FIXTURES if f["name"] == base), name=base + "_b4", seed=seed, batch=4)
+    for base, seed in (("qwen3_moe", 1023), ("mixtral", 1022))
+]
+
+
 def make_fixture(fx, out_root):
     name = fx["name"]
     out_dir = os.path.join(out_root, name)
@@ -760,7 +770,8 @@ def make_fixture(fx, out_root):
     # ---- inputs ---------------------------------------------------------------
     lo, hi = fx.get("id_range", (0, vocab))
     assert 0 <= lo < hi <= vocab
-    input_ids = torch.randint(lo, hi, (B, S), generator=gen)
+    nb = fx.get("batch", B)
+    input_ids = torch.randint(lo, hi, (nb, S), generator=gen)
     if gemma:
         special = {text_config.pad_token_id}
         if fx["cls"] is Gemma3ForConditionalGeneration:
@@ -768,7 +779,7 @@ def make_fixture(fx, out_root):
         assert not any(int(t) in special for t in input_ids.flatten()), special
     loss_mask = None
     if fx["mask"]:
-        loss_mask = (torch.rand((B, S), generator=gen) < 0.7).long()
+        loss_mask = (torch.rand((nb, S), generator=gen) < 0.7).long()
         loss_mask[:, 0] = 0
         assert int(loss_mask[:, 1:].sum()) > 0
 

@@ -175,6 +175,12 @@ typedef struct meshlm_options {
                          state or update, not in the grad norm; a pattern matching nothing,
                          or every parameter frozen, fails meshlm_open (README: --freeze);
                          copied */
+  /* appended for expert parallelism (optional: see struct_size) */
+  int ep; /* expert-parallel size of the mixture-of-experts layers (default 1: none): the
+             experts split over groups of ep consecutive ranks, tokens sent to their experts'
+             ranks by all-to-all (NeMo Automodel's ep_size; README: --ep); the world must be
+             a multiple of ep, num_experts too, and the model a MoE family, else meshlm_open
+             fails naming the values */
 } meshlm_options;
 
 /* One rank's mesh (1 × world × 1 × 1 with the communicator's size), CPU,

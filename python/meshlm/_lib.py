@@ -80,6 +80,7 @@ class meshlm_options(Sized):
         ("cpu_offload", c_int),
         ("batch_invariant", c_int),
         ("freeze", c_char_p),
+        ("ep", c_int),
     ]
 
 

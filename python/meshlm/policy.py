@@ -496,6 +496,9 @@ class Policy:
     given (not None) are changed:
 
     tp, cp, dp_replicate: mesh sizes; dp_shard = world / (dp_replicate*cp*tp).
+    ep: expert-parallel size of a mixture-of-experts model (README: --ep): its
+    experts split over groups of ep consecutive ranks, tokens exchanged by
+    all-to-all; the world and num_experts must be multiples of it.
     device: "cpu" or "cuda" (one GPU per rank).
     parallel_plan: None/"auto", "optimized", "hf", "default" or a plan file.
     sequence_parallel: bool.
@@ -550,6 +553,7 @@ class Policy:
                  cpu_offload: Optional[bool] = None,
                  batch_invariant: Optional[bool] = None,
                  freeze: Optional[Union[str, Sequence[str]]] = None,
+                 ep: Optional[int] = None,
                  comm: Optional[Union[int, Communicator]] = None,
                  reference: bool = False) -> None:
         self._s: Optional[c_void_p] = None
@@ -579,7 +583,7 @@ class Policy:
                  "total_steps": (total_steps, int), "max_grad_norm": (max_grad_norm, float),
                  "micro_batch_tokens": (micro_batch_tokens, int),
                  "unshard_for_inference": (unshard_for_inference, _bool_int),
-                 "batch_invariant": (batch_invariant, _bool_int)}
+                 "batch_invariant": (batch_invariant, _bool_int), "ep": (ep, int)}
         for field, (value, kind) in plain.items():
             if value is not None:
                 setattr(o, field, kind(value))

@@ -106,7 +106,7 @@ int meshlm_options_init(meshlm_options *o, size_t struct_size) {
       .zero = f->zero, .prefetch_forward = f->prefetch_forward,
       .prefetch_backward = f->prefetch_backward, .grad_norm_type = st->norm_type,
       .cpu_offload = f->cpu_offload, .batch_invariant = d.engine.batch_invariant,
-      .freeze = d.engine.freeze};
+      .freeze = d.engine.freeze, .ep = 1};
   return api_init_struct(o, struct_size, API_MIN(meshlm_options), sizeof full, &full);
 }
 
@@ -183,6 +183,7 @@ static int check_options(const meshlm_options *o) {
   if (o->dp_replicate < 1 || o->cp < 1 || o->tp < 1)
     return ml_err("meshlm_options: dp_replicate %d, cp %d, tp %d; expected each >= 1",
                   o->dp_replicate, o->cp, o->tp);
+  if (o->ep < 1) return ml_err("meshlm_options.ep %d; expected >= 1 (1: no expert parallelism)", o->ep);
   if (!o->device || ml_device_find(o->device) < 0)
     return ml_err("meshlm_options.device '%s'; expected one of %s",
                   o->device ? o->device : "(null)", ml_device_list());
@@ -273,6 +274,7 @@ static int open_engine(meshlm_session *s, const char *model_dir) {
                              &eo.backend, &make_comm, &ctx));
   ML_TRY(ml_mesh_create(s->comm, s->o.dp_replicate, 0, s->o.cp, s->o.tp, make_comm, ctx,
                         &s->mesh));
+  ML_TRY(ml_mesh_set_ep(&s->mesh, s->comm, s->o.ep, make_comm, ctx));
   return ml_engine_open(&s->e, &s->mesh, model_dir, &eo);
 }
 

@@ -107,7 +107,7 @@ static int build(plan_run *run) {
      * ranks of a tp rank differ only in which positions they hold) */
     ml_predict_shape shape = {(int)o->t.dp_replicate, (int)o->dp_shard, (int)o->t.cp,
                               (int)o->t.tp, r, local_batch(o), o->t.seq_len,
-                              (int)o->t.grad_accum, what};
+                              (int)o->t.grad_accum, what, (int)o->t.ep};
     ML_TRY(ml_predict_step(o->t.model, &eo, &shape, &pr->pred));
   }
   return 0;
@@ -214,6 +214,34 @@ static void text_cp(const plan_run *run) {
                ml_cli_bytes(r.bwd_bytes, bb, sizeof bb));
 }
 
+/* The sparse layers' experts per rank and, under --ep, the ep group's
+ * all-to-all bytes per sparse layer and micro-batch (the meta backend's
+ * balanced routing, model/moe.h: a run's bytes follow its routing). */
+static void text_experts(const plan_run *run) {
+  const plan_opts *o = &run->o;
+  const ml_model_config *c = &run->cfg;
+  const ml_prediction *p = &run->ranks[0].pred;
+  int64_t sparse = 0, ep = o->t.ep;
+  for (int64_t l = 0; l < c->n_layers; l++) sparse += ml_config_moe_layer(c, l);
+  ml_cli_print("experts: %" PRId64 " per sparse layer (%" PRId64 " of %" PRId64
+               " layers), top %" PRId64 "; %" PRId64 " computed per rank (ep %" PRId64
+               "), their parameters FSDP-sharded with their layer\n",
+               c->n_experts, sparse, c->n_layers, c->top_k, c->n_experts / ep, ep);
+  if (ep == 1 || sparse == 0) return;
+  int64_t fwd = p->logprobs[ML_GROUP_EP].bytes[ML_COLL_ALL_TO_ALL] / sparse;
+  int64_t step = p->train[ML_GROUP_EP].bytes[ML_COLL_ALL_TO_ALL] / (sparse * o->t.grad_accum);
+  char fb[32], bb[32];
+  ml_cli_print("  ep all-to-all per sparse layer and micro-batch (dispatch + combine, %" PRId64
+               " token rows x top %" PRId64 " per rank): forward %s, backward %s%s; balanced "
+               "routing (expert e gets T*k/E of each rank's rows), a run's bytes follow its "
+               "routing\n",
+               p->B * p->s_local, c->top_k, ml_cli_bytes(fwd, fb, sizeof fb),
+               ml_cli_bytes(step - fwd, bb, sizeof bb),
+               ml_train_settings_of(&o->t).engine.ac == ML_AC_NONE ? ""
+                                                                   : " (AC's recomputed forward "
+                                                                     "included)");
+}
+
 /* The model, the mesh, the plan and what the residual stream and the logits are. */
 static void text_summary(const plan_run *run) {
   const plan_opts *o = &run->o;
@@ -233,6 +261,7 @@ static void text_summary(const plan_run *run) {
                o->t.dp_replicate, o->dp_shard, o->t.cp, o->t.tp, world, o->t.batch,
                o->t.seq_len, o->t.batch / dp);
   if (o->t.cp > 1) text_cp(run);
+  if (c->n_experts > 0) text_experts(run);
   ml_cli_print("plan %s%s\n  reason: %s\n", run->plan.name,
                run->plan.sequence_parallel ? " (sequence parallel)" : "", run->plan.reason);
   ml_cli_print("residual stream %s, logits %s%s\n", pstr(r0->tp.residual, b1, sizeof b1),
@@ -578,6 +607,7 @@ static json_t *jheader(const plan_run *run) {
   json_object_set_new(mesh, "dp_shard", json_integer(o->dp_shard));
   json_object_set_new(mesh, "cp", json_integer(o->t.cp));
   json_object_set_new(mesh, "tp", json_integer(o->t.tp));
+  json_object_set_new(mesh, "ep", json_integer(o->t.ep));
   json_object_set_new(mesh, "world",
                       json_integer(o->t.dp_replicate * o->dp_shard * o->t.cp * o->t.tp));
   json_object_set_new(root, "mesh", mesh);
@@ -740,7 +770,7 @@ static int print_json(const plan_run *run) {
 /* The flags of train that shape a step (the rest: data, schedule, outputs,
  * do not change what one step allocates or communicates). */
 static const char *const k_step_flags[] = {
-    "--model", "--tp", "--dp-replicate", "--cp", "--sequence-parallel", "--parallel-plan",
+    "--model", "--tp", "--dp-replicate", "--cp", "--ep", "--sequence-parallel", "--parallel-plan",
     "--param-dtype", "--reduce-dtype", "--output-dtype", "--reshard-after-forward", "--zero",
     "--prefetch-forward", "--prefetch-backward", "--activation-checkpointing", "--cpu-offload",
     "--batch-invariant", "--batch-size", "--grad-accum", "--seq-len", "--freeze"};

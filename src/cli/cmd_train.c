@@ -94,6 +94,7 @@ static int setup_engine(train_run *r) {
   ML_TRY(ml_device_open("train", &o->device, &o->device_comm, &eo.backend, &make_comm, &comm_ctx));
   ML_TRY(ml_mesh_create(MPI_COMM_WORLD, (int)o->dp_replicate, 0, (int)o->cp, (int)o->tp,
                         make_comm, comm_ctx, &r->mesh));
+  ML_TRY(ml_mesh_set_ep(&r->mesh, MPI_COMM_WORLD, (int)o->ep, make_comm, comm_ctx));
   if (o->save && r->mesh.rank == 0) ML_TRY(ml_run_lock_take(o->save, &r->lock));
   ML_TRY(ml_engine_open(&r->e, &r->mesh, o->model, &eo));
   ML_TRY(ml_model_config_check_seq_len(&r->e.model.cfg, o->model, o->seq_len,

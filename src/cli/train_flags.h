@@ -21,6 +21,7 @@ typedef struct ml_train_opts {
   const char *model, *data, *plan, *config;
   ml_arg_choice device, device_comm; /* cli/device.h */
   int64_t tp, dp_replicate, cp;
+  int64_t ep; /* --ep: expert-parallel size of the MoE layers (parallel/ep.h) */
   bool sp;
   /* data formats (data/data.h): the record keys (tokenizer_dir is --model,
      packing and assistant_only_loss from the choices below), --packing

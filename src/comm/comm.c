@@ -1,5 +1,7 @@
 #include "comm/comm.h"
 
+#include "common/status.h"
+
 size_t ml_elem_size(ml_elem e) { return e == ML_ELEM_BF16 ? 2 : 4; }
 
 int ml_iall_reduce(ml_comm *c, void *buf, size_t n, ml_elem elem, ml_redop op, ml_request *req) {
@@ -20,6 +22,22 @@ int ml_iring_pass(ml_comm *c, const void *send, void *recv, size_t n, ml_elem el
                   ml_request *req) {
   req->impl = NULL;
   return c->ops->iring_pass(c, send, recv, n, elem, req);
+}
+int ml_iall_to_all_v(ml_comm *c, const void *send, const int64_t *send_counts, void *recv,
+                     const int64_t *recv_counts, ml_elem elem, ml_request *req) {
+  req->impl = NULL;
+  for (int q = 0; q < c->size; q++)
+    if (send_counts[q] < 0 || recv_counts[q] < 0)
+      return ml_err("all-to-all on comm '%s': block %d has send count %lld and receive count "
+                    "%lld; expected counts >= 0",
+                    c->name, q, (long long)send_counts[q], (long long)recv_counts[q]);
+  return c->ops->iall_to_all_v(c, send, send_counts, recv, recv_counts, elem, req);
+}
+int ml_all_to_all_v(ml_comm *c, const void *send, const int64_t *send_counts, void *recv,
+                    const int64_t *recv_counts, ml_elem elem) {
+  ml_request req;
+  if (ml_iall_to_all_v(c, send, send_counts, recv, recv_counts, elem, &req)) return -1;
+  return ml_wait(c, &req);
 }
 int ml_wait(ml_comm *c, ml_request *req) { return req->impl ? c->ops->wait(c, req) : 0; }
 
@@ -52,6 +70,6 @@ void ml_comm_destroy(ml_comm *c) {
 
 const char *ml_coll_name(ml_coll k) {
   static const char *names[ML_COLL_KINDS] = {"all_reduce", "all_gather", "reduce_scatter",
-                                             "send_recv"};
+                                             "send_recv", "all_to_all"};
   return names[k];
 }

@@ -72,6 +72,7 @@ typedef enum {
   ML_COLL_ALL_GATHER,
   ML_COLL_REDUCE_SCATTER,
   ML_COLL_SEND_RECV, /* ml_iring_pass: a point-to-point send and receive per rank */
+  ML_COLL_ALL_TO_ALL, /* ml_iall_to_all_v: uneven blocks between every pair of ranks */
   ML_COLL_KINDS
 } ml_coll;
 
@@ -88,6 +89,8 @@ typedef struct ml_comm_ops {
                     ml_request *req);
   int (*wait)(ml_comm *c, ml_request *req);
   void (*destroy)(ml_comm *c);
+  int (*iall_to_all_v)(ml_comm *c, const void *send, const int64_t *send_counts, void *recv,
+                       const int64_t *recv_counts, ml_elem elem, ml_request *req);
 } ml_comm_ops;
 
 struct ml_comm {
@@ -123,6 +126,22 @@ int ml_ireduce_scatter(ml_comm *c, const void *send, void *recv, size_t n_per_ra
  * MPI: MPI_Isend + MPI_Irecv; NCCL: ncclSend + ncclRecv in one group. */
 int ml_iring_pass(ml_comm *c, const void *send, void *recv, size_t n, ml_elem elem,
                   ml_request *req);
+/* All-to-all with uneven blocks (torch's all_to_all_single with
+ * input_split_sizes / output_split_sizes; MPI_Ialltoallv; NCCL: one
+ * ncclSend and one ncclRecv per peer in one group, as torch's NCCL
+ * all_to_all). send holds `size` blocks packed in rank order, block q
+ * (send_counts[q] elements) for rank q; recv receives them packed in rank
+ * order, block q (recv_counts[q] elements) from rank q. recv_counts[q] on
+ * this rank must equal send_counts[rank] on rank q (exchange the counts
+ * first, e.g. with ml_host_all_to_all_i64 (comm/host.h), as expert
+ * parallelism does before its token exchange). The count arrays [size] are
+ * read when the call is issued (the backend keeps copies), the buffers as
+ * for every collective. Moves bits: recv is bitwise the senders' blocks.
+ * send and recv must not overlap. On a group of one rank recv = send.
+ * Errors: a negative count, a count or a block offset beyond the backend's
+ * limit (MPI: int), allocation, the backend's failure. */
+int ml_iall_to_all_v(ml_comm *c, const void *send, const int64_t *send_counts, void *recv,
+                     const int64_t *recv_counts, ml_elem elem, ml_request *req);
 /* Complete req (see above for what that means on a device backend) and
  * release it (req->impl = NULL). Returns 0 at once when nothing is in
  * flight. */
@@ -138,6 +157,10 @@ int ml_all_gather_t(ml_comm *c, const void *send, void *recv, size_t n_per_rank,
 int ml_reduce_scatter(ml_comm *c, const float *send, float *recv, size_t n_per_rank);
 int ml_reduce_scatter_t(ml_comm *c, const void *send, void *recv, size_t n_per_rank, ml_elem elem);
 
+/* ml_iall_to_all_v + ml_wait. */
+int ml_all_to_all_v(ml_comm *c, const void *send, const int64_t *send_counts, void *recv,
+                    const int64_t *recv_counts, ml_elem elem);
+
 void ml_comm_destroy(ml_comm *c);
 
 /* Counting wrapper (the role of torch's CommDebugMode): calls pass through
@@ -146,7 +169,9 @@ typedef struct ml_comm_stats {
   int64_t calls[ML_COLL_KINDS];
   /* Bytes of the collective's full buffer per rank, counted when the
    * collective is issued: all-reduce n·elem, all-gather and reduce-scatter
-   * size·n_per_rank·elem, send_recv the n·elem bytes each rank sends.
+   * size·n_per_rank·elem, send_recv the n·elem bytes each rank sends,
+   * all_to_all the Σ send_counts·elem bytes of the rank's send buffer
+   * (its block to itself included, as all-gather counts its own).
    * For uneven torch.chunk shards n_per_rank is the
    * padded chunk (ceil(n / size) rows), so these count the padding too:
    * what goes on the wire, not the tensor's size. */
@@ -161,7 +186,7 @@ int ml_comm_counting_create(ml_comm *inner, ml_comm **out);
 /* The stats of a counting comm (NULL for any other comm). */
 ml_comm_stats *ml_comm_stats_of(ml_comm *c);
 void ml_comm_stats_reset(ml_comm *c);
-/* "all_reduce", "all_gather", "reduce_scatter", "send_recv". */
+/* "all_reduce", "all_gather", "reduce_scatter", "send_recv", "all_to_all". */
 const char *ml_coll_name(ml_coll k);
 
 #endif

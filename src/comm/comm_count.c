@@ -50,6 +50,14 @@ static int cnt_iring_pass(ml_comm *c, const void *send, void *recv, size_t n, ml
   return ml_iring_pass(cnt_of(c)->inner, send, recv, n, elem, req);
 }
 
+static int cnt_iall_to_all_v(ml_comm *c, const void *send, const int64_t *send_counts, void *recv,
+                             const int64_t *recv_counts, ml_elem elem, ml_request *req) {
+  int64_t n = 0;
+  for (int q = 0; q < c->size; q++) n += send_counts[q];
+  record(c, ML_COLL_ALL_TO_ALL, (size_t)n * ml_elem_size(elem));
+  return ml_iall_to_all_v(cnt_of(c)->inner, send, send_counts, recv, recv_counts, elem, req);
+}
+
 /* The inner request is req itself: its wait, timed into wait_s. */
 static int cnt_wait(ml_comm *c, ml_request *req) {
   double t0 = now_s();
@@ -66,7 +74,8 @@ static void cnt_destroy(ml_comm *c) {
 
 static const ml_comm_ops counting_ops = {cnt_iall_reduce,     cnt_iall_gather,
                                          cnt_ireduce_scatter, cnt_iring_pass,
-                                         cnt_wait,            cnt_destroy};
+                                         cnt_wait,            cnt_destroy,
+                                         cnt_iall_to_all_v};
 
 int ml_comm_counting_create(ml_comm *inner, ml_comm **out) {
   ml_comm *c = ml_calloc(1, sizeof *c, "counting comm");

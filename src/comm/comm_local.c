@@ -21,6 +21,15 @@ static int local_copy(ml_comm *c, const void *send, void *recv, size_t n, ml_ele
   return ml_be_copy(be_of(c), recv, send, n * ml_elem_size(elem), ML_COPY_D2D);
 }
 
+/* all-to-all of one rank: recv = its one block */
+static int local_all_to_all_v(ml_comm *c, const void *send, const int64_t *send_counts, void *recv,
+                              const int64_t *recv_counts, ml_elem elem, ml_request *req) {
+  if (send_counts[0] != recv_counts[0])
+    return ml_err("all-to-all on comm '%s' of one rank: send count %lld, receive count %lld; "
+                  "expected equal", c->name, (long long)send_counts[0], (long long)recv_counts[0]);
+  return local_copy(c, send, recv, (size_t)send_counts[0], elem, req);
+}
+
 static int local_wait(ml_comm *c, ml_request *req) {
   req->impl = NULL;
   return 0;
@@ -32,6 +41,7 @@ static const ml_comm_ops k_local_ops = {.iall_reduce = local_iall_reduce,
                                         .iall_gather = local_copy,
                                         .ireduce_scatter = local_copy,
                                         .iring_pass = local_copy,
+                                        .iall_to_all_v = local_all_to_all_v,
                                         .wait = local_wait,
                                         .destroy = local_destroy};
 

@@ -121,6 +121,29 @@ static int mpi_iring_pass(ml_comm *c, const void *send, void *recv, size_t n, ml
   return started(c, req, r, rc, "MPI_Isend/MPI_Irecv");
 }
 
+/* MPI_Ialltoallv: its int counts and displacements must live until the
+ * wait, so they follow the two MPI requests in the request's allocation. */
+static int mpi_iall_to_all_v(ml_comm *c, const void *send, const int64_t *send_counts, void *recv,
+                             const int64_t *recv_counts, ml_elem elem, ml_request *req) {
+  int p = c->size;
+  MPI_Request *r = ml_malloc(2 * sizeof *r + 4 * (size_t)p * sizeof(int), "MPI all-to-all request");
+  if (!r) return -1;
+  r[0] = r[1] = MPI_REQUEST_NULL;
+  int *sc = (int *)(r + 2), *sd = sc + p, *rc_ = sd + p, *rd = rc_ + p;
+  int64_t so = 0, ro = 0;
+  for (int q = 0; q < p; q++) {
+    if (count_ok(c, (size_t)(so + send_counts[q])) || count_ok(c, (size_t)(ro + recv_counts[q]))) {
+      free(r);
+      return -1;
+    }
+    sc[q] = (int)send_counts[q], sd[q] = (int)so, so += send_counts[q];
+    rc_[q] = (int)recv_counts[q], rd[q] = (int)ro, ro += recv_counts[q];
+  }
+  MPI_Datatype t = mpi_type(elem);
+  return started(c, req, r, MPI_Ialltoallv(send, sc, sd, t, recv, rc_, rd, t, mpi_of(c), r),
+                 "MPI_Ialltoallv");
+}
+
 static int mpi_wait(ml_comm *c, ml_request *req) {
   MPI_Request *r = req->impl;
   int rc = mpi_check(c, MPI_Waitall(2, r, MPI_STATUSES_IGNORE), "MPI_Waitall");
@@ -139,7 +162,8 @@ static void mpi_destroy(ml_comm *c) {
 }
 
 static const ml_comm_ops mpi_ops = {mpi_iall_reduce, mpi_iall_gather, mpi_ireduce_scatter,
-                                    mpi_iring_pass,  mpi_wait,        mpi_destroy};
+                                    mpi_iring_pass,  mpi_wait,        mpi_destroy,
+                                    mpi_iall_to_all_v};
 
 int ml_comm_mpi_create(MPI_Comm mc, const char *name, ml_comm **out) {
   ml_comm *c = ml_calloc(1, sizeof *c, "comm");

@@ -14,6 +14,10 @@ static int null_icoll(ml_comm *c, const void *send, void *recv, size_t n, ml_ele
                       ml_request *req) {
   return 0;
 }
+static int null_all_to_all_v(ml_comm *c, const void *send, const int64_t *send_counts, void *recv,
+                             const int64_t *recv_counts, ml_elem elem, ml_request *req) {
+  return 0;
+}
 static int null_wait(ml_comm *c, ml_request *req) { return 0; }
 static void null_destroy(ml_comm *c) { free(c); }
 
@@ -21,6 +25,7 @@ static const ml_comm_ops k_null_ops = {.iall_reduce = null_iall_reduce,
                                        .iall_gather = null_icoll,
                                        .ireduce_scatter = null_icoll,
                                        .iring_pass = null_icoll,
+                                       .iall_to_all_v = null_all_to_all_v,
                                        .wait = null_wait,
                                        .destroy = null_destroy};
 

@@ -95,6 +95,20 @@ static int st_iring_pass(ml_comm *c, const void *send, void *recv, size_t n, ml_
                 req);
 }
 
+static int st_iall_to_all_v(ml_comm *c, const void *send, const int64_t *send_counts, void *recv,
+                            const int64_t *recv_counts, ml_elem elem, ml_request *req) {
+  int64_t ns = 0, nr = 0;
+  for (int q = 0; q < c->size; q++) ns += send_counts[q], nr += recv_counts[q];
+  size_t sb = (size_t)ns * ml_elem_size(elem), rb = (size_t)nr * ml_elem_size(elem);
+  staged_req *r = stage(c, send, sb, rb ? rb : 1, recv);
+  if (!r) return -1;
+  r->result_bytes = rb;
+  return issued(c, r,
+                ml_iall_to_all_v(st_of(c)->mpi, r->host, send_counts, r->host + sb, recv_counts,
+                                 elem, &r->mpi),
+                req);
+}
+
 /* The MPI collective's completion, then its result host → device. */
 static int st_wait(ml_comm *c, ml_request *req) {
   staged_req *r = req->impl;
@@ -115,6 +129,7 @@ static const ml_comm_ops k_staged_ops = {.iall_reduce = st_iall_reduce,
                                          .iall_gather = st_iall_gather,
                                          .ireduce_scatter = st_ireduce_scatter,
                                          .iring_pass = st_iring_pass,
+                                         .iall_to_all_v = st_iall_to_all_v,
                                          .wait = st_wait,
                                          .destroy = st_destroy};
 

@@ -63,6 +63,12 @@ int ml_host_all_gather(ml_host *h, const void *send, size_t bytes, void *recv) {
       "MPI_Allgather (host channel)", h->name);
 }
 
+int ml_host_all_to_all_i64(ml_host *h, const int64_t *send, int n, int64_t *recv) {
+  ML_TRY(bytes_ok(h, (size_t)n * (size_t)h->size, "all-to-all"));
+  return ml_mpi_check(MPI_Alltoall(send, n, MPI_INT64_T, recv, n, MPI_INT64_T, h->comm),
+                      "MPI_Alltoall (host channel)", h->name);
+}
+
 int ml_host_all_gather_v(ml_host *h, const void *send, const size_t *bytes, void *recv) {
   size_t total = 0;
   for (int q = 0; q < h->size; q++) {

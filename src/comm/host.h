@@ -49,6 +49,13 @@ int ml_host_all_gather(ml_host *h, const void *send, size_t bytes, void *recv);
  * lengths per rank (e.g. per-sequence log-probs). Errors: a block or the
  * sum beyond MPI's int count, allocation, MPI failures. */
 int ml_host_all_gather_v(ml_host *h, const void *send, const size_t *bytes, void *recv);
+/* recv[q · n .. (q+1) · n) = rank q's send[rank · n .. (rank+1) · n) for
+ * every rank q (MPI_Alltoall of int64, torch's all_to_all_single of a
+ * counts tensor): the block sizes of an uneven exchange (comm.h
+ * ml_iall_to_all_v), exchanged before it. send and recv hold size · n
+ * values and must not overlap. Errors: size · n beyond MPI's int count, MPI
+ * failures. */
+int ml_host_all_to_all_i64(ml_host *h, const int64_t *send, int n, int64_t *recv);
 /* Point to point, the exception to "collective" above: only the two ranks
  * take part, with matching calls in the same order. ml_host_send sends
  * buf[bytes] to rank `dst`; ml_host_recv receives the same count from rank

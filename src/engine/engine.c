@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "io/checkpoint.h"
 #include "model/moe.h"
+#include "parallel/ep.h"
 #include "parallel/tp.h"
 
 ml_engine_opts ml_engine_opts_default(void) {
@@ -100,6 +101,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   ML_TRY(ml_tp_apply(&e->tp, &e->plan, &e->model, ml_mesh_comm(mesh, ML_GROUP_TP)));
   ML_TRY(ml_tp_check_sequence_parallel(&e->tp, &e->plan, opts->sequence_parallel));
   ML_TRY(ml_cp_apply(&e->cp, &e->model, ml_mesh_comm(mesh, ML_GROUP_CP), e->be));
+  ML_TRY(ml_ep_apply(&e->model, mesh));
   ML_TRY(ml_freeze_apply(&e->model, opts->freeze));
   e->bwd_first = first_backward_layer(&e->model);
   ml_ckpt ck;

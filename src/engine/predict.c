@@ -81,6 +81,8 @@ int ml_predict_step(const char *model_dir, const ml_engine_opts *opts,
   ml_mesh mesh;
   int rc = ml_mesh_create_meta(shape->dp_replicate, shape->dp_shard, shape->cp, shape->tp,
                                shape->rank, &mesh);
+  if (rc == 0 && shape->ep > 1 && (rc = ml_mesh_set_ep_meta(&mesh, shape->ep)) != 0)
+    ml_mesh_destroy(&mesh);
   if (rc) {
     ml_backend_meta_destroy(meta);
     return rc;

@@ -58,6 +58,9 @@ typedef struct ml_predict_shape {
   int64_t B, S;
   int grad_accum;
   const char *batch_what;
+  int ep; /* expert parallelism (parallel/ep.h; 0 or 1: none): the sparse layers' all-to-alls
+             counted on the ep group with the balanced routing the meta backend models
+             (model/moe.h) */
 } ml_predict_shape;
 
 typedef struct ml_prediction {

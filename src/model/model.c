@@ -9,6 +9,7 @@
 #include "common/checked.h"
 #include "common/status.h"
 #include "model/block.h"
+#include "model/moe.h"
 #include "tensor/placement.h"
 
 static ml_param *add_param(ml_model *m, int layer, int64_t d0, int64_t d1, const char *fmt, ...)
@@ -256,6 +257,7 @@ static void free_acts(ml_model *m) {
     /* the layer's block (see carve_layer), unless x_in is in the shared one */
     if (!m->acts_shared) ml_be_free(m->be, m->layers[l].acts.x_in);
     memset(&m->layers[l].acts, 0, sizeof m->layers[l].acts);
+    ml_moe_release(m, &m->layers[l]);
   }
   m->acts_shared = false;
   ml_be_free(m->be, m->ac_work);

@@ -204,7 +204,30 @@ typedef struct ml_layer {
   const float *rope_cos, *rope_sin;
   ml_layer_acts acts;
   ml_moe moe; /* the sparse block replacing gate/up/down_proj (their weights NULL) */
+  /* Under expert parallelism (ml_model.moe_ep): the rows this rank's
+   * experts received in the last forward and their activations, kept for
+   * backward (model/moe.c; NULL otherwise). */
+  struct ml_moe_held *moe_held;
 } ml_layer;
+
+/* Expert parallelism of the sparse layers, set from outside
+ * (parallel/ep.h) before the first forward, as the attention core: the
+ * experts are split over `ranks` ranks in contiguous blocks of E / ranks,
+ * this rank computing experts [rank·E/ranks, (rank+1)·E/ranks) for the
+ * tokens of every rank of the group (model/moe.h). ranks 0 or 1: every
+ * expert here, no exchange. counts: all-to-all of n int64 per rank (send
+ * [ranks·n], block q for rank q; recv [ranks·n], block q from rank q),
+ * host memory; rows: all-to-all of fp32 blocks of uneven length (counts in
+ * floats, [ranks] each; comm/comm.h ml_all_to_all_v), backend memory.
+ * Every rank of the group calls them for the same layers in the same
+ * order. */
+typedef struct ml_moe_ep {
+  int ranks, rank;
+  int (*counts)(void *ctx, const int64_t *send, int n, int64_t *recv);
+  int (*rows)(void *ctx, const float *send, const int64_t *send_counts, float *recv,
+              const int64_t *recv_counts);
+  void *ctx;
+} ml_moe_ep;
 
 /* One call of a layer's attention core, softmax(scale·q·k^T + mask)·v
  * (HF eager_attention_forward / SDPA): q [B, S, nh, hd] and k [B, S, nkv,
@@ -351,6 +374,7 @@ typedef struct ml_model {
   /* The experts' linears of every sparse layer (ml_moe.experts points in), or NULL. */
   ml_linear *experts;
   ml_moe_aux aux; /* the load-balancing loss of the last training forward */
+  ml_moe_ep moe_ep; /* set from outside; zero: every expert on this rank */
 } ml_model;
 
 /* Build the module tree of `cfg` (parameters described, no storage).

@@ -10,10 +10,9 @@
 #include "model/linear.h"
 
 int ml_moe_check(const ml_model *m, const char *device) {
-  if (m->cfg.n_experts == 0 || ml_be_host_memory(m->be)) return 0;
+  if (m->cfg.n_experts == 0 || ml_be_host_memory(m->be) || strcmp(device, "meta") == 0) return 0;
   return ml_err("backend '%s': %s's mixture-of-experts layers run on the CPU backend only (their "
-                "routing reads host memory; `meshlm plan`'s meta backend does not model them "
-                "yet); expected --device cpu",
+                "routing reads host memory); expected --device cpu",
                 device, m->cfg.family->architecture);
 }
 
@@ -32,7 +31,17 @@ static void routing_free(routing *r) {
   free(r->slot);
 }
 
-/* The rows of each expert from L's saved top_e (a counting sort). */
+/* Whether the block models its routing instead of computing it: on the
+ * meta backend (`meshlm plan`, engine/predict.h; the only backend without
+ * host memory ml_moe_check lets through) nothing can read the router's
+ * output, so the routing is taken as balanced — expert e gets rows
+ * floor(e·T·k/E) .. floor((e+1)·T·k/E) − 1, in token order — and the host
+ * loops over the buffers (gathers, weighted sums, the router's backward)
+ * are skipped; the GEMMs and the exchanges run with those sizes. */
+static bool modelled(const ml_model *m) { return !ml_be_host_memory(m->be); }
+
+/* The rows of each expert from L's saved top_e (a counting sort), or the
+ * balanced routing where it is modelled. */
 static int routing_of(const ml_model *m, const ml_layer *L, int64_t T, routing *r) {
   int64_t E = m->cfg.n_experts, k = m->cfg.top_k;
   *r = (routing){T, E, k, calloc((size_t)E + 1, sizeof(int64_t)),
@@ -41,6 +50,11 @@ static int routing_of(const ml_model *m, const ml_layer *L, int64_t T, routing *
     routing_free(r);
     return ml_err("out of host memory for the routing of %lld tokens to %lld experts",
                   (long long)T, (long long)E);
+  }
+  if (modelled(m)) {
+    for (int64_t e = 0; e <= E; e++) r->off[e] = e * T * k / E;
+    for (int64_t i = 0; i < T * k; i++) r->slot[i] = i;
+    return 0;
   }
   const float *top_e = L->acts.top_e;
   for (int64_t i = 0; i < T * k; i++) r->off[(int64_t)top_e[i] + 1]++;
@@ -142,46 +156,273 @@ static float *scratch(ml_model *m, int64_t n, const char *what) {
                      (long long)n);
 }
 
+/* The experts e0 .. e0 + n − 1 over their rows: expert e0 + i takes rows
+ * off[i] .. off[i + 1] − 1 of x [off[n], H], one GEMM each; g, u, act
+ * [off[n], I] and out [off[n], H] (=) the rows' activations and outputs. */
+static int experts_forward(ml_model *m, const ml_layer *L, float *x, const int64_t *off,
+                           int64_t e0, int64_t n, float *g, float *u, float *act, float *out) {
+  int64_t H = m->cfg.hidden, I = m->cfg.moe_inter, rows = off[n];
+  const ml_linear *ex = L->moe.experts;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t r0 = off[i], k = off[i + 1] - r0, e = e0 + i;
+    if (k == 0) continue;
+    ml_act xv = rows_view(x, r0, k, H), y;
+    ML_TRY(ml_linear_forward(m->be, &ex[3 * e], &xv, NULL, g + r0 * I, &y));
+    ML_TRY(ml_linear_forward(m->be, &ex[3 * e + 1], &xv, NULL, u + r0 * I, &y));
+  }
+  // act: [rows, I] = act(g) · u
+  if (rows > 0) ML_TRY(ml_be_glu_fwd(m->be, g, u, act, rows * I, m->cfg.family->act));
+  for (int64_t i = 0; i < n; i++) {
+    int64_t r0 = off[i], k = off[i + 1] - r0, e = e0 + i;
+    if (k == 0) continue;
+    ml_act av = rows_view(act, r0, k, I), y;
+    ML_TRY(ml_linear_forward(m->be, &ex[3 * e + 2], &av, NULL, out + r0 * H, &y));
+  }
+  return 0;
+}
+
+/* The experts' backward over their rows (layout of experts_forward): dy
+ * [rows, H] the outputs' gradient (the down GEMMs' edges may rewrite it),
+ * x, act, g, u the forward's; dx [rows, H] (=) the rows' input gradient;
+ * da, dg, du [rows, I] scratch; weight gradients (+=). */
+static int experts_backward(ml_model *m, ml_layer *L, const int64_t *off, int64_t e0, int64_t n,
+                            float *dy, float *x, float *act, const float *g, const float *u,
+                            float *dx, float *da, float *dg, float *du) {
+  int64_t H = m->cfg.hidden, I = m->cfg.moe_inter, rows = off[n];
+  ml_linear *ex = L->moe.experts;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t r0 = off[i], k = off[i + 1] - r0, e = e0 + i;
+    if (k == 0) continue;
+    ml_act dyv = rows_view(dy, r0, k, H), av = rows_view(act, r0, k, I);
+    ML_TRY(ml_linear_backward(m->be, &ex[3 * e + 2], &dyv, &av, NULL, da + r0 * I, 0));
+  }
+  if (rows > 0) ML_TRY(ml_be_glu_bwd(m->be, da, g, u, dg, du, rows * I, m->cfg.family->act));
+  for (int64_t i = 0; i < n; i++) {
+    int64_t r0 = off[i], k = off[i + 1] - r0, e = e0 + i;
+    if (k == 0) continue;
+    ml_act xv = rows_view(x, r0, k, H);
+    ml_act dgv = rows_view(dg, r0, k, I), duv = rows_view(du, r0, k, I);
+    ML_TRY(ml_linear_backward(m->be, &ex[3 * e], &dgv, &xv, NULL, dx + r0 * H, 0));
+    ML_TRY(ml_linear_backward(m->be, &ex[3 * e + 1], &duv, &xv, NULL, dx + r0 * H, 1));
+  }
+  return 0;
+}
+
+/* ---- expert parallelism (model.h ml_moe_ep) ----
+ * Dispatch: each rank's gathered rows are in expert order, so its block
+ * for rank p (experts p·El .. (p+1)·El − 1, El = E / ranks) is contiguous:
+ * one all-to-all of the per-expert counts, one of the rows. Rank q's block
+ * arrives sorted by expert, then token, then choice; the received rows are
+ * regrouped by local expert, then source rank (then token, then choice),
+ * so each expert's rows are contiguous and in a fixed order; the experts
+ * run as on one rank; their outputs go back regrouped by source rank, with
+ * the inverse all-to-all, into the sender's expert order (ye), and the
+ * sender sums them per token in choice order as on one rank. Backward moves
+ * the output gradients the same way as the inputs and the input gradients
+ * back as the outputs. */
+
+/* What a layer's forward keeps for backward under expert parallelism. */
+struct ml_moe_held {
+  int64_t R;      /* rows received for this rank's experts */
+  int64_t *cnt;   /* host [ranks · El]: rows from rank q for local expert j at q·El + j */
+  float *x;       /* [R, H] the received rows, by local expert then source rank; then g, u,
+                     act [R, I] each in the same pool block */
+  float *g, *u, *act;
+};
+
+void ml_moe_release(ml_model *m, ml_layer *L) {
+  struct ml_moe_held *h = L->moe_held;
+  if (!h) return;
+  ml_be_free(m->be, h->x);
+  free(h->cnt);
+  free(h);
+  L->moe_held = NULL;
+}
+
+/* One exchange's sizes: sc[p] the floats this rank sends rank p (its rows
+ * of rank p's experts, from the routing's offsets), rc[q] those it receives
+ * from rank q (cnt's rows of q), cols floats per row; loff [El + 1] the
+ * local experts' row offsets (in rows) in the regrouped layout. */
+static void ep_sizes(const ml_model *m, const routing *r, const int64_t *cnt, int64_t cols,
+                     int64_t *sc, int64_t *rc, int64_t *loff) {
+  int P = m->moe_ep.ranks;
+  int64_t El = r->E / P;
+  for (int p = 0; p < P; p++) {
+    sc[p] = (r->off[(p + 1) * El] - r->off[p * El]) * cols;
+    rc[p] = 0;
+    for (int64_t j = 0; j < El; j++) rc[p] += cnt[p * El + j] * cols;
+  }
+  loff[0] = 0;
+  for (int64_t j = 0; j < El; j++) {
+    loff[j + 1] = loff[j];
+    for (int p = 0; p < P; p++) loff[j + 1] += cnt[p * El + j];
+  }
+}
+
+/* Rows of cols floats between the received layout (source rank, then
+ * local expert) and the regrouped one (local expert, then source rank):
+ * to_expert: src received → dst regrouped; else the inverse. next: [El]
+ * host scratch. */
+static void regroup(const ml_model *m, int64_t El, const int64_t *cnt, const int64_t *loff,
+                    int64_t cols, const float *src, float *dst, bool to_expert, int64_t *next) {
+  int P = m->moe_ep.ranks;
+  memcpy(next, loff, sizeof(int64_t) * (size_t)El);
+  int64_t at = 0; /* row in the received layout */
+  for (int q = 0; q < P; q++)
+    for (int64_t j = 0; j < El; j++) {
+      int64_t n = cnt[q * El + j], to = next[j];
+      next[j] += n;
+      size_t bytes = sizeof(float) * (size_t)(n * cols);
+      if (to_expert) memcpy(dst + to * cols, src + at * cols, bytes);
+      else memcpy(dst + at * cols, src + to * cols, bytes);
+      at += n;
+    }
+}
+
+/* The rows to allocate for R received rows of a rank sending TK: R rounded
+ * up to a multiple of ceil(TK / 8). R changes with the routing from layer
+ * to layer and step to step; the backend's caching allocator (backend/
+ * pool.h) reuses a freed block for a request up to 1/8 smaller, so these
+ * sizes, a few classes apart, keep reusing the same blocks instead of
+ * caching one per size seen (bench/moe_throughput.sh's ep2, measured:
+ * peak RSS 558 MiB per rank with exact sizes, 483 MiB with these). */
+static int64_t rows_cap(int64_t R, int64_t TK) {
+  int64_t q = (TK + 7) / 8 > 0 ? (TK + 7) / 8 : 1;
+  return (R + q - 1) / q * q;
+}
+
+/* Host scratch of an exchange: sc, rc [ranks], loff [El + 1], next [El]. */
+typedef struct ep_tables {
+  int64_t *sc, *rc, *loff, *next;
+} ep_tables;
+
+static int ep_tables_alloc(const ml_model *m, ep_tables *t) {
+  int64_t P = m->moe_ep.ranks, El = m->cfg.n_experts / P;
+  t->sc = malloc(sizeof(int64_t) * (size_t)(2 * P + 2 * El + 1));
+  if (!t->sc) return ml_err("out of host memory for the expert exchange's tables");
+  t->rc = t->sc + P;
+  t->loff = t->rc + P;
+  t->next = t->loff + El + 1;
+  return 0;
+}
+
+// xe: [T·k, H] rows in expert order → ye: [T·k, H] (=) their experts' outputs, same order
+static int ep_forward(ml_model *m, ml_layer *L, const routing *r, const float *xe, float *ye) {
+  const ml_moe_ep *ep = &m->moe_ep;
+  int64_t H = m->cfg.hidden, I = m->cfg.moe_inter, E = r->E, El = E / ep->ranks;
+  ml_moe_release(m, L);
+  struct ml_moe_held *h = calloc(1, sizeof *h);
+  int64_t *mine = malloc(sizeof(int64_t) * (size_t)E); /* rows per expert, sent */
+  ep_tables t = {0};
+  int rc = h && mine ? ep_tables_alloc(m, &t)
+                     : ml_err("out of host memory for the expert exchange of %lld experts",
+                              (long long)E);
+  if (!rc) L->moe_held = h;
+  if (!rc && !(h->cnt = malloc(sizeof(int64_t) * (size_t)E)))
+    rc = ml_err("out of host memory for the expert exchange's counts");
+  for (int64_t e = 0; !rc && e < E; e++) mine[e] = r->off[e + 1] - r->off[e];
+  if (!rc && modelled(m)) /* every rank's routing balanced alike: no exchange */
+    for (int64_t i = 0; i < E; i++) h->cnt[i] = mine[(int64_t)ep->rank * El + i % El];
+  else if (!rc)
+    rc = ep->counts(ep->ctx, mine, (int)El, h->cnt);  // [ranks · El] rows per (q, j)
+  float *tmp = NULL; /* [2R, H]: the rows as received, then the outputs as sent back */
+  if (!rc) {
+    ep_sizes(m, r, h->cnt, H, t.sc, t.rc, t.loff);
+    h->R = t.loff[El];
+    int64_t cap = rows_cap(h->R, r->T * r->k);
+    h->x = scratch(m, cap * (H + 3 * I), "received rows and their activations");
+    tmp = scratch(m, 2 * cap * H, "exchanged rows");
+    rc = h->x && tmp ? 0 : -1;
+  }
+  if (!rc) {
+    h->g = h->x + h->R * H, h->u = h->g + h->R * I, h->act = h->u + h->R * I;
+    rc = ep->rows(ep->ctx, xe, t.sc, tmp, t.rc);  // [R, H] by source rank
+  }
+  if (!rc) {
+    if (!modelled(m)) regroup(m, El, h->cnt, t.loff, H, tmp, h->x, true, t.next);  // by expert
+    rc = experts_forward(m, L, h->x, t.loff, (int64_t)ep->rank * El, El, h->g, h->u, h->act,
+                         tmp);
+  }
+  if (!rc) rc = ml_be_sync(m->be);
+  if (!rc) {
+    float *back = tmp + h->R * H;
+    if (!modelled(m)) regroup(m, El, h->cnt, t.loff, H, tmp, back, false, t.next);  // by source
+    rc = ep->rows(ep->ctx, back, t.rc, ye, t.sc);  // the inverse exchange
+  }
+  ml_be_free(m->be, tmp);
+  free(t.sc);
+  free(mine);
+  if (!L->moe_held) free(h);
+  return rc;
+}
+
+// dye: [T·k, H] output gradients in expert order → dxe: [T·k, H] (=) input gradients
+static int ep_backward(ml_model *m, ml_layer *L, const routing *r, const float *dye, float *dxe) {
+  const ml_moe_ep *ep = &m->moe_ep;
+  struct ml_moe_held *h = L->moe_held;
+  if (!h)
+    return ml_err("MoE backward under expert parallelism: the layer has no forward's rows (a "
+                  "backward without its forward); expected ml_moe_forward first");
+  int64_t H = m->cfg.hidden, I = m->cfg.moe_inter, El = r->E / ep->ranks, R = h->R;
+  ep_tables t = {0};
+  ML_TRY(ep_tables_alloc(m, &t));
+  int64_t cap = rows_cap(R, r->T * r->k);
+  float *buf = scratch(m, 3 * cap * (H + I), "expert-parallel backward");
+  int rc = buf ? 0 : -1;
+  float *dyr = buf, *dyl = buf + R * H, *dxl = dyl + R * H, *da = dxl + R * H;
+  float *dg = da + R * I, *du = dg + R * I;
+  if (!rc) {
+    ep_sizes(m, r, h->cnt, H, t.sc, t.rc, t.loff);
+    rc = ep->rows(ep->ctx, dye, t.sc, dyr, t.rc);  // [R, H] by source rank
+  }
+  if (!rc) {
+    if (!modelled(m)) regroup(m, El, h->cnt, t.loff, H, dyr, dyl, true, t.next);
+    rc = experts_backward(m, L, t.loff, (int64_t)ep->rank * El, El, dyl, h->x, h->act, h->g,
+                          h->u, dxl, da, dg, du);
+  }
+  if (!rc) rc = ml_be_sync(m->be);
+  if (!rc) {
+    if (!modelled(m)) regroup(m, El, h->cnt, t.loff, H, dxl, dyr, false, t.next);  // by source
+    rc = ep->rows(ep->ctx, dyr, t.rc, dxe, t.sc);
+  }
+  ml_be_free(m->be, buf);
+  free(t.sc);
+  ml_moe_release(m, L); /* backward was its last use */
+  return rc;
+}
+
+/* Whether the sparse layers exchange rows with other ranks. */
+static bool ep_on(const ml_model *m) { return m->moe_ep.ranks > 1; }
+
 /* The sizes below (T·k·H, T·k·I, T·E) are those of the layer's saved
  * buffers ye, g/u/a and probs, which ml_model_begin allocated (model.c
- * sizes them with saturating products): they fit int64. */
+ * sizes them with saturating products): they fit int64. R, the rows an
+ * expert-parallel rank receives, is at most ranks · T·k. */
 
 // h: [T, H] → y: [T, H] (=)
 int ml_moe_forward(ml_model *m, ml_layer *L, const ml_act *h, float *y) {
   ml_layer_acts *a = &L->acts;
   const ml_moe *moe = &L->moe;
-  int64_t T = h->B * h->s, H = m->cfg.hidden, I = m->cfg.moe_inter, k = m->cfg.top_k;
+  int64_t T = h->B * h->s, H = m->cfg.hidden, k = m->cfg.top_k;
   ml_act lv;
   ML_TRY(ml_linear_forward(m->be, &moe->gate, h, NULL, a->probs, &lv));  // logits [T, E]
   ML_TRY(ml_be_sync(m->be));
   bool *taken = malloc(sizeof(bool) * (size_t)m->cfg.n_experts);
   if (!taken) return ml_err("out of host memory for the routing of %lld experts",
                             (long long)m->cfg.n_experts);
-  route(m, a->probs, a->top_e, a->top_w, T, taken);
+  if (!modelled(m)) route(m, a->probs, a->top_e, a->top_w, T, taken);
   free(taken);
-  if (m->aux.open) aux_add(m, a, h);
+  if (m->aux.open && !modelled(m)) aux_add(m, a, h);
   routing r;
   ML_TRY(routing_of(m, L, T, &r));
   float *xe = scratch(m, T * k * H, "gathered tokens");  // [T·k, H] in expert order
   int rc = xe ? 0 : -1;
-  if (!rc) gather(&r, h->x, H, xe);
-  for (int64_t e = 0; !rc && e < r.E; e++) {
-    int64_t r0 = r.off[e], n = r.off[e + 1] - r0;
-    if (n == 0) continue;
-    ml_act x = rows_view(xe, r0, n, H), out;
-    rc = ml_linear_forward(m->be, &moe->experts[3 * e], &x, NULL, a->g + r0 * I, &out);
-    if (!rc) rc = ml_linear_forward(m->be, &moe->experts[3 * e + 1], &x, NULL, a->u + r0 * I, &out);
-  }
-  // a: [T·k, I] = act(g) · u
-  if (!rc) rc = ml_be_glu_fwd(m->be, a->g, a->u, a->a, T * k * I, m->cfg.family->act);
-  for (int64_t e = 0; !rc && e < r.E; e++) {
-    int64_t r0 = r.off[e], n = r.off[e + 1] - r0;
-    if (n == 0) continue;
-    ml_act x = rows_view(a->a, r0, n, I), out;
-    rc = ml_linear_forward(m->be, &moe->experts[3 * e + 2], &x, NULL, a->ye + r0 * H, &out);
-  }
+  if (!rc && !modelled(m)) gather(&r, h->x, H, xe);
+  if (!rc)
+    rc = ep_on(m) ? ep_forward(m, L, &r, xe, a->ye)
+                  : experts_forward(m, L, xe, r.off, 0, r.E, a->g, a->u, a->a, a->ye);
   if (!rc) rc = ml_be_sync(m->be);
-  for (int64_t t = 0; !rc && t < T; t++) { /* y_t = Σ_j w_tj · ye[slot(t, j)], j in order */
+  for (int64_t t = 0; !rc && !modelled(m) && t < T; t++) { /* y_t = Σ_j w_tj · ye[slot(t, j)] */
     float *yt = y + t * H;
     memset(yt, 0, sizeof(float) * (size_t)H);
     for (int64_t j = 0; j < k; j++) {
@@ -242,31 +483,6 @@ static void weigh_backward(const ml_model *m, const ml_layer_acts *a, const rout
     }
 }
 
-/* The experts' backward over their rows: dye [T·k, H] in, dxe [T·k, H]
- * (=) the gradient of the gathered tokens xe out; da, dg, du [T·k, I]
- * scratch; weight gradients (+=). */
-static int experts_backward(ml_model *m, ml_layer *L, const routing *r, float *dye,
-                            const float *xe, float *dxe, float *da, float *dg, float *du) {
-  ml_layer_acts *a = &L->acts;
-  int64_t H = m->cfg.hidden, I = m->cfg.moe_inter, k = r->k, T = r->T;
-  for (int64_t e = 0; e < r->E; e++) {
-    int64_t r0 = r->off[e], n = r->off[e + 1] - r0;
-    if (n == 0) continue;
-    ml_act dy = rows_view(dye, r0, n, H), x = rows_view(a->a, r0, n, I);
-    ML_TRY(ml_linear_backward(m->be, &L->moe.experts[3 * e + 2], &dy, &x, NULL, da + r0 * I, 0));
-  }
-  ML_TRY(ml_be_glu_bwd(m->be, da, a->g, a->u, dg, du, T * k * I, m->cfg.family->act));
-  for (int64_t e = 0; e < r->E; e++) {
-    int64_t r0 = r->off[e], n = r->off[e + 1] - r0;
-    if (n == 0) continue;
-    ml_act x = rows_view((float *)xe, r0, n, H);
-    ml_act dgv = rows_view(dg, r0, n, I), duv = rows_view(du, r0, n, I);
-    ML_TRY(ml_linear_backward(m->be, &L->moe.experts[3 * e], &dgv, &x, NULL, dxe + r0 * H, 0));
-    ML_TRY(ml_linear_backward(m->be, &L->moe.experts[3 * e + 1], &duv, &x, NULL, dxe + r0 * H, 1));
-  }
-  return 0;
-}
-
 /* The floats of the backward's scratch: dye, xe, dxe [T·k, H]; da, dg, du
  * [T·k, I]; dw [T, k]; dlogits [T, E]. */
 enum { BW_DYE, BW_XE, BW_DXE, BW_DA, BW_DG, BW_DU, BW_DW, BW_DLOGITS, BW_N };
@@ -293,13 +509,17 @@ int ml_moe_backward(ml_model *m, ml_layer *L, const ml_act *h, const float *dy, 
   for (int i = 0; i < BW_N; i++) p[i] = buf + at[i];
   int rc = ml_be_sync(m->be);
   if (!rc) {
-    weigh_backward(m, a, &r, dy, p[BW_DYE], p[BW_DW]);
-    gather(&r, h->x, H, p[BW_XE]);
-    rc = experts_backward(m, L, &r, p[BW_DYE], p[BW_XE], p[BW_DXE], p[BW_DA], p[BW_DG],
-                          p[BW_DU]);
+    if (!modelled(m)) weigh_backward(m, a, &r, dy, p[BW_DYE], p[BW_DW]);
+    if (ep_on(m)) {
+      rc = ep_backward(m, L, &r, p[BW_DYE], p[BW_DXE]);
+    } else {
+      if (!modelled(m)) gather(&r, h->x, H, p[BW_XE]);
+      rc = experts_backward(m, L, r.off, 0, E, p[BW_DYE], p[BW_XE], a->a, a->g, a->u,
+                            p[BW_DXE], p[BW_DA], p[BW_DG], p[BW_DU]);
+    }
   }
   if (!rc) rc = ml_be_sync(m->be);
-  for (int64_t t = 0; !rc && t < T; t++) { /* dh_t = Σ_j dxe[slot(t, j)], j in order */
+  for (int64_t t = 0; !rc && !modelled(m) && t < T; t++) { /* dh_t = Σ_j dxe[slot(t, j)] */
     float *d = dh + t * H;
     memset(d, 0, sizeof(float) * (size_t)H);
     for (int64_t j = 0; j < k; j++) {
@@ -308,7 +528,7 @@ int ml_moe_backward(ml_model *m, ml_layer *L, const ml_act *h, const float *dy, 
     }
   }
   if (!rc) {
-    route_backward(m, a, p[BW_DW], p[BW_DLOGITS], T, h->s);
+    if (!modelled(m)) route_backward(m, a, p[BW_DW], p[BW_DLOGITS], T, h->s);
     ml_act dl = {p[BW_DLOGITS], h->B, h->S, h->s, E, E};
     rc = ml_linear_backward(m->be, &L->moe.gate, &dl, h, NULL, dh, 1);  // dh += dlogits · W_gate
   }

@@ -22,7 +22,11 @@
  * Computed on the backend's GEMMs and GLU; the routing (softmax, top-k,
  * the gathers and the weighted sums) runs on the host over the buffers, so
  * the block needs a backend whose memory is the host's (the engine refuses
- * others: ml_moe_check). */
+ * others: ml_moe_check), or the meta backend (`meshlm plan`), where nothing
+ * is computed and the routing is modelled as balanced: expert e gets rows
+ * floor(e·T·k/E) .. floor((e+1)·T·k/E) − 1 on every rank, so the GEMMs'
+ * sizes, the exchanges' bytes and the buffers are those of a perfectly
+ * balanced router (a real run's follow its routing). */
 #ifndef ML_MOE_H
 #define ML_MOE_H
 
@@ -30,8 +34,8 @@
 
 /* Whether m can run its sparse layers on m->be (called `device` in the
  * message): 0, or −1 with a message naming the family and the backend when
- * the backend's memory is not the host's (cuda: the block is CPU-only;
- * meta: `meshlm plan` does not model it). */
+ * the backend's memory is not the host's and it is not the meta backend
+ * (cuda: the block is CPU-only). */
 int ml_moe_check(const ml_model *m, const char *device);
 
 /* Sparse layer L's block on h [T, H] (T = h->B · h->s tokens, the mlp
@@ -39,10 +43,26 @@ int ml_moe_check(const ml_model *m, const char *device);
  * activations in L->acts (probs, top_e, top_w, ye, g, u, a). */
 int ml_moe_forward(ml_model *m, ml_layer *L, const ml_act *h, float *y);
 
+/* Under expert parallelism (model.h ml_moe_ep, ranks > 1) this rank
+ * computes its experts' GEMMs for the rows every rank of the group routes
+ * to them: the rows go to the experts' ranks by an all-to-all (counts
+ * first, then the rows, rank q's sorted by expert, token, choice), are
+ * regrouped by local expert then source rank (each expert's rows
+ * contiguous, in a fixed order), and the outputs come back by the inverse
+ * all-to-all into ye, summed per token in choice order as on one rank.
+ * The received rows and their activations are kept in L->moe_held for
+ * backward, which moves dy's rows as forward moved h's and the input
+ * gradients back as the outputs; the local experts' weight gradients
+ * cover every rank's tokens, the others' stay untouched (zero: FSDP's
+ * reduction over the ranks sums the owners'). */
 /* Its backward: dy [T, H] the gradient of y (read only), dh [T, H] (=) the
  * gradient of h; the router's and the experts' weight gradients
  * accumulate (+=). */
 int ml_moe_backward(ml_model *m, ml_layer *L, const ml_act *h, const float *dy, float *dh);
+
+/* Free what L's last forward kept for backward under expert parallelism
+ * (L->moe_held; nothing when NULL). */
+void ml_moe_release(ml_model *m, ml_layer *L);
 
 /* The load-balancing loss (model.h ml_moe_aux) of a training forward, when
  * cfg.router_aux (else both are no-ops and the loss gets no aux term):

@@ -19,11 +19,13 @@ static const unsigned group_dims[ML_GROUP_KINDS] = {
     [ML_GROUP_DP] = 1u << DIM_DPR | 1u << DIM_DPS,
     [ML_GROUP_DP_SHARD_CP] = 1u << DIM_DPS | 1u << DIM_CP,
     [ML_GROUP_DP_CP] = 1u << DIM_DPR | 1u << DIM_DPS | 1u << DIM_CP,
+    [ML_GROUP_EP] = 0, /* one rank until ml_mesh_set_ep */
 };
 
 const char *ml_group_name(ml_group g) {
   static const char *names[ML_GROUP_KINDS] = {"world", "dp_replicate", "dp_shard", "cp",
-                                              "tp",    "dp",           "dp_shard_cp", "dp_cp"};
+                                              "tp",    "dp",           "dp_shard_cp", "dp_cp",
+                                              "ep"};
   return g >= 0 && g < ML_GROUP_KINDS ? names[g] : "?";
 }
 
@@ -162,6 +164,44 @@ int ml_mesh_create_meta(int dp_replicate, int dp_shard, int cp, int tp, int rank
     }
   }
   return 0;
+}
+
+/* ep against the mesh's world (ml_mesh_set_ep). */
+static int ep_ok(const ml_mesh *m, int ep) {
+  if (ep >= 1 && m->world_size % ep == 0) return 0;
+  return ml_err("--ep (ep_size) %d: dp_replicate(%d) x dp_shard(%d) x cp(%d) x tp(%d) = %d ranks "
+                "is not a multiple of it; expected ep >= 1 dividing the ranks (experts are split "
+                "over ep ranks, the rest being ep_shard = ranks / ep)",
+                ep, m->dp_replicate, m->dp_shard, m->cp, m->tp, m->world_size);
+}
+
+/* The one-rank ep group made at creation, freed before its replacement. */
+static void group_free(ml_mesh_group *g) {
+  ml_comm_destroy(g->comm);
+  ml_host_destroy(g->host);
+  memset(g, 0, sizeof *g);
+}
+
+int ml_mesh_set_ep(ml_mesh *m, MPI_Comm base, int ep, ml_comm_factory make_comm, void *ctx) {
+  ML_TRY(ep_ok(m, ep));
+  if (ep == 1) return 0;
+  group_free(&m->groups[ML_GROUP_EP]);
+  return group_create(base, m->rank / ep, m->rank, ML_GROUP_EP,
+                      make_comm ? make_comm : ml_comm_mpi_make, ctx, &m->groups[ML_GROUP_EP]);
+}
+
+int ml_mesh_set_ep_meta(ml_mesh *m, int ep) {
+  ML_TRY(ep_ok(m, ep));
+  if (ep == 1) return 0;
+  ml_mesh_group *grp = &m->groups[ML_GROUP_EP];
+  group_free(grp);
+  *grp = (ml_mesh_group){.size = ep, .rank = m->rank % ep, .name = ml_group_name(ML_GROUP_EP)};
+  ml_comm *raw = NULL;
+  int rc = ml_comm_null_create(grp->rank, grp->size, grp->name, &raw);
+  if (rc == 0) rc = ml_comm_counting_create(raw, &grp->comm);
+  if (rc != 0) ml_comm_destroy(raw);
+  if (rc == 0) rc = ml_host_create(MPI_COMM_SELF, grp->name, &grp->host);
+  return rc;
 }
 
 void ml_mesh_destroy(ml_mesh *m) {

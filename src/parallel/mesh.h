@@ -13,6 +13,11 @@
  *   dp             dp_replicate × dp_shard: data loading
  *   dp_shard_cp    dp_shard × cp: the group FSDP shards parameters over
  *   dp_cp          dp_replicate × dp_shard × cp: loss and grad-norm reductions
+ *   ep             expert parallelism (NeMo Automodel's MoE mesh): the world
+ *                  flattened (dp_replicate, dp_shard, cp, tp) and split into
+ *                  (ep_shard, ep), ep fastest, so an ep group is ep
+ *                  consecutive world ranks; one rank alone until
+ *                  ml_mesh_set_ep (no expert parallelism)
  * A flattened group orders its members by world rank (the mesh's row-major
  * order), so its rank is the row-major index of the member's coordinates
  * in those dimensions.
@@ -37,11 +42,12 @@ typedef enum {
   ML_GROUP_DP,
   ML_GROUP_DP_SHARD_CP,
   ML_GROUP_DP_CP,
+  ML_GROUP_EP,
   ML_GROUP_KINDS
 } ml_group;
 
 /* "world", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp",
- * "dp_cp": the names the mesh gives its groups' comms and channels ("?"
+ * "dp_cp", "ep": the names the mesh gives its groups' comms and channels ("?"
  * out of range). */
 const char *ml_group_name(ml_group g);
 
@@ -89,6 +95,19 @@ int ml_mesh_create(MPI_Comm base, int dp_replicate, int dp_shard, int cp, int tp
  * initialised. Errors: a size outside 1..65536, a world beyond 2^24 ranks,
  * a rank outside it, allocation. */
 int ml_mesh_create_meta(int dp_replicate, int dp_shard, int cp, int tp, int rank, ml_mesh *out);
+/* Expert parallelism of degree ep over the mesh m built on `base` (as
+ * ml_mesh_create was called): group ML_GROUP_EP becomes world ranks
+ * [g·ep, (g+1)·ep) for this rank's g = rank / ep (its data comm from
+ * make_comm, NULL = MPI, and its host channel), replacing the one-rank
+ * group. ep = 1 leaves it as it is. Collective over base. Errors (on every
+ * rank): ep < 1, or dp_replicate·dp_shard·cp·tp not a multiple of ep (both
+ * named with the values, the flag being --ep / ep_size), MPI or factory
+ * failures. */
+int ml_mesh_set_ep(ml_mesh *m, MPI_Comm base, int ep, ml_comm_factory make_comm, void *ctx);
+/* ml_mesh_set_ep on a mesh of ml_mesh_create_meta: the ep group a null comm
+ * of ep ranks (this rank's: rank mod ep), its channel this process alone.
+ * Errors: as ml_mesh_set_ep's size checks, allocation. */
+int ml_mesh_set_ep_meta(ml_mesh *m, int ep);
 void ml_mesh_destroy(ml_mesh *m);
 
 /* The data comm and the host channel of group g. */

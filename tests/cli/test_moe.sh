@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Mixture-of-experts families end to end (model/moe.h): `meshlm init --arch qwen3_moe|mixtral`
-# writes a model that trains and exports with the same tensor names and config keys; expert
-# layers under tp or cp, `meshlm plan` (its meta backend does not model them yet), and MoE
-# configs meshlm does not implement or cannot bound, are refused with one message naming what
-# was found and what is expected.
+# writes a model that trains and exports with the same tensor names and config keys, also under
+# expert parallelism (--ep); `meshlm plan --ep` shows the experts per rank and the balanced
+# all-to-all bytes; expert layers under tp or cp, --ep (config ep_size) not dividing the world or
+# num_experts or on a model without experts, and MoE configs meshlm does not implement or cannot
+# bound, are refused with one message naming what was found and what is expected.
 # usage: test_moe.sh MESHLM SOURCE_DIR ...
 set -u
 meshlm=$1
@@ -47,6 +48,21 @@ for arch in qwen3_moe mixtral; do
   else
     bad "$arch: train on dp_shard 2, export"
   fi
+  # the same under expert parallelism (--ep 2): the first step's loss as without it (the
+  # numbers agree to the printed digits: tests/mpi/test_parity.c bounds them)
+  if mpiexec -n 2 "$meshlm" train --model "$work/$arch" --data "$work/data.jsonl" --steps 2 \
+       --batch-size 4 --seq-len 24 --ep 2 --export-hf "$work/$arch-ep" > "$work/out-ep" \
+       2> "$work/err" &&
+     "$5" "$work/$arch-ep" > "$work/c.lst" &&
+     cmp -s <(cut -d' ' -f1-3 "$work/a.lst") <(cut -d' ' -f1-3 "$work/c.lst") &&
+     loss=$(grep -m1 -o 'loss [0-9.]*' "$work/out") && [ -n "$loss" ] &&
+     [ "$loss" = "$(grep -m1 -o 'loss [0-9.]*' "$work/out-ep")" ] &&
+     grep -q 'ep all_to_all x[1-9]' "$work/out-ep"
+  then
+    ok "$arch: train with --ep 2, export"
+  else
+    bad "$arch: train with --ep 2, export"
+  fi
 done
 
 fx=$src/tests/fixtures/mixtral
@@ -57,8 +73,37 @@ expect_fail "cp 2 refused" "expected tp = 1 and cp = 1" -- \
   mpiexec -n 2 "$meshlm" logprobs --model "$fx" --data "$work/data.jsonl" --out "$work/lp.jsonl" \
   --cp 2
 
-expect_fail "plan refused" "backend 'meta': MixtralForCausalLM's mixture-of-experts layers run on the CPU backend only" -- \
-  "$meshlm" plan --model "$fx" --seq-len 24
+"$meshlm" init --out "$work/llama" --arch llama --preset tiny > "$work/out" 2>&1
+train_ep() { # RANKS MODEL FLAGS...: one step of a train run
+  local n=$1 model=$2
+  shift 2
+  mpiexec -n "$n" "$meshlm" train --model "$model" --data "$work/data.jsonl" --steps 1 \
+    --batch-size 6 --seq-len 24 "$@"
+}
+expect_fail "ep not dividing the world" "--ep (ep_size) 3: dp_replicate(1) x dp_shard(2) x cp(1) x tp(1) = 2 ranks is not a multiple of it" -- \
+  train_ep 2 "$fx" --ep 3
+echo '{"ep_size": 3}' > "$work/ep.json"
+expect_fail "config ep_size 3 of 4 experts" "--ep (ep_size) 3: MixtralForCausalLM has 4 experts per layer, not a multiple of it" -- \
+  train_ep 3 "$fx" --config "$work/ep.json"
+expect_fail "ep without experts" "--ep (ep_size) 2: LlamaForCausalLM has no mixture-of-experts layers" -- \
+  train_ep 2 "$work/llama" --ep 2
+
+# plan (the meta backend models a balanced routing, model/moe.h): qwen3_moe (8 experts, top 2,
+# hidden 32, 2 sparse layers), dp_shard 2, ep 2, 24 tokens per rank: each rank dispatches its
+# 24 x 2 rows and its 4 experts get half of both ranks' rows (48), so per sparse layer forward
+# and backward each move (48 + 48) x 32 fp32 = 12 KiB, and the step's 8 all-to-alls 49152 B
+if "$meshlm" plan --model "$src/tests/fixtures/qwen3_moe" --seq-len 24 --batch-size 2 \
+     --dp-shard 2 --ep 2 > "$work/plan" 2> "$work/err" &&
+   grep -q "experts: 8 per sparse layer (2 of 3 layers), top 2; 4 computed per rank (ep 2)" \
+     "$work/plan" &&
+   grep -q "forward 12.00 KiB, backward 12.00 KiB; balanced routing" "$work/plan" &&
+   grep -Eq "ep +all_to_all +8 calls +49152 B" "$work/plan"; then
+  ok "plan --ep 2: experts per rank, balanced all-to-all bytes"
+else
+  bad "plan --ep 2: experts per rank, balanced all-to-all bytes"
+fi
+expect_fail "plan ep not dividing experts" "--ep (ep_size) 3" -- \
+  "$meshlm" plan --model "$fx" --seq-len 24 --batch-size 3 --dp-shard 3 --ep 3
 
 # config.json fields out of range, each named
 bad_config() { # NAME PATTERN SED-EXPRESSION

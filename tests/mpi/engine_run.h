@@ -36,15 +36,25 @@ static inline void run_release(void *p) {
 
 /* The engine on checkpoint `dir` over a mesh of `base`: dp_replicate dpr,
  * cp, tp, dp_shard inferred; opts NULL = ml_engine_opts_default(); the
- * mesh's data comms from make_comm(ctx, ...) (parallel/mesh.h; NULL: MPI). */
-static inline void run_open_mesh(run *r, MPI_Comm base, int dpr, int cp, int tp,
-                                 const ml_engine_opts *opts, const char *dir,
-                                 ml_comm_factory make_comm, void *ctx) {
+ * mesh's data comms from make_comm(ctx, ...) (parallel/mesh.h; NULL: MPI);
+ * expert parallelism of degree ep (ml_mesh_set_ep) before the engine opens. */
+static inline void run_open_ep(run *r, MPI_Comm base, int dpr, int cp, int tp, int ep,
+                               const ml_engine_opts *opts, const char *dir,
+                               ml_comm_factory make_comm, void *ctx) {
   memset(r, 0, sizeof *r);
   hold(r, run_release);
   if (ml_mesh_create(base, dpr, 0, cp, tp, make_comm, ctx, &r->mesh) ||
+      ml_mesh_set_ep(&r->mesh, base, ep, make_comm, ctx) ||
       ml_engine_open(&r->e, &r->mesh, dir, opts))
-    fail_msg("setup (%s, dp_replicate %d, cp %d, tp %d): %s", dir, dpr, cp, tp, ml_error_msg());
+    fail_msg("setup (%s, dp_replicate %d, cp %d, tp %d, ep %d): %s", dir, dpr, cp, tp, ep,
+             ml_error_msg());
+}
+
+/* run_open_ep without expert parallelism. */
+static inline void run_open_mesh(run *r, MPI_Comm base, int dpr, int cp, int tp,
+                                 const ml_engine_opts *opts, const char *dir,
+                                 ml_comm_factory make_comm, void *ctx) {
+  run_open_ep(r, base, dpr, cp, tp, 1, opts, dir, make_comm, ctx);
 }
 
 /* run_open_mesh without context parallelism. */

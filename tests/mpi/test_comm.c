@@ -8,6 +8,10 @@
  *  - refusals: bf16 MAX, with a message naming the group;
  *  - the counting wrapper: calls and bytes at issue time, wait time only in
  *    ml_wait, blocking forms counted once, ml_wait of nothing;
+ *  - the uneven all-to-all (f32 and bf16, empty blocks included, counts
+ *    exchanged on the host channel's all-to-all) against the blocks each
+ *    sender's formula gives, bitwise; its count, and the refusal of a
+ *    negative count;
  *  - the host channel (comm/host.h): all-reduces of f64 / i64, broadcast,
  *    all-gather, barrier, the first failing rank and the error agreement.
  * Checks that fail on some ranks are collected and agreed on after the
@@ -258,6 +262,73 @@ static void test_host(void **state) {
   agree(&rep, "failures");
 }
 
+/* Elements rank q sends rank p in an all-to-all: (q·3 + p·5 + 1) mod 5,
+ * so some blocks are empty (and the self block on some ranks). */
+static int64_t a2a_count(int q, int p) { return (q * 3 + p * 5 + 1) % 5; }
+/* Element i of that block: distinct per (q, p, i) in fp32 (bf16 rounds it). */
+static float a2a_val(int q, int p, int64_t i) { return (float)(q * 64 + p * 8 + i) + 0.5f; }
+
+/* The uneven all-to-all: counts through ml_host_all_to_all_i64, then the
+ * blocks in f32 and bf16 (two in flight), each compared with memcmp to
+ * what the senders' formula puts there. */
+static void test_all_to_all_v(void **state) {
+  (void)state;
+  report rep = {0};
+  ml_comm *c = counting(MPI_COMM_WORLD, "ep");
+  ml_host *h;
+  if (ml_host_create(MPI_COMM_WORLD, "ep", &h)) fail_msg("%s", ml_error_msg());
+  int t = c->size, r = c->rank;
+  int64_t sc[8], rc[8], ns = 0, nr = 0;
+  assert_true(t <= 8);
+  for (int p = 0; p < t; p++) ns += sc[p] = a2a_count(r, p);
+  if (ml_host_all_to_all_i64(h, sc, 1, rc)) note(&rep, "counts: %s", ml_error_msg());
+  for (int q = 0; q < t; q++) {
+    if (rc[q] != a2a_count(q, r))
+      note(&rep, "count from rank %d: %lld, want %lld", q, (long long)rc[q],
+           (long long)a2a_count(q, r));
+    nr += a2a_count(q, r);
+  }
+  float *send = malloc(sizeof(float) * (size_t)(ns + 1)), *recv = malloc(sizeof(float) * (size_t)(nr + 1));
+  float *want = malloc(sizeof(float) * (size_t)(nr + 1));
+  uint16_t *send16 = malloc(2 * (size_t)(ns + 1)), *recv16 = malloc(2 * (size_t)(nr + 1));
+  uint16_t *want16 = malloc(2 * (size_t)(nr + 1));
+  for (int p = 0, o = 0; p < t; p++)
+    for (int64_t i = 0; i < sc[p]; i++, o++) {
+      send[o] = a2a_val(r, p, i);
+      send16[o] = ml_f32_to_bf16(send[o]);
+    }
+  for (int q = 0, o = 0; q < t; q++)
+    for (int64_t i = 0; i < a2a_count(q, r); i++, o++) {
+      want[o] = a2a_val(q, r, i);
+      want16[o] = ml_f32_to_bf16(want[o]);
+    }
+  ml_request q32, q16;
+  if (ml_iall_to_all_v(c, send, sc, recv, rc, ML_ELEM_F32, &q32) ||
+      ml_iall_to_all_v(c, send16, sc, recv16, rc, ML_ELEM_BF16, &q16) || ml_wait(c, &q16) ||
+      ml_wait(c, &q32))
+    note(&rep, "all-to-all: %s", ml_error_msg());
+  if (memcmp(recv, want, sizeof(float) * (size_t)nr))
+    note(&rep, "f32 all-to-all: received blocks differ from the senders'");
+  if (memcmp(recv16, want16, 2 * (size_t)nr))
+    note(&rep, "bf16 all-to-all: received blocks differ from the senders'");
+  const ml_comm_stats *st = ml_comm_stats_of(c);
+  if (st->calls[ML_COLL_ALL_TO_ALL] != 2 || st->bytes[ML_COLL_ALL_TO_ALL] != 6 * ns)
+    note(&rep, "counted %lld all-to-alls, %lld B; want 2, %lld B",
+         (long long)st->calls[ML_COLL_ALL_TO_ALL], (long long)st->bytes[ML_COLL_ALL_TO_ALL],
+         (long long)(6 * ns));
+  /* a negative count: refused before anything is issued, on every rank */
+  sc[0] = -1;
+  ml_request qn;
+  if (ml_iall_to_all_v(c, send, sc, recv, rc, ML_ELEM_F32, &qn) == 0 || qn.impl ||
+      !strstr(ml_error_msg(), "send count -1") || !strstr(ml_error_msg(), "'ep'"))
+    note(&rep, "negative count: '%s'", ml_error_msg());
+  ml_error_clear();
+  free(send), free(recv), free(want), free(send16), free(recv16), free(want16);
+  ml_host_destroy(h);
+  ml_comm_destroy(c);
+  agree(&rep, "failures");
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   int rank;
@@ -269,6 +340,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_bf16),
       cmocka_unit_test(test_bf16_rounding),
       cmocka_unit_test(test_host),
+      cmocka_unit_test(test_all_to_all_v),
   };
   return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -47,6 +47,7 @@ static const char *const spans[ML_GROUP_KINDS] = {
     [ML_GROUP_WORLD] = "1111",       [ML_GROUP_DP_REPLICATE] = "1000", [ML_GROUP_DP_SHARD] = "0100",
     [ML_GROUP_CP] = "0010",          [ML_GROUP_TP] = "0001",           [ML_GROUP_DP] = "1100",
     [ML_GROUP_DP_SHARD_CP] = "0110", [ML_GROUP_DP_CP] = "1110",
+    [ML_GROUP_EP] = "0000", /* one rank until ml_mesh_set_ep (test_ep) */
 };
 
 /* Row-major coordinates of rank r, tp fastest. */
@@ -168,7 +169,7 @@ static void test_every_layout(void **state) {
 }
 
 /* Layouts of 4 ranks written out: per group (table order: world,
- * dp_replicate, dp_shard, cp, tp, dp, dp_shard_cp, dp_cp), ranks with the
+ * dp_replicate, dp_shard, cp, tp, dp, dp_shard_cp, dp_cp, ep), ranks with the
  * same digit share a group. */
 static void test_written_out(void **state) {
   (void)state;
@@ -176,12 +177,12 @@ static void test_written_out(void **state) {
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   if (n != 4) skip();
   report rep = {0};
-  static const char *const cp2_tp2[] = {"0000", "0123", "0123", "0101",
-                                        "0011", "0123", "0101", "0101"};
-  static const char *const dps2_cp2[] = {"0000", "0123", "0101", "0011",
-                                         "0123", "0101", "0000", "0000"};
-  static const char *const dpr2_cp2[] = {"0000", "0101", "0123", "0011",
-                                         "0123", "0101", "0011", "0000"};
+  static const char *const cp2_tp2[] = {"0000", "0123", "0123", "0101", "0011",
+                                        "0123", "0101", "0101", "0123"};
+  static const char *const dps2_cp2[] = {"0000", "0123", "0101", "0011", "0123",
+                                         "0101", "0000", "0000", "0123"};
+  static const char *const dpr2_cp2[] = {"0000", "0101", "0123", "0011", "0123",
+                                         "0101", "0011", "0000", "0123"};
   check_layout(&rep, &(layout){{1, 1, 2, 2}}, cp2_tp2);
   check_layout(&rep, &(layout){{1, 2, 2, 1}}, dps2_cp2);
   check_layout(&rep, &(layout){{2, 1, 2, 1}}, dpr2_cp2);
@@ -316,6 +317,54 @@ static void test_node_and_device(void **state) {
   agree(&rep, "failures");
 }
 
+/* Expert parallelism over 4 ranks (ml_mesh_set_ep): ep 2 groups world
+ * ranks {0, 1} and {2, 3} (dp_shard 4, and HSDP 2 x 2), ep 4 all four; the
+ * group's rank its position; ep 3 refused naming it and the sizes; the
+ * meta mesh's ep group a null comm of ep ranks. */
+static void test_ep(void **state) {
+  (void)state;
+  int n, r;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  if (n != 4) skip();
+  report rep = {0};
+  const struct { int dpr, ep; } cases[] = {{1, 2}, {2, 2}, {1, 4}};
+  for (int i = 0; i < 3; i++) {
+    ml_mesh m;
+    if (ml_mesh_create(MPI_COMM_WORLD, cases[i].dpr, 0, 1, 1, NULL, NULL, &m) ||
+        ml_mesh_set_ep(&m, MPI_COMM_WORLD, cases[i].ep, NULL, NULL)) {
+      note(&rep, "ep %d: %s", cases[i].ep, ml_error_msg());
+      continue;
+    }
+    const ml_mesh_group *g = &m.groups[ML_GROUP_EP];
+    int32_t me = r, got[MAX_RANKS];
+    if (ml_host_all_gather(g->host, &me, sizeof me, got)) note(&rep, "%s", ml_error_msg());
+    int ep = cases[i].ep, first = r / ep * ep;
+    if (g->size != ep || g->rank != r % ep || g->comm->size != ep || g->comm->rank != r % ep ||
+        strcmp(g->name, "ep"))
+      note(&rep, "ep %d: group of %d (rank %d), want %d (rank %d)", ep, g->size, g->rank, ep,
+           r % ep);
+    for (int q = 0; q < ep && q < g->size; q++)
+      if (got[q] != first + q) note(&rep, "ep %d: member %d is rank %d, want %d", ep, q, got[q], first + q);
+    ml_mesh_destroy(&m);
+  }
+  ml_mesh m;
+  ml_error_clear();
+  if (ml_mesh_create(MPI_COMM_WORLD, 1, 0, 1, 1, NULL, NULL, &m)) fail_msg("%s", ml_error_msg());
+  if (ml_mesh_set_ep(&m, MPI_COMM_WORLD, 3, NULL, NULL) == 0 ||
+      !strstr(ml_error_msg(), "--ep (ep_size) 3") || !strstr(ml_error_msg(), "= 4 ranks"))
+    note(&rep, "ep 3 of 4 ranks: '%s'", ml_error_msg());
+  ml_mesh_destroy(&m);
+  if (ml_mesh_create_meta(2, 4, 1, 1, 5, &m) || ml_mesh_set_ep_meta(&m, 4))
+    note(&rep, "meta: %s", ml_error_msg());
+  else if (m.groups[ML_GROUP_EP].size != 4 || m.groups[ML_GROUP_EP].rank != 1 ||
+           m.groups[ML_GROUP_EP].comm->size != 4)
+    note(&rep, "meta ep group: %d ranks, rank %d; want 4, 1", m.groups[ML_GROUP_EP].size,
+         m.groups[ML_GROUP_EP].rank);
+  ml_mesh_destroy(&m);
+  agree(&rep, "failures");
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   const struct CMUnitTest tests[] = {
@@ -323,6 +372,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_written_out),
       cmocka_unit_test(test_factory),
       cmocka_unit_test(test_bad_sizes),
+      cmocka_unit_test(test_ep),
       cmocka_unit_test(test_node_and_device),
   };
   return held_finish(cmocka_run_group_tests(tests, NULL, NULL));

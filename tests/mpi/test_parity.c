@@ -1,6 +1,8 @@
-/* Mesh parity: `mpiexec -n N test_parity FIXTURE TP [sp] [cp=C]`.
+/* Mesh parity: `mpiexec -n N test_parity FIXTURE TP [sp] [cp=C] [ep=P] [dpr=R]`.
  * The mesh (dp_shard = N / (C·TP) × cp = C × tp = TP, sequence-parallel with `sp`, context
- * parallel with cp=C: ring attention, parallel/cp.h) must reproduce HF
+ * parallel with cp=C: ring attention, parallel/cp.h; expert parallel with ep=P: the sparse
+ * layers' experts split over ep groups of P ranks, parallel/ep.h; HSDP with dpr=R replicas,
+ * dp_shard = N / (R·C·TP)) must reproduce HF
  * transformers' fixture and the single-rank run (a mesh over MPI_COMM_SELF, computed on every
  * rank): the loss, the per-token log-probs (rel L2), every parameter gradient (rel L2) within the
  * bounds tolerance.h §3 derives from the model's sizes; 3 AdamW steps on the mesh, each against
@@ -35,13 +37,17 @@ static const char *g_fixture;
 static int g_tp;
 static bool g_sp; /* the mesh run uses --sequence-parallel */
 static int g_cp = 1;
+static int g_ep = 1;
+static int g_dpr = 1; /* dp_replicate of the mesh run */
 
 /* The fixture over `base` with tp; the mesh run (MPI_COMM_WORLD) is
  * sequence-parallel with `sp`. */
 static void open_on(run *r, MPI_Comm base, int tp, const fixture *fx) {
   ml_engine_opts opts = ml_engine_opts_default();
   opts.sequence_parallel = base == MPI_COMM_WORLD && g_sp;
-  run_open_mesh(r, base, 1, base == MPI_COMM_WORLD ? g_cp : 1, tp, &opts, fx->dir, NULL, NULL);
+  bool world = base == MPI_COMM_WORLD;
+  run_open_ep(r, base, world ? g_dpr : 1, world ? g_cp : 1, tp, world ? g_ep : 1, &opts, fx->dir,
+              NULL, NULL);
 }
 
 /* This dp rank's rows of the fixture batch. */
@@ -385,6 +391,7 @@ static int64_t kv_shared_bytes(const run *r) {
  *  the host channel (comm/host.h). */
 static void test_collective_counts(void **state) {
   (void)state;
+  if (g_dpr > 1) skip(); /* the counts below are those of one replica (HSDP's: fsdp.cmake) */
   static fixture fx;
   fixture_load(g_fixture, &fx);
   static run r;
@@ -466,16 +473,99 @@ static void test_collective_counts(void **state) {
   fixture_free(&fx);
 }
 
+/* Rows of the tokens of batch rows [b0, b1) of one's last forward that
+ * sparse layer l routes to experts [e0, e1). */
+static int64_t routed(const run *one, int l, int64_t S, int64_t b0, int64_t b1, int64_t e0,
+                      int64_t e1) {
+  const ml_layer *L = &one->e.model.layers[l];
+  int64_t k = one->e.model.cfg.top_k, n = 0;
+  for (int64_t i = b0 * S * k; i < b1 * S * k; i++) {
+    int64_t e = (int64_t)L->acts.top_e[i];
+    n += e >= e0 && e < e1;
+  }
+  return n;
+}
+
+/* Expert parallelism (ep=P, parallel/ep.h): the all-to-alls of one step
+ * over the ep group, per sparse layer a dispatch and a combine in forward
+ * and in backward, each rank sending its T·k rows of H floats and getting
+ * back the R rows its experts computed, R = the (token, choice) pairs of
+ * the ep group's tokens that the routing sends to them (the one-rank run's
+ * routing of the whole batch: the fixtures keep the router's k-th choice
+ * 1e-4 clear of the next, tools/gen_fixtures.py, so every mesh routes
+ * alike); and the log-probs against the same mesh without expert
+ * parallelism, bitwise, both in the backend's batch-invariant mode (a
+ * GEMM row's bits independent of the rows beside it): every row's expert
+ * GEMMs and the per-token sums then run in the same order on the same
+ * values, only the rank computing them differs. Outside that mode a GEMM
+ * over more rows may round differently (measured: OpenBLAS's Haswell
+ * kernel, 1 ulp), which the tolerances of the tests above cover. */
+static void test_expert_parallel(void **state) {
+  (void)state;
+  if (g_ep == 1) skip();
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  static run one, r;
+  open_on(&one, MPI_COMM_SELF, 1, &fx);
+  open_on(&r, MPI_COMM_WORLD, g_tp, &fx);
+  step(&one, &fx);
+  ml_mesh_stats_reset(&r.mesh);
+  step(&r, &fx);
+  const ml_model *m = &r.e.model;
+  int64_t H = m->cfg.hidden, k = m->cfg.top_k, E = m->cfg.n_experts, El = E / g_ep;
+  int dp = r.mesh.groups[ML_GROUP_DP].size, er = r.mesh.groups[ML_GROUP_EP].rank;
+  assert_int_equal(r.mesh.groups[ML_GROUP_EP].size, g_ep);
+  int64_t Bl = fx.B / dp, g0 = (int64_t)(r.mesh.rank / g_ep) * g_ep * Bl; /* the group's rows */
+  int64_t sparse = 0, want_bytes = 0;
+  for (int l = 0; l < m->cfg.n_layers; l++) {
+    if (!m->layers[l].moe.gate.weight) continue;
+    sparse++;
+    int64_t R = routed(&one, l, fx.S, g0, g0 + g_ep * Bl, er * El, (er + 1) * El);
+    want_bytes += 2 * 4 * (Bl * fx.S * k + R) * H;
+  }
+  ml_comm *epc = ml_mesh_comm(&r.mesh, ML_GROUP_EP);
+  if (rank0())
+    printf("expert parallel: %lld all-to-alls (%lld B) per step on rank 0\n",
+           (long long)calls(epc, ML_COLL_ALL_TO_ALL), (long long)bytes(epc, ML_COLL_ALL_TO_ALL));
+  assert_int_equal(calls(epc, ML_COLL_ALL_TO_ALL), 4 * sparse);
+  assert_int_equal(bytes(epc, ML_COLL_ALL_TO_ALL), want_bytes);
+  run_close(&one);
+  run_close(&r);
+  /* batch-invariant, with and without expert parallelism: the same log-probs, bit for bit */
+  static run plain;
+  ml_engine_opts bi = ml_engine_opts_default();
+  bi.batch_invariant = true;
+  run_open_ep(&r, MPI_COMM_WORLD, 1, 1, g_tp, g_ep, &bi, fx.dir, NULL, NULL);
+  run_open_mesh(&plain, MPI_COMM_WORLD, g_dpr, 1, g_tp, &bi, fx.dir, NULL, NULL);
+  int64_t n = Bl * (fx.S - 1);
+  float *lp = malloc(sizeof(float) * (size_t)n * 2);
+  hold(lp, free);
+  const int32_t *ids;
+  const uint8_t *mask;
+  local_batch(&r, &fx, &ids, &mask, &Bl);
+  if (ml_engine_logprobs(&r.e, ids, Bl, fx.S, lp) ||
+      ml_engine_logprobs(&plain.e, ids, Bl, fx.S, lp + n))
+    fail_msg("%s", ml_error_msg());
+  assert_memory_equal(lp, lp + n, sizeof(float) * (size_t)n);
+  unhold(lp);
+  free(lp);
+  run_close(&plain);
+  run_close(&r);
+  fixture_free(&fx);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   bool ok = argc >= 3;
   for (int i = 3; ok && i < argc; i++) {
     if (!strcmp(argv[i], "sp")) g_sp = true;
     else if (!strncmp(argv[i], "cp=", 3)) g_cp = atoi(argv[i] + 3);
+    else if (!strncmp(argv[i], "ep=", 3)) g_ep = atoi(argv[i] + 3);
+    else if (!strncmp(argv[i], "dpr=", 4)) g_dpr = atoi(argv[i] + 4);
     else ok = false;
   }
-  if (!ok || g_cp < 1) {
-    fprintf(stderr, "usage: test_parity FIXTURE TP [sp] [cp=C]\n");
+  if (!ok || g_cp < 1 || g_ep < 1 || g_dpr < 1) {
+    fprintf(stderr, "usage: test_parity FIXTURE TP [sp] [cp=C] [ep=P] [dpr=R]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];
@@ -486,6 +576,7 @@ int main(int argc, char **argv) {
       held_test(test_adamw_steps),
       held_test(test_collective_counts),
       held_test(test_long_uneven),
+      held_test(test_expert_parallel),
   };
   return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -132,7 +132,7 @@ static void setup_open(setup *s) {
   s->ids = s->fx.ids + d * s->Bl * s->fx.S;
   s->mask = s->fx.mask + d * s->Bl * s->fx.S;
   ml_predict_shape shape = {s->mesh.dp_replicate, s->mesh.dp_shard, s->mesh.cp, s->mesh.tp,
-                            s->mesh.rank, s->Bl, s->fx.S, g_accum, NULL};
+                            s->mesh.rank, s->Bl, s->fx.S, g_accum, NULL, 1};
   if (ml_predict_step(s->fx.dir, &opts, &shape, &s->pred))
     fail_msg("predict: %s", ml_error_msg());
   int fs = s->mesh.groups[ML_GROUP_DP_SHARD_CP].size;

@@ -104,6 +104,29 @@ static int nc_iring_pass(ml_comm *c, const void *send, void *recv, size_t n, ml_
                 n * ml_elem_size(elem), req);
 }
 
+/* One ncclSend and one ncclRecv per peer with a non-empty block, in one
+ * group (torch's NCCL all_to_all_single). */
+static int nc_iall_to_all_v(ml_comm *c, const void *send, const int64_t *send_counts, void *recv,
+                            const int64_t *recv_counts, ml_elem elem, ml_request *req) {
+  nccl *nc = nc_of(c);
+  const ml_nccl_lib *l = nc->lib;
+  ncclDataType_t t = nccl_type(elem);
+  size_t es = ml_elem_size(elem), so = 0, ro = 0;
+  ML_TRY(begin(c));
+  ML_TRY(ml_nccl_check(l, l->GroupStart(), nc->comm, "ncclGroupStart", c->name));
+  ncclResult_t rc = ncclSuccess;
+  for (int q = 0; q < c->size; q++) {
+    if (rc == ncclSuccess && send_counts[q])
+      rc = l->Send((const char *)send + so * es, (size_t)send_counts[q], t, q, nc->comm, nc->stream);
+    if (rc == ncclSuccess && recv_counts[q])
+      rc = l->Recv((char *)recv + ro * es, (size_t)recv_counts[q], t, q, nc->comm, nc->stream);
+    so += (size_t)send_counts[q];
+    ro += (size_t)recv_counts[q];
+  }
+  ncclResult_t end = l->GroupEnd();
+  return issued(c, rc != ncclSuccess ? rc : end, ML_COLL_ALL_TO_ALL, so * es, req);
+}
+
 /* The compute stream after the collective (comm_nccl.h). */
 static int nc_wait(ml_comm *c, ml_request *req) {
   nccl *n = nc_of(c);
@@ -130,6 +153,7 @@ static const ml_comm_ops k_nccl_ops = {.iall_reduce = nc_iall_reduce,
                                        .iall_gather = nc_iall_gather,
                                        .ireduce_scatter = nc_ireduce_scatter,
                                        .iring_pass = nc_iring_pass,
+                                       .iall_to_all_v = nc_iall_to_all_v,
                                        .wait = nc_wait,
                                        .destroy = nc_destroy};
 

@@ -2,7 +2,9 @@
  * DEVICE` (cpu or cuda; exits 77, skipped, when DEVICE cannot be opened:
  * no GPU, or a build without CUDA). On DEVICE's memory, each comm runs
  * every collective of comm.h — all-reduce (fp32 SUM, MAX, MIN; bf16 SUM),
- * all-gather and reduce-scatter (fp32, bf16), the ring pass (fp32), all
+ * all-gather and reduce-scatter (fp32, bf16), the ring pass (fp32), the
+ * all-to-all with uneven blocks (fp32: ml_iall_to_all_v, expert
+ * parallelism's exchange; rank q sends a2a_count(q, r) elements to r), all
  * issued before any is waited on, waited in reverse order, then once more
  * blocking — and its results, copied to the host, must equal bit for bit
  * the MPI comm's on host copies of the same inputs:
@@ -53,19 +55,28 @@ static void failed(const char *fmt, ...) {
 static float val(int q, int64_t i) { return (float)((int)((q * 7 + i * 5) % 33) - 16) * 0.125f; }
 
 /* The collectives of one round, by index. */
-enum { AR_SUM, AR_MAX, AR_MIN, AR_BF16, AG, AG_BF16, RS, RS_BF16, RING, KINDS };
+enum { AR_SUM, AR_MAX, AR_MIN, AR_BF16, AG, AG_BF16, RS, RS_BF16, RING, A2A, KINDS };
 static const char *const k_names[KINDS] = {"all_reduce f32 SUM", "all_reduce f32 MAX",
                                            "all_reduce f32 MIN", "all_reduce bf16 SUM",
                                            "all_gather f32",     "all_gather bf16",
                                            "reduce_scatter f32", "reduce_scatter bf16",
-                                           "ring pass f32"};
+                                           "ring pass f32",      "all_to_all_v f32"};
+
+/* Elements rank q sends to rank r in the all-to-all: uneven, 1 .. 97 (some blocks
+ * shorter than a vector, none a multiple of another's). */
+static int64_t a2a_count(int q, int r) { return 1 + (q * 37 + r * 61 + 11) % 97; }
+enum { MAX_RANKS = 64 };
+static int64_t g_a2a_send[MAX_RANKS], g_a2a_recv[MAX_RANKS]; /* this rank's counts */
+static size_t g_a2a_in, g_a2a_out;                           /* their sums */
 
 /* Bytes of kind k's input and output on a group of g_size ranks. */
 static size_t in_bytes(int k) {
+  if (k == A2A) return g_a2a_in * 4;
   size_t e = k == AR_BF16 || k == AG_BF16 || k == RS_BF16 ? 2 : 4;
   return (k == RS || k == RS_BF16 ? (size_t)g_size : 1) * N * e;
 }
 static size_t out_bytes(int k) {
+  if (k == A2A) return g_a2a_out * 4;
   size_t e = k == AR_BF16 || k == AG_BF16 || k == RS_BF16 ? 2 : 4;
   return (k == AG || k == AG_BF16 ? (size_t)g_size : 1) * N * e;
 }
@@ -81,7 +92,9 @@ static int issue(ml_comm *c, int k, void *send, void *recv, ml_request *req) {
     case AG_BF16: return ml_iall_gather(c, send, recv, N, ML_ELEM_BF16, req);
     case RS: return ml_ireduce_scatter(c, send, recv, N, ML_ELEM_F32, req);
     case RS_BF16: return ml_ireduce_scatter(c, send, recv, N, ML_ELEM_BF16, req);
-    default: return ml_iring_pass(c, send, recv, N, ML_ELEM_F32, req);
+    case RING: return ml_iring_pass(c, send, recv, N, ML_ELEM_F32, req);
+    default:
+      return ml_iall_to_all_v(c, send, g_a2a_send, recv, g_a2a_recv, ML_ELEM_F32, req);
   }
 }
 
@@ -89,7 +102,8 @@ static int issue(ml_comm *c, int k, void *send, void *recv, ml_request *req) {
 static void fill(int k, void *h) {
   size_t n = in_bytes(k) / (k == AR_BF16 || k == AG_BF16 || k == RS_BF16 ? 2 : 4);
   for (size_t i = 0; i < n; i++) {
-    float v = val(g_rank, (int64_t)i);
+    /* the all-to-all moves bits: every element distinct, so a block misplaced shows */
+    float v = k == A2A ? (float)(g_rank * 100000 + (int64_t)i) : val(g_rank, (int64_t)i);
     if (k == AR_BF16 || k == AG_BF16 || k == RS_BF16)
       ((uint16_t *)h)[i] = ml_f32_to_bf16(v);
     else
@@ -230,6 +244,15 @@ int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  if (g_size > MAX_RANKS) {
+    if (g_rank == 0) fprintf(stderr, "test_device_comm: at most %d ranks\n", MAX_RANKS);
+    MPI_Finalize();
+    return 2;
+  }
+  for (int r = 0; r < g_size; r++) {
+    g_a2a_in += (size_t)(g_a2a_send[r] = a2a_count(g_rank, r));
+    g_a2a_out += (size_t)(g_a2a_recv[r] = a2a_count(r, g_rank));
+  }
   int local = 0, opened, all;
   ml_backend *be = NULL;
   opened = ml_node_rank(MPI_COMM_WORLD, &local) == 0 && ml_backend_get(argv[1], local, &be) == 0;

@@ -328,8 +328,9 @@ static act_dims act_dims_of(const ml_model *m, int64_t B, int64_t S) {
     const ml_layer *L = &m->layers[l];
     int64_t q = max3(L->q_proj.weight->local[0], L->q_proj.out.cap_c, L->o_proj.in.cap_c);
     int64_t kv = max3(L->k_proj.weight->local[0], L->k_proj.out.cap_c, L->v_proj.out.cap_c);
-    /* a sparse layer's g, u, a: its T·k rows of moe_inter in [T, k·moe_inter] */
-    int64_t i = L->moe.gate.weight ? m->cfg.top_k * m->cfg.moe_inter
+    /* a sparse layer's g, u, a: its T·k rows of moe_inter in [T, k·moe_inter]; none under
+     * expert parallelism, whose rows live where they are computed (model/moe.h) */
+    int64_t i = L->moe.gate.weight ? (m->moe_ep.ranks > 1 ? 0 : m->cfg.top_k * m->cfg.moe_inter)
                                    : max3(L->gate_proj.weight->local[0], L->gate_proj.out.cap_c,
                                           L->down_proj.in.cap_c);
     d.q = max3(d.q, q, 0);

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 
 #include "engine/grads.h"
+#include "engine/lora.h"
 #include "model/model.h"
 #include "model/varlen.h"
 #include "parallel/cp.h"
@@ -52,6 +53,7 @@ typedef struct ml_engine_opts {
                                 tiles whole rows (ml_loss_split.batch_invariant) */
   const char *freeze;        /* comma-separated fnmatch patterns of HF parameter names to freeze
                                 (requires_grad=False: engine/freeze.h); NULL/"": none */
+  ml_lora_opts lora;         /* LoRA adapters (engine/lora.h); rank 0, no adapter: off */
 } ml_engine_opts;
 
 /* fp32 everywhere, FSDP2's reshard defaults, ZeRO-3, prefetch forward 1 /
@@ -94,6 +96,7 @@ typedef struct ml_engine {
                          leading layers whose parameters are all frozen when embed_tokens is
                          frozen too (nothing below them needs a gradient, as autograd prunes
                          a graph whose leaves do not require grad), else 0 */
+  ml_lora lora;       /* the LoRA configuration in effect (engine/lora.h) */
 } ml_engine;
 
 /* Load DIR (config.json + safetensors), select the plan (ml_plan_select;

@@ -175,6 +175,20 @@ typedef struct meshlm_options {
                          state or update, not in the grad norm; a pattern matching nothing,
                          or every parameter frozen, fails meshlm_open (README: --freeze);
                          copied */
+  /* appended for LoRA (optional: see struct_size; README: --lora-rank). PEFT LoraConfig's
+     semantics: rank-r adapters lora_A [r, in], lora_B [out, r] on the target linears,
+     y = W·x + scaling·B·A·x, scaling lora_alpha / r (lora_alpha / sqrt(r) with rslora);
+     every base weight frozen; lora_A Kaiming-uniform from lora_seed, lora_B 0 */
+  int64_t lora_rank;        /* 0: no LoRA unless `adapter` is set; else r >= 1 */
+  double lora_alpha;        /* default 8 */
+  double lora_dropout;      /* only 0 is supported (meshlm_open fails otherwise) */
+  const char *lora_targets; /* comma-separated linear module names (q_proj,v_proj) or
+                               "all-linear" (default: every decoder linear); copied */
+  int lora_use_rslora;      /* 1: scaling lora_alpha / sqrt(r) */
+  const char *adapter;      /* NULL, or a PEFT LoRA adapter directory (adapter_config.json +
+                               adapter_model.safetensors) to start from; its configuration
+                               rules when lora_rank is 0, else must equal the options'; copied */
+  int64_t lora_seed;        /* seed of lora_A's initialisation (default 0) */
 } meshlm_options;
 
 /* One rank's mesh (1 × world × 1 × 1 with the communicator's size), CPU,

@@ -42,6 +42,7 @@
 #include "engine/engine.h"
 #include "engine/freeze.h"
 #include "cli/metrics.h"
+#include "ckpt/lora_export.h"
 #include "ckpt/runckpt.h"
 #include "ckpt/runlock.h"
 #include "ckpt/save.h"
@@ -402,7 +403,9 @@ static int run(train_run *r) {
   ML_TRY(train_loop(r));
   if (!o->export_hf) return 0;
   char what[256] = "";
-  rc = ml_engine_save_hf(&r->e, o->export_hf, (ml_export_dtype)o->export_dtype.index);
+  ml_export_dtype dtype = (ml_export_dtype)o->export_dtype.index;
+  rc = o->merge_lora ? ml_engine_save_lora(&r->e, o->export_hf, true, dtype)
+                     : ml_engine_save_hf(&r->e, o->export_hf, dtype);
   if (rc == 0 && r->mesh.rank == 0) rc = ml_cli_export_summary(o->export_hf, what, sizeof what);
   ML_TRY(ml_cli_agree(r->world, rc));
   ml_cli_print("train: exported %s: %s\n", o->export_hf, what);

@@ -95,14 +95,35 @@ static int read_config(ml_lora *l, const char *dir) {
   return rc;
 }
 
-/* The options must agree with the adapter's configuration where set. */
+/* Every name of the comma-separated list a is in the list b. */
+static bool names_within(const char *a, const char *b) {
+  for (const char *t = a; *t;) {
+    size_t n = strcspn(t, ",");
+    bool found = false;
+    for (const char *u = b; *u && !found;) {
+      size_t m = strcspn(u, ",");
+      found = m == n && strncmp(t, u, n) == 0;
+      u += m + (u[m] == ',');
+    }
+    if (!found) return false;
+    t += n + (t[n] == ',');
+  }
+  return true;
+}
+
+/* Options that configure LoRA themselves (a rank > 0) must agree with the
+ * adapter's configuration: r, lora_alpha, use_rslora and target_modules
+ * (as sets). */
 static int agree(const ml_lora *l, const ml_lora_opts *o) {
-  if (o->rank > 0 && o->rank != l->rank)
-    return ml_err("lora_rank (--lora-rank) %lld: the adapter %s has r = %lld; expected the same "
-                  "or unset", (long long)o->rank, o->adapter, (long long)l->rank);
-  if (o->targets && strcmp(o->targets, l->targets) != 0)
-    return ml_err("lora_targets (--lora-targets) '%s': the adapter %s targets '%s'; expected the "
-                  "same or unset", o->targets, o->adapter, l->targets);
+  if (o->rank <= 0) return 0;
+  const char *t = o->targets ? o->targets : "";
+  if (o->rank != l->rank || o->alpha != l->alpha || o->rslora != l->rslora ||
+      !names_within(t, l->targets) || !names_within(l->targets, t))
+    return ml_err("lora_rank (--lora-rank) %lld, lora_alpha %g, lora_use_rslora %s, lora_targets "
+                  "'%s': the adapter %s has r = %lld, lora_alpha %g, use_rslora %s, "
+                  "target_modules '%s'; expected the same, or no --lora-rank with --adapter",
+                  (long long)o->rank, o->alpha, o->rslora ? "true" : "false", t, o->adapter,
+                  (long long)l->rank, l->alpha, l->rslora ? "true" : "false", l->targets);
   return 0;
 }
 

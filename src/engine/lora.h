@@ -43,8 +43,8 @@ typedef struct ml_lora {
 } ml_lora;
 
 /* Settle the configuration from o (and o->adapter's adapter_config.json,
- * whose fields must agree with any option set: a rank > 0, or targets
- * other than NULL) and attach the adapters to m (ml_lora_attach). tp: the
+ * whose r, lora_alpha, use_rslora and target_modules must equal o's when
+ * o->rank > 0; with rank 0 the adapter's configuration rules) and attach the adapters to m (ml_lora_attach). tp: the
  * tensor-parallel size. Off (rank 0, no adapter): nothing. Errors (naming
  * the option / field): lora_dropout > 0 (dropout is not implemented: set
  * 0), tp > 1 (not implemented), adapter_config.json unreadable or with an

@@ -6,14 +6,18 @@
  * other; AdamW steps must leave every base weight bitwise as it was and
  * move the adapters; a seeded start (lora_B = 0) must give the base
  * model's loss bit for bit, lora_A within Kaiming-uniform's bound; bad
- * options and adapter configs fail with messages naming the field. */
-#define _POSIX_C_SOURCE 200809L /* symlink, getpid */
+ * options and adapter configs fail with messages naming the field; a run
+ * checkpoint resumes bit for bit; the PEFT export is PEFT's own adapter file
+ * (keys, shapes, values) with its config's fields, and the merged export
+ * PEFT's merge_and_unload within the rounding bound derived there. */
+#define _XOPEN_SOURCE 700 /* symlink, getpid, nftw */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include <cmocka.h>
+#include <ftw.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -26,6 +30,8 @@
 
 #include "common/status.h"
 #include "engine_run.h"
+#include "ckpt/lora_export.h"
+#include "ckpt/runckpt.h"
 #include "io/safetensors.h"
 #include "parity_util.h"
 
@@ -305,6 +311,193 @@ static void test_errors(void **state) {
   fixture_free(&fx);
 }
 
+/* A per-rank-agreed scratch directory name under /tmp (world rank 0's pid). */
+static const char *scratch(const char *what) {
+  static char dir[256];
+  int pid = (int)getpid();
+  MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  snprintf(dir, sizeof dir, "/tmp/meshlm_lora_%s_%d", what, pid);
+  return dir;
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb;
+  (void)flag;
+  (void)ftw;
+  return remove(path);
+}
+
+/* Remove a scratch directory and everything under it (exports, run checkpoints). */
+static void remove_tree(const char *dir) { nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* Resume: a run checkpoint after one step, loaded into a fresh engine
+ * (holding the adapter's initial values and zero AdamW state until the
+ * load), then one more step on each: adapters, AdamW state and the loss
+ * bit for bit. */
+static void test_resume(void **state) {
+  (void)state;
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  ml_engine_opts o = lora_opts(fx.dir);
+  static run a, b;
+  run_open(&a, MPI_COMM_WORLD, 1, 1, &o, g_base_dir);
+  ml_adamw_cfg adam = {1e-2, 0.9, 0.999, 1e-8, 0.1};
+  step(&a, &fx);
+  if (ml_engine_adamw(&a.e, &adam)) fail_msg("adamw: %s", ml_error_msg());
+  const char *dir = scratch("resume");
+  ml_run_state st = {.step = 1}, got;
+  if (ml_run_save(&a.e, dir, &st)) fail_msg("save: %s", ml_error_msg());
+  run_open(&b, MPI_COMM_WORLD, 1, 1, &o, g_base_dir);
+  if (ml_run_load(&b.e, dir, &got)) fail_msg("load: %s", ml_error_msg());
+  double la = step(&a, &fx), lb = step(&b, &fx);
+  assert_memory_equal(&la, &lb, sizeof la);
+  if (ml_engine_adamw(&a.e, &adam) || ml_engine_adamw(&b.e, &adam))
+    fail_msg("adamw: %s", ml_error_msg());
+  for (ml_export_what w = ML_EXPORT_PARAMS; w <= ML_EXPORT_EXP_AVG_SQ; w++) {
+    float **ta = export_all(&a, w), **tb = export_all(&b, w);
+    for (int i = 0; i < a.e.model.n_params; i++) {
+      const ml_param *p = ml_engine_export_param(&a.e, i);
+      if (memcmp(ta[i], tb[i], sizeof(float) * (size_t)(p->shape[0] * p->shape[1])) != 0)
+        fail_msg("%s (state %d) differs after the resumed step", p->name, (int)w);
+    }
+    free_all(tb);
+    free_all(ta);
+  }
+  if (rank0()) printf("resume: loss %.9g and every adapter, exp_avg, exp_avg_sq bitwise equal\n",
+                      la);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank0()) remove_tree(dir);
+  run_close(&b);
+  run_close(&a);
+  fixture_free(&fx);
+}
+
+/* The PEFT export's adapter_config.json: the fields PEFT reads, as the fixture's. */
+static void check_config(const char *dir, const char *fxdir) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+  json_t *c = json_load_file(path, 0, NULL);
+  snprintf(path, sizeof path, "%s/adapter_config.json", fxdir);
+  json_t *want = json_load_file(path, 0, NULL);
+  assert_non_null(c);
+  assert_non_null(want);
+  static const char *const same[] = {"peft_type", "task_type", "r", "lora_alpha", "lora_dropout",
+                                     "use_rslora", "bias", "use_dora", "fan_in_fan_out",
+                                     "modules_to_save", "rank_pattern", "alpha_pattern"};
+  for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+    json_t *g = json_object_get(c, same[i]), *w = json_object_get(want, same[i]);
+    bool eq = json_equal(g, w) || (json_is_number(g) && json_is_number(w) &&
+                                   json_number_value(g) == json_number_value(w));
+    if (!eq) fail_msg("adapter_config.json: field %s differs from PEFT's", same[i]);
+  }
+  /* target_modules: the same set (PEFT writes a set's order) */
+  json_t *tg = json_object_get(c, "target_modules"), *tw = json_object_get(want, "target_modules");
+  assert_int_equal(json_array_size(tg), json_array_size(tw));
+  for (size_t i = 0; i < json_array_size(tw); i++) {
+    bool found = false;
+    for (size_t j = 0; j < json_array_size(tg) && !found; j++)
+      found = json_equal(json_array_get(tw, i), json_array_get(tg, j));
+    if (!found) fail_msg("adapter_config.json: target_modules lacks %s",
+                         json_string_value(json_array_get(tw, i)));
+  }
+  assert_string_equal(json_string_value(json_object_get(c, "base_model_name_or_path")),
+                      g_base_dir);
+  json_decref(want);
+  json_decref(c);
+}
+
+/* The PEFT export of the fixture's adapter (no step) holds PEFT's own file's
+ * keys, shapes, dtype and values bit for bit; the merged export is PEFT's
+ * merge_and_unload within the rounding bound below, every other tensor the
+ * base's bitwise. */
+static void test_export(void **state) {
+  (void)state;
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  ml_engine_opts o = lora_opts(fx.dir);
+  static run a;
+  run_open(&a, MPI_COMM_WORLD, 1, 1, &o, g_base_dir);
+  char peft[300], merged[300], path[1024];
+  snprintf(peft, sizeof peft, "%s", scratch("peft"));
+  snprintf(merged, sizeof merged, "%s", scratch("merged"));
+  if (ml_engine_save_hf(&a.e, peft, ML_EXPORT_DTYPE_SOURCE) ||
+      ml_engine_save_lora(&a.e, merged, true, ML_EXPORT_DTYPE_SOURCE))
+    fail_msg("export: %s", ml_error_msg());
+  if (rank0()) {
+    check_config(peft, fx.dir);
+    static ml_st_file got, want, mg, mw, base;
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", peft);
+    if (ml_st_open(path, &got)) fail_msg("%s", ml_error_msg());
+    hold(&got, st_release);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", fx.dir);
+    if (ml_st_open(path, &want)) fail_msg("%s", ml_error_msg());
+    hold(&want, st_release);
+    assert_int_equal(got.n, want.n);
+    for (size_t i = 0; i < want.n; i++) {
+      const ml_st_tensor *w = &want.tensors[i], *g = ml_st_find(&got, w->name);
+      if (!g) fail_msg("the PEFT export lacks %s", w->name);
+      assert_int_equal(g->dtype, w->dtype);
+      assert_int_equal(g->ndim, 2);
+      assert_memory_equal(g->shape, w->shape, sizeof w->shape[0] * 2);
+      assert_memory_equal(g->data, w->data, w->nbytes);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", merged);
+    if (ml_st_open(path, &mg)) fail_msg("%s", ml_error_msg());
+    hold(&mg, st_release);
+    snprintf(path, sizeof path, "%s/merged.safetensors", fx.dir);
+    if (ml_st_open(path, &mw)) fail_msg("%s", ml_error_msg());
+    hold(&mw, st_release);
+    snprintf(path, sizeof path, "%s/model.safetensors", g_base_dir);
+    if (ml_st_open(path, &base)) fail_msg("%s", ml_error_msg());
+    hold(&base, st_release);
+    assert_int_equal(mg.n, base.n);
+    double worst = 0;
+    for (size_t i = 0; i < mg.n; i++) {
+      const ml_st_tensor *g = &mg.tensors[i], *b = ml_st_find(&base, g->name);
+      const ml_st_tensor *w = ml_st_find(&mw, g->name);
+      assert_non_null(b);
+      assert_int_equal(g->nbytes, b->nbytes);
+      if (!w) { /* not adapted: the base's bytes */
+        assert_memory_equal(g->data, b->data, b->nbytes);
+        continue;
+      }
+      /* merged = fp32(W + s·Σ_r B·A): ours sums the R products in double, PEFT's reference
+       * in float64 matmul order; both exact sums of the same fp32 inputs differ by at most
+       * gamma64(R + 2)·m, m = |W| + s·Σ|B||A| <= 2·max(|W|, |merged|) + ... here bounded by
+       * the larger of |got|, |want| plus |W|'s and each rounding to fp32 adds u·|value|: so
+       * |got − want| <= u·(|got| + |want|) + gamma64(R + 2)·(|W| + |got| + |want|)·2. */
+      int64_t n = w->numel;
+      const float *gv = (const float *)g->data, *wv = (const float *)w->data,
+                  *bv = (const float *)b->data;
+      double r = (double)a.e.lora.rank, u = TOL_U, g64 = tol_gamma64(r + 2.0);
+      for (int64_t k = 0; k < n; k++) {
+        double d = fabs((double)gv[k] - wv[k]);
+        double bound = u * (fabs(gv[k]) + fabs(wv[k])) +
+                       2.0 * g64 * (fabs(bv[k]) + fabs(gv[k]) + fabs(wv[k]));
+        if (d > bound) fail_msg("%s[%lld]: merged %.9g, PEFT %.9g (bound %.3g)", g->name,
+                                (long long)k, (double)gv[k], (double)wv[k], bound);
+        worst = fmax(worst, d / fmax(bound, 1e-30));
+      }
+    }
+    printf("export: PEFT adapter bitwise PEFT's (%zu tensors); merged within %.3g of its bound\n",
+           want.n, worst);
+    unhold(&base);
+    ml_st_close(&base);
+    unhold(&mw);
+    ml_st_close(&mw);
+    unhold(&mg);
+    ml_st_close(&mg);
+    unhold(&want);
+    ml_st_close(&want);
+    unhold(&got);
+    ml_st_close(&got);
+    remove_tree(peft);
+    remove_tree(merged);
+  }
+  run_close(&a);
+  fixture_free(&fx);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   if (argc != 3) {
@@ -319,6 +512,8 @@ int main(int argc, char **argv) {
       held_test(test_base_unchanged),
       held_test(test_seeded),
       held_test(test_errors),
+      held_test(test_resume),
+      held_test(test_export),
   };
   return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

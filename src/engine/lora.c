@@ -86,6 +86,11 @@ static int read_config(ml_lora *l, const char *dir) {
   if (!rc) rc = refuse_set(&j, "alpha_pattern", "an alpha per module");
   if (!rc) rc = refuse_set(&j, "fan_in_fan_out", "a transposed (Conv1D) base weight");
   if (!rc) rc = refuse_set(&j, "layers_to_transform", "adapting some layers only");
+  if (!rc) rc = refuse_set(&j, "layer_replication", "replicated layers");
+  if (!rc) rc = refuse_set(&j, "exclude_modules", "excluding modules from the targets");
+  if (!rc) rc = refuse_set(&j, "lora_bias", "a bias on lora_B");
+  if (!rc) rc = refuse_set(&j, "target_parameters", "adapting parameters (not linears)");
+  if (!rc) rc = refuse_set(&j, "trainable_token_indices", "trainable token embeddings");
   if (!rc) rc = ml_json_int(&j, NULL, "r", &l->rank);
   if (!rc) rc = ml_json_num(&j, NULL, "lora_alpha", &l->alpha);
   if (!rc) rc = ml_json_num_opt(&j, NULL, "lora_dropout", 0.0, &l->dropout);

@@ -50,7 +50,9 @@ typedef struct ml_lora {
  * 0), tp > 1 (not implemented), adapter_config.json unreadable or with an
  * unsupported option (peft_type other than LORA, use_dora, modules_to_save,
  * bias other than "none", rank_pattern / alpha_pattern, fan_in_fan_out,
- * layers_to_transform, a regular expression as target_modules), those of
+ * layers_to_transform, layer_replication, exclude_modules, lora_bias,
+ * target_parameters, trainable_token_indices, a regular expression as
+ * target_modules), those of
  * ml_lora_attach. */
 int ml_lora_setup(ml_lora *l, const ml_lora_opts *o, ml_model *m, int tp);
 

@@ -8,7 +8,9 @@
 #  (b) the exported adapter loaded back (--adapter) scores as the merged export within the
 #      bound of two fp32 evaluations with adapters (tol_bound lora-pair:4), and trains on;
 #  (c) a run checkpoint resumes bit-exact (the losses of steps 3-4 of a 4-step run equal a 2-step
-#      run resumed for 2 more), and `meshlm export` of it is refused naming an adapter;
+#      run resumed for 2 more), and `meshlm export` of it is refused naming an adapter; the
+#      collectives of a LoRA step equal `meshlm plan`'s, the reduce-scatter moving fewer bytes
+#      than full fine-tuning's (the adapters only: the units' trainable prefix);
 #  (d) config keys lora_targets (a JSON list) and lora_use_rslora equal the flags;
 #  (e) errors: --lora-dropout > 0, --tp 2, an unknown target, --merge-lora without LoRA.
 # usage: test_lora.sh MESHLM SOURCE_DIR JSON_CHECK TOL_BOUND ST_LIST
@@ -124,6 +126,35 @@ if "$meshlm" export --checkpoint "$work/ck" --out "$work/x" 2> "$work/err"; then
 elif grep -q "a LoRA run's checkpoint (it holds adapters such as 'model.layers" "$work/err"; then
   ok "meshlm export refuses a LoRA checkpoint"
 else bad "export message: $(cat "$work/err")"; fi
+
+# (c2) the collectives of a LoRA step on dp_shard 2 equal `meshlm plan`'s (the meta backend runs
+# the same step), and reduce only the adapters: fewer bytes than a full fine-tuning step
+run_colls() { grep '^train: collectives of the last step' "$1" | sed 's/.*(rank 0)://' |
+  grep -oE '[a-z_]+ [a-z_]+ x[0-9]+ \([0-9.]+ MB\)'; }
+plan_colls() {
+  "$meshlm" plan --model "$work/model" --seq-len 32 --batch-size 4 "$@" |
+    awk '/one training step/ { on = 1; next } on && !/ calls / { exit }
+         on { printf "%s %s x%s (%.3f MB)\n", $1, $2, $3, $5 / 1e6 }'
+}
+rs_mb() { run_colls "$1" | grep 'dp_shard_cp reduce_scatter' | sed -E 's/.*\(([0-9.]+) MB\)/\1/'; }
+launch 2 "${base[@]}" --steps 1 > "$work/cl.txt" 2> "$work/err"
+launch 2 train --model "$work/model" --data "$src/README.md" --seq-len 32 --batch-size 4 \
+  --steps 1 --peak-tflops 1 > "$work/cf.txt" 2> "$work/err"
+lora_flags=(--lora-rank 4 --lora-alpha 16 --lora-targets q_proj,v_proj,down_proj)
+if [ -n "$(run_colls "$work/cl.txt")" ] &&
+  [ "$(run_colls "$work/cl.txt" | sort)" = "$(plan_colls --dp-shard 2 "${lora_flags[@]}" | sort)" ]
+then
+  ok "collectives of a LoRA step on dp_shard 2 = meshlm plan's"
+else
+  bad "LoRA collectives: run vs plan"
+  diff <(run_colls "$work/cl.txt" | sort) <(plan_colls --dp-shard 2 "${lora_flags[@]}" | sort)
+fi
+if awk -v a="$(rs_mb "$work/cl.txt")" -v b="$(rs_mb "$work/cf.txt")" 'BEGIN { exit !(a < b) }'
+then
+  ok "LoRA reduce-scatters the adapters only: $(rs_mb "$work/cl.txt") MB < $(rs_mb "$work/cf.txt") MB"
+else
+  bad "LoRA reduce-scatter bytes $(rs_mb "$work/cl.txt") MB vs full $(rs_mb "$work/cf.txt") MB"
+fi
 
 # (d) config keys
 printf '{"lora_rank": 4, "lora_alpha": 16, "lora_targets": ["q_proj", "v_proj", "down_proj"], "lora_use_rslora": true}\n' \

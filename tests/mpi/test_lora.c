@@ -297,7 +297,9 @@ static void test_errors(void **state) {
       {"alpha_pattern", "{\"q_proj\": 8}", "field 'alpha_pattern'"},
       {"peft_type", "\"IA3\"", "field 'peft_type' is 'IA3'"},
       {"target_modules", "\".*proj\"", "regular expression"},
-      {"r", "8", "has shape"},
+      {"r", "8", "has shape [4, 64]; expected [8, 64]"},
+      {"lora_bias", "true", "field 'lora_bias' is true"},
+      {"exclude_modules", "[\"q_proj\"]", "field 'exclude_modules'"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     const char *dir = edited_adapter(fx.dir, bad[i][0], bad[i][1]);

@@ -587,7 +587,10 @@ MESHLM_API int meshlm_resume(meshlm_session *s, const char *dir);
  * failed export. */
 MESHLM_API int meshlm_export(meshlm_session *s, const char *dir, meshlm_dtype dtype);
 
-/* The HF tensors of the model, in refit order (i in [0, meshlm_num_weights)). */
+/* The HF tensors of the model, in refit order (i in [0, meshlm_num_weights)).
+ * With LoRA (meshlm_options.lora_rank / adapter) the adapters are among them,
+ * named without PEFT's prefix ("model.layers.0.self_attn.q_proj.lora_A.weight"),
+ * F32, beside the unchanged (frozen) base weights. */
 typedef struct meshlm_weight {
   size_t struct_size; /* sizeof(meshlm_weight), set by the caller (the minimum) */
   const char *name;   /* HF name, e.g. "model.layers.0.self_attn.q_proj.weight" */

@@ -1,5 +1,6 @@
-/* LoRA (engine/lora.h, model/lora.h): `mpiexec -n N test_lora LORA_FIXTURE BASE_FIXTURE`.
- * The fixture (tools/gen_lora_fixtures.py) is a PEFT adapter with non-zero
+/* LoRA (engine/lora.h, model/lora.h):
+ * `mpiexec -n N test_lora LORA_FIXTURE BASE_FIXTURE [dpr=R]` (the mesh: R HSDP replicas of
+ * dp_shard N / R). The fixture (tools/gen_lora_fixtures.py) is a PEFT adapter with non-zero
  * lora_A and lora_B on the base fixture, and PEFT's float64 loss,
  * log-probs and adapter gradients. The mesh (dp_shard = N) and one rank
  * (MPI_COMM_SELF) must reproduce them within tolerance.h §8 and each
@@ -36,6 +37,7 @@
 #include "parity_util.h"
 
 static const char *g_fixture, *g_base;
+static int g_dpr = 1; /* HSDP replicas of the mesh runs (dpr=N) */
 static char g_base_dir[512];
 
 static void st_release(void *p) { ml_st_close(p); }
@@ -74,7 +76,7 @@ static void test_parity(void **state) {
   ml_engine_opts o = lora_opts(fx.dir);
   static run one, mesh;
   run_open(&one, MPI_COMM_SELF, 1, 1, &o, g_base_dir);
-  run_open(&mesh, MPI_COMM_WORLD, 1, 1, &o, g_base_dir);
+  run_open(&mesh, MPI_COMM_WORLD, g_dpr, 1, &o, g_base_dir);
   double r = (double)one.e.lora.rank;
   tol_model tm = tol_model_of(&mesh, fx.S, fx.B * fx.S);
   double l1 = step(&one, &fx), lm = step(&mesh, &fx);
@@ -157,7 +159,7 @@ static void test_base_unchanged(void **state) {
   fixture_load(g_fixture, &fx);
   ml_engine_opts o = lora_opts(fx.dir);
   static run mesh;
-  run_open(&mesh, MPI_COMM_WORLD, 1, 1, &o, g_base_dir);
+  run_open(&mesh, MPI_COMM_WORLD, g_dpr, 1, &o, g_base_dir);
   float **before = export_all(&mesh, ML_EXPORT_PARAMS);
   ml_adamw_cfg adam = {1e-2, 0.9, 0.999, 1e-8, 0.1};
   for (int s = 0; s < 2; s++) {
@@ -183,7 +185,8 @@ static void test_base_unchanged(void **state) {
   fixture_free(&fx);
 }
 
-/* A seeded start: lora_B zero, so the loss is the base model's bit for bit;
+/* A seeded start: lora_B zero, so the loss is the base model's bit for bit
+ * (fp32 and bf16 parameters);
  * lora_A within U(-1/sqrt(in), 1/sqrt(in)), not all zero, the same on one
  * rank and on the mesh. */
 static void test_seeded(void **state) {
@@ -192,12 +195,19 @@ static void test_seeded(void **state) {
   fixture_load(g_fixture, &fx);
   ml_engine_opts o = lora_opts(NULL), plain = ml_engine_opts_default();
   static run base, lora, one;
-  run_open(&base, MPI_COMM_WORLD, 1, 1, &plain, g_base_dir);
-  run_open(&lora, MPI_COMM_WORLD, 1, 1, &o, g_base_dir);
+  for (int bf16 = 0; bf16 < 2; bf16++) { /* and with bf16 parameters: B·u = 0 exactly */
+    ml_engine_opts ob = o, pb = plain;
+    ob.fsdp.param_dtype = pb.fsdp.param_dtype = bf16 ? ML_BF16 : ML_F32;
+    run_open(&base, MPI_COMM_WORLD, g_dpr, 1, &pb, g_base_dir);
+    run_open(&lora, MPI_COMM_WORLD, g_dpr, 1, &ob, g_base_dir);
+    double lb = step(&base, &fx), ll = step(&lora, &fx);
+    if (rank0()) printf("seeded LoRA%s: loss %.9g, base %.9g\n", bf16 ? " (bf16)" : "", ll, lb);
+    assert_memory_equal(&lb, &ll, sizeof lb);
+    run_close(&lora);
+    run_close(&base);
+  }
+  run_open(&lora, MPI_COMM_WORLD, g_dpr, 1, &o, g_base_dir);
   run_open(&one, MPI_COMM_SELF, 1, 1, &o, g_base_dir);
-  double lb = step(&base, &fx), ll = step(&lora, &fx);
-  if (rank0()) printf("seeded LoRA: loss %.9g, base %.9g\n", ll, lb);
-  assert_memory_equal(&lb, &ll, sizeof lb);
   float **pm = export_all(&lora, ML_EXPORT_PARAMS), **p1 = export_all(&one, ML_EXPORT_PARAMS);
   for (int i = 0; i < lora.e.model.n_params; i++) {
     const ml_param *p = ml_engine_export_param(&lora.e, i);
@@ -223,7 +233,6 @@ static void test_seeded(void **state) {
   free_all(pm);
   run_close(&one);
   run_close(&lora);
-  run_close(&base);
   fixture_free(&fx);
 }
 
@@ -342,14 +351,14 @@ static void test_resume(void **state) {
   fixture_load(g_fixture, &fx);
   ml_engine_opts o = lora_opts(fx.dir);
   static run a, b;
-  run_open(&a, MPI_COMM_WORLD, 1, 1, &o, g_base_dir);
+  run_open(&a, MPI_COMM_WORLD, g_dpr, 1, &o, g_base_dir);
   ml_adamw_cfg adam = {1e-2, 0.9, 0.999, 1e-8, 0.1};
   step(&a, &fx);
   if (ml_engine_adamw(&a.e, &adam)) fail_msg("adamw: %s", ml_error_msg());
   const char *dir = scratch("resume");
   ml_run_state st = {.step = 1}, got;
   if (ml_run_save(&a.e, dir, &st)) fail_msg("save: %s", ml_error_msg());
-  run_open(&b, MPI_COMM_WORLD, 1, 1, &o, g_base_dir);
+  run_open(&b, MPI_COMM_WORLD, g_dpr, 1, &o, g_base_dir);
   if (ml_run_load(&b.e, dir, &got)) fail_msg("load: %s", ml_error_msg());
   double la = step(&a, &fx), lb = step(&b, &fx);
   assert_memory_equal(&la, &lb, sizeof la);
@@ -418,7 +427,7 @@ static void test_export(void **state) {
   fixture_load(g_fixture, &fx);
   ml_engine_opts o = lora_opts(fx.dir);
   static run a;
-  run_open(&a, MPI_COMM_WORLD, 1, 1, &o, g_base_dir);
+  run_open(&a, MPI_COMM_WORLD, g_dpr, 1, &o, g_base_dir);
   char peft[300], merged[300], path[1024];
   snprintf(peft, sizeof peft, "%s", scratch("peft"));
   snprintf(merged, sizeof merged, "%s", scratch("merged"));
@@ -502,8 +511,9 @@ static void test_export(void **state) {
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
-  if (argc != 3) {
-    fprintf(stderr, "usage: test_lora LORA_FIXTURE BASE_FIXTURE\n");
+  if (argc == 4 && !strncmp(argv[3], "dpr=", 4)) g_dpr = atoi(argv[3] + 4);
+  if ((argc != 3 && argc != 4) || g_dpr < 1) {
+    fprintf(stderr, "usage: test_lora LORA_FIXTURE BASE_FIXTURE [dpr=N]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];

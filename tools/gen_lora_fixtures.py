@@ -20,9 +20,10 @@ this writes tests/fixtures/<base>_lora/:
                                (W + scaling * B @ A, float64 computed, stored float32)
 
 The batch is the base fixture's (expected.json input_ids and loss_mask).
-Config: r 4, lora_alpha 8 (scaling 2), lora_dropout 0, every linear of the
-decoder (q,k,v,o,gate,up,down), bias "none"; the rslora fixture uses
-use_rslora (scaling 8 / sqrt(4) = 4) on q_proj,v_proj only.
+Config: r 4, lora_alpha 8 (scaling 2), lora_dropout 0, bias "none"; llama: the
+seven decoder linears by name; qwen2: use_rslora (scaling 8 / sqrt(4) = 4) on
+q_proj,v_proj only; gemma3: "all-linear" (PEFT resolves it to every linear but
+the output layer and writes the names it found).
 """
 import argparse
 import json
@@ -37,6 +38,7 @@ ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_pro
 FIXTURES = [
     dict(name="llama_untied_lora", base="llama_untied", targets=ALL, rslora=False, seed=11),
     dict(name="qwen2_lora", base="qwen2", targets=["q_proj", "v_proj"], rslora=True, seed=12),
+    dict(name="gemma3_lora", base="gemma3", targets="all-linear", rslora=False, seed=13),
 ]
 PREFIX = "base_model.model."
 

@@ -104,8 +104,11 @@ typedef struct ml_engine {
  * parallelism over its cp group (parallel/cp.h), and shard over its
  * dp_shard_cp group (FSDP). Checkpoint tensors no parameter reads (another
  * tower of a composite checkpoint, a stray tensor) are ignored with one
- * warning on stderr from mesh rank 0, as transformers warns. Errors:
- * config, plan selection and validation, checkpoint (each named). */
+ * warning on stderr from mesh rank 0, as transformers warns. With LoRA
+ * (opts.lora: engine/lora.h) the adapters are attached before the plan,
+ * every base weight frozen after --freeze's patterns, and the adapters set
+ * (a seed or a PEFT adapter) after the checkpoint load. Errors: config,
+ * plan selection and validation, checkpoint, LoRA options (each named). */
 int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
                    const ml_engine_opts *opts);
 void ml_engine_close(ml_engine *e);

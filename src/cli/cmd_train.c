@@ -41,6 +41,7 @@
 #include "data/data.h"
 #include "engine/engine.h"
 #include "engine/freeze.h"
+#include "model/lora.h"
 #include "cli/metrics.h"
 #include "ckpt/lora_export.h"
 #include "ckpt/runckpt.h"
@@ -363,7 +364,18 @@ static void print_header(const train_run *r) {
   int64_t frozen_numel;
   ml_freeze_count(&r->e.model, &n_frozen, &frozen_numel);
   for (int u = 0; u < r->e.fsdp.n_units; u++) units += r->e.fsdp.units[u].frozen;
-  if (n_frozen)
+  const ml_lora *l = &r->e.lora;
+  if (l->on) {
+    int64_t adapter_numel = 0;
+    for (int i = 0; i < r->e.model.n_params; i++)
+      if (r->e.model.params[i].adapter) adapter_numel += ml_param_numel(&r->e.model.params[i]);
+    ml_cli_print("train: LoRA r=%lld, lora_alpha %g (scaling %g%s) on %d linears (%s)%s%s: %lld "
+                 "adapter elements train, every base weight frozen\n",
+                 (long long)l->rank, l->alpha, l->scaling, l->rslora ? ", rslora" : "",
+                 ml_lora_count(&r->e.model), l->targets, l->adapter ? ", from " : "",
+                 l->adapter ? l->adapter : "", (long long)adapter_numel);
+  }
+  if (n_frozen && o->freeze)
     ml_cli_print("train: --freeze '%s': %d of %d parameter tensors frozen (%lld elements), %d "
                  "FSDP unit(s) wholly frozen; backward runs down to layer %d\n",
                  o->freeze, n_frozen, r->e.model.n_params, (long long)frozen_numel, units,

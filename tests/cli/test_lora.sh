@@ -10,7 +10,8 @@
 #  (c) a run checkpoint resumes bit-exact (the losses of steps 3-4 of a 4-step run equal a 2-step
 #      run resumed for 2 more), and `meshlm export` of it is refused naming an adapter; the
 #      collectives of a LoRA step equal `meshlm plan`'s, the reduce-scatter moving fewer bytes
-#      than full fine-tuning's (the adapters only: the units' trainable prefix);
+#      than full fine-tuning's (the adapters only: the units' trainable prefix); activation
+#      checkpointing and CPU offload leave the losses bitwise;
 #  (d) config keys lora_targets (a JSON list) and lora_use_rslora equal the flags;
 #  (e) errors: --lora-dropout > 0, --tp 2, an unknown target, --merge-lora without LoRA.
 # usage: test_lora.sh MESHLM SOURCE_DIR JSON_CHECK TOL_BOUND ST_LIST
@@ -155,6 +156,18 @@ then
 else
   bad "LoRA reduce-scatter bytes $(rs_mb "$work/cl.txt") MB vs full $(rs_mb "$work/cf.txt") MB"
 fi
+
+# (c3) activation checkpointing (the recompute reruns the adapters' forward) and CPU offload leave
+# a LoRA run's losses bitwise as they were
+launch 2 "${base[@]}" --steps 2 --metrics "$work/p.jsonl" > /dev/null 2> "$work/err"
+for extra in "--activation-checkpointing layer" "--cpu-offload"; do
+  launch 2 "${base[@]}" --steps 2 $extra --metrics "$work/x.jsonl" > /dev/null 2> "$work/err"
+  if [ -s "$work/x.jsonl" ] && [ "$(losses "$work/x.jsonl")" = "$(losses "$work/p.jsonl")" ]; then
+    ok "LoRA with $extra: losses bitwise the plain run's"
+  else
+    bad "LoRA with $extra: $(losses "$work/x.jsonl" | tr '\n' ' ') vs $(losses "$work/p.jsonl" | tr '\n' ' ')"
+  fi
+done
 
 # (d) config keys
 printf '{"lora_rank": 4, "lora_alpha": 16, "lora_targets": ["q_proj", "v_proj", "down_proj"], "lora_use_rslora": true}\n' \

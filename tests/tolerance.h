@@ -591,4 +591,34 @@ static inline double tol_norm2_rel(double n) { return tol_gamma64(n) + tol_gamma
  * |got - want| <= 2·gamma64_14·lr. */
 static inline double tol_schedule_abs(double lr) { return 2.0 * tol_gamma64(14.0) * lr; }
 
+/* ===================================================================== */
+/* 8. LoRA adapters on the linears (tests/mpi/test_lora.c).               */
+/* ===================================================================== */
+/* Each adapted linear adds to section 3's chain, in series with the base
+ * GEMM's stages (the down-projection x·A^T runs beside the base GEMM, over
+ * the same `in` terms, so it adds no length): forward, the up-projection
+ * u·B^T (r signed terms), the scaling (1) and the add onto the base output
+ * (1); backward, the input gradient's du·A (r terms), the scaling and the
+ * add onto the base's dx (1 + 1), and for the adapters' own gradients du =
+ * dy·B (at most max(H, I, heads·hd) terms) before dA's sum over the tokens
+ * (counted by section 3's weight-gradient sum). Four linears lie on a
+ * layer's chain (q/k/v, o_proj, gate/up, down_proj) each way. */
+static inline double tol_k_lora(const tol_model *m, tol_quantity q, double r) {
+  double per = tol_signed(r) + 2.0, wide = fmax(fmax(m->hidden, m->intermediate),
+                                                m->heads * m->head_dim);
+  double k = m->layers * 4.0 * per;
+  return q == TOL_GRADS ? 2.0 * k + tol_signed(wide) : k;
+}
+/* meshlm with rank-r adapters against PEFT's float64 reference (as
+ * tol_model_vs_ref, K grown by tol_k_lora). Relative (L2). */
+static inline double tol_lora_vs_ref(const tol_model *m, tol_quantity q, double r) {
+  double k = tol_model_k(m, q) + tol_k_lora(m, q, r);
+  return tol_gamma(k) + tol_gamma(tol_model_k_ref(m, q)) + tol_gamma64(k) +
+         (q == TOL_GRADS ? TOL_U : 0.0);
+}
+/* Two fp32 LoRA evaluations in different orders (a mesh and one rank). */
+static inline double tol_lora_pair(const tol_model *m, tol_quantity q, double r) {
+  return 2.0 * tol_gamma(tol_model_k(m, q) + tol_k_lora(m, q, r));
+}
+
 #endif

@@ -181,6 +181,20 @@ typedef struct meshlm_options {
              ranks by all-to-all (NeMo Automodel's ep_size; README: --ep); the world must be
              a multiple of ep, num_experts too, and the model a MoE family, else meshlm_open
              fails naming the values */
+  /* appended for LoRA (optional: see struct_size; README: --lora-rank). PEFT LoraConfig's
+     semantics: rank-r adapters lora_A [r, in], lora_B [out, r] on the target linears,
+     y = W·x + scaling·B·A·x, scaling lora_alpha / r (lora_alpha / sqrt(r) with rslora);
+     every base weight frozen; lora_A Kaiming-uniform from lora_seed, lora_B 0 */
+  int64_t lora_rank;        /* 0: no LoRA unless `adapter` is set; else r >= 1 */
+  double lora_alpha;        /* default 8 */
+  double lora_dropout;      /* only 0 is supported (meshlm_open fails otherwise) */
+  const char *lora_targets; /* comma-separated linear module names (q_proj,v_proj) or
+                               "all-linear" (default: every decoder linear); copied */
+  int lora_use_rslora;      /* 1: scaling lora_alpha / sqrt(r) */
+  const char *adapter;      /* NULL, or a PEFT LoRA adapter directory (adapter_config.json +
+                               adapter_model.safetensors) to start from; its configuration
+                               rules when lora_rank is 0, else must equal the options'; copied */
+  int64_t lora_seed;        /* seed of lora_A's initialisation (default 0) */
 } meshlm_options;
 
 /* One rank's mesh (1 × world × 1 × 1 with the communicator's size), CPU,
@@ -579,7 +593,10 @@ MESHLM_API int meshlm_resume(meshlm_session *s, const char *dir);
  * failed export. */
 MESHLM_API int meshlm_export(meshlm_session *s, const char *dir, meshlm_dtype dtype);
 
-/* The HF tensors of the model, in refit order (i in [0, meshlm_num_weights)). */
+/* The HF tensors of the model, in refit order (i in [0, meshlm_num_weights)).
+ * With LoRA (meshlm_options.lora_rank / adapter) the adapters are among them,
+ * named without PEFT's prefix ("model.layers.0.self_attn.q_proj.lora_A.weight"),
+ * F32, beside the unchanged (frozen) base weights. */
 typedef struct meshlm_weight {
   size_t struct_size; /* sizeof(meshlm_weight), set by the caller (the minimum) */
   const char *name;   /* HF name, e.g. "model.layers.0.self_attn.q_proj.weight" */

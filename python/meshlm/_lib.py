@@ -81,6 +81,13 @@ class meshlm_options(Sized):
         ("batch_invariant", c_int),
         ("freeze", c_char_p),
         ("ep", c_int),
+        ("lora_rank", c_int64),
+        ("lora_alpha", c_double),
+        ("lora_dropout", c_double),
+        ("lora_targets", c_char_p),
+        ("lora_use_rslora", c_int),
+        ("adapter", c_char_p),
+        ("lora_seed", c_int64),
     ]
 
 

@@ -526,6 +526,11 @@ class Policy:
     strings or one comma-separated string, e.g. ["model.embed_tokens.*",
     "model.layers.0.*"]; a pattern matching nothing or freezing everything
     raises MeshlmError (README: --freeze).
+    lora_rank, lora_alpha, lora_dropout (only 0), lora_targets (a list of linear
+    module names or one comma-separated string, or "all-linear"), lora_use_rslora,
+    lora_seed: LoRA adapters with PEFT LoraConfig's semantics, every base weight
+    frozen (README: --lora-rank); adapter: a PEFT LoRA adapter directory to start
+    from.
     comm: None (MPI_COMM_WORLD), an mpi4py communicator (its py2f() handle is
     used) or a Fortran communicator handle (int).
     reference: capture the initial weights as the reference policy
@@ -554,6 +559,11 @@ class Policy:
                  batch_invariant: Optional[bool] = None,
                  freeze: Optional[Union[str, Sequence[str]]] = None,
                  ep: Optional[int] = None,
+                 lora_rank: Optional[int] = None, lora_alpha: Optional[float] = None,
+                 lora_dropout: Optional[float] = None,
+                 lora_targets: Optional[Union[str, Sequence[str]]] = None,
+                 lora_use_rslora: Optional[bool] = None, lora_seed: Optional[int] = None,
+                 adapter: Optional[StrPath] = None,
                  comm: Optional[Union[int, Communicator]] = None,
                  reference: bool = False) -> None:
         self._s: Optional[c_void_p] = None
@@ -583,7 +593,10 @@ class Policy:
                  "total_steps": (total_steps, int), "max_grad_norm": (max_grad_norm, float),
                  "micro_batch_tokens": (micro_batch_tokens, int),
                  "unshard_for_inference": (unshard_for_inference, _bool_int),
-                 "batch_invariant": (batch_invariant, _bool_int), "ep": (ep, int)}
+                 "batch_invariant": (batch_invariant, _bool_int), "ep": (ep, int),
+                 "lora_rank": (lora_rank, int), "lora_alpha": (lora_alpha, float),
+                 "lora_dropout": (lora_dropout, float),
+                 "lora_use_rslora": (lora_use_rslora, _bool_int), "lora_seed": (lora_seed, int)}
         for field, (value, kind) in plain.items():
             if value is not None:
                 setattr(o, field, kind(value))
@@ -593,6 +606,11 @@ class Policy:
             o.parallel_plan = cstr(parallel_plan)
         if freeze is not None:
             o.freeze = cstr(freeze if isinstance(freeze, (str, bytes)) else ",".join(freeze))
+        if lora_targets is not None:
+            o.lora_targets = cstr(lora_targets if isinstance(lora_targets, (str, bytes))
+                                  else ",".join(lora_targets))
+        if adapter is not None:
+            o.adapter = cstr(adapter)
         for field, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype),
                              ("output_dtype", output_dtype)):
             if value is not None:

@@ -106,7 +106,10 @@ int meshlm_options_init(meshlm_options *o, size_t struct_size) {
       .zero = f->zero, .prefetch_forward = f->prefetch_forward,
       .prefetch_backward = f->prefetch_backward, .grad_norm_type = st->norm_type,
       .cpu_offload = f->cpu_offload, .batch_invariant = d.engine.batch_invariant,
-      .freeze = d.engine.freeze, .ep = 1};
+      .freeze = d.engine.freeze, .ep = 1, .lora_rank = d.engine.lora.rank,
+      .lora_alpha = d.engine.lora.alpha, .lora_dropout = d.engine.lora.dropout,
+      .lora_targets = d.engine.lora.targets, .lora_use_rslora = d.engine.lora.rslora,
+      .adapter = d.engine.lora.adapter, .lora_seed = (int64_t)d.engine.lora.seed};
   return api_init_struct(o, struct_size, API_MIN(meshlm_options), sizeof full, &full);
 }
 
@@ -240,6 +243,10 @@ static ml_train_settings settings_of(const meshlm_options *o, const char *plan) 
   eo->fsdp.cpu_offload = o->cpu_offload != 0;
   eo->batch_invariant = o->batch_invariant != 0;
   eo->freeze = o->freeze;
+  eo->lora = (ml_lora_opts){.rank = o->lora_rank, .alpha = o->lora_alpha,
+                            .dropout = o->lora_dropout, .targets = o->lora_targets,
+                            .rslora = o->lora_use_rslora != 0, .seed = (uint64_t)o->lora_seed,
+                            .adapter = o->adapter};
   eo->output_dtype = k_dtypes[o->output_dtype];
   eo->ac = k_acs[o->ac];
   t.step = (ml_step_opts){
@@ -255,11 +262,16 @@ static int keep_options(meshlm_session *s, const meshlm_options *o) {
   s->device = strdup(o->device);
   s->plan = o->parallel_plan ? strdup(o->parallel_plan) : NULL;
   s->freeze = o->freeze ? strdup(o->freeze) : NULL;
-  if (!s->device || (o->parallel_plan && !s->plan) || (o->freeze && !s->freeze))
+  s->lora_targets = o->lora_targets ? strdup(o->lora_targets) : NULL;
+  s->adapter = o->adapter ? strdup(o->adapter) : NULL;
+  if (!s->device || (o->parallel_plan && !s->plan) || (o->freeze && !s->freeze) ||
+      (o->lora_targets && !s->lora_targets) || (o->adapter && !s->adapter))
     return ml_err("meshlm_open: out of memory");
   s->o.device = s->device;
   s->o.parallel_plan = s->plan;
   s->o.freeze = s->freeze;
+  s->o.lora_targets = s->lora_targets;
+  s->o.adapter = s->adapter;
   s->set = settings_of(&s->o, s->plan);
   return 0;
 }
@@ -344,6 +356,8 @@ void meshlm_close(meshlm_session *s) {
   free(s->device);
   free(s->plan);
   free(s->freeze);
+  free(s->lora_targets);
+  free(s->adapter);
   free(s->wnames);
   free(s->wdtypes);
   free(s);

@@ -60,9 +60,10 @@ struct meshlm_session {
   ml_host *world;             /* host channel over it */
   ml_mesh mesh;
   ml_engine e;
-  meshlm_options o;           /* as opened (device, plan and freeze strings copied below) */
+  meshlm_options o;           /* as opened (device, plan, freeze and LoRA strings copied below) */
   char *device, *plan;
   char *freeze;               /* meshlm_options.freeze's copy, or NULL */
+  char *lora_targets, *adapter; /* meshlm_options' LoRA strings' copies, or NULL */
   ml_train_settings set;      /* the options' engine and step settings (api/session.c's
                                  mapping; engine/settings.h) */
   int64_t steps;              /* trainer steps taken (the schedule's position; skipped ones

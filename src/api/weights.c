@@ -64,12 +64,29 @@ static int weight_table(meshlm_session *s, weight_name **names, ml_dtype **dtype
   s->wdtypes = calloc((size_t)n + 1, sizeof *s->wdtypes);
   json_t *source = NULL;
   int rc = params && s->wnames && s->wdtypes ? 0 : ml_err("out of memory: the weight table");
-  for (int i = 0; rc == 0 && i < n; i++) params[i] = ml_engine_export_param(e, i);
+  /* the base parameters through the export's layout; LoRA adapters (engine/lora.h) after
+   * them under their own names, fp32 (their masters' dtype: no source tensor) */
+  int nb = 0;
+  for (int i = 0; rc == 0 && i < n; i++) {
+    const ml_param *p = ml_engine_export_param(e, i);
+    if (!p->adapter) params[nb++] = p;
+  }
   if (rc == 0) rc = ml_hf_source_describe(e->model_dir, &e->model, &source);
   if (rc == 0) {
-    ml_hf_export_spec spec = {NULL, &e->model.cfg, params, n, source, e->model_dir,
+    ml_hf_export_spec spec = {NULL, &e->model.cfg, params, nb, source, e->model_dir,
                               ML_EXPORT_DTYPE_SOURCE, 0};
     rc = ml_hf_export_layout(&spec, s->wnames, s->wdtypes);
+  }
+  /* spread the base entries to their export indices, then name the adapters */
+  for (int i = n - 1, b = nb - 1; rc == 0 && i >= 0; i--) {
+    const ml_param *p = ml_engine_export_param(e, i);
+    if (p->adapter) {
+      snprintf(s->wnames[i], sizeof s->wnames[i], "%s", p->name);
+      s->wdtypes[i] = ML_F32;
+    } else {
+      memmove(s->wnames[i], s->wnames[b], sizeof s->wnames[i]);
+      s->wdtypes[i] = s->wdtypes[b--];
+    }
   }
   json_decref(source);
   free(params);

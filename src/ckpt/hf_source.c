@@ -83,10 +83,11 @@ static json_t *shape_json(const ml_st_tensor *t) {
   return a;
 }
 
-/* "dtypes" of m's parameters and "carried": every other tensor of ck but
- * a tied lm_head. */
+/* "dtypes" of m's parameters (LoRA adapters are none of the source's: left
+ * out) and "carried": every other tensor of ck but a tied lm_head. */
 static int list_tensors(const ml_ckpt *ck, const ml_model *m, json_t *dtypes, json_t *carried) {
   for (int i = 0; i < m->n_params; i++) {
+    if (m->params[i].adapter) continue; /* LoRA adapters: no tensors of the source */
     const char *name = m->params[i].key; /* a fused tensor's parts name it each */
     const ml_st_tensor *t = ml_ckpt_find(ck, name);
     if (!t) return ml_err("%s: no tensor '%s', which the model being trained has", ck->dir, name);

@@ -360,10 +360,29 @@ static int export_tensors(ml_rc_ckpt *c, ml_hf_export *x, const ml_param **param
   return 0;
 }
 
+/* A checkpoint of a LoRA run (engine/lora.h) holds adapters no HF model has:
+ * refused, naming one, rather than exporting the untouched base weights. */
+static int refuse_lora(const ml_rc_ckpt *c) {
+  const char *name;
+  json_t *v;
+  json_object_foreach(c->tensors, name, v) {
+    if (strstr(name, ".lora_A.") || strstr(name, ".lora_B."))
+      return ml_err("%s: a LoRA run's checkpoint (it holds adapters such as '%s'); expected a "
+                    "checkpoint without LoRA: export a LoRA run with meshlm train --resume %s "
+                    "and its --lora-* flags, --export-hf DIR [--merge-lora]",
+                    c->meta, name, c->dir);
+  }
+  return 0;
+}
+
 int ml_run_export(const char *ckpt_dir, const char *out_dir, size_t max_shard_bytes,
                   ml_export_dtype dtype) {
   ml_rc_ckpt c;
   ML_TRY(ml_rc_open(ckpt_dir, &c));
+  if (refuse_lora(&c)) {
+    ml_rc_close(&c);
+    return -1;
+  }
   ml_model_config cfg;
   ml_model m = {0};
   int rc = ml_model_config_load(c.dir, &cfg);

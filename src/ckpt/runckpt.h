@@ -96,7 +96,9 @@ int ml_run_load(ml_engine *e, const char *dir, ml_run_state *st);
  * holds one tensor. A checkpoint without a source record (saved by an
  * older meshlm) exports config.json and the weights of its saved text
  * family, fp32 under ML_EXPORT_DTYPE_SOURCE, with a warning on stderr.
- * Errors: no committed checkpoint, missing or inconsistent pieces (named),
+ * Errors: no committed checkpoint, a LoRA run's checkpoint (its adapters are
+ * exported by meshlm train --export-hf, ckpt/lora_export.h), missing or
+ * inconsistent pieces (named),
  * the source directory missing or changed when it holds tensors to carry
  * (named), I/O. */
 int ml_run_export(const char *ckpt_dir, const char *out_dir, size_t max_shard_bytes,

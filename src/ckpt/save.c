@@ -5,6 +5,7 @@
 
 #include "common/status.h"
 #include "ckpt/hf_source.h"
+#include "ckpt/lora_export.h"
 #include "parallel/redistribute.h"
 #include "parallel/tp.h"
 
@@ -267,6 +268,7 @@ static int put_tensor(void *x, int k, const ml_param *p, const float *global) {
 }
 
 int ml_engine_save_hf(ml_engine *e, const char *dir, ml_export_dtype dtype) {
+  if (e->lora.on) return ml_engine_save_lora(e, dir, false, dtype); /* a PEFT adapter */
   ml_host *w = ml_mesh_host(e->mesh, ML_GROUP_WORLD);
   int n = e->model.n_params;
   json_t *source = NULL;

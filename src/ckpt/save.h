@@ -70,7 +70,8 @@ typedef int (*ml_param_sink)(void *ctx, int k, const ml_param *p, const float *g
 int ml_engine_stream_params(ml_engine *e, int root, ml_param_sink sink, void *ctx);
 
 /* Collective over the world: write the trained weights as an HF checkpoint
- * in `dir` with the rest of the source model e->model_dir
+ * in `dir` (a LoRA run, e->lora.on: its adapters as a PEFT adapter
+ * directory instead, ckpt/lora_export.h) with the rest of the source model e->model_dir
  * (ckpt/hf_export.h), trained tensors in `dtype`, one file up to
  * ML_HF_MAX_SHARD_BYTES, streamed to world rank 0 tensor by tensor
  * (ml_engine_stream_params), which writes each before the next. Errors (every rank,

@@ -289,7 +289,7 @@ static int run_all(lp_run *run, int64_t budget) {
 }
 
 int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
-  const char *model = NULL, *data = NULL, *out = NULL, *plan = NULL;
+  const char *model = NULL, *data = NULL, *out = NULL, *plan = NULL, *adapter = NULL;
   int64_t tp = 1, cp = 1, budget = 4096, topk = 0;
   bool sp = false, entropy = false, invariant = false;
   ml_arg_choice dtype = ml_dtype_choice(), device = ml_device_choice(),
@@ -323,6 +323,8 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
        "most probable next tokens (0: none)", false, "K"},
       {"--batch-invariant", ML_ARG_FLAG, &invariant, "every token's log-prob the same bits in "
        "any batch, micro-batch or dp size (as meshlm train --batch-invariant)", false, NULL},
+      {"--adapter", ML_ARG_STR, &adapter, "score the model with this PEFT LoRA adapter "
+       "(adapter_config.json + adapter_model.safetensors)", false, "DIR"},
   };
   enum { N_FLAGS = sizeof flags / sizeof flags[0] };
   ml_arg spec[N_FLAGS + 3];
@@ -350,6 +352,7 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   eo.sequence_parallel = sp;
   eo.fsdp.param_dtype = ml_dtype_chosen(&dtype);
   eo.batch_invariant = invariant;
+  eo.lora.adapter = adapter;
   if (rc == 0) rc = ml_engine_open(&e, &mesh, model, &eo);
   if (rc == 0 && (topk < 0 || topk > e.model.cfg.vocab))
     rc = ml_err("logprobs: flag --topk %lld: expected 0 .. vocab_size %lld", (long long)topk,

@@ -773,7 +773,8 @@ static const char *const k_step_flags[] = {
     "--model", "--tp", "--dp-replicate", "--cp", "--ep", "--sequence-parallel", "--parallel-plan",
     "--param-dtype", "--reduce-dtype", "--output-dtype", "--reshard-after-forward", "--zero",
     "--prefetch-forward", "--prefetch-backward", "--activation-checkpointing", "--cpu-offload",
-    "--batch-invariant", "--batch-size", "--grad-accum", "--seq-len", "--freeze"};
+    "--batch-invariant", "--batch-size", "--grad-accum", "--seq-len", "--freeze", "--lora-rank",
+    "--lora-alpha", "--lora-dropout", "--lora-targets", "--lora-rslora", "--adapter"};
 
 /* spec[]: train's step flags over o->t, then plan's own. Returns the count. */
 static size_t plan_flags(plan_opts *o, ml_arg *spec) {

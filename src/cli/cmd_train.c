@@ -41,7 +41,9 @@
 #include "data/data.h"
 #include "engine/engine.h"
 #include "engine/freeze.h"
+#include "model/lora.h"
 #include "cli/metrics.h"
+#include "ckpt/lora_export.h"
 #include "ckpt/runckpt.h"
 #include "ckpt/runlock.h"
 #include "ckpt/save.h"
@@ -363,7 +365,18 @@ static void print_header(const train_run *r) {
   int64_t frozen_numel;
   ml_freeze_count(&r->e.model, &n_frozen, &frozen_numel);
   for (int u = 0; u < r->e.fsdp.n_units; u++) units += r->e.fsdp.units[u].frozen;
-  if (n_frozen)
+  const ml_lora *l = &r->e.lora;
+  if (l->on) {
+    int64_t adapter_numel = 0;
+    for (int i = 0; i < r->e.model.n_params; i++)
+      if (r->e.model.params[i].adapter) adapter_numel += ml_param_numel(&r->e.model.params[i]);
+    ml_cli_print("train: LoRA r=%lld, lora_alpha %g (scaling %g%s) on %d linears (%s)%s%s: %lld "
+                 "adapter elements train, every base weight frozen\n",
+                 (long long)l->rank, l->alpha, l->scaling, l->rslora ? ", rslora" : "",
+                 ml_lora_count(&r->e.model), l->targets, l->adapter ? ", from " : "",
+                 l->adapter ? l->adapter : "", (long long)adapter_numel);
+  }
+  if (n_frozen && o->freeze)
     ml_cli_print("train: --freeze '%s': %d of %d parameter tensors frozen (%lld elements), %d "
                  "FSDP unit(s) wholly frozen; backward runs down to layer %d\n",
                  o->freeze, n_frozen, r->e.model.n_params, (long long)frozen_numel, units,
@@ -403,7 +416,9 @@ static int run(train_run *r) {
   ML_TRY(train_loop(r));
   if (!o->export_hf) return 0;
   char what[256] = "";
-  rc = ml_engine_save_hf(&r->e, o->export_hf, (ml_export_dtype)o->export_dtype.index);
+  ml_export_dtype dtype = (ml_export_dtype)o->export_dtype.index;
+  rc = o->merge_lora ? ml_engine_save_lora(&r->e, o->export_hf, true, dtype)
+                     : ml_engine_save_hf(&r->e, o->export_hf, dtype);
   if (rc == 0 && r->mesh.rank == 0) rc = ml_cli_export_summary(o->export_hf, what, sizeof what);
   ML_TRY(ml_cli_agree(r->world, rc));
   ml_cli_print("train: exported %s: %s\n", o->export_hf, what);

@@ -38,6 +38,8 @@ static const ml_config_alias k_aliases[] = {
     {"packing", "--packing", "true", "false", false},
     {"assistant_only_loss", "--assistant-only-loss", "true", "false", false},
     {"freeze", "--freeze", NULL, NULL, true},
+    {"lora_targets", "--lora-targets", NULL, NULL, true},
+    {"lora_use_rslora", "--lora-rslora", NULL, NULL, false},
 };
 
 ml_arg_choice ml_dtype_choice(void) { return (ml_arg_choice){k_dtypes, 0}; }
@@ -76,7 +78,13 @@ ml_train_opts ml_train_opts_with(const ml_train_settings *d) {
       .export_dtype = {ml_export_dtype_names, ML_EXPORT_DTYPE_SOURCE},
       .peak_tflops = 0,
       .batch_invariant = d->engine.batch_invariant,
-      .freeze = d->engine.freeze};
+      .freeze = d->engine.freeze,
+      .lora_rank = d->engine.lora.rank,
+      .lora_alpha = d->engine.lora.alpha,
+      .lora_dropout = d->engine.lora.dropout,
+      .lora_targets = d->engine.lora.targets,
+      .lora_rslora = d->engine.lora.rslora,
+      .adapter = d->engine.lora.adapter};
 }
 
 ml_train_opts ml_train_opts_default(void) {
@@ -144,6 +152,20 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
        "freeze the parameters whose HF names match these comma-separated fnmatch patterns "
        "(requires_grad=False)",
        false, "PATTERNS"},
+      /* LoRA (PEFT's LoraConfig) */
+      {"--lora-rank", ML_ARG_INT, &o->lora_rank,
+       "LoRA rank r: train rank-r adapters on --lora-targets, every base weight frozen (0 = off)",
+       false, NULL},
+      {"--lora-alpha", ML_ARG_FLOAT, &o->lora_alpha, "LoRA alpha: scaling alpha / r", false, NULL},
+      {"--lora-dropout", ML_ARG_FLOAT, &o->lora_dropout,
+       "LoRA dropout on the adapters' input (only 0 is supported)", false, NULL},
+      {"--lora-targets", ML_ARG_STR, &o->lora_targets,
+       "comma-separated linear module names (q_proj,v_proj,...) or all-linear", false, "NAMES"},
+      {"--lora-rslora", ML_ARG_FLAG, &o->lora_rslora, "rank-stabilized scaling alpha / sqrt(r)",
+       false, NULL},
+      {"--adapter", ML_ARG_STR, &o->adapter,
+       "start from this PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors)",
+       false, "DIR"},
       /* the loop */
       {"--steps", ML_ARG_INT, &o->steps, "optimizer steps of the whole run", false, NULL},
       {"--batch-size", ML_ARG_INT, &o->batch, "global batch in sequences (per optimizer step)",
@@ -182,6 +204,10 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
        false, "DIR"},
       {"--export-hf", ML_ARG_STR, &o->export_hf,
        "write a consolidated HF checkpoint here at the end", false, "DIR"},
+      {"--merge-lora", ML_ARG_FLAG, &o->merge_lora,
+       "LoRA: --export-hf writes the base weights with the adapters merged (W + scaling*B*A), "
+       "not a PEFT adapter",
+       false, NULL},
       {"--export-dtype", ML_ARG_CHOICE, &o->export_dtype,
        "dtype of --export-hf's trained tensors (source: each as in --model)", false, NULL},
       /* held-out evaluation */
@@ -320,6 +346,10 @@ ml_train_settings ml_train_settings_of(const ml_train_opts *o) {
   eo->fsdp.cpu_offload = o->cpu_offload;
   eo->batch_invariant = o->batch_invariant;
   eo->freeze = o->freeze;
+  eo->lora = (ml_lora_opts){.rank = o->lora_rank, .alpha = o->lora_alpha,
+                            .dropout = o->lora_dropout, .targets = o->lora_targets,
+                            .rslora = o->lora_rslora, .seed = (uint64_t)o->seed,
+                            .adapter = o->adapter};
   eo->output_dtype = ml_dtype_chosen(&o->output_dtype);
   eo->ac = k_ac_values[o->ac.index];
   t.step.schedule.decay = k_schedule_values[o->lr_schedule.index];

@@ -51,10 +51,17 @@ typedef struct ml_train_opts {
   int64_t eval_every;
   bool batch_invariant; /* --batch-invariant: ml_engine_opts.batch_invariant */
   const char *freeze;   /* --freeze: ml_engine_opts.freeze (comma-separated fnmatch patterns) */
+  /* LoRA (engine/lora.h): --lora-rank, --lora-alpha, --lora-dropout, --lora-targets,
+     --lora-rslora, --adapter onto ml_engine_opts.lora (its seed: --seed) */
+  int64_t lora_rank;
+  double lora_alpha, lora_dropout;
+  const char *lora_targets, *adapter;
+  bool lora_rslora;
+  bool merge_lora; /* --merge-lora: --export-hf writes the merged weights (ckpt/lora_export.h) */
 } ml_train_opts;
 
 /* Capacity of a spec array for ml_train_flags. */
-enum { ML_TRAIN_MAX_FLAGS = 56 };
+enum { ML_TRAIN_MAX_FLAGS = 64 };
 
 /* The record-key flags train and logprobs share (--text-key, --prompt-key,
  * --completion-key) over d's keys, into spec[0..3); returns 3. */

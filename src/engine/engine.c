@@ -92,6 +92,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   e->model.be = e->be;
   e->model.ac = opts->ac;
   ML_TRY(ml_moe_check(&e->model, e->be->ops->name));
+  ML_TRY(ml_lora_setup(&e->lora, &opts->lora, &e->model, mesh->tp));
   if (cfg.n_experts > 0 && (mesh->tp > 1 || mesh->cp > 1))
     return ml_err("%s: expert layers under tp/cp are not supported yet; found tp = %d and cp = "
                   "%d, expected tp = 1 and cp = 1",
@@ -103,6 +104,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   ML_TRY(ml_cp_apply(&e->cp, &e->model, ml_mesh_comm(mesh, ML_GROUP_CP), e->be));
   ML_TRY(ml_ep_apply(&e->model, mesh));
   ML_TRY(ml_freeze_apply(&e->model, opts->freeze));
+  if (e->lora.on) ml_lora_freeze_base(&e->model); /* PEFT: only the adapters train */
   e->bwd_first = first_backward_layer(&e->model);
   ml_ckpt ck;
   if (!opts->no_weights) ML_TRY(ml_ckpt_open(model_dir, &ck));
@@ -114,6 +116,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   int rc = ml_fsdp_init(&e->fsdp, &e->model, group, ml_mesh_comm(mesh, ML_GROUP_DP_REPLICATE),
                         &opts->fsdp, vocab, opts->no_weights ? NULL : &ck);
   if (rc == 0 && e->fsdp.vocab_parallel) ml_vocab_init(&e->vocab, group, e->be);
+  if (rc == 0 && !opts->no_weights) rc = ml_lora_load(&e->lora, &e->fsdp, &e->model);
   if (opts->no_weights) return rc;
   if (rc == 0 && mesh->rank == 0) warn_unused(e, &ck);
   ml_ckpt_close(&ck);
@@ -139,6 +142,7 @@ void ml_engine_close(ml_engine *e) {
   }
   free(e->model_dir);
   free(e->freeze);
+  ml_lora_free(&e->lora);
   memset(e, 0, sizeof *e);
 }
 

@@ -19,6 +19,7 @@
 #include <stdbool.h>
 
 #include "engine/grads.h"
+#include "engine/lora.h"
 #include "model/model.h"
 #include "model/varlen.h"
 #include "parallel/cp.h"
@@ -52,6 +53,7 @@ typedef struct ml_engine_opts {
                                 tiles whole rows (ml_loss_split.batch_invariant) */
   const char *freeze;        /* comma-separated fnmatch patterns of HF parameter names to freeze
                                 (requires_grad=False: engine/freeze.h); NULL/"": none */
+  ml_lora_opts lora;         /* LoRA adapters (engine/lora.h); rank 0, no adapter: off */
 } ml_engine_opts;
 
 /* fp32 everywhere, FSDP2's reshard defaults, ZeRO-3, prefetch forward 1 /
@@ -94,6 +96,7 @@ typedef struct ml_engine {
                          leading layers whose parameters are all frozen when embed_tokens is
                          frozen too (nothing below them needs a gradient, as autograd prunes
                          a graph whose leaves do not require grad), else 0 */
+  ml_lora lora;       /* the LoRA configuration in effect (engine/lora.h) */
 } ml_engine;
 
 /* Load DIR (config.json + safetensors), select the plan (ml_plan_select;
@@ -101,8 +104,11 @@ typedef struct ml_engine {
  * parallelism over its cp group (parallel/cp.h), and shard over its
  * dp_shard_cp group (FSDP). Checkpoint tensors no parameter reads (another
  * tower of a composite checkpoint, a stray tensor) are ignored with one
- * warning on stderr from mesh rank 0, as transformers warns. Errors:
- * config, plan selection and validation, checkpoint (each named). */
+ * warning on stderr from mesh rank 0, as transformers warns. With LoRA
+ * (opts.lora: engine/lora.h) the adapters are attached before the plan,
+ * every base weight frozen after --freeze's patterns, and the adapters set
+ * (a seed or a PEFT adapter) after the checkpoint load. Errors: config,
+ * plan selection and validation, checkpoint, LoRA options (each named). */
 int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
                    const ml_engine_opts *opts);
 void ml_engine_close(ml_engine *e);

@@ -13,5 +13,9 @@ ml_train_settings ml_train_defaults(ml_defaults_for who) {
   s.engine.batch_invariant = false;
   /* frozen parameters: none (every parameter trains, as torch's requires_grad default) */
   s.engine.freeze = NULL;
+  /* LoRA: off (rank 0); when on, PEFT LoraConfig's defaults (lora_alpha 8, lora_dropout 0,
+   * use_rslora false) and every linear of the decoder (all-linear); no adapter to start from */
+  s.engine.lora = (ml_lora_opts){.rank = 0, .alpha = 8.0, .dropout = 0.0,
+                                 .targets = "all-linear", .rslora = false, .adapter = NULL};
   return s;
 }

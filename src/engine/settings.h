@@ -26,7 +26,8 @@ typedef enum { ML_DEFAULTS_CLI, ML_DEFAULTS_API } ml_defaults_for;
 
 /* The defaults, the same for both but where said: engine
  * ml_engine_opts_default (plan auto, no SP, fp32, FSDP2's reshard policy,
- * ZeRO-3, prefetch 1/2, no CPU offload, no AC; the batch-invariant mode off); AdamW betas (0.9, 0.999), eps 1e-8;
+ * ZeRO-3, prefetch 1/2, no CPU offload, no AC; the batch-invariant mode off; no frozen
+ * parameters; LoRA off, PEFT's lora_alpha 8 and all-linear targets when on); AdamW betas (0.9, 0.999), eps 1e-8;
  * constant schedule without warmup, min_lr 0; clipping at 1.0 in the L2
  * norm; the CLI lr 3e-4, weight decay 0 over 10 steps (--steps), the
  * library lr 1e-5, weight decay 0.01 over total_steps 1. */

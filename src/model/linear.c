@@ -6,7 +6,9 @@
  * fp32 activation is rounded once however many GEMMs read it: dy for dx
  * and dW here, a shared input by the caller (ml_linear_round_input). A
  * frozen weight or bias (grad NULL, requires_grad=False) gets no gradient:
- * its GEMM is skipped, dx still flows. */
+ * its GEMM is skipped, dx still flows. A LoRA adapter (model/lora.h) adds
+ * its low-rank path before the output edge, so a row-parallel linear's
+ * Partial output carries both into the one reduction. */
 #include "model/linear.h"
 
 #include "common/status.h"
@@ -30,6 +32,81 @@ int ml_linear_round_input(ml_backend *be, const ml_linear *lin, const ml_act *x,
   return round_rows(be, x->x, x->B * x->s, x->c, xr);
 }
 
+/* u [T, r] (=) x [T, in] · A [r, in]^T, in A's dtype. */
+static int lora_down(ml_backend *be, const ml_linear *lin, const ml_act *x, const void *xr,
+                     float *u) {
+  const ml_param *a = lin->lora_a;
+  int64_t T = x->B * x->s, in = a->local[1];
+  ml_gemm g = {.trans_b = true, .M = T, .N = a->local[0], .K = in,
+               .A = xr ? xr : (const void *)x->x, .a_type = xr ? ML_BF16 : ML_F32, .lda = in,
+               .B = a->data, .b_type = a->dtype, .ldb = in, .C = u, .ldc = a->local[0],
+               .compute = a->dtype};
+  return ml_be_gemm(be, &g);
+}
+
+/* PEFT's Linear.forward adapter term: y [T, out] += scaling · (x·A^T)·B^T,
+ * B(A(x)) computed first and then scaled (result + lora_B(lora_A(x)) *
+ * scaling), in the adapters' dtype. */
+static int lora_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, const void *xr,
+                        float *y) {
+  const ml_param *b = lin->lora_b;
+  int64_t T = x->B * x->s, r = b->local[1], out = b->local[0];
+  float *u = ml_be_alloc(be, T * r, sizeof(float), "%s's LoRA down-projection [%lld x %lld]",
+                         b->name, (long long)T, (long long)r);
+  float *v = u ? ml_be_alloc(be, T * out, sizeof(float), "%s's LoRA output [%lld x %lld]",
+                             b->name, (long long)T, (long long)out) : NULL;
+  int rc = v ? lora_down(be, lin, x, xr, u) : -1; // u: [T, r]
+  // v: [T, out] = u: [T, r] · B: [out, r]^T
+  ml_gemm g = {.trans_b = true, .M = T, .N = out, .K = r, .A = u, .a_type = ML_F32, .lda = r,
+               .B = b->data, .b_type = b->dtype, .ldb = r, .C = v, .ldc = out,
+               .compute = b->dtype};
+  if (!rc) rc = ml_be_gemm(be, &g);
+  if (!rc) rc = ml_be_scale(be, v, T * out, lin->lora_scale);
+  if (!rc) rc = ml_be_add(be, y, v, T * out);
+  ml_be_free(be, v);
+  ml_be_free(be, u);
+  return rc;
+}
+
+/* Its backward, on dy [T, out] after the output edge: with u = x·A^T
+ * recomputed (T·in·r FLOPs, no activation kept), dB [out, r] += dy^T ·
+ * (s·u), du = s · dy·B [T, r], dA [r, in] += du^T · x,
+ * dx [T, in] += du · A (when dx). A frozen adapter gets no gradient. */
+static int lora_backward(ml_backend *be, const ml_linear *lin, const ml_act *dy, const ml_act *x,
+                         const void *xr, float *dx) {
+  const ml_param *a = lin->lora_a, *b = lin->lora_b;
+  int64_t T = x->B * x->s, r = b->local[1], out = b->local[0], in = a->local[1];
+  float *u = ml_be_alloc(be, 2 * T * r, sizeof(float), "%s's LoRA gradients [2 x %lld x %lld]",
+                         b->name, (long long)T, (long long)r);
+  if (!u) return -1;
+  float *du = u + T * r;
+  int rc = lora_down(be, lin, x, xr, u); // u: [T, r]
+  if (!rc) rc = ml_be_scale(be, u, T * r, lin->lora_scale);
+  // dB: [out, r] += dy^T: [out, T] · (s·u): [T, r]
+  ml_gemm gb = {.trans_a = true, .M = out, .N = r, .K = T, .A = dy->x, .a_type = ML_F32,
+                .lda = out, .B = u, .b_type = ML_F32, .ldb = r, .C = b->grad, .ldc = r,
+                .accumulate = true, .compute = b->dtype};
+  if (!rc && b->grad) rc = ml_be_gemm(be, &gb);
+  // du: [T, r] = dy: [T, out] · B: [out, r], then · s
+  ml_gemm gu = {.M = T, .N = r, .K = out, .A = dy->x, .a_type = ML_F32, .lda = out,
+                .B = b->data, .b_type = b->dtype, .ldb = r, .C = du, .ldc = r,
+                .compute = b->dtype};
+  if (!rc) rc = ml_be_gemm(be, &gu);
+  if (!rc) rc = ml_be_scale(be, du, T * r, lin->lora_scale);
+  // dA: [r, in] += du^T: [r, T] · x: [T, in]
+  ml_gemm ga = {.trans_a = true, .M = r, .N = in, .K = T, .A = du, .a_type = ML_F32, .lda = r,
+                .B = xr ? xr : (const void *)x->x, .b_type = xr ? ML_BF16 : ML_F32, .ldb = in,
+                .C = a->grad, .ldc = in, .accumulate = true, .compute = a->dtype};
+  if (!rc && a->grad) rc = ml_be_gemm(be, &ga);
+  // dx: [T, in] += du: [T, r] · A: [r, in]
+  ml_gemm gx = {.M = T, .N = in, .K = r, .A = du, .a_type = ML_F32, .lda = r, .B = a->data,
+                .b_type = a->dtype, .ldb = in, .C = dx, .ldc = in, .accumulate = true,
+                .compute = a->dtype};
+  if (!rc && dx) rc = ml_be_gemm(be, &gx);
+  ml_be_free(be, u);
+  return rc;
+}
+
 int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, const void *xr,
                       float *ybuf, ml_act *y) {
   const ml_param *w = lin->weight;
@@ -47,6 +124,7 @@ int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, con
                .bias = b ? b->data : NULL, .bias_type = b ? b->dtype : ML_F32,
                .compute = w->dtype};
   ML_TRY(ml_be_gemm(be, &g));
+  if (lin->lora_a) ML_TRY(lora_forward(be, lin, x, xr, ybuf));
   *y = (ml_act){ybuf, x->B, x->S, x->s, w->shape[0], w->local[0]};
   return ml_hook_run(lin->out.fwd, y);
 }
@@ -79,6 +157,7 @@ int ml_linear_backward(ml_backend *be, const ml_linear *lin, ml_act *dy, const m
   if (!rc && w->grad) rc = ml_be_gemm(be, &gw);
   ml_be_free(be, dyr);
   ML_TRY(rc);
+  if (lin->lora_a) ML_TRY(lora_backward(be, lin, dy, x, xr, dx));
   if (lin->bias && lin->bias->grad) ML_TRY(ml_be_bias_grad(be, dy->x, T, out, lin->bias->grad));
   return 0;
 }

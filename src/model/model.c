@@ -12,10 +12,7 @@
 #include "model/moe.h"
 #include "tensor/placement.h"
 
-static ml_param *add_param(ml_model *m, int layer, int64_t d0, int64_t d1, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-
-static ml_param *add_param(ml_model *m, int layer, int64_t d0, int64_t d1, const char *fmt, ...) {
+ml_param *ml_model_add_param(ml_model *m, int layer, int64_t d0, int64_t d1, const char *fmt, ...) {
   ml_param *p = &m->params[m->n_params++];
   va_list ap;
   va_start(ap, fmt);
@@ -63,7 +60,7 @@ static const mod_name *name_of(mod_name *n, const char *mod_base, const char *ke
  * make_bias, at once or after the other parts of its fused tensor. */
 static void make_linear(ml_model *m, ml_linear *lin, int layer, const mod_name *n, int64_t in,
                         int64_t out) {
-  lin->weight = add_param(m, layer, out, in, "%s.weight", n->key);
+  lin->weight = ml_model_add_param(m, layer, out, in, "%s.weight", n->key);
   lin->bias = NULL;
   lin->bias_in_forward = true;
   add_module(m, ML_MOD_LINEAR, lin, n->mod);
@@ -71,7 +68,8 @@ static void make_linear(ml_model *m, ml_linear *lin, int layer, const mod_name *
 
 /* The bias of lin, whose weight is key_stem.weight. */
 static void make_bias(ml_model *m, ml_linear *lin, const char *key_stem) {
-  lin->bias = add_param(m, lin->weight->layer, lin->weight->shape[0], 0, "%s.bias", key_stem);
+  lin->bias =
+      ml_model_add_param(m, lin->weight->layer, lin->weight->shape[0], 0, "%s.bias", key_stem);
 }
 
 /* Whether `leaf` is a part of one of f's fused tensors, and the last one. */
@@ -91,7 +89,7 @@ static void make_norm(ml_model *m, ml_rmsnorm *norm, int layer, const mod_name *
   norm->eps = (float)m->cfg.rms_eps;
   norm->offset = m->cfg.family->norm_offset;
   if (!n) return;
-  norm->weight = add_param(m, layer, dim, 0, "%s.weight", n->key);
+  norm->weight = ml_model_add_param(m, layer, dim, 0, "%s.weight", n->key);
   add_module(m, ML_MOD_RMSNORM, norm, n->mod);
 }
 
@@ -206,7 +204,8 @@ int ml_model_create(const ml_model_config *cfg, ml_model *m) {
   const ml_family *f = cfg->family;
   int L = (int)cfg->n_layers, root = -1; /* root modules: in no layer */
   /* the block's per layer (model/block.h); the root: embed_tokens, norm, lm_head */
-  int max_params = ml_block_n_params(cfg) * L + 3;
+  /* ... and two LoRA adapters (lora_A, lora_B) per weight of a layer (model/lora.h) */
+  int max_params = 3 * ml_block_n_params(cfg) * L + 3;
   int max_modules = ml_block_n_modules(cfg) * L + 3;
   m->params = ml_calloc((size_t)max_params, sizeof *m->params, "parameters");
   m->modules = ml_calloc((size_t)max_modules, sizeof *m->modules, "modules");
@@ -220,7 +219,8 @@ int ml_model_create(const ml_model_config *cfg, ml_model *m) {
   }
   mod_name n;
   name_of(&n, f->prefix, f->ckpt_prefix, "embed_tokens");
-  m->embed_tokens.weight = add_param(m, root, cfg->vocab, cfg->hidden, "%s.weight", n.key);
+  m->embed_tokens.weight =
+      ml_model_add_param(m, root, cfg->vocab, cfg->hidden, "%s.weight", n.key);
   m->embed_tokens.scale = f->embed_scale_sqrt_hidden ? (float)sqrt((double)cfg->hidden) : 1.0f;
   add_module(m, ML_MOD_EMBEDDING, &m->embed_tokens, n.mod);
   for (int l = 0; l < L; l++) make_layer(m, l);
@@ -241,6 +241,7 @@ int ml_model_ckpt_keys(const ml_model *m, ml_ckpt_key *out) {
   int n = 0;
   for (int i = 0; i < m->n_params; i++) {
     const ml_param *p = &m->params[i];
+    if (p->adapter) continue; /* LoRA adapters are no tensors of the base checkpoint */
     if (n > 0 && p->key_row0 > 0 && strcmp(out[n - 1].key, p->key) == 0) {
       out[n - 1].n++; /* the next part of the fused tensor before */
       continue;

@@ -63,6 +63,8 @@ typedef struct ml_param {
   int64_t key_row0, key_rows;
   bool frozen;        /* requires_grad=False (engine/freeze.h): grad stays NULL, so backward
                          computes no weight gradient (dW) for it, only the input's */
+  bool adapter;       /* a LoRA adapter weight (model/lora.h): not in the base checkpoint; its
+                         values come from engine/lora.h (a seed, or a PEFT adapter) */
 } ml_param;
 
 /* Whole rows of a vocab-sized weight (embed_tokens.weight, lm_head.weight)
@@ -113,6 +115,10 @@ typedef struct ml_linear {
   /* in: the input activation; out: the output. Linears reading one shared
    * activation (q/k/v, gate/up) run the first one's input edge once. */
   ml_edge in, out;
+  /* LoRA (model/lora.h, PEFT's lora.Linear): y += lora_scale · (x·A^T)·B^T before the
+   * output edge, with lora_a [r, in] and lora_b [out, r]; both NULL: no adapter. */
+  ml_param *lora_a, *lora_b;
+  float lora_scale;
 } ml_linear;
 
 typedef struct ml_embedding {
@@ -377,9 +383,16 @@ typedef struct ml_model {
   ml_moe_ep moe_ep; /* set from outside; zero: every expert on this rank */
 } ml_model;
 
-/* Build the module tree of `cfg` (parameters described, no storage).
+/* Build the module tree of `cfg` (parameters described, no storage), with
+ * room in m->params for two LoRA adapters per weight (model/lora.h).
  * Errors: allocation. */
 int ml_model_create(const ml_model_config *cfg, ml_model *m);
+
+/* Append a parameter of global shape [d0, d1] (d1 = 0: 1-D [d0]) in
+ * `layer` (−1: a root module) named (and keyed) as the format says; the
+ * caller keeps the count within ml_model_create's capacity. */
+ml_param *ml_model_add_param(ml_model *m, int layer, int64_t d0, int64_t d1, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 void ml_model_destroy(ml_model *m);
 
 /* One checkpoint tensor of m (the checkpoint-key adapter, torchtitan's

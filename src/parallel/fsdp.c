@@ -159,7 +159,9 @@ static int unit_init(ml_fsdp *f, ml_fsdp_unit *u, const ml_model *m, const ml_ck
     u->adam_m = u->shard_grad + g;
     u->adam_v = u->adam_m + g;
   }
-  for (int i = 0; ck && i < u->n; i++) ML_TRY(load_param(f, u, i, ck));
+  /* LoRA adapters are no base checkpoint tensors: engine/lora.h sets them */
+  for (int i = 0; ck && i < u->n; i++)
+    if (!u->params[i]->adapter) ML_TRY(load_param(f, u, i, ck));
   if (fsdp_params_alias(f)) { /* the shard is the whole TP-local tensor */
     u->full = u->shard;
     point_data(u, u->full, ML_F32);

@@ -7,6 +7,8 @@
  * fixture's float64 transformers reference: tol_model_vs_ref). For the CLI
  * tests (tests/cli/test_*.sh), so that their comparisons use the bounds the
  * C tests use, derived once.
+ * KIND lora-pair:R: two fp32 evaluations with rank-R LoRA adapters on the
+ * linears (tol_lora_pair, §8).
  * tol_bound schedule LR: the absolute bound of a learning rate computed by
  * engine/schedule.c for peak LR (tol_schedule_abs, tolerance.h §7).
  * Exit 1 with a message on bad arguments. */
@@ -23,7 +25,7 @@ int main(int argc, char **argv) {
     return 0;
   }
   if (argc != 6) {
-    fprintf(stderr, "usage: tol_bound MODEL_DIR loss|logprobs|grads pair|ref S T\n"
+    fprintf(stderr, "usage: tol_bound MODEL_DIR loss|logprobs|grads pair|ref|lora-pair:R S T\n"
                     "       tol_bound schedule LR\n");
     return 1;
   }
@@ -38,13 +40,15 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 3; i++)
     if (strcmp(argv[2], names[i]) == 0) q = i;
   int pair = strcmp(argv[3], "pair") == 0, ref = strcmp(argv[3], "ref") == 0;
+  long long lora = strncmp(argv[3], "lora-pair:", 10) == 0 ? atoll(argv[3] + 10) : 0;
   long long S = atoll(argv[4]), T = atoll(argv[5]);
-  if (q < 0 || !(pair || ref) || S < 1 || T < 1) {
-    fprintf(stderr, "tol_bound: expected loss|logprobs|grads, pair|ref and S, T >= 1; found %s %s %s %s\n",
+  if (q < 0 || !(pair || ref || lora > 0) || S < 1 || T < 1) {
+    fprintf(stderr, "tol_bound: expected loss|logprobs|grads, pair|ref|lora-pair:R and S, T >= 1; found %s %s %s %s\n",
             argv[2], argv[3], argv[4], argv[5]);
     return 1;
   }
   tol_model m = tol_model_of_config(&c, S, T);
-  printf("%.17g\n", pair ? tol_model_pair(&m, qs[q]) : tol_model_vs_ref(&m, qs[q]));
+  if (lora > 0) printf("%.17g\n", tol_lora_pair(&m, qs[q], (double)lora));
+  else printf("%.17g\n", pair ? tol_model_pair(&m, qs[q]) : tol_model_vs_ref(&m, qs[q]));
   return 0;
 }

@@ -141,8 +141,10 @@ def test_readme_defaults_table():
             expect = words[field][want]
         elif field == "parallel_plan":
             got, expect = got or b"auto", want.encode()
-        elif field == "freeze":  # NULL: nothing frozen
+        elif field in ("freeze", "adapter"):  # NULL: nothing frozen, no adapter
             got, expect = got or b"none", want.encode()
+        elif field == "lora_targets":
+            expect = want.encode()
         elif want in ("true", "false"):
             expect = int(want == "true")
         else:

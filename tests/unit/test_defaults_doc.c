@@ -81,7 +81,8 @@ static const ml_arg *find_flag(const ml_arg *spec, size_t n, const char *flag) {
 
 /* Whether flag a holds the value README writes as `text`. An unset string
  * is the engine's "auto" (engine.h: parallel_plan NULL/"auto"), or for
- * --freeze "none" (engine.h: freeze NULL, nothing frozen). */
+ * --freeze "none" (engine.h: freeze NULL, nothing frozen) and for --adapter
+ * (engine/lora.h: no adapter to start from). */
 static bool holds(const ml_arg *a, const char *text) {
   switch (a->type) {
   case ML_ARG_INT: return *(const int64_t *)a->dst == strtoll(text, NULL, 10);
@@ -93,7 +94,8 @@ static bool holds(const ml_arg *a, const char *text) {
   }
   case ML_ARG_STR: {
     const char *v = *(const char *const *)a->dst;
-    const char *unset = strcmp(a->name, "--freeze") == 0 ? "none" : "auto";
+    bool none = strcmp(a->name, "--freeze") == 0 || strcmp(a->name, "--adapter") == 0;
+    const char *unset = none ? "none" : "auto";
     return strcmp(v ? v : unset, text) == 0;
   }
   }

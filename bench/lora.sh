@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# LoRA (--lora-rank, engine/lora.h) against full fine-tuning, one rank: the smollm2-135m preset,
+# S=512, global batch 4, full vs --lora-rank RANK (default 16) --lora-alpha 2*RANK on every
+# linear of the decoder (all-linear): median tokens/s, the peak RSS, and `meshlm plan`'s device
+# memory for both. Figures for notes; nothing here is asserted.
+# usage: bench/lora.sh [STEPS [RANK]]   (after `make`)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=${1:-4}
+rank=${2:-16}
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+# idle OpenMP threads must sleep, not spin, or they steal the cores OpenBLAS computes on
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+cores=$(nproc)
+export OPENBLAS_NUM_THREADS=$cores OMP_NUM_THREADS=$cores
+find src -name '*.[ch]' | sort | xargs cat > "$out/corpus.txt"
+build/meshlm init --arch llama --preset smollm2-135m --out "$out/model" > /dev/null
+args=(train --model "$out/model" --data "$out/corpus.txt" --steps "$steps" --batch-size 4 --seq-len 512
+      --lr 1e-4 --peak-tflops "${BENCH_PEAK_TFLOPS:-1}")
+lora=(--lora-rank "$rank" --lora-alpha $((2 * rank)) --lora-targets all-linear)
+
+report() { # metrics file, label: medians over the steps after the first
+  tail -n +2 "$1" | sed -E 's/.*"tokens_per_s": ?([0-9.eE+-]+).*"peak_rss_mib_max": ?([0-9.eE+-]+).*/\1 \2/' |
+    sort -n | awk -v label="$2" '{ t[NR] = $1; r = ($2 > r ? $2 : r) } END {
+      i = int((NR + 1) / 2); printf "%-12s tokens/s %8.1f   peak RSS %.1f MiB\n", label, t[i], r }'
+}
+plan_mem() { # label, flags: plan's FSDP shards and step peak
+  build/meshlm plan --model "$out/model" --batch-size 4 --seq-len 512 "${@:2}" |
+    grep -E 'FSDP shards|peak of one training step' | sed "s/^ */$1: /"
+}
+
+load=$(cut -d' ' -f1-3 /proc/loadavg)
+build/meshlm "${args[@]}" --metrics "$out/full.jsonl" > /dev/null
+build/meshlm "${args[@]}" "${lora[@]}" --metrics "$out/lora.jsonl" > /dev/null
+echo "smollm2-135m, S=512, global batch 4, 1 rank x $cores threads, $steps steps (median of steps 2..$steps)"
+echo "load average before the runs: $load, after: $(cut -d' ' -f1-3 /proc/loadavg)"
+report "$out/full.jsonl" "full"
+report "$out/lora.jsonl" "lora r=$rank"
+plan_mem full
+plan_mem "lora r=$rank" "${lora[@]}"

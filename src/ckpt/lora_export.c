@@ -1,0 +1,217 @@
+/* The export of a LoRA run (ckpt/lora_export.h). */
+#include "ckpt/lora_export.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ckpt/hf_source.h"
+#include "ckpt/save.h"
+#include "common/status.h"
+#include "io/json.h"
+#include "io/safetensors.h"
+
+/* The adapters' global tensors, gathered on world rank 0 (ad[k]: export
+ * index k, NULL for a base parameter). */
+typedef struct gathered {
+  int n;
+  float **ad;
+} gathered;
+
+static int keep_adapter(void *ctx, int k, const ml_param *p, const float *global) {
+  gathered *g = ctx;
+  if (!p->adapter) return 0;
+  size_t bytes = sizeof(float) * (size_t)(p->shape[0] * p->shape[1]);
+  if (!(g->ad[k] = malloc(bytes))) return ml_err("%s: out of memory (%zu bytes)", p->name, bytes);
+  memcpy(g->ad[k], global, bytes);
+  return 0;
+}
+
+static void gathered_free(gathered *g) {
+  for (int k = 0; g->ad && k < g->n; k++) free(g->ad[k]);
+  free(g->ad);
+}
+
+/* Collective: every adapter on world rank 0 (the others hold none). */
+static int gather_adapters(ml_engine *e, gathered *g) {
+  g->n = e->model.n_params;
+  g->ad = ml_calloc((size_t)g->n, sizeof *g->ad, "the exported adapters");
+  int rc = ml_host_agree(ml_mesh_host(e->mesh, ML_GROUP_WORLD), g->ad ? 0 : -1);
+  return rc ? rc : ml_engine_stream_params(e, 0, keep_adapter, g);
+}
+
+/* The export index of parameter p. */
+static int export_index(const ml_engine *e, const ml_param *p) {
+  for (int k = 0; k < e->model.n_params; k++)
+    if (ml_engine_export_param(e, k) == p) return k;
+  return -1;
+}
+
+/* The linear whose weight p is, when it carries an adapter; else NULL. */
+static const ml_linear *adapted(const ml_model *m, const ml_param *p) {
+  for (int i = 0; i < m->n_modules; i++) {
+    const ml_linear *lin = m->modules[i].ptr;
+    if (m->modules[i].kind == ML_MOD_LINEAR && lin->weight == p && lin->lora_a) return lin;
+  }
+  return NULL;
+}
+
+/* ------------------------------------------------------------- the PEFT adapter */
+
+/* target_modules: the adapted linears' last name components, sorted, once each. */
+static json_t *target_modules(const ml_model *m) {
+  const char *names[64];
+  int n = 0;
+  for (int i = 0; i < m->n_modules; i++) {
+    const ml_linear *lin = m->modules[i].ptr;
+    if (m->modules[i].kind != ML_MOD_LINEAR || !lin->lora_a) continue;
+    const char *leaf = strrchr(m->modules[i].name, '.');
+    leaf = leaf ? leaf + 1 : m->modules[i].name;
+    int at = 0;
+    while (at < n && strcmp(names[at], leaf) < 0) at++;
+    if ((at < n && strcmp(names[at], leaf) == 0) || n == 64) continue;
+    memmove(names + at + 1, names + at, sizeof *names * (size_t)(n - at));
+    names[at] = leaf;
+    n++;
+  }
+  json_t *a = json_array();
+  for (int i = 0; a && i < n; i++) json_array_append_new(a, json_string(names[i]));
+  return a;
+}
+
+/* adapter_config.json as PEFT 0.x's LoraConfig.save_pretrained writes it
+ * (the fields meshlm sets, PEFT's defaults for the options it refuses). */
+static int write_config(const ml_engine *e, const char *dir) {
+  const ml_lora *l = &e->lora;
+  json_t *c = json_pack(
+      "{s:s, s:s, s:s, s:I, s:f, s:f, s:o, s:b, s:s, s:b, s:b, s:b, s:n, s:n, s:{}, s:{}, s:b}",
+      "peft_type", "LORA", "task_type", "CAUSAL_LM", "base_model_name_or_path", e->model_dir,
+      "r", (json_int_t)l->rank, "lora_alpha", l->alpha, "lora_dropout", l->dropout,
+      "target_modules", target_modules(&e->model), "use_rslora", l->rslora, "bias", "none",
+      "use_dora", 0, "fan_in_fan_out", 0, "inference_mode", 1, "modules_to_save",
+      "layers_to_transform", "rank_pattern", "alpha_pattern", "init_lora_weights", 1);
+  if (!c) return ml_err("%s: out of memory writing adapter_config.json", dir);
+  char path[4096];
+  snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+  int rc = ml_json_write(path, c);
+  json_decref(c);
+  return rc;
+}
+
+/* adapter_model.safetensors: the adapters in export order, fp32. */
+static int write_adapters(const ml_engine *e, const gathered *g, const char *dir) {
+  int n = 0;
+  ml_st_entry *en = ml_calloc((size_t)g->n + 1, sizeof *en, "the adapter file's entries");
+  char (*names)[192] = ml_calloc((size_t)g->n + 1, sizeof *names, "the adapter file's names");
+  int rc = en && names ? 0 : -1;
+  for (int k = 0; rc == 0 && k < g->n; k++) {
+    const ml_param *p = ml_engine_export_param(e, k);
+    if (!p->adapter) continue;
+    snprintf(names[n], sizeof names[n], "base_model.model.%s", p->name);
+    en[n] = (ml_st_entry){names[n], ML_F32, 2, {p->shape[0], p->shape[1]}, g->ad[k]};
+    n++;
+  }
+  char path[4096];
+  snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+  if (rc == 0) rc = ml_st_write(path, en, (size_t)n);
+  free(names);
+  free(en);
+  return rc;
+}
+
+/* dir, created unless it exists (its adapter files are then replaced). */
+static int make_dir(const char *dir) {
+  if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+    return ml_err("%s: cannot create: %s", dir, strerror(errno));
+  return 0;
+}
+
+static int save_peft(ml_engine *e, const char *dir) {
+  ml_host *w = ml_mesh_host(e->mesh, ML_GROUP_WORLD);
+  gathered g = {0};
+  int rc = gather_adapters(e, &g);
+  if (rc == 0 && w->rank == 0) rc = make_dir(dir);
+  if (rc == 0 && w->rank == 0) rc = write_adapters(e, &g, dir);
+  if (rc == 0 && w->rank == 0) rc = write_config(e, dir);
+  gathered_free(&g);
+  return ml_host_agree(w, rc);
+}
+
+/* ------------------------------------------------------------- the merged model */
+
+typedef struct merging {
+  ml_engine *e;
+  gathered g;
+  ml_hf_export *x;
+  float *merged; /* room for the largest adapted weight */
+} merging;
+
+/* W [out, in] + scaling · B [out, r] · A [r, in], summed in double. */
+static void merge_into(const ml_linear *lin, const float *w, const float *a, const float *b,
+                       float *out) {
+  int64_t O = lin->weight->shape[0], I = lin->weight->shape[1], R = lin->lora_a->shape[0];
+  double s = lin->lora_scale;
+  for (int64_t o = 0; o < O; o++)
+    for (int64_t i = 0; i < I; i++) {
+      double d = 0;
+      for (int64_t r = 0; r < R; r++) d += (double)b[o * R + r] * a[r * I + i];
+      out[o * I + i] = (float)(w[o * I + i] + s * d);
+    }
+}
+
+static int put_merged(void *ctx, int k, const ml_param *p, const float *global) {
+  merging *mg = ctx;
+  (void)k;
+  if (p->adapter) return 0;
+  const ml_linear *lin = adapted(&mg->e->model, p);
+  if (!lin) return ml_hf_export_put(mg->x, global);
+  const float *a = mg->g.ad[export_index(mg->e, lin->lora_a)];
+  const float *b = mg->g.ad[export_index(mg->e, lin->lora_b)];
+  merge_into(lin, global, a, b, mg->merged);
+  return ml_hf_export_put(mg->x, mg->merged);
+}
+
+static int save_merged(ml_engine *e, const char *dir, ml_export_dtype dtype) {
+  ml_host *w = ml_mesh_host(e->mesh, ML_GROUP_WORLD);
+  int n = e->model.n_params, nb = 0;
+  merging mg = {.e = e};
+  json_t *source = NULL;
+  const ml_param **params = ml_calloc((size_t)n + 1, sizeof *params, "export params");
+  int64_t largest = 0;
+  for (int i = 0; params && i < n; i++) {
+    const ml_param *p = ml_engine_export_param(e, i);
+    if (p->adapter) continue;
+    params[nb++] = p;
+    if (adapted(&e->model, p) && p->shape[0] * p->shape[1] > largest)
+      largest = p->shape[0] * p->shape[1];
+  }
+  int rc = params ? 0 : -1;
+  if (rc == 0 && w->rank == 0 &&
+      !(mg.merged = ml_malloc(sizeof(float) * (size_t)largest, "the merged weight")))
+    rc = -1;
+  if (rc == 0 && w->rank == 0) rc = ml_hf_source_describe(e->model_dir, &e->model, &source);
+  if (rc == 0 && w->rank == 0) {
+    ml_hf_export_spec spec = {dir,          &e->model.cfg, params, nb, source,
+                              e->model_dir, dtype,         ML_HF_MAX_SHARD_BYTES};
+    rc = ml_hf_export_begin(&spec, &mg.x);
+  }
+  rc = ml_host_agree(w, rc);
+  if (rc == 0) rc = gather_adapters(e, &mg.g);
+  if (rc == 0) rc = ml_engine_stream_params(e, 0, put_merged, &mg);
+  if (mg.x && rc == 0) rc = ml_hf_export_end(mg.x);
+  else ml_hf_export_abandon(mg.x);
+  gathered_free(&mg.g);
+  free(mg.merged);
+  json_decref(source);
+  free(params);
+  return ml_host_agree(w, rc);
+}
+
+int ml_engine_save_lora(ml_engine *e, const char *dir, bool merge, ml_export_dtype dtype) {
+  if (!e->lora.on)
+    return ml_err("%s: the run has no LoRA adapters to %s; expected --lora-rank or --adapter",
+                  dir, merge ? "merge (--merge-lora)" : "export");
+  return merge ? save_merged(e, dir, dtype) : save_peft(e, dir);
+}

@@ -1,0 +1,74 @@
+/* LoRA fine-tuning of an engine's model (model/lora.h for the adapters and
+ * their forward/backward), with PEFT's LoraConfig semantics: the adapters
+ * are the only trainable parameters besides what --freeze leaves (every
+ * base weight frozen, requires_grad=False, as PEFT's
+ * mark_only_lora_as_trainable with bias "none"); lora_A starts
+ * Kaiming-uniform(a = √5) as nn.Linear and PEFT's reset_lora_parameters
+ * initialise it (bound 1/sqrt(in_features)) from a seed, lora_B at zero, so
+ * the first forward is the base model's; or both come from a PEFT adapter
+ * directory (adapter_config.json + adapter_model.safetensors, keys
+ * base_model.model.<module>.lora_A.weight). The adapters are fp32 masters
+ * sharded by FSDP in their layer's unit and computed in the policy's
+ * param_dtype as the base GEMM. */
+#ifndef ML_ENGINE_LORA_H
+#define ML_ENGINE_LORA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/model.h"
+#include "parallel/fsdp.h"
+
+/* LoRA options (PEFT LoraConfig's names). rank 0 and adapter NULL: off. */
+typedef struct ml_lora_opts {
+  int64_t rank;        /* r (--lora-rank); 0: no LoRA unless `adapter` gives it */
+  double alpha;        /* lora_alpha (--lora-alpha) */
+  double dropout;      /* lora_dropout (--lora-dropout): only 0 is supported */
+  const char *targets; /* target_modules (--lora-targets): comma-separated names or all-linear */
+  bool rslora;         /* use_rslora (--lora-rslora): scaling alpha / sqrt(r) */
+  uint64_t seed;       /* lora_A's initialisation */
+  const char *adapter; /* a PEFT adapter directory to start from (--adapter), or NULL */
+} ml_lora_opts;
+
+/* The LoRA configuration in effect: the options', or the adapter's
+ * (adapter_config.json) when one is given. */
+typedef struct ml_lora {
+  bool on;
+  int64_t rank;
+  double alpha, dropout, scaling;
+  bool rslora;
+  char *targets;
+  uint64_t seed;
+  char *adapter; /* owned copy of the adapter directory, or NULL */
+} ml_lora;
+
+/* Settle the configuration from o (and o->adapter's adapter_config.json,
+ * whose r, lora_alpha, use_rslora and target_modules must equal o's when
+ * o->rank > 0; with rank 0 the adapter's configuration rules) and attach the adapters to m (ml_lora_attach). tp: the
+ * tensor-parallel size. Off (rank 0, no adapter): nothing. Errors (naming
+ * the option / field): lora_dropout > 0 (dropout is not implemented: set
+ * 0), tp > 1 (not implemented), adapter_config.json unreadable or with an
+ * unsupported option (peft_type other than LORA, use_dora, modules_to_save,
+ * bias other than "none", rank_pattern / alpha_pattern, fan_in_fan_out,
+ * layers_to_transform, layer_replication, exclude_modules, lora_bias,
+ * target_parameters, trainable_token_indices, a regular expression as
+ * target_modules), those of
+ * ml_lora_attach. */
+int ml_lora_setup(ml_lora *l, const ml_lora_opts *o, ml_model *m, int tp);
+
+/* Freeze every base parameter of m (those that are not adapters). */
+void ml_lora_freeze_base(ml_model *m);
+
+/* Set the adapters' values in FSDP's shards f of m (then synced to the
+ * parameters, ml_fsdp_sync_params): from l->adapter's
+ * adapter_model.safetensors (PEFT's keys base_model.model.<param name>),
+ * or from l->seed (lora_A Kaiming-uniform(a = √5), U(−1/√in, 1/√in), the
+ * adapters drawn in parameter order from one splitmix64 stream, the same
+ * on every rank; lora_B zeros). Every rank calls it. Errors: allocation,
+ * the adapter's file unreadable, a tensor missing, of another shape, or
+ * one the model has no adapter for (each named). */
+int ml_lora_load(const ml_lora *l, ml_fsdp *f, const ml_model *m);
+
+void ml_lora_free(ml_lora *l);
+
+#endif

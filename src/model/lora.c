@@ -1,0 +1,100 @@
+/* LoRA adapters attached to the decoder's linears (model/lora.h). */
+#include "model/lora.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/status.h"
+
+double ml_lora_scaling(int64_t rank, double alpha, bool rslora) {
+  return rslora ? alpha / sqrt((double)rank) : alpha / (double)rank;
+}
+
+/* Whether module name `mod` is matched by the target `t` of length n (PEFT's
+ * check_target_module_exists for a list: the name itself, or its last
+ * dot-separated components). */
+static bool matches(const char *mod, const char *t, size_t n) {
+  size_t len = strlen(mod);
+  if (len < n || strncmp(mod + len - n, t, n) != 0) return false;
+  return len == n || mod[len - n - 1] == '.';
+}
+
+/* Whether linear module i of m is a target: every linear of a layer under
+ * all-linear, else one matching a name of the list. */
+static bool is_target(const ml_module *mod, const char *targets, bool all) {
+  if (all) return true;
+  for (const char *t = targets; *t;) {
+    size_t n = strcspn(t, ",");
+    if (matches(mod->name, t, n)) return true;
+    t += n + (t[n] == ',');
+  }
+  return false;
+}
+
+/* A linear of a decoder layer (not lm_head), and its layer index. */
+static bool layer_linear(const ml_module *mod, const ml_model *m, int *layer) {
+  if (mod->kind != ML_MOD_LINEAR) return false;
+  const ml_linear *lin = mod->ptr;
+  if (lin == &m->lm_head) return false;
+  *layer = lin->weight->layer;
+  return *layer >= 0;
+}
+
+/* Each name of the list matches some linear of a layer. */
+static int check_names(const ml_model *m, const char *targets) {
+  for (const char *t = targets; *t;) {
+    size_t n = strcspn(t, ",");
+    if (n == 0)
+      return ml_err("lora_targets (--lora-targets) '%s': an empty module name; expected "
+                    "comma-separated names such as q_proj,v_proj, or all-linear", targets);
+    bool found = false;
+    int layer;
+    for (int i = 0; i < m->n_modules && !found; i++)
+      found = layer_linear(&m->modules[i], m, &layer) && matches(m->modules[i].name, t, n);
+    if (!found)
+      return ml_err("lora_targets (--lora-targets): target module '%.*s' not found in the %s "
+                    "model; expected names of its decoder linears such as q_proj, k_proj, "
+                    "v_proj, o_proj, gate_proj, up_proj, down_proj, or all-linear",
+                    (int)n, t, m->cfg.family->architecture);
+    t += n + (t[n] == ',');
+  }
+  return 0;
+}
+
+int ml_lora_attach(ml_model *m, int64_t rank, double scaling, const char *targets) {
+  if (rank < 1 || rank > (1 << 20))
+    return ml_err("lora_rank (--lora-rank) %lld: expected 1 .. 1048576", (long long)rank);
+  if (!targets || !*targets)
+    return ml_err("lora_targets (--lora-targets) is empty; expected module names such as "
+                  "q_proj,v_proj, or all-linear");
+  if (m->cfg.n_experts > 0)
+    return ml_err("lora_rank (--lora-rank) %lld: LoRA on the mixture-of-experts %s model is not "
+                  "supported; expected a dense model", (long long)rank,
+                  m->cfg.family->architecture);
+  bool all = strcmp(targets, "all-linear") == 0;
+  if (!all) ML_TRY(check_names(m, targets));
+  int n_modules = m->n_modules;
+  for (int i = 0; i < n_modules; i++) {
+    ml_module *mod = &m->modules[i];
+    int layer;
+    if (!layer_linear(mod, m, &layer) || !is_target(mod, targets, all)) continue;
+    if (mod->alias[0])
+      return ml_err("lora_targets (--lora-targets): %s is a part of the fused %s, which PEFT "
+                    "adapts as one linear; LoRA on fused checkpoint tensors is not supported",
+                    mod->name, mod->alias);
+    ml_linear *lin = mod->ptr;
+    int64_t out = lin->weight->shape[0], in = lin->weight->shape[1];
+    lin->lora_a = ml_model_add_param(m, layer, rank, in, "%s.lora_A.weight", mod->name);
+    lin->lora_b = ml_model_add_param(m, layer, out, rank, "%s.lora_B.weight", mod->name);
+    lin->lora_a->adapter = lin->lora_b->adapter = true;
+    lin->lora_scale = (float)scaling;
+  }
+  return 0;
+}
+
+int ml_lora_count(const ml_model *m) {
+  int n = 0;
+  for (int i = 0; i < m->n_params; i++) n += m->params[i].adapter;
+  return n / 2;
+}

@@ -1,0 +1,538 @@
+/* LoRA (engine/lora.h, model/lora.h):
+ * `mpiexec -n N test_lora LORA_FIXTURE BASE_FIXTURE [dpr=R]` (the mesh: R HSDP replicas of
+ * dp_shard N / R). The fixture (tools/gen_lora_fixtures.py) is a PEFT adapter with non-zero
+ * lora_A and lora_B on the base fixture, and PEFT's float64 loss,
+ * log-probs and adapter gradients. The mesh (dp_shard = N) and one rank
+ * (MPI_COMM_SELF) must reproduce them within tolerance.h §8 and each
+ * other; AdamW steps must leave every base weight bitwise as it was and
+ * move the adapters; a seeded start (lora_B = 0) must give the base
+ * model's loss bit for bit, lora_A within Kaiming-uniform's bound; bad
+ * options and adapter configs fail with messages naming the field; a run
+ * checkpoint resumes bit for bit; the PEFT export is PEFT's own adapter file
+ * (keys, shapes, values) with its config's fields, and the merged export
+ * PEFT's merge_and_unload within the rounding bound derived there. */
+#define _XOPEN_SOURCE 700 /* symlink, getpid, nftw */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+#include <ftw.h>
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/status.h"
+#include "engine_run.h"
+#include "ckpt/lora_export.h"
+#include "ckpt/runckpt.h"
+#include "io/safetensors.h"
+#include "parity_util.h"
+
+static const char *g_fixture, *g_base;
+static int g_dpr = 1; /* HSDP replicas of the mesh runs (dpr=N) */
+static char g_base_dir[512];
+
+static void st_release(void *p) { ml_st_close(p); }
+
+/* Engine options for the fixture's adapter, or (adapter NULL) a seeded
+ * rank-4 all-linear LoRA. */
+static ml_engine_opts lora_opts(const char *adapter) {
+  ml_engine_opts o = ml_engine_opts_default();
+  o.lora = (ml_lora_opts){.adapter = adapter, .alpha = 8, .seed = 5};
+  if (!adapter) {
+    o.lora.rank = 4;
+    o.lora.targets = "all-linear";
+  }
+  return o;
+}
+
+static double step(run *r, const fixture *fx) {
+  int dp = r->mesh.groups[ML_GROUP_DP].size, d = r->mesh.groups[ML_GROUP_DP].rank;
+  int64_t Bl = fx->B / dp;
+  double loss;
+  ml_engine_zero_grad(&r->e);
+  if (ml_engine_forward_backward(&r->e, fx->ids + d * Bl * fx->S, fx->mask + d * Bl * fx->S, Bl,
+                                 fx->S, fx->targets, &loss))
+    fail_msg("step: %s", ml_error_msg());
+  return loss;
+}
+
+/* PEFT's loss, log-probs and adapter gradients, on the mesh and on one rank. */
+static void test_parity(void **state) {
+  (void)state;
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  int world;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  assert_int_equal(fx.B % world, 0);
+  ml_engine_opts o = lora_opts(fx.dir);
+  static run one, mesh;
+  run_open(&one, MPI_COMM_SELF, 1, 1, &o, g_base_dir);
+  run_open(&mesh, MPI_COMM_WORLD, g_dpr, 1, &o, g_base_dir);
+  double r = (double)one.e.lora.rank;
+  tol_model tm = tol_model_of(&mesh, fx.S, fx.B * fx.S);
+  double l1 = step(&one, &fx), lm = step(&mesh, &fx);
+  double e1 = fabs(l1 - fx.loss) / fx.loss, em = fabs(lm - fx.loss) / fx.loss;
+  double e1m = fabs(lm - l1) / fabs(l1);
+  double tl = tol_lora_vs_ref(&tm, TOL_LOSS, r), tp = tol_lora_pair(&tm, TOL_LOSS, r);
+  if (rank0())
+    printf("loss: peft %.9f one %.9f mesh %.9f (rel err %.3g, %.3g, bound %.3g; pair %.3g, "
+           "bound %.3g)\n", fx.loss, l1, lm, e1, em, tl, e1m, tp);
+  assert_true(e1 <= tl && em <= tl && e1m <= tp);
+
+  float **g1 = export_all(&one, ML_EXPORT_GRADS), **gm = export_all(&mesh, ML_EXPORT_GRADS);
+  char path[600];
+  snprintf(path, sizeof path, "%s/grads.safetensors", fx.dir);
+  static ml_st_file ref;
+  if (ml_st_open(path, &ref)) fail_msg("%s", ml_error_msg());
+  hold(&ref, st_release);
+  double tg = tol_lora_vs_ref(&tm, TOL_GRADS, r), tgp = tol_lora_pair(&tm, TOL_GRADS, r);
+  double worst = 0, worst_pair = 0;
+  size_t adapters = 0;
+  for (int i = 0; i < mesh.e.model.n_params; i++) {
+    const ml_param *p = ml_engine_export_param(&mesh.e, i);
+    int64_t n = p->shape[0] * p->shape[1];
+    const ml_st_tensor *t = ml_st_find(&ref, p->name);
+    if (!p->adapter) { /* frozen base weight: no gradient at all */
+      assert_null(t);
+      for (int64_t k = 0; k < n; k++)
+        if (gm[i][k] != 0.0f) fail_msg("%s: frozen base weight has a gradient", p->name);
+      continue;
+    }
+    if (!t) fail_msg("grads.safetensors has no %s", p->name);
+    adapters++;
+    float *want = malloc(sizeof(float) * (size_t)n);
+    hold(want, free);
+    if (ml_st_read_block(t, 0, p->shape[0], 0, p->shape[1], want))
+      fail_msg("%s: %s", p->name, ml_error_msg());
+    double eh = fmax(rel_l2(gm[i], want, n), rel_l2(g1[i], want, n)), ep = rel_l2(gm[i], g1[i], n);
+    worst = fmax(worst, eh);
+    worst_pair = fmax(worst_pair, ep);
+    if (eh > tg || ep > tgp)
+      fail_msg("%s: grad rel L2 vs peft %.3g (bound %.3g), mesh vs one %.3g (bound %.3g)",
+               p->name, eh, tg, ep, tgp);
+    unhold(want);
+    free(want);
+  }
+  assert_int_equal(adapters, ref.n); /* every adapter of the fixture was built */
+  if (rank0())
+    printf("adapter grads (%zu): worst rel L2 vs peft %.3g (bound %.3g), mesh vs one %.3g "
+           "(bound %.3g)\n", adapters, worst, tg, worst_pair, tgp);
+
+  int64_t n = fx.B * (fx.S - 1);
+  float *lp = malloc(sizeof(float) * (size_t)n);
+  hold(lp, free);
+  if (ml_engine_logprobs(&mesh.e, fx.ids, fx.B, fx.S, lp)) fail_msg("%s", ml_error_msg());
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; i++) {
+    double d = lp[i] - fx.logprobs[i];
+    num += d * d;
+    den += fx.logprobs[i] * fx.logprobs[i];
+  }
+  double rel = sqrt(num / den);
+  double tlp = tol_lora_vs_ref(&tm, TOL_LOGPROBS, r);
+  if (rank0()) printf("logprobs: rel L2 vs peft %.3g (bound %.3g)\n", rel, tlp);
+  assert_true(rel <= tlp);
+  unhold(lp);
+  free(lp);
+  unhold(&ref);
+  ml_st_close(&ref);
+  free_all(g1);
+  free_all(gm);
+  run_close(&mesh);
+  run_close(&one);
+  fixture_free(&fx);
+}
+
+/* Two AdamW steps: every base weight bitwise as loaded, every adapter moved. */
+static void test_base_unchanged(void **state) {
+  (void)state;
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  ml_engine_opts o = lora_opts(fx.dir);
+  static run mesh;
+  run_open(&mesh, MPI_COMM_WORLD, g_dpr, 1, &o, g_base_dir);
+  float **before = export_all(&mesh, ML_EXPORT_PARAMS);
+  ml_adamw_cfg adam = {1e-2, 0.9, 0.999, 1e-8, 0.1};
+  for (int s = 0; s < 2; s++) {
+    step(&mesh, &fx);
+    if (ml_engine_adamw(&mesh.e, &adam)) fail_msg("adamw: %s", ml_error_msg());
+  }
+  float **after = export_all(&mesh, ML_EXPORT_PARAMS);
+  int moved = 0, kept = 0;
+  for (int i = 0; i < mesh.e.model.n_params; i++) {
+    const ml_param *p = ml_engine_export_param(&mesh.e, i);
+    size_t bytes = sizeof(float) * (size_t)(p->shape[0] * p->shape[1]);
+    bool same = memcmp(before[i], after[i], bytes) == 0;
+    if (!p->adapter && !same) fail_msg("%s: a frozen base weight changed", p->name);
+    if (p->adapter && same) fail_msg("%s: the adapter did not train", p->name);
+    moved += p->adapter;
+    kept += !p->adapter;
+  }
+  if (rank0()) printf("2 AdamW steps: %d base weights bitwise unchanged, %d adapters moved\n",
+                      kept, moved);
+  free_all(after);
+  free_all(before);
+  run_close(&mesh);
+  fixture_free(&fx);
+}
+
+/* A seeded start: lora_B zero, so the loss is the base model's bit for bit
+ * (fp32 and bf16 parameters);
+ * lora_A within U(-1/sqrt(in), 1/sqrt(in)), not all zero, the same on one
+ * rank and on the mesh. */
+static void test_seeded(void **state) {
+  (void)state;
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  ml_engine_opts o = lora_opts(NULL), plain = ml_engine_opts_default();
+  static run base, lora, one;
+  for (int bf16 = 0; bf16 < 2; bf16++) { /* and with bf16 parameters: B·u = 0 exactly */
+    ml_engine_opts ob = o, pb = plain;
+    ob.fsdp.param_dtype = pb.fsdp.param_dtype = bf16 ? ML_BF16 : ML_F32;
+    run_open(&base, MPI_COMM_WORLD, g_dpr, 1, &pb, g_base_dir);
+    run_open(&lora, MPI_COMM_WORLD, g_dpr, 1, &ob, g_base_dir);
+    double lb = step(&base, &fx), ll = step(&lora, &fx);
+    if (rank0()) printf("seeded LoRA%s: loss %.9g, base %.9g\n", bf16 ? " (bf16)" : "", ll, lb);
+    assert_memory_equal(&lb, &ll, sizeof lb);
+    run_close(&lora);
+    run_close(&base);
+  }
+  run_open(&lora, MPI_COMM_WORLD, g_dpr, 1, &o, g_base_dir);
+  run_open(&one, MPI_COMM_SELF, 1, 1, &o, g_base_dir);
+  float **pm = export_all(&lora, ML_EXPORT_PARAMS), **p1 = export_all(&one, ML_EXPORT_PARAMS);
+  for (int i = 0; i < lora.e.model.n_params; i++) {
+    const ml_param *p = ml_engine_export_param(&lora.e, i);
+    if (!p->adapter) continue;
+    int64_t n = p->shape[0] * p->shape[1];
+    assert_memory_equal(pm[i], p1[i], sizeof(float) * (size_t)n);
+    bool is_a = strstr(p->name, ".lora_A.") != NULL;
+    float bound = (float)(1.0 / sqrt((double)p->shape[1]));
+    double sumsq = 0;
+    for (int64_t k = 0; k < n; k++) {
+      if (!is_a && pm[i][k] != 0.0f) fail_msg("%s[%lld] = %g; expected 0", p->name,
+                                               (long long)k, (double)pm[i][k]);
+      if (fabsf(pm[i][k]) > bound) fail_msg("%s[%lld] = %g beyond the bound %g", p->name,
+                                             (long long)k, (double)pm[i][k], (double)bound);
+      sumsq += (double)pm[i][k] * pm[i][k];
+    }
+    /* U(-b, b) has variance b²/3: n draws sum to n·b²/3, far above n·b²/30 */
+    if (is_a && sumsq < n * (double)bound * bound / 30.0)
+      fail_msg("%s: sum of squares %g; expected about %g (U(-b, b))", p->name, sumsq,
+               n * (double)bound * bound / 3.0);
+  }
+  free_all(p1);
+  free_all(pm);
+  run_close(&one);
+  run_close(&lora);
+  fixture_free(&fx);
+}
+
+/* Opening with o fails with a message containing `want`. */
+static void expect_error(const ml_engine_opts *o, const char *want) {
+  static run r;
+  memset(&r, 0, sizeof r);
+  int rc = ml_mesh_create(MPI_COMM_SELF, 1, 0, 1, 1, NULL, NULL, &r.mesh);
+  if (rc == 0) rc = ml_engine_open(&r.e, &r.mesh, g_base_dir, o);
+  const char *msg = rc ? ml_error_msg() : "";
+  if (rank0()) printf("expected error: %s\n", msg);
+  if (rc == 0 || !strstr(msg, want))
+    fail_msg("expected an error containing '%s', got rc %d: %s", want, rc, msg);
+  ml_error_clear(); /* the next message is the next failure's (the first one wins) */
+  run_release(&r);
+}
+
+/* adapter_config.json of the fixture with `field` set to `value` (JSON) in a
+ * fresh directory beside a link to its safetensors; returns the directory. */
+static const char *edited_adapter(const char *fxdir, const char *field, const char *value) {
+  static char dir[700];
+  char src[800], dst[800];
+  int rank;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  snprintf(dir, sizeof dir, "/tmp/meshlm_lora_test_%d_%d", (int)getpid(), rank);
+  mkdir(dir, 0700);
+  snprintf(src, sizeof src, "%s/adapter_model.safetensors", fxdir);
+  snprintf(dst, sizeof dst, "%s/adapter_model.safetensors", dir);
+  unlink(dst);
+  if (symlink(src, dst)) fail_msg("symlink %s: %s", dst, strerror(errno));
+  snprintf(src, sizeof src, "%s/adapter_config.json", fxdir);
+  snprintf(dst, sizeof dst, "%s/adapter_config.json", dir);
+  json_t *c = json_load_file(src, 0, NULL), *v = json_loads(value, JSON_DECODE_ANY, NULL);
+  if (!c || !v || json_object_set_new(c, field, v) || json_dump_file(c, dst, 0))
+    fail_msg("could not write %s", dst);
+  json_decref(c);
+  return dir;
+}
+
+/* Remove what edited_adapter wrote. */
+static void remove_edited(const char *dir) {
+  char path[800];
+  snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
+  unlink(path);
+  snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+  unlink(path);
+  rmdir(dir);
+}
+
+static void test_errors(void **state) {
+  (void)state;
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  ml_engine_opts o = lora_opts(NULL);
+  o.lora.dropout = 0.1;
+  expect_error(&o, "lora_dropout (--lora-dropout) 0.1");
+  o = lora_opts(NULL);
+  o.lora.targets = "q_proj,qq_proj";
+  expect_error(&o, "target module 'qq_proj' not found");
+  o = lora_opts(NULL);
+  o.lora.rank = -2;
+  expect_error(&o, "lora_rank (--lora-rank) -2");
+  o = lora_opts(NULL);
+  o.lora.alpha = 0;
+  expect_error(&o, "lora_alpha (--lora-alpha) 0");
+  static const char *const bad[][3] = {
+      {"use_dora", "true", "field 'use_dora' is true"},
+      {"modules_to_save", "[\"lm_head\"]", "field 'modules_to_save'"},
+      {"bias", "\"all\"", "field 'bias' is 'all'"},
+      {"rank_pattern", "{\"q_proj\": 8}", "field 'rank_pattern'"},
+      {"alpha_pattern", "{\"q_proj\": 8}", "field 'alpha_pattern'"},
+      {"peft_type", "\"IA3\"", "field 'peft_type' is 'IA3'"},
+      {"target_modules", "\".*proj\"", "regular expression"},
+      {"r", "8", "has shape [4, 64]; expected [8, 64]"},
+      {"lora_bias", "true", "field 'lora_bias' is true"},
+      {"exclude_modules", "[\"q_proj\"]", "field 'exclude_modules'"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    const char *dir = edited_adapter(fx.dir, bad[i][0], bad[i][1]);
+    o = lora_opts(dir);
+    expect_error(&o, bad[i][2]);
+    remove_edited(dir);
+  }
+  o = lora_opts(fx.dir);
+  o.lora.rank = 8;
+  expect_error(&o, "the adapter");
+  fixture_free(&fx);
+}
+
+/* A per-rank-agreed scratch directory name under /tmp (world rank 0's pid). */
+static const char *scratch(const char *what) {
+  static char dir[256];
+  int pid = (int)getpid();
+  MPI_Bcast(&pid, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  snprintf(dir, sizeof dir, "/tmp/meshlm_lora_%s_%d", what, pid);
+  return dir;
+}
+
+static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+  (void)sb;
+  (void)flag;
+  (void)ftw;
+  return remove(path);
+}
+
+/* Remove a scratch directory and everything under it (exports, run checkpoints). */
+static void remove_tree(const char *dir) { nftw(dir, remove_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+/* Resume: a run checkpoint after one step, loaded into a fresh engine
+ * (holding the adapter's initial values and zero AdamW state until the
+ * load), then one more step on each: adapters, AdamW state and the loss
+ * bit for bit. */
+static void test_resume(void **state) {
+  (void)state;
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  ml_engine_opts o = lora_opts(fx.dir);
+  static run a, b;
+  run_open(&a, MPI_COMM_WORLD, g_dpr, 1, &o, g_base_dir);
+  ml_adamw_cfg adam = {1e-2, 0.9, 0.999, 1e-8, 0.1};
+  step(&a, &fx);
+  if (ml_engine_adamw(&a.e, &adam)) fail_msg("adamw: %s", ml_error_msg());
+  const char *dir = scratch("resume");
+  ml_run_state st = {.step = 1}, got;
+  if (ml_run_save(&a.e, dir, &st)) fail_msg("save: %s", ml_error_msg());
+  run_open(&b, MPI_COMM_WORLD, g_dpr, 1, &o, g_base_dir);
+  if (ml_run_load(&b.e, dir, &got)) fail_msg("load: %s", ml_error_msg());
+  double la = step(&a, &fx), lb = step(&b, &fx);
+  assert_memory_equal(&la, &lb, sizeof la);
+  if (ml_engine_adamw(&a.e, &adam) || ml_engine_adamw(&b.e, &adam))
+    fail_msg("adamw: %s", ml_error_msg());
+  for (ml_export_what w = ML_EXPORT_PARAMS; w <= ML_EXPORT_EXP_AVG_SQ; w++) {
+    float **ta = export_all(&a, w), **tb = export_all(&b, w);
+    for (int i = 0; i < a.e.model.n_params; i++) {
+      const ml_param *p = ml_engine_export_param(&a.e, i);
+      if (memcmp(ta[i], tb[i], sizeof(float) * (size_t)(p->shape[0] * p->shape[1])) != 0)
+        fail_msg("%s (state %d) differs after the resumed step", p->name, (int)w);
+    }
+    free_all(tb);
+    free_all(ta);
+  }
+  if (rank0()) printf("resume: loss %.9g and every adapter, exp_avg, exp_avg_sq bitwise equal\n",
+                      la);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank0()) remove_tree(dir);
+  run_close(&b);
+  run_close(&a);
+  fixture_free(&fx);
+}
+
+/* The PEFT export's adapter_config.json: the fields PEFT reads, as the fixture's. */
+static void check_config(const char *dir, const char *fxdir) {
+  char path[1024];
+  snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+  json_t *c = json_load_file(path, 0, NULL);
+  snprintf(path, sizeof path, "%s/adapter_config.json", fxdir);
+  json_t *want = json_load_file(path, 0, NULL);
+  assert_non_null(c);
+  assert_non_null(want);
+  static const char *const same[] = {"peft_type", "task_type", "r", "lora_alpha", "lora_dropout",
+                                     "use_rslora", "bias", "use_dora", "fan_in_fan_out",
+                                     "modules_to_save", "rank_pattern", "alpha_pattern"};
+  for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+    json_t *g = json_object_get(c, same[i]), *w = json_object_get(want, same[i]);
+    bool eq = json_equal(g, w) || (json_is_number(g) && json_is_number(w) &&
+                                   json_number_value(g) == json_number_value(w));
+    if (!eq) fail_msg("adapter_config.json: field %s differs from PEFT's", same[i]);
+  }
+  /* target_modules: the same set of linear names (PEFT writes a set's order, and resolves
+   * all-linear to full module names, whose last components ours lists) */
+  json_t *tg = json_object_get(c, "target_modules"), *tw = json_object_get(want, "target_modules");
+  for (int dir = 0; dir < 2; dir++) {
+    json_t *from = dir ? tg : tw, *to = dir ? tw : tg;
+    for (size_t i = 0; i < json_array_size(from); i++) {
+      const char *name = json_string_value(json_array_get(from, i)), *leaf = strrchr(name, '.');
+      leaf = leaf ? leaf + 1 : name;
+      bool found = false;
+      for (size_t j = 0; j < json_array_size(to) && !found; j++) {
+        const char *t = json_string_value(json_array_get(to, j)), *tl = strrchr(t, '.');
+        found = strcmp(tl ? tl + 1 : t, leaf) == 0;
+      }
+      if (!found) fail_msg("adapter_config.json: target_modules: %s in %s only", name,
+                           dir ? "ours" : "PEFT's");
+    }
+  }
+  assert_string_equal(json_string_value(json_object_get(c, "base_model_name_or_path")),
+                      g_base_dir);
+  json_decref(want);
+  json_decref(c);
+}
+
+/* The PEFT export of the fixture's adapter (no step) holds PEFT's own file's
+ * keys, shapes, dtype and values bit for bit; the merged export is PEFT's
+ * merge_and_unload within the rounding bound below, every other tensor the
+ * base's bitwise. */
+static void test_export(void **state) {
+  (void)state;
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  ml_engine_opts o = lora_opts(fx.dir);
+  static run a;
+  run_open(&a, MPI_COMM_WORLD, g_dpr, 1, &o, g_base_dir);
+  char peft[300], merged[300], path[1024];
+  snprintf(peft, sizeof peft, "%s", scratch("peft"));
+  snprintf(merged, sizeof merged, "%s", scratch("merged"));
+  if (ml_engine_save_hf(&a.e, peft, ML_EXPORT_DTYPE_SOURCE) ||
+      ml_engine_save_lora(&a.e, merged, true, ML_EXPORT_DTYPE_SOURCE))
+    fail_msg("export: %s", ml_error_msg());
+  if (rank0()) {
+    check_config(peft, fx.dir);
+    static ml_st_file got, want, mg, mw, base;
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", peft);
+    if (ml_st_open(path, &got)) fail_msg("%s", ml_error_msg());
+    hold(&got, st_release);
+    snprintf(path, sizeof path, "%s/adapter_model.safetensors", fx.dir);
+    if (ml_st_open(path, &want)) fail_msg("%s", ml_error_msg());
+    hold(&want, st_release);
+    assert_int_equal(got.n, want.n);
+    for (size_t i = 0; i < want.n; i++) {
+      const ml_st_tensor *w = &want.tensors[i], *g = ml_st_find(&got, w->name);
+      if (!g) fail_msg("the PEFT export lacks %s", w->name);
+      assert_int_equal(g->dtype, w->dtype);
+      assert_int_equal(g->ndim, 2);
+      assert_memory_equal(g->shape, w->shape, sizeof w->shape[0] * 2);
+      assert_memory_equal(g->data, w->data, w->nbytes);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", merged);
+    if (ml_st_open(path, &mg)) fail_msg("%s", ml_error_msg());
+    hold(&mg, st_release);
+    snprintf(path, sizeof path, "%s/merged.safetensors", fx.dir);
+    if (ml_st_open(path, &mw)) fail_msg("%s", ml_error_msg());
+    hold(&mw, st_release);
+    snprintf(path, sizeof path, "%s/model.safetensors", g_base_dir);
+    if (ml_st_open(path, &base)) fail_msg("%s", ml_error_msg());
+    hold(&base, st_release);
+    assert_int_equal(mg.n, base.n);
+    double worst = 0;
+    for (size_t i = 0; i < mg.n; i++) {
+      const ml_st_tensor *g = &mg.tensors[i], *b = ml_st_find(&base, g->name);
+      const ml_st_tensor *w = ml_st_find(&mw, g->name);
+      assert_non_null(b);
+      assert_int_equal(g->nbytes, b->nbytes);
+      if (!w) { /* not adapted: the base's bytes */
+        assert_memory_equal(g->data, b->data, b->nbytes);
+        continue;
+      }
+      /* merged = fp32(W + s·Σ_r B·A): ours sums the R products in double, PEFT's reference
+       * in float64 matmul order; both exact sums of the same fp32 inputs differ by at most
+       * gamma64(R + 2)·m, m = |W| + s·Σ|B||A| <= 2·max(|W|, |merged|) + ... here bounded by
+       * the larger of |got|, |want| plus |W|'s and each rounding to fp32 adds u·|value|: so
+       * |got − want| <= u·(|got| + |want|) + gamma64(R + 2)·(|W| + |got| + |want|)·2. */
+      int64_t n = w->numel;
+      const float *gv = (const float *)g->data, *wv = (const float *)w->data,
+                  *bv = (const float *)b->data;
+      double r = (double)a.e.lora.rank, u = TOL_U, g64 = tol_gamma64(r + 2.0);
+      for (int64_t k = 0; k < n; k++) {
+        double d = fabs((double)gv[k] - wv[k]);
+        double bound = u * (fabs(gv[k]) + fabs(wv[k])) +
+                       2.0 * g64 * (fabs(bv[k]) + fabs(gv[k]) + fabs(wv[k]));
+        if (d > bound) fail_msg("%s[%lld]: merged %.9g, PEFT %.9g (bound %.3g)", g->name,
+                                (long long)k, (double)gv[k], (double)wv[k], bound);
+        worst = fmax(worst, d / fmax(bound, 1e-30));
+      }
+    }
+    printf("export: PEFT adapter bitwise PEFT's (%zu tensors); merged within %.3g of its bound\n",
+           want.n, worst);
+    unhold(&base);
+    ml_st_close(&base);
+    unhold(&mw);
+    ml_st_close(&mw);
+    unhold(&mg);
+    ml_st_close(&mg);
+    unhold(&want);
+    ml_st_close(&want);
+    unhold(&got);
+    ml_st_close(&got);
+    remove_tree(peft);
+    remove_tree(merged);
+  }
+  run_close(&a);
+  fixture_free(&fx);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  if (argc == 4 && !strncmp(argv[3], "dpr=", 4)) g_dpr = atoi(argv[3] + 4);
+  if ((argc != 3 && argc != 4) || g_dpr < 1) {
+    fprintf(stderr, "usage: test_lora LORA_FIXTURE BASE_FIXTURE [dpr=N]\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  g_fixture = argv[1];
+  g_base = argv[2];
+  snprintf(g_base_dir, sizeof g_base_dir, "%s/tests/fixtures/%s", ML_SOURCE_DIR, g_base);
+  const struct CMUnitTest tests[] = {
+      held_test(test_parity),
+      held_test(test_base_unchanged),
+      held_test(test_seeded),
+      held_test(test_errors),
+      held_test(test_resume),
+      held_test(test_export),
+  };
+  return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
+}

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Generate LoRA test fixtures with PEFT (run by hand; needs torch, transformers, peft).
+
+For each base fixture of tests/fixtures (written by tools/gen_fixtures.py)
+this writes tests/fixtures/<base>_lora/:
+
+    adapter_config.json        PEFT LoraConfig as save_pretrained writes it
+    adapter_model.safetensors  lora_A / lora_B (float32), keys
+                               base_model.model.model.layers.N.<mod>.lora_A.weight;
+                               lora_A and lora_B both random and NON-ZERO (a zero
+                               lora_B would hide every error of the adapter path
+                               and of dA)
+    expected.json              {"base": "<base fixture>", "input_ids", "loss_mask"
+                               (when the base has one), "loss", "logprobs"} of the
+                               PeftModel, float64 eager, as gen_fixtures.py defines them
+    grads.safetensors          d loss / d adapter (float64 computed, stored float32),
+                               keyed by meshlm's parameter names
+                               (model.layers.N.<mod>.lora_A.weight)
+    merged.safetensors         merge_and_unload()'s weights of the adapted linears
+                               (W + scaling * B @ A, float64 computed, stored float32)
+
+The batch is the base fixture's (expected.json input_ids and loss_mask).
+Config: r 4, lora_alpha 8 (scaling 2), lora_dropout 0, bias "none"; llama: the
+seven decoder linears by name; qwen2: use_rslora (scaling 8 / sqrt(4) = 4) on
+q_proj,v_proj only; gemma3: "all-linear" (PEFT resolves it to every linear but
+the output layer and writes the names it found).
+"""
+import argparse
+import json
+import os
+
+import torch
+from peft import LoraConfig, get_peft_model
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+FIXTURES = [
+    dict(name="llama_untied_lora", base="llama_untied", targets=ALL, rslora=False, seed=11),
+    dict(name="qwen2_lora", base="qwen2", targets=["q_proj", "v_proj"], rslora=True, seed=12),
+    dict(name="gemma3_lora", base="gemma3", targets="all-linear", rslora=False, seed=13),
+]
+PREFIX = "base_model.model."
+
+
+def make(fx, root):
+    base_dir = os.path.join(root, fx["base"])
+    out = os.path.join(root, fx["name"])
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(base_dir, "expected.json")) as f:
+        base = json.load(f)
+    ids = torch.tensor(base["input_ids"])
+    mask = torch.tensor(base["loss_mask"]) if "loss_mask" in base else None
+
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32,
+                                                 attn_implementation="eager")
+    cfg = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=fx["targets"],
+                     bias="none", task_type="CAUSAL_LM", use_rslora=fx["rslora"])
+    peft = get_peft_model(model, cfg)
+    gen = torch.Generator().manual_seed(fx["seed"])
+    with torch.no_grad():
+        for n, p in peft.named_parameters():
+            if "lora_" in n:  # both non-zero, of the size PEFT's init gives lora_A
+                p.copy_(torch.empty(p.shape).uniform_(-0.5, 0.5, generator=gen)
+                        / p.shape[1] ** 0.5)
+    peft.save_pretrained(out)
+    os.remove(os.path.join(out, "README.md"))  # the model card: not a fixture
+    # float64 reference of the float32 values just saved
+    peft = peft.to(torch.float64)
+    peft.train(False)
+    logits = peft(input_ids=ids).logits
+    lsm = torch.log_softmax(logits[:, :-1, :], dim=-1)
+    tgt = ids[:, 1:]
+    logprobs = lsm.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+    sel = torch.ones_like(tgt, dtype=torch.bool) if mask is None else mask[:, 1:].bool()
+    loss = -(logprobs[sel]).sum() / sel.sum()
+    loss.backward()
+    grads = {}
+    for n, p in peft.named_parameters():
+        if p.grad is not None:
+            assert "lora_" in n, n  # only the adapters train
+            key = n[len(PREFIX):].replace(".default.", ".")
+            grads[key] = p.grad.detach().to(torch.float32).contiguous()
+        else:
+            assert "lora_" not in n and not p.requires_grad, n
+    save_file(grads, os.path.join(out, "grads.safetensors"))
+    merged = peft.merge_and_unload()
+    sd = merged.state_dict()
+    adapted = {k[: -len(".lora_A.weight")] for k in grads if k.endswith(".lora_A.weight")}
+    save_file({m + ".weight": sd[m + ".weight"].to(torch.float32).contiguous() for m in adapted},
+              os.path.join(out, "merged.safetensors"))
+    expected = {"base": fx["base"], "input_ids": ids.tolist()}
+    if mask is not None:
+        expected["loss_mask"] = mask.tolist()
+    expected["loss"] = loss.item()
+    expected["logprobs"] = [[float(x) for x in r] for r in logprobs.detach().tolist()]
+    with open(os.path.join(out, "expected.json"), "w") as f:
+        json.dump(expected, f)
+        f.write("\n")
+    saved = load_file(os.path.join(out, "adapter_model.safetensors"))
+    assert sorted(saved) == sorted(PREFIX + k for k in grads), sorted(saved)
+    print(f"{fx['name']}: loss {loss.item():.10f} (base {base['loss']:.10f}) "
+          f"{len(grads)} adapter tensors")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="tests/fixtures")
+    args = ap.parse_args()
+    for fx in FIXTURES:
+        make(fx, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -55,11 +55,11 @@
  * registers (nearest-even), so the results are bitwise those of staging
  * from fp32.
  *
- * Speed (H200, bench/cuda_attention.c vs bench/attention_peer.py, causal,
- * S 2048, bf16; bench/results/2026-11-26-nvidia-h200-attention.md): hd 64
- * forward 142 TFLOP/s, backward 102 (PyTorch SDPA's FlashAttention-2 246
- * and 187, cuDNN 346 and 265); hd 128: 151 and 136 (FA2 272 and 200, cuDNN
- * 471 and 327). What would close the gap: Hopper's wgmma and TMA
+ * Speed (H200, bench/cuda_attention.c vs bench/attention_peer.py in the
+ * same call, causal, S 2048, bf16; bench/results/2026-11-26-nvidia-h200-
+ * attention.md): hd 64 forward 145 TFLOP/s, backward 108 (PyTorch SDPA's
+ * FlashAttention-2 240 and 179, cuDNN 351 and 252); hd 128: 189 and 136
+ * (FA2 251 and 194, cuDNN 449 and 320). What would close the gap: Hopper's wgmma and TMA
  * (FlashAttention-3) in place of mma.sync and cp.async; the backward's dq
  * without recomputing S and dP in a second kernel (7 products where FA2
  * does 5 — FA2 adds dq with atomics, which is not deterministic; an

@@ -493,6 +493,14 @@ static int size_call(gen *g, int64_t *cap) {
   return 0;
 }
 
+/* The KV cache's storage: bf16 where every layer's attention products are
+ * bf16 (its projections' weights in bf16: param_dtype bf16), else fp32. */
+static bool kv_bf16(const ml_model *m) {
+  for (int l = 0; l < m->cfg.n_layers; l++)
+    if (m->layers[l].q_proj.weight->dtype != ML_BF16) return false;
+  return true;
+}
+
 /* The KV cache's blocks: room for the call's max_running slots filled with
  * prompts of the largest block need (prompt_blocks), or as many as
  * max_kv_bytes holds when that is less; at least one prompt's need. */
@@ -536,7 +544,7 @@ static int generate(gen *g) {
   if (g->out_logprobs) memset(g->out_logprobs, 0, sizeof(float) * (size_t)cells);
   if (g->out_finish) memset(g->out_finish, 0, sizeof(int32_t) * (size_t)g->R);
   memset(g->out_lens, 0, sizeof(int64_t) * (size_t)g->R);
-  bool bf16 = false; /* fp32 keys and values */
+  bool bf16 = kv_bf16(g->m);
   int64_t nblocks;
   ML_TRY(size_blocks(g, bf16, &nblocks));
   ML_TRY(gen_alloc(g, cap, nblocks, bf16));

@@ -283,11 +283,13 @@ static prompts four(const fixture *fx) {
   return p;
 }
 
-/* max_kv_bytes of `blocks` KV blocks of r's model (the storage generate
- * picks for its parameters: kvcache.h). */
+/* max_kv_bytes of `blocks` KV blocks of r's model in the storage generate
+ * picks for its parameters (kvcache.h: bf16 with bf16 parameters, half the
+ * bytes of fp32: were the cache fp32 there, `blocks` bf16 blocks would hold
+ * half as many and the calls below would be refused). */
 static int64_t kv_bytes(const run *r, int64_t blocks) {
   const ml_model_config *c = &r->e.model.cfg;
-  return blocks * ml_kv_block_bytes(c, c->n_kv_heads, false);
+  return blocks * ml_kv_block_bytes(c, c->n_kv_heads, r->e.opts.fsdp.param_dtype == ML_BF16);
 }
 
 /* Greedy: every row as its prompt alone, in any order of the prompts, and

@@ -672,7 +672,7 @@ typedef struct meshlm_sampling {
    * transformers' for do_sample: temperature, top_k, top_p, min_p, in that order. */
   int64_t n;              /* samples per prompt (GRPO's group), >= 1: output rows
                              prompts.n x n, row k·n + j sample j of prompt k; the prompt is
-                             prefilled once, its KV cache copied to each sample */
+                             prefilled once, its full KV blocks shared by each sample */
   int64_t top_k;          /* >= 0: keep the top_k most probable tokens (ties at the k-th
                              kept; TopKLogitsWarper); 0: off */
   float min_p;            /* [0, 1]: keep tokens with probability >= min_p x the most
@@ -690,10 +690,14 @@ typedef struct meshlm_sampling {
                              FSDP units unsharded for the call; cp > 1 refused); 1: on a
                              one-rank replica per rank, refitted from the policy when it
                              changed (each rank its own prompts, any mesh) */
+  /* Appended by issue 31 item 1 (optional, as above). */
+  int64_t max_kv_bytes;   /* the paged KV cache's pool, bytes a rank, >= 0 (vLLM's KV cache
+                             budget): prompts enter as the blocks their samples may take up to
+                             max_new_tokens free up; 0: room for max_running sequences */
 } meshlm_sampling;
 /* max_new_tokens 32, temperature 1, top_p 1, not greedy, eos from the
  * model, seed 0, n 1, top_k 0, min_p 0, no stop ids, max_new_tokens for
- * every prompt, max_running 0, prefill_tokens 0, replica 0; _init and _default as meshlm_options_init / _default's. */
+ * every prompt, max_running 0, prefill_tokens 0, replica 0, max_kv_bytes 0; _init and _default as meshlm_options_init / _default's. */
 MESHLM_API int meshlm_sampling_init(meshlm_sampling *sp, size_t struct_size);
 static inline int meshlm_sampling_default(meshlm_sampling *sp) {
   return meshlm_sampling_init(sp, sizeof *sp);

@@ -239,6 +239,7 @@ class meshlm_sampling(Sized):
         ("max_running", c_int64),
         ("prefill_tokens", c_int64),
         ("replica", c_int),
+        ("max_kv_bytes", c_int64),
     ]
 
 

@@ -1224,7 +1224,8 @@ class Policy:
                  temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
                  eos_token_id: int = -1, seed: int = 0, n: int = 1, top_k: int = 0,
                  min_p: float = 0.0, stop: Optional[Sequence[int]] = None,
-                 max_running: int = 0, prefill_tokens: int = 0, replica: bool = False
+                 max_running: int = 0, prefill_tokens: int = 0, replica: bool = False,
+                 max_kv_bytes: int = 0
                  ) -> Tuple[List[NDArray[np.int32]], List[NDArray[np.float32]], List[str]]:
         """COLLECTIVE (each data-parallel rank samples its own prompts; their
         number may differ and be 0). Continue each prompt with n samples of up to
@@ -1248,6 +1249,8 @@ class Policy:
             (refit-free; the tp ranks of a data-parallel rank decode together
             and must pass the same prompts and arguments; cp > 1 refused);
             True: on a one-rank replica per rank (each rank its own prompts).
+        max_kv_bytes: the paged KV cache's bytes a rank (>= 0; prompts wait for
+            the blocks their samples may take; 0: room for max_running sequences).
         Returns (tokens, logprobs, finish): lists of P·n entries, entry k·n + j
         sample j of prompt k: tokens int32 of the generated ids (the stop id
         included), logprobs float32 of the same length, log p of each
@@ -1289,6 +1292,7 @@ class Policy:
         sp.max_running = int(max_running)
         sp.prefill_tokens = int(prefill_tokens)
         sp.replica = int(bool(replica))
+        sp.max_kv_bytes = int(max_kv_bytes)
         rows = b.n * max(int(n), 0)
         toks = np.full((rows, w), -1, np.int32)
         lens = np.zeros(rows, np.int64)

@@ -106,6 +106,7 @@ static uint64_t sampling_hash(const meshlm_sampling *sp, int64_t n_prompts) {
 #define H(f) h = ml_fnv1a(h, &sp->f, sizeof sp->f)
   H(max_new_tokens); H(temperature); H(top_p); H(greedy); H(eos_token_id); H(seed); H(n);
   H(top_k); H(min_p); H(n_stop); H(max_running); H(prefill_tokens); H(replica);
+  H(max_kv_bytes);
 #undef H
   if (sp->n_stop > 0) h = ml_fnv1a(h, sp->stop_token_ids, sizeof(int32_t) * (size_t)sp->n_stop);
   if (sp->max_new_tokens_per)
@@ -174,6 +175,7 @@ int meshlm_generate_samples(meshlm_session *s, const meshlm_seqs *prompts,
   ml_gen_opts o = {.max_new = sp->max_new_tokens, .max_new_per = sp->max_new_tokens_per,
                    .n_samples = sp->n, .stop = stop, .n_stop = n_stop, .seed = sp->seed,
                    .max_running = sp->max_running, .prefill_tokens = sp->prefill_tokens,
+                   .max_kv_bytes = sp->max_kv_bytes,
                    .sampler = {.greedy = sp->greedy != 0, .temperature = sp->temperature,
                                .top_k = sp->top_k, .top_p = sp->top_p, .min_p = sp->min_p}};
   /* the arguments against the model (the replica's config is the policy's), before any

@@ -206,6 +206,14 @@ int ml_be_attention_block_fwd(ml_backend *be, const ml_attn_block *blk, const fl
                               const float *k, const float *v, float *out, float *lse,
                               bool accumulate, ml_dtype compute) {
   NEED(be, ML_OP_ATTENTION_BLOCK);
+  if (blk->kv_table && (blk->kv_block < 1 || blk->table_bs < (blk->sk + blk->kv_block - 1) /
+                                                                  blk->kv_block))
+    return ml_err("block attention: paged keys in blocks of kv_block %lld with table_bs %lld "
+                  "entries a sequence; expected kv_block >= 1 and table_bs >= %lld (sk %lld)",
+                  (long long)blk->kv_block, (long long)blk->table_bs,
+                  blk->kv_block < 1 ? 1LL
+                                    : (long long)((blk->sk + blk->kv_block - 1) / blk->kv_block),
+                  (long long)blk->sk);
   return be->ops->attention_block_fwd(be, blk, q, k, v, out, lse, accumulate, compute);
 }
 size_t ml_be_attention_block_work(ml_backend *be, const ml_attn_block *blk) {
@@ -216,6 +224,9 @@ int ml_be_attention_block_bwd(ml_backend *be, const ml_attn_block *blk, const fl
                               const float *lse, float *dq, float *dk, float *dv,
                               ml_dtype compute, void *work) {
   NEED(be, ML_OP_ATTENTION_BLOCK);
+  if (blk->kv_table)
+    return ml_err("block attention backward: paged keys (kv_table set); expected keys at k_bs "
+                  "(the paged KV cache is forward only)");
   return be->ops->attention_block_bwd(be, blk, dout, q, k, v, out, lse, dq, dk, dv, compute,
                                       work);
 }

@@ -123,6 +123,21 @@ typedef struct ml_attn_block {
   int64_t window;   /* 0: causal only */
   int64_t group;    /* query heads per key/value head; 0: nh / nkv */
   int64_t head_off; /* in [0, group) */
+  /* Paged keys and values, forward only (vLLM's PagedAttention; the KV cache
+   * of engine/kvcache.h): kv_table NULL: k, v as above. Else k and v are a
+   * pool of blocks of kv_block rows [n_blocks · kv_block rows, nkv, hd]
+   * (device), and key j (0 .. sk−1) of sequence b is pool row
+   * kv_table[b · table_bs + j / kv_block] · kv_block + j % kv_block
+   * (kv_table: device int32, the sequences' block tables at table_bs
+   * entries apart; k_bs unused). kv_bf16: the pool holds bf16 elements
+   * (k, v point at uint16_t), read exactly; else fp32, which bf16 products
+   * read rounded to bf16, as they read unpaged keys. The reductions are
+   * those of unpaged keys of the same values: a query's out and lse are
+   * bitwise the same, paged or not, in the batch-invariant mode (the fixed
+   * order). The backward refuses paged blocks. */
+  const int32_t *kv_table;
+  int64_t kv_block, table_bs;
+  bool kv_bf16;
 } ml_attn_block;
 
 /* The operators of the seam, by family (a family's forward, backward and

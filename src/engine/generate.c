@@ -22,6 +22,7 @@ typedef struct slot {
   int64_t row;    /* its output row (PREFILL: the prompt's first sample) */
   int64_t pos;    /* positions in its cache */
   int32_t next;   /* DECODE: the token the next step feeds */
+  int64_t promise; /* KV blocks it may still take (its admission kept them) */
 } slot;
 
 /* One call's state. */
@@ -35,6 +36,7 @@ typedef struct gen {
   const int32_t *tokens;
   int64_t budget, Tmax, V;     /* prefill tokens per step, tokens per step, vocab */
   ml_kv_pool kv;
+  int64_t avail;               /* KV blocks neither taken nor promised to a slot */
   slot *slots;
   int64_t nslots, nfree;
   int64_t *slot_of;            /* [R] the slot of each row once admitted */
@@ -137,19 +139,49 @@ static int forward(gen *g, int64_t T, int64_t nl) {
                     ML_COPY_D2H);
 }
 
-/* Prompts enter in order while their n samples find free slots: the first
- * slot prefills, the others wait for its keys. */
+/* KV blocks sample j of prompt k may take, written positions 0 .. P +
+ * max_new − 2 (its last token is never fed back): sample 0 every block of
+ * them (it prefills), the others all but the prompt's full blocks, which
+ * they share (their copy of a partial last block included). */
+static int64_t sample_blocks(const gen *g, int64_t k, int64_t j) {
+  int64_t P = g->lens[k], all = ml_kv_blocks(P + max_new_of(g, k) - 1);
+  return j == 0 ? all : all - P / ML_KV_BLOCK;
+}
+
+/* KV blocks prompt k's n samples may take together. */
+static int64_t prompt_blocks(const gen *g, int64_t k) {
+  return sample_blocks(g, k, 0) + (g->N - 1) * sample_blocks(g, k, 1);
+}
+
+/* Slot s took `taken` of its promised blocks (more: a bug in the accounting). */
+static int spend(gen *g, int64_t s, int64_t taken) {
+  slot *sl = &g->slots[s];
+  if (taken > sl->promise)
+    return ml_err("generate: slot %lld took %lld KV blocks with %lld left of its admission; "
+                  "expected at most that",
+                  (long long)s, (long long)taken, (long long)sl->promise);
+  sl->promise -= taken;
+  return 0;
+}
+
+/* Prompts enter in order (first come, first served) while their n samples
+ * find free slots and the KV blocks they may take are neither taken nor
+ * promised (vLLM's admission at block granularity, here for a sequence's
+ * whole length at once: no preemption): the first slot prefills, the
+ * others wait for its keys. */
 static int admit(gen *g) {
-  while (g->next_prompt < g->n && g->nfree >= g->N) {
+  while (g->next_prompt < g->n && g->nfree >= g->N &&
+         prompt_blocks(g, g->next_prompt) <= g->avail) {
     int64_t k = g->next_prompt++, j = 0;
     for (int64_t s = 0; j < g->N; s++) {
       if (g->slots[s].kind != SLOT_FREE) continue;
       int64_t r = k * g->N + j;
-      g->slots[s] = (slot){j == 0 ? SLOT_PREFILL : SLOT_WAIT, r, 0, -1};
+      g->slots[s] = (slot){j == 0 ? SLOT_PREFILL : SLOT_WAIT, r, 0, -1, sample_blocks(g, k, j)};
       g->slot_of[r] = s;
       j++;
     }
     g->nfree -= g->N;
+    g->avail -= prompt_blocks(g, k);
     int64_t owner = g->slot_of[k * g->N];
     g->queue[g->nq++] = owner;
     ML_TRY(ml_kv_slot_rope(&g->kv, &g->m->cfg, owner, g->lens[k]));
@@ -190,6 +222,17 @@ static int64_t plan_step(gen *g, int64_t *nl) {
   return t;
 }
 
+/* The step's segments' positions in their slots' blocks (from promises). */
+static int reserve_step(gen *g) {
+  for (int64_t i = 0; i < g->kv.nseg; i++) {
+    const ml_kv_seg *sg = &g->seg[i];
+    int64_t taken;
+    ML_TRY(ml_kv_reserve(&g->kv, sg->slot, sg->pos + sg->n, &taken));
+    ML_TRY(spend(g, sg->slot, taken));
+  }
+  return 0;
+}
+
 /* Row r's next token: written out; the row finishes on a stop id or its
  * max_new (its slot freed), else decodes it next. */
 static void take(gen *g, int64_t r, int32_t tok, float lp) {
@@ -200,13 +243,15 @@ static void take(gen *g, int64_t r, int32_t tok, float lp) {
   for (int64_t i = 0; i < g->o->n_stop && !why; i++)
     if (g->o->stop[i] == tok) why = ML_FINISH_STOP;
   if (!why && j + 1 == max_new_of(g, k)) why = ML_FINISH_LENGTH;
-  slot *sl = &g->slots[g->slot_of[r]];
+  int64_t s = g->slot_of[r];
+  slot *sl = &g->slots[s];
   if (why) {
     if (g->out_finish) g->out_finish[r] = why;
-    *sl = (slot){SLOT_FREE, -1, 0, -1};
+    g->avail += sl->promise + ml_kv_release(&g->kv, s);
+    *sl = (slot){SLOT_FREE, -1, 0, -1, 0};
     g->nfree++;
   } else {
-    *sl = (slot){SLOT_DECODE, r, sl->pos, tok};
+    sl->kind = SLOT_DECODE, sl->next = tok;
   }
 }
 
@@ -224,7 +269,9 @@ static int finish_step(gen *g, int64_t nl) {
       for (int64_t j = 0; j < g->N; j++) {
         int64_t r = k * g->N + j, s = g->slot_of[r];
         if (j > 0) {
-          ML_TRY(ml_kv_copy_prefix(&g->kv, sg->slot, s, sl->pos));
+          int64_t taken;
+          ML_TRY(ml_kv_fork(&g->kv, sg->slot, s, sl->pos, &taken));
+          ML_TRY(spend(g, s, taken));
           g->slots[s].pos = sl->pos;
         }
         g->d_row[nd] = r;
@@ -262,6 +309,7 @@ static int run(gen *g) {
     ML_TRY(admit(g));
     int64_t nl, T = plan_step(g, &nl);
     if (T == 0) return 0; /* nothing decodes or prefills: every prompt admitted and done */
+    ML_TRY(reserve_step(g));
     ML_TRY(forward(g, T, nl));
     ML_TRY(finish_step(g, nl));
   }
@@ -274,12 +322,13 @@ static int64_t local_kv_heads(const ml_model *m) {
 }
 
 /* The call's buffers (errors: allocation, named). */
-static int gen_alloc(gen *g, int64_t cap) {
+static int gen_alloc(gen *g, int64_t cap, int64_t nblocks, bool kv_bf16) {
   ml_model *m = g->m;
   ml_backend *be = g->e->be;
   const ml_model_config *c = &m->cfg;
   int64_t S = g->nslots, T = g->Tmax, V = c->vocab;
-  ML_TRY(ml_kv_pool_create(&g->kv, be, c, local_kv_heads(m), S, cap));
+  ML_TRY(ml_kv_pool_create(&g->kv, be, c, local_kv_heads(m), S, cap, nblocks, kv_bf16));
+  g->avail = nblocks;
   g->x = ml_be_alloc(be, ml_mul_sat(T, c->hidden), sizeof(float),
                      "the residual stream (a step of %lld tokens x hidden_size %lld)",
                      (long long)T, (long long)c->hidden);
@@ -323,7 +372,7 @@ static int gen_alloc(gen *g, int64_t cap) {
   if (!g->slots || !g->queue || !g->seg || !g->need || !g->d_row || !g->d_logit || !g->d_rng ||
       !g->d_tok || !g->d_lp || !g->slot_of || !g->rng || (!g->work && !g->o->sampler.greedy))
     return -1;
-  for (int64_t s = 0; s < S; s++) g->slots[s] = (slot){SLOT_FREE, -1, 0, -1};
+  for (int64_t s = 0; s < S; s++) g->slots[s] = (slot){SLOT_FREE, -1, 0, -1, 0};
   g->nfree = S;
   for (int64_t r = 0; r < g->R; r++) g->rng[r] = row_rng(g->o->seed, r);
   return 0;
@@ -371,6 +420,9 @@ static int check_opts(const ml_engine *e, int64_t n, const ml_gen_opts *o) {
     return ml_err("generate: max_running %lld; expected 0 (every sequence) or >= n_samples "
                   "%lld (a prompt's samples run together)",
                   (long long)o->max_running, (long long)o->n_samples);
+  if (o->max_kv_bytes < 0)
+    return ml_err("generate: max_kv_bytes %lld; expected >= 0 (0: room for max_running "
+                  "sequences of the longest prompt)", (long long)o->max_kv_bytes);
   if (o->prefill_tokens < 0)
     return ml_err("generate: prefill_tokens %lld; expected >= 1 (0: %d)",
                   (long long)o->prefill_tokens, ML_GEN_PREFILL);
@@ -441,6 +493,33 @@ static int size_call(gen *g, int64_t *cap) {
   return 0;
 }
 
+/* The KV cache's storage: bf16 where every layer's attention products are
+ * bf16 (its projections' weights in bf16: param_dtype bf16), else fp32. */
+static bool kv_bf16(const ml_model *m) {
+  for (int l = 0; l < m->cfg.n_layers; l++)
+    if (m->layers[l].q_proj.weight->dtype != ML_BF16) return false;
+  return true;
+}
+
+/* The KV cache's blocks: room for the call's max_running slots filled with
+ * prompts of the largest block need (prompt_blocks), or as many as
+ * max_kv_bytes holds when that is less; at least one prompt's need. */
+static int size_blocks(const gen *g, bool bf16, int64_t *nblocks) {
+  int64_t most = 1, bytes = ml_kv_block_bytes(&g->m->cfg, local_kv_heads(g->m), bf16);
+  for (int64_t k = 0; k < g->n; k++)
+    if (prompt_blocks(g, k) > most) most = prompt_blocks(g, k);
+  *nblocks = ml_mul_sat(g->nslots / g->N, most);
+  if (g->o->max_kv_bytes == 0) return 0;
+  int64_t fit = g->o->max_kv_bytes / bytes;
+  if (fit < most)
+    return ml_err("generate: max_kv_bytes %lld holds %lld KV blocks of %lld bytes (%d positions, "
+                  "%s); expected room for a prompt's samples, %lld blocks (>= %lld bytes)",
+                  (long long)g->o->max_kv_bytes, (long long)fit, (long long)bytes, ML_KV_BLOCK,
+                  bf16 ? "bf16" : "fp32", (long long)most, (long long)ml_mul_sat(most, bytes));
+  if (fit < *nblocks) *nblocks = fit;
+  return 0;
+}
+
 /* The tp ranks drew the same tokens (generate.h): one fingerprint of the
  * outputs compared over the tp group. */
 static int check_tp_agree(const gen *g) {
@@ -465,7 +544,10 @@ static int generate(gen *g) {
   if (g->out_logprobs) memset(g->out_logprobs, 0, sizeof(float) * (size_t)cells);
   if (g->out_finish) memset(g->out_finish, 0, sizeof(int32_t) * (size_t)g->R);
   memset(g->out_lens, 0, sizeof(int64_t) * (size_t)g->R);
-  ML_TRY(gen_alloc(g, cap));
+  bool bf16 = kv_bf16(g->m);
+  int64_t nblocks;
+  ML_TRY(size_blocks(g, bf16, &nblocks));
+  ML_TRY(gen_alloc(g, cap, nblocks, bf16));
   return run(g);
 }
 

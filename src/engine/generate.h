@@ -24,15 +24,18 @@
  * decoding sequence, or (while prompts wait for it, vLLM's V0 scheduler)
  * chunks of prompts being prefilled — through the
  * KV cache's attention core (engine/kvcache.h: one block attention per
- * segment over its own slot's keys; the GEMMs run once over all T tokens).
- * Prompts enter in order (first come, first served) while slots are free:
- * a prompt of n samples takes n slots at once, its prefill runs once in
- * the first (chunks of at most prefill_tokens, cut at multiples of it from
- * position 0, so a prompt's chunks do not depend on its batch; a prefill
- * step holds whole chunks up to prefill_tokens, or one), then its keys are copied to
- * the other n − 1 slots and each sample draws its first token from the
- * prompt's last logits. A sequence that finishes (a stop id, or its
- * max_new) hands its slot back at once and the next prompt takes it.
+ * segment over its own slot's paged keys; the GEMMs run once over all T
+ * tokens). Prompts enter in order (first come, first served) while slots
+ * are free and the KV cache has the blocks the prompt's samples may take
+ * (below): a prompt of n samples takes n slots at once, its prefill runs
+ * once in the first (chunks of at most prefill_tokens, cut at multiples of
+ * it from position 0, so a prompt's chunks do not depend on its batch; a
+ * prefill step holds whole chunks up to prefill_tokens, or one), then the
+ * other n − 1 slots share its keys (ml_kv_fork: the full blocks by
+ * reference, the partial last one copied) and each sample draws its first
+ * token from the prompt's last logits. A sequence that finishes (a stop
+ * id, or its max_new) hands its slot and its blocks back at once and the
+ * next prompt takes them.
  *
  * Invariance: a sequence's attention is the same block calls whatever its
  * batch, its draws come from its own stream, and row-wise kernels (norms,
@@ -41,13 +44,20 @@
  * their M (the number of tokens of the step) — tests/mpi/test_generate.c
  * asserts it where that holds.
  *
- * Cost: the KV cache holds max_running slots of (the longest prompt +
- * max_new − 1) positions, 2 · n_layers · slots · cap · n_kv_heads · head_dim
- * floats, whatever the sequences' actual lengths (paged blocks would hold
- * only the positions in use; the backend's block attention reads a
- * sequence's keys as one run of rows, so slots are contiguous); a prompt's
- * samples each hold a copy of its keys. The model's activations are sized
- * for the step's T tokens (ml_model_begin: re-sized when T changes).
+ * Cost: the KV cache is a pool of blocks of ML_KV_BLOCK positions, each
+ * 2 · n_layers · 16 · n_kv_heads · head_dim elements (bf16 where
+ * param_dtype is bf16, else fp32: engine/kvcache.h); a sequence holds the
+ * blocks its positions reach, a prompt's samples share its full prompt
+ * blocks. Admission keeps, for each admitted prompt, the blocks its
+ * samples may take up to their max_new (⌈(P + max_new − 1) / 16⌉ for the
+ * first, that less the ⌊P / 16⌋ shared blocks for each other: no sequence
+ * ever waits for a block, nothing is preempted); a sequence that stops
+ * early returns what it did not take. The pool holds max_kv_bytes (o), by
+ * default room for max_running / n_samples prompts of the call's largest
+ * need, at most that: on the CPU its pages are mapped as blocks are first
+ * written (the lowest blocks first), so the resident memory follows the
+ * blocks in use. The model's activations are sized for the step's T
+ * tokens (ml_model_begin: re-sized when T changes).
  *
  * The engine's mesh (cp 1; api/generate.c also keeps a one-rank replica):
  *  - tensor parallelism: the tp ranks of a data-parallel rank generate
@@ -107,6 +117,8 @@ typedef struct ml_gen_opts {
   int64_t max_running;        /* sequences decoding at once (slots), >= n_samples; 0: every
                                  sequence of the call, at most ML_GEN_RUNNING (and n_samples) */
   int64_t prefill_tokens;     /* prompt tokens per step, >= 1; 0: ML_GEN_PREFILL */
+  int64_t max_kv_bytes;       /* the KV cache's pool (this rank's), bytes >= 0; 0: room for
+                                 max_running sequences of the largest need (below) */
 } ml_gen_opts;
 
 enum { ML_GEN_RUNNING = 256, ML_GEN_PREFILL = 512 };
@@ -151,7 +163,8 @@ enum { ML_GEN_RUNNING = 256, ML_GEN_PREFILL = 512 };
  * range expected): n < 0, a prompt length < 1, a token id out of range,
  * max_new < 1, max_new_per[k] outside 1 .. max_new, n_samples < 1,
  * n_stop < 0 or a stop id out of range, max_running < n_samples (when set),
- * prefill_tokens < 0, the sampler's (ml_sampler_check), a prompt too long
+ * prefill_tokens < 0, max_kv_bytes < 0 or too small for one prompt's
+ * samples (the bytes they need named), the sampler's (ml_sampler_check), a prompt too long
  * for max_position_embeddings, a mesh with cp > 1, a backend without block
  * attention, allocation, tp ranks whose tokens differ (a bug, or different
  * arguments on them). */

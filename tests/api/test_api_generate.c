@@ -371,7 +371,8 @@ static void test_generate_bound(void **state) {
  * prompt in rows k·n + j, each greedy sample bitwise the n = 1 row; finish reasons (length; stop at a
  * stop id, included); per-prompt max_new_tokens; a caller compiled with the
  * first 0.2 layout (struct_size = offsetof(meshlm_sampling, n)) gets the
- * defaults of the appended fields (n 1); bad new fields fail naming them. */
+ * defaults of the appended fields (n 1); bad new fields fail naming them
+ * (max_kv_bytes below one KV block). */
 static void test_generate_samples(void **state) {
   (void)state;
   meshlm_options o = mesh_opts();
@@ -437,6 +438,10 @@ static void test_generate_samples(void **state) {
   bad.top_k = -1;
   expect_fail(s, meshlm_generate_samples(s, &q, &bad, tok, len, lp, fin), "top_k -1",
               "top_k -1");
+  bad = sp;
+  bad.max_kv_bytes = 1; /* not one KV block */
+  expect_fail(s, meshlm_generate_samples(s, &q, &bad, tok, len, lp, fin),
+              "max_kv_bytes 1 holds 0 KV blocks", "max_kv_bytes 1");
   free(tok);
   free(fin);
   free(len);

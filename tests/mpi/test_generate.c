@@ -31,6 +31,7 @@
 #include "engine_run.h"
 #include "parity_util.h"
 #include "engine/generate.h"
+#include "engine/kvcache.h"
 
 enum { NMAX = 4, RMAX = 12, NEW = 16 };
 
@@ -282,10 +283,21 @@ static prompts four(const fixture *fx) {
   return p;
 }
 
+/* max_kv_bytes of `blocks` KV blocks of r's model in the storage generate
+ * picks for its parameters (kvcache.h: bf16 with bf16 parameters, half the
+ * bytes of fp32: were the cache fp32 there, `blocks` bf16 blocks would hold
+ * half as many and the calls below would be refused). */
+static int64_t kv_bytes(const run *r, int64_t blocks) {
+  const ml_model_config *c = &r->e.model.cfg;
+  return blocks * ml_kv_block_bytes(c, c->n_kv_heads, r->e.opts.fsdp.param_dtype == ML_BF16);
+}
+
 /* Greedy: every row as its prompt alone, in any order of the prompts, and
  * whatever the order of arrival — all at once, one at a time
  * (max_running 1: each enters when the previous finished), two at a time
- * with prefill chunks of 3 tokens mixed into decode steps — bitwise; with
+ * with prefill chunks of 3 tokens mixed into decode steps, one at a time
+ * for want of KV blocks (max_kv_bytes of 2 blocks: a prompt of 4 or 7
+ * tokens + 15 fed tokens needs 2 of 16 positions) — bitwise; with
  * parameters in param_dtype (fp32, bf16). */
 static void check_invariance_greedy(ml_dtype param_dtype) {
   static fixture fx;
@@ -304,10 +316,11 @@ static void check_invariance_greedy(ml_dtype param_dtype) {
   prompts q = permuted(&p, perm);
   generate(&r, &q, &o, &one);
   for (int64_t i = 0; i < p.n; i++) same_row(&all, perm[i], &one, i);
-  static const int64_t running[] = {1, 2}, chunk[] = {0, 3};
-  for (int i = 0; i < 2; i++) {
+  static const int64_t running[] = {1, 2, 0}, chunk[] = {0, 3, 0}, blocks[] = {0, 0, 2};
+  for (int i = 0; i < 3; i++) {
     o.max_running = running[i];
     o.prefill_tokens = chunk[i];
+    o.max_kv_bytes = kv_bytes(&r, blocks[i]);
     generate(&r, &p, &o, &one);
     for (int64_t k = 0; k < p.n; k++) same_row(&all, k, &one, k);
   }
@@ -345,14 +358,17 @@ static void test_batch_invariance_sampled(void **state) {
   o.n_samples = 3;
   generate(&r, &p, &o, &all);
   int64_t R = p.n * 3;
-  static const int64_t running[] = {3, 4}, chunk[] = {0, 3};
-  for (int i = 0; i < 2; i++) {
+  /* one prompt's group at a time: for want of slots, then of KV blocks (its 3
+     samples share no full block of a 4- or 7-token prompt: 3 x 2 blocks) */
+  static const int64_t running[] = {3, 4, 0}, chunk[] = {0, 3, 0}, blocks[] = {0, 0, 6};
+  for (int i = 0; i < 3; i++) {
     o.max_running = running[i];
     o.prefill_tokens = chunk[i];
+    o.max_kv_bytes = kv_bytes(&r, blocks[i]);
     generate(&r, &p, &o, &one);
     for (int64_t k = 0; k < R; k++) same_row(&all, k, &one, k);
   }
-  o.max_running = o.prefill_tokens = 0;
+  o.max_running = o.prefill_tokens = o.max_kv_bytes = 0;
   prompts q = {0};
   add(&q, &fx, 0, 0, 4);
   add(&q, &fx, 1, 3, 6);
@@ -532,6 +548,11 @@ static void test_errors(void **state) {
   o = sampled(1.0f, 1.0f, 0);
   o.max_new = maxpos - 2; /* 3 + max_new fits, 4 + max_new does not */
   refused(&r, 2, p.lens, p.tokens, &o, "max_position_embeddings");
+  o = sampled(1.0f, 1.0f, 0);
+  o.max_kv_bytes = -1;
+  refused(&r, 2, p.lens, p.tokens, &o, "max_kv_bytes -1");
+  o.max_kv_bytes = kv_bytes(&r, 2) - 1; /* prompt 0: 4 + 15 positions, 2 blocks */
+  refused(&r, 2, p.lens, p.tokens, &o, "holds 1 KV blocks");
   run_close(&r);
   fixture_free(&fx);
 }

@@ -221,6 +221,8 @@ def test_generate(model_dir):
         assert len(t1) == 3 * len(mine) and all(len(t) == 8 for t in t1)
         with pytest.raises(meshlm.MeshlmError, match="top_k -1"):
             p.generate(mine, max_new_tokens=4, top_k=-1)
+        with pytest.raises(meshlm.MeshlmError, match="max_kv_bytes 1 holds 0 KV blocks"):
+            p.generate(mine, max_new_tokens=4, max_kv_bytes=1)
         # after a step, generation sees the new weights
         p.train_step([np.concatenate([mine[0], [7] * 12])])
         g3, l3, _ = p.generate(mine, max_new_tokens=6, greedy=True)

@@ -290,7 +290,8 @@ static int64_t extent(int64_t B, int64_t bs, int64_t rows, int64_t width) {
 
 /* One call's operands in `compute`: NULL *lp for fp32; for bf16, q, k, v,
  * dout rounded (in their layouts, from pool memory that attention_end
- * frees); the kernels round P and dS per tile themselves. */
+ * frees; paged k, v are not: the kernel rounds them as it reads the
+ * blocks); the kernels round P and dS per tile themselves. */
 typedef struct attn_lowp {
   k_attn_bf16 lp;
   void *mem[4];
@@ -315,8 +316,8 @@ static int attention_begin(ml_backend *be, ml_dtype compute, const k_attn_block 
   a->lp = (k_attn_bf16){.packed = packed, .gemm = tile_gemm, .ctx = g};
   int rc = (packed && ml_cpu_gemm_tiles_reserve(g, omp_get_max_threads())) ||
            rounded(be, q, nq, packed, &a->lp.q, &a->mem[0]) ||
-           rounded(be, k, nk, packed, &a->lp.k, &a->mem[1]) ||
-           rounded(be, v, nk, packed, &a->lp.v, &a->mem[2]) ||
+           rounded(be, blk->kv_table ? NULL : k, nk, packed, &a->lp.k, &a->mem[1]) ||
+           rounded(be, blk->kv_table ? NULL : v, nk, packed, &a->lp.v, &a->mem[2]) ||
            rounded(be, dout, nq, packed, &a->lp.dout, &a->mem[3]);
   if (rc) {
     attention_end(be, a);
@@ -365,7 +366,9 @@ static k_attn_block block_of(const ml_attn_block *b) {
   return (k_attn_block){.B = b->B, .sq = b->sq, .sk = b->sk, .nh = b->nh, .nkv = b->nkv,
                         .hd = b->hd, .q_pos = b->q_pos, .k_pos = b->k_pos, .q_bs = b->q_bs,
                         .k_bs = b->k_bs, .l_bs = b->l_bs, .scale = b->scale,
-                        .window = b->window, .group = b->group, .head_off = b->head_off};
+                        .window = b->window, .group = b->group, .head_off = b->head_off,
+                        .kv_table = b->kv_table, .kv_block = b->kv_block,
+                        .table_bs = b->table_bs, .kv_bf16 = b->kv_bf16};
 }
 
 static int cpu_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,

@@ -37,12 +37,14 @@
 enum { TQ = K_ATTN_TILE_Q, TK = K_ATTN_TILE_K, ALIGN = 16 /* floats: 64 bytes */, LANES = 8 };
 
 /* One call: the block, the operands of its products (fp32, or lp's rounded
- * copies in the same layouts, esz bytes per element), row strides. */
+ * copies in the same layouts, esz bytes per element), row strides. Paged
+ * keys (k_attn_block.kv_table): k, v are the pool, kesz bytes per element
+ * (2: bf16; 4: fp32, rounded as read when lp is set). */
 typedef struct attn {
   const k_attn_block *blk;
   const void *q, *k, *v, *dout;
   const k_attn_bf16 *lp;
-  size_t esz;
+  size_t esz, kesz;
   int64_t qr, kr; /* floats from one row of q (k) to the next: nh·hd (nkv·hd) */
   int64_t group;  /* query heads per kv head (k_attn_block.group) */
   int64_t off;    /* k_attn_block.head_off */
@@ -65,6 +67,11 @@ static attn attn_of(const k_attn_block *blk, const float *q, const float *k, con
     a.q = lp->q, a.k = lp->k, a.v = lp->v, a.dout = lp->dout;
     a.esz = lp->packed ? sizeof(uint16_t) : sizeof(float);
   }
+  a.kesz = a.esz;
+  if (blk->kv_table) {
+    a.k = k, a.v = v;
+    a.kesz = blk->kv_bf16 ? sizeof(uint16_t) : sizeof(float);
+  }
   return a;
 }
 
@@ -79,7 +86,12 @@ static inline int64_t q_at(const attn *a, int64_t b, int64_t i, int64_t h) {
   return b * a->blk->q_bs + i * a->qr + h * a->blk->hd;
 }
 static inline int64_t k_at(const attn *a, int64_t b, int64_t j, int64_t g) {
-  return b * a->blk->k_bs + j * a->kr + g * a->blk->hd;
+  const k_attn_block *k = a->blk;
+  if (k->kv_table) {
+    int64_t row = k->kv_table[b * k->table_bs + j / k->kv_block] * k->kv_block + j % k->kv_block;
+    return row * a->kr + g * k->hd;
+  }
+  return b * k->k_bs + j * a->kr + g * k->hd;
 }
 static inline int64_t lse_at(const attn *a, int64_t b, int64_t i, int64_t h) {
   return b * a->blk->l_bs + i * a->blk->nh + h;
@@ -132,6 +144,36 @@ static void round_row(const float *x, void *dst, int64_t n, bool packed) {
     float *y = dst;
     for (int64_t j = 0; j < n; j++) y[j] = ml_bf16_to_f32(ml_f32_to_bf16(x[j]));
   }
+}
+
+/* A key or value row src [n] (a->kesz bytes an element) into dst in the
+ * operands' form (dst_esz bytes an element: 2 packed bf16, 4 fp32): paged
+ * fp32 keys under bf16 products rounded to bf16 here (unpaged ones come
+ * rounded in lp's copies), bf16 into fp32 widened exactly, else copied. */
+static void kv_load(const attn *a, const void *src, void *dst, int64_t n, size_t dst_esz) {
+  if (a->blk->kv_table && a->lp && a->kesz == sizeof(float))
+    round_row(src, dst, n, dst_esz == sizeof(uint16_t));
+  else if (a->kesz == dst_esz)
+    memcpy(dst, src, (size_t)n * dst_esz);
+  else
+    for (int64_t d = 0; d < n; d++) ((float *)dst)[d] = ml_bf16_to_f32(((const uint16_t *)src)[d]);
+}
+
+/* Key (or value: base) rows [j0, j0+n) of kv head g of sequence b as the
+ * tile's products read them, *ld elements apart: in place (unpaged: kr),
+ * or gathered from the pool's blocks into buf [n, hd] (paged: hd). */
+static const void *kv_tile(const attn *a, const void *base, int64_t b, int64_t j0, int64_t n,
+                           int64_t g, void *buf, int64_t *ld) {
+  if (!a->blk->kv_table) {
+    *ld = a->kr;
+    return at(base, k_at(a, b, j0, g), a->esz);
+  }
+  int64_t hd = a->blk->hd;
+  for (int64_t j = 0; j < n; j++)
+    kv_load(a, at(base, k_at(a, b, j0 + j, g), a->kesz), (char *)buf + (size_t)(j * hd) * a->esz,
+            hd, a->esz);
+  *ld = hd;
+  return buf;
 }
 
 /* Records an error of the OpenMP region's tasks. */
@@ -294,9 +336,10 @@ static int fwd_tile(const attn *a, float *out, float *lse, bool accumulate, int6
   if (jlo < jhi) memset(w.O, 0, (size_t)(M * hd) * sizeof(float));
   const void *Q = at(a->q, q_at(a, b, i0, h), a->esz);
   for (int64_t j0 = jlo; j0 < jhi; j0 += TK) {
-    int64_t n = min64(TK, jhi - j0);
-    int rc = mm(a, false, true, M, n, hd, k->scale, Q, a->qr, at(a->k, k_at(a, b, j0, g), a->esz),
-                a->kr, 0.0f, w.S, n);
+    int64_t n = min64(TK, jhi - j0), ldk, ldv;
+    const void *K = kv_tile(a, a->k, b, j0, n, g, w.kT, &ldk);
+    const void *V = kv_tile(a, a->v, b, j0, n, g, w.vt, &ldv);
+    int rc = mm(a, false, true, M, n, hd, k->scale, Q, a->qr, K, ldk, 0.0f, w.S, n);
     if (rc) return rc;
     for (int64_t r = 0; r < M; r++) {
       float *s = w.S + r * n;
@@ -305,8 +348,8 @@ static int fwd_tile(const attn *a, float *out, float *lse, bool accumulate, int6
       else memset(s, 0, (size_t)n * sizeof(float));
       if (a->lp) round_row(s, (char *)w.Pt + (size_t)(r * n) * a->esz, n, a->lp->packed);
     }
-    rc = mm(a, false, false, M, hd, n, 1.0f, a->lp ? w.Pt : (const void *)w.S, n,
-            at(a->v, k_at(a, b, j0, g), a->esz), a->kr, 1.0f, w.O, hd);
+    rc = mm(a, false, false, M, hd, n, 1.0f, a->lp ? w.Pt : (const void *)w.S, n, V, ldv, 1.0f,
+            w.O, hd);
     if (rc) return rc;
   }
   for (int64_t r = 0; r < M; r++)
@@ -379,9 +422,9 @@ static int fwd_tile_fixed(const attn *a, float *out, float *lse, bool accumulate
     int64_t t1 = min64(G + TK - k->k_pos, jhi), n = t1 - t0;
     for (int64_t j = 0; j < n; j++) {
       float *vj = w.vt + j * hd, *kj = w.dS; /* dS: staging of one key row (hd <= TQ·TK) */
-      widen(a, at(a->k, k_at(a, b, t0 + j, g), a->esz), kj, hd);
+      kv_load(a, at(a->k, k_at(a, b, t0 + j, g), a->kesz), kj, hd, sizeof(float));
       for (int64_t d = 0; d < hd; d++) w.kT[d * TK + j] = kj[d];
-      widen(a, at(a->v, k_at(a, b, t0 + j, g), a->esz), vj, hd);
+      kv_load(a, at(a->v, k_at(a, b, t0 + j, g), a->kesz), vj, hd, sizeof(float));
     }
     for (int64_t r = 0; r < M; r++)
       fwd_row_fixed(a, q + r * hd, i0 + r, t0, n, w.S, &w.m[r], &w.l[r], w.O + r * hd, w);

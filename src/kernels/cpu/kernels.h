@@ -85,6 +85,17 @@ typedef struct k_attn_block {
                        P·V in one fixed order (attention.c fwd_row_fixed), so a query's output
                        and lse are bitwise the same whatever block, batch, packing or KV-cache
                        step computes it; the backward is the same either way */
+  /* Paged keys and values (vLLM's PagedAttention; forward only): NULL, k and v
+   * are [B][sk rows, nkv, hd] at k_bs as above. Else k and v are a pool of
+   * blocks of kv_block rows, [n_blocks · kv_block rows, nkv, hd], and local
+   * key j of sequence b is pool row kv_table[b·table_bs + j / kv_block] ·
+   * kv_block + j % kv_block (k_bs unused); kv_bf16: the pool holds bf16
+   * (uint16_t) elements, read exactly (else fp32, rounded to bf16 as they
+   * are read when the products are bf16: the values the rounded copies of
+   * k_attn_bf16 hold). lp's k, v are unused: the kernel reads the pool. */
+  const int32_t *kv_table;
+  int64_t kv_block, table_bs;
+  bool kv_bf16;
 } k_attn_block;
 
 /* The tiles: query rows per task (forward, backward pass 1) and per step

@@ -15,11 +15,24 @@ measurement:
               prefill plus, with --replica, the refit of the changed weights
   rss MB      (new) the process's peak resident memory (the slowest rank's
               when several: the largest)
+  gen MB      (new) the peak resident memory during generate(max_new_tokens=NEW)
+              (VmHWM, reset just before the call through /proc/self/clear_refs;
+              the largest rank's)
+  kv B/tok    the KV cache's bytes a position (2 · layers · kv heads ·
+              head_dim · 4, or 2 with bf16 parameters where the cache is bf16)
+  kv MB       the KV cache the call's layout holds at its fullest (from the
+              layout, not measured): slots (an earlier meshlm, --old: every
+              sequence a slot of prompt + new − 1 fp32 positions, samples
+              copying their prompt's keys) or pages (this tree: 16-position
+              blocks, a prompt's samples sharing its full prompt blocks)
+--samples N makes each prompt continue N times (generate(n=N), GRPO's
+group): B rows are B / N prompts of N samples (a prompt prefilled once).
 Implementations, side by side:
   new         this tree (build/): every sequence decodes together
   old         --old ROOT, a source tree of an earlier meshlm with its build
-              (ROOT/python, ROOT/build/libmeshlm.so): its generate(), which
-              batches prompts of equal length only (one group per length)
+              (ROOT/python, ROOT/build/libmeshlm.so): its generate() (before
+              continuous batching: one group per prompt length; before paging:
+              a slot of fp32 keys per sequence)
   torch       transformers' generate() (LlamaForCausalLM from the same
               directory, do_sample, top_k 0, use_cache; bf16: the model in
               torch.bfloat16), where torch and transformers import
@@ -34,6 +47,7 @@ Figures for notes; nothing here is asserted.
 
 usage: bench/generate_throughput.py [--batches 1,8,64] [--prompt 128] [--new 256]
          [--dtypes fp32,bf16] [--old ROOT] [--old-max-batch 8] [--mixed] [--impls new,old,torch]
+         [--samples 1] [--no-step]
 """
 import argparse
 import json
@@ -53,6 +67,21 @@ def prompts_of(batch, prompt, mixed, vocab, seed):
     return [rng.integers(0, vocab, n).astype(np.int32) for n in lens]
 
 
+def reset_peak_rss():
+    """Linux: the process's peak resident set (VmHWM) reset to its current one."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss_mb():
+    """VmHWM of this process in MB (MiB, as rss MB)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
 def worker(a):
     """One measurement in this process: prints one JSON line."""
     if a.impl == "torch":
@@ -60,27 +89,32 @@ def worker(a):
     import meshlm
     with meshlm.Policy(a.model, param_dtype=a.dtype, tp=a.tp) as p:
         vocab = p.info["vocab_size"]
-        ps = prompts_of(a.batch, a.prompt, a.mixed, vocab, 1)
+        ps = prompts_of(a.batch // a.samples, a.prompt, a.mixed, vocab, 1)
         share = p.info["rank"] if a.replica else p.info["dp_rank"]
         of = p.info["world"] if a.replica else p.info["dp_size"]
         ps = ps[share::of]
-        kw = dict(eos_token_id=-2, replica=a.replica)
+        kw = dict(eos_token_id=-2, replica=a.replica, n=a.samples)
         p.generate(ps[:1], max_new_tokens=2, **kw)  # opens the replica (replica only)
         t = []
         for new in (1, a.new):
+            reset_peak_rss()
             t0 = time.perf_counter()
             out = p.generate(ps, max_new_tokens=new, seed=3, **kw)
             t.append(time.perf_counter() - t0)
             assert all(len(x) == new for x in out[0])
-        p.train_step([ps[0]])
-        t0 = time.perf_counter()
-        p.generate(ps, max_new_tokens=1, seed=3, **kw)
-        t.append(time.perf_counter() - t0)
+        gen_rss = peak_rss_mb()
+        if not a.no_step:
+            p.train_step([ps[0]])
+            t0 = time.perf_counter()
+            p.generate(ps, max_new_tokens=1, seed=3, **kw)
+            t.append(time.perf_counter() - t0)
+        else:
+            t.append(float("nan"))
         rank = p.info["rank"]
     import resource
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     with open(os.path.join(a.out, "rank%d.json" % rank), "w") as f:
-        json.dump({"prefill": t[0], "total": t[1], "step": t[2], "rss": rss}, f)
+        json.dump({"prefill": t[0], "total": t[1], "step": t[2], "rss": rss, "gen": gen_rss}, f)
 
 
 def torch_worker(a):
@@ -89,7 +123,7 @@ def torch_worker(a):
     torch.set_num_threads(os.cpu_count())
     dt = torch.bfloat16 if a.dtype == "bf16" else torch.float32
     m = AutoModelForCausalLM.from_pretrained(a.model, dtype=dt).eval()
-    ps = prompts_of(a.batch, a.prompt, a.mixed, m.config.vocab_size, 1)
+    ps = prompts_of(a.batch // a.samples, a.prompt, a.mixed, m.config.vocab_size, 1)
     width = max(len(x) for x in ps)
     ids = torch.zeros((len(ps), width), dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -97,7 +131,8 @@ def torch_worker(a):
         ids[i, width - len(x):] = torch.from_numpy(x.astype("int64"))
         mask[i, width - len(x):] = 1
     kw = dict(attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-              use_cache=True, pad_token_id=0, eos_token_id=None)
+              use_cache=True, pad_token_id=0, eos_token_id=None,
+              num_return_sequences=a.samples)
     t = []
     with torch.inference_mode():
         m.generate(ids[:1], attention_mask=mask[:1], max_new_tokens=2, min_new_tokens=2,
@@ -108,6 +143,24 @@ def torch_worker(a):
             t.append(time.perf_counter() - t0)
     with open(os.path.join(a.out, "rank0.json"), "w") as f:
         json.dump({"prefill": t[0], "total": t[1]}, f)
+
+
+def kv_sizes(model, impl, dtype, batch, a):
+    """(bytes a position, MB at the fullest) of the KV cache's layout (see the docstring)."""
+    c = json.load(open(os.path.join(model, "config.json")))
+    heads = c["num_attention_heads"]
+    hd = c.get("head_dim") or c["hidden_size"] // heads
+    pages = impl == "new"
+    per_pos = 2 * c["num_hidden_layers"] * c.get("num_key_value_heads", heads) * hd * \
+        (2 if pages and dtype == "bf16" else 4)
+    length = a.prompt + a.new - 1
+    if not pages:
+        return per_pos, min(batch, 256) * length * per_pos / 1e6
+    blk = 16
+    shared = a.prompt // blk
+    own = -(-length // blk) - shared
+    prompts = batch // a.samples
+    return per_pos, prompts * (shared + a.samples * own) * blk * per_pos / 1e6
 
 
 def run(a, impl, dtype, batch, model):
@@ -123,8 +176,10 @@ def run(a, impl, dtype, batch, model):
         env["MESHLM_LIBRARY"] = os.path.join(a.old, "build", "libmeshlm.so")
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--impl", impl, "--dtype", dtype,
            "--batch", str(batch), "--prompt", str(a.prompt), "--new", str(a.new),
-           "--model", model, "--tp", str(a.tp if impl == "new" else 1)] + \
-        (["--mixed"] if a.mixed else []) + (["--replica"] if a.replica else [])
+           "--model", model, "--tp", str(a.tp if impl == "new" else 1),
+           "--samples", str(a.samples)] + \
+        (["--mixed"] if a.mixed else []) + (["--replica"] if a.replica else []) + \
+        (["--no-step"] if a.no_step else [])
     if ranks > 1:
         cmd = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--bind-to", "none"] + cmd
     with tempfile.TemporaryDirectory() as out:  # one JSON file per rank
@@ -134,7 +189,7 @@ def run(a, impl, dtype, batch, model):
             return None, (err or r.stderr.strip().splitlines() or ["failed"])[-1]
         rows = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))]
     return {k: max(x.get(k, float("nan")) for x in rows)
-            for k in ("prefill", "total", "step", "rss")}, None
+            for k in ("prefill", "total", "step", "rss", "gen")}, None
 
 
 def main():
@@ -155,6 +210,10 @@ def main():
     ap.add_argument("--tp", type=int, default=1, help="new's tp (divides --ranks)")
     ap.add_argument("--replica", action="store_true",
                     help="new generates on a one-rank replica per rank, not the policy's mesh")
+    ap.add_argument("--samples", type=int, default=1,
+                    help="samples per prompt (generate(n=)): B rows = B / samples prompts")
+    ap.add_argument("--no-step", action="store_true",
+                    help="skip the generate after a train step (step s)")
     # one measurement (internal)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--impl", help=argparse.SUPPRESS)
@@ -171,13 +230,14 @@ def main():
             subprocess.run([os.path.join(ROOT, "build", "meshlm"), "init", "--arch", "llama",
                             "--preset", "smollm2-135m", "--out", model], check=True,
                            stdout=subprocess.DEVNULL)
-        print("smollm2-135m (random weights), prompt %d%s, %d new tokens, %d cores, "
-              "temperature 1, no stop id; new: %d rank(s), tp %d, %s"
-              % (a.prompt, " (B distinct lengths)" if a.mixed else "", a.new, os.cpu_count(),
-                 a.ranks, a.tp, "a replica per rank" if a.replica else "the policy's mesh"))
-        print("%-6s %-5s %5s %10s %10s %14s %8s %8s" % ("impl", "dtype", "batch", "prefill s",
-                                                     "total s", "decode tok/s", "step s",
-                                                     "rss MB"))
+        print("smollm2-135m (random weights), prompt %d%s, %d new tokens, %d sample(s) a "
+              "prompt, %d cores, temperature 1, no stop id; new: %d rank(s), tp %d, %s"
+              % (a.prompt, " (B distinct lengths)" if a.mixed else "", a.new, a.samples,
+                 os.cpu_count(), a.ranks, a.tp,
+                 "a replica per rank" if a.replica else "the policy's mesh"))
+        print("%-6s %-5s %5s %10s %10s %14s %8s %8s %8s %9s %8s"
+              % ("impl", "dtype", "batch", "prefill s", "total s", "decode tok/s", "step s",
+                 "rss MB", "gen MB", "kv B/tok", "kv MB"))
         for dtype in a.dtypes.split(","):
             for batch in [int(b) for b in a.batches.split(",")]:
                 for impl in impls:
@@ -190,9 +250,11 @@ def main():
                         print("%-6s %-5s %5d   skipped: %s" % (impl, dtype, batch, err[:90]))
                         continue
                     dec = batch * (a.new - 1) / max(r["total"] - r["prefill"], 1e-9)
-                    print("%-6s %-5s %5d %10.2f %10.2f %14.1f %8.2f %8.0f"
+                    kv = kv_sizes(model, impl, dtype, batch, a) if impl != "torch" else \
+                        (float("nan"), float("nan"))
+                    print("%-6s %-5s %5d %10.2f %10.2f %14.1f %8.2f %8.0f %8.0f %9.0f %8.0f"
                           % (impl, dtype, batch, r["prefill"], r["total"], dec, r["step"],
-                             r["rss"]), flush=True)
+                             r["rss"], r["gen"], kv[0], kv[1]), flush=True)
 
 
 if __name__ == "__main__":

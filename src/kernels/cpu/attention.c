@@ -25,7 +25,13 @@
  * fp32 holding bf16 values for sgemm); the softmax, its backward and every
  * accumulation stay fp32. One OpenMP region runs the tasks with
  * single-threaded GEMMs inside: per-tile products lose more to threading
- * than they gain. */
+ * than they gain.
+ *
+ * Paged keys (k_attn_block.kv_table, the KV cache's blocks; forward only):
+ * a key row's address goes through the sequence's block table (k_at); the
+ * fixed order loads rows one at a time anyway, the other order gathers a
+ * tile's rows into the thread's scratch for its GEMMs; bf16 pools are read
+ * exactly, fp32 pools under bf16 products rounded as read (kv_load). */
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>

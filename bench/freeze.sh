@@ -20,11 +20,8 @@ build/meshlm init --arch llama --preset smollm2-135m --out "$out/model" > /dev/n
 args=(train --model "$out/model" --data "$out/corpus.txt" --steps "$steps" --batch-size 4 --seq-len 512
       --lr 1e-4 --peak-tflops "${BENCH_PEAK_TFLOPS:-1}")
 
-report() { # metrics file, label: medians over the steps after the first
-  tail -n +2 "$1" | sed -E 's/.*"tokens_per_s": ?([0-9.eE+-]+).*"peak_rss_mib_max": ?([0-9.eE+-]+).*/\1 \2/' |
-    sort -n | awk -v label="$2" '{ t[NR] = $1; r = ($2 > r ? $2 : r) } END {
-      i = int((NR + 1) / 2); printf "%-12s tokens/s %8.1f   peak RSS %.1f MiB\n", label, t[i], r }'
-}
+# shellcheck source=bench/metrics_report.sh
+. bench/metrics_report.sh
 plan_mem() { # label, flags: plan's FSDP shards and step peak
   build/meshlm plan --model "$out/model" --batch-size 4 --seq-len 512 "${@:2}" |
     grep -E 'FSDP shards|peak of one training step|frozen \(' | sed "s/^ */$1: /"

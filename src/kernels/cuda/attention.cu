@@ -81,29 +81,53 @@ typedef __nv_bfloat16 bf16;
 constexpr float LOG2E = 1.4426950408889634f;
 constexpr float LN2 = 0.6931471805599453f;
 
-/* Everything a kernel reads: one struct by value for all of them. */
+/* Everything a kernel reads: one struct by value for all of them. The
+ * geometry is block attention's (kernels.h kc_attn_block): sq query rows
+ * against sk key rows per sequence, query i seeing key j iff j <= i + dpos
+ * and, with a window, j > i + dpos − win (dpos = q_pos − k_pos: the masks
+ * on global positions); a whole sequence is sq = sk = S, dpos = 0. */
 struct Params {
-  const float *q, *k, *v;  /* [B·S, nh | nkv, hd] */
+  const float *q, *k, *v;  /* [B][sq | sk rows, nh | nkv, hd] */
   const float *dout;       /* backward */
-  /* bf16 mode: q, k, v (and dout) rounded to bf16 once, same layout */
+  /* bf16 mode: q, k, v (and dout) rounded to bf16 once (the stage) */
   const bf16 *qh, *kh, *vh, *douth;
-  const float *lse_in;     /* backward: the forward's lse */
-  const float *D;          /* backward: rowsum(dout ⊙ out) [B, nh, S] */
+  const float *lse_in;     /* backward: the forward's (final) lse */
+  const float *D;          /* backward: rowsum(dout ⊙ out) [B, nh, sq] */
   float *o, *lse;          /* forward results */
   float *dq, *dk, *dv;     /* backward results */
-  int B, S, nh, nkv, group, hd;
-  int win;                 /* sliding window, 0 = none (launcher clamps window >= S to 0) */
+  int B, sq, sk, nh, nkv, group, off, hd;
+  int dpos;                /* q_pos − k_pos */
+  int win;                 /* sliding window, 0 = none */
   float scale;
+  int64_t q_bs, k_bs;      /* elements from one sequence to the next: q, out, dout, dq; k, v, dk, dv */
+  int64_t qs_bs, ks_bs;    /* the same of what the tiles read (q, dout; k, v): the stage's in
+                            * bf16 and for paged keys, else q_bs, k_bs */
+  int64_t l_bs, l_rs, l_hs; /* lse of (b, i, h) at b·l_bs + i·l_rs + h·l_hs */
+  bool acc;                /* forward: merged into out, lse; backward: dq, dk, dv += */
 };
 
-/* Offset of element 0 of token (b, i), head h, in a [B·S, heads, hd] tensor. */
-__device__ __forceinline__ int64_t row_off(int b, int i, int heads, int h, int S, int hd) {
-  return (((int64_t)b * S + i) * heads + h) * hd;
+/* Offset of element 0 of query row i, head h (key row j, kv head g) of
+ * sequence b, bs elements from one sequence to the next. */
+__device__ __forceinline__ int64_t q_at(const Params &p, int64_t bs, int b, int i, int h) {
+  return (int64_t)b * bs + ((int64_t)i * p.nh + h) * p.hd;
 }
+__device__ __forceinline__ int64_t k_at(const Params &p, int64_t bs, int b, int j, int g) {
+  return (int64_t)b * bs + ((int64_t)j * p.nkv + g) * p.hd;
+}
+/* lse and D of query row i, head h of sequence b */
+__device__ __forceinline__ int64_t lse_at(const Params &p, int b, int i, int h) {
+  return (int64_t)b * p.l_bs + (int64_t)i * p.l_rs + (int64_t)h * p.l_hs;
+}
+__device__ __forceinline__ int64_t d_at(const Params &p, int b, int i, int h) {
+  return ((int64_t)b * p.nh + h) * p.sq + i;
+}
+/* The kv head query head h reads (GQA; a tp rank's heads may start inside a group). */
+__device__ __forceinline__ int kv_of(const Params &p, int h) { return (h + p.off) / p.group; }
 
-/* The mask: query i sees key j (both < S). */
-__device__ __forceinline__ bool visible(int i, int j, int win) {
-  return j <= i && (win <= 0 || j > i - win);
+/* The mask: query row i sees key row j (rows past sq or sk see nothing). */
+__device__ __forceinline__ bool visible(const Params &p, int i, int j) {
+  const int d = i + p.dpos;
+  return i < p.sq && j < p.sk && j <= d && (p.win <= 0 || j > d - p.win);
 }
 
 /* fp32 pair → packed bf16x2, lo in the low half (the lower column index,
@@ -262,30 +286,87 @@ struct QTile {
   int b, h, qb;
 };
 __device__ __forceinline__ QTile qtile_of(const Params &p, int BM) {
-  int nqb = (p.S + BM - 1) / BM, bh = (int)(blockIdx.x % (unsigned)(p.B * p.nh));
+  int nqb = (p.sq + BM - 1) / BM, bh = (int)(blockIdx.x % (unsigned)(p.B * p.nh));
   int r = (int)(blockIdx.x / (unsigned)(p.B * p.nh));
   return {bh / p.nh, bh % p.nh, nqb - 1 - r};
 }
 
 /* Key tiles a query tile [i0, i0 + BM) visits: [first, last] (tile indices
- * of width BN). Keys past the tile's last real query are above the
- * diagonal for all of its rows; keys before i0 − win + 1 are left of every
- * row's window. */
+ * of width BN; last < first when it sees no key). Keys past the tile's
+ * last real query's diagonal are above it for all of its rows; keys before
+ * i0 + dpos − win + 1 are left of every row's window. */
 __device__ __forceinline__ void key_tiles(const Params &p, int i0, int BM, int BN, int &first,
                                           int &last) {
-  int ilast = min(i0 + BM, p.S) - 1;
-  int jlo = p.win > 0 ? max(0, i0 - p.win + 1) : 0;
-  first = jlo / BN;
-  last = ilast / BN;
+  const int jlo = p.win > 0 ? max(0, i0 + p.dpos - p.win + 1) : 0;
+  const int jhi = min(min(i0 + BM, p.sq) - 1 + p.dpos, p.sk - 1);
+  first = jhi < jlo ? 0 : jlo / BN;
+  last = jhi < jlo ? -1 : jhi / BN;
+}
+
+/* Query tiles (width BM) that see a key of the key tile [j0, j0 + BN):
+ * qb0 .. qb0 + nq − 1 (nq 0 when none does). */
+__device__ __forceinline__ void query_tiles(const Params &p, int j0, int BN, int BM, int &qb0,
+                                            int &nq) {
+  const int jlast = min(j0 + BN, p.sk) - 1;
+  const int ilo = max(0, j0 - p.dpos);
+  const int ihi = p.win > 0 ? min(p.sq - 1, jlast + p.win - 1 - p.dpos) : p.sq - 1;
+  qb0 = ihi < ilo ? 0 : ilo / BM;
+  nq = ihi < ilo ? 0 : ihi / BM - qb0 + 1;
+}
+
+/* The query heads of kv head kvh: h0 .. h0 + n − 1. */
+__device__ __forceinline__ void group_heads(const Params &p, int kvh, int &h0, int &n) {
+  h0 = max(0, kvh * p.group - p.off);
+  n = max(0, min(p.nh, (kvh + 1) * p.group - p.off) - h0);
 }
 
 /* True when some (i, j) of the tile rows [i0, i0+BM) × keys [j0, j0+BN) is
- * masked: a key above the first row's diagonal, or one at or left of the
- * last row's window edge. Otherwise every pair is visible. Keys >= S are
- * above every real row's diagonal, so they make this true too. */
-__device__ __forceinline__ bool tile_masked(int i0, int BM, int j0, int BN, int win) {
-  return j0 + BN - 1 > i0 || (win > 0 && j0 <= i0 + BM - 1 - win);
+ * masked: a key above the first row's diagonal, one at or left of the last
+ * row's window edge, or a row or key past sq or sk. Otherwise every pair
+ * is visible. */
+__device__ __forceinline__ bool tile_masked(const Params &p, int i0, int BM, int j0, int BN) {
+  return j0 + BN - 1 > i0 + p.dpos || (p.win > 0 && j0 <= i0 + BM - 1 + p.dpos - p.win) ||
+         j0 + BN > p.sk || i0 + BM > p.sq;
 }
+
+/* The row's result for out and lse, given its block's sum l and lse lb
+ * (natural log) and, accumulating, the lse la already there (else −inf):
+ * false when nothing is written (accumulating, and the row saw no key);
+ * else out = wa·out + f·acc (wa 0: out is not read; acc the row's
+ * unnormalised output) and lse = lnew — the block's own (f = 1/l), zeros
+ * and −inf for a row without keys, or ring attention's merge (kernels.h
+ * kc_attn_block). */
+__device__ __forceinline__ bool row_result(const Params &p, float l, float lb, float la, float &wa,
+                                           float &f, float &lnew) {
+  if (l == 0.f) {
+    wa = f = 0.f;
+    lnew = -INFINITY;
+    return !p.acc;
+  }
+  if (la == -INFINITY) {
+    wa = 0.f;
+    f = 1.f / l;
+    lnew = lb;
+    return true;
+  }
+  const float mx = fmaxf(la, lb), ea = expf(la - mx), eb = expf(lb - mx), s = ea + eb;
+  wa = ea / s;
+  f = eb / s / l;
+  lnew = mx + logf(s);
+  return true;
+}
+
+/* x (=) a, or x += a when accumulating: one thread owns each element. */
+__device__ __forceinline__ void put2(float *x, float a, float b, bool acc) {
+  float2 v = make_float2(a, b);
+  if (acc) {
+    const float2 o = *reinterpret_cast<const float2 *>(x);
+    v.x += o.x;
+    v.y += o.y;
+  }
+  *reinterpret_cast<float2 *>(x) = v;
+}
+__device__ __forceinline__ void put1(float *x, float a, bool acc) { *x = acc ? *x + a : a; }
 
 /* ==== bf16 forward ========================================================
  * Block: NW warps; warp w owns query rows [16·MT·w, 16·MT·(w+1)) of a BM =
@@ -317,22 +398,21 @@ __global__ void __launch_bounds__(FwdBf16<HP>::NT) fwd_bf16(Params p) {
   bf16 *Qs = reinterpret_cast<bf16 *>(smem), *KV = Qs + BM * LD; /* buffer u: KV + 2·BN·LD·u */
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const QTile qt = qtile_of(p, BM);
-  const int i0 = qt.qb * BM, kvh = qt.h / p.group;
+  const int i0 = qt.qb * BM, kvh = kv_of(p, qt.h);
   const int64_t ldq = (int64_t)p.nh * p.hd, ldk = (int64_t)p.nkv * p.hd;
   const float sl2 = p.scale * LOG2E; /* scores in log2 units: exp(x) = exp2(x·log2 e) */
   /* key/value tile kb into buffer u */
   auto stage_kv = [&](int kb, int u) {
     const int j0 = kb * BN;
-    const int64_t koff = row_off(qt.b, j0, p.nkv, kvh, p.S, p.hd);
-    stage_async<BN, HP, C::NT>(KV + 2 * BN * LD * u, p.kh + koff, ldk, p.S - j0, p.hd);
-    stage_async<BN, HP, C::NT>(KV + 2 * BN * LD * u + BN * LD, p.vh + koff, ldk, p.S - j0, p.hd);
+    const int64_t koff = k_at(p, p.ks_bs, qt.b, j0, kvh);
+    stage_async<BN, HP, C::NT>(KV + 2 * BN * LD * u, p.kh + koff, ldk, p.sk - j0, p.hd);
+    stage_async<BN, HP, C::NT>(KV + 2 * BN * LD * u + BN * LD, p.vh + koff, ldk, p.sk - j0, p.hd);
   };
 
   int kb0, kb1;
   key_tiles(p, i0, BM, BN, kb0, kb1);
-  stage_async<BM, HP, C::NT>(Qs, p.qh + row_off(qt.b, i0, p.nh, qt.h, p.S, p.hd), ldq, p.S - i0,
-                             p.hd);
-  stage_kv(kb0, 0);
+  stage_async<BM, HP, C::NT>(Qs, p.qh + q_at(p, p.qs_bs, qt.b, i0, qt.h), ldq, p.sq - i0, p.hd);
+  if (kb0 <= kb1) stage_kv(kb0, 0);
   cp_async_commit();
 
   const int wr = warp * 16 * MT; /* first tile row of this warp */
@@ -375,7 +455,7 @@ __global__ void __launch_bounds__(FwdBf16<HP>::NT) fwd_bf16(Params p) {
     }
 
     /* scale, then mask (after scaling, so any sign of scale is safe) */
-    const bool masked = tile_masked(i0, BM, j0, BN, p.win);
+    const bool masked = tile_masked(p, i0, BM, j0, BN);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -384,7 +464,7 @@ __global__ void __launch_bounds__(FwdBf16<HP>::NT) fwd_bf16(Params p) {
         for (int e = 0; e < 4; e++) {
           float x = s[mt][nt][e] * sl2;
           int i = i0 + wr + 16 * mt + g + 8 * (e >> 1), j = j0 + 8 * nt + 2 * t + (e & 1);
-          s[mt][nt][e] = masked && !visible(i, j, p.win) ? -INFINITY : x;
+          s[mt][nt][e] = masked && !visible(p, i, j) ? -INFINITY : x;
         }
 
     /* online softmax: row max over the 4 lanes of the row (xor 1, 2 keep g) */
@@ -446,7 +526,9 @@ __global__ void __launch_bounds__(FwdBf16<HP>::NT) fwd_bf16(Params p) {
     }
   }
 
-  /* out = O / l (l summed over the row's 4 lanes), lse = ln 2 · (m + log2 l) */
+  if (kb0 > kb1) cp_async_wait<0>(); /* no key tile: Qs's copies, never read, retire */
+  /* out = O / l (l summed over the row's 4 lanes), lse = ln 2 · (m + log2 l), or
+   * merged into them (row_result) */
 #pragma unroll
   for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -455,17 +537,25 @@ __global__ void __launch_bounds__(FwdBf16<HP>::NT) fwd_bf16(Params p) {
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const int i = i0 + wr + 16 * mt + g + 8 * hf;
-      if (i >= p.S) continue;
-      const float inv = 1.f / sum;
-      float *dst = p.o + row_off(qt.b, i, p.nh, qt.h, p.S, p.hd);
+      const bool in = i < p.sq;
+      float *lse = p.lse + lse_at(p, qt.b, in ? i : 0, qt.h), wa, f, lnew;
+      /* accumulating: lane t = 0 reads the row's lse, before it writes it */
+      float la = p.acc && in && t == 0 ? *lse : -INFINITY;
+      la = __shfl_sync(0xffffffffu, la, lane & ~3);
+      if (!in || !row_result(p, sum, (m[mt][hf] + log2f(sum)) * LN2, la, wa, f, lnew)) continue;
+      float *dst = p.o + q_at(p, p.q_bs, qt.b, i, qt.h);
 #pragma unroll
       for (int dt = 0; dt < HP / 8; dt++) {
         const int c = 8 * dt + 2 * t;
-        if (c < p.hd)
-          *reinterpret_cast<float2 *>(dst + c) =
-              make_float2(o[mt][dt][2 * hf] * inv, o[mt][dt][2 * hf + 1] * inv);
+        if (c >= p.hd) continue;
+        float2 x = make_float2(o[mt][dt][2 * hf] * f, o[mt][dt][2 * hf + 1] * f);
+        if (wa != 0.f) {
+          const float2 y = *reinterpret_cast<const float2 *>(dst + c);
+          x = make_float2(wa * y.x + x.x, wa * y.y + x.y);
+        }
+        *reinterpret_cast<float2 *>(dst + c) = x;
       }
-      if (t == 0) p.lse[((int64_t)qt.b * p.nh + qt.h) * p.S + i] = (m[mt][hf] + log2f(sum)) * LN2;
+      if (t == 0) *lse = lnew;
     }
 }
 
@@ -558,33 +648,34 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dkdv_bf16(
   const int64_t ldq = (int64_t)p.nh * p.hd, ldk = (int64_t)p.nkv * p.hd;
   const float sl2 = p.scale * LOG2E;
 
-  /* queries that see a key of this tile: i >= j0 (causal) and
-   * i <= last key + win − 1 (window); the block visits the query tiles
-   * qb0 .. qb0 + nq − 1 of each head of the group: iteration n = head · nq + tile */
-  const int jlast = min(j0 + BN, p.S) - 1;
-  const int ilast = p.win > 0 ? min(p.S - 1, jlast + p.win - 1) : p.S - 1;
-  const int qb0 = j0 / BM, nq = ilast / BM - qb0 + 1, nit = p.group * nq;
+  /* queries that see a key of this tile (query_tiles); the block visits the
+   * query tiles qb0 .. qb0 + nq − 1 of each of the group's heads h0 .. h0 +
+   * ng − 1: iteration n = head · nq + tile */
+  int qb0, nq, h0, ng;
+  query_tiles(p, j0, BN, BM, qb0, nq);
+  group_heads(p, kvh, h0, ng);
+  const int nit = ng * nq;
   /* stage u: Qs, dOs [BM][LD] bf16, then lse (natural log), D [BM] fp32 */
   auto Qs_of = [&](int u) { return reinterpret_cast<bf16 *>(stage0 + C::kv_stage * u); };
   auto lse_of = [&](int u) { return reinterpret_cast<float *>(Qs_of(u) + 2 * BM * LD); };
-  /* iteration n's query tile into stage u; rows past S zero */
+  /* iteration n's query tile into stage u; rows past sq zero */
   auto stage_q = [&](int n, int u) {
-    const int h = kvh * p.group + n / nq, i0 = (qb0 + n % nq) * BM;
-    const int64_t qoff = row_off(b, i0, p.nh, h, p.S, p.hd);
-    stage_async<BM, HP, C::NT>(Qs_of(u), p.qh + qoff, ldq, p.S - i0, p.hd);
-    stage_async<BM, HP, C::NT>(Qs_of(u) + BM * LD, p.douth + qoff, ldq, p.S - i0, p.hd);
-    const int64_t row = ((int64_t)b * p.nh + h) * p.S + i0;
+    const int h = h0 + n / nq, i0 = (qb0 + n % nq) * BM;
+    const int64_t qoff = q_at(p, p.qs_bs, b, i0, h);
+    stage_async<BM, HP, C::NT>(Qs_of(u), p.qh + qoff, ldq, p.sq - i0, p.hd);
+    stage_async<BM, HP, C::NT>(Qs_of(u) + BM * LD, p.douth + qoff, ldq, p.sq - i0, p.hd);
     for (int r = threadIdx.x; r < BM; r += C::NT) {
-      const bool in = i0 + r < p.S;
-      cp_async4(lse_of(u) + r, p.lse_in + (in ? row + r : row), in);
-      cp_async4(lse_of(u) + BM + r, p.D + (in ? row + r : row), in);
+      const bool in = i0 + r < p.sq;
+      const int i = in ? i0 + r : i0;
+      cp_async4(lse_of(u) + r, p.lse_in + lse_at(p, b, i, h), in);
+      cp_async4(lse_of(u) + BM + r, p.D + d_at(p, b, i, h), in);
     }
   };
 
-  const int64_t koff = row_off(b, j0, p.nkv, kvh, p.S, p.hd);
-  stage_async<BN, HP, C::NT>(Ks, p.kh + koff, ldk, p.S - j0, p.hd);
-  stage_async<BN, HP, C::NT>(Vs, p.vh + koff, ldk, p.S - j0, p.hd);
-  if (C::KV_STAGES == 2) stage_q(0, 0);
+  const int64_t koff = k_at(p, p.ks_bs, b, j0, kvh);
+  stage_async<BN, HP, C::NT>(Ks, p.kh + koff, ldk, p.sk - j0, p.hd);
+  stage_async<BN, HP, C::NT>(Vs, p.vh + koff, ldk, p.sk - j0, p.hd);
+  if (C::KV_STAGES == 2 && nit > 0) stage_q(0, 0);
   cp_async_commit();
 
   const int kr = 16 * RT * (warp & 3); /* phase 1 and 2: this warp's 16·RT key rows */
@@ -616,7 +707,7 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dkdv_bf16(
     /* P = exp(scaled score − lse), 0 where masked or past S; dS = P ⊙ (dP − D).
      * Element (e) of n-tile nt of m-tile mt: key row kr + 16·mt + g + 8·(e/2),
      * query qc + 8·nt + 2t + e%2. */
-    const bool masked = tile_masked(i0, BM, j0, BN, p.win) || i0 + BM > p.S;
+    const bool masked = tile_masked(p, i0, BM, j0, BN);
 #pragma unroll
     for (int mt = 0; mt < RT; mt++)
 #pragma unroll
@@ -630,7 +721,7 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dkdv_bf16(
             const int ic = qc + 8 * nt + 2 * t + e;
             /* lse in log2 units, as the scores (__fmul_rn: never fused) */
             const float x = st[mt][nt][2 * hf + e] * sl2 - __fmul_rn(lse_s[ic], LOG2E);
-            const bool off = masked && (i0 + ic >= p.S || !visible(i0 + ic, j0 + jr, p.win));
+            const bool off = masked && !visible(p, i0 + ic, j0 + jr);
             pv[e] = off ? 0.f : exp2f(x);
             ds[e] = pv[e] * (dpt[mt][nt][2 * hf + e] - D_s[ic]);
           }
@@ -665,22 +756,21 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dkdv_bf16(
     }
   }
 
+  if (nit == 0) cp_async_wait<0>(); /* no query sees the tile: Ks, Vs's copies retire */
   /* rows kr + 16·mt + g (+8) of the tile, columns dc + 8·dt + 2t (+1) */
 #pragma unroll
   for (int mt = 0; mt < RT; mt++)
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
       const int j = j0 + kr + 16 * mt + g + 8 * hf;
-      if (j >= p.S) continue;
-      const int64_t off = row_off(b, j, p.nkv, kvh, p.S, p.hd);
+      if (j >= p.sk) continue;
+      const int64_t off = k_at(p, p.k_bs, b, j, kvh);
 #pragma unroll
       for (int dt = 0; dt < DW / 8; dt++) {
         const int c = dc + 8 * dt + 2 * t;
         if (c >= p.hd) continue;
-        *reinterpret_cast<float2 *>(p.dk + off + c) =
-            make_float2(p.scale * dk[mt][dt][2 * hf], p.scale * dk[mt][dt][2 * hf + 1]);
-        *reinterpret_cast<float2 *>(p.dv + off + c) =
-            make_float2(dv[mt][dt][2 * hf], dv[mt][dt][2 * hf + 1]);
+        put2(p.dk + off + c, p.scale * dk[mt][dt][2 * hf], p.scale * dk[mt][dt][2 * hf + 1], p.acc);
+        put2(p.dv + off + c, dv[mt][dt][2 * hf], dv[mt][dt][2 * hf + 1], p.acc);
       }
     }
 }
@@ -698,38 +788,37 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dq_bf16(Pa
   bf16 *KV = dSs + BM * LP; /* stage u: Ks, Vs [BN][LD] at KV + 2·BN·LD·u */
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const QTile qt = qtile_of(p, BM);
-  const int i0 = qt.qb * BM, kvh = qt.h / p.group;
+  const int i0 = qt.qb * BM, kvh = kv_of(p, qt.h);
   const int64_t ldq = (int64_t)p.nh * p.hd, ldk = (int64_t)p.nkv * p.hd;
   const float sl2 = p.scale * LOG2E;
 
   /* key/value tile kb into stage u */
   auto stage_kv = [&](int kb, int u) {
     const int j0 = kb * BN;
-    const int64_t koff = row_off(qt.b, j0, p.nkv, kvh, p.S, p.hd);
-    stage_async<BN, HP, C::NT>(KV + 2 * BN * LD * u, p.kh + koff, ldk, p.S - j0, p.hd);
-    stage_async<BN, HP, C::NT>(KV + 2 * BN * LD * u + BN * LD, p.vh + koff, ldk, p.S - j0, p.hd);
+    const int64_t koff = k_at(p, p.ks_bs, qt.b, j0, kvh);
+    stage_async<BN, HP, C::NT>(KV + 2 * BN * LD * u, p.kh + koff, ldk, p.sk - j0, p.hd);
+    stage_async<BN, HP, C::NT>(KV + 2 * BN * LD * u + BN * LD, p.vh + koff, ldk, p.sk - j0, p.hd);
   };
-  const int64_t qoff = row_off(qt.b, i0, p.nh, qt.h, p.S, p.hd);
-  stage_async<BM, HP, C::NT>(Qs, p.qh + qoff, ldq, p.S - i0, p.hd);
-  stage_async<BM, HP, C::NT>(dOs, p.douth + qoff, ldq, p.S - i0, p.hd);
+  const int64_t qoff = q_at(p, p.qs_bs, qt.b, i0, qt.h);
+  stage_async<BM, HP, C::NT>(Qs, p.qh + qoff, ldq, p.sq - i0, p.hd);
+  stage_async<BM, HP, C::NT>(dOs, p.douth + qoff, ldq, p.sq - i0, p.hd);
 
   const int qr = 16 * RT * (warp & 3); /* phase 1 and 2: this warp's 16·RT query rows */
   const int kc = 32 * (warp >> 2);      /* phase 1: its 32 key columns */
   const int dc = DW * (warp >> 2);      /* phase 2: its DW head columns */
-  /* lse (log2 units) and D of rows qr + 16·mt + g (+8); rows past S: 0 (never stored) */
+  /* lse (log2 units) and D of rows qr + 16·mt + g (+8); rows past sq: 0 (never stored) */
   float lse_r[RT][2], D_r[RT][2];
 #pragma unroll
   for (int mt = 0; mt < RT; mt++)
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
       const int i = i0 + qr + 16 * mt + g + 8 * hf;
-      const int64_t at = ((int64_t)qt.b * p.nh + qt.h) * p.S + i;
-      lse_r[mt][hf] = i < p.S ? p.lse_in[at] * LOG2E : 0.f;
-      D_r[mt][hf] = i < p.S ? p.D[at] : 0.f;
+      lse_r[mt][hf] = i < p.sq ? p.lse_in[lse_at(p, qt.b, i, qt.h)] * LOG2E : 0.f;
+      D_r[mt][hf] = i < p.sq ? p.D[d_at(p, qt.b, i, qt.h)] : 0.f;
     }
   int kb0, kb1;
   key_tiles(p, i0, BM, BN, kb0, kb1);
-  if (C::Q_STAGES == 2) stage_kv(kb0, 0);
+  if (C::Q_STAGES == 2 && kb0 <= kb1) stage_kv(kb0, 0);
   cp_async_commit();
   float dq[RT][DW / 8][4] = {};
 
@@ -754,7 +843,7 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dq_bf16(Pa
     float s[RT][4][4] = {}, dp[RT][4][4] = {};
     products_32<HP, LD, RT>(Qs, dOs, Ks, Vs, qr, kc, lane, s, dp);
     /* dS = P ⊙ (dP − D), P = exp(scaled score − lse), 0 where masked */
-    const bool masked = tile_masked(i0, BM, j0, BN, p.win);
+    const bool masked = tile_masked(p, i0, BM, j0, BN);
 #pragma unroll
     for (int mt = 0; mt < RT; mt++)
 #pragma unroll
@@ -767,7 +856,7 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dq_bf16(Pa
           for (int e = 0; e < 2; e++) {
             const int j = j0 + kc + 8 * nt + 2 * t + e;
             const float x = s[mt][nt][2 * hf + e] * sl2 - lse_r[mt][hf];
-            const float pv = masked && !visible(i0 + ir, j, p.win) ? 0.f : exp2f(x);
+            const float pv = masked && !visible(p, i0 + ir, j) ? 0.f : exp2f(x);
             ds[e] = pv * (dp[mt][nt][2 * hf + e] - D_r[mt][hf]);
           }
           *reinterpret_cast<uint32_t *>(dSs + ir * LP + kc + 8 * nt + 2 * t) =
@@ -794,19 +883,19 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dq_bf16(Pa
     }
   }
 
+  if (kb0 > kb1) cp_async_wait<0>(); /* no key tile: Qs, dOs's copies retire */
 #pragma unroll
   for (int mt = 0; mt < RT; mt++)
 #pragma unroll
     for (int hf = 0; hf < 2; hf++) {
       const int i = i0 + qr + 16 * mt + g + 8 * hf;
-      if (i >= p.S) continue;
-      float *dst = p.dq + row_off(qt.b, i, p.nh, qt.h, p.S, p.hd);
+      if (i >= p.sq) continue;
+      float *dst = p.dq + q_at(p, p.q_bs, qt.b, i, qt.h);
 #pragma unroll
       for (int dt = 0; dt < DW / 8; dt++) {
         const int c = dc + 8 * dt + 2 * t;
         if (c < p.hd)
-          *reinterpret_cast<float2 *>(dst + c) =
-              make_float2(p.scale * dq[mt][dt][2 * hf], p.scale * dq[mt][dt][2 * hf + 1]);
+          put2(dst + c, p.scale * dq[mt][dt][2 * hf], p.scale * dq[mt][dt][2 * hf + 1], p.acc);
       }
     }
 }
@@ -856,11 +945,10 @@ __global__ void __launch_bounds__(F32<HP>::NT) fwd_f32(Params p) {
   float *Ps = Vs + BN * LD;
   const int r = threadIdx.x >> 2, c4 = threadIdx.x & 3;
   const QTile qt = qtile_of(p, BM);
-  const int i0 = qt.qb * BM, i = i0 + r, kvh = qt.h / p.group;
+  const int i0 = qt.qb * BM, i = i0 + r, kvh = kv_of(p, qt.h);
   const int64_t ldq = (int64_t)p.nh * p.hd, ldk = (int64_t)p.nkv * p.hd;
 
-  stage_f32<BM, HP, C::NT>(Qs, p.q + row_off(qt.b, i0, p.nh, qt.h, p.S, p.hd), ldq, p.S - i0,
-                           p.hd);
+  stage_f32<BM, HP, C::NT>(Qs, p.q + q_at(p, p.qs_bs, qt.b, i0, qt.h), ldq, p.sq - i0, p.hd);
   int kb0, kb1;
   key_tiles(p, i0, BM, BN, kb0, kb1);
   float o[HP / 4] = {};
@@ -869,9 +957,9 @@ __global__ void __launch_bounds__(F32<HP>::NT) fwd_f32(Params p) {
   for (int kb = kb0; kb <= kb1; kb++) {
     const int j0 = kb * BN;
     __syncthreads(); /* the previous tile's Ks, Vs, Ps are no longer read */
-    const int64_t koff = row_off(qt.b, j0, p.nkv, kvh, p.S, p.hd);
-    stage_f32<BN, HP, C::NT>(Ks, p.k + koff, ldk, p.S - j0, p.hd);
-    stage_f32<BN, HP, C::NT>(Vs, p.v + koff, ldk, p.S - j0, p.hd);
+    const int64_t koff = k_at(p, p.ks_bs, qt.b, j0, kvh);
+    stage_f32<BN, HP, C::NT>(Ks, p.k + koff, ldk, p.sk - j0, p.hd);
+    stage_f32<BN, HP, C::NT>(Vs, p.v + koff, ldk, p.sk - j0, p.hd);
     __syncthreads();
 
     float s[8] = {};
@@ -883,7 +971,7 @@ __global__ void __launch_bounds__(F32<HP>::NT) fwd_f32(Params p) {
     float mx = -INFINITY;
 #pragma unroll
     for (int u = 0; u < 8; u++) {
-      s[u] = visible(i, j0 + c4 + 4 * u, p.win) ? s[u] * p.scale : -INFINITY;
+      s[u] = visible(p, i, j0 + c4 + 4 * u) ? s[u] * p.scale : -INFINITY;
       mx = fmaxf(mx, s[u]);
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -912,13 +1000,20 @@ __global__ void __launch_bounds__(F32<HP>::NT) fwd_f32(Params p) {
 
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
-  if (i >= p.S) return; /* no barrier follows */
-  const float inv = 1.f / l;
-  float *dst = p.o + row_off(qt.b, i, p.nh, qt.h, p.S, p.hd);
+  /* accumulating: lane c4 = 0 reads the row's lse, before it writes it */
+  const bool in = i < p.sq;
+  float *lse = p.lse + lse_at(p, qt.b, in ? i : 0, qt.h), wa, f, lnew;
+  float la = p.acc && in && c4 == 0 ? *lse : -INFINITY;
+  la = __shfl_sync(0xffffffffu, la, threadIdx.x & 28);
+  if (!in || !row_result(p, l, m + logf(l), la, wa, f, lnew)) return; /* no barrier follows */
+  float *dst = p.o + q_at(p, p.q_bs, qt.b, i, qt.h);
 #pragma unroll
   for (int u = 0; u < HP / 4; u++)
-    if (c4 + 4 * u < p.hd) dst[c4 + 4 * u] = o[u] * inv;
-  if (c4 == 0) p.lse[((int64_t)qt.b * p.nh + qt.h) * p.S + i] = m + logf(l);
+    if (c4 + 4 * u < p.hd) {
+      const float x = o[u] * f;
+      dst[c4 + 4 * u] = wa != 0.f ? wa * dst[c4 + 4 * u] + x : x;
+    }
+  if (c4 == 0) *lse = lnew;
 }
 
 template <int HP>
@@ -930,14 +1025,14 @@ __global__ void __launch_bounds__(F32<HP>::NT) dq_f32(Params p) {
   float *Vs = Ks + BN * LD, *dSs = Vs + BN * LD;
   const int r = threadIdx.x >> 2, c4 = threadIdx.x & 3;
   const QTile qt = qtile_of(p, BM);
-  const int i0 = qt.qb * BM, i = i0 + r, kvh = qt.h / p.group;
+  const int i0 = qt.qb * BM, i = i0 + r, kvh = kv_of(p, qt.h);
   const int64_t ldq = (int64_t)p.nh * p.hd, ldk = (int64_t)p.nkv * p.hd;
 
-  const int64_t qoff = row_off(qt.b, i0, p.nh, qt.h, p.S, p.hd);
-  stage_f32<BM, HP, C::NT>(Qs, p.q + qoff, ldq, p.S - i0, p.hd);
-  stage_f32<BM, HP, C::NT>(dOs, p.dout + qoff, ldq, p.S - i0, p.hd);
-  const int64_t at = ((int64_t)qt.b * p.nh + qt.h) * p.S + i;
-  const float lse_i = i < p.S ? p.lse_in[at] : 0.f, D_i = i < p.S ? p.D[at] : 0.f;
+  const int64_t qoff = q_at(p, p.qs_bs, qt.b, i0, qt.h);
+  stage_f32<BM, HP, C::NT>(Qs, p.q + qoff, ldq, p.sq - i0, p.hd);
+  stage_f32<BM, HP, C::NT>(dOs, p.dout + qoff, ldq, p.sq - i0, p.hd);
+  const float lse_i = i < p.sq ? p.lse_in[lse_at(p, qt.b, i, qt.h)] : 0.f;
+  const float D_i = i < p.sq ? p.D[d_at(p, qt.b, i, qt.h)] : 0.f;
   int kb0, kb1;
   key_tiles(p, i0, BM, BN, kb0, kb1);
   float acc[HP / 4] = {};
@@ -945,16 +1040,16 @@ __global__ void __launch_bounds__(F32<HP>::NT) dq_f32(Params p) {
   for (int kb = kb0; kb <= kb1; kb++) {
     const int j0 = kb * BN;
     __syncthreads(); /* the previous tile's Ks, dSs are no longer read */
-    const int64_t koff = row_off(qt.b, j0, p.nkv, kvh, p.S, p.hd);
-    stage_f32<BN, HP, C::NT>(Ks, p.k + koff, ldk, p.S - j0, p.hd);
-    stage_f32<BN, HP, C::NT>(Vs, p.v + koff, ldk, p.S - j0, p.hd);
+    const int64_t koff = k_at(p, p.ks_bs, qt.b, j0, kvh);
+    stage_f32<BN, HP, C::NT>(Ks, p.k + koff, ldk, p.sk - j0, p.hd);
+    stage_f32<BN, HP, C::NT>(Vs, p.v + koff, ldk, p.sk - j0, p.hd);
     __syncthreads();
 
     float s[8] = {}, dp[8] = {};
     dots8<LD>(Qs, dOs, Ks, Vs, r, c4, p.hd, s, dp);
 #pragma unroll
     for (int u = 0; u < 8; u++) {
-      const float pv = visible(i, j0 + c4 + 4 * u, p.win) ? expf(s[u] * p.scale - lse_i) : 0.f;
+      const float pv = visible(p, i, j0 + c4 + 4 * u) ? expf(s[u] * p.scale - lse_i) : 0.f;
       dSs[r * LP + c4 + 4 * u] = pv * (dp[u] - D_i);
     }
     __syncwarp(); /* row r's dS: written and read by its 4 lanes */
@@ -965,11 +1060,11 @@ __global__ void __launch_bounds__(F32<HP>::NT) dq_f32(Params p) {
     }
   }
 
-  if (i >= p.S) return; /* no barrier follows */
-  float *dst = p.dq + row_off(qt.b, i, p.nh, qt.h, p.S, p.hd);
+  if (i >= p.sq) return; /* no barrier follows */
+  float *dst = p.dq + q_at(p, p.q_bs, qt.b, i, qt.h);
 #pragma unroll
   for (int u = 0; u < HP / 4; u++)
-    if (c4 + 4 * u < p.hd) dst[c4 + 4 * u] = p.scale * acc[u];
+    if (c4 + 4 * u < p.hd) put1(dst + c4 + 4 * u, p.scale * acc[u], p.acc);
 }
 
 /* dk, dv of one key tile of one kv head; thread (c, q4) = (tid / 4, tid % 4)
@@ -988,27 +1083,25 @@ __global__ void __launch_bounds__(F32<HP>::NT) dkdv_f32(Params p) {
   const int b = bg / p.nkv, kvh = bg % p.nkv, j0 = kb * BN, j = j0 + c;
   const int64_t ldq = (int64_t)p.nh * p.hd, ldk = (int64_t)p.nkv * p.hd;
 
-  const int64_t koff = row_off(b, j0, p.nkv, kvh, p.S, p.hd);
-  stage_f32<BN, HP, C::NT>(Ks, p.k + koff, ldk, p.S - j0, p.hd);
-  stage_f32<BN, HP, C::NT>(Vs, p.v + koff, ldk, p.S - j0, p.hd);
-  const int jlast = min(j0 + BN, p.S) - 1; /* query range: as dkdv_bf16 */
-  const int ilast = p.win > 0 ? min(p.S - 1, jlast + p.win - 1) : p.S - 1;
-  const int qb0 = j0 / BM, qb1 = ilast / BM;
+  const int64_t koff = k_at(p, p.ks_bs, b, j0, kvh);
+  stage_f32<BN, HP, C::NT>(Ks, p.k + koff, ldk, p.sk - j0, p.hd);
+  stage_f32<BN, HP, C::NT>(Vs, p.v + koff, ldk, p.sk - j0, p.hd);
+  int qb0, nq, h0, ng; /* as dkdv_bf16 */
+  query_tiles(p, j0, BN, BM, qb0, nq);
+  group_heads(p, kvh, h0, ng);
   float ak[HP / 4] = {}, av[HP / 4] = {};
 
-  for (int h = kvh * p.group; h < (kvh + 1) * p.group; h++) {
-    const float *lse_h = p.lse_in + ((int64_t)b * p.nh + h) * p.S;
-    const float *D_h = p.D + ((int64_t)b * p.nh + h) * p.S;
-    for (int qb = qb0; qb <= qb1; qb++) {
+  for (int h = h0; h < h0 + ng; h++) {
+    for (int qb = qb0; qb < qb0 + nq; qb++) {
       const int i0 = qb * BM;
       __syncthreads(); /* the previous tile's Qs, dOs, Pt, dSt are no longer read */
-      const int64_t qoff = row_off(b, i0, p.nh, h, p.S, p.hd);
-      stage_f32<BM, HP, C::NT>(Qs, p.q + qoff, ldq, p.S - i0, p.hd);
-      stage_f32<BM, HP, C::NT>(dOs, p.dout + qoff, ldq, p.S - i0, p.hd);
+      const int64_t qoff = q_at(p, p.qs_bs, b, i0, h);
+      stage_f32<BM, HP, C::NT>(Qs, p.q + qoff, ldq, p.sq - i0, p.hd);
+      stage_f32<BM, HP, C::NT>(dOs, p.dout + qoff, ldq, p.sq - i0, p.hd);
       for (int x = threadIdx.x; x < BM; x += C::NT) {
-        const bool in = i0 + x < p.S;
-        lse_s[x] = in ? lse_h[i0 + x] : 0.f;
-        D_s[x] = in ? D_h[i0 + x] : 0.f;
+        const bool in = i0 + x < p.sq;
+        lse_s[x] = in ? p.lse_in[lse_at(p, b, i0 + x, h)] : 0.f;
+        D_s[x] = in ? p.D[d_at(p, b, i0 + x, h)] : 0.f;
       }
       __syncthreads();
 
@@ -1017,7 +1110,7 @@ __global__ void __launch_bounds__(F32<HP>::NT) dkdv_f32(Params p) {
 #pragma unroll
       for (int u = 0; u < 8; u++) {
         const int ic = q4 + 4 * u, i = i0 + ic;
-        const bool on = i < p.S && visible(i, j, p.win);
+        const bool on = visible(p, i, j);
         const float pv = on ? expf(s[u] * p.scale - lse_s[ic]) : 0.f;
         Pt[c * LP + ic] = pv;
         dSt[c * LP + ic] = pv * (dp[u] - D_s[ic]);
@@ -1034,40 +1127,70 @@ __global__ void __launch_bounds__(F32<HP>::NT) dkdv_f32(Params p) {
     }
   }
 
-  if (j >= p.S) return; /* no barrier follows */
-  const int64_t off = row_off(b, j, p.nkv, kvh, p.S, p.hd);
+  if (j >= p.sk) return; /* no barrier follows */
+  const int64_t off = k_at(p, p.k_bs, b, j, kvh);
 #pragma unroll
   for (int u = 0; u < HP / 4; u++)
     if (q4 + 4 * u < p.hd) {
-      p.dk[off + q4 + 4 * u] = p.scale * ak[u];
-      p.dv[off + q4 + 4 * u] = av[u];
+      put1(p.dk + off + q4 + 4 * u, p.scale * ak[u], p.acc);
+      put1(p.dv + off + q4 + 4 * u, av[u], p.acc);
     }
 }
 
 /* ==== D = rowsum(dout ⊙ out) =============================================
- * One warp per (token, head) row: lane sums d = lane, lane + 32, .. in
- * fp64, then a fixed butterfly. In bf16 mode dout enters rounded, as it
- * enters dP = dout·v^T (so D = rowsum(P ⊙ dP) up to P's rounding in out). */
+ * One warp per (sequence, query row, head): lane sums d = lane, lane + 32,
+ * .. in fp64, then a fixed butterfly. In bf16 mode dout enters rounded, as
+ * it enters dP = dout·v^T (so D = rowsum(P ⊙ dP) up to P's rounding in out). */
 constexpr int ROWDOT_NT = 256;
 
-__global__ void __launch_bounds__(ROWDOT_NT) rowdot(const float *__restrict__ dout,
-                                                    const float *__restrict__ out,
-                                                    float *__restrict__ D, int64_t rows, int S,
-                                                    int nh, int hd, bool round) {
+__global__ void __launch_bounds__(ROWDOT_NT) rowdot(Params p, const float *__restrict__ out,
+                                                    float *__restrict__ D, bool round) {
   const int lane = threadIdx.x & 31;
-  const int64_t warps = (int64_t)gridDim.x * (ROWDOT_NT / 32);
+  const int64_t rows = (int64_t)p.B * p.sq * p.nh, warps = (int64_t)gridDim.x * (ROWDOT_NT / 32);
   for (int64_t row = (int64_t)blockIdx.x * (ROWDOT_NT / 32) + (threadIdx.x >> 5); row < rows;
        row += warps) {
-    /* row = token·nh + h, token = b·S + s; all lanes share `row`: no divergence */
+    /* row = (b·sq + i)·nh + h; all lanes share `row`: no divergence */
+    const int h = (int)(row % p.nh), i = (int)(row / p.nh % p.sq), b = (int)(row / p.nh / p.sq);
+    const int64_t off = q_at(p, p.q_bs, b, i, h);
     double acc = 0.0;
-    for (int d = lane; d < hd; d += 32) {
-      float x = dout[row * hd + d];
+    for (int d = lane; d < p.hd; d += 32) {
+      float x = p.dout[off + d];
       if (round) x = __bfloat162float(__float2bfloat16_rn(x));
-      acc += (double)x * out[row * hd + d];
+      acc += (double)x * out[off + d];
     }
     for (int w = 16; w > 0; w >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, w);
-    const int64_t token = row / nh, b = token / S;
-    if (lane == 0) D[(b * nh + row % nh) * S + token % S] = (float)acc;
+    if (lane == 0) D[d_at(p, b, i, h)] = (float)acc;
+  }
+}
+
+/* ==== gathering a block's rows ===========================================
+ * dst [B][rows, width] (compact) from rows of B sequences: row r of
+ * sequence b at src + b·bs + r·width elements, or with a block table (paged
+ * keys, kc_attn_block.kv_table) pool row table[b·tbs + r / blk]·blk + r %
+ * blk. Elements fp32 or bf16 either side: rounded to nearest-even, widened
+ * exactly or copied. */
+__global__ void __launch_bounds__(KC_THREADS) gather_rows(void *__restrict__ dst, bool dst_bf16,
+                                                         const void *__restrict__ src,
+                                                         bool src_bf16, int B, int rows, int width,
+                                                         int64_t bs,
+                                                         const int32_t *__restrict__ table,
+                                                         int64_t tbs, int blk) {
+  const int64_t n = (int64_t)B * rows * width;
+  for (int64_t e = kc_gtid(); e < n; e += kc_gstride()) {
+    const int64_t t = e / width, w = e % width;
+    const int r = (int)(t % rows), b = (int)(t / rows);
+    const int64_t at = table ? ((int64_t)table[b * tbs + r / blk] * blk + r % blk) * width + w
+                             : b * bs + (int64_t)r * width + w;
+    if (src_bf16 && dst_bf16) {
+      static_cast<uint16_t *>(dst)[e] = static_cast<const uint16_t *>(src)[at];
+      continue;
+    }
+    const float x = src_bf16 ? kc_bf16_to_f32(static_cast<const uint16_t *>(src)[at])
+                             : static_cast<const float *>(src)[at];
+    if (dst_bf16)
+      static_cast<uint16_t *>(dst)[e] = kc_f32_to_bf16(x);
+    else
+      static_cast<float *>(dst)[e] = x;
   }
 }
 
@@ -1093,21 +1216,59 @@ cudaError_t launch(const char *name, K kernel, int64_t blocks, int threads, size
 
 bool aligned16(const void *x) { return ((uintptr_t)x & 15) == 0; }
 
-/* Checks the sizes and fills the fields both directions share; window >= S
- * masks nothing and becomes 0 (so that every window fits an int). */
-cudaError_t setup(Params &p, int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd,
-                  float scale, int64_t window) {
-  if (B < 1 || S < 1 || S >= (1 << 30) || nkv < 1 || nh < nkv || nh % nkv || hd < 8 ||
-      hd > 256 || hd % 8 || B > INT32_MAX || nh > INT32_MAX)
+constexpr int64_t LIM = 1 << 30; /* rows, positions and windows fit an int with room */
+
+/* Checks a block's geometry and fills the fields both directions share:
+ * group 0 is nh / nkv (nh a multiple of nkv); query head h reads kv head
+ * (h + off) / group, which must exist; a window of LIM or more masks
+ * nothing and becomes 0. The strides are the caller's. */
+cudaError_t setup(Params &p, const kc_attn_block &k) {
+  const int64_t group = k.group ? k.group : k.nkv > 0 && k.nh % k.nkv == 0 ? k.nh / k.nkv : 0;
+  if (k.B < 1 || k.sq < 1 || k.sk < 0 || k.sq >= LIM || k.sk >= LIM || k.nkv < 1 || k.nh < 1 ||
+      group < 1 || k.head_off < 0 || k.head_off >= group ||
+      (k.nh - 1 + k.head_off) / group >= k.nkv || k.hd < 8 || k.hd > 256 || k.hd % 8 ||
+      k.B > INT32_MAX || k.nh > INT32_MAX || k.q_pos <= -LIM || k.q_pos >= LIM ||
+      k.k_pos <= -LIM || k.k_pos >= LIM || k.window < 0)
     return cudaErrorInvalidValue;
-  p.B = (int)B;
-  p.S = (int)S;
-  p.nh = (int)nh;
-  p.nkv = (int)nkv;
-  p.group = (int)(nh / nkv);
-  p.hd = (int)hd;
-  p.win = window > 0 && window < S ? (int)window : 0;
-  p.scale = scale;
+  const int64_t qrow = k.nh * k.hd, krow = k.nkv * k.hd;
+  if (k.B > 1 && (k.q_bs < k.sq * qrow || (!k.kv_table && k.k_bs < k.sk * krow) ||
+                  k.l_bs < k.sq * k.nh))
+    return cudaErrorInvalidValue;
+  if (k.kv_table && (k.kv_block < 1 || k.kv_block >= LIM ||
+                     k.table_bs < (k.sk + k.kv_block - 1) / k.kv_block))
+    return cudaErrorInvalidValue;
+  p.B = (int)k.B;
+  p.sq = (int)k.sq;
+  p.sk = (int)k.sk;
+  p.nh = (int)k.nh;
+  p.nkv = (int)k.nkv;
+  p.group = (int)group;
+  p.off = (int)k.head_off;
+  p.hd = (int)k.hd;
+  p.dpos = (int)(k.q_pos - k.k_pos);
+  p.win = k.window < LIM ? (int)k.window : 0;
+  p.scale = k.scale;
+  p.q_bs = p.qs_bs = k.q_bs;
+  p.k_bs = p.ks_bs = k.k_bs;
+  p.l_bs = k.l_bs;
+  p.l_rs = k.nh;
+  p.l_hs = 1;
+  return cudaSuccess;
+}
+
+/* The whole-sequence call as one block: lse [B, nh, S]. */
+cudaError_t setup_whole(Params &p, int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd,
+                        float scale, int64_t window) {
+  if (nkv < 1 || nh % nkv) return cudaErrorInvalidValue;
+  kc_attn_block k = {};
+  k.B = B, k.sq = k.sk = S, k.nh = nh, k.nkv = nkv, k.hd = hd, k.scale = scale;
+  k.window = window >= S ? 0 : window;
+  k.q_bs = S * nh * hd, k.k_bs = S * nkv * hd, k.l_bs = S * nh;
+  cudaError_t e = setup(p, k);
+  if (e != cudaSuccess) return e;
+  p.l_bs = nh * S;
+  p.l_rs = 1;
+  p.l_hs = S;
   return cudaSuccess;
 }
 
@@ -1120,66 +1281,150 @@ template <int HP>
 cudaError_t fwd_launch(cudaStream_t st, const Params &p, bool bf) {
   const int64_t heads = (int64_t)p.B * p.nh;
   if (bf)
-    return launch("fwd_bf16", fwd_bf16<HP>, tiles(p.S, FwdBf16<HP>::BM) * heads, FwdBf16<HP>::NT,
-                  FwdBf16<HP>::smem, st, p);
-  return launch("fwd_f32", fwd_f32<HP>, tiles(p.S, F32<HP>::BM) * heads, F32<HP>::NT,
+    return launch("fwd_bf16", fwd_bf16<HP>, tiles(p.sq, FwdBf16<HP>::BM) * heads,
+                  FwdBf16<HP>::NT, FwdBf16<HP>::smem, st, p);
+  return launch("fwd_f32", fwd_f32<HP>, tiles(p.sq, F32<HP>::BM) * heads, F32<HP>::NT,
                 F32<HP>::smem_fwd, st, p);
 }
 
+/* dk/dv then dq (both read D; neither writes what the other reads). */
 template <int HP>
 cudaError_t bwd_launch(cudaStream_t st, const Params &p, bool bf) {
   const int64_t heads = (int64_t)p.B * p.nh, kv_heads = (int64_t)p.B * p.nkv;
   cudaError_t e;
   if (bf) {
     using C = BwdBf16<HP>;
-    e = launch("dkdv_bf16", dkdv_bf16<HP>, tiles(p.S, C::BR) * kv_heads, C::NT, C::smem_kv, st, p);
+    e = launch("dkdv_bf16", dkdv_bf16<HP>, tiles(p.sk, C::BR) * kv_heads, C::NT, C::smem_kv, st,
+               p);
     if (e != cudaSuccess) return e;
-    return launch("dq_bf16", dq_bf16<HP>, tiles(p.S, C::BR) * heads, C::NT, C::smem_q, st, p);
+    return launch("dq_bf16", dq_bf16<HP>, tiles(p.sq, C::BR) * heads, C::NT, C::smem_q, st, p);
   }
   using C = F32<HP>;
-  e = launch("dkdv_f32", dkdv_f32<HP>, tiles(p.S, C::BN) * kv_heads, C::NT, C::smem_kv, st, p);
+  e = launch("dkdv_f32", dkdv_f32<HP>, tiles(p.sk, C::BN) * kv_heads, C::NT, C::smem_kv, st, p);
   if (e != cudaSuccess) return e;
-  return launch("dq_f32", dq_f32<HP>, tiles(p.S, C::BM) * heads, C::NT, C::smem_q, st, p);
+  return launch("dq_f32", dq_f32<HP>, tiles(p.sq, C::BM) * heads, C::NT, C::smem_q, st, p);
 }
 
-/* Elements of q (and dout) and of k (and v). */
+cudaError_t fwd_run(cudaStream_t st, const Params &p, bool bf) {
+  switch (padded(p.hd)) {
+    case 32: return fwd_launch<32>(st, p, bf);
+    case 64: return fwd_launch<64>(st, p, bf);
+    case 128: return fwd_launch<128>(st, p, bf);
+    default: return fwd_launch<256>(st, p, bf);
+  }
+}
+
+cudaError_t bwd_run(cudaStream_t st, const Params &p, bool bf) {
+  switch (padded(p.hd)) {
+    case 32: return bwd_launch<32>(st, p, bf);
+    case 64: return bwd_launch<64>(st, p, bf);
+    case 128: return bwd_launch<128>(st, p, bf);
+    default: return bwd_launch<256>(st, p, bf);
+  }
+}
+
+/* Elements of q (and dout) and of k (and v), compact. */
 void counts(const Params &p, int64_t &nq, int64_t &nk) {
-  nq = (int64_t)p.B * p.S * p.nh * p.hd;
-  nk = (int64_t)p.B * p.S * p.nkv * p.hd;
+  nq = (int64_t)p.B * p.sq * p.nh * p.hd;
+  nk = (int64_t)p.B * p.sk * p.nkv * p.hd;
 }
 
-/* bf16 mode: q, k, v (and dout when given) rounded to bf16 into `stage`
- * (kc_attention_stage_bytes: q, k, v, dout one after the other; each a
- * multiple of 16 bytes, as hd % 8 == 0), as the tiles' cp.async reads them. */
-cudaError_t round_inputs(cudaStream_t st, Params &p, void *stage) {
-  int64_t nq, nk;
-  counts(p, nq, nk);
-  bf16 *h = static_cast<bf16 *>(stage);
-  const float *src[] = {p.q, p.k, p.v, p.dout};
-  const bf16 **dst[] = {&p.qh, &p.kh, &p.vh, &p.douth};
-  const int64_t n[] = {nq, nk, nk, nq};
-  for (int i = 0; i < (p.dout ? 4 : 3); i++) {
-    cudaError_t e = kc_f32_to_bf16(st, src[i], reinterpret_cast<uint16_t *>(h), n[i]);
-    if (e != cudaSuccess) return e;
-    *dst[i] = h;
-    h += n[i];
+/* Bytes of the stage: bf16, q, k, v (and dout) in bf16; fp32 with paged
+ * keys, k and v in fp32; else none. SIZE_MAX on overflow. */
+size_t stage_bytes(int64_t B, int64_t sq, int64_t sk, int64_t nh, int64_t nkv, int64_t hd,
+                   bool bf, bool paged, bool dout) {
+  if (B < 0 || sq < 0 || sk < 0 || nh < 0 || nkv < 0 || hd < 0) return SIZE_MAX;
+  if (!bf && !paged) return 0;
+  size_t q, k, n;
+  if (__builtin_mul_overflow((size_t)B, (size_t)hd, &n) ||
+      __builtin_mul_overflow(n, (size_t)sq * (size_t)nh, &q) ||
+      __builtin_mul_overflow(n, (size_t)sk * (size_t)nkv, &k) ||
+      __builtin_mul_overflow(k, (size_t)(bf ? 2 * sizeof(bf16) : 2 * sizeof(float)), &k) ||
+      __builtin_mul_overflow(q, (size_t)(bf ? (dout ? 2 : 1) * sizeof(bf16) : 0), &q) ||
+      __builtin_add_overflow(q, k, &n))
+    return SIZE_MAX;
+  return n;
+}
+
+/* One tensor's rows into the stage at *h (compact; cursor advanced): q or
+ * dout (keys false) with the caller's strides, or k, v (keys true) through
+ * the block table when paged. */
+cudaError_t gather(cudaStream_t st, const kc_attn_block &k, const Params &p, const void *src,
+                   bool keys, bool bf, unsigned char *&h, int64_t &bs) {
+  const int rows = keys ? p.sk : p.sq, width = (keys ? p.nkv : p.nh) * p.hd;
+  const bool paged = keys && k.kv_table;
+  const int64_t n = (int64_t)p.B * rows * width;
+  bs = (int64_t)rows * width;
+  if (n == 0) return cudaSuccess;
+  cudaError_t e = KC_LAUNCH(gather_rows, kc_grid(n, KC_THREADS), KC_THREADS, 0, st, (void *)h, bf,
+                            src, paged && k.kv_bf16, p.B, rows, width,
+                            keys ? k.k_bs : k.q_bs, paged ? k.kv_table : nullptr,
+                            k.table_bs, (int)k.kv_block);
+  h += n * (bf ? sizeof(bf16) : sizeof(float));
+  return e;
+}
+
+/* Fills what the tiles read: bf16, q, k, v (and dout) rounded into the
+ * stage (whole sequences: one conversion each; blocks: gathered compact);
+ * fp32 with paged keys, k and v gathered there; else the caller's tensors. */
+cudaError_t stage_inputs(cudaStream_t st, const kc_attn_block *k, Params &p, bool bf,
+                         void *stage) {
+  unsigned char *h = static_cast<unsigned char *>(stage);
+  if (bf && !k) { /* whole sequences: compact already */
+    int64_t nq, nk;
+    counts(p, nq, nk);
+    const float *src[] = {p.q, p.k, p.v, p.dout};
+    const bf16 **dst[] = {&p.qh, &p.kh, &p.vh, &p.douth};
+    const int64_t n[] = {nq, nk, nk, nq};
+    for (int i = 0; i < (p.dout ? 4 : 3); i++) {
+      cudaError_t e = kc_f32_to_bf16(st, src[i], reinterpret_cast<uint16_t *>(h), n[i]);
+      if (e != cudaSuccess) return e;
+      *dst[i] = reinterpret_cast<const bf16 *>(h);
+      h += n[i] * sizeof(bf16);
+    }
+    return cudaSuccess;
+  }
+  if (!k || (!bf && !k->kv_table)) return cudaSuccess;
+  cudaError_t e;
+  const unsigned char *at = h;
+  if (bf) {
+    if ((e = gather(st, *k, p, p.q, false, true, h, p.qs_bs)) != cudaSuccess) return e;
+    p.qh = reinterpret_cast<const bf16 *>(at);
+  }
+  const void *kv[] = {p.k, p.v}; /* paged: the pool */
+  for (int i = 0; i < 2; i++) {
+    at = h;
+    if ((e = gather(st, *k, p, kv[i], true, bf, h, p.ks_bs)) != cudaSuccess) return e;
+    if (bf)
+      (i ? p.vh : p.kh) = reinterpret_cast<const bf16 *>(at);
+    else
+      (i ? p.v : p.k) = reinterpret_cast<const float *>(at);
+  }
+  if (bf && p.dout) {
+    at = h;
+    if ((e = gather(st, *k, p, p.dout, false, true, h, p.qs_bs)) != cudaSuccess) return e;
+    p.douth = reinterpret_cast<const bf16 *>(at);
   }
   return cudaSuccess;
+}
+
+/* 1. D, then 2. dk/dv and 3. dq */
+cudaError_t backward(cudaStream_t st, const kc_attn_block *k, Params &p, const float *out, bool bf,
+                     void *stage) {
+  const int64_t rows = (int64_t)p.B * p.sq * p.nh;
+  const int64_t blocks = tiles(rows, ROWDOT_NT / 32);
+  cudaError_t e = KC_LAUNCH(rowdot, (unsigned)(blocks < (1 << 20) ? blocks : (1 << 20)),
+                            ROWDOT_NT, 0, st, p, out, const_cast<float *>(p.D), bf);
+  if (e != cudaSuccess) return e;
+  if ((e = stage_inputs(st, k, p, bf, stage)) != cudaSuccess) return e;
+  return bwd_run(st, p, bf);
 }
 
 }  // namespace
 
 extern "C" size_t kc_attention_stage_bytes(int64_t B, int64_t S, int64_t nh, int64_t nkv,
                                            int64_t hd, bool dout) {
-  if (B < 0 || S < 0 || nh < 0 || nkv < 0 || hd < 0) return SIZE_MAX;
-  size_t bs, q, k, n;
-  if (__builtin_mul_overflow((size_t)B, (size_t)S, &bs) ||
-      __builtin_mul_overflow(bs, (size_t)hd * sizeof(bf16), &bs) ||
-      __builtin_mul_overflow(bs, (size_t)nh, &q) || __builtin_mul_overflow(bs, (size_t)nkv, &k) ||
-      __builtin_mul_overflow(q, (size_t)(dout ? 2 : 1), &q) ||
-      __builtin_mul_overflow(k, (size_t)2, &k) || __builtin_add_overflow(q, k, &n))
-    return SIZE_MAX;
-  return n;
+  return stage_bytes(B, S, S, nh, nkv, hd, true, false, dout);
 }
 
 extern "C" cudaError_t kc_attention_fwd(cudaStream_t st, const float *q, const float *k,
@@ -1187,7 +1432,7 @@ extern "C" cudaError_t kc_attention_fwd(cudaStream_t st, const float *q, const f
                                         int64_t S, int64_t nh, int64_t nkv, int64_t hd,
                                         float scale, int64_t window, bool bf16, void *stage) {
   Params p = {};
-  cudaError_t e = setup(p, B, S, nh, nkv, hd, scale, window);
+  cudaError_t e = setup_whole(p, B, S, nh, nkv, hd, scale, window);
   if (e != cudaSuccess) return e;
   if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out) || !lse ||
       (bf16 && (!stage || !aligned16(stage))))
@@ -1197,13 +1442,8 @@ extern "C" cudaError_t kc_attention_fwd(cudaStream_t st, const float *q, const f
   p.v = v;
   p.o = out;
   p.lse = lse;
-  if (bf16 && (e = round_inputs(st, p, stage)) != cudaSuccess) return e;
-  switch (padded(p.hd)) {
-    case 32: return fwd_launch<32>(st, p, bf16);
-    case 64: return fwd_launch<64>(st, p, bf16);
-    case 128: return fwd_launch<128>(st, p, bf16);
-    default: return fwd_launch<256>(st, p, bf16);
-  }
+  if ((e = stage_inputs(st, nullptr, p, bf16, stage)) != cudaSuccess) return e;
+  return fwd_run(st, p, bf16);
 }
 
 /* work: D [B, nh, S] fp32. */
@@ -1224,36 +1464,82 @@ extern "C" cudaError_t kc_attention_bwd(cudaStream_t st, const float *dout, cons
                                         int64_t hd, float scale, int64_t window, bool bf16,
                                         void *work, void *stage) {
   Params p = {};
-  cudaError_t e = setup(p, B, S, nh, nkv, hd, scale, window);
+  cudaError_t e = setup_whole(p, B, S, nh, nkv, hd, scale, window);
   if (e != cudaSuccess) return e;
   const void *ptrs[] = {dout, q, k, v, out, dq, dk, dv};
   for (const void *x : ptrs)
     if (!aligned16(x)) return cudaErrorInvalidValue;
   if (!lse || !work || (bf16 && (!stage || !aligned16(stage)))) return cudaErrorInvalidValue;
-  float *D = static_cast<float *>(work);
   p.q = q;
   p.k = k;
   p.v = v;
   p.dout = dout;
   p.lse_in = lse;
-  p.D = D;
+  p.D = static_cast<float *>(work);
   p.dq = dq;
   p.dk = dk;
   p.dv = dv;
+  return backward(st, nullptr, p, out, bf16, stage);
+}
 
-  /* 1. D, then 2. dk/dv and 3. dq (both read D; neither writes what the other reads) */
-  const int64_t rows = (int64_t)p.B * p.S * p.nh;
-  const int64_t blocks = tiles(rows, ROWDOT_NT / 32);
-  e = KC_LAUNCH(rowdot, (unsigned)(blocks < (1 << 20) ? blocks : (1 << 20)), ROWDOT_NT, 0, st, dout,
-                out, D, rows, p.S, p.nh, p.hd, bf16);
+/* ---- block attention ---------------------------------------------------- */
+
+extern "C" size_t kc_attention_block_stage_bytes(const kc_attn_block *blk, bool bf16, bool dout) {
+  return stage_bytes(blk->B, blk->sq, blk->sk, blk->nh, blk->nkv, blk->hd, bf16,
+                     blk->kv_table != nullptr, dout);
+}
+
+extern "C" cudaError_t kc_attention_block_fwd(cudaStream_t st, const kc_attn_block *blk,
+                                              const float *q, const float *k, const float *v,
+                                              float *out, float *lse, bool accumulate, bool bf16,
+                                              void *stage) {
+  if (blk->B == 0 || blk->sq == 0) return cudaSuccess;
+  Params p = {};
+  cudaError_t e = setup(p, *blk);
   if (e != cudaSuccess) return e;
-  e = cudaGetLastError();
+  const bool paged = blk->kv_table != nullptr;
+  if (!aligned16(q) || !aligned16(out) || !lse || !k || !v ||
+      (!paged && (!aligned16(k) || !aligned16(v))) ||
+      ((bf16 || paged) && (!stage || !aligned16(stage))))
+    return cudaErrorInvalidValue;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.o = out;
+  p.lse = lse;
+  p.acc = accumulate;
+  if ((e = stage_inputs(st, blk, p, bf16, stage)) != cudaSuccess) return e;
+  return fwd_run(st, p, bf16);
+}
+
+/* work: D [B, nh, sq] fp32. */
+extern "C" size_t kc_attention_block_work(const kc_attn_block *blk) {
+  return kc_attention_bwd_work(blk->B, blk->sq, blk->nh, blk->nkv, blk->hd);
+}
+
+extern "C" cudaError_t kc_attention_block_bwd(cudaStream_t st, const kc_attn_block *blk,
+                                              const float *dout, const float *q, const float *k,
+                                              const float *v, const float *out, const float *lse,
+                                              float *dq, float *dk, float *dv, bool bf16,
+                                              void *work, void *stage) {
+  if (blk->B == 0 || blk->sq == 0 || blk->sk == 0) return cudaSuccess; /* += nothing */
+  Params p = {};
+  cudaError_t e = setup(p, *blk);
   if (e != cudaSuccess) return e;
-  if (bf16 && (e = round_inputs(st, p, stage)) != cudaSuccess) return e;
-  switch (padded(p.hd)) {
-    case 32: return bwd_launch<32>(st, p, bf16);
-    case 64: return bwd_launch<64>(st, p, bf16);
-    case 128: return bwd_launch<128>(st, p, bf16);
-    default: return bwd_launch<256>(st, p, bf16);
-  }
+  const void *ptrs[] = {dout, q, k, v, out, dq, dk, dv};
+  for (const void *x : ptrs)
+    if (!aligned16(x)) return cudaErrorInvalidValue;
+  if (blk->kv_table || !lse || !work || (bf16 && (!stage || !aligned16(stage))))
+    return cudaErrorInvalidValue;
+  p.q = q;
+  p.k = k;
+  p.v = v;
+  p.dout = dout;
+  p.lse_in = lse;
+  p.D = static_cast<float *>(work);
+  p.dq = dq;
+  p.dk = dk;
+  p.dv = dv;
+  p.acc = true;
+  return backward(st, blk, p, out, bf16, stage);
 }

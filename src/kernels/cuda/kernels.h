@@ -218,6 +218,55 @@ cudaError_t kc_attention_bwd(cudaStream_t st, const float *dout, const float *q,
                              int64_t hd, float scale, int64_t window, bool bf16, void *work,
                              void *stage);
 
+/* ---- Block attention (attention.cu, the same kernels): ring attention's
+ * blocks (context parallelism), packed documents, a tp rank whose query
+ * heads start inside a kv group, and generation's paged KV cache —
+ * backend.h ml_attn_block's semantics and layouts, field for field: sq
+ * query rows at global positions q_pos.. against sk key rows at k_pos..
+ * of each of B sequences; query p sees key p' iff p' <= p and, with a
+ * window, p' > p − window; q, out, dout, dq [B][sq rows, nh, hd] q_bs
+ * floats apart; k, v, dk, dv [B][sk rows, nkv, hd] k_bs apart; lse
+ * [B][sq rows, nh] l_bs apart; query head h reads kv head (h + head_off) /
+ * group (group 0: nh / nkv). Paged keys (kv_table, device int32; forward
+ * only): k and v are the pool [n_blocks · kv_block rows, nkv, hd], fp32 or
+ * (kv_bf16) bf16, key j of sequence b its row kv_table[b · table_bs + j /
+ * kv_block] · kv_block + j % kv_block. Sizes: hd as kc_attention_fwd's;
+ * sq, sk, |q_pos|, |k_pos| < 2^30; the sequences' strides at least their
+ * rows; else cudaErrorInvalidValue before any launch. */
+typedef struct kc_attn_block {
+  int64_t B, sq, sk, nh, nkv, hd;
+  int64_t q_pos, k_pos;
+  int64_t q_bs, k_bs, l_bs;
+  float scale;
+  int64_t window, group, head_off;
+  const int32_t *kv_table;
+  int64_t kv_block, table_bs;
+  bool kv_bf16;
+} kc_attn_block;
+/* Bytes of `stage` (device scratch, 16-byte aligned; free to reuse once
+ * the call's kernels have run): bf16, the rows of q, k, v (and, `dout`, of
+ * dout) gathered compact in bf16; fp32 with paged keys, k and v gathered
+ * in fp32; else 0 (stage unused, may be NULL). SIZE_MAX on overflow. */
+size_t kc_attention_block_stage_bytes(const kc_attn_block *blk, bool bf16, bool dout);
+/* The block's softmax attention: accumulate false, out and lse (=) the
+ * block's (a row that sees no key: out 0, lse −inf); true, merged into the
+ * out and lse there as the attention over the union of their keys and the
+ * block's (lse' = log(e^lse + e^lse_b), out' = out·e^(lse−lse') +
+ * out_b·e^(lse_b−lse')). Products as kc_attention_fwd's (bf16: every
+ * operand rounded to bf16, fp32 accumulation). */
+cudaError_t kc_attention_block_fwd(cudaStream_t st, const kc_attn_block *blk, const float *q,
+                                   const float *k, const float *v, float *out, float *lse,
+                                   bool accumulate, bool bf16, void *stage);
+/* Bytes of the backward's work: D [B, nh, sq] fp32. */
+size_t kc_attention_block_work(const kc_attn_block *blk);
+/* dq, dk, dv (+=) of the block for the final out and lse of its queries
+ * (every block merged): P = exp(scale·q·k − lse), D = rowsum(dout ⊙ out),
+ * as kc_attention_bwd; paged keys refused. */
+cudaError_t kc_attention_block_bwd(cudaStream_t st, const kc_attn_block *blk, const float *dout,
+                                   const float *q, const float *k, const float *v,
+                                   const float *out, const float *lse, float *dq, float *dk,
+                                   float *dv, bool bf16, void *work, void *stage);
+
 /* ---- launch errors (launch.cu) ------------------------------------------ */
 /* The name of the kernel whose launch returned the last error a launcher
  * above gave this host thread (cleared by the call), or NULL when its error

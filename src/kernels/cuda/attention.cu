@@ -1220,15 +1220,15 @@ constexpr int64_t LIM = 1 << 30; /* rows, positions and windows fit an int with 
 
 /* Checks a block's geometry and fills the fields both directions share:
  * group 0 is nh / nkv (nh a multiple of nkv); query head h reads kv head
- * (h + off) / group, which must exist; a window of LIM or more masks
- * nothing and becomes 0. The strides are the caller's. */
+ * (h + off) / group, which must exist; a window <= 0 or of LIM or more
+ * masks nothing and becomes 0. The strides are the caller's. */
 cudaError_t setup(Params &p, const kc_attn_block &k) {
   const int64_t group = k.group ? k.group : k.nkv > 0 && k.nh % k.nkv == 0 ? k.nh / k.nkv : 0;
   if (k.B < 1 || k.sq < 1 || k.sk < 0 || k.sq >= LIM || k.sk >= LIM || k.nkv < 1 || k.nh < 1 ||
       group < 1 || k.head_off < 0 || k.head_off >= group ||
       (k.nh - 1 + k.head_off) / group >= k.nkv || k.hd < 8 || k.hd > 256 || k.hd % 8 ||
       k.B > INT32_MAX || k.nh > INT32_MAX || k.q_pos <= -LIM || k.q_pos >= LIM ||
-      k.k_pos <= -LIM || k.k_pos >= LIM || k.window < 0)
+      k.k_pos <= -LIM || k.k_pos >= LIM)
     return cudaErrorInvalidValue;
   const int64_t qrow = k.nh * k.hd, krow = k.nkv * k.hd;
   if (k.B > 1 && (k.q_bs < k.sq * qrow || (!k.kv_table && k.k_bs < k.sk * krow) ||
@@ -1246,7 +1246,7 @@ cudaError_t setup(Params &p, const kc_attn_block &k) {
   p.off = (int)k.head_off;
   p.hd = (int)k.hd;
   p.dpos = (int)(k.q_pos - k.k_pos);
-  p.win = k.window < LIM ? (int)k.window : 0;
+  p.win = k.window > 0 && k.window < LIM ? (int)k.window : 0;
   p.scale = k.scale;
   p.q_bs = p.qs_bs = k.q_bs;
   p.k_bs = p.ks_bs = k.k_bs;

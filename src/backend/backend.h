@@ -146,7 +146,7 @@ typedef struct ml_attn_block {
  * (ml_backend_ops.supports), ml_be_supports answers, and an ml_be_* call
  * of one it lacks fails with a message naming it, never reaching an empty
  * slot. Memory and ordering calls are on every backend. The CPU and meta
- * backends implement every operator; CUDA all but ML_OP_ATTENTION_BLOCK. */
+ * backends implement every operator; CUDA all but ML_OP_BATCH_INVARIANT. */
 typedef enum ml_op {
   ML_OP_GEMM,            /* ml_be_gemm */
   ML_OP_BIAS_GRAD,       /* ml_be_bias_grad */
@@ -489,7 +489,9 @@ int ml_be_attention_bwd(ml_backend *be, const float *dout, const float *q, const
  * lse' = log(e^lse + e^lse_b), out' = out·e^(lse−lse') + out_b·e^(lse_b−lse')),
  * so a query's blocks in any order give its attention over all of them.
  * Products in `compute` as ml_be_attention_fwd's; softmax and merge fp32.
- * No [sq, sk] tensor is stored. ML_OP_ATTENTION_BLOCK (not on CUDA). */
+ * No [sq, sk] tensor is stored. ML_OP_ATTENTION_BLOCK (CPU: kernels/cpu
+ * attention.c; CUDA: the whole-sequence kernels on the block's geometry,
+ * kernels/cuda/kernels.h kc_attention_block_fwd). */
 int ml_be_attention_block_fwd(ml_backend *be, const ml_attn_block *blk, const float *q,
                               const float *k, const float *v, float *out, float *lse,
                               bool accumulate, ml_dtype compute);

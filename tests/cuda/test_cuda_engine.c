@@ -29,7 +29,12 @@
  *    so they are no further apart than bf16 is from fp32 (§4's worst case
  *    for two bf16 runs, tol_bf16_pair, twice that, is printed beside); the
  *    grad norms as in fp32; one training step checked against AdamW in
- *    double. */
+ *    double;
+ *  - packed documents (ml_engine_batch.docs: the varlen attention core,
+ *    one block of the backend's block attention per document, forward and
+ *    backward): the fixture's rows as the documents of one row, fp32, the
+ *    log-probs and every gradient of one forward/backward against the CPU
+ *    within §3's bounds (tol_model_pair), as the fp32 run's. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -196,6 +201,48 @@ static void test_bf16(void **state) {
   fixture_free(&fx);
 }
 
+/* One forward/backward of the fixture's rows packed as documents of one
+ * row; out: the log-probs [S − 1] of the same batch. */
+static void packed_step(run *r, const fixture *fx, const int64_t *docs, float *out) {
+  ml_engine_batch b = {.ids = fx->ids, .B = 1, .S = fx->B * fx->S, .docs = docs, .ndocs = fx->B};
+  ml_loss_out nll = {0};
+  ml_engine_zero_grad(&r->e);
+  if (ml_engine_forward_backward_batch(&r->e, &b, NULL, 1.0f / (float)(fx->B * (fx->S - 1)),
+                                       NULL, &nll) ||
+      ml_engine_logprobs_batch(&r->e, &b, out))
+    fail_msg("packed documents on %s: %s", r->e.be->ops->name, ml_error_msg());
+}
+
+static void test_packed(void **state) {
+  (void)state;
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  static run cpu, gpu;
+  open_on(&cpu, g_cpu, ml_engine_opts_default(), &fx);
+  open_on(&gpu, g_cuda, ml_engine_opts_default(), &fx);
+  int64_t S = fx.B * fx.S, docs[65];
+  if (fx.B > 64) fail_msg("%lld rows: at most 64 documents here", (long long)fx.B);
+  for (int64_t d = 0; d <= fx.B; d++) docs[d] = d * fx.S;
+  float *lg = calloc((size_t)S, sizeof(float)), *lc = calloc((size_t)S, sizeof(float));
+  if (!lg || !lc) fail_msg("out of memory");
+  packed_step(&gpu, &fx, docs, lg);
+  packed_step(&cpu, &fx, docs, lc);
+  bool exact;
+  double grad = worst_rel(&gpu, &cpu, ML_EXPORT_GRADS, &exact), lp = rel_l2(lg, lc, S - 1);
+  tol_model tm = tol_model_of(&cpu, fx.S, S);
+  double tg = tol_model_pair(&tm, TOL_GRADS), tlp = tol_model_pair(&tm, TOL_LOGPROBS);
+  printf("%s packed documents (%lld of %lld tokens), fp32 cuda vs cpu: log-probs rel L2 %.3g "
+         "(bound %.3g), worst grad rel L2 %.3g (bound %.3g)\n",
+         g_fixture, (long long)fx.B, (long long)fx.S, lp, tlp, grad, tg);
+  assert_true(lp <= tlp);
+  assert_true(grad <= tg);
+  free(lg);
+  free(lc);
+  run_close(&gpu);
+  run_close(&cpu);
+  fixture_free(&fx);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: mpiexec -n 1 test_cuda_engine FIXTURE\n");
@@ -215,6 +262,7 @@ int main(int argc, char **argv) {
       held_test(test_fp32),
       held_test(test_fp32_offload),
       held_test(test_bf16),
+      held_test(test_packed),
   };
   int rc = held_finish(cmocka_run_group_tests(tests, NULL, NULL));
   ml_backend_release_all();

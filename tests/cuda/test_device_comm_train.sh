@@ -62,6 +62,7 @@ mesh "dp_shard=2, staged" 2 dp2 --device-comm staged && near "dp_shard=2, staged
 mesh "tp=2, staged" 2 tp2 --device-comm staged --tp 2 && near "tp=2, staged" "$work/tp2.jsonl"
 mesh "dp_shard=2 x tp=2 + SP, staged" 4 dp2tp2 --device-comm staged --tp 2 --sequence-parallel &&
   near "dp_shard=2 x tp=2 + SP, staged" "$work/dp2tp2.jsonl"
+mesh "cp=2, staged" 2 cp2 --device-comm staged --cp 2 && near "cp=2, staged" "$work/cp2.jsonl"
 mesh "HSDP dp_replicate=2 x dp_shard=2, staged" 4 hsdp --device-comm staged --dp-replicate 2 &&
   near "HSDP dp_replicate=2 x dp_shard=2, staged" "$work/hsdp.jsonl"
 if NCCL_MULTI_RANK_GPU_ENABLE=1 mesh "dp_shard=2, auto" 2 auto; then

@@ -22,7 +22,13 @@
  *  - the engine keeps working: its log-probs of the fixture batch before and
  *    after the calls are bitwise equal;
  *  - in the batch-invariant mode, generation's log-probs are bitwise the
- *    same mesh's scoring of prompt + generated tokens (tp 2 included). */
+ *    same mesh's scoring of prompt + generated tokens (tp 2 included).
+ * `cuda` (one rank, label cuda; exits 77 where the CUDA backend cannot be
+ * made): the tested engine on the GPU (its KV cache on the CUDA backend's
+ * paged block attention) against the one-rank CPU engine: greedy and
+ * sampled as above with the same bounds (test_cuda_engine's: the CUDA
+ * backend's fp32 or bf16 against the CPU's in another order), not bitwise;
+ * the batch-invariant case is skipped (no such mode on CUDA). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -35,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/comm_local.h"
 #include "engine_run.h"
 #include "parity_util.h"
 #include "engine/generate.h"
@@ -45,6 +52,7 @@ static const char *g_fixture;
 static int g_tp = 1;
 static bool g_sp, g_bf16, g_offload; /* sequence parallel, bf16 parameters, FSDP's CPU offload */
 static int g_dpr = 1;                  /* dp_replicate (HSDP's replicas) */
+static ml_backend *g_cuda;             /* `cuda`: the tested engine's backend */
 
 typedef struct prompts {
   int64_t n, lens[NPROMPT];
@@ -82,6 +90,17 @@ static ml_engine_opts opts_of(bool mesh) {
   o.sequence_parallel = mesh && g_sp;
   o.fsdp.cpu_offload = mesh && g_offload;
   return o;
+}
+
+/* The tested engine: the mesh over the world, on the GPU with `cuda` (its
+ * comms copying on the device, as src/cli/device.c). */
+static void open_tested(run *r, ml_engine_opts *o, const char *dir) {
+  if (!g_cuda) {
+    run_open(r, MPI_COMM_WORLD, g_dpr, g_tp, o, dir);
+    return;
+  }
+  o->backend = g_cuda;
+  run_open_comm(r, MPI_COMM_WORLD, g_dpr, g_tp, o, dir, ml_comm_local_make, g_cuda);
 }
 
 static void generate(run *r, const prompts *p, const ml_gen_opts *o, result *out) {
@@ -145,7 +164,7 @@ static void test_greedy(void **state) {
   static run r, ref;
   fixture_load(g_fixture, &fx);
   ml_engine_opts om = opts_of(true), o1 = opts_of(false);
-  run_open(&r, MPI_COMM_WORLD, g_dpr, g_tp, &om, fx.dir);
+  open_tested(&r, &om, fx.dir);
   run_open(&ref, MPI_COMM_SELF, 1, 1, &o1, fx.dir);
   prompts p = prompts_of(&fx, r.mesh.groups[ML_GROUP_DP].rank);
   ml_gen_opts o = {.max_new = NEW, .n_samples = 1, .sampler = {.greedy = true}};
@@ -189,8 +208,8 @@ static void test_greedy(void **state) {
          (long long)ties, err, tol);
   assert_true(err <= tol);
   /* without tp the mesh computes what one rank does: FSDP's gathers copy the parameters'
-     bits, and the same kernels run on the same rows */
-  if (g_tp == 1) {
+     bits, and the same kernels run on the same rows (on the same backend) */
+  if (g_tp == 1 && !g_cuda) {
     assert_memory_equal(g.tok, want.tok, sizeof g.tok);
     assert_memory_equal(g.lp, want.lp, sizeof g.lp);
   }
@@ -207,7 +226,7 @@ static void test_sampled(void **state) {
   static run r, ref;
   fixture_load(g_fixture, &fx);
   ml_engine_opts om = opts_of(true), o1 = opts_of(false);
-  run_open(&r, MPI_COMM_WORLD, g_dpr, g_tp, &om, fx.dir);
+  open_tested(&r, &om, fx.dir);
   run_open(&ref, MPI_COMM_SELF, 1, 1, &o1, fx.dir);
   int64_t nlp = fx.B * (fx.S - 1);
   float *before = malloc(sizeof(float) * (size_t)nlp), *after = malloc(sizeof(float) * (size_t)nlp);
@@ -257,6 +276,10 @@ static void test_sampled(void **state) {
  * row-parallel sums' order.) */
 static void test_invariant(void **state) {
   (void)state;
+  if (g_cuda) {
+    printf("batch-invariant case skipped: the CUDA backend has no batch-invariant mode\n");
+    return;
+  }
   static fixture fx;
   static run r;
   fixture_load(g_fixture, &fx);
@@ -285,7 +308,8 @@ static void test_invariant(void **state) {
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   if (argc < 3) {
-    fprintf(stderr, "usage: test_generate_mesh FIXTURE TP [sp] [bf16] [offload] [hsdp]\n");
+    fprintf(stderr,
+            "usage: test_generate_mesh FIXTURE TP [sp] [bf16] [offload] [hsdp] [cuda]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];
@@ -295,8 +319,15 @@ int main(int argc, char **argv) {
     g_bf16 |= strcmp(argv[i], "bf16") == 0;
     g_offload |= strcmp(argv[i], "offload") == 0;
     if (strcmp(argv[i], "hsdp") == 0) g_dpr = 2;
+    if (strcmp(argv[i], "cuda") == 0 && ml_backend_get("cuda", 0, &g_cuda)) {
+      printf("skipped: no GPU (%s)\n", ml_error_msg());
+      MPI_Finalize();
+      return 77;
+    }
   }
   const struct CMUnitTest tests[] = {held_test(test_greedy), held_test(test_sampled),
                                      held_test(test_invariant)};
-  return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
+  int rc = held_finish(cmocka_run_group_tests(tests, NULL, NULL));
+  if (g_cuda) ml_backend_release_all();
+  return rc;
 }

@@ -302,20 +302,22 @@ static int attention_compute(ml_dtype compute) {
   return ml_err("attention: compute dtype %s; expected F32 or BF16", ml_dtype_name(compute));
 }
 
-/* bf16 attention's scratch from the pool: the bf16 copies of q, k, v (and
- * dout) its tiles are copied from (kc_attention_stage_bytes); NULL in fp32.
- * Freed right after the launch: the pool's next user is stream-ordered
- * after the attention kernels (as the GEMMs' operands, gemm.c). */
-static int attention_stage(ml_backend *be, ml_dtype compute, int64_t B, int64_t S, int64_t nh,
-                           int64_t nkv, int64_t hd, bool dout, void **stage) {
+/* Attention's scratch from the pool, n bytes (kc_attention_stage_bytes,
+ * kc_attention_block_stage_bytes): the bf16 copies of q, k, v (and dout)
+ * its tiles are copied from, or a block's paged keys gathered; NULL when
+ * n is 0. Freed right after the launch: the pool's next user is
+ * stream-ordered after the attention kernels (as the GEMMs' operands,
+ * gemm.c). */
+static int attention_stage(ml_backend *be, size_t n, int64_t B, int64_t sq, int64_t sk,
+                           int64_t nh, int64_t nkv, int64_t hd, bool dout, void **stage) {
   *stage = NULL;
-  if (compute != ML_BF16) return 0;
-  size_t n = kc_attention_stage_bytes(B, S, nh, nkv, hd, dout);
+  if (n == 0) return 0;
   if (n > (size_t)INT64_MAX)
-    return ml_err("attention: the bf16 copies of q, k, v of B %lld, S %lld, %lld/%lld heads of "
-                  "%lld overflow 64 bits",
-                  (long long)B, (long long)S, (long long)nh, (long long)nkv, (long long)hd);
-  *stage = ml_be_alloc(be, (int64_t)n, 1, "attention's bf16 copies of q, k, v%s",
+    return ml_err("attention: the staged copies of q, k, v of B %lld, %lld queries, %lld keys, "
+                  "%lld/%lld heads of %lld overflow 64 bits",
+                  (long long)B, (long long)sq, (long long)sk, (long long)nh, (long long)nkv,
+                  (long long)hd);
+  *stage = ml_be_alloc(be, (int64_t)n, 1, "attention's staged copies of q, k, v%s",
                        dout ? " and dout" : "");
   return *stage ? 0 : -1;
 }
@@ -325,7 +327,8 @@ static int cu_attention_fwd(ml_backend *be, const float *q, const float *k, cons
                             int64_t hd, float scale, int64_t window, ml_dtype compute) {
   void *stage;
   ML_TRY(attention_compute(compute));
-  ML_TRY(attention_stage(be, compute, B, S, nh, nkv, hd, false, &stage));
+  size_t n = compute == ML_BF16 ? kc_attention_stage_bytes(B, S, nh, nkv, hd, false) : 0;
+  ML_TRY(attention_stage(be, n, B, S, S, nh, nkv, hd, false, &stage));
   int rc = ml_cuda_launched(kc_attention_fwd(impl(be)->stream, q, k, v, out, lse, B, S, nh, nkv,
                                              hd, scale, window, compute == ML_BF16, stage),
                             "attention forward");
@@ -340,11 +343,60 @@ static int cu_attention_bwd(ml_backend *be, const float *dout, const float *q, c
                             void *work) {
   void *stage;
   ML_TRY(attention_compute(compute));
-  ML_TRY(attention_stage(be, compute, B, S, nh, nkv, hd, true, &stage));
+  size_t n = compute == ML_BF16 ? kc_attention_stage_bytes(B, S, nh, nkv, hd, true) : 0;
+  ML_TRY(attention_stage(be, n, B, S, S, nh, nkv, hd, true, &stage));
   int rc = ml_cuda_launched(kc_attention_bwd(impl(be)->stream, dout, q, k, v, out, lse, dq, dk, dv,
                                              B, S, nh, nkv, hd, scale, window, compute == ML_BF16,
                                              work, stage),
                             "attention backward");
+  ml_be_free(be, stage);
+  return rc;
+}
+
+/* backend.h's ml_attn_block as the kernels take it (the same fields) */
+static kc_attn_block kc_block(const ml_attn_block *b) {
+  return (kc_attn_block){.B = b->B, .sq = b->sq, .sk = b->sk, .nh = b->nh, .nkv = b->nkv,
+                         .hd = b->hd, .q_pos = b->q_pos, .k_pos = b->k_pos, .q_bs = b->q_bs,
+                         .k_bs = b->k_bs, .l_bs = b->l_bs, .scale = b->scale,
+                         .window = b->window, .group = b->group, .head_off = b->head_off,
+                         .kv_table = b->kv_table, .kv_block = b->kv_block,
+                         .table_bs = b->table_bs, .kv_bf16 = b->kv_bf16};
+}
+
+static int cu_attention_block_fwd(ml_backend *be, const ml_attn_block *blk, const float *q,
+                                  const float *k, const float *v, float *out, float *lse,
+                                  bool accumulate, ml_dtype compute) {
+  void *stage;
+  ML_TRY(attention_compute(compute));
+  kc_attn_block b = kc_block(blk);
+  bool bf = compute == ML_BF16;
+  ML_TRY(attention_stage(be, kc_attention_block_stage_bytes(&b, bf, false), b.B, b.sq, b.sk, b.nh,
+                         b.nkv, b.hd, false, &stage));
+  int rc = ml_cuda_launched(
+      kc_attention_block_fwd(impl(be)->stream, &b, q, k, v, out, lse, accumulate, bf, stage),
+      "block attention forward");
+  ml_be_free(be, stage);
+  return rc;
+}
+
+static size_t cu_attention_block_work(ml_backend *be, const ml_attn_block *blk) {
+  kc_attn_block b = kc_block(blk);
+  return kc_attention_block_work(&b);
+}
+
+static int cu_attention_block_bwd(ml_backend *be, const ml_attn_block *blk, const float *dout,
+                                  const float *q, const float *k, const float *v,
+                                  const float *out, const float *lse, float *dq, float *dk,
+                                  float *dv, ml_dtype compute, void *work) {
+  void *stage;
+  ML_TRY(attention_compute(compute));
+  kc_attn_block b = kc_block(blk);
+  bool bf = compute == ML_BF16;
+  ML_TRY(attention_stage(be, kc_attention_block_stage_bytes(&b, bf, true), b.B, b.sq, b.sk, b.nh,
+                         b.nkv, b.hd, true, &stage));
+  int rc = ml_cuda_launched(kc_attention_block_bwd(impl(be)->stream, &b, dout, q, k, v, out, lse,
+                                                   dq, dk, dv, bf, work, stage),
+                            "block attention backward");
   ml_be_free(be, stage);
   return rc;
 }
@@ -537,8 +589,7 @@ static void cu_destroy(ml_backend *be) {
 static const ml_backend_ops k_cuda_ops = {
     .name = "cuda",
     .host_memory = false,
-    .supports = ML_OPS_ALL & ~ML_OP_BIT(ML_OP_ATTENTION_BLOCK) &
-                ~ML_OP_BIT(ML_OP_BATCH_INVARIANT),
+    .supports = ML_OPS_ALL & ~ML_OP_BIT(ML_OP_BATCH_INVARIANT),
     .alloc = cu_alloc,
     .free = cu_free,
     .host_alloc = cu_host_alloc,
@@ -570,6 +621,9 @@ static const ml_backend_ops k_cuda_ops = {
     .attention_work = cu_attention_work,
     .attention_fwd = cu_attention_fwd,
     .attention_bwd = cu_attention_bwd,
+    .attention_block_fwd = cu_attention_block_fwd,
+    .attention_block_work = cu_attention_block_work,
+    .attention_block_bwd = cu_attention_block_bwd,
     .glu_fwd = cu_glu_fwd,
     .glu_bwd = cu_glu_bwd,
     .embedding_fwd = cu_embedding_fwd,

@@ -3,9 +3,10 @@
  * cudaMallocHost (pinned host staging), never managed memory; every
  * operator enqueued on one non-blocking compute stream; events are
  * cudaEvents; the kernels of kernels/cuda and cuBLASLt's matmul for the
- * GEMMs (gemm.c); every operator but block attention (ML_OP_ATTENTION_BLOCK,
- * ml_be_supports). Calls that hand results to the host (ml_be_copy D2H,
- * the loss sums, norm partials) synchronise the stream before returning;
+ * GEMMs (gemm.c); every operator but the batch-invariant mode
+ * (ML_OP_BATCH_INVARIANT, ml_be_supports). Calls that hand results to the
+ * host (ml_be_copy D2H, the loss sums, norm partials) synchronise the
+ * stream before returning;
  * everything else returns once enqueued. Only this directory includes
  * kernels/cuda and the CUDA headers. Built only when CMake finds nvcc
  * (ML_HAVE_CUDA); comm/nccl (the NCCL comm) uses the CUDA runtime too, on

@@ -6,7 +6,7 @@
 # apart from glibc, libgcc, libstdc++ and CUDA's own, plus Open MPI's
 # launcher (openmpi-bin) and PMIx, downloaded into .device/debs; and the
 # part of the build the GPU checks run — meshlm, its libmeshlm.so, the
-# tests labelled cuda, tol_bound (their tolerances), bench_cuda_attention
+# tests labelled cuda (tests/mpi's test_generate_mesh among them), tol_bound (their tolerances), bench_cuda_attention
 # and the CTest files —
 # copied into .device/build and packed as .device/build.tar.xz (the whole
 # build directory is over the device tool's 64 MiB, and the tree it carries
@@ -50,7 +50,7 @@ BUILD=${1:-build-device}
 cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DMESHLM_MARCH=x86-64-v3 \
   -DMESHLM_CUDA_TEST_TIMEOUT=90 > /dev/null
 cmake --build "$BUILD" -j"${JOBS:-2}" --target meshlm test_cuda_ops test_cuda_engine \
-  test_device_comm tol_bound bench_cuda_attention > /dev/null
+  test_device_comm test_generate_mesh tol_bound bench_cuda_attention > /dev/null
 dest=.device/debs
 rm -rf .device
 mkdir -p "$dest"
@@ -66,11 +66,13 @@ if ! readelf -d "$BUILD/$soname" | grep -q 'NEEDED.*libcudart'; then
 fi
 (cd "$BUILD" && find . -name CTestTestfile.cmake -o -path ./meshlm -o -path "./$soname" \
   -o -path ./tests/tol_bound -o -path './tests/cuda/test_*' -type f -perm -u+x \
+  -o -path ./tests/mpi/test_generate_mesh \
   -o -path ./bench_cuda_attention) | while read -r f; do
   mkdir -p ".device/build/$(dirname "$f")" && cp -L "$BUILD/$f" ".device/build/$f"
 done
 strip --strip-unneeded .device/build/meshlm ".device/build/$soname" .device/build/tests/tol_bound \
-  .device/build/tests/cuda/test_* .device/build/bench_cuda_attention
+  .device/build/tests/cuda/test_* .device/build/tests/mpi/test_generate_mesh \
+  .device/build/bench_cuda_attention
 # the owning package of a library path (Debian's merged /usr: dpkg knows /usr/lib)
 owner() {
   local p

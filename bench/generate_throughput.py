@@ -38,6 +38,9 @@ Implementations, side by side:
               torch.bfloat16), where torch and transformers import
 --mixed gives the B prompts B distinct lengths (PROMPT − B/2 .. PROMPT +
 B/2 − 1 when B > 1), the case where old runs one group per prompt.
+--device cuda runs new on the GPU (Policy(device="cuda"): its KV cache on
+the CUDA backend's paged block attention) and torch with the model on the
+GPU (synchronised before each time is read).
 --ranks N runs new over N MPI ranks (mpiexec), each with cores / N
 threads, on a mesh of tp --tp (dp_shard N / tp): generate() on the policy's
 mesh (the tp ranks decode the prompts together; each data-parallel rank
@@ -47,7 +50,7 @@ Figures for notes; nothing here is asserted.
 
 usage: bench/generate_throughput.py [--batches 1,8,64] [--prompt 128] [--new 256]
          [--dtypes fp32,bf16] [--old ROOT] [--old-max-batch 8] [--mixed] [--impls new,old,torch]
-         [--samples 1] [--no-step]
+         [--samples 1] [--no-step] [--device cpu]
 """
 import argparse
 import json
@@ -87,7 +90,7 @@ def worker(a):
     if a.impl == "torch":
         return torch_worker(a)
     import meshlm
-    with meshlm.Policy(a.model, param_dtype=a.dtype, tp=a.tp) as p:
+    with meshlm.Policy(a.model, param_dtype=a.dtype, tp=a.tp, device=a.device) as p:
         vocab = p.info["vocab_size"]
         ps = prompts_of(a.batch // a.samples, a.prompt, a.mixed, vocab, 1)
         share = p.info["rank"] if a.replica else p.info["dp_rank"]
@@ -122,7 +125,7 @@ def torch_worker(a):
     from transformers import AutoModelForCausalLM
     torch.set_num_threads(os.cpu_count())
     dt = torch.bfloat16 if a.dtype == "bf16" else torch.float32
-    m = AutoModelForCausalLM.from_pretrained(a.model, dtype=dt).eval()
+    m = AutoModelForCausalLM.from_pretrained(a.model, dtype=dt).eval().to(a.device)
     ps = prompts_of(a.batch // a.samples, a.prompt, a.mixed, m.config.vocab_size, 1)
     width = max(len(x) for x in ps)
     ids = torch.zeros((len(ps), width), dtype=torch.long)
@@ -130,6 +133,8 @@ def torch_worker(a):
     for i, x in enumerate(ps):  # left padding, as generate() wants for decoder-only models
         ids[i, width - len(x):] = torch.from_numpy(x.astype("int64"))
         mask[i, width - len(x):] = 1
+    ids, mask = ids.to(a.device), mask.to(a.device)
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     kw = dict(attention_mask=mask, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
               use_cache=True, pad_token_id=0, eos_token_id=None,
               num_return_sequences=a.samples)
@@ -138,8 +143,10 @@ def torch_worker(a):
         m.generate(ids[:1], attention_mask=mask[:1], max_new_tokens=2, min_new_tokens=2,
                    do_sample=True, top_k=0, pad_token_id=0, eos_token_id=None)
         for new in (1, a.new):
+            sync()
             t0 = time.perf_counter()
             m.generate(ids, max_new_tokens=new, min_new_tokens=new, **kw)
+            sync()
             t.append(time.perf_counter() - t0)
     with open(os.path.join(a.out, "rank0.json"), "w") as f:
         json.dump({"prefill": t[0], "total": t[1]}, f)
@@ -177,7 +184,7 @@ def run(a, impl, dtype, batch, model):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", "--impl", impl, "--dtype", dtype,
            "--batch", str(batch), "--prompt", str(a.prompt), "--new", str(a.new),
            "--model", model, "--tp", str(a.tp if impl == "new" else 1),
-           "--samples", str(a.samples)] + \
+           "--samples", str(a.samples), "--device", a.device] + \
         (["--mixed"] if a.mixed else []) + (["--replica"] if a.replica else []) + \
         (["--no-step"] if a.no_step else [])
     if ranks > 1:
@@ -212,6 +219,7 @@ def main():
                     help="new generates on a one-rank replica per rank, not the policy's mesh")
     ap.add_argument("--samples", type=int, default=1,
                     help="samples per prompt (generate(n=)): B rows = B / samples prompts")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (new and torch on the GPU)")
     ap.add_argument("--no-step", action="store_true",
                     help="skip the generate after a train step (step s)")
     # one measurement (internal)
@@ -231,9 +239,9 @@ def main():
                             "--preset", "smollm2-135m", "--out", model], check=True,
                            stdout=subprocess.DEVNULL)
         print("smollm2-135m (random weights), prompt %d%s, %d new tokens, %d sample(s) a "
-              "prompt, %d cores, temperature 1, no stop id; new: %d rank(s), tp %d, %s"
+              "prompt, %d cores, device %s, temperature 1, no stop id; new: %d rank(s), tp %d, %s"
               % (a.prompt, " (B distinct lengths)" if a.mixed else "", a.new, a.samples,
-                 os.cpu_count(), a.ranks, a.tp,
+                 os.cpu_count(), a.device, a.ranks, a.tp,
                  "a replica per rank" if a.replica else "the policy's mesh"))
         print("%-6s %-5s %5s %10s %10s %14s %8s %8s %8s %9s %8s"
               % ("impl", "dtype", "batch", "prefill s", "total s", "decode tok/s", "step s",

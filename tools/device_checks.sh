@@ -25,6 +25,11 @@
 #              per operator (src/backend/profile.h) into profile.log, the six
 #              heaviest classes in the summary (PROFILE_S, default 120, seconds;
 #              PROFILE_DEVICE=cpu PROFILE_PRESET=tiny PROFILE_SEQ=64: a dry run here)
+#   generate   bench/generate_throughput.py --device cuda: decode tokens/s of
+#              the smollm2-135m preset at batches GEN_BATCHES (default
+#              1,8,64), prompt 128, GEN_NEW (default 128) new tokens, meshlm and
+#              (where transformers imports) transformers' generate() on the
+#              GPU (GEN_S, default 150, seconds)
 #   attention  build/bench_cuda_attention (bf16 on ATTN_SHAPES, default the
 #              Llama-3.2-1B and Llama-3-8B attention shapes at S 2048; fp32 on
 #              the first) and bench/attention_peer.py (PyTorch SDPA's flash
@@ -80,7 +85,8 @@ if [ -n "$src" ] && [ "$src" != "$root" ] && [ ! -e "$src" ]; then
   mkdir -p "$(dirname "$src")" && ln -s "$root" "$src"
 fi
 links=("$bdir")
-[[ " ${stages[*]} " != *" bench "* && " ${stages[*]} " != *" profile "* ]] || links+=("$root/build")
+[[ " ${stages[*]} " != *" bench "* && " ${stages[*]} " != *" profile "* &&
+  " ${stages[*]} " != *" generate "* ]] || links+=("$root/build")
 for b in "${links[@]}"; do
   if [ -n "$b" ] && [ ! -e "$b" ]; then mkdir -p "$(dirname "$b")" && ln -s "$bundle/build" "$b"; fi
 done
@@ -197,6 +203,13 @@ attention_stage() {
       "${@:1:5}" && python3 bench/attention_peer.py "$@"' "$bundle/build" "${shapes[@]}"
 }
 
+generate_stage() {
+  summarize() { grep -E '^(new|torch) ' "$1" | tr -s ' ' | tr '\n' ';'; }
+  timed_stage generate generate.log "${GEN_S:-150}" python3 bench/generate_throughput.py \
+    --device cuda --impls new,torch --dtypes fp32,bf16 --batches "${GEN_BATCHES:-1,8,64}" \
+    --prompt 128 --new "${GEN_NEW:-128}" --no-step
+}
+
 for s in "${stages[@]}"; do
   case $s in
     preflight) preflight ;;
@@ -205,8 +218,9 @@ for s in "${stages[@]}"; do
     peak) peak_stage ;;
     profile) profile_stage ;;
     attention) attention_stage ;;
+    generate) generate_stage ;;
     *) echo "device_checks.sh: unknown stage '$s' (expected preflight, ctest, bench, peak," \
-      "profile, attention)" >&2; exit 2 ;;
+      "profile, attention, generate)" >&2; exit 2 ;;
   esac
 done
 exit $failed

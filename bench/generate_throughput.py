@@ -38,6 +38,7 @@ Implementations, side by side:
               torch.bfloat16), where torch and transformers import
 --mixed gives the B prompts B distinct lengths (PROMPT − B/2 .. PROMPT +
 B/2 − 1 when B > 1), the case where old runs one group per prompt.
+MESHLM_LIBRARY, when set, is new's library (else build/libmeshlm.so).
 --device cuda runs new on the GPU (Policy(device="cuda"): its KV cache on
 the CUDA backend's paged block attention) and torch with the model on the
 GPU (synchronised before each time is read).
@@ -177,7 +178,8 @@ def run(a, impl, dtype, batch, model):
     env.update(OMP_NUM_THREADS=n, OPENBLAS_NUM_THREADS=n, OMP_WAIT_POLICY="passive")
     if impl == "new":
         env["PYTHONPATH"] = os.path.join(ROOT, "python")
-        env["MESHLM_LIBRARY"] = os.path.join(ROOT, "build", "libmeshlm.so")
+        env["MESHLM_LIBRARY"] = os.environ.get("MESHLM_LIBRARY") or \
+            os.path.join(ROOT, "build", "libmeshlm.so")
     elif impl == "old":
         env["PYTHONPATH"] = os.path.join(a.old, "python")
         env["MESHLM_LIBRARY"] = os.path.join(a.old, "build", "libmeshlm.so")

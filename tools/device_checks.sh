@@ -205,7 +205,8 @@ attention_stage() {
 
 generate_stage() {
   summarize() { grep -E '^(new|torch) ' "$1" | tr -s ' ' | tr '\n' ';'; }
-  timed_stage generate generate.log "${GEN_S:-150}" python3 bench/generate_throughput.py \
+  MESHLM_LIBRARY=$(ls "$bundle"/build/libmeshlm.so* | head -n 1) \
+    timed_stage generate generate.log "${GEN_S:-150}" python3 bench/generate_throughput.py \
     --device cuda --impls new,torch --dtypes fp32,bf16 --batches "${GEN_BATCHES:-1,8,64}" \
     --prompt 128 --new "${GEN_NEW:-128}" --no-step
 }

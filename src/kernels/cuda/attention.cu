@@ -121,6 +121,20 @@ __device__ __forceinline__ int64_t lse_at(const Params &p, int b, int i, int h) 
 __device__ __forceinline__ int64_t d_at(const Params &p, int b, int i, int h) {
   return ((int64_t)b * p.nh + h) * p.sq + i;
 }
+/* visible() as ranges, for the tensor-core kernels' masked tiles (a row's
+ * bounds are the same for all its elements, which the unrolled loops then
+ * compare with two instructions each): the keys query row i sees, lo ..
+ * hi, and the queries that see key row j, lo .. hi (hi < lo: none). */
+__device__ __forceinline__ void row_keys(const Params &p, int i, int &lo, int &hi) {
+  const int d = i + p.dpos;
+  lo = p.win > 0 ? max(0, d - p.win + 1) : 0;
+  hi = i < p.sq ? min(d, p.sk - 1) : -1;
+}
+__device__ __forceinline__ void key_queries(const Params &p, int j, int &lo, int &hi) {
+  lo = max(0, j - p.dpos);
+  hi = j >= p.sk ? -1 : p.win > 0 ? min(p.sq - 1, j - p.dpos + p.win - 1) : p.sq - 1;
+}
+
 /* The kv head query head h reads (GQA; a tp rank's heads may start inside a group). */
 __device__ __forceinline__ int kv_of(const Params &p, int h) { return (h + p.off) / p.group; }
 
@@ -463,8 +477,9 @@ __global__ void __launch_bounds__(FwdBf16<HP>::NT) fwd_bf16(Params p) {
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           float x = s[mt][nt][e] * sl2;
-          int i = i0 + wr + 16 * mt + g + 8 * (e >> 1), j = j0 + 8 * nt + 2 * t + (e & 1);
-          s[mt][nt][e] = masked && !visible(p, i, j) ? -INFINITY : x;
+          int lo, hi, j = j0 + 8 * nt + 2 * t + (e & 1);
+          row_keys(p, i0 + wr + 16 * mt + g + 8 * (e >> 1), lo, hi);
+          s[mt][nt][e] = masked && (j < lo || j > hi) ? -INFINITY : x;
         }
 
     /* online softmax: row max over the 4 lanes of the row (xor 1, 2 keep g) */
@@ -716,12 +731,14 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dkdv_bf16(
         for (int hf = 0; hf < 2; hf++) {
           float pv[2], ds[2];
           const int jr = kr + 16 * mt + g + 8 * hf;
+          int lo, hi;
+          key_queries(p, j0 + jr, lo, hi);
 #pragma unroll
           for (int e = 0; e < 2; e++) {
             const int ic = qc + 8 * nt + 2 * t + e;
             /* lse in log2 units, as the scores (__fmul_rn: never fused) */
             const float x = st[mt][nt][2 * hf + e] * sl2 - __fmul_rn(lse_s[ic], LOG2E);
-            const bool off = masked && !visible(p, i0 + ic, j0 + jr);
+            const bool off = masked && (i0 + ic < lo || i0 + ic > hi);
             pv[e] = off ? 0.f : exp2f(x);
             ds[e] = pv[e] * (dpt[mt][nt][2 * hf + e] - D_s[ic]);
           }
@@ -852,11 +869,13 @@ __global__ void __launch_bounds__(BwdBf16<HP>::NT, BwdBf16<HP>::MINB) dq_bf16(Pa
         for (int hf = 0; hf < 2; hf++) {
           float ds[2];
           const int ir = qr + 16 * mt + g + 8 * hf;
+          int lo, hi;
+          row_keys(p, i0 + ir, lo, hi);
 #pragma unroll
           for (int e = 0; e < 2; e++) {
             const int j = j0 + kc + 8 * nt + 2 * t + e;
             const float x = s[mt][nt][2 * hf + e] * sl2 - lse_r[mt][hf];
-            const float pv = masked && !visible(p, i0 + ir, j) ? 0.f : exp2f(x);
+            const float pv = masked && (j < lo || j > hi) ? 0.f : exp2f(x);
             ds[e] = pv * (dp[mt][nt][2 * hf + e] - D_r[mt][hf]);
           }
           *reinterpret_cast<uint32_t *>(dSs + ir * LP + kc + 8 * nt + 2 * t) =

@@ -55,11 +55,21 @@
  * registers (nearest-even), so the results are bitwise those of staging
  * from fp32.
  *
- * Speed (H200, bench/cuda_attention.c vs bench/attention_peer.py in the
- * same call, causal, S 2048, bf16; bench/results/2026-11-26-nvidia-h200-
- * attention.md): hd 64 forward 145 TFLOP/s, backward 108 (PyTorch SDPA's
- * FlashAttention-2 240 and 179, cuDNN 351 and 252); hd 128: 189 and 136
- * (FA2 251 and 194, cuDNN 449 and 320). What would close the gap: Hopper's wgmma and TMA
+ * Blocks (kc_attention_block_*: ring attention's pieces, packed documents,
+ * generation's KV cache): the same kernels on a block's geometry (Params:
+ * sq queries at q_pos − k_pos = dpos from sk keys, strides, the lse
+ * layout, a GQA head offset); accumulate merges into the out and lse
+ * there, and the backward adds into dq, dk, dv. Paged keys (a block
+ * table) and strided blocks in bf16 are gathered compact into the stage
+ * first (gather_rows), so the tiles always read contiguous rows. Masked
+ * tiles compare each element with its row's key range (row_keys), not
+ * the whole predicate.
+ *
+ * Speed (H200, bench/cuda_attention.c vs bench/attention_peer.py, causal,
+ * S 2048, bf16; bench/results/2026-11-26-nvidia-h200-block-attention.md):
+ * hd 64 forward 152 TFLOP/s, backward 110 (PyTorch SDPA's
+ * FlashAttention-2 248 and 173, cuDNN 349 and 251); hd 128: 181 and 136
+ * (FA2 246 and 201, cuDNN 481 and 289). What would close the gap: Hopper's wgmma and TMA
  * (FlashAttention-3) in place of mma.sync and cp.async; the backward's dq
  * without recomputing S and dP in a second kernel (7 products where FA2
  * does 5 — FA2 adds dq with atomics, which is not deterministic; an

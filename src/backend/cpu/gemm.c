@@ -17,6 +17,7 @@
 
 #include "backend/cpu/cpu.h"
 #include "common/status.h"
+#include "kernels/cpu/kernels.h"
 
 enum { CACHE = 128, TILE_CACHE = 64 };
 
@@ -247,7 +248,7 @@ static dnnl_status_t entry_run(entry *e, dnnl_stream_t s, const void *A, const v
  * has none, fp32 holding the bf16 values (rounded, then widened exactly). */
 static void to_compute(const void *src, ml_dtype type, int64_t rows, int64_t cols, int64_t ld,
                        void *dst, bool emulate) {
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(rows, rows * cols))
   for (int64_t r = 0; r < rows; r++) {
     if (type == ML_BF16) { /* emulation: widen */
       ml_convert_to_f32(ML_BF16, (const uint16_t *)src + r * ld, (float *)dst + r * cols,
@@ -284,7 +285,7 @@ static int operand(ml_cpu_gemm *g, const void *p, ml_dtype type, ml_dtype comput
 
 /* K = 0: every product is an empty sum, so C (=|+=) 0 (+ bias). */
 static int empty_sum(const ml_gemm *a) {
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(a->M, a->M * a->N))
   for (int64_t r = 0; r < a->M; r++) {
     float *c = a->C + r * a->ldc;
     for (int64_t j = 0; j < a->N; j++) {

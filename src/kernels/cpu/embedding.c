@@ -14,7 +14,7 @@ static inline int in_range(int32_t id, int64_t row0, int64_t rows) {
 // W fp32, or bf16 (widened exactly) when w_bf16
 void k_embedding_fwd(const int32_t *ids, int64_t T, const void *W, int w_bf16, int64_t row0,
                      int64_t rows, int64_t H, float scale, float *out) {
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(T, T * H))
   for (int64_t t = 0; t < T; t++) {
     float *o = out + t * H;
     if (!in_range(ids[t], row0, rows)) {
@@ -36,7 +36,7 @@ void k_embedding_fwd(const int32_t *ids, int64_t T, const void *W, int w_bf16, i
 // repeated ids never race
 void k_embedding_bwd(const int32_t *ids, int64_t T, const float *dout, int64_t row0, int64_t rows,
                      int64_t H, float scale, float *dW) {
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(H / COLS_PER_TASK, T * H))
   for (int64_t c0 = 0; c0 < H; c0 += COLS_PER_TASK) {
     int64_t n = H - c0 < COLS_PER_TASK ? H - c0 : COLS_PER_TASK;
     for (int64_t t = 0; t < T; t++) {

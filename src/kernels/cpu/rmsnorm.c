@@ -9,7 +9,7 @@ enum { COLS_PER_TASK = 256, LANES = 8 };
 // x, y: [T, H]; w: [H]; rstd: [T]
 void k_rmsnorm_fwd(const float *x, const float *w, float w_offset, float eps, float *y, float *rstd,
                    int64_t T, int64_t H) {
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(T, T * H))
   for (int64_t t = 0; t < T; t++) {
     const float *xr = x + t * H;
     double ss = k_dot_f64(xr, xr, H);
@@ -23,7 +23,7 @@ void k_rmsnorm_fwd(const float *x, const float *w, float w_offset, float eps, fl
 // dw: [H] += sum_t dy[t]·x[t]·rstd[t]; threads own disjoint column ranges
 static void rmsnorm_dw(const float *dy, const float *x, const float *rstd, float *dw, int64_t T,
                        int64_t H) {
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(H / COLS_PER_TASK, T * H))
   for (int64_t c0 = 0; c0 < H; c0 += COLS_PER_TASK) {
     int64_t n = H - c0 < COLS_PER_TASK ? H - c0 : COLS_PER_TASK;
     double acc[COLS_PER_TASK] = {0};
@@ -39,7 +39,7 @@ static void rmsnorm_dw(const float *dy, const float *x, const float *rstd, float
 void k_rmsnorm_bwd(const float *dy, const float *x, const float *w, float w_offset,
                    const float *rstd, float *dx, float *dw, int64_t T, int64_t H) {
   if (dw) rmsnorm_dw(dy, x, rstd, dw, T, H);  // before dx, which may overwrite dy
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(T, T * H))
   for (int64_t t = 0; t < T; t++) {
     const float *dr = dy + t * H, *xr = x + t * H;
     double acc[LANES] = {0}, dot = 0.0; /* LANES partial sums (R2: any order) */

@@ -105,7 +105,7 @@ double k_rope_inv_freq(double theta, int64_t hd, const ml_rope_scaling *sc, int6
 void k_rope_tables(const float *inv_freq, float scale, int64_t hd, int64_t S, float *cos_t,
                    float *sin_t) {
   int64_t half = hd / 2;
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(S, S * hd))
   for (int64_t p = 0; p < S; p++)
     for (int64_t i = 0; i < half; i++) {
       float a = (float)p * inv_freq[i];
@@ -118,7 +118,7 @@ void k_rope_tables(const float *inv_freq, float scale, int64_t hd, int64_t S, fl
 static void rope_rotate(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t S,
                         int64_t nheads, int64_t hd, float dir) {
   int64_t half = hd / 2;
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(B * S, B * S * nheads * hd))
   for (int64_t t = 0; t < B * S; t++) {
     const float *c = cos_t + (t % S) * half, *s = sin_t + (t % S) * half;
     for (int64_t h = 0; h < nheads; h++) {

@@ -33,13 +33,13 @@ double k_dot_f64(const float *x, const float *y, int64_t n) {
 
 // y, x: [n]
 void k_add(float *y, const float *x, int64_t n) {
-#pragma omp parallel for simd
+#pragma omp parallel for simd if (K_PAR(n, n))
   for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
 // x: [n]
 void k_scale(float *x, int64_t n, float s) {
-#pragma omp parallel for simd
+#pragma omp parallel for simd if (K_PAR(n, n))
   for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
@@ -67,7 +67,7 @@ int k_has_nonfinite(const float *g, int64_t n) {
 
 // db: [N] += column sums of dy: [T, N]; threads own disjoint column ranges
 void k_bias_grad(const float *dy, int64_t T, int64_t N, float *db) {
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(N / COLS_PER_TASK, T * N))
   for (int64_t c0 = 0; c0 < N; c0 += COLS_PER_TASK) {
     int64_t n = N - c0 < COLS_PER_TASK ? N - c0 : COLS_PER_TASK;
     double acc[COLS_PER_TASK] = {0};

@@ -16,7 +16,7 @@ static inline int64_t shard_col(int32_t y, int64_t v0, int64_t V) {
 
 // logits: [T, V]; mx: [T]
 void k_xent_rowmax(const float *logits, int64_t T, int64_t V, float *mx) {
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(T, T * V))
   for (int64_t t = 0; t < T; t++) mx[t] = k_max(logits + t * V, V);
 }
 
@@ -40,7 +40,7 @@ static double sumexp(const float *l, int64_t n, float m) {
 // se, tl: [T]
 void k_xent_sumexp_target(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,
                           const float *mx, float *se, float *tl) {
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(T, T * V))
   for (int64_t t = 0; t < T; t++) {
     const float *l = logits + t * V;
     se[t] = (float)sumexp(l, V, mx[t]);
@@ -52,7 +52,7 @@ void k_xent_sumexp_target(const float *logits, int64_t T, int64_t V, int64_t v0,
 // logits: [T, V] one tile of columns v0 .. v0+V−1; mx, se, tl: [T] updated
 void k_xent_online(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,
                    float *mx, float *se, float *tl) {
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(T, T * V))
   for (int64_t t = 0; t < T; t++) {
     const float *l = logits + t * V;
     /* se = 0: no tile yet (after one, se >= 1: the max's own term), mx not read */
@@ -69,7 +69,7 @@ void k_xent_online(const float *logits, int64_t T, int64_t V, int64_t v0, const 
 // mx, M, se, tl: [T]
 void k_xent_rebase(int64_t T, int64_t V, int64_t v0, const int32_t *y, const float *mx,
                    const float *M, float *se, float *tl) {
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(T, T))
   for (int64_t t = 0; t < T; t++) {
     /* exp(0) = 1 where this rank holds the max: se unchanged */
     se[t] = se[t] != 0.0f ? (float)((double)se[t] * exp((double)mx[t] - (double)M[t])) : 0.0f;
@@ -93,7 +93,7 @@ void k_xent_logprobs(const float *se, const float *tl, const int32_t *y, int64_t
 // dlogits: [T, V] = w[t]·(softmax − onehot); may alias logits
 void k_xent_bwd(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,
                 const float *mx, const float *se, const float *w, float *dlogits) {
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(T, T * V))
   for (int64_t t = 0; t < T; t++) {
     const float *l = logits + t * V;
     float *d = dlogits + t * V;

@@ -33,14 +33,14 @@ static double sum_shifted(const float *l, int64_t n, float m) {
 
 // logits: [T, V]; mx, sl: [T]
 void k_xent_entropy_sum(const float *logits, int64_t T, int64_t V, const float *mx, float *sl) {
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(T, T * V))
   for (int64_t t = 0; t < T; t++) sl[t] = (float)sum_shifted(logits + t * V, V, mx[t]);
 }
 
 // logits: [T, V] one tile; mx, se (before k_xent_online), sl: [T]
 void k_xent_entropy_online(const float *logits, int64_t T, int64_t V, const float *mx,
                            const float *se, float *sl) {
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(T, T * V))
   for (int64_t t = 0; t < T; t++) {
     const float *l = logits + t * V;
     /* the new running max as k_xent_online forms it (se = 0: no tile yet) */
@@ -54,7 +54,7 @@ void k_xent_entropy_online(const float *logits, int64_t T, int64_t V, const floa
 // mx, M, se (before k_xent_rebase), sl: [T]
 void k_xent_entropy_rebase(int64_t T, const float *mx, const float *M, const float *se,
                            float *sl) {
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(T, T))
   for (int64_t t = 0; t < T; t++) {
     double d = (double)mx[t] - (double)M[t];
     sl[t] = se[t] != 0.0f ? (float)(exp(d) * ((double)sl[t] + d * (double)se[t])) : 0.0f;
@@ -72,7 +72,7 @@ void k_xent_entropy(const float *se, const float *sl, int64_t T, float *ent) {
 void k_xent_bwd_entropy(const float *logits, int64_t T, int64_t V, int64_t v0, const int32_t *y,
                         const float *mx, const float *se, const float *w, const float *H,
                         const float *ew, float *dlogits) {
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(T, T * V))
   for (int64_t t = 0; t < T; t++) {
     const float *l = logits + t * V;
     float *d = dlogits + t * V;

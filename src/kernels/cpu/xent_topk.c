@@ -35,7 +35,7 @@ void k_xent_topk_clear(int64_t T, int64_t k, float *val, int32_t *id) {
 // logits: [T, V] the columns v0 .. v0+V−1; val, id: [T, k]
 void k_xent_topk_online(const float *logits, int64_t T, int64_t V, int64_t v0, int64_t k,
                         float *val, int32_t *id) {
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(T, T * V))
   for (int64_t t = 0; t < T; t++) {
     const float *l = logits + t * V;
     for (int64_t j = 0; j < V; j++)
@@ -47,7 +47,7 @@ void k_xent_topk_online(const float *logits, int64_t T, int64_t V, int64_t v0, i
 void k_xent_topk_merge(int64_t P, int64_t T, int64_t k, const float *cval, const int32_t *cid,
                        float *val, int32_t *id) {
   k_xent_topk_clear(T, k, val, id);
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(T, T * P * k))
   for (int64_t t = 0; t < T; t++)
     for (int64_t p = 0; p < P; p++)
       for (int64_t j = 0; j < k; j++) {
@@ -59,7 +59,7 @@ void k_xent_topk_merge(int64_t P, int64_t T, int64_t k, const float *cval, const
 // M, se: [T]; val, id, lp: [T, k] (lp may alias val)
 void k_xent_topk_logprobs(int64_t T, int64_t k, const float *M, const float *se,
                           const float *val, const int32_t *id, float *lp) {
-#pragma omp parallel for
+#pragma omp parallel for if (K_PAR(T, T * k))
   for (int64_t t = 0; t < T; t++)
     for (int64_t j = 0; j < k; j++) {
       int64_t c = t * k + j;

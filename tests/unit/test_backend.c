@@ -105,11 +105,12 @@ static void test_get(void **state) {
   assert_int_equal(ml_backend_get("cpu", 3, &again), 0);
   assert_ptr_equal(be, again);
   assert_string_equal(be->ops->name, "cpu");
-  /* cuda: without block attention, on GPU memory, where a GPU is; else the
-   * reason, naming the device */
+  /* cuda: block attention but no batch-invariant mode, on GPU memory, where
+   * a GPU is; else the reason, naming the device */
   if (ml_backend_get("cuda", 0, &be) == 0) {
     assert_false(ml_be_host_memory(be));
-    assert_false(ml_be_supports(be, ML_OP_ATTENTION_BLOCK));
+    assert_true(ml_be_supports(be, ML_OP_ATTENTION_BLOCK));
+    assert_false(ml_be_supports(be, ML_OP_BATCH_INVARIANT));
     assert_true(ml_be_supports(be, ML_OP_GEMM));
   } else {
 #ifdef ML_HAVE_CUDA

@@ -363,18 +363,24 @@ static kc_attn_block kc_block(const ml_attn_block *b) {
                          .table_bs = b->table_bs, .kv_bf16 = b->kv_bf16};
 }
 
+/* A block call's kernel arguments *b and its stage (attention_stage). */
+static int block_begin(ml_backend *be, const ml_attn_block *blk, ml_dtype compute, bool dout,
+                       kc_attn_block *b, void **stage) {
+  ML_TRY(attention_compute(compute));
+  *b = kc_block(blk);
+  return attention_stage(be, kc_attention_block_stage_bytes(b, compute == ML_BF16, dout), b->B,
+                         b->sq, b->sk, b->nh, b->nkv, b->hd, dout, stage);
+}
+
 static int cu_attention_block_fwd(ml_backend *be, const ml_attn_block *blk, const float *q,
                                   const float *k, const float *v, float *out, float *lse,
                                   bool accumulate, ml_dtype compute) {
+  kc_attn_block b;
   void *stage;
-  ML_TRY(attention_compute(compute));
-  kc_attn_block b = kc_block(blk);
-  bool bf = compute == ML_BF16;
-  ML_TRY(attention_stage(be, kc_attention_block_stage_bytes(&b, bf, false), b.B, b.sq, b.sk, b.nh,
-                         b.nkv, b.hd, false, &stage));
-  int rc = ml_cuda_launched(
-      kc_attention_block_fwd(impl(be)->stream, &b, q, k, v, out, lse, accumulate, bf, stage),
-      "block attention forward");
+  ML_TRY(block_begin(be, blk, compute, false, &b, &stage));
+  int rc = ml_cuda_launched(kc_attention_block_fwd(impl(be)->stream, &b, q, k, v, out, lse,
+                                                   accumulate, compute == ML_BF16, stage),
+                            "block attention forward");
   ml_be_free(be, stage);
   return rc;
 }
@@ -388,14 +394,11 @@ static int cu_attention_block_bwd(ml_backend *be, const ml_attn_block *blk, cons
                                   const float *q, const float *k, const float *v,
                                   const float *out, const float *lse, float *dq, float *dk,
                                   float *dv, ml_dtype compute, void *work) {
+  kc_attn_block b;
   void *stage;
-  ML_TRY(attention_compute(compute));
-  kc_attn_block b = kc_block(blk);
-  bool bf = compute == ML_BF16;
-  ML_TRY(attention_stage(be, kc_attention_block_stage_bytes(&b, bf, true), b.B, b.sq, b.sk, b.nh,
-                         b.nkv, b.hd, true, &stage));
+  ML_TRY(block_begin(be, blk, compute, true, &b, &stage));
   int rc = ml_cuda_launched(kc_attention_block_bwd(impl(be)->stream, &b, dout, q, k, v, out, lse,
-                                                   dq, dk, dv, bf, work, stage),
+                                                   dq, dk, dv, compute == ML_BF16, work, stage),
                             "block attention backward");
   ml_be_free(be, stage);
   return rc;

@@ -1437,9 +1437,40 @@ cudaError_t stage_inputs(cudaStream_t st, const kc_attn_block *k, Params &p, boo
   return cudaSuccess;
 }
 
-/* 1. D, then 2. dk/dv and 3. dq */
-cudaError_t backward(cudaStream_t st, const kc_attn_block *k, Params &p, const float *out, bool bf,
+/* The forward on p's geometry (k: the block's, NULL for whole sequences):
+ * the operands, their staging, the launch. */
+cudaError_t forward(cudaStream_t st, const kc_attn_block *k, Params &p, const float *q,
+                    const float *kk, const float *v, float *out, float *lse, bool bf,
+                    void *stage) {
+  p.q = q;
+  p.k = kk;
+  p.v = v;
+  p.o = out;
+  p.lse = lse;
+  cudaError_t e = stage_inputs(st, k, p, bf, stage);
+  return e != cudaSuccess ? e : fwd_run(st, p, bf);
+}
+
+/* The backward on p's geometry: the operands (every tensor 16-byte
+ * aligned: the tiles load float4 or 16-byte cp.async), then 1. D, 2. dk/dv
+ * and 3. dq. */
+cudaError_t backward(cudaStream_t st, const kc_attn_block *k, Params &p, const float *dout,
+                     const float *q, const float *kk, const float *v, const float *out,
+                     const float *lse, float *dq, float *dk, float *dv, void *work, bool bf,
                      void *stage) {
+  const void *ptrs[] = {dout, q, kk, v, out, dq, dk, dv};
+  for (const void *x : ptrs)
+    if (!aligned16(x)) return cudaErrorInvalidValue;
+  if (!lse || !work || (bf && (!stage || !aligned16(stage)))) return cudaErrorInvalidValue;
+  p.q = q;
+  p.k = kk;
+  p.v = v;
+  p.dout = dout;
+  p.lse_in = lse;
+  p.D = static_cast<float *>(work);
+  p.dq = dq;
+  p.dk = dk;
+  p.dv = dv;
   const int64_t rows = (int64_t)p.B * p.sq * p.nh;
   const int64_t blocks = tiles(rows, ROWDOT_NT / 32);
   cudaError_t e = KC_LAUNCH(rowdot, (unsigned)(blocks < (1 << 20) ? blocks : (1 << 20)),
@@ -1466,13 +1497,7 @@ extern "C" cudaError_t kc_attention_fwd(cudaStream_t st, const float *q, const f
   if (!aligned16(q) || !aligned16(k) || !aligned16(v) || !aligned16(out) || !lse ||
       (bf16 && (!stage || !aligned16(stage))))
     return cudaErrorInvalidValue;
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.o = out;
-  p.lse = lse;
-  if ((e = stage_inputs(st, nullptr, p, bf16, stage)) != cudaSuccess) return e;
-  return fwd_run(st, p, bf16);
+  return forward(st, nullptr, p, q, k, v, out, lse, bf16, stage);
 }
 
 /* work: D [B, nh, S] fp32. */
@@ -1494,21 +1519,9 @@ extern "C" cudaError_t kc_attention_bwd(cudaStream_t st, const float *dout, cons
                                         void *work, void *stage) {
   Params p = {};
   cudaError_t e = setup_whole(p, B, S, nh, nkv, hd, scale, window);
-  if (e != cudaSuccess) return e;
-  const void *ptrs[] = {dout, q, k, v, out, dq, dk, dv};
-  for (const void *x : ptrs)
-    if (!aligned16(x)) return cudaErrorInvalidValue;
-  if (!lse || !work || (bf16 && (!stage || !aligned16(stage)))) return cudaErrorInvalidValue;
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.dout = dout;
-  p.lse_in = lse;
-  p.D = static_cast<float *>(work);
-  p.dq = dq;
-  p.dk = dk;
-  p.dv = dv;
-  return backward(st, nullptr, p, out, bf16, stage);
+  return e != cudaSuccess ? e
+                          : backward(st, nullptr, p, dout, q, k, v, out, lse, dq, dk, dv, work,
+                                     bf16, stage);
 }
 
 /* ---- block attention ---------------------------------------------------- */
@@ -1531,14 +1544,8 @@ extern "C" cudaError_t kc_attention_block_fwd(cudaStream_t st, const kc_attn_blo
       (!paged && (!aligned16(k) || !aligned16(v))) ||
       ((bf16 || paged) && (!stage || !aligned16(stage))))
     return cudaErrorInvalidValue;
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.o = out;
-  p.lse = lse;
   p.acc = accumulate;
-  if ((e = stage_inputs(st, blk, p, bf16, stage)) != cudaSuccess) return e;
-  return fwd_run(st, p, bf16);
+  return forward(st, blk, p, q, k, v, out, lse, bf16, stage);
 }
 
 /* work: D [B, nh, sq] fp32. */
@@ -1555,20 +1562,7 @@ extern "C" cudaError_t kc_attention_block_bwd(cudaStream_t st, const kc_attn_blo
   Params p = {};
   cudaError_t e = setup(p, *blk);
   if (e != cudaSuccess) return e;
-  const void *ptrs[] = {dout, q, k, v, out, dq, dk, dv};
-  for (const void *x : ptrs)
-    if (!aligned16(x)) return cudaErrorInvalidValue;
-  if (blk->kv_table || !lse || !work || (bf16 && (!stage || !aligned16(stage))))
-    return cudaErrorInvalidValue;
-  p.q = q;
-  p.k = k;
-  p.v = v;
-  p.dout = dout;
-  p.lse_in = lse;
-  p.D = static_cast<float *>(work);
-  p.dq = dq;
-  p.dk = dk;
-  p.dv = dv;
+  if (blk->kv_table) return cudaErrorInvalidValue; /* the KV cache is forward only */
   p.acc = true;
-  return backward(st, blk, p, out, bf16, stage);
+  return backward(st, blk, p, dout, q, k, v, out, lse, dq, dk, dv, work, bf16, stage);
 }

@@ -23,9 +23,10 @@
  *    after the calls are bitwise equal;
  *  - in the batch-invariant mode, generation's log-probs are bitwise the
  *    same mesh's scoring of prompt + generated tokens (tp 2 included).
- * `cuda` (one rank, label cuda; exits 77 where the CUDA backend cannot be
- * made): the tested engine on the GPU (its KV cache on the CUDA backend's
- * paged block attention) against the one-rank CPU engine: greedy and
+ * `cuda` (label cuda; exits 77 where the CUDA backend cannot be made): the
+ * tested engine on the GPU — one rank, or tp 2 on two ranks sharing it —
+ * (its KV cache on the CUDA backend's paged block attention) against the
+ * one-rank CPU engine: greedy and
  * sampled as above with the same bounds (test_cuda_engine's: the CUDA
  * backend's fp32 or bf16 against the CPU's in another order), not bitwise;
  * the batch-invariant case is skipped (no such mode on CUDA). */
@@ -41,7 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "comm/comm_local.h"
+#include "comm/comm_staged.h"
 #include "engine_run.h"
 #include "parity_util.h"
 #include "engine/generate.h"
@@ -93,14 +94,15 @@ static ml_engine_opts opts_of(bool mesh) {
 }
 
 /* The tested engine: the mesh over the world, on the GPU with `cuda` (its
- * comms copying on the device, as src/cli/device.c). */
+ * comms staged through the host, as --device-comm staged: ranks may share
+ * the GPU; a group of one copies on the device). */
 static void open_tested(run *r, ml_engine_opts *o, const char *dir) {
   if (!g_cuda) {
     run_open(r, MPI_COMM_WORLD, g_dpr, g_tp, o, dir);
     return;
   }
   o->backend = g_cuda;
-  run_open_comm(r, MPI_COMM_WORLD, g_dpr, g_tp, o, dir, ml_comm_local_make, g_cuda);
+  run_open_comm(r, MPI_COMM_WORLD, g_dpr, g_tp, o, dir, ml_comm_staged_make, g_cuda);
 }
 
 static void generate(run *r, const prompts *p, const ml_gen_opts *o, result *out) {

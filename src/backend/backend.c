@@ -94,6 +94,15 @@ int ml_be_round_bf16(ml_backend *be, float *x, size_t n) {
   MARK(be);
   return n ? be->ops->round_bf16(be, x, n) : 0;
 }
+int ml_be_scatter_rows(ml_backend *be, void *dst, ml_dtype dst_type, const int32_t *rows,
+                       const float *src, int64_t n, int64_t width) {
+  MARK(be);
+  if ((dst_type != ML_F32 && dst_type != ML_BF16) || n < 0 || width < 1)
+    return ml_err("scatter rows: %lld rows of %lld into %s; expected n >= 0, width >= 1 and "
+                  "F32 or BF16",
+                  (long long)n, (long long)width, ml_dtype_name(dst_type));
+  return n ? be->ops->scatter_rows(be, dst, dst_type, rows, src, n, width) : 0;
+}
 
 /* ---- ordering ------------------------------------------------------------ */
 

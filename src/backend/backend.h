@@ -195,6 +195,8 @@ typedef struct ml_backend_ops {
   int (*convert)(ml_backend *be, void *dst, ml_dtype dst_type, const void *src, ml_dtype src_type,
                  size_t n);
   int (*round_bf16)(ml_backend *be, float *x, size_t n);
+  int (*scatter_rows)(ml_backend *be, void *dst, ml_dtype dst_type, const int32_t *rows,
+                      const float *src, int64_t n, int64_t width);
   void (*trim)(ml_backend *be);
   void (*memory_stats)(ml_backend *be, ml_memory_stats *out);
   void (*reset_peak)(ml_backend *be);
@@ -393,6 +395,15 @@ int ml_be_convert(ml_backend *be, void *dst, ml_dtype dst_type, const void *src,
                   ml_dtype src_type, size_t n);
 /* x[n] = fp32(bf16(x[n])) in place: the values a bf16 tensor would hold. */
 int ml_be_round_bf16(ml_backend *be, float *x, size_t n);
+/* Row rows[r] of dst [.., width] (dst_type F32 or BF16: rounded to
+ * nearest-even, as ml_be_convert) = row r of src [n, width] fp32, for r <
+ * n; rows: device int32, distinct, each within dst (the caller's). One
+ * call for what n ml_be_convert calls of a row would do: the KV cache's
+ * appends, every new key (value) row of a step into its block
+ * (engine/kvcache.c; vLLM's reshape_and_cache). Errors: dst_type, n < 0
+ * or width < 1. */
+int ml_be_scatter_rows(ml_backend *be, void *dst, ml_dtype dst_type, const int32_t *rows,
+                       const float *src, int64_t n, int64_t width);
 
 /* ---- ordering ------------------------------------------------------------ */
 int ml_be_event_record(ml_backend *be, ml_event *ev);

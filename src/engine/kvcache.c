@@ -63,6 +63,9 @@ void ml_kv_pool_destroy(ml_kv_pool *p) {
   ml_be_free(p->be, p->mem);
   ml_be_free(p->be, p->table);
   ml_be_free(p->be, p->rope);
+  ml_be_free(p->be, p->rows);
+  free(p->host_rows);
+  p->rows = NULL, p->host_rows = NULL, p->rows_cap = 0;
   free(p->host_table);
   free(p->nb);
   free(p->ref);
@@ -208,20 +211,31 @@ static int64_t run_of(const ml_kv_pool *p, int64_t i) {
   return B;
 }
 
-/* Layer l's k or v (kv) rows of segment g [n, nkv·hd] (fp32, device) into
- * its slot's blocks, in the pool's dtype (bf16: rounded to nearest-even). */
-static int append(ml_kv_pool *p, int64_t l, int kv, const ml_kv_seg *g, const float *x) {
-  int64_t kr = p->nkv * p->hd;
-  for (int64_t pos = g->pos; pos < g->pos + g->n;) {
-    int64_t in = pos % ML_KV_BLOCK, n = ML_KV_BLOCK - in;
-    if (n > g->pos + g->n - pos) n = g->pos + g->n - pos;
-    int32_t b = p->host_table[g->slot * p->maxb + pos / ML_KV_BLOCK];
-    void *dst = (char *)block_kv(p, l, kv, b) + (size_t)(in * kr) * esz(p);
-    ML_TRY(ml_be_convert(p->be, dst, p->bf16 ? ML_BF16 : ML_F32, x + (pos - g->pos) * kr,
-                         ML_F32, (size_t)(n * kr)));
-    pos += n;
+/* The step's rows (ml_kv_pool.rows) for its T tokens: token t0 + j of
+ * segment g goes to position pos + j of its slot, row table[pos / block] ·
+ * block + pos % block of the layer's blocks; copied to the device once a
+ * step, for every layer's appends. */
+static int step_rows(ml_kv_pool *p, int64_t T) {
+  if (T > p->rows_cap) {
+    ml_be_free(p->be, p->rows);
+    free(p->host_rows);
+    p->rows_cap = 0;
+    p->rows = ml_be_alloc(p->be, T, sizeof(int32_t), "the KV cache's step rows (%lld tokens)",
+                          (long long)T);
+    p->host_rows = ml_malloc_array(T, sizeof(int32_t), "the KV cache's step rows (%lld tokens)",
+                                   (long long)T);
+    if (!p->rows || !p->host_rows) return -1;
+    p->rows_cap = T;
   }
-  return 0;
+  for (int64_t i = 0; i < p->nseg; i++) {
+    const ml_kv_seg *g = &p->seg[i];
+    for (int64_t j = 0; j < g->n; j++) {
+      int64_t pos = g->pos + j;
+      p->host_rows[g->t0 + j] =
+          p->host_table[g->slot * p->maxb + pos / ML_KV_BLOCK] * ML_KV_BLOCK + pos % ML_KV_BLOCK;
+    }
+  }
+  return ml_be_copy(p->be, p->rows, p->host_rows, sizeof(int32_t) * (size_t)T, ML_COPY_H2D);
 }
 
 // q [1, T, nh, hd], k, v [1, T, nkv, hd]: each segment's k, v appended to its slot's blocks;
@@ -229,12 +243,13 @@ static int append(ml_kv_pool *p, int64_t l, int kv, const ml_kv_seg *g, const fl
 static int kv_fwd(void *ctx, const ml_attn_call *c, float *out, float *lse) {
   ml_kv_pool *p = ctx;
   ML_TRY(check_call(p, c));
-  int64_t qr = c->nh * c->hd, kr = c->nkv * c->hd;
-  for (int64_t i = 0; i < p->nseg; i++) {
-    const ml_kv_seg *g = &p->seg[i];
-    ML_TRY(append(p, c->layer, 0, g, c->k + g->t0 * kr));
-    ML_TRY(append(p, c->layer, 1, g, c->v + g->t0 * kr));
-  }
+  int64_t qr = c->nh * c->hd, kr = c->nkv * c->hd, T = c->S;
+  /* the step's k, v rows into their blocks (in the pool's dtype: bf16 rounded to nearest-even);
+   * the forward runs the layers in order, so layer 0 sets the step's rows for all */
+  if (c->layer == 0) ML_TRY(step_rows(p, T));
+  ml_dtype dt = p->bf16 ? ML_BF16 : ML_F32;
+  ML_TRY(ml_be_scatter_rows(p->be, block_kv(p, c->layer, 0, 0), dt, p->rows, c->k, T, kr));
+  ML_TRY(ml_be_scatter_rows(p->be, block_kv(p, c->layer, 1, 0), dt, p->rows, c->v, T, kr));
   for (int64_t i = 0, B; i < p->nseg; i += B) {
     const ml_kv_seg *g = &p->seg[i];
     B = run_of(p, i);

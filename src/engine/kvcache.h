@@ -72,6 +72,11 @@ typedef struct ml_kv_pool {
   /* the step's segments (host, the caller's), in token order, set before each forward */
   const ml_kv_seg *seg;
   int64_t nseg;
+  /* [rows_cap] each token's row in its layer's blocks (block · ML_KV_BLOCK + offset), the
+   * same in every layer: set at the step's layer 0, where its keys are appended (device and
+   * host, grown on need) */
+  int32_t *rows, *host_rows;
+  int64_t rows_cap;
 } ml_kv_pool;
 
 /* Bytes of one block: ML_KV_BLOCK positions of keys and values of nkv

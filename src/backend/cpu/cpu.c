@@ -114,6 +114,17 @@ static int cpu_convert(ml_backend *be, void *dst, ml_dtype dst_type, const void 
   return 0;
 }
 
+static int cpu_scatter_rows(ml_backend *be, void *dst, ml_dtype dst_type, const int32_t *rows,
+                            const float *src, int64_t n, int64_t width) {
+  size_t w = (size_t)width, ds = ml_dtype_size(dst_type);
+  for (int64_t r = 0; r < n; r++) { /* a step's new rows: a few KiB, one thread */
+    void *d = (char *)dst + (size_t)rows[r] * w * ds;
+    if (dst_type == ML_F32) memcpy(d, src + (size_t)r * w, w * sizeof(float));
+    else ml_convert_from_f32(dst_type, src + (size_t)r * w, d, w);
+  }
+  return 0;
+}
+
 static int cpu_round_bf16(ml_backend *be, float *x, size_t n) {
   ml_round_bf16(x, n);
   return 0;
@@ -583,6 +594,7 @@ static const ml_backend_ops k_cpu_ops = {
     .zero = cpu_zero,
     .copy2d = cpu_copy2d,
     .convert = cpu_convert,
+    .scatter_rows = cpu_scatter_rows,
     .round_bf16 = cpu_round_bf16,
     .trim = cpu_trim,
     .memory_stats = cpu_memory_stats,

@@ -175,6 +175,13 @@ static int cu_convert(ml_backend *be, void *dst, ml_dtype dst_type, const void *
                 ml_dtype_name(dst_type));
 }
 
+static int cu_scatter_rows(ml_backend *be, void *dst, ml_dtype dst_type, const int32_t *rows,
+                           const float *src, int64_t n, int64_t width) {
+  return ml_cuda_launched(kc_scatter_rows(impl(be)->stream, dst, dst_type == ML_BF16, rows, src, n,
+                                          width),
+                          "scatter rows");
+}
+
 static int cu_round_bf16(ml_backend *be, float *x, size_t n) {
   return ml_cuda_launched(kc_round_bf16(impl(be)->stream, x, (int64_t)n), "round to bf16");
 }
@@ -602,6 +609,7 @@ static const ml_backend_ops k_cuda_ops = {
     .zero = cu_zero,
     .copy2d = cu_copy2d,
     .convert = cu_convert,
+    .scatter_rows = cu_scatter_rows,
     .round_bf16 = cu_round_bf16,
     .trim = cu_trim,
     .memory_stats = cu_memory_stats,

@@ -76,6 +76,10 @@ static int meta_convert(ml_backend *be, void *dst, ml_dtype dst_type, const void
   return 0;
 }
 static int meta_round_bf16(ml_backend *be, float *x, size_t n) { return 0; }
+static int meta_scatter_rows(ml_backend *be, void *dst, ml_dtype dst_type, const int32_t *rows,
+                             const float *src, int64_t n, int64_t width) {
+  return 0;
+}
 static int meta_event(ml_backend *be, ml_event *ev) { return 0; }
 static int meta_sync(ml_backend *be) { return 0; }
 
@@ -248,6 +252,7 @@ static const ml_backend_ops k_meta_ops = {
     .zero = meta_zero,
     .copy2d = meta_copy2d,
     .convert = meta_convert,
+    .scatter_rows = meta_scatter_rows,
     .round_bf16 = meta_round_bf16,
     .trim = meta_trim,
     .memory_stats = meta_memory_stats,

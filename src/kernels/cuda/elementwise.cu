@@ -197,6 +197,28 @@ extern "C" cudaError_t kc_f16_to_f32(cudaStream_t st, const uint16_t *src, float
   return launch_map<uint16_t, float, f16_to_f32>(st, src, dst, n);
 }
 
+/* one grid-stride element of the n·width */
+static __global__ void __launch_bounds__(KC_THREADS) scatter_rows(void *__restrict__ dst, bool bf16,
+                                                                  const int32_t *__restrict__ rows,
+                                                                  const float *__restrict__ src,
+                                                                  int64_t n, int64_t width) {
+  for (int64_t e = kc_gtid(); e < n * width; e += kc_gstride()) {
+    const int64_t at = (int64_t)rows[e / width] * width + e % width;
+    if (bf16)
+      static_cast<uint16_t *>(dst)[at] = kc_f32_to_bf16(src[e]);
+    else
+      static_cast<float *>(dst)[at] = src[e];
+  }
+}
+
+extern "C" cudaError_t kc_scatter_rows(cudaStream_t st, void *dst, bool bf16, const int32_t *rows,
+                                       const float *src, int64_t n, int64_t width) {
+  if (n <= 0) return cudaSuccess;
+  if (n > INT32_MAX || width > INT32_MAX) return cudaErrorInvalidValue;
+  return KC_LAUNCH(scatter_rows, kc_grid(n * width, KC_THREADS), KC_THREADS, 0, st, dst, bf16,
+                   rows, src, n, width);
+}
+
 extern "C" cudaError_t kc_round_bf16(cudaStream_t st, float *x, int64_t n) {
   return launch_map<float, float, round_bf16>(st, x, x, n);
 }

@@ -43,6 +43,11 @@ cudaError_t kc_f32_to_f16(cudaStream_t st, const float *src, uint16_t *dst, int6
 cudaError_t kc_f16_to_f32(cudaStream_t st, const uint16_t *src, float *dst, int64_t n);
 /* x[n] = fp32(bf16(x[n])) in place. */
 cudaError_t kc_round_bf16(cudaStream_t st, float *x, int64_t n);
+/* Row rows[r] of dst [.., width] (bf16: uint16_t, rounded as kc_f32_to_bf16;
+ * else fp32) = row r of src [n, width] for r < n (rows distinct, device
+ * int32): backend.h ml_be_scatter_rows. n, width < 2^31. */
+cudaError_t kc_scatter_rows(cudaStream_t st, void *dst, bool bf16, const int32_t *rows,
+                            const float *src, int64_t n, int64_t width);
 /* y[n] += x[n]. */
 cudaError_t kc_add(cudaStream_t st, float *y, const float *x, int64_t n);
 /* x[n] *= s. */

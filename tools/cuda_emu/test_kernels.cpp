@@ -26,6 +26,7 @@
 // (one group of checks; none: all).
 #include <stdarg.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -165,6 +166,31 @@ static void test_convert() {
     ok(kc_round_bf16(nullptr, x, n), "round_bf16");
     same("round_bf16 (in place)", x, ref, 4 * n);
   }
+}
+
+/* ---- scatter rows (the KV cache's appends): bitwise each row's conversion - */
+static void test_scatter_rows() {
+  printf("scatter rows\n");
+  const int64_t n = 37, width = 24, rows_total = 200;
+  Pool pl;
+  float *src = rand_f(pl, n * width, 3.0f, 0);
+  int32_t *rows = pl.get<int32_t>(n);
+  std::vector<int32_t> perm(rows_total);
+  for (int32_t i = 0; i < rows_total; i++) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), rng);
+  for (int64_t r = 0; r < n; r++) rows[r] = perm[r];
+  float *d32 = pl.get<float>(rows_total * width), *r32 = pl.get<float>(rows_total * width);
+  uint16_t *d16 = pl.get<uint16_t>(rows_total * width), *r16 = pl.get<uint16_t>(rows_total * width);
+  for (int64_t i = 0; i < rows_total * width; i++) d32[i] = r32[i] = -1.0f, d16[i] = r16[i] = 7;
+  for (int64_t r = 0; r < n; r++)
+    for (int64_t c = 0; c < width; c++) {
+      r32[rows[r] * width + c] = src[r * width + c];
+      r16[rows[r] * width + c] = ml_f32_to_bf16(src[r * width + c]);
+    }
+  ok(kc_scatter_rows(nullptr, d32, false, rows, src, n, width), "scatter_rows f32");
+  same("scatter rows f32 (other rows untouched)", d32, r32, 4 * rows_total * width);
+  ok(kc_scatter_rows(nullptr, d16, true, rows, src, n, width), "scatter_rows bf16");
+  same("scatter rows bf16 (other rows untouched)", d16, r16, 2 * rows_total * width);
 }
 
 /* ---- add, scale: one correctly rounded operation each: bitwise ------------- */
@@ -771,6 +797,7 @@ int main(int argc, char **argv) {
     const char *name;
     void (*fn)();
   } tests[] = {{"convert", test_convert},
+               {"scatter_rows", test_scatter_rows},
                {"add_scale", test_add_scale},
                {"glu", test_glu},
                {"bias_rows", test_bias_rows},

@@ -384,7 +384,8 @@ typedef struct ml_model {
   /* Router replay (model/moe.h): each forward's expert choices, int32 [T,
    * n_layers, top_k] over the T = B · s tokens its sparse layers see (rows of
    * dense layers untouched). route_record (non-NULL): every forward writes
-   * them; route_replay (non-NULL): forwards route by them instead of top-k.
+   * them; route_replay (non-NULL): forwards route by them instead of top-k
+   * (a token whose row starts with a negative entry routes by its own).
    * Host memory, set from outside before the forward, kept through its
    * backward. NULL (the default): neither. */
   int32_t *route_record;

@@ -75,7 +75,8 @@ static int routing_of(const ml_model *m, const ml_layer *L, int64_t T, routing *
  * each token's k experts into top_e / top_w: its top k (torch.topk's
  * descending order; exact ties by the lower index: model/moe.h), or under
  * router replay the recorded ones, rows [T, L, k] of m->route_replay at
- * layer l, their weights the probabilities at them; renormalized when
+ * layer l (a row whose first entry is negative: its own top-k), their
+ * weights the probabilities at them; renormalized when
  * norm_topk. taken: [E] host scratch. Errors: a recorded expert out of
  * range or repeated within a token. */
 static int route(const ml_model *m, int64_t l, float *probs, float *top_e, float *top_w,
@@ -88,6 +89,7 @@ static int route(const ml_model *m, int64_t l, float *probs, float *top_e, float
     for (int64_t e = 0; e < E; e++) p[e] /= sum;
     float *te = top_e + t * k, *tw = top_w + t * k, wsum = 0.0f;
     const int32_t *rec = m->route_replay ? m->route_replay + (t * nl + l) * k : NULL;
+    if (rec && rec[0] < 0) rec = NULL; /* not recorded: its own top-k */
     memset(taken, 0, sizeof(bool) * (size_t)E);
     for (int64_t j = 0; j < k; j++) { /* the largest not taken yet, the lower index on ties */
       int64_t best = -1;

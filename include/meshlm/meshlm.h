@@ -479,6 +479,17 @@ typedef struct meshlm_train_batch {
   const float *generation_logprobs; /* the generator's (NeMo generation_logprobs): with
                                   old_logprobs, the mismatch metrics of meshlm_step_result
                                   and loss.is_level's correction */
+  /* appended (router replay): */
+  const int32_t *routing;      /* NULL, or [Σ lens, num_hidden_layers, num_experts_per_tok]:
+                                  each token's experts at each layer, as meshlm_scores.routing
+                                  returns them; the sparse layers route by them instead of
+                                  their top-k (a row starting with a negative entry, e.g. a
+                                  dense layer's −1: the token's own top-k). Gates: the router's
+                                  softmax at the recorded experts (renormalized when
+                                  norm_topk_prob), gradients through them, the load-balancing
+                                  loss counting the recorded routing — Megatron-LM's router
+                                  replay (R3, PR #4168), model/moe.h. Refused under tp > 1 or
+                                  cp > 1, or for a model without experts (named). */
 } meshlm_train_batch;
 
 typedef struct meshlm_step_result {
@@ -845,6 +856,12 @@ typedef struct meshlm_scores {
   int32_t *topk_ids;      /* [P, k]: their token ids, in the logits' order: larger logit
                              first, equal logits by the lower id (two logits a rounding
                              apart may give equal log-probs: then the larger logit's first) */
+  /* appended (router replay): */
+  int32_t *routing;       /* NULL, or [Σ lens, num_hidden_layers, num_experts_per_tok]: for
+                             every token (not prediction; the mask does not apply) the experts
+                             each sparse layer chose, torch.topk's order; −1 at dense layers.
+                             meshlm_train_batch.routing replays them. Refused under tp > 1 or
+                             cp > 1, or for a model without experts (named) */
 } meshlm_scores;
 
 /* COLLECTIVE. meshlm_logprobs with the entropy and top-k outputs of `out`

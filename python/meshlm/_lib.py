@@ -175,6 +175,8 @@ class meshlm_train_batch(Sized):
         ("ref_logprobs", POINTER(c_float)),
         # appended in 0.2
         ("generation_logprobs", POINTER(c_float)),
+        # appended (router replay)
+        ("routing", POINTER(c_int32)),
     ]
 
 
@@ -269,6 +271,8 @@ class meshlm_scores(Sized):
         ("topk", c_int32),
         ("topk_logprobs", POINTER(c_float)),
         ("topk_ids", POINTER(c_int32)),
+        # appended (router replay)
+        ("routing", POINTER(c_int32)),
     ]
 
 

@@ -901,6 +901,61 @@ class Policy:
                     "meshlm_score")
         return b.split(ids), b.split(lps)
 
+    def routing(self, seqs: TokenSeqs) -> List[NDArray[np.int32]]:
+        """COLLECTIVE. Router replay's record (Megatron-LM's R3;
+        meshlm_scores.routing): the experts each sparse layer of a
+        mixture-of-experts model chooses for every token of this rank's
+        sequences, in one scoring pass.  Returns a list of n int32 arrays of
+        shape (L_k, num_hidden_layers, num_experts_per_tok), torch.topk's
+        order, -1 at dense layers; train_step / forward_backward / eval_loss
+        take them as routing=.  A model without experts, tp > 1 or cp > 1
+        raises MeshlmError."""
+        s = self._session()
+        try:
+            b = _Batch(seqs)
+        except _ArgError as e:
+            self._arg_error(e, lambda: self._poison_logprobs(s, "meshlm_score"))
+        layers, k = self._routing_shape()
+        out = np.zeros((int(b.lens.sum()), layers, k), np.int32)
+        lp = np.zeros(max(b.total, 1), np.float32)
+        # a dense model's k is 0: a non-empty buffer still, so that the library refuses it
+        buf = out if out.size else np.zeros(1, np.int32)
+        req = L.meshlm_scores(logprobs=_ptr(lp, c_float), routing=_ptr(buf, c_int32))
+        self._check(self._lib.meshlm_score(s, byref(b.c), None, byref(req)), "meshlm_score")
+        return np.split(out, np.cumsum(b.lens)[:-1]) if b.n else []
+
+    def _routing_shape(self) -> Tuple[int, int]:
+        """(num_hidden_layers, num_experts_per_tok) of the model (0 experts: 0)."""
+        with open(os.path.join(self.model_dir, "config.json")) as f:
+            cfg = json.load(f)
+        cfg = cfg.get("text_config", cfg)
+        return int(self.info["num_layers"]), int(cfg.get("num_experts_per_tok") or 0)
+
+    def _routing_in(self, b: _Batch, x: Optional[ArrayLike]) -> Optional[NDArray[np.int32]]:
+        """A routing= argument (per-sequence arrays or one array) as one
+        contiguous int32 array (sum(L_k), layers, k), shapes checked."""
+        if x is None:
+            return None
+        layers, k = self._routing_shape()
+        parts = [as_numpy(e) for e in x] if isinstance(x, (list, tuple)) else [as_numpy(x)]
+        if isinstance(x, (list, tuple)):
+            if len(parts) != b.n:
+                raise _ArgError("routing: %d per-sequence arrays for %d sequences"
+                                % (len(parts), b.n))
+            for q, e in enumerate(parts):
+                if e.shape != (int(b.lens[q]), layers, k):
+                    raise _ArgError("routing[%d]: shape %s; expected (%d, %d, %d): (tokens, "
+                                    "num_hidden_layers, num_experts_per_tok)"
+                                    % (q, e.shape, int(b.lens[q]), layers, k))
+        a = np.concatenate(parts) if parts else np.zeros((0, layers, k), np.int32)
+        if a.shape != (int(b.lens.sum()), layers, k):
+            raise _ArgError("routing: shape %s; expected (%d, %d, %d): (tokens, "
+                            "num_hidden_layers, num_experts_per_tok)"
+                            % (a.shape, int(b.lens.sum()), layers, k))
+        if a.size and a.dtype.kind not in "iu":
+            raise _ArgError("routing: expected integer expert ids, got dtype %s" % a.dtype)
+        return np.ascontiguousarray(a, np.int32)
+
     def _poison_logprobs(self, s: c_void_p, fn: str) -> None:
         lens, toks, c = _poison_seqs(self._rank())
         out = np.zeros(1, np.float32)
@@ -924,7 +979,8 @@ class Policy:
                    is_truncation: str = "none", is_ratio_min: float = 0.0,
                    is_ratio_max: float = 0.0, tensors: Optional[Mapping[str, PerToken]] = None,
                    seq_tensors: Optional[Mapping[str, ArrayLike]] = None,
-                   seq_logprobs: bool = False, entropy_coef: float = 0.0) -> StepResult:
+                   seq_logprobs: bool = False, entropy_coef: float = 0.0,
+                   routing: Optional[ArrayLike] = None) -> StepResult:
         """COLLECTIVE. One optimizer step on the global batch (every data-parallel
         rank's seqs; a rank may pass none): zero_grad, forward_backward,
         optimizer_step (bitwise their composition).
@@ -957,6 +1013,12 @@ class Policy:
         entropy_coef: c of an entropy bonus, the loss minus c times the masked
             predictions' mean entropy (normalised as the loss; its gradient
             exact, vocab-parallel; NeMo RL's entropy_loss_coeff); 0: off.
+        routing: router replay of a mixture-of-experts model (routing()'s
+            output: a list of n int32 arrays (L_k, num_hidden_layers,
+            num_experts_per_tok), or one of sum(L_k) rows): the sparse layers
+            route by these experts instead of their top-k, the gates the
+            router's softmax at them (Megatron-LM's R3;
+            meshlm_train_batch.routing).
         Returns a dict: loss, kl, clip_fraction, grad_norm (before clipping), lr
         (float); tokens, sequences (global counts), step (steps taken after this
         one) (int); skipped (bool: a non-finite loss or grad norm, no update);
@@ -980,7 +1042,8 @@ class Policy:
                          is_ratio_max: float = 0.0,
                          tensors: Optional[Mapping[str, PerToken]] = None,
                          seq_tensors: Optional[Mapping[str, ArrayLike]] = None,
-                         seq_logprobs: bool = False, entropy_coef: float = 0.0) -> StepResult:
+                         seq_logprobs: bool = False, entropy_coef: float = 0.0,
+                         routing: Optional[ArrayLike] = None) -> StepResult:
         """COLLECTIVE. Forward + backward of the loss on the global batch (the
         arguments as train_step's), the gradients added to those accumulated
         since zero_grad (meshlm_forward_backward): each call normalised by its
@@ -1002,7 +1065,8 @@ class Policy:
                   is_truncation: str = "none", is_ratio_min: float = 0.0,
                   is_ratio_max: float = 0.0, tensors: Optional[Mapping[str, PerToken]] = None,
                   seq_tensors: Optional[Mapping[str, ArrayLike]] = None,
-                  seq_logprobs: bool = False, entropy_coef: float = 0.0) -> StepResult:
+                  seq_logprobs: bool = False, entropy_coef: float = 0.0,
+                  routing: Optional[ArrayLike] = None) -> StepResult:
         """COLLECTIVE. The loss on the global batch at the current weights,
         forward only (meshlm_eval_loss; no gradient touched).  Arguments and
         result as forward_backward's."""
@@ -1038,6 +1102,7 @@ class Policy:
                    for k in ("token_weights", "old_logprobs", "ref_logprobs",
                              "generation_logprobs")}
             sw = b.per_seq(a["seq_weights"], "seq_weights", np.float32)
+            rt = self._routing_in(b, a["routing"])
             lo = L.meshlm_loss()
             self._lib.meshlm_loss_init(byref(lo), ctypes.sizeof(lo))
             obj: Optional[_ObjectiveCall] = None
@@ -1059,7 +1124,7 @@ class Policy:
         tb = L.meshlm_train_batch(b.c, _ptr(mask, c_uint8), _ptr(arr["token_weights"], c_float),
                                   _ptr(sw, c_float), _ptr(arr["old_logprobs"], c_float),
                                   _ptr(arr["ref_logprobs"], c_float),
-                                  _ptr(arr["generation_logprobs"], c_float))
+                                  _ptr(arr["generation_logprobs"], c_float), _ptr(rt, c_int32))
         lo.sequence_level = _bool_int(a["sequence_level"])
         for k in ("ratio_clip_min", "ratio_clip_max", "ratio_clip_c", "kl_penalty",
                   "is_ratio_min", "is_ratio_max", "entropy_coef"):

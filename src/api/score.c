@@ -6,13 +6,16 @@
 #include <string.h>
 
 #include "api/pack.h"
+#include "api/routing.h"
 #include "common/checked.h"
 
 /* One micro-batch's host buffers beside the pack's log-probs: [S_max] and
- * [S_max, k] (NULL where not wanted). */
+ * [S_max, k], route [S_max, route_cols] the sparse layers' choices (NULL
+ * where not wanted). */
 typedef struct score_bufs {
   float *ent, *tlp;
-  int32_t *tid;
+  int32_t *tid, *route;
+  int64_t route_cols;
 } score_bufs;
 
 /* Micro-batch j's outputs into `out` (its log-probs from pk->lp; masked
@@ -41,13 +44,20 @@ static int64_t scatter(const api_plan *p, const meshlm_seqs *b, int64_t j, const
     if (out->seq_sums) out->seq_sums[q] = sum;
     at += L;
   }
+  if (out->routing) api_routing_unpack(p, b, j, sb->route_cols, sb->route, out->routing);
   return nonfinite;
 }
 
-/* The host buffers `out` needs for micro-batches of up to S_max tokens. */
-static int bufs_alloc(const meshlm_scores *out, int64_t S_max, score_bufs *sb) {
-  *sb = (score_bufs){0};
-  int64_t n = ml_mul_sat(S_max, out->topk);
+/* The host buffers `out` needs for micro-batches of up to S_max tokens
+ * (route_cols int32 of routing per token). */
+static int bufs_alloc(const meshlm_scores *out, int64_t S_max, int64_t route_cols,
+                      score_bufs *sb) {
+  *sb = (score_bufs){.route_cols = route_cols};
+  int64_t n = ml_mul_sat(S_max, out->topk), nr = ml_mul_sat(S_max, route_cols);
+  if (out->routing && !(sb->route = ml_malloc_array(nr, sizeof(int32_t),
+                                                    "a micro-batch's expert choices (%lld)",
+                                                    (long long)nr)))
+    return -1;
   if (out->entropy && !(sb->ent = ml_malloc_array(S_max, sizeof(float),
                                                    "a micro-batch's entropies (%lld)",
                                                    (long long)S_max)))
@@ -66,6 +76,7 @@ static void bufs_free(score_bufs *sb) {
   free(sb->ent);
   free(sb->tlp);
   free(sb->tid);
+  free(sb->route);
 }
 
 /* The outputs of a call with `preds` predictions: meshlm_logprobs's out
@@ -84,6 +95,7 @@ static int check_outputs(const meshlm_session *s, const char *call, const meshlm
     return ml_err("%s: topk %d under context parallelism (cp %d) is not implemented; expected "
                   "topk 0 or cp 1",
                   call, out->topk, s->e.cp.size);
+  if (out->routing) ML_TRY(api_routing_check(s, call, "out->routing"));
   return 0;
 }
 
@@ -103,7 +115,7 @@ int api_scores(meshlm_session *s, const char *call, const meshlm_seqs *batch,
   api_plan p;
   score_bufs sb = {0};
   rc = api_plan_batch(s, batch, true, &p);
-  if (rc == 0) rc = bufs_alloc(out, p.pack.S_max, &sb);
+  if (rc == 0) rc = bufs_alloc(out, p.pack.S_max, api_routing_cols(s), &sb);
   if (api_agree(s, rc)) {
     bufs_free(&sb);
     api_plan_free(&p);
@@ -118,9 +130,13 @@ int api_scores(meshlm_session *s, const char *call, const meshlm_seqs *batch,
     ml_pack_fill(&p.pack, j, &eb);
     ml_engine_scores es = {.logprobs = p.pack.lp, .entropy = sb.ent, .topk = out->topk,
                            .topk_logprobs = sb.tlp, .topk_ids = sb.tid};
+    if (sb.route) /* dense layers' rows stay −1 */
+      for (int64_t i = 0; i < eb.S * sb.route_cols; i++) sb.route[i] = -1;
+    s->e.model.route_record = sb.route;
     if (extra ? ml_engine_scores_batch(&s->e, &eb, &es)
               : ml_engine_logprobs_batch(&s->e, &eb, p.pack.lp))
       api_abort(s);
+    s->e.model.route_record = NULL;
     nonfinite += scatter(&p, batch, j, mask, out, &sb);
   }
   ml_engine_hold_params(&s->e, false);

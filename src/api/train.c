@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "api/routing.h"
 #include "api/train.h"
 #include "common/checked.h"
 
@@ -119,11 +120,19 @@ static void fill_objective(const api_plan *p, const meshlm_train_batch *b, const
   }
 }
 
+/* Micro-batch j's recorded routing into the model's replay (b.routing set). */
+static void fill_replay(const api_loss_call *c, int64_t j) {
+  if (!c->replay) return;
+  api_routing_pack(&c->p, &c->b.seqs, j, c->route_cols, c->b.routing, c->replay);
+  c->model->route_replay = c->replay;
+}
+
 /* A step's micro-batches (ml_step_source.fill): the packed batch with its
- * objective inputs. */
+ * objective inputs (and its routing to replay). */
 static int fill_micro(void *ctx, int64_t j, ml_engine_batch *eb) {
   const api_loss_call *c = ctx;
   ml_pack_fill(&c->p.pack, j, eb);
+  fill_replay(c, j);
   fill_objective(&c->p, &c->b, &c->l, c->g, c->is.rho, j);
   eb->obj = c->p.pack.obj;
   return 0;
@@ -132,6 +141,19 @@ static int fill_micro(void *ctx, int64_t j, ml_engine_batch *eb) {
 /* The prepared parts that may fail without a collective (agreed after). */
 static int prepare(meshlm_session *s, api_loss_call *c) {
   ML_TRY(api_is_prepare(&c->b, &c->l, &c->p, c->preds, &c->is));
+  if (c->b.routing) {
+    ML_TRY(api_routing_check(s, c->name, "batch->routing"));
+    if (c->l.kind == MESHLM_LOSS_CUSTOM && c->l.objective_seq_logprobs)
+      return ml_err("%s: batch->routing with loss.objective_seq_logprobs is not implemented "
+                    "(its sums' forward-only pass does not replay); expected one of them",
+                    c->name);
+    c->route_cols = api_routing_cols(s);
+    c->model = &s->e.model;
+    int64_t n = ml_mul_sat(c->p.pack.S_max, c->route_cols);
+    if (!(c->replay = ml_malloc_array(n, sizeof(int32_t), "the routing to replay (%lld)",
+                                      (long long)n)))
+      return -1;
+  }
   if (c->l.kind == MESHLM_LOSS_CUSTOM)
     ML_TRY(api_custom_prepare(s, &c->b, &c->l, &c->p, c->g, &c->cu));
   return 0;
@@ -172,6 +194,8 @@ int api_loss_begin(meshlm_session *s, const char *name, const meshlm_train_batch
 }
 
 void api_loss_free(api_loss_call *c) {
+  if (c->model) c->model->route_replay = NULL;
+  free(c->replay);
   api_custom_free(&c->cu);
   api_is_free(&c->is);
   api_plan_free(&c->p);
@@ -181,6 +205,7 @@ void api_loss_backward(meshlm_session *s, api_loss_call *c, ml_step_result *r) {
   ml_step_source src = {.n_micro = c->p.pack.n_mb, .fill = fill_micro, .ctx = c,
                         .objective = &c->obj};
   if (ml_step_accumulate(&s->e, &src, r)) api_abort(s);
+  s->e.model.route_replay = NULL;
   api_plan_stats(s, &c->p);
 }
 
@@ -200,6 +225,7 @@ void api_loss_forward(meshlm_session *s, api_loss_call *c, ml_step_result *r) {
   for (int64_t j = 0; j < pk->n_mb; j++) {
     ml_engine_batch eb;
     ml_pack_fill(pk, j, &eb);
+    fill_replay(c, j);
     ml_engine_scores es = {.logprobs = pk->lp, .entropy = ent};
     if (ent ? ml_engine_scores_batch(&s->e, &eb, &es) : ml_engine_logprobs_batch(&s->e, &eb, pk->lp))
       api_abort(s);
@@ -213,6 +239,7 @@ void api_loss_forward(meshlm_session *s, api_loss_call *c, ml_step_result *r) {
   }
   free(w);
   free(ent);
+  s->e.model.route_replay = NULL;
   sums->loss -= coef * sums->entropy;
   double v[6] = {sums->loss, sums->kl, (double)sums->trained, (double)sums->clipped,
                  sums->entropy, rc != 0};

@@ -69,6 +69,11 @@ typedef struct api_loss_call {
   api_is is;
   api_custom cu;
   ml_objective obj;
+  /* router replay (b.routing set): micro-batch j's packed routing [S_max, route_cols],
+     which model->route_replay points at during the passes (api/routing.h) */
+  int32_t *replay;
+  int64_t route_cols;
+  ml_model *model;
 } api_loss_call;
 
 /* Read, check (agreed over the world) and prepare c for a call of `name`

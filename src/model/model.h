@@ -381,6 +381,15 @@ typedef struct ml_model {
   ml_linear *experts;
   ml_moe_aux aux; /* the load-balancing loss of the last training forward */
   ml_moe_ep moe_ep; /* set from outside; zero: every expert on this rank */
+  /* Router replay (model/moe.h): each forward's expert choices, int32 [T,
+   * n_layers, top_k] over the T = B · s tokens its sparse layers see (rows of
+   * dense layers untouched). route_record (non-NULL): every forward writes
+   * them; route_replay (non-NULL): forwards route by them instead of top-k
+   * (a token whose row starts with a negative entry routes by its own).
+   * Host memory, set from outside before the forward, kept through its
+   * backward. NULL (the default): neither. */
+  int32_t *route_record;
+  const int32_t *route_replay;
 } ml_model;
 
 /* Build the module tree of `cfg` (parameters described, no storage), with

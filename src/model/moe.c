@@ -72,22 +72,36 @@ static int routing_of(const ml_model *m, const ml_layer *L, int64_t T, routing *
 
 /* Router probabilities in place: probs [T, E] holds the logits, becomes
  * softmax over each row (fp32, max-subtracted as torch's softmax); then
- * each token's top k (torch.topk's descending order; exact ties by the
- * lower index: model/moe.h)
- * into top_e / top_w, renormalized when norm_topk. taken: [E] host scratch. */
-static void route(const ml_model *m, float *probs, float *top_e, float *top_w, int64_t T,
-                  bool *taken) {
-  int64_t E = m->cfg.n_experts, k = m->cfg.top_k;
+ * each token's k experts into top_e / top_w: its top k (torch.topk's
+ * descending order; exact ties by the lower index: model/moe.h), or under
+ * router replay the recorded ones, rows [T, L, k] of m->route_replay at
+ * layer l (a row whose first entry is negative: its own top-k), their
+ * weights the probabilities at them; renormalized when
+ * norm_topk. taken: [E] host scratch. Errors: a recorded expert out of
+ * range or repeated within a token. */
+static int route(const ml_model *m, int64_t l, float *probs, float *top_e, float *top_w,
+                 int64_t T, bool *taken) {
+  int64_t E = m->cfg.n_experts, k = m->cfg.top_k, nl = m->cfg.n_layers;
   for (int64_t t = 0; t < T; t++) {
     float *p = probs + t * E, mx = p[0], sum = 0.0f;
     for (int64_t e = 1; e < E; e++) mx = p[e] > mx ? p[e] : mx;
     for (int64_t e = 0; e < E; e++) sum += p[e] = expf(p[e] - mx);
     for (int64_t e = 0; e < E; e++) p[e] /= sum;
     float *te = top_e + t * k, *tw = top_w + t * k, wsum = 0.0f;
+    const int32_t *rec = m->route_replay ? m->route_replay + (t * nl + l) * k : NULL;
+    if (rec && rec[0] < 0) rec = NULL; /* not recorded: its own top-k */
     memset(taken, 0, sizeof(bool) * (size_t)E);
     for (int64_t j = 0; j < k; j++) { /* the largest not taken yet, the lower index on ties */
       int64_t best = -1;
-      for (int64_t e = 0; e < E; e++)
+      if (rec) {
+        best = rec[j];
+        if (best < 0 || best >= E || taken[best])
+          return ml_err("router replay: token %lld of layer %lld, choice %lld: expert %lld; "
+                        "expected %lld distinct experts in 0 .. %lld per token",
+                        (long long)t, (long long)l, (long long)j, (long long)best,
+                        (long long)k, (long long)E - 1);
+      }
+      for (int64_t e = 0; !rec && e < E; e++)
         if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
       taken[best] = true;
       te[j] = (float)best;
@@ -96,7 +110,10 @@ static void route(const ml_model *m, float *probs, float *top_e, float *top_w, i
     }
     if (m->cfg.norm_topk)
       for (int64_t j = 0; j < k; j++) tw[j] /= wsum;
+    int32_t *out = m->route_record ? m->route_record + (t * nl + l) * k : NULL;
+    for (int64_t j = 0; out && j < k; j++) out[j] = (int32_t)te[j];
   }
+  return 0;
 }
 
 int ml_moe_aux_begin(ml_model *m, int64_t valid) {
@@ -410,13 +427,14 @@ int ml_moe_forward(ml_model *m, ml_layer *L, const ml_act *h, float *y) {
   bool *taken = malloc(sizeof(bool) * (size_t)m->cfg.n_experts);
   if (!taken) return ml_err("out of host memory for the routing of %lld experts",
                             (long long)m->cfg.n_experts);
-  if (!modelled(m)) route(m, a->probs, a->top_e, a->top_w, T, taken);
+  int rc = modelled(m) ? 0 : route(m, L - m->layers, a->probs, a->top_e, a->top_w, T, taken);
   free(taken);
+  ML_TRY(rc);
   if (m->aux.open && !modelled(m)) aux_add(m, a, h);
   routing r;
   ML_TRY(routing_of(m, L, T, &r));
   float *xe = scratch(m, T * k * H, "gathered tokens");  // [T·k, H] in expert order
-  int rc = xe ? 0 : -1;
+  rc = xe ? 0 : -1;
   if (!rc && !modelled(m)) gather(&r, h->x, H, xe);
   if (!rc)
     rc = ep_on(m) ? ep_forward(m, L, &r, xe, a->ye)

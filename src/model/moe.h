@@ -26,7 +26,23 @@
  * is computed and the routing is modelled as balanced: expert e gets rows
  * floor(e·T·k/E) .. floor((e+1)·T·k/E) − 1 on every rank, so the GEMMs'
  * sizes, the exchanges' bytes and the buffers are those of a perfectly
- * balanced router (a real run's follow its routing). */
+ * balanced router (a real run's follow its routing).
+ *
+ * Router replay ("R3", Megatron-LM PR #4168, megatron/core/transformer/moe/
+ * router_replay.py; NeMo Automodel PR #2797): a forward can record each
+ * token's chosen experts (ml_model.route_record, int32 [T, n_layers, k] in
+ * torch.topk's order) and a later forward can route by recorded choices
+ * instead of its own top-k (ml_model.route_replay), as an RL trainer replays
+ * the generator's routing. This follows Megatron's REPLAY_FORWARD: the
+ * recorded indices replace topk's, the gates' weights are the router's
+ * softmax probabilities gathered at them (scores.gather(1, top_indices)),
+ * renormalized when norm_topk as transformers' Qwen3-MoE/Mixtral routers
+ * renormalize, so the gradients reach the router through those
+ * probabilities (the softmax of every expert) exactly as for the model's own
+ * choices; the load-balancing loss counts the recorded routing (its
+ * count_e: Megatron builds routing_map, which the aux loss sums, from the
+ * replayed indices) with the probabilities of this forward. Replaying the
+ * routing the model itself chooses computes bitwise the same step. */
 #ifndef ML_MOE_H
 #define ML_MOE_H
 

@@ -233,7 +233,7 @@ int step_share(meshlm_session *s, const gbatch *g, const garr *a, const meshlm_l
                            a->tw ? a->tw + sl.p0 : NULL,
                            a->sw ? a->sw + sl.s0 : NULL,
                            a->old ? a->old + sl.p0 : NULL,
-                           a->ref ? a->ref + sl.p0 : NULL, NULL};
+                           a->ref ? a->ref + sl.p0 : NULL, NULL, NULL};
   return meshlm_train_step(s, &tb, l, r);
 }
 

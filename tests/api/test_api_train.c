@@ -175,7 +175,7 @@ static ref_loss run_case(const char *what, const gbatch *g, const meshlm_loss *l
     meshlm_step_result r1 = {.struct_size = sizeof r1};
     garr a1 = a;
     local_ok(one, meshlm_train_step(one, &(meshlm_train_batch){sizeof(meshlm_train_batch), seqs_of(&g->all), a1.mask, a1.tw,
-                                                                a1.sw, a1.old, a1.ref, NULL},
+                                                                a1.sw, a1.old, a1.ref, NULL, NULL},
                                     l, &r1),
              "the step on one rank");
     check_step(what, "one rank, the whole global batch", &r1, &R, lr);

@@ -137,10 +137,13 @@ unsigned char ml_tp_heads_rule(const ml_model *m, const ml_param *p, int d) {
     const ml_block_row *r = &ml_block_rows[i];
     if (r->heads == ML_HEADS_NONE) continue;
     const ml_linear *lin = ml_block_at(&m->layers[p->layer], r);
-    if (p != lin->weight && p != lin->bias) continue;
+    /* a LoRA adapter is cut as its weight: lora_B's rows as the rows, lora_A's columns as
+     * the columns */
+    if (p != lin->weight && p != lin->bias && p != lin->lora_a && p != lin->lora_b) continue;
     if (d == 0 && r->heads != ML_HEADS_Q_COLS)
       return r->heads == ML_HEADS_Q_ROWS ? ML_TP_QUERY_HEADS : ML_TP_KV_HEADS;
-    if (d == 1 && r->heads == ML_HEADS_Q_COLS && p == lin->weight) return ML_TP_QUERY_HEADS;
+    if (d == 1 && r->heads == ML_HEADS_Q_COLS && (p == lin->weight || p == lin->lora_a))
+      return ML_TP_QUERY_HEADS;
   }
   return 0;
 }

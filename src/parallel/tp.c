@@ -33,6 +33,12 @@ float *ml_tp_work(ml_tp *tp, size_t need) {
   return tp->work;
 }
 
+void ml_tp_release_work(ml_tp *tp) {
+  if (tp->be) ml_be_free(tp->be, tp->work);
+  tp->work = NULL;
+  tp->work_cap = 0;
+}
+
 /* ARCHITECTURE.md §3; the chain p[] holds at most 8 placements, so each direction
  * has at most 8 steps. */
 int ml_tp_edge_steps(const ml_tp_edge *e, bool backward, ml_placement *from, ml_placement *to) {
@@ -275,6 +281,6 @@ void ml_tp_destroy(ml_tp *tp) {
   free(tp->param_dim);
   free(tp->param_heads);
   free(tp->kv_shared);
-  if (tp->be) ml_be_free(tp->be, tp->work);
+  ml_tp_release_work(tp);
   memset(tp, 0, sizeof *tp);
 }

@@ -1,7 +1,7 @@
 /* LoRA (engine/lora.h, model/lora.h):
- * `mpiexec -n N test_lora LORA_FIXTURE BASE_FIXTURE [dpr=R] [tp=T] [sp]` (the mesh: R HSDP
- * replicas of dp_shard N / (R·T), tensor parallel T with the auto plan's LoRA-aware placements,
- * sp: sequence parallel). The fixture (tools/gen_lora_fixtures.py) is a PEFT adapter with non-zero
+ * `mpiexec -n N test_lora LORA_FIXTURE BASE_FIXTURE [dpr=R] [cp=C] [tp=T] [sp]` (the mesh: R
+ * HSDP replicas of dp_shard N / (R·C·T), context parallel C, tensor parallel T with the auto
+ * plan's LoRA-aware placements, sp: sequence parallel). The fixture (tools/gen_lora_fixtures.py) is a PEFT adapter with non-zero
  * lora_A and lora_B on the base fixture, and PEFT's float64 loss,
  * log-probs and adapter gradients. The mesh (dp_shard = N) and one rank
  * (MPI_COMM_SELF) must reproduce them within tolerance.h §8 and each
@@ -39,6 +39,7 @@
 
 static const char *g_fixture, *g_base;
 static int g_dpr = 1; /* HSDP replicas of the mesh runs (dpr=N) */
+static int g_cp = 1;  /* context parallelism of the mesh runs (cp=N) */
 static int g_tp = 1;  /* tensor parallelism of the mesh runs (tp=N) */
 static bool g_sp;     /* sequence parallelism of the mesh runs (sp) */
 static char g_base_dir[512];
@@ -57,11 +58,11 @@ static ml_engine_opts lora_opts(const char *adapter) {
   return o;
 }
 
-/* The engine with o on the mesh of the command line (dpr, tp, sp). */
+/* The engine with o on the mesh of the command line (dpr, cp, tp, sp). */
 static void mesh_open(run *r, const ml_engine_opts *o) {
   ml_engine_opts m = *o;
   m.sequence_parallel = g_sp;
-  run_open(r, MPI_COMM_WORLD, g_dpr, g_tp, &m, g_base_dir);
+  run_open_mesh(r, MPI_COMM_WORLD, g_dpr, g_cp, g_tp, &m, g_base_dir, NULL, NULL);
 }
 
 static double step(run *r, const fixture *fx) {
@@ -529,12 +530,13 @@ int main(int argc, char **argv) {
   bool usage = argc < 3;
   for (int i = 3; i < argc; i++) {
     if (!strncmp(argv[i], "dpr=", 4)) g_dpr = atoi(argv[i] + 4);
+    else if (!strncmp(argv[i], "cp=", 3)) g_cp = atoi(argv[i] + 3);
     else if (!strncmp(argv[i], "tp=", 3)) g_tp = atoi(argv[i] + 3);
     else if (!strcmp(argv[i], "sp")) g_sp = true;
     else usage = true;
   }
-  if (usage || g_dpr < 1 || g_tp < 1) {
-    fprintf(stderr, "usage: test_lora LORA_FIXTURE BASE_FIXTURE [dpr=N] [tp=N] [sp]\n");
+  if (usage || g_dpr < 1 || g_cp < 1 || g_tp < 1) {
+    fprintf(stderr, "usage: test_lora LORA_FIXTURE BASE_FIXTURE [dpr=N] [cp=N] [tp=N] [sp]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];

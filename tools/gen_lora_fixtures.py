@@ -23,7 +23,8 @@ The batch is the base fixture's (expected.json input_ids and loss_mask).
 Config: r 4, lora_alpha 8 (scaling 2), lora_dropout 0, bias "none"; llama: the
 seven decoder linears by name; qwen2: use_rslora (scaling 8 / sqrt(4) = 4) on
 q_proj,v_proj only; gemma3: "all-linear" (PEFT resolves it to every linear but
-the output layer and writes the names it found).
+the output layer and writes the names it found); llama_h9kv3 (9 heads, 3 kv heads): the
+seven by name.
 """
 import argparse
 import json
@@ -39,6 +40,9 @@ FIXTURES = [
     dict(name="llama_untied_lora", base="llama_untied", targets=ALL, rslora=False, seed=11),
     dict(name="qwen2_lora", base="qwen2", targets=["q_proj", "v_proj"], rslora=True, seed=12),
     dict(name="gemma3_lora", base="gemma3", targets="all-linear", rslora=False, seed=13),
+    # 9 query heads, 3 kv heads: on tp 2 and 4 a kv head is held by two ranks, so are lora_B's
+    # rows of k_proj / v_proj (their gradients summed over the holders)
+    dict(name="llama_h9kv3_lora", base="llama_h9kv3", targets=ALL, rslora=False, seed=14),
 ]
 PREFIX = "base_model.model."
 

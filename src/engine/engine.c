@@ -92,7 +92,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   e->model.be = e->be;
   e->model.ac = opts->ac;
   ML_TRY(ml_moe_check(&e->model, e->be->ops->name));
-  ML_TRY(ml_lora_setup(&e->lora, &opts->lora, &e->model, mesh->tp));
+  ML_TRY(ml_lora_setup(&e->lora, &opts->lora, &e->model));
   if (cfg.n_experts > 0 && (mesh->tp > 1 || mesh->cp > 1))
     return ml_err("%s: expert layers under tp/cp are not supported yet; found tp = %d and cp = "
                   "%d, expected tp = 1 and cp = 1",

@@ -132,7 +132,7 @@ static int agree(const ml_lora *l, const ml_lora_opts *o) {
   return 0;
 }
 
-int ml_lora_setup(ml_lora *l, const ml_lora_opts *o, ml_model *m, int tp) {
+int ml_lora_setup(ml_lora *l, const ml_lora_opts *o, ml_model *m) {
   memset(l, 0, sizeof *l);
   if (o->rank == 0 && !o->adapter) return 0;
   l->on = true;
@@ -154,10 +154,6 @@ int ml_lora_setup(ml_lora *l, const ml_lora_opts *o, ml_model *m, int tp) {
                   "expected 0", l->adapter ? ", or the adapter's field" : "", l->dropout);
   if (!(l->alpha > 0) || !isfinite(l->alpha))
     return ml_err("lora_alpha (--lora-alpha) %g: expected a finite number > 0", l->alpha);
-  if (tp > 1)
-    return ml_err("lora_rank (--lora-rank) %lld with --tp %d: LoRA under tensor parallelism is "
-                  "not implemented; expected --tp 1 (FSDP / HSDP shard the adapters)",
-                  (long long)l->rank, tp);
   l->scaling = ml_lora_scaling(l->rank, l->alpha, l->rslora);
   return ml_lora_attach(m, l->rank, l->scaling, l->targets);
 }

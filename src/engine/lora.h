@@ -9,7 +9,14 @@
  * directory (adapter_config.json + adapter_model.safetensors, keys
  * base_model.model.<module>.lora_A.weight). The adapters are fp32 masters
  * sharded by FSDP in their layer's unit and computed in the policy's
- * param_dtype as the base GEMM. */
+ * param_dtype as the base GEMM. Under tensor parallelism they take NeMo
+ * Automodel's LoRA-aware placements (parallel/tp.h): a colwise base
+ * (weight Shard(0)) has lora_A Replicate and lora_B Shard(0) cut as the
+ * weight's rows; a rowwise base (Shard(1)) has lora_A Shard(1) cut as the
+ * weight's columns and lora_B Replicate, its Partial x·A^T·B^T added to the
+ * base's Partial output before the one all-reduce / reduce-scatter; the
+ * Replicate adapter's gradient is Partial over tp and summed there as a
+ * replicated norm weight's. */
 #ifndef ML_ENGINE_LORA_H
 #define ML_ENGINE_LORA_H
 
@@ -44,17 +51,17 @@ typedef struct ml_lora {
 
 /* Settle the configuration from o (and o->adapter's adapter_config.json,
  * whose r, lora_alpha, use_rslora and target_modules must equal o's when
- * o->rank > 0; with rank 0 the adapter's configuration rules) and attach the adapters to m (ml_lora_attach). tp: the
- * tensor-parallel size. Off (rank 0, no adapter): nothing. Errors (naming
+ * o->rank > 0; with rank 0 the adapter's configuration rules) and attach the adapters to m (ml_lora_attach).
+ * Off (rank 0, no adapter): nothing. Errors (naming
  * the option / field): lora_dropout > 0 (dropout is not implemented: set
- * 0), tp > 1 (not implemented), adapter_config.json unreadable or with an
+ * 0), adapter_config.json unreadable or with an
  * unsupported option (peft_type other than LORA, use_dora, modules_to_save,
  * bias other than "none", rank_pattern / alpha_pattern, fan_in_fan_out,
  * layers_to_transform, layer_replication, exclude_modules, lora_bias,
  * target_parameters, trainable_token_indices, a regular expression as
  * target_modules), those of
  * ml_lora_attach. */
-int ml_lora_setup(ml_lora *l, const ml_lora_opts *o, ml_model *m, int tp);
+int ml_lora_setup(ml_lora *l, const ml_lora_opts *o, ml_model *m);
 
 /* Freeze every base parameter of m (those that are not adapters). */
 void ml_lora_freeze_base(ml_model *m);

@@ -49,6 +49,8 @@ static int run(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp, ml_pr
   ml_model_act_bytes(&e->model, p->B, p->s_local, &per_layer, &work);
   mem->activations = ml_add_sat(ml_mul_sat(per_layer, e->model.cfg.n_layers), work);
   ml_model_reset_acts(&e->model); /* scoring allocates its own: one layer's (forward_only) */
+  ml_tp_release_work(&e->tp); /* and its own redistribute scratch, not the step's gradient
+                                 packing (the Partial / shared-kv gradients' tp step) */
   ml_be_reset_peak(e->be);
   ML_TRY(ml_engine_logprobs(e, ids, p->B, p->S, lp));
   take_stats(mesh, p->logprobs);

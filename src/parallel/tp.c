@@ -33,6 +33,12 @@ float *ml_tp_work(ml_tp *tp, size_t need) {
   return tp->work;
 }
 
+void ml_tp_release_work(ml_tp *tp) {
+  if (tp->be) ml_be_free(tp->be, tp->work);
+  tp->work = NULL;
+  tp->work_cap = 0;
+}
+
 /* ARCHITECTURE.md §3; the chain p[] holds at most 8 placements, so each direction
  * has at most 8 steps. */
 int ml_tp_edge_steps(const ml_tp_edge *e, bool backward, ml_placement *from, ml_placement *to) {
@@ -137,10 +143,13 @@ unsigned char ml_tp_heads_rule(const ml_model *m, const ml_param *p, int d) {
     const ml_block_row *r = &ml_block_rows[i];
     if (r->heads == ML_HEADS_NONE) continue;
     const ml_linear *lin = ml_block_at(&m->layers[p->layer], r);
-    if (p != lin->weight && p != lin->bias) continue;
+    /* a LoRA adapter is cut as its weight: lora_B's rows as the rows, lora_A's columns as
+     * the columns */
+    if (p != lin->weight && p != lin->bias && p != lin->lora_a && p != lin->lora_b) continue;
     if (d == 0 && r->heads != ML_HEADS_Q_COLS)
       return r->heads == ML_HEADS_Q_ROWS ? ML_TP_QUERY_HEADS : ML_TP_KV_HEADS;
-    if (d == 1 && r->heads == ML_HEADS_Q_COLS && p == lin->weight) return ML_TP_QUERY_HEADS;
+    if (d == 1 && r->heads == ML_HEADS_Q_COLS && (p == lin->weight || p == lin->lora_a))
+      return ML_TP_QUERY_HEADS;
   }
   return 0;
 }
@@ -272,6 +281,6 @@ void ml_tp_destroy(ml_tp *tp) {
   free(tp->param_dim);
   free(tp->param_heads);
   free(tp->kv_shared);
-  if (tp->be) ml_be_free(tp->be, tp->work);
+  ml_tp_release_work(tp);
   memset(tp, 0, sizeof *tp);
 }

@@ -152,6 +152,10 @@ bool ml_tp_grad_partial(const ml_tp *tp, const ml_param *p);
  * the gradients' tp step (engine/grads.h) use it. Errors: allocation (NULL). */
 float *ml_tp_work(ml_tp *tp, size_t need);
 
+/* Free the scratch (the next ml_tp_work allocates it again): the pool
+ * then holds what a freshly applied tp holds. */
+void ml_tp_release_work(ml_tp *tp);
+
 /* The redistributes edge e runs, forward (backward = false: p[i] →
  * p[i+1] where they differ) or on its gradient (backward: from grad_in,
  * back through each step to p[0]'s gradient placement; an all-gather's

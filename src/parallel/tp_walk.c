@@ -266,7 +266,9 @@ static int linear_shard(walk *w, ml_linear *lin, node nd, val in, ml_placement *
     if (w->tp->size > 1) {
       ML_TRY(shard_param(w, lin->weight, 0));
       if (lin->bias) ML_TRY(shard_param(w, lin->bias, 0));
+      if (lin->lora_b) ML_TRY(shard_param(w, lin->lora_b, 0));
     }
+    mark_partial(w, lin->lora_a); /* dA = du^T·x, du from this rank's rows of B only */
     *out = ml_shard(-1);
   } else if (k == SHARD_ROW) {
     if (!ml_tp_is_feat(in.p))
@@ -275,8 +277,10 @@ static int linear_shard(walk *w, ml_linear *lin, node nd, val in, ml_placement *
                     nd.name, ml_tp_pstr(in.p), in.from);
     if (w->tp->size > 1) {
       ML_TRY(shard_param(w, lin->weight, 1));
+      if (lin->lora_a) ML_TRY(shard_param(w, lin->lora_a, 1));
       lin->bias_in_forward = w->tp->rank == 0; /* Replicate bias, added once to the Partial sum */
     }
+    mark_partial(w, lin->lora_b); /* dB = dy^T·(s·u), u = x_local·A_local^T a Partial sum */
     *out = ml_partial();
   } else {
     if (!ml_tp_is_rep(in.p) && !ml_tp_is_seq(in.p))
@@ -286,6 +290,8 @@ static int linear_shard(walk *w, ml_linear *lin, node nd, val in, ml_placement *
     if (ml_tp_is_seq(in.p)) {
       mark_partial(w, lin->weight);
       mark_partial(w, lin->bias);
+      mark_partial(w, lin->lora_a);
+      mark_partial(w, lin->lora_b);
     }
     *out = in.p;
   }

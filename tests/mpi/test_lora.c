@@ -1,6 +1,7 @@
 /* LoRA (engine/lora.h, model/lora.h):
- * `mpiexec -n N test_lora LORA_FIXTURE BASE_FIXTURE [dpr=R]` (the mesh: R HSDP replicas of
- * dp_shard N / R). The fixture (tools/gen_lora_fixtures.py) is a PEFT adapter with non-zero
+ * `mpiexec -n N test_lora LORA_FIXTURE BASE_FIXTURE [dpr=R] [cp=C] [tp=T] [sp]` (the mesh: R
+ * HSDP replicas of dp_shard N / (R·C·T), context parallel C, tensor parallel T with the auto
+ * plan's LoRA-aware placements, sp: sequence parallel). The fixture (tools/gen_lora_fixtures.py) is a PEFT adapter with non-zero
  * lora_A and lora_B on the base fixture, and PEFT's float64 loss,
  * log-probs and adapter gradients. The mesh (dp_shard = N) and one rank
  * (MPI_COMM_SELF) must reproduce them within tolerance.h §8 and each
@@ -38,6 +39,9 @@
 
 static const char *g_fixture, *g_base;
 static int g_dpr = 1; /* HSDP replicas of the mesh runs (dpr=N) */
+static int g_cp = 1;  /* context parallelism of the mesh runs (cp=N) */
+static int g_tp = 1;  /* tensor parallelism of the mesh runs (tp=N) */
+static bool g_sp;     /* sequence parallelism of the mesh runs (sp) */
 static char g_base_dir[512];
 
 static void st_release(void *p) { ml_st_close(p); }
@@ -52,6 +56,13 @@ static ml_engine_opts lora_opts(const char *adapter) {
     o.lora.targets = "all-linear";
   }
   return o;
+}
+
+/* The engine with o on the mesh of the command line (dpr, cp, tp, sp). */
+static void mesh_open(run *r, const ml_engine_opts *o) {
+  ml_engine_opts m = *o;
+  m.sequence_parallel = g_sp;
+  run_open_mesh(r, MPI_COMM_WORLD, g_dpr, g_cp, g_tp, &m, g_base_dir, NULL, NULL);
 }
 
 static double step(run *r, const fixture *fx) {
@@ -70,13 +81,11 @@ static void test_parity(void **state) {
   (void)state;
   static fixture fx;
   fixture_load(g_fixture, &fx);
-  int world;
-  MPI_Comm_size(MPI_COMM_WORLD, &world);
-  assert_int_equal(fx.B % world, 0);
   ml_engine_opts o = lora_opts(fx.dir);
   static run one, mesh;
   run_open(&one, MPI_COMM_SELF, 1, 1, &o, g_base_dir);
-  run_open(&mesh, MPI_COMM_WORLD, g_dpr, 1, &o, g_base_dir);
+  mesh_open(&mesh, &o);
+  assert_int_equal(fx.B % mesh.mesh.groups[ML_GROUP_DP].size, 0);
   double r = (double)one.e.lora.rank;
   tol_model tm = tol_model_of(&mesh, fx.S, fx.B * fx.S);
   double l1 = step(&one, &fx), lm = step(&mesh, &fx);
@@ -159,7 +168,7 @@ static void test_base_unchanged(void **state) {
   fixture_load(g_fixture, &fx);
   ml_engine_opts o = lora_opts(fx.dir);
   static run mesh;
-  run_open(&mesh, MPI_COMM_WORLD, g_dpr, 1, &o, g_base_dir);
+  mesh_open(&mesh, &o);
   float **before = export_all(&mesh, ML_EXPORT_PARAMS);
   ml_adamw_cfg adam = {1e-2, 0.9, 0.999, 1e-8, 0.1};
   for (int s = 0; s < 2; s++) {
@@ -198,15 +207,15 @@ static void test_seeded(void **state) {
   for (int bf16 = 0; bf16 < 2; bf16++) { /* and with bf16 parameters: B·u = 0 exactly */
     ml_engine_opts ob = o, pb = plain;
     ob.fsdp.param_dtype = pb.fsdp.param_dtype = bf16 ? ML_BF16 : ML_F32;
-    run_open(&base, MPI_COMM_WORLD, g_dpr, 1, &pb, g_base_dir);
-    run_open(&lora, MPI_COMM_WORLD, g_dpr, 1, &ob, g_base_dir);
+    mesh_open(&base, &pb);
+    mesh_open(&lora, &ob);
     double lb = step(&base, &fx), ll = step(&lora, &fx);
     if (rank0()) printf("seeded LoRA%s: loss %.9g, base %.9g\n", bf16 ? " (bf16)" : "", ll, lb);
     assert_memory_equal(&lb, &ll, sizeof lb);
     run_close(&lora);
     run_close(&base);
   }
-  run_open(&lora, MPI_COMM_WORLD, g_dpr, 1, &o, g_base_dir);
+  mesh_open(&lora, &o);
   run_open(&one, MPI_COMM_SELF, 1, 1, &o, g_base_dir);
   float **pm = export_all(&lora, ML_EXPORT_PARAMS), **p1 = export_all(&one, ML_EXPORT_PARAMS);
   for (int i = 0; i < lora.e.model.n_params; i++) {
@@ -306,7 +315,7 @@ static void test_errors(void **state) {
       {"alpha_pattern", "{\"q_proj\": 8}", "field 'alpha_pattern'"},
       {"peft_type", "\"IA3\"", "field 'peft_type' is 'IA3'"},
       {"target_modules", "\".*proj\"", "regular expression"},
-      {"r", "8", "has shape [4, 64]; expected [8, 64]"},
+      {"r", "8", "]; expected [8, "}, /* [4, hidden] of the fixture against r = 8 rows */
       {"lora_bias", "true", "field 'lora_bias' is true"},
       {"exclude_modules", "[\"q_proj\"]", "field 'exclude_modules'"},
   };
@@ -351,14 +360,14 @@ static void test_resume(void **state) {
   fixture_load(g_fixture, &fx);
   ml_engine_opts o = lora_opts(fx.dir);
   static run a, b;
-  run_open(&a, MPI_COMM_WORLD, g_dpr, 1, &o, g_base_dir);
+  mesh_open(&a, &o);
   ml_adamw_cfg adam = {1e-2, 0.9, 0.999, 1e-8, 0.1};
   step(&a, &fx);
   if (ml_engine_adamw(&a.e, &adam)) fail_msg("adamw: %s", ml_error_msg());
   const char *dir = scratch("resume");
   ml_run_state st = {.step = 1}, got;
   if (ml_run_save(&a.e, dir, &st)) fail_msg("save: %s", ml_error_msg());
-  run_open(&b, MPI_COMM_WORLD, g_dpr, 1, &o, g_base_dir);
+  mesh_open(&b, &o);
   if (ml_run_load(&b.e, dir, &got)) fail_msg("load: %s", ml_error_msg());
   double la = step(&a, &fx), lb = step(&b, &fx);
   assert_memory_equal(&la, &lb, sizeof la);
@@ -434,7 +443,7 @@ static void test_export(void **state) {
   fixture_load(g_fixture, &fx);
   ml_engine_opts o = lora_opts(fx.dir);
   static run a;
-  run_open(&a, MPI_COMM_WORLD, g_dpr, 1, &o, g_base_dir);
+  mesh_open(&a, &o);
   char peft[300], merged[300], path[1024];
   snprintf(peft, sizeof peft, "%s", scratch("peft"));
   snprintf(merged, sizeof merged, "%s", scratch("merged"));
@@ -518,9 +527,16 @@ static void test_export(void **state) {
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
-  if (argc == 4 && !strncmp(argv[3], "dpr=", 4)) g_dpr = atoi(argv[3] + 4);
-  if ((argc != 3 && argc != 4) || g_dpr < 1) {
-    fprintf(stderr, "usage: test_lora LORA_FIXTURE BASE_FIXTURE [dpr=N]\n");
+  bool usage = argc < 3;
+  for (int i = 3; i < argc; i++) {
+    if (!strncmp(argv[i], "dpr=", 4)) g_dpr = atoi(argv[i] + 4);
+    else if (!strncmp(argv[i], "cp=", 3)) g_cp = atoi(argv[i] + 3);
+    else if (!strncmp(argv[i], "tp=", 3)) g_tp = atoi(argv[i] + 3);
+    else if (!strcmp(argv[i], "sp")) g_sp = true;
+    else usage = true;
+  }
+  if (usage || g_dpr < 1 || g_cp < 1 || g_tp < 1) {
+    fprintf(stderr, "usage: test_lora LORA_FIXTURE BASE_FIXTURE [dpr=N] [cp=N] [tp=N] [sp]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];

@@ -14,7 +14,7 @@ static inline int in_range(int32_t id, int64_t row0, int64_t rows) {
 // W fp32, or bf16 (widened exactly) when w_bf16
 void k_embedding_fwd(const int32_t *ids, int64_t T, const void *W, int w_bf16, int64_t row0,
                      int64_t rows, int64_t H, float scale, float *out) {
-#pragma omp parallel for
+#pragma omp parallel for if (T * H >= K_PAR_MIN)
   for (int64_t t = 0; t < T; t++) {
     float *o = out + t * H;
     if (!in_range(ids[t], row0, rows)) {

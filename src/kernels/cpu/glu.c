@@ -42,7 +42,7 @@ static inline float gelu_tanh_grad(float x) {
 // g, u, h: [n]
 void k_glu_fwd(const float *g, const float *u, float *h, int64_t n, ml_glu_act act) {
   if (act == ML_GLU_SILU) {
-#pragma omp parallel for
+#pragma omp parallel for if (n >= K_PAR_MIN)
     for (int64_t c0 = 0; c0 < n; c0 += CHUNK) {
       int64_t c = chunk_len(c0, n);
       float e[CHUNK];
@@ -50,7 +50,7 @@ void k_glu_fwd(const float *g, const float *u, float *h, int64_t n, ml_glu_act a
       for (int64_t i = 0; i < c; i++) h[c0 + i] = silu(g[c0 + i], e[i]) * u[c0 + i];
     }
   } else {
-#pragma omp parallel for simd
+#pragma omp parallel for simd if (n >= K_PAR_MIN)
     for (int64_t i = 0; i < n; i++) h[i] = gelu_tanh(g[i]) * u[i];
   }
 }

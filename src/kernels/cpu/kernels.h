@@ -19,6 +19,15 @@
 
 #include "backend/types.h"
 
+/* Elements below which an elementwise or row-wise forward kernel runs on the
+ * calling thread alone: waking the OpenMP team (a futex wake per thread
+ * under OMP_WAIT_POLICY=passive, ~5-50 µs on a loaded machine) costs more
+ * than streaming 2^15 floats (128 KiB) on one core. A decode step of
+ * generation at batch 1 runs ~15 such kernels a layer on [1, hidden] rows.
+ * Each element (or row) is computed the same way on any thread, so the
+ * results do not depend on it. */
+enum { K_PAR_MIN = 1 << 15 };
+
 /* ---- RMSNorm (HF LlamaRMSNorm; Gemma3RMSNorm when w_offset = 1) -------- */
 /* rstd[t] = 1/sqrt(mean_h x[t,h]^2 + eps); y[t,h] = x[t,h]·rstd[t]·(w_offset + w[h]).
  * x, y: [T, H]; w: [H]; rstd: [T] saved for backward. y may alias x. */

@@ -9,7 +9,7 @@ enum { COLS_PER_TASK = 256, LANES = 8 };
 // x, y: [T, H]; w: [H]; rstd: [T]
 void k_rmsnorm_fwd(const float *x, const float *w, float w_offset, float eps, float *y, float *rstd,
                    int64_t T, int64_t H) {
-#pragma omp parallel for
+#pragma omp parallel for if (T * H >= K_PAR_MIN)
   for (int64_t t = 0; t < T; t++) {
     const float *xr = x + t * H;
     double ss = k_dot_f64(xr, xr, H);

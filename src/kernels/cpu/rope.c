@@ -118,7 +118,7 @@ void k_rope_tables(const float *inv_freq, float scale, int64_t hd, int64_t S, fl
 static void rope_rotate(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t S,
                         int64_t nheads, int64_t hd, float dir) {
   int64_t half = hd / 2;
-#pragma omp parallel for
+#pragma omp parallel for if (B * S * nheads * hd >= K_PAR_MIN)
   for (int64_t t = 0; t < B * S; t++) {
     const float *c = cos_t + (t % S) * half, *s = sin_t + (t % S) * half;
     for (int64_t h = 0; h < nheads; h++) {

@@ -33,13 +33,13 @@ double k_dot_f64(const float *x, const float *y, int64_t n) {
 
 // y, x: [n]
 void k_add(float *y, const float *x, int64_t n) {
-#pragma omp parallel for simd
+#pragma omp parallel for simd if (n >= K_PAR_MIN)
   for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
 // x: [n]
 void k_scale(float *x, int64_t n, float s) {
-#pragma omp parallel for simd
+#pragma omp parallel for simd if (n >= K_PAR_MIN)
   for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 

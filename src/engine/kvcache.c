@@ -23,6 +23,10 @@ int ml_kv_pool_create(ml_kv_pool *p, ml_backend *be, const ml_model_config *c, i
   *p = (ml_kv_pool){.be = be, .L = c->n_layers, .slots = slots, .cap = cap, .nkv = nkv,
                     .hd = c->head_dim, .half = c->head_dim / 2, .nblocks = nblocks,
                     .maxb = ml_kv_blocks(cap), .bf16 = bf16};
+  if (nblocks > INT32_MAX / ML_KV_BLOCK)
+    return ml_err("generate: %lld KV blocks; expected at most %d (int32 row ids of %d-position "
+                  "blocks)",
+                  (long long)nblocks, INT32_MAX / ML_KV_BLOCK, ML_KV_BLOCK);
   int64_t per_layer = ml_mul_sat(nblocks, block_elems(p));
   p->mem = ml_be_alloc(be, ml_mul_sat(2 * c->n_layers, per_layer), esz(p),
                        "the KV cache (%lld layers x %lld blocks of %d positions x %lld kv heads "
@@ -47,9 +51,6 @@ int ml_kv_pool_create(ml_kv_pool *p, ml_backend *be, const ml_model_config *c, i
                         (long long)slots, (long long)cap, (long long)c->head_dim);
   if (!p->mem || !p->table || !p->host_table || !p->nb || !p->ref || !p->free_list || !p->rope)
     return -1;
-  if (nblocks > INT32_MAX)
-    return ml_err("generate: %lld KV blocks; expected at most %d (int32 block ids)",
-                  (long long)nblocks, INT32_MAX);
   for (int64_t s = 0; s < slots; s++) p->nb[s] = 0;
   for (int64_t b = 0; b < nblocks; b++) { /* a stack: block 0 on top */
     p->ref[b] = 0;

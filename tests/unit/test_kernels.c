@@ -6,6 +6,7 @@
  * first-order error terms) the bound is a multiple of. Each check prints
  * its worst error/bound. */
 #include <math.h>
+#include <omp.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -1662,6 +1663,48 @@ static void xent_bounds(int shards, const double *loss, const double *p, const i
   }
 }
 
+/* K_PAR_MIN (kernels.h): the elementwise and row-wise forwards run serially
+ * below it and on the OpenMP team above it, and each row's result must not
+ * depend on which: T rows of hidden 576 (T·576 >= K_PAR_MIN, on 2 threads)
+ * memcmp-equal to each row computed alone (576 elements: serial) — the
+ * batch-1 decode step against a prefill of the same tokens. */
+static void test_serial_threshold(void **state) {
+  (void)state;
+  enum { H = 576, NH = 9, HD = 64 };
+  int64_t T = K_PAR_MIN / H + 7, n = T * H;
+  assert_true(n >= K_PAR_MIN && (int64_t)H < K_PAR_MIN);
+  int threads = omp_get_max_threads();
+  omp_set_num_threads(2);
+  float *x = rand_buf(n, 2.0f), *w = rand_buf(H, 1.0f), *u = rand_buf(n, 1.0f);
+  float *all = malloc((size_t)n * sizeof(float)), *one = malloc(H * sizeof(float));
+  float *rs = malloc((size_t)T * sizeof(float)), rs1;
+  float *cs = rand_buf(T * HD / 2, 1.0f), *sn = rand_buf(T * HD / 2, 1.0f);
+  int32_t *ids = malloc((size_t)T * sizeof(int32_t));
+  for (int64_t t = 0; t < T; t++) ids[t] = (int32_t)(rand_bits() % (uint32_t)T);
+  for (int k = 0; k < 5; k++) {
+    if (k == 0) memcpy(all, x, (size_t)n * sizeof(float)), k_add(all, u, n);
+    if (k == 1) k_rmsnorm_fwd(x, w, 0.0f, 1e-6f, all, rs, T, H);
+    if (k == 2) k_glu_fwd(x, u, all, n, ML_GLU_SILU);
+    if (k == 3) memcpy(all, x, (size_t)n * sizeof(float)), k_rope_fwd(all, cs, sn, 1, T, NH, HD);
+    if (k == 4) k_embedding_fwd(ids, T, x, 0, 0, T, H, 1.5f, all);
+    for (int64_t t = 0; t < T; t++) {
+      const float *xt = x + t * H;
+      if (k == 0) memcpy(one, xt, H * sizeof(float)), k_add(one, u + t * H, H);
+      if (k == 1) k_rmsnorm_fwd(xt, w, 0.0f, 1e-6f, one, &rs1, 1, H);
+      if (k == 2) k_glu_fwd(xt, u + t * H, one, H, ML_GLU_SILU);
+      if (k == 3)
+        memcpy(one, xt, H * sizeof(float)),
+            k_rope_fwd(one, cs + t * HD / 2, sn + t * HD / 2, 1, 1, NH, HD);
+      if (k == 4) k_embedding_fwd(ids + t, 1, x, 0, 0, T, H, 1.5f, one);
+      if (memcmp(one, all + t * H, H * sizeof(float)))
+        fail_msg("kernel %d (add, rmsnorm, glu, rope, embedding): row %lld of %lld differs "
+                 "computed alone", k, (long long)t, (long long)T);
+    }
+  }
+  omp_set_num_threads(threads);
+  free(x), free(w), free(u), free(all), free(one), free(rs), free(cs), free(sn), free(ids);
+}
+
 static void test_xent(void **state) {
   (void)state;
   const int32_t y[XT] = {0, 9, 10, 22, -1, 15};
@@ -1867,6 +1910,7 @@ int main(void) {
       cmocka_unit_test(test_attention_bf16),
       cmocka_unit_test(test_glu),
       cmocka_unit_test(test_embedding),     cmocka_unit_test(test_xent),
+      cmocka_unit_test(test_serial_threshold),
       cmocka_unit_test(test_xent_online),
       cmocka_unit_test(test_adamw),         cmocka_unit_test(test_adamw_clip_fused),
   };

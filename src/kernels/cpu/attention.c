@@ -37,7 +37,6 @@
 #include <omp.h>
 #include <string.h>
 
-#include "common/checked.h"
 #include "kernels/cpu/kernels.h"
 #include "tensor/dtype.h"
 
@@ -448,14 +447,9 @@ int k_attention_block_fwd(const k_attn_block *blk, const float *q, const float *
   if (blk->B <= 0 || blk->sq <= 0) return 0;
   attn a = attn_of(blk, q, k, v, NULL, lp);
   int64_t nt = (blk->sq + TQ - 1) / TQ, tasks = blk->B * blk->nh * nt;
-  /* the products' multiply-adds (2·B·nh·sq·sk·hd, saturating), an eighth of
-   * them counted as K_PAR's floats: a KV-cache step of one query a sequence
-   * runs on this thread (kernels.h K_PAR) */
-  int64_t macs = ml_mul_sat(ml_mul_sat(ml_mul_sat(2 * blk->B, blk->nh), ml_mul_sat(blk->sq, blk->sk)),
-                            blk->hd);
   int rc = 0;
   int blas_threads = blas_serial_begin();
-#pragma omp parallel if (K_PAR(tasks, macs / 8))
+#pragma omp parallel
   {
     scratch w = scratch_of(tiles, blk->hd);
 #pragma omp for schedule(dynamic)

@@ -161,11 +161,11 @@ typedef struct meshlm_options {
                       numbers as without (README: --cpu-offload) */
   /* appended later in 0.2 (optional: see struct_size) */
   int batch_invariant; /* 1: every token's log-prob is the same bit pattern whatever batch,
-                          padding, packing, micro_batch_tokens, dp size or KV-cache step
+                          padding, packing, micro_batch_tokens, dp or cp size or KV-cache step
                           computes it — meshlm_logprobs, the training forward and
                           meshlm_generate's out_logprobs alike (vLLM's VLLM_BATCH_INVARIANT):
                           GEMMs and attention in one fixed reduction order, no vocab
-                          parallelism; tp and cp sizes still change the bits; CPU only
+                          parallelism; the tp size still changes the bits; CPU only
                           (README: --batch-invariant) */
   /* appended for frozen parameters (optional: see struct_size) */
   const char *freeze; /* NULL or "": train every parameter; else comma-separated fnmatch

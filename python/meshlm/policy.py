@@ -519,7 +519,7 @@ class Policy:
     micro_batch_tokens: tokens per rank per micro-batch (packing).
     unshard_for_inference: keep the model unsharded during logprobs calls.
     batch_invariant: bool, every token's log-prob the same bits whatever batch,
-    packing, micro_batch_tokens, dp size or KV-cache step computes it
+    packing, micro_batch_tokens, dp or cp size or KV-cache step computes it
     (logprobs, the training forward and generate's log-probs alike; CPU only).
     freeze: fnmatch patterns of HF parameter names to freeze (requires_grad=False:
     no gradient, no AdamW state or update, not in the grad norm), a list of

@@ -322,7 +322,7 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
       {"--topk", ML_ARG_INT, &topk, "add \"topk_ids\" and \"topk_logprobs\": each position's K "
        "most probable next tokens (0: none)", false, "K"},
       {"--batch-invariant", ML_ARG_FLAG, &invariant, "every token's log-prob the same bits in "
-       "any batch, micro-batch or dp size (as meshlm train --batch-invariant)", false, NULL},
+       "any batch, micro-batch, dp or cp size (as meshlm train --batch-invariant)", false, NULL},
       {"--adapter", ML_ARG_STR, &adapter, "score the model with this PEFT LoRA adapter "
        "(adapter_config.json + adapter_model.safetensors)", false, "DIR"},
   };

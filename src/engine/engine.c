@@ -101,7 +101,8 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
                         &e->plan));
   ML_TRY(ml_tp_apply(&e->tp, &e->plan, &e->model, ml_mesh_comm(mesh, ML_GROUP_TP)));
   ML_TRY(ml_tp_check_sequence_parallel(&e->tp, &e->plan, opts->sequence_parallel));
-  ML_TRY(ml_cp_apply(&e->cp, &e->model, ml_mesh_comm(mesh, ML_GROUP_CP), e->be));
+  ML_TRY(ml_cp_apply(&e->cp, &e->model, ml_mesh_comm(mesh, ML_GROUP_CP), e->be,
+                     opts->batch_invariant));
   ML_TRY(ml_ep_apply(&e->model, mesh));
   ML_TRY(ml_freeze_apply(&e->model, opts->freeze));
   if (e->lora.on) ml_lora_freeze_base(&e->model); /* PEFT: only the adapters train */

@@ -46,9 +46,10 @@ typedef struct ml_engine_opts {
                                 allocated and left unset (the meta backend: torch's meta-device
                                 init; engine/predict.h) */
   bool batch_invariant;      /* every token's log-prob the same bits whatever batch, padding,
-                                packing, micro-batch, dp size or KV-cache step computes it: the
-                                backend's batch-invariant mode (ml_be_set_batch_invariant), no
-                                vocab parallelism (whole vocab rows per rank: the sum of exp
+                                packing, micro-batch, dp or cp size or KV-cache step computes
+                                it: the backend's batch-invariant mode
+                                (ml_be_set_batch_invariant), cp's fixed-order forward
+                                (parallel/cp.h), no vocab parallelism (whole vocab rows per rank: the sum of exp
                                 over the vocabulary in one order), the fused classifier's
                                 tiles whole rows (ml_loss_split.batch_invariant) */
   const char *freeze;        /* comma-separated fnmatch patterns of HF parameter names to freeze

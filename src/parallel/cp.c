@@ -101,14 +101,51 @@ static int finish(ml_cp *cp, ml_request *req, int rc) {
   return rc ? rc : w;
 }
 
+/* Fixed order (cp->fixed): rank src's K/V chunks in hand ([k | v], each
+ * [B, s = 2c, nkv, hd]) copied to their global places in the whole
+ * sequence's K/V `full` ([k | v], each [B, S', nkv, hd]). */
+static int place_kv(const ml_cp *cp, const ml_attn_call *c, int src, const float *hand,
+                    float *full) {
+  int64_t ch = cp->chunk, row = c->nkv * c->hd, n = kv_floats(c), nf = c->B * cp->S_pad * row;
+  size_t nb = sizeof(float) * (size_t)(ch * row);
+  for (int kv = 0; kv < 2; kv++)
+    for (int64_t b = 0; b < c->B; b++)
+      for (int a = 0; a < 2; a++)
+        ML_TRY(ml_be_copy(cp->be,
+                          full + kv * nf + (b * cp->S_pad + chunk_of(cp->size, src, a) * ch) * row,
+                          hand + kv * n + (b * 2 * ch + a * ch) * row, nb, ML_COPY_D2D));
+  return 0;
+}
+
+/* Fixed order: each local query chunk against the whole sequence's keys
+ * up to its end, in one block from global position 0 — the block the
+ * batch-invariant forward computes bitwise as one rank's whole-sequence
+ * call does (k_attn_block.fixed_order: key tiles at global positions), so
+ * the log-probs do not depend on cp. */
+static int fixed_fwd(const ml_cp *cp, const ml_attn_call *c, const float *full, float *out,
+                     float *lse) {
+  int64_t ch = cp->chunk, nf = c->B * cp->S_pad * c->nkv * c->hd;
+  for (int a = 0; a < 2; a++) {
+    ring_block r = block_of(cp, c, a, 0, cp->rank);
+    r.blk.k_pos = 0;
+    r.blk.sk = r.blk.q_pos + ch; /* causal: no key after the chunk's last query */
+    r.blk.k_bs = cp->S_pad * c->nkv * c->hd;
+    ML_TRY(ml_be_attention_block_fwd(cp->be, &r.blk, c->q + r.q_off, full, full + nf,
+                                     out + r.q_off, lse + r.l_off, false, c->compute));
+  }
+  return 0;
+}
+
 // q [B, s, nh, hd], k, v [B, s, nkv, hd] → out [B, s, nh·hd], lse [B, s, nh]
 static int ring_fwd(void *ctx, const ml_attn_call *c, float *out, float *lse) {
   ml_cp *cp = ctx;
-  int64_t n = kv_floats(c);
+  int64_t n = kv_floats(c), nf = 2 * c->B * cp->S_pad * c->nkv * c->hd;
   size_t nb = sizeof(float) * (size_t)n;
-  float *buf = ring_alloc(cp, 4 * n, "K/V buffers");
+  /* [k | v] of the rank in hand, and the next; fixed order: the whole
+     sequence's [k | v] after them */
+  float *buf = ring_alloc(cp, 4 * n + (cp->fixed ? nf : 0), "K/V buffers");
   if (!buf) return -1;
-  float *kv[2] = {buf, buf + 2 * n}; /* [k | v] of the rank in hand, and the next */
+  float *kv[2] = {buf, buf + 2 * n}, *full = buf + 4 * n;
   int rc = ml_be_copy(cp->be, kv[0], c->k, nb, ML_COPY_D2D);
   if (!rc) rc = ml_be_copy(cp->be, kv[0] + n, c->v, nb, ML_COPY_D2D);
   for (int t = 0; rc == 0 && t < cp->size; t++) {
@@ -117,9 +154,11 @@ static int ring_fwd(void *ctx, const ml_attn_call *c, float *out, float *lse) {
     if (t + 1 < cp->size) /* the next rank's K/V arrive while this block computes */
       rc = ml_iring_pass(cp->comm, hand, kv[(t + 1) % 2], 2 * (size_t)n, ML_ELEM_F32, &req);
     int src = (cp->rank - t + cp->size) % cp->size;
-    if (!rc) rc = step_fwd(cp, c, src, hand, hand + n, out, lse);
+    if (!rc) rc = cp->fixed ? place_kv(cp, c, src, hand, full)
+                            : step_fwd(cp, c, src, hand, hand + n, out, lse);
     rc = finish(cp, &req, rc);
   }
+  if (!rc && cp->fixed) rc = fixed_fwd(cp, c, full, out, lse);
   ml_be_free(cp->be, buf);
   return rc;
 }
@@ -173,10 +212,11 @@ static int ring_bwd(void *ctx, const ml_attn_call *c, const float *dout, const f
   return rc;
 }
 
-int ml_cp_apply(ml_cp *cp, ml_model *m, ml_comm *comm, ml_backend *be) {
+int ml_cp_apply(ml_cp *cp, ml_model *m, ml_comm *comm, ml_backend *be, bool fixed) {
   memset(cp, 0, sizeof *cp);
   cp->comm = comm;
   cp->be = be;
+  cp->fixed = fixed;
   cp->size = comm->size;
   cp->rank = comm->rank;
   if (cp->size > 1)

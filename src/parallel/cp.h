@@ -34,10 +34,21 @@
  * the original order; log-probs come back in that order
  * (ml_cp_gather_tokens). The ring's passes are counted by the cp group's
  * counting comm as send_recv, so `meshlm plan` (which runs this code on the
- * meta backend) predicts them from what runs. */
+ * meta backend) predicts them from what runs.
+ *
+ * The batch-invariant mode (fixed: meshlm_options.batch_invariant): the
+ * forward's merges by log-sum-exp round differently from one rank's single
+ * pass over the keys, so there the ring only carries the K/V chunks (the
+ * same passes) into a copy of the whole sequence's K/V, and each query
+ * chunk attends to it in one fixed-order block from position 0 — the
+ * computation one rank does, so log-probs are the same bits at every cp
+ * size (the all-gather form of context parallelism, as Llama 3's; K/V of
+ * the whole sequence per rank: 2·B·S'·nkv·hd floats more). The backward is
+ * the ring's either way (gradients are not part of the mode's promise). */
 #ifndef ML_CP_H
 #define ML_CP_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "backend/backend.h"
@@ -50,13 +61,14 @@ typedef struct ml_cp {
   int size, rank;
   int64_t S, S_pad, chunk; /* the geometry: sequence length, padded, chunk c */
   int64_t *position_ids;   /* [2·chunk] global position of each local position */
+  bool fixed;              /* the batch-invariant mode's forward (above) */
 } ml_cp;
 
 /* Set up context parallelism of model m over `comm` (its size is cp): the
- * model's attention core becomes ring attention (m->attn_core). A comm of
- * one rank installs nothing (the model's own attention). No collective.
- * Errors: allocation. */
-int ml_cp_apply(ml_cp *cp, ml_model *m, ml_comm *comm, ml_backend *be);
+ * model's attention core becomes ring attention (m->attn_core); fixed: the
+ * batch-invariant mode's forward (above). A comm of one rank installs
+ * nothing (the model's own attention). No collective. Errors: allocation. */
+int ml_cp_apply(ml_cp *cp, ml_model *m, ml_comm *comm, ml_backend *be, bool fixed);
 void ml_cp_destroy(ml_cp *cp);
 
 /* The geometry for sequences of S tokens: the padded S', chunks and this

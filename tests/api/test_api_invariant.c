@@ -11,7 +11,11 @@
  * meshlm_logprobs): the KL is exactly 0 (k3 = e^d − d − 1 of d = ref −
  * logp in fp64 is 0 only where the two floats are equal). Registered on one and two
  * ranks (api_invariant_1rank, _2ranks: dp_shard 2, where the default mode
- * differs from one rank by 1–2 ulp through vocab parallelism's split sum).
+ * differs from one rank by 1–2 ulp through vocab parallelism's split sum);
+ * (e) on a cp = world session (2 ranks: ring attention, whose merges by
+ * log-sum-exp differ from one rank's pass in the default mode) the
+ * log-probs and the training forward's equal one rank's, and generation's
+ * (on the replica) equal the cp session's meshlm_logprobs, bitwise.
  * RoPE types whose tables HF computes for the longest sequence of the
  * forward (dynamic, longrope: their numbers depend on the batch by
  * definition) are run within their original context, where the tables
@@ -75,6 +79,21 @@ static int64_t rope_cap(const char *fx) {
   return cap;
 }
 
+/* Whether the fixture has expert layers (num_experts / num_local_experts in
+ * config.json): they refuse cp > 1 (engine.c). */
+static int has_experts(const char *fx) {
+  char path[PATH + 16];
+  if (snprintf(path, sizeof path, "%s/config.json", fx) >= (int)sizeof path)
+    fail_msg("%s: path too long", fx);
+  json_error_t err;
+  json_t *c = json_load_file(path, 0, &err);
+  if (!c) fail_msg("%s: %s", path, err.text);
+  int e = json_integer_value(json_object_get(c, "num_experts")) > 0 ||
+          json_integer_value(json_object_get(c, "num_local_experts")) > 0;
+  json_decref(c);
+  return e;
+}
+
 static meshlm_options invariant_opts(meshlm_dtype param, int64_t micro_batch_tokens) {
   meshlm_options o;
   meshlm_options_default(&o);
@@ -91,8 +110,8 @@ static batch seqs_make(const int64_t *lens, int64_t n, int64_t cap, int64_t voca
   b.lens = xcalloc((size_t)n, sizeof *b.lens);
   for (int64_t k = 0; k < n; k++) {
     b.lens[k] = lens[k] < cap ? lens[k] : cap;
-    b.ntok += lens[k];
-    b.npred += lens[k] - 1;
+    b.ntok += b.lens[k];
+    b.npred += b.lens[k] - 1;
   }
   b.tok = xcalloc((size_t)b.ntok, sizeof *b.tok);
   b.mask = xcalloc((size_t)(b.npred ? b.npred : 1), 1);
@@ -167,10 +186,10 @@ static void check_batches(const char *fx, meshlm_dtype param) {
   meshlm_close(t);
 }
 
-/* (b) generate's log-probs = meshlm_logprobs of prompt + generation. */
-static void check_generate(const char *fx, meshlm_dtype param, int greedy) {
-  meshlm_options o = invariant_opts(param, 4096);
-  meshlm_session *s = open_ok(fx, &o, MPI_COMM_SELF);
+/* generate's log-probs on session s (every rank the same prompts; replica:
+ * meshlm_sampling.replica) = meshlm_logprobs of prompt + generation on s. */
+static void generate_vs_logprobs(meshlm_session *s, const char *fx, meshlm_dtype param,
+                                 int greedy, int replica, const char *where) {
   int64_t V = info_of(s).vocab_size;
   static const int64_t want[] = {7, 3, 12};
   batch p = seqs_make(want, 3, rope_cap(fx) - GEN, V, 97);
@@ -182,10 +201,11 @@ static void check_generate(const char *fx, meshlm_dtype param, int greedy) {
   sp.max_new_tokens = GEN;
   sp.eos_token_id = -2;
   sp.seed = 5;
+  sp.replica = replica;
   int32_t tok[3 * GEN];
   int64_t len[3];
   float glp[3 * GEN];
-  local_ok(s, meshlm_generate(s, &q, &sp, tok, len, glp), "meshlm_generate");
+  OK(s, meshlm_generate(s, &q, &sp, tok, len, glp));
   int64_t lens[3], n = 0;
   for (int k = 0; k < 3; k++) lens[k] = plens[k] + len[k];
   batch c = seqs_make(lens, 3, INT64_MAX, V, 1);
@@ -194,16 +214,25 @@ static void check_generate(const char *fx, meshlm_dtype param, int greedy) {
     memcpy(c.tok + n + plens[k], tok + k * GEN, sizeof(int32_t) * (size_t)len[k]);
     n += lens[k];
   }
-  float *lp = score(s, &c);
-  char what[128];
+  float *lp = xcalloc((size_t)c.npred, sizeof *lp);
+  meshlm_seqs cq = seqs_of(&c);
+  OK(s, meshlm_logprobs(s, &cq, NULL, lp, NULL));
+  char what[160];
   for (int k = 0; k < 3; k++) {
-    snprintf(what, sizeof what, "%s, %s generation of prompt %d vs meshlm_logprobs",
-             dtype_name(param), greedy ? "greedy" : "sampled", k);
+    snprintf(what, sizeof what, "%s, %s%s generation of prompt %d vs meshlm_logprobs",
+             dtype_name(param), where, greedy ? "greedy" : "sampled", k);
     same_bits(glp + k * GEN, lp + pred_at(&c, k) + plens[k] - 1, len[k], fx, what);
   }
   free(lp);
   batch_free(&c);
   batch_free(&p);
+}
+
+/* (b) generate's log-probs = meshlm_logprobs of prompt + generation. */
+static void check_generate(const char *fx, meshlm_dtype param, int greedy) {
+  meshlm_options o = invariant_opts(param, 4096);
+  meshlm_session *s = open_ok(fx, &o, MPI_COMM_SELF);
+  generate_vs_logprobs(s, fx, param, greedy, 0, "");
   meshlm_close(s);
 }
 
@@ -281,6 +310,53 @@ static void check_train(const char *fx, meshlm_dtype param) {
   meshlm_close(w);
 }
 
+/* (e) a cp = world session (ring attention's K/V passes; every rank holds
+ * two chunks of each sequence) = one rank, in meshlm_logprobs and in the
+ * training forward (KL exactly 0 against one rank's log-probs, as (d)),
+ * under micro_batch_tokens 16; sampled generation on the replica = the cp
+ * session's meshlm_logprobs. Families with expert layers refuse cp. */
+static void check_cp(const char *fx, meshlm_dtype param) {
+  meshlm_options o = invariant_opts(param, 4096), t = invariant_opts(param, 16);
+  t.cp = g_world;
+  meshlm_session *w = open_ok(fx, &t, MPI_COMM_WORLD), *s = open_ok(fx, &o, MPI_COMM_SELF);
+  meshlm_info in = info_of(w);
+  assert_int_equal(in.cp, g_world);
+  /* and sequences over several of attention's 128-key tiles */
+  int64_t lens[NSEQ + 2], cap = rope_cap(fx) < in.max_seq_len ? rope_cap(fx) : in.max_seq_len;
+  memcpy(lens, k_lens, sizeof k_lens);
+  lens[NSEQ] = 300;
+  lens[NSEQ + 1] = 141;
+  batch b = seqs_make(lens, NSEQ + 2, cap, in.vocab_size, 59);
+  float *all = score(s, &b);
+  float *got = xcalloc((size_t)b.npred, sizeof *got);
+  meshlm_seqs q = seqs_of(&b);
+  OK(w, meshlm_logprobs(w, &q, NULL, got, NULL));
+  char what[128];
+  snprintf(what, sizeof what, "%s, cp %d rank %d vs one rank", dtype_name(param), g_world,
+           in.cp_rank);
+  same_bits(got, all, b.npred, fx, what);
+  /* generation on a cp mesh runs on each rank's one-rank replica */
+  snprintf(what, sizeof what, "cp %d, replica, ", g_world);
+  generate_vs_logprobs(w, fx, param, 0, 1, what);
+  meshlm_loss l;
+  meshlm_loss_default(&l);
+  l.kind = MESHLM_LOSS_CLIPPED_PG;
+  l.kl_penalty = 0.5f;
+  meshlm_train_batch tb = {.struct_size = sizeof tb, .seqs = q, .old_logprobs = all,
+                           .ref_logprobs = all};
+  meshlm_step_result r = {.struct_size = sizeof r};
+  OK(w, meshlm_train_step(w, &tb, &l, &r));
+  if (r.kl != 0.0)
+    fail_msg("%s, %s: the training forward's KL on cp %d to one rank's meshlm_logprobs is "
+             "%.3g, expected exactly 0 (equal log-probs)",
+             fx, dtype_name(param), g_world, r.kl);
+  free(got);
+  free(all);
+  batch_free(&b);
+  meshlm_close(s);
+  meshlm_close(w);
+}
+
 static void test_batches(void **state) {
   (void)state;
   char fx[MAX_FIXTURES][PATH];
@@ -330,6 +406,22 @@ static void test_train(void **state) {
          "dp_shard %d = one rank's meshlm_logprobs (KL exactly 0)\n", g_rank, n, g_world);
 }
 
+static void test_cp(void **state) {
+  (void)state;
+  if (g_world == 1) skip(); /* cp 1 is one rank */
+  char fx[MAX_FIXTURES][PATH];
+  int n = fixtures(fx), dense = 0;
+  for (int i = 0; i < n; i++) {
+    if (has_experts(fx[i])) continue;
+    check_cp(fx[i], MESHLM_DTYPE_F32);
+    check_cp(fx[i], MESHLM_DTYPE_BF16);
+    dense++;
+  }
+  printf("[rank %d] %d fixture families without experts, fp32 and bf16: cp %d = one rank, "
+         "bitwise, in meshlm_logprobs and the training forward; generation on the replica = "
+         "meshlm_logprobs on cp %d\n", g_rank, dense, g_world, g_world);
+}
+
 int main(int argc, char **argv) {
   api_init(&argc, &argv);
   const struct CMUnitTest tests[] = {
@@ -337,6 +429,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_generate),
       cmocka_unit_test(test_dp),
       cmocka_unit_test(test_train),
+      cmocka_unit_test(test_cp),
   };
   return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -11,7 +11,13 @@
  * options and adapter configs fail with messages naming the field; a run
  * checkpoint resumes bit for bit; the PEFT export is PEFT's own adapter file
  * (keys, shapes, values) with its config's fields, and the merged export
- * PEFT's merge_and_unload within the rounding bound derived there. */
+ * PEFT's merge_and_unload within the rounding bound derived there; the
+ * LoRA streams (ml_lora_stream: refit's adapters-only and merged views) are
+ * those exports' tensors bit for bit; greedy generation on the LoRA engine
+ * (its unmerged forward, x·W^T + s·(x·A^T)·B^T) gives the tokens of the
+ * merged export opened as a plain model on the same mesh, log-probs within
+ * the pair bound derived in test_generate_merged (cp > 1: generation is
+ * refused there, the test says so and passes). */
 #define _XOPEN_SOURCE 700 /* symlink, getpid, nftw */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -34,6 +40,7 @@
 #include "engine_run.h"
 #include "ckpt/lora_export.h"
 #include "ckpt/runckpt.h"
+#include "engine/generate.h"
 #include "io/safetensors.h"
 #include "parity_util.h"
 
@@ -525,6 +532,169 @@ static void test_export(void **state) {
   fixture_free(&fx);
 }
 
+/* Collects the streamed tensors by export index (a copy each). */
+typedef struct collected {
+  int n;
+  float **t;
+} collected;
+
+static int collect(void *ctx, int k, const ml_param *p, const float *global) {
+  collected *c = ctx;
+  size_t bytes = sizeof(float) * (size_t)(p->shape[0] * p->shape[1]);
+  if (k < 0 || k >= c->n || c->t[k] || !(c->t[k] = malloc(bytes)))
+    return ml_err("collect: tensor %d ('%s') out of range, twice, or no memory", k, p->name);
+  memcpy(c->t[k], global, bytes);
+  return 0;
+}
+
+static void collected_free(void *p) {
+  collected *c = p;
+  for (int k = 0; k < c->n; k++) free(c->t[k]);
+  free(c->t);
+}
+
+/* The view streamed to `root` (every rank when < 0) into c (held). */
+static void stream_view(run *r, int root, ml_lora_view view, collected *c) {
+  c->n = r->e.model.n_params;
+  c->t = calloc((size_t)c->n, sizeof *c->t);
+  assert_non_null(c->t);
+  hold(c, collected_free);
+  if (ml_lora_stream(&r->e, root, view, collect, c)) fail_msg("stream: %s", ml_error_msg());
+}
+
+/* Tensor `name` of file f equals the fp32 values v bit for bit. */
+static void assert_file_tensor(const ml_st_file *f, const char *name, const ml_param *p,
+                               const float *v) {
+  const ml_st_tensor *t = ml_st_find(f, name);
+  if (!t) fail_msg("%s has no tensor %s", f->path, name);
+  assert_int_equal(t->dtype, ML_F32);
+  assert_int_equal(t->numel, p->shape[0] * p->shape[1]);
+  assert_memory_equal(t->data, v, t->nbytes);
+}
+
+/* The LoRA streams: the adapters-only view to every rank is the fixture's
+ * PEFT file (no step: the loaded values) under PEFT's keys, and moves no
+ * base parameter; the merged view to rank 0 is the merged export's every
+ * tensor bit for bit (one computation: ml_engine_save_lora writes the
+ * same stream, the fixture's source dtype fp32 keeping every bit). */
+static void test_streams(void **state) {
+  (void)state;
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  ml_engine_opts o = lora_opts(fx.dir);
+  static run a;
+  static collected ad, mg;
+  mesh_open(&a, &o);
+  char merged[300], path[1024];
+  snprintf(merged, sizeof merged, "%s", scratch("stream_merged"));
+  if (ml_engine_save_lora(&a.e, merged, true, ML_EXPORT_DTYPE_SOURCE))
+    fail_msg("export: %s", ml_error_msg());
+  stream_view(&a, -1, ML_LORA_ADAPTERS, &ad);
+  stream_view(&a, 0, ML_LORA_MERGED, &mg);
+  static ml_st_file peft, mfile;
+  snprintf(path, sizeof path, "%s/adapter_model.safetensors", fx.dir);
+  if (ml_st_open(path, &peft)) fail_msg("%s", ml_error_msg());
+  hold(&peft, st_release);
+  int n_ad = 0, n_base = 0;
+  for (int k = 0; k < a.e.model.n_params; k++) {
+    const ml_param *p = ml_engine_export_param(&a.e, k);
+    char key[300];
+    snprintf(key, sizeof key, "base_model.model.%s", p->name);
+    if (p->adapter) assert_file_tensor(&peft, key, p, ad.t[k]);
+    else assert_null(ad.t[k]); /* the adapters-only view moved no base parameter */
+    n_ad += p->adapter;
+  }
+  assert_int_equal((size_t)n_ad, peft.n);
+  if (rank0()) {
+    snprintf(path, sizeof path, "%s/model.safetensors", merged);
+    if (ml_st_open(path, &mfile)) fail_msg("%s", ml_error_msg());
+    hold(&mfile, st_release);
+    for (int k = 0; k < a.e.model.n_params; k++) {
+      const ml_param *p = ml_engine_export_param(&a.e, k);
+      if (p->adapter) {
+        assert_null(mg.t[k]); /* the merged view hands no adapter on */
+        continue;
+      }
+      assert_file_tensor(&mfile, p->key, p, mg.t[k]);
+      n_base++;
+    }
+    assert_int_equal((size_t)n_base, mfile.n);
+    printf("streams: %d adapters bitwise PEFT's file, %d merged tensors bitwise the merged "
+           "export's\n", n_ad, n_base);
+    unhold(&mfile);
+    ml_st_close(&mfile);
+    remove_tree(merged);
+  }
+  unhold(&peft);
+  ml_st_close(&peft);
+  unhold(&mg);
+  collected_free(&mg);
+  unhold(&ad);
+  collected_free(&ad);
+  run_close(&a);
+  fixture_free(&fx);
+}
+
+enum { GEN_PROMPTS = 2, GEN_NEW = 12 };
+
+/* Greedy generation (engine/generate.h) of two prompts cut from the fixture's rows. */
+static void gen_greedy(run *r, const fixture *fx, int32_t *tok, int64_t *len, float *lp) {
+  int64_t lens[GEN_PROMPTS] = {5, 9};
+  int32_t ids[5 + 9];
+  memcpy(ids, fx->ids, sizeof(int32_t) * 5);
+  memcpy(ids + 5, fx->ids + (fx->B > 1 ? fx->S : 0) + 1, sizeof(int32_t) * 9);
+  ml_gen_opts g = {.max_new = GEN_NEW, .n_samples = 1, .sampler = {.greedy = true}};
+  if (ml_generate(&r->e, GEN_PROMPTS, lens, ids, &g, tok, len, lp, NULL))
+    fail_msg("generate: %s", ml_error_msg());
+}
+
+/* Generation on the LoRA engine against its merged export opened as a plain
+ * model, on the same mesh. */
+static void test_generate_merged(void **state) {
+  (void)state;
+  if (g_cp > 1) { /* ml_generate refuses cp > 1 (the KV cache holds whole sequences) */
+    if (rank0()) printf("generate: cp %d, not run (generation needs cp 1)\n", g_cp);
+    return;
+  }
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  ml_engine_opts o = lora_opts(fx.dir), plain = ml_engine_opts_default();
+  plain.sequence_parallel = g_sp;
+  static run lora, merged;
+  mesh_open(&lora, &o);
+  char dir[300];
+  snprintf(dir, sizeof dir, "%s", scratch("gen_merged"));
+  if (ml_engine_save_lora(&lora.e, dir, true, ML_EXPORT_DTYPE_SOURCE))
+    fail_msg("export: %s", ml_error_msg());
+  run_open_mesh(&merged, MPI_COMM_WORLD, g_dpr, 1, g_tp, &plain, dir, NULL, NULL);
+  int32_t tl[GEN_PROMPTS * GEN_NEW], tm[GEN_PROMPTS * GEN_NEW];
+  int64_t ll[GEN_PROMPTS], lm[GEN_PROMPTS];
+  float pl[GEN_PROMPTS * GEN_NEW], pm[GEN_PROMPTS * GEN_NEW];
+  gen_greedy(&lora, &fx, tl, ll, pl);
+  gen_greedy(&merged, &fx, tm, lm, pm);
+  /* Both evaluate the same LoRA model in fp32: the LoRA engine with the adapter terms of
+     tolerance.h §8 in its chain (tol_k_lora: r-term up-projection, scaling, add per adapted
+     linear), the merged one with W' = fl32(W + s·B·A) — one rounding of each weight
+     element (the double sum's own error, gamma64(r + 1), far below u), fewer than the
+     adapter terms it replaces on the same chain. Each is within gamma(K)·|.| of the exact
+     model with K = tol_model_k + tol_k_lora, so the two within tol_lora_pair. */
+  tol_model tmod = tol_model_of(&lora, 9 + GEN_NEW, GEN_PROMPTS * (9 + GEN_NEW));
+  double tol = tol_lora_pair(&tmod, TOL_LOGPROBS, (double)lora.e.lora.rank);
+  assert_memory_equal(ll, lm, sizeof ll);
+  assert_memory_equal(tl, tm, sizeof tl);
+  double err = rel_l2(pl, pm, GEN_PROMPTS * GEN_NEW);
+  if (rank0())
+    printf("generate: LoRA engine vs merged export (dp_replicate %d, tp %d%s): %d greedy tokens "
+           "equal, log-probs rel L2 %.3g (bound %.3g)\n", g_dpr, g_tp, g_sp ? " sp" : "",
+           GEN_PROMPTS * GEN_NEW, err, tol);
+  assert_true(err <= tol);
+  run_close(&merged);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank0()) remove_tree(dir);
+  run_close(&lora);
+  fixture_free(&fx);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   bool usage = argc < 3;
@@ -549,6 +719,8 @@ int main(int argc, char **argv) {
       held_test(test_errors),
       held_test(test_resume),
       held_test(test_export),
+      held_test(test_streams),
+      held_test(test_generate_merged),
   };
   return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

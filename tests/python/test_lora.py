@@ -4,6 +4,8 @@ stepped by mistake would decay), every adapter moves; the seeded start scores as
 model bit for bit (lora_B = 0); the list and the comma-separated string of targets are one
 option; bad options raise naming them."""
 
+import os
+
 import pytest
 from conftest import make_seqs
 
@@ -49,3 +51,49 @@ def test_lora_errors(model_dir):
         meshlm.Policy(model_dir, lora_rank=4, lora_dropout=0.1)
     with pytest.raises(meshlm.MeshlmError, match="target module 'nope' not found"):
         meshlm.Policy(model_dir, lora_rank=4, lora_targets=["q_proj", "nope"])
+
+
+def test_lora_merged(model_dir, shared_path):
+    """Merged weights and the LoRA refit views, on every mesh of the job (tp ranks decode
+    together): after one step (lora_B no longer zero) refit(lora="merged") is byte for byte
+    the merged export and differs from the base in the adapted weights only,
+    refit(lora="adapters") is the PEFT export's adapter file under PEFT's keys, and greedy
+    generation on the LoRA policy (its unmerged forward) gives the tokens of the merged
+    export opened as a plain policy (tests/mpi/test_lora.c bounds their log-probs)."""
+    from test_refit import assert_bytes_equal, read_checkpoint, read_safetensors
+    merged_dir, peft_dir = shared_path("merged"), shared_path("peft")
+    prompts = [s[:6] for s in make_seqs(2, seed=9)]
+    with meshlm.Policy(model_dir, lr=1e-2, max_grad_norm=0, lora_rank=4,
+                       lora_targets=TARGETS, lora_seed=7) as p:
+        seqs = make_seqs(4, seed=5)[p.info["dp_rank"]::p.info["dp_size"]]
+        p.train_step(seqs)
+        p.export(merged_dir, dtype="fp32", merge_lora=True)
+        p.export(peft_dir)
+        every = p.refit(root=-1, dtype="fp32")
+        merged = p.refit(root=-1, dtype="fp32", lora="merged")
+        adapters = p.refit(root=-1, lora="adapters")
+        toks, _, _ = p.generate(prompts, max_new_tokens=8, greedy=True)
+    on_disk = read_checkpoint(merged_dir)
+    assert sorted(merged) == sorted(on_disk)
+    for n, a in merged.items():
+        assert_bytes_equal(a, on_disk[n], n)
+        adapted = any(n.endswith(t + ".weight") for t in TARGETS)
+        assert (a.tobytes() != every[n].tobytes()) == adapted, n
+    peft = read_safetensors(os.path.join(peft_dir, "adapter_model.safetensors"))
+    assert sorted(adapters) == sorted(peft)
+    for n, a in adapters.items():
+        assert n.startswith("base_model.model.")
+        assert_bytes_equal(a, peft[n], n)
+        assert_bytes_equal(a, every[n[len("base_model.model."):]], n)
+    with meshlm.Policy(merged_dir) as plain:
+        want, _, _ = plain.generate(prompts, max_new_tokens=8, greedy=True)
+    for a, b in zip(toks, want):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_lora_views_refused(model_dir):
+    with meshlm.Policy(model_dir) as p:
+        with pytest.raises(meshlm.MeshlmError, match="has no LoRA adapters"):
+            p.refit(lora="merged")
+        with pytest.raises(meshlm.MeshlmError, match="no LoRA adapters to merge"):
+            p.export("unused", merge_lora=True)

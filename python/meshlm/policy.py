@@ -527,7 +527,7 @@ class Policy:
     strings or one comma-separated string, e.g. ["model.embed_tokens.*",
     "model.layers.0.*"]; a pattern matching nothing or freezing everything
     raises MeshlmError (README: --freeze).
-    lora_rank, lora_alpha, lora_dropout (only 0), lora_targets (a list of linear
+    lora_rank, lora_alpha, lora_dropout ([0, 1)), lora_targets (a list of linear
     module names or one comma-separated string, or "all-linear"), lora_use_rslora,
     lora_seed: LoRA adapters with PEFT LoraConfig's semantics, every base weight
     frozen (README: --lora-rank); adapter: a PEFT LoRA adapter directory to start

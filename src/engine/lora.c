@@ -149,9 +149,10 @@ int ml_lora_setup(ml_lora *l, const ml_lora_opts *o, ml_model *m) {
     if (!(l->targets = strdup(o->targets ? o->targets : "")))
       return ml_err("lora_targets: out of memory");
   }
-  if (!(l->dropout == 0))
-    return ml_err("lora_dropout (--lora-dropout%s) %g: LoRA dropout is not implemented; "
-                  "expected 0", l->adapter ? ", or the adapter's field" : "", l->dropout);
+  if (!(l->dropout >= 0 && l->dropout < 1))
+    return ml_err("lora_dropout (--lora-dropout%s) %g: expected a probability in [0, 1)",
+                  l->adapter ? ", or the adapter's field" : "", l->dropout);
+  m->lora_drop = (ml_lora_dropout){.p = l->dropout};
   if (!(l->alpha > 0) || !isfinite(l->alpha))
     return ml_err("lora_alpha (--lora-alpha) %g: expected a finite number > 0", l->alpha);
   l->scaling = ml_lora_scaling(l->rank, l->alpha, l->rslora);
@@ -248,6 +249,25 @@ int ml_lora_load(const ml_lora *l, ml_fsdp *f, const ml_model *m) {
   free(t);
   return rc;
 }
+
+int ml_lora_dropout_begin(ml_lora *l, ml_model *m, ml_host *dp, int64_t step, int64_t B,
+                          int64_t S, const int64_t *row_pos) {
+  if (!l->on || !(l->dropout > 0)) return 0;
+  int64_t *rows = ml_calloc((size_t)dp->size, sizeof *rows, "the data ranks' rows");
+  int rc = rows ? ml_host_all_gather(dp, &B, sizeof B, rows) : -1;
+  int64_t row0 = 0;
+  for (int q = 0; rc == 0 && q < dp->rank; q++) row0 += rows[q];
+  free(rows);
+  ML_TRY(rc);
+  m->lora_drop.active = true;
+  m->lora_drop.key = ml_rng_hash(ml_rng_hash(l->seed, (uint64_t)step), (uint64_t)l->micro++);
+  m->lora_drop.row0 = row0;
+  m->lora_drop.row_len = S;
+  m->lora_drop.row_pos = row_pos;
+  return 0;
+}
+
+void ml_lora_dropout_end(ml_model *m) { m->lora_drop.active = false; }
 
 void ml_lora_free(ml_lora *l) {
   free(l->targets);

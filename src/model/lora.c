@@ -89,6 +89,8 @@ int ml_lora_attach(ml_model *m, int64_t rank, double scaling, const char *target
     lin->lora_b = ml_model_add_param(m, layer, out, rank, "%s.lora_B.weight", mod->name);
     lin->lora_a->adapter = lin->lora_b->adapter = true;
     lin->lora_scale = (float)scaling;
+    lin->lora_drop = &m->lora_drop;
+    lin->lora_id = (uint64_t)i;
   }
   return 0;
 }

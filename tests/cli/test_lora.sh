@@ -13,7 +13,7 @@
 #      than full fine-tuning's (the adapters only: the units' trainable prefix); activation
 #      checkpointing and CPU offload leave the losses bitwise;
 #  (d) config keys lora_targets (a JSON list) and lora_use_rslora equal the flags;
-#  (e) errors: --lora-dropout > 0, an unknown target, --merge-lora without LoRA.
+#  (e) errors: --lora-dropout 1, an unknown target, --merge-lora without LoRA.
 # usage: test_lora.sh MESHLM SOURCE_DIR JSON_CHECK TOL_BOUND ST_LIST
 set -u
 meshlm=$1
@@ -194,8 +194,8 @@ expect() { # expect WANT NP ARGS...: the run fails with WANT in its message
   elif grep -qF "$want" "$work/err"; then ok "error: $want"
   else bad "message for $want: $(head -3 "$work/err")"; fi
 }
-expect "lora_dropout (--lora-dropout) 0.05: LoRA dropout is not implemented" 1 "${base[@]}" \
-  --steps 1 --lora-dropout 0.05
+expect "lora_dropout (--lora-dropout) 1: expected a probability in [0, 1)" 1 "${base[@]}" \
+  --steps 1 --lora-dropout 1
 expect "target module 'qkv' not found" 1 "${base[@]}" --steps 1 --lora-targets q_proj,qkv
 expect "the run has no LoRA adapters to merge (--merge-lora)" 1 train --model "$work/model" \
   --data "$src/README.md" --seq-len 32 --batch-size 4 --steps 1 --peak-tflops 1 --merge-lora \

@@ -303,8 +303,8 @@ static void test_errors(void **state) {
   static fixture fx;
   fixture_load(g_fixture, &fx);
   ml_engine_opts o = lora_opts(NULL);
-  o.lora.dropout = 0.1;
-  expect_error(&o, "lora_dropout (--lora-dropout) 0.1");
+  o.lora.dropout = 1.0;
+  expect_error(&o, "lora_dropout (--lora-dropout) 1: expected a probability in [0, 1)");
   o = lora_opts(NULL);
   o.lora.targets = "q_proj,qq_proj";
   expect_error(&o, "target module 'qq_proj' not found");
@@ -335,6 +335,60 @@ static void test_errors(void **state) {
   o = lora_opts(fx.dir);
   o.lora.rank = 8;
   expect_error(&o, "the adapter");
+  fixture_free(&fx);
+}
+
+/* LoRA dropout p = 0.1 (the fixture's adapter with its lora_dropout set): the mask is a
+ * function of global coordinates (model/lora_drop.h), so the mesh draws one rank's mask and
+ * the two agree within the pair bound of two orders of one fp32 computation (tolerance.h §8,
+ * the dropout's scaling one more rounding of lora_A's input, in series with the GEMM it
+ * feeds: covered by tol_k_lora's 2 roundings per adapted linear beside the r-term sum);
+ * the dropout is on (the loss differs from p = 0's) and off in scoring (log-probs bitwise
+ * p = 0's on the same engine geometry). */
+static void test_dropout(void **state) {
+  (void)state;
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  const char *dir = edited_adapter(fx.dir, "lora_dropout", "0.1");
+  ml_engine_opts o = lora_opts(dir), o0 = lora_opts(fx.dir);
+  static run one, mesh, plain;
+  run_open(&one, MPI_COMM_SELF, 1, 1, &o, g_base_dir);
+  mesh_open(&mesh, &o);
+  mesh_open(&plain, &o0);
+  assert_true(one.e.lora.dropout == 0.1 && mesh.e.lora.dropout == 0.1);
+  double r = (double)one.e.lora.rank;
+  tol_model tm = tol_model_of(&mesh, fx.S, fx.B * fx.S);
+  double l1 = step(&one, &fx), lm = step(&mesh, &fx), l0 = step(&plain, &fx);
+  double el = fabs(lm - l1) / fabs(l1), tl = tol_lora_pair(&tm, TOL_LOSS, r);
+  float **g1 = export_all(&one, ML_EXPORT_GRADS), **gm = export_all(&mesh, ML_EXPORT_GRADS);
+  double tg = tol_lora_pair(&tm, TOL_GRADS, r), worst = 0;
+  for (int i = 0; i < mesh.e.model.n_params; i++) {
+    const ml_param *p = ml_engine_export_param(&mesh.e, i);
+    if (!p->adapter) continue;
+    double e = rel_l2(gm[i], g1[i], p->shape[0] * p->shape[1]);
+    worst = fmax(worst, e);
+    if (e > tg) fail_msg("%s: dropout grad rel L2 mesh vs one %.3g (bound %.3g)", p->name, e, tg);
+  }
+  if (rank0())
+    printf("dropout 0.1: loss one %.9f mesh %.9f (rel %.3g, bound %.3g; p = 0: %.9f), adapter "
+           "grads mesh vs one worst rel L2 %.3g (bound %.3g)\n", l1, lm, el, tl, l0, worst, tg);
+  assert_true(el <= tl);
+  assert_true(lm != l0); /* the mask took effect */
+  int64_t n = fx.B * (fx.S - 1);
+  float *lp = malloc(sizeof(float) * (size_t)n), *lp0 = malloc(sizeof(float) * (size_t)n);
+  assert_true(lp && lp0);
+  if (ml_engine_logprobs(&mesh.e, fx.ids, fx.B, fx.S, lp) ||
+      ml_engine_logprobs(&plain.e, fx.ids, fx.B, fx.S, lp0))
+    fail_msg("%s", ml_error_msg());
+  assert_memory_equal(lp, lp0, sizeof(float) * (size_t)n);
+  free(lp0);
+  free(lp);
+  free_all(gm);
+  free_all(g1);
+  run_close(&plain);
+  run_close(&mesh);
+  run_close(&one);
+  remove_edited(dir);
   fixture_free(&fx);
 }
 
@@ -717,6 +771,7 @@ int main(int argc, char **argv) {
       held_test(test_base_unchanged),
       held_test(test_seeded),
       held_test(test_errors),
+      held_test(test_dropout),
       held_test(test_resume),
       held_test(test_export),
       held_test(test_streams),

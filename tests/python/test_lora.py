@@ -47,8 +47,8 @@ def test_lora_step(model_dir):
 
 
 def test_lora_errors(model_dir):
-    with pytest.raises(meshlm.MeshlmError, match="lora_dropout \\(--lora-dropout\\) 0.1"):
-        meshlm.Policy(model_dir, lora_rank=4, lora_dropout=0.1)
+    with pytest.raises(meshlm.MeshlmError, match="lora_dropout \\(--lora-dropout\\) -0.1"):
+        meshlm.Policy(model_dir, lora_rank=4, lora_dropout=-0.1)
     with pytest.raises(meshlm.MeshlmError, match="target module 'nope' not found"):
         meshlm.Policy(model_dir, lora_rank=4, lora_targets=["q_proj", "nope"])
 

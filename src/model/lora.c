@@ -41,6 +41,29 @@ static bool layer_linear(const ml_module *mod, const ml_model *m, int *layer) {
   return *layer >= 0;
 }
 
+/* The last name components of the linears fused into `alias`, comma-separated, into buf. */
+static void fused_parts(const ml_model *m, const char *alias, char *buf, size_t cap) {
+  buf[0] = 0;
+  for (int i = 0; i < m->n_modules; i++) {
+    if (strcmp(m->modules[i].alias, alias) != 0) continue;
+    const char *leaf = strrchr(m->modules[i].name, '.');
+    size_t at = strlen(buf);
+    snprintf(buf + at, cap - at, "%s%s", at ? ", " : "", leaf ? leaf + 1 : m->modules[i].name);
+  }
+}
+
+/* The refusal of a target that is, or is a part of, the fused checkpoint linear `alias`. */
+static int refuse_fused(const ml_model *m, const char *target, int n, const char *alias) {
+  char parts[160];
+  fused_parts(m, alias, parts, sizeof parts);
+  return ml_err("lora_targets (--lora-targets): target '%.*s' covers the fused %s (one "
+                "checkpoint linear for %s), which PEFT adapts as one linear with "
+                "one lora_A [r, in] and one lora_B over the parts' rows; LoRA on fused "
+                "checkpoint tensors is not supported (meshlm computes the parts as separate "
+                "linears); expected targets outside the fused tensors of %s, such as o_proj, "
+                "down_proj", n, target, alias, parts, m->cfg.family->architecture);
+}
+
 /* Each name of the list matches some linear of a layer. */
 static int check_names(const ml_model *m, const char *targets) {
   for (const char *t = targets; *t;) {
@@ -52,6 +75,10 @@ static int check_names(const ml_model *m, const char *targets) {
     int layer;
     for (int i = 0; i < m->n_modules && !found; i++)
       found = layer_linear(&m->modules[i], m, &layer) && matches(m->modules[i].name, t, n);
+    for (int i = 0; i < m->n_modules && !found; i++) /* the fused module's own name */
+      if (layer_linear(&m->modules[i], m, &layer) && m->modules[i].alias[0] &&
+          matches(m->modules[i].alias, t, n))
+        return refuse_fused(m, t, (int)n, m->modules[i].alias);
     if (!found)
       return ml_err("lora_targets (--lora-targets): target module '%.*s' not found in the %s "
                     "model; expected names of its decoder linears such as q_proj, k_proj, "
@@ -79,10 +106,11 @@ int ml_lora_attach(ml_model *m, int64_t rank, double scaling, const char *target
     ml_module *mod = &m->modules[i];
     int layer;
     if (!layer_linear(mod, m, &layer) || !is_target(mod, targets, all)) continue;
-    if (mod->alias[0])
-      return ml_err("lora_targets (--lora-targets): %s is a part of the fused %s, which PEFT "
-                    "adapts as one linear; LoRA on fused checkpoint tensors is not supported",
-                    mod->name, mod->alias);
+    if (mod->alias[0]) {
+      const char *leaf = strrchr(mod->name, '.');
+      leaf = all ? "all-linear" : leaf ? leaf + 1 : mod->name;
+      return refuse_fused(m, leaf, (int)strlen(leaf), mod->alias);
+    }
     ml_linear *lin = mod->ptr;
     int64_t out = lin->weight->shape[0], in = lin->weight->shape[1];
     lin->lora_a = ml_model_add_param(m, layer, rank, in, "%s.lora_A.weight", mod->name);

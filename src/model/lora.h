@@ -29,8 +29,10 @@ double ml_lora_scaling(int64_t rank, double alpha, bool rslora);
  * `lora_targets` / --lora-targets or `lora_rank` / --lora-rank): rank < 1
  * or above the linear's smaller side's 2^20 bound, an empty name, a name
  * matching no linear (PEFT: "Target modules ... not found in the base
- * model"), a target that is a part of a fused checkpoint tensor (Phi-3's
- * qkv_proj: PEFT adapts the fused module, which meshlm does not build), a
+ * model"), a target that is a fused checkpoint tensor or a part of one
+ * (Phi-3's qkv_proj, gate_up_proj, or all-linear there: PEFT adapts the
+ * fused module with one lora_A, which meshlm, computing the parts apart,
+ * does not build; the message names the module, its parts and why), a
  * mixture-of-experts model (its experts' linears are not adapted here). */
 int ml_lora_attach(ml_model *m, int64_t rank, double scaling, const char *targets);
 

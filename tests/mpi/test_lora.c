@@ -252,18 +252,23 @@ static void test_seeded(void **state) {
   fixture_free(&fx);
 }
 
-/* Opening with o fails with a message containing `want`. */
-static void expect_error(const ml_engine_opts *o, const char *want) {
+/* Opening checkpoint dir with o fails with a message containing `want`. */
+static void expect_error_on(const char *dir, const ml_engine_opts *o, const char *want) {
   static run r;
   memset(&r, 0, sizeof r);
   int rc = ml_mesh_create(MPI_COMM_SELF, 1, 0, 1, 1, NULL, NULL, &r.mesh);
-  if (rc == 0) rc = ml_engine_open(&r.e, &r.mesh, g_base_dir, o);
+  if (rc == 0) rc = ml_engine_open(&r.e, &r.mesh, dir, o);
   const char *msg = rc ? ml_error_msg() : "";
   if (rank0()) printf("expected error: %s\n", msg);
   if (rc == 0 || !strstr(msg, want))
     fail_msg("expected an error containing '%s', got rc %d: %s", want, rc, msg);
   ml_error_clear(); /* the next message is the next failure's (the first one wins) */
   run_release(&r);
+}
+
+/* Opening the base fixture with o fails with a message containing `want`. */
+static void expect_error(const ml_engine_opts *o, const char *want) {
+  expect_error_on(g_base_dir, o, want);
 }
 
 /* adapter_config.json of the fixture with `field` set to `value` (JSON) in a
@@ -335,6 +340,26 @@ static void test_errors(void **state) {
   o = lora_opts(fx.dir);
   o.lora.rank = 8;
   expect_error(&o, "the adapter");
+  /* fused checkpoint linears (Phi-3's qkv_proj, gate_up_proj) and mixture-of-experts models */
+  char dir[600];
+  snprintf(dir, sizeof dir, "%s/tests/fixtures/phi3", ML_SOURCE_DIR);
+  static const char *const fused[][2] = {
+      {"qkv_proj", "target 'qkv_proj' covers the fused model.layers.0.self_attn.qkv_proj (one "
+                   "checkpoint linear for q_proj, k_proj, v_proj)"},
+      {"o_proj,gate_up_proj", "target 'gate_up_proj' covers the fused "
+                              "model.layers.0.mlp.gate_up_proj (one checkpoint linear for "
+                              "gate_proj, up_proj)"},
+      {"q_proj", "target 'q_proj' covers the fused model.layers.0.self_attn.qkv_proj"},
+      {"all-linear", "target 'all-linear' covers the fused model.layers.0.self_attn.qkv_proj"}};
+  for (size_t i = 0; i < sizeof fused / sizeof fused[0]; i++) {
+    o = lora_opts(NULL);
+    o.lora.targets = fused[i][0];
+    expect_error_on(dir, &o, fused[i][1]);
+  }
+  snprintf(dir, sizeof dir, "%s/tests/fixtures/qwen3_moe", ML_SOURCE_DIR);
+  o = lora_opts(NULL);
+  expect_error_on(dir, &o, "LoRA on the mixture-of-experts Qwen3MoeForCausalLM model is not "
+                           "supported");
   fixture_free(&fx);
 }
 

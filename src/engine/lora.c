@@ -91,6 +91,14 @@ static int read_config(ml_lora *l, const char *dir) {
   if (!rc) rc = refuse_set(&j, "lora_bias", "a bias on lora_B");
   if (!rc) rc = refuse_set(&j, "target_parameters", "adapting parameters (not linears)");
   if (!rc) rc = refuse_set(&j, "trainable_token_indices", "trainable token embeddings");
+  if (!rc) rc = refuse_set(&j, "use_qalora", "QA-LoRA (lora_A on a pooled input)");
+  if (!rc) rc = refuse_set(&j, "alora_invocation_tokens",
+                           "activated LoRA (adapters on after invocation tokens)");
+  if (!rc) rc = refuse_set(&j, "use_bdlora", "block-diagonal LoRA");
+  if (!rc) rc = refuse_set(&j, "velora_config", "VeLoRA");
+  if (!rc) rc = refuse_set(&j, "monteclora_config", "MonteCLoRA");
+  if (!rc) rc = refuse_set(&j, "arrow_config", "Arrow routing between adapters");
+  if (!rc) rc = refuse_set(&j, "kasa_config", "KaSA");
   if (!rc) rc = ml_json_int(&j, NULL, "r", &l->rank);
   if (!rc) rc = ml_json_num(&j, NULL, "lora_alpha", &l->alpha);
   if (!rc) rc = ml_json_num_opt(&j, NULL, "lora_dropout", 0.0, &l->dropout);

@@ -62,8 +62,12 @@ typedef struct ml_lora {
  * unsupported option (peft_type other than LORA, use_dora, modules_to_save,
  * bias other than "none", rank_pattern / alpha_pattern, fan_in_fan_out,
  * layers_to_transform, layer_replication, exclude_modules, lora_bias,
- * target_parameters, trainable_token_indices, a regular expression as
- * target_modules), those of
+ * target_parameters, trainable_token_indices, use_qalora,
+ * alora_invocation_tokens, use_bdlora, velora_config, monteclora_config,
+ * arrow_config, kasa_config, a regular expression as target_modules;
+ * fields that only choose an initialisation — init_lora_weights,
+ * loftq_config, eva_config, corda_config, lora_ga_config — are read past:
+ * the adapter's values are loaded), those of
  * ml_lora_attach. */
 int ml_lora_setup(ml_lora *l, const ml_lora_opts *o, ml_model *m);
 

@@ -330,6 +330,19 @@ static void test_errors(void **state) {
       {"r", "8", "]; expected [8, "}, /* [4, hidden] of the fixture against r = 8 rows */
       {"lora_bias", "true", "field 'lora_bias' is true"},
       {"exclude_modules", "[\"q_proj\"]", "field 'exclude_modules'"},
+      {"layers_to_transform", "[0]", "field 'layers_to_transform' is [0]"},
+      {"fan_in_fan_out", "true", "field 'fan_in_fan_out' is true"},
+      {"layer_replication", "[[0, 1]]", "field 'layer_replication'"},
+      {"target_parameters", "[\"mlp.experts.gate_up_proj\"]", "field 'target_parameters'"},
+      {"trainable_token_indices", "[1, 2]", "field 'trainable_token_indices'"},
+      {"use_qalora", "true", "field 'use_qalora' is true"},
+      {"alora_invocation_tokens", "[5]", "field 'alora_invocation_tokens'"},
+      {"use_bdlora", "{\"a\": 1}", "field 'use_bdlora'"},
+      {"velora_config", "{\"a\": 1}", "field 'velora_config'"},
+      {"monteclora_config", "{\"a\": 1}", "field 'monteclora_config'"},
+      {"arrow_config", "{\"a\": 1}", "field 'arrow_config'"},
+      {"kasa_config", "{\"a\": 1}", "field 'kasa_config'"},
+      {"lora_dropout", "1.5", "lora_dropout (--lora-dropout, or the adapter's field) 1.5"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     const char *dir = edited_adapter(fx.dir, bad[i][0], bad[i][1]);

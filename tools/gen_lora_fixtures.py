@@ -24,7 +24,8 @@ Config: r 4, lora_alpha 8 (scaling 2), lora_dropout 0, bias "none"; llama: the
 seven decoder linears by name; qwen2: use_rslora (scaling 8 / sqrt(4) = 4) on
 q_proj,v_proj only; gemma3: "all-linear" (PEFT resolves it to every linear but
 the output layer and writes the names it found); llama_h9kv3 (9 heads, 3 kv heads): the
-seven by name.
+seven by name; phi3: "all-linear" (qkv_proj, o_proj, gate_up_proj, down_proj: two fused).
+`--only NAME` writes that fixture alone.
 """
 import argparse
 import json
@@ -43,6 +44,9 @@ FIXTURES = [
     # 9 query heads, 3 kv heads: on tp 2 and 4 a kv head is held by two ranks, so are lora_B's
     # rows of k_proj / v_proj (their gradients summed over the holders)
     dict(name="llama_h9kv3_lora", base="llama_h9kv3", targets=ALL, rslora=False, seed=14),
+    # Phi-3's fused checkpoint linears: PEFT adapts qkv_proj and gate_up_proj as one module each
+    # (one lora_A, one lora_B over the parts' rows); meshlm shares lora_A among the parts
+    dict(name="phi3_lora", base="phi3", targets="all-linear", rslora=False, seed=15),
 ]
 PREFIX = "base_model.model."
 
@@ -110,9 +114,11 @@ def make(fx, root):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="tests/fixtures")
+    ap.add_argument("--only", help="write this fixture alone (e.g. phi3_lora)")
     args = ap.parse_args()
     for fx in FIXTURES:
-        make(fx, args.out)
+        if args.only in (None, fx["name"]):
+            make(fx, args.out)
 
 
 if __name__ == "__main__":

@@ -174,8 +174,8 @@ static int refit_sink(void *ctx, int k, const ml_param *p, const float *global) 
   }
   char peft[sizeof(weight_name) + 32];
   const char *name = r->s->wnames[k];
-  if (r->peft_keys) {
-    snprintf(peft, sizeof peft, "base_model.model.%s", name);
+  if (r->peft_keys) { /* the adapter's key: a fused module's lora_B comes whole (lora_export.h) */
+    snprintf(peft, sizeof peft, "base_model.model.%s", p->key);
     name = peft;
   }
   int64_t shape[2] = {p->shape[0], p->ndim == 2 ? p->shape[1] : 1};

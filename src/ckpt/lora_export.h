@@ -41,7 +41,10 @@ typedef enum ml_lora_view {
 /* Collective over the world, as ml_engine_stream_params to world rank
  * `root` (every rank when root < 0), in export order, each tensor its
  * global fp32 [p->shape]. ML_LORA_ADAPTERS: the adapters only (their fp32
- * masters; the base parameters move no byte). ML_LORA_MERGED: every base
+ * masters; the base parameters move no byte), a fused module's lora_B
+ * (Phi-3's qkv_proj) assembled from its parts and handed on once as a
+ * parameter of PEFT's shape named by its key (p->name = p->key), with its
+ * first part's export index k. ML_LORA_MERGED: every base
  * parameter, an adapted weight W [out, in] handed as fp32(W + scaling ·
  * B·A) — the product summed in double over r, the sum rounded once, as
  * the merged export (ml_engine_save_lora with merge) writes it before its

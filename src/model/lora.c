@@ -20,13 +20,19 @@ static bool matches(const char *mod, const char *t, size_t n) {
   return len == n || mod[len - n - 1] == '.';
 }
 
-/* Whether linear module i of m is a target: every linear of a layer under
- * all-linear, else one matching a name of the list. */
+/* The module name PEFT sees for linear module mod: the fused checkpoint
+ * linear's for a part of one (Phi-3's qkv_proj for q_proj), else its own. */
+static const char *peft_name(const ml_module *mod) {
+  return mod->alias[0] ? mod->alias : mod->name;
+}
+
+/* Whether linear module mod is a target: every linear of a layer under
+ * all-linear, else one whose PEFT name matches a name of the list. */
 static bool is_target(const ml_module *mod, const char *targets, bool all) {
   if (all) return true;
   for (const char *t = targets; *t;) {
     size_t n = strcspn(t, ",");
-    if (matches(mod->name, t, n)) return true;
+    if (matches(peft_name(mod), t, n)) return true;
     t += n + (t[n] == ',');
   }
   return false;
@@ -52,16 +58,15 @@ static void fused_parts(const ml_model *m, const char *alias, char *buf, size_t 
   }
 }
 
-/* The refusal of a target that is, or is a part of, the fused checkpoint linear `alias`. */
-static int refuse_fused(const ml_model *m, const char *target, int n, const char *alias) {
+/* The refusal of a target naming a part of the fused checkpoint linear `alias`. */
+static int refuse_part(const ml_model *m, const char *target, int n, const char *alias) {
   char parts[160];
   fused_parts(m, alias, parts, sizeof parts);
-  return ml_err("lora_targets (--lora-targets): target '%.*s' covers the fused %s (one "
-                "checkpoint linear for %s), which PEFT adapts as one linear with "
-                "one lora_A [r, in] and one lora_B over the parts' rows; LoRA on fused "
-                "checkpoint tensors is not supported (meshlm computes the parts as separate "
-                "linears); expected targets outside the fused tensors of %s, such as o_proj, "
-                "down_proj", n, target, alias, parts, m->cfg.family->architecture);
+  const char *leaf = strrchr(alias, '.');
+  return ml_err("lora_targets (--lora-targets): target module '%.*s' is a part of the fused %s "
+                "(one checkpoint linear for %s), which PEFT adapts as one module; expected "
+                "'%s' (its lora_A shared by the parts, its lora_B over their rows)",
+                n, target, alias, parts, leaf ? leaf + 1 : alias);
 }
 
 /* Each name of the list matches some linear of a layer. */
@@ -74,11 +79,11 @@ static int check_names(const ml_model *m, const char *targets) {
     bool found = false;
     int layer;
     for (int i = 0; i < m->n_modules && !found; i++)
-      found = layer_linear(&m->modules[i], m, &layer) && matches(m->modules[i].name, t, n);
-    for (int i = 0; i < m->n_modules && !found; i++) /* the fused module's own name */
+      found = layer_linear(&m->modules[i], m, &layer) && matches(peft_name(&m->modules[i]), t, n);
+    for (int i = 0; i < m->n_modules && !found; i++) /* a part's name: PEFT finds none */
       if (layer_linear(&m->modules[i], m, &layer) && m->modules[i].alias[0] &&
-          matches(m->modules[i].alias, t, n))
-        return refuse_fused(m, t, (int)n, m->modules[i].alias);
+          matches(m->modules[i].name, t, n))
+        return refuse_part(m, t, (int)n, m->modules[i].alias);
     if (!found)
       return ml_err("lora_targets (--lora-targets): target module '%.*s' not found in the %s "
                     "model; expected names of its decoder linears such as q_proj, k_proj, "
@@ -101,30 +106,38 @@ int ml_lora_attach(ml_model *m, int64_t rank, double scaling, const char *target
                   m->cfg.family->architecture);
   bool all = strcmp(targets, "all-linear") == 0;
   if (!all) ML_TRY(check_names(m, targets));
-  int n_modules = m->n_modules;
+  int n_modules = m->n_modules, first = -1; /* first: the fused group's first part */
   for (int i = 0; i < n_modules; i++) {
     ml_module *mod = &m->modules[i];
     int layer;
     if (!layer_linear(mod, m, &layer) || !is_target(mod, targets, all)) continue;
-    if (mod->alias[0]) {
-      const char *leaf = strrchr(mod->name, '.');
-      leaf = all ? "all-linear" : leaf ? leaf + 1 : mod->name;
-      return refuse_fused(m, leaf, (int)strlen(leaf), mod->alias);
-    }
     ml_linear *lin = mod->ptr;
     int64_t out = lin->weight->shape[0], in = lin->weight->shape[1];
-    lin->lora_a = ml_model_add_param(m, layer, rank, in, "%s.lora_A.weight", mod->name);
+    bool next_part =
+        mod->alias[0] && first >= 0 && strcmp(m->modules[first].alias, mod->alias) == 0;
+    if (!next_part) {
+      first = mod->alias[0] ? i : -1;
+      lin->lora_a = ml_model_add_param(m, layer, rank, in, "%s.lora_A.weight", peft_name(mod));
+    } else { /* the fused module's one lora_A */
+      lin->lora_a = ((ml_linear *)m->modules[first].ptr)->lora_a;
+    }
     lin->lora_b = ml_model_add_param(m, layer, out, rank, "%s.lora_B.weight", mod->name);
+    if (mod->alias[0]) { /* this part's rows of the fused module's lora_B */
+      snprintf(lin->lora_b->key, sizeof lin->lora_b->key, "%s.lora_B.weight", mod->alias);
+      lin->lora_b->key_row0 = lin->weight->key_row0;
+      lin->lora_b->key_rows = lin->weight->key_rows;
+    }
     lin->lora_a->adapter = lin->lora_b->adapter = true;
     lin->lora_scale = (float)scaling;
     lin->lora_drop = &m->lora_drop;
-    lin->lora_id = (uint64_t)i;
+    lin->lora_id = (uint64_t)(first >= 0 ? first : i); /* one dropout mask per PEFT module */
   }
   return 0;
 }
 
 int ml_lora_count(const ml_model *m) {
   int n = 0;
-  for (int i = 0; i < m->n_params; i++) n += m->params[i].adapter;
-  return n / 2;
+  for (int i = 0; i < m->n_modules; i++)
+    n += m->modules[i].kind == ML_MOD_LINEAR && ((const ml_linear *)m->modules[i].ptr)->lora_a;
+  return n;
 }

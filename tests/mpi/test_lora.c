@@ -116,18 +116,19 @@ static void test_parity(void **state) {
   for (int i = 0; i < mesh.e.model.n_params; i++) {
     const ml_param *p = ml_engine_export_param(&mesh.e, i);
     int64_t n = p->shape[0] * p->shape[1];
-    const ml_st_tensor *t = ml_st_find(&ref, p->name);
+    /* a fused module's lora_B (Phi-3's qkv_proj): this part's rows of PEFT's one tensor */
+    const ml_st_tensor *t = ml_st_find(&ref, p->adapter ? p->key : p->name);
     if (!p->adapter) { /* frozen base weight: no gradient at all */
       assert_null(t);
       for (int64_t k = 0; k < n; k++)
         if (gm[i][k] != 0.0f) fail_msg("%s: frozen base weight has a gradient", p->name);
       continue;
     }
-    if (!t) fail_msg("grads.safetensors has no %s", p->name);
-    adapters++;
+    if (!t) fail_msg("grads.safetensors has no %s", p->key);
+    adapters += p->key_row0 == 0; /* each of PEFT's tensors once */
     float *want = malloc(sizeof(float) * (size_t)n);
     hold(want, free);
-    if (ml_st_read_block(t, 0, p->shape[0], 0, p->shape[1], want))
+    if (ml_st_read_block(t, p->key_row0, p->shape[0], 0, p->shape[1], want))
       fail_msg("%s: %s", p->name, ml_error_msg());
     double eh = fmax(rel_l2(gm[i], want, n), rel_l2(g1[i], want, n)), ep = rel_l2(gm[i], g1[i], n);
     worst = fmax(worst, eh);
@@ -311,7 +312,7 @@ static void test_errors(void **state) {
   o.lora.dropout = 1.0;
   expect_error(&o, "lora_dropout (--lora-dropout) 1: expected a probability in [0, 1)");
   o = lora_opts(NULL);
-  o.lora.targets = "q_proj,qq_proj";
+  o.lora.targets = "o_proj,qq_proj";
   expect_error(&o, "target module 'qq_proj' not found");
   o = lora_opts(NULL);
   o.lora.rank = -2;
@@ -353,17 +354,17 @@ static void test_errors(void **state) {
   o = lora_opts(fx.dir);
   o.lora.rank = 8;
   expect_error(&o, "the adapter");
-  /* fused checkpoint linears (Phi-3's qkv_proj, gate_up_proj) and mixture-of-experts models */
+  /* a part of a fused checkpoint linear (PEFT sees Phi-3's qkv_proj, gate_up_proj only) and
+     mixture-of-experts models */
   char dir[600];
   snprintf(dir, sizeof dir, "%s/tests/fixtures/phi3", ML_SOURCE_DIR);
   static const char *const fused[][2] = {
-      {"qkv_proj", "target 'qkv_proj' covers the fused model.layers.0.self_attn.qkv_proj (one "
-                   "checkpoint linear for q_proj, k_proj, v_proj)"},
-      {"o_proj,gate_up_proj", "target 'gate_up_proj' covers the fused "
-                              "model.layers.0.mlp.gate_up_proj (one checkpoint linear for "
-                              "gate_proj, up_proj)"},
-      {"q_proj", "target 'q_proj' covers the fused model.layers.0.self_attn.qkv_proj"},
-      {"all-linear", "target 'all-linear' covers the fused model.layers.0.self_attn.qkv_proj"}};
+      {"q_proj", "target module 'q_proj' is a part of the fused "
+                 "model.layers.0.self_attn.qkv_proj (one checkpoint linear for q_proj, k_proj, "
+                 "v_proj), which PEFT adapts as one module; expected 'qkv_proj'"},
+      {"o_proj,up_proj", "target module 'up_proj' is a part of the fused "
+                         "model.layers.0.mlp.gate_up_proj (one checkpoint linear for gate_proj, "
+                         "up_proj), which PEFT adapts as one module; expected 'gate_up_proj'"}};
   for (size_t i = 0; i < sizeof fused / sizeof fused[0]; i++) {
     o = lora_opts(NULL);
     o.lora.targets = fused[i][0];
@@ -691,10 +692,13 @@ static void test_streams(void **state) {
   for (int k = 0; k < a.e.model.n_params; k++) {
     const ml_param *p = ml_engine_export_param(&a.e, k);
     char key[300];
-    snprintf(key, sizeof key, "base_model.model.%s", p->name);
-    if (p->adapter) assert_file_tensor(&peft, key, p, ad.t[k]);
-    else assert_null(ad.t[k]); /* the adapters-only view moved no base parameter */
-    n_ad += p->adapter;
+    snprintf(key, sizeof key, "base_model.model.%s", p->key);
+    /* a fused module's lora_B comes whole at its first part's index, PEFT's key and shape */
+    ml_param whole = *p;
+    whole.shape[0] = p->key_rows;
+    if (p->adapter && p->key_row0 == 0) assert_file_tensor(&peft, key, &whole, ad.t[k]);
+    else assert_null(ad.t[k]); /* no base parameter, no later part on its own */
+    n_ad += p->adapter && p->key_row0 == 0;
   }
   assert_int_equal((size_t)n_ad, peft.n);
   if (rank0()) {
@@ -707,8 +711,13 @@ static void test_streams(void **state) {
         assert_null(mg.t[k]); /* the merged view hands no adapter on */
         continue;
       }
-      assert_file_tensor(&mfile, p->key, p, mg.t[k]);
-      n_base++;
+      /* a part of a fused checkpoint tensor: its rows of it */
+      const ml_st_tensor *t = ml_st_find(&mfile, p->key);
+      if (!t) fail_msg("%s has no tensor %s", mfile.path, p->key);
+      size_t row = sizeof(float) * (size_t)p->shape[1];
+      assert_memory_equal((const char *)t->data + row * (size_t)p->key_row0, mg.t[k],
+                          row * (size_t)p->shape[0]);
+      n_base += p->key_row0 == 0;
     }
     assert_int_equal((size_t)n_base, mfile.n);
     printf("streams: %d adapters bitwise PEFT's file, %d merged tensors bitwise the merged "

@@ -69,6 +69,15 @@ static int refuse_part(const ml_model *m, const char *target, int n, const char 
                 n, target, alias, parts, leaf ? leaf + 1 : alias);
 }
 
+/* Whether lin is the router or an expert of a layer's mixture-of-experts block. */
+static bool in_moe(const ml_model *m, const ml_linear *lin) {
+  int64_t n = (int64_t)m->cfg.n_layers * 3 * m->cfg.n_experts;
+  if (m->experts && lin >= m->experts && lin < m->experts + n) return true;
+  for (int l = 0; l < m->cfg.n_layers; l++)
+    if (lin == &m->layers[l].moe.gate) return true;
+  return false;
+}
+
 /* Each name of the list matches some linear of a layer. */
 static int check_names(const ml_model *m, const char *targets) {
   for (const char *t = targets; *t;) {
@@ -100,10 +109,6 @@ int ml_lora_attach(ml_model *m, int64_t rank, double scaling, const char *target
   if (!targets || !*targets)
     return ml_err("lora_targets (--lora-targets) is empty; expected module names such as "
                   "q_proj,v_proj, or all-linear");
-  if (m->cfg.n_experts > 0)
-    return ml_err("lora_rank (--lora-rank) %lld: LoRA on the mixture-of-experts %s model is not "
-                  "supported; expected a dense model", (long long)rank,
-                  m->cfg.family->architecture);
   bool all = strcmp(targets, "all-linear") == 0;
   if (!all) ML_TRY(check_names(m, targets));
   int n_modules = m->n_modules, first = -1; /* first: the fused group's first part */
@@ -112,6 +117,13 @@ int ml_lora_attach(ml_model *m, int64_t rank, double scaling, const char *target
     int layer;
     if (!layer_linear(mod, m, &layer) || !is_target(mod, targets, all)) continue;
     ml_linear *lin = mod->ptr;
+    if (in_moe(m, lin))
+      return ml_err("lora_targets (--lora-targets) '%s': %s is a linear of the "
+                    "mixture-of-experts block (its router or an expert) of the %s model; LoRA "
+                    "there is not supported (PEFT adapts the router as a linear and the "
+                    "experts through target_parameters); expected targets outside it, such as "
+                    "q_proj,k_proj,v_proj,o_proj", targets, mod->name,
+                    m->cfg.family->architecture);
     int64_t out = lin->weight->shape[0], in = lin->weight->shape[1];
     bool next_part =
         mod->alias[0] && first >= 0 && strcmp(m->modules[first].alias, mod->alias) == 0;

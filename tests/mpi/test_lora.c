@@ -1,7 +1,9 @@
 /* LoRA (engine/lora.h, model/lora.h):
- * `mpiexec -n N test_lora LORA_FIXTURE BASE_FIXTURE [dpr=R] [cp=C] [tp=T] [sp]` (the mesh: R
- * HSDP replicas of dp_shard N / (R·C·T), context parallel C, tensor parallel T with the auto
- * plan's LoRA-aware placements, sp: sequence parallel). The fixture (tools/gen_lora_fixtures.py) is a PEFT adapter with non-zero
+ * `mpiexec -n N test_lora LORA_FIXTURE BASE_FIXTURE [dpr=R] [cp=C] [tp=T] [sp] [ep=E]
+ * [targets=LIST]` (the mesh: R HSDP replicas of dp_shard N / (R·C·T), context parallel C, tensor
+ * parallel T with the auto plan's LoRA-aware placements, sp: sequence parallel, E: expert
+ * parallelism of a mixture-of-experts model; targets: the seeded runs' lora_targets, all-linear
+ * unless given). The fixture (tools/gen_lora_fixtures.py) is a PEFT adapter with non-zero
  * lora_A and lora_B on the base fixture, and PEFT's float64 loss,
  * log-probs and adapter gradients. The mesh (dp_shard = N) and one rank
  * (MPI_COMM_SELF) must reproduce them within tolerance.h §8 and each
@@ -49,6 +51,8 @@ static int g_dpr = 1; /* HSDP replicas of the mesh runs (dpr=N) */
 static int g_cp = 1;  /* context parallelism of the mesh runs (cp=N) */
 static int g_tp = 1;  /* tensor parallelism of the mesh runs (tp=N) */
 static bool g_sp;     /* sequence parallelism of the mesh runs (sp) */
+static const char *g_targets = "all-linear"; /* the seeded runs' targets (targets=LIST) */
+static int g_ep = 1;  /* expert parallelism of the mesh runs (ep=N) */
 static char g_base_dir[512];
 
 static void st_release(void *p) { ml_st_close(p); }
@@ -60,7 +64,7 @@ static ml_engine_opts lora_opts(const char *adapter) {
   o.lora = (ml_lora_opts){.adapter = adapter, .alpha = 8, .seed = 5};
   if (!adapter) {
     o.lora.rank = 4;
-    o.lora.targets = "all-linear";
+    o.lora.targets = g_targets;
   }
   return o;
 }
@@ -69,7 +73,7 @@ static ml_engine_opts lora_opts(const char *adapter) {
 static void mesh_open(run *r, const ml_engine_opts *o) {
   ml_engine_opts m = *o;
   m.sequence_parallel = g_sp;
-  run_open_mesh(r, MPI_COMM_WORLD, g_dpr, g_cp, g_tp, &m, g_base_dir, NULL, NULL);
+  run_open_ep(r, MPI_COMM_WORLD, g_dpr, g_cp, g_tp, g_ep, &m, g_base_dir, NULL, NULL);
 }
 
 static double step(run *r, const fixture *fx) {
@@ -372,8 +376,12 @@ static void test_errors(void **state) {
   }
   snprintf(dir, sizeof dir, "%s/tests/fixtures/qwen3_moe", ML_SOURCE_DIR);
   o = lora_opts(NULL);
-  expect_error_on(dir, &o, "LoRA on the mixture-of-experts Qwen3MoeForCausalLM model is not "
-                           "supported");
+  o.lora.targets = "all-linear";
+  expect_error_on(dir, &o, "lora_targets (--lora-targets) 'all-linear': model.layers.1.mlp.gate "
+                           "is a linear of the mixture-of-experts block (its router or an expert)");
+  o.lora.targets = "o_proj,up_proj";
+  expect_error_on(dir, &o, "model.layers.1.mlp.experts.0.up_proj is a linear of the "
+                           "mixture-of-experts block");
   fixture_free(&fx);
 }
 
@@ -767,7 +775,7 @@ static void test_generate_merged(void **state) {
   snprintf(dir, sizeof dir, "%s", scratch("gen_merged"));
   if (ml_engine_save_lora(&lora.e, dir, true, ML_EXPORT_DTYPE_SOURCE))
     fail_msg("export: %s", ml_error_msg());
-  run_open_mesh(&merged, MPI_COMM_WORLD, g_dpr, 1, g_tp, &plain, dir, NULL, NULL);
+  run_open_ep(&merged, MPI_COMM_WORLD, g_dpr, 1, g_tp, g_ep, &plain, dir, NULL, NULL);
   int32_t tl[GEN_PROMPTS * GEN_NEW], tm[GEN_PROMPTS * GEN_NEW];
   int64_t ll[GEN_PROMPTS], lm[GEN_PROMPTS];
   float pl[GEN_PROMPTS * GEN_NEW], pm[GEN_PROMPTS * GEN_NEW];
@@ -804,10 +812,13 @@ int main(int argc, char **argv) {
     else if (!strncmp(argv[i], "cp=", 3)) g_cp = atoi(argv[i] + 3);
     else if (!strncmp(argv[i], "tp=", 3)) g_tp = atoi(argv[i] + 3);
     else if (!strcmp(argv[i], "sp")) g_sp = true;
+    else if (!strncmp(argv[i], "targets=", 8)) g_targets = argv[i] + 8;
+    else if (!strncmp(argv[i], "ep=", 3)) g_ep = atoi(argv[i] + 3);
     else usage = true;
   }
-  if (usage || g_dpr < 1 || g_cp < 1 || g_tp < 1) {
-    fprintf(stderr, "usage: test_lora LORA_FIXTURE BASE_FIXTURE [dpr=N] [cp=N] [tp=N] [sp]\n");
+  if (usage || g_dpr < 1 || g_cp < 1 || g_tp < 1 || g_ep < 1) {
+    fprintf(stderr, "usage: test_lora LORA_FIXTURE BASE_FIXTURE [dpr=N] [cp=N] [tp=N] [sp] "
+                    "[ep=N] [targets=LIST]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];

@@ -97,3 +97,25 @@ def test_lora_views_refused(model_dir):
             p.refit(lora="merged")
         with pytest.raises(meshlm.MeshlmError, match="no LoRA adapters to merge"):
             p.export("unused", merge_lora=True)
+
+
+def test_lora_dropout(model_dir):
+    """lora_dropout through the library: the second training step's loss differs from
+    p = 0's (the first's cannot: lora_B starts at 0, so only its gradients differ), and
+    scoring is off dropout: the p = 0.3 policy's trained weights, reloaded into a p = 0
+    policy, score bitwise alike on both."""
+    losses = {}
+    for p in (0.0, 0.3):
+        with meshlm.Policy(model_dir, lr=1e-2, max_grad_norm=0, lora_rank=4,
+                           lora_targets=TARGETS, lora_seed=7, lora_dropout=p) as pol:
+            seqs = make_seqs(4, seed=5)[pol.info["dp_rank"]::pol.info["dp_size"]]
+            pol.train_step(seqs)
+            losses[p] = pol.train_step(seqs)["loss"]
+            if p == 0.3:
+                trained = pol.refit(root=-1)
+                dropped, _ = pol.logprobs(seqs)
+    assert losses[0.0] != losses[0.3]
+    with meshlm.Policy(model_dir, lora_rank=4, lora_targets=TARGETS, lora_seed=7) as plain:
+        plain.reload_tensors(trained)
+        kept, _ = plain.logprobs(seqs)
+    assert [x.tobytes() for x in dropped] == [x.tobytes() for x in kept]

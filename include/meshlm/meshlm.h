@@ -898,7 +898,9 @@ typedef enum meshlm_lora_view {
 } meshlm_lora_view;
 
 /* COLLECTIVE. meshlm_refit of a LoRA session's `view`: one full tensor at a
- * time, in refit order, to rank `root` (every rank when root < 0), fn
+ * time (MESHLM_LORA_ADAPTERS: a fused module's lora_B — Phi-3's qkv_proj,
+ * which meshlm_refit hands as its parts' rows, "…q_proj.lora_B.weight" — as
+ * PEFT's one tensor "…qkv_proj.lora_B.weight"), in refit order, to rank `root` (every rank when root < 0), fn
  * called on the receiving rank(s) only. Merged weights are merged on the
  * fly, one tensor at a time (the adapters gathered on the receivers first,
  * 2·r·(in + out) floats per adapted linear): the receiver never holds a

@@ -17,7 +17,8 @@
  * module names' last components — PEFT resolves all-linear to them —,
  * bias "none", base_model_name_or_path e->model_dir, PEFT's defaults for
  * the rest) and adapter_model.safetensors (every adapter in fp32, its
- * master's values, keyed base_model.model.<param name>, e.g.
+ * master's values, keyed base_model.model.<param key> — a fused module's
+ * lora_B parts written as PEFT's one tensor over their rows —, e.g.
  * base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight). merge
  * true: the HF checkpoint ml_engine_save_hf writes for a plain run, each
  * adapted weight replaced by W + scaling · B·A (the product summed in

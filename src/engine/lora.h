@@ -76,7 +76,8 @@ void ml_lora_freeze_base(ml_model *m);
 
 /* Set the adapters' values in FSDP's shards f of m (then synced to the
  * parameters, ml_fsdp_sync_params): from l->adapter's
- * adapter_model.safetensors (PEFT's keys base_model.model.<param name>),
+ * adapter_model.safetensors (PEFT's keys base_model.model.<param key>: the
+ * name, or for a fused module's lora_B parts their rows of its one tensor),
  * or from l->seed (lora_A Kaiming-uniform(a = √5), U(−1/√in, 1/√in), the
  * adapters drawn in parameter order from one splitmix64 stream, the same
  * on every rank; lora_B zeros). Every rank calls it. Errors: allocation,

@@ -13,7 +13,9 @@
 #      than full fine-tuning's (the adapters only: the units' trainable prefix); activation
 #      checkpointing and CPU offload leave the losses bitwise;
 #  (d) config keys lora_targets (a JSON list) and lora_use_rslora equal the flags;
-#  (e) errors: --lora-dropout 1, an unknown target, --merge-lora without LoRA.
+#  (e) errors: --lora-dropout 1, an unknown target, --merge-lora without LoRA;
+#  (f) --lora-dropout 0.1 trains (its second step's loss differs from p = 0's: lora_B starts at
+#      0, so the first step's loss cannot) and the PEFT export records lora_dropout 0.1.
 # usage: test_lora.sh MESHLM SOURCE_DIR JSON_CHECK TOL_BOUND ST_LIST
 set -u
 meshlm=$1
@@ -184,6 +186,19 @@ if [ -s "$work/c1.jsonl" ] && [ "$(losses "$work/c1.jsonl")" = "$(losses "$work/
   ok "config keys lora_* = the flags"
 else
   bad "config keys"
+fi
+
+# (f) LoRA dropout from the command line
+launch 1 "${base[@]}" --steps 2 --metrics "$work/p0.jsonl" > /dev/null 2> "$work/err"
+if launch 1 "${base[@]}" --steps 2 --lora-dropout 0.1 --metrics "$work/p1.jsonl" \
+  --export-hf "$work/adp" > /dev/null 2> "$work/err" &&
+  [ "$(losses "$work/p0.jsonl" | head -1)" = "$(losses "$work/p1.jsonl" | head -1)" ] &&
+  [ "$(losses "$work/p0.jsonl" | tail -1)" != "$(losses "$work/p1.jsonl" | tail -1)" ] &&
+  grep -q '"lora_dropout": 0.1' "$work/adp/adapter_config.json"; then
+  ok "--lora-dropout 0.1 trains, its export records it"
+else
+  bad "--lora-dropout 0.1: $(losses "$work/p0.jsonl" | tr '\n' ' ') vs $(losses "$work/p1.jsonl" |
+    tr '\n' ' '); $(head -3 "$work/err")"
 fi
 
 # (e) errors

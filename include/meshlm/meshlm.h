@@ -187,7 +187,8 @@ typedef struct meshlm_options {
      every base weight frozen; lora_A Kaiming-uniform from lora_seed, lora_B 0 */
   int64_t lora_rank;        /* 0: no LoRA unless `adapter` is set; else r >= 1 */
   double lora_alpha;        /* default 8 */
-  double lora_dropout;      /* [0, 1): PEFT's dropout on lora_A's input in training */
+  double lora_dropout;      /* [0, 1): PEFT's dropout on lora_A's input in training; with
+                               `adapter`, 0 (its lora_dropout) or the adapter's value */
   const char *lora_targets; /* comma-separated linear module names (q_proj,v_proj) or
                                "all-linear" (default: every decoder linear); copied */
   int lora_use_rslora;      /* 1: scaling lora_alpha / sqrt(r) */

@@ -126,8 +126,12 @@ static bool names_within(const char *a, const char *b) {
 
 /* Options that configure LoRA themselves (a rank > 0) must agree with the
  * adapter's configuration: r, lora_alpha, use_rslora and target_modules
- * (as sets). */
+ * (as sets); a lora_dropout other than 0 must be the adapter's. */
 static int agree(const ml_lora *l, const ml_lora_opts *o) {
+  if (o->dropout != 0 && o->dropout != l->dropout)
+    return ml_err("lora_dropout (--lora-dropout) %g with the adapter %s, whose lora_dropout is %g; "
+                  "expected 0 (the adapter's) or %g (edit its adapter_config.json to change it)",
+                  o->dropout, o->adapter, l->dropout, l->dropout);
   if (o->rank <= 0) return 0;
   const char *t = o->targets ? o->targets : "";
   if (o->rank != l->rank || o->alpha != l->alpha || o->rslora != l->rslora ||

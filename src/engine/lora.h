@@ -55,7 +55,8 @@ typedef struct ml_lora {
 
 /* Settle the configuration from o (and o->adapter's adapter_config.json,
  * whose r, lora_alpha, use_rslora and target_modules must equal o's when
- * o->rank > 0; with rank 0 the adapter's configuration rules) and attach the adapters to m (ml_lora_attach).
+ * o->rank > 0, and lora_dropout o's when o->dropout is not 0; with rank 0
+ * the adapter's configuration rules) and attach the adapters to m (ml_lora_attach).
  * Off (rank 0, no adapter): nothing. m->lora_drop.p takes lora_dropout
  * (inactive until ml_lora_dropout_begin). Errors (naming
  * the option / field): lora_dropout outside [0, 1), adapter_config.json unreadable or with an

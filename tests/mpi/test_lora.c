@@ -358,6 +358,9 @@ static void test_errors(void **state) {
   o = lora_opts(fx.dir);
   o.lora.rank = 8;
   expect_error(&o, "the adapter");
+  o = lora_opts(fx.dir);
+  o.lora.dropout = 0.2;
+  expect_error(&o, "lora_dropout (--lora-dropout) 0.2 with the adapter");
   /* a part of a fused checkpoint linear (PEFT sees Phi-3's qkv_proj, gate_up_proj only) and
      mixture-of-experts models */
   char dir[600];

@@ -24,7 +24,9 @@ Config: r 4, lora_alpha 8 (scaling 2), lora_dropout 0, bias "none"; llama: the
 seven decoder linears by name; qwen2: use_rslora (scaling 8 / sqrt(4) = 4) on
 q_proj,v_proj only; gemma3: "all-linear" (PEFT resolves it to every linear but
 the output layer and writes the names it found); llama_h9kv3 (9 heads, 3 kv heads): the
-seven by name.
+seven by name; phi3: "all-linear" (qkv_proj, o_proj, gate_up_proj, down_proj: two fused);
+qwen3_moe: q_proj,k_proj,v_proj,o_proj (the experts and router frozen).
+`--only NAME` writes that fixture alone.
 """
 import argparse
 import json
@@ -43,6 +45,12 @@ FIXTURES = [
     # 9 query heads, 3 kv heads: on tp 2 and 4 a kv head is held by two ranks, so are lora_B's
     # rows of k_proj / v_proj (their gradients summed over the holders)
     dict(name="llama_h9kv3_lora", base="llama_h9kv3", targets=ALL, rslora=False, seed=14),
+    # Phi-3's fused checkpoint linears: PEFT adapts qkv_proj and gate_up_proj as one module each
+    # (one lora_A, one lora_B over the parts' rows); meshlm shares lora_A among the parts
+    dict(name="phi3_lora", base="phi3", targets="all-linear", rslora=False, seed=15),
+    # a mixture-of-experts model: attention's linears adapted, the router and experts frozen
+    dict(name="qwen3_moe_lora", base="qwen3_moe", targets=ALL[:4], rslora=False, seed=16,
+         moe=True),
 ]
 PREFIX = "base_model.model."
 
@@ -56,8 +64,10 @@ def make(fx, root):
     ids = torch.tensor(base["input_ids"])
     mask = torch.tensor(base["loss_mask"]) if "loss_mask" in base else None
 
+    # the experts as per-expert loops (float64 has no grouped GEMM), as gen_fixtures.py loads them
+    moe_kw = {"experts_implementation": "eager"} if fx.get("moe") else {}
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32,
-                                                 attn_implementation="eager")
+                                                 attn_implementation="eager", **moe_kw)
     cfg = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=fx["targets"],
                      bias="none", task_type="CAUSAL_LM", use_rslora=fx["rslora"])
     peft = get_peft_model(model, cfg)
@@ -72,12 +82,15 @@ def make(fx, root):
     # float64 reference of the float32 values just saved
     peft = peft.to(torch.float64)
     peft.train(False)
-    logits = peft(input_ids=ids).logits
+    out_ = peft(input_ids=ids)
+    logits = out_.logits
     lsm = torch.log_softmax(logits[:, :-1, :], dim=-1)
     tgt = ids[:, 1:]
     logprobs = lsm.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
     sel = torch.ones_like(tgt, dtype=torch.bool) if mask is None else mask[:, 1:].bool()
     loss = -(logprobs[sel]).sum() / sel.sum()
+    if getattr(out_, "aux_loss", None) is not None:  # the MoE load-balancing term, as
+        loss = loss + model.config.router_aux_loss_coef * out_.aux_loss  # gen_fixtures.py adds it
     loss.backward()
     grads = {}
     for n, p in peft.named_parameters():
@@ -110,9 +123,11 @@ def make(fx, root):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="tests/fixtures")
+    ap.add_argument("--only", help="write this fixture alone (e.g. phi3_lora)")
     args = ap.parse_args()
     for fx in FIXTURES:
-        make(fx, args.out)
+        if args.only in (None, fx["name"]):
+            make(fx, args.out)
 
 
 if __name__ == "__main__":

@@ -187,7 +187,8 @@ typedef struct meshlm_options {
      every base weight frozen; lora_A Kaiming-uniform from lora_seed, lora_B 0 */
   int64_t lora_rank;        /* 0: no LoRA unless `adapter` is set; else r >= 1 */
   double lora_alpha;        /* default 8 */
-  double lora_dropout;      /* only 0 is supported (meshlm_open fails otherwise) */
+  double lora_dropout;      /* [0, 1): PEFT's dropout on lora_A's input in training; with
+                               `adapter`, 0 (its lora_dropout) or the adapter's value */
   const char *lora_targets; /* comma-separated linear module names (q_proj,v_proj) or
                                "all-linear" (default: every decoder linear); copied */
   int lora_use_rslora;      /* 1: scaling lora_alpha / sqrt(r) */
@@ -878,6 +879,45 @@ typedef struct meshlm_scores {
  * parallelism (cp > 1: not implemented). */
 MESHLM_API int meshlm_score(meshlm_session *s, const meshlm_seqs *batch, const uint8_t *mask,
                             const meshlm_scores *out);
+
+/* ---- LoRA refit and merged export (issue 33 item 4) ---------------------------------- */
+
+/* Which tensors of a LoRA session (meshlm_options.lora_rank / adapter)
+ * meshlm_refit_lora streams. */
+typedef enum meshlm_lora_view {
+  MESHLM_LORA_ADAPTERS = 1, /* the adapters alone, under PEFT's keys
+                               ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight",
+                               lora_A [r, in], lora_B [out, r]) as adapter_model.safetensors
+                               holds them: what vLLM's LoRA loading (LoRAModel.from_lora_tensors
+                               with the adapter_config.json meshlm_export writes) takes. SOURCE
+                               dtype: F32 (the adapters' masters) */
+  MESHLM_LORA_MERGED = 2    /* the base model's tensors (meshlm_weight_info's names, adapters
+                               left out), each adapted weight W replaced by W + scaling·B·A
+                               (PEFT's merge_and_unload; the product summed in double, rounded
+                               once to fp32, then to dtype; SOURCE: the source checkpoint's
+                               dtype): what a plain model (vLLM without LoRA) loads */
+} meshlm_lora_view;
+
+/* COLLECTIVE. meshlm_refit of a LoRA session's `view`: one full tensor at a
+ * time (MESHLM_LORA_ADAPTERS: a fused module's lora_B — Phi-3's qkv_proj,
+ * which meshlm_refit hands as its parts' rows, "…q_proj.lora_B.weight" — as
+ * PEFT's one tensor "…qkv_proj.lora_B.weight"), in refit order, to rank `root` (every rank when root < 0), fn
+ * called on the receiving rank(s) only. Merged weights are merged on the
+ * fly, one tensor at a time (the adapters gathered on the receivers first,
+ * 2·r·(in + out) floats per adapted linear): the receiver never holds a
+ * second copy of the model. The merged view is byte for byte what
+ * meshlm_export_merged writes with the same dtype. Errors: a session
+ * without LoRA, view not MESHLM_LORA_ADAPTERS or _MERGED, meshlm_refit's. */
+MESHLM_API int meshlm_refit_lora(meshlm_session *s, int root, meshlm_dtype dtype,
+                                 meshlm_lora_view view, meshlm_tensor_fn fn, void *ctx);
+
+/* COLLECTIVE. Write a LoRA session's merged model as an HF checkpoint in
+ * dir (`meshlm train --export-hf DIR --merge-lora`: the source's
+ * config.json, tokenizer and untrained tensors carried over, every adapted
+ * weight W + scaling·B·A in dtype, no adapter). meshlm_export writes the
+ * PEFT adapter directory instead. Errors: a session without LoRA,
+ * meshlm_export's. */
+MESHLM_API int meshlm_export_merged(meshlm_session *s, const char *dir, meshlm_dtype dtype);
 
 /* The command-line program: `meshlm <command> [flags]` (argv[0] the
  * program name). Initialises and finalises MPI itself; returns the exit

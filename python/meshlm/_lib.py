@@ -28,6 +28,7 @@ RESHARD_DEFAULT, RESHARD_ALWAYS, RESHARD_NEVER = 0, 1, 2
 LR_CONSTANT, LR_LINEAR, LR_COSINE = 0, 1, 2
 LOSS_NLL, LOSS_WEIGHTED_NLL, LOSS_CLIPPED_PG = 0, 1, 2
 LOSS_CUSTOM = 3
+LORA_ADAPTERS, LORA_MERGED = 1, 2  # meshlm_lora_view
 IS_OFF, IS_TOKEN, IS_SEQUENCE = 0, 1, 2  # meshlm_is_level
 IS_TRUNC_NONE, IS_TRUNC_TIS, IS_TRUNC_ICEPOP, IS_TRUNC_SEQ_MASK_TIS = 0, 1, 2, 3
 
@@ -346,6 +347,8 @@ _PROTOTYPES = {
     "meshlm_register_family": (c_int, [POINTER(meshlm_family), c_char_p, c_size_t]),
     "meshlm_score": (c_int, [session_p, POINTER(meshlm_seqs), POINTER(c_uint8),
                              POINTER(meshlm_scores)]),
+    "meshlm_refit_lora": (c_int, [session_p, c_int, c_enum, c_enum, meshlm_tensor_fn, c_void_p]),
+    "meshlm_export_merged": (c_int, [session_p, c_char_p, c_enum]),
 }
 # without these the library is not meshlm's; any other function a library
 # lacks (an older one) raises MeshlmError when called

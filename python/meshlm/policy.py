@@ -259,6 +259,7 @@ def f32_to_bf16(values: ArrayLike) -> NDArray[np.uint16]:
 _DTYPES = {"source": L.DTYPE_SOURCE, "fp32": L.DTYPE_F32, "f32": L.DTYPE_F32,
            "float32": L.DTYPE_F32, "bf16": L.DTYPE_BF16, "bfloat16": L.DTYPE_BF16}
 _DTYPE_NAMES = {L.DTYPE_SOURCE: "source", L.DTYPE_F32: "fp32", L.DTYPE_BF16: "bf16"}
+_LORA_VIEWS = {"adapters": L.LORA_ADAPTERS, "merged": L.LORA_MERGED}
 _AC = {"none": L.AC_NONE, "full": L.AC_FULL, "layer": L.AC_FULL, "selective": L.AC_SELECTIVE,
        "mlp": L.AC_MLP}
 _RESHARD = {"default": L.RESHARD_DEFAULT, "true": L.RESHARD_ALWAYS, "always": L.RESHARD_ALWAYS,
@@ -526,7 +527,7 @@ class Policy:
     strings or one comma-separated string, e.g. ["model.embed_tokens.*",
     "model.layers.0.*"]; a pattern matching nothing or freezing everything
     raises MeshlmError (README: --freeze).
-    lora_rank, lora_alpha, lora_dropout (only 0), lora_targets (a list of linear
+    lora_rank, lora_alpha, lora_dropout ([0, 1)), lora_targets (a list of linear
     module names or one comma-separated string, or "all-linear"), lora_use_rslora,
     lora_seed: LoRA adapters with PEFT LoraConfig's semantics, every base weight
     frozen (README: --lora-rank); adapter: a PEFT LoRA adapter directory to start
@@ -1155,11 +1156,17 @@ class Policy:
         self._check(self._lib.meshlm_resume(self._session(), os.fsencode(dir)), "meshlm_resume")
         self._info = self._get_info()
 
-    def export(self, dir: StrPath, dtype: str = "source") -> None:
+    def export(self, dir: StrPath, dtype: str = "source", merge_lora: bool = False) -> None:
         """COLLECTIVE. Write the current weights as an HF checkpoint in dir
         (config.json, tokenizer and untrained tensors of the source carried
-        over), trained tensors in dtype: "source", "fp32" or "bf16"."""
+        over), trained tensors in dtype: "source", "fp32" or "bf16".  A LoRA
+        policy writes its PEFT adapter directory, or with merge_lora=True the
+        merged model (W + scaling*B*A in every adapted weight, `--merge-lora`)."""
         d = _choice(_DTYPES, dtype, "dtype")
+        if merge_lora:
+            self._check(self._lib.meshlm_export_merged(self._session(), os.fsencode(dir), d),
+                        "meshlm_export_merged")
+            return
         self._check(self._lib.meshlm_export(self._session(), os.fsencode(dir), d), "meshlm_export")
 
     def reload(self, dir: StrPath) -> None:
@@ -1172,14 +1179,24 @@ class Policy:
     def _receives(self, root: int) -> bool:
         return root < 0 or self._rank() == root
 
-    def refit(self, root: int = 0, dtype: str = "source") -> Optional[Dict[str, WeightArray]]:
+    def refit(self, root: int = 0, dtype: str = "source",
+              lora: Optional[str] = None) -> Optional[Dict[str, WeightArray]]:
         """COLLECTIVE. The current weights, full, in HF names (what NeMo RL's
         refit hands to vLLM): a dict name -> numpy array (shape of the HF
         tensor) on the receiving rank(s) -- rank root of the session, or every
         rank when root < 0 -- and None on the others.  dtype: "source" (each
         tensor in the source checkpoint's dtype), "fp32" or "bf16"; float32
         arrays for fp32, uint16 raw bits for bf16 (bf16_to_f32 converts).
-        Byte-equal to what export(dir, dtype) writes."""
+        Byte-equal to what export(dir, dtype) writes.  lora (a LoRA policy):
+        "adapters" -- the adapters alone under PEFT's keys
+        (base_model.model.<name>, what vLLM's LoRA loading takes), or
+        "merged" -- the base tensors with W + scaling*B*A merged into each
+        adapted weight, byte-equal to export(dir, dtype, merge_lora=True);
+        None: every parameter, adapters beside the base (meshlm_refit)."""
+        if lora is not None:
+            got: Dict[str, WeightArray] = {}
+            self.refit_stream(lambda name, a: got.__setitem__(name, a), root, dtype, lora=lora)
+            return got if self._receives(int(root)) else None
         s = self._session()
         d = _choice(_DTYPES, dtype, "dtype")
         root = int(root)
@@ -1198,7 +1215,8 @@ class Policy:
         return out
 
     def refit_stream(self, fn: Callable[[str, WeightArray], object], root: int = 0,
-                     dtype: str = "source", copy: bool = True) -> None:
+                     dtype: str = "source", copy: bool = True,
+                     lora: Optional[str] = None) -> None:
         """COLLECTIVE. Stream the current weights one full tensor at a time
         (refit order) to rank root (every rank when root < 0): on the receiving
         rank(s) fn(name, array) is called per tensor, array float32 or uint16
@@ -1206,9 +1224,12 @@ class Policy:
         library's buffer, valid only during the call (copy it to keep it).
         fn returning False, or raising, stops the refit: every rank raises
         MeshlmError, and the raising rank re-raises fn's exception.  The
-        receiver holds one full tensor at a time beyond its shards."""
+        receiver holds one full tensor at a time beyond its shards.  lora: as
+        refit's ("adapters", "merged"; merged weights are merged one tensor at a
+        time as they stream)."""
         s = self._session()
         d = _choice(_DTYPES, dtype, "dtype")
+        view = None if lora is None else _choice(_LORA_VIEWS, lora, "lora")
         failure: List[BaseException] = []
 
         def tramp(ctx: Optional[int], name: bytes, dt: int, ndim: int, shape: Any,
@@ -1228,10 +1249,14 @@ class Policy:
                 return 1
 
         cb = L.meshlm_tensor_fn(tramp)  # kept alive for the call by this local
-        rc = self._lib.meshlm_refit(s, int(root), d, cb, None)
+        if view is None:
+            rc, call = self._lib.meshlm_refit(s, int(root), d, cb, None), "meshlm_refit"
+        else:
+            call = "meshlm_refit_lora"
+            rc = self._lib.meshlm_refit_lora(s, int(root), d, view, cb, None)
         if failure:
             raise failure[0]
-        self._check(rc, "meshlm_refit")
+        self._check(rc, call)
 
     def reload_tensors(self, tensors: Mapping[str, ArrayLike]) -> None:
         """COLLECTIVE. Replace the given weights from memory (not the optimizer

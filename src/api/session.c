@@ -118,7 +118,8 @@ static const char *const k_calls[API_CALL_KINDS] = {
     "meshlm_save",   "meshlm_resume", "meshlm_export",     "meshlm_refit",
     "meshlm_reload", "meshlm_reload_tensors", "meshlm_generate", "meshlm_zero_grad",
     "meshlm_forward_backward", "meshlm_optimizer_step", "meshlm_eval_loss",
-    "meshlm_set_reference", "meshlm_reference_logprobs", "meshlm_score"};
+    "meshlm_set_reference", "meshlm_reference_logprobs", "meshlm_score",
+    "meshlm_refit_lora", "meshlm_export_merged"};
 
 int api_leave(meshlm_session *s, int rc) {
   if (rc == 0) return 0;

@@ -9,6 +9,7 @@
 #include "io/checkpoint.h"
 #include "ckpt/hf_source.h"
 #include "ckpt/runckpt.h"
+#include "ckpt/lora_export.h"
 #include "ckpt/save.h"
 
 int meshlm_save(meshlm_session *s, const char *dir) {
@@ -44,6 +45,18 @@ int meshlm_export(meshlm_session *s, const char *dir, meshlm_dtype dtype) {
   if (rc == 0 && !dir) rc = ml_err("meshlm_export: dir is NULL");
   if (api_agree(s, rc)) return -1;
   return api_agree(s, ml_engine_save_hf(&s->e, dir, d));
+}
+
+int meshlm_export_merged(meshlm_session *s, const char *dir, meshlm_dtype dtype) {
+  ML_TRY(api_enter(s, API_CALL_EXPORT_MERGED));
+  ml_export_dtype d = ML_EXPORT_DTYPE_SOURCE;
+  int rc = export_dtype(dtype, &d, "meshlm_export_merged");
+  if (rc == 0 && !dir) rc = ml_err("meshlm_export_merged: dir is NULL");
+  if (rc == 0 && !s->e.lora.on)
+    rc = ml_err("meshlm_export_merged: the session has no LoRA adapters to merge; expected "
+                "meshlm_options.lora_rank > 0 or an adapter (meshlm_export writes a plain model)");
+  if (api_agree(s, rc)) return -1;
+  return api_agree(s, ml_engine_save_lora(&s->e, dir, true, d));
 }
 
 /* ------------------------------------------------------ the weight table */
@@ -138,6 +151,8 @@ typedef struct refit_ctx {
   void *const *bufs; /* refit_into */
   uint16_t *bf16;    /* [largest tensor] conversion staging */
   bool stopped;
+  const char *call;  /* the API function, for messages */
+  bool peft_keys;    /* MESHLM_LORA_ADAPTERS: names under PEFT's base_model.model. */
 } refit_ctx;
 
 static int refit_sink(void *ctx, int k, const ml_param *p, const float *global) {
@@ -157,26 +172,41 @@ static int refit_sink(void *ctx, int k, const ml_param *p, const float *global) 
     memcpy(r->bufs[k], data, nbytes);
     return 0;
   }
+  char peft[sizeof(weight_name) + 32];
+  const char *name = r->s->wnames[k];
+  if (r->peft_keys) { /* the adapter's key: a fused module's lora_B comes whole (lora_export.h) */
+    snprintf(peft, sizeof peft, "base_model.model.%s", p->key);
+    name = peft;
+  }
   int64_t shape[2] = {p->shape[0], p->ndim == 2 ? p->shape[1] : 1};
-  if (r->fn(r->user, r->s->wnames[k], d, p->ndim, shape, data, nbytes) == 0) return 0;
+  if (r->fn(r->user, name, d, p->ndim, shape, data, nbytes) == 0) return 0;
   r->stopped = true;
-  return ml_err("meshlm_refit: refit stopped by the callback at tensor '%s'", r->s->wnames[k]);
+  return ml_err("%s: refit stopped by the callback at tensor '%s'", r->call, name);
 }
 
+/* lora false: every parameter (meshlm_refit); true: the LoRA view `view`. */
 static int refit(meshlm_session *s, int root, meshlm_dtype dtype, meshlm_tensor_fn fn,
-                 void *ctx, void *const *bufs) {
-  ML_TRY(api_enter(s, API_CALL_REFIT));
-  refit_ctx r = {s, dtype, fn, ctx, bufs, NULL, false};
+                 void *ctx, void *const *bufs, bool lora, int view) {
+  ML_TRY(api_enter(s, lora ? API_CALL_REFIT_LORA : API_CALL_REFIT));
+  refit_ctx r = {s,     dtype, fn, ctx, bufs, NULL, false,
+                 lora ? "meshlm_refit_lora" : "meshlm_refit", lora && view == MESHLM_LORA_ADAPTERS};
   ml_export_dtype unused;
   weight_name *names;
   ml_dtype *dtypes;
   bool receiver = root < 0 || root == s->world->rank;
-  int rc = export_dtype(dtype, &unused, "meshlm_refit");
+  int rc = export_dtype(dtype, &unused, r.call);
   if (rc == 0 && root >= s->world->size)
-    rc = ml_err("meshlm_refit: root %d; expected a rank < %d, or < 0 for every rank", root,
+    rc = ml_err("%s: root %d; expected a rank < %d, or < 0 for every rank", r.call, root,
                 s->world->size);
+  if (rc == 0 && lora && view != MESHLM_LORA_ADAPTERS && view != MESHLM_LORA_MERGED)
+    rc = ml_err("meshlm_refit_lora: view %d; expected MESHLM_LORA_ADAPTERS (%d) or "
+                "MESHLM_LORA_MERGED (%d)", view, (int)MESHLM_LORA_ADAPTERS,
+                (int)MESHLM_LORA_MERGED);
+  if (rc == 0 && lora && !s->e.lora.on)
+    rc = ml_err("meshlm_refit_lora: the session has no LoRA adapters; expected "
+                "meshlm_options.lora_rank > 0 or an adapter");
   if (rc == 0 && receiver && !fn && !bufs)
-    rc = ml_err("meshlm_refit: no callback on receiving rank %d", s->world->rank);
+    rc = ml_err("%s: no callback on receiving rank %d", r.call, s->world->rank);
   if (rc == 0 && receiver) rc = weight_table(s, &names, &dtypes);
   int64_t most = 0;
   for (int i = 0; i < s->e.model.n_params; i++) {
@@ -186,8 +216,9 @@ static int refit(meshlm_session *s, int root, meshlm_dtype dtype, meshlm_tensor_
   if (rc == 0 && receiver && !(r.bf16 = ml_malloc(sizeof(uint16_t) * (size_t)most,
                                                   "the refit's bf16 staging")))
     rc = -1;
-  if (api_agree(s, rc) == 0) rc = api_agree(s, ml_engine_stream_params(&s->e, root, refit_sink,
-                                                                       &r));
+  if (api_agree(s, rc) == 0)
+    rc = api_agree(s, lora ? ml_lora_stream(&s->e, root, (ml_lora_view)view, refit_sink, &r)
+                           : ml_engine_stream_params(&s->e, root, refit_sink, &r));
   else
     rc = -1;
   free(r.bf16);
@@ -196,11 +227,16 @@ static int refit(meshlm_session *s, int root, meshlm_dtype dtype, meshlm_tensor_
 
 int meshlm_refit(meshlm_session *s, int root, meshlm_dtype dtype, meshlm_tensor_fn fn,
                  void *ctx) {
-  return refit(s, root, dtype, fn, ctx, NULL);
+  return refit(s, root, dtype, fn, ctx, NULL, false, 0);
+}
+
+int meshlm_refit_lora(meshlm_session *s, int root, meshlm_dtype dtype, meshlm_lora_view view,
+                      meshlm_tensor_fn fn, void *ctx) {
+  return refit(s, root, dtype, fn, ctx, NULL, true, (int)view);
 }
 
 int meshlm_refit_into(meshlm_session *s, int root, meshlm_dtype dtype, void *const *bufs) {
-  return refit(s, root, dtype, NULL, NULL, bufs);
+  return refit(s, root, dtype, NULL, NULL, bufs, false, 0);
 }
 
 /* ----------------------------------------------------------------- reload */

@@ -232,6 +232,11 @@ static void sizes(const ml_engine *e, int64_t *tensor, int64_t *piece) {
 }
 
 int ml_engine_stream_params(ml_engine *e, int root, ml_param_sink sink, void *ctx) {
+  return ml_engine_stream_selected(e, root, NULL, sink, ctx);
+}
+
+int ml_engine_stream_selected(ml_engine *e, int root, ml_param_filter want, ml_param_sink sink,
+                              void *ctx) {
   stream s = {e, ml_mesh_host(e->mesh, ML_GROUP_WORLD), root < 0 ? 0 : root, root < 0, sink, ctx,
               NULL, NULL};
   if (s.root >= s.w->size)
@@ -254,7 +259,8 @@ int ml_engine_stream_params(ml_engine *e, int root, ml_param_sink sink, void *ct
   rc = ml_host_agree(s.w, rc);
   for (int u = 0, k = 0; rc == 0 && u < e->fsdp.n_units; u++)
     for (int i = 0; rc == 0 && i < e->fsdp.units[u].n; i++, k++)
-      rc = ml_host_agree(s.w, stream_param(&s, u, i, k));
+      if (!want || want(e->fsdp.units[u].params[i]))
+        rc = ml_host_agree(s.w, stream_param(&s, u, i, k));
   ml_be_host_free(e->be, s.global);
   if (receiver) free(s.piece);
   else ml_be_host_free(e->be, s.piece);

@@ -69,6 +69,16 @@ typedef int (*ml_param_sink)(void *ctx, int k, const ml_param *p, const float *g
  * collectives, the sink's. */
 int ml_engine_stream_params(ml_engine *e, int root, ml_param_sink sink, void *ctx);
 
+/* Whether a stream moves parameter p (the same answer on every rank). */
+typedef bool (*ml_param_filter)(const ml_param *p);
+
+/* ml_engine_stream_params over the parameters `want` accepts only (NULL:
+ * every one), each still handed to `sink` with its export index k; the
+ * others move no byte. Collective over the world; errors as
+ * ml_engine_stream_params'. */
+int ml_engine_stream_selected(ml_engine *e, int root, ml_param_filter want, ml_param_sink sink,
+                              void *ctx);
+
 /* Collective over the world: write the trained weights as an HF checkpoint
  * in `dir` (a LoRA run, e->lora.on: its adapters as a PEFT adapter
  * directory instead, ckpt/lora_export.h) with the rest of the source model e->model_dir

@@ -158,7 +158,7 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
        false, NULL},
       {"--lora-alpha", ML_ARG_FLOAT, &o->lora_alpha, "LoRA alpha: scaling alpha / r", false, NULL},
       {"--lora-dropout", ML_ARG_FLOAT, &o->lora_dropout,
-       "LoRA dropout on the adapters' input (only 0 is supported)", false, NULL},
+       "LoRA dropout on the adapters' input, in [0, 1)", false, NULL},
       {"--lora-targets", ML_ARG_STR, &o->lora_targets,
        "comma-separated linear module names (q_proj,v_proj,...) or all-linear", false, "NAMES"},
       {"--lora-rslora", ML_ARG_FLAG, &o->lora_rslora, "rank-stabilized scaling alpha / sqrt(r)",

@@ -439,11 +439,15 @@ int ml_engine_forward_backward_batch(ml_engine *e, const ml_engine_batch *b,
                                      const ml_objective *o, float global_scale,
                                      ml_obj_sums *sums, ml_loss_out *nll) {
   ML_TRY(begin_batch(e, b, false));
+  /* LoRA dropout's mask context; under cp the model's positions are the sequence's */
+  ML_TRY(ml_lora_dropout_begin(&e->lora, &e->model, ml_mesh_host(e->mesh, ML_GROUP_DP), e->step,
+                               b->B, b->S, e->cp.size > 1 ? e->model.position_ids : NULL));
   ml_loss_grad g = {global_scale, o, NULL, sums};
   ml_obj_in *buf = NULL;
   if (o && !b->obj) return ml_err("an objective without its inputs (ml_engine_batch.obj)");
   int rc = o ? stage_objective(e, b, &buf, &g.in) : 0;
   if (rc == 0) rc = run_forward_backward(e, b, &g, nll);
+  ml_lora_dropout_end(&e->model);
   free(buf);
   return rc;
 }
@@ -587,7 +591,10 @@ void ml_engine_hold_params(ml_engine *e, bool hold) {
   for (int u = 0; !hold && u < e->fsdp.n_units; u++) ml_fsdp_reshard(&e->fsdp, u);
 }
 
-int ml_engine_zero_grad(ml_engine *e) { return ml_fsdp_zero_grads(&e->fsdp); }
+int ml_engine_zero_grad(ml_engine *e) {
+  e->lora.micro = 0; /* LoRA dropout numbers the step's micro-batches from 0 */
+  return ml_fsdp_zero_grads(&e->fsdp);
+}
 
 void ml_engine_owned_rows(const ml_engine *e, const ml_fsdp_unit *unit, int i, int64_t *skip,
                           int64_t *nr) {

@@ -91,6 +91,14 @@ static int read_config(ml_lora *l, const char *dir) {
   if (!rc) rc = refuse_set(&j, "lora_bias", "a bias on lora_B");
   if (!rc) rc = refuse_set(&j, "target_parameters", "adapting parameters (not linears)");
   if (!rc) rc = refuse_set(&j, "trainable_token_indices", "trainable token embeddings");
+  if (!rc) rc = refuse_set(&j, "use_qalora", "QA-LoRA (lora_A on a pooled input)");
+  if (!rc) rc = refuse_set(&j, "alora_invocation_tokens",
+                           "activated LoRA (adapters on after invocation tokens)");
+  if (!rc) rc = refuse_set(&j, "use_bdlora", "block-diagonal LoRA");
+  if (!rc) rc = refuse_set(&j, "velora_config", "VeLoRA");
+  if (!rc) rc = refuse_set(&j, "monteclora_config", "MonteCLoRA");
+  if (!rc) rc = refuse_set(&j, "arrow_config", "Arrow routing between adapters");
+  if (!rc) rc = refuse_set(&j, "kasa_config", "KaSA");
   if (!rc) rc = ml_json_int(&j, NULL, "r", &l->rank);
   if (!rc) rc = ml_json_num(&j, NULL, "lora_alpha", &l->alpha);
   if (!rc) rc = ml_json_num_opt(&j, NULL, "lora_dropout", 0.0, &l->dropout);
@@ -118,8 +126,12 @@ static bool names_within(const char *a, const char *b) {
 
 /* Options that configure LoRA themselves (a rank > 0) must agree with the
  * adapter's configuration: r, lora_alpha, use_rslora and target_modules
- * (as sets). */
+ * (as sets); a lora_dropout other than 0 must be the adapter's. */
 static int agree(const ml_lora *l, const ml_lora_opts *o) {
+  if (o->dropout != 0 && o->dropout != l->dropout)
+    return ml_err("lora_dropout (--lora-dropout) %g with the adapter %s, whose lora_dropout is %g; "
+                  "expected 0 (the adapter's) or %g (edit its adapter_config.json to change it)",
+                  o->dropout, o->adapter, l->dropout, l->dropout);
   if (o->rank <= 0) return 0;
   const char *t = o->targets ? o->targets : "";
   if (o->rank != l->rank || o->alpha != l->alpha || o->rslora != l->rslora ||
@@ -149,9 +161,10 @@ int ml_lora_setup(ml_lora *l, const ml_lora_opts *o, ml_model *m) {
     if (!(l->targets = strdup(o->targets ? o->targets : "")))
       return ml_err("lora_targets: out of memory");
   }
-  if (!(l->dropout == 0))
-    return ml_err("lora_dropout (--lora-dropout%s) %g: LoRA dropout is not implemented; "
-                  "expected 0", l->adapter ? ", or the adapter's field" : "", l->dropout);
+  if (!(l->dropout >= 0 && l->dropout < 1))
+    return ml_err("lora_dropout (--lora-dropout%s) %g: expected a probability in [0, 1)",
+                  l->adapter ? ", or the adapter's field" : "", l->dropout);
+  m->lora_drop = (ml_lora_dropout){.p = l->dropout};
   if (!(l->alpha > 0) || !isfinite(l->alpha))
     return ml_err("lora_alpha (--lora-alpha) %g: expected a finite number > 0", l->alpha);
   l->scaling = ml_lora_scaling(l->rank, l->alpha, l->rslora);
@@ -163,46 +176,49 @@ void ml_lora_freeze_base(ml_model *m) {
     if (!m->params[i].adapter) m->params[i].frozen = true;
 }
 
-/* The seed's values of every adapter, in parameter order, into t[k] and
- * bufs[k] (host, global shape): lora_A U(−1/√in, 1/√in) (kaiming_uniform_
- * with a = √5: gain √(2/(1+5)), bound gain·√(3/in) = 1/√in), lora_B 0. */
+/* The seed's values of every adapter tensor (a fused module's lora_B once,
+ * with its first part: key_row0 0), in parameter order, into t[k] and
+ * bufs[k] (host, the tensor's shape [key_rows, cols]): lora_A U(−1/√in,
+ * 1/√in) (kaiming_uniform_ with a = √5: gain √(2/(1+5)), bound
+ * gain·√(3/in) = 1/√in), lora_B 0. */
 static int seeded(const ml_lora *l, const ml_model *m, ml_st_tensor *t, float **bufs) {
   ml_rng rng = ml_rng_seed(l->seed);
   int k = 0;
   for (int i = 0; i < m->n_params; i++) {
     const ml_param *p = &m->params[i];
-    if (!p->adapter) continue;
-    int64_t n = p->shape[0] * p->shape[1]; /* rank <= 2^20 times a config dim: fits */
+    if (!p->adapter || p->key_row0 > 0) continue;
+    int64_t n = p->key_rows * p->shape[1]; /* rank <= 2^20 times a config dim: fits */
     float *x = bufs[k] = calloc((size_t)n, sizeof *x);
     if (!x) return ml_err("%s: out of memory (%lld floats)", p->name, (long long)n);
     bool is_a = strstr(p->name, ".lora_A.") != NULL;
     double bound = 1.0 / sqrt((double)p->shape[1]);
     for (int64_t e = 0; is_a && e < n; e++)
       x[e] = (float)((2.0 * ml_rng_uniform(&rng) - 1.0) * bound);
-    t[k++] = (ml_st_tensor){(char *)p->key, ML_F32, 2, {p->shape[0], p->shape[1]}, n,
+    t[k++] = (ml_st_tensor){(char *)p->key, ML_F32, 2, {p->key_rows, p->shape[1]}, n,
                             (const uint8_t *)x, sizeof(float) * (size_t)n};
   }
   return 0;
 }
 
 /* The adapter file's tensors renamed to the model's keys into t: each
- * adapter of m present with its shape, and no tensor beside them. */
+ * adapter tensor of m (a fused module's lora_B once) present with its
+ * shape, and no tensor beside them. */
 static int from_file(const ml_lora *l, const ml_model *m, const ml_st_file *file,
                      ml_st_tensor *t) {
   char key[256];
   int k = 0;
   for (int i = 0; i < m->n_params; i++) {
     const ml_param *p = &m->params[i];
-    if (!p->adapter) continue;
-    snprintf(key, sizeof key, PEFT_PREFIX "%s", p->name);
+    if (!p->adapter || p->key_row0 > 0) continue;
+    snprintf(key, sizeof key, PEFT_PREFIX "%s", p->key);
     const ml_st_tensor *s = ml_st_find(file, key);
     if (!s)
       return ml_err("%s: adapter tensor '%s' is missing (adapter_config.json targets %s)",
                     file->path, key, l->targets);
-    if (s->ndim != 2 || s->shape[0] != p->shape[0] || s->shape[1] != p->shape[1]) {
+    if (s->ndim != 2 || s->shape[0] != p->key_rows || s->shape[1] != p->shape[1]) {
       char got[ML_ST_SHAPE_CAP], want[ML_ST_SHAPE_CAP];
       ml_st_shape_str(got, sizeof got, s->ndim, s->shape);
-      ml_st_shape_str(want, sizeof want, 2, p->shape);
+      ml_st_shape_str(want, sizeof want, 2, (const int64_t[2]){p->key_rows, p->shape[1]});
       return ml_err("%s: tensor '%s' has shape %s; expected %s (adapter_config.json: r = %lld)",
                     file->path, key, got, want, (long long)l->rank);
     }
@@ -224,7 +240,8 @@ static int from_file(const ml_lora *l, const ml_model *m, const ml_st_file *file
 
 int ml_lora_load(const ml_lora *l, ml_fsdp *f, const ml_model *m) {
   if (!l->on) return 0;
-  int n = 2 * ml_lora_count(m);
+  int n = 0;
+  for (int i = 0; i < m->n_params; i++) n += m->params[i].adapter;
   ml_st_tensor *t = calloc((size_t)n + 1, sizeof *t);
   float **bufs = calloc((size_t)n + 1, sizeof *bufs);
   ml_st_file file = {0}, own = {.path = "LoRA initialisation", .n = (size_t)n};
@@ -238,6 +255,7 @@ int ml_lora_load(const ml_lora *l, ml_fsdp *f, const ml_model *m) {
     rc = seeded(l, m, t, bufs);
   }
   own.tensors = t;
+  while (own.n > 0 && !t[own.n - 1].name) own.n--; /* a fused lora_B is one tensor of its parts */
   ml_ckpt ck = {.dir = l->adapter ? l->adapter : "LoRA initialisation", .nfiles = 1,
                 .files = &own};
   if (!rc) rc = ml_fsdp_load(f, &ck, false);
@@ -248,6 +266,25 @@ int ml_lora_load(const ml_lora *l, ml_fsdp *f, const ml_model *m) {
   free(t);
   return rc;
 }
+
+int ml_lora_dropout_begin(ml_lora *l, ml_model *m, ml_host *dp, int64_t step, int64_t B,
+                          int64_t S, const int64_t *row_pos) {
+  if (!l->on || !(l->dropout > 0)) return 0;
+  int64_t *rows = ml_calloc((size_t)dp->size, sizeof *rows, "the data ranks' rows");
+  int rc = rows ? ml_host_all_gather(dp, &B, sizeof B, rows) : -1;
+  int64_t row0 = 0;
+  for (int q = 0; rc == 0 && q < dp->rank; q++) row0 += rows[q];
+  free(rows);
+  ML_TRY(rc);
+  m->lora_drop.active = true;
+  m->lora_drop.key = ml_rng_hash(ml_rng_hash(l->seed, (uint64_t)step), (uint64_t)l->micro++);
+  m->lora_drop.row0 = row0;
+  m->lora_drop.row_len = S;
+  m->lora_drop.row_pos = row_pos;
+  return 0;
+}
+
+void ml_lora_dropout_end(ml_model *m) { m->lora_drop.active = false; }
 
 void ml_lora_free(ml_lora *l) {
   free(l->targets);

@@ -51,6 +51,9 @@ static int run(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp, ml_pr
   ml_model_reset_acts(&e->model); /* scoring allocates its own: one layer's (forward_only) */
   ml_tp_release_work(&e->tp); /* and its own redistribute scratch, not the step's gradient
                                  packing (the Partial / shared-kv gradients' tp step) */
+  ml_grads_free(&e->grads);   /* nor the gradients the tp step set aside (ml_grads_tp_begin:
+                                 every tp-replicated gradient, a LoRA run's Replicate adapters
+                                 among them), which a scoring-only run never allocates */
   ml_be_reset_peak(e->be);
   ML_TRY(ml_engine_logprobs(e, ids, p->B, p->S, lp));
   take_stats(mesh, p->logprobs);

@@ -8,10 +8,12 @@
  * frozen weight or bias (grad NULL, requires_grad=False) gets no gradient:
  * its GEMM is skipped, dx still flows. A LoRA adapter (model/lora.h) adds
  * its low-rank path before the output edge, so a row-parallel linear's
- * Partial output carries both into the one reduction. */
+ * Partial output carries both into the one reduction; with LoRA dropout
+ * (model/lora_drop.h) that path reads the dropped input. */
 #include "model/linear.h"
 
 #include "common/status.h"
+#include "model/lora_drop.h"
 
 /* x [rows, c] of a view as bf16 in pool memory (*xr). */
 static int round_rows(ml_backend *be, const float *x, int64_t rows, int64_t c, void **xr) {
@@ -32,30 +34,56 @@ int ml_linear_round_input(ml_backend *be, const ml_linear *lin, const ml_act *x,
   return round_rows(be, x->x, x->B * x->s, x->c, xr);
 }
 
-/* u [T, r] (=) x [T, in] · A [r, in]^T, in A's dtype. */
-static int lora_down(ml_backend *be, const ml_linear *lin, const ml_act *x, const void *xr,
-                     float *u) {
+/* The input of lora_A: x itself (xin = x->x, its bf16 copy xr), or under
+ * LoRA dropout x ⊙ mask/(1 − p) into *xd [T, in] (device; with bf16
+ * weights rounded once into *xdr), the caller freeing both. */
+static int lora_input(ml_backend *be, const ml_linear *lin, const ml_act *x, const void *xr,
+                      float **xd, void **xdr, const float **xin, const void **xinr) {
+  *xd = NULL;
+  *xdr = NULL;
+  *xin = x->x;
+  *xinr = xr;
+  if (!ml_lora_drop_active(lin)) return 0;
+  int64_t T = x->B * x->s;
+  *xd = ml_be_alloc(be, T * x->c, sizeof(float), "%s's dropped input [%lld x %lld]",
+                    lin->lora_a->name, (long long)T, (long long)x->c);
+  if (!*xd) return -1;
+  ML_TRY(ml_lora_drop_apply(be, lin, x, x->x, *xd));
+  if (lin->weight->dtype == ML_BF16) ML_TRY(round_rows(be, *xd, T, x->c, xdr));
+  *xin = *xd;
+  *xinr = *xdr;
+  return 0;
+}
+
+/* u [T, r] (=) xin [T, in] · A [r, in]^T, in A's dtype (xr: xin in bf16, or NULL). */
+static int lora_down(ml_backend *be, const ml_linear *lin, int64_t T, const float *xin,
+                     const void *xr, float *u) {
   const ml_param *a = lin->lora_a;
-  int64_t T = x->B * x->s, in = a->local[1];
+  int64_t in = a->local[1];
   ml_gemm g = {.trans_b = true, .M = T, .N = a->local[0], .K = in,
-               .A = xr ? xr : (const void *)x->x, .a_type = xr ? ML_BF16 : ML_F32, .lda = in,
+               .A = xr ? xr : (const void *)xin, .a_type = xr ? ML_BF16 : ML_F32, .lda = in,
                .B = a->data, .b_type = a->dtype, .ldb = in, .C = u, .ldc = a->local[0],
                .compute = a->dtype};
   return ml_be_gemm(be, &g);
 }
 
-/* PEFT's Linear.forward adapter term: y [T, out] += scaling · (x·A^T)·B^T,
- * B(A(x)) computed first and then scaled (result + lora_B(lora_A(x)) *
- * scaling), in the adapters' dtype. */
+/* PEFT's Linear.forward adapter term: y [T, out] += scaling · (drop(x)·A^T)·B^T,
+ * B(A(drop(x))) computed first and then scaled (result + lora_B(lora_A(dropout(x)))
+ * * scaling), in the adapters' dtype. */
 static int lora_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, const void *xr,
                         float *y) {
   const ml_param *b = lin->lora_b;
   int64_t T = x->B * x->s, r = b->local[1], out = b->local[0];
-  float *u = ml_be_alloc(be, T * r, sizeof(float), "%s's LoRA down-projection [%lld x %lld]",
-                         b->name, (long long)T, (long long)r);
-  float *v = u ? ml_be_alloc(be, T * out, sizeof(float), "%s's LoRA output [%lld x %lld]",
-                             b->name, (long long)T, (long long)out) : NULL;
-  int rc = v ? lora_down(be, lin, x, xr, u) : -1; // u: [T, r]
+  float *xd, *v = NULL;
+  void *xdr;
+  const float *xin;
+  const void *xinr;
+  int rc = lora_input(be, lin, x, xr, &xd, &xdr, &xin, &xinr);
+  float *u = rc ? NULL : ml_be_alloc(be, T * r, sizeof(float), "%s's LoRA down-projection "
+                                     "[%lld x %lld]", b->name, (long long)T, (long long)r);
+  if (u) v = ml_be_alloc(be, T * out, sizeof(float), "%s's LoRA output [%lld x %lld]", b->name,
+                         (long long)T, (long long)out);
+  rc = v ? lora_down(be, lin, T, xin, xinr, u) : -1; // u: [T, r]
   // v: [T, out] = u: [T, r] · B: [out, r]^T
   ml_gemm g = {.trans_b = true, .M = T, .N = out, .K = r, .A = u, .a_type = ML_F32, .lda = r,
                .B = b->data, .b_type = b->dtype, .ldb = r, .C = v, .ldc = out,
@@ -65,22 +93,30 @@ static int lora_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, c
   if (!rc) rc = ml_be_add(be, y, v, T * out);
   ml_be_free(be, v);
   ml_be_free(be, u);
+  ml_be_free(be, xdr);
+  ml_be_free(be, xd);
   return rc;
 }
 
-/* Its backward, on dy [T, out] after the output edge: with u = x·A^T
- * recomputed (T·in·r FLOPs, no activation kept), dB [out, r] += dy^T ·
- * (s·u), du = s · dy·B [T, r], dA [r, in] += du^T · x,
- * dx [T, in] += du · A (when dx). A frozen adapter gets no gradient. */
+/* Its backward, on dy [T, out] after the output edge: with xd = drop(x)
+ * and u = xd·A^T recomputed (the same mask; T·in·r FLOPs, no activation
+ * kept), dB [out, r] += dy^T · (s·u), du = s · dy·B [T, r], dA [r, in] +=
+ * du^T · xd, dx [T, in] += drop(du · A) (when dx: the mask and 1/(1 − p)
+ * applied to the dropped input's gradient). A frozen adapter gets no
+ * gradient. */
 static int lora_backward(ml_backend *be, const ml_linear *lin, const ml_act *dy, const ml_act *x,
                          const void *xr, float *dx) {
   const ml_param *a = lin->lora_a, *b = lin->lora_b;
   int64_t T = x->B * x->s, r = b->local[1], out = b->local[0], in = a->local[1];
-  float *u = ml_be_alloc(be, 2 * T * r, sizeof(float), "%s's LoRA gradients [2 x %lld x %lld]",
-                         b->name, (long long)T, (long long)r);
-  if (!u) return -1;
-  float *du = u + T * r;
-  int rc = lora_down(be, lin, x, xr, u); // u: [T, r]
+  float *xd;
+  void *xdr;
+  const float *xin;
+  const void *xinr;
+  int rc = lora_input(be, lin, x, xr, &xd, &xdr, &xin, &xinr);
+  float *u = rc ? NULL : ml_be_alloc(be, 2 * T * r, sizeof(float), "%s's LoRA gradients "
+                                     "[2 x %lld x %lld]", b->name, (long long)T, (long long)r);
+  float *du = u ? u + T * r : NULL;
+  rc = u ? lora_down(be, lin, T, xin, xinr, u) : -1; // u: [T, r]
   if (!rc) rc = ml_be_scale(be, u, T * r, lin->lora_scale);
   // dB: [out, r] += dy^T: [out, T] · (s·u): [T, r]
   ml_gemm gb = {.trans_a = true, .M = out, .N = r, .K = T, .A = dy->x, .a_type = ML_F32,
@@ -93,17 +129,21 @@ static int lora_backward(ml_backend *be, const ml_linear *lin, const ml_act *dy,
                 .compute = b->dtype};
   if (!rc) rc = ml_be_gemm(be, &gu);
   if (!rc) rc = ml_be_scale(be, du, T * r, lin->lora_scale);
-  // dA: [r, in] += du^T: [r, T] · x: [T, in]
+  // dA: [r, in] += du^T: [r, T] · xd: [T, in]
   ml_gemm ga = {.trans_a = true, .M = r, .N = in, .K = T, .A = du, .a_type = ML_F32, .lda = r,
-                .B = xr ? xr : (const void *)x->x, .b_type = xr ? ML_BF16 : ML_F32, .ldb = in,
-                .C = a->grad, .ldc = in, .accumulate = true, .compute = a->dtype};
+                .B = xinr ? xinr : (const void *)xin, .b_type = xinr ? ML_BF16 : ML_F32,
+                .ldb = in, .C = a->grad, .ldc = in, .accumulate = true, .compute = a->dtype};
   if (!rc && a->grad) rc = ml_be_gemm(be, &ga);
-  // dx: [T, in] += du: [T, r] · A: [r, in]
+  // dx: [T, in] += du: [T, r] · A: [r, in]; under dropout into xd (free now), masked, added
   ml_gemm gx = {.M = T, .N = in, .K = r, .A = du, .a_type = ML_F32, .lda = r, .B = a->data,
-                .b_type = a->dtype, .ldb = in, .C = dx, .ldc = in, .accumulate = true,
-                .compute = a->dtype};
+                .b_type = a->dtype, .ldb = in, .C = xd ? xd : dx, .ldc = in,
+                .accumulate = !xd, .compute = a->dtype};
   if (!rc && dx) rc = ml_be_gemm(be, &gx);
+  if (!rc && dx && xd) rc = ml_lora_drop_apply(be, lin, x, xd, xd);
+  if (!rc && dx && xd) rc = ml_be_add(be, dx, xd, T * in);
   ml_be_free(be, u);
+  ml_be_free(be, xdr);
+  ml_be_free(be, xd);
   return rc;
 }
 

@@ -20,13 +20,19 @@ static bool matches(const char *mod, const char *t, size_t n) {
   return len == n || mod[len - n - 1] == '.';
 }
 
-/* Whether linear module i of m is a target: every linear of a layer under
- * all-linear, else one matching a name of the list. */
+/* The module name PEFT sees for linear module mod: the fused checkpoint
+ * linear's for a part of one (Phi-3's qkv_proj for q_proj), else its own. */
+static const char *peft_name(const ml_module *mod) {
+  return mod->alias[0] ? mod->alias : mod->name;
+}
+
+/* Whether linear module mod is a target: every linear of a layer under
+ * all-linear, else one whose PEFT name matches a name of the list. */
 static bool is_target(const ml_module *mod, const char *targets, bool all) {
   if (all) return true;
   for (const char *t = targets; *t;) {
     size_t n = strcspn(t, ",");
-    if (matches(mod->name, t, n)) return true;
+    if (matches(peft_name(mod), t, n)) return true;
     t += n + (t[n] == ',');
   }
   return false;
@@ -41,6 +47,37 @@ static bool layer_linear(const ml_module *mod, const ml_model *m, int *layer) {
   return *layer >= 0;
 }
 
+/* The last name components of the linears fused into `alias`, comma-separated, into buf. */
+static void fused_parts(const ml_model *m, const char *alias, char *buf, size_t cap) {
+  buf[0] = 0;
+  for (int i = 0; i < m->n_modules; i++) {
+    if (strcmp(m->modules[i].alias, alias) != 0) continue;
+    const char *leaf = strrchr(m->modules[i].name, '.');
+    size_t at = strlen(buf);
+    snprintf(buf + at, cap - at, "%s%s", at ? ", " : "", leaf ? leaf + 1 : m->modules[i].name);
+  }
+}
+
+/* The refusal of a target naming a part of the fused checkpoint linear `alias`. */
+static int refuse_part(const ml_model *m, const char *target, int n, const char *alias) {
+  char parts[160];
+  fused_parts(m, alias, parts, sizeof parts);
+  const char *leaf = strrchr(alias, '.');
+  return ml_err("lora_targets (--lora-targets): target module '%.*s' is a part of the fused %s "
+                "(one checkpoint linear for %s), which PEFT adapts as one module; expected "
+                "'%s' (its lora_A shared by the parts, its lora_B over their rows)",
+                n, target, alias, parts, leaf ? leaf + 1 : alias);
+}
+
+/* Whether lin is the router or an expert of a layer's mixture-of-experts block. */
+static bool in_moe(const ml_model *m, const ml_linear *lin) {
+  int64_t n = (int64_t)m->cfg.n_layers * 3 * m->cfg.n_experts;
+  if (m->experts && lin >= m->experts && lin < m->experts + n) return true;
+  for (int l = 0; l < m->cfg.n_layers; l++)
+    if (lin == &m->layers[l].moe.gate) return true;
+  return false;
+}
+
 /* Each name of the list matches some linear of a layer. */
 static int check_names(const ml_model *m, const char *targets) {
   for (const char *t = targets; *t;) {
@@ -51,7 +88,11 @@ static int check_names(const ml_model *m, const char *targets) {
     bool found = false;
     int layer;
     for (int i = 0; i < m->n_modules && !found; i++)
-      found = layer_linear(&m->modules[i], m, &layer) && matches(m->modules[i].name, t, n);
+      found = layer_linear(&m->modules[i], m, &layer) && matches(peft_name(&m->modules[i]), t, n);
+    for (int i = 0; i < m->n_modules && !found; i++) /* a part's name: PEFT finds none */
+      if (layer_linear(&m->modules[i], m, &layer) && m->modules[i].alias[0] &&
+          matches(m->modules[i].name, t, n))
+        return refuse_part(m, t, (int)n, m->modules[i].alias);
     if (!found)
       return ml_err("lora_targets (--lora-targets): target module '%.*s' not found in the %s "
                     "model; expected names of its decoder linears such as q_proj, k_proj, "
@@ -68,33 +109,47 @@ int ml_lora_attach(ml_model *m, int64_t rank, double scaling, const char *target
   if (!targets || !*targets)
     return ml_err("lora_targets (--lora-targets) is empty; expected module names such as "
                   "q_proj,v_proj, or all-linear");
-  if (m->cfg.n_experts > 0)
-    return ml_err("lora_rank (--lora-rank) %lld: LoRA on the mixture-of-experts %s model is not "
-                  "supported; expected a dense model", (long long)rank,
-                  m->cfg.family->architecture);
   bool all = strcmp(targets, "all-linear") == 0;
   if (!all) ML_TRY(check_names(m, targets));
-  int n_modules = m->n_modules;
+  int n_modules = m->n_modules, first = -1; /* first: the fused group's first part */
   for (int i = 0; i < n_modules; i++) {
     ml_module *mod = &m->modules[i];
     int layer;
     if (!layer_linear(mod, m, &layer) || !is_target(mod, targets, all)) continue;
-    if (mod->alias[0])
-      return ml_err("lora_targets (--lora-targets): %s is a part of the fused %s, which PEFT "
-                    "adapts as one linear; LoRA on fused checkpoint tensors is not supported",
-                    mod->name, mod->alias);
     ml_linear *lin = mod->ptr;
+    if (in_moe(m, lin))
+      return ml_err("lora_targets (--lora-targets) '%s': %s is a linear of the "
+                    "mixture-of-experts block (its router or an expert) of the %s model; LoRA "
+                    "there is not supported (PEFT adapts the router as a linear and the "
+                    "experts through target_parameters); expected targets outside it, such as "
+                    "q_proj,k_proj,v_proj,o_proj", targets, mod->name,
+                    m->cfg.family->architecture);
     int64_t out = lin->weight->shape[0], in = lin->weight->shape[1];
-    lin->lora_a = ml_model_add_param(m, layer, rank, in, "%s.lora_A.weight", mod->name);
+    bool next_part =
+        mod->alias[0] && first >= 0 && strcmp(m->modules[first].alias, mod->alias) == 0;
+    if (!next_part) {
+      first = mod->alias[0] ? i : -1;
+      lin->lora_a = ml_model_add_param(m, layer, rank, in, "%s.lora_A.weight", peft_name(mod));
+    } else { /* the fused module's one lora_A */
+      lin->lora_a = ((ml_linear *)m->modules[first].ptr)->lora_a;
+    }
     lin->lora_b = ml_model_add_param(m, layer, out, rank, "%s.lora_B.weight", mod->name);
+    if (mod->alias[0]) { /* this part's rows of the fused module's lora_B */
+      snprintf(lin->lora_b->key, sizeof lin->lora_b->key, "%s.lora_B.weight", mod->alias);
+      lin->lora_b->key_row0 = lin->weight->key_row0;
+      lin->lora_b->key_rows = lin->weight->key_rows;
+    }
     lin->lora_a->adapter = lin->lora_b->adapter = true;
     lin->lora_scale = (float)scaling;
+    lin->lora_drop = &m->lora_drop;
+    lin->lora_id = (uint64_t)(first >= 0 ? first : i); /* one dropout mask per PEFT module */
   }
   return 0;
 }
 
 int ml_lora_count(const ml_model *m) {
   int n = 0;
-  for (int i = 0; i < m->n_params; i++) n += m->params[i].adapter;
-  return n / 2;
+  for (int i = 0; i < m->n_modules; i++)
+    n += m->modules[i].kind == ML_MOD_LINEAR && ((const ml_linear *)m->modules[i].ptr)->lora_a;
+  return n;
 }

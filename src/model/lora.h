@@ -25,16 +25,27 @@ double ml_lora_scaling(int64_t rank, double alpha, bool rslora);
  * (q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj), or
  * "all-linear": every linear but lm_head (PEFT's INCLUDE_LINEAR_LAYERS_SHORTHAND).
  * Appends lora_A then lora_B per target (ml_param.adapter set) in module
- * order. Call once, right after ml_model_create. Errors (naming the option
- * `lora_targets` / --lora-targets or `lora_rank` / --lora-rank): rank < 1
- * or above the linear's smaller side's 2^20 bound, an empty name, a name
- * matching no linear (PEFT: "Target modules ... not found in the base
- * model"), a target that is a part of a fused checkpoint tensor (Phi-3's
- * qkv_proj: PEFT adapts the fused module, which meshlm does not build), a
- * mixture-of-experts model (its experts' linears are not adapted here). */
+ * order. A family's fused checkpoint linear (Phi-3's qkv_proj = [q; k; v],
+ * gate_up_proj = [gate; up]; ml_module.alias) is one module to PEFT, which
+ * targets it by that name and gives it one lora_A [r, in] and one lora_B
+ * [Σ out, r]: its parts, separate linears here, share one lora_A parameter
+ * (named <fused>.lora_A.weight; its gradient sums the parts') and each
+ * holds its rows of lora_B (named <part>.lora_B.weight, keyed as PEFT's
+ * <fused>.lora_B.weight rows key_row0.., as the parts' weights are keyed:
+ * loads, exports and TP cut them as the weights), one dropout mask for the
+ * module (lora_id: its first part's). Call once, right after
+ * ml_model_create. Errors (naming the option `lora_targets` /
+ * --lora-targets or `lora_rank` / --lora-rank): rank < 1 or above the
+ * linear's smaller side's 2^20 bound, an empty name, a name matching no
+ * linear (PEFT: "Target modules ... not found in the base model"), a
+ * target naming a part of a fused linear (q_proj on Phi-3: PEFT sees only
+ * qkv_proj; the message names the fused module and its parts), a target
+ * in a mixture-of-experts block (its router or an expert, all-linear
+ * there included: the message names the linear; attention's linears of
+ * such a model are adapted). */
 int ml_lora_attach(ml_model *m, int64_t rank, double scaling, const char *targets);
 
-/* The number of linears carrying adapters. */
+/* The number of linears carrying adapters (a fused module's parts each). */
 int ml_lora_count(const ml_model *m);
 
 #endif

@@ -108,6 +108,8 @@ typedef struct ml_edge {
   int64_t cap_c;
 } ml_edge;
 
+typedef struct ml_lora_dropout ml_lora_dropout; /* defined in ml_model below */
+
 typedef struct ml_linear {
   ml_param *weight; /* [out, in] */
   ml_param *bias;   /* [out] or NULL */
@@ -119,6 +121,10 @@ typedef struct ml_linear {
    * output edge, with lora_a [r, in] and lora_b [out, r]; both NULL: no adapter. */
   ml_param *lora_a, *lora_b;
   float lora_scale;
+  /* LoRA dropout on lora_A's input (model/lora_drop.h): the model's context (NULL: none)
+   * and this linear's key, its index among the model's modules (the same on every rank) */
+  const ml_lora_dropout *lora_drop;
+  uint64_t lora_id;
 } ml_linear;
 
 typedef struct ml_embedding {
@@ -390,6 +396,17 @@ typedef struct ml_model {
    * backward. NULL (the default): neither. */
   int32_t *route_record;
   const int32_t *route_replay;
+  /* LoRA dropout of the current forward (model/lora_drop.h): set by the engine around a
+   * training micro-batch, inactive otherwise (scoring, evaluation, generation). */
+  struct ml_lora_dropout {
+    double p;               /* lora_dropout: the probability of zeroing an element */
+    bool active;            /* a training forward (and its backward) runs */
+    uint64_t key;           /* the draw's key: seed, optimizer step, micro-batch chained */
+    int64_t row0;           /* the global row (of the global micro-batch) of local row 0 */
+    int64_t row_len;        /* tokens of a global row: the whole sequence, before cp's cut */
+    const int64_t *row_pos; /* [S] each local position's index in its row (cp's pieces);
+                               NULL: 0 .. S − 1 */
+  } lora_drop;
 } ml_model;
 
 /* Build the module tree of `cfg` (parameters described, no storage), with

@@ -13,7 +13,9 @@
 #      than full fine-tuning's (the adapters only: the units' trainable prefix); activation
 #      checkpointing and CPU offload leave the losses bitwise;
 #  (d) config keys lora_targets (a JSON list) and lora_use_rslora equal the flags;
-#  (e) errors: --lora-dropout > 0, an unknown target, --merge-lora without LoRA.
+#  (e) errors: --lora-dropout 1, an unknown target, --merge-lora without LoRA;
+#  (f) --lora-dropout 0.1 trains (its second step's loss differs from p = 0's: lora_B starts at
+#      0, so the first step's loss cannot) and the PEFT export records lora_dropout 0.1.
 # usage: test_lora.sh MESHLM SOURCE_DIR JSON_CHECK TOL_BOUND ST_LIST
 set -u
 meshlm=$1
@@ -186,6 +188,19 @@ else
   bad "config keys"
 fi
 
+# (f) LoRA dropout from the command line
+launch 1 "${base[@]}" --steps 2 --metrics "$work/p0.jsonl" > /dev/null 2> "$work/err"
+if launch 1 "${base[@]}" --steps 2 --lora-dropout 0.1 --metrics "$work/p1.jsonl" \
+  --export-hf "$work/adp" > /dev/null 2> "$work/err" &&
+  [ "$(losses "$work/p0.jsonl" | head -1)" = "$(losses "$work/p1.jsonl" | head -1)" ] &&
+  [ "$(losses "$work/p0.jsonl" | tail -1)" != "$(losses "$work/p1.jsonl" | tail -1)" ] &&
+  grep -q '"lora_dropout": 0.1' "$work/adp/adapter_config.json"; then
+  ok "--lora-dropout 0.1 trains, its export records it"
+else
+  bad "--lora-dropout 0.1: $(losses "$work/p0.jsonl" | tr '\n' ' ') vs $(losses "$work/p1.jsonl" |
+    tr '\n' ' '); $(head -3 "$work/err")"
+fi
+
 # (e) errors
 expect() { # expect WANT NP ARGS...: the run fails with WANT in its message
   local want=$1 np=$2
@@ -194,8 +209,8 @@ expect() { # expect WANT NP ARGS...: the run fails with WANT in its message
   elif grep -qF "$want" "$work/err"; then ok "error: $want"
   else bad "message for $want: $(head -3 "$work/err")"; fi
 }
-expect "lora_dropout (--lora-dropout) 0.05: LoRA dropout is not implemented" 1 "${base[@]}" \
-  --steps 1 --lora-dropout 0.05
+expect "lora_dropout (--lora-dropout) 1: expected a probability in [0, 1)" 1 "${base[@]}" \
+  --steps 1 --lora-dropout 1
 expect "target module 'qkv' not found" 1 "${base[@]}" --steps 1 --lora-targets q_proj,qkv
 expect "the run has no LoRA adapters to merge (--merge-lora)" 1 train --model "$work/model" \
   --data "$src/README.md" --seq-len 32 --batch-size 4 --steps 1 --peak-tflops 1 --merge-lora \

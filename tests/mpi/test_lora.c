@@ -1,7 +1,9 @@
 /* LoRA (engine/lora.h, model/lora.h):
- * `mpiexec -n N test_lora LORA_FIXTURE BASE_FIXTURE [dpr=R] [cp=C] [tp=T] [sp]` (the mesh: R
- * HSDP replicas of dp_shard N / (R·C·T), context parallel C, tensor parallel T with the auto
- * plan's LoRA-aware placements, sp: sequence parallel). The fixture (tools/gen_lora_fixtures.py) is a PEFT adapter with non-zero
+ * `mpiexec -n N test_lora LORA_FIXTURE BASE_FIXTURE [dpr=R] [cp=C] [tp=T] [sp] [ep=E]
+ * [targets=LIST]` (the mesh: R HSDP replicas of dp_shard N / (R·C·T), context parallel C, tensor
+ * parallel T with the auto plan's LoRA-aware placements, sp: sequence parallel, E: expert
+ * parallelism of a mixture-of-experts model; targets: the seeded runs' lora_targets, all-linear
+ * unless given). The fixture (tools/gen_lora_fixtures.py) is a PEFT adapter with non-zero
  * lora_A and lora_B on the base fixture, and PEFT's float64 loss,
  * log-probs and adapter gradients. The mesh (dp_shard = N) and one rank
  * (MPI_COMM_SELF) must reproduce them within tolerance.h §8 and each
@@ -11,7 +13,13 @@
  * options and adapter configs fail with messages naming the field; a run
  * checkpoint resumes bit for bit; the PEFT export is PEFT's own adapter file
  * (keys, shapes, values) with its config's fields, and the merged export
- * PEFT's merge_and_unload within the rounding bound derived there. */
+ * PEFT's merge_and_unload within the rounding bound derived there; the
+ * LoRA streams (ml_lora_stream: refit's adapters-only and merged views) are
+ * those exports' tensors bit for bit; greedy generation on the LoRA engine
+ * (its unmerged forward, x·W^T + s·(x·A^T)·B^T) gives the tokens of the
+ * merged export opened as a plain model on the same mesh, log-probs within
+ * the pair bound derived in test_generate_merged (cp > 1: generation is
+ * refused there, the test says so and passes). */
 #define _XOPEN_SOURCE 700 /* symlink, getpid, nftw */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -34,6 +42,7 @@
 #include "engine_run.h"
 #include "ckpt/lora_export.h"
 #include "ckpt/runckpt.h"
+#include "engine/generate.h"
 #include "io/safetensors.h"
 #include "parity_util.h"
 
@@ -42,6 +51,8 @@ static int g_dpr = 1; /* HSDP replicas of the mesh runs (dpr=N) */
 static int g_cp = 1;  /* context parallelism of the mesh runs (cp=N) */
 static int g_tp = 1;  /* tensor parallelism of the mesh runs (tp=N) */
 static bool g_sp;     /* sequence parallelism of the mesh runs (sp) */
+static const char *g_targets = "all-linear"; /* the seeded runs' targets (targets=LIST) */
+static int g_ep = 1;  /* expert parallelism of the mesh runs (ep=N) */
 static char g_base_dir[512];
 
 static void st_release(void *p) { ml_st_close(p); }
@@ -53,7 +64,7 @@ static ml_engine_opts lora_opts(const char *adapter) {
   o.lora = (ml_lora_opts){.adapter = adapter, .alpha = 8, .seed = 5};
   if (!adapter) {
     o.lora.rank = 4;
-    o.lora.targets = "all-linear";
+    o.lora.targets = g_targets;
   }
   return o;
 }
@@ -62,7 +73,7 @@ static ml_engine_opts lora_opts(const char *adapter) {
 static void mesh_open(run *r, const ml_engine_opts *o) {
   ml_engine_opts m = *o;
   m.sequence_parallel = g_sp;
-  run_open_mesh(r, MPI_COMM_WORLD, g_dpr, g_cp, g_tp, &m, g_base_dir, NULL, NULL);
+  run_open_ep(r, MPI_COMM_WORLD, g_dpr, g_cp, g_tp, g_ep, &m, g_base_dir, NULL, NULL);
 }
 
 static double step(run *r, const fixture *fx) {
@@ -109,18 +120,19 @@ static void test_parity(void **state) {
   for (int i = 0; i < mesh.e.model.n_params; i++) {
     const ml_param *p = ml_engine_export_param(&mesh.e, i);
     int64_t n = p->shape[0] * p->shape[1];
-    const ml_st_tensor *t = ml_st_find(&ref, p->name);
+    /* a fused module's lora_B (Phi-3's qkv_proj): this part's rows of PEFT's one tensor */
+    const ml_st_tensor *t = ml_st_find(&ref, p->adapter ? p->key : p->name);
     if (!p->adapter) { /* frozen base weight: no gradient at all */
       assert_null(t);
       for (int64_t k = 0; k < n; k++)
         if (gm[i][k] != 0.0f) fail_msg("%s: frozen base weight has a gradient", p->name);
       continue;
     }
-    if (!t) fail_msg("grads.safetensors has no %s", p->name);
-    adapters++;
+    if (!t) fail_msg("grads.safetensors has no %s", p->key);
+    adapters += p->key_row0 == 0; /* each of PEFT's tensors once */
     float *want = malloc(sizeof(float) * (size_t)n);
     hold(want, free);
-    if (ml_st_read_block(t, 0, p->shape[0], 0, p->shape[1], want))
+    if (ml_st_read_block(t, p->key_row0, p->shape[0], 0, p->shape[1], want))
       fail_msg("%s: %s", p->name, ml_error_msg());
     double eh = fmax(rel_l2(gm[i], want, n), rel_l2(g1[i], want, n)), ep = rel_l2(gm[i], g1[i], n);
     worst = fmax(worst, eh);
@@ -245,18 +257,23 @@ static void test_seeded(void **state) {
   fixture_free(&fx);
 }
 
-/* Opening with o fails with a message containing `want`. */
-static void expect_error(const ml_engine_opts *o, const char *want) {
+/* Opening checkpoint dir with o fails with a message containing `want`. */
+static void expect_error_on(const char *dir, const ml_engine_opts *o, const char *want) {
   static run r;
   memset(&r, 0, sizeof r);
   int rc = ml_mesh_create(MPI_COMM_SELF, 1, 0, 1, 1, NULL, NULL, &r.mesh);
-  if (rc == 0) rc = ml_engine_open(&r.e, &r.mesh, g_base_dir, o);
+  if (rc == 0) rc = ml_engine_open(&r.e, &r.mesh, dir, o);
   const char *msg = rc ? ml_error_msg() : "";
   if (rank0()) printf("expected error: %s\n", msg);
   if (rc == 0 || !strstr(msg, want))
     fail_msg("expected an error containing '%s', got rc %d: %s", want, rc, msg);
   ml_error_clear(); /* the next message is the next failure's (the first one wins) */
   run_release(&r);
+}
+
+/* Opening the base fixture with o fails with a message containing `want`. */
+static void expect_error(const ml_engine_opts *o, const char *want) {
+  expect_error_on(g_base_dir, o, want);
 }
 
 /* adapter_config.json of the fixture with `field` set to `value` (JSON) in a
@@ -296,10 +313,10 @@ static void test_errors(void **state) {
   static fixture fx;
   fixture_load(g_fixture, &fx);
   ml_engine_opts o = lora_opts(NULL);
-  o.lora.dropout = 0.1;
-  expect_error(&o, "lora_dropout (--lora-dropout) 0.1");
+  o.lora.dropout = 1.0;
+  expect_error(&o, "lora_dropout (--lora-dropout) 1: expected a probability in [0, 1)");
   o = lora_opts(NULL);
-  o.lora.targets = "q_proj,qq_proj";
+  o.lora.targets = "o_proj,qq_proj";
   expect_error(&o, "target module 'qq_proj' not found");
   o = lora_opts(NULL);
   o.lora.rank = -2;
@@ -318,6 +335,19 @@ static void test_errors(void **state) {
       {"r", "8", "]; expected [8, "}, /* [4, hidden] of the fixture against r = 8 rows */
       {"lora_bias", "true", "field 'lora_bias' is true"},
       {"exclude_modules", "[\"q_proj\"]", "field 'exclude_modules'"},
+      {"layers_to_transform", "[0]", "field 'layers_to_transform' is [0]"},
+      {"fan_in_fan_out", "true", "field 'fan_in_fan_out' is true"},
+      {"layer_replication", "[[0, 1]]", "field 'layer_replication'"},
+      {"target_parameters", "[\"mlp.experts.gate_up_proj\"]", "field 'target_parameters'"},
+      {"trainable_token_indices", "[1, 2]", "field 'trainable_token_indices'"},
+      {"use_qalora", "true", "field 'use_qalora' is true"},
+      {"alora_invocation_tokens", "[5]", "field 'alora_invocation_tokens'"},
+      {"use_bdlora", "{\"a\": 1}", "field 'use_bdlora'"},
+      {"velora_config", "{\"a\": 1}", "field 'velora_config'"},
+      {"monteclora_config", "{\"a\": 1}", "field 'monteclora_config'"},
+      {"arrow_config", "{\"a\": 1}", "field 'arrow_config'"},
+      {"kasa_config", "{\"a\": 1}", "field 'kasa_config'"},
+      {"lora_dropout", "1.5", "lora_dropout (--lora-dropout, or the adapter's field) 1.5"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     const char *dir = edited_adapter(fx.dir, bad[i][0], bad[i][1]);
@@ -328,6 +358,87 @@ static void test_errors(void **state) {
   o = lora_opts(fx.dir);
   o.lora.rank = 8;
   expect_error(&o, "the adapter");
+  o = lora_opts(fx.dir);
+  o.lora.dropout = 0.2;
+  expect_error(&o, "lora_dropout (--lora-dropout) 0.2 with the adapter");
+  /* a part of a fused checkpoint linear (PEFT sees Phi-3's qkv_proj, gate_up_proj only) and
+     mixture-of-experts models */
+  char dir[600];
+  snprintf(dir, sizeof dir, "%s/tests/fixtures/phi3", ML_SOURCE_DIR);
+  static const char *const fused[][2] = {
+      {"q_proj", "target module 'q_proj' is a part of the fused "
+                 "model.layers.0.self_attn.qkv_proj (one checkpoint linear for q_proj, k_proj, "
+                 "v_proj), which PEFT adapts as one module; expected 'qkv_proj'"},
+      {"o_proj,up_proj", "target module 'up_proj' is a part of the fused "
+                         "model.layers.0.mlp.gate_up_proj (one checkpoint linear for gate_proj, "
+                         "up_proj), which PEFT adapts as one module; expected 'gate_up_proj'"}};
+  for (size_t i = 0; i < sizeof fused / sizeof fused[0]; i++) {
+    o = lora_opts(NULL);
+    o.lora.targets = fused[i][0];
+    expect_error_on(dir, &o, fused[i][1]);
+  }
+  snprintf(dir, sizeof dir, "%s/tests/fixtures/qwen3_moe", ML_SOURCE_DIR);
+  o = lora_opts(NULL);
+  o.lora.targets = "all-linear";
+  expect_error_on(dir, &o, "lora_targets (--lora-targets) 'all-linear': model.layers.1.mlp.gate "
+                           "is a linear of the mixture-of-experts block (its router or an expert)");
+  o.lora.targets = "o_proj,up_proj";
+  expect_error_on(dir, &o, "model.layers.1.mlp.experts.0.up_proj is a linear of the "
+                           "mixture-of-experts block");
+  fixture_free(&fx);
+}
+
+/* LoRA dropout p = 0.1 (the fixture's adapter with its lora_dropout set): the mask is a
+ * function of global coordinates (model/lora_drop.h), so the mesh draws one rank's mask and
+ * the two agree within the pair bound of two orders of one fp32 computation (tolerance.h §8,
+ * the dropout's scaling one more rounding of lora_A's input, in series with the GEMM it
+ * feeds: covered by tol_k_lora's 2 roundings per adapted linear beside the r-term sum);
+ * the dropout is on (the loss differs from p = 0's) and off in scoring (log-probs bitwise
+ * p = 0's on the same engine geometry). */
+static void test_dropout(void **state) {
+  (void)state;
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  const char *dir = edited_adapter(fx.dir, "lora_dropout", "0.1");
+  ml_engine_opts o = lora_opts(dir), o0 = lora_opts(fx.dir);
+  static run one, mesh, plain;
+  run_open(&one, MPI_COMM_SELF, 1, 1, &o, g_base_dir);
+  mesh_open(&mesh, &o);
+  mesh_open(&plain, &o0);
+  assert_true(one.e.lora.dropout == 0.1 && mesh.e.lora.dropout == 0.1);
+  double r = (double)one.e.lora.rank;
+  tol_model tm = tol_model_of(&mesh, fx.S, fx.B * fx.S);
+  double l1 = step(&one, &fx), lm = step(&mesh, &fx), l0 = step(&plain, &fx);
+  double el = fabs(lm - l1) / fabs(l1), tl = tol_lora_pair(&tm, TOL_LOSS, r);
+  float **g1 = export_all(&one, ML_EXPORT_GRADS), **gm = export_all(&mesh, ML_EXPORT_GRADS);
+  double tg = tol_lora_pair(&tm, TOL_GRADS, r), worst = 0;
+  for (int i = 0; i < mesh.e.model.n_params; i++) {
+    const ml_param *p = ml_engine_export_param(&mesh.e, i);
+    if (!p->adapter) continue;
+    double e = rel_l2(gm[i], g1[i], p->shape[0] * p->shape[1]);
+    worst = fmax(worst, e);
+    if (e > tg) fail_msg("%s: dropout grad rel L2 mesh vs one %.3g (bound %.3g)", p->name, e, tg);
+  }
+  if (rank0())
+    printf("dropout 0.1: loss one %.9f mesh %.9f (rel %.3g, bound %.3g; p = 0: %.9f), adapter "
+           "grads mesh vs one worst rel L2 %.3g (bound %.3g)\n", l1, lm, el, tl, l0, worst, tg);
+  assert_true(el <= tl);
+  assert_true(lm != l0); /* the mask took effect */
+  int64_t n = fx.B * (fx.S - 1);
+  float *lp = malloc(sizeof(float) * (size_t)n), *lp0 = malloc(sizeof(float) * (size_t)n);
+  assert_true(lp && lp0);
+  if (ml_engine_logprobs(&mesh.e, fx.ids, fx.B, fx.S, lp) ||
+      ml_engine_logprobs(&plain.e, fx.ids, fx.B, fx.S, lp0))
+    fail_msg("%s", ml_error_msg());
+  assert_memory_equal(lp, lp0, sizeof(float) * (size_t)n);
+  free(lp0);
+  free(lp);
+  free_all(gm);
+  free_all(g1);
+  run_close(&plain);
+  run_close(&mesh);
+  run_close(&one);
+  remove_edited(dir);
   fixture_free(&fx);
 }
 
@@ -354,22 +465,19 @@ static void remove_tree(const char *dir) { nftw(dir, remove_entry, 16, FTW_DEPTH
  * (holding the adapter's initial values and zero AdamW state until the
  * load), then one more step on each: adapters, AdamW state and the loss
  * bit for bit. */
-static void test_resume(void **state) {
-  (void)state;
-  static fixture fx;
-  fixture_load(g_fixture, &fx);
-  ml_engine_opts o = lora_opts(fx.dir);
+static void resume_with(const fixture *fx, const char *adapter) {
+  ml_engine_opts o = lora_opts(adapter);
   static run a, b;
   mesh_open(&a, &o);
   ml_adamw_cfg adam = {1e-2, 0.9, 0.999, 1e-8, 0.1};
-  step(&a, &fx);
+  step(&a, fx);
   if (ml_engine_adamw(&a.e, &adam)) fail_msg("adamw: %s", ml_error_msg());
   const char *dir = scratch("resume");
   ml_run_state st = {.step = 1}, got;
   if (ml_run_save(&a.e, dir, &st)) fail_msg("save: %s", ml_error_msg());
   mesh_open(&b, &o);
   if (ml_run_load(&b.e, dir, &got)) fail_msg("load: %s", ml_error_msg());
-  double la = step(&a, &fx), lb = step(&b, &fx);
+  double la = step(&a, fx), lb = step(&b, fx);
   assert_memory_equal(&la, &lb, sizeof la);
   if (ml_engine_adamw(&a.e, &adam) || ml_engine_adamw(&b.e, &adam))
     fail_msg("adamw: %s", ml_error_msg());
@@ -383,12 +491,26 @@ static void test_resume(void **state) {
     free_all(tb);
     free_all(ta);
   }
-  if (rank0()) printf("resume: loss %.9g and every adapter, exp_avg, exp_avg_sq bitwise equal\n",
-                      la);
+  if (rank0())
+    printf("resume (lora_dropout %g): loss %.9g and every adapter, exp_avg, exp_avg_sq bitwise "
+           "equal\n", a.e.lora.dropout, la);
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank0()) remove_tree(dir);
   run_close(&b);
   run_close(&a);
+}
+
+/* Resume (resume_with) with the fixture's adapter, and with it under LoRA dropout p = 0.1:
+ * the masks are keyed by the optimizer step, which the resume restores, and the micro-batch,
+ * which each step counts from 0, so the resumed step draws the uninterrupted run's masks. */
+static void test_resume(void **state) {
+  (void)state;
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  resume_with(&fx, fx.dir);
+  const char *dir = edited_adapter(fx.dir, "lora_dropout", "0.1");
+  resume_with(&fx, dir);
+  remove_edited(dir);
   fixture_free(&fx);
 }
 
@@ -525,6 +647,177 @@ static void test_export(void **state) {
   fixture_free(&fx);
 }
 
+/* Collects the streamed tensors by export index (a copy each). */
+typedef struct collected {
+  int n;
+  float **t;
+} collected;
+
+static int collect(void *ctx, int k, const ml_param *p, const float *global) {
+  collected *c = ctx;
+  size_t bytes = sizeof(float) * (size_t)(p->shape[0] * p->shape[1]);
+  if (k < 0 || k >= c->n || c->t[k] || !(c->t[k] = malloc(bytes)))
+    return ml_err("collect: tensor %d ('%s') out of range, twice, or no memory", k, p->name);
+  memcpy(c->t[k], global, bytes);
+  return 0;
+}
+
+static void collected_free(void *p) {
+  collected *c = p;
+  for (int k = 0; k < c->n; k++) free(c->t[k]);
+  free(c->t);
+}
+
+/* The view streamed to `root` (every rank when < 0) into c (held). */
+static void stream_view(run *r, int root, ml_lora_view view, collected *c) {
+  c->n = r->e.model.n_params;
+  c->t = calloc((size_t)c->n, sizeof *c->t);
+  assert_non_null(c->t);
+  hold(c, collected_free);
+  if (ml_lora_stream(&r->e, root, view, collect, c)) fail_msg("stream: %s", ml_error_msg());
+}
+
+/* Tensor `name` of file f equals the fp32 values v bit for bit. */
+static void assert_file_tensor(const ml_st_file *f, const char *name, const ml_param *p,
+                               const float *v) {
+  const ml_st_tensor *t = ml_st_find(f, name);
+  if (!t) fail_msg("%s has no tensor %s", f->path, name);
+  assert_int_equal(t->dtype, ML_F32);
+  assert_int_equal(t->numel, p->shape[0] * p->shape[1]);
+  assert_memory_equal(t->data, v, t->nbytes);
+}
+
+/* The LoRA streams: the adapters-only view to every rank is the fixture's
+ * PEFT file (no step: the loaded values) under PEFT's keys, and moves no
+ * base parameter; the merged view to rank 0 is the merged export's every
+ * tensor bit for bit (one computation: ml_engine_save_lora writes the
+ * same stream, the fixture's source dtype fp32 keeping every bit). */
+static void test_streams(void **state) {
+  (void)state;
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  ml_engine_opts o = lora_opts(fx.dir);
+  static run a;
+  static collected ad, mg;
+  mesh_open(&a, &o);
+  char merged[300], path[1024];
+  snprintf(merged, sizeof merged, "%s", scratch("stream_merged"));
+  if (ml_engine_save_lora(&a.e, merged, true, ML_EXPORT_DTYPE_SOURCE))
+    fail_msg("export: %s", ml_error_msg());
+  stream_view(&a, -1, ML_LORA_ADAPTERS, &ad);
+  stream_view(&a, 0, ML_LORA_MERGED, &mg);
+  static ml_st_file peft, mfile;
+  snprintf(path, sizeof path, "%s/adapter_model.safetensors", fx.dir);
+  if (ml_st_open(path, &peft)) fail_msg("%s", ml_error_msg());
+  hold(&peft, st_release);
+  int n_ad = 0, n_base = 0;
+  for (int k = 0; k < a.e.model.n_params; k++) {
+    const ml_param *p = ml_engine_export_param(&a.e, k);
+    char key[300];
+    snprintf(key, sizeof key, "base_model.model.%s", p->key);
+    /* a fused module's lora_B comes whole at its first part's index, PEFT's key and shape */
+    ml_param whole = *p;
+    whole.shape[0] = p->key_rows;
+    if (p->adapter && p->key_row0 == 0) assert_file_tensor(&peft, key, &whole, ad.t[k]);
+    else assert_null(ad.t[k]); /* no base parameter, no later part on its own */
+    n_ad += p->adapter && p->key_row0 == 0;
+  }
+  assert_int_equal((size_t)n_ad, peft.n);
+  if (rank0()) {
+    snprintf(path, sizeof path, "%s/model.safetensors", merged);
+    if (ml_st_open(path, &mfile)) fail_msg("%s", ml_error_msg());
+    hold(&mfile, st_release);
+    for (int k = 0; k < a.e.model.n_params; k++) {
+      const ml_param *p = ml_engine_export_param(&a.e, k);
+      if (p->adapter) {
+        assert_null(mg.t[k]); /* the merged view hands no adapter on */
+        continue;
+      }
+      /* a part of a fused checkpoint tensor: its rows of it */
+      const ml_st_tensor *t = ml_st_find(&mfile, p->key);
+      if (!t) fail_msg("%s has no tensor %s", mfile.path, p->key);
+      size_t row = sizeof(float) * (size_t)p->shape[1];
+      assert_memory_equal((const char *)t->data + row * (size_t)p->key_row0, mg.t[k],
+                          row * (size_t)p->shape[0]);
+      n_base += p->key_row0 == 0;
+    }
+    assert_int_equal((size_t)n_base, mfile.n);
+    printf("streams: %d adapters bitwise PEFT's file, %d merged tensors bitwise the merged "
+           "export's\n", n_ad, n_base);
+    unhold(&mfile);
+    ml_st_close(&mfile);
+    remove_tree(merged);
+  }
+  unhold(&peft);
+  ml_st_close(&peft);
+  unhold(&mg);
+  collected_free(&mg);
+  unhold(&ad);
+  collected_free(&ad);
+  run_close(&a);
+  fixture_free(&fx);
+}
+
+enum { GEN_PROMPTS = 2, GEN_NEW = 12 };
+
+/* Greedy generation (engine/generate.h) of two prompts cut from the fixture's rows. */
+static void gen_greedy(run *r, const fixture *fx, int32_t *tok, int64_t *len, float *lp) {
+  int64_t lens[GEN_PROMPTS] = {5, 9};
+  int32_t ids[5 + 9];
+  memcpy(ids, fx->ids, sizeof(int32_t) * 5);
+  memcpy(ids + 5, fx->ids + (fx->B > 1 ? fx->S : 0) + 1, sizeof(int32_t) * 9);
+  ml_gen_opts g = {.max_new = GEN_NEW, .n_samples = 1, .sampler = {.greedy = true}};
+  if (ml_generate(&r->e, GEN_PROMPTS, lens, ids, &g, tok, len, lp, NULL))
+    fail_msg("generate: %s", ml_error_msg());
+}
+
+/* Generation on the LoRA engine against its merged export opened as a plain
+ * model, on the same mesh. */
+static void test_generate_merged(void **state) {
+  (void)state;
+  if (g_cp > 1) { /* ml_generate refuses cp > 1 (the KV cache holds whole sequences) */
+    if (rank0()) printf("generate: cp %d, not run (generation needs cp 1)\n", g_cp);
+    return;
+  }
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  ml_engine_opts o = lora_opts(fx.dir), plain = ml_engine_opts_default();
+  plain.sequence_parallel = g_sp;
+  static run lora, merged;
+  mesh_open(&lora, &o);
+  char dir[300];
+  snprintf(dir, sizeof dir, "%s", scratch("gen_merged"));
+  if (ml_engine_save_lora(&lora.e, dir, true, ML_EXPORT_DTYPE_SOURCE))
+    fail_msg("export: %s", ml_error_msg());
+  run_open_ep(&merged, MPI_COMM_WORLD, g_dpr, 1, g_tp, g_ep, &plain, dir, NULL, NULL);
+  int32_t tl[GEN_PROMPTS * GEN_NEW], tm[GEN_PROMPTS * GEN_NEW];
+  int64_t ll[GEN_PROMPTS], lm[GEN_PROMPTS];
+  float pl[GEN_PROMPTS * GEN_NEW], pm[GEN_PROMPTS * GEN_NEW];
+  gen_greedy(&lora, &fx, tl, ll, pl);
+  gen_greedy(&merged, &fx, tm, lm, pm);
+  /* Both evaluate the same LoRA model in fp32: the LoRA engine with the adapter terms of
+     tolerance.h §8 in its chain (tol_k_lora: r-term up-projection, scaling, add per adapted
+     linear), the merged one with W' = fl32(W + s·B·A) — one rounding of each weight
+     element (the double sum's own error, gamma64(r + 1), far below u), fewer than the
+     adapter terms it replaces on the same chain. Each is within gamma(K)·|.| of the exact
+     model with K = tol_model_k + tol_k_lora, so the two within tol_lora_pair. */
+  tol_model tmod = tol_model_of(&lora, 9 + GEN_NEW, GEN_PROMPTS * (9 + GEN_NEW));
+  double tol = tol_lora_pair(&tmod, TOL_LOGPROBS, (double)lora.e.lora.rank);
+  assert_memory_equal(ll, lm, sizeof ll);
+  assert_memory_equal(tl, tm, sizeof tl);
+  double err = rel_l2(pl, pm, GEN_PROMPTS * GEN_NEW);
+  if (rank0())
+    printf("generate: LoRA engine vs merged export (dp_replicate %d, tp %d%s): %d greedy tokens "
+           "equal, log-probs rel L2 %.3g (bound %.3g)\n", g_dpr, g_tp, g_sp ? " sp" : "",
+           GEN_PROMPTS * GEN_NEW, err, tol);
+  assert_true(err <= tol);
+  run_close(&merged);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank0()) remove_tree(dir);
+  run_close(&lora);
+  fixture_free(&fx);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   bool usage = argc < 3;
@@ -533,10 +826,13 @@ int main(int argc, char **argv) {
     else if (!strncmp(argv[i], "cp=", 3)) g_cp = atoi(argv[i] + 3);
     else if (!strncmp(argv[i], "tp=", 3)) g_tp = atoi(argv[i] + 3);
     else if (!strcmp(argv[i], "sp")) g_sp = true;
+    else if (!strncmp(argv[i], "targets=", 8)) g_targets = argv[i] + 8;
+    else if (!strncmp(argv[i], "ep=", 3)) g_ep = atoi(argv[i] + 3);
     else usage = true;
   }
-  if (usage || g_dpr < 1 || g_cp < 1 || g_tp < 1) {
-    fprintf(stderr, "usage: test_lora LORA_FIXTURE BASE_FIXTURE [dpr=N] [cp=N] [tp=N] [sp]\n");
+  if (usage || g_dpr < 1 || g_cp < 1 || g_tp < 1 || g_ep < 1) {
+    fprintf(stderr, "usage: test_lora LORA_FIXTURE BASE_FIXTURE [dpr=N] [cp=N] [tp=N] [sp] "
+                    "[ep=N] [targets=LIST]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];
@@ -547,8 +843,11 @@ int main(int argc, char **argv) {
       held_test(test_base_unchanged),
       held_test(test_seeded),
       held_test(test_errors),
+      held_test(test_dropout),
       held_test(test_resume),
       held_test(test_export),
+      held_test(test_streams),
+      held_test(test_generate_merged),
   };
   return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

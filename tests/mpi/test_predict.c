@@ -10,7 +10,10 @@
  * engine/freeze.h: a unit whose parameters are all frozen holds its fp32
  * parameter shard alone, 4 B per element, and reduces nothing), lora=R
  * (rank-R LoRA adapters on every linear, engine/lora.h: the base frozen,
- * the adapters' GEMMs and temporaries in the step).
+ * the adapters' GEMMs and temporaries in the step), dropout=P (their
+ * LoRA dropout, model/lora_drop.h: the dropped inputs' temporaries, and the
+ * host all-gather of the data ranks' rows, which is no counted collective),
+ * targets=LIST (their lora_targets; all-linear unless given).
  * Opens the engine on the fixture over MPI_COMM_WORLD (dp_shard = N /
  * (C·TP), tp = TP, sequence parallel when SP =
  * 1), runs one training step (zero_grad, forward_backward, grad_norm,
@@ -73,6 +76,8 @@ static int g_accum = 1; /* micro-batches per step ("accum=K") */
 static bool g_offload;  /* FSDP's cpu_offload ("offload") */
 static const char *g_freeze; /* frozen parameters' patterns ("freeze=PATTERNS"), or NULL */
 static int64_t g_lora;       /* LoRA rank ("lora=R"), or 0 */
+static double g_dropout;     /* its lora_dropout ("dropout=P"), or 0 */
+static const char *g_targets = "all-linear"; /* its lora_targets ("targets=LIST") */
 static char g_plan[64]; /* a custom plan file, or "" for the automatic choice */
 
 /* The HF-style plan with lm_head colwise_rep (Replicate logits). Each
@@ -126,7 +131,8 @@ static void setup_open(setup *s) {
   opts.fsdp.param_dtype = g_param_dtype;
   opts.fsdp.cpu_offload = g_offload;
   opts.freeze = g_freeze;
-  opts.lora = (ml_lora_opts){.rank = g_lora, .alpha = 8, .targets = "all-linear", .seed = 1};
+  opts.lora = (ml_lora_opts){.rank = g_lora, .alpha = 8, .dropout = g_dropout,
+                             .targets = g_targets, .seed = 1};
   if (ml_mesh_create(MPI_COMM_WORLD, g_dpr, 0, g_cp, g_tp, NULL, NULL, &s->mesh) ||
       ml_engine_open(&s->e, &s->mesh, s->fx.dir, &opts))
     fail_msg("setup: %s", ml_error_msg());
@@ -429,7 +435,7 @@ int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   if (argc < 4) {
     fprintf(stderr, "usage: test_predict FIXTURE TP SP(0|1) [rep-logits|hsdp|ac=MODE|bf16|"
-                    "accum=K|cp=C|offload|freeze=PATTERNS|lora=R]...\n");
+                    "accum=K|cp=C|offload|freeze=PATTERNS|lora=R|dropout=P|targets=LIST]...\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];
@@ -451,6 +457,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "rep-logits")) write_rep_logits_plan();
     else if (!strncmp(argv[i], "freeze=", 7) && argv[i][7]) g_freeze = argv[i] + 7;
     else if (!strncmp(argv[i], "lora=", 5) && atoi(argv[i] + 5) >= 1) g_lora = atoi(argv[i] + 5);
+    else if (!strncmp(argv[i], "dropout=", 8)) g_dropout = atof(argv[i] + 8);
+    else if (!strncmp(argv[i], "targets=", 8)) g_targets = argv[i] + 8;
     else if (!known) {
       fprintf(stderr, "test_predict: unknown option '%s'\n", argv[i]);
       MPI_Abort(MPI_COMM_WORLD, 2);

@@ -106,6 +106,11 @@
 /* Why a sequence ended (ml_generate's out_finish). */
 typedef enum { ML_FINISH_STOP = 1, ML_FINISH_LENGTH = 2 } ml_finish;
 
+/* What a call did (ml_gen_opts.stats). */
+typedef struct ml_gen_stats {
+  int64_t preemptions; /* sequences preempted for want of KV blocks (each re-entered later) */
+} ml_gen_stats;
+
 typedef struct ml_gen_opts {
   int64_t max_new;            /* the outputs' width and the default per prompt, >= 1 */
   const int64_t *max_new_per; /* [n] each prompt's own, 1 .. max_new; NULL: max_new for all */
@@ -119,6 +124,7 @@ typedef struct ml_gen_opts {
   int64_t prefill_tokens;     /* prompt tokens per step, >= 1; 0: ML_GEN_PREFILL */
   int64_t max_kv_bytes;       /* the KV cache's pool (this rank's), bytes >= 0; 0: room for
                                  max_running sequences of the largest need (below) */
+  ml_gen_stats *stats;        /* out (NULL: not wanted), set when the call succeeds */
 } ml_gen_opts;
 
 enum { ML_GEN_RUNNING = 256, ML_GEN_PREFILL = 512 };

@@ -28,32 +28,7 @@
 
 #include "backend/cpu/cpu.h"
 #include "common/status.h"
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-/* n standard normal floats (Box–Muller over a 64-bit LCG: data, not statistics). */
-static void normal_fill(float *x, int64_t n, uint64_t seed) {
-  uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
-  for (int64_t i = 0; i < n; i += 2) {
-    double u[2];
-    for (int j = 0; j < 2; j++) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      u[j] = ((double)(s >> 11) + 0.5) / 9007199254740992.0; /* (0, 1) */
-    }
-    double r = sqrt(-2.0 * log(u[0])), a = 6.283185307179586 * u[1];
-    x[i] = (float)(r * cos(a));
-    if (i + 1 < n) x[i + 1] = (float)(r * sin(a));
-  }
-}
+#include "bench_util.h"
 
 /* a comma-separated list of at most cap positive integers; its length, or 0 */
 static int parse_list(const char *s, int64_t *out, int cap) {
@@ -80,18 +55,18 @@ static double read_ceiling(void) {
   int64_t n = COLD / sizeof(float);
   float *buf = malloc(COLD);
   if (!buf) return 0;
-  normal_fill(buf, n, 3);
+  bench_normal_fill(buf, n, 3);
   double t[5], sink = 0;
   for (int r = 0; r < 5; r++) {
-    double t0 = now();
+    double t0 = bench_now();
     float s = 0;
 #pragma omp parallel for simd reduction(+ : s)
     for (int64_t i = 0; i < n; i++) s += buf[i];
-    t[r] = now() - t0;
+    t[r] = bench_now() - t0;
     sink += s;
   }
   free(buf);
-  qsort(t, 5, sizeof(double), cmp_double);
+  qsort(t, 5, sizeof(double), bench_cmp_double);
   return sink == sink ? (double)COLD / t[2] * 1e-9 : 0; /* (sink read: the sums are kept) */
 }
 
@@ -110,8 +85,8 @@ static int run(ml_cpu_gemm *gm, bool bf, int64_t M, int64_t N, int64_t K, int re
     free(x), free(C), free(w), free(ws), free(t);
     return -1;
   }
-  normal_fill(x, M * K, 1);
-  normal_fill(w, N * K, 2);
+  bench_normal_fill(x, M * K, 1);
+  bench_normal_fill(w, N * K, 2);
   if (bf) ml_convert_from_f32(ML_BF16, w, ws, (size_t)(N * K));
   else memcpy(ws, w, wbytes);
   for (int64_t c = 1; c < copies; c++) memcpy(ws + (size_t)c * wbytes, ws, wbytes);
@@ -124,13 +99,13 @@ static int run(ml_cpu_gemm *gm, bool bf, int64_t M, int64_t N, int64_t K, int re
     double spent = 0;
     for (int i = -3; rc == 0 && n < cap && (n < reps || spent < 0.2); i++) {
       g.B = ws + (size_t)((i + 3) % copies) * wbytes;
-      double t0 = now();
+      double t0 = bench_now();
       rc = ml_cpu_gemm_run_on(gm, &g, kernels[kk].path);
-      double dt = now() - t0;
+      double dt = bench_now() - t0;
       if (i >= 0) t[n++] = dt, spent += dt;
     }
     if (rc) break;
-    qsort(t, (size_t)n, sizeof(double), cmp_double);
+    qsort(t, (size_t)n, sizeof(double), bench_cmp_double);
     double med = t[n / 2], bytes = (double)N * (double)K * (bf ? 2.0 : 4.0);
     printf("gemm %s M %4lld N %6lld K %lld %-6s: %8.4f ms  W %6.2f GB/s  %7.2f GFLOP/s  "
            "(median of %d)\n",

@@ -4,7 +4,9 @@
  * row of a linear layer's output is the same bit pattern whatever batch it
  * is computed in (vLLM's VLLM_BATCH_INVARIANT, Thinking Machines'
  * "Defeating Nondeterminism in LLM Inference": a matmul that never splits
- * its reduction by the shape of the call).
+ * its reduction by the shape of the call). The default path runs it too
+ * for x·W^T of at most ML_CPU_GEMM_SMALL_M rows (cpu.h: decode, where it
+ * streams W faster than oneDNN).
  *
  * The order: element (i, j) is
  * the dot product of row i of A and row j of B over k = 0 .. K−1 in 16
@@ -22,7 +24,7 @@
  * are left), B's rows the outer loop so that each group of them is read
  * from memory once, prefetched one group ahead, and used by every row of A
  * in the block; rows of B past N repeated and their results dropped. At
- * most MB rows of A (decode: W·x at memory bandwidth) each OpenMP thread
+ * most MB rows of A (decode: W streamed at memory bandwidth) each OpenMP thread
  * takes a contiguous part of B's rows; more, 64 × 64 output tiles, one
  * OpenMP task each (K never split). A product too small to pay for waking
  * the team runs on the calling thread (PAR_*, measured below). A bf16 A may

@@ -25,39 +25,14 @@
 #include "backend/backend.h"
 #include "common/checked.h"
 #include "common/status.h"
-
-static double now(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-/* n standard normal floats (Box–Muller over a 64-bit LCG: data, not statistics). */
-static void normal_fill(float *x, int64_t n, uint64_t seed) {
-  uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
-  for (int64_t i = 0; i < n; i += 2) {
-    double u[2];
-    for (int j = 0; j < 2; j++) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      u[j] = ((double)(s >> 11) + 0.5) / 9007199254740992.0; /* (0, 1) */
-    }
-    double r = sqrt(-2.0 * log(u[0])), a = 6.283185307179586 * u[1];
-    x[i] = (float)(r * cos(a));
-    if (i + 1 < n) x[i + 1] = (float)(r * sin(a));
-  }
-}
+#include "bench_util.h"
 
 /* A device buffer of n floats, random normal. */
 static float *device_normal(ml_backend *be, int64_t n, uint64_t seed, const char *what) {
   float *h = ml_malloc_array((size_t)n, sizeof(float), "%s on the host", what);
   float *d = h ? ml_be_alloc(be, n, sizeof(float), "%s", what) : NULL;
   if (d) {
-    normal_fill(h, n, seed);
+    bench_normal_fill(h, n, seed);
     if (ml_be_copy(be, d, h, (size_t)n * sizeof(float), ML_COPY_H2D)) {
       ml_be_free(be, d);
       d = NULL;
@@ -91,20 +66,20 @@ static int run(ml_backend *be, const char *device, ml_dtype compute, int reps, s
                ? -1
                : 0;
   for (int i = -2; rc == 0 && i < reps; i++) {
-    double t0 = now();
+    double t0 = bench_now();
     rc = ml_be_attention_fwd(be, q, k, v, out, saved, s.B, s.S, s.nh, s.nkv, s.hd, scale, 0,
                              compute) ||
          ml_be_sync(be);
-    double t1 = now();
+    double t1 = bench_now();
     if (rc == 0)
       rc = ml_be_attention_bwd(be, dout, q, k, v, out, saved, dq, dk, dv, s.B, s.S, s.nh, s.nkv,
                                s.hd, scale, 0, compute, work) ||
            ml_be_sync(be);
-    if (i >= 0) t[0][i] = t1 - t0, t[1][i] = now() - t1;
+    if (i >= 0) t[0][i] = t1 - t0, t[1][i] = bench_now() - t1;
   }
   if (rc == 0) {
-    qsort(t[0], (size_t)reps, sizeof(double), cmp_double);
-    qsort(t[1], (size_t)reps, sizeof(double), cmp_double);
+    qsort(t[0], (size_t)reps, sizeof(double), bench_cmp_double);
+    qsort(t[1], (size_t)reps, sizeof(double), bench_cmp_double);
     const double f = 4.0 * (double)s.B * (double)s.S * (double)s.S * (double)s.nh * (double)s.hd / 2;
     const double tf = t[0][reps / 2], tb = t[1][reps / 2];
     printf("attention %s %s B %lld S %lld heads %lld/%lld hd %lld: forward %.3f ms (%.4g "

@@ -51,7 +51,7 @@ Figures for notes; nothing here is asserted.
 
 usage: bench/generate_throughput.py [--batches 1,8,64] [--prompt 128] [--new 256]
          [--dtypes fp32,bf16] [--old ROOT] [--old-max-batch 8] [--mixed] [--impls new,old,torch]
-         [--samples 1] [--no-step] [--device cpu]
+         [--samples 1] [--no-step] [--device cpu] [--batch-invariant]
 """
 import argparse
 import json
@@ -91,7 +91,8 @@ def worker(a):
     if a.impl == "torch":
         return torch_worker(a)
     import meshlm
-    with meshlm.Policy(a.model, param_dtype=a.dtype, tp=a.tp, device=a.device) as p:
+    inv = {"batch_invariant": True} if a.batch_invariant else {}
+    with meshlm.Policy(a.model, param_dtype=a.dtype, tp=a.tp, device=a.device, **inv) as p:
         vocab = p.info["vocab_size"]
         ps = prompts_of(a.batch // a.samples, a.prompt, a.mixed, vocab, 1)
         share = p.info["rank"] if a.replica else p.info["dp_rank"]
@@ -188,7 +189,8 @@ def run(a, impl, dtype, batch, model):
            "--model", model, "--tp", str(a.tp if impl == "new" else 1),
            "--samples", str(a.samples), "--device", a.device] + \
         (["--mixed"] if a.mixed else []) + (["--replica"] if a.replica else []) + \
-        (["--no-step"] if a.no_step else [])
+        (["--no-step"] if a.no_step else []) + \
+        (["--batch-invariant"] if a.batch_invariant and impl != "torch" else [])
     if ranks > 1:
         cmd = ["mpiexec", "-n", str(ranks), "--oversubscribe", "--bind-to", "none"] + cmd
     with tempfile.TemporaryDirectory() as out:  # one JSON file per rank
@@ -225,6 +227,8 @@ def main():
     ap.add_argument("--no-step", action="store_true",
                     help="skip the generate after a train step (step s)")
     # one measurement (internal)
+    ap.add_argument("--batch-invariant", action="store_true",
+                    help="new and old in the batch-invariant mode (Policy(batch_invariant=True))")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--impl", help=argparse.SUPPRESS)
     ap.add_argument("--dtype", help=argparse.SUPPRESS)
@@ -241,10 +245,11 @@ def main():
                             "--preset", "smollm2-135m", "--out", model], check=True,
                            stdout=subprocess.DEVNULL)
         print("smollm2-135m (random weights), prompt %d%s, %d new tokens, %d sample(s) a "
-              "prompt, %d cores, device %s, temperature 1, no stop id; new: %d rank(s), tp %d, %s"
+              "prompt, %d cores, device %s, temperature 1, no stop id; new: %d rank(s), tp %d, %s%s"
               % (a.prompt, " (B distinct lengths)" if a.mixed else "", a.new, a.samples,
                  os.cpu_count(), a.device, a.ranks, a.tp,
-                 "a replica per rank" if a.replica else "the policy's mesh"))
+                 "a replica per rank" if a.replica else "the policy's mesh",
+                 "; batch-invariant mode" if a.batch_invariant else ""))
         print("%-6s %-5s %5s %10s %10s %14s %8s %8s %8s %9s %8s"
               % ("impl", "dtype", "batch", "prefill s", "total s", "decode tok/s", "step s",
                  "rss MB", "gen MB", "kv B/tok", "kv MB"))

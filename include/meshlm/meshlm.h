@@ -704,8 +704,11 @@ typedef struct meshlm_sampling {
                              changed (each rank its own prompts, any mesh) */
   /* Appended by issue 31 item 1 (optional, as above). */
   int64_t max_kv_bytes;   /* the paged KV cache's pool, bytes a rank, >= 0 (vLLM's KV cache
-                             budget): prompts enter as the blocks their samples may take up to
-                             max_new_tokens free up; 0: room for max_running sequences */
+                             budget): prompts enter as the blocks their samples need now (and
+                             for their next token) free up, and a sequence that finds no free
+                             block preempts the last-arrived running one (recompute: it
+                             re-enters later, its outputs the same; meshlm_call_stats
+                             .preemptions); 0: room for max_running sequences to their end */
 } meshlm_sampling;
 /* max_new_tokens 32, temperature 1, top_p 1, not greedy, eos from the
  * model, seed 0, n 1, top_k 0, min_p 0, no stop ids, max_new_tokens for
@@ -765,7 +768,8 @@ MESHLM_API int meshlm_generate_samples(meshlm_session *s, const meshlm_seqs *pro
                                        int64_t *out_lens, float *out_logprobs,
                                        int32_t *out_finish);
 
-/* What the last meshlm_logprobs or meshlm_train_step did on this rank:
+/* What the last meshlm_logprobs or meshlm_train_step (or meshlm_generate: its
+ * preemptions alone) did on this rank:
  * its micro-batches and the collectives each mesh group issued (torch's
  * CommDebugMode counts), from the mesh's counting communicators. The FSDP
  * group (dp_shard × cp) carries the parameter all-gathers (one per FSDP
@@ -789,6 +793,12 @@ typedef struct meshlm_call_stats {
                                  ±inf, from weights or activations that overflowed; masked
                                  entries are 0), what the CLI writes as null and warns of;
                                  0 after meshlm_train_step */
+  /* Appended for preemption (optional: an older struct_size leaves it out). */
+  int64_t preemptions;        /* meshlm_generate / _samples (which set it and zero every other
+                                 field): sequences preempted for want of KV blocks in
+                                 max_kv_bytes, each re-entering later by prefilling its prompt
+                                 and generated tokens again (vLLM's recompute preemption);
+                                 0 after meshlm_logprobs and meshlm_train_step */
 } meshlm_call_stats;
 /* Not collective. Errors: s not open, out->struct_size out of range. */
 MESHLM_API int meshlm_last_call_stats(meshlm_session *s, meshlm_call_stats *out);

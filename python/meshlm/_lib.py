@@ -260,6 +260,7 @@ class meshlm_call_stats(Sized):
         ("cp_collectives", c_int64),
         ("dp_replicate_collectives", c_int64),
         ("nonfinite_logprobs", c_int64),
+        ("preemptions", c_int64),
     ]
 
 

@@ -158,6 +158,7 @@ class CallStats(TypedDict):
     cp_collectives: int
     dp_replicate_collectives: int
     nonfinite_logprobs: int
+    preemptions: int
 
 _INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 
@@ -768,7 +769,9 @@ class Policy:
         computed, padding included), padding, fsdp_all_gathers,
         fsdp_reduce_scatters, fsdp_all_reduces, fsdp_bytes, tp_collectives,
         cp_collectives, dp_replicate_collectives, nonfinite_logprobs (logprobs:
-        returned log-probs that are not finite).  Not collective."""
+        returned log-probs that are not finite), preemptions (generate: the
+        sequences preempted for want of KV blocks; generate() zeroes the
+        others).  Not collective."""
         s = self._session()
         st = L.meshlm_call_stats()
         self._check(self._lib.meshlm_last_call_stats(s, byref(st)), "meshlm_last_call_stats")
@@ -1339,8 +1342,10 @@ class Policy:
             (refit-free; the tp ranks of a data-parallel rank decode together
             and must pass the same prompts and arguments; cp > 1 refused);
             True: on a one-rank replica per rank (each rank its own prompts).
-        max_kv_bytes: the paged KV cache's bytes a rank (>= 0; prompts wait for
-            the blocks their samples may take; 0: room for max_running sequences).
+        max_kv_bytes: the paged KV cache's bytes a rank (>= 0; prompts enter on
+            the blocks they need now, a sequence finding none preempts the
+            last-arrived one, which re-enters later with the same outputs:
+            last_call_stats()["preemptions"]; 0: room for max_running sequences).
         Returns (tokens, logprobs, finish): lists of P·n entries, entry k·n + j
         sample j of prompt k: tokens int32 of the generated ids (the stop id
         included), logprobs float32 of the same length, log p of each

@@ -11,6 +11,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/checked.h"
 #include "common/hash.h"
@@ -172,10 +173,11 @@ int meshlm_generate_samples(meshlm_session *s, const meshlm_seqs *prompts,
   if (rc == 0 && eos == -1 && meshlm_get_info(s, &info) == 0) eos = info.eos_token_id;
   int64_t n_stop = 0;
   if (rc == 0) rc = stop_ids(sp, eos, &stop, &n_stop);
+  ml_gen_stats st = {0};
   ml_gen_opts o = {.max_new = sp->max_new_tokens, .max_new_per = sp->max_new_tokens_per,
                    .n_samples = sp->n, .stop = stop, .n_stop = n_stop, .seed = sp->seed,
                    .max_running = sp->max_running, .prefill_tokens = sp->prefill_tokens,
-                   .max_kv_bytes = sp->max_kv_bytes,
+                   .max_kv_bytes = sp->max_kv_bytes, .stats = &st,
                    .sampler = {.greedy = sp->greedy != 0, .temperature = sp->temperature,
                                .top_k = sp->top_k, .top_p = sp->top_p, .min_p = sp->min_p}};
   /* the arguments against the model (the replica's config is the policy's), before any
@@ -192,6 +194,10 @@ int meshlm_generate_samples(meshlm_session *s, const meshlm_seqs *prompts,
   rc = ml_generate(sp->replica ? &s->gen : &s->e, prompts->n, prompts->lens, prompts->tokens,
                    &o, out_tokens, out_lens, out_logprobs, out_finish);
   free(stop);
+  if (rc == 0) { /* meshlm_call_stats: this call's preemptions, nothing else */
+    memset(&s->last, 0, sizeof s->last);
+    s->last.preemptions = st.preemptions;
+  }
   return api_agree(s, rc);
 }
 

@@ -19,10 +19,12 @@ typedef enum { SLOT_FREE, SLOT_WAIT, SLOT_PREFILL, SLOT_DECODE } slot_kind;
 
 typedef struct slot {
   slot_kind kind; /* WAIT: a sample slot until its prompt's prefill ends */
-  int64_t row;    /* its output row (PREFILL: the prompt's first sample) */
+  int64_t row;    /* its output row (PREFILL: the prompt's first sample, or a resumed row) */
   int64_t pos;    /* positions in its cache */
   int32_t next;   /* DECODE: the token the next step feeds */
-  int64_t promise; /* KV blocks it may still take (its admission kept them) */
+  int64_t plen;   /* PREFILL: the positions it prefills (the prompt; a resumed row: the
+                     prompt and the tokens it generated before its preemption) */
+  bool fork;      /* PREFILL: its prompt's other samples wait for its keys (WAIT slots) */
 } slot;
 
 /* One call's state. */
@@ -36,11 +38,13 @@ typedef struct gen {
   const int32_t *tokens;
   int64_t budget, Tmax, V;     /* prefill tokens per step, tokens per step, vocab */
   ml_kv_pool kv;
-  int64_t avail;               /* KV blocks neither taken nor promised to a slot */
+  int64_t pending;             /* KV blocks the admitted prefills (and their forks) will take */
   slot *slots;
   int64_t nslots, nfree;
   int64_t *slot_of;            /* [R] the slot of each row once admitted */
   int64_t next_prompt;         /* prompts admitted: 0 .. next_prompt − 1 */
+  int64_t *resume, nres;       /* [R] preempted rows waiting to re-enter, ascending */
+  int64_t preemptions;
   int64_t *queue, nq;          /* slots prefilling, in order of admission */
   ml_kv_seg *seg;              /* [nslots] the step's segments */
   int64_t *need;               /* [nslots] tokens whose logits the step samples from */
@@ -139,54 +143,160 @@ static int forward(gen *g, int64_t T, int64_t nl) {
                     ML_COPY_D2H);
 }
 
-/* KV blocks sample j of prompt k may take, written positions 0 .. P +
- * max_new − 2 (its last token is never fed back): sample 0 every block of
- * them (it prefills), the others all but the prompt's full blocks, which
- * they share (their copy of a partial last block included). */
-static int64_t sample_blocks(const gen *g, int64_t k, int64_t j) {
-  int64_t P = g->lens[k], all = ml_kv_blocks(P + max_new_of(g, k) - 1);
-  return j == 0 ? all : all - P / ML_KV_BLOCK;
+/* Positions a row of prompt k writes at most: P + max_new − 1 (its last
+ * token is never fed back). */
+static int64_t last_pos(const gen *g, int64_t k) { return g->lens[k] + max_new_of(g, k) - 1; }
+
+/* KV blocks a sequence of prompt k holds once `pos` positions are written
+ * and its next position has its block (the current need and the next
+ * step's, vLLM's admission with one block of headroom), less `shared`
+ * blocks it holds by reference. */
+static int64_t next_blocks(const gen *g, int64_t k, int64_t pos, int64_t shared) {
+  int64_t upto = pos + 1 < last_pos(g, k) ? pos + 1 : last_pos(g, k);
+  return ml_kv_blocks(upto) - shared;
 }
 
-/* KV blocks prompt k's n samples may take together. */
-static int64_t prompt_blocks(const gen *g, int64_t k) {
-  return sample_blocks(g, k, 0) + (g->N - 1) * sample_blocks(g, k, 1);
+/* KV blocks prompt k's n samples take to enter: sample 0 its prefill's and
+ * the next position's, each other sample all but the prompt's full blocks
+ * (which it shares; a copy of a partial last block, the next position's). */
+static int64_t group_blocks(const gen *g, int64_t k) {
+  int64_t P = g->lens[k];
+  return next_blocks(g, k, P, 0) + (g->N - 1) * next_blocks(g, k, P, P / ML_KV_BLOCK);
 }
 
-/* Slot s took `taken` of its promised blocks (more: a bug in the accounting). */
+/* Of those, the blocks the prefill and the forks take before any decode. */
+static int64_t group_prefill_blocks(const gen *g, int64_t k) {
+  int64_t P = g->lens[k];
+  return ml_kv_blocks(P) + (g->N - 1) * (P % ML_KV_BLOCK != 0);
+}
+
+/* The smallest pool every prompt can run in: its group entering, and one
+ * sequence alone to its last position (a preempted row re-enters needing
+ * at most that). */
+static int64_t least_blocks(const gen *g) {
+  int64_t most = 1;
+  for (int64_t k = 0; k < g->n; k++) {
+    int64_t need = group_blocks(g, k), alone = ml_kv_blocks(last_pos(g, k));
+    if (need > most) most = need;
+    if (alone > most) most = alone;
+  }
+  return most;
+}
+
+/* The blocks the step's prefill chunks or forks took, out of the pending
+ * ones (more: a bug in the accounting). */
 static int spend(gen *g, int64_t s, int64_t taken) {
-  slot *sl = &g->slots[s];
-  if (taken > sl->promise)
-    return ml_err("generate: slot %lld took %lld KV blocks with %lld left of its admission; "
-                  "expected at most that",
-                  (long long)s, (long long)taken, (long long)sl->promise);
-  sl->promise -= taken;
+  if (taken > g->pending)
+    return ml_err("generate: slot %lld took %lld KV blocks with %lld left to the admitted "
+                  "prefills; expected at most that",
+                  (long long)s, (long long)taken, (long long)g->pending);
+  g->pending -= taken;
   return 0;
 }
 
-/* Prompts enter in order (first come, first served) while their n samples
- * find free slots and the KV blocks they may take are neither taken nor
- * promised (vLLM's admission at block granularity, here for a sequence's
- * whole length at once: no preemption): the first slot prefills, the
- * others wait for its keys. */
+/* The lowest free slot (the caller checked that one is). */
+static int64_t free_slot(const gen *g) {
+  int64_t s = 0;
+  while (g->slots[s].kind != SLOT_FREE) s++;
+  return s;
+}
+
+/* The earliest preempted row re-enters when a slot and the blocks of its
+ * prompt, its generated tokens and its next position are free (beside
+ * those the admitted prefills will take): it prefills all of them again
+ * (vLLM's recompute preemption) in its own slot, its RoPE tables for its
+ * prompt's length as before; *in false when it does not fit. */
+static int admit_resumed(gen *g, bool *in) {
+  int64_t r = g->resume[0], k = r / g->N, plen = g->lens[k] + g->out_lens[r];
+  *in = g->nfree >= 1 && g->pending + next_blocks(g, k, plen, 0) <= g->kv.nfree;
+  if (!*in) return 0;
+  int64_t s = free_slot(g);
+  g->slots[s] = (slot){SLOT_PREFILL, r, 0, -1, plen, false};
+  g->slot_of[r] = s;
+  g->nfree--;
+  g->pending += ml_kv_blocks(plen);
+  g->queue[g->nq++] = s;
+  memmove(g->resume, g->resume + 1, sizeof(int64_t) * (size_t)--g->nres);
+  return ml_kv_slot_rope(&g->kv, &g->m->cfg, s, g->lens[k]);
+}
+
+/* Rows enter first come, first served: preempted rows first (the earliest
+ * first: they arrived before every prompt not yet admitted), then prompts
+ * in order while their n samples find free slots and the KV blocks they
+ * take to enter (group_blocks) are free beside those the admitted
+ * prefills will take (vLLM's admission on the current need: a running
+ * sequence that later finds no free block preempts another, make_room).
+ * A prompt's first slot prefills, the others wait for its keys. */
 static int admit(gen *g) {
+  for (bool in = true; in && g->nres > 0;) ML_TRY(admit_resumed(g, &in));
+  if (g->nres > 0) return 0;
   while (g->next_prompt < g->n && g->nfree >= g->N &&
-         prompt_blocks(g, g->next_prompt) <= g->avail) {
-    int64_t k = g->next_prompt++, j = 0;
-    for (int64_t s = 0; j < g->N; s++) {
-      if (g->slots[s].kind != SLOT_FREE) continue;
-      int64_t r = k * g->N + j;
-      g->slots[s] = (slot){j == 0 ? SLOT_PREFILL : SLOT_WAIT, r, 0, -1, sample_blocks(g, k, j)};
+         g->pending + group_blocks(g, g->next_prompt) <= g->kv.nfree) {
+    int64_t k = g->next_prompt++;
+    for (int64_t j = 0; j < g->N; j++) {
+      int64_t s = free_slot(g), r = k * g->N + j;
+      g->slots[s] = (slot){j == 0 ? SLOT_PREFILL : SLOT_WAIT, r, 0, -1, g->lens[k], j == 0};
       g->slot_of[r] = s;
-      j++;
     }
     g->nfree -= g->N;
-    g->avail -= prompt_blocks(g, k);
+    g->pending += group_prefill_blocks(g, k);
     int64_t owner = g->slot_of[k * g->N];
     g->queue[g->nq++] = owner;
     ML_TRY(ml_kv_slot_rope(&g->kv, &g->m->cfg, owner, g->lens[k]));
   }
   return 0;
+}
+
+/* Whether decoding slot s's next position needs a block its table lacks. */
+static bool grows(const gen *g, int64_t s) {
+  return ml_kv_blocks(g->slots[s].pos + 1) > g->kv.nb[s];
+}
+
+/* Slot s's sequence preempted (vLLM's recompute preemption): its blocks
+ * released (those it shares stay with their other holders), its slot
+ * freed, its row queued to re-enter with the tokens it generated (kept in
+ * the outputs; its stream, which drew them, kept as it is). */
+static void preempt(gen *g, int64_t s) {
+  int64_t r = g->slots[s].row, i = g->nres++;
+  ml_kv_release(&g->kv, s);
+  g->slots[s] = (slot){SLOT_FREE, -1, 0, -1, 0, false};
+  g->nfree++;
+  for (; i > 0 && g->resume[i - 1] > r; i--) g->resume[i] = g->resume[i - 1];
+  g->resume[i] = r;
+  g->preemptions++;
+}
+
+/* Before a decode step: while the decoding sequences' next positions need
+ * more blocks than are free, the one that arrived last (the highest row)
+ * is preempted (vLLM's scheduler: the running queue's tail). The last
+ * running sequence is never preempted: it fits the pool alone
+ * (least_blocks), so its need finding no block is a bug, named. */
+static int make_room(gen *g) {
+  int64_t need = 0, running = 0;
+  for (int64_t s = 0; s < g->nslots; s++)
+    if (g->slots[s].kind == SLOT_DECODE) need += grows(g, s), running++;
+  while (need > g->kv.nfree) {
+    int64_t v = -1;
+    for (int64_t s = 0; s < g->nslots; s++)
+      if (g->slots[s].kind == SLOT_DECODE && (v < 0 || g->slots[s].row > g->slots[v].row)) v = s;
+    if (running <= 1)
+      return ml_err("generate: row %lld alone needs %lld KV blocks with %lld free of %lld; "
+                    "expected room for one sequence (a bug in the accounting)",
+                    (long long)g->slots[v].row, (long long)need, (long long)g->kv.nfree,
+                    (long long)g->kv.nblocks);
+    need -= grows(g, v);
+    running--;
+    preempt(g, v);
+  }
+  return 0;
+}
+
+/* The step's ids of slot sl's prefill chunk, positions pos .. pos+c−1:
+ * its prompt's, then (a resumed row) the tokens it generated. */
+static void prefill_ids(const gen *g, const slot *sl, int64_t c, int32_t *ids) {
+  int64_t k = sl->row / g->N, P = g->lens[k];
+  for (int64_t i = 0, p = sl->pos; i < c; i++, p++)
+    ids[i] = p < P ? g->tokens[g->start[k] + p] : g->out_tokens[sl->row * g->o->max_new + p - P];
 }
 
 /* The step's segments: while prompts wait for their prefill, prefill
@@ -208,11 +318,11 @@ static int64_t plan_step(gen *g, int64_t *nl) {
   }
   for (int64_t i = 0; i < g->nq; i++) {
     const slot *sl = &g->slots[g->queue[i]];
-    int64_t k = sl->row / g->N, P = g->lens[k];
+    int64_t P = sl->plen;
     int64_t c = P - sl->pos < g->budget ? P - sl->pos : g->budget;
     if (used > 0 && used + c > g->budget) break;
     g->seg[ns++] = (ml_kv_seg){g->queue[i], sl->pos, c, t};
-    memcpy(g->host_ids + t, g->tokens + g->start[k] + sl->pos, sizeof(int32_t) * (size_t)c);
+    prefill_ids(g, sl, c, g->host_ids + t);
     if (sl->pos + c == P) g->need[(*nl)++] = t + c - 1;
     used += c;
     t += c;
@@ -222,13 +332,15 @@ static int64_t plan_step(gen *g, int64_t *nl) {
   return t;
 }
 
-/* The step's segments' positions in their slots' blocks (from promises). */
+/* The step's segments' positions in their slots' blocks: a prefill's out
+ * of the pending ones its admission counted, a decode token's free after
+ * make_room. */
 static int reserve_step(gen *g) {
   for (int64_t i = 0; i < g->kv.nseg; i++) {
     const ml_kv_seg *sg = &g->seg[i];
     int64_t taken;
     ML_TRY(ml_kv_reserve(&g->kv, sg->slot, sg->pos + sg->n, &taken));
-    ML_TRY(spend(g, sg->slot, taken));
+    if (g->slots[sg->slot].kind == SLOT_PREFILL) ML_TRY(spend(g, sg->slot, taken));
   }
   return 0;
 }
@@ -247,8 +359,8 @@ static void take(gen *g, int64_t r, int32_t tok, float lp) {
   slot *sl = &g->slots[s];
   if (why) {
     if (g->out_finish) g->out_finish[r] = why;
-    g->avail += sl->promise + ml_kv_release(&g->kv, s);
-    *sl = (slot){SLOT_FREE, -1, 0, -1, 0};
+    ml_kv_release(&g->kv, s);
+    *sl = (slot){SLOT_FREE, -1, 0, -1, 0, false};
     g->nfree++;
   } else {
     sl->kind = SLOT_DECODE, sl->next = tok;
@@ -264,7 +376,7 @@ static int finish_step(gen *g, int64_t nl) {
     slot *sl = &g->slots[sg->slot];
     sl->pos += sg->n;
     if (i >= nl || g->need[i] != sg->t0 + sg->n - 1) continue; /* a prefill chunk, not the last */
-    if (sl->kind == SLOT_PREFILL) {
+    if (sl->fork) {
       int64_t k = sl->row / g->N;
       for (int64_t j = 0; j < g->N; j++) {
         int64_t r = k * g->N + j, s = g->slot_of[r];
@@ -277,6 +389,7 @@ static int finish_step(gen *g, int64_t nl) {
         g->d_row[nd] = r;
         g->d_logit[nd++] = i;
       }
+      sl->fork = false; /* its samples have its keys: it decodes on its own */
     } else {
       g->d_row[nd] = sl->row;
       g->d_logit[nd++] = i;
@@ -287,7 +400,7 @@ static int finish_step(gen *g, int64_t nl) {
   int64_t kept = 0;
   for (int64_t q = 0; q < g->nq; q++) {
     const slot *sl = &g->slots[g->queue[q]];
-    if (sl->pos < g->lens[sl->row / g->N]) g->queue[kept++] = g->queue[q];
+    if (sl->pos < sl->plen) g->queue[kept++] = g->queue[q];
   }
   g->nq = kept;
   for (int64_t d = 0; d < nd; d++) g->d_rng[d] = g->rng[g->d_row[d]];
@@ -307,8 +420,16 @@ static int finish_step(gen *g, int64_t nl) {
 static int run(gen *g) {
   for (;;) {
     ML_TRY(admit(g));
+    if (g->nq == 0) ML_TRY(make_room(g)); /* a decode step next */
     int64_t nl, T = plan_step(g, &nl);
-    if (T == 0) return 0; /* nothing decodes or prefills: every prompt admitted and done */
+    if (T == 0 && g->nres == 0 && g->next_prompt == g->n)
+      return 0; /* nothing decodes, prefills or waits: every row done */
+    if (T == 0)
+      return ml_err("generate: %lld preempted rows and %lld prompts wait with nothing running "
+                    "and %lld of %lld KV blocks free; expected the first to enter (a bug in "
+                    "the admission)",
+                    (long long)g->nres, (long long)(g->n - g->next_prompt),
+                    (long long)g->kv.nfree, (long long)g->kv.nblocks);
     ML_TRY(reserve_step(g));
     ML_TRY(forward(g, T, nl));
     ML_TRY(finish_step(g, nl));
@@ -328,7 +449,6 @@ static int gen_alloc(gen *g, int64_t cap, int64_t nblocks, bool kv_bf16) {
   const ml_model_config *c = &m->cfg;
   int64_t S = g->nslots, T = g->Tmax, V = c->vocab;
   ML_TRY(ml_kv_pool_create(&g->kv, be, c, local_kv_heads(m), S, cap, nblocks, kv_bf16));
-  g->avail = nblocks;
   g->x = ml_be_alloc(be, ml_mul_sat(T, c->hidden), sizeof(float),
                      "the residual stream (a step of %lld tokens x hidden_size %lld)",
                      (long long)T, (long long)c->hidden);
@@ -364,15 +484,17 @@ static int gen_alloc(gen *g, int64_t cap, int64_t nblocks, bool kv_bf16) {
   g->d_tok = ml_malloc_array(S, sizeof(int32_t), "the step's draws (%lld)", (long long)S);
   g->d_lp = ml_malloc_array(S, sizeof(float), "the step's draws (%lld)", (long long)S);
   g->slot_of = ml_malloc_array(g->R, sizeof(int64_t), "the rows' slots (%lld)", (long long)g->R);
+  g->resume = ml_malloc_array(g->R, sizeof(int64_t), "the preempted rows (%lld)", (long long)g->R);
   g->rng = ml_malloc_array(g->R, sizeof(ml_rng), "the rows' draws (%lld)", (long long)g->R);
   if (!g->o->sampler.greedy)
     g->work = ml_malloc_array(ml_mul_sat(S, 2 * V), sizeof(float),
                               "the sampler's scratch (%lld sequence slots x 2 x vocab_size %lld)",
                               (long long)S, (long long)V);
   if (!g->slots || !g->queue || !g->seg || !g->need || !g->d_row || !g->d_logit || !g->d_rng ||
-      !g->d_tok || !g->d_lp || !g->slot_of || !g->rng || (!g->work && !g->o->sampler.greedy))
+      !g->d_tok || !g->d_lp || !g->slot_of || !g->resume || !g->rng ||
+      (!g->work && !g->o->sampler.greedy))
     return -1;
-  for (int64_t s = 0; s < S; s++) g->slots[s] = (slot){SLOT_FREE, -1, 0, -1, 0};
+  for (int64_t s = 0; s < S; s++) g->slots[s] = (slot){SLOT_FREE, -1, 0, -1, 0, false};
   g->nfree = S;
   for (int64_t r = 0; r < g->R; r++) g->rng[r] = row_rng(g->o->seed, r);
   return 0;
@@ -389,7 +511,7 @@ static void gen_free(gen *g) {
   ml_be_host_free(be, g->host_ids);
   ml_be_host_free(be, g->host_logits);
   void *host[] = {g->slots, g->queue, g->seg, g->need, g->d_row, g->d_logit, g->d_rng,
-                  g->d_tok, g->d_lp, g->slot_of, g->rng, g->work, g->start};
+                  g->d_tok, g->d_lp, g->slot_of, g->resume, g->rng, g->work, g->start};
   for (size_t i = 0; i < sizeof host / sizeof *host; i++) free(host[i]);
 }
 
@@ -502,20 +624,25 @@ static bool kv_bf16(const ml_model *m) {
 }
 
 /* The KV cache's blocks: room for the call's max_running slots filled with
- * prompts of the largest block need (prompt_blocks), or as many as
- * max_kv_bytes holds when that is less; at least one prompt's need. */
+ * prompts of the largest need to their last positions (no preemption), or
+ * as many as max_kv_bytes holds when that is less (preemption then makes
+ * room, make_room); at least least_blocks. */
 static int size_blocks(const gen *g, bool bf16, int64_t *nblocks) {
   int64_t most = 1, bytes = ml_kv_block_bytes(&g->m->cfg, local_kv_heads(g->m), bf16);
-  for (int64_t k = 0; k < g->n; k++)
-    if (prompt_blocks(g, k) > most) most = prompt_blocks(g, k);
+  for (int64_t k = 0; k < g->n; k++) { /* sample 0 every block, the others all but the shared */
+    int64_t all = ml_kv_blocks(last_pos(g, k));
+    int64_t full = all + (g->N - 1) * (all - g->lens[k] / ML_KV_BLOCK);
+    if (full > most) most = full;
+  }
   *nblocks = ml_mul_sat(g->nslots / g->N, most);
   if (g->o->max_kv_bytes == 0) return 0;
-  int64_t fit = g->o->max_kv_bytes / bytes;
-  if (fit < most)
+  int64_t fit = g->o->max_kv_bytes / bytes, least = least_blocks(g);
+  if (fit < least)
     return ml_err("generate: max_kv_bytes %lld holds %lld KV blocks of %lld bytes (%d positions, "
-                  "%s); expected room for a prompt's samples, %lld blocks (>= %lld bytes)",
+                  "%s); expected room for one sequence to its last position and for a prompt's "
+                  "samples to enter, %lld blocks (>= %lld bytes)",
                   (long long)g->o->max_kv_bytes, (long long)fit, (long long)bytes, ML_KV_BLOCK,
-                  bf16 ? "bf16" : "fp32", (long long)most, (long long)ml_mul_sat(most, bytes));
+                  bf16 ? "bf16" : "fp32", (long long)least, (long long)ml_mul_sat(least, bytes));
   if (fit < *nblocks) *nblocks = fit;
   return 0;
 }
@@ -548,7 +675,9 @@ static int generate(gen *g) {
   int64_t nblocks;
   ML_TRY(size_blocks(g, bf16, &nblocks));
   ML_TRY(gen_alloc(g, cap, nblocks, bf16));
-  return run(g);
+  ML_TRY(run(g));
+  if (g->o->stats) g->o->stats->preemptions = g->preemptions;
+  return 0;
 }
 
 int ml_generate_check(const ml_engine *e, int64_t n, const int64_t *lens, const int32_t *tokens,
@@ -562,6 +691,7 @@ int ml_generate(ml_engine *e, int64_t n, const int64_t *lens, const int32_t *tok
                 float *out_logprobs, int32_t *out_finish) {
   ML_TRY(check_engine(e));
   ML_TRY(ml_generate_check(e, n, lens, tokens, o, out_tokens, out_lens));
+  if (o->stats) *o->stats = (ml_gen_stats){0};
   ML_TRY(ml_engine_batch_mode(e));
   ml_fsdp *f = &e->fsdp;
   /* a rank without prompts still takes part in FSDP's gathers */

@@ -26,7 +26,7 @@
  * KV cache's attention core (engine/kvcache.h: one block attention per
  * segment over its own slot's paged keys; the GEMMs run once over all T
  * tokens). Prompts enter in order (first come, first served) while slots
- * are free and the KV cache has the blocks the prompt's samples may take
+ * are free and the KV cache has the blocks the prompt's samples need now
  * (below): a prompt of n samples takes n slots at once, its prefill runs
  * once in the first (chunks of at most prefill_tokens, cut at multiples of
  * it from position 0, so a prompt's chunks do not depend on its batch; a
@@ -36,6 +36,21 @@
  * token from the prompt's last logits. A sequence that finishes (a stop
  * id, or its max_new) hands its slot and its blocks back at once and the
  * next prompt takes them.
+ *
+ * Preemption (vLLM's recompute preemption): before a decode step, while
+ * the decoding sequences' next positions need more blocks than are free,
+ * the running sequence that arrived last (the highest row) is preempted:
+ * its blocks released (blocks it shares stay with their other holders),
+ * its slot freed, its row queued to re-enter before any prompt not yet
+ * admitted, the earliest preempted first. It re-enters by prefilling its
+ * prompt and the tokens it generated so far in a slot of its own (its
+ * RoPE tables for its prompt's length, as before), then draws its next
+ * token from the last position's logits with its own stream, which its
+ * earlier draws advanced: in the batch-invariant mode its keys, values,
+ * logits and draws are the bits it had (each computed in one order
+ * whatever the step; tests/mpi/test_generate.c asserts the rows of a
+ * tight pool bitwise a roomy pool's), in the default mode up to the GEMMs'
+ * row bits at another M. o->stats->preemptions counts them.
  *
  * Invariance: a sequence's attention is the same block calls whatever its
  * batch, its draws come from its own stream, and row-wise kernels (norms,
@@ -48,13 +63,17 @@
  * 2 · n_layers · 16 · n_kv_heads · head_dim elements (bf16 where
  * param_dtype is bf16, else fp32: engine/kvcache.h); a sequence holds the
  * blocks its positions reach, a prompt's samples share its full prompt
- * blocks. Admission keeps, for each admitted prompt, the blocks its
- * samples may take up to their max_new (⌈(P + max_new − 1) / 16⌉ for the
- * first, that less the ⌊P / 16⌋ shared blocks for each other: no sequence
- * ever waits for a block, nothing is preempted); a sequence that stops
- * early returns what it did not take. The pool holds max_kv_bytes (o), by
+ * blocks. A prompt enters on its current need (vLLM's admission): the
+ * blocks of its prefill and of each sample's next position (⌈min(P + 1,
+ * L) / 16⌉ for the first, that less the ⌊P / 16⌋ shared blocks for each
+ * other, L = P + max_new − 1 its last position), free beside those the
+ * prefills admitted before it will still take; a preempted row re-enters
+ * on ⌈min(P + j + 1, L) / 16⌉ (j tokens generated). A finished sequence
+ * returns its blocks at once. The pool holds max_kv_bytes (o), by
  * default room for max_running / n_samples prompts of the call's largest
- * need, at most that: on the CPU its pages are mapped as blocks are first
+ * need to their last positions (nothing is then preempted), at most that,
+ * and at least one sequence alone to its last position and every prompt's
+ * samples entering (less is refused): on the CPU its pages are mapped as blocks are first
  * written (the lowest blocks first), so the resident memory follows the
  * blocks in use. The model's activations are sized for the step's T
  * tokens (ml_model_begin: re-sized when T changes).
@@ -106,6 +125,11 @@
 /* Why a sequence ended (ml_generate's out_finish). */
 typedef enum { ML_FINISH_STOP = 1, ML_FINISH_LENGTH = 2 } ml_finish;
 
+/* What a call did (ml_gen_opts.stats). */
+typedef struct ml_gen_stats {
+  int64_t preemptions; /* sequences preempted for want of KV blocks (each re-entered later) */
+} ml_gen_stats;
+
 typedef struct ml_gen_opts {
   int64_t max_new;            /* the outputs' width and the default per prompt, >= 1 */
   const int64_t *max_new_per; /* [n] each prompt's own, 1 .. max_new; NULL: max_new for all */
@@ -119,6 +143,7 @@ typedef struct ml_gen_opts {
   int64_t prefill_tokens;     /* prompt tokens per step, >= 1; 0: ML_GEN_PREFILL */
   int64_t max_kv_bytes;       /* the KV cache's pool (this rank's), bytes >= 0; 0: room for
                                  max_running sequences of the largest need (below) */
+  ml_gen_stats *stats;        /* out (NULL: not wanted), set when the call succeeds */
 } ml_gen_opts;
 
 enum { ML_GEN_RUNNING = 256, ML_GEN_PREFILL = 512 };
@@ -163,8 +188,9 @@ enum { ML_GEN_RUNNING = 256, ML_GEN_PREFILL = 512 };
  * range expected): n < 0, a prompt length < 1, a token id out of range,
  * max_new < 1, max_new_per[k] outside 1 .. max_new, n_samples < 1,
  * n_stop < 0 or a stop id out of range, max_running < n_samples (when set),
- * prefill_tokens < 0, max_kv_bytes < 0 or too small for one prompt's
- * samples (the bytes they need named), the sampler's (ml_sampler_check), a prompt too long
+ * prefill_tokens < 0, max_kv_bytes < 0 or too small for one sequence to
+ * its last position or a prompt's samples to enter (the bytes named), the
+ * sampler's (ml_sampler_check), a prompt too long
  * for max_position_embeddings, a mesh with cp > 1, a backend without block
  * attention, allocation, tp ranks whose tokens differ (a bug, or different
  * arguments on them). */

@@ -453,6 +453,58 @@ static void test_generate_samples(void **state) {
 
 /* ======================================================================= */
 
+/* Preemption through the API (meshlm_sampling.max_kv_bytes,
+ * meshlm_call_stats.preemptions), in the batch-invariant mode: 2 samples
+ * of each prompt and 13 new tokens (every row crosses its first 16-position
+ * block) in a pool of 3 KV blocks of this rank's (fp32: 2 · layers · 16 ·
+ * kv heads / tp · head_dim · 4 bytes; the fixture's 2 kv heads split whole
+ * over tp 1 or 2) against the default pool: rows bitwise equal (tokens,
+ * log-probs, lengths, finish reasons); preemptions > 0 in the tight pool
+ * (two rows at their 17th position, one block free), 0 in the roomy one. */
+static void test_generate_preemption(void **state) {
+  (void)state;
+  meshlm_options o = mesh_opts();
+  o.batch_invariant = 1;
+  meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+  meshlm_info in = info_of(s);
+  batch p = prompts_of(in.dp_rank, 900);
+  meshlm_seqs q = seqs_of(&p);
+  enum { LONG = 13, SAMPLES = 2 };
+  int64_t R = SAMPLES * q.n, block = (int64_t)(2 * g_sizes.layers * 16 * g_sizes.kv_heads / in.tp *
+                                                g_sizes.head_dim * 4);
+  int32_t *tok[2], *fin[2];
+  int64_t *len[2];
+  float *lp[2];
+  meshlm_sampling sp;
+  meshlm_sampling_default(&sp);
+  sp.max_new_tokens = LONG;
+  sp.eos_token_id = -2;
+  sp.n = SAMPLES;
+  sp.top_k = 20;
+  sp.seed = 7;
+  for (int i = 0; i < 2; i++) {
+    tok[i] = xcalloc((size_t)(R * LONG), sizeof(int32_t));
+    fin[i] = xcalloc((size_t)R, sizeof(int32_t));
+    len[i] = xcalloc((size_t)R, sizeof(int64_t));
+    lp[i] = xcalloc((size_t)(R * LONG), sizeof(float));
+    sp.max_kv_bytes = i == 0 ? 0 : 3 * block;
+    OK(s, meshlm_generate_samples(s, &q, &sp, tok[i], len[i], lp[i], fin[i]));
+    meshlm_call_stats st = {.struct_size = sizeof st};
+    OK(s, meshlm_last_call_stats(s, &st));
+    if (i == 0) assert_int_equal(st.preemptions, 0);
+    else if (st.preemptions < 1)
+      fail_msg("max_kv_bytes %lld (3 KV blocks): no preemption; expected some",
+               (long long)sp.max_kv_bytes);
+  }
+  assert_memory_equal(tok[0], tok[1], sizeof(int32_t) * (size_t)(R * LONG));
+  assert_memory_equal(lp[0], lp[1], sizeof(float) * (size_t)(R * LONG));
+  assert_memory_equal(len[0], len[1], sizeof(int64_t) * (size_t)R);
+  assert_memory_equal(fin[0], fin[1], sizeof(int32_t) * (size_t)R);
+  for (int i = 0; i < 2; i++) free(tok[i]), free(fin[i]), free(len[i]), free(lp[i]);
+  batch_free(&p);
+  meshlm_close(s);
+}
+
 int main(int argc, char **argv) {
   api_init(&argc, &argv);
   const struct CMUnitTest tests[] = {
@@ -462,6 +514,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_generate_replica),
       cmocka_unit_test(test_generate_bound),
       cmocka_unit_test(test_generate_samples),
+      cmocka_unit_test(test_generate_preemption),
   };
   return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -12,6 +12,7 @@
  *    arriving one or two at a time, with chunked prefill (greedy), and a
  *    sampled row (top_k, top_p, min_p, 3 samples per prompt) what it gets
  *    in another batch or arrival;
+ *  - preemption: rows in a pool too small for all bitwise a roomy pool's;
  *  - n samples per prompt, max_new per prompt, stop ids, finish reasons;
  *  - seeds, top_p → 0 (greedy), eos, max_new 1;
  *  - argument errors. */
@@ -380,6 +381,58 @@ static void test_batch_invariance_sampled(void **state) {
   fixture_free(&fx);
 }
 
+/* Preemption (vLLM's recompute preemption, generate.h): in a pool too small
+ * for every running sequence to its end, sequences enter on their current
+ * need and the last-arrived running one is preempted when another finds no
+ * free block, re-entering later by prefilling its prompt and its generated
+ * tokens again. In the batch-invariant mode every row is bitwise the row of
+ * a pool with room for all (tokens, log-probs, lengths, finish reasons):
+ * greedy and sampled (temperature, top_k, top_p, min_p), 3 samples a prompt
+ * (an 18-token prompt's samples share its full block), and with chunked
+ * prefill (a resumed row's prefill in chunks of 5); preemptions > 0 is
+ * asserted for each tight pool (ml_gen_stats), none with room for all. */
+static void test_preemption(void **state) {
+  (void)state;
+  static fixture fx;
+  static run r;
+  open_fixture(&r, &fx, ML_F32, true);
+  prompts p = {0};
+  add(&p, &fx, 0, 0, 18);
+  add(&p, &fx, 1, 0, 7);
+  add(&p, &fx, 0, 2, 4);
+  ml_gen_opts modes[2] = {greedy(), sampled(0.8f, 0.9f, 5)};
+  modes[1].sampler.top_k = 20;
+  modes[1].sampler.min_p = 0.02f;
+  for (int m = 0; m < 2; m++) {
+    ml_gen_stats st;
+    ml_gen_opts o = modes[m];
+    o.n_samples = 3;
+    o.stats = &st;
+    result all, one;
+    generate(&r, &p, &o, &all);
+    assert_int_equal(st.preemptions, 0);
+    /* least_blocks of these prompts, 3 samples each: the 18-token prompt's
+       group enters on 2 + 1 + 1 blocks, one of its rows alone ends in 3 */
+    static const int64_t blocks[] = {4, 5, 4}, running[] = {0, 0, 4}, chunk[] = {0, 0, 5};
+    for (int i = 0; i < 3; i++) {
+      o.max_kv_bytes = kv_bytes(&r, blocks[i]);
+      o.max_running = running[i];
+      o.prefill_tokens = chunk[i];
+      generate(&r, &p, &o, &one);
+      if (st.preemptions < 1)
+        fail_msg("%s, %lld blocks: no preemption; expected some (a pool of %lld blocks for "
+                 "rows needing up to 3 each)", m ? "sampled" : "greedy", (long long)blocks[i],
+                 (long long)blocks[i]);
+      printf("  %s, %lld KV blocks, max_running %lld, prefill_tokens %lld: %lld preemptions, "
+             "rows bitwise the roomy pool's\n", m ? "sampled" : "greedy", (long long)blocks[i],
+             (long long)running[i], (long long)chunk[i], (long long)st.preemptions);
+      for (int64_t k = 0; k < p.n * 3; k++) same_row(&all, k, &one, k);
+    }
+  }
+  run_close(&r);
+  fixture_free(&fx);
+}
+
 /* n samples, greedy: each sample is the n = 1 row (the prompt's prefill
  * copied to every sample's slot bitwise); max_new per prompt and finish
  * reasons: a row stops at its own max_new (length) or its first stop id
@@ -568,7 +621,7 @@ int main(int argc, char **argv) {
       held_test(test_greedy_fp32),  held_test(test_greedy_bf16),
       held_test(test_greedy_transformers),
       held_test(test_batch_invariance_greedy), held_test(test_batch_invariance_greedy_bf16),
-      held_test(test_batch_invariance_sampled),
+      held_test(test_batch_invariance_sampled), held_test(test_preemption),
       held_test(test_samples_and_limits), held_test(test_sampling_and_eos),
       held_test(test_errors),
   };

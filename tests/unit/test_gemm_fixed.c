@@ -8,7 +8,8 @@
  * the threads would differ from the scalar one somewhere. Then through the
  * backend (ml_be_gemm in batch-invariant mode, operands converted as the
  * compute dtype wants): every row of a 130-row product equals that row
- * computed alone. */
+ * computed alone. The widened form of a bf16 A (gemm.c's) gives the same
+ * bits, and the default path's small-M products are the same order. */
 #include <math.h>
 #include <omp.h>
 #include <setjmp.h>
@@ -77,11 +78,29 @@ static void check_shape(int64_t M, int64_t N, int64_t K, bool bf, bool bias, boo
   ml_gemm g = {.trans_b = true, .M = M, .N = N, .K = K, .C = C, .ldc = ldc,
                .accumulate = accumulate};
   omp_set_num_threads(threads);
-  assert_int_equal(ml_cpu_gemm_fixed(&g, A, lda, B, ldb, bf, bv), 0);
+  assert_int_equal(ml_cpu_gemm_fixed(&g, A, lda, bf, B, ldb, bf, bv), 0);
   if (memcmp(C, ref, sizeof(float) * (size_t)(M * ldc)) != 0)
     fail_msg("M %lld N %lld K %lld %s%s%s, %d threads: not the documented order", (long long)M,
              (long long)N, (long long)K, bf ? "bf16" : "fp32", bias ? " + bias" : "",
              accumulate ? " accumulating" : "", threads);
+  if (bf) { /* A widened to fp32 (gemm.c's form of a bf16 GEMM's activations): the same bits */
+    float *Aw = malloc(sizeof(float) * (size_t)(M * lda)), *C2 = malloc(sizeof(float) * (size_t)(M * ldc));
+    for (int64_t i = 0; i < M * lda; i++) Aw[i] = ml_bf16_to_f32(((const uint16_t *)A)[i]);
+    for (int64_t i = 0; i < M; i++) /* C2's start = C's before the call: ref less this call */
+      for (int64_t j = 0; j < ldc; j++) C2[i * ldc + j] = j < N ? 0.0f : C[i * ldc + j];
+    ml_gemm g2 = g;
+    g2.C = C2, g2.accumulate = false;
+    assert_int_equal(ml_cpu_gemm_fixed(&g2, Aw, lda, false, B, ldb, true, bv), 0);
+    for (int64_t i = 0; i < M; i++)
+      for (int64_t j = 0; j < N; j++) {
+        float v = dot_ref(row(A, i, lda, true), row(B, j, ldb, true), K, true);
+        if (bias) v += bv[j];
+        if (memcmp(&v, &C2[i * ldc + j], sizeof v) != 0)
+          fail_msg("M %lld N %lld K %lld: A widened to fp32 differs from A in bf16 at (%lld, %lld)",
+                   (long long)M, (long long)N, (long long)K, (long long)i, (long long)j);
+      }
+    free(Aw), free(C2);
+  }
   free(A), free(B), free(bv), free(C), free(ref);
 }
 
@@ -128,10 +147,45 @@ static void test_backend_rows(void **state) {
   ml_backend_release_all();
 }
 
+/* The default path (batch-invariant mode off) runs x·W^T of at most
+ * ML_CPU_GEMM_SMALL_M rows on the fixed kernel (cpu.h): each element the
+ * documented order on x rounded as the compute dtype wants (bf16: x
+ * rounded to bf16, as autocast); one row more goes to oneDNN, not checked
+ * here. */
+static void test_default_small(void **state) {
+  (void)state;
+  ml_backend *be;
+  assert_int_equal(ml_backend_get("cpu", 0, &be), 0);
+  enum { N = 37, K = 300 };
+  for (int bf = 0; bf < 2; bf++)
+    for (int64_t M = 1; M <= ML_CPU_GEMM_SMALL_M; M++) {
+      float *x = operand(M * K, false), *C = malloc(sizeof(float) * (size_t)(M * N));
+      void *W = operand(N * K, bf);
+      uint16_t *xb = malloc(sizeof(uint16_t) * (size_t)(M * K));
+      ml_convert_from_f32(ML_BF16, x, xb, (size_t)(M * K));
+      ml_gemm g = {.trans_b = true, .M = M, .N = N, .K = K, .A = x, .a_type = ML_F32, .lda = K,
+                   .B = W, .b_type = bf ? ML_BF16 : ML_F32, .ldb = K, .C = C, .ldc = N,
+                   .compute = bf ? ML_BF16 : ML_F32};
+      assert_int_equal(ml_be_gemm(be, &g), 0);
+      for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+          float v = bf ? dot_ref(xb + i * K, (const uint16_t *)W + j * K, K, true)
+                       : dot_ref(x + i * K, (const float *)W + j * K, K, false);
+          if (memcmp(&v, &C[i * N + j], sizeof v) != 0)
+            fail_msg("%s M %lld: element (%lld, %lld) %.9g, expected the fixed order's %.9g",
+                     bf ? "bf16" : "fp32", (long long)M, (long long)i, (long long)j,
+                     (double)C[i * N + j], (double)v);
+        }
+      free(x), free(C), free(W), free(xb);
+    }
+  ml_backend_release_all();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fixed_order),
       cmocka_unit_test(test_backend_rows),
+      cmocka_unit_test(test_default_small),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,23 +20,46 @@ typedef struct ml_cpu_gemm ml_cpu_gemm;
  * `pool_be`'s pool. */
 int ml_cpu_gemm_create(ml_backend *pool_be, ml_cpu_gemm **out);
 void ml_cpu_gemm_destroy(ml_cpu_gemm *g);
-/* backend.h's ml_be_gemm on the CPU. */
+/* backend.h's ml_be_gemm on the CPU: ml_cpu_gemm_run_on with
+ * ML_CPU_GEMM_AUTO. */
 int ml_cpu_gemm_run(ml_cpu_gemm *g, const ml_gemm *args);
+/* The kernel a GEMM runs on: AUTO the backend's choice — x·W^T (trans_a
+ * false, trans_b true) on FIXED in batch-invariant mode or when M <=
+ * ML_CPU_GEMM_SMALL_M, everything else on ONEDNN — or the one named
+ * (bench/ and tests compare them on the same call). */
+typedef enum { ML_CPU_GEMM_AUTO, ML_CPU_GEMM_ONEDNN, ML_CPU_GEMM_FIXED } ml_cpu_gemm_path;
+/* The rows of x·W^T up to which the default path runs ml_cpu_gemm_fixed
+ * (decode: W streamed once at memory bandwidth) rather than oneDNN.
+ * Measured with bench/cpu_gemm_small.c (AMD EPYC Zen 4, 2 threads,
+ * OMP_WAIT_POLICY=passive, K 576, W cold, threads' read ceiling 28.5 GB/s),
+ * fixed against oneDNN: M 1 fp32 N 49152 4.34 against 5.61 ms (26.1 against
+ * 20.2 GB/s), N 192 0.030 against 0.052 ms; M 8 fp32 0.05 / 0.13 / 0.26 /
+ * 6.98 ms against 0.07 / 0.14 / 0.27 / 7.34 (N 192 / 576 / 1536 / 49152),
+ * bf16 0.04 / 0.11 / 0.20 / 5.23 against 0.07 / 0.11 / 0.19 / 4.83; M 16
+ * lost everywhere (fp32 N 49152 23.9 against 17.5 ms; bf16 9.7 against
+ * 7.0), where oneDNN's larger register blocking is compute-bound and the
+ * fixed kernel's 4 × 4 tiles (one FMA chain per element) are not. */
+enum { ML_CPU_GEMM_SMALL_M = 8 };
+/* ml_be_gemm's args on `path`, the operands converted to the compute dtype
+ * as ml_cpu_gemm_run does. Errors: FIXED for a layout other than A·B^T,
+ * oneDNN's, allocation. */
+int ml_cpu_gemm_run_on(ml_cpu_gemm *g, const ml_gemm *args, ml_cpu_gemm_path path);
 /* Batch-invariant mode (on: true): every ml_cpu_gemm_run of the forward's
  * layout (trans_a false, trans_b true: x·W^T, the linears, lm_head and the
- * fused classifier's tiles) runs on ml_cpu_gemm_fixed instead of oneDNN;
- * the backward's layouts (dY·W, dY^T·X) stay on oneDNN (no log-prob reads
- * them). Off at creation. */
+ * fused classifier's tiles) runs on ml_cpu_gemm_fixed instead of oneDNN,
+ * whatever M; the backward's layouts (dY·W, dY^T·X) stay on oneDNN (no
+ * log-prob reads them). Off at creation. */
 void ml_cpu_gemm_set_fixed(ml_cpu_gemm *g, bool on);
 /* The batch-invariant GEMM (gemm_fixed.c): args' C (=|+=) A·B^T (+ bias)
  * for args' M, N, K >= 1, trans_a false and trans_b true, on the operands
- * as the compute dtype has them — A [M, K] (lda), B [N, K] (ldb), both
- * fp32 (bf16 false) or both bf16 (true) — and bias [N] fp32 (NULL: none),
- * args' own A, B, bias ignored. Each C element's summation order depends on
- * K only (see gemm_fixed.c), so a row of C is bitwise the same whatever M,
- * N, the other rows or the thread count. Returns 0. */
-int ml_cpu_gemm_fixed(const ml_gemm *args, const void *A, int64_t lda, const void *B, int64_t ldb,
-                      bool bf16, const float *bias);
+ * as the compute dtype has them — A [M, K] (lda) and B [N, K] (ldb), each
+ * fp32 or bf16 (a_bf16, b_bf16; a bf16 GEMM's fp32 operand holding bf16
+ * values gives the same bits as that operand in bf16) — and bias [N] fp32
+ * (NULL: none), args' own A, B, bias ignored. Each C element's summation
+ * order depends on K only (see gemm_fixed.c), so a row of C is bitwise the
+ * same whatever M, N, the other rows or the thread count. Returns 0. */
+int ml_cpu_gemm_fixed(const ml_gemm *args, const void *A, int64_t lda, bool a_bf16, const void *B,
+                      int64_t ldb, bool b_bf16, const float *bias);
 /* Whether bf16 GEMMs run on bf16 operands here (else they are emulated on
  * fp32 operands holding bf16 values, and the tiles below are unavailable). */
 bool ml_cpu_gemm_bf16_native(const ml_cpu_gemm *g);

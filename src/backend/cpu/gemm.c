@@ -265,12 +265,15 @@ static void to_compute(const void *src, ml_dtype type, int64_t rows, int64_t col
 }
 
 /* The operand as the GEMM's compute dtype wants it: as it is, or rounded
- * (emulated bf16: rounded and widened) into pool scratch (*scratch, freed
- * by the caller) with its new stride. */
-static int operand(ml_cpu_gemm *g, const void *p, ml_dtype type, ml_dtype compute, int64_t rows,
-                   int64_t cols, int64_t *ld, const void **out, void **scratch) {
+ * (emulated bf16, or `widen` asking for an fp32 source in that form:
+ * rounded and widened) into pool scratch (*scratch, freed by the caller)
+ * with its new stride; *bf = whether *out holds bf16 elements. */
+static int operand(ml_cpu_gemm *g, const void *p, ml_dtype type, ml_dtype compute, bool widen,
+                   int64_t rows, int64_t cols, int64_t *ld, const void **out, void **scratch,
+                   bool *bf) {
   *out = p;
-  bool emulate = compute == ML_BF16 && !g->bf16_native;
+  bool emulate = compute == ML_BF16 && (!g->bf16_native || (widen && type == ML_F32));
+  *bf = compute == ML_BF16 && !emulate;
   if (type == compute && !emulate) return 0; /* (ml_be_gemm refused bf16 in fp32 GEMMs) */
   /* stored [rows, cols] with stride ld */
   void *s = ml_be_alloc(g->be, (int64_t)rows * cols, emulate ? sizeof(float) : sizeof(uint16_t),
@@ -307,6 +310,17 @@ static int finish(ml_cpu_gemm *g, void *sa, void *sb, float *bias, int rc) {
 }
 
 int ml_cpu_gemm_run(ml_cpu_gemm *g, const ml_gemm *a) {
+  return ml_cpu_gemm_run_on(g, a, ML_CPU_GEMM_AUTO);
+}
+
+int ml_cpu_gemm_run_on(ml_cpu_gemm *g, const ml_gemm *a, ml_cpu_gemm_path path) {
+  bool xwt = !a->trans_a && a->trans_b; /* the forward's layout x·W^T */
+  if (path == ML_CPU_GEMM_FIXED && !xwt)
+    return ml_err("the fixed-order CPU GEMM computes A·B^T only (trans_a false, trans_b true); "
+                  "got trans_a %d, trans_b %d", (int)a->trans_a, (int)a->trans_b);
+  if (path == ML_CPU_GEMM_AUTO)
+    path = xwt && (g->fixed || a->M <= ML_CPU_GEMM_SMALL_M) ? ML_CPU_GEMM_FIXED
+                                                            : ML_CPU_GEMM_ONEDNN;
   if (a->K == 0) return empty_sum(a); /* an empty torch.chunk shard of the inner dim */
   key k;
   memset(&k, 0, sizeof k); /* the cache compares keys bytewise, padding included */
@@ -316,19 +330,21 @@ int ml_cpu_gemm_run(ml_cpu_gemm *g, const ml_gemm *a) {
   const void *A, *B;
   void *sa = NULL, *sb = NULL;
   float *bias = NULL;
-  int rc = operand(g, a->A, a->a_type, a->compute, a->trans_a ? a->K : a->M,
-                   a->trans_a ? a->M : a->K, &k.lda, &A, &sa);
+  bool abf, bbf, fixed = path == ML_CPU_GEMM_FIXED;
+  /* the fixed kernel takes a bf16 GEMM's activations widened once (gemm_fixed.c) */
+  int rc = operand(g, a->A, a->a_type, a->compute, fixed, a->trans_a ? a->K : a->M,
+                   a->trans_a ? a->M : a->K, &k.lda, &A, &sa, &abf);
   if (!rc)
-    rc = operand(g, a->B, a->b_type, a->compute, a->trans_b ? a->N : a->K,
-                 a->trans_b ? a->K : a->N, &k.ldb, &B, &sb);
+    rc = operand(g, a->B, a->b_type, a->compute, false, a->trans_b ? a->N : a->K,
+                 a->trans_b ? a->K : a->N, &k.ldb, &B, &sb, &bbf);
   if (!rc && a->bias && a->bias_type == ML_BF16) {
     bias = ml_be_alloc(g->be, a->N, sizeof(float), "a GEMM bias [%lld]", (long long)a->N);
     if (!bias) rc = -1;
     else ml_convert_to_f32(ML_BF16, a->bias, bias, (size_t)a->N);
   }
-  if (!rc && g->fixed && !a->trans_a && a->trans_b)
+  if (!rc && fixed)
     return finish(g, sa, sb, bias,
-                  ml_cpu_gemm_fixed(a, A, k.lda, B, k.ldb, k.dt == dnnl_bf16,
+                  ml_cpu_gemm_fixed(a, A, k.lda, abf, B, k.ldb, bbf,
                                     bias ? bias : (const float *)a->bias));
   if (!rc) {
     dnnl_status_t st = dnnl_success;

@@ -4,7 +4,9 @@
  * row of a linear layer's output is the same bit pattern whatever batch it
  * is computed in (vLLM's VLLM_BATCH_INVARIANT, Thinking Machines'
  * "Defeating Nondeterminism in LLM Inference": a matmul that never splits
- * its reduction by the shape of the call).
+ * its reduction by the shape of the call). The default path runs it too
+ * for x·W^T of at most ML_CPU_GEMM_SMALL_M rows (cpu.h: decode, where it
+ * streams W faster than oneDNN).
  *
  * The order: element (i, j) is
  * the dot product of row i of A and row j of B over k = 0 .. K−1 in 16
@@ -17,16 +19,35 @@
  * same on every x86-64 CPU. bf16 operands are widened to fp32 exactly;
  * their products are exact in fp32, and the order above is the one sum.
  *
- * Blocking: 64 × 64 output tiles, one OpenMP task each (K never split),
- * inside them 4 × 4 register tiles (one row of A at a time for the rows
- * left over), rows of B past N repeated and their results dropped. */
+ * Blocking (none of it changes an element's operations): register tiles of
+ * mr ≤ 4 rows of A by nr = 4 rows of B (nr = 8 when at most 2 rows of A
+ * are left), B's rows the outer loop so that each group of them is read
+ * from memory once, prefetched one group ahead, and used by every row of A
+ * in the block; rows of B past N repeated and their results dropped. At
+ * most MB rows of A (decode: W streamed at memory bandwidth) each OpenMP thread
+ * takes a contiguous part of B's rows; more, 64 × 64 output tiles, one
+ * OpenMP task each (K never split). A product too small to pay for waking
+ * the team runs on the calling thread (PAR_*, measured below). A bf16 A may
+ * come widened to fp32 already (gemm.c does, once per call: the same
+ * values, so the same products), leaving only B to widen in the loop. */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
 
-enum { LANES = 16, MR = 4, NR = 4 /* reduce4 */, MB = 64, NB = 64 };
+enum { LANES = 16, MR = 4, NR = 4 /* reduce4 */, NRMAX = 8, MB = 64, NB = 64 };
+
+/* The team wakes only for a product of N·K >= PAR_NK elements of B or
+ * M·N·K >= PAR_MNK multiply-adds. Measured with bench/cpu_gemm_small.c (AMD
+ * EPYC Zen 4, 2 threads against 1, OMP_WAIT_POLICY=passive, K 576, W cold):
+ * waking the second thread costs ~40 µs; x·W^T at M 1 took 0.030 ms on one
+ * thread against 0.069 on two for N 192 (fp32), 0.095 against 0.111 for N
+ * 576 (fp32), 0.059 against 0.107 (bf16), and two threads won from N 1536
+ * (0.22 against 0.24 ms fp32, 0.13 against 0.16 bf16); at N 576 two won
+ * from M 8 (0.13 against 0.16 ms) and lost at M 4 (0.13 against 0.11). */
+enum { PAR_NK = 1 << 19, PAR_MNK = 1 << 21 };
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
@@ -58,46 +79,52 @@ static inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
       _mm512_permutexvar_ps(_mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 12, 8, 4, 0), s1));
 }
 
-/* out[r][c] = row a[r] · row b[c] over K, r < mr (1 or MR), c < NR */
-static inline __attribute__((always_inline)) void micro(int mr, bool bf, int64_t K,
-                                                        const void *const *a,
-                                                        const void *const *b,
-                                                        float out[MR][NR]) {
-  __m512 acc[MR][NR];
-#pragma GCC unroll 4
+/* out[r][c] = row a[r] · row b[c] over K, r < mr, c < nr (4 or 8); each
+ * chunk of the B rows also prefetches the rows `ahead` bytes further on
+ * (the next rows the caller streams; 0: none). */
+static inline __attribute__((always_inline)) void micro(int mr, int nr, bool abf, bool bbf,
+                                                        int64_t K, const void *const *a,
+                                                        const void *const *b, int64_t ahead,
+                                                        float out[][NRMAX]) {
+  __m512 acc[MR][NRMAX];
+#pragma GCC unroll 8
   for (int r = 0; r < mr; r++)
-#pragma GCC unroll 4
-    for (int c = 0; c < NR; c++) acc[r][c] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int c = 0; c < nr; c++) acc[r][c] = _mm512_setzero_ps();
   int64_t k = 0;
+  const int64_t esz = bbf ? 2 : 4;
   for (; k + LANES <= K; k += LANES) { /* whole chunks (the accumulators stay in registers) */
-    __m512 bv[NR];
-#pragma GCC unroll 4
-    for (int c = 0; c < NR; c++) {
-      bv[c] = load16(b[c], k, bf, (__mmask16)0xFFFF);
+    __m512 bv[NRMAX];
+#pragma GCC unroll 8
+    for (int c = 0; c < nr; c++) {
+      if (ahead) _mm_prefetch((const char *)b[c] + k * esz + ahead, _MM_HINT_T0);
+      bv[c] = load16(b[c], k, bbf, (__mmask16)0xFFFF);
       __asm__("" : "+v"(bv[c])); /* one load per chunk, not one per FMA (GCC folds it) */
     }
 #pragma GCC unroll 4
     for (int r = 0; r < mr; r++) {
-      __m512 av = load16(a[r], k, bf, (__mmask16)0xFFFF);
-#pragma GCC unroll 4
-      for (int c = 0; c < NR; c++) acc[r][c] = _mm512_fmadd_ps(av, bv[c], acc[r][c]);
+      __m512 av = load16(a[r], k, abf, (__mmask16)0xFFFF);
+#pragma GCC unroll 8
+      for (int c = 0; c < nr; c++) acc[r][c] = _mm512_fmadd_ps(av, bv[c], acc[r][c]);
     }
   }
   if (k < K) { /* the last partial chunk: its missing lanes load 0 and add +0 */
     __mmask16 m = (__mmask16)((1u << (K - k)) - 1);
-    __m512 bv[NR];
-#pragma GCC unroll 4
-    for (int c = 0; c < NR; c++) bv[c] = load16(b[c], k, bf, m);
+    __m512 bv[NRMAX];
+#pragma GCC unroll 8
+    for (int c = 0; c < nr; c++) bv[c] = load16(b[c], k, bbf, m);
 #pragma GCC unroll 4
     for (int r = 0; r < mr; r++) {
-      __m512 av = load16(a[r], k, bf, m);
-#pragma GCC unroll 4
-      for (int c = 0; c < NR; c++) acc[r][c] = _mm512_fmadd_ps(av, bv[c], acc[r][c]);
+      __m512 av = load16(a[r], k, abf, m);
+#pragma GCC unroll 8
+      for (int c = 0; c < nr; c++) acc[r][c] = _mm512_fmadd_ps(av, bv[c], acc[r][c]);
     }
   }
 #pragma GCC unroll 4
   for (int r = 0; r < mr; r++)
-    _mm_storeu_ps(out[r], reduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
+#pragma GCC unroll 2
+    for (int c = 0; c < nr; c += 4)
+      _mm_storeu_ps(out[r] + c, reduce4(acc[r][c], acc[r][c + 1], acc[r][c + 2], acc[r][c + 3]));
 }
 
 #else
@@ -115,22 +142,24 @@ static inline float reduce16(const float *v) {
   return s2[0] + s2[1];
 }
 
-/* out[r][c] = row a[r] · row b[c] over K, r < mr, c < NR (the lanes as above) */
-static inline __attribute__((always_inline)) void micro(int mr, bool bf, int64_t K,
-                                                        const void *const *a,
-                                                        const void *const *b,
-                                                        float out[MR][NR]) {
-  float acc[MR][NR][LANES];
+/* out[r][c] = row a[r] · row b[c] over K, r < mr, c < nr (the lanes as
+ * above; `ahead`, the AVX-512 kernel's prefetch, unused) */
+static inline __attribute__((always_inline)) void micro(int mr, int nr, bool abf, bool bbf,
+                                                        int64_t K, const void *const *a,
+                                                        const void *const *b, int64_t ahead,
+                                                        float out[][NRMAX]) {
+  (void)ahead;
+  float acc[MR][NRMAX][LANES];
   memset(acc, 0, sizeof acc);
   for (int64_t k0 = 0; k0 < K; k0 += LANES) {
     int n = K - k0 >= LANES ? LANES : (int)(K - k0);
     for (int r = 0; r < mr; r++)
-      for (int c = 0; c < NR; c++)
+      for (int c = 0; c < nr; c++)
         for (int l = 0; l < n; l++)
-          acc[r][c][l] = fmaf(elem(a[r], k0 + l, bf), elem(b[c], k0 + l, bf), acc[r][c][l]);
+          acc[r][c][l] = fmaf(elem(a[r], k0 + l, abf), elem(b[c], k0 + l, bbf), acc[r][c][l]);
   }
   for (int r = 0; r < mr; r++)
-    for (int c = 0; c < NR; c++) out[r][c] = reduce16(acc[r][c]);
+    for (int c = 0; c < nr; c++) out[r][c] = reduce16(acc[r][c]);
 }
 
 #endif
@@ -138,8 +167,8 @@ static inline __attribute__((always_inline)) void micro(int mr, bool bf, int64_t
 typedef struct fixed_args {
   const ml_gemm *g;
   const void *A, *B;
-  int64_t lda, ldb; /* elements */
-  size_t esz;       /* bytes per operand element: 4 (fp32) or 2 (bf16) */
+  int64_t lda, ldb;  /* elements */
+  size_t aesz, besz; /* bytes per element of A, of B: 4 (fp32) or 2 (bf16) */
   const float *bias;
 } fixed_args;
 
@@ -157,40 +186,68 @@ static void store(const fixed_args *f, int64_t i, int64_t j0, int nc, const floa
   }
 }
 
-/* rows i0 .. i0+mr of A against rows j0 .. j0+NR of B (those past N
- * repeat the last one; their results are dropped) */
-static void tile(const fixed_args *f, int mr, int64_t i0, int64_t j0) {
+/* rows i0 .. i0+mr of A against rows j0 .. j0+nr of B (those past N
+ * repeat the last one; their results are dropped), prefetching `ahead`
+ * bytes past the B rows (0: none) */
+static void tile(const fixed_args *f, int mr, int nr, int64_t i0, int64_t j0, int64_t ahead) {
   const ml_gemm *g = f->g;
-  bool bf = f->esz == sizeof(uint16_t);
-  const void *a[MR], *b[NR];
-  for (int r = 0; r < mr; r++) a[r] = row_of(f->A, i0 + r, f->lda, f->esz);
-  for (int c = 0; c < NR; c++) b[c] = row_of(f->B, j0 + c < g->N ? j0 + c : g->N - 1, f->ldb, f->esz);
-  float out[MR][NR];
-  if (mr == MR) {
-    if (bf) micro(MR, true, g->K, a, b, out);
-    else micro(MR, false, g->K, a, b, out);
-  } else {
-    if (bf) micro(1, true, g->K, a, b, out);
-    else micro(1, false, g->K, a, b, out);
+  bool abf = f->aesz == sizeof(uint16_t), bbf = f->besz == sizeof(uint16_t);
+  const void *a[MR], *b[NRMAX];
+  for (int r = 0; r < mr; r++) a[r] = row_of(f->A, i0 + r, f->lda, f->aesz);
+  for (int c = 0; c < nr; c++)
+    b[c] = row_of(f->B, j0 + c < g->N ? j0 + c : g->N - 1, f->ldb, f->besz);
+  float out[MR][NRMAX];
+  /* the register tiles' shapes and dtypes as constants: the accumulators are registers */
+#define MICRO(MR_, NR_) \
+  case MR_ * 16 + NR_: \
+    if (!bbf) micro(MR_, NR_, false, false, g->K, a, b, ahead, out); \
+    else if (abf) micro(MR_, NR_, true, true, g->K, a, b, ahead, out); \
+    else micro(MR_, NR_, false, true, g->K, a, b, ahead, out); \
+    break;
+  switch (mr * 16 + nr) {
+    MICRO(4, 4) MICRO(3, 4) MICRO(2, 4) MICRO(1, 4) MICRO(2, 8) MICRO(1, 8)
   }
-  int nc = g->N - j0 < NR ? (int)(g->N - j0) : NR;
+#undef MICRO
+  int nc = g->N - j0 < nr ? (int)(g->N - j0) : nr;
   for (int r = 0; r < mr; r++) store(f, i0 + r, j0, nc, out[r]);
 }
 
-int ml_cpu_gemm_fixed(const ml_gemm *g, const void *A, int64_t lda, const void *B, int64_t ldb,
-                      bool bf16, const float *bias) {
+/* Rows i_lo .. i_hi of A against rows j_lo .. j_hi of B in register tiles,
+ * B's rows the outer loop: each group of B rows is read from memory once
+ * (prefetched one group ahead) and used by every row of A. */
+static void block(const fixed_args *f, int64_t i_lo, int64_t i_hi, int64_t j_lo, int64_t j_hi) {
+  int nr = i_hi - i_lo <= 2 ? NRMAX : NR; /* a tile's accumulators mr·nr <= 16 */
+  int64_t ahead = (int64_t)nr * f->ldb * (int64_t)f->besz;
+  for (int64_t j0 = j_lo; j0 < j_hi; j0 += nr) {
+    int64_t i0 = i_lo, pf = ahead; /* the first A rows' pass prefetches the next group */
+    for (; i0 + MR <= i_hi; i0 += MR, pf = 0) tile(f, MR, nr, i0, j0, pf);
+    if (i0 < i_hi) tile(f, (int)(i_hi - i0), nr, i0, j0, pf);
+  }
+}
+
+int ml_cpu_gemm_fixed(const ml_gemm *g, const void *A, int64_t lda, bool a_bf16, const void *B,
+                      int64_t ldb, bool b_bf16, const float *bias) {
   fixed_args f = {.g = g, .A = A, .B = B, .lda = lda, .ldb = ldb,
-                  .esz = bf16 ? sizeof(uint16_t) : sizeof(float), .bias = bias};
+                  .aesz = a_bf16 ? sizeof(uint16_t) : sizeof(float),
+                  .besz = b_bf16 ? sizeof(uint16_t) : sizeof(float), .bias = bias};
+  bool team = g->N * g->K >= PAR_NK || g->M * g->N * g->K >= PAR_MNK;
+  if (g->M <= MB) { /* one block of A's rows: each thread a contiguous part of B's rows */
+#pragma omp parallel if (team)
+    {
+      int nth = omp_get_num_threads(), th = omp_get_thread_num();
+      int64_t units = (g->N + NRMAX - 1) / NRMAX; /* whole register tiles a thread */
+      int64_t lo = units * th / nth * NRMAX, hi = units * (th + 1) / nth * NRMAX;
+      if (hi > g->N) hi = g->N;
+      if (lo < hi) block(&f, 0, g->M, lo, hi);
+    }
+    return 0;
+  }
   int64_t mt = (g->M + MB - 1) / MB, nt = (g->N + NB - 1) / NB;
 #pragma omp parallel for schedule(static)
   for (int64_t t = 0; t < mt * nt; t++) {
     int64_t i_lo = t / nt * MB, j_lo = t % nt * NB;
     int64_t i_hi = i_lo + MB < g->M ? i_lo + MB : g->M, j_hi = j_lo + NB < g->N ? j_lo + NB : g->N;
-    for (int64_t j0 = j_lo; j0 < j_hi; j0 += NR) {
-      int64_t i0 = i_lo;
-      for (; i0 + MR <= i_hi; i0 += MR) tile(&f, MR, i0, j0);
-      for (; i0 < i_hi; i0++) tile(&f, 1, i0, j0);
-    }
+    block(&f, i_lo, i_hi, j_lo, j_hi);
   }
   return 0;
 }

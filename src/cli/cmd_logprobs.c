@@ -66,7 +66,8 @@ typedef struct lp_run {
 /* 32-bit words per prediction in the results: the log-prob, the entropy,
  * the top-k log-probs and ids (moved between ranks as bytes). A
  * sequence's n predictions are stored as [n lp][n entropy][n·k top-k
- * log-probs][n·k top-k ids]. */
+ * log-probs][n·k top-k ids], then its n + 1 tokens' routing [(n + 1) ·
+ * route_cols] (seq_words). */
 static int64_t words(const lp_run *run) { return 1 + run->entropy + 2 * run->topk; }
 
 /* 32-bit words of a sequence of len tokens in the results: its len − 1

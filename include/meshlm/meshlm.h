@@ -587,7 +587,11 @@ MESHLM_API int meshlm_optimizer_step(meshlm_session *s, meshlm_step_result *out)
  * CUSTOM objective is called on the trained targets of each micro-batch
  * of this data rank's batch (every tp and cp rank of it with the same
  * inputs: the log-probs are gathered over cp); its grad outputs are read
- * and dropped. Errors: as meshlm_train_step's. */
+ * and dropped. A mixture-of-experts model with output_router_logits adds
+ * router_aux_loss_coef times its load-balancing loss, as training does and
+ * as transformers' Qwen3MoeForCausalLM / MixtralForCausalLM forward does
+ * in eval too (so out->loss = meshlm_forward_backward's at these weights).
+ * Errors: as meshlm_train_step's. */
 MESHLM_API int meshlm_eval_loss(meshlm_session *s, const meshlm_train_batch *b,
                                 const meshlm_loss *loss, meshlm_step_result *out);
 

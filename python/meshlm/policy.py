@@ -1073,7 +1073,9 @@ class Policy:
                   routing: Optional[ArrayLike] = None) -> StepResult:
         """COLLECTIVE. The loss on the global batch at the current weights,
         forward only (meshlm_eval_loss; no gradient touched).  Arguments and
-        result as forward_backward's."""
+        result as forward_backward's; a mixture-of-experts model with
+        output_router_logits includes its load-balancing term, as training
+        and transformers' forward do."""
         return self._loss_call("meshlm_eval_loss", seqs, loss, locals())
 
     def zero_grad(self) -> None:

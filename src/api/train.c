@@ -220,15 +220,19 @@ void api_loss_forward(meshlm_session *s, api_loss_call *c, ml_step_result *r) {
                                              (long long)pk->S_max)
                            : NULL;
   int rc = w && (ent || coef == 0.0) ? 0 : -1;
+  /* the micro-batches' MoE load-balancing terms, each the whole batch's on every rank, added
+     after the reduction as the training step adds them (engine/step.c) */
+  double aux = 0.0;
   /* every rank holds all of its data rank's log-probs (gathered over cp): evaluated once per
      data rank, summed over dp below */
   for (int64_t j = 0; j < pk->n_mb; j++) {
     ml_engine_batch eb;
     ml_pack_fill(pk, j, &eb);
     fill_replay(c, j);
-    ml_engine_scores es = {.logprobs = pk->lp, .entropy = ent};
-    if (ent ? ml_engine_scores_batch(&s->e, &eb, &es) : ml_engine_logprobs_batch(&s->e, &eb, pk->lp))
-      api_abort(s);
+    double part;
+    ml_engine_scores es = {.logprobs = pk->lp, .entropy = ent, .aux = &part};
+    if (ml_engine_scores_batch(&s->e, &eb, &es)) api_abort(s);
+    aux += part;
     fill_micro(c, j, &eb);
     int64_t n = eb.S - 1; /* out [1, S − 1]; an empty micro-batch (S 0) has none */
     for (int64_t i = 0; rc == 0 && i < n; i++) w[i] = pk->obj[i].w != 0.0f ? 1.0f : 0.0f;
@@ -246,6 +250,7 @@ void api_loss_forward(meshlm_session *s, api_loss_call *c, ml_step_result *r) {
   if (ml_host_all_reduce_f64(ml_mesh_host(&s->mesh, ML_GROUP_DP), v, 6, ML_RED_SUM) || v[5] > 0)
     api_abort(s);
   *sums = (ml_obj_sums){v[0], v[1], (int64_t)v[2], (int64_t)v[3], v[4]};
+  sums->loss += aux;
   r->loss = sums->loss;
   api_plan_stats(s, &c->p);
 }

@@ -19,7 +19,11 @@
  * [[K ids] x S-1] and "topk_logprobs": [[K floats] x S-1], each position's
  * K most probable next tokens, best first, equal logits by the lower id
  * (verl's calculate_entropy, NeMo RL's get_topk_logits; both computed
- * vocab-parallel, parallel/loss.h ml_loss_extra).
+ * vocab-parallel, parallel/loss.h ml_loss_extra). With --routing (a
+ * mixture-of-experts model), + "routing": [[[k experts] x num_hidden_layers]
+ * x S], the experts each token's sparse layers chose, in torch.topk's order
+ * (−1 at the dense layers): what meshlm_scores.routing returns and router
+ * replay takes (model/moe.h, ml_model.route_record).
  * logprobs[t] = log p(token t+1 | tokens 0..t). The completion is tokens
  * P..S-1; completion_logprobs = logprobs[P-1 .. S-2] (each completion
  * token's log-prob; with P = 0 — an empty prompt and no BOS — its first
@@ -55,13 +59,22 @@ typedef struct lp_run {
   int64_t nonfinite, first_bad_line; /* written as null; its 1-based input line (0: none) */
   bool entropy; /* --entropy */
   int64_t topk; /* --topk (0: none) */
+  int64_t route_k, route_cols; /* --routing: top_k, and int32 per token (layers · top_k); 0:
+                                  none */
 } lp_run;
 
 /* 32-bit words per prediction in the results: the log-prob, the entropy,
  * the top-k log-probs and ids (moved between ranks as bytes). A
  * sequence's n predictions are stored as [n lp][n entropy][n·k top-k
- * log-probs][n·k top-k ids]. */
+ * log-probs][n·k top-k ids], then its n + 1 tokens' routing [(n + 1) ·
+ * route_cols] (seq_words). */
 static int64_t words(const lp_run *run) { return 1 + run->entropy + 2 * run->topk; }
+
+/* 32-bit words of a sequence of len tokens in the results: its len − 1
+ * predictions' words, then (--routing) its tokens' routing [len, cols]. */
+static int64_t seq_words(const lp_run *run, int64_t len) {
+  return (len - 1) * words(run) + len * run->route_cols;
+}
 
 /* lp[0, n) as a JSON array; non-finite values as null, counted when
  * `count` (line: the 1-based output line). */
@@ -113,6 +126,23 @@ static void write_topk(lp_run *run, int64_t line, const float *tlp, const int32_
   fputc(']', f);
 }
 
+/* The routing field of a sequence's len tokens: r [len, layers, k]. */
+static void write_routing(lp_run *run, const int32_t *r, int64_t len) {
+  FILE *f = run->out;
+  int64_t k = run->route_k, layers = run->route_cols / k;
+  fputs(", \"routing\": [", f);
+  for (int64_t t = 0; t < len; t++) {
+    fputs(t ? ", [" : "[", f);
+    for (int64_t l = 0; l < layers; l++) {
+      fputs(l ? ", [" : "[", f);
+      for (int64_t c = 0; c < k; c++) fprintf(f, "%s%d", c ? ", " : "", *r++);
+      fputc(']', f);
+    }
+    fputc(']', f);
+  }
+  fputc(']', f);
+}
+
 /* The output line of sequence k (0-based; line k + 1) from its results
  * (words(run) per prediction, n = S-1 predictions). */
 static void write_line(lp_run *run, int64_t k, const float *lp, int64_t n) {
@@ -127,6 +157,7 @@ static void write_line(lp_run *run, int64_t k, const float *lp, int64_t n) {
     const float *tlp = lp + n * (1 + run->entropy);
     write_topk(run, k + 1, tlp, (const int32_t *)(tlp + n * run->topk), n);
   }
+  if (run->route_cols) write_routing(run, (const int32_t *)(lp + n * words(run)), n + 1);
   if (run->seqs->format == ML_DATA_PROMPT) write_completion(run, k, lp, n);
   if (run->seqs->format != ML_DATA_IDS) {
     fputs(", \"input_ids\": [", f);
@@ -153,7 +184,8 @@ typedef struct deal {
   size_t *bytes; /* [dp] each rank's results */
 } deal;
 
-static int deal_out(const ml_seqs *q, int dp, int me, int64_t w, deal *d) {
+static int deal_out(const lp_run *run, int dp, int me, deal *d) {
+  const ml_seqs *q = run->seqs;
   int64_t n = q->n;
   d->sorted = ml_malloc_array(4 * n, sizeof(int64_t), "the sequences' deal (%lld)", (long long)n);
   d->bytes = ml_calloc_array(dp, sizeof *d->bytes, "the sequences' deal");
@@ -170,7 +202,7 @@ static int deal_out(const ml_seqs *q, int dp, int me, int64_t w, deal *d) {
     int r = (int)(i % dp);
     d->owner[k] = r;
     d->at[k] = (int64_t)(d->bytes[r] / sizeof(float));
-    d->bytes[r] += sizeof(float) * (size_t)((q->len[k] - 1) * w);
+    d->bytes[r] += sizeof(float) * (size_t)seq_words(run, q->len[k]);
     if (r == me) d->mine[d->n_mine++] = k;
   }
   return 0;
@@ -182,9 +214,11 @@ static void deal_free(deal *d) {
 }
 
 /* Micro-batch j's results into `mine`: each sequence's words at d->at,
- * from the pack's log-probs and the extras `es` asked for. */
+ * from the pack's log-probs, the extras `es` asked for and the packed
+ * routing `route` [S, route_cols] (--routing; else NULL). */
 static void keep(const lp_run *run, const deal *d, const ml_pack *p, int64_t j,
-                 const int64_t *lens, const ml_engine_scores *es, float *mine) {
+                 const int64_t *lens, const ml_engine_scores *es, const int32_t *route,
+                 float *mine) {
   int64_t k = run->topk;
   for (int64_t i = 0, at = 0; i < p->mb[j].count; i++) {
     int64_t s = p->order[p->mb[j].first + i], n = lens[s] - 1;
@@ -195,7 +229,10 @@ static void keep(const lp_run *run, const deal *d, const ml_pack *p, int64_t j,
     if (k) {
       memcpy(o, es->topk_logprobs + at * k, sizeof(float) * (size_t)(n * k));
       memcpy(o + n * k, es->topk_ids + at * k, sizeof(int32_t) * (size_t)(n * k));
+      o += 2 * n * k;
     }
+    int64_t c = run->route_cols;
+    if (route) memcpy(o, route + at * c, sizeof(int32_t) * (size_t)(lens[s] * c));
     at += lens[s];
   }
 }
@@ -218,6 +255,16 @@ static int extras_alloc(const lp_run *run, int64_t S, ml_engine_scores *es) {
   return 0;
 }
 
+/* The packed routing of micro-batches of S tokens (--routing: [S,
+ * route_cols] int32; else *route stays NULL). */
+static int route_alloc(const lp_run *run, int64_t S, int32_t **route) {
+  if (!run->route_cols) return 0;
+  int64_t n = ml_mul_sat(S, run->route_cols);
+  *route = ml_malloc_array(n, sizeof(int32_t), "the routing (%lld tokens x %lld)", (long long)S,
+                           (long long)run->route_cols);
+  return *route ? 0 : -1;
+}
+
 /* Score this rank's sequences in packed micro-batches into `mine` (each
  * sequence's words at d->at), the parameters held unsharded for the
  * whole pass (NeMo RL's unshard_fsdp2_model). */
@@ -234,24 +281,31 @@ static int score_mine(lp_run *run, const deal *d, int64_t budget, float *mine) {
   ml_host *world = ml_mesh_host(run->mesh, ML_GROUP_WORLD);
   ml_pack p = {0};
   ml_engine_scores es = {0};
+  int32_t *route = NULL;
   bool extra = run->entropy || run->topk;
   if (ml_host_agree(world, rc) == 0 && ml_pack_plan(&p, run->e, world, n, lens, ids, budget) == 0 &&
       ml_host_agree(world, ml_pack_reserve(&p, run->e, true)) == 0 &&
-      ml_host_agree(world, extra ? extras_alloc(run, p.S_max, &es) : 0) == 0) {
+      ml_host_agree(world, extra ? extras_alloc(run, p.S_max, &es) : 0) == 0 &&
+      ml_host_agree(world, route_alloc(run, p.S_max, &route)) == 0) {
     es.logprobs = p.lp;
     ml_engine_hold_params(run->e, true);
     for (int64_t j = 0; rc == 0 && j < p.n_mb; j++) {
       ml_engine_batch eb;
       ml_pack_fill(&p, j, &eb);
+      /* the dense layers' entries stay −1 (the sparse ones are written by the forward) */
+      for (int64_t i = 0; route && i < eb.S * run->route_cols; i++) route[i] = -1;
+      run->e->model.route_record = route;
       if (extra ? ml_engine_scores_batch(run->e, &eb, &es)
                 : ml_engine_logprobs_batch(run->e, &eb, p.lp))
         ml_cli_abort();
-      keep(run, d, &p, j, lens, &es, mine);
+      run->e->model.route_record = NULL;
+      keep(run, d, &p, j, lens, &es, route, mine);
     }
     ml_engine_hold_params(run->e, false);
   } else {
     rc = -1;
   }
+  free(route);
   free(es.entropy);
   free(es.topk_logprobs);
   free(es.topk_ids);
@@ -267,7 +321,7 @@ static int run_all(lp_run *run, int64_t budget) {
   const ml_seqs *q = run->seqs;
   ml_host *dp = ml_mesh_host(run->mesh, ML_GROUP_DP);
   deal d = {0};
-  int rc = deal_out(q, dp->size, dp->rank, words(run), &d);
+  int rc = deal_out(run, dp->size, dp->rank, &d);
   size_t total = 0;
   for (int r = 0; rc == 0 && r < dp->size; r++) total += d.bytes[r];
   float *all = rc == 0 ? ml_malloc(total + sizeof(float), "the log-probs of every sequence") : NULL;
@@ -291,7 +345,7 @@ static int run_all(lp_run *run, int64_t budget) {
 int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   const char *model = NULL, *data = NULL, *out = NULL, *plan = NULL, *adapter = NULL;
   int64_t tp = 1, cp = 1, budget = 4096, topk = 0;
-  bool sp = false, entropy = false, invariant = false;
+  bool sp = false, entropy = false, invariant = false, routing = false;
   ml_arg_choice dtype = ml_dtype_choice(), device = ml_device_choice(),
                 device_comm = ml_device_comm_choice();
   ml_data_opts dopts = ml_data_opts_default(NULL);
@@ -321,6 +375,9 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
        "entropy (nats)", false, NULL},
       {"--topk", ML_ARG_INT, &topk, "add \"topk_ids\" and \"topk_logprobs\": each position's K "
        "most probable next tokens (0: none)", false, "K"},
+      {"--routing", ML_ARG_FLAG, &routing, "add \"routing\": each token's experts per layer "
+       "([S][num_hidden_layers][k], -1 at dense layers; mixture-of-experts models)", false,
+       NULL},
       {"--batch-invariant", ML_ARG_FLAG, &invariant, "every token's log-prob the same bits in "
        "any batch, micro-batch, dp or cp size (as meshlm train --batch-invariant)", false, NULL},
       {"--adapter", ML_ARG_STR, &adapter, "score the model with this PEFT LoRA adapter "
@@ -336,7 +393,7 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   ml_mesh mesh = {0};
   ml_engine e = {0};
   ml_seqs seqs = {0};
-  lp_run run = {&mesh, &e, &seqs, NULL, 0, 0, entropy, topk};
+  lp_run run = {&mesh, &e, &seqs, NULL, 0, 0, entropy, topk, 0, 0};
   char tmp[4096];
   ml_engine_opts eo = ml_engine_opts_default();
   ml_comm_factory make_comm = NULL;
@@ -361,6 +418,14 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
     rc = ml_err("logprobs: flag --topk %lld with --cp %lld: top-k under context parallelism is "
                 "not implemented; expected --cp 1",
                 (long long)topk, (long long)cp);
+  if (rc == 0 && routing && e.model.cfg.n_experts == 0)
+    rc = ml_err("logprobs: flag --routing: %s has no experts (num_experts 0); expected a "
+                "mixture-of-experts model (qwen3_moe, mixtral)",
+                e.model.cfg.family->architecture);
+  if (rc == 0 && routing) {
+    run.route_k = e.model.cfg.top_k;
+    run.route_cols = ml_mul_sat(e.model.cfg.n_layers, e.model.cfg.top_k);
+  }
   dopts.tokenizer_dir = model;
   ml_data_group group = ml_cli_data_group(world); /* every rank reads its part of --data */
   dopts.group = &group;

@@ -407,6 +407,12 @@ static int stage_objective(ml_engine *e, const ml_engine_batch *b, ml_obj_in **b
                             sizeof none * (size_t)T, *buf + T);
 }
 
+/* Open the load-balancing loss's sums for a forward of b (model/moe.h): packed
+ * documents' tokens from docs[ndocs] on are padding (HF attention_mask 0). */
+static int aux_open(ml_engine *e, const ml_engine_batch *b) {
+  return ml_moe_aux_begin(&e->model, b->docs ? b->docs[b->ndocs] : b->S);
+}
+
 /* The load-balancing loss of the forward that just ran (model/moe.h): its
  * sums over every data rank's tokens of the micro-batch (dp_cp), so that
  * every mesh computes the aux term of the whole batch, as one rank does. */
@@ -423,8 +429,7 @@ static int run_forward_backward(ml_engine *e, const ml_engine_batch *b, const ml
                                 ml_loss_out *nll) {
   ML_TRY(upload_batch(e, b));
   ML_TRY(ml_grads_tp_begin(&e->grads, &e->tp, &e->fsdp));
-  /* packed documents: the tokens from docs[ndocs] on are padding (HF attention_mask 0) */
-  ML_TRY(ml_moe_aux_begin(&e->model, b->docs ? b->docs[b->ndocs] : b->S));
+  ML_TRY(aux_open(e, b));
   ML_TRY(forward_layers(e, e->ids));
   ML_TRY(aux_close(e));
   ML_TRY(ml_fsdp_grad_begin(&e->fsdp, (int)e->model.cfg.n_layers));
@@ -516,9 +521,15 @@ static int extras_alloc(ml_engine *e, int64_t T, const ml_engine_scores *want,
 
 static int forward_only(ml_engine *e, const ml_engine_batch *b, float **lp,
                         const ml_engine_scores *want, ml_loss_extra *ex, ml_loss_out *nll) {
+  bool aux = want && want->aux;
   ML_TRY(begin_batch(e, b, true));
   ML_TRY(upload_batch(e, b));
+  if (aux) ML_TRY(aux_open(e, b));
   ML_TRY(forward_layers(e, e->ids));
+  if (aux) {
+    ML_TRY(aux_close(e));
+    *want->aux = e->model.cfg.aux_coef * e->model.aux.value; /* 0 without router_aux */
+  }
   int64_t T = b->B * e->model.S; /* fits: prepare allocated B·s·H floats */
   ml_loss_split split;
   int rc = want ? extras_alloc(e, T, want, ex) : 0;

@@ -209,6 +209,14 @@ typedef struct ml_engine_scores {
   int64_t topk;
   float *topk_logprobs;
   int32_t *topk_ids;
+  /* host, one double: the MoE load-balancing term cfg.aux_coef · aux of this forward's
+     sparse layers over the whole batch (every data rank's tokens, dp_cp), counted as the
+     training forward counts it (ml_engine_forward_backward_batch; model/moe.h
+     ml_moe_aux_begin), the same on every rank; 0 without cfg.router_aux. transformers
+     adds it to the loss in eval as in training (Qwen3MoeForCausalLM / MixtralForCausalLM
+     .forward: loss += router_aux_loss_coef · load_balancing_loss_func(...) whenever
+     output_router_logits, whatever module.training is). Collective over dp_cp. */
+  double *aux;
 } ml_engine_scores;
 
 /* Forward only over batch b (mask and obj unused): what `out` asks for, in

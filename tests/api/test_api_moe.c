@@ -8,6 +8,10 @@
  *   weights after it (the next log-probs, memcmp); meshlm_eval_loss likewise.
  * - test_replay_other: the routing shifted by one expert changes the train step's loss and
  *   meshlm_eval_loss's (the replayed routing is what the layers use on both paths).
+ * - test_eval_aux: meshlm_eval_loss = meshlm_forward_backward's loss bitwise at the same
+ *   weights, the fixture's load-balancing term (output_router_logits, coef 0.25) included in
+ *   both, summed over the several micro-batches the same way (without it in eval the two
+ *   differ by that term).
  * - test_refused: routing on a model without experts, and with objective_seq_logprobs, is
  *   refused naming the field. */
 #include "api_util.h"
@@ -163,6 +167,22 @@ static void test_replay_other(void **state) {
   meshlm_close(a);
 }
 
+static void test_eval_aux(void **state) {
+  (void)state;
+  meshlm_session *s = moe_open();
+  moe_batch b;
+  moe_batch_make(s, &b);
+  meshlm_train_batch tb = {.struct_size = sizeof tb, .seqs = seqs(&b)};
+  meshlm_step_result ev = {.struct_size = sizeof ev}, fb = ev;
+  local_ok(s, meshlm_eval_loss(s, &tb, NULL, &ev), "meshlm_eval_loss");
+  local_ok(s, meshlm_zero_grad(s), "meshlm_zero_grad");
+  local_ok(s, meshlm_forward_backward(s, &tb, NULL, &fb), "meshlm_forward_backward");
+  printf("eval_loss %.17g, forward_backward %.17g\n", ev.loss, fb.loss);
+  assert_memory_equal(&ev.loss, &fb.loss, sizeof ev.loss);
+  assert_int_equal(ev.tokens, fb.tokens);
+  meshlm_close(s);
+}
+
 /* A custom objective the refused call never reaches. */
 static int never(void *ctx, const meshlm_objective_chunk *c) {
   (void)ctx;
@@ -206,6 +226,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_record),
                                      cmocka_unit_test(test_replay_own),
                                      cmocka_unit_test(test_replay_other),
+                                     cmocka_unit_test(test_eval_aux),
                                      cmocka_unit_test(test_refused)};
   return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -4,11 +4,13 @@
 # expert parallelism (--ep); `meshlm plan --ep` shows the experts per rank and the balanced
 # all-to-all bytes; expert layers under tp or cp, --ep (config ep_size) not dividing the world or
 # num_experts or on a model without experts, and MoE configs meshlm does not implement or cannot
-# bound, are refused with one message naming what was found and what is expected.
-# usage: test_moe.sh MESHLM SOURCE_DIR ...
+# bound, are refused with one message naming what was found and what is expected; `meshlm
+# logprobs --routing` writes each token's experts per layer, the same on any dp mesh.
+# usage: test_moe.sh MESHLM SOURCE_DIR JSON_CHECK ...
 set -u
 meshlm=$1
 src=$2
+json_check=$3
 . "$src/tests/cli/common.sh"
 
 # expect_fail NAME PATTERN -- CMD...: CMD exits non-zero and its stderr matches PATTERN.
@@ -104,6 +106,45 @@ else
 fi
 expect_fail "plan ep not dividing experts" "--ep (ep_size) 3" -- \
   "$meshlm" plan --model "$fx" --seq-len 24 --batch-size 3 --dp-shard 3 --ep 3
+
+# logprobs --routing on qwen3_moe (3 layers, layer 0 dense, 8 experts, top 2): per line S tokens
+# (one more than the log-probs), each with 3 layers of 2 experts, [-1, -1] at layer 0 and two
+# distinct experts in 0 .. 7 at the others; under --batch-invariant (every router logit the same
+# bits in any batch) the routing and log-probs at dp 2 with other micro-batches are the 1-rank
+# run's, byte for byte; on a model without experts the flag is refused, named.
+qm=$src/tests/fixtures/qwen3_moe
+if "$meshlm" logprobs --model "$qm" --data "$work/data.jsonl" --out "$work/r1.jsonl" --routing \
+     --batch-invariant > "$work/out" 2> "$work/err" &&
+   mpiexec -n 2 "$meshlm" logprobs --model "$qm" --data "$work/data.jsonl" --out "$work/r2.jsonl" \
+     --routing --batch-invariant --micro-batch-tokens 30 > "$work/out" 2> "$work/err" &&
+   cmp -s "$work/r1.jsonl" "$work/r2.jsonl"; then
+  ok "logprobs --routing: dp 2 = 1 rank"
+else
+  bad "logprobs --routing: dp 2 = 1 rank"
+fi
+msg=$(while IFS= read -r line; do
+        "$json_check" logprobs routing <<<"$line" > /dev/null 2>&1 || { echo "not JSON"; break; }
+        printf '%s|%s\n' "$(sed -E 's/.*"logprobs": \[([^]]*)\].*/\1/' <<<"$line")" \
+          "$(sed -E 's/.*"routing": \[\[\[(.*)\]\]\]\}$/\1/' <<<"$line")"
+      done < "$work/r1.jsonl" |
+  awk -F'|' '$0 == "not JSON" { print; exit }
+    { n = split($1, lp, ","); m = split($2, tok, /\]\], *\[\[/);
+      if (m != n + 1) { print "line " NR ": " m " tokens for " n " log-probs"; exit }
+      for (t = 1; t <= m; t++) {
+        if (split(tok[t], lay, /\], *\[/) != 3) { print "line " NR ": not 3 layers"; exit }
+        for (l = 1; l <= 3; l++) {
+          if (split(lay[l], e, ",") != 2) { print "line " NR ": not 2 experts"; exit }
+          if (l == 1 && (e[1] != -1 || e[2] != -1)) { print "line " NR ": dense layer " lay[l]; exit }
+          if (l > 1 && (e[1] < 0 || e[1] > 7 || e[2] < 0 || e[2] > 7 || e[1] == e[2])) {
+            print "line " NR ": experts " lay[l]; exit } } } }')
+if [ -z "$msg" ] && [ -s "$work/r1.jsonl" ]; then
+  ok "logprobs --routing: S tokens x 3 layers x 2 experts, -1 at the dense layer"
+else
+  bad "logprobs --routing: $msg"
+fi
+expect_fail "--routing without experts" "flag --routing: LlamaForCausalLM has no experts" -- \
+  "$meshlm" logprobs --model "$work/llama" --data "$work/data.jsonl" --out "$work/lp.jsonl" \
+  --routing
 
 # config.json fields out of range, each named
 bad_config() { # NAME PATTERN SED-EXPRESSION

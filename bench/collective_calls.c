@@ -25,8 +25,10 @@ static double one_call(int op, float *send, float *recv, int n) {
   MPI_Request r;
   MPI_Barrier(MPI_COMM_WORLD);
   double t0 = MPI_Wtime();
-  if (op == 0) MPI_Iallgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, MPI_COMM_WORLD, &r);
-  else MPI_Ireduce_scatter_block(send, recv, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r);
+  if (op == 0)
+    MPI_Iallgather(send, n, MPI_FLOAT, recv, n, MPI_FLOAT, MPI_COMM_WORLD, &r);
+  else
+    MPI_Ireduce_scatter_block(send, recv, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &r);
   MPI_Wait(&r, MPI_STATUS_IGNORE);
   double dt = MPI_Wtime() - t0, slowest;
   MPI_Allreduce(&dt, &slowest, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -38,9 +40,14 @@ int main(int argc, char **argv) {
   int rank, size;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
-  int iters = argc > 2 ? atoi(argv[1]) : 0;
-  if (iters < 1) {
-    if (rank == 0) fprintf(stderr, "usage: collective_calls ITERS FLOATS... (ITERS >= 1)\n");
+  int iters = argc > 1 ? atoi(argv[1]) : 0;
+  if (argc < 3 || iters < 1) {
+    if (rank == 0) {
+      if (argc < 3)
+        fprintf(stderr, "usage: collective_calls ITERS FLOATS... (at least one FLOATS)\n");
+      else
+        fprintf(stderr, "collective_calls: ITERS '%s': expected an integer >= 1\n", argv[1]);
+    }
     MPI_Finalize();
     return 2;
   }
@@ -48,7 +55,8 @@ int main(int argc, char **argv) {
   for (int a = 2; a < argc; a++) {
     long n = atol(argv[a]);
     if (n < 1 || n > (1L << 28) / size) { /* the full buffer n·size floats stays < 1 GiB */
-      if (rank == 0) fprintf(stderr, "FLOATS '%s': expected 1 .. %ld\n", argv[a], (1L << 28) / size);
+      if (rank == 0)
+        fprintf(stderr, "FLOATS '%s': expected 1 .. %ld\n", argv[a], (1L << 28) / size);
       MPI_Finalize();
       return 2;
     }
@@ -60,8 +68,10 @@ int main(int argc, char **argv) {
       MPI_Abort(MPI_COMM_WORLD, 1);
     }
     for (int op = 0; op < 2; op++) {
-      for (int i = 0; i < 5; i++) one_call(op, op ? full : small, op ? small : full, (int)n);
-      for (int i = 0; i < iters; i++) t[i] = one_call(op, op ? full : small, op ? small : full, (int)n);
+      for (int i = 0; i < 5; i++)
+        one_call(op, op ? full : small, op ? small : full, (int)n);
+      for (int i = 0; i < iters; i++)
+        t[i] = one_call(op, op ? full : small, op ? small : full, (int)n);
       qsort(t, (size_t)iters, sizeof(double), cmp_double);
       if (rank == 0)
         printf("%-15s %9ld floats/rank (%8.3f MiB full buffer): %9.1f us/call\n",

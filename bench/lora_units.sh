@@ -8,8 +8,8 @@
 #   one unit for every adapter: one all-gather of all adapters and one reduce-scatter at the end of
 #   backward instead of 30, every adapter and its gradient held whole for the step.
 # This runs the LoRA step (tokens/s, the time blocked on FSDP collectives, the run's collective
-# count) and times single calls of the sizes involved (bench/collective_calls.c, compiled here with
-# mpicc) so that each alternative's change of calls is priced in microseconds. Per-rank shard
+# count) and times single calls of the sizes involved (build/bench_collective_calls,
+# bench/collective_calls.c) so that each alternative's change of calls is priced in microseconds. Per-rank shard
 # sizes of SmolLM2-135M at dp_shard 2 (fp32 elements): one layer's base weights 3540096 / 2 =
 # 1770048 (q, o 576x576; k, v 192x576; gate, up 1536x576, down 576x1536; two norms 576), its
 # adapters r*(in+out) summed over the 7 linears 162816 / 2 = 81408, both 1851456, all 30 layers'
@@ -26,7 +26,6 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 threads=$(( $(nproc) / 2 > 0 ? $(nproc) / 2 : 1 ))
 export OPENBLAS_NUM_THREADS=$threads OMP_NUM_THREADS=$threads
-mpicc -O2 -o "$out/collective_calls" bench/collective_calls.c
 find src -name '*.[ch]' | sort | xargs cat > "$out/corpus.txt"
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 mpirun -np 2 build/meshlm train --model "$model" --data "$out/corpus.txt" --steps "$steps" \
@@ -35,5 +34,5 @@ mpirun -np 2 build/meshlm train --model "$model" --data "$out/corpus.txt" --step
 tail -n +2 "$out/m.jsonl" | sed -E 's/.*"tokens_per_s": ?([0-9.eE+-]+).*"fsdp_wait_ms": ?([0-9.eE+-]+).*/\1 \2/' |
   awk '{ printf "LoRA dp_shard 2 step: tokens/s %.1f, %.1f ms/step (512 tokens), blocked on FSDP collectives %.1f ms\n", $1, 512000 / $1, $2 }'
 grep "collectives of the last step" "$out/train.log" | sed 's/^train: //'
-mpirun -np 2 "$out/collective_calls" "$iters" 81408 1770048 1851456 2442240
+mpirun -np 2 build/bench_collective_calls "$iters" 81408 1770048 1851456 2442240
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -2,8 +2,8 @@
 # LoRA (--lora-rank, engine/lora.h) against full fine-tuning: S=SEQ (default 512), global batch
 # BATCH (default 4), full vs --lora-rank RANK (default 16) --lora-alpha 2*RANK on every linear of
 # the decoder (all-linear), on each mesh of MESHES (default "1"): median tokens/s, the largest
-# peak RSS of a rank, `meshlm plan`'s step peak and its collectives of one training step (calls
-# and bytes per group, tp rank 0, the same flags) beside the run's own count of its last step;
+# peak RSS of a rank, `meshlm plan`'s FSDP shards, step peak and collectives of one training step
+# (calls and bytes per group, tp rank 0, the same flags) beside the run's own count of its last step;
 # with DROPOUT > 0 a third run with --lora-dropout DROPOUT (model/lora_drop.h: the masks drawn on
 # the host, forward and again in backward). MODEL: an HF checkpoint directory with its tokenizer
 # (real weights; default: the smollm2-135m preset, random weights). A mesh is 1, dpN (dp_shard N)
@@ -39,7 +39,8 @@ drop=(--lora-dropout "$dropout")
 . bench/metrics_report.sh
 plan_step() { # flags: plan's step peak and the training step's collectives (tp rank 0)
   build/meshlm plan --model "$model" --batch-size "$batch" --seq-len "$seq" "$@" |
-    awk '/peak of one training step/ && !pk++ { sub(/^ */, "  plan: "); print }
+    awk '/FSDP shards|peak of one training step/ && !seen[substr($0, 1, 20)]++ {
+           sub(/^ */, "  plan: "); print }
          /^tp rank 0:/ { on = 1; next }
          on && /one training step/ { step = 1; next }
          step && /calls/ { sub(/^ */, "  plan: "); print; next }

@@ -4,7 +4,8 @@ torch, transformers and peft):
 
     bench/lora_sft.py MESHLM MODEL_DIR WORK_DIR [STEPS]
 
-MODEL_DIR is an HF checkpoint with its tokenizer (SmolLM2-135M in fp32 for the issue's figures).
+MODEL_DIR is an HF checkpoint with its tokenizer (SmolLM2-135M and Gemma-3-270M in fp32 for the
+issue's figures).
 Trains STEPS (default 20) steps of rank-8 all-linear LoRA (lora_alpha 16) with `meshlm train` on
 bench/data/lora_sft.jsonl (56 prompt/completion records the authors wrote: sums, opposites, the
 days, the seasons, plurals; the loss on the completions only), batch 8, exports the PEFT adapter

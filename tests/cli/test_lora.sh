@@ -10,7 +10,8 @@
 #  (c) a run checkpoint resumes bit-exact (the losses of steps 3-4 of a 4-step run equal a 2-step
 #      run resumed for 2 more), and `meshlm export` of it is refused naming an adapter; the
 #      collectives of a LoRA step equal `meshlm plan`'s, the reduce-scatter moving fewer bytes
-#      than full fine-tuning's (the adapters only: the units' trainable prefix); activation
+#      than full fine-tuning's (the adapters only: the units' trainable prefix), also from an
+#      exported adapter (--adapter) and with --lora-dropout and --lora-rslora; activation
 #      checkpointing and CPU offload leave the losses bitwise;
 #  (d) config keys lora_targets (a JSON list) and lora_use_rslora equal the flags;
 #  (e) errors: --lora-dropout 1, an unknown target, --merge-lora without LoRA;
@@ -161,6 +162,25 @@ then
 else
   bad "LoRA reduce-scatter bytes $(rs_mb "$work/cl.txt") MB vs full $(rs_mb "$work/cf.txt") MB"
 fi
+
+# (c2b) plan takes every LoRA flag train takes: a step from an exported adapter (--adapter) and
+# one with --lora-dropout and --lora-rslora communicate as `meshlm plan` with the same flags says
+ad_flags=(--adapter "$work/ad1")
+dr_flags=("${lora_flags[@]}" --lora-dropout 0.1 --lora-rslora)
+for v in ad dr; do
+  declare -n fl=${v}_flags
+  launch 2 train --model "$work/model" --data "$src/README.md" --seq-len 32 --batch-size 4 \
+    --steps 1 --peak-tflops 1 "${fl[@]}" > "$work/c$v.txt" 2> "$work/err"
+  if [ -n "$(run_colls "$work/c$v.txt")" ] &&
+    [ "$(run_colls "$work/c$v.txt" | sort)" = "$(plan_colls --dp-shard 2 "${fl[@]}" | sort)" ]
+  then
+    ok "collectives of a LoRA step with ${fl[*]} on dp_shard 2 = meshlm plan's"
+  else
+    bad "LoRA collectives with ${fl[*]}: run vs plan"; cat "$work/err"
+    diff <(run_colls "$work/c$v.txt" | sort) <(plan_colls --dp-shard 2 "${fl[@]}" | sort)
+  fi
+  unset -n fl
+done
 
 # (c3) activation checkpointing (the recompute reruns the adapters' forward) and CPU offload leave
 # a LoRA run's losses bitwise as they were

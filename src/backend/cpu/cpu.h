@@ -17,9 +17,29 @@ typedef struct ml_cpu_gemm ml_cpu_gemm;
 /* oneDNN's CPU engine and stream, and a cache of matmul primitives keyed
  * by shape, layout, dtypes and epilogue (creating a primitive costs far
  * more than a small GEMM). Scratch for operand conversions comes from
- * `pool_be`'s pool. */
+ * `pool_be`'s pool. Also bounds oneDNN's own primitive cache
+ * (ml_cpu_gemm_onednn_cache_bound). Errors: allocation, oneDNN's. */
 int ml_cpu_gemm_create(ml_backend *pool_be, ml_cpu_gemm **out);
 void ml_cpu_gemm_destroy(ml_cpu_gemm *g);
+/* The entries of oneDNN's process-wide primitive cache that
+ * ml_cpu_gemm_create leaves it (oneDNN's default: 1024). meshlm keeps the
+ * primitives it runs in its own caches (gemm.c: 128 for ml_cpu_gemm_run, 64
+ * per thread for the tiles), so oneDNN's cache only spares a JIT where a
+ * primitive is built again: a tile shape on another thread (at most the 64
+ * of a tile cache), or a shape evicted from meshlm's cache. Unbounded in
+ * practice, it grew a Qwen3-MoE run by ~300 KB per new expert GEMM shape
+ * (a new M, the tokens routed to the expert, every step: 308 -> 385 MiB
+ * over 30 steps on dp_shard 2, 380 -> 650 MiB on --ep 2; flat with the
+ * cache off, AMD EPYC Zen 4). Bounded at the tile cache's size, the
+ * cross-thread reuse stays and the cache's memory is at most that many
+ * primitives. */
+enum { ML_CPU_GEMM_ONEDNN_CACHE = 64 };
+/* Set oneDNN's primitive cache capacity (dnnl_set_primitive_cache_capacity,
+ * process-wide) to ML_CPU_GEMM_ONEDNN_CACHE, unless the environment sets
+ * ONEDNN_PRIMITIVE_CACHE_CAPACITY or DNNL_PRIMITIVE_CACHE_CAPACITY (oneDNN
+ * reads those; the user's value then stands). ml_cpu_gemm_create calls it.
+ * Returns 0, or -1 (message) where oneDNN refuses. */
+int ml_cpu_gemm_onednn_cache_bound(void);
 /* backend.h's ml_be_gemm on the CPU: ml_cpu_gemm_run_on with
  * ML_CPU_GEMM_AUTO. */
 int ml_cpu_gemm_run(ml_cpu_gemm *g, const ml_gemm *args);

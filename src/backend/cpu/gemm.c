@@ -91,12 +91,24 @@ static bool probe_bf16(ml_cpu_gemm *g) {
   return ok;
 }
 
+int ml_cpu_gemm_onednn_cache_bound(void) {
+  if (getenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY") || getenv("DNNL_PRIMITIVE_CACHE_CAPACITY"))
+    return 0; /* the user's setting stands */
+  key none = {0};
+  return dnnl_check(dnnl_set_primitive_cache_capacity(ML_CPU_GEMM_ONEDNN_CACHE),
+                    "primitive cache capacity", &none);
+}
+
 int ml_cpu_gemm_create(ml_backend *pool_be, ml_cpu_gemm **out) {
   ml_cpu_gemm *g = ml_calloc(1, sizeof *g, "the oneDNN GEMM state");
   if (!g) return -1;
   g->be = pool_be;
   g->c = (cache){g->main, CACHE, 0};
   key none = {0};
+  if (ml_cpu_gemm_onednn_cache_bound()) {
+    ml_cpu_gemm_destroy(g);
+    return -1;
+  }
   if (dnnl_check(dnnl_engine_create(&g->eng, dnnl_cpu, 0), "engine creation", &none) ||
       dnnl_check(dnnl_stream_create(&g->stream, g->eng, dnnl_stream_default_flags),
                  "stream creation", &none)) {

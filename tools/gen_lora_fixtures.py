@@ -25,7 +25,8 @@ seven decoder linears by name; qwen2: use_rslora (scaling 8 / sqrt(4) = 4) on
 q_proj,v_proj only; gemma3: "all-linear" (PEFT resolves it to every linear but
 the output layer and writes the names it found); llama_h9kv3 (9 heads, 3 kv heads): the
 seven by name; phi3: "all-linear" (qkv_proj, o_proj, gate_up_proj, down_proj: two fused);
-qwen3_moe: q_proj,k_proj,v_proj,o_proj (the experts and router frozen).
+qwen3_moe and mixtral: q_proj,k_proj,v_proj,o_proj (the experts and router frozen); qwen3:
+the seven by name; mistral: "all-linear".
 `--only NAME` writes that fixture alone.
 """
 import argparse
@@ -51,6 +52,11 @@ FIXTURES = [
     # a mixture-of-experts model: attention's linears adapted, the router and experts frozen
     dict(name="qwen3_moe_lora", base="qwen3_moe", targets=ALL[:4], rslora=False, seed=16,
          moe=True),
+    # the remaining families: Qwen3 (q_norm / k_norm after q_proj / k_proj), Mistral (sliding
+    # window), Mixtral (a mixture of experts: attention's linears, as qwen3_moe)
+    dict(name="qwen3_lora", base="qwen3", targets=ALL, rslora=False, seed=17),
+    dict(name="mistral_lora", base="mistral", targets="all-linear", rslora=False, seed=18),
+    dict(name="mixtral_lora", base="mixtral", targets=ALL[:4], rslora=False, seed=19, moe=True),
 ]
 PREFIX = "base_model.model."
 

@@ -9,8 +9,8 @@
  * forward's log-probs (a meshlm_train_step of the clipped policy gradient
  * with a k3 KL penalty, whose reference and old log-probs are one rank's
  * meshlm_logprobs): the KL is exactly 0 (k3 = e^d − d − 1 of d = ref −
- * logp in fp64 is 0 only where the two floats are equal). Registered on one and two
- * ranks (api_invariant_1rank, _2ranks: dp_shard 2, where the default mode
+ * logp in fp64 is 0 only where the two floats are equal). Registered on one, two
+ * and four ranks (api_invariant_1rank, _2ranks, _4ranks: dp_shard 2, where the default mode
  * differs from one rank by 1–2 ulp through vocab parallelism's split sum);
  * (e) on a cp = world session (2 ranks: ring attention, whose merges by
  * log-sum-exp differ from one rank's pass in the default mode) the

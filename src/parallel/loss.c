@@ -447,9 +447,10 @@ static int run_pass(loss_pass *p, ml_dtype logits_dtype, const ml_loss_grad *g,
   if (!rc && !(b.sums = ml_be_alloc(m->be, 4, sizeof(double), "the loss sums")))
     rc = -1;
   if (!rc && topk_of(p)) rc = topk_alloc(p, chunk, &b);
-  /* whole rows, the send and the receive (gather_rows): chunk · V · (1 + (tp + 1) / tp) floats
-     at most, as the tile's chunk · cols <= max(budget, vocab_size) */
-  if (!rc && s->batch_invariant && s->tp && s->tp->size > 1 && !tiled) {
+  /* whole rows, the send and the receive (gather_rows): chunk · (V + (tp + 1) · wmax) floats,
+     saturating. Not under vocab parallelism over the group (the mode turns it off; the rows
+     would skip its reduction) */
+  if (!rc && s->batch_invariant && s->tp && s->tp->size > 1 && !s->group && !tiled) {
     int64_t wmax = rows_width(p);
     int64_t n = ml_mul_sat(chunk, ml_add_sat(m->cfg.vocab, ml_mul_sat(s->tp->size + 1, wmax)));
     if (!(b.rows = ml_be_alloc(m->be, n, sizeof(float),

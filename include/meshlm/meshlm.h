@@ -165,7 +165,11 @@ typedef struct meshlm_options {
                           computes it — meshlm_logprobs, the training forward and
                           meshlm_generate's out_logprobs alike (vLLM's VLLM_BATCH_INVARIANT):
                           GEMMs and attention in one fixed reduction order, no vocab
-                          parallelism; the tp size still changes the bits; CPU only
+                          parallelism; under tp the vocab-sharded logits are gathered
+                          into whole rows (tp's vocab-parallel loss and embedding keep
+                          one rank's bits) but row-parallel linears (o_proj, down_proj)
+                          sum partial products, so the tp size still changes the bits of
+                          plans that have them (the default ones); CPU only
                           (README: --batch-invariant) */
   /* appended for frozen parameters (optional: see struct_size) */
   const char *freeze; /* NULL or "": train every parameter; else comma-separated fnmatch

@@ -58,7 +58,6 @@ typedef struct gen {
   /* the step's batch (device) and its host sides */
   float *x, *rope, *logits;
   float *gather_work;          /* vocab-sharded logits' all-gather over tp (NULL: none) */
-  int lp_parts;                /* the vocab blocks the loss's log-prob sums over (tp or 1) */
   int32_t *ids, *host_ids;
   float *host_logits;
   /* outputs */
@@ -409,8 +408,8 @@ static int finish_step(gen *g, int64_t nl) {
   for (int64_t d = 0; d < nd; d++) {
     g->rng[g->d_row[d]] = g->d_rng[d];
     if (g->out_logprobs && g->e->opts.batch_invariant) /* bitwise the loss's log-prob */
-      ML_TRY(ml_token_logprob(g->e->be, g->logits + g->d_logit[d] * g->V, g->V, g->lp_parts,
-                              g->d_tok[d], &g->d_lp[d]));
+      ML_TRY(ml_token_logprob(g->e->be, g->logits + g->d_logit[d] * g->V, g->V, g->d_tok[d],
+                              &g->d_lp[d]));
     take(g, g->d_row[d], g->d_tok[d], g->d_lp[d]);
   }
   return 0;
@@ -473,7 +472,6 @@ static int gen_alloc(gen *g, int64_t cap, int64_t nblocks, bool kv_bf16) {
                                  "vocab_size %lld)", tp, (long long)S, (long long)V);
     if (!g->gather_work) return -1;
   }
-  g->lp_parts = g->gather_work ? tp : 1;
   g->slots = ml_malloc_array(S, sizeof *g->slots, "the slots (%lld)", (long long)S);
   g->queue = ml_malloc_array(S, sizeof(int64_t), "the prefill queue (%lld)", (long long)S);
   g->seg = ml_malloc_array(S, sizeof *g->seg, "the step's segments (%lld)", (long long)S);

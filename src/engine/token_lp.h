@@ -11,17 +11,13 @@
 
 /* *out = log_softmax(logits)[token] for one row logits [V] fp32 (device
  * memory of be, V >= 1, 0 <= token < V), by the loss's pieces (Megatron's
- * vocab-parallel cross entropy) over `parts` >= 1 torch.chunk column
- * blocks of the row, as the loss computes it when the logits are
- * vocab-sharded over that many tp ranks (1: whole rows): mx = the row's
- * max (ml_be_xent_rowmax; the MAX over the blocks is the same), each
- * block's se_q = Σ exp(l − mx) (ml_be_xent_sumexp_target: fp64 lanes over
- * expf, rounded to fp32) and its target logit tl_q = l[token] − mx (0
- * where the block does not hold it), added in block order in fp32 (the
- * loss's all-reduce SUM: the same bits for 2 ranks, whose sum commutes;
- * for more, an MPI reduction order may differ), then tl − log(se) in fp64
- * rounded once (ml_be_xent_logprobs). Errors: allocation, the backend's. */
-int ml_token_logprob(ml_backend *be, const float *logits, int64_t V, int parts, int32_t token,
-                     float *out);
+ * vocab-parallel cross entropy) over the whole row, as the loss computes
+ * it in the batch-invariant mode on any tp size (vocab-sharded logits are
+ * gathered into whole rows first): mx = the row's max
+ * (ml_be_xent_rowmax), se = Σ exp(l − mx) (ml_be_xent_sumexp_target: fp64
+ * lanes over expf, rounded to fp32) and tl = l[token] − mx, then
+ * tl − log(se) in fp64 rounded once (ml_be_xent_logprobs). Errors:
+ * allocation, the backend's. */
+int ml_token_logprob(ml_backend *be, const float *logits, int64_t V, int32_t token, float *out);
 
 #endif

@@ -2,6 +2,7 @@
 
 #include "common/checked.h"
 #include "common/status.h"
+#include "tensor/placement.h"
 
 /* floats of logits per tile by default (64 MiB); where the vocabulary is
  * tiled, token blocks of at least BLOCK_MIN tokens (lm_head's weight
@@ -31,6 +32,8 @@ typedef struct chunk_bufs {
   int32_t *ti;   /* [nt, k] and global ids */
   float *gv;     /* [P nt, k] the lists all-gathered over tp or the group (P its size) */
   int32_t *gi;   /* [P nt, k] */
+  float *rows;   /* batch-invariant mode under tp (gather_rows): [nt, V] whole rows, then the
+                    all-gather's [nt, wmax] send and [tp, nt, wmax] receive; else NULL */
 } chunk_bufs;
 
 /* One pass of the loss: the N tokens it runs over, of which [own0, own0 +
@@ -71,7 +74,47 @@ static int reduce_sums(const loss_pass *p, int64_t nt, chunk_bufs *b) {
   return reduce_columns(p, b->se_tl, (size_t)((want_entropy(p) ? 3 : 2) * nt), ML_RED_SUM);
 }
 
-/* mx, se, tl of tokens t0 .. t0+nt−1, reduced over the vocab split. */
+/* The widest tp block of the vocabulary (torch.chunk: the first). */
+static int64_t rows_width(const loss_pass *p) {
+  int64_t v0, n;
+  ml_chunk(p->m->cfg.vocab, p->split->tp->size, 0, &v0, &n);
+  return n;
+}
+
+/* Batch-invariant mode under tp: b->rows [nt, V] ← every tp rank's logits
+ * columns b->logits [nt, nv] (torch.chunk blocks of the vocabulary, each
+ * padded to the widest for one all-gather), so that each row's statistics
+ * are one rank's (tp's split sum of exp is what made tp 2 differ from one
+ * rank). */
+static int gather_rows(const loss_pass *p, int64_t nt, chunk_bufs *b) {
+  ml_backend *be = p->m->be;
+  ml_comm *tp = p->split->tp;
+  int64_t V = p->m->cfg.vocab, wmax = rows_width(p), v0, n;
+  ml_chunk(V, tp->size, tp->rank, &v0, &n);
+  if (v0 != p->v0 || n != p->nv)
+    return ml_err("lm_head: this tp rank holds vocab columns [%lld, %lld); the batch-invariant "
+                  "mode expected torch.chunk's [%lld, %lld)",
+                  (long long)p->v0, (long long)(p->v0 + p->nv), (long long)v0,
+                  (long long)(v0 + n));
+  float *send = b->rows + nt * V, *recv = send + nt * wmax;
+  size_t f = sizeof(float);
+  // send: [nt, wmax] ← logits [nt, nv] → recv: [tp, nt, wmax] → rows: [nt, V]
+  if (p->nv > 0)
+    ML_TRY(ml_be_copy2d(be, send, f * (size_t)wmax, b->logits, f * (size_t)p->nv,
+                        f * (size_t)p->nv, (size_t)nt));
+  ML_TRY(ml_all_gather(tp, send, recv, (size_t)(nt * wmax)));
+  for (int q = 0; q < tp->size; q++) {
+    ml_chunk(V, tp->size, q, &v0, &n);
+    if (n > 0)
+      ML_TRY(ml_be_copy2d(be, b->rows + v0, f * (size_t)V, recv + q * nt * wmax,
+                          f * (size_t)wmax, f * (size_t)n, (size_t)nt));
+  }
+  return 0;
+}
+
+/* mx, se, tl of tokens t0 .. t0+nt−1, reduced over the vocab split (in the
+ * batch-invariant mode under tp: computed on the gathered whole rows, as
+ * one rank computes them, and not reduced). */
 static int chunk_stats(const loss_pass *p, int64_t t0, int64_t nt, chunk_bufs *b) {
   ml_model *m = p->m;
   if (p->split->group)  // logits: [nt, nv] = h[t0 : t0+nt] · W_rows^T
@@ -79,17 +122,21 @@ static int chunk_stats(const loss_pass *p, int64_t t0, int64_t nt, chunk_bufs *b
   else  // logits: [nt, nv] (lm_head's local view and edges)
     ML_TRY(ml_head_forward(m, t0, nt, b->logits));
   if (b->bf16) ML_TRY(ml_be_round_bf16(m->be, b->logits, (size_t)(nt * p->nv)));
-  ML_TRY(ml_be_xent_rowmax(m->be, b->logits, nt, p->nv, b->mx));
-  ML_TRY(reduce_columns(p, b->mx, (size_t)nt, ML_RED_MAX));
-  ML_TRY(ml_be_xent_sumexp_target(m->be, b->logits, nt, p->nv, p->v0, p->y + t0, b->mx,
-                                  b->se_tl, b->se_tl + nt));
+  if (b->rows) ML_TRY(gather_rows(p, nt, b));
+  // the statistics' rows: l [nt, nc] from global column c0
+  const float *l = b->rows ? b->rows : b->logits;
+  int64_t nc = b->rows ? m->cfg.vocab : p->nv, c0 = b->rows ? 0 : p->v0;
+  ML_TRY(ml_be_xent_rowmax(m->be, l, nt, nc, b->mx));
+  if (!b->rows) ML_TRY(reduce_columns(p, b->mx, (size_t)nt, ML_RED_MAX));
+  ML_TRY(ml_be_xent_sumexp_target(m->be, l, nt, nc, c0, p->y + t0, b->mx, b->se_tl,
+                                  b->se_tl + nt));
   if (want_entropy(p))
-    ML_TRY(ml_be_xent_entropy_sum(m->be, b->logits, nt, p->nv, b->mx, b->se_tl + 2 * nt));
-  if (topk_of(p)) {
+    ML_TRY(ml_be_xent_entropy_sum(m->be, l, nt, nc, b->mx, b->se_tl + 2 * nt));
+  if (topk_of(p)) { /* this rank's columns: the lists are merged over tp (chunk_extras) */
     ML_TRY(ml_be_xent_topk_clear(m->be, nt, topk_of(p), b->tv, b->ti));
     ML_TRY(ml_be_xent_topk_online(m->be, b->logits, nt, p->nv, p->v0, topk_of(p), b->tv, b->ti));
   }
-  return reduce_sums(p, nt, b);
+  return b->rows ? 0 : reduce_sums(p, nt, b);
 }
 
 /* The block's lm_head input for the tiles: x rows t0 .. t0+nt−1, rounded
@@ -400,6 +447,18 @@ static int run_pass(loss_pass *p, ml_dtype logits_dtype, const ml_loss_grad *g,
   if (!rc && !(b.sums = ml_be_alloc(m->be, 4, sizeof(double), "the loss sums")))
     rc = -1;
   if (!rc && topk_of(p)) rc = topk_alloc(p, chunk, &b);
+  /* whole rows, the send and the receive (gather_rows): chunk · (V + (tp + 1) · wmax) floats,
+     saturating. Not under vocab parallelism over the group (the mode turns it off; the rows
+     would skip its reduction) */
+  if (!rc && s->batch_invariant && s->tp && s->tp->size > 1 && !s->group && !tiled) {
+    int64_t wmax = rows_width(p);
+    int64_t n = ml_mul_sat(chunk, ml_add_sat(m->cfg.vocab, ml_mul_sat(s->tp->size + 1, wmax)));
+    if (!(b.rows = ml_be_alloc(m->be, n, sizeof(float),
+                               "the whole rows of logits gathered over tp %d (%lld tokens x "
+                               "vocab_size %lld)",
+                               s->tp->size, (long long)chunk, (long long)m->cfg.vocab)))
+      rc = -1;
+  }
   if (!rc) rc = ml_be_zero(m->be, b.sums, 4 * sizeof(double));
   if (!rc) rc = run_chunks(p, g, logprobs, &b, chunk);
   double sums[4];
@@ -408,6 +467,7 @@ static int run_pass(loss_pass *p, ml_dtype logits_dtype, const ml_loss_grad *g,
     out->loss_sum = sums[0];
     out->count = (int64_t)sums[1]; /* exact: a count below 2^53 */
   }
+  ml_be_free(m->be, b.rows);
   ml_be_free(m->be, b.gi);
   ml_be_free(m->be, b.gv);
   ml_be_free(m->be, b.ti);

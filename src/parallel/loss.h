@@ -71,7 +71,10 @@ typedef struct ml_loss_split {
   int64_t tile_floats;   /* logits per tile of the fused classifier; 0: 2^24 (64 MiB) */
   bool batch_invariant;  /* never tile the vocabulary (ml_loss_tiling's tileable false): each
                             token's whole row of logits in one tile, whatever the block's
-                            token count, so its log-sum-exp is summed in one order */
+                            token count, so its log-sum-exp is summed in one order; with tp
+                            (and no group) each block's vocab-sharded logits are all-gathered
+                            into whole rows [block, V] whose statistics are one rank's: the
+                            same log-probs on any tp size */
 } ml_loss_split;
 
 /* The backward of a loss pass: each valid target's weight in the logits'

@@ -9,13 +9,18 @@
  * forward's log-probs (a meshlm_train_step of the clipped policy gradient
  * with a k3 KL penalty, whose reference and old log-probs are one rank's
  * meshlm_logprobs): the KL is exactly 0 (k3 = e^d − d − 1 of d = ref −
- * logp in fp64 is 0 only where the two floats are equal). Registered on one and two
- * ranks (api_invariant_1rank, _2ranks: dp_shard 2, where the default mode
+ * logp in fp64 is 0 only where the two floats are equal). Registered on one, two
+ * and four ranks (api_invariant_1rank, _2ranks, _4ranks: dp_shard 2, where the default mode
  * differs from one rank by 1–2 ulp through vocab parallelism's split sum);
  * (e) on a cp = world session (2 ranks: ring attention, whose merges by
  * log-sum-exp differ from one rank's pass in the default mode) the
  * log-probs and the training forward's equal one rank's, and generation's
- * (on the replica) equal the cp session's meshlm_logprobs, bitwise.
+ * (on the replica) equal the cp session's meshlm_logprobs, bitwise;
+ * (f) on a tp = world session with a vocab-parallel plan (embed_tokens
+ * rowwise, lm_head colwise with vocab-sharded logits, whose split sum of
+ * exp the mode gathers into whole rows; no row-parallel linear, whose split
+ * sums still change the bits) the log-probs, the training forward's and
+ * generation on the tp mesh (tokens and out_logprobs) equal one rank's.
  * RoPE types whose tables HF computes for the longest sequence of the
  * forward (dynamic, longrope: their numbers depend on the batch by
  * definition) are run within their original context, where the tables
@@ -186,15 +191,18 @@ static void check_batches(const char *fx, meshlm_dtype param) {
   meshlm_close(t);
 }
 
-/* generate's log-probs on session s (every rank the same prompts; replica:
- * meshlm_sampling.replica) = meshlm_logprobs of prompt + generation on s. */
-static void generate_vs_logprobs(meshlm_session *s, const char *fx, meshlm_dtype param,
-                                 int greedy, int replica, const char *where) {
-  int64_t V = info_of(s).vocab_size;
+/* The prompts of the generation checks: three, drawn below s's vocabulary. */
+static batch prompts_of(meshlm_session *s, const char *fx) {
   static const int64_t want[] = {7, 3, 12};
-  batch p = seqs_make(want, 3, rope_cap(fx) - GEN, V, 97);
-  const int64_t *plens = p.lens;
-  meshlm_seqs q = seqs_of(&p);
+  return seqs_make(want, 3, rope_cap(fx) - GEN, info_of(s).vocab_size, 97);
+}
+
+/* meshlm_generate of the prompts p on s (greedy or sampled; replica:
+ * meshlm_sampling.replica, else on s's own mesh) into tok [3 GEN], len
+ * [3], lp [3 GEN]. */
+static void generate_into(meshlm_session *s, const batch *p, int greedy, int replica,
+                          int32_t *tok, int64_t *len, float *lp) {
+  meshlm_seqs q = seqs_of(p);
   meshlm_sampling sp;
   meshlm_sampling_default(&sp);
   sp.greedy = greedy;
@@ -202,10 +210,22 @@ static void generate_vs_logprobs(meshlm_session *s, const char *fx, meshlm_dtype
   sp.eos_token_id = -2;
   sp.seed = 5;
   sp.replica = replica;
+  memset(lp, 0, sizeof(float) * 3 * GEN);
+  memset(tok, 0, sizeof(int32_t) * 3 * GEN);
+  OK(s, meshlm_generate(s, &q, &sp, tok, len, lp));
+}
+
+/* generate's log-probs on session s (every rank the same prompts; replica:
+ * meshlm_sampling.replica) = meshlm_logprobs of prompt + generation on s. */
+static void generate_vs_logprobs(meshlm_session *s, const char *fx, meshlm_dtype param,
+                                 int greedy, int replica, const char *where) {
+  int64_t V = info_of(s).vocab_size;
+  batch p = prompts_of(s, fx);
+  const int64_t *plens = p.lens;
   int32_t tok[3 * GEN];
   int64_t len[3];
   float glp[3 * GEN];
-  OK(s, meshlm_generate(s, &q, &sp, tok, len, glp));
+  generate_into(s, &p, greedy, replica, tok, len, glp);
   int64_t lens[3], n = 0;
   for (int k = 0; k < 3; k++) lens[k] = plens[k] + len[k];
   batch c = seqs_make(lens, 3, INT64_MAX, V, 1);
@@ -357,6 +377,89 @@ static void check_cp(const char *fx, meshlm_dtype param) {
   meshlm_close(w);
 }
 
+/* The vocab-parallel plan of (f) for fixture fx: embed_tokens rowwise
+ * (Replicate output) and lm_head colwise with vocab-sharded logits (loss
+ * parallel), no other module sharded — the tp-invariant part of the mode
+ * (row-parallel linears' split sums still change the bits). The text
+ * tower of a VLM (config.json's text_config) is model.language_model.
+ * Each rank writes its own copy; path receives it. */
+static void write_vocab_plan(const char *fx, char *path, size_t cap) {
+  char cfg[PATH + 16], leaf[64];
+  if (snprintf(cfg, sizeof cfg, "%s/config.json", fx) >= (int)sizeof cfg)
+    fail_msg("%s: path too long", fx);
+  json_error_t err;
+  json_t *c = json_load_file(cfg, 0, &err);
+  if (!c) fail_msg("%s: %s", cfg, err.text);
+  const char *embed = json_object_get(c, "text_config") ? "model.language_model.embed_tokens"
+                                                        : "model.embed_tokens";
+  json_decref(c);
+  snprintf(leaf, sizeof leaf, "vocab_plan_%d.json", g_rank);
+  tmp_path(path, cap, leaf);
+  FILE *f = fopen(path, "w");
+  if (!f) fail_msg("cannot write %s", path);
+  fprintf(f,
+          "{\"%s\": \"embedding_rowwise\",\n"
+          " \"lm_head\": {\"style\": \"ColwiseParallel\", \"output_layouts\": \"Shard(-1)\",\n"
+          "             \"use_local_output\": false}}\n",
+          embed);
+  fclose(f);
+}
+
+/* (f) a tp = world session on the vocab-parallel plan (write_vocab_plan)
+ * = one rank, bitwise: meshlm_logprobs, the training forward (KL exactly
+ * 0, as (d)) and generation on the tp mesh (greedy and sampled: tokens
+ * and out_logprobs equal the one-rank session's). Families with expert
+ * layers refuse tp. */
+static void check_tp(const char *fx, meshlm_dtype param) {
+  char plan[4096];
+  write_vocab_plan(fx, plan, sizeof plan);
+  meshlm_options o = invariant_opts(param, 4096), t = invariant_opts(param, 16);
+  t.tp = g_world;
+  t.parallel_plan = plan;
+  meshlm_session *w = open_ok(fx, &t, MPI_COMM_WORLD), *s = open_ok(fx, &o, MPI_COMM_SELF);
+  meshlm_info in = info_of(w);
+  assert_int_equal(in.tp, g_world);
+  batch b = seqs_make(k_lens, NSEQ, rope_cap(fx), in.vocab_size, 61);
+  float *all = score(s, &b);
+  float *got = xcalloc((size_t)b.npred, sizeof *got);
+  meshlm_seqs q = seqs_of(&b);
+  OK(w, meshlm_logprobs(w, &q, NULL, got, NULL));
+  char what[128];
+  snprintf(what, sizeof what, "%s, tp %d vs one rank", dtype_name(param), g_world);
+  same_bits(got, all, b.npred, fx, what);
+  for (int greedy = 0; greedy < 2; greedy++) {
+    int32_t tw[3 * GEN], ts[3 * GEN];
+    int64_t lw[3], ls[3];
+    float pw[3 * GEN], ps[3 * GEN];
+    batch p = prompts_of(s, fx);
+    generate_into(w, &p, greedy, 0, tw, lw, pw);
+    generate_into(s, &p, greedy, 0, ts, ls, ps);
+    batch_free(&p);
+    snprintf(what, sizeof what, "%s, %s generation on tp %d vs one rank", dtype_name(param),
+             greedy ? "greedy" : "sampled", g_world);
+    if (memcmp(lw, ls, sizeof lw) || memcmp(tw, ts, sizeof tw))
+      fail_msg("%s, %s: the generated tokens differ", fx, what);
+    same_bits(pw, ps, 3 * GEN, fx, what);
+  }
+  meshlm_loss l;
+  meshlm_loss_default(&l);
+  l.kind = MESHLM_LOSS_CLIPPED_PG;
+  l.kl_penalty = 0.5f;
+  meshlm_train_batch tb = {.struct_size = sizeof tb, .seqs = q, .old_logprobs = all,
+                           .ref_logprobs = all};
+  meshlm_step_result r = {.struct_size = sizeof r};
+  OK(w, meshlm_train_step(w, &tb, &l, &r));
+  if (r.kl != 0.0)
+    fail_msg("%s, %s: the training forward's KL on tp %d to one rank's meshlm_logprobs is "
+             "%.3g, expected exactly 0 (equal log-probs)",
+             fx, dtype_name(param), g_world, r.kl);
+  free(got);
+  free(all);
+  batch_free(&b);
+  meshlm_close(s);
+  meshlm_close(w);
+}
+
 static void test_batches(void **state) {
   (void)state;
   char fx[MAX_FIXTURES][PATH];
@@ -422,6 +525,22 @@ static void test_cp(void **state) {
          "meshlm_logprobs on cp %d\n", g_rank, dense, g_world, g_world);
 }
 
+static void test_tp(void **state) {
+  (void)state;
+  if (g_world == 1) skip(); /* tp 1 is one rank */
+  char fx[MAX_FIXTURES][PATH];
+  int n = fixtures(fx), dense = 0;
+  for (int i = 0; i < n; i++) {
+    if (has_experts(fx[i])) continue;
+    check_tp(fx[i], MESHLM_DTYPE_F32);
+    check_tp(fx[i], MESHLM_DTYPE_BF16);
+    dense++;
+  }
+  printf("[rank %d] %d fixture families without experts, fp32 and bf16, the vocab-parallel "
+         "plan: tp %d = one rank, bitwise, in meshlm_logprobs, the training forward and "
+         "generation\n", g_rank, dense, g_world);
+}
+
 int main(int argc, char **argv) {
   api_init(&argc, &argv);
   const struct CMUnitTest tests[] = {
@@ -430,6 +549,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_dp),
       cmocka_unit_test(test_train),
       cmocka_unit_test(test_cp),
+      cmocka_unit_test(test_tp),
   };
   return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

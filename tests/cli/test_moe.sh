@@ -2,7 +2,8 @@
 # Mixture-of-experts families end to end (model/moe.h): `meshlm init --arch qwen3_moe|mixtral`
 # writes a model that trains and exports with the same tensor names and config keys, also under
 # expert parallelism (--ep); `meshlm plan --ep` shows the experts per rank and the balanced
-# all-to-all bytes; expert layers under sequence parallelism, --ep over tp or cp ranks, --ep
+# all-to-all bytes; expert layers under sequence parallelism, a plan sharding a router or an expert,
+# --ep over tp or cp ranks, --ep
 # (config ep_size) not dividing the world or
 # num_experts or on a model without experts, and MoE configs meshlm does not implement or cannot
 # bound, are refused with one message naming what was found and what is expected; `meshlm
@@ -72,6 +73,12 @@ fx=$src/tests/fixtures/mixtral
 expect_fail "tp 2 with sequence parallelism refused" "--sequence-parallel with tp = 2: MixtralForCausalLM has expert layers, which take a Replicate() residual stream under tp" -- \
   mpiexec -n 2 "$meshlm" logprobs --model "$fx" --data "$work/data.jsonl" --out "$work/lp.jsonl" \
   --tp 2 --sequence-parallel
+echo '{"model.layers.*.block_sparse_moe.experts.*.w1": "colwise"}' > "$work/expert_plan.json"
+expect_fail "a plan sharding an expert refused" "plan: 'model.layers.0.block_sparse_moe.experts.0.w1' (colwise) is part of a mixture-of-experts block, which is replicated over tp" -- \
+  "$meshlm" plan --model "$fx" --tp 2 --parallel-plan "$work/expert_plan.json"
+echo '{"model.layers.*.block_sparse_moe.gate": "rowwise"}' > "$work/router_plan.json"
+expect_fail "a plan sharding the router refused" "plan: 'model.layers.0.block_sparse_moe.gate' (rowwise) is part of a mixture-of-experts block" -- \
+  "$meshlm" plan --model "$fx" --tp 2 --parallel-plan "$work/router_plan.json"
 
 "$meshlm" init --out "$work/llama" --arch llama --preset tiny > "$work/out" 2>&1
 train_ep() { # RANKS MODEL FLAGS...: one step of a train run

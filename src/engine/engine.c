@@ -93,10 +93,18 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   e->model.ac = opts->ac;
   ML_TRY(ml_moe_check(&e->model, e->be->ops->name));
   ML_TRY(ml_lora_setup(&e->lora, &opts->lora, &e->model));
-  if (cfg.n_experts > 0 && (mesh->tp > 1 || mesh->cp > 1))
-    return ml_err("%s: expert layers under tp/cp are not supported yet; found tp = %d and cp = "
-                  "%d, expected tp = 1 and cp = 1",
-                  cfg.family->architecture, mesh->tp, mesh->cp);
+  /* expert layers under tp/cp: the sparse block replicated over tp (parallel/tp_walk.c); not
+   * yet the experts split over ep groups that span tp or cp ranks */
+  if (cfg.n_experts > 0 && mesh->groups[ML_GROUP_EP].size > 1 && (mesh->tp > 1 || mesh->cp > 1))
+    return ml_err("--ep %d with tp = %d and cp = %d: expert parallelism over tp/cp ranks is not "
+                  "supported yet; expected --ep 1 with tp > 1 or cp > 1, or tp = 1 and cp = 1 "
+                  "with --ep > 1",
+                  mesh->groups[ML_GROUP_EP].size, mesh->tp, mesh->cp);
+  if (cfg.n_experts > 0 && mesh->tp > 1 && opts->sequence_parallel)
+    return ml_err("--sequence-parallel with tp = %d: %s has expert layers, which take a "
+                  "Replicate() residual stream under tp (not yet a Shard(1) one); expected "
+                  "--sequence-parallel off",
+                  mesh->tp, cfg.family->architecture);
   ML_TRY(ml_plan_select(&e->model, model_dir, opts->parallel_plan, opts->sequence_parallel,
                         &e->plan));
   ML_TRY(ml_tp_apply(&e->tp, &e->plan, &e->model, ml_mesh_comm(mesh, ML_GROUP_TP)));
@@ -408,9 +416,13 @@ static int stage_objective(ml_engine *e, const ml_engine_batch *b, ml_obj_in **b
 }
 
 /* Open the load-balancing loss's sums for a forward of b (model/moe.h): packed
- * documents' tokens from docs[ndocs] on are padding (HF attention_mask 0). */
+ * documents' tokens from docs[ndocs] on are padding (HF attention_mask 0), and
+ * so are context parallelism's past the sequence's end (its pieces' global
+ * positions decide). */
 static int aux_open(ml_engine *e, const ml_engine_batch *b) {
-  return ml_moe_aux_begin(&e->model, b->docs ? b->docs[b->ndocs] : b->S);
+  ML_TRY(ml_moe_aux_begin(&e->model, b->docs ? b->docs[b->ndocs] : b->S));
+  e->model.aux.pos = e->cp.size > 1 ? e->cp.position_ids : NULL; /* cp's padding: >= S */
+  return 0;
 }
 
 /* The load-balancing loss of the forward that just ran (model/moe.h): its

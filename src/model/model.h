@@ -199,6 +199,10 @@ typedef struct ml_moe_aux {
   double value;  /* after close: aux */
   double grad;   /* after close: coef · E / rows², so d(coef · aux) / d p_{l,t,e} =
                     grad · count_e on a counted token (count is the selection's: no gradient) */
+  /* the global position of each local position of a sequence, which valid
+   * bounds (context parallelism's pieces, parallel/cp.h: its padding lies at
+   * positions >= S); NULL: the local position. Set from outside after begin. */
+  const int64_t *pos;
 } ml_moe_aux;
 
 typedef struct ml_layer {

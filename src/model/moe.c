@@ -125,6 +125,7 @@ int ml_moe_aux_begin(ml_model *m, int64_t valid) {
     return ml_err("out of host memory for the load-balancing loss's %lld sums", (long long)n);
   memset(x->sums, 0, sizeof(double) * (size_t)n);
   x->valid = valid;
+  x->pos = NULL;
   x->open = true;
   return 0;
 }
@@ -141,13 +142,20 @@ void ml_moe_aux_close(ml_model *m) {
   x->grad = m->cfg.aux_coef * (double)E / (rows * rows);
 }
 
+/* Whether token t of a forward over sequences of s local positions counts
+ * in the aux sums: its global position is below valid. */
+static bool counted(const ml_moe_aux *x, int64_t t, int64_t s) {
+  int64_t i = t % s;
+  return (x->pos ? x->pos[i] : i) < x->valid;
+}
+
 /* The counted tokens of h [B, s] into the aux sums: each one's k choices,
  * its probabilities, one row. */
 static void aux_add(ml_model *m, const ml_layer_acts *a, const ml_act *h) {
   ml_moe_aux *x = &m->aux;
   int64_t E = m->cfg.n_experts, k = m->cfg.top_k, T = h->B * h->s;
   for (int64_t t = 0; t < T; t++) {
-    if (t % h->s >= x->valid) continue;
+    if (!counted(x, t, h->s)) continue;
     for (int64_t j = 0; j < k; j++) x->sums[(int64_t)a->top_e[t * k + j]] += 1.0;
     for (int64_t e = 0; e < E; e++) x->sums[E + e] += a->probs[t * E + e];
     x->sums[2 * E] += 1.0;
@@ -475,7 +483,7 @@ static void route_backward(const ml_model *m, const ml_layer_acts *a, const floa
     }
     for (int64_t j = 0; j < k; j++)
       d[(int64_t)te[j]] += m->cfg.norm_topk ? (g[j] - dot) / vsum : g[j];
-    if (x->grad != 0.0 && t % s < x->valid)
+    if (x->grad != 0.0 && counted(x, t, s))
       for (int64_t e = 0; e < E; e++) d[e] += (float)(x->grad * x->sums[e]);
     float sd = 0.0f;
     for (int64_t e = 0; e < E; e++) sd += p[e] * d[e];

@@ -83,7 +83,8 @@ void ml_moe_release(ml_model *m, ml_layer *L);
 /* The load-balancing loss (model.h ml_moe_aux) of a training forward, when
  * cfg.router_aux (else both are no-ops and the loss gets no aux term):
  * begin before the forward: the sums restart, and each sparse layer's
- * forward adds its tokens at positions < valid of each sequence (HF's
+ * forward adds its tokens at positions < valid of each sequence (global
+ * positions when the caller sets m->aux.pos after begin: cp's pieces; HF's
  * attention_mask: the others are padding; the engine passes docs[ndocs] for
  * packed documents, S for whole rows, whose pad tokens it cannot tell from
  * others and which therefore count, as HF counts them without a mask). The caller then sums

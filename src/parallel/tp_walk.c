@@ -436,15 +436,39 @@ static int attention(walk *w, int l, val *r) {
   return residual_join(box.name, &out, r);
 }
 
+/* A sparse block under tp > 1 (NeMo Automodel's layout: experts not
+ * TP-sharded): its input, the residual stream, Replicate; every tp rank
+ * computes the whole block (router, experts) on the same tokens, so its
+ * output is Replicate (no Partial) and the router's and experts' gradients
+ * are the same full gradient on every tp rank: replicated, not summed over tp
+ * (as a norm's on a Replicate input). Errors: a plan entry on the block, its
+ * router or an expert (naming the module); a Shard(1) residual stream
+ * (sequence parallelism), not supported yet. */
+static int sparse_block(walk *w, ml_layer *L, node box, const val *r) {
+  if (!ml_tp_is_rep(r->p))
+    return ml_err("plan: '%s' is a mixture-of-experts block, which takes a Replicate() residual "
+                  "stream under tp (experts not TP-sharded); found %s (sequence parallelism), "
+                  "not supported yet with expert layers; expected --sequence-parallel off",
+                  box.name, ml_tp_pstr(r->p));
+  int64_t n = 1 + 3 * w->m->cfg.n_experts; /* the router, then each expert's three linears */
+  node nd = box;
+  for (int64_t i = -1; i < n; i++) {
+    if (i >= 0) nd = module_at(w, ML_MOD_LINEAR, i == 0 ? &L->moe.gate : &L->moe.experts[i - 1]);
+    if (nd.style)
+      return ml_err("plan: '%s' (%s) is part of a mixture-of-experts block, which is replicated "
+                    "over tp (experts not TP-sharded); expected no plan entry for it",
+                    nd.name, nd.style->label);
+  }
+  val v = *r; /* the norms' styles checked against it; the residual passes unchanged */
+  ML_TRY(norm_apply(w, &L->mlp_norm, &v));
+  return norm_apply(w, &L->mlp_out_norm, &v);
+}
+
 static int mlp(walk *w, int l, val *r) {
   const ml_model_config *c = &w->m->cfg;
   ml_layer *L = &w->m->layers[l];
   node box = row_node(w, l, ML_ROLE_MLP);
-  if (L->moe.gate.weight) /* a sparse block: whole on every rank, the residual passes */
-    return w->tp->size == 1 ? 0
-                            : ml_err("plan: '%s': expert layers under tp/cp are not supported "
-                                     "yet; found tp = %d, expected tp = 1 and cp = 1",
-                                     box.name, w->tp->size);
+  if (L->moe.gate.weight) return w->tp->size == 1 ? 0 : sparse_block(w, L, box, r);
   val v = *r;
   ML_TRY(norm_apply(w, &L->mlp_norm, &v));
   ml_linear *gu[ML_ROLE_COUNT]; /* gate, up */

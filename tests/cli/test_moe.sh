@@ -2,7 +2,9 @@
 # Mixture-of-experts families end to end (model/moe.h): `meshlm init --arch qwen3_moe|mixtral`
 # writes a model that trains and exports with the same tensor names and config keys, also under
 # expert parallelism (--ep); `meshlm plan --ep` shows the experts per rank and the balanced
-# all-to-all bytes; expert layers under tp or cp, --ep (config ep_size) not dividing the world or
+# all-to-all bytes; expert layers under sequence parallelism, a plan sharding a router or an expert,
+# --ep over tp or cp ranks, --ep
+# (config ep_size) not dividing the world or
 # num_experts or on a model without experts, and MoE configs meshlm does not implement or cannot
 # bound, are refused with one message naming what was found and what is expected; `meshlm
 # logprobs --routing` writes each token's experts per layer, the same on any dp mesh.
@@ -68,12 +70,15 @@ for arch in qwen3_moe mixtral; do
 done
 
 fx=$src/tests/fixtures/mixtral
-expect_fail "tp 2 refused" "expert layers under tp/cp are not supported yet; found tp = 2" -- \
+expect_fail "tp 2 with sequence parallelism refused" "--sequence-parallel with tp = 2: MixtralForCausalLM has expert layers, which take a Replicate() residual stream under tp" -- \
   mpiexec -n 2 "$meshlm" logprobs --model "$fx" --data "$work/data.jsonl" --out "$work/lp.jsonl" \
-  --tp 2
-expect_fail "cp 2 refused" "expected tp = 1 and cp = 1" -- \
-  mpiexec -n 2 "$meshlm" logprobs --model "$fx" --data "$work/data.jsonl" --out "$work/lp.jsonl" \
-  --cp 2
+  --tp 2 --sequence-parallel
+echo '{"model.layers.*.block_sparse_moe.experts.*.w1": "colwise"}' > "$work/expert_plan.json"
+expect_fail "a plan sharding an expert refused" "plan: 'model.layers.0.block_sparse_moe.experts.0.w1' (colwise) is part of a mixture-of-experts block, which is replicated over tp" -- \
+  "$meshlm" plan --model "$fx" --tp 2 --parallel-plan "$work/expert_plan.json"
+echo '{"model.layers.*.block_sparse_moe.gate": "rowwise"}' > "$work/router_plan.json"
+expect_fail "a plan sharding the router refused" "plan: 'model.layers.0.block_sparse_moe.gate' (rowwise) is part of a mixture-of-experts block" -- \
+  "$meshlm" plan --model "$fx" --tp 2 --parallel-plan "$work/router_plan.json"
 
 "$meshlm" init --out "$work/llama" --arch llama --preset tiny > "$work/out" 2>&1
 train_ep() { # RANKS MODEL FLAGS...: one step of a train run
@@ -87,6 +92,8 @@ expect_fail "ep not dividing the world" "--ep (ep_size) 3: dp_replicate(1) x dp_
 echo '{"ep_size": 3}' > "$work/ep.json"
 expect_fail "config ep_size 3 of 4 experts" "--ep (ep_size) 3: MixtralForCausalLM has 4 experts per layer, not a multiple of it" -- \
   train_ep 3 "$fx" --config "$work/ep.json"
+expect_fail "ep 2 with tp 2 refused" "--ep 2 with tp = 2 and cp = 1: expert parallelism over tp/cp ranks is not supported yet" -- \
+  train_ep 2 "$fx" --tp 2 --ep 2
 expect_fail "ep without experts" "--ep (ep_size) 2: LlamaForCausalLM has no mixture-of-experts layers" -- \
   train_ep 2 "$work/llama" --ep 2
 

@@ -1,6 +1,6 @@
 /* FSDP2 semantics on 4 ranks: `mpiexec -n 4 test_fsdp FIXTURE [TP]`, TP (default 2) the
- * tensor-parallel size of the runs below that use one (1 for a mixture-of-experts fixture:
- * expert layers under tp are refused).
+ * tensor-parallel size of the runs below that use one (1 for a mixture-of-experts fixture, whose
+ * tp runs tests/mpi/CMakeLists.txt's parity_*_tp2 cover).
  *  - HSDP: dp_replicate=2 × dp_shard=2 against FSDP over 4 ranks (first-step
  *    loss and gradients within the pair bounds of tests/tolerance.h §3: the
  *    vocab-parallel loss splits each softmax sum over FSDP's group, 2 blocks

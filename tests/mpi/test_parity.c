@@ -360,11 +360,12 @@ static int64_t kv_shared_bytes(const run *r) {
  * N = fs·Tl tokens (N = Tl without FSDP), one logits chunk (asserted),
  * P = 1 when some tp-replicated param has Partial grads (one packed
  * all-reduce):
- *  without SP, tp all-reduce: embedding 1 + (o_proj, down_proj) 2L
- *    forward, loss 2 (max; sum-exp with target logit, over the N tokens the
- *    loss runs on), (q/k/v, gate/up input grads) 2L + lm_head input grad 1
- *    backward = 4L + 4 + P; bytes (4L + 2)·Tl·H + 3·N floats + the Partial
- *    grads;
+ *  without SP, tp all-reduce: embedding 1 + o_proj L + down_proj Ld
+ *    forward (Ld: the dense layers; a sparse block is replicated over tp and
+ *    needs none), loss 2 (max; sum-exp with target logit, over the N tokens
+ *    the loss runs on), (q/k/v L, gate/up Ld input grads) + lm_head input
+ *    grad 1 backward = 2L + 2Ld + 4 + P; bytes (2L + 2Ld + 2)·Tl·H + 3·N
+ *    floats + the Partial grads;
  *  with SP, per layer 2 all-gathers + 2 reduce-scatters each way, plus the
  *    embedding (reduce-scatter forward, all-gather backward) and lm_head's
  *    input (all-gather forward, reduce-scatter backward): 4L + 2 of each,
@@ -401,6 +402,8 @@ static void test_collective_counts(void **state) {
   step(&r, &fx);
   assert_int_equal(ml_engine_grad_norm(&r.e, 2.0, &norm), 0);
   int64_t L = r.e.model.cfg.n_layers, H = r.e.model.cfg.hidden, V = r.e.model.cfg.vocab;
+  int64_t Ld = 0; /* the dense layers (not mixture-of-experts) */
+  for (int64_t l = 0; l < L; l++) Ld += !r.e.model.layers[l].moe.gate.weight;
   int tp = r.mesh.tp, dp = r.mesh.dp_shard, cp = r.mesh.cp;
   int64_t s = cp > 1 ? (fx.S + 2 * cp - 1) / (2 * cp) * 2 : fx.S; /* local positions */
   int64_t Tl = fx.B / dp * s, Tw = fx.B / dp * tp * ((s + tp - 1) / tp);
@@ -428,9 +431,9 @@ static void test_collective_counts(void **state) {
     assert_int_equal(calls(tpc, ML_COLL_ALL_REDUCE), 2 + 1 + K);
     assert_int_equal(bytes(tpc, ML_COLL_ALL_REDUCE), 4 * 3 * N + pb + kb);
   } else {
-    assert_int_equal(calls(tpc, ML_COLL_ALL_REDUCE), tp > 1 ? 4 * L + 4 + P + K : 0);
+    assert_int_equal(calls(tpc, ML_COLL_ALL_REDUCE), tp > 1 ? 2 * L + 2 * Ld + 4 + P + K : 0);
     assert_int_equal(bytes(tpc, ML_COLL_ALL_REDUCE),
-                     tp > 1 ? 4 * ((4 * L + 2) * Tl * H + 3 * N) + pb + kb : 0);
+                     tp > 1 ? 4 * ((2 * L + 2 * Ld + 2) * Tl * H + 3 * N) + pb + kb : 0);
     assert_int_equal(calls(tpc, ML_COLL_ALL_GATHER), 0);
     assert_int_equal(calls(tpc, ML_COLL_REDUCE_SCATTER), 0);
   }

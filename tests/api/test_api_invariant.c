@@ -299,6 +299,26 @@ static void check_dp(const char *fx, meshlm_dtype param) {
   meshlm_close(w);
 }
 
+/* A train step on w of q (meshlm_train_step, clipped policy gradient with a
+ * k3 KL penalty) whose ref and old log-probs are ref, one rank's
+ * meshlm_logprobs of q: the KL must be exactly 0 (k3 = e^d − d − 1 of d =
+ * ref − logp in fp64 is 0 only where the two floats are equal). */
+static void kl_zero(meshlm_session *w, meshlm_seqs q, const float *ref, const char *fx,
+                    meshlm_dtype param, const char *where) {
+  meshlm_loss l;
+  meshlm_loss_default(&l);
+  l.kind = MESHLM_LOSS_CLIPPED_PG;
+  l.kl_penalty = 0.5f;
+  meshlm_train_batch tb = {.struct_size = sizeof tb, .seqs = q, .old_logprobs = ref,
+                           .ref_logprobs = ref};
+  meshlm_step_result r = {.struct_size = sizeof r};
+  OK(w, meshlm_train_step(w, &tb, &l, &r));
+  if (r.kl != 0.0)
+    fail_msg("%s, %s: the training forward's KL on %s %d to one rank's meshlm_logprobs is "
+             "%.3g, expected exactly 0 (equal log-probs)",
+             fx, dtype_name(param), where, g_world, r.kl);
+}
+
 /* (d) a train step on a dp_shard = world session under micro_batch_tokens
  * 16 (several micro-batches per rank) whose ref and old log-probs are one
  * rank's meshlm_logprobs of the whole batch: KL exactly 0. */
@@ -310,18 +330,7 @@ static void check_train(const char *fx, meshlm_dtype param) {
   float *all = score(s, &b);
   float *ref;
   batch mine = dp_share(&b, all, &in, &ref);
-  meshlm_loss l;
-  meshlm_loss_default(&l);
-  l.kind = MESHLM_LOSS_CLIPPED_PG;
-  l.kl_penalty = 0.5f;
-  meshlm_train_batch tb = {.struct_size = sizeof tb, .seqs = seqs_of(&mine),
-                           .old_logprobs = ref, .ref_logprobs = ref};
-  meshlm_step_result r = {.struct_size = sizeof r};
-  OK(w, meshlm_train_step(w, &tb, &l, &r));
-  if (r.kl != 0.0)
-    fail_msg("%s, %s: the training forward's KL to one rank's meshlm_logprobs is %.3g, "
-             "expected exactly 0 (equal log-probs)",
-             fx, dtype_name(param), r.kl);
+  kl_zero(w, seqs_of(&mine), ref, fx, param, "dp_shard");
   free(ref);
   free(all);
   batch_free(&mine);
@@ -358,18 +367,7 @@ static void check_cp(const char *fx, meshlm_dtype param) {
   /* generation on a cp mesh runs on each rank's one-rank replica */
   snprintf(what, sizeof what, "cp %d, replica, ", g_world);
   generate_vs_logprobs(w, fx, param, 0, 1, what);
-  meshlm_loss l;
-  meshlm_loss_default(&l);
-  l.kind = MESHLM_LOSS_CLIPPED_PG;
-  l.kl_penalty = 0.5f;
-  meshlm_train_batch tb = {.struct_size = sizeof tb, .seqs = q, .old_logprobs = all,
-                           .ref_logprobs = all};
-  meshlm_step_result r = {.struct_size = sizeof r};
-  OK(w, meshlm_train_step(w, &tb, &l, &r));
-  if (r.kl != 0.0)
-    fail_msg("%s, %s: the training forward's KL on cp %d to one rank's meshlm_logprobs is "
-             "%.3g, expected exactly 0 (equal log-probs)",
-             fx, dtype_name(param), g_world, r.kl);
+  kl_zero(w, q, all, fx, param, "cp");
   free(got);
   free(all);
   batch_free(&b);
@@ -441,18 +439,7 @@ static void check_tp(const char *fx, meshlm_dtype param) {
       fail_msg("%s, %s: the generated tokens differ", fx, what);
     same_bits(pw, ps, 3 * GEN, fx, what);
   }
-  meshlm_loss l;
-  meshlm_loss_default(&l);
-  l.kind = MESHLM_LOSS_CLIPPED_PG;
-  l.kl_penalty = 0.5f;
-  meshlm_train_batch tb = {.struct_size = sizeof tb, .seqs = q, .old_logprobs = all,
-                           .ref_logprobs = all};
-  meshlm_step_result r = {.struct_size = sizeof r};
-  OK(w, meshlm_train_step(w, &tb, &l, &r));
-  if (r.kl != 0.0)
-    fail_msg("%s, %s: the training forward's KL on tp %d to one rank's meshlm_logprobs is "
-             "%.3g, expected exactly 0 (equal log-probs)",
-             fx, dtype_name(param), g_world, r.kl);
+  kl_zero(w, q, all, fx, param, "tp");
   free(got);
   free(all);
   batch_free(&b);

@@ -50,12 +50,17 @@ static int32_t *routing_alloc(const run *r, const fixture *fx) {
   return x;
 }
 
+/* The fixture loaded and a one-rank run opened on it. */
+static void open_one(fixture *fx, run *r) {
+  fixture_load(g_fixture, fx);
+  run_open(r, MPI_COMM_SELF, 1, 1, NULL, fx->dir);
+}
+
 static void test_same(void **state) {
   (void)state;
   static fixture fx; /* held: static, see held.h */
-  fixture_load(g_fixture, &fx);
   static run r;
-  run_open(&r, MPI_COMM_SELF, 1, 1, NULL, fx.dir);
+  open_one(&fx, &r);
   int32_t *rec = routing_alloc(&r, &fx);
   r.e.model.route_record = rec;
   double l0 = step(&r, &fx);
@@ -106,9 +111,8 @@ static double loss_at(run *r, const fixture *fx, const ml_param *p, const float 
 static void test_other(void **state) {
   (void)state;
   static fixture fx; /* held: static, see held.h */
-  fixture_load(g_fixture, &fx);
   static run r;
-  run_open(&r, MPI_COMM_SELF, 1, 1, NULL, fx.dir);
+  open_one(&fx, &r);
   ml_model *m = &r.e.model;
   int64_t E = m->cfg.n_experts, k = m->cfg.top_k, nl = m->cfg.n_layers, S = fx.S;
   assert_true(m->cfg.router_aux && r.e.fsdp.opts.param_dtype == ML_F32);
@@ -192,9 +196,8 @@ static void test_other(void **state) {
 static void test_bad(void **state) {
   (void)state;
   static fixture fx; /* held: static, see held.h */
-  fixture_load(g_fixture, &fx);
   static run r;
-  run_open(&r, MPI_COMM_SELF, 1, 1, NULL, fx.dir);
+  open_one(&fx, &r);
   int32_t *rec = routing_alloc(&r, &fx);
   int64_t nl = r.e.model.cfg.n_layers, k = r.e.model.cfg.top_k;
   for (int64_t i = 0; i < fx.S * nl * k; i++) rec[i] = (int32_t)(i % k);

@@ -44,7 +44,7 @@ for ep in 1 2; do
   summary "meshlm dp2 ep$ep (2x1 thr)" "$out/m$ep.jsonl"
   grep 'collectives of the last step' "$out/log$ep" | sed 's/^train: /  /'
   "$meshlm" plan --model "$out/model" --batch-size 8 --seq-len 128 --dp-shard 2 --ep "$ep" |
-    grep -E 'FSDP shards|experts:' | sed 's/^ */  plan: /'
+    grep -E 'FSDP shards|peak of one training step' | sed 's/^ */  plan: /'
 done
 if [ "${PEER:-1}" = 0 ]; then
   echo "torch peer skipped (PEER=0)"

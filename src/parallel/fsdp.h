@@ -189,17 +189,18 @@ typedef struct ml_fsdp {
   ml_backend *shard_be; /* computes on the shards (zero, the gradients' tp step, norms,
                            clipping, AdamW) and copies them to and from the host: be, or under
                            cpu_offload its host peer (ml_be_host_peer: kernels/cpu) */
-  ml_comm *dp;  /* dp_shard (× cp): the group parameters are sharded over */
-  ml_comm *rep; /* dp_replicate: HSDP replicas (size 1: plain FSDP) */
+  ml_comm *dp;  /* dp_shard (× cp): the group the layers' and the root's parameters are
+                   sharded over (ml_fsdp_unit.dp) */
+  ml_comm *rep; /* dp_replicate: their HSDP replicas (size 1: plain FSDP) */
   ml_fsdp_opts opts;
   ml_fsdp_unit *units; /* n_layers + 1 (the root last), then the expert units (see above) */
   int n_units;
   bool vocab_parallel; /* the vocab-sized root parameters are vocab-parallel (see above) */
-  float *comm_buf;  /* [dp · max gather_numel] fp32: gradient staging (a unit's gradients use
-                       dp blocks of its trainable prefix of the gathered part) */
+  float *comm_buf;  /* [max over units of unit->dp · gather_numel] fp32: gradient staging (a
+                       unit's gradients use unit->dp blocks of its trainable prefix of the
+                       gathered part) */
   float *grad_buf;  /* [max gather_numel] fp32: the reduced gradient, added to shard_grad */
-  uint16_t *wire;   /* [dp · max gather_numel] bf16 gradients on the wire (reduce_dtype BF16
-                       only) */
+  uint16_t *wire;   /* [as comm_buf] bf16 gradients on the wire (reduce_dtype BF16 only) */
   float *host_grad; /* cpu_offload: [max shard_numel] fp32 host staging of a reduced
                        gradient being accumulated */
   ml_comm *solo;    /* a one-rank comm: the expert units' replicas (none); NULL without them */

@@ -72,11 +72,12 @@ static int64_t pieces_numel(const ml_engine *e) {
 
 /* Write this rank's pieces to step_dir/rank-R.safetensors (each copied
  * from the shards into host staging first) and record their blocks
- * in mine[n] (shape[0] = 0: none). */
+ * in mine[n] by export order (shape[0] = 0: none, e.g. another ep rank's
+ * expert). */
 static int write_pieces(ml_engine *e, const char *step_dir, const ml_run_state *st,
                         ml_rc_block *mine) {
   const ml_mesh *mesh = e->mesh;
-  int n = e->model.n_params, ne = 0, k = 0, rc = 0;
+  int n = e->model.n_params, ne = 0, rc = 0;
   ml_st_entry *ent = ml_calloc((size_t)n * ML_RC_STATES, sizeof *ent, "checkpoint entries");
   char(*keys)[ML_RC_KEY] = ml_calloc((size_t)n * ML_RC_STATES, sizeof *keys, "checkpoint keys");
   float *stage = ml_be_host_alloc(e->be, pieces_numel(e), sizeof(float),
@@ -86,12 +87,12 @@ static int write_pieces(ml_engine *e, const char *step_dir, const ml_run_state *
   float *at = stage;
   for (int u = 0; rc == 0 && u < e->fsdp.n_units; u++) {
     const ml_fsdp_unit *unit = &e->fsdp.units[u];
-    for (int i = 0; rc == 0 && i < unit->n; i++, k++) {
+    for (int i = 0; rc == 0 && i < unit->n; i++) {
       const ml_param *p = unit->params[i];
       ml_rc_block b;
       int64_t b_at;
       if (!ml_engine_piece(e, unit, i, b.off, b.shape, &b_at)) continue;
-      mine[k] = b;
+      mine[e->order_k[p - e->model.params]] = b;
       rc = saved_name(&e->model.cfg, p, name);
       size_t numel = (size_t)(b.shape[0] * b.shape[1]);
       for (int s = 0; rc == 0 && s < ML_RC_STATES; s++, ne++, at += numel) {

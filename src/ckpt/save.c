@@ -6,6 +6,7 @@
 #include "common/status.h"
 #include "ckpt/hf_source.h"
 #include "ckpt/lora_export.h"
+#include "parallel/ep.h"
 #include "parallel/redistribute.h"
 #include "parallel/tp.h"
 
@@ -49,11 +50,7 @@ static int gather_tp(const ml_engine *e, ml_comm *tp, const ml_param *p, const f
 }
 
 const ml_param *ml_engine_export_param(const ml_engine *e, int i) {
-  for (int u = 0; u < e->fsdp.n_units; u++) {
-    if (i < e->fsdp.units[u].n) return e->fsdp.units[u].params[i];
-    i -= e->fsdp.units[u].n;
-  }
-  return NULL;
+  return i >= 0 && i < e->model.n_params ? e->order[i] : NULL;
 }
 
 /* The flat per-rank array of unit holding `what`. */
@@ -88,9 +85,43 @@ static int unit_array_padded(ml_engine *e, const ml_fsdp_unit *unit, ml_export_w
   return 0;
 }
 
+/* Under expert parallelism, the experts this rank does not hold: each
+ * expert parameter's global tensor (out[k], export order; the holder's
+ * already there) from its ep rank, the holder of expert x being ep rank
+ * x / (E / ep) of every ep group (an all-gather over the group, whose other
+ * ranks send zeros). */
+static int export_experts(ml_engine *e, float **out) {
+  ml_comm *ep = ml_mesh_comm(e->mesh, ML_GROUP_EP);
+  const ml_model *m = &e->model;
+  if (ep->size == 1 || m->cfg.n_experts == 0) return 0;
+  int64_t local = m->cfg.n_experts / ep->size; /* experts per ep rank */
+  for (int k = 0; k < m->n_params; k++) {
+    const ml_param *p = e->order[k];
+    int64_t x = ml_ep_expert_of(m, p), numel = p->shape[0] * p->shape[1];
+    if (x < 0) continue;
+    int holder = (int)(x / local);
+    bool mine = holder == ep->rank;
+    /* [ep] received blocks, then the one sent (a parameter: < 2^44 elements, ep < 2^24) */
+    float *buf = ml_be_alloc(e->be, numel * (ep->size + 1), sizeof(float),
+                             "the export of '%s' over the ep group", p->name);
+    if (!buf) return -1;
+    float *send = buf + numel * ep->size;
+    size_t bytes = sizeof(float) * (size_t)numel;
+    int rc = mine ? ml_be_copy(e->be, send, out[k], bytes, ML_COPY_H2D)
+                  : ml_be_zero(e->be, send, bytes);
+    if (rc == 0) rc = ml_all_gather(ep, send, buf, (size_t)numel);
+    if (rc == 0 && !mine && !(out[k] = ml_be_host_alloc(e->be, numel, sizeof(float),
+                                                        "the export of '%s'", p->name)))
+      rc = -1;
+    if (rc == 0 && !mine) rc = ml_be_copy(e->be, out[k], buf + numel * holder, bytes, ML_COPY_D2H);
+    ml_be_free(e->be, buf);
+    ML_TRY(rc);
+  }
+  return 0;
+}
+
 int ml_engine_export(ml_engine *e, ml_export_what what, float **out) {
   ml_comm *tp = ml_mesh_comm(e->mesh, ML_GROUP_TP);
-  int n = 0;
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
     float *full = ml_be_alloc(e->be, unit->full_numel, sizeof(float), "the export of a unit");
@@ -100,16 +131,17 @@ int ml_engine_export(ml_engine *e, ml_export_what what, float **out) {
     int rc = unit_array_padded(e, unit, what, &src, &tmp);
     if (rc == 0) rc = ml_fsdp_gather_flat(&e->fsdp, u, src, full);
     ml_fsdp_shard_free(&e->fsdp, tmp);
-    for (int i = 0; rc == 0 && i < unit->n; i++, n++) {
+    for (int i = 0; rc == 0 && i < unit->n; i++) {
       const ml_param *p = unit->params[i];
-      out[n] = ml_be_host_alloc(e->be, p->shape[0] * p->shape[1], sizeof(float),
+      int k = e->order_k[p - e->model.params];
+      out[k] = ml_be_host_alloc(e->be, p->shape[0] * p->shape[1], sizeof(float),
                                 "the export of '%s'", p->name);
-      rc = out[n] ? gather_tp(e, tp, p, full + unit->full_off[i], out[n]) : -1;
+      rc = out[k] ? gather_tp(e, tp, p, full + unit->full_off[i], out[k]) : -1;
     }
     ml_be_free(e->be, full);
     ML_TRY(rc);
   }
-  return 0;
+  return export_experts(e, out);
 }
 
 bool ml_engine_piece(const ml_engine *e, const ml_fsdp_unit *unit, int i, int64_t off[2],
@@ -183,18 +215,21 @@ static int assemble(stream *s, const ml_param *p, const piece_note *notes) {
   return 0;
 }
 
-/* Parameter i of unit u (export index k) to the receiver(s). Every rank
+/* Parameter k (export order) to the receiver(s): a rank holding none of
+ * it (another ep rank's expert) sends no piece. Every rank
  * copies its piece to the host first (the receiver's straight to where it
  * lands), then the notes are exchanged, so that a failed copy stops every
  * rank before any transfer. */
-static int stream_param(stream *s, int u, int i, int k) {
+static int stream_param(stream *s, int k) {
   ml_engine *e = s->e;
-  const ml_fsdp_unit *unit = &e->fsdp.units[u];
-  const ml_param *p = unit->params[i];
+  const ml_param *p = e->order[k];
+  int u, i;
+  bool held = ml_fsdp_find(&e->fsdp, p, &u, &i);
+  const ml_fsdp_unit *unit = held ? &e->fsdp.units[u] : NULL;
   const bool receiver = s->w->rank == s->root;
   piece_note mine = {{0, 0}, {0, 0}, 0};
   int64_t at = 0;
-  if (!ml_engine_piece(e, unit, i, mine.off, mine.shape, &at)) mine.shape[0] = 0;
+  if (!held || !ml_engine_piece(e, unit, i, mine.off, mine.shape, &at)) mine.shape[0] = 0;
   size_t bytes = sizeof(float) * (size_t)(mine.shape[0] * mine.shape[1]);
   float *host = receiver && mine.shape[0] ? landing(s, p, &mine) : s->piece;
   if (mine.shape[0] > 0)
@@ -221,14 +256,15 @@ static int stream_param(stream *s, int u, int i, int k) {
 static void sizes(const ml_engine *e, int64_t *tensor, int64_t *piece) {
   *tensor = *piece = 0;
   int64_t off[2], shape[2], at;
+  for (int k = 0; k < e->model.n_params; k++) { /* every tensor, held here or not */
+    const ml_param *p = &e->model.params[k];
+    if (p->shape[0] * p->shape[1] > *tensor) *tensor = p->shape[0] * p->shape[1];
+  }
   for (int u = 0; u < e->fsdp.n_units; u++)
-    for (int i = 0; i < e->fsdp.units[u].n; i++) {
-      const ml_param *p = e->fsdp.units[u].params[i];
-      if (p->shape[0] * p->shape[1] > *tensor) *tensor = p->shape[0] * p->shape[1];
+    for (int i = 0; i < e->fsdp.units[u].n; i++)
       if (ml_engine_piece(e, &e->fsdp.units[u], i, off, shape, &at) &&
           shape[0] * shape[1] > *piece)
         *piece = shape[0] * shape[1];
-    }
 }
 
 int ml_engine_stream_params(ml_engine *e, int root, ml_param_sink sink, void *ctx) {
@@ -257,10 +293,8 @@ int ml_engine_stream_selected(ml_engine *e, int root, ml_param_filter want, ml_p
                                                            "the export's piece buffer")))
     rc = -1;
   rc = ml_host_agree(s.w, rc);
-  for (int u = 0, k = 0; rc == 0 && u < e->fsdp.n_units; u++)
-    for (int i = 0; rc == 0 && i < e->fsdp.units[u].n; i++, k++)
-      if (!want || want(e->fsdp.units[u].params[i]))
-        rc = ml_host_agree(s.w, stream_param(&s, u, i, k));
+  for (int k = 0; rc == 0 && k < e->model.n_params; k++)
+    if (!want || want(e->order[k])) rc = ml_host_agree(s.w, stream_param(&s, k));
   ml_be_host_free(e->be, s.global);
   if (receiver) free(s.piece);
   else ml_be_host_free(e->be, s.piece);

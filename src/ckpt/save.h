@@ -28,14 +28,16 @@ typedef enum {
 #define ML_HF_MAX_SHARD_BYTES ((size_t)5 << 30)
 
 /* Collective over the world: out[i] = the global tensor [shape] of the
- * i-th parameter in FSDP unit order (names from ml_engine_export_param) of
+ * i-th parameter in export order (ml_engine_export_param; under expert
+ * parallelism each expert's from the ep rank holding it) of
  * `what` (a frozen unit's gradients and AdamW state: zeros), in host memory
  * from ml_be_host_alloc(e->be), on every rank; the
  * caller frees each with ml_be_host_free(e->be, ·), also after an error
  * (entries not reached are left as they were). Errors: allocation,
  * collectives, copies. */
 int ml_engine_export(ml_engine *e, ml_export_what what, float **out);
-/* The i-th parameter in export order. */
+/* The i-th parameter in export order (engine.h ml_engine.order: by decoder
+ * layer, then the root; the same on every rank); NULL out of range. */
 const ml_param *ml_engine_export_param(const ml_engine *e, int i);
 
 /* The piece of parameter i of `unit` this rank contributes when the

@@ -223,10 +223,16 @@ static void text_experts(const plan_run *run) {
   const ml_prediction *p = &run->ranks[0].pred;
   int64_t sparse = 0, ep = o->t.ep;
   for (int64_t l = 0; l < c->n_layers; l++) sparse += ml_config_moe_layer(c, l);
+  int64_t world = o->t.dp_replicate * o->dp_shard * o->t.cp * o->t.tp;
   ml_cli_print("experts: %" PRId64 " per sparse layer (%" PRId64 " of %" PRId64
-               " layers), top %" PRId64 "; %" PRId64 " computed per rank (ep %" PRId64
-               "), their parameters FSDP-sharded with their layer\n",
+               " layers), top %" PRId64 "; %" PRId64 " computed per rank (ep %" PRId64 "), ",
                c->n_experts, sparse, c->n_layers, c->top_k, c->n_experts / ep, ep);
+  if (ep == 1)
+    ml_cli_print("their parameters FSDP-sharded with their layer\n");
+  else /* parallel/ep.h: Shard(0) over ep, FSDP over ep_shard in units of their own */
+    ml_cli_print("their parameters held there alone, FSDP-sharded over ep_shard (%" PRId64
+                 " ranks) in units of their own\n",
+                 world / ep);
   if (ep == 1 || sparse == 0) return;
   int64_t fwd = p->logprobs[ML_GROUP_EP].bytes[ML_COLL_ALL_TO_ALL] / sparse;
   int64_t step = p->train[ML_GROUP_EP].bytes[ML_COLL_ALL_TO_ALL] / (sparse * o->t.grad_accum);

@@ -73,6 +73,20 @@ static int first_backward_layer(const ml_model *m) {
   return first;
 }
 
+/* e->order and e->order_k (engine.h): the parameters of unit u = 0 ..
+ * n_layers by ml_fsdp_unit_params. */
+static int export_order(ml_engine *e) {
+  const ml_model *m = &e->model;
+  int n = m->n_params, k = 0;
+  e->order = ml_calloc((size_t)n + 1, sizeof *e->order, "the export order");
+  e->order_k = ml_calloc((size_t)n + 1, sizeof *e->order_k, "the export order");
+  if (!e->order || !e->order_k) return -1;
+  for (int u = 0; u <= m->cfg.n_layers; u++)
+    k += ml_fsdp_unit_params(m, u, e->order + k);
+  for (int i = 0; i < n; i++) e->order_k[e->order[i] - m->params] = i;
+  return 0;
+}
+
 int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
                    const ml_engine_opts *opts) {
   memset(e, 0, sizeof *e);
@@ -122,8 +136,13 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
    * output edge reassembles the vocab over tp (engine.h) */
   ml_comm *group = ml_mesh_comm(mesh, ML_GROUP_DP_SHARD_CP);
   bool vocab = (e->tp.size == 1 || !e->model.lm_head.out.fwd.fn) && !opts->batch_invariant;
-  int rc = ml_fsdp_init(&e->fsdp, &e->model, group, ml_mesh_comm(mesh, ML_GROUP_DP_REPLICATE),
-                        &opts->fsdp, vocab, opts->no_weights ? NULL : &ck);
+  /* the experts Shard(0) over ep, FSDP over ep_shard (parallel/ep.h) */
+  ml_fsdp_ep ep = {.ranks = mesh->groups[ML_GROUP_EP].size, .rank = mesh->groups[ML_GROUP_EP].rank,
+                   .shard = ml_mesh_comm(mesh, ML_GROUP_EP_SHARD)};
+  int rc = ml_fsdp_init_ep(&e->fsdp, &e->model, group, ml_mesh_comm(mesh, ML_GROUP_DP_REPLICATE),
+                           cfg.n_experts > 0 ? &ep : NULL, &opts->fsdp, vocab,
+                           opts->no_weights ? NULL : &ck);
+  if (rc == 0) rc = export_order(e);
   if (rc == 0 && e->fsdp.vocab_parallel) ml_vocab_init(&e->vocab, group, e->be);
   if (rc == 0 && !opts->no_weights) rc = ml_lora_load(&e->lora, &e->fsdp, &e->model);
   if (opts->no_weights) return rc;
@@ -151,6 +170,8 @@ void ml_engine_close(ml_engine *e) {
   }
   free(e->model_dir);
   free(e->freeze);
+  free(e->order);
+  free(e->order_k);
   ml_lora_free(&e->lora);
   memset(e, 0, sizeof *e);
 }
@@ -628,7 +649,7 @@ void ml_engine_owned_rows(const ml_engine *e, const ml_fsdp_unit *unit, int i, i
   if (ml_tp_param_dim(&e->tp, &e->model, p) == 1) own = start; /* column cuts own their rows */
   *skip = own - start - r0; /* local rows before `own` belong to a lower tp rank */
   if (*skip < 0) *skip = 0;
-  if (e->mesh->dp_replicate_rank != 0 || *skip > *nr) *skip = *nr;
+  if (unit->rep->rank != 0 || *skip > *nr) *skip = *nr; /* an HSDP replica > 0 of the unit */
   *nr -= *skip;
 }
 
@@ -667,26 +688,22 @@ int ml_engine_grad_norm(ml_engine *e, double norm_type, double *norm) {
 
 int ml_engine_find_nonfinite(ml_engine *e, char *name, size_t cap) {
   const ml_fsdp *f = &e->fsdp;
-  double first = INFINITY; /* global index (unit order) of this rank's first non-finite grad */
-  for (int u = 0, idx = 0; u < f->n_units && isinf(first); u++) {
+  double first = INFINITY; /* export index of this rank's first non-finite gradient */
+  for (int u = 0; u < f->n_units; u++) {
     const ml_fsdp_unit *unit = &f->units[u];
-    for (int i = 0; i < unit->n && isinf(first); i++, idx++) {
-      if (unit->params[i]->frozen) continue; /* no gradient */
+    for (int i = 0; i < unit->n; i++) {
+      const ml_param *p = unit->params[i];
+      double k = e->order_k[p - e->model.params];
+      if (p->frozen || k >= first) continue; /* no gradient, or a later one */
       bool found;
       ML_TRY(ml_be_find_nonfinite(f->shard_be, unit->shard_grad + unit->shard_off[i],
-                                  unit->chunk_rows[i] * unit->params[i]->local[1], &found));
-      if (found) first = idx;
+                                  unit->chunk_rows[i] * p->local[1], &found));
+      if (found) first = k;
     }
   }
   ML_TRY(ml_host_all_reduce_f64(ml_mesh_host(e->mesh, ML_GROUP_WORLD), &first, 1, ML_RED_MIN));
   if (isinf(first)) return 0;
-  for (int u = 0, idx = (int)first; u < f->n_units; u++) {
-    if (idx < f->units[u].n) {
-      snprintf(name, cap, "%s", f->units[u].params[idx]->name);
-      break;
-    }
-    idx -= f->units[u].n;
-  }
+  snprintf(name, cap, "%s", e->order[(int)first]->name);
   return 1;
 }
 

@@ -98,6 +98,11 @@ typedef struct ml_engine {
                          frozen too (nothing below them needs a gradient, as autograd prunes
                          a graph whose leaves do not require grad), else 0 */
   ml_lora lora;       /* the LoRA configuration in effect (engine/lora.h) */
+  /* The export order (ckpt/save.h ml_engine_export_param): every parameter by its decoder
+   * layer, then the root's (ml_fsdp_unit_of), in model.params order within each — one
+   * rank's FSDP unit order, the same on every rank whichever experts it holds (ep) */
+  ml_param **order; /* [model.n_params] */
+  int *order_k;     /* [model.n_params] by index in model.params: its place in order */
 } ml_engine;
 
 /* Load DIR (config.json + safetensors), select the plan (ml_plan_select;
@@ -254,15 +259,16 @@ int ml_engine_grad_norm(ml_engine *e, double norm_type, double *norm);
 /* The rows of unit's parameter i this rank's copy stands for, the one copy
  * of them that counts in the grad norm and that run checkpoints write: *nr
  * of its FSDP shard's rows from shard row *skip on. None on an HSDP replica
- * > 0; of a TP-replicated parameter, all on tp rank 0 and none elsewhere;
+ * > 0 of the unit (an expert unit has none: ep_shard spans the replicas);
+ * of a TP-replicated parameter, all on tp rank 0 and none elsewhere;
  * of a k_proj / v_proj whose kv heads several tp ranks hold, those of the
  * heads this rank owns (ml_tp_param_slice); else all. */
 void ml_engine_owned_rows(const ml_engine *e, const ml_fsdp_unit *unit, int i, int64_t *skip,
                           int64_t *nr);
 
 /* Collective: whether any rank holds a non-finite gradient; if so, *name
- * (cap bytes) receives the HF name of the first such parameter in FSDP
- * unit order (the same on every rank). Returns 1 (found), 0 (none) or −1. */
+ * (cap bytes) receives the HF name of the first such parameter in export
+ * order (the same on every rank). Returns 1 (found), 0 (none) or −1. */
 int ml_engine_find_nonfinite(ml_engine *e, char *name, size_t cap);
 
 /* Multiply every gradient by max_norm / (norm + 1e-6) when that is < 1

@@ -31,3 +31,16 @@ int ml_ep_apply(ml_model *m, const ml_mesh *mesh) {
                           .rows = ep_rows, .ctx = (void *)g};
   return 0;
 }
+
+/* Whether p is one of linear l's parameters. */
+static bool linear_has(const ml_linear *l, const ml_param *p) {
+  return p && (l->weight == p || l->bias == p || l->lora_a == p || l->lora_b == p);
+}
+
+int64_t ml_ep_expert_of(const ml_model *m, const ml_param *p) {
+  if (p->layer < 0 || !m->layers[p->layer].moe.experts) return -1;
+  const ml_linear *ex = m->layers[p->layer].moe.experts;
+  for (int64_t i = 0; i < 3 * m->cfg.n_experts; i++)
+    if (linear_has(&ex[i], p)) return i / 3;
+  return -1;
+}

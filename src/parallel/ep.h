@@ -6,13 +6,19 @@
  * combine; counts on the group's host channel, rows on its data comm,
  * comm/comm.h ml_all_to_all_v, counted as all_to_all).
  *
- * Parameters: the experts stay in their decoder layer's FSDP unit (sharded
- * and all-gathered over dp_shard_cp with the layer's other parameters), so
- * each rank holds every expert while its layer is unsharded; a rank's
- * expert gradients are those of its own experts, the others' zero, and the
- * unit's reduce-scatter (and HSDP's all-reduce) sums them over the ranks:
- * the gradient of the whole batch. The compute and the activations of the
- * experts are split over ep; their parameters' memory is FSDP's. */
+ * Parameters (NeMo Automodel's apply_ep + apply_fsdp of
+ * nemo_automodel/components/moe/parallelizer.py): the experts are placed
+ * Shard(0) over ep on the expert dimension, a rank of ep coordinate r
+ * holding experts [r·E/ep, (r+1)·E/ep) only, and FSDP-shard those over the
+ * ep_shard group (mesh.h ML_GROUP_EP_SHARD, world / ep ranks) in FSDP
+ * units of their own, one per sparse layer, gathered and reduced with
+ * their layer's unit (parallel/fsdp.h ml_fsdp_ep); the layer's unit holds
+ * the rest of the layer (Automodel's block-level fully_shard ignores the
+ * experts). An expert's gradient comes only from the tokens dispatched to
+ * it, all of which its ranks computed, so it is reduce-scattered over
+ * ep_shard alone (sum of the ep_shard ranks' dispatched tokens), never
+ * over ep. The other experts' parameters have no storage on this rank
+ * (data and grad stay NULL; model/moe.c never touches them). */
 #ifndef ML_EP_H
 #define ML_EP_H
 
@@ -25,5 +31,11 @@
  * 0), num_experts not a multiple of ep. The mesh must outlive m's use of
  * it. */
 int ml_ep_apply(ml_model *m, const ml_mesh *mesh);
+
+/* The expert parameter p belongs to: e in 0 .. num_experts − 1 when p is the
+ * weight, bias or a LoRA adapter of one of expert e's linears (model.h
+ * ml_moe.experts of its decoder layer), else −1 (the router, attention,
+ * norms, a dense MLP, the root modules). */
+int64_t ml_ep_expert_of(const ml_model *m, const ml_param *p);
 
 #endif

@@ -3,13 +3,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm/comm_null.h"
 #include "common/status.h"
+#include "parallel/ep.h"
 #include "parallel/fsdp_impl.h"
 
 void ml_fsdp_param_rows(const ml_fsdp *f, const ml_fsdp_unit *unit, int i, int64_t *r0,
                         int64_t *nr) {
   int64_t rows = unit->params[i]->local[0], c = unit->chunk_rows[i];
-  int64_t s = c * f->dp->rank;
+  int64_t s = c * unit->dp->rank;
   *r0 = s < rows ? s : rows;
   *nr = (s + c < rows ? s + c : rows) - *r0;
 }
@@ -25,6 +27,14 @@ int ml_fsdp_unit_params(const ml_model *m, int u, ml_param **out) {
   return n;
 }
 
+bool ml_fsdp_find(const ml_fsdp *f, const ml_param *p, int *u, int *i) {
+  int k = (int)(p - f->params);
+  if (!f->held_unit || f->held_unit[k] < 0) return false;
+  *u = f->held_unit[k];
+  *i = f->held_index[k];
+  return true;
+}
+
 int ml_fsdp_param_index(const ml_fsdp_unit *unit, const ml_param *p) {
   for (int i = 0; i < unit->n; i++)
     if (unit->params[i] == p) return i;
@@ -38,7 +48,7 @@ bool ml_fsdp_reshard_after_forward(ml_reshard_policy policy, int u, int n_units)
 }
 
 /* The unit's flat-shard layout: per parameter its chunk of ceil(local[0]
- * / dp) rows, the others' chunks first, then the vocab-parallel ones, so
+ * / u->dp) rows, the others' chunks first, then the vocab-parallel ones, so
  * that what is gathered and reduced is the shard's leading part. Plain
  * int64 sums: the parameters come from a config that passed
  * ml_model_config_load's limits (config.h), so a unit holds < 2^47
@@ -59,7 +69,7 @@ static int unit_layout(ml_fsdp *f, ml_fsdp_unit *u, const ml_model *m) {
     for (int i = 0; i < u->n; i++) {
       const ml_param *p = u->params[i];
       if (u->vocab[i] != (pass >= 2) || p->frozen != (pass % 2 == 1)) continue;
-      int64_t c = (p->local[0] + f->dp->size - 1) / f->dp->size;
+      int64_t c = (p->local[0] + u->dp->size - 1) / u->dp->size;
       u->chunk_rows[i] = c;
       u->shard_off[i] = shard;
       u->full_off[i] = full;
@@ -162,7 +172,7 @@ static int unit_init(ml_fsdp *f, ml_fsdp_unit *u, const ml_model *m, const ml_ck
   /* LoRA adapters are no base checkpoint tensors: engine/lora.h sets them */
   for (int i = 0; ck && i < u->n; i++)
     if (!u->params[i]->adapter) ML_TRY(load_param(f, u, i, ck));
-  if (fsdp_params_alias(f)) { /* the shard is the whole TP-local tensor */
+  if (fsdp_params_alias(f, u)) { /* the shard is the whole TP-local tensor */
     u->full = u->shard;
     point_data(u, u->full, ML_F32);
   }
@@ -183,8 +193,87 @@ static int check_opts(const ml_fsdp_opts *o) {
 
 int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fsdp_opts *opts,
                  bool vocab_parallel, const ml_ckpt *ck) {
+  return ml_fsdp_init_ep(f, m, dp, rep, NULL, opts, vocab_parallel, ck);
+}
+
+/* The unit holding m->params[k] under ep (NULL: no expert units): an
+ * expert's, its layer's expert unit (xu[layer]) when this rank holds the
+ * expert, else −1; any other parameter's, ml_fsdp_unit_of. */
+static int holder(const ml_model *m, const ml_fsdp_ep *ep, const int *xu, int k) {
+  const ml_param *p = &m->params[k];
+  int64_t e = ep ? ml_ep_expert_of(m, p) : -1;
+  if (e < 0) return ml_fsdp_unit_of(m, p);
+  int64_t local = m->cfg.n_experts / ep->ranks; /* experts per ep rank */
+  return e / local == ep->rank ? xu[p->layer] : -1;
+}
+
+/* The units' members (f->units[u].params, .n, in m->params order) and the
+ * lookup f->held_*: the layers and the root (ml_fsdp_unit_of), then under
+ * ep one expert unit per sparse layer, carried along by its layer's unit
+ * (ml_fsdp_unit.with) and resharded after forward as it is. */
+static int assign(ml_fsdp *f, ml_model *m, const ml_fsdp_ep *ep, ml_comm *dp, ml_comm *rep) {
+  int L = (int)m->cfg.n_layers, n = m->n_params;
+  int *xu = ml_calloc((size_t)L + 1, sizeof *xu, "fsdp units"); /* layer → its expert unit */
+  if (!xu) return -1;
+  f->n_units = L + 1;
+  for (int l = 0; l < L; l++) xu[l] = ep && m->layers[l].moe.experts ? f->n_units++ : -1;
+  f->units = ml_calloc((size_t)f->n_units, sizeof *f->units, "fsdp units");
+  ml_param **slots = ml_calloc((size_t)n + 1, sizeof *slots, "fsdp units");
+  f->held_unit = ml_calloc(2 * (size_t)n + 1, sizeof *f->held_unit, "fsdp units");
+  f->params = m->params;
+  if (!f->units || !slots || !f->held_unit) {
+    free(xu);
+    free(slots);
+    return -1;
+  }
+  f->held_index = f->held_unit + n;
+  for (int k = 0; k < n; k++) f->held_unit[k] = holder(m, ep, xu, k);
+  int used = 0; /* slots holds every parameter of a unit, grouped by unit */
+  for (int u = 0; u < f->n_units; u++) {
+    ml_fsdp_unit *unit = &f->units[u];
+    unit->params = slots + used;
+    for (int k = 0; k < n; k++)
+      if (f->held_unit[k] == u) {
+        f->held_index[k] = unit->n;
+        unit->params[unit->n++] = &m->params[k];
+      }
+    used += unit->n;
+    unit->dp = dp;
+    unit->rep = rep;
+    unit->with = u < L ? xu[u] : -1;
+    unit->layer = -1;
+    unit->reshard_after_forward =
+        ml_fsdp_reshard_after_forward(f->opts.reshard_after_forward, u, L + 1);
+  }
+  for (int l = 0; l < L; l++) {
+    if (xu[l] < 0) continue;
+    ml_fsdp_unit *x = &f->units[xu[l]];
+    *x = (ml_fsdp_unit){.params = x->params, .n = x->n, .dp = ep->shard, .rep = f->solo,
+                        .with = -1, .layer = l,
+                        .reshard_after_forward = f->units[l].reshard_after_forward};
+  }
+  free(xu);
+  return 0;
+}
+
+/* ep against the model (ml_fsdp_init_ep); NULL when it places nothing. */
+static int check_ep(const ml_model *m, const ml_fsdp_ep *ep, const ml_fsdp_ep **out) {
+  *out = NULL;
+  if (!ep || ep->ranks <= 1) return 0;
+  int64_t E = m->cfg.n_experts;
+  if (E == 0 || E % ep->ranks != 0 || ep->rank < 0 || ep->rank >= ep->ranks || !ep->shard)
+    return ml_err("fsdp experts: ep rank %d of %d ranks over %lld experts per layer; expected "
+                  "0 <= rank < ranks, ranks dividing num_experts > 0, and an ep_shard group",
+                  ep->rank, ep->ranks, (long long)E);
+  *out = ep;
+  return 0;
+}
+
+int ml_fsdp_init_ep(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fsdp_ep *ep,
+                    const ml_fsdp_opts *opts, bool vocab_parallel, const ml_ckpt *ck) {
   memset(f, 0, sizeof *f);
   ML_TRY(check_opts(opts));
+  ML_TRY(check_ep(m, ep, &ep));
   if (!m->be) return ml_err("ml_fsdp_init: the model has no backend (ml_model.be)");
   f->be = m->be;
   f->shard_be = m->be;
@@ -193,42 +282,32 @@ int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fs
   f->rep = rep;
   f->opts = *opts;
   f->vocab_parallel = vocab_parallel && dp->size > 1;
-  f->n_units = (int)m->cfg.n_layers + 1;
-  f->units = ml_calloc((size_t)f->n_units, sizeof *f->units, "fsdp units");
-  ml_param **slots = ml_calloc((size_t)m->n_params, sizeof *slots, "fsdp units");
-  if (!f->units || !slots) {
-    free(slots);
-    return -1;
-  }
-  /* slots holds every parameter, grouped by unit */
-  int used = 0;
+  if (ep) ML_TRY(ml_comm_null_create(0, 1, "fsdp experts' replicas", &f->solo));
+  ML_TRY(assign(f, m, ep, dp, rep));
+  /* the staging serves the gathered parts only, each unit's over its own group */
+  int64_t max_gather = 0, max_staged = 0, max_shard = 0;
+  bool staged = false; /* some unit's gradients are reduced (not accumulated in place) */
   for (int u = 0; u < f->n_units; u++) {
     ml_fsdp_unit *unit = &f->units[u];
-    unit->params = slots + used;
-    unit->n = ml_fsdp_unit_params(m, u, unit->params);
-    used += unit->n;
-    unit->reshard_after_forward =
-        ml_fsdp_reshard_after_forward(opts->reshard_after_forward, u, f->n_units);
+    ML_TRY(unit_init(f, unit, m, ck));
+    /* a unit's dp shards: its elements plus at most dp − 1 padding rows (bounded, see
+     * unit_layout) */
+    int64_t g = unit->gather_numel, all = g * unit->dp->size;
+    if (g > max_gather) max_gather = g;
+    if (all > max_staged) max_staged = all;
+    if (unit->shard_numel > max_shard) max_shard = unit->shard_numel;
+    staged = staged || !fsdp_grads_in_place(f, unit);
   }
-  int64_t max_gather = 0, max_shard = 0; /* the staging serves the gathered parts only */
-  for (int u = 0; u < f->n_units; u++) {
-    ML_TRY(unit_init(f, &f->units[u], m, ck));
-    if (f->units[u].gather_numel > max_gather) max_gather = f->units[u].gather_numel;
-    if (f->units[u].shard_numel > max_shard) max_shard = f->units[u].shard_numel;
-  }
-  if (fsdp_offload(f) && !fsdp_grads_in_place(f)) {
+  if (fsdp_offload(f) && staged) {
     f->host_grad = ml_be_host_alloc(f->be, max_shard, sizeof(float),
                                     "the host staging of offloaded gradients");
     if (!f->host_grad) return -1;
   }
-  if (!fsdp_grads_in_place(f)) {
-    /* dp shards of a unit: its elements plus at most dp - 1 padding rows (bounded, see
-     * unit_layout) */
-    int64_t n = max_gather * dp->size;
-    f->comm_buf = ml_be_alloc(f->be, n, sizeof(float), "the FSDP communication buffer");
+  if (staged) {
+    f->comm_buf = ml_be_alloc(f->be, max_staged, sizeof(float), "the FSDP communication buffer");
     f->grad_buf = ml_be_alloc(f->be, max_gather, sizeof(float), "the FSDP gradient buffer");
     if (opts->reduce_dtype == ML_BF16)
-      f->wire = ml_be_alloc(f->be, n, sizeof(uint16_t), "the FSDP bf16 gradient buffer");
+      f->wire = ml_be_alloc(f->be, max_staged, sizeof(uint16_t), "the FSDP bf16 gradient buffer");
     if (!f->comm_buf || !f->grad_buf || (opts->reduce_dtype == ML_BF16 && !f->wire)) return -1;
   }
   return ml_fsdp_sync_params(f);
@@ -238,13 +317,13 @@ void ml_fsdp_destroy(ml_fsdp *f) {
   if (f->units) {
     for (int u = 0; u < f->n_units; u++) {
       ml_fsdp_unit *unit = &f->units[u];
-      if (unit->in_flight) ml_wait(f->dp, &unit->req);
+      if (unit->in_flight) ml_wait(unit->dp, &unit->req);
       if (unit->grad_pending) ml_be_event_sync(f->be, &unit->grad_ev);
       if (unit->send != fsdp_shard_on_device(unit)) ml_be_free(f->be, unit->send);
       if (unit->recv != unit->send) ml_be_free(f->be, unit->recv); /* one rank: the same */
-      if (!fsdp_params_alias(f)) ml_be_free(f->be, unit->full);
-      if (!fsdp_grads_alias(f)) ml_be_free(f->be, unit->full_grad);
-      if (!fsdp_rows_grad_alias(f)) ml_be_free(f->be, unit->rows_grad);
+      if (!fsdp_params_alias(f, unit)) ml_be_free(f->be, unit->full);
+      if (!fsdp_grads_alias(f, unit)) ml_be_free(f->be, unit->full_grad);
+      if (!fsdp_rows_grad_alias(f, unit)) ml_be_free(f->be, unit->rows_grad);
       ml_be_free(f->be, unit->rows);
       ml_be_free(f->be, unit->dev_shard);
       ml_fsdp_shard_free(f, unit->shard);
@@ -260,13 +339,15 @@ void ml_fsdp_destroy(ml_fsdp *f) {
     ml_be_free(f->be, f->wire);
     ml_be_host_free(f->be, f->host_grad);
   }
+  ml_comm_destroy(f->solo);
+  free(f->held_unit);
   memset(f, 0, sizeof *f);
 }
 
 /* fsdp_impl.h */
 int fsdp_copy_rank_major(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml_elem elem,
                          void *full, ml_dtype type, int to_full, int64_t stride) {
-  int dp = f->dp->size;
+  int dp = u->dp->size;
   size_t es = ml_elem_size(elem), fs = ml_dtype_size(type);
   ml_dtype wt = fsdp_dtype_of(elem);
   for (int r = 0; r < dp; r++) {
@@ -293,20 +374,20 @@ int fsdp_copy_rank_major(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml
 int ml_fsdp_gather_flat(ml_fsdp *f, int u, const float *src, float *dst) {
   ml_fsdp_unit *unit = &f->units[u];
   size_t bytes = sizeof(float) * (size_t)unit->shard_numel;
-  if (f->dp->size == 1) return ml_be_copy(f->be, dst, src, bytes, ml_fsdp_shard_to_device(f));
+  if (unit->dp->size == 1) return ml_be_copy(f->be, dst, src, bytes, ml_fsdp_shard_to_device(f));
   /* dp shards of a unit: bounded (unit_layout); under cpu_offload this rank's shard copied
    * to the device after them */
-  int64_t n = unit->shard_numel * (f->dp->size + (fsdp_offload(f) ? 1 : 0));
+  int64_t n = unit->shard_numel * (unit->dp->size + (fsdp_offload(f) ? 1 : 0));
   float *all = ml_be_alloc(f->be, n, sizeof(float), "the gathered shards of a unit");
   if (!all) return -1;
   const float *mine = src;
   int rc = 0;
   if (fsdp_offload(f)) {
-    float *staged = all + unit->shard_numel * f->dp->size;
+    float *staged = all + unit->shard_numel * unit->dp->size;
     rc = ml_be_copy(f->be, staged, src, bytes, ML_COPY_H2D);
     mine = staged;
   }
-  if (rc == 0) rc = ml_all_gather(f->dp, mine, all, (size_t)unit->shard_numel);
+  if (rc == 0) rc = ml_all_gather(unit->dp, mine, all, (size_t)unit->shard_numel);
   if (rc == 0)
     rc = fsdp_copy_rank_major(f, unit, all, ML_ELEM_F32, dst, ML_F32, 1, unit->shard_numel);
   ml_be_free(f->be, all);
@@ -362,14 +443,15 @@ static int gather_start(ml_fsdp *f, ml_fsdp_unit *unit) {
     if (!unit->send) return -1;
     ML_TRY(ml_be_convert(f->be, unit->send, pt, fsdp_shard_on_device(unit), ML_F32, (size_t)n));
   }
-  if (f->dp->size == 1) { /* nothing to gather: the "gathered" block is the shard */
+  if (unit->dp->size == 1) { /* nothing to gather: the "gathered" block is the shard */
     unit->recv = unit->send;
     return 0;
   }
   /* dp shards of a unit: bounded (unit_layout) */
-  unit->recv = ml_be_alloc(f->be, n * f->dp->size, es, "the gathered parameters of a unit");
+  unit->recv = ml_be_alloc(f->be, n * unit->dp->size, es, "the gathered parameters of a unit");
   if (!unit->recv) return -1;
-  ML_TRY(ml_iall_gather(f->dp, unit->send, unit->recv, (size_t)n, fsdp_param_elem(f), &unit->req));
+  ML_TRY(ml_iall_gather(unit->dp, unit->send, unit->recv, (size_t)n, fsdp_param_elem(f),
+                        &unit->req));
   unit->in_flight = true;
   return 0;
 }
@@ -380,10 +462,10 @@ static int gather_start(ml_fsdp *f, ml_fsdp_unit *unit) {
  * already (same layout: no padding rows), unless one is kept between steps
  * (ZeRO-1/2). */
 static int gather_finish(ml_fsdp *f, ml_fsdp_unit *unit) {
-  int rc = unit->in_flight ? ml_wait(f->dp, &unit->req) : 0;
+  int rc = unit->in_flight ? ml_wait(unit->dp, &unit->req) : 0;
   unit->in_flight = false;
   ml_dtype pt = f->opts.param_dtype;
-  void *adopt = f->dp->size == 1 && !unit->full && unit->send != unit->shard ? unit->send : NULL;
+  void *adopt = unit->dp->size == 1 && !unit->full && unit->send != unit->shard ? unit->send : NULL;
   if (rc == 0 && adopt) {
     unit->full = adopt;
     if (adopt == unit->dev_shard) unit->dev_shard = NULL; /* now the unsharded buffer */
@@ -405,23 +487,33 @@ static int gather_finish(ml_fsdp *f, ml_fsdp_unit *unit) {
   return rc;
 }
 
-int ml_fsdp_prefetch(ml_fsdp *f, int u) {
-  if (u < 0 || u >= f->n_units) return 0;
-  ml_fsdp_unit *unit = &f->units[u];
+static int prefetch_one(ml_fsdp *f, ml_fsdp_unit *unit) {
   if (unit->full || unit->recv) return 0; /* materialised, or its gather started */
   return gather_start(f, unit);
 }
 
-int ml_fsdp_unshard(ml_fsdp *f, int u) {
-  ml_fsdp_unit *unit = &f->units[u];
+int ml_fsdp_prefetch(ml_fsdp *f, int u) {
+  if (u < 0 || u >= f->n_units || f->units[u].layer >= 0) return 0; /* the layers and the root */
+  ML_TRY(prefetch_one(f, &f->units[u]));
+  int w = f->units[u].with; /* its expert unit along */
+  return w >= 0 ? prefetch_one(f, &f->units[w]) : 0;
+}
+
+static int unshard_one(ml_fsdp *f, ml_fsdp_unit *unit) {
   if (unit->full && !unit->recv) return 0;
   if (!unit->recv) ML_TRY(gather_start(f, unit));
   return gather_finish(f, unit);
 }
 
-void ml_fsdp_reshard(ml_fsdp *f, int u) {
-  ml_fsdp_unit *unit = &f->units[u];
-  if (fsdp_params_alias(f) || fsdp_persistent(f) || !unit->full) return;
+int ml_fsdp_unshard(ml_fsdp *f, int u) {
+  int w = f->units[u].with;
+  if (w >= 0) ML_TRY(prefetch_one(f, &f->units[w])); /* both gathers in flight at once */
+  ML_TRY(unshard_one(f, &f->units[u]));
+  return w >= 0 ? unshard_one(f, &f->units[w]) : 0;
+}
+
+static void reshard_one(ml_fsdp *f, ml_fsdp_unit *unit) {
+  if (fsdp_params_alias(f, unit) || fsdp_persistent(f) || !unit->full) return;
   ml_be_free(f->be, unit->full);
   ml_be_free(f->be, unit->rows);
   unit->full = unit->rows = NULL;
@@ -429,9 +521,15 @@ void ml_fsdp_reshard(ml_fsdp *f, int u) {
   point_data(unit, NULL, f->opts.param_dtype);
 }
 
+void ml_fsdp_reshard(ml_fsdp *f, int u) {
+  reshard_one(f, &f->units[u]);
+  if (f->units[u].with >= 0) reshard_one(f, &f->units[f->units[u].with]);
+}
+
 int ml_fsdp_sync_params(ml_fsdp *f) {
-  if (fsdp_params_alias(f) || !fsdp_persistent(f)) return 0;
+  if (!fsdp_persistent(f)) return 0;
   for (int u = 0; u < f->n_units; u++) {
+    if (fsdp_params_alias(f, &f->units[u])) continue;
     ML_TRY(gather_start(f, &f->units[u]));
     ML_TRY(gather_finish(f, &f->units[u]));
   }
@@ -441,11 +539,11 @@ int ml_fsdp_sync_params(ml_fsdp *f) {
 int ml_fsdp_swap_shards(ml_fsdp *f, float **other) {
   for (int u = 0; u < f->n_units; u++) {
     ml_fsdp_unit *unit = &f->units[u];
-    ml_fsdp_reshard(f, u); /* no-op where the unsharded parameters persist or alias */
+    reshard_one(f, unit); /* no-op where the unsharded parameters persist or alias */
     float *mine = unit->shard;
     unit->shard = other[u];
     other[u] = mine;
-    if (fsdp_params_alias(f)) {
+    if (fsdp_params_alias(f, unit)) {
       unit->full = unit->shard;
       point_data(unit, unit->full, ML_F32);
     }

@@ -81,7 +81,21 @@
  * frozen gathered chunks lying before a trainable vocab-parallel one (the
  * root under vocab parallelism with the final norm frozen and lm_head
  * trainable), zeros that the optimizer never touches (it steps the trainable
- * chunks only). */
+ * chunks only).
+ *
+ * Expert units (ml_fsdp_init_ep, expert parallelism: parallel/ep.h; NeMo
+ * Automodel's fully_shard of each MoE block's experts over ep_shard_mesh,
+ * and the block's fully_shard with the experts as ignored_params): each
+ * unit has its own groups (ml_fsdp_unit.dp, .rep), the layers and the root
+ * dp_shard_cp with the HSDP replicas, an expert unit the ep_shard group
+ * and no replicas (ep_shard spans dp_replicate already). Under ep > 1 each
+ * sparse layer's experts local to this rank form a unit of their own,
+ * numbered after the root, which its layer's unit carries along
+ * (ml_fsdp_unit.with): prefetch, unshard, reshard, grad_begin and
+ * reduce_grads of the layer's unit do the same to it, so the engine walks
+ * the layers as before; everything else (the shards, their gradients and
+ * AdamW state, the norm, clipping, the optimizer, checkpoints) walks every
+ * unit and reads each unit's own group. */
 #ifndef ML_FSDP_H
 #define ML_FSDP_H
 
@@ -155,6 +169,12 @@ typedef struct ml_fsdp_unit {
                         FSDP2 on a module without trainable parameters, the unit is gathered
                         for forward only and has no gradient or AdamW state (shard_grad,
                         adam_m, adam_v NULL, full_grad never allocated) and no reduction */
+  /* The unit's groups: the parameters' chunks, all-gather and reduce-scatter over dp, the
+   * gradients' all-reduce over the replicas rep (size 1: none): ml_fsdp.dp and .rep for the
+   * layers and the root; the ep_shard group and one rank for an expert unit */
+  ml_comm *dp, *rep;
+  int with;  /* the expert unit this one carries along (see above), or −1 */
+  int layer; /* an expert unit's decoder layer, or −1 (the layers and the root) */
 } ml_fsdp_unit;
 
 /* fp32 elements a unit keeps where the shards live: the shard
@@ -169,20 +189,36 @@ typedef struct ml_fsdp {
   ml_backend *shard_be; /* computes on the shards (zero, the gradients' tp step, norms,
                            clipping, AdamW) and copies them to and from the host: be, or under
                            cpu_offload its host peer (ml_be_host_peer: kernels/cpu) */
-  ml_comm *dp;  /* dp_shard (× cp): the group parameters are sharded over */
-  ml_comm *rep; /* dp_replicate: HSDP replicas (size 1: plain FSDP) */
+  ml_comm *dp;  /* dp_shard (× cp): the group the layers' and the root's parameters are
+                   sharded over (ml_fsdp_unit.dp) */
+  ml_comm *rep; /* dp_replicate: their HSDP replicas (size 1: plain FSDP) */
   ml_fsdp_opts opts;
-  ml_fsdp_unit *units; /* n_layers + 1; the root is the last */
+  ml_fsdp_unit *units; /* n_layers + 1 (the root last), then the expert units (see above) */
   int n_units;
   bool vocab_parallel; /* the vocab-sized root parameters are vocab-parallel (see above) */
-  float *comm_buf;  /* [dp · max gather_numel] fp32: gradient staging (a unit's gradients use
-                       dp blocks of its trainable prefix of the gathered part) */
+  float *comm_buf;  /* [max over units of unit->dp · gather_numel] fp32: gradient staging (a
+                       unit's gradients use unit->dp blocks of its trainable prefix of the
+                       gathered part) */
   float *grad_buf;  /* [max gather_numel] fp32: the reduced gradient, added to shard_grad */
-  uint16_t *wire;   /* [dp · max gather_numel] bf16 gradients on the wire (reduce_dtype BF16
-                       only) */
+  uint16_t *wire;   /* [as comm_buf] bf16 gradients on the wire (reduce_dtype BF16 only) */
   float *host_grad; /* cpu_offload: [max shard_numel] fp32 host staging of a reduced
                        gradient being accumulated */
+  ml_comm *solo;    /* a one-rank comm: the expert units' replicas (none); NULL without them */
+  int *held_unit;   /* [m->n_params] per parameter (by its index in m->params) the unit
+                       holding it, or −1: none of this rank's (ml_fsdp_find) */
+  int *held_index;  /* [m->n_params] its index in that unit */
+  const ml_param *params; /* m->params, which held is indexed by */
 } ml_fsdp;
+
+/* Expert parallelism's placement of the experts (parallel/ep.h): with
+ * ranks > 1, this rank holds experts [rank·E/ranks, (rank+1)·E/ranks) of
+ * each sparse layer (Shard(0) over ep on the expert dimension) in an
+ * expert unit sharded over `shard` (the ep_shard group); the other
+ * experts' parameters are in no unit. */
+typedef struct ml_fsdp_ep {
+  int ranks, rank;
+  ml_comm *shard;
+} ml_fsdp_ep;
 
 /* The FSDP unit of parameter p (fully_shard applied to every decoder layer,
  * then to the root, as torchtitan and NeMo do): its decoder layer's index
@@ -214,6 +250,17 @@ bool ml_fsdp_reshard_after_forward(ml_reshard_policy policy, int u, int n_units)
  * (named, with both shapes), unreadable dtype, allocation. */
 int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fsdp_opts *opts,
                  bool vocab_parallel, const ml_ckpt *ck);
+/* ml_fsdp_init with the experts placed by ep (NULL, or ranks 1: as
+ * ml_fsdp_init): an expert unit after the root for each sparse layer,
+ * sharded over ep->shard (see above). Errors: those of ml_fsdp_init;
+ * ep->rank outside 0 .. ranks − 1 or ranks not dividing num_experts
+ * (named, with the values). */
+int ml_fsdp_init_ep(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fsdp_ep *ep,
+                    const ml_fsdp_opts *opts, bool vocab_parallel, const ml_ckpt *ck);
+/* The unit holding parameter p (one of the model's) and p's index there:
+ * true with *u, *i set, or false when no unit of this rank holds it
+ * (another ep rank's expert). */
+bool ml_fsdp_find(const ml_fsdp *f, const ml_param *p, int *u, int *i);
 
 /* Overwrite the fp32 shards of the parameters from checkpoint `ck` (its
  * tensors, or tensors in memory dressed as one): each rank reads its rows
@@ -225,24 +272,28 @@ int ml_fsdp_init(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml_fs
 int ml_fsdp_load(ml_fsdp *f, const ml_ckpt *ck, bool all);
 void ml_fsdp_destroy(ml_fsdp *f);
 
-/* Start unit u's all-gather without waiting (no-op when u is out of range,
- * materialised or already in flight). */
+/* Start unit u's all-gather without waiting (no-op when u is not one of
+ * the layers' units or the root, or is materialised or already in
+ * flight), and its expert unit's (ml_fsdp_unit.with). */
 int ml_fsdp_prefetch(ml_fsdp *f, int u);
-/* Materialise unit u's parameters (all-gather, or wait for its prefetch;
- * no-op if already there) and point param->data at them; its
+/* Materialise unit u's parameters and its expert unit's (all-gather, or
+ * wait for its prefetch; no-op if already there) and point param->data at
+ * them; its
  * vocab-parallel parameters' rows in param_dtype (ml_fsdp_rows; their
  * param->data stays NULL). */
 int ml_fsdp_unshard(ml_fsdp *f, int u);
-/* Free unit u's unsharded parameters (param->data = NULL); no-op when the
- * shard is the full tensor or the parameters persist (ZeRO-1/2). */
+/* Free unit u's (and its expert unit's) unsharded parameters
+ * (param->data = NULL); no-op when the shard is the full tensor or the
+ * parameters persist (ZeRO-1/2). */
 void ml_fsdp_reshard(ml_fsdp *f, int u);
-/* Unsharded gradients for unit u (param->grad set): zeroed, or with one
- * rank the shard's gradient itself (backward accumulates into it); for
+/* Unsharded gradients for unit u and its expert unit (param->grad set):
+ * zeroed, or with one rank the shard's gradient itself (backward accumulates into it); for
  * its vocab-parallel parameters the gradient of their rows (ml_fsdp_rows;
  * their param->grad stays NULL). */
 int ml_fsdp_grad_begin(ml_fsdp *f, int u);
-/* Reduce unit u's gradients (reduce-scatter over dp, or all-reduce under
- * ZeRO-1; then all-reduce over the replicas) and add this rank's part to
+/* Reduce unit u's gradients and its expert unit's, each over its own
+ * group (reduce-scatter over dp, or all-reduce under ZeRO-1; then
+ * all-reduce over the replicas) and add this rank's part to
  * shard_grad (+=, so micro-batches accumulate; ml_engine_zero_grad clears),
  * then free them. The vocab-parallel rows' gradient is complete already:
  * rounded to param_dtype, all-reduced over the replicas in reduce_dtype

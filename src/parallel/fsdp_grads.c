@@ -50,10 +50,9 @@ static int add_grad(ml_fsdp *f, ml_fsdp_unit *unit, int64_t at, const float *g, 
   return ml_be_add(f->shard_be, unit->shard_grad + at, f->host_grad, n);
 }
 
-int ml_fsdp_grad_begin(ml_fsdp *f, int u) {
-  ml_fsdp_unit *unit = &f->units[u];
+static int grad_begin_one(ml_fsdp *f, ml_fsdp_unit *unit) {
   if (unit->frozen) return 0; /* no gradient: every param->grad stays NULL */
-  if (fsdp_grads_alias(f)) { /* backward accumulates straight into the shard's grads */
+  if (fsdp_grads_alias(f, unit)) { /* backward accumulates straight into the shard's grads */
     point_grads(unit, unit->shard_grad);
     return 0;
   }
@@ -61,7 +60,7 @@ int ml_fsdp_grad_begin(ml_fsdp *f, int u) {
     unit->full_grad = ml_be_alloc(f->be, unit->grad_full, sizeof(float),
                                   "the unsharded gradients of a unit");
     if (!unit->full_grad) return -1;
-    if (fsdp_grads_in_place(f)) /* offloaded: one rank's unsharded gradient is the shard's */
+    if (fsdp_grads_in_place(f, unit)) /* offloaded: one rank's unsharded gradient is the shard's */
       ML_TRY(load_grad(f, unit, unit->full_grad, 0, unit->grad_full));
     else
       ML_TRY(ml_be_zero(f->be, unit->full_grad, sizeof(float) * (size_t)unit->grad_full));
@@ -69,23 +68,30 @@ int ml_fsdp_grad_begin(ml_fsdp *f, int u) {
   point_grads(unit, unit->full_grad);
   int64_t n = fsdp_rows_grad_numel(unit);
   if (n == 0) return 0;
-  if (fsdp_rows_grad_alias(f)) { /* the rows' gradient is complete: straight into shard_grad */
+  if (fsdp_rows_grad_alias(f, unit)) { /* the rows' gradient is complete: into shard_grad */
     unit->rows_grad = unit->shard_grad + unit->gather_numel;
     return 0;
   }
   unit->rows_grad = ml_be_alloc(f->be, n, sizeof(float), "the vocab rows' gradient of a unit");
   if (!unit->rows_grad) return -1;
-  if (fsdp_rows_grad_in_place(f)) return load_grad(f, unit, unit->rows_grad, unit->gather_numel, n);
+  if (fsdp_rows_grad_in_place(f, unit))
+    return load_grad(f, unit, unit->rows_grad, unit->gather_numel, n);
   return ml_be_zero(f->be, unit->rows_grad, sizeof(float) * (size_t)n);
 }
 
-/* The gradient reduction of one unit over dp (and the replicas) in
+int ml_fsdp_grad_begin(ml_fsdp *f, int u) {
+  ML_TRY(grad_begin_one(f, &f->units[u]));
+  int w = f->units[u].with; /* its expert unit along */
+  return w >= 0 ? grad_begin_one(f, &f->units[w]) : 0;
+}
+
+/* The gradient reduction of one unit over its dp (and its replicas) in
  * reduce_dtype: rank-major staging → reduce-scatter (ZeRO-1: all-reduce,
  * then this rank's block) → all-reduce over the replicas → += shard_grad;
  * of each rank's trainable prefix of the gathered part (fsdp_reduce_numel:
  * the frozen chunks after it have no gradient). */
 static int reduce_unit(ml_fsdp *f, ml_fsdp_unit *unit) {
-  int dp = f->dp->size;
+  int dp = unit->dp->size;
   size_t n = (size_t)fsdp_reduce_numel(unit);
   bool bf16 = f->opts.reduce_dtype == ML_BF16;
   ml_elem elem = bf16 ? ML_ELEM_BF16 : ML_ELEM_F32;
@@ -97,15 +103,15 @@ static int reduce_unit(ml_fsdp *f, ml_fsdp_unit *unit) {
     stage = unit->full_grad;
   else
     ML_TRY(fsdp_copy_rank_major(f, unit, stage, elem, unit->full_grad, ML_F32, 0, (int64_t)n));
-  void *red = (char *)stage + es * n * (size_t)f->dp->rank; /* this rank's reduced block */
+  void *red = (char *)stage + es * n * (size_t)unit->dp->rank; /* this rank's reduced block */
   if (dp > 1 && f->opts.zero == 1) {
-    ML_TRY(ml_all_reduce(f->dp, stage, n * (size_t)dp, elem, ML_RED_SUM));
+    ML_TRY(ml_all_reduce(unit->dp, stage, n * (size_t)dp, elem, ML_RED_SUM));
   } else if (dp > 1) {
     /* out of place; with bf16 the fp32 staging buffer is free to receive */
     red = bf16 ? (void *)f->comm_buf : (void *)f->grad_buf;
-    ML_TRY(ml_reduce_scatter_t(f->dp, stage, red, n, elem));
+    ML_TRY(ml_reduce_scatter_t(unit->dp, stage, red, n, elem));
   }
-  if (f->rep->size > 1) ML_TRY(ml_all_reduce(f->rep, red, n, elem, ML_RED_SUM));
+  if (unit->rep->size > 1) ML_TRY(ml_all_reduce(unit->rep, red, n, elem, ML_RED_SUM));
   float *g = red;
   if (bf16) {
     ML_TRY(ml_be_convert(f->be, f->grad_buf, ML_F32, red, ML_BF16, n));
@@ -121,8 +127,8 @@ static int reduce_unit(ml_fsdp *f, ml_fsdp_unit *unit) {
  * reduce-scatter would), += shard_grad. Where it accumulated in place:
  * nothing to do, or under cpu_offload its copy stored back. */
 static int reduce_rows(ml_fsdp *f, ml_fsdp_unit *unit) {
-  if (fsdp_rows_grad_alias(f)) return 0;
-  if (fsdp_rows_grad_in_place(f))
+  if (fsdp_rows_grad_alias(f, unit)) return 0;
+  if (fsdp_rows_grad_in_place(f, unit))
     return store_grad(f, unit, unit->gather_numel, unit->rows_grad, fsdp_rows_grad_numel(unit));
   size_t n = (size_t)fsdp_rows_grad_numel(unit);
   float *g = unit->rows_grad;
@@ -132,30 +138,36 @@ static int reduce_rows(ml_fsdp *f, ml_fsdp_unit *unit) {
                               "gradient of a unit");
     if (!w) return -1;
     int rc = ml_be_convert(f->be, w, ML_BF16, g, ML_F32, n);
-    if (rc == 0 && f->rep->size > 1) rc = ml_all_reduce(f->rep, w, n, ML_ELEM_BF16, ML_RED_SUM);
+    if (rc == 0 && unit->rep->size > 1)
+      rc = ml_all_reduce(unit->rep, w, n, ML_ELEM_BF16, ML_RED_SUM);
     if (rc == 0) rc = ml_be_convert(f->be, g, ML_F32, w, ML_BF16, n);
     ml_be_free(f->be, w);
     ML_TRY(rc);
-  } else if (f->rep->size > 1) {
-    ML_TRY(ml_all_reduce(f->rep, g, n, ML_ELEM_F32, ML_RED_SUM));
+  } else if (unit->rep->size > 1) {
+    ML_TRY(ml_all_reduce(unit->rep, g, n, ML_ELEM_F32, ML_RED_SUM));
   }
   return add_grad(f, unit, unit->gather_numel, g, (int64_t)n);
 }
 
-int ml_fsdp_reduce_grads(ml_fsdp *f, int u) {
-  ml_fsdp_unit *unit = &f->units[u];
+static int reduce_one(ml_fsdp *f, ml_fsdp_unit *unit) {
   point_grads(unit, NULL);
-  if (fsdp_grads_alias(f) || unit->frozen) return 0;
+  if (fsdp_grads_alias(f, unit) || unit->frozen) return 0;
   int rc = 0;
   if (unit->grad_full > 0)
-    rc = fsdp_grads_in_place(f) ? store_grad(f, unit, 0, unit->full_grad, unit->grad_full)
+    rc = fsdp_grads_in_place(f, unit) ? store_grad(f, unit, 0, unit->full_grad, unit->grad_full)
                                 : reduce_unit(f, unit);
   if (rc == 0 && fsdp_rows_grad_numel(unit)) rc = reduce_rows(f, unit);
   unit->grad_fresh = false;
   ml_be_free(f->be, unit->full_grad);
-  if (!fsdp_rows_grad_alias(f)) ml_be_free(f->be, unit->rows_grad);
+  if (!fsdp_rows_grad_alias(f, unit)) ml_be_free(f->be, unit->rows_grad);
   unit->full_grad = unit->rows_grad = NULL;
   return rc;
+}
+
+int ml_fsdp_reduce_grads(ml_fsdp *f, int u) {
+  int w = f->units[u].with; /* its expert unit along, reduced over its own group */
+  if (w >= 0) ML_TRY(reduce_one(f, &f->units[w]));
+  return reduce_one(f, &f->units[u]);
 }
 
 int ml_fsdp_zero_grads(ml_fsdp *f) {

@@ -10,28 +10,28 @@
 /* Unsharded parameters kept between steps (ZeRO-1/2). */
 static inline bool fsdp_persistent(const ml_fsdp *f) { return f->opts.zero < 3; }
 static inline bool fsdp_offload(const ml_fsdp *f) { return f->opts.cpu_offload; }
-/* The shard is the unsharded fp32 tensor (one rank, fp32 params, on the
- * device). */
-static inline bool fsdp_params_alias(const ml_fsdp *f) {
-  return f->dp->size == 1 && f->opts.param_dtype == ML_F32 && !fsdp_offload(f);
+/* The shard is the unsharded fp32 tensor (one rank in the unit's group,
+ * fp32 params, on the device). */
+static inline bool fsdp_params_alias(const ml_fsdp *f, const ml_fsdp_unit *u) {
+  return u->dp->size == 1 && f->opts.param_dtype == ML_F32 && !fsdp_offload(f);
 }
 /* Backward accumulates into the shard's gradient itself: one rank, fp32,
  * no replicas (nothing to reduce or round). Under cpu_offload into a device
  * copy of it (load_grad, store_grad); else into shard_grad (grads_alias). */
-static inline bool fsdp_grads_in_place(const ml_fsdp *f) {
-  return f->dp->size == 1 && f->opts.param_dtype == ML_F32 && f->rep->size == 1 &&
+static inline bool fsdp_grads_in_place(const ml_fsdp *f, const ml_fsdp_unit *u) {
+  return u->dp->size == 1 && f->opts.param_dtype == ML_F32 && u->rep->size == 1 &&
          f->opts.reduce_dtype == ML_F32;
 }
-static inline bool fsdp_grads_alias(const ml_fsdp *f) {
-  return fsdp_grads_in_place(f) && !fsdp_offload(f);
+static inline bool fsdp_grads_alias(const ml_fsdp *f, const ml_fsdp_unit *u) {
+  return fsdp_grads_in_place(f, u) && !fsdp_offload(f);
 }
 /* The same for the vocab-parallel rows' gradient: it is complete on this
  * rank, and nothing rounds or reduces it. */
-static inline bool fsdp_rows_grad_in_place(const ml_fsdp *f) {
-  return f->opts.param_dtype == ML_F32 && f->rep->size == 1 && f->opts.reduce_dtype == ML_F32;
+static inline bool fsdp_rows_grad_in_place(const ml_fsdp *f, const ml_fsdp_unit *u) {
+  return f->opts.param_dtype == ML_F32 && u->rep->size == 1 && f->opts.reduce_dtype == ML_F32;
 }
-static inline bool fsdp_rows_grad_alias(const ml_fsdp *f) {
-  return fsdp_rows_grad_in_place(f) && !fsdp_offload(f);
+static inline bool fsdp_rows_grad_alias(const ml_fsdp *f, const ml_fsdp_unit *u) {
+  return fsdp_rows_grad_in_place(f, u) && !fsdp_offload(f);
 }
 static inline ml_elem fsdp_elem_of(ml_dtype t) { return t == ML_BF16 ? ML_ELEM_BF16 : ML_ELEM_F32; }
 static inline ml_dtype fsdp_dtype_of(ml_elem e) { return e == ML_ELEM_BF16 ? ML_BF16 : ML_F32; }
@@ -59,7 +59,7 @@ static inline float *fsdp_shard_on_device(const ml_fsdp_unit *u) {
   return u->dev_shard ? u->dev_shard : u->shard;
 }
 
-/* Copy between the rank-major layout `wire` (dp blocks of `stride`
+/* Copy between the rank-major layout `wire` (u->dp blocks of `stride`
  * elements of `elem`, each a rank's leading shard part: gather_numel for
  * the gathered parameters, shard_numel for every one, fsdp_reduce_numel for
  * the gathered trainable ones) and the unsharded buffer `full` of `type`

@@ -19,13 +19,14 @@ static const unsigned group_dims[ML_GROUP_KINDS] = {
     [ML_GROUP_DP] = 1u << DIM_DPR | 1u << DIM_DPS,
     [ML_GROUP_DP_SHARD_CP] = 1u << DIM_DPS | 1u << DIM_CP,
     [ML_GROUP_DP_CP] = 1u << DIM_DPR | 1u << DIM_DPS | 1u << DIM_CP,
-    [ML_GROUP_EP] = 0, /* one rank until ml_mesh_set_ep */
+    [ML_GROUP_EP] = 0,       /* one rank until ml_mesh_set_ep */
+    [ML_GROUP_EP_SHARD] = 0, /* likewise */
 };
 
 const char *ml_group_name(ml_group g) {
   static const char *names[ML_GROUP_KINDS] = {"world", "dp_replicate", "dp_shard", "cp",
                                               "tp",    "dp",           "dp_shard_cp", "dp_cp",
-                                              "ep"};
+                                              "ep",    "ep_shard"};
   return g >= 0 && g < ML_GROUP_KINDS ? names[g] : "?";
 }
 
@@ -129,6 +130,27 @@ int ml_mesh_create(MPI_Comm base, int dp_replicate, int dp_shard, int cp, int tp
   return 0;
 }
 
+/* Free group g (a one-rank ep or ep_shard group made at creation, before its replacement). */
+static void group_free(ml_mesh_group *g) {
+  ml_comm_destroy(g->comm);
+  ml_host_destroy(g->host);
+  memset(g, 0, sizeof *g);
+}
+
+/* A meta mesh's group g: a null comm of `size` ranks (this rank's `rank`),
+ * its channel this process alone. */
+static int meta_group(ml_mesh *m, ml_group g, int size, int rank) {
+  ml_mesh_group *grp = &m->groups[g];
+  group_free(grp);
+  *grp = (ml_mesh_group){.size = size, .rank = rank, .name = ml_group_name(g)};
+  ml_comm *raw = NULL;
+  int rc = ml_comm_null_create(grp->rank, grp->size, grp->name, &raw);
+  if (rc == 0) rc = ml_comm_counting_create(raw, &grp->comm);
+  if (rc != 0) ml_comm_destroy(raw);
+  if (rc == 0) rc = ml_host_create(MPI_COMM_SELF, grp->name, &grp->host);
+  return rc;
+}
+
 int ml_mesh_create_meta(int dp_replicate, int dp_shard, int cp, int tp, int rank, ml_mesh *out) {
   memset(out, 0, sizeof *out);
   if (dp_replicate < 1 || dp_shard < 1 || cp < 1 || tp < 1 || dp_replicate > 1 << 16 ||
@@ -144,21 +166,13 @@ int ml_mesh_create_meta(int dp_replicate, int dp_shard, int cp, int tp, int rank
   int size[DIMS], stride[DIMS], coord[DIMS];
   place(out, dp_replicate, dp_shard, cp, tp, rank, size, stride, coord);
   for (int g = 0; g < ML_GROUP_KINDS; g++) {
-    ml_mesh_group *grp = &out->groups[g];
-    grp->name = ml_group_name((ml_group)g);
-    grp->size = 1;
-    grp->rank = 0;
+    int gsize = 1, grank = 0;
     for (int d = 0; d < DIMS; d++) /* row-major index of the coordinates in its dims */
       if (group_dims[g] >> d & 1u) {
-        grp->rank = grp->rank * size[d] + coord[d];
-        grp->size *= size[d];
+        grank = grank * size[d] + coord[d];
+        gsize *= size[d];
       }
-    ml_comm *raw = NULL;
-    int rc = ml_comm_null_create(grp->rank, grp->size, grp->name, &raw);
-    if (rc == 0) rc = ml_comm_counting_create(raw, &grp->comm);
-    if (rc != 0) ml_comm_destroy(raw);
-    if (rc == 0) rc = ml_host_create(MPI_COMM_SELF, grp->name, &grp->host);
-    if (rc != 0) {
+    if (meta_group(out, (ml_group)g, gsize, grank) != 0) {
       ml_mesh_destroy(out);
       return -1;
     }
@@ -175,33 +189,25 @@ static int ep_ok(const ml_mesh *m, int ep) {
                 ep, m->dp_replicate, m->dp_shard, m->cp, m->tp, m->world_size);
 }
 
-/* The one-rank ep group made at creation, freed before its replacement. */
-static void group_free(ml_mesh_group *g) {
-  ml_comm_destroy(g->comm);
-  ml_host_destroy(g->host);
-  memset(g, 0, sizeof *g);
-}
-
 int ml_mesh_set_ep(ml_mesh *m, MPI_Comm base, int ep, ml_comm_factory make_comm, void *ctx) {
   ML_TRY(ep_ok(m, ep));
   if (ep == 1) return 0;
+  ml_comm_factory make = make_comm ? make_comm : ml_comm_mpi_make;
   group_free(&m->groups[ML_GROUP_EP]);
-  return group_create(base, m->rank / ep, m->rank, ML_GROUP_EP,
-                      make_comm ? make_comm : ml_comm_mpi_make, ctx, &m->groups[ML_GROUP_EP]);
+  group_free(&m->groups[ML_GROUP_EP_SHARD]);
+  /* (ep_shard, ep) row-major, ep fastest: an ep group is ep consecutive ranks, an ep_shard
+   * group the ranks of one ep coordinate */
+  ML_TRY(group_create(base, m->rank / ep, m->rank, ML_GROUP_EP, make, ctx,
+                      &m->groups[ML_GROUP_EP]));
+  return group_create(base, m->rank % ep, m->rank, ML_GROUP_EP_SHARD, make, ctx,
+                      &m->groups[ML_GROUP_EP_SHARD]);
 }
 
 int ml_mesh_set_ep_meta(ml_mesh *m, int ep) {
   ML_TRY(ep_ok(m, ep));
   if (ep == 1) return 0;
-  ml_mesh_group *grp = &m->groups[ML_GROUP_EP];
-  group_free(grp);
-  *grp = (ml_mesh_group){.size = ep, .rank = m->rank % ep, .name = ml_group_name(ML_GROUP_EP)};
-  ml_comm *raw = NULL;
-  int rc = ml_comm_null_create(grp->rank, grp->size, grp->name, &raw);
-  if (rc == 0) rc = ml_comm_counting_create(raw, &grp->comm);
-  if (rc != 0) ml_comm_destroy(raw);
-  if (rc == 0) rc = ml_host_create(MPI_COMM_SELF, grp->name, &grp->host);
-  return rc;
+  ML_TRY(meta_group(m, ML_GROUP_EP, ep, m->rank % ep));
+  return meta_group(m, ML_GROUP_EP_SHARD, m->world_size / ep, m->rank / ep);
 }
 
 void ml_mesh_destroy(ml_mesh *m) {

@@ -18,6 +18,10 @@
  *                  (ep_shard, ep), ep fastest, so an ep group is ep
  *                  consecutive world ranks; one rank alone until
  *                  ml_mesh_set_ep (no expert parallelism)
+ *   ep_shard       the other factor of that split: the world ranks of one
+ *                  ep coordinate (rank mod ep), world / ep of them, which
+ *                  the experts' FSDP units shard over (NeMo Automodel's
+ *                  ep_shard_mesh); one rank alone until ml_mesh_set_ep
  * A flattened group orders its members by world rank (the mesh's row-major
  * order), so its rank is the row-major index of the member's coordinates
  * in those dimensions.
@@ -43,11 +47,12 @@ typedef enum {
   ML_GROUP_DP_SHARD_CP,
   ML_GROUP_DP_CP,
   ML_GROUP_EP,
+  ML_GROUP_EP_SHARD,
   ML_GROUP_KINDS
 } ml_group;
 
 /* "world", "dp_replicate", "dp_shard", "cp", "tp", "dp", "dp_shard_cp",
- * "dp_cp", "ep": the names the mesh gives its groups' comms and channels ("?"
+ * "dp_cp", "ep", "ep_shard": the names the mesh gives its groups' comms and channels ("?"
  * out of range). */
 const char *ml_group_name(ml_group g);
 
@@ -99,13 +104,17 @@ int ml_mesh_create_meta(int dp_replicate, int dp_shard, int cp, int tp, int rank
  * ml_mesh_create was called): group ML_GROUP_EP becomes world ranks
  * [g·ep, (g+1)·ep) for this rank's g = rank / ep (its data comm from
  * make_comm, NULL = MPI, and its host channel), replacing the one-rank
- * group. ep = 1 leaves it as it is. Collective over base. Errors (on every
+ * group, and group ML_GROUP_EP_SHARD the world ranks r with r mod ep =
+ * rank mod ep (ordered by world rank, so its rank is rank / ep). ep = 1
+ * leaves both as they are. Collective over base. Errors (on every
  * rank): ep < 1, or dp_replicate·dp_shard·cp·tp not a multiple of ep (both
  * named with the values, the flag being --ep / ep_size), MPI or factory
  * failures. */
 int ml_mesh_set_ep(ml_mesh *m, MPI_Comm base, int ep, ml_comm_factory make_comm, void *ctx);
 /* ml_mesh_set_ep on a mesh of ml_mesh_create_meta: the ep group a null comm
- * of ep ranks (this rank's: rank mod ep), its channel this process alone.
+ * of ep ranks (this rank's: rank mod ep), the ep_shard group one of
+ * world / ep ranks (this rank's: rank / ep), their channels this process
+ * alone.
  * Errors: as ml_mesh_set_ep's size checks, allocation. */
 int ml_mesh_set_ep_meta(ml_mesh *m, int ep);
 void ml_mesh_destroy(ml_mesh *m);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Mixture-of-experts families end to end (model/moe.h): `meshlm init --arch qwen3_moe|mixtral`
 # writes a model that trains and exports with the same tensor names and config keys, also under
-# expert parallelism (--ep); `meshlm plan --ep` shows the experts per rank and the balanced
+# expert parallelism (--ep, whose export equals one rank's byte for byte at learning rate 0); `meshlm plan --ep` shows the experts per rank and the balanced
 # all-to-all bytes; expert layers under sequence parallelism, a plan sharding a router or an expert,
 # --ep over tp or cp ranks, --ep
 # (config ep_size) not dividing the world or
@@ -66,6 +66,19 @@ for arch in qwen3_moe mixtral; do
     ok "$arch: train with --ep 2, export"
   else
     bad "$arch: train with --ep 2, export"
+  fi
+  # the export assembles each expert from the ep rank holding it (parallel/ep.h): after a step
+  # at learning rate 0 (the parameters stay as loaded, bitwise) --ep 2 writes one rank's bytes
+  if mpiexec -n 2 "$meshlm" train --model "$work/$arch" --data "$work/data.jsonl" --steps 1 \
+       --batch-size 4 --seq-len 24 --lr 0 --ep 2 --export-hf "$work/$arch-ep0" > "$work/out" \
+       2> "$work/err" &&
+     "$meshlm" train --model "$work/$arch" --data "$work/data.jsonl" --steps 1 \
+       --batch-size 4 --seq-len 24 --lr 0 --export-hf "$work/$arch-one0" > "$work/out" \
+       2> "$work/err" &&
+     cmp -s "$work/$arch-ep0/model.safetensors" "$work/$arch-one0/model.safetensors"; then
+    ok "$arch: --ep 2 export = one rank's export, byte for byte"
+  else
+    bad "$arch: --ep 2 export = one rank's export, byte for byte"
   fi
 done
 

@@ -9,3 +9,7 @@ ml_mpi_test_2blas(runckpt_gemma3_vlm_dp2 2 $<TARGET_FILE:test_runckpt> gemma3_vl
 # heads over tp beyond what tp divides: copies of shared kv heads written once, read by all
 ml_mpi_test(runckpt_llama_h9kv3_tp4 4 $<TARGET_FILE:test_runckpt> llama_h9kv3 4)
 ml_mpi_test(runckpt_gemma3_h4kv1_tp2 2 $<TARGET_FILE:test_runckpt> gemma3_h4kv1 2)
+# expert parallelism (parallel/ep.h): each ep rank writes the experts it holds; resumed bitwise
+# on ep 2, read back on one rank (and HSDP 2 x ep 2) bitwise, the collective HF export = the
+# one-process export of the checkpoint
+ml_mpi_test(runckpt_qwen3_moe_ep2 2 $<TARGET_FILE:test_runckpt> qwen3_moe 1 ep=2)

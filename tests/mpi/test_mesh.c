@@ -47,7 +47,8 @@ static const char *const spans[ML_GROUP_KINDS] = {
     [ML_GROUP_WORLD] = "1111",       [ML_GROUP_DP_REPLICATE] = "1000", [ML_GROUP_DP_SHARD] = "0100",
     [ML_GROUP_CP] = "0010",          [ML_GROUP_TP] = "0001",           [ML_GROUP_DP] = "1100",
     [ML_GROUP_DP_SHARD_CP] = "0110", [ML_GROUP_DP_CP] = "1110",
-    [ML_GROUP_EP] = "0000", /* one rank until ml_mesh_set_ep (test_ep) */
+    [ML_GROUP_EP] = "0000",       /* one rank until ml_mesh_set_ep (test_ep) */
+    [ML_GROUP_EP_SHARD] = "0000", /* likewise */
 };
 
 /* Row-major coordinates of rank r, tp fastest. */
@@ -169,8 +170,8 @@ static void test_every_layout(void **state) {
 }
 
 /* Layouts of 4 ranks written out: per group (table order: world,
- * dp_replicate, dp_shard, cp, tp, dp, dp_shard_cp, dp_cp, ep), ranks with the
- * same digit share a group. */
+ * dp_replicate, dp_shard, cp, tp, dp, dp_shard_cp, dp_cp, ep, ep_shard),
+ * ranks with the same digit share a group. */
 static void test_written_out(void **state) {
   (void)state;
   int n;
@@ -178,11 +179,11 @@ static void test_written_out(void **state) {
   if (n != 4) skip();
   report rep = {0};
   static const char *const cp2_tp2[] = {"0000", "0123", "0123", "0101", "0011",
-                                        "0123", "0101", "0101", "0123"};
+                                        "0123", "0101", "0101", "0123", "0123"};
   static const char *const dps2_cp2[] = {"0000", "0123", "0101", "0011", "0123",
-                                         "0101", "0000", "0000", "0123"};
+                                         "0101", "0000", "0000", "0123", "0123"};
   static const char *const dpr2_cp2[] = {"0000", "0101", "0123", "0011", "0123",
-                                         "0101", "0011", "0000", "0123"};
+                                         "0101", "0011", "0000", "0123", "0123"};
   check_layout(&rep, &(layout){{1, 1, 2, 2}}, cp2_tp2);
   check_layout(&rep, &(layout){{1, 2, 2, 1}}, dps2_cp2);
   check_layout(&rep, &(layout){{2, 1, 2, 1}}, dpr2_cp2);
@@ -319,8 +320,10 @@ static void test_node_and_device(void **state) {
 
 /* Expert parallelism over 4 ranks (ml_mesh_set_ep): ep 2 groups world
  * ranks {0, 1} and {2, 3} (dp_shard 4, and HSDP 2 x 2), ep 4 all four; the
- * group's rank its position; ep 3 refused naming it and the sizes; the
- * meta mesh's ep group a null comm of ep ranks. */
+ * group's rank its position; ep_shard the ranks of one ep coordinate ({0,
+ * 2} and {1, 3} under ep 2, each rank alone under ep 4), its rank rank / ep;
+ * ep 3 refused naming it and the sizes; the meta mesh's ep and ep_shard
+ * groups null comms of ep and world / ep ranks. */
 static void test_ep(void **state) {
   (void)state;
   int n, r;
@@ -346,6 +349,15 @@ static void test_ep(void **state) {
            r % ep);
     for (int q = 0; q < ep && q < g->size; q++)
       if (got[q] != first + q) note(&rep, "ep %d: member %d is rank %d, want %d", ep, q, got[q], first + q);
+    const ml_mesh_group *x = &m.groups[ML_GROUP_EP_SHARD];
+    if (ml_host_all_gather(x->host, &me, sizeof me, got)) note(&rep, "%s", ml_error_msg());
+    if (x->size != n / ep || x->rank != r / ep || x->comm->size != n / ep ||
+        strcmp(x->name, "ep_shard"))
+      note(&rep, "ep %d: ep_shard group of %d (rank %d), want %d (rank %d)", ep, x->size,
+           x->rank, n / ep, r / ep);
+    for (int q = 0; q < n / ep && q < x->size; q++)
+      if (got[q] != r % ep + q * ep)
+        note(&rep, "ep %d: ep_shard member %d is rank %d, want %d", ep, q, got[q], r % ep + q * ep);
     ml_mesh_destroy(&m);
   }
   ml_mesh m;
@@ -361,6 +373,10 @@ static void test_ep(void **state) {
            m.groups[ML_GROUP_EP].comm->size != 4)
     note(&rep, "meta ep group: %d ranks, rank %d; want 4, 1", m.groups[ML_GROUP_EP].size,
          m.groups[ML_GROUP_EP].rank);
+  else if (m.groups[ML_GROUP_EP_SHARD].size != 2 || m.groups[ML_GROUP_EP_SHARD].rank != 1 ||
+           m.groups[ML_GROUP_EP_SHARD].comm->size != 2)
+    note(&rep, "meta ep_shard group: %d ranks, rank %d; want 2, 1 (world 8 / ep 4; 5 / 4)",
+         m.groups[ML_GROUP_EP_SHARD].size, m.groups[ML_GROUP_EP_SHARD].rank);
   ml_mesh_destroy(&m);
   agree(&rep, "failures");
 }

@@ -29,6 +29,7 @@
 #include "io/checkpoint.h"
 #include "io/safetensors.h"
 #include "engine_run.h"
+#include "parallel/ep.h"
 #include "parallel/loss.h"
 #include "parity_util.h"
 #include "train_check.h"
@@ -318,6 +319,13 @@ static void test_long_uneven(void **state) {
   fixture_free(&fx);
 }
 
+/* The sparse (mixture-of-experts) layers of m. */
+static int64_t sparse_layers(const ml_model *m) {
+  int64_t n = 0;
+  for (int64_t l = 0; l < m->cfg.n_layers; l++) n += m->layers[l].moe.experts != NULL;
+  return n;
+}
+
 static int64_t calls(ml_comm *c, ml_coll k) { return ml_comm_stats_of(c)->calls[k]; }
 static int64_t bytes(ml_comm *c, ml_coll k) { return ml_comm_stats_of(c)->bytes[k]; }
 
@@ -377,6 +385,11 @@ static int64_t kv_shared_bytes(const run *r) {
  *    reduce-scatter L + 1, each moving fs × the unit's gathered part in
  *    fp32: a layer's whole shard, the root's final norm only (ceil(H/fs)
  *    per rank: embed_tokens and lm_head are vocab-parallel, never gathered);
+ *  ep_shard (es > 1, under ep: parallel/ep.h), the X expert units (one per
+ *    sparse layer, after the root): all-gather X forward, X − 1 again in
+ *    backward when the last layer is sparse (else X), reduce-scatter X, each
+ *    moving es × the unit's whole shard; nothing over ep but the all-to-alls
+ *    (test_expert_parallel);
  *    vocab parallelism: all-gathers of the token ids with their targets
  *    (2·Tl words), lm_head's input (Tl·H) and the embedding's output
  *    gradient (Tl·H), reduce-scatters of the embedding's lookup (Tl·H) and
@@ -437,10 +450,21 @@ static void test_collective_counts(void **state) {
     assert_int_equal(calls(tpc, ML_COLL_ALL_GATHER), 0);
     assert_int_equal(calls(tpc, ML_COLL_REDUCE_SCATTER), 0);
   }
-  /* the units' parts: every layer's whole shard, the root's final norm */
-  int64_t unit_bytes = 0, regather_bytes = 0;
+  /* the units' parts: every layer's whole shard, the root's final norm; the expert units'
+   * whole shards over ep_shard */
+  ml_comm *eps = ml_mesh_comm(m, ML_GROUP_EP_SHARD);
+  int es = eps->size;
+  int64_t unit_bytes = 0, regather_bytes = 0, x_bytes = 0, x_regather = 0, X = 0, x_kept = 0;
   for (int u = 0; u < r.e.fsdp.n_units; u++) {
     const ml_fsdp_unit *unit = &r.e.fsdp.units[u];
+    if (unit->layer >= 0) { /* an expert unit: resharded after forward as its layer */
+      assert_int_equal(unit->gather_numel, unit->shard_numel);
+      X++;
+      x_bytes += 4 * es * unit->gather_numel;
+      if (unit->layer < L - 1) x_regather += 4 * es * unit->gather_numel;
+      else x_kept = 1;
+      continue;
+    }
     int64_t want = u < L || fs == 1 ? unit->shard_numel : (H + fs - 1) / fs;
     assert_int_equal(unit->gather_numel, want);
     unit_bytes += 4 * fs * unit->gather_numel;
@@ -454,6 +478,12 @@ static void test_collective_counts(void **state) {
   assert_int_equal(bytes(dps, ML_COLL_REDUCE_SCATTER), fs > 1 ? unit_bytes + tokens_rs : 0);
   assert_int_equal(calls(dps, ML_COLL_ALL_REDUCE), fs > 1 ? 2 + K : 0);
   assert_int_equal(bytes(dps, ML_COLL_ALL_REDUCE), fs > 1 ? 4 * 3 * N + kb : 0);
+  assert_int_equal(X, g_ep > 1 ? sparse_layers(&r.e.model) : 0);
+  assert_int_equal(calls(eps, ML_COLL_ALL_GATHER), es > 1 ? 2 * X - x_kept : 0);
+  assert_int_equal(bytes(eps, ML_COLL_ALL_GATHER), es > 1 ? x_bytes + x_regather : 0);
+  assert_int_equal(calls(eps, ML_COLL_REDUCE_SCATTER), es > 1 ? X : 0);
+  assert_int_equal(bytes(eps, ML_COLL_REDUCE_SCATTER), es > 1 ? x_bytes : 0);
+  assert_int_equal(calls(eps, ML_COLL_ALL_REDUCE), 0);
   /* the loss and grad-norm scalars go over the host channel, not the data comms */
   assert_int_equal(calls(ml_mesh_comm(m, ML_GROUP_DP), ML_COLL_ALL_REDUCE), 0);
   assert_int_equal(calls(ml_mesh_comm(m, ML_GROUP_WORLD), ML_COLL_ALL_REDUCE), 0);
@@ -487,6 +517,41 @@ static int64_t routed(const run *one, int l, int64_t S, int64_t b0, int64_t b1, 
     n += e >= e0 && e < e1;
   }
   return n;
+}
+
+/* The experts placed Shard(0) over ep and FSDP-sharded over ep_shard
+ * (parallel/ep.h), counted from the engine's tensors: every expert
+ * parameter this rank holds is one of its ep rank's E / ep experts and
+ * lies in an expert unit (the layers' units hold none), this rank's
+ * resident expert bytes (its chunks' rows) are the model's expert bytes /
+ * ep / ep_shard (the fixtures' expert rows divide by ep_shard: no padding),
+ * and a sparse layer's gathered expert buffer holds E / ep experts. */
+static void expert_residency(const run *r) {
+  const ml_model *m = &r->e.model;
+  int ep = r->mesh.groups[ML_GROUP_EP].size, er = r->mesh.groups[ML_GROUP_EP].rank;
+  int es = r->mesh.groups[ML_GROUP_EP_SHARD].size;
+  int64_t El = m->cfg.n_experts / ep, total = 0, held = 0;
+  for (int i = 0; i < m->n_params; i++)
+    if (ml_ep_expert_of(m, &m->params[i]) >= 0) total += 4 * ml_param_numel(&m->params[i]);
+  for (int u = 0; u < r->e.fsdp.n_units; u++) {
+    const ml_fsdp_unit *unit = &r->e.fsdp.units[u];
+    for (int i = 0; i < unit->n; i++) {
+      int64_t x = ml_ep_expert_of(m, unit->params[i]);
+      if (x < 0) continue;
+      assert_true(unit->layer >= 0);
+      assert_int_equal(x / El, er);
+      held += 4 * unit->chunk_rows[i] * unit->params[i]->local[1];
+    }
+    if (unit->layer < 0) continue;
+    const ml_linear *ex = m->layers[unit->layer].moe.experts; /* one expert's three weights */
+    int64_t one = 0;
+    for (int j = 0; j < 3; j++) one += ml_param_numel(ex[j].weight);
+    assert_int_equal(unit->gather_full, El * one);
+  }
+  if (rank0())
+    printf("experts: %lld B resident per rank of %lld B (ep %d x ep_shard %d)\n",
+           (long long)held, (long long)total, ep, es);
+  assert_int_equal(held * ep * es, total);
 }
 
 /* Expert parallelism (ep=P, parallel/ep.h): the all-to-alls of one step
@@ -532,6 +597,7 @@ static void test_expert_parallel(void **state) {
            (long long)calls(epc, ML_COLL_ALL_TO_ALL), (long long)bytes(epc, ML_COLL_ALL_TO_ALL));
   assert_int_equal(calls(epc, ML_COLL_ALL_TO_ALL), 4 * sparse);
   assert_int_equal(bytes(epc, ML_COLL_ALL_TO_ALL), want_bytes);
+  expert_residency(&r);
   run_close(&one);
   run_close(&r);
   /* batch-invariant, with and without expert parallelism: the same log-probs, bit for bit */

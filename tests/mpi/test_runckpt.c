@@ -1,4 +1,7 @@
-/* Run checkpoints (ckpt/runckpt.h): `mpiexec -n N test_runckpt FIXTURE TP`.
+/* Run checkpoints (ckpt/runckpt.h): `mpiexec -n N test_runckpt FIXTURE TP [ep=P]`
+ * (ep=P: every mesh over the world with tp 1 has expert parallelism P, parallel/ep.h, each
+ * rank holding and writing its experts only; the meshes with tp > 1 and one rank have none, so
+ * the reshard and export checks read an ep checkpoint without ep).
  *  - resume: 4 AdamW steps uninterrupted vs 2 steps, ml_run_save, a fresh
  *    engine, ml_run_load, 2 more steps on the same mesh (dp_shard = N/TP ×
  *    tp = TP): the losses of steps 3–4 and the final params bitwise equal;
@@ -50,6 +53,7 @@
 
 static const char *g_fixture;
 static int g_tp;
+static int g_ep = 1; /* expert parallelism of the meshes over the world with tp 1 ("ep=P") */
 static char g_root[256]; /* a temporary directory shared by the ranks */
 
 static int world_rank(void) {
@@ -77,7 +81,8 @@ static void run_open_zero(run *r, MPI_Comm base, int dp_replicate, int tp, int z
   fixture_load(fixture_name, &fx);
   ml_engine_opts opts = ml_engine_opts_default();
   opts.fsdp.zero = zero;
-  run_open(r, base, dp_replicate, tp, &opts, fx.dir);
+  int ep = base == MPI_COMM_WORLD && tp == 1 ? g_ep : 1;
+  run_open_ep(r, base, dp_replicate, 1, tp, ep, &opts, fx.dir, NULL, NULL);
   fixture_free(&fx);
 }
 
@@ -528,8 +533,9 @@ static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
-  if (argc != 3) {
-    fprintf(stderr, "usage: test_runckpt FIXTURE TP\n");
+  if (argc == 4 && !strncmp(argv[3], "ep=", 3)) g_ep = atoi(argv[3] + 3);
+  if ((argc != 3 && argc != 4) || (argc == 4 && g_ep < 1)) {
+    fprintf(stderr, "usage: test_runckpt FIXTURE TP [ep=P]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];

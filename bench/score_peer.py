@@ -15,9 +15,12 @@ so that the peak RSS (ru_maxrss) is the mode's own.
 
 One warm-up call, then --iters timed calls; prints one line
 
-  torch-score mode=bf16 threads=2 tokens=8192 tokens_per_s=1234.5 call_s=6.63 peak_rss_mib=3210.0
+  torch-score mode=bf16 threads=2 tokens=8192 tokens_per_s=1234.5 call_s=6.63 cpu_s=13.1 peak_rss_mib=3210.0
 
-with the median call. Nothing is asserted.
+with the median call's wall time and the mean CPU seconds of a call (the
+process's user + system time over all its threads, time.process_time: the
+work, less sensitive to other load than wall time, as bench_api_logprobs'
+"CPU s per call"). Nothing is asserted.
 
 usage: bench/score_peer.py --model DIR --data FILE [--seq-len 512] [--mode bf16|fp32]
          [--iters 3] [--threads T]
@@ -59,15 +62,17 @@ def main():
 
     score()
     times = []
+    c0 = time.process_time()
     for _ in range(a.iters):
         t0 = time.perf_counter()
         out = score()
         times.append(time.perf_counter() - t0)
+    cpu = (time.process_time() - c0) / a.iters
     tokens = ids.numel()
     call = statistics.median(times)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print(f"torch-score mode={a.mode} threads={a.threads} tokens={tokens} "
-          f"tokens_per_s={tokens / call:.1f} call_s={call:.3f} mean_lp={float(out.mean()):.4f} "
+          f"tokens_per_s={tokens / call:.1f} call_s={call:.3f} cpu_s={cpu:.2f} mean_lp={float(out.mean()):.4f} "
           f"peak_rss_mib={rss:.1f}", flush=True)
     print(f"score_peer: torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()}), "
           f"transformers {transformers.__version__}", file=sys.stderr)

@@ -16,7 +16,8 @@
  *
  * mpirun -np R bench_api_logprobs --model DIR [--n 32] [--min-len 16]
  *   [--max-len 512] [--seed 1] [--iters 3] [--micro-batch-tokens 4096]
- *   [--unshard 0|1] [--tp 1] [--dump FILE [--dump-only]] */
+ *   [--unshard 0|1] [--tp 1] [--bf16 0|1] [--dump FILE [--dump-only]]
+ * --bf16 1 scores with param_dtype bf16 (meshlm logprobs --param-dtype bf16). */
 #include <meshlm/meshlm_mpi.h>
 #include <mpi.h>
 #include <stdint.h>
@@ -27,28 +28,29 @@
 
 typedef struct bench_args {
   const char *model, *dump;
-  int64_t n, min_len, max_len, seed, iters, mbt, unshard, tp, dump_only;
+  int64_t n, min_len, max_len, seed, iters, mbt, unshard, tp, dump_only, bf16;
 } bench_args;
 
 static int usage(const char *why) {
   fprintf(stderr,
           "bench_api_logprobs: %s\n"
           "usage: bench_api_logprobs --model DIR [--n N] [--min-len L] [--max-len L] [--seed S]\n"
-          "       [--iters K] [--micro-batch-tokens T] [--unshard 0|1] [--tp N]\n"
+          "       [--iters K] [--micro-batch-tokens T] [--unshard 0|1] [--tp N] [--bf16 0|1]\n"
           "       [--dump FILE [--dump-only]]\n",
           why);
   return 2;
 }
 
 static int parse(int argc, char **argv, bench_args *a) {
-  *a = (bench_args){NULL, NULL, 32, 16, 512, 1, 3, 4096, 1, 1, 0};
+  *a = (bench_args){NULL, NULL, 32, 16, 512, 1, 3, 4096, 1, 1, 0, 0};
   struct {
     const char *flag;
     int64_t *v;
   } ints[] = {{"--n", &a->n},         {"--min-len", &a->min_len},
               {"--max-len", &a->max_len}, {"--seed", &a->seed},
               {"--iters", &a->iters}, {"--micro-batch-tokens", &a->mbt},
-              {"--unshard", &a->unshard}, {"--tp", &a->tp}};
+              {"--unshard", &a->unshard}, {"--tp", &a->tp},
+              {"--bf16", &a->bf16}};
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--dump-only")) {
       a->dump_only = 1;
@@ -76,9 +78,9 @@ static int parse(int argc, char **argv, bench_args *a) {
   }
   if (!a->model) return usage("--model is required");
   if (a->n < 1 || a->min_len < 2 || a->max_len < a->min_len || a->iters < 1 || a->mbt < 1 ||
-      (a->unshard != 0 && a->unshard != 1) || a->tp < 1)
+      (a->unshard != 0 && a->unshard != 1) || a->tp < 1 || (a->bf16 != 0 && a->bf16 != 1))
     return usage("expected n >= 1, 2 <= min-len <= max-len, iters >= 1, micro-batch-tokens >= "
-                 "1, unshard 0 or 1, tp >= 1");
+                 "1, unshard 0 or 1, tp >= 1, bf16 0 or 1");
   if (a->dump_only && !a->dump) return usage("--dump-only without --dump");
   return 0;
 }
@@ -132,6 +134,7 @@ int main(int argc, char **argv) {
   o.tp = (int)a.tp;
   o.micro_batch_tokens = a.mbt;
   o.unshard_for_inference = (int)a.unshard;
+  if (a.bf16) o.param_dtype = MESHLM_DTYPE_BF16;
   meshlm_session *s = NULL;
   MPI_Barrier(MPI_COMM_WORLD);
   double t_open = MPI_Wtime();
@@ -219,10 +222,11 @@ int main(int argc, char **argv) {
            (long long)mb_max, (long long)cs.tokens, (long long)cs.padding,
            (long long)cs.fsdp_all_gathers, (double)cs.fsdp_bytes / 1e6);
     printf("RESULT world=%d dp=%d tp=%d unshard=%lld mbt=%lld tokens=%lld seconds=%.6f "
-           "tokens_per_s=%.2f cpu_s=%.3f micro_batches=%lld fsdp_all_gathers=%lld open_s=%.3f\n",
+           "tokens_per_s=%.2f cpu_s=%.3f micro_batches=%lld fsdp_all_gathers=%lld open_s=%.3f "
+           "bf16=%lld\n",
            world, info.dp_size, info.tp, (long long)a.unshard, (long long)a.mbt,
            (long long)total, med, (double)total / med, cpu, (long long)cs.micro_batches,
-           (long long)cs.fsdp_all_gathers, t_open);
+           (long long)cs.fsdp_all_gathers, t_open, (long long)a.bf16);
   }
   free(secs);
   free(out);

@@ -20,7 +20,9 @@ typedef long long ll;
 
 /* The flat per-rank array of `unit` holding checkpointed state s of its
  * parameter i, or NULL: a frozen parameter has no AdamW state (saved as
- * zeros; its chunk may lie beyond the unit's grad_numel). */
+ * zeros; its chunk may lie beyond the unit's grad_numel), nor has a
+ * session before its first training call (ml_engine_train_state: saved as
+ * the zeros it would start from). */
 static float *state_array(const ml_fsdp_unit *unit, int i, int s) {
   if (s == ML_RC_EXP_AVG || s == ML_RC_EXP_AVG_SQ)
     return unit->params[i]->frozen ? NULL : s == ML_RC_EXP_AVG ? unit->adam_m : unit->adam_v;
@@ -98,7 +100,7 @@ static int write_pieces(ml_engine *e, const char *step_dir, const ml_run_state *
       for (int s = 0; rc == 0 && s < ML_RC_STATES; s++, ne++, at += numel) {
         rc = ml_rc_state_key(name, s, keys[ne], sizeof keys[ne]);
         const float *src = state_array(unit, i, s);
-        if (rc == 0 && !src) /* a frozen parameter has no AdamW state: saved as zeros */
+        if (rc == 0 && !src) /* no AdamW state (frozen, or none yet): saved as zeros */
           memset(at, 0, sizeof(float) * numel);
         else if (rc == 0)
           rc = ml_be_copy(e->fsdp.shard_be, at, src + b_at, sizeof(float) * numel, ML_COPY_D2H);
@@ -319,6 +321,7 @@ int ml_run_load(ml_engine *e, const char *dir, ml_run_state *st) {
   bool opened = rc == 0;
   if (rc == 0) rc = check_config(&c, &e->model.cfg);
   if (rc == 0) rc = check_frozen(e, &c);
+  if (rc == 0) rc = ml_engine_train_state(e); /* the AdamW state to resume into */
   for (int u = 0; rc == 0 && u < e->fsdp.n_units; u++)
     for (int i = 0; rc == 0 && i < e->fsdp.units[u].n; i++)
       rc = load_param(e, &c, &e->fsdp.units[u], i);

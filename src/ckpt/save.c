@@ -67,18 +67,20 @@ static const float *unit_array(const ml_fsdp_unit *unit, ml_export_what what) {
 /* `what` of unit laid out as its shard [shard_numel] in *out: the array
  * itself, or where it covers only the leading grad_numel elements (frozen
  * chunks have no gradient or AdamW state: torch's grad None, exported as
- * zeros) a zero-padded copy in *tmp (ml_fsdp_shard_free it). */
+ * zeros) or does not exist yet (no training call: ml_engine_train_state;
+ * exported as the zeros it would start from) a zero-padded copy in *tmp
+ * (ml_fsdp_shard_free it). */
 static int unit_array_padded(ml_engine *e, const ml_fsdp_unit *unit, ml_export_what what,
                              const float **out, float **tmp) {
   *tmp = NULL;
   *out = unit_array(unit, what);
-  if (what == ML_EXPORT_PARAMS || unit->grad_numel == unit->shard_numel) return 0;
+  if (what == ML_EXPORT_PARAMS || (*out && unit->grad_numel == unit->shard_numel)) return 0;
   ml_fsdp *f = &e->fsdp;
   *tmp = ml_fsdp_shard_alloc(f, unit->shard_numel, sizeof(float),
-                             "the zero-padded gradients or AdamW state of a partly frozen unit");
+                             "the zero-padded gradients or AdamW state of a unit");
   if (!*tmp) return -1;
   ML_TRY(ml_be_zero(f->shard_be, *tmp, sizeof(float) * (size_t)unit->shard_numel));
-  if (unit->grad_numel > 0)
+  if (*out && unit->grad_numel > 0)
     ML_TRY(ml_be_copy(f->shard_be, *tmp, *out, sizeof(float) * (size_t)unit->grad_numel,
                       ML_COPY_D2D));
   *out = *tmp;

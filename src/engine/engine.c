@@ -476,6 +476,7 @@ static int run_forward_backward(ml_engine *e, const ml_engine_batch *b, const ml
 int ml_engine_forward_backward_batch(ml_engine *e, const ml_engine_batch *b,
                                      const ml_objective *o, float global_scale,
                                      ml_obj_sums *sums, ml_loss_out *nll) {
+  ML_TRY(ml_engine_train_state(e));
   ML_TRY(begin_batch(e, b, false));
   /* LoRA dropout's mask context; under cp the model's positions are the sequence's */
   ML_TRY(ml_lora_dropout_begin(&e->lora, &e->model, ml_mesh_host(e->mesh, ML_GROUP_DP), e->step,
@@ -635,8 +636,11 @@ void ml_engine_hold_params(ml_engine *e, bool hold) {
   for (int u = 0; !hold && u < e->fsdp.n_units; u++) ml_fsdp_reshard(&e->fsdp, u);
 }
 
+int ml_engine_train_state(ml_engine *e) { return ml_fsdp_train_state(&e->fsdp); }
+
 int ml_engine_zero_grad(ml_engine *e) {
   e->lora.micro = 0; /* LoRA dropout numbers the step's micro-batches from 0 */
+  ML_TRY(ml_engine_train_state(e));
   return ml_fsdp_zero_grads(&e->fsdp);
 }
 
@@ -679,6 +683,7 @@ int ml_engine_grad_norm(ml_engine *e, double norm_type, double *norm) {
   if (!inf && norm_type != 2.0)
     return ml_err("grad norm type %g: expected 2 (L2) or inf", norm_type);
   double v;
+  ML_TRY(ml_engine_train_state(e));
   ML_TRY(local_norm_part(e, inf, &v));
   ML_TRY(ml_host_all_reduce_f64(ml_mesh_host(e->mesh, ML_GROUP_WORLD), &v, 1,
                                 inf ? ML_RED_MAX : ML_RED_SUM));
@@ -689,6 +694,7 @@ int ml_engine_grad_norm(ml_engine *e, double norm_type, double *norm) {
 int ml_engine_find_nonfinite(ml_engine *e, char *name, size_t cap) {
   const ml_fsdp *f = &e->fsdp;
   double first = INFINITY; /* export index of this rank's first non-finite gradient */
+  ML_TRY(ml_engine_train_state(e));
   for (int u = 0; u < f->n_units; u++) {
     const ml_fsdp_unit *unit = &f->units[u];
     for (int i = 0; i < unit->n; i++) {
@@ -717,6 +723,7 @@ static float clip_coef(double norm, double max_norm) {
 int ml_engine_clip(ml_engine *e, double norm, double max_norm) {
   float coef = clip_coef(norm, max_norm);
   if (coef == 1.0f) return 0;
+  ML_TRY(ml_engine_train_state(e));
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
     if (unit->frozen) continue; /* no gradient (a partly frozen unit: its leading grad_numel) */
@@ -741,6 +748,7 @@ static int adamw_range(ml_engine *e, ml_fsdp_unit *unit, int64_t at, int64_t n, 
  * same elementwise update, so the same bits; their chunks lie within
  * grad_numel, parallel/fsdp.h). */
 static int adamw_scaled(ml_engine *e, float grad_scale, const ml_adamw_cfg *c) {
+  ML_TRY(ml_engine_train_state(e));
   e->step++;
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];

@@ -139,8 +139,18 @@ int ml_engine_batch_mode(ml_engine *e);
 int ml_engine_reserve(ml_engine *e, int64_t B, int64_t S, bool forward_only, const char *what);
 
 /* Zero the sharded gradients: the start of an optimizer step (torch's
- * optimizer.zero_grad()). */
+ * optimizer.zero_grad()); the first call allocates the training state
+ * (ml_engine_train_state). */
 int ml_engine_zero_grad(ml_engine *e);
+
+/* The FSDP shards' gradients and AdamW state (parallel/fsdp.h
+ * ml_fsdp_train_state: 12 B per trainable shard element where the shards
+ * live), allocated zeroed on the first call, a no-op after. Opening the
+ * engine allocates the parameter shards alone: the training entry points
+ * (zero_grad, forward + backward, the grad norm, the non-finite search,
+ * clipping, AdamW, a run checkpoint's load) call this first, scoring and
+ * generation never do. Errors: allocation (named). */
+int ml_engine_train_state(ml_engine *e);
 
 /* Forward + backward of a local (micro-)batch ids/mask [B, S] (mask[b, i]
  * = 1: token i is a target, predicted from the tokens before it). The cp

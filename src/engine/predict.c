@@ -16,8 +16,8 @@ static void take_stats(ml_mesh *mesh, ml_comm_stats st[ML_GROUP_KINDS]) {
   ml_mesh_stats_reset(mesh);
 }
 
-/* The step and the logprobs pass on the open engine e. ids: [B, S] host. */
-static int run(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp, ml_prediction *p) {
+/* The training step on the open engine e. ids: [B, S] host. */
+static int run_step(ml_engine *e, ml_mesh *mesh, const int32_t *ids, ml_prediction *p) {
   ml_predict_memory *mem = &p->mem;
   ml_memory_stats ms = ml_be_memory_stats(e->be);
   mem->opened = (int64_t)ms.in_use;
@@ -36,7 +36,7 @@ static int run(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp, ml_pr
   ml_be_reset_peak(e->be);
   double loss, norm;
   ml_adamw_cfg adam = {.lr = 0.0, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
-  ML_TRY(ml_engine_zero_grad(e));
+  ML_TRY(ml_engine_zero_grad(e)); /* the gradients and AdamW state: allocated here */
   for (int k = 0; k < p->shape.grad_accum; k++)
     ML_TRY(ml_engine_forward_backward(e, ids, NULL, p->B, p->S, p->B * p->S, &loss));
   ML_TRY(ml_engine_grad_norm(e, 2.0, &norm));
@@ -48,16 +48,20 @@ static int run(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp, ml_pr
   int64_t per_layer, work; /* the step's (m->forward_only is off) */
   ml_model_act_bytes(&e->model, p->B, p->s_local, &per_layer, &work);
   mem->activations = ml_add_sat(ml_mul_sat(per_layer, e->model.cfg.n_layers), work);
-  ml_model_reset_acts(&e->model); /* scoring allocates its own: one layer's (forward_only) */
-  ml_tp_release_work(&e->tp); /* and its own redistribute scratch, not the step's gradient
-                                 packing (the Partial / shared-kv gradients' tp step) */
-  ml_grads_free(&e->grads);   /* nor the gradients the tp step set aside (ml_grads_tp_begin:
-                                 every tp-replicated gradient, a LoRA run's Replicate adapters
-                                 among them), which a scoring-only run never allocates */
+  return 0;
+}
+
+/* One logprobs pass on the freshly opened engine e: a scoring-only session
+ * (`meshlm logprobs`), which holds no gradients or AdamW state
+ * (ml_engine_train_state), no training activations or backward scratch,
+ * no tp gradient packing. ids: [B, S] host; lp: [B, S−1]. */
+static int run_logprobs(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp,
+                        ml_prediction *p) {
+  ml_mesh_stats_reset(mesh);
   ml_be_reset_peak(e->be);
   ML_TRY(ml_engine_logprobs(e, ids, p->B, p->S, lp));
   take_stats(mesh, p->logprobs);
-  mem->logprobs_peak = (int64_t)ml_be_memory_stats(e->be).peak;
+  p->mem.logprobs_peak = (int64_t)ml_be_memory_stats(e->be).peak;
   /* the loss runs over this rank's tokens, or the FSDP group's under vocab parallelism, whose
    * columns are split over tp (sharded logits) and then over the group */
   p->vocab_group = e->vocab.comm ? e->vocab.comm->size : 1;
@@ -110,8 +114,12 @@ int ml_predict_step(const char *model_dir, const ml_engine_opts *opts,
     lp = ml_calloc_array(T, sizeof *lp, "the planned batch's log-probs");
     rc = ids && lp ? 0 : -1;
   }
-  if (rc == 0) rc = run(&e, &mesh, ids, lp, out);
+  if (rc == 0) rc = run_step(&e, &mesh, ids, out);
   ml_engine_close(&e);
+  /* scoring in a session of its own, as `meshlm logprobs` runs it */
+  if (rc == 0 && (rc = ml_engine_open(&e, &mesh, model_dir, &o)) == 0)
+    rc = run_logprobs(&e, &mesh, ids, lp, out);
+  ml_engine_close(&e); /* a closed engine is zeroed: closing it again is a no-op */
   free(ids);
   free(lp);
   ml_mesh_destroy(&mesh);

@@ -16,7 +16,9 @@
  * One training step = ml_engine_zero_grad, grad_accum ×
  * ml_engine_forward_backward (micro-batches), ml_engine_grad_norm,
  * ml_engine_adamw (which re-gathers parameters under ZeRO-1/2); one
- * logprobs pass = ml_engine_logprobs of one micro-batch. */
+ * logprobs pass = ml_engine_logprobs of one micro-batch on an engine
+ * opened afresh, as `meshlm logprobs` runs it (a scoring-only session:
+ * no gradients or AdamW state, engine.h ml_engine_train_state). */
 #ifndef ML_PREDICT_STEP_H
 #define ML_PREDICT_STEP_H
 
@@ -36,13 +38,14 @@ typedef struct ml_predict_memory {
   int64_t host;        /* host memory FSDP holds under cpu_offload: the shards and the
                           staging of the gradients it accumulates there (0 without offload;
                           the tp step's stash of a few norm gradients is not counted) */
-  int64_t opened;      /* device memory in use once the engine is open: the shards (not under
-                          cpu_offload), FSDP's communication buffers, persistent unsharded
-                          parameters (ZeRO-1/2) */
+  int64_t opened;      /* device memory in use once the engine is open: the parameter shards
+                          (not under cpu_offload; their gradients and AdamW state come at the
+                          first training call), FSDP's communication buffers, persistent
+                          unsharded parameters (ZeRO-1/2) */
   int64_t activations; /* saved for backward, all layers, plus the AC recompute workspace
                           (ml_model_act_bytes) */
   int64_t train_peak;  /* the peak of one training step (everything live at once) */
-  int64_t logprobs_peak; /* the peak of one logprobs pass */
+  int64_t logprobs_peak; /* the peak of one logprobs pass in a scoring-only session */
   int64_t reference;   /* a reference policy's shards (engine/reference.h: the padded fp32
                           parameter shards, a quarter of `shards`), where the shards live */
 } ml_predict_memory;

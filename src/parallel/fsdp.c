@@ -154,21 +154,14 @@ static void point_data(ml_fsdp_unit *u, void *base, ml_dtype type) {
 static int unit_init(ml_fsdp *f, ml_fsdp_unit *u, const ml_model *m, const ml_ckpt *ck) {
   ML_TRY(unit_layout(f, u, m));
   size_t n = (size_t)u->shard_numel; /* bounded (unit_layout): 4n floats fit */
-  size_t g = (size_t)u->grad_numel, k = n + 3 * g;
-  u->frozen = g == 0; /* every parameter frozen (unit_layout: no trainable chunk) */
-  u->shard = ml_fsdp_shard_alloc(f, (int64_t)k, sizeof(float),
+  u->frozen = u->grad_numel == 0; /* every parameter frozen (unit_layout: no trainable chunk) */
+  /* the gradient and AdamW state come at the first training call (ml_fsdp_train_state) */
+  u->shard = ml_fsdp_shard_alloc(f, (int64_t)n, sizeof(float),
                                  u->frozen ? "the FSDP shard of a frozen unit (%d parameters%s)"
-                                           : "the FSDP shard, its gradient and AdamW state (%d "
-                                             "parameters%s)",
+                                           : "the FSDP shard (%d parameters%s)",
                                  u->n, fsdp_offload(f) ? ", offloaded to host memory" : "");
   if (!u->shard) return -1;
-  ML_TRY(ml_be_zero(f->shard_be, u->shard, k * sizeof(float))); /* padding rows stay 0 */
-  u->grad_fresh = true;
-  if (!u->frozen) {
-    u->shard_grad = u->shard + n;
-    u->adam_m = u->shard_grad + g;
-    u->adam_v = u->adam_m + g;
-  }
+  ML_TRY(ml_be_zero(f->shard_be, u->shard, n * sizeof(float))); /* padding rows stay 0 */
   /* LoRA adapters are no base checkpoint tensors: engine/lora.h sets them */
   for (int i = 0; ck && i < u->n; i++)
     if (!u->params[i]->adapter) ML_TRY(load_param(f, u, i, ck));
@@ -327,6 +320,7 @@ void ml_fsdp_destroy(ml_fsdp *f) {
       ml_be_free(f->be, unit->rows);
       ml_be_free(f->be, unit->dev_shard);
       ml_fsdp_shard_free(f, unit->shard);
+      ml_fsdp_shard_free(f, unit->shard_grad); /* the training state's block (fsdp_state.c) */
       free(unit->chunk_rows);
       free(unit->vocab);
     }

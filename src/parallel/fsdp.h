@@ -146,7 +146,8 @@ typedef struct ml_fsdp_unit {
                            (through the last trainable gathered parameter): full_grad's size */
   float *shard;                       /* [shard_numel] fp32, where the shards live
                                          (ml_fsdp_shard_alloc) */
-  float *shard_grad, *adam_m, *adam_v; /* [grad_numel] fp32 each, likewise (NULL: frozen) */
+  float *shard_grad, *adam_m, *adam_v; /* [grad_numel] fp32 each, likewise (NULL: frozen, or
+                                          no training call yet: ml_fsdp_train_state) */
   float *dev_shard; /* cpu_offload: [shard_numel] fp32, the shard copied to the device for
                        its all-gather; kept while materialised where fp32 vocab rows read it */
   void *full;       /* [gather_full] unsharded parameters in param_dtype, while materialised */
@@ -177,9 +178,9 @@ typedef struct ml_fsdp_unit {
   int layer; /* an expert unit's decoder layer, or −1 (the layers and the root) */
 } ml_fsdp_unit;
 
-/* fp32 elements a unit keeps where the shards live: the shard
- * (shard_numel), its gradient and AdamW's exp_avg, exp_avg_sq (grad_numel
- * each). */
+/* fp32 elements a unit keeps where the shards live once it trains: the
+ * shard (shard_numel), its gradient and AdamW's exp_avg, exp_avg_sq
+ * (grad_numel each, from ml_fsdp_train_state on). */
 static inline int64_t ml_fsdp_unit_floats(const ml_fsdp_unit *u) {
   return u->shard_numel + 3 * u->grad_numel;
 }
@@ -239,7 +240,8 @@ int ml_fsdp_unit_params(const ml_model *m, int u, ml_param **out);
 bool ml_fsdp_reshard_after_forward(ml_reshard_policy policy, int u, int n_units);
 
 /* Build the units of `m` (after TP is applied), allocate this rank's
- * shards and fill them from the checkpoint `ck` (each rank reads only its
+ * parameter shards (not yet their gradients and AdamW state:
+ * ml_fsdp_train_state) and fill them from the checkpoint `ck` (each rank reads only its
  * slice; ck NULL: left zero, nothing read); under ZeRO-1/2 gather every
  * unit once. dp: the sharding group;
  * rep: the HSDP replica group (size 1: plain FSDP). vocab_parallel: keep
@@ -348,13 +350,24 @@ ml_copy_kind ml_fsdp_device_to_shard(const ml_fsdp *f);
 
 /* Zero every unit's shard_grad (torch's optimizer.zero_grad(), on
  * shard_be) and mark it fresh: the next reduced gradient of each unit is
- * its value (under cpu_offload copied without waiting). */
+ * its value (under cpu_offload copied without waiting). The training state
+ * must exist (ml_fsdp_train_state). */
 int ml_fsdp_zero_grads(ml_fsdp *f);
 /* The end of a backward (FSDP2's finalize_backward): wait for the
  * gradients' copies to the host still in flight (cpu_offload), after which
  * shard_grad may be read on the host. No-op without offload. Errors: the
  * device's. */
 int ml_fsdp_finish_backward(ml_fsdp *f);
+
+/* The training state of every unit that has a trainable parameter:
+ * shard_grad, adam_m and adam_v (grad_numel fp32 each, one block where the
+ * shards live, ml_fsdp_shard_alloc), zeroed and marked fresh; no-op for
+ * the units that have it. A session that only scores never calls it and
+ * never holds these 12 bytes per trainable shard element (torch likewise
+ * creates .grad at the first backward and AdamW's exp_avg / exp_avg_sq at
+ * the first optimizer step). Its callers are the training entry points
+ * (ml_engine_train_state). Errors: allocation (named). */
+int ml_fsdp_train_state(ml_fsdp *f);
 
 /* Which unit holds parameter p: its index, and where its chunk lies. */
 int ml_fsdp_param_index(const ml_fsdp_unit *unit, const ml_param *p);

@@ -12,7 +12,11 @@
  *    before and after a forward + backward has run on the latter (no
  *    optimizer step: the weights do not change);
  *  - a training geometry in place serves scoring without reallocating its
- *    activations (its layer blocks stay). */
+ *    activations (its layer blocks stay);
+ *  - scoring allocates no training state: until the first training call
+ *    every FSDP unit's gradient and AdamW moments are absent, and that call
+ *    (ml_engine_zero_grad) takes exactly their bytes of the pool, 3 fp32
+ *    arrays of each unit's grad_numel (engine.h ml_engine_train_state). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -88,10 +92,28 @@ static void test_forward_only(void **state) {
   assert_false(r.e.model.acts_shared);
   assert_ptr_equal(r.e.model.layers[1].acts.x_in, block1);
 
+  /* no training state yet; the first training call allocates exactly its bytes */
+  int64_t train_bytes = 0;
+  for (int u = 0; u < r.e.fsdp.n_units; u++) {
+    const ml_fsdp_unit *unit = &r.e.fsdp.units[u];
+    assert_null(unit->shard_grad);
+    assert_null(unit->adam_m);
+    assert_null(unit->adam_v);
+    train_bytes += 3 * (int64_t)sizeof(float) * unit->grad_numel;
+  }
+  size_t held = ml_be_memory_stats(r.e.be).in_use;
+  if (ml_engine_zero_grad(&r.e)) fail_msg("zero_grad: %s", ml_error_msg());
+  size_t trained = ml_be_memory_stats(r.e.be).in_use;
+  if (rank0())
+    printf("%s: scoring held %zu B; the first zero_grad took %zu B (gradients and AdamW state "
+           "%lld B)\n",
+           g_fixture, held, trained - held, (long long)train_bytes);
+  assert_true(train_bytes > 0);
+  assert_int_equal(trained - held, (size_t)train_bytes);
+
   /* a training step, then scoring from slim buffers again = from the training ones */
   double loss;
-  if (ml_engine_zero_grad(&r.e) ||
-      ml_engine_forward_backward(&r.e, bt.ids + row0 * bt.S, bt.mask + row0 * bt.S, rows, bt.S,
+  if (ml_engine_forward_backward(&r.e, bt.ids + row0 * bt.S, bt.mask + row0 * bt.S, rows, bt.S,
                                  bt.targets, &loss))
     fail_msg("forward_backward: %s", ml_error_msg());
   score(&r, &bt, rows, row0, wide);    /* on the step's buffers */

@@ -38,11 +38,13 @@
  *  - the shards' bytes: 16 B per shard element (the shards, their gradients
  *    and AdamW state, fp32), 4 B in a unit whose parameters are all frozen;
  *  - with offload, that the device pool holds no shard: opening the engine
- *    takes exactly the shards' bytes less of it than without offload
- *    (the shards, their gradients and AdamW state, fp32) and exactly the
- *    predicted host bytes of the host pool (the same bytes, and
- *    the gradients' host staging), and the prediction's device memory once
- *    open is the one without offload less the shards;
+ *    and its first training call (ml_engine_zero_grad, which allocates the
+ *    gradients and AdamW state) take exactly the shards' bytes less of it
+ *    than without offload (the shards, their gradients and AdamW state,
+ *    fp32) and exactly the predicted host bytes of the host pool (the same
+ *    bytes, and the gradients' host staging), and the prediction's device
+ *    memory once open is the one without offload less the parameter shards
+ *    (all that opening allocates of them);
  *  - a reference policy (engine/reference.h) takes exactly the predicted
  *    bytes (the fp32 parameter shards) of the pool where the shards live.
  * Mismatches are collected per rank and agreed on after the collectives,
@@ -185,6 +187,15 @@ static int64_t shard_bytes(const ml_engine *e, int *frozen, int *partly) {
     *partly += end > 0 && end < unit->shard_numel;
     bytes += 4 * unit->shard_numel + 12 * end;
   }
+  return bytes;
+}
+
+/* The bytes of e's fp32 parameter shards (4 B per shard element): what
+ * opening allocates of shard_bytes, the rest coming at the first training
+ * call. */
+static int64_t param_bytes(const ml_engine *e) {
+  int64_t bytes = 0;
+  for (int u = 0; u < e->fsdp.n_units; u++) bytes += 4 * e->fsdp.units[u].shard_numel;
   return bytes;
 }
 
@@ -386,14 +397,16 @@ static void test_cp_divides_activations(void **state) {
   setup_close(&s);
 }
 
-/* The device and host pool bytes opening an engine on s's mesh takes with
- * (offload) or without FSDP's cpu_offload (what it holds once open). */
+/* The device and host pool bytes opening an engine on s's mesh and its
+ * first training call take with (offload) or without FSDP's cpu_offload
+ * (what a training session holds before its first step). */
 static void open_bytes(setup *s, bool offload, int64_t *dev, int64_t *host) {
   ml_engine_opts opts = s->e.opts;
   opts.fsdp.cpu_offload = offload;
   ml_memory_stats a = ml_be_memory_stats(s->e.be);
   ml_engine e;
-  if (ml_engine_open(&e, &s->mesh, s->fx.dir, &opts)) fail_msg("open: %s", ml_error_msg());
+  if (ml_engine_open(&e, &s->mesh, s->fx.dir, &opts) || ml_engine_zero_grad(&e))
+    fail_msg("open: %s", ml_error_msg());
   ml_memory_stats b = ml_be_memory_stats(s->e.be);
   ml_engine_close(&e);
   *dev = (int64_t)b.in_use - (int64_t)a.in_use;
@@ -431,10 +444,10 @@ static void test_offload_memory(void **state) {
     note(&rep, "the host pool holds %lld B once open with offload (predicted %lld B), %lld B "
          "without (expected 0)", (long long)host_off, (long long)s.pred.mem.host,
          (long long)host_on);
-  if (on.mem.opened - s.pred.mem.opened != shards || on.mem.host != 0)
+  if (on.mem.opened - s.pred.mem.opened != param_bytes(&s.e) || on.mem.host != 0)
     note(&rep, "predicted device memory once open: %lld B offloaded, %lld B not; expected the "
-         "shards' %lld B apart (and no host bytes without offload: %lld B)",
-         (long long)s.pred.mem.opened, (long long)on.mem.opened, (long long)shards,
+         "parameter shards' %lld B apart (and no host bytes without offload: %lld B)",
+         (long long)s.pred.mem.opened, (long long)on.mem.opened, (long long)param_bytes(&s.e),
          (long long)on.mem.host);
   agree(&rep, "offloaded memory");
   setup_close(&s);

@@ -55,6 +55,9 @@ typedef struct ml_engine_opts {
   const char *freeze;        /* comma-separated fnmatch patterns of HF parameter names to freeze
                                 (requires_grad=False: engine/freeze.h); NULL/"": none */
   ml_lora_opts lora;         /* LoRA adapters (engine/lora.h); rank 0, no adapter: off */
+  const char *fp32_params;   /* comma-separated fnmatch patterns of HF parameter names kept and
+                                computed in fp32 under a bf16 param_dtype, besides every MoE
+                                router gate (engine/fp32_params.h); NULL/"": the routers only */
 } ml_engine_opts;
 
 /* fp32 everywhere, FSDP2's reshard defaults, ZeRO-3, prefetch forward 1 /
@@ -98,6 +101,7 @@ typedef struct ml_engine {
                          frozen too (nothing below them needs a gradient, as autograd prunes
                          a graph whose leaves do not require grad), else 0 */
   ml_lora lora;       /* the LoRA configuration in effect (engine/lora.h) */
+  char *fp32_params;  /* opts.fp32_params's copy (opts.fp32_params points at it), or NULL */
 } ml_engine;
 
 /* Load DIR (config.json + safetensors), select the plan (ml_plan_select;

@@ -81,7 +81,25 @@
  * frozen gathered chunks lying before a trainable vocab-parallel one (the
  * root under vocab parallelism with the final norm frozen and lm_head
  * trainable), zeros that the optimizer never touches (it steps the trainable
- * chunks only). */
+ * chunks only).
+ *
+ * Mixed-dtype units (ml_param.fp32 under param_dtype bf16, engine/
+ * fp32_params.h; NeMo Automodel's fully_shard_by_dtype, which gives such
+ * parameters FSDP units of their own with param_dtype fp32): a unit holding
+ * some keeps them in an fp32 part of its own, the last of the gathered
+ * part: [bf16 trainable | bf16 frozen | fp32 trainable | fp32 frozen | vocab
+ * trainable | vocab frozen]. Its unshard starts two all-gathers, the bf16
+ * part's into `full` and the fp32 part's (the master bits) into `full32`,
+ * so the bf16 all-gather stays bf16 and the fp32 one moves 4 bytes an
+ * element: the bytes of two units, as torch's two fully_shard calls move
+ * them, but one unit to the engine (its layer) and one reduce-scatter of
+ * the gradients (both parts in reduce_dtype, as the fp32 unit keeps the
+ * policy's reduce_dtype in fully_shard_by_dtype; only the bf16 part's
+ * gradient is rounded to bf16 first). A vocab-parallel parameter kept in
+ * fp32 (embed_tokens, an untied lm_head) is read from the shard as under
+ * param_dtype fp32. Frozen fp32 parameters after trainable ones keep the
+ * frozen bf16 chunks before them inside the gradient's prefix (zeros the
+ * optimizer never touches), as the vocab rows do. */
 #ifndef ML_FSDP_H
 #define ML_FSDP_H
 
@@ -155,6 +173,17 @@ typedef struct ml_fsdp_unit {
                         FSDP2 on a module without trainable parameters, the unit is gathered
                         for forward only and has no gradient or AdamW state (shard_grad,
                         adam_m, adam_v NULL, full_grad never allocated) and no reduction */
+  /* The fp32 part (parameters kept in fp32 under a bf16 param_dtype: ml_param.fp32,
+   * engine/fp32_params.h): the gathered part's last f32_numel elements per rank, after the
+   * param_dtype ones, gathered by an all-gather of their own in fp32 into full32 */
+  bool *f32;          /* per param: in the fp32 part */
+  int64_t f32_numel;  /* per rank: [gather_numel − f32_numel, gather_numel) of the shard */
+  int64_t f32_full;   /* unsharded: [gather_full − f32_full, gather_full) of the layout */
+  float *full32;      /* [f32_full] the fp32 part unsharded, while materialised (full holds
+                         the param_dtype part alone, gather_full − f32_full elements) */
+  float *recv32;      /* its all-gather's receive buffer while one is started (one rank: the
+                         shard's part itself) */
+  ml_request req32;
 } ml_fsdp_unit;
 
 /* fp32 elements a unit keeps where the shards live: the shard

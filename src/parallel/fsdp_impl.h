@@ -76,7 +76,9 @@ int fsdp_copy_rank_major(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml
 static inline ml_dtype fsdp_param_dtype_of(const ml_fsdp *f, const ml_param *p) {
   return p->fp32 ? ML_F32 : f->opts.param_dtype;
 }
-static inline int64_t fsdp_lo_numel(const ml_fsdp_unit *u) { return u->gather_numel - u->f32_numel; }
+static inline int64_t fsdp_lo_numel(const ml_fsdp_unit *u) {
+  return u->gather_numel - u->f32_numel;
+}
 static inline int64_t fsdp_lo_full(const ml_fsdp_unit *u) { return u->gather_full - u->f32_full; }
 
 /* fsdp_copy_rank_major for the parameters whose chunk lies within

@@ -153,7 +153,8 @@ typedef struct ml_fsdp_unit {
   float *shard_grad, *adam_m, *adam_v; /* [grad_numel] fp32 each, likewise (NULL: frozen) */
   float *dev_shard; /* cpu_offload: [shard_numel] fp32, the shard copied to the device for
                        its all-gather; kept while materialised where fp32 vocab rows read it */
-  void *full;       /* [gather_full] unsharded parameters in param_dtype, while materialised */
+  void *full;       /* [gather_full − f32_full] unsharded parameters in param_dtype, while
+                       materialised (the fp32 part's: full32) */
   void *rows;       /* [shard_numel − gather_numel] bf16: the vocab-parallel rows in
                        param_dtype while materialised (param_dtype bf16; fp32 reads the
                        shard) */

@@ -15,8 +15,10 @@
  *    and every gradient (tol_bf16), as tests/mpi/test_bf16.c;
  *  - refusal (one rank): a pattern matching no parameter fails the open
  *    with one message naming the option and the pattern.
- * usage: mpiexec -n N test_fp32_params FIXTURE [PATTERNS|-] [ep=E]
- * (PATTERNS: --fp32-params; "-": the routers alone) */
+ * usage: mpiexec -n N test_fp32_params FIXTURE [PATTERNS|-] [ep=E|zero=Z|offload]...
+ * (PATTERNS: --fp32-params; "-": the routers alone; zero=Z: the ZeRO stage,
+ * whose 1 and 2 keep the unsharded parameters between steps, re-gathered
+ * after each: ml_fsdp_sync_params; offload: FSDP's cpu_offload) */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -37,11 +39,15 @@
 static const char *g_fixture;
 static const char *g_patterns; /* NULL: the routers alone */
 static int g_ep = 1;
+static int g_zero = 3;
+static bool g_offload;
 static int g_world;
 
 static ml_engine_opts fp32_opts(void) {
   ml_engine_opts o = bf16_engine_opts();
   o.fp32_params = g_patterns;
+  o.fsdp.zero = g_zero;
+  o.fsdp.cpu_offload = g_offload;
   return o;
 }
 
@@ -269,15 +275,21 @@ static void test_refused(void **state) {
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_size(MPI_COMM_WORLD, &g_world);
-  if (argc < 2 || argc > 4) {
-    fprintf(stderr, "usage: mpiexec -n N test_fp32_params FIXTURE [PATTERNS|-] [ep=E]\n");
+  if (argc < 2) {
+    fprintf(stderr, "usage: mpiexec -n N test_fp32_params FIXTURE [PATTERNS|-] "
+                    "[ep=E|zero=Z|offload]...\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];
   if (argc > 2 && strcmp(argv[2], "-")) g_patterns = argv[2];
-  if (argc > 3 && (strncmp(argv[3], "ep=", 3) || (g_ep = atoi(argv[3] + 3)) < 1)) {
-    fprintf(stderr, "test_fp32_params: unknown option '%s'\n", argv[3]);
-    MPI_Abort(MPI_COMM_WORLD, 2);
+  for (int i = 3; i < argc; i++) {
+    if (!strncmp(argv[i], "ep=", 3) && atoi(argv[i] + 3) >= 1) g_ep = atoi(argv[i] + 3);
+    else if (!strncmp(argv[i], "zero=", 5) && atoi(argv[i] + 5) >= 1) g_zero = atoi(argv[i] + 5);
+    else if (!strcmp(argv[i], "offload")) g_offload = true;
+    else {
+      fprintf(stderr, "test_fp32_params: unknown option '%s'\n", argv[i]);
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
   }
   const struct CMUnitTest tests[] = {
       held_test(test_master_bits),

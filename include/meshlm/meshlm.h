@@ -200,6 +200,13 @@ typedef struct meshlm_options {
                                adapter_model.safetensors) to start from; its configuration
                                rules when lora_rank is 0, else must equal the options'; copied */
   int64_t lora_seed;        /* seed of lora_A's initialisation (default 0) */
+  /* appended for mixed-dtype FSDP units (optional: see struct_size) */
+  const char *fp32_params; /* NULL or "": only the mixture-of-experts routers; else also the
+                              parameters whose HF names these comma-separated fnmatch patterns
+                              match, e.g. "model.layers.*.self_attn.o_proj.weight": kept and
+                              computed in fp32 under param_dtype bf16 (fp32 all-gather and
+                              GEMMs; NeMo Automodel's fully_shard_by_dtype); a pattern matching
+                              nothing fails meshlm_open (README: --fp32-params); copied */
 } meshlm_options;
 
 /* One rank's mesh (1 × world × 1 × 1 with the communicator's size), CPU,

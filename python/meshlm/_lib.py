@@ -89,6 +89,7 @@ class meshlm_options(Sized):
         ("lora_use_rslora", c_int),
         ("adapter", c_char_p),
         ("lora_seed", c_int64),
+        ("fp32_params", c_char_p),
     ]
 
 

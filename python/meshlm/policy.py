@@ -535,6 +535,11 @@ class Policy:
     lora_seed: LoRA adapters with PEFT LoraConfig's semantics, every base weight
     frozen (README: --lora-rank); adapter: a PEFT LoRA adapter directory to start
     from.
+    fp32_params: fnmatch patterns of HF parameter names kept and computed in fp32
+    under param_dtype "bf16" besides the mixture-of-experts routers (fp32
+    all-gather and GEMMs: NeMo Automodel's fully_shard_by_dtype), a list of
+    strings or one comma-separated string; a pattern matching nothing raises
+    MeshlmError (README: --fp32-params).
     comm: None (MPI_COMM_WORLD), an mpi4py communicator (its py2f() handle is
     used) or a Fortran communicator handle (int).
     reference: capture the initial weights as the reference policy
@@ -568,6 +573,7 @@ class Policy:
                  lora_targets: Optional[Union[str, Sequence[str]]] = None,
                  lora_use_rslora: Optional[bool] = None, lora_seed: Optional[int] = None,
                  adapter: Optional[StrPath] = None,
+                 fp32_params: Optional[Union[str, Sequence[str]]] = None,
                  comm: Optional[Union[int, Communicator]] = None,
                  reference: bool = False) -> None:
         self._s: Optional[c_void_p] = None
@@ -615,6 +621,9 @@ class Policy:
                                   else ",".join(lora_targets))
         if adapter is not None:
             o.adapter = cstr(adapter)
+        if fp32_params is not None:
+            o.fp32_params = cstr(fp32_params if isinstance(fp32_params, (str, bytes))
+                                 else ",".join(fp32_params))
         for field, value in (("param_dtype", param_dtype), ("reduce_dtype", reduce_dtype),
                              ("output_dtype", output_dtype)):
             if value is not None:

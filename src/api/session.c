@@ -109,7 +109,8 @@ int meshlm_options_init(meshlm_options *o, size_t struct_size) {
       .freeze = d.engine.freeze, .ep = 1, .lora_rank = d.engine.lora.rank,
       .lora_alpha = d.engine.lora.alpha, .lora_dropout = d.engine.lora.dropout,
       .lora_targets = d.engine.lora.targets, .lora_use_rslora = d.engine.lora.rslora,
-      .adapter = d.engine.lora.adapter, .lora_seed = (int64_t)d.engine.lora.seed};
+      .adapter = d.engine.lora.adapter, .lora_seed = (int64_t)d.engine.lora.seed,
+      .fp32_params = d.engine.fp32_params};
   return api_init_struct(o, struct_size, API_MIN(meshlm_options), sizeof full, &full);
 }
 
@@ -244,6 +245,7 @@ static ml_train_settings settings_of(const meshlm_options *o, const char *plan) 
   eo->fsdp.cpu_offload = o->cpu_offload != 0;
   eo->batch_invariant = o->batch_invariant != 0;
   eo->freeze = o->freeze;
+  eo->fp32_params = o->fp32_params;
   eo->lora = (ml_lora_opts){.rank = o->lora_rank, .alpha = o->lora_alpha,
                             .dropout = o->lora_dropout, .targets = o->lora_targets,
                             .rslora = o->lora_use_rslora != 0, .seed = (uint64_t)o->lora_seed,
@@ -265,14 +267,17 @@ static int keep_options(meshlm_session *s, const meshlm_options *o) {
   s->freeze = o->freeze ? strdup(o->freeze) : NULL;
   s->lora_targets = o->lora_targets ? strdup(o->lora_targets) : NULL;
   s->adapter = o->adapter ? strdup(o->adapter) : NULL;
+  s->fp32_params = o->fp32_params ? strdup(o->fp32_params) : NULL;
   if (!s->device || (o->parallel_plan && !s->plan) || (o->freeze && !s->freeze) ||
-      (o->lora_targets && !s->lora_targets) || (o->adapter && !s->adapter))
+      (o->lora_targets && !s->lora_targets) || (o->adapter && !s->adapter) ||
+      (o->fp32_params && !s->fp32_params))
     return ml_err("meshlm_open: out of memory");
   s->o.device = s->device;
   s->o.parallel_plan = s->plan;
   s->o.freeze = s->freeze;
   s->o.lora_targets = s->lora_targets;
   s->o.adapter = s->adapter;
+  s->o.fp32_params = s->fp32_params;
   s->set = settings_of(&s->o, s->plan);
   return 0;
 }
@@ -357,6 +362,7 @@ void meshlm_close(meshlm_session *s) {
   free(s->device);
   free(s->plan);
   free(s->freeze);
+  free(s->fp32_params);
   free(s->lora_targets);
   free(s->adapter);
   free(s->wnames);

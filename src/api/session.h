@@ -66,6 +66,7 @@ struct meshlm_session {
   char *device, *plan;
   char *freeze;               /* meshlm_options.freeze's copy, or NULL */
   char *lora_targets, *adapter; /* meshlm_options' LoRA strings' copies, or NULL */
+  char *fp32_params;          /* meshlm_options.fp32_params's copy, or NULL */
   ml_train_settings set;      /* the options' engine and step settings (api/session.c's
                                  mapping; engine/settings.h) */
   int64_t steps;              /* trainer steps taken (the schedule's position; skipped ones

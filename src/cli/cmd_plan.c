@@ -499,6 +499,12 @@ static void text_prediction(const ml_prediction *p) {
     ml_cli_print("  frozen (--freeze): %d parameters, %" PRId64 " elements; %d FSDP unit(s) "
                  "wholly frozen (no gradient, AdamW state or reduce-scatter)\n",
                  p->frozen_params, p->frozen_numel, p->frozen_units);
+  if (p->fp32_params)
+    ml_cli_print("  kept in fp32 under bf16 (the MoE routers, --fp32-params): %d parameters, "
+                 "%" PRId64 " elements; %d FSDP unit(s) with an fp32 part, all-gathered in fp32 "
+                 "beside their bf16 part (%" PRId64 " bytes a rank receives gathering each "
+                 "once)\n",
+                 p->fp32_params, p->fp32_numel, p->fp32_units, p->fp32_gather_bytes);
   ml_cli_print("  one logprobs pass (forward only), per group:\n");
   text_stats(p->logprobs);
   const ml_predict_memory *m = &p->mem;
@@ -736,6 +742,12 @@ static json_t *jprediction(const ml_prediction *p, int64_t layers) {
   json_object_set_new(fz, "elements", json_integer(p->frozen_numel));
   json_object_set_new(fz, "units", json_integer(p->frozen_units));
   json_object_set_new(o, "frozen", fz);
+  json_t *f32 = json_object();
+  json_object_set_new(f32, "parameters", json_integer(p->fp32_params));
+  json_object_set_new(f32, "elements", json_integer(p->fp32_numel));
+  json_object_set_new(f32, "units", json_integer(p->fp32_units));
+  json_object_set_new(f32, "gather_bytes", json_integer(p->fp32_gather_bytes));
+  json_object_set_new(o, "fp32_params", f32);
   const ml_predict_memory *m = &p->mem;
   json_t *mem = json_object();
   json_object_set_new(mem, "shards", json_integer(m->shards));
@@ -780,7 +792,8 @@ static const char *const k_step_flags[] = {
     "--param-dtype", "--reduce-dtype", "--output-dtype", "--reshard-after-forward", "--zero",
     "--prefetch-forward", "--prefetch-backward", "--activation-checkpointing", "--cpu-offload",
     "--batch-invariant", "--batch-size", "--grad-accum", "--seq-len", "--freeze", "--lora-rank",
-    "--lora-alpha", "--lora-dropout", "--lora-targets", "--lora-rslora", "--adapter"};
+    "--lora-alpha", "--lora-dropout", "--lora-targets", "--lora-rslora", "--adapter",
+    "--fp32-params"};
 
 /* spec[]: train's step flags over o->t, then plan's own. Returns the count. */
 static size_t plan_flags(plan_opts *o, ml_arg *spec) {

@@ -38,6 +38,7 @@ static const ml_config_alias k_aliases[] = {
     {"packing", "--packing", "true", "false", false},
     {"assistant_only_loss", "--assistant-only-loss", "true", "false", false},
     {"freeze", "--freeze", NULL, NULL, true},
+    {"fp32_params", "--fp32-params", NULL, NULL, true},
     {"lora_targets", "--lora-targets", NULL, NULL, true},
     {"lora_use_rslora", "--lora-rslora", NULL, NULL, false},
 };
@@ -84,7 +85,8 @@ ml_train_opts ml_train_opts_with(const ml_train_settings *d) {
       .lora_dropout = d->engine.lora.dropout,
       .lora_targets = d->engine.lora.targets,
       .lora_rslora = d->engine.lora.rslora,
-      .adapter = d->engine.lora.adapter};
+      .adapter = d->engine.lora.adapter,
+      .fp32_params = d->engine.fp32_params};
 }
 
 ml_train_opts ml_train_opts_default(void) {
@@ -151,6 +153,10 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
       {"--freeze", ML_ARG_STR, &o->freeze,
        "freeze the parameters whose HF names match these comma-separated fnmatch patterns "
        "(requires_grad=False)",
+       false, "PATTERNS"},
+      {"--fp32-params", ML_ARG_STR, &o->fp32_params,
+       "keep the parameters whose HF names match these comma-separated fnmatch patterns in fp32 "
+       "under --param-dtype bf16: fp32 all-gather and GEMMs, as every MoE router",
        false, "PATTERNS"},
       /* LoRA (PEFT's LoraConfig) */
       {"--lora-rank", ML_ARG_INT, &o->lora_rank,
@@ -346,6 +352,7 @@ ml_train_settings ml_train_settings_of(const ml_train_opts *o) {
   eo->fsdp.cpu_offload = o->cpu_offload;
   eo->batch_invariant = o->batch_invariant;
   eo->freeze = o->freeze;
+  eo->fp32_params = o->fp32_params;
   eo->lora = (ml_lora_opts){.rank = o->lora_rank, .alpha = o->lora_alpha,
                             .dropout = o->lora_dropout, .targets = o->lora_targets,
                             .rslora = o->lora_rslora, .seed = (uint64_t)o->seed,

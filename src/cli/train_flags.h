@@ -58,6 +58,7 @@ typedef struct ml_train_opts {
   const char *lora_targets, *adapter;
   bool lora_rslora;
   bool merge_lora; /* --merge-lora: --export-hf writes the merged weights (ckpt/lora_export.h) */
+  const char *fp32_params; /* --fp32-params: ml_engine_opts.fp32_params (fnmatch patterns) */
 } ml_train_opts;
 
 /* Capacity of a spec array for ml_train_flags. */

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/checked.h"
+#include "engine/fp32_params.h"
 #include "engine/freeze.h"
 #include "engine/reference.h"
 #include "common/status.h"
@@ -97,6 +98,8 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   if (!(e->model_dir = strdup(model_dir))) return ml_err("%s: out of memory", model_dir);
   if (opts->freeze && !(e->opts.freeze = e->freeze = strdup(opts->freeze)))
     return ml_err("freeze (--freeze): out of memory copying '%s'", opts->freeze);
+  if (opts->fp32_params && !(e->opts.fp32_params = e->fp32_params = strdup(opts->fp32_params)))
+    return ml_err("fp32_params (--fp32-params): out of memory copying '%s'", opts->fp32_params);
   e->be = opts->backend;
   if (!e->be) ML_TRY(ml_backend_get("cpu", 0, &e->be));
   ML_TRY(ml_engine_batch_mode(e));
@@ -128,6 +131,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   ML_TRY(ml_ep_apply(&e->model, mesh));
   ML_TRY(ml_freeze_apply(&e->model, opts->freeze));
   if (e->lora.on) ml_lora_freeze_base(&e->model); /* PEFT: only the adapters train */
+  ML_TRY(ml_fp32_params_apply(&e->model, opts->fp32_params)); /* fully_shard_by_dtype's */
   e->bwd_first = first_backward_layer(&e->model);
   ml_ckpt ck;
   if (!opts->no_weights) ML_TRY(ml_ckpt_open(model_dir, &ck));
@@ -172,6 +176,7 @@ void ml_engine_close(ml_engine *e) {
   free(e->freeze);
   free(e->order);
   free(e->order_k);
+  free(e->fp32_params);
   ml_lora_free(&e->lora);
   memset(e, 0, sizeof *e);
 }

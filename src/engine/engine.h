@@ -55,6 +55,9 @@ typedef struct ml_engine_opts {
   const char *freeze;        /* comma-separated fnmatch patterns of HF parameter names to freeze
                                 (requires_grad=False: engine/freeze.h); NULL/"": none */
   ml_lora_opts lora;         /* LoRA adapters (engine/lora.h); rank 0, no adapter: off */
+  const char *fp32_params;   /* comma-separated fnmatch patterns of HF parameter names kept and
+                                computed in fp32 under a bf16 param_dtype, besides every MoE
+                                router gate (engine/fp32_params.h); NULL/"": the routers only */
 } ml_engine_opts;
 
 /* fp32 everywhere, FSDP2's reshard defaults, ZeRO-3, prefetch forward 1 /
@@ -103,6 +106,7 @@ typedef struct ml_engine {
    * rank's FSDP unit order, the same on every rank whichever experts it holds (ep) */
   ml_param **order; /* [model.n_params] */
   int *order_k;     /* [model.n_params] by index in model.params: its place in order */
+  char *fp32_params;  /* opts.fp32_params's copy (opts.fp32_params points at it), or NULL */
 } ml_engine;
 
 /* Load DIR (config.json + safetensors), select the plan (ml_plan_select;

@@ -22,8 +22,8 @@ int ml_gen_vocab_whole(ml_fsdp *f, ml_gen_vocab *v) {
   ml_dtype pt = f->opts.param_dtype;
   int64_t total = 0; /* the vocab-parallel parameters' elements, laid out one after another */
   for (int i = 0; i < unit->n; i++)
-    if (unit->vocab[i]) total = ml_add_sat(total, numel(unit->params[i]));
-  if (pt != ML_F32) {
+    if (unit->vocab[i] && !unit->params[i]->fp32) total = ml_add_sat(total, numel(unit->params[i]));
+  if (pt != ML_F32 && total > 0) {
     v->cast = ml_be_alloc(f->be, total, ml_dtype_size(pt),
                           "generate: the vocab-parallel parameters in %s (%lld elements)",
                           ml_dtype_name(pt), (long long)total);
@@ -34,7 +34,7 @@ int ml_gen_vocab_whole(ml_fsdp *f, ml_gen_vocab *v) {
     if (!unit->vocab[i]) continue;
     ml_param *p = unit->params[i];
     float *whole = v->full + unit->full_off[i];
-    if (pt == ML_F32) {
+    if (pt == ML_F32 || p->fp32) { /* kept in fp32 (engine/fp32_params.h): as it is */
       p->data = whole;
       continue;
     }

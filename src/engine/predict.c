@@ -16,6 +16,23 @@ static void take_stats(ml_mesh *mesh, ml_comm_stats st[ML_GROUP_KINDS]) {
   ml_mesh_stats_reset(mesh);
 }
 
+/* The parameters kept in fp32 under bf16 and the units' fp32 parts
+ * (ml_prediction.fp32_*), read off the engine's FSDP units. */
+static void fp32_count(const ml_engine *e, ml_prediction *p) {
+  if (e->opts.fsdp.param_dtype == ML_F32) return; /* every parameter is fp32: no fp32 part */
+  for (int u = 0; u < e->fsdp.n_units; u++) {
+    const ml_fsdp_unit *unit = &e->fsdp.units[u];
+    for (int i = 0; i < unit->n; i++)
+      if (unit->params[i]->fp32) {
+        p->fp32_params++;
+        p->fp32_numel += unit->params[i]->shape[0] * unit->params[i]->shape[1];
+      }
+    if (unit->f32_numel == 0) continue;
+    p->fp32_units++; /* bounded: a unit's elements fit int64 (parallel/fsdp.c unit_layout) */
+    p->fp32_gather_bytes += (int64_t)sizeof(float) * unit->f32_numel * unit->dp->size;
+  }
+}
+
 /* The training step on the open engine e. ids: [B, S] host. */
 static int run_step(ml_engine *e, ml_mesh *mesh, const int32_t *ids, ml_prediction *p) {
   ml_predict_memory *mem = &p->mem;
@@ -30,6 +47,7 @@ static int run_step(ml_engine *e, ml_mesh *mesh, const int32_t *ids, ml_predicti
     mem->reference += 4 * n;
     max_shard = n > max_shard ? n : max_shard;
   }
+  fp32_count(e, p);
   if (e->opts.fsdp.cpu_offload) /* the shards, and host_grad where FSDP allocated it */
     mem->host = mem->shards + (e->fsdp.host_grad ? 4 * max_shard : 0);
   ml_mesh_stats_reset(mesh);

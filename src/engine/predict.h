@@ -85,6 +85,12 @@ typedef struct ml_prediction {
      state or gradient reduction) */
   int frozen_params, frozen_units;
   int64_t frozen_numel;
+  /* parameters kept in fp32 under a bf16 param_dtype (engine/fp32_params.h: the MoE routers,
+     ml_engine_opts.fp32_params): their count and elements (global), the FSDP units with an
+     fp32 part (parallel/fsdp.h: an fp32 all-gather of its own beside the bf16 one), and the
+     bytes those fp32 all-gathers deliver to a rank when every unit is gathered once */
+  int fp32_params, fp32_units;
+  int64_t fp32_numel, fp32_gather_bytes;
 } ml_prediction;
 
 /* Predict one training step and one logprobs pass of `shape` for the

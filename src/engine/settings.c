@@ -13,6 +13,8 @@ ml_train_settings ml_train_defaults(ml_defaults_for who) {
   s.engine.batch_invariant = false;
   /* frozen parameters: none (every parameter trains, as torch's requires_grad default) */
   s.engine.freeze = NULL;
+  /* parameters kept in fp32 under bf16: the MoE routers alone (engine/fp32_params.h) */
+  s.engine.fp32_params = NULL;
   /* LoRA: off (rank 0); when on, PEFT LoraConfig's defaults (lora_alpha 8, lora_dropout 0,
    * use_rslora false) and every linear of the decoder (all-linear); no adapter to start from */
   s.engine.lora = (ml_lora_opts){.rank = 0, .alpha = 8.0, .dropout = 0.0,

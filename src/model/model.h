@@ -65,6 +65,9 @@ typedef struct ml_param {
                          computes no weight gradient (dW) for it, only the input's */
   bool adapter;       /* a LoRA adapter weight (model/lora.h): not in the base checkpoint; its
                          values come from engine/lora.h (a seed, or a PEFT adapter) */
+  bool fp32;          /* kept and computed in fp32 under a bf16 param_dtype
+                         (engine/fp32_params.h): FSDP gathers it in fp32, in a part of its
+                         unit of its own (parallel/fsdp.h), so its GEMMs read fp32 operands */
 } ml_param;
 
 /* Whole rows of a vocab-sized weight (embed_tokens.weight, lm_head.weight)

@@ -48,27 +48,33 @@ bool ml_fsdp_reshard_after_forward(ml_reshard_policy policy, int u, int n_units)
 }
 
 /* The unit's flat-shard layout: per parameter its chunk of ceil(local[0]
- * / u->dp) rows, the others' chunks first, then the vocab-parallel ones, so
- * that what is gathered and reduced is the shard's leading part. Plain
- * int64 sums: the parameters come from a config that passed
+ * / u->dp) rows, the param_dtype ones first, then those kept in fp32 (the fp32
+ * part: ml_param.fp32 under a bf16 param_dtype), then the vocab-parallel
+ * ones, so that what is gathered and reduced is the shard's leading part.
+ * Plain int64 sums: the parameters come from a config that passed
  * ml_model_config_load's limits (config.h), so a unit holds < 2^47
  * elements, and its padded shard c·cols summed over the unit is at most
  * that / dp + (its columns, < 2^30). */
 static int unit_layout(ml_fsdp *f, ml_fsdp_unit *u, const ml_model *m) {
   u->chunk_rows = ml_calloc((size_t)u->n * 3, sizeof(int64_t), "fsdp layout");
-  u->vocab = ml_calloc((size_t)u->n, sizeof(bool), "fsdp layout");
+  u->vocab = ml_calloc((size_t)u->n * 2, sizeof(bool), "fsdp layout");
   if (!u->chunk_rows || !u->vocab) return -1;
   u->shard_off = u->chunk_rows + u->n;
   u->full_off = u->shard_off + u->n;
-  for (int i = 0; i < u->n; i++)
+  u->f32 = u->vocab + u->n;
+  for (int i = 0; i < u->n; i++) {
     u->vocab[i] = f->vocab_parallel &&
                   (u->params[i] == m->embed_tokens.weight || u->params[i] == m->lm_head.weight);
-  int64_t shard = 0, full = 0;
-  /* gathered parameters, then vocab-parallel ones; each trainable first, then frozen */
-  for (int pass = 0; pass < 4; pass++) {
+    u->f32[i] = !u->vocab[i] && fsdp_param_dtype_of(f, u->params[i]) != f->opts.param_dtype;
+  }
+  int64_t shard = 0, full = 0, lo = 0, lo_full = 0;
+  /* param_dtype gathered parameters, fp32 ones, then vocab-parallel ones; each trainable
+   * first, then frozen */
+  for (int pass = 0; pass < 6; pass++) {
     for (int i = 0; i < u->n; i++) {
       const ml_param *p = u->params[i];
-      if (u->vocab[i] != (pass >= 2) || p->frozen != (pass % 2 == 1)) continue;
+      int part = u->vocab[i] ? 2 : u->f32[i] ? 1 : 0;
+      if (part != pass / 2 || p->frozen != (pass % 2 == 1)) continue;
       int64_t c = (p->local[0] + u->dp->size - 1) / u->dp->size;
       u->chunk_rows[i] = c;
       u->shard_off[i] = shard;
@@ -77,12 +83,18 @@ static int unit_layout(ml_fsdp *f, ml_fsdp_unit *u, const ml_model *m) {
       full += ml_param_numel(p);
       if (!p->frozen) {
         u->grad_numel = shard;
-        if (pass == 0) u->grad_full = full;
+        if (part < 2) u->grad_full = full;
       }
     }
     if (pass == 1) {
+      lo = shard;
+      lo_full = full;
+    }
+    if (pass == 3) {
       u->gather_numel = shard;
       u->gather_full = full;
+      u->f32_numel = shard - lo;
+      u->f32_full = full - lo_full;
     }
   }
   u->shard_numel = shard;
@@ -141,13 +153,19 @@ int ml_fsdp_load(ml_fsdp *f, const ml_ckpt *ck, bool all) {
 }
 
 /* Point the unit's gathered parameters at their places in `base`, the
- * unsharded buffer of `type` (NULL: not materialised); the vocab-parallel
- * ones are never whole (NULL). */
+ * unsharded buffer of `type` (NULL: not materialised), those of the fp32
+ * part in full32; the vocab-parallel ones are never whole (NULL). */
 static void point_data(ml_fsdp_unit *u, void *base, ml_dtype type) {
   for (int i = 0; i < u->n; i++) {
+    ml_param *p = u->params[i];
     bool at = base && !u->vocab[i];
-    u->params[i]->data = at ? (char *)base + ml_dtype_size(type) * (size_t)u->full_off[i] : NULL;
-    u->params[i]->dtype = type;
+    if (u->f32[i] || (u->vocab[i] && p->fp32)) {
+      p->data = at ? u->full32 + (u->full_off[i] - fsdp_lo_full(u)) : NULL;
+      p->dtype = ML_F32;
+      continue;
+    }
+    p->data = at ? (char *)base + ml_dtype_size(type) * (size_t)u->full_off[i] : NULL;
+    p->dtype = type;
   }
 }
 
@@ -311,6 +329,9 @@ void ml_fsdp_destroy(ml_fsdp *f) {
     for (int u = 0; u < f->n_units; u++) {
       ml_fsdp_unit *unit = &f->units[u];
       if (unit->in_flight) ml_wait(unit->dp, &unit->req);
+      if (unit->in_flight && unit->recv32 && unit->dp->size > 1) ml_wait(unit->dp, &unit->req32);
+      if (unit->dp->size > 1) ml_be_free(f->be, unit->recv32);
+      ml_be_free(f->be, unit->full32);
       if (unit->grad_pending) ml_be_event_sync(f->be, &unit->grad_ev);
       if (unit->send != fsdp_shard_on_device(unit)) ml_be_free(f->be, unit->send);
       if (unit->recv != unit->send) ml_be_free(f->be, unit->recv); /* one rank: the same */
@@ -341,6 +362,11 @@ void ml_fsdp_destroy(ml_fsdp *f) {
 /* fsdp_impl.h */
 int fsdp_copy_rank_major(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml_elem elem,
                          void *full, ml_dtype type, int to_full, int64_t stride) {
+  return fsdp_copy_part(f, u, wire, elem, full, type, to_full, 0, stride, 0);
+}
+
+int fsdp_copy_part(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml_elem elem, void *full,
+                   ml_dtype type, int to_full, int64_t lo, int64_t stride, int64_t full_lo) {
   int dp = u->dp->size;
   size_t es = ml_elem_size(elem), fs = ml_dtype_size(type);
   ml_dtype wt = fsdp_dtype_of(elem);
@@ -349,10 +375,10 @@ int fsdp_copy_rank_major(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml
     for (int i = 0; i < u->n; i++) {
       const ml_param *p = u->params[i];
       int64_t c = u->chunk_rows[i], cols = p->local[1], rows = p->local[0];
-      if (u->shard_off[i] + c * cols > stride) continue; /* beyond the block */
+      if (u->shard_off[i] < lo || u->shard_off[i] + c * cols > lo + stride) continue; /* beyond */
       int64_t r0 = c * r < rows ? c * r : rows, nr = (c * r + c < rows ? c * r + c : rows) - r0;
-      char *full_rows = (char *)full + fs * (size_t)(u->full_off[i] + r0 * cols);
-      char *chunk = block + es * (size_t)u->shard_off[i];
+      char *full_rows = (char *)full + fs * (size_t)(u->full_off[i] - full_lo + r0 * cols);
+      char *chunk = block + es * (size_t)(u->shard_off[i] - lo);
       size_t n = (size_t)(nr * cols), pad = (size_t)((c - nr) * cols);
       if (to_full) {
         ML_TRY(ml_be_convert(f->be, full_rows, type, chunk, wt, n));
@@ -415,18 +441,66 @@ static int shard_upload(ml_fsdp *f, ml_fsdp_unit *unit) {
                           sizeof(float) * (size_t)unit->shard_numel, ML_COPY_H2D);
 }
 
-/* Free the shard's device copy once nothing reads it: the fp32 vocab rows
+/* Whether the unit's vocab-parallel rows are read from the shard itself:
+ * param_dtype fp32, or a vocab-parallel parameter kept in fp32. */
+static bool rows_read_shard(const ml_fsdp *f, const ml_fsdp_unit *unit) {
+  bool any = fsdp_rows_numel(unit) > 0 && f->opts.param_dtype == ML_F32;
+  for (int i = 0; i < unit->n && !any; i++) any = unit->vocab[i] && unit->params[i]->fp32;
+  return any;
+}
+
+/* Free the shard's device copy once nothing reads it: fp32 vocab rows
  * read it while the unit is materialised (keep: until reshard). */
 static void shard_release(ml_fsdp *f, ml_fsdp_unit *unit, bool keep) {
-  if (keep && fsdp_rows_numel(unit) > 0 && f->opts.param_dtype == ML_F32) return;
+  if (keep && rows_read_shard(f, unit)) return;
   ml_be_free(f->be, unit->dev_shard);
   unit->dev_shard = NULL;
 }
 
+/* The fp32 part's all-gather (mixed-dtype units, fsdp.h): the shard's
+ * (or its device copy's) fp32 part as it is, into recv32. */
+static int gather32_start(ml_fsdp *f, ml_fsdp_unit *unit) {
+  if (unit->f32_numel == 0) return 0;
+  float *send = fsdp_shard_on_device(unit) + fsdp_lo_numel(unit);
+  if (unit->dp->size == 1) { /* nothing to gather: the shard's part is the block */
+    unit->recv32 = send;
+    return 0;
+  }
+  /* dp shards of a unit: bounded (unit_layout) */
+  unit->recv32 = ml_be_alloc(f->be, unit->f32_numel * unit->dp->size, sizeof(float),
+                             "the gathered fp32 parameters of a unit");
+  if (!unit->recv32) return -1;
+  return ml_iall_gather(unit->dp, send, unit->recv32, (size_t)unit->f32_numel, ML_ELEM_F32,
+                        &unit->req32);
+}
+
+/* Wait for the fp32 part's all-gather (started when the unit's gather is
+ * in flight) and copy it out into full32; rc: the unit's status so far. */
+static int gather32_finish(ml_fsdp *f, ml_fsdp_unit *unit, int rc) {
+  if (!unit->recv32) return rc;
+  bool waited = unit->dp->size > 1;
+  if (waited && unit->in_flight) {
+    int w = ml_wait(unit->dp, &unit->req32);
+    if (rc == 0) rc = w;
+  }
+  if (rc == 0 && !unit->full32) {
+    unit->full32 = ml_be_alloc(f->be, unit->f32_full, sizeof(float),
+                               "the unsharded fp32 parameters of a unit");
+    if (!unit->full32) rc = -1;
+  }
+  if (rc == 0)
+    rc = fsdp_copy_part(f, unit, unit->recv32, ML_ELEM_F32, unit->full32, ML_F32, 1,
+                        fsdp_lo_numel(unit), unit->f32_numel, fsdp_lo_full(unit));
+  if (waited) ml_be_free(f->be, unit->recv32);
+  unit->recv32 = NULL;
+  return rc;
+}
+
 /* Start the all-gather of unit u's gathered part in param_dtype into
- * unit->recv; its vocab-parallel rows in param_dtype. */
+ * unit->recv, and of its fp32 part into recv32; its vocab-parallel rows in
+ * param_dtype. */
 static int gather_start(ml_fsdp *f, ml_fsdp_unit *unit) {
-  int64_t n = unit->gather_numel;
+  int64_t n = fsdp_lo_numel(unit);
   ml_dtype pt = f->opts.param_dtype;
   size_t es = ml_dtype_size(pt);
   if (fsdp_offload(f)) ML_TRY(shard_upload(f, unit));
@@ -439,13 +513,14 @@ static int gather_start(ml_fsdp *f, ml_fsdp_unit *unit) {
   }
   if (unit->dp->size == 1) { /* nothing to gather: the "gathered" block is the shard */
     unit->recv = unit->send;
-    return 0;
+    return gather32_start(f, unit);
   }
   /* dp shards of a unit: bounded (unit_layout) */
   unit->recv = ml_be_alloc(f->be, n * unit->dp->size, es, "the gathered parameters of a unit");
   if (!unit->recv) return -1;
   ML_TRY(ml_iall_gather(unit->dp, unit->send, unit->recv, (size_t)n, fsdp_param_elem(f),
                         &unit->req));
+  ML_TRY(gather32_start(f, unit));
   unit->in_flight = true;
   return 0;
 }
@@ -457,6 +532,7 @@ static int gather_start(ml_fsdp *f, ml_fsdp_unit *unit) {
  * (ZeRO-1/2). */
 static int gather_finish(ml_fsdp *f, ml_fsdp_unit *unit) {
   int rc = unit->in_flight ? ml_wait(unit->dp, &unit->req) : 0;
+  rc = gather32_finish(f, unit, rc); /* before the shard's device copy goes */
   unit->in_flight = false;
   ml_dtype pt = f->opts.param_dtype;
   void *adopt = unit->dp->size == 1 && !unit->full && unit->send != unit->shard ? unit->send : NULL;
@@ -465,13 +541,13 @@ static int gather_finish(ml_fsdp *f, ml_fsdp_unit *unit) {
     if (adopt == unit->dev_shard) unit->dev_shard = NULL; /* now the unsharded buffer */
   } else {
     if (rc == 0 && !unit->full) {
-      unit->full = ml_be_alloc(f->be, unit->gather_full, ml_dtype_size(pt),
+      unit->full = ml_be_alloc(f->be, fsdp_lo_full(unit), ml_dtype_size(pt),
                                "the unsharded parameters of a unit");
       if (!unit->full) rc = -1;
     }
     if (rc == 0)
       rc = fsdp_copy_rank_major(f, unit, unit->recv, fsdp_param_elem(f), unit->full, pt, 1,
-                                unit->gather_numel);
+                                fsdp_lo_numel(unit));
     if (unit->send != fsdp_shard_on_device(unit)) ml_be_free(f->be, unit->send);
     if (unit->recv != unit->send) ml_be_free(f->be, unit->recv);
   }
@@ -510,7 +586,9 @@ static void reshard_one(ml_fsdp *f, ml_fsdp_unit *unit) {
   if (fsdp_params_alias(f, unit) || fsdp_persistent(f) || !unit->full) return;
   ml_be_free(f->be, unit->full);
   ml_be_free(f->be, unit->rows);
+  ml_be_free(f->be, unit->full32);
   unit->full = unit->rows = NULL;
+  unit->full32 = NULL;
   shard_release(f, unit, false);
   point_data(unit, NULL, f->opts.param_dtype);
 }
@@ -559,7 +637,7 @@ int ml_fsdp_rows(const ml_fsdp *f, const ml_param *p, ml_rows *w) {
                     p->name);
     int64_t r0, nr, at = unit->shard_off[i] - unit->gather_numel; /* in the rows' part */
     ml_fsdp_param_rows(f, unit, i, &r0, &nr);
-    ml_dtype pt = f->opts.param_dtype;
+    ml_dtype pt = fsdp_param_dtype_of(f, p);
     const float *shard = fsdp_shard_on_device(unit);
     *w = (ml_rows){.data = pt == ML_F32 ? (const void *)(shard + unit->shard_off[i])
                                         : (const void *)((uint16_t *)unit->rows + at),

@@ -96,6 +96,23 @@
  * the layers as before; everything else (the shards, their gradients and
  * AdamW state, the norm, clipping, the optimizer, checkpoints) walks every
  * unit and reads each unit's own group. */
+ * Mixed-dtype units (ml_param.fp32 under param_dtype bf16, engine/
+ * fp32_params.h; NeMo Automodel's fully_shard_by_dtype, which gives such
+ * parameters FSDP units of their own with param_dtype fp32): a unit holding
+ * some keeps them in an fp32 part of its own, the last of the gathered
+ * part: [bf16 trainable | bf16 frozen | fp32 trainable | fp32 frozen | vocab
+ * trainable | vocab frozen]. Its unshard starts two all-gathers, the bf16
+ * part's into `full` and the fp32 part's (the master bits) into `full32`,
+ * so the bf16 all-gather stays bf16 and the fp32 one moves 4 bytes an
+ * element: the bytes of two units, as torch's two fully_shard calls move
+ * them, but one unit to the engine (its layer) and one reduce-scatter of
+ * the gradients (both parts in reduce_dtype, as the fp32 unit keeps the
+ * policy's reduce_dtype in fully_shard_by_dtype; only the bf16 part's
+ * gradient is rounded to bf16 first). A vocab-parallel parameter kept in
+ * fp32 (embed_tokens, an untied lm_head) is read from the shard as under
+ * param_dtype fp32. Frozen fp32 parameters after trainable ones keep the
+ * frozen bf16 chunks before them inside the gradient's prefix (zeros the
+ * optimizer never touches), as the vocab rows do. */
 #ifndef ML_FSDP_H
 #define ML_FSDP_H
 
@@ -150,7 +167,8 @@ typedef struct ml_fsdp_unit {
                                           no training call yet: ml_fsdp_train_state) */
   float *dev_shard; /* cpu_offload: [shard_numel] fp32, the shard copied to the device for
                        its all-gather; kept while materialised where fp32 vocab rows read it */
-  void *full;       /* [gather_full] unsharded parameters in param_dtype, while materialised */
+  void *full;       /* [gather_full − f32_full] unsharded parameters in param_dtype, while
+                       materialised (the fp32 part's: full32) */
   void *rows;       /* [shard_numel − gather_numel] bf16: the vocab-parallel rows in
                        param_dtype while materialised (param_dtype bf16; fp32 reads the
                        shard) */
@@ -176,6 +194,17 @@ typedef struct ml_fsdp_unit {
   ml_comm *dp, *rep;
   int with;  /* the expert unit this one carries along (see above), or −1 */
   int layer; /* an expert unit's decoder layer, or −1 (the layers and the root) */
+  /* The fp32 part (parameters kept in fp32 under a bf16 param_dtype: ml_param.fp32,
+   * engine/fp32_params.h): the gathered part's last f32_numel elements per rank, after the
+   * param_dtype ones, gathered by an all-gather of their own in fp32 into full32 */
+  bool *f32;          /* per param: in the fp32 part */
+  int64_t f32_numel;  /* per rank: [gather_numel − f32_numel, gather_numel) of the shard */
+  int64_t f32_full;   /* unsharded: [gather_full − f32_full, gather_full) of the layout */
+  float *full32;      /* [f32_full] the fp32 part unsharded, while materialised (full holds
+                         the param_dtype part alone, gather_full − f32_full elements) */
+  float *recv32;      /* its all-gather's receive buffer while one is started (one rank: the
+                         shard's part itself) */
+  ml_request req32;
 } ml_fsdp_unit;
 
 /* fp32 elements a unit keeps where the shards live once it trains: the

@@ -96,8 +96,10 @@ static int reduce_unit(ml_fsdp *f, ml_fsdp_unit *unit) {
   bool bf16 = f->opts.reduce_dtype == ML_BF16;
   ml_elem elem = bf16 ? ML_ELEM_BF16 : ML_ELEM_F32;
   size_t es = ml_elem_size(elem);
-  if (f->opts.param_dtype == ML_BF16)
-    ML_TRY(ml_be_round_bf16(f->be, unit->full_grad, (size_t)unit->grad_full));
+  if (f->opts.param_dtype == ML_BF16) { /* the param_dtype part's (the fp32 part's is fp32) */
+    int64_t lo = fsdp_lo_full(unit) < unit->grad_full ? fsdp_lo_full(unit) : unit->grad_full;
+    ML_TRY(ml_be_round_bf16(f->be, unit->full_grad, (size_t)lo));
+  }
   void *stage = bf16 ? (void *)f->wire : (void *)f->comm_buf;
   if (dp == 1 && !bf16) /* one rank's staging is full_grad itself: same layout, same type */
     stage = unit->full_grad;
@@ -120,6 +122,18 @@ static int reduce_unit(ml_fsdp *f, ml_fsdp_unit *unit) {
   return add_grad(f, unit, 0, g, (int64_t)n);
 }
 
+/* The vocab-parallel rows' gradient g [n] of unit rounded to bf16 where
+ * their parameter computed in it (param_dtype bf16, not kept in fp32). */
+static int round_rows(ml_fsdp *f, const ml_fsdp_unit *unit, float *g, int64_t n) {
+  for (int i = 0; i < unit->n; i++) {
+    const ml_param *p = unit->params[i];
+    int64_t at = unit->shard_off[i] - unit->gather_numel, len = unit->chunk_rows[i] * p->local[1];
+    if (!unit->vocab[i] || fsdp_param_dtype_of(f, p) != ML_BF16 || at >= n) continue;
+    ML_TRY(ml_be_round_bf16(f->be, g + at, (size_t)(at + len <= n ? len : n - at)));
+  }
+  return 0;
+}
+
 /* The vocab-parallel rows' gradient of one unit, complete on this rank
  * (every token of the group went through its rows): rounded to param_dtype
  * (it was computed in it, as full_grad is), all-reduced over the replicas
@@ -132,7 +146,7 @@ static int reduce_rows(ml_fsdp *f, ml_fsdp_unit *unit) {
     return store_grad(f, unit, unit->gather_numel, unit->rows_grad, fsdp_rows_grad_numel(unit));
   size_t n = (size_t)fsdp_rows_grad_numel(unit);
   float *g = unit->rows_grad;
-  if (f->opts.param_dtype == ML_BF16) ML_TRY(ml_be_round_bf16(f->be, g, n));
+  ML_TRY(round_rows(f, unit, g, (int64_t)n));
   if (f->opts.reduce_dtype == ML_BF16) {
     uint16_t *w = ml_be_alloc(f->be, (int64_t)n, sizeof(uint16_t), "the bf16 vocab rows' "
                               "gradient of a unit");

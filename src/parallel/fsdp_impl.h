@@ -69,4 +69,23 @@ static inline float *fsdp_shard_on_device(const ml_fsdp_unit *u) {
 int fsdp_copy_rank_major(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml_elem elem,
                          void *full, ml_dtype type, int to_full, int64_t stride);
 
+/* Mixed-dtype units (fsdp.h): the dtype parameter p is gathered and
+ * computed in (fp32 where it is kept so: ml_param.fp32; else
+ * param_dtype), and where the unit's param_dtype part ends and its fp32
+ * part begins, per rank in the shard and in the unsharded layout. */
+static inline ml_dtype fsdp_param_dtype_of(const ml_fsdp *f, const ml_param *p) {
+  return p->fp32 ? ML_F32 : f->opts.param_dtype;
+}
+static inline int64_t fsdp_lo_numel(const ml_fsdp_unit *u) {
+  return u->gather_numel - u->f32_numel;
+}
+static inline int64_t fsdp_lo_full(const ml_fsdp_unit *u) { return u->gather_full - u->f32_full; }
+
+/* fsdp_copy_rank_major for the parameters whose chunk lies within
+ * [lo, lo + stride) of each rank's shard (a part of it: the fp32 part is
+ * lo = fsdp_lo_numel, stride = f32_numel): each rank's block of `wire`
+ * holds that range, and `full` starts at the unsharded offset full_lo. */
+int fsdp_copy_part(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml_elem elem, void *full,
+                   ml_dtype type, int to_full, int64_t lo, int64_t stride, int64_t full_lo);
+
 #endif

@@ -17,7 +17,9 @@
  * parallelism, parallel/ep.h: the experts held by their ep rank alone in
  * units of their own over ep_shard; the meta backend routes balanced,
  * model/moe.h, so the ep group's all-to-all bytes are the one count not
- * compared: test_parity checks them against the routing).
+ * compared: test_parity checks them against the routing), fp32=PATTERNS
+ * (parameters kept in fp32 under bf16 besides the MoE routers,
+ * engine/fp32_params.h: their units' fp32 all-gathers beside the bf16 ones).
  * Opens the engine on the fixture over MPI_COMM_WORLD (dp_shard = N /
  * (C·TP), tp = TP, sequence parallel when SP =
  * 1), runs one training step (zero_grad, forward_backward, grad_norm,
@@ -81,6 +83,7 @@ static ml_dtype g_param_dtype = ML_F32;
 static int g_accum = 1; /* micro-batches per step ("accum=K") */
 static bool g_offload;  /* FSDP's cpu_offload ("offload") */
 static const char *g_freeze; /* frozen parameters' patterns ("freeze=PATTERNS"), or NULL */
+static const char *g_fp32;   /* parameters kept in fp32 ("fp32=PATTERNS"), or NULL */
 static int64_t g_lora;       /* LoRA rank ("lora=R"), or 0 */
 static double g_dropout;     /* its lora_dropout ("dropout=P"), or 0 */
 static const char *g_targets = "all-linear"; /* its lora_targets ("targets=LIST") */
@@ -138,6 +141,7 @@ static void setup_open(setup *s) {
   opts.fsdp.param_dtype = g_param_dtype;
   opts.fsdp.cpu_offload = g_offload;
   opts.freeze = g_freeze;
+  opts.fp32_params = g_fp32;
   opts.lora = (ml_lora_opts){.rank = g_lora, .alpha = 8, .dropout = g_dropout,
                              .targets = g_targets, .seed = 1};
   if (ml_mesh_create(MPI_COMM_WORLD, g_dpr, 0, g_cp, g_tp, NULL, NULL, &s->mesh) ||
@@ -272,6 +276,10 @@ static void test_train_step(void **state) {
   if (rank0() && g_freeze)
     printf("freeze=%s: %d frozen unit(s), %d partly frozen with smaller state; shards %lld B per "
            "rank\n", g_freeze, frozen, partly, (long long)shards);
+  if (rank0() && s.pred.fp32_params)
+    printf("fp32 under bf16: %d parameters (%lld elements), %d unit(s) with an fp32 part, %lld B "
+           "of fp32 all-gather per pass\n", s.pred.fp32_params, (long long)s.pred.fp32_numel,
+           s.pred.fp32_units, (long long)s.pred.fp32_gather_bytes);
   print_counts(s.pred.train, "train step");
   agree(&rep, "mismatches between prediction and counting comm");
   setup_close(&s);
@@ -458,7 +466,7 @@ int main(int argc, char **argv) {
   if (argc < 4) {
     fprintf(stderr, "usage: test_predict FIXTURE TP SP(0|1) [rep-logits|hsdp|ac=MODE|bf16|"
                     "accum=K|cp=C|offload|freeze=PATTERNS|lora=R|dropout=P|targets=LIST|"
-                    "ep=P]...\n");
+                    "ep=P|fp32=PATTERNS]...\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];
@@ -483,6 +491,7 @@ int main(int argc, char **argv) {
     else if (!strncmp(argv[i], "dropout=", 8)) g_dropout = atof(argv[i] + 8);
     else if (!strncmp(argv[i], "targets=", 8)) g_targets = argv[i] + 8;
     else if (!strncmp(argv[i], "ep=", 3) && atoi(argv[i] + 3) >= 1) g_ep = atoi(argv[i] + 3);
+    else if (!strncmp(argv[i], "fp32=", 5) && argv[i][5]) g_fp32 = argv[i] + 5;
     else if (!known) {
       fprintf(stderr, "test_predict: unknown option '%s'\n", argv[i]);
       MPI_Abort(MPI_COMM_WORLD, 2);

@@ -141,7 +141,8 @@ def test_readme_defaults_table():
             expect = words[field][want]
         elif field == "parallel_plan":
             got, expect = got or b"auto", want.encode()
-        elif field in ("freeze", "adapter"):  # NULL: nothing frozen, no adapter
+        elif field in ("freeze", "adapter", "fp32_params"):  # NULL: nothing frozen, no adapter,
+            # the MoE routers alone kept in fp32
             got, expect = got or b"none", want.encode()
         elif field == "lora_targets":
             expect = want.encode()

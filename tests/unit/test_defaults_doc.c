@@ -81,8 +81,9 @@ static const ml_arg *find_flag(const ml_arg *spec, size_t n, const char *flag) {
 
 /* Whether flag a holds the value README writes as `text`. An unset string
  * is the engine's "auto" (engine.h: parallel_plan NULL/"auto"), or for
- * --freeze "none" (engine.h: freeze NULL, nothing frozen) and for --adapter
- * (engine/lora.h: no adapter to start from). */
+ * --freeze "none" (engine.h: freeze NULL, nothing frozen), for --adapter
+ * (engine/lora.h: no adapter to start from) and for --fp32-params
+ * (engine/fp32_params.h: NULL, the MoE routers alone). */
 static bool holds(const ml_arg *a, const char *text) {
   switch (a->type) {
   case ML_ARG_INT: return *(const int64_t *)a->dst == strtoll(text, NULL, 10);
@@ -94,7 +95,8 @@ static bool holds(const ml_arg *a, const char *text) {
   }
   case ML_ARG_STR: {
     const char *v = *(const char *const *)a->dst;
-    bool none = strcmp(a->name, "--freeze") == 0 || strcmp(a->name, "--adapter") == 0;
+    bool none = strcmp(a->name, "--freeze") == 0 || strcmp(a->name, "--adapter") == 0 ||
+                strcmp(a->name, "--fp32-params") == 0;
     const char *unset = none ? "none" : "auto";
     return strcmp(v ? v : unset, text) == 0;
   }

@@ -95,7 +95,8 @@
  * reduce_grads of the layer's unit do the same to it, so the engine walks
  * the layers as before; everything else (the shards, their gradients and
  * AdamW state, the norm, clipping, the optimizer, checkpoints) walks every
- * unit and reads each unit's own group. */
+ * unit and reads each unit's own group.
+ *
  * Mixed-dtype units (ml_param.fp32 under param_dtype bf16, engine/
  * fp32_params.h; NeMo Automodel's fully_shard_by_dtype, which gives such
  * parameters FSDP units of their own with param_dtype fp32): a unit holding

@@ -14,7 +14,10 @@
  * torch.profiler's per-operator table with CUDA_LAUNCH_BLOCKING=1.
  * Each training step restarts the profile (ml_step_run), so the table is
  * that of the last step (and what ran after it), model loading and earlier
- * steps left out. At process exit each rank prints it to stderr, heaviest
+ * steps left out. Generation marks its host work between operators as
+ * classes of their own ("generate: sampling (host)", "generate:
+ * scheduling (host)": engine/generate.c), so it is not charged to the
+ * operator before it. At process exit each rank prints it to stderr, heaviest
  * first: class, calls, total ms, mean µs per call, share of the profiled
  * time. */
 #ifndef MESHLM_BACKEND_PROFILE_H

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/profile.h"
 #include "common/checked.h"
 #include "common/hash.h"
 #include "common/rng.h"
@@ -59,7 +60,7 @@ typedef struct gen {
   float *x, *rope, *logits;
   float *gather_work;          /* vocab-sharded logits' all-gather over tp (NULL: none) */
   int32_t *ids, *host_ids;
-  float *host_logits;
+  float *host_logits;          /* = logits where the backend's memory is the host's */
   /* outputs */
   int32_t *out_tokens, *out_finish;
   int64_t *out_lens;
@@ -138,6 +139,7 @@ static int forward(gen *g, int64_t T, int64_t nl) {
   }
   if (g->e->opts.output_dtype == ML_BF16)       /* as the loss reads them */
     ML_TRY(ml_be_round_bf16(be, g->logits, (size_t)(nl * g->V)));
+  if (g->host_logits == g->logits) return 0; /* host memory: the sampler reads them there */
   return ml_be_copy(be, g->host_logits, g->logits, sizeof(float) * (size_t)(nl * g->V),
                     ML_COPY_D2H);
 }
@@ -403,6 +405,7 @@ static int finish_step(gen *g, int64_t nl) {
   }
   g->nq = kept;
   for (int64_t d = 0; d < nd; d++) g->d_rng[d] = g->rng[g->d_row[d]];
+  if (ml_be_profile_on()) ml_be_profile_mark(g->e->be, "generate: sampling (host)");
   ml_sample_rows(g->host_logits, g->d_logit, nd, g->V, &g->o->sampler, g->d_rng, g->work,
                  g->d_tok, g->d_lp);
   for (int64_t d = 0; d < nd; d++) {
@@ -418,6 +421,7 @@ static int finish_step(gen *g, int64_t nl) {
 /* Steps until every prompt is admitted and every row has finished. */
 static int run(gen *g) {
   for (;;) {
+    if (ml_be_profile_on()) ml_be_profile_mark(g->e->be, "generate: scheduling (host)");
     ML_TRY(admit(g));
     if (g->nq == 0) ML_TRY(make_room(g)); /* a decode step next */
     int64_t nl, T = plan_step(g, &nl);
@@ -461,9 +465,10 @@ static int gen_alloc(gen *g, int64_t cap, int64_t nblocks, bool kv_bf16) {
   g->logits = ml_be_alloc(be, SV, sizeof(float),
                           "the logits (%lld sequence slots x vocab_size %lld)", (long long)S,
                           (long long)V);
-  g->host_logits = ml_be_host_alloc(be, SV, sizeof(float),
-                                    "the logits (%lld sequence slots x vocab_size %lld)",
-                                    (long long)S, (long long)V);
+  g->host_logits = ml_be_host_memory(be) ? g->logits /* no copy to the host */
+                  : ml_be_host_alloc(be, SV, sizeof(float),
+                                     "the logits (%lld sequence slots x vocab_size %lld)",
+                                     (long long)S, (long long)V);
   if (!g->x || !g->rope || !g->ids || !g->host_ids || !g->logits || !g->host_logits) return -1;
   int tp = g->e->mesh->tp;
   if (tp > 1 && !m->lm_head.out.fwd.fn && m->lm_head.weight->local[0] != V) {
@@ -504,10 +509,10 @@ static void gen_free(gen *g) {
   ml_be_free(be, g->x);
   ml_be_free(be, g->rope);
   ml_be_free(be, g->ids);
+  if (g->host_logits != g->logits) ml_be_host_free(be, g->host_logits);
   ml_be_free(be, g->logits);
   ml_be_free(be, g->gather_work);
   ml_be_host_free(be, g->host_ids);
-  ml_be_host_free(be, g->host_logits);
   void *host[] = {g->slots, g->queue, g->seg, g->need, g->d_row, g->d_logit, g->d_rng,
                   g->d_tok, g->d_lp, g->slot_of, g->resume, g->rng, g->work, g->start};
   for (size_t i = 0; i < sizeof host / sizeof *host; i++) free(host[i]);

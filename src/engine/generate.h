@@ -175,7 +175,8 @@ enum { ML_GEN_RUNNING = 256, ML_GEN_PREFILL = 512 };
  * Memory (device): the KV cache and its RoPE tables (above), the model's
  * forward-only activations (one layer's: ml_model.forward_only) for a step
  * of at most max(max_running, prefill_tokens) tokens (the model keeps the
- * last step's until the engine's next forward re-sizes them), [max_running, vocab] logits; on the host the logits and
+ * last step's until the engine's next forward re-sizes them), [max_running, vocab] logits; on the host the logits (no
+ * second copy where the backend's memory is the host's: the CPU's) and
  * the sampler's [max_running, 2 · vocab] scratch; all but the activations
  * freed before returning. Every FSDP unit is unsharded for the call (the
  * whole model in param_dtype) and resharded after it.

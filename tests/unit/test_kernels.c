@@ -1238,6 +1238,85 @@ static void test_attention_fixed_blocks(void **state) {
     }
 }
 
+/* The row kernel (kernels.h K_ATTN_ROWS): a block of at most K_ATTN_ROWS
+ * query rows in the default mode is the fixed order's bit pattern (decode
+ * steps and short chunks at several positions, fp32 and packed bf16,
+ * GQA, windows); and its tasks, which take a kv head's query heads
+ * together, give a tp rank's heads (a group split across ranks:
+ * head_off, group) the bits of the same heads in the whole call. */
+static void test_attention_rows(void **state) {
+  (void)state;
+  static const attn_ctx cases[] = {
+      ATTN(1, 300, 9, 3, 16, 0, 0.25f), /* SmolLM2's grouping, three key tiles */
+      ATTN(1, 300, 4, 1, 16, 40, 0.25f),
+  };
+  const int64_t at_pos[] = {0, 5, 127, 128, 200, 299 - K_ATTN_ROWS};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+    for (int bf = 0; bf < 2; bf++) {
+      attn_ctx a = attn_alloc(cases[c]);
+      int64_t qr = a.nh * a.hd, nq = a.B * a.S * qr, nk = a.B * a.S * a.nkv * a.hd;
+      k_attn_bf16 lp = {.packed = true};
+      if (bf) lp.q = bf16_copy(a.q, nq), lp.k = bf16_copy(a.k, nk), lp.v = bf16_copy(a.v, nk);
+      float *tiles = attn_tiles(a.hd);
+      size_t ob = sizeof(float) * (size_t)(K_ATTN_ROWS * qr);
+      size_t lb = sizeof(float) * (size_t)(K_ATTN_ROWS * a.nh);
+      float *o1 = malloc(ob), *o2 = malloc(ob), *l1 = malloc(lb), *l2 = malloc(lb);
+      for (size_t p = 0; p < sizeof at_pos / sizeof *at_pos; p++)
+        for (int64_t sq = 1; sq <= K_ATTN_ROWS; sq += K_ATTN_ROWS - 1) {
+          fixed_rows(&a, bf ? &lp : NULL, 0, at_pos[p], sq, tiles, o1, l1);
+          k_attn_block blk = {.B = 1, .sq = sq, .sk = at_pos[p] + sq, .nh = a.nh, .nkv = a.nkv,
+                              .hd = a.hd, .q_pos = at_pos[p], .q_bs = sq * qr,
+                              .k_bs = a.S * a.nkv * a.hd, .l_bs = sq * a.nh, .scale = a.scale,
+                              .window = a.window};
+          k_attn_bf16 part = lp;
+          if (bf) part.q = (const uint16_t *)lp.q + at_pos[p] * qr;
+          assert_int_equal(k_attention_block_fwd(&blk, a.q + at_pos[p] * qr, a.k, a.v, o2, l2,
+                                                 false, bf ? &part : NULL, tiles),
+                           0);
+          assert_memory_equal(o1, o2, sizeof(float) * (size_t)(sq * qr));
+          assert_memory_equal(l1, l2, sizeof(float) * (size_t)(sq * a.nh));
+        }
+      printf("  attention rows <= %d, S=%lld nh %lld nkv %lld %s: default = fixed order, "
+             "bitwise\n",
+             K_ATTN_ROWS, (long long)a.S, (long long)a.nh, (long long)a.nkv, bf ? "bf16" : "fp32");
+      free((void *)lp.q), free((void *)lp.k), free((void *)lp.v);
+      free(tiles), free(o1), free(o2), free(l1), free(l2);
+      attn_free(&a);
+    }
+  /* SmolLM2's 9 query heads over 3 kv heads cut for tp 2 and 4 (5 + 4, 3 + 2 + 2 + 2: kv
+     heads shared), decode steps in the fixed order: each rank's heads = the whole call's */
+  attn_ctx a = attn_alloc((attn_ctx)ATTN(1, 200, 9, 3, 16, 0, 0.25f));
+  int64_t g = 3, hd = a.hd, p = 150, qr = a.nh * hd;
+  float *tiles = attn_tiles(hd), *whole = malloc(sizeof(float) * (size_t)qr);
+  float *wl = malloc(sizeof(float) * (size_t)a.nh);
+  fixed_rows(&a, NULL, 0, p, 1, tiles, whole, wl);
+  for (int tp = 2; tp <= 4; tp += 2)
+    for (int r = 0; r < tp; r++) {
+      int64_t base = a.nh / tp, extra = a.nh % tp;
+      int64_t q0 = r * base + (r < extra ? r : extra), n = base + (r < extra);
+      int64_t kv0 = q0 / g, nkv = (q0 + n - 1) / g + 1 - kv0;
+      size_t qb = sizeof(float) * (size_t)(n * hd), kb = sizeof(float) * (size_t)(a.S * nkv * hd);
+      float *lq = malloc(qb), *lo = malloc(qb), *lk = malloc(kb), *lv = malloc(kb);
+      float *ll = malloc(sizeof(float) * (size_t)n);
+      memcpy(lq, a.q + p * qr + q0 * hd, sizeof(float) * (size_t)(n * hd));
+      for (int64_t t = 0; t < a.S; t++) {
+        memcpy(lk + t * nkv * hd, a.k + (t * a.nkv + kv0) * hd, sizeof(float) * (size_t)(nkv * hd));
+        memcpy(lv + t * nkv * hd, a.v + (t * a.nkv + kv0) * hd, sizeof(float) * (size_t)(nkv * hd));
+      }
+      k_attn_block blk = {.B = 1, .sq = 1, .sk = p + 1, .nh = n, .nkv = nkv, .hd = hd,
+                          .q_pos = p, .q_bs = n * hd, .k_bs = a.S * nkv * hd, .l_bs = n,
+                          .scale = a.scale, .group = g, .head_off = q0 - kv0 * g,
+                          .fixed_order = true};
+      assert_int_equal(k_attention_block_fwd(&blk, lq, lk, lv, lo, ll, false, NULL, tiles), 0);
+      assert_memory_equal(lo, whole + q0 * hd, sizeof(float) * (size_t)(n * hd));
+      assert_memory_equal(ll, wl + q0, sizeof(float) * (size_t)n);
+      free(lq), free(lo), free(lk), free(lv), free(ll);
+    }
+  printf("  attention rows, 9 heads over 3 kv heads split over tp 2 and 4: = whole, bitwise\n");
+  free(tiles), free(whole), free(wl);
+  attn_free(&a);
+}
+
 /* The backward: both kernels against the double reference and each other,
  * the flash one also against finite differences of the reference. */
 static void test_attention_bwd(void **state) {
@@ -1905,7 +1984,8 @@ int main(void) {
       cmocka_unit_test(test_rope_apply),    cmocka_unit_test(test_expf),
       cmocka_unit_test(test_attention_fwd),
       cmocka_unit_test(test_attention_fixed_fwd),
-      cmocka_unit_test(test_attention_fixed_blocks), cmocka_unit_test(test_attention_bwd),
+      cmocka_unit_test(test_attention_fixed_blocks), cmocka_unit_test(test_attention_rows),
+      cmocka_unit_test(test_attention_bwd),
       cmocka_unit_test(test_attention_blocks), cmocka_unit_test(test_attention_head_split),
       cmocka_unit_test(test_attention_bf16),
       cmocka_unit_test(test_glu),

@@ -26,18 +26,26 @@
  * in the block; rows of B past N repeated and their results dropped. At
  * most MB rows of A (decode: W streamed at memory bandwidth) each OpenMP thread
  * takes a contiguous part of B's rows; more, 64 × 64 output tiles, one
- * OpenMP task each (K never split). A product too small to pay for waking
+ * OpenMP task each (K never split), on packed panels with AVX-512 where B
+ * is fp32: the task's A rows and each group of PR rows of B copied once
+ * into contiguous chunk-major panels, zero-padded to whole chunks (the
+ * masked loads' zeros: the same fused multiply-adds), so a register tile
+ * streams its B panel from L1 and its A panel from L2 rather than eight
+ * strided rows from L2. A product too small to pay for waking
  * the team runs on the calling thread (PAR_*, measured below). A bf16 A may
  * come widened to fp32 already (gemm.c does, once per call: the same
  * values, so the same products), leaving only B to widen in the loop. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
+#include "common/checked.h"
 
-enum { LANES = 16, MR = 4, NR = 4 /* reduce4 */, NRMAX = 8, MB = 64, NB = 64 };
+/* PR: rows of a packed panel (block_packed) */
+enum { LANES = 16, MR = 4, NR = 4 /* reduce4 */, NRMAX = 8, MB = 64, NB = 64, PR = 4 };
 
 /* The team wakes only for a product of N·K >= PAR_NK elements of B or
  * M·N·K >= PAR_MNK multiply-adds. Measured with bench/cpu_gemm_small.c (AMD
@@ -50,6 +58,7 @@ enum { LANES = 16, MR = 4, NR = 4 /* reduce4 */, NRMAX = 8, MB = 64, NB = 64 };
 enum { PAR_NK = 1 << 19, PAR_MNK = 1 << 21 };
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define FIXED_PACKED 1 /* the AVX-512 kernels, and the packed path of large M */
 #include <immintrin.h>
 
 /* 16 elements from k of a row (bf16 widened), lanes outside mask 0 */
@@ -127,7 +136,49 @@ static inline __attribute__((always_inline)) void micro(int mr, int nr, bool abf
       _mm_storeu_ps(out[r] + c, reduce4(acc[r][c], acc[r][c + 1], acc[r][c + 2], acc[r][c + 3]));
 }
 
+/* A panel (the packed path): rows r0 .. r0+nr−1 of X [., K] (ld, bf16 or
+ * fp32) into p [kc][PR][16] fp32, chunk-major, the panel's rows past nr 0
+ * and the lanes of a partial last chunk 0 (the masked loads' 0), so a
+ * register tile reads one contiguous stream, widened once. */
+static void pack(const void *X, int64_t ld, bool bf, int64_t r0, int nr, int64_t K, float *p) {
+  int64_t kc = (K + LANES - 1) / LANES;
+  for (int r = 0; r < PR; r++) {
+    const void *x = (const char *)X + (size_t)((r0 + (r < nr ? r : 0)) * ld) * (bf ? 2 : 4);
+    for (int64_t c = 0; c < kc; c++) {
+      int64_t k = c * LANES;
+      __mmask16 m = K - k >= LANES ? (__mmask16)0xFFFF : (__mmask16)((1u << (K - k)) - 1);
+      _mm512_store_ps(p + (c * PR + r) * LANES, r < nr ? load16(x, k, bf, m) : _mm512_setzero_ps());
+    }
+  }
+}
+
+/* out[r][c] = the documented order over packed panels a [kc][PR][16] and
+ * b [kc][PR][16] (pack): micro's operations on the same values. */
+static inline __attribute__((always_inline)) void micro_packed(int mr, int64_t kc, const float *a,
+                                                               const float *b, float out[][NRMAX]) {
+  __m512 acc[MR][NR];
+#pragma GCC unroll 4
+  for (int r = 0; r < mr; r++)
+#pragma GCC unroll 4
+    for (int c = 0; c < NR; c++) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; k++, a += PR * LANES, b += PR * LANES) {
+    __m512 bv[NR];
+#pragma GCC unroll 4
+    for (int c = 0; c < NR; c++) bv[c] = _mm512_load_ps(b + c * LANES);
+#pragma GCC unroll 4
+    for (int r = 0; r < mr; r++) {
+      __m512 av = _mm512_load_ps(a + r * LANES);
+#pragma GCC unroll 4
+      for (int c = 0; c < NR; c++) acc[r][c] = _mm512_fmadd_ps(av, bv[c], acc[r][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < mr; r++)
+    _mm_storeu_ps(out[r], reduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
+}
+
 #else
+#define FIXED_PACKED 0
 
 static inline float elem(const void *row, int64_t k, bool bf) {
   return bf ? ml_bf16_to_f32(((const uint16_t *)row)[k]) : ((const float *)row)[k];
@@ -225,6 +276,96 @@ static void block(const fixed_args *f, int64_t i_lo, int64_t i_hi, int64_t j_lo,
   }
 }
 
+#if FIXED_PACKED
+/* A thread's panels for the packed path: ap [MB / PR][kc][PR][16] (the A
+ * block of rows a_of .. a_of+MB−1 packed; a_of −1: none yet), bp
+ * [kc][PR][16] (one panel of B). */
+typedef struct panels {
+  float *ap, *bp;
+  int64_t a_of;
+} panels;
+
+static panels panels_alloc(int64_t K) {
+  int64_t kc = (K + LANES - 1) / LANES;
+  size_t bp = (size_t)ml_mul_sat(kc, PR * LANES) * sizeof(float); /* a multiple of 64 */
+  panels p = {.ap = aligned_alloc(64, bp * (MB / PR)), .bp = aligned_alloc(64, bp), .a_of = -1};
+  return p;
+}
+
+static void panels_free(panels *p) {
+  free(p->ap);
+  free(p->bp);
+}
+
+/* `block` on packed panels: rows i_lo .. i_hi (<= MB) of A packed once
+ * (kept while the thread's next task has the same rows), each panel of PR
+ * rows of B packed (widened) once and used by every A panel from L1. The
+ * same operations as block (micro_packed), so the same bits. */
+static void block_packed(const fixed_args *f, panels *p, int64_t i_lo, int64_t i_hi, int64_t j_lo,
+                         int64_t j_hi) {
+  const ml_gemm *g = f->g;
+  bool abf = f->aesz == sizeof(uint16_t), bbf = f->besz == sizeof(uint16_t);
+  int64_t kc = (g->K + LANES - 1) / LANES, panel = kc * PR * LANES;
+  if (p->a_of != i_lo) {
+    for (int64_t i0 = i_lo; i0 < i_hi; i0 += PR)
+      pack(f->A, f->lda, abf, i0, (int)(i_hi - i0 < PR ? i_hi - i0 : PR), g->K,
+           p->ap + (i0 - i_lo) / PR * panel);
+    p->a_of = i_lo;
+  }
+  float out[MR][NRMAX];
+  for (int64_t j0 = j_lo; j0 < j_hi; j0 += NR) {
+    int nc = j_hi - j0 < NR ? (int)(j_hi - j0) : NR;
+    pack(f->B, f->ldb, bbf, j0, nc, g->K, p->bp);
+    for (int64_t i0 = i_lo; i0 < i_hi; i0 += MR) {
+      const float *a = p->ap + (i0 - i_lo) / PR * panel;
+      int mr = i_hi - i0 < MR ? (int)(i_hi - i0) : MR;
+      switch (mr) { /* the tile's rows as a constant: the accumulators are registers */
+        case 4: micro_packed(4, kc, a, p->bp, out); break;
+        case 3: micro_packed(3, kc, a, p->bp, out); break;
+        case 2: micro_packed(2, kc, a, p->bp, out); break;
+        default: micro_packed(1, kc, a, p->bp, out); break;
+      }
+      for (int r = 0; r < mr; r++) store(f, i0 + r, j0, nc, out[r]);
+    }
+  }
+}
+#endif
+
+/* Rows of A beyond MB: MB × NB output tiles, one OpenMP task each (K never
+ * split), on packed panels where B is fp32 (AVX-512; a bf16 B, or a thread
+ * without the panels' memory, runs its tiles unpacked: the same
+ * operations). */
+static void tiles(const fixed_args *f) {
+  const ml_gemm *g = f->g;
+  int64_t mt = (g->M + MB - 1) / MB, nt = (g->N + NB - 1) / NB;
+#pragma omp parallel
+  {
+#if FIXED_PACKED
+    /* fp32 B only: a bf16 B read as it is streams half the bytes from L2, which measured as
+       fast as its widened panels (bench/cpu_gemm_small.c, M 512, K 576: N 576 0.8x, N 1536
+       1.05x the unpacked time; fp32 1.5x faster packed) */
+    panels p = f->besz == sizeof(float) ? panels_alloc(g->K) : (panels){NULL, NULL, -1};
+    bool packed = p.ap && p.bp;
+#endif
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < mt * nt; t++) { /* consecutive tasks share A's rows */
+      int64_t i_lo = t / nt * MB, j_lo = t % nt * NB;
+      int64_t i_hi = i_lo + MB < g->M ? i_lo + MB : g->M;
+      int64_t j_hi = j_lo + NB < g->N ? j_lo + NB : g->N;
+#if FIXED_PACKED
+      if (packed) {
+        block_packed(f, &p, i_lo, i_hi, j_lo, j_hi);
+        continue;
+      }
+#endif
+      block(f, i_lo, i_hi, j_lo, j_hi);
+    }
+#if FIXED_PACKED
+    panels_free(&p);
+#endif
+  }
+}
+
 int ml_cpu_gemm_fixed(const ml_gemm *g, const void *A, int64_t lda, bool a_bf16, const void *B,
                       int64_t ldb, bool b_bf16, const float *bias) {
   fixed_args f = {.g = g, .A = A, .B = B, .lda = lda, .ldb = ldb,
@@ -242,12 +383,6 @@ int ml_cpu_gemm_fixed(const ml_gemm *g, const void *A, int64_t lda, bool a_bf16,
     }
     return 0;
   }
-  int64_t mt = (g->M + MB - 1) / MB, nt = (g->N + NB - 1) / NB;
-#pragma omp parallel for schedule(static)
-  for (int64_t t = 0; t < mt * nt; t++) {
-    int64_t i_lo = t / nt * MB, j_lo = t % nt * NB;
-    int64_t i_hi = i_lo + MB < g->M ? i_lo + MB : g->M, j_hi = j_lo + NB < g->N ? j_lo + NB : g->N;
-    block(&f, i_lo, i_hi, j_lo, j_hi);
-  }
+  tiles(&f);
   return 0;
 }

@@ -11,6 +11,11 @@
  * sum l per row in fp32, the accumulator O rescaled by exp(m − m') when the
  * max grows), O += P·V (a GEMM); at the end out = O / l, lse = m + log l,
  * or, accumulating, the online-softmax merge into the out and lse there.
+ * The row kernel (the batch-invariant order, fixed_order, and any block of
+ * at most K_ATTN_ROWS query rows: decode) has no GEMM: one task per
+ * (sequence, kv head, its query heads, query rows), each key tile's keys
+ * and values loaded once for the group's heads, each row's scores and P·V
+ * in one fixed order (fwd_row_fixed).
  *
  * Backward, without atomics, in two passes over the same recomputed tiles
  * (P = exp(scale·q·k − lse) from the final lse, dP = dout·V^T, dS = P ⊙
@@ -36,6 +41,9 @@
 #include <math.h>
 #include <omp.h>
 #include <string.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/cpu/kernels.h"
 #include "tensor/dtype.h"
@@ -375,6 +383,79 @@ static void widen(const attn *a, const void *x, float *y, int64_t n) {
   for (int64_t d = 0; d < n; d++) y[d] = ml_bf16_to_f32(((const uint16_t *)x)[d]);
 }
 
+#if defined(__AVX512F__)
+/* Lanes c·16 .. c·16+15 of a run of n elements that exist (c = 0 .. 3). */
+static inline __mmask16 lanes(int64_t n, int c) {
+  int64_t r = n - 16 * c;
+  return r >= 16 ? (__mmask16)0xFFFF : r > 0 ? (__mmask16)((1u << r) - 1) : (__mmask16)0;
+}
+#endif
+
+/* s[j] (=) the chain of fused multiply-adds over d = 0 .. hd−1 of
+ * q[d]·kT[d·TK + j], from +0, for j in [lo, hi): the fixed order's scores
+ * (before the scale). AVX-512: 64 keys' chains at once in registers
+ * rather than s in memory at every d; the same operations. */
+static void scores_fixed(const float *q, const float *kT, int64_t hd, int64_t lo, int64_t hi,
+                         float *s) {
+#if defined(__AVX512F__)
+  for (int64_t j0 = lo; j0 < hi; j0 += 64) {
+    int64_t n = min64(64, hi - j0);
+    __mmask16 mk[4] = {lanes(n, 0), lanes(n, 1), lanes(n, 2), lanes(n, 3)};
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+    for (int64_t d = 0; d < hd; d++) {
+      __m512 qd = _mm512_set1_ps(q[d]);
+      const float *kd = kT + d * TK + j0;
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; c++)
+        acc[c] = _mm512_fmadd_ps(qd, _mm512_maskz_loadu_ps(mk[c], kd + 16 * c), acc[c]);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(s + j0 + 16 * c, mk[c], acc[c]);
+  }
+#else
+  for (int64_t j = lo; j < hi; j++) s[j] = 0.0f;
+  for (int64_t d = 0; d < hd; d++) {
+    const float *kd = kT + d * TK;
+#pragma omp simd
+    for (int64_t j = lo; j < hi; j++) s[j] = fmaf(q[d], kd[j], s[j]);
+  }
+#endif
+}
+
+/* o[d] (+=) the chain of fused multiply-adds over j = lo .. hi−1 (in
+ * increasing order) of p[j]·vt[j·hd + d], onto o[d]: the fixed order's
+ * P·V. AVX-512: 64 of o's elements at once in registers; the same
+ * operations. */
+static void pv_fixed(const float *p, const float *vt, int64_t hd, int64_t lo, int64_t hi,
+                     float *o) {
+#if defined(__AVX512F__)
+  for (int64_t d0 = 0; d0 < hd; d0 += 64) {
+    int64_t n = min64(64, hd - d0);
+    __mmask16 mk[4] = {lanes(n, 0), lanes(n, 1), lanes(n, 2), lanes(n, 3)};
+    __m512 acc[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) acc[c] = _mm512_maskz_loadu_ps(mk[c], o + d0 + 16 * c);
+    for (int64_t j = lo; j < hi; j++) {
+      __m512 pj = _mm512_set1_ps(p[j]);
+      const float *vj = vt + j * hd + d0;
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; c++)
+        acc[c] = _mm512_fmadd_ps(pj, _mm512_maskz_loadu_ps(mk[c], vj + 16 * c), acc[c]);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) _mm512_mask_storeu_ps(o + d0 + 16 * c, mk[c], acc[c]);
+  }
+#else
+  for (int64_t j = lo; j < hi; j++) {
+    const float *vj = vt + j * hd;
+    float pj = p[j];
+#pragma omp simd
+    for (int64_t d = 0; d < hd; d++) o[d] = fmaf(pj, vj[d], o[d]);
+  }
+#endif
+}
+
 /* One query row r of the tile (query i0 + r, q its fp32 copy [hd]) against
  * its keys in the tile at local keys [t0, t0+n) (kT, vt loaded): the keys
  * it sees there, [lo, hi) = its range ∩ the tile, a run fixed by its own
@@ -389,56 +470,153 @@ static void fwd_row_fixed(const attn *a, const float *q, int64_t i, int64_t t0, 
   int64_t hd = k->hd;
   int64_t lo = clamp(key_lo(k, i) - t0, 0, n), hi = clamp(key_hi(k, i) - t0, 0, n);
   if (lo >= hi) return;
-  for (int64_t j = lo; j < hi; j++) s[j] = 0.0f;
-  for (int64_t d = 0; d < hd; d++) {
-    const float *kd = w.kT + d * TK;
-#pragma omp simd
-    for (int64_t j = lo; j < hi; j++) s[j] = fmaf(q[d], kd[j], s[j]);
-  }
+  scores_fixed(q, w.kT, hd, lo, hi, s);
   for (int64_t j = lo; j < hi; j++) s[j] *= k->scale;
   softmax_row(s + lo, hi - lo, 0, hi - lo, m, l, o, hd);
   if (a->lp) round_row(s + lo, s + lo, hi - lo, false);
-  for (int64_t j = lo; j < hi; j++) {
-    const float *vj = w.vt + j * hd;
-    float p = s[j];
-#pragma omp simd
-    for (int64_t d = 0; d < hd; d++) o[d] = fmaf(p, vj[d], o[d]);
+  pv_fixed(s, w.vt, hd, lo, hi, o);
+}
+
+#if defined(__AVX512F__)
+/* dst[c·ldd + r] = src[r·lds + c] for r, c < 16: a 16 × 16 transpose in
+ * registers (unpacks, then 128-bit lane shuffles). */
+static void transpose16(const float *src, int64_t lds, float *dst, int64_t ldd) {
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * lds);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 1] = _mm512_shuffle_ps(t[i], t[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    r[i + 2] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    r[i + 3] = _mm512_shuffle_ps(t[i + 1], t[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int i = 0; i < 4; i++) {
+    t[i] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_f32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_f32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 8; i++) {
+    r[i] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_f32x4(t[i], t[i + 8], 0xdd);
+  }
+  for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + i * ldd, r[i]);
+}
+#endif
+
+/* Key rows t0 .. t0+n−1 of kv head g of sequence b into w.kT [hd][TK]
+ * (transposed) and their values into w.vt [n][hd], fp32 (kv_load's exact
+ * values): 16 key rows at a time staged in w.dS (when [16, hd] fits it:
+ * hd <= TQ·TK / 16) and transposed in registers (AVX-512), the rest one
+ * at a time through w.dS. */
+static void load_tile(const attn *a, int64_t b, int64_t g, int64_t t0, int64_t n, scratch w) {
+  int64_t hd = a->blk->hd, j = 0;
+  for (int64_t r = 0; r < n; r++)
+    kv_load(a, at(a->v, k_at(a, b, t0 + r, g), a->kesz), w.vt + r * hd, hd, sizeof(float));
+#if defined(__AVX512F__)
+  for (; j + 16 <= n && 16 * hd <= TQ * TK; j += 16) {
+    for (int64_t r = 0; r < 16; r++)
+      kv_load(a, at(a->k, k_at(a, b, t0 + j + r, g), a->kesz), w.dS + r * hd, hd, sizeof(float));
+    int64_t d = 0;
+    for (; d + 16 <= hd; d += 16) transpose16(w.dS + d, hd, w.kT + d * TK + j, TK);
+    for (; d < hd; d++)
+      for (int64_t r = 0; r < 16; r++) w.kT[d * TK + j + r] = w.dS[r * hd + d];
+  }
+#endif
+  for (; j < n; j++) {
+    kv_load(a, at(a->k, k_at(a, b, t0 + j, g), a->kesz), w.dS, hd, sizeof(float));
+    for (int64_t d = 0; d < hd; d++) w.kT[d * TK + j] = w.dS[d];
   }
 }
 
-/* fwd_tile in the fixed order: the key tiles start at global positions
- * that are multiples of TK (whatever the query tile, so a KV-cache step
- * with one query walks the tiles a whole-sequence forward does), each
- * row computed alone (fwd_row_fixed), the tile's keys and values loaded
- * once for all rows. */
-static int fwd_tile_fixed(const attn *a, float *out, float *lse, bool accumulate, int64_t b,
-                          int64_t h, int64_t i0, scratch w) {
+/* The fixed-order forward of one task: query rows i0 .. i0+M−1 of the nq
+ * query heads h0 .. h0+nq−1, which read one kv head g (GQA: a group's
+ * heads share its keys), M·nq <= TQ. The key tiles start at global
+ * positions that are multiples of TK (whatever the rows, so a KV-cache
+ * step with one query walks the tiles a whole-sequence forward does);
+ * each tile's keys and values are loaded once for all the task's rows and
+ * heads, and each (row, head) is computed alone (fwd_row_fixed): its bits
+ * depend neither on the task's other rows and heads nor on how the block
+ * was cut into tasks. State u = r·nq + (h − h0). */
+static void fwd_group_fixed(const attn *a, float *out, float *lse, bool accumulate, int64_t b,
+                            int64_t g, int64_t h0, int64_t nq, int64_t i0, int64_t M,
+                            scratch w) {
   const k_attn_block *k = a->blk;
-  int64_t hd = k->hd, M = min64(TQ, k->sq - i0), g = kv_of(a, h);
+  int64_t hd = k->hd, U = M * nq;
   int64_t jlo = key_lo(k, i0), jhi = key_hi(k, i0 + M - 1);
   float *q = w.qf;
-  for (int64_t r = 0; r < M; r++) {
-    w.m[r] = -INFINITY, w.l[r] = 0.0f;
-    memset(w.O + r * hd, 0, (size_t)hd * sizeof(float));
-    widen(a, at(a->q, q_at(a, b, i0 + r, h), a->esz), q + r * hd, hd);
+  for (int64_t u = 0; u < U; u++) {
+    w.m[u] = -INFINITY, w.l[u] = 0.0f;
+    memset(w.O + u * hd, 0, (size_t)hd * sizeof(float));
+    widen(a, at(a->q, q_at(a, b, i0 + u / nq, h0 + u % nq), a->esz), q + u * hd, hd);
   }
   int64_t first = jlo < jhi ? (k->k_pos + jlo) / TK * TK : k->k_pos + jhi;
   for (int64_t G = first; G < k->k_pos + jhi; G += TK) {
     int64_t t0 = G - k->k_pos > jlo ? G - k->k_pos : jlo;
     int64_t t1 = min64(G + TK - k->k_pos, jhi), n = t1 - t0;
-    for (int64_t j = 0; j < n; j++) {
-      float *vj = w.vt + j * hd, *kj = w.dS; /* dS: staging of one key row (hd <= TQ·TK) */
-      kv_load(a, at(a->k, k_at(a, b, t0 + j, g), a->kesz), kj, hd, sizeof(float));
-      for (int64_t d = 0; d < hd; d++) w.kT[d * TK + j] = kj[d];
-      kv_load(a, at(a->v, k_at(a, b, t0 + j, g), a->kesz), vj, hd, sizeof(float));
-    }
-    for (int64_t r = 0; r < M; r++)
-      fwd_row_fixed(a, q + r * hd, i0 + r, t0, n, w.S, &w.m[r], &w.l[r], w.O + r * hd, w);
+    load_tile(a, b, g, t0, n, w);
+    for (int64_t u = 0; u < U; u++)
+      fwd_row_fixed(a, q + u * hd, i0 + u / nq, t0, n, w.S, &w.m[u], &w.l[u], w.O + u * hd, w);
   }
-  for (int64_t r = 0; r < M; r++)
-    finish_row(w.O + r * hd, w.m[r], w.l[r], out + q_at(a, b, i0 + r, h),
-               lse + lse_at(a, b, i0 + r, h), hd, accumulate);
-  return 0;
+  for (int64_t u = 0; u < U; u++) {
+    int64_t i = i0 + u / nq, h = h0 + u % nq;
+    finish_row(w.O + u * hd, w.m[u], w.l[u], out + q_at(a, b, i, h), lse + lse_at(a, b, i, h),
+               hd, accumulate);
+  }
+}
+
+/* The fixed-order forward's tasks: per sequence and kv head, its query
+ * heads in chunks of hc (all of the group's when they fit a tile: hc =
+ * min(group, TQ)) by query rows in tiles of rt = TQ / hc. */
+typedef struct fixed_split {
+  int64_t hc, rt, nc, nt; /* heads a chunk, rows a tile; chunks a kv head, row tiles */
+} fixed_split;
+
+static fixed_split fixed_split_of(const attn *a) {
+  fixed_split f = {.hc = min64(a->group, TQ)};
+  f.rt = TQ / f.hc;
+  f.nc = (a->group + f.hc - 1) / f.hc;
+  f.nt = (a->blk->sq + f.rt - 1) / f.rt;
+  return f;
+}
+
+/* Task `task` of the fixed-order forward: the last row tiles first (they
+ * see the most keys); heads of chunk c of kv head g that the block holds
+ * (query head h reads kv head (h + off) / group). */
+static void fwd_task_fixed(const attn *a, const fixed_split *f, int64_t task, float *out,
+                           float *lse, bool accumulate, scratch w) {
+  const k_attn_block *k = a->blk;
+  int64_t t = f->nt - 1 - task % f->nt, rest = task / f->nt;
+  int64_t c = rest % f->nc, bg = rest / f->nc, b = bg / k->nkv, g = bg % k->nkv;
+  int64_t h0 = g * a->group - a->off + c * f->hc, h1 = h0 + f->hc;
+  int64_t group_end = (g + 1) * a->group - a->off;
+  if (h1 > group_end) h1 = group_end;
+  if (h0 < 0) h0 = 0;
+  if (h1 > k->nh) h1 = k->nh;
+  int64_t i0 = t * f->rt;
+  if (h0 < h1)
+    fwd_group_fixed(a, out, lse, accumulate, b, g, h0, h1 - h0, i0, min64(f->rt, k->sq - i0), w);
+}
+
+/* The row kernel's tasks (fixed_order, or at most K_ATTN_ROWS query rows
+ * a sequence) on the team when the block's multiply-adds reach
+ * K_ATTN_PAR_MAC, else on the calling thread. */
+static void fwd_rows(const attn *a, float *out, float *lse, bool accumulate, float *tiles) {
+  const k_attn_block *blk = a->blk;
+  fixed_split f = fixed_split_of(a);
+  int64_t tasks = blk->B * blk->nkv * f.nc * f.nt;
+  double macs = 2.0 * (double)blk->B * (double)blk->nh * (double)blk->sq * (double)blk->sk *
+                (double)blk->hd; /* scores and P·V, every key counted */
+#pragma omp parallel if (tasks > 1 && macs >= K_ATTN_PAR_MAC)
+  {
+    scratch w = scratch_of(tiles, blk->hd);
+#pragma omp for schedule(dynamic)
+    for (int64_t task = 0; task < tasks; task++)
+      fwd_task_fixed(a, &f, task, out, lse, accumulate, w);
+  }
 }
 
 int k_attention_block_fwd(const k_attn_block *blk, const float *q, const float *k, const float *v,
@@ -446,6 +624,10 @@ int k_attention_block_fwd(const k_attn_block *blk, const float *q, const float *
                           float *tiles) {
   if (blk->B <= 0 || blk->sq <= 0) return 0;
   attn a = attn_of(blk, q, k, v, NULL, lp);
+  if (blk->fixed_order || blk->sq <= K_ATTN_ROWS) {
+    fwd_rows(&a, out, lse, accumulate, tiles);
+    return 0;
+  }
   int64_t nt = (blk->sq + TQ - 1) / TQ, tasks = blk->B * blk->nh * nt;
   int rc = 0;
   int blas_threads = blas_serial_begin();
@@ -457,8 +639,7 @@ int k_attention_block_fwd(const k_attn_block *blk, const float *q, const float *
       /* the last tiles first: they see the most keys */
       int64_t bh = task / nt, t = nt - 1 - task % nt;
       int64_t b = bh / blk->nh, h = bh % blk->nh;
-      keep_first(&rc, blk->fixed_order ? fwd_tile_fixed(&a, out, lse, accumulate, b, h, t * TQ, w)
-                                       : fwd_tile(&a, out, lse, accumulate, b, h, t * TQ, w));
+      keep_first(&rc, fwd_tile(&a, out, lse, accumulate, b, h, t * TQ, w));
     }
   }
   openblas_set_num_threads(blas_threads);

@@ -30,9 +30,7 @@
  * fewer than K_PAR_MIN floats touched. Every iteration's result is the
  * same whichever thread computes it (no reduction across iterations
  * depends on the team), so the results are bitwise the same either way.
- * (Attention keeps its team even for one query a sequence: its per-tile
- * GEMMs cost more than the wake-up — measured, a decode step at batch 1
- * 4 % slower in fp32 and 2× in bf16 with it on one thread.) */
+ * Attention's forward decides by its own measure (K_ATTN_PAR_MAC). */
 #define K_PAR_MIN 65536
 #define K_PAR(iters, floats) ((iters) > 1 && (floats) >= K_PAR_MIN)
 
@@ -101,7 +99,8 @@ typedef struct k_attn_block {
                        global positions that are multiples of K_ATTN_TILE_K, its scores and
                        P·V in one fixed order (attention.c fwd_row_fixed), so a query's output
                        and lse are bitwise the same whatever block, batch, packing or KV-cache
-                       step computes it; the backward is the same either way */
+                       step computes it; the backward is the same either way. A block of at
+                       most K_ATTN_ROWS query rows takes this order in either mode */
   /* Paged keys and values (vLLM's PagedAttention; forward only): NULL, k and v
    * are [B][sk rows, nkv, hd] at k_bs as above. Else k and v are a pool of
    * blocks of kv_block rows, [n_blocks · kv_block rows, nkv, hd], and local
@@ -119,6 +118,26 @@ typedef struct k_attn_block {
  * of a key tile (pass 2); keys per tile. No [S, S] tensor is formed, only
  * one [TILE_Q, TILE_K] tile of scores per thread at a time. */
 enum { K_ATTN_TILE_Q = 64, K_ATTN_TILE_K = 128 };
+
+/* The row kernel (attention.c fwd_group_fixed): the batch-invariant
+ * forward's, and the default forward's for blocks of at most K_ATTN_ROWS
+ * query rows a sequence (decode: one), where per-tile GEMMs of a few rows
+ * cost more than they compute. Its tasks take a kv head's query heads
+ * together (GQA: each key and value row loaded once for its group), and
+ * run on the OpenMP team only for blocks of at least K_ATTN_PAR_MAC
+ * multiply-adds (2·B·nh·sq·sk·hd), below which waking the team (~40 µs
+ * under OMP_WAIT_POLICY=passive) costs more than the work. Measured with
+ * bench/attn_decode.c (AMD EPYC Zen 4, 2 vCPUs under load average ~9, 9
+ * query heads over 3 kv heads of 64, sk 512, paged): the row kernel
+ * against main's per-tile GEMMs, fp32 / bf16, sq 1 0.059 / 0.051 ms
+ * against 0.111 / 0.122, sq 4 0.149 / 0.145 against 0.149 / 0.193, sq 8
+ * 0.260 / 0.255 against 0.226 / 0.212 (lost); one thread against two at
+ * B 1..8 (up to 4.7 M multiply-adds) one thread as fast or faster in every
+ * case (e.g. B 8, sk 512, bf16 0.58 against 1.29 ms), B 16 at sk 192
+ * (3.5 M) split between runs: a loaded machine's figure, to be measured
+ * again on a quiet one. */
+enum { K_ATTN_ROWS = 4 };
+#define K_ATTN_PAR_MAC 8388608.0
 
 /* The products on bf16 operands, as torch.autocast(bfloat16) runs SDPA
  * (bf16 inputs, fp32 accumulation, softmax in fp32): q, k, v, the

@@ -9,7 +9,10 @@
  * its GEMM is skipped, dx still flows. A LoRA adapter (model/lora.h) adds
  * its low-rank path before the output edge, so a row-parallel linear's
  * Partial output carries both into the one reduction; with LoRA dropout
- * (model/lora_drop.h) that path reads the dropped input. */
+ * (model/lora_drop.h) that path reads the dropped input. A linear with a
+ * whole hook (ml_linear.whole: a row-parallel linear in the batch-invariant
+ * mode under tp) computes its forward on the gathered input and weight, as
+ * one rank; its backward stays local. */
 #include "model/linear.h"
 
 #include "common/status.h"
@@ -147,6 +150,32 @@ static int lora_backward(ml_backend *be, const ml_linear *lin, const ml_act *dy,
   return rc;
 }
 
+/* y [T, out] (=) x [T, K] · W [out, K]^T (+ b) in W's dtype; x fp32, or bf16 when xr. */
+static int xwt(ml_backend *be, const ml_param *w, const void *W, int64_t T, int64_t K,
+               const float *x, const void *xr, const ml_param *b, float *y) {
+  int64_t out = w->local[0];
+  ml_gemm g = {.trans_b = true, .M = T, .N = out, .K = K,
+               .A = xr ? xr : (const void *)x, .a_type = xr ? ML_BF16 : ML_F32, .lda = K,
+               .B = W, .b_type = w->dtype, .ldb = K,
+               .C = y, .ldc = out,
+               .bias = b ? b->data : NULL, .bias_type = b ? b->dtype : ML_F32,
+               .compute = w->dtype};
+  return ml_be_gemm(be, &g);
+}
+
+/* y [T, out] (=) x_whole [T, in] · W_whole [out, in]^T + b (ml_linear.whole): what one rank
+ * computes, the bias added on every rank. */
+static int whole_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, float *y) {
+  float *xw = NULL;
+  void *ww = NULL;
+  int rc = lin->whole.gather(lin->whole.ctx, lin, x, &xw, &ww);
+  if (!rc)
+    rc = xwt(be, lin->weight, ww, x->B * x->s, lin->weight->shape[1], xw, NULL, lin->bias, y);
+  ml_be_free(be, ww);
+  ml_be_free(be, xw);
+  return rc;
+}
+
 int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, const void *xr,
                       float *ybuf, ml_act *y) {
   const ml_param *w = lin->weight;
@@ -154,17 +183,14 @@ int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, con
     return ml_err("%s: the input has %lld features but this rank's weight expects %lld; the "
                   "plan's layouts do not compose here",
                   w->name, (long long)x->c, (long long)w->local[1]);
-  const ml_param *b = lin->bias && lin->bias_in_forward ? lin->bias : NULL;
-  int64_t T = x->B * x->s, in = w->local[1], out = w->local[0];
-  // y: [T, out] = x: [T, in] · W: [out, in]^T (+ b)
-  ml_gemm g = {.trans_b = true, .M = T, .N = out, .K = in,
-               .A = xr ? xr : (const void *)x->x, .a_type = xr ? ML_BF16 : ML_F32, .lda = in,
-               .B = w->data, .b_type = w->dtype, .ldb = in,
-               .C = ybuf, .ldc = out,
-               .bias = b ? b->data : NULL, .bias_type = b ? b->dtype : ML_F32,
-               .compute = w->dtype};
-  ML_TRY(ml_be_gemm(be, &g));
-  if (lin->lora_a) ML_TRY(lora_forward(be, lin, x, xr, ybuf));
+  if (lin->whole.gather) {
+    ML_TRY(whole_forward(be, lin, x, ybuf));
+  } else {
+    const ml_param *b = lin->bias && lin->bias_in_forward ? lin->bias : NULL;
+    // y: [T, out] = x: [T, in] · W: [out, in]^T (+ b)
+    ML_TRY(xwt(be, w, w->data, x->B * x->s, w->local[1], x->x, xr, b, ybuf));
+    if (lin->lora_a) ML_TRY(lora_forward(be, lin, x, xr, ybuf));
+  }
   *y = (ml_act){ybuf, x->B, x->S, x->s, w->shape[0], w->local[0]};
   return ml_hook_run(lin->out.fwd, y);
 }

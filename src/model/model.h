@@ -110,6 +110,21 @@ typedef struct ml_edge {
 
 typedef struct ml_lora_dropout ml_lora_dropout; /* defined in ml_model below */
 
+struct ml_linear;
+/* A row-parallel linear computed whole, set from outside (parallel/tp_whole.h)
+ * where a linear must produce the bits one rank's does (the batch-invariant
+ * mode under tp): gather(ctx, lin, x, &xw, &ww) fills *xw with every input
+ * feature of x's tokens, [B·x->s, in] fp32 (in = lin->weight->shape[1]),
+ * and *ww with the whole weight [out_local, in] in lin->weight->dtype, from
+ * this rank's x [B, s, in_local] and local weight; both from ml_be_alloc,
+ * the caller freeing them (ml_be_free; also on error). Every rank of the
+ * group calls it for the same linears in the same order. gather NULL: the
+ * linear computes on its local view. */
+typedef struct ml_whole_hook {
+  int (*gather)(void *ctx, const struct ml_linear *lin, const ml_act *x, float **xw, void **ww);
+  void *ctx;
+} ml_whole_hook;
+
 typedef struct ml_linear {
   ml_param *weight; /* [out, in] */
   ml_param *bias;   /* [out] or NULL */
@@ -125,6 +140,11 @@ typedef struct ml_linear {
    * and this linear's key, its index among the model's modules (the same on every rank) */
   const ml_lora_dropout *lora_drop;
   uint64_t lora_id;
+  /* set: the forward computes y = x_whole · W_whole^T + b from `whole`'s
+   * operands (the bias on every rank) and hands its output edge a whole
+   * [B, s, out] (Replicate) instead of a Partial sum; the backward is the
+   * local one (dx of this rank's input features, dW of its weight columns). */
+  ml_whole_hook whole;
 } ml_linear;
 
 typedef struct ml_embedding {

@@ -16,11 +16,17 @@
  * log-sum-exp differ from one rank's pass in the default mode) the
  * log-probs and the training forward's equal one rank's, and generation's
  * (on the replica) equal the cp session's meshlm_logprobs, bitwise;
- * (f) on a tp = world session with a vocab-parallel plan (embed_tokens
- * rowwise, lm_head colwise with vocab-sharded logits, whose split sum of
- * exp the mode gathers into whole rows; no row-parallel linear, whose split
- * sums still change the bits) the log-probs, the training forward's and
- * generation on the tp mesh (tokens and out_logprobs) equal one rank's.
+ * (f) on a tp = world session the log-probs, the training forward's and
+ * generation on the tp mesh (tokens and out_logprobs) equal one rank's,
+ * under three plans: a vocab-parallel one (embed_tokens rowwise, lm_head
+ * colwise with vocab-sharded logits, whose split sum of exp the mode
+ * gathers into whole rows), the default plan (q/k/v, gate/up colwise,
+ * o_proj and down_proj rowwise: the mode computes each row-parallel linear
+ * whole, parallel/tp_whole.h) and the default plan with sequence
+ * parallelism; llama_h9kv3's 9 heads split unevenly (5 + 4 on tp 2,
+ * 3 + 2 + 2 + 2 on tp 4); (g) under tp the mode refuses a LoRA adapter on
+ * a row-parallel linear (not computed whole), naming it, and opens with
+ * adapters on the column-parallel linears alone.
  * RoPE types whose tables HF computes for the longest sequence of the
  * forward (dynamic, longrope: their numbers depend on the batch by
  * definition) are run within their original context, where the tables
@@ -403,17 +409,22 @@ static void write_vocab_plan(const char *fx, char *path, size_t cap) {
   fclose(f);
 }
 
-/* (f) a tp = world session on the vocab-parallel plan (write_vocab_plan)
- * = one rank, bitwise: meshlm_logprobs, the training forward (KL exactly
- * 0, as (d)) and generation on the tp mesh (greedy and sampled: tokens
- * and out_logprobs equal the one-rank session's). Families with expert
- * layers refuse tp. */
-static void check_tp(const char *fx, meshlm_dtype param) {
+/* The plans (f) runs: the vocab-parallel one (write_vocab_plan), the default ("auto") plan and
+ * the default plan with sequence parallelism. */
+typedef enum { TP_VOCAB, TP_AUTO, TP_AUTO_SP, TP_PLANS } tp_plan;
+static const char *const k_tp_plan_name[TP_PLANS] = {"the vocab-parallel plan", "the default plan",
+                                                     "the default plan with SP"};
+
+/* (f) a tp = world session on plan `kind` = one rank, bitwise: meshlm_logprobs, the training
+ * forward (KL exactly 0, as (d)) and generation on the tp mesh (greedy and sampled: tokens and
+ * out_logprobs equal the one-rank session's). Families with expert layers are left out. */
+static void check_tp(const char *fx, meshlm_dtype param, tp_plan kind) {
   char plan[4096];
   write_vocab_plan(fx, plan, sizeof plan);
   meshlm_options o = invariant_opts(param, 4096), t = invariant_opts(param, 16);
   t.tp = g_world;
-  t.parallel_plan = plan;
+  t.parallel_plan = kind == TP_VOCAB ? plan : NULL;
+  t.sequence_parallel = kind == TP_AUTO_SP;
   meshlm_session *w = open_ok(fx, &t, MPI_COMM_WORLD), *s = open_ok(fx, &o, MPI_COMM_SELF);
   meshlm_info in = info_of(w);
   assert_int_equal(in.tp, g_world);
@@ -422,8 +433,9 @@ static void check_tp(const char *fx, meshlm_dtype param) {
   float *got = xcalloc((size_t)b.npred, sizeof *got);
   meshlm_seqs q = seqs_of(&b);
   OK(w, meshlm_logprobs(w, &q, NULL, got, NULL));
-  char what[128];
-  snprintf(what, sizeof what, "%s, tp %d vs one rank", dtype_name(param), g_world);
+  char what[192];
+  snprintf(what, sizeof what, "%s, tp %d on %s vs one rank", dtype_name(param), g_world,
+           k_tp_plan_name[kind]);
   same_bits(got, all, b.npred, fx, what);
   for (int greedy = 0; greedy < 2; greedy++) {
     int32_t tw[3 * GEN], ts[3 * GEN];
@@ -433,13 +445,14 @@ static void check_tp(const char *fx, meshlm_dtype param) {
     generate_into(w, &p, greedy, 0, tw, lw, pw);
     generate_into(s, &p, greedy, 0, ts, ls, ps);
     batch_free(&p);
-    snprintf(what, sizeof what, "%s, %s generation on tp %d vs one rank", dtype_name(param),
-             greedy ? "greedy" : "sampled", g_world);
+    snprintf(what, sizeof what, "%s, %s generation on tp %d, %s, vs one rank", dtype_name(param),
+             greedy ? "greedy" : "sampled", g_world, k_tp_plan_name[kind]);
     if (memcmp(lw, ls, sizeof lw) || memcmp(tw, ts, sizeof tw))
       fail_msg("%s, %s: the generated tokens differ", fx, what);
     same_bits(pw, ps, 3 * GEN, fx, what);
   }
-  kl_zero(w, q, all, fx, param, "tp");
+  snprintf(what, sizeof what, "tp (%s)", k_tp_plan_name[kind]);
+  kl_zero(w, q, all, fx, param, what);
   free(got);
   free(all);
   batch_free(&b);
@@ -519,13 +532,36 @@ static void test_tp(void **state) {
   int n = fixtures(fx), dense = 0;
   for (int i = 0; i < n; i++) {
     if (has_experts(fx[i])) continue;
-    check_tp(fx[i], MESHLM_DTYPE_F32);
-    check_tp(fx[i], MESHLM_DTYPE_BF16);
+    for (int kind = 0; kind < TP_PLANS; kind++) {
+      check_tp(fx[i], MESHLM_DTYPE_F32, kind);
+      check_tp(fx[i], MESHLM_DTYPE_BF16, kind);
+    }
     dense++;
   }
   printf("[rank %d] %d fixture families without experts, fp32 and bf16, the vocab-parallel "
-         "plan: tp %d = one rank, bitwise, in meshlm_logprobs, the training forward and "
-         "generation\n", g_rank, dense, g_world);
+         "plan, the default plan and the default plan with SP: tp %d = one rank, bitwise, in "
+         "meshlm_logprobs, the training forward and generation\n", g_rank, dense, g_world);
+}
+
+/* (g) on a tp = world session in the mode: LoRA on every linear is refused at meshlm_open,
+ * the message naming the first row-parallel one; on q/k/v, gate/up alone it opens. */
+static void test_tp_lora(void **state) {
+  (void)state;
+  if (g_world == 1) skip(); /* tp 1 has no row-parallel linear */
+  char fx[PATH];
+  snprintf(fx, sizeof fx, "%s/tests/fixtures/llama_tied", ML_SOURCE_DIR);
+  meshlm_options t = invariant_opts(MESHLM_DTYPE_F32, 4096);
+  t.tp = g_world;
+  t.lora_rank = 2;
+  meshlm_session *s = NULL;
+  assert_int_equal(meshlm_open(fx, &t, MPI_COMM_WORLD, &s), -1);
+  const char *msg = s ? meshlm_error(s) : "(no session)";
+  if (!strstr(msg, "model.layers.0.self_attn.o_proj") || !strstr(msg, "LoRA"))
+    fail_msg("LoRA on o_proj under tp %d in the mode: '%s'; expected a refusal naming "
+             "model.layers.0.self_attn.o_proj and LoRA", g_world, msg);
+  meshlm_close(s);
+  t.lora_targets = "q_proj,k_proj,v_proj,gate_proj,up_proj";
+  meshlm_close(open_ok(fx, &t, MPI_COMM_WORLD));
 }
 
 int main(int argc, char **argv) {
@@ -537,6 +573,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_train),
       cmocka_unit_test(test_cp),
       cmocka_unit_test(test_tp),
+      cmocka_unit_test(test_tp_lora),
   };
   return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

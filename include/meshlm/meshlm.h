@@ -166,10 +166,12 @@ typedef struct meshlm_options {
                           meshlm_generate's out_logprobs alike (vLLM's VLLM_BATCH_INVARIANT):
                           GEMMs and attention in one fixed reduction order, no vocab
                           parallelism; under tp the vocab-sharded logits are gathered
-                          into whole rows (tp's vocab-parallel loss and embedding keep
-                          one rank's bits) but row-parallel linears (o_proj, down_proj)
-                          sum partial products, so the tp size still changes the bits of
-                          plans that have them (the default ones); CPU only
+                          into whole rows and each row-parallel linear (o_proj,
+                          down_proj) is computed whole on every tp rank from its
+                          all-gathered input and weight, so the tp size (default
+                          plans, sequence parallelism, uneven head splits) does not
+                          change the bits either; a LoRA adapter on a row-parallel
+                          linear with tp > 1 is refused; CPU only
                           (README: --batch-invariant) */
   /* appended for frozen parameters (optional: see struct_size) */
   const char *freeze; /* NULL or "": train every parameter; else comma-separated fnmatch

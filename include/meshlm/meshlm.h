@@ -739,7 +739,8 @@ static inline int meshlm_sampling_default(meshlm_sampling *sp) {
  *    the same outputs; FSDP units are all-gathered for the call and
  *    resharded after. A mesh with cp > 1 is refused (use replica 1).
  *    Tokens and log-probs equal a one-rank session's up to the order of the
- *    tp row-parallel sums (tests/tolerance.h).
+ *    tp row-parallel sums (tests/tolerance.h); bitwise in the
+ *    batch-invariant mode (meshlm_options.batch_invariant).
  *  - 1: on a replica of the current weights that every rank holds (the
  *    generation engine of NeMo RL, refitted from the policy when it changed
  *    since the last call: one meshlm_refit to every rank); every rank,

@@ -383,8 +383,7 @@ static void check_cp(const char *fx, meshlm_dtype param) {
 
 /* The vocab-parallel plan of (f) for fixture fx: embed_tokens rowwise
  * (Replicate output) and lm_head colwise with vocab-sharded logits (loss
- * parallel), no other module sharded — the tp-invariant part of the mode
- * (row-parallel linears' split sums still change the bits). The text
+ * parallel), no other module sharded. The text
  * tower of a VLM (config.json's text_config) is model.language_model.
  * Each rank writes its own copy; path receives it. */
 static void write_vocab_plan(const char *fx, char *path, size_t cap) {

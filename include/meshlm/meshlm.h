@@ -169,9 +169,8 @@ typedef struct meshlm_options {
                           into whole rows and each row-parallel linear (o_proj,
                           down_proj) is computed whole on every tp rank from its
                           all-gathered input and weight, so the tp size (default
-                          plans, sequence parallelism, uneven head splits) does not
-                          change the bits either; a LoRA adapter on a row-parallel
-                          linear with tp > 1 is refused; CPU only
+                          plans, sequence parallelism, uneven head splits, LoRA
+                          adapters) does not change the bits either; CPU only
                           (README: --batch-invariant) */
   /* appended for frozen parameters (optional: see struct_size) */
   const char *freeze; /* NULL or "": train every parameter; else comma-separated fnmatch

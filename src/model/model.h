@@ -110,18 +110,19 @@ typedef struct ml_edge {
 
 typedef struct ml_lora_dropout ml_lora_dropout; /* defined in ml_model below */
 
-struct ml_linear;
 /* A row-parallel linear computed whole, set from outside (parallel/tp_whole.h)
  * where a linear must produce the bits one rank's does (the batch-invariant
- * mode under tp): gather(ctx, lin, x, &xw, &ww) fills *xw with every input
- * feature of x's tokens, [B·x->s, in] fp32 (in = lin->weight->shape[1]),
- * and *ww with the whole weight [out_local, in] in lin->weight->dtype, from
- * this rank's x [B, s, in_local] and local weight; both from ml_be_alloc,
- * the caller freeing them (ml_be_free; also on error). Every rank of the
- * group calls it for the same linears in the same order. gather NULL: the
- * linear computes on its local view. */
+ * mode under tp): cols(ctx, p, src, rows, dt, dst) fills dst [rows,
+ * p->shape[1]] (device memory) with the whole matrix whose columns the
+ * group's ranks hold as parameter p's dim 1 is cut, from this rank's
+ * columns src [rows, p->local[1]], both of dtype dt (ML_F32 or ML_BF16):
+ * the linear's input features (cut as its weight), its weight, a LoRA
+ * lora_A and its input. Every rank of the group calls it for the same
+ * parameters in the same order. cols NULL: the linear computes on its
+ * local view. */
 typedef struct ml_whole_hook {
-  int (*gather)(void *ctx, const struct ml_linear *lin, const ml_act *x, float **xw, void **ww);
+  int (*cols)(void *ctx, const ml_param *p, const void *src, int64_t rows, ml_dtype dt,
+              void *dst);
   void *ctx;
 } ml_whole_hook;
 
@@ -141,9 +142,11 @@ typedef struct ml_linear {
   const ml_lora_dropout *lora_drop;
   uint64_t lora_id;
   /* set: the forward computes y = x_whole · W_whole^T + b from `whole`'s
-   * operands (the bias on every rank) and hands its output edge a whole
-   * [B, s, out] (Replicate) instead of a Partial sum; the backward is the
-   * local one (dx of this rank's input features, dW of its weight columns). */
+   * operands (the bias on every rank; a LoRA adapter's x_whole · A_whole^T
+   * likewise) and hands its output edge a whole [B, s, out] (Replicate)
+   * instead of a Partial sum; the backward is the local one (dx of this
+   * rank's input features, dW of its weight columns, dA of its lora_A
+   * columns, dB a Partial sum). */
   ml_whole_hook whole;
 } ml_linear;
 

@@ -10,12 +10,14 @@
 #include "parallel/tp_impl.h"
 #include "tensor/dtype.h"
 
-/* dst [rows, K] (=) the [rows, K] matrix whose columns the tp ranks hold as w's dim 1 is cut
- * (ml_tp_param_slice: whole heads for o_proj, torch.chunk otherwise), from this rank's columns
- * src [rows, len] of dtype dt. Equal-size collective: each rank's columns zero-padded to the
- * widest rank's for the wire (as redistribute.h), then placed at their offsets. */
-static int gather_cols(ml_tp *tp, const ml_param *w, const void *src, int64_t rows, ml_dtype dt,
+/* ml_whole_hook.cols over tp's group: dst [rows, K] (=) the [rows, K] matrix whose columns the
+ * tp ranks hold as w's dim 1 is cut (ml_tp_param_slice: whole heads for o_proj, torch.chunk
+ * otherwise), from this rank's columns src [rows, len] of dtype dt. Equal-size collective:
+ * each rank's columns zero-padded to the widest rank's for the wire (as redistribute.h), then
+ * placed at their offsets. */
+static int gather_cols(void *ctx, const ml_param *w, const void *src, int64_t rows, ml_dtype dt,
                        void *dst) {
+  ml_tp *tp = ctx;
   int t = tp->size;
   int64_t *start = ml_calloc(2 * (size_t)t, sizeof *start, "the tp ranks' column cuts");
   if (!start) return -1;
@@ -52,23 +54,6 @@ static int gather_cols(ml_tp *tp, const ml_param *w, const void *src, int64_t ro
   return rc;
 }
 
-/* ml_whole_hook.gather over tp's group: x's features and lin's weight columns, whole. */
-static int gather(void *ctx, const ml_linear *lin, const ml_act *x, float **xw, void **ww) {
-  ml_tp *tp = ctx;
-  const ml_param *w = lin->weight;
-  int64_t T = x->B * x->s, K = w->shape[1], N = w->local[0];
-  *xw = ml_be_alloc(tp->be, ml_mul_sat(T, K), sizeof(float), "%s's whole input [%lld x %lld]",
-                    w->name, (long long)T, (long long)K);
-  *ww = NULL;
-  if (!*xw) return -1;
-  *ww = ml_be_alloc(tp->be, ml_mul_sat(N, K), ml_dtype_size(w->dtype),
-                    "%s gathered whole [%lld x %lld]", w->name, (long long)N, (long long)K);
-  if (!*ww) return -1;
-  // xw: [T, K] ← every rank's x: [T, K_r]; ww: [N, K] ← every rank's W: [N, K_r]
-  ML_TRY(gather_cols(tp, w, x->x, T, ML_F32, *xw));
-  return gather_cols(tp, w, w->data, N, w->dtype, *ww);
-}
-
 /* The output edge the walk made for linear module `name` (parallel/tp_walk.c edge_new). */
 static ml_tp_edge *output_edge(ml_tp *tp, const char *name) {
   char want[sizeof tp->edges[0].name];
@@ -90,12 +75,6 @@ int ml_tp_whole_apply(ml_tp *tp, ml_model *m) {
                     "rowwise, whose Partial logits sum split products; expected lm_head colwise "
                     "(vocab-parallel) or replicated",
                     tp->size);
-    if (lin->lora_a)
-      return ml_err("batch_invariant (--batch-invariant) with tp = %d: '%s' is row-parallel and "
-                    "has a LoRA adapter, which the mode does not compute whole yet; expected tp "
-                    "1, the mode off, or no adapter on the row-parallel linears (LoRA target "
-                    "modules without them)",
-                    tp->size, mod->name);
     ml_tp_edge *e = output_edge(tp, mod->name);
     if (!e || !ml_tp_is_part(e->p[0]))
       return ml_err("batch_invariant with tp = %d: row-parallel '%s' has no Partial output edge; "
@@ -104,7 +83,7 @@ int ml_tp_whole_apply(ml_tp *tp, ml_model *m) {
     e->p[0] = ml_replicate(); /* the whole output: the edge's Partial sum is already done */
     lin->out = (ml_edge){0};
     ml_tp_set_hooks(&lin->out, e);
-    lin->whole = (ml_whole_hook){gather, tp};
+    lin->whole = (ml_whole_hook){gather_cols, tp};
   }
   return 0;
 }

@@ -11,7 +11,11 @@
  * Shard(1) (sequence parallelism) is a local slice of this rank's sequence
  * chunk. The backward stays local and as without the mode: dy arrives
  * Replicate either way, dx = dy·W_local gives this rank's input features,
- * dW_local += dy^T·x_local its weight columns. The cost, per forward and
+ * dW_local += dy^T·x_local its weight columns. A LoRA adapter on such a
+ * linear is computed whole the same way (lora_A's columns and its input,
+ * after LoRA dropout, whose mask is of the global column, gathered; lora_B
+ * is Replicate); its backward too stays local (dB a Partial sum, as
+ * without the mode). The cost, per forward and
  * row-parallel linear: an all-gather of the weight and of the input
  * features ((tp − 1)/tp of each on the wire) and tp× the linear's FLOPs. */
 #ifndef ML_TP_WHOLE_H
@@ -19,15 +23,13 @@
 
 #include "parallel/tp.h"
 
-/* After ml_tp_apply on m over tp, in the batch-invariant mode: every Linear
- * whose weight is Shard(1) over tp gets a whole hook (model.h
- * ml_whole_hook) gathering over tp's group, and its output edge starts
+/* After ml_tp_apply on m over tp (and LoRA's setup), in the batch-invariant
+ * mode: every Linear whose weight is Shard(1) over tp gets a whole hook
+ * (model.h ml_whole_hook) gathering over tp's group, and its output edge starts
  * from Replicate instead of Partial (ml_tp_edge.p[0]; the edge's backward
  * steps are unchanged, a Partial's gradient being Replicate). Nothing with
  * tp size 1. Errors (before any collective, the same on every rank): a
- * rowwise lm_head (Partial logits; expected colwise or replicated), a
- * rowwise linear with a LoRA adapter (expected tp 1, the mode off, or no
- * adapter on the row-parallel linears). */
+ * rowwise lm_head (Partial logits; expected colwise or replicated). */
 int ml_tp_whole_apply(ml_tp *tp, ml_model *m);
 
 #endif

@@ -24,9 +24,10 @@
  * o_proj and down_proj rowwise: the mode computes each row-parallel linear
  * whole, parallel/tp_whole.h) and the default plan with sequence
  * parallelism; llama_h9kv3's 9 heads split unevenly (5 + 4 on tp 2,
- * 3 + 2 + 2 + 2 on tp 4); (g) under tp the mode refuses a LoRA adapter on
- * a row-parallel linear (not computed whole), naming it, and opens with
- * adapters on the column-parallel linears alone.
+ * 3 + 2 + 2 + 2 on tp 4); (g) with a PEFT adapter on every linear
+ * (llama_h9kv3_lora: non-zero lora_B, so the adapters move every log-prob),
+ * the default plan on tp = world = one rank, bitwise, in meshlm_logprobs
+ * and the training forward.
  * RoPE types whose tables HF computes for the longest sequence of the
  * forward (dynamic, longrope: their numbers depend on the batch by
  * definition) are run within their original context, where the tables
@@ -542,25 +543,44 @@ static void test_tp(void **state) {
          "meshlm_logprobs, the training forward and generation\n", g_rank, dense, g_world);
 }
 
-/* (g) on a tp = world session in the mode: LoRA on every linear is refused at meshlm_open,
- * the message naming the first row-parallel one; on q/k/v, gate/up alone it opens. */
+/* (g) llama_h9kv3 with its PEFT adapter (every linear, lora_B non-zero) on a tp = world
+ * session of the default plan, fp32 and bf16: meshlm_logprobs and the training forward (KL
+ * exactly 0, as (d)) equal one rank's with the same adapter. The row-parallel linears'
+ * adapters are computed whole as their weights are (lora_A's columns and its input
+ * gathered). */
+static void check_tp_lora(meshlm_dtype param) {
+  char fx[PATH], ad[PATH];
+  snprintf(fx, sizeof fx, "%s/tests/fixtures/llama_h9kv3", ML_SOURCE_DIR);
+  snprintf(ad, sizeof ad, "%s/tests/fixtures/llama_h9kv3_lora", ML_SOURCE_DIR);
+  meshlm_options o = invariant_opts(param, 4096), t = invariant_opts(param, 16);
+  o.adapter = t.adapter = ad;
+  t.tp = g_world;
+  meshlm_session *w = open_ok(fx, &t, MPI_COMM_WORLD), *s = open_ok(fx, &o, MPI_COMM_SELF);
+  meshlm_info in = info_of(w);
+  batch b = seqs_make(k_lens, NSEQ, INT64_MAX, in.vocab_size, 67);
+  float *all = score(s, &b);
+  float *got = xcalloc((size_t)b.npred, sizeof *got);
+  meshlm_seqs q = seqs_of(&b);
+  OK(w, meshlm_logprobs(w, &q, NULL, got, NULL));
+  char what[128];
+  snprintf(what, sizeof what, "%s, LoRA adapter, tp %d on the default plan vs one rank",
+           dtype_name(param), g_world);
+  same_bits(got, all, b.npred, fx, what);
+  kl_zero(w, q, all, fx, param, "tp with a LoRA adapter");
+  free(got);
+  free(all);
+  batch_free(&b);
+  meshlm_close(s);
+  meshlm_close(w);
+}
+
 static void test_tp_lora(void **state) {
   (void)state;
-  if (g_world == 1) skip(); /* tp 1 has no row-parallel linear */
-  char fx[PATH];
-  snprintf(fx, sizeof fx, "%s/tests/fixtures/llama_tied", ML_SOURCE_DIR);
-  meshlm_options t = invariant_opts(MESHLM_DTYPE_F32, 4096);
-  t.tp = g_world;
-  t.lora_rank = 2;
-  meshlm_session *s = NULL;
-  assert_int_equal(meshlm_open(fx, &t, MPI_COMM_WORLD, &s), -1);
-  const char *msg = s ? meshlm_error(s) : "(no session)";
-  if (!strstr(msg, "model.layers.0.self_attn.o_proj") || !strstr(msg, "LoRA"))
-    fail_msg("LoRA on o_proj under tp %d in the mode: '%s'; expected a refusal naming "
-             "model.layers.0.self_attn.o_proj and LoRA", g_world, msg);
-  meshlm_close(s);
-  t.lora_targets = "q_proj,k_proj,v_proj,gate_proj,up_proj";
-  meshlm_close(open_ok(fx, &t, MPI_COMM_WORLD));
+  if (g_world == 1) skip(); /* tp 1 is one rank */
+  check_tp_lora(MESHLM_DTYPE_F32);
+  check_tp_lora(MESHLM_DTYPE_BF16);
+  printf("[rank %d] llama_h9kv3 with its LoRA adapter, fp32 and bf16, the default plan: tp %d = "
+         "one rank, bitwise, in meshlm_logprobs and the training forward\n", g_rank, g_world);
 }
 
 int main(int argc, char **argv) {

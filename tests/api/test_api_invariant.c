@@ -417,7 +417,8 @@ static const char *const k_tp_plan_name[TP_PLANS] = {"the vocab-parallel plan", 
 
 /* (f) a tp = world session on plan `kind` = one rank, bitwise: meshlm_logprobs, the training
  * forward (KL exactly 0, as (d)) and generation on the tp mesh (greedy and sampled: tokens and
- * out_logprobs equal the one-rank session's). Families with expert layers are left out. */
+ * out_logprobs equal the one-rank session's). Families with expert layers run the first two
+ * plans (their sparse block is replicated over tp; SP with experts is refused). */
 static void check_tp(const char *fx, meshlm_dtype param, tp_plan kind) {
   char plan[4096];
   write_vocab_plan(fx, plan, sizeof plan);
@@ -529,18 +530,19 @@ static void test_tp(void **state) {
   (void)state;
   if (g_world == 1) skip(); /* tp 1 is one rank */
   char fx[MAX_FIXTURES][PATH];
-  int n = fixtures(fx), dense = 0;
+  int n = fixtures(fx), experts = 0;
   for (int i = 0; i < n; i++) {
-    if (has_experts(fx[i])) continue;
-    for (int kind = 0; kind < TP_PLANS; kind++) {
+    int e = has_experts(fx[i]); /* SP with expert layers is refused (tp_walk.c) */
+    experts += e;
+    for (int kind = 0; kind < (e ? TP_AUTO_SP : TP_PLANS); kind++) {
       check_tp(fx[i], MESHLM_DTYPE_F32, kind);
       check_tp(fx[i], MESHLM_DTYPE_BF16, kind);
     }
-    dense++;
   }
-  printf("[rank %d] %d fixture families without experts, fp32 and bf16, the vocab-parallel "
-         "plan, the default plan and the default plan with SP: tp %d = one rank, bitwise, in "
-         "meshlm_logprobs, the training forward and generation\n", g_rank, dense, g_world);
+  printf("[rank %d] %d fixture families (%d with experts: their sparse block replicated over "
+         "tp, no SP), fp32 and bf16, the vocab-parallel plan, the default plan and the default "
+         "plan with SP: tp %d = one rank, bitwise, in meshlm_logprobs, the training forward and "
+         "generation\n", g_rank, n, experts, g_world);
 }
 
 /* (g) llama_h9kv3 with its PEFT adapter (every linear, lora_B non-zero) on a tp = world

@@ -3,9 +3,11 @@
 # parallelism: tp 2 (2 ranks x 1 thread), the `small` Llama (~13M, the
 # demo's), mode off vs on, with the vocab-parallel plan (embed_tokens
 # rowwise, lm_head colwise with vocab-sharded logits: the plan whose bits the
-# mode keeps across tp sizes, its logits gathered into whole rows per block)
-# and the default plan (row-parallel o_proj / down_proj: still tp-dependent
-# bits). Scoring: `meshlm logprobs` tokens/s of the whole run, median of
+# mode keeps across tp sizes, its logits gathered into whole rows per block),
+# the default plan and the default plan with sequence parallelism (in the mode
+# the row-parallel o_proj / down_proj computed whole on each tp rank from
+# all-gathered inputs and weights, parallel/tp_whole.h: tp× their FLOPs).
+# Scoring: `meshlm logprobs` tokens/s of the whole run, median of
 # BENCH_ITERS; training: `meshlm train` (global batch 8, S=128), median
 # tokens/s of steps 3.. from --metrics. fp32. Figures for notes; nothing is
 # asserted.
@@ -57,14 +59,18 @@ train() {
 }
 
 echo "batch-invariant mode under tp 2: off vs on, 2 ranks x 1 thread, fp32, $cpu"
-printf '%-8s %-9s %12s %12s %8s\n' plan work "off tok/s" "on tok/s" "on/off"
-for plan in vocab default; do
-  p=$([[ $plan == vocab ]] && echo "$out/vocab.json" || echo default)
-  s0=$(score --parallel-plan "$p")
-  s1=$(score --parallel-plan "$p" --batch-invariant)
-  t0=$(train --parallel-plan "$p")
-  t1=$(train --parallel-plan "$p" --batch-invariant)
+printf '%-11s %-9s %12s %12s %8s\n' plan work "off tok/s" "on tok/s" "on/off"
+for plan in vocab default default-sp; do
+  case $plan in
+    vocab) f=(--parallel-plan "$out/vocab.json") ;;
+    default) f=(--parallel-plan default) ;;
+    default-sp) f=(--parallel-plan default --sequence-parallel) ;;
+  esac
+  s0=$(score "${f[@]}")
+  s1=$(score "${f[@]}" --batch-invariant)
+  t0=$(train "${f[@]}")
+  t1=$(train "${f[@]}" --batch-invariant)
   awk -v m="$plan" -v a="$s0" -v b="$s1" -v c="$t0" -v e="$t1" 'BEGIN {
-    printf "%-8s %-9s %12.1f %12.1f %8.2f\n", m, "logprobs", a, b, b / a
-    printf "%-8s %-9s %12.1f %12.1f %8.2f\n", m, "train", c, e, e / c }'
+    printf "%-11s %-9s %12.1f %12.1f %8.2f\n", m, "logprobs", a, b, b / a
+    printf "%-11s %-9s %12.1f %12.1f %8.2f\n", m, "train", c, e, e / c }'
 done

@@ -166,10 +166,11 @@ typedef struct meshlm_options {
                           meshlm_generate's out_logprobs alike (vLLM's VLLM_BATCH_INVARIANT):
                           GEMMs and attention in one fixed reduction order, no vocab
                           parallelism; under tp the vocab-sharded logits are gathered
-                          into whole rows (tp's vocab-parallel loss and embedding keep
-                          one rank's bits) but row-parallel linears (o_proj, down_proj)
-                          sum partial products, so the tp size still changes the bits of
-                          plans that have them (the default ones); CPU only
+                          into whole rows and each row-parallel linear (o_proj,
+                          down_proj) is computed whole on every tp rank from its
+                          all-gathered input and weight, so the tp size (default
+                          plans, sequence parallelism, uneven head splits, LoRA
+                          adapters) does not change the bits either; CPU only
                           (README: --batch-invariant) */
   /* appended for frozen parameters (optional: see struct_size) */
   const char *freeze; /* NULL or "": train every parameter; else comma-separated fnmatch
@@ -744,7 +745,8 @@ static inline int meshlm_sampling_default(meshlm_sampling *sp) {
  *    the same outputs; FSDP units are all-gathered for the call and
  *    resharded after. A mesh with cp > 1 is refused (use replica 1).
  *    Tokens and log-probs equal a one-rank session's up to the order of the
- *    tp row-parallel sums (tests/tolerance.h).
+ *    tp row-parallel sums (tests/tolerance.h); bitwise in the
+ *    batch-invariant mode (meshlm_options.batch_invariant).
  *  - 1: on a replica of the current weights that every rank holds (the
  *    generation engine of NeMo RL, refitted from the policy when it changed
  *    since the last call: one meshlm_refit to every rank); every rank,

@@ -521,10 +521,11 @@ class Policy:
     micro_batch_tokens: tokens per rank per micro-batch (packing).
     unshard_for_inference: keep the model unsharded during logprobs calls.
     batch_invariant: bool, every token's log-prob the same bits whatever batch,
-    packing, micro_batch_tokens, dp or cp size or KV-cache step computes it
+    packing, micro_batch_tokens, dp, cp or tp size or KV-cache step computes it
     (logprobs, the training forward and generate's log-probs alike; CPU only);
-    the tp size still changes the bits through row-parallel linears (o_proj,
-    down_proj), not through the vocab-parallel loss.
+    under tp each row-parallel linear (o_proj, down_proj, and its LoRA
+    adapter) is computed whole on every tp rank from all-gathered inputs and
+    weights, as one rank does, so the tp size does not change the bits.
     freeze: fnmatch patterns of HF parameter names to freeze (requires_grad=False:
     no gradient, no AdamW state or update, not in the grad norm), a list of
     strings or one comma-separated string, e.g. ["model.embed_tokens.*",

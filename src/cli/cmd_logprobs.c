@@ -379,7 +379,8 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
        "([S][num_hidden_layers][k], -1 at dense layers; mixture-of-experts models)", false,
        NULL},
       {"--batch-invariant", ML_ARG_FLAG, &invariant, "every token's log-prob the same bits in "
-       "any batch, micro-batch, dp or cp size (as meshlm train --batch-invariant)", false, NULL},
+       "any batch, micro-batch, dp, cp or tp size (as meshlm train --batch-invariant)", false,
+       NULL},
       {"--adapter", ML_ARG_STR, &adapter, "score the model with this PEFT LoRA adapter "
        "(adapter_config.json + adapter_model.safetensors)", false, "DIR"},
   };

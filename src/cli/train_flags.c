@@ -148,7 +148,8 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
        "FSDP shards, their grads and AdamW state in host memory; optimizer step on the host",
        false, NULL},
       {"--batch-invariant", ML_ARG_FLAG, &o->batch_invariant,
-       "every token's log-prob the same bits in any batch, packing, micro-batch, dp or cp size",
+       "every token's log-prob the same bits in any batch, packing, micro-batch, dp, cp or tp "
+       "size",
        false, NULL},
       {"--freeze", ML_ARG_STR, &o->freeze,
        "freeze the parameters whose HF names match these comma-separated fnmatch patterns "

@@ -16,6 +16,7 @@
 #include "model/moe.h"
 #include "parallel/ep.h"
 #include "parallel/tp.h"
+#include "parallel/tp_whole.h"
 
 ml_engine_opts ml_engine_opts_default(void) {
   ml_engine_opts o = {0};
@@ -126,6 +127,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
                         &e->plan));
   ML_TRY(ml_tp_apply(&e->tp, &e->plan, &e->model, ml_mesh_comm(mesh, ML_GROUP_TP)));
   ML_TRY(ml_tp_check_sequence_parallel(&e->tp, &e->plan, opts->sequence_parallel));
+  if (opts->batch_invariant) ML_TRY(ml_tp_whole_apply(&e->tp, &e->model)); /* tp's bits = 1's */
   ML_TRY(ml_cp_apply(&e->cp, &e->model, ml_mesh_comm(mesh, ML_GROUP_CP), e->be,
                      opts->batch_invariant));
   ML_TRY(ml_ep_apply(&e->model, mesh));

@@ -107,7 +107,9 @@
  *  - context parallelism: refused (the KV cache holds whole sequences).
  * Tokens and log-probs under tp differ from one rank's by the row-parallel
  * sums' order (tests/tolerance.h); greedy tokens agree unless two logits
- * are within that bound of each other.
+ * are within that bound of each other. In the batch-invariant mode they
+ * are one rank's bitwise (row-parallel linears computed whole,
+ * parallel/tp_whole.h).
  *
  * Mixed precision as the engine's forward: parameters in FSDP's
  * param_dtype, the residual stream rounded to it at each unit input

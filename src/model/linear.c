@@ -9,11 +9,16 @@
  * its GEMM is skipped, dx still flows. A LoRA adapter (model/lora.h) adds
  * its low-rank path before the output edge, so a row-parallel linear's
  * Partial output carries both into the one reduction; with LoRA dropout
- * (model/lora_drop.h) that path reads the dropped input. */
+ * (model/lora_drop.h) that path reads the dropped input. A linear with a
+ * whole hook (ml_linear.whole: a row-parallel linear in the batch-invariant
+ * mode under tp) computes its forward on the gathered input and weight (and
+ * its adapter's lora_A and input), as one rank; its backward stays local. */
 #include "model/linear.h"
 
+#include "common/checked.h"
 #include "common/status.h"
 #include "model/lora_drop.h"
+#include "tensor/dtype.h"
 
 /* x [rows, c] of a view as bf16 in pool memory (*xr). */
 static int round_rows(ml_backend *be, const float *x, int64_t rows, int64_t c, void **xr) {
@@ -55,35 +60,54 @@ static int lora_input(ml_backend *be, const ml_linear *lin, const ml_act *x, con
   return 0;
 }
 
-/* u [T, r] (=) xin [T, in] · A [r, in]^T, in A's dtype (xr: xin in bf16, or NULL). */
-static int lora_down(ml_backend *be, const ml_linear *lin, int64_t T, const float *xin,
-                     const void *xr, float *u) {
-  const ml_param *a = lin->lora_a;
-  int64_t in = a->local[1];
+/* u [T, r] (=) xin [T, in] · A [r, in]^T, in lora_A a's dtype: A its local data (in =
+ * a->local[1]) or its whole columns (in = a->shape[1]); xr: xin in bf16, or NULL. */
+static int lora_down(ml_backend *be, const ml_param *a, const void *A, int64_t in, int64_t T,
+                     const float *xin, const void *xr, float *u) {
   ml_gemm g = {.trans_b = true, .M = T, .N = a->local[0], .K = in,
                .A = xr ? xr : (const void *)xin, .a_type = xr ? ML_BF16 : ML_F32, .lda = in,
-               .B = a->data, .b_type = a->dtype, .ldb = in, .C = u, .ldc = a->local[0],
+               .B = A, .b_type = a->dtype, .ldb = in, .C = u, .ldc = a->local[0],
                .compute = a->dtype};
   return ml_be_gemm(be, &g);
 }
 
+/* *dst [rows, p->shape[1]] of dt in pool memory (the caller frees it; NULL on error) =
+ * the whole matrix whose columns src [rows, p->local[1]] are this rank's (ml_linear.whole). */
+static int whole_cols(ml_backend *be, const ml_linear *lin, const ml_param *p, const void *src,
+                      int64_t rows, ml_dtype dt, void **dst) {
+  *dst = ml_be_alloc(be, ml_mul_sat(rows, p->shape[1]), ml_dtype_size(dt),
+                     "%s's columns gathered whole [%lld x %lld]", p->name, (long long)rows,
+                     (long long)p->shape[1]);
+  if (!*dst) return -1;
+  return lin->whole.cols(lin->whole.ctx, p, src, rows, dt, *dst);
+}
+
 /* PEFT's Linear.forward adapter term: y [T, out] += scaling · (drop(x)·A^T)·B^T,
  * B(A(drop(x))) computed first and then scaled (result + lora_B(lora_A(dropout(x)))
- * * scaling), in the adapters' dtype. */
+ * * scaling), in the adapters' dtype. With a whole hook, drop(x) and A are gathered whole
+ * first (each rank's dropped columns: the mask is of the global column) and u is one
+ * rank's. */
 static int lora_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, const void *xr,
                         float *y) {
-  const ml_param *b = lin->lora_b;
+  const ml_param *a = lin->lora_a, *b = lin->lora_b;
   int64_t T = x->B * x->s, r = b->local[1], out = b->local[0];
-  float *xd, *v = NULL;
-  void *xdr;
+  float *xd, *v = NULL, *u = NULL;
+  void *xdr, *xw = NULL, *aw = NULL;
   const float *xin;
   const void *xinr;
   int rc = lora_input(be, lin, x, xr, &xd, &xdr, &xin, &xinr);
-  float *u = rc ? NULL : ml_be_alloc(be, T * r, sizeof(float), "%s's LoRA down-projection "
-                                     "[%lld x %lld]", b->name, (long long)T, (long long)r);
+  if (!rc && lin->whole.cols) { // xw: [T, in], aw: [r, in] whole
+    rc = whole_cols(be, lin, a, xin, T, ML_F32, &xw);
+    if (!rc) rc = whole_cols(be, lin, a, a->data, a->local[0], a->dtype, &aw);
+  }
+  if (!rc) u = ml_be_alloc(be, T * r, sizeof(float), "%s's LoRA down-projection [%lld x %lld]",
+                           b->name, (long long)T, (long long)r);
   if (u) v = ml_be_alloc(be, T * out, sizeof(float), "%s's LoRA output [%lld x %lld]", b->name,
                          (long long)T, (long long)out);
-  rc = v ? lora_down(be, lin, T, xin, xinr, u) : -1; // u: [T, r]
+  // u: [T, r] = drop(x) · A^T over the whole columns (xw, aw) or this rank's
+  if (!v) rc = -1;
+  else if (xw) rc = lora_down(be, a, aw, a->shape[1], T, xw, NULL, u);
+  else rc = lora_down(be, a, a->data, a->local[1], T, xin, xinr, u);
   // v: [T, out] = u: [T, r] · B: [out, r]^T
   ml_gemm g = {.trans_b = true, .M = T, .N = out, .K = r, .A = u, .a_type = ML_F32, .lda = r,
                .B = b->data, .b_type = b->dtype, .ldb = r, .C = v, .ldc = out,
@@ -93,6 +117,8 @@ static int lora_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, c
   if (!rc) rc = ml_be_add(be, y, v, T * out);
   ml_be_free(be, v);
   ml_be_free(be, u);
+  ml_be_free(be, aw);
+  ml_be_free(be, xw);
   ml_be_free(be, xdr);
   ml_be_free(be, xd);
   return rc;
@@ -116,7 +142,7 @@ static int lora_backward(ml_backend *be, const ml_linear *lin, const ml_act *dy,
   float *u = rc ? NULL : ml_be_alloc(be, 2 * T * r, sizeof(float), "%s's LoRA gradients "
                                      "[2 x %lld x %lld]", b->name, (long long)T, (long long)r);
   float *du = u ? u + T * r : NULL;
-  rc = u ? lora_down(be, lin, T, xin, xinr, u) : -1; // u: [T, r]
+  rc = u ? lora_down(be, a, a->data, in, T, xin, xinr, u) : -1; // u: [T, r]
   if (!rc) rc = ml_be_scale(be, u, T * r, lin->lora_scale);
   // dB: [out, r] += dy^T: [out, T] · (s·u): [T, r]
   ml_gemm gb = {.trans_a = true, .M = out, .N = r, .K = T, .A = dy->x, .a_type = ML_F32,
@@ -147,6 +173,33 @@ static int lora_backward(ml_backend *be, const ml_linear *lin, const ml_act *dy,
   return rc;
 }
 
+/* y [T, out] (=) x [T, K] · W [out, K]^T (+ b) in W's dtype; x fp32, or bf16 when xr. */
+static int xwt(ml_backend *be, const ml_param *w, const void *W, int64_t T, int64_t K,
+               const float *x, const void *xr, const ml_param *b, float *y) {
+  int64_t out = w->local[0];
+  ml_gemm g = {.trans_b = true, .M = T, .N = out, .K = K,
+               .A = xr ? xr : (const void *)x, .a_type = xr ? ML_BF16 : ML_F32, .lda = K,
+               .B = W, .b_type = w->dtype, .ldb = K,
+               .C = y, .ldc = out,
+               .bias = b ? b->data : NULL, .bias_type = b ? b->dtype : ML_F32,
+               .compute = w->dtype};
+  return ml_be_gemm(be, &g);
+}
+
+/* y [T, out] (=) x_whole [T, in] · W_whole [out, in]^T + b (ml_linear.whole): what one rank
+ * computes, the bias added on every rank. */
+static int whole_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, float *y) {
+  const ml_param *w = lin->weight;
+  int64_t T = x->B * x->s;
+  void *xw = NULL, *ww = NULL;
+  int rc = whole_cols(be, lin, w, x->x, T, ML_F32, &xw); // xw: [T, in] whole
+  if (!rc) rc = whole_cols(be, lin, w, w->data, w->local[0], w->dtype, &ww); // ww: [out, in]
+  if (!rc) rc = xwt(be, w, ww, T, w->shape[1], xw, NULL, lin->bias, y);
+  ml_be_free(be, ww);
+  ml_be_free(be, xw);
+  return rc;
+}
+
 int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, const void *xr,
                       float *ybuf, ml_act *y) {
   const ml_param *w = lin->weight;
@@ -154,16 +207,13 @@ int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, con
     return ml_err("%s: the input has %lld features but this rank's weight expects %lld; the "
                   "plan's layouts do not compose here",
                   w->name, (long long)x->c, (long long)w->local[1]);
-  const ml_param *b = lin->bias && lin->bias_in_forward ? lin->bias : NULL;
-  int64_t T = x->B * x->s, in = w->local[1], out = w->local[0];
-  // y: [T, out] = x: [T, in] · W: [out, in]^T (+ b)
-  ml_gemm g = {.trans_b = true, .M = T, .N = out, .K = in,
-               .A = xr ? xr : (const void *)x->x, .a_type = xr ? ML_BF16 : ML_F32, .lda = in,
-               .B = w->data, .b_type = w->dtype, .ldb = in,
-               .C = ybuf, .ldc = out,
-               .bias = b ? b->data : NULL, .bias_type = b ? b->dtype : ML_F32,
-               .compute = w->dtype};
-  ML_TRY(ml_be_gemm(be, &g));
+  if (lin->whole.cols) {
+    ML_TRY(whole_forward(be, lin, x, ybuf));
+  } else {
+    const ml_param *b = lin->bias && lin->bias_in_forward ? lin->bias : NULL;
+    // y: [T, out] = x: [T, in] · W: [out, in]^T (+ b)
+    ML_TRY(xwt(be, w, w->data, x->B * x->s, w->local[1], x->x, xr, b, ybuf));
+  }
   if (lin->lora_a) ML_TRY(lora_forward(be, lin, x, xr, ybuf));
   *y = (ml_act){ybuf, x->B, x->S, x->s, w->shape[0], w->local[0]};
   return ml_hook_run(lin->out.fwd, y);

@@ -20,7 +20,10 @@ int ml_linear_round_input(ml_backend *be, const ml_linear *lin, const ml_act *x,
  * dtype: fp32, or bf16 operands with fp32 accumulation) on the view x
  * [B, s, in_local] into ybuf; the output edge runs; *y is the resulting
  * view. xr: x from ml_linear_round_input, or NULL (the GEMM rounds x
- * itself). The input edge is the caller's (siblings share it). Errors:
+ * itself). The input edge is the caller's (siblings share it). With
+ * lin->whole set (model.h ml_whole_hook) the GEMM runs on the gathered
+ * whole input and weight instead, K = the weight's global in-features,
+ * the bias on every rank, xr unused, and *y is [B, s, out] whole. Errors:
  * x->c ≠ the weight's local in-features (the plan's layouts do not
  * compose; the message names the module). */
 int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, const void *xr,

@@ -113,6 +113,22 @@ typedef struct ml_edge {
 
 typedef struct ml_lora_dropout ml_lora_dropout; /* defined in ml_model below */
 
+/* A row-parallel linear computed whole, set from outside (parallel/tp_whole.h)
+ * where a linear must produce the bits one rank's does (the batch-invariant
+ * mode under tp): cols(ctx, p, src, rows, dt, dst) fills dst [rows,
+ * p->shape[1]] (device memory) with the whole matrix whose columns the
+ * group's ranks hold as parameter p's dim 1 is cut, from this rank's
+ * columns src [rows, p->local[1]], both of dtype dt (ML_F32 or ML_BF16):
+ * the linear's input features (cut as its weight), its weight, a LoRA
+ * lora_A and its input. Every rank of the group calls it for the same
+ * parameters in the same order. cols NULL: the linear computes on its
+ * local view. */
+typedef struct ml_whole_hook {
+  int (*cols)(void *ctx, const ml_param *p, const void *src, int64_t rows, ml_dtype dt,
+              void *dst);
+  void *ctx;
+} ml_whole_hook;
+
 typedef struct ml_linear {
   ml_param *weight; /* [out, in] */
   ml_param *bias;   /* [out] or NULL */
@@ -128,6 +144,13 @@ typedef struct ml_linear {
    * and this linear's key, its index among the model's modules (the same on every rank) */
   const ml_lora_dropout *lora_drop;
   uint64_t lora_id;
+  /* set: the forward computes y = x_whole · W_whole^T + b from `whole`'s
+   * operands (the bias on every rank; a LoRA adapter's x_whole · A_whole^T
+   * likewise) and hands its output edge a whole [B, s, out] (Replicate)
+   * instead of a Partial sum; the backward is the local one (dx of this
+   * rank's input features, dW of its weight columns, dA of its lora_A
+   * columns, dB a Partial sum). */
+  ml_whole_hook whole;
 } ml_linear;
 
 typedef struct ml_embedding {

@@ -16,11 +16,18 @@
  * log-sum-exp differ from one rank's pass in the default mode) the
  * log-probs and the training forward's equal one rank's, and generation's
  * (on the replica) equal the cp session's meshlm_logprobs, bitwise;
- * (f) on a tp = world session with a vocab-parallel plan (embed_tokens
- * rowwise, lm_head colwise with vocab-sharded logits, whose split sum of
- * exp the mode gathers into whole rows; no row-parallel linear, whose split
- * sums still change the bits) the log-probs, the training forward's and
- * generation on the tp mesh (tokens and out_logprobs) equal one rank's.
+ * (f) on a tp = world session the log-probs, the training forward's and
+ * generation on the tp mesh (tokens and out_logprobs) equal one rank's,
+ * under three plans: a vocab-parallel one (embed_tokens rowwise, lm_head
+ * colwise with vocab-sharded logits, whose split sum of exp the mode
+ * gathers into whole rows), the default plan (q/k/v, gate/up colwise,
+ * o_proj and down_proj rowwise: the mode computes each row-parallel linear
+ * whole, parallel/tp_whole.h) and the default plan with sequence
+ * parallelism; llama_h9kv3's 9 heads split unevenly (5 + 4 on tp 2,
+ * 3 + 2 + 2 + 2 on tp 4); (g) with a PEFT adapter on every linear
+ * (llama_h9kv3_lora: non-zero lora_B, so the adapters move every log-prob),
+ * the default plan on tp = world = one rank, bitwise, in meshlm_logprobs
+ * and the training forward.
  * RoPE types whose tables HF computes for the longest sequence of the
  * forward (dynamic, longrope: their numbers depend on the batch by
  * definition) are run within their original context, where the tables
@@ -377,8 +384,7 @@ static void check_cp(const char *fx, meshlm_dtype param) {
 
 /* The vocab-parallel plan of (f) for fixture fx: embed_tokens rowwise
  * (Replicate output) and lm_head colwise with vocab-sharded logits (loss
- * parallel), no other module sharded — the tp-invariant part of the mode
- * (row-parallel linears' split sums still change the bits). The text
+ * parallel), no other module sharded. The text
  * tower of a VLM (config.json's text_config) is model.language_model.
  * Each rank writes its own copy; path receives it. */
 static void write_vocab_plan(const char *fx, char *path, size_t cap) {
@@ -403,17 +409,23 @@ static void write_vocab_plan(const char *fx, char *path, size_t cap) {
   fclose(f);
 }
 
-/* (f) a tp = world session on the vocab-parallel plan (write_vocab_plan)
- * = one rank, bitwise: meshlm_logprobs, the training forward (KL exactly
- * 0, as (d)) and generation on the tp mesh (greedy and sampled: tokens
- * and out_logprobs equal the one-rank session's). Families with expert
- * layers refuse tp. */
-static void check_tp(const char *fx, meshlm_dtype param) {
+/* The plans (f) runs: the vocab-parallel one (write_vocab_plan), the default ("auto") plan and
+ * the default plan with sequence parallelism. */
+typedef enum { TP_VOCAB, TP_AUTO, TP_AUTO_SP, TP_PLANS } tp_plan;
+static const char *const k_tp_plan_name[TP_PLANS] = {"the vocab-parallel plan", "the default plan",
+                                                     "the default plan with SP"};
+
+/* (f) a tp = world session on plan `kind` = one rank, bitwise: meshlm_logprobs, the training
+ * forward (KL exactly 0, as (d)) and generation on the tp mesh (greedy and sampled: tokens and
+ * out_logprobs equal the one-rank session's). Families with expert layers run the first two
+ * plans (their sparse block is replicated over tp; SP with experts is refused). */
+static void check_tp(const char *fx, meshlm_dtype param, tp_plan kind) {
   char plan[4096];
   write_vocab_plan(fx, plan, sizeof plan);
   meshlm_options o = invariant_opts(param, 4096), t = invariant_opts(param, 16);
   t.tp = g_world;
-  t.parallel_plan = plan;
+  t.parallel_plan = kind == TP_VOCAB ? plan : NULL;
+  t.sequence_parallel = kind == TP_AUTO_SP;
   meshlm_session *w = open_ok(fx, &t, MPI_COMM_WORLD), *s = open_ok(fx, &o, MPI_COMM_SELF);
   meshlm_info in = info_of(w);
   assert_int_equal(in.tp, g_world);
@@ -422,8 +434,9 @@ static void check_tp(const char *fx, meshlm_dtype param) {
   float *got = xcalloc((size_t)b.npred, sizeof *got);
   meshlm_seqs q = seqs_of(&b);
   OK(w, meshlm_logprobs(w, &q, NULL, got, NULL));
-  char what[128];
-  snprintf(what, sizeof what, "%s, tp %d vs one rank", dtype_name(param), g_world);
+  char what[192];
+  snprintf(what, sizeof what, "%s, tp %d on %s vs one rank", dtype_name(param), g_world,
+           k_tp_plan_name[kind]);
   same_bits(got, all, b.npred, fx, what);
   for (int greedy = 0; greedy < 2; greedy++) {
     int32_t tw[3 * GEN], ts[3 * GEN];
@@ -433,13 +446,14 @@ static void check_tp(const char *fx, meshlm_dtype param) {
     generate_into(w, &p, greedy, 0, tw, lw, pw);
     generate_into(s, &p, greedy, 0, ts, ls, ps);
     batch_free(&p);
-    snprintf(what, sizeof what, "%s, %s generation on tp %d vs one rank", dtype_name(param),
-             greedy ? "greedy" : "sampled", g_world);
+    snprintf(what, sizeof what, "%s, %s generation on tp %d, %s, vs one rank", dtype_name(param),
+             greedy ? "greedy" : "sampled", g_world, k_tp_plan_name[kind]);
     if (memcmp(lw, ls, sizeof lw) || memcmp(tw, ts, sizeof tw))
       fail_msg("%s, %s: the generated tokens differ", fx, what);
     same_bits(pw, ps, 3 * GEN, fx, what);
   }
-  kl_zero(w, q, all, fx, param, "tp");
+  snprintf(what, sizeof what, "tp (%s)", k_tp_plan_name[kind]);
+  kl_zero(w, q, all, fx, param, what);
   free(got);
   free(all);
   batch_free(&b);
@@ -516,16 +530,59 @@ static void test_tp(void **state) {
   (void)state;
   if (g_world == 1) skip(); /* tp 1 is one rank */
   char fx[MAX_FIXTURES][PATH];
-  int n = fixtures(fx), dense = 0;
+  int n = fixtures(fx), experts = 0;
   for (int i = 0; i < n; i++) {
-    if (has_experts(fx[i])) continue;
-    check_tp(fx[i], MESHLM_DTYPE_F32);
-    check_tp(fx[i], MESHLM_DTYPE_BF16);
-    dense++;
+    int e = has_experts(fx[i]); /* SP with expert layers is refused (tp_walk.c) */
+    experts += e;
+    for (int kind = 0; kind < (e ? TP_AUTO_SP : TP_PLANS); kind++) {
+      check_tp(fx[i], MESHLM_DTYPE_F32, kind);
+      check_tp(fx[i], MESHLM_DTYPE_BF16, kind);
+    }
   }
-  printf("[rank %d] %d fixture families without experts, fp32 and bf16, the vocab-parallel "
-         "plan: tp %d = one rank, bitwise, in meshlm_logprobs, the training forward and "
-         "generation\n", g_rank, dense, g_world);
+  printf("[rank %d] %d fixture families (%d with experts: their sparse block replicated over "
+         "tp, no SP), fp32 and bf16, the vocab-parallel plan, the default plan and the default "
+         "plan with SP: tp %d = one rank, bitwise, in meshlm_logprobs, the training forward and "
+         "generation\n", g_rank, n, experts, g_world);
+}
+
+/* (g) llama_h9kv3 with its PEFT adapter (every linear, lora_B non-zero) on a tp = world
+ * session of the default plan, fp32 and bf16: meshlm_logprobs and the training forward (KL
+ * exactly 0, as (d)) equal one rank's with the same adapter. The row-parallel linears'
+ * adapters are computed whole as their weights are (lora_A's columns and its input
+ * gathered). */
+static void check_tp_lora(meshlm_dtype param) {
+  char fx[PATH], ad[PATH];
+  snprintf(fx, sizeof fx, "%s/tests/fixtures/llama_h9kv3", ML_SOURCE_DIR);
+  snprintf(ad, sizeof ad, "%s/tests/fixtures/llama_h9kv3_lora", ML_SOURCE_DIR);
+  meshlm_options o = invariant_opts(param, 4096), t = invariant_opts(param, 16);
+  o.adapter = t.adapter = ad;
+  t.tp = g_world;
+  meshlm_session *w = open_ok(fx, &t, MPI_COMM_WORLD), *s = open_ok(fx, &o, MPI_COMM_SELF);
+  meshlm_info in = info_of(w);
+  batch b = seqs_make(k_lens, NSEQ, INT64_MAX, in.vocab_size, 67);
+  float *all = score(s, &b);
+  float *got = xcalloc((size_t)b.npred, sizeof *got);
+  meshlm_seqs q = seqs_of(&b);
+  OK(w, meshlm_logprobs(w, &q, NULL, got, NULL));
+  char what[128];
+  snprintf(what, sizeof what, "%s, LoRA adapter, tp %d on the default plan vs one rank",
+           dtype_name(param), g_world);
+  same_bits(got, all, b.npred, fx, what);
+  kl_zero(w, q, all, fx, param, "tp with a LoRA adapter");
+  free(got);
+  free(all);
+  batch_free(&b);
+  meshlm_close(s);
+  meshlm_close(w);
+}
+
+static void test_tp_lora(void **state) {
+  (void)state;
+  if (g_world == 1) skip(); /* tp 1 is one rank */
+  check_tp_lora(MESHLM_DTYPE_F32);
+  check_tp_lora(MESHLM_DTYPE_BF16);
+  printf("[rank %d] llama_h9kv3 with its LoRA adapter, fp32 and bf16, the default plan: tp %d = "
+         "one rank, bitwise, in meshlm_logprobs and the training forward\n", g_rank, g_world);
 }
 
 int main(int argc, char **argv) {
@@ -537,6 +594,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_train),
       cmocka_unit_test(test_cp),
       cmocka_unit_test(test_tp),
+      cmocka_unit_test(test_tp_lora),
   };
   return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

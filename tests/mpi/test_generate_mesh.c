@@ -273,9 +273,9 @@ static void test_sampled(void **state) {
  * generated tokens (ml_engine_logprobs, one row at a time), tp included:
  * every reduction of a token's forward runs in one order per element
  * whatever the step's batch or cache position (engine.h batch_invariant),
- * and tp's all-reduces add the same partial sums in both. Greedy, fp32 or
- * the fixture's param_dtype. (Against one rank it is not: tp changes the
- * row-parallel sums' order.) */
+ * and tp computes each row-parallel linear whole in both
+ * (parallel/tp_whole.h). Greedy, fp32 or the fixture's param_dtype.
+ * (Against one rank too: tests/api/test_api_invariant.c (f).) */
 static void test_invariant(void **state) {
   (void)state;
   if (g_cuda) {

@@ -1,8 +1,10 @@
-/* Mesh parity: `mpiexec -n N test_parity FIXTURE TP [sp] [cp=C] [ep=P] [dpr=R]`.
+/* Mesh parity: `mpiexec -n N test_parity FIXTURE TP [sp] [cp=C] [ep=P] [dpr=R] [bi]`.
  * The mesh (dp_shard = N / (C·TP) × cp = C × tp = TP, sequence-parallel with `sp`, context
  * parallel with cp=C: ring attention, parallel/cp.h; expert parallel with ep=P: the sparse
  * layers' experts split over ep groups of P ranks, parallel/ep.h; HSDP with dpr=R replicas,
- * dp_shard = N / (R·C·TP)) must reproduce HF
+ * dp_shard = N / (R·C·TP); both runs in the batch-invariant mode with bi, where tp computes
+ * each row-parallel linear whole, parallel/tp_whole.h, and backward stays the default's) must
+ * reproduce HF
  * transformers' fixture and the single-rank run (a mesh over MPI_COMM_SELF, computed on every
  * rank): the loss, the per-token log-probs (rel L2), every parameter gradient (rel L2) within the
  * bounds tolerance.h §3 derives from the model's sizes; 3 AdamW steps on the mesh, each against
@@ -40,12 +42,14 @@ static bool g_sp; /* the mesh run uses --sequence-parallel */
 static int g_cp = 1;
 static int g_ep = 1;
 static int g_dpr = 1; /* dp_replicate of the mesh run */
+static bool g_bi;    /* both runs in the batch-invariant mode (ml_engine_opts.batch_invariant) */
 
 /* The fixture over `base` with tp; the mesh run (MPI_COMM_WORLD) is
  * sequence-parallel with `sp`. */
 static void open_on(run *r, MPI_Comm base, int tp, const fixture *fx) {
   ml_engine_opts opts = ml_engine_opts_default();
   opts.sequence_parallel = base == MPI_COMM_WORLD && g_sp;
+  opts.batch_invariant = g_bi;
   bool world = base == MPI_COMM_WORLD;
   run_open_ep(r, base, world ? g_dpr : 1, world ? g_cp : 1, tp, world ? g_ep : 1, &opts, fx->dir,
               NULL, NULL);
@@ -406,6 +410,7 @@ static int64_t kv_shared_bytes(const run *r) {
 static void test_collective_counts(void **state) {
   (void)state;
   if (g_dpr > 1) skip(); /* the counts below are those of one replica (HSDP's: fsdp.cmake) */
+  if (g_bi) skip(); /* the counts below are the default mode's (vocab parallelism on) */
   static fixture fx;
   fixture_load(g_fixture, &fx);
   static run r;
@@ -631,10 +636,11 @@ int main(int argc, char **argv) {
     else if (!strncmp(argv[i], "cp=", 3)) g_cp = atoi(argv[i] + 3);
     else if (!strncmp(argv[i], "ep=", 3)) g_ep = atoi(argv[i] + 3);
     else if (!strncmp(argv[i], "dpr=", 4)) g_dpr = atoi(argv[i] + 4);
+    else if (!strcmp(argv[i], "bi")) g_bi = true;
     else ok = false;
   }
   if (!ok || g_cp < 1 || g_ep < 1 || g_dpr < 1) {
-    fprintf(stderr, "usage: test_parity FIXTURE TP [sp] [cp=C] [ep=P] [dpr=R]\n");
+    fprintf(stderr, "usage: test_parity FIXTURE TP [sp] [cp=C] [ep=P] [dpr=R] [bi]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];

@@ -126,8 +126,10 @@ static void test_failure(void **state) {
 
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
-  if (argc < 2) {
-    fprintf(stderr, "usage: test_generate_ep FIXTURE\n");
+  int world;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  if (argc < 2 || world != 2) { /* the cases name ranks 0 and 1 of one ep group */
+    fprintf(stderr, "usage: mpiexec -n 2 test_generate_ep FIXTURE (found %d ranks)\n", world);
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];

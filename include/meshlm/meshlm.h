@@ -747,6 +747,10 @@ static inline int meshlm_sampling_default(meshlm_sampling *sp) {
  *    Tokens and log-probs equal a one-rank session's up to the order of the
  *    tp row-parallel sums (tests/tolerance.h); bitwise in the
  *    batch-invariant mode (meshlm_options.batch_invariant).
+ *    Under expert parallelism (ep > 1) the ranks of an ep group step
+ *    together: a rank whose prompts are done (or n = 0) runs steps of zero
+ *    tokens for the others' experts until all are done, and an error on one
+ *    rank of the group before a step fails the call on every rank of it.
  *  - 1: on a replica of the current weights that every rank holds (the
  *    generation engine of NeMo RL, refitted from the policy when it changed
  *    since the last call: one meshlm_refit to every rank); every rank,

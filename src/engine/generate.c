@@ -10,6 +10,7 @@
 #include "common/hash.h"
 #include "common/rng.h"
 #include "common/status.h"
+#include "engine/gen_ep.h"
 #include "engine/gen_vocab.h"
 #include "engine/kvcache.h"
 #include "engine/token_lp.h"
@@ -65,6 +66,7 @@ typedef struct gen {
   int32_t *out_tokens, *out_finish;
   int64_t *out_lens;
   float *out_logprobs;
+  ml_gen_ep ep; /* the ep group stepping together (gen_ep.h) */
 } gen;
 
 static int64_t max_new_of(const gen *g, int64_t k) {
@@ -434,6 +436,7 @@ static int run(gen *g) {
                     (long long)g->nres, (long long)(g->n - g->next_prompt),
                     (long long)g->kv.nfree, (long long)g->kv.nblocks);
     ML_TRY(reserve_step(g));
+    ML_TRY(ml_gen_ep_step(&g->ep)); /* the ep group steps together (gen_ep.h) */
     ML_TRY(forward(g, T, nl));
     ML_TRY(finish_step(g, nl));
   }
@@ -697,12 +700,12 @@ int ml_generate(ml_engine *e, int64_t n, const int64_t *lens, const int32_t *tok
   if (o->stats) *o->stats = (ml_gen_stats){0};
   ML_TRY(ml_engine_batch_mode(e));
   ml_fsdp *f = &e->fsdp;
-  /* a rank without prompts still takes part in FSDP's gathers */
-  if (n == 0 && f->dp->size == 1) return 0;
+  /* a rank without prompts still takes part in FSDP's gathers and its ep group's steps */
+  if (n == 0 && f->dp->size == 1 && e->mesh->groups[ML_GROUP_EP].size == 1) return 0;
   ml_model *m = &e->model;
   gen g = {.e = e, .m = m, .o = o, .n = n, .N = o->n_samples, .lens = lens, .tokens = tokens,
            .out_tokens = out_tokens, .out_finish = out_finish, .out_lens = out_lens,
-           .out_logprobs = out_logprobs, .kv = {.be = e->be}};
+           .out_logprobs = out_logprobs, .kv = {.be = e->be}, .ep = {.e = e}};
   /* the model forwards through the KV cache for the call, then as before (the positions
      of a packed training batch set aside: each step points the layers at its own tables) */
   ml_attn_core core = m->attn_core;
@@ -716,6 +719,7 @@ int ml_generate(ml_engine *e, int64_t n, const int64_t *lens, const int32_t *tok
   for (int u = 0; rc == 0 && u < f->n_units; u++) rc = ml_fsdp_unshard(f, u);
   if (rc == 0) rc = ml_gen_vocab_whole(f, &vocab);
   if (rc == 0 && n > 0) rc = generate(&g);
+  rc = ml_gen_ep_finish(&g.ep, rc != 0); /* zero-token steps while the ep group's others step */
   if (rc == 0 && n > 0) rc = check_tp_agree(&g);
   ml_gen_vocab_release(f, &vocab);
   for (int u = 0; u < f->n_units; u++) ml_fsdp_reshard(f, u);

@@ -97,7 +97,13 @@
  *    log-probs and the sampler's selection read whole.
  *  - data parallelism: each data-parallel rank continues its own prompts,
  *    alone after the unshard (no collective across dp while decoding, so
- *    ranks may run different numbers of steps).
+ *    ranks may run different numbers of steps), but under expert
+    parallelism (--ep) the ranks of an ep group step together: each step's
+    sparse layers exchange rows over the group, so a rank whose sequences
+    are done (or that has none) runs steps of zero tokens, computing its
+    experts for the others' rows, until every rank of the group is done —
+    one all-reduce per step over the group (engine/gen_ep.h); a failure on
+    one rank of the group before a step ends the call on every rank of it.
  *  - FSDP: every unit is all-gathered once for the call (the
  *    unshard_for_inference of scoring, for every unit at once) and
  *    resharded after; the vocab-parallel embed_tokens / lm_head rows, which
@@ -153,8 +159,9 @@ enum { ML_GEN_RUNNING = 256, ML_GEN_PREFILL = 512 };
 /* Continue each of n prompts with n_samples sequences of up to its max_new
  * tokens each. Collective over the tp group (every argument the same on
  * each of its ranks) and, when FSDP's group has more than one rank, over it
- * (the unshard; a rank with n = 0 takes part); each data-parallel rank
- * passes its own prompts. On a one-rank mesh: not collective.
+ * (the unshard; a rank with n = 0 takes part) and, under expert
+ * parallelism, over the ep group every step (a rank with n = 0 takes
+ * part); each data-parallel rank passes its own prompts. On a one-rank mesh: not collective.
  *
  * e: an engine on a mesh with cp = 1 (any tp, dp_shard, dp_replicate) on a
  * backend with block attention (the CPU's; CUDA has none yet).

@@ -419,6 +419,20 @@ static int ep_backward(ml_model *m, ml_layer *L, const routing *r, const float *
 /* Whether the sparse layers exchange rows with other ranks. */
 static bool ep_on(const ml_model *m) { return m->moe_ep.ranks > 1; }
 
+int ml_moe_forward_idle(ml_model *m, ml_layer *L) {
+  if (!ep_on(m)) return 0;
+  int64_t E = m->cfg.n_experts;
+  routing r = {0, E, m->cfg.top_k, calloc((size_t)E + 1, sizeof(int64_t)), NULL};
+  float *none = scratch(m, 1, "idle rank's empty rows"); /* sent and received: 0 rows */
+  int rc = r.off ? 0 : ml_err("out of host memory for the routing of %lld experts", (long long)E);
+  if (!rc && !none) rc = -1;
+  if (!rc) rc = ep_forward(m, L, &r, none, none);
+  ml_moe_release(m, L); /* no backward follows */
+  ml_be_free(m->be, none);
+  routing_free(&r);
+  return rc;
+}
+
 /* The sizes below (T·k·H, T·k·I, T·E) are those of the layer's saved
  * buffers ye, g/u/a and probs, which ml_model_begin allocated (model.c
  * sizes them with saturating products): they fit int64. R, the rows an

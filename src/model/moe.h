@@ -76,6 +76,16 @@ int ml_moe_forward(ml_model *m, ml_layer *L, const ml_act *h, float *y);
  * accumulate (+=). */
 int ml_moe_backward(ml_model *m, ml_layer *L, const ml_act *h, const float *dy, float *dh);
 
+/* Sparse layer L's part in the expert-parallel exchange of a forward in
+ * which this rank has no tokens (T = 0): it sends no rows, runs its
+ * experts (ml_moe_ep: experts rank·El .. (rank+1)·El − 1) on the rows the
+ * other ranks of the ep group send and returns their outputs, as
+ * ml_moe_forward's exchange does; keeps nothing for backward. For a
+ * generation rank whose sequences are done while others of its ep group
+ * still decode (engine/gen_ep.h). Nothing without expert parallelism.
+ * Collective over the ep group. Errors: allocation (named), the exchange's. */
+int ml_moe_forward_idle(ml_model *m, ml_layer *L);
+
 /* Free what L's last forward kept for backward under expert parallelism
  * (L->moe_held; nothing when NULL). */
 void ml_moe_release(ml_model *m, ml_layer *L);

@@ -9,8 +9,9 @@
 # all-gathered inputs and weights, parallel/tp_whole.h: tp× their FLOPs).
 # Scoring: `meshlm logprobs` tokens/s of the whole run, median of
 # BENCH_ITERS; training: `meshlm train` (global batch 8, S=128), median
-# tokens/s of steps 3.. from --metrics. fp32. Figures for notes; nothing is
-# asserted.
+# tokens/s of steps 3.. from --metrics; decode: Policy.generate's tokens/s
+# on the tp 2 mesh (the mode's row-parallel weights gathered once per call).
+# fp32. Figures for notes; nothing is asserted.
 # usage: bench/batch_invariant_tp.sh [BUILD_DIR]   (after building meshlm and bench_api_logprobs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,6 +52,26 @@ score() {
   done | median
 }
 
+# decode PLAN SP(0|1) INVARIANT(0|1): generated tokens/s of Policy.generate on the tp 2 mesh (4
+# prompts of 64 tokens, 64 new tokens each, greedy; after a 4-token warm-up call), rank 0's
+cat > "$out/decode.py" <<'PY'
+import sys, time
+import numpy as np
+import meshlm
+d, plan, sp, inv = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"
+p = meshlm.Policy(d, tp=2, parallel_plan=plan, sequence_parallel=sp, batch_invariant=inv)
+rng = np.random.default_rng(0)
+prompts = [rng.integers(0, p.info["vocab_size"], 64, dtype=np.int32) for _ in range(4)]
+p.generate(prompts, max_new_tokens=4, greedy=True, eos_token_id=-2)
+t = time.perf_counter()
+out = p.generate(prompts, max_new_tokens=64, greedy=True, eos_token_id=-2)[0]
+print("%.1f" % (sum(len(o) for o in out) / (time.perf_counter() - t)))
+PY
+decode() {
+  PYTHONPATH=python MESHLM_LIBRARY=$build/libmeshlm.so "${mpi[@]}" python3 "$out/decode.py" \
+    "$out/small" "$@" 2> /dev/null | head -n 1
+}
+
 # train FLAGS...: median tokens/s of steps 3.. on tp 2
 train() {
   "${mpi[@]}" "$meshlm" train --model "$out/small" --data "$out/corpus.txt" --steps "$steps" \
@@ -70,7 +91,15 @@ for plan in vocab default default-sp; do
   s1=$(score "${f[@]}" --batch-invariant)
   t0=$(train "${f[@]}")
   t1=$(train "${f[@]}" --batch-invariant)
-  awk -v m="$plan" -v a="$s0" -v b="$s1" -v c="$t0" -v e="$t1" 'BEGIN {
+  case $plan in
+    vocab) g=("$out/vocab.json" 0) ;;
+    default) g=(default 0) ;;
+    default-sp) g=(default 1) ;;
+  esac
+  d0=$(decode "${g[@]}" 0)
+  d1=$(decode "${g[@]}" 1)
+  awk -v m="$plan" -v a="$s0" -v b="$s1" -v c="$t0" -v e="$t1" -v f="$d0" -v h="$d1" 'BEGIN {
     printf "%-11s %-9s %12.1f %12.1f %8.2f\n", m, "logprobs", a, b, b / a
-    printf "%-11s %-9s %12.1f %12.1f %8.2f\n", m, "train", c, e, e / c }'
+    printf "%-11s %-9s %12.1f %12.1f %8.2f\n", m, "train", c, e, e / c
+    printf "%-11s %-9s %12.1f %12.1f %8.2f\n", m, "decode", f, h, h / f }'
 done

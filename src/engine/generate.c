@@ -15,6 +15,7 @@
 #include "engine/kvcache.h"
 #include "engine/token_lp.h"
 #include "parallel/redistribute.h"
+#include "parallel/tp_whole.h"
 
 /* A slot of the KV cache and the sequence in it. */
 typedef enum { SLOT_FREE, SLOT_WAIT, SLOT_PREFILL, SLOT_DECODE } slot_kind;
@@ -718,9 +719,11 @@ int ml_generate(ml_engine *e, int64_t n, const int64_t *lens, const int32_t *tok
   int rc = 0;
   for (int u = 0; rc == 0 && u < f->n_units; u++) rc = ml_fsdp_unshard(f, u);
   if (rc == 0) rc = ml_gen_vocab_whole(f, &vocab);
+  if (rc == 0) rc = ml_tp_whole_hold(&e->tp, m); /* row-parallel weights once per call */
   if (rc == 0 && n > 0) rc = generate(&g);
   rc = ml_gen_ep_finish(&g.ep, rc != 0); /* zero-token steps while the ep group's others step */
   if (rc == 0 && n > 0) rc = check_tp_agree(&g);
+  ml_tp_whole_release(&e->tp, m);
   ml_gen_vocab_release(f, &vocab);
   for (int u = 0; u < f->n_units; u++) ml_fsdp_reshard(f, u);
   m->attn_core = core;

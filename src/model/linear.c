@@ -96,9 +96,10 @@ static int lora_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, c
   const float *xin;
   const void *xinr;
   int rc = lora_input(be, lin, x, xr, &xd, &xdr, &xin, &xinr);
-  if (!rc && lin->whole.cols) { // xw: [T, in], aw: [r, in] whole
+  if (!rc && lin->whole.cols) { // xw: [T, in], aw: [r, in] whole (unless held for the call)
     rc = whole_cols(be, lin, a, xin, T, ML_F32, &xw);
-    if (!rc) rc = whole_cols(be, lin, a, a->data, a->local[0], a->dtype, &aw);
+    if (!rc && !lin->whole_lora_a)
+      rc = whole_cols(be, lin, a, a->data, a->local[0], a->dtype, &aw);
   }
   if (!rc) u = ml_be_alloc(be, T * r, sizeof(float), "%s's LoRA down-projection [%lld x %lld]",
                            b->name, (long long)T, (long long)r);
@@ -106,7 +107,7 @@ static int lora_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, c
                          (long long)T, (long long)out);
   // u: [T, r] = drop(x) · A^T over the whole columns (xw, aw) or this rank's
   if (!v) rc = -1;
-  else if (xw) rc = lora_down(be, a, aw, a->shape[1], T, xw, NULL, u);
+  else if (xw) rc = lora_down(be, a, aw ? aw : lin->whole_lora_a, a->shape[1], T, xw, NULL, u);
   else rc = lora_down(be, a, a->data, a->local[1], T, xin, xinr, u);
   // v: [T, out] = u: [T, r] · B: [out, r]^T
   ml_gemm g = {.trans_b = true, .M = T, .N = out, .K = r, .A = u, .a_type = ML_F32, .lda = r,
@@ -193,8 +194,9 @@ static int whole_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, 
   int64_t T = x->B * x->s;
   void *xw = NULL, *ww = NULL;
   int rc = whole_cols(be, lin, w, x->x, T, ML_F32, &xw); // xw: [T, in] whole
-  if (!rc) rc = whole_cols(be, lin, w, w->data, w->local[0], w->dtype, &ww); // ww: [out, in]
-  if (!rc) rc = xwt(be, w, ww, T, w->shape[1], xw, NULL, lin->bias, y);
+  if (!rc && !lin->whole_weight) // ww: [out, in], unless held for the call
+    rc = whole_cols(be, lin, w, w->data, w->local[0], w->dtype, &ww);
+  if (!rc) rc = xwt(be, w, ww ? ww : lin->whole_weight, T, w->shape[1], xw, NULL, lin->bias, y);
   ml_be_free(be, ww);
   ml_be_free(be, xw);
   return rc;

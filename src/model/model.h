@@ -151,6 +151,10 @@ typedef struct ml_linear {
    * rank's input features, dW of its weight columns, dA of its lora_A
    * columns, dB a Partial sum). */
   ml_whole_hook whole;
+  /* With `whole` set: the whole weight [out, in] and lora_A [r, in] (its dtype, pool memory)
+   * gathered once for a generate call (parallel/tp_whole.h ml_tp_whole_hold), which the
+   * forward uses instead of gathering them again; NULL: gathered per forward. */
+  void *whole_weight, *whole_lora_a;
 } ml_linear;
 
 typedef struct ml_embedding {

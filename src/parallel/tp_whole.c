@@ -87,3 +87,34 @@ int ml_tp_whole_apply(ml_tp *tp, ml_model *m) {
   }
   return 0;
 }
+
+/* *dst [p->local[0], p->shape[1]] of p's dtype in pool memory = parameter p gathered whole. */
+static int hold_one(ml_tp *tp, const ml_param *p, void **dst) {
+  *dst = ml_be_alloc(tp->be, ml_mul_sat(p->local[0], p->shape[1]), ml_dtype_size(p->dtype),
+                     "%s gathered whole for the generate call [%lld x %lld]", p->name,
+                     (long long)p->local[0], (long long)p->shape[1]);
+  if (!*dst) return -1;
+  return gather_cols(tp, p, p->data, p->local[0], p->dtype, *dst);
+}
+
+int ml_tp_whole_hold(ml_tp *tp, ml_model *m) {
+  for (int i = 0; i < m->n_modules; i++) {
+    if (m->modules[i].kind != ML_MOD_LINEAR) continue;
+    ml_linear *lin = m->modules[i].ptr;
+    if (!lin->whole.cols) continue;
+    ML_TRY(hold_one(tp, lin->weight, &lin->whole_weight));
+    if (lin->lora_a) ML_TRY(hold_one(tp, lin->lora_a, &lin->whole_lora_a));
+  }
+  return 0;
+}
+
+void ml_tp_whole_release(ml_tp *tp, ml_model *m) {
+  for (int i = 0; i < m->n_modules; i++) {
+    if (m->modules[i].kind != ML_MOD_LINEAR) continue;
+    ml_linear *lin = m->modules[i].ptr;
+    if (!lin->whole.cols) continue; /* nothing held (and tp 1 has no backend of its own) */
+    ml_be_free(tp->be, lin->whole_weight);
+    ml_be_free(tp->be, lin->whole_lora_a);
+    lin->whole_weight = lin->whole_lora_a = NULL;
+  }
+}

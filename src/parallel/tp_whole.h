@@ -32,4 +32,18 @@
  * rowwise lm_head (Partial logits; expected colwise or replicated). */
 int ml_tp_whole_apply(ml_tp *tp, ml_model *m);
 
+/* For a generate call (engine/generate.c), after FSDP's unshard: gathers
+ * every whole linear's weight [out, in] and lora_A [r, in] (their dtypes)
+ * over tp once into pool memory (ml_linear.whole_weight / whole_lora_a),
+ * which every forward of the call uses instead of gathering them again per
+ * decode step; the same bits (a gather copies). Collective over tp in module
+ * order (every tp rank calls it). Nothing where no linear has a whole hook.
+ * Errors: the pool's (its peak counts the held weights); what was gathered
+ * stays held for ml_tp_whole_release. */
+int ml_tp_whole_hold(ml_tp *tp, ml_model *m);
+
+/* Frees what ml_tp_whole_hold gathered (NULL pointers after); call it
+ * before FSDP's reshard, also after a failed hold. */
+void ml_tp_whole_release(ml_tp *tp, ml_model *m);
+
 #endif

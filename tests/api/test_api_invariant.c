@@ -26,8 +26,8 @@
  * parallelism; llama_h9kv3's 9 heads split unevenly (5 + 4 on tp 2,
  * 3 + 2 + 2 + 2 on tp 4); (g) with a PEFT adapter on every linear
  * (llama_h9kv3_lora: non-zero lora_B, so the adapters move every log-prob),
- * the default plan on tp = world = one rank, bitwise, in meshlm_logprobs
- * and the training forward.
+ * the default plan on tp = world = one rank, bitwise, in meshlm_logprobs,
+ * generation and the training forward.
  * RoPE types whose tables HF computes for the longest sequence of the
  * forward (dynamic, longrope: their numbers depend on the batch by
  * definition) are run within their original context, where the tables
@@ -415,6 +415,27 @@ typedef enum { TP_VOCAB, TP_AUTO, TP_AUTO_SP, TP_PLANS } tp_plan;
 static const char *const k_tp_plan_name[TP_PLANS] = {"the vocab-parallel plan", "the default plan",
                                                      "the default plan with SP"};
 
+/* Generation on the tp session w (greedy and sampled) = on the one-rank session s, bitwise:
+ * tokens, lengths and out_logprobs. what: the case, for the failure message. */
+static void generate_same(meshlm_session *w, meshlm_session *s, const char *fx,
+                          const char *what) {
+  for (int greedy = 0; greedy < 2; greedy++) {
+    int32_t tw[3 * GEN], ts[3 * GEN];
+    int64_t lw[3], ls[3];
+    float pw[3 * GEN], ps[3 * GEN];
+    batch p = prompts_of(s, fx);
+    generate_into(w, &p, greedy, 0, tw, lw, pw);
+    generate_into(s, &p, greedy, 0, ts, ls, ps);
+    batch_free(&p);
+    char msg[256];
+    snprintf(msg, sizeof msg, "%s generation (%s) vs one rank", greedy ? "greedy" : "sampled",
+             what);
+    if (memcmp(lw, ls, sizeof lw) || memcmp(tw, ts, sizeof tw))
+      fail_msg("%s, %s: the generated tokens differ", fx, msg);
+    same_bits(pw, ps, 3 * GEN, fx, msg);
+  }
+}
+
 /* (f) a tp = world session on plan `kind` = one rank, bitwise: meshlm_logprobs, the training
  * forward (KL exactly 0, as (d)) and generation on the tp mesh (greedy and sampled: tokens and
  * out_logprobs equal the one-rank session's). Families with expert layers run the first two
@@ -438,20 +459,8 @@ static void check_tp(const char *fx, meshlm_dtype param, tp_plan kind) {
   snprintf(what, sizeof what, "%s, tp %d on %s vs one rank", dtype_name(param), g_world,
            k_tp_plan_name[kind]);
   same_bits(got, all, b.npred, fx, what);
-  for (int greedy = 0; greedy < 2; greedy++) {
-    int32_t tw[3 * GEN], ts[3 * GEN];
-    int64_t lw[3], ls[3];
-    float pw[3 * GEN], ps[3 * GEN];
-    batch p = prompts_of(s, fx);
-    generate_into(w, &p, greedy, 0, tw, lw, pw);
-    generate_into(s, &p, greedy, 0, ts, ls, ps);
-    batch_free(&p);
-    snprintf(what, sizeof what, "%s, %s generation on tp %d, %s, vs one rank", dtype_name(param),
-             greedy ? "greedy" : "sampled", g_world, k_tp_plan_name[kind]);
-    if (memcmp(lw, ls, sizeof lw) || memcmp(tw, ts, sizeof tw))
-      fail_msg("%s, %s: the generated tokens differ", fx, what);
-    same_bits(pw, ps, 3 * GEN, fx, what);
-  }
+  snprintf(what, sizeof what, "%s, tp %d, %s", dtype_name(param), g_world, k_tp_plan_name[kind]);
+  generate_same(w, s, fx, what);
   snprintf(what, sizeof what, "tp (%s)", k_tp_plan_name[kind]);
   kl_zero(w, q, all, fx, param, what);
   free(got);
@@ -546,8 +555,9 @@ static void test_tp(void **state) {
 }
 
 /* (g) llama_h9kv3 with its PEFT adapter (every linear, lora_B non-zero) on a tp = world
- * session of the default plan, fp32 and bf16: meshlm_logprobs and the training forward (KL
- * exactly 0, as (d)) equal one rank's with the same adapter. The row-parallel linears'
+ * session of the default plan, fp32 and bf16: meshlm_logprobs, generation (tokens and
+ * out_logprobs) and the training forward (KL exactly 0, as (d)) equal one rank's with the
+ * same adapter. The row-parallel linears'
  * adapters are computed whole as their weights are (lora_A's columns and its input
  * gathered). */
 static void check_tp_lora(meshlm_dtype param) {
@@ -568,6 +578,9 @@ static void check_tp_lora(meshlm_dtype param) {
   snprintf(what, sizeof what, "%s, LoRA adapter, tp %d on the default plan vs one rank",
            dtype_name(param), g_world);
   same_bits(got, all, b.npred, fx, what);
+  snprintf(what, sizeof what, "%s, LoRA adapter, tp %d, the default plan", dtype_name(param),
+           g_world);
+  generate_same(w, s, fx, what);
   kl_zero(w, q, all, fx, param, "tp with a LoRA adapter");
   free(got);
   free(all);
@@ -582,7 +595,8 @@ static void test_tp_lora(void **state) {
   check_tp_lora(MESHLM_DTYPE_F32);
   check_tp_lora(MESHLM_DTYPE_BF16);
   printf("[rank %d] llama_h9kv3 with its LoRA adapter, fp32 and bf16, the default plan: tp %d = "
-         "one rank, bitwise, in meshlm_logprobs and the training forward\n", g_rank, g_world);
+         "one rank, bitwise, in meshlm_logprobs, generation and the training forward\n", g_rank,
+         g_world);
 }
 
 int main(int argc, char **argv) {

@@ -62,7 +62,7 @@ rng = np.random.default_rng(0)
 prompts = [rng.integers(0, p.info["vocab_size"], 64, dtype=np.int32) for _ in range(4)]
 p.generate(prompts, max_new_tokens=4, greedy=True, eos_token_id=-2)
 t = time.perf_counter()
-out, _ = p.generate(prompts, max_new_tokens=64, greedy=True, eos_token_id=-2)
+out = p.generate(prompts, max_new_tokens=64, greedy=True, eos_token_id=-2)[0]
 print("%.1f" % (sum(len(o) for o in out) / (time.perf_counter() - t)))
 PY
 }

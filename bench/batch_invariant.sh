@@ -50,21 +50,12 @@ score() {
   done | median
 }
 
-# decode DIR DTYPE INVARIANT(0|1): generated tokens/s of Policy.generate
+# decode DIR DTYPE INVARIANT(0|1): generated tokens/s of Policy.generate (bench/decode_rate.py)
 decode() {
-  PYTHONPATH=python MESHLM_LIBRARY=$build/libmeshlm.so python3 - "$@" <<'PY'
-import sys, time
-import numpy as np
-import meshlm
-d, dt, inv = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-p = meshlm.Policy(d, param_dtype=dt, batch_invariant=inv)
-rng = np.random.default_rng(0)
-prompts = [rng.integers(0, p.info["vocab_size"], 64, dtype=np.int32) for _ in range(4)]
-p.generate(prompts, max_new_tokens=4, greedy=True, eos_token_id=-2)
-t = time.perf_counter()
-out = p.generate(prompts, max_new_tokens=64, greedy=True, eos_token_id=-2)[0]
-print("%.1f" % (sum(len(o) for o in out) / (time.perf_counter() - t)))
-PY
+  local inv=false
+  [[ $3 == 1 ]] && inv=true
+  PYTHONPATH=python MESHLM_LIBRARY=$build/libmeshlm.so python3 bench/decode_rate.py "$1" \
+    param_dtype="$2" batch_invariant=$inv
 }
 
 # train DIR FLAGS...: median tokens/s of steps 3..

@@ -52,24 +52,15 @@ score() {
   done | median
 }
 
-# decode PLAN SP(0|1) INVARIANT(0|1): generated tokens/s of Policy.generate on the tp 2 mesh (4
-# prompts of 64 tokens, 64 new tokens each, greedy; after a 4-token warm-up call), rank 0's
-cat > "$out/decode.py" <<'PY'
-import sys, time
-import numpy as np
-import meshlm
-d, plan, sp, inv = sys.argv[1], sys.argv[2], sys.argv[3] == "1", sys.argv[4] == "1"
-p = meshlm.Policy(d, tp=2, parallel_plan=plan, sequence_parallel=sp, batch_invariant=inv)
-rng = np.random.default_rng(0)
-prompts = [rng.integers(0, p.info["vocab_size"], 64, dtype=np.int32) for _ in range(4)]
-p.generate(prompts, max_new_tokens=4, greedy=True, eos_token_id=-2)
-t = time.perf_counter()
-out = p.generate(prompts, max_new_tokens=64, greedy=True, eos_token_id=-2)[0]
-print("%.1f" % (sum(len(o) for o in out) / (time.perf_counter() - t)))
-PY
+# decode PLAN SP(0|1) INVARIANT(0|1): generated tokens/s of Policy.generate on the tp 2 mesh
+# (bench/decode_rate.py), rank 0's
 decode() {
-  PYTHONPATH=python MESHLM_LIBRARY=$build/libmeshlm.so "${mpi[@]}" python3 "$out/decode.py" \
-    "$out/small" "$@" 2> /dev/null | head -n 1
+  local sp=false inv=false
+  [[ $2 == 1 ]] && sp=true
+  [[ $3 == 1 ]] && inv=true
+  PYTHONPATH=python MESHLM_LIBRARY=$build/libmeshlm.so "${mpi[@]}" python3 bench/decode_rate.py \
+    "$out/small" tp=2 parallel_plan="$1" sequence_parallel=$sp batch_invariant=$inv \
+    2> /dev/null | head -n 1
 }
 
 # train FLAGS...: median tokens/s of steps 3.. on tp 2

@@ -21,8 +21,9 @@ static int ep_rows(void *ctx, const float *send, const int64_t *send_counts, flo
  * (model.h ml_moe_ep.gather): this rank's chunk copied out and all-gathered
  * padded to the largest chunk (ml_all_gather_padded), each rank's block
  * copied back to its rows. T·cols is the size of a layer's saved [T, H]
- * buffer (int64, model.c's saturating sizes), so the scratch, (tp + 1)
- * blocks of ceil(T / tp)·cols <= 2·T·cols + 2·cols floats, fits too. */
+ * buffer (int64, model.c's saturating sizes; tp <= 2^16), so the scratch,
+ * (tp + 1) blocks of ceil(T / tp)·cols <= (2·T + tp + 1)·cols floats, fits
+ * too (one float more: never a zero-size request). */
 static int ep_gather(void *ctx, ml_backend *be, float *rows, int64_t T, int64_t cols) {
   const ml_mesh_group *g = ctx;
   int P = g->size;

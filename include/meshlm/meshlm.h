@@ -501,8 +501,9 @@ typedef struct meshlm_train_batch {
                                   softmax at the recorded experts (renormalized when
                                   norm_topk_prob), gradients through them, the load-balancing
                                   loss counting the recorded routing — Megatron-LM's router
-                                  replay (R3, PR #4168), model/moe.h. Refused under tp > 1 or
-                                  cp > 1, or for a model without experts (named). */
+                                  replay (R3, PR #4168), model/moe.h. Refused under cp > 1
+                                  (tp > 1 allowed, with or without ep), or for a model without
+                                  experts (named). */
 } meshlm_train_batch;
 
 typedef struct meshlm_step_result {
@@ -892,8 +893,9 @@ typedef struct meshlm_scores {
   int32_t *routing;       /* NULL, or [Σ lens, num_hidden_layers, num_experts_per_tok]: for
                              every token (not prediction; the mask does not apply) the experts
                              each sparse layer chose, torch.topk's order; −1 at dense layers.
-                             meshlm_train_batch.routing replays them. Refused under tp > 1 or
-                             cp > 1, or for a model without experts (named) */
+                             meshlm_train_batch.routing replays them. Refused under cp > 1
+                             (tp > 1 allowed, with or without ep), or for a model without
+                             experts (named) */
 } meshlm_scores;
 
 /* COLLECTIVE. meshlm_logprobs with the entropy and top-k outputs of `out`

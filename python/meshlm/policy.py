@@ -924,8 +924,8 @@ class Policy:
         sequences, in one scoring pass.  Returns a list of n int32 arrays of
         shape (L_k, num_hidden_layers, num_experts_per_tok), torch.topk's
         order, -1 at dense layers; train_step / forward_backward / eval_loss
-        take them as routing=.  A model without experts, tp > 1 or cp > 1
-        raises MeshlmError."""
+        take them as routing=.  A model without experts, or cp > 1, raises
+        MeshlmError."""
         s = self._session()
         try:
             b = _Batch(seqs)

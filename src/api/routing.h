@@ -9,8 +9,11 @@
 
 /* Whether `call` may read or write `field` (a routing array) on s: 0, or
  * −1 with a message naming the field when the model has no experts or the
- * mesh has tp > 1 or cp > 1 (there a rank's sparse layers see a piece of
- * each sequence, not its tokens position for position). */
+ * mesh has cp > 1 (there a rank's sparse layers see a piece of each
+ * sequence, not its tokens position for position). Under tp every tp rank
+ * routes all of its sequences' tokens (the Replicate residual stream; under
+ * ep too, each dispatching a chunk of them: model/moe.h), so each records
+ * and replays the whole routing. */
 int api_routing_check(const meshlm_session *s, const char *call, const char *field);
 
 /* int32 entries per token: num_hidden_layers · num_experts_per_tok. */

@@ -29,6 +29,7 @@
 #include "parallel/plan.h"
 #include "parallel/loss.h"
 #include "parallel/tp.h"
+#include "tensor/placement.h"
 #include "engine/predict.h"
 
 typedef struct plan_opts {
@@ -237,11 +238,14 @@ static void text_experts(const plan_run *run) {
   int64_t fwd = p->logprobs[ML_GROUP_EP].bytes[ML_COLL_ALL_TO_ALL] / sparse;
   int64_t step = p->train[ML_GROUP_EP].bytes[ML_COLL_ALL_TO_ALL] / (sparse * o->t.grad_accum);
   char fb[32], bb[32];
+  /* under tp each tp rank dispatches its torch.chunk of the tokens (model/moe.h): rank 0's */
+  int64_t T = p->B * p->s_local, Td = o->t.tp > 1 ? ml_chunk_size(T, (int)o->t.tp) : T;
   ml_cli_print("  ep all-to-all per sparse layer and micro-batch (dispatch + combine, %" PRId64
-               " token rows x top %" PRId64 " per rank): forward %s, backward %s%s; balanced "
+               " token rows x top %" PRId64 " per rank%s): forward %s, backward %s%s; balanced "
                "routing (expert e gets T*k/E of each rank's rows), a run's bytes follow its "
                "routing\n",
-               p->B * p->s_local, c->top_k, ml_cli_bytes(fwd, fb, sizeof fb),
+               Td, c->top_k, o->t.tp > 1 ? ", each tp rank its chunk of the tokens" : "",
+               ml_cli_bytes(fwd, fb, sizeof fb),
                ml_cli_bytes(step - fwd, bb, sizeof bb),
                ml_train_settings_of(&o->t).engine.ac == ML_AC_NONE ? ""
                                                                    : " (AC's recomputed forward "

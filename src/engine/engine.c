@@ -111,18 +111,14 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   e->model.ac = opts->ac;
   ML_TRY(ml_moe_check(&e->model, e->be->ops->name));
   ML_TRY(ml_lora_setup(&e->lora, &opts->lora, &e->model));
-  /* expert layers under tp/cp: the sparse block replicated over tp (parallel/tp_walk.c); not
-   * yet the experts split over ep groups that span tp or cp ranks */
-  if (cfg.n_experts > 0 && mesh->groups[ML_GROUP_EP].size > 1 && (mesh->tp > 1 || mesh->cp > 1))
-    return ml_err("--ep %d with tp = %d and cp = %d: expert parallelism over tp/cp ranks is not "
-                  "supported yet; expected --ep 1 with tp > 1 or cp > 1, or tp = 1 and cp = 1 "
-                  "with --ep > 1",
-                  mesh->groups[ML_GROUP_EP].size, mesh->tp, mesh->cp);
   if (cfg.n_experts > 0 && mesh->tp > 1 && opts->sequence_parallel)
     return ml_err("--sequence-parallel with tp = %d: %s has expert layers, which take a "
                   "Replicate() residual stream under tp (not yet a Shard(1) one); expected "
                   "--sequence-parallel off",
                   mesh->tp, cfg.family->architecture);
+  /* before tp's walk: under ep with tp the routers' gradients are Partial over tp
+   * (parallel/tp_walk.c sparse_block) */
+  ML_TRY(ml_ep_apply(&e->model, mesh));
   ML_TRY(ml_plan_select(&e->model, model_dir, opts->parallel_plan, opts->sequence_parallel,
                         &e->plan));
   ML_TRY(ml_tp_apply(&e->tp, &e->plan, &e->model, ml_mesh_comm(mesh, ML_GROUP_TP)));
@@ -130,7 +126,6 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   if (opts->batch_invariant) ML_TRY(ml_tp_whole_apply(&e->tp, &e->model)); /* tp's bits = 1's */
   ML_TRY(ml_cp_apply(&e->cp, &e->model, ml_mesh_comm(mesh, ML_GROUP_CP), e->be,
                      opts->batch_invariant));
-  ML_TRY(ml_ep_apply(&e->model, mesh));
   ML_TRY(ml_freeze_apply(&e->model, opts->freeze));
   if (e->lora.on) ml_lora_freeze_base(&e->model); /* PEFT: only the adapters train */
   ML_TRY(ml_fp32_params_apply(&e->model, opts->fp32_params)); /* fully_shard_by_dtype's */
@@ -658,6 +653,7 @@ void ml_engine_owned_rows(const ml_engine *e, const ml_fsdp_unit *unit, int i, i
   ml_fsdp_param_rows(&e->fsdp, unit, i, &r0, nr);
   ml_tp_param_slice(&e->tp, &e->model, p, e->mesh->tp_rank, &start, &len, &own);
   if (ml_tp_param_dim(&e->tp, &e->model, p) == 1) own = start; /* column cuts own their rows */
+  if (unit->layer >= 0) own = start; /* an expert unit: its rows on this rank alone (ep.h) */
   *skip = own - start - r0; /* local rows before `own` belong to a lower tp rank */
   if (*skip < 0) *skip = 0;
   if (unit->rep->rank != 0 || *skip > *nr) *skip = *nr; /* an HSDP replica > 0 of the unit */

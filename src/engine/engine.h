@@ -274,7 +274,9 @@ int ml_engine_grad_norm(ml_engine *e, double norm_type, double *norm);
  * of them that counts in the grad norm and that run checkpoints write: *nr
  * of its FSDP shard's rows from shard row *skip on. None on an HSDP replica
  * > 0 of the unit (an expert unit has none: ep_shard spans the replicas);
- * of a TP-replicated parameter, all on tp rank 0 and none elsewhere;
+ * of a TP-replicated parameter, all on tp rank 0 and none elsewhere, but
+ * all of an expert unit's on every rank (under ep the experts are not
+ * replicated over tp: each rank holds its ep rank's, parallel/ep.h);
  * of a k_proj / v_proj whose kv heads several tp ranks hold, those of the
  * heads this rank owns (ml_tp_param_slice); else all. */
 void ml_engine_owned_rows(const ml_engine *e, const ml_fsdp_unit *unit, int i, int64_t *skip,

@@ -266,13 +266,24 @@ typedef struct ml_layer {
  * host memory; rows: all-to-all of fp32 blocks of uneven length (counts in
  * floats, [ranks] each; comm/comm.h ml_all_to_all_v), backend memory.
  * Every rank of the group calls them for the same layers in the same
- * order. */
+ * order.
+ * Under tp (slices > 1: the tp group's size, slice this rank's tp rank),
+ * the tp ranks hold the same Replicate tokens, so each dispatches only its
+ * torch.chunk of a layer's T tokens (rows [t0, t0 + n) of ml_chunk(T,
+ * slices, slice), as Megatron-LM's token dispatchers take S/TP·B tokens
+ * per rank) and gather rebuilds the Replicate [T, cols] rows (backend
+ * memory) from every tp rank's chunk in place (an all-gather over tp,
+ * collective over the tp group; gather_ctx its group). slices 0 or 1:
+ * every rank dispatches all its tokens. */
 typedef struct ml_moe_ep {
   int ranks, rank;
   int (*counts)(void *ctx, const int64_t *send, int n, int64_t *recv);
   int (*rows)(void *ctx, const float *send, const int64_t *send_counts, float *recv,
               const int64_t *recv_counts);
   void *ctx;
+  int slices, slice;
+  int (*gather)(void *gather_ctx, ml_backend *be, float *rows, int64_t T, int64_t cols);
+  void *gather_ctx;
 } ml_moe_ep;
 
 /* One call of a layer's attention core, softmax(scale·q·k^T + mask)·v

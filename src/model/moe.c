@@ -8,6 +8,7 @@
 
 #include "common/status.h"
 #include "model/linear.h"
+#include "tensor/placement.h"
 
 int ml_moe_check(const ml_model *m, const char *device) {
   if (m->cfg.n_experts == 0 || ml_be_host_memory(m->be) || strcmp(device, "meta") == 0) return 0;
@@ -16,12 +17,14 @@ int ml_moe_check(const ml_model *m, const char *device) {
                 device, m->cfg.family->architecture);
 }
 
-/* Where each (token, choice) of a layer goes: the choices routed to
- * expert e are rows off[e] .. off[e + 1] − 1 of the gathered buffers, in
- * token order then choice order; slot[t·k + j] is the row of choice j of
- * token t. Host memory. */
+/* Where each (token, choice) of tokens t0 .. t0 + T − 1 of a layer goes
+ * (all of its tokens, or this tp rank's chunk of them under ep with tp:
+ * model.h ml_moe_ep.slices): the choices routed to expert e are rows
+ * off[e] .. off[e + 1] − 1 of the gathered buffers, in token order then
+ * choice order; slot[t·k + j] is the row of choice j of token t0 + t. Host
+ * memory. */
 typedef struct routing {
-  int64_t T, E, k;
+  int64_t t0, T, E, k;
   int64_t *off;  /* [E + 1] */
   int64_t *slot; /* [T · k] */
 } routing;
@@ -40,11 +43,11 @@ static void routing_free(routing *r) {
  * are skipped; the GEMMs and the exchanges run with those sizes. */
 static bool modelled(const ml_model *m) { return !ml_be_host_memory(m->be); }
 
-/* The rows of each expert from L's saved top_e (a counting sort), or the
- * balanced routing where it is modelled. */
-static int routing_of(const ml_model *m, const ml_layer *L, int64_t T, routing *r) {
+/* The rows of each expert for tokens t0 .. t0 + T − 1 from L's saved
+ * top_e (a counting sort), or the balanced routing where it is modelled. */
+static int routing_of(const ml_model *m, const ml_layer *L, int64_t t0, int64_t T, routing *r) {
   int64_t E = m->cfg.n_experts, k = m->cfg.top_k;
-  *r = (routing){T, E, k, calloc((size_t)E + 1, sizeof(int64_t)),
+  *r = (routing){t0, T, E, k, calloc((size_t)E + 1, sizeof(int64_t)),
                  malloc(sizeof(int64_t) * (size_t)(T * k))};
   if (!r->off || !r->slot) {
     routing_free(r);
@@ -56,7 +59,7 @@ static int routing_of(const ml_model *m, const ml_layer *L, int64_t T, routing *
     for (int64_t i = 0; i < T * k; i++) r->slot[i] = i;
     return 0;
   }
-  const float *top_e = L->acts.top_e;
+  const float *top_e = L->acts.top_e + t0 * k;
   for (int64_t i = 0; i < T * k; i++) r->off[(int64_t)top_e[i] + 1]++;
   for (int64_t e = 0; e < E; e++) r->off[e + 1] += r->off[e];
   int64_t *next = malloc(sizeof(int64_t) * (size_t)E);
@@ -162,12 +165,24 @@ static void aux_add(ml_model *m, const ml_layer_acts *a, const ml_act *h) {
   }
 }
 
-/* dst [T·k, cols] rows in expert order = src [T, cols] row t for each of
- * its choices. */
+/* dst [T·k, cols] rows in expert order = src [t0 + T, cols] row t0 + t
+ * for each of its choices. */
 static void gather(const routing *r, const float *src, int64_t cols, float *dst) {
   for (int64_t t = 0; t < r->T; t++)
     for (int64_t j = 0; j < r->k; j++)
-      memcpy(dst + r->slot[t * r->k + j] * cols, src + t * cols, sizeof(float) * (size_t)cols);
+      memcpy(dst + r->slot[t * r->k + j] * cols, src + (r->t0 + t) * cols,
+             sizeof(float) * (size_t)cols);
+}
+
+/* The tokens this rank dispatches of a layer's T: its tp rank's
+ * torch.chunk under ep with tp (model.h ml_moe_ep.slices), else all. */
+static void dispatched(const ml_model *m, int64_t T, int64_t *t0, int64_t *n) {
+  if (m->moe_ep.slices > 1) {
+    ml_chunk(T, m->moe_ep.slices, m->moe_ep.slice, t0, n);
+  } else {
+    *t0 = 0;
+    *n = T;
+  }
 }
 
 /* The view of rows [r0, r0 + n) of a [rows, c] buffer as one sequence. */
@@ -422,7 +437,7 @@ static bool ep_on(const ml_model *m) { return m->moe_ep.ranks > 1; }
 int ml_moe_forward_idle(ml_model *m, ml_layer *L) {
   if (!ep_on(m)) return 0;
   int64_t E = m->cfg.n_experts;
-  routing r = {0, E, m->cfg.top_k, calloc((size_t)E + 1, sizeof(int64_t)), NULL};
+  routing r = {0, 0, E, m->cfg.top_k, calloc((size_t)E + 1, sizeof(int64_t)), NULL};
   float *none = scratch(m, 1, "idle rank's empty rows"); /* sent and received: 0 rows */
   int rc = r.off ? 0 : ml_err("out of host memory for the routing of %lld experts", (long long)E);
   if (!rc && !none) rc = -1;
@@ -453,41 +468,47 @@ int ml_moe_forward(ml_model *m, ml_layer *L, const ml_act *h, float *y) {
   free(taken);
   ML_TRY(rc);
   if (m->aux.open && !modelled(m)) aux_add(m, a, h);
+  int64_t t0, Td; /* the tokens dispatched: t0 .. t0 + Td − 1 */
+  dispatched(m, T, &t0, &Td);
   routing r;
-  ML_TRY(routing_of(m, L, T, &r));
-  float *xe = scratch(m, T * k * H, "gathered tokens");  // [T·k, H] in expert order
+  ML_TRY(routing_of(m, L, t0, Td, &r));
+  float *xe = scratch(m, Td * k * H, "gathered tokens");  // [Td·k, H] in expert order
   rc = xe ? 0 : -1;
   if (!rc && !modelled(m)) gather(&r, h->x, H, xe);
   if (!rc)
     rc = ep_on(m) ? ep_forward(m, L, &r, xe, a->ye)
                   : experts_forward(m, L, xe, r.off, 0, r.E, a->g, a->u, a->a, a->ye);
   if (!rc) rc = ml_be_sync(m->be);
-  for (int64_t t = 0; !rc && !modelled(m) && t < T; t++) { /* y_t = Σ_j w_tj · ye[slot(t, j)] */
-    float *yt = y + t * H;
+  for (int64_t t = 0; !rc && !modelled(m) && t < Td; t++) { /* y_t = Σ_j w_tj · ye[slot(t, j)] */
+    float *yt = y + (t0 + t) * H;
     memset(yt, 0, sizeof(float) * (size_t)H);
     for (int64_t j = 0; j < k; j++) {
       const float *src = a->ye + r.slot[t * k + j] * H;
-      float w = a->top_w[t * k + j];
+      float w = a->top_w[(t0 + t) * k + j];
       for (int64_t c = 0; c < H; c++) yt[c] += w * src[c];
     }
   }
+  // y: [Td, H] rows of this tp rank → [T, H] Replicate (all-gather over tp)
+  if (!rc && m->moe_ep.slices > 1) rc = m->moe_ep.gather(m->moe_ep.gather_ctx, m->be, y, T, H);
   ml_be_free(m->be, xe);
   routing_free(&r);
   return rc;
 }
 
-/* d probs [T, E] (=) from the routing weights' gradient dw [T, k]: through
+/* For tokens t0 .. t0 + T − 1 of h's: d probs [T, E] (=) from the
+ * routing weights' gradient dw [T, k]: through
  * the renormalization w_j = v_j / Σ_i v_i (dv_j = (dw_j − Σ_i dw_i w_i) /
  * Σ_i v_i) when norm_topk, else dv = dw, scattered onto the chosen experts
  * (topk's backward), plus the load-balancing loss's aux.grad · count_e on
  * a counted token (h's positions s per sequence); then the softmax's
  * backward in place: dlogit_e = p_e · (dp_e − Σ_f p_f dp_f). */
 static void route_backward(const ml_model *m, const ml_layer_acts *a, const float *dw,
-                           float *dlogits, int64_t T, int64_t s) {
+                           float *dlogits, int64_t t0, int64_t T, int64_t s) {
   int64_t E = m->cfg.n_experts, k = m->cfg.top_k;
   const ml_moe_aux *x = &m->aux;
   for (int64_t t = 0; t < T; t++) {
-    const float *p = a->probs + t * E, *tw = a->top_w + t * k, *te = a->top_e + t * k;
+    int64_t u = t0 + t; /* the token in h */
+    const float *p = a->probs + u * E, *tw = a->top_w + u * k, *te = a->top_e + u * k;
     const float *g = dw + t * k;
     float *d = dlogits + t * E, vsum = 0.0f, dot = 0.0f;
     memset(d, 0, sizeof(float) * (size_t)E);
@@ -497,7 +518,7 @@ static void route_backward(const ml_model *m, const ml_layer_acts *a, const floa
     }
     for (int64_t j = 0; j < k; j++)
       d[(int64_t)te[j]] += m->cfg.norm_topk ? (g[j] - dot) / vsum : g[j];
-    if (x->grad != 0.0 && counted(x, t, s))
+    if (x->grad != 0.0 && counted(x, u, s))
       for (int64_t e = 0; e < E; e++) d[e] += (float)(x->grad * x->sums[e]);
     float sd = 0.0f;
     for (int64_t e = 0; e < E; e++) sd += p[e] * d[e];
@@ -505,16 +526,16 @@ static void route_backward(const ml_model *m, const ml_layer_acts *a, const floa
   }
 }
 
-/* The per-choice gradients from dy [T, H]: dye [T·k, H] rows in expert
- * order, w_tj · dy_t; dw [T, k], dy_t · ye[slot(t, j)]. */
+/* The per-choice gradients of r's tokens from dy [t0 + T, H]: dye [T·k,
+ * H] rows in expert order, w_tj · dy_t; dw [T, k], dy_t · ye[slot(t, j)]. */
 static void weigh_backward(const ml_model *m, const ml_layer_acts *a, const routing *r,
                            const float *dy, float *dye, float *dw) {
   int64_t H = m->cfg.hidden, k = r->k;
   for (int64_t t = 0; t < r->T; t++)
     for (int64_t j = 0; j < k; j++) {
       int64_t s = r->slot[t * k + j];
-      const float *g = dy + t * H, *ye = a->ye + s * H;
-      float w = a->top_w[t * k + j], dot = 0.0f, *d = dye + s * H;
+      const float *g = dy + (r->t0 + t) * H, *ye = a->ye + s * H;
+      float w = a->top_w[(r->t0 + t) * k + j], dot = 0.0f, *d = dye + s * H;
       for (int64_t c = 0; c < H; c++) {
         d[c] = w * g[c];
         dot += g[c] * ye[c];
@@ -523,23 +544,26 @@ static void weigh_backward(const ml_model *m, const ml_layer_acts *a, const rout
     }
 }
 
-/* The floats of the backward's scratch: dye, xe, dxe [T·k, H]; da, dg, du
- * [T·k, I]; dw [T, k]; dlogits [T, E]. */
+/* The floats of the backward's scratch, for the Td tokens dispatched
+ * (ml_moe_forward's): dye, xe, dxe [Td·k, H]; da, dg, du [Td·k, I]; dw [Td,
+ * k]; dlogits [Td, E]. */
 enum { BW_DYE, BW_XE, BW_DXE, BW_DA, BW_DG, BW_DU, BW_DW, BW_DLOGITS, BW_N };
 
 // dy: [T, H] → dh: [T, H] (=)
 int ml_moe_backward(ml_model *m, ml_layer *L, const ml_act *h, const float *dy, float *dh) {
   ml_layer_acts *a = &L->acts;
   int64_t T = h->B * h->s, H = m->cfg.hidden, I = m->cfg.moe_inter, k = m->cfg.top_k;
-  int64_t E = m->cfg.n_experts, TK = T * k;
-  const int64_t size[BW_N] = {TK * H, TK * H, TK * H, TK * I, TK * I, TK * I, TK, T * E};
+  int64_t E = m->cfg.n_experts, t0, Td;
+  dispatched(m, T, &t0, &Td);
+  int64_t TK = Td * k;
+  const int64_t size[BW_N] = {TK * H, TK * H, TK * H, TK * I, TK * I, TK * I, TK, Td * E};
   int64_t total = 0, at[BW_N];
   for (int i = 0; i < BW_N; i++) {
     at[i] = total;
     total += (size[i] + 15) / 16 * 16; /* 64-byte aligned pieces */
   }
   routing r;
-  ML_TRY(routing_of(m, L, T, &r));
+  ML_TRY(routing_of(m, L, t0, Td, &r));
   float *buf = scratch(m, total, "backward");
   if (!buf) {
     routing_free(&r);
@@ -559,8 +583,8 @@ int ml_moe_backward(ml_model *m, ml_layer *L, const ml_act *h, const float *dy, 
     }
   }
   if (!rc) rc = ml_be_sync(m->be);
-  for (int64_t t = 0; !rc && !modelled(m) && t < T; t++) { /* dh_t = Σ_j dxe[slot(t, j)] */
-    float *d = dh + t * H;
+  for (int64_t t = 0; !rc && !modelled(m) && t < Td; t++) { /* dh_t = Σ_j dxe[slot(t, j)] */
+    float *d = dh + (t0 + t) * H;
     memset(d, 0, sizeof(float) * (size_t)H);
     for (int64_t j = 0; j < k; j++) {
       const float *src = p[BW_DXE] + r.slot[t * k + j] * H;
@@ -568,10 +592,17 @@ int ml_moe_backward(ml_model *m, ml_layer *L, const ml_act *h, const float *dy, 
     }
   }
   if (!rc) {
-    if (!modelled(m)) route_backward(m, a, p[BW_DW], p[BW_DLOGITS], T, h->s);
-    ml_act dl = {p[BW_DLOGITS], h->B, h->S, h->s, E, E};
-    rc = ml_linear_backward(m->be, &L->moe.gate, &dl, h, NULL, dh, 1);  // dh += dlogits · W_gate
+    if (!modelled(m)) route_backward(m, a, p[BW_DW], p[BW_DLOGITS], t0, Td, h->s);
+    /* the dispatched tokens' rows; under tp each rank's router gradient is then its chunk's
+     * part, a Partial sum over tp (parallel/tp_walk.c sparse_block) */
+    bool sliced = m->moe_ep.slices > 1;
+    ml_act dl = sliced ? rows_view(p[BW_DLOGITS], 0, Td, E)
+                       : (ml_act){p[BW_DLOGITS], h->B, h->S, h->s, E, E};
+    ml_act hv = sliced ? rows_view(h->x, t0, Td, H) : *h;
+    rc = ml_linear_backward(m->be, &L->moe.gate, &dl, &hv, NULL, dh + t0 * H, 1);  // += dl·W_gate
   }
+  // dh: [Td, H] rows of this tp rank → [T, H] Replicate (all-gather over tp)
+  if (!rc && m->moe_ep.slices > 1) rc = m->moe_ep.gather(m->moe_ep.gather_ctx, m->be, dh, T, H);
   ml_be_free(m->be, buf);
   routing_free(&r);
   return rc;

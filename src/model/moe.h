@@ -70,7 +70,20 @@ int ml_moe_forward(ml_model *m, ml_layer *L, const ml_act *h, float *y);
  * backward, which moves dy's rows as forward moved h's and the input
  * gradients back as the outputs; the local experts' weight gradients
  * cover every rank's tokens, the others' stay untouched (zero: FSDP's
- * reduction over the ranks sums the owners'). */
+ * reduction over the ranks sums the owners').
+ * Under expert parallelism with tp (ml_moe_ep.slices > 1; the design of
+ * NeMo Automodel's MoE mesh, whose ep groups span tp ranks holding the same
+ * Replicate tokens, and Megatron-LM's token dispatchers, transformer/moe/
+ * token_dispatcher.py, which dispatch S/TP·B tokens per rank): the router
+ * runs on all T tokens on every tp rank (the routing and the aux sums
+ * whole), the tp rank dispatches only its torch.chunk of them (tokens t0 ..
+ * t0 + Td − 1, ml_chunk(T, tp, tp rank): uneven when tp does not divide T)
+ * and y's other rows come from the other tp ranks by an all-gather over tp
+ * (ml_moe_ep.gather), so y is Replicate. Backward likewise: the chunk's
+ * rows of dy go through the two exchanges, the router's backward runs on
+ * the chunk's tokens (its weight gradient a Partial sum over tp, summed by
+ * the gradients' tp step: parallel/tp_walk.c), and dh's rows are
+ * all-gathered over tp into the Replicate input gradient. */
 /* Its backward: dy [T, H] the gradient of y (read only), dh [T, H] (=) the
  * gradient of h; the router's and the experts' weight gradients
  * accumulate (+=). */

@@ -26,7 +26,14 @@
 #include "parallel/mesh.h"
 
 /* Point m's sparse layers at the ep group of mesh (model.h ml_moe_ep), when
- * it has more than one rank (else nothing). Errors, naming --ep
+ * it has more than one rank (else nothing); under tp > 1 also at the tp
+ * group (ml_moe_ep.slices, gather: each tp rank dispatches its torch.chunk
+ * of the Replicate tokens, the block's output and input gradient
+ * all-gathered over tp, model/moe.h), which makes the routers' gradients
+ * Partial over tp: call it before tp's walk (parallel/tp.h ml_tp_apply),
+ * which marks them. Under cp nothing more: cp's pieces differ per rank.
+ * The ep group may span any of dp, cp and tp (NeMo Automodel's MoE mesh
+ * flattens them): every token of the world is dispatched by one rank. Errors, naming --ep
  * (ep_size) and the values: a model without sparse layers (num_experts
  * 0), num_experts not a multiple of ep. The mesh must outlive m's use of
  * it. */

@@ -438,12 +438,19 @@ static int attention(walk *w, int l, val *r) {
 
 /* A sparse block under tp > 1 (NeMo Automodel's layout: experts not
  * TP-sharded): its input, the residual stream, Replicate; every tp rank
- * computes the whole block (router, experts) on the same tokens, so its
- * output is Replicate (no Partial) and the router's and experts' gradients
- * are the same full gradient on every tp rank: replicated, not summed over tp
- * (as a norm's on a Replicate input). Errors: a plan entry on the block, its
- * router or an expert (naming the module); a Shard(1) residual stream
- * (sequence parallelism), not supported yet. */
+ * computes the router on the same tokens, and without expert parallelism
+ * the whole block, so its output is Replicate (no Partial) and the router's
+ * and experts' gradients are the same full gradient on every tp rank:
+ * replicated, not summed over tp (as a norm's on a Replicate input). Under
+ * expert parallelism (m->moe_ep.slices > 1: ml_ep_apply before this walk)
+ * each tp rank dispatches its chunk of the tokens and the block all-gathers
+ * its output and input gradient over tp (model/moe.h), so the output stays
+ * Replicate, but the router's gradient on a tp rank comes from its chunk's
+ * tokens alone: Partial over tp, summed as a norm's under sequence
+ * parallelism (the experts' are not replicated over tp: parallel/ep.h).
+ * Errors: a plan entry on the block, its router or an expert (naming the
+ * module); a Shard(1) residual stream (sequence parallelism), not supported
+ * yet. */
 static int sparse_block(walk *w, ml_layer *L, node box, const val *r) {
   if (!ml_tp_is_rep(r->p))
     return ml_err("plan: '%s' is a mixture-of-experts block, which takes a Replicate() residual "
@@ -458,6 +465,13 @@ static int sparse_block(walk *w, ml_layer *L, node box, const val *r) {
       return ml_err("plan: '%s' (%s) is part of a mixture-of-experts block, which is replicated "
                     "over tp (experts not TP-sharded); expected no plan entry for it",
                     nd.name, nd.style->label);
+  }
+  if (w->m->moe_ep.slices > 1) {
+    const ml_linear *g = &L->moe.gate;
+    mark_partial(w, g->weight);
+    mark_partial(w, g->bias);
+    mark_partial(w, g->lora_a);
+    mark_partial(w, g->lora_b);
   }
   val v = *r; /* the norms' styles checked against it; the residual passes unchanged */
   ML_TRY(norm_apply(w, &L->mlp_norm, &v));

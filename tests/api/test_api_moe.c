@@ -13,7 +13,12 @@
  *   both, summed over the several micro-batches the same way (without it in eval the two
  *   differ by that term).
  * - test_refused: routing on a model without experts, and with objective_seq_logprobs, is
- *   refused naming the field. */
+ *   refused naming the field.
+ * - test_tp_ep (api_moe_2ranks): a session on both ranks with tp 2 × ep 2 (each tp rank
+ *   dispatching its chunk of the tokens, model/moe.h), both it and the one-rank session in
+ *   the batch-invariant mode (tp's bits one rank's): meshlm_score's routing equals the
+ *   one-rank session's (memcmp), and replaying it gives bitwise the train step's loss and
+ *   grad norm without it. On one rank: skipped. */
 #include "api_util.h"
 
 #include <stdio.h>
@@ -221,12 +226,41 @@ static void test_refused(void **state) {
   meshlm_close(dense);
 }
 
+static void test_tp_ep(void **state) {
+  (void)state;
+  if (g_world != 2) skip();
+  meshlm_options o;
+  meshlm_options_default(&o);
+  o.micro_batch_tokens = 16;
+  o.batch_invariant = 1;
+  meshlm_session *one = open_ok(moe_dir(), &o, MPI_COMM_SELF);
+  o.tp = 2;
+  o.ep = 2;
+  meshlm_session *a = open_ok(moe_dir(), &o, MPI_COMM_WORLD), *c = open_ok(moe_dir(), &o,
+                                                                           MPI_COMM_WORLD);
+  moe_batch b;
+  moe_batch_make(a, &b);
+  int32_t *r1 = record(one, &b), *rt = record(a, &b);
+  assert_memory_equal(r1, rt, sizeof(int32_t) * (size_t)(b.ntok * b.cols));
+  meshlm_step_result ra = train(a, &b, NULL), rc = train(c, &b, rt);
+  printf("tp 2 x ep 2: routing = one rank's; loss %.17g / replayed %.17g, grad norm %.17g / "
+         "%.17g\n", ra.loss, rc.loss, ra.grad_norm, rc.grad_norm);
+  assert_memory_equal(&ra.loss, &rc.loss, sizeof ra.loss);
+  assert_memory_equal(&ra.grad_norm, &rc.grad_norm, sizeof ra.grad_norm);
+  free(r1);
+  free(rt);
+  meshlm_close(c);
+  meshlm_close(a);
+  meshlm_close(one);
+}
+
 int main(int argc, char **argv) {
   api_init(&argc, &argv);
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_record),
                                      cmocka_unit_test(test_replay_own),
                                      cmocka_unit_test(test_replay_other),
                                      cmocka_unit_test(test_eval_aux),
-                                     cmocka_unit_test(test_refused)};
+                                     cmocka_unit_test(test_refused),
+                                     cmocka_unit_test(test_tp_ep)};
   return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

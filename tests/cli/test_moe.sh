@@ -2,8 +2,8 @@
 # Mixture-of-experts families end to end (model/moe.h): `meshlm init --arch qwen3_moe|mixtral`
 # writes a model that trains and exports with the same tensor names and config keys, also under
 # expert parallelism (--ep, whose export equals one rank's byte for byte at learning rate 0); `meshlm plan --ep` shows the experts per rank and the balanced
-# all-to-all bytes; expert layers under sequence parallelism, a plan sharding a router or an expert,
-# --ep over tp or cp ranks, --ep
+# all-to-all bytes (under tp each tp rank dispatching its chunk of the tokens); expert layers under
+# sequence parallelism, a plan sharding a router or an expert, --ep
 # (config ep_size) not dividing the world or
 # num_experts or on a model without experts, and MoE configs meshlm does not implement or cannot
 # bound, are refused with one message naming what was found and what is expected; `meshlm
@@ -105,8 +105,6 @@ expect_fail "ep not dividing the world" "--ep (ep_size) 3: dp_replicate(1) x dp_
 echo '{"ep_size": 3}' > "$work/ep.json"
 expect_fail "config ep_size 3 of 4 experts" "--ep (ep_size) 3: MixtralForCausalLM has 4 experts per layer, not a multiple of it" -- \
   train_ep 3 "$fx" --config "$work/ep.json"
-expect_fail "ep 2 with tp 2 refused" "--ep 2 with tp = 2 and cp = 1: expert parallelism over tp/cp ranks is not supported yet" -- \
-  train_ep 2 "$fx" --tp 2 --ep 2
 expect_fail "ep without experts" "--ep (ep_size) 2: LlamaForCausalLM has no mixture-of-experts layers" -- \
   train_ep 2 "$work/llama" --ep 2
 
@@ -123,6 +121,19 @@ if "$meshlm" plan --model "$src/tests/fixtures/qwen3_moe" --seq-len 24 --batch-s
   ok "plan --ep 2: experts per rank, balanced all-to-all bytes"
 else
   bad "plan --ep 2: experts per rank, balanced all-to-all bytes"
+fi
+# the same with the ep group spanning tp 2 (model/moe.h): each tp rank dispatches its chunk of
+# its 48 tokens, 24 x 2 rows, and its 4 experts get half of both ranks' rows (48): the same
+# 12 KiB per sparse layer each way; the output and the input gradient of each sparse layer
+# all-gathered over tp, 2 x 24 x 32 fp32 = 6 KiB each, 4 in the step
+if "$meshlm" plan --model "$src/tests/fixtures/qwen3_moe" --seq-len 24 --batch-size 2 \
+     --tp 2 --ep 2 > "$work/plan" 2> "$work/err" &&
+   grep -q "24 token rows x top 2 per rank, each tp rank its chunk of the tokens): forward 12.00 KiB, backward 12.00 KiB" "$work/plan" &&
+   grep -Eq "ep +all_to_all +8 calls +49152 B" "$work/plan" &&
+   grep -Eq "tp +all_gather +4 calls +24576 B" "$work/plan"; then
+  ok "plan --tp 2 --ep 2: each tp rank's chunk dispatched, all-gathered over tp"
+else
+  bad "plan --tp 2 --ep 2: each tp rank's chunk dispatched, all-gathered over tp"
 fi
 expect_fail "plan ep not dividing experts" "--ep (ep_size) 3" -- \
   "$meshlm" plan --model "$fx" --seq-len 24 --batch-size 3 --dp-shard 3 --ep 3

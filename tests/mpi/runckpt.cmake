@@ -13,3 +13,6 @@ ml_mpi_test(runckpt_gemma3_h4kv1_tp2 2 $<TARGET_FILE:test_runckpt> gemma3_h4kv1 
 # on ep 2, read back on one rank (and HSDP 2 x ep 2) bitwise, the collective HF export = the
 # one-process export of the checkpoint
 ml_mpi_test(runckpt_qwen3_moe_ep2 2 $<TARGET_FILE:test_runckpt> qwen3_moe 1 ep=2)
+# the ep group spanning tp 2: the tp ranks hold different experts, each writing its own
+# (engine.h ml_engine_owned_rows)
+ml_mpi_test(runckpt_qwen3_moe_tp2_ep2 2 $<TARGET_FILE:test_runckpt> qwen3_moe 2 ep=2)

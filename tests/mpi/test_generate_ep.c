@@ -1,5 +1,7 @@
 /* Generation under expert parallelism (engine/gen_ep.h):
- * `test_generate_ep FIXTURE` on 2 ranks, ep 2 over dp_shard 2. Each rank
+ * `test_generate_ep FIXTURE [tp=T]` on 2·T ranks, dp_shard 2 × tp T (T = 1
+ * unless given) with ep 2·T over all of them (under tp each tp rank
+ * dispatching its chunk of the tokens, model/moe.h). Each dp rank
  * continues its own prompts, whose numbers and lengths of generation differ
  * from rank to rank, so one rank's sequences end while the other's still
  * decode: the ranks of the ep group step together (a done rank runs steps of
@@ -23,6 +25,7 @@
 #include <cmocka.h>
 #include <mpi.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "engine_run.h"
@@ -32,6 +35,7 @@
 enum { NPROMPT = 2, NEW = 12, PMAX = 9 };
 
 static const char *g_fixture;
+static int g_tp = 1; /* "tp=T" */
 
 typedef struct call {
   int64_t n, lens[NPROMPT], max_new, max_new_per[NPROMPT];
@@ -66,15 +70,15 @@ static int generate(run *r, const call *c, int64_t max_kv_bytes, result *out) {
 static void open_pair(const fixture *fx, run *r, run *one) {
   ml_engine_opts o = ml_engine_opts_default();
   o.batch_invariant = true;
-  run_open_ep(r, MPI_COMM_WORLD, 1, 1, 1, 2, &o, fx->dir, NULL, NULL);
+  run_open_ep(r, MPI_COMM_WORLD, 1, 1, g_tp, 2 * g_tp, &o, fx->dir, NULL, NULL);
   run_open(one, MPI_COMM_SELF, 1, 1, &o, fx->dir);
-  assert_int_equal(r->mesh.groups[ML_GROUP_EP].size, 2);
+  assert_int_equal(r->mesh.groups[ML_GROUP_EP].size, 2 * g_tp);
 }
 
 /* The mesh's call against the one-rank engine's, bitwise. */
 static void check_call(run *r, run *one, const call *c) {
   result got, want;
-  if (generate(r, c, 0, &got)) fail_msg("generate (ep 2): %s", ml_error_msg());
+  if (generate(r, c, 0, &got)) fail_msg("generate (ep %d): %s", 2 * g_tp, ml_error_msg());
   if (c->n > 0 && generate(one, c, 0, &want)) fail_msg("generate (one rank): %s", ml_error_msg());
   for (int64_t k = 0; k < c->n; k++) {
     assert_int_equal(got.len[k], want.len[k]);
@@ -83,8 +87,9 @@ static void check_call(run *r, run *one, const call *c) {
     assert_memory_equal(got.lp + k * c->max_new, want.lp + k * c->max_new,
                         sizeof(float) * (size_t)got.len[k]);
   }
-  printf("[rank %d] %s ep 2: %lld prompts, max_new %lld: tokens and log-probs bitwise one "
-         "rank's\n", r->mesh.rank, g_fixture, (long long)c->n, (long long)c->max_new);
+  printf("[rank %d] %s tp %d ep %d: %lld prompts, max_new %lld: tokens and log-probs bitwise "
+         "one rank's\n", r->mesh.rank, g_fixture, g_tp, 2 * g_tp, (long long)c->n,
+         (long long)c->max_new);
 }
 
 static void test_uneven(void **state) {
@@ -93,7 +98,7 @@ static void test_uneven(void **state) {
   static run r, one;
   fixture_load(g_fixture, &fx);
   open_pair(&fx, &r, &one);
-  int d = r.mesh.rank;
+  int d = r.mesh.groups[ML_GROUP_DP].rank;
   static const int64_t short_per[NPROMPT] = {3, 3}, long_per[NPROMPT] = {NEW, 5};
   call c = d == 0 ? call_of(&fx, d, 1, 3, short_per) : call_of(&fx, d, 2, NEW, long_per);
   check_call(&r, &one, &c);
@@ -110,13 +115,15 @@ static void test_failure(void **state) {
   static run r, one;
   fixture_load(g_fixture, &fx);
   open_pair(&fx, &r, &one);
-  int d = r.mesh.rank;
+  int d = r.mesh.groups[ML_GROUP_DP].rank;
   static const int64_t per[NPROMPT] = {NEW, NEW};
   call c = call_of(&fx, d, 2, NEW, per);
   result got;
   assert_int_equal(generate(&r, &c, d == 1 ? 1 : 0, &got), -1);
-  printf("[rank %d] a failed call: %s\n", d, ml_error_msg());
-  if (d == 0) assert_non_null(strstr(ml_error_msg(), "expert-parallel group (ep 2) failed"));
+  printf("[rank %d] a failed call: %s\n", r.mesh.rank, ml_error_msg());
+  char want[64];
+  snprintf(want, sizeof want, "expert-parallel group (ep %d) failed", 2 * g_tp);
+  if (d == 0) assert_non_null(strstr(ml_error_msg(), want));
   else assert_non_null(strstr(ml_error_msg(), "max_kv_bytes 1"));
   check_call(&r, &one, &c); /* the group steps together again */
   run_close(&one);
@@ -128,8 +135,10 @@ int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   int world;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
-  if (argc < 2 || world != 2) { /* the cases name ranks 0 and 1 of one ep group */
-    fprintf(stderr, "usage: mpiexec -n 2 test_generate_ep FIXTURE (found %d ranks)\n", world);
+  if (argc >= 3 && strncmp(argv[2], "tp=", 3) == 0) g_tp = atoi(argv[2] + 3);
+  if (argc < 2 || g_tp < 1 || world != 2 * g_tp) { /* the cases name dp ranks 0 and 1 */
+    fprintf(stderr, "usage: mpiexec -n 2*T test_generate_ep FIXTURE [tp=T] (found %d ranks)\n",
+            world);
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];

@@ -33,6 +33,7 @@
 #include "engine_run.h"
 #include "parallel/ep.h"
 #include "parallel/loss.h"
+#include "tensor/placement.h"
 #include "parity_util.h"
 #include "train_check.h"
 
@@ -257,12 +258,14 @@ static void test_adamw_steps(void **state) {
 /* Context parallelism on a sequence whose length 2·cp does not divide and
  * whose chunks are longer than Gemma3's sliding window: the fixture's two
  * rows joined and cut to 2·S − 1 tokens (47: padded to 48, parallel/cp.h),
- * the same sequence on every dp rank. The mesh against one rank: loss,
+ * the same sequence on every dp rank. Also under ep with tp (no cp): a
+ * sparse layer's 47 tokens then split unevenly over tp (torch.chunk: 24 and
+ * 23 under tp 2, model/moe.h). The mesh against one rank: loss,
  * every gradient and the log-probs within the pair bounds of tolerance.h §3
  * (two fp32 evaluations in different orders). */
 static void test_long_uneven(void **state) {
   (void)state;
-  if (g_cp == 1) skip();
+  if (g_cp == 1 && (g_ep == 1 || g_tp == 1)) skip();
   static fixture fx;
   fixture_load(g_fixture, &fx);
   int64_t S = 2 * fx.S - 1;
@@ -305,10 +308,10 @@ static void test_long_uneven(void **state) {
   }
   double elp = sqrt(num / den), tlp = tol_model_pair(&tm, TOL_LOGPROBS);
   if (rank0())
-    printf("S=%lld (cp %d pads to a multiple of %d), mesh vs one rank: loss rel %.3g (bound "
-           "%.3g), grads worst rel L2 %.3g (bound %.3g), logprobs rel L2 %.3g (bound %.3g), "
-           "max abs %.3g\n",
-           (long long)S, g_cp, 2 * g_cp, el, tl, eg, tg, elp, tlp, worst);
+    printf("S=%lld (cp %d pads to a multiple of %d; tp %d, ep %d), mesh vs one rank: loss rel "
+           "%.3g (bound %.3g), grads worst rel L2 %.3g (bound %.3g), logprobs rel L2 %.3g "
+           "(bound %.3g), max abs %.3g\n",
+           (long long)S, g_cp, 2 * g_cp, g_tp, g_ep, el, tl, eg, tg, elp, tlp, worst);
   assert_true(el <= tl);
   assert_true(eg <= tg);
   assert_true(elp <= tlp);
@@ -377,7 +380,9 @@ static int64_t kv_shared_bytes(const run *r) {
  *    needs none), loss 2 (max; sum-exp with target logit, over the N tokens
  *    the loss runs on), (q/k/v L, gate/up Ld input grads) + lm_head input
  *    grad 1 backward = 2L + 2Ld + 4 + P; bytes (2L + 2Ld + 2)·Tl·H + 3·N
- *    floats + the Partial grads;
+ *    floats + the Partial grads (under ep the routers' too); under ep each
+ *    sparse layer all-gathers its output forward and its input gradient
+ *    backward over tp (model/moe.h), each tp·ceil(Tl/tp)·H floats padded;
  *  with SP, per layer 2 all-gathers + 2 reduce-scatters each way, plus the
  *    embedding (reduce-scatter forward, all-gather backward) and lm_head's
  *    input (all-gather forward, reduce-scatter backward): 4L + 2 of each,
@@ -452,7 +457,9 @@ static void test_collective_counts(void **state) {
     assert_int_equal(calls(tpc, ML_COLL_ALL_REDUCE), tp > 1 ? 2 * L + 2 * Ld + 4 + P + K : 0);
     assert_int_equal(bytes(tpc, ML_COLL_ALL_REDUCE),
                      tp > 1 ? 4 * ((2 * L + 2 * Ld + 2) * Tl * H + 3 * N) + pb + kb : 0);
-    assert_int_equal(calls(tpc, ML_COLL_ALL_GATHER), 0);
+    int64_t Xs = g_ep > 1 && tp > 1 ? L - Ld : 0; /* sparse layers all-gathering over tp */
+    assert_int_equal(calls(tpc, ML_COLL_ALL_GATHER), 2 * Xs);
+    assert_int_equal(bytes(tpc, ML_COLL_ALL_GATHER), 4 * 2 * Xs * tp * ((Tl + tp - 1) / tp) * H);
     assert_int_equal(calls(tpc, ML_COLL_REDUCE_SCATTER), 0);
   }
   /* the units' parts: every layer's whole shard, the root's final norm; the expert units'
@@ -511,17 +518,20 @@ static void test_collective_counts(void **state) {
   fixture_free(&fx);
 }
 
-/* Rows of the tokens of batch rows [b0, b1) of one's last forward that
- * sparse layer l routes to experts [e0, e1). */
-static int64_t routed(const run *one, int l, int64_t S, int64_t b0, int64_t b1, int64_t e0,
-                      int64_t e1) {
-  const ml_layer *L = &one->e.model.layers[l];
-  int64_t k = one->e.model.cfg.top_k, n = 0;
-  for (int64_t i = b0 * S * k; i < b1 * S * k; i++) {
-    int64_t e = (int64_t)L->acts.top_e[i];
-    n += e >= e0 && e < e1;
-  }
-  return n;
+/* The tokens [t0, t0 + n) of a sparse layer's T local ones that this rank
+ * dispatches under ep: its tp rank's torch.chunk under tp (model/moe.h),
+ * else all. */
+static void dispatched(const run *r, int64_t T, int64_t *t0, int64_t *n) {
+  ml_chunk(T, r->mesh.tp, r->mesh.tp_rank, t0, n);
+}
+
+/* cnt [E] (=): the choices of r's last forward that sparse layer l routes to
+ * each expert from tokens [t0, t0 + n) of its local ones. */
+static void routed(const run *r, int l, int64_t t0, int64_t n, int64_t *cnt) {
+  const ml_model *m = &r->e.model;
+  int64_t k = m->cfg.top_k;
+  memset(cnt, 0, sizeof(int64_t) * (size_t)m->cfg.n_experts);
+  for (int64_t i = t0 * k; i < (t0 + n) * k; i++) cnt[(int64_t)m->layers[l].acts.top_e[i]]++;
 }
 
 /* The experts placed Shard(0) over ep and FSDP-sharded over ep_shard
@@ -561,12 +571,15 @@ static void expert_residency(const run *r) {
 
 /* Expert parallelism (ep=P, parallel/ep.h): the all-to-alls of one step
  * over the ep group, per sparse layer a dispatch and a combine in forward
- * and in backward, each rank sending its T·k rows of H floats and getting
- * back the R rows its experts computed, R = the (token, choice) pairs of
- * the ep group's tokens that the routing sends to them (the one-rank run's
- * routing of the whole batch: the fixtures keep the router's k-th choice
- * 1e-4 clear of the next, tools/gen_fixtures.py, so every mesh routes
- * alike); and the log-probs against the same mesh without expert
+ * and in backward, each rank sending its Td·k rows of H floats (Td = its T
+ * local tokens, or under tp its tp rank's torch.chunk of them, model/moe.h)
+ * and getting back the R rows its experts computed, R = the (token, choice)
+ * pairs of the tokens the ep group's ranks dispatch that the routing sends
+ * to them; the routing is the mesh's own, equal to the one-rank run's
+ * routing of the same tokens where the local tokens are whole batch rows
+ * (cp 1; the fixtures keep the router's k-th choice 1e-4 clear of the
+ * next, tools/gen_fixtures.py, so every mesh routes alike), asserted
+ * bitwise; and the log-probs against the same mesh without expert
  * parallelism, bitwise, both in the backend's batch-invariant mode (a
  * GEMM row's bits independent of the rows beside it): every row's expert
  * GEMMs and the per-token sums then run in the same order on the same
@@ -587,19 +600,34 @@ static void test_expert_parallel(void **state) {
   const ml_model *m = &r.e.model;
   int64_t H = m->cfg.hidden, k = m->cfg.top_k, E = m->cfg.n_experts, El = E / g_ep;
   int dp = r.mesh.groups[ML_GROUP_DP].size, er = r.mesh.groups[ML_GROUP_EP].rank;
+  int cp = r.mesh.cp, d = r.mesh.groups[ML_GROUP_DP].rank;
   assert_int_equal(r.mesh.groups[ML_GROUP_EP].size, g_ep);
-  int64_t Bl = fx.B / dp, g0 = (int64_t)(r.mesh.rank / g_ep) * g_ep * Bl; /* the group's rows */
-  int64_t sparse = 0, want_bytes = 0;
+  int64_t s = cp > 1 ? (fx.S + 2 * cp - 1) / (2 * cp) * 2 : fx.S; /* local positions */
+  int64_t Bl = fx.B / dp, T = Bl * s, t0, Td, sparse = 0, want_bytes = 0;
+  dispatched(&r, T, &t0, &Td);
+  int64_t *cnt = malloc(sizeof(int64_t) * (size_t)E);
+  hold(cnt, free);
+  bool same = true; /* the routing one rank's (asserted after the collectives) */
   for (int l = 0; l < m->cfg.n_layers; l++) {
     if (!m->layers[l].moe.gate.weight) continue;
     sparse++;
-    int64_t R = routed(&one, l, fx.S, g0, g0 + g_ep * Bl, er * El, (er + 1) * El);
-    want_bytes += 2 * 4 * (Bl * fx.S * k + R) * H;
+    const float *te = m->layers[l].acts.top_e, *te1 = one.e.model.layers[l].acts.top_e;
+    if (cp == 1) /* this dp rank's batch rows, as one rank routed them */
+      same = same && memcmp(te, te1 + d * T * k, sizeof(float) * (size_t)(T * k)) == 0;
+    routed(&r, l, t0, Td, cnt);
+    if (ml_host_all_reduce_i64(ml_mesh_host(&r.mesh, ML_GROUP_EP), cnt, (int)E, ML_RED_SUM))
+      fail_msg("%s", ml_error_msg());
+    int64_t R = 0; /* the group's choices routed to this rank's experts */
+    for (int64_t e = er * El; e < (er + 1) * El; e++) R += cnt[e];
+    want_bytes += 2 * 4 * (Td * k + R) * H;
   }
+  unhold(cnt);
+  free(cnt);
   ml_comm *epc = ml_mesh_comm(&r.mesh, ML_GROUP_EP);
   if (rank0())
     printf("expert parallel: %lld all-to-alls (%lld B) per step on rank 0\n",
            (long long)calls(epc, ML_COLL_ALL_TO_ALL), (long long)bytes(epc, ML_COLL_ALL_TO_ALL));
+  assert_true(same);
   assert_int_equal(calls(epc, ML_COLL_ALL_TO_ALL), 4 * sparse);
   assert_int_equal(bytes(epc, ML_COLL_ALL_TO_ALL), want_bytes);
   expert_residency(&r);
@@ -611,12 +639,12 @@ static void test_expert_parallel(void **state) {
   bi.batch_invariant = true;
   run_open_ep(&r, MPI_COMM_WORLD, 1, 1, g_tp, g_ep, &bi, fx.dir, NULL, NULL);
   run_open_mesh(&plain, MPI_COMM_WORLD, g_dpr, 1, g_tp, &bi, fx.dir, NULL, NULL);
+  const int32_t *ids;
+  const uint8_t *mask;
+  local_batch(&r, &fx, &ids, &mask, &Bl); /* this mesh's rows (cp 1: dp takes cp's ranks) */
   int64_t n = Bl * (fx.S - 1);
   float *lp = malloc(sizeof(float) * (size_t)n * 2);
   hold(lp, free);
-  const int32_t *ids;
-  const uint8_t *mask;
-  local_batch(&r, &fx, &ids, &mask, &Bl);
   if (ml_engine_logprobs(&r.e, ids, Bl, fx.S, lp) ||
       ml_engine_logprobs(&plain.e, ids, Bl, fx.S, lp + n))
     fail_msg("%s", ml_error_msg());

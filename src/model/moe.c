@@ -8,6 +8,7 @@
 
 #include "common/status.h"
 #include "model/linear.h"
+#include "model/moe_shared.h"
 
 int ml_moe_check(const ml_model *m, const char *device) {
   if (m->cfg.n_experts == 0 || ml_be_host_memory(m->be) || strcmp(device, "meta") == 0) return 0;
@@ -471,6 +472,7 @@ int ml_moe_forward(ml_model *m, ml_layer *L, const ml_act *h, float *y) {
       for (int64_t c = 0; c < H; c++) yt[c] += w * src[c];
     }
   }
+  if (!rc) rc = ml_moe_shared_forward(m, L, h, y);  // y += z · shared(h)
   ml_be_free(m->be, xe);
   routing_free(&r);
   return rc;
@@ -567,6 +569,7 @@ int ml_moe_backward(ml_model *m, ml_layer *L, const ml_act *h, const float *dy, 
       for (int64_t c = 0; c < H; c++) d[c] += src[c];
     }
   }
+  if (!rc) rc = ml_moe_shared_backward(m, L, h, dy, dh);  // dh += the shared expert's
   if (!rc) {
     if (!modelled(m)) route_backward(m, a, p[BW_DW], p[BW_DLOGITS], T, h->s);
     ml_act dl = {p[BW_DLOGITS], h->B, h->S, h->s, E, E};

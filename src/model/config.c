@@ -447,7 +447,9 @@ static int read_sparse_layers(const ml_json *j, ml_model_config *c) {
 static int read_moe(const ml_json *j, ml_model_config *c) {
   const ml_family *f = c->family;
   if (!f->moe_block) return 0;
-  const char *ek = json_object_get(j->root, "num_experts") ? "num_experts" : "num_local_experts";
+  const char *ek = f->experts_key                                ? f->experts_key
+                   : json_object_get(j->root, "num_experts") ? "num_experts"
+                                                             : "num_local_experts";
   ML_TRY(read_size(j, ek, true, f->experts_default, ML_MAX_EXPERTS, &c->n_experts));
   ML_TRY(read_size(j, "num_experts_per_tok", true, f->top_k_default, ML_MAX_EXPERTS, &c->top_k));
   if (c->top_k > c->n_experts)
@@ -599,10 +601,12 @@ static void write_attention_keys(json_t *o, const ml_model_config *c) {
 }
 
 /* The mixture-of-experts keys (read_moe's): num_experts under the name
- * save_pretrained writes (num_local_experts, the attribute_map target). */
+ * save_pretrained writes (the family's experts_key, else num_local_experts,
+ * the attribute_map target). */
 static void write_moe_keys(json_t *o, const ml_model_config *c) {
   const ml_family *f = c->family;
-  json_object_set_new(o, "num_local_experts", json_integer(c->n_experts));
+  json_object_set_new(o, f->experts_key ? f->experts_key : "num_local_experts",
+                      json_integer(c->n_experts));
   json_object_set_new(o, "num_experts_per_tok", json_integer(c->top_k));
   json_object_set_new(o, f->moe_inter_key, json_integer(c->moe_inter));
   if (f->norm_topk_key) json_object_set_new(o, f->norm_topk_key, json_boolean(c->norm_topk));

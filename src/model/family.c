@@ -232,6 +232,7 @@ static const ml_family families[] = {
         .shared_gate = "shared_expert_gate",
         .shared_inter_key = "shared_expert_intermediate_size",
         .shared_inter_default = 5632,
+        .experts_key = "num_experts", /* Qwen2MoeConfig has no num_local_experts alias */
     },
     {
         /* MixtralConfig / MixtralForCausalLM: Mistral's attention (the sliding

@@ -169,6 +169,11 @@ typedef struct ml_family {
    * shared_inter_default when omitted. */
   const char *shared_expert, *shared_gate, *shared_inter_key;
   int64_t shared_inter_default;
+  /* The one config key of the expert count, read and written, where the
+   * config class has no attribute_map alias (Qwen2MoeConfig: "num_experts");
+   * NULL: num_experts or num_local_experts read, num_local_experts written
+   * (Qwen3MoeConfig, MixtralConfig). */
+  const char *experts_key;
 } ml_family;
 
 /* Families registered at run time (meshlm_register_family), at most. */

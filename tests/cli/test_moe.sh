@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Mixture-of-experts families end to end (model/moe.h): `meshlm init --arch qwen3_moe|mixtral`
-# writes a model that trains and exports with the same tensor names and config keys, also under
+# Mixture-of-experts families end to end (model/moe.h): `meshlm init --arch
+# qwen3_moe|mixtral|qwen2_moe` writes a model that trains and exports with the same tensor names and config keys, also under
 # expert parallelism (--ep, whose export equals one rank's byte for byte at learning rate 0); `meshlm plan --ep` shows the experts per rank and the balanced
 # all-to-all bytes; expert layers under sequence parallelism, a plan sharding a router or an expert,
 # --ep over tp or cp ranks, --ep
@@ -32,9 +32,9 @@ awk 'BEGIN { srand(1); for (r = 0; r < 8; r++) { s = "";
   for (i = 0; i < 24; i++) s = s (i ? "," : "") int(rand() * 250); print "{\"input_ids\": [" s "]}" } }' \
   > "$work/data.jsonl"
 
-for arch in qwen3_moe mixtral; do
+for arch in qwen3_moe mixtral qwen2_moe; do
   if "$meshlm" init --out "$work/$arch" --arch "$arch" --preset tiny > "$work/out" 2> "$work/err" &&
-     grep -q '"num_local_experts": 4' "$work/$arch/config.json" &&
+     grep -q -E '"num_(local_)?experts": 4' "$work/$arch/config.json" &&
      grep -q '"num_experts_per_tok": 2' "$work/$arch/config.json"; then
     ok "init --arch $arch"
   else

@@ -18,8 +18,9 @@
  * on export by the checkpoint-key adapter, ml_model_ckpt_keys) — never by
  * an `if family`. Semantics: transformers' LlamaDecoderLayer, Qwen2/3,
  * Gemma3DecoderLayer, MistralDecoderLayer, Phi3DecoderLayer (unfused),
- * Qwen3MoeDecoderLayer and MixtralDecoderLayer (a sparse layer: the rows
- * without the dense gate/up/down, its ml_moe after the mlp container). */
+ * Qwen3MoeDecoderLayer, Qwen2MoeDecoderLayer and MixtralDecoderLayer (a
+ * sparse layer: the rows without the dense gate/up/down, its ml_moe after
+ * the mlp container). */
 #ifndef ML_BLOCK_H
 #define ML_BLOCK_H
 

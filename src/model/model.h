@@ -210,7 +210,8 @@ typedef struct ml_layer_acts {
 } ml_layer_acts;
 
 /* A sparse mixture-of-experts block (transformers 5.23 Qwen3MoeSparseMoeBlock,
- * MixtralSparseMoeBlock; dropless: every token reaches its top_k experts):
+ * MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock with its shared expert:
+ * model/moe_shared.h; dropless: every token reaches its top_k experts):
  * router logits = h·W_gate^T, probs = softmax (fp32), the top_k experts by
  * probability (torch.topk), their probabilities (renormalized to sum 1
  * when cfg.norm_topk) weighting each expert's SwiGLU MLP

@@ -124,6 +124,17 @@ if "$meshlm" plan --model "$src/tests/fixtures/qwen3_moe" --seq-len 24 --batch-s
 else
   bad "plan --ep 2: experts per rank, balanced all-to-all bytes"
 fi
+# qwen2_moe (1 sparse layer of 8 experts, a shared expert of 24 features): the shared expert
+# named, and the all-to-all bytes those of the routed experts alone (4 calls, 24576 B)
+if "$meshlm" plan --model "$src/tests/fixtures/qwen2_moe" --seq-len 24 --batch-size 2 \
+     --dp-shard 2 --ep 2 > "$work/plan" 2> "$work/err" &&
+   grep -q "a shared expert of 24 features per sparse layer, gated by sigmoid(shared_expert_gate)" \
+     "$work/plan" &&
+   grep -Eq "ep +all_to_all +4 calls +24576 B" "$work/plan"; then
+  ok "plan --ep 2: the shared expert"
+else
+  bad "plan --ep 2: the shared expert"
+fi
 expect_fail "plan ep not dividing experts" "--ep (ep_size) 3" -- \
   "$meshlm" plan --model "$fx" --seq-len 24 --batch-size 3 --dp-shard 3 --ep 3
 

@@ -324,7 +324,7 @@ static int read_layer_types(const ml_json *j, ml_model_config *c) {
     for (int64_t l = 0; l < c->n_layers; l++) c->sliding[l] = c->sliding_window > 0;
     return 0;
   }
-  bool gated = f->layer_rule == ML_LAYERS_MAX_WINDOW || f->layer_rule == ML_LAYERS_ODD_BELOW_MAX;
+  bool gated = f->layer_rule == ML_LAYERS_MAX_WINDOW || f->layer_rule == ML_LAYERS_EVEN_BELOW_MAX;
   if (gated) {
     bool use = false;
     ML_TRY(ml_json_bool_opt(j, NULL, "use_sliding_window", false, &use));
@@ -594,7 +594,7 @@ static void write_attention_keys(json_t *o, const ml_model_config *c) {
     json_object_set_new(o, "use_sliding_window", json_boolean(first_sliding < c->n_layers));
     json_object_set_new(o, "max_window_layers", json_integer(first_sliding));
   }
-  if (f->layer_rule == ML_LAYERS_ODD_BELOW_MAX) { /* layer_types says which; the key bounds it */
+  if (f->layer_rule == ML_LAYERS_EVEN_BELOW_MAX) { /* layer_types says which; the key bounds it */
     json_object_set_new(o, "use_sliding_window", json_boolean(first_sliding < c->n_layers));
     json_object_set_new(o, "max_window_layers", json_integer(c->n_layers));
   }

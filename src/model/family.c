@@ -206,7 +206,7 @@ static const ml_family families[] = {
          * dense Qwen2MoeMLP of intermediate_size on the others), with a
          * shared expert of shared_expert_intermediate_size gated by
          * sigmoid(shared_expert_gate); with use_sliding_window, the window on
-         * the odd-numbered layers (0, 2, ...) below max_window_layers. The
+         * the even-indexed layers (0, 2, ...) below max_window_layers. The
          * class plan shards experts, which meshlm refuses under tp: no HF plan. */
         .name = "qwen2_moe",
         .architecture = "Qwen2MoeForCausalLM",
@@ -217,7 +217,7 @@ static const ml_family families[] = {
         .tie_default = false,
         .rope_theta_default = 10000.0,
         .max_positions_default = 32768,
-        .layer_rule = ML_LAYERS_ODD_BELOW_MAX,
+        .layer_rule = ML_LAYERS_EVEN_BELOW_MAX,
         .sliding_window_default = 4096,
         LLAMA_BLOCK,
         .moe_block = "mlp",

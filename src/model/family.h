@@ -23,7 +23,7 @@ typedef enum {
   ML_LAYERS_ALL_SLIDING,
   /* Qwen2-MoE: sliding iff use_sliding_window, (i + 1) % 2 != 0 and i <
    * max_window_layers (Qwen2MoeConfig.__post_init__) */
-  ML_LAYERS_ODD_BELOW_MAX,
+  ML_LAYERS_EVEN_BELOW_MAX,
 } ml_layer_rule;
 
 enum { ML_FAMILY_MAX_UNSUPPORTED = 4, ML_FAMILY_MAX_FUSED = 2, ML_FUSED_MAX_PARTS = 3 };

@@ -92,6 +92,13 @@ FIXTURES
                    (checked), and save_pretrained writes the experts one by one
                    (mlp.experts.N.gate_proj.weight, block_sparse_moe.experts.
                    N.w1.weight), the names grads.safetensors uses.
+    qwen2_moe      Qwen2MoeForCausalLM, 2 layers: layer 0 dense (mlp_only_layers,
+                   intermediate 48), layer 1 sparse: 8 experts of 16, top 2,
+                   norm_topk_prob false (Qwen2-MoE's default), a shared expert
+                   of 24 (shared_expert_intermediate_size) gated by
+                   sigmoid(shared_expert_gate); q/k/v biases (qkv_bias),
+                   output_router_logits true with router_aux_loss_coef 0.25,
+                   untied, vocab 305, mask
     qwen3_moe_b4, mixtral_b4  qwen3_moe and mixtral with B=4 (other seeds):
                    four data-parallel ranks hold one sequence each (expert
                    parallelism over 4 ranks: tests/mpi/CMakeLists.txt)
@@ -183,7 +190,8 @@ from transformers import (AutoModelForCausalLM, Gemma3Config,
                           MixtralForCausalLM, Phi3Config, Phi3ForCausalLM,
                           Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM, Qwen3MoeConfig,
-                          Qwen3MoeForCausalLM, SiglipVisionConfig)
+                          Qwen3MoeForCausalLM, Qwen2MoeConfig,
+                          Qwen2MoeForCausalLM, SiglipVisionConfig)
 from transformers.core_model_loading import revert_weight_conversion
 from transformers.models.gemma3.modeling_gemma3 import Gemma3RMSNorm
 
@@ -510,6 +518,30 @@ FIXTURES = [
         mask=False,
         moe=True,
         window=8,
+    ),
+    dict(
+        name="qwen2_moe",
+        cls=Qwen2MoeForCausalLM,
+        config=lambda: Qwen2MoeConfig(
+            **MOE_SMALL,
+            num_hidden_layers=2,
+            intermediate_size=48,      # the dense layer's MLP
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=24,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=False,      # Qwen2-MoE's default: the top-k probabilities as they are
+            mlp_only_layers=[0],       # layer 0 dense, layer 1 sparse
+            qkv_bias=True,
+            output_router_logits=True,  # the aux term joins the loss
+            router_aux_loss_coef=0.25,  # large, so the aux gradient is visible
+            vocab_size=305,
+            tie_word_embeddings=False,
+            use_sliding_window=False,
+        ),
+        seed=1024,
+        mask=True,
+        moe=True,
     ),
     dict(
         name="qwen3_moe_window",
@@ -857,7 +889,7 @@ def make_fixture(fx, out_root):
         assert v.shape == saved[k].shape, (k, v.shape, saved[k].shape)
     if text_config.tie_word_embeddings:
         assert "lm_head.weight" not in grads and "lm_head.weight" not in saved
-    if fx["cls"] is Qwen2ForCausalLM:
+    if fx["cls"] in (Qwen2ForCausalLM, Qwen2MoeForCausalLM):
         for k, v in saved.items():
             if k.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias")):
                 assert v.abs().max() > 0, k

@@ -25,7 +25,8 @@ seven decoder linears by name; qwen2: use_rslora (scaling 8 / sqrt(4) = 4) on
 q_proj,v_proj only; gemma3: "all-linear" (PEFT resolves it to every linear but
 the output layer and writes the names it found); llama_h9kv3 (9 heads, 3 kv heads): the
 seven by name; phi3: "all-linear" (qkv_proj, o_proj, gate_up_proj, down_proj: two fused);
-qwen3_moe and mixtral: q_proj,k_proj,v_proj,o_proj (the experts and router frozen); qwen3:
+qwen3_moe, mixtral and qwen2_moe: q_proj,k_proj,v_proj,o_proj (the experts, the router and
+qwen2_moe's shared expert frozen); qwen3:
 the seven by name; mistral: "all-linear".
 `--only NAME` writes that fixture alone.
 """
@@ -57,6 +58,10 @@ FIXTURES = [
     dict(name="qwen3_lora", base="qwen3", targets=ALL, rslora=False, seed=17),
     dict(name="mistral_lora", base="mistral", targets="all-linear", rslora=False, seed=18),
     dict(name="mixtral_lora", base="mixtral", targets=ALL[:4], rslora=False, seed=19, moe=True),
+    # Qwen2-MoE (a shared expert beside the routed ones, q/k/v biases): attention's linears, the
+    # router, the experts and the shared expert frozen
+    dict(name="qwen2_moe_lora", base="qwen2_moe", targets=ALL[:4], rslora=False, seed=20,
+         moe=True),
 ]
 PREFIX = "base_model.model."
 

@@ -848,7 +848,8 @@ typedef struct meshlm_family {
   const char *name;         /* its short name in messages and plan names: "myllama" */
   const char *base;         /* the built-in family whose block it has: "llama", "qwen2",
                                "qwen3", "gemma3", "mistral", "phi3", "qwen3_moe",
-                               "mixtral" (the MoE settings and expert names come with it) */
+                               "mixtral", "qwen2_moe" (the MoE settings, expert names and
+                               shared expert come with it) */
   meshlm_fused fused[MESHLM_MAX_FUSED];
   /* Its optimized plan (--parallel-plan auto / optimized), as a JSON object
      {pattern: style} in the format of a --parallel-plan file (README), the

@@ -194,7 +194,8 @@ def register_family(architecture: str, model_type: str, name: str, base: str,
     """Register a model family for this process (meshlm_register_family; call it
     on every rank before a Policy opens such a checkpoint): the HF
     `architecture` / `model_type` read as the built-in family `base`'s block
-    ("llama", "mistral", "phi3", "qwen2", "qwen3", "gemma3", "qwen3_moe", "mixtral").
+    ("llama", "mistral", "phi3", "qwen2", "qwen3", "gemma3", "qwen3_moe", "qwen2_moe",
+    "mixtral").
 
     fused: up to two {fused module: [parts]} entries, e.g.
         {"self_attn.qkv_proj": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"]}

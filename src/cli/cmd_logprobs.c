@@ -421,7 +421,7 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
                 (long long)topk, (long long)cp);
   if (rc == 0 && routing && e.model.cfg.n_experts == 0)
     rc = ml_err("logprobs: flag --routing: %s has no experts (num_experts 0); expected a "
-                "mixture-of-experts model (qwen3_moe, mixtral)",
+                "mixture-of-experts model (qwen3_moe, qwen2_moe, mixtral)",
                 e.model.cfg.family->architecture);
   if (rc == 0 && routing) {
     run.route_k = e.model.cfg.top_k;

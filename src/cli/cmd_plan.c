@@ -234,6 +234,11 @@ static void text_experts(const plan_run *run) {
     ml_cli_print("their parameters held there alone, FSDP-sharded over ep_shard (%" PRId64
                  " ranks) in units of their own\n",
                  world / ep);
+  if (c->shared_inter > 0) /* model/moe_shared.h: a dense MLP of its layer, never exchanged */
+    ml_cli_print("  a shared expert of %" PRId64 " features per sparse layer, gated by "
+                 "sigmoid(%s): computed on every rank's own tokens, its parameters "
+                 "FSDP-sharded with their layer\n",
+                 c->shared_inter, c->family->shared_gate);
   if (ep == 1 || sparse == 0) return;
   int64_t fwd = p->logprobs[ML_GROUP_EP].bytes[ML_COLL_ALL_TO_ALL] / sparse;
   int64_t step = p->train[ML_GROUP_EP].bytes[ML_COLL_ALL_TO_ALL] / (sparse * o->t.grad_accum);

@@ -73,6 +73,11 @@ const ml_block_act ml_block_acts[] = {
     ACT(top_e, ML_PART_MLP, ML_ROWS_T, ML_COLS_K, ML_NEEDS_SPARSE),
     ACT(top_w, ML_PART_MLP, ML_ROWS_T, ML_COLS_K, ML_NEEDS_SPARSE),
     ACT(ye, ML_PART_MLP, ML_ROWS_T, ML_COLS_KH, ML_NEEDS_SPARSE),
+    ACT(sg, ML_PART_MLP, ML_ROWS_T, ML_COLS_SI, ML_NEEDS_SHARED),
+    ACT(su, ML_PART_MLP, ML_ROWS_T, ML_COLS_SI, ML_NEEDS_SHARED),
+    ACT(sa, ML_PART_MLP, ML_ROWS_T, ML_COLS_SI, ML_NEEDS_SHARED),
+    ACT(sy, ML_PART_MLP, ML_ROWS_T, ML_COLS_H, ML_NEEDS_SHARED),
+    ACT(sz, ML_PART_MLP, ML_ROWS_T, ML_COLS_ONE, ML_NEEDS_SHARED),
 };
 const int ml_block_n_acts = sizeof ml_block_acts / sizeof ml_block_acts[0];
 
@@ -160,8 +165,9 @@ bool ml_block_has_bias(const ml_model_config *c, const ml_block_row *r) {
 }
 
 /* Tensors (what = 0), elements (1), modules (2) or linears (3) of layer l:
- * its present rows, and a sparse layer's router [E, H] and experts (gate,
- * up [I_e, H], down [H, I_e] each; Linear modules without bias). */
+ * its present rows, and a sparse layer's router [E, H], experts (gate,
+ * up [I_e, H], down [H, I_e] each) and shared expert (gate, up [I_s, H],
+ * down [H, I_s], its gate [1, H]; Linear modules without bias). */
 static int64_t count(const ml_model_config *c, int64_t l, int what) {
   int64_t n = 0;
   for (int i = 0; i < ML_ROLE_COUNT; i++) {
@@ -175,9 +181,12 @@ static int64_t count(const ml_model_config *c, int64_t l, int what) {
     if (what == 3) n += lin;
   }
   if (!ml_config_moe_layer(c, l)) return n;
-  int64_t E = c->n_experts;
-  /* E · H · (1 + 3 I_e) <= 2^20 · (2^12 + 3 · 2^24) < 2^47 (config.h) */
-  return n + (what == 1 ? E * c->hidden * (1 + 3 * c->moe_inter) : 1 + 3 * E);
+  int64_t E = c->n_experts, shared = c->shared_inter > 0;
+  /* E · H · (1 + 3 I_e) + H · (1 + 3 I_s) <= 2^20 · (2^12 + 3 · 2^24) + 2^20 · (1 + 3 · 2^24)
+   * < 2^47 (config.h) */
+  return n + (what == 1 ? E * c->hidden * (1 + 3 * c->moe_inter) +
+                              shared * c->hidden * (1 + 3 * c->shared_inter)
+                        : 1 + 3 * E + 4 * shared);
 }
 
 /* The most of `what` in one layer of c. */

@@ -18,8 +18,9 @@
  * on export by the checkpoint-key adapter, ml_model_ckpt_keys) — never by
  * an `if family`. Semantics: transformers' LlamaDecoderLayer, Qwen2/3,
  * Gemma3DecoderLayer, MistralDecoderLayer, Phi3DecoderLayer (unfused),
- * Qwen3MoeDecoderLayer and MixtralDecoderLayer (a sparse layer: the rows
- * without the dense gate/up/down, its ml_moe after the mlp container). */
+ * Qwen3MoeDecoderLayer, Qwen2MoeDecoderLayer and MixtralDecoderLayer (a
+ * sparse layer: the rows without the dense gate/up/down, its ml_moe after
+ * the mlp container). */
 #ifndef ML_BLOCK_H
 #define ML_BLOCK_H
 
@@ -108,11 +109,15 @@ typedef enum {
   ML_COLS_E,     /* num_experts (a sparse layer's router) */
   ML_COLS_K,     /* num_experts_per_tok */
   ML_COLS_KH,    /* num_experts_per_tok · hidden_size (an expert output per choice) */
+  ML_COLS_SI,    /* shared_expert_intermediate_size (a sparse block's shared expert) */
 } ml_block_cols;
 
 /* ml_block_act.needs of the buffers only sparse layers use: present when
  * the model has one (config.h ml_config_moe_layer). */
 enum { ML_NEEDS_SPARSE = -2 };
+/* ml_block_act.needs of the shared expert's buffers: present when the
+ * model's sparse blocks have one (config.h shared_inter > 0). */
+enum { ML_NEEDS_SHARED = -3 };
 
 /* One buffer of ml_layer_acts that the forward saves for the backward. */
 typedef struct ml_block_act {
@@ -121,7 +126,7 @@ typedef struct ml_block_act {
   ml_block_rows_of rows;
   ml_block_cols cols;
   int needs;             /* the role (ml_block_role) whose module must be present, −1
-                            (always there) or ML_NEEDS_SPARSE */
+                            (always there), ML_NEEDS_SPARSE or ML_NEEDS_SHARED */
 } ml_block_act;
 
 /* The saved buffers of a layer in carve order (x_in first: it frees the
@@ -177,7 +182,7 @@ int64_t ml_block_dim(const ml_model_config *c, ml_block_size s);
 bool ml_block_has_bias(const ml_model_config *c, const ml_block_row *r);
 
 /* The most parameters (tensors, not elements) of one layer of c (a sparse
- * layer's router and experts included), and the elements of layer l (<
+ * layer's router, experts and shared expert included), and the elements of layer l (<
  * 2^47 for a config ml_model_config_load accepts, config.h). */
 int ml_block_n_params(const ml_model_config *c);
 int64_t ml_block_numel_at(const ml_model_config *c, int64_t l);

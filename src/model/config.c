@@ -306,9 +306,9 @@ static int read_rope(const ml_json *j, ml_model_config *c) {
 }
 
 /* sliding_window and the per-layer attention types: layer_types when given,
- * else the family's rule (Qwen2Config/Qwen3Config/Gemma3TextConfig
- * __post_init__; Mistral, Mixtral: sliding_window alone, on every layer;
- * Qwen3-MoE: the same when use_sliding_window). */
+ * else the family's rule (Qwen2Config/Qwen3Config/Gemma3TextConfig/
+ * Qwen2MoeConfig __post_init__; Mistral, Mixtral: sliding_window alone, on
+ * every layer; Qwen3-MoE: the same when use_sliding_window). */
 static int read_layer_types(const ml_json *j, ml_model_config *c) {
   const ml_family *f = c->family;
   memset(c->sliding, 0, sizeof c->sliding);
@@ -324,7 +324,8 @@ static int read_layer_types(const ml_json *j, ml_model_config *c) {
     for (int64_t l = 0; l < c->n_layers; l++) c->sliding[l] = c->sliding_window > 0;
     return 0;
   }
-  if (f->layer_rule == ML_LAYERS_MAX_WINDOW) {
+  bool gated = f->layer_rule == ML_LAYERS_MAX_WINDOW || f->layer_rule == ML_LAYERS_EVEN_BELOW_MAX;
+  if (gated) {
     bool use = false;
     ML_TRY(ml_json_bool_opt(j, NULL, "use_sliding_window", false, &use));
     if (!use) {
@@ -347,11 +348,13 @@ static int read_layer_types(const ml_json *j, ml_model_config *c) {
                       "\"sliding_attention\", found %s",
                       j->path, (long long)l, t ? t : "a non-string");
     }
-  } else if (f->layer_rule == ML_LAYERS_MAX_WINDOW) {
+  } else if (gated) {
     int64_t max_window_layers;
     ML_TRY(ml_json_int_opt(j, NULL, "max_window_layers", 28, &max_window_layers));
     for (int64_t l = 0; l < c->n_layers; l++)
-      c->sliding[l] = c->sliding_window > 0 && l >= max_window_layers;
+      c->sliding[l] = c->sliding_window > 0 && (f->layer_rule == ML_LAYERS_MAX_WINDOW
+                                                    ? l >= max_window_layers
+                                                    : (l + 1) % 2 != 0 && l < max_window_layers);
   } else {
     int64_t pattern;
     ML_TRY(ml_json_int_opt(j, NULL, "sliding_window_pattern", f->sliding_pattern_default,
@@ -444,7 +447,9 @@ static int read_sparse_layers(const ml_json *j, ml_model_config *c) {
 static int read_moe(const ml_json *j, ml_model_config *c) {
   const ml_family *f = c->family;
   if (!f->moe_block) return 0;
-  const char *ek = json_object_get(j->root, "num_experts") ? "num_experts" : "num_local_experts";
+  const char *ek = f->experts_key                                ? f->experts_key
+                   : json_object_get(j->root, "num_experts") ? "num_experts"
+                                                             : "num_local_experts";
   ML_TRY(read_size(j, ek, true, f->experts_default, ML_MAX_EXPERTS, &c->n_experts));
   ML_TRY(read_size(j, "num_experts_per_tok", true, f->top_k_default, ML_MAX_EXPERTS, &c->top_k));
   if (c->top_k > c->n_experts)
@@ -460,6 +465,9 @@ static int read_moe(const ml_json *j, ml_model_config *c) {
                   j->path, ek, (long long)c->n_experts, f->moe_inter_key,
                   (long long)c->moe_inter, (long long)(c->n_experts * c->moe_inter),
                   ML_MAX_INTERMEDIATE);
+  if (f->shared_expert)
+    ML_TRY(read_size(j, f->shared_inter_key, true, f->shared_inter_default, ML_MAX_INTERMEDIATE,
+                     &c->shared_inter));
   c->norm_topk = true;
   if (f->norm_topk_key) ML_TRY(ml_json_bool_opt(j, NULL, f->norm_topk_key, false, &c->norm_topk));
   ML_TRY(ml_json_bool_opt(j, NULL, "output_router_logits", false, &c->router_aux));
@@ -586,16 +594,23 @@ static void write_attention_keys(json_t *o, const ml_model_config *c) {
     json_object_set_new(o, "use_sliding_window", json_boolean(first_sliding < c->n_layers));
     json_object_set_new(o, "max_window_layers", json_integer(first_sliding));
   }
+  if (f->layer_rule == ML_LAYERS_EVEN_BELOW_MAX) { /* layer_types says which; the key bounds it */
+    json_object_set_new(o, "use_sliding_window", json_boolean(first_sliding < c->n_layers));
+    json_object_set_new(o, "max_window_layers", json_integer(c->n_layers));
+  }
 }
 
 /* The mixture-of-experts keys (read_moe's): num_experts under the name
- * save_pretrained writes (num_local_experts, the attribute_map target). */
+ * save_pretrained writes (the family's experts_key, else num_local_experts,
+ * the attribute_map target). */
 static void write_moe_keys(json_t *o, const ml_model_config *c) {
   const ml_family *f = c->family;
-  json_object_set_new(o, "num_local_experts", json_integer(c->n_experts));
+  json_object_set_new(o, f->experts_key ? f->experts_key : "num_local_experts",
+                      json_integer(c->n_experts));
   json_object_set_new(o, "num_experts_per_tok", json_integer(c->top_k));
   json_object_set_new(o, f->moe_inter_key, json_integer(c->moe_inter));
   if (f->norm_topk_key) json_object_set_new(o, f->norm_topk_key, json_boolean(c->norm_topk));
+  if (f->shared_expert) json_object_set_new(o, f->shared_inter_key, json_integer(c->shared_inter));
   json_object_set_new(o, "output_router_logits", json_boolean(c->router_aux));
   json_object_set_new(o, "router_aux_loss_coef", json_real(c->aux_coef));
   if (!f->moe_sparse_keys) return;
@@ -730,6 +745,8 @@ int ml_model_config_preset(const char *arch, const char *name, ml_model_config *
     out->moe_inter = p->intermediate / 4;
     /* experts sized by intermediate_size (Mixtral): the model's one MLP size */
     if (strcmp(f->moe_inter_key, "intermediate_size") == 0) out->intermediate = out->moe_inter;
+    /* a shared expert (Qwen2-MoE) as wide as one routed expert */
+    out->shared_inter = f->shared_expert ? out->moe_inter : 0;
     out->norm_topk = true;
     out->aux_coef = 0.001;
     for (int64_t l = 0; l < p->layers; l++) out->moe[l] = true;

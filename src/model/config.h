@@ -93,6 +93,9 @@ typedef struct ml_model_config {
    * *ForCausalLM.forward adds it */
   bool router_aux;
   double aux_coef; /* router_aux_loss_coef */
+  /* the sparse block's shared expert (family->shared_expert; 0: none):
+   * shared_expert_intermediate_size I_s */
+  int64_t shared_inter;
 } ml_model_config;
 
 /* Whether layer l of c has the sparse MoE block as its MLP. */

@@ -200,6 +200,41 @@ static const ml_family families[] = {
         .moe_sparse_keys = true,
     },
     {
+        /* Qwen2MoeConfig / Qwen2MoeForCausalLM: Qwen2's attention (q/k/v
+         * biases by qkv_bias, none on o_proj), the sparse block as `mlp` on
+         * the layers decoder_sparse_step and mlp_only_layers make sparse (a
+         * dense Qwen2MoeMLP of intermediate_size on the others), with a
+         * shared expert of shared_expert_intermediate_size gated by
+         * sigmoid(shared_expert_gate); with use_sliding_window, the window on
+         * the even-indexed layers (0, 2, ...) below max_window_layers. The
+         * class plan shards experts, which meshlm refuses under tp: no HF plan. */
+        .name = "qwen2_moe",
+        .architecture = "Qwen2MoeForCausalLM",
+        .model_type = "qwen2_moe",
+        TEXT_MODEL,
+        .qkv_bias_key = "qkv_bias",
+        .qkv_bias_default = true,
+        .tie_default = false,
+        .rope_theta_default = 10000.0,
+        .max_positions_default = 32768,
+        .layer_rule = ML_LAYERS_EVEN_BELOW_MAX,
+        .sliding_window_default = 4096,
+        LLAMA_BLOCK,
+        .moe_block = "mlp",
+        .expert_leaves = {"gate_proj", "up_proj", "down_proj"},
+        .moe_inter_key = "moe_intermediate_size",
+        .moe_inter_default = 1408,
+        .experts_default = 60,
+        .top_k_default = 4,
+        .norm_topk_key = "norm_topk_prob",
+        .moe_sparse_keys = true,
+        .shared_expert = "shared_expert",
+        .shared_gate = "shared_expert_gate",
+        .shared_inter_key = "shared_expert_intermediate_size",
+        .shared_inter_default = 5632,
+        .experts_key = "num_experts", /* Qwen2MoeConfig has no num_local_experts alias */
+    },
+    {
         /* MixtralConfig / MixtralForCausalLM: Mistral's attention (the sliding
          * window, when set, on every layer), every MLP the sparse block
          * `block_sparse_moe` with experts w1 (gate), w3 (up), w2 (down) of

@@ -1,6 +1,6 @@
 /* Model families as rows of one descriptor table (ARCHITECTURE.md §8): every
  * difference between Llama, Mistral, Phi-3, Qwen2, Qwen3, Gemma3 (text model,
- * and the text tower of the Gemma3 VLM), Qwen3-MoE and Mixtral is a field here, read by the config reader
+ * and the text tower of the Gemma3 VLM), Qwen3-MoE, Qwen2-MoE and Mixtral is a field here, read by the config reader
  * and the model code, never an `if (family == ...)`. Semantics follow the
  * transformers 5.23 modeling_* / configuration_* files of each family. */
 #ifndef ML_FAMILY_H
@@ -21,6 +21,9 @@ typedef enum {
   /* Mistral: every layer slides when sliding_window is set (not null), none
    * when it is null; layer_types is not read (MistralModel ignores it) */
   ML_LAYERS_ALL_SLIDING,
+  /* Qwen2-MoE: sliding iff use_sliding_window, (i + 1) % 2 != 0 and i <
+   * max_window_layers (Qwen2MoeConfig.__post_init__) */
+  ML_LAYERS_EVEN_BELOW_MAX,
 } ml_layer_rule;
 
 enum { ML_FAMILY_MAX_UNSUPPORTED = 4, ML_FAMILY_MAX_FUSED = 2, ML_FUSED_MAX_PARTS = 3 };
@@ -154,6 +157,23 @@ typedef struct ml_family {
    * is true (Qwen3MoeConfig.__post_init__ sets sliding_window to None
    * otherwise); false: whenever sliding_window is set (Mistral, Mixtral). */
   bool window_gated;
+
+  /* ---- a shared expert in the sparse block (transformers 5.23
+   * Qwen2MoeSparseMoeBlock; DeepSeekMoE's shared experts): NULL
+   * shared_expert: none ---- */
+  /* <moe_block>.<shared_expert> is a SwiGLU MLP every token takes
+   * (<shared_expert>.<expert_leaves[0..2]>: gate [I_s, H], up [I_s, H],
+   * down [H, I_s]), its output scaled by sigmoid(<moe_block>.<shared_gate>
+   * (h)), a [1, H] linear, and added to the routed experts' sum; I_s is
+   * config key shared_inter_key ("shared_expert_intermediate_size"),
+   * shared_inter_default when omitted. */
+  const char *shared_expert, *shared_gate, *shared_inter_key;
+  int64_t shared_inter_default;
+  /* The one config key of the expert count, read and written, where the
+   * config class has no attribute_map alias (Qwen2MoeConfig: "num_experts");
+   * NULL: num_experts or num_local_experts read, num_local_experts written
+   * (Qwen3MoeConfig, MixtralConfig). */
+  const char *experts_key;
 } ml_family;
 
 /* Families registered at run time (meshlm_register_family), at most. */

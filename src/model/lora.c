@@ -69,12 +69,16 @@ static int refuse_part(const ml_model *m, const char *target, int n, const char 
                 n, target, alias, parts, leaf ? leaf + 1 : alias);
 }
 
-/* Whether lin is the router or an expert of a layer's mixture-of-experts block. */
+/* Whether lin is the router or an expert (a shared expert's linears and
+ * gate included) of a layer's mixture-of-experts block. */
 static bool in_moe(const ml_model *m, const ml_linear *lin) {
   int64_t n = (int64_t)m->cfg.n_layers * 3 * m->cfg.n_experts;
   if (m->experts && lin >= m->experts && lin < m->experts + n) return true;
-  for (int l = 0; l < m->cfg.n_layers; l++)
-    if (lin == &m->layers[l].moe.gate) return true;
+  for (int l = 0; l < m->cfg.n_layers; l++) {
+    const ml_moe *moe = &m->layers[l].moe;
+    if (lin == &moe->gate || lin == &moe->shared_gate || (lin >= moe->shared && lin < moe->shared + 3))
+      return true;
+  }
   return false;
 }
 

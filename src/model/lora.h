@@ -40,9 +40,9 @@ double ml_lora_scaling(int64_t rank, double alpha, bool rslora);
  * linear (PEFT: "Target modules ... not found in the base model"), a
  * target naming a part of a fused linear (q_proj on Phi-3: PEFT sees only
  * qkv_proj; the message names the fused module and its parts), a target
- * in a mixture-of-experts block (its router or an expert, all-linear
- * there included: the message names the linear; attention's linears of
- * such a model are adapted). */
+ * in a mixture-of-experts block (its router or an expert, a shared expert
+ * and its gate included; all-linear there included: the message names the
+ * linear; attention's linears of such a model are adapted). */
 int ml_lora_attach(ml_model *m, int64_t rank, double scaling, const char *targets);
 
 /* The number of linears carrying adapters (a fused module's parts each). */

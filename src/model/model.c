@@ -131,8 +131,10 @@ static void alias(ml_model *m, int first, const ml_fused *fz, const char *mod_ba
 
 /* Sparse layer l's block after its container `mod_base` + moe_block: the
  * router <moe_block>.gate [E, H], then expert e's gate, up [I_e, H] and
- * down [H, I_e] (<moe_block>.experts.<e>.<family expert_leaves>), as
- * save_pretrained names them. */
+ * down [H, I_e] (<moe_block>.experts.<e>.<family expert_leaves>), then the
+ * family's shared expert, gate, up [I_s, H] and down [H, I_s]
+ * (<moe_block>.<shared_expert>.<expert_leaves>), and its gate [1, H]
+ * (<moe_block>.<shared_gate>), as save_pretrained names them. */
 static void make_moe(ml_model *m, int l, const char *mod_base, const char *key_base) {
   const ml_model_config *c = &m->cfg;
   const ml_family *f = c->family;
@@ -150,6 +152,15 @@ static void make_moe(ml_model *m, int l, const char *mod_base, const char *key_b
       make_linear(m, &moe->experts[3 * e + j], l, name_of(&n, mod_base, key_base, leaf),
                   j == 2 ? I : H, j == 2 ? H : I);
     }
+  if (!f->shared_expert) return;
+  int64_t Is = c->shared_inter; /* then the shared expert's MLP and its gate */
+  for (int j = 0; j < 3; j++) {
+    snprintf(leaf, sizeof leaf, "%s.%s.%s", f->moe_block, f->shared_expert, f->expert_leaves[j]);
+    make_linear(m, &moe->shared[j], l, name_of(&n, mod_base, key_base, leaf), j == 2 ? Is : H,
+                j == 2 ? H : Is);
+  }
+  snprintf(leaf, sizeof leaf, "%s.%s", f->moe_block, f->shared_gate);
+  make_linear(m, &moe->shared_gate, l, name_of(&n, mod_base, key_base, leaf), H, 1);
 }
 
 /* Layer l's modules: the present rows of the block table (model/block.h),
@@ -372,10 +383,12 @@ static void carve_layer(const act_dims *d, const ml_model *m, carver *c, ml_laye
   const int64_t cols[] = {[ML_COLS_ONE] = 1, [ML_COLS_H] = d->H, [ML_COLS_Q] = d->q,
                           [ML_COLS_KV] = d->kv, [ML_COLS_I] = d->I, [ML_COLS_NH] = nh,
                           [ML_COLS_NKV] = nkv, [ML_COLS_E] = m->cfg.n_experts,
-                          [ML_COLS_K] = m->cfg.top_k, [ML_COLS_KH] = m->cfg.top_k * d->H};
+                          [ML_COLS_K] = m->cfg.top_k, [ML_COLS_KH] = m->cfg.top_k * d->H,
+                          [ML_COLS_SI] = m->cfg.shared_inter};
   for (int i = 0; i < ml_block_n_acts; i++) {
     const ml_block_act *b = &ml_block_acts[i];
-    bool present = b->needs == ML_NEEDS_SPARSE ? m->cfg.n_experts > 0
+    bool present = b->needs == ML_NEEDS_SPARSE   ? m->cfg.n_experts > 0
+                   : b->needs == ML_NEEDS_SHARED ? m->cfg.shared_inter > 0
                    : b->needs < 0 || ml_block_present(&m->cfg, ml_block_row_of(b->needs));
     /* out: for the recompute of a dropped MLP, never in a forward-only pass */
     if (b->part == ML_PART_OUT) present = !(c->kept & ML_PART_MLP) && !m->forward_only;

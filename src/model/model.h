@@ -196,6 +196,11 @@ typedef struct ml_layer_acts {
    * expert output before weighting (rows in expert order: ml_moe_order).
    * g, u, a then hold the experts' [T·k, moe_inter] rows in that order. */
   float *probs, *top_e, *top_w, *ye;
+  /* A sparse layer's shared expert (ml_moe.shared; NULL in a model without
+   * one, model/moe_shared.h): sg, su, sa [T, I_s] its gate, up and
+   * act(gate)·up; sy [T, H] its output before the gate; sz [T] the gate
+   * sigmoid(h·w^T). */
+  float *sg, *su, *sa, *sy, *sz;
   /* Buffers on the residual stream (x_in, x_mid, the rstd of attn_norm,
    * mlp_norm and the post-norms, o and d) hold Tr = B · s_res tokens, s_res
    * this rank's sequence piece (ml_model.res_parts); the others T = B · S. */
@@ -205,7 +210,8 @@ typedef struct ml_layer_acts {
 } ml_layer_acts;
 
 /* A sparse mixture-of-experts block (transformers 5.23 Qwen3MoeSparseMoeBlock,
- * MixtralSparseMoeBlock; dropless: every token reaches its top_k experts):
+ * MixtralSparseMoeBlock, Qwen2MoeSparseMoeBlock with its shared expert:
+ * model/moe_shared.h; dropless: every token reaches its top_k experts):
  * router logits = h·W_gate^T, probs = softmax (fp32), the top_k experts by
  * probability (torch.topk), their probabilities (renormalized to sum 1
  * when cfg.norm_topk) weighting each expert's SwiGLU MLP
@@ -214,6 +220,10 @@ typedef struct ml_moe {
   ml_linear gate;     /* router <moe_block>.gate [E, H], no bias; weight NULL: a dense layer */
   ml_linear *experts; /* expert e's gate_proj, up_proj [I_e, H] and down_proj [H, I_e] at
                          experts[3e + 0, 1, 2] (ml_model.experts) */
+  /* The shared expert (family->shared_expert, Qwen2MoeSparseMoeBlock): its
+   * gate, up [I_s, H] and down [H, I_s] at shared[0, 1, 2] and its gate
+   * <moe_block>.shared_expert_gate [1, H], no biases; weights NULL: none. */
+  ml_linear shared[3], shared_gate;
 } ml_moe;
 
 /* The load-balancing loss of a forward's sparse layers (cfg.router_aux;

@@ -8,6 +8,7 @@
 
 #include "common/status.h"
 #include "model/linear.h"
+#include "model/moe_shared.h"
 #include "tensor/placement.h"
 
 int ml_moe_check(const ml_model *m, const char *device) {
@@ -490,6 +491,7 @@ int ml_moe_forward(ml_model *m, ml_layer *L, const ml_act *h, float *y) {
   }
   // y: [Td, H] rows of this tp rank → [T, H] Replicate (all-gather over tp)
   if (!rc && m->moe_ep.slices > 1) rc = m->moe_ep.gather(m->moe_ep.gather_ctx, m->be, y, T, H);
+  if (!rc) rc = ml_moe_shared_forward(m, L, h, y);  // y += z · shared(h), every row
   ml_be_free(m->be, xe);
   routing_free(&r);
   return rc;
@@ -591,6 +593,9 @@ int ml_moe_backward(ml_model *m, ml_layer *L, const ml_act *h, const float *dy, 
       for (int64_t c = 0; c < H; c++) d[c] += src[c];
     }
   }
+  /* dh += the shared expert's, every row (replicated over tp: the rows the all-gather below
+   * brings from the other tp ranks hold the same contribution) */
+  if (!rc) rc = ml_moe_shared_backward(m, L, h, dy, dh);
   if (!rc) {
     if (!modelled(m)) route_backward(m, a, p[BW_DW], p[BW_DLOGITS], t0, Td, h->s);
     /* the dispatched tokens' rows; under tp each rank's router gradient is then its chunk's

@@ -7,6 +7,8 @@
  *   e_t,j, v_t,j = torch.topk(p_t, k)         (descending; exact ties: see below)
  *   w_t,j  = v_t,j / Σ_i v_t,i  if norm_topk, else v_t,j
  *   y_t    = Σ_j w_t,j · down_e(act(gate_e(h_t)) · up_e(h_t)),  e = e_t,j
+ *            (+ the gated shared expert where the family has one,
+ *            Qwen2MoeSparseMoeBlock: model/moe_shared.h)
  * Dropless: every (token, choice) reaches its expert. The tokens routed to
  * an expert are gathered contiguously (in token order, then choice order)
  * and run as one GEMM per expert; the weighted outputs are

@@ -50,7 +50,7 @@ int ml_ep_apply(ml_model *m, const ml_mesh *mesh) {
   if (g->size <= 1) return 0;
   if (E == 0)
     return ml_err("--ep (ep_size) %d: %s has no mixture-of-experts layers (num_experts 0); "
-                  "expected ep = 1, or a mixture-of-experts model (qwen3_moe, mixtral)",
+                  "expected ep = 1, or a mixture-of-experts model (qwen3_moe, qwen2_moe, mixtral)",
                   g->size, m->cfg.family->architecture);
   if (E % g->size != 0)
     return ml_err("--ep (ep_size) %d: %s has %lld experts per layer, not a multiple of it; "

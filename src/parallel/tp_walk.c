@@ -438,10 +438,12 @@ static int attention(walk *w, int l, val *r) {
 
 /* A sparse block under tp > 1 (NeMo Automodel's layout: experts not
  * TP-sharded): its input, the residual stream, Replicate; every tp rank
- * computes the router on the same tokens, and without expert parallelism
- * the whole block, so its output is Replicate (no Partial) and the router's
- * and experts' gradients are the same full gradient on every tp rank:
- * replicated, not summed over tp (as a norm's on a Replicate input). Under
+ * computes the router and a shared expert on the same tokens, and without
+ * expert parallelism the whole block, so its output is Replicate (no
+ * Partial) and the router's, the experts' and the shared expert's gradients
+ * are the same full gradient on every tp rank: replicated, not summed over
+ * tp (as a norm's on a Replicate input; the shared expert's stay so under
+ * ep too). Under
  * expert parallelism (m->moe_ep.slices > 1: ml_ep_apply before this walk)
  * each tp rank dispatches its chunk of the tokens and the block all-gathers
  * its output and input gradient over tp (model/moe.h), so the output stays
@@ -457,10 +459,15 @@ static int sparse_block(walk *w, ml_layer *L, node box, const val *r) {
                   "stream under tp (experts not TP-sharded); found %s (sequence parallelism), "
                   "not supported yet with expert layers; expected --sequence-parallel off",
                   box.name, ml_tp_pstr(r->p));
-  int64_t n = 1 + 3 * w->m->cfg.n_experts; /* the router, then each expert's three linears */
+  /* the router, each expert's three linears, then the shared expert's three and its gate */
+  int64_t nx = 1 + 3 * w->m->cfg.n_experts, n = nx + (L->moe.shared_gate.weight ? 4 : 0);
   node nd = box;
   for (int64_t i = -1; i < n; i++) {
-    if (i >= 0) nd = module_at(w, ML_MOD_LINEAR, i == 0 ? &L->moe.gate : &L->moe.experts[i - 1]);
+    const ml_linear *lin = i == 0 ? &L->moe.gate
+                           : i < nx ? &L->moe.experts[i - 1]
+                           : i < nx + 3 ? &L->moe.shared[i - nx]
+                                        : &L->moe.shared_gate;
+    if (i >= 0) nd = module_at(w, ML_MOD_LINEAR, lin);
     if (nd.style)
       return ml_err("plan: '%s' (%s) is part of a mixture-of-experts block, which is replicated "
                     "over tp (experts not TP-sharded); expected no plan entry for it",

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Mixture-of-experts families end to end (model/moe.h): `meshlm init --arch qwen3_moe|mixtral`
-# writes a model that trains and exports with the same tensor names and config keys, also under
+# Mixture-of-experts families end to end (model/moe.h): `meshlm init --arch
+# qwen3_moe|mixtral|qwen2_moe` writes a model that trains and exports with the same tensor
+# names and config keys, also under
 # expert parallelism (--ep, whose export equals one rank's byte for byte at learning rate 0); `meshlm plan --ep` shows the experts per rank and the balanced
 # all-to-all bytes (under tp each tp rank dispatching its chunk of the tokens); expert layers under
 # sequence parallelism, a plan sharding a router or an expert, --ep
@@ -32,9 +33,9 @@ awk 'BEGIN { srand(1); for (r = 0; r < 8; r++) { s = "";
   for (i = 0; i < 24; i++) s = s (i ? "," : "") int(rand() * 250); print "{\"input_ids\": [" s "]}" } }' \
   > "$work/data.jsonl"
 
-for arch in qwen3_moe mixtral; do
+for arch in qwen3_moe mixtral qwen2_moe; do
   if "$meshlm" init --out "$work/$arch" --arch "$arch" --preset tiny > "$work/out" 2> "$work/err" &&
-     grep -q '"num_local_experts": 4' "$work/$arch/config.json" &&
+     grep -q -E '"num_(local_)?experts": 4' "$work/$arch/config.json" &&
      grep -q '"num_experts_per_tok": 2' "$work/$arch/config.json"; then
     ok "init --arch $arch"
   else
@@ -134,6 +135,17 @@ if "$meshlm" plan --model "$src/tests/fixtures/qwen3_moe" --seq-len 24 --batch-s
   ok "plan --tp 2 --ep 2: each tp rank's chunk dispatched, all-gathered over tp"
 else
   bad "plan --tp 2 --ep 2: each tp rank's chunk dispatched, all-gathered over tp"
+fi
+# qwen2_moe (1 sparse layer of 8 experts, a shared expert of 24 features): the shared expert
+# named, and the all-to-all bytes those of the routed experts alone (4 calls, 24576 B)
+if "$meshlm" plan --model "$src/tests/fixtures/qwen2_moe" --seq-len 24 --batch-size 2 \
+     --dp-shard 2 --ep 2 > "$work/plan" 2> "$work/err" &&
+   grep -q "a shared expert of 24 features per sparse layer, gated by sigmoid(shared_expert_gate)" \
+     "$work/plan" &&
+   grep -Eq "ep +all_to_all +4 calls +24576 B" "$work/plan"; then
+  ok "plan --ep 2: the shared expert"
+else
+  bad "plan --ep 2: the shared expert"
 fi
 expect_fail "plan ep not dividing experts" "--ep (ep_size) 3" -- \
   "$meshlm" plan --model "$fx" --seq-len 24 --batch-size 3 --dp-shard 3 --ep 3

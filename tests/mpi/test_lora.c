@@ -385,6 +385,11 @@ static void test_errors(void **state) {
   o.lora.targets = "o_proj,up_proj";
   expect_error_on(dir, &o, "model.layers.1.mlp.experts.0.up_proj is a linear of the "
                            "mixture-of-experts block");
+  /* a shared expert's gate (Qwen2-MoE) is part of the block too */
+  snprintf(dir, sizeof dir, "%s/tests/fixtures/qwen2_moe", ML_SOURCE_DIR);
+  o.lora.targets = "shared_expert_gate";
+  expect_error_on(dir, &o, "model.layers.1.mlp.shared_expert_gate is a linear of the "
+                           "mixture-of-experts block");
   fixture_free(&fx);
 }
 

@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
 # Mixture-of-experts families end to end (model/moe.h): `meshlm init --arch
-# qwen3_moe|mixtral|qwen2_moe` writes a model that trains and exports with the same tensor
-# names and config keys, also under
-# expert parallelism (--ep, whose export equals one rank's byte for byte at learning rate 0); `meshlm plan --ep` shows the experts per rank and the balanced
-# all-to-all bytes (under tp each tp rank dispatching its chunk of the tokens); expert layers under
-# sequence parallelism, a plan sharding a router or an expert, --ep
-# (config ep_size) not dividing the world or
-# num_experts or on a model without experts, and MoE configs meshlm does not implement or cannot
-# bound, are refused with one message naming what was found and what is expected; `meshlm
-# logprobs --routing` writes each token's experts per layer, the same on any dp mesh.
+# qwen3_moe|mixtral|qwen2_moe` writes a model that trains and exports with the same tensor names and
+# config keys, also under expert parallelism (--ep, whose export equals one rank's byte for byte at
+# learning rate 0); `meshlm plan --ep` shows the experts per rank and the balanced all-to-all bytes
+# (under tp each tp rank dispatching its chunk of the tokens); expert layers under sequence
+# parallelism, a plan sharding a router or an expert, --ep (config ep_size) not dividing the world
+# or num_experts or on a model without experts, and MoE configs meshlm does not implement or cannot
+# bound, are refused with one message naming what was found and what is expected; `meshlm logprobs
+# --routing` writes each token's experts per layer, the same on any dp mesh.
 # usage: test_moe.sh MESHLM SOURCE_DIR JSON_CHECK ...
 set -u
 meshlm=$1

@@ -558,7 +558,8 @@ static int cpu_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_k
 static int cpu_norm_partials(ml_backend *be, const ml_norm_seg *segs, int k, ml_norm_kind kind,
                              double *out) {
   int rc = 0;
-  for (int s = 0; rc == 0 && s < k; s++) rc = cpu_norm_partial(be, segs[s].g, segs[s].n, kind, out + s);
+  for (int s = 0; rc == 0 && s < k; s++)
+    rc = cpu_norm_partial(be, segs[s].g, segs[s].n, kind, out + s);
   return rc;
 }
 

@@ -75,6 +75,7 @@ static int run_step(ml_engine *e, ml_mesh *mesh, const int32_t *ids, ml_predicti
  * no tp gradient packing. ids: [B, S] host; lp: [B, S−1]. */
 static int run_logprobs(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp,
                         ml_prediction *p) {
+  p->mem.logprobs_opened = (int64_t)ml_be_memory_stats(e->be).in_use;
   ml_mesh_stats_reset(mesh);
   ml_be_reset_peak(e->be);
   ML_TRY(ml_engine_logprobs(e, ids, p->B, p->S, lp));

@@ -119,16 +119,9 @@ static void norm_check(const ml_engine_opts *eo, int dpr, const char *what) {
     ml_step_source src = {.n_micro = MICRO, .fill = fill, .ctx = &mb,
                           .global_targets = MICRO * bt.targets, .norm_type = types[t]};
     ml_step_result res;
-    double held, pass;
     if (ml_engine_zero_grad(&r.e) || ml_step_accumulate(&r.e, &src, &res))
       fail_msg("%s: %s", what, ml_error_msg());
-    assert_true(r.e.norm.have == types[t]); /* the backward computed them */
-    if (ml_engine_grad_norm(&r.e, types[t], &held)) fail_msg("%s: %s", what, ml_error_msg());
-    assert_true(r.e.norm.have == 0); /* taken: the next call makes the pass */
-    if (ml_engine_grad_norm(&r.e, types[t], &pass)) fail_msg("%s: %s", what, ml_error_msg());
-    if (rank0()) printf("%s norm %g: %.17g (partials), %.17g (pass)\n", what, types[t], held, pass);
-    assert_true(held > 0);
-    assert_memory_equal(&held, &pass, sizeof held);
+    check_norm_partials(&r, types[t], what);
   }
   run_close(&r);
   batch_free(&bt);

@@ -14,7 +14,8 @@
  * not modelled: a real CPU run's peak may exceed it by those).
  *
  * One training step = ml_engine_zero_grad, grad_accum ×
- * ml_engine_forward_backward (micro-batches), ml_engine_grad_norm,
+ * ml_engine_forward_backward (micro-batches; the last computing the grad
+ * norm's partials, engine/grad_norm.h, as engine/step.c asks), ml_engine_grad_norm,
  * ml_engine_adamw (which re-gathers parameters under ZeRO-1/2); one
  * logprobs pass = ml_engine_logprobs of one micro-batch on an engine
  * opened afresh, as `meshlm logprobs` runs it (a scoring-only session:

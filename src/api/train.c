@@ -203,7 +203,7 @@ void api_loss_free(api_loss_call *c) {
 
 void api_loss_backward(meshlm_session *s, api_loss_call *c, ml_step_result *r) {
   ml_step_source src = {.n_micro = c->p.pack.n_mb, .fill = fill_micro, .ctx = c,
-                        .objective = &c->obj};
+                        .objective = &c->obj, .norm_type = c->norm_type};
   if (ml_step_accumulate(&s->e, &src, r)) api_abort(s);
   s->e.model.route_replay = NULL;
   api_plan_stats(s, &c->p);
@@ -360,6 +360,7 @@ int meshlm_train_step(meshlm_session *s, const meshlm_train_batch *b, const mesh
   }
   ml_step_result r = {0};
   if (ml_engine_zero_grad(&s->e)) api_abort(s);
+  c.norm_type = s->set.step.norm_type; /* ml_step_apply's, below */
   api_loss_backward(s, &c, &r);
   api_acc a;
   int rc = api_loss_result(s, &c, &r, &a);

@@ -74,6 +74,8 @@ typedef struct api_loss_call {
   int32_t *replay;
   int64_t route_cols;
   ml_model *model;
+  double norm_type; /* meshlm_train_step: the grad norm that follows the passes
+                       (ml_step_source.norm_type); else 0 */
 } api_loss_call;
 
 /* Read, check (agreed over the world) and prepare c for a call of `name`

@@ -346,6 +346,16 @@ int ml_be_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_kind k
   NEED(be, ML_OP_NORM_PARTIAL);
   return be->ops->norm_partial(be, g, n, kind, out);
 }
+int ml_be_norm_partials(ml_backend *be, const ml_norm_seg *segs, int k, ml_norm_kind kind,
+                        double *out) {
+  NEED(be, ML_OP_NORM_PARTIAL);
+  if (k < 0) return ml_err("grad-norm partials: %d pieces; expected >= 0", k);
+  for (int s = 0; s < k; s++)
+    if (segs[s].n < 0)
+      return ml_err("grad-norm partials: piece %d has %lld elements; expected >= 0", s,
+                    (long long)segs[s].n);
+  return be->ops->norm_partials(be, segs, k, kind, out);
+}
 int ml_be_find_nonfinite(ml_backend *be, const float *g, int64_t n, bool *found) {
   NEED(be, ML_OP_FIND_NONFINITE);
   return be->ops->find_nonfinite(be, g, n, found);

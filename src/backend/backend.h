@@ -83,6 +83,13 @@ typedef enum {
   ML_NORM_ABSMAX  /* max |g|, +inf for a NaN */
 } ml_norm_kind;
 
+/* One piece of gradient for ml_be_norm_partials: g [n] fp32 in device
+ * memory (n >= 0). */
+typedef struct ml_norm_seg {
+  const float *g;
+  int64_t n;
+} ml_norm_seg;
+
 /* Device memory of a backend's pool in bytes, as torch.cuda's
  * memory_allocated / max_memory_allocated / memory_reserved count it:
  * in_use, the bytes requested by live ml_be_alloc blocks (before the pool
@@ -163,7 +170,7 @@ typedef enum ml_op {
   ML_OP_EMBEDDING,       /* ml_be_embedding_fwd / _bwd */
   ML_OP_XENT,            /* ml_be_xent_rowmax / _sumexp_target / _online / _rebase / _logprobs / _bwd */
   ML_OP_ADAMW,           /* ml_be_adamw */
-  ML_OP_NORM_PARTIAL,    /* ml_be_norm_partial */
+  ML_OP_NORM_PARTIAL,    /* ml_be_norm_partial, ml_be_norm_partials */
   ML_OP_FIND_NONFINITE,  /* ml_be_find_nonfinite */
   ML_OP_ENTROPY,         /* ml_be_xent_entropy_sum / _online / _rebase, ml_be_xent_entropy,
                           * ml_be_xent_bwd_entropy */
@@ -286,6 +293,8 @@ typedef struct ml_backend_ops {
                             const float *se, const float *val, const int32_t *id, float *lp);
   void (*destroy)(ml_backend *be);
   int (*set_batch_invariant)(ml_backend *be, bool on);
+  int (*norm_partials)(ml_backend *be, const ml_norm_seg *segs, int k, ml_norm_kind kind,
+                       double *out);
 } ml_backend_ops;
 
 struct ml_backend {
@@ -610,6 +619,16 @@ int ml_be_adamw(ml_backend *be, float *p, float *g, float *m, float *v, int64_t 
                 int64_t step);
 /* *out (host) = the partial `kind` of g [n]. */
 int ml_be_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind, double *out);
+/* out[s] (=) the partial `kind` of segs[s] for s < k, each bitwise what
+ * ml_be_norm_partial returns for that piece, left in device memory: out
+ * [k] doubles is device memory (ml_be_alloc), issued on the compute
+ * stream without waiting for it (a later ml_be_copy to the host reads
+ * them: one copy for many calls, where ml_be_norm_partial waits per
+ * piece). segs is host memory, read before the call returns. CUDA: one
+ * pair of launches per 32 pieces (kernels/cuda kc_norm_segs). Errors: k <
+ * 0, a piece with n < 0, the device's. */
+int ml_be_norm_partials(ml_backend *be, const ml_norm_seg *segs, int k, ml_norm_kind kind,
+                        double *out);
 /* *found (host) = whether g [n] holds a NaN or ±inf. */
 int ml_be_find_nonfinite(ml_backend *be, const float *g, int64_t n, bool *found);
 

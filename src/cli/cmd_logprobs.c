@@ -343,7 +343,8 @@ static int run_all(lp_run *run, int64_t budget) {
 }
 
 int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
-  const char *model = NULL, *data = NULL, *out = NULL, *plan = NULL, *adapter = NULL;
+  const char *model = NULL, *data = NULL, *out = NULL, *plan = NULL, *adapter = NULL,
+             *fp32_params = NULL;
   int64_t tp = 1, cp = 1, budget = 4096, topk = 0;
   bool sp = false, entropy = false, invariant = false, routing = false;
   ml_arg_choice dtype = ml_dtype_choice(), device = ml_device_choice(),
@@ -371,6 +372,7 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
        "longer sequence is one of its own)", false, NULL},
       {"--param-dtype", ML_ARG_CHOICE, &dtype, "parameter and GEMM dtype (bf16: bf16 operands, "
        "fp32 accumulation)", false, NULL},
+      {"--fp32-params", ML_ARG_STR, &fp32_params, ml_fp32_params_help, false, "PATTERNS"},
       {"--entropy", ML_ARG_FLAG, &entropy, "add \"entropy\": each position's next-token "
        "entropy (nats)", false, NULL},
       {"--topk", ML_ARG_INT, &topk, "add \"topk_ids\" and \"topk_logprobs\": each position's K "
@@ -411,7 +413,9 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   eo.fsdp.param_dtype = ml_dtype_chosen(&dtype);
   eo.batch_invariant = invariant;
   eo.lora.adapter = adapter;
+  eo.fp32_params = fp32_params;
   if (rc == 0) rc = ml_engine_open(&e, &mesh, model, &eo);
+  if (rc == 0) ml_print_fp32_params("logprobs", &e, fp32_params);
   if (rc == 0 && (topk < 0 || topk > e.model.cfg.vocab))
     rc = ml_err("logprobs: flag --topk %lld: expected 0 .. vocab_size %lld", (long long)topk,
                 (long long)e.model.cfg.vocab);

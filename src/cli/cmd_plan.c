@@ -523,25 +523,29 @@ static void text_prediction(const ml_prediction *p) {
   } rows[] = {{p->frozen_units ? "FSDP shards: params (+ grads, AdamW state unless frozen), fp32"
                                 : "FSDP shards: params, grads, AdamW exp_avg + exp_avg_sq (fp32)",
                m->shards},
-              {m->host ? "in use once open (FSDP buffers, persistent params)"
-                       : "in use once open (shards, FSDP buffers, persistent params)",
+              {m->host ? "in use once train opens (FSDP buffers, persistent params, a micro-batch)"
+                       : "in use once train opens (shards, FSDP buffers, persistent params, a "
+                         "micro-batch)",
                m->opened},
               {"saved activations (all layers, AC workspace)", m->activations},
               {"peak of one training step", m->train_peak},
+              {m->host ? "in use once logprobs opens (FSDP buffers, persistent params)"
+                       : "in use once logprobs opens (shards, FSDP buffers, persistent params)",
+               m->logprobs_opened},
               {"peak of one logprobs pass", m->logprobs_peak}};
   char h[32];
   ml_cli_print("  device memory per rank (the engine's step on the meta backend):\n");
   const char *ref = "a reference policy's shards, if captured (meshlm_set_reference)";
   for (size_t i = m->host ? 1 : 0; i < sizeof rows / sizeof rows[0]; i++) /* shards: host */
-    ml_cli_print("    %-64s %12s\n", rows[i].what, ml_cli_bytes(rows[i].v, h, sizeof h));
+    ml_cli_print("    %-80s %12s\n", rows[i].what, ml_cli_bytes(rows[i].v, h, sizeof h));
   if (!m->host) {
-    ml_cli_print("    %-64s %12s\n", ref, ml_cli_bytes(m->reference, h, sizeof h));
+    ml_cli_print("    %-80s %12s\n", ref, ml_cli_bytes(m->reference, h, sizeof h));
     return;
   }
   ml_cli_print("  host memory per rank (--cpu-offload), none of it in the device rows above:\n");
-  ml_cli_print("    %-64s %12s\n", rows[0].what, ml_cli_bytes(m->shards, h, sizeof h));
-  ml_cli_print("    %-64s %12s\n", ref, ml_cli_bytes(m->reference, h, sizeof h));
-  ml_cli_print("    %-64s %12s\n", "in all, with the staging of gradients accumulated there",
+  ml_cli_print("    %-80s %12s\n", rows[0].what, ml_cli_bytes(m->shards, h, sizeof h));
+  ml_cli_print("    %-80s %12s\n", ref, ml_cli_bytes(m->reference, h, sizeof h));
+  ml_cli_print("    %-80s %12s\n", "in all, with the staging of gradients accumulated there",
                ml_cli_bytes(m->host, h, sizeof h));
 }
 
@@ -765,6 +769,7 @@ static json_t *jprediction(const ml_prediction *p, int64_t layers) {
   json_object_set_new(mem, "activations", json_integer(m->activations));
   json_object_set_new(mem, "train_peak", json_integer(m->train_peak));
   json_object_set_new(mem, "logprobs_peak", json_integer(m->logprobs_peak));
+  json_object_set_new(mem, "logprobs_opened", json_integer(m->logprobs_opened));
   json_object_set_new(mem, "reference_policy", json_integer(m->reference));
   json_object_set_new(o, "memory_bytes", mem);
   return o;

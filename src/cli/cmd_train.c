@@ -40,7 +40,6 @@
 #include "common/status.h"
 #include "data/data.h"
 #include "engine/engine.h"
-#include "engine/fp32_params.h"
 #include "engine/freeze.h"
 #include "model/lora.h"
 #include "cli/metrics.h"
@@ -382,14 +381,7 @@ static void print_header(const train_run *r) {
                  "FSDP unit(s) wholly frozen; backward runs down to layer %d\n",
                  o->freeze, n_frozen, r->e.model.n_params, (long long)frozen_numel, units,
                  r->e.bwd_first);
-  int n32;
-  int64_t numel32;
-  ml_fp32_params_count(&r->e.model, &n32, &numel32);
-  if (n32 && r->e.opts.fsdp.param_dtype == ML_BF16)
-    ml_cli_print("train: %d parameter tensors (%lld elements) kept in fp32 under bf16 (the MoE "
-                 "routers%s%s): all-gathered and computed in fp32\n",
-                 n32, (long long)numel32, o->fp32_params ? ", --fp32-params " : "",
-                 o->fp32_params ? o->fp32_params : "");
+  ml_print_fp32_params("train", &r->e, o->fp32_params);
   const ml_dataset *ds = &r->ds;
   bool raw = ds->format == ML_DATA_RAW || ds->format == ML_DATA_RAW_BYTES;
   ml_cli_print("train: data %s: %lld %s record%s, %lld tokens -> %lld sequences (%s)\n", o->data,

@@ -4,10 +4,12 @@
 #include <math.h>
 #include <stdio.h>
 
+#include "cli/cli.h"
 #include "cli/device.h"
 #include "common/checked.h"
 #include "common/lookup.h"
 #include "common/status.h"
+#include "engine/fp32_params.h"
 #include "ckpt/hf_export.h"
 
 /* The choices of the enumerated flags and the values they stand for (same
@@ -42,6 +44,21 @@ static const ml_config_alias k_aliases[] = {
     {"lora_targets", "--lora-targets", NULL, NULL, true},
     {"lora_use_rslora", "--lora-rslora", NULL, NULL, false},
 };
+
+const char ml_fp32_params_help[] =
+    "keep the parameters whose HF names match these comma-separated fnmatch patterns in fp32 "
+    "under --param-dtype bf16: fp32 all-gather and GEMMs, as every MoE router";
+
+void ml_print_fp32_params(const char *cmd, const ml_engine *e, const char *patterns) {
+  int n32;
+  int64_t numel32;
+  ml_fp32_params_count(&e->model, &n32, &numel32);
+  if (n32 && e->opts.fsdp.param_dtype == ML_BF16)
+    ml_cli_print("%s: %d parameter tensors (%lld elements) kept in fp32 under bf16 (the MoE "
+                 "routers%s%s): all-gathered and computed in fp32\n",
+                 cmd, n32, (long long)numel32, patterns ? ", --fp32-params " : "",
+                 patterns ? patterns : "");
+}
 
 ml_arg_choice ml_dtype_choice(void) { return (ml_arg_choice){k_dtypes, 0}; }
 ml_dtype ml_dtype_chosen(const ml_arg_choice *c) { return k_dtype_values[c->index]; }
@@ -155,10 +172,7 @@ size_t ml_train_flags(ml_train_opts *o, ml_arg *spec) {
        "freeze the parameters whose HF names match these comma-separated fnmatch patterns "
        "(requires_grad=False)",
        false, "PATTERNS"},
-      {"--fp32-params", ML_ARG_STR, &o->fp32_params,
-       "keep the parameters whose HF names match these comma-separated fnmatch patterns in fp32 "
-       "under --param-dtype bf16: fp32 all-gather and GEMMs, as every MoE router",
-       false, "PATTERNS"},
+      {"--fp32-params", ML_ARG_STR, &o->fp32_params, ml_fp32_params_help, false, "PATTERNS"},
       /* LoRA (PEFT's LoraConfig) */
       {"--lora-rank", ML_ARG_INT, &o->lora_rank,
        "LoRA rank r: train rank-r adapters on --lora-targets, every base weight frozen (0 = off)",

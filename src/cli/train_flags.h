@@ -122,6 +122,15 @@ ml_data_opts ml_train_data_opts(const ml_train_opts *o);
  * mapping onto the engine. */
 ml_train_settings ml_train_settings_of(const ml_train_opts *o);
 
+/* --fp32-params's help text: one for train, plan and logprobs. */
+extern const char ml_fp32_params_help[];
+/* Say on stdout, as "CMD: N parameter tensors (E elements) kept in fp32
+ * under bf16 (the MoE routers, --fp32-params PATTERNS): all-gathered and
+ * computed in fp32", the parameters e keeps in fp32 under param_dtype bf16
+ * (engine/fp32_params.h; patterns: the flag's value, NULL: not given);
+ * nothing when there are none or param_dtype is fp32. */
+void ml_print_fp32_params(const char *cmd, const ml_engine *e, const char *patterns);
+
 /* The choice of a dtype flag (--param-dtype, ...): "fp32" (the default) or
  * "bf16", and the ml_dtype a parsed one stands for. */
 ml_arg_choice ml_dtype_choice(void);

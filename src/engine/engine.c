@@ -154,6 +154,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
 
 void ml_engine_close(ml_engine *e) {
   ml_grads_free(&e->grads); /* in the shards' memory: before FSDP goes */
+  ml_norm_parts_free(e);    /* likewise */
   ml_engine_reference_free(e); /* likewise (the policy's shards swapped back) */
   if (e->fsdp.units) ml_fsdp_destroy(&e->fsdp);
   ml_vocab_destroy(&e->vocab);
@@ -409,14 +410,17 @@ static int backward_layers(ml_engine *e, const int32_t *ids) {
     ML_TRY(cast_unit_input(e, e->x));
     ML_TRY(ml_layer_backward(&e->model, l, e->x));
     ML_TRY(ml_fsdp_reduce_grads(f, l));
+    ML_TRY(ml_norm_parts_unit(e, l));
     ml_fsdp_reshard(f, l);
   }
   for (int l = 0; l < e->bwd_first; l++) ml_fsdp_reshard(f, l); /* kept after forward (last) */
   ML_TRY(embed_backward(e, ids));
   ML_TRY(ml_fsdp_reduce_grads(f, root));
+  ML_TRY(ml_norm_parts_unit(e, root));
   ml_fsdp_reshard(f, root);
   ML_TRY(ml_fsdp_finish_backward(f));
-  return ml_grads_tp_reduce(&e->grads, &e->tp, f);
+  ML_TRY(ml_grads_tp_reduce(&e->grads, &e->tp, f));
+  return ml_norm_parts_finish(e);
 }
 
 /* The objective's inputs of the targets the loss runs over: this rank's
@@ -463,6 +467,7 @@ static int aux_close(ml_engine *e) {
 static int run_forward_backward(ml_engine *e, const ml_engine_batch *b, const ml_loss_grad *g,
                                 ml_loss_out *nll) {
   ML_TRY(upload_batch(e, b));
+  ml_norm_parts_begin(e);
   ML_TRY(ml_grads_tp_begin(&e->grads, &e->tp, &e->fsdp));
   ML_TRY(aux_open(e, b));
   ML_TRY(forward_layers(e, e->ids));
@@ -638,11 +643,15 @@ void ml_engine_hold_params(ml_engine *e, bool hold) {
   for (int u = 0; !hold && u < e->fsdp.n_units; u++) ml_fsdp_reshard(&e->fsdp, u);
 }
 
-int ml_engine_train_state(ml_engine *e) { return ml_fsdp_train_state(&e->fsdp); }
+int ml_engine_train_state(ml_engine *e) {
+  ML_TRY(ml_fsdp_train_state(&e->fsdp));
+  return ml_norm_parts_alloc(e);
+}
 
 int ml_engine_zero_grad(ml_engine *e) {
   e->lora.micro = 0; /* LoRA dropout numbers the step's micro-batches from 0 */
   ML_TRY(ml_engine_train_state(e));
+  ml_norm_parts_drop(e);
   return ml_fsdp_zero_grads(&e->fsdp);
 }
 
@@ -658,40 +667,6 @@ void ml_engine_owned_rows(const ml_engine *e, const ml_fsdp_unit *unit, int i, i
   if (*skip < 0) *skip = 0;
   if (unit->rep->rank != 0 || *skip > *nr) *skip = *nr; /* an HSDP replica > 0 of the unit */
   *nr -= *skip;
-}
-
-/* This rank's part of the norm: the sum of squares (norm_type 2) or the
- * max |g| (INFINITY) of the gradients it owns, each parameter once. */
-static int local_norm_part(const ml_engine *e, bool inf, double *total) {
-  const ml_fsdp *f = &e->fsdp;
-  *total = 0.0;
-  for (int u = 0; u < f->n_units; u++) {
-    const ml_fsdp_unit *unit = &f->units[u];
-    for (int i = 0; i < unit->n; i++) {
-      if (unit->params[i]->frozen) continue; /* grad None: not in clip_grad_norm_'s norm */
-      int64_t skip, nr, cols = unit->params[i]->local[1];
-      ml_engine_owned_rows(e, unit, i, &skip, &nr);
-      if (nr <= 0) continue;
-      double s;
-      ML_TRY(ml_be_norm_partial(f->shard_be, unit->shard_grad + unit->shard_off[i] + skip * cols,
-                                nr * cols, inf ? ML_NORM_ABSMAX : ML_NORM_SUMSQ, &s));
-      *total = inf ? fmax(*total, s) : *total + s;
-    }
-  }
-  return 0;
-}
-
-int ml_engine_grad_norm(ml_engine *e, double norm_type, double *norm) {
-  bool inf = isinf(norm_type);
-  if (!inf && norm_type != 2.0)
-    return ml_err("grad norm type %g: expected 2 (L2) or inf", norm_type);
-  double v;
-  ML_TRY(ml_engine_train_state(e));
-  ML_TRY(local_norm_part(e, inf, &v));
-  ML_TRY(ml_host_all_reduce_f64(ml_mesh_host(e->mesh, ML_GROUP_WORLD), &v, 1,
-                                inf ? ML_RED_MAX : ML_RED_SUM));
-  *norm = inf ? v : sqrt(v);
-  return 0;
 }
 
 int ml_engine_find_nonfinite(ml_engine *e, char *name, size_t cap) {
@@ -727,6 +702,7 @@ int ml_engine_clip(ml_engine *e, double norm, double max_norm) {
   float coef = clip_coef(norm, max_norm);
   if (coef == 1.0f) return 0;
   ML_TRY(ml_engine_train_state(e));
+  ml_norm_parts_drop(e);
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
     if (unit->frozen) continue; /* no gradient (a partly frozen unit: its leading grad_numel) */
@@ -773,6 +749,7 @@ static int adamw_scaled(ml_engine *e, float grad_scale, const ml_adamw_cfg *c) {
 int ml_engine_adamw(ml_engine *e, const ml_adamw_cfg *c) { return adamw_scaled(e, 1.0f, c); }
 
 int ml_engine_clip_adamw(ml_engine *e, double norm, double max_norm, const ml_adamw_cfg *c) {
+  ml_norm_parts_drop(e); /* the gradients are scaled in place */
   return adamw_scaled(e, clip_coef(norm, max_norm), c);
 }
 

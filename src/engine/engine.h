@@ -18,6 +18,7 @@
 
 #include <stdbool.h>
 
+#include "engine/grad_norm.h"
 #include "engine/grads.h"
 #include "engine/lora.h"
 #include "model/model.h"
@@ -107,6 +108,7 @@ typedef struct ml_engine {
   ml_param **order; /* [model.n_params] */
   int *order_k;     /* [model.n_params] by index in model.params: its place in order */
   char *fp32_params;  /* opts.fp32_params's copy (opts.fp32_params points at it), or NULL */
+  ml_norm_parts norm; /* the grad norm's partials computed during backward (grad_norm.h) */
 } ml_engine;
 
 /* Load DIR (config.json + safetensors), select the plan (ml_plan_select;
@@ -153,7 +155,9 @@ int ml_engine_zero_grad(ml_engine *e);
  * engine allocates the parameter shards alone: the training entry points
  * (zero_grad, forward + backward, the grad norm, the non-finite search,
  * clipping, AdamW, a run checkpoint's load) call this first, scoring and
- * generation never do. Errors: allocation (named). */
+ * generation never do. With them the grad norm's partials' slots
+ * (engine/grad_norm.h ml_norm_parts_alloc: 8 B per parameter). Errors:
+ * allocation (named). */
 int ml_engine_train_state(ml_engine *e);
 
 /* Forward + backward of a local (micro-)batch ids/mask [B, S] (mask[b, i]
@@ -267,7 +271,12 @@ int ml_engine_logprobs(ml_engine *e, const int32_t *ids, int64_t B, int64_t S, f
  * torch.nn.utils.clip_grad_norm_ norm_type): norm_type 2 = L2 (local sums of
  * squares in fp64, summed over dp_shard × cp × tp), INFINITY = max |g|
  * (MAX). Each parameter counted once (ml_engine_owned_rows). A NaN or Inf
- * gradient makes the norm non-finite. Collective over the world. */
+ * gradient makes the norm non-finite. Collective over the world (one
+ * all-reduce of one double). This rank's part comes from the partials the
+ * last backward computed when ml_engine_norm_ahead asked for this
+ * norm_type (engine/grad_norm.h; taken: a second call makes the pass),
+ * else from one pass over the gradients now: the same bits either way.
+ * Errors: norm_type, allocation, the backend's. */
 int ml_engine_grad_norm(ml_engine *e, double norm_type, double *norm);
 
 /* The rows of unit's parameter i this rank's copy stands for, the one copy

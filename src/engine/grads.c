@@ -177,6 +177,10 @@ int ml_grads_tp_reduce(ml_grads *gs, ml_tp *tp, ml_fsdp *f) {
   return gs->stash ? each_reduced(gs, tp, f, unstash_rows, &n) : 0;
 }
 
+bool ml_grads_tp_stepped(const ml_tp *tp, const ml_param *p) {
+  return tp->size > 1 && tp_reduced(tp, p);
+}
+
 void ml_grads_free(ml_grads *gs) {
   if (gs->f) ml_fsdp_shard_free(gs->f, gs->stash);
   gs->stash = NULL;

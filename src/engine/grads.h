@@ -42,6 +42,11 @@ int ml_grads_tp_begin(ml_grads *gs, ml_tp *tp, ml_fsdp *f);
  * 1 or nothing partial or shared. Errors: allocation, collectives. */
 int ml_grads_tp_reduce(ml_grads *gs, ml_tp *tp, ml_fsdp *f);
 
+/* Whether p's shard gradient takes the tp step (ml_grads_tp_reduce changes
+ * it after its unit's reduction): a Partial gradient, or a k_proj / v_proj
+ * holding shared kv heads; never with tp size 1 or when frozen. */
+bool ml_grads_tp_stepped(const ml_tp *tp, const ml_param *p);
+
 void ml_grads_free(ml_grads *gs);
 
 #endif

@@ -55,8 +55,10 @@ static int run_step(ml_engine *e, ml_mesh *mesh, const int32_t *ids, ml_predicti
   double loss, norm;
   ml_adamw_cfg adam = {.lr = 0.0, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
   ML_TRY(ml_engine_zero_grad(e)); /* the gradients and AdamW state: allocated here */
-  for (int k = 0; k < p->shape.grad_accum; k++)
+  for (int k = 0; k < p->shape.grad_accum; k++) {
+    if (k == p->shape.grad_accum - 1) ml_engine_norm_ahead(e, 2.0); /* as engine/step.c */
     ML_TRY(ml_engine_forward_backward(e, ids, NULL, p->B, p->S, p->B * p->S, &loss));
+  }
   ML_TRY(ml_engine_grad_norm(e, 2.0, &norm));
   ML_TRY(ml_engine_adamw(e, &adam));
   take_stats(mesh, p->train);
@@ -75,6 +77,7 @@ static int run_step(ml_engine *e, ml_mesh *mesh, const int32_t *ids, ml_predicti
  * no tp gradient packing. ids: [B, S] host; lp: [B, S−1]. */
 static int run_logprobs(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp,
                         ml_prediction *p) {
+  p->mem.logprobs_opened = (int64_t)ml_be_memory_stats(e->be).in_use;
   ml_mesh_stats_reset(mesh);
   ml_be_reset_peak(e->be);
   ML_TRY(ml_engine_logprobs(e, ids, p->B, p->S, lp));

@@ -14,7 +14,8 @@
  * not modelled: a real CPU run's peak may exceed it by those).
  *
  * One training step = ml_engine_zero_grad, grad_accum ×
- * ml_engine_forward_backward (micro-batches), ml_engine_grad_norm,
+ * ml_engine_forward_backward (micro-batches; the last computing the grad
+ * norm's partials, engine/grad_norm.h, as engine/step.c asks), ml_engine_grad_norm,
  * ml_engine_adamw (which re-gathers parameters under ZeRO-1/2); one
  * logprobs pass = ml_engine_logprobs of one micro-batch on an engine
  * opened afresh, as `meshlm logprobs` runs it (a scoring-only session:
@@ -38,16 +39,20 @@ typedef struct ml_predict_memory {
   int64_t host;        /* host memory FSDP holds under cpu_offload: the shards and the
                           staging of the gradients it accumulates there (0 without offload;
                           the tp step's stash of a few norm gradients is not counted) */
-  int64_t opened;      /* device memory in use once the engine is open: the parameter shards
-                          (not under cpu_offload; their gradients and AdamW state come at the
-                          first training call), FSDP's communication buffers, persistent
-                          unsharded parameters (ZeRO-1/2) */
+  int64_t opened;      /* device memory in use once a training engine is open: the parameter
+                          shards (not under cpu_offload; their gradients and AdamW state come
+                          at the first training call), FSDP's communication buffers,
+                          persistent unsharded parameters (ZeRO-1/2), and the micro-batch's
+                          buffers train reserves up front (ml_engine_reserve) */
   int64_t activations; /* saved for backward, all layers, plus the AC recompute workspace
                           (ml_model_act_bytes) */
   int64_t train_peak;  /* the peak of one training step (everything live at once) */
   int64_t logprobs_peak; /* the peak of one logprobs pass in a scoring-only session */
   int64_t reference;   /* a reference policy's shards (engine/reference.h: the padded fp32
                           parameter shards, a quarter of `shards`), where the shards live */
+  int64_t logprobs_opened; /* device memory in use once a scoring-only session is open, as
+                              `meshlm logprobs` holds it before its first pass: `opened` without
+                              the training micro-batch's buffers */
 } ml_predict_memory;
 
 /* What is predicted: world rank `rank` of a dp_replicate × dp_shard × cp

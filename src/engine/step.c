@@ -16,6 +16,7 @@ int ml_step_accumulate(ml_engine *e, const ml_step_source *src, ml_step_result *
   for (int64_t m = 0; m < src->n_micro; m++) {
     ml_engine_batch b;
     ML_TRY(src->fill(src->ctx, m, &b));
+    if (m == src->n_micro - 1) ml_engine_norm_ahead(e, src->norm_type);
     if (src->objective) {
       ml_loss_out nll;
       ML_TRY(ml_engine_forward_backward_batch(e, &b, src->objective, 0.0f, &r->sums, &nll));
@@ -63,7 +64,9 @@ int ml_step_run(ml_engine *e, const ml_step_opts *o, int64_t k, const ml_step_so
   memset(r, 0, sizeof *r);
   if (ml_be_profile_on()) ml_be_profile_restart(e->be); /* the table is the last step's */
   ML_TRY(ml_engine_zero_grad(e));
-  ML_TRY(ml_step_accumulate(e, src, r));
+  ml_step_source norm_last = *src;
+  norm_last.norm_type = o->norm_type;
+  ML_TRY(ml_step_accumulate(e, &norm_last, r));
   char why[64];
   /* r->loss is the same on every rank (summed over the data ranks): an agreed decision */
   if (!isfinite(r->loss)) snprintf(why, sizeof why, "the loss is not finite (%g)", r->loss);

@@ -42,6 +42,9 @@ typedef struct ml_step_source {
   void *ctx;
   const ml_objective *objective;
   int64_t global_targets;
+  double norm_type; /* the grad norm that follows (ml_step_apply's o->norm_type): the last
+                       micro-batch's backward computes its partials as its FSDP units finish
+                       (ml_engine_norm_ahead); 0: none (the norm makes one pass) */
 } ml_step_source;
 
 typedef struct ml_step_result {
@@ -62,7 +65,8 @@ typedef struct ml_step_result {
 } ml_step_result;
 
 /* Forward + backward of src's micro-batches in order, the gradients added
- * (+=) to the accumulated ones (no zeroing): r->loss and r->sums set to
+ * (+=) to the accumulated ones (no zeroing), the last one computing the
+ * partials of a norm of src->norm_type: r->loss and r->sums set to
  * this source's loss and objective sums over the data ranks (as
  * ml_step_result's). Collective over the world. Errors: src->fill's, a
  * batch with docs or obj under the NLL, those of the engine calls. */
@@ -80,7 +84,9 @@ int ml_step_apply(ml_engine *e, const ml_step_opts *o, int64_t k, const char *sk
 
 /* Run the optimizer step of 0-based index k (its place in o->schedule) on
  * e: zero the gradients; forward + backward of src's micro-batches in
- * order (gradients accumulate: ml_step_accumulate); then ml_step_apply,
+ * order (gradients accumulate: ml_step_accumulate, the last one computing
+ * the partials of o->norm_type's norm whatever src->norm_type); then
+ * ml_step_apply,
  * skipping the step when the loss is not finite (a NaN input whose
  * gradient is 0, e.g. a clipped ratio of NaN old log-probs, leaves the norm
  * finite) or the norm is not (named by ml_engine_find_nonfinite), else

@@ -6,7 +6,8 @@
 # position, distinct and in range, with non-increasing log-probs; --topk out
 # of range and --topk with --cp 2 refused naming the flag. (The values
 # against a float64 reference, on every vocab-parallel layout: tests/api/
-# test_api_topk.c, tests/mpi/test_scores.c.)
+# test_api_topk.c, tests/mpi/test_scores.c.) --fp32-params as train's, its
+# count as meshlm plan's.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 meshlm=$1 json_check=$3
@@ -90,4 +91,44 @@ elif grep -q -- "--cp 1" "$work/err"; then
 else
   bad "--topk with --cp 2: another message"
 fi
+
+# --fp32-params, train's flag (engine/fp32_params.h): under bf16 the parameters it names are
+# gathered and computed in fp32 (the o_proj GEMMs: other log-probs than the plain bf16 run's),
+# the count the run reports is meshlm plan's for the same flags (plan = run); under fp32 it
+# changes nothing (bitwise); a pattern matching no parameter is refused naming the flag.
+kept='model.layers.*.self_attn.o_proj.weight'
+score() { # NAME FLAGS...: logprobs into $work/NAME.jsonl, its stdout into $work/NAME.out
+  local name=$1
+  shift
+  "$meshlm" logprobs --model "$model" --data "$work/in.jsonl" --out "$work/$name.jsonl" "$@" \
+    > "$work/$name.out" 2> "$work/err"
+}
+if score bf16 --param-dtype bf16 && score bf16_kept --param-dtype bf16 --fp32-params "$kept" &&
+    score fp32 && score fp32_kept --fp32-params "$kept"; then
+  run_n=$(sed -nE 's/^logprobs: ([0-9]+) parameter tensors \(([0-9]+) elements\) kept in fp32.*/\1 \2/p' \
+    "$work/bf16_kept.out")
+  plan_n=$("$meshlm" plan --model "$model" --param-dtype bf16 --fp32-params "$kept" 2> "$work/err" |
+    sed -nE 's/.*kept in fp32 under bf16 .*: ([0-9]+) parameters, ([0-9]+) elements;.*/\1 \2/p')
+  if cmp -s <(field logprobs "$work/bf16.jsonl") <(field logprobs "$work/bf16_kept.jsonl"); then
+    bad "--fp32-params under bf16: the log-probs are the plain bf16 run's"
+  else
+    ok "--fp32-params under bf16: other log-probs than the plain bf16 run's"
+  fi
+  if [ -n "$run_n" ] && [ "$run_n" = "$plan_n" ]; then
+    ok "--fp32-params: the run keeps $run_n (tensors, elements) in fp32, as meshlm plan says"
+  else
+    bad "--fp32-params: the run reports '$run_n', meshlm plan '$plan_n'"
+  fi
+  if cmp -s "$work/fp32.jsonl" "$work/fp32_kept.jsonl" &&
+      ! grep -q "kept in fp32" "$work/fp32_kept.out"; then
+    ok "--fp32-params under fp32: the same output, bit for bit"
+  else
+    bad "--fp32-params under fp32: another output"
+  fi
+else
+  bad "--fp32-params: a run failed"
+fi
+expect_error "--fp32-params matching nothing" \
+  "fp32_params (--fp32-params): pattern 'model.nope.\*' matches no parameter" \
+  --param-dtype bf16 --fp32-params 'model.nope.*'
 finish

@@ -120,7 +120,9 @@ for fx in llama_tied qwen2; do
   expect_json "$fx tp2 sp --json" "$meshlm" plan --model "$m" --tp 2 --sequence-parallel --json
 done
 # --cpu-offload: the shards leave the device rows for the host memory line
-expect_ok "llama_tied dp2 cpu-offload" "in use once open \(FSDP buffers, persistent params\)" \
+expect_ok "llama_tied dp2 cpu-offload" \
+  "in use once train opens \(FSDP buffers, persistent params, a micro-batch\)" \
+  "in use once logprobs opens \(FSDP buffers, persistent params\)" \
   "host memory per rank \(--cpu-offload\)" "FSDP shards: params, grads, AdamW" -- \
   "$meshlm" plan --model "$work/llama_tied" --dp-shard 2 --batch-size 2 --cpu-offload
 # qwen2's vocab 301 splits unevenly over 2 ranks (torch.chunk: 151 + 150)

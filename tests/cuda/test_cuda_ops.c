@@ -923,6 +923,43 @@ static void test_norm_partial(void **state) {
   }
 }
 
+/* The partials of many pieces left on the device (ml_be_norm_partials):
+ * on each backend bitwise its own ml_be_norm_partial of each piece; 40
+ * pieces of one buffer (more than kc_norm_segs' 32 per launch pair, empty
+ * ones among them, one holding a NaN). */
+static void test_norm_partials(void **state) {
+  (void)state;
+  enum { K = 40 };
+  int64_t at[K], len[K], n = 0;
+  for (int k = 0; k < K; k++) {
+    at[k] = n;
+    len[k] = k % 7 == 3 ? 0 : k == 5 ? 70001 : (k * 37) % 301 + 1;
+    n += len[k];
+  }
+  float *g = rand_buf(n, 3.0f);
+  g[at[6] + 1] = NAN;
+  dbuf G = dev_from(g, 4 * (size_t)n), O = dev_new(sizeof(double) * K);
+  for (int kind = 0; kind < 2; kind++) {
+    ml_norm_kind nk = kind ? ML_NORM_ABSMAX : ML_NORM_SUMSQ;
+    for (int s = 0; s < SIDES; s++) {
+      ml_norm_seg seg[K];
+      double want[K];
+      for (int k = 0; k < K; k++) {
+        seg[k] = (ml_norm_seg){(const float *)G.p[s] + at[k], len[k]};
+        ok(ml_be_norm_partial(g_be[s], seg[k].g, len[k], nk, &want[k]), "norm_partial", s);
+      }
+      ok(ml_be_norm_partials(g_be[s], seg, K, nk, O.p[s]), "norm_partials", s);
+      double *got = dev_get(&O, s);
+      bool same = !memcmp(got, want, sizeof want);
+      free(got);
+      printf("  norm_partials %s of %d pieces on %-12s %s\n", kind ? "absmax" : "sumsq", K,
+             side_name(s), same ? "bitwise its norm_partial's" : "DIFFERENT");
+      assert_true(same);
+    }
+  }
+  free(g), dev_free(&G), dev_free(&O);
+}
+
 /* ±inf, NaN (first, middle, last element) or none: the same answer; an
  * empty buffer holds none. */
 static void test_find_nonfinite(void **state) {
@@ -974,6 +1011,7 @@ int main(void) {
       cmocka_unit_test(test_attention),    cmocka_unit_test(test_glu),
       cmocka_unit_test(test_embedding),    cmocka_unit_test(test_xent),
       cmocka_unit_test(test_adamw),        cmocka_unit_test(test_norm_partial),
+      cmocka_unit_test(test_norm_partials),
       cmocka_unit_test(test_find_nonfinite),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

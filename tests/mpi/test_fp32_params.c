@@ -14,7 +14,10 @@
  *  - against fp32 on one rank: the loss, the log-probs (issue 10's limits)
  *    and every gradient (tol_bf16), as tests/mpi/test_bf16.c;
  *  - refusal (one rank): a pattern matching no parameter fails the open
- *    with one message naming the option and the pattern.
+ *    with one message naming the option and the pattern;
+ *  - the grad norm from the partials each step's backward computes
+ *    (engine/grad_norm.h) bitwise the one pass's, L2 and inf: fp32 parts,
+ *    expert units over ep_shard, ZeRO-2, cpu_offload as launched.
  * usage: mpiexec -n N test_fp32_params FIXTURE [PATTERNS|-] [ep=E|zero=Z|offload]...
  * (PATTERNS: --fp32-params; "-": the routers alone; zero=Z: the ZeRO stage,
  * whose 1 and 2 keep the unsharded parameters between steps, re-gathered
@@ -120,7 +123,10 @@ static void test_master_bits(void **state) {
   ml_adamw_cfg adam = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8};
   bool beyond = false;
   for (int step = 0; step < 3; step++) {
+    double type = step == 1 ? INFINITY : 2.0;
+    ml_engine_norm_ahead(&r.e, type); /* the norm's partials in the backward (grad_norm.h) */
     step_rows(&r, &bt);
+    check_norm_partials(&r, type, g_fixture);
     if (ml_engine_adamw(&r.e, &adam)) fail_msg("adamw: %s", ml_error_msg());
     float **master = export_all(&r, ML_EXPORT_PARAMS);
     int seen = check_gathered(&r, master, &beyond);

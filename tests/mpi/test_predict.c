@@ -31,6 +31,8 @@
  *  - vocab parallelism over FSDP's group (parallel/vocab.h) where the
  *    engine says it is on: whenever the group has more than one rank,
  *    except for rep-logits on tp > 1;
+ *  - the device pool's bytes in use once the engine is open, before the
+ *    logprobs pass, with the predicted logprobs_opened, exactly;
  *  - the device pool's peak bytes of the step and of the pass
  *    (ml_be_memory_stats) with the predicted peaks, within 5 % (the
  *    issue's bound for `meshlm plan`): the prediction allocates exactly
@@ -308,7 +310,8 @@ static void test_reference_memory(void **state) {
   setup_close(&s);
 }
 
-/* One forward-only logprobs pass. */
+/* One forward-only logprobs pass; the device memory in use once its
+ * scoring-only session is open (no training micro-batch reserved), exactly. */
 static void test_logprobs(void **state) {
   (void)state;
   static setup s;
@@ -318,6 +321,10 @@ static void test_logprobs(void **state) {
   hold(out, free);
   ml_mesh_stats_reset(&s.mesh);
   report rep = {0};
+  int64_t opened = (int64_t)ml_be_memory_stats(s.e.be).in_use; /* a scoring session, open */
+  if (opened != s.pred.mem.logprobs_opened)
+    note(&rep, "in use once open for logprobs: %lld B; predicted %lld B", (long long)opened,
+         (long long)s.pred.mem.logprobs_opened);
   ml_be_reset_peak(s.e.be);
   if (ml_engine_logprobs(&s.e, s.ids, s.Bl, s.fx.S, out)) fail_msg("logprobs: %s", ml_error_msg());
   compare(&s, s.pred.logprobs, "logprobs", &rep);

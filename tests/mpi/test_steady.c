@@ -8,7 +8,16 @@
  * (ml_memory_stats raw_allocs, host_raw_allocs: pool statistics, not
  * timings). The minor page faults of each step (getrusage ru_minflt) are
  * printed, not asserted: the OpenMP runtime, MPI and the C library touch
- * pages of their own. */
+ * pages of their own.
+ *
+ * The grad norm from the partials computed during the last micro-batch's
+ * backward (engine/grad_norm.h) against the one pass over the gradients
+ * after backward: bitwise (memcmp), L2 and inf, on the same 2-micro-batch
+ * steps (so the partials of the first micro-batch's accumulation count),
+ * in fp32 with sequence parallelism under tp (Partial norm gradients: their
+ * partials after the tp step), in bf16 with frozen parameters, and under
+ * cpu_offload (every partial at the end of backward); on 4 ranks the bf16
+ * case is HSDP (2 replicas x tp 2). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +26,7 @@
 #include <cmocka.h>
 #include <mpi.h>
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <sys/resource.h>
 
@@ -92,6 +102,47 @@ static void steady(ml_dtype param_dtype) {
   fixture_free(&fx);
 }
 
+/* A run of the fixture for the norm check: opts, replicas dpr. */
+static void norm_check(const ml_engine_opts *eo, int dpr, const char *what) {
+  static fixture fx; /* held: static, see held.h */
+  fixture_load(g_fixture, &fx);
+  int world;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  static batch bt;
+  batch_make(&fx, world, &bt);
+  static run r;
+  run_open(&r, MPI_COMM_WORLD, dpr, g_tp, eo, fx.dir);
+  int64_t dp = r.mesh.groups[ML_GROUP_DP].size, dp_rank = r.mesh.groups[ML_GROUP_DP].rank;
+  micro mb = {&bt, bt.B / dp, dp_rank * (bt.B / dp)};
+  const double types[] = {2.0, INFINITY};
+  for (int t = 0; t < 2; t++) {
+    ml_step_source src = {.n_micro = MICRO, .fill = fill, .ctx = &mb,
+                          .global_targets = MICRO * bt.targets, .norm_type = types[t]};
+    ml_step_result res;
+    if (ml_engine_zero_grad(&r.e) || ml_step_accumulate(&r.e, &src, &res))
+      fail_msg("%s: %s", what, ml_error_msg());
+    check_norm_partials(&r, types[t], what);
+  }
+  run_close(&r);
+  batch_free(&bt);
+  fixture_free(&fx);
+}
+
+static void test_norm_partials(void **state) {
+  (void)state;
+  int world;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  ml_engine_opts fp32 = ml_engine_opts_default();
+  fp32.sequence_parallel = g_tp > 1;
+  norm_check(&fp32, 1, "fp32");
+  ml_engine_opts bf16 = bf16_engine_opts();
+  bf16.freeze = "*.layers.0.mlp.*";
+  norm_check(&bf16, world / g_tp >= 2 ? 2 : 1, "bf16, frozen");
+  ml_engine_opts off = ml_engine_opts_default();
+  off.fsdp.cpu_offload = true;
+  norm_check(&off, 1, "cpu_offload");
+}
+
 static void test_steady_fp32(void **state) {
   (void)state;
   steady(ML_F32);
@@ -110,6 +161,7 @@ int main(int argc, char **argv) {
   }
   g_fixture = argv[1];
   g_tp = atoi(argv[2]);
-  const struct CMUnitTest tests[] = {held_test(test_steady_fp32), held_test(test_steady_bf16)};
+  const struct CMUnitTest tests[] = {held_test(test_steady_fp32), held_test(test_steady_bf16),
+                                     held_test(test_norm_partials)};
   return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -114,6 +114,18 @@ double engine_norm(run *r, double type) {
   return v;
 }
 
+double check_norm_partials(run *r, double type, const char *what) {
+  if (r->e.norm.have != type) /* the backward computed none for this norm */
+    fail_msg("%s: no grad-norm partials held for norm type %g", what, type);
+  double held = engine_norm(r, type);
+  if (r->e.norm.have != 0) fail_msg("%s: the grad norm left its partials held", what);
+  double pass = engine_norm(r, type);
+  if (rank0()) printf("%s norm %g: %.17g (partials), %.17g (pass)\n", what, type, held, pass);
+  assert_true(held > 0);
+  assert_memory_equal(&held, &pass, sizeof held);
+  return held;
+}
+
 void check_norms(run *ref, run *const *runs, int n) {
   norms self = grad_norms(ref, ref);
   double t1 = tol_norm2_rel((double)self.n);

@@ -54,6 +54,12 @@ norms grad_norms(run *ra, run *rb);
 /* ml_engine_grad_norm of r's gradients (norm_type 2 or INFINITY). */
 double engine_norm(run *r, double type);
 
+/* After a backward that ml_engine_norm_ahead(type) asked for (or a step
+ * source of that norm_type): its partials are held (engine/grad_norm.h),
+ * the norm from them (taken) is bitwise the one pass's that a second call
+ * makes (memcmp), and positive. Returns the norm. what: for messages. */
+double check_norm_partials(run *r, double type, const char *what);
+
 /* Grad norms (tolerance.h §6, tests/mpi/test_fsdp.c, tests/cuda/
  * test_cuda_engine.c): the engine norms of ref and of every run against
  * their own exported gradients (inf bitwise, L2 within double rounding),

@@ -319,6 +319,32 @@ static void test_reduce() {
     }
 }
 
+/* ---- the norm partials of many pieces (kc_norm_segs): each bitwise
+ * kc_sumsq's / kc_absmax's of the piece alone (kernels.h); 40 pieces cross
+ * the 32 of one launch pair, empty ones among them, one holding a NaN ---- */
+static void test_norm_segs() {
+  printf("norm partials of many pieces\n");
+  std::vector<int64_t> n = {0, 1, 1000, 70001, 5, 0, 3};
+  while (n.size() < 40) n.push_back((int64_t)(n.size() * 37 % 301));
+  int k = (int)n.size();
+  Pool pl;
+  std::vector<const float *> g(k);
+  for (int s = 0; s < k; s++) g[s] = rand_f(pl, n[s], 3.0f, s % 2);
+  const_cast<float *>(g[4])[2] = NAN;
+  size_t most = 0;
+  for (int s = 0; s < k; s++) most = std::max(most, kc_reduce_work(n[s]));
+  void *work = pl.get<char>((int64_t)std::max(most, kc_norm_segs_work(n.data(), k)));
+  double *got = pl.get<double>(k), *want = pl.get<double>(k);
+  for (int absmax = 0; absmax < 2; absmax++) {
+    ok(kc_norm_segs(nullptr, g.data(), n.data(), k, absmax, got, work), "norm_segs");
+    for (int s = 0; s < k; s++)
+      ok(absmax ? kc_absmax(nullptr, g[s], n[s], want + s, work)
+                : kc_sumsq(nullptr, g[s], n[s], want + s, work),
+         "sumsq / absmax");
+    same(fmt("  %s of %d pieces", absmax ? "absmax" : "sumsq", k), got, want, sizeof(double) * k);
+  }
+}
+
 /* ---- RMSNorm: rmsnorm_fwd_bounds, rmsnorm_bwd_bounds (tests/cuda/op_bounds.h);
  * the backward from the CPU's rstd on both; y aliasing x and dx aliasing dy
  * repeat the results without aliasing bitwise -------------------------------- */
@@ -803,6 +829,7 @@ int main(int argc, char **argv) {
                {"bias_rows", test_bias_rows},
                {"bias_grad", test_bias_grad},
                {"reduce", test_reduce},
+               {"norm_segs", test_norm_segs},
                {"rmsnorm", test_rmsnorm},
                {"rope", test_rope},
                {"embedding", test_embedding},

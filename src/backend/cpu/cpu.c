@@ -555,6 +555,14 @@ static int cpu_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_k
   return 0;
 }
 
+static int cpu_norm_partials(ml_backend *be, const ml_norm_seg *segs, int k, ml_norm_kind kind,
+                             double *out) {
+  int rc = 0;
+  for (int s = 0; rc == 0 && s < k; s++)
+    rc = cpu_norm_partial(be, segs[s].g, segs[s].n, kind, out + s);
+  return rc;
+}
+
 static int cpu_find_nonfinite(ml_backend *be, const float *g, int64_t n, bool *found) {
   *found = k_has_nonfinite(g, n);
   return 0;
@@ -644,6 +652,7 @@ static const ml_backend_ops k_cpu_ops = {
     .find_nonfinite = cpu_find_nonfinite,
     .destroy = cpu_destroy,
     .set_batch_invariant = cpu_set_batch_invariant,
+    .norm_partials = cpu_norm_partials,
 };
 
 int ml_backend_cpu_create(ml_backend **out) {

@@ -565,6 +565,28 @@ static int cu_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_ki
   return 0;
 }
 
+/* Pieces in groups of PARTS_GROUP (kc_norm_segs' arrays on the stack), no
+ * stream sync: the results stay on the device until the caller copies them. */
+enum { PARTS_GROUP = 64 };
+static int cu_norm_partials(ml_backend *be, const ml_norm_seg *segs, int k, ml_norm_kind kind,
+                            double *out) {
+  for (int at = 0; at < k; at += PARTS_GROUP) {
+    int m = k - at < PARTS_GROUP ? k - at : PARTS_GROUP;
+    const float *g[PARTS_GROUP];
+    int64_t n[PARTS_GROUP];
+    for (int s = 0; s < m; s++) {
+      g[s] = segs[at + s].g;
+      n[s] = segs[at + s].n;
+    }
+    void *work = scratch(be, kc_norm_segs_work(n, m), "the grad-norm partials' block sums");
+    if (!work) return -1;
+    cudaError_t e = kc_norm_segs(impl(be)->stream, g, n, m, kind == ML_NORM_ABSMAX, out + at, work);
+    cu_free(be, work);
+    ML_TRY(ml_cuda_launched(e, "grad-norm partials"));
+  }
+  return 0;
+}
+
 static int cu_find_nonfinite(ml_backend *be, const float *g, int64_t n, bool *found) {
   cuda *c = impl(be);
   void *work = scratch(be, kc_reduce_work(n), "the non-finite search's partials");
@@ -657,6 +679,7 @@ static const ml_backend_ops k_cuda_ops = {
     .adamw = cu_adamw,
     .norm_partial = cu_norm_partial,
     .find_nonfinite = cu_find_nonfinite,
+    .norm_partials = cu_norm_partials,
     .destroy = cu_destroy,
 };
 

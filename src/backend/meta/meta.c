@@ -231,6 +231,11 @@ static int meta_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_
   *out = 0.0;
   return 0;
 }
+/* out is a meta address no one may write: nothing to do. */
+static int meta_norm_partials(ml_backend *be, const ml_norm_seg *segs, int k, ml_norm_kind kind,
+                              double *out) {
+  return 0;
+}
 /* Nothing is computed: no order to fix. */
 static int meta_set_batch_invariant(ml_backend *be, bool on) { return 0; }
 
@@ -302,6 +307,7 @@ static const ml_backend_ops k_meta_ops = {
     .find_nonfinite = meta_find_nonfinite,
     .destroy = ml_backend_meta_destroy,
     .set_batch_invariant = meta_set_batch_invariant,
+    .norm_partials = meta_norm_partials,
 };
 
 int ml_backend_meta_create(ml_backend *like, ml_backend **out) {

@@ -76,6 +76,15 @@ size_t kc_reduce_work(int64_t n);
 cudaError_t kc_sumsq(cudaStream_t st, const float *g, int64_t n, double *out, void *work);
 /* out[0] = max |g[n]|, +inf when any is NaN (torch's inf-norm of a NaN). */
 cudaError_t kc_absmax(cudaStream_t st, const float *g, int64_t n, double *out, void *work);
+/* out[s] (device doubles) = kc_sumsq (absmax 0) or kc_absmax (absmax 1) of
+ * g[s] [n[s]] for s < k (g, n: host arrays, read before the call returns;
+ * n[s] >= 0), each bitwise that call's result, in one pair of launches per
+ * 32 pieces (the grad-norm partials of an FSDP unit's parameters without a
+ * launch pair and a stream sync each). work: kc_norm_segs_work(n, k)
+ * bytes (0: no piece has elements). */
+size_t kc_norm_segs_work(const int64_t *n, int k);
+cudaError_t kc_norm_segs(cudaStream_t st, const float *const *g, const int64_t *n, int k,
+                         int absmax, double *out, void *work);
 /* out[0] (device int) = 1 when g[n] holds a NaN or ±inf, else 0. */
 cudaError_t kc_has_nonfinite(cudaStream_t st, const float *g, int64_t n, int *out, void *work);
 

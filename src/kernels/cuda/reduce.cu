@@ -99,27 +99,39 @@ extern "C" size_t kc_reduce_work(int64_t n) {
   return (size_t)kc_reduce_blocks((n + 3) / 4) * sizeof(double);
 }
 
-// work[block] = sum of g^2 over the block's share, in fp64 (squares exact)
-static __global__ void sumsq_partial(const float *g, int64_t n, double *work) {
-  double s = 0.0;
-  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
-    float v[4];
-    kc_ld4(g, i, n, v); /* zeros past n add nothing */
-    for (int k = 0; k < 4; k++) s += (double)v[k] * v[k];
+/* The fold of one element into a norm partial: s + g² in fp64 (the square
+ * exact), or max(s, |g|) with a NaN as +inf. */
+struct sumsq_term {
+  __device__ __forceinline__ double operator()(double s, float v) const {
+    return s + (double)v * v;
   }
-  s = kc_block_reduce(s, 0.0, kc_sum_op());
-  if (threadIdx.x == 0) work[blockIdx.x] = s;
+};
+struct absmax_term {
+  __device__ __forceinline__ double operator()(double s, float v) const {
+    return fmax(s, isnan(v) ? INFINITY : fabs((double)v));
+  }
+};
+
+// this thread's fold over its quads of g [n] as thread threadIdx.x of block b of a grid
+// of nb blocks (a kc_reduce_blocks grid), in index order; zeros past n add nothing and
+// never exceed s >= 0
+template <typename Term>
+static __device__ __forceinline__ double norm_share(const float *g, int64_t n, int64_t b,
+                                                    int64_t nb, Term term) {
+  double s = 0.0;
+  for (int64_t i = (b * blockDim.x + threadIdx.x) * 4; i < n; i += nb * blockDim.x * 4) {
+    float v[4];
+    kc_ld4(g, i, n, v);
+    for (int k = 0; k < 4; k++) s = term(s, v[k]);
+  }
+  return s;
 }
 
-// work[block] = max |g| over the block's share, +inf for a NaN
-static __global__ void absmax_partial(const float *g, int64_t n, double *work) {
-  double s = 0.0;
-  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
-    float v[4];
-    kc_ld4(g, i, n, v); /* zeros past n never exceed s >= 0 */
-    for (int k = 0; k < 4; k++) s = fmax(s, isnan(v[k]) ? INFINITY : fabs((double)v[k]));
-  }
-  s = kc_block_reduce(s, 0.0, kc_max_op());
+// work[block] = the block's share of the sum of g² (sumsq_term, kc_sum_op) or of max |g|
+// (absmax_term, kc_max_op)
+template <typename Term, typename Op>
+static __global__ void norm_partial(const float *g, int64_t n, Term term, Op op, double *work) {
+  double s = kc_block_reduce(norm_share(g, n, blockIdx.x, gridDim.x, term), 0.0, op);
   if (threadIdx.x == 0) work[blockIdx.x] = s;
 }
 
@@ -146,7 +158,8 @@ extern "C" cudaError_t kc_sumsq(cudaStream_t st, const float *g, int64_t n, doub
                                 void *work) {
   if (n <= 0) return cudaMemsetAsync(out, 0, sizeof(double), st); /* empty sum: 0.0 */
   int nb = kc_reduce_blocks((n + 3) / 4);
-  cudaError_t e = KC_LAUNCH(sumsq_partial, nb, KC_THREADS, 0, st, g, n, (double *)work);
+  cudaError_t e = KC_LAUNCH((norm_partial<sumsq_term, kc_sum_op>), nb, KC_THREADS, 0, st, g, n,
+                            sumsq_term(), kc_sum_op(), (double *)work);
   if (e != cudaSuccess) return e;
   return KC_LAUNCH((reduce_final<double, kc_sum_op>), 1, KC_RED_BLOCKS, 0, st, (const double *)work,
                    nb, 0.0, kc_sum_op(), out);
@@ -156,7 +169,8 @@ extern "C" cudaError_t kc_absmax(cudaStream_t st, const float *g, int64_t n, dou
                                  void *work) {
   if (n <= 0) return cudaMemsetAsync(out, 0, sizeof(double), st); /* as the CPU's 0.0 */
   int nb = kc_reduce_blocks((n + 3) / 4);
-  cudaError_t e = KC_LAUNCH(absmax_partial, nb, KC_THREADS, 0, st, g, n, (double *)work);
+  cudaError_t e = KC_LAUNCH((norm_partial<absmax_term, kc_max_op>), nb, KC_THREADS, 0, st, g, n,
+                            absmax_term(), kc_max_op(), (double *)work);
   if (e != cudaSuccess) return e;
   return KC_LAUNCH((reduce_final<double, kc_max_op>), 1, KC_RED_BLOCKS, 0, st, (const double *)work,
                    nb, 0.0, kc_max_op(), out);
@@ -170,4 +184,78 @@ extern "C" cudaError_t kc_has_nonfinite(cudaStream_t st, const float *g, int64_t
   if (e != cudaSuccess) return e;
   return KC_LAUNCH((reduce_final<int, kc_max_op>), 1, KC_RED_BLOCKS, 0, st, (const int *)work, nb,
                    0, kc_max_op(), out);
+}
+
+/* ---- norm partials of many pieces ----------------------------------------
+ * Up to NORM_SEGS pieces per launch pair, passed by value: piece s has the
+ * blocks [b0[s], b0[s+1]) of the first grid, kc_reduce_blocks of its quads,
+ * each computing what block (b − b0[s]) of kc_sumsq's / kc_absmax's grid
+ * over the piece computes; then block s of the second grid folds the
+ * piece's partials as reduce_final does. So each out[s] is bitwise that
+ * call's result. */
+static constexpr int NORM_SEGS = 32;
+struct norm_segs {
+  const float *g[NORM_SEGS];
+  int64_t n[NORM_SEGS];
+  int b0[NORM_SEGS + 1];
+};
+
+// work[block] = its piece's partial (block − b0[s] of the piece's grid)
+template <typename Term, typename Op>
+static __global__ void norm_segs_partial(norm_segs sg, int k, Term term, Op op, double *work) {
+  int s = 0, b = (int)blockIdx.x;
+  while (s + 1 < k && b >= sg.b0[s + 1]) s++; /* pieces of no blocks (n = 0) skipped */
+  double v = norm_share(sg.g[s], sg.n[s], b - sg.b0[s], sg.b0[s + 1] - sg.b0[s], term);
+  v = kc_block_reduce(v, 0.0, op);
+  if (threadIdx.x == 0) work[b] = v;
+}
+
+// out[s] = op over piece s's partials work[b0[s] .. b0[s+1]) (none: 0.0), in reduce_final's tree
+template <typename Op>
+static __global__ void norm_segs_final(norm_segs sg, Op op, const double *work, double *out) {
+  int s = (int)blockIdx.x, nb = sg.b0[s + 1] - sg.b0[s];
+  double v = kc_block_reduce((int)threadIdx.x < nb ? work[sg.b0[s] + threadIdx.x] : 0.0, 0.0, op);
+  if (threadIdx.x == 0) out[s] = v;
+}
+
+// the blocks of piece n's grid (none for an empty piece)
+static int segs_blocks(int64_t n) { return n > 0 ? kc_reduce_blocks((n + 3) / 4) : 0; }
+
+extern "C" size_t kc_norm_segs_work(const int64_t *n, int k) {
+  size_t most = 0;
+  for (int at = 0; at < k; at += NORM_SEGS) {
+    size_t blocks = 0;
+    for (int s = at; s < k && s < at + NORM_SEGS; s++) blocks += (size_t)segs_blocks(n[s]);
+    most = blocks > most ? blocks : most;
+  }
+  return most * sizeof(double);
+}
+
+template <typename Term, typename Op>
+static cudaError_t norm_segs_run(cudaStream_t st, const float *const *g, const int64_t *n, int k,
+                                 Term term, Op op, double *out, double *work) {
+  for (int at = 0; at < k; at += NORM_SEGS) {
+    int m = k - at < NORM_SEGS ? k - at : NORM_SEGS;
+    norm_segs sg = {};
+    for (int s = 0; s < m; s++) {
+      sg.g[s] = g[at + s];
+      sg.n[s] = n[at + s];
+      sg.b0[s + 1] = sg.b0[s] + segs_blocks(n[at + s]);
+    }
+    cudaError_t e = cudaSuccess;
+    if (sg.b0[m] > 0)
+      e = KC_LAUNCH((norm_segs_partial<Term, Op>), sg.b0[m], KC_THREADS, 0, st, sg, m, term, op,
+                    work);
+    if (e == cudaSuccess)
+      e = KC_LAUNCH((norm_segs_final<Op>), m, KC_RED_BLOCKS, 0, st, sg, op, (const double *)work,
+                    out + at);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
+extern "C" cudaError_t kc_norm_segs(cudaStream_t st, const float *const *g, const int64_t *n,
+                                    int k, int absmax, double *out, void *work) {
+  if (absmax) return norm_segs_run(st, g, n, k, absmax_term(), kc_max_op(), out, (double *)work);
+  return norm_segs_run(st, g, n, k, sumsq_term(), kc_sum_op(), out, (double *)work);
 }

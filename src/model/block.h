@@ -122,7 +122,7 @@ typedef struct ml_block_act {
   ml_block_cols cols;
   int needs;             /* the role (ml_block_role) whose module must be present, −1
                             (always there) or ML_NEEDS_SPARSE */
-  bool bf16_input;       /* a shared GEMM input, kept as bf16 under ml_model_bf16_inputs */
+  bool bf16_input;       /* a GEMM input, kept as bf16 under ml_model_bf16_inputs */
 } ml_block_act;
 
 /* The saved buffers of a layer in carve order (x_in first: it frees the

@@ -100,15 +100,16 @@ static int block_input_backward(ml_model *m, const ml_linear *first, const ml_ac
   return add_inplace(m, dx, dh, Tr * H);
 }
 
-/* Where a block's norm writes the input its linears share (q/k/v, gate/up):
- * `saved` (h1, h2) itself, or under m->bf16_inputs, where `saved` keeps only
- * the bf16 copy, a temporary [B, S, H] fp32 (room for the input edge's
- * gathered view) from the pool; NULL when it cannot be had. */
-static float *shared_input(ml_model *m, float *saved) {
+/* Where the input of linears is written (q/k/v, gate/up: a norm; down_proj:
+ * the GLU): `saved` (h1, h2, a) itself, or under m->bf16_inputs, where
+ * `saved` keeps only the bf16 copy, a temporary [B, S, cols] fp32 (room for
+ * the input edge's gathered view) from the pool; NULL when it cannot be
+ * had. */
+static float *shared_input(ml_model *m, float *saved, int64_t cols) {
   if (!m->bf16_inputs) return saved;
-  return ml_be_alloc(m->be, m->B * m->S * m->cfg.hidden, sizeof(float),
-                     "a norm's output before its bf16 rounding [%lld x %lld]",
-                     (long long)(m->B * m->S), (long long)m->cfg.hidden);
+  return ml_be_alloc(m->be, m->B * m->S * cols, sizeof(float),
+                     "a GEMM input before its bf16 rounding [%lld x %lld]",
+                     (long long)(m->B * m->S), (long long)cols);
 }
 
 /* *xr: the bf16 operand of the linears reading view *in (first: one of
@@ -211,7 +212,7 @@ static int attention_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
   int64_t B = m->B, S = m->S, Tr = B * m->s_res, H = m->cfg.hidden, hd = m->cfg.head_dim;
   bool qk_norm = L->q_norm.weight, out_norm = L->attn_out_norm.weight;
-  float *h = shared_input(m, a->h1); /* h1: [B, s_res, H], the edge's [B, S, H] */
+  float *h = shared_input(m, a->h1, H); /* h1: [B, s_res, H], the edge's [B, S, H] */
   if (!h) return -1;
   a->in_qkv = ml_act_view(m, h, m->s_res, H, H);
   int rc = norm_fwd(m, &L->attn_norm, a->x_in, h, a->rstd1, Tr, H);
@@ -302,11 +303,17 @@ static int dense_forward(ml_model *m, ml_layer *L, float *x) {
   release_operand(m, xr);
   ML_TRY(rc);
   ML_TRY(expect_view(L->up_proj.weight->name, &u, a->gv.s, a->gv.c));
-  ML_TRY(ml_be_glu_fwd(m->be, a->g, a->u, a->a, a->gv.B * a->gv.s * a->gv.c, m->cfg.family->act));
-  a->in_down = on(a->gv, a->a);
-  ML_TRY(ml_hook_run(L->down_proj.in.fwd, &a->in_down));
+  float *act = shared_input(m, a->a, m->cap_i); /* a: [B, s, I] */
+  if (!act) return -1;
+  a->in_down = on(a->gv, act);
+  rc = ml_be_glu_fwd(m->be, a->g, a->u, act, a->gv.B * a->gv.s * a->gv.c, m->cfg.family->act);
+  if (!rc) rc = ml_hook_run(L->down_proj.in.fwd, &a->in_down);
+  xr = NULL; /* in_down in bf16 under m->bf16_inputs (else the GEMM rounds it) */
+  if (!rc && m->bf16_inputs) rc = shared_operand(m, &L->down_proj, &a->in_down, a->a, &xr);
+  else if (act != a->a) ml_be_free(m->be, act);
   ml_act d; /* into x, which has room for the output edge's unsharded [B, S, H] */
-  ML_TRY(ml_linear_forward(m->be, &L->down_proj, &a->in_down, NULL, x, &d));  // d: [B, s_res, H]
+  if (!rc) rc = ml_linear_forward(m->be, &L->down_proj, &a->in_down, xr, x, &d);  // [B, s_res, H]
+  ML_TRY(rc);
   return expect_view(L->down_proj.weight->name, &d, m->s_res, m->cfg.hidden);
 }
 
@@ -315,7 +322,7 @@ static int mlp_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
   int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
   bool out_norm = L->mlp_out_norm.weight;
-  float *h = shared_input(m, a->h2); /* h2: [B, s_res, H], the edge's [B, S, H] */
+  float *h = shared_input(m, a->h2, H); /* h2: [B, s_res, H], the edge's [B, S, H] */
   if (!h) return -1;
   a->in_gu = ml_act_view(m, h, m->s_res, H, H);
   int rc = norm_fwd(m, &L->mlp_norm, a->x_mid, h, a->rstd2, Tr, H);
@@ -337,18 +344,19 @@ static int dense_backward(ml_model *m, ml_layer *L, ml_act *d, float *dh) {
   int64_t T = m->B * m->S;
   float *da = dh + T * m->cfg.hidden;
   float *dg = da + T * m->cap_i, *du = dg + T * m->cap_i;
-  ML_TRY(ml_linear_backward(m->be, &L->down_proj, d, &a->in_down, NULL, da, 0));  // da: [B, s, I]
+  const void *xr = m->bf16_inputs ? (const void *)a->a : NULL; /* a in bf16, or the GEMM rounds */
+  ML_TRY(ml_linear_backward(m->be, &L->down_proj, d, &a->in_down, xr, da, 0));  // da: [B, s, I]
   ml_act dav = on(a->in_down, da);
   ML_TRY(ml_hook_run(L->down_proj.in.bwd, &dav));
   ML_TRY(expect_view(L->down_proj.weight->name, &dav, a->gv.s, a->gv.c));
   ML_TRY(ml_be_glu_bwd(m->be, da, a->g, a->u, dg, du, a->gv.B * a->gv.s * a->gv.c,
                        m->cfg.family->act));
   ml_act dgv = on(a->gv, dg), duv = on(a->gv, du);
-  void *xr; /* in_gu in bf16 for both dW GEMMs (bf16 weights) */
-  ML_TRY(saved_operand(m, &L->gate_proj, &a->in_gu, a->h2, &xr));
-  int rc = ml_linear_backward(m->be, &L->gate_proj, &dgv, &a->in_gu, xr, dh, 0);  // dh: [B, s, H]
-  if (!rc) rc = ml_linear_backward(m->be, &L->up_proj, &duv, &a->in_gu, xr, dh, 1);
-  release_operand(m, xr);
+  void *xg; /* in_gu in bf16 for both dW GEMMs (bf16 weights) */
+  ML_TRY(saved_operand(m, &L->gate_proj, &a->in_gu, a->h2, &xg));
+  int rc = ml_linear_backward(m->be, &L->gate_proj, &dgv, &a->in_gu, xg, dh, 0);  // dh: [B, s, H]
+  if (!rc) rc = ml_linear_backward(m->be, &L->up_proj, &duv, &a->in_gu, xg, dh, 1);
+  release_operand(m, xg);
   return rc;
 }
 

@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "model/linear.h"
 #include "model/moe.h"
+#include "tensor/dtype.h"
 
 // x, y: [rows, dim]; rstd: [rows]
 static int norm_fwd(ml_model *m, const ml_rmsnorm *n, const float *x, float *y, float *rstd,
@@ -121,7 +122,13 @@ static int shared_operand(ml_model *m, const ml_linear *first, ml_act *in, float
                           void **xr) {
   if (!m->bf16_inputs) return ml_linear_round_input(m->be, first, in, xr);
   *xr = saved;
-  int rc = ml_be_convert(m->be, saved, ML_BF16, in->x, ML_F32, (size_t)(in->B * in->s * in->c));
+  int rc = first->weight->dtype == ML_BF16
+               ? 0
+               : ml_err("%s: its activations were laid out for bf16 weights (param_dtype bf16) "
+                        "but the weight is %s now; expected bf16",
+                        first->weight->name, ml_dtype_name(first->weight->dtype));
+  size_t n = (size_t)(in->B * in->s * in->c);
+  if (!rc) rc = ml_be_convert(m->be, saved, ML_BF16, in->x, ML_F32, n);
   ml_be_free(m->be, in->x);
   in->x = NULL;
   return rc;

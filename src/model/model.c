@@ -410,12 +410,11 @@ void ml_model_act_bytes(const ml_model *m, int64_t B, int64_t S, int64_t *per_la
 
 /* Whether lin's GEMMs read its input only in bf16 (ml_model_bf16_inputs). */
 static bool bf16_only(const ml_linear *lin) {
-  return lin->weight->dtype == ML_BF16 && !(lin->lora_drop && lin->lora_drop->p > 0) &&
-         !lin->whole.cols;
+  return !lin->weight->fp32 && !(lin->lora_drop && lin->lora_drop->p > 0) && !lin->whole.cols;
 }
 
 bool ml_model_bf16_inputs(const ml_model *m) {
-  if (m->cfg.n_experts > 0 || m->cfg.n_layers < 1 || !m->layers) return false;
+  if (!m->bf16_params || m->cfg.n_experts > 0 || m->cfg.n_layers < 1 || !m->layers) return false;
   for (int l = 0; l < m->cfg.n_layers; l++) {
     const ml_layer *L = &m->layers[l];
     const ml_linear *lin[] = {&L->q_proj,    &L->k_proj,  &L->v_proj,

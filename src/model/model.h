@@ -363,6 +363,10 @@ typedef struct ml_model {
    * (no reallocation when an RL loop alternates scoring and training). */
   bool forward_only;
   bool acts_shared; /* the buffers in place are forward_only's (one block for every layer) */
+  /* Set before ml_model_begin: FSDP's param_dtype is bf16, so the weights
+   * (but those kept in fp32, ml_param.fp32) are gathered as bf16 for the
+   * forward and backward (their ml_param.dtype says so only once gathered). */
+  bool bf16_params;
   /* The buffers in place keep the inputs of q/k/v, gate/up and down_proj
    * (h1, h2, a) as bf16, the operand their bf16 GEMMs read, forward and
    * backward (ml_model_bf16_inputs when they were carved). */
@@ -520,7 +524,8 @@ void ml_model_act_bytes(const ml_model *m, int64_t B, int64_t S, int64_t *per_la
 
 /* Whether the forward keeps the inputs of q/k/v, gate/up (the norm outputs
  * h1, h2 after their input edges) and down_proj (a = act(gate)·up) only as
- * their bf16 copy: every such weight is bf16 (FSDP param_dtype), so their
+ * their bf16 copy: every such weight is gathered as bf16 (m->bf16_params and
+ * not ml_param.fp32), so their
  * GEMMs read the bf16 rounding of the input forward (y = x·W^T) and
  * backward (dW += dy^T·x); as torch autocast saves the bf16 cast of a
  * linear's input for backward (the GLU's backward reads gate and up, not

@@ -229,7 +229,7 @@ static void test_bf16_inputs_bytes(void **state) {
   int64_t B = 2, S = 16, T = B * S, fp32_layer, bf16_layer, layer, work;
   assert_false(ml_model_bf16_inputs(&m));
   ml_model_act_bytes(&m, B, S, &fp32_layer, &work);
-  for (int i = 0; i < m.n_params; i++) m.params[i].dtype = ML_BF16;
+  m.bf16_params = true;
   assert_true(ml_model_bf16_inputs(&m));
   ml_model_act_bytes(&m, B, S, &bf16_layer, &work);
   assert_int_equal(fp32_layer - bf16_layer, 2 * T * (2 * cfg.hidden + cfg.intermediate));
@@ -245,6 +245,8 @@ static void test_bf16_inputs_bytes(void **state) {
   assert_false(ml_model_bf16_inputs(&m));
   down->whole.cols = NULL;
   assert_true(ml_model_bf16_inputs(&m));
+  m.layers[0].k_proj.weight->fp32 = true; /* kept in fp32 (engine/fp32_params.h) */
+  assert_false(ml_model_bf16_inputs(&m));
   ml_model_destroy(&m);
 }
 

@@ -10,7 +10,8 @@
 #     losses and grad norms of --metrics (timing fields dropped) and the
 #     exported HF checkpoint's model.safetensors.
 # A fixture the old binary cannot load (a family or option it lacks) is
-# listed as new and skipped.
+# listed as new and skipped. MESHLM_COMPARE_FLAGS, when set, is added to
+# every run (e.g. '--param-dtype bf16' to compare the bf16 paths).
 # Prints one line per check and exits non-zero when any differ. Not a CTest
 # (it needs the old binary); run by hand around a refactor. Each binary runs
 # with the libmeshlm.so beside it (LD_LIBRARY_PATH: the build's RUNPATH
@@ -20,6 +21,7 @@ set -uo pipefail
 old=${1:?usage: compare_builds.sh OLD_BIN NEW_BIN [FIXTURES_DIR]}
 new=${2:?usage: compare_builds.sh OLD_BIN NEW_BIN [FIXTURES_DIR]}
 fixtures=${3:-$(dirname "$0")/../tests/fixtures}
+read -r -a extra <<< "${MESHLM_COMPARE_FLAGS:-}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 work=$(mktemp -d)
@@ -32,8 +34,8 @@ run() {
   shift 3
   local lib
   lib=$(cd "$(dirname "$bin")" && pwd)
-  if [ "$np" = 1 ]; then LD_LIBRARY_PATH=$lib "$bin" "$@"
-  else mpirun -np "$np" -x LD_LIBRARY_PATH="$lib" "$bin" "$@"; fi \
+  if [ "$np" = 1 ]; then LD_LIBRARY_PATH=$lib "$bin" "$@" "${extra[@]}"
+  else mpirun -np "$np" -x LD_LIBRARY_PATH="$lib" "$bin" "$@" "${extra[@]}"; fi \
     > "$work/$which.stdout" 2> "$work/$which.stderr"
 }
 

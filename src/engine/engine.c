@@ -109,6 +109,7 @@ int ml_engine_open(ml_engine *e, ml_mesh *mesh, const char *model_dir,
   ML_TRY(ml_model_create(&cfg, &e->model));
   e->model.be = e->be;
   e->model.ac = opts->ac;
+  e->model.bf16_params = opts->fsdp.param_dtype == ML_BF16;
   ML_TRY(ml_moe_check(&e->model, e->be->ops->name));
   ML_TRY(ml_lora_setup(&e->lora, &opts->lora, &e->model));
   if (cfg.n_experts > 0 && mesh->tp > 1 && opts->sequence_parallel)

@@ -43,12 +43,16 @@ const ml_block_row ml_block_rows[ML_ROLE_COUNT] = {
 
 #define ACT(fld, pt, r, c, need)                                                               \
   {.field = offsetof(ml_layer_acts, fld), .part = pt, .rows = r, .cols = c, .needs = need}
+/* an input of bf16 GEMMs (ml_block_act.bf16_input) */
+#define GEMM_IN(fld, pt, c)                                                                    \
+  {.field = offsetof(ml_layer_acts, fld), .part = pt, .rows = ML_ROWS_T, .cols = c,            \
+   .needs = -1, .bf16_input = true}
 
 /* What layer.c's forward saves (ml_layer_acts), by the part producing it. */
 const ml_block_act ml_block_acts[] = {
     ACT(x_in, ML_PART_INPUT, ML_ROWS_TR, ML_COLS_H, -1),
     ACT(rstd1, ML_PART_ATTN, ML_ROWS_TR, ML_COLS_ONE, -1),
-    ACT(h1, ML_PART_ATTN, ML_ROWS_T, ML_COLS_H, -1),
+    GEMM_IN(h1, ML_PART_ATTN, ML_COLS_H),
     ACT(q_raw, ML_PART_ATTN, ML_ROWS_T, ML_COLS_Q, ML_ROLE_Q_NORM),
     ACT(k_raw, ML_PART_ATTN, ML_ROWS_T, ML_COLS_KV, ML_ROLE_K_NORM),
     ACT(rstd_q, ML_PART_ATTN, ML_ROWS_T, ML_COLS_NH, ML_ROLE_Q_NORM),
@@ -62,10 +66,10 @@ const ml_block_act ml_block_acts[] = {
     ACT(rstd_o, ML_PART_ATTN, ML_ROWS_TR, ML_COLS_ONE, ML_ROLE_ATTN_OUT_NORM),
     ACT(x_mid, ML_PART_ATTN, ML_ROWS_TR, ML_COLS_H, -1),
     ACT(rstd2, ML_PART_MLP, ML_ROWS_TR, ML_COLS_ONE, -1),
-    ACT(h2, ML_PART_MLP, ML_ROWS_T, ML_COLS_H, -1),
+    GEMM_IN(h2, ML_PART_MLP, ML_COLS_H),
     ACT(g, ML_PART_MLP, ML_ROWS_T, ML_COLS_I, -1),
     ACT(u, ML_PART_MLP, ML_ROWS_T, ML_COLS_I, -1),
-    ACT(a, ML_PART_MLP, ML_ROWS_T, ML_COLS_I, -1),
+    GEMM_IN(a, ML_PART_MLP, ML_COLS_I),
     ACT(d, ML_PART_MLP, ML_ROWS_TR, ML_COLS_H, ML_ROLE_MLP_OUT_NORM),
     ACT(rstd_d, ML_PART_MLP, ML_ROWS_TR, ML_COLS_ONE, ML_ROLE_MLP_OUT_NORM),
     ACT(out, ML_PART_OUT, ML_ROWS_T, ML_COLS_H, -1),

@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "model/linear.h"
 #include "model/moe.h"
+#include "tensor/dtype.h"
 
 // x, y: [rows, dim]; rstd: [rows]
 static int norm_fwd(ml_model *m, const ml_rmsnorm *n, const float *x, float *y, float *rstd,
@@ -100,6 +101,54 @@ static int block_input_backward(ml_model *m, const ml_linear *first, const ml_ac
   return add_inplace(m, dx, dh, Tr * H);
 }
 
+/* Where the input of linears is written (q/k/v, gate/up: a norm; down_proj:
+ * the GLU): `saved` (h1, h2, a) itself, or under m->bf16_inputs, where
+ * `saved` keeps only the bf16 copy, a temporary [B, S, cols] fp32 (room for
+ * the input edge's gathered view) from the pool; NULL when it cannot be
+ * had. */
+static float *shared_input(ml_model *m, float *saved, int64_t cols) {
+  if (!m->bf16_inputs) return saved;
+  return ml_be_alloc(m->be, m->B * m->S * cols, sizeof(float),
+                     "a GEMM input before its bf16 rounding [%lld x %lld]",
+                     (long long)(m->B * m->S), (long long)cols);
+}
+
+/* *xr: the bf16 operand of the linears reading view *in (first: one of
+ * them). Under m->bf16_inputs in->x rounded to nearest-even into `saved`,
+ * which the backward reads again, and the temporary in->x (shared_input)
+ * freed, in->x NULL; else ml_linear_round_input's pool copy (NULL with fp32
+ * weights), for release_operand. */
+static int shared_operand(ml_model *m, const ml_linear *first, ml_act *in, float *saved,
+                          void **xr) {
+  if (!m->bf16_inputs) return ml_linear_round_input(m->be, first, in, xr);
+  *xr = saved;
+  int rc = first->weight->dtype == ML_BF16
+               ? 0
+               : ml_err("%s: its activations were laid out for bf16 weights (param_dtype bf16) "
+                        "but the weight is %s now; expected bf16",
+                        first->weight->name, ml_dtype_name(first->weight->dtype));
+  size_t n = (size_t)(in->B * in->s * in->c);
+  if (!rc) rc = ml_be_convert(m->be, saved, ML_BF16, in->x, ML_F32, n);
+  ml_be_free(m->be, in->x);
+  in->x = NULL;
+  return rc;
+}
+
+/* The backward's *xr for the linears reading view *in: the forward's saved
+ * bf16 copy under m->bf16_inputs (not rounded again), else as
+ * shared_operand. */
+static int saved_operand(ml_model *m, const ml_linear *first, const ml_act *in, float *saved,
+                         void **xr) {
+  if (!m->bf16_inputs) return ml_linear_round_input(m->be, first, in, xr);
+  *xr = saved;
+  return 0;
+}
+
+/* Frees an operand of shared_operand or saved_operand (not a saved copy). */
+static void release_operand(ml_model *m, void *xr) {
+  if (!m->bf16_inputs) ml_be_free(m->be, xr);
+}
+
 /* The dtype attention's products compute in: the projections' weights'
  * (fp32, or FSDP's bf16 param_dtype), as autocast runs SDPA in the dtype
  * it runs the linears in. */
@@ -170,17 +219,20 @@ static int attention_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
   int64_t B = m->B, S = m->S, Tr = B * m->s_res, H = m->cfg.hidden, hd = m->cfg.head_dim;
   bool qk_norm = L->q_norm.weight, out_norm = L->attn_out_norm.weight;
-  ML_TRY(norm_fwd(m, &L->attn_norm, a->x_in, a->h1, a->rstd1, Tr, H));
-  a->in_qkv = ml_act_view(m, a->h1, m->s_res, H, H);
-  ML_TRY(ml_hook_run(L->q_proj.in.fwd, &a->in_qkv)); /* shared by q/k/v */
+  float *h = shared_input(m, a->h1, H); /* h1: [B, s_res, H], the edge's [B, S, H] */
+  if (!h) return -1;
+  a->in_qkv = ml_act_view(m, h, m->s_res, H, H);
+  int rc = norm_fwd(m, &L->attn_norm, a->x_in, h, a->rstd1, Tr, H);
+  if (!rc) rc = ml_hook_run(L->q_proj.in.fwd, &a->in_qkv); /* shared by q/k/v */
   float *q = qk_norm ? a->q_raw : a->q, *k = qk_norm ? a->k_raw : a->k;
-  void *xr; /* in_qkv rounded once for the three (bf16 weights) */
-  ML_TRY(ml_linear_round_input(m->be, &L->q_proj, &a->in_qkv, &xr));
+  void *xr = NULL; /* in_qkv rounded once for the three (bf16 weights) */
+  if (!rc) rc = shared_operand(m, &L->q_proj, &a->in_qkv, a->h1, &xr);
+  else if (h != a->h1) ml_be_free(m->be, h);
   // q: [B, S, nh·hd]; k, v: [B, S, nkv·hd]
-  int rc = ml_linear_forward(m->be, &L->q_proj, &a->in_qkv, xr, q, &a->qv);
+  if (!rc) rc = ml_linear_forward(m->be, &L->q_proj, &a->in_qkv, xr, q, &a->qv);
   if (!rc) rc = ml_linear_forward(m->be, &L->k_proj, &a->in_qkv, xr, k, &a->kv);
   if (!rc) rc = ml_linear_forward(m->be, &L->v_proj, &a->in_qkv, xr, a->v, &a->vv);
-  ml_be_free(m->be, xr);
+  release_operand(m, xr);
   ML_TRY(rc);
   int64_t nh = 0, nkv = 0, T = B * S;
   ML_TRY(attention_views(m, L, &nh, &nkv));
@@ -230,12 +282,12 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
     ML_TRY(norm_bwd(m, &L->k_norm, dk, a->k_raw, a->rstd_k, dk, T * nkv, hd));  // dk: [T·nkv, hd]
   }
   ml_act dqv = on(a->qv, dq), dkv = on(a->kv, dk), dvv = on(a->vv, dv);
-  void *xr; /* in_qkv rounded once for the three dW GEMMs (bf16 weights) */
-  ML_TRY(ml_linear_round_input(m->be, &L->q_proj, &a->in_qkv, &xr));
+  void *xr; /* in_qkv in bf16 for the three dW GEMMs (bf16 weights) */
+  ML_TRY(saved_operand(m, &L->q_proj, &a->in_qkv, a->h1, &xr));
   int rc = ml_linear_backward(m->be, &L->q_proj, &dqv, &a->in_qkv, xr, dh, 0);  // dh: [B, S, H]
   if (!rc) rc = ml_linear_backward(m->be, &L->k_proj, &dkv, &a->in_qkv, xr, dh, 1);
   if (!rc) rc = ml_linear_backward(m->be, &L->v_proj, &dvv, &a->in_qkv, xr, dh, 1);
-  ml_be_free(m->be, xr);
+  release_operand(m, xr);
   ML_TRY(rc);
   return block_input_backward(m, &L->q_proj, &a->in_qkv, dh, &L->attn_norm, a->x_in, a->rstd1,
                               dx);  // dx += d x_in
@@ -252,17 +304,23 @@ static int dense_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
   ml_act u;
   void *xr; /* in_gu rounded once for both (bf16 weights) */
-  ML_TRY(ml_linear_round_input(m->be, &L->gate_proj, &a->in_gu, &xr));
+  ML_TRY(shared_operand(m, &L->gate_proj, &a->in_gu, a->h2, &xr));
   int rc = ml_linear_forward(m->be, &L->gate_proj, &a->in_gu, xr, a->g, &a->gv);  // g: [B, s, I]
   if (!rc) rc = ml_linear_forward(m->be, &L->up_proj, &a->in_gu, xr, a->u, &u);   // u: [B, s, I]
-  ml_be_free(m->be, xr);
+  release_operand(m, xr);
   ML_TRY(rc);
   ML_TRY(expect_view(L->up_proj.weight->name, &u, a->gv.s, a->gv.c));
-  ML_TRY(ml_be_glu_fwd(m->be, a->g, a->u, a->a, a->gv.B * a->gv.s * a->gv.c, m->cfg.family->act));
-  a->in_down = on(a->gv, a->a);
-  ML_TRY(ml_hook_run(L->down_proj.in.fwd, &a->in_down));
+  float *act = shared_input(m, a->a, m->cap_i); /* a: [B, s, I] */
+  if (!act) return -1;
+  a->in_down = on(a->gv, act);
+  rc = ml_be_glu_fwd(m->be, a->g, a->u, act, a->gv.B * a->gv.s * a->gv.c, m->cfg.family->act);
+  if (!rc) rc = ml_hook_run(L->down_proj.in.fwd, &a->in_down);
+  xr = NULL; /* in_down in bf16 under m->bf16_inputs (else the GEMM rounds it) */
+  if (!rc && m->bf16_inputs) rc = shared_operand(m, &L->down_proj, &a->in_down, a->a, &xr);
+  else if (act != a->a) ml_be_free(m->be, act);
   ml_act d; /* into x, which has room for the output edge's unsharded [B, S, H] */
-  ML_TRY(ml_linear_forward(m->be, &L->down_proj, &a->in_down, NULL, x, &d));  // d: [B, s_res, H]
+  if (!rc) rc = ml_linear_forward(m->be, &L->down_proj, &a->in_down, xr, x, &d);  // [B, s_res, H]
+  ML_TRY(rc);
   return expect_view(L->down_proj.weight->name, &d, m->s_res, m->cfg.hidden);
 }
 
@@ -271,11 +329,15 @@ static int mlp_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
   int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
   bool out_norm = L->mlp_out_norm.weight;
-  ML_TRY(norm_fwd(m, &L->mlp_norm, a->x_mid, a->h2, a->rstd2, Tr, H));
-  a->in_gu = ml_act_view(m, a->h2, m->s_res, H, H);
-  ML_TRY(ml_hook_run(mlp_first(L)->in.fwd, &a->in_gu)); /* shared by gate/up (the router) */
+  float *h = shared_input(m, a->h2, H); /* h2: [B, s_res, H], the edge's [B, S, H] */
+  if (!h) return -1;
+  a->in_gu = ml_act_view(m, h, m->s_res, H, H);
+  int rc = norm_fwd(m, &L->mlp_norm, a->x_mid, h, a->rstd2, Tr, H);
+  if (!rc) rc = ml_hook_run(mlp_first(L)->in.fwd, &a->in_gu); /* shared by gate/up (the router) */
+  if (rc && h != a->h2) ml_be_free(m->be, h);
+  ML_TRY(rc);
   if (L->moe.gate.weight) ML_TRY(ml_moe_forward(m, L, &a->in_gu, x));  // [B, s_res, H]
-  else ML_TRY(dense_forward(m, L, x));
+  else ML_TRY(dense_forward(m, L, x)); /* frees h (shared_operand) */
   if (out_norm) { /* d: [B, s_res, H] saved; x = mlp_out_norm(d) */
     ML_TRY(copy_floats(m, a->d, x, Tr * H));
     ML_TRY(norm_fwd(m, &L->mlp_out_norm, a->d, x, a->rstd_d, Tr, H));
@@ -289,18 +351,19 @@ static int dense_backward(ml_model *m, ml_layer *L, ml_act *d, float *dh) {
   int64_t T = m->B * m->S;
   float *da = dh + T * m->cfg.hidden;
   float *dg = da + T * m->cap_i, *du = dg + T * m->cap_i;
-  ML_TRY(ml_linear_backward(m->be, &L->down_proj, d, &a->in_down, NULL, da, 0));  // da: [B, s, I]
+  const void *xr = m->bf16_inputs ? (const void *)a->a : NULL; /* a in bf16, or the GEMM rounds */
+  ML_TRY(ml_linear_backward(m->be, &L->down_proj, d, &a->in_down, xr, da, 0));  // da: [B, s, I]
   ml_act dav = on(a->in_down, da);
   ML_TRY(ml_hook_run(L->down_proj.in.bwd, &dav));
   ML_TRY(expect_view(L->down_proj.weight->name, &dav, a->gv.s, a->gv.c));
   ML_TRY(ml_be_glu_bwd(m->be, da, a->g, a->u, dg, du, a->gv.B * a->gv.s * a->gv.c,
                        m->cfg.family->act));
   ml_act dgv = on(a->gv, dg), duv = on(a->gv, du);
-  void *xr; /* in_gu rounded once for both dW GEMMs (bf16 weights) */
-  ML_TRY(ml_linear_round_input(m->be, &L->gate_proj, &a->in_gu, &xr));
-  int rc = ml_linear_backward(m->be, &L->gate_proj, &dgv, &a->in_gu, xr, dh, 0);  // dh: [B, s, H]
-  if (!rc) rc = ml_linear_backward(m->be, &L->up_proj, &duv, &a->in_gu, xr, dh, 1);
-  ml_be_free(m->be, xr);
+  void *xg; /* in_gu in bf16 for both dW GEMMs (bf16 weights) */
+  ML_TRY(saved_operand(m, &L->gate_proj, &a->in_gu, a->h2, &xg));
+  int rc = ml_linear_backward(m->be, &L->gate_proj, &dgv, &a->in_gu, xg, dh, 0);  // dh: [B, s, H]
+  if (!rc) rc = ml_linear_backward(m->be, &L->up_proj, &duv, &a->in_gu, xg, dh, 1);
+  release_operand(m, xg);
   return rc;
 }
 

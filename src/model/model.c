@@ -359,6 +359,7 @@ static act_dims act_dims_of(const ml_model *m, int64_t B, int64_t S) {
  * counts. */
 typedef struct carver {
   int kept;
+  bool bf16_inputs; /* ml_model_bf16_inputs: the shared GEMM inputs take bf16 */
   float *block[2];  /* [0] the layer's, [1] the workspace */
   int64_t used[2];  /* floats taken from each */
 } carver;
@@ -395,6 +396,7 @@ static void carve_layer(const act_dims *d, const ml_model *m, carver *c, ml_laye
     int64_t n = b->cols == ML_COLS_CORE
                     ? d->attn_saved
                     : ml_mul_sat(b->rows == ML_ROWS_T ? d->T : d->Tr, cols[b->cols]);
+    if (b->bf16_input && c->bf16_inputs) n = n / 2 + n % 2; /* n bf16 in floats */
     *(float **)((char *)a + b->field) = take(c, (int)b->part, present, n);
   }
 }
@@ -403,7 +405,7 @@ static void carve_layer(const act_dims *d, const ml_model *m, carver *c, ml_laye
 static void act_floats(const ml_model *m, const act_dims *d, int64_t *block, int64_t *work) {
   *block = *work = 0;
   for (int l = 0; l < m->cfg.n_layers; l++) {
-    carver c = {.kept = kept_parts(m)};
+    carver c = {.kept = kept_parts(m), .bf16_inputs = ml_model_bf16_inputs(m)};
     ml_layer_acts a;
     carve_layer(d, m, &c, &a);
     *block = max3(*block, c.used[0], 0);
@@ -417,6 +419,23 @@ void ml_model_act_bytes(const ml_model *m, int64_t B, int64_t S, int64_t *per_la
   act_floats(m, &d, per_layer, workspace);
   *per_layer = ml_mul_sat(*per_layer, (int64_t)sizeof(float));
   *workspace = ml_mul_sat(*workspace, (int64_t)sizeof(float));
+}
+
+/* Whether lin's GEMMs read its input only in bf16 (ml_model_bf16_inputs). */
+static bool bf16_only(const ml_linear *lin) {
+  return !lin->weight->fp32 && !(lin->lora_drop && lin->lora_drop->p > 0) && !lin->whole.cols;
+}
+
+bool ml_model_bf16_inputs(const ml_model *m) {
+  if (!m->bf16_params || m->cfg.n_experts > 0 || m->cfg.n_layers < 1 || !m->layers) return false;
+  for (int l = 0; l < m->cfg.n_layers; l++) {
+    const ml_layer *L = &m->layers[l];
+    const ml_linear *lin[] = {&L->q_proj,    &L->k_proj,  &L->v_proj,
+                              &L->gate_proj, &L->up_proj, &L->down_proj};
+    for (size_t i = 0; i < sizeof lin / sizeof lin[0]; i++)
+      if (!bf16_only(lin[i])) return false;
+  }
+  return true;
 }
 
 /* How allocation messages name the batch: the caller's words
@@ -437,6 +456,7 @@ static int alloc_layer_acts(ml_model *m, const act_dims *d) {
   snprintf(dims, sizeof dims, "hidden_size %lld, intermediate_size %lld, num_attention_heads %lld",
            (long long)c->hidden, (long long)c->intermediate, (long long)c->n_heads);
   int64_t block, work;
+  m->bf16_inputs = ml_model_bf16_inputs(m);
   act_floats(m, d, &block, &work);
   if (work) {
     m->ac_work = ml_be_alloc(m->be, work, sizeof(float),
@@ -448,7 +468,7 @@ static int alloc_layer_acts(ml_model *m, const act_dims *d) {
   m->acts_shared = m->forward_only;
   for (int l = 0; l < m->cfg.n_layers; l++) {
     ml_layer *L = &m->layers[l];
-    carver count = {.kept = kept_parts(m)};
+    carver count = {.kept = kept_parts(m), .bf16_inputs = m->bf16_inputs};
     carve_layer(d, m, &count, &L->acts);
     float *block = NULL; /* forward-only: nothing of the layer's own */
     if (count.used[0]) {
@@ -456,7 +476,8 @@ static int alloc_layer_acts(ml_model *m, const act_dims *d) {
                           "the activations of layer %d (%s; %s)", l, batch, dims);
       if (!block) return -1;
     }
-    carver c = {.kept = count.kept, .block = {block, m->ac_work}};
+    carver c = {.kept = count.kept, .bf16_inputs = count.bf16_inputs,
+                .block = {block, m->ac_work}};
     carve_layer(d, m, &c, &L->acts);
   }
   return 0;
@@ -536,7 +557,9 @@ void ml_model_reset_acts(ml_model *m) {
 
 int ml_model_begin(ml_model *m, int64_t B, int64_t S) {
   /* a training geometry serves a forward-only pass too, not the reverse */
-  if (m->B == B && m->S == S && m->x_final && (m->forward_only || !m->acts_shared)) return 0;
+  if (m->B == B && m->S == S && m->x_final && (m->forward_only || !m->acts_shared) &&
+      m->bf16_inputs == ml_model_bf16_inputs(m))
+    return 0;
   if (!m->be) return ml_err("ml_model_begin: no backend set (ml_model.be)");
   free_acts(m);
   ml_be_trim(m->be); /* the old geometry's buffers go back to the system */

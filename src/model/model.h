@@ -176,7 +176,7 @@ typedef struct ml_rmsnorm {
  * layer's. */
 typedef struct ml_layer_acts {
   float *x_in;          /* layer input (residual) [T, H] */
-  float *rstd1, *h1;    /* attn_norm: rstd [T], output [T, H] */
+  float *rstd1, *h1;    /* attn_norm: rstd [T], output [T, H] (bf16 under bf16_inputs) */
   float *q_raw, *k_raw; /* q/k_proj outputs before q_norm/k_norm [T, nh·hd], [T, nkv·hd] */
   float *rstd_q, *rstd_k; /* q_norm/k_norm rstd per (token, head) [T·nh], [T·nkv] */
   float *q, *k, *v;     /* attention inputs (after norm and RoPE) */
@@ -184,8 +184,8 @@ typedef struct ml_layer_acts {
   float *att;           /* attention output, o_proj input [T, nh·hd] */
   float *o, *rstd_o;    /* o_proj output before attn_out_norm [T, H], rstd [T] */
   float *x_mid;         /* residual after attention [T, H] */
-  float *rstd2, *h2;    /* mlp_norm: rstd [T], output [T, H] */
-  float *g, *u, *a;     /* gate, up, act(gate)·up [T, I] */
+  float *rstd2, *h2;    /* mlp_norm: rstd [T], output [T, H] (bf16 under bf16_inputs) */
+  float *g, *u, *a;     /* gate, up, act(gate)·up [T, I] (a: bf16 under bf16_inputs) */
   float *d, *rstd_d;    /* down_proj output before mlp_out_norm [T, H], rstd [T] */
   float *out;           /* workspace only, where the MLP is recomputed: the layer
                            output a recompute writes and discards [T, H] */
@@ -205,7 +205,10 @@ typedef struct ml_layer_acts {
    * mlp_norm and the post-norms, o and d) hold Tr = B · s_res tokens, s_res
    * this rank's sequence piece (ml_model.res_parts); the others T = B · S. */
   /* the views the linears read (after their input edges): q/k/v, o_proj,
-   * gate/up, down_proj; and q, k, v as attention saw them */
+   * gate/up, down_proj; and q, k, v as attention saw them. Under
+   * ml_model.bf16_inputs in_qkv.x, in_gu.x and in_down.x are NULL after the
+   * forward (their fp32 values are kept nowhere: h1, h2, a hold the bf16
+   * copy) */
   ml_act in_qkv, in_o, in_gu, in_down, qv, kv, vv, gv;
 } ml_layer_acts;
 
@@ -381,6 +384,14 @@ typedef struct ml_model {
    * (no reallocation when an RL loop alternates scoring and training). */
   bool forward_only;
   bool acts_shared; /* the buffers in place are forward_only's (one block for every layer) */
+  /* Set before ml_model_begin: FSDP's param_dtype is bf16, so the weights
+   * (but those kept in fp32, ml_param.fp32) are gathered as bf16 for the
+   * forward and backward (their ml_param.dtype says so only once gathered). */
+  bool bf16_params;
+  /* The buffers in place keep the inputs of q/k/v, gate/up and down_proj
+   * (h1, h2, a) as bf16, the operand their bf16 GEMMs read, forward and
+   * backward (ml_model_bf16_inputs when they were carved). */
+  bool bf16_inputs;
   ml_embedding embed_tokens;
   ml_layer *layers;
   ml_rmsnorm norm;
@@ -525,12 +536,26 @@ void ml_model_reset_acts(ml_model *m);
  * workspace shared by all layers (0 under ML_AC_NONE). ml_model_begin(m,
  * B, S) allocates these; the backward temporaries, the final norm's
  * activations and the RoPE tables come on top and do not depend on the
- * mode. Buffers on the residual stream are sized for this rank's piece of
+ * mode. With ml_model_bf16_inputs h1, h2 and a count as bf16 (2 bytes). Buffers on the residual stream are sized for this rank's piece of
  * the sequence (m->res_parts), the rest for whole sequences (S positions:
  * the linears and attention read gathered sequences). A size beyond int64
  * is ML_SAT (common/checked.h). */
 void ml_model_act_bytes(const ml_model *m, int64_t B, int64_t S, int64_t *per_layer,
                         int64_t *workspace);
+
+/* Whether the forward keeps the inputs of q/k/v, gate/up (the norm outputs
+ * h1, h2 after their input edges) and down_proj (a = act(gate)·up) only as
+ * their bf16 copy: every such weight is gathered as bf16 (m->bf16_params and
+ * not ml_param.fp32), so their
+ * GEMMs read the bf16 rounding of the input forward (y = x·W^T) and
+ * backward (dW += dy^T·x); as torch autocast saves the bf16 cast of a
+ * linear's input for backward (the GLU's backward reads gate and up, not
+ * a). False when anything else reads the fp32 input: a sparse layer's
+ * router and experts (model/moe.c), LoRA dropout on one of them
+ * (model/lora_drop.h), a down_proj computed whole (ml_linear.whole, the
+ * batch-invariant mode under tp). Values are unchanged (the same rounding
+ * of the same fp32 tensor); h1, h2, a take half the memory. */
+bool ml_model_bf16_inputs(const ml_model *m);
 
 /* Embedding lookup: ids [B, S] → x [B, s_res, H] (scaled; the output edge
  * runs and sets m->s_res). x has room for [B, S, H]. Errors: an edge that

@@ -205,6 +205,51 @@ static void test_activations_saturate(void **state) {
   ml_model_destroy(&m);
 }
 
+/* Under bf16 weights (FSDP param_dtype) the inputs of q/k/v, gate/up and
+ * down_proj (h1, h2 [T, H], a [T, I]) are kept as their bf16 copy only
+ * (ml_model_bf16_inputs): a layer's saved activations shrink by exactly
+ * half of those three buffers, 2 B per element (T·H and T·I are multiples
+ * of 32 here, so the 64-byte alignment of each buffer adds nothing). LoRA
+ * dropout on one of them, or a down_proj computed whole, keeps them fp32. */
+/* Marks a linear as computed whole (ml_linear.whole); ml_model_bf16_inputs
+ * reads whether it is set and never calls it. */
+static int whole_cols_unused(void *ctx, const ml_param *p, const void *src, int64_t rows,
+                             ml_dtype dt, void *dst) {
+  (void)ctx, (void)src, (void)rows, (void)dt, (void)dst;
+  return ml_err("test_sizes: %s's whole hook is not called here", p->name);
+}
+
+static void test_bf16_inputs_bytes(void **state) {
+  (void)state;
+  ml_model_config cfg;
+  assert_int_equal(ml_model_config_preset("llama", "tiny", &cfg), 0);
+  ml_model m;
+  assert_int_equal(ml_model_create(&cfg, &m), 0);
+  assert_int_equal(ml_backend_get("cpu", 0, &m.be), 0);
+  int64_t B = 2, S = 16, T = B * S, fp32_layer, bf16_layer, layer, work;
+  assert_false(ml_model_bf16_inputs(&m));
+  ml_model_act_bytes(&m, B, S, &fp32_layer, &work);
+  m.bf16_params = true;
+  assert_true(ml_model_bf16_inputs(&m));
+  ml_model_act_bytes(&m, B, S, &bf16_layer, &work);
+  assert_int_equal(fp32_layer - bf16_layer, 2 * T * (2 * cfg.hidden + cfg.intermediate));
+  ml_linear *up = &m.layers[cfg.n_layers - 1].up_proj;
+  m.lora_drop.p = 0.1;
+  up->lora_drop = &m.lora_drop;
+  assert_false(ml_model_bf16_inputs(&m));
+  ml_model_act_bytes(&m, B, S, &layer, &work);
+  assert_int_equal(layer, fp32_layer);
+  up->lora_drop = NULL;
+  ml_linear *down = &m.layers[0].down_proj;
+  down->whole.cols = whole_cols_unused;
+  assert_false(ml_model_bf16_inputs(&m));
+  down->whole.cols = NULL;
+  assert_true(ml_model_bf16_inputs(&m));
+  m.layers[0].k_proj.weight->fp32 = true; /* kept in fp32 (engine/fp32_params.h) */
+  assert_false(ml_model_bf16_inputs(&m));
+  ml_model_destroy(&m);
+}
+
 /* ---- run-checkpoint metadata.json -------------------------------------- */
 
 /* A committed run checkpoint under directory `name` whose metadata.json
@@ -284,6 +329,7 @@ int main(void) {
       cmocka_unit_test(test_checked_arithmetic),   cmocka_unit_test(test_alloc_array),
       cmocka_unit_test(test_config_limits),        cmocka_unit_test(test_config_at_limits),
       cmocka_unit_test(test_seq_len_check),        cmocka_unit_test(test_activations_saturate),
+      cmocka_unit_test(test_bf16_inputs_bytes),
       cmocka_unit_test(test_runckpt_piece_bounds), cmocka_unit_test(test_runckpt_state_range),
   };
   return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);

@@ -10,7 +10,10 @@
 #     losses and grad norms of --metrics (timing fields dropped) and the
 #     exported HF checkpoint's model.safetensors.
 # A fixture the old binary cannot load (a family or option it lacks) is
-# listed as new and skipped.
+# listed as new and skipped. COMPARE_FLAGS (e.g. "--param-dtype bf16") are
+# added to every run of both binaries; COMPARE_MESHES (default "1|4 --tp 2
+# --sequence-parallel") lists the training meshes, "|"-separated, each its
+# rank count then its flags.
 # Prints one line per check and exits non-zero when any differ. Not a CTest
 # (it needs the old binary); run by hand around a refactor. Each binary runs
 # with the libmeshlm.so beside it (LD_LIBRARY_PATH: the build's RUNPATH
@@ -67,14 +70,15 @@ EOF
     for mesh in "1" "2 --tp 2"; do
       np=${mesh%% *}; flags=${mesh#"$np"}; tag=$fx.lp.np$np
       run x "$bin" "$np" logprobs --model "$dir" --data "$work/$fx.jsonl" \
-        --out "$work/$side/$tag.jsonl" $flags || { failed=$((failed + 1)); echo "FAILED  $side $tag: $(tail -1 "$work/x.stderr")"; }
+        --out "$work/$side/$tag.jsonl" $flags ${COMPARE_FLAGS:-} || { failed=$((failed + 1)); echo "FAILED  $side $tag: $(tail -1 "$work/x.stderr")"; }
     done
-    for mesh in "1" "4 --tp 2 --sequence-parallel"; do
-      np=${mesh%% *}; flags=${mesh#"$np"}; tag=$fx.train.np$np
+    IFS='|' read -ra meshes <<< "${COMPARE_MESHES:-1|4 --tp 2 --sequence-parallel}"
+    for k in "${!meshes[@]}"; do
+      mesh=${meshes[$k]}; np=${mesh%% *}; flags=${mesh#"$np"}; tag=$fx.train.mesh$k
       rm -rf "$work/$side/$tag.hf"
       run x "$bin" "$np" train --model "$dir" --data "$work/$fx.jsonl" --steps 3 --batch-size 2 \
         --seq-len "$S" --lr 1e-3 --max-grad-norm 1.0 --seed 7 --metrics "$work/$side/$tag.m" \
-        --export-hf "$work/$side/$tag.hf" $flags || { failed=$((failed + 1)); echo "FAILED  $side $tag: $(tail -1 "$work/x.stderr")"; }
+        --export-hf "$work/$side/$tag.hf" $flags ${COMPARE_FLAGS:-} || { failed=$((failed + 1)); echo "FAILED  $side $tag: $(tail -1 "$work/x.stderr")"; }
       python3 - "$work/$side/$tag.m" > "$work/$side/$tag.numbers" <<'EOF'
 import json, sys
 try:
@@ -88,9 +92,9 @@ EOF
     done
   done
   for np in 1 2; do check "$fx logprobs np $np" "$fx.lp.np$np.jsonl"; done
-  for np in 1 4; do
-    check "$fx train np $np losses" "$fx.train.np$np.numbers"
-    check "$fx train np $np weights" "$fx.train.np$np.st"
+  for k in "${!meshes[@]}"; do
+    check "$fx train [${meshes[$k]}] losses" "$fx.train.mesh$k.numbers"
+    check "$fx train [${meshes[$k]}] weights" "$fx.train.mesh$k.st"
   done
 done
 echo "$same same, $differ differ, $failed runs failed"

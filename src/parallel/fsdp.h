@@ -5,7 +5,9 @@
  * lm_head). Each parameter's TP-local tensor is chunked on dim 0 across the
  * group (chunk = ceil(rows / dp), zero-padded), and a unit's chunks are
  * packed into one flat shard per rank: shard = [chunk of p0 | chunk of p1 |
- * ...]. Unsharding is one all-gather of the flat shards (in param_dtype)
+ * ...]. Unsharding is one all-gather of the flat shards (in param_dtype;
+ * under bf16, once training, sent from the persistent bf16 shard lp which
+ * AdamW's pass keeps current, instead of rounded at every unshard)
  * followed by a copy into the unit's contiguous unsharded fp32 buffer
  * (FSDP2's copy-out; bf16 values widened exactly); gradients are rounded to
  * param_dtype (they were computed in it), copied into the same rank-major

@@ -434,6 +434,7 @@ static int rows_materialise(ml_fsdp *f, ml_fsdp_unit *unit) {
   ml_dtype pt = f->opts.param_dtype;
   if (n == 0 || pt == ML_F32) return 0;
   if (unit->lp) { /* rounded already (gather_start: lp_refresh) */
+    fsdp_free_unless_lp(f, unit, unit->rows); /* one rounded before lp existed (ZeRO-1/2) */
     unit->rows = unit->lp + unit->gather_numel;
     return 0;
   }

@@ -10,8 +10,10 @@
 #     losses and grad norms of --metrics (timing fields dropped) and the
 #     exported HF checkpoint's model.safetensors.
 # A fixture the old binary cannot load (a family or option it lacks) is
-# listed as new and skipped. MESHLM_COMPARE_FLAGS, when set, is added to
-# every run (e.g. '--param-dtype bf16' to compare the bf16 paths).
+# listed as new and skipped. COMPARE_FLAGS (e.g. "--param-dtype bf16") are
+# added to every run of both binaries; COMPARE_MESHES (default "1|4 --tp 2
+# --sequence-parallel") lists the training meshes, "|"-separated, each its
+# rank count then its flags.
 # Prints one line per check and exits non-zero when any differ. Not a CTest
 # (it needs the old binary); run by hand around a refactor. Each binary runs
 # with the libmeshlm.so beside it (LD_LIBRARY_PATH: the build's RUNPATH
@@ -21,7 +23,7 @@ set -uo pipefail
 old=${1:?usage: compare_builds.sh OLD_BIN NEW_BIN [FIXTURES_DIR]}
 new=${2:?usage: compare_builds.sh OLD_BIN NEW_BIN [FIXTURES_DIR]}
 fixtures=${3:-$(dirname "$0")/../tests/fixtures}
-read -r -a extra <<< "${MESHLM_COMPARE_FLAGS:-}"
+read -r -a extra <<< "${COMPARE_FLAGS:-}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 work=$(mktemp -d)
@@ -71,8 +73,9 @@ EOF
       run x "$bin" "$np" logprobs --model "$dir" --data "$work/$fx.jsonl" \
         --out "$work/$side/$tag.jsonl" $flags || { failed=$((failed + 1)); echo "FAILED  $side $tag: $(tail -1 "$work/x.stderr")"; }
     done
-    for mesh in "1" "4 --tp 2 --sequence-parallel"; do
-      np=${mesh%% *}; flags=${mesh#"$np"}; tag=$fx.train.np$np
+    IFS='|' read -ra meshes <<< "${COMPARE_MESHES:-1|4 --tp 2 --sequence-parallel}"
+    for k in "${!meshes[@]}"; do
+      mesh=${meshes[$k]}; np=${mesh%% *}; flags=${mesh#"$np"}; tag=$fx.train.mesh$k
       rm -rf "$work/$side/$tag.hf"
       run x "$bin" "$np" train --model "$dir" --data "$work/$fx.jsonl" --steps 3 --batch-size 2 \
         --seq-len "$S" --lr 1e-3 --max-grad-norm 1.0 --seed 7 --metrics "$work/$side/$tag.m" \
@@ -90,9 +93,9 @@ EOF
     done
   done
   for np in 1 2; do check "$fx logprobs np $np" "$fx.lp.np$np.jsonl"; done
-  for np in 1 4; do
-    check "$fx train np $np losses" "$fx.train.np$np.numbers"
-    check "$fx train np $np weights" "$fx.train.np$np.st"
+  for k in "${!meshes[@]}"; do
+    check "$fx train [${meshes[$k]}] losses" "$fx.train.mesh$k.numbers"
+    check "$fx train [${meshes[$k]}] weights" "$fx.train.mesh$k.st"
   done
 done
 echo "$same same, $differ differ, $failed runs failed"

@@ -66,6 +66,7 @@ static int sync_replica(meshlm_session *s) {
   ML_TRY(ml_host_agree(s->world, rc));
   if (s->gen_version == s->version) return 0;
   ML_TRY(ml_engine_stream_params(&s->e, -1, into_replica, &s->gen));
+  ml_fsdp_params_changed(&s->gen.fsdp); /* its shards were written by into_replica */
   ML_TRY(ml_host_agree(s->world, ml_engine_sync_params(&s->gen)));
   s->gen_version = s->version;
   return 0;

@@ -335,11 +335,11 @@ int ml_be_xent_bwd_entropy(ml_backend *be, const float *logits, int64_t T, int64
   NEED(be, ML_OP_ENTROPY);
   return be->ops->xent_bwd_entropy(be, logits, T, V, v0, y, mx, se, w, H, ew, dlogits);
 }
-int ml_be_adamw(ml_backend *be, float *p, float *g, float *m, float *v, int64_t n,
-                float grad_scale, double lr, double b1, double b2, double eps, double wd,
-                int64_t step) {
+int ml_be_adamw(ml_backend *be, float *p, float *g, float *m, float *v, uint16_t *p_bf16,
+                int64_t n, float grad_scale, double lr, double b1, double b2, double eps,
+                double wd, int64_t step) {
   NEED(be, ML_OP_ADAMW);
-  return be->ops->adamw(be, p, g, m, v, n, grad_scale, lr, b1, b2, eps, wd, step);
+  return be->ops->adamw(be, p, g, m, v, p_bf16, n, grad_scale, lr, b1, b2, eps, wd, step);
 }
 int ml_be_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind,
                        double *out) {

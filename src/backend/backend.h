@@ -269,8 +269,8 @@ typedef struct ml_backend_ops {
   int (*xent_bwd)(ml_backend *be, const float *logits, int64_t T, int64_t V, int64_t v0,
                   const int32_t *y, const float *mx, const float *se, const float *w,
                   float *dlogits);
-  int (*adamw)(ml_backend *be, float *p, float *g, float *m, float *v, int64_t n,
-               float grad_scale, double lr, double b1, double b2, double eps, double wd,
+  int (*adamw)(ml_backend *be, float *p, float *g, float *m, float *v, uint16_t *p_bf16,
+               int64_t n, float grad_scale, double lr, double b1, double b2, double eps, double wd,
                int64_t step);
   int (*norm_partial)(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind, double *out);
   int (*find_nonfinite)(ml_backend *be, const float *g, int64_t n, bool *found);
@@ -613,9 +613,12 @@ int ml_be_xent_topk_logprobs(ml_backend *be, int64_t T, int64_t k, const float *
 /* One AdamW step (torch.optim.AdamW, single-tensor) on p, m, v [n] with g.
  * grad_scale != 1: g *= grad_scale first, in the same pass (the clipping
  * of clip_grad_norm_ folded into the step: g and the step bit for bit
- * those of ml_be_scale then the step); 1: g is only read. */
-int ml_be_adamw(ml_backend *be, float *p, float *g, float *m, float *v, int64_t n,
-                float grad_scale, double lr, double b1, double b2, double eps, double wd,
+ * those of ml_be_scale then the step); 1: g is only read. p_bf16 [n]
+ * (bf16 bits) or NULL: the updated p rounded to bf16 in the same pass,
+ * bit for bit ml_be_convert(p_bf16, ML_BF16, p, ML_F32, n) afterwards
+ * (FSDP's persistent param_dtype shard, parallel/fsdp.h). */
+int ml_be_adamw(ml_backend *be, float *p, float *g, float *m, float *v, uint16_t *p_bf16,
+                int64_t n, float grad_scale, double lr, double b1, double b2, double eps, double wd,
                 int64_t step);
 /* *out (host) = the partial `kind` of g [n]. */
 int ml_be_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind, double *out);

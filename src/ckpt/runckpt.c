@@ -325,6 +325,7 @@ int ml_run_load(ml_engine *e, const char *dir, ml_run_state *st) {
   for (int u = 0; rc == 0 && u < e->fsdp.n_units; u++)
     for (int i = 0; rc == 0 && i < e->fsdp.units[u].n; i++)
       rc = load_param(e, &c, &e->fsdp.units[u], i);
+  ml_fsdp_params_changed(&e->fsdp); /* the masters are the checkpoint's (or partly, on error) */
   ml_rc_info info = c.info;
   if (opened) ml_rc_close(&c);
   ML_TRY(ml_host_agree(ml_mesh_host(e->mesh, ML_GROUP_WORLD), rc));

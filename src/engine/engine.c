@@ -712,11 +712,15 @@ int ml_engine_clip(ml_engine *e, double norm, double max_norm) {
   return 0;
 }
 
-/* AdamW (elementwise) on elements [at, at + n) of unit's shard. */
+/* AdamW (elementwise) on elements [at, at + n) of unit's shard; where the
+ * unit's persistent bf16 shard is current (parallel/fsdp.h lp_fresh) the
+ * same pass rounds the updated weights into it, so it stays current (a
+ * stale one is rounded whole at the next unshard). */
 static int adamw_range(ml_engine *e, ml_fsdp_unit *unit, int64_t at, int64_t n, float grad_scale,
                        const ml_adamw_cfg *c) {
+  uint16_t *lp = unit->lp && unit->lp_fresh ? unit->lp + at : NULL;
   return ml_be_adamw(e->fsdp.shard_be, unit->shard + at, unit->shard_grad + at, unit->adam_m + at,
-                     unit->adam_v + at, n, grad_scale, c->lr, c->beta1, c->beta2, c->eps,
+                     unit->adam_v + at, lp, n, grad_scale, c->lr, c->beta1, c->beta2, c->eps,
                      c->weight_decay, e->step);
 }
 

@@ -45,6 +45,7 @@ void ml_engine_reference_free(ml_engine *e) {
     float *ref = e->fsdp.units[u].shard;
     e->fsdp.units[u].shard = e->ref[u];
     e->ref[u] = ref;
+    e->fsdp.units[u].lp_fresh = false; /* parallel/fsdp.h: the policy's shard is back */
   }
   e->ref_swapped = false;
   for (int u = 0; u < e->fsdp.n_units; u++) ml_fsdp_shard_free(&e->fsdp, e->ref[u]);

@@ -137,6 +137,7 @@ static int load_param(ml_fsdp *f, ml_fsdp_unit *u, int i, const ml_ckpt *ck) {
   float *stage = ml_be_host_alloc(f->be, n, sizeof(float), "loading '%s'", p->name);
   if (!stage) return -1;
   int rc = ml_st_read_block(t, row0, nr, col0, p->local[1], stage);
+  u->lp_fresh = false; /* the master changes (or may, on a failed read) */
   if (rc == 0)
     rc = ml_be_copy(f->shard_be, u->shard + u->shard_off[i], stage, sizeof(float) * (size_t)n,
                     ML_COPY_H2D);
@@ -333,12 +334,13 @@ void ml_fsdp_destroy(ml_fsdp *f) {
       if (unit->dp->size > 1) ml_be_free(f->be, unit->recv32);
       ml_be_free(f->be, unit->full32);
       if (unit->grad_pending) ml_be_event_sync(f->be, &unit->grad_ev);
-      if (unit->send != fsdp_shard_on_device(unit)) ml_be_free(f->be, unit->send);
+      if (unit->send != fsdp_shard_on_device(unit)) fsdp_free_unless_lp(f, unit, unit->send);
       if (unit->recv != unit->send) ml_be_free(f->be, unit->recv); /* one rank: the same */
-      if (!fsdp_params_alias(f, unit)) ml_be_free(f->be, unit->full);
+      if (!fsdp_params_alias(f, unit)) fsdp_free_unless_lp(f, unit, unit->full);
       if (!fsdp_grads_alias(f, unit)) ml_be_free(f->be, unit->full_grad);
       if (!fsdp_rows_grad_alias(f, unit)) ml_be_free(f->be, unit->rows_grad);
-      ml_be_free(f->be, unit->rows);
+      fsdp_free_unless_lp(f, unit, unit->rows);
+      ml_be_free(f->be, unit->lp);
       ml_be_free(f->be, unit->dev_shard);
       ml_fsdp_shard_free(f, unit->shard);
       ml_fsdp_shard_free(f, unit->shard_grad); /* the training state's block (fsdp_state.c) */
@@ -414,12 +416,28 @@ int ml_fsdp_gather_flat(ml_fsdp *f, int u, const float *src, float *dst) {
   return rc;
 }
 
+/* The persistent param_dtype shard (fsdp.h lp) at the shard's current
+ * values: rounded from it where stale. */
+static int lp_refresh(ml_fsdp *f, ml_fsdp_unit *unit) {
+  if (unit->lp_fresh) return 0;
+  ML_TRY(ml_be_convert(f->be, unit->lp, ML_BF16, unit->shard, ML_F32,
+                       (size_t)unit->shard_numel));
+  unit->lp_fresh = true;
+  return 0;
+}
+
 /* The vocab-parallel rows in param_dtype (bf16: rounded from the shard
- * into unit->rows, as the gathered parameters are; fp32 reads the shard). */
+ * into unit->rows, as the gathered parameters are, or the persistent
+ * shard's rows part; fp32 reads the shard). */
 static int rows_materialise(ml_fsdp *f, ml_fsdp_unit *unit) {
   int64_t n = fsdp_rows_numel(unit);
   ml_dtype pt = f->opts.param_dtype;
   if (n == 0 || pt == ML_F32) return 0;
+  if (unit->lp) { /* rounded already (gather_start: lp_refresh) */
+    fsdp_free_unless_lp(f, unit, unit->rows); /* one rounded before lp existed (ZeRO-1/2) */
+    unit->rows = unit->lp + unit->gather_numel;
+    return 0;
+  }
   if (!unit->rows) {
     unit->rows = ml_be_alloc(f->be, n, ml_dtype_size(pt), "the %s vocab rows of a unit",
                              ml_dtype_name(pt));
@@ -498,15 +516,19 @@ static int gather32_finish(ml_fsdp *f, ml_fsdp_unit *unit, int rc) {
 
 /* Start the all-gather of unit u's gathered part in param_dtype into
  * unit->recv, and of its fp32 part into recv32; its vocab-parallel rows in
- * param_dtype. */
+ * param_dtype. The param_dtype part is sent from the persistent shard (lp:
+ * no conversion while it is fresh), else rounded into a send buffer. */
 static int gather_start(ml_fsdp *f, ml_fsdp_unit *unit) {
   int64_t n = fsdp_lo_numel(unit);
   ml_dtype pt = f->opts.param_dtype;
   size_t es = ml_dtype_size(pt);
   if (fsdp_offload(f)) ML_TRY(shard_upload(f, unit));
+  if (unit->lp) ML_TRY(lp_refresh(f, unit));
   ML_TRY(rows_materialise(f, unit));
   unit->send = fsdp_shard_on_device(unit);
-  if (pt != ML_F32) {
+  if (unit->lp) {
+    unit->send = unit->lp;
+  } else if (pt != ML_F32) {
     unit->send = ml_be_alloc(f->be, n, es, "a %s parameter shard", ml_dtype_name(pt));
     if (!unit->send) return -1;
     ML_TRY(ml_be_convert(f->be, unit->send, pt, fsdp_shard_on_device(unit), ML_F32, (size_t)n));
@@ -529,7 +551,8 @@ static int gather_start(ml_fsdp *f, ml_fsdp_unit *unit) {
  * which keeps param_dtype (the GEMMs read it as it is). On one rank the
  * converted shard (or under cpu_offload its device copy) is that buffer
  * already (same layout: no padding rows), unless one is kept between steps
- * (ZeRO-1/2). */
+ * (ZeRO-1/2); where that buffer is the persistent shard (lp) itself, there
+ * is nothing to copy. */
 static int gather_finish(ml_fsdp *f, ml_fsdp_unit *unit) {
   int rc = unit->in_flight ? ml_wait(unit->dp, &unit->req) : 0;
   rc = gather32_finish(f, unit, rc); /* before the shard's device copy goes */
@@ -545,10 +568,10 @@ static int gather_finish(ml_fsdp *f, ml_fsdp_unit *unit) {
                                "the unsharded parameters of a unit");
       if (!unit->full) rc = -1;
     }
-    if (rc == 0)
+    if (rc == 0 && unit->full != unit->recv)
       rc = fsdp_copy_rank_major(f, unit, unit->recv, fsdp_param_elem(f), unit->full, pt, 1,
                                 fsdp_lo_numel(unit));
-    if (unit->send != fsdp_shard_on_device(unit)) ml_be_free(f->be, unit->send);
+    if (unit->send != fsdp_shard_on_device(unit)) fsdp_free_unless_lp(f, unit, unit->send);
     if (unit->recv != unit->send) ml_be_free(f->be, unit->recv);
   }
   shard_release(f, unit, rc == 0);
@@ -584,8 +607,8 @@ int ml_fsdp_unshard(ml_fsdp *f, int u) {
 
 static void reshard_one(ml_fsdp *f, ml_fsdp_unit *unit) {
   if (fsdp_params_alias(f, unit) || fsdp_persistent(f) || !unit->full) return;
-  ml_be_free(f->be, unit->full);
-  ml_be_free(f->be, unit->rows);
+  fsdp_free_unless_lp(f, unit, unit->full);
+  fsdp_free_unless_lp(f, unit, unit->rows);
   ml_be_free(f->be, unit->full32);
   unit->full = unit->rows = NULL;
   unit->full32 = NULL;
@@ -615,12 +638,17 @@ int ml_fsdp_swap_shards(ml_fsdp *f, float **other) {
     float *mine = unit->shard;
     unit->shard = other[u];
     other[u] = mine;
+    unit->lp_fresh = false;
     if (fsdp_params_alias(f, unit)) {
       unit->full = unit->shard;
       point_data(unit, unit->full, ML_F32);
     }
   }
   return ml_fsdp_sync_params(f);
+}
+
+void ml_fsdp_params_changed(ml_fsdp *f) {
+  for (int u = 0; u < f->n_units; u++) f->units[u].lp_fresh = false;
 }
 
 int ml_fsdp_rows(const ml_fsdp *f, const ml_param *p, ml_rows *w) {

@@ -5,7 +5,9 @@
  * lm_head). Each parameter's TP-local tensor is chunked on dim 0 across the
  * group (chunk = ceil(rows / dp), zero-padded), and a unit's chunks are
  * packed into one flat shard per rank: shard = [chunk of p0 | chunk of p1 |
- * ...]. Unsharding is one all-gather of the flat shards (in param_dtype)
+ * ...]. Unsharding is one all-gather of the flat shards (in param_dtype;
+ * under bf16, once training, sent from the persistent bf16 shard lp which
+ * AdamW's pass keeps current, instead of rounded at every unshard)
  * followed by a copy into the unit's contiguous unsharded fp32 buffer
  * (FSDP2's copy-out; bf16 values widened exactly); gradients are rounded to
  * param_dtype (they were computed in it), copied into the same rank-major
@@ -206,6 +208,17 @@ typedef struct ml_fsdp_unit {
   float *recv32;      /* its all-gather's receive buffer while one is started (one rank: the
                          shard's part itself) */
   ml_request req32;
+  /* The persistent param_dtype shard (ml_fsdp_train_state under param_dtype bf16 without
+   * cpu_offload; NULL otherwise): [shard_numel] bf16, the shard rounded once per change of
+   * the masters instead of at every unshard (FSDP2 MixedPrecisionPolicy casts param_dtype
+   * before each all-gather; here the cast is kept). The all-gather sends its param_dtype
+   * part as it is (one rank: it is the unsharded buffer itself), the vocab-parallel rows
+   * are read from its rows part; its fp32 part's slots hold their rounding, unread. */
+  uint16_t *lp;
+  bool lp_fresh; /* lp holds the shard's current values: set where lp is rounded from the
+                    shard (at an unshard when stale) or written by AdamW's pass (ml_be_adamw's
+                    p_bf16); cleared by every other write to the shard (ml_fsdp_load,
+                    ml_fsdp_swap_shards, ml_fsdp_params_changed) */
 } ml_fsdp_unit;
 
 /* fp32 elements a unit keeps where the shards live once it trains: the
@@ -365,6 +378,13 @@ int ml_fsdp_sync_params(ml_fsdp *f);
  * back before ml_fsdp_destroy. Errors: those of the re-gather. */
 int ml_fsdp_swap_shards(ml_fsdp *f, float **other);
 
+/* Mark every unit's persistent param_dtype shard stale (fsdp.h lp_fresh):
+ * a caller that wrote the fp32 shards other than through ml_fsdp_load or
+ * ml_fsdp_swap_shards (a checkpoint resume, a refit into a replica, the
+ * reference policy's shards swapped back) calls it before the next
+ * unshard, which then rounds them afresh. */
+void ml_fsdp_params_changed(ml_fsdp *f);
+
 /* count elements of `elem` bytes where the shards live: the backend's
  * device memory, or under cpu_offload its host memory (ml_be_host_alloc:
  * pinned on CUDA); NULL with ml_be_alloc's message (what_fmt, ...). Free
@@ -396,7 +416,9 @@ int ml_fsdp_finish_backward(ml_fsdp *f);
  * never holds these 12 bytes per trainable shard element (torch likewise
  * creates .grad at the first backward and AdamW's exp_avg / exp_avg_sq at
  * the first optimizer step). Its callers are the training entry points
- * (ml_engine_train_state). Errors: allocation (named). */
+ * (ml_engine_train_state). Under param_dtype bf16 without cpu_offload it
+ * also gives every unit its persistent bf16 shard (lp, 2 bytes per shard
+ * element), which AdamW's pass keeps current. Errors: allocation (named). */
 int ml_fsdp_train_state(ml_fsdp *f);
 
 /* Which unit holds parameter p: its index, and where its chunk lies. */

@@ -59,6 +59,15 @@ static inline float *fsdp_shard_on_device(const ml_fsdp_unit *u) {
   return u->dev_shard ? u->dev_shard : u->shard;
 }
 
+/* Free a unit's buffer p (ml_be_free) unless it is the persistent
+ * param_dtype shard or its rows part (fsdp.h lp: the one-rank unsharded
+ * buffer, the send buffer and the vocab rows may be those, freed with the
+ * unit alone). */
+static inline void fsdp_free_unless_lp(const ml_fsdp *f, const ml_fsdp_unit *u, void *p) {
+  if (u->lp && (p == u->lp || p == u->lp + u->gather_numel)) return;
+  ml_be_free(f->be, p);
+}
+
 /* Copy between the rank-major layout `wire` (u->dp blocks of `stride`
  * elements of `elem`, each a rank's leading shard part: gather_numel for
  * the gathered parameters, shard_numel for every one, fsdp_reduce_numel for

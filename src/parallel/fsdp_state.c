@@ -1,14 +1,29 @@
 /* FSDP's training state (parallel/fsdp.h ml_fsdp_train_state): each
  * trainable unit's fp32 gradient and AdamW moments, allocated where the
  * shards live at the first training call instead of with the shards, so
- * that a scoring-only session never holds or touches them. */
+ * that a scoring-only session never holds or touches them; and under a bf16
+ * param_dtype every unit's persistent bf16 shard (fsdp.h lp), which AdamW's
+ * pass writes: a scoring-only session rounds at each unshard instead of
+ * holding it beside the fp32 shards. */
 #include "common/status.h"
 #include "parallel/fsdp.h"
 #include "parallel/fsdp_impl.h"
 
+/* Unit u's persistent param_dtype shard (fsdp.h lp): param_dtype bf16
+ * without cpu_offload (offloaded shards are rounded on their way to the
+ * device); stale until the next unshard or AdamW's pass. */
+static int lp_alloc(ml_fsdp *f, ml_fsdp_unit *unit) {
+  if (unit->lp || f->opts.param_dtype != ML_BF16 || fsdp_offload(f)) return 0;
+  unit->lp = ml_be_alloc(f->be, unit->shard_numel, sizeof(uint16_t),
+                         "the persistent bf16 shard of an FSDP unit (%d parameters)", unit->n);
+  unit->lp_fresh = false;
+  return unit->lp ? 0 : -1;
+}
+
 int ml_fsdp_train_state(ml_fsdp *f) {
   for (int u = 0; u < f->n_units; u++) {
     ml_fsdp_unit *unit = &f->units[u];
+    ML_TRY(lp_alloc(f, unit));
     if (unit->frozen || unit->shard_grad) continue;
     int64_t g = unit->grad_numel; /* <= shard_numel, bounded (fsdp.c unit_layout): 3g fits */
     float *s = ml_fsdp_shard_alloc(f, 3 * g, sizeof(float),

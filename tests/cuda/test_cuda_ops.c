@@ -862,8 +862,8 @@ static void test_adamw(void **state) {
       for (int64_t i = 0; i < n; i += 7) g[i] *= 1e-6f; /* |g| ~ eps */
       dev_set(&G, g);
       for (int s = 0; s < SIDES; s++)
-        ok(ml_be_adamw(g_be[s], P.p[s], G.p[s], M.p[s], Vv.p[s], n, 1.0f, lr, b1, b2, eps, wd,
-                       step),
+        ok(ml_be_adamw(g_be[s], P.p[s], G.p[s], M.p[s], Vv.p[s], NULL, n, 1.0f, lr, b1, b2, eps,
+                       wd, step),
            "adamw", s);
       for (int64_t i = 0; i < n; i++) {
         ex[i] = tol_adamw_step(ex[i], g[i], lr, b1, b2, eps, wd, (double)step);

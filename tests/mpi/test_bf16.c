@@ -5,7 +5,9 @@
  *    §4), every gradient (tol_bf16) and the per-token log-probs (mean
  *    |Δ| within the limit); and that the rounding happened;
  *  - mesh parity in bf16: one rank against dp2 × tp2 on the loss, every
- *    gradient and the log-probs (tol_bf16_pair).
+ *    gradient and the log-probs (tol_bf16_pair);
+ *  - the persistent bf16 shard written by AdamW's pass (parallel/fsdp.h
+ *    lp): bitwise the rounding an unshard would make, over clipped steps.
  * usage: test_bf16 FIXTURE */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "parallel/fsdp.h"
+#include "tensor/dtype.h"
 #include "train_check.h"
 
 static const char *g_fixture;
@@ -79,6 +83,72 @@ static void test_mesh_parity(void **state) {
   fixture_free(&fx);
 }
 
+/* Every unit's persistent bf16 shard of r: present (param_dtype bf16,
+ * training), current, and bit for bit ml_convert_from_f32 of its fp32
+ * shard (the CPU backend's shards are host memory). */
+static void check_lp(run *r) {
+  for (int u = 0; u < r->e.fsdp.n_units; u++) {
+    const ml_fsdp_unit *unit = &r->e.fsdp.units[u];
+    assert_non_null(unit->lp);
+    assert_true(unit->lp_fresh);
+    uint16_t *want = malloc(sizeof(uint16_t) * (size_t)unit->shard_numel);
+    assert_non_null(want);
+    assert_int_equal(ml_convert_from_f32(ML_BF16, unit->shard, want, (size_t)unit->shard_numel), 0);
+    assert_memory_equal(unit->lp, want, sizeof(uint16_t) * (size_t)unit->shard_numel);
+    free(want);
+  }
+}
+
+/* Three clipped AdamW steps of `a`, whose persistent bf16 shards AdamW's
+ * pass keeps current, against `b`, whose shards are marked stale before
+ * each step (ml_fsdp_params_changed: the step's first unshard rounds them
+ * from the fp32 masters, as every unshard did before): the same rounding
+ * of the same values, so losses, gradients and weights bitwise equal. */
+static void persistent_case(run *a, run *b, const batch *bt) {
+  const ml_adamw_cfg c = {.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+                          .weight_decay = 0.1};
+  for (int s = 0; s < 3; s++) {
+    ml_fsdp_params_changed(&b->e.fsdp);
+    double la = step_rows(a, bt), lb = step_rows(b, bt), na, nb;
+    assert_memory_equal(&la, &lb, sizeof la);
+    bool exact;
+    worst_rel(a, b, ML_EXPORT_GRADS, &exact);
+    assert_true(exact);
+    if (ml_engine_grad_norm(&a->e, 2.0, &na) || ml_engine_grad_norm(&b->e, 2.0, &nb))
+      fail_msg("grad norm: %s", ml_error_msg());
+    assert_memory_equal(&na, &nb, sizeof na);
+    /* max_norm below the norm: the clipped (grad_scale) pass */
+    if (ml_engine_clip_adamw(&a->e, na, 0.5 * na, &c) ||
+        ml_engine_clip_adamw(&b->e, nb, 0.5 * nb, &c))
+      fail_msg("adamw: %s", ml_error_msg());
+    worst_rel(a, b, ML_EXPORT_PARAMS, &exact);
+    assert_true(exact);
+    check_lp(a);
+  }
+}
+
+static void test_persistent_shard(void **state) {
+  (void)state;
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  static batch bt;
+  batch_make(&fx, 2, &bt); /* one row per dp rank */
+  ml_engine_opts o16 = bf16_engine_opts();
+  static run a, b;
+  run_open(&a, MPI_COMM_SELF, 1, 1, &o16, fx.dir);
+  run_open(&b, MPI_COMM_SELF, 1, 1, &o16, fx.dir);
+  persistent_case(&a, &b, &bt);
+  run_close(&b);
+  run_close(&a);
+  run_open(&a, MPI_COMM_WORLD, 1, 2, &o16, fx.dir); /* dp2 x tp2 */
+  run_open(&b, MPI_COMM_WORLD, 1, 2, &o16, fx.dir);
+  persistent_case(&a, &b, &bt);
+  run_close(&b);
+  run_close(&a);
+  batch_free(&bt);
+  fixture_free(&fx);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   int size;
@@ -91,6 +161,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       held_test(test_vs_fp32),
       held_test(test_mesh_parity),
+      held_test(test_persistent_shard),
   };
   return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

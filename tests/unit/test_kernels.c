@@ -21,6 +21,7 @@
 #include "common/status.h"
 #include "kernels/cpu/kernels.h"
 #include "model/linear.h"
+#include "tensor/dtype.h"
 #include "tolerance.h"
 #include "unit/attention_exact.h"
 
@@ -1915,7 +1916,7 @@ static void test_adamw(void **state) {
     memcpy(p0, p, sizeof p), memcpy(m0, m, sizeof m), memcpy(v0, v, sizeof v);
     float gs[3];
     memcpy(gs, g[s], sizeof gs);
-    k_adamw_step(p, gs, m, v, 3, 1.0f, lr, b1, b2, eps, wd, s + 1);
+    k_adamw_step(p, gs, m, v, NULL, 3, 1.0f, lr, b1, b2, eps, wd, s + 1);
     assert_memory_equal(gs, g[s], sizeof gs); /* grad_scale 1: g only read */
     double hp[3], hm[3], hv[3], bp[3], bm[3], bv[3], tp[3], btp[3];
     for (int i = 0; i < 3; i++) {
@@ -1951,26 +1952,38 @@ static void test_adamw(void **state) {
 
 /* Clipping folded into the step (grad_scale, ml_engine_clip_adamw): the
  * gradients, parameters and moments bit for bit those of k_scale then the
- * step, over lengths that end inside and outside a SIMD vector. */
+ * step, over lengths that end inside and outside a SIMD vector; and the
+ * bf16 copy written by the same pass (p_bf16, FSDP's persistent
+ * param_dtype shard) bit for bit ml_convert_from_f32 of the updated
+ * weights, scaled or not. Sides: 0 and 3 scale by k_scale first, 1 and 2
+ * in the pass; 2 and 3 write p_bf16. */
 static void test_adamw_clip_fused(void **state) {
   (void)state;
-  enum { N = 1000 };
-  static float p[2][N], g[2][N], m[2][N], v[2][N];
+  enum { N = 1000, SIDES = 4 };
+  static float p[SIDES][N], g[SIDES][N], m[SIDES][N], v[SIDES][N];
+  static uint16_t lp[SIDES][N], want[N];
   for (int i = 0; i < N; i++) {
-    p[0][i] = p[1][i] = 0.5f * frand();
-    g[0][i] = g[1][i] = 1.5f * frand();
-    m[0][i] = m[1][i] = 0.05f * frand();
-    v[0][i] = v[1][i] = 0.01f * fabsf(frand());
+    float pi = 0.5f * frand(), gi = 1.5f * frand(), mi = 0.05f * frand();
+    float vi = 0.01f * fabsf(frand());
+    for (int s = 0; s < SIDES; s++) p[s][i] = pi, g[s][i] = gi, m[s][i] = mi, v[s][i] = vi;
   }
   const float coef = 0.3719f;
   for (int64_t n = N - 13; n <= N; n += 13) {
-    k_scale(g[0], n, coef);
-    k_adamw_step(p[0], g[0], m[0], v[0], n, 1.0f, 1e-3, 0.9, 0.999, 1e-8, 0.1, 3);
-    k_adamw_step(p[1], g[1], m[1], v[1], n, coef, 1e-3, 0.9, 0.999, 1e-8, 0.1, 3);
-    assert_memory_equal(g[0], g[1], sizeof g[0]);
-    assert_memory_equal(p[0], p[1], sizeof p[0]);
-    assert_memory_equal(m[0], m[1], sizeof m[0]);
-    assert_memory_equal(v[0], v[1], sizeof v[0]);
+    for (int s = 0; s < SIDES; s++) {
+      bool fused = s == 1 || s == 2;
+      if (!fused) k_scale(g[s], n, coef);
+      k_adamw_step(p[s], g[s], m[s], v[s], s >= 2 ? lp[s] : NULL, n, fused ? coef : 1.0f, 1e-3,
+                   0.9, 0.999, 1e-8, 0.1, 3);
+    }
+    for (int s = 1; s < SIDES; s++) {
+      assert_memory_equal(g[0], g[s], sizeof g[0]);
+      assert_memory_equal(p[0], p[s], sizeof p[0]);
+      assert_memory_equal(m[0], m[s], sizeof m[0]);
+      assert_memory_equal(v[0], v[s], sizeof v[0]);
+    }
+    assert_int_equal(ml_convert_from_f32(ML_BF16, p[0], want, (size_t)n), 0);
+    assert_memory_equal(lp[2], want, sizeof(uint16_t) * (size_t)n);
+    assert_memory_equal(lp[3], want, sizeof(uint16_t) * (size_t)n);
   }
 }
 

@@ -746,11 +746,20 @@ static void test_adamw() {
         // back, bitwise on both sides) before the update
         float gs = step % 2 ? 1.0f : 0.5f;
         float *gr = pl.copy(g, n);
-        ok(kc_adamw(nullptr, p, g, m, v, n, gs, lr, b1, b2, eps, wd, step), "adamw");
-        k_adamw_step(pr, gr, mr, vr, n, gs, lr, b1, b2, eps, wd, step);
+        // odd steps also write the bf16 copy (p_bf16): bit for bit the rounding of the kernel's
+        // own updated p (ml_f32_to_bf16, the CPU's conversion)
+        uint16_t *lp = step % 2 ? pl.get<uint16_t>(n, off) : nullptr;
+        ok(kc_adamw(nullptr, p, g, m, v, lp, n, gs, lr, b1, b2, eps, wd, step), "adamw");
+        k_adamw_step(pr, gr, mr, vr, nullptr, n, gs, lr, b1, b2, eps, wd, step);
         same(fmt("adamw n=%lld off=%d step %lld: the scaled gradient", (long long)n, off,
                  (long long)step),
              g, gr, 4 * n);
+        if (lp) {
+          std::vector<uint16_t> want(n);
+          for (int64_t i = 0; i < n; i++) want[i] = ml_f32_to_bf16(p[i]);
+          same(fmt("adamw n=%lld off=%d step %lld: p_bf16", (long long)n, off, (long long)step),
+               lp, want.data(), 2 * n);
+        }
         for (int64_t i = 0; i < n; i++) {
           ex[i] = tol_adamw_step(ex[i], g[i], lr, b1, b2, eps, wd, (double)step);
           bp[i] = 2.0 * ex[i].bp, bm[i] = 2.0 * ex[i].bm, bv[i] = 2.0 * ex[i].bv;

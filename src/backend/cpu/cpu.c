@@ -542,10 +542,10 @@ static int cpu_xent_bwd_entropy(ml_backend *be, const float *logits, int64_t T, 
   return 0;
 }
 
-static int cpu_adamw(ml_backend *be, float *p, float *g, float *m, float *v, int64_t n,
-                     float grad_scale, double lr, double b1, double b2, double eps, double wd,
-                     int64_t step) {
-  k_adamw_step(p, g, m, v, n, grad_scale, lr, b1, b2, eps, wd, step);
+static int cpu_adamw(ml_backend *be, float *p, float *g, float *m, float *v, uint16_t *p_bf16,
+                     int64_t n, float grad_scale, double lr, double b1, double b2, double eps,
+                     double wd, int64_t step) {
+  k_adamw_step(p, g, m, v, p_bf16, n, grad_scale, lr, b1, b2, eps, wd, step);
   return 0;
 }
 

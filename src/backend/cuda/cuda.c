@@ -545,11 +545,12 @@ static int cu_xent_bwd_entropy(ml_backend *be, const float *logits, int64_t T, i
       "entropy bonus backward");
 }
 
-static int cu_adamw(ml_backend *be, float *p, float *g, float *m, float *v, int64_t n,
-                    float grad_scale, double lr, double b1, double b2, double eps, double wd,
-                    int64_t step) {
+static int cu_adamw(ml_backend *be, float *p, float *g, float *m, float *v, uint16_t *p_bf16,
+                    int64_t n, float grad_scale, double lr, double b1, double b2, double eps,
+                    double wd, int64_t step) {
   return ml_cuda_launched(
-      kc_adamw(impl(be)->stream, p, g, m, v, n, grad_scale, lr, b1, b2, eps, wd, step), "AdamW");
+      kc_adamw(impl(be)->stream, p, g, m, v, p_bf16, n, grad_scale, lr, b1, b2, eps, wd, step),
+      "AdamW");
 }
 
 static int cu_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind,

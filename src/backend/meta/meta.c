@@ -221,9 +221,9 @@ static int meta_xent_bwd_entropy(ml_backend *be, const float *logits, int64_t T,
                                  const float *w, const float *H, const float *ew, float *dlogits) {
   return 0;
 }
-static int meta_adamw(ml_backend *be, float *p, float *g, float *m, float *v, int64_t n,
-                      float grad_scale, double lr, double b1, double b2, double eps, double wd,
-                      int64_t step) {
+static int meta_adamw(ml_backend *be, float *p, float *g, float *m, float *v, uint16_t *p_bf16,
+                      int64_t n, float grad_scale, double lr, double b1, double b2, double eps,
+                      double wd, int64_t step) {
   return 0;
 }
 static int meta_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind,

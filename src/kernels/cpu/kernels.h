@@ -298,9 +298,13 @@ void k_xent_topk_logprobs(int64_t T, int64_t k, const float *M, const float *se,
  * the scalar factors are formed in double and rounded once to fp32.
  * grad_scale != 1 first sets g *= grad_scale in fp32 (clip_grad_norm_'s
  * in-place scaling, bit for bit k_scale's) in the same pass; 1: g is only
- * read. */
-void k_adamw_step(float *p, float *g, float *m, float *v, int64_t n, float grad_scale, double lr,
-                  double b1, double b2, double eps, double wd, int64_t step);
+ * read. p_bf16 [n] (uint16_t bf16 bits) or NULL: the updated p rounded to
+ * bf16 (ml_f32_to_bf16, torch's round-to-nearest-even: bit for bit what
+ * ml_convert_from_f32 would make of p afterwards), stored in the same loop
+ * (FSDP's persistent param_dtype shard, parallel/fsdp.h). */
+void k_adamw_step(float *p, float *g, float *m, float *v, uint16_t *p_bf16, int64_t n,
+                  float grad_scale, double lr, double b1, double b2, double eps, double wd,
+                  int64_t step);
 
 /* ---- Vectors ----------------------------------------------------------- */
 /* y[n] = expf(x[n]), equal bit for bit to glibc's expf (vectorized on

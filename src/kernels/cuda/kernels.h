@@ -190,10 +190,12 @@ cudaError_t kc_xent_topk_logprobs(cudaStream_t st, int64_t T, int64_t k, const f
 /* One step on p, m, v [n] with g, in one launch; the bias corrections are
  * computed in fp64 on the host side of the launcher, as the CPU kernel.
  * grad_scale != 1: g *= grad_scale first (kc_scale's product, stored), in
- * the same launch. */
-cudaError_t kc_adamw(cudaStream_t st, float *p, float *g, float *m, float *v, int64_t n,
-                     float grad_scale, double lr, double b1, double b2, double eps, double wd,
-                     int64_t step);
+ * the same launch. p_bf16 [n] or NULL: the updated p rounded to bf16
+ * (kc_f32_to_bf16, bit for bit the CPU's ml_f32_to_bf16), in the same
+ * launch. */
+cudaError_t kc_adamw(cudaStream_t st, float *p, float *g, float *m, float *v, uint16_t *p_bf16,
+                     int64_t n, float grad_scale, double lr, double b1, double b2, double eps,
+                     double wd, int64_t step);
 
 /* ---- Attention (attention.cu): causal GQA, flash-style (FlashAttention-2:
  * tiles of queries × keys in shared memory, running max and sum, no

@@ -35,7 +35,7 @@ int main(void) {
   ml_error_clear();
   e = kc_sumsq(NULL, NULL, 4, NULL, NULL);
   fails += expect(ml_cuda_launched(e, "grad-norm partial") == -1 &&
-                      strstr(ml_error_msg(), "kernel sumsq_partial: ") != NULL,
+                      strstr(ml_error_msg(), "kernel (norm_partial<sumsq_term, kc_sum_op>): ") != NULL,
                   "the first failing launch of two is the one named");
   /* an error that no launch gave: the operator alone, no stale kernel name */
   ml_error_clear();

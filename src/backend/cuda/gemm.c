@@ -12,12 +12,15 @@
  *
  * Descriptors, layouts and the heuristic's algorithm are cached per call
  * shape (key below); alignment of the pointers is part of the key, since
- * cuBLASLt's kernels need the alignment they were chosen for. */
-#include <cublasLt.h>
+ * cuBLASLt's kernels need the alignment they were chosen for.
+ *
+ * cuBLASLt is loaded when the first GEMM state is made (cublaslt_lib.h),
+ * not linked: a CUDA build running on the CPU never maps it. */
 #include <cuda_runtime_api.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/cublaslt_lib.h"
 #include "backend/cuda/cuda.h"
 #include "backend/cuda/gemm_map.h"
 #include "common/status.h"
@@ -50,10 +53,14 @@ struct ml_cuda_gemm {
   int n, next; /* entries used; the next one to replace once full */
 };
 
+/* cuBLASLt's entry points (the process's one copy), set by the first
+ * ml_cuda_gemm_create; every other function here runs on a state it made. */
+static const ml_cublaslt_lib *api;
+
 static int lt_check(cublasStatus_t st, const char *what) {
   if (st == CUBLAS_STATUS_SUCCESS) return 0;
-  return ml_err("cuBLASLt: %s: %s (%s)", what, cublasLtGetStatusName(st),
-                cublasLtGetStatusString(st));
+  return ml_err("cuBLASLt: %s: %s (%s)", what, api->GetStatusName(st),
+                api->GetStatusString(st));
 }
 
 static int align_of(const void *p) {
@@ -64,16 +71,16 @@ static int align_of(const void *p) {
 }
 
 static void entry_release(entry *e) {
-  if (e->lc) cublasLtMatrixLayoutDestroy(e->lc);
-  if (e->lb) cublasLtMatrixLayoutDestroy(e->lb);
-  if (e->la) cublasLtMatrixLayoutDestroy(e->la);
-  if (e->desc) cublasLtMatmulDescDestroy(e->desc);
+  if (e->lc) api->MatrixLayoutDestroy(e->lc);
+  if (e->lb) api->MatrixLayoutDestroy(e->lb);
+  if (e->la) api->MatrixLayoutDestroy(e->la);
+  if (e->desc) api->MatmulDescDestroy(e->desc);
   memset(e, 0, sizeof *e);
 }
 
 static int set_attr(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *v,
                     size_t n) {
-  return lt_check(cublasLtMatmulDescSetAttribute(d, a, v, n), "cublasLtMatmulDescSetAttribute");
+  return lt_check(api->MatmulDescSetAttribute(d, a, v, n), "cublasLtMatmulDescSetAttribute");
 }
 
 /* Descriptors and the heuristic's best algorithm for k into e. */
@@ -86,7 +93,7 @@ static int entry_build(ml_cuda_gemm *g, const key *k, entry *e) {
   cudaDataType_t in = k->bf16 ? CUDA_R_16BF : CUDA_R_32F;
   cublasOperation_t opa = l.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t opb = l.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  int rc = lt_check(cublasLtMatmulDescCreate(&e->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+  int rc = lt_check(api->MatmulDescCreate(&e->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
                     "cublasLtMatmulDescCreate");
   if (!rc)
     rc = set_attr(e->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa) ||
@@ -98,14 +105,14 @@ static int entry_build(ml_cuda_gemm *g, const key *k, entry *e) {
          set_attr(e->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
   }
   if (!rc)
-    rc = lt_check(cublasLtMatrixLayoutCreate(&e->la, in, l.a_rows, l.a_cols, l.lda),
+    rc = lt_check(api->MatrixLayoutCreate(&e->la, in, l.a_rows, l.a_cols, l.lda),
                   "cublasLtMatrixLayoutCreate") ||
-         lt_check(cublasLtMatrixLayoutCreate(&e->lb, in, l.b_rows, l.b_cols, l.ldb),
+         lt_check(api->MatrixLayoutCreate(&e->lb, in, l.b_rows, l.b_cols, l.ldb),
                   "cublasLtMatrixLayoutCreate") ||
-         lt_check(cublasLtMatrixLayoutCreate(&e->lc, CUDA_R_32F, l.c_rows, l.c_cols, l.ldc),
+         lt_check(api->MatrixLayoutCreate(&e->lc, CUDA_R_32F, l.c_rows, l.c_cols, l.ldc),
                   "cublasLtMatrixLayoutCreate");
   cublasLtMatmulPreference_t pref = NULL;
-  if (!rc) rc = lt_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+  if (!rc) rc = lt_check(api->MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
   if (!rc) {
     size_t ws = WORKSPACE_BYTES;
     uint32_t al[4] = {(uint32_t)k->align_a, (uint32_t)k->align_b, (uint32_t)k->align_c,
@@ -113,18 +120,18 @@ static int entry_build(ml_cuda_gemm *g, const key *k, entry *e) {
     cublasLtMatmulPreferenceAttributes_t at[4] = {
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
         CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    rc = lt_check(cublasLtMatmulPreferenceSetAttribute(
+    rc = lt_check(api->MatmulPreferenceSetAttribute(
                       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
                   "cublasLtMatmulPreferenceSetAttribute");
     for (int i = 0; i < 4 && !rc; i++)
-      rc = lt_check(cublasLtMatmulPreferenceSetAttribute(pref, at[i], &al[i], sizeof al[i]),
+      rc = lt_check(api->MatmulPreferenceSetAttribute(pref, at[i], &al[i], sizeof al[i]),
                     "cublasLtMatmulPreferenceSetAttribute");
   }
   if (!rc) {
     cublasLtMatmulHeuristicResult_t best;
     int found = 0;
-    rc = lt_check(cublasLtMatmulAlgoGetHeuristic(g->lt, e->desc, e->la, e->lb, e->lc, e->lc, pref,
-                                                 1, &best, &found),
+    rc = lt_check(api->MatmulAlgoGetHeuristic(g->lt, e->desc, e->la, e->lb, e->lc, e->lc, pref, 1,
+                                              &best, &found),
                   "cublasLtMatmulAlgoGetHeuristic");
     if (!rc && found < 1)
       rc = ml_err("cuBLASLt: no algorithm for a %s GEMM [%lld x %lld] x [%lld x %lld]%s%s "
@@ -134,7 +141,7 @@ static int entry_build(ml_cuda_gemm *g, const key *k, entry *e) {
                   (long long)k->ldb, (long long)k->ldc);
     if (!rc) e->algo = best.algo;
   }
-  if (pref) cublasLtMatmulPreferenceDestroy(pref);
+  if (pref) api->MatmulPreferenceDestroy(pref);
   if (rc) entry_release(e);
   return rc;
 }
@@ -211,9 +218,9 @@ int ml_cuda_gemm_run(ml_cuda_gemm *g, const ml_gemm *a) {
     if (!rc && bias) rc = set_attr(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
     if (!rc) {
       float alpha = 1.0f, beta = a->accumulate ? 1.0f : 0.0f;
-      rc = lt_check(cublasLtMatmul(g->lt, e->desc, &alpha, lt_a, e->la, lt_b, e->lb, &beta, a->C,
-                                   e->lc, a->C, e->lc, &e->algo, g->workspace, WORKSPACE_BYTES,
-                                   g->stream),
+      rc = lt_check(api->Matmul(g->lt, e->desc, &alpha, lt_a, e->la, lt_b, e->lb, &beta, a->C,
+                                e->lc, a->C, e->lc, &e->algo, g->workspace, WORKSPACE_BYTES,
+                                g->stream),
                     "cublasLtMatmul");
     }
   }
@@ -222,11 +229,12 @@ int ml_cuda_gemm_run(ml_cuda_gemm *g, const ml_gemm *a) {
 }
 
 int ml_cuda_gemm_create(ml_backend *be, void *stream, ml_cuda_gemm **out) {
+  ML_TRY(ml_cublaslt_lib_get(&api));
   ml_cuda_gemm *g = ml_calloc(1, sizeof *g, "the cuBLASLt GEMM");
   if (!g) return -1;
   g->be = be;
   g->stream = stream;
-  int rc = lt_check(cublasLtCreate(&g->lt), "cublasLtCreate");
+  int rc = lt_check(api->Create(&g->lt), "cublasLtCreate");
   if (!rc) {
     g->workspace = ml_be_alloc(be, WORKSPACE_BYTES, 1, "cuBLASLt's workspace");
     rc = !g->workspace;
@@ -242,7 +250,7 @@ int ml_cuda_gemm_create(ml_backend *be, void *stream, ml_cuda_gemm **out) {
 void ml_cuda_gemm_destroy(ml_cuda_gemm *g) {
   if (!g) return;
   for (int i = 0; i < g->n; i++) entry_release(&g->cache[i]);
-  if (g->lt) cublasLtDestroy(g->lt);
+  if (g->lt) api->Destroy(g->lt);
   ml_be_free(g->be, g->workspace);
   free(g);
 }

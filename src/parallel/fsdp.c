@@ -351,6 +351,7 @@ int ml_fsdp_init_ep(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml
     if (unit->shard_numel > max_shard) max_shard = unit->shard_numel;
     staged = staged || !fsdp_grads_in_place(f, unit);
   }
+  staged = staged && !opts->inference_only; /* nothing is ever reduced: no staging */
   if (fsdp_offload(f) && staged) {
     f->host_grad = ml_be_host_alloc(f->be, max_shard, sizeof(float),
                                     "the host staging of offloaded gradients");

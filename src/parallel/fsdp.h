@@ -127,9 +127,11 @@
  * keeps 2 bytes per shard element instead of 4 (+ 2 for lp once trained).
  * Units with an fp32 part, and every unit under param_dtype fp32 (the shard
  * is the weight) or cpu_offload (host fp32 shards, rounded on the way to the
- * device), keep their fp32 shard as without the option. Nothing can train:
- * ml_fsdp_train_state refuses, naming inference_only; nothing reads fp32
- * masters from an lp_only unit (ml_fsdp_has_masters). */
+ * device), keep their fp32 shard as without the option. Under any dtype
+ * nothing can train: ml_fsdp_train_state refuses, naming inference_only, and
+ * FSDP allocates no gradient staging (comm_buf, grad_buf, wire, host_grad:
+ * nothing is reduced); nothing reads fp32 masters from an lp_only unit
+ * (ml_fsdp_has_masters). */
 #ifndef ML_FSDP_H
 #define ML_FSDP_H
 
@@ -268,7 +270,8 @@ typedef struct ml_fsdp {
   bool vocab_parallel; /* the vocab-sized root parameters are vocab-parallel (see above) */
   float *comm_buf;  /* [max over units of unit->dp · gather_numel] fp32: gradient staging (a
                        unit's gradients use unit->dp blocks of its trainable prefix of the
-                       gathered part) */
+                       gathered part); this and the three below: NULL where nothing is staged
+                       (gradients accumulated in place) or reduced (inference_only) */
   float *grad_buf;  /* [max gather_numel] fp32: the reduced gradient, added to shard_grad */
   uint16_t *wire;   /* [as comm_buf] bf16 gradients on the wire (reduce_dtype BF16 only) */
   float *host_grad; /* cpu_offload: [max shard_numel] fp32 host staging of a reduced

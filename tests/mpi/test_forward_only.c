@@ -21,10 +21,12 @@
  * inference_only):
  *  - its log-probs are bitwise (memcmp) a normal bf16 session's;
  *  - its units without a parameter kept in fp32 hold no fp32 shard, no
- *    gradient and no AdamW state, only their bf16 shard: opening it takes
- *    exactly 2 B per shard element of those units less of the pool than
- *    opening the normal session (4 B fp32 → 2 B bf16); on one rank the
- *    shard elements are the parameter count, Σ rows·cols over the
+ *    gradient and no AdamW state, only their bf16 shard, and FSDP holds no
+ *    gradient staging: opening it takes exactly 2 B per shard element of
+ *    those units (4 B fp32 → 2 B bf16) and the normal session's staging
+ *    (fp32: the largest unit's dp blocks of its gathered part, and one
+ *    block) less of the pool than opening the normal session; on one rank
+ *    the shard elements are the parameter count, Σ rows·cols over the
  *    checkpoint's tensors (no padding rows);
  *  - a training call fails naming inference_only and allocates nothing;
  *  - a reference policy captured in it scores bitwise the same, taking 2 B
@@ -170,6 +172,16 @@ static void test_inference_only(void **state) {
   static run r;
   size_t normal, inference;
   score_bf16(&eo, false, &fx, &bt, want, &normal, &r);
+  /* the normal session's gradient staging (parallel/fsdp.h comm_buf, grad_buf: bf16 gradients
+   * are rounded, so always staged), fp32: every unit's dp blocks of its gathered part, and one */
+  int64_t staged = 0, gathered = 0;
+  for (int u = 0; u < r.e.fsdp.n_units; u++) {
+    const ml_fsdp_unit *unit = &r.e.fsdp.units[u];
+    int64_t all = unit->gather_numel * unit->dp->size;
+    staged = all > staged ? all : staged;
+    gathered = unit->gather_numel > gathered ? unit->gather_numel : gathered;
+  }
+  int64_t staging = 4 * (staged + gathered);
   run_close(&r);
   score_bf16(&eo, true, &fx, &bt, got, &inference, &r);
   assert_memory_equal(got, want, sizeof(float) * (size_t)n);
@@ -200,7 +212,9 @@ static void test_inference_only(void **state) {
            "%lld shard elements)\n",
            g_fixture, normal, inference, (long long)lp_only, r.e.fsdp.n_units, (long long)elems);
   assert_true(lp_only > 0);
-  assert_int_equal(normal - inference, (size_t)saved);
+  assert_null(r.e.fsdp.comm_buf);
+  assert_null(r.e.fsdp.grad_buf);
+  assert_int_equal(normal - inference, (size_t)(saved + staging));
 
   /* training refused, naming the option, nothing allocated */
   size_t held = ml_be_memory_stats(r.e.be).in_use; /* with the pass's activations */

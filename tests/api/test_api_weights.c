@@ -278,8 +278,9 @@ static void test_reload_tensors(void **state) {
  * the same log-probs bitwise (memcmp; the same bf16 values gathered: each
  * rounded once, there at load, here at every unshard of the fp32 masters),
  * before and after the same reload_tensors (a perturbed tensor: rounded
- * once into its bf16 weights), and its reference policy's log-probs too;
- * training, export and refit refused on it, naming inference_only. */
+ * once into its bf16 weights), its reference policy's log-probs and its
+ * greedy generation too; training, export, refit and a generation replica
+ * refused on it, naming inference_only. */
 static void test_inference_only(void **state) {
   (void)state;
   meshlm_options o = mesh_opts();
@@ -314,6 +315,33 @@ static void test_inference_only(void **state) {
   memset(got, 0, bytes);
   global_ref_lp(q, &g, got);
   assert_memory_equal(got, want, bytes);
+
+  /* greedy generation on the policy's mesh (the vocab-parallel rows from the bf16 weights
+   * under dp > 1): the same tokens and log-probs bitwise; the replica needs fp32 masters */
+  meshlm_info in = info_of(q);
+  slice sl = slice_of(&g, in.dp_rank, in.dp_size);
+  meshlm_sampling sp;
+  meshlm_sampling_default(&sp);
+  sp.greedy = 1;
+  sp.max_new_tokens = 4;
+  size_t cells = (size_t)(sl.seqs.n * sp.max_new_tokens);
+  int32_t *tok[2] = {xcalloc(cells, sizeof(int32_t)), xcalloc(cells, sizeof(int32_t))};
+  int64_t *len[2] = {xcalloc((size_t)sl.seqs.n, sizeof(int64_t)),
+                     xcalloc((size_t)sl.seqs.n, sizeof(int64_t))};
+  float *glp[2] = {xcalloc(cells, sizeof(float)), xcalloc(cells, sizeof(float))};
+  OK(s, meshlm_generate(s, &sl.seqs, &sp, tok[0], len[0], glp[0]));
+  OK(q, meshlm_generate(q, &sl.seqs, &sp, tok[1], len[1], glp[1]));
+  assert_memory_equal(tok[1], tok[0], cells * sizeof(int32_t));
+  assert_memory_equal(len[1], len[0], (size_t)sl.seqs.n * sizeof(int64_t));
+  assert_memory_equal(glp[1], glp[0], cells * sizeof(float));
+  sp.replica = 1;
+  expect_fail(q, meshlm_generate(q, &sl.seqs, &sp, tok[1], len[1], NULL), "inference_only",
+              "generation on a replica of an inference-only bf16 session");
+  for (int k = 0; k < 2; k++) {
+    free(tok[k]);
+    free(len[k]);
+    free(glp[k]);
+  }
 
   meshlm_step_result r = {.struct_size = sizeof r};
   expect_fail(q, step_share(q, &g, &(garr){0}, NULL, &r),

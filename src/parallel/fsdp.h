@@ -183,7 +183,7 @@ typedef struct ml_fsdp_unit {
   int64_t grad_full;    /* the gathered part's leading unsharded elements with a gradient
                            (through the last trainable gathered parameter): full_grad's size */
   float *shard;                       /* [shard_numel] fp32, where the shards live
-                                         (ml_fsdp_shard_alloc) */
+                                         (ml_fsdp_shard_alloc); NULL in an lp_only unit */
   float *shard_grad, *adam_m, *adam_v; /* [grad_numel] fp32 each, likewise (NULL: frozen, or
                                           no training call yet: ml_fsdp_train_state) */
   float *dev_shard; /* cpu_offload: [shard_numel] fp32, the shard copied to the device for
@@ -227,7 +227,7 @@ typedef struct ml_fsdp_unit {
                          shard's part itself) */
   ml_request req32;
   /* The persistent param_dtype shard (ml_fsdp_train_state under param_dtype bf16 without
-   * cpu_offload; NULL otherwise): [shard_numel] bf16, the shard rounded once per change of
+   * cpu_offload, or an lp_only unit's weights from its init; NULL otherwise): [shard_numel] bf16, the shard rounded once per change of
    * the masters instead of at every unshard (FSDP2 MixedPrecisionPolicy casts param_dtype
    * before each all-gather; here the cast is kept). The all-gather sends its param_dtype
    * part as it is (one rank: it is the unsharded buffer itself), the vocab-parallel rows

@@ -208,6 +208,21 @@ typedef struct meshlm_options {
                               computed in fp32 under param_dtype bf16 (fp32 all-gather and
                               GEMMs; NeMo Automodel's fully_shard_by_dtype); a pattern matching
                               nothing fails meshlm_open (README: --fp32-params); copied */
+  /* appended for inference-only sessions (optional: see struct_size) */
+  int inference_only; /* 1: the session only scores and generates (an RL reference or
+                         log-prob worker; `meshlm logprobs` always is): no gradients or AdamW
+                         state ever, and under param_dtype BF16 (without cpu_offload) each
+                         FSDP unit's weights held in bf16 alone, rounded once from the
+                         checkpoint (the same log-probs bit for bit as a session without it),
+                         no fp32 master shards (parameters kept in fp32, fp32_params and MoE
+                         routers, keep their units' fp32 shards). Refused on it, naming
+                         inference_only: meshlm_train_step, meshlm_zero_grad,
+                         meshlm_forward_backward, meshlm_optimizer_step, meshlm_resume; and
+                         where bf16 alone is held, what reads fp32 masters: meshlm_save,
+                         meshlm_export(_merged), meshlm_refit(_lora, _into), meshlm_generate
+                         with sampling.replica 1. meshlm_reload and meshlm_reload_tensors
+                         load new weights into it (rounded once to bf16). 0 (default):
+                         training allowed. (README: Library, inference_only) */
 } meshlm_options;
 
 /* One rank's mesh (1 × world × 1 × 1 with the communicator's size), CPU,

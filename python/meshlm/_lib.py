@@ -90,6 +90,7 @@ class meshlm_options(Sized):
         ("adapter", c_char_p),
         ("lora_seed", c_int64),
         ("fp32_params", c_char_p),
+        ("inference_only", c_int),
     ]
 
 

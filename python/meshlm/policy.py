@@ -542,6 +542,12 @@ class Policy:
     all-gather and GEMMs: NeMo Automodel's fully_shard_by_dtype), a list of
     strings or one comma-separated string; a pattern matching nothing raises
     MeshlmError (README: --fp32-params).
+    inference_only: bool, the policy only scores and generates (an RL reference or
+    log-prob worker): no gradients or AdamW state, and under param_dtype "bf16"
+    the weights held in bf16 alone (no fp32 masters), the same log-probs bit for
+    bit; training, save, export and refit then raise MeshlmError naming
+    inference_only, reload and reload_tensors still load new weights (meshlm.h
+    meshlm_options.inference_only).
     comm: None (MPI_COMM_WORLD), an mpi4py communicator (its py2f() handle is
     used) or a Fortran communicator handle (int).
     reference: capture the initial weights as the reference policy
@@ -576,6 +582,7 @@ class Policy:
                  lora_use_rslora: Optional[bool] = None, lora_seed: Optional[int] = None,
                  adapter: Optional[StrPath] = None,
                  fp32_params: Optional[Union[str, Sequence[str]]] = None,
+                 inference_only: Optional[bool] = None,
                  comm: Optional[Union[int, Communicator]] = None,
                  reference: bool = False) -> None:
         self._s: Optional[c_void_p] = None
@@ -608,7 +615,8 @@ class Policy:
                  "batch_invariant": (batch_invariant, _bool_int), "ep": (ep, int),
                  "lora_rank": (lora_rank, int), "lora_alpha": (lora_alpha, float),
                  "lora_dropout": (lora_dropout, float),
-                 "lora_use_rslora": (lora_use_rslora, _bool_int), "lora_seed": (lora_seed, int)}
+                 "lora_use_rslora": (lora_use_rslora, _bool_int), "lora_seed": (lora_seed, int),
+                 "inference_only": (inference_only, _bool_int)}
         for field, (value, kind) in plain.items():
             if value is not None:
                 setattr(o, field, kind(value))

@@ -62,7 +62,12 @@ static int into_replica(void *ctx, int k, const ml_param *p, const float *global
 
 /* Collective: the replica open and at the policy's weights on every rank. */
 static int sync_replica(meshlm_session *s) {
-  int rc = s->gen_open ? 0 : open_replica(s);
+  int rc = !ml_fsdp_has_masters(&s->e.fsdp) /* the same on every rank */
+               ? ml_err("meshlm_generate: sampling.replica 1 streams the fp32 master weights "
+                        "to the replica, and the session (meshlm_options.inference_only = 1 "
+                        "under param_dtype bf16) holds bf16 alone; expected sampling.replica 0")
+           : s->gen_open ? 0
+                         : open_replica(s);
   ML_TRY(ml_host_agree(s->world, rc));
   if (s->gen_version == s->version) return 0;
   ML_TRY(ml_engine_stream_params(&s->e, -1, into_replica, &s->gen));

@@ -141,6 +141,29 @@ _Noreturn void api_abort(meshlm_session *s) {
   exit(1);
 }
 
+/* The calls an inference_only session refuses (meshlm.h inference_only):
+ * those that train, and where its FSDP units hold bf16 alone those that read
+ * the fp32 master weights. */
+static int check_inference_only(const meshlm_session *s, api_call call) {
+  if (!s->o.inference_only) return 0;
+  bool trains = call == API_CALL_TRAIN_STEP || call == API_CALL_ZERO_GRAD ||
+                call == API_CALL_FORWARD_BACKWARD || call == API_CALL_OPTIMIZER_STEP ||
+                call == API_CALL_RESUME;
+  bool reads_masters = call == API_CALL_SAVE || call == API_CALL_EXPORT ||
+                       call == API_CALL_EXPORT_MERGED || call == API_CALL_REFIT ||
+                       call == API_CALL_REFIT_LORA;
+  if (trains)
+    return ml_err("%s: the session was opened with meshlm_options.inference_only = 1 (no "
+                  "gradients or AdamW state); expected a session opened with inference_only 0 "
+                  "to train", k_calls[call]);
+  if (reads_masters && !ml_fsdp_has_masters(&s->e.fsdp))
+    return ml_err("%s: the session was opened with meshlm_options.inference_only = 1 under "
+                  "param_dtype bf16 and holds its weights in bf16 alone, no fp32 master "
+                  "weights to read; expected a session opened with inference_only 0",
+                  k_calls[call]);
+  return 0;
+}
+
 int api_enter(meshlm_session *s, api_call call) {
   if (!s) return -1;
   s->err[0] = '\0';
@@ -176,6 +199,7 @@ int api_enter(meshlm_session *s, api_call call) {
    * collective call on it again: here the session can only be freed */
   s->closed_by = closer;
   free(all);
+  if (rc == 0) rc = check_inference_only(s, call); /* the same options on every rank */
   return api_agree(s, rc);
 }
 
@@ -226,6 +250,9 @@ static int check_options(const meshlm_options *o) {
   if (o->micro_batch_tokens < 1)
     return ml_err("meshlm_options.micro_batch_tokens %lld; expected >= 1",
                   (long long)o->micro_batch_tokens);
+  if (o->inference_only != 0 && o->inference_only != 1)
+    return ml_err("meshlm_options.inference_only %d; expected 0 (training allowed) or 1 "
+                  "(scoring and generation only)", o->inference_only);
   return 0;
 }
 
@@ -243,6 +270,7 @@ static ml_train_settings settings_of(const meshlm_options *o, const char *plan) 
   eo->fsdp.prefetch_forward = o->prefetch_forward;
   eo->fsdp.prefetch_backward = o->prefetch_backward;
   eo->fsdp.cpu_offload = o->cpu_offload != 0;
+  eo->fsdp.inference_only = o->inference_only != 0;
   eo->batch_invariant = o->batch_invariant != 0;
   eo->freeze = o->freeze;
   eo->fp32_params = o->fp32_params;

@@ -414,6 +414,9 @@ int ml_cmd_logprobs(ml_host *world, int argc, char **argv) {
   eo.batch_invariant = invariant;
   eo.lora.adapter = adapter;
   eo.fp32_params = fp32_params;
+  /* scoring never trains: no training state, and under bf16 the weights in bf16 alone
+   * (parallel/fsdp.h inference_only; the same log-probs bit for bit) */
+  eo.fsdp.inference_only = true;
   if (rc == 0) rc = ml_engine_open(&e, &mesh, model, &eo);
   if (rc == 0) ml_print_fp32_params("logprobs", &e, fp32_params);
   if (rc == 0 && (topk < 0 || topk > e.model.cfg.vocab))

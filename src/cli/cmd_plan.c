@@ -529,6 +529,9 @@ static void text_prediction(const ml_prediction *p) {
                m->opened},
               {"saved activations (all layers, AC workspace)", m->activations},
               {"peak of one training step", m->train_peak},
+              {m->host ? "logprobs' parameter shards (host; inference-only: bf16 alone under bf16)"
+                       : "logprobs' parameter shards (inference-only: bf16 alone under bf16)",
+               m->logprobs_shards},
               {m->host ? "in use once logprobs opens (FSDP buffers, persistent params)"
                        : "in use once logprobs opens (shards, FSDP buffers, persistent params)",
                m->logprobs_opened},
@@ -770,6 +773,7 @@ static json_t *jprediction(const ml_prediction *p, int64_t layers) {
   json_object_set_new(mem, "train_peak", json_integer(m->train_peak));
   json_object_set_new(mem, "logprobs_peak", json_integer(m->logprobs_peak));
   json_object_set_new(mem, "logprobs_opened", json_integer(m->logprobs_opened));
+  json_object_set_new(mem, "logprobs_shards", json_integer(m->logprobs_shards));
   json_object_set_new(mem, "reference_policy", json_integer(m->reference));
   json_object_set_new(o, "memory_bytes", mem);
   return o;

@@ -94,7 +94,7 @@ typedef struct ml_engine {
   int64_t cap_positions;
   ml_varlen varlen;   /* the packed documents' attention core */
   bool hold;          /* ml_engine_hold_params: forwards leave every unit unsharded */
-  float **ref;        /* [n_units] the reference policy's shards (engine/reference.h), or NULL */
+  void **ref;         /* [n_units] the reference policy's weights (engine/reference.h), or NULL */
   bool ref_swapped;   /* the engine computes with them now (ml_engine_reference_swap) */
   char *freeze;       /* opts.freeze's copy (opts.freeze points at it), or NULL */
   int bwd_first;      /* the lowest decoder layer backward runs through: the number of

@@ -6,6 +6,21 @@
 
 static int64_t numel(const ml_param *p) { return p->local[0] * p->local[1]; }
 
+/* The unit's every parameter unsharded in fp32 into full (ml_fsdp_gather_flat):
+ * from its fp32 shard, or an inference-only unit's bf16 shard widened (exact;
+ * parallel/fsdp.h lp_only), so the rounding below gives its bits back. */
+static int gather_unit(ml_fsdp *f, ml_fsdp_unit *unit, float *full) {
+  int u = (int)(unit - f->units);
+  if (!unit->lp_only) return ml_fsdp_gather_flat(f, u, unit->shard, full);
+  float *wide = ml_be_alloc(f->be, unit->shard_numel, sizeof(float),
+                            "generate: the vocab-parallel unit's bf16 shard widened");
+  if (!wide) return -1;
+  int rc = ml_be_convert(f->be, wide, ML_F32, unit->lp, ML_BF16, (size_t)unit->shard_numel);
+  if (rc == 0) rc = ml_fsdp_gather_flat(f, u, wide, full);
+  ml_be_free(f->be, wide);
+  return rc;
+}
+
 int ml_gen_vocab_whole(ml_fsdp *f, ml_gen_vocab *v) {
   *v = (ml_gen_vocab){0};
   if (!f->vocab_parallel) return 0;
@@ -18,7 +33,7 @@ int ml_gen_vocab_whole(ml_fsdp *f, ml_gen_vocab *v) {
                         "generate: the vocab-parallel unit unsharded (%lld floats)",
                         (long long)unit->full_numel);
   if (!v->full) return -1;
-  ML_TRY(ml_fsdp_gather_flat(f, (int)(unit - f->units), unit->shard, v->full));
+  ML_TRY(gather_unit(f, unit, v->full));
   ml_dtype pt = f->opts.param_dtype;
   int64_t total = 0; /* the vocab-parallel parameters' elements, laid out one after another */
   for (int i = 0; i < unit->n; i++)

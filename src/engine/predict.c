@@ -8,6 +8,7 @@
 #include "common/checked.h"
 #include "common/status.h"
 #include "engine/freeze.h"
+#include "engine/reference.h"
 #include "parallel/loss.h"
 
 /* The counters of every group into st, then zeroed. */
@@ -44,7 +45,7 @@ static int run_step(ml_engine *e, ml_mesh *mesh, const int32_t *ids, ml_predicti
     p->frozen_units += e->fsdp.units[u].frozen;
     int64_t n = e->fsdp.units[u].shard_numel;
     mem->shards += 4 * ml_fsdp_unit_floats(&e->fsdp.units[u]); /* frozen chunks: params alone */
-    mem->reference += 4 * n;
+    mem->reference += (int64_t)ml_engine_reference_unit_bytes(&e->fsdp, &e->fsdp.units[u]);
     max_shard = n > max_shard ? n : max_shard;
   }
   fp32_count(e, p);
@@ -71,13 +72,16 @@ static int run_step(ml_engine *e, ml_mesh *mesh, const int32_t *ids, ml_predicti
   return 0;
 }
 
-/* One logprobs pass on the freshly opened engine e: a scoring-only session
- * (`meshlm logprobs`), which holds no gradients or AdamW state
- * (ml_engine_train_state), no training activations or backward scratch,
+/* One logprobs pass on the freshly opened engine e: an inference-only
+ * session (`meshlm logprobs`), which holds no gradients or AdamW state
+ * (ml_engine_train_state), under bf16 no fp32 master shards (parallel/fsdp.h
+ * inference_only), no training activations or backward scratch,
  * no tp gradient packing. ids: [B, S] host; lp: [B, S−1]. */
 static int run_logprobs(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *lp,
                         ml_prediction *p) {
   p->mem.logprobs_opened = (int64_t)ml_be_memory_stats(e->be).in_use;
+  for (int u = 0; u < e->fsdp.n_units; u++)
+    p->mem.logprobs_shards += ml_fsdp_unit_bytes(&e->fsdp.units[u]);
   ml_mesh_stats_reset(mesh);
   ml_be_reset_peak(e->be);
   ML_TRY(ml_engine_logprobs(e, ids, p->B, p->S, lp));
@@ -123,6 +127,7 @@ int ml_predict_step(const char *model_dir, const ml_engine_opts *opts,
   ml_engine_opts o = *opts;
   o.backend = meta;
   o.no_weights = true;
+  o.fsdp.inference_only = false; /* the training step's engine; the logprobs pass's below */
   ml_engine e;
   memset(&e, 0, sizeof e);
   int32_t *ids = NULL;
@@ -137,7 +142,8 @@ int ml_predict_step(const char *model_dir, const ml_engine_opts *opts,
   }
   if (rc == 0) rc = run_step(&e, &mesh, ids, out);
   ml_engine_close(&e);
-  /* scoring in a session of its own, as `meshlm logprobs` runs it */
+  /* scoring in a session of its own, as `meshlm logprobs` runs it: inference-only */
+  o.fsdp.inference_only = true;
   if (rc == 0 && (rc = ml_engine_open(&e, &mesh, model_dir, &o)) == 0)
     rc = run_logprobs(&e, &mesh, ids, lp, out);
   ml_engine_close(&e); /* a closed engine is zeroed: closing it again is a no-op */

@@ -18,8 +18,9 @@
  * norm's partials, engine/grad_norm.h, as engine/step.c asks), ml_engine_grad_norm,
  * ml_engine_adamw (which re-gathers parameters under ZeRO-1/2); one
  * logprobs pass = ml_engine_logprobs of one micro-batch on an engine
- * opened afresh, as `meshlm logprobs` runs it (a scoring-only session:
- * no gradients or AdamW state, engine.h ml_engine_train_state). */
+ * opened afresh, as `meshlm logprobs` runs it (an inference-only session:
+ * no gradients or AdamW state, engine.h ml_engine_train_state, and under
+ * bf16 no fp32 master shards, parallel/fsdp.h inference_only). */
 #ifndef ML_PREDICT_STEP_H
 #define ML_PREDICT_STEP_H
 
@@ -47,12 +48,18 @@ typedef struct ml_predict_memory {
   int64_t activations; /* saved for backward, all layers, plus the AC recompute workspace
                           (ml_model_act_bytes) */
   int64_t train_peak;  /* the peak of one training step (everything live at once) */
-  int64_t logprobs_peak; /* the peak of one logprobs pass in a scoring-only session */
-  int64_t reference;   /* a reference policy's shards (engine/reference.h: the padded fp32
-                          parameter shards, a quarter of `shards`), where the shards live */
+  int64_t logprobs_peak; /* the peak of one logprobs pass in an inference-only session
+                            (under bf16 the units' bf16 shards instead of their fp32 ones:
+                            parallel/fsdp.h inference_only) */
+  int64_t reference;   /* a reference policy's weights (engine/reference.h: the padded
+                          parameter shards, fp32 where the shards live, or bf16 on the device
+                          for the units computing from bf16 weights) */
   int64_t logprobs_opened; /* device memory in use once a scoring-only session is open, as
                               `meshlm logprobs` holds it before its first pass: `opened` without
                               the training micro-batch's buffers */
+  int64_t logprobs_shards; /* the parameters that session holds where the shards live
+                              (parallel/fsdp.h ml_fsdp_unit_bytes: fp32 shards, or under bf16
+                              the inference-only units' bf16 shards) */
 } ml_predict_memory;
 
 /* What is predicted: world rank `rank` of a dp_replicate × dp_shard × cp

@@ -113,6 +113,23 @@ ml_copy_kind ml_fsdp_device_to_shard(const ml_fsdp *f) {
   return fsdp_offload(f) ? ML_COPY_D2H : ML_COPY_D2D;
 }
 
+/* An lp_only unit's parameter i (fsdp.h): its n staged fp32 values (host)
+ * rounded into its chunk of the bf16 shard by the backend's conversion, the
+ * one an unshard of the fp32 shard runs (gather_start), so the same bits:
+ * straight from the staging where the device's memory is the host's, else
+ * through a device copy of it. */
+static int load_rounded(ml_fsdp *f, ml_fsdp_unit *u, int i, const float *stage, int64_t n) {
+  uint16_t *dst = u->lp + u->shard_off[i];
+  if (ml_be_host_memory(f->be)) return ml_be_convert(f->be, dst, ML_BF16, stage, ML_F32, (size_t)n);
+  float *dev = ml_be_alloc(f->be, n, sizeof(float), "loading '%s' into its bf16 shard",
+                           u->params[i]->name);
+  if (!dev) return -1;
+  int rc = ml_be_copy(f->be, dev, stage, sizeof(float) * (size_t)n, ML_COPY_H2D);
+  if (rc == 0) rc = ml_be_convert(f->be, dst, ML_BF16, dev, ML_F32, (size_t)n);
+  ml_be_free(f->be, dev);
+  return rc;
+}
+
 /* Read this rank's rows of p's TP-local tensor from the checkpoint (p's
  * rows of its tensor p->key: ml_param.key_row0) into host staging, then
  * copy them into the shard on the device. */
@@ -137,10 +154,14 @@ static int load_param(ml_fsdp *f, ml_fsdp_unit *u, int i, const ml_ckpt *ck) {
   float *stage = ml_be_host_alloc(f->be, n, sizeof(float), "loading '%s'", p->name);
   if (!stage) return -1;
   int rc = ml_st_read_block(t, row0, nr, col0, p->local[1], stage);
-  u->lp_fresh = false; /* the master changes (or may, on a failed read) */
-  if (rc == 0)
-    rc = ml_be_copy(f->shard_be, u->shard + u->shard_off[i], stage, sizeof(float) * (size_t)n,
-                    ML_COPY_H2D);
+  if (rc == 0 && u->lp_only) {
+    rc = load_rounded(f, u, i, stage, n);
+  } else {
+    u->lp_fresh = false; /* the master changes (or may, on a failed read) */
+    if (rc == 0)
+      rc = ml_be_copy(f->shard_be, u->shard + u->shard_off[i], stage, sizeof(float) * (size_t)n,
+                      ML_COPY_H2D);
+  }
   ml_be_host_free(f->be, stage);
   return rc;
 }
@@ -170,17 +191,37 @@ static void point_data(ml_fsdp_unit *u, void *base, ml_dtype type) {
   }
 }
 
-static int unit_init(ml_fsdp *f, ml_fsdp_unit *u, const ml_model *m, const ml_ckpt *ck) {
-  ML_TRY(unit_layout(f, u, m));
+bool ml_fsdp_bf16_weights(const ml_fsdp *f, const ml_fsdp_unit *u) {
+  if (f->opts.param_dtype != ML_BF16 || fsdp_offload(f)) return false;
+  for (int i = 0; i < u->n; i++) /* a parameter kept in fp32: its fp32 part, or vocab rows */
+    if (u->params[i]->fp32) return false;
+  return true;
+}
+
+/* The unit's weights where the shards live: the fp32 shard, or for an
+ * lp_only unit (fsdp.h) the bf16 shard alone, zeroed (padding rows stay 0). */
+static int unit_weights_alloc(ml_fsdp *f, ml_fsdp_unit *u) {
   size_t n = (size_t)u->shard_numel; /* bounded (unit_layout): 4n floats fit */
-  u->frozen = u->grad_numel == 0; /* every parameter frozen (unit_layout: no trainable chunk) */
-  /* the gradient and AdamW state come at the first training call (ml_fsdp_train_state) */
+  u->lp_only = f->opts.inference_only && ml_fsdp_bf16_weights(f, u);
+  if (u->lp_only) {
+    u->lp = ml_be_alloc(f->be, (int64_t)n, sizeof(uint16_t),
+                        "the bf16 shard of an inference-only FSDP unit (%d parameters)", u->n);
+    u->lp_fresh = true; /* the weights themselves */
+    return u->lp ? ml_be_zero(f->be, u->lp, n * sizeof(uint16_t)) : -1;
+  }
   u->shard = ml_fsdp_shard_alloc(f, (int64_t)n, sizeof(float),
                                  u->frozen ? "the FSDP shard of a frozen unit (%d parameters%s)"
                                            : "the FSDP shard (%d parameters%s)",
                                  u->n, fsdp_offload(f) ? ", offloaded to host memory" : "");
   if (!u->shard) return -1;
-  ML_TRY(ml_be_zero(f->shard_be, u->shard, n * sizeof(float))); /* padding rows stay 0 */
+  return ml_be_zero(f->shard_be, u->shard, n * sizeof(float));
+}
+
+static int unit_init(ml_fsdp *f, ml_fsdp_unit *u, const ml_model *m, const ml_ckpt *ck) {
+  ML_TRY(unit_layout(f, u, m));
+  u->frozen = u->grad_numel == 0; /* every parameter frozen (unit_layout: no trainable chunk) */
+  /* the gradient and AdamW state come at the first training call (ml_fsdp_train_state) */
+  ML_TRY(unit_weights_alloc(f, u));
   /* LoRA adapters are no base checkpoint tensors: engine/lora.h sets them */
   for (int i = 0; ck && i < u->n; i++)
     if (!u->params[i]->adapter) ML_TRY(load_param(f, u, i, ck));
@@ -310,6 +351,7 @@ int ml_fsdp_init_ep(ml_fsdp *f, ml_model *m, ml_comm *dp, ml_comm *rep, const ml
     if (unit->shard_numel > max_shard) max_shard = unit->shard_numel;
     staged = staged || !fsdp_grads_in_place(f, unit);
   }
+  staged = staged && !opts->inference_only; /* nothing is ever reduced: no staging */
   if (fsdp_offload(f) && staged) {
     f->host_grad = ml_be_host_alloc(f->be, max_shard, sizeof(float),
                                     "the host staging of offloaded gradients");
@@ -395,6 +437,9 @@ int fsdp_copy_part(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml_elem 
 
 int ml_fsdp_gather_flat(ml_fsdp *f, int u, const float *src, float *dst) {
   ml_fsdp_unit *unit = &f->units[u];
+  if (!src) /* an lp_only unit's shard (fsdp.h): the callers check ml_fsdp_has_masters */
+    return ml_err("FSDP unit %d holds no fp32 shard (an inference_only session keeps its "
+                  "weights in bf16 alone); expected a session without inference_only", u);
   size_t bytes = sizeof(float) * (size_t)unit->shard_numel;
   if (unit->dp->size == 1) return ml_be_copy(f->be, dst, src, bytes, ml_fsdp_shard_to_device(f));
   /* dp shards of a unit: bounded (unit_layout); under cpu_offload this rank's shard copied
@@ -631,10 +676,29 @@ int ml_fsdp_sync_params(ml_fsdp *f) {
   return 0;
 }
 
-int ml_fsdp_swap_shards(ml_fsdp *f, float **other) {
+/* Forget the unit's unsharded buffers that are its bf16 shard (lp) or lie in
+ * it (the one-rank unsharded parameters, the vocab rows), before lp changes
+ * hands: they are lp's memory, not theirs. */
+static void lp_detach(ml_fsdp_unit *unit, ml_dtype pt) {
+  if (!unit->lp) return;
+  if (unit->rows == unit->lp + unit->gather_numel) unit->rows = NULL;
+  if (unit->full != unit->lp) return;
+  unit->full = NULL;
+  point_data(unit, NULL, pt);
+}
+
+int ml_fsdp_swap_weights(ml_fsdp *f, void **other, bool in, bool regather) {
   for (int u = 0; u < f->n_units; u++) {
     ml_fsdp_unit *unit = &f->units[u];
     reshard_one(f, unit); /* no-op where the unsharded parameters persist or alias */
+    if (ml_fsdp_bf16_weights(f, unit)) {
+      lp_detach(unit, f->opts.param_dtype);
+      uint16_t *mine = unit->lp;
+      unit->lp = other[u];
+      other[u] = mine;
+      unit->lp_fresh = in || unit->lp_only;
+      continue;
+    }
     float *mine = unit->shard;
     unit->shard = other[u];
     other[u] = mine;
@@ -644,11 +708,17 @@ int ml_fsdp_swap_shards(ml_fsdp *f, float **other) {
       point_data(unit, unit->full, ML_F32);
     }
   }
-  return ml_fsdp_sync_params(f);
+  return regather ? ml_fsdp_sync_params(f) : 0;
 }
 
 void ml_fsdp_params_changed(ml_fsdp *f) {
-  for (int u = 0; u < f->n_units; u++) f->units[u].lp_fresh = false;
+  for (int u = 0; u < f->n_units; u++) f->units[u].lp_fresh = f->units[u].lp_only;
+}
+
+bool ml_fsdp_has_masters(const ml_fsdp *f) {
+  for (int u = 0; u < f->n_units; u++)
+    if (f->units[u].lp_only) return false;
+  return true;
 }
 
 int ml_fsdp_rows(const ml_fsdp *f, const ml_param *p, ml_rows *w) {

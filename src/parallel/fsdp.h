@@ -115,7 +115,23 @@
  * fp32 (embed_tokens, an untied lm_head) is read from the shard as under
  * param_dtype fp32. Frozen fp32 parameters after trainable ones keep the
  * frozen bf16 chunks before them inside the gradient's prefix (zeros the
- * optimizer never touches), as the vocab rows do. */
+ * optimizer never touches), as the vocab rows do.
+ *
+ * Inference-only sessions (ml_fsdp_opts.inference_only: scoring and
+ * generation, never a training call): under param_dtype bf16 without
+ * cpu_offload a unit with no fp32 part (no parameter kept in fp32,
+ * ml_param.fp32) holds its parameters in the persistent bf16 shard alone
+ * (ml_fsdp_unit.lp_only): each checkpoint value is rounded once into lp as
+ * it is loaded (the rounding an unshard of the fp32 shard would do: the same
+ * bits gathered), and no fp32 shard exists (shard NULL), so such a unit
+ * keeps 2 bytes per shard element instead of 4 (+ 2 for lp once trained).
+ * Units with an fp32 part, and every unit under param_dtype fp32 (the shard
+ * is the weight) or cpu_offload (host fp32 shards, rounded on the way to the
+ * device), keep their fp32 shard as without the option. Under any dtype
+ * nothing can train: ml_fsdp_train_state refuses, naming inference_only, and
+ * FSDP allocates no gradient staging (comm_buf, grad_buf, wire, host_grad:
+ * nothing is reduced); nothing reads fp32 masters from an lp_only unit
+ * (ml_fsdp_has_masters). */
 #ifndef ML_FSDP_H
 #define ML_FSDP_H
 
@@ -144,6 +160,8 @@ typedef struct ml_fsdp_opts {
   int prefetch_backward; /* the same in backward */
   bool cpu_offload;      /* CPUOffloadPolicy: shards, gradients and AdamW state in host memory,
                             the optimizer step on the host (see above) */
+  bool inference_only;   /* no training state ever (ml_fsdp_train_state refuses); under bf16
+                            the units' weights in their bf16 shard alone (see above) */
 } ml_fsdp_opts;
 
 typedef struct ml_fsdp_unit {
@@ -165,7 +183,7 @@ typedef struct ml_fsdp_unit {
   int64_t grad_full;    /* the gathered part's leading unsharded elements with a gradient
                            (through the last trainable gathered parameter): full_grad's size */
   float *shard;                       /* [shard_numel] fp32, where the shards live
-                                         (ml_fsdp_shard_alloc) */
+                                         (ml_fsdp_shard_alloc); NULL in an lp_only unit */
   float *shard_grad, *adam_m, *adam_v; /* [grad_numel] fp32 each, likewise (NULL: frozen, or
                                           no training call yet: ml_fsdp_train_state) */
   float *dev_shard; /* cpu_offload: [shard_numel] fp32, the shard copied to the device for
@@ -209,7 +227,7 @@ typedef struct ml_fsdp_unit {
                          shard's part itself) */
   ml_request req32;
   /* The persistent param_dtype shard (ml_fsdp_train_state under param_dtype bf16 without
-   * cpu_offload; NULL otherwise): [shard_numel] bf16, the shard rounded once per change of
+   * cpu_offload, or an lp_only unit's weights from its init; NULL otherwise): [shard_numel] bf16, the shard rounded once per change of
    * the masters instead of at every unshard (FSDP2 MixedPrecisionPolicy casts param_dtype
    * before each all-gather; here the cast is kept). The all-gather sends its param_dtype
    * part as it is (one rank: it is the unsharded buffer itself), the vocab-parallel rows
@@ -218,14 +236,24 @@ typedef struct ml_fsdp_unit {
   bool lp_fresh; /* lp holds the shard's current values: set where lp is rounded from the
                     shard (at an unshard when stale) or written by AdamW's pass (ml_be_adamw's
                     p_bf16); cleared by every other write to the shard (ml_fsdp_load,
-                    ml_fsdp_swap_shards, ml_fsdp_params_changed) */
+                    ml_fsdp_swap_weights, ml_fsdp_params_changed); always set when lp_only */
+  bool lp_only;  /* inference_only under bf16 (see above): lp is the unit's only copy of its
+                    weights (allocated with the unit, written by ml_fsdp_load), shard NULL */
 } ml_fsdp_unit;
 
 /* fp32 elements a unit keeps where the shards live once it trains: the
  * shard (shard_numel), its gradient and AdamW's exp_avg, exp_avg_sq
- * (grad_numel each, from ml_fsdp_train_state on). */
+ * (grad_numel each, from ml_fsdp_train_state on). An lp_only unit (never
+ * trains) holds shard_numel bf16 elements instead (ml_fsdp_unit_bytes). */
 static inline int64_t ml_fsdp_unit_floats(const ml_fsdp_unit *u) {
   return u->shard_numel + 3 * u->grad_numel;
+}
+
+/* Bytes of parameters a unit holds where the shards live while nothing
+ * trained: the fp32 shard (4 · shard_numel), or for an lp_only unit the
+ * bf16 shard alone (2 · shard_numel). */
+static inline int64_t ml_fsdp_unit_bytes(const ml_fsdp_unit *u) {
+  return (u->lp_only ? 2 : 4) * u->shard_numel;
 }
 
 typedef struct ml_fsdp {
@@ -242,7 +270,8 @@ typedef struct ml_fsdp {
   bool vocab_parallel; /* the vocab-sized root parameters are vocab-parallel (see above) */
   float *comm_buf;  /* [max over units of unit->dp · gather_numel] fp32: gradient staging (a
                        unit's gradients use unit->dp blocks of its trainable prefix of the
-                       gathered part) */
+                       gathered part); this and the three below: NULL where nothing is staged
+                       (gradients accumulated in place) or reduced (inference_only) */
   float *grad_buf;  /* [max gather_numel] fp32: the reduced gradient, added to shard_grad */
   uint16_t *wire;   /* [as comm_buf] bf16 gradients on the wire (reduce_dtype BF16 only) */
   float *host_grad; /* cpu_offload: [max shard_numel] fp32 host staging of a reduced
@@ -309,7 +338,8 @@ bool ml_fsdp_find(const ml_fsdp *f, const ml_param *p, int *u, int *i);
 
 /* Overwrite the fp32 shards of the parameters from checkpoint `ck` (its
  * tensors, or tensors in memory dressed as one): each rank reads its rows
- * of each TP-local tensor, as ml_fsdp_init does. all: every parameter must
+ * of each TP-local tensor, as ml_fsdp_init does (an lp_only unit's rounded
+ * once into its bf16 shard, see above). all: every parameter must
  * be there; else the ones it lacks keep their values. Gradients and AdamW
  * state are untouched; the unsharded copies are the caller's to refresh
  * (ml_engine_sync_params). Errors: a missing tensor (all), another shape,
@@ -366,23 +396,45 @@ int ml_fsdp_gather_flat(ml_fsdp *f, int u, const float *src, float *dst);
  * ZeRO-3. Collective over the group. */
 int ml_fsdp_sync_params(ml_fsdp *f);
 
-/* Exchange every unit's fp32 parameter shard with other[u] (an array of
- * n_units buffers of the unit's shard_numel floats, where the shards live:
- * ml_fsdp_shard_alloc), as a swap of the module's parameters would (NeMo
- * RL's use_reference_model swaps the reference state dict in): the
- * unsharded parameters of the old shards are dropped (ZeRO-3; the next
- * forward gathers the new ones), re-pointed where they alias the shard,
- * or re-gathered where they persist (ZeRO-1/2: collective over the group,
- * ml_fsdp_sync_params). The gradients and AdamW state stay. The shard
- * pointers are owned by whoever holds them after the call: a caller swaps
- * back before ml_fsdp_destroy. Errors: those of the re-gather. */
-int ml_fsdp_swap_shards(ml_fsdp *f, float **other);
+/* Whether unit u computes from a bf16 copy of its weights: param_dtype
+ * bf16 without cpu_offload, and no parameter of it kept in fp32 (its
+ * all-gather sends the bf16 shard lp, or rounds the fp32 shard into one):
+ * the units an inference_only session keeps in bf16 alone (lp_only), and
+ * those whose weights ml_fsdp_swap_weights exchanges in bf16. */
+bool ml_fsdp_bf16_weights(const ml_fsdp *f, const ml_fsdp_unit *u);
+
+/* Exchange every unit's weights with other[u], as a swap of the module's
+ * parameters would (NeMo RL's use_reference_model swaps the reference state
+ * dict in): a unit of ml_fsdp_bf16_weights exchanges its bf16 shard lp
+ * (other[u]: shard_numel bf16 on the device, or NULL where the unit has no
+ * lp yet: a session that never trained), the others their fp32 shard
+ * (other[u]: shard_numel floats where the shards live,
+ * ml_fsdp_shard_alloc). in: the incoming bf16 weights are current as they
+ * are (a reference's copy: lp fresh); !in: they are the fp32 shard's own
+ * lp back (stale unless lp_only: rounded afresh at the next unshard, as
+ * after any write to the masters). The unsharded parameters of the old
+ * weights are dropped (ZeRO-3; the next forward gathers the new ones),
+ * re-pointed where they alias the shard, or re-gathered where they
+ * persist (ZeRO-1/2: collective over the group, ml_fsdp_sync_params; not
+ * with regather false, for a teardown). The gradients and AdamW state
+ * stay. The pointers are owned by whoever holds them after the call: a
+ * caller swaps back before ml_fsdp_destroy. Errors: those of the
+ * re-gather. */
+int ml_fsdp_swap_weights(ml_fsdp *f, void **other, bool in, bool regather);
+
+/* Whether every unit holds its fp32 shard (the masters; false where an
+ * inference_only session keeps a unit in bf16 alone, ml_fsdp_unit.lp_only):
+ * what reads the shards' fp32 values (exports, run checkpoints, the
+ * weights stream, a reference policy's fp32 copy, ml_fsdp_gather_flat of
+ * shard) needs it. */
+bool ml_fsdp_has_masters(const ml_fsdp *f);
 
 /* Mark every unit's persistent param_dtype shard stale (fsdp.h lp_fresh):
  * a caller that wrote the fp32 shards other than through ml_fsdp_load or
- * ml_fsdp_swap_shards (a checkpoint resume, a refit into a replica, the
+ * ml_fsdp_swap_weights (a checkpoint resume, a refit into a replica, the
  * reference policy's shards swapped back) calls it before the next
- * unshard, which then rounds them afresh. */
+ * unshard, which then rounds them afresh. An lp_only unit's bf16 shard is
+ * its weight: never stale. */
 void ml_fsdp_params_changed(ml_fsdp *f);
 
 /* count elements of `elem` bytes where the shards live: the backend's
@@ -418,7 +470,8 @@ int ml_fsdp_finish_backward(ml_fsdp *f);
  * the first optimizer step). Its callers are the training entry points
  * (ml_engine_train_state). Under param_dtype bf16 without cpu_offload it
  * also gives every unit its persistent bf16 shard (lp, 2 bytes per shard
- * element), which AdamW's pass keeps current. Errors: allocation (named). */
+ * element), which AdamW's pass keeps current. Errors: allocation (named);
+ * an inference_only FSDP (opts.inference_only: named, nothing allocated). */
 int ml_fsdp_train_state(ml_fsdp *f);
 
 /* Which unit holds parameter p: its index, and where its chunk lies. */

@@ -21,6 +21,10 @@ static int lp_alloc(ml_fsdp *f, ml_fsdp_unit *unit) {
 }
 
 int ml_fsdp_train_state(ml_fsdp *f) {
+  if (f->opts.inference_only)
+    return ml_err("training on an inference_only session: it holds no gradients or AdamW "
+                  "state%s; expected a session opened without inference_only",
+                  ml_fsdp_has_masters(f) ? "" : ", nor fp32 master weights (bf16 alone)");
   for (int u = 0; u < f->n_units; u++) {
     ml_fsdp_unit *unit = &f->units[u];
     ML_TRY(lp_alloc(f, unit));

@@ -224,6 +224,18 @@ void global_lp(meshlm_session *s, const gbatch *g, const uint8_t *mask, float *o
   free(loc);
 }
 
+void global_ref_lp(meshlm_session *s, const gbatch *g, float *out) {
+  meshlm_info in = info_of(s);
+  slice sl = slice_of(g, in.dp_rank, in.dp_size);
+  float *loc = xcalloc((size_t)sl.npred, sizeof *loc);
+  OK(s, meshlm_reference_logprobs(s, &sl.seqs, NULL, loc, NULL));
+  memset(out, 0, sizeof(float) * (size_t)g->all.npred);
+  if (in.tp_rank == 0 && in.cp_rank == 0)
+    memcpy(out + sl.p0, loc, sizeof(float) * (size_t)sl.npred);
+  MPI_Allreduce(MPI_IN_PLACE, out, (int)g->all.npred, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+  free(loc);
+}
+
 int step_share(meshlm_session *s, const gbatch *g, const garr *a, const meshlm_loss *l,
                meshlm_step_result *r) {
   meshlm_info in = info_of(s);

@@ -160,6 +160,8 @@ slice slice_of(const gbatch *g, int d, int D);
  * each dp rank's tp/cp rank 0 contributes its slice to a zeroed buffer
  * summed over the world (x + 0 is exact, R1). */
 void global_lp(meshlm_session *s, const gbatch *g, const uint8_t *mask, float *out);
+/* The same of its reference policy (meshlm_reference_logprobs). */
+void global_ref_lp(meshlm_session *s, const gbatch *g, float *out);
 
 /* Per-prediction arrays over the global batch (NULL: not given). */
 typedef struct garr {

@@ -130,6 +130,10 @@ static void test_open_errors(void **state) {
   expect_open_fails(g_fixture, &o, "output_dtype", "output_dtype SOURCE");
 
   meshlm_options_default(&o);
+  o.inference_only = 2;
+  expect_open_fails(g_fixture, &o, "inference_only", "inference_only 2");
+
+  meshlm_options_default(&o);
   o.micro_batch_tokens = 0;
   expect_open_fails(g_fixture, &o, "micro_batch_tokens", "micro_batch_tokens 0");
   o.micro_batch_tokens = -5;

@@ -1,7 +1,8 @@
 /* test_api_weights: save / resume, export / reload(dir), refit (callback,
  * into buffers, F32 / BF16 / SOURCE) against the exported safetensors
  * bytes, reload_tensors (perturb and restore, unknown name), a refit
- * callback that stops.
+ * callback that stops; an inference-only bf16 session's weights (loaded,
+ * reloaded, refused reads).
  * The suite, its meshes and its helpers: api_util.h. */
 
 #include <stdio.h>
@@ -272,12 +273,105 @@ static void test_reload_tensors(void **state) {
 
 /* ======================================================================= */
 
+/* An inference-only bf16 session (meshlm_options.inference_only: its
+ * weights in bf16 alone) against a normal bf16 session on the same mesh:
+ * the same log-probs bitwise (memcmp; the same bf16 values gathered: each
+ * rounded once, there at load, here at every unshard of the fp32 masters),
+ * before and after the same reload_tensors (a perturbed tensor: rounded
+ * once into its bf16 weights), its reference policy's log-probs and its
+ * greedy generation too; training, export, refit and a generation replica
+ * refused on it, naming inference_only. */
+static void test_inference_only(void **state) {
+  (void)state;
+  meshlm_options o = mesh_opts();
+  o.param_dtype = MESHLM_DTYPE_BF16;
+  meshlm_session *s = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+  o.inference_only = 1;
+  meshlm_session *q = open_ok(g_fixture, &o, MPI_COMM_WORLD);
+  gbatch g = gbatch_make(47);
+  int64_t n = g.all.npred;
+  size_t bytes = sizeof(float) * (size_t)n;
+  float *want = xcalloc((size_t)n, 4), *got = xcalloc((size_t)n, 4), *lp0 = xcalloc((size_t)n, 4);
+  global_lp(s, &g, NULL, lp0);
+  global_lp(q, &g, NULL, got);
+  assert_memory_equal(got, lp0, bytes);
+
+  /* the first tensor perturbed into both (its values from the normal session's masters) */
+  weights w = weights_of(s);
+  weights_alloc(&w, MESHLM_DTYPE_F32);
+  OK(s, meshlm_refit_into(s, -1, MESHLM_DTYPE_F32, w.data));
+  int64_t m = numel(&w.w[0]);
+  float *pert = xcalloc((size_t)m, sizeof(float));
+  for (int64_t e = 0; e < m; e++) pert[e] = ((float *)w.data[0])[e] * 1.25f + 0.01f;
+  meshlm_tensor t = {sizeof t, w.name[0], MESHLM_DTYPE_F32, w.w[0].ndim,
+                     {w.w[0].shape[0], w.w[0].shape[1]}, pert};
+  OK(s, meshlm_reload_tensors(s, 1, &t));
+  OK(q, meshlm_reload_tensors(q, 1, &t));
+  global_lp(s, &g, NULL, want);
+  global_lp(q, &g, NULL, got);
+  assert_memory_equal(got, want, bytes);
+  assert_true(memcmp(want, lp0, bytes) != 0); /* the reload changed them */
+  OK(q, meshlm_set_reference(q));
+  memset(got, 0, bytes);
+  global_ref_lp(q, &g, got);
+  assert_memory_equal(got, want, bytes);
+
+  /* greedy generation on the policy's mesh (the vocab-parallel rows from the bf16 weights
+   * under dp > 1): the same tokens and log-probs bitwise; the replica needs fp32 masters */
+  meshlm_info in = info_of(q);
+  slice sl = slice_of(&g, in.dp_rank, in.dp_size);
+  meshlm_sampling sp;
+  meshlm_sampling_default(&sp);
+  sp.greedy = 1;
+  sp.max_new_tokens = 4;
+  size_t cells = (size_t)(sl.seqs.n * sp.max_new_tokens);
+  int32_t *tok[2] = {xcalloc(cells, sizeof(int32_t)), xcalloc(cells, sizeof(int32_t))};
+  int64_t *len[2] = {xcalloc((size_t)sl.seqs.n, sizeof(int64_t)),
+                     xcalloc((size_t)sl.seqs.n, sizeof(int64_t))};
+  float *glp[2] = {xcalloc(cells, sizeof(float)), xcalloc(cells, sizeof(float))};
+  OK(s, meshlm_generate(s, &sl.seqs, &sp, tok[0], len[0], glp[0]));
+  OK(q, meshlm_generate(q, &sl.seqs, &sp, tok[1], len[1], glp[1]));
+  assert_memory_equal(tok[1], tok[0], cells * sizeof(int32_t));
+  assert_memory_equal(len[1], len[0], (size_t)sl.seqs.n * sizeof(int64_t));
+  assert_memory_equal(glp[1], glp[0], cells * sizeof(float));
+  sp.replica = 1;
+  expect_fail(q, meshlm_generate(q, &sl.seqs, &sp, tok[1], len[1], NULL), "inference_only",
+              "generation on a replica of an inference-only bf16 session");
+  for (int k = 0; k < 2; k++) {
+    free(tok[k]);
+    free(len[k]);
+    free(glp[k]);
+  }
+
+  meshlm_step_result r = {.struct_size = sizeof r};
+  expect_fail(q, step_share(q, &g, &(garr){0}, NULL, &r),
+              "inference_only", "train_step on an inference-only session");
+  expect_fail(q, meshlm_zero_grad(q), "inference_only", "zero_grad on an inference-only session");
+  char dir[4200];
+  tmp_path(dir, sizeof dir, "inference_only_export");
+  expect_fail(q, meshlm_export(q, dir, MESHLM_DTYPE_BF16), "inference_only",
+              "export of an inference-only bf16 session");
+  expect_fail(q, meshlm_refit_into(q, -1, MESHLM_DTYPE_F32, w.data), "inference_only",
+              "refit of an inference-only bf16 session");
+  global_lp(q, &g, NULL, got); /* still scoring, unchanged */
+  assert_memory_equal(got, want, bytes);
+  weights_free(&w);
+  free(pert);
+  free(want);
+  free(got);
+  free(lp0);
+  batch_free(&g.all);
+  meshlm_close(q);
+  meshlm_close(s);
+}
+
 int main(int argc, char **argv) {
   api_init(&argc, &argv);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_save_resume_export),
       cmocka_unit_test(test_refit),
       cmocka_unit_test(test_reload_tensors),
+      cmocka_unit_test(test_inference_only),
   };
   return api_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

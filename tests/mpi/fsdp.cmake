@@ -22,3 +22,5 @@ ml_mpi_test(forward_only_llama_tied_1rank 1 $<TARGET_FILE:test_forward_only> lla
 ml_mpi_test(forward_only_gemma3_1rank 1 $<TARGET_FILE:test_forward_only> gemma3 1)
 ml_mpi_test(forward_only_qwen3_moe_1rank 1 $<TARGET_FILE:test_forward_only> qwen3_moe 1)
 ml_mpi_test(forward_only_llama_tied_dp2_tp2 4 $<TARGET_FILE:test_forward_only> llama_tied 2)
+# an untied lm_head's vocab-parallel rows from the inference-only bf16 shard (dp2)
+ml_mpi_test(forward_only_llama_untied_dp2 2 $<TARGET_FILE:test_forward_only> llama_untied 1)

@@ -31,14 +31,17 @@
  *  - vocab parallelism over FSDP's group (parallel/vocab.h) where the
  *    engine says it is on: whenever the group has more than one rank,
  *    except for rep-logits on tp > 1;
- *  - the device pool's bytes in use once the engine is open, before the
- *    logprobs pass, with the predicted logprobs_opened, exactly;
+ *  - the device pool's bytes in use once an inference-only engine (as
+ *    `meshlm logprobs` opens it: under bf16 its bf16 shards alone,
+ *    parallel/fsdp.h) is open, before the logprobs pass, with the predicted
+ *    logprobs_opened, exactly;
  *  - the device pool's peak bytes of the step and of the pass
  *    (ml_be_memory_stats) with the predicted peaks, within 5 % (the
- *    issue's bound for `meshlm plan`): the prediction allocates exactly
- *    what the step allocates; what it does not model is the CPU backend's
- *    own kernel temporaries (a bf16 GEMM's converted operand, a widened
- *    norm weight), live only inside one kernel call;
+ *    issue's bound for `meshlm plan`) or above them by at most one bf16
+ *    GEMM's operand conversions (gemm_scratch_bound): the prediction
+ *    allocates exactly what the step allocates; what it does not model is
+ *    the CPU backend's own kernel temporaries (a bf16 GEMM's converted
+ *    operand, a widened norm weight), live only inside one kernel call;
  *  - the shards' bytes: 16 B per shard element (the shards, their gradients
  *    and AdamW state, fp32), 4 B in a unit whose parameters are all frozen;
  *  - with offload, that the device pool holds no shard: opening the engine
@@ -50,7 +53,8 @@
  *    memory once open is the one without offload less the parameter shards
  *    (all that opening allocates of them);
  *  - a reference policy (engine/reference.h) takes exactly the predicted
- *    bytes (the fp32 parameter shards) of the pool where the shards live.
+ *    bytes (the parameter shards: fp32, or bf16 for the units computing
+ *    from bf16 weights) of the pool where they live.
  * Mismatches are collected per rank and agreed on after the collectives,
  * so a failure never leaves other ranks waiting. */
 #include <math.h>
@@ -131,8 +135,10 @@ static void setup_release(void *p) {
   ml_mesh_destroy(&s->mesh);
 }
 
-/* s is held (held.h): static in the tests. */
-static void setup_open(setup *s) {
+/* s is held (held.h): static in the tests. inference_only: the session
+ * `meshlm logprobs` opens (parallel/fsdp.h inference_only), else a training
+ * one. */
+static void setup_open(setup *s, bool inference_only) {
   memset(s, 0, sizeof *s);
   fixture_load(g_fixture, &s->fx);
   hold(s, setup_release);
@@ -142,6 +148,7 @@ static void setup_open(setup *s) {
   opts.ac = g_ac;
   opts.fsdp.param_dtype = g_param_dtype;
   opts.fsdp.cpu_offload = g_offload;
+  opts.fsdp.inference_only = inference_only;
   opts.freeze = g_freeze;
   opts.fp32_params = g_fp32;
   opts.lora = (ml_lora_opts){.rank = g_lora, .alpha = 8, .dropout = g_dropout,
@@ -250,22 +257,52 @@ static void print_counts(const ml_comm_stats st[ML_GROUP_KINDS], const char *wha
   printf("\n");
 }
 
-/* The measured peak against the predicted one: within 5 % (header). */
-static void compare_peak(int64_t measured, int64_t predicted, const char *what, report *rep) {
+/* A bound on the CPU backend's kernel temporaries the prediction does not
+ * model (header) in s's passes under param_dtype bf16: a bf16 GEMM takes
+ * each operand not already in its compute form into pool scratch
+ * (backend/cpu/gemm.c operand: rounded to bf16, 2 B an element, or where
+ * oneDNN has no native bf16 rounded and kept in fp32, 4 B), both operands
+ * of the one call live at once on top of everything the pass holds. The
+ * weight operand is at most a TP-local 2-D parameter [rows, cols] (p->local),
+ * the activation operand at most M × cols with M the rank's tokens
+ * B·s_local (a decoder linear; an expert's rows are a subset of them) or the
+ * classifier's token block (loss_chunk): so at most 4 B · max over the
+ * parameters of (rows + M) · cols. 0 under fp32: nothing is converted. */
+static int64_t gemm_scratch_bound(const setup *s) {
+  if (g_param_dtype != ML_BF16) return 0;
+  int64_t m = s->Bl * s->pred.s_local, most = 0;
+  if (s->pred.loss_chunk > m) m = s->pred.loss_chunk;
+  for (int i = 0; i < s->e.model.n_params; i++) {
+    const ml_param *p = &s->e.model.params[i];
+    int64_t both = (p->local[0] + m) * p->local[1];
+    if (p->ndim == 2 && both > most) most = both;
+  }
+  return 4 * most;
+}
+
+/* The measured peak against the predicted one: within 5 % (header), or
+ * above it by no more than `scratch`, the unmodelled kernel temporaries of
+ * one GEMM (gemm_scratch_bound): on the small fixtures those alone can be
+ * more than 5 % of a bf16 pass whose parameters are bf16 alone. */
+static void compare_peak(int64_t measured, int64_t predicted, int64_t scratch, const char *what,
+                         report *rep) {
   double rel = (double)(measured - predicted) / (double)measured;
   if (rank0())
-    printf("%s peak (rank 0): measured %lld B, predicted %lld B (%+.3f %%)\n", what,
-           (long long)measured, (long long)predicted, 100.0 * rel);
-  if (rel > 0.05 || rel < -0.05)
-    note(rep, "%s: measured peak %lld B, predicted %lld B: off by %.2f %% (bound 5 %%)", what,
-         (long long)measured, (long long)predicted, 100.0 * rel);
+    printf("%s peak (rank 0): measured %lld B, predicted %lld B (%+.3f %%; unmodelled GEMM "
+           "scratch up to %lld B)\n",
+           what, (long long)measured, (long long)predicted, 100.0 * rel, (long long)scratch);
+  bool scratch_only = measured >= predicted && measured - predicted <= scratch;
+  if ((rel > 0.05 || rel < -0.05) && !scratch_only)
+    note(rep, "%s: measured peak %lld B, predicted %lld B: off by %.2f %% (bound 5 %%, or up to "
+         "%lld B above)", what, (long long)measured, (long long)predicted, 100.0 * rel,
+         (long long)scratch);
 }
 
 /* One training step: zero_grad, forward + backward, grad norm, AdamW. */
 static void test_train_step(void **state) {
   (void)state;
   static setup s;
-  setup_open(&s);
+  setup_open(&s, false);
   ml_mesh_stats_reset(&s.mesh);
   double loss, norm;
   report rep = {0};
@@ -278,7 +315,8 @@ static void test_train_step(void **state) {
   if (ml_engine_grad_norm(&s.e, 2.0, &norm) || ml_engine_adamw(&s.e, &adam))
     fail_msg("step: %s", ml_error_msg());
   compare(&s, s.pred.train, "train step", &rep);
-  compare_peak((int64_t)ml_be_memory_stats(s.e.be).peak, s.pred.mem.train_peak, "train step",
+  compare_peak((int64_t)ml_be_memory_stats(s.e.be).peak, s.pred.mem.train_peak,
+               gemm_scratch_bound(&s), "train step",
                &rep);
   int frozen, partly;
   int64_t shards = shard_bytes(&s.e, &frozen, &partly);
@@ -303,7 +341,7 @@ static void test_train_step(void **state) {
 static void test_reference_memory(void **state) {
   (void)state;
   static setup s;
-  setup_open(&s);
+  setup_open(&s, false);
   report rep = {0};
   ml_memory_stats a = ml_be_memory_stats(s.e.be);
   if (ml_engine_reference_set(&s.e)) fail_msg("reference: %s", ml_error_msg());
@@ -321,11 +359,12 @@ static void test_reference_memory(void **state) {
 }
 
 /* One forward-only logprobs pass; the device memory in use once its
- * scoring-only session is open (no training micro-batch reserved), exactly. */
+ * inference-only session is open (no training micro-batch reserved; under
+ * bf16 the bf16 shards alone), exactly. */
 static void test_logprobs(void **state) {
   (void)state;
   static setup s;
-  setup_open(&s);
+  setup_open(&s, true);
   float *out = malloc(sizeof(float) * (size_t)(s.Bl * (s.fx.S - 1)));
   assert_non_null(out);
   hold(out, free);
@@ -338,7 +377,8 @@ static void test_logprobs(void **state) {
   ml_be_reset_peak(s.e.be);
   if (ml_engine_logprobs(&s.e, s.ids, s.Bl, s.fx.S, out)) fail_msg("logprobs: %s", ml_error_msg());
   compare(&s, s.pred.logprobs, "logprobs", &rep);
-  compare_peak((int64_t)ml_be_memory_stats(s.e.be).peak, s.pred.mem.logprobs_peak, "logprobs",
+  compare_peak((int64_t)ml_be_memory_stats(s.e.be).peak, s.pred.mem.logprobs_peak,
+               gemm_scratch_bound(&s), "logprobs",
                &rep);
   print_counts(s.pred.logprobs, "logprobs");
   unhold(out);
@@ -358,7 +398,7 @@ static void test_sp_saves_memory(void **state) {
   (void)state;
   if (!g_sp || g_tp == 1) skip();
   static setup s;
-  setup_open(&s);
+  setup_open(&s, false);
   ml_engine_opts opts = s.e.opts;
   opts.backend = NULL;
   opts.sequence_parallel = false;
@@ -394,7 +434,7 @@ static void test_cp_divides_activations(void **state) {
   (void)state;
   if (g_cp == 1) skip();
   static setup s;
-  setup_open(&s);
+  setup_open(&s, false);
   ml_engine_opts opts = s.e.opts;
   opts.backend = NULL;
   opts.parallel_plan = g_plan[0] ? g_plan : NULL;
@@ -444,7 +484,7 @@ static void test_offload_memory(void **state) {
   (void)state;
   if (!g_offload) skip();
   static setup s;
-  setup_open(&s);
+  setup_open(&s, false);
   int64_t dev_off, host_off, dev_on, host_on;
   int frozen, partly;
   open_bytes(&s, true, &dev_off, &host_off);

@@ -53,3 +53,20 @@ def test_reference_policy(model_dir, mesh):
         p.set_reference()
         for a, b in zip(p.reference_logprobs(seqs)[0], p.logprobs(seqs)[0]):
             np.testing.assert_array_equal(a, b)
+
+
+def test_inference_only_bf16(model_dir):
+    """Policy(inference_only=True) under bf16: the weights in bf16 alone, the same log-probs
+    and reference log-probs as a training policy's bitwise; training refused naming the
+    option."""
+    seqs = make_seqs(4, seed=103, lo=4, hi=30)
+    with meshlm.Policy(model_dir, param_dtype="bf16") as p, \
+            meshlm.Policy(model_dir, param_dtype="bf16", inference_only=True) as q:
+        want = p.logprobs(seqs)[0]
+        q.set_reference()
+        for got in (q.logprobs(seqs)[0], q.reference_logprobs(seqs)[0]):
+            for a, b in zip(got, want):
+                np.testing.assert_array_equal(a, b)
+        info = q.info
+        with pytest.raises(meshlm.MeshlmError, match="inference_only"):
+            q.train_step(seqs[info["dp_rank"]::info["dp_size"]])

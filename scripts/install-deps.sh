@@ -23,7 +23,7 @@ present() {
           "$py" -c "import $what" 2> /dev/null && return 0
         done
         return 1 ;;
-    header) local cpath=${CPATH:-}
+    header) local cpath=${CPATH:-} d
             for d in /usr/include /usr/local/include ${cpath//:/ }; do
               [ -f "$d/$what" ] && return 0
             done

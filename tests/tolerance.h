@@ -448,12 +448,12 @@ static inline double tol_bf16_sites(const tol_model *m, tol_quantity q, double r
                                           rowsum(dout ⊙ out) (ml_model_bf16_att: the saved att
                                           is o_proj's bf16 operand, as FlashAttention-2 in bf16
                                           reads its bf16 out): each element of out moved by a
-                                          relative d, |d| <= u_bf16, so D by at most u_bf16 in
-                                          L2 over its row's products and dS's (dP − D) term by
-                                          that; one site on the chain to dq, dk. Counted for
-                                          every mesh: where the feature is off (an attention
-                                          core, an edge hook on o_proj's input) it only
-                                          loosens the bound */ +
+                                          relative d, |d| <= u_bf16, moves D by at most
+                                          u_bf16·Σ|dout·out| over its row, the one operand of
+                                          dS = P ⊙ (dP − D) it enters: one site on the chain to
+                                          dq, dk. Counted on every mesh: where the feature is off
+                                          (an attention core, a tp hook on o_proj's input) it
+                                          only loosens the bound */ +
          (m->layers + 1.0)             /* gradient rounded at each unit boundary */ +
          1.0                           /* local gradient rounded before the reduction */ +
          reduce_hops;

@@ -444,6 +444,16 @@ static inline double tol_bf16_sites(const tol_model *m, tol_quantity q, double r
                                           dx and dW GEMMs (7 per layer, lm_head) */ +
          m->layers * 2.0               /* attention's output gradient dout and dS = P ⊙
                                           (dP − D), each rounded for its two products */ +
+         m->layers * 1.0               /* attention's output out, read in bf16 for D =
+                                          rowsum(dout ⊙ out) (ml_model_bf16_att: the saved att
+                                          is o_proj's bf16 operand, as FlashAttention-2 in bf16
+                                          reads its bf16 out): each element of out moved by a
+                                          relative d, |d| <= u_bf16, moves D by at most
+                                          u_bf16·Σ|dout·out| over its row, the one operand of
+                                          dS = P ⊙ (dP − D) it enters: one site on the chain to
+                                          dq, dk. Counted on every mesh: where the feature is off
+                                          (an attention core, a tp hook on o_proj's input) it
+                                          only loosens the bound */ +
          (m->layers + 1.0)             /* gradient rounded at each unit boundary */ +
          1.0                           /* local gradient rounded before the reduction */ +
          reduce_hops;

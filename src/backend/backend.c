@@ -223,6 +223,10 @@ int ml_be_attention_block_fwd(ml_backend *be, const ml_attn_block *blk, const fl
                   blk->kv_block < 1 ? 1LL
                                     : (long long)((blk->sk + blk->kv_block - 1) / blk->kv_block),
                   (long long)blk->sk);
+  if (blk->out_bf16 && (accumulate || compute != ML_BF16))
+    return ml_err("block attention: a bf16 out (out_bf16) with accumulate %s and compute %s; "
+                  "expected accumulate false and compute BF16",
+                  accumulate ? "true" : "false", ml_dtype_name(compute));
   return be->ops->attention_block_fwd(be, blk, q, k, v, out, lse, accumulate, compute);
 }
 size_t ml_be_attention_block_work(ml_backend *be, const ml_attn_block *blk) {
@@ -236,6 +240,10 @@ int ml_be_attention_block_bwd(ml_backend *be, const ml_attn_block *blk, const fl
   if (blk->kv_table)
     return ml_err("block attention backward: paged keys (kv_table set); expected keys at k_bs "
                   "(the paged KV cache is forward only)");
+  if (blk->out_bf16 && compute != ML_BF16)
+    return ml_err("block attention backward: a bf16 out (out_bf16) with compute %s; expected "
+                  "BF16",
+                  ml_dtype_name(compute));
   return be->ops->attention_block_bwd(be, blk, dout, q, k, v, out, lse, dq, dk, dv, compute,
                                       work);
 }

@@ -145,6 +145,15 @@ typedef struct ml_attn_block {
   const int32_t *kv_table;
   int64_t kv_block, table_bs;
   bool kv_bf16;
+  /* out is bf16 (out points at uint16_t, the same layout and q_bs): the
+   * forward writes each row's O / l rounded to nearest-even once, in its
+   * final normalisation's store (the values of its fp32 out rounded as
+   * ml_be_convert rounds); the backward reads it exactly for D =
+   * rowsum(dout ⊙ out), as FlashAttention-2 run in bf16 reads its bf16
+   * out. torch.autocast saves SDPA's bf16 output, the input of o_proj's
+   * bf16 GEMM, and nothing else. Needs compute ML_BF16 and, forward,
+   * accumulate false (a merge needs the fp32 out). */
+  bool out_bf16;
 } ml_attn_block;
 
 /* The operators of the seam, by family (a family's forward, backward and

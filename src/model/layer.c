@@ -149,6 +149,22 @@ static void release_operand(ml_model *m, void *xr) {
   if (!m->bf16_inputs) ml_be_free(m->be, xr);
 }
 
+/* *xo: o_proj's bf16 operand, the attention kernel's bf16 output (m->bf16_att:
+ * the view's fp32 x, which holds none, set NULL), or NULL (o_proj's GEMM
+ * rounds the fp32 att). */
+static int att_operand(ml_model *m, const ml_layer *L, ml_act *in_o, const void **xo) {
+  *xo = NULL;
+  if (!m->bf16_att) return 0;
+  const ml_param *w = L->o_proj.weight;
+  if (w->dtype != ML_BF16)
+    return ml_err("%s: its activations were laid out for bf16 weights (param_dtype bf16) but the "
+                  "weight is %s now; expected bf16",
+                  w->name, ml_dtype_name(w->dtype));
+  *xo = in_o->x;
+  in_o->x = NULL;
+  return 0;
+}
+
 /* The dtype attention's products compute in: the projections' weights'
  * (fp32, or FSDP's bf16 param_dtype), as autocast runs SDPA in the dtype
  * it runs the linears in. */
@@ -180,12 +196,33 @@ static ml_attn_block whole_block(const ml_attn_call *c) {
                          .group = c->group, .head_off = c->head_off};
 }
 
-// q, k: [B, S, nh|nkv, hd] after RoPE, v: [B, S, nkv, hd] → att: [B, S, nh·hd], attn_saved
+/* Whether c runs as one block of block attention: heads that do not group
+ * plainly, or a bf16 output (m->bf16_att: ml_attn_block.out_bf16, which the
+ * whole-sequence calls lack; on every backend the block call on the whole
+ * sequences computes what the whole-sequence call does). */
+static bool as_block(const ml_model *m, const ml_attn_call *c) {
+  return m->bf16_att || !plain_groups(c);
+}
+
+/* An error unless the activations' layout holds for the attention core in
+ * place: a bf16 att was laid out for the backend's attention, not a core's. */
+static int check_core(const ml_model *m, const ml_layer *L) {
+  if (!m->bf16_att || !m->attn_core.fwd) return 0;
+  return ml_err("%s: the activations were laid out for a bf16 attention output without an "
+                "attention core, but a core (context parallelism, packing, a KV cache) is set "
+                "now; expected ml_model_begin after setting ml_model.attn_core",
+                L->o_proj.weight->name);
+}
+
+// q, k: [B, S, nh|nkv, hd] after RoPE, v: [B, S, nkv, hd] → att: [B, S, nh·hd] (bf16 under
+// m->bf16_att), attn_saved
 static int core_forward(ml_model *m, const ml_layer *L, float *att) {
   ml_attn_call c = core_call(m, L);
+  ML_TRY(check_core(m, L));
   if (m->attn_core.fwd) return m->attn_core.fwd(m->attn_core.ctx, &c, att, L->acts.attn_saved);
-  if (!plain_groups(&c)) {
+  if (as_block(m, &c)) {
     ml_attn_block blk = whole_block(&c);
+    blk.out_bf16 = m->bf16_att;
     return ml_be_attention_block_fwd(m->be, &blk, c.q, c.k, c.v, att, L->acts.attn_saved, false,
                                      c.compute);
   }
@@ -198,10 +235,12 @@ static int core_backward(ml_model *m, const ml_layer *L, const float *datt, floa
                          float *dv) {
   const ml_layer_acts *a = &L->acts;
   ml_attn_call c = core_call(m, L);
+  ML_TRY(check_core(m, L));
   if (m->attn_core.bwd)
     return m->attn_core.bwd(m->attn_core.ctx, &c, datt, a->att, a->attn_saved, dq, dk, dv);
-  if (!plain_groups(&c)) { /* the block backward adds into dq, dk, dv */
+  if (as_block(m, &c)) { /* the block backward adds into dq, dk, dv */
     ml_attn_block blk = whole_block(&c);
+    blk.out_bf16 = m->bf16_att; /* D reads the bf16 att */
     size_t nq = sizeof(float) * (size_t)(c.B * c.S * c.nh * c.hd),
            nk = sizeof(float) * (size_t)(c.B * c.S * c.nkv * c.hd);
     ML_TRY(ml_be_zero(m->be, dq, nq));
@@ -244,9 +283,11 @@ static int attention_forward(ml_model *m, ml_layer *L, float *x) {
   ML_TRY(ml_be_rope_fwd(m->be, a->k, L->rope_cos, L->rope_sin, B, S, nkv, hd));
   ML_TRY(core_forward(m, L, a->att));
   a->in_o = ml_act_view(m, a->att, S, m->cfg.n_heads * hd, nh * hd);
-  ML_TRY(ml_hook_run(L->o_proj.in.fwd, &a->in_o));
+  ML_TRY(ml_hook_run(L->o_proj.in.fwd, &a->in_o)); /* none under m->bf16_att */
+  const void *xo; /* att in bf16 (m->bf16_att), else NULL: the GEMM rounds it */
+  ML_TRY(att_operand(m, L, &a->in_o, &xo));
   ml_act o; /* into x, which has room for the output edge's unsharded [B, S, H] */
-  ML_TRY(ml_linear_forward(m->be, &L->o_proj, &a->in_o, NULL, x, &o));  // [B, s_res, H]
+  ML_TRY(ml_linear_forward(m->be, &L->o_proj, &a->in_o, xo, x, &o));  // [B, s_res, H]
   ML_TRY(expect_view(L->o_proj.weight->name, &o, m->s_res, H));
   if (out_norm) { /* o: [B, s_res, H] saved; x = attn_out_norm(o) */
     ML_TRY(copy_floats(m, a->o, x, Tr * H));
@@ -270,7 +311,8 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
     ML_TRY(copy_floats(m, dtmp, dx, Tr * H));
   ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
   // datt: [B, S, nh·hd]
-  ML_TRY(ml_linear_backward(m->be, &L->o_proj, &d, &a->in_o, NULL, datt, 0));
+  const void *xo = m->bf16_att ? (const void *)a->att : NULL; /* as forward (att_operand) */
+  ML_TRY(ml_linear_backward(m->be, &L->o_proj, &d, &a->in_o, xo, datt, 0));
   ml_act datt_v = on(a->in_o, datt);
   ML_TRY(ml_hook_run(L->o_proj.in.bwd, &datt_v));
   ML_TRY(expect_view(L->o_proj.weight->name, &datt_v, S, nh * hd));

@@ -360,6 +360,7 @@ static act_dims act_dims_of(const ml_model *m, int64_t B, int64_t S) {
 typedef struct carver {
   int kept;
   bool bf16_inputs; /* ml_model_bf16_inputs: the shared GEMM inputs take bf16 */
+  bool bf16_att;    /* ml_model_bf16_att: attention's output takes bf16 */
   float *block[2];  /* [0] the layer's, [1] the workspace */
   int64_t used[2];  /* floats taken from each */
 } carver;
@@ -396,7 +397,8 @@ static void carve_layer(const act_dims *d, const ml_model *m, carver *c, ml_laye
     int64_t n = b->cols == ML_COLS_CORE
                     ? d->attn_saved
                     : ml_mul_sat(b->rows == ML_ROWS_T ? d->T : d->Tr, cols[b->cols]);
-    if (b->bf16_input && c->bf16_inputs) n = n / 2 + n % 2; /* n bf16 in floats */
+    if ((b->bf16_input && c->bf16_inputs) || (b->bf16_att && c->bf16_att))
+      n = n / 2 + n % 2; /* n bf16 in floats */
     *(float **)((char *)a + b->field) = take(c, (int)b->part, present, n);
   }
 }
@@ -405,7 +407,8 @@ static void carve_layer(const act_dims *d, const ml_model *m, carver *c, ml_laye
 static void act_floats(const ml_model *m, const act_dims *d, int64_t *block, int64_t *work) {
   *block = *work = 0;
   for (int l = 0; l < m->cfg.n_layers; l++) {
-    carver c = {.kept = kept_parts(m), .bf16_inputs = ml_model_bf16_inputs(m)};
+    carver c = {.kept = kept_parts(m), .bf16_inputs = ml_model_bf16_inputs(m),
+                .bf16_att = ml_model_bf16_att(m)};
     ml_layer_acts a;
     carve_layer(d, m, &c, &a);
     *block = max3(*block, c.used[0], 0);
@@ -424,6 +427,18 @@ void ml_model_act_bytes(const ml_model *m, int64_t B, int64_t S, int64_t *per_la
 /* Whether lin's GEMMs read its input only in bf16 (ml_model_bf16_inputs). */
 static bool bf16_only(const ml_linear *lin) {
   return !lin->weight->fp32 && !(lin->lora_drop && lin->lora_drop->p > 0) && !lin->whole.cols;
+}
+
+bool ml_model_bf16_att(const ml_model *m) {
+  if (!m->bf16_params || m->attn_core.fwd || m->cfg.n_layers < 1 || !m->layers || !m->be ||
+      !ml_be_supports(m->be, ML_OP_ATTENTION_BLOCK)) /* a bf16 out is a block call's */
+    return false;
+  for (int l = 0; l < m->cfg.n_layers; l++) {
+    const ml_layer *L = &m->layers[l];
+    /* q_proj's dtype is attention's compute (layer.c attn_compute) */
+    if (!bf16_only(&L->q_proj) || !bf16_only(&L->o_proj) || L->o_proj.in.fwd.fn) return false;
+  }
+  return true;
 }
 
 bool ml_model_bf16_inputs(const ml_model *m) {
@@ -457,6 +472,7 @@ static int alloc_layer_acts(ml_model *m, const act_dims *d) {
            (long long)c->hidden, (long long)c->intermediate, (long long)c->n_heads);
   int64_t block, work;
   m->bf16_inputs = ml_model_bf16_inputs(m);
+  m->bf16_att = ml_model_bf16_att(m);
   act_floats(m, d, &block, &work);
   if (work) {
     m->ac_work = ml_be_alloc(m->be, work, sizeof(float),
@@ -468,7 +484,8 @@ static int alloc_layer_acts(ml_model *m, const act_dims *d) {
   m->acts_shared = m->forward_only;
   for (int l = 0; l < m->cfg.n_layers; l++) {
     ml_layer *L = &m->layers[l];
-    carver count = {.kept = kept_parts(m), .bf16_inputs = m->bf16_inputs};
+    carver count = {.kept = kept_parts(m), .bf16_inputs = m->bf16_inputs,
+                    .bf16_att = m->bf16_att};
     carve_layer(d, m, &count, &L->acts);
     float *block = NULL; /* forward-only: nothing of the layer's own */
     if (count.used[0]) {
@@ -477,7 +494,7 @@ static int alloc_layer_acts(ml_model *m, const act_dims *d) {
       if (!block) return -1;
     }
     carver c = {.kept = count.kept, .bf16_inputs = count.bf16_inputs,
-                .block = {block, m->ac_work}};
+                .bf16_att = count.bf16_att, .block = {block, m->ac_work}};
     carve_layer(d, m, &c, &L->acts);
   }
   return 0;
@@ -558,7 +575,7 @@ void ml_model_reset_acts(ml_model *m) {
 int ml_model_begin(ml_model *m, int64_t B, int64_t S) {
   /* a training geometry serves a forward-only pass too, not the reverse */
   if (m->B == B && m->S == S && m->x_final && (m->forward_only || !m->acts_shared) &&
-      m->bf16_inputs == ml_model_bf16_inputs(m))
+      m->bf16_inputs == ml_model_bf16_inputs(m) && m->bf16_att == ml_model_bf16_att(m))
     return 0;
   if (!m->be) return ml_err("ml_model_begin: no backend set (ml_model.be)");
   free_acts(m);

@@ -181,7 +181,7 @@ typedef struct ml_layer_acts {
   float *rstd_q, *rstd_k; /* q_norm/k_norm rstd per (token, head) [T·nh], [T·nkv] */
   float *q, *k, *v;     /* attention inputs (after norm and RoPE) */
   float *attn_saved;    /* what attention's forward saves (ml_be_attention_saved) */
-  float *att;           /* attention output, o_proj input [T, nh·hd] */
+  float *att;           /* attention output, o_proj input [T, nh·hd] (bf16 under bf16_att) */
   float *o, *rstd_o;    /* o_proj output before attn_out_norm [T, H], rstd [T] */
   float *x_mid;         /* residual after attention [T, H] */
   float *rstd2, *h2;    /* mlp_norm: rstd [T], output [T, H] (bf16 under bf16_inputs) */
@@ -392,6 +392,10 @@ typedef struct ml_model {
    * (h1, h2, a) as bf16, the operand their bf16 GEMMs read, forward and
    * backward (ml_model_bf16_inputs when they were carved). */
   bool bf16_inputs;
+  /* The buffers in place keep attention's output (att, o_proj's input) as
+   * bf16 only, written by the attention kernel (ml_model_bf16_att when they
+   * were carved). */
+  bool bf16_att;
   ml_embedding embed_tokens;
   ml_layer *layers;
   ml_rmsnorm norm;
@@ -536,7 +540,8 @@ void ml_model_reset_acts(ml_model *m);
  * workspace shared by all layers (0 under ML_AC_NONE). ml_model_begin(m,
  * B, S) allocates these; the backward temporaries, the final norm's
  * activations and the RoPE tables come on top and do not depend on the
- * mode. With ml_model_bf16_inputs h1, h2 and a count as bf16 (2 bytes). Buffers on the residual stream are sized for this rank's piece of
+ * mode. With ml_model_bf16_inputs h1, h2 and a count as bf16 (2 bytes),
+ * with ml_model_bf16_att att. Buffers on the residual stream are sized for this rank's piece of
  * the sequence (m->res_parts), the rest for whole sequences (S positions:
  * the linears and attention read gathered sequences). A size beyond int64
  * is ML_SAT (common/checked.h). */
@@ -556,6 +561,21 @@ void ml_model_act_bytes(const ml_model *m, int64_t B, int64_t S, int64_t *per_la
  * batch-invariant mode under tp). Values are unchanged (the same rounding
  * of the same fp32 tensor); h1, h2, a take half the memory. */
 bool ml_model_bf16_inputs(const ml_model *m);
+
+/* Whether attention's output (att, o_proj's input) is kept only in bf16, as
+ * torch autocast keeps SDPA's bf16 output for o_proj's backward: q_proj
+ * (attention's compute dtype, layer.c) and o_proj gathered as bf16 with no
+ * LoRA dropout and not computed whole (as ml_model_bf16_inputs), no
+ * attention core (m->attn_core: context parallelism's ring merges fp32
+ * outs across blocks, the varlen and KV-cache cores write fp32) and no
+ * forward hook on o_proj's input edge (a tp redistribute of the fp32 view:
+ * there the feature is off). Then the attention kernel writes its output
+ * rounded to bf16 in its final store (ml_attn_block.out_bf16): o_proj's
+ * forward and dW GEMMs read the same bf16 values as before (bitwise), and
+ * the attention backward's D = rowsum(dout ⊙ out) reads the bf16 out (a
+ * rounding site of the backward, FlashAttention-2's in bf16); att takes
+ * half the memory. */
+bool ml_model_bf16_att(const ml_model *m);
 
 /* Embedding lookup: ids [B, S] → x [B, s_res, H] (scaled; the output edge
  * runs and sets m->s_res). x has room for [B, S, H]. Errors: an edge that

@@ -1554,6 +1554,78 @@ static void test_attention_bf16(void **state) {
   }
 }
 
+/* A bf16 attention output (ml_attn_block.out_bf16: o_proj's input saved in
+ * bf16, ml_model_bf16_att) through the CPU backend with bf16 products, in
+ * the default order (GEMM tiles; the row kernel for short blocks) and the
+ * batch-invariant one: the forward's out is bitwise the fp32-out call's out
+ * rounded to nearest-even (the same O / l, rounded once), its lse bitwise
+ * the same; the backward on the bf16 out is bitwise the backward given an
+ * fp32 out holding the same bf16 values (D widened exactly, summed in the
+ * same order), and differs from the backward on the unrounded out in some
+ * case (the rounding site tolerance.h §4 counts). A merge (accumulate) or fp32
+ * products with a bf16 out are refused. */
+static void test_attention_bf16_out(void **state) {
+  (void)state;
+  ml_backend *be = cpu_backend();
+  int differs = 0; /* cases whose dq moved with the rounding of out (dS's bf16 rounding may
+                      absorb D's change in a small case: counted over all) */
+  for (int inv = 0; inv < 2; inv++) {
+    assert_int_equal(ml_be_set_batch_invariant(be, inv), 0);
+    for (size_t c = 0; c < sizeof ATTN_CASES / sizeof ATTN_CASES[0]; c++) {
+      attn_ctx a = attn_alloc(ATTN_CASES[c]);
+      int64_t nq = a.B * a.S * a.nh * a.hd, nk = a.B * a.S * a.nkv * a.hd, nl = a.B * a.S * a.nh;
+      ml_attn_block blk = {.B = a.B, .sq = a.S, .sk = a.S, .nh = a.nh, .nkv = a.nkv, .hd = a.hd,
+                           .q_bs = a.S * a.nh * a.hd, .k_bs = a.S * a.nkv * a.hd,
+                           .l_bs = a.S * a.nh, .scale = a.scale, .window = a.window};
+      float *out = malloc((size_t)nq * sizeof(float)), *lse = malloc((size_t)nl * sizeof(float));
+      uint16_t *outh = malloc((size_t)nq * sizeof(uint16_t));
+      float *dout = rand_buf(nq, 1), *dq[3], *dk[3], *dv[3];
+      void *work = malloc(ml_be_attention_block_work(be, &blk));
+      ml_attn_block bh = blk;
+      bh.out_bf16 = true;
+      if (ml_be_attention_block_fwd(be, &blk, a.q, a.k, a.v, out, lse, false, ML_BF16) ||
+          ml_be_attention_block_fwd(be, &bh, a.q, a.k, a.v, (float *)outh, a.lse, false, ML_BF16))
+        fail_msg("bf16-out attention: %s", ml_error_msg());
+      uint16_t *rounded = bf16_copy(out, nq);
+      assert_memory_equal(outh, rounded, (size_t)nq * sizeof(uint16_t));
+      assert_memory_equal(lse, a.lse, (size_t)nl * sizeof(float));
+      float *out_r = malloc((size_t)nq * sizeof(float)); /* the bf16 out's values in fp32 */
+      for (int64_t i = 0; i < nq; i++) out_r[i] = ml_bf16_to_f32(outh[i]);
+      const void *outs[3] = {outh, out_r, out}; /* bf16; its values in fp32; unrounded */
+      for (int r = 0; r < 3; r++) {
+        dq[r] = const_buf(nq, 0.0f), dk[r] = const_buf(nk, 0.0f), dv[r] = const_buf(nk, 0.0f);
+        if (ml_be_attention_block_bwd(be, r ? &blk : &bh, dout, a.q, a.k, a.v, outs[r], lse,
+                                      dq[r], dk[r], dv[r], ML_BF16, work))
+          fail_msg("bf16-out attention backward: %s", ml_error_msg());
+      }
+      assert_memory_equal(dq[0], dq[1], (size_t)nq * sizeof(float));
+      assert_memory_equal(dk[0], dk[1], (size_t)nk * sizeof(float));
+      assert_memory_equal(dv[0], dv[1], (size_t)nk * sizeof(float));
+      differs += memcmp(dq[0], dq[2], (size_t)nq * sizeof(float)) != 0;
+      for (int r = 0; r < 3; r++) free(dq[r]), free(dk[r]), free(dv[r]);
+      free(out), free(lse), free(outh), free(dout), free(work), free(rounded), free(out_r);
+      attn_free(&a);
+    }
+  }
+  assert_int_equal(ml_be_set_batch_invariant(be, false), 0);
+  printf("  bf16 out: dq moved by out's rounding in %d of %d cases\n", differs,
+         (int)(2 * (sizeof ATTN_CASES / sizeof ATTN_CASES[0])));
+  assert_true(differs > 0);
+  ml_attn_block blk = {.B = 1, .sq = 1, .sk = 1, .nh = 1, .nkv = 1, .hd = 8, .out_bf16 = true};
+  ml_error_clear(); /* the first error is kept until cleared */
+  assert_int_equal(ml_be_attention_block_fwd(be, &blk, NULL, NULL, NULL, NULL, NULL, true, ML_BF16),
+                   -1);
+  assert_non_null(strstr(ml_error_msg(), "block attention: a bf16 out (out_bf16) with "
+                                         "accumulate true and compute BF16; expected accumulate "
+                                         "false and compute BF16"));
+  ml_error_clear(); /* the first error is kept until cleared */
+  assert_int_equal(ml_be_attention_block_bwd(be, &blk, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                             NULL, NULL, ML_F32, NULL),
+                   -1);
+  assert_non_null(strstr(ml_error_msg(), "block attention backward: a bf16 out (out_bf16) "
+                                         "with compute F32; expected BF16"));
+}
+
 /* ---- gated activation --------------------------------------------------------- */
 
 typedef struct glu_ctx {
@@ -2001,6 +2073,7 @@ int main(void) {
       cmocka_unit_test(test_attention_bwd),
       cmocka_unit_test(test_attention_blocks), cmocka_unit_test(test_attention_head_split),
       cmocka_unit_test(test_attention_bf16),
+      cmocka_unit_test(test_attention_bf16_out),
       cmocka_unit_test(test_glu),
       cmocka_unit_test(test_embedding),     cmocka_unit_test(test_xent),
       cmocka_unit_test(test_serial_threshold),

@@ -232,13 +232,14 @@ static void test_bf16_inputs_bytes(void **state) {
   m.bf16_params = true;
   assert_true(ml_model_bf16_inputs(&m));
   ml_model_act_bytes(&m, B, S, &bf16_layer, &work);
-  assert_int_equal(fp32_layer - bf16_layer, 2 * T * (2 * cfg.hidden + cfg.intermediate));
+  int64_t att = 2 * T * cfg.n_heads * cfg.head_dim; /* ml_model_bf16_att's half of att */
+  assert_int_equal(fp32_layer - bf16_layer, 2 * T * (2 * cfg.hidden + cfg.intermediate) + att);
   ml_linear *up = &m.layers[cfg.n_layers - 1].up_proj;
   m.lora_drop.p = 0.1;
   up->lora_drop = &m.lora_drop;
   assert_false(ml_model_bf16_inputs(&m));
   ml_model_act_bytes(&m, B, S, &layer, &work);
-  assert_int_equal(layer, fp32_layer);
+  assert_int_equal(layer, fp32_layer - att);
   up->lora_drop = NULL;
   ml_linear *down = &m.layers[0].down_proj;
   down->whole.cols = whole_cols_unused;
@@ -247,6 +248,60 @@ static void test_bf16_inputs_bytes(void **state) {
   assert_true(ml_model_bf16_inputs(&m));
   m.layers[0].k_proj.weight->fp32 = true; /* kept in fp32 (engine/fp32_params.h) */
   assert_false(ml_model_bf16_inputs(&m));
+  ml_model_destroy(&m);
+}
+
+/* A hook that is never run: marks an edge as active (ml_model_bf16_att reads
+ * whether o_proj's input edge has a forward hook). */
+static int hook_unused(void *ctx, ml_act *a) {
+  (void)ctx, (void)a;
+  return ml_err("test_sizes: the hook is not run here");
+}
+
+/* An attention core that is never called: marks one as set. */
+static int core_unused(void *ctx, const ml_attn_call *c, float *out, float *saved) {
+  (void)ctx, (void)c, (void)out, (void)saved;
+  return ml_err("test_sizes: the attention core is not called here");
+}
+
+/* Under bf16 weights attention's output att [T, nh·hd] (o_proj's input) is
+ * kept as bf16 only (ml_model_bf16_att): the layer's saved activations
+ * shrink by exactly 2 B per element of att beyond what bf16_inputs saves
+ * (T·nh·hd a multiple of 32). Off, att fp32 again, under an attention core
+ * (context parallelism, packing, the KV cache), a forward hook on o_proj's
+ * input edge (a tp redistribute), LoRA dropout on o_proj, an o_proj
+ * computed whole, a q_proj kept in fp32 (attention's compute dtype). */
+static void test_bf16_att_bytes(void **state) {
+  (void)state;
+  ml_model_config cfg;
+  assert_int_equal(ml_model_config_preset("llama", "tiny", &cfg), 0);
+  ml_model m;
+  assert_int_equal(ml_model_create(&cfg, &m), 0);
+  assert_int_equal(ml_backend_get("cpu", 0, &m.be), 0);
+  int64_t B = 2, S = 16, T = B * S, att = 2 * T * cfg.n_heads * cfg.head_dim, on, layer, work;
+  assert_false(ml_model_bf16_att(&m));
+  m.bf16_params = true;
+  assert_true(ml_model_bf16_att(&m));
+  ml_model_act_bytes(&m, B, S, &on, &work);
+  ml_layer *L = &m.layers[cfg.n_layers - 1];
+  for (int c = 0; c < 5; c++) {
+    if (c == 0) m.attn_core.fwd = core_unused;
+    if (c == 1) L->o_proj.in.fwd.fn = hook_unused;
+    if (c == 2) m.lora_drop.p = 0.1, L->o_proj.lora_drop = &m.lora_drop;
+    if (c == 3) L->o_proj.whole.cols = whole_cols_unused;
+    if (c == 4) L->q_proj.weight->fp32 = true;
+    assert_false(ml_model_bf16_att(&m));
+    if (c < 2) assert_true(ml_model_bf16_inputs(&m)); /* the GEMM inputs' rule is another */
+    ml_model_act_bytes(&m, B, S, &layer, &work);
+    /* a q_proj in fp32 keeps h1, h2, a in fp32 too (ml_model_bf16_inputs) */
+    assert_int_equal(layer - on, c == 4 ? att + 2 * T * (2 * cfg.hidden + cfg.intermediate) : att);
+    m.attn_core.fwd = NULL;
+    L->o_proj.in.fwd.fn = NULL;
+    L->o_proj.lora_drop = NULL;
+    L->o_proj.whole.cols = NULL;
+    L->q_proj.weight->fp32 = false;
+    assert_true(ml_model_bf16_att(&m));
+  }
   ml_model_destroy(&m);
 }
 
@@ -329,7 +384,7 @@ int main(void) {
       cmocka_unit_test(test_checked_arithmetic),   cmocka_unit_test(test_alloc_array),
       cmocka_unit_test(test_config_limits),        cmocka_unit_test(test_config_at_limits),
       cmocka_unit_test(test_seq_len_check),        cmocka_unit_test(test_activations_saturate),
-      cmocka_unit_test(test_bf16_inputs_bytes),
+      cmocka_unit_test(test_bf16_inputs_bytes), cmocka_unit_test(test_bf16_att_bytes),
       cmocka_unit_test(test_runckpt_piece_bounds), cmocka_unit_test(test_runckpt_state_range),
   };
   return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);

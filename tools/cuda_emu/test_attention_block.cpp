@@ -28,7 +28,12 @@
 //    group): heads 1 .. nh−2 of the whole call as a block with head_off 1:
 //    out, lse, dq of those heads equal;
 //  - an empty block (a row that sees no key): accumulating leaves out, lse
-//    bitwise as they were; not accumulating writes 0 and −inf.
+//    bitwise as they were; not accumulating writes 0 and −inf;
+//  - a bf16 out (kc_attn_block.out_bf16, bf16 products: o_proj's input
+//    saved in bf16): out bitwise the fp32-out call's rounded to
+//    nearest-even, lse bitwise the same; the backward on it bitwise the
+//    backward given an fp32 out holding those values (rowdot widens it
+//    exactly); a merge or fp32 products with a bf16 out refused.
 // "equal": as values (==), so that a zero's sign, which fl(0 + x) may
 // change, is not a difference.
 // Built by tools/cuda_emu/CMakeLists.txt; usage: test_attention_block.
@@ -435,6 +440,51 @@ static void empty(const Whole &w) {
   expect(ok, "empty block: out 0, lse -inf", s);
 }
 
+// the whole sequences with a bf16 out (bf16 products only)
+static void bf16_out(const Whole &w) {
+  const Shape &s = w.s;
+  const size_t nq = s.B * s.S * s.nh * s.hd, nk = s.B * s.S * s.nkv * s.hd, nl = s.B * s.S * s.nh;
+  kc_attn_block b = block_of(w, 0, s.S, 0, s.S), bh = b;
+  bh.out_bf16 = true;
+  float *o = dev(nq), *l = dev(nl), *lh = dev(nl), *o_r = dev(nq);
+  __nv_bfloat16 *oh = (__nv_bfloat16 *)dev((nq + 1) / 2);
+  expect(fwd(w, b, w.q.data(), w.k.data(), w.v.data(), o, l, false) == cudaSuccess &&
+             fwd(w, bh, w.q.data(), w.k.data(), w.v.data(), (float *)oh, lh, false) == cudaSuccess,
+         "bf16 out forward", s);
+  bool ok = !memcmp(l, lh, nl * 4);
+  for (size_t x = 0; x < nq; x++) {
+    __nv_bfloat16 r = __float2bfloat16_rn(o[x]);
+    ok &= !memcmp(&r, &oh[x], sizeof r);
+    o_r[x] = __bfloat162float(oh[x]);
+  }
+  expect(ok, "bf16 out: out = the fp32 out rounded, lse equal, bitwise", s);
+  float *g[2][3];
+  for (int r = 0; r < 2; r++) {
+    for (int t = 0; t < 3; t++) g[r][t] = dev(t ? nk : nq), zero(g[r][t], t ? nk : nq);
+    const kc_attn_block &k = r ? b : bh;
+    float *stage = dev(kc_attention_block_stage_bytes(&k, true, true) / 4);
+    float *work = dev(kc_attention_block_work(&k) / 4);
+    expect(kc_attention_block_bwd(nullptr, &k, w.dout.data(), w.q.data(), w.k.data(), w.v.data(),
+                                  r ? o_r : (const float *)oh, lh, g[r][0], g[r][1], g[r][2], true,
+                                  work, stage) == cudaSuccess,
+           "bf16 out backward", s);
+    free(stage), free(work);
+  }
+  expect(!memcmp(g[0][0], g[1][0], nq * 4) && !memcmp(g[0][1], g[1][1], nk * 4) &&
+             !memcmp(g[0][2], g[1][2], nk * 4),
+         "bf16 out backward = the backward on its values in fp32, bitwise", s);
+  float *stage = dev(kc_attention_block_stage_bytes(&bh, true, false) / 4);
+  expect(kc_attention_block_fwd(nullptr, &bh, w.q.data(), w.k.data(), w.v.data(), (float *)oh, lh,
+                                true, true, stage) == cudaErrorInvalidValue &&
+             kc_attention_block_fwd(nullptr, &bh, w.q.data(), w.k.data(), w.v.data(),
+                                    (float *)oh, lh, false, false, stage) == cudaErrorInvalidValue,
+         "bf16 out: a merge, fp32 products refused", s);
+  free(stage);
+  for (int r = 0; r < 2; r++)
+    for (int t = 0; t < 3; t++) free(g[r][t]);
+  free(o), free(l), free(lh), free(o_r), free(oh);
+}
+
 int main() {
   const Shape shapes[] = {
       {2, 150, 4, 2, 64, 0, true},  {1, 150, 3, 1, 32, 40, false}, {1, 140, 4, 2, 128, 0, true},
@@ -450,6 +500,7 @@ int main() {
     if (s.bf) paged(w, true);
     if (s.nh / s.nkv >= 2 && s.nh >= 3) head_offset(w);
     empty(w);
+    if (s.bf) bf16_out(w);
     attn_bounds_free(&bd);
     printf("B=%ld S=%ld nh=%ld nkv=%ld hd=%ld win=%ld %s: done\n", (long)s.B, (long)s.S,
            (long)s.nh, (long)s.nkv, (long)s.hd, (long)s.win, s.bf ? "bf16" : "fp32");

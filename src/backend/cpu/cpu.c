@@ -379,7 +379,8 @@ static k_attn_block block_of(const ml_attn_block *b) {
                         .k_bs = b->k_bs, .l_bs = b->l_bs, .scale = b->scale,
                         .window = b->window, .group = b->group, .head_off = b->head_off,
                         .kv_table = b->kv_table, .kv_block = b->kv_block,
-                        .table_bs = b->table_bs, .kv_bf16 = b->kv_bf16};
+                        .table_bs = b->table_bs, .kv_bf16 = b->kv_bf16,
+                        .out_bf16 = b->out_bf16};
 }
 
 static int cpu_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,

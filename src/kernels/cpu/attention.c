@@ -110,6 +110,11 @@ static inline int64_t k_at(const attn *a, int64_t b, int64_t j, int64_t g) {
 static inline int64_t lse_at(const attn *a, int64_t b, int64_t i, int64_t h) {
   return b * a->blk->l_bs + i * a->blk->nh + h;
 }
+/* out's row of query i, head h of sequence b: fp32, or bf16 (k_attn_block.out_bf16) */
+static inline void *out_at(const attn *a, void *out, int64_t b, int64_t i, int64_t h) {
+  return (char *)out + (size_t)q_at(a, b, i, h) * (a->blk->out_bf16 ? sizeof(uint16_t)
+                                                                      : sizeof(float));
+}
 
 static inline int64_t clamp(int64_t x, int64_t lo, int64_t hi) {
   return x < lo ? lo : x > hi ? hi : x;
@@ -247,6 +252,17 @@ static double dot_dout_out(const attn *a, int64_t off, const float *out, int64_t
   return k_dot_f64((const float *)a->dout + off, out, hd);
 }
 
+/* out's row at element off as fp32: in place, or a bf16 out
+ * (k_attn_block.out_bf16) widened exactly into buf [hd], so D sums the same
+ * products in the same order as over an fp32 out holding those values */
+static const float *out_row(const attn *a, const void *out, int64_t off, float *buf,
+                            int64_t hd) {
+  if (!a->blk->out_bf16) return (const float *)out + off;
+  const uint16_t *x = (const uint16_t *)out + off;
+  for (int64_t d = 0; d < hd; d++) buf[d] = ml_bf16_to_f32(x[d]);
+  return buf;
+}
+
 /* ---- per-thread scratch ----------------------------------------------------- */
 
 /* floats of one thread's scratch: S and dS tiles [TQ, TK] (fp32), their
@@ -318,17 +334,25 @@ static void softmax_row(float *s, int64_t n, int64_t lo, int64_t hi, float *m, f
 /* The block's result for one row (o = O / l, lse = m + log l) written to
  * out, lse, or merged into them (accumulate): the attention over the union
  * of the keys, lse' = log(e^lse + e^lse_b), out' = w·out + w_b·out_b with
- * w = e^(lse − lse'), w_b = e^(lse_b − lse'). */
-static void finish_row(const float *O, float m, float l, float *out, float *lse, int64_t hd,
-                       bool accumulate) {
+ * w = e^(lse − lse'), w_b = e^(lse_b − lse'). With k_attn_block.out_bf16
+ * (never accumulating) out is bf16 and takes O / l rounded once. */
+static void finish_row(const attn *a, const float *O, float m, float l, void *out_row,
+                       float *lse, int64_t hd, bool accumulate) {
+  bool bf = a->blk->out_bf16;
   if (l == 0.0f) { /* the row saw no key of the block */
     if (!accumulate) {
-      memset(out, 0, (size_t)hd * sizeof(float));
+      memset(out_row, 0, (size_t)hd * (bf ? sizeof(uint16_t) : sizeof(float)));
       *lse = -INFINITY;
     }
     return;
   }
-  float lb = m + logf(l);
+  float lb = m + logf(l), *out = out_row;
+  if (bf) {
+    uint16_t *y = out_row;
+    for (int64_t d = 0; d < hd; d++) y[d] = ml_f32_to_bf16(O[d] / l);
+    *lse = lb;
+    return;
+  }
   if (!accumulate || *lse == -INFINITY) {
     for (int64_t d = 0; d < hd; d++) out[d] = O[d] / l;
     *lse = lb;
@@ -367,7 +391,7 @@ static int fwd_tile(const attn *a, float *out, float *lse, bool accumulate, int6
     if (rc) return rc;
   }
   for (int64_t r = 0; r < M; r++)
-    finish_row(w.O + r * hd, w.m[r], w.l[r], out + q_at(a, b, i0 + r, h),
+    finish_row(a, w.O + r * hd, w.m[r], w.l[r], out_at(a, out, b, i0 + r, h),
                lse + lse_at(a, b, i0 + r, h), hd, accumulate);
   return 0;
 }
@@ -563,8 +587,8 @@ static void fwd_group_fixed(const attn *a, float *out, float *lse, bool accumula
   }
   for (int64_t u = 0; u < U; u++) {
     int64_t i = i0 + u / nq, h = h0 + u % nq;
-    finish_row(w.O + u * hd, w.m[u], w.l[u], out + q_at(a, b, i, h), lse + lse_at(a, b, i, h),
-               hd, accumulate);
+    finish_row(a, w.O + u * hd, w.m[u], w.l[u], out_at(a, out, b, i, h),
+               lse + lse_at(a, b, i, h), hd, accumulate);
   }
 }
 
@@ -695,7 +719,7 @@ static int bwd_query_tile(const attn *a, const float *out, const float *lse, flo
   float *Dt = D + (b * k->nh + h) * k->sq + i0;
   for (int64_t r = 0; r < M; r++) {
     int64_t o = q_at(a, b, i0 + r, h);
-    Dt[r] = (float)dot_dout_out(a, o, out + o, hd);
+    Dt[r] = (float)dot_dout_out(a, o, out_row(a, out, o, w.O, hd), hd); /* O: unused backward */
   }
   int64_t jlo = key_lo(k, i0), jhi = key_hi(k, i0 + M - 1);
   for (int64_t j0 = jlo; j0 < jhi; j0 += TK) {

@@ -112,6 +112,11 @@ typedef struct k_attn_block {
   const int32_t *kv_table;
   int64_t kv_block, table_bs;
   bool kv_bf16;
+  /* out is bf16 (uint16_t, out's layout): the forward stores O / l rounded to
+   * nearest-even (ml_f32_to_bf16) instead of the fp32 value, the backward's D
+   * reads it widened exactly; accumulate false only (backend.h
+   * ml_attn_block.out_bf16) */
+  bool out_bf16;
 } k_attn_block;
 
 /* The tiles: query rows per task (forward, backward pass 1) and per step
@@ -181,7 +186,8 @@ int64_t k_attention_rows(const k_attn_block *blk);
  * key are skipped, and so are key tiles no row of a query tile sees.
  * lp: NULL for fp32 products, else bf16 ones (above). tiles:
  * k_attention_tile_floats(hd) floats, 64-byte aligned (no other use while
- * the kernel runs). Returns 0, or the first error of lp's gemm. */
+ * the kernel runs). blk->out_bf16: out points at bf16 elements (accumulate
+ * false). Returns 0, or the first error of lp's gemm. */
 int k_attention_block_fwd(const k_attn_block *blk, const float *q, const float *k, const float *v,
                           float *out, float *lse, bool accumulate, const k_attn_bf16 *lp,
                           float *tiles);
@@ -192,7 +198,8 @@ int k_attention_block_fwd(const k_attn_block *blk, const float *q, const float *
  * as the products read it), dS = P ⊙ (dout·v^T − D); dq += scale·dS·k,
  * dk += scale·dS^T·q, dv += P^T·dout. Without atomics: pass 1 over query
  * tiles (dq), pass 2 over key tiles (dk, dv). D: k_attention_rows floats
- * (the row terms, written here). lp, tiles, result: as forward. */
+ * (the row terms, written here). lp, tiles, result, blk->out_bf16 (out
+ * read widened exactly): as forward. */
 int k_attention_block_bwd(const k_attn_block *blk, const float *dout, const float *q,
                           const float *k, const float *v, const float *out, const float *lse,
                           float *dq, float *dk, float *dv, const k_attn_bf16 *lp, float *D,

@@ -114,6 +114,8 @@ struct Params {
                             * bf16 and for paged keys, else q_bs, k_bs */
   int64_t l_bs, l_rs, l_hs; /* lse of (b, i, h) at b·l_bs + i·l_rs + h·l_hs */
   bool acc;                /* forward: merged into out, lse; backward: dq, dk, dv += */
+  bool o_bf16;             /* out is bf16 (kc_attn_block.out_bf16; bf16 kernels, acc false):
+                            * fwd_bf16 stores O / l rounded to nearest-even, rowdot reads it */
 };
 
 /* Offset of element 0 of query row i, head h (key row j, kv head g) of
@@ -569,11 +571,17 @@ __global__ void __launch_bounds__(FwdBf16<HP>::NT) fwd_bf16(Params p) {
       la = __shfl_sync(0xffffffffu, la, lane & ~3);
       if (!in || !row_result(p, sum, (m[mt][hf] + log2f(sum)) * LN2, la, wa, f, lnew)) continue;
       float *dst = p.o + q_at(p, p.q_bs, qt.b, i, qt.h);
+      /* a bf16 out: the same element offset in bf16 (wa is 0: never accumulating) */
+      bf16 *dsth = reinterpret_cast<bf16 *>(p.o) + q_at(p, p.q_bs, qt.b, i, qt.h);
 #pragma unroll
       for (int dt = 0; dt < HP / 8; dt++) {
         const int c = 8 * dt + 2 * t;
         if (c >= p.hd) continue;
         float2 x = make_float2(o[mt][dt][2 * hf] * f, o[mt][dt][2 * hf + 1] * f);
+        if (p.o_bf16) {
+          *reinterpret_cast<__nv_bfloat162 *>(dsth + c) = __floats2bfloat162_rn(x.x, x.y);
+          continue;
+        }
         if (wa != 0.f) {
           const float2 y = *reinterpret_cast<const float2 *>(dst + c);
           x = make_float2(wa * y.x + x.x, wa * y.y + x.y);
@@ -1169,7 +1177,8 @@ __global__ void __launch_bounds__(F32<HP>::NT) dkdv_f32(Params p) {
 /* ==== D = rowsum(dout ⊙ out) =============================================
  * One warp per (sequence, query row, head): lane sums d = lane, lane + 32,
  * .. in fp64, then a fixed butterfly. In bf16 mode dout enters rounded, as
- * it enters dP = dout·v^T (so D = rowsum(P ⊙ dP) up to P's rounding in out). */
+ * it enters dP = dout·v^T (so D = rowsum(P ⊙ dP) up to P's rounding in out);
+ * a bf16 out (p.o_bf16) is widened exactly. */
 constexpr int ROWDOT_NT = 256;
 
 __global__ void __launch_bounds__(ROWDOT_NT) rowdot(Params p, const float *__restrict__ out,
@@ -1185,7 +1194,9 @@ __global__ void __launch_bounds__(ROWDOT_NT) rowdot(Params p, const float *__res
     for (int d = lane; d < p.hd; d += 32) {
       float x = p.dout[off + d];
       if (round) x = __bfloat162float(__float2bfloat16_rn(x));
-      acc += (double)x * out[off + d];
+      const float o = p.o_bf16 ? __bfloat162float(reinterpret_cast<const bf16 *>(out)[off + d])
+                               : out[off + d];
+      acc += (double)x * o;
     }
     for (int w = 16; w > 0; w >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, w);
     if (lane == 0) D[d_at(p, b, i, h)] = (float)acc;
@@ -1277,6 +1288,7 @@ cudaError_t setup(Params &p, const kc_attn_block &k) {
   p.dpos = (int)(k.q_pos - k.k_pos);
   p.win = k.window > 0 && k.window < LIM ? (int)k.window : 0;
   p.scale = k.scale;
+  p.o_bf16 = k.out_bf16;
   p.q_bs = p.qs_bs = k.q_bs;
   p.k_bs = p.ks_bs = k.k_bs;
   p.l_bs = k.l_bs;
@@ -1542,7 +1554,8 @@ extern "C" cudaError_t kc_attention_block_fwd(cudaStream_t st, const kc_attn_blo
   const bool paged = blk->kv_table != nullptr;
   if (!aligned16(q) || !aligned16(out) || !lse || !k || !v ||
       (!paged && (!aligned16(k) || !aligned16(v))) ||
-      ((bf16 || paged) && (!stage || !aligned16(stage))))
+      ((bf16 || paged) && (!stage || !aligned16(stage))) ||
+      (blk->out_bf16 && (accumulate || !bf16))) /* fwd_bf16 alone writes a bf16 out */
     return cudaErrorInvalidValue;
   p.acc = accumulate;
   return forward(st, blk, p, q, k, v, out, lse, bf16, stage);
@@ -1562,7 +1575,8 @@ extern "C" cudaError_t kc_attention_block_bwd(cudaStream_t st, const kc_attn_blo
   Params p = {};
   cudaError_t e = setup(p, *blk);
   if (e != cudaSuccess) return e;
-  if (blk->kv_table) return cudaErrorInvalidValue; /* the KV cache is forward only */
+  if (blk->kv_table || (blk->out_bf16 && !bf16))
+    return cudaErrorInvalidValue; /* the KV cache is forward only; a bf16 out, bf16 only */
   p.acc = true;
   return backward(st, blk, p, dout, q, k, v, out, lse, dq, dk, dv, work, bf16, stage);
 }

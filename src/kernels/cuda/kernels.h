@@ -258,6 +258,8 @@ typedef struct kc_attn_block {
   const int32_t *kv_table;
   int64_t kv_block, table_bs;
   bool kv_bf16;
+  bool out_bf16; /* out is bf16: written rounded to nearest-even, read exactly (backend.h
+                    ml_attn_block.out_bf16; bf16 products, accumulate false) */
 } kc_attn_block;
 /* Bytes of `stage` (device scratch, 16-byte aligned; free to reuse once
  * the call's kernels have run): bf16, the rows of q, k, v (and, `dout`, of
@@ -269,7 +271,8 @@ size_t kc_attention_block_stage_bytes(const kc_attn_block *blk, bool bf16, bool 
  * out and lse there as the attention over the union of their keys and the
  * block's (lse' = log(e^lse + e^lse_b), out' = out·e^(lse−lse') +
  * out_b·e^(lse_b−lse')). Products as kc_attention_fwd's (bf16: every
- * operand rounded to bf16, fp32 accumulation). */
+ * operand rounded to bf16, fp32 accumulation). blk->out_bf16: out is bf16
+ * (cudaErrorInvalidValue unless bf16 and not accumulate). */
 cudaError_t kc_attention_block_fwd(cudaStream_t st, const kc_attn_block *blk, const float *q,
                                    const float *k, const float *v, float *out, float *lse,
                                    bool accumulate, bool bf16, void *stage);
@@ -277,7 +280,8 @@ cudaError_t kc_attention_block_fwd(cudaStream_t st, const kc_attn_block *blk, co
 size_t kc_attention_block_work(const kc_attn_block *blk);
 /* dq, dk, dv (+=) of the block for the final out and lse of its queries
  * (every block merged): P = exp(scale·q·k − lse), D = rowsum(dout ⊙ out),
- * as kc_attention_bwd; paged keys refused. */
+ * as kc_attention_bwd (a bf16 out, blk->out_bf16, read exactly; bf16
+ * only); paged keys refused. */
 cudaError_t kc_attention_block_bwd(cudaStream_t st, const kc_attn_block *blk, const float *dout,
                                    const float *q, const float *k, const float *v,
                                    const float *out, const float *lse, float *dq, float *dk,

@@ -36,9 +36,10 @@
  *  - the device pool's peak bytes of the step and of the pass
  *    (ml_be_memory_stats) with the predicted peaks, within 5 % (the
  *    issue's bound for `meshlm plan`): the prediction allocates exactly
- *    what the step allocates; what it does not model is the CPU backend's
- *    own kernel temporaries (a bf16 GEMM's converted operand, a widened
- *    norm weight), live only inside one kernel call;
+ *    what the step allocates, a GEMM's temporaries included (the meta
+ *    backend takes ml_be_gemm_temp's bytes); what it does not model is the
+ *    other kernels' own temporaries (a widened norm weight), live only
+ *    inside one kernel call;
  *  - the shards' bytes: 16 B per shard element (the shards, their gradients
  *    and AdamW state, fp32), 4 B in a unit whose parameters are all frozen;
  *  - with offload, that the device pool holds no shard: opening the engine

@@ -4,7 +4,11 @@
  * on Zen 4 / Cooper Lake, fp32 FMAs elsewhere (bf16 then emulated).
  * Operands are described with strides, so transposed operands cost no
  * copy; fp32 operands of a bf16 GEMM are rounded into contiguous bf16
- * scratch first (torch.autocast's cast). A
+ * scratch first (torch.autocast's cast). A bf16 output (ml_gemm.c_bf16)
+ * is oneDNN's bf16 dst where it computes in bf16 (the fp32 accumulator
+ * plus bias rounded to nearest-even once in the kernel's store; bitwise
+ * ml_convert_from_f32 of the fp32 dst, test_gemm_bf16_out), else an fp32
+ * product rounded after it. A
  * primitive is built once per distinct (shape, layout, dtypes, epilogue)
  * and cached; a training step has a few dozen of them. Tiles run inside
  * the attention kernel's OpenMP region, each thread with its own cache and
@@ -16,6 +20,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
+#include "common/checked.h"
 #include "common/status.h"
 #include "kernels/cpu/kernels.h"
 
@@ -24,7 +29,7 @@ enum { CACHE = 128, TILE_CACHE = 64 };
 typedef struct key {
   int64_t M, N, K, lda, ldb, ldc;
   int ta, tb, accumulate, bias;
-  dnnl_data_type_t dt;
+  dnnl_data_type_t dt, c_dt; /* operands', C's */
 } key;
 
 typedef struct entry {
@@ -179,7 +184,7 @@ static dnnl_status_t entry_build(ml_cpu_gemm *g, const key *k, bool user_pad, en
   }
   STEP(operand_md(&a, k->M, k->K, k->lda, k->ta, k->dt), "memory desc");
   STEP(operand_md(&b, k->K, k->N, k->ldb, k->tb, k->dt), "memory desc");
-  STEP(dnnl_memory_desc_init_by_strides(&c, 2, cdims, dnnl_f32, cstr), "memory desc");
+  STEP(dnnl_memory_desc_init_by_strides(&c, 2, cdims, k->c_dt, cstr), "memory desc");
   if (k->bias)
     STEP(dnnl_memory_desc_init_by_tag(&bias, 2, bdims, dnnl_f32, dnnl_ab), "memory desc");
   STEP(dnnl_matmul_desc_init(&md, &a, &b, k->bias ? &bias : NULL, &c), "matmul desc");
@@ -276,6 +281,15 @@ static void to_compute(const void *src, ml_dtype type, int64_t rows, int64_t col
   }
 }
 
+/* Bytes of the scratch `operand` takes for one [rows, cols] (0: the operand
+ * is read as it is) and whether the bf16 GEMM is emulated for it. */
+static int64_t operand_bytes(const ml_cpu_gemm *g, ml_dtype type, ml_dtype compute, bool widen,
+                             int64_t rows, int64_t cols, bool *emulate) {
+  *emulate = compute == ML_BF16 && (!g->bf16_native || (widen && type == ML_F32));
+  if (type == compute && !*emulate) return 0; /* (ml_be_gemm refused bf16 in fp32 GEMMs) */
+  return ml_mul_sat(ml_mul_sat(rows, cols), *emulate ? sizeof(float) : sizeof(uint16_t));
+}
+
 /* The operand as the GEMM's compute dtype wants it: as it is, or rounded
  * (emulated bf16, or `widen` asking for an fp32 source in that form:
  * rounded and widened) into pool scratch (*scratch, freed by the caller)
@@ -284,12 +298,13 @@ static int operand(ml_cpu_gemm *g, const void *p, ml_dtype type, ml_dtype comput
                    int64_t rows, int64_t cols, int64_t *ld, const void **out, void **scratch,
                    bool *bf) {
   *out = p;
-  bool emulate = compute == ML_BF16 && (!g->bf16_native || (widen && type == ML_F32));
+  bool emulate;
+  int64_t bytes = operand_bytes(g, type, compute, widen, rows, cols, &emulate);
   *bf = compute == ML_BF16 && !emulate;
-  if (type == compute && !emulate) return 0; /* (ml_be_gemm refused bf16 in fp32 GEMMs) */
+  if (!bytes) return 0;
   /* stored [rows, cols] with stride ld */
-  void *s = ml_be_alloc(g->be, (int64_t)rows * cols, emulate ? sizeof(float) : sizeof(uint16_t),
-                        "a bf16 GEMM operand [%lld x %lld]", (long long)rows, (long long)cols);
+  void *s = ml_be_alloc(g->be, bytes, 1, "a bf16 GEMM operand [%lld x %lld]", (long long)rows,
+                        (long long)cols);
   if (!s) return -1;
   to_compute(p, type, rows, cols, *ld, s, emulate);
   *ld = cols;
@@ -298,11 +313,11 @@ static int operand(ml_cpu_gemm *g, const void *p, ml_dtype type, ml_dtype comput
   return 0;
 }
 
-/* K = 0: every product is an empty sum, so C (=|+=) 0 (+ bias). */
+/* K = 0: every product is an empty sum, so C (=|+=) 0 (+ bias); C fp32. */
 static int empty_sum(const ml_gemm *a) {
 #pragma omp parallel for if (K_PAR(a->M, a->M * a->N))
   for (int64_t r = 0; r < a->M; r++) {
-    float *c = a->C + r * a->ldc;
+    float *c = (float *)a->C + r * a->ldc;
     for (int64_t j = 0; j < a->N; j++) {
       float b = !a->bias ? 0.0f
                 : a->bias_type == ML_BF16 ? ml_bf16_to_f32(((const uint16_t *)a->bias)[j])
@@ -325,20 +340,68 @@ int ml_cpu_gemm_run(ml_cpu_gemm *g, const ml_gemm *a) {
   return ml_cpu_gemm_run_on(g, a, ML_CPU_GEMM_AUTO);
 }
 
-int ml_cpu_gemm_run_on(ml_cpu_gemm *g, const ml_gemm *a, ml_cpu_gemm_path path) {
+/* A bf16 C where oneDNN does not write one (an fp32 or emulated GEMM, or
+ * K = 0): the product into fp32 pool scratch [M, N], then each element
+ * rounded to nearest-even into C (ml_convert_from_f32). */
+static int via_f32(ml_cpu_gemm *g, const ml_gemm *a, ml_cpu_gemm_path path) {
+  float *t = ml_be_alloc(g->be, ml_mul_sat(a->M, a->N), sizeof(float),
+                         "a GEMM's fp32 output before its bf16 rounding [%lld x %lld]",
+                         (long long)a->M, (long long)a->N);
+  if (!t) return -1;
+  ml_gemm f = *a;
+  f.C = t, f.ldc = a->N, f.c_bf16 = false;
+  int rc = ml_cpu_gemm_run_on(g, &f, path);
+  if (!rc) {
+#pragma omp parallel for if (K_PAR(a->M, a->M * a->N))
+    for (int64_t r = 0; r < a->M; r++)
+      ml_convert_from_f32(ML_BF16, t + r * a->N, (uint16_t *)a->C + r * a->ldc, (size_t)a->N);
+  }
+  ml_be_free(g->be, t);
+  return rc;
+}
+
+/* The path AUTO resolves to: the fixed kernel for x·W^T in batch-invariant
+ * mode or of at most ML_CPU_GEMM_SMALL_M rows, else oneDNN. */
+static ml_cpu_gemm_path resolve(const ml_cpu_gemm *g, const ml_gemm *a, ml_cpu_gemm_path path) {
   bool xwt = !a->trans_a && a->trans_b; /* the forward's layout x·W^T */
-  if (path == ML_CPU_GEMM_FIXED && !xwt)
+  if (path != ML_CPU_GEMM_AUTO) return path;
+  return xwt && (g->fixed || a->M <= ML_CPU_GEMM_SMALL_M) ? ML_CPU_GEMM_FIXED
+                                                          : ML_CPU_GEMM_ONEDNN;
+}
+
+/* Whether a's bf16 C goes through via_f32 on `path` (resolved): K = 0, or
+ * oneDNN where it computes in fp32 (fp32 compute, or bf16 emulated), which
+ * writes no bf16 dst (oneDNN 2.6 on AVX2 refuses an f32 matmul with one). */
+static bool c_via_f32(const ml_cpu_gemm *g, const ml_gemm *a, ml_cpu_gemm_path path) {
+  bool dnnl_bf16 = a->compute == ML_BF16 && g->bf16_native;
+  return a->c_bf16 && (a->K == 0 || (path == ML_CPU_GEMM_ONEDNN && !dnnl_bf16));
+}
+
+int64_t ml_cpu_gemm_temp(const ml_cpu_gemm *g, const ml_gemm *a) {
+  ml_cpu_gemm_path path = resolve(g, a, ML_CPU_GEMM_AUTO);
+  bool fixed = path == ML_CPU_GEMM_FIXED, e;
+  int64_t c = c_via_f32(g, a, path) ? ml_mul_sat(ml_mul_sat(a->M, a->N), sizeof(float)) : 0;
+  if (a->K == 0) return c; /* empty_sum: no operand is read */
+  /* run_on's scratch, live together (inside via_f32's when c > 0) */
+  int64_t s = operand_bytes(g, a->a_type, a->compute, fixed, a->M, a->K, &e);
+  s = ml_add_sat(s, operand_bytes(g, a->b_type, a->compute, false, a->N, a->K, &e));
+  if (a->bias && a->bias_type == ML_BF16) s = ml_add_sat(s, ml_mul_sat(a->N, sizeof(float)));
+  return ml_add_sat(c, s);
+}
+
+int ml_cpu_gemm_run_on(ml_cpu_gemm *g, const ml_gemm *a, ml_cpu_gemm_path path) {
+  if (path == ML_CPU_GEMM_FIXED && (a->trans_a || !a->trans_b))
     return ml_err("the fixed-order CPU GEMM computes A·B^T only (trans_a false, trans_b true); "
                   "got trans_a %d, trans_b %d", (int)a->trans_a, (int)a->trans_b);
-  if (path == ML_CPU_GEMM_AUTO)
-    path = xwt && (g->fixed || a->M <= ML_CPU_GEMM_SMALL_M) ? ML_CPU_GEMM_FIXED
-                                                            : ML_CPU_GEMM_ONEDNN;
+  path = resolve(g, a, path);
+  if (c_via_f32(g, a, path)) return via_f32(g, a, path);
   if (a->K == 0) return empty_sum(a); /* an empty torch.chunk shard of the inner dim */
   key k;
   memset(&k, 0, sizeof k); /* the cache compares keys bytewise, padding included */
   k.M = a->M, k.N = a->N, k.K = a->K, k.lda = a->lda, k.ldb = a->ldb, k.ldc = a->ldc;
   k.ta = a->trans_a, k.tb = a->trans_b, k.accumulate = a->accumulate, k.bias = !!a->bias;
   k.dt = a->compute == ML_BF16 && g->bf16_native ? dnnl_bf16 : dnnl_f32;
+  k.c_dt = a->c_bf16 ? dnnl_bf16 : dnnl_f32;
   const void *A, *B;
   void *sa = NULL, *sb = NULL;
   float *bias = NULL;
@@ -439,6 +502,7 @@ int ml_cpu_gemm_tile(ml_cpu_gemm *g, int thread, bool ta, bool tb, int64_t M, in
   memset(&k, 0, sizeof k);
   k.M = M, k.N = N, k.K = K, k.lda = lda, k.ldb = ldb, k.ldc = via_acc ? N : ldc;
   k.ta = ta, k.tb = tb, k.accumulate = accumulate && !scaled, k.dt = dnnl_bf16;
+  k.c_dt = dnnl_f32;
   const char *what = "";
   dnnl_status_t st = dnnl_success;
   float *out = C;

@@ -220,9 +220,10 @@ static bool c_via_f32(const ml_gemm *a) {
 }
 
 int64_t ml_cuda_gemm_temp(const ml_gemm *a) {
-  int64_t c = c_via_f32(a) ? a->M * a->N * (int64_t)sizeof(float) : 0; /* via_f32's */
-  int64_t s = a->bias && a->bias_type == ML_BF16 && !a->c_bf16 ? a->N * (int64_t)sizeof(float)
-                                                               : 0;
+  bool via = c_via_f32(a); /* then the run below has an fp32 C */
+  int64_t c = via ? a->M * a->N * (int64_t)sizeof(float) : 0;
+  bool widen_bias = a->bias && a->bias_type == ML_BF16 && (via || !a->c_bf16);
+  int64_t s = widen_bias ? a->N * (int64_t)sizeof(float) : 0;
   if (a->K > 0 && a->compute == ML_BF16) /* ml_cuda_gemm_run's operands, as to_bf16 takes them */
     s += (int64_t)sizeof(uint16_t) *
          (bf16_elems(a->a_type, a->trans_a ? a->K : a->M, a->trans_a ? a->M : a->K, a->lda) +

@@ -431,8 +431,16 @@ static inline double tol_bf16_sites(const tol_model *m, tol_quantity q, double r
    * operands, which its products round as autocast's bf16 SDPA does
    * (ml_be_attention_fwd with compute bf16): q and k for the scores, the
    * probabilities P and v for P·v = 4 (the softmax between them is fp32,
-   * a function of the rounded scores: M2 carries their error) */
-  double fwd = m->layers * (16.0 + 1.0 + 4.0 + 4.0) + 3.0 /* embedding, final norm, lm_head */
+   * a function of the rounded scores: M2 carries their error); and the
+   * dense MLP's gate and up outputs g, u, which their GEMMs write in bf16
+   * (autocast's bf16 matmul outputs, ml_model_bf16_mlp) = 2 (act(g)·u is
+   * then computed in fp32 from them and rounded once as down's input, the
+   * site counted above: a fused rounding, no extra site). Counted on every
+   * layer: where a model keeps g, u fp32 (MoE, an output edge on gate/up)
+   * the bound only over-counts. */
+  double gu_out = 2.0; /* g, u written in bf16 by their GEMMs */
+  double fwd = m->layers * (16.0 + 1.0 + 4.0 + 4.0 + gu_out)
+               + 3.0                                   /* embedding, final norm, lm_head */
                + 1.0                                   /* the root unit's input */
                + 1.0                                   /* lm_head's input */
                + (rounded_logits ? 1.0 : 0.0);
@@ -440,6 +448,8 @@ static inline double tol_bf16_sites(const tol_model *m, tol_quantity q, double r
   return fwd + m->layers * 16.0 + 3.0 /* the same rounded weights in the backward matmuls */ +
          m->layers * 4.0               /* the same rounded q, k, v, P in attention's backward
                                           products (dout·v^T, P^T·dout, dS·k, dS^T·q) */ +
+         m->layers * gu_out            /* the same rounded g, u in the GLU's backward
+                                          (dg = dh·u·act'(g), du = dh·act(g)) */ +
          m->layers * 7.0 + 1.0         /* each linear's output gradient, rounded for its
                                           dx and dW GEMMs (7 per layer, lm_head) */ +
          m->layers * 2.0               /* attention's output gradient dout and dS = P ⊙

@@ -125,6 +125,9 @@ static int gemm_check(const ml_gemm *a) {
   if (a->compute == ML_F32 && (a->a_type != ML_F32 || a->b_type != ML_F32))
     return ml_err("GEMM: a BF16 operand in an fp32 GEMM; expected fp32 operands (or compute "
                   "bf16)");
+  if (a->c_bf16 && a->accumulate)
+    return ml_err("GEMM: a bf16 output (c_bf16) cannot accumulate (C += would round C twice); "
+                  "expected accumulate false or an fp32 C");
   int64_t a_cols = a->trans_a ? a->M : a->K, b_cols = a->trans_b ? a->K : a->N;
   if (a->M < 0 || a->N < 0 || a->K < 0 || a->lda < a_cols || a->ldb < b_cols || a->ldc < a->N)
     return ml_err("GEMM [%lld x %lld] x [%lld x %lld]: leading dimensions %lld, %lld, %lld are "
@@ -144,12 +147,16 @@ int ml_be_gemm(ml_backend *be, const ml_gemm *g) {
   ML_TRY(gemm_check(g));
   if (ml_be_profile_on()) { /* a GEMM's class is its shape: the profile tells which linear */
     char name[64];
-    snprintf(name, sizeof name, "gemm %lldx%lldx%lld%s%s%s%s", (long long)g->M, (long long)g->N,
-             (long long)g->K, g->compute == ML_BF16 ? " bf16" : "", g->trans_a ? " tA" : "",
-             g->trans_b ? " tB" : "", g->accumulate ? " acc" : "");
+    snprintf(name, sizeof name, "gemm %lldx%lldx%lld%s%s%s%s%s", (long long)g->M,
+             (long long)g->N, (long long)g->K, g->compute == ML_BF16 ? " bf16" : "",
+             g->c_bf16 ? " C bf16" : "", g->trans_a ? " tA" : "", g->trans_b ? " tB" : "",
+             g->accumulate ? " acc" : "");
     ml_be_profile_mark(be, name);
   }
   return g->M == 0 || g->N == 0 ? 0 : be->ops->gemm(be, g);
+}
+int64_t ml_be_gemm_temp(ml_backend *be, const ml_gemm *g) {
+  return g->M > 0 && g->N > 0 && be->ops->gemm_temp ? be->ops->gemm_temp(be, g) : 0;
 }
 int ml_be_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db) {
   NEED(be, ML_OP_BIAS_GRAD);
@@ -256,6 +263,19 @@ int ml_be_glu_bwd(ml_backend *be, const float *dh, const float *g, const float *
                   float *du, int64_t n, ml_glu_act act) {
   NEED(be, ML_OP_GLU);
   return be->ops->glu_bwd(be, dh, g, u, dg, du, n, act);
+}
+int ml_be_glu_fwd_bf16(ml_backend *be, const void *g, const void *u, void *h, ml_dtype h_type,
+                       int64_t n, ml_glu_act act) {
+  NEED(be, ML_OP_GLU);
+  if (h_type != ML_F32 && h_type != ML_BF16)
+    return ml_err("GLU forward on bf16 inputs: output dtype %s; expected F32 or BF16",
+                  ml_dtype_name(h_type));
+  return be->ops->glu_fwd_bf16(be, g, u, h, h_type, n, act);
+}
+int ml_be_glu_bwd_bf16(ml_backend *be, const float *dh, const void *g, const void *u, float *dg,
+                       float *du, int64_t n, ml_glu_act act) {
+  NEED(be, ML_OP_GLU);
+  return be->ops->glu_bwd_bf16(be, dh, g, u, dg, du, n, act);
 }
 int ml_be_embedding_fwd(ml_backend *be, const int32_t *ids, int64_t T, const void *W,
                         ml_dtype w_type, int64_t row0, int64_t rows, int64_t H, float scale,

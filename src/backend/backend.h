@@ -57,8 +57,12 @@ typedef struct ml_event {
  * N). Products accumulate in fp32. compute = ML_F32: fp32 operands;
  * compute = ML_BF16: every operand rounded to bf16 first (nearest-even, as
  * torch.autocast casts a linear's inputs), fp32 operands converted by the
- * backend, bf16 ones read as they are — the GEMM autocast(bfloat16) runs,
- * with its output kept in fp32. */
+ * backend, bf16 ones read as they are — the GEMM autocast(bfloat16) runs.
+ * C is fp32, or with c_bf16 bf16 [M, N] (ldc in elements): the fp32
+ * accumulator plus the bias (in fp32) rounded once to nearest-even, bitwise
+ * the fp32 output converted by ml_convert_from_f32 — torch's bf16 matmul
+ * under autocast, whose output is bf16 (cublasLt/oneDNN with a bf16 D). A
+ * zero-initialised ml_gemm has fp32 C. */
 typedef struct ml_gemm {
   bool trans_a, trans_b;
   int64_t M, N, K;
@@ -68,12 +72,13 @@ typedef struct ml_gemm {
   const void *B;
   ml_dtype b_type;
   int64_t ldb;
-  float *C;
+  void *C;          /* float [M, ldc], or uint16_t (bf16) [M, ldc] when c_bf16 */
   int64_t ldc;
   bool accumulate;  /* C += op(A)·op(B) instead of C = */
   const void *bias; /* [N] added to every row (in fp32), or NULL */
   ml_dtype bias_type;
   ml_dtype compute; /* ML_F32 or ML_BF16 */
+  bool c_bf16;      /* C holds bf16 (refused with accumulate) */
 } ml_gemm;
 
 /* Grad-norm partials of a gradient shard (torch.nn.utils.clip_grad_norm_'s
@@ -225,6 +230,7 @@ typedef struct ml_backend_ops {
   int (*host_peer)(ml_backend *be, ml_backend **out);
   /* operators */
   int (*gemm)(ml_backend *be, const ml_gemm *g);
+  int64_t (*gemm_temp)(ml_backend *be, const ml_gemm *g); /* NULL: 0 */
   int (*bias_grad)(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db);
   int (*add)(ml_backend *be, float *y, const float *x, int64_t n);
   int (*scale)(ml_backend *be, float *x, int64_t n, float s);
@@ -261,6 +267,10 @@ typedef struct ml_backend_ops {
                  ml_glu_act act);
   int (*glu_bwd)(ml_backend *be, const float *dh, const float *g, const float *u, float *dg,
                  float *du, int64_t n, ml_glu_act act);
+  int (*glu_fwd_bf16)(ml_backend *be, const void *g, const void *u, void *h, ml_dtype h_type,
+                      int64_t n, ml_glu_act act);
+  int (*glu_bwd_bf16)(ml_backend *be, const float *dh, const void *g, const void *u, float *dg,
+                      float *du, int64_t n, ml_glu_act act);
   int (*embedding_fwd)(ml_backend *be, const int32_t *ids, int64_t T, const void *W,
                        ml_dtype w_type, int64_t row0, int64_t rows, int64_t H, float scale,
                        float *out);
@@ -451,8 +461,16 @@ int ml_be_set_batch_invariant(ml_backend *be, bool on);
 /* See ml_gemm. Checks the arguments for every backend (a backend's gemm
  * sees valid ones with M, N > 0; K may be 0: C (=|+=) 0 (+ bias)). Errors:
  * dtypes other than F32/BF16, compute F32 with a bf16 operand, a leading
- * dimension too small. */
+ * dimension too small, c_bf16 with accumulate (a bf16 C would be
+ * rounded twice). */
 int ml_be_gemm(ml_backend *be, const ml_gemm *g);
+/* Bytes of pool memory ml_be_gemm(be, g) holds at once inside the call for
+ * valid arguments: operands converted to the compute dtype, a bf16 bias
+ * widened, a bf16 C's fp32 product where the library writes no bf16 output
+ * (backend/cpu/gemm.c, backend/cuda/gemm.c); 0 for a backend that takes
+ * none. The meta backend allocates as much for the backend it models, so
+ * `meshlm plan`'s peaks count a GEMM's temporaries. */
+int64_t ml_be_gemm_temp(ml_backend *be, const ml_gemm *g);
 /* db[N] (+=) sum over the T rows of dy [T, N] (the bias gradient). */
 int ml_be_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db);
 /* y[n] += x[n] (the residual add). */
@@ -542,6 +560,16 @@ int ml_be_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int6
                   ml_glu_act act);
 int ml_be_glu_bwd(ml_backend *be, const float *dh, const float *g, const float *u, float *dg,
                   float *du, int64_t n, ml_glu_act act);
+/* The same on g, u [n] in bf16 (autocast's MLP: the bf16 outputs of
+ * gate_proj and up_proj), widened exactly and computed in fp32 as the ops
+ * above (bitwise those on the widened values, on every backend); the
+ * forward's h [n] of h_type, ML_BF16 (rounded to nearest-even in the same
+ * kernel: down_proj's bf16 input, no separate conversion) or ML_F32; dh,
+ * dg, du fp32. ML_OP_GLU. Errors: h_type other than F32/BF16. */
+int ml_be_glu_fwd_bf16(ml_backend *be, const void *g, const void *u, void *h, ml_dtype h_type,
+                       int64_t n, ml_glu_act act);
+int ml_be_glu_bwd_bf16(ml_backend *be, const float *dh, const void *g, const void *u, float *dg,
+                       float *du, int64_t n, ml_glu_act act);
 /* Vocab-parallel lookup (Megatron VocabParallelEmbedding): out [T, H] =
  * scale · W[ids − row0] for ids in [row0, row0 + rows), else 0; W [rows, H]
  * of w_type (F32 or BF16). ids are device memory. */

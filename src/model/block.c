@@ -48,6 +48,11 @@ const ml_block_row ml_block_rows[ML_ROLE_COUNT] = {
   {.field = offsetof(ml_layer_acts, fld), .part = pt, .rows = ML_ROWS_T, .cols = c,            \
    .needs = -1, .bf16_input = true}
 
+/* gate_proj's or up_proj's output (ml_block_act.bf16_mlp) */
+#define MLP_OUT(fld)                                                                           \
+  {.field = offsetof(ml_layer_acts, fld), .part = ML_PART_MLP, .rows = ML_ROWS_T,              \
+   .cols = ML_COLS_I, .needs = -1, .bf16_mlp = true}
+
 /* What layer.c's forward saves (ml_layer_acts), by the part producing it. */
 const ml_block_act ml_block_acts[] = {
     ACT(x_in, ML_PART_INPUT, ML_ROWS_TR, ML_COLS_H, -1),
@@ -68,8 +73,8 @@ const ml_block_act ml_block_acts[] = {
     ACT(x_mid, ML_PART_ATTN, ML_ROWS_TR, ML_COLS_H, -1),
     ACT(rstd2, ML_PART_MLP, ML_ROWS_TR, ML_COLS_ONE, -1),
     GEMM_IN(h2, ML_PART_MLP, ML_COLS_H),
-    ACT(g, ML_PART_MLP, ML_ROWS_T, ML_COLS_I, -1),
-    ACT(u, ML_PART_MLP, ML_ROWS_T, ML_COLS_I, -1),
+    MLP_OUT(g),
+    MLP_OUT(u),
     GEMM_IN(a, ML_PART_MLP, ML_COLS_I),
     ACT(d, ML_PART_MLP, ML_ROWS_TR, ML_COLS_H, ML_ROLE_MLP_OUT_NORM),
     ACT(rstd_d, ML_PART_MLP, ML_ROWS_TR, ML_COLS_ONE, ML_ROLE_MLP_OUT_NORM),

@@ -118,15 +118,19 @@ static float *shared_input(ml_model *m, float *saved, int64_t cols) {
  * which the backward reads again, and the temporary in->x (shared_input)
  * freed, in->x NULL; else ml_linear_round_input's pool copy (NULL with fp32
  * weights), for release_operand. */
+/* Whether lin's weight is bf16, as the activations carved at 2 B assume. */
+static int carved_bf16(const ml_linear *lin) {
+  if (lin->weight->dtype == ML_BF16) return 0;
+  return ml_err("%s: its activations were laid out for bf16 weights (param_dtype bf16) but the "
+                "weight is %s now; expected bf16",
+                lin->weight->name, ml_dtype_name(lin->weight->dtype));
+}
+
 static int shared_operand(ml_model *m, const ml_linear *first, ml_act *in, float *saved,
                           void **xr) {
   if (!m->bf16_inputs) return ml_linear_round_input(m->be, first, in, xr);
   *xr = saved;
-  int rc = first->weight->dtype == ML_BF16
-               ? 0
-               : ml_err("%s: its activations were laid out for bf16 weights (param_dtype bf16) "
-                        "but the weight is %s now; expected bf16",
-                        first->weight->name, ml_dtype_name(first->weight->dtype));
+  int rc = carved_bf16(first);
   size_t n = (size_t)(in->B * in->s * in->c);
   if (!rc) rc = ml_be_convert(m->be, saved, ML_BF16, in->x, ML_F32, n);
   ml_be_free(m->be, in->x);
@@ -341,25 +345,57 @@ static const ml_linear *mlp_first(const ml_layer *L) {
   return L->moe.gate.weight ? &L->moe.gate : &L->gate_proj;
 }
 
+/* g = gate_proj(in_gu), u = up_proj(in_gu) [B, s, I] (xr: in_gu's bf16
+ * copy, or NULL): fp32, or under m->bf16_mlp bf16 from the GEMMs. */
+static int gate_up(ml_model *m, ml_layer *L, const void *xr, ml_act *u) {
+  ml_layer_acts *a = &L->acts;
+  if (!m->bf16_mlp) {
+    ML_TRY(ml_linear_forward(m->be, &L->gate_proj, &a->in_gu, xr, a->g, &a->gv));
+    return ml_linear_forward(m->be, &L->up_proj, &a->in_gu, xr, a->u, u);
+  }
+  ML_TRY(ml_linear_forward_bf16(m->be, &L->gate_proj, &a->in_gu, xr, a->g, &a->gv));
+  return ml_linear_forward_bf16(m->be, &L->up_proj, &a->in_gu, xr, a->u, u);
+}
+
+/* a = act(g)·u [B, s, I] into `act` (n elements): from fp32 g, u, or under
+ * m->bf16_mlp from bf16 ones, written in a_type (bf16: rounded in the
+ * kernel). */
+static int glu_forward(ml_model *m, const ml_layer *L, void *act, ml_dtype a_type, int64_t n) {
+  const ml_layer_acts *a = &L->acts;
+  if (!m->bf16_mlp) return ml_be_glu_fwd(m->be, a->g, a->u, act, n, m->cfg.family->act);
+  return ml_be_glu_fwd_bf16(m->be, a->g, a->u, act, a_type, n, m->cfg.family->act);
+}
+
 // in_gu [B, s, H] → x [B, s_res, H] = down(act(gate) · up) (room for [B, S, H]; not read)
 static int dense_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
   ml_act u;
   void *xr; /* in_gu rounded once for both (bf16 weights) */
   ML_TRY(shared_operand(m, &L->gate_proj, &a->in_gu, a->h2, &xr));
-  int rc = ml_linear_forward(m->be, &L->gate_proj, &a->in_gu, xr, a->g, &a->gv);  // g: [B, s, I]
-  if (!rc) rc = ml_linear_forward(m->be, &L->up_proj, &a->in_gu, xr, a->u, &u);   // u: [B, s, I]
+  int rc = gate_up(m, L, xr, &u);  // g, u: [B, s, I]
   release_operand(m, xr);
   ML_TRY(rc);
   ML_TRY(expect_view(L->up_proj.weight->name, &u, a->gv.s, a->gv.c));
-  float *act = shared_input(m, a->a, m->cap_i); /* a: [B, s, I] */
-  if (!act) return -1;
-  a->in_down = on(a->gv, act);
-  rc = ml_be_glu_fwd(m->be, a->g, a->u, act, a->gv.B * a->gv.s * a->gv.c, m->cfg.family->act);
-  if (!rc) rc = ml_hook_run(L->down_proj.in.fwd, &a->in_down);
-  xr = NULL; /* in_down in bf16 under m->bf16_inputs (else the GEMM rounds it) */
-  if (!rc && m->bf16_inputs) rc = shared_operand(m, &L->down_proj, &a->in_down, a->a, &xr);
-  else if (act != a->a) ml_be_free(m->be, act);
+  int64_t n = a->gv.B * a->gv.s * a->gv.c;
+  /* a in bf16 straight from the GLU (autocast's bf16 mul output) where it is kept so
+   * (m->bf16_inputs) and no input edge of down_proj reads it in fp32; else fp32 (a pool
+   * temporary under m->bf16_inputs, rounded after the edge) */
+  bool direct = m->bf16_mlp && m->bf16_inputs && !L->down_proj.in.fwd.fn;
+  if (direct) {
+    ML_TRY(carved_bf16(&L->down_proj));
+    ML_TRY(glu_forward(m, L, a->a, ML_BF16, n));
+    a->in_down = on(a->gv, NULL); /* its fp32 value is kept nowhere (model.h) */
+    xr = a->a;
+  } else {
+    float *act = shared_input(m, a->a, m->cap_i); /* a: [B, s, I] */
+    if (!act) return -1;
+    a->in_down = on(a->gv, act);
+    rc = glu_forward(m, L, act, ML_F32, n);
+    if (!rc) rc = ml_hook_run(L->down_proj.in.fwd, &a->in_down);
+    xr = NULL; /* in_down in bf16 under m->bf16_inputs (else the GEMM rounds it) */
+    if (!rc && m->bf16_inputs) rc = shared_operand(m, &L->down_proj, &a->in_down, a->a, &xr);
+    else if (act != a->a) ml_be_free(m->be, act);
+  }
   ml_act d; /* into x, which has room for the output edge's unsharded [B, S, H] */
   if (!rc) rc = ml_linear_forward(m->be, &L->down_proj, &a->in_down, xr, x, &d);  // [B, s_res, H]
   ML_TRY(rc);
@@ -398,8 +434,11 @@ static int dense_backward(ml_model *m, ml_layer *L, ml_act *d, float *dh) {
   ml_act dav = on(a->in_down, da);
   ML_TRY(ml_hook_run(L->down_proj.in.bwd, &dav));
   ML_TRY(expect_view(L->down_proj.weight->name, &dav, a->gv.s, a->gv.c));
-  ML_TRY(ml_be_glu_bwd(m->be, da, a->g, a->u, dg, du, a->gv.B * a->gv.s * a->gv.c,
-                       m->cfg.family->act));
+  int64_t n = a->gv.B * a->gv.s * a->gv.c;
+  if (m->bf16_mlp) /* g, u saved in bf16 */
+    ML_TRY(ml_be_glu_bwd_bf16(m->be, da, a->g, a->u, dg, du, n, m->cfg.family->act));
+  else
+    ML_TRY(ml_be_glu_bwd(m->be, da, a->g, a->u, dg, du, n, m->cfg.family->act));
   ml_act dgv = on(a->gv, dg), duv = on(a->gv, du);
   void *xg; /* in_gu in bf16 for both dW GEMMs (bf16 weights) */
   ML_TRY(saved_operand(m, &L->gate_proj, &a->in_gu, a->h2, &xg));

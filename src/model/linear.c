@@ -2,7 +2,9 @@
  * autograd): y = x·W^T + b, dx = dy·W, dW += dy^T·x, db += Σ_t dy. The GEMMs
  * compute in the weight's dtype: fp32 weights, fp32 GEMMs; bf16 weights
  * (FSDP's param_dtype), bf16 operands with fp32 accumulation and fp32
- * output, as autocast(bfloat16) runs a linear and its backward. Each
+ * output, as autocast(bfloat16) runs a linear and its backward, or the
+ * output rounded to bf16 by the GEMM itself (ml_linear_forward_bf16:
+ * autocast's bf16 output, where the caller keeps it so). Each
  * fp32 activation is rounded once however many GEMMs read it: dy for dx
  * and dW here, a shared input by the caller (ml_linear_round_input). A
  * frozen weight or bias (grad NULL, requires_grad=False) gets no gradient:
@@ -174,14 +176,15 @@ static int lora_backward(ml_backend *be, const ml_linear *lin, const ml_act *dy,
   return rc;
 }
 
-/* y [T, out] (=) x [T, K] · W [out, K]^T (+ b) in W's dtype; x fp32, or bf16 when xr. */
+/* y [T, out] (=) x [T, K] · W [out, K]^T (+ b) in W's dtype; x fp32, or bf16 when xr; y
+ * fp32, or bf16 when y_bf16 (rounded once by the GEMM). */
 static int xwt(ml_backend *be, const ml_param *w, const void *W, int64_t T, int64_t K,
-               const float *x, const void *xr, const ml_param *b, float *y) {
+               const float *x, const void *xr, const ml_param *b, void *y, bool y_bf16) {
   int64_t out = w->local[0];
   ml_gemm g = {.trans_b = true, .M = T, .N = out, .K = K,
                .A = xr ? xr : (const void *)x, .a_type = xr ? ML_BF16 : ML_F32, .lda = K,
                .B = W, .b_type = w->dtype, .ldb = K,
-               .C = y, .ldc = out,
+               .C = y, .ldc = out, .c_bf16 = y_bf16,
                .bias = b ? b->data : NULL, .bias_type = b ? b->dtype : ML_F32,
                .compute = w->dtype};
   return ml_be_gemm(be, &g);
@@ -196,29 +199,62 @@ static int whole_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, 
   int rc = whole_cols(be, lin, w, x->x, T, ML_F32, &xw); // xw: [T, in] whole
   if (!rc && !lin->whole_weight) // ww: [out, in], unless held for the call
     rc = whole_cols(be, lin, w, w->data, w->local[0], w->dtype, &ww);
-  if (!rc) rc = xwt(be, w, ww ? ww : lin->whole_weight, T, w->shape[1], xw, NULL, lin->bias, y);
+  if (!rc)
+    rc = xwt(be, w, ww ? ww : lin->whole_weight, T, w->shape[1], xw, NULL, lin->bias, y, false);
   ml_be_free(be, ww);
   ml_be_free(be, xw);
   return rc;
 }
 
+static int check_input(const ml_linear *lin, const ml_act *x) {
+  const ml_param *w = lin->weight;
+  if (x->c == w->local[1]) return 0;
+  return ml_err("%s: the input has %lld features but this rank's weight expects %lld; the "
+                "plan's layouts do not compose here",
+                w->name, (long long)x->c, (long long)w->local[1]);
+}
+
 int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, const void *xr,
                       float *ybuf, ml_act *y) {
   const ml_param *w = lin->weight;
-  if (x->c != w->local[1])
-    return ml_err("%s: the input has %lld features but this rank's weight expects %lld; the "
-                  "plan's layouts do not compose here",
-                  w->name, (long long)x->c, (long long)w->local[1]);
+  ML_TRY(check_input(lin, x));
   if (lin->whole.cols) {
     ML_TRY(whole_forward(be, lin, x, ybuf));
   } else {
     const ml_param *b = lin->bias && lin->bias_in_forward ? lin->bias : NULL;
     // y: [T, out] = x: [T, in] · W: [out, in]^T (+ b)
-    ML_TRY(xwt(be, w, w->data, x->B * x->s, w->local[1], x->x, xr, b, ybuf));
+    ML_TRY(xwt(be, w, w->data, x->B * x->s, w->local[1], x->x, xr, b, ybuf, false));
   }
   if (lin->lora_a) ML_TRY(lora_forward(be, lin, x, xr, ybuf));
   *y = (ml_act){ybuf, x->B, x->S, x->s, w->shape[0], w->local[0]};
   return ml_hook_run(lin->out.fwd, y);
+}
+
+int ml_linear_forward_bf16(ml_backend *be, const ml_linear *lin, const ml_act *x,
+                           const void *xr, void *ybuf, ml_act *y) {
+  const ml_param *w = lin->weight;
+  ML_TRY(check_input(lin, x));
+  const char *why = w->dtype != ML_BF16 ? "its weight is not bf16"
+                    : lin->whole.cols   ? "it is computed whole (ml_linear.whole)"
+                    : lin->out.fwd.fn   ? "its output edge reads fp32"
+                                        : NULL;
+  if (why) return ml_err("%s: a bf16 output was asked for, but %s", w->name, why);
+  const ml_param *b = lin->bias && lin->bias_in_forward ? lin->bias : NULL;
+  int64_t T = x->B * x->s, out = w->local[0];
+  *y = (ml_act){ybuf, x->B, x->S, x->s, w->shape[0], out};
+  // y: [T, out] (bf16) = x: [T, in] · W: [out, in]^T (+ b)
+  if (!lin->lora_a) return xwt(be, w, w->data, T, w->local[1], x->x, xr, b, ybuf, true);
+  /* with an adapter: its term added to the fp32 output, then one rounding (lora_B zero:
+   * bitwise the plain linear's bf16 output) */
+  float *t = ml_be_alloc(be, ml_mul_sat(T, out), sizeof(float),
+                         "%s's output before its bf16 rounding [%lld x %lld]", w->name,
+                         (long long)T, (long long)out);
+  if (!t) return -1;
+  int rc = xwt(be, w, w->data, T, w->local[1], x->x, xr, b, t, false);
+  if (!rc) rc = lora_forward(be, lin, x, xr, t);
+  if (!rc) rc = ml_be_convert(be, ybuf, ML_BF16, t, ML_F32, (size_t)(T * out));
+  ml_be_free(be, t);
+  return rc;
 }
 
 int ml_linear_backward(ml_backend *be, const ml_linear *lin, ml_act *dy, const ml_act *x,

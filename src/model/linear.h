@@ -28,6 +28,18 @@ int ml_linear_round_input(ml_backend *be, const ml_linear *lin, const ml_act *x,
  * compose; the message names the module). */
 int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, const void *xr,
                       float *ybuf, ml_act *y);
+/* The same with y in bf16 (ybuf [B, s, out_local] uint16_t; *y's x points
+ * at it): the fp32 accumulator (+ bias) rounded once to nearest-even by the
+ * GEMM (ml_gemm.c_bf16), bitwise ml_linear_forward's output rounded after
+ * it — a linear's bf16 output under torch.autocast(bfloat16). With a LoRA
+ * adapter its term is added to the fp32 output in a pool temporary and the
+ * sum rounded once (PEFT under autocast rounds the base output, the
+ * adapter's and their sum; one rounding here keeps lora_B = 0 bitwise the
+ * base linear). Errors (the message names the weight): a weight not bf16,
+ * a whole hook or an output edge hook (it reads fp32), which this path
+ * does not serve. */
+int ml_linear_forward_bf16(ml_backend *be, const ml_linear *lin, const ml_act *x,
+                           const void *xr, void *ybuf, ml_act *y);
 /* Backward: the output edge's backward runs on dy (in place; then
  * [B, x->s, out_local]); dx [B, x->s, in_local] (= or += when accumulate;
  * NULL to skip) and weight/bias grads (+=); xr as forward. With a bf16

@@ -185,7 +185,8 @@ typedef struct ml_layer_acts {
   float *o, *rstd_o;    /* o_proj output before attn_out_norm [T, H], rstd [T] */
   float *x_mid;         /* residual after attention [T, H] */
   float *rstd2, *h2;    /* mlp_norm: rstd [T], output [T, H] (bf16 under bf16_inputs) */
-  float *g, *u, *a;     /* gate, up, act(gate)·up [T, I] (a: bf16 under bf16_inputs) */
+  float *g, *u, *a;     /* gate, up, act(gate)·up [T, I] (a: bf16 under bf16_inputs;
+                           g, u: bf16 under bf16_mlp) */
   float *d, *rstd_d;    /* down_proj output before mlp_out_norm [T, H], rstd [T] */
   float *out;           /* workspace only, where the MLP is recomputed: the layer
                            output a recompute writes and discards [T, H] */
@@ -396,6 +397,9 @@ typedef struct ml_model {
    * bf16 only, written by the attention kernel (ml_model_bf16_att when they
    * were carved). */
   bool bf16_att;
+  /* ... and gate_proj's and up_proj's outputs g, u as bf16, written so by
+   * their GEMMs and read so by the GLU (ml_model_bf16_mlp when carved). */
+  bool bf16_mlp;
   ml_embedding embed_tokens;
   ml_layer *layers;
   ml_rmsnorm norm;
@@ -541,7 +545,7 @@ void ml_model_reset_acts(ml_model *m);
  * B, S) allocates these; the backward temporaries, the final norm's
  * activations and the RoPE tables come on top and do not depend on the
  * mode. With ml_model_bf16_inputs h1, h2 and a count as bf16 (2 bytes),
- * with ml_model_bf16_att att. Buffers on the residual stream are sized for this rank's piece of
+ * with ml_model_bf16_att att, with ml_model_bf16_mlp g and u. Buffers on the residual stream are sized for this rank's piece of
  * the sequence (m->res_parts), the rest for whole sequences (S positions:
  * the linears and attention read gathered sequences). A size beyond int64
  * is ML_SAT (common/checked.h). */
@@ -576,6 +580,22 @@ bool ml_model_bf16_inputs(const ml_model *m);
  * rounding site of the backward, FlashAttention-2's in bf16); att takes
  * half the memory. */
 bool ml_model_bf16_att(const ml_model *m);
+
+/* Whether a dense layer's MLP runs as torch.autocast(bfloat16) runs it
+ * (LlamaMLP: down_proj(act_fn(gate_proj(x)) * up_proj(x))): gate_proj and
+ * up_proj write g, u in bf16 straight from their GEMMs (fp32 accumulation,
+ * one rounding), saved only so; the GLU reads them widened, computes
+ * act(g)·u in fp32 and writes a (down_proj's input) in bf16 in the same
+ * kernel under ml_model_bf16_inputs (fp32 where down_proj's input edge, or
+ * its whole hook, reads it: the GEMM rounds it then, the same bits); its
+ * backward reads the bf16 g, u. True when every weight is gathered as bf16
+ * (m->bf16_params), no layer is sparse, and in every layer gate_proj and
+ * up_proj are bf16 (not ml_param.fp32) and have no output edge hooks (they
+ * read fp32; a LoRA adapter's term is added before the rounding:
+ * ml_linear_forward_bf16). Independent of how the MLP's input is kept, so
+ * the batch-invariant mode's tp runs (down_proj whole) round g, u as one
+ * rank does. */
+bool ml_model_bf16_mlp(const ml_model *m);
 
 /* Embedding lookup: ids [B, S] → x [B, s_res, H] (scaled; the output edge
  * runs and sets m->s_res). x has room for [B, S, H]. Errors: an edge that

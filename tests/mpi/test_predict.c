@@ -37,11 +37,11 @@
  *    logprobs_opened, exactly;
  *  - the device pool's peak bytes of the step and of the pass
  *    (ml_be_memory_stats) with the predicted peaks, within 5 % (the
- *    issue's bound for `meshlm plan`) or above them by at most one bf16
- *    GEMM's operand conversions (gemm_scratch_bound): the prediction
- *    allocates exactly what the step allocates; what it does not model is
- *    the CPU backend's own kernel temporaries (a bf16 GEMM's converted
- *    operand, a widened norm weight), live only inside one kernel call;
+ *    issue's bound for `meshlm plan`): the prediction allocates exactly
+ *    what the step allocates, a GEMM's temporaries included (the meta
+ *    backend takes ml_be_gemm_temp's bytes); what it does not model is the
+ *    other kernels' own temporaries (a widened norm weight), live only
+ *    inside one kernel call;
  *  - the shards' bytes: 16 B per shard element (the shards, their gradients
  *    and AdamW state, fp32), 4 B in a unit whose parameters are all frozen;
  *  - with offload, that the device pool holds no shard: opening the engine
@@ -257,45 +257,15 @@ static void print_counts(const ml_comm_stats st[ML_GROUP_KINDS], const char *wha
   printf("\n");
 }
 
-/* A bound on the CPU backend's kernel temporaries the prediction does not
- * model (header) in s's passes under param_dtype bf16: a bf16 GEMM takes
- * each operand not already in its compute form into pool scratch
- * (backend/cpu/gemm.c operand: rounded to bf16, 2 B an element, or where
- * oneDNN has no native bf16 rounded and kept in fp32, 4 B), both operands
- * of the one call live at once on top of everything the pass holds. The
- * weight operand is at most a TP-local 2-D parameter [rows, cols] (p->local),
- * the activation operand at most M × cols with M the rank's tokens
- * B·s_local (a decoder linear; an expert's rows are a subset of them) or the
- * classifier's token block (loss_chunk): so at most 4 B · max over the
- * parameters of (rows + M) · cols. 0 under fp32: nothing is converted. */
-static int64_t gemm_scratch_bound(const setup *s) {
-  if (g_param_dtype != ML_BF16) return 0;
-  int64_t m = s->Bl * s->pred.s_local, most = 0;
-  if (s->pred.loss_chunk > m) m = s->pred.loss_chunk;
-  for (int i = 0; i < s->e.model.n_params; i++) {
-    const ml_param *p = &s->e.model.params[i];
-    int64_t both = (p->local[0] + m) * p->local[1];
-    if (p->ndim == 2 && both > most) most = both;
-  }
-  return 4 * most;
-}
-
-/* The measured peak against the predicted one: within 5 % (header), or
- * above it by no more than `scratch`, the unmodelled kernel temporaries of
- * one GEMM (gemm_scratch_bound): on the small fixtures those alone can be
- * more than 5 % of a bf16 pass whose parameters are bf16 alone. */
-static void compare_peak(int64_t measured, int64_t predicted, int64_t scratch, const char *what,
-                         report *rep) {
+/* The measured peak against the predicted one: within 5 % (header). */
+static void compare_peak(int64_t measured, int64_t predicted, const char *what, report *rep) {
   double rel = (double)(measured - predicted) / (double)measured;
   if (rank0())
-    printf("%s peak (rank 0): measured %lld B, predicted %lld B (%+.3f %%; unmodelled GEMM "
-           "scratch up to %lld B)\n",
-           what, (long long)measured, (long long)predicted, 100.0 * rel, (long long)scratch);
-  bool scratch_only = measured >= predicted && measured - predicted <= scratch;
-  if ((rel > 0.05 || rel < -0.05) && !scratch_only)
-    note(rep, "%s: measured peak %lld B, predicted %lld B: off by %.2f %% (bound 5 %%, or up to "
-         "%lld B above)", what, (long long)measured, (long long)predicted, 100.0 * rel,
-         (long long)scratch);
+    printf("%s peak (rank 0): measured %lld B, predicted %lld B (%+.3f %%)\n", what,
+           (long long)measured, (long long)predicted, 100.0 * rel);
+  if (rel > 0.05 || rel < -0.05)
+    note(rep, "%s: measured peak %lld B, predicted %lld B: off by %.2f %% (bound 5 %%)", what,
+         (long long)measured, (long long)predicted, 100.0 * rel);
 }
 
 /* One training step: zero_grad, forward + backward, grad norm, AdamW. */
@@ -315,8 +285,7 @@ static void test_train_step(void **state) {
   if (ml_engine_grad_norm(&s.e, 2.0, &norm) || ml_engine_adamw(&s.e, &adam))
     fail_msg("step: %s", ml_error_msg());
   compare(&s, s.pred.train, "train step", &rep);
-  compare_peak((int64_t)ml_be_memory_stats(s.e.be).peak, s.pred.mem.train_peak,
-               gemm_scratch_bound(&s), "train step",
+  compare_peak((int64_t)ml_be_memory_stats(s.e.be).peak, s.pred.mem.train_peak, "train step",
                &rep);
   int frozen, partly;
   int64_t shards = shard_bytes(&s.e, &frozen, &partly);
@@ -377,8 +346,7 @@ static void test_logprobs(void **state) {
   ml_be_reset_peak(s.e.be);
   if (ml_engine_logprobs(&s.e, s.ids, s.Bl, s.fx.S, out)) fail_msg("logprobs: %s", ml_error_msg());
   compare(&s, s.pred.logprobs, "logprobs", &rep);
-  compare_peak((int64_t)ml_be_memory_stats(s.e.be).peak, s.pred.mem.logprobs_peak,
-               gemm_scratch_bound(&s), "logprobs",
+  compare_peak((int64_t)ml_be_memory_stats(s.e.be).peak, s.pred.mem.logprobs_peak, "logprobs",
                &rep);
   print_counts(s.pred.logprobs, "logprobs");
   unhold(out);

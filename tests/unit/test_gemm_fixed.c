@@ -181,11 +181,86 @@ static void test_default_small(void **state) {
   ml_backend_release_all();
 }
 
+/* ml_be_gemm(be, g), whose pool peak inside the call must be
+ * ml_be_gemm_temp's bytes above what was in use (the meta backend's model). */
+static void temp_run(ml_backend *be, const ml_gemm *g) {
+  int64_t before = (int64_t)ml_be_memory_stats(be).in_use;
+  ml_be_reset_peak(be);
+  assert_int_equal(ml_be_gemm(be, g), 0);
+  int64_t took = (int64_t)ml_be_memory_stats(be).peak - before, want = ml_be_gemm_temp(be, g);
+  if (took != want)
+    fail_msg("GEMM M %lld N %lld K %lld%s: took %lld B of scratch, ml_be_gemm_temp says %lld",
+             (long long)g->M, (long long)g->N, (long long)g->K, g->c_bf16 ? " C bf16" : "",
+             (long long)took, (long long)want);
+}
+
+/* A bf16 C (ml_gemm.c_bf16) on every CPU path is bitwise the same GEMM
+ * with an fp32 C then rounded by ml_convert_from_f32 (nearest-even): oneDNN
+ * (M > ML_CPU_GEMM_SMALL_M, its fp32 product rounded), the fixed kernel
+ * (small M, and every x·W^T in batch-invariant mode), the backward's layouts (trans_a,
+ * no trans_b), an fp32 GEMM (rounded after it), K = 0, with and without a
+ * bias of either dtype; ldc > N leaves the gaps alone. Operands scaled by
+ * 1, and by 2^-64 each (normal inputs, subnormal outputs without a bias:
+ * a store converting with DAZ/FTZ semantics, as VCVTNEPS2BF16 does, would
+ * differ there). accumulate with a bf16 C is refused. Each call's pool
+ * scratch is ml_be_gemm_temp's (temp_run). */
+static void test_c_bf16(void **state) {
+  (void)state;
+  ml_backend *be;
+  assert_int_equal(ml_backend_get("cpu", 0, &be), 0);
+  enum { N = 37, K = 70 };
+  static const int64_t Ms[] = {3, 64};
+  int n = 0;
+  for (int inv = 0; inv < 2; inv++) {
+    assert_int_equal(ml_be_set_batch_invariant(be, inv), 0);
+    for (int v = 0; v < 128; v++) {
+      int64_t M = Ms[v & 1], k = v & 64 ? 0 : K, ldc = N + 5;
+      bool bf = v & 2, ta = v & 4, bias = v & 8, bias_bf = v & 16;
+      float scale = v & 32 ? 0x1p-64f : 1.0f; /* on x and W: products near 2^-128 */
+      float *x = operand(M * K, false), *C = malloc(sizeof(float) * (size_t)(M * N));
+      void *W = operand(N * K, bf), *b = operand(N, bias_bf);
+      for (int64_t i = 0; i < M * K; i++) x[i] *= scale;
+      for (int64_t i = 0; i < N * K; i++) /* exact: a power of two, the result normal */
+        if (bf) ((uint16_t *)W)[i] = ml_f32_to_bf16(ml_bf16_to_f32(((uint16_t *)W)[i]) * scale);
+        else ((float *)W)[i] *= scale;
+      uint16_t *C16 = malloc(sizeof(uint16_t) * (size_t)(M * ldc)), *R16 = malloc(sizeof(uint16_t) * (size_t)(M * ldc));
+      for (int64_t i = 0; i < M * ldc; i++) C16[i] = R16[i] = 0x5555;
+      ml_gemm g = {.trans_a = ta, .trans_b = !ta, .M = M, .N = N, .K = k, .A = x,
+                   .a_type = ML_F32, .lda = ta ? M : K, .B = W,
+                   .b_type = bf ? ML_BF16 : ML_F32, .ldb = ta ? N : K, .C = C, .ldc = N,
+                   .bias = bias ? b : NULL, .bias_type = bias_bf ? ML_BF16 : ML_F32,
+                   .compute = bf ? ML_BF16 : ML_F32};
+      temp_run(be, &g);
+      for (int64_t i = 0; i < M; i++) ml_convert_from_f32(ML_BF16, C + i * N, R16 + i * ldc, N);
+      ml_gemm h = g;
+      h.C = C16, h.ldc = ldc, h.c_bf16 = true;
+      temp_run(be, &h);
+      if (memcmp(C16, R16, sizeof(uint16_t) * (size_t)(M * ldc)) != 0)
+        fail_msg("%s M %lld K %lld %s%s%s scale %g: the bf16 C differs from the fp32 C rounded",
+                 bf ? "bf16" : "fp32", (long long)M, (long long)k, ta ? "A^T·B" : "A·B^T",
+                 bias ? (bias_bf ? " + bf16 bias" : " + bias") : "",
+                 inv ? " (batch-invariant)" : "", (double)scale);
+      free(x), free(C), free(W), free(b), free(C16), free(R16);
+      n++;
+    }
+  }
+  assert_int_equal(ml_be_set_batch_invariant(be, false), 0);
+  uint16_t c = 0;
+  float a = 1.0f;
+  ml_gemm acc = {.trans_b = true, .M = 1, .N = 1, .K = 1, .A = &a, .a_type = ML_F32, .lda = 1,
+                 .B = &a, .b_type = ML_F32, .ldb = 1, .C = &c, .ldc = 1, .c_bf16 = true,
+                 .accumulate = true, .compute = ML_F32};
+  assert_int_not_equal(ml_be_gemm(be, &acc), 0);
+  printf("  %d GEMMs with a bf16 C: bitwise the fp32 C rounded; accumulate refused\n", n);
+  ml_backend_release_all();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fixed_order),
       cmocka_unit_test(test_backend_rows),
       cmocka_unit_test(test_default_small),
+      cmocka_unit_test(test_c_bf16),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1722,6 +1722,42 @@ static void test_glu(void **state) {
   }
 }
 
+/* The bf16 variants (k_glu_fwd_bf16, k_glu_bwd_bf16) against the fp32
+ * kernels on the widened g, u, bitwise (memcmp): h in fp32, and in bf16 as
+ * ml_f32_to_bf16 of that; dg, du. n spans several chunks and a partial
+ * one; g, u include values whose h overflows (inf), a tie and a NaN. */
+static void test_glu_bf16(void **state) {
+  (void)state;
+  int64_t n = 1301;
+  for (int act = ML_GLU_SILU; act <= ML_GLU_GELU_TANH; act++) {
+    float *gf = rand_buf(n, 6), *uf = rand_buf(n, 4), *dh = rand_buf(n, 1);
+    uint16_t *g = malloc((size_t)n * 2), *u = malloc((size_t)n * 2), *h16 = malloc((size_t)n * 2);
+    float *h = malloc((size_t)n * 4), *ref = malloc((size_t)n * 4), *dg = malloc((size_t)n * 4);
+    float *du = malloc((size_t)n * 4), *rdg = malloc((size_t)n * 4), *rdu = malloc((size_t)n * 4);
+    uint16_t *r16 = malloc((size_t)n * 2);
+    gf[0] = 3.0e38f, uf[0] = 3.0e38f; /* h = inf in fp32 */
+    gf[1] = 1.0f, uf[1] = 1.0f + 0x1p-8f; /* u exactly between two bf16 values: a tie */
+    gf[2] = NAN;
+    for (int64_t i = 0; i < n; i++) {
+      g[i] = ml_f32_to_bf16(gf[i]), u[i] = ml_f32_to_bf16(uf[i]);
+      gf[i] = ml_bf16_to_f32(g[i]), uf[i] = ml_bf16_to_f32(u[i]);
+    }
+    k_glu_fwd(gf, uf, ref, n, (ml_glu_act)act);
+    k_glu_bwd(dh, gf, uf, rdg, rdu, n, (ml_glu_act)act);
+    ml_convert_from_f32(ML_BF16, ref, r16, (size_t)n);
+    k_glu_fwd_bf16(g, u, h, false, n, (ml_glu_act)act);
+    k_glu_fwd_bf16(g, u, h16, true, n, (ml_glu_act)act);
+    k_glu_bwd_bf16(dh, g, u, dg, du, n, (ml_glu_act)act);
+    const char *name = act == ML_GLU_SILU ? "silu" : "gelu_tanh";
+    if (memcmp(h, ref, (size_t)n * 4)) fail_msg("%s: bf16-input forward (fp32 h) differs", name);
+    if (memcmp(h16, r16, (size_t)n * 2)) fail_msg("%s: bf16 forward differs from h rounded", name);
+    if (memcmp(dg, rdg, (size_t)n * 4) || memcmp(du, rdu, (size_t)n * 4))
+      fail_msg("%s: bf16-input backward differs", name);
+    free(gf), free(uf), free(dh), free(g), free(u), free(h16), free(h), free(ref), free(dg);
+    free(du), free(rdg), free(rdu), free(r16);
+  }
+}
+
 /* ---- embedding ---------------------------------------------------------------- */
 
 static void test_embedding(void **state) {
@@ -2075,6 +2111,7 @@ int main(void) {
       cmocka_unit_test(test_attention_bf16),
       cmocka_unit_test(test_attention_bf16_out),
       cmocka_unit_test(test_glu),
+      cmocka_unit_test(test_glu_bf16),
       cmocka_unit_test(test_embedding),     cmocka_unit_test(test_xent),
       cmocka_unit_test(test_serial_threshold),
       cmocka_unit_test(test_xent_online),

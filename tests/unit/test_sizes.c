@@ -207,10 +207,21 @@ static void test_activations_saturate(void **state) {
 
 /* Under bf16 weights (FSDP param_dtype) the inputs of q/k/v, gate/up and
  * down_proj (h1, h2 [T, H], a [T, I]) are kept as their bf16 copy only
- * (ml_model_bf16_inputs): a layer's saved activations shrink by exactly
- * half of those three buffers, 2 B per element (T·H and T·I are multiples
- * of 32 here, so the 64-byte alignment of each buffer adds nothing). LoRA
- * dropout on one of them, or a down_proj computed whole, keeps them fp32. */
+ * (ml_model_bf16_inputs), and gate's and up's outputs g, u [T, I] as bf16
+ * (ml_model_bf16_mlp): a layer's saved activations shrink by exactly half
+ * of those five buffers, 2 B per element (T·H and T·I are multiples of 32
+ * here, so the 64-byte alignment of each buffer adds nothing), plus the
+ * half of attention's output att that test_bf16_att_bytes checks. An output
+ * edge on gate_proj or up_proj keeps g, u fp32 (the first three stay
+ * bf16); LoRA dropout on one of the linears, or a down_proj computed
+ * whole, keeps the first three fp32 (g, u stay bf16). */
+/* An output edge hook that is never run here (ml_model_bf16_mlp reads
+ * whether it is set). */
+static int edge_unused(void *ctx, ml_act *a) {
+  (void)ctx, (void)a;
+  return ml_err("test_sizes: the edge hook is not run here");
+}
+
 /* Marks a linear as computed whole (ml_linear.whole); ml_model_bf16_inputs
  * reads whether it is set and never calls it. */
 static int whole_cols_unused(void *ctx, const ml_param *p, const void *src, int64_t rows,
@@ -231,19 +242,34 @@ static void test_bf16_inputs_bytes(void **state) {
   ml_model_act_bytes(&m, B, S, &fp32_layer, &work);
   m.bf16_params = true;
   assert_true(ml_model_bf16_inputs(&m));
+  assert_true(ml_model_bf16_mlp(&m));
   ml_model_act_bytes(&m, B, S, &bf16_layer, &work);
   int64_t att = 2 * T * cfg.n_heads * cfg.head_dim; /* ml_model_bf16_att's half of att */
-  assert_int_equal(fp32_layer - bf16_layer, 2 * T * (2 * cfg.hidden + cfg.intermediate) + att);
-  ml_linear *up = &m.layers[cfg.n_layers - 1].up_proj;
+  assert_int_equal(fp32_layer - bf16_layer,
+                   2 * T * (2 * cfg.hidden + 3 * cfg.intermediate) + att);
+  ml_linear *up = &m.layers[cfg.n_layers - 1].up_proj, *gate = &m.layers[0].gate_proj;
+  gate->out.fwd.fn = edge_unused;
+  assert_true(ml_model_bf16_inputs(&m));
+  assert_false(ml_model_bf16_mlp(&m));
+  ml_model_act_bytes(&m, B, S, &layer, &work);
+  assert_int_equal(fp32_layer - layer, 2 * T * (2 * cfg.hidden + cfg.intermediate) + att);
+  gate->out.fwd.fn = NULL;
+  up->out.bwd.fn = edge_unused;
+  assert_false(ml_model_bf16_mlp(&m));
+  up->out.bwd.fn = NULL;
+  assert_true(ml_model_bf16_mlp(&m));
   m.lora_drop.p = 0.1;
   up->lora_drop = &m.lora_drop;
   assert_false(ml_model_bf16_inputs(&m));
   ml_model_act_bytes(&m, B, S, &layer, &work);
-  assert_int_equal(layer, fp32_layer - att);
+  assert_int_equal(fp32_layer - layer, 2 * T * 2 * cfg.intermediate + att);
   up->lora_drop = NULL;
   ml_linear *down = &m.layers[0].down_proj;
-  down->whole.cols = whole_cols_unused;
+  down->whole.cols = whole_cols_unused; /* a stays fp32; g, u bf16 still */
   assert_false(ml_model_bf16_inputs(&m));
+  assert_true(ml_model_bf16_mlp(&m));
+  ml_model_act_bytes(&m, B, S, &layer, &work);
+  assert_int_equal(fp32_layer - layer, 2 * T * 2 * cfg.intermediate + att);
   down->whole.cols = NULL;
   assert_true(ml_model_bf16_inputs(&m));
   m.layers[0].k_proj.weight->fp32 = true; /* kept in fp32 (engine/fp32_params.h) */

@@ -239,6 +239,47 @@ static void test_glu() {
       }
 }
 
+/* ---- gated activation on bf16 g, u: the same kernel order as the fp32
+ * kernels on the widened values, so bitwise those (h bf16: kc_f32_to_bf16 of
+ * the fp32 h); against the CPU's bf16 variants within glu_bounds of the
+ * widened values (expf and FMA contraction differ from the host's) -------- */
+static void test_glu_bf16() {
+  printf("glu_bf16\n");
+  for (int act = 0; act < 2; act++)
+    for (int64_t n : {7, 4099})
+      for (int off = 0; off < 2; off++) {
+        Pool pl;
+        ml_glu_act a = act ? ML_GLU_GELU_TANH : ML_GLU_SILU;
+        float *gw = rand_f(pl, n, 8.0f), *uw = rand_f(pl, n, 1.0f), *dh = rand_f(pl, n, 1.0f, off);
+        uint16_t *g = pl.get<uint16_t>(n, off), *u = pl.get<uint16_t>(n, 1 - off);
+        for (int64_t i = 0; i < n; i++) {
+          g[i] = ml_f32_to_bf16(gw[i]), u[i] = ml_f32_to_bf16(uw[i]);
+          gw[i] = ml_bf16_to_f32(g[i]), uw[i] = ml_bf16_to_f32(u[i]);
+        }
+        float *h = pl.get<float>(n, off), *dg = pl.get<float>(n), *du = pl.get<float>(n, off);
+        uint16_t *h16 = pl.get<uint16_t>(n, 1 - off), *r16 = pl.get<uint16_t>(n);
+        float *hr = pl.get<float>(n), *dgr = pl.get<float>(n), *dur = pl.get<float>(n);
+        ok(kc_glu_fwd_bf16(nullptr, g, u, h, false, n, a), "glu fwd bf16");
+        ok(kc_glu_fwd_bf16(nullptr, g, u, h16, true, n, a), "glu fwd bf16 (h bf16)");
+        ok(kc_glu_bwd_bf16(nullptr, dh, g, u, dg, du, n, a), "glu bwd bf16");
+        ok(kc_glu_fwd(nullptr, gw, uw, hr, n, a), "glu fwd");
+        ok(kc_glu_bwd(nullptr, dh, gw, uw, dgr, dur, n, a), "glu bwd");
+        for (int64_t i = 0; i < n; i++) r16[i] = ml_f32_to_bf16(hr[i]);
+        std::string tag = fmt("glu_bf16 %s n=%lld off=%d", act ? "gelu" : "silu", (long long)n, off);
+        same(tag + " h vs fp32 kernel", h, hr, 4 * n);
+        same("  h bf16 vs fp32 kernel's, rounded", h16, r16, 2 * n);
+        same("  dg vs fp32 kernel", dg, dgr, 4 * n);
+        same("  du vs fp32 kernel", du, dur, 4 * n);
+        k_glu_fwd_bf16(g, u, hr, false, n, a);
+        k_glu_bwd_bf16(dh, g, u, dgr, dur, n, a);
+        std::vector<double> bh(n), bg(n), bu(n);
+        glu_bounds(gw, uw, dh, n, a != ML_GLU_SILU, bh.data(), bg.data(), bu.data());
+        close("  h vs the CPU's", h, hr, bh, n);
+        close("  dg vs the CPU's", dg, dgr, bg, n);
+        close("  du vs the CPU's", du, dur, bu, n);
+      }
+}
+
 /* ---- the GEMM's bias rows: C + bias, one correctly rounded add: bitwise;
  * the columns past N of each row (ldc > N) untouched ------------------------ */
 static void test_bias_rows() {
@@ -835,6 +876,7 @@ int main(int argc, char **argv) {
                {"scatter_rows", test_scatter_rows},
                {"add_scale", test_add_scale},
                {"glu", test_glu},
+               {"glu_bf16", test_glu_bf16},
                {"bias_rows", test_bias_rows},
                {"bias_grad", test_bias_grad},
                {"reduce", test_reduce},

@@ -143,6 +143,9 @@ static int cpu_sync(ml_backend *be) { return 0; }
 /* ---- operators ----------------------------------------------------------- */
 
 static int cpu_gemm(ml_backend *be, const ml_gemm *g) { return ml_cpu_gemm_run(impl(be)->gemm, g); }
+static int64_t cpu_gemm_temp(ml_backend *be, const ml_gemm *g) {
+  return ml_cpu_gemm_temp(impl(be)->gemm, g);
+}
 
 static int cpu_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db) {
   k_bias_grad(dy, T, N, db);
@@ -437,6 +440,18 @@ static int cpu_glu_bwd(ml_backend *be, const float *dh, const float *g, const fl
   return 0;
 }
 
+static int cpu_glu_fwd_bf16(ml_backend *be, const void *g, const void *u, void *h,
+                            ml_dtype h_type, int64_t n, ml_glu_act act) {
+  k_glu_fwd_bf16(g, u, h, h_type == ML_BF16, n, act);
+  return 0;
+}
+
+static int cpu_glu_bwd_bf16(ml_backend *be, const float *dh, const void *g, const void *u,
+                            float *dg, float *du, int64_t n, ml_glu_act act) {
+  k_glu_bwd_bf16(dh, g, u, dg, du, n, act);
+  return 0;
+}
+
 static int cpu_embedding_fwd(ml_backend *be, const int32_t *ids, int64_t T, const void *W,
                              ml_dtype w_type, int64_t row0, int64_t rows, int64_t H, float scale,
                              float *out) {
@@ -614,6 +629,7 @@ static const ml_backend_ops k_cpu_ops = {
     .host_peer = cpu_host_peer,
     .sync = cpu_sync,
     .gemm = cpu_gemm,
+    .gemm_temp = cpu_gemm_temp,
     .bias_grad = cpu_bias_grad,
     .add = cpu_add,
     .scale = cpu_scale,
@@ -631,6 +647,8 @@ static const ml_backend_ops k_cpu_ops = {
     .attention_bwd = cpu_attention_bwd,
     .glu_fwd = cpu_glu_fwd,
     .glu_bwd = cpu_glu_bwd,
+    .glu_fwd_bf16 = cpu_glu_fwd_bf16,
+    .glu_bwd_bf16 = cpu_glu_bwd_bf16,
     .embedding_fwd = cpu_embedding_fwd,
     .embedding_bwd = cpu_embedding_bwd,
     .xent_rowmax = cpu_xent_rowmax,

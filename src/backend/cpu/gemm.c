@@ -4,7 +4,12 @@
  * on Zen 4 / Cooper Lake, fp32 FMAs elsewhere (bf16 then emulated).
  * Operands are described with strides, so transposed operands cost no
  * copy; fp32 operands of a bf16 GEMM are rounded into contiguous bf16
- * scratch first (torch.autocast's cast). A
+ * scratch first (torch.autocast's cast). A bf16 output (ml_gemm.c_bf16)
+ * is rounded to nearest-even once, at the fixed kernel's store, or after
+ * oneDNN's fp32 product (ml_convert_from_f32): not oneDNN's bf16 dst,
+ * whose AVX512-BF16 and AMX stores convert with VCVTNEPS2BF16, which
+ * treats subnormal values as zero, so its bits would differ from every
+ * other path's (and the CUDA backend's) on tiny outputs. A
  * primitive is built once per distinct (shape, layout, dtypes, epilogue)
  * and cached; a training step has a few dozen of them. Tiles run inside
  * the attention kernel's OpenMP region, each thread with its own cache and
@@ -16,6 +21,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu.h"
+#include "common/checked.h"
 #include "common/status.h"
 #include "kernels/cpu/kernels.h"
 
@@ -24,7 +30,7 @@ enum { CACHE = 128, TILE_CACHE = 64 };
 typedef struct key {
   int64_t M, N, K, lda, ldb, ldc;
   int ta, tb, accumulate, bias;
-  dnnl_data_type_t dt;
+  dnnl_data_type_t dt; /* the operands' */
 } key;
 
 typedef struct entry {
@@ -276,6 +282,15 @@ static void to_compute(const void *src, ml_dtype type, int64_t rows, int64_t col
   }
 }
 
+/* Bytes of the scratch `operand` takes for one [rows, cols] (0: the operand
+ * is read as it is) and whether the bf16 GEMM is emulated for it. */
+static int64_t operand_bytes(const ml_cpu_gemm *g, ml_dtype type, ml_dtype compute, bool widen,
+                             int64_t rows, int64_t cols, bool *emulate) {
+  *emulate = compute == ML_BF16 && (!g->bf16_native || (widen && type == ML_F32));
+  if (type == compute && !*emulate) return 0; /* (ml_be_gemm refused bf16 in fp32 GEMMs) */
+  return ml_mul_sat(ml_mul_sat(rows, cols), *emulate ? sizeof(float) : sizeof(uint16_t));
+}
+
 /* The operand as the GEMM's compute dtype wants it: as it is, or rounded
  * (emulated bf16, or `widen` asking for an fp32 source in that form:
  * rounded and widened) into pool scratch (*scratch, freed by the caller)
@@ -284,12 +299,13 @@ static int operand(ml_cpu_gemm *g, const void *p, ml_dtype type, ml_dtype comput
                    int64_t rows, int64_t cols, int64_t *ld, const void **out, void **scratch,
                    bool *bf) {
   *out = p;
-  bool emulate = compute == ML_BF16 && (!g->bf16_native || (widen && type == ML_F32));
+  bool emulate;
+  int64_t bytes = operand_bytes(g, type, compute, widen, rows, cols, &emulate);
   *bf = compute == ML_BF16 && !emulate;
-  if (type == compute && !emulate) return 0; /* (ml_be_gemm refused bf16 in fp32 GEMMs) */
+  if (!bytes) return 0;
   /* stored [rows, cols] with stride ld */
-  void *s = ml_be_alloc(g->be, (int64_t)rows * cols, emulate ? sizeof(float) : sizeof(uint16_t),
-                        "a bf16 GEMM operand [%lld x %lld]", (long long)rows, (long long)cols);
+  void *s = ml_be_alloc(g->be, bytes, 1, "a bf16 GEMM operand [%lld x %lld]", (long long)rows,
+                        (long long)cols);
   if (!s) return -1;
   to_compute(p, type, rows, cols, *ld, s, emulate);
   *ld = cols;
@@ -298,11 +314,11 @@ static int operand(ml_cpu_gemm *g, const void *p, ml_dtype type, ml_dtype comput
   return 0;
 }
 
-/* K = 0: every product is an empty sum, so C (=|+=) 0 (+ bias). */
+/* K = 0: every product is an empty sum, so C (=|+=) 0 (+ bias); C fp32. */
 static int empty_sum(const ml_gemm *a) {
 #pragma omp parallel for if (K_PAR(a->M, a->M * a->N))
   for (int64_t r = 0; r < a->M; r++) {
-    float *c = a->C + r * a->ldc;
+    float *c = (float *)a->C + r * a->ldc;
     for (int64_t j = 0; j < a->N; j++) {
       float b = !a->bias ? 0.0f
                 : a->bias_type == ML_BF16 ? ml_bf16_to_f32(((const uint16_t *)a->bias)[j])
@@ -325,14 +341,59 @@ int ml_cpu_gemm_run(ml_cpu_gemm *g, const ml_gemm *a) {
   return ml_cpu_gemm_run_on(g, a, ML_CPU_GEMM_AUTO);
 }
 
-int ml_cpu_gemm_run_on(ml_cpu_gemm *g, const ml_gemm *a, ml_cpu_gemm_path path) {
+/* A bf16 C where oneDNN does not write one (an fp32 or emulated GEMM, or
+ * K = 0): the product into fp32 pool scratch [M, N], then each element
+ * rounded to nearest-even into C (ml_convert_from_f32). */
+static int via_f32(ml_cpu_gemm *g, const ml_gemm *a, ml_cpu_gemm_path path) {
+  float *t = ml_be_alloc(g->be, ml_mul_sat(a->M, a->N), sizeof(float),
+                         "a GEMM's fp32 output before its bf16 rounding [%lld x %lld]",
+                         (long long)a->M, (long long)a->N);
+  if (!t) return -1;
+  ml_gemm f = *a;
+  f.C = t, f.ldc = a->N, f.c_bf16 = false;
+  int rc = ml_cpu_gemm_run_on(g, &f, path);
+  if (!rc) {
+#pragma omp parallel for if (K_PAR(a->M, a->M * a->N))
+    for (int64_t r = 0; r < a->M; r++)
+      ml_convert_from_f32(ML_BF16, t + r * a->N, (uint16_t *)a->C + r * a->ldc, (size_t)a->N);
+  }
+  ml_be_free(g->be, t);
+  return rc;
+}
+
+/* The path AUTO resolves to: the fixed kernel for x·W^T in batch-invariant
+ * mode or of at most ML_CPU_GEMM_SMALL_M rows, else oneDNN. */
+static ml_cpu_gemm_path resolve(const ml_cpu_gemm *g, const ml_gemm *a, ml_cpu_gemm_path path) {
   bool xwt = !a->trans_a && a->trans_b; /* the forward's layout x·W^T */
-  if (path == ML_CPU_GEMM_FIXED && !xwt)
+  if (path != ML_CPU_GEMM_AUTO) return path;
+  return xwt && (g->fixed || a->M <= ML_CPU_GEMM_SMALL_M) ? ML_CPU_GEMM_FIXED
+                                                          : ML_CPU_GEMM_ONEDNN;
+}
+
+/* Whether a's bf16 C goes through via_f32 on `path` (resolved): on oneDNN
+ * (whose bf16 dst is not used: file comment) and for K = 0 (empty_sum). */
+static bool c_via_f32(const ml_gemm *a, ml_cpu_gemm_path path) {
+  return a->c_bf16 && (a->K == 0 || path == ML_CPU_GEMM_ONEDNN);
+}
+
+int64_t ml_cpu_gemm_temp(const ml_cpu_gemm *g, const ml_gemm *a) {
+  ml_cpu_gemm_path path = resolve(g, a, ML_CPU_GEMM_AUTO);
+  bool fixed = path == ML_CPU_GEMM_FIXED, e;
+  int64_t c = c_via_f32(a, path) ? ml_mul_sat(ml_mul_sat(a->M, a->N), sizeof(float)) : 0;
+  if (a->K == 0) return c; /* empty_sum: no operand is read */
+  /* run_on's scratch, live together (inside via_f32's when c > 0) */
+  int64_t s = operand_bytes(g, a->a_type, a->compute, fixed, a->M, a->K, &e);
+  s = ml_add_sat(s, operand_bytes(g, a->b_type, a->compute, false, a->N, a->K, &e));
+  if (a->bias && a->bias_type == ML_BF16) s = ml_add_sat(s, ml_mul_sat(a->N, sizeof(float)));
+  return ml_add_sat(c, s);
+}
+
+int ml_cpu_gemm_run_on(ml_cpu_gemm *g, const ml_gemm *a, ml_cpu_gemm_path path) {
+  if (path == ML_CPU_GEMM_FIXED && (a->trans_a || !a->trans_b))
     return ml_err("the fixed-order CPU GEMM computes A·B^T only (trans_a false, trans_b true); "
                   "got trans_a %d, trans_b %d", (int)a->trans_a, (int)a->trans_b);
-  if (path == ML_CPU_GEMM_AUTO)
-    path = xwt && (g->fixed || a->M <= ML_CPU_GEMM_SMALL_M) ? ML_CPU_GEMM_FIXED
-                                                            : ML_CPU_GEMM_ONEDNN;
+  path = resolve(g, a, path);
+  if (c_via_f32(a, path)) return via_f32(g, a, path);
   if (a->K == 0) return empty_sum(a); /* an empty torch.chunk shard of the inner dim */
   key k;
   memset(&k, 0, sizeof k); /* the cache compares keys bytewise, padding included */

@@ -227,9 +227,15 @@ static const void *row_of(const void *base, int64_t r, int64_t ld, size_t esz) {
   return (const char *)base + (size_t)(r * ld) * esz;
 }
 
-// C[i, j0 .. j0+nc) from out[r][0 .. nc): + bias, then (=) or (+=)
+// C[i, j0 .. j0+nc) from out[r][0 .. nc): + bias, then (=) or (+=); a bf16 C (=) rounded
+// to nearest-even here, elementwise, so the order above still fixes its bits
 static void store(const fixed_args *f, int64_t i, int64_t j0, int nc, const float *out) {
-  float *c = f->g->C + i * f->g->ldc + j0;
+  if (f->g->c_bf16) {
+    uint16_t *c = (uint16_t *)f->g->C + i * f->g->ldc + j0;
+    for (int q = 0; q < nc; q++) c[q] = ml_f32_to_bf16(f->bias ? out[q] + f->bias[j0 + q] : out[q]);
+    return;
+  }
+  float *c = (float *)f->g->C + i * f->g->ldc + j0;
   for (int q = 0; q < nc; q++) {
     float v = out[q];
     if (f->bias) v += f->bias[j0 + q];

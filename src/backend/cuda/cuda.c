@@ -223,6 +223,7 @@ static int cu_event_sync(ml_backend *be, ml_event *ev) {
 /* ---- operators ----------------------------------------------------------- */
 
 static int cu_gemm(ml_backend *be, const ml_gemm *g) { return ml_cuda_gemm_run(impl(be)->gemm, g); }
+static int64_t cu_gemm_temp(ml_backend *be, const ml_gemm *g) { return ml_cuda_gemm_temp(g); }
 
 static int cu_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db) {
   void *work = scratch(be, kc_bias_grad_work(T, N), "the bias gradient's partial sums");
@@ -420,6 +421,18 @@ static int cu_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, 
 static int cu_glu_bwd(ml_backend *be, const float *dh, const float *g, const float *u, float *dg,
                       float *du, int64_t n, ml_glu_act act) {
   return ml_cuda_launched(kc_glu_bwd(impl(be)->stream, dh, g, u, dg, du, n, act), "glu backward");
+}
+
+static int cu_glu_fwd_bf16(ml_backend *be, const void *g, const void *u, void *h,
+                           ml_dtype h_type, int64_t n, ml_glu_act act) {
+  return ml_cuda_launched(kc_glu_fwd_bf16(impl(be)->stream, g, u, h, h_type == ML_BF16, n, act),
+                          "glu forward (bf16 inputs)");
+}
+
+static int cu_glu_bwd_bf16(ml_backend *be, const float *dh, const void *g, const void *u,
+                           float *dg, float *du, int64_t n, ml_glu_act act) {
+  return ml_cuda_launched(kc_glu_bwd_bf16(impl(be)->stream, dh, g, u, dg, du, n, act),
+                          "glu backward (bf16 inputs)");
 }
 
 static int cu_embedding_fwd(ml_backend *be, const int32_t *ids, int64_t T, const void *W,
@@ -644,6 +657,7 @@ static const ml_backend_ops k_cuda_ops = {
     .host_peer = cu_host_peer,
     .sync = cu_sync,
     .gemm = cu_gemm,
+    .gemm_temp = cu_gemm_temp,
     .bias_grad = cu_bias_grad,
     .add = cu_add,
     .scale = cu_scale,
@@ -661,6 +675,8 @@ static const ml_backend_ops k_cuda_ops = {
     .attention_block_bwd = cu_attention_block_bwd,
     .glu_fwd = cu_glu_fwd,
     .glu_bwd = cu_glu_bwd,
+    .glu_fwd_bf16 = cu_glu_fwd_bf16,
+    .glu_bwd_bf16 = cu_glu_bwd_bf16,
     .embedding_fwd = cu_embedding_fwd,
     .embedding_bwd = cu_embedding_bwd,
     .xent_rowmax = cu_xent_rowmax,

@@ -43,6 +43,10 @@ int ml_cuda_gemm_create(ml_backend *be, void *stream, ml_cuda_gemm **out);
 void ml_cuda_gemm_destroy(ml_cuda_gemm *g);
 /* backend.h's ml_be_gemm on the GPU (enqueued; no synchronisation). */
 int ml_cuda_gemm_run(ml_cuda_gemm *g, const ml_gemm *args);
+/* Bytes of pool scratch ml_cuda_gemm_run holds at once for args (backend.h
+ * ml_be_gemm_temp): operands rounded to bf16, a bf16 bias widened, a bf16
+ * C's fp32 product where cuBLASLt does not write it (gemm.c). */
+int64_t ml_cuda_gemm_temp(const ml_gemm *args);
 
 /* 0, or −1 with "cuda: WHAT: <the runtime's error name and text>" for a
  * failed CUDA runtime call (rc a cudaError_t). */

@@ -9,6 +9,13 @@
  * scratch first, nearest-even, as autocast casts them), fp32 C and D,
  * CUBLAS_COMPUTE_32F: fp32 accumulation, torch's bf16 GEMM under autocast
  * with its output kept in fp32. A bias is fp32 (bf16 ones widened).
+ * A bf16 output (ml_gemm.c_bf16): C = D in CUDA_R_16BF, the fp32
+ * accumulator (+ bias) rounded once in the epilogue, torch's bf16 GEMM
+ * under autocast. cuBLASLt takes a bf16 D's bias in bf16 only
+ * (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE), so a bf16 bias is passed as it is
+ * (its values, widened in the epilogue, are the fp32 ones); with an fp32
+ * bias, or K = 0, the product goes to fp32 pool scratch and is rounded
+ * after it (kc_f32_to_bf16).
  *
  * Descriptors, layouts and the heuristic's algorithm are cached per call
  * shape (key below); alignment of the pointers is part of the key, since
@@ -33,7 +40,7 @@ enum {
 
 typedef struct key {
   int64_t M, N, K, lda, ldb, ldc;
-  int ta, tb, bf16, bias;
+  int ta, tb, bf16, bias, c_bf16;
   int align_a, align_b, align_c; /* of cuBLASLt's A, B, C: bytes, a power of two <= 256 */
 } key;
 
@@ -100,7 +107,7 @@ static int entry_build(ml_cuda_gemm *g, const key *k, entry *e) {
          set_attr(e->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
   if (!rc && k->bias) {
     cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
-    cudaDataType_t bt = CUDA_R_32F;
+    cudaDataType_t bt = k->c_bf16 ? CUDA_R_16BF : CUDA_R_32F;
     rc = set_attr(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep) ||
          set_attr(e->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
   }
@@ -109,7 +116,8 @@ static int entry_build(ml_cuda_gemm *g, const key *k, entry *e) {
                   "cublasLtMatrixLayoutCreate") ||
          lt_check(api->MatrixLayoutCreate(&e->lb, in, l.b_rows, l.b_cols, l.ldb),
                   "cublasLtMatrixLayoutCreate") ||
-         lt_check(api->MatrixLayoutCreate(&e->lc, CUDA_R_32F, l.c_rows, l.c_cols, l.ldc),
+         lt_check(api->MatrixLayoutCreate(&e->lc, k->c_bf16 ? CUDA_R_16BF : CUDA_R_32F,
+                                          l.c_rows, l.c_cols, l.ldc),
                   "cublasLtMatrixLayoutCreate");
   cublasLtMatmulPreference_t pref = NULL;
   if (!rc) rc = lt_check(api->MatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
@@ -163,12 +171,18 @@ static entry *lookup(ml_cuda_gemm *g, const key *k) {
 /* An operand stored [rows, cols] with stride ld as bf16: itself, or fp32
  * rounded into pool scratch with the same stride (the gaps between rows are
  * left unset; cuBLASLt never reads them). */
+/* Elements of to_bf16's scratch: 0 for a bf16 operand, else through the last row's end
+ * (not its stride). */
+static int64_t bf16_elems(ml_dtype type, int64_t rows, int64_t cols, int64_t ld) {
+  return type == ML_BF16 ? 0 : (rows - 1) * ld + cols;
+}
+
 static int to_bf16(ml_cuda_gemm *g, const void *p, ml_dtype type, int64_t rows, int64_t cols,
                    int64_t ld, const void **out, void **mem) {
   *out = p;
   *mem = NULL;
-  if (type == ML_BF16) return 0;
-  int64_t n = (rows - 1) * ld + cols; /* through the last row's end, not its stride */
+  int64_t n = bf16_elems(type, rows, cols, ld);
+  if (!n) return 0;
   *mem = ml_be_alloc(g->be, n, sizeof(uint16_t), "a bf16 GEMM operand [%lld x %lld]",
                      (long long)rows, (long long)cols);
   if (!*mem) return -1;
@@ -188,22 +202,60 @@ static int empty_sum(ml_cuda_gemm *g, const ml_gemm *a, const float *bias) {
                           "GEMM bias rows");
 }
 
+/* A bf16 C that cuBLASLt does not write (see the top): the fp32 product into
+ * pool scratch [M, N], each row then rounded to nearest-even into C. */
+static int via_f32(ml_cuda_gemm *g, const ml_gemm *a) {
+  float *t = ml_be_alloc(g->be, a->M * a->N, sizeof(float),
+                         "a GEMM's fp32 output before its bf16 rounding [%lld x %lld]",
+                         (long long)a->M, (long long)a->N);
+  if (!t) return -1;
+  ml_gemm f = *a;
+  f.C = t, f.ldc = a->N, f.c_bf16 = false;
+  int rc = ml_cuda_gemm_run(g, &f);
+  bool whole = a->ldc == a->N; /* contiguous rows: one launch */
+  for (int64_t r = 0; !rc && r < (whole ? 1 : a->M); r++)
+    rc = ml_cuda_launched(kc_f32_to_bf16(g->stream, t + r * a->N, (uint16_t *)a->C + r * a->ldc,
+                                         whole ? a->M * a->N : a->N),
+                          "GEMM output to bf16");
+  ml_be_free(g->be, t);
+  return rc;
+}
+
+/* Whether a's bf16 C goes through via_f32 (see the top). */
+static bool c_via_f32(const ml_gemm *a) {
+  return a->c_bf16 && (a->K == 0 || a->compute != ML_BF16 || (a->bias && a->bias_type != ML_BF16));
+}
+
+int64_t ml_cuda_gemm_temp(const ml_gemm *a) {
+  bool via = c_via_f32(a); /* then the run below has an fp32 C */
+  int64_t c = via ? a->M * a->N * (int64_t)sizeof(float) : 0;
+  bool widen_bias = a->bias && a->bias_type == ML_BF16 && (via || !a->c_bf16);
+  int64_t s = widen_bias ? a->N * (int64_t)sizeof(float) : 0;
+  if (a->K > 0 && a->compute == ML_BF16) /* ml_cuda_gemm_run's operands, as to_bf16 takes them */
+    s += (int64_t)sizeof(uint16_t) *
+         (bf16_elems(a->a_type, a->trans_a ? a->K : a->M, a->trans_a ? a->M : a->K, a->lda) +
+          bf16_elems(a->b_type, a->trans_b ? a->N : a->K, a->trans_b ? a->K : a->N, a->ldb));
+  return c + s;
+}
+
 int ml_cuda_gemm_run(ml_cuda_gemm *g, const ml_gemm *a) {
+  if (c_via_f32(a)) return via_f32(g, a);
   void *mem[3] = {NULL, NULL, NULL};
-  const float *bias = a->bias;
+  const void *bias = a->bias;
   int rc = 0;
-  if (a->bias && a->bias_type == ML_BF16) {
+  if (a->bias && a->bias_type == ML_BF16 && !a->c_bf16) {
     mem[2] = ml_be_alloc(g->be, a->N, sizeof(float), "a GEMM bias [%lld]", (long long)a->N);
     rc = !mem[2] ||
          ml_cuda_launched(kc_bf16_to_f32(g->stream, a->bias, mem[2], a->N), "GEMM bias to fp32");
     bias = mem[2];
   }
-  if (!rc && a->K == 0) rc = empty_sum(g, a, bias);
+  if (!rc && a->K == 0) rc = empty_sum(g, a, (const float *)bias); /* fp32 C: via_f32 */
   else if (!rc) {
     key k;
     memset(&k, 0, sizeof k); /* compared bytewise */
     k.M = a->M, k.N = a->N, k.K = a->K, k.lda = a->lda, k.ldb = a->ldb, k.ldc = a->ldc;
     k.ta = a->trans_a, k.tb = a->trans_b, k.bf16 = a->compute == ML_BF16, k.bias = !!bias;
+    k.c_bf16 = a->c_bf16;
     const void *A = a->A, *B = a->B;
     if (k.bf16)
       rc = to_bf16(g, a->A, a->a_type, a->trans_a ? a->K : a->M, a->trans_a ? a->M : a->K,

@@ -83,7 +83,15 @@ static int meta_scatter_rows(ml_backend *be, void *dst, ml_dtype dst_type, const
 static int meta_event(ml_backend *be, ml_event *ev) { return 0; }
 static int meta_sync(ml_backend *be) { return 0; }
 
-static int meta_gemm(ml_backend *be, const ml_gemm *g) { return 0; }
+/* The modelled backend's temporaries (ml_be_gemm_temp), taken and given back. */
+static int meta_gemm(ml_backend *be, const ml_gemm *g) {
+  int64_t n = ml_be_gemm_temp(impl(be)->like, g);
+  if (!n) return 0;
+  void *t = ml_be_alloc(be, n, 1, "the temporaries of a GEMM [%lld x %lld] x [%lld x %lld]",
+                        (long long)g->M, (long long)g->K, (long long)g->K, (long long)g->N);
+  ml_be_free(be, t);
+  return t ? 0 : -1;
+}
 static int meta_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db) {
   return 0;
 }
@@ -147,6 +155,14 @@ static int meta_glu_fwd(ml_backend *be, const float *g, const float *u, float *h
 }
 static int meta_glu_bwd(ml_backend *be, const float *dh, const float *g, const float *u,
                         float *dg, float *du, int64_t n, ml_glu_act act) {
+  return 0;
+}
+static int meta_glu_fwd_bf16(ml_backend *be, const void *g, const void *u, void *h,
+                             ml_dtype h_type, int64_t n, ml_glu_act act) {
+  return 0;
+}
+static int meta_glu_bwd_bf16(ml_backend *be, const float *dh, const void *g, const void *u,
+                             float *dg, float *du, int64_t n, ml_glu_act act) {
   return 0;
 }
 static int meta_embedding_fwd(ml_backend *be, const int32_t *ids, int64_t T, const void *W,
@@ -285,6 +301,8 @@ static const ml_backend_ops k_meta_ops = {
     .attention_block_bwd = meta_attention_block_bwd,
     .glu_fwd = meta_glu_fwd,
     .glu_bwd = meta_glu_bwd,
+    .glu_fwd_bf16 = meta_glu_fwd_bf16,
+    .glu_bwd_bf16 = meta_glu_bwd_bf16,
     .embedding_fwd = meta_embedding_fwd,
     .embedding_bwd = meta_embedding_bwd,
     .xent_rowmax = meta_xent_rowmax,

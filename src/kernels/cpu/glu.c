@@ -1,10 +1,15 @@
 /* Gated MLP activation h = act(g)·u with act = SiLU or tanh-approximate GELU
  * (torch's formulas). SiLU takes its exponentials CHUNK at a time from
  * k_expf (vectorized, expf's values), then applies the same fp32
- * expressions elementwise. */
+ * expressions elementwise. The bf16 variants (autocast's MLP: g, u the
+ * bf16 outputs of gate_proj/up_proj) widen g, u a chunk at a time and run
+ * the same fp32 expressions, the forward rounding h to nearest-even at the
+ * store: bitwise the fp32 kernels on the widened inputs, h then converted. */
 #include <math.h>
+#include <string.h>
 
 #include "kernels/cpu/kernels.h"
+#include "tensor/dtype.h"
 
 static const float GELU_BETA = 0.7978845608028654f;  // sqrt(2/pi)
 static const float GELU_KAPPA = 0.044715f;
@@ -77,6 +82,58 @@ void k_glu_bwd(const float *dh, const float *g, const float *u, float *dg, float
       float d = dh[i], gi = g[i];
       dg[i] = d * u[i] * gelu_tanh_grad(gi);
       du[i] = d * gelu_tanh(gi);
+    }
+  }
+}
+
+/* x[0 .. c) = the bf16 values s[0 .. c) widened (exactly) */
+static inline void widen(const uint16_t *s, float *x, int64_t c) {
+  for (int64_t i = 0; i < c; i++) x[i] = ml_bf16_to_f32(s[i]);
+}
+
+// g, u: [n] bf16; h: [n] bf16 (h_bf16) or fp32
+void k_glu_fwd_bf16(const uint16_t *g, const uint16_t *u, void *h, bool h_bf16, int64_t n,
+                    ml_glu_act act) {
+#pragma omp parallel for if (K_PAR(n / CHUNK, n))
+  for (int64_t c0 = 0; c0 < n; c0 += CHUNK) {
+    int64_t c = chunk_len(c0, n);
+    float gf[CHUNK], uf[CHUNK], hf[CHUNK];
+    widen(g + c0, gf, c);
+    widen(u + c0, uf, c);
+    if (act == ML_GLU_SILU) {
+      float e[CHUNK];
+      exp_neg(gf, e, c);
+      for (int64_t i = 0; i < c; i++) hf[i] = silu(gf[i], e[i]) * uf[i];
+    } else {
+      for (int64_t i = 0; i < c; i++) hf[i] = gelu_tanh(gf[i]) * uf[i];
+    }
+    if (h_bf16)
+      for (int64_t i = 0; i < c; i++) ((uint16_t *)h)[c0 + i] = ml_f32_to_bf16(hf[i]);
+    else
+      memcpy((float *)h + c0, hf, sizeof(float) * (size_t)c);
+  }
+}
+
+// dh, dg, du: [n] fp32; g, u: [n] bf16
+void k_glu_bwd_bf16(const float *dh, const uint16_t *g, const uint16_t *u, float *dg, float *du,
+                    int64_t n, ml_glu_act act) {
+#pragma omp parallel for if (K_PAR(n / CHUNK, n))
+  for (int64_t c0 = 0; c0 < n; c0 += CHUNK) {
+    int64_t c = chunk_len(c0, n);
+    float gf[CHUNK], uf[CHUNK], e[CHUNK];
+    widen(g + c0, gf, c);
+    widen(u + c0, uf, c);
+    if (act == ML_GLU_SILU) exp_neg(gf, e, c);
+    for (int64_t j = 0; j < c; j++) {
+      int64_t i = c0 + j;
+      float d = dh[i], gi = gf[j];
+      if (act == ML_GLU_SILU) {
+        dg[i] = d * uf[j] * silu_grad(gi, e[j]);
+        du[i] = d * silu(gi, e[j]);
+      } else {
+        dg[i] = d * uf[j] * gelu_tanh_grad(gi);
+        du[i] = d * gelu_tanh(gi);
+      }
     }
   }
 }

@@ -210,6 +210,13 @@ void k_glu_fwd(const float *g, const float *u, float *h, int64_t n, ml_glu_act a
 /* dg, du (=) given dh and the forward inputs g, u. */
 void k_glu_bwd(const float *dh, const float *g, const float *u, float *dg, float *du, int64_t n,
                ml_glu_act act);
+/* The same on bf16 g, u (widened exactly; the fp32 expressions of k_glu_fwd,
+ * k_glu_bwd, so bitwise those on the widened values): h [n] bf16 (h_bf16,
+ * rounded to nearest-even as ml_f32_to_bf16) or fp32; dh, dg, du fp32. */
+void k_glu_fwd_bf16(const uint16_t *g, const uint16_t *u, void *h, bool h_bf16, int64_t n,
+                    ml_glu_act act);
+void k_glu_bwd_bf16(const float *dh, const uint16_t *g, const uint16_t *u, float *dg, float *du,
+                    int64_t n, ml_glu_act act);
 
 /* ---- Embedding (vocab-parallel lookup: Megatron VocabParallelEmbedding) */
 /* out[t] = scale · W[ids[t] − row0] if row0 <= ids[t] < row0 + rows, else 0.

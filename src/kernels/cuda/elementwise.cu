@@ -2,8 +2,8 @@
  * (tensor/dtype.{h,c}: ml_f32_to_bf16, ml_f32_to_f16, ml_f16_to_f32,
  * ml_round_bf16, reproduced bit for bit in integer arithmetic), the
  * residual add and scaling (kernels/cpu/vector.c: k_add, k_scale) and the
- * gated MLP activation (kernels/cpu/glu.c: k_glu_fwd/bwd, torch's silu and
- * gelu(approximate='tanh') formulas in fp32).
+ * gated MLP activation (kernels/cpu/glu.c: k_glu_fwd/bwd and their bf16
+ * variants, torch's silu and gelu(approximate='tanh') formulas in fp32).
  *
  * Every kernel strides over quads of 4 elements with 64-bit indices; a quad
  * moves in one vector access per operand whose pointer is aligned (common.cuh
@@ -166,6 +166,50 @@ static __global__ void glu_bwd_kernel(const float *dh, const float *g, const flo
   }
 }
 
+/* The bf16 variants (kernels/cpu/glu.c k_glu_fwd_bf16 / k_glu_bwd_bf16): g,
+ * u bf16 widened exactly, the fp32 expressions above, h rounded to
+ * nearest-even at the store (h_bf16) or fp32. */
+static __global__ void glu_fwd_bf16_kernel(const uint16_t *g, const uint16_t *u, void *h,
+                                           bool h_bf16, int64_t n, ml_glu_act act) {
+  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
+    uint16_t gh[4], uh[4], hh[4];
+    float hv[4];
+    kc_ld4h(g, i, n, gh);
+    kc_ld4h(u, i, n, uh);
+    for (int k = 0; k < 4; k++) {
+      float gv = kc_bf16_to_f32(gh[k]);
+      hv[k] = (act == ML_GLU_SILU ? silu(gv, expf(-gv)) : gelu_tanh(gv)) * kc_bf16_to_f32(uh[k]);
+      hh[k] = kc_f32_to_bf16(hv[k]);
+    }
+    if (h_bf16) kc_st4h((uint16_t *)h, i, n, hh);
+    else kc_st4((float *)h, i, n, hv);
+  }
+}
+
+static __global__ void glu_bwd_bf16_kernel(const float *dh, const uint16_t *g, const uint16_t *u,
+                                           float *dg, float *du, int64_t n, ml_glu_act act) {
+  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
+    float dv[4], dgv[4], duv[4];
+    uint16_t gh[4], uh[4];
+    kc_ld4(dh, i, n, dv);
+    kc_ld4h(g, i, n, gh);
+    kc_ld4h(u, i, n, uh);
+    for (int k = 0; k < 4; k++) {
+      float d = dv[k], gi = kc_bf16_to_f32(gh[k]), ui = kc_bf16_to_f32(uh[k]);
+      if (act == ML_GLU_SILU) {
+        float e = expf(-gi);
+        dgv[k] = d * ui * silu_grad(gi, e);
+        duv[k] = d * silu(gi, e);
+      } else {
+        dgv[k] = d * ui * gelu_tanh_grad(gi);
+        duv[k] = d * gelu_tanh(gi);
+      }
+    }
+    kc_st4(dg, i, n, dgv);
+    kc_st4(du, i, n, duv);
+  }
+}
+
 /* ---- launchers: one grid-stride launch each, KC_THREADS threads a block ---- */
 
 static unsigned quad_grid(int64_t n) { return kc_grid((n + 3) / 4, KC_THREADS); }
@@ -244,4 +288,19 @@ extern "C" cudaError_t kc_glu_bwd(cudaStream_t st, const float *dh, const float 
                                   ml_glu_act act) {
   if (n <= 0) return cudaSuccess;
   return KC_LAUNCH(glu_bwd_kernel, quad_grid(n), KC_THREADS, 0, st, dh, g, u, dg, du, n, act);
+}
+
+extern "C" cudaError_t kc_glu_fwd_bf16(cudaStream_t st, const void *g, const void *u, void *h,
+                                       bool h_bf16, int64_t n, ml_glu_act act) {
+  if (n <= 0) return cudaSuccess;
+  return KC_LAUNCH(glu_fwd_bf16_kernel, quad_grid(n), KC_THREADS, 0, st, (const uint16_t *)g,
+                   (const uint16_t *)u, h, h_bf16, n, act);
+}
+
+extern "C" cudaError_t kc_glu_bwd_bf16(cudaStream_t st, const float *dh, const void *g,
+                                       const void *u, float *dg, float *du, int64_t n,
+                                       ml_glu_act act) {
+  if (n <= 0) return cudaSuccess;
+  return KC_LAUNCH(glu_bwd_bf16_kernel, quad_grid(n), KC_THREADS, 0, st, dh, (const uint16_t *)g,
+                   (const uint16_t *)u, dg, du, n, act);
 }

@@ -59,6 +59,13 @@ cudaError_t kc_glu_fwd(cudaStream_t st, const float *g, const float *u, float *h
 /* dg, du [n] (=) given dh and the forward's g, u. */
 cudaError_t kc_glu_bwd(cudaStream_t st, const float *dh, const float *g, const float *u,
                        float *dg, float *du, int64_t n, ml_glu_act act);
+/* The same on bf16 g, u [n] (widened exactly): h bf16 (h_bf16, rounded to
+ * nearest-even as kc_f32_to_bf16) or fp32; dh, dg, du fp32 (kernels/cpu
+ * k_glu_fwd_bf16, k_glu_bwd_bf16). */
+cudaError_t kc_glu_fwd_bf16(cudaStream_t st, const void *g, const void *u, void *h, bool h_bf16,
+                            int64_t n, ml_glu_act act);
+cudaError_t kc_glu_bwd_bf16(cudaStream_t st, const float *dh, const void *g, const void *u,
+                            float *dg, float *du, int64_t n, ml_glu_act act);
 
 /* ---- the GEMM's empty-K case (bias.cu) ----------------------------------- */
 /* C[r, :] += bias for the M rows of C [M, N] with row stride ldc. */

@@ -93,7 +93,8 @@ fi
 rc=$?
 check "device_checks.sh: an unknown stage is refused" \
   '[ $rc -eq 2 ] && grep -q "unknown stage .preflght." "$work/out"'
-# the profile stage's dry run on the CPU (tiny preset): the last step's table in the summary
+# the profile stage's dry run on the CPU (tiny preset): the last step's table in the summary, its
+# attention whole-sequence or, with attention's output in bf16, block attention
 # (only where the checkout has build/: otherwise the stage would link it to the bundle's)
 if [ -e "$src/build/meshlm" ]; then
   (cd "$src" && PROFILE_DEVICE=cpu PROFILE_PRESET=tiny PROFILE_SEQ=64 OUT=$work/o5 \
@@ -102,7 +103,7 @@ if [ -e "$src/build/meshlm" ]; then
   rc=$?
   check "device_checks.sh profile (PROFILE_DEVICE=cpu): ok, the table's heaviest classes" \
     '[ $rc -eq 0 ] && grep -q "^profile ok .*op profile (MESHLM_OP_PROFILE=1.*;gemm [0-9x]* bf16" \
-      "$work/o5/summary.txt" && grep -q "^ml_be_attention_fwd " "$work/o5/profile.log" &&
+      "$work/o5/summary.txt" && grep -Eq "^ml_be_attention(_block)?_fwd " "$work/o5/profile.log" &&
      [ ! -e "$work/o5/profile-model" ]'
 else
   echo "skip the profile stage's dry run: $src/build/meshlm is not there"

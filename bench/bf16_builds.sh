@@ -8,7 +8,9 @@
 # threads, --param-dtype bf16. Per build and model: the median of the
 # per-round medians of tokens/s over the steps after the first two, and the
 # peak RSS. BENCH_ROUNDS (default 2) alternations, BENCH_STEPS (default 5)
-# steps per run; BENCH_MODELS (default "small smollm2-135m"). Figures for
+# steps per run; BENCH_MODELS (default "small smollm2-135m"); BENCH_DTYPES
+# (default bf16; "bf16 fp32" adds fp32 rows, e.g. to set bf16's peak RSS
+# beside fp32's of the same build and shape). Figures for
 # notes; nothing here is asserted.
 set -euo pipefail
 old=${1:?usage: bf16_builds.sh OLD_BIN NEW_BIN}
@@ -42,19 +44,23 @@ for model in ${BENCH_MODELS:-small smollm2-135m}; do
       printf "{\"input_ids\": [%d", int(rand() * 49152); for (t = 1; t < S; t++) printf ", %d", int(rand() * 49152)
       print "]}" } }' > "$data"
   fi
-  for r in $(seq "$rounds"); do
-    for side in old new; do
-      bin=$old; [ $side = new ] && bin=$new
-      run "$bin" train --model "$out/$model" --data "$data" --steps "$steps" --batch-size "$B" \
-        --seq-len "$S" --lr 1e-3 --param-dtype bf16 --metrics "$out/$model.$side.$r.jsonl" > /dev/null 2>&1
-      echo "$(median "$out/$model.$side.$r.jsonl" tokens_per_s) $(tail -n 1 "$out/$model.$side.$r.jsonl" |
-        python3 -c 'import json,sys; print(json.load(sys.stdin)["peak_rss_mib_max"])')" >> "$out/$model.$side"
+  for dt in ${BENCH_DTYPES:-bf16}; do
+    for r in $(seq "$rounds"); do
+      for side in old new; do
+        bin=$old; [ $side = new ] && bin=$new
+        m=$out/$model.$dt.$side
+        run "$bin" train --model "$out/$model" --data "$data" --steps "$steps" --batch-size "$B" \
+          --seq-len "$S" --lr 1e-3 --param-dtype "$dt" --metrics "$m.$r.jsonl" > /dev/null 2>&1
+        echo "$(median "$m.$r.jsonl" tokens_per_s) $(tail -n 1 "$m.$r.jsonl" |
+          python3 -c 'import json,sys; print(json.load(sys.stdin)["peak_rss_mib_max"])')" >> "$m"
+      done
     done
-  done
-  for side in old new; do
-    echo "$model S=$S B=$B bf16 $side: tokens/s per round $(cut -d ' ' -f 1 "$out/$model.$side" | tr '\n' ' ')" \
-      "median $(sort -g "$out/$model.$side" | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}')," \
-      "peak RSS MiB $(tail -n 1 "$out/$model.$side" | cut -d ' ' -f 2)"
+    for side in old new; do
+      m=$out/$model.$dt.$side
+      echo "$model S=$S B=$B $dt $side: tokens/s per round $(cut -d ' ' -f 1 "$m" | tr '\n' ' ')" \
+        "median $(sort -g "$m" | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}')," \
+        "peak RSS MiB $(tail -n 1 "$m" | cut -d ' ' -f 2)"
+    done
   done
 done
 echo "load average at end: $(cut -d ' ' -f 1-3 /proc/loadavg)"

@@ -1,10 +1,9 @@
 /* cuBLASLt loaded at run time (cublaslt_lib.h). */
-#define _POSIX_C_SOURCE 200809L /* dlopen */
 #include "backend/cuda/cublaslt_lib.h"
 
-#include <dlfcn.h>
 #include <stdio.h>
 
+#include "common/dl.h"
 #include "common/status.h"
 
 #define ML_STR_(x) #x
@@ -16,12 +15,8 @@ static ml_cublaslt_lib g_lib;
 static int g_state; /* 0 not tried, 1 loaded, −1 failed (g_why) */
 static char g_why[512];
 
-/* Every entry point by name, into its slot of g_lib. */
-static int resolve(void *h) {
-  struct {
-    const char *name;
-    void **slot;
-  } const k[] = {
+static void load(void) {
+  const ml_dl_sym k[] = {
       {"cublasLtGetVersion", (void **)&g_lib.GetVersion},
       {"cublasLtCreate", (void **)&g_lib.Create},
       {"cublasLtDestroy", (void **)&g_lib.Destroy},
@@ -38,26 +33,9 @@ static int resolve(void *h) {
       {"cublasLtMatmulAlgoGetHeuristic", (void **)&g_lib.MatmulAlgoGetHeuristic},
       {"cublasLtMatmul", (void **)&g_lib.Matmul},
   };
-  for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
-    *k[i].slot = dlsym(h, k[i].name);
-    if (!*k[i].slot) {
-      snprintf(g_why, sizeof g_why, "%s has no %s (expected cuBLASLt %d)", SONAME, k[i].name,
-               CUBLAS_VER_MAJOR);
-      return -1;
-    }
-  }
-  return 0;
-}
-
-static void load(void) {
-  void *h = dlopen(SONAME, RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    const char *e = dlerror();
-    snprintf(g_why, sizeof g_why, "%s cannot be loaded (%s)", SONAME, e ? e : "no message");
-    g_state = -1;
-    return;
-  }
-  if (resolve(h)) {
+  char expected[32];
+  snprintf(expected, sizeof expected, "cuBLASLt %d", CUBLAS_VER_MAJOR);
+  if (ml_dl_load(SONAME, k, sizeof k / sizeof k[0], expected, g_why, sizeof g_why)) {
     g_state = -1;
     return;
   }

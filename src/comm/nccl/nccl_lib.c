@@ -1,23 +1,17 @@
 /* NCCL loaded at run time (nccl_lib.h). */
-#define _POSIX_C_SOURCE 200809L /* dlopen */
 #include "comm/nccl/nccl_lib.h"
 
-#include <dlfcn.h>
 #include <stdio.h>
-#include <string.h>
 
+#include "common/dl.h"
 #include "common/status.h"
 
 static ml_nccl_lib g_lib;
 static int g_state; /* 0 not tried, 1 loaded, −1 failed (g_why) */
 static char g_why[512];
 
-/* Every entry point by name, into its slot of g_lib. */
-static int resolve(void *h) {
-  struct {
-    const char *name;
-    void **slot;
-  } const k[] = {
+static void load(void) {
+  const ml_dl_sym k[] = {
       {"ncclGetVersion", (void **)&g_lib.GetVersion},
       {"ncclGetUniqueId", (void **)&g_lib.GetUniqueId},
       {"ncclCommInitRank", (void **)&g_lib.CommInitRank},
@@ -34,25 +28,8 @@ static int resolve(void *h) {
       {"ncclGroupStart", (void **)&g_lib.GroupStart},
       {"ncclGroupEnd", (void **)&g_lib.GroupEnd},
   };
-  for (size_t i = 0; i < sizeof k / sizeof k[0]; i++) {
-    *k[i].slot = dlsym(h, k[i].name);
-    if (!*k[i].slot) {
-      snprintf(g_why, sizeof g_why, "libnccl.so.2 has no %s (expected NCCL 2)", k[i].name);
-      return -1;
-    }
-  }
-  return 0;
-}
-
-static void load(void) {
-  void *h = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    const char *e = dlerror();
-    snprintf(g_why, sizeof g_why, "libnccl.so.2 cannot be loaded (%s)", e ? e : "no message");
-    g_state = -1;
-    return;
-  }
-  if (resolve(h) || g_lib.GetVersion(&g_lib.version) != ncclSuccess) {
+  if (ml_dl_load("libnccl.so.2", k, sizeof k / sizeof k[0], "NCCL 2", g_why, sizeof g_why) ||
+      g_lib.GetVersion(&g_lib.version) != ncclSuccess) {
     if (!g_why[0]) snprintf(g_why, sizeof g_why, "libnccl.so.2: ncclGetVersion failed");
     g_state = -1;
     return;

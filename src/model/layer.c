@@ -113,11 +113,6 @@ static float *shared_input(ml_model *m, float *saved, int64_t cols) {
                      (long long)(m->B * m->S), (long long)cols);
 }
 
-/* *xr: the bf16 operand of the linears reading view *in (first: one of
- * them). Under m->bf16_inputs in->x rounded to nearest-even into `saved`,
- * which the backward reads again, and the temporary in->x (shared_input)
- * freed, in->x NULL; else ml_linear_round_input's pool copy (NULL with fp32
- * weights), for release_operand. */
 /* Whether lin's weight is bf16, as the activations carved at 2 B assume. */
 static int carved_bf16(const ml_linear *lin) {
   if (lin->weight->dtype == ML_BF16) return 0;
@@ -126,6 +121,11 @@ static int carved_bf16(const ml_linear *lin) {
                 lin->weight->name, ml_dtype_name(lin->weight->dtype));
 }
 
+/* *xr: the bf16 operand of the linears reading view *in (first: one of
+ * them). Under m->bf16_inputs in->x rounded to nearest-even into `saved`,
+ * which the backward reads again, and the temporary in->x (shared_input)
+ * freed, in->x NULL; else ml_linear_round_input's pool copy (NULL with fp32
+ * weights), for release_operand. */
 static int shared_operand(ml_model *m, const ml_linear *first, ml_act *in, float *saved,
                           void **xr) {
   if (!m->bf16_inputs) return ml_linear_round_input(m->be, first, in, xr);
@@ -159,11 +159,7 @@ static void release_operand(ml_model *m, void *xr) {
 static int att_operand(ml_model *m, const ml_layer *L, ml_act *in_o, const void **xo) {
   *xo = NULL;
   if (!m->bf16_att) return 0;
-  const ml_param *w = L->o_proj.weight;
-  if (w->dtype != ML_BF16)
-    return ml_err("%s: its activations were laid out for bf16 weights (param_dtype bf16) but the "
-                  "weight is %s now; expected bf16",
-                  w->name, ml_dtype_name(w->dtype));
+  ML_TRY(carved_bf16(&L->o_proj));
   *xo = in_o->x;
   in_o->x = NULL;
   return 0;

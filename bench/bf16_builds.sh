@@ -21,11 +21,12 @@ trap 'rm -rf "$out"' EXIT
 export OMP_NUM_THREADS=$cores OMP_WAIT_POLICY=passive
 echo "$(lscpu | sed -n 's/^Model name: *//p'), $cores cores; load average at start: $(cut -d ' ' -f 1-3 /proc/loadavg)"
 find src -name '*.[ch]' | sort | xargs cat > "$out/corpus.txt"
-# run BIN ARGS...: BIN with the libmeshlm.so beside it (compare_builds.sh)
+# run BIN ARGS...: BIN with the libmeshlm.so beside it first (compare_builds.sh), then the
+# caller's path (a machine whose runtime libraries are unpacked there: tools/device_env.sh)
 run() {
   local bin=$1
   shift
-  LD_LIBRARY_PATH=$(cd "$(dirname "$bin")" && pwd) "$bin" "$@"
+  LD_LIBRARY_PATH=$(cd "$(dirname "$bin")" && pwd)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} "$bin" "$@"
 }
 # median FILE FIELD: of FIELD over the metrics lines after the first two
 median() {

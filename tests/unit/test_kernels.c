@@ -1893,6 +1893,48 @@ static void test_serial_threshold(void **state) {
   free(x), free(w), free(u), free(all), free(one), free(rs), free(cs), free(sn), free(ids);
 }
 
+/* The column-run kernels (k_col_width): a column's sum over the rows is in
+ * row order whatever the runs' width, so the bias gradient, RMSNorm's dw
+ * and the embedding's dW are memcmp-equal for teams of 1, 2, 3 and 16
+ * threads (widths 512, 288, 192 and 40 for 576 columns), and equal to the
+ * plain row-order double sums; 577 columns leave a short last run. */
+static void test_column_runs(void **state) {
+  (void)state;
+  assert_int_equal(k_col_width(3), K_COL_ALIGN);
+  int threads = omp_get_max_threads();
+  const int teams[] = {1, 2, 3, 16};
+  for (int64_t N = 576; N <= 577; N++) {
+    int64_t T = K_PAR_MIN / N + 5, n = T * N;
+    float *dy = rand_buf(n, 1.0f), *x = rand_buf(n, 2.0f), *rs = rand_buf(T, 1.0f);
+    float *w = rand_buf(N, 1.0f), *dx = malloc((size_t)n * sizeof(float));
+    int32_t *ids = malloc((size_t)T * sizeof(int32_t));
+    for (int64_t t = 0; t < T; t++) ids[t] = (int32_t)(rand_bits() % 7u); /* repeated rows */
+    float *want = malloc((size_t)(3 * N + 7 * N) * sizeof(float));
+    float *got = malloc((size_t)(3 * N + 7 * N) * sizeof(float));
+    for (int64_t c = 0; c < N; c++) { /* row-order double sums: db, dw */
+      double b = 0.0, d = 0.0;
+      for (int64_t t = 0; t < T; t++)
+        b += dy[t * N + c], d += (double)dy[t * N + c] * x[t * N + c] * rs[t];
+      want[c] = (float)b, want[N + c] = (float)d;
+    }
+    for (int i = 0; i < 4; i++) {
+      omp_set_num_threads(teams[i]);
+      if (i == 3) assert_int_equal(k_col_width(576), 40);
+      memset(got, 0, (size_t)(3 * N + 7 * N) * sizeof(float));
+      k_bias_grad(dy, T, N, got);
+      k_rmsnorm_bwd(dy, x, w, 0.0f, rs, dx, got + N, T, N);
+      k_embedding_bwd(ids, T, dy, 0, 7, N, 0.5f, got + 3 * N);
+      if (i == 0) memcpy(want + 2 * N, got + 2 * N, (size_t)(8 * N) * sizeof(float));
+      if (memcmp(got, want, (size_t)(10 * N) * sizeof(float)))
+        fail_msg("%lld columns, %d threads (width %lld): a column sum differs from the "
+                 "row-order sum or from 1 thread's", (long long)N, teams[i],
+                 (long long)k_col_width(N));
+    }
+    free(dy), free(x), free(rs), free(w), free(dx), free(ids), free(want), free(got);
+  }
+  omp_set_num_threads(threads);
+}
+
 static void test_xent(void **state) {
   (void)state;
   const int32_t y[XT] = {0, 9, 10, 22, -1, 15};
@@ -2113,7 +2155,7 @@ int main(void) {
       cmocka_unit_test(test_glu),
       cmocka_unit_test(test_glu_bf16),
       cmocka_unit_test(test_embedding),     cmocka_unit_test(test_xent),
-      cmocka_unit_test(test_serial_threshold),
+      cmocka_unit_test(test_serial_threshold), cmocka_unit_test(test_column_runs),
       cmocka_unit_test(test_xent_online),
       cmocka_unit_test(test_adamw),         cmocka_unit_test(test_adamw_clip_fused),
   };

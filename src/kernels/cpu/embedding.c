@@ -4,7 +4,6 @@
 #include "kernels/cpu/kernels.h"
 #include "tensor/dtype.h"
 
-enum { COLS_PER_TASK = 256 };
 
 static inline int in_range(int32_t id, int64_t row0, int64_t rows) {
   return id >= row0 && id < row0 + rows;
@@ -32,13 +31,14 @@ void k_embedding_fwd(const int32_t *ids, int64_t T, const void *W, int w_bf16, i
   }
 }
 
-// dW: [rows, H] += scale · dout: [T, H]; threads own disjoint column ranges so
+// dW: [rows, H] += scale · dout: [T, H]; threads own disjoint column runs so
 // repeated ids never race
 void k_embedding_bwd(const int32_t *ids, int64_t T, const float *dout, int64_t row0, int64_t rows,
                      int64_t H, float scale, float *dW) {
-#pragma omp parallel for if (K_PAR(H / COLS_PER_TASK, T * H))
-  for (int64_t c0 = 0; c0 < H; c0 += COLS_PER_TASK) {
-    int64_t n = H - c0 < COLS_PER_TASK ? H - c0 : COLS_PER_TASK;
+  int64_t width = k_col_width(H);
+#pragma omp parallel for if (K_PAR((H + width - 1) / width, T * H))
+  for (int64_t c0 = 0; c0 < H; c0 += width) {
+    int64_t n = H - c0 < width ? H - c0 : width;
     for (int64_t t = 0; t < T; t++) {
       if (!in_range(ids[t], row0, rows)) continue;
       float *wr = dW + (ids[t] - row0) * H + c0;

@@ -34,6 +34,19 @@
 #define K_PAR_MIN 65536
 #define K_PAR(iters, floats) ((iters) > 1 && (floats) >= K_PAR_MIN)
 
+/* ---- Column runs of a sum over rows -------------------------------------
+ * The kernels that sum a [T, N] tensor over its rows per column (bias and
+ * RMSNorm weight gradients, the embedding's dW) give each task a run of
+ * columns and sum every column in row order, so a column's result does not
+ * depend on the runs' width. k_col_width(N): a width that gives each
+ * thread of the team a run (N / threads rounded up to a multiple of
+ * K_COL_ALIGN, at most K_COL_MAX, the size of a task's accumulators):
+ * 576 columns make 15 runs of 40 for 16 threads and 2 of 288 for 2, where
+ * a fixed 256 made 3 runs that left 13 threads (or 1 of 2 half the time)
+ * idle. */
+enum { K_COL_ALIGN = 8, K_COL_MAX = 512 };
+int64_t k_col_width(int64_t N);
+
 /* ---- RMSNorm (HF LlamaRMSNorm; Gemma3RMSNorm when w_offset = 1) -------- */
 /* rstd[t] = 1/sqrt(mean_h x[t,h]^2 + eps); y[t,h] = x[t,h]·rstd[t]·(w_offset + w[h]).
  * x, y: [T, H]; w: [H]; rstd: [T] saved for backward. y may alias x. */

@@ -4,7 +4,7 @@
 
 #include "kernels/cpu/kernels.h"
 
-enum { COLS_PER_TASK = 256, LANES = 8 };
+enum { LANES = 8 };
 
 // x, y: [T, H]; w: [H]; rstd: [T]
 void k_rmsnorm_fwd(const float *x, const float *w, float w_offset, float eps, float *y, float *rstd,
@@ -20,13 +20,14 @@ void k_rmsnorm_fwd(const float *x, const float *w, float w_offset, float eps, fl
   }
 }
 
-// dw: [H] += sum_t dy[t]·x[t]·rstd[t]; threads own disjoint column ranges
+// dw: [H] += sum_t dy[t]·x[t]·rstd[t]; threads own disjoint column runs
 static void rmsnorm_dw(const float *dy, const float *x, const float *rstd, float *dw, int64_t T,
                        int64_t H) {
-#pragma omp parallel for if (K_PAR(H / COLS_PER_TASK, T * H))
-  for (int64_t c0 = 0; c0 < H; c0 += COLS_PER_TASK) {
-    int64_t n = H - c0 < COLS_PER_TASK ? H - c0 : COLS_PER_TASK;
-    double acc[COLS_PER_TASK] = {0};
+  int64_t width = k_col_width(H);
+#pragma omp parallel for if (K_PAR((H + width - 1) / width, T * H))
+  for (int64_t c0 = 0; c0 < H; c0 += width) {
+    int64_t n = H - c0 < width ? H - c0 : width;
+    double acc[K_COL_MAX] = {0};
     for (int64_t t = 0; t < T; t++) {
       const float *dr = dy + t * H + c0, *xr = x + t * H + c0;
       for (int64_t j = 0; j < n; j++) acc[j] += (double)dr[j] * xr[j] * rstd[t];

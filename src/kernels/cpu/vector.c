@@ -4,10 +4,11 @@
 #include <immintrin.h>
 #endif
 #include <math.h>
+#include <omp.h>
 
 #include "kernels/cpu/kernels.h"
 
-enum { COLS_PER_TASK = 256, SUM_CHUNK = 1 << 14, LANES = 8 };
+enum { SUM_CHUNK = 1 << 14, LANES = 8 };
 
 float k_max(const float *x, int64_t n) {
   float m = -INFINITY;
@@ -65,12 +66,19 @@ int k_has_nonfinite(const float *g, int64_t n) {
   return found;
 }
 
-// db: [N] += column sums of dy: [T, N]; threads own disjoint column ranges
+int64_t k_col_width(int64_t N) {
+  int64_t threads = omp_get_max_threads(), w = (N + threads - 1) / threads;
+  w = (w + K_COL_ALIGN - 1) / K_COL_ALIGN * K_COL_ALIGN;
+  return w < K_COL_ALIGN ? K_COL_ALIGN : w > K_COL_MAX ? K_COL_MAX : w;
+}
+
+// db: [N] += column sums of dy: [T, N]; threads own disjoint column runs
 void k_bias_grad(const float *dy, int64_t T, int64_t N, float *db) {
-#pragma omp parallel for if (K_PAR(N / COLS_PER_TASK, T * N))
-  for (int64_t c0 = 0; c0 < N; c0 += COLS_PER_TASK) {
-    int64_t n = N - c0 < COLS_PER_TASK ? N - c0 : COLS_PER_TASK;
-    double acc[COLS_PER_TASK] = {0};
+  int64_t width = k_col_width(N);
+#pragma omp parallel for if (K_PAR((N + width - 1) / width, T * N))
+  for (int64_t c0 = 0; c0 < N; c0 += width) {
+    int64_t n = N - c0 < width ? N - c0 : width;
+    double acc[K_COL_MAX] = {0};
     for (int64_t t = 0; t < T; t++)
       for (int64_t j = 0; j < n; j++) acc[j] += dy[t * N + c0 + j];
     for (int64_t j = 0; j < n; j++) db[c0 + j] += (float)acc[j];

@@ -81,20 +81,6 @@ typedef struct ml_gemm {
   bool c_bf16;      /* C holds bf16 (refused with accumulate) */
 } ml_gemm;
 
-/* Grad-norm partials of a gradient shard (torch.nn.utils.clip_grad_norm_'s
- * per-tensor norms). */
-typedef enum {
-  ML_NORM_SUMSQ,  /* sum of g² (fp64 accumulation) */
-  ML_NORM_ABSMAX  /* max |g|, +inf for a NaN */
-} ml_norm_kind;
-
-/* One piece of gradient for ml_be_norm_partials: g [n] fp32 in device
- * memory (n >= 0). */
-typedef struct ml_norm_seg {
-  const float *g;
-  int64_t n;
-} ml_norm_seg;
-
 /* Device memory of a backend's pool in bytes, as torch.cuda's
  * memory_allocated / max_memory_allocated / memory_reserved count it:
  * in_use, the bytes requested by live ml_be_alloc blocks (before the pool

@@ -1,9 +1,11 @@
 /* Operator parameters shared by the model description (config, family) and
- * every backend's kernels: the MLP gate activation and RoPE scaling. */
+ * every backend's kernels: the MLP gate activation, RoPE scaling and the
+ * pieces of a gradient norm. */
 #ifndef ML_BACKEND_TYPES_H
 #define ML_BACKEND_TYPES_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 /* Gated MLP activation h = act(g) · u (LlamaMLP: silu; Gemma3MLP:
  * gelu_pytorch_tanh). */
@@ -47,5 +49,19 @@ typedef struct ml_rope_scaling {
   float short_factor[ML_ROPE_MAX_FACTORS];
   float long_factor[ML_ROPE_MAX_FACTORS];
 } ml_rope_scaling;
+
+/* Grad-norm partials of a gradient shard (torch.nn.utils.clip_grad_norm_'s
+ * per-tensor norms). */
+typedef enum {
+  ML_NORM_SUMSQ,  /* sum of g² (fp64 accumulation) */
+  ML_NORM_ABSMAX  /* max |g|, +inf for a NaN */
+} ml_norm_kind;
+
+/* One piece of gradient for ml_be_norm_partials: g [n] fp32 in device
+ * memory (n >= 0). */
+typedef struct ml_norm_seg {
+  const float *g;
+  int64_t n;
+} ml_norm_seg;
 
 #endif

@@ -102,7 +102,7 @@ for mesh in "1" "4 --tp 2 --sequence-parallel" "2 --cpu-offload --param-dtype bf
     check_export "$pats" "$work/init.txt" "$work/full.txt" "$work/fz.txt" "$mesh"
   done
   # (b) n_F^2 + n_C^2 = n^2 up to rounding. Each printed norm is sqrt of a sum of squares of fp32
-  # gradients computed in double (k_sumsq: products exact, 24 + 24 significant bits < 53; the
+  # gradients computed in double (k_norm_partials: products exact, 24 + 24 significant bits < 53; the
   # gradients bitwise those of the unfrozen run, as (a) shows for the weights), summed in some order
   # over ranks and parameters: relative error <= gamma_{N-1} in u64 = 2^-53 (tolerance.h R2, terms
   # >= 0; N <= the model's 131392 elements), one more u64 for the sqrt, none for printing (17

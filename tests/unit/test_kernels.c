@@ -1935,6 +1935,48 @@ static void test_column_runs(void **state) {
   omp_set_num_threads(threads);
 }
 
+/* k_norm_partials: 7 segments (empty ones, one chunk, a chunk boundary and
+ * one of more than 1,024 chunks, so the chunks cross a window) give, for
+ * teams of 1, 2 and 16 threads, memcmp-equal sums of squares and maxima,
+ * equal to each segment's chunk partials (k_dot_f64 of 16,384 floats)
+ * added in chunk order; a NaN counts as +inf in the max. */
+static void test_norm_partials(void **state) {
+  (void)state;
+  enum { CHUNK = 1 << 14 };
+  const int64_t sizes[] = {0, 5, CHUNK, CHUNK + 1, 0, 1025 * (int64_t)CHUNK + 3, 3 * CHUNK - 1};
+  enum { K = sizeof sizes / sizeof sizes[0] };
+  int64_t total = 0;
+  for (int s = 0; s < K; s++) total += sizes[s];
+  float *g = rand_buf(total, 2.0f);
+  ml_norm_seg segs[K];
+  double want[2][K], got[K];
+  for (int s = 0, at = 0; s < K; at += (int)sizes[s], s++) {
+    segs[s] = (ml_norm_seg){g + at, sizes[s]};
+    want[0][s] = want[1][s] = 0.0;
+    for (int64_t c = 0; c < sizes[s]; c += CHUNK) {
+      int64_t n = sizes[s] - c < CHUNK ? sizes[s] - c : CHUNK;
+      want[0][s] += k_dot_f64(g + at + c, g + at + c, n);
+    }
+    for (int64_t j = 0; j < sizes[s]; j++) want[1][s] = fmax(want[1][s], fabs((double)g[at + j]));
+  }
+  int threads = omp_get_max_threads();
+  const int teams[] = {1, 2, 16};
+  for (int i = 0; i < 3; i++) {
+    omp_set_num_threads(teams[i]);
+    for (int kind = 0; kind < 2; kind++) {
+      k_norm_partials(segs, K, kind ? ML_NORM_ABSMAX : ML_NORM_SUMSQ, got);
+      if (memcmp(got, want[kind], sizeof got))
+        fail_msg("norm partials (%s), %d threads: not the chunk-order values",
+                 kind ? "absmax" : "sumsq", teams[i]);
+    }
+  }
+  omp_set_num_threads(threads);
+  g[CHUNK + 9] = NAN; /* in segment 3 */
+  k_norm_partials(segs, K, ML_NORM_ABSMAX, got);
+  assert_true(isinf(got[3]) && got[3] > 0 && got[2] == want[1][2]);
+  free(g);
+}
+
 static void test_xent(void **state) {
   (void)state;
   const int32_t y[XT] = {0, 9, 10, 22, -1, 15};
@@ -2156,6 +2198,7 @@ int main(void) {
       cmocka_unit_test(test_glu_bf16),
       cmocka_unit_test(test_embedding),     cmocka_unit_test(test_xent),
       cmocka_unit_test(test_serial_threshold), cmocka_unit_test(test_column_runs),
+      cmocka_unit_test(test_norm_partials),
       cmocka_unit_test(test_xent_online),
       cmocka_unit_test(test_adamw),         cmocka_unit_test(test_adamw_clip_fused),
   };

@@ -565,18 +565,15 @@ static int cpu_adamw(ml_backend *be, float *p, float *g, float *m, float *v, uin
   return 0;
 }
 
-static int cpu_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind,
-                            double *out) {
-  *out = kind == ML_NORM_ABSMAX ? k_absmax(g, n) : k_sumsq(g, n);
+static int cpu_norm_partials(ml_backend *be, const ml_norm_seg *segs, int k, ml_norm_kind kind,
+                             double *out) {
+  k_norm_partials(segs, k, kind, out);
   return 0;
 }
 
-static int cpu_norm_partials(ml_backend *be, const ml_norm_seg *segs, int k, ml_norm_kind kind,
-                             double *out) {
-  int rc = 0;
-  for (int s = 0; rc == 0 && s < k; s++)
-    rc = cpu_norm_partial(be, segs[s].g, segs[s].n, kind, out + s);
-  return rc;
+static int cpu_norm_partial(ml_backend *be, const float *g, int64_t n, ml_norm_kind kind,
+                            double *out) {
+  return cpu_norm_partials(be, &(ml_norm_seg){g, n}, 1, kind, out);
 }
 
 static int cpu_find_nonfinite(ml_backend *be, const float *g, int64_t n, bool *found) {

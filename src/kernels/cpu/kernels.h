@@ -347,9 +347,14 @@ float k_max(const float *x, int64_t n);
 /* sum of x[i]·y[i] over n in fp64 (products exact: fp32 operands), in
  * LANES partial sums (an order R2 covers; vectorized). */
 double k_dot_f64(const float *x, const float *y, int64_t n);
-/* sum of g² in fp64; max |g| (+inf for a NaN); whether any g is NaN or ±inf. */
-double k_sumsq(const float *g, int64_t n);
-double k_absmax(const float *g, int64_t n);
+/* out[s] (=) for each of the k segments: the sum of g² in fp64 (ML_NORM_SUMSQ)
+ * or max |g|, +inf for a NaN (ML_NORM_ABSMAX), of segs[s].g [segs[s].n]. The
+ * chunks of 16,384 floats of all segments run in one parallel region (a
+ * region per parameter woke the team ~270 times a SmolLM2 step), and each
+ * segment's chunk partials are added in chunk order: the same value for
+ * any team, 0 for an empty segment. */
+void k_norm_partials(const ml_norm_seg *segs, int k, ml_norm_kind kind, double *out);
+/* whether any g[n] is NaN or ±inf. */
 int k_has_nonfinite(const float *g, int64_t n);
 /* db[N] (+=) column sums of dy [T, N] (fp64 accumulation). */
 void k_bias_grad(const float *dy, int64_t T, int64_t N, float *db);

@@ -44,24 +44,45 @@ void k_scale(float *x, int64_t n, float s) {
   for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
-double k_sumsq(const float *g, int64_t n) {
-  double s = 0.0;
-#pragma omp parallel for reduction(+ : s)
-  for (int64_t c0 = 0; c0 < n; c0 += SUM_CHUNK)
-    s += k_dot_f64(g + c0, g + c0, n - c0 < SUM_CHUNK ? n - c0 : SUM_CHUNK);
-  return s;
+/* One chunk's partial: sum of g² (k_dot_f64's lanes) or max |g|, NaN as +inf. */
+static double chunk_partial(const float *g, int64_t n, ml_norm_kind kind) {
+  if (kind == ML_NORM_SUMSQ) return k_dot_f64(g, g, n);
+  double m = 0.0;
+  for (int64_t j = 0; j < n; j++) m = fmax(m, isnan(g[j]) ? INFINITY : fabs((double)g[j]));
+  return m;
 }
 
-double k_absmax(const float *g, int64_t n) {
-  double s = 0.0;
-#pragma omp parallel for reduction(max : s)
-  for (int64_t k = 0; k < n; k++) s = fmax(s, isnan(g[k]) ? INFINITY : fabs((double)g[k]));
-  return s;
+/* The segments' chunks of SUM_CHUNK floats, flattened, go through windows of
+ * NORM_WINDOW chunks: one parallel region per window computes each chunk's
+ * partial, then the calling thread folds them into their segments in chunk
+ * order. */
+void k_norm_partials(const ml_norm_seg *segs, int k, ml_norm_kind kind, double *out) {
+  enum { NORM_WINDOW = 1024 };
+  struct { int s; int64_t off, len; } w[NORM_WINDOW];
+  double part[NORM_WINDOW];
+  int s = 0;
+  int64_t off = 0;
+  for (int i = 0; i < k; i++) out[i] = 0.0;
+  while (s < k) {
+    int m = 0;
+    int64_t floats = 0;
+    for (; s < k && m < NORM_WINDOW; m++) { /* the next chunk: segment s from off */
+      while (s < k && off >= segs[s].n) s++, off = 0;
+      if (s == k) break;
+      int64_t len = segs[s].n - off < SUM_CHUNK ? segs[s].n - off : SUM_CHUNK;
+      w[m].s = s, w[m].off = off, w[m].len = len;
+      floats += len, off += len;
+    }
+#pragma omp parallel for if (K_PAR(m, floats))
+    for (int c = 0; c < m; c++) part[c] = chunk_partial(segs[w[c].s].g + w[c].off, w[c].len, kind);
+    for (int c = 0; c < m; c++)
+      out[w[c].s] = kind == ML_NORM_SUMSQ ? out[w[c].s] + part[c] : fmax(out[w[c].s], part[c]);
+  }
 }
 
 int k_has_nonfinite(const float *g, int64_t n) {
   int found = 0;
-#pragma omp parallel for reduction(| : found)
+#pragma omp parallel for reduction(| : found) if (K_PAR(n, n))
   for (int64_t k = 0; k < n; k++) found |= !isfinite(g[k]);
   return found;
 }

@@ -1,7 +1,7 @@
 /* Reductions over rows or whole buffers: the bias gradient (column sums,
  * also RMSNorm's dw through kc_colsum), the gradient-norm pieces sumsq and
  * absmax, and the non-finite check. Semantics of kernels/cpu/vector.c
- * (k_bias_grad, k_sumsq, k_absmax, k_has_nonfinite): fp64 accumulation,
+ * (k_bias_grad, k_norm_partials, k_has_nonfinite): fp64 accumulation,
  * NaN counted as +inf by absmax. Deterministic: block partials in `work`,
  * reduced in a fixed order by one block; no atomics. */
 #include <math.h>

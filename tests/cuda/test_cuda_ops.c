@@ -600,7 +600,8 @@ static void test_rope(void **state) {
       expect_close("  rope fwd", &fx, bound, n);
       expect_close("  rope bwd", &bx, bound, n);
       /* the bf16 output: on each backend bitwise its fp32 forward rounded (ml_be_convert) */
-      dbuf hx = dev_from(x, 4 * (size_t)n), yh = dev_new(2 * (size_t)n), yr = dev_new(2 * (size_t)n);
+      dbuf hx = dev_from(x, 4 * (size_t)n), yh = dev_new(2 * (size_t)n);
+      dbuf yr = dev_new(2 * (size_t)n);
       for (int s = 0; s < SIDES; s++) {
         ok(ml_be_rope_fwd_bf16(g_be[s], hx.p[s], yh.p[s], cs.p[s], sn.p[s], B, S, nh, hd),
            "rope fwd bf16", s);
@@ -717,7 +718,8 @@ static void test_attention_bf16_qkv(void **state) {
       o[r] = dev_new((blk.out_bf16 ? 2 : 4) * (size_t)nq), l[r] = dev_new(4 * (size_t)nl);
       for (int t = 0; t < 3; t++) {
         g[r][t] = dev_new(4 * (size_t)n3[t]);
-        for (int s = 0; s < SIDES; s++) ok(ml_be_zero(g_be[s], g[r][t].p[s], g[r][t].bytes), "zero", s);
+        for (int s = 0; s < SIDES; s++)
+          ok(ml_be_zero(g_be[s], g[r][t].p[s], g[r][t].bytes), "zero", s);
       }
     }
     for (int s = 0; s < SIDES; s++) {

@@ -1381,7 +1381,10 @@ size_t stage_bytes(int64_t B, int64_t sq, int64_t sk, int64_t nh, int64_t nkv, i
   if (__builtin_mul_overflow((size_t)B, (size_t)hd, &n) ||
       __builtin_mul_overflow(n, (size_t)sq * (size_t)nh, &q) ||
       __builtin_mul_overflow(n, (size_t)sk * (size_t)nkv, &k) ||
-      __builtin_mul_overflow(k, (size_t)(qkv ? 0 : bf ? 2 * sizeof(bf16) : 2 * sizeof(float)), &k) ||
+      __builtin_mul_overflow(k, (size_t)(qkv  ? 0
+                                         : bf ? 2 * sizeof(bf16)
+                                              : 2 * sizeof(float)),
+                             &k) ||
       __builtin_mul_overflow(q, (size_t)(bf ? (!qkv + dout) * sizeof(bf16) : 0), &q) ||
       __builtin_add_overflow(q, k, &n))
     return SIZE_MAX;
@@ -1548,8 +1551,9 @@ extern "C" cudaError_t kc_attention_bwd(cudaStream_t st, const float *dout, cons
 namespace {
 /* bf16 q, k, v (kc_attn_block.qkv_bf16): bf16 products on unpaged keys;
  * more than one sequence: q compact (q_bs = sq·nh·hd: the backward's
- * dout, staged compact, shares its sequence stride, Params.qs_bs), k_bs keeping every key row 16-byte
- * aligned for the tiles' 16-byte copies (hd is a multiple of 8 already) */
+ * dout, staged compact, shares its sequence stride, Params.qs_bs), k_bs
+ * keeping every key row 16-byte aligned for the tiles' 16-byte copies (hd
+ * is a multiple of 8 already) */
 bool qkv_ok(const kc_attn_block &k, bool bf16) {
   return !k.qkv_bf16 ||
          (bf16 && !k.kv_table && (k.B == 1 || (k.q_bs == k.sq * k.nh * k.hd && k.k_bs % 8 == 0)));

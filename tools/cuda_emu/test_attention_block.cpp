@@ -35,9 +35,10 @@
 //    backward given an fp32 out holding those values (rowdot widens it
 //    exactly); a merge or fp32 products with a bf16 out refused;
 //  - bf16 q, k, v (kc_attn_block.qkv_bf16, bf16 products: attention's
-//    inputs saved in bf16), with an fp32 and a bf16 out, over the whole
-//    sequences, keys strided (k_bs beyond the rows), and a query chunk at
-//    q_pos against all keys (one sequence): out, lse, dq, dk, dv bitwise
+//    inputs saved in bf16; hd 64 and 72, the two bf16 tile widths): the
+//    whole sequences with a bf16 out and, with several sequences, keys
+//    strided (k_bs beyond the rows, the gaps NaN) and a query chunk at
+//    q_pos against all keys (one sequence) with an fp32 out: out, lse, dq, dk, dv bitwise
 //    those of the call on the fp32 q, k, v (the stage's rounding is the
 //    caller's), the stage dout's alone (none forward); fp32 products, paged
 //    keys, or several sequences of queries not compact, refused.
@@ -558,9 +559,10 @@ static void bf16_qkv_case(const Whole &w, bool out_bf16, int64_t gap, int64_t q0
 
 static void bf16_qkv(const Whole &w) {
   const Shape &s = w.s;
-  for (int ob = 0; ob < 2; ob++) bf16_qkv_case(w, ob, 0, 0);
-  bf16_qkv_case(w, true, 5, 0);
-  bf16_qkv_case(w, false, 0, s.S / 3);
+  /* the model's call (a bf16 out); with several sequences (a stride matters only between them)
+   * strided keys and a query chunk with an fp32 out too */
+  bf16_qkv_case(w, true, 0, 0);
+  if (s.B > 1) bf16_qkv_case(w, true, 5, 0), bf16_qkv_case(w, false, 0, s.S / 3);
   kc_attn_block b = block_of(w, 0, s.S, 0, s.S);
   b.qkv_bf16 = true;
   const size_t nq = s.B * s.S * s.nh * s.hd, nk = s.B * s.S * s.nkv * s.hd;
@@ -603,7 +605,7 @@ int main() {
     if (s.nh / s.nkv >= 2 && s.nh >= 3) head_offset(w);
     empty(w);
     if (s.bf) bf16_out(w);
-    if (s.bf) bf16_qkv(w);
+    if (s.bf && (s.B > 1 || s.win)) bf16_qkv(w); /* hd 64 and 72: both bf16 tile widths */
     attn_bounds_free(&bd);
     printf("B=%ld S=%ld nh=%ld nkv=%ld hd=%ld win=%ld %s: done\n", (long)s.B, (long)s.S,
            (long)s.nh, (long)s.nkv, (long)s.hd, (long)s.win, s.bf ? "bf16" : "fp32");

@@ -196,6 +196,11 @@ int ml_be_rope_bwd(ml_backend *be, float *dx, const float *cos_t, const float *s
   NEED(be, ML_OP_ROPE);
   return be->ops->rope_bwd(be, dx, cos_t, sin_t, B, S, nheads, hd);
 }
+int ml_be_rope_fwd_bf16(ml_backend *be, float *x, void *y, const float *cos_t,
+                        const float *sin_t, int64_t B, int64_t S, int64_t nheads, int64_t hd) {
+  NEED(be, ML_OP_ROPE);
+  return be->ops->rope_fwd_bf16(be, x, y, cos_t, sin_t, B, S, nheads, hd);
+}
 int ml_be_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
                         float *out, float *saved, int64_t B, int64_t S, int64_t nh, int64_t nkv,
                         int64_t hd, float scale, int64_t window, ml_dtype compute) {
@@ -218,6 +223,13 @@ int ml_be_attention_bwd(ml_backend *be, const float *dout, const float *q, const
   return be->ops->attention_bwd(be, dout, q, k, v, out, saved, dq, dk, dv, B, S, nh, nkv, hd,
                                 scale, window, compute, work);
 }
+/* ml_attn_block.qkv_bf16's conditions: bf16 products, unpaged keys. */
+static int check_qkv_bf16(const ml_attn_block *blk, ml_dtype compute, const char *what) {
+  if (!blk->qkv_bf16 || (compute == ML_BF16 && !blk->kv_table)) return 0;
+  return ml_err("%s: bf16 q, k, v (qkv_bf16) with compute %s%s; expected compute BF16 and "
+                "unpaged keys",
+                what, ml_dtype_name(compute), blk->kv_table ? " and paged keys" : "");
+}
 int ml_be_attention_block_fwd(ml_backend *be, const ml_attn_block *blk, const float *q,
                               const float *k, const float *v, float *out, float *lse,
                               bool accumulate, ml_dtype compute) {
@@ -230,6 +242,7 @@ int ml_be_attention_block_fwd(ml_backend *be, const ml_attn_block *blk, const fl
                   blk->kv_block < 1 ? 1LL
                                     : (long long)((blk->sk + blk->kv_block - 1) / blk->kv_block),
                   (long long)blk->sk);
+  ML_TRY(check_qkv_bf16(blk, compute, "block attention"));
   if (blk->out_bf16 && (accumulate || compute != ML_BF16))
     return ml_err("block attention: a bf16 out (out_bf16) with accumulate %s and compute %s; "
                   "expected accumulate false and compute BF16",
@@ -247,6 +260,7 @@ int ml_be_attention_block_bwd(ml_backend *be, const ml_attn_block *blk, const fl
   if (blk->kv_table)
     return ml_err("block attention backward: paged keys (kv_table set); expected keys at k_bs "
                   "(the paged KV cache is forward only)");
+  ML_TRY(check_qkv_bf16(blk, compute, "block attention backward"));
   if (blk->out_bf16 && compute != ML_BF16)
     return ml_err("block attention backward: a bf16 out (out_bf16) with compute %s; expected "
                   "BF16",

@@ -145,6 +145,13 @@ typedef struct ml_attn_block {
    * bf16 GEMM, and nothing else. Needs compute ML_BF16 and, forward,
    * accumulate false (a merge needs the fp32 out). */
   bool out_bf16;
+  /* q, k, v are bf16 (they point at uint16_t, the same layouts, q_bs and
+   * k_bs in elements): the values every bf16 product reads, read exactly,
+   * so no call rounds them again — torch.autocast's SDPA reads the bf16
+   * outputs of q/k/v_proj (after RoPE) the same way. The results are
+   * bitwise those of fp32 q, k, v holding these values. Needs compute
+   * ML_BF16 and unpaged keys (kv_table NULL); dq, dk, dv stay fp32. */
+  bool qkv_bf16;
 } ml_attn_block;
 
 /* The operators of the seam, by family (a family's forward, backward and
@@ -231,6 +238,8 @@ typedef struct ml_backend_ops {
                   int64_t S, int64_t nheads, int64_t hd);
   int (*rope_bwd)(ml_backend *be, float *dx, const float *cos_t, const float *sin_t, int64_t B,
                   int64_t S, int64_t nheads, int64_t hd);
+  int (*rope_fwd_bf16)(ml_backend *be, float *x, void *y, const float *cos_t,
+                       const float *sin_t, int64_t B, int64_t S, int64_t nheads, int64_t hd);
   int64_t (*attention_saved)(ml_backend *be, int64_t B, int64_t S, int64_t nh);
   size_t (*attention_work)(ml_backend *be, int64_t B, int64_t S, int64_t nh, int64_t nkv,
                            int64_t hd);
@@ -486,6 +495,13 @@ int ml_be_rope_fwd(ml_backend *be, float *x, const float *cos_t, const float *si
                    int64_t S, int64_t nheads, int64_t hd);
 int ml_be_rope_bwd(ml_backend *be, float *dx, const float *cos_t, const float *sin_t, int64_t B,
                    int64_t S, int64_t nheads, int64_t hd);
+/* ml_be_rope_fwd with a bf16 output, fused: y [B·S, nheads, hd] (uint16_t)
+ * is rope(x) rounded to nearest-even once (bitwise ml_be_rope_fwd's fp32
+ * result converted by ml_be_convert); x [B·S, nheads, hd] fp32 is scratch
+ * afterwards (the CPU rotates it in place, CUDA leaves it). The bf16 q and k that autocast's SDPA
+ * reads (HF apply_rotary_pos_emb in fp32, the cast at the bf16 product). */
+int ml_be_rope_fwd_bf16(ml_backend *be, float *x, void *y, const float *cos_t,
+                        const float *sin_t, int64_t B, int64_t S, int64_t nheads, int64_t hd);
 /* Causal GQA attention (HF eager_attention_forward): q [B·S, nh, hd], k, v
  * [B·S, nkv, hd], out [B·S, nh, hd]. Keys j <= i, and j > i − window when
  * window > 0. The softmax and its backward run in fp32; the products (q·k^T,

@@ -53,6 +53,11 @@ const ml_block_row ml_block_rows[ML_ROLE_COUNT] = {
   {.field = offsetof(ml_layer_acts, fld), .part = ML_PART_MLP, .rows = ML_ROWS_T,              \
    .cols = ML_COLS_I, .needs = -1, .bf16_mlp = true}
 
+/* attention's q, k or v (ml_block_act.bf16_qkv) */
+#define QKV(fld, c)                                                                            \
+  {.field = offsetof(ml_layer_acts, fld), .part = ML_PART_ATTN, .rows = ML_ROWS_T, .cols = c,  \
+   .needs = -1, .bf16_qkv = true}
+
 /* What layer.c's forward saves (ml_layer_acts), by the part producing it. */
 const ml_block_act ml_block_acts[] = {
     ACT(x_in, ML_PART_INPUT, ML_ROWS_TR, ML_COLS_H, -1),
@@ -62,9 +67,9 @@ const ml_block_act ml_block_acts[] = {
     ACT(k_raw, ML_PART_ATTN, ML_ROWS_T, ML_COLS_KV, ML_ROLE_K_NORM),
     ACT(rstd_q, ML_PART_ATTN, ML_ROWS_T, ML_COLS_NH, ML_ROLE_Q_NORM),
     ACT(rstd_k, ML_PART_ATTN, ML_ROWS_T, ML_COLS_NKV, ML_ROLE_K_NORM),
-    ACT(q, ML_PART_ATTN, ML_ROWS_T, ML_COLS_Q, -1),
-    ACT(k, ML_PART_ATTN, ML_ROWS_T, ML_COLS_KV, -1),
-    ACT(v, ML_PART_ATTN, ML_ROWS_T, ML_COLS_KV, -1),
+    QKV(q, ML_COLS_Q),
+    QKV(k, ML_COLS_KV),
+    QKV(v, ML_COLS_KV),
     ACT(attn_saved, ML_PART_CORE, ML_ROWS_T, ML_COLS_CORE, -1),
     {.field = offsetof(ml_layer_acts, att), .part = ML_PART_ATTN, .rows = ML_ROWS_T,
      .cols = ML_COLS_Q, .needs = -1, .bf16_att = true},

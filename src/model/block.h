@@ -130,6 +130,7 @@ typedef struct ml_block_act {
   bool bf16_input;       /* a GEMM input, kept as bf16 under ml_model_bf16_inputs */
   bool bf16_att;         /* attention's output (o_proj's input), bf16 under ml_model_bf16_att */
   bool bf16_mlp;         /* gate/up's output, kept as bf16 under ml_model_bf16_mlp */
+  bool bf16_qkv;         /* attention's q, k, v, kept as bf16 under ml_model_bf16_qkv */
 } ml_block_act;
 
 /* The saved buffers of a layer in carve order (x_in first: it frees the

@@ -223,6 +223,7 @@ static int core_forward(ml_model *m, const ml_layer *L, float *att) {
   if (as_block(m, &c)) {
     ml_attn_block blk = whole_block(&c);
     blk.out_bf16 = m->bf16_att;
+    blk.qkv_bf16 = m->bf16_qkv; /* q, k, v read as saved */
     return ml_be_attention_block_fwd(m->be, &blk, c.q, c.k, c.v, att, L->acts.attn_saved, false,
                                      c.compute);
   }
@@ -241,6 +242,7 @@ static int core_backward(ml_model *m, const ml_layer *L, const float *datt, floa
   if (as_block(m, &c)) { /* the block backward adds into dq, dk, dv */
     ml_attn_block blk = whole_block(&c);
     blk.out_bf16 = m->bf16_att; /* D reads the bf16 att */
+    blk.qkv_bf16 = m->bf16_qkv;
     size_t nq = sizeof(float) * (size_t)(c.B * c.S * c.nh * c.hd),
            nk = sizeof(float) * (size_t)(c.B * c.S * c.nkv * c.hd);
     ML_TRY(ml_be_zero(m->be, dq, nq));
@@ -253,6 +255,39 @@ static int core_backward(ml_model *m, const ml_layer *L, const float *datt, floa
                              c.S, c.nh, c.nkv, c.hd, c.scale, c.window, c.compute, m->attn_work);
 }
 
+/* Under m->bf16_qkv the fp32 scratch q and k pass through before RoPE
+ * rounds them into the bf16 q, k: [T, cap_q] then [T, cap_kv] from the
+ * pool (NULL when it cannot be had). */
+static float *qk_scratch(ml_model *m, const ml_layer *L) {
+  if (carved_bf16(&L->q_proj)) return NULL; /* attention's products read them in bf16 */
+  int64_t T = m->B * m->S;
+  return ml_be_alloc(m->be, T * (m->cap_q + m->cap_kv), sizeof(float),
+                     "q and k before their bf16 rounding [%lld x %lld]", (long long)T,
+                     (long long)(m->cap_q + m->cap_kv));
+}
+
+/* q, k from q_proj's, k_proj's outputs (the views qv, kv): q_norm, k_norm
+ * (saving q_raw, k_raw), RoPE, in place in a->q, a->k; or under m->bf16_qkv
+ * through the fp32 scratch qk (qk_scratch) into the bf16 a->q, a->k, RoPE
+ * rounding them (qv.x, kv.x NULL: their fp32 values are kept nowhere). */
+static int qk_forward(ml_model *m, ml_layer *L, float *qk) {
+  ml_layer_acts *a = &L->acts;
+  int64_t B = m->B, S = m->S, T = B * S, hd = m->cfg.head_dim, nh = 0, nkv = 0;
+  ML_TRY(attention_views(m, L, &nh, &nkv));
+  float *qn = qk ? qk : a->q, *kn = qk ? qk + T * m->cap_q : a->k; /* RoPE's input */
+  if (L->q_norm.weight) {
+    ML_TRY(norm_fwd(m, &L->q_norm, a->q_raw, qn, a->rstd_q, T * nh, hd));   // q: [T·nh, hd]
+    ML_TRY(norm_fwd(m, &L->k_norm, a->k_raw, kn, a->rstd_k, T * nkv, hd));  // k: [T·nkv, hd]
+  }
+  if (!qk) {
+    ML_TRY(ml_be_rope_fwd(m->be, a->q, L->rope_cos, L->rope_sin, B, S, nh, hd));
+    return ml_be_rope_fwd(m->be, a->k, L->rope_cos, L->rope_sin, B, S, nkv, hd);
+  }
+  a->qv.x = a->kv.x = NULL;
+  ML_TRY(ml_be_rope_fwd_bf16(m->be, qn, a->q, L->rope_cos, L->rope_sin, B, S, nh, hd));
+  return ml_be_rope_fwd_bf16(m->be, kn, a->k, L->rope_cos, L->rope_sin, B, S, nkv, hd);
+}
+
 // x_in [B, s_res, H] → x [B, s_res, H] = x_mid (room for [B, S, H]; not read)
 static int attention_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
@@ -263,26 +298,25 @@ static int attention_forward(ml_model *m, ml_layer *L, float *x) {
   a->in_qkv = ml_act_view(m, h, m->s_res, H, H);
   int rc = norm_fwd(m, &L->attn_norm, a->x_in, h, a->rstd1, Tr, H);
   if (!rc) rc = ml_hook_run(L->q_proj.in.fwd, &a->in_qkv); /* shared by q/k/v */
-  float *q = qk_norm ? a->q_raw : a->q, *k = qk_norm ? a->k_raw : a->k;
   void *xr = NULL; /* in_qkv rounded once for the three (bf16 weights) */
   if (!rc) rc = shared_operand(m, &L->q_proj, &a->in_qkv, a->h1, &xr);
   else if (h != a->h1) ml_be_free(m->be, h);
-  // q: [B, S, nh·hd]; k, v: [B, S, nkv·hd]
+  float *qk = NULL; /* m->bf16_qkv: q, k in fp32 before RoPE's rounding (qk_scratch) */
+  if (!rc && m->bf16_qkv && !(qk = qk_scratch(m, L))) rc = -1;
+  float *q = qk_norm ? a->q_raw : qk ? qk : a->q;
+  float *k = qk_norm ? a->k_raw : qk ? qk + B * S * m->cap_q : a->k;
+  // q: [B, S, nh·hd]; k, v: [B, S, nkv·hd] (v bf16 under m->bf16_qkv)
   if (!rc) rc = ml_linear_forward(m->be, &L->q_proj, &a->in_qkv, xr, q, &a->qv);
   if (!rc) rc = ml_linear_forward(m->be, &L->k_proj, &a->in_qkv, xr, k, &a->kv);
-  if (!rc) rc = ml_linear_forward(m->be, &L->v_proj, &a->in_qkv, xr, a->v, &a->vv);
+  if (!rc)
+    rc = m->bf16_qkv ? ml_linear_forward_bf16(m->be, &L->v_proj, &a->in_qkv, xr, a->v, &a->vv)
+                     : ml_linear_forward(m->be, &L->v_proj, &a->in_qkv, xr, a->v, &a->vv);
   release_operand(m, xr);
+  if (!rc) rc = qk_forward(m, L, qk);
+  ml_be_free(m->be, qk);
   ML_TRY(rc);
-  int64_t nh = 0, nkv = 0, T = B * S;
-  ML_TRY(attention_views(m, L, &nh, &nkv));
-  if (qk_norm) {
-    ML_TRY(norm_fwd(m, &L->q_norm, a->q_raw, a->q, a->rstd_q, T * nh, hd));   // q: [T·nh, hd]
-    ML_TRY(norm_fwd(m, &L->k_norm, a->k_raw, a->k, a->rstd_k, T * nkv, hd));  // k: [T·nkv, hd]
-  }
-  ML_TRY(ml_be_rope_fwd(m->be, a->q, L->rope_cos, L->rope_sin, B, S, nh, hd));
-  ML_TRY(ml_be_rope_fwd(m->be, a->k, L->rope_cos, L->rope_sin, B, S, nkv, hd));
   ML_TRY(core_forward(m, L, a->att));
-  a->in_o = ml_act_view(m, a->att, S, m->cfg.n_heads * hd, nh * hd);
+  a->in_o = ml_act_view(m, a->att, S, m->cfg.n_heads * hd, a->qv.c);
   ML_TRY(ml_hook_run(L->o_proj.in.fwd, &a->in_o)); /* none under m->bf16_att */
   const void *xo; /* att in bf16 (m->bf16_att), else NULL: the GEMM rounds it */
   ML_TRY(att_operand(m, L, &a->in_o, &xo));

@@ -362,6 +362,7 @@ typedef struct carver {
   bool bf16_inputs; /* ml_model_bf16_inputs: the shared GEMM inputs take bf16 */
   bool bf16_att;    /* ml_model_bf16_att: attention's output takes bf16 */
   bool bf16_mlp;    /* ml_model_bf16_mlp: gate/up's outputs take bf16 */
+  bool bf16_qkv;    /* ml_model_bf16_qkv: attention's q, k, v take bf16 */
   float *block[2];  /* [0] the layer's, [1] the workspace */
   int64_t used[2];  /* floats taken from each */
 } carver;
@@ -399,7 +400,7 @@ static void carve_layer(const act_dims *d, const ml_model *m, carver *c, ml_laye
                     ? d->attn_saved
                     : ml_mul_sat(b->rows == ML_ROWS_T ? d->T : d->Tr, cols[b->cols]);
     if ((b->bf16_input && c->bf16_inputs) || (b->bf16_att && c->bf16_att) ||
-        (b->bf16_mlp && c->bf16_mlp))
+        (b->bf16_mlp && c->bf16_mlp) || (b->bf16_qkv && c->bf16_qkv))
       n = n / 2 + n % 2; /* n bf16 in floats */
     *(float **)((char *)a + b->field) = take(c, (int)b->part, present, n);
   }
@@ -410,7 +411,8 @@ static void act_floats(const ml_model *m, const act_dims *d, int64_t *block, int
   *block = *work = 0;
   for (int l = 0; l < m->cfg.n_layers; l++) {
     carver c = {.kept = kept_parts(m), .bf16_inputs = ml_model_bf16_inputs(m),
-                .bf16_att = ml_model_bf16_att(m), .bf16_mlp = ml_model_bf16_mlp(m)};
+                .bf16_att = ml_model_bf16_att(m), .bf16_mlp = ml_model_bf16_mlp(m),
+                .bf16_qkv = ml_model_bf16_qkv(m)};
     ml_layer_acts a;
     carve_layer(d, m, &c, &a);
     *block = max3(*block, c.used[0], 0);
@@ -466,6 +468,18 @@ bool ml_model_bf16_mlp(const ml_model *m) {
   return true;
 }
 
+bool ml_model_bf16_qkv(const ml_model *m) {
+  if (!ml_model_bf16_att(m)) return false; /* block attention, no core, bf16 compute */
+  for (int l = 0; l < m->cfg.n_layers; l++) {
+    const ml_layer *L = &m->layers[l];
+    const ml_linear *lin[] = {&L->q_proj, &L->k_proj, &L->v_proj};
+    for (int i = 0; i < 3; i++)
+      if (lin[i]->weight->fp32 || lin[i]->whole.cols || lin[i]->out.fwd.fn || lin[i]->out.bwd.fn)
+        return false;
+  }
+  return true;
+}
+
 /* How allocation messages name the batch: the caller's words
  * (m->batch_what), else the plain geometry. */
 static const char *batch_words(const ml_model *m, char *buf, size_t cap) {
@@ -487,6 +501,7 @@ static int alloc_layer_acts(ml_model *m, const act_dims *d) {
   m->bf16_inputs = ml_model_bf16_inputs(m);
   m->bf16_att = ml_model_bf16_att(m);
   m->bf16_mlp = ml_model_bf16_mlp(m);
+  m->bf16_qkv = ml_model_bf16_qkv(m);
   act_floats(m, d, &block, &work);
   if (work) {
     m->ac_work = ml_be_alloc(m->be, work, sizeof(float),
@@ -499,7 +514,8 @@ static int alloc_layer_acts(ml_model *m, const act_dims *d) {
   for (int l = 0; l < m->cfg.n_layers; l++) {
     ml_layer *L = &m->layers[l];
     carver count = {.kept = kept_parts(m), .bf16_inputs = m->bf16_inputs,
-                    .bf16_att = m->bf16_att, .bf16_mlp = m->bf16_mlp};
+                    .bf16_att = m->bf16_att, .bf16_mlp = m->bf16_mlp,
+                    .bf16_qkv = m->bf16_qkv};
     carve_layer(d, m, &count, &L->acts);
     float *block = NULL; /* forward-only: nothing of the layer's own */
     if (count.used[0]) {
@@ -509,7 +525,7 @@ static int alloc_layer_acts(ml_model *m, const act_dims *d) {
     }
     carver c = {.kept = count.kept, .bf16_inputs = count.bf16_inputs,
                 .bf16_att = count.bf16_att, .bf16_mlp = count.bf16_mlp,
-                .block = {block, m->ac_work}};
+                .bf16_qkv = count.bf16_qkv, .block = {block, m->ac_work}};
     carve_layer(d, m, &c, &L->acts);
   }
   return 0;
@@ -591,7 +607,7 @@ int ml_model_begin(ml_model *m, int64_t B, int64_t S) {
   /* a training geometry serves a forward-only pass too, not the reverse */
   if (m->B == B && m->S == S && m->x_final && (m->forward_only || !m->acts_shared) &&
       m->bf16_inputs == ml_model_bf16_inputs(m) && m->bf16_att == ml_model_bf16_att(m) &&
-      m->bf16_mlp == ml_model_bf16_mlp(m))
+      m->bf16_mlp == ml_model_bf16_mlp(m) && m->bf16_qkv == ml_model_bf16_qkv(m))
     return 0;
   if (!m->be) return ml_err("ml_model_begin: no backend set (ml_model.be)");
   free_acts(m);

@@ -179,7 +179,8 @@ typedef struct ml_layer_acts {
   float *rstd1, *h1;    /* attn_norm: rstd [T], output [T, H] (bf16 under bf16_inputs) */
   float *q_raw, *k_raw; /* q/k_proj outputs before q_norm/k_norm [T, nh·hd], [T, nkv·hd] */
   float *rstd_q, *rstd_k; /* q_norm/k_norm rstd per (token, head) [T·nh], [T·nkv] */
-  float *q, *k, *v;     /* attention inputs (after norm and RoPE) */
+  float *q, *k, *v;     /* attention inputs (after norm and RoPE) [T, nh·hd], [T, nkv·hd]
+                           (bf16 under bf16_qkv) */
   float *attn_saved;    /* what attention's forward saves (ml_be_attention_saved) */
   float *att;           /* attention output, o_proj input [T, nh·hd] (bf16 under bf16_att) */
   float *o, *rstd_o;    /* o_proj output before attn_out_norm [T, H], rstd [T] */
@@ -209,7 +210,8 @@ typedef struct ml_layer_acts {
    * gate/up, down_proj; and q, k, v as attention saw them. Under
    * ml_model.bf16_inputs in_qkv.x, in_gu.x and in_down.x are NULL after the
    * forward (their fp32 values are kept nowhere: h1, h2, a hold the bf16
-   * copy) */
+   * copy); under ml_model.bf16_qkv so are qv.x and kv.x (q, k hold the bf16
+   * values after RoPE) and vv.x is v, bf16 */
   ml_act in_qkv, in_o, in_gu, in_down, qv, kv, vv, gv;
 } ml_layer_acts;
 
@@ -400,6 +402,10 @@ typedef struct ml_model {
   /* ... and gate_proj's and up_proj's outputs g, u as bf16, written so by
    * their GEMMs and read so by the GLU (ml_model_bf16_mlp when carved). */
   bool bf16_mlp;
+  /* ... and attention's inputs q, k, v as bf16 only, written so by RoPE
+   * (q, k) and v_proj's GEMM, read so by attention (ml_model_bf16_qkv when
+   * carved). */
+  bool bf16_qkv;
   ml_embedding embed_tokens;
   ml_layer *layers;
   ml_rmsnorm norm;
@@ -545,7 +551,8 @@ void ml_model_reset_acts(ml_model *m);
  * B, S) allocates these; the backward temporaries, the final norm's
  * activations and the RoPE tables come on top and do not depend on the
  * mode. With ml_model_bf16_inputs h1, h2 and a count as bf16 (2 bytes),
- * with ml_model_bf16_att att, with ml_model_bf16_mlp g and u. Buffers on the residual stream are sized for this rank's piece of
+ * with ml_model_bf16_att att, with ml_model_bf16_mlp g and u, with
+ * ml_model_bf16_qkv q, k and v. Buffers on the residual stream are sized for this rank's piece of
  * the sequence (m->res_parts), the rest for whole sequences (S positions:
  * the linears and attention read gathered sequences). A size beyond int64
  * is ML_SAT (common/checked.h). */
@@ -596,6 +603,22 @@ bool ml_model_bf16_att(const ml_model *m);
  * the batch-invariant mode's tp runs (down_proj whole) round g, u as one
  * rank does. */
 bool ml_model_bf16_mlp(const ml_model *m);
+
+/* Whether attention's inputs q, k, v are kept only in bf16, the values
+ * every bf16 product of attention reads (as torch autocast's SDPA reads the
+ * bf16 outputs of q/k/v_proj; RoPE, q_norm and k_norm run in fp32 before
+ * the one rounding): v_proj's GEMM writes v in bf16 (ml_linear_forward_bf16:
+ * one rounding, a LoRA term added before it), RoPE writes q and k rounded
+ * (ml_be_rope_fwd_bf16; q_raw, k_raw stay fp32 for q_norm's and k_norm's
+ * backward), and attention reads them in place, forward and backward
+ * (ml_attn_block.qkv_bf16; dq, dk, dv stay fp32): results bitwise those of
+ * rounding per call, q, k, v in half the memory. True under
+ * ml_model_bf16_att (block attention on the backend's kernels, no
+ * attention core: context parallelism, packing and the KV cache read fp32
+ * q, k, v) when in every layer q_proj, k_proj and v_proj are bf16 (not
+ * ml_param.fp32), not computed whole and have no output edge hooks (a tp
+ * or sp redistribute of the fp32 views: there the feature is off). */
+bool ml_model_bf16_qkv(const ml_model *m);
 
 /* Embedding lookup: ids [B, S] → x [B, s_res, H] (scaled; the output edge
  * runs and sets m->s_res). x has room for [B, S, H]. Errors: an edge that

@@ -599,8 +599,18 @@ static void test_rope(void **state) {
       rope_bounds(x, ct, st, B, S, nh, hd, bound);
       expect_close("  rope fwd", &fx, bound, n);
       expect_close("  rope bwd", &bx, bound, n);
+      /* the bf16 output: on each backend bitwise its fp32 forward rounded (ml_be_convert) */
+      dbuf hx = dev_from(x, 4 * (size_t)n), yh = dev_new(2 * (size_t)n);
+      dbuf yr = dev_new(2 * (size_t)n);
+      for (int s = 0; s < SIDES; s++) {
+        ok(ml_be_rope_fwd_bf16(g_be[s], hx.p[s], yh.p[s], cs.p[s], sn.p[s], B, S, nh, hd),
+           "rope fwd bf16", s);
+        ok(ml_be_convert(g_be[s], yr.p[s], ML_BF16, fx.p[s], ML_F32, (size_t)n), "convert", s);
+      }
+      expect_own("  rope fwd bf16 = fwd rounded", &yr, &yh);
       free(ct), free(st), free(x), free(bound);
       dev_free(&cs), dev_free(&sn), dev_free(&fx), dev_free(&bx);
+      dev_free(&hx), dev_free(&yh), dev_free(&yr);
     }
 }
 
@@ -672,6 +682,77 @@ static void test_attention(void **state) {
   };
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
     for (int bf = 0; bf < 2; bf++) attn_run(&cases[c], bf);
+}
+
+/* bf16 q, k, v (ml_attn_block.qkv_bf16: ml_model_bf16_qkv's attention) on
+ * each backend: block attention over whole sequences with bf16 products, a
+ * bf16 out in every other case (ml_model_bf16_att), given q, k, v in bf16
+ * and given fp32 q, k, v holding the same values: out, lse, dq, dk, dv
+ * bitwise the same (the products read the same operands). */
+static void test_attention_bf16_qkv(void **state) {
+  (void)state;
+  const attn_case cases[] = {{2, 77, 3, 1, 64, 0}, {1, 130, 4, 1, 128, 0}, {2, 45, 6, 2, 72, 0},
+                             {1, 200, 4, 1, 64, 90}, {3, 1, 3, 1, 64, 0}, {1, 70, 2, 2, 256, 0}};
+  for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+    const attn_case *a = &cases[c];
+    int64_t B = a->B, S = a->S, nh = a->nh, nkv = a->nkv, hd = a->hd;
+    int64_t nq = B * S * nh * hd, nk = B * S * nkv * hd, nl = B * S * nh;
+    ml_attn_block blk = {.B = B, .sq = S, .sk = S, .nh = nh, .nkv = nkv, .hd = hd,
+                         .q_bs = S * nh * hd, .k_bs = S * nkv * hd, .l_bs = S * nh,
+                         .scale = 1.0f / sqrtf((float)hd), .window = a->window,
+                         .out_bf16 = c % 2 == 1};
+    ml_attn_block bq = blk;
+    bq.qkv_bf16 = true;
+    float *x[3] = {rand_buf(nq, 1.0f), rand_buf(nk, 1.0f), rand_buf(nk, 1.0f)};
+    float *dout = rand_buf(nq, 1.0f);
+    dbuf f[3], h[3], o[2], l[2], g[2][3];
+    int64_t n3[3] = {nq, nk, nk};
+    for (int t = 0; t < 3; t++) {
+      uint16_t *xh = to_bf16(x[t], n3[t]);
+      float *xr = bf16_rounded(x[t], n3[t]);
+      f[t] = dev_from(xr, 4 * (size_t)n3[t]), h[t] = dev_from(xh, 2 * (size_t)n3[t]);
+      free(xh), free(xr);
+    }
+    dbuf ddo = dev_from(dout, 4 * (size_t)nq);
+    for (int r = 0; r < 2; r++) {
+      o[r] = dev_new((blk.out_bf16 ? 2 : 4) * (size_t)nq), l[r] = dev_new(4 * (size_t)nl);
+      for (int t = 0; t < 3; t++) {
+        g[r][t] = dev_new(4 * (size_t)n3[t]);
+        for (int s = 0; s < SIDES; s++)
+          ok(ml_be_zero(g_be[s], g[r][t].p[s], g[r][t].bytes), "zero", s);
+      }
+    }
+    for (int s = 0; s < SIDES; s++) {
+      ml_backend *be = g_be[s];
+      void *work = ml_be_alloc(be, (int64_t)ml_be_attention_block_work(be, &blk), 1, "work");
+      if (!work) fail_msg("%s: %s", side_name(s), ml_error_msg());
+      for (int r = 0; r < 2; r++) { /* r 0: fp32 q, k, v of bf16 values; 1: bf16 */
+        const dbuf *in = r ? h : f;
+        ok(ml_be_attention_block_fwd(be, r ? &bq : &blk, in[0].p[s], in[1].p[s], in[2].p[s],
+                                     o[r].p[s], l[r].p[s], false, ML_BF16),
+           "block attention fwd", s);
+        ok(ml_be_attention_block_bwd(be, r ? &bq : &blk, ddo.p[s], in[0].p[s], in[1].p[s],
+                                     in[2].p[s], o[r].p[s], l[r].p[s], g[r][0].p[s], g[r][1].p[s],
+                                     g[r][2].p[s], ML_BF16, work),
+           "block attention bwd", s);
+      }
+      ml_be_free(be, work);
+    }
+    printf("  bf16 q, k, v B=%lld S=%lld nh=%lld nkv=%lld hd=%lld w=%lld%s\n", (long long)B,
+           (long long)S, (long long)nh, (long long)nkv, (long long)hd, (long long)a->window,
+           blk.out_bf16 ? " (bf16 out)" : "");
+    expect_own("  out", &o[0], &o[1]);
+    expect_own("  lse", &l[0], &l[1]);
+    expect_own("  dq", &g[0][0], &g[1][0]);
+    expect_own("  dk", &g[0][1], &g[1][1]);
+    expect_own("  dv", &g[0][2], &g[1][2]);
+    for (int t = 0; t < 3; t++) free(x[t]), dev_free(&f[t]), dev_free(&h[t]);
+    for (int r = 0; r < 2; r++) {
+      dev_free(&o[r]), dev_free(&l[r]);
+      for (int t = 0; t < 3; t++) dev_free(&g[r][t]);
+    }
+    free(dout), dev_free(&ddo);
+  }
 }
 
 /* ---- gated activation ---------------------------------------------------- */
@@ -1008,7 +1089,8 @@ int main(void) {
       cmocka_unit_test(test_convert),      cmocka_unit_test(test_gemm),
       cmocka_unit_test(test_bias_grad),    cmocka_unit_test(test_add_scale),
       cmocka_unit_test(test_rmsnorm),      cmocka_unit_test(test_rope),
-      cmocka_unit_test(test_attention),    cmocka_unit_test(test_glu),
+      cmocka_unit_test(test_attention),    cmocka_unit_test(test_attention_bf16_qkv),
+      cmocka_unit_test(test_glu),
       cmocka_unit_test(test_embedding),    cmocka_unit_test(test_xent),
       cmocka_unit_test(test_adamw),        cmocka_unit_test(test_norm_partial),
       cmocka_unit_test(test_norm_partials),

@@ -486,6 +486,14 @@ static void test_rmsnorm_bwd(void **state) {
 
 /* ---- rope ------------------------------------------------------------------ */
 
+// x [n] rounded to bf16 (bf16 bits)
+static uint16_t *bf16_copy(const float *x, int64_t n) {
+  uint16_t *y = malloc((size_t)n * sizeof *y);
+  for (int64_t i = 0; i < n; i++) y[i] = ml_f32_to_bf16(x[i]);
+  return y;
+}
+
+
 // HF _compute_llama3_parameters in double
 static double llama3_ref(double f, double factor, double lo, double hi, double old) {
   double wavelen = 2.0 * M_PI / f, low_wl = old / lo, high_wl = old / hi;
@@ -689,6 +697,14 @@ static void test_rope_apply(void **state) {
   k_rope_fwd(y, c, s, B, S, nh, hd);
   rope_ref(x, c, s, B, S, nh, hd, 1.0, ref, ya);
   expect_acc("rope fwd", y, ref, ya, 0.0, t2, n);
+  /* the bf16 output (ml_be_rope_fwd_bf16): bitwise the fp32 rotation rounded */
+  float *xr = malloc((size_t)n * sizeof(float));
+  uint16_t *yh = malloc((size_t)n * sizeof(uint16_t)), *yr = bf16_copy(y, n);
+  memcpy(xr, x, (size_t)n * sizeof(float));
+  k_rope_fwd_bf16(xr, yh, c, s, B, S, nh, hd);
+  assert_memory_equal(yh, yr, (size_t)n * sizeof(uint16_t));
+  assert_memory_equal(xr, y, (size_t)n * sizeof(float)); /* x left rotated */
+  free(xr), free(yh), free(yr);
   memcpy(dx, g, (size_t)n * sizeof(float));
   k_rope_bwd(dx, c, s, B, S, nh, hd);
   rope_ref(g, c, s, B, S, nh, hd, -1.0, ref, dxa);
@@ -1181,12 +1197,6 @@ static void fixed_rows(const attn_ctx *a, const k_attn_bf16 *lp, int64_t b, int6
                    0);
 }
 
-static uint16_t *bf16_copy(const float *x, int64_t n) {
-  uint16_t *y = malloc((size_t)n * sizeof *y);
-  for (int64_t i = 0; i < n; i++) y[i] = ml_f32_to_bf16(x[i]);
-  return y;
-}
-
 /* The batch-invariant forward is the same bit pattern (memcmp) for a query
  * whatever block computes it: the whole batch of sequences, its sequence
  * alone, a KV-cache step (sq = 1 at q_pos p against the keys 0 .. p), and
@@ -1624,6 +1634,79 @@ static void test_attention_bf16_out(void **state) {
                    -1);
   assert_non_null(strstr(ml_error_msg(), "block attention backward: a bf16 out (out_bf16) "
                                          "with compute F32; expected BF16"));
+}
+
+/* bf16 q, k, v (ml_attn_block.qkv_bf16: attention's inputs saved in bf16,
+ * ml_model_bf16_qkv) through the CPU backend with bf16 products, in the
+ * default order and the batch-invariant one, with an fp32 and a bf16 out:
+ * the forward's out and lse and the backward's dq, dk, dv are bitwise those
+ * of the same call on fp32 q, k, v holding the same bf16 values (the
+ * operands every product reads are the same bits: read in place where the
+ * GEMM takes bf16, widened exactly where it is emulated on sgemm). bf16 q,
+ * k, v with fp32 products, or with paged keys, are refused. */
+static void test_attention_bf16_qkv(void **state) {
+  (void)state;
+  ml_backend *be = cpu_backend();
+  for (int inv = 0; inv < 2; inv++) {
+    assert_int_equal(ml_be_set_batch_invariant(be, inv), 0);
+    for (size_t c = 0; c < sizeof ATTN_CASES / sizeof ATTN_CASES[0]; c++) {
+      attn_ctx a = attn_alloc(ATTN_CASES[c]);
+      int64_t nq = a.B * a.S * a.nh * a.hd, nk = a.B * a.S * a.nkv * a.hd, nl = a.B * a.S * a.nh;
+      ml_attn_block blk = {.B = a.B, .sq = a.S, .sk = a.S, .nh = a.nh, .nkv = a.nkv, .hd = a.hd,
+                           .q_bs = a.S * a.nh * a.hd, .k_bs = a.S * a.nkv * a.hd,
+                           .l_bs = a.S * a.nh, .scale = a.scale, .window = a.window,
+                           .out_bf16 = c % 2 == 1};
+      ml_attn_block bh = blk;
+      bh.qkv_bf16 = true;
+      uint16_t *qh = bf16_copy(a.q, nq), *kh = bf16_copy(a.k, nk), *vh = bf16_copy(a.v, nk);
+      float *q = bf16_rounded(a.q, nq), *k = bf16_rounded(a.k, nk), *v = bf16_rounded(a.v, nk);
+      size_t osz = blk.out_bf16 ? sizeof(uint16_t) : sizeof(float);
+      void *out[2] = {malloc((size_t)nq * osz), malloc((size_t)nq * osz)};
+      float *lse[2] = {malloc((size_t)nl * sizeof(float)), malloc((size_t)nl * sizeof(float))};
+      float *dout = rand_buf(nq, 1), *dq[2], *dk[2], *dv[2];
+      void *work = malloc(ml_be_attention_block_work(be, &blk));
+      for (int r = 0; r < 2; r++) { /* r 0: fp32 q, k, v of bf16 values; 1: bf16 */
+        const ml_attn_block *b = r ? &bh : &blk;
+        const float *Q = r ? (const float *)qh : q, *K = r ? (const float *)kh : k,
+                    *V = r ? (const float *)vh : v;
+        dq[r] = const_buf(nq, 0.0f), dk[r] = const_buf(nk, 0.0f), dv[r] = const_buf(nk, 0.0f);
+        if (ml_be_attention_block_fwd(be, b, Q, K, V, out[r], lse[r], false, ML_BF16) ||
+            ml_be_attention_block_bwd(be, b, dout, Q, K, V, out[r], lse[r], dq[r], dk[r], dv[r],
+                                      ML_BF16, work))
+          fail_msg("bf16 q, k, v attention (case %zu): %s", c, ml_error_msg());
+      }
+      assert_memory_equal(out[0], out[1], (size_t)nq * osz);
+      assert_memory_equal(lse[0], lse[1], (size_t)nl * sizeof(float));
+      assert_memory_equal(dq[0], dq[1], (size_t)nq * sizeof(float));
+      assert_memory_equal(dk[0], dk[1], (size_t)nk * sizeof(float));
+      assert_memory_equal(dv[0], dv[1], (size_t)nk * sizeof(float));
+      for (int r = 0; r < 2; r++) free(out[r]), free(lse[r]), free(dq[r]), free(dk[r]), free(dv[r]);
+      free(qh), free(kh), free(vh), free(q), free(k), free(v), free(dout), free(work);
+      attn_free(&a);
+    }
+  }
+  assert_int_equal(ml_be_set_batch_invariant(be, false), 0);
+  ml_attn_block blk = {.B = 1, .sq = 1, .sk = 1, .nh = 1, .nkv = 1, .hd = 8, .qkv_bf16 = true};
+  ml_error_clear(); /* the first error is kept until cleared */
+  assert_int_equal(ml_be_attention_block_fwd(be, &blk, NULL, NULL, NULL, NULL, NULL, false, ML_F32),
+                   -1);
+  assert_non_null(strstr(ml_error_msg(), "block attention: bf16 q, k, v (qkv_bf16) with compute "
+                                         "F32; expected compute BF16 and unpaged keys"));
+  int32_t table[1] = {0};
+  blk.kv_table = table, blk.kv_block = 1, blk.table_bs = 1;
+  ml_error_clear();
+  assert_int_equal(ml_be_attention_block_fwd(be, &blk, NULL, NULL, NULL, NULL, NULL, false,
+                                             ML_BF16),
+                   -1);
+  assert_non_null(strstr(ml_error_msg(), "block attention: bf16 q, k, v (qkv_bf16) with compute "
+                                         "BF16 and paged keys; expected"));
+  blk.kv_table = NULL;
+  ml_error_clear();
+  assert_int_equal(ml_be_attention_block_bwd(be, &blk, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                             NULL, NULL, ML_F32, NULL),
+                   -1);
+  assert_non_null(strstr(ml_error_msg(), "block attention backward: bf16 q, k, v (qkv_bf16) "
+                                         "with compute F32"));
 }
 
 /* ---- gated activation --------------------------------------------------------- */
@@ -2194,6 +2277,7 @@ int main(void) {
       cmocka_unit_test(test_attention_blocks), cmocka_unit_test(test_attention_head_split),
       cmocka_unit_test(test_attention_bf16),
       cmocka_unit_test(test_attention_bf16_out),
+      cmocka_unit_test(test_attention_bf16_qkv),
       cmocka_unit_test(test_glu),
       cmocka_unit_test(test_glu_bf16),
       cmocka_unit_test(test_embedding),     cmocka_unit_test(test_xent),

@@ -211,7 +211,8 @@ static void test_activations_saturate(void **state) {
  * (ml_model_bf16_mlp): a layer's saved activations shrink by exactly half
  * of those five buffers, 2 B per element (T·H and T·I are multiples of 32
  * here, so the 64-byte alignment of each buffer adds nothing), plus the
- * half of attention's output att that test_bf16_att_bytes checks. An output
+ * halves of attention's output att and inputs q, k, v that
+ * test_bf16_att_bytes and test_bf16_qkv_bytes check. An output
  * edge on gate_proj or up_proj keeps g, u fp32 (the first three stay
  * bf16); LoRA dropout on one of the linears, or a down_proj computed
  * whole, keeps the first three fp32 (g, u stay bf16). */
@@ -245,6 +246,7 @@ static void test_bf16_inputs_bytes(void **state) {
   assert_true(ml_model_bf16_mlp(&m));
   ml_model_act_bytes(&m, B, S, &bf16_layer, &work);
   int64_t att = 2 * T * cfg.n_heads * cfg.head_dim; /* ml_model_bf16_att's half of att */
+  att += 2 * T * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim; /* and bf16_qkv's */
   assert_int_equal(fp32_layer - bf16_layer,
                    2 * T * (2 * cfg.hidden + 3 * cfg.intermediate) + att);
   ml_linear *up = &m.layers[cfg.n_layers - 1].up_proj, *gate = &m.layers[0].gate_proj;
@@ -293,7 +295,8 @@ static int core_unused(void *ctx, const ml_attn_call *c, float *out, float *save
 /* Under bf16 weights attention's output att [T, nh·hd] (o_proj's input) is
  * kept as bf16 only (ml_model_bf16_att): the layer's saved activations
  * shrink by exactly 2 B per element of att beyond what bf16_inputs saves
- * (T·nh·hd a multiple of 32). Off, att fp32 again, under an attention core
+ * (T·nh·hd a multiple of 32). Off, att fp32 again (and q, k, v with it:
+ * ml_model_bf16_qkv needs block attention's bf16 out), under an attention core
  * (context parallelism, packing, the KV cache), a forward hook on o_proj's
  * input edge (a tp redistribute), LoRA dropout on o_proj, an o_proj
  * computed whole, a q_proj kept in fp32 (attention's compute dtype). */
@@ -305,6 +308,7 @@ static void test_bf16_att_bytes(void **state) {
   assert_int_equal(ml_model_create(&cfg, &m), 0);
   assert_int_equal(ml_backend_get("cpu", 0, &m.be), 0);
   int64_t B = 2, S = 16, T = B * S, att = 2 * T * cfg.n_heads * cfg.head_dim, on, layer, work;
+  att += 2 * T * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim; /* q, k, v: bf16_qkv's */
   assert_false(ml_model_bf16_att(&m));
   m.bf16_params = true;
   assert_true(ml_model_bf16_att(&m));
@@ -327,6 +331,52 @@ static void test_bf16_att_bytes(void **state) {
     L->o_proj.whole.cols = NULL;
     L->q_proj.weight->fp32 = false;
     assert_true(ml_model_bf16_att(&m));
+  }
+  ml_model_destroy(&m);
+}
+
+/* Under bf16 weights attention's inputs q [T, nh·hd], k, v [T, nkv·hd]
+ * (after RoPE) are kept as bf16 only (ml_model_bf16_qkv): the layer's
+ * saved activations shrink by exactly 2 B per element of the three (T·hd a
+ * multiple of 32), q_raw and k_raw (q_norm/k_norm families) untouched. Off,
+ * q, k, v fp32 again, under an output edge hook (forward or backward) on
+ * q_proj, k_proj or v_proj (a tp or sp redistribute of the fp32 views), a
+ * v_proj computed whole or a k_proj kept in fp32 (either turns the GEMM
+ * inputs' rule off too: h1, h2, a fp32), and wherever ml_model_bf16_att is off (an
+ * attention core). */
+static void test_bf16_qkv_bytes(void **state) {
+  (void)state;
+  ml_model_config cfg;
+  assert_int_equal(ml_model_config_preset("llama", "tiny", &cfg), 0);
+  ml_model m;
+  assert_int_equal(ml_model_create(&cfg, &m), 0);
+  assert_int_equal(ml_backend_get("cpu", 0, &m.be), 0);
+  int64_t B = 2, S = 16, T = B * S, on, layer, work;
+  int64_t qkv = 2 * T * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim;
+  assert_false(ml_model_bf16_qkv(&m));
+  m.bf16_params = true;
+  assert_true(ml_model_bf16_qkv(&m));
+  ml_model_act_bytes(&m, B, S, &on, &work);
+  ml_layer *L = &m.layers[cfg.n_layers - 1];
+  for (int c = 0; c < 6; c++) {
+    if (c == 0) L->q_proj.out.fwd.fn = edge_unused;
+    if (c == 1) L->k_proj.out.bwd.fn = edge_unused;
+    if (c == 2) L->v_proj.out.fwd.fn = edge_unused;
+    if (c == 3) L->v_proj.whole.cols = whole_cols_unused;
+    if (c == 4) L->k_proj.weight->fp32 = true;
+    if (c == 5) m.attn_core.fwd = core_unused;
+    assert_false(ml_model_bf16_qkv(&m));
+    assert_true(c == 5 ? !ml_model_bf16_att(&m) : ml_model_bf16_att(&m));
+    ml_model_act_bytes(&m, B, S, &layer, &work);
+    int64_t more = c == 3 || c == 4 ? 2 * T * (2 * cfg.hidden + cfg.intermediate) /* h1, h2, a */
+                   : c == 5 ? 2 * T * cfg.n_heads * cfg.head_dim           /* att fp32 */
+                            : 0;
+    assert_int_equal(layer - on, qkv + more);
+    L->q_proj.out.fwd.fn = L->k_proj.out.bwd.fn = L->v_proj.out.fwd.fn = NULL;
+    L->v_proj.whole.cols = NULL;
+    L->k_proj.weight->fp32 = false;
+    m.attn_core.fwd = NULL;
+    assert_true(ml_model_bf16_qkv(&m));
   }
   ml_model_destroy(&m);
 }
@@ -411,6 +461,7 @@ int main(void) {
       cmocka_unit_test(test_config_limits),        cmocka_unit_test(test_config_at_limits),
       cmocka_unit_test(test_seq_len_check),        cmocka_unit_test(test_activations_saturate),
       cmocka_unit_test(test_bf16_inputs_bytes), cmocka_unit_test(test_bf16_att_bytes),
+      cmocka_unit_test(test_bf16_qkv_bytes),
       cmocka_unit_test(test_runckpt_piece_bounds), cmocka_unit_test(test_runckpt_state_range),
   };
   return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);

@@ -33,7 +33,15 @@
 //    saved in bf16): out bitwise the fp32-out call's rounded to
 //    nearest-even, lse bitwise the same; the backward on it bitwise the
 //    backward given an fp32 out holding those values (rowdot widens it
-//    exactly); a merge or fp32 products with a bf16 out refused.
+//    exactly); a merge or fp32 products with a bf16 out refused;
+//  - bf16 q, k, v (kc_attn_block.qkv_bf16, bf16 products: attention's
+//    inputs saved in bf16; hd 64 and 72, the two bf16 tile widths): the
+//    whole sequences with a bf16 out and, with several sequences, keys
+//    strided (k_bs beyond the rows, the gaps NaN) and a query chunk at
+//    q_pos against all keys (one sequence) with an fp32 out: out, lse, dq, dk, dv bitwise
+//    those of the call on the fp32 q, k, v (the stage's rounding is the
+//    caller's), the stage dout's alone (none forward); fp32 products, paged
+//    keys, or several sequences of queries not compact, refused.
 // "equal": as values (==), so that a zero's sign, which fl(0 + x) may
 // change, is not a difference.
 // Built by tools/cuda_emu/CMakeLists.txt; usage: test_attention_block.
@@ -485,6 +493,102 @@ static void bf16_out(const Whole &w) {
   free(o), free(l), free(lh), free(o_r), free(oh);
 }
 
+// the bf16 values of x [n] (NaN-filled heap, as dev)
+static __nv_bfloat16 *dev_bf16(const float *x, size_t n) {
+  __nv_bfloat16 *p = (__nv_bfloat16 *)dev((n + 1) / 2);
+  for (size_t i = 0; i < n; i++) p[i] = __float2bfloat16_rn(x[i]);
+  return p;
+}
+
+// block b on q, k, v given as fp32 (qkv false) or as their bf16 copies (b.qkv_bf16 set):
+// out (bf16 when b.out_bf16), lse, then dq, dk, dv (=) into g [nq, nk, nk]; the stages
+// exactly kc_attention_block_stage_bytes (ASan sees an overrun)
+static cudaError_t run_qkv(const Whole &w, const kc_attn_block &b, const void *q, const void *k,
+                           const void *v, const float *dout, void *out, float *lse, float **g,
+                           size_t nq, size_t nk) {
+  float *st = dev(kc_attention_block_stage_bytes(&b, true, false) / 4);
+  cudaError_t e = kc_attention_block_fwd(nullptr, &b, (const float *)q, (const float *)k,
+                                         (const float *)v, (float *)out, lse, false, true, st);
+  free(st);
+  for (int t = 0; t < 3; t++) zero(g[t], t ? nk : nq);
+  st = dev(kc_attention_block_stage_bytes(&b, true, true) / 4);
+  float *work = dev(kc_attention_block_work(&b) / 4);
+  if (e == cudaSuccess)
+    e = kc_attention_block_bwd(nullptr, &b, dout, (const float *)q, (const float *)k,
+                               (const float *)v, (const float *)out, lse, g[0], g[1], g[2], true,
+                               work, st);
+  free(st), free(work);
+  return e;
+}
+
+// bf16 q, k, v against fp32 ones (bf16 products only); gap: rows between the sequences
+// of k, v (k_bs beyond sk rows); q0 > 0: one sequence's queries q0 .. S−1 at q_pos q0
+static void bf16_qkv_case(const Whole &w, bool out_bf16, int64_t gap, int64_t q0) {
+  const Shape &s = w.s;
+  const int64_t B = q0 ? 1 : s.B, sq = s.S - q0, qr = s.nh * s.hd, kr = s.nkv * s.hd;
+  const size_t nq = B * sq * qr, nk = B * (s.S + gap) * kr, nl = B * sq * s.nh;
+  kc_attn_block b = block_of(w, q0, sq, 0, s.S), bq;
+  b.B = B, b.q_bs = sq * qr, b.k_bs = (s.S + gap) * kr, b.l_bs = sq * s.nh, b.out_bf16 = out_bf16;
+  bq = b, bq.qkv_bf16 = true;
+  float *k = dev(nk), *v = dev(nk);
+  for (int64_t bb = 0; bb < B; bb++) {
+    memcpy(k + bb * (s.S + gap) * kr, &w.k[bb * s.S * kr], s.S * kr * 4);
+    memcpy(v + bb * (s.S + gap) * kr, &w.v[bb * s.S * kr], s.S * kr * 4);
+  }
+  const float *q = w.q.data() + q0 * qr, *dout = w.dout.data() + q0 * qr;
+  /* the gaps stay NaN: a read of them would show in the results */
+  __nv_bfloat16 *qh = dev_bf16(q, nq), *kh = dev_bf16(k, nk), *vh = dev_bf16(v, nk);
+  float *out[2] = {dev(nq), dev(nq)}, *lse[2] = {dev(nl), dev(nl)}, *g[2][3];
+  for (int r = 0; r < 2; r++)
+    for (int t = 0; t < 3; t++) g[r][t] = dev(t ? nk : nq);
+  expect(run_qkv(w, b, q, k, v, dout, out[0], lse[0], g[0], nq, nk) == cudaSuccess &&
+             run_qkv(w, bq, qh, kh, vh, dout, out[1], lse[1], g[1], nq, nk) == cudaSuccess,
+         "bf16 q, k, v: forward and backward", s);
+  expect(!memcmp(out[0], out[1], nq * (out_bf16 ? 2 : 4)) && !memcmp(lse[0], lse[1], nl * 4) &&
+             !memcmp(g[0][0], g[1][0], nq * 4) && !memcmp(g[0][1], g[1][1], nk * 4) &&
+             !memcmp(g[0][2], g[1][2], nk * 4),
+         out_bf16 ? "bf16 q, k, v (bf16 out): out, lse, dq, dk, dv bitwise the fp32 q, k, v's"
+                  : "bf16 q, k, v: out, lse, dq, dk, dv bitwise the fp32 q, k, v's",
+         s);
+  for (int r = 0; r < 2; r++) {
+    free(out[r]), free(lse[r]);
+    for (int t = 0; t < 3; t++) free(g[r][t]);
+  }
+  free(k), free(v), free(qh), free(kh), free(vh);
+}
+
+static void bf16_qkv(const Whole &w) {
+  const Shape &s = w.s;
+  /* the model's call (a bf16 out); with several sequences (a stride matters only between them)
+   * strided keys and a query chunk with an fp32 out too */
+  bf16_qkv_case(w, true, 0, 0);
+  if (s.B > 1) bf16_qkv_case(w, true, 5, 0), bf16_qkv_case(w, false, 0, s.S / 3);
+  kc_attn_block b = block_of(w, 0, s.S, 0, s.S);
+  b.qkv_bf16 = true;
+  const size_t nq = s.B * s.S * s.nh * s.hd, nk = s.B * s.S * s.nkv * s.hd;
+  kc_attn_block fq = b;
+  expect(kc_attention_block_stage_bytes(&b, true, false) == 0 &&
+             kc_attention_block_stage_bytes(&b, true, true) == nq * 2 &&
+             kc_attention_block_stage_bytes(&fq, false, true) == 0,
+         "bf16 q, k, v: the stage holds dout alone", s);
+  float *o = dev(nq), *l = dev(s.B * s.S * s.nh), *st = dev(nq + 2 * nk);
+  std::vector<int32_t> table(s.S);
+  for (int64_t i = 0; i < s.S; i++) table[i] = (int32_t)i;
+  kc_attn_block paged = b, loose = b;
+  paged.B = 1, paged.kv_table = table.data(), paged.kv_block = 1, paged.table_bs = s.S;
+  loose.q_bs += 8; /* several sequences of queries, not compact */
+  bool refused =
+      kc_attention_block_fwd(nullptr, &b, w.q.data(), w.k.data(), w.v.data(), o, l, false, false,
+                             st) == cudaErrorInvalidValue &&
+      kc_attention_block_fwd(nullptr, &paged, w.q.data(), w.k.data(), w.v.data(), o, l, false,
+                             true, st) == cudaErrorInvalidValue;
+  if (s.B > 1)
+    refused &= kc_attention_block_fwd(nullptr, &loose, w.q.data(), w.k.data(), w.v.data(), o, l,
+                                      false, true, st) == cudaErrorInvalidValue;
+  expect(refused, "bf16 q, k, v: fp32 products, paged keys, queries not compact refused", s);
+  free(o), free(l), free(st);
+}
+
 int main() {
   const Shape shapes[] = {
       {2, 150, 4, 2, 64, 0, true},  {1, 150, 3, 1, 32, 40, false}, {1, 140, 4, 2, 128, 0, true},
@@ -501,6 +605,7 @@ int main() {
     if (s.nh / s.nkv >= 2 && s.nh >= 3) head_offset(w);
     empty(w);
     if (s.bf) bf16_out(w);
+    if (s.bf && (s.B > 1 || s.win)) bf16_qkv(w); /* hd 64 and 72: both bf16 tile widths */
     attn_bounds_free(&bd);
     printf("B=%ld S=%ld nh=%ld nkv=%ld hd=%ld win=%ld %s: done\n", (long)s.B, (long)s.S,
            (long)s.nh, (long)s.nkv, (long)s.hd, (long)s.win, s.bf ? "bf16" : "fp32");

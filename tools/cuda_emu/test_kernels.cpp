@@ -456,7 +456,8 @@ static void test_rmsnorm() {
 }
 
 /* ---- RoPE from the CPU's tables, forward and backward: rope_bounds
- * (tests/cuda/op_bounds.h) ---------------------------------------------------- */
+ * (tests/cuda/op_bounds.h); the bf16-output forward bitwise the forward
+ * rounded (kc_f32_to_bf16 is ml_f32_to_bf16 bit for bit) ----------------------- */
 static void test_rope() {
   printf("rope\n");
   const int64_t dims[][4] = {{1, 1, 3, 64},  {2, 37, 3, 72}, {3, 5, 2, 6},
@@ -480,6 +481,13 @@ static void test_rope() {
                            (long long)nh, (long long)hd);
     close(what + " fwd", xf, rf, bound, n);
     close("  bwd", xb, rb, bound, n);
+    /* the bf16 output (ml_be_rope_fwd_bf16): bitwise the fp32 forward's rounding, x read only */
+    float *xh = pl.copy(x, n);
+    uint16_t *yh = pl.get<uint16_t>(n), *yr = pl.get<uint16_t>(n);
+    ok(kc_rope_fwd_bf16(nullptr, xh, yh, ct, st, B, S, nh, hd), "rope fwd bf16");
+    for (int64_t i = 0; i < n; i++) yr[i] = ml_f32_to_bf16(xf[i]);
+    same("  fwd bf16 = fwd rounded", yh, yr, 2 * n);
+    same("  fwd bf16 leaves x", xh, x, 4 * n);
   }
 }
 

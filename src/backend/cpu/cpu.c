@@ -213,6 +213,12 @@ static int cpu_rope_fwd(ml_backend *be, float *x, const float *c, const float *s
   return 0;
 }
 
+static int cpu_rope_fwd_bf16(ml_backend *be, float *x, void *y, const float *c, const float *s,
+                             int64_t B, int64_t S, int64_t nh, int64_t hd) {
+  k_rope_fwd_bf16(x, y, c, s, B, S, nh, hd);
+  return 0;
+}
+
 static int cpu_rope_bwd(ml_backend *be, float *dx, const float *c, const float *s, int64_t B,
                         int64_t S, int64_t nh, int64_t hd) {
   k_rope_bwd(dx, c, s, B, S, nh, hd);
@@ -281,16 +287,24 @@ static int tile_gemm(void *ctx, int thread, bool ta, bool tb, int64_t M, int64_t
   return ml_cpu_gemm_tile(ctx, thread, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-/* x [n] rounded to bf16 into pool memory (*out): bf16, or fp32 holding the
- * bf16 values when packed is false. NULL x: nothing. */
-static int rounded(ml_backend *be, const float *x, int64_t n, bool packed, const void **out,
-                   void **mem) {
+/* x [n] as the bf16 products read it, *out: fp32 x rounded to bf16 into
+ * pool memory (*mem), bf16 when packed, else fp32 holding the bf16
+ * values; a bf16 x (x_bf16: ml_attn_block.qkv_bf16) itself when packed,
+ * else widened exactly into pool memory (the emulation's sgemm reads
+ * fp32). NULL x: nothing. */
+static int rounded(ml_backend *be, const void *x, bool x_bf16, int64_t n, bool packed,
+                   const void **out, void **mem) {
   *out = *mem = NULL;
   if (!x) return 0;
+  if (x_bf16 && packed) {
+    *out = x;
+    return 0;
+  }
   *mem = ml_be_alloc(be, n, packed ? sizeof(uint16_t) : sizeof(float),
                      "an attention operand rounded to bf16 [%lld]", (long long)n);
   if (!*mem) return -1;
   *out = *mem;
+  if (x_bf16) return cpu_convert(be, *mem, ML_F32, x, ML_BF16, (size_t)n);
   if (packed) return cpu_convert(be, *mem, ML_BF16, x, ML_F32, (size_t)n);
   ML_TRY(cpu_copy(be, *mem, x, (size_t)n * sizeof(float), ML_COPY_D2D));
   return cpu_round_bf16(be, *mem, (size_t)n);
@@ -305,7 +319,8 @@ static int64_t extent(int64_t B, int64_t bs, int64_t rows, int64_t width) {
 /* One call's operands in `compute`: NULL *lp for fp32; for bf16, q, k, v,
  * dout rounded (in their layouts, from pool memory that attention_end
  * frees; paged k, v are not: the kernel rounds them as it reads the
- * blocks); the kernels round P and dS per tile themselves. */
+ * blocks; bf16 q, k, v, k_attn_block.qkv_bf16, are read in place where the
+ * GEMM takes bf16); the kernels round P and dS per tile themselves. */
 typedef struct attn_lowp {
   k_attn_bf16 lp;
   void *mem[4];
@@ -327,12 +342,13 @@ static int attention_begin(ml_backend *be, ml_dtype compute, const k_attn_block 
   bool packed = ml_cpu_gemm_bf16_native(g);
   int64_t nq = extent(blk->B, blk->q_bs, blk->sq, blk->nh * blk->hd);
   int64_t nk = extent(blk->B, blk->k_bs, blk->sk, blk->nkv * blk->hd);
+  bool qkv = blk->qkv_bf16;
   a->lp = (k_attn_bf16){.packed = packed, .gemm = tile_gemm, .ctx = g};
   int rc = (packed && ml_cpu_gemm_tiles_reserve(g, omp_get_max_threads())) ||
-           rounded(be, q, nq, packed, &a->lp.q, &a->mem[0]) ||
-           rounded(be, blk->kv_table ? NULL : k, nk, packed, &a->lp.k, &a->mem[1]) ||
-           rounded(be, blk->kv_table ? NULL : v, nk, packed, &a->lp.v, &a->mem[2]) ||
-           rounded(be, dout, nq, packed, &a->lp.dout, &a->mem[3]);
+           rounded(be, q, qkv, nq, packed, &a->lp.q, &a->mem[0]) ||
+           rounded(be, blk->kv_table ? NULL : k, qkv, nk, packed, &a->lp.k, &a->mem[1]) ||
+           rounded(be, blk->kv_table ? NULL : v, qkv, nk, packed, &a->lp.v, &a->mem[2]) ||
+           rounded(be, dout, false, nq, packed, &a->lp.dout, &a->mem[3]);
   if (rc) {
     attention_end(be, a);
     return -1;
@@ -383,7 +399,7 @@ static k_attn_block block_of(const ml_attn_block *b) {
                         .window = b->window, .group = b->group, .head_off = b->head_off,
                         .kv_table = b->kv_table, .kv_block = b->kv_block,
                         .table_bs = b->table_bs, .kv_bf16 = b->kv_bf16,
-                        .out_bf16 = b->out_bf16};
+                        .out_bf16 = b->out_bf16, .qkv_bf16 = b->qkv_bf16};
 }
 
 static int cpu_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
@@ -635,6 +651,7 @@ static const ml_backend_ops k_cpu_ops = {
     .rope_tables = cpu_rope_tables,
     .rope_fwd = cpu_rope_fwd,
     .rope_bwd = cpu_rope_bwd,
+    .rope_fwd_bf16 = cpu_rope_fwd_bf16,
     .attention_saved = cpu_attention_saved,
     .attention_work = cpu_attention_work,
     .attention_fwd = cpu_attention_fwd,

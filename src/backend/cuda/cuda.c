@@ -290,6 +290,12 @@ static int cu_rope_fwd(ml_backend *be, float *x, const float *c, const float *s,
   return ml_cuda_launched(kc_rope_fwd(impl(be)->stream, x, c, s, B, S, nh, hd), "rope forward");
 }
 
+static int cu_rope_fwd_bf16(ml_backend *be, float *x, void *y, const float *c, const float *s,
+                            int64_t B, int64_t S, int64_t nh, int64_t hd) {
+  return ml_cuda_launched(kc_rope_fwd_bf16(impl(be)->stream, x, y, c, s, B, S, nh, hd),
+                          "rope forward with a bf16 output");
+}
+
 static int cu_rope_bwd(ml_backend *be, float *dx, const float *c, const float *s, int64_t B,
                        int64_t S, int64_t nh, int64_t hd) {
   return ml_cuda_launched(kc_rope_bwd(impl(be)->stream, dx, c, s, B, S, nh, hd), "rope backward");
@@ -369,7 +375,7 @@ static kc_attn_block kc_block(const ml_attn_block *b) {
                          .window = b->window, .group = b->group, .head_off = b->head_off,
                          .kv_table = b->kv_table, .kv_block = b->kv_block,
                          .table_bs = b->table_bs, .kv_bf16 = b->kv_bf16,
-                         .out_bf16 = b->out_bf16};
+                         .out_bf16 = b->out_bf16, .qkv_bf16 = b->qkv_bf16};
 }
 
 /* A block call's kernel arguments *b and its stage (attention_stage). */
@@ -666,6 +672,7 @@ static const ml_backend_ops k_cuda_ops = {
     .rope_tables = cu_rope_tables,
     .rope_fwd = cu_rope_fwd,
     .rope_bwd = cu_rope_bwd,
+    .rope_fwd_bf16 = cu_rope_fwd_bf16,
     .attention_saved = cu_attention_saved,
     .attention_work = cu_attention_work,
     .attention_fwd = cu_attention_fwd,

@@ -89,6 +89,13 @@ void k_rope_fwd(float *x, const float *cos_t, const float *sin_t, int64_t B, int
 /* In place on dx: the transpose (rotation by −angle). */
 void k_rope_bwd(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t S,
                 int64_t nheads, int64_t hd);
+/* k_rope_fwd fused with the rounding to bf16: x rotated in place as
+ * k_rope_fwd rotates it (the same arithmetic, row by row), and y [B*S,
+ * nheads, hd] (bf16 bits) its values rounded to nearest-even
+ * (ml_f32_to_bf16) — bitwise k_rope_fwd then ml_f32_to_bf16 (backend.h
+ * ml_be_rope_fwd_bf16). */
+void k_rope_fwd_bf16(float *x, uint16_t *y, const float *cos_t, const float *sin_t, int64_t B,
+                     int64_t S, int64_t nheads, int64_t hd);
 
 /* ---- Causal grouped-query attention, FlashAttention-2 style ------------ */
 /* One block of queries against one block of keys of B sequences (backend.h
@@ -130,6 +137,11 @@ typedef struct k_attn_block {
    * reads it widened exactly; accumulate false only (backend.h
    * ml_attn_block.out_bf16) */
   bool out_bf16;
+  /* q, k, v are bf16 (uint16_t, their layouts): the caller's backend reads
+   * them as the bf16 products' operands (lp's q, k, v point at them, or at
+   * their exact fp32 widening); unpaged, bf16 products only (backend.h
+   * ml_attn_block.qkv_bf16). The kernels read q, k, v through lp alone. */
+  bool qkv_bf16;
 } k_attn_block;
 
 /* The tiles: query rows per task (forward, backward pass 1) and per step

@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include "kernels/cpu/kernels.h"
+#include "tensor/dtype.h"
 
 static const double TWO_PI = 6.283185307179586;  // 2 * math.pi
 
@@ -114,22 +115,29 @@ void k_rope_tables(const float *inv_freq, float scale, int64_t hd, int64_t S, fl
     }
 }
 
+// token row x [nheads, hd] at the position of tables c, s [hd/2] rotated in place by +angle
+// (dir = 1) or −angle (dir = −1); the one arithmetic of every RoPE here
+static inline void rotate_token(float *x, const float *c, const float *s, int64_t nheads,
+                                int64_t hd, float dir) {
+  int64_t half = hd / 2;
+  for (int64_t h = 0; h < nheads; h++) {
+    float *x1 = x + h * hd, *x2 = x1 + half;
+    for (int64_t i = 0; i < half; i++) {
+      float a = x1[i], b = x2[i], si = dir * s[i];
+      x1[i] = a * c[i] - b * si;
+      x2[i] = b * c[i] + a * si;
+    }
+  }
+}
+
 // x: [B*S, nheads, hd] rotated in place by +angle (dir = 1) or −angle (dir = −1)
 static void rope_rotate(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t S,
                         int64_t nheads, int64_t hd, float dir) {
   int64_t half = hd / 2;
 #pragma omp parallel for if (K_PAR(B * S, B * S * nheads * hd))
-  for (int64_t t = 0; t < B * S; t++) {
-    const float *c = cos_t + (t % S) * half, *s = sin_t + (t % S) * half;
-    for (int64_t h = 0; h < nheads; h++) {
-      float *x1 = x + (t * nheads + h) * hd, *x2 = x1 + half;
-      for (int64_t i = 0; i < half; i++) {
-        float a = x1[i], b = x2[i], si = dir * s[i];
-        x1[i] = a * c[i] - b * si;
-        x2[i] = b * c[i] + a * si;
-      }
-    }
-  }
+  for (int64_t t = 0; t < B * S; t++)
+    rotate_token(x + t * nheads * hd, cos_t + (t % S) * half, sin_t + (t % S) * half, nheads, hd,
+                 dir);
 }
 
 void k_rope_fwd(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t S,
@@ -140,4 +148,16 @@ void k_rope_fwd(float *x, const float *cos_t, const float *sin_t, int64_t B, int
 void k_rope_bwd(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t S,
                 int64_t nheads, int64_t hd) {
   rope_rotate(dx, cos_t, sin_t, B, S, nheads, hd, -1.0f);
+}
+
+void k_rope_fwd_bf16(float *x, uint16_t *y, const float *cos_t, const float *sin_t, int64_t B,
+                     int64_t S, int64_t nheads, int64_t hd) {
+  int64_t half = hd / 2, row = nheads * hd;
+#pragma omp parallel for if (K_PAR(B * S, B * S * row))
+  for (int64_t t = 0; t < B * S; t++) {
+    /* the row rotated as k_rope_fwd rotates it, then rounded while in cache */
+    float *xt = x + t * row;
+    rotate_token(xt, cos_t + (t % S) * half, sin_t + (t % S) * half, nheads, hd, 1.0f);
+    for (int64_t i = 0; i < row; i++) y[t * row + i] = ml_f32_to_bf16(xt[i]);
+  }
 }

@@ -1370,18 +1370,22 @@ void counts(const Params &p, int64_t &nq, int64_t &nk) {
   nk = (int64_t)p.B * p.sk * p.nkv * p.hd;
 }
 
-/* Bytes of the stage: bf16, q, k, v (and dout) in bf16; fp32 with paged
- * keys, k and v in fp32; else none. SIZE_MAX on overflow. */
+/* Bytes of the stage: bf16, q, k, v (and dout) in bf16 (qkv: q, k, v
+ * bf16 already, read in place: dout alone); fp32 with paged keys, k and v
+ * in fp32; else none. SIZE_MAX on overflow. */
 size_t stage_bytes(int64_t B, int64_t sq, int64_t sk, int64_t nh, int64_t nkv, int64_t hd,
-                   bool bf, bool paged, bool dout) {
+                   bool bf, bool paged, bool dout, bool qkv) {
   if (B < 0 || sq < 0 || sk < 0 || nh < 0 || nkv < 0 || hd < 0) return SIZE_MAX;
   if (!bf && !paged) return 0;
   size_t q, k, n;
   if (__builtin_mul_overflow((size_t)B, (size_t)hd, &n) ||
       __builtin_mul_overflow(n, (size_t)sq * (size_t)nh, &q) ||
       __builtin_mul_overflow(n, (size_t)sk * (size_t)nkv, &k) ||
-      __builtin_mul_overflow(k, (size_t)(bf ? 2 * sizeof(bf16) : 2 * sizeof(float)), &k) ||
-      __builtin_mul_overflow(q, (size_t)(bf ? (dout ? 2 : 1) * sizeof(bf16) : 0), &q) ||
+      __builtin_mul_overflow(k, (size_t)(qkv  ? 0
+                                         : bf ? 2 * sizeof(bf16)
+                                              : 2 * sizeof(float)),
+                             &k) ||
+      __builtin_mul_overflow(q, (size_t)(bf ? (!qkv + dout) * sizeof(bf16) : 0), &q) ||
       __builtin_add_overflow(q, k, &n))
     return SIZE_MAX;
   return n;
@@ -1406,8 +1410,10 @@ cudaError_t gather(cudaStream_t st, const kc_attn_block &k, const Params &p, con
 }
 
 /* Fills what the tiles read: bf16, q, k, v (and dout) rounded into the
- * stage (whole sequences: one conversion each; blocks: gathered compact);
- * fp32 with paged keys, k and v gathered there; else the caller's tensors. */
+ * stage (whole sequences: one conversion each; blocks: gathered compact),
+ * or bf16 q, k, v (kc_attn_block.qkv_bf16) read in place at the caller's
+ * strides and dout alone gathered; fp32 with paged keys, k and v gathered
+ * there; else the caller's tensors. */
 cudaError_t stage_inputs(cudaStream_t st, const kc_attn_block *k, Params &p, bool bf,
                          void *stage) {
   unsigned char *h = static_cast<unsigned char *>(stage);
@@ -1428,12 +1434,16 @@ cudaError_t stage_inputs(cudaStream_t st, const kc_attn_block *k, Params &p, boo
   if (!k || (!bf && !k->kv_table)) return cudaSuccess;
   cudaError_t e;
   const unsigned char *at = h;
-  if (bf) {
+  if (bf && k->qkv_bf16) { /* the caller's bf16 q, k, v; strides as given */
+    p.qh = reinterpret_cast<const bf16 *>(p.q);
+    p.kh = reinterpret_cast<const bf16 *>(p.k);
+    p.vh = reinterpret_cast<const bf16 *>(p.v);
+  } else if (bf) {
     if ((e = gather(st, *k, p, p.q, false, true, h, p.qs_bs)) != cudaSuccess) return e;
     p.qh = reinterpret_cast<const bf16 *>(at);
   }
   const void *kv[] = {p.k, p.v}; /* paged: the pool */
-  for (int i = 0; i < 2; i++) {
+  for (int i = 0; i < 2 && !(bf && k->qkv_bf16); i++) {
     at = h;
     if ((e = gather(st, *k, p, kv[i], true, bf, h, p.ks_bs)) != cudaSuccess) return e;
     if (bf)
@@ -1496,7 +1506,7 @@ cudaError_t backward(cudaStream_t st, const kc_attn_block *k, Params &p, const f
 
 extern "C" size_t kc_attention_stage_bytes(int64_t B, int64_t S, int64_t nh, int64_t nkv,
                                            int64_t hd, bool dout) {
-  return stage_bytes(B, S, S, nh, nkv, hd, true, false, dout);
+  return stage_bytes(B, S, S, nh, nkv, hd, true, false, dout, false);
 }
 
 extern "C" cudaError_t kc_attention_fwd(cudaStream_t st, const float *q, const float *k,
@@ -1538,9 +1548,21 @@ extern "C" cudaError_t kc_attention_bwd(cudaStream_t st, const float *dout, cons
 
 /* ---- block attention ---------------------------------------------------- */
 
+namespace {
+/* bf16 q, k, v (kc_attn_block.qkv_bf16): bf16 products on unpaged keys;
+ * more than one sequence: q compact (q_bs = sq·nh·hd: the backward's
+ * dout, staged compact, shares its sequence stride, Params.qs_bs), k_bs
+ * keeping every key row 16-byte aligned for the tiles' 16-byte copies (hd
+ * is a multiple of 8 already) */
+bool qkv_ok(const kc_attn_block &k, bool bf16) {
+  return !k.qkv_bf16 ||
+         (bf16 && !k.kv_table && (k.B == 1 || (k.q_bs == k.sq * k.nh * k.hd && k.k_bs % 8 == 0)));
+}
+}  // namespace
+
 extern "C" size_t kc_attention_block_stage_bytes(const kc_attn_block *blk, bool bf16, bool dout) {
   return stage_bytes(blk->B, blk->sq, blk->sk, blk->nh, blk->nkv, blk->hd, bf16,
-                     blk->kv_table != nullptr, dout);
+                     blk->kv_table != nullptr, dout, bf16 && blk->qkv_bf16);
 }
 
 extern "C" cudaError_t kc_attention_block_fwd(cudaStream_t st, const kc_attn_block *blk,
@@ -1554,8 +1576,9 @@ extern "C" cudaError_t kc_attention_block_fwd(cudaStream_t st, const kc_attn_blo
   const bool paged = blk->kv_table != nullptr;
   if (!aligned16(q) || !aligned16(out) || !lse || !k || !v ||
       (!paged && (!aligned16(k) || !aligned16(v))) ||
-      ((bf16 || paged) && (!stage || !aligned16(stage))) ||
-      (blk->out_bf16 && (accumulate || !bf16))) /* fwd_bf16 alone writes a bf16 out */
+      (((bf16 && !blk->qkv_bf16) || paged) && (!stage || !aligned16(stage))) ||
+      (blk->out_bf16 && (accumulate || !bf16)) || /* fwd_bf16 alone writes a bf16 out */
+      !qkv_ok(*blk, bf16))
     return cudaErrorInvalidValue;
   p.acc = accumulate;
   return forward(st, blk, p, q, k, v, out, lse, bf16, stage);
@@ -1575,7 +1598,7 @@ extern "C" cudaError_t kc_attention_block_bwd(cudaStream_t st, const kc_attn_blo
   Params p = {};
   cudaError_t e = setup(p, *blk);
   if (e != cudaSuccess) return e;
-  if (blk->kv_table || (blk->out_bf16 && !bf16))
+  if (blk->kv_table || (blk->out_bf16 && !bf16) || !qkv_ok(*blk, bf16))
     return cudaErrorInvalidValue; /* the KV cache is forward only; a bf16 out, bf16 only */
   p.acc = true;
   return backward(st, blk, p, dout, q, k, v, out, lse, dq, dk, dv, work, bf16, stage);

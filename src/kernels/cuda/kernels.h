@@ -115,6 +115,13 @@ cudaError_t kc_rope_fwd(cudaStream_t st, float *x, const float *cos_t, const flo
                         int64_t B, int64_t S, int64_t nheads, int64_t hd);
 cudaError_t kc_rope_bwd(cudaStream_t st, float *dx, const float *cos_t, const float *sin_t,
                         int64_t B, int64_t S, int64_t nheads, int64_t hd);
+/* The forward fused with the rounding: y [B·S, nh, hd] (bf16 bits) = the
+ * rotation of x rounded to nearest-even (kc_f32_to_bf16), bitwise
+ * kc_rope_fwd then kc_f32_to_bf16; x is read only (kernels/cpu
+ * k_rope_fwd_bf16, backend.h ml_be_rope_fwd_bf16). */
+cudaError_t kc_rope_fwd_bf16(cudaStream_t st, const float *x, uint16_t *y, const float *cos_t,
+                             const float *sin_t, int64_t B, int64_t S, int64_t nheads,
+                             int64_t hd);
 
 /* ---- Embedding (Megatron VocabParallelEmbedding) (embedding.cu) -------- */
 /* out[t] = scale · W[ids[t] − row0] for ids in [row0, row0 + rows), else 0;
@@ -267,11 +274,16 @@ typedef struct kc_attn_block {
   bool kv_bf16;
   bool out_bf16; /* out is bf16: written rounded to nearest-even, read exactly (backend.h
                     ml_attn_block.out_bf16; bf16 products, accumulate false) */
+  bool qkv_bf16; /* q, k, v are bf16 (uint16_t, their layouts): the tiles copy them in place,
+                    nothing staged but dout (backend.h ml_attn_block.qkv_bf16; bf16 products,
+                    unpaged; B > 1: q compact, q_bs = sq·nh·hd, and k_bs a multiple of
+                    8; else cudaErrorInvalidValue) */
 } kc_attn_block;
 /* Bytes of `stage` (device scratch, 16-byte aligned; free to reuse once
  * the call's kernels have run): bf16, the rows of q, k, v (and, `dout`, of
- * dout) gathered compact in bf16; fp32 with paged keys, k and v gathered
- * in fp32; else 0 (stage unused, may be NULL). SIZE_MAX on overflow. */
+ * dout) gathered compact in bf16 (with qkv_bf16 dout's alone); fp32 with
+ * paged keys, k and v gathered in fp32; else 0 (stage unused, may be
+ * NULL). SIZE_MAX on overflow. */
 size_t kc_attention_block_stage_bytes(const kc_attn_block *blk, bool bf16, bool dout);
 /* The block's softmax attention: accumulate false, out and lse (=) the
  * block's (a row that sees no key: out 0, lse −inf); true, merged into the

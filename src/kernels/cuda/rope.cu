@@ -10,9 +10,10 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
-// x: [B·S, nh, hd] rotated in place by +angle (dir = 1) or −angle (dir = −1)
-static __global__ void rope_kernel(float *x, const float *cos_t, const float *sin_t, int64_t BS,
-                                   int64_t S, int64_t nh, int64_t hd, float dir) {
+// x: [B·S, nh, hd] rotated in place by +angle (dir = 1) or −angle (dir = −1), or, y set,
+// the rotation rounded to bf16 into y [B·S, nh, hd] (x untouched)
+static __global__ void rope_kernel(float *x, uint16_t *y, const float *cos_t, const float *sin_t,
+                                   int64_t BS, int64_t S, int64_t nh, int64_t hd, float dir) {
   int64_t half = hd / 2;
   unsigned quads = (unsigned)((half + 3) / 4), items = (unsigned)nh * quads; /* < 2^31 */
   for (int64_t t = blockIdx.x; t < BS; t += gridDim.x) {
@@ -31,28 +32,43 @@ static __global__ void rope_kernel(float *x, const float *cos_t, const float *si
         a[k] = ak * cv[k] - bk * si;
         b[k] = bk * cv[k] + ak * si;
       }
+      if (y) { /* the same values rounded as kc_f32_to_bf16 rounds */
+        uint16_t *y1 = y + (t * nh + h) * hd, *y2 = y1 + half;
+        for (int k = 0; k < 4 && i + k < half; k++) {
+          y1[i + k] = kc_f32_to_bf16(a[k]);
+          y2[i + k] = kc_f32_to_bf16(b[k]);
+        }
+        continue;
+      }
       kc_st4(x1, i, half, a);
       kc_st4(x2, i, half, b);
     }
   }
 }
 
-static cudaError_t rope(cudaStream_t st, float *x, const float *cos_t, const float *sin_t,
-                        int64_t B, int64_t S, int64_t nheads, int64_t hd, float dir) {
+static cudaError_t rope(cudaStream_t st, float *x, uint16_t *y, const float *cos_t,
+                        const float *sin_t, int64_t B, int64_t S, int64_t nheads, int64_t hd,
+                        float dir) {
   if (B <= 0 || S <= 0 || nheads <= 0 || hd < 2) return cudaSuccess;
   if (nheads * ((hd / 2 + 3) / 4) > INT32_MAX) return cudaErrorInvalidValue;
-  return KC_LAUNCH(rope_kernel, kc_row_grid(B * S), KC_THREADS, 0, st, x, cos_t, sin_t, B * S, S,
-                   nheads, hd, dir);
+  return KC_LAUNCH(rope_kernel, kc_row_grid(B * S), KC_THREADS, 0, st, x, y, cos_t, sin_t, B * S,
+                   S, nheads, hd, dir);
 }
 
 extern "C" cudaError_t kc_rope_fwd(cudaStream_t st, float *x, const float *cos_t,
                                    const float *sin_t, int64_t B, int64_t S, int64_t nheads,
                                    int64_t hd) {
-  return rope(st, x, cos_t, sin_t, B, S, nheads, hd, 1.0f);
+  return rope(st, x, nullptr, cos_t, sin_t, B, S, nheads, hd, 1.0f);
+}
+
+extern "C" cudaError_t kc_rope_fwd_bf16(cudaStream_t st, const float *x, uint16_t *y,
+                                        const float *cos_t, const float *sin_t, int64_t B,
+                                        int64_t S, int64_t nheads, int64_t hd) {
+  return rope(st, const_cast<float *>(x), y, cos_t, sin_t, B, S, nheads, hd, 1.0f);
 }
 
 extern "C" cudaError_t kc_rope_bwd(cudaStream_t st, float *dx, const float *cos_t,
                                    const float *sin_t, int64_t B, int64_t S, int64_t nheads,
                                    int64_t hd) {
-  return rope(st, dx, cos_t, sin_t, B, S, nheads, hd, -1.0f);
+  return rope(st, dx, nullptr, cos_t, sin_t, B, S, nheads, hd, -1.0f);
 }

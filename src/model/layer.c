@@ -86,6 +86,14 @@ static ml_act on(ml_act v, float *x) {
   return v;
 }
 
+/* lin's backward on dy: bf16 as its producer wrote it (dy_bf16: m->bf16_rope_grads for
+ * q/k_proj, m->bf16_glu_grads for gate/up_proj), else fp32 (rounded by the linear). */
+static int linear_backward(ml_model *m, bool dy_bf16, const ml_linear *lin, ml_act *dy,
+                           const ml_act *x, const void *xr, float *dx, int accumulate) {
+  if (dy_bf16) return ml_linear_backward_bf16(m->be, lin, dy, x, xr, dx, accumulate);
+  return ml_linear_backward(m->be, lin, dy, x, xr, dx, accumulate);
+}
+
 /* Backward through a block's shared input: `in` is the view its linears
  * read (dh, their summed input grad, is in that layout); the input edge of
  * `first` brings dh back to the residual layout, then the block's norm and
@@ -317,17 +325,26 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
   ML_TRY(ml_hook_run(L->o_proj.in.bwd, &datt_v));
   ML_TRY(expect_view(L->o_proj.weight->name, &datt_v, S, nh * hd));
   ML_TRY(core_backward(m, L, datt, dq, dk, dv));
-  ML_TRY(ml_be_rope_bwd(m->be, dq, L->rope_cos, L->rope_sin, B, S, nh, hd));
-  ML_TRY(ml_be_rope_bwd(m->be, dk, L->rope_cos, L->rope_sin, B, S, nkv, hd));
-  if (L->q_norm.weight) {
+  ml_act dqv = on(a->qv, dq), dkv = on(a->kv, dk), dvv = on(a->vv, dv);
+  if (m->bf16_rope_grads) { /* dq, dk: [B, S, nh|nkv, hd] bf16 in datt's room (model.c) */
+    uint16_t *dq16 = (uint16_t *)datt, *dk16 = dq16 + T * nh * hd;
+    ML_TRY(ml_be_rope_bwd_bf16(m->be, dq, dq16, L->rope_cos, L->rope_sin, B, S, nh, hd));
+    ML_TRY(ml_be_rope_bwd_bf16(m->be, dk, dk16, L->rope_cos, L->rope_sin, B, S, nkv, hd));
+    dqv.x = (float *)dq16; /* ml_linear_backward_bf16 reads them as bf16 */
+    dkv.x = (float *)dk16;
+  } else {
+    ML_TRY(ml_be_rope_bwd(m->be, dq, L->rope_cos, L->rope_sin, B, S, nh, hd));
+    ML_TRY(ml_be_rope_bwd(m->be, dk, L->rope_cos, L->rope_sin, B, S, nkv, hd));
+  }
+  if (L->q_norm.weight) { /* never under m->bf16_rope_grads */
     ML_TRY(norm_bwd(m, &L->q_norm, dq, a->q_raw, a->rstd_q, dq, T * nh, hd));   // dq: [T·nh, hd]
     ML_TRY(norm_bwd(m, &L->k_norm, dk, a->k_raw, a->rstd_k, dk, T * nkv, hd));  // dk: [T·nkv, hd]
   }
-  ml_act dqv = on(a->qv, dq), dkv = on(a->kv, dk), dvv = on(a->vv, dv);
   void *xr; /* in_qkv in bf16 for the three dW GEMMs (bf16 weights) */
   ML_TRY(saved_operand(m, &L->q_proj, &a->in_qkv, a->h1, &xr));
-  int rc = ml_linear_backward(m->be, &L->q_proj, &dqv, &a->in_qkv, xr, dh, 0);  // dh: [B, S, H]
-  if (!rc) rc = ml_linear_backward(m->be, &L->k_proj, &dkv, &a->in_qkv, xr, dh, 1);
+  bool d16 = m->bf16_rope_grads;
+  int rc = linear_backward(m, d16, &L->q_proj, &dqv, &a->in_qkv, xr, dh, 0);  // dh: [B, S, H]
+  if (!rc) rc = linear_backward(m, d16, &L->k_proj, &dkv, &a->in_qkv, xr, dh, 1);
   if (!rc) rc = ml_linear_backward(m->be, &L->v_proj, &dvv, &a->in_qkv, xr, dh, 1);
   release_operand(m, xr);
   ML_TRY(rc);
@@ -424,7 +441,9 @@ static int dense_backward(ml_model *m, ml_layer *L, ml_act *d, float *dh) {
   ml_layer_acts *a = &L->acts;
   int64_t T = m->B * m->S;
   float *da = dh + T * m->cfg.hidden;
-  float *dg = da + T * m->cap_i, *du = dg + T * m->cap_i;
+  /* dg, du: [B, s, I], bf16 under m->bf16_glu_grads (the layout model.c allocates) */
+  ml_dtype d_type = m->bf16_glu_grads ? ML_BF16 : ML_F32;
+  void *dg = da + T * m->cap_i, *du = (char *)dg + (size_t)(T * m->cap_i) * ml_dtype_size(d_type);
   const void *xr = m->bf16_inputs ? (const void *)a->a : NULL; /* a in bf16, or the GEMM rounds */
   ML_TRY(ml_linear_backward(m->be, &L->down_proj, d, &a->in_down, xr, da, 0));  // da: [B, s, I]
   ml_act dav = on(a->in_down, da);
@@ -432,14 +451,15 @@ static int dense_backward(ml_model *m, ml_layer *L, ml_act *d, float *dh) {
   ML_TRY(expect_view(L->down_proj.weight->name, &dav, a->gv.s, a->gv.c));
   int64_t n = a->gv.B * a->gv.s * a->gv.c;
   if (m->bf16_mlp) /* g, u saved in bf16 */
-    ML_TRY(ml_be_glu_bwd_bf16(m->be, da, a->g, a->u, dg, du, n, m->cfg.family->act));
+    ML_TRY(ml_be_glu_bwd_bf16(m->be, da, a->g, a->u, dg, du, d_type, n, m->cfg.family->act));
   else
     ML_TRY(ml_be_glu_bwd(m->be, da, a->g, a->u, dg, du, n, m->cfg.family->act));
   ml_act dgv = on(a->gv, dg), duv = on(a->gv, du);
   void *xg; /* in_gu in bf16 for both dW GEMMs (bf16 weights) */
   ML_TRY(saved_operand(m, &L->gate_proj, &a->in_gu, a->h2, &xg));
-  int rc = ml_linear_backward(m->be, &L->gate_proj, &dgv, &a->in_gu, xg, dh, 0);  // dh: [B, s, H]
-  if (!rc) rc = ml_linear_backward(m->be, &L->up_proj, &duv, &a->in_gu, xg, dh, 1);
+  bool d16 = m->bf16_glu_grads;
+  int rc = linear_backward(m, d16, &L->gate_proj, &dgv, &a->in_gu, xg, dh, 0);  // dh: [B, s, H]
+  if (!rc) rc = linear_backward(m, d16, &L->up_proj, &duv, &a->in_gu, xg, dh, 1);
   release_operand(m, xg);
   return rc;
 }

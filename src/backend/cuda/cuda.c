@@ -295,6 +295,12 @@ static int cu_rope_bwd(ml_backend *be, float *dx, const float *c, const float *s
   return ml_cuda_launched(kc_rope_bwd(impl(be)->stream, dx, c, s, B, S, nh, hd), "rope backward");
 }
 
+static int cu_rope_bwd_bf16(ml_backend *be, const float *dx, void *y, const float *c,
+                            const float *s, int64_t B, int64_t S, int64_t nh, int64_t hd) {
+  return ml_cuda_launched(kc_rope_bwd_bf16(impl(be)->stream, dx, y, c, s, B, S, nh, hd),
+                          "rope backward (bf16 output)");
+}
+
 /* FlashAttention-2 saves each query's log-sum-exp [B, nh, S]. */
 static int64_t cu_attention_saved(ml_backend *be, int64_t B, int64_t S, int64_t nh) {
   return ml_mul_sat(ml_mul_sat(B, nh), S);
@@ -430,8 +436,9 @@ static int cu_glu_fwd_bf16(ml_backend *be, const void *g, const void *u, void *h
 }
 
 static int cu_glu_bwd_bf16(ml_backend *be, const float *dh, const void *g, const void *u,
-                           float *dg, float *du, int64_t n, ml_glu_act act) {
-  return ml_cuda_launched(kc_glu_bwd_bf16(impl(be)->stream, dh, g, u, dg, du, n, act),
+                           void *dg, void *du, ml_dtype d_type, int64_t n, ml_glu_act act) {
+  return ml_cuda_launched(kc_glu_bwd_bf16(impl(be)->stream, dh, g, u, dg, du, d_type == ML_BF16,
+                                          n, act),
                           "glu backward (bf16 inputs)");
 }
 
@@ -666,6 +673,7 @@ static const ml_backend_ops k_cuda_ops = {
     .rope_tables = cu_rope_tables,
     .rope_fwd = cu_rope_fwd,
     .rope_bwd = cu_rope_bwd,
+    .rope_bwd_bf16 = cu_rope_bwd_bf16,
     .attention_saved = cu_attention_saved,
     .attention_work = cu_attention_work,
     .attention_fwd = cu_attention_fwd,

@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include "kernels/cpu/kernels.h"
+#include "tensor/dtype.h"
 
 static const double TWO_PI = 6.283185307179586;  // 2 * math.pi
 
@@ -114,19 +115,27 @@ void k_rope_tables(const float *inv_freq, float scale, int64_t hd, int64_t S, fl
     }
 }
 
-// x: [B*S, nheads, hd] rotated in place by +angle (dir = 1) or −angle (dir = −1)
-static void rope_rotate(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t S,
-                        int64_t nheads, int64_t hd, float dir) {
+/* x: [B*S, nheads, hd] rotated by +angle (dir = 1) or −angle (dir = −1): in place, or with
+ * y (the same shape in bf16) into y rounded to nearest-even, x unchanged */
+static void rope_rotate(float *x, uint16_t *y, const float *cos_t, const float *sin_t, int64_t B,
+                        int64_t S, int64_t nheads, int64_t hd, float dir) {
   int64_t half = hd / 2;
 #pragma omp parallel for if (K_PAR(B * S, B * S * nheads * hd))
   for (int64_t t = 0; t < B * S; t++) {
     const float *c = cos_t + (t % S) * half, *s = sin_t + (t % S) * half;
     for (int64_t h = 0; h < nheads; h++) {
-      float *x1 = x + (t * nheads + h) * hd, *x2 = x1 + half;
+      int64_t o = (t * nheads + h) * hd;
+      float *x1 = x + o, *x2 = x1 + half;
       for (int64_t i = 0; i < half; i++) {
         float a = x1[i], b = x2[i], si = dir * s[i];
-        x1[i] = a * c[i] - b * si;
-        x2[i] = b * c[i] + a * si;
+        float r1 = a * c[i] - b * si, r2 = b * c[i] + a * si;
+        if (y) {
+          y[o + i] = ml_f32_to_bf16(r1);
+          y[o + half + i] = ml_f32_to_bf16(r2);
+        } else {
+          x1[i] = r1;
+          x2[i] = r2;
+        }
       }
     }
   }
@@ -134,10 +143,15 @@ static void rope_rotate(float *x, const float *cos_t, const float *sin_t, int64_
 
 void k_rope_fwd(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t S,
                 int64_t nheads, int64_t hd) {
-  rope_rotate(x, cos_t, sin_t, B, S, nheads, hd, 1.0f);
+  rope_rotate(x, NULL, cos_t, sin_t, B, S, nheads, hd, 1.0f);
 }
 
 void k_rope_bwd(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t S,
                 int64_t nheads, int64_t hd) {
-  rope_rotate(dx, cos_t, sin_t, B, S, nheads, hd, -1.0f);
+  rope_rotate(dx, NULL, cos_t, sin_t, B, S, nheads, hd, -1.0f);
+}
+
+void k_rope_bwd_bf16(const float *dx, uint16_t *y, const float *cos_t, const float *sin_t,
+                     int64_t B, int64_t S, int64_t nheads, int64_t hd) {
+  rope_rotate((float *)dx, y, cos_t, sin_t, B, S, nheads, hd, -1.0f); /* dx only read */
 }

@@ -1,6 +1,7 @@
 /* Rotary position embedding: HF modeling_rope_utils inverse frequencies and
  * apply_rotary_pos_emb (rotate_half convention). */
 #include <math.h>
+#include <string.h>
 
 #include "kernels/cpu/kernels.h"
 #include "tensor/dtype.h"
@@ -115,8 +116,11 @@ void k_rope_tables(const float *inv_freq, float scale, int64_t hd, int64_t S, fl
     }
 }
 
+enum { ROPE_CHUNK = 64 }; /* rotated pairs a head takes at a time, on the stack */
+
 /* x: [B*S, nheads, hd] rotated by +angle (dir = 1) or −angle (dir = −1): in place, or with
- * y (the same shape in bf16) into y rounded to nearest-even, x unchanged */
+ * y (the same shape in bf16) into y rounded to nearest-even, x unchanged. One loop computes
+ * the rotation for both (the same values), a second stores them: both vectorize. */
 static void rope_rotate(float *x, uint16_t *y, const float *cos_t, const float *sin_t, int64_t B,
                         int64_t S, int64_t nheads, int64_t hd, float dir) {
   int64_t half = hd / 2;
@@ -126,15 +130,22 @@ static void rope_rotate(float *x, uint16_t *y, const float *cos_t, const float *
     for (int64_t h = 0; h < nheads; h++) {
       int64_t o = (t * nheads + h) * hd;
       float *x1 = x + o, *x2 = x1 + half;
-      for (int64_t i = 0; i < half; i++) {
-        float a = x1[i], b = x2[i], si = dir * s[i];
-        float r1 = a * c[i] - b * si, r2 = b * c[i] + a * si;
+      for (int64_t i0 = 0; i0 < half; i0 += ROPE_CHUNK) {
+        int64_t w = half - i0 < ROPE_CHUNK ? half - i0 : ROPE_CHUNK;
+        float r1[ROPE_CHUNK], r2[ROPE_CHUNK];
+        for (int64_t i = 0; i < w; i++) {
+          float a = x1[i0 + i], b = x2[i0 + i], si = dir * s[i0 + i];
+          r1[i] = a * c[i0 + i] - b * si;
+          r2[i] = b * c[i0 + i] + a * si;
+        }
         if (y) {
-          y[o + i] = ml_f32_to_bf16(r1);
-          y[o + half + i] = ml_f32_to_bf16(r2);
+          for (int64_t i = 0; i < w; i++) {
+            y[o + i0 + i] = ml_f32_to_bf16(r1[i]);
+            y[o + half + i0 + i] = ml_f32_to_bf16(r2[i]);
+          }
         } else {
-          x1[i] = r1;
-          x2[i] = r2;
+          memcpy(x1 + i0, r1, sizeof(float) * (size_t)w);
+          memcpy(x2 + i0, r2, sizeof(float) * (size_t)w);
         }
       }
     }

@@ -637,13 +637,14 @@ int ml_model_begin(ml_model *m, int64_t B, int64_t S) {
   m->xn_final = m->x_final + T * H;
   m->dxn_final = m->xn_final + T * H;
   m->rstd_final = m->dxn_final + T * H;
+  /* set forward-only too: the reuse check above compares them */
+  m->bf16_glu_grads = ml_model_bf16_glu_grads(m);
+  m->bf16_rope_grads = ml_model_bf16_rope_grads(m);
   if (m->forward_only) return alloc_rope(m); /* no backward: no scratch */
   /* backward temporaries: two [T, H], then attention's datt, dq [T, cap_q] and dk, dv
    * [T, cap_kv] (datt's room holding the bf16 dq, dk [T, cap_q + cap_kv] under
    * bf16_rope_grads), or the MLP's da, dg, du [T, cap_i] (dg, du bf16 under
    * bf16_glu_grads); then the attention backward's workspace */
-  m->bf16_glu_grads = ml_model_bf16_glu_grads(m);
-  m->bf16_rope_grads = ml_model_bf16_rope_grads(m);
   int64_t datt = m->cap_q; /* floats a row of datt's room takes */
   if (m->bf16_rope_grads && m->cap_kv > m->cap_q) datt = (m->cap_q + m->cap_kv + 1) / 2;
   int64_t att_w = datt + m->cap_q + 2 * m->cap_kv, mlp_w = (m->bf16_glu_grads ? 2 : 3) * m->cap_i;

@@ -196,10 +196,15 @@ int ml_be_rope_bwd(ml_backend *be, float *dx, const float *cos_t, const float *s
   NEED(be, ML_OP_ROPE);
   return be->ops->rope_bwd(be, dx, cos_t, sin_t, B, S, nheads, hd);
 }
-int ml_be_rope_fwd_bf16(ml_backend *be, float *x, void *y, const float *cos_t,
+int ml_be_rope_fwd_bf16(ml_backend *be, const float *x, void *y, const float *cos_t,
                         const float *sin_t, int64_t B, int64_t S, int64_t nheads, int64_t hd) {
   NEED(be, ML_OP_ROPE);
   return be->ops->rope_fwd_bf16(be, x, y, cos_t, sin_t, B, S, nheads, hd);
+}
+int ml_be_rope_bwd_bf16(ml_backend *be, const float *dx, void *y, const float *cos_t,
+                        const float *sin_t, int64_t B, int64_t S, int64_t nheads, int64_t hd) {
+  NEED(be, ML_OP_ROPE);
+  return be->ops->rope_bwd_bf16(be, dx, y, cos_t, sin_t, B, S, nheads, hd);
 }
 int ml_be_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
                         float *out, float *saved, int64_t B, int64_t S, int64_t nh, int64_t nkv,
@@ -286,10 +291,13 @@ int ml_be_glu_fwd_bf16(ml_backend *be, const void *g, const void *u, void *h, ml
                   ml_dtype_name(h_type));
   return be->ops->glu_fwd_bf16(be, g, u, h, h_type, n, act);
 }
-int ml_be_glu_bwd_bf16(ml_backend *be, const float *dh, const void *g, const void *u, float *dg,
-                       float *du, int64_t n, ml_glu_act act) {
+int ml_be_glu_bwd_bf16(ml_backend *be, const float *dh, const void *g, const void *u, void *dg,
+                       void *du, ml_dtype d_type, int64_t n, ml_glu_act act) {
   NEED(be, ML_OP_GLU);
-  return be->ops->glu_bwd_bf16(be, dh, g, u, dg, du, n, act);
+  if (d_type != ML_F32 && d_type != ML_BF16)
+    return ml_err("GLU backward on bf16 inputs: output dtype %s; expected F32 or BF16",
+                  ml_dtype_name(d_type));
+  return be->ops->glu_bwd_bf16(be, dh, g, u, dg, du, d_type, n, act);
 }
 int ml_be_embedding_fwd(ml_backend *be, const int32_t *ids, int64_t T, const void *W,
                         ml_dtype w_type, int64_t row0, int64_t rows, int64_t H, float scale,

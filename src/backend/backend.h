@@ -238,7 +238,9 @@ typedef struct ml_backend_ops {
                   int64_t S, int64_t nheads, int64_t hd);
   int (*rope_bwd)(ml_backend *be, float *dx, const float *cos_t, const float *sin_t, int64_t B,
                   int64_t S, int64_t nheads, int64_t hd);
-  int (*rope_fwd_bf16)(ml_backend *be, float *x, void *y, const float *cos_t,
+  int (*rope_fwd_bf16)(ml_backend *be, const float *x, void *y, const float *cos_t,
+                       const float *sin_t, int64_t B, int64_t S, int64_t nheads, int64_t hd);
+  int (*rope_bwd_bf16)(ml_backend *be, const float *dx, void *y, const float *cos_t,
                        const float *sin_t, int64_t B, int64_t S, int64_t nheads, int64_t hd);
   int64_t (*attention_saved)(ml_backend *be, int64_t B, int64_t S, int64_t nh);
   size_t (*attention_work)(ml_backend *be, int64_t B, int64_t S, int64_t nh, int64_t nkv,
@@ -264,8 +266,8 @@ typedef struct ml_backend_ops {
                  float *du, int64_t n, ml_glu_act act);
   int (*glu_fwd_bf16)(ml_backend *be, const void *g, const void *u, void *h, ml_dtype h_type,
                       int64_t n, ml_glu_act act);
-  int (*glu_bwd_bf16)(ml_backend *be, const float *dh, const void *g, const void *u, float *dg,
-                      float *du, int64_t n, ml_glu_act act);
+  int (*glu_bwd_bf16)(ml_backend *be, const float *dh, const void *g, const void *u, void *dg,
+                      void *du, ml_dtype d_type, int64_t n, ml_glu_act act);
   int (*embedding_fwd)(ml_backend *be, const int32_t *ids, int64_t T, const void *W,
                        ml_dtype w_type, int64_t row0, int64_t rows, int64_t H, float scale,
                        float *out);
@@ -497,10 +499,18 @@ int ml_be_rope_bwd(ml_backend *be, float *dx, const float *cos_t, const float *s
                    int64_t S, int64_t nheads, int64_t hd);
 /* ml_be_rope_fwd with a bf16 output, fused: y [B·S, nheads, hd] (uint16_t)
  * is rope(x) rounded to nearest-even once (bitwise ml_be_rope_fwd's fp32
- * result converted by ml_be_convert); x [B·S, nheads, hd] fp32 is scratch
- * afterwards (the CPU rotates it in place, CUDA leaves it). The bf16 q and k that autocast's SDPA
- * reads (HF apply_rotary_pos_emb in fp32, the cast at the bf16 product). */
-int ml_be_rope_fwd_bf16(ml_backend *be, float *x, void *y, const float *cos_t,
+ * result converted by ml_be_convert); x [B·S, nheads, hd] fp32 is only
+ * read. The bf16 q and k that autocast's SDPA reads (HF
+ * apply_rotary_pos_emb in fp32, the cast at the bf16 product). ML_OP_ROPE. */
+int ml_be_rope_fwd_bf16(ml_backend *be, const float *x, void *y, const float *cos_t,
+                        const float *sin_t, int64_t B, int64_t S, int64_t nheads, int64_t hd);
+/* ml_be_rope_bwd with a bf16 output, fused: y [B·S, nheads, hd] (uint16_t)
+ * is the rotation of dx by −angle rounded to nearest-even once, bitwise
+ * ml_be_rope_bwd's fp32 result converted by ml_be_convert; dx [B·S, nheads,
+ * hd] fp32 is only read. The dy of q_proj's and k_proj's bf16 GEMMs, which
+ * autocast's linear backward casts to bf16 (one rounding of HF
+ * apply_rotary_pos_emb's fp32 gradient). ML_OP_ROPE. */
+int ml_be_rope_bwd_bf16(ml_backend *be, const float *dx, void *y, const float *cos_t,
                         const float *sin_t, int64_t B, int64_t S, int64_t nheads, int64_t hd);
 /* Causal GQA attention (HF eager_attention_forward): q [B·S, nh, hd], k, v
  * [B·S, nkv, hd], out [B·S, nh, hd]. Keys j <= i, and j > i − window when
@@ -566,12 +576,17 @@ int ml_be_glu_bwd(ml_backend *be, const float *dh, const float *g, const float *
  * gate_proj and up_proj), widened exactly and computed in fp32 as the ops
  * above (bitwise those on the widened values, on every backend); the
  * forward's h [n] of h_type, ML_BF16 (rounded to nearest-even in the same
- * kernel: down_proj's bf16 input, no separate conversion) or ML_F32; dh,
- * dg, du fp32. ML_OP_GLU. Errors: h_type other than F32/BF16. */
+ * kernel: down_proj's bf16 input, no separate conversion) or ML_F32.
+ * ML_OP_GLU. Errors: h_type other than F32/BF16. */
 int ml_be_glu_fwd_bf16(ml_backend *be, const void *g, const void *u, void *h, ml_dtype h_type,
                        int64_t n, ml_glu_act act);
-int ml_be_glu_bwd_bf16(ml_backend *be, const float *dh, const void *g, const void *u, float *dg,
-                       float *du, int64_t n, ml_glu_act act);
+/* Its backward: dh [n] fp32; dg, du [n] (=) of d_type, ML_F32 or ML_BF16
+ * (rounded to nearest-even in the same kernel: the dy of gate_proj's and
+ * up_proj's bf16 GEMMs, autocast's cast of their fp32 gradient, no
+ * separate conversion; bitwise the F32 outputs converted). Errors: d_type
+ * other than F32/BF16. */
+int ml_be_glu_bwd_bf16(ml_backend *be, const float *dh, const void *g, const void *u, void *dg,
+                       void *du, ml_dtype d_type, int64_t n, ml_glu_act act);
 /* Vocab-parallel lookup (Megatron VocabParallelEmbedding): out [T, H] =
  * scale · W[ids − row0] for ids in [row0, row0 + rows), else 0; W [rows, H]
  * of w_type (F32 or BF16). ids are device memory. */

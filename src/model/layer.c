@@ -86,6 +86,35 @@ static ml_act on(ml_act v, float *x) {
   return v;
 }
 
+/* Whether lin's backward GEMMs read dy in bf16 and nothing else reads it in fp32 (bf16
+ * weight, ml_linear_dy_bf16): then its producer may write it in bf16. */
+static bool reads_bf16_dy(const ml_linear *lin) {
+  return lin->weight->dtype == ML_BF16 && ml_linear_dy_bf16(lin);
+}
+
+/* d [B, s_res, H], the output gradient of o_proj or down_proj (lin; NULL: a sparse layer's
+ * experts read it): attn_out_norm's or mlp_out_norm's backward on the residual gradient dx
+ * (fp32), else dx itself copied (lin's output edge transforms it in place), or where lin
+ * reads it only in bf16 (*d16) converted: the one bf16 copy its GEMMs read, written by this
+ * pass instead of a copy and then a conversion. */
+static int out_grad(ml_model *m, const ml_rmsnorm *norm, const float *saved, const float *rstd,
+                    const ml_linear *lin, const float *dx, float *d, bool *d16) {
+  int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
+  *d16 = !norm->weight && lin && reads_bf16_dy(lin);
+  if (norm->weight) return norm_bwd(m, norm, dx, saved, rstd, d, Tr, H);
+  if (*d16) return ml_be_convert(m->be, d, ML_BF16, dx, ML_F32, (size_t)(Tr * H));
+  return copy_floats(m, d, dx, Tr * H);
+}
+
+/* lin's backward on dy: bf16 as its producer wrote it (dy_bf16: m->bf16_rope_grads for
+ * q/k_proj, m->bf16_glu_grads for gate/up_proj, out_grad for o_proj, down_proj), else fp32
+ * (rounded by the linear). */
+static int linear_backward(ml_model *m, bool dy_bf16, const ml_linear *lin, ml_act *dy,
+                           const ml_act *x, const void *xr, float *dx, int accumulate) {
+  if (dy_bf16) return ml_linear_backward_bf16(m->be, lin, dy, x, xr, dx, accumulate);
+  return ml_linear_backward(m->be, lin, dy, x, xr, dx, accumulate);
+}
+
 /* Backward through a block's shared input: `in` is the view its linears
  * read (dh, their summed input grad, is in that layout); the input edge of
  * `first` brings dh back to the residual layout, then the block's norm and
@@ -334,34 +363,40 @@ static int attention_forward(ml_model *m, ml_layer *L, float *x) {
 // dx: [B, s_res, H] grad of x_mid in, grad of the layer input out
 static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
   ml_layer_acts *a = &L->acts;
-  int64_t B = m->B, S = m->S, T = B * S, Tr = B * m->s_res, H = m->cfg.hidden;
+  int64_t B = m->B, S = m->S, T = B * S, H = m->cfg.hidden;
   int64_t hd = m->cfg.head_dim, nh = a->qv.c / hd, nkv = a->kv.c / hd;
   float *dtmp = m->scratch, *dh = dtmp + T * H, *datt = dh + T * H;
   float *dq = datt + T * m->cap_q, *dk = dq + T * m->cap_q, *dv = dk + T * m->cap_kv;
-  if (L->attn_out_norm.weight)
-    /* dtmp: d o [B, s_res, H] */
-    ML_TRY(norm_bwd(m, &L->attn_out_norm, dx, a->o, a->rstd_o, dtmp, Tr, H));
-  else
-    ML_TRY(copy_floats(m, dtmp, dx, Tr * H));
+  bool d16; /* dtmp: d o [B, s_res, H], fp32 or bf16 */
+  ML_TRY(out_grad(m, &L->attn_out_norm, a->o, a->rstd_o, &L->o_proj, dx, dtmp, &d16));
   ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
   // datt: [B, S, nh·hd]
   const void *xo = m->bf16_att ? (const void *)a->att : NULL; /* as forward (att_operand) */
-  ML_TRY(ml_linear_backward(m->be, &L->o_proj, &d, &a->in_o, xo, datt, 0));
+  ML_TRY(linear_backward(m, d16, &L->o_proj, &d, &a->in_o, xo, datt, 0));
   ml_act datt_v = on(a->in_o, datt);
   ML_TRY(ml_hook_run(L->o_proj.in.bwd, &datt_v));
   ML_TRY(expect_view(L->o_proj.weight->name, &datt_v, S, nh * hd));
   ML_TRY(core_backward(m, L, datt, dq, dk, dv));
-  ML_TRY(ml_be_rope_bwd(m->be, dq, L->rope_cos, L->rope_sin, B, S, nh, hd));
-  ML_TRY(ml_be_rope_bwd(m->be, dk, L->rope_cos, L->rope_sin, B, S, nkv, hd));
-  if (L->q_norm.weight) {
+  ml_act dqv = on(a->qv, dq), dkv = on(a->kv, dk), dvv = on(a->vv, dv);
+  if (m->bf16_rope_grads) { /* dq, dk: [B, S, nh|nkv, hd] bf16 in datt's room (model.c) */
+    uint16_t *dq16 = (uint16_t *)datt, *dk16 = dq16 + T * nh * hd;
+    ML_TRY(ml_be_rope_bwd_bf16(m->be, dq, dq16, L->rope_cos, L->rope_sin, B, S, nh, hd));
+    ML_TRY(ml_be_rope_bwd_bf16(m->be, dk, dk16, L->rope_cos, L->rope_sin, B, S, nkv, hd));
+    dqv.x = (float *)dq16; /* ml_linear_backward_bf16 reads them as bf16 */
+    dkv.x = (float *)dk16;
+  } else {
+    ML_TRY(ml_be_rope_bwd(m->be, dq, L->rope_cos, L->rope_sin, B, S, nh, hd));
+    ML_TRY(ml_be_rope_bwd(m->be, dk, L->rope_cos, L->rope_sin, B, S, nkv, hd));
+  }
+  if (L->q_norm.weight) { /* never under m->bf16_rope_grads */
     ML_TRY(norm_bwd(m, &L->q_norm, dq, a->q_raw, a->rstd_q, dq, T * nh, hd));   // dq: [T·nh, hd]
     ML_TRY(norm_bwd(m, &L->k_norm, dk, a->k_raw, a->rstd_k, dk, T * nkv, hd));  // dk: [T·nkv, hd]
   }
-  ml_act dqv = on(a->qv, dq), dkv = on(a->kv, dk), dvv = on(a->vv, dv);
   void *xr; /* in_qkv in bf16 for the three dW GEMMs (bf16 weights) */
   ML_TRY(saved_operand(m, &L->q_proj, &a->in_qkv, a->h1, &xr));
-  int rc = ml_linear_backward(m->be, &L->q_proj, &dqv, &a->in_qkv, xr, dh, 0);  // dh: [B, S, H]
-  if (!rc) rc = ml_linear_backward(m->be, &L->k_proj, &dkv, &a->in_qkv, xr, dh, 1);
+  bool qk16 = m->bf16_rope_grads;
+  int rc = linear_backward(m, qk16, &L->q_proj, &dqv, &a->in_qkv, xr, dh, 0);  // dh: [B, S, H]
+  if (!rc) rc = linear_backward(m, qk16, &L->k_proj, &dkv, &a->in_qkv, xr, dh, 1);
   if (!rc) rc = ml_linear_backward(m->be, &L->v_proj, &dvv, &a->in_qkv, xr, dh, 1);
   release_operand(m, xr);
   ML_TRY(rc);
@@ -453,27 +488,30 @@ static int mlp_forward(ml_model *m, ml_layer *L, float *x) {
   return add_inplace(m, x, a->x_mid, Tr * H);
 }
 
-// d [B, s_res, H]: grad of down_proj's output → dh [B, s, H] (=) grad of in_gu
-static int dense_backward(ml_model *m, ml_layer *L, ml_act *d, float *dh) {
+// d [B, s_res, H]: grad of down_proj's output (bf16 when d16) → dh [B, s, H] (=) grad of in_gu
+static int dense_backward(ml_model *m, ml_layer *L, ml_act *d, bool d16, float *dh) {
   ml_layer_acts *a = &L->acts;
   int64_t T = m->B * m->S;
   float *da = dh + T * m->cfg.hidden;
-  float *dg = da + T * m->cap_i, *du = dg + T * m->cap_i;
+  /* dg, du: [B, s, I], bf16 under m->bf16_glu_grads (the layout model.c allocates) */
+  ml_dtype d_type = m->bf16_glu_grads ? ML_BF16 : ML_F32;
+  void *dg = da + T * m->cap_i, *du = (char *)dg + (size_t)(T * m->cap_i) * ml_dtype_size(d_type);
   const void *xr = m->bf16_inputs ? (const void *)a->a : NULL; /* a in bf16, or the GEMM rounds */
-  ML_TRY(ml_linear_backward(m->be, &L->down_proj, d, &a->in_down, xr, da, 0));  // da: [B, s, I]
+  ML_TRY(linear_backward(m, d16, &L->down_proj, d, &a->in_down, xr, da, 0));  // da: [B, s, I]
   ml_act dav = on(a->in_down, da);
   ML_TRY(ml_hook_run(L->down_proj.in.bwd, &dav));
   ML_TRY(expect_view(L->down_proj.weight->name, &dav, a->gv.s, a->gv.c));
   int64_t n = a->gv.B * a->gv.s * a->gv.c;
   if (m->bf16_mlp) /* g, u saved in bf16 */
-    ML_TRY(ml_be_glu_bwd_bf16(m->be, da, a->g, a->u, dg, du, n, m->cfg.family->act));
+    ML_TRY(ml_be_glu_bwd_bf16(m->be, da, a->g, a->u, dg, du, d_type, n, m->cfg.family->act));
   else
     ML_TRY(ml_be_glu_bwd(m->be, da, a->g, a->u, dg, du, n, m->cfg.family->act));
   ml_act dgv = on(a->gv, dg), duv = on(a->gv, du);
   void *xg; /* in_gu in bf16 for both dW GEMMs (bf16 weights) */
   ML_TRY(saved_operand(m, &L->gate_proj, &a->in_gu, a->h2, &xg));
-  int rc = ml_linear_backward(m->be, &L->gate_proj, &dgv, &a->in_gu, xg, dh, 0);  // dh: [B, s, H]
-  if (!rc) rc = ml_linear_backward(m->be, &L->up_proj, &duv, &a->in_gu, xg, dh, 1);
+  bool g16 = m->bf16_glu_grads;
+  int rc = linear_backward(m, g16, &L->gate_proj, &dgv, &a->in_gu, xg, dh, 0);  // dh: [B, s, H]
+  if (!rc) rc = linear_backward(m, g16, &L->up_proj, &duv, &a->in_gu, xg, dh, 1);
   release_operand(m, xg);
   return rc;
 }
@@ -481,16 +519,14 @@ static int dense_backward(ml_model *m, ml_layer *L, ml_act *d, float *dh) {
 // dx: [B, s_res, H] grad of the layer output in, grad of x_mid out
 static int mlp_backward(ml_model *m, ml_layer *L, float *dx) {
   ml_layer_acts *a = &L->acts;
-  int64_t T = m->B * m->S, Tr = m->B * m->s_res, H = m->cfg.hidden;
+  int64_t T = m->B * m->S, H = m->cfg.hidden;
   float *dtmp = m->scratch, *dh = dtmp + T * H;
-  if (L->mlp_out_norm.weight)
-    /* dtmp: d down [B, s_res, H] */
-    ML_TRY(norm_bwd(m, &L->mlp_out_norm, dx, a->d, a->rstd_d, dtmp, Tr, H));
-  else
-    ML_TRY(copy_floats(m, dtmp, dx, Tr * H));
+  const ml_linear *down = L->moe.gate.weight ? NULL : &L->down_proj; /* NULL: the experts' */
+  bool d16; /* dtmp: d down [B, s_res, H], fp32 or bf16 */
+  ML_TRY(out_grad(m, &L->mlp_out_norm, a->d, a->rstd_d, down, dx, dtmp, &d16));
   ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
-  if (L->moe.gate.weight) ML_TRY(ml_moe_backward(m, L, &a->in_gu, dtmp, dh));  // dh: [B, s, H]
-  else ML_TRY(dense_backward(m, L, &d, dh));
+  if (!down) ML_TRY(ml_moe_backward(m, L, &a->in_gu, dtmp, dh));  // dh: [B, s, H]
+  else ML_TRY(dense_backward(m, L, &d, d16, dh));
   return block_input_backward(m, mlp_first(L), &a->in_gu, dh, &L->mlp_norm, a->x_mid, a->rstd2,
                               dx);  // dx += d x_mid
 }

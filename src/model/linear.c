@@ -257,35 +257,64 @@ int ml_linear_forward_bf16(ml_backend *be, const ml_linear *lin, const ml_act *x
   return rc;
 }
 
-int ml_linear_backward(ml_backend *be, const ml_linear *lin, ml_act *dy, const ml_act *x,
-                       const void *xr, float *dx, int accumulate) {
-  const ml_param *w = lin->weight;
-  ML_TRY(ml_hook_run(lin->out.bwd, dy));
-  if (dy->s != x->s || dy->c != w->local[0])
-    return ml_err("%s: the output gradient is [%lld positions, %lld features] after its edge; "
-                  "expected [%lld, %lld]",
-                  w->name, (long long)dy->s, (long long)dy->c, (long long)x->s,
-                  (long long)w->local[0]);
+/* The GEMMs of the backward on dy [T, out] of a_type (fp32, or bf16 rounded once for both):
+ * dx (= or += when accumulate; NULL: none) and dW (+=; none for a frozen weight). */
+static int grad_gemms(ml_backend *be, const ml_param *w, const void *A, ml_dtype a_type,
+                      const ml_act *x, const void *xr, float *dx, int accumulate) {
   int64_t T = x->B * x->s, in = w->local[1], out = w->local[0];
-  void *dyr = NULL; /* dy rounded once for both GEMMs (bf16 weights) */
-  if (w->dtype == ML_BF16 && dx) ML_TRY(round_rows(be, dy->x, T, out, &dyr));
-  const void *A = dyr ? dyr : (const void *)dy->x;
-  ml_dtype a_type = dyr ? ML_BF16 : ML_F32;
-  int rc = 0;
   if (dx) { // dx: [T, in] (= or +=) dy: [T, out] · W: [out, in]
     ml_gemm g = {.M = T, .N = in, .K = out, .A = A, .a_type = a_type, .lda = out,
                  .B = w->data, .b_type = w->dtype, .ldb = in, .C = dx, .ldc = in,
                  .accumulate = accumulate, .compute = w->dtype};
-    rc = ml_be_gemm(be, &g);
+    ML_TRY(ml_be_gemm(be, &g));
   }
   // dW: [out, in] += dy^T: [out, T] · x: [T, in]; none for a frozen weight (grad NULL)
   ml_gemm gw = {.trans_a = true, .M = out, .N = in, .K = T, .A = A, .a_type = a_type,
                 .lda = out, .B = xr ? xr : (const void *)x->x, .b_type = xr ? ML_BF16 : ML_F32,
                 .ldb = in, .C = w->grad, .ldc = in, .accumulate = true, .compute = w->dtype};
-  if (!rc && w->grad) rc = ml_be_gemm(be, &gw);
+  return w->grad ? ml_be_gemm(be, &gw) : 0;
+}
+
+/* An error unless dy [B, x->s, out_local] fits lin's weight after the output edge. */
+static int check_grad(const ml_linear *lin, const ml_act *dy, const ml_act *x) {
+  const ml_param *w = lin->weight;
+  if (dy->s == x->s && dy->c == w->local[0]) return 0;
+  return ml_err("%s: the output gradient is [%lld positions, %lld features] after its edge; "
+                "expected [%lld, %lld]",
+                w->name, (long long)dy->s, (long long)dy->c, (long long)x->s,
+                (long long)w->local[0]);
+}
+
+int ml_linear_backward(ml_backend *be, const ml_linear *lin, ml_act *dy, const ml_act *x,
+                       const void *xr, float *dx, int accumulate) {
+  const ml_param *w = lin->weight;
+  ML_TRY(ml_hook_run(lin->out.bwd, dy));
+  ML_TRY(check_grad(lin, dy, x));
+  int64_t T = x->B * x->s, out = w->local[0];
+  void *dyr = NULL; /* dy rounded once for both GEMMs (bf16 weights) */
+  if (w->dtype == ML_BF16 && dx) ML_TRY(round_rows(be, dy->x, T, out, &dyr));
+  int rc = grad_gemms(be, w, dyr ? dyr : (const void *)dy->x, dyr ? ML_BF16 : ML_F32, x, xr, dx,
+                      accumulate);
   ml_be_free(be, dyr);
   ML_TRY(rc);
   if (lin->lora_a) ML_TRY(lora_backward(be, lin, dy, x, xr, dx));
   if (lin->bias && lin->bias->grad) ML_TRY(ml_be_bias_grad(be, dy->x, T, out, lin->bias->grad));
   return 0;
+}
+
+bool ml_linear_dy_bf16(const ml_linear *lin) {
+  return !lin->weight->fp32 && !lin->lora_a && !lin->bias && !lin->out.bwd.fn;
+}
+
+int ml_linear_backward_bf16(ml_backend *be, const ml_linear *lin, const ml_act *dy,
+                            const ml_act *x, const void *xr, float *dx, int accumulate) {
+  const ml_param *w = lin->weight;
+  const char *why = w->dtype != ML_BF16 ? "its weight is not bf16"
+                    : !ml_linear_dy_bf16(lin)
+                        ? "its backward reads the fp32 gradient (an fp32-kept weight, a LoRA "
+                          "adapter, a bias or an output edge)"
+                        : NULL;
+  if (why) return ml_err("%s: a bf16 output gradient was given, but %s", w->name, why);
+  ML_TRY(check_grad(lin, dy, x));
+  return grad_gemms(be, w, dy->x, ML_BF16, x, xr, dx, accumulate);
 }

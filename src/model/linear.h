@@ -46,5 +46,23 @@ int ml_linear_forward_bf16(ml_backend *be, const ml_linear *lin, const ml_act *x
  * weight dy is rounded once for both GEMMs. */
 int ml_linear_backward(ml_backend *be, const ml_linear *lin, ml_act *dy, const ml_act *x,
                        const void *xr, float *dx, int accumulate);
+/* Whether lin's backward, under bf16 weights, reads its output gradient
+ * only as the bf16 operand of its two GEMMs, so that the kernel producing
+ * dy may write it in bf16 once (ml_linear_backward_bf16): its weight is not
+ * kept in fp32 (ml_param.fp32), and it has no LoRA adapter (lora_B's and
+ * lora_A's gradients read the fp32 dy), no bias (its gradient sums the fp32
+ * dy) and no output edge backward (a tp collective on the fp32 dy). The
+ * single source of this rule for the model's choices (model.h
+ * ml_model_bf16_glu_grads, ml_model_bf16_rope_grads). */
+bool ml_linear_dy_bf16(const ml_linear *lin);
+/* ml_linear_backward on a dy [B, x->s, out_local] already in bf16 (dy->x
+ * points at uint16_t: the fp32 gradient rounded to nearest-even by its
+ * producer, as ml_linear_backward rounds it): the dx and dW GEMMs read it as
+ * is, no conversion; bitwise ml_linear_backward on the fp32 dy (autocast's
+ * linear backward, its bf16 grad_output). Errors (naming the weight): a
+ * weight not bf16 or a linear that fails ml_linear_dy_bf16; dy not [B,
+ * x->s, out_local]. */
+int ml_linear_backward_bf16(ml_backend *be, const ml_linear *lin, const ml_act *dy,
+                            const ml_act *x, const void *xr, float *dx, int accumulate);
 
 #endif

@@ -9,6 +9,7 @@
 #include "common/checked.h"
 #include "common/status.h"
 #include "model/block.h"
+#include "model/linear.h"
 #include "model/moe.h"
 #include "tensor/placement.h"
 
@@ -480,6 +481,24 @@ bool ml_model_bf16_qkv(const ml_model *m) {
   return true;
 }
 
+bool ml_model_bf16_glu_grads(const ml_model *m) {
+  if (!ml_model_bf16_mlp(m)) return false;
+  for (int l = 0; l < m->cfg.n_layers; l++)
+    if (!ml_linear_dy_bf16(&m->layers[l].gate_proj) || !ml_linear_dy_bf16(&m->layers[l].up_proj))
+      return false;
+  return true;
+}
+
+bool ml_model_bf16_rope_grads(const ml_model *m) {
+  if (!m->bf16_params || m->cfg.n_layers < 1 || !m->layers) return false;
+  for (int l = 0; l < m->cfg.n_layers; l++) {
+    const ml_layer *L = &m->layers[l];
+    if (L->q_norm.weight || !ml_linear_dy_bf16(&L->q_proj) || !ml_linear_dy_bf16(&L->k_proj))
+      return false;
+  }
+  return true;
+}
+
 /* How allocation messages name the batch: the caller's words
  * (m->batch_what), else the plain geometry. */
 static const char *batch_words(const ml_model *m, char *buf, size_t cap) {
@@ -607,7 +626,9 @@ int ml_model_begin(ml_model *m, int64_t B, int64_t S) {
   /* a training geometry serves a forward-only pass too, not the reverse */
   if (m->B == B && m->S == S && m->x_final && (m->forward_only || !m->acts_shared) &&
       m->bf16_inputs == ml_model_bf16_inputs(m) && m->bf16_att == ml_model_bf16_att(m) &&
-      m->bf16_mlp == ml_model_bf16_mlp(m) && m->bf16_qkv == ml_model_bf16_qkv(m))
+      m->bf16_mlp == ml_model_bf16_mlp(m) && m->bf16_qkv == ml_model_bf16_qkv(m) &&
+      m->bf16_glu_grads == ml_model_bf16_glu_grads(m) &&
+      m->bf16_rope_grads == ml_model_bf16_rope_grads(m))
     return 0;
   if (!m->be) return ml_err("ml_model_begin: no backend set (ml_model.be)");
   free_acts(m);
@@ -633,13 +654,18 @@ int ml_model_begin(ml_model *m, int64_t B, int64_t S) {
   m->xn_final = m->x_final + T * H;
   m->dxn_final = m->xn_final + T * H;
   m->rstd_final = m->dxn_final + T * H;
+  /* set forward-only too: the reuse check above compares them */
+  m->bf16_glu_grads = ml_model_bf16_glu_grads(m);
+  m->bf16_rope_grads = ml_model_bf16_rope_grads(m);
   if (m->forward_only) return alloc_rope(m); /* no backward: no scratch */
   /* backward temporaries: two [T, H], then attention's datt, dq [T, cap_q] and dk, dv
-   * [T, cap_kv], or the MLP's da, dg, du [T, cap_i]; then the attention backward's
-   * workspace */
-  int64_t wide = 2 * m->cap_q + 2 * m->cap_kv > 3 * m->cap_i ? 2 * m->cap_q + 2 * m->cap_kv
-                                                              : 3 * m->cap_i;
-  int64_t temps = ml_mul_sat(T, 2 * H + wide);
+   * [T, cap_kv] (datt's room holding the bf16 dq, dk [T, cap_q + cap_kv] under
+   * bf16_rope_grads), or the MLP's da, dg, du [T, cap_i] (dg, du bf16 under
+   * bf16_glu_grads); then the attention backward's workspace */
+  int64_t datt = m->cap_q; /* floats a row of datt's room takes */
+  if (m->bf16_rope_grads && m->cap_kv > m->cap_q) datt = (m->cap_q + m->cap_kv + 1) / 2;
+  int64_t att_w = datt + m->cap_q + 2 * m->cap_kv, mlp_w = (m->bf16_glu_grads ? 2 : 3) * m->cap_i;
+  int64_t temps = ml_mul_sat(T, 2 * H + (att_w > mlp_w ? att_w : mlp_w));
   size_t attn = ml_be_attention_work(m->be, B, S, m->cap_q / m->cfg.head_dim,
                                      m->cap_kv / m->cfg.head_dim, m->cfg.head_dim);
   int64_t attn_floats = attn >= (size_t)ML_SAT ? ML_SAT : (int64_t)((attn + 3) / 4);

@@ -406,6 +406,12 @@ typedef struct ml_model {
    * (q, k) and v_proj's GEMM, read so by attention (ml_model_bf16_qkv when
    * carved). */
   bool bf16_qkv;
+  /* The backward scratch is laid out for the GLU backward writing dg, du in
+   * bf16 (ml_model_bf16_glu_grads when it was allocated) ... */
+  bool bf16_glu_grads;
+  /* ... and for the RoPE backward writing dq, dk in bf16
+   * (ml_model_bf16_rope_grads when allocated). */
+  bool bf16_rope_grads;
   ml_embedding embed_tokens;
   ml_layer *layers;
   ml_rmsnorm norm;
@@ -619,6 +625,27 @@ bool ml_model_bf16_mlp(const ml_model *m);
  * ml_param.fp32), not computed whole and have no output edge hooks (a tp
  * or sp redistribute of the fp32 views: there the feature is off). */
 bool ml_model_bf16_qkv(const ml_model *m);
+/* Whether the GLU backward writes dg, du (the output gradients of gate_proj
+ * and up_proj) in bf16, rounded once to nearest-even in its kernel
+ * (ml_be_glu_bwd_bf16), and the two linears' backward GEMMs read them so
+ * (ml_linear_backward_bf16) — the rounding ml_linear_backward does
+ * itself otherwise, as autocast's linear backward casts grad_output: true
+ * under ml_model_bf16_mlp when gate_proj and up_proj of every layer pass
+ * ml_linear_dy_bf16 (no LoRA adapter, bias or output edge reads the fp32
+ * gradient). Bitwise the same gradients; the backward scratch holds dg, du
+ * at 2 bytes and no GEMM operand is converted for them. */
+bool ml_model_bf16_glu_grads(const ml_model *m);
+
+/* Whether the RoPE backward writes dq, dk (the output gradients of q_proj
+ * and k_proj) in bf16 (ml_be_rope_bwd_bf16), read so by the two linears'
+ * backward GEMMs (ml_linear_backward_bf16), as ml_model_bf16_glu_grads
+ * for gate/up: true when every weight is gathered as bf16
+ * (m->bf16_params), the family has no q_norm/k_norm (their backward sits
+ * between RoPE's and the linears' and reads the fp32 gradient), and q_proj
+ * and k_proj of every layer pass ml_linear_dy_bf16. The bf16 dq, dk take
+ * the room of attention's output gradient (dead by then) in the backward
+ * scratch. */
+bool ml_model_bf16_rope_grads(const ml_model *m);
 
 /* Embedding lookup: ids [B, S] → x [B, s_res, H] (scaled; the output edge
  * runs and sets m->s_res). x has room for [B, S, H]. Errors: an edge that

@@ -76,10 +76,10 @@ static int edge_run(ml_tp_edge *e, bool backward, ml_act *a) {
 static int edge_fwd(void *ctx, ml_act *a) { return edge_run(ctx, false, a); }
 static int edge_bwd(void *ctx, ml_act *a) { return edge_run(ctx, true, a); }
 
-/* Whether an edge communicates or reshapes at all, forward or backward. */
-static bool edge_active(const ml_tp_edge *e) {
+/* Whether an edge communicates or reshapes in that direction. */
+static bool edge_active(const ml_tp_edge *e, bool backward) {
   ml_placement from[ML_TP_MAX_STEPS], to[ML_TP_MAX_STEPS];
-  return ml_tp_edge_steps(e, false, from, to) + ml_tp_edge_steps(e, true, from, to) > 0;
+  return ml_tp_edge_steps(e, backward, from, to) > 0;
 }
 
 int ml_tp_edge_cost(const ml_tp_edge *e, bool backward, int64_t B, int64_t S,
@@ -101,9 +101,10 @@ int ml_tp_edge_cost(const ml_tp_edge *e, bool backward, int64_t B, int64_t S,
 
 
 void ml_tp_set_hooks(ml_edge *edge, ml_tp_edge *e) {
-  if (!edge_active(e)) return;
-  edge->fwd = (ml_hook){edge_fwd, e};
-  edge->bwd = (ml_hook){edge_bwd, e};
+  bool fwd = edge_active(e, false), bwd = edge_active(e, true);
+  if (!fwd && !bwd) return;
+  if (fwd) edge->fwd = (ml_hook){edge_fwd, e};
+  if (bwd) edge->bwd = (ml_hook){edge_bwd, e};
   int64_t cap = 0;
   for (int i = 0; i < e->n; i++) {
     int64_t s0, len = e->C;

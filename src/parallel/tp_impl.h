@@ -18,9 +18,12 @@ static inline ml_placement ml_tp_grad_of(ml_placement p) {
 /* p as "Shard(1)" for messages (one of 4 rotating static buffers). */
 const char *ml_tp_pstr(ml_placement p);
 
-/* Install edge e's redistributes as the hooks of model edge `edge` (none
- * when e neither communicates nor reshapes), with the widest local feature
- * count it takes on. */
+/* Install edge e's redistributes as the hooks of model edge `edge`, each
+ * direction's only when it communicates or reshapes (a row-parallel
+ * output's Partial → Replicate has no backward step: its backward reads
+ * the gradient as it is, so a bf16 GEMM may take it in bf16,
+ * model/linear.h ml_linear_dy_bf16), with the widest local feature count
+ * it takes on (none when e does neither way). */
 void ml_tp_set_hooks(ml_edge *edge, ml_tp_edge *e);
 
 /* How parameter p is cut when sharded on dim d: ML_TP_QUERY_HEADS /

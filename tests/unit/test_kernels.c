@@ -721,6 +721,19 @@ static void test_rope_apply(void **state) {
   bound = TOL_FIRST_ORDER * (bound + tol_gamma64((double)n) * sa);
   double d = lhs - rhs, zero = 0.0;
   expect_within_d("rope bwd is the adjoint", &d, &zero, &bound, 1);
+  /* the bf16 output: bitwise dx (the fp32 backward) rounded, g untouched; g's first head of
+   * position 0 (cos 1, sin 0: an exact rotation) holds ties to even */
+  for (int64_t i = 0; i < hd; i++) g[i] = 1.0f + (i % 2 ? 0x1p-8f : 0x3p-8f);
+  memcpy(dx, g, (size_t)n * sizeof(float));
+  k_rope_bwd(dx, c, s, B, S, nh, hd);
+  float *gc = malloc((size_t)n * sizeof(float));
+  uint16_t *y16 = malloc((size_t)n * 2), *r16 = malloc((size_t)n * 2);
+  memcpy(gc, g, (size_t)n * sizeof(float));
+  ml_convert_from_f32(ML_BF16, dx, r16, (size_t)n);
+  k_rope_bwd_bf16(g, y16, c, s, B, S, nh, hd);
+  if (memcmp(y16, r16, (size_t)n * 2)) fail_msg("rope bwd bf16: differs from bwd rounded");
+  if (memcmp(g, gc, (size_t)n * sizeof(float))) fail_msg("rope bwd bf16: its input changed");
+  free(gc), free(y16), free(r16);
   free(x), free(y), free(g), free(dx), free(ref), free(ya), free(dxa);
 }
 
@@ -1807,8 +1820,9 @@ static void test_glu(void **state) {
 
 /* The bf16 variants (k_glu_fwd_bf16, k_glu_bwd_bf16) against the fp32
  * kernels on the widened g, u, bitwise (memcmp): h in fp32, and in bf16 as
- * ml_f32_to_bf16 of that; dg, du. n spans several chunks and a partial
- * one; g, u include values whose h overflows (inf), a tie and a NaN. */
+ * ml_f32_to_bf16 of that; dg, du in fp32, and in bf16 as ml_f32_to_bf16 of
+ * those. n spans several chunks and a partial one; g, u include values
+ * whose h overflows (inf), a tie and a NaN, dh a dg that is a tie. */
 static void test_glu_bf16(void **state) {
   (void)state;
   int64_t n = 1301;
@@ -1817,10 +1831,13 @@ static void test_glu_bf16(void **state) {
     uint16_t *g = malloc((size_t)n * 2), *u = malloc((size_t)n * 2), *h16 = malloc((size_t)n * 2);
     float *h = malloc((size_t)n * 4), *ref = malloc((size_t)n * 4), *dg = malloc((size_t)n * 4);
     float *du = malloc((size_t)n * 4), *rdg = malloc((size_t)n * 4), *rdu = malloc((size_t)n * 4);
-    uint16_t *r16 = malloc((size_t)n * 2);
+    uint16_t *r16 = malloc((size_t)n * 2), *dg16 = malloc((size_t)n * 2);
+    uint16_t *du16 = malloc((size_t)n * 2), *rg16 = malloc((size_t)n * 2);
+    uint16_t *ru16 = malloc((size_t)n * 2);
     gf[0] = 3.0e38f, uf[0] = 3.0e38f; /* h = inf in fp32 */
     gf[1] = 1.0f, uf[1] = 1.0f + 0x1p-8f; /* u exactly between two bf16 values: a tie */
     gf[2] = NAN;
+    gf[3] = 0.0f, uf[3] = 1.0f, dh[3] = 1.0f + 0x1p-8f; /* dg = dh·u·act'(0) = dh/2: a tie */
     for (int64_t i = 0; i < n; i++) {
       g[i] = ml_f32_to_bf16(gf[i]), u[i] = ml_f32_to_bf16(uf[i]);
       gf[i] = ml_bf16_to_f32(g[i]), uf[i] = ml_bf16_to_f32(u[i]);
@@ -1830,14 +1847,19 @@ static void test_glu_bf16(void **state) {
     ml_convert_from_f32(ML_BF16, ref, r16, (size_t)n);
     k_glu_fwd_bf16(g, u, h, false, n, (ml_glu_act)act);
     k_glu_fwd_bf16(g, u, h16, true, n, (ml_glu_act)act);
-    k_glu_bwd_bf16(dh, g, u, dg, du, n, (ml_glu_act)act);
+    k_glu_bwd_bf16(dh, g, u, dg, du, false, n, (ml_glu_act)act);
+    k_glu_bwd_bf16(dh, g, u, dg16, du16, true, n, (ml_glu_act)act);
+    ml_convert_from_f32(ML_BF16, rdg, rg16, (size_t)n);
+    ml_convert_from_f32(ML_BF16, rdu, ru16, (size_t)n);
     const char *name = act == ML_GLU_SILU ? "silu" : "gelu_tanh";
     if (memcmp(h, ref, (size_t)n * 4)) fail_msg("%s: bf16-input forward (fp32 h) differs", name);
     if (memcmp(h16, r16, (size_t)n * 2)) fail_msg("%s: bf16 forward differs from h rounded", name);
     if (memcmp(dg, rdg, (size_t)n * 4) || memcmp(du, rdu, (size_t)n * 4))
       fail_msg("%s: bf16-input backward differs", name);
+    if (memcmp(dg16, rg16, (size_t)n * 2) || memcmp(du16, ru16, (size_t)n * 2))
+      fail_msg("%s: bf16 backward outputs differ from dg, du rounded", name);
     free(gf), free(uf), free(dh), free(g), free(u), free(h16), free(h), free(ref), free(dg);
-    free(du), free(rdg), free(rdu), free(r16);
+    free(du), free(rdg), free(rdu), free(r16), free(dg16), free(du16), free(rg16), free(ru16);
   }
 }
 

@@ -240,9 +240,10 @@ static void test_glu() {
 }
 
 /* ---- gated activation on bf16 g, u: the same kernel order as the fp32
- * kernels on the widened values, so bitwise those (h bf16: kc_f32_to_bf16 of
- * the fp32 h); against the CPU's bf16 variants within glu_bounds of the
- * widened values (expf and FMA contraction differ from the host's) -------- */
+ * kernels on the widened values, so bitwise those (h bf16, and dg, du bf16:
+ * kc_f32_to_bf16 of the fp32 results, at every alignment); against the
+ * CPU's bf16 variants within glu_bounds of the widened values (expf and FMA
+ * contraction differ from the host's) -------------------------------------- */
 static void test_glu_bf16() {
   printf("glu_bf16\n");
   for (int act = 0; act < 2; act++)
@@ -261,17 +262,24 @@ static void test_glu_bf16() {
         float *hr = pl.get<float>(n), *dgr = pl.get<float>(n), *dur = pl.get<float>(n);
         ok(kc_glu_fwd_bf16(nullptr, g, u, h, false, n, a), "glu fwd bf16");
         ok(kc_glu_fwd_bf16(nullptr, g, u, h16, true, n, a), "glu fwd bf16 (h bf16)");
-        ok(kc_glu_bwd_bf16(nullptr, dh, g, u, dg, du, n, a), "glu bwd bf16");
+        uint16_t *dg16 = pl.get<uint16_t>(n, 1 - off), *du16 = pl.get<uint16_t>(n, off);
+        uint16_t *rg16 = pl.get<uint16_t>(n), *ru16 = pl.get<uint16_t>(n);
+        ok(kc_glu_bwd_bf16(nullptr, dh, g, u, dg, du, false, n, a), "glu bwd bf16");
+        ok(kc_glu_bwd_bf16(nullptr, dh, g, u, dg16, du16, true, n, a), "glu bwd bf16 (bf16 out)");
         ok(kc_glu_fwd(nullptr, gw, uw, hr, n, a), "glu fwd");
         ok(kc_glu_bwd(nullptr, dh, gw, uw, dgr, dur, n, a), "glu bwd");
-        for (int64_t i = 0; i < n; i++) r16[i] = ml_f32_to_bf16(hr[i]);
+        for (int64_t i = 0; i < n; i++)
+          r16[i] = ml_f32_to_bf16(hr[i]), rg16[i] = ml_f32_to_bf16(dgr[i]),
+          ru16[i] = ml_f32_to_bf16(dur[i]);
         std::string tag = fmt("glu_bf16 %s n=%lld off=%d", act ? "gelu" : "silu", (long long)n, off);
         same(tag + " h vs fp32 kernel", h, hr, 4 * n);
         same("  h bf16 vs fp32 kernel's, rounded", h16, r16, 2 * n);
         same("  dg vs fp32 kernel", dg, dgr, 4 * n);
         same("  du vs fp32 kernel", du, dur, 4 * n);
+        same("  dg bf16 vs fp32 kernel's, rounded", dg16, rg16, 2 * n);
+        same("  du bf16 vs fp32 kernel's, rounded", du16, ru16, 2 * n);
         k_glu_fwd_bf16(g, u, hr, false, n, a);
-        k_glu_bwd_bf16(dh, g, u, dgr, dur, n, a);
+        k_glu_bwd_bf16(dh, g, u, dgr, dur, false, n, a);
         std::vector<double> bh(n), bg(n), bu(n);
         glu_bounds(gw, uw, dh, n, a != ML_GLU_SILU, bh.data(), bg.data(), bu.data());
         close("  h vs the CPU's", h, hr, bh, n);
@@ -456,8 +464,10 @@ static void test_rmsnorm() {
 }
 
 /* ---- RoPE from the CPU's tables, forward and backward: rope_bounds
- * (tests/cuda/op_bounds.h); the bf16-output forward bitwise the forward
- * rounded (kc_f32_to_bf16 is ml_f32_to_bf16 bit for bit) ----------------------- */
+ * (tests/cuda/op_bounds.h); the bf16-output forward and backward bitwise the
+ * fp32 ones rounded (kc_f32_to_bf16 is ml_f32_to_bf16 bit for bit), their
+ * input untouched, the backward's y aligned and not, with ties to even at
+ * position 0 (cos 1, sin 0: the rotation is exact) ---------------------------- */
 static void test_rope() {
   printf("rope\n");
   const int64_t dims[][4] = {{1, 1, 3, 64},  {2, 37, 3, 72}, {3, 5, 2, 6},
@@ -469,8 +479,15 @@ static void test_rope() {
     double att = k_rope_inv_freq(10000.0, hd, nullptr, S, inv.data());
     float *ct = pl.get<float>(S * half), *st = pl.get<float>(S * half);
     k_rope_tables(inv.data(), (float)att, hd, S, ct, st);
-    float *x = rand_f(pl, n, 2.0f), *xf = pl.copy(x, n), *xb = pl.copy(x, n);
-    float *rf = pl.copy(x, n), *rb = pl.copy(x, n);
+    float *x = rand_f(pl, n, 2.0f);
+    for (int64_t i = 0; i < hd; i += 3) x[i] = 1.0f + (i % 2 ? 0x1p-8f : 0x3p-8f); /* ties */
+    float *xf = pl.copy(x, n), *xb = pl.copy(x, n), *rf = pl.copy(x, n), *rb = pl.copy(x, n);
+    float *xc = pl.copy(x, n);
+    uint16_t *y16 = pl.get<uint16_t>(n), *y16o = pl.get<uint16_t>(n, 1), *r16 = pl.get<uint16_t>(n);
+    ok(kc_rope_bwd_bf16(nullptr, xc, y16, ct, st, B, S, nh, hd), "rope bwd bf16");
+    bool small = B * S < 1024; /* the misaligned stores once per shape but the 65537-row one */
+    if (small)
+      ok(kc_rope_bwd_bf16(nullptr, xc, y16o, ct, st, B, S, nh, hd), "rope bwd bf16 (y misaligned)");
     ok(kc_rope_fwd(nullptr, xf, ct, st, B, S, nh, hd), "rope fwd");
     ok(kc_rope_bwd(nullptr, xb, ct, st, B, S, nh, hd), "rope bwd");
     k_rope_fwd(rf, ct, st, B, S, nh, hd);
@@ -488,6 +505,10 @@ static void test_rope() {
     for (int64_t i = 0; i < n; i++) yr[i] = ml_f32_to_bf16(xf[i]);
     same("  fwd bf16 = fwd rounded", yh, yr, 2 * n);
     same("  fwd bf16 leaves x", xh, x, 4 * n);
+    for (int64_t i = 0; i < n; i++) r16[i] = ml_f32_to_bf16(xb[i]);
+    same("  bwd bf16 vs bwd rounded", y16, r16, 2 * n);
+    if (small) same("  bwd bf16 (y misaligned) vs bwd rounded", y16o, r16, 2 * n);
+    same("  bwd bf16's input untouched", xc, x, 4 * n);
   }
 }
 

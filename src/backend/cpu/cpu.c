@@ -213,8 +213,8 @@ static int cpu_rope_fwd(ml_backend *be, float *x, const float *c, const float *s
   return 0;
 }
 
-static int cpu_rope_fwd_bf16(ml_backend *be, float *x, void *y, const float *c, const float *s,
-                             int64_t B, int64_t S, int64_t nh, int64_t hd) {
+static int cpu_rope_fwd_bf16(ml_backend *be, const float *x, void *y, const float *c,
+                             const float *s, int64_t B, int64_t S, int64_t nh, int64_t hd) {
   k_rope_fwd_bf16(x, y, c, s, B, S, nh, hd);
   return 0;
 }
@@ -222,6 +222,12 @@ static int cpu_rope_fwd_bf16(ml_backend *be, float *x, void *y, const float *c, 
 static int cpu_rope_bwd(ml_backend *be, float *dx, const float *c, const float *s, int64_t B,
                         int64_t S, int64_t nh, int64_t hd) {
   k_rope_bwd(dx, c, s, B, S, nh, hd);
+  return 0;
+}
+
+static int cpu_rope_bwd_bf16(ml_backend *be, const float *dx, void *y, const float *c,
+                             const float *s, int64_t B, int64_t S, int64_t nh, int64_t hd) {
+  k_rope_bwd_bf16(dx, y, c, s, B, S, nh, hd);
   return 0;
 }
 
@@ -463,8 +469,8 @@ static int cpu_glu_fwd_bf16(ml_backend *be, const void *g, const void *u, void *
 }
 
 static int cpu_glu_bwd_bf16(ml_backend *be, const float *dh, const void *g, const void *u,
-                            float *dg, float *du, int64_t n, ml_glu_act act) {
-  k_glu_bwd_bf16(dh, g, u, dg, du, n, act);
+                            void *dg, void *du, ml_dtype d_type, int64_t n, ml_glu_act act) {
+  k_glu_bwd_bf16(dh, g, u, dg, du, d_type == ML_BF16, n, act);
   return 0;
 }
 
@@ -652,6 +658,7 @@ static const ml_backend_ops k_cpu_ops = {
     .rope_fwd = cpu_rope_fwd,
     .rope_bwd = cpu_rope_bwd,
     .rope_fwd_bf16 = cpu_rope_fwd_bf16,
+    .rope_bwd_bf16 = cpu_rope_bwd_bf16,
     .attention_saved = cpu_attention_saved,
     .attention_work = cpu_attention_work,
     .attention_fwd = cpu_attention_fwd,

@@ -290,8 +290,8 @@ static int cu_rope_fwd(ml_backend *be, float *x, const float *c, const float *s,
   return ml_cuda_launched(kc_rope_fwd(impl(be)->stream, x, c, s, B, S, nh, hd), "rope forward");
 }
 
-static int cu_rope_fwd_bf16(ml_backend *be, float *x, void *y, const float *c, const float *s,
-                            int64_t B, int64_t S, int64_t nh, int64_t hd) {
+static int cu_rope_fwd_bf16(ml_backend *be, const float *x, void *y, const float *c,
+                            const float *s, int64_t B, int64_t S, int64_t nh, int64_t hd) {
   return ml_cuda_launched(kc_rope_fwd_bf16(impl(be)->stream, x, y, c, s, B, S, nh, hd),
                           "rope forward with a bf16 output");
 }
@@ -299,6 +299,12 @@ static int cu_rope_fwd_bf16(ml_backend *be, float *x, void *y, const float *c, c
 static int cu_rope_bwd(ml_backend *be, float *dx, const float *c, const float *s, int64_t B,
                        int64_t S, int64_t nh, int64_t hd) {
   return ml_cuda_launched(kc_rope_bwd(impl(be)->stream, dx, c, s, B, S, nh, hd), "rope backward");
+}
+
+static int cu_rope_bwd_bf16(ml_backend *be, const float *dx, void *y, const float *c,
+                            const float *s, int64_t B, int64_t S, int64_t nh, int64_t hd) {
+  return ml_cuda_launched(kc_rope_bwd_bf16(impl(be)->stream, dx, y, c, s, B, S, nh, hd),
+                          "rope backward (bf16 output)");
 }
 
 /* FlashAttention-2 saves each query's log-sum-exp [B, nh, S]. */
@@ -436,8 +442,9 @@ static int cu_glu_fwd_bf16(ml_backend *be, const void *g, const void *u, void *h
 }
 
 static int cu_glu_bwd_bf16(ml_backend *be, const float *dh, const void *g, const void *u,
-                           float *dg, float *du, int64_t n, ml_glu_act act) {
-  return ml_cuda_launched(kc_glu_bwd_bf16(impl(be)->stream, dh, g, u, dg, du, n, act),
+                           void *dg, void *du, ml_dtype d_type, int64_t n, ml_glu_act act) {
+  return ml_cuda_launched(kc_glu_bwd_bf16(impl(be)->stream, dh, g, u, dg, du, d_type == ML_BF16,
+                                          n, act),
                           "glu backward (bf16 inputs)");
 }
 
@@ -673,6 +680,7 @@ static const ml_backend_ops k_cuda_ops = {
     .rope_fwd = cu_rope_fwd,
     .rope_bwd = cu_rope_bwd,
     .rope_fwd_bf16 = cu_rope_fwd_bf16,
+    .rope_bwd_bf16 = cu_rope_bwd_bf16,
     .attention_saved = cu_attention_saved,
     .attention_work = cu_attention_work,
     .attention_fwd = cu_attention_fwd,

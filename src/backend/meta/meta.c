@@ -115,9 +115,8 @@ static int meta_rope(ml_backend *be, float *x, const float *cos_t, const float *
                      int64_t S, int64_t nheads, int64_t hd) {
   return 0;
 }
-static int meta_rope_fwd_bf16(ml_backend *be, float *x, void *y, const float *cos_t,
-                              const float *sin_t, int64_t B, int64_t S, int64_t nheads,
-                              int64_t hd) {
+static int meta_rope_bf16(ml_backend *be, const float *x, void *y, const float *cos_t,
+                          const float *sin_t, int64_t B, int64_t S, int64_t nheads, int64_t hd) {
   return 0;
 }
 static int64_t meta_attention_saved(ml_backend *be, int64_t B, int64_t S, int64_t nh) {
@@ -167,7 +166,7 @@ static int meta_glu_fwd_bf16(ml_backend *be, const void *g, const void *u, void 
   return 0;
 }
 static int meta_glu_bwd_bf16(ml_backend *be, const float *dh, const void *g, const void *u,
-                             float *dg, float *du, int64_t n, ml_glu_act act) {
+                             void *dg, void *du, ml_dtype d_type, int64_t n, ml_glu_act act) {
   return 0;
 }
 static int meta_embedding_fwd(ml_backend *be, const int32_t *ids, int64_t T, const void *W,
@@ -297,7 +296,8 @@ static const ml_backend_ops k_meta_ops = {
     .rope_tables = meta_rope_tables,
     .rope_fwd = meta_rope,
     .rope_bwd = meta_rope,
-    .rope_fwd_bf16 = meta_rope_fwd_bf16,
+    .rope_fwd_bf16 = meta_rope_bf16,
+    .rope_bwd_bf16 = meta_rope_bf16,
     .attention_saved = meta_attention_saved,
     .attention_work = meta_attention_work,
     .attention_fwd = meta_attention_fwd,

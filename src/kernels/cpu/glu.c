@@ -4,7 +4,9 @@
  * expressions elementwise. The bf16 variants (autocast's MLP: g, u the
  * bf16 outputs of gate_proj/up_proj) widen g, u a chunk at a time and run
  * the same fp32 expressions, the forward rounding h to nearest-even at the
- * store: bitwise the fp32 kernels on the widened inputs, h then converted. */
+ * store, the backward dg, du where gate_proj's and up_proj's bf16 GEMMs read
+ * them: bitwise the fp32 kernels on the widened inputs, outputs then
+ * converted. */
 #include <math.h>
 #include <string.h>
 
@@ -114,26 +116,34 @@ void k_glu_fwd_bf16(const uint16_t *g, const uint16_t *u, void *h, bool h_bf16, 
   }
 }
 
-// dh, dg, du: [n] fp32; g, u: [n] bf16
-void k_glu_bwd_bf16(const float *dh, const uint16_t *g, const uint16_t *u, float *dg, float *du,
-                    int64_t n, ml_glu_act act) {
+// dh: [n] fp32; g, u: [n] bf16; dg, du: [n] bf16 (d_bf16) or fp32
+void k_glu_bwd_bf16(const float *dh, const uint16_t *g, const uint16_t *u, void *dg, void *du,
+                    bool d_bf16, int64_t n, ml_glu_act act) {
 #pragma omp parallel for if (K_PAR(n / CHUNK, n))
   for (int64_t c0 = 0; c0 < n; c0 += CHUNK) {
     int64_t c = chunk_len(c0, n);
-    float gf[CHUNK], uf[CHUNK], e[CHUNK];
+    float gf[CHUNK], uf[CHUNK], e[CHUNK], dgf[CHUNK], duf[CHUNK];
     widen(g + c0, gf, c);
     widen(u + c0, uf, c);
     if (act == ML_GLU_SILU) exp_neg(gf, e, c);
     for (int64_t j = 0; j < c; j++) {
-      int64_t i = c0 + j;
-      float d = dh[i], gi = gf[j];
+      float d = dh[c0 + j], gi = gf[j];
       if (act == ML_GLU_SILU) {
-        dg[i] = d * uf[j] * silu_grad(gi, e[j]);
-        du[i] = d * silu(gi, e[j]);
+        dgf[j] = d * uf[j] * silu_grad(gi, e[j]);
+        duf[j] = d * silu(gi, e[j]);
       } else {
-        dg[i] = d * uf[j] * gelu_tanh_grad(gi);
-        du[i] = d * gelu_tanh(gi);
+        dgf[j] = d * uf[j] * gelu_tanh_grad(gi);
+        duf[j] = d * gelu_tanh(gi);
       }
+    }
+    if (d_bf16) { /* the dy of gate_proj's and up_proj's bf16 GEMMs, rounded once here */
+      for (int64_t j = 0; j < c; j++) {
+        ((uint16_t *)dg)[c0 + j] = ml_f32_to_bf16(dgf[j]);
+        ((uint16_t *)du)[c0 + j] = ml_f32_to_bf16(duf[j]);
+      }
+    } else {
+      memcpy((float *)dg + c0, dgf, sizeof(float) * (size_t)c);
+      memcpy((float *)du + c0, duf, sizeof(float) * (size_t)c);
     }
   }
 }

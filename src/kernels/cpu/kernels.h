@@ -89,13 +89,14 @@ void k_rope_fwd(float *x, const float *cos_t, const float *sin_t, int64_t B, int
 /* In place on dx: the transpose (rotation by −angle). */
 void k_rope_bwd(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t S,
                 int64_t nheads, int64_t hd);
-/* k_rope_fwd fused with the rounding to bf16: x rotated in place as
- * k_rope_fwd rotates it (the same arithmetic, row by row), and y [B*S,
- * nheads, hd] (bf16 bits) its values rounded to nearest-even
- * (ml_f32_to_bf16) — bitwise k_rope_fwd then ml_f32_to_bf16 (backend.h
- * ml_be_rope_fwd_bf16). */
-void k_rope_fwd_bf16(float *x, uint16_t *y, const float *cos_t, const float *sin_t, int64_t B,
-                     int64_t S, int64_t nheads, int64_t hd);
+/* The same into y [B*S, nheads, hd] bf16, rounded to nearest-even
+ * (ml_f32_to_bf16; bitwise k_rope_fwd's or k_rope_bwd's result converted),
+ * the input unchanged: the bf16 q and k attention reads (backend.h
+ * ml_be_rope_fwd_bf16), q_proj's and k_proj's bf16 dy (ml_be_rope_bwd_bf16). */
+void k_rope_fwd_bf16(const float *x, uint16_t *y, const float *cos_t, const float *sin_t,
+                     int64_t B, int64_t S, int64_t nheads, int64_t hd);
+void k_rope_bwd_bf16(const float *dx, uint16_t *y, const float *cos_t, const float *sin_t,
+                     int64_t B, int64_t S, int64_t nheads, int64_t hd);
 
 /* ---- Causal grouped-query attention, FlashAttention-2 style ------------ */
 /* One block of queries against one block of keys of B sequences (backend.h
@@ -237,11 +238,12 @@ void k_glu_bwd(const float *dh, const float *g, const float *u, float *dg, float
                ml_glu_act act);
 /* The same on bf16 g, u (widened exactly; the fp32 expressions of k_glu_fwd,
  * k_glu_bwd, so bitwise those on the widened values): h [n] bf16 (h_bf16,
- * rounded to nearest-even as ml_f32_to_bf16) or fp32; dh, dg, du fp32. */
+ * rounded to nearest-even as ml_f32_to_bf16) or fp32; dh fp32; dg, du [n]
+ * bf16 (d_bf16, rounded so) or fp32. */
 void k_glu_fwd_bf16(const uint16_t *g, const uint16_t *u, void *h, bool h_bf16, int64_t n,
                     ml_glu_act act);
-void k_glu_bwd_bf16(const float *dh, const uint16_t *g, const uint16_t *u, float *dg, float *du,
-                    int64_t n, ml_glu_act act);
+void k_glu_bwd_bf16(const float *dh, const uint16_t *g, const uint16_t *u, void *dg, void *du,
+                    bool d_bf16, int64_t n, ml_glu_act act);
 
 /* ---- Embedding (vocab-parallel lookup: Megatron VocabParallelEmbedding) */
 /* out[t] = scale · W[ids[t] − row0] if row0 <= ids[t] < row0 + rows, else 0.

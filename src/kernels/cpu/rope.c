@@ -1,6 +1,7 @@
 /* Rotary position embedding: HF modeling_rope_utils inverse frequencies and
  * apply_rotary_pos_emb (rotate_half convention). */
 #include <math.h>
+#include <string.h>
 
 #include "kernels/cpu/kernels.h"
 #include "tensor/dtype.h"
@@ -115,49 +116,58 @@ void k_rope_tables(const float *inv_freq, float scale, int64_t hd, int64_t S, fl
     }
 }
 
-// token row x [nheads, hd] at the position of tables c, s [hd/2] rotated in place by +angle
-// (dir = 1) or −angle (dir = −1); the one arithmetic of every RoPE here
-static inline void rotate_token(float *x, const float *c, const float *s, int64_t nheads,
-                                int64_t hd, float dir) {
+enum { ROPE_CHUNK = 64 }; /* rotated pairs a head takes at a time, on the stack */
+
+/* x: [B*S, nheads, hd] rotated by +angle (dir = 1) or −angle (dir = −1): in place, or with
+ * y (the same shape in bf16) into y rounded to nearest-even, x unchanged. One loop computes
+ * the rotation for both (the same values), a second stores them: both vectorize. */
+static void rope_rotate(float *x, uint16_t *y, const float *cos_t, const float *sin_t, int64_t B,
+                        int64_t S, int64_t nheads, int64_t hd, float dir) {
   int64_t half = hd / 2;
-  for (int64_t h = 0; h < nheads; h++) {
-    float *x1 = x + h * hd, *x2 = x1 + half;
-    for (int64_t i = 0; i < half; i++) {
-      float a = x1[i], b = x2[i], si = dir * s[i];
-      x1[i] = a * c[i] - b * si;
-      x2[i] = b * c[i] + a * si;
+#pragma omp parallel for if (K_PAR(B * S, B * S * nheads * hd))
+  for (int64_t t = 0; t < B * S; t++) {
+    const float *c = cos_t + (t % S) * half, *s = sin_t + (t % S) * half;
+    for (int64_t h = 0; h < nheads; h++) {
+      int64_t o = (t * nheads + h) * hd;
+      float *x1 = x + o, *x2 = x1 + half;
+      for (int64_t i0 = 0; i0 < half; i0 += ROPE_CHUNK) {
+        int64_t w = half - i0 < ROPE_CHUNK ? half - i0 : ROPE_CHUNK;
+        float r1[ROPE_CHUNK], r2[ROPE_CHUNK];
+        for (int64_t i = 0; i < w; i++) {
+          float a = x1[i0 + i], b = x2[i0 + i], si = dir * s[i0 + i];
+          r1[i] = a * c[i0 + i] - b * si;
+          r2[i] = b * c[i0 + i] + a * si;
+        }
+        if (y) {
+          for (int64_t i = 0; i < w; i++) {
+            y[o + i0 + i] = ml_f32_to_bf16(r1[i]);
+            y[o + half + i0 + i] = ml_f32_to_bf16(r2[i]);
+          }
+        } else {
+          memcpy(x1 + i0, r1, sizeof(float) * (size_t)w);
+          memcpy(x2 + i0, r2, sizeof(float) * (size_t)w);
+        }
+      }
     }
   }
 }
 
-// x: [B*S, nheads, hd] rotated in place by +angle (dir = 1) or −angle (dir = −1)
-static void rope_rotate(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t S,
-                        int64_t nheads, int64_t hd, float dir) {
-  int64_t half = hd / 2;
-#pragma omp parallel for if (K_PAR(B * S, B * S * nheads * hd))
-  for (int64_t t = 0; t < B * S; t++)
-    rotate_token(x + t * nheads * hd, cos_t + (t % S) * half, sin_t + (t % S) * half, nheads, hd,
-                 dir);
-}
-
 void k_rope_fwd(float *x, const float *cos_t, const float *sin_t, int64_t B, int64_t S,
                 int64_t nheads, int64_t hd) {
-  rope_rotate(x, cos_t, sin_t, B, S, nheads, hd, 1.0f);
+  rope_rotate(x, NULL, cos_t, sin_t, B, S, nheads, hd, 1.0f);
 }
 
 void k_rope_bwd(float *dx, const float *cos_t, const float *sin_t, int64_t B, int64_t S,
                 int64_t nheads, int64_t hd) {
-  rope_rotate(dx, cos_t, sin_t, B, S, nheads, hd, -1.0f);
+  rope_rotate(dx, NULL, cos_t, sin_t, B, S, nheads, hd, -1.0f);
 }
 
-void k_rope_fwd_bf16(float *x, uint16_t *y, const float *cos_t, const float *sin_t, int64_t B,
-                     int64_t S, int64_t nheads, int64_t hd) {
-  int64_t half = hd / 2, row = nheads * hd;
-#pragma omp parallel for if (K_PAR(B * S, B * S * row))
-  for (int64_t t = 0; t < B * S; t++) {
-    /* the row rotated as k_rope_fwd rotates it, then rounded while in cache */
-    float *xt = x + t * row;
-    rotate_token(xt, cos_t + (t % S) * half, sin_t + (t % S) * half, nheads, hd, 1.0f);
-    for (int64_t i = 0; i < row; i++) y[t * row + i] = ml_f32_to_bf16(xt[i]);
-  }
+void k_rope_bwd_bf16(const float *dx, uint16_t *y, const float *cos_t, const float *sin_t,
+                     int64_t B, int64_t S, int64_t nheads, int64_t hd) {
+  rope_rotate((float *)dx, y, cos_t, sin_t, B, S, nheads, hd, -1.0f); /* dx only read */
+}
+
+void k_rope_fwd_bf16(const float *x, uint16_t *y, const float *cos_t, const float *sin_t,
+                     int64_t B, int64_t S, int64_t nheads, int64_t hd) {
+  rope_rotate((float *)x, y, cos_t, sin_t, B, S, nheads, hd, 1.0f); /* x only read */
 }

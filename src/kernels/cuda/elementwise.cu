@@ -168,7 +168,7 @@ static __global__ void glu_bwd_kernel(const float *dh, const float *g, const flo
 
 /* The bf16 variants (kernels/cpu/glu.c k_glu_fwd_bf16 / k_glu_bwd_bf16): g,
  * u bf16 widened exactly, the fp32 expressions above, h rounded to
- * nearest-even at the store (h_bf16) or fp32. */
+ * nearest-even at the store (h_bf16) or fp32, and so dg, du (d_bf16). */
 static __global__ void glu_fwd_bf16_kernel(const uint16_t *g, const uint16_t *u, void *h,
                                            bool h_bf16, int64_t n, ml_glu_act act) {
   for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
@@ -187,10 +187,11 @@ static __global__ void glu_fwd_bf16_kernel(const uint16_t *g, const uint16_t *u,
 }
 
 static __global__ void glu_bwd_bf16_kernel(const float *dh, const uint16_t *g, const uint16_t *u,
-                                           float *dg, float *du, int64_t n, ml_glu_act act) {
+                                           void *dg, void *du, bool d_bf16, int64_t n,
+                                           ml_glu_act act) {
   for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
     float dv[4], dgv[4], duv[4];
-    uint16_t gh[4], uh[4];
+    uint16_t gh[4], uh[4], dgh[4], duh[4];
     kc_ld4(dh, i, n, dv);
     kc_ld4h(g, i, n, gh);
     kc_ld4h(u, i, n, uh);
@@ -204,9 +205,16 @@ static __global__ void glu_bwd_bf16_kernel(const float *dh, const uint16_t *g, c
         dgv[k] = d * ui * gelu_tanh_grad(gi);
         duv[k] = d * gelu_tanh(gi);
       }
+      dgh[k] = kc_f32_to_bf16(dgv[k]);
+      duh[k] = kc_f32_to_bf16(duv[k]);
     }
-    kc_st4(dg, i, n, dgv);
-    kc_st4(du, i, n, duv);
+    if (d_bf16) { /* gate_proj's and up_proj's bf16 dy, rounded once here */
+      kc_st4h((uint16_t *)dg, i, n, dgh);
+      kc_st4h((uint16_t *)du, i, n, duh);
+    } else {
+      kc_st4((float *)dg, i, n, dgv);
+      kc_st4((float *)du, i, n, duv);
+    }
   }
 }
 
@@ -298,9 +306,9 @@ extern "C" cudaError_t kc_glu_fwd_bf16(cudaStream_t st, const void *g, const voi
 }
 
 extern "C" cudaError_t kc_glu_bwd_bf16(cudaStream_t st, const float *dh, const void *g,
-                                       const void *u, float *dg, float *du, int64_t n,
+                                       const void *u, void *dg, void *du, bool d_bf16, int64_t n,
                                        ml_glu_act act) {
   if (n <= 0) return cudaSuccess;
   return KC_LAUNCH(glu_bwd_bf16_kernel, quad_grid(n), KC_THREADS, 0, st, dh, (const uint16_t *)g,
-                   (const uint16_t *)u, dg, du, n, act);
+                   (const uint16_t *)u, dg, du, d_bf16, n, act);
 }

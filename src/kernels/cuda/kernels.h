@@ -60,12 +60,12 @@ cudaError_t kc_glu_fwd(cudaStream_t st, const float *g, const float *u, float *h
 cudaError_t kc_glu_bwd(cudaStream_t st, const float *dh, const float *g, const float *u,
                        float *dg, float *du, int64_t n, ml_glu_act act);
 /* The same on bf16 g, u [n] (widened exactly): h bf16 (h_bf16, rounded to
- * nearest-even as kc_f32_to_bf16) or fp32; dh, dg, du fp32 (kernels/cpu
- * k_glu_fwd_bf16, k_glu_bwd_bf16). */
+ * nearest-even as kc_f32_to_bf16) or fp32; dh fp32; dg, du bf16 (d_bf16,
+ * rounded so) or fp32 (kernels/cpu k_glu_fwd_bf16, k_glu_bwd_bf16). */
 cudaError_t kc_glu_fwd_bf16(cudaStream_t st, const void *g, const void *u, void *h, bool h_bf16,
                             int64_t n, ml_glu_act act);
 cudaError_t kc_glu_bwd_bf16(cudaStream_t st, const float *dh, const void *g, const void *u,
-                            float *dg, float *du, int64_t n, ml_glu_act act);
+                            void *dg, void *du, bool d_bf16, int64_t n, ml_glu_act act);
 
 /* ---- the GEMM's empty-K case (bias.cu) ----------------------------------- */
 /* C[r, :] += bias for the M rows of C [M, N] with row stride ldc. */
@@ -120,6 +120,10 @@ cudaError_t kc_rope_bwd(cudaStream_t st, float *dx, const float *cos_t, const fl
  * kc_rope_fwd then kc_f32_to_bf16; x is read only (kernels/cpu
  * k_rope_fwd_bf16, backend.h ml_be_rope_fwd_bf16). */
 cudaError_t kc_rope_fwd_bf16(cudaStream_t st, const float *x, uint16_t *y, const float *cos_t,
+                             const float *sin_t, int64_t B, int64_t S, int64_t nheads, int64_t hd);
+/* kc_rope_bwd into y [B·S, nheads, hd] bf16 (rounded to nearest-even as
+ * kc_f32_to_bf16), dx unchanged (kernels/cpu k_rope_bwd_bf16). */
+cudaError_t kc_rope_bwd_bf16(cudaStream_t st, const float *dx, void *y, const float *cos_t,
                              const float *sin_t, int64_t B, int64_t S, int64_t nheads,
                              int64_t hd);
 

@@ -805,6 +805,13 @@ static k_attn_block attn_whole(const attn_ctx *a) {
                         .fixed_order = a->fixed};
 }
 
+// the same whole-sequence block as the backend's ml_be_attention_block_* take it
+static ml_attn_block attn_whole_be(const attn_ctx *a) {
+  return (ml_attn_block){.B = a->B, .sq = a->S, .sk = a->S, .nh = a->nh, .nkv = a->nkv,
+                         .hd = a->hd, .q_bs = a->S * a->nh * a->hd, .k_bs = a->S * a->nkv * a->hd,
+                         .l_bs = a->S * a->nh, .scale = a->scale, .window = a->window};
+}
+
 // the kernels' tiles (64-byte aligned, as the backend holds them)
 static float *attn_tiles(int64_t hd) {
   size_t bytes = (size_t)k_attention_tile_floats(hd) * sizeof(float);
@@ -1597,9 +1604,7 @@ static void test_attention_bf16_out(void **state) {
     for (size_t c = 0; c < sizeof ATTN_CASES / sizeof ATTN_CASES[0]; c++) {
       attn_ctx a = attn_alloc(ATTN_CASES[c]);
       int64_t nq = a.B * a.S * a.nh * a.hd, nk = a.B * a.S * a.nkv * a.hd, nl = a.B * a.S * a.nh;
-      ml_attn_block blk = {.B = a.B, .sq = a.S, .sk = a.S, .nh = a.nh, .nkv = a.nkv, .hd = a.hd,
-                           .q_bs = a.S * a.nh * a.hd, .k_bs = a.S * a.nkv * a.hd,
-                           .l_bs = a.S * a.nh, .scale = a.scale, .window = a.window};
+      ml_attn_block blk = attn_whole_be(&a);
       float *out = malloc((size_t)nq * sizeof(float)), *lse = malloc((size_t)nl * sizeof(float));
       uint16_t *outh = malloc((size_t)nq * sizeof(uint16_t));
       float *dout = rand_buf(nq, 1), *dq[3], *dk[3], *dv[3];
@@ -1665,10 +1670,8 @@ static void test_attention_bf16_qkv(void **state) {
     for (size_t c = 0; c < sizeof ATTN_CASES / sizeof ATTN_CASES[0]; c++) {
       attn_ctx a = attn_alloc(ATTN_CASES[c]);
       int64_t nq = a.B * a.S * a.nh * a.hd, nk = a.B * a.S * a.nkv * a.hd, nl = a.B * a.S * a.nh;
-      ml_attn_block blk = {.B = a.B, .sq = a.S, .sk = a.S, .nh = a.nh, .nkv = a.nkv, .hd = a.hd,
-                           .q_bs = a.S * a.nh * a.hd, .k_bs = a.S * a.nkv * a.hd,
-                           .l_bs = a.S * a.nh, .scale = a.scale, .window = a.window,
-                           .out_bf16 = c % 2 == 1};
+      ml_attn_block blk = attn_whole_be(&a);
+      blk.out_bf16 = c % 2 == 1;
       ml_attn_block bh = blk;
       bh.qkv_bf16 = true;
       uint16_t *qh = bf16_copy(a.q, nq), *kh = bf16_copy(a.k, nk), *vh = bf16_copy(a.v, nk);

@@ -334,8 +334,8 @@ typedef struct gemm_case {
  * uniform in [-1, 1); *val gets the values the GEMM multiplies ([rows, ld]
  * fp32: rounded to bf16 under bf16 compute). */
 static dbuf gemm_operand(int64_t rows, int64_t ld, ml_dtype type, ml_dtype compute, float **val) {
-  int64_t n = rows * ld;
-  float *v = rand_buf(n ? n : 1, 1.0f);
+  int64_t n = rows * ld > 0 ? rows * ld : 1; /* K = 0: one element, never read */
+  float *v = rand_buf(n, 1.0f);
   dbuf b;
   if (type == ML_BF16) {
     uint16_t *h = to_bf16(v, n);

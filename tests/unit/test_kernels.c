@@ -838,11 +838,13 @@ static void attn_run_bwd(attn_ctx *a, const float *dout, const float *out, float
   memset(dq, 0, (size_t)nq * sizeof(float));
   memset(dk, 0, (size_t)nk * sizeof(float));
   memset(dv, 0, (size_t)nk * sizeof(float));
-  float *tiles = attn_tiles(a->hd), *D = malloc((size_t)k_attention_rows(&blk) * sizeof(float));
+  size_t wb = k_attention_bwd_work(&blk, K_ATTN_BWD_STORE);
+  float *tiles = attn_tiles(a->hd);
+  void *work = malloc(wb);
   assert_int_equal(k_attention_block_bwd(&blk, dout, a->q, a->k, a->v, out, a->lse, dq, dk, dv,
-                                         NULL, D, tiles),
+                                         NULL, work, wb, tiles),
                    0);
-  free(tiles), free(D);
+  free(tiles), free(work);
 }
 
 // the exact kernel: out, a->P
@@ -1422,7 +1424,9 @@ static void attn_run_blocks(attn_ctx *a, const int64_t *cut, int nc, const float
         blk.q_pos = cut[qc], blk.sq = cut[qc + 1] - cut[qc];
         blk.k_pos = cut[kc], blk.sk = cut[kc + 1] - cut[kc];
         int64_t qo = cut[qc] * a->nh * a->hd, ko = cut[kc] * a->nkv * a->hd;
-        float *tiles = attn_tiles(a->hd), *D = malloc((size_t)k_attention_rows(&blk) * 4);
+        size_t wb = k_attention_bwd_work(&blk, K_ATTN_BWD_STORE);
+        float *tiles = attn_tiles(a->hd);
+        void *work = malloc(wb);
         if (pass == 0)
           assert_int_equal(k_attention_block_fwd(&blk, a->q + qo, a->k + ko, a->v + ko, out + qo,
                                                  a->lse + cut[qc] * a->nh, step > 0, NULL, tiles),
@@ -1430,9 +1434,10 @@ static void attn_run_blocks(attn_ctx *a, const int64_t *cut, int nc, const float
         else
           assert_int_equal(k_attention_block_bwd(&blk, dout + qo, a->q + qo, a->k + ko,
                                                  a->v + ko, out + qo, a->lse + cut[qc] * a->nh,
-                                                 dq + qo, dk + ko, dv + ko, NULL, D, tiles),
+                                                 dq + qo, dk + ko, dv + ko, NULL, work, wb,
+                                                 tiles),
                            0);
-        free(tiles), free(D);
+        free(tiles), free(work);
       }
 }
 
@@ -1514,10 +1519,12 @@ static void test_attention_head_split(void **state) {
       float *lo = malloc((size_t)(T * n * hd) * 4), *ll = malloc((size_t)(T * n) * 4);
       float *ldq = calloc((size_t)(T * n * hd), 4), *ldk = calloc((size_t)(T * nkv * hd), 4),
             *ldv = calloc((size_t)(T * nkv * hd), 4);
-      float *tiles = attn_tiles(hd), *D = malloc((size_t)k_attention_rows(&blk) * 4);
+      size_t wb = k_attention_bwd_work(&blk, K_ATTN_BWD_STORE);
+      float *tiles = attn_tiles(hd);
+      void *work = malloc(wb);
       assert_int_equal(k_attention_block_fwd(&blk, lq, lk, lv, lo, ll, false, NULL, tiles), 0);
       assert_int_equal(k_attention_block_bwd(&blk, ldo, lq, lk, lv, lo, ll, ldq, ldk, ldv, NULL,
-                                             D, tiles),
+                                             work, wb, tiles),
                        0);
       for (int64_t t = 0; t < T; t++) {
         assert_memory_equal(lo + t * n * hd, out + (t * a.nh + q0) * hd, (size_t)(n * hd) * 4);
@@ -1529,7 +1536,7 @@ static void test_attention_head_split(void **state) {
         }
       }
       free(lq), free(ldo), free(lk), free(lv), free(lo), free(ll), free(ldq), free(ldk);
-      free(ldv), free(tiles), free(D);
+      free(ldv), free(tiles), free(work);
     }
     attn_ref_out ref = attn_ref_alloc(&a);
     attn_ref(&a, dout, &ref);

@@ -838,11 +838,13 @@ static void attn_run_bwd(attn_ctx *a, const float *dout, const float *out, float
   memset(dq, 0, (size_t)nq * sizeof(float));
   memset(dk, 0, (size_t)nk * sizeof(float));
   memset(dv, 0, (size_t)nk * sizeof(float));
-  float *tiles = attn_tiles(a->hd), *D = malloc((size_t)k_attention_rows(&blk) * sizeof(float));
+  size_t wb = k_attention_bwd_work(&blk, K_ATTN_BWD_STORE);
+  float *tiles = attn_tiles(a->hd);
+  void *work = malloc(wb);
   assert_int_equal(k_attention_block_bwd(&blk, dout, a->q, a->k, a->v, out, a->lse, dq, dk, dv,
-                                         NULL, D, tiles),
+                                         NULL, work, wb, tiles),
                    0);
-  free(tiles), free(D);
+  free(tiles), free(work);
 }
 
 // the exact kernel: out, a->P
@@ -1422,7 +1424,9 @@ static void attn_run_blocks(attn_ctx *a, const int64_t *cut, int nc, const float
         blk.q_pos = cut[qc], blk.sq = cut[qc + 1] - cut[qc];
         blk.k_pos = cut[kc], blk.sk = cut[kc + 1] - cut[kc];
         int64_t qo = cut[qc] * a->nh * a->hd, ko = cut[kc] * a->nkv * a->hd;
-        float *tiles = attn_tiles(a->hd), *D = malloc((size_t)k_attention_rows(&blk) * 4);
+        size_t wb = k_attention_bwd_work(&blk, K_ATTN_BWD_STORE);
+        float *tiles = attn_tiles(a->hd);
+        void *work = malloc(wb);
         if (pass == 0)
           assert_int_equal(k_attention_block_fwd(&blk, a->q + qo, a->k + ko, a->v + ko, out + qo,
                                                  a->lse + cut[qc] * a->nh, step > 0, NULL, tiles),
@@ -1430,9 +1434,10 @@ static void attn_run_blocks(attn_ctx *a, const int64_t *cut, int nc, const float
         else
           assert_int_equal(k_attention_block_bwd(&blk, dout + qo, a->q + qo, a->k + ko,
                                                  a->v + ko, out + qo, a->lse + cut[qc] * a->nh,
-                                                 dq + qo, dk + ko, dv + ko, NULL, D, tiles),
+                                                 dq + qo, dk + ko, dv + ko, NULL, work, wb,
+                                                 tiles),
                            0);
-        free(tiles), free(D);
+        free(tiles), free(work);
       }
 }
 
@@ -1514,10 +1519,12 @@ static void test_attention_head_split(void **state) {
       float *lo = malloc((size_t)(T * n * hd) * 4), *ll = malloc((size_t)(T * n) * 4);
       float *ldq = calloc((size_t)(T * n * hd), 4), *ldk = calloc((size_t)(T * nkv * hd), 4),
             *ldv = calloc((size_t)(T * nkv * hd), 4);
-      float *tiles = attn_tiles(hd), *D = malloc((size_t)k_attention_rows(&blk) * 4);
+      size_t wb = k_attention_bwd_work(&blk, K_ATTN_BWD_STORE);
+      float *tiles = attn_tiles(hd);
+      void *work = malloc(wb);
       assert_int_equal(k_attention_block_fwd(&blk, lq, lk, lv, lo, ll, false, NULL, tiles), 0);
       assert_int_equal(k_attention_block_bwd(&blk, ldo, lq, lk, lv, lo, ll, ldq, ldk, ldv, NULL,
-                                             D, tiles),
+                                             work, wb, tiles),
                        0);
       for (int64_t t = 0; t < T; t++) {
         assert_memory_equal(lo + t * n * hd, out + (t * a.nh + q0) * hd, (size_t)(n * hd) * 4);
@@ -1529,7 +1536,7 @@ static void test_attention_head_split(void **state) {
         }
       }
       free(lq), free(ldo), free(lk), free(lv), free(lo), free(ll), free(ldq), free(ldk);
-      free(ldv), free(tiles), free(D);
+      free(ldv), free(tiles), free(work);
     }
     attn_ref_out ref = attn_ref_alloc(&a);
     attn_ref(&a, dout, &ref);
@@ -1542,6 +1549,78 @@ static void test_attention_head_split(void **state) {
     attn_ref_free(&ref);
     attn_free(&a);
   }
+}
+
+/* x [n] rounded to bf16, as fp32 (the bf16 products' emulated operands) */
+static float *bf16_fp32_copy(const float *x, int64_t n) {
+  float *y = malloc((size_t)n * sizeof(float));
+  for (int64_t i = 0; i < n; i++) y[i] = ml_bf16_to_f32(ml_f32_to_bf16(x[i]));
+  return y;
+}
+
+/* The backward's chunks (kernels.h K_ATTN_BWD_STORE) change no bit: dq, dk,
+ * dv (memcmp) with a store holding the whole block (one chunk) and with the
+ * least one (k_attention_bwd_work(blk, 0): one or two query tiles a chunk,
+ * chunks starting inside a head), on 1, 2 and 3 threads, fp32 and the bf16
+ * products emulated on sgemm: whole GQA sequences with a window, and a ring
+ * attention block (q_pos 150, k_pos 37: pass 2's query tiles start at
+ * local rows 15, 79, 143, across pass 1's tiles, so a chunk reads the
+ * item kept from the chunk before). */
+static void test_attention_bwd_chunks(void **state) {
+  (void)state;
+  attn_ctx a = attn_alloc((attn_ctx)ATTN(2, 300, 4, 2, 16, 40, 0.25f));
+  int64_t nq = a.B * a.S * a.nh * a.hd, nk = a.B * a.S * a.nkv * a.hd;
+  float *dout = rand_buf(nq, 1), *out = malloc((size_t)nq * 4), *lse = malloc((size_t)nq * 4);
+  float *rq = bf16_fp32_copy(a.q, nq), *rk = bf16_fp32_copy(a.k, nk);
+  float *rv = bf16_fp32_copy(a.v, nk), *rdo = bf16_fp32_copy(dout, nq);
+  float *tiles = NULL, *r[2][3];
+  for (int w = 0; w < 2; w++)
+    for (int i = 0; i < 3; i++) r[w][i] = malloc((size_t)(i ? nk : nq) * 4);
+  int threads = omp_get_max_threads();
+  for (int c = 0; c < 2; c++)
+    for (int bf = 0; bf < 2; bf++) {
+      k_attn_block blk = attn_whole(&a);
+      if (c == 1) blk.q_pos = 150, blk.sq = 150, blk.k_pos = 37, blk.sk = 263, blk.window = 0;
+      int64_t qo = blk.q_pos * a.nh * a.hd, ko = blk.k_pos * a.nkv * a.hd;
+      k_attn_bf16 lp = {.packed = false, .q = rq + qo, .k = rk + ko, .v = rv + ko,
+                        .dout = rdo + qo};
+      size_t least = k_attention_bwd_work(&blk, 0), whole = k_attention_bwd_work(&blk, SIZE_MAX);
+      assert_true(least < whole / 4); /* several chunks */
+      /* the backend's block workspace: one size for every block of these sizes (a ring's
+         steps: parallel/cp.c sizes it once), so the most any geometry takes */
+      ml_attn_block be_blk = attn_whole_be(&a), diag = be_blk;
+      be_blk.q_pos = blk.q_pos, be_blk.sq = blk.sq, be_blk.k_pos = blk.k_pos, be_blk.sk = blk.sk;
+      diag.q_pos = diag.k_pos = 0, diag.sq = blk.sq, diag.sk = blk.sk;
+      size_t be_work = ml_be_attention_block_work(cpu_backend(), &be_blk);
+      assert_int_equal(be_work, ml_be_attention_block_work(cpu_backend(), &diag));
+      assert_true(be_work >= k_attention_bwd_work(&blk, K_ATTN_BWD_STORE));
+      void *work = malloc(whole);
+      for (int t = 1; t <= 3; t++) {
+        omp_set_num_threads(t);
+        free(tiles);
+        tiles = attn_tiles(a.hd); /* per thread: sized for this team */
+        assert_int_equal(k_attention_block_fwd(&blk, a.q + qo, a.k + ko, a.v + ko, out, lse,
+                                               false, bf ? &lp : NULL, tiles),
+                         0);
+        for (int least_store = 0; least_store < 2; least_store++) {
+          int w = t > 1 || least_store; /* r[0]: one thread, one chunk */
+          for (int i = 0; i < 3; i++) memset(r[w][i], 0, (size_t)(i ? nk : nq) * 4);
+          assert_int_equal(k_attention_block_bwd(&blk, dout + qo, a.q + qo, a.k + ko, a.v + ko,
+                                                 out, lse, r[w][0], r[w][1], r[w][2],
+                                                 bf ? &lp : NULL, work,
+                                                 least_store ? least : whole, tiles),
+                           0);
+          for (int i = 0; w && i < 3; i++)
+            assert_memory_equal(r[w][i], r[0][i], (size_t)(i ? nk : nq) * 4);
+        }
+      }
+      free(work);
+    }
+  omp_set_num_threads(threads);
+  for (int w = 0; w < 2; w++)
+    for (int i = 0; i < 3; i++) free(r[w][i]);
+  free(dout), free(out), free(lse), free(rq), free(rk), free(rv), free(rdo), free(tiles);
+  attn_free(&a);
 }
 
 /* Attention with bf16 products through the CPU backend (autocast's SDPA):
@@ -2300,6 +2379,7 @@ int main(void) {
       cmocka_unit_test(test_attention_fixed_blocks), cmocka_unit_test(test_attention_rows),
       cmocka_unit_test(test_attention_bwd),
       cmocka_unit_test(test_attention_blocks), cmocka_unit_test(test_attention_head_split),
+      cmocka_unit_test(test_attention_bwd_chunks),
       cmocka_unit_test(test_attention_bf16),
       cmocka_unit_test(test_attention_bf16_out),
       cmocka_unit_test(test_attention_bf16_qkv),

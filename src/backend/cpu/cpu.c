@@ -253,16 +253,12 @@ static k_attn_block whole(int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t
                         .window = window};
 }
 
-// bytes of the backward's row terms D (the caller's workspace)
-static size_t rows_bytes(const k_attn_block *blk) {
-  int64_t n = k_attention_rows(blk);
-  return n > (int64_t)(SIZE_MAX / sizeof(float)) ? SIZE_MAX : (size_t)n * sizeof(float);
-}
-
+/* The backward's workspace (the caller's): its stored tiles, at most
+ * K_ATTN_BWD_STORE bytes of them (kernels.h) */
 static size_t cpu_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t nh, int64_t nkv,
                                  int64_t hd) {
   k_attn_block blk = whole(B, S, nh, nkv, hd, 1.0f, 0);
-  return rows_bytes(&blk);
+  return k_attention_bwd_work(&blk, K_ATTN_BWD_STORE);
 }
 
 /* The kernels' tiles for head size hd, grown on first need. */
@@ -384,16 +380,18 @@ static int block_fwd(ml_backend *be, const k_attn_block *blk, const float *q, co
   return attention_result(be, rc);
 }
 
-// D: the row terms, rows_bytes of the caller's workspace
+// work: work_bytes of the caller's workspace (the size the backend gave it)
 static int block_bwd(ml_backend *be, const k_attn_block *blk, const float *dout, const float *q,
                      const float *k, const float *v, const float *out, const float *lse,
-                     float *dq, float *dk, float *dv, ml_dtype compute, float *D) {
+                     float *dq, float *dk, float *dv, ml_dtype compute, void *work,
+                     size_t work_bytes) {
   float *tiles = attention_tiles(be, blk->hd);
   if (!tiles) return -1;
   attn_lowp a;
   const k_attn_bf16 *lp;
   ML_TRY(attention_begin(be, compute, blk, q, k, v, dout, &a, &lp));
-  int rc = k_attention_block_bwd(blk, dout, q, k, v, out, lse, dq, dk, dv, lp, D, tiles);
+  int rc = k_attention_block_bwd(blk, dout, q, k, v, out, lse, dq, dk, dv, lp, work, work_bytes,
+                                 tiles);
   attention_end(be, &a);
   return attention_result(be, rc);
 }
@@ -427,7 +425,8 @@ static int cpu_attention_bwd(ml_backend *be, const float *dout, const float *q, 
   memset(dq, 0, nq); /* the block backward adds */
   memset(dk, 0, nk);
   memset(dv, 0, nk);
-  return block_bwd(be, &blk, dout, q, k, v, out, lse, dq, dk, dv, compute, work);
+  return block_bwd(be, &blk, dout, q, k, v, out, lse, dq, dk, dv, compute, work,
+                   cpu_attention_work(be, B, S, nh, nkv, hd));
 }
 
 static int cpu_attention_block_fwd(ml_backend *be, const ml_attn_block *b, const float *q,
@@ -437,9 +436,14 @@ static int cpu_attention_block_fwd(ml_backend *be, const ml_attn_block *b, const
   return block_fwd(be, &blk, q, k, v, out, lse, accumulate, compute);
 }
 
+/* The bound over every block of b's sizes (each query seeing each key, the
+ * most the stored tiles take), not b's geometry alone: one size serves
+ * every block of these sizes (ring attention's steps, parallel/cp.c, and
+ * varlen's documents, model/varlen.c, size one workspace for all). */
 static size_t cpu_attention_block_work(ml_backend *be, const ml_attn_block *b) {
   k_attn_block blk = block_of(b);
-  return rows_bytes(&blk);
+  blk.q_pos = blk.sk, blk.k_pos = 0, blk.window = 0; /* every key before every query */
+  return k_attention_bwd_work(&blk, K_ATTN_BWD_STORE);
 }
 
 static int cpu_attention_block_bwd(ml_backend *be, const ml_attn_block *b, const float *dout,
@@ -447,7 +451,8 @@ static int cpu_attention_block_bwd(ml_backend *be, const ml_attn_block *b, const
                                    const float *out, const float *lse, float *dq, float *dk,
                                    float *dv, ml_dtype compute, void *work) {
   k_attn_block blk = block_of(b);
-  return block_bwd(be, &blk, dout, q, k, v, out, lse, dq, dk, dv, compute, work);
+  return block_bwd(be, &blk, dout, q, k, v, out, lse, dq, dk, dv, compute, work,
+                   cpu_attention_block_work(be, b));
 }
 
 static int cpu_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,

@@ -17,12 +17,15 @@
  * and values loaded once for the group's heads, each row's scores and P·V
  * in one fixed order (fwd_row_fixed).
  *
- * Backward, without atomics, in two passes over the same recomputed tiles
- * (P = exp(scale·q·k − lse) from the final lse, dP = dout·V^T, dS = P ⊙
- * (dP − D), D = rowsum(dout ⊙ out)): pass 1 per (sequence, head, query
- * tile) computes D and dq += scale·dS·K; pass 2 per (sequence, kv head, key
- * tile) runs the visible query tiles of the group's heads: dv += P^T·dout,
- * dk += scale·dS^T·Q. Each output row belongs to one task of its pass.
+ * Backward, without atomics, in two passes (P = exp(scale·q·k − lse) from
+ * the final lse, dP = dout·V^T, dS = P ⊙ (dP − D), D = rowsum(dout ⊙
+ * out)): pass 1 per (sequence, head, query tile) computes D, P, dS and dq
+ * += scale·dS·K, and stores P and dS; pass 2 per (sequence, kv head, key
+ * tile) reads them back for the visible query tiles of the group's heads:
+ * dv += P^T·dout, dk += scale·dS^T·Q. Each output row belongs to one task
+ * of its pass. The stores of a long block exceed any fixed memory, so the
+ * block goes in chunks of query tiles, each both passes (the stored
+ * tiles, below).
  *
  * The products are sgemm on fp32 operands, or, given a k_attn_bf16, on
  * bf16 operands: the caller's rounded q, k, v, dout, and P and dS rounded
@@ -298,13 +301,6 @@ int64_t k_attention_tile_floats(int64_t hd) {
   int64_t n = 0;
   if (hd < 1 || hd > INT32_MAX ||
       __builtin_mul_overflow((int64_t)omp_get_max_threads(), per_thread(hd), &n))
-    return INT64_MAX;
-  return n;
-}
-
-int64_t k_attention_rows(const k_attn_block *blk) {
-  int64_t n = 0;
-  if (__builtin_mul_overflow(blk->B, blk->nh, &n) || __builtin_mul_overflow(n, blk->sq, &n))
     return INT64_MAX;
   return n;
 }
@@ -711,22 +707,158 @@ static int scores_dp(const attn *a, int64_t b, int64_t h, int64_t g, int64_t i0,
                  at(a->v, ko, a->esz), a->kr, 0.0f, w.dS, n);
 }
 
-// pass 1, query rows i0.. (one tile) of head h: D (=) and dq (+=)
-static int bwd_query_tile(const attn *a, const float *out, const float *lse, float *dq, float *D,
-                          int64_t b, int64_t h, int64_t i0, scratch w) {
+/* ---- the stored tiles --------------------------------------------------------
+ *
+ * Pass 1 keeps what pass 2's products read, P and dS in their operand form
+ * (lp: the rounded tiles Pt, dSt; else the fp32 S, dS), and pass 2 reads
+ * them back instead of recomputing them (FlashAttention-2's five tile
+ * products per tile pair, not seven, and one softmax backward). Item x =
+ * (b·nh + h)·nt + t holds query tile t of head h of sequence b (rows t·TQ
+ * .. t·TQ + M − 1, pass 1's tile): P then dS, each [M, W] (esz bytes an
+ * element), over the keys [key_lo(t·TQ), key_hi(t·TQ + M − 1)) its rows
+ * see (W their count, 0: none; keys a row does not see hold 0, as the
+ * tiles do). Bounded memory: the block goes in chunks, runs [x0, x1) of
+ * items in this order that fit the store, each chunk pass 1 then pass 2
+ * (both parallel over the chunk's tasks). Pass 2 keeps its own tiles (key
+ * tile j0 from 0 by TK, query tiles from query_lo(j0) by TQ: the order of
+ * dk, dv's sums) and runs each of its tiles in the chunk holding the
+ * tile's last row; its first rows may lie in the item before the chunk's
+ * first (query_lo(j0) need not be a multiple of TQ: a block whose k_pos −
+ * q_pos is not), so a chunk starting inside a head keeps that item (copied
+ * to the front of the store). For a key tile the chunks then run the
+ * group's heads in increasing order and each head's query tiles in
+ * increasing order, as one pass over the whole block did: dk and dv sum
+ * the same products in the same order whatever the chunks. The values are
+ * pass 1's, one evaluation of each P and dS for dq, dk and dv alike. Where
+ * pass 2 computed its own, in its tiles, they were not always the same
+ * bits: a tile GEMM's value of an element depends on the tile's shape and
+ * the element's place in it (OpenBLAS 0.3.21's sgemm on Zen 3, K = 8..64:
+ * 8-12 % of the elements of an [M, N] tile differ from the same element of
+ * a [64, 128] one, by its edge kernels), so dk, dv are bitwise the
+ * recomputing kernel's only where the passes' tiles meet each element in
+ * the same place: whole sequences without a window (pass 1's key tiles
+ * start at 0, TK apart, its query tiles at 0, TQ apart, as pass 2's), not a
+ * window (pass 1's key tiles start at key_lo(i0)) nor a block whose query
+ * tiles of pass 2 start off TQ's multiples (k_pos − q_pos). */
+
+// query tile t's rows (returned) and the keys they see, [*jlo, *jlo + *W)
+static int64_t tile_keys(const k_attn_block *k, int64_t t, int64_t *jlo, int64_t *W) {
+  int64_t i0 = t * TQ, M = min64(TQ, k->sq - i0);
+  *jlo = key_lo(k, i0);
+  int64_t w = key_hi(k, i0 + M - 1) - *jlo;
+  *W = w > 0 ? w : 0;
+  return M;
+}
+
+// bytes of query tile t's item: P and dS [M, W], esz bytes an element
+static int64_t item_bytes(const k_attn_block *k, int64_t t, size_t esz) {
+  int64_t jlo, W, M = tile_keys(k, t, &jlo, &W);
+  return 2 * M * W * (int64_t)esz;
+}
+
+// bytes (a 64-byte multiple) of a head's item offsets pre[nt + 1]: pre[t] before tile t's item
+static size_t pre_bytes(int64_t nt) { return ((size_t)(nt + 1) * sizeof(int64_t) + 63) / 64 * 64; }
+
+/* One chunk in the store: the kept item x0 − 1 (kept bytes, 0: none) at
+ * base, then items x0 .. x1 − 1 in order. */
+typedef struct chunk {
+  char *base;
+  const int64_t *pre;
+  int64_t nt, x0, x1, kept;
+} chunk;
+
+// item x's bytes (x0 <= x < x1, or x0 − 1: the kept item)
+static char *item_at(const chunk *c, int64_t x) {
+  if (x < c->x0) return c->base;
+  int64_t heads = x / c->nt - c->x0 / c->nt;
+  return c->base + c->kept + heads * c->pre[c->nt] + c->pre[x % c->nt] - c->pre[c->x0 % c->nt];
+}
+
+/* The end of the chunk from x0, `used` bytes of the store taken (the kept
+ * item): at least one item, then as many as fit cap. */
+static int64_t chunk_end(const int64_t *pre, int64_t nt, int64_t X, int64_t x0, int64_t used,
+                         int64_t cap) {
+  int64_t x1 = x0;
+  do {
+    used += pre[x1 % nt + 1] - pre[x1 % nt];
+    x1++;
+  } while (x1 < X && used + pre[x1 % nt + 1] - pre[x1 % nt] <= cap);
+  return x1;
+}
+
+size_t k_attention_bwd_work(const k_attn_block *blk, size_t budget) {
+  if (blk->B <= 0 || blk->sq <= 0 || blk->sk <= 0) return 0;
+  int64_t nt = (blk->sq + TQ - 1) / TQ, head = 0, least = 0, prev = 0;
+  for (int64_t t = 0; t < nt; t++) {
+    int64_t b = item_bytes(blk, t, sizeof(float));
+    if (__builtin_add_overflow(head, b, &head)) return SIZE_MAX;
+    if (prev + b > least) least = prev + b; /* an item and the one kept before it */
+    prev = b;
+  }
+  int64_t whole = 0;
+  if (__builtin_mul_overflow(blk->B, blk->nh, &whole) || __builtin_mul_overflow(whole, head, &whole))
+    whole = INT64_MAX;
+  size_t store = budget < (size_t)whole ? budget : (size_t)whole;
+  if (store < (size_t)least) store = (size_t)least;
+  size_t n = 64 + pre_bytes(nt); /* 64: the work's alignment, any on entry */
+  return store > SIZE_MAX - n ? SIZE_MAX : n + store;
+}
+
+/* Rows [0, M) of the tile pair's P and dS as pass 2's products read them
+ * (ld n) into item at column c0 (item [M, W]) */
+static void keep_tile(const attn *a, char *item, int64_t M, int64_t W, int64_t c0, int64_t n,
+                      scratch w) {
+  const char *P = a->lp ? w.Pt : (void *)w.S, *dS = a->lp ? w.dSt : (void *)w.dS;
+  size_t e = a->esz, row = (size_t)n * e;
+  char *iP = item + (size_t)c0 * e, *idS = iP + (size_t)(M * W) * e;
+  for (int64_t r = 0; r < M; r++) {
+    memcpy(iP + (size_t)(r * W) * e, P + (size_t)r * row, row);
+    memcpy(idS + (size_t)(r * W) * e, dS + (size_t)r * row, row);
+  }
+}
+
+/* P and dS of query rows i0 .. i0+M−1 of head bh (b·nh + h) at keys j0 ..
+ * j0+n−1 from the chunk's items into the tiles pass 2's products read (lp:
+ * Pt, dSt; else S, dS), [M, n]; keys outside a row's item 0 (unseen) */
+static void fetch_tile(const attn *a, const chunk *c, int64_t bh, int64_t i0, int64_t M,
+                       int64_t j0, int64_t n, scratch w) {
+  size_t e = a->esz;
+  char *P = a->lp ? w.Pt : (void *)w.S, *dS = a->lp ? w.dSt : (void *)w.dS;
+  for (int64_t r = 0; r < M; r++) {
+    int64_t i = i0 + r, t = i / TQ, jlo, W, Mt = tile_keys(a->blk, t, &jlo, &W);
+    int64_t c0 = clamp(j0 - jlo, 0, W), c1 = clamp(j0 + n - jlo, 0, W);
+    int64_t d0 = c0 < c1 ? jlo + c0 - j0 : n, d1 = c0 < c1 ? jlo + c1 - j0 : n; /* in the tile */
+    char *pr = P + (size_t)(r * n) * e, *dr = dS + (size_t)(r * n) * e;
+    memset(pr, 0, (size_t)d0 * e), memset(dr, 0, (size_t)d0 * e);
+    if (d0 < d1) {
+      const char *it = item_at(c, bh * c->nt + t) + (size_t)((i - t * TQ) * W + c0) * e;
+      memcpy(pr + (size_t)d0 * e, it, (size_t)(d1 - d0) * e);
+      memcpy(dr + (size_t)d0 * e, it + (size_t)(Mt * W) * e, (size_t)(d1 - d0) * e);
+    }
+    memset(pr + (size_t)d1 * e, 0, (size_t)(n - d1) * e);
+    memset(dr + (size_t)d1 * e, 0, (size_t)(n - d1) * e);
+  }
+}
+
+/* pass 1, item x (query tile t of head h of sequence b): D [TQ] (=, in
+ * w.m: unused backward), dq (+=), the item kept */
+static int bwd_query_tile(const attn *a, const chunk *c, const float *out, const float *lse,
+                          float *dq, int64_t x, scratch w) {
   const k_attn_block *k = a->blk;
-  int64_t hd = k->hd, M = min64(TQ, k->sq - i0), g = kv_of(a, h);
-  float *Dt = D + (b * k->nh + h) * k->sq + i0;
+  int64_t t = x % c->nt, bh = x / c->nt, b = bh / k->nh, h = bh % k->nh, i0 = t * TQ;
+  int64_t hd = k->hd, g = kv_of(a, h), jlo, W, M = tile_keys(k, t, &jlo, &W);
+  float *Dt = w.m;
   for (int64_t r = 0; r < M; r++) {
     int64_t o = q_at(a, b, i0 + r, h);
     Dt[r] = (float)dot_dout_out(a, o, out_row(a, out, o, w.O, hd), hd); /* O: unused backward */
   }
-  int64_t jlo = key_lo(k, i0), jhi = key_hi(k, i0 + M - 1);
-  for (int64_t j0 = jlo; j0 < jhi; j0 += TK) {
-    int64_t n = min64(TK, jhi - j0);
+  char *item = item_at(c, x);
+  for (int64_t j0 = jlo; j0 < jlo + W; j0 += TK) {
+    int64_t n = min64(TK, jlo + W - j0);
     int rc = scores_dp(a, b, h, g, i0, M, j0, n, w);
     if (rc) return rc;
     probs_grads(a, lse, Dt, b, h, i0, M, j0, n, w);
+    keep_tile(a, item, M, W, j0 - jlo, n, w);
     rc = mm(a, false, false, M, hd, n, k->scale, a->lp ? w.dSt : (const void *)w.dS, n,
             at(a->k, k_at(a, b, j0, g), a->esz), a->kr, 1.0f, dq + q_at(a, b, i0, h), a->qr);
     if (rc) return rc;
@@ -734,51 +866,75 @@ static int bwd_query_tile(const attn *a, const float *out, const float *lse, flo
   return 0;
 }
 
-// pass 2, key rows j0.. (one tile) of kv head g: dk, dv (+=) over the group's heads
-static int bwd_key_tile(const attn *a, const float *lse, const float *D, float *dk, float *dv,
-                        int64_t b, int64_t g, int64_t j0, scratch w) {
+/* pass 2, key rows j0.. (one tile) of kv head g of sequence b: dk, dv (+=)
+ * over the group's heads in the chunk, each head's query tiles (pass 2's)
+ * whose last row the chunk holds */
+static int bwd_key_tile(const attn *a, const chunk *c, float *dk, float *dv, int64_t b,
+                        int64_t g, int64_t j0, scratch w) {
   const k_attn_block *k = a->blk;
-  int64_t hd = k->hd, n = min64(TK, k->sk - j0), ko = k_at(a, b, j0, g);
+  int64_t hd = k->hd, n = min64(TK, k->sk - j0), ko = k_at(a, b, j0, g), nt = c->nt;
   int64_t ilo = query_lo(k, j0), ihi = query_hi(k, j0 + n);
   int64_t h_lo = g * a->group - a->off, h_hi = h_lo + a->group;
-  for (int64_t h = h_lo < 0 ? 0 : h_lo; h < h_hi && h < k->nh; h++)
+  for (int64_t h = h_lo < 0 ? 0 : h_lo; h < h_hi && h < k->nh; h++) {
+    int64_t bh = b * k->nh + h, x = bh * nt; /* the head's first item */
+    int64_t ta = (c->x0 > x ? c->x0 : x) - x, tb = min64(c->x1, x + nt) - x;
+    if (ta >= tb) continue;
+    int64_t rlo = ta * TQ, rhi = min64(tb * TQ, k->sq); /* the chunk's rows of head h */
     for (int64_t i0 = ilo; i0 < ihi; i0 += TQ) {
-      int64_t M = min64(TQ, ihi - i0), qo = q_at(a, b, i0, h);
-      int rc = scores_dp(a, b, h, g, i0, M, j0, n, w);
-      if (rc) return rc;
-      probs_grads(a, lse, D + (b * k->nh + h) * k->sq + i0, b, h, i0, M, j0, n, w);
-      rc = mm(a, true, false, n, hd, M, 1.0f, a->lp ? w.Pt : (const void *)w.S, n,
-              at(a->dout, qo, a->esz), a->qr, 1.0f, dv + ko, a->kr);
+      int64_t M = min64(TQ, ihi - i0), last = i0 + M - 1, qo = q_at(a, b, i0, h);
+      if (last < rlo) continue;
+      if (last >= rhi) break;
+      fetch_tile(a, c, bh, i0, M, j0, n, w);
+      int rc = mm(a, true, false, n, hd, M, 1.0f, a->lp ? w.Pt : (const void *)w.S, n,
+                  at(a->dout, qo, a->esz), a->qr, 1.0f, dv + ko, a->kr);
       if (!rc)
         rc = mm(a, true, false, n, hd, M, k->scale, a->lp ? w.dSt : (const void *)w.dS, n,
                 at(a->q, qo, a->esz), a->qr, 1.0f, dk + ko, a->kr);
       if (rc) return rc;
     }
+  }
   return 0;
 }
 
 int k_attention_block_bwd(const k_attn_block *blk, const float *dout, const float *q,
                           const float *k, const float *v, const float *out, const float *lse,
-                          float *dq, float *dk, float *dv, const k_attn_bf16 *lp, float *D,
-                          float *tiles) {
+                          float *dq, float *dk, float *dv, const k_attn_bf16 *lp, void *work,
+                          size_t work_bytes, float *tiles) {
   if (blk->B <= 0 || blk->sq <= 0 || blk->sk <= 0) return 0;
+  if (work_bytes < k_attention_bwd_work(blk, 0)) return -1;
   attn a = attn_of(blk, q, k, v, dout, lp);
-  int64_t nq = (blk->sq + TQ - 1) / TQ, nk = (blk->sk + TK - 1) / TK;
+  int64_t nt = (blk->sq + TQ - 1) / TQ, nk = (blk->sk + TK - 1) / TK, X = blk->B * blk->nh * nt;
+  char *w0 = (char *)(((uintptr_t)work + 63) / 64 * 64);
+  int64_t *pre = (int64_t *)w0;
+  char *base = w0 + pre_bytes(nt);
+  size_t room = work_bytes - (size_t)(base - (char *)work);
+  int64_t cap = room > (size_t)INT64_MAX ? INT64_MAX : (int64_t)room;
+  pre[0] = 0;
+  for (int64_t t = 0; t < nt; t++) pre[t + 1] = pre[t] + item_bytes(blk, t, a.esz);
   int rc = 0;
   int blas_threads = blas_serial_begin();
 #pragma omp parallel
   {
     scratch w = scratch_of(tiles, blk->hd);
+    chunk c = {.base = base, .pre = pre, .nt = nt};
+    while (c.x1 < X) {
+      int64_t x0 = c.x1, kept = x0 % nt ? pre[x0 % nt] - pre[x0 % nt - 1] : 0;
+      const char *from = kept ? item_at(&c, x0 - 1) : NULL; /* in the previous chunk */
+#pragma omp single
+      if (kept) memmove(base, from, (size_t)kept);
+      c.x0 = x0, c.x1 = chunk_end(pre, nt, X, x0, kept, cap), c.kept = kept;
 #pragma omp for schedule(dynamic)
-    for (int64_t task = 0; task < blk->B * blk->nh * nq; task++) {
-      int64_t bh = task / nq, t = nq - 1 - task % nq; /* the longest rows first */
-      keep_first(&rc, bwd_query_tile(&a, out, lse, dq, D, bh / blk->nh, bh % blk->nh, t * TQ, w));
-    }  // implicit barrier: pass 2 reads every D
+      for (int64_t task = 0; task < c.x1 - c.x0; task++) /* the longest rows first */
+        keep_first(&rc, bwd_query_tile(&a, &c, out, lse, dq, c.x1 - 1 - task, w));
+      /* implicit barrier: pass 2 reads the chunk's items; its (sequence, kv head) pairs */
+      int64_t p0 = (c.x0 / nt / blk->nh) * blk->nkv + kv_of(&a, c.x0 / nt % blk->nh);
+      int64_t p1 = ((c.x1 - 1) / nt / blk->nh) * blk->nkv + kv_of(&a, (c.x1 - 1) / nt % blk->nh);
 #pragma omp for schedule(dynamic)
-    for (int64_t task = 0; task < blk->B * blk->nkv * nk; task++) {
-      int64_t bg = task / nk; /* the first key tiles, seen by the most queries, first */
-      keep_first(&rc, bwd_key_tile(&a, lse, D, dk, dv, bg / blk->nkv, bg % blk->nkv,
-                                   (task % nk) * TK, w));
+      for (int64_t task = 0; task < (p1 - p0 + 1) * nk; task++) {
+        int64_t p = p0 + task / nk; /* the first key tiles, seen by the most queries, first */
+        keep_first(&rc, bwd_key_tile(&a, &c, dk, dv, p / blk->nkv, p % blk->nkv,
+                                     (task % nk) * TK, w));
+      }  // implicit barrier: the next chunk overwrites the store
     }
   }
   openblas_set_num_threads(blas_threads);

@@ -146,8 +146,9 @@ typedef struct k_attn_block {
 } k_attn_block;
 
 /* The tiles: query rows per task (forward, backward pass 1) and per step
- * of a key tile (pass 2); keys per tile. No [S, S] tensor is formed, only
- * one [TILE_Q, TILE_K] tile of scores per thread at a time. */
+ * of a key tile (pass 2); keys per tile. No [S, S] tensor is formed: the
+ * forward holds one [TILE_Q, TILE_K] tile of scores per thread at a time,
+ * the backward the P and dS tiles of a bounded chunk (K_ATTN_BWD_STORE). */
 enum { K_ATTN_TILE_Q = 64, K_ATTN_TILE_K = 128 };
 
 /* The row kernel (attention.c fwd_group_fixed): the batch-invariant
@@ -199,8 +200,6 @@ typedef struct k_attn_bf16 {
  * (64-byte aligned); INT64_MAX when that does not fit. Independent of the
  * sequence lengths. */
 int64_t k_attention_tile_floats(int64_t hd);
-/* Floats of the backward's row terms D [B, nh, sq]; INT64_MAX on overflow. */
-int64_t k_attention_rows(const k_attn_block *blk);
 /* The softmax attention of the block's queries over its visible keys:
  * out (probability-weighted v) and lse = log sum exp of the visible scores
  * (natural log), fp32 online softmax (running max and sum per row).
@@ -217,19 +216,43 @@ int64_t k_attention_rows(const k_attn_block *blk);
 int k_attention_block_fwd(const k_attn_block *blk, const float *q, const float *k, const float *v,
                           float *out, float *lse, bool accumulate, const k_attn_bf16 *lp,
                           float *tiles);
+/* The backward's store (attention.c, the stored tiles): P and dS of each
+ * query tile over the keys its rows see, kept by pass 1 for pass 2, about
+ * sq·sk/2 (causal) · 2 tiles · 4 bytes per (sequence, head); the block goes
+ * in chunks of query tiles that fit the store, so its bytes are bounded:
+ * the whole block's when less, else this budget, else (a budget below it)
+ * the least a chunk takes, two query tiles' (one kept from the chunk
+ * before) of at most K_ATTN_TILE_Q × sk each. 64 MiB: the whole block of
+ * SmolLM2-135M's attention (9 heads of 64) at S 512, batch 4 (40.5 MiB, one
+ * chunk, every tile pair's task in one parallel loop as before), and at S
+ * 2048 three heads a chunk (16.5 MiB each), at a cost next to the
+ * activations of a training step of such shapes (hundreds of MiB) that is
+ * small; pass 2's tasks are the chunk's (sequence, kv head, key tile)
+ * triples, so a larger chunk only adds tasks where there are plenty. */
+#define K_ATTN_BWD_STORE ((size_t)64 << 20)
+/* Bytes of k_attention_block_bwd's workspace for blk with a store of at
+ * most `budget` bytes (K_ATTN_BWD_STORE, or another: a test's 0 forces the
+ * smallest chunks, SIZE_MAX one chunk) and at least the least a chunk
+ * takes, plus the chunks' offsets and 64 bytes of alignment (the work may
+ * have any); SIZE_MAX when it overflows. Depends on the block's geometry
+ * (not the pointers, not the threads). */
+size_t k_attention_bwd_work(const k_attn_block *blk, size_t budget);
 /* dq (+=) [B][sq, nh, hd], dk, dv (+=) [B][sk, nkv, hd] (summed over the
  * heads of each group) for this block, given dout and the final out and
  * lse of its queries (after every block of theirs was merged): P =
  * exp(scale·q·k − lse) recomputed, D = rowsum(dout ⊙ out) (fp64, of dout
  * as the products read it), dS = P ⊙ (dout·v^T − D); dq += scale·dS·k,
- * dk += scale·dS^T·q, dv += P^T·dout. Without atomics: pass 1 over query
- * tiles (dq), pass 2 over key tiles (dk, dv). D: k_attention_rows floats
- * (the row terms, written here). lp, tiles, result, blk->out_bf16 (out
- * read widened exactly): as forward. */
+ * dk += scale·dS^T·q, dv += P^T·dout (FlashAttention-2, Dao 2023,
+ * Algorithm 2, without atomics: pass 1 over query tiles (dq) stores P and
+ * dS, pass 2 over key tiles (dk, dv) reads them, in chunks of the block
+ * bounded by work_bytes). work: work_bytes >= k_attention_bwd_work(blk, 0)
+ * bytes (else −1 and nothing done); dq, dk, dv are bitwise the same for
+ * any such size and any thread count. lp, tiles, result, blk->out_bf16
+ * (out read widened exactly): as forward. */
 int k_attention_block_bwd(const k_attn_block *blk, const float *dout, const float *q,
                           const float *k, const float *v, const float *out, const float *lse,
-                          float *dq, float *dk, float *dv, const k_attn_bf16 *lp, float *D,
-                          float *tiles);
+                          float *dq, float *dk, float *dv, const k_attn_bf16 *lp, void *work,
+                          size_t work_bytes, float *tiles);
 
 /* ---- Gated MLP activation: h = act(g) · u (LlamaMLP, Gemma3MLP) -------- */
 void k_glu_fwd(const float *g, const float *u, float *h, int64_t n, ml_glu_act act);

@@ -175,6 +175,11 @@ int ml_be_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dtype w_
   NEED(be, ML_OP_RMSNORM);
   return be->ops->rmsnorm_fwd(be, x, w, w_type, offset, eps, y, rstd, T, H);
 }
+int ml_be_rmsnorm_fwd_bf16(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
+                           float offset, float eps, void *y, float *rstd, int64_t T, int64_t H) {
+  NEED(be, ML_OP_RMSNORM);
+  return be->ops->rmsnorm_fwd_bf16(be, x, w, w_type, offset, eps, y, rstd, T, H);
+}
 int ml_be_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const void *w,
                       ml_dtype w_type, float offset, const float *rstd, float *dx, float *dw,
                       int64_t T, int64_t H) {

@@ -232,6 +232,8 @@ typedef struct ml_backend_ops {
   int (*rmsnorm_bwd)(ml_backend *be, const float *dy, const float *x, const void *w,
                      ml_dtype w_type, float offset, const float *rstd, float *dx, float *dw,
                      int64_t T, int64_t H);
+  int (*rmsnorm_fwd_bf16)(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
+                          float offset, float eps, void *y, float *rstd, int64_t T, int64_t H);
   int (*rope_tables)(ml_backend *be, double theta, int64_t hd, const ml_rope_scaling *sc,
                      int64_t seq_len, int64_t S, float *cos_t, float *sin_t);
   int (*rope_fwd)(ml_backend *be, float *x, const float *cos_t, const float *sin_t, int64_t B,
@@ -479,6 +481,14 @@ int ml_be_scale(ml_backend *be, float *x, int64_t n, float s);
  * saved. y may alias x. */
 int ml_be_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
                       float offset, float eps, float *y, float *rstd, int64_t T, int64_t H);
+/* ml_be_rmsnorm_fwd with a bf16 output, fused: y [T, H] (uint16_t) is the
+ * fp32 result rounded to nearest-even once, bitwise ml_be_rmsnorm_fwd's y
+ * converted by ml_be_convert; x [T, H] fp32 is only read, rstd [T] saved as
+ * there. The bf16 input of the linears after the norm (h1: q/k/v_proj,
+ * h2: gate/up_proj), which torch.autocast casts LlamaRMSNorm's fp32 output
+ * to at the bf16 matmul. ML_OP_RMSNORM. */
+int ml_be_rmsnorm_fwd_bf16(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
+                           float offset, float eps, void *y, float *rstd, int64_t T, int64_t H);
 /* dx [T, H] (=, may alias dy), dw [H] (+=, may be NULL). */
 int ml_be_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const void *w,
                       ml_dtype w_type, float offset, const float *rstd, float *dx, float *dw,

@@ -23,6 +23,14 @@ static int norm_fwd(ml_model *m, const ml_rmsnorm *n, const float *x, float *y, 
   return ml_be_rmsnorm_fwd(m->be, x, w->data, w->dtype, n->offset, n->eps, y, rstd, rows, dim);
 }
 
+// x: [rows, dim] → y16 [rows, dim] bf16 (norm_fwd's y rounded in the kernel); rstd: [rows]
+static int norm_fwd_bf16(ml_model *m, const ml_rmsnorm *n, const float *x, void *y16, float *rstd,
+                         int64_t rows, int64_t dim) {
+  const ml_param *w = n->weight;
+  return ml_be_rmsnorm_fwd_bf16(m->be, x, w->data, w->dtype, n->offset, n->eps, y16, rstd, rows,
+                                dim);
+}
+
 // dy, dx: [rows, dim] (dx may alias dy); weight grad (+=)
 static int norm_bwd(ml_model *m, const ml_rmsnorm *n, const float *dy, const float *x,
                     const float *rstd, float *dx, int64_t rows, int64_t dim) {
@@ -130,11 +138,22 @@ static int block_input_backward(ml_model *m, const ml_linear *first, const ml_ac
   return add_inplace(m, dx, dh, Tr * H);
 }
 
+/* Whether the producer of first's input (attn_norm for q/k/v_proj, mlp_norm for gate/up_proj,
+ * the GLU for down_proj) writes it straight into the saved bf16 copy (h1, h2, a), no fp32
+ * temporary and no conversion: it is kept only in bf16 (m->bf16_inputs: no LoRA dropout,
+ * fp32-kept weight, whole hook or router reads it in fp32) and no input edge (a tp or sp
+ * redistribute of the fp32 view) runs between the producer and the GEMMs. The one rule for
+ * h1, h2 and a; the same bits as the conversion after the edge (both round the same fp32
+ * value to nearest-even). */
+static bool direct_input(const ml_model *m, const ml_linear *first) {
+  return m->bf16_inputs && !first->in.fwd.fn;
+}
+
 /* Where the input of linears is written (q/k/v, gate/up: a norm; down_proj:
- * the GLU): `saved` (h1, h2, a) itself, or under m->bf16_inputs, where
- * `saved` keeps only the bf16 copy, a temporary [B, S, cols] fp32 (room for
- * the input edge's gathered view) from the pool; NULL when it cannot be
- * had. */
+ * the GLU) when not direct_input: `saved` (h1, h2, a) itself, or under
+ * m->bf16_inputs, where `saved` keeps only the bf16 copy, a temporary
+ * [B, S, cols] fp32 (room for the input edge's gathered view) from the
+ * pool; NULL when it cannot be had. */
 static float *shared_input(ml_model *m, float *saved, int64_t cols) {
   if (!m->bf16_inputs) return saved;
   return ml_be_alloc(m->be, m->B * m->S * cols, sizeof(float),
@@ -165,6 +184,34 @@ static int shared_operand(ml_model *m, const ml_linear *first, ml_act *in, float
   ml_be_free(m->be, in->x);
   in->x = NULL;
   return rc;
+}
+
+/* The input of the linears after a norm (first: q_proj, gate_proj or a sparse layer's router;
+ * the first of those its input edge belongs to), from x [B, s_res, H], as the view *in they
+ * read (the edge's [B, S, H]), rstd [B·s_res] saved, and with xr their bf16 operand *xr:
+ * direct_input: the norm writes the bf16 `saved` (h1, h2) itself, *xr = saved, in->x NULL
+ * (its fp32 value is kept nowhere); else the norm's fp32 output in `saved` or a shared_input
+ * temporary, first's input edge run on it, then shared_operand. xr NULL: in->x stays fp32 in
+ * `saved` (the router and experts read it; never under m->bf16_inputs). */
+static int norm_input(ml_model *m, const ml_rmsnorm *norm, const ml_linear *first, const float *x,
+                      float *saved, float *rstd, ml_act *in, void **xr) {
+  int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
+  if (xr && direct_input(m, first)) {
+    ML_TRY(carved_bf16(first));
+    *in = ml_act_view(m, NULL, m->s_res, H, H);
+    *xr = saved;
+    return norm_fwd_bf16(m, norm, x, saved, rstd, Tr, H);
+  }
+  float *h = xr ? shared_input(m, saved, H) : saved;
+  if (!h) return -1;
+  *in = ml_act_view(m, h, m->s_res, H, H);
+  int rc = norm_fwd(m, norm, x, h, rstd, Tr, H);
+  if (!rc) rc = ml_hook_run(first->in.fwd, in); /* shared by the linears reading it */
+  if (rc || !xr) {
+    if (h != saved) ml_be_free(m->be, h);
+    return rc;
+  }
+  return shared_operand(m, first, in, saved, xr);
 }
 
 /* The backward's *xr for the linears reading view *in: the forward's saved
@@ -322,14 +369,8 @@ static int attention_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
   int64_t B = m->B, S = m->S, Tr = B * m->s_res, H = m->cfg.hidden, hd = m->cfg.head_dim;
   bool qk_norm = L->q_norm.weight, out_norm = L->attn_out_norm.weight;
-  float *h = shared_input(m, a->h1, H); /* h1: [B, s_res, H], the edge's [B, S, H] */
-  if (!h) return -1;
-  a->in_qkv = ml_act_view(m, h, m->s_res, H, H);
-  int rc = norm_fwd(m, &L->attn_norm, a->x_in, h, a->rstd1, Tr, H);
-  if (!rc) rc = ml_hook_run(L->q_proj.in.fwd, &a->in_qkv); /* shared by q/k/v */
   void *xr = NULL; /* in_qkv rounded once for the three (bf16 weights) */
-  if (!rc) rc = shared_operand(m, &L->q_proj, &a->in_qkv, a->h1, &xr);
-  else if (h != a->h1) ml_be_free(m->be, h);
+  int rc = norm_input(m, &L->attn_norm, &L->q_proj, a->x_in, a->h1, a->rstd1, &a->in_qkv, &xr);
   float *qk = NULL; /* m->bf16_qkv: q, k in fp32 before RoPE's rounding (qk_scratch) */
   if (!rc && m->bf16_qkv && !(qk = qk_scratch(m, L))) rc = -1;
   float *q = qk_norm ? a->q_raw : qk ? qk : a->q;
@@ -431,12 +472,13 @@ static int glu_forward(ml_model *m, const ml_layer *L, void *act, ml_dtype a_typ
   return ml_be_glu_fwd_bf16(m->be, a->g, a->u, act, a_type, n, m->cfg.family->act);
 }
 
-// in_gu [B, s, H] → x [B, s_res, H] = down(act(gate) · up) (room for [B, S, H]; not read)
+// x_mid [B, s_res, H] → x [B, s_res, H] = down(act(gate(h2)) · up(h2)) (room for [B, S, H]; not
+// read)
 static int dense_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
   ml_act u;
   void *xr; /* in_gu rounded once for both (bf16 weights) */
-  ML_TRY(shared_operand(m, &L->gate_proj, &a->in_gu, a->h2, &xr));
+  ML_TRY(norm_input(m, &L->mlp_norm, &L->gate_proj, a->x_mid, a->h2, a->rstd2, &a->in_gu, &xr));
   int rc = gate_up(m, L, xr, &u);  // g, u: [B, s, I]
   release_operand(m, xr);
   ML_TRY(rc);
@@ -445,7 +487,7 @@ static int dense_forward(ml_model *m, ml_layer *L, float *x) {
   /* a in bf16 straight from the GLU (autocast's bf16 mul output) where it is kept so
    * (m->bf16_inputs) and no input edge of down_proj reads it in fp32; else fp32 (a pool
    * temporary under m->bf16_inputs, rounded after the edge) */
-  bool direct = m->bf16_mlp && m->bf16_inputs && !L->down_proj.in.fwd.fn;
+  bool direct = m->bf16_mlp && direct_input(m, &L->down_proj);
   if (direct) {
     ML_TRY(carved_bf16(&L->down_proj));
     ML_TRY(glu_forward(m, L, a->a, ML_BF16, n));
@@ -472,15 +514,12 @@ static int mlp_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
   int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
   bool out_norm = L->mlp_out_norm.weight;
-  float *h = shared_input(m, a->h2, H); /* h2: [B, s_res, H], the edge's [B, S, H] */
-  if (!h) return -1;
-  a->in_gu = ml_act_view(m, h, m->s_res, H, H);
-  int rc = norm_fwd(m, &L->mlp_norm, a->x_mid, h, a->rstd2, Tr, H);
-  if (!rc) rc = ml_hook_run(mlp_first(L)->in.fwd, &a->in_gu); /* shared by gate/up (the router) */
-  if (rc && h != a->h2) ml_be_free(m->be, h);
-  ML_TRY(rc);
-  if (L->moe.gate.weight) ML_TRY(ml_moe_forward(m, L, &a->in_gu, x));  // [B, s_res, H]
-  else ML_TRY(dense_forward(m, L, x)); /* frees h (shared_operand) */
+  if (L->moe.gate.weight) { /* the router and experts read h2 in fp32 */
+    ML_TRY(norm_input(m, &L->mlp_norm, &L->moe.gate, a->x_mid, a->h2, a->rstd2, &a->in_gu, NULL));
+    ML_TRY(ml_moe_forward(m, L, &a->in_gu, x));  // [B, s_res, H]
+  } else {
+    ML_TRY(dense_forward(m, L, x));
+  }
   if (out_norm) { /* d: [B, s_res, H] saved; x = mlp_out_norm(d) */
     ML_TRY(copy_floats(m, a->d, x, Tr * H));
     ML_TRY(norm_fwd(m, &L->mlp_out_norm, a->d, x, a->rstd_d, Tr, H));

@@ -491,7 +491,7 @@ static void test_add_scale(void **state) {
 /* Forward and backward (from the same inputs on both: the CPU's rstd)
  * within rmsnorm_fwd_bounds and rmsnorm_bwd_bounds (cuda/op_bounds.h). With
  * y aliasing x and dx aliasing dy (backend.h allows both), each backend
- * repeats its own results bitwise. */
+ * repeats its own results bitwise, as does the bf16-output forward rounded. */
 static void test_rmsnorm(void **state) {
   (void)state;
   const int64_t shapes[][2] = {{1, 1}, {3, 7}, {5, 64}, {2, 1000}, {70, 1030}};
@@ -523,6 +523,20 @@ static void test_rmsnorm(void **state) {
                  (long long)H, off, wb ? "bf16 w" : "f32 w");
         expect_close(what, &y, by, T * H);
         expect_close("  rstd", &rstd, br, T);
+        /* the bf16 output: on each backend bitwise its fp32 forward rounded (ml_be_convert), the
+         * same rstd */
+        dbuf yh = dev_new(2 * (size_t)(T * H)), yr = dev_new(2 * (size_t)(T * H));
+        dbuf rh = dev_new(4 * (size_t)T);
+        for (int s = 0; s < SIDES; s++) {
+          ok(ml_be_rmsnorm_fwd_bf16(g_be[s], dxb.p[s], dwt.p[s], wt, offset, eps, yh.p[s],
+                                    rh.p[s], T, H),
+             "rmsnorm fwd bf16", s);
+          ok(ml_be_convert(g_be[s], yr.p[s], ML_BF16, y.p[s], ML_F32, (size_t)(T * H)), "convert",
+             s);
+        }
+        expect_own("  rmsnorm fwd bf16 = fwd rounded", &yr, &yh);
+        expect_own("  rmsnorm fwd bf16's rstd", &rstd, &rh);
+        dev_free(&yh), dev_free(&yr), dev_free(&rh);
         /* backward from the CPU's rstd on both */
         float *r = dev_get(&rstd, CPU);
         dev_set(&rstd, r);

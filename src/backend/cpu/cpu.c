@@ -185,6 +185,17 @@ static int cpu_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dty
   return 0;
 }
 
+static int cpu_rmsnorm_fwd_bf16(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
+                                float offset, float eps, void *y, float *rstd, int64_t T,
+                                int64_t H) {
+  const float *wf;
+  float *tmp;
+  ML_TRY(weight_f32(be, w, w_type, H, &wf, &tmp));
+  k_rmsnorm_fwd_bf16(x, wf, offset, eps, y, rstd, T, H);
+  cpu_free(be, tmp);
+  return 0;
+}
+
 static int cpu_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const void *w,
                            ml_dtype w_type, float offset, const float *rstd, float *dx, float *dw,
                            int64_t T, int64_t H) {
@@ -654,6 +665,7 @@ static const ml_backend_ops k_cpu_ops = {
     .scale = cpu_scale,
     .rmsnorm_fwd = cpu_rmsnorm_fwd,
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
+    .rmsnorm_fwd_bf16 = cpu_rmsnorm_fwd_bf16,
     .rope_tables = cpu_rope_tables,
     .rope_fwd = cpu_rope_fwd,
     .rope_bwd = cpu_rope_bwd,

@@ -255,6 +255,15 @@ static int cu_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dtyp
       "rmsnorm forward");
 }
 
+static int cu_rmsnorm_fwd_bf16(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
+                               float offset, float eps, void *y, float *rstd, int64_t T,
+                               int64_t H) {
+  ML_TRY(weight_type("rmsnorm", w_type));
+  return ml_cuda_launched(kc_rmsnorm_fwd_bf16(impl(be)->stream, x, w, w_type == ML_BF16, offset,
+                                              eps, y, rstd, T, H),
+                          "rmsnorm forward with a bf16 output");
+}
+
 static int cu_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const void *w,
                           ml_dtype w_type, float offset, const float *rstd, float *dx, float *dw,
                           int64_t T, int64_t H) {
@@ -676,6 +685,7 @@ static const ml_backend_ops k_cuda_ops = {
     .scale = cu_scale,
     .rmsnorm_fwd = cu_rmsnorm_fwd,
     .rmsnorm_bwd = cu_rmsnorm_bwd,
+    .rmsnorm_fwd_bf16 = cu_rmsnorm_fwd_bf16,
     .rope_tables = cu_rope_tables,
     .rope_fwd = cu_rope_fwd,
     .rope_bwd = cu_rope_bwd,

@@ -102,6 +102,11 @@ static int meta_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dt
                             int64_t H) {
   return 0;
 }
+static int meta_rmsnorm_fwd_bf16(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
+                                 float offset, float eps, void *y, float *rstd, int64_t T,
+                                 int64_t H) {
+  return 0;
+}
 static int meta_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const void *w,
                             ml_dtype w_type, float offset, const float *rstd, float *dx,
                             float *dw, int64_t T, int64_t H) {
@@ -293,6 +298,7 @@ static const ml_backend_ops k_meta_ops = {
     .scale = meta_scale,
     .rmsnorm_fwd = meta_rmsnorm_fwd,
     .rmsnorm_bwd = meta_rmsnorm_bwd,
+    .rmsnorm_fwd_bf16 = meta_rmsnorm_fwd_bf16,
     .rope_tables = meta_rope_tables,
     .rope_fwd = meta_rope,
     .rope_bwd = meta_rope,

@@ -100,6 +100,13 @@ cudaError_t kc_has_nonfinite(cudaStream_t st, const float *g, int64_t n, int *ou
  * x, y [T, H] (y may alias x); w [H] fp32 or bf16 (w_bf16); rstd [T]. */
 cudaError_t kc_rmsnorm_fwd(cudaStream_t st, const float *x, const void *w, bool w_bf16,
                            float offset, float eps, float *y, float *rstd, int64_t T, int64_t H);
+/* The forward fused with the rounding: y [T, H] (bf16 bits) = the fp32 y
+ * above rounded to nearest-even (kc_f32_to_bf16), bitwise kc_rmsnorm_fwd
+ * then kc_f32_to_bf16; x read only (kernels/cpu k_rmsnorm_fwd_bf16,
+ * backend.h ml_be_rmsnorm_fwd_bf16). */
+cudaError_t kc_rmsnorm_fwd_bf16(cudaStream_t st, const float *x, const void *w, bool w_bf16,
+                                float offset, float eps, void *y, float *rstd, int64_t T,
+                                int64_t H);
 /* dx [T, H] (=, may alias dy), dw [H] (+=, may be NULL) given dy, x, rstd;
  * work: kc_rmsnorm_bwd_work bytes (the dw partial sums). */
 size_t kc_rmsnorm_bwd_work(int64_t T, int64_t H);

@@ -166,6 +166,10 @@ int ml_be_add(ml_backend *be, float *y, const float *x, int64_t n) {
   NEED(be, ML_OP_ADD);
   return be->ops->add(be, y, x, n);
 }
+int ml_be_add_bf16(ml_backend *be, float *y, const float *x, void *y16, int64_t n) {
+  NEED(be, ML_OP_ADD);
+  return be->ops->add_bf16(be, y, x, y16, n);
+}
 int ml_be_scale(ml_backend *be, float *x, int64_t n, float s) {
   NEED(be, ML_OP_SCALE);
   return be->ops->scale(be, x, n, s);

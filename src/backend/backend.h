@@ -226,6 +226,7 @@ typedef struct ml_backend_ops {
   int64_t (*gemm_temp)(ml_backend *be, const ml_gemm *g); /* NULL: 0 */
   int (*bias_grad)(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db);
   int (*add)(ml_backend *be, float *y, const float *x, int64_t n);
+  int (*add_bf16)(ml_backend *be, float *y, const float *x, void *y16, int64_t n);
   int (*scale)(ml_backend *be, float *x, int64_t n, float s);
   int (*rmsnorm_fwd)(ml_backend *be, const float *x, const void *w, ml_dtype w_type, float offset,
                      float eps, float *y, float *rstd, int64_t T, int64_t H);
@@ -474,6 +475,12 @@ int64_t ml_be_gemm_temp(ml_backend *be, const ml_gemm *g);
 int ml_be_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db);
 /* y[n] += x[n] (the residual add). */
 int ml_be_add(ml_backend *be, float *y, const float *x, int64_t n);
+/* ml_be_add fused with the rounding: y[n] += x[n] and y16 [n] (uint16_t) =
+ * the sum rounded to nearest-even once, bitwise ml_be_add then ml_be_convert
+ * of y. The residual stream's gradient (fp32) and, in the same pass, the
+ * bf16 dy that o_proj's backward GEMMs read (autocast's cast of
+ * grad_output). ML_OP_ADD. */
+int ml_be_add_bf16(ml_backend *be, float *y, const float *x, void *y16, int64_t n);
 /* x[n] *= s (gradient clipping). */
 int ml_be_scale(ml_backend *be, float *x, int64_t n, float s);
 /* RMSNorm (HF LlamaRMSNorm, Gemma3RMSNorm when offset = 1) in fp32 on x,

@@ -100,17 +100,26 @@ static bool reads_bf16_dy(const ml_linear *lin) {
   return lin->weight->dtype == ML_BF16 && ml_linear_dy_bf16(lin);
 }
 
+/* Whether lin's output gradient (lin: o_proj or down_proj; NULL: a sparse layer's experts)
+ * is the residual gradient dx as its bf16 copy: no out-norm (norm: attn_out_norm or
+ * mlp_out_norm) sits between and lin reads it only in bf16. The one rule for out_grad and
+ * for the add that writes the copy ahead (mlp_backward's, for o_proj). */
+static bool out_grad_bf16(const ml_rmsnorm *norm, const ml_linear *lin) {
+  return !norm->weight && lin && reads_bf16_dy(lin);
+}
+
 /* d [B, s_res, H], the output gradient of o_proj or down_proj (lin; NULL: a sparse layer's
  * experts read it): attn_out_norm's or mlp_out_norm's backward on the residual gradient dx
  * (fp32), else dx itself copied (lin's output edge transforms it in place), or where lin
- * reads it only in bf16 (*d16) converted: the one bf16 copy its GEMMs read, written by this
- * pass instead of a copy and then a conversion. */
+ * reads it only in bf16 (*d16 = out_grad_bf16) converted: the one bf16 copy its GEMMs read,
+ * written by this pass instead of a copy and then a conversion — or already written by the
+ * add that produced dx (ahead: nothing to do). */
 static int out_grad(ml_model *m, const ml_rmsnorm *norm, const float *saved, const float *rstd,
-                    const ml_linear *lin, const float *dx, float *d, bool *d16) {
+                    const ml_linear *lin, const float *dx, bool ahead, float *d, bool *d16) {
   int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
-  *d16 = !norm->weight && lin && reads_bf16_dy(lin);
+  *d16 = out_grad_bf16(norm, lin);
   if (norm->weight) return norm_bwd(m, norm, dx, saved, rstd, d, Tr, H);
-  if (*d16) return ml_be_convert(m->be, d, ML_BF16, dx, ML_F32, (size_t)(Tr * H));
+  if (*d16) return ahead ? 0 : ml_be_convert(m->be, d, ML_BF16, dx, ML_F32, (size_t)(Tr * H));
   return copy_floats(m, d, dx, Tr * H);
 }
 
@@ -126,15 +135,17 @@ static int linear_backward(ml_model *m, bool dy_bf16, const ml_linear *lin, ml_a
 /* Backward through a block's shared input: `in` is the view its linears
  * read (dh, their summed input grad, is in that layout); the input edge of
  * `first` brings dh back to the residual layout, then the block's norm and
- * the residual add into dx [B, s_res, H]. */
+ * the residual add into dx [B, s_res, H] — with dx16 non-NULL also storing
+ * the sum rounded into dx16 [B, s_res, H] bf16 (ml_be_add_bf16). */
 static int block_input_backward(ml_model *m, const ml_linear *first, const ml_act *in, float *dh,
                                 const ml_rmsnorm *norm, const float *x, const float *rstd,
-                                float *dx) {
+                                float *dx, void *dx16) {
   int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
   ml_act dhv = on(*in, dh);
   ML_TRY(ml_hook_run(first->in.bwd, &dhv));
   ML_TRY(expect_view(first->weight->name, &dhv, m->s_res, H));
   ML_TRY(norm_bwd(m, norm, dh, x, rstd, dh, Tr, H));
+  if (dx16) return ml_be_add_bf16(m->be, dx, dh, dx16, Tr * H);
   return add_inplace(m, dx, dh, Tr * H);
 }
 
@@ -408,8 +419,8 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
   int64_t hd = m->cfg.head_dim, nh = a->qv.c / hd, nkv = a->kv.c / hd;
   float *dtmp = m->scratch, *dh = dtmp + T * H, *datt = dh + T * H;
   float *dq = datt + T * m->cap_q, *dk = dq + T * m->cap_q, *dv = dk + T * m->cap_kv;
-  bool d16; /* dtmp: d o [B, s_res, H], fp32 or bf16 */
-  ML_TRY(out_grad(m, &L->attn_out_norm, a->o, a->rstd_o, &L->o_proj, dx, dtmp, &d16));
+  bool d16; /* dtmp: d o [B, s_res, H], fp32, or bf16 as mlp_backward's add wrote it */
+  ML_TRY(out_grad(m, &L->attn_out_norm, a->o, a->rstd_o, &L->o_proj, dx, true, dtmp, &d16));
   ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
   // datt: [B, S, nh·hd]
   const void *xo = m->bf16_att ? (const void *)a->att : NULL; /* as forward (att_operand) */
@@ -442,7 +453,7 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
   release_operand(m, xr);
   ML_TRY(rc);
   return block_input_backward(m, &L->q_proj, &a->in_qkv, dh, &L->attn_norm, a->x_in, a->rstd1,
-                              dx);  // dx += d x_in
+                              dx, NULL);  // dx += d x_in
 }
 
 /* The linear whose input edge the MLP's input crosses: gate_proj, or a
@@ -562,12 +573,15 @@ static int mlp_backward(ml_model *m, ml_layer *L, float *dx) {
   float *dtmp = m->scratch, *dh = dtmp + T * H;
   const ml_linear *down = L->moe.gate.weight ? NULL : &L->down_proj; /* NULL: the experts' */
   bool d16; /* dtmp: d down [B, s_res, H], fp32 or bf16 */
-  ML_TRY(out_grad(m, &L->mlp_out_norm, a->d, a->rstd_d, down, dx, dtmp, &d16));
+  ML_TRY(out_grad(m, &L->mlp_out_norm, a->d, a->rstd_d, down, dx, false, dtmp, &d16));
   ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
   if (!down) ML_TRY(ml_moe_backward(m, L, &a->in_gu, dtmp, dh));  // dh: [B, s, H]
   else ML_TRY(dense_backward(m, L, &d, d16, dh));
+  /* o_proj's bf16 dy, the sum rounded, stored by the add into dtmp (dead now), where
+   * attention_backward, next, reads it (its out_grad with ahead) */
+  void *o16 = out_grad_bf16(&L->attn_out_norm, &L->o_proj) ? (void *)dtmp : NULL;
   return block_input_backward(m, mlp_first(L), &a->in_gu, dh, &L->mlp_norm, a->x_mid, a->rstd2,
-                              dx);  // dx += d x_mid
+                              dx, o16);  // dx += d x_mid
 }
 
 // x: [B, s_res, H] in place
@@ -591,7 +605,7 @@ static int recompute(ml_model *m, ml_layer *L) {
   return 0;
 }
 
-// dx: [B, s_res, H] in place
+// dx: [B, s_res, H] in place (mlp_backward's add leaves o_proj's bf16 dy for attention_backward)
 int ml_layer_backward(ml_model *m, int l, float *dx) {
   ml_layer *L = &m->layers[l];
   ML_TRY(recompute(m, L));

@@ -463,7 +463,7 @@ static void test_bias_grad(void **state) {
 }
 
 /* y += x and x *= s: one correctly rounded operation each, from aligned and
- * odd offsets: bitwise. */
+ * odd offsets: bitwise; so is the add with a bf16 copy of its sums. */
 static void test_add_scale(void **state) {
   (void)state;
   const int64_t sizes[] = {1, 5, 65536 + 2};
@@ -482,7 +482,16 @@ static void test_add_scale(void **state) {
     expect_same(what, &dy);
     snprintf(what, sizeof what, "scale n=%lld", (long long)n);
     expect_same(what, &dx);
-    free(x), free(y), dev_free(&dx), dev_free(&dy);
+    /* the add with a bf16 copy of the sums: y as the add's, y16 those sums rounded, each side
+     * bitwise (CPU = GPU) */
+    dbuf by = dev_from(y, 4 * (size_t)n), bx = dev_from(x, 4 * (size_t)n);
+    dbuf h = dev_new(2 * (size_t)n);
+    for (int s = 0; s < SIDES; s++)
+      ok(ml_be_add_bf16(g_be[s], by.p[s], bx.p[s], h.p[s], n), "add bf16", s);
+    snprintf(what, sizeof what, "add bf16 n=%lld: y", (long long)n);
+    expect_same(what, &by);
+    expect_same("  its bf16 copy", &h);
+    free(x), free(y), dev_free(&dx), dev_free(&dy), dev_free(&by), dev_free(&bx), dev_free(&h);
   }
 }
 

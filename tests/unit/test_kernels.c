@@ -809,6 +809,29 @@ static void test_expf(void **state) {
   free(x);
 }
 
+/* k_add_bf16: y bitwise k_add's, y16 bitwise its sums rounded (ml_f32_to_bf16), on an odd
+ * length and one past K_PAR_MIN (threads); ties 1 + 2^-8 and 1 + 3·2^-8 (sums exact) go to
+ * even: 1 and 1 + 2^-6. */
+static void test_add_bf16(void **state) {
+  (void)state;
+  const int64_t sizes[] = {37, K_PAR_MIN + 3};
+  for (int c = 0; c < 2; c++) {
+    int64_t n = sizes[c];
+    float *x = rand_buf(n, 3.0f), *y = rand_buf(n, 1.0f);
+    for (int i = 0; i < 4; i++) y[i] = 1.0f, x[i] = i % 2 ? 0x1p-8f : 0x3p-8f;
+    float *yr = malloc((size_t)n * sizeof(float));
+    memcpy(yr, y, (size_t)n * sizeof(float));
+    uint16_t *y16 = malloc((size_t)n * sizeof *y16);
+    k_add(yr, x, n);
+    k_add_bf16(y, x, y16, n);
+    uint16_t *want = bf16_copy(yr, n);
+    assert_memory_equal(y, yr, (size_t)n * sizeof(float));
+    assert_memory_equal(y16, want, (size_t)n * sizeof *y16);
+    for (int i = 0; i < 4; i++) assert_int_equal(y16[i], i % 2 ? 0x3f80 : 0x3f82);
+    free(x), free(y), free(yr), free(y16), free(want);
+  }
+}
+
 /* ---- attention ---------------------------------------------------------------- */
 
 typedef struct attn_ctx {
@@ -2329,6 +2352,7 @@ int main(void) {
       cmocka_unit_test(test_rope_inv_freq), cmocka_unit_test(test_rope_scalings),
       cmocka_unit_test(test_rope_tables),
       cmocka_unit_test(test_rope_apply),    cmocka_unit_test(test_expf),
+      cmocka_unit_test(test_add_bf16),
       cmocka_unit_test(test_attention_fwd),
       cmocka_unit_test(test_attention_fixed_fwd),
       cmocka_unit_test(test_attention_fixed_blocks), cmocka_unit_test(test_attention_rows),

@@ -193,7 +193,9 @@ static void test_scatter_rows() {
   same("scatter rows bf16 (other rows untouched)", d16, r16, 2 * rows_total * width);
 }
 
-/* ---- add, scale: one correctly rounded operation each: bitwise ------------- */
+/* ---- add, scale: one correctly rounded operation each: bitwise; the add with
+ * a bf16 copy (kc_add_bf16) bitwise k_add_bf16, y16 aligned and not, with
+ * ties (1 + 2^-8, 1 + 3·2^-8: exact sums) ------------------------------------ */
 static void test_add_scale() {
   printf("add, scale\n");
   // 4096 blocks x 256 threads x 4 = 4194304 elements before the grid strides
@@ -208,6 +210,18 @@ static void test_add_scale() {
       ok(kc_add(nullptr, y, x, n), "add");
       k_add(yr, xr, n);
       same(fmt("add n=%lld y+%d x+%d", (long long)n, oy, ox), y, yr, 4 * n);
+      if (n <= 70001) {  // the grid-stride loop is add_kernel's with or without y16
+        float *xb = pl.copy(x, n, ox), *yb = pl.copy(yr, n), *yc = pl.copy(yr, n);
+        for (int64_t i = 0; i < n && i < 4; i++)
+          yb[i] = yc[i] = 1.0f, xb[i] = i % 2 ? 0x1p-8f : 0x3p-8f;
+        uint16_t *h = pl.get<uint16_t>(n, oy), *hr = pl.get<uint16_t>(n);
+        ok(kc_add_bf16(nullptr, yb, xb, h, n), "add bf16");
+        k_add_bf16(yc, xb, hr, n);
+        same(fmt("add bf16 n=%lld y16+%d x+%d: y", (long long)n, oy, ox), yb, yc, 4 * n);
+        same("  y16", h, hr, 2 * n);
+        const uint16_t even[4] = {0x3f82, 0x3f80, 0x3f82, 0x3f80};
+        same("  y16 ties to even", h, even, 2 * (n < 4 ? n : 4));
+      }
       ok(kc_scale(nullptr, x, n, -0.37f), "scale");
       k_scale(xr, n, -0.37f);
       same(fmt("scale n=%lld x+%d", (long long)n, ox), x, xr, 4 * n);

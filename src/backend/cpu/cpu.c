@@ -157,6 +157,11 @@ static int cpu_add(ml_backend *be, float *y, const float *x, int64_t n) {
   return 0;
 }
 
+static int cpu_add_bf16(ml_backend *be, float *y, const float *x, void *y16, int64_t n) {
+  k_add_bf16(y, x, y16, n);
+  return 0;
+}
+
 static int cpu_scale(ml_backend *be, float *x, int64_t n, float s) {
   k_scale(x, n, s);
   return 0;
@@ -662,6 +667,7 @@ static const ml_backend_ops k_cpu_ops = {
     .gemm_temp = cpu_gemm_temp,
     .bias_grad = cpu_bias_grad,
     .add = cpu_add,
+    .add_bf16 = cpu_add_bf16,
     .scale = cpu_scale,
     .rmsnorm_fwd = cpu_rmsnorm_fwd,
     .rmsnorm_bwd = cpu_rmsnorm_bwd,

@@ -237,6 +237,10 @@ static int cu_add(ml_backend *be, float *y, const float *x, int64_t n) {
   return ml_cuda_launched(kc_add(impl(be)->stream, y, x, n), "add");
 }
 
+static int cu_add_bf16(ml_backend *be, float *y, const float *x, void *y16, int64_t n) {
+  return ml_cuda_launched(kc_add_bf16(impl(be)->stream, y, x, y16, n), "add with a bf16 copy");
+}
+
 static int cu_scale(ml_backend *be, float *x, int64_t n, float s) {
   return ml_cuda_launched(kc_scale(impl(be)->stream, x, n, s), "scale");
 }
@@ -682,6 +686,7 @@ static const ml_backend_ops k_cuda_ops = {
     .gemm_temp = cu_gemm_temp,
     .bias_grad = cu_bias_grad,
     .add = cu_add,
+    .add_bf16 = cu_add_bf16,
     .scale = cu_scale,
     .rmsnorm_fwd = cu_rmsnorm_fwd,
     .rmsnorm_bwd = cu_rmsnorm_bwd,

@@ -359,6 +359,10 @@ void k_adamw_step(float *p, float *g, float *m, float *v, uint16_t *p_bf16, int6
 void k_expf(const float *x, float *y, int64_t n);
 /* y[n] += x[n]. */
 void k_add(float *y, const float *x, int64_t n);
+/* The same, and y16[n] = each sum rounded to nearest-even (ml_f32_to_bf16;
+ * bitwise k_add then a conversion of y): the residual gradient and the bf16
+ * copy o_proj's backward GEMMs read (backend.h ml_be_add_bf16). */
+void k_add_bf16(float *y, const float *x, uint16_t *y16, int64_t n);
 /* x[n] *= s. */
 void k_scale(float *x, int64_t n, float s);
 /* max of x[n] (-inf for n = 0; NaNs skipped, as m = x > m ? x : m does),

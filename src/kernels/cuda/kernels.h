@@ -50,6 +50,10 @@ cudaError_t kc_scatter_rows(cudaStream_t st, void *dst, bool bf16, const int32_t
                             const float *src, int64_t n, int64_t width);
 /* y[n] += x[n]. */
 cudaError_t kc_add(cudaStream_t st, float *y, const float *x, int64_t n);
+/* The same, and y16 [n] (bf16 bits) = each sum rounded to nearest-even
+ * (kc_f32_to_bf16): bitwise kc_add then a conversion of y (kernels/cpu
+ * k_add_bf16, backend.h ml_be_add_bf16). */
+cudaError_t kc_add_bf16(cudaStream_t st, float *y, const float *x, void *y16, int64_t n);
 /* x[n] *= s. */
 cudaError_t kc_scale(cudaStream_t st, float *x, int64_t n, float s);
 /* h[n] = act(g)·u (silu; gelu tanh approximation as torch's

@@ -164,9 +164,9 @@ typedef struct ml_attn_block {
 typedef enum ml_op {
   ML_OP_GEMM,            /* ml_be_gemm */
   ML_OP_BIAS_GRAD,       /* ml_be_bias_grad */
-  ML_OP_ADD,             /* ml_be_add */
+  ML_OP_ADD,             /* ml_be_add / _bf16 */
   ML_OP_SCALE,           /* ml_be_scale */
-  ML_OP_RMSNORM,         /* ml_be_rmsnorm_fwd / _bwd */
+  ML_OP_RMSNORM,         /* ml_be_rmsnorm_fwd / _fwd_bf16 / _bwd */
   ML_OP_ROPE,            /* ml_be_rope_tables / _fwd / _bwd */
   ML_OP_ATTENTION,       /* ml_be_attention_saved / _work / _fwd / _bwd */
   ML_OP_ATTENTION_BLOCK, /* ml_be_attention_block_fwd / _work / _bwd: context

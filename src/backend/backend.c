@@ -166,6 +166,10 @@ int ml_be_add(ml_backend *be, float *y, const float *x, int64_t n) {
   NEED(be, ML_OP_ADD);
   return be->ops->add(be, y, x, n);
 }
+int ml_be_add_bf16(ml_backend *be, float *y, const float *x, void *y16, int64_t n) {
+  NEED(be, ML_OP_ADD);
+  return be->ops->add_bf16(be, y, x, y16, n);
+}
 int ml_be_scale(ml_backend *be, float *x, int64_t n, float s) {
   NEED(be, ML_OP_SCALE);
   return be->ops->scale(be, x, n, s);
@@ -174,6 +178,11 @@ int ml_be_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dtype w_
                       float offset, float eps, float *y, float *rstd, int64_t T, int64_t H) {
   NEED(be, ML_OP_RMSNORM);
   return be->ops->rmsnorm_fwd(be, x, w, w_type, offset, eps, y, rstd, T, H);
+}
+int ml_be_rmsnorm_fwd_bf16(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
+                           float offset, float eps, void *y, float *rstd, int64_t T, int64_t H) {
+  NEED(be, ML_OP_RMSNORM);
+  return be->ops->rmsnorm_fwd_bf16(be, x, w, w_type, offset, eps, y, rstd, T, H);
 }
 int ml_be_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const void *w,
                       ml_dtype w_type, float offset, const float *rstd, float *dx, float *dw,

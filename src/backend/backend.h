@@ -164,9 +164,9 @@ typedef struct ml_attn_block {
 typedef enum ml_op {
   ML_OP_GEMM,            /* ml_be_gemm */
   ML_OP_BIAS_GRAD,       /* ml_be_bias_grad */
-  ML_OP_ADD,             /* ml_be_add */
+  ML_OP_ADD,             /* ml_be_add / _bf16 */
   ML_OP_SCALE,           /* ml_be_scale */
-  ML_OP_RMSNORM,         /* ml_be_rmsnorm_fwd / _bwd */
+  ML_OP_RMSNORM,         /* ml_be_rmsnorm_fwd / _fwd_bf16 / _bwd */
   ML_OP_ROPE,            /* ml_be_rope_tables / _fwd / _bwd */
   ML_OP_ATTENTION,       /* ml_be_attention_saved / _work / _fwd / _bwd */
   ML_OP_ATTENTION_BLOCK, /* ml_be_attention_block_fwd / _work / _bwd: context
@@ -226,12 +226,15 @@ typedef struct ml_backend_ops {
   int64_t (*gemm_temp)(ml_backend *be, const ml_gemm *g); /* NULL: 0 */
   int (*bias_grad)(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db);
   int (*add)(ml_backend *be, float *y, const float *x, int64_t n);
+  int (*add_bf16)(ml_backend *be, float *y, const float *x, void *y16, int64_t n);
   int (*scale)(ml_backend *be, float *x, int64_t n, float s);
   int (*rmsnorm_fwd)(ml_backend *be, const float *x, const void *w, ml_dtype w_type, float offset,
                      float eps, float *y, float *rstd, int64_t T, int64_t H);
   int (*rmsnorm_bwd)(ml_backend *be, const float *dy, const float *x, const void *w,
                      ml_dtype w_type, float offset, const float *rstd, float *dx, float *dw,
                      int64_t T, int64_t H);
+  int (*rmsnorm_fwd_bf16)(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
+                          float offset, float eps, void *y, float *rstd, int64_t T, int64_t H);
   int (*rope_tables)(ml_backend *be, double theta, int64_t hd, const ml_rope_scaling *sc,
                      int64_t seq_len, int64_t S, float *cos_t, float *sin_t);
   int (*rope_fwd)(ml_backend *be, float *x, const float *cos_t, const float *sin_t, int64_t B,
@@ -472,6 +475,12 @@ int64_t ml_be_gemm_temp(ml_backend *be, const ml_gemm *g);
 int ml_be_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db);
 /* y[n] += x[n] (the residual add). */
 int ml_be_add(ml_backend *be, float *y, const float *x, int64_t n);
+/* ml_be_add fused with the rounding: y[n] += x[n] and y16 [n] (uint16_t) =
+ * the sum rounded to nearest-even once, bitwise ml_be_add then ml_be_convert
+ * of y. The residual stream's gradient (fp32) and, in the same pass, the
+ * bf16 dy that o_proj's backward GEMMs read (autocast's cast of
+ * grad_output). ML_OP_ADD. */
+int ml_be_add_bf16(ml_backend *be, float *y, const float *x, void *y16, int64_t n);
 /* x[n] *= s (gradient clipping). */
 int ml_be_scale(ml_backend *be, float *x, int64_t n, float s);
 /* RMSNorm (HF LlamaRMSNorm, Gemma3RMSNorm when offset = 1) in fp32 on x,
@@ -479,6 +488,14 @@ int ml_be_scale(ml_backend *be, float *x, int64_t n, float s);
  * saved. y may alias x. */
 int ml_be_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
                       float offset, float eps, float *y, float *rstd, int64_t T, int64_t H);
+/* ml_be_rmsnorm_fwd with a bf16 output, fused: y [T, H] (uint16_t) is the
+ * fp32 result rounded to nearest-even once, bitwise ml_be_rmsnorm_fwd's y
+ * converted by ml_be_convert; x [T, H] fp32 is only read, rstd [T] saved as
+ * there. The bf16 input of the linears after the norm (h1: q/k/v_proj,
+ * h2: gate/up_proj), which torch.autocast casts LlamaRMSNorm's fp32 output
+ * to at the bf16 matmul. ML_OP_RMSNORM. */
+int ml_be_rmsnorm_fwd_bf16(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
+                           float offset, float eps, void *y, float *rstd, int64_t T, int64_t H);
 /* dx [T, H] (=, may alias dy), dw [H] (+=, may be NULL). */
 int ml_be_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const void *w,
                       ml_dtype w_type, float offset, const float *rstd, float *dx, float *dw,

@@ -23,6 +23,14 @@ static int norm_fwd(ml_model *m, const ml_rmsnorm *n, const float *x, float *y, 
   return ml_be_rmsnorm_fwd(m->be, x, w->data, w->dtype, n->offset, n->eps, y, rstd, rows, dim);
 }
 
+// x: [rows, dim] → y16 [rows, dim] bf16 (norm_fwd's y rounded in the kernel); rstd: [rows]
+static int norm_fwd_bf16(ml_model *m, const ml_rmsnorm *n, const float *x, void *y16, float *rstd,
+                         int64_t rows, int64_t dim) {
+  const ml_param *w = n->weight;
+  return ml_be_rmsnorm_fwd_bf16(m->be, x, w->data, w->dtype, n->offset, n->eps, y16, rstd, rows,
+                                dim);
+}
+
 // dy, dx: [rows, dim] (dx may alias dy); weight grad (+=)
 static int norm_bwd(ml_model *m, const ml_rmsnorm *n, const float *dy, const float *x,
                     const float *rstd, float *dx, int64_t rows, int64_t dim) {
@@ -92,17 +100,26 @@ static bool reads_bf16_dy(const ml_linear *lin) {
   return lin->weight->dtype == ML_BF16 && ml_linear_dy_bf16(lin);
 }
 
+/* Whether lin's output gradient (lin: o_proj or down_proj; NULL: a sparse layer's experts)
+ * is the residual gradient dx as its bf16 copy: no out-norm (norm: attn_out_norm or
+ * mlp_out_norm) sits between and lin reads it only in bf16. The one rule for out_grad and
+ * for the add that writes the copy ahead (mlp_backward's, for o_proj). */
+static bool out_grad_bf16(const ml_rmsnorm *norm, const ml_linear *lin) {
+  return !norm->weight && lin && reads_bf16_dy(lin);
+}
+
 /* d [B, s_res, H], the output gradient of o_proj or down_proj (lin; NULL: a sparse layer's
  * experts read it): attn_out_norm's or mlp_out_norm's backward on the residual gradient dx
  * (fp32), else dx itself copied (lin's output edge transforms it in place), or where lin
- * reads it only in bf16 (*d16) converted: the one bf16 copy its GEMMs read, written by this
- * pass instead of a copy and then a conversion. */
+ * reads it only in bf16 (*d16 = out_grad_bf16) converted: the one bf16 copy its GEMMs read,
+ * written by this pass instead of a copy and then a conversion — or already written by the
+ * add that produced dx (ahead: nothing to do). */
 static int out_grad(ml_model *m, const ml_rmsnorm *norm, const float *saved, const float *rstd,
-                    const ml_linear *lin, const float *dx, float *d, bool *d16) {
+                    const ml_linear *lin, const float *dx, bool ahead, float *d, bool *d16) {
   int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
-  *d16 = !norm->weight && lin && reads_bf16_dy(lin);
+  *d16 = out_grad_bf16(norm, lin);
   if (norm->weight) return norm_bwd(m, norm, dx, saved, rstd, d, Tr, H);
-  if (*d16) return ml_be_convert(m->be, d, ML_BF16, dx, ML_F32, (size_t)(Tr * H));
+  if (*d16) return ahead ? 0 : ml_be_convert(m->be, d, ML_BF16, dx, ML_F32, (size_t)(Tr * H));
   return copy_floats(m, d, dx, Tr * H);
 }
 
@@ -118,23 +135,36 @@ static int linear_backward(ml_model *m, bool dy_bf16, const ml_linear *lin, ml_a
 /* Backward through a block's shared input: `in` is the view its linears
  * read (dh, their summed input grad, is in that layout); the input edge of
  * `first` brings dh back to the residual layout, then the block's norm and
- * the residual add into dx [B, s_res, H]. */
+ * the residual add into dx [B, s_res, H] — with dx16 non-NULL also storing
+ * the sum rounded into dx16 [B, s_res, H] bf16 (ml_be_add_bf16). */
 static int block_input_backward(ml_model *m, const ml_linear *first, const ml_act *in, float *dh,
                                 const ml_rmsnorm *norm, const float *x, const float *rstd,
-                                float *dx) {
+                                float *dx, void *dx16) {
   int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
   ml_act dhv = on(*in, dh);
   ML_TRY(ml_hook_run(first->in.bwd, &dhv));
   ML_TRY(expect_view(first->weight->name, &dhv, m->s_res, H));
   ML_TRY(norm_bwd(m, norm, dh, x, rstd, dh, Tr, H));
+  if (dx16) return ml_be_add_bf16(m->be, dx, dh, dx16, Tr * H);
   return add_inplace(m, dx, dh, Tr * H);
 }
 
+/* Whether the producer of first's input (attn_norm for q/k/v_proj, mlp_norm for gate/up_proj,
+ * the GLU for down_proj) writes it straight into the saved bf16 copy (h1, h2, a), no fp32
+ * temporary and no conversion: it is kept only in bf16 (m->bf16_inputs: no LoRA dropout,
+ * fp32-kept weight, whole hook or router reads it in fp32) and no input edge (a tp or sp
+ * redistribute of the fp32 view) runs between the producer and the GEMMs. The one rule for
+ * h1, h2 and a; the same bits as the conversion after the edge (both round the same fp32
+ * value to nearest-even). */
+static bool direct_input(const ml_model *m, const ml_linear *first) {
+  return m->bf16_inputs && !first->in.fwd.fn;
+}
+
 /* Where the input of linears is written (q/k/v, gate/up: a norm; down_proj:
- * the GLU): `saved` (h1, h2, a) itself, or under m->bf16_inputs, where
- * `saved` keeps only the bf16 copy, a temporary [B, S, cols] fp32 (room for
- * the input edge's gathered view) from the pool; NULL when it cannot be
- * had. */
+ * the GLU) when not direct_input: `saved` (h1, h2, a) itself, or under
+ * m->bf16_inputs, where `saved` keeps only the bf16 copy, a temporary
+ * [B, S, cols] fp32 (room for the input edge's gathered view) from the
+ * pool; NULL when it cannot be had. */
 static float *shared_input(ml_model *m, float *saved, int64_t cols) {
   if (!m->bf16_inputs) return saved;
   return ml_be_alloc(m->be, m->B * m->S * cols, sizeof(float),
@@ -165,6 +195,34 @@ static int shared_operand(ml_model *m, const ml_linear *first, ml_act *in, float
   ml_be_free(m->be, in->x);
   in->x = NULL;
   return rc;
+}
+
+/* The input of the linears after a norm (first: q_proj, gate_proj or a sparse layer's router;
+ * the first of those its input edge belongs to), from x [B, s_res, H], as the view *in they
+ * read (the edge's [B, S, H]), rstd [B·s_res] saved, and with xr their bf16 operand *xr:
+ * direct_input: the norm writes the bf16 `saved` (h1, h2) itself, *xr = saved, in->x NULL
+ * (its fp32 value is kept nowhere); else the norm's fp32 output in `saved` or a shared_input
+ * temporary, first's input edge run on it, then shared_operand. xr NULL: in->x stays fp32 in
+ * `saved` (the router and experts read it; never under m->bf16_inputs). */
+static int norm_input(ml_model *m, const ml_rmsnorm *norm, const ml_linear *first, const float *x,
+                      float *saved, float *rstd, ml_act *in, void **xr) {
+  int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
+  if (xr && direct_input(m, first)) {
+    ML_TRY(carved_bf16(first));
+    *in = ml_act_view(m, NULL, m->s_res, H, H);
+    *xr = saved;
+    return norm_fwd_bf16(m, norm, x, saved, rstd, Tr, H);
+  }
+  float *h = xr ? shared_input(m, saved, H) : saved;
+  if (!h) return -1;
+  *in = ml_act_view(m, h, m->s_res, H, H);
+  int rc = norm_fwd(m, norm, x, h, rstd, Tr, H);
+  if (!rc) rc = ml_hook_run(first->in.fwd, in); /* shared by the linears reading it */
+  if (rc || !xr) {
+    if (h != saved) ml_be_free(m->be, h);
+    return rc;
+  }
+  return shared_operand(m, first, in, saved, xr);
 }
 
 /* The backward's *xr for the linears reading view *in: the forward's saved
@@ -322,14 +380,8 @@ static int attention_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
   int64_t B = m->B, S = m->S, Tr = B * m->s_res, H = m->cfg.hidden, hd = m->cfg.head_dim;
   bool qk_norm = L->q_norm.weight, out_norm = L->attn_out_norm.weight;
-  float *h = shared_input(m, a->h1, H); /* h1: [B, s_res, H], the edge's [B, S, H] */
-  if (!h) return -1;
-  a->in_qkv = ml_act_view(m, h, m->s_res, H, H);
-  int rc = norm_fwd(m, &L->attn_norm, a->x_in, h, a->rstd1, Tr, H);
-  if (!rc) rc = ml_hook_run(L->q_proj.in.fwd, &a->in_qkv); /* shared by q/k/v */
   void *xr = NULL; /* in_qkv rounded once for the three (bf16 weights) */
-  if (!rc) rc = shared_operand(m, &L->q_proj, &a->in_qkv, a->h1, &xr);
-  else if (h != a->h1) ml_be_free(m->be, h);
+  int rc = norm_input(m, &L->attn_norm, &L->q_proj, a->x_in, a->h1, a->rstd1, &a->in_qkv, &xr);
   float *qk = NULL; /* m->bf16_qkv: q, k in fp32 before RoPE's rounding (qk_scratch) */
   if (!rc && m->bf16_qkv && !(qk = qk_scratch(m, L))) rc = -1;
   float *q = qk_norm ? a->q_raw : qk ? qk : a->q;
@@ -367,8 +419,8 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
   int64_t hd = m->cfg.head_dim, nh = a->qv.c / hd, nkv = a->kv.c / hd;
   float *dtmp = m->scratch, *dh = dtmp + T * H, *datt = dh + T * H;
   float *dq = datt + T * m->cap_q, *dk = dq + T * m->cap_q, *dv = dk + T * m->cap_kv;
-  bool d16; /* dtmp: d o [B, s_res, H], fp32 or bf16 */
-  ML_TRY(out_grad(m, &L->attn_out_norm, a->o, a->rstd_o, &L->o_proj, dx, dtmp, &d16));
+  bool d16; /* dtmp: d o [B, s_res, H], fp32, or bf16 as mlp_backward's add wrote it */
+  ML_TRY(out_grad(m, &L->attn_out_norm, a->o, a->rstd_o, &L->o_proj, dx, true, dtmp, &d16));
   ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
   // datt: [B, S, nh·hd]
   const void *xo = m->bf16_att ? (const void *)a->att : NULL; /* as forward (att_operand) */
@@ -401,7 +453,7 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
   release_operand(m, xr);
   ML_TRY(rc);
   return block_input_backward(m, &L->q_proj, &a->in_qkv, dh, &L->attn_norm, a->x_in, a->rstd1,
-                              dx);  // dx += d x_in
+                              dx, NULL);  // dx += d x_in
 }
 
 /* The linear whose input edge the MLP's input crosses: gate_proj, or a
@@ -431,12 +483,13 @@ static int glu_forward(ml_model *m, const ml_layer *L, void *act, ml_dtype a_typ
   return ml_be_glu_fwd_bf16(m->be, a->g, a->u, act, a_type, n, m->cfg.family->act);
 }
 
-// in_gu [B, s, H] → x [B, s_res, H] = down(act(gate) · up) (room for [B, S, H]; not read)
+// x_mid [B, s_res, H] → x [B, s_res, H] = down(act(gate(h2)) · up(h2)) (room for [B, S, H]; not
+// read)
 static int dense_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
   ml_act u;
   void *xr; /* in_gu rounded once for both (bf16 weights) */
-  ML_TRY(shared_operand(m, &L->gate_proj, &a->in_gu, a->h2, &xr));
+  ML_TRY(norm_input(m, &L->mlp_norm, &L->gate_proj, a->x_mid, a->h2, a->rstd2, &a->in_gu, &xr));
   int rc = gate_up(m, L, xr, &u);  // g, u: [B, s, I]
   release_operand(m, xr);
   ML_TRY(rc);
@@ -445,7 +498,7 @@ static int dense_forward(ml_model *m, ml_layer *L, float *x) {
   /* a in bf16 straight from the GLU (autocast's bf16 mul output) where it is kept so
    * (m->bf16_inputs) and no input edge of down_proj reads it in fp32; else fp32 (a pool
    * temporary under m->bf16_inputs, rounded after the edge) */
-  bool direct = m->bf16_mlp && m->bf16_inputs && !L->down_proj.in.fwd.fn;
+  bool direct = m->bf16_mlp && direct_input(m, &L->down_proj);
   if (direct) {
     ML_TRY(carved_bf16(&L->down_proj));
     ML_TRY(glu_forward(m, L, a->a, ML_BF16, n));
@@ -472,15 +525,12 @@ static int mlp_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
   int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
   bool out_norm = L->mlp_out_norm.weight;
-  float *h = shared_input(m, a->h2, H); /* h2: [B, s_res, H], the edge's [B, S, H] */
-  if (!h) return -1;
-  a->in_gu = ml_act_view(m, h, m->s_res, H, H);
-  int rc = norm_fwd(m, &L->mlp_norm, a->x_mid, h, a->rstd2, Tr, H);
-  if (!rc) rc = ml_hook_run(mlp_first(L)->in.fwd, &a->in_gu); /* shared by gate/up (the router) */
-  if (rc && h != a->h2) ml_be_free(m->be, h);
-  ML_TRY(rc);
-  if (L->moe.gate.weight) ML_TRY(ml_moe_forward(m, L, &a->in_gu, x));  // [B, s_res, H]
-  else ML_TRY(dense_forward(m, L, x)); /* frees h (shared_operand) */
+  if (L->moe.gate.weight) { /* the router and experts read h2 in fp32 */
+    ML_TRY(norm_input(m, &L->mlp_norm, &L->moe.gate, a->x_mid, a->h2, a->rstd2, &a->in_gu, NULL));
+    ML_TRY(ml_moe_forward(m, L, &a->in_gu, x));  // [B, s_res, H]
+  } else {
+    ML_TRY(dense_forward(m, L, x));
+  }
   if (out_norm) { /* d: [B, s_res, H] saved; x = mlp_out_norm(d) */
     ML_TRY(copy_floats(m, a->d, x, Tr * H));
     ML_TRY(norm_fwd(m, &L->mlp_out_norm, a->d, x, a->rstd_d, Tr, H));
@@ -523,12 +573,15 @@ static int mlp_backward(ml_model *m, ml_layer *L, float *dx) {
   float *dtmp = m->scratch, *dh = dtmp + T * H;
   const ml_linear *down = L->moe.gate.weight ? NULL : &L->down_proj; /* NULL: the experts' */
   bool d16; /* dtmp: d down [B, s_res, H], fp32 or bf16 */
-  ML_TRY(out_grad(m, &L->mlp_out_norm, a->d, a->rstd_d, down, dx, dtmp, &d16));
+  ML_TRY(out_grad(m, &L->mlp_out_norm, a->d, a->rstd_d, down, dx, false, dtmp, &d16));
   ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
   if (!down) ML_TRY(ml_moe_backward(m, L, &a->in_gu, dtmp, dh));  // dh: [B, s, H]
   else ML_TRY(dense_backward(m, L, &d, d16, dh));
+  /* o_proj's bf16 dy, the sum rounded, stored by the add into dtmp (dead now), where
+   * attention_backward, next, reads it (its out_grad with ahead) */
+  void *o16 = out_grad_bf16(&L->attn_out_norm, &L->o_proj) ? (void *)dtmp : NULL;
   return block_input_backward(m, mlp_first(L), &a->in_gu, dh, &L->mlp_norm, a->x_mid, a->rstd2,
-                              dx);  // dx += d x_mid
+                              dx, o16);  // dx += d x_mid
 }
 
 // x: [B, s_res, H] in place
@@ -552,7 +605,7 @@ static int recompute(ml_model *m, ml_layer *L) {
   return 0;
 }
 
-// dx: [B, s_res, H] in place
+// dx: [B, s_res, H] in place (mlp_backward's add leaves o_proj's bf16 dy for attention_backward)
 int ml_layer_backward(ml_model *m, int l, float *dx) {
   ml_layer *L = &m->layers[l];
   ML_TRY(recompute(m, L));

@@ -576,7 +576,10 @@ void ml_model_act_bytes(const ml_model *m, int64_t B, int64_t S, int64_t *per_la
  * router and experts (model/moe.c), LoRA dropout on one of them
  * (model/lora_drop.h), a down_proj computed whole (ml_linear.whole, the
  * batch-invariant mode under tp). Values are unchanged (the same rounding
- * of the same fp32 tensor); h1, h2, a take half the memory. */
+ * of the same fp32 tensor); h1, h2, a take half the memory. Where no
+ * input edge sits between, the norm (ml_be_rmsnorm_fwd_bf16) or the GLU
+ * writes the bf16 copy itself (layer.c direct_input), else the fp32 value
+ * passes through a pool temporary and the edge before its rounding. */
 bool ml_model_bf16_inputs(const ml_model *m);
 
 /* Whether attention's output (att, o_proj's input) is kept only in bf16, as

@@ -463,7 +463,7 @@ static void test_bias_grad(void **state) {
 }
 
 /* y += x and x *= s: one correctly rounded operation each, from aligned and
- * odd offsets: bitwise. */
+ * odd offsets: bitwise; so is the add with a bf16 copy of its sums. */
 static void test_add_scale(void **state) {
   (void)state;
   const int64_t sizes[] = {1, 5, 65536 + 2};
@@ -482,7 +482,16 @@ static void test_add_scale(void **state) {
     expect_same(what, &dy);
     snprintf(what, sizeof what, "scale n=%lld", (long long)n);
     expect_same(what, &dx);
-    free(x), free(y), dev_free(&dx), dev_free(&dy);
+    /* the add with a bf16 copy of the sums: y as the add's, y16 those sums rounded, each side
+     * bitwise (CPU = GPU) */
+    dbuf by = dev_from(y, 4 * (size_t)n), bx = dev_from(x, 4 * (size_t)n);
+    dbuf h = dev_new(2 * (size_t)n);
+    for (int s = 0; s < SIDES; s++)
+      ok(ml_be_add_bf16(g_be[s], by.p[s], bx.p[s], h.p[s], n), "add bf16", s);
+    snprintf(what, sizeof what, "add bf16 n=%lld: y", (long long)n);
+    expect_same(what, &by);
+    expect_same("  its bf16 copy", &h);
+    free(x), free(y), dev_free(&dx), dev_free(&dy), dev_free(&by), dev_free(&bx), dev_free(&h);
   }
 }
 
@@ -491,7 +500,7 @@ static void test_add_scale(void **state) {
 /* Forward and backward (from the same inputs on both: the CPU's rstd)
  * within rmsnorm_fwd_bounds and rmsnorm_bwd_bounds (cuda/op_bounds.h). With
  * y aliasing x and dx aliasing dy (backend.h allows both), each backend
- * repeats its own results bitwise. */
+ * repeats its own results bitwise, as does the bf16-output forward rounded. */
 static void test_rmsnorm(void **state) {
   (void)state;
   const int64_t shapes[][2] = {{1, 1}, {3, 7}, {5, 64}, {2, 1000}, {70, 1030}};
@@ -523,6 +532,20 @@ static void test_rmsnorm(void **state) {
                  (long long)H, off, wb ? "bf16 w" : "f32 w");
         expect_close(what, &y, by, T * H);
         expect_close("  rstd", &rstd, br, T);
+        /* the bf16 output: on each backend bitwise its fp32 forward rounded (ml_be_convert), the
+         * same rstd */
+        dbuf yh = dev_new(2 * (size_t)(T * H)), yr = dev_new(2 * (size_t)(T * H));
+        dbuf rh = dev_new(4 * (size_t)T);
+        for (int s = 0; s < SIDES; s++) {
+          ok(ml_be_rmsnorm_fwd_bf16(g_be[s], dxb.p[s], dwt.p[s], wt, offset, eps, yh.p[s],
+                                    rh.p[s], T, H),
+             "rmsnorm fwd bf16", s);
+          ok(ml_be_convert(g_be[s], yr.p[s], ML_BF16, y.p[s], ML_F32, (size_t)(T * H)), "convert",
+             s);
+        }
+        expect_own("  rmsnorm fwd bf16 = fwd rounded", &yr, &yh);
+        expect_own("  rmsnorm fwd bf16's rstd", &rstd, &rh);
+        dev_free(&yh), dev_free(&yr), dev_free(&rh);
         /* backward from the CPU's rstd on both */
         float *r = dev_get(&rstd, CPU);
         dev_set(&rstd, r);

@@ -354,6 +354,13 @@ static void test_gemm_empty_inner(void **state) {
     }
 }
 
+// x [n] rounded to bf16 (bf16 bits)
+static uint16_t *bf16_copy(const float *x, int64_t n) {
+  uint16_t *y = malloc((size_t)n * sizeof *y);
+  for (int64_t i = 0; i < n; i++) y[i] = ml_f32_to_bf16(x[i]);
+  return y;
+}
+
 /* ---- rmsnorm --------------------------------------------------------------- */
 
 typedef struct rms_ctx {
@@ -427,6 +434,20 @@ static void rms_derivs_x(void *c, int64_t idx, double *M2, double *M3) {
   *M3 = (fabs(a) * sqrt(H) * TOL_SUP_PSI_D3 + fabs(b) / sqrt(q) * TOL_SUP_PHI_D3) / (qH * sqrt(qH));
 }
 
+/* k_rmsnorm_fwd_bf16 on r: y16 bitwise y (k_rmsnorm_fwd's output on r) rounded
+ * (ml_f32_to_bf16), the same rstd bitwise, x only read. */
+static void rms_bf16_out(const rms_ctx *r, const float *y) {
+  int64_t n = r->T * r->H;
+  uint16_t *y16 = malloc((size_t)n * sizeof *y16), *want = bf16_copy(y, n);
+  float *rstd = malloc((size_t)r->T * sizeof(float)), *x = malloc((size_t)n * sizeof(float));
+  memcpy(x, r->x, (size_t)n * sizeof(float));
+  k_rmsnorm_fwd_bf16(r->x, r->w, r->w_offset, r->eps, y16, rstd, r->T, r->H);
+  assert_memory_equal(y16, want, (size_t)n * sizeof *y16);
+  assert_memory_equal(rstd, r->rstd, (size_t)r->T * sizeof(float));
+  assert_memory_equal(x, r->x, (size_t)n * sizeof(float));
+  free(y16), free(want), free(rstd), free(x);
+}
+
 static void test_rmsnorm_fwd(void **state) {
   (void)state;
   int64_t T = 6, H = 37;
@@ -441,6 +462,26 @@ static void test_rmsnorm_fwd(void **state) {
     expect_acc(gemma ? "rmsnorm fwd (w_offset 1)" : "rmsnorm fwd", y, ref, abs, 0.0, ty, T * H);
     expect_acc("rmsnorm rstd", r.rstd, rrs, rrs, 0.0,
                tol_vs_double(TOL_K_RMS_RSTD, (double)H + TOL_K_RMS_RSTD), T);
+    rms_bf16_out(&r, y);
+    /* and on ties: x = ±1 and eps 0 give rstd 1 exactly, so y = ±(w_offset + w), set to
+     * 1 + 2^-8 and 1 + 3·2^-8, halfway between bf16 neighbours (even: 1 and 1 + 2^-6) */
+    float *x0 = malloc((size_t)(T * H) * sizeof(float)), *w0 = malloc((size_t)H * sizeof(float));
+    memcpy(x0, r.x, (size_t)(T * H) * sizeof(float));
+    memcpy(w0, r.w, (size_t)H * sizeof(float));
+    for (int64_t h = 0; h < H; h++) {
+      r.x[h] = h % 3 ? 1.0f : -1.0f;
+      r.w[h] = 1.0f + (h % 2 ? 0x1p-8f : 0x3p-8f) - r.w_offset; /* exact */
+    }
+    r.eps = 0.0f;
+    rms_run(&r, y);
+    for (int64_t h = 0; h < H; h++) assert_true(fabsf(y[h]) == 1.0f + (h % 2 ? 0x1p-8f : 0x3p-8f));
+    assert_int_equal(ml_f32_to_bf16(1.0f + 0x3p-8f), 0x3f82); /* to even, not truncated */
+    assert_int_equal(ml_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80); /* nor away from zero */
+    rms_bf16_out(&r, y);
+    memcpy(r.x, x0, (size_t)(T * H) * sizeof(float));
+    memcpy(r.w, w0, (size_t)H * sizeof(float));
+    r.eps = 1e-6f;
+    free(x0), free(w0);
     k_rmsnorm_fwd(r.x, r.w, r.w_offset, r.eps, r.x, r.rstd, T, H);  // y aliases x
     expect_acc("rmsnorm fwd in place", r.x, ref, abs, 0.0, ty, T * H);
     free(r.x), free(r.w), free(r.rstd), free(ref), free(abs), free(rrs), free(y);
@@ -485,13 +526,6 @@ static void test_rmsnorm_bwd(void **state) {
 }
 
 /* ---- rope ------------------------------------------------------------------ */
-
-// x [n] rounded to bf16 (bf16 bits)
-static uint16_t *bf16_copy(const float *x, int64_t n) {
-  uint16_t *y = malloc((size_t)n * sizeof *y);
-  for (int64_t i = 0; i < n; i++) y[i] = ml_f32_to_bf16(x[i]);
-  return y;
-}
 
 
 // HF _compute_llama3_parameters in double
@@ -773,6 +807,29 @@ static void test_expf(void **state) {
   for (int64_t len = 0; len <= 40; len++) expect_expf(x + 1000 * len, len);
   printf("  %-44s %lld inputs, all equal\n", "k_expf vs expf", (long long)n);
   free(x);
+}
+
+/* k_add_bf16: y bitwise k_add's, y16 bitwise its sums rounded (ml_f32_to_bf16), on an odd
+ * length and one past K_PAR_MIN (threads); ties 1 + 2^-8 and 1 + 3·2^-8 (sums exact) go to
+ * even: 1 and 1 + 2^-6. */
+static void test_add_bf16(void **state) {
+  (void)state;
+  const int64_t sizes[] = {37, K_PAR_MIN + 3};
+  for (int c = 0; c < 2; c++) {
+    int64_t n = sizes[c];
+    float *x = rand_buf(n, 3.0f), *y = rand_buf(n, 1.0f);
+    for (int i = 0; i < 4; i++) y[i] = 1.0f, x[i] = i % 2 ? 0x1p-8f : 0x3p-8f;
+    float *yr = malloc((size_t)n * sizeof(float));
+    memcpy(yr, y, (size_t)n * sizeof(float));
+    uint16_t *y16 = malloc((size_t)n * sizeof *y16);
+    k_add(yr, x, n);
+    k_add_bf16(y, x, y16, n);
+    uint16_t *want = bf16_copy(yr, n);
+    assert_memory_equal(y, yr, (size_t)n * sizeof(float));
+    assert_memory_equal(y16, want, (size_t)n * sizeof *y16);
+    for (int i = 0; i < 4; i++) assert_int_equal(y16[i], i % 2 ? 0x3f80 : 0x3f82);
+    free(x), free(y), free(yr), free(y16), free(want);
+  }
 }
 
 /* ---- attention ---------------------------------------------------------------- */
@@ -2374,6 +2431,7 @@ int main(void) {
       cmocka_unit_test(test_rope_inv_freq), cmocka_unit_test(test_rope_scalings),
       cmocka_unit_test(test_rope_tables),
       cmocka_unit_test(test_rope_apply),    cmocka_unit_test(test_expf),
+      cmocka_unit_test(test_add_bf16),
       cmocka_unit_test(test_attention_fwd),
       cmocka_unit_test(test_attention_fixed_fwd),
       cmocka_unit_test(test_attention_fixed_blocks), cmocka_unit_test(test_attention_rows),

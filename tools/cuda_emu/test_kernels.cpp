@@ -193,7 +193,9 @@ static void test_scatter_rows() {
   same("scatter rows bf16 (other rows untouched)", d16, r16, 2 * rows_total * width);
 }
 
-/* ---- add, scale: one correctly rounded operation each: bitwise ------------- */
+/* ---- add, scale: one correctly rounded operation each: bitwise; the add with
+ * a bf16 copy (kc_add_bf16) bitwise k_add_bf16, y16 aligned and not, with
+ * ties (1 + 2^-8, 1 + 3·2^-8: exact sums) ------------------------------------ */
 static void test_add_scale() {
   printf("add, scale\n");
   // 4096 blocks x 256 threads x 4 = 4194304 elements before the grid strides
@@ -208,6 +210,18 @@ static void test_add_scale() {
       ok(kc_add(nullptr, y, x, n), "add");
       k_add(yr, xr, n);
       same(fmt("add n=%lld y+%d x+%d", (long long)n, oy, ox), y, yr, 4 * n);
+      if (n <= 70001) {  // the grid-stride loop is add_kernel's with or without y16
+        float *xb = pl.copy(x, n, ox), *yb = pl.copy(yr, n), *yc = pl.copy(yr, n);
+        for (int64_t i = 0; i < n && i < 4; i++)
+          yb[i] = yc[i] = 1.0f, xb[i] = i % 2 ? 0x1p-8f : 0x3p-8f;
+        uint16_t *h = pl.get<uint16_t>(n, oy), *hr = pl.get<uint16_t>(n);
+        ok(kc_add_bf16(nullptr, yb, xb, h, n), "add bf16");
+        k_add_bf16(yc, xb, hr, n);
+        same(fmt("add bf16 n=%lld y16+%d x+%d: y", (long long)n, oy, ox), yb, yc, 4 * n);
+        same("  y16", h, hr, 2 * n);
+        const uint16_t even[4] = {0x3f82, 0x3f80, 0x3f82, 0x3f80};
+        same("  y16 ties to even", h, even, 2 * (n < 4 ? n : 4));
+      }
       ok(kc_scale(nullptr, x, n, -0.37f), "scale");
       k_scale(xr, n, -0.37f);
       same(fmt("scale n=%lld x+%d", (long long)n, ox), x, xr, 4 * n);
@@ -404,7 +418,9 @@ static void test_norm_segs() {
 
 /* ---- RMSNorm: rmsnorm_fwd_bounds, rmsnorm_bwd_bounds (tests/cuda/op_bounds.h);
  * the backward from the CPU's rstd on both; y aliasing x and dx aliasing dy
- * repeat the results without aliasing bitwise -------------------------------- */
+ * repeat the results without aliasing bitwise; the bf16-output forward
+ * bitwise the fp32 one rounded (kc_f32_to_bf16 is ml_f32_to_bf16 bit for
+ * bit), aligned and not, and on ties --------------------------------------- */
 static void test_rmsnorm() {
   printf("rmsnorm\n");
   const int64_t shapes[][2] = {{1, 1}, {3, 7}, {5, 64}, {2, 1030}, {65537, 3}};
@@ -435,6 +451,19 @@ static void test_rmsnorm() {
                                wb ? "bf16 w" : "f32 w");
         close(what + " y", y, yr, by, T * H);
         close("  rstd", rstd, rr, br, T);
+        // the bf16 output: bitwise y rounded, the same rstd, x read only (y16 misaligned: off 1);
+        // not on the 65537-row shape (its rows past the grid are the fp32 store's loop; one more
+        // launch would double the test's time)
+        if (T <= 65535) {
+          float *xc = pl.copy(x, T * H), *r16 = pl.get<float>(T);
+          uint16_t *y16 = pl.get<uint16_t>(T * H, off), *want = pl.get<uint16_t>(T * H);
+          ok(kc_rmsnorm_fwd_bf16(nullptr, xc, wk, wb, offset, eps, y16, r16, T, H),
+             "rmsnorm fwd bf16");
+          for (int64_t i = 0; i < T * H; i++) want[i] = ml_f32_to_bf16(y[i]);
+          same("  y bf16 = y rounded", y16, want, 2 * T * H);
+          same("  rstd of the bf16 y", r16, rstd, 4 * T);
+          same("  x read only", xc, x, 4 * T * H);
+        }
         memcpy(rstd, rr, 4 * T);
         float *dx = pl.get<float>(T * H, off), *dxr = pl.get<float>(T * H);
         float *dwr = pl.copy(dw, H), *dw0 = pl.copy(dw, H);
@@ -461,6 +490,22 @@ static void test_rmsnorm() {
         ok(kc_rmsnorm_fwd(nullptr, x, wk, wb, offset, eps, x, rstd, T, H), "rmsnorm fwd in place");
         same("  y aliasing x", x, y, 4 * T * H);
       }
+  // bf16 ties: x = ±1 with eps 0 gives rstd 1 exactly, so y = ±(offset + w) = ±(1 + 2^-8) and
+  // ±(1 + 3·2^-8), halfway between bf16 neighbours: nearest-even stores 1 and 1 + 2^-6
+  for (int off = 0; off < 2; off++) {
+    Pool pl;
+    const int64_t H = 9;
+    float *x = pl.get<float>(H), *w = pl.get<float>(H), *rstd = pl.get<float>(1);
+    uint16_t *y16 = pl.get<uint16_t>(H, 1), want[H];
+    for (int64_t h = 0; h < H; h++) {
+      x[h] = h % 3 ? 1.0f : -1.0f;
+      w[h] = 1.0f + (h % 2 ? 0x1p-8f : 0x3p-8f) - (float)off; /* exact */
+      want[h] = (uint16_t)((h % 3 ? 0 : 0x8000) | (h % 2 ? 0x3f80 : 0x3f82));
+    }
+    ok(kc_rmsnorm_fwd_bf16(nullptr, x, w, false, (float)off, 0.0f, y16, rstd, 1, H),
+       "rmsnorm fwd bf16 (ties)");
+    same(fmt("rmsnorm bf16 ties to even, off=%d", off), y16, want, sizeof want);
+  }
 }
 
 /* ---- RoPE from the CPU's tables, forward and backward: rope_bounds

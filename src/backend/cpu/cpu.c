@@ -157,6 +157,11 @@ static int cpu_add(ml_backend *be, float *y, const float *x, int64_t n) {
   return 0;
 }
 
+static int cpu_add_bf16(ml_backend *be, float *y, const float *x, void *y16, int64_t n) {
+  k_add_bf16(y, x, y16, n);
+  return 0;
+}
+
 static int cpu_scale(ml_backend *be, float *x, int64_t n, float s) {
   k_scale(x, n, s);
   return 0;
@@ -181,6 +186,17 @@ static int cpu_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dty
   float *tmp;
   ML_TRY(weight_f32(be, w, w_type, H, &wf, &tmp));
   k_rmsnorm_fwd(x, wf, offset, eps, y, rstd, T, H);
+  cpu_free(be, tmp);
+  return 0;
+}
+
+static int cpu_rmsnorm_fwd_bf16(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
+                                float offset, float eps, void *y, float *rstd, int64_t T,
+                                int64_t H) {
+  const float *wf;
+  float *tmp;
+  ML_TRY(weight_f32(be, w, w_type, H, &wf, &tmp));
+  k_rmsnorm_fwd_bf16(x, wf, offset, eps, y, rstd, T, H);
   cpu_free(be, tmp);
   return 0;
 }
@@ -656,9 +672,11 @@ static const ml_backend_ops k_cpu_ops = {
     .gemm_temp = cpu_gemm_temp,
     .bias_grad = cpu_bias_grad,
     .add = cpu_add,
+    .add_bf16 = cpu_add_bf16,
     .scale = cpu_scale,
     .rmsnorm_fwd = cpu_rmsnorm_fwd,
     .rmsnorm_bwd = cpu_rmsnorm_bwd,
+    .rmsnorm_fwd_bf16 = cpu_rmsnorm_fwd_bf16,
     .rope_tables = cpu_rope_tables,
     .rope_fwd = cpu_rope_fwd,
     .rope_bwd = cpu_rope_bwd,

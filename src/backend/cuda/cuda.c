@@ -237,6 +237,10 @@ static int cu_add(ml_backend *be, float *y, const float *x, int64_t n) {
   return ml_cuda_launched(kc_add(impl(be)->stream, y, x, n), "add");
 }
 
+static int cu_add_bf16(ml_backend *be, float *y, const float *x, void *y16, int64_t n) {
+  return ml_cuda_launched(kc_add_bf16(impl(be)->stream, y, x, y16, n), "add with a bf16 copy");
+}
+
 static int cu_scale(ml_backend *be, float *x, int64_t n, float s) {
   return ml_cuda_launched(kc_scale(impl(be)->stream, x, n, s), "scale");
 }
@@ -253,6 +257,15 @@ static int cu_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dtyp
   return ml_cuda_launched(
       kc_rmsnorm_fwd(impl(be)->stream, x, w, w_type == ML_BF16, offset, eps, y, rstd, T, H),
       "rmsnorm forward");
+}
+
+static int cu_rmsnorm_fwd_bf16(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
+                               float offset, float eps, void *y, float *rstd, int64_t T,
+                               int64_t H) {
+  ML_TRY(weight_type("rmsnorm", w_type));
+  return ml_cuda_launched(kc_rmsnorm_fwd_bf16(impl(be)->stream, x, w, w_type == ML_BF16, offset,
+                                              eps, y, rstd, T, H),
+                          "rmsnorm forward with a bf16 output");
 }
 
 static int cu_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const void *w,
@@ -673,9 +686,11 @@ static const ml_backend_ops k_cuda_ops = {
     .gemm_temp = cu_gemm_temp,
     .bias_grad = cu_bias_grad,
     .add = cu_add,
+    .add_bf16 = cu_add_bf16,
     .scale = cu_scale,
     .rmsnorm_fwd = cu_rmsnorm_fwd,
     .rmsnorm_bwd = cu_rmsnorm_bwd,
+    .rmsnorm_fwd_bf16 = cu_rmsnorm_fwd_bf16,
     .rope_tables = cu_rope_tables,
     .rope_fwd = cu_rope_fwd,
     .rope_bwd = cu_rope_bwd,

@@ -96,10 +96,18 @@ static int meta_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N,
   return 0;
 }
 static int meta_add(ml_backend *be, float *y, const float *x, int64_t n) { return 0; }
+static int meta_add_bf16(ml_backend *be, float *y, const float *x, void *y16, int64_t n) {
+  return 0;
+}
 static int meta_scale(ml_backend *be, float *x, int64_t n, float s) { return 0; }
 static int meta_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
                             float offset, float eps, float *y, float *rstd, int64_t T,
                             int64_t H) {
+  return 0;
+}
+static int meta_rmsnorm_fwd_bf16(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
+                                 float offset, float eps, void *y, float *rstd, int64_t T,
+                                 int64_t H) {
   return 0;
 }
 static int meta_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const void *w,
@@ -290,9 +298,11 @@ static const ml_backend_ops k_meta_ops = {
     .gemm = meta_gemm,
     .bias_grad = meta_bias_grad,
     .add = meta_add,
+    .add_bf16 = meta_add_bf16,
     .scale = meta_scale,
     .rmsnorm_fwd = meta_rmsnorm_fwd,
     .rmsnorm_bwd = meta_rmsnorm_bwd,
+    .rmsnorm_fwd_bf16 = meta_rmsnorm_fwd_bf16,
     .rope_tables = meta_rope_tables,
     .rope_fwd = meta_rope,
     .rope_bwd = meta_rope,

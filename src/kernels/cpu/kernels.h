@@ -52,6 +52,12 @@ int64_t k_col_width(int64_t N);
  * x, y: [T, H]; w: [H]; rstd: [T] saved for backward. y may alias x. */
 void k_rmsnorm_fwd(const float *x, const float *w, float w_offset, float eps, float *y, float *rstd,
                    int64_t T, int64_t H);
+/* The same into y [T, H] bf16: each fp32 y[t,h] above rounded to nearest-even
+ * (ml_f32_to_bf16; bitwise k_rmsnorm_fwd's result converted), x read only — the
+ * bf16 h1, h2 that q/k/v_proj and gate/up_proj read (backend.h
+ * ml_be_rmsnorm_fwd_bf16; autocast's cast of LlamaRMSNorm's fp32 output). */
+void k_rmsnorm_fwd_bf16(const float *x, const float *w, float w_offset, float eps, uint16_t *y,
+                        float *rstd, int64_t T, int64_t H);
 /* dx[T, H] (=) and dw[H] (+=) given dy[T, H], the forward input x and rstd.
  * dw may be NULL. dx may alias dy. */
 void k_rmsnorm_bwd(const float *dy, const float *x, const float *w, float w_offset,
@@ -376,6 +382,10 @@ void k_adamw_step(float *p, float *g, float *m, float *v, uint16_t *p_bf16, int6
 void k_expf(const float *x, float *y, int64_t n);
 /* y[n] += x[n]. */
 void k_add(float *y, const float *x, int64_t n);
+/* The same, and y16[n] = each sum rounded to nearest-even (ml_f32_to_bf16;
+ * bitwise k_add then a conversion of y): the residual gradient and the bf16
+ * copy o_proj's backward GEMMs read (backend.h ml_be_add_bf16). */
+void k_add_bf16(float *y, const float *x, uint16_t *y16, int64_t n);
 /* x[n] *= s. */
 void k_scale(float *x, int64_t n, float s);
 /* max of x[n] (-inf for n = 0; NaNs skipped, as m = x > m ? x : m does),

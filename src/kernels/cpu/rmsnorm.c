@@ -1,23 +1,41 @@
 /* RMSNorm (HF LlamaRMSNorm / Gemma3RMSNorm): y = x·rstd·(w_offset + w).
- * Row sums in double, in SIMD lanes. */
+ * Row sums in double, in SIMD lanes; the forward writes y in fp32 or, fused,
+ * rounded to bf16 (the saved bf16 input of the linears that read it). */
 #include <math.h>
 
 #include "kernels/cpu/kernels.h"
+#include "tensor/dtype.h"
 
 enum { LANES = 8 };
 
-// x, y: [T, H]; w: [H]; rstd: [T]
-void k_rmsnorm_fwd(const float *x, const float *w, float w_offset, float eps, float *y, float *rstd,
-                   int64_t T, int64_t H) {
+// x: [T, H]; w: [H]; rstd: [T]; y [T, H] fp32, or with y16 [T, H] bf16 the same value rounded
+// to nearest-even (ml_f32_to_bf16) instead
+static void rmsnorm_fwd(const float *x, const float *w, float w_offset, float eps, float *y,
+                        uint16_t *y16, float *rstd, int64_t T, int64_t H) {
 #pragma omp parallel for if (K_PAR(T, T * H))
   for (int64_t t = 0; t < T; t++) {
     const float *xr = x + t * H;
     double ss = k_dot_f64(xr, xr, H);
     float r = 1.0f / sqrtf((float)(ss / (double)H) + eps);
     rstd[t] = r;
-    float *yr = y + t * H;
-    for (int64_t h = 0; h < H; h++) yr[h] = (xr[h] * r) * (w_offset + w[h]);
+    if (y16) {
+      uint16_t *yr = y16 + t * H;
+      for (int64_t h = 0; h < H; h++) yr[h] = ml_f32_to_bf16((xr[h] * r) * (w_offset + w[h]));
+    } else {
+      float *yr = y + t * H;
+      for (int64_t h = 0; h < H; h++) yr[h] = (xr[h] * r) * (w_offset + w[h]);
+    }
   }
+}
+
+void k_rmsnorm_fwd(const float *x, const float *w, float w_offset, float eps, float *y, float *rstd,
+                   int64_t T, int64_t H) {
+  rmsnorm_fwd(x, w, w_offset, eps, y, NULL, rstd, T, H);
+}
+
+void k_rmsnorm_fwd_bf16(const float *x, const float *w, float w_offset, float eps, uint16_t *y,
+                        float *rstd, int64_t T, int64_t H) {
+  rmsnorm_fwd(x, w, w_offset, eps, NULL, y, rstd, T, H);
 }
 
 // dw: [H] += sum_t dy[t]·x[t]·rstd[t]; threads own disjoint column runs

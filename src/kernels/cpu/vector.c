@@ -1,5 +1,5 @@
-/* Elementwise and reduction kernels of the engine: the residual add,
- * gradient clipping, grad-norm partials and the bias gradient. */
+/* Elementwise and reduction kernels of the engine: the residual add (and
+ * its bf16 copy of the sum), gradient clipping, grad-norm partials and the bias gradient. */
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -7,6 +7,7 @@
 #include <omp.h>
 
 #include "kernels/cpu/kernels.h"
+#include "tensor/dtype.h"
 
 enum { SUM_CHUNK = 1 << 14, LANES = 8 };
 
@@ -36,6 +37,16 @@ double k_dot_f64(const float *x, const float *y, int64_t n) {
 void k_add(float *y, const float *x, int64_t n) {
 #pragma omp parallel for simd if (K_PAR(n, n))
   for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+// y, x, y16: [n]
+void k_add_bf16(float *y, const float *x, uint16_t *y16, int64_t n) {
+#pragma omp parallel for simd if (K_PAR(n, n))
+  for (int64_t i = 0; i < n; i++) {
+    float s = y[i] + x[i];
+    y[i] = s;
+    y16[i] = ml_f32_to_bf16(s);
+  }
 }
 
 // x: [n]

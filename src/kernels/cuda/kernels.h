@@ -50,6 +50,10 @@ cudaError_t kc_scatter_rows(cudaStream_t st, void *dst, bool bf16, const int32_t
                             const float *src, int64_t n, int64_t width);
 /* y[n] += x[n]. */
 cudaError_t kc_add(cudaStream_t st, float *y, const float *x, int64_t n);
+/* The same, and y16 [n] (bf16 bits) = each sum rounded to nearest-even
+ * (kc_f32_to_bf16): bitwise kc_add then a conversion of y (kernels/cpu
+ * k_add_bf16, backend.h ml_be_add_bf16). */
+cudaError_t kc_add_bf16(cudaStream_t st, float *y, const float *x, void *y16, int64_t n);
 /* x[n] *= s. */
 cudaError_t kc_scale(cudaStream_t st, float *x, int64_t n, float s);
 /* h[n] = act(g)·u (silu; gelu tanh approximation as torch's
@@ -100,6 +104,13 @@ cudaError_t kc_has_nonfinite(cudaStream_t st, const float *g, int64_t n, int *ou
  * x, y [T, H] (y may alias x); w [H] fp32 or bf16 (w_bf16); rstd [T]. */
 cudaError_t kc_rmsnorm_fwd(cudaStream_t st, const float *x, const void *w, bool w_bf16,
                            float offset, float eps, float *y, float *rstd, int64_t T, int64_t H);
+/* The forward fused with the rounding: y [T, H] (bf16 bits) = the fp32 y
+ * above rounded to nearest-even (kc_f32_to_bf16), bitwise kc_rmsnorm_fwd
+ * then kc_f32_to_bf16; x read only (kernels/cpu k_rmsnorm_fwd_bf16,
+ * backend.h ml_be_rmsnorm_fwd_bf16). */
+cudaError_t kc_rmsnorm_fwd_bf16(cudaStream_t st, const float *x, const void *w, bool w_bf16,
+                                float offset, float eps, void *y, float *rstd, int64_t T,
+                                int64_t H);
 /* dx [T, H] (=, may alias dy), dw [H] (+=, may be NULL) given dy, x, rstd;
  * work: kc_rmsnorm_bwd_work bytes (the dw partial sums). */
 size_t kc_rmsnorm_bwd_work(int64_t T, int64_t H);

@@ -6,20 +6,21 @@
  * of the row (common.cuh kc_ld4, vectorised when the row is aligned), adds
  * its terms in fp64, the block folds them (kc_block_reduce, a fixed tree),
  * then the same threads revisit the same quads to write the output; so y
- * may alias x and dx may alias dy. dw is the two-pass column sum kc_colsum
+ * may alias x and dx may alias dy. The bf16 forward stores each output
+ * rounded to nearest-even (kc_f32_to_bf16) instead. dw is the two-pass column sum kc_colsum
  * (reduce.cu), launched before dx overwrites dy. */
 #include <math.h>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/kernels.h"
 
-// rstd[t] = 1/sqrtf((float)(sum x^2 / H) + eps); y = (x·rstd)·(offset + w)
+// rstd[t] = 1/sqrtf((float)(sum x^2 / H) + eps); y = (x·rstd)·(offset + w), or with y16 that
+// value rounded to nearest-even into y16 [T, H] bf16 (y unused)
 static __global__ void rmsnorm_fwd_kernel(const float *x, const void *w, bool w_bf16,
-                                          float offset, float eps, float *y, float *rstd,
-                                          int64_t T, int64_t H) {
+                                          float offset, float eps, float *y, uint16_t *y16,
+                                          float *rstd, int64_t T, int64_t H) {
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
     const float *xr = x + t * H;
-    float *yr = y + t * H;
     double ss = 0.0;
     for (int64_t i = threadIdx.x * 4; i < H; i += blockDim.x * 4) {
       float v[4];
@@ -34,7 +35,13 @@ static __global__ void rmsnorm_fwd_kernel(const float *x, const void *w, bool w_
       kc_ld4(xr, i, H, v);
       kc_ld4w(w, w_bf16, 0, i, H, wv);
       for (int k = 0; k < 4; k++) v[k] = (v[k] * r) * (offset + wv[k]);
-      kc_st4(yr, i, H, v);
+      if (y16) {
+        uint16_t h[4];
+        for (int k = 0; k < 4; k++) h[k] = kc_f32_to_bf16(v[k]);
+        kc_st4h(y16 + t * H, i, H, h);
+      } else {
+        kc_st4(y + t * H, i, H, v);
+      }
     }
   }
 }
@@ -80,7 +87,15 @@ extern "C" cudaError_t kc_rmsnorm_fwd(cudaStream_t st, const float *x, const voi
                                       int64_t H) {
   if (T <= 0) return cudaSuccess;
   return KC_LAUNCH(rmsnorm_fwd_kernel, kc_row_grid(T), row_threads(H), 0, st, x, w, w_bf16, offset,
-                   eps, y, rstd, T, H);
+                   eps, y, (uint16_t *)NULL, rstd, T, H);
+}
+
+extern "C" cudaError_t kc_rmsnorm_fwd_bf16(cudaStream_t st, const float *x, const void *w,
+                                           bool w_bf16, float offset, float eps, void *y,
+                                           float *rstd, int64_t T, int64_t H) {
+  if (T <= 0) return cudaSuccess;
+  return KC_LAUNCH(rmsnorm_fwd_kernel, kc_row_grid(T), row_threads(H), 0, st, x, w, w_bf16, offset,
+                   eps, (float *)NULL, (uint16_t *)y, rstd, T, H);
 }
 
 extern "C" size_t kc_rmsnorm_bwd_work(int64_t T, int64_t H) { return kc_colsum_work(T, H); }

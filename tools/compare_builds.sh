@@ -14,7 +14,8 @@
 # added to every run of both binaries; COMPARE_MESHES (default "1|4 --tp 2
 # --sequence-parallel") lists the training meshes, "|"-separated, each its
 # rank count then its flags.
-# Prints one line per check and exits non-zero when any differ. Not a CTest
+# Prints one line per check (same, DIFFER, or failed where a run failed on
+# either side) and exits non-zero when any differ or fail. Not a CTest
 # (it needs the old binary); run by hand around a refactor. Each binary runs
 # with the libmeshlm.so beside it (LD_LIBRARY_PATH: the build's RUNPATH
 # would otherwise load the tree's newest library into the old binary), so
@@ -41,9 +42,23 @@ run() {
     > "$work/$which.stdout" 2> "$work/$which.stderr"
 }
 
-# check NAME FILE: FILE under old/ and new/ must be equal bytes
+# fail SIDE TAG: run TAG failed on SIDE (its last stderr line shown)
+fail() {
+  failed=$((failed + 1))
+  touch "$work/$1/$2.failed"
+  echo "FAILED  $1 $2: $(tail -1 "$work/x.stderr")"
+}
+
+# check NAME FILE TAG: FILE under old/ and new/ must be equal bytes; a run
+# TAG that failed on either side (counted in $failed) is neither same nor
+# differ: both sides' placeholders would otherwise compare equal
 check() {
-  if cmp -s "$work/old/$2" "$work/new/$2"; then
+  local sides=""
+  [ -e "$work/old/$3.failed" ] && sides="old"
+  [ -e "$work/new/$3.failed" ] && sides="${sides:+$sides and }new"
+  if [ -n "$sides" ]; then
+    echo "failed  $1 (the run failed in $sides)"
+  elif cmp -s "$work/old/$2" "$work/new/$2"; then
     same=$((same + 1)); echo "same    $1"
   else
     differ=$((differ + 1)); echo "DIFFER  $1"
@@ -71,7 +86,7 @@ EOF
     for mesh in "1" "2 --tp 2"; do
       np=${mesh%% *}; flags=${mesh#"$np"}; tag=$fx.lp.np$np
       run x "$bin" "$np" logprobs --model "$dir" --data "$work/$fx.jsonl" \
-        --out "$work/$side/$tag.jsonl" $flags || { failed=$((failed + 1)); echo "FAILED  $side $tag: $(tail -1 "$work/x.stderr")"; }
+        --out "$work/$side/$tag.jsonl" $flags || fail "$side" "$tag"
     done
     IFS='|' read -ra meshes <<< "${COMPARE_MESHES:-1|4 --tp 2 --sequence-parallel}"
     for k in "${!meshes[@]}"; do
@@ -79,7 +94,7 @@ EOF
       rm -rf "$work/$side/$tag.hf"
       run x "$bin" "$np" train --model "$dir" --data "$work/$fx.jsonl" --steps 3 --batch-size 2 \
         --seq-len "$S" --lr 1e-3 --max-grad-norm 1.0 --seed 7 --metrics "$work/$side/$tag.m" \
-        --export-hf "$work/$side/$tag.hf" $flags || { failed=$((failed + 1)); echo "FAILED  $side $tag: $(tail -1 "$work/x.stderr")"; }
+        --export-hf "$work/$side/$tag.hf" $flags || fail "$side" "$tag"
       python3 - "$work/$side/$tag.m" > "$work/$side/$tag.numbers" <<'EOF'
 import json, sys
 try:
@@ -92,10 +107,10 @@ EOF
       cp "$work/$side/$tag.hf/model.safetensors" "$work/$side/$tag.st" 2>/dev/null || echo none > "$work/$side/$tag.st"
     done
   done
-  for np in 1 2; do check "$fx logprobs np $np" "$fx.lp.np$np.jsonl"; done
+  for np in 1 2; do check "$fx logprobs np $np" "$fx.lp.np$np.jsonl" "$fx.lp.np$np"; done
   for k in "${!meshes[@]}"; do
-    check "$fx train [${meshes[$k]}] losses" "$fx.train.mesh$k.numbers"
-    check "$fx train [${meshes[$k]}] weights" "$fx.train.mesh$k.st"
+    check "$fx train [${meshes[$k]}] losses" "$fx.train.mesh$k.numbers" "$fx.train.mesh$k"
+    check "$fx train [${meshes[$k]}] weights" "$fx.train.mesh$k.st" "$fx.train.mesh$k"
   done
 done
 echo "$same same, $differ differ, $failed runs failed"

@@ -180,25 +180,28 @@ static int weight_f32(ml_backend *be, const void *w, ml_dtype type, int64_t n, c
   return 0;
 }
 
-static int cpu_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
-                           float offset, float eps, float *y, float *rstd, int64_t T, int64_t H) {
+// the RMSNorm forward into y (fp32) or, y16 non-NULL, into y16 (bf16) on w as fp32
+static int rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
+                       float offset, float eps, float *y, uint16_t *y16, float *rstd, int64_t T,
+                       int64_t H) {
   const float *wf;
   float *tmp;
   ML_TRY(weight_f32(be, w, w_type, H, &wf, &tmp));
-  k_rmsnorm_fwd(x, wf, offset, eps, y, rstd, T, H);
+  if (y16) k_rmsnorm_fwd_bf16(x, wf, offset, eps, y16, rstd, T, H);
+  else k_rmsnorm_fwd(x, wf, offset, eps, y, rstd, T, H);
   cpu_free(be, tmp);
   return 0;
+}
+
+static int cpu_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
+                           float offset, float eps, float *y, float *rstd, int64_t T, int64_t H) {
+  return rmsnorm_fwd(be, x, w, w_type, offset, eps, y, NULL, rstd, T, H);
 }
 
 static int cpu_rmsnorm_fwd_bf16(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
                                 float offset, float eps, void *y, float *rstd, int64_t T,
                                 int64_t H) {
-  const float *wf;
-  float *tmp;
-  ML_TRY(weight_f32(be, w, w_type, H, &wf, &tmp));
-  k_rmsnorm_fwd_bf16(x, wf, offset, eps, y, rstd, T, H);
-  cpu_free(be, tmp);
-  return 0;
+  return rmsnorm_fwd(be, x, w, w_type, offset, eps, NULL, y, rstd, T, H);
 }
 
 static int cpu_rmsnorm_bwd(ml_backend *be, const float *dy, const float *x, const void *w,

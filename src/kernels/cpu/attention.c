@@ -29,11 +29,11 @@
  *
  * The products are sgemm on fp32 operands, or, given a k_attn_bf16, on
  * bf16 operands: the caller's rounded q, k, v, dout, and P and dS rounded
- * per tile into the thread's scratch (bf16 for the caller's tile GEMM, or
- * fp32 holding bf16 values for sgemm); the softmax, its backward and every
- * accumulation stay fp32. One OpenMP region runs the tasks with
- * single-threaded GEMMs inside: per-tile products lose more to threading
- * than they gain.
+ * per tile into the thread's scratch or the backward's store (bf16 for
+ * the caller's tile GEMM, or fp32 holding bf16 values for sgemm); the
+ * softmax, its backward and every accumulation stay fp32. One OpenMP
+ * region runs the tasks with single-threaded GEMMs inside: per-tile
+ * products lose more to threading than they gain.
  *
  * Paged keys (k_attn_block.kv_table, the KV cache's blocks; forward only):
  * a key row's address goes through the sequence's block table (k_at); the
@@ -668,15 +668,17 @@ int k_attention_block_fwd(const k_attn_block *blk, const float *q, const float *
 
 /* ---- backward ----------------------------------------------------------------- */
 
-/* Query rows i0..i0+M of head h against keys j0..j0+n: S holds the scaled
- * scores and dS the products dout·v^T on entry; on exit S = P = exp(S −
- * lse) and dS = P ⊙ (dP − D) (0 where masked), D [M] the rows' terms; with
- * lp also rounded into the tiles Pt and dSt. */
+/* Query rows i0..i0+M of head h against keys j0..j0+n: S and dS [M, n]
+ * (rows ld floats apart) hold the scaled scores and the products dout·v^T
+ * on entry; on exit S = P = exp(S − lse) and dS = P ⊙ (dP − D) (0 where
+ * masked), D [M] the rows' terms; with lp also rounded into Pt and dSt
+ * [M, n] (rows ldt elements apart, of the operands' type). */
 static void probs_grads(const attn *a, const float *lse, const float *D, int64_t b, int64_t h,
-                        int64_t i0, int64_t M, int64_t j0, int64_t n, scratch w) {
+                        int64_t i0, int64_t M, int64_t j0, int64_t n, float *S, float *dS,
+                        int64_t ld, char *Pt, char *dSt, int64_t ldt) {
   const k_attn_block *k = a->blk;
   for (int64_t r = 0; r < M; r++) {
-    float *s = w.S + r * n, *ds = w.dS + r * n, L = lse[lse_at(a, b, i0 + r, h)], Dr = D[r];
+    float *s = S + r * ld, *ds = dS + r * ld, L = lse[lse_at(a, b, i0 + r, h)], Dr = D[r];
     int64_t lo = clamp(key_lo(k, i0 + r) - j0, 0, n), hi = clamp(key_hi(k, i0 + r) - j0, 0, n);
     if (L == -INFINITY || lo >= hi) lo = hi = 0; /* no key: P = 0 (lse −inf: none anywhere) */
     for (int64_t j = lo; j < hi; j++) s[j] -= L;
@@ -687,24 +689,24 @@ static void probs_grads(const attn *a, const float *lse, const float *D, int64_t
     memset(s + hi, 0, (size_t)(n - hi) * sizeof(float));
     memset(ds + hi, 0, (size_t)(n - hi) * sizeof(float));
     if (a->lp) {
-      size_t row = (size_t)(r * n) * a->esz;
-      round_row(s, (char *)w.Pt + row, n, a->lp->packed);
-      round_row(ds, (char *)w.dSt + row, n, a->lp->packed);
+      size_t row = (size_t)(r * ldt) * a->esz;
+      round_row(s, Pt + row, n, a->lp->packed);
+      round_row(ds, dSt + row, n, a->lp->packed);
     }
   }
 }
 
-/* S (=) scale·q·k^T and dS (=) dout·v^T for query rows i0..i0+M of head h
- * and keys j0..j0+n of kv head g */
+/* S (=) scale·q·k^T and dS (=) dout·v^T [M, n] (rows ld floats apart) for
+ * query rows i0..i0+M of head h and keys j0..j0+n of kv head g */
 static int scores_dp(const attn *a, int64_t b, int64_t h, int64_t g, int64_t i0, int64_t M,
-                     int64_t j0, int64_t n, scratch w) {
+                     int64_t j0, int64_t n, float *S, float *dS, int64_t ld) {
   const k_attn_block *k = a->blk;
   int64_t qo = q_at(a, b, i0, h), ko = k_at(a, b, j0, g);
   int rc = mm(a, false, true, M, n, k->hd, k->scale, at(a->q, qo, a->esz), a->qr,
-              at(a->k, ko, a->esz), a->kr, 0.0f, w.S, n);
+              at(a->k, ko, a->esz), a->kr, 0.0f, S, ld);
   return rc ? rc
             : mm(a, false, true, M, n, k->hd, 1.0f, at(a->dout, qo, a->esz), a->qr,
-                 at(a->v, ko, a->esz), a->kr, 0.0f, w.dS, n);
+                 at(a->v, ko, a->esz), a->kr, 0.0f, dS, ld);
 }
 
 /* ---- the stored tiles --------------------------------------------------------
@@ -739,7 +741,28 @@ static int scores_dp(const attn *a, int64_t b, int64_t h, int64_t g, int64_t i0,
  * the same place: whole sequences without a window (pass 1's key tiles
  * start at 0, TK apart, its query tiles at 0, TQ apart, as pass 2's), not a
  * window (pass 1's key tiles start at key_lo(i0)) nor a block whose query
- * tiles of pass 2 start off TQ's multiples (k_pos − q_pos). */
+ * tiles of pass 2 start off TQ's multiples (k_pos − q_pos).
+ *
+ * Where the tiles live: on sgemm (fp32, and bf16 emulated on fp32 holding
+ * bf16 values) the item is the working tile. Pass 1's tile pair is the
+ * item's columns j0 − jlo .. j0 − jlo + n − 1, rows W apart: fp32, the
+ * score GEMMs write S and dP there and probs_grads turns them into P and
+ * dS in place; lp, S and dP stay fp32 in the scratch and probs_grads
+ * rounds P and dS into the item; dq's GEMM reads dS there. Pass 2's tile
+ * is read in place when its rows lie in one item and its keys in that
+ * item's (whole sequences without a window: every tile but the first of
+ * each key tile, whose last TK − TQ keys the diagonal item does not hold);
+ * else fetch_tile gathers it, zero-padded, into the scratch. sgemm's value
+ * of an element does not depend on lda or ldc nor on the operands'
+ * alignment (OpenBLAS 0.3.21 packs A and B and accumulates a block in
+ * registers: 20,000 random shapes up to 128, ld up to 300 wider, offsets
+ * of 0..15 floats, bitwise alike), and each GEMM keeps its (M, N, K) and
+ * operands, so the bits are those of the copies this replaced. On packed
+ * bf16 (lp's GEMM: oneDNN's primitives, cached per thread by shape and
+ * leading dimensions, 64 of them) pass 1 rounds into the scratch's dense
+ * tiles and keep_tile copies them into the item, and pass 2 always
+ * gathers: an ld of W, one per query tile, would make a primitive for each
+ * W, more than the cache holds at a few thousand tokens. */
 
 // query tile t's rows (returned) and the keys they see, [*jlo, *jlo + *W)
 static int64_t tile_keys(const k_attn_block *k, int64_t t, int64_t *jlo, int64_t *W) {
@@ -804,17 +827,35 @@ size_t k_attention_bwd_work(const k_attn_block *blk, size_t budget) {
   return store > SIZE_MAX - n ? SIZE_MAX : n + store;
 }
 
-/* Rows [0, M) of the tile pair's P and dS as pass 2's products read them
- * (ld n) into item at column c0 (item [M, W]) */
+// whether the products go to lp's GEMM on packed bf16 (oneDNN's tiles)
+static bool packed(const attn *a) { return a->lp && a->lp->packed; }
+
+/* Rows [0, M) of the packed bf16 tiles Pt, dSt [M, n] into item at column
+ * c0 (item [M, W]) */
 static void keep_tile(const attn *a, char *item, int64_t M, int64_t W, int64_t c0, int64_t n,
                       scratch w) {
-  const char *P = a->lp ? w.Pt : (void *)w.S, *dS = a->lp ? w.dSt : (void *)w.dS;
   size_t e = a->esz, row = (size_t)n * e;
   char *iP = item + (size_t)c0 * e, *idS = iP + (size_t)(M * W) * e;
   for (int64_t r = 0; r < M; r++) {
-    memcpy(iP + (size_t)(r * W) * e, P + (size_t)r * row, row);
-    memcpy(idS + (size_t)(r * W) * e, dS + (size_t)r * row, row);
+    memcpy(iP + (size_t)(r * W) * e, (const char *)w.Pt + (size_t)r * row, row);
+    memcpy(idS + (size_t)(r * W) * e, (const char *)w.dSt + (size_t)r * row, row);
   }
+}
+
+/* Pass 2's tile (query rows i0 .. i0+M−1 of head bh, b·nh + h, keys j0 ..
+ * j0+n−1) in place in the chunk's items: when its rows lie in one item and
+ * its keys in that item's, and the products are sgemm's; *P, *dS its first
+ * elements, rows *ld (the item's W) apart. Else false. */
+static bool item_tile(const attn *a, const chunk *c, int64_t bh, int64_t i0, int64_t M,
+                      int64_t j0, int64_t n, const void **P, const void **dS, int64_t *ld) {
+  int64_t t = i0 / TQ, jlo, W;
+  if (packed(a) || (i0 + M - 1) / TQ != t) return false;
+  int64_t Mt = tile_keys(a->blk, t, &jlo, &W);
+  if (j0 < jlo || j0 + n > jlo + W) return false;
+  size_t e = a->esz;
+  const char *it = item_at(c, bh * c->nt + t) + (size_t)((i0 - t * TQ) * W + j0 - jlo) * e;
+  *P = it, *dS = it + (size_t)(Mt * W) * e, *ld = W;
+  return true;
 }
 
 /* P and dS of query rows i0 .. i0+M−1 of head bh (b·nh + h) at keys j0 ..
@@ -841,7 +882,7 @@ static void fetch_tile(const attn *a, const chunk *c, int64_t bh, int64_t i0, in
 }
 
 /* pass 1, item x (query tile t of head h of sequence b): D [TQ] (=, in
- * w.m: unused backward), dq (+=), the item kept */
+ * w.m: unused backward), dq (+=), the item filled */
 static int bwd_query_tile(const attn *a, const chunk *c, const float *out, const float *lse,
                           float *dq, int64_t x, scratch w) {
   const k_attn_block *k = a->blk;
@@ -853,14 +894,24 @@ static int bwd_query_tile(const attn *a, const chunk *c, const float *out, const
     Dt[r] = (float)dot_dout_out(a, o, out_row(a, out, o, w.O, hd), hd); /* O: unused backward */
   }
   char *item = item_at(c, x);
+  size_t e = a->esz;
+  bool pk = packed(a);
   for (int64_t j0 = jlo; j0 < jlo + W; j0 += TK) {
     int64_t n = min64(TK, jlo + W - j0);
-    int rc = scores_dp(a, b, h, g, i0, M, j0, n, w);
+    /* the tile pair's P and dS as the products read them (rows ld apart):
+     * in the item at column j0 − jlo, or packed in the scratch; S and dS in
+     * fp32: the same tiles (fp32 products), or the scratch's (lp) */
+    char *iP = item + (size_t)(j0 - jlo) * e, *idS = iP + (size_t)(M * W) * e;
+    char *P = pk ? (char *)w.Pt : iP, *dS = pk ? (char *)w.dSt : idS;
+    int64_t ld = pk ? n : W;
+    float *S = a->lp ? w.S : (float *)P, *dSf = a->lp ? w.dS : (float *)dS;
+    int64_t lds = a->lp ? n : ld;
+    int rc = scores_dp(a, b, h, g, i0, M, j0, n, S, dSf, lds);
     if (rc) return rc;
-    probs_grads(a, lse, Dt, b, h, i0, M, j0, n, w);
-    keep_tile(a, item, M, W, j0 - jlo, n, w);
-    rc = mm(a, false, false, M, hd, n, k->scale, a->lp ? w.dSt : (const void *)w.dS, n,
-            at(a->k, k_at(a, b, j0, g), a->esz), a->kr, 1.0f, dq + q_at(a, b, i0, h), a->qr);
+    probs_grads(a, lse, Dt, b, h, i0, M, j0, n, S, dSf, lds, P, dS, ld);
+    if (pk) keep_tile(a, item, M, W, j0 - jlo, n, w);
+    rc = mm(a, false, false, M, hd, n, k->scale, dS, ld, at(a->k, k_at(a, b, j0, g), a->esz),
+            a->kr, 1.0f, dq + q_at(a, b, i0, h), a->qr);
     if (rc) return rc;
   }
   return 0;
@@ -881,15 +932,16 @@ static int bwd_key_tile(const attn *a, const chunk *c, float *dk, float *dv, int
     if (ta >= tb) continue;
     int64_t rlo = ta * TQ, rhi = min64(tb * TQ, k->sq); /* the chunk's rows of head h */
     for (int64_t i0 = ilo; i0 < ihi; i0 += TQ) {
-      int64_t M = min64(TQ, ihi - i0), last = i0 + M - 1, qo = q_at(a, b, i0, h);
+      int64_t M = min64(TQ, ihi - i0), last = i0 + M - 1, qo = q_at(a, b, i0, h), ld = n;
       if (last < rlo) continue;
       if (last >= rhi) break;
-      fetch_tile(a, c, bh, i0, M, j0, n, w);
-      int rc = mm(a, true, false, n, hd, M, 1.0f, a->lp ? w.Pt : (const void *)w.S, n,
-                  at(a->dout, qo, a->esz), a->qr, 1.0f, dv + ko, a->kr);
+      const void *P = a->lp ? w.Pt : (void *)w.S, *dS = a->lp ? w.dSt : (void *)w.dS;
+      if (!item_tile(a, c, bh, i0, M, j0, n, &P, &dS, &ld)) fetch_tile(a, c, bh, i0, M, j0, n, w);
+      int rc = mm(a, true, false, n, hd, M, 1.0f, P, ld, at(a->dout, qo, a->esz), a->qr, 1.0f,
+                  dv + ko, a->kr);
       if (!rc)
-        rc = mm(a, true, false, n, hd, M, k->scale, a->lp ? w.dSt : (const void *)w.dS, n,
-                at(a->q, qo, a->esz), a->qr, 1.0f, dk + ko, a->kr);
+        rc = mm(a, true, false, n, hd, M, k->scale, dS, ld, at(a->q, qo, a->esz), a->qr, 1.0f,
+                dk + ko, a->kr);
       if (rc) return rc;
     }
   }

@@ -1461,64 +1461,84 @@ static void test_attention_bwd(void **state) {
   }
 }
 
-/* The sequences cut into `nc` chunks of rows [cut[c], cut[c+1]) and run as
- * ring attention runs them: each query chunk's diagonal block first (not
- * accumulating), then its other key chunks in the order rot(c) (accumulating;
- * blocks no query sees, masked by causality or the window, included: the
- * kernel must leave their rows as they are); backward over every block
- * with the final out and lse (dq, dk, dv +=). */
-static void attn_run_blocks(attn_ctx *a, const int64_t *cut, int nc, const float *dout,
-                            float *out, float *dq, float *dk, float *dv) {
-  int64_t nq = a->B * a->S * a->nh * a->hd, nk = a->B * a->S * a->nkv * a->hd;
-  memset(dq, 0, (size_t)nq * sizeof(float));
-  memset(dk, 0, (size_t)nk * sizeof(float));
-  memset(dv, 0, (size_t)nk * sizeof(float));
+/* The sequences' queries cut into `nq` chunks of rows [qcut[c], qcut[c+1])
+ * and their keys into `nk` chunks by kcut (the same cuts: ring attention's
+ * blocks), each query chunk run against every key chunk as ring attention
+ * runs them: first its diagonal block (the last key chunk starting before
+ * its last row; not accumulating), then the key chunks below it, then the
+ * rest, downwards (accumulating; blocks no query sees, masked by causality
+ * or the window, included: the kernel must leave their rows as they are);
+ * backward over every block with the final out and lse (dq, dk, dv +=). */
+static void attn_run_blocks(attn_ctx *a, const int64_t *qcut, int nq, const int64_t *kcut,
+                            int nk, const float *dout, float *out, float *dq, float *dk,
+                            float *dv) {
+  int64_t nqe = a->B * a->S * a->nh * a->hd, nke = a->B * a->S * a->nkv * a->hd;
+  memset(dq, 0, (size_t)nqe * sizeof(float));
+  memset(dk, 0, (size_t)nke * sizeof(float));
+  memset(dv, 0, (size_t)nke * sizeof(float));
   for (int pass = 0; pass < 2; pass++)
-    for (int qc = 0; qc < nc; qc++)
-      for (int step = 0; step < nc; step++) {
-        int kc = (qc + step * (nc - 1)) % nc; /* qc first, then downwards */
+    for (int qc = 0; qc < nq; qc++) {
+      int diag = 0;
+      while (diag + 1 < nk && kcut[diag + 1] < qcut[qc + 1]) diag++;
+      for (int step = 0; step < nk; step++) {
+        int kc = (diag - step + nk) % nk;
         k_attn_block blk = attn_whole(a);
-        blk.q_pos = cut[qc], blk.sq = cut[qc + 1] - cut[qc];
-        blk.k_pos = cut[kc], blk.sk = cut[kc + 1] - cut[kc];
-        int64_t qo = cut[qc] * a->nh * a->hd, ko = cut[kc] * a->nkv * a->hd;
+        blk.q_pos = qcut[qc], blk.sq = qcut[qc + 1] - qcut[qc];
+        blk.k_pos = kcut[kc], blk.sk = kcut[kc + 1] - kcut[kc];
+        int64_t qo = qcut[qc] * a->nh * a->hd, ko = kcut[kc] * a->nkv * a->hd;
         size_t wb = k_attention_bwd_work(&blk, K_ATTN_BWD_STORE);
         float *tiles = attn_tiles(a->hd);
         void *work = malloc(wb);
         if (pass == 0)
           assert_int_equal(k_attention_block_fwd(&blk, a->q + qo, a->k + ko, a->v + ko, out + qo,
-                                                 a->lse + cut[qc] * a->nh, step > 0, NULL, tiles),
+                                                 a->lse + qcut[qc] * a->nh, step > 0, NULL,
+                                                 tiles),
                            0);
         else
           assert_int_equal(k_attention_block_bwd(&blk, dout + qo, a->q + qo, a->k + ko,
-                                                 a->v + ko, out + qo, a->lse + cut[qc] * a->nh,
+                                                 a->v + ko, out + qo, a->lse + qcut[qc] * a->nh,
                                                  dq + qo, dk + ko, dv + ko, NULL, work, wb,
                                                  tiles),
                            0);
         free(tiles), free(work);
       }
+    }
 }
 
 /* Block attention (ring attention's pieces) on uneven chunks of a causal
  * GQA case and a sliding-window one whose window is shorter than a chunk,
- * against the double reference: R grows by the blocks' key tiles and the
- * merges (each rescales like a tile). */
+ * and blocks whose keys start before their queries off the tiles' grid
+ * (queries cut at 100, keys at 37 and 333: the block of queries 100..399
+ * over keys 37..332 has pass 2's query tiles at local rows 65, 129, 193,
+ * 257 for its second key tile and 193, 257 for its third, 40 keys, whose
+ * tile at 193 spans pass 1's query tiles 3 and 4 with its keys inside tile
+ * 3's: gathered, and the one at 257 read in place), against the double
+ * reference: R grows by the blocks' key tiles and the merges (each
+ * rescales like a tile). */
 static void test_attention_blocks(void **state) {
   (void)state;
-  static const attn_ctx cases[] = {
-      ATTN(2, 300, 4, 2, 16, 0, 0.25f),
-      ATTN(2, 300, 4, 1, 16, 40, 0.25f),
+  static const int64_t cut[] = {0, 37, 150, 151, 300}, qcut[] = {0, 100, 400},
+                       kcut[] = {0, 37, 333, 400};
+  static const struct {
+    attn_ctx c;
+    const int64_t *qcut, *kcut;
+    int nq, nk;
+  } cases[] = {
+      {ATTN(2, 300, 4, 2, 16, 0, 0.25f), cut, cut, 4, 4},
+      {ATTN(2, 300, 4, 1, 16, 40, 0.25f), cut, cut, 4, 4},
+      {ATTN(2, 400, 4, 2, 16, 0, 0.25f), qcut, kcut, 2, 3},
   };
-  const int64_t cut[] = {0, 37, 150, 151, 300};
-  const int nc = 4;
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-    attn_ctx a = attn_alloc(cases[c]);
+    attn_ctx a = attn_alloc(cases[c].c);
     a.rescales = 0.0;
-    for (int i = 0; i < nc; i++) a.rescales += key_tiles(cut[i + 1] - cut[i]) + 1.0;
+    for (int i = 0; i < cases[c].nk; i++)
+      a.rescales += key_tiles(cases[c].kcut[i + 1] - cases[c].kcut[i]) + 1.0;
     int64_t nq = a.B * a.S * a.nh * a.hd, nk = a.B * a.S * a.nkv * a.hd;
     float *out = malloc((size_t)nq * sizeof(float)), *dout = rand_buf(nq, 1);
     float *dq = malloc((size_t)nq * sizeof(float)), *dk = malloc((size_t)nk * sizeof(float)),
           *dv = malloc((size_t)nk * sizeof(float));
-    attn_run_blocks(&a, cut, nc, dout, out, dq, dk, dv);
+    attn_run_blocks(&a, cases[c].qcut, cases[c].nq, cases[c].kcut, cases[c].nk, dout, out, dq,
+                    dk, dv);
     attn_ref_out r = attn_ref_alloc(&a);
     attn_ref(&a, dout, &r);
     expect_attention("blocks", &a, &r, out, dq, dk, dv);

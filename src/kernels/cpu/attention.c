@@ -750,14 +750,15 @@ static int scores_dp(const attn *a, int64_t b, int64_t h, int64_t g, int64_t i0,
  * dS in place; lp, S and dP stay fp32 in the scratch and probs_grads
  * rounds P and dS into the item; dq's GEMM reads dS there. Pass 2's tile
  * is read in place when its rows lie in one item and its keys in that
- * item's (whole sequences without a window: every tile but the first of
- * each key tile, whose last TK − TQ keys the diagonal item does not hold);
- * else fetch_tile gathers it, zero-padded, into the scratch. sgemm's value
- * of an element does not depend on lda or ldc nor on the operands'
- * alignment (OpenBLAS 0.3.21 packs A and B and accumulates a block in
- * registers: 20,000 random shapes up to 128, ld up to 300 wider, offsets
- * of 0..15 floats, bitwise alike), and each GEMM keeps its (M, N, K) and
- * operands, so the bits are those of the copies this replaced. On packed
+ * item's (whole sequences without a window: every tile but a key tile's
+ * first, on the diagonal, when the key tile is wider than TQ: the item
+ * ends at the diagonal); else fetch_tile gathers it, zero-padded, into the
+ * scratch. sgemm's value of an element does not depend on lda or ldc nor
+ * on the operands' alignment (OpenBLAS 0.3.21 packs A and B and
+ * accumulates a block in registers: 20,000 random shapes up to 128, ld up
+ * to 300 wider, offsets of 0..15 floats, bitwise alike), and the GEMMs'
+ * (M, N, K) and operands are the same whether a tile is in place or in
+ * the scratch, so dq, dk, dv are the same bits either way. On packed
  * bf16 (lp's GEMM: oneDNN's primitives, cached per thread by shape and
  * leading dimensions, 64 of them) pass 1 rounds into the scratch's dense
  * tiles and keep_tile copies them into the item, and pass 2 always

@@ -262,9 +262,10 @@ static int loss_split(ml_engine *e, ml_loss_split *s) {
 /* Mixed precision: a unit's floating-point inputs are cast to param_dtype
  * (FSDP2's cast_forward_inputs), and the gradients its bf16 backward hands
  * on are bf16 too: the residual stream (or its gradient) is rounded at a
- * unit boundary. Whether it is: a decoder layer rounds it itself, in the
- * pass that saves x_in or writes down_proj's bf16 dy (ml_layer_forward's
- * and ml_layer_backward's cast); the head's input is rounded here. */
+ * unit boundary (casts_units: the rule). A decoder layer rounds it itself,
+ * in the pass that saves x_in or writes down_proj's bf16 dy
+ * (ml_layer_forward's and ml_layer_backward's cast); the head's input is
+ * rounded here (cast_unit_input). */
 static bool casts_units(const ml_engine *e) { return e->opts.fsdp.param_dtype == ML_BF16; }
 static int cast_unit_input(ml_engine *e, float *x) {
   if (!casts_units(e)) return 0;

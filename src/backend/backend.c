@@ -94,6 +94,10 @@ int ml_be_round_bf16(ml_backend *be, float *x, size_t n) {
   MARK(be);
   return n ? be->ops->round_bf16(be, x, n) : 0;
 }
+int ml_be_round_bf16_to(ml_backend *be, const float *x, float *y, void *y16, size_t n) {
+  MARK(be);
+  return n ? be->ops->round_bf16_to(be, x, y, y16, n) : 0;
+}
 int ml_be_scatter_rows(ml_backend *be, void *dst, ml_dtype dst_type, const int32_t *rows,
                        const float *src, int64_t n, int64_t width) {
   MARK(be);
@@ -169,6 +173,10 @@ int ml_be_add(ml_backend *be, float *y, const float *x, int64_t n) {
 int ml_be_add_bf16(ml_backend *be, float *y, const float *x, void *y16, int64_t n) {
   NEED(be, ML_OP_ADD);
   return be->ops->add_bf16(be, y, x, y16, n);
+}
+int ml_be_add_to(ml_backend *be, float *z, const float *y, const float *x, int64_t n) {
+  NEED(be, ML_OP_ADD);
+  return be->ops->add_to(be, z, y, x, n);
 }
 int ml_be_scale(ml_backend *be, float *x, int64_t n, float s) {
   NEED(be, ML_OP_SCALE);

@@ -164,7 +164,7 @@ typedef struct ml_attn_block {
 typedef enum ml_op {
   ML_OP_GEMM,            /* ml_be_gemm */
   ML_OP_BIAS_GRAD,       /* ml_be_bias_grad */
-  ML_OP_ADD,             /* ml_be_add / _bf16 */
+  ML_OP_ADD,             /* ml_be_add / _bf16 / _to */
   ML_OP_SCALE,           /* ml_be_scale */
   ML_OP_RMSNORM,         /* ml_be_rmsnorm_fwd / _fwd_bf16 / _bwd */
   ML_OP_ROPE,            /* ml_be_rope_tables / _fwd / _bwd */
@@ -209,6 +209,7 @@ typedef struct ml_backend_ops {
   int (*convert)(ml_backend *be, void *dst, ml_dtype dst_type, const void *src, ml_dtype src_type,
                  size_t n);
   int (*round_bf16)(ml_backend *be, float *x, size_t n);
+  int (*round_bf16_to)(ml_backend *be, const float *x, float *y, void *y16, size_t n);
   int (*scatter_rows)(ml_backend *be, void *dst, ml_dtype dst_type, const int32_t *rows,
                       const float *src, int64_t n, int64_t width);
   void (*trim)(ml_backend *be);
@@ -227,6 +228,7 @@ typedef struct ml_backend_ops {
   int (*bias_grad)(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db);
   int (*add)(ml_backend *be, float *y, const float *x, int64_t n);
   int (*add_bf16)(ml_backend *be, float *y, const float *x, void *y16, int64_t n);
+  int (*add_to)(ml_backend *be, float *z, const float *y, const float *x, int64_t n);
   int (*scale)(ml_backend *be, float *x, int64_t n, float s);
   int (*rmsnorm_fwd)(ml_backend *be, const float *x, const void *w, ml_dtype w_type, float offset,
                      float eps, float *y, float *rstd, int64_t T, int64_t H);
@@ -423,6 +425,16 @@ int ml_be_convert(ml_backend *be, void *dst, ml_dtype dst_type, const void *src,
                   ml_dtype src_type, size_t n);
 /* x[n] = fp32(bf16(x[n])) in place: the values a bf16 tensor would hold. */
 int ml_be_round_bf16(ml_backend *be, float *x, size_t n);
+/* ml_be_round_bf16 written elsewhere, with a bf16 copy, in one pass: y[n] =
+ * fp32(bf16(x[n])) (y is x or apart from it) and, y16 non-NULL, y16 [n] (uint16_t) =
+ * bf16(x[n]), nearest-even (NaN stays NaN): bitwise a copy of x into y,
+ * ml_be_round_bf16 of y and ml_be_convert of x (or of y: the rounding is
+ * idempotent) to bf16 into y16. FSDP2's cast of a unit's input to
+ * param_dtype (MixedPrecisionPolicy, cast_forward_inputs) stored where the
+ * layer reads it: the forward's saved x_in, the backward's gradient in place
+ * with the bf16 dy of down_proj's backward GEMMs (model/layer.c). x and y16,
+ * y and y16 apart. */
+int ml_be_round_bf16_to(ml_backend *be, const float *x, float *y, void *y16, size_t n);
 /* Row rows[r] of dst [.., width] (dst_type F32 or BF16: rounded to
  * nearest-even, as ml_be_convert) = row r of src [n, width] fp32, for r <
  * n; rows: device int32, distinct, each within dst (the caller's). One
@@ -481,6 +493,11 @@ int ml_be_add(ml_backend *be, float *y, const float *x, int64_t n);
  * bf16 dy that o_proj's backward GEMMs read (autocast's cast of
  * grad_output). ML_OP_ADD. */
 int ml_be_add_bf16(ml_backend *be, float *y, const float *x, void *y16, int64_t n);
+/* z[n] = y[n] + x[n] (z is y, x, or apart from both): ml_be_add into another buffer,
+ * bitwise ml_be_add then ml_be_copy of y into z — the residual add of the
+ * attention block written straight into the saved x_mid (model/layer.c).
+ * ML_OP_ADD. */
+int ml_be_add_to(ml_backend *be, float *z, const float *y, const float *x, int64_t n);
 /* x[n] *= s (gradient clipping). */
 int ml_be_scale(ml_backend *be, float *x, int64_t n, float s);
 /* RMSNorm (HF LlamaRMSNorm, Gemma3RMSNorm when offset = 1) in fp32 on x,

@@ -261,10 +261,14 @@ static int loss_split(ml_engine *e, ml_loss_split *s) {
 
 /* Mixed precision: a unit's floating-point inputs are cast to param_dtype
  * (FSDP2's cast_forward_inputs), and the gradients its bf16 backward hands
- * on are bf16 too: round the residual stream (or its gradient) at a unit
- * boundary. */
+ * on are bf16 too: the residual stream (or its gradient) is rounded at a
+ * unit boundary (casts_units: the rule). A decoder layer rounds it itself,
+ * in the pass that saves x_in or writes down_proj's bf16 dy
+ * (ml_layer_forward's and ml_layer_backward's cast); the head's input is
+ * rounded here (cast_unit_input). */
+static bool casts_units(const ml_engine *e) { return e->opts.fsdp.param_dtype == ML_BF16; }
 static int cast_unit_input(ml_engine *e, float *x) {
-  if (e->opts.fsdp.param_dtype != ML_BF16) return 0;
+  if (!casts_units(e)) return 0;
   return ml_be_round_bf16(e->be, x, (size_t)(e->model.B * e->model.s_res * e->model.cfg.hidden));
 }
 
@@ -383,8 +387,7 @@ static int forward_layers(ml_engine *e, const int32_t *ids) {
   for (int l = 0; l < L; l++) {
     ML_TRY(ml_fsdp_unshard(f, l));
     ML_TRY(prefetch(e, l, 1, depth));
-    ML_TRY(cast_unit_input(e, e->x));
-    ML_TRY(ml_layer_forward(&e->model, l, e->x));
+    ML_TRY(ml_layer_forward(&e->model, l, e->x, casts_units(e)));
     if (f->units[l].reshard_after_forward && !e->hold) ml_fsdp_reshard(f, l);
   }
   ML_TRY(cast_unit_input(e, e->x));
@@ -408,8 +411,7 @@ static int backward_layers(ml_engine *e, const int32_t *ids) {
     ML_TRY(ml_fsdp_unshard(f, l));
     ML_TRY(prefetch_backward(e, l, depth));
     ML_TRY(ml_fsdp_grad_begin(f, l));
-    ML_TRY(cast_unit_input(e, e->x));
-    ML_TRY(ml_layer_backward(&e->model, l, e->x));
+    ML_TRY(ml_layer_backward(&e->model, l, e->x, casts_units(e)));
     ML_TRY(ml_fsdp_reduce_grads(f, l));
     ML_TRY(ml_norm_parts_unit(e, l));
     ml_fsdp_reshard(f, l);

@@ -375,7 +375,7 @@ static int qk_forward(ml_model *m, ml_layer *L, float *qk) {
   return ml_be_rope_fwd_bf16(m->be, kn, a->k, L->rope_cos, L->rope_sin, B, S, nkv, hd);
 }
 
-// x_in [B, s_res, H] → x [B, s_res, H] = x_mid (room for [B, S, H]; not read)
+// x_in [B, s_res, H] → x_mid [B, s_res, H]; x: room for [B, S, H] (o_proj's output), not read
 static int attention_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
   int64_t B = m->B, S = m->S, Tr = B * m->s_res, H = m->cfg.hidden, hd = m->cfg.head_dim;
@@ -408,8 +408,7 @@ static int attention_forward(ml_model *m, ml_layer *L, float *x) {
     ML_TRY(copy_floats(m, a->o, x, Tr * H));
     ML_TRY(norm_fwd(m, &L->attn_out_norm, a->o, x, a->rstd_o, Tr, H));
   }
-  ML_TRY(add_inplace(m, x, a->x_in, Tr * H));                                      // residual
-  return copy_floats(m, a->x_mid, x, Tr * H);
+  return ml_be_add_to(m->be, a->x_mid, x, a->x_in, Tr * H);  // residual, saved: x_mid = x + x_in
 }
 
 // dx: [B, s_res, H] grad of x_mid in, grad of the layer input out
@@ -566,14 +565,18 @@ static int dense_backward(ml_model *m, ml_layer *L, ml_act *d, bool d16, float *
   return rc;
 }
 
-// dx: [B, s_res, H] grad of the layer output in, grad of x_mid out
-static int mlp_backward(ml_model *m, ml_layer *L, float *dx) {
+// dx: [B, s_res, H] grad of the layer output in (cast: rounded to bf16 first), grad of x_mid out
+static int mlp_backward(ml_model *m, ml_layer *L, float *dx, bool cast) {
   ml_layer_acts *a = &L->acts;
-  int64_t T = m->B * m->S, H = m->cfg.hidden;
+  int64_t T = m->B * m->S, Tr = m->B * m->s_res, H = m->cfg.hidden;
   float *dtmp = m->scratch, *dh = dtmp + T * H;
   const ml_linear *down = L->moe.gate.weight ? NULL : &L->down_proj; /* NULL: the experts' */
+  /* the unit boundary's cast, in the pass that also writes down_proj's bf16 dy into dtmp
+   * where out_grad would convert dx (ahead: done); after the recompute, which uses dtmp */
+  bool ahead = cast && out_grad_bf16(&L->mlp_out_norm, down);
+  if (cast) ML_TRY(ml_be_round_bf16_to(m->be, dx, dx, ahead ? dtmp : NULL, (size_t)(Tr * H)));
   bool d16; /* dtmp: d down [B, s_res, H], fp32 or bf16 */
-  ML_TRY(out_grad(m, &L->mlp_out_norm, a->d, a->rstd_d, down, dx, false, dtmp, &d16));
+  ML_TRY(out_grad(m, &L->mlp_out_norm, a->d, a->rstd_d, down, dx, ahead, dtmp, &d16));
   ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
   if (!down) ML_TRY(ml_moe_backward(m, L, &a->in_gu, dtmp, dh));  // dh: [B, s, H]
   else ML_TRY(dense_backward(m, L, &d, d16, dh));
@@ -584,10 +587,12 @@ static int mlp_backward(ml_model *m, ml_layer *L, float *dx) {
                               dx, o16);  // dx += d x_mid
 }
 
-// x: [B, s_res, H] in place
-int ml_layer_forward(ml_model *m, int l, float *x) {
+// x: [B, s_res, H] in place (cast: saved in x_in rounded to bf16)
+int ml_layer_forward(ml_model *m, int l, float *x, bool cast) {
   ml_layer *L = &m->layers[l];
-  ML_TRY(copy_floats(m, L->acts.x_in, x, m->B * m->s_res * m->cfg.hidden));
+  int64_t n = m->B * m->s_res * m->cfg.hidden;
+  if (cast) ML_TRY(ml_be_round_bf16_to(m->be, x, L->acts.x_in, NULL, (size_t)n));
+  else ML_TRY(copy_floats(m, L->acts.x_in, x, n));
   ML_TRY(attention_forward(m, L, x));
   return mlp_forward(m, L, x);
 }
@@ -606,9 +611,9 @@ static int recompute(ml_model *m, ml_layer *L) {
 }
 
 // dx: [B, s_res, H] in place (mlp_backward's add leaves o_proj's bf16 dy for attention_backward)
-int ml_layer_backward(ml_model *m, int l, float *dx) {
+int ml_layer_backward(ml_model *m, int l, float *dx, bool cast) {
   ml_layer *L = &m->layers[l];
   ML_TRY(recompute(m, L));
-  ML_TRY(mlp_backward(m, L, dx));
+  ML_TRY(mlp_backward(m, L, dx, cast));
   return attention_backward(m, L, dx);
 }

@@ -678,20 +678,26 @@ int ml_embed_edge_forward(ml_model *m, float *x);
 int ml_embed_edge_backward(ml_model *m, float *dx);
 
 /* Decoder layer l: x [B, s_res, H] residual stream in place; saves the
- * activations m->ac keeps. Errors: edges whose layouts do not compose
+ * activations m->ac keeps. cast: the layer's input is x rounded to bf16
+ * (FSDP2's cast_forward_inputs under param_dtype bf16, the caller's rule),
+ * stored so into the saved x_in in the pass that saves it (x itself is then
+ * overwritten unread). Errors: edges whose layouts do not compose
  * (attention fed a sequence shard, a residual of another extent), named by
  * module.
  * x += attn_out_norm(o_proj(attention(rope(q_norm(q)), rope(k_norm(k)), v)))
  * on attn_norm(x), then x += mlp_out_norm(down(act(gate)·up)) on
  * mlp_norm(x); absent norms are the identity (HF *DecoderLayer.forward). */
-int ml_layer_forward(ml_model *m, int l, float *x);
+int ml_layer_forward(ml_model *m, int l, float *x, bool cast);
 /* dx [B, s_res, H]: gradient of layer l's output in, of its input out; weight
  * grads accumulate (+=) into the layer's param->grad. First recomputes what
  * m->ac dropped (ml_ac_mode), running the forward edges it reruns: every
  * rank of a tp group must call it for the same layers in the same order.
- * Errors: those of ml_layer_forward (from the recompute) and of the
- * backward edges. */
-int ml_layer_backward(ml_model *m, int l, float *dx);
+ * cast: dx is first rounded to bf16 in place (the gradient a bf16 unit
+ * hands on at the boundary: the caller's rule, as ml_layer_forward's cast),
+ * after the recompute, in the pass that writes the bf16 dy down_proj's
+ * backward reads. Errors: those of ml_layer_forward (from the recompute)
+ * and of the backward edges. */
+int ml_layer_backward(ml_model *m, int l, float *dx, bool cast);
 
 /* Final norm on x [B, s_res, H] (saved), then lm_head's input edge, which
  * must leave whole sequences (the loss scores every token). */

@@ -275,7 +275,8 @@ static float *conv_inputs(int64_t n) {
 static bool bf16_is_nan(uint16_t h) { return (h & 0x7f80) == 0x7f80 && (h & 0x7f); }
 
 /* F32 -> BF16 (RNE), BF16 -> F32 (all 65536 patterns), F32 -> F32 (a
- * copy, also in place), round_bf16: bitwise equal, NaN stays NaN. */
+ * copy, also in place), round_bf16: bitwise equal, NaN stays NaN; round_bf16_to
+ * bitwise round_bf16 and the conversion. */
 static void test_convert(void **state) {
   (void)state;
   const int64_t n = 65536 + 77;
@@ -315,7 +316,32 @@ static void test_convert(void **state) {
   float *r = dev_get(&src, GPU);
   for (int64_t i = 0; i < n; i++)
     if (isnan(x[i]) != isnan(r[i])) fail_msg("round_bf16: %a became %a", (double)x[i], r[i]);
-  free(r);
+  /* round_bf16_to from the unrounded x, from an odd offset too: y bitwise round_bf16's (r), its
+   * bf16 copy the conversion's (hb); without the copy; and in place */
+  dbuf x2 = dev_from(x, sizeof(float) * (size_t)n), y = dev_new(sizeof(float) * (size_t)n);
+  dbuf y16 = dev_new(sizeof(uint16_t) * (size_t)n), y2 = dev_new(sizeof(float) * (size_t)n);
+  for (int s = 0; s < SIDES; s++) {
+    ok(ml_be_round_bf16_to(g_be[s], x2.p[s], y.p[s], y16.p[s], (size_t)n / 2), "round_to", s);
+    ok(ml_be_round_bf16_to(g_be[s], (float *)x2.p[s] + n / 2, (float *)y.p[s] + n / 2,
+                           (uint16_t *)y16.p[s] + n / 2, (size_t)(n - n / 2)), "round_to", s);
+    ok(ml_be_round_bf16_to(g_be[s], x2.p[s], y2.p[s], NULL, (size_t)n), "round_to", s);
+    ok(ml_be_round_bf16_to(g_be[s], x2.p[s], x2.p[s], NULL, (size_t)n), "round_to", s);
+  }
+  expect_same("round_bf16_to: y", &y);
+  expect_same("  its bf16 copy", &y16);
+  expect_same("  without the copy", &y2);
+  expect_same("  in place", &x2);
+  hb = dev_get(&h, GPU);
+  for (int s = 0; s < SIDES; s++) {
+    float *g = dev_get(&y, s), *g2 = dev_get(&y2, s), *gx = dev_get(&x2, s);
+    uint16_t *g16 = dev_get(&y16, s);
+    if (memcmp(g, r, src.bytes) || memcmp(g2, r, src.bytes) || memcmp(gx, r, src.bytes))
+      fail_msg("round_bf16_to on %s: not round_bf16's values", side_name(s));
+    if (memcmp(g16, hb, h.bytes)) fail_msg("round_bf16_to on %s: not the conversion", side_name(s));
+    free(g), free(g2), free(gx), free(g16);
+  }
+  free(r), free(hb);
+  dev_free(&x2), dev_free(&y), dev_free(&y16), dev_free(&y2);
   dev_free(&src), dev_free(&h), dev_free(&b16), dev_free(&f), dev_free(&c);
   free(x), free(all);
 }
@@ -463,7 +489,8 @@ static void test_bias_grad(void **state) {
 }
 
 /* y += x and x *= s: one correctly rounded operation each, from aligned and
- * odd offsets: bitwise; so is the add with a bf16 copy of its sums. */
+ * odd offsets: bitwise; so are the add with a bf16 copy of its sums and the
+ * add into another buffer (the same sums). */
 static void test_add_scale(void **state) {
   (void)state;
   const int64_t sizes[] = {1, 5, 65536 + 2};
@@ -491,6 +518,23 @@ static void test_add_scale(void **state) {
     snprintf(what, sizeof what, "add bf16 n=%lld: y", (long long)n);
     expect_same(what, &by);
     expect_same("  its bf16 copy", &h);
+    /* the add into another buffer (and onto x): bitwise the in-place add's sums, each side */
+    dbuf tx = dev_from(x, 4 * (size_t)n), ty = dev_from(y, 4 * (size_t)n);
+    dbuf tz = dev_new(4 * (size_t)n);
+    for (int s = 0; s < SIDES; s++) {
+      ok(ml_be_add_to(g_be[s], tz.p[s], ty.p[s], tx.p[s], n), "add_to", s);
+      ok(ml_be_add_to(g_be[s], tx.p[s], ty.p[s], tx.p[s], n), "add_to", s);
+    }
+    snprintf(what, sizeof what, "add_to n=%lld", (long long)n);
+    expect_same(what, &tz);
+    expect_same("  onto x", &tx);
+    for (int s = 0; s < SIDES; s++) {
+      float *want = dev_get(&by, s), *got = dev_get(&tz, s), *onto = dev_get(&tx, s);
+      if (memcmp(got, want, 4 * (size_t)n) || memcmp(onto, want, 4 * (size_t)n))
+        fail_msg("add_to n=%lld on %s: not the add's sums", (long long)n, side_name(s));
+      free(want), free(got), free(onto);
+    }
+    dev_free(&tx), dev_free(&ty), dev_free(&tz);
     free(x), free(y), dev_free(&dx), dev_free(&dy), dev_free(&by), dev_free(&bx), dev_free(&h);
   }
 }

@@ -832,6 +832,71 @@ static void test_add_bf16(void **state) {
   }
 }
 
+/* k_add_to: z = y + x bitwise k_add's sums, out of place and onto either operand (z = x,
+ * z = y), on an odd length and one past K_PAR_MIN (threads). */
+static void test_add_to(void **state) {
+  (void)state;
+  const int64_t sizes[] = {37, K_PAR_MIN + 3};
+  for (int c = 0; c < 2; c++) {
+    int64_t n = sizes[c];
+    size_t bytes = (size_t)n * sizeof(float);
+    float *x = rand_buf(n, 3.0f), *y = rand_buf(n, 1.0f), *want = malloc(bytes);
+    float *z = malloc(bytes), *zx = malloc(bytes), *zy = malloc(bytes);
+    y[0] = -0.0f, x[0] = -0.0f; /* -0 + -0 = -0, kept */
+    memcpy(want, y, bytes);
+    k_add(want, x, n);
+    memcpy(zx, x, bytes), memcpy(zy, y, bytes);
+    k_add_to(z, y, x, n);
+    k_add_to(zx, y, zx, n);
+    k_add_to(zy, zy, x, n);
+    assert_memory_equal(z, want, bytes);
+    assert_memory_equal(zx, want, bytes);
+    assert_memory_equal(zy, want, bytes);
+    free(x), free(y), free(want), free(z), free(zx), free(zy);
+  }
+}
+
+/* k_round_bf16_to: y bitwise ml_round_bf16 of a copy of x, y16 bitwise x converted
+ * (ml_f32_to_bf16) and so the rounded y converted too; with y16 NULL, and in place (y = x).
+ * Inputs: ties to even both ways (1 + 2^-8 -> 1, 1 + 3·2^-8 -> 1 + 2^-6), ±0, ±inf, NaNs
+ * (quiet, signalling, negative: canonical 0x7fc0), the largest finite value (-> inf), the
+ * smallest subnormal, then random bit patterns; an odd length and one past K_PAR_MIN. */
+static void test_round_bf16_to(void **state) {
+  (void)state;
+  static const uint32_t special[] = {0x3f808000, 0x3f818000, 0x00000000, 0x80000000,
+                                     0x7f800000, 0xff800000, 0x7fc00000, 0x7f800001,
+                                     0xff812345, 0x7f7fffff, 0x00000001, 0x3f80ffff};
+  const int64_t sizes[] = {37, K_PAR_MIN + 3};
+  uint32_t bits = 12345u;
+  for (int c = 0; c < 2; c++) {
+    int64_t n = sizes[c];
+    size_t bytes = (size_t)n * sizeof(float), hbytes = (size_t)n * sizeof(uint16_t);
+    float *x = malloc(bytes), *want = malloc(bytes), *y = malloc(bytes), *z = malloc(bytes);
+    for (int64_t i = 0; i < n; i++) {
+      bits = bits * 1664525u + 1013904223u; /* an LCG: every exponent and mantissa */
+      uint32_t u = i < (int64_t)(sizeof special / sizeof special[0]) ? special[i] : bits;
+      memcpy(&x[i], &u, sizeof u);
+    }
+    memcpy(want, x, bytes);
+    ml_round_bf16(want, (size_t)n);
+    uint16_t *want16 = bf16_copy(x, n), *again16 = bf16_copy(want, n), *y16 = malloc(hbytes);
+    assert_memory_equal(want16, again16, hbytes); /* the rounding is idempotent */
+    assert_int_equal(want16[0], 0x3f80), assert_int_equal(want16[1], 0x3f82);
+    k_round_bf16_to(x, y, y16, n);
+    assert_memory_equal(y, want, bytes);
+    assert_memory_equal(y16, want16, hbytes);
+    memset(y, 0, bytes);
+    k_round_bf16_to(x, y, NULL, n);
+    assert_memory_equal(y, want, bytes);
+    memcpy(z, x, bytes);
+    memset(y16, 0, hbytes);
+    k_round_bf16_to(z, z, y16, n);
+    assert_memory_equal(z, want, bytes);
+    assert_memory_equal(y16, want16, hbytes);
+    free(x), free(want), free(y), free(z), free(want16), free(again16), free(y16);
+  }
+}
+
 /* ---- attention ---------------------------------------------------------------- */
 
 typedef struct attn_ctx {
@@ -2452,6 +2517,8 @@ int main(void) {
       cmocka_unit_test(test_rope_tables),
       cmocka_unit_test(test_rope_apply),    cmocka_unit_test(test_expf),
       cmocka_unit_test(test_add_bf16),
+      cmocka_unit_test(test_add_to),
+      cmocka_unit_test(test_round_bf16_to),
       cmocka_unit_test(test_attention_fwd),
       cmocka_unit_test(test_attention_fixed_fwd),
       cmocka_unit_test(test_attention_fixed_blocks), cmocka_unit_test(test_attention_rows),

@@ -163,6 +163,19 @@ static void test_convert() {
     same("f16 -> f32 (every pattern)", y, ref, 4 * n);
     memcpy(ref, x, 4 * n);
     ml_round_bf16(ref, (size_t)n);
+    /* the cast into another buffer with its bf16 copy (kc_round_bf16_to): bitwise k_round_bf16_to,
+     * so round_bf16's values and the conversion's bits; y and y16 misaligned against x */
+    float *yt = pl.get<float>(n, 1 - off), *yc = pl.get<float>(n);
+    uint16_t *ht = pl.get<uint16_t>(n, 1 - off), *hc = pl.get<uint16_t>(n);
+    ok(kc_round_bf16_to(nullptr, x, yt, ht, n), "round_bf16_to");
+    k_round_bf16_to(x, yc, hc, n);
+    same(fmt("round_bf16_to n=%lld x+%d: y", (long long)n, off), yt, yc, 4 * n);
+    same("  y = round_bf16's", yt, ref, 4 * n);
+    same("  y16", ht, hc, 2 * n);
+    for (int64_t i = 0; i < n; i++) href[i] = ml_f32_to_bf16(x[i]);
+    same("  y16 = the conversion's", ht, href, 2 * n);
+    ok(kc_round_bf16_to(nullptr, x, yt, nullptr, n), "round_bf16_to");
+    same("  without y16", yt, ref, 4 * n);
     ok(kc_round_bf16(nullptr, x, n), "round_bf16");
     same("round_bf16 (in place)", x, ref, 4 * n);
   }
@@ -195,7 +208,8 @@ static void test_scatter_rows() {
 
 /* ---- add, scale: one correctly rounded operation each: bitwise; the add with
  * a bf16 copy (kc_add_bf16) bitwise k_add_bf16, y16 aligned and not, with
- * ties (1 + 2^-8, 1 + 3·2^-8: exact sums) ------------------------------------ */
+ * ties (1 + 2^-8, 1 + 3·2^-8: exact sums); the add into another buffer
+ * (kc_add_to) bitwise k_add_to ------------------------------------------------ */
 static void test_add_scale() {
   printf("add, scale\n");
   // 4096 blocks x 256 threads x 4 = 4194304 elements before the grid strides
@@ -221,6 +235,11 @@ static void test_add_scale() {
         same("  y16", h, hr, 2 * n);
         const uint16_t even[4] = {0x3f82, 0x3f80, 0x3f82, 0x3f80};
         same("  y16 ties to even", h, even, 2 * (n < 4 ? n : 4));
+        /* into another buffer (kc_add_to), z misaligned as y is: the add's sums */
+        float *z = pl.get<float>(n, oy), *zr = pl.get<float>(n);
+        ok(kc_add_to(nullptr, z, yr, x, n), "add_to");
+        k_add_to(zr, yr, x, n);
+        same(fmt("add_to n=%lld z+%d x+%d", (long long)n, oy, ox), z, zr, 4 * n);
       }
       ok(kc_scale(nullptr, x, n, -0.37f), "scale");
       k_scale(xr, n, -0.37f);

@@ -130,6 +130,11 @@ static int cpu_round_bf16(ml_backend *be, float *x, size_t n) {
   return 0;
 }
 
+static int cpu_round_bf16_to(ml_backend *be, const float *x, float *y, void *y16, size_t n) {
+  k_round_bf16_to(x, y, y16, (int64_t)n);
+  return 0;
+}
+
 /* ---- ordering: every call has completed when it returns ------------------ */
 
 static int cpu_event_record(ml_backend *be, ml_event *ev) {
@@ -159,6 +164,11 @@ static int cpu_add(ml_backend *be, float *y, const float *x, int64_t n) {
 
 static int cpu_add_bf16(ml_backend *be, float *y, const float *x, void *y16, int64_t n) {
   k_add_bf16(y, x, y16, n);
+  return 0;
+}
+
+static int cpu_add_to(ml_backend *be, float *z, const float *y, const float *x, int64_t n) {
+  k_add_to(z, y, x, n);
   return 0;
 }
 
@@ -663,6 +673,7 @@ static const ml_backend_ops k_cpu_ops = {
     .convert = cpu_convert,
     .scatter_rows = cpu_scatter_rows,
     .round_bf16 = cpu_round_bf16,
+    .round_bf16_to = cpu_round_bf16_to,
     .trim = cpu_trim,
     .memory_stats = cpu_memory_stats,
     .reset_peak = cpu_reset_peak,
@@ -676,6 +687,7 @@ static const ml_backend_ops k_cpu_ops = {
     .bias_grad = cpu_bias_grad,
     .add = cpu_add,
     .add_bf16 = cpu_add_bf16,
+    .add_to = cpu_add_to,
     .scale = cpu_scale,
     .rmsnorm_fwd = cpu_rmsnorm_fwd,
     .rmsnorm_bwd = cpu_rmsnorm_bwd,

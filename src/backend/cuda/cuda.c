@@ -185,6 +185,10 @@ static int cu_scatter_rows(ml_backend *be, void *dst, ml_dtype dst_type, const i
 static int cu_round_bf16(ml_backend *be, float *x, size_t n) {
   return ml_cuda_launched(kc_round_bf16(impl(be)->stream, x, (int64_t)n), "round to bf16");
 }
+static int cu_round_bf16_to(ml_backend *be, const float *x, float *y, void *y16, size_t n) {
+  return ml_cuda_launched(kc_round_bf16_to(impl(be)->stream, x, y, y16, (int64_t)n),
+                          "round to bf16 with a bf16 copy");
+}
 
 /* ---- ordering ------------------------------------------------------------ */
 
@@ -239,6 +243,10 @@ static int cu_add(ml_backend *be, float *y, const float *x, int64_t n) {
 
 static int cu_add_bf16(ml_backend *be, float *y, const float *x, void *y16, int64_t n) {
   return ml_cuda_launched(kc_add_bf16(impl(be)->stream, y, x, y16, n), "add with a bf16 copy");
+}
+
+static int cu_add_to(ml_backend *be, float *z, const float *y, const float *x, int64_t n) {
+  return ml_cuda_launched(kc_add_to(impl(be)->stream, z, y, x, n), "add into another buffer");
 }
 
 static int cu_scale(ml_backend *be, float *x, int64_t n, float s) {
@@ -674,6 +682,7 @@ static const ml_backend_ops k_cuda_ops = {
     .convert = cu_convert,
     .scatter_rows = cu_scatter_rows,
     .round_bf16 = cu_round_bf16,
+    .round_bf16_to = cu_round_bf16_to,
     .trim = cu_trim,
     .memory_stats = cu_memory_stats,
     .reset_peak = cu_reset_peak,
@@ -687,6 +696,7 @@ static const ml_backend_ops k_cuda_ops = {
     .bias_grad = cu_bias_grad,
     .add = cu_add,
     .add_bf16 = cu_add_bf16,
+    .add_to = cu_add_to,
     .scale = cu_scale,
     .rmsnorm_fwd = cu_rmsnorm_fwd,
     .rmsnorm_bwd = cu_rmsnorm_bwd,

@@ -76,6 +76,9 @@ static int meta_convert(ml_backend *be, void *dst, ml_dtype dst_type, const void
   return 0;
 }
 static int meta_round_bf16(ml_backend *be, float *x, size_t n) { return 0; }
+static int meta_round_bf16_to(ml_backend *be, const float *x, float *y, void *y16, size_t n) {
+  return 0;
+}
 static int meta_scatter_rows(ml_backend *be, void *dst, ml_dtype dst_type, const int32_t *rows,
                              const float *src, int64_t n, int64_t width) {
   return 0;
@@ -97,6 +100,9 @@ static int meta_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N,
 }
 static int meta_add(ml_backend *be, float *y, const float *x, int64_t n) { return 0; }
 static int meta_add_bf16(ml_backend *be, float *y, const float *x, void *y16, int64_t n) {
+  return 0;
+}
+static int meta_add_to(ml_backend *be, float *z, const float *y, const float *x, int64_t n) {
   return 0;
 }
 static int meta_scale(ml_backend *be, float *x, int64_t n, float s) { return 0; }
@@ -287,6 +293,7 @@ static const ml_backend_ops k_meta_ops = {
     .convert = meta_convert,
     .scatter_rows = meta_scatter_rows,
     .round_bf16 = meta_round_bf16,
+    .round_bf16_to = meta_round_bf16_to,
     .trim = meta_trim,
     .memory_stats = meta_memory_stats,
     .reset_peak = meta_reset_peak,
@@ -299,6 +306,7 @@ static const ml_backend_ops k_meta_ops = {
     .bias_grad = meta_bias_grad,
     .add = meta_add,
     .add_bf16 = meta_add_bf16,
+    .add_to = meta_add_to,
     .scale = meta_scale,
     .rmsnorm_fwd = meta_rmsnorm_fwd,
     .rmsnorm_bwd = meta_rmsnorm_bwd,

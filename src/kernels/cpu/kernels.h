@@ -386,6 +386,15 @@ void k_add(float *y, const float *x, int64_t n);
  * bitwise k_add then a conversion of y): the residual gradient and the bf16
  * copy o_proj's backward GEMMs read (backend.h ml_be_add_bf16). */
 void k_add_bf16(float *y, const float *x, uint16_t *y16, int64_t n);
+/* z[n] = y[n] + x[n] (z is y, x or apart from both; bitwise k_add then a
+ * copy of y): the residual sum stored where it is saved (backend.h
+ * ml_be_add_to). */
+void k_add_to(float *z, const float *y, const float *x, int64_t n);
+/* y[n] = fp32(bf16(x[n])) (y is x or apart from it) and, y16 non-NULL,
+ * y16[n] = bf16(x[n]) (ml_f32_to_bf16, nearest-even; bitwise ml_round_bf16
+ * of a copy of x and a conversion of x): a unit's input cast to bf16 with
+ * its bf16 copy in one pass (backend.h ml_be_round_bf16_to). */
+void k_round_bf16_to(const float *x, float *y, uint16_t *y16, int64_t n);
 /* x[n] *= s. */
 void k_scale(float *x, int64_t n, float s);
 /* max of x[n] (-inf for n = 0; NaNs skipped, as m = x > m ? x : m does),

@@ -1,5 +1,6 @@
 /* Elementwise and reduction kernels of the engine: the residual add (and
- * its bf16 copy of the sum), gradient clipping, grad-norm partials and the bias gradient. */
+ * its bf16 copy of the sum, or into another buffer), the bf16 cast of a
+ * unit's input with its bf16 copy, gradient clipping, grad-norm partials and the bias gradient. */
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -46,6 +47,27 @@ void k_add_bf16(float *y, const float *x, uint16_t *y16, int64_t n) {
     float s = y[i] + x[i];
     y[i] = s;
     y16[i] = ml_f32_to_bf16(s);
+  }
+}
+
+// z, y, x: [n]
+void k_add_to(float *z, const float *y, const float *x, int64_t n) {
+#pragma omp parallel for simd if (K_PAR(n, n))
+  for (int64_t i = 0; i < n; i++) z[i] = y[i] + x[i];
+}
+
+// x, y, y16: [n]
+void k_round_bf16_to(const float *x, float *y, uint16_t *y16, int64_t n) {
+  if (!y16) {
+#pragma omp parallel for simd if (K_PAR(n, n))
+    for (int64_t i = 0; i < n; i++) y[i] = ml_bf16_to_f32(ml_f32_to_bf16(x[i]));
+    return;
+  }
+#pragma omp parallel for simd if (K_PAR(n, n))
+  for (int64_t i = 0; i < n; i++) {
+    uint16_t h = ml_f32_to_bf16(x[i]);
+    y[i] = ml_bf16_to_f32(h);
+    y16[i] = h;
   }
 }
 

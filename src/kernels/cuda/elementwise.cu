@@ -1,7 +1,8 @@
 /* Element-wise kernels: fp32 <-> bf16 / f16 conversions and bf16 rounding
  * (tensor/dtype.{h,c}: ml_f32_to_bf16, ml_f32_to_f16, ml_f16_to_f32,
- * ml_round_bf16, reproduced bit for bit in integer arithmetic), the
- * residual add (with a bf16 copy of the sum: k_add_bf16) and scaling
+ * ml_round_bf16, reproduced bit for bit in integer arithmetic; the cast
+ * with a bf16 copy: k_round_bf16_to), the residual add (with a bf16 copy
+ * of the sum: k_add_bf16; into another buffer: k_add_to) and scaling
  * (kernels/cpu/vector.c: k_add, k_scale) and the
  * gated MLP activation (kernels/cpu/glu.c: k_glu_fwd/bwd and their bf16
  * variants, torch's silu and gelu(approximate='tanh') formulas in fp32).
@@ -88,19 +89,36 @@ static __global__ void map_kernel(const S *src, D *dst, int64_t n) {
 
 /* ---- add, scale ----------------------------------------------------------- */
 
-// y += x; with y16 also the sums rounded to nearest-even into y16 [n] bf16
-static __global__ void add_kernel(float *y, const float *x, uint16_t *y16, int64_t n) {
+// z = y + x (z: y for y += x); with z16 also the sums rounded to nearest-even into z16 [n] bf16
+static __global__ void add_kernel(float *z, const float *y, const float *x, uint16_t *z16,
+                                  int64_t n) {
   for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
     float a[4], b[4];
     kc_ld4(y, i, n, a);
     kc_ld4(x, i, n, b);
     for (int k = 0; k < 4; k++) a[k] += b[k];
-    kc_st4(y, i, n, a);
-    if (y16) {
+    kc_st4(z, i, n, a);
+    if (z16) {
       uint16_t h[4];
       for (int k = 0; k < 4; k++) h[k] = kc_f32_to_bf16(a[k]);
-      kc_st4h(y16, i, n, h);
+      kc_st4h(z16, i, n, h);
     }
+  }
+}
+
+// y = fp32(bf16(x)) (y may be x); with y16 also bf16(x) into y16 [n]
+static __global__ void round_bf16_to_kernel(const float *x, float *y, uint16_t *y16,
+                                            int64_t n) {
+  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
+    float v[4];
+    uint16_t h[4];
+    kc_ld4(x, i, n, v);
+    for (int k = 0; k < 4; k++) {
+      h[k] = kc_f32_to_bf16(v[k]);
+      v[k] = kc_bf16_to_f32(h[k]);
+    }
+    kc_st4(y, i, n, v);
+    if (y16) kc_st4h(y16, i, n, h);
   }
 }
 
@@ -282,15 +300,28 @@ extern "C" cudaError_t kc_round_bf16(cudaStream_t st, float *x, int64_t n) {
   return launch_map<float, float, round_bf16>(st, x, x, n);
 }
 
+extern "C" cudaError_t kc_round_bf16_to(cudaStream_t st, const float *x, float *y, void *y16,
+                                        int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  return KC_LAUNCH(round_bf16_to_kernel, quad_grid(n), KC_THREADS, 0, st, x, y, (uint16_t *)y16,
+                   n);
+}
+
 extern "C" cudaError_t kc_add(cudaStream_t st, float *y, const float *x, int64_t n) {
   if (n <= 0) return cudaSuccess;
-  return KC_LAUNCH(add_kernel, quad_grid(n), KC_THREADS, 0, st, y, x, (uint16_t *)NULL, n);
+  return KC_LAUNCH(add_kernel, quad_grid(n), KC_THREADS, 0, st, y, y, x, (uint16_t *)NULL, n);
 }
 
 extern "C" cudaError_t kc_add_bf16(cudaStream_t st, float *y, const float *x, void *y16,
                                    int64_t n) {
   if (n <= 0) return cudaSuccess;
-  return KC_LAUNCH(add_kernel, quad_grid(n), KC_THREADS, 0, st, y, x, (uint16_t *)y16, n);
+  return KC_LAUNCH(add_kernel, quad_grid(n), KC_THREADS, 0, st, y, y, x, (uint16_t *)y16, n);
+}
+
+extern "C" cudaError_t kc_add_to(cudaStream_t st, float *z, const float *y, const float *x,
+                                 int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  return KC_LAUNCH(add_kernel, quad_grid(n), KC_THREADS, 0, st, z, y, x, (uint16_t *)NULL, n);
 }
 
 extern "C" cudaError_t kc_scale(cudaStream_t st, float *x, int64_t n, float s) {

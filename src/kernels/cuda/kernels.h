@@ -43,6 +43,10 @@ cudaError_t kc_f32_to_f16(cudaStream_t st, const float *src, uint16_t *dst, int6
 cudaError_t kc_f16_to_f32(cudaStream_t st, const uint16_t *src, float *dst, int64_t n);
 /* x[n] = fp32(bf16(x[n])) in place. */
 cudaError_t kc_round_bf16(cudaStream_t st, float *x, int64_t n);
+/* y[n] = fp32(bf16(x[n])) (y is x or apart) and, y16 non-NULL, y16 [n]
+ * (bf16 bits) = bf16(x[n]): kernels/cpu k_round_bf16_to, backend.h
+ * ml_be_round_bf16_to. */
+cudaError_t kc_round_bf16_to(cudaStream_t st, const float *x, float *y, void *y16, int64_t n);
 /* Row rows[r] of dst [.., width] (bf16: uint16_t, rounded as kc_f32_to_bf16;
  * else fp32) = row r of src [n, width] for r < n (rows distinct, device
  * int32): backend.h ml_be_scatter_rows. n, width < 2^31. */
@@ -54,6 +58,9 @@ cudaError_t kc_add(cudaStream_t st, float *y, const float *x, int64_t n);
  * (kc_f32_to_bf16): bitwise kc_add then a conversion of y (kernels/cpu
  * k_add_bf16, backend.h ml_be_add_bf16). */
 cudaError_t kc_add_bf16(cudaStream_t st, float *y, const float *x, void *y16, int64_t n);
+/* z[n] = y[n] + x[n] (z is y, x or apart from both): k_add_to, backend.h
+ * ml_be_add_to. */
+cudaError_t kc_add_to(cudaStream_t st, float *z, const float *y, const float *x, int64_t n);
 /* x[n] *= s. */
 cudaError_t kc_scale(cudaStream_t st, float *x, int64_t n, float s);
 /* h[n] = act(g)·u (silu; gelu tanh approximation as torch's

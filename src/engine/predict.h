@@ -51,6 +51,12 @@ typedef struct ml_predict_memory {
   int64_t logprobs_peak; /* the peak of one logprobs pass in an inference-only session
                             (under bf16 the units' bf16 shards instead of their fp32 ones:
                             parallel/fsdp.h inference_only) */
+  int64_t logprobs_reserved; /* what the device pool holds after that pass, its cached free
+                                blocks included (torch.cuda.memory_reserved; backend/pool.h):
+                                above the peak by the blocks a later request of another size
+                                could not reuse. On the CPU backend the pool is malloc'd
+                                memory, so the pass's resident set is this plus the
+                                libraries' fixed overhead */
   int64_t reference;   /* a reference policy's weights (engine/reference.h: the padded
                           parameter shards, fp32 where the shards live, or bf16 on the device
                           for the units computing from bf16 weights) */

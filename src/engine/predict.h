@@ -10,9 +10,9 @@
  * issues, counted per mesh group with the counting comm's byte convention
  * (comm/comm.h), and the memory is the pool's, as ml_be_memory_stats
  * reports it for a real run of the same step (requested bytes; a GEMM's
- * temporaries are modelled, as the one pool block the CPU backend takes for
- * them, ml_be_gemm_temp; other kernels' own temporaries are not: a real CPU
- * run's peak may exceed it by those).
+ * temporaries are modelled, as the pool blocks the backend takes for them,
+ * ml_be_gemm_temp_blocks; other kernels' own temporaries are not: a real
+ * CPU run's peak may exceed it by those).
  *
  * One training step = ml_engine_zero_grad, grad_accum ×
  * ml_engine_forward_backward (micro-batches; the last computing the grad

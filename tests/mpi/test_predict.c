@@ -46,8 +46,8 @@
  *    blocks included: on the CPU the pass's resident set less the
  *    libraries; the pass's ml_model_begin gives the cached blocks back
  *    first), with the predicted logprobs_reserved, within the same 5 %: the
- *    meta backend takes each GEMM's temporaries as the one block the CPU
- *    backend takes (backend/cpu/gemm.c), so the pools cache the same
+ *    meta backend takes each GEMM's temporaries as the blocks the CPU
+ *    backend takes (ml_be_gemm_temp_blocks), so the pools cache the same
  *    blocks; the other kernels' temporaries (above) may take or leave
  *    blocks of their own. Not under ep: the experts' all-to-all buffers are
  *    sized by how the data routes its tokens, which the meta run (no

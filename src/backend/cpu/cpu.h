@@ -64,12 +64,17 @@ enum { ML_CPU_GEMM_SMALL_M = 8 };
  * as ml_cpu_gemm_run does. Errors: FIXED for a layout other than A·B^T,
  * oneDNN's, allocation. */
 int ml_cpu_gemm_run_on(ml_cpu_gemm *g, const ml_gemm *args, ml_cpu_gemm_path path);
-/* Bytes of pool scratch ml_cpu_gemm_run holds for args (backend.h
+/* Bytes of pool scratch ml_cpu_gemm_run holds at once for args (backend.h
  * ml_be_gemm_temp): the operands converted to the compute dtype, a bf16
  * bias widened, and a bf16 C's fp32 product where oneDNN writes no bf16
- * dst (see gemm.c), each rounded up to 64 B — one pool block of these
- * bytes for the whole call (0: none), as the meta backend takes it. */
+ * dst (see gemm.c). */
 int64_t ml_cpu_gemm_temp(const ml_cpu_gemm *g, const ml_gemm *args);
+/* Those bytes as the pool blocks ml_cpu_gemm_run takes, in the order it
+ * takes them, all held until it returns (backend.h ml_be_gemm_temp_blocks):
+ * a bf16 C's fp32 product, operand A converted, operand B converted, a bf16
+ * bias widened — those the call needs. Returns their number. */
+int ml_cpu_gemm_temp_blocks(const ml_cpu_gemm *g, const ml_gemm *args,
+                            int64_t bytes[ML_GEMM_TEMP_BLOCKS]);
 /* Batch-invariant mode (on: true): every ml_cpu_gemm_run of the forward's
  * layout (trans_a false, trans_b true: x·W^T, the linears, lm_head and the
  * fused classifier's tiles) runs on ml_cpu_gemm_fixed instead of oneDNN,

@@ -282,41 +282,36 @@ static void to_compute(const void *src, ml_dtype type, int64_t rows, int64_t col
   }
 }
 
-/* A call's temporaries are pieces of one pool block (ml_cpu_gemm_temp's
- * bytes, the block the meta backend takes in its place), each starting at
- * a multiple of PIECE bytes from the block's start (a cache line). */
-enum { PIECE = 64 };
-
-/* n bytes rounded up to a whole number of pieces (saturating). */
-static int64_t piece(int64_t n) { return ml_mul_sat((n + PIECE - 1) / PIECE, PIECE); }
-
 /* Bytes of the scratch `operand` takes for one [rows, cols] (0: the operand
- * is read as it is), a whole number of pieces, and whether the bf16 GEMM is
- * emulated for it. */
+ * is read as it is) and whether the bf16 GEMM is emulated for it. */
 static int64_t operand_bytes(const ml_cpu_gemm *g, ml_dtype type, ml_dtype compute, bool widen,
                              int64_t rows, int64_t cols, bool *emulate) {
   *emulate = compute == ML_BF16 && (!g->bf16_native || (widen && type == ML_F32));
   if (type == compute && !*emulate) return 0; /* (ml_be_gemm refused bf16 in fp32 GEMMs) */
-  return piece(ml_mul_sat(ml_mul_sat(rows, cols), *emulate ? sizeof(float) : sizeof(uint16_t)));
+  return ml_mul_sat(ml_mul_sat(rows, cols), *emulate ? sizeof(float) : sizeof(uint16_t));
 }
 
 /* The operand as the GEMM's compute dtype wants it: as it is, or rounded
  * (emulated bf16, or `widen` asking for an fp32 source in that form:
- * rounded and widened) into the call's block at *next (which then moves
- * past it) with its new stride; *bf = whether *out holds bf16 elements. */
-static void operand(ml_cpu_gemm *g, const void *p, ml_dtype type, ml_dtype compute, bool widen,
-                    int64_t rows, int64_t cols, int64_t *ld, const void **out, char **next,
-                    bool *bf) {
+ * rounded and widened) into pool scratch (*scratch, freed by the caller)
+ * with its new stride; *bf = whether *out holds bf16 elements. */
+static int operand(ml_cpu_gemm *g, const void *p, ml_dtype type, ml_dtype compute, bool widen,
+                   int64_t rows, int64_t cols, int64_t *ld, const void **out, void **scratch,
+                   bool *bf) {
   *out = p;
   bool emulate;
   int64_t bytes = operand_bytes(g, type, compute, widen, rows, cols, &emulate);
   *bf = compute == ML_BF16 && !emulate;
-  if (!bytes) return;
+  if (!bytes) return 0;
   /* stored [rows, cols] with stride ld */
-  to_compute(p, type, rows, cols, *ld, *next, emulate);
+  void *s = ml_be_alloc(g->be, bytes, 1, "a bf16 GEMM operand [%lld x %lld]", (long long)rows,
+                        (long long)cols);
+  if (!s) return -1;
+  to_compute(p, type, rows, cols, *ld, s, emulate);
   *ld = cols;
-  *out = *next;
-  *next += bytes;
+  *out = s;
+  *scratch = s;
+  return 0;
 }
 
 /* K = 0: every product is an empty sum, so C (=|+=) 0 (+ bias); C fp32. */
@@ -334,8 +329,36 @@ static int empty_sum(const ml_gemm *a) {
   return 0;
 }
 
+// frees a run's scratch (the converted operands and bias); returns rc
+static int finish(ml_cpu_gemm *g, void *sa, void *sb, float *bias, int rc) {
+  ml_be_free(g->be, sa);
+  ml_be_free(g->be, sb);
+  ml_be_free(g->be, bias);
+  return rc;
+}
+
 int ml_cpu_gemm_run(ml_cpu_gemm *g, const ml_gemm *a) {
   return ml_cpu_gemm_run_on(g, a, ML_CPU_GEMM_AUTO);
+}
+
+/* A bf16 C where oneDNN does not write one (an fp32 or emulated GEMM, or
+ * K = 0): the product into fp32 pool scratch [M, N], then each element
+ * rounded to nearest-even into C (ml_convert_from_f32). */
+static int via_f32(ml_cpu_gemm *g, const ml_gemm *a, ml_cpu_gemm_path path) {
+  float *t = ml_be_alloc(g->be, ml_mul_sat(a->M, a->N), sizeof(float),
+                         "a GEMM's fp32 output before its bf16 rounding [%lld x %lld]",
+                         (long long)a->M, (long long)a->N);
+  if (!t) return -1;
+  ml_gemm f = *a;
+  f.C = t, f.ldc = a->N, f.c_bf16 = false;
+  int rc = ml_cpu_gemm_run_on(g, &f, path);
+  if (!rc) {
+#pragma omp parallel for if (K_PAR(a->M, a->M * a->N))
+    for (int64_t r = 0; r < a->M; r++)
+      ml_convert_from_f32(ML_BF16, t + r * a->N, (uint16_t *)a->C + r * a->ldc, (size_t)a->N);
+  }
+  ml_be_free(g->be, t);
+  return rc;
 }
 
 /* The path AUTO resolves to: the fixed kernel for x·W^T in batch-invariant
@@ -353,76 +376,28 @@ static bool c_via_f32(const ml_gemm *a, ml_cpu_gemm_path path) {
   return a->c_bf16 && (a->K == 0 || path == ML_CPU_GEMM_ONEDNN);
 }
 
-/* Bytes of a bf16 C's fp32 product (c_via_f32), a whole number of pieces. */
-static int64_t c_bytes(const ml_gemm *a) {
-  return piece(ml_mul_sat(ml_mul_sat(a->M, a->N), sizeof(float)));
-}
-
-/* The call's block on `path` (resolved), in the order run_on carves it: a
- * bf16 C's fp32 product, the operands A then B converted, a bf16 bias
- * widened — all live together. */
-static int64_t temp_bytes(const ml_cpu_gemm *g, const ml_gemm *a, ml_cpu_gemm_path path) {
+int ml_cpu_gemm_temp_blocks(const ml_cpu_gemm *g, const ml_gemm *a,
+                            int64_t bytes[ML_GEMM_TEMP_BLOCKS]) {
+  ml_cpu_gemm_path path = resolve(g, a, ML_CPU_GEMM_AUTO);
   bool fixed = path == ML_CPU_GEMM_FIXED, e;
-  int64_t c = c_via_f32(a, path) ? c_bytes(a) : 0;
-  if (a->K == 0) return c; /* empty_sum: no operand is read */
-  int64_t s = operand_bytes(g, a->a_type, a->compute, fixed, a->M, a->K, &e);
-  s = ml_add_sat(s, operand_bytes(g, a->b_type, a->compute, false, a->N, a->K, &e));
-  if (a->bias && a->bias_type == ML_BF16) s = ml_add_sat(s, piece(ml_mul_sat(a->N, sizeof(float))));
-  return ml_add_sat(c, s);
+  /* in run_on's order, live together: via_f32's product, then (unless K = 0: empty_sum reads
+   * no operand) operand A, operand B, the widened bias */
+  int64_t b[ML_GEMM_TEMP_BLOCKS] = {
+      c_via_f32(a, path) ? ml_mul_sat(ml_mul_sat(a->M, a->N), sizeof(float)) : 0,
+      a->K ? operand_bytes(g, a->a_type, a->compute, fixed, a->M, a->K, &e) : 0,
+      a->K ? operand_bytes(g, a->b_type, a->compute, false, a->N, a->K, &e) : 0,
+      a->K && a->bias && a->bias_type == ML_BF16 ? ml_mul_sat(a->N, sizeof(float)) : 0};
+  int n = 0;
+  for (int i = 0; i < ML_GEMM_TEMP_BLOCKS; i++)
+    if (b[i] > 0) bytes[n++] = b[i];
+  return n;
 }
 
 int64_t ml_cpu_gemm_temp(const ml_cpu_gemm *g, const ml_gemm *a) {
-  return temp_bytes(g, a, resolve(g, a, ML_CPU_GEMM_AUTO));
-}
-
-/* C (=|+=) A·B (+ bias) with fp32 C on `path` (resolved), the converted
- * operands and bias carved from the call's block at `next`. */
-static int run_f32(ml_cpu_gemm *g, const ml_gemm *a, ml_cpu_gemm_path path, char *next) {
-  if (a->K == 0) return empty_sum(a); /* an empty torch.chunk shard of the inner dim */
-  key k;
-  memset(&k, 0, sizeof k); /* the cache compares keys bytewise, padding included */
-  k.M = a->M, k.N = a->N, k.K = a->K, k.lda = a->lda, k.ldb = a->ldb, k.ldc = a->ldc;
-  k.ta = a->trans_a, k.tb = a->trans_b, k.accumulate = a->accumulate, k.bias = !!a->bias;
-  k.dt = a->compute == ML_BF16 && g->bf16_native ? dnnl_bf16 : dnnl_f32;
-  const void *A, *B;
-  float *bias = NULL;
-  bool abf, bbf, fixed = path == ML_CPU_GEMM_FIXED;
-  /* the fixed kernel takes a bf16 GEMM's activations widened once (gemm_fixed.c) */
-  operand(g, a->A, a->a_type, a->compute, fixed, a->trans_a ? a->K : a->M,
-          a->trans_a ? a->M : a->K, &k.lda, &A, &next, &abf);
-  operand(g, a->B, a->b_type, a->compute, false, a->trans_b ? a->N : a->K,
-          a->trans_b ? a->K : a->N, &k.ldb, &B, &next, &bbf);
-  if (a->bias && a->bias_type == ML_BF16) {
-    bias = (float *)next;
-    ml_convert_to_f32(ML_BF16, a->bias, bias, (size_t)a->N);
-  }
-  if (fixed)
-    return ml_cpu_gemm_fixed(a, A, k.lda, abf, B, k.ldb, bbf,
-                             bias ? bias : (const float *)a->bias);
-  dnnl_status_t st = dnnl_success;
-  const char *what = "";
-  entry *e = lookup(g, &g->c, &k, false, &st, &what);
-  if (e) {
-    what = "execute";
-    st = entry_run(e, g->stream, A, B, a->C, bias ? bias : a->bias);
-  }
-  return dnnl_check(st, what, &k);
-}
-
-/* A bf16 C where oneDNN does not write one (an fp32 or emulated GEMM, or
- * K = 0): the product into the call's block [M, N] fp32 at `next`, then
- * each element rounded to nearest-even into C (ml_convert_from_f32). */
-static int via_f32(ml_cpu_gemm *g, const ml_gemm *a, ml_cpu_gemm_path path, char *next) {
-  float *t = (float *)next;
-  ml_gemm f = *a;
-  f.C = t, f.ldc = a->N, f.c_bf16 = false;
-  int rc = run_f32(g, &f, path, next + c_bytes(a));
-  if (!rc) {
-#pragma omp parallel for if (K_PAR(a->M, a->M * a->N))
-    for (int64_t r = 0; r < a->M; r++)
-      ml_convert_from_f32(ML_BF16, t + r * a->N, (uint16_t *)a->C + r * a->ldc, (size_t)a->N);
-  }
-  return rc;
+  int64_t b[ML_GEMM_TEMP_BLOCKS], s = 0;
+  int n = ml_cpu_gemm_temp_blocks(g, a, b);
+  for (int i = 0; i < n; i++) s = ml_add_sat(s, b[i]);
+  return s;
 }
 
 int ml_cpu_gemm_run_on(ml_cpu_gemm *g, const ml_gemm *a, ml_cpu_gemm_path path) {
@@ -430,19 +405,43 @@ int ml_cpu_gemm_run_on(ml_cpu_gemm *g, const ml_gemm *a, ml_cpu_gemm_path path) 
     return ml_err("the fixed-order CPU GEMM computes A·B^T only (trans_a false, trans_b true); "
                   "got trans_a %d, trans_b %d", (int)a->trans_a, (int)a->trans_b);
   path = resolve(g, a, path);
-  /* one pool block for every temporary of the call: the meta backend's model
-   * of it (ml_be_gemm_temp) is then block for block the pool's */
-  int64_t bytes = temp_bytes(g, a, path);
-  char *block = NULL;
-  if (bytes > 0 &&
-      !(block = ml_be_alloc(g->be, bytes, 1,
-                            "a GEMM's temporaries (operands converted to its compute dtype, a "
-                            "bf16 C's fp32 product) for [%lld x %lld] x [%lld x %lld]",
-                            (long long)a->M, (long long)a->K, (long long)a->K, (long long)a->N)))
-    return -1;
-  int rc = c_via_f32(a, path) ? via_f32(g, a, path, block) : run_f32(g, a, path, block);
-  ml_be_free(g->be, block);
-  return rc;
+  if (c_via_f32(a, path)) return via_f32(g, a, path);
+  if (a->K == 0) return empty_sum(a); /* an empty torch.chunk shard of the inner dim */
+  key k;
+  memset(&k, 0, sizeof k); /* the cache compares keys bytewise, padding included */
+  k.M = a->M, k.N = a->N, k.K = a->K, k.lda = a->lda, k.ldb = a->ldb, k.ldc = a->ldc;
+  k.ta = a->trans_a, k.tb = a->trans_b, k.accumulate = a->accumulate, k.bias = !!a->bias;
+  k.dt = a->compute == ML_BF16 && g->bf16_native ? dnnl_bf16 : dnnl_f32;
+  const void *A, *B;
+  void *sa = NULL, *sb = NULL;
+  float *bias = NULL;
+  bool abf, bbf, fixed = path == ML_CPU_GEMM_FIXED;
+  /* the fixed kernel takes a bf16 GEMM's activations widened once (gemm_fixed.c) */
+  int rc = operand(g, a->A, a->a_type, a->compute, fixed, a->trans_a ? a->K : a->M,
+                   a->trans_a ? a->M : a->K, &k.lda, &A, &sa, &abf);
+  if (!rc)
+    rc = operand(g, a->B, a->b_type, a->compute, false, a->trans_b ? a->N : a->K,
+                 a->trans_b ? a->K : a->N, &k.ldb, &B, &sb, &bbf);
+  if (!rc && a->bias && a->bias_type == ML_BF16) {
+    bias = ml_be_alloc(g->be, a->N, sizeof(float), "a GEMM bias [%lld]", (long long)a->N);
+    if (!bias) rc = -1;
+    else ml_convert_to_f32(ML_BF16, a->bias, bias, (size_t)a->N);
+  }
+  if (!rc && fixed)
+    return finish(g, sa, sb, bias,
+                  ml_cpu_gemm_fixed(a, A, k.lda, abf, B, k.ldb, bbf,
+                                    bias ? bias : (const float *)a->bias));
+  if (!rc) {
+    dnnl_status_t st = dnnl_success;
+    const char *what = "";
+    entry *e = lookup(g, &g->c, &k, false, &st, &what);
+    if (e) {
+      what = "execute";
+      st = entry_run(e, g->stream, A, B, a->C, bias ? bias : a->bias);
+    }
+    rc = dnnl_check(st, what, &k);
+  }
+  return finish(g, sa, sb, bias, rc);
 }
 
 void ml_cpu_gemm_set_fixed(ml_cpu_gemm *g, bool on) { g->fixed = on; }

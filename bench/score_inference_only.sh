@@ -65,7 +65,7 @@ done
 for dt in fp32 bf16; do
   echo "meshlm plan --param-dtype $dt (the build under test): logprobs rows"
   "$after/meshlm" plan --model "$model" --seq-len $S --batch-size $n --param-dtype "$dt" |
-    grep -E "logprobs|reference policy"
+    grep -E "logprobs|reference policy|held by the pool"
 done
 lscpu | sed -nE 's/^Model name: *(.*)/CPU: \1/p' | head -n 1
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg) (other work inflates wall time)"

@@ -162,6 +162,13 @@ int ml_be_gemm(ml_backend *be, const ml_gemm *g) {
 int64_t ml_be_gemm_temp(ml_backend *be, const ml_gemm *g) {
   return g->M > 0 && g->N > 0 && be->ops->gemm_temp ? be->ops->gemm_temp(be, g) : 0;
 }
+
+int ml_be_gemm_temp_blocks(ml_backend *be, const ml_gemm *g, int64_t bytes[ML_GEMM_TEMP_BLOCKS]) {
+  if (g->M > 0 && g->N > 0 && be->ops->gemm_temp_blocks)
+    return be->ops->gemm_temp_blocks(be, g, bytes);
+  bytes[0] = ml_be_gemm_temp(be, g);
+  return bytes[0] > 0;
+}
 int ml_be_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db) {
   NEED(be, ML_OP_BIAS_GRAD);
   return be->ops->bias_grad(be, dy, T, N, db);

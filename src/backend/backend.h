@@ -81,6 +81,10 @@ typedef struct ml_gemm {
   bool c_bf16;      /* C holds bf16 (refused with accumulate) */
 } ml_gemm;
 
+/* The most pool blocks one ml_be_gemm call takes for its temporaries
+ * (ml_be_gemm_temp_blocks). */
+enum { ML_GEMM_TEMP_BLOCKS = 4 };
+
 /* Device memory of a backend's pool in bytes, as torch.cuda's
  * memory_allocated / max_memory_allocated / memory_reserved count it:
  * in_use, the bytes requested by live ml_be_alloc blocks (before the pool
@@ -225,6 +229,8 @@ typedef struct ml_backend_ops {
   /* operators */
   int (*gemm)(ml_backend *be, const ml_gemm *g);
   int64_t (*gemm_temp)(ml_backend *be, const ml_gemm *g); /* NULL: 0 */
+  /* NULL: gemm_temp's bytes as one block */
+  int (*gemm_temp_blocks)(ml_backend *be, const ml_gemm *g, int64_t bytes[ML_GEMM_TEMP_BLOCKS]);
   int (*bias_grad)(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db);
   int (*add)(ml_backend *be, float *y, const float *x, int64_t n);
   int (*add_bf16)(ml_backend *be, float *y, const float *x, void *y16, int64_t n);
@@ -483,6 +489,13 @@ int ml_be_gemm(ml_backend *be, const ml_gemm *g);
  * none. The meta backend allocates as much for the backend it models, so
  * `meshlm plan`'s peaks count a GEMM's temporaries. */
 int64_t ml_be_gemm_temp(ml_backend *be, const ml_gemm *g);
+/* Those bytes as the pool blocks ml_be_gemm(be, g) takes, in the order it
+ * takes them, all held until the call returns (at most ML_GEMM_TEMP_BLOCKS;
+ * a backend without the op: one block of ml_be_gemm_temp's bytes, or none).
+ * Returns their number. The meta backend takes the same blocks in the same
+ * order, so its pool caches the blocks the modelled backend's does and
+ * `meshlm plan`'s reserved bytes (memory_reserved) are the run's. */
+int ml_be_gemm_temp_blocks(ml_backend *be, const ml_gemm *g, int64_t bytes[ML_GEMM_TEMP_BLOCKS]);
 /* db[N] (+=) sum over the T rows of dy [T, N] (the bias gradient). */
 int ml_be_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db);
 /* y[n] += x[n] (the residual add). */

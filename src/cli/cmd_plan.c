@@ -535,7 +535,9 @@ static void text_prediction(const ml_prediction *p) {
               {m->host ? "in use once logprobs opens (FSDP buffers, persistent params)"
                        : "in use once logprobs opens (shards, FSDP buffers, persistent params)",
                m->logprobs_opened},
-              {"peak of one logprobs pass", m->logprobs_peak}};
+              {"peak of one logprobs pass", m->logprobs_peak},
+              {"held by the pool after the pass (cached blocks too; CPU: RSS less the libraries)",
+               m->logprobs_reserved}};
   char h[32];
   ml_cli_print("  device memory per rank (the engine's step on the meta backend):\n");
   const char *ref = "a reference policy's shards, if captured (meshlm_set_reference)";
@@ -772,6 +774,7 @@ static json_t *jprediction(const ml_prediction *p, int64_t layers) {
   json_object_set_new(mem, "activations", json_integer(m->activations));
   json_object_set_new(mem, "train_peak", json_integer(m->train_peak));
   json_object_set_new(mem, "logprobs_peak", json_integer(m->logprobs_peak));
+  json_object_set_new(mem, "logprobs_reserved", json_integer(m->logprobs_reserved));
   json_object_set_new(mem, "logprobs_opened", json_integer(m->logprobs_opened));
   json_object_set_new(mem, "logprobs_shards", json_integer(m->logprobs_shards));
   json_object_set_new(mem, "reference_policy", json_integer(m->reference));

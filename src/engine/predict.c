@@ -86,7 +86,11 @@ static int run_logprobs(ml_engine *e, ml_mesh *mesh, const int32_t *ids, float *
   ml_be_reset_peak(e->be);
   ML_TRY(ml_engine_logprobs(e, ids, p->B, p->S, lp));
   take_stats(mesh, p->logprobs);
-  p->mem.logprobs_peak = (int64_t)ml_be_memory_stats(e->be).peak;
+  ml_memory_stats ms = ml_be_memory_stats(e->be);
+  p->mem.logprobs_peak = (int64_t)ms.peak;
+  p->mem.logprobs_reserved = (int64_t)ms.reserved; /* from the open session's blocks alone: the
+                                                      first pass's ml_model_begin gives the
+                                                      cached ones back (ml_be_trim) */
   /* the loss runs over this rank's tokens, or the FSDP group's under vocab parallelism, whose
    * columns are split over tp (sharded logits) and then over the group */
   p->vocab_group = e->vocab.comm ? e->vocab.comm->size : 1;

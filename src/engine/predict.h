@@ -9,9 +9,10 @@
  * to keep in line with the engine: the collectives are the ones the step
  * issues, counted per mesh group with the counting comm's byte convention
  * (comm/comm.h), and the memory is the pool's, as ml_be_memory_stats
- * reports it for a real run of the same step (requested bytes; the
- * backend's own kernel temporaries, e.g. a GEMM's operand conversion, are
- * not modelled: a real CPU run's peak may exceed it by those).
+ * reports it for a real run of the same step (requested bytes; a GEMM's
+ * temporaries are modelled, as the pool blocks the backend takes for them,
+ * ml_be_gemm_temp_blocks; other kernels' own temporaries are not: a real
+ * CPU run's peak may exceed it by those).
  *
  * One training step = ml_engine_zero_grad, grad_accum ×
  * ml_engine_forward_backward (micro-batches; the last computing the grad
@@ -51,6 +52,12 @@ typedef struct ml_predict_memory {
   int64_t logprobs_peak; /* the peak of one logprobs pass in an inference-only session
                             (under bf16 the units' bf16 shards instead of their fp32 ones:
                             parallel/fsdp.h inference_only) */
+  int64_t logprobs_reserved; /* what the device pool holds after that pass, its cached free
+                                blocks included (torch.cuda.memory_reserved; backend/pool.h):
+                                above the peak by the blocks a later request of another size
+                                could not reuse. On the CPU backend the pool is malloc'd
+                                memory, so the pass's resident set is this plus the
+                                libraries' fixed overhead */
   int64_t reference;   /* a reference policy's weights (engine/reference.h: the padded
                           parameter shards, fp32 where the shards live, or bf16 on the device
                           for the units computing from bf16 weights) */

@@ -130,6 +130,24 @@ static int load_rounded(ml_fsdp *f, ml_fsdp_unit *u, int i, const float *stage, 
   return rc;
 }
 
+/* Rows row0 .. row0+nr−1 of t, just read, leave this process's resident set
+ * where t lies in one of ck's mapped files (ml_st_release; the mapping
+ * stays): a checkpoint read parameter by parameter then holds about one
+ * parameter of it at a time, not the whole file on top of the shards
+ * (issue 30: the load was the process's peak RSS). Tensors in memory (a
+ * ckpt over tensors the caller built: LoRA's initialisation, the library's
+ * weight updates) are left alone. */
+static void release_rows(const ml_ckpt *ck, const ml_st_tensor *t, int64_t row0, int64_t nr) {
+  for (size_t k = 0; k < ck->nfiles; k++) {
+    const ml_st_file *f = &ck->files[k];
+    const uint8_t *map = f->map;
+    if (!map || t->data < map || t->data >= map + f->map_size) continue;
+    size_t row_bytes = (size_t)(t->ndim == 2 ? t->shape[1] : 1) * ml_dtype_size(t->dtype);
+    ml_st_release(t->data + (size_t)row0 * row_bytes, (size_t)nr * row_bytes);
+    return;
+  }
+}
+
 /* Read this rank's rows of p's TP-local tensor from the checkpoint (p's
  * rows of its tensor p->key: ml_param.key_row0) into host staging, then
  * copy them into the shard on the device. */
@@ -154,6 +172,7 @@ static int load_param(ml_fsdp *f, ml_fsdp_unit *u, int i, const ml_ckpt *ck) {
   float *stage = ml_be_host_alloc(f->be, n, sizeof(float), "loading '%s'", p->name);
   if (!stage) return -1;
   int rc = ml_st_read_block(t, row0, nr, col0, p->local[1], stage);
+  release_rows(ck, t, row0, nr);
   if (rc == 0 && u->lp_only) {
     rc = load_rounded(f, u, i, stage, n);
   } else {

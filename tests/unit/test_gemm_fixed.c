@@ -182,16 +182,27 @@ static void test_default_small(void **state) {
 }
 
 /* ml_be_gemm(be, g), whose pool peak inside the call must be
- * ml_be_gemm_temp's bytes above what was in use (the meta backend's model). */
+ * ml_be_gemm_temp's bytes above what was in use, in as many new pool blocks
+ * as ml_be_gemm_temp_blocks lists, of its bytes in all (the meta backend
+ * takes those blocks, so its pool holds the run's). The pool's cache is
+ * emptied first, so every block the call takes is a new one (raw_allocs
+ * counts them). */
 static void temp_run(ml_backend *be, const ml_gemm *g) {
-  int64_t before = (int64_t)ml_be_memory_stats(be).in_use;
+  ml_be_trim(be);
+  ml_memory_stats s0 = ml_be_memory_stats(be);
   ml_be_reset_peak(be);
   assert_int_equal(ml_be_gemm(be, g), 0);
-  int64_t took = (int64_t)ml_be_memory_stats(be).peak - before, want = ml_be_gemm_temp(be, g);
-  if (took != want)
-    fail_msg("GEMM M %lld N %lld K %lld%s: took %lld B of scratch, ml_be_gemm_temp says %lld",
+  ml_memory_stats s1 = ml_be_memory_stats(be);
+  int64_t took = (int64_t)s1.peak - (int64_t)s0.in_use, want = ml_be_gemm_temp(be, g), sum = 0;
+  int64_t bytes[ML_GEMM_TEMP_BLOCKS];
+  int n = ml_be_gemm_temp_blocks(be, g, bytes);
+  for (int i = 0; i < n; i++) sum += bytes[i];
+  uint64_t blocks = s1.raw_allocs - s0.raw_allocs;
+  if (took != want || sum != want || blocks != (uint64_t)n)
+    fail_msg("GEMM M %lld N %lld K %lld%s: took %lld B of scratch in %llu pool blocks; "
+             "ml_be_gemm_temp says %lld B, ml_be_gemm_temp_blocks %lld B in %d",
              (long long)g->M, (long long)g->N, (long long)g->K, g->c_bf16 ? " C bf16" : "",
-             (long long)took, (long long)want);
+             (long long)took, (unsigned long long)blocks, (long long)want, (long long)sum, n);
 }
 
 /* A bf16 C (ml_gemm.c_bf16) on every CPU path is bitwise the same GEMM

@@ -151,6 +151,10 @@ static int cpu_gemm(ml_backend *be, const ml_gemm *g) { return ml_cpu_gemm_run(i
 static int64_t cpu_gemm_temp(ml_backend *be, const ml_gemm *g) {
   return ml_cpu_gemm_temp(impl(be)->gemm, g);
 }
+static int cpu_gemm_temp_blocks(ml_backend *be, const ml_gemm *g,
+                                int64_t bytes[ML_GEMM_TEMP_BLOCKS]) {
+  return ml_cpu_gemm_temp_blocks(impl(be)->gemm, g, bytes);
+}
 
 static int cpu_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db) {
   k_bias_grad(dy, T, N, db);
@@ -684,6 +688,7 @@ static const ml_backend_ops k_cpu_ops = {
     .sync = cpu_sync,
     .gemm = cpu_gemm,
     .gemm_temp = cpu_gemm_temp,
+    .gemm_temp_blocks = cpu_gemm_temp_blocks,
     .bias_grad = cpu_bias_grad,
     .add = cpu_add,
     .add_bf16 = cpu_add_bf16,

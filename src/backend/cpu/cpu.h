@@ -69,6 +69,12 @@ int ml_cpu_gemm_run_on(ml_cpu_gemm *g, const ml_gemm *args, ml_cpu_gemm_path pat
  * bias widened, and a bf16 C's fp32 product where oneDNN writes no bf16
  * dst (see gemm.c). */
 int64_t ml_cpu_gemm_temp(const ml_cpu_gemm *g, const ml_gemm *args);
+/* Those bytes as the pool blocks ml_cpu_gemm_run takes, in the order it
+ * takes them, all held until it returns (backend.h ml_be_gemm_temp_blocks):
+ * a bf16 C's fp32 product, operand A converted, operand B converted, a bf16
+ * bias widened — those the call needs. Returns their number. */
+int ml_cpu_gemm_temp_blocks(const ml_cpu_gemm *g, const ml_gemm *args,
+                            int64_t bytes[ML_GEMM_TEMP_BLOCKS]);
 /* Batch-invariant mode (on: true): every ml_cpu_gemm_run of the forward's
  * layout (trans_a false, trans_b true: x·W^T, the linears, lm_head and the
  * fused classifier's tiles) runs on ml_cpu_gemm_fixed instead of oneDNN,

@@ -376,16 +376,28 @@ static bool c_via_f32(const ml_gemm *a, ml_cpu_gemm_path path) {
   return a->c_bf16 && (a->K == 0 || path == ML_CPU_GEMM_ONEDNN);
 }
 
-int64_t ml_cpu_gemm_temp(const ml_cpu_gemm *g, const ml_gemm *a) {
+int ml_cpu_gemm_temp_blocks(const ml_cpu_gemm *g, const ml_gemm *a,
+                            int64_t bytes[ML_GEMM_TEMP_BLOCKS]) {
   ml_cpu_gemm_path path = resolve(g, a, ML_CPU_GEMM_AUTO);
   bool fixed = path == ML_CPU_GEMM_FIXED, e;
-  int64_t c = c_via_f32(a, path) ? ml_mul_sat(ml_mul_sat(a->M, a->N), sizeof(float)) : 0;
-  if (a->K == 0) return c; /* empty_sum: no operand is read */
-  /* run_on's scratch, live together (inside via_f32's when c > 0) */
-  int64_t s = operand_bytes(g, a->a_type, a->compute, fixed, a->M, a->K, &e);
-  s = ml_add_sat(s, operand_bytes(g, a->b_type, a->compute, false, a->N, a->K, &e));
-  if (a->bias && a->bias_type == ML_BF16) s = ml_add_sat(s, ml_mul_sat(a->N, sizeof(float)));
-  return ml_add_sat(c, s);
+  /* in run_on's order, live together: via_f32's product, then (unless K = 0: empty_sum reads
+   * no operand) operand A, operand B, the widened bias */
+  int64_t b[ML_GEMM_TEMP_BLOCKS] = {
+      c_via_f32(a, path) ? ml_mul_sat(ml_mul_sat(a->M, a->N), sizeof(float)) : 0,
+      a->K ? operand_bytes(g, a->a_type, a->compute, fixed, a->M, a->K, &e) : 0,
+      a->K ? operand_bytes(g, a->b_type, a->compute, false, a->N, a->K, &e) : 0,
+      a->K && a->bias && a->bias_type == ML_BF16 ? ml_mul_sat(a->N, sizeof(float)) : 0};
+  int n = 0;
+  for (int i = 0; i < ML_GEMM_TEMP_BLOCKS; i++)
+    if (b[i] > 0) bytes[n++] = b[i];
+  return n;
+}
+
+int64_t ml_cpu_gemm_temp(const ml_cpu_gemm *g, const ml_gemm *a) {
+  int64_t b[ML_GEMM_TEMP_BLOCKS], s = 0;
+  int n = ml_cpu_gemm_temp_blocks(g, a, b);
+  for (int i = 0; i < n; i++) s = ml_add_sat(s, b[i]);
+  return s;
 }
 
 int ml_cpu_gemm_run_on(ml_cpu_gemm *g, const ml_gemm *a, ml_cpu_gemm_path path) {

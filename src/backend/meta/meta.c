@@ -86,14 +86,19 @@ static int meta_scatter_rows(ml_backend *be, void *dst, ml_dtype dst_type, const
 static int meta_event(ml_backend *be, ml_event *ev) { return 0; }
 static int meta_sync(ml_backend *be) { return 0; }
 
-/* The modelled backend's temporaries (ml_be_gemm_temp), taken and given back. */
+/* The modelled backend's temporaries (ml_be_gemm_temp_blocks): its blocks
+ * taken in its order, then given back. */
 static int meta_gemm(ml_backend *be, const ml_gemm *g) {
-  int64_t n = ml_be_gemm_temp(impl(be)->like, g);
-  if (!n) return 0;
-  void *t = ml_be_alloc(be, n, 1, "the temporaries of a GEMM [%lld x %lld] x [%lld x %lld]",
-                        (long long)g->M, (long long)g->K, (long long)g->K, (long long)g->N);
-  ml_be_free(be, t);
-  return t ? 0 : -1;
+  int64_t bytes[ML_GEMM_TEMP_BLOCKS];
+  void *t[ML_GEMM_TEMP_BLOCKS] = {NULL};
+  int n = ml_be_gemm_temp_blocks(impl(be)->like, g, bytes), rc = 0;
+  for (int i = 0; i < n && !rc; i++)
+    if (!(t[i] = ml_be_alloc(be, bytes[i], 1,
+                             "the temporaries of a GEMM [%lld x %lld] x [%lld x %lld]",
+                             (long long)g->M, (long long)g->K, (long long)g->K, (long long)g->N)))
+      rc = -1;
+  for (int i = 0; i < n; i++) ml_be_free(be, t[i]);
+  return rc;
 }
 static int meta_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db) {
   return 0;

@@ -259,17 +259,11 @@ static int loss_split(ml_engine *e, ml_loss_split *s) {
   return ml_fsdp_rows(&e->fsdp, e->model.lm_head.weight, &s->rows);
 }
 
-/* Mixed precision: a unit's floating-point inputs are cast to param_dtype
- * (FSDP2's cast_forward_inputs), and the gradients its bf16 backward hands
- * on are bf16 too: the residual stream (or its gradient) is rounded at a
- * unit boundary (casts_units: the rule). A decoder layer rounds it itself,
- * in the pass that saves x_in or writes down_proj's bf16 dy
- * (ml_layer_forward's and ml_layer_backward's cast); the head's input is
- * rounded here (cast_unit_input). */
-static bool casts_units(const ml_engine *e) { return e->opts.fsdp.param_dtype == ML_BF16; }
-static int cast_unit_input(ml_engine *e, float *x) {
-  if (!casts_units(e)) return 0;
-  return ml_be_round_bf16(e->be, x, (size_t)(e->model.B * e->model.s_res * e->model.cfg.hidden));
+bool ml_engine_casts_units(const ml_engine *e) { return e->opts.fsdp.param_dtype == ML_BF16; }
+
+int ml_engine_cast_unit_input(const ml_engine *e, const ml_model *m, float *x) {
+  if (!ml_engine_casts_units(e)) return 0;
+  return ml_be_round_bf16(e->be, x, (size_t)(m->B * m->s_res * m->cfg.hidden));
 }
 
 /* Packed documents: the last token of each predicts nothing (the next
@@ -387,10 +381,10 @@ static int forward_layers(ml_engine *e, const int32_t *ids) {
   for (int l = 0; l < L; l++) {
     ML_TRY(ml_fsdp_unshard(f, l));
     ML_TRY(prefetch(e, l, 1, depth));
-    ML_TRY(ml_layer_forward(&e->model, l, e->x, casts_units(e)));
+    ML_TRY(ml_layer_forward(&e->model, l, e->x, ml_engine_casts_units(e)));
     if (f->units[l].reshard_after_forward && !e->hold) ml_fsdp_reshard(f, l);
   }
-  ML_TRY(cast_unit_input(e, e->x));
+  ML_TRY(ml_engine_cast_unit_input(e, &e->model, e->x));
   return ml_head_begin(&e->model, e->x);
 }
 
@@ -411,7 +405,7 @@ static int backward_layers(ml_engine *e, const int32_t *ids) {
     ML_TRY(ml_fsdp_unshard(f, l));
     ML_TRY(prefetch_backward(e, l, depth));
     ML_TRY(ml_fsdp_grad_begin(f, l));
-    ML_TRY(ml_layer_backward(&e->model, l, e->x, casts_units(e)));
+    ML_TRY(ml_layer_backward(&e->model, l, e->x, ml_engine_casts_units(e)));
     ML_TRY(ml_fsdp_reduce_grads(f, l));
     ML_TRY(ml_norm_parts_unit(e, l));
     ml_fsdp_reshard(f, l);

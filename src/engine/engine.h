@@ -198,6 +198,19 @@ typedef struct ml_engine_batch {
   const ml_obj_in *obj;
 } ml_engine_batch;
 
+/* Mixed precision: a unit's floating-point inputs are cast to param_dtype
+ * (FSDP2's cast_forward_inputs, MixedPrecisionPolicy), and the gradients
+ * its bf16 backward hands on are bf16 too: under param_dtype bf16 the
+ * residual stream (or its gradient) [B, s_res, H] of m is rounded to bf16
+ * values (fp32 storage) at every unit boundary. ml_engine_casts_units is
+ * the rule; a decoder layer applies it itself (ml_layer_forward's and
+ * ml_layer_backward's cast: in the pass that saves x_in or writes
+ * down_proj's bf16 dy), and ml_engine_cast_unit_input rounds x in place
+ * before the head (the engine's step, generation's forward). Returns 0, or
+ * the backend's error. */
+bool ml_engine_casts_units(const ml_engine *e);
+int ml_engine_cast_unit_input(const ml_engine *e, const ml_model *m, float *x);
+
 /* Whether batches of packed documents run here: no context parallelism
  * (its ring owns the attention), a backend with block attention. */
 bool ml_engine_can_pack(const ml_engine *e);

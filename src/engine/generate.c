@@ -83,16 +83,6 @@ static ml_rng row_rng(uint64_t seed, int64_t r) {
   return ml_rng_seed(ml_rng_next(&s) + ((uint64_t)r << 32));
 }
 
-/* Mixed precision: the residual stream rounded to param_dtype at a unit's
- * input, as the engine's forward does (FSDP2's cast_forward_inputs): by a
- * layer itself (ml_layer_forward's cast), here before the head. */
-static bool casts_units(const gen *g) { return g->e->opts.fsdp.param_dtype == ML_BF16; }
-static int cast_unit_input(gen *g, float *x) {
-  if (!casts_units(g)) return 0;
-  ml_model *m = g->m;
-  return ml_be_round_bf16(g->e->be, x, (size_t)(m->B * m->s_res * m->cfg.hidden));
-}
-
 /* Each layer's RoPE tables at the step's gathered rows [4][T][hd/2]. */
 static void rope_point(gen *g, int64_t T) {
   int64_t n = T * g->kv.half;
@@ -123,8 +113,10 @@ static int forward(gen *g, int64_t T, int64_t nl) {
   rope_point(g, T);
   ML_TRY(ml_be_copy(be, g->ids, g->host_ids, sizeof(int32_t) * (size_t)T, ML_COPY_H2D));
   ML_TRY(ml_embed_forward(m, g->ids, g->x));
-  for (int l = 0; l < m->cfg.n_layers; l++) ML_TRY(ml_layer_forward(m, l, g->x, casts_units(g)));
-  ML_TRY(cast_unit_input(g, g->x));
+  /* mixed precision: the unit boundaries' cast (ml_engine_casts_units), as the engine's forward */
+  for (int l = 0; l < m->cfg.n_layers; l++)
+    ML_TRY(ml_layer_forward(m, l, g->x, ml_engine_casts_units(g->e)));
+  ML_TRY(ml_engine_cast_unit_input(g->e, m, g->x));
   ML_TRY(ml_head_begin(m, g->x));
   /* lm_head's input: the sampled tokens' rows compacted to rows 0 .. nl−1 (need ascending,
      need[i] >= i: each row moves down onto a row no later one reads) */

@@ -185,6 +185,11 @@ int ml_be_add_to(ml_backend *be, float *z, const float *y, const float *x, int64
   NEED(be, ML_OP_ADD);
   return be->ops->add_to(be, z, y, x, n);
 }
+int ml_be_add_round_to(ml_backend *be, float *z, const float *y, const float *x, void *z16,
+                       int64_t n) {
+  NEED(be, ML_OP_ADD);
+  return be->ops->add_round_to(be, z, y, x, z16, n);
+}
 int ml_be_scale(ml_backend *be, float *x, int64_t n, float s) {
   NEED(be, ML_OP_SCALE);
   return be->ops->scale(be, x, n, s);

@@ -235,6 +235,8 @@ typedef struct ml_backend_ops {
   int (*add)(ml_backend *be, float *y, const float *x, int64_t n);
   int (*add_bf16)(ml_backend *be, float *y, const float *x, void *y16, int64_t n);
   int (*add_to)(ml_backend *be, float *z, const float *y, const float *x, int64_t n);
+  int (*add_round_to)(ml_backend *be, float *z, const float *y, const float *x, void *z16,
+                      int64_t n);
   int (*scale)(ml_backend *be, float *x, int64_t n, float s);
   int (*rmsnorm_fwd)(ml_backend *be, const float *x, const void *w, ml_dtype w_type, float offset,
                      float eps, float *y, float *rstd, int64_t T, int64_t H);
@@ -511,6 +513,18 @@ int ml_be_add_bf16(ml_backend *be, float *y, const float *x, void *y16, int64_t 
  * attention block written straight into the saved x_mid (model/layer.c).
  * ML_OP_ADD. */
 int ml_be_add_to(ml_backend *be, float *z, const float *y, const float *x, int64_t n);
+/* ml_be_add_to with the unit boundary's cast in the same pass: z[n] =
+ * fp32(bf16(y[n] + x[n])) (z is y, x, or apart from both) and, z16
+ * non-NULL, z16 [n] (uint16_t) = bf16(y[n] + x[n]), nearest-even (NaN
+ * stays NaN): bitwise ml_be_add_to then ml_be_round_bf16_to of z in place
+ * with z16. The residual sum that a layer hands on rounded to bf16 values
+ * where the next unit reads it (FSDP2's cast_forward_inputs under
+ * MixedPrecisionPolicy param_dtype bf16): the forward's MLP residual into
+ * the layer above's saved x_in (or the head's input), the backward's
+ * attention-block residual gradient with the bf16 dy of the layer below's
+ * down_proj (model/layer.c). z16 apart from z, y, x. ML_OP_ADD. */
+int ml_be_add_round_to(ml_backend *be, float *z, const float *y, const float *x, void *z16,
+                       int64_t n);
 /* x[n] *= s (gradient clipping). */
 int ml_be_scale(ml_backend *be, float *x, int64_t n, float s);
 /* RMSNorm (HF LlamaRMSNorm, Gemma3RMSNorm when offset = 1) in fp32 on x,

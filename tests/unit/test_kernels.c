@@ -897,6 +897,59 @@ static void test_round_bf16_to(void **state) {
   }
 }
 
+/* k_add_round_to: z bitwise k_add_to then k_round_bf16_to of z in place, z16 bitwise its copy;
+ * out of place, onto either operand (z = y, z = x), with z16 NULL. Pairs first, each sum's
+ * bf16 written out: ties to even both signs (1 + 2^-8 -> 1, 1 + 3·2^-8 -> 1 + 2^-6, -1 - 2^-8
+ * -> -1), -0 + -0 = -0, +0 + -0 = +0, inf + 1, inf + -inf (NaN), a signalling NaN, the
+ * largest finite value (-> inf), a sum that overflows fp32, the smallest subnormal (-> 0),
+ * a subnormal tie (-> even); then random bit patterns; an odd length and one past K_PAR_MIN. */
+static void test_add_round_to(void **state) {
+  (void)state;
+  static const uint32_t pairs[][2] = {
+      {0x3f800000, 0x3b800000}, {0x3f800000, 0x3c400000}, {0xbf800000, 0xbb800000},
+      {0x80000000, 0x80000000}, {0x00000000, 0x80000000}, {0x7f800000, 0x3f800000},
+      {0x7f800000, 0xff800000}, {0x7f800001, 0x00000000}, {0x7f7fffff, 0x00000000},
+      {0x7f7f0000, 0x7f7f0000}, {0x00000001, 0x00000000}, {0x00010000, 0x00008000}};
+  static const uint16_t sums[] = {0x3f80, 0x3f82, 0xbf80, 0x8000, 0x0000, 0x7f80,
+                                  0,      0,      0x7f80, 0x7f80, 0x0000, 0x0002};
+  enum { NP = sizeof pairs / sizeof pairs[0] };
+  const int64_t sizes[] = {37, K_PAR_MIN + 3};
+  uint32_t bits = 777u;
+  for (int c = 0; c < 2; c++) {
+    int64_t n = sizes[c];
+    size_t bytes = (size_t)n * sizeof(float), hbytes = (size_t)n * sizeof(uint16_t);
+    float *x = malloc(bytes), *y = malloc(bytes), *want = malloc(bytes), *z = malloc(bytes);
+    uint16_t *want16 = malloc(hbytes), *z16 = malloc(hbytes);
+    for (int64_t i = 0; i < n; i++) {
+      uint32_t u[2];
+      for (int k = 0; k < 2; k++) {
+        bits = bits * 1664525u + 1013904223u; /* an LCG: every exponent and mantissa */
+        u[k] = i < NP ? pairs[i][k] : bits;
+      }
+      memcpy(&y[i], &u[0], 4), memcpy(&x[i], &u[1], 4);
+    }
+    k_add_to(want, y, x, n);
+    k_round_bf16_to(want, want, want16, n);
+    for (int i = 0; i < NP; i++)
+      if (i == 6 || i == 7) assert_true((want16[i] & 0x7f80) == 0x7f80 && (want16[i] & 0x7f));
+      else assert_int_equal(want16[i], sums[i]);
+    k_add_round_to(z, y, x, z16, n);
+    assert_memory_equal(z, want, bytes);
+    assert_memory_equal(z16, want16, hbytes);
+    memset(z, 0, bytes);
+    k_add_round_to(z, y, x, NULL, n);
+    assert_memory_equal(z, want, bytes);
+    memcpy(z, y, bytes), memset(z16, 0, hbytes);
+    k_add_round_to(z, z, x, z16, n); /* z = y */
+    assert_memory_equal(z, want, bytes);
+    assert_memory_equal(z16, want16, hbytes);
+    memcpy(z, x, bytes);
+    k_add_round_to(z, y, z, NULL, n); /* z = x */
+    assert_memory_equal(z, want, bytes);
+    free(x), free(y), free(want), free(z), free(want16), free(z16);
+  }
+}
+
 /* ---- attention ---------------------------------------------------------------- */
 
 typedef struct attn_ctx {
@@ -2519,6 +2572,7 @@ int main(void) {
       cmocka_unit_test(test_add_bf16),
       cmocka_unit_test(test_add_to),
       cmocka_unit_test(test_round_bf16_to),
+      cmocka_unit_test(test_add_round_to),
       cmocka_unit_test(test_attention_fwd),
       cmocka_unit_test(test_attention_fixed_fwd),
       cmocka_unit_test(test_attention_fixed_blocks), cmocka_unit_test(test_attention_rows),

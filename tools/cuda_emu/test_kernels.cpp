@@ -209,7 +209,8 @@ static void test_scatter_rows() {
 /* ---- add, scale: one correctly rounded operation each: bitwise; the add with
  * a bf16 copy (kc_add_bf16) bitwise k_add_bf16, y16 aligned and not, with
  * ties (1 + 2^-8, 1 + 3·2^-8: exact sums); the add into another buffer
- * (kc_add_to) bitwise k_add_to ------------------------------------------------ */
+ * (kc_add_to) bitwise k_add_to, and rounded there (kc_add_round_to) bitwise
+ * k_add_round_to -------------------------------------------------------------- */
 static void test_add_scale() {
   printf("add, scale\n");
   // 4096 blocks x 256 threads x 4 = 4194304 elements before the grid strides
@@ -240,6 +241,26 @@ static void test_add_scale() {
         ok(kc_add_to(nullptr, z, yr, x, n), "add_to");
         k_add_to(zr, yr, x, n);
         same(fmt("add_to n=%lld z+%d x+%d", (long long)n, oy, ox), z, zr, 4 * n);
+        /* rounded to bf16 values (kc_add_round_to), z and z16 misaligned as y is: bitwise
+         * k_add_round_to (ties both signs, ±0, inf − inf, NaN, the largest finite value, a
+         * subnormal to 0 and a subnormal tie first), with z16, without, and onto y (z = y:
+         * the backward's dx) */
+        float *zb = pl.get<float>(n, oy), *zbr = pl.get<float>(n);
+        uint16_t *zh = pl.get<uint16_t>(n, oy), *zhr = pl.get<uint16_t>(n);
+        const float sp[][2] = {{1.0f, 0x1p-8f},     {-1.0f, -0x1p-8f},   {-0.0f, -0.0f},
+                               {0.0f, -0.0f},       {INFINITY, -INFINITY}, {NAN, 1.0f},
+                               {0x1.fffffep127f, 0}, {0x1p-149f, 0},     {0x1p-133f, 0x1p-134f}};
+        float *ys = pl.copy(yr, n), *xs = pl.copy(x, n, ox);  // special sums first
+        for (int64_t i = 0; i < n && i < 9; i++) ys[i] = sp[i][0], xs[i] = sp[i][1];
+        ok(kc_add_round_to(nullptr, zb, ys, xs, zh, n), "add_round_to");
+        k_add_round_to(zbr, ys, xs, zhr, n);
+        same(fmt("add_round_to n=%lld z+%d x+%d: z", (long long)n, oy, ox), zb, zbr, 4 * n);
+        same("  z16", zh, zhr, 2 * n);
+        ok(kc_add_round_to(nullptr, zb, ys, xs, nullptr, n), "add_round_to");
+        same("  without z16", zb, zbr, 4 * n);
+        ok(kc_add_round_to(nullptr, z, z, x, nullptr, n), "add_round_to");
+        k_add_round_to(zr, zr, x, nullptr, n);
+        same("  onto y", z, zr, 4 * n);
       }
       ok(kc_scale(nullptr, x, n, -0.37f), "scale");
       k_scale(xr, n, -0.37f);

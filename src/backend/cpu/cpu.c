@@ -176,6 +176,12 @@ static int cpu_add_to(ml_backend *be, float *z, const float *y, const float *x, 
   return 0;
 }
 
+static int cpu_add_round_to(ml_backend *be, float *z, const float *y, const float *x, void *z16,
+                            int64_t n) {
+  k_add_round_to(z, y, x, z16, n);
+  return 0;
+}
+
 static int cpu_scale(ml_backend *be, float *x, int64_t n, float s) {
   k_scale(x, n, s);
   return 0;
@@ -693,6 +699,7 @@ static const ml_backend_ops k_cpu_ops = {
     .add = cpu_add,
     .add_bf16 = cpu_add_bf16,
     .add_to = cpu_add_to,
+    .add_round_to = cpu_add_round_to,
     .scale = cpu_scale,
     .rmsnorm_fwd = cpu_rmsnorm_fwd,
     .rmsnorm_bwd = cpu_rmsnorm_bwd,

@@ -249,6 +249,12 @@ static int cu_add_to(ml_backend *be, float *z, const float *y, const float *x, i
   return ml_cuda_launched(kc_add_to(impl(be)->stream, z, y, x, n), "add into another buffer");
 }
 
+static int cu_add_round_to(ml_backend *be, float *z, const float *y, const float *x, void *z16,
+                           int64_t n) {
+  return ml_cuda_launched(kc_add_round_to(impl(be)->stream, z, y, x, z16, n),
+                          "add rounded to bf16");
+}
+
 static int cu_scale(ml_backend *be, float *x, int64_t n, float s) {
   return ml_cuda_launched(kc_scale(impl(be)->stream, x, n, s), "scale");
 }
@@ -697,6 +703,7 @@ static const ml_backend_ops k_cuda_ops = {
     .add = cu_add,
     .add_bf16 = cu_add_bf16,
     .add_to = cu_add_to,
+    .add_round_to = cu_add_round_to,
     .scale = cu_scale,
     .rmsnorm_fwd = cu_rmsnorm_fwd,
     .rmsnorm_bwd = cu_rmsnorm_bwd,

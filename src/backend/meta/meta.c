@@ -110,6 +110,10 @@ static int meta_add_bf16(ml_backend *be, float *y, const float *x, void *y16, in
 static int meta_add_to(ml_backend *be, float *z, const float *y, const float *x, int64_t n) {
   return 0;
 }
+static int meta_add_round_to(ml_backend *be, float *z, const float *y, const float *x, void *z16,
+                             int64_t n) {
+  return 0;
+}
 static int meta_scale(ml_backend *be, float *x, int64_t n, float s) { return 0; }
 static int meta_rmsnorm_fwd(ml_backend *be, const float *x, const void *w, ml_dtype w_type,
                             float offset, float eps, float *y, float *rstd, int64_t T,
@@ -312,6 +316,7 @@ static const ml_backend_ops k_meta_ops = {
     .add = meta_add,
     .add_bf16 = meta_add_bf16,
     .add_to = meta_add_to,
+    .add_round_to = meta_add_round_to,
     .scale = meta_scale,
     .rmsnorm_fwd = meta_rmsnorm_fwd,
     .rmsnorm_bwd = meta_rmsnorm_bwd,

@@ -390,6 +390,12 @@ void k_add_bf16(float *y, const float *x, uint16_t *y16, int64_t n);
  * copy of y): the residual sum stored where it is saved (backend.h
  * ml_be_add_to). */
 void k_add_to(float *z, const float *y, const float *x, int64_t n);
+/* z[n] = fp32(bf16(y[n] + x[n])) (z is y, x or apart from both) and, z16
+ * non-NULL, z16[n] = bf16(y[n] + x[n]) (nearest-even; bitwise k_add_to then
+ * k_round_bf16_to of z in place with z16): the residual sum stored rounded
+ * where the next unit reads its bf16-cast input (backend.h
+ * ml_be_add_round_to). */
+void k_add_round_to(float *z, const float *y, const float *x, uint16_t *z16, int64_t n);
 /* y[n] = fp32(bf16(x[n])) (y is x or apart from it) and, y16 non-NULL,
  * y16[n] = bf16(x[n]) (ml_f32_to_bf16, nearest-even; bitwise ml_round_bf16
  * of a copy of x and a conversion of x): a unit's input cast to bf16 with

@@ -56,6 +56,21 @@ void k_add_to(float *z, const float *y, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; i++) z[i] = y[i] + x[i];
 }
 
+// z, y, x, z16: [n]
+void k_add_round_to(float *z, const float *y, const float *x, uint16_t *z16, int64_t n) {
+  if (!z16) {
+#pragma omp parallel for simd if (K_PAR(n, n))
+    for (int64_t i = 0; i < n; i++) z[i] = ml_bf16_to_f32(ml_f32_to_bf16(y[i] + x[i]));
+    return;
+  }
+#pragma omp parallel for simd if (K_PAR(n, n))
+  for (int64_t i = 0; i < n; i++) {
+    uint16_t h = ml_f32_to_bf16(y[i] + x[i]);
+    z[i] = ml_bf16_to_f32(h);
+    z16[i] = h;
+  }
+}
+
 // x, y, y16: [n]
 void k_round_bf16_to(const float *x, float *y, uint16_t *y16, int64_t n) {
   if (!y16) {

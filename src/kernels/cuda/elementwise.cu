@@ -2,7 +2,8 @@
  * (tensor/dtype.{h,c}: ml_f32_to_bf16, ml_f32_to_f16, ml_f16_to_f32,
  * ml_round_bf16, reproduced bit for bit in integer arithmetic; the cast
  * with a bf16 copy: k_round_bf16_to), the residual add (with a bf16 copy
- * of the sum: k_add_bf16; into another buffer: k_add_to) and scaling
+ * of the sum: k_add_bf16; into another buffer: k_add_to; rounded to bf16
+ * values there, the cast at a unit boundary: k_add_round_to) and scaling
  * (kernels/cpu/vector.c: k_add, k_scale) and the
  * gated MLP activation (kernels/cpu/glu.c: k_glu_fwd/bwd and their bf16
  * variants, torch's silu and gelu(approximate='tanh') formulas in fp32).
@@ -103,6 +104,23 @@ static __global__ void add_kernel(float *z, const float *y, const float *x, uint
       for (int k = 0; k < 4; k++) h[k] = kc_f32_to_bf16(a[k]);
       kc_st4h(z16, i, n, h);
     }
+  }
+}
+
+// z = fp32(bf16(y + x)) (z may be y or x); with z16 also bf16(y + x) into z16 [n]
+static __global__ void add_round_to_kernel(float *z, const float *y, const float *x,
+                                           uint16_t *z16, int64_t n) {
+  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
+    float a[4], b[4];
+    uint16_t h[4];
+    kc_ld4(y, i, n, a);
+    kc_ld4(x, i, n, b);
+    for (int k = 0; k < 4; k++) {
+      h[k] = kc_f32_to_bf16(a[k] + b[k]);
+      a[k] = kc_bf16_to_f32(h[k]);
+    }
+    kc_st4(z, i, n, a);
+    if (z16) kc_st4h(z16, i, n, h);
   }
 }
 
@@ -322,6 +340,13 @@ extern "C" cudaError_t kc_add_to(cudaStream_t st, float *z, const float *y, cons
                                  int64_t n) {
   if (n <= 0) return cudaSuccess;
   return KC_LAUNCH(add_kernel, quad_grid(n), KC_THREADS, 0, st, z, y, x, (uint16_t *)NULL, n);
+}
+
+extern "C" cudaError_t kc_add_round_to(cudaStream_t st, float *z, const float *y, const float *x,
+                                       void *z16, int64_t n) {
+  if (n <= 0) return cudaSuccess;
+  return KC_LAUNCH(add_round_to_kernel, quad_grid(n), KC_THREADS, 0, st, z, y, x,
+                   (uint16_t *)z16, n);
 }
 
 extern "C" cudaError_t kc_scale(cudaStream_t st, float *x, int64_t n, float s) {

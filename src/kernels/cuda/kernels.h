@@ -61,6 +61,11 @@ cudaError_t kc_add_bf16(cudaStream_t st, float *y, const float *x, void *y16, in
 /* z[n] = y[n] + x[n] (z is y, x or apart from both): k_add_to, backend.h
  * ml_be_add_to. */
 cudaError_t kc_add_to(cudaStream_t st, float *z, const float *y, const float *x, int64_t n);
+/* z[n] = fp32(bf16(y[n] + x[n])) (z is y, x or apart from both) and, z16
+ * non-NULL, z16 [n] (bf16 bits) = bf16(y[n] + x[n]): kernels/cpu
+ * k_add_round_to, backend.h ml_be_add_round_to. */
+cudaError_t kc_add_round_to(cudaStream_t st, float *z, const float *y, const float *x, void *z16,
+                            int64_t n);
 /* x[n] *= s. */
 cudaError_t kc_scale(cudaStream_t st, float *x, int64_t n, float s);
 /* h[n] = act(g)·u (silu; gelu tanh approximation as torch's

@@ -261,9 +261,11 @@ static int loss_split(ml_engine *e, ml_loss_split *s) {
 
 bool ml_engine_casts_units(const ml_engine *e) { return e->opts.fsdp.param_dtype == ML_BF16; }
 
-int ml_engine_cast_unit_input(const ml_engine *e, const ml_model *m, float *x) {
+unsigned ml_engine_layer_cast(const ml_engine *e, int l, bool backward) {
   if (!ml_engine_casts_units(e)) return 0;
-  return ml_be_round_bf16(e->be, x, (size_t)(m->B * m->s_res * m->cfg.hidden));
+  if (!backward) return (l == 0 ? ML_CAST_IN : ML_CAST_IN_FUSED) | ML_CAST_OUT;
+  unsigned in = l == e->model.cfg.n_layers - 1 ? ML_CAST_IN : ML_CAST_IN_FUSED;
+  return in | (l > e->bwd_first ? ML_CAST_OUT : 0u);
 }
 
 /* Packed documents: the last token of each predicts nothing (the next
@@ -381,10 +383,9 @@ static int forward_layers(ml_engine *e, const int32_t *ids) {
   for (int l = 0; l < L; l++) {
     ML_TRY(ml_fsdp_unshard(f, l));
     ML_TRY(prefetch(e, l, 1, depth));
-    ML_TRY(ml_layer_forward(&e->model, l, e->x, ml_engine_casts_units(e)));
+    ML_TRY(ml_layer_forward(&e->model, l, e->x, ml_engine_layer_cast(e, l, false)));
     if (f->units[l].reshard_after_forward && !e->hold) ml_fsdp_reshard(f, l);
   }
-  ML_TRY(ml_engine_cast_unit_input(e, &e->model, e->x));
   return ml_head_begin(&e->model, e->x);
 }
 
@@ -405,7 +406,7 @@ static int backward_layers(ml_engine *e, const int32_t *ids) {
     ML_TRY(ml_fsdp_unshard(f, l));
     ML_TRY(prefetch_backward(e, l, depth));
     ML_TRY(ml_fsdp_grad_begin(f, l));
-    ML_TRY(ml_layer_backward(&e->model, l, e->x, ml_engine_casts_units(e)));
+    ML_TRY(ml_layer_backward(&e->model, l, e->x, ml_engine_layer_cast(e, l, true)));
     ML_TRY(ml_fsdp_reduce_grads(f, l));
     ML_TRY(ml_norm_parts_unit(e, l));
     ml_fsdp_reshard(f, l);

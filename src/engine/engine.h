@@ -203,13 +203,17 @@ typedef struct ml_engine_batch {
  * its bf16 backward hands on are bf16 too: under param_dtype bf16 the
  * residual stream (or its gradient) [B, s_res, H] of m is rounded to bf16
  * values (fp32 storage) at every unit boundary. ml_engine_casts_units is
- * the rule; a decoder layer applies it itself (ml_layer_forward's and
- * ml_layer_backward's cast: in the pass that saves x_in or writes
- * down_proj's bf16 dy), and ml_engine_cast_unit_input rounds x in place
- * before the head (the engine's step, generation's forward). Returns 0, or
- * the backend's error. */
+ * the rule; the decoder layers apply it (model.h ml_layer_cast), each
+ * boundary once: ml_engine_layer_cast gives layer l's flags in the
+ * engine's loops, which run every layer upward in the forward (the
+ * engine's step, generation's forward: the embedding's output cast by
+ * layer 0, each layer's output by its residual add, the last one's for the
+ * head) and downward from the last to e->bwd_first in the backward (the
+ * head's gradient cast by the last layer, each layer's input gradient by
+ * its residual add for the layer below, none below e->bwd_first: the
+ * embedding's backward reads it unrounded). */
 bool ml_engine_casts_units(const ml_engine *e);
-int ml_engine_cast_unit_input(const ml_engine *e, const ml_model *m, float *x);
+unsigned ml_engine_layer_cast(const ml_engine *e, int l, bool backward);
 
 /* Whether batches of packed documents run here: no context parallelism
  * (its ring owns the attention), a backend with block attention. */

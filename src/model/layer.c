@@ -108,6 +108,20 @@ static bool out_grad_bf16(const ml_rmsnorm *norm, const ml_linear *lin) {
   return !norm->weight && lin && reads_bf16_dy(lin);
 }
 
+/* The linear that reads L's MLP output gradient: down_proj, or NULL (a sparse
+ * layer's experts). */
+static const ml_linear *mlp_down(const ml_layer *L) {
+  return L->moe.gate.weight ? NULL : &L->down_proj;
+}
+
+/* Whether the cast of L's output gradient at its unit boundary also writes
+ * down_proj's bf16 dy into the backward scratch's first [B, s_res, H] bf16
+ * (where out_grad reads it ahead): L's own round (ML_CAST_IN) and the layer
+ * above's add (ML_CAST_OUT there, ML_CAST_IN_FUSED in L) follow this one rule. */
+static bool boundary_dy_bf16(const ml_layer *L) {
+  return out_grad_bf16(&L->mlp_out_norm, mlp_down(L));
+}
+
 /* d [B, s_res, H], the output gradient of o_proj or down_proj (lin; NULL: a sparse layer's
  * experts read it): attn_out_norm's or mlp_out_norm's backward on the residual gradient dx
  * (fp32), else dx itself copied (lin's output edge transforms it in place), or where lin
@@ -136,15 +150,18 @@ static int linear_backward(ml_model *m, bool dy_bf16, const ml_linear *lin, ml_a
  * read (dh, their summed input grad, is in that layout); the input edge of
  * `first` brings dh back to the residual layout, then the block's norm and
  * the residual add into dx [B, s_res, H] — with dx16 non-NULL also storing
- * the sum rounded into dx16 [B, s_res, H] bf16 (ml_be_add_bf16). */
+ * the sum rounded into dx16 [B, s_res, H] bf16 (ml_be_add_bf16); under
+ * cast the sum stored in dx rounded to bf16 values, the unit boundary's
+ * cast (ml_be_add_round_to, dx16 its bf16 copy or NULL). */
 static int block_input_backward(ml_model *m, const ml_linear *first, const ml_act *in, float *dh,
                                 const ml_rmsnorm *norm, const float *x, const float *rstd,
-                                float *dx, void *dx16) {
+                                float *dx, void *dx16, bool cast) {
   int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
   ml_act dhv = on(*in, dh);
   ML_TRY(ml_hook_run(first->in.bwd, &dhv));
   ML_TRY(expect_view(first->weight->name, &dhv, m->s_res, H));
   ML_TRY(norm_bwd(m, norm, dh, x, rstd, dh, Tr, H));
+  if (cast) return ml_be_add_round_to(m->be, dx, dx, dh, dx16, Tr * H);
   if (dx16) return ml_be_add_bf16(m->be, dx, dh, dx16, Tr * H);
   return add_inplace(m, dx, dh, Tr * H);
 }
@@ -411,12 +428,19 @@ static int attention_forward(ml_model *m, ml_layer *L, float *x) {
   return ml_be_add_to(m->be, a->x_mid, x, a->x_in, Tr * H);  // residual, saved: x_mid = x + x_in
 }
 
-// dx: [B, s_res, H] grad of x_mid in, grad of the layer input out
-static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
+/* The backward scratch's room for attention's output gradient [B, S, cap_q] fp32, after dtmp
+ * and dh [B, S, H] each (attention_backward's layout). */
+static float *scratch_datt(const ml_model *m) {
+  return m->scratch + 2 * m->B * m->S * m->cfg.hidden;
+}
+
+// dx: [B, s_res, H] grad of x_mid in, grad of the layer input out (below: the layer below, when
+// the gradient enters it cast, ML_CAST_OUT: stored rounded, with its down_proj's bf16 dy)
+static int attention_backward(ml_model *m, ml_layer *L, float *dx, const ml_layer *below) {
   ml_layer_acts *a = &L->acts;
   int64_t B = m->B, S = m->S, T = B * S, H = m->cfg.hidden;
   int64_t hd = m->cfg.head_dim, nh = a->qv.c / hd, nkv = a->kv.c / hd;
-  float *dtmp = m->scratch, *dh = dtmp + T * H, *datt = dh + T * H;
+  float *dtmp = m->scratch, *dh = dtmp + T * H, *datt = scratch_datt(m);
   float *dq = datt + T * m->cap_q, *dk = dq + T * m->cap_q, *dv = dk + T * m->cap_kv;
   bool d16; /* dtmp: d o [B, s_res, H], fp32, or bf16 as mlp_backward's add wrote it */
   ML_TRY(out_grad(m, &L->attn_out_norm, a->o, a->rstd_o, &L->o_proj, dx, true, dtmp, &d16));
@@ -451,8 +475,10 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx) {
   if (!rc) rc = ml_linear_backward(m->be, &L->v_proj, &dvv, &a->in_qkv, xr, dh, 1);
   release_operand(m, xr);
   ML_TRY(rc);
+  /* the layer below's bf16 dy into dtmp (dead now), which its recompute does not write */
+  void *d16_below = below && boundary_dy_bf16(below) ? (void *)dtmp : NULL;
   return block_input_backward(m, &L->q_proj, &a->in_qkv, dh, &L->attn_norm, a->x_in, a->rstd1,
-                              dx, NULL);  // dx += d x_in
+                              dx, d16_below, below != NULL);  // dx += d x_in
 }
 
 /* The linear whose input edge the MLP's input crosses: gate_proj, or a
@@ -519,8 +545,10 @@ static int dense_forward(ml_model *m, ml_layer *L, float *x) {
   return expect_view(L->down_proj.weight->name, &d, m->s_res, m->cfg.hidden);
 }
 
-// x_mid [B, s_res, H] → x [B, s_res, H] = layer output (room for [B, S, H]; not read)
-static int mlp_forward(ml_model *m, ml_layer *L, float *x) {
+// x_mid [B, s_res, H] → x [B, s_res, H] = layer output (room for [B, S, H]; not read); with z
+// non-NULL the output goes instead to z [B, s_res, H] (may be x) rounded to bf16 values: the
+// cast of the unit it enters (ML_CAST_OUT), in the residual add's pass
+static int mlp_forward(ml_model *m, ml_layer *L, float *x, float *z) {
   ml_layer_acts *a = &L->acts;
   int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
   bool out_norm = L->mlp_out_norm.weight;
@@ -534,6 +562,7 @@ static int mlp_forward(ml_model *m, ml_layer *L, float *x) {
     ML_TRY(copy_floats(m, a->d, x, Tr * H));
     ML_TRY(norm_fwd(m, &L->mlp_out_norm, a->d, x, a->rstd_d, Tr, H));
   }
+  if (z) return ml_be_add_round_to(m->be, z, x, a->x_mid, NULL, Tr * H);
   return add_inplace(m, x, a->x_mid, Tr * H);
 }
 
@@ -565,16 +594,19 @@ static int dense_backward(ml_model *m, ml_layer *L, ml_act *d, bool d16, float *
   return rc;
 }
 
-// dx: [B, s_res, H] grad of the layer output in (cast: rounded to bf16 first), grad of x_mid out
-static int mlp_backward(ml_model *m, ml_layer *L, float *dx, bool cast) {
+// dx: [B, s_res, H] grad of the layer output in (cast: ML_CAST_IN, rounded to bf16 first, or
+// ML_CAST_IN_FUSED, already), grad of x_mid out
+static int mlp_backward(ml_model *m, ml_layer *L, float *dx, unsigned cast) {
   ml_layer_acts *a = &L->acts;
   int64_t T = m->B * m->S, Tr = m->B * m->s_res, H = m->cfg.hidden;
   float *dtmp = m->scratch, *dh = dtmp + T * H;
-  const ml_linear *down = L->moe.gate.weight ? NULL : &L->down_proj; /* NULL: the experts' */
+  const ml_linear *down = mlp_down(L); /* NULL: the experts' */
   /* the unit boundary's cast, in the pass that also writes down_proj's bf16 dy into dtmp
-   * where out_grad would convert dx (ahead: done); after the recompute, which uses dtmp */
-  bool ahead = cast && out_grad_bf16(&L->mlp_out_norm, down);
-  if (cast) ML_TRY(ml_be_round_bf16_to(m->be, dx, dx, ahead ? dtmp : NULL, (size_t)(Tr * H)));
+   * where out_grad would convert dx (ahead: done): here after the recompute, which uses
+   * dtmp, or by the layer above's add (ML_CAST_IN_FUSED) */
+  bool ahead = (cast & (ML_CAST_IN | ML_CAST_IN_FUSED)) && boundary_dy_bf16(L);
+  if (cast & ML_CAST_IN)
+    ML_TRY(ml_be_round_bf16_to(m->be, dx, dx, ahead ? dtmp : NULL, (size_t)(Tr * H)));
   bool d16; /* dtmp: d down [B, s_res, H], fp32 or bf16 */
   ML_TRY(out_grad(m, &L->mlp_out_norm, a->d, a->rstd_d, down, dx, ahead, dtmp, &d16));
   ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
@@ -584,36 +616,59 @@ static int mlp_backward(ml_model *m, ml_layer *L, float *dx, bool cast) {
    * attention_backward, next, reads it (its out_grad with ahead) */
   void *o16 = out_grad_bf16(&L->attn_out_norm, &L->o_proj) ? (void *)dtmp : NULL;
   return block_input_backward(m, mlp_first(L), &a->in_gu, dh, &L->mlp_norm, a->x_mid, a->rstd2,
-                              dx, o16);  // dx += d x_mid
+                              dx, o16, false);  // dx += d x_mid
 }
 
-// x: [B, s_res, H] in place (cast: saved in x_in rounded to bf16)
-int ml_layer_forward(ml_model *m, int l, float *x, bool cast) {
+/* An error unless the cast flags (model.h ml_layer_cast) of layer l's forward (backward: true)
+ * combine: at most one way the input is cast, and the backward's output cast into a layer
+ * below. */
+static int check_cast(const ml_model *m, int l, unsigned cast, bool backward) {
+  if ((cast & ML_CAST_IN) && (cast & ML_CAST_IN_FUSED))
+    return ml_err("decoder layer %d: cast flags %#x cast the input twice (ML_CAST_IN and "
+                  "ML_CAST_IN_FUSED); expected at most one",
+                  l, cast);
+  if (backward && (cast & ML_CAST_OUT) && l == 0)
+    return ml_err("decoder layer 0: ML_CAST_OUT in the backward, but no decoder layer is below "
+                  "it; expected it on layers 1 .. %lld only",
+                  (long long)m->cfg.n_layers - 1);
+  return 0;
+}
+
+// x: [B, s_res, H] in place, or under ML_CAST_OUT below the last layer into layer l + 1's x_in
+// (the input: x, or under ML_CAST_IN_FUSED the saved x_in)
+int ml_layer_forward(ml_model *m, int l, float *x, unsigned cast) {
   ml_layer *L = &m->layers[l];
   int64_t n = m->B * m->s_res * m->cfg.hidden;
-  if (cast) ML_TRY(ml_be_round_bf16_to(m->be, x, L->acts.x_in, NULL, (size_t)n));
-  else ML_TRY(copy_floats(m, L->acts.x_in, x, n));
+  ML_TRY(check_cast(m, l, cast, false));
+  float *out = NULL; /* ML_CAST_OUT: where the unit above reads its cast input */
+  if (cast & ML_CAST_OUT) out = l + 1 < m->cfg.n_layers ? m->layers[l + 1].acts.x_in : x;
+  if (cast & ML_CAST_IN) ML_TRY(ml_be_round_bf16_to(m->be, x, L->acts.x_in, NULL, (size_t)n));
+  else if (!(cast & ML_CAST_IN_FUSED)) ML_TRY(copy_floats(m, L->acts.x_in, x, n));
   ML_TRY(attention_forward(m, L, x));
-  return mlp_forward(m, L, x);
+  return mlp_forward(m, L, x, out);
 }
 
 /* Activation checkpointing: rerun the forward of what m->ac dropped into
  * the workspace, from the saved x_in (ML_AC_LAYER), x_mid (ML_AC_MLP) or
  * q, k, v (ML_AC_SELECTIVE), edges and their collectives included, as
- * torch.utils.checkpoint reruns the module; the output is discarded. */
+ * torch.utils.checkpoint reruns the module; the output is discarded: a->out
+ * in fp32, never another layer's x_in. The backward scratch's first
+ * [B, s_res, H] bf16 is not written: it may hold this layer's down_proj dy
+ * (ML_CAST_IN_FUSED). */
 static int recompute(ml_model *m, ml_layer *L) {
   ml_layer_acts *a = &L->acts;
-  if (m->ac == ML_AC_SELECTIVE) /* attn_saved; att into scratch, dropped */
-    ML_TRY(core_forward(m, L, m->scratch));
+  if (m->ac == ML_AC_SELECTIVE) /* attn_saved; att into the scratch's datt room, dropped */
+    ML_TRY(core_forward(m, L, scratch_datt(m)));
   if (m->ac == ML_AC_LAYER) ML_TRY(attention_forward(m, L, a->out));
-  if (m->ac == ML_AC_LAYER || m->ac == ML_AC_MLP) ML_TRY(mlp_forward(m, L, a->out));
+  if (m->ac == ML_AC_LAYER || m->ac == ML_AC_MLP) ML_TRY(mlp_forward(m, L, a->out, NULL));
   return 0;
 }
 
 // dx: [B, s_res, H] in place (mlp_backward's add leaves o_proj's bf16 dy for attention_backward)
-int ml_layer_backward(ml_model *m, int l, float *dx, bool cast) {
+int ml_layer_backward(ml_model *m, int l, float *dx, unsigned cast) {
   ml_layer *L = &m->layers[l];
+  ML_TRY(check_cast(m, l, cast, true));
   ML_TRY(recompute(m, L));
   ML_TRY(mlp_backward(m, L, dx, cast));
-  return attention_backward(m, L, dx);
+  return attention_backward(m, L, dx, (cast & ML_CAST_OUT) ? &m->layers[l - 1] : NULL);
 }

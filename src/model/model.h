@@ -677,27 +677,57 @@ int ml_embed_edge_forward(ml_model *m, float *x);
  * [B, S, c] in place. Errors: an edge that leaves another shape. */
 int ml_embed_edge_backward(ml_model *m, float *dx);
 
-/* Decoder layer l: x [B, s_res, H] residual stream in place; saves the
- * activations m->ac keeps. cast: the layer's input is x rounded to bf16
- * (FSDP2's cast_forward_inputs under param_dtype bf16, the caller's rule),
- * stored so into the saved x_in in the pass that saves it (x itself is then
- * overwritten unread). Errors: edges whose layouts do not compose
- * (attention fed a sequence shard, a residual of another extent), named by
- * module.
+/* The unit boundaries' bf16 casts around a decoder layer (FSDP2's
+ * cast_forward_inputs under MixedPrecisionPolicy param_dtype bf16: a unit's
+ * input, and the gradient a bf16 unit hands on, rounded to bf16 values in
+ * fp32 storage), as the caller's loop runs the layers (engine.h
+ * ml_engine_layer_cast; 0: none, the fp32 path). The cast between two
+ * layers is done once, by the add that produces the residual sum (its
+ * store rounded, ml_be_add_round_to) — ML_CAST_OUT on the layer the sum
+ * leaves, ML_CAST_IN_FUSED on the one it enters — and by the layer itself
+ * (ML_CAST_IN) where the unit before it is not a layer (the embedding, the
+ * head's backward). */
+enum ml_layer_cast {
+  /* the layer casts its input: forward, x rounded into the saved x_in;
+     backward, dx rounded in place (with down_proj's bf16 dy, where its
+     GEMMs read it so) */
+  ML_CAST_IN = 1,
+  /* the input arrives cast by the neighbour's ML_CAST_OUT: forward, in the
+     saved x_in (x is only room); backward, in dx, with down_proj's bf16 dy
+     in the first [B, s_res, H] bf16 of the backward scratch where its GEMMs
+     read it so (the rule of both: layer.c's boundary_dy_bf16) */
+  ML_CAST_IN_FUSED = 2,
+  /* the output goes to a unit that casts it, and the layer's last add
+     stores it so: forward, into layer l + 1's x_in (ML_CAST_IN_FUSED
+     there), or from the last layer into x (the head's input); backward,
+     into dx, with layer l − 1's down_proj bf16 dy (ML_CAST_IN_FUSED
+     there; l >= 1) */
+  ML_CAST_OUT = 4,
+};
+
+/* Decoder layer l: x [B, s_res, H] residual stream in place (under
+ * ML_CAST_OUT of a layer below the last: into layer l + 1's x_in, x left
+ * holding no value); saves the activations m->ac keeps. cast: the unit
+ * boundaries' casts (ml_layer_cast); x itself is overwritten unread after
+ * the input is saved in x_in. Errors: cast flags that do not combine (IN
+ * with IN_FUSED); edges whose layouts do not compose (attention fed a
+ * sequence shard, a residual of another extent), named by module.
  * x += attn_out_norm(o_proj(attention(rope(q_norm(q)), rope(k_norm(k)), v)))
  * on attn_norm(x), then x += mlp_out_norm(down(act(gate)·up)) on
  * mlp_norm(x); absent norms are the identity (HF *DecoderLayer.forward). */
-int ml_layer_forward(ml_model *m, int l, float *x, bool cast);
+int ml_layer_forward(ml_model *m, int l, float *x, unsigned cast);
 /* dx [B, s_res, H]: gradient of layer l's output in, of its input out; weight
  * grads accumulate (+=) into the layer's param->grad. First recomputes what
  * m->ac dropped (ml_ac_mode), running the forward edges it reruns: every
  * rank of a tp group must call it for the same layers in the same order.
- * cast: dx is first rounded to bf16 in place (the gradient a bf16 unit
- * hands on at the boundary: the caller's rule, as ml_layer_forward's cast),
- * after the recompute, in the pass that writes the bf16 dy down_proj's
- * backward reads. Errors: those of ml_layer_forward (from the recompute)
- * and of the backward edges. */
-int ml_layer_backward(ml_model *m, int l, float *dx, bool cast);
+ * cast: the unit boundaries' casts (ml_layer_cast): ML_CAST_IN rounds dx in
+ * place after the recompute, in the pass that writes the bf16 dy down_proj's
+ * backward reads; ML_CAST_OUT leaves dx rounded and layer l − 1's bf16 dy
+ * in the scratch, which the recompute of layer l − 1 does not write.
+ * Errors: cast flags that do not combine (IN with IN_FUSED, OUT on layer
+ * 0); those of ml_layer_forward (from the recompute) and of the backward
+ * edges. */
+int ml_layer_backward(ml_model *m, int l, float *dx, unsigned cast);
 
 /* Final norm on x [B, s_res, H] (saved), then lm_head's input edge, which
  * must leave whole sequences (the loss scores every token). */

@@ -1,7 +1,10 @@
-/* Activation checkpointing: `mpiexec -n N test_ac FIXTURE TP [sp] [cp=C]`.
+/* Activation checkpointing: `mpiexec -n N test_ac FIXTURE TP [sp] [cp=C] [bf16]`.
  * One step (zero_grad + forward_backward) of the fixture on the mesh
  * dp_shard = N / (C·TP) × cp = C × tp = TP (sequence-parallel with `sp`,
- * context-parallel with cp = C) under each
+ * context-parallel with cp = C; param_dtype bf16 with `bf16`, where the
+ * layer above's residual add leaves a layer's gradient cast with its
+ * down_proj bf16 dy in the backward scratch, which that layer's recompute
+ * must not write: model.h ml_layer_cast) under each
  * ml_ac_mode must give the loss and every gradient of ML_AC_NONE bit for
  * bit: a recompute repeats the same kernels on the same inputs. The tp
  * group's collectives show the recompute: a rerun block (ML_AC_MLP: the
@@ -35,7 +38,7 @@
 
 static const char *g_fixture;
 static int g_tp, g_cp = 1;
-static bool g_sp;
+static bool g_sp, g_bf16;
 
 static const char *const mode_names[] = {"none", "mlp", "layer", "selective"};
 
@@ -76,6 +79,7 @@ static void run_mode(ml_ac_mode ac, result *out) {
   ml_engine_opts opts = ml_engine_opts_default();
   opts.sequence_parallel = g_sp;
   opts.ac = ac;
+  if (g_bf16) opts.fsdp.param_dtype = ML_BF16;
   static run r;
   run_open_mesh(&r, MPI_COMM_WORLD, 1, g_cp, g_tp, &opts, fx.dir, NULL, NULL);
   int dp = ml_mesh_comm(&r.mesh, ML_GROUP_DP)->size;
@@ -229,11 +233,12 @@ int main(int argc, char **argv) {
   bool ok = argc >= 3;
   for (int i = 3; ok && i < argc; i++) {
     if (!strcmp(argv[i], "sp")) g_sp = true;
+    else if (!strcmp(argv[i], "bf16")) g_bf16 = true;
     else if (!strncmp(argv[i], "cp=", 3) && atoi(argv[i] + 3) >= 1) g_cp = atoi(argv[i] + 3);
     else ok = false;
   }
   if (!ok) {
-    fprintf(stderr, "usage: test_ac FIXTURE TP [sp] [cp=C]\n");
+    fprintf(stderr, "usage: test_ac FIXTURE TP [sp] [cp=C] [bf16]\n");
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   g_fixture = argv[1];

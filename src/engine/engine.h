@@ -211,7 +211,9 @@ typedef struct ml_engine_batch {
  * head) and downward from the last to e->bwd_first in the backward (the
  * head's gradient cast by the last layer, each layer's input gradient by
  * its residual add for the layer below, none below e->bwd_first: the
- * embedding's backward reads it unrounded). */
+ * embedding's backward reads it unrounded). ml_engine_layer_cast: the
+ * flags of layer l's forward (backward: of its backward) in those loops;
+ * 0 (no cast) unless ml_engine_casts_units. */
 bool ml_engine_casts_units(const ml_engine *e);
 unsigned ml_engine_layer_cast(const ml_engine *e, int l, bool backward);
 

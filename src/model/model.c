@@ -435,7 +435,8 @@ static bool bf16_only(const ml_linear *lin) {
 }
 
 bool ml_model_bf16_att(const ml_model *m) {
-  if (!m->bf16_params || m->attn_core.fwd || m->cfg.n_layers < 1 || !m->layers || !m->be ||
+  if (!m->bf16_params || (m->attn_core.fwd && !m->attn_core.bf16_out) || m->cfg.n_layers < 1 ||
+      !m->layers || !m->be ||
       !ml_be_supports(m->be, ML_OP_ATTENTION_BLOCK)) /* a bf16 out is a block call's */
     return false;
   for (int l = 0; l < m->cfg.n_layers; l++) {
@@ -470,7 +471,8 @@ bool ml_model_bf16_mlp(const ml_model *m) {
 }
 
 bool ml_model_bf16_qkv(const ml_model *m) {
-  if (!ml_model_bf16_att(m)) return false; /* block attention, no core, bf16 compute */
+  /* block attention (no core, or one taking a bf16 out), bf16 compute */
+  if (!ml_model_bf16_att(m) || (m->attn_core.fwd && !m->attn_core.bf16_qkv)) return false;
   for (int l = 0; l < m->cfg.n_layers; l++) {
     const ml_layer *L = &m->layers[l];
     const ml_linear *lin[] = {&L->q_proj, &L->k_proj, &L->v_proj};

@@ -344,8 +344,9 @@ typedef struct ml_attn_core {
    * bf16_qkv: bf16 q, k, v (ml_attn_call.qkv_bf16); bf16_out: a bf16 out
    * (ml_attn_call.out_bf16), written by fwd and read by bwd. A core that
    * does not declare one gets that buffer in fp32 (ml_model_bf16_qkv,
-   * ml_model_bf16_att): context parallelism's ring merges fp32 outs, the KV
-   * cache keeps its own copies. */
+   * ml_model_bf16_att): context parallelism's ring takes bf16 q, k, v (its
+   * K/V passes then carry bf16) but merges fp32 outs, the KV cache's core
+   * declares neither. */
   bool bf16_qkv, bf16_out;
 } ml_attn_core;
 
@@ -638,10 +639,11 @@ bool ml_model_bf16_mlp(const ml_model *m);
  * backward), and attention reads them in place, forward and backward
  * (ml_attn_block.qkv_bf16; dq, dk, dv stay fp32): results bitwise those of
  * rounding per call, q, k, v in half the memory. True under
- * ml_model_bf16_att (block attention on the backend's kernels: no core,
- * or one that takes a bf16 out) under no core or one that declares
- * ml_attn_core.bf16_qkv (the varlen core; context parallelism and the KV
- * cache read fp32 q, k, v) when in every layer q_proj, k_proj and v_proj are bf16 (not
+ * ml_model_bf16_att's rule but for its core's part (block attention on
+ * the backend's kernels in bf16 compute, o_proj as it says) under no core
+ * or one that declares ml_attn_core.bf16_qkv (the varlen core, context
+ * parallelism's ring, which takes them without a bf16 out; the KV cache's
+ * core reads fp32 q, k, v) when in every layer q_proj, k_proj and v_proj are bf16 (not
  * ml_param.fp32), not computed whole and have no output edge hooks (a tp
  * or sp redistribute of the fp32 views: there the feature is off). */
 bool ml_model_bf16_qkv(const ml_model *m);

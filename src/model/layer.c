@@ -282,7 +282,8 @@ static ml_attn_call core_call(const ml_model *m, const ml_layer *L) {
                         .nh = a->qv.c / hd, .nkv = a->kv.c / hd, .hd = hd,
                         .group = group_of(m), .head_off = m->attn_head_off,
                         .scale = attn_scale(m), .window = L->window,
-                        .compute = attn_compute(L), .layer = L - m->layers};
+                        .compute = attn_compute(L), .layer = L - m->layers,
+                        .qkv_bf16 = m->bf16_qkv, .out_bf16 = m->bf16_att};
 }
 
 /* Whether c's heads group as the whole-sequence attention calls assume
@@ -301,21 +302,27 @@ static ml_attn_block whole_block(const ml_attn_call *c) {
 }
 
 /* Whether c runs as one block of block attention: heads that do not group
- * plainly, or a bf16 output (m->bf16_att: ml_attn_block.out_bf16, which the
- * whole-sequence calls lack; on every backend the block call on the whole
- * sequences computes what the whole-sequence call does). */
-static bool as_block(const ml_model *m, const ml_attn_call *c) {
-  return m->bf16_att || !plain_groups(c);
+ * plainly, or a bf16 output or bf16 q, k, v (ml_attn_block.out_bf16,
+ * .qkv_bf16, which the whole-sequence calls lack; on every backend the block
+ * call on the whole sequences computes what the whole-sequence call does). */
+static bool as_block(const ml_attn_call *c) {
+  return c->out_bf16 || c->qkv_bf16 || !plain_groups(c);
 }
 
 /* An error unless the activations' layout holds for the attention core in
- * place: a bf16 att was laid out for the backend's attention, not a core's. */
+ * place: a bf16 att, or bf16 q, k, v, were laid out for the backend's
+ * attention or a core that takes them (ml_attn_core.bf16_out, .bf16_qkv). */
 static int check_core(const ml_model *m, const ml_layer *L) {
-  if (!m->bf16_att || !m->attn_core.fwd) return 0;
-  return ml_err("%s: the activations were laid out for a bf16 attention output without an "
-                "attention core, but a core (context parallelism, packing, a KV cache) is set "
-                "now; expected ml_model_begin after setting ml_model.attn_core",
-                L->o_proj.weight->name);
+  const ml_attn_core *k = &m->attn_core;
+  if (!k->fwd) return 0;
+  const char *what = m->bf16_att && !k->bf16_out   ? "a bf16 attention output"
+                     : m->bf16_qkv && !k->bf16_qkv ? "bf16 q, k, v"
+                                                   : NULL;
+  if (!what) return 0;
+  return ml_err("%s: the activations were laid out for %s, which the attention core set now "
+                "(context parallelism, packing, a KV cache) does not take; expected "
+                "ml_model_begin after setting ml_model.attn_core",
+                L->o_proj.weight->name, what);
 }
 
 // q, k: [B, S, nh|nkv, hd] after RoPE, v: [B, S, nkv, hd] → att: [B, S, nh·hd] (bf16 under
@@ -324,10 +331,10 @@ static int core_forward(ml_model *m, const ml_layer *L, float *att) {
   ml_attn_call c = core_call(m, L);
   ML_TRY(check_core(m, L));
   if (m->attn_core.fwd) return m->attn_core.fwd(m->attn_core.ctx, &c, att, L->acts.attn_saved);
-  if (as_block(m, &c)) {
+  if (as_block(&c)) {
     ml_attn_block blk = whole_block(&c);
-    blk.out_bf16 = m->bf16_att;
-    blk.qkv_bf16 = m->bf16_qkv; /* q, k, v read as saved */
+    blk.out_bf16 = c.out_bf16;
+    blk.qkv_bf16 = c.qkv_bf16; /* q, k, v read as saved */
     return ml_be_attention_block_fwd(m->be, &blk, c.q, c.k, c.v, att, L->acts.attn_saved, false,
                                      c.compute);
   }
@@ -343,10 +350,10 @@ static int core_backward(ml_model *m, const ml_layer *L, const float *datt, floa
   ML_TRY(check_core(m, L));
   if (m->attn_core.bwd)
     return m->attn_core.bwd(m->attn_core.ctx, &c, datt, a->att, a->attn_saved, dq, dk, dv);
-  if (as_block(m, &c)) { /* the block backward adds into dq, dk, dv */
+  if (as_block(&c)) { /* the block backward adds into dq, dk, dv */
     ml_attn_block blk = whole_block(&c);
-    blk.out_bf16 = m->bf16_att; /* D reads the bf16 att */
-    blk.qkv_bf16 = m->bf16_qkv;
+    blk.out_bf16 = c.out_bf16; /* D reads the bf16 att */
+    blk.qkv_bf16 = c.qkv_bf16;
     size_t nq = sizeof(float) * (size_t)(c.B * c.S * c.nh * c.hd),
            nk = sizeof(float) * (size_t)(c.B * c.S * c.nkv * c.hd);
     ML_TRY(ml_be_zero(m->be, dq, nq));

@@ -434,8 +434,9 @@ static bool bf16_only(const ml_linear *lin) {
   return !lin->weight->fp32 && !(lin->lora_drop && lin->lora_drop->p > 0) && !lin->whole.cols;
 }
 
-bool ml_model_bf16_att(const ml_model *m) {
-  if (!m->bf16_params || m->attn_core.fwd || m->cfg.n_layers < 1 || !m->layers || !m->be ||
+/* ml_model_bf16_att's rule but for the attention core's part. */
+static bool bf16_att_but_core(const ml_model *m) {
+  if (!m->bf16_params || m->cfg.n_layers < 1 || !m->layers || !m->be ||
       !ml_be_supports(m->be, ML_OP_ATTENTION_BLOCK)) /* a bf16 out is a block call's */
     return false;
   for (int l = 0; l < m->cfg.n_layers; l++) {
@@ -444,6 +445,10 @@ bool ml_model_bf16_att(const ml_model *m) {
     if (!bf16_only(&L->q_proj) || !bf16_only(&L->o_proj) || L->o_proj.in.fwd.fn) return false;
   }
   return true;
+}
+
+bool ml_model_bf16_att(const ml_model *m) {
+  return (!m->attn_core.fwd || m->attn_core.bf16_out) && bf16_att_but_core(m);
 }
 
 bool ml_model_bf16_inputs(const ml_model *m) {
@@ -470,7 +475,9 @@ bool ml_model_bf16_mlp(const ml_model *m) {
 }
 
 bool ml_model_bf16_qkv(const ml_model *m) {
-  if (!ml_model_bf16_att(m)) return false; /* block attention, no core, bf16 compute */
+  /* block attention in bf16 compute, as ml_model_bf16_att has it, under no core or one taking
+   * bf16 q, k, v (whether or not it takes a bf16 out: context parallelism's ring) */
+  if (!bf16_att_but_core(m) || (m->attn_core.fwd && !m->attn_core.bf16_qkv)) return false;
   for (int l = 0; l < m->cfg.n_layers; l++) {
     const ml_layer *L = &m->layers[l];
     const ml_linear *lin[] = {&L->q_proj, &L->k_proj, &L->v_proj};

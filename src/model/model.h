@@ -316,6 +316,14 @@ typedef struct ml_attn_call {
   ml_dtype compute;
   int64_t layer; /* the decoder layer the call serves (0 .. n_layers − 1), for a core
                     that keeps per-layer state (engine/generate.c: its KV cache) */
+  /* q, k, v are bf16 (they point at uint16_t, the same layouts): the
+   * model keeps them so (ml_model.bf16_qkv); only for a core that declares
+   * ml_attn_core.bf16_qkv, which reads them as ml_attn_block.qkv_bf16 does. */
+  bool qkv_bf16;
+  /* out is bf16 (uint16_t, the same layout), written and, backward, read
+   * as ml_attn_block.out_bf16 (ml_model.bf16_att); only for a core that
+   * declares ml_attn_core.bf16_out. The saved floats stay fp32. */
+  bool out_bf16;
 } ml_attn_call;
 
 /* The attention core, replaceable from outside as torch's context_parallel
@@ -331,6 +339,15 @@ typedef struct ml_attn_core {
   int (*bwd)(void *ctx, const ml_attn_call *c, const float *dout, const float *out,
              const float *saved, float *dq, float *dk, float *dv);
   void *ctx;
+  /* What the core takes beyond fp32 (model/varlen.h's blocks do, as
+   * torch.autocast's SDPA reads bf16 q, k, v and writes a bf16 output):
+   * bf16_qkv: bf16 q, k, v (ml_attn_call.qkv_bf16); bf16_out: a bf16 out
+   * (ml_attn_call.out_bf16), written by fwd and read by bwd. A core that
+   * does not declare one gets that buffer in fp32 (ml_model_bf16_qkv,
+   * ml_model_bf16_att): context parallelism's ring takes bf16 q, k, v (its
+   * K/V passes then carry bf16) but merges fp32 outs, the KV cache's core
+   * declares neither. */
+  bool bf16_qkv, bf16_out;
 } ml_attn_core;
 
 typedef enum {
@@ -586,9 +603,9 @@ bool ml_model_bf16_inputs(const ml_model *m);
  * torch autocast keeps SDPA's bf16 output for o_proj's backward: q_proj
  * (attention's compute dtype, layer.c) and o_proj gathered as bf16 with no
  * LoRA dropout and not computed whole (as ml_model_bf16_inputs), no
- * attention core (m->attn_core: context parallelism's ring merges fp32
- * outs across blocks, the varlen and KV-cache cores write fp32) and no
- * forward hook on o_proj's input edge (a tp redistribute of the fp32 view:
+ * attention core or one that declares ml_attn_core.bf16_out (packed
+ * documents' varlen core does; context parallelism's ring merges fp32
+ * outs across blocks, the KV cache's core writes fp32) and no forward hook on o_proj's input edge (a tp redistribute of the fp32 view:
  * there the feature is off). Then the attention kernel writes its output
  * rounded to bf16 in its final store (ml_attn_block.out_bf16): o_proj's
  * forward and dW GEMMs read the same bf16 values as before (bitwise), and
@@ -622,9 +639,11 @@ bool ml_model_bf16_mlp(const ml_model *m);
  * backward), and attention reads them in place, forward and backward
  * (ml_attn_block.qkv_bf16; dq, dk, dv stay fp32): results bitwise those of
  * rounding per call, q, k, v in half the memory. True under
- * ml_model_bf16_att (block attention on the backend's kernels, no
- * attention core: context parallelism, packing and the KV cache read fp32
- * q, k, v) when in every layer q_proj, k_proj and v_proj are bf16 (not
+ * ml_model_bf16_att's rule but for its core's part (block attention on
+ * the backend's kernels in bf16 compute, o_proj as it says) under no core
+ * or one that declares ml_attn_core.bf16_qkv (the varlen core, context
+ * parallelism's ring, which takes them without a bf16 out; the KV cache's
+ * core reads fp32 q, k, v) when in every layer q_proj, k_proj and v_proj are bf16 (not
  * ml_param.fp32), not computed whole and have no output edge hooks (a tp
  * or sp redistribute of the fp32 views: there the feature is off). */
 bool ml_model_bf16_qkv(const ml_model *m);

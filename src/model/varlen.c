@@ -50,7 +50,17 @@ static ml_attn_block run_block(const ml_attn_call *c, int64_t n) {
   return (ml_attn_block){.B = 1, .sq = n, .sk = n, .nh = c->nh, .nkv = c->nkv, .hd = c->hd,
                          .q_bs = n * c->nh * c->hd, .k_bs = n * c->nkv * c->hd,
                          .l_bs = n * c->nh, .scale = c->scale, .window = c->window,
-                         .group = c->group, .head_off = c->head_off};
+                         .group = c->group, .head_off = c->head_off,
+                         .out_bf16 = c->out_bf16, .qkv_bf16 = c->qkv_bf16};
+}
+
+/* p advanced by i elements: bf16 (2 bytes) or fp32. The backend's block
+ * calls take float pointers; under out_bf16 / qkv_bf16 they point at bf16. */
+static const float *at(const float *p, int64_t i, bool bf16) {
+  return (const float *)((const char *)p + i * (bf16 ? 2 : 4));
+}
+static float *at_out(float *p, int64_t i, bool bf16) {
+  return (float *)((char *)p + i * (bf16 ? 2 : 4));
 }
 
 static int begin(const ml_varlen *v, const ml_attn_call *c) {
@@ -72,8 +82,9 @@ static int fwd_padding(const ml_varlen *v, const ml_attn_call *c, int64_t t0, in
   blk.sk = 1;
   blk.k_pos = n;
   int64_t qo = t0 * c->nh * c->hd;
-  return ml_be_attention_block_fwd(v->be, &blk, c->q + qo, c->k, c->v, out + qo,
-                                   lse + t0 * c->nh, false, c->compute);
+  return ml_be_attention_block_fwd(v->be, &blk, at(c->q, qo, c->qkv_bf16), c->k, c->v,
+                                   at_out(out, qo, c->out_bf16), lse + t0 * c->nh, false,
+                                   c->compute);
 }
 
 static int64_t varlen_saved(void *ctx, int64_t B, int64_t S, int64_t nh) {
@@ -90,9 +101,10 @@ static int varlen_fwd(void *ctx, const ml_attn_call *c, float *out, float *lse) 
     end = v->cu[d + 1];
     if (n > 0) {
       ml_attn_block blk = run_block(c, n);
-      ML_TRY(ml_be_attention_block_fwd(v->be, &blk, c->q + t0 * qr, c->k + t0 * kr,
-                                       c->v + t0 * kr, out + t0 * qr, lse + t0 * c->nh, false,
-                                       c->compute));
+      bool b = c->qkv_bf16;
+      ML_TRY(ml_be_attention_block_fwd(v->be, &blk, at(c->q, t0 * qr, b), at(c->k, t0 * kr, b),
+                                       at(c->v, t0 * kr, b), at_out(out, t0 * qr, c->out_bf16),
+                                       lse + t0 * c->nh, false, c->compute));
     }
     ML_TRY(fwd_padding(v, c, t0 + n, end - t0 - n, out, lse));
   }
@@ -133,15 +145,17 @@ static int varlen_bwd(void *ctx, const ml_attn_call *c, const float *dout, const
     int64_t t0 = v->cu[d], n = doc_len(v, d), qo = t0 * qr, ko = t0 * kr;
     if (n == 0) continue;
     ml_attn_block blk = run_block(c, n);
-    ML_TRY(ml_be_attention_block_bwd(v->be, &blk, dout + qo, c->q + qo, c->k + ko, c->v + ko,
-                                     out + qo, lse + t0 * c->nh, dq + qo, dk + ko, dv + ko,
-                                     c->compute, v->work));
+    bool b = c->qkv_bf16;
+    ML_TRY(ml_be_attention_block_bwd(v->be, &blk, dout + qo, at(c->q, qo, b), at(c->k, ko, b),
+                                     at(c->v, ko, b), at(out, qo, c->out_bf16), lse + t0 * c->nh,
+                                     dq + qo, dk + ko, dv + ko, c->compute, v->work));
   }
   return 0;
 }
 
 ml_attn_core ml_varlen_core(ml_varlen *v) {
-  return (ml_attn_core){.saved = varlen_saved, .fwd = varlen_fwd, .bwd = varlen_bwd, .ctx = v};
+  return (ml_attn_core){.saved = varlen_saved, .fwd = varlen_fwd, .bwd = varlen_bwd, .ctx = v,
+                        .bf16_qkv = true, .bf16_out = true};
 }
 
 void ml_varlen_destroy(ml_varlen *v) {

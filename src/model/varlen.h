@@ -58,8 +58,14 @@ int ml_varlen_check(const ml_varlen *v, int64_t B, int64_t S);
  *    attends to nothing: out 0, lse −inf;
  *  bwd: dq [B, S, nh, hd], dk, dv [B, S, nkv, hd] (=), 0 outside the
  *    documents.
- * The call's group, head_off, scale, window and compute go to every block.
- * Errors: ml_varlen_check's, a backend without block attention (the
+ * The call's group, head_off, scale, window and compute go to every block,
+ * and so do its qkv_bf16 and out_bf16 (the core declares bf16_qkv and
+ * bf16_out: q, k, v and out then hold bf16 elements at the same offsets,
+ * read and written exactly as ml_attn_block.qkv_bf16 / .out_bf16 do; lse,
+ * dout, dq, dk, dv stay fp32), so under bf16 weights packed documents keep
+ * the bf16 q, k, v and attention output of the unpacked run (model.h
+ * ml_model_bf16_qkv, ml_model_bf16_att), every document's values bitwise
+ * those of its block alone. Errors: ml_varlen_check's, a backend without block attention (the
  * message says to run one sequence per micro-batch), the backend's. */
 ml_attn_core ml_varlen_core(ml_varlen *v);
 

@@ -25,7 +25,7 @@ static bool visible(int64_t i, int64_t j, int64_t c, int64_t window) {
  * (global kj) of a rank's K/V, on the [B, s = 2c, heads, hd] layouts. */
 typedef struct ring_block {
   ml_attn_block blk;
-  int64_t q_off, k_off, l_off; /* floats into q/out/dout/dq, k/v/dk/dv, lse */
+  int64_t q_off, k_off, l_off; /* elements into q/out/dout/dq, k/v/dk/dv, lse */
 } ring_block;
 
 static ring_block block_of(const ml_cp *cp, const ml_attn_call *c, int a, int b, int src) {
@@ -35,11 +35,25 @@ static ring_block block_of(const ml_cp *cp, const ml_attn_call *c, int a, int b,
                           .hd = c->hd, .q_pos = chunk_of(cp->size, cp->rank, a) * ch,
                           .k_pos = chunk_of(cp->size, src, b) * ch, .q_bs = s * c->nh * c->hd,
                           .k_bs = s * c->nkv * c->hd, .l_bs = s * c->nh, .scale = c->scale,
-                          .window = c->window, .group = c->group, .head_off = c->head_off};
+                          .window = c->window, .group = c->group, .head_off = c->head_off,
+                          .qkv_bf16 = c->qkv_bf16};
   r.q_off = a * ch * c->nh * c->hd;
   r.k_off = b * ch * c->nkv * c->hd;
   r.l_off = a * ch * c->nh;
   return r;
+}
+
+/* Bytes of an element of the call's q, k, v and of the K/V the ring carries:
+ * bf16 under ml_attn_call.qkv_bf16 (the core declares bf16_qkv), else fp32. */
+static size_t qkv_size(const ml_attn_call *c) { return c->qkv_bf16 ? 2 : sizeof(float); }
+
+/* p (q, k, v or K/V in hand) advanced by i elements; the block calls take
+ * float pointers, which under qkv_bf16 point at bf16. */
+static const float *qkv_at(const ml_attn_call *c, const void *p, int64_t i) {
+  return (const float *)((const char *)p + (size_t)i * qkv_size(c));
+}
+static float *qkv_at_w(const ml_attn_call *c, void *p, int64_t i) {
+  return (float *)((char *)p + (size_t)i * qkv_size(c));
 }
 
 /* The (query chunk, key chunk) pairs of one ring step, in the order the
@@ -61,8 +75,9 @@ static int step_fwd(const ml_cp *cp, const ml_attn_call *c, int src, const float
     if (!pair_visible(cp, c, a, b, src)) continue;
     ring_block r = block_of(cp, c, a, b, src);
     bool first = src == cp->rank && a == b; /* the diagonal: fresh softmax */
-    ML_TRY(ml_be_attention_block_fwd(cp->be, &r.blk, c->q + r.q_off, k + r.k_off, v + r.k_off,
-                                     out + r.q_off, lse + r.l_off, !first, c->compute));
+    ML_TRY(ml_be_attention_block_fwd(cp->be, &r.blk, qkv_at(c, c->q, r.q_off),
+                                     qkv_at(c, k, r.k_off), qkv_at(c, v, r.k_off), out + r.q_off,
+                                     lse + r.l_off, !first, c->compute));
   }
   return 0;
 }
@@ -75,24 +90,24 @@ static int step_bwd(const ml_cp *cp, const ml_attn_call *c, int src, const float
     int a = k_pairs[p][0], b = k_pairs[p][1];
     if (!pair_visible(cp, c, a, b, src)) continue;
     ring_block r = block_of(cp, c, a, b, src);
-    ML_TRY(ml_be_attention_block_bwd(cp->be, &r.blk, dout + r.q_off, c->q + r.q_off,
-                                     k + r.k_off, v + r.k_off, out + r.q_off, lse + r.l_off,
-                                     dq + r.q_off, dk + r.k_off, dv + r.k_off, c->compute,
-                                     work));
+    ML_TRY(ml_be_attention_block_bwd(cp->be, &r.blk, dout + r.q_off, qkv_at(c, c->q, r.q_off),
+                                     qkv_at(c, k, r.k_off), qkv_at(c, v, r.k_off), out + r.q_off,
+                                     lse + r.l_off, dq + r.q_off, dk + r.k_off, dv + r.k_off,
+                                     c->compute, work));
   }
   return 0;
 }
 
-/* Floats of one rank's K (or V): [B, s, nkv, hd]. */
+/* Elements of one rank's K (or V): [B, s, nkv, hd]. */
 static int64_t kv_floats(const ml_attn_call *c) { return c->B * c->S * c->nkv * c->hd; }
 
 static int64_t ring_saved(void *ctx, int64_t B, int64_t S, int64_t nh) {
   return ml_mul_sat(ml_mul_sat(B, S), nh); /* lse [B, s, nh] */
 }
 
-static float *ring_alloc(ml_cp *cp, int64_t floats, const char *what) {
-  return ml_be_alloc(cp->be, floats, sizeof(float), "the ring attention's %s (%lld floats)", what,
-                     (long long)floats);
+static void *ring_alloc(ml_cp *cp, int64_t n, size_t size, const char *what) {
+  return ml_be_alloc(cp->be, n, size, "the ring attention's %s (%lld elements of %zu bytes)",
+                     what, (long long)n, size);
 }
 
 /* Finish a pass whatever happened before: buffers are freed after it. */
@@ -103,17 +118,18 @@ static int finish(ml_cp *cp, ml_request *req, int rc) {
 
 /* Fixed order (cp->fixed): rank src's K/V chunks in hand ([k | v], each
  * [B, s = 2c, nkv, hd]) copied to their global places in the whole
- * sequence's K/V `full` ([k | v], each [B, S', nkv, hd]). */
-static int place_kv(const ml_cp *cp, const ml_attn_call *c, int src, const float *hand,
-                    float *full) {
+ * sequence's K/V `full` ([k | v], each [B, S', nkv, hd]; elements of
+ * qkv_size). */
+static int place_kv(const ml_cp *cp, const ml_attn_call *c, int src, const void *hand,
+                    void *full) {
   int64_t ch = cp->chunk, row = c->nkv * c->hd, n = kv_floats(c), nf = c->B * cp->S_pad * row;
-  size_t nb = sizeof(float) * (size_t)(ch * row);
+  size_t nb = qkv_size(c) * (size_t)(ch * row);
   for (int kv = 0; kv < 2; kv++)
     for (int64_t b = 0; b < c->B; b++)
       for (int a = 0; a < 2; a++)
-        ML_TRY(ml_be_copy(cp->be,
-                          full + kv * nf + (b * cp->S_pad + chunk_of(cp->size, src, a) * ch) * row,
-                          hand + kv * n + (b * 2 * ch + a * ch) * row, nb, ML_COPY_D2D));
+        ML_TRY(ml_be_copy(
+            cp->be, qkv_at_w(c, full, kv * nf + (b * cp->S_pad + chunk_of(cp->size, src, a) * ch) * row),
+            qkv_at(c, hand, kv * n + (b * 2 * ch + a * ch) * row), nb, ML_COPY_D2D));
   return 0;
 }
 
@@ -122,7 +138,7 @@ static int place_kv(const ml_cp *cp, const ml_attn_call *c, int src, const float
  * batch-invariant forward computes bitwise as one rank's whole-sequence
  * call does (k_attn_block.fixed_order: key tiles at global positions), so
  * the log-probs do not depend on cp. */
-static int fixed_fwd(const ml_cp *cp, const ml_attn_call *c, const float *full, float *out,
+static int fixed_fwd(const ml_cp *cp, const ml_attn_call *c, const void *full, float *out,
                      float *lse) {
   int64_t ch = cp->chunk, nf = c->B * cp->S_pad * c->nkv * c->hd;
   for (int a = 0; a < 2; a++) {
@@ -130,32 +146,36 @@ static int fixed_fwd(const ml_cp *cp, const ml_attn_call *c, const float *full, 
     r.blk.k_pos = 0;
     r.blk.sk = r.blk.q_pos + ch; /* causal: no key after the chunk's last query */
     r.blk.k_bs = cp->S_pad * c->nkv * c->hd;
-    ML_TRY(ml_be_attention_block_fwd(cp->be, &r.blk, c->q + r.q_off, full, full + nf,
-                                     out + r.q_off, lse + r.l_off, false, c->compute));
+    ML_TRY(ml_be_attention_block_fwd(cp->be, &r.blk, qkv_at(c, c->q, r.q_off), qkv_at(c, full, 0),
+                                     qkv_at(c, full, nf), out + r.q_off, lse + r.l_off, false,
+                                     c->compute));
   }
   return 0;
 }
 
-// q [B, s, nh, hd], k, v [B, s, nkv, hd] → out [B, s, nh·hd], lse [B, s, nh]
+/* The wire type of the K/V the ring carries (qkv_size). */
+static ml_elem kv_elem(const ml_attn_call *c) { return c->qkv_bf16 ? ML_ELEM_BF16 : ML_ELEM_F32; }
+
+// q [B, s, nh, hd], k, v [B, s, nkv, hd] (bf16 under c->qkv_bf16) → out [B, s, nh·hd], lse [B, s, nh]
 static int ring_fwd(void *ctx, const ml_attn_call *c, float *out, float *lse) {
   ml_cp *cp = ctx;
   int64_t n = kv_floats(c), nf = 2 * c->B * cp->S_pad * c->nkv * c->hd;
-  size_t nb = sizeof(float) * (size_t)n;
+  size_t nb = qkv_size(c) * (size_t)n;
   /* [k | v] of the rank in hand, and the next; fixed order: the whole
-     sequence's [k | v] after them */
-  float *buf = ring_alloc(cp, 4 * n + (cp->fixed ? nf : 0), "K/V buffers");
+     sequence's [k | v] after them (each in the dtype of the call's k, v) */
+  void *buf = ring_alloc(cp, 4 * n + (cp->fixed ? nf : 0), qkv_size(c), "K/V buffers");
   if (!buf) return -1;
-  float *kv[2] = {buf, buf + 2 * n}, *full = buf + 4 * n;
+  float *kv[2] = {qkv_at_w(c, buf, 0), qkv_at_w(c, buf, 2 * n)}, *full = qkv_at_w(c, buf, 4 * n);
   int rc = ml_be_copy(cp->be, kv[0], c->k, nb, ML_COPY_D2D);
-  if (!rc) rc = ml_be_copy(cp->be, kv[0] + n, c->v, nb, ML_COPY_D2D);
+  if (!rc) rc = ml_be_copy(cp->be, qkv_at_w(c, kv[0], n), c->v, nb, ML_COPY_D2D);
   for (int t = 0; rc == 0 && t < cp->size; t++) {
     ml_request req = {0};
     const float *hand = kv[t % 2];
     if (t + 1 < cp->size) /* the next rank's K/V arrive while this block computes */
-      rc = ml_iring_pass(cp->comm, hand, kv[(t + 1) % 2], 2 * (size_t)n, ML_ELEM_F32, &req);
+      rc = ml_iring_pass(cp->comm, hand, kv[(t + 1) % 2], 2 * (size_t)n, kv_elem(c), &req);
     int src = (cp->rank - t + cp->size) % cp->size;
     if (!rc) rc = cp->fixed ? place_kv(cp, c, src, hand, full)
-                            : step_fwd(cp, c, src, hand, hand + n, out, lse);
+                            : step_fwd(cp, c, src, hand, qkv_at(c, hand, n), out, lse);
     rc = finish(cp, &req, rc);
   }
   if (!rc && cp->fixed) rc = fixed_fwd(cp, c, full, out, lse);
@@ -168,11 +188,13 @@ static int ring_bwd(void *ctx, const ml_attn_call *c, const float *dout, const f
                     const float *lse, float *dq, float *dk, float *dv) {
   ml_cp *cp = ctx;
   int64_t n = kv_floats(c);
-  size_t nb = sizeof(float) * (size_t)n;
+  size_t nb = sizeof(float) * (size_t)n, kb = qkv_size(c) * (size_t)n;
   ML_TRY(ml_be_zero(cp->be, dq, sizeof(float) * (size_t)(c->B * c->S * c->nh * c->hd)));
-  /* K/V in hand and next; the dK/dV accumulator in hand and arriving; this
-   * rank's contribution to the accumulator in hand */
-  float *buf = ring_alloc(cp, 10 * n, "K/V and dK/dV buffers");
+  /* the dK/dV accumulator (fp32) in hand and arriving; this rank's
+   * contribution to the accumulator in hand; K/V (the call's dtype) in hand
+   * and next: 6n floats + 4n elements of qkv_size */
+  float *buf = ring_alloc(cp, 6 * n + (int64_t)qkv_size(c) * n, sizeof(float),
+                          "K/V and dK/dV buffers");
   if (!buf) return -1;
   ring_block r0 = block_of(cp, c, 0, 0, cp->rank); /* every block has this size */
   size_t wb = ml_be_attention_block_work(cp->be, &r0.blk);
@@ -182,9 +204,10 @@ static int ring_bwd(void *ctx, const ml_attn_call *c, const float *dout, const f
     ml_be_free(cp->be, buf);
     return -1;
   }
-  float *kv[2] = {buf, buf + 2 * n}, *acc[2] = {buf + 4 * n, buf + 6 * n}, *mine = buf + 8 * n;
-  int rc = ml_be_copy(cp->be, kv[0], c->k, nb, ML_COPY_D2D);
-  if (!rc) rc = ml_be_copy(cp->be, kv[0] + n, c->v, nb, ML_COPY_D2D);
+  float *acc[2] = {buf, buf + 2 * n}, *mine = buf + 4 * n;
+  float *kv[2] = {buf + 6 * n, qkv_at_w(c, buf + 6 * n, 2 * n)};
+  int rc = ml_be_copy(cp->be, kv[0], c->k, kb, ML_COPY_D2D);
+  if (!rc) rc = ml_be_copy(cp->be, qkv_at_w(c, kv[0], n), c->v, kb, ML_COPY_D2D);
   if (!rc) rc = ml_be_zero(cp->be, acc[0], 2 * nb);
   ml_request dreq = {0}; /* the accumulator's pass, one step behind its K/V */
   for (int t = 0; rc == 0 && t < cp->size; t++) {
@@ -192,10 +215,11 @@ static int ring_bwd(void *ctx, const ml_attn_call *c, const float *dout, const f
     const float *hand = kv[t % 2];
     float *a = acc[t % 2], *d = t == 0 ? a : mine;
     if (t + 1 < cp->size)
-      rc = ml_iring_pass(cp->comm, hand, kv[(t + 1) % 2], 2 * (size_t)n, ML_ELEM_F32, &kreq);
+      rc = ml_iring_pass(cp->comm, hand, kv[(t + 1) % 2], 2 * (size_t)n, kv_elem(c), &kreq);
     int src = (cp->rank - t + cp->size) % cp->size;
     if (!rc && t > 0) rc = ml_be_zero(cp->be, mine, 2 * nb);
-    if (!rc) rc = step_bwd(cp, c, src, hand, hand + n, dout, out, lse, dq, d, d + n, work);
+    if (!rc)
+      rc = step_bwd(cp, c, src, hand, qkv_at(c, hand, n), dout, out, lse, dq, d, d + n, work);
     rc = finish(cp, &dreq, rc); /* src's accumulator, from the rank before */
     if (!rc && t > 0) rc = ml_be_add(cp->be, a, mine, 2 * n);
     /* on to the next rank; after the last step it reaches src, its owner */
@@ -221,7 +245,7 @@ int ml_cp_apply(ml_cp *cp, ml_model *m, ml_comm *comm, ml_backend *be, bool fixe
   cp->rank = comm->rank;
   if (cp->size > 1)
     m->attn_core = (ml_attn_core){.saved = ring_saved, .fwd = ring_fwd, .bwd = ring_bwd,
-                                  .ctx = cp};
+                                  .ctx = cp, .bf16_qkv = true};
   return 0;
 }
 

@@ -28,6 +28,13 @@
  * accumulator travels with it one pass behind (cp passes; this rank's
  * contribution is computed into a separate buffer while the accumulator is
  * in flight, then added), returning to the owner complete.
+ * Under bf16 q, k, v (model.h ml_model_bf16_qkv: the core declares
+ * ml_attn_core.bf16_qkv) the K/V chunks travel, and are kept, as the bf16
+ * values every block reads exactly (ml_attn_block.qkv_bf16): half the K/V
+ * traffic and buffers, as Megatron / TransformerEngine context parallelism
+ * sends bf16 KV; the results are bitwise those of fp32 K/V holding the same
+ * values. Outputs, the log-sum-exp and the dK/dV accumulators stay fp32
+ * (the forward merges fp32 outs: the core takes no bf16 out).
  *
  * Targets are shifted on the whole sequence before the pieces are cut (NeMo
  * RL's seq_index convention), so each position scores the token after it in
@@ -43,7 +50,8 @@
  * chunk attends to it in one fixed-order block from position 0 — the
  * computation one rank does, so log-probs are the same bits at every cp
  * size (the all-gather form of context parallelism, as Llama 3's; K/V of
- * the whole sequence per rank: 2·B·S'·nkv·hd floats more). The backward is
+ * the whole sequence per rank: 2·B·S'·nkv·hd elements more, bf16 under
+ * bf16 q, k, v). The backward is
  * the ring's either way (gradients are not part of the mode's promise). */
 #ifndef ML_CP_H
 #define ML_CP_H

@@ -4,8 +4,12 @@
  *  - against fp32 on one rank: the loss (issue 10's limit, tolerance.h
  *    §4), every gradient (tol_bf16) and the per-token log-probs (mean
  *    |Δ| within the limit); and that the rounding happened;
- *  - mesh parity in bf16: one rank against dp2 × tp2 on the loss, every
- *    gradient and the log-probs (tol_bf16_pair);
+ *  - mesh parity in bf16: one rank against dp2 × tp2, and against dp2 ×
+ *    cp2 (ring attention, whose K/V passes carry the bf16 k, v: parallel/
+ *    cp.h), on the loss, every gradient and the log-probs (tol_bf16_pair:
+ *    its sites hold on any mesh, whatever order the reductions take); and
+ *    dp2 × cp2 with bf16 K/V bitwise against the same ring on fp32 q, k, v
+ *    (the core's bf16_qkv cleared), as ml_attn_block.qkv_bf16 promises;
  *  - the persistent bf16 shard written by AdamW's pass (parallel/fsdp.h
  *    lp): bitwise the rounding an unshard would make, over clipped steps.
  * usage: test_bf16 FIXTURE */
@@ -54,8 +58,8 @@ static void test_vs_fp32(void **state) {
   fixture_free(&fx);
 }
 
-static void test_mesh_parity(void **state) {
-  (void)state;
+/* One rank against the 4-rank mesh cp × tp (dp2 either way) in bf16. */
+static void mesh_parity(int cp, int tp) {
   static fixture fx;
   fixture_load(g_fixture, &fx);
   static batch bt;
@@ -63,17 +67,36 @@ static void test_mesh_parity(void **state) {
   ml_engine_opts o16 = bf16_engine_opts();
   static run one, mesh;
   run_open(&one, MPI_COMM_SELF, 1, 1, &o16, fx.dir);
-  run_open(&mesh, MPI_COMM_WORLD, 1, 2, &o16, fx.dir);
+  run_open_mesh(&mesh, MPI_COMM_WORLD, 1, cp, tp, &o16, fx.dir, NULL, NULL);
   run_diff d = run_compare(&mesh, &one, &fx, &bt);
+  if (cp > 1) {
+    /* the ring took bf16 q, k, v (tp 1: no hook on o_proj's input) ... */
+    assert_true(mesh.e.model.bf16_qkv && !mesh.e.model.bf16_att);
+    /* ... and computes bitwise what it computes on fp32 q, k, v holding the same values (the
+     * core not declaring them: fp32 K/V passes, each block rounding its operands to the same
+     * bf16 values, ml_attn_block.qkv_bf16): loss, log-probs, gradients */
+    static run f32kv;
+    run_open_mesh(&f32kv, MPI_COMM_WORLD, 1, cp, tp, &o16, fx.dir, NULL, NULL);
+    f32kv.e.model.attn_core.bf16_qkv = false;
+    run_diff x = run_compare(&mesh, &f32kv, &fx, &bt);
+    assert_false(f32kv.e.model.bf16_qkv);
+    if (rank0())
+      printf("%s bf16 dp2 x cp%d, bf16 vs fp32 K/V: loss rel %.3g, log-probs max |diff| %.3g, "
+             "gradients %s\n", g_fixture, cp, x.loss_rel, x.logprob_max_abs,
+             x.grads_exact ? "bitwise" : "differ");
+    assert_true(x.loss_rel == 0 && x.logprob_max_abs == 0 && x.grads_exact);
+    run_close(&f32kv);
+  }
   tol_model tm = tol_model_of(&one, bt.S, bt.B * bt.S);
   double tl = tol_bf16_pair(&tm, TOL_LOSS), tg = tol_bf16_pair(&tm, TOL_GRADS);
   /* log-probs: each token's relative error within the loss bound, and
    * |log-prob| averages to the loss, so the mean |Δ| is within tl·loss */
   double tlp = tl * fabs(d.loss_ref);
   if (rank0())
-    printf("%s bf16 dp2 x tp2 vs 1 rank: loss rel %.3g (bound %.3g), log-probs mean |diff| %.3g "
-           "(bound %.3g), worst grad rel L2 %.3g (bound %.3g)\n",
-           g_fixture, d.loss_rel, tl, d.logprob_mean_abs, tlp, d.grad_rel, tg);
+    printf("%s bf16 dp2 x %s%d vs 1 rank: loss rel %.3g (bound %.3g), log-probs mean |diff| "
+           "%.3g (bound %.3g), worst grad rel L2 %.3g (bound %.3g)\n",
+           g_fixture, cp > 1 ? "cp" : "tp", cp > 1 ? cp : tp, d.loss_rel, tl,
+           d.logprob_mean_abs, tlp, d.grad_rel, tg);
   assert_true(d.loss_rel <= tl);
   assert_true(d.logprob_mean_abs <= tlp);
   assert_true(d.grad_rel <= tg);
@@ -81,6 +104,12 @@ static void test_mesh_parity(void **state) {
   run_close(&one);
   batch_free(&bt);
   fixture_free(&fx);
+}
+
+static void test_mesh_parity(void **state) {
+  (void)state;
+  mesh_parity(1, 2);
+  mesh_parity(2, 1);
 }
 
 /* Every unit's persistent bf16 shard of r: present (param_dtype bf16,

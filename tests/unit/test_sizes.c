@@ -388,7 +388,10 @@ static void test_bf16_att_bytes(void **state) {
  * q_proj, k_proj or v_proj (a tp or sp redistribute of the fp32 views), a
  * v_proj computed whole or a k_proj kept in fp32 (either turns the GEMM
  * inputs' rule off too: h1, h2, a fp32), and wherever ml_model_bf16_att is off (an
- * attention core). */
+ * attention core). A core that declares both (ml_attn_core.bf16_out, .bf16_qkv:
+ * packed documents' varlen core) keeps both on, the same bytes as no core; one that
+ * declares only bf16_out keeps att bf16 and q, k, v fp32; one that declares only
+ * bf16_qkv (context parallelism's ring) keeps q, k, v bf16 and att fp32. */
 static void test_bf16_qkv_bytes(void **state) {
   (void)state;
   ml_model_config cfg;
@@ -423,6 +426,19 @@ static void test_bf16_qkv_bytes(void **state) {
     m.attn_core.fwd = NULL;
     assert_true(ml_model_bf16_qkv(&m));
   }
+  m.attn_core = (ml_attn_core){.fwd = core_unused, .bf16_out = true, .bf16_qkv = true};
+  assert_true(ml_model_bf16_att(&m) && ml_model_bf16_qkv(&m));
+  ml_model_act_bytes(&m, B, S, &layer, &work);
+  assert_int_equal(layer, on);
+  m.attn_core.bf16_qkv = false;
+  assert_true(ml_model_bf16_att(&m) && !ml_model_bf16_qkv(&m));
+  ml_model_act_bytes(&m, B, S, &layer, &work);
+  assert_int_equal(layer - on, qkv);
+  m.attn_core = (ml_attn_core){.fwd = core_unused, .bf16_qkv = true};
+  assert_true(!ml_model_bf16_att(&m) && ml_model_bf16_qkv(&m));
+  ml_model_act_bytes(&m, B, S, &layer, &work);
+  assert_int_equal(layer - on, 2 * T * cfg.n_heads * cfg.head_dim); /* att fp32 */
+  m.attn_core = (ml_attn_core){0};
   ml_model_destroy(&m);
 }
 

@@ -16,7 +16,20 @@
  * reference's outputs at the same offsets), and each output row is
  * written by one task whatever the thread (kernels/cpu/attention.c), so
  * not one rounding differs. The tokens outside every document must come
- * out as attending to nothing: out 0, lse −inf, dq, dk, dv 0. */
+ * out as attending to nothing: out 0, lse −inf, dq, dk, dv 0.
+ *
+ * The bf16 cases run again with bf16 q, k, v and out (ml_attn_call.qkv_bf16,
+ * .out_bf16, which the core declares: packed documents under bf16 weights,
+ * model.h ml_model_bf16_qkv / _att). Reference: the same per-document
+ * calls on fp32 q, k, v holding the bf16 values, the forward's out then
+ * rounded to bf16 (nearest-even, ml_be_round_bf16_to) and the backward
+ * reading that rounded out. Expected: the bf16 out equal to the rounded
+ * reference out (memcmp of the bf16), lse, dq, dk, dv bitwise. Why no
+ * tolerance: the block calls read bf16 q, k, v exactly (widening is exact),
+ * which gives bitwise the results of fp32 operands holding those values
+ * (backend.h ml_attn_block.qkv_bf16), their out_bf16 store is the once-
+ * rounded fp32 out, and the backward reads it exactly for D = rowsum(dout ⊙
+ * out): the same products and sums on the same values as the reference. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -62,6 +75,8 @@ static const varlen_case k_cases[] = {
      {0, 64, 192, 193, 290}, {0}, false},
     {"mha 2/2, one document per row", 2, 130, 2, 2, 8, 1, 0, 0, ML_F32, 2, {0, 130, 260}, {0},
      false},
+    {"gqa 4/2, window 37, padded slots, bf16", 2, 200, 4, 2, 16, 2, 0, 37, ML_BF16, 5,
+     {0, 70, 200, 201, 330, 400}, {63, 130, 1, 128, 0}, true},
 };
 
 typedef struct bufs {
@@ -100,17 +115,46 @@ static void expect_bitwise(const char *what, const char *name, const float *got,
                (long long)i, (double)got[i], (double)want[i]);
 }
 
-/* Document t0 .. t0+n−1 alone: the reference into r (outputs at the
- * document's offsets). */
-static void reference_doc(const varlen_case *k, const float *q, const float *kk, const float *v,
+/* got and want hold the same bf16 bits. */
+static void expect_bitwise16(const char *what, const char *name, const uint16_t *got,
+                             const uint16_t *want, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    if (got[i] != want[i])
+      fail_msg("varlen %s, %s: element %lld is bf16 0x%04x, per document 0x%04x", name, what,
+               (long long)i, got[i], want[i]);
+}
+
+static bool plain(const varlen_case *k) { return k->head_off == 0 && k->group * k->nkv == k->nh; }
+
+static ml_attn_block doc_block(const varlen_case *k, int64_t n) {
+  return (ml_attn_block){.B = 1, .sq = n, .sk = n, .nh = k->nh, .nkv = k->nkv, .hd = k->hd,
+                         .q_bs = n * k->nh * k->hd, .k_bs = n * k->nkv * k->hd,
+                         .l_bs = n * k->nh, .scale = 1.0f / sqrtf((float)k->hd),
+                         .window = k->window, .group = k->group, .head_off = k->head_off};
+}
+
+/* Document t0 .. t0+n−1 alone, forward: the reference's out and lse into r
+ * (at the document's offsets). */
+static void reference_fwd(const varlen_case *k, const float *q, const float *kk, const float *v,
+                          bufs *r, int64_t t0, int64_t n) {
+  ml_backend *be = cpu_backend();
+  int64_t qo = t0 * k->nh * k->hd, ko = t0 * k->nkv * k->hd, lo = t0 * k->nh;
+  ml_attn_block blk = doc_block(k, n);
+  int rc = plain(k) ? ml_be_attention_fwd(be, q + qo, kk + ko, v + ko, r->out + qo, r->lse + lo,
+                                          1, n, k->nh, k->nkv, k->hd, blk.scale, k->window,
+                                          k->compute)
+                    : ml_be_attention_block_fwd(be, &blk, q + qo, kk + ko, v + ko, r->out + qo,
+                                                r->lse + lo, false, k->compute);
+  assert_int_equal(rc, 0);
+}
+
+/* ... backward, from r's out and lse: dq, dk, dv into r. */
+static void reference_bwd(const varlen_case *k, const float *q, const float *kk, const float *v,
                           const float *dout, bufs *r, int64_t t0, int64_t n) {
   ml_backend *be = cpu_backend();
   int64_t qo = t0 * k->nh * k->hd, ko = t0 * k->nkv * k->hd, lo = t0 * k->nh;
   float scale = 1.0f / sqrtf((float)k->hd);
-  if (k->head_off == 0 && k->group * k->nkv == k->nh) {
-    assert_int_equal(ml_be_attention_fwd(be, q + qo, kk + ko, v + ko, r->out + qo, r->lse + lo, 1,
-                                         n, k->nh, k->nkv, k->hd, scale, k->window, k->compute),
-                     0);
+  if (plain(k)) {
     size_t wb = ml_be_attention_work(be, 1, n, k->nh, k->nkv, k->hd);
     void *work = ml_be_alloc(be, (int64_t)wb, 1, "the reference's workspace");
     assert_int_equal(ml_be_attention_bwd(be, dout + qo, q + qo, kk + ko, v + ko, r->out + qo,
@@ -121,13 +165,7 @@ static void reference_doc(const varlen_case *k, const float *q, const float *kk,
     ml_be_free(be, work);
     return;
   }
-  ml_attn_block blk = {.B = 1, .sq = n, .sk = n, .nh = k->nh, .nkv = k->nkv, .hd = k->hd,
-                       .q_bs = n * k->nh * k->hd, .k_bs = n * k->nkv * k->hd, .l_bs = n * k->nh,
-                       .scale = scale, .window = k->window, .group = k->group,
-                       .head_off = k->head_off};
-  assert_int_equal(ml_be_attention_block_fwd(be, &blk, q + qo, kk + ko, v + ko, r->out + qo,
-                                             r->lse + lo, false, k->compute),
-                   0);
+  ml_attn_block blk = doc_block(k, n);
   size_t wb = ml_be_attention_block_work(be, &blk);
   void *work = ml_be_alloc(be, (int64_t)wb, 1, "the reference's workspace");
   /* dq, dk, dv are 0 there (the block backward adds) */
@@ -138,49 +176,78 @@ static void reference_doc(const varlen_case *k, const float *q, const float *kk,
   ml_be_free(be, work);
 }
 
-static void run_case(const varlen_case *k) {
+/* n bf16 elements from the pool */
+static uint16_t *pool_bf16(int64_t n) { return (uint16_t *)pool_buf(n / 2 + 1); }
+
+/* bf16: q, k, v and out go to the core as bf16 (the file's header). */
+static void run_case(const varlen_case *k, bool bf16) {
   ml_backend *be = cpu_backend();
   int64_t T = k->B * k->S, qr = k->nh * k->hd, kr = k->nkv * k->hd;
   float *q = pool_buf(T * qr), *kk = pool_buf(T * kr), *v = pool_buf(T * kr),
         *dout = pool_buf(T * qr);
   for (int64_t i = 0; i < T * qr; i++) q[i] = 2.0f * frand(), dout[i] = frand();
   for (int64_t i = 0; i < T * kr; i++) kk[i] = 2.0f * frand(), v[i] = frand();
+  /* bf16: q, k, v rounded in place (the reference's operands) and their bf16 copies */
+  uint16_t *q16 = NULL, *k16 = NULL, *v16 = NULL, *out16 = NULL, *want16 = NULL;
+  if (bf16) {
+    q16 = pool_bf16(T * qr), k16 = pool_bf16(T * kr), v16 = pool_bf16(T * kr);
+    out16 = pool_bf16(T * qr), want16 = pool_bf16(T * qr);
+    assert_int_equal(ml_be_round_bf16_to(be, q, q, q16, (size_t)(T * qr)), 0);
+    assert_int_equal(ml_be_round_bf16_to(be, kk, kk, k16, (size_t)(T * kr)), 0);
+    assert_int_equal(ml_be_round_bf16_to(be, v, v, v16, (size_t)(T * kr)), 0);
+    memset(out16, 0xff, sizeof(uint16_t) * (size_t)(T * qr)); /* bf16 NaN: must be written */
+  }
   bufs g = bufs_alloc(T, qr, kr, k->nh, NAN, NAN); /* every element must be written */
   bufs r = bufs_alloc(T, qr, kr, k->nh, 0.0f, -INFINITY); /* padding: attends to nothing */
 
   ml_varlen vl = {.be = be, .ndocs = k->ndocs, .cu = k->cu, .used = k->has_used ? k->used : NULL};
   ml_attn_core core = ml_varlen_core(&vl);
-  ml_attn_call c = {.q = q, .k = kk, .v = v, .B = k->B, .S = k->S, .nh = k->nh, .nkv = k->nkv,
-                    .hd = k->hd, .group = k->group, .head_off = k->head_off,
+  assert_true(core.bf16_qkv && core.bf16_out);
+  ml_attn_call c = {.q = bf16 ? (float *)q16 : q, .k = bf16 ? (float *)k16 : kk,
+                    .v = bf16 ? (float *)v16 : v, .B = k->B, .S = k->S, .nh = k->nh,
+                    .nkv = k->nkv, .hd = k->hd, .group = k->group, .head_off = k->head_off,
                     .scale = 1.0f / sqrtf((float)k->hd), .window = k->window,
-                    .compute = k->compute};
+                    .compute = k->compute, .qkv_bf16 = bf16, .out_bf16 = bf16};
+  float *out = bf16 ? (float *)out16 : g.out;
   assert_int_equal(core.saved(core.ctx, k->B, k->S, k->nh), T * k->nh);
-  if (core.fwd(core.ctx, &c, g.out, g.lse) || core.bwd(core.ctx, &c, dout, g.out, g.lse, g.dq,
-                                                       g.dk, g.dv))
+  if (core.fwd(core.ctx, &c, out, g.lse) || core.bwd(core.ctx, &c, dout, out, g.lse, g.dq,
+                                                     g.dk, g.dv))
     fail_msg("varlen %s: %s", k->name, ml_error_msg());
 
   int64_t docs = 0;
   for (int64_t d = 0; d < k->ndocs; d++) {
     int64_t n = k->has_used ? k->used[d] : k->cu[d + 1] - k->cu[d];
-    if (n > 0) reference_doc(k, q, kk, v, dout, &r, k->cu[d], n);
+    if (n > 0) reference_fwd(k, q, kk, v, &r, k->cu[d], n);
     docs += n;
   }
-  expect_bitwise("out", k->name, g.out, r.out, T * qr);
+  /* bf16: the backward reads the out rounded as the core stores it */
+  if (bf16) assert_int_equal(ml_be_round_bf16_to(be, r.out, r.out, want16, (size_t)(T * qr)), 0);
+  for (int64_t d = 0; d < k->ndocs; d++) {
+    int64_t n = k->has_used ? k->used[d] : k->cu[d + 1] - k->cu[d];
+    if (n > 0) reference_bwd(k, q, kk, v, dout, &r, k->cu[d], n);
+  }
+  if (bf16) expect_bitwise16("bf16 out", k->name, out16, want16, T * qr);
+  else expect_bitwise("out", k->name, g.out, r.out, T * qr);
   expect_bitwise("lse", k->name, g.lse, r.lse, T * k->nh);
   expect_bitwise("dq", k->name, g.dq, r.dq, T * qr);
   expect_bitwise("dk", k->name, g.dk, r.dk, T * kr);
   expect_bitwise("dv", k->name, g.dv, r.dv, T * kr);
-  printf("  varlen %-48s bitwise (%lld documents, %lld tokens, %lld padding)\n", k->name,
-         (long long)k->ndocs, (long long)docs, (long long)(T - docs));
+  printf("  varlen %-48s%s bitwise (%lld documents, %lld tokens, %lld padding)\n", k->name,
+         bf16 ? " (bf16 q, k, v, out)" : "", (long long)k->ndocs, (long long)docs,
+         (long long)(T - docs));
 
   ml_varlen_destroy(&vl);
   bufs_free(&g), bufs_free(&r);
-  float *p[] = {q, kk, v, dout};
-  for (int i = 0; i < 4; i++) ml_be_free(be, p[i]);
+  void *p[] = {q, kk, v, dout, q16, k16, v16, out16, want16};
+  for (int i = 0; i < 9; i++)
+    if (p[i]) ml_be_free(be, p[i]);
 }
 
 static void test_against_documents_alone(void **state) {
-  for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++) run_case(&k_cases[i]);
+  for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++) {
+    run_case(&k_cases[i], false);
+    if (k_cases[i].compute == ML_BF16) run_case(&k_cases[i], true);
+  }
 }
 
 /* ml_varlen_check on B = 2 rows of S = 8 refuses docs with a message

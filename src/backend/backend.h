@@ -156,6 +156,17 @@ typedef struct ml_attn_block {
    * bitwise those of fp32 q, k, v holding these values. Needs compute
    * ML_BF16 and unpaged keys (kv_table NULL); dq, dk, dv stay fp32. */
   bool qkv_bf16;
+  /* The backward writes (=) dq, dk, dv instead of adding into them (+=):
+   * every element of the block's rows — dq's [B][sq rows, nh, hd] at q_bs,
+   * dk's and dv's [B][sk rows, nkv, hd] at k_bs — holds bitwise what adding
+   * into zeros gives (+0 where that gives +0), rows no product reaches (a
+   * query that sees no key, a key no query sees under causality or the
+   * window, a kv head none of the block's query heads reads) 0; nothing
+   * outside those rows is touched. FlashAttention-2's backward (Dao 2023,
+   * Algorithm 2) writes dQ, dK, dV so; the steps of ring attention, whose
+   * blocks share outputs, add. The caller's zeroing pass is then not needed
+   * for the first (or only) block writing an output. */
+  bool bwd_overwrite;
 } ml_attn_block;
 
 /* The operators of the seam, by family (a family's forward, backward and
@@ -622,7 +633,8 @@ size_t ml_be_attention_block_work(ml_backend *be, const ml_attn_block *blk);
 /* Backward of the block for the final out and lse of its queries (after
  * every block was merged): probabilities recomputed as exp(scale·q·k −
  * lse), D = rowsum(dout ⊙ out); dq [sq, nh, hd], dk, dv [sk, nkv, hd]
- * per sequence (+=: a query's blocks, and a key's, add up). work:
+ * per sequence (+=: a query's blocks, and a key's, add up; = under
+ * blk->bwd_overwrite, the first block of each output). work:
  * ml_be_attention_block_work bytes. */
 int ml_be_attention_block_bwd(ml_backend *be, const ml_attn_block *blk, const float *dout,
                               const float *q, const float *k, const float *v, const float *out,

@@ -350,15 +350,11 @@ static int core_backward(ml_model *m, const ml_layer *L, const float *datt, floa
   ML_TRY(check_core(m, L));
   if (m->attn_core.bwd)
     return m->attn_core.bwd(m->attn_core.ctx, &c, datt, a->att, a->attn_saved, dq, dk, dv);
-  if (as_block(&c)) { /* the block backward adds into dq, dk, dv */
+  if (as_block(&c)) {
     ml_attn_block blk = whole_block(&c);
     blk.out_bf16 = c.out_bf16; /* D reads the bf16 att */
     blk.qkv_bf16 = c.qkv_bf16;
-    size_t nq = sizeof(float) * (size_t)(c.B * c.S * c.nh * c.hd),
-           nk = sizeof(float) * (size_t)(c.B * c.S * c.nkv * c.hd);
-    ML_TRY(ml_be_zero(m->be, dq, nq));
-    ML_TRY(ml_be_zero(m->be, dk, nk));
-    ML_TRY(ml_be_zero(m->be, dv, nk));
+    blk.bwd_overwrite = true; /* the only block: dq, dk, dv (=) */
     return ml_be_attention_block_bwd(m->be, &blk, datt, c.q, c.k, c.v, a->att, a->attn_saved, dq,
                                      dk, dv, c.compute, m->attn_work);
   }

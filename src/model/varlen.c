@@ -130,27 +130,40 @@ static int reserve_work(ml_varlen *v, const ml_attn_call *c) {
   return 0;
 }
 
+/* Tokens t0 .. t0+n−1 that attend to nothing: dq, dk, dv 0 (no block
+ * writes them). */
+static int zero_padding(const ml_varlen *v, const ml_attn_call *c, int64_t t0, int64_t n,
+                        float *dq, float *dk, float *dv) {
+  if (n == 0) return 0;
+  int64_t qr = c->nh * c->hd, kr = c->nkv * c->hd;
+  size_t nq = sizeof(float) * (size_t)(n * qr), nk = sizeof(float) * (size_t)(n * kr);
+  ML_TRY(ml_be_zero(v->be, dq + t0 * qr, nq));
+  ML_TRY(ml_be_zero(v->be, dk + t0 * kr, nk));
+  return ml_be_zero(v->be, dv + t0 * kr, nk);
+}
+
 // dout [B, S, nh·hd] → dq [B, S, nh, hd], dk, dv [B, S, nkv, hd] (=)
 static int varlen_bwd(void *ctx, const ml_attn_call *c, const float *dout, const float *out,
                       const float *lse, float *dq, float *dk, float *dv) {
   ml_varlen *v = ctx;
   ML_TRY(begin(v, c));
-  int64_t T = c->B * c->S, qr = c->nh * c->hd, kr = c->nkv * c->hd;
-  /* the blocks add; tokens outside the documents keep 0 */
-  ML_TRY(ml_be_zero(v->be, dq, sizeof(float) * (size_t)(T * qr)));
-  ML_TRY(ml_be_zero(v->be, dk, sizeof(float) * (size_t)(T * kr)));
-  ML_TRY(ml_be_zero(v->be, dv, sizeof(float) * (size_t)(T * kr)));
+  int64_t T = c->B * c->S, qr = c->nh * c->hd, kr = c->nkv * c->hd, end = 0;
   ML_TRY(reserve_work(v, c));
   for (int64_t d = 0; d < v->ndocs; d++) {
     int64_t t0 = v->cu[d], n = doc_len(v, d), qo = t0 * qr, ko = t0 * kr;
-    if (n == 0) continue;
-    ml_attn_block blk = run_block(c, n);
-    bool b = c->qkv_bf16;
-    ML_TRY(ml_be_attention_block_bwd(v->be, &blk, dout + qo, at(c->q, qo, b), at(c->k, ko, b),
-                                     at(c->v, ko, b), at(out, qo, c->out_bf16), lse + t0 * c->nh,
-                                     dq + qo, dk + ko, dv + ko, c->compute, v->work));
+    end = v->cu[d + 1];
+    if (n > 0) {
+      ml_attn_block blk = run_block(c, n);
+      blk.bwd_overwrite = true; /* the document's only block: its rows (=) */
+      bool b = c->qkv_bf16;
+      ML_TRY(ml_be_attention_block_bwd(v->be, &blk, dout + qo, at(c->q, qo, b), at(c->k, ko, b),
+                                       at(c->v, ko, b), at(out, qo, c->out_bf16),
+                                       lse + t0 * c->nh, dq + qo, dk + ko, dv + ko, c->compute,
+                                       v->work));
+    }
+    ML_TRY(zero_padding(v, c, t0 + n, end - t0 - n, dq, dk, dv));
   }
-  return 0;
+  return zero_padding(v, c, end, T - end, dq, dk, dv);
 }
 
 ml_attn_core ml_varlen_core(ml_varlen *v) {

@@ -90,6 +90,10 @@ static int step_bwd(const ml_cp *cp, const ml_attn_call *c, int src, const float
     int a = k_pairs[p][0], b = k_pairs[p][1];
     if (!pair_visible(cp, c, a, b, src)) continue;
     ring_block r = block_of(cp, c, a, b, src);
+    /* The first step (src: this rank) writes: its diagonal blocks come first
+     * for their query chunk's dq and key chunk's dk, dv ((0, 1) sees nothing:
+     * chunk 1's keys follow chunk 0's queries); every other block adds. */
+    r.blk.bwd_overwrite = src == cp->rank && a == b;
     ML_TRY(ml_be_attention_block_bwd(cp->be, &r.blk, dout + r.q_off, qkv_at(c, c->q, r.q_off),
                                      qkv_at(c, k, r.k_off), qkv_at(c, v, r.k_off), out + r.q_off,
                                      lse + r.l_off, dq + r.q_off, dk + r.k_off, dv + r.k_off,
@@ -189,7 +193,6 @@ static int ring_bwd(void *ctx, const ml_attn_call *c, const float *dout, const f
   ml_cp *cp = ctx;
   int64_t n = kv_floats(c);
   size_t nb = sizeof(float) * (size_t)n, kb = qkv_size(c) * (size_t)n;
-  ML_TRY(ml_be_zero(cp->be, dq, sizeof(float) * (size_t)(c->B * c->S * c->nh * c->hd)));
   /* the dK/dV accumulator (fp32) in hand and arriving; this rank's
    * contribution to the accumulator in hand; K/V (the call's dtype) in hand
    * and next: 6n floats + 4n elements of qkv_size */
@@ -208,7 +211,6 @@ static int ring_bwd(void *ctx, const ml_attn_call *c, const float *dout, const f
   float *kv[2] = {buf + 6 * n, qkv_at_w(c, buf + 6 * n, 2 * n)};
   int rc = ml_be_copy(cp->be, kv[0], c->k, kb, ML_COPY_D2D);
   if (!rc) rc = ml_be_copy(cp->be, qkv_at_w(c, kv[0], n), c->v, kb, ML_COPY_D2D);
-  if (!rc) rc = ml_be_zero(cp->be, acc[0], 2 * nb);
   ml_request dreq = {0}; /* the accumulator's pass, one step behind its K/V */
   for (int t = 0; rc == 0 && t < cp->size; t++) {
     ml_request kreq = {0};

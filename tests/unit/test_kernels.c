@@ -1818,6 +1818,85 @@ static void test_attention_bwd_chunks(void **state) {
   attn_free(&a);
 }
 
+// a random integer in [lo, hi]
+static int64_t rand_in(int64_t lo, int64_t hi) { return lo + (int64_t)(rand_bits() % (hi - lo + 1)); }
+
+/* x [B][rows · w floats at bs apart] (the rest of each sequence's bs, a gap,
+ * kept): 0 */
+static void zero_seq_rows(float *x, int64_t B, int64_t rows, int64_t w, int64_t bs) {
+  for (int64_t b = 0; b < B; b++) memset(x + b * bs, 0, (size_t)(rows * w) * sizeof(float));
+}
+
+/* The backward's written outputs (k_attn_block.bwd_overwrite) are bitwise
+ * the added ones on zeros (memcmp): 200 random blocks (1..3 sequences with
+ * gaps between them as ring attention's, 0..230 queries and keys at random
+ * positions, so rows seeing no key and keys no query sees, windows, GQA
+ * groups with head_off whose query heads leave kv heads unread, hd 8..40,
+ * no queries or no keys), fp32 and the bf16 products emulated on sgemm, 1
+ * or 2 threads, the least store (several chunks, pass 2's first chunk of a
+ * pair without products) or the whole. The written run starts from NaN
+ * bytes everywhere; the added one from the same with the block's rows
+ * zeroed: the gaps must come out untouched in both. */
+static void test_attention_bwd_overwrite(void **state) {
+  (void)state;
+  int threads = omp_get_max_threads();
+  for (int it = 0; it < 200; it++) {
+    int64_t group = rand_in(1, 3), nkv = rand_in(1, 3), off = rand_in(0, group - 1);
+    int64_t nh = rand_in(1, nkv * group - off), hd = 8 * rand_in(1, 5) - (it % 3 == 2 ? 4 : 0);
+    int64_t sq = it % 15 == 7 ? 0 : rand_in(1, 230), sk = it % 15 == 11 ? 0 : rand_in(1, 230);
+    k_attn_block blk = {.B = rand_in(1, 3), .sq = sq, .sk = sk, .nh = nh, .nkv = nkv, .hd = hd,
+                        .q_pos = rand_in(0, 200), .k_pos = rand_in(0, 200),
+                        .scale = 0.25f, .window = it % 3 ? 0 : rand_in(1, 150),
+                        .group = group, .head_off = off};
+    int64_t qr = nh * hd, kr = nkv * hd;
+    blk.q_bs = sq * qr + (it % 2) * rand_in(0, 3) * qr, blk.k_bs = sk * kr + (it % 2) * 5 * kr;
+    blk.l_bs = sq * nh;
+    int64_t nq = blk.B * blk.q_bs + 1, nk = blk.B * blk.k_bs + 1; /* + 1: nothing empty */
+    float *q = rand_buf(nq, 1.5f), *k = rand_buf(nk, 1.5f), *v = rand_buf(nk, 1);
+    float *dout = rand_buf(nq, 1), *out = calloc((size_t)nq, 4);
+    float *lse = calloc((size_t)(blk.B * blk.l_bs + 1), 4);
+    float *rq = bf16_fp32_copy(q, nq), *rk = bf16_fp32_copy(k, nk), *rv = bf16_fp32_copy(v, nk),
+          *rdo = bf16_fp32_copy(dout, nq);
+    float *r[2][3];
+    for (int w = 0; w < 2; w++)
+      for (int i = 0; i < 3; i++) r[w][i] = malloc((size_t)(i ? nk : nq) * 4);
+    int bf = it % 2, t = 1 + (it / 2) % 2;
+    k_attn_bf16 lp = {.packed = false, .q = rq, .k = rk, .v = rv, .dout = rdo};
+    size_t wb = k_attention_bwd_work(&blk, it % 4 < 2 ? 0 : SIZE_MAX);
+    void *work = malloc(wb ? wb : 1);
+    omp_set_num_threads(t);
+    float *tiles = attn_tiles(hd);
+    assert_int_equal(k_attention_block_fwd(&blk, q, k, v, out, lse, false, bf ? &lp : NULL,
+                                           tiles),
+                     0);
+    for (int w = 0; w < 2; w++) { /* r[0]: added onto zeros; r[1]: written */
+      for (int i = 0; i < 3; i++) memset(r[w][i], 0xff, (size_t)(i ? nk : nq) * 4);
+      if (!w) {
+        zero_seq_rows(r[0][0], blk.B, sq, qr, blk.q_bs);
+        zero_seq_rows(r[0][1], blk.B, sk, kr, blk.k_bs);
+        zero_seq_rows(r[0][2], blk.B, sk, kr, blk.k_bs);
+      }
+      blk.bwd_overwrite = w;
+      assert_int_equal(k_attention_block_bwd(&blk, dout, q, k, v, out, lse, r[w][0], r[w][1],
+                                             r[w][2], bf ? &lp : NULL, work, wb, tiles),
+                       0);
+    }
+    for (int i = 0; i < 3; i++)
+      if (memcmp(r[0][i], r[1][i], (size_t)(i ? nk : nq) * 4))
+        fail_msg("block %d (B %lld sq %lld sk %lld nh %lld nkv %lld group %lld off %lld hd %lld "
+                 "q_pos %lld k_pos %lld window %lld, bf16 %d, %d threads): %s written differs",
+                 it, (long long)blk.B, (long long)sq, (long long)sk, (long long)nh,
+                 (long long)nkv, (long long)group, (long long)off, (long long)hd,
+                 (long long)blk.q_pos, (long long)blk.k_pos, (long long)blk.window, bf, t,
+                 i == 0 ? "dq" : i == 1 ? "dk" : "dv");
+    for (int w = 0; w < 2; w++)
+      for (int i = 0; i < 3; i++) free(r[w][i]);
+    free(q), free(k), free(v), free(dout), free(out), free(lse), free(rq), free(rk), free(rv);
+    free(rdo), free(work), free(tiles);
+  }
+  omp_set_num_threads(threads);
+}
+
 /* Attention with bf16 products through the CPU backend (autocast's SDPA):
  * against the double reference on the rounded q, k, v and dout, whose
  * products are then the kernels' up to fp32 summation (bf16 products are
@@ -2579,6 +2658,7 @@ int main(void) {
       cmocka_unit_test(test_attention_bwd),
       cmocka_unit_test(test_attention_blocks), cmocka_unit_test(test_attention_head_split),
       cmocka_unit_test(test_attention_bwd_chunks),
+      cmocka_unit_test(test_attention_bwd_overwrite),
       cmocka_unit_test(test_attention_bf16),
       cmocka_unit_test(test_attention_bf16_out),
       cmocka_unit_test(test_attention_bf16_qkv),

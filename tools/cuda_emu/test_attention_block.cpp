@@ -424,6 +424,47 @@ static void head_offset(const Whole &w) {
   free(stage), free(work), free(o), free(l), free(dq), free(dk), free(dv);
 }
 
+/* The backward written (kc_attn_block.bwd_overwrite) is bitwise the added
+ * one on zeros (memcmp), from NaN everywhere but the block's rows, which
+ * the added run has at 0: queries 0 .. 69 against keys 10 .. 79 (rows
+ * seeing no key, keys no query sees; the other rows, neither's, must stay
+ * NaN), the same with one group of all the query heads (kv heads unread;
+ * nkv >= 2), and blocks without keys or without queries. */
+static void overwritten(const Whole &w) {
+  const Shape &s = w.s;
+  const int64_t qr = s.nh * s.hd, kr = s.nkv * s.hd, k0 = 10;
+  const size_t nq = s.B * s.S * qr, nk = s.B * s.S * kr;
+  for (int c = 0; c < 4; c++) {
+    if (c == 1 && s.nkv < 2) continue;
+    kc_attn_block b = block_of(w, 0, c == 3 ? 0 : 70, k0, c == 2 ? 0 : 70);
+    if (c == 1) b.group = s.nh; /* every query head reads kv head 0 */
+    Bufs o[2] = {bufs(s), bufs(s)};
+    if (b.sq && b.sk)
+      expect(fwd(w, b, w.q.data(), w.k.data() + k0 * kr, w.v.data() + k0 * kr, o[0].out,
+                 o[0].lse, false) == cudaSuccess,
+             "overwrite forward", s);
+    for (int x = 0; x < 2; x++) {
+      for (float *d : {o[x].dq, o[x].dk, o[x].dv}) memset(d, 0xff, (d == o[x].dq ? nq : nk) * 4);
+      for (int64_t bb = 0; bb < s.B && !x; bb++) {
+        zero(o[0].dq + bb * b.q_bs, b.sq * qr);
+        zero(o[0].dk + k0 * kr + bb * b.k_bs, b.sk * kr);
+        zero(o[0].dv + k0 * kr + bb * b.k_bs, b.sk * kr);
+      }
+      b.bwd_overwrite = x;
+      expect(bwd(w, b, 0, k0 * kr, 0, o[0].out, o[0].lse, o[x]) == cudaSuccess,
+             "overwrite backward", s);
+    }
+    bool ok = !memcmp(o[0].dq, o[1].dq, nq * 4) && !memcmp(o[0].dk, o[1].dk, nk * 4) &&
+              !memcmp(o[0].dv, o[1].dv, nk * 4);
+    const char *what[] = {"overwrite: dq, dk, dv written = added onto zeros, bitwise",
+                          "overwrite, kv heads unread: written = added onto zeros, bitwise",
+                          "overwrite, no keys: dq 0, the rest untouched",
+                          "overwrite, no queries: dk, dv 0, the rest untouched"};
+    expect(ok, what[c], s);
+    release(o[0]), release(o[1]);
+  }
+}
+
 // keys after every query: no row sees one
 static void empty(const Whole &w) {
   const Shape &s = w.s;
@@ -604,6 +645,7 @@ int main() {
     if (s.bf) paged(w, true);
     if (s.nh / s.nkv >= 2 && s.nh >= 3) head_offset(w);
     empty(w);
+    if (&s == &shapes[0] || &s == &shapes[5]) overwritten(w); /* bf16 B 2, fp32 hd 16 */
     if (s.bf) bf16_out(w);
     if (s.bf && (s.B > 1 || s.win)) bf16_qkv(w); /* hd 64 and 72: both bf16 tile widths */
     attn_bounds_free(&bd);

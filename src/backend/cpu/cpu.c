@@ -442,7 +442,8 @@ static k_attn_block block_of(const ml_attn_block *b) {
                         .window = b->window, .group = b->group, .head_off = b->head_off,
                         .kv_table = b->kv_table, .kv_block = b->kv_block,
                         .table_bs = b->table_bs, .kv_bf16 = b->kv_bf16,
-                        .out_bf16 = b->out_bf16, .qkv_bf16 = b->qkv_bf16};
+                        .out_bf16 = b->out_bf16, .qkv_bf16 = b->qkv_bf16,
+                        .bwd_overwrite = b->bwd_overwrite};
 }
 
 static int cpu_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
@@ -459,11 +460,7 @@ static int cpu_attention_bwd(ml_backend *be, const float *dout, const float *q, 
                              int64_t hd, float scale, int64_t window, ml_dtype compute,
                              void *work) {
   k_attn_block blk = whole(B, S, nh, nkv, hd, scale, window);
-  size_t nq = (size_t)(B * S * nh * hd) * sizeof(float),
-         nk = (size_t)(B * S * nkv * hd) * sizeof(float);
-  memset(dq, 0, nq); /* the block backward adds */
-  memset(dk, 0, nk);
-  memset(dv, 0, nk);
+  blk.bwd_overwrite = true; /* dq, dk, dv (=) */
   return block_bwd(be, &blk, dout, q, k, v, out, lse, dq, dk, dv, compute, work,
                    cpu_attention_work(be, B, S, nh, nkv, hd));
 }

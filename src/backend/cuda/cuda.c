@@ -408,7 +408,8 @@ static kc_attn_block kc_block(const ml_attn_block *b) {
                          .window = b->window, .group = b->group, .head_off = b->head_off,
                          .kv_table = b->kv_table, .kv_block = b->kv_block,
                          .table_bs = b->table_bs, .kv_bf16 = b->kv_bf16,
-                         .out_bf16 = b->out_bf16, .qkv_bf16 = b->qkv_bf16};
+                         .out_bf16 = b->out_bf16, .qkv_bf16 = b->qkv_bf16,
+                         .bwd_overwrite = b->bwd_overwrite};
 }
 
 /* A block call's kernel arguments *b and its stage (attention_stage). */

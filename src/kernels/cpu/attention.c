@@ -831,6 +831,29 @@ size_t k_attention_bwd_work(const k_attn_block *blk, size_t budget) {
 // whether the products go to lp's GEMM on packed bf16 (oneDNN's tiles)
 static bool packed(const attn *a) { return a->lp && a->lp->packed; }
 
+// rows [0, M) of C, N floats each, ld apart: 0
+static void zero_rows(float *C, int64_t M, int64_t N, int64_t ld) {
+  for (int64_t r = 0; r < M; r++) memset(C + r * ld, 0, (size_t)N * sizeof(float));
+}
+
+/* A backward product into its output tile C: added (+=), or, fresh (the
+ * tile's first product under k_attn_block.bwd_overwrite), written (=) with
+ * the bits of adding into zeros, 0 + the product (−0 becomes +0). sgemm:
+ * beta 0, which OpenBLAS runs as its beta pass zeroing C, then the same
+ * kernel adding alpha·op(A)·op(B) as beta 1 does (interface/gemm.c, the
+ * level-3 driver; memcmp over random geometries, tests/unit/test_kernels.c
+ * test_attention_bwd_overwrite). Packed bf16: the tile is zeroed and the
+ * primitive accumulates as before — oneDNN's non-accumulating primitive is
+ * another kernel, not assumed to give the same bits (the path needs
+ * AVX512-BF16 or AMX: correct by construction, not run on AVX2 machines). */
+static int mm_out(const attn *a, bool fresh, bool ta, int64_t M, int64_t N, int64_t K,
+                  float alpha, const void *A, int64_t lda, const void *B, int64_t ldb, float *C,
+                  int64_t ldc) {
+  if (fresh && packed(a)) zero_rows(C, M, N, ldc);
+  return mm(a, ta, false, M, N, K, alpha, A, lda, B, ldb, fresh && !packed(a) ? 0.0f : 1.0f, C,
+            ldc);
+}
+
 /* Rows [0, M) of the packed bf16 tiles Pt, dSt [M, n] into item at column
  * c0 (item [M, W]) */
 static void keep_tile(const attn *a, char *item, int64_t M, int64_t W, int64_t c0, int64_t n,
@@ -883,7 +906,8 @@ static void fetch_tile(const attn *a, const chunk *c, int64_t bh, int64_t i0, in
 }
 
 /* pass 1, item x (query tile t of head h of sequence b): D [TQ] (=, in
- * w.m: unused backward), dq (+=), the item filled */
+ * w.m: unused backward), dq (+=; under bwd_overwrite =, 0 where the rows
+ * see no key), the item filled */
 static int bwd_query_tile(const attn *a, const chunk *c, const float *out, const float *lse,
                           float *dq, int64_t x, scratch w) {
   const k_attn_block *k = a->blk;
@@ -896,8 +920,9 @@ static int bwd_query_tile(const attn *a, const chunk *c, const float *out, const
   }
   char *item = item_at(c, x);
   size_t e = a->esz;
-  bool pk = packed(a);
-  for (int64_t j0 = jlo; j0 < jlo + W; j0 += TK) {
+  bool pk = packed(a), fresh = k->bwd_overwrite;
+  float *dqt = dq + q_at(a, b, i0, h);
+  for (int64_t j0 = jlo; j0 < jlo + W; j0 += TK, fresh = false) {
     int64_t n = min64(TK, jlo + W - j0);
     /* the tile pair's P and dS as the products read them (rows ld apart):
      * in the item at column j0 − jlo, or packed in the scratch; S and dS in
@@ -911,23 +936,29 @@ static int bwd_query_tile(const attn *a, const chunk *c, const float *out, const
     if (rc) return rc;
     probs_grads(a, lse, Dt, b, h, i0, M, j0, n, S, dSf, lds, P, dS, ld);
     if (pk) keep_tile(a, item, M, W, j0 - jlo, n, w);
-    rc = mm(a, false, false, M, hd, n, k->scale, dS, ld, at(a->k, k_at(a, b, j0, g), a->esz),
-            a->kr, 1.0f, dq + q_at(a, b, i0, h), a->qr);
+    rc = mm_out(a, fresh, false, M, hd, n, k->scale, dS, ld,
+                at(a->k, k_at(a, b, j0, g), a->esz), a->kr, dqt, a->qr);
     if (rc) return rc;
   }
+  if (fresh) zero_rows(dqt, M, hd, a->qr); /* no key tile */
   return 0;
 }
 
 /* pass 2, key rows j0.. (one tile) of kv head g of sequence b: dk, dv (+=)
  * over the group's heads in the chunk, each head's query tiles (pass 2's)
- * whose last row the chunk holds */
+ * whose last row the chunk holds. Under bwd_overwrite the chunk holding
+ * the pair's first item (its lowest head's tile 0: no chunk before it
+ * reached the pair) writes them: its first products (=), or 0 when it has
+ * none, and the chunks after it add. */
 static int bwd_key_tile(const attn *a, const chunk *c, float *dk, float *dv, int64_t b,
                         int64_t g, int64_t j0, scratch w) {
   const k_attn_block *k = a->blk;
   int64_t hd = k->hd, n = min64(TK, k->sk - j0), ko = k_at(a, b, j0, g), nt = c->nt;
   int64_t ilo = query_lo(k, j0), ihi = query_hi(k, j0 + n);
   int64_t h_lo = g * a->group - a->off, h_hi = h_lo + a->group;
-  for (int64_t h = h_lo < 0 ? 0 : h_lo; h < h_hi && h < k->nh; h++) {
+  if (h_lo < 0) h_lo = 0;
+  bool fresh = k->bwd_overwrite && (b * k->nh + h_lo) * nt >= c->x0;
+  for (int64_t h = h_lo; h < h_hi && h < k->nh; h++) {
     int64_t bh = b * k->nh + h, x = bh * nt; /* the head's first item */
     int64_t ta = (c->x0 > x ? c->x0 : x) - x, tb = min64(c->x1, x + nt) - x;
     if (ta >= tb) continue;
@@ -938,24 +969,47 @@ static int bwd_key_tile(const attn *a, const chunk *c, float *dk, float *dv, int
       if (last >= rhi) break;
       const void *P = a->lp ? w.Pt : (void *)w.S, *dS = a->lp ? w.dSt : (void *)w.dS;
       if (!item_tile(a, c, bh, i0, M, j0, n, &P, &dS, &ld)) fetch_tile(a, c, bh, i0, M, j0, n, w);
-      int rc = mm(a, true, false, n, hd, M, 1.0f, P, ld, at(a->dout, qo, a->esz), a->qr, 1.0f,
-                  dv + ko, a->kr);
+      int rc = mm_out(a, fresh, true, n, hd, M, 1.0f, P, ld, at(a->dout, qo, a->esz), a->qr,
+                      dv + ko, a->kr);
       if (!rc)
-        rc = mm(a, true, false, n, hd, M, k->scale, dS, ld, at(a->q, qo, a->esz), a->qr, 1.0f,
-                dk + ko, a->kr);
+        rc = mm_out(a, fresh, true, n, hd, M, k->scale, dS, ld, at(a->q, qo, a->esz), a->qr,
+                    dk + ko, a->kr);
       if (rc) return rc;
+      fresh = false;
     }
   }
+  if (fresh) zero_rows(dv + ko, n, hd, a->kr), zero_rows(dk + ko, n, hd, a->kr); /* no query */
   return 0;
+}
+
+/* Under bwd_overwrite, what no task writes: 0 in dq's rows (sq > 0) when
+ * the block has no keys, dk's and dv's (sk > 0) when it has no queries, and
+ * the rows of kv heads none of the block's query heads reads (head_off,
+ * group). */
+static void zero_unreached(const attn *a, float *dq, float *dk, float *dv) {
+  const k_attn_block *k = a->blk;
+  if (!k->bwd_overwrite || k->B <= 0) return;
+  bool none = k->sq <= 0 || k->sk <= 0;
+  int64_t g0 = none ? k->nkv : kv_of(a, 0), g1 = none ? 0 : kv_of(a, k->nh - 1);
+  for (int64_t b = 0; b < k->B; b++) {
+    if (none && k->sq > 0) zero_rows(dq + b * k->q_bs, k->sq, a->qr, a->qr);
+    for (int64_t g = 0; g < k->nkv && k->sk > 0; g++)
+      if (g < g0 || g > g1) {
+        zero_rows(dk + k_at(a, b, 0, g), k->sk, k->hd, a->kr);
+        zero_rows(dv + k_at(a, b, 0, g), k->sk, k->hd, a->kr);
+      }
+  }
 }
 
 int k_attention_block_bwd(const k_attn_block *blk, const float *dout, const float *q,
                           const float *k, const float *v, const float *out, const float *lse,
                           float *dq, float *dk, float *dv, const k_attn_bf16 *lp, void *work,
                           size_t work_bytes, float *tiles) {
-  if (blk->B <= 0 || blk->sq <= 0 || blk->sk <= 0) return 0;
+  if (blk->B <= 0) return 0;
   if (work_bytes < k_attention_bwd_work(blk, 0)) return -1;
   attn a = attn_of(blk, q, k, v, dout, lp);
+  zero_unreached(&a, dq, dk, dv);
+  if (blk->sq <= 0 || blk->sk <= 0) return 0;
   int64_t nt = (blk->sq + TQ - 1) / TQ, nk = (blk->sk + TK - 1) / TK, X = blk->B * blk->nh * nt;
   char *w0 = (char *)(((uintptr_t)work + 63) / 64 * 64);
   int64_t *pre = (int64_t *)w0;

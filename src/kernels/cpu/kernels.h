@@ -149,6 +149,13 @@ typedef struct k_attn_block {
    * their exact fp32 widening); unpaged, bf16 products only (backend.h
    * ml_attn_block.qkv_bf16). The kernels read q, k, v through lp alone. */
   bool qkv_bf16;
+  /* The backward writes (=) dq, dk, dv instead of adding into them: every
+   * element of the block's rows ([B][sq rows] of dq at q_bs, [B][sk rows]
+   * of dk, dv at k_bs, every head), the bits of adding into zeros; rows no
+   * product reaches (no key seen, no query seeing them, kv heads without
+   * query heads in the block) written 0 (backend.h
+   * ml_attn_block.bwd_overwrite) */
+  bool bwd_overwrite;
 } k_attn_block;
 
 /* The tiles: query rows per task (forward, backward pass 1) and per step
@@ -243,7 +250,8 @@ int k_attention_block_fwd(const k_attn_block *blk, const float *q, const float *
  * have any); SIZE_MAX when it overflows. Depends on the block's geometry
  * (not the pointers, not the threads). */
 size_t k_attention_bwd_work(const k_attn_block *blk, size_t budget);
-/* dq (+=) [B][sq, nh, hd], dk, dv (+=) [B][sk, nkv, hd] (summed over the
+/* dq (+=, or = under blk->bwd_overwrite) [B][sq, nh, hd], dk, dv (+=, =)
+ * [B][sk, nkv, hd] (summed over the
  * heads of each group) for this block, given dout and the final out and
  * lse of its queries (after every block of theirs was merged): P =
  * exp(scale·q·k − lse) recomputed, D = rowsum(dout ⊙ out) (fp64, of dout

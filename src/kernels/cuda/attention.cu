@@ -1584,6 +1584,23 @@ extern "C" cudaError_t kc_attention_block_fwd(cudaStream_t st, const kc_attn_blo
   return forward(st, blk, p, q, k, v, out, lse, bf16, stage);
 }
 
+namespace {
+/* A block without queries or keys: nothing to add; written
+ * (bwd_overwrite), the other side's rows are 0, one sequence at a time. */
+cudaError_t empty_bwd(cudaStream_t st, const kc_attn_block &k, float *dq, float *dk, float *dv) {
+  if (!k.bwd_overwrite) return cudaSuccess;
+  const size_t q = sizeof(float) * (size_t)(k.sq * k.nh * k.hd),
+               kv = sizeof(float) * (size_t)(k.sk * k.nkv * k.hd);
+  cudaError_t e = cudaSuccess;
+  for (int64_t b = 0; b < k.B && e == cudaSuccess; b++) {
+    if (q) e = cudaMemsetAsync(dq + b * k.q_bs, 0, q, st);
+    if (kv && e == cudaSuccess) e = cudaMemsetAsync(dk + b * k.k_bs, 0, kv, st);
+    if (kv && e == cudaSuccess) e = cudaMemsetAsync(dv + b * k.k_bs, 0, kv, st);
+  }
+  return e;
+}
+}  // namespace
+
 /* work: D [B, nh, sq] fp32. */
 extern "C" size_t kc_attention_block_work(const kc_attn_block *blk) {
   return kc_attention_bwd_work(blk->B, blk->sq, blk->nh, blk->nkv, blk->hd);
@@ -1594,12 +1611,16 @@ extern "C" cudaError_t kc_attention_block_bwd(cudaStream_t st, const kc_attn_blo
                                               const float *v, const float *out, const float *lse,
                                               float *dq, float *dk, float *dv, bool bf16,
                                               void *work, void *stage) {
-  if (blk->B == 0 || blk->sq == 0 || blk->sk == 0) return cudaSuccess; /* += nothing */
+  if (blk->B == 0 || blk->sq == 0 || blk->sk == 0) return empty_bwd(st, *blk, dq, dk, dv);
   Params p = {};
   cudaError_t e = setup(p, *blk);
   if (e != cudaSuccess) return e;
   if (blk->kv_table || (blk->out_bf16 && !bf16) || !qkv_ok(*blk, bf16))
     return cudaErrorInvalidValue; /* the KV cache is forward only; a bf16 out, bf16 only */
-  p.acc = true;
+  /* Written, the kernels store their accumulators, which start at +0 and
+   * only add (never −0), so each element is bitwise 0 + itself; their grids
+   * cover every query row and every (kv head, key row), those no product
+   * reaches storing 0. */
+  p.acc = !blk->bwd_overwrite;
   return backward(st, blk, p, dout, q, k, v, out, lse, dq, dk, dv, work, bf16, stage);
 }

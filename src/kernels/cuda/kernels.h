@@ -305,6 +305,8 @@ typedef struct kc_attn_block {
                     nothing staged but dout (backend.h ml_attn_block.qkv_bf16; bf16 products,
                     unpaged; B > 1: q compact, q_bs = sq·nh·hd, and k_bs a multiple of
                     8; else cudaErrorInvalidValue) */
+  bool bwd_overwrite; /* the backward writes dq, dk, dv (=) instead of adding (backend.h
+                         ml_attn_block.bwd_overwrite) */
 } kc_attn_block;
 /* Bytes of `stage` (device scratch, 16-byte aligned; free to reuse once
  * the call's kernels have run): bf16, the rows of q, k, v (and, `dout`, of
@@ -324,7 +326,7 @@ cudaError_t kc_attention_block_fwd(cudaStream_t st, const kc_attn_block *blk, co
                                    bool accumulate, bool bf16, void *stage);
 /* Bytes of the backward's work: D [B, nh, sq] fp32. */
 size_t kc_attention_block_work(const kc_attn_block *blk);
-/* dq, dk, dv (+=) of the block for the final out and lse of its queries
+/* dq, dk, dv (+=; = under blk->bwd_overwrite) of the block for the final out and lse of its queries
  * (every block merged): P = exp(scale·q·k − lse), D = rowsum(dout ⊙ out),
  * as kc_attention_bwd (a bf16 out, blk->out_bf16, read exactly; bf16
  * only); paged keys refused. */

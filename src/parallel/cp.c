@@ -82,7 +82,8 @@ static int step_fwd(const ml_cp *cp, const ml_attn_call *c, int src, const float
   return 0;
 }
 
-// step of the backward ring: dq (+=) of this rank's queries, dk, dv (+=) of rank src's keys
+// step of the backward ring: dq (+=) of this rank's queries, dk, dv (+=) of rank src's keys; at
+// the first step (src: this rank) its diagonal blocks write (=) instead
 static int step_bwd(const ml_cp *cp, const ml_attn_call *c, int src, const float *k,
                     const float *v, const float *dout, const float *out, const float *lse,
                     float *dq, float *dk, float *dv, void *work) {

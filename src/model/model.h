@@ -605,8 +605,9 @@ bool ml_model_bf16_inputs(const ml_model *m);
  * LoRA dropout and not computed whole (as ml_model_bf16_inputs), no
  * attention core or one that declares ml_attn_core.bf16_out (packed
  * documents' varlen core does; context parallelism's ring merges fp32
- * outs across blocks, the KV cache's core writes fp32) and no forward hook on o_proj's input edge (a tp redistribute of the fp32 view:
- * there the feature is off). Then the attention kernel writes its output
+ * outs across blocks, the KV cache's core writes fp32) and no forward
+ * hook on o_proj's input edge (a tp redistribute of the fp32 view: there
+ * the feature is off). Then the attention kernel writes its output
  * rounded to bf16 in its final store (ml_attn_block.out_bf16): o_proj's
  * forward and dW GEMMs read the same bf16 values as before (bitwise), and
  * the attention backward's D = rowsum(dout ⊙ out) reads the bf16 out (a
@@ -643,8 +644,8 @@ bool ml_model_bf16_mlp(const ml_model *m);
  * the backend's kernels in bf16 compute, o_proj as it says) under no core
  * or one that declares ml_attn_core.bf16_qkv (the varlen core, context
  * parallelism's ring, which takes them without a bf16 out; the KV cache's
- * core reads fp32 q, k, v) when in every layer q_proj, k_proj and v_proj are bf16 (not
- * ml_param.fp32), not computed whole and have no output edge hooks (a tp
+ * core reads fp32 q, k, v) when in every layer q_proj, k_proj and v_proj
+ * are bf16 (not ml_param.fp32), not computed whole and have no output edge hooks (a tp
  * or sp redistribute of the fp32 views: there the feature is off). */
 bool ml_model_bf16_qkv(const ml_model *m);
 /* Whether the GLU backward writes dg, du (the output gradients of gate_proj

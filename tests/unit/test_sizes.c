@@ -442,6 +442,53 @@ static void test_bf16_qkv_bytes(void **state) {
   ml_model_destroy(&m);
 }
 
+/* An attention core set after the activations were laid out, which does not
+ * take the layout's bf16 q, k, v or bf16 att (ml_attn_core.bf16_qkv,
+ * .bf16_out), is refused before it runs (layer.c check_core: it would read or
+ * write those buffers in the wrong dtype), with a message naming the layer's
+ * o_proj, the layout's bf16 buffers and the remedy (ml_model_begin after
+ * setting the core). Reached through selective activation checkpointing's
+ * recompute, which reruns the core first in ml_layer_backward (no weight is
+ * read before it). A core that declares both passes the check and is called
+ * (its own error comes back). */
+static void test_core_after_layout(void **state) {
+  (void)state;
+  ml_model_config cfg;
+  assert_int_equal(ml_model_config_preset("llama", "tiny", &cfg), 0);
+  ml_model m;
+  assert_int_equal(ml_model_create(&cfg, &m), 0);
+  assert_int_equal(ml_backend_get("cpu", 0, &m.be), 0);
+  m.bf16_params = true;
+  m.ac = ML_AC_SELECTIVE;
+  int64_t B = 2, S = 16;
+  assert_int_equal(ml_model_begin(&m, B, S), 0); /* laid out with no core: bf16 q, k, v, att */
+  assert_true(m.bf16_qkv && m.bf16_att);
+  float *dx = ml_calloc_array(B * S * cfg.hidden, sizeof(float), "dx");
+  assert_non_null(dx);
+  int l = (int)cfg.n_layers - 1;
+  const struct {
+    ml_attn_core core;
+    const char *what;
+  } cases[] = {
+      {{.fwd = core_unused, .bf16_out = true}, "laid out for bf16 q, k, v"},
+      {{.fwd = core_unused, .bf16_qkv = true}, "laid out for a bf16 attention output"}, /* ring */
+      {{.fwd = core_unused}, "laid out for a bf16 attention output"},
+      {{.fwd = core_unused, .bf16_qkv = true, .bf16_out = true}, "the attention core is not "
+                                                                 "called here"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    m.attn_core = cases[i].core;
+    ml_error_clear();
+    assert_int_equal(ml_layer_backward(&m, l, dx, 0), -1);
+    const char *words[] = {cases[i].what, m.layers[l].o_proj.weight->name,
+                           "expected ml_model_begin after setting ml_model.attn_core"};
+    expect_msg(words, i + 1 < sizeof cases / sizeof cases[0] ? 3 : 1);
+  }
+  m.attn_core = (ml_attn_core){0};
+  free(dx);
+  ml_model_destroy(&m);
+}
+
 /* ---- run-checkpoint metadata.json -------------------------------------- */
 
 /* A committed run checkpoint under directory `name` whose metadata.json
@@ -522,7 +569,7 @@ int main(void) {
       cmocka_unit_test(test_config_limits),        cmocka_unit_test(test_config_at_limits),
       cmocka_unit_test(test_seq_len_check),        cmocka_unit_test(test_activations_saturate),
       cmocka_unit_test(test_bf16_inputs_bytes), cmocka_unit_test(test_bf16_att_bytes),
-      cmocka_unit_test(test_bf16_qkv_bytes),
+      cmocka_unit_test(test_bf16_qkv_bytes),       cmocka_unit_test(test_core_after_layout),
       cmocka_unit_test(test_bf16_grads_scratch),
       cmocka_unit_test(test_runckpt_piece_bounds), cmocka_unit_test(test_runckpt_state_range),
   };

@@ -529,6 +529,8 @@ static void text_prediction(const ml_prediction *p) {
                m->opened},
               {"saved activations (all layers, AC workspace)", m->activations},
               {"peak of one training step", m->train_peak},
+              {"held by the pool after the step (cached blocks too; CPU: RSS less the libraries)",
+               m->step_reserved},
               {m->host ? "logprobs' parameter shards (host; inference-only: bf16 alone under bf16)"
                        : "logprobs' parameter shards (inference-only: bf16 alone under bf16)",
                m->logprobs_shards},
@@ -773,6 +775,7 @@ static json_t *jprediction(const ml_prediction *p, int64_t layers) {
   json_object_set_new(mem, "opened", json_integer(m->opened));
   json_object_set_new(mem, "activations", json_integer(m->activations));
   json_object_set_new(mem, "train_peak", json_integer(m->train_peak));
+  json_object_set_new(mem, "step_reserved", json_integer(m->step_reserved));
   json_object_set_new(mem, "logprobs_peak", json_integer(m->logprobs_peak));
   json_object_set_new(mem, "logprobs_reserved", json_integer(m->logprobs_reserved));
   json_object_set_new(mem, "logprobs_opened", json_integer(m->logprobs_opened));

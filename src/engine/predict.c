@@ -63,7 +63,11 @@ static int run_step(ml_engine *e, ml_mesh *mesh, const int32_t *ids, ml_predicti
   ML_TRY(ml_engine_grad_norm(e, 2.0, &norm));
   ML_TRY(ml_engine_adamw(e, &adam));
   take_stats(mesh, p->train);
-  mem->train_peak = (int64_t)ml_be_memory_stats(e->be).peak;
+  ms = ml_be_memory_stats(e->be);
+  mem->train_peak = (int64_t)ms.peak;
+  mem->step_reserved = (int64_t)ms.reserved; /* from the open engine's blocks alone:
+                                                ml_engine_reserve's ml_model_begin gave the
+                                                cached ones back (ml_be_trim) */
   p->S_pad = e->cp.S_pad;
   p->s_local = p->S_pad / e->cp.size;
   int64_t per_layer, work; /* the step's (m->forward_only is off) */

@@ -49,6 +49,15 @@ typedef struct ml_predict_memory {
   int64_t activations; /* saved for backward, all layers, plus the AC recompute workspace
                           (ml_model_act_bytes) */
   int64_t train_peak;  /* the peak of one training step (everything live at once) */
+  int64_t step_reserved; /* what the device pool holds after that step, its cached free blocks
+                            included (torch.cuda.memory_reserved after the first
+                            optimizer.step(); backend/pool.h): above the peak by the blocks a
+                            later request of another size could not reuse. A later step may
+                            cache a few blocks more (measured on the test fixtures: +0 to
+                            +1.0 % by the second step, nothing after; more under ep, whose
+                            buffers follow the routing). On the CPU backend the pool is
+                            malloc'd memory, so the step's resident set is this plus the
+                            libraries' fixed overhead (and the host pool under cpu_offload) */
   int64_t logprobs_peak; /* the peak of one logprobs pass in an inference-only session
                             (under bf16 the units' bf16 shards instead of their fp32 ones:
                             parallel/fsdp.h inference_only) */

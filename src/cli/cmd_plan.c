@@ -529,7 +529,7 @@ static void text_prediction(const ml_prediction *p) {
                m->opened},
               {"saved activations (all layers, AC workspace)", m->activations},
               {"peak of one training step", m->train_peak},
-              {"held by the pool after the step (cached blocks too; CPU: RSS less the libraries)",
+              {"held by the pool after the step (cached too; CPU: RSS <= this + the libraries)",
                m->step_reserved},
               {m->host ? "logprobs' parameter shards (host; inference-only: bf16 alone under bf16)"
                        : "logprobs' parameter shards (inference-only: bf16 alone under bf16)",

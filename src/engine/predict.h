@@ -56,8 +56,11 @@ typedef struct ml_predict_memory {
                             cache a few blocks more (measured on the test fixtures: +0 to
                             +1.0 % by the second step, nothing after; more under ep, whose
                             buffers follow the routing). On the CPU backend the pool is
-                            malloc'd memory, so the step's resident set is this plus the
-                            libraries' fixed overhead (and the host pool under cpu_offload) */
+                            malloc'd memory, so the step's resident set is at most this plus
+                            the libraries' fixed overhead (and the host pool under
+                            cpu_offload): a block's pages never written stay out of it (the
+                            smollm2-135m preset, bf16, S 512 × 2, one rank: RSS 155 MiB below
+                            these bytes, bench/results/2026-11-27-plan-step-reserved.md) */
   int64_t logprobs_peak; /* the peak of one logprobs pass in an inference-only session
                             (under bf16 the units' bf16 shards instead of their fp32 ones:
                             parallel/fsdp.h inference_only) */

@@ -4,9 +4,11 @@
  * on Zen 4 / Cooper Lake, fp32 FMAs elsewhere (bf16 then emulated).
  * Operands are described with strides, so transposed operands cost no
  * copy; fp32 operands of a bf16 GEMM are rounded into contiguous bf16
- * scratch first (torch.autocast's cast). A bf16 output (ml_gemm.c_bf16)
- * is rounded to nearest-even once, at the fixed kernel's store, or after
- * oneDNN's fp32 product (ml_convert_from_f32): not oneDNN's bf16 dst,
+ * scratch first (torch.autocast's cast), except those flagged bf16-exact
+ * (ml_gemm.a_exact) where the GEMM reads fp32 (operand_bytes). A bf16
+ * output (ml_gemm.c_bf16) is rounded to nearest-even once, at the fixed
+ * kernel's store, or after oneDNN's fp32 product (ml_convert_from_f32):
+ * not oneDNN's bf16 dst,
  * whose AVX512-BF16 and AMX stores convert with VCVTNEPS2BF16, which
  * treats subnormal values as zero, so its bits would differ from every
  * other path's (and the CUDA backend's) on tiny outputs. A

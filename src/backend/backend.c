@@ -169,6 +169,9 @@ int ml_be_gemm_temp_blocks(ml_backend *be, const ml_gemm *g, int64_t bytes[ML_GE
   bytes[0] = ml_be_gemm_temp(be, g);
   return bytes[0] > 0;
 }
+bool ml_be_gemm_exact_in_place(ml_backend *be) {
+  return be->ops->gemm_exact_in_place && be->ops->gemm_exact_in_place(be);
+}
 int ml_be_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db) {
   NEED(be, ML_OP_BIAS_GRAD);
   return be->ops->bias_grad(be, dy, T, N, db);

@@ -79,6 +79,23 @@ typedef struct ml_gemm {
   ml_dtype bias_type;
   ml_dtype compute; /* ML_F32 or ML_BF16 */
   bool c_bf16;      /* C holds bf16 (refused with accumulate) */
+  /* a_exact, b_exact: a hint that this fp32 operand of a bf16 GEMM (a_type
+   * or b_type ML_F32, compute ML_BF16) already holds bf16 values:
+   * fp32(bf16(x)) == x for every element of op(A) [M, K] / op(B) [K, N],
+   * as ml_be_round_bf16, ml_be_round_bf16_to and ml_be_add_round_to leave
+   * them. The caller guarantees it (each call site names the producer that
+   * rounded the operand). It changes no value: rounding such an operand is
+   * the identity, so C is bitwise the unflagged GEMM's. It saves the
+   * rounding: where the backend reads the operand as fp32 (the CPU's
+   * emulation without a bf16 matmul, ml_be_gemm_exact_in_place; the CPU's
+   * fixed-order kernel, backend/cpu/gemm.c) it is read in place, with no
+   * rounded copy and no temporary; where it needs bf16 storage (oneDNN's
+   * bf16 matmul, cuBLASLt) it is converted as any fp32 operand. Ignored for
+   * a bf16 operand and in an fp32 GEMM. A flag that lies: the CPU then
+   * computes with the unrounded values where it reads them in place (the
+   * fp32 products of those values), and rounds them elsewhere — the result
+   * is no longer defined by the dtypes alone. */
+  bool a_exact, b_exact;
 } ml_gemm;
 
 /* The most pool blocks one ml_be_gemm call takes for its temporaries
@@ -242,6 +259,7 @@ typedef struct ml_backend_ops {
   int64_t (*gemm_temp)(ml_backend *be, const ml_gemm *g); /* NULL: 0 */
   /* NULL: gemm_temp's bytes as one block */
   int (*gemm_temp_blocks)(ml_backend *be, const ml_gemm *g, int64_t bytes[ML_GEMM_TEMP_BLOCKS]);
+  bool (*gemm_exact_in_place)(ml_backend *be); /* NULL: false */
   int (*bias_grad)(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db);
   int (*add)(ml_backend *be, float *y, const float *x, int64_t n);
   int (*add_bf16)(ml_backend *be, float *y, const float *x, void *y16, int64_t n);
@@ -509,6 +527,16 @@ int64_t ml_be_gemm_temp(ml_backend *be, const ml_gemm *g);
  * order, so its pool caches the blocks the modelled backend's does and
  * `meshlm plan`'s reserved bytes (memory_reserved) are the run's. */
 int ml_be_gemm_temp_blocks(ml_backend *be, const ml_gemm *g, int64_t bytes[ML_GEMM_TEMP_BLOCKS]);
+/* Whether be's bf16 GEMMs read an fp32 operand flagged exact (ml_gemm.a_exact,
+ * b_exact) in place where it is stored contiguously (lda, ldb = its row's
+ * elements): true on a CPU without a bf16 matmul, whose emulation computes
+ * in fp32 on bf16 values (backend/cpu/gemm.c), and on the meta backend
+ * modelling one; false elsewhere (cuBLASLt, oneDNN's bf16 matmul convert an
+ * fp32 operand to bf16 storage). Where true, an fp32 operand read by several
+ * bf16 GEMMs costs least rounded once in fp32 storage and flagged; where
+ * false, rounded once into a bf16 copy — which the emulation would widen
+ * again into an fp32 temporary per GEMM. */
+bool ml_be_gemm_exact_in_place(ml_backend *be);
 /* db[N] (+=) sum over the T rows of dy [T, N] (the bias gradient). */
 int ml_be_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db);
 /* y[n] += x[n] (the residual add). */

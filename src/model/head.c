@@ -157,29 +157,29 @@ static const void *rows_at(const ml_rows *w, int64_t r0) {
 }
 
 // logits: [nt, n] = x: [nt, c] · W[r0 : r0+n]^T
-int ml_head_tile_logits(ml_model *m, const ml_rows *w, const void *x, ml_dtype x_type,
-                        int64_t nt, int64_t r0, int64_t n, float *logits) {
+int ml_head_tile_logits(ml_model *m, const ml_rows *w, ml_tile_in x, int64_t nt, int64_t r0,
+                        int64_t n, float *logits) {
   int64_t c = w->cols;
-  ml_gemm g = {.trans_b = true, .M = nt, .N = n, .K = c, .A = x, .a_type = x_type, .lda = c,
-               .B = rows_at(w, r0), .b_type = w->dtype, .ldb = c, .C = logits, .ldc = n,
-               .compute = w->dtype};
+  ml_gemm g = {.trans_b = true, .M = nt, .N = n, .K = c, .A = x.p, .a_type = x.type, .lda = c,
+               .a_exact = x.exact, .B = rows_at(w, r0), .b_type = w->dtype, .ldb = c,
+               .C = logits, .ldc = n, .compute = w->dtype};
   return ml_be_gemm(m->be, &g);
 }
 
 // dlogits: [nt, n] → dx: [nt, c] (= or +=), W.grad[r0 : r0+n] (+=, unless grad is NULL)
-int ml_head_tile_backward(ml_model *m, const ml_rows *w, const void *x, ml_dtype x_type,
-                          int64_t nt, int64_t r0, int64_t n, const void *dlogits,
-                          ml_dtype dl_type, float *dx, bool accumulate) {
+int ml_head_tile_backward(ml_model *m, const ml_rows *w, ml_tile_in x, int64_t nt, int64_t r0,
+                          int64_t n, ml_tile_in dl, float *dx, bool accumulate) {
   int64_t c = w->cols;
   // dx: [nt, c] (= or +=) dlogits: [nt, n] · W[r0 : r0+n]: [n, c]
-  ml_gemm gx = {.M = nt, .N = c, .K = n, .A = dlogits, .a_type = dl_type, .lda = n,
-                .B = rows_at(w, r0), .b_type = w->dtype, .ldb = c, .C = dx, .ldc = c,
-                .accumulate = accumulate, .compute = w->dtype};
+  ml_gemm gx = {.M = nt, .N = c, .K = n, .A = dl.p, .a_type = dl.type, .lda = n,
+                .a_exact = dl.exact, .B = rows_at(w, r0), .b_type = w->dtype, .ldb = c,
+                .C = dx, .ldc = c, .accumulate = accumulate, .compute = w->dtype};
   ML_TRY(ml_be_gemm(m->be, &gx));
   // dW[r0 : r0+n]: [n, c] += dlogits^T: [n, nt] · x: [nt, c]; none when frozen (grad NULL)
   if (!w->grad) return 0;
-  ml_gemm gw = {.trans_a = true, .M = n, .N = c, .K = nt, .A = dlogits, .a_type = dl_type,
-                .lda = n, .B = x, .b_type = x_type, .ldb = c, .C = w->grad + r0 * c, .ldc = c,
-                .accumulate = true, .compute = w->dtype};
+  ml_gemm gw = {.trans_a = true, .M = n, .N = c, .K = nt, .A = dl.p, .a_type = dl.type,
+                .lda = n, .a_exact = dl.exact, .B = x.p, .b_type = x.type, .ldb = c,
+                .b_exact = x.exact, .C = w->grad + r0 * c, .ldc = c, .accumulate = true,
+                .compute = w->dtype};
   return ml_be_gemm(m->be, &gw);
 }

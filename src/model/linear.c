@@ -6,7 +6,9 @@
  * output rounded to bf16 by the GEMM itself (ml_linear_forward_bf16:
  * autocast's bf16 output, where the caller keeps it so). Each
  * fp32 activation is rounded once however many GEMMs read it: dy for dx
- * and dW here, a shared input by the caller (ml_linear_round_input). A
+ * and dW here (into bf16, or where the backend reads exact fp32 operands in
+ * place, ml_be_gemm_exact_in_place, into fp32 flagged exact), a shared input
+ * by the caller (ml_linear_round_input). A
  * frozen weight or bias (grad NULL, requires_grad=False) gets no gradient:
  * its GEMM is skipped, dx still flows. A LoRA adapter (model/lora.h) adds
  * its low-rank path before the output edge, so a row-parallel linear's
@@ -28,6 +30,20 @@ static int round_rows(ml_backend *be, const float *x, int64_t rows, int64_t c, v
                     (long long)rows, (long long)c);
   if (!*xr) return -1;
   if (ml_be_convert(be, *xr, ML_BF16, x, ML_F32, (size_t)(rows * c))) {
+    ml_be_free(be, *xr);
+    *xr = NULL;
+    return -1;
+  }
+  return 0;
+}
+
+/* x [rows, c] rounded to bf16 values in fp32 pool memory (*xr): an operand flagged exact
+ * (ml_gemm.a_exact). */
+static int round_rows_f32(ml_backend *be, const float *x, int64_t rows, int64_t c, void **xr) {
+  *xr = ml_be_alloc(be, rows * c, sizeof(float), "a bf16 GEMM operand in fp32 [%lld x %lld]",
+                    (long long)rows, (long long)c);
+  if (!*xr) return -1;
+  if (ml_be_round_bf16_to(be, x, *xr, NULL, (size_t)(rows * c))) {
     ml_be_free(be, *xr);
     *xr = NULL;
     return -1;
@@ -257,21 +273,23 @@ int ml_linear_forward_bf16(ml_backend *be, const ml_linear *lin, const ml_act *x
   return rc;
 }
 
-/* The GEMMs of the backward on dy [T, out] of a_type (fp32, or bf16 rounded once for both):
- * dx (= or += when accumulate; NULL: none) and dW (+=; none for a frozen weight). */
+/* The GEMMs of the backward on dy [T, out] of a_type (fp32, or rounded once for both: bf16,
+ * or fp32 holding bf16 values when a_exact): dx (= or += when accumulate; NULL: none) and dW
+ * (+=; none for a frozen weight). */
 static int grad_gemms(ml_backend *be, const ml_param *w, const void *A, ml_dtype a_type,
-                      const ml_act *x, const void *xr, float *dx, int accumulate) {
+                      bool a_exact, const ml_act *x, const void *xr, float *dx, int accumulate) {
   int64_t T = x->B * x->s, in = w->local[1], out = w->local[0];
   if (dx) { // dx: [T, in] (= or +=) dy: [T, out] · W: [out, in]
     ml_gemm g = {.M = T, .N = in, .K = out, .A = A, .a_type = a_type, .lda = out,
-                 .B = w->data, .b_type = w->dtype, .ldb = in, .C = dx, .ldc = in,
-                 .accumulate = accumulate, .compute = w->dtype};
+                 .a_exact = a_exact, .B = w->data, .b_type = w->dtype, .ldb = in, .C = dx,
+                 .ldc = in, .accumulate = accumulate, .compute = w->dtype};
     ML_TRY(ml_be_gemm(be, &g));
   }
   // dW: [out, in] += dy^T: [out, T] · x: [T, in]; none for a frozen weight (grad NULL)
   ml_gemm gw = {.trans_a = true, .M = out, .N = in, .K = T, .A = A, .a_type = a_type,
-                .lda = out, .B = xr ? xr : (const void *)x->x, .b_type = xr ? ML_BF16 : ML_F32,
-                .ldb = in, .C = w->grad, .ldc = in, .accumulate = true, .compute = w->dtype};
+                .lda = out, .a_exact = a_exact, .B = xr ? xr : (const void *)x->x,
+                .b_type = xr ? ML_BF16 : ML_F32, .ldb = in, .C = w->grad, .ldc = in,
+                .accumulate = true, .compute = w->dtype};
   return w->grad ? ml_be_gemm(be, &gw) : 0;
 }
 
@@ -291,10 +309,14 @@ int ml_linear_backward(ml_backend *be, const ml_linear *lin, ml_act *dy, const m
   ML_TRY(ml_hook_run(lin->out.bwd, dy));
   ML_TRY(check_grad(lin, dy, x));
   int64_t T = x->B * x->s, out = w->local[0];
-  void *dyr = NULL; /* dy rounded once for both GEMMs (bf16 weights) */
-  if (w->dtype == ML_BF16 && dx) ML_TRY(round_rows(be, dy->x, T, out, &dyr));
-  int rc = grad_gemms(be, w, dyr ? dyr : (const void *)dy->x, dyr ? ML_BF16 : ML_F32, x, xr, dx,
-                      accumulate);
+  /* dy rounded once for both GEMMs (bf16 weights): into bf16, or where the backend reads
+     exact fp32 operands in place, into fp32 storage (ml_be_round_bf16_to), flagged exact */
+  void *dyr = NULL;
+  bool exact = w->dtype == ML_BF16 && dx && ml_be_gemm_exact_in_place(be);
+  if (exact) ML_TRY(round_rows_f32(be, dy->x, T, out, &dyr));
+  else if (w->dtype == ML_BF16 && dx) ML_TRY(round_rows(be, dy->x, T, out, &dyr));
+  ml_dtype dyt = dyr && !exact ? ML_BF16 : ML_F32;
+  int rc = grad_gemms(be, w, dyr ? dyr : (const void *)dy->x, dyt, exact, x, xr, dx, accumulate);
   ml_be_free(be, dyr);
   ML_TRY(rc);
   if (lin->lora_a) ML_TRY(lora_backward(be, lin, dy, x, xr, dx));
@@ -316,5 +338,5 @@ int ml_linear_backward_bf16(ml_backend *be, const ml_linear *lin, const ml_act *
                         : NULL;
   if (why) return ml_err("%s: a bf16 output gradient was given, but %s", w->name, why);
   ML_TRY(check_grad(lin, dy, x));
-  return grad_gemms(be, w, dy->x, ML_BF16, x, xr, dx, accumulate);
+  return grad_gemms(be, w, dy->x, ML_BF16, false, x, xr, dx, accumulate);
 }

@@ -774,20 +774,29 @@ int ml_head_logits(ml_model *m, const float *x, int64_t nt, const ml_rows *w, fl
 int ml_head_logits_backward(ml_model *m, const float *x, int64_t nt, const ml_rows *w,
                             float *dlogits, float *dx);
 
+/* An operand of the fused classifier's tile GEMMs, stored contiguously: p
+ * of type (ML_F32 or ML_BF16); exact: fp32 values the caller rounded to
+ * bf16 already (ml_gemm.a_exact: the GEMMs read it as it is where the
+ * backend can, ml_be_gemm_exact_in_place). */
+typedef struct ml_tile_in {
+  const void *p;
+  ml_dtype type;
+  bool exact;
+} ml_tile_in;
+
 /* The fused classifier's tiles (parallel/loss.h): n rows r0 .. r0+n−1 of w
- * (local indices) at a time, for nt tokens x [nt, w->cols] of x_type (ML_F32,
- * or ML_BF16 rounded once for every tile by the caller), GEMMs in w->dtype as
- * ml_linear_forward/backward run them; lm_head's edges do not run (the
- * caller tiles only logits that need no output redistribute).
- * tile_logits: logits [nt, n] (=) = x · W[r0 : r0+n]^T. */
-int ml_head_tile_logits(ml_model *m, const ml_rows *w, const void *x, ml_dtype x_type,
-                        int64_t nt, int64_t r0, int64_t n, float *logits);
-/* tile_backward: dlogits [nt, n] of dl_type (ML_F32, or ML_BF16 rounded by
- * the caller); dx [nt, w->cols] (= or += when accumulate) dlogits · W[r0 :
+ * (local indices) at a time, for nt tokens x [nt, w->cols] (ML_F32, or with
+ * bf16 rows rounded once for every tile by the caller: ML_BF16 or exact
+ * fp32), GEMMs in w->dtype as ml_linear_forward/backward run them; lm_head's
+ * edges do not run (the caller tiles only logits that need no output
+ * redistribute). tile_logits: logits [nt, n] (=) = x · W[r0 : r0+n]^T. */
+int ml_head_tile_logits(ml_model *m, const ml_rows *w, ml_tile_in x, int64_t nt, int64_t r0,
+                        int64_t n, float *logits);
+/* tile_backward: dlogits [nt, n] (ML_F32, or rounded by the caller: ML_BF16
+ * or exact fp32); dx [nt, w->cols] (= or += when accumulate) dlogits · W[r0 :
  * r0+n]; w->grad[r0 : r0+n] (+=) dlogits^T · x, one GEMM with K = nt. */
-int ml_head_tile_backward(ml_model *m, const ml_rows *w, const void *x, ml_dtype x_type,
-                          int64_t nt, int64_t r0, int64_t n, const void *dlogits,
-                          ml_dtype dl_type, float *dx, bool accumulate);
+int ml_head_tile_backward(ml_model *m, const ml_rows *w, ml_tile_in x, int64_t nt, int64_t r0,
+                          int64_t n, ml_tile_in dlogits, float *dx, bool accumulate);
 
 /* The vocab rows lm_head holds: global ids v0 .. v0 + *nv − 1. */
 void ml_model_vocab_shard(const ml_model *m, int64_t *v0, int64_t *nv);

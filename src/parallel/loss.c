@@ -24,8 +24,13 @@ typedef struct chunk_bufs {
                     bonus: then H and ew */
   double *sums;  /* [4] device: this rank's tokens' −Σ log-prob and target count, then the
                     other tokens' (discarded); read once when the pass ends */
-  void *xr;      /* [nt, c] bf16: the block's lm_head input rounded once (tiled, bf16 rows) */
-  void *dlr;     /* [nt, cols] bf16: a tile's logits gradient rounded once (likewise, backward) */
+  /* Tiled with bf16 rows, the operands the tile GEMMs read rounded once (exact: rounded in
+     fp32 storage, where the backend reads such operands in place, ml_be_gemm_exact_in_place;
+     else into bf16 copies): */
+  void *xr;      /* [nt, c] bf16 or fp32: the block's lm_head input rounded once */
+  void *dlr;     /* [nt, cols] bf16: a tile's logits gradient rounded once (backward; NULL
+                    when exact: rounded in place in logits) */
+  bool exact;
   int64_t cols;  /* columns per tile; >= nv: whole rows through lm_head's own forward */
   bool bf16;     /* round the logits to bf16 (output_dtype) */
   float *tv;     /* [nt, k] top-k: the running lists' logits (then their log-probs) */
@@ -140,29 +145,35 @@ static int chunk_stats(const loss_pass *p, int64_t t0, int64_t nt, chunk_bufs *b
 }
 
 /* The block's lm_head input for the tiles: x rows t0 .. t0+nt−1, rounded
- * to bf16 once for every tile's GEMMs when lm_head's rows are bf16. */
+ * to bf16 once for every tile's GEMMs when lm_head's rows are bf16 (into
+ * bf16, or, exact, into fp32 storage by ml_be_round_bf16_to). */
 static int block_input(const loss_pass *p, int64_t t0, int64_t nt, chunk_bufs *b,
-                       const void **x, ml_dtype *xt) {
-  *x = p->x + t0 * p->c;
-  *xt = ML_F32;
+                       ml_tile_in *x) {
+  const float *in = p->x + t0 * p->c;
+  size_t n = (size_t)(nt * p->c);
+  *x = (ml_tile_in){in, ML_F32, false};
   if (!b->xr) return 0;
-  ML_TRY(ml_be_convert(p->m->be, b->xr, ML_BF16, *x, ML_F32, (size_t)(nt * p->c)));
-  *x = b->xr;
-  *xt = ML_BF16;
+  if (b->exact) {
+    ML_TRY(ml_be_round_bf16_to(p->m->be, in, b->xr, NULL, n));
+    *x = (ml_tile_in){b->xr, ML_F32, true};
+    return 0;
+  }
+  ML_TRY(ml_be_convert(p->m->be, b->xr, ML_BF16, in, ML_F32, n));
+  *x = (ml_tile_in){b->xr, ML_BF16, false};
   return 0;
 }
 
 // logits: [nt, n] = x · W[r0 : r0+n]^T (rounded to output_dtype)
-static int tile_logits(const loss_pass *p, const void *x, ml_dtype xt, int64_t nt, int64_t r0,
-                       int64_t n, chunk_bufs *b) {
-  ML_TRY(ml_head_tile_logits(p->m, &p->w, x, xt, nt, r0, n, b->logits));
+static int tile_logits(const loss_pass *p, ml_tile_in x, int64_t nt, int64_t r0, int64_t n,
+                       chunk_bufs *b) {
+  ML_TRY(ml_head_tile_logits(p->m, &p->w, x, nt, r0, n, b->logits));
   return b->bf16 ? ml_be_round_bf16(p->m->be, b->logits, (size_t)(nt * n)) : 0;
 }
 
 /* mx, se, tl of tokens t0 .. t0+nt−1 from this rank's columns in tiles (nv >= 1 here): the
  * online log-sum-exp over the tiles, its max reduced over the vocab split,
  * the sums moved onto that max, then reduced. */
-static int tiled_stats(const loss_pass *p, const void *x, ml_dtype xt, int64_t t0, int64_t nt,
+static int tiled_stats(const loss_pass *p, ml_tile_in x, int64_t t0, int64_t nt,
                        chunk_bufs *b) {
   ml_backend *be = p->m->be;
   float *se = b->se_tl, *tl = b->se_tl + nt;
@@ -172,7 +183,7 @@ static int tiled_stats(const loss_pass *p, const void *x, ml_dtype xt, int64_t t
   if (k) ML_TRY(ml_be_xent_topk_clear(be, nt, k, b->tv, b->ti));
   for (int64_t r0 = 0; r0 < p->nv; r0 += b->cols) {
     int64_t n = p->nv - r0 < b->cols ? p->nv - r0 : b->cols;
-    ML_TRY(tile_logits(p, x, xt, nt, r0, n, b));
+    ML_TRY(tile_logits(p, x, nt, r0, n, b));
     /* before xent_online: it reads the running mx, se this tile updates */
     if (sl) ML_TRY(ml_be_xent_entropy_online(be, b->logits, nt, n, b->mxl, se, sl));
     if (k) ML_TRY(ml_be_xent_topk_online(be, b->logits, nt, n, p->v0 + r0, k, b->tv, b->ti));
@@ -238,24 +249,25 @@ static int logits_grad(const loss_pass *p, int64_t t0, int64_t nt, int64_t v0, i
  * other tile's are computed again; then their gradient, dx[t0 : t0+nt] (=
  * on the first tile done, += after) and the tile's rows of lm_head's
  * weight gradient (+=, one GEMM over the block's nt tokens). */
-static int tiled_backward(const loss_pass *p, const void *x, ml_dtype xt, int64_t t0, int64_t nt,
+static int tiled_backward(const loss_pass *p, ml_tile_in x, int64_t t0, int64_t nt,
                           chunk_bufs *b) {
   ml_backend *be = p->m->be;
   float *dx = p->dx + t0 * p->c;
   int64_t last = (p->nv - 1) / b->cols * b->cols;
   for (int64_t r0 = last; r0 >= 0; r0 -= b->cols) {
     int64_t n = p->nv - r0 < b->cols ? p->nv - r0 : b->cols;
-    if (r0 != last) ML_TRY(tile_logits(p, x, xt, nt, r0, n, b));
+    if (r0 != last) ML_TRY(tile_logits(p, x, nt, r0, n, b));
     // dlogits: [nt, n] = w·(softmax − onehot) (+ the entropy bonus's) on the tile's columns
     ML_TRY(logits_grad(p, t0, nt, p->v0 + r0, n, b));
-    const void *dl = b->logits;
-    ml_dtype dt = ML_F32;
-    if (b->dlr) {
+    ml_tile_in dl = {b->logits, ML_F32, false};
+    if (b->exact) { /* rounded here, in place, for both GEMMs (exact: read as they are) */
+      ML_TRY(ml_be_round_bf16(be, b->logits, (size_t)(nt * n)));
+      dl.exact = true;
+    } else if (b->dlr) {
       ML_TRY(ml_be_convert(be, b->dlr, ML_BF16, b->logits, ML_F32, (size_t)(nt * n)));
-      dl = b->dlr;
-      dt = ML_BF16;
+      dl = (ml_tile_in){b->dlr, ML_BF16, false};
     }
-    ML_TRY(ml_head_tile_backward(p->m, &p->w, x, xt, nt, r0, n, dl, dt, dx, r0 != last));
+    ML_TRY(ml_head_tile_backward(p->m, &p->w, x, nt, r0, n, dl, dx, r0 != last));
   }
   return 0;
 }
@@ -334,11 +346,10 @@ static int run_chunks(const loss_pass *p, const ml_loss_grad *g, float *logprobs
   bool tiled = b->cols < p->nv;
   for (int64_t t0 = 0; t0 < p->N; t0 += block) {
     int64_t nt = p->N - t0 < block ? p->N - t0 : block;
-    const void *x = NULL;
-    ml_dtype xt = ML_F32;
+    ml_tile_in x = {NULL, ML_F32, false};
     if (tiled) {
-      ML_TRY(block_input(p, t0, nt, b, &x, &xt));
-      ML_TRY(tiled_stats(p, x, xt, t0, nt, b));
+      ML_TRY(block_input(p, t0, nt, b, &x));
+      ML_TRY(tiled_stats(p, x, t0, nt, b));
     } else {
       ML_TRY(chunk_stats(p, t0, nt, b));
     }
@@ -349,7 +360,7 @@ static int run_chunks(const loss_pass *p, const ml_loss_grad *g, float *logprobs
     if (g && p->coef != 0.0) ML_TRY(entropy_bonus(p, t0, nt, a, z, g, b));
     if (!g) continue;
     if (tiled) {
-      ML_TRY(tiled_backward(p, x, xt, t0, nt, b));
+      ML_TRY(tiled_backward(p, x, t0, nt, b));
       continue;
     }
     ML_TRY(logits_grad(p, t0, nt, p->v0, p->nv, b));
@@ -430,11 +441,13 @@ static int run_pass(loss_pass *p, ml_dtype logits_dtype, const ml_loss_grad *g,
                   .bf16 = logits_dtype == ML_BF16};
   int rc = 0;
   bool bf16_rows = tiled && p->w.dtype == ML_BF16;
-  if (bf16_rows && !(b.xr = ml_be_alloc(m->be, chunk * p->c, sizeof(uint16_t),
+  b.exact = bf16_rows && ml_be_gemm_exact_in_place(m->be);
+  if (bf16_rows && !(b.xr = ml_be_alloc(m->be, chunk * p->c,
+                                        b.exact ? sizeof(float) : sizeof(uint16_t),
                                         "lm_head's input as bf16 (%lld tokens)",
                                         (long long)chunk)))
     rc = -1;
-  if (!rc && bf16_rows && g &&
+  if (!rc && bf16_rows && !b.exact && g &&
       !(b.dlr = ml_be_alloc(m->be, chunk * cols, sizeof(uint16_t),
                             "the logits tile's gradient as bf16 (%lld tokens x %lld columns)",
                             (long long)chunk, (long long)cols)))

@@ -401,7 +401,8 @@ static void gemm_run(const gemm_case *c) {
   dbuf C = dev_from(c0, sizeof(float) * (size_t)(M * ldc));
   for (int s = 0; s < SIDES; s++) {
     ml_gemm g = {c->ta, c->tb, M, N, K, A.p[s], c->a_type, lda, B.p[s], c->b_type, ldb,
-                 C.p[s], ldc, c->acc, c->bias ? bias.p[s] : NULL, c->bias_type, c->compute, false};
+                 C.p[s], ldc, c->acc, c->bias ? bias.p[s] : NULL, c->bias_type, c->compute, false,
+                 false, false};
     ok(ml_be_gemm(g_be[s], &g), "gemm", s);
   }
   double kc = (double)K + 2.0, kg = sum_count((double)K, c->compute == ML_BF16) + 2.0;
@@ -458,7 +459,7 @@ static void test_gemm(void **state) {
   dbuf x = dev_new(64);
   for (int s = 0; s < SIDES; s++) {
     ml_gemm g = {false, false, 2, 2, 2, x.p[s], ML_BF16, 2, x.p[s], ML_F32, 2,
-                 x.p[s], 2, false, NULL, ML_F32, ML_F32, false};
+                 x.p[s], 2, false, NULL, ML_F32, ML_F32, false, false, false};
     for (int bad = 0; bad < 2; bad++) {
       if (bad) g.a_type = ML_F32, g.lda = 1;
       if (ml_be_gemm(g_be[s], &g) != -1 || !ml_error_msg()[0])

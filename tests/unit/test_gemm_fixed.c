@@ -9,7 +9,9 @@
  * backend (ml_be_gemm in batch-invariant mode, operands converted as the
  * compute dtype wants): every row of a 130-row product equals that row
  * computed alone. The widened form of a bf16 A (gemm.c's) gives the same
- * bits, and the default path's small-M products are the same order. */
+ * bits, and the default path's small-M products are the same order.
+ * fp32 operands flagged bf16-exact (ml_gemm.a_exact, b_exact) change no bit
+ * on either path, and the emulation reads them in place. */
 #include <math.h>
 #include <omp.h>
 #include <setjmp.h>
@@ -266,12 +268,117 @@ static void test_c_bf16(void **state) {
   ml_backend_release_all();
 }
 
+/* n fp32 elements holding bf16 values (rounded), or raw when !exact. */
+static float *f32_operand(int64_t n, bool exact) {
+  float *x = operand(n, false);
+  if (exact) ml_round_bf16(x, (size_t)n);
+  return x;
+}
+
+/* A bf16 GEMM's fp32 operands flagged exact (ml_gemm.a_exact, b_exact) give C
+ * bitwise (memcmp) the unflagged GEMM's, whatever reads them: oneDNN (M 64;
+ * the emulation here, oneDNN's bf16 matmul where the CPU has one) and the
+ * fixed kernel (M 3, and every x·W^T in batch-invariant mode); the three
+ * layouts of a linear (x·W^T, dy·W, dy^T·x); fp32 and bf16 C; accumulate;
+ * leading dimensions contiguous and odd (lda, ldb + 3); A, B or both
+ * flagged, the other fp32 or bf16. The flag takes effect: each call's pool
+ * scratch is ml_be_gemm_temp's (temp_run), and where the backend reads
+ * exact operands in place (ml_be_gemm_exact_in_place: the emulation) a
+ * contiguous flagged operand takes none — so both flagged, a product with an
+ * fp32 C takes no scratch at all. */
+static void test_exact_operands(void **state) {
+  (void)state;
+  ml_backend *be;
+  assert_int_equal(ml_backend_get("cpu", 0, &be), 0);
+  bool in_place = ml_be_gemm_exact_in_place(be);
+  enum { N = 37, K = 70 };
+  int n = 0, none = 0;
+  for (int inv = 0; inv < 2; inv++) {
+    assert_int_equal(ml_be_set_batch_invariant(be, inv), 0);
+    for (int v = 0; v < 192; v++) {
+      int64_t M = v & 1 ? 64 : 3;
+      int layout = v % 3;               /* 0: A·B^T, 1: A·B, 2: A^T·B */
+      bool odd = v & 2, c_bf16 = v & 4, acc = (v & 8) && !c_bf16;
+      int flags = (v >> 4) % 3 + 1;     /* 1: A, 2: B, 3: both */
+      bool b_bf = (v & 64) && flags == 1; /* B read as bf16, not flagged */
+      bool ta = layout == 2, tb = layout == 0;
+      int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+      int64_t lda = ac + (odd ? 3 : 0), ldb = bc + (odd ? 3 : 0), ldc = N;
+      float *A = f32_operand(ar * lda, true);
+      void *B = b_bf ? operand(br * ldb, true) : f32_operand(br * ldb, true);
+      size_t cb = (size_t)(M * ldc) * (c_bf16 ? sizeof(uint16_t) : sizeof(float));
+      float *C0 = operand(M * ldc, false);
+      void *C1 = malloc(cb), *C2 = malloc(cb);
+      memcpy(C1, C0, cb), memcpy(C2, C0, cb);
+      ml_gemm g = {.trans_a = ta, .trans_b = tb, .M = M, .N = N, .K = K, .A = A,
+                   .a_type = ML_F32, .lda = lda, .B = B, .b_type = b_bf ? ML_BF16 : ML_F32,
+                   .ldb = ldb, .C = C1, .ldc = ldc, .accumulate = acc, .c_bf16 = c_bf16,
+                   .compute = ML_BF16};
+      temp_run(be, &g);
+      ml_gemm h = g;
+      h.C = C2, h.a_exact = flags & 1, h.b_exact = flags & 2;
+      temp_run(be, &h);
+      if (memcmp(C1, C2, cb) != 0)
+        fail_msg("M %lld %s%s%s%s, %s flagged exact: C differs from the unflagged GEMM's",
+                 (long long)M, layout == 0 ? "A·B^T" : layout == 1 ? "A·B" : "A^T·B",
+                 odd ? " (odd ld)" : "", c_bf16 ? " C bf16" : "", acc ? " +=" : "",
+                 flags == 3 ? "A and B" : flags == 1 ? "A" : "B");
+      if (in_place && flags == 3 && !odd && !c_bf16) {
+        if (ml_be_gemm_temp(be, &h) != 0)
+          fail_msg("M %lld: both operands exact and contiguous, yet %lld B of scratch",
+                   (long long)M, (long long)ml_be_gemm_temp(be, &h));
+        none++;
+      }
+      free(A), free(B), free(C0), free(C1), free(C2);
+      n++;
+    }
+  }
+  assert_int_equal(ml_be_set_batch_invariant(be, false), 0);
+  printf("  %d bf16 GEMMs with exact operands flagged: bitwise unflagged; %d took no scratch%s\n",
+         n, none, in_place ? "" : " (bf16 matmul native here: no in-place reads)");
+  ml_backend_release_all();
+}
+
+/* The flag is what the emulation acts on: fp32 operands flagged exact that
+ * are not (raw values) are read as they are, so the bf16 GEMM is bitwise the
+ * fp32 GEMM of those values (the same primitive), where an honest flag would
+ * have changed nothing (test_exact_operands). Only where the backend reads
+ * exact operands in place (ml_be_gemm_exact_in_place). */
+static void test_exact_read_in_place(void **state) {
+  (void)state;
+  ml_backend *be;
+  assert_int_equal(ml_backend_get("cpu", 0, &be), 0);
+  if (!ml_be_gemm_exact_in_place(be)) {
+    printf("  skipped: bf16 matmul native on this CPU (flagged operands are converted)\n");
+    ml_backend_release_all();
+    skip();
+  }
+  enum { M = 64, N = 37, K = 70 };
+  for (int ta = 0; ta < 2; ta++) {
+    float *A = f32_operand(M * K, false), *B = f32_operand(N * K, false);
+    float *C32 = malloc(sizeof(float) * M * N), *C16 = malloc(sizeof(float) * M * N);
+    ml_gemm g = {.trans_a = ta, .trans_b = !ta, .M = M, .N = N, .K = K, .A = A,
+                 .a_type = ML_F32, .lda = ta ? M : K, .B = B, .b_type = ML_F32,
+                 .ldb = ta ? N : K, .C = C32, .ldc = N, .compute = ML_F32};
+    assert_int_equal(ml_be_gemm(be, &g), 0);
+    g.C = C16, g.compute = ML_BF16, g.a_exact = g.b_exact = true;
+    assert_int_equal(ml_be_gemm(be, &g), 0);
+    if (memcmp(C32, C16, sizeof(float) * M * N) != 0)
+      fail_msg("%s: raw operands flagged exact were rounded (C is not the fp32 GEMM's)",
+               ta ? "A^T·B" : "A·B^T");
+    free(A), free(B), free(C32), free(C16);
+  }
+  ml_backend_release_all();
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fixed_order),
       cmocka_unit_test(test_backend_rows),
       cmocka_unit_test(test_default_small),
       cmocka_unit_test(test_c_bf16),
+      cmocka_unit_test(test_exact_operands),
+      cmocka_unit_test(test_exact_read_in_place),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -155,6 +155,10 @@ static int cpu_gemm_temp_blocks(ml_backend *be, const ml_gemm *g,
                                 int64_t bytes[ML_GEMM_TEMP_BLOCKS]) {
   return ml_cpu_gemm_temp_blocks(impl(be)->gemm, g, bytes);
 }
+/* the emulation reads fp32 operands (gemm.c operand) */
+static bool cpu_gemm_exact_in_place(ml_backend *be) {
+  return !ml_cpu_gemm_bf16_native(impl(be)->gemm);
+}
 
 static int cpu_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db) {
   k_bias_grad(dy, T, N, db);
@@ -692,6 +696,7 @@ static const ml_backend_ops k_cpu_ops = {
     .gemm = cpu_gemm,
     .gemm_temp = cpu_gemm_temp,
     .gemm_temp_blocks = cpu_gemm_temp_blocks,
+    .gemm_exact_in_place = cpu_gemm_exact_in_place,
     .bias_grad = cpu_bias_grad,
     .add = cpu_add,
     .add_bf16 = cpu_add_bf16,

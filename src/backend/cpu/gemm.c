@@ -4,9 +4,11 @@
  * on Zen 4 / Cooper Lake, fp32 FMAs elsewhere (bf16 then emulated).
  * Operands are described with strides, so transposed operands cost no
  * copy; fp32 operands of a bf16 GEMM are rounded into contiguous bf16
- * scratch first (torch.autocast's cast). A bf16 output (ml_gemm.c_bf16)
- * is rounded to nearest-even once, at the fixed kernel's store, or after
- * oneDNN's fp32 product (ml_convert_from_f32): not oneDNN's bf16 dst,
+ * scratch first (torch.autocast's cast), except those flagged bf16-exact
+ * (ml_gemm.a_exact) where the GEMM reads fp32 (operand_bytes). A bf16
+ * output (ml_gemm.c_bf16) is rounded to nearest-even once, at the fixed
+ * kernel's store, or after oneDNN's fp32 product (ml_convert_from_f32):
+ * not oneDNN's bf16 dst,
  * whose AVX512-BF16 and AMX stores convert with VCVTNEPS2BF16, which
  * treats subnormal values as zero, so its bits would differ from every
  * other path's (and the CUDA backend's) on tiny outputs. A
@@ -282,36 +284,73 @@ static void to_compute(const void *src, ml_dtype type, int64_t rows, int64_t col
   }
 }
 
-/* Bytes of the scratch `operand` takes for one [rows, cols] (0: the operand
- * is read as it is) and whether the bf16 GEMM is emulated for it. */
-static int64_t operand_bytes(const ml_cpu_gemm *g, ml_dtype type, ml_dtype compute, bool widen,
-                             int64_t rows, int64_t cols, bool *emulate) {
-  *emulate = compute == ML_BF16 && (!g->bf16_native || (widen && type == ML_F32));
-  if (type == compute && !*emulate) return 0; /* (ml_be_gemm refused bf16 in fp32 GEMMs) */
-  return ml_mul_sat(ml_mul_sat(rows, cols), *emulate ? sizeof(float) : sizeof(uint16_t));
+/* One operand as run_on reads it: stored [rows, cols] with stride ld, of
+ * `type`, flagged exact (ml_gemm.a_exact / b_exact); `fixed`: read by the
+ * fixed-order kernel, `widen`: asked for in fp32 (the fixed kernel's A). */
+typedef struct operand_in {
+  const void *p;
+  ml_dtype type;
+  int64_t rows, cols, ld;
+  bool exact, fixed, widen;
+} operand_in;
+
+/* Bytes of the scratch `operand` takes for o (0: o is read as it is) and
+ * whether the bf16 GEMM is emulated for it. An exact fp32 operand that the
+ * GEMM reads in fp32 (the emulation, or the fixed kernel, which takes fp32
+ * and bf16 alike) is read in place: by the fixed kernel at any stride (its
+ * order depends on K alone), by oneDNN only stored contiguously (ld = cols,
+ * the layout of the copy it replaces: the same primitive, so the same
+ * summation order and the same bits). */
+static int64_t operand_bytes(const ml_cpu_gemm *g, const operand_in *o, ml_dtype compute,
+                             bool *emulate) {
+  *emulate = compute == ML_BF16 && (!g->bf16_native || (o->widen && o->type == ML_F32));
+  if (o->type == compute && !*emulate) return 0; /* (ml_be_gemm refused bf16 in fp32 GEMMs) */
+  bool exact = o->exact && o->type == ML_F32;
+  if (exact && (o->fixed || (*emulate && o->ld == o->cols))) {
+    *emulate = true; /* read as fp32 holding bf16 values */
+    return 0;
+  }
+  return ml_mul_sat(ml_mul_sat(o->rows, o->cols), *emulate ? sizeof(float) : sizeof(uint16_t));
 }
 
 /* The operand as the GEMM's compute dtype wants it: as it is, or rounded
  * (emulated bf16, or `widen` asking for an fp32 source in that form:
  * rounded and widened) into pool scratch (*scratch, freed by the caller)
- * with its new stride; *bf = whether *out holds bf16 elements. */
-static int operand(ml_cpu_gemm *g, const void *p, ml_dtype type, ml_dtype compute, bool widen,
-                   int64_t rows, int64_t cols, int64_t *ld, const void **out, void **scratch,
-                   bool *bf) {
-  *out = p;
+ * with its new stride *ld; *bf = whether *out holds bf16 elements. */
+static int operand(ml_cpu_gemm *g, const operand_in *o, ml_dtype compute, int64_t *ld,
+                   const void **out, void **scratch, bool *bf) {
+  *out = o->p;
+  *ld = o->ld;
   bool emulate;
-  int64_t bytes = operand_bytes(g, type, compute, widen, rows, cols, &emulate);
+  int64_t bytes = operand_bytes(g, o, compute, &emulate);
   *bf = compute == ML_BF16 && !emulate;
   if (!bytes) return 0;
-  /* stored [rows, cols] with stride ld */
-  void *s = ml_be_alloc(g->be, bytes, 1, "a bf16 GEMM operand [%lld x %lld]", (long long)rows,
-                        (long long)cols);
+  void *s = ml_be_alloc(g->be, bytes, 1, "a bf16 GEMM operand [%lld x %lld]", (long long)o->rows,
+                        (long long)o->cols);
   if (!s) return -1;
-  to_compute(p, type, rows, cols, *ld, s, emulate);
-  *ld = cols;
+  to_compute(o->p, o->type, o->rows, o->cols, o->ld, s, emulate);
+  *ld = o->cols;
   *out = s;
   *scratch = s;
   return 0;
+}
+
+/* Operand A or B of a (b_side) as run_on reads it on the fixed kernel or not. */
+static operand_in operand_of(const ml_gemm *a, bool b_side, bool fixed) {
+  bool t = b_side ? a->trans_b : a->trans_a;
+  int64_t outer = b_side ? a->N : a->M; /* op(A) [M, K], op(B)^T [N, K] */
+  /* stored [K, outer] when op(A) = A^T or when B is not transposed */
+  bool k_rows = b_side ? !t : t;
+  return (operand_in){.p = b_side ? a->B : a->A,
+                      .type = b_side ? a->b_type : a->a_type,
+                      .rows = k_rows ? a->K : outer,
+                      .cols = k_rows ? outer : a->K,
+                      .ld = b_side ? a->ldb : a->lda,
+                      .exact = b_side ? a->b_exact : a->a_exact,
+                      .fixed = fixed,
+                      /* the fixed kernel takes a bf16 GEMM's activations widened once
+                         (gemm_fixed.c) */
+                      .widen = fixed && !b_side};
 }
 
 /* K = 0: every product is an empty sum, so C (=|+=) 0 (+ bias); C fp32. */
@@ -380,12 +419,13 @@ int ml_cpu_gemm_temp_blocks(const ml_cpu_gemm *g, const ml_gemm *a,
                             int64_t bytes[ML_GEMM_TEMP_BLOCKS]) {
   ml_cpu_gemm_path path = resolve(g, a, ML_CPU_GEMM_AUTO);
   bool fixed = path == ML_CPU_GEMM_FIXED, e;
+  operand_in oa = operand_of(a, false, fixed), ob = operand_of(a, true, fixed);
   /* in run_on's order, live together: via_f32's product, then (unless K = 0: empty_sum reads
    * no operand) operand A, operand B, the widened bias */
   int64_t b[ML_GEMM_TEMP_BLOCKS] = {
       c_via_f32(a, path) ? ml_mul_sat(ml_mul_sat(a->M, a->N), sizeof(float)) : 0,
-      a->K ? operand_bytes(g, a->a_type, a->compute, fixed, a->M, a->K, &e) : 0,
-      a->K ? operand_bytes(g, a->b_type, a->compute, false, a->N, a->K, &e) : 0,
+      a->K ? operand_bytes(g, &oa, a->compute, &e) : 0,
+      a->K ? operand_bytes(g, &ob, a->compute, &e) : 0,
       a->K && a->bias && a->bias_type == ML_BF16 ? ml_mul_sat(a->N, sizeof(float)) : 0};
   int n = 0;
   for (int i = 0; i < ML_GEMM_TEMP_BLOCKS; i++)
@@ -416,12 +456,9 @@ int ml_cpu_gemm_run_on(ml_cpu_gemm *g, const ml_gemm *a, ml_cpu_gemm_path path) 
   void *sa = NULL, *sb = NULL;
   float *bias = NULL;
   bool abf, bbf, fixed = path == ML_CPU_GEMM_FIXED;
-  /* the fixed kernel takes a bf16 GEMM's activations widened once (gemm_fixed.c) */
-  int rc = operand(g, a->A, a->a_type, a->compute, fixed, a->trans_a ? a->K : a->M,
-                   a->trans_a ? a->M : a->K, &k.lda, &A, &sa, &abf);
-  if (!rc)
-    rc = operand(g, a->B, a->b_type, a->compute, false, a->trans_b ? a->N : a->K,
-                 a->trans_b ? a->K : a->N, &k.ldb, &B, &sb, &bbf);
+  operand_in oa = operand_of(a, false, fixed), ob = operand_of(a, true, fixed);
+  int rc = operand(g, &oa, a->compute, &k.lda, &A, &sa, &abf);
+  if (!rc) rc = operand(g, &ob, a->compute, &k.ldb, &B, &sb, &bbf);
   if (!rc && a->bias && a->bias_type == ML_BF16) {
     bias = ml_be_alloc(g->be, a->N, sizeof(float), "a GEMM bias [%lld]", (long long)a->N);
     if (!bias) rc = -1;

@@ -100,6 +100,9 @@ static int meta_gemm(ml_backend *be, const ml_gemm *g) {
   for (int i = 0; i < n; i++) ml_be_free(be, t[i]);
   return rc;
 }
+static bool meta_gemm_exact_in_place(ml_backend *be) {
+  return ml_be_gemm_exact_in_place(impl(be)->like);
+}
 static int meta_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db) {
   return 0;
 }
@@ -312,6 +315,7 @@ static const ml_backend_ops k_meta_ops = {
     .host_peer = meta_host_peer,
     .sync = meta_sync,
     .gemm = meta_gemm,
+    .gemm_exact_in_place = meta_gemm_exact_in_place,
     .bias_grad = meta_bias_grad,
     .add = meta_add,
     .add_bf16 = meta_add_bf16,

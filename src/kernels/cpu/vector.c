@@ -40,6 +40,23 @@ void k_add(float *y, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+/* y, x: [n]. One loop per case, each the add it replaces (y += x, or into
+ * zeros: 0 + x, not x, so −0 → +0). */
+void k_add_grad(float *y, const float *x, int64_t n, bool overwrite, bool round) {
+  if (!overwrite && !round) {
+    k_add(y, x, n);
+  } else if (!overwrite) {
+#pragma omp parallel for simd if (K_PAR(n, n))
+    for (int64_t i = 0; i < n; i++) y[i] += ml_bf16_to_f32(ml_f32_to_bf16(x[i]));
+  } else if (!round) {
+#pragma omp parallel for simd if (K_PAR(n, n))
+    for (int64_t i = 0; i < n; i++) y[i] = 0.0f + x[i];
+  } else {
+#pragma omp parallel for simd if (K_PAR(n, n))
+    for (int64_t i = 0; i < n; i++) y[i] = 0.0f + ml_bf16_to_f32(ml_f32_to_bf16(x[i]));
+  }
+}
+
 // y, x, y16: [n]
 void k_add_bf16(float *y, const float *x, uint16_t *y16, int64_t n) {
 #pragma omp parallel for simd if (K_PAR(n, n))

@@ -58,9 +58,10 @@ static int add_grad(ml_fsdp *f, ml_fsdp_unit *unit, int64_t at, const float *g, 
   return ml_be_add(f->shard_be, unit->shard_grad + at, f->host_grad, n);
 }
 
-/* shard_grad[at .. at+n) zeroed where the backward accumulates into it
- * (grads_alias, rows_grad_alias) and it is still fresh: the lazy part of
- * zero_grad (ml_fsdp_zero_grads). */
+/* shard_grad[at .. at+n) zeroed while the unit is fresh: the lazy part of
+ * zero_grad (ml_fsdp_zero_grads), where no reduction writes it (the
+ * backward accumulates into it: grads_alias, rows_grad_alias; frozen chunks
+ * past the reduced ones) or before another reader (ml_fsdp_settle_grad). */
 static int zero_fresh(ml_fsdp *f, ml_fsdp_unit *unit, int64_t at, int64_t n) {
   if (!unit->grad_fresh || n <= 0) return 0;
   return ml_be_zero(f->shard_be, unit->shard_grad + at, sizeof(float) * (size_t)n);

@@ -52,8 +52,12 @@ void k_add_grad(float *y, const float *x, int64_t n, bool overwrite, bool round)
 #pragma omp parallel for simd if (K_PAR(n, n))
     for (int64_t i = 0; i < n; i++) y[i] = 0.0f + x[i];
   } else {
+    /* a zero GCC cannot fold into the rounding's NaN branch: with the constant it leaves
+     * control flow in the loop and does not vectorize it */
+    static volatile const float zero_v = 0.0f;
+    const float zero = zero_v;
 #pragma omp parallel for simd if (K_PAR(n, n))
-    for (int64_t i = 0; i < n; i++) y[i] = 0.0f + ml_bf16_to_f32(ml_f32_to_bf16(x[i]));
+    for (int64_t i = 0; i < n; i++) y[i] = zero + ml_bf16_to_f32(ml_f32_to_bf16(x[i]));
   }
 }
 

@@ -180,6 +180,11 @@ int ml_be_add(ml_backend *be, float *y, const float *x, int64_t n) {
   NEED(be, ML_OP_ADD);
   return be->ops->add(be, y, x, n);
 }
+int ml_be_add_grad(ml_backend *be, float *y, const float *x, int64_t n, bool overwrite,
+                   bool round) {
+  NEED(be, ML_OP_ADD);
+  return n > 0 ? be->ops->add_grad(be, y, x, n, overwrite, round) : 0;
+}
 int ml_be_add_bf16(ml_backend *be, float *y, const float *x, void *y16, int64_t n) {
   NEED(be, ML_OP_ADD);
   return be->ops->add_bf16(be, y, x, y16, n);

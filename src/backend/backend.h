@@ -196,7 +196,7 @@ typedef struct ml_attn_block {
 typedef enum ml_op {
   ML_OP_GEMM,            /* ml_be_gemm */
   ML_OP_BIAS_GRAD,       /* ml_be_bias_grad */
-  ML_OP_ADD,             /* ml_be_add / _bf16 / _to */
+  ML_OP_ADD,             /* ml_be_add / _bf16 / _grad / _to / _round_to */
   ML_OP_SCALE,           /* ml_be_scale */
   ML_OP_RMSNORM,         /* ml_be_rmsnorm_fwd / _fwd_bf16 / _bwd */
   ML_OP_ROPE,            /* ml_be_rope_tables / _fwd / _bwd */
@@ -263,6 +263,7 @@ typedef struct ml_backend_ops {
   int (*bias_grad)(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db);
   int (*add)(ml_backend *be, float *y, const float *x, int64_t n);
   int (*add_bf16)(ml_backend *be, float *y, const float *x, void *y16, int64_t n);
+  int (*add_grad)(ml_backend *be, float *y, const float *x, int64_t n, bool overwrite, bool round);
   int (*add_to)(ml_backend *be, float *z, const float *y, const float *x, int64_t n);
   int (*add_round_to)(ml_backend *be, float *z, const float *y, const float *x, void *z16,
                       int64_t n);
@@ -541,6 +542,16 @@ bool ml_be_gemm_exact_in_place(ml_backend *be);
 int ml_be_bias_grad(ml_backend *be, const float *dy, int64_t T, int64_t N, float *db);
 /* y[n] += x[n] (the residual add). */
 int ml_be_add(ml_backend *be, float *y, const float *x, int64_t n);
+/* ml_be_add of an FSDP unit's reduced gradient x into its shard gradient y
+ * (parallel/fsdp_grads.c), in one pass: y[n] = (overwrite ? +0 : y[n]) +
+ * (round ? fp32(bf16(x[n])) : x[n]), bitwise ml_be_round_bf16 of x (round)
+ * then ml_be_add into y, or into zeros (overwrite: y is not read, and a −0
+ * is written +0 as 0 + −0 is). The first reduction after zero_grad
+ * writes (torch's zero_grad(set_to_none=True): the grad is None until the
+ * backward sets it), and under param_dtype bf16 the rounding of a gradient
+ * computed in bf16 (MixedPrecisionPolicy) rides along. ML_OP_ADD. */
+int ml_be_add_grad(ml_backend *be, float *y, const float *x, int64_t n, bool overwrite,
+                   bool round);
 /* ml_be_add fused with the rounding: y[n] += x[n] and y16 [n] (uint16_t) =
  * the sum rounded to nearest-even once, bitwise ml_be_add then ml_be_convert
  * of y. The residual stream's gradient (fp32) and, in the same pass, the

@@ -70,9 +70,11 @@ static const float *unit_array(const ml_fsdp_unit *unit, ml_export_what what) {
  * zeros) or does not exist yet (no training call: ml_engine_train_state;
  * exported as the zeros it would start from) a zero-padded copy in *tmp
  * (ml_fsdp_shard_free it). */
-static int unit_array_padded(ml_engine *e, const ml_fsdp_unit *unit, ml_export_what what,
+static int unit_array_padded(ml_engine *e, ml_fsdp_unit *unit, ml_export_what what,
                              const float **out, float **tmp) {
   *tmp = NULL;
+  if (what == ML_EXPORT_GRADS && unit->shard_grad) /* a fresh unit's reads as zeros */
+    ML_TRY(ml_fsdp_settle_grad(&e->fsdp, unit));
   *out = unit_array(unit, what);
   if (what == ML_EXPORT_PARAMS || (*out && unit->grad_numel == unit->shard_numel)) return 0;
   ml_fsdp *f = &e->fsdp;

@@ -650,7 +650,8 @@ int ml_engine_zero_grad(ml_engine *e) {
   e->lora.micro = 0; /* LoRA dropout numbers the step's micro-batches from 0 */
   ML_TRY(ml_engine_train_state(e));
   ml_norm_parts_drop(e);
-  return ml_fsdp_zero_grads(&e->fsdp);
+  ml_fsdp_zero_grads(&e->fsdp);
+  return 0;
 }
 
 void ml_engine_owned_rows(const ml_engine *e, const ml_fsdp_unit *unit, int i, int64_t *skip,
@@ -668,9 +669,10 @@ void ml_engine_owned_rows(const ml_engine *e, const ml_fsdp_unit *unit, int i, i
 }
 
 int ml_engine_find_nonfinite(ml_engine *e, char *name, size_t cap) {
-  const ml_fsdp *f = &e->fsdp;
+  ml_fsdp *f = &e->fsdp;
   double first = INFINITY; /* export index of this rank's first non-finite gradient */
   ML_TRY(ml_engine_train_state(e));
+  ML_TRY(ml_fsdp_settle_grads(f)); /* a fresh unit's gradient reads as zeros */
   for (int u = 0; u < f->n_units; u++) {
     const ml_fsdp_unit *unit = &f->units[u];
     for (int i = 0; i < unit->n; i++) {
@@ -700,6 +702,7 @@ int ml_engine_clip(ml_engine *e, double norm, double max_norm) {
   float coef = clip_coef(norm, max_norm);
   if (coef == 1.0f) return 0;
   ML_TRY(ml_engine_train_state(e));
+  ML_TRY(ml_fsdp_settle_grads(&e->fsdp));
   ml_norm_parts_drop(e);
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];
@@ -730,6 +733,7 @@ static int adamw_range(ml_engine *e, ml_fsdp_unit *unit, int64_t at, int64_t n, 
  * grad_numel, parallel/fsdp.h). */
 static int adamw_scaled(ml_engine *e, float grad_scale, const ml_adamw_cfg *c) {
   ML_TRY(ml_engine_train_state(e));
+  ML_TRY(ml_fsdp_settle_grads(&e->fsdp)); /* a step without a backward: zero gradients */
   e->step++;
   for (int u = 0; u < e->fsdp.n_units; u++) {
     ml_fsdp_unit *unit = &e->fsdp.units[u];

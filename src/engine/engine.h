@@ -145,8 +145,9 @@ int ml_engine_batch_mode(ml_engine *e);
 int ml_engine_reserve(ml_engine *e, int64_t B, int64_t S, bool forward_only, const char *what);
 
 /* Zero the sharded gradients: the start of an optimizer step (torch's
- * optimizer.zero_grad()); the first call allocates the training state
- * (ml_engine_train_state). */
+ * optimizer.zero_grad(set_to_none=True): lazily, parallel/fsdp.h
+ * ml_fsdp_zero_grads; they read as zeros until a backward writes them);
+ * the first call allocates the training state (ml_engine_train_state). */
 int ml_engine_zero_grad(ml_engine *e);
 
 /* The FSDP shards' gradients and AdamW state (parallel/fsdp.h

@@ -72,6 +72,7 @@ int ml_engine_grad_norm(ml_engine *e, double norm_type, double *norm) {
     return ml_err("grad norm type %g: expected 2 (L2) or inf", norm_type);
   double v;
   ML_TRY(ml_engine_train_state(e));
+  ML_TRY(ml_fsdp_settle_grads(&e->fsdp)); /* a fresh unit's gradient reads as zeros */
   int held = held_norm_part(e, norm_type, &v);
   if (held < 0) return -1;
   if (!held) ML_TRY(local_norm_part(e, inf, &v));

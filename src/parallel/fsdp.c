@@ -425,11 +425,12 @@ void ml_fsdp_destroy(ml_fsdp *f) {
 /* fsdp_impl.h */
 int fsdp_copy_rank_major(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml_elem elem,
                          void *full, ml_dtype type, int to_full, int64_t stride) {
-  return fsdp_copy_part(f, u, wire, elem, full, type, to_full, 0, stride, 0);
+  return fsdp_copy_part(f, u, wire, elem, full, type, to_full, 0, stride, 0, false);
 }
 
 int fsdp_copy_part(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml_elem elem, void *full,
-                   ml_dtype type, int to_full, int64_t lo, int64_t stride, int64_t full_lo) {
+                   ml_dtype type, int to_full, int64_t lo, int64_t stride, int64_t full_lo,
+                   bool round) {
   int dp = u->dp->size;
   size_t es = ml_elem_size(elem), fs = ml_dtype_size(type);
   ml_dtype wt = fsdp_dtype_of(elem);
@@ -445,6 +446,9 @@ int fsdp_copy_part(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml_elem 
       size_t n = (size_t)(nr * cols), pad = (size_t)((c - nr) * cols);
       if (to_full) {
         ML_TRY(ml_be_convert(f->be, full_rows, type, chunk, wt, n));
+      } else if (round && !u->f32[i] && wt == ML_F32 && type == ML_F32) {
+        ML_TRY(ml_be_round_bf16_to(f->be, (const float *)full_rows, (float *)chunk, NULL, n));
+        ML_TRY(ml_be_zero(f->be, chunk + es * n, es * pad));
       } else {
         ML_TRY(ml_be_convert(f->be, chunk, wt, full_rows, type, n));
         ML_TRY(ml_be_zero(f->be, chunk + es * n, es * pad));
@@ -572,7 +576,7 @@ static int gather32_finish(ml_fsdp *f, ml_fsdp_unit *unit, int rc) {
   }
   if (rc == 0)
     rc = fsdp_copy_part(f, unit, unit->recv32, ML_ELEM_F32, unit->full32, ML_F32, 1,
-                        fsdp_lo_numel(unit), unit->f32_numel, fsdp_lo_full(unit));
+                        fsdp_lo_numel(unit), unit->f32_numel, fsdp_lo_full(unit), false);
   if (waited) ml_be_free(f->be, unit->recv32);
   unit->recv32 = NULL;
   return rc;

@@ -204,7 +204,8 @@ typedef struct ml_fsdp_unit {
   /* cpu_offload: the reduced gradient's copy to the host */
   ml_event grad_ev;  /* recorded after its non-blocking copies */
   bool grad_pending; /* copies in flight (ml_fsdp_finish_backward waits) */
-  bool grad_fresh;   /* nothing accumulated in shard_grad since ml_fsdp_zero_grads */
+  bool grad_fresh;   /* shard_grad holds no value since ml_fsdp_zero_grads (it reads as
+                        zeros: the first reduction writes it, ml_fsdp_settle_grad zeroes it) */
   bool frozen;       /* every parameter frozen (ml_param.frozen, requires_grad=False): as
                         FSDP2 on a module without trainable parameters, the unit is gathered
                         for forward only and has no gradient or AdamW state (shard_grad,
@@ -369,8 +370,8 @@ int ml_fsdp_grad_begin(ml_fsdp *f, int u);
 /* Reduce unit u's gradients and its expert unit's, each over its own
  * group (reduce-scatter over dp, or all-reduce under ZeRO-1; then
  * all-reduce over the replicas) and add this rank's part to
- * shard_grad (+=, so micro-batches accumulate; ml_engine_zero_grad clears),
- * then free them. The vocab-parallel rows' gradient is complete already:
+ * shard_grad (+=, so micro-batches accumulate; the first after
+ * ml_fsdp_zero_grads writes it: =, as 0 + g), then free them. The vocab-parallel rows' gradient is complete already:
  * rounded to param_dtype, all-reduced over the replicas in reduce_dtype
  * (one more all-reduce under HSDP), added. */
 int ml_fsdp_reduce_grads(ml_fsdp *f, int u);
@@ -450,15 +451,28 @@ void ml_fsdp_shard_free(const ml_fsdp *f, void *p);
 ml_copy_kind ml_fsdp_shard_to_device(const ml_fsdp *f);
 ml_copy_kind ml_fsdp_device_to_shard(const ml_fsdp *f);
 
-/* Zero every unit's shard_grad (torch's optimizer.zero_grad(), on
- * shard_be) and mark it fresh: the next reduced gradient of each unit is
- * its value (under cpu_offload copied without waiting). The training state
- * must exist (ml_fsdp_train_state). */
-int ml_fsdp_zero_grads(ml_fsdp *f);
+/* Zero every unit's gradient, lazily (torch's
+ * optimizer.zero_grad(set_to_none=True): FSDP2's sharded grads are None
+ * until a backward sets them): mark each trainable unit fresh, its
+ * shard_grad unwritten. The unit's next reduced gradient is written (=, as
+ * 0 + g: bitwise an add into zeros; under cpu_offload copied without
+ * waiting); where the backward accumulates into shard_grad itself (one
+ * rank in fp32, the vocab rows) ml_fsdp_grad_begin zeroes it first; every
+ * other reader of shard_grad settles it (ml_fsdp_settle_grad) first. The
+ * training state must exist (ml_fsdp_train_state). */
+void ml_fsdp_zero_grads(ml_fsdp *f);
+/* unit's shard_grad zeroed (on shard_be) if it is still fresh (no
+ * gradient since ml_fsdp_zero_grads), and no longer fresh: what a reader
+ * of shard_grad outside FSDP's reduction calls first (the grad norm,
+ * clipping, AdamW, the export, the tp step's stash). No-op for a frozen
+ * unit. Errors: the backend's. */
+int ml_fsdp_settle_grad(ml_fsdp *f, ml_fsdp_unit *unit);
+/* ml_fsdp_settle_grad of every unit. */
+int ml_fsdp_settle_grads(ml_fsdp *f);
 /* The end of a backward (FSDP2's finalize_backward): wait for the
  * gradients' copies to the host still in flight (cpu_offload), after which
- * shard_grad may be read on the host. No-op without offload. Errors: the
- * device's. */
+ * shard_grad may be read on the host; then ml_fsdp_settle_grads (the units
+ * the backward gave no gradient read as zeros). Errors: the device's. */
 int ml_fsdp_finish_backward(ml_fsdp *f);
 
 /* The training state of every unit that has a trainable parameter:

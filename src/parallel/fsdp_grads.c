@@ -39,20 +39,39 @@ static int store_grad(ml_fsdp *f, ml_fsdp_unit *unit, int64_t at, const float *g
   return 0;
 }
 
-/* shard_grad[at .. at+n) += the device's reduced gradient g [n]: on the
- * device; under cpu_offload on the host: while fresh (shard_grad is 0) the
- * copy itself, without waiting, else through host_grad (blocking) and
- * added there by shard_be. */
-static int add_grad(ml_fsdp *f, ml_fsdp_unit *unit, int64_t at, const float *g, int64_t n) {
-  if (!fsdp_offload(f)) return ml_be_add(f->be, unit->shard_grad + at, g, n);
+/* shard_grad[at .. at+n) += the device's reduced gradient g [n], its
+ * leading lo elements rounded to bf16 values in the same pass (a gradient
+ * computed in a bf16 param_dtype; lo = 0 under cpu_offload: rounded
+ * before); while fresh (shard_grad holds no value since zero_grad) written
+ * (=) instead, as 0 + g: on the device (ml_be_add_grad); under cpu_offload
+ * on the host: while fresh the copy itself, without waiting, else through
+ * host_grad (blocking) and added there by shard_be. */
+static int add_grad(ml_fsdp *f, ml_fsdp_unit *unit, int64_t at, const float *g, int64_t n,
+                    int64_t lo) {
+  if (!fsdp_offload(f)) {
+    float *y = unit->shard_grad + at;
+    if (lo > 0) ML_TRY(ml_be_add_grad(f->be, y, g, lo, unit->grad_fresh, true));
+    return n > lo ? ml_be_add_grad(f->be, y + lo, g + lo, n - lo, unit->grad_fresh, false) : 0;
+  }
   if (unit->grad_fresh) return store_grad(f, unit, at, g, n);
   ML_TRY(ml_be_copy(f->be, f->host_grad, g, sizeof(float) * (size_t)n, ML_COPY_D2H));
   return ml_be_add(f->shard_be, unit->shard_grad + at, f->host_grad, n);
 }
 
+/* shard_grad[at .. at+n) zeroed while the unit is fresh: the lazy part of
+ * zero_grad (ml_fsdp_zero_grads), where no reduction writes it (the
+ * backward accumulates into it: grads_alias, rows_grad_alias; frozen chunks
+ * past the reduced ones) or before another reader (ml_fsdp_settle_grad). */
+static int zero_fresh(ml_fsdp *f, ml_fsdp_unit *unit, int64_t at, int64_t n) {
+  if (!unit->grad_fresh || n <= 0) return 0;
+  return ml_be_zero(f->shard_be, unit->shard_grad + at, sizeof(float) * (size_t)n);
+}
+
 static int grad_begin_one(ml_fsdp *f, ml_fsdp_unit *unit) {
   if (unit->frozen) return 0; /* no gradient: every param->grad stays NULL */
   if (fsdp_grads_alias(f, unit)) { /* backward accumulates straight into the shard's grads */
+    ML_TRY(zero_fresh(f, unit, 0, unit->grad_numel));
+    unit->grad_fresh = false;
     point_grads(unit, unit->shard_grad);
     return 0;
   }
@@ -70,7 +89,7 @@ static int grad_begin_one(ml_fsdp *f, ml_fsdp_unit *unit) {
   if (n == 0) return 0;
   if (fsdp_rows_grad_alias(f, unit)) { /* the rows' gradient is complete: into shard_grad */
     unit->rows_grad = unit->shard_grad + unit->gather_numel;
-    return 0;
+    return zero_fresh(f, unit, unit->gather_numel, n); /* the gathered part: reduce writes it */
   }
   unit->rows_grad = ml_be_alloc(f->be, n, sizeof(float), "the vocab rows' gradient of a unit");
   if (!unit->rows_grad) return -1;
@@ -89,22 +108,33 @@ int ml_fsdp_grad_begin(ml_fsdp *f, int u) {
  * reduce_dtype: rank-major staging → reduce-scatter (ZeRO-1: all-reduce,
  * then this rank's block) → all-reduce over the replicas → += shard_grad;
  * of each rank's trainable prefix of the gathered part (fsdp_reduce_numel:
- * the frozen chunks after it have no gradient). */
+ * the frozen chunks after it have no gradient). Under a bf16 param_dtype
+ * the param_dtype part's gradient (the fp32 part's is fp32) is rounded to
+ * bf16 values, as the GEMMs computing it in bf16 would hold it, in the
+ * first pass that reads full_grad: the staging copy (an fp32 wire rounds
+ * in it, a bf16 wire's conversion rounds), or on one rank the add into
+ * shard_grad (in place before the replicas' all-reduce or the copy to
+ * the host). The same bits as rounding full_grad first: each element is
+ * rounded once and then added or moved as before. */
 static int reduce_unit(ml_fsdp *f, ml_fsdp_unit *unit) {
   int dp = unit->dp->size;
   size_t n = (size_t)fsdp_reduce_numel(unit);
-  bool bf16 = f->opts.reduce_dtype == ML_BF16;
+  bool bf16 = f->opts.reduce_dtype == ML_BF16, round = f->opts.param_dtype == ML_BF16;
   ml_elem elem = bf16 ? ML_ELEM_BF16 : ML_ELEM_F32;
   size_t es = ml_elem_size(elem);
-  if (f->opts.param_dtype == ML_BF16) { /* the param_dtype part's (the fp32 part's is fp32) */
-    int64_t lo = fsdp_lo_full(unit) < unit->grad_full ? fsdp_lo_full(unit) : unit->grad_full;
-    ML_TRY(ml_be_round_bf16(f->be, unit->full_grad, (size_t)lo));
-  }
+  /* full_grad's param_dtype part: its leading lo elements */
+  int64_t lo = !round ? 0 : fsdp_lo_full(unit) < unit->grad_full ? fsdp_lo_full(unit)
+                                                                  : unit->grad_full;
+  int64_t add_lo = 0; /* of the reduced gradient: rounded in the add */
   void *stage = bf16 ? (void *)f->wire : (void *)f->comm_buf;
-  if (dp == 1 && !bf16) /* one rank's staging is full_grad itself: same layout, same type */
+  if (dp == 1 && !bf16) { /* one rank's staging is full_grad itself: same layout, same type */
     stage = unit->full_grad;
-  else
-    ML_TRY(fsdp_copy_rank_major(f, unit, stage, elem, unit->full_grad, ML_F32, 0, (int64_t)n));
+    if (unit->rep->size == 1 && !fsdp_offload(f)) add_lo = lo;
+    else ML_TRY(ml_be_round_bf16(f->be, unit->full_grad, (size_t)lo));
+  } else {
+    ML_TRY(fsdp_copy_part(f, unit, stage, elem, unit->full_grad, ML_F32, 0, 0, (int64_t)n, 0,
+                          round));
+  }
   void *red = (char *)stage + es * n * (size_t)unit->dp->rank; /* this rank's reduced block */
   if (dp > 1 && f->opts.zero == 1) {
     ML_TRY(ml_all_reduce(unit->dp, stage, n * (size_t)dp, elem, ML_RED_SUM));
@@ -119,7 +149,7 @@ static int reduce_unit(ml_fsdp *f, ml_fsdp_unit *unit) {
     ML_TRY(ml_be_convert(f->be, f->grad_buf, ML_F32, red, ML_BF16, n));
     g = f->grad_buf;
   }
-  return add_grad(f, unit, 0, g, (int64_t)n);
+  return add_grad(f, unit, 0, g, (int64_t)n, add_lo);
 }
 
 /* The vocab-parallel rows' gradient g [n] of unit rounded to bf16 where
@@ -160,16 +190,20 @@ static int reduce_rows(ml_fsdp *f, ml_fsdp_unit *unit) {
   } else if (unit->rep->size > 1) {
     ML_TRY(ml_all_reduce(unit->rep, g, n, ML_ELEM_F32, ML_RED_SUM));
   }
-  return add_grad(f, unit, unit->gather_numel, g, (int64_t)n);
+  return add_grad(f, unit, unit->gather_numel, g, (int64_t)n, 0);
 }
 
 static int reduce_one(ml_fsdp *f, ml_fsdp_unit *unit) {
   point_grads(unit, NULL);
   if (fsdp_grads_alias(f, unit) || unit->frozen) return 0;
   int rc = 0;
+  bool in_place = fsdp_grads_in_place(f, unit);
   if (unit->grad_full > 0)
-    rc = fsdp_grads_in_place(f, unit) ? store_grad(f, unit, 0, unit->full_grad, unit->grad_full)
-                                : reduce_unit(f, unit);
+    rc = in_place ? store_grad(f, unit, 0, unit->full_grad, unit->grad_full)
+                  : reduce_unit(f, unit);
+  /* while fresh, the gathered part's frozen chunks that no reduction writes: zeros */
+  int64_t wrote = unit->grad_full == 0 ? 0 : in_place ? unit->grad_full : fsdp_reduce_numel(unit);
+  if (rc == 0) rc = zero_fresh(f, unit, wrote, fsdp_reduce_numel(unit) - wrote);
   if (rc == 0 && fsdp_rows_grad_numel(unit)) rc = reduce_rows(f, unit);
   unit->grad_fresh = false;
   ml_be_free(f->be, unit->full_grad);
@@ -184,13 +218,19 @@ int ml_fsdp_reduce_grads(ml_fsdp *f, int u) {
   return reduce_one(f, &f->units[u]);
 }
 
-int ml_fsdp_zero_grads(ml_fsdp *f) {
-  for (int u = 0; u < f->n_units; u++) {
-    ml_fsdp_unit *unit = &f->units[u];
-    if (unit->frozen) continue;
-    ML_TRY(ml_be_zero(f->shard_be, unit->shard_grad, sizeof(float) * (size_t)unit->grad_numel));
-    unit->grad_fresh = true;
-  }
+void ml_fsdp_zero_grads(ml_fsdp *f) {
+  for (int u = 0; u < f->n_units; u++) f->units[u].grad_fresh = !f->units[u].frozen;
+}
+
+int ml_fsdp_settle_grad(ml_fsdp *f, ml_fsdp_unit *unit) {
+  if (unit->frozen || !unit->grad_fresh) return 0;
+  ML_TRY(zero_fresh(f, unit, 0, unit->grad_numel));
+  unit->grad_fresh = false;
+  return 0;
+}
+
+int ml_fsdp_settle_grads(ml_fsdp *f) {
+  for (int u = 0; u < f->n_units; u++) ML_TRY(ml_fsdp_settle_grad(f, &f->units[u]));
   return 0;
 }
 
@@ -201,6 +241,6 @@ int ml_fsdp_finish_backward(ml_fsdp *f) {
     unit->grad_pending = false;
     ML_TRY(ml_be_event_sync(f->be, &unit->grad_ev));
   }
-  return 0;
+  return ml_fsdp_settle_grads(f); /* the units this backward gave no gradient */
 }
 

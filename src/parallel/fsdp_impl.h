@@ -93,8 +93,13 @@ static inline int64_t fsdp_lo_full(const ml_fsdp_unit *u) { return u->gather_ful
 /* fsdp_copy_rank_major for the parameters whose chunk lies within
  * [lo, lo + stride) of each rank's shard (a part of it: the fp32 part is
  * lo = fsdp_lo_numel, stride = f32_numel): each rank's block of `wire`
- * holds that range, and `full` starts at the unsharded offset full_lo. */
+ * holds that range, and `full` starts at the unsharded offset full_lo.
+ * round (the way to `wire`, both fp32): the chunks of the parameters
+ * outside the fp32 part (u->f32) rounded to bf16 values on the way
+ * (ml_be_round_bf16_to: a gradient computed in a bf16 param_dtype, staged
+ * for its reduction); a bf16 `wire`'s conversion rounds them anyway. */
 int fsdp_copy_part(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml_elem elem, void *full,
-                   ml_dtype type, int to_full, int64_t lo, int64_t stride, int64_t full_lo);
+                   ml_dtype type, int to_full, int64_t lo, int64_t stride, int64_t full_lo,
+                   bool round);
 
 #endif

@@ -35,8 +35,8 @@ int ml_fsdp_train_state(ml_fsdp *f) {
                                    "parameters%s)",
                                    unit->n, fsdp_offload(f) ? ", offloaded to host memory" : "");
     if (!s) return -1;
-    /* accumulating modes add into shard_grad: it starts at 0, as the moments do */
-    if (ml_be_zero(f->shard_be, s, sizeof(float) * (size_t)(3 * g))) {
+    /* the moments start at 0; shard_grad starts fresh (ml_fsdp_zero_grads: unwritten) */
+    if (ml_be_zero(f->shard_be, s + g, sizeof(float) * (size_t)(2 * g))) {
       ml_fsdp_shard_free(f, s);
       return -1;
     }

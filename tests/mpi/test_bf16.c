@@ -11,7 +11,9 @@
  *    dp2 × cp2 with bf16 K/V bitwise against the same ring on fp32 q, k, v
  *    (the core's bf16_qkv cleared), as ml_attn_block.qkv_bf16 promises;
  *  - the persistent bf16 shard written by AdamW's pass (parallel/fsdp.h
- *    lp): bitwise the rounding an unshard would make, over clipped steps.
+ *    lp): bitwise the rounding an unshard would make, over clipped steps;
+ *  - lazy zero_grad: zeros read before a backward, micro-batches
+ *    accumulated bitwise as adds into zeros (1 rank and dp2 × tp2).
  * usage: test_bf16 FIXTURE */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,6 +25,7 @@
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "parallel/fsdp.h"
 #include "tensor/dtype.h"
@@ -178,6 +181,92 @@ static void test_persistent_shard(void **state) {
   fixture_free(&fx);
 }
 
+static uint32_t float_bits(float v) {
+  uint32_t u;
+  memcpy(&u, &v, sizeof u);
+  return u;
+}
+
+/* forward_backward of this dp rank's rows of b, accumulating (no zero_grad). */
+static void accumulate_rows(run *r, const batch *b) {
+  ml_comm *dp = ml_mesh_comm(&r->mesh, ML_GROUP_DP);
+  int64_t Bl = b->B / dp->size, at = dp->rank * Bl * b->S;
+  double loss;
+  if (ml_engine_forward_backward(&r->e, b->ids + at, b->mask + at, Bl, b->S, b->targets, &loss))
+    fail_msg("forward_backward: %s", ml_error_msg());
+}
+
+/* Every exported gradient bitwise +0 (zero_grad's, read before a backward). */
+static void assert_zero_grads(run *r) {
+  float **g = export_all(r, ML_EXPORT_GRADS);
+  for (int i = 0; i < r->e.model.n_params; i++) {
+    const ml_param *p = ml_engine_export_param(&r->e, i);
+    for (int64_t k = 0; k < p->shape[0] * p->shape[1]; k++)
+      if (float_bits(g[i][k]) != 0) fail_msg("%s[%lld] = %a after zero_grad", p->name, (long long)k, g[i][k]);
+  }
+  free_all(g);
+}
+
+/* Lazy zero_grad (parallel/fsdp.h ml_fsdp_zero_grads: the first reduction
+ * after it writes shard_grad, as 0 + g): the gradients read as +0 after
+ * zero_grad, before any backward (the first one, and after a step that
+ * left gradients there); two accumulated micro-batches are bitwise g1 + g2
+ * in fp32 (shard_grad = 0 + g1, then += g2: the add into zeros), g2 the
+ * second micro-batch's gradient after a zero_grad, which is itself bitwise
+ * what that backward reduced (not added onto the previous gradients).
+ * bf16 param_dtype: the reductions' paths (the round in the add on one rank,
+ * in the staging copy on dp2 × tp2), whose gradients the backward does not
+ * accumulate in place. */
+static void lazy_zero_case(run *r, const batch *b1, const batch *b2) {
+  ml_engine_zero_grad(&r->e);
+  assert_zero_grads(r);
+  accumulate_rows(r, b1);
+  float **g1 = export_all(r, ML_EXPORT_GRADS);
+  accumulate_rows(r, b2);
+  float **g12 = export_all(r, ML_EXPORT_GRADS);
+  ml_engine_zero_grad(&r->e);
+  accumulate_rows(r, b2);
+  float **g2 = export_all(r, ML_EXPORT_GRADS);
+  for (int i = 0; i < r->e.model.n_params; i++) {
+    const ml_param *p = ml_engine_export_param(&r->e, i);
+    for (int64_t k = 0; k < p->shape[0] * p->shape[1]; k++) {
+      float want = g1[i][k] + g2[i][k];
+      if (float_bits(g12[i][k]) != float_bits(want))
+        fail_msg("%s[%lld]: accumulated %a, expected %a + %a", p->name, (long long)k, g12[i][k],
+                 g1[i][k], g2[i][k]);
+    }
+  }
+  free_all(g2);
+  free_all(g12);
+  free_all(g1);
+  ml_engine_zero_grad(&r->e);
+  assert_zero_grads(r);
+}
+
+static void test_lazy_zero_grad(void **state) {
+  (void)state;
+  static fixture fx;
+  fixture_load(g_fixture, &fx);
+  static batch b1, b2;
+  batch_make(&fx, 2, &b1); /* one row per dp rank */
+  batch_make(&fx, 2, &b2);
+  for (int i = 0; i < 2; i++) { /* b1's rows swapped: another micro-batch */
+    memcpy(b2.ids + i * b2.S, b1.ids + (1 - i) * b1.S, sizeof(int32_t) * (size_t)b1.S);
+    memcpy(b2.mask + i * b2.S, b1.mask + (1 - i) * b1.S, (size_t)b1.S);
+  }
+  ml_engine_opts o16 = bf16_engine_opts();
+  static run r;
+  run_open(&r, MPI_COMM_SELF, 1, 1, &o16, fx.dir);
+  lazy_zero_case(&r, &b1, &b2);
+  run_close(&r);
+  run_open(&r, MPI_COMM_WORLD, 1, 2, &o16, fx.dir); /* dp2 x tp2 */
+  lazy_zero_case(&r, &b1, &b2);
+  run_close(&r);
+  batch_free(&b2);
+  batch_free(&b1);
+  fixture_free(&fx);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   int size;
@@ -191,6 +280,7 @@ int main(int argc, char **argv) {
       held_test(test_vs_fp32),
       held_test(test_mesh_parity),
       held_test(test_persistent_shard),
+      held_test(test_lazy_zero_grad),
   };
   return held_finish(cmocka_run_group_tests(tests, NULL, NULL));
 }

@@ -897,6 +897,59 @@ static void test_round_bf16_to(void **state) {
   }
 }
 
+/* k_add_grad: bitwise the passes it fuses (parallel/fsdp_grads.c add_grad): ml_round_bf16 of a
+ * copy of x (round), then k_add into y, or into zeros (overwrite: y, filled with a NaN, is not
+ * read), up to the payload of a NaN + NaN. Pairs (y, x) first: −0 into zeros (+0, as 0 + −0;
+ * −0 + −0 = −0 when added), a tie
+ * (1 + 2^-8: rounded to 1), inf + −inf, a signalling NaN, the smallest subnormal (rounded to
+ * 0), the largest finite value (rounded to inf); then random bit patterns; an odd length and
+ * one past K_PAR_MIN. */
+static void test_add_grad(void **state) {
+  (void)state;
+  static const uint32_t pairs[][2] = {{0x80000000, 0x80000000}, {0x3f800000, 0x3b800000},
+                                      {0x7f800000, 0xff800000}, {0x3f800000, 0x7f800001},
+                                      {0x3f800000, 0x00000001}, {0x00000000, 0x7f7fffff}};
+  enum { NP = sizeof pairs / sizeof pairs[0] };
+  const int64_t sizes[] = {37, K_PAR_MIN + 3};
+  uint32_t bits = 4242u;
+  for (int c = 0; c < 2; c++) {
+    int64_t n = sizes[c];
+    size_t bytes = (size_t)n * sizeof(float);
+    float *x = malloc(bytes), *y = malloc(bytes), *xr = malloc(bytes), *want = malloc(bytes),
+          *z = malloc(bytes);
+    for (int64_t i = 0; i < n; i++) {
+      uint32_t u[2];
+      for (int k = 0; k < 2; k++) {
+        bits = bits * 1664525u + 1013904223u; /* an LCG: every exponent and mantissa */
+        u[k] = i < NP ? pairs[i][k] : bits;
+      }
+      memcpy(&y[i], &u[0], 4), memcpy(&x[i], &u[1], 4);
+    }
+    for (int mode = 0; mode < 4; mode++) {
+      bool overwrite = mode & 1, round = mode & 2;
+      memcpy(xr, x, bytes);
+      if (round) ml_round_bf16(xr, (size_t)n);
+      if (overwrite) memset(want, 0, bytes);
+      else memcpy(want, y, bytes);
+      k_add(want, xr, n);
+      if (overwrite)
+        for (int64_t i = 0; i < n; i++) z[i] = NAN;
+      else memcpy(z, y, bytes);
+      k_add_grad(z, x, n, overwrite, round);
+      for (int64_t i = 0; i < n; i++) /* NaN + NaN: a NaN, whose payload the compiler picks */
+        if (!overwrite && isnan(y[i]) && isnan(x[i])) {
+          assert_true(isnan(z[i]));
+          z[i] = want[i];
+        }
+      assert_memory_equal(z, want, bytes);
+      uint32_t z0;
+      memcpy(&z0, &z[0], 4);
+      assert_int_equal(z0, overwrite ? 0x00000000u : 0x80000000u); /* 0 + −0, −0 + −0 */
+    }
+    free(x), free(y), free(xr), free(want), free(z);
+  }
+}
+
 /* k_add_round_to: z bitwise k_add_to then k_round_bf16_to of z in place, z16 bitwise its copy;
  * out of place, onto either operand (z = y, z = x), with z16 NULL. Pairs first, each sum's
  * bf16 written out: ties to even both signs (1 + 2^-8 -> 1, 1 + 3·2^-8 -> 1 + 2^-6, -1 - 2^-8
@@ -2652,6 +2705,7 @@ int main(void) {
       cmocka_unit_test(test_add_to),
       cmocka_unit_test(test_round_bf16_to),
       cmocka_unit_test(test_add_round_to),
+      cmocka_unit_test(test_add_grad),
       cmocka_unit_test(test_attention_fwd),
       cmocka_unit_test(test_attention_fixed_fwd),
       cmocka_unit_test(test_attention_fixed_blocks), cmocka_unit_test(test_attention_rows),

@@ -210,7 +210,8 @@ static void test_scatter_rows() {
  * a bf16 copy (kc_add_bf16) bitwise k_add_bf16, y16 aligned and not, with
  * ties (1 + 2^-8, 1 + 3·2^-8: exact sums); the add into another buffer
  * (kc_add_to) bitwise k_add_to, and rounded there (kc_add_round_to) bitwise
- * k_add_round_to -------------------------------------------------------------- */
+ * k_add_round_to; a reduced gradient written or added, rounded or not
+ * (kc_add_grad) bitwise k_add_grad ----------------------------------------------- */
 static void test_add_scale() {
   printf("add, scale\n");
   // 4096 blocks x 256 threads x 4 = 4194304 elements before the grid strides
@@ -261,6 +262,19 @@ static void test_add_scale() {
         ok(kc_add_round_to(nullptr, z, z, x, nullptr, n), "add_round_to");
         k_add_round_to(zr, zr, x, nullptr, n);
         same("  onto y", z, zr, 4 * n);
+        /* a reduced gradient into the shard's (kc_add_grad): written (y NaN-filled: not read)
+         * or added, x rounded to bf16 values or not, y misaligned as above: bitwise k_add_grad
+         * on the special pairs (0 + −0 = +0 written, −0 + −0 = −0 added) */
+        for (int mode = 0; mode < 4; mode++) {
+          bool ow = mode & 1, rd = mode & 2;
+          float *g = pl.copy(ys, n, oy), *gr = pl.copy(ys, n);
+          for (int64_t i = 0; ow && i < n; i++) g[i] = NAN;
+          ok(kc_add_grad(nullptr, g, xs, n, ow, rd), "add_grad");
+          k_add_grad(gr, xs, n, ow, rd);
+          same(fmt("add_grad n=%lld y+%d x+%d overwrite %d round %d", (long long)n, oy, ox, ow,
+                   rd),
+               g, gr, 4 * n);
+        }
       }
       ok(kc_scale(nullptr, x, n, -0.37f), "scale");
       k_scale(xr, n, -0.37f);

@@ -170,6 +170,12 @@ static int cpu_add(ml_backend *be, float *y, const float *x, int64_t n) {
   return 0;
 }
 
+static int cpu_add_grad(ml_backend *be, float *y, const float *x, int64_t n, bool overwrite,
+                        bool round) {
+  k_add_grad(y, x, n, overwrite, round);
+  return 0;
+}
+
 static int cpu_add_bf16(ml_backend *be, float *y, const float *x, void *y16, int64_t n) {
   k_add_bf16(y, x, y16, n);
   return 0;
@@ -700,6 +706,7 @@ static const ml_backend_ops k_cpu_ops = {
     .bias_grad = cpu_bias_grad,
     .add = cpu_add,
     .add_bf16 = cpu_add_bf16,
+    .add_grad = cpu_add_grad,
     .add_to = cpu_add_to,
     .add_round_to = cpu_add_round_to,
     .scale = cpu_scale,

@@ -245,6 +245,12 @@ static int cu_add_bf16(ml_backend *be, float *y, const float *x, void *y16, int6
   return ml_cuda_launched(kc_add_bf16(impl(be)->stream, y, x, y16, n), "add with a bf16 copy");
 }
 
+static int cu_add_grad(ml_backend *be, float *y, const float *x, int64_t n, bool overwrite,
+                       bool round) {
+  return ml_cuda_launched(kc_add_grad(impl(be)->stream, y, x, n, overwrite, round),
+                          "add a reduced gradient");
+}
+
 static int cu_add_to(ml_backend *be, float *z, const float *y, const float *x, int64_t n) {
   return ml_cuda_launched(kc_add_to(impl(be)->stream, z, y, x, n), "add into another buffer");
 }
@@ -703,6 +709,7 @@ static const ml_backend_ops k_cuda_ops = {
     .bias_grad = cu_bias_grad,
     .add = cu_add,
     .add_bf16 = cu_add_bf16,
+    .add_grad = cu_add_grad,
     .add_to = cu_add_to,
     .add_round_to = cu_add_round_to,
     .scale = cu_scale,

@@ -110,6 +110,10 @@ static int meta_add(ml_backend *be, float *y, const float *x, int64_t n) { retur
 static int meta_add_bf16(ml_backend *be, float *y, const float *x, void *y16, int64_t n) {
   return 0;
 }
+static int meta_add_grad(ml_backend *be, float *y, const float *x, int64_t n, bool overwrite,
+                         bool round) {
+  return 0;
+}
 static int meta_add_to(ml_backend *be, float *z, const float *y, const float *x, int64_t n) {
   return 0;
 }
@@ -319,6 +323,7 @@ static const ml_backend_ops k_meta_ops = {
     .bias_grad = meta_bias_grad,
     .add = meta_add,
     .add_bf16 = meta_add_bf16,
+    .add_grad = meta_add_grad,
     .add_to = meta_add_to,
     .add_round_to = meta_add_round_to,
     .scale = meta_scale,

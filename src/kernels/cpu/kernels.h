@@ -390,7 +390,14 @@ void k_adamw_step(float *p, float *g, float *m, float *v, uint16_t *p_bf16, int6
 void k_expf(const float *x, float *y, int64_t n);
 /* y[n] += x[n]. */
 void k_add(float *y, const float *x, int64_t n);
-/* The same, and y16[n] = each sum rounded to nearest-even (ml_f32_to_bf16;
+/* y[n] = (overwrite ? +0 : y[n]) + (round ? fp32(bf16(x[n])) : x[n]): an
+ * FSDP unit's reduced gradient into its shard gradient (backend.h
+ * ml_be_add_grad), bitwise k_add into zeros (overwrite: y is not read) after
+ * ml_round_bf16 of x (round) — but for which payload a NaN + NaN keeps (C
+ * leaves a commutative add's operand order to the compiler; a GPU returns
+ * its canonical NaN). */
+void k_add_grad(float *y, const float *x, int64_t n, bool overwrite, bool round);
+/* k_add, and y16[n] = each sum rounded to nearest-even (ml_f32_to_bf16;
  * bitwise k_add then a conversion of y): the residual gradient and the bf16
  * copy o_proj's backward GEMMs read (backend.h ml_be_add_bf16). */
 void k_add_bf16(float *y, const float *x, uint16_t *y16, int64_t n);

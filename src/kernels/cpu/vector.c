@@ -40,6 +40,27 @@ void k_add(float *y, const float *x, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+/* y, x: [n]. One loop per case, each the add it replaces (y += x, or into
+ * zeros: 0 + x, not x, so −0 → +0). */
+void k_add_grad(float *y, const float *x, int64_t n, bool overwrite, bool round) {
+  if (!overwrite && !round) {
+    k_add(y, x, n);
+  } else if (!overwrite) {
+#pragma omp parallel for simd if (K_PAR(n, n))
+    for (int64_t i = 0; i < n; i++) y[i] += ml_bf16_to_f32(ml_f32_to_bf16(x[i]));
+  } else if (!round) {
+#pragma omp parallel for simd if (K_PAR(n, n))
+    for (int64_t i = 0; i < n; i++) y[i] = 0.0f + x[i];
+  } else {
+    /* a zero GCC cannot fold into the rounding's NaN branch: with the constant it leaves
+     * control flow in the loop and does not vectorize it */
+    static volatile const float zero_v = 0.0f;
+    const float zero = zero_v;
+#pragma omp parallel for simd if (K_PAR(n, n))
+    for (int64_t i = 0; i < n; i++) y[i] = zero + ml_bf16_to_f32(ml_f32_to_bf16(x[i]));
+  }
+}
+
 // y, x, y16: [n]
 void k_add_bf16(float *y, const float *x, uint16_t *y16, int64_t n) {
 #pragma omp parallel for simd if (K_PAR(n, n))

@@ -2,7 +2,8 @@
  * (tensor/dtype.{h,c}: ml_f32_to_bf16, ml_f32_to_f16, ml_f16_to_f32,
  * ml_round_bf16, reproduced bit for bit in integer arithmetic; the cast
  * with a bf16 copy: k_round_bf16_to), the residual add (with a bf16 copy
- * of the sum: k_add_bf16; into another buffer: k_add_to; rounded to bf16
+ * of the sum: k_add_bf16; a reduced gradient, written or rounded: k_add_grad;
+ * into another buffer: k_add_to; rounded to bf16
  * values there, the cast at a unit boundary: k_add_round_to) and scaling
  * (kernels/cpu/vector.c: k_add, k_scale) and the
  * gated MLP activation (kernels/cpu/glu.c: k_glu_fwd/bwd and their bf16
@@ -104,6 +105,18 @@ static __global__ void add_kernel(float *z, const float *y, const float *x, uint
       for (int k = 0; k < 4; k++) h[k] = kc_f32_to_bf16(a[k]);
       kc_st4h(z16, i, n, h);
     }
+  }
+}
+
+// y = (overwrite ? +0 : y) + (round ? fp32(bf16(x)) : x); overwrite: y not read
+static __global__ void add_grad_kernel(float *y, const float *x, int64_t n, bool overwrite,
+                                       bool round) {
+  for (int64_t i = kc_gtid() * 4; i < n; i += kc_gstride() * 4) {
+    float a[4] = {0.0f, 0.0f, 0.0f, 0.0f}, b[4];
+    if (!overwrite) kc_ld4(y, i, n, a);
+    kc_ld4(x, i, n, b);
+    for (int k = 0; k < 4; k++) a[k] += round ? round_bf16(b[k]) : b[k]; /* 0 + −0 = +0 */
+    kc_st4(y, i, n, a);
   }
 }
 
@@ -334,6 +347,12 @@ extern "C" cudaError_t kc_add_bf16(cudaStream_t st, float *y, const float *x, vo
                                    int64_t n) {
   if (n <= 0) return cudaSuccess;
   return KC_LAUNCH(add_kernel, quad_grid(n), KC_THREADS, 0, st, y, y, x, (uint16_t *)y16, n);
+}
+
+extern "C" cudaError_t kc_add_grad(cudaStream_t st, float *y, const float *x, int64_t n,
+                                   bool overwrite, bool round) {
+  if (n <= 0) return cudaSuccess;
+  return KC_LAUNCH(add_grad_kernel, quad_grid(n), KC_THREADS, 0, st, y, x, n, overwrite, round);
 }
 
 extern "C" cudaError_t kc_add_to(cudaStream_t st, float *z, const float *y, const float *x,

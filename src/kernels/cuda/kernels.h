@@ -58,6 +58,10 @@ cudaError_t kc_add(cudaStream_t st, float *y, const float *x, int64_t n);
  * (kc_f32_to_bf16): bitwise kc_add then a conversion of y (kernels/cpu
  * k_add_bf16, backend.h ml_be_add_bf16). */
 cudaError_t kc_add_bf16(cudaStream_t st, float *y, const float *x, void *y16, int64_t n);
+/* y[n] = (overwrite ? +0 : y[n]) + (round ? fp32(bf16(x[n])) : x[n])
+ * (overwrite: y not read): kernels/cpu k_add_grad, backend.h ml_be_add_grad. */
+cudaError_t kc_add_grad(cudaStream_t st, float *y, const float *x, int64_t n, bool overwrite,
+                        bool round);
 /* z[n] = y[n] + x[n] (z is y, x or apart from both): k_add_to, backend.h
  * ml_be_add_to. */
 cudaError_t kc_add_to(cudaStream_t st, float *z, const float *y, const float *x, int64_t n);

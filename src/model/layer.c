@@ -549,9 +549,10 @@ static int dense_forward(ml_model *m, ml_layer *L, float *x) {
 }
 
 // x_mid [B, s_res, H] → x [B, s_res, H] = layer output (room for [B, S, H]; not read); with z
-// non-NULL the output goes instead to z [B, s_res, H] (may be x) rounded to bf16 values: the
-// cast of the unit it enters (ML_CAST_OUT), in the residual add's pass
-static int mlp_forward(ml_model *m, ml_layer *L, float *x, float *z) {
+// non-NULL the output goes instead to z [B, s_res, H] (may be x), with round rounded to bf16
+// values: the hand-off to the unit it enters and its cast (ML_CAST_OUT), in the residual add's
+// pass
+static int mlp_forward(ml_model *m, ml_layer *L, float *x, float *z, bool round) {
   ml_layer_acts *a = &L->acts;
   int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
   bool out_norm = L->mlp_out_norm.weight;
@@ -565,7 +566,8 @@ static int mlp_forward(ml_model *m, ml_layer *L, float *x, float *z) {
     ML_TRY(copy_floats(m, a->d, x, Tr * H));
     ML_TRY(norm_fwd(m, &L->mlp_out_norm, a->d, x, a->rstd_d, Tr, H));
   }
-  if (z) return ml_be_add_round_to(m->be, z, x, a->x_mid, NULL, Tr * H);
+  if (z && round) return ml_be_add_round_to(m->be, z, x, a->x_mid, NULL, Tr * H);
+  if (z) return ml_be_add_to(m->be, z, x, a->x_mid, Tr * H);
   return add_inplace(m, x, a->x_mid, Tr * H);
 }
 
@@ -623,13 +625,17 @@ static int mlp_backward(ml_model *m, ml_layer *L, float *dx, unsigned cast) {
 }
 
 /* An error unless the cast flags (model.h ml_layer_cast) of layer l's forward (backward: true)
- * combine: at most one way the input is cast, and the backward's output cast into a layer
- * below. */
+ * combine: at most one way the input is cast, the backward's output cast into a layer below,
+ * and no rounding flag under ML_CAST_FP32, a forward's alone. */
 static int check_cast(const ml_model *m, int l, unsigned cast, bool backward) {
   if ((cast & ML_CAST_IN) && (cast & ML_CAST_IN_FUSED))
     return ml_err("decoder layer %d: cast flags %#x cast the input twice (ML_CAST_IN and "
                   "ML_CAST_IN_FUSED); expected at most one",
                   l, cast);
+  if ((cast & ML_CAST_FP32) && (backward || (cast & ML_CAST_IN)))
+    return ml_err("decoder layer %d: cast flags %#x keep fp32 (ML_CAST_FP32) %s; expected it "
+                  "in a forward without ML_CAST_IN",
+                  l, cast, backward ? "in the backward" : "but round the input (ML_CAST_IN)");
   if (backward && (cast & ML_CAST_OUT) && l == 0)
     return ml_err("decoder layer 0: ML_CAST_OUT in the backward, but no decoder layer is below "
                   "it; expected it on layers 1 .. %lld only",
@@ -638,7 +644,7 @@ static int check_cast(const ml_model *m, int l, unsigned cast, bool backward) {
 }
 
 // x: [B, s_res, H] in place, or under ML_CAST_OUT below the last layer into layer l + 1's x_in
-// (the input: x, or under ML_CAST_IN_FUSED the saved x_in)
+// (the input: x, or under ML_CAST_IN_FUSED the saved x_in), rounded unless ML_CAST_FP32
 int ml_layer_forward(ml_model *m, int l, float *x, unsigned cast) {
   ml_layer *L = &m->layers[l];
   int64_t n = m->B * m->s_res * m->cfg.hidden;
@@ -648,7 +654,7 @@ int ml_layer_forward(ml_model *m, int l, float *x, unsigned cast) {
   if (cast & ML_CAST_IN) ML_TRY(ml_be_round_bf16_to(m->be, x, L->acts.x_in, NULL, (size_t)n));
   else if (!(cast & ML_CAST_IN_FUSED)) ML_TRY(copy_floats(m, L->acts.x_in, x, n));
   ML_TRY(attention_forward(m, L, x));
-  return mlp_forward(m, L, x, out);
+  return mlp_forward(m, L, x, out, !(cast & ML_CAST_FP32));
 }
 
 /* Activation checkpointing: rerun the forward of what m->ac dropped into
@@ -663,7 +669,7 @@ static int recompute(ml_model *m, ml_layer *L) {
   if (m->ac == ML_AC_SELECTIVE) /* attn_saved; att into the scratch's datt room, dropped */
     ML_TRY(core_forward(m, L, scratch_datt(m)));
   if (m->ac == ML_AC_LAYER) ML_TRY(attention_forward(m, L, a->out));
-  if (m->ac == ML_AC_LAYER || m->ac == ML_AC_MLP) ML_TRY(mlp_forward(m, L, a->out, NULL));
+  if (m->ac == ML_AC_LAYER || m->ac == ML_AC_MLP) ML_TRY(mlp_forward(m, L, a->out, NULL, false));
   return 0;
 }
 

@@ -122,18 +122,31 @@ static bool boundary_dy_bf16(const ml_layer *L) {
   return out_grad_bf16(&L->mlp_out_norm, mlp_down(L));
 }
 
-/* d [B, s_res, H], the output gradient of o_proj or down_proj (lin; NULL: a sparse layer's
- * experts read it): attn_out_norm's or mlp_out_norm's backward on the residual gradient dx
- * (fp32), else dx itself copied (lin's output edge transforms it in place), or where lin
+/* Whether lin (o_proj or down_proj; NULL: a sparse layer's experts) reads its fp32 output
+ * gradient without writing it: no output edge backward (a tp redistribute) transforms it in
+ * place, and the experts' backward takes it read only (model/moe.h). */
+static bool reads_dy_only(const ml_linear *lin) { return !lin || !lin->out.bwd.fn; }
+
+/* *dy [B, s_res, H], the output gradient of o_proj or down_proj (lin; NULL: a sparse layer's
+ * experts read it), in d: attn_out_norm's or mlp_out_norm's backward on the residual gradient
+ * dx (fp32), else dx itself copied (lin's output edge transforms it in place), or where lin
  * reads it only in bf16 (*d16 = out_grad_bf16) converted: the one bf16 copy its GEMMs read,
  * written by this pass instead of a copy and then a conversion — or already written by the
- * add that produced dx (ahead: nothing to do). */
+ * add that produced dx (ahead: nothing to do). Where lin reads the fp32 dx only
+ * (reads_dy_only) *dy is dx itself, no copy: the caller's GEMMs read it before
+ * block_input_backward's add writes dx. */
 static int out_grad(ml_model *m, const ml_rmsnorm *norm, const float *saved, const float *rstd,
-                    const ml_linear *lin, const float *dx, bool ahead, float *d, bool *d16) {
+                    const ml_linear *lin, float *dx, bool ahead, float *d, float **dy,
+                    bool *d16) {
   int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
   *d16 = out_grad_bf16(norm, lin);
+  *dy = d;
   if (norm->weight) return norm_bwd(m, norm, dx, saved, rstd, d, Tr, H);
   if (*d16) return ahead ? 0 : ml_be_convert(m->be, d, ML_BF16, dx, ML_F32, (size_t)(Tr * H));
+  if (reads_dy_only(lin)) {
+    *dy = dx;
+    return 0;
+  }
   return copy_floats(m, d, dx, Tr * H);
 }
 
@@ -445,9 +458,10 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx, const ml_laye
   int64_t hd = m->cfg.head_dim, nh = a->qv.c / hd, nkv = a->kv.c / hd;
   float *dtmp = m->scratch, *dh = dtmp + T * H, *datt = scratch_datt(m);
   float *dq = datt + T * m->cap_q, *dk = dq + T * m->cap_q, *dv = dk + T * m->cap_kv;
-  bool d16; /* dtmp: d o [B, s_res, H], fp32, or bf16 as mlp_backward's add wrote it */
-  ML_TRY(out_grad(m, &L->attn_out_norm, a->o, a->rstd_o, &L->o_proj, dx, true, dtmp, &d16));
-  ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
+  bool d16; /* dy: d o [B, s_res, H], fp32 (dtmp or dx), or bf16 as mlp_backward's add wrote it */
+  float *dy;
+  ML_TRY(out_grad(m, &L->attn_out_norm, a->o, a->rstd_o, &L->o_proj, dx, true, dtmp, &dy, &d16));
+  ml_act d = ml_act_view(m, dy, m->s_res, H, H);
   // datt: [B, S, nh·hd]
   const void *xo = m->bf16_att ? (const void *)a->att : NULL; /* as forward (att_operand) */
   ML_TRY(linear_backward(m, d16, &L->o_proj, &d, &a->in_o, xo, datt, 0));
@@ -612,10 +626,11 @@ static int mlp_backward(ml_model *m, ml_layer *L, float *dx, unsigned cast) {
   bool ahead = (cast & (ML_CAST_IN | ML_CAST_IN_FUSED)) && boundary_dy_bf16(L);
   if (cast & ML_CAST_IN)
     ML_TRY(ml_be_round_bf16_to(m->be, dx, dx, ahead ? dtmp : NULL, (size_t)(Tr * H)));
-  bool d16; /* dtmp: d down [B, s_res, H], fp32 or bf16 */
-  ML_TRY(out_grad(m, &L->mlp_out_norm, a->d, a->rstd_d, down, dx, ahead, dtmp, &d16));
-  ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
-  if (!down) ML_TRY(ml_moe_backward(m, L, &a->in_gu, dtmp, dh));  // dh: [B, s, H]
+  bool d16; /* dy: d down [B, s_res, H], fp32 (dtmp or dx) or bf16 (dtmp) */
+  float *dy;
+  ML_TRY(out_grad(m, &L->mlp_out_norm, a->d, a->rstd_d, down, dx, ahead, dtmp, &dy, &d16));
+  ml_act d = ml_act_view(m, dy, m->s_res, H, H);
+  if (!down) ML_TRY(ml_moe_backward(m, L, &a->in_gu, dy, dh));  // dh: [B, s, H]
   else ML_TRY(dense_backward(m, L, &d, d16, dh));
   /* o_proj's bf16 dy, the sum rounded, stored by the add into dtmp (dead now), where
    * attention_backward, next, reads it (its out_grad with ahead) */

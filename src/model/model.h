@@ -754,8 +754,8 @@ int ml_layer_forward(ml_model *m, int l, float *x, unsigned cast);
  * backward reads; ML_CAST_OUT leaves dx rounded and layer l − 1's bf16 dy
  * in the scratch, which the recompute of layer l − 1 does not write.
  * Errors: cast flags that do not combine (IN with IN_FUSED, OUT on layer
- * 0, FP32: forward only); those of ml_layer_forward (from the recompute) and of the backward
- * edges. */
+ * 0, FP32: forward only); those of ml_layer_forward (from the recompute)
+ * and of the backward edges. */
 int ml_layer_backward(ml_model *m, int l, float *dx, unsigned cast);
 
 /* Final norm on x [B, s_res, H] (saved), then lm_head's input edge, which

@@ -262,8 +262,11 @@ static int loss_split(ml_engine *e, ml_loss_split *s) {
 bool ml_engine_casts_units(const ml_engine *e) { return e->opts.fsdp.param_dtype == ML_BF16; }
 
 unsigned ml_engine_layer_cast(const ml_engine *e, int l, bool backward) {
-  if (!ml_engine_casts_units(e)) return 0;
-  if (!backward) return (l == 0 ? ML_CAST_IN : ML_CAST_IN_FUSED) | ML_CAST_OUT;
+  bool cast = ml_engine_casts_units(e);
+  if (!backward) /* every layer's output into the next one's x_in, layer 0's input from x */
+    return (l == 0 ? (cast ? ML_CAST_IN : 0u) : ML_CAST_IN_FUSED) | ML_CAST_OUT |
+           (cast ? 0u : ML_CAST_FP32);
+  if (!cast) return 0;
   unsigned in = l == e->model.cfg.n_layers - 1 ? ML_CAST_IN : ML_CAST_IN_FUSED;
   return in | (l > e->bwd_first ? ML_CAST_OUT : 0u);
 }

@@ -213,8 +213,11 @@ typedef struct ml_engine_batch {
  * head's gradient cast by the last layer, each layer's input gradient by
  * its residual add for the layer below, none below e->bwd_first: the
  * embedding's backward reads it unrounded). ml_engine_layer_cast: the
- * flags of layer l's forward (backward: of its backward) in those loops;
- * 0 (no cast) unless ml_engine_casts_units. */
+ * flags of layer l's forward (backward: of its backward) in those loops.
+ * Unless ml_engine_casts_units nothing is rounded: the forward's layers
+ * still hand the residual stream on by their adds (ML_CAST_FP32: layer 0
+ * copies x into its x_in, each layer's add stores into the next one's x_in,
+ * the last one's into x), and the backward's flags are 0. */
 bool ml_engine_casts_units(const ml_engine *e);
 unsigned ml_engine_layer_cast(const ml_engine *e, int l, bool backward);
 

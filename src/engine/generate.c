@@ -113,7 +113,7 @@ static int forward(gen *g, int64_t T, int64_t nl) {
   rope_point(g, T);
   ML_TRY(ml_be_copy(be, g->ids, g->host_ids, sizeof(int32_t) * (size_t)T, ML_COPY_H2D));
   ML_TRY(ml_embed_forward(m, g->ids, g->x));
-  /* mixed precision: the unit boundaries' casts (ml_engine_layer_cast), as the engine's forward */
+  /* the unit boundaries' casts and hand-offs (ml_engine_layer_cast), as the engine's forward */
   for (int l = 0; l < m->cfg.n_layers; l++)
     ML_TRY(ml_layer_forward(m, l, g->x, ml_engine_layer_cast(g->e, l, false)));
   ML_TRY(ml_head_begin(m, g->x));

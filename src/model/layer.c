@@ -122,18 +122,31 @@ static bool boundary_dy_bf16(const ml_layer *L) {
   return out_grad_bf16(&L->mlp_out_norm, mlp_down(L));
 }
 
-/* d [B, s_res, H], the output gradient of o_proj or down_proj (lin; NULL: a sparse layer's
- * experts read it): attn_out_norm's or mlp_out_norm's backward on the residual gradient dx
- * (fp32), else dx itself copied (lin's output edge transforms it in place), or where lin
+/* Whether lin (o_proj or down_proj; NULL: a sparse layer's experts) reads its fp32 output
+ * gradient without writing it: no output edge backward (a tp redistribute) transforms it in
+ * place, and the experts' backward takes it read only (model/moe.h). */
+static bool reads_dy_only(const ml_linear *lin) { return !lin || !lin->out.bwd.fn; }
+
+/* *dy [B, s_res, H], the output gradient of o_proj or down_proj (lin; NULL: a sparse layer's
+ * experts read it), in d: attn_out_norm's or mlp_out_norm's backward on the residual gradient
+ * dx (fp32), else dx itself copied (lin's output edge transforms it in place), or where lin
  * reads it only in bf16 (*d16 = out_grad_bf16) converted: the one bf16 copy its GEMMs read,
  * written by this pass instead of a copy and then a conversion — or already written by the
- * add that produced dx (ahead: nothing to do). */
+ * add that produced dx (ahead: nothing to do). Where lin reads the fp32 dx only
+ * (reads_dy_only) *dy is dx itself, no copy: the caller's GEMMs read it before
+ * block_input_backward's add writes dx. */
 static int out_grad(ml_model *m, const ml_rmsnorm *norm, const float *saved, const float *rstd,
-                    const ml_linear *lin, const float *dx, bool ahead, float *d, bool *d16) {
+                    const ml_linear *lin, float *dx, bool ahead, float *d, float **dy,
+                    bool *d16) {
   int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
   *d16 = out_grad_bf16(norm, lin);
+  *dy = d;
   if (norm->weight) return norm_bwd(m, norm, dx, saved, rstd, d, Tr, H);
   if (*d16) return ahead ? 0 : ml_be_convert(m->be, d, ML_BF16, dx, ML_F32, (size_t)(Tr * H));
+  if (reads_dy_only(lin)) {
+    *dy = dx;
+    return 0;
+  }
   return copy_floats(m, d, dx, Tr * H);
 }
 
@@ -445,9 +458,10 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx, const ml_laye
   int64_t hd = m->cfg.head_dim, nh = a->qv.c / hd, nkv = a->kv.c / hd;
   float *dtmp = m->scratch, *dh = dtmp + T * H, *datt = scratch_datt(m);
   float *dq = datt + T * m->cap_q, *dk = dq + T * m->cap_q, *dv = dk + T * m->cap_kv;
-  bool d16; /* dtmp: d o [B, s_res, H], fp32, or bf16 as mlp_backward's add wrote it */
-  ML_TRY(out_grad(m, &L->attn_out_norm, a->o, a->rstd_o, &L->o_proj, dx, true, dtmp, &d16));
-  ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
+  bool d16; /* dy: d o [B, s_res, H], fp32 (dtmp or dx), or bf16 as mlp_backward's add wrote it */
+  float *dy;
+  ML_TRY(out_grad(m, &L->attn_out_norm, a->o, a->rstd_o, &L->o_proj, dx, true, dtmp, &dy, &d16));
+  ml_act d = ml_act_view(m, dy, m->s_res, H, H);
   // datt: [B, S, nh·hd]
   const void *xo = m->bf16_att ? (const void *)a->att : NULL; /* as forward (att_operand) */
   ML_TRY(linear_backward(m, d16, &L->o_proj, &d, &a->in_o, xo, datt, 0));
@@ -549,9 +563,10 @@ static int dense_forward(ml_model *m, ml_layer *L, float *x) {
 }
 
 // x_mid [B, s_res, H] → x [B, s_res, H] = layer output (room for [B, S, H]; not read); with z
-// non-NULL the output goes instead to z [B, s_res, H] (may be x) rounded to bf16 values: the
-// cast of the unit it enters (ML_CAST_OUT), in the residual add's pass
-static int mlp_forward(ml_model *m, ml_layer *L, float *x, float *z) {
+// non-NULL the output goes instead to z [B, s_res, H] (may be x), with round rounded to bf16
+// values: the hand-off to the unit it enters and its cast (ML_CAST_OUT), in the residual add's
+// pass
+static int mlp_forward(ml_model *m, ml_layer *L, float *x, float *z, bool round) {
   ml_layer_acts *a = &L->acts;
   int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
   bool out_norm = L->mlp_out_norm.weight;
@@ -565,7 +580,8 @@ static int mlp_forward(ml_model *m, ml_layer *L, float *x, float *z) {
     ML_TRY(copy_floats(m, a->d, x, Tr * H));
     ML_TRY(norm_fwd(m, &L->mlp_out_norm, a->d, x, a->rstd_d, Tr, H));
   }
-  if (z) return ml_be_add_round_to(m->be, z, x, a->x_mid, NULL, Tr * H);
+  if (z && round) return ml_be_add_round_to(m->be, z, x, a->x_mid, NULL, Tr * H);
+  if (z) return ml_be_add_to(m->be, z, x, a->x_mid, Tr * H);
   return add_inplace(m, x, a->x_mid, Tr * H);
 }
 
@@ -610,10 +626,11 @@ static int mlp_backward(ml_model *m, ml_layer *L, float *dx, unsigned cast) {
   bool ahead = (cast & (ML_CAST_IN | ML_CAST_IN_FUSED)) && boundary_dy_bf16(L);
   if (cast & ML_CAST_IN)
     ML_TRY(ml_be_round_bf16_to(m->be, dx, dx, ahead ? dtmp : NULL, (size_t)(Tr * H)));
-  bool d16; /* dtmp: d down [B, s_res, H], fp32 or bf16 */
-  ML_TRY(out_grad(m, &L->mlp_out_norm, a->d, a->rstd_d, down, dx, ahead, dtmp, &d16));
-  ml_act d = ml_act_view(m, dtmp, m->s_res, H, H);
-  if (!down) ML_TRY(ml_moe_backward(m, L, &a->in_gu, dtmp, dh));  // dh: [B, s, H]
+  bool d16; /* dy: d down [B, s_res, H], fp32 (dtmp or dx) or bf16 (dtmp) */
+  float *dy;
+  ML_TRY(out_grad(m, &L->mlp_out_norm, a->d, a->rstd_d, down, dx, ahead, dtmp, &dy, &d16));
+  ml_act d = ml_act_view(m, dy, m->s_res, H, H);
+  if (!down) ML_TRY(ml_moe_backward(m, L, &a->in_gu, dy, dh));  // dh: [B, s, H]
   else ML_TRY(dense_backward(m, L, &d, d16, dh));
   /* o_proj's bf16 dy, the sum rounded, stored by the add into dtmp (dead now), where
    * attention_backward, next, reads it (its out_grad with ahead) */
@@ -623,13 +640,17 @@ static int mlp_backward(ml_model *m, ml_layer *L, float *dx, unsigned cast) {
 }
 
 /* An error unless the cast flags (model.h ml_layer_cast) of layer l's forward (backward: true)
- * combine: at most one way the input is cast, and the backward's output cast into a layer
- * below. */
+ * combine: at most one way the input is cast, the backward's output cast into a layer below,
+ * and no rounding flag under ML_CAST_FP32, a forward's alone. */
 static int check_cast(const ml_model *m, int l, unsigned cast, bool backward) {
   if ((cast & ML_CAST_IN) && (cast & ML_CAST_IN_FUSED))
     return ml_err("decoder layer %d: cast flags %#x cast the input twice (ML_CAST_IN and "
                   "ML_CAST_IN_FUSED); expected at most one",
                   l, cast);
+  if ((cast & ML_CAST_FP32) && (backward || (cast & ML_CAST_IN)))
+    return ml_err("decoder layer %d: cast flags %#x keep fp32 (ML_CAST_FP32) %s; expected it "
+                  "in a forward without ML_CAST_IN",
+                  l, cast, backward ? "in the backward" : "but round the input (ML_CAST_IN)");
   if (backward && (cast & ML_CAST_OUT) && l == 0)
     return ml_err("decoder layer 0: ML_CAST_OUT in the backward, but no decoder layer is below "
                   "it; expected it on layers 1 .. %lld only",
@@ -638,7 +659,7 @@ static int check_cast(const ml_model *m, int l, unsigned cast, bool backward) {
 }
 
 // x: [B, s_res, H] in place, or under ML_CAST_OUT below the last layer into layer l + 1's x_in
-// (the input: x, or under ML_CAST_IN_FUSED the saved x_in)
+// (the input: x, or under ML_CAST_IN_FUSED the saved x_in), rounded unless ML_CAST_FP32
 int ml_layer_forward(ml_model *m, int l, float *x, unsigned cast) {
   ml_layer *L = &m->layers[l];
   int64_t n = m->B * m->s_res * m->cfg.hidden;
@@ -648,7 +669,7 @@ int ml_layer_forward(ml_model *m, int l, float *x, unsigned cast) {
   if (cast & ML_CAST_IN) ML_TRY(ml_be_round_bf16_to(m->be, x, L->acts.x_in, NULL, (size_t)n));
   else if (!(cast & ML_CAST_IN_FUSED)) ML_TRY(copy_floats(m, L->acts.x_in, x, n));
   ML_TRY(attention_forward(m, L, x));
-  return mlp_forward(m, L, x, out);
+  return mlp_forward(m, L, x, out, !(cast & ML_CAST_FP32));
 }
 
 /* Activation checkpointing: rerun the forward of what m->ac dropped into
@@ -663,7 +684,7 @@ static int recompute(ml_model *m, ml_layer *L) {
   if (m->ac == ML_AC_SELECTIVE) /* attn_saved; att into the scratch's datt room, dropped */
     ML_TRY(core_forward(m, L, scratch_datt(m)));
   if (m->ac == ML_AC_LAYER) ML_TRY(attention_forward(m, L, a->out));
-  if (m->ac == ML_AC_LAYER || m->ac == ML_AC_MLP) ML_TRY(mlp_forward(m, L, a->out, NULL));
+  if (m->ac == ML_AC_LAYER || m->ac == ML_AC_MLP) ML_TRY(mlp_forward(m, L, a->out, NULL, false));
   return 0;
 }
 

@@ -700,13 +700,17 @@ int ml_embed_edge_backward(ml_model *m, float *dx);
 /* The unit boundaries' bf16 casts around a decoder layer (FSDP2's
  * cast_forward_inputs under MixedPrecisionPolicy param_dtype bf16: a unit's
  * input, and the gradient a bf16 unit hands on, rounded to bf16 values in
- * fp32 storage), as the caller's loop runs the layers (engine.h
- * ml_engine_layer_cast; 0: none, the fp32 path). The cast between two
- * layers is done once, by the add that produces the residual sum (its
- * store rounded, ml_be_add_round_to) — ML_CAST_OUT on the layer the sum
- * leaves, ML_CAST_IN_FUSED on the one it enters — and by the layer itself
+ * fp32 storage), and the forward's hand-off of the residual stream between
+ * layers, as the caller's loop runs the layers (engine.h
+ * ml_engine_layer_cast; 0: neither, each layer copies its input into x_in
+ * and adds its output into x). The cast between two layers is done once, by
+ * the add that produces the residual sum (its store rounded,
+ * ml_be_add_round_to) — ML_CAST_OUT on the layer the sum leaves,
+ * ML_CAST_IN_FUSED on the one it enters — and by the layer itself
  * (ML_CAST_IN) where the unit before it is not a layer (the embedding, the
- * head's backward). */
+ * head's backward). In fp32 (ML_CAST_FP32) the forward's sum goes the same
+ * way unrounded (ml_be_add_to): the same bits as the add in place and the
+ * next layer's copy into its x_in. */
 enum ml_layer_cast {
   /* the layer casts its input: forward, x rounded into the saved x_in;
      backward, dx rounded in place (with down_proj's bf16 dy, where its
@@ -723,15 +727,20 @@ enum ml_layer_cast {
      into dx, with layer l − 1's down_proj bf16 dy (ML_CAST_IN_FUSED
      there; l >= 1) */
   ML_CAST_OUT = 4,
+  /* forward only, no rounding at the boundaries (param_dtype fp32):
+     ML_CAST_IN_FUSED's input is in x_in as the layer below stored it, and
+     ML_CAST_OUT's add stores the sum as it is; with ML_CAST_IN refused */
+  ML_CAST_FP32 = 8,
 };
 
 /* Decoder layer l: x [B, s_res, H] residual stream in place (under
  * ML_CAST_OUT of a layer below the last: into layer l + 1's x_in, x left
  * holding no value); saves the activations m->ac keeps. cast: the unit
- * boundaries' casts (ml_layer_cast); x itself is overwritten unread after
- * the input is saved in x_in. Errors: cast flags that do not combine (IN
- * with IN_FUSED); edges whose layouts do not compose (attention fed a
- * sequence shard, a residual of another extent), named by module.
+ * boundaries' casts and hand-offs (ml_layer_cast); x itself is overwritten
+ * unread after the input is saved in x_in. Errors: cast flags that do not
+ * combine (IN with IN_FUSED, FP32 with IN); edges whose layouts do not
+ * compose (attention fed a sequence shard, a residual of another extent),
+ * named by module.
  * x += attn_out_norm(o_proj(attention(rope(q_norm(q)), rope(k_norm(k)), v)))
  * on attn_norm(x), then x += mlp_out_norm(down(act(gate)·up)) on
  * mlp_norm(x); absent norms are the identity (HF *DecoderLayer.forward). */
@@ -745,8 +754,8 @@ int ml_layer_forward(ml_model *m, int l, float *x, unsigned cast);
  * backward reads; ML_CAST_OUT leaves dx rounded and layer l − 1's bf16 dy
  * in the scratch, which the recompute of layer l − 1 does not write.
  * Errors: cast flags that do not combine (IN with IN_FUSED, OUT on layer
- * 0); those of ml_layer_forward (from the recompute) and of the backward
- * edges. */
+ * 0, FP32: forward only); those of ml_layer_forward (from the recompute)
+ * and of the backward edges. */
 int ml_layer_backward(ml_model *m, int l, float *dx, unsigned cast);
 
 /* Final norm on x [B, s_res, H] (saved), then lm_head's input edge, which

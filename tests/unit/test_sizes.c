@@ -3,7 +3,9 @@
  * the field, with what was found and what was expected), the largest
  * config the limits admit counted without overflow, activation sizes of a
  * batch beyond 2^63 bytes refused with a message, and run-checkpoint
- * metadata.json offsets/shapes checked without forming a sum that wraps. */
+ * metadata.json offsets/shapes checked without forming a sum that wraps;
+ * and a decoder layer's cast flags that do not combine (model.h
+ * ml_layer_cast) refused by name before anything is read or written. */
 #define _XOPEN_SOURCE 700
 #define TMPDIR_PREFIX "ml_test_sizes"
 
@@ -324,6 +326,35 @@ static void test_bf16_grads_scratch(void **state) {
   ml_model_destroy(&m);
 }
 
+/* The cast flags of ml_layer_forward / ml_layer_backward that do not combine
+ * (model.h ml_layer_cast) are refused with a message naming the layer and the
+ * flags, before the layer reads or writes anything (x NULL): the input cast
+ * twice, ML_CAST_FP32 with a rounding input cast or in a backward, the
+ * backward's ML_CAST_OUT on layer 0. */
+static void test_layer_cast_flags(void **state) {
+  (void)state;
+  ml_model_config cfg;
+  assert_int_equal(ml_model_config_preset("llama", "tiny", &cfg), 0);
+  ml_model m;
+  assert_int_equal(ml_model_create(&cfg, &m), 0);
+  assert_int_equal(ml_backend_get("cpu", 0, &m.be), 0);
+  ml_error_clear();
+  assert_int_equal(ml_layer_forward(&m, 1, NULL, ML_CAST_IN | ML_CAST_IN_FUSED), -1);
+  expect_msg((const char *const[]){"decoder layer 1", "ML_CAST_IN_FUSED", "at most one"}, 3);
+  ml_error_clear();
+  assert_int_equal(ml_layer_forward(&m, 0, NULL, ML_CAST_FP32 | ML_CAST_IN | ML_CAST_OUT), -1);
+  expect_msg((const char *const[]){"decoder layer 0", "ML_CAST_FP32", "ML_CAST_IN",
+                                   "expected it in a forward without ML_CAST_IN"},
+             4);
+  ml_error_clear();
+  assert_int_equal(ml_layer_backward(&m, 1, NULL, ML_CAST_FP32), -1);
+  expect_msg((const char *const[]){"decoder layer 1", "ML_CAST_FP32", "in the backward"}, 3);
+  ml_error_clear();
+  assert_int_equal(ml_layer_backward(&m, 0, NULL, ML_CAST_IN | ML_CAST_OUT), -1);
+  expect_msg((const char *const[]){"decoder layer 0", "ML_CAST_OUT in the backward"}, 2);
+  ml_model_destroy(&m);
+}
+
 /* A hook that is never run: marks an edge as active (ml_model_bf16_att reads
  * whether o_proj's input edge has a forward hook). */
 static int hook_unused(void *ctx, ml_act *a) {
@@ -570,7 +601,7 @@ int main(void) {
       cmocka_unit_test(test_seq_len_check),        cmocka_unit_test(test_activations_saturate),
       cmocka_unit_test(test_bf16_inputs_bytes), cmocka_unit_test(test_bf16_att_bytes),
       cmocka_unit_test(test_bf16_qkv_bytes),       cmocka_unit_test(test_core_after_layout),
-      cmocka_unit_test(test_bf16_grads_scratch),
+      cmocka_unit_test(test_bf16_grads_scratch),   cmocka_unit_test(test_layer_cast_flags),
       cmocka_unit_test(test_runckpt_piece_bounds), cmocka_unit_test(test_runckpt_state_range),
   };
   return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);

@@ -897,6 +897,20 @@ static void test_round_bf16_to(void **state) {
   }
 }
 
+/* y[i], x[i] (i < n): the bit patterns pairs[i] for i < np, then an LCG's (*bits its state:
+ * every exponent and mantissa). */
+static void fill_pairs(float *y, float *x, int64_t n, const uint32_t (*pairs)[2], int64_t np,
+                       uint32_t *bits) {
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u[2];
+    for (int k = 0; k < 2; k++) {
+      *bits = *bits * 1664525u + 1013904223u;
+      u[k] = i < np ? pairs[i][k] : *bits;
+    }
+    memcpy(&y[i], &u[0], 4), memcpy(&x[i], &u[1], 4);
+  }
+}
+
 /* k_add_grad: bitwise the passes it fuses (parallel/fsdp_grads.c add_grad): ml_round_bf16 of a
  * copy of x (round), then k_add into y, or into zeros (overwrite: y, filled with a NaN, is not
  * read), up to the payload of a NaN + NaN. Pairs (y, x) first: −0 into zeros (+0, as 0 + −0;
@@ -917,14 +931,7 @@ static void test_add_grad(void **state) {
     size_t bytes = (size_t)n * sizeof(float);
     float *x = malloc(bytes), *y = malloc(bytes), *xr = malloc(bytes), *want = malloc(bytes),
           *z = malloc(bytes);
-    for (int64_t i = 0; i < n; i++) {
-      uint32_t u[2];
-      for (int k = 0; k < 2; k++) {
-        bits = bits * 1664525u + 1013904223u; /* an LCG: every exponent and mantissa */
-        u[k] = i < NP ? pairs[i][k] : bits;
-      }
-      memcpy(&y[i], &u[0], 4), memcpy(&x[i], &u[1], 4);
-    }
+    fill_pairs(y, x, n, pairs, NP, &bits);
     for (int mode = 0; mode < 4; mode++) {
       bool overwrite = mode & 1, round = mode & 2;
       memcpy(xr, x, bytes);
@@ -973,14 +980,7 @@ static void test_add_round_to(void **state) {
     size_t bytes = (size_t)n * sizeof(float), hbytes = (size_t)n * sizeof(uint16_t);
     float *x = malloc(bytes), *y = malloc(bytes), *want = malloc(bytes), *z = malloc(bytes);
     uint16_t *want16 = malloc(hbytes), *z16 = malloc(hbytes);
-    for (int64_t i = 0; i < n; i++) {
-      uint32_t u[2];
-      for (int k = 0; k < 2; k++) {
-        bits = bits * 1664525u + 1013904223u; /* an LCG: every exponent and mantissa */
-        u[k] = i < NP ? pairs[i][k] : bits;
-      }
-      memcpy(&y[i], &u[0], 4), memcpy(&x[i], &u[1], 4);
-    }
+    fill_pairs(y, x, n, pairs, NP, &bits);
     k_add_to(want, y, x, n);
     k_round_bf16_to(want, want, want16, n);
     for (int i = 0; i < NP; i++)

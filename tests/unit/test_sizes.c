@@ -180,16 +180,21 @@ static void test_seq_len_check(void **state) {
              "m/config.json", "at most 256");
 }
 
+/* The llama `tiny` preset's config and model, unlaid out, on the CPU backend. */
+static void tiny_cpu_model(ml_model_config *cfg, ml_model *m) {
+  assert_int_equal(ml_model_config_preset("llama", "tiny", cfg), 0);
+  assert_int_equal(ml_model_create(cfg, m), 0);
+  assert_int_equal(ml_backend_get("cpu", 0, &m->be), 0);
+}
+
 /* A batch whose activations exceed 2^63 bytes: refused with a message
  * naming the buffer, the batch and the config sizes, not a wrapped count
  * (B·S·S·heads used to wrap around to some other allocation size). */
 static void test_activations_saturate(void **state) {
   (void)state;
   ml_model_config cfg;
-  assert_int_equal(ml_model_config_preset("llama", "tiny", &cfg), 0);
   ml_model m;
-  assert_int_equal(ml_model_create(&cfg, &m), 0);
-  assert_int_equal(ml_backend_get("cpu", 0, &m.be), 0);
+  tiny_cpu_model(&cfg, &m);
   ml_error_clear();
   /* B·S = 2^62 tokens: T·H wraps in int64 */
   int64_t B = (int64_t)1 << 38, S = (int64_t)1 << 24;
@@ -236,10 +241,8 @@ static int whole_cols_unused(void *ctx, const ml_param *p, const void *src, int6
 static void test_bf16_inputs_bytes(void **state) {
   (void)state;
   ml_model_config cfg;
-  assert_int_equal(ml_model_config_preset("llama", "tiny", &cfg), 0);
   ml_model m;
-  assert_int_equal(ml_model_create(&cfg, &m), 0);
-  assert_int_equal(ml_backend_get("cpu", 0, &m.be), 0);
+  tiny_cpu_model(&cfg, &m);
   int64_t B = 2, S = 16, T = B * S, fp32_layer, bf16_layer, layer, work;
   assert_false(ml_model_bf16_inputs(&m));
   ml_model_act_bytes(&m, B, S, &fp32_layer, &work);
@@ -293,10 +296,8 @@ static void test_bf16_inputs_bytes(void **state) {
 static void test_bf16_grads_scratch(void **state) {
   (void)state;
   ml_model_config cfg;
-  assert_int_equal(ml_model_config_preset("llama", "tiny", &cfg), 0);
   ml_model m;
-  assert_int_equal(ml_model_create(&cfg, &m), 0);
-  assert_int_equal(ml_backend_get("cpu", 0, &m.be), 0);
+  tiny_cpu_model(&cfg, &m);
   int64_t B = 2, S = 16, T = B * S;
   assert_false(ml_model_bf16_glu_grads(&m));
   assert_false(ml_model_bf16_rope_grads(&m));
@@ -334,10 +335,8 @@ static void test_bf16_grads_scratch(void **state) {
 static void test_layer_cast_flags(void **state) {
   (void)state;
   ml_model_config cfg;
-  assert_int_equal(ml_model_config_preset("llama", "tiny", &cfg), 0);
   ml_model m;
-  assert_int_equal(ml_model_create(&cfg, &m), 0);
-  assert_int_equal(ml_backend_get("cpu", 0, &m.be), 0);
+  tiny_cpu_model(&cfg, &m);
   ml_error_clear();
   assert_int_equal(ml_layer_forward(&m, 1, NULL, ML_CAST_IN | ML_CAST_IN_FUSED), -1);
   expect_msg((const char *const[]){"decoder layer 1", "ML_CAST_IN_FUSED", "at most one"}, 3);
@@ -379,10 +378,8 @@ static int core_unused(void *ctx, const ml_attn_call *c, float *out, float *save
 static void test_bf16_att_bytes(void **state) {
   (void)state;
   ml_model_config cfg;
-  assert_int_equal(ml_model_config_preset("llama", "tiny", &cfg), 0);
   ml_model m;
-  assert_int_equal(ml_model_create(&cfg, &m), 0);
-  assert_int_equal(ml_backend_get("cpu", 0, &m.be), 0);
+  tiny_cpu_model(&cfg, &m);
   int64_t B = 2, S = 16, T = B * S, att = 2 * T * cfg.n_heads * cfg.head_dim, on, layer, work;
   att += 2 * T * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim; /* q, k, v: bf16_qkv's */
   assert_false(ml_model_bf16_att(&m));
@@ -426,10 +423,8 @@ static void test_bf16_att_bytes(void **state) {
 static void test_bf16_qkv_bytes(void **state) {
   (void)state;
   ml_model_config cfg;
-  assert_int_equal(ml_model_config_preset("llama", "tiny", &cfg), 0);
   ml_model m;
-  assert_int_equal(ml_model_create(&cfg, &m), 0);
-  assert_int_equal(ml_backend_get("cpu", 0, &m.be), 0);
+  tiny_cpu_model(&cfg, &m);
   int64_t B = 2, S = 16, T = B * S, on, layer, work;
   int64_t qkv = 2 * T * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim;
   assert_false(ml_model_bf16_qkv(&m));
@@ -485,10 +480,8 @@ static void test_bf16_qkv_bytes(void **state) {
 static void test_core_after_layout(void **state) {
   (void)state;
   ml_model_config cfg;
-  assert_int_equal(ml_model_config_preset("llama", "tiny", &cfg), 0);
   ml_model m;
-  assert_int_equal(ml_model_create(&cfg, &m), 0);
-  assert_int_equal(ml_backend_get("cpu", 0, &m.be), 0);
+  tiny_cpu_model(&cfg, &m);
   m.bf16_params = true;
   m.ac = ML_AC_SELECTIVE;
   int64_t B = 2, S = 16;

@@ -66,7 +66,10 @@ int ml_grads_tp_begin(ml_grads *gs, ml_tp *tp, ml_fsdp *f) {
   if (n == 0) return 0;
   for (int u = 0; u < f->n_units; u++) /* the stash reads them: a fresh unit's as zeros */
     for (int i = 0; i < f->units[u].n; i++)
-      if (tp_reduced(tp, f->units[u].params[i])) ML_TRY(ml_fsdp_settle_grad(f, &f->units[u]));
+      if (tp_reduced(tp, f->units[u].params[i])) {
+        ML_TRY(ml_fsdp_settle_grad(f, &f->units[u]));
+        break;
+      }
   if (!gs->stash) {
     gs->f = f;
     gs->stash = ml_fsdp_shard_alloc(f, (int64_t)n, sizeof(float),

@@ -446,11 +446,11 @@ int fsdp_copy_part(const ml_fsdp *f, const ml_fsdp_unit *u, void *wire, ml_elem 
       size_t n = (size_t)(nr * cols), pad = (size_t)((c - nr) * cols);
       if (to_full) {
         ML_TRY(ml_be_convert(f->be, full_rows, type, chunk, wt, n));
-      } else if (round && !u->f32[i] && wt == ML_F32 && type == ML_F32) {
-        ML_TRY(ml_be_round_bf16_to(f->be, (const float *)full_rows, (float *)chunk, NULL, n));
-        ML_TRY(ml_be_zero(f->be, chunk + es * n, es * pad));
       } else {
-        ML_TRY(ml_be_convert(f->be, chunk, wt, full_rows, type, n));
+        if (round && !u->f32[i] && wt == ML_F32 && type == ML_F32)
+          ML_TRY(ml_be_round_bf16_to(f->be, (const float *)full_rows, (float *)chunk, NULL, n));
+        else
+          ML_TRY(ml_be_convert(f->be, chunk, wt, full_rows, type, n));
         ML_TRY(ml_be_zero(f->be, chunk + es * n, es * pad));
       }
     }

@@ -338,40 +338,35 @@ static int tile_gemm(void *ctx, int thread, bool ta, bool tb, int64_t M, int64_t
   return ml_cpu_gemm_tile(ctx, thread, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-/* x [n] as the bf16 products read it, *out: fp32 x rounded to bf16 into
- * pool memory (*mem), bf16 when packed, else fp32 holding the bf16
- * values; a bf16 x (x_bf16: ml_attn_block.qkv_bf16) itself when packed,
- * else widened exactly into pool memory (the emulation's sgemm reads
- * fp32). NULL x: nothing. */
-static int rounded(ml_backend *be, const void *x, bool x_bf16, int64_t n, bool packed,
-                   const void **out, void **mem) {
+/* x, B sequences of `rows` rows of `heads` heads of hd (its block's
+ * layout: rows heads·hd apart, sequences bs apart), as the bf16 products
+ * read it, in one pass (k_attn_head_major): head-major [B][heads][rows][hd]
+ * in pool memory (*out = *mem), bf16 when packed, else fp32 holding the
+ * bf16 values; fp32 x rounded to bf16, bf16 x (x_bf16:
+ * ml_attn_block.qkv_bf16) copied, or widened exactly for the emulation's
+ * sgemm. *lay: its strides (bs, row, head) as k_attn_bf16 names them.
+ * NULL x: nothing. */
+static int rounded(ml_backend *be, const void *x, bool x_bf16, int64_t B, int64_t bs,
+                   int64_t rows, int64_t heads, int64_t hd, bool packed, const void **out,
+                   void **mem, int64_t lay[3]) {
   *out = *mem = NULL;
   if (!x) return 0;
-  if (x_bf16 && packed) {
-    *out = x;
-    return 0;
-  }
+  int64_t per_head = ml_mul_sat(rows, hd), n = ml_mul_sat(ml_mul_sat(B, heads), per_head);
   *mem = ml_be_alloc(be, n, packed ? sizeof(uint16_t) : sizeof(float),
                      "an attention operand rounded to bf16 [%lld]", (long long)n);
   if (!*mem) return -1;
   *out = *mem;
-  if (x_bf16) return cpu_convert(be, *mem, ML_F32, x, ML_BF16, (size_t)n);
-  if (packed) return cpu_convert(be, *mem, ML_BF16, x, ML_F32, (size_t)n);
-  ML_TRY(cpu_copy(be, *mem, x, (size_t)n * sizeof(float), ML_COPY_D2D));
-  return cpu_round_bf16(be, *mem, (size_t)n);
-}
-
-/* Elements from a block operand's first row to one past its last: B
- * sequences bs apart, rows of width floats each. */
-static int64_t extent(int64_t B, int64_t bs, int64_t rows, int64_t width) {
-  return (B - 1) * bs + rows * width;
+  k_attn_head_major(x, x_bf16, B, bs, rows, heads, hd, packed, *mem);
+  lay[0] = heads * per_head, lay[1] = hd, lay[2] = per_head;
+  return 0;
 }
 
 /* One call's operands in `compute`: NULL *lp for fp32; for bf16, q, k, v,
- * dout rounded (in their layouts, from pool memory that attention_end
- * frees; paged k, v are not: the kernel rounds them as it reads the
- * blocks; bf16 q, k, v, k_attn_block.qkv_bf16, are read in place where the
- * GEMM takes bf16); the kernels round P and dS per tile themselves. */
+ * dout rounded head-major (rounded(): every tile GEMM operand dense, as
+ * oneDNN's brgemm matmul takes them, kernels.h k_attn_bf16), in pool
+ * memory that attention_end frees; paged k, v are not: the kernel rounds
+ * them as it reads the blocks; the kernels round P and dS per tile
+ * themselves. */
 typedef struct attn_lowp {
   k_attn_bf16 lp;
   void *mem[4];
@@ -390,20 +385,25 @@ static int attention_begin(ml_backend *be, ml_dtype compute, const k_attn_block 
   if (compute != ML_BF16)
     return ml_err("attention: compute dtype %s; expected F32 or BF16", ml_dtype_name(compute));
   ml_cpu_gemm *g = impl(be)->gemm;
-  bool packed = ml_cpu_gemm_bf16_native(g);
-  int64_t nq = extent(blk->B, blk->q_bs, blk->sq, blk->nh * blk->hd);
-  int64_t nk = extent(blk->B, blk->k_bs, blk->sk, blk->nkv * blk->hd);
-  bool qkv = blk->qkv_bf16;
+  bool packed = ml_cpu_gemm_bf16_native(g), qkv = blk->qkv_bf16;
+  const float *pk = blk->kv_table ? NULL : k, *pv = blk->kv_table ? NULL : v;
+  int64_t ql[3] = {0}, kl[3] = {0}, B = blk->B, hd = blk->hd;
   a->lp = (k_attn_bf16){.packed = packed, .gemm = tile_gemm, .ctx = g};
-  int rc = (packed && ml_cpu_gemm_tiles_reserve(g, omp_get_max_threads())) ||
-           rounded(be, q, qkv, nq, packed, &a->lp.q, &a->mem[0]) ||
-           rounded(be, blk->kv_table ? NULL : k, qkv, nk, packed, &a->lp.k, &a->mem[1]) ||
-           rounded(be, blk->kv_table ? NULL : v, qkv, nk, packed, &a->lp.v, &a->mem[2]) ||
-           rounded(be, dout, false, nq, packed, &a->lp.dout, &a->mem[3]);
+  int rc =
+      (packed && ml_cpu_gemm_tiles_reserve(g, omp_get_max_threads())) ||
+      rounded(be, q, qkv, B, blk->q_bs, blk->sq, blk->nh, hd, packed, &a->lp.q, &a->mem[0], ql) ||
+      rounded(be, pk, qkv, B, blk->k_bs, blk->sk, blk->nkv, hd, packed, &a->lp.k, &a->mem[1],
+              kl) ||
+      rounded(be, pv, qkv, B, blk->k_bs, blk->sk, blk->nkv, hd, packed, &a->lp.v, &a->mem[2],
+              kl) ||
+      rounded(be, dout, false, B, blk->q_bs, blk->sq, blk->nh, hd, packed, &a->lp.dout,
+              &a->mem[3], ql);
   if (rc) {
     attention_end(be, a);
     return -1;
   }
+  a->lp.q_bs = ql[0], a->lp.q_row = ql[1], a->lp.q_head = ql[2];
+  a->lp.k_bs = kl[0], a->lp.k_row = kl[1], a->lp.k_head = kl[2];
   *lp = &a->lp;
   return 0;
 }

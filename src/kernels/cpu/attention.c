@@ -53,16 +53,23 @@
 
 enum { TQ = K_ATTN_TILE_Q, TK = K_ATTN_TILE_K, ALIGN = 16 /* floats: 64 bytes */, LANES = 8 };
 
-/* One call: the block, the operands of its products (fp32, or lp's rounded
- * copies in the same layouts, esz bytes per element), row strides. Paged
- * keys (k_attn_block.kv_table): k, v are the pool, kesz bytes per element
- * (2: bf16; 4: fp32, rounded as read when lp is set). */
+/* Where an operand's rows lie, in elements: from one sequence to the
+ * next, one row to the next, one head to the next. */
+typedef struct layout {
+  int64_t bs, row, head;
+} layout;
+
+/* One call: the block, the operands of its products (fp32 in the block's
+ * layouts, or lp's rounded copies in lp's, esz bytes per element), row
+ * strides. Paged keys (k_attn_block.kv_table): k, v are the pool, kesz
+ * bytes per element (2: bf16; 4: fp32, rounded as read when lp is set). */
 typedef struct attn {
   const k_attn_block *blk;
   const void *q, *k, *v, *dout;
   const k_attn_bf16 *lp;
   size_t esz, kesz;
   int64_t qr, kr; /* floats from one row of q (k) to the next: nh·hd (nkv·hd) */
+  layout oq, ok;  /* the products' q and dout (oq), unpaged k and v (ok) */
   int64_t group;  /* query heads per kv head (k_attn_block.group) */
   int64_t off;    /* k_attn_block.head_off */
 } attn;
@@ -80,9 +87,13 @@ static attn attn_of(const k_attn_block *blk, const float *q, const float *k, con
             .kr = blk->nkv * blk->hd,
             .group = blk->group ? blk->group : blk->nh / blk->nkv,
             .off = blk->head_off};
+  a.oq = (layout){blk->q_bs, a.qr, blk->hd};
+  a.ok = (layout){blk->k_bs, a.kr, blk->hd};
   if (lp) {
     a.q = lp->q, a.k = lp->k, a.v = lp->v, a.dout = lp->dout;
     a.esz = lp->packed ? sizeof(uint16_t) : sizeof(float);
+    if (lp->q_row) a.oq = (layout){lp->q_bs, lp->q_row, lp->q_head};
+    if (lp->k_row) a.ok = (layout){lp->k_bs, lp->k_row, lp->k_head};
   }
   a.kesz = a.esz;
   if (blk->kv_table) {
@@ -98,7 +109,8 @@ static inline int64_t kv_of(const attn *a, int64_t h) { return (h + a->off) / a-
 static const void *at(const void *base, int64_t off, size_t esz) {
   return (const char *)base + (size_t)off * esz;
 }
-// offsets (elements) of query row i of head h, key row j of kv head g, in sequence b
+/* offsets (elements) of query row i of head h, key row j of kv head g, in
+ * sequence b, in the block's layouts (out, dq, dk, dv; the fp32 operands) */
 static inline int64_t q_at(const attn *a, int64_t b, int64_t i, int64_t h) {
   return b * a->blk->q_bs + i * a->qr + h * a->blk->hd;
 }
@@ -109,6 +121,15 @@ static inline int64_t k_at(const attn *a, int64_t b, int64_t j, int64_t g) {
     return row * a->kr + g * k->hd;
   }
   return b * k->k_bs + j * a->kr + g * k->hd;
+}
+/* the same in the products' operands (oq: q, dout; ok: unpaged k, v; paged
+ * keys: the pool's, k_at) */
+static inline int64_t q_op(const attn *a, int64_t b, int64_t i, int64_t h) {
+  return b * a->oq.bs + i * a->oq.row + h * a->oq.head;
+}
+static inline int64_t k_op(const attn *a, int64_t b, int64_t j, int64_t g) {
+  if (a->blk->kv_table) return k_at(a, b, j, g);
+  return b * a->ok.bs + j * a->ok.row + g * a->ok.head;
 }
 static inline int64_t lse_at(const attn *a, int64_t b, int64_t i, int64_t h) {
   return b * a->blk->l_bs + i * a->blk->nh + h;
@@ -168,6 +189,22 @@ static void round_row(const float *x, void *dst, int64_t n, bool packed) {
   }
 }
 
+void k_attn_head_major(const void *src, bool src_bf16, int64_t B, int64_t bs, int64_t rows,
+                       int64_t heads, int64_t hd, bool packed, void *dst) {
+  int64_t n = B * heads * rows; /* dst's rows, in order: (b, h, i) */
+  size_t esz = packed ? sizeof(uint16_t) : sizeof(float), sesz = src_bf16 ? 2 : 4;
+#pragma omp parallel for if (K_PAR(n, n * hd))
+  for (int64_t r = 0; r < n; r++) {
+    int64_t i = r % rows, h = r / rows % heads, b = r / rows / heads;
+    const char *s = (const char *)src + (size_t)(b * bs + (i * heads + h) * hd) * sesz;
+    char *d = (char *)dst + (size_t)(r * hd) * esz;
+    if (!src_bf16) round_row((const float *)s, d, hd, packed);
+    else if (packed) memcpy(d, s, (size_t)hd * sizeof(uint16_t));
+    else
+      for (int64_t e = 0; e < hd; e++) ((float *)d)[e] = ml_bf16_to_f32(((const uint16_t *)s)[e]);
+  }
+}
+
 /* A key or value row src [n] (a->kesz bytes an element) into dst in the
  * operands' form (dst_esz bytes an element: 2 packed bf16, 4 fp32): paged
  * fp32 keys under bf16 products rounded to bf16 here (unpaged ones come
@@ -182,13 +219,13 @@ static void kv_load(const attn *a, const void *src, void *dst, int64_t n, size_t
 }
 
 /* Key (or value: base) rows [j0, j0+n) of kv head g of sequence b as the
- * tile's products read them, *ld elements apart: in place (unpaged: kr),
+ * tile's products read them, *ld elements apart: in place (unpaged: ok.row),
  * or gathered from the pool's blocks into buf [n, hd] (paged: hd). */
 static const void *kv_tile(const attn *a, const void *base, int64_t b, int64_t j0, int64_t n,
                            int64_t g, void *buf, int64_t *ld) {
   if (!a->blk->kv_table) {
-    *ld = a->kr;
-    return at(base, k_at(a, b, j0, g), a->esz);
+    *ld = a->ok.row;
+    return at(base, k_op(a, b, j0, g), a->esz);
   }
   int64_t hd = a->blk->hd;
   for (int64_t j = 0; j < n; j++)
@@ -368,12 +405,12 @@ static int fwd_tile(const attn *a, float *out, float *lse, bool accumulate, int6
   int64_t jlo = key_lo(k, i0), jhi = key_hi(k, i0 + M - 1);
   for (int64_t r = 0; r < M; r++) w.m[r] = -INFINITY, w.l[r] = 0.0f;
   if (jlo < jhi) memset(w.O, 0, (size_t)(M * hd) * sizeof(float));
-  const void *Q = at(a->q, q_at(a, b, i0, h), a->esz);
+  const void *Q = at(a->q, q_op(a, b, i0, h), a->esz);
   for (int64_t j0 = jlo; j0 < jhi; j0 += TK) {
     int64_t n = min64(TK, jhi - j0), ldk, ldv;
     const void *K = kv_tile(a, a->k, b, j0, n, g, w.kT, &ldk);
     const void *V = kv_tile(a, a->v, b, j0, n, g, w.vt, &ldv);
-    int rc = mm(a, false, true, M, n, hd, k->scale, Q, a->qr, K, ldk, 0.0f, w.S, n);
+    int rc = mm(a, false, true, M, n, hd, k->scale, Q, a->oq.row, K, ldk, 0.0f, w.S, n);
     if (rc) return rc;
     for (int64_t r = 0; r < M; r++) {
       float *s = w.S + r * n;
@@ -535,11 +572,11 @@ static void transpose16(const float *src, int64_t lds, float *dst, int64_t ldd) 
 static void load_tile(const attn *a, int64_t b, int64_t g, int64_t t0, int64_t n, scratch w) {
   int64_t hd = a->blk->hd, j = 0;
   for (int64_t r = 0; r < n; r++)
-    kv_load(a, at(a->v, k_at(a, b, t0 + r, g), a->kesz), w.vt + r * hd, hd, sizeof(float));
+    kv_load(a, at(a->v, k_op(a, b, t0 + r, g), a->kesz), w.vt + r * hd, hd, sizeof(float));
 #if defined(__AVX512F__)
   for (; j + 16 <= n && 16 * hd <= TQ * TK; j += 16) {
     for (int64_t r = 0; r < 16; r++)
-      kv_load(a, at(a->k, k_at(a, b, t0 + j + r, g), a->kesz), w.dS + r * hd, hd, sizeof(float));
+      kv_load(a, at(a->k, k_op(a, b, t0 + j + r, g), a->kesz), w.dS + r * hd, hd, sizeof(float));
     int64_t d = 0;
     for (; d + 16 <= hd; d += 16) transpose16(w.dS + d, hd, w.kT + d * TK + j, TK);
     for (; d < hd; d++)
@@ -547,7 +584,7 @@ static void load_tile(const attn *a, int64_t b, int64_t g, int64_t t0, int64_t n
   }
 #endif
   for (; j < n; j++) {
-    kv_load(a, at(a->k, k_at(a, b, t0 + j, g), a->kesz), w.dS, hd, sizeof(float));
+    kv_load(a, at(a->k, k_op(a, b, t0 + j, g), a->kesz), w.dS, hd, sizeof(float));
     for (int64_t d = 0; d < hd; d++) w.kT[d * TK + j] = w.dS[d];
   }
 }
@@ -571,7 +608,7 @@ static void fwd_group_fixed(const attn *a, float *out, float *lse, bool accumula
   for (int64_t u = 0; u < U; u++) {
     w.m[u] = -INFINITY, w.l[u] = 0.0f;
     memset(w.O + u * hd, 0, (size_t)hd * sizeof(float));
-    widen(a, at(a->q, q_at(a, b, i0 + u / nq, h0 + u % nq), a->esz), q + u * hd, hd);
+    widen(a, at(a->q, q_op(a, b, i0 + u / nq, h0 + u % nq), a->esz), q + u * hd, hd);
   }
   int64_t first = jlo < jhi ? (k->k_pos + jlo) / TK * TK : k->k_pos + jhi;
   for (int64_t G = first; G < k->k_pos + jhi; G += TK) {
@@ -701,12 +738,12 @@ static void probs_grads(const attn *a, const float *lse, const float *D, int64_t
 static int scores_dp(const attn *a, int64_t b, int64_t h, int64_t g, int64_t i0, int64_t M,
                      int64_t j0, int64_t n, float *S, float *dS, int64_t ld) {
   const k_attn_block *k = a->blk;
-  int64_t qo = q_at(a, b, i0, h), ko = k_at(a, b, j0, g);
-  int rc = mm(a, false, true, M, n, k->hd, k->scale, at(a->q, qo, a->esz), a->qr,
-              at(a->k, ko, a->esz), a->kr, 0.0f, S, ld);
+  int64_t qo = q_op(a, b, i0, h), ko = k_op(a, b, j0, g);
+  int rc = mm(a, false, true, M, n, k->hd, k->scale, at(a->q, qo, a->esz), a->oq.row,
+              at(a->k, ko, a->esz), a->ok.row, 0.0f, S, ld);
   return rc ? rc
-            : mm(a, false, true, M, n, k->hd, 1.0f, at(a->dout, qo, a->esz), a->qr,
-                 at(a->v, ko, a->esz), a->kr, 0.0f, dS, ld);
+            : mm(a, false, true, M, n, k->hd, 1.0f, at(a->dout, qo, a->esz), a->oq.row,
+                 at(a->v, ko, a->esz), a->ok.row, 0.0f, dS, ld);
 }
 
 /* ---- the stored tiles --------------------------------------------------------
@@ -914,10 +951,9 @@ static int bwd_query_tile(const attn *a, const chunk *c, const float *out, const
   int64_t t = x % c->nt, bh = x / c->nt, b = bh / k->nh, h = bh % k->nh, i0 = t * TQ;
   int64_t hd = k->hd, g = kv_of(a, h), jlo, W, M = tile_keys(k, t, &jlo, &W);
   float *Dt = w.m;
-  for (int64_t r = 0; r < M; r++) {
-    int64_t o = q_at(a, b, i0 + r, h);
-    Dt[r] = (float)dot_dout_out(a, o, out_row(a, out, o, w.O, hd), hd); /* O: unused backward */
-  }
+  for (int64_t r = 0; r < M; r++) /* O: unused backward */
+    Dt[r] = (float)dot_dout_out(a, q_op(a, b, i0 + r, h),
+                                out_row(a, out, q_at(a, b, i0 + r, h), w.O, hd), hd);
   char *item = item_at(c, x);
   size_t e = a->esz;
   bool pk = packed(a), fresh = k->bwd_overwrite;
@@ -937,11 +973,22 @@ static int bwd_query_tile(const attn *a, const chunk *c, const float *out, const
     probs_grads(a, lse, Dt, b, h, i0, M, j0, n, S, dSf, lds, P, dS, ld);
     if (pk) keep_tile(a, item, M, W, j0 - jlo, n, w);
     rc = mm_out(a, fresh, false, M, hd, n, k->scale, dS, ld,
-                at(a->k, k_at(a, b, j0, g), a->esz), a->kr, dqt, a->qr);
+                at(a->k, k_op(a, b, j0, g), a->esz), a->ok.row, dqt, a->qr);
     if (rc) return rc;
   }
   if (fresh) zero_rows(dqt, M, hd, a->qr); /* no key tile */
   return 0;
+}
+
+/* Rows [0, M) of C (ldc apart) and the dense D [M, N]: D (=) C, or 0 when
+ * zero; C (=) D (back). */
+static void dense_in(float *D, const float *C, int64_t M, int64_t N, int64_t ldc, bool zero) {
+  for (int64_t r = 0; r < M; r++)
+    if (zero) memset(D + r * N, 0, (size_t)N * sizeof(float));
+    else memcpy(D + r * N, C + r * ldc, (size_t)N * sizeof(float));
+}
+static void dense_out(const float *D, float *C, int64_t M, int64_t N, int64_t ldc) {
+  for (int64_t r = 0; r < M; r++) memcpy(C + r * ldc, D + r * N, (size_t)N * sizeof(float));
 }
 
 /* pass 2, key rows j0.. (one tile) of kv head g of sequence b: dk, dv (+=)
@@ -949,7 +996,12 @@ static int bwd_query_tile(const attn *a, const chunk *c, const float *out, const
  * whose last row the chunk holds. Under bwd_overwrite the chunk holding
  * the pair's first item (its lowest head's tile 0: no chunk before it
  * reached the pair) writes them: its first products (=), or 0 when it has
- * none, and the chunks after it add. */
+ * none, and the chunks after it add. On packed bf16 the products add into
+ * dense [n, hd] copies of the tile's dk, dv rows (the scratch's kT, vt,
+ * unused backward; 0 where fresh, as mm_out zeroes), copied back at the
+ * end: oneDNN 2.6's brgemm matmul takes a dense dst only (kernels.h
+ * k_attn_bf16), and dk, dv are nkv·hd apart; the same sums, in the same
+ * order, of the same products. */
 static int bwd_key_tile(const attn *a, const chunk *c, float *dk, float *dv, int64_t b,
                         int64_t g, int64_t j0, scratch w) {
   const k_attn_block *k = a->blk;
@@ -957,28 +1009,35 @@ static int bwd_key_tile(const attn *a, const chunk *c, float *dk, float *dv, int
   int64_t ilo = query_lo(k, j0), ihi = query_hi(k, j0 + n);
   int64_t h_lo = g * a->group - a->off, h_hi = h_lo + a->group;
   if (h_lo < 0) h_lo = 0;
-  bool fresh = k->bwd_overwrite && (b * k->nh + h_lo) * nt >= c->x0;
+  bool fresh = k->bwd_overwrite && (b * k->nh + h_lo) * nt >= c->x0, pk = packed(a);
+  float *dkt = dk + ko, *dvt = dv + ko; /* the products' output tiles, ldo apart */
+  int64_t ldo = a->kr;
+  if (pk) {
+    dense_in(w.kT, dkt, n, hd, ldo, fresh), dense_in(w.vt, dvt, n, hd, ldo, fresh);
+    dkt = w.kT, dvt = w.vt, ldo = hd, fresh = false;
+  }
   for (int64_t h = h_lo; h < h_hi && h < k->nh; h++) {
     int64_t bh = b * k->nh + h, x = bh * nt; /* the head's first item */
     int64_t ta = (c->x0 > x ? c->x0 : x) - x, tb = min64(c->x1, x + nt) - x;
     if (ta >= tb) continue;
     int64_t rlo = ta * TQ, rhi = min64(tb * TQ, k->sq); /* the chunk's rows of head h */
     for (int64_t i0 = ilo; i0 < ihi; i0 += TQ) {
-      int64_t M = min64(TQ, ihi - i0), last = i0 + M - 1, qo = q_at(a, b, i0, h), ld = n;
+      int64_t M = min64(TQ, ihi - i0), last = i0 + M - 1, qo = q_op(a, b, i0, h), ld = n;
       if (last < rlo) continue;
       if (last >= rhi) break;
       const void *P = a->lp ? w.Pt : (void *)w.S, *dS = a->lp ? w.dSt : (void *)w.dS;
       if (!item_tile(a, c, bh, i0, M, j0, n, &P, &dS, &ld)) fetch_tile(a, c, bh, i0, M, j0, n, w);
-      int rc = mm_out(a, fresh, true, n, hd, M, 1.0f, P, ld, at(a->dout, qo, a->esz), a->qr,
-                      dv + ko, a->kr);
+      int rc = mm_out(a, fresh, true, n, hd, M, 1.0f, P, ld, at(a->dout, qo, a->esz),
+                      a->oq.row, dvt, ldo);
       if (!rc)
-        rc = mm_out(a, fresh, true, n, hd, M, k->scale, dS, ld, at(a->q, qo, a->esz), a->qr,
-                    dk + ko, a->kr);
+        rc = mm_out(a, fresh, true, n, hd, M, k->scale, dS, ld, at(a->q, qo, a->esz),
+                    a->oq.row, dkt, ldo);
       if (rc) return rc;
       fresh = false;
     }
   }
   if (fresh) zero_rows(dv + ko, n, hd, a->kr), zero_rows(dk + ko, n, hd, a->kr); /* no query */
+  if (pk) dense_out(w.kT, dk + ko, n, hd, a->kr), dense_out(w.vt, dv + ko, n, hd, a->kr);
   return 0;
 }
 

@@ -189,14 +189,39 @@ enum { K_ATTN_ROWS = 4 };
  * probabilities P and, in the backward, dout and dS = P ⊙ (dP − D) enter
  * every product rounded to bf16 (nearest-even); accumulation, softmax and
  * its backward stay fp32. The caller provides q, k, v, dout rounded, in
- * the layouts of the fp32 tensors (same strides); the kernels round P and
- * dS per tile into their tiles. packed: the operands are bf16 (uint16_t)
- * and the products go to `gemm`; else they are fp32 holding bf16 values
- * and go to sgemm (whose products of such values are exact: the emulation
- * for CPUs without bf16 GEMMs). */
+ * the layouts of the fp32 tensors, or in their own (the strides below;
+ * k_attn_head_major's copies); the kernels round P and dS per tile into
+ * their tiles. packed: the operands are bf16 (uint16_t) and the products
+ * go to `gemm`; else they are fp32 holding bf16 values and go to sgemm
+ * (whose products of such values are exact: the emulation for CPUs
+ * without bf16 GEMMs; its value of an element depends on neither lda nor
+ * ldc, so the layout does not change the bits: attention.c).
+ *
+ * Why head-major copies: oneDNN 2.6's brgemm matmul (the AMX and
+ * AVX512-BF16 kernels) takes a 2-D operand only in the dense plain or
+ * transposed layout (src, weights: format tags ab or ba with the strides
+ * dnnl_memory_desc_init_by_tag gives them; dst: ab only; v2.6.3
+ * src/cpu/x64/matmul/brgemm_matmul_utils.cpp:206-236 set_or_check_tags,
+ * :146-193 set_or_check_B_tag, matched by strides in
+ * src/common/type_helpers.hpp:772-803 memory_desc_matches_tag), so a tile
+ * of q read nh·hd elements apart falls to its gemm-based matmul. It also
+ * refuses small shapes on AMX (M <= 32 with M·N <= 256, or K <= 16:
+ * brgemm_matmul_utils.cpp:846-851). With head-major q, k, v, dout every
+ * operand of the tiles is dense (ld hd, or the tiles' own n), transposed
+ * ones included (P^T, dS^T, K^T: ba is accepted for bf16 src and
+ * weights); the outputs: S, dP, O dense; dq and dk (alpha = scale)
+ * through the tile GEMM's dense fp32 scratch (backend/cpu/gemm.c
+ * ml_cpu_gemm_tile); dk, dv through dense [TILE_K, hd] tiles (attention.c
+ * bwd_key_tile). */
 typedef struct k_attn_bf16 {
   bool packed;
   const void *q, *k, *v, *dout; /* dout: backward only */
+  /* The operands' layout, in elements: q and dout from one sequence to the
+   * next (q_bs), one row to the next (q_row), one head to the next
+   * (q_head); unpaged k and v likewise (k_*). q_row 0 (k_row 0): the
+   * block's layout of the fp32 tensors (q_bs, nh·hd, hd; k_bs, nkv·hd,
+   * hd). */
+  int64_t q_bs, q_row, q_head, k_bs, k_row, k_head;
   /* C [M, N] = alpha·op(A)·op(B) + beta·C (beta 0 or 1) as cblas_sgemm
    * row-major, on bf16 A, B with fp32 accumulation; called from the
    * kernels' OpenMP threads (thread = omp_get_thread_num()); returns 0, or
@@ -206,6 +231,17 @@ typedef struct k_attn_bf16 {
               float *C, int64_t ldc);
   void *ctx;
 } k_attn_bf16;
+
+/* src, B sequences of `rows` rows of `heads` heads of hd elements (row
+ * heads·hd elements apart, sequences bs apart; fp32, or bf16 (uint16_t)
+ * when src_bf16), into dst head-major, [B][heads][rows][hd] dense: bf16
+ * (packed; fp32 rounded to nearest-even, ml_f32_to_bf16; bf16 copied), or
+ * fp32 holding the bf16 values (fp32 rounded, bf16 widened exactly): the
+ * values of ml_convert_from_f32 / ml_round_bf16 / ml_convert_to_f32, in
+ * one pass. The layout k_attn_bf16's strides then name: bs = heads·rows·
+ * hd, row = hd, head = rows·hd. Parallel over rows (K_PAR). */
+void k_attn_head_major(const void *src, bool src_bf16, int64_t B, int64_t bs, int64_t rows,
+                       int64_t heads, int64_t hd, bool packed, void *dst);
 
 /* Floats of the kernels' `tiles` for head size hd with the OpenMP threads
  * of this process: per thread a score and a dS tile, their rounded copies

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include <cmocka.h>  // after the headers it needs
+#include <cblas.h>
 
 #include "check_util.h"
 #include "common/status.h"
@@ -1950,6 +1951,118 @@ static void test_attention_bwd_overwrite(void **state) {
   omp_set_num_threads(threads);
 }
 
+/* op(X) of a bf16 operand stored [rows, cols] ld apart, widened exactly
+ * into a dense fp32 [rows, cols] */
+static float *widen_dense(const void *x, int64_t rows, int64_t cols, int64_t ld) {
+  float *y = malloc((size_t)(rows * cols + 1) * sizeof(float));
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t c = 0; c < cols; c++) y[r * cols + c] = ml_bf16_to_f32(((const uint16_t *)x)[r * ld + c]);
+  return y;
+}
+
+/* k_attn_bf16's gemm on packed bf16 as sgemm on the widened operands
+ * (dense copies; C in place at ldc): the packed path's bookkeeping run on
+ * a CPU without a bf16 GEMM, with sgemm's bits (its value of an element
+ * depends on neither lda nor ldc: attention.c) */
+static int sgemm_on_bf16(void *ctx, int thread, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                         float alpha, const void *A, int64_t lda, const void *B, int64_t ldb,
+                         float beta, float *C, int64_t ldc) {
+  (void)ctx, (void)thread;
+  float *a = widen_dense(A, ta ? K : M, ta ? M : K, lda), *b = widen_dense(B, tb ? N : K, tb ? K : N, ldb);
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+              (int)M, (int)N, (int)K, alpha, a, (int)(ta ? M : K), b, (int)(tb ? K : N), beta, C,
+              (int)ldc);
+  free(a), free(b);
+  return 0;
+}
+
+/* The bf16 products on head-major operands (k_attn_head_major, the CPU
+ * backend's copies: [B][heads][rows][hd]) are bitwise (memcmp) the ones on
+ * operands in the block's layout: 40 random blocks (1..3 sequences with
+ * gaps, 0..150 queries and keys at random positions, windows, GQA groups
+ * with head_off, hd 4..40), emulated on sgemm, and packed through a bf16
+ * GEMM that is sgemm on the widened operands (sgemm_on_bf16: the packed
+ * path's own tiles, gathers and dense dk, dv tiles, run here), forward and
+ * backward, written (bwd_overwrite) and added onto values already there.
+ * The copies themselves: element for element the rounded values, from
+ * fp32 or bf16 (qkv_bf16) sources. */
+static void test_attention_head_major(void **state) {
+  (void)state;
+  for (int it = 0; it < 40; it++) {
+    int64_t group = rand_in(1, 3), nkv = rand_in(1, 3), off = rand_in(0, group - 1);
+    int64_t nh = rand_in(1, nkv * group - off), hd = 8 * rand_in(1, 5) - (it % 3 == 2 ? 4 : 0);
+    int64_t sq = it % 13 == 7 ? 0 : rand_in(1, 150), sk = rand_in(1, 150), B = rand_in(1, 3);
+    k_attn_block blk = {.B = B, .sq = sq, .sk = sk, .nh = nh, .nkv = nkv, .hd = hd,
+                        .q_pos = rand_in(0, 100), .k_pos = rand_in(0, 100), .scale = 0.25f,
+                        .window = it % 3 ? 0 : rand_in(1, 100), .group = group, .head_off = off,
+                        .bwd_overwrite = it % 2};
+    int64_t qr = nh * hd, kr = nkv * hd;
+    blk.q_bs = sq * qr + (it % 2) * 2 * qr, blk.k_bs = sk * kr + (it % 2) * 3 * kr;
+    blk.l_bs = sq * nh;
+    int64_t nq = B * blk.q_bs + 1, nk = B * blk.k_bs + 1, hq = B * sq * qr + 1, hk = B * sk * kr + 1;
+    float *q = rand_buf(nq, 1.5f), *k = rand_buf(nk, 1.5f), *v = rand_buf(nk, 1);
+    float *dout = rand_buf(nq, 1);
+    float *src[4] = {q, k, v, dout}, *rnd[4];
+    for (int i = 0; i < 4; i++) rnd[i] = bf16_fp32_copy(src[i], i % 3 ? nk : nq);
+    k_attn_bf16 lp[3] = {{.packed = false, .q = rnd[0], .k = rnd[1], .v = rnd[2], .dout = rnd[3]}};
+    void *hm[2][4]; /* head-major copies: [0] fp32 holding bf16 values, [1] bf16 */
+    for (int pk = 0; pk < 2; pk++) {
+      for (int i = 0; i < 4; i++) {
+        bool kv = i == 1 || i == 2;
+        int64_t rows = kv ? sk : sq, heads = kv ? nkv : nh, bs = kv ? blk.k_bs : blk.q_bs;
+        size_t bytes = (size_t)(kv ? hk : hq) * (pk ? 2 : 4);
+        hm[pk][i] = malloc(bytes);
+        k_attn_head_major(src[i], false, B, bs, rows, heads, hd, pk, hm[pk][i]);
+        for (int64_t b = 0; b < B; b++) /* element for element */
+          for (int64_t h = 0; h < heads; h++)
+            for (int64_t r = 0; r < rows; r++)
+              for (int64_t d = 0; d < hd; d++) {
+                int64_t at = ((b * heads + h) * rows + r) * hd + d;
+                float want = rnd[i][b * bs + (r * heads + h) * hd + d];
+                float got = pk ? ml_bf16_to_f32(((uint16_t *)hm[pk][i])[at]) : ((float *)hm[pk][i])[at];
+                if (memcmp(&got, &want, 4))
+                  fail_msg("block %d: head-major copy %d (packed %d) differs at %lld", it, i, pk, (long long)at);
+              }
+        /* from a bf16 source (qkv_bf16): the same bytes */
+        uint16_t *s16 = bf16_copy(src[i], kv ? nk : nq);
+        void *again = malloc(bytes);
+        k_attn_head_major(s16, true, B, bs, rows, heads, hd, pk, again);
+        assert_memory_equal(again, hm[pk][i], bytes - (pk ? 2 : 4));
+        free(s16), free(again);
+      }
+      lp[1 + pk] = (k_attn_bf16){.packed = pk, .q = hm[pk][0], .k = hm[pk][1], .v = hm[pk][2],
+                                 .dout = hm[pk][3], .q_bs = nh * sq * hd, .q_row = hd,
+                                 .q_head = sq * hd, .k_bs = nkv * sk * hd, .k_row = hd,
+                                 .k_head = sk * hd, .gemm = sgemm_on_bf16};
+    }
+    size_t wb = k_attention_bwd_work(&blk, it % 4 < 2 ? 0 : SIZE_MAX);
+    void *work = malloc(wb ? wb : 1);
+    float *tiles = attn_tiles(hd), *r[3][5];
+    for (int w = 0; w < 3; w++) { /* out, lse, dq, dk, dv of each lp */
+      r[w][0] = const_buf(nq, 0.5f), r[w][1] = const_buf(B * blk.l_bs + 1, 0.0f);
+      r[w][2] = const_buf(nq, 0.5f), r[w][3] = const_buf(nk, 0.5f), r[w][4] = const_buf(nk, 0.5f);
+      assert_int_equal(k_attention_block_fwd(&blk, q, k, v, r[w][0], r[w][1], false, &lp[w], tiles), 0);
+      assert_int_equal(k_attention_block_bwd(&blk, dout, q, k, v, r[0][0], r[0][1], r[w][2], r[w][3],
+                                             r[w][4], &lp[w], work, wb, tiles),
+                       0);
+    }
+    int64_t len[5] = {nq, B * blk.l_bs + 1, nq, nk, nk};
+    for (int w = 1; w < 3; w++)
+      for (int i = 0; i < 5; i++)
+        if (memcmp(r[0][i], r[w][i], (size_t)len[i] * 4))
+          fail_msg("block %d (B %lld sq %lld sk %lld nh %lld nkv %lld group %lld off %lld hd %lld "
+                   "window %lld, overwrite %d): head-major %s %s differs",
+                   it, (long long)B, (long long)sq, (long long)sk, (long long)nh, (long long)nkv,
+                   (long long)group, (long long)off, (long long)hd, (long long)blk.window,
+                   blk.bwd_overwrite, w == 1 ? "emulated" : "packed",
+                   (const char *[]){"out", "lse", "dq", "dk", "dv"}[i]);
+    for (int w = 0; w < 3; w++)
+      for (int i = 0; i < 5; i++) free(r[w][i]);
+    for (int i = 0; i < 4; i++) free(src[i]), free(rnd[i]), free(hm[0][i]), free(hm[1][i]);
+    free(work), free(tiles);
+  }
+}
+
 /* Attention with bf16 products through the CPU backend (autocast's SDPA):
  * against the double reference on the rounded q, k, v and dout, whose
  * products are then the kernels' up to fp32 summation (bf16 products are
@@ -2713,6 +2826,7 @@ int main(void) {
       cmocka_unit_test(test_attention_blocks), cmocka_unit_test(test_attention_head_split),
       cmocka_unit_test(test_attention_bwd_chunks),
       cmocka_unit_test(test_attention_bwd_overwrite),
+      cmocka_unit_test(test_attention_head_major),
       cmocka_unit_test(test_attention_bf16),
       cmocka_unit_test(test_attention_bf16_out),
       cmocka_unit_test(test_attention_bf16_qkv),

@@ -108,5 +108,14 @@ int ml_cpu_gemm_tile(ml_cpu_gemm *g, int thread, bool ta, bool tb, int64_t M, in
                      int64_t K, float alpha, const void *A, int64_t lda, const void *B,
                      int64_t ldb, float beta, float *C, int64_t ldc);
 int ml_cpu_gemm_tiles_check(ml_cpu_gemm *g);
+/* oneDNN's name of the implementation ml_cpu_gemm_tile runs on thread's
+ * state for these arguments (dnnl_query_impl_info_str of the cached
+ * primitive, built if missing: e.g. "brg:avx512_core_amx" or
+ * "gemm:jit"), valid while the primitive is cached; NULL with the message
+ * set when it cannot be built. After ml_cpu_gemm_tiles_reserve, outside a
+ * parallel region; bench/attn_tile_gemm.c's. */
+const char *ml_cpu_gemm_tile_impl(ml_cpu_gemm *g, int thread, bool ta, bool tb, int64_t M,
+                                  int64_t N, int64_t K, float alpha, int64_t lda, int64_t ldb,
+                                  float beta, int64_t ldc);
 
 #endif

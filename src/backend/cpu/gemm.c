@@ -528,6 +528,19 @@ static void tile_epilogue(int64_t M, int64_t N, float alpha, const float *P, int
   }
 }
 
+/* The primitive's key of a tile (below): the product plain, or with the
+ * sum post-op when alpha = 1 and accumulating; a scaled accumulating
+ * tile's product goes to the thread's dense scratch (ldc N). */
+static key tile_key(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, int64_t lda,
+                    int64_t ldb, float beta, int64_t ldc) {
+  bool accumulate = beta != 0.0f, scaled = alpha != 1.0f;
+  key k;
+  memset(&k, 0, sizeof k);
+  k.M = M, k.N = N, k.K = K, k.lda = lda, k.ldb = ldb, k.ldc = scaled && accumulate ? N : ldc;
+  k.ta = ta, k.tb = tb, k.accumulate = accumulate && !scaled, k.dt = dnnl_bf16;
+  return k;
+}
+
 /* A tile's output scale stays out of oneDNN: with alpha != 1, oneDNN 2.6's
  * gemm path (where strided tiles land, brgemm refusing strided operands)
  * runs on AMX into an fp32 buffer and scales and adds it in a scalar loop
@@ -545,10 +558,7 @@ int ml_cpu_gemm_tile(ml_cpu_gemm *g, int thread, bool ta, bool tb, int64_t M, in
   tiles *t = &g->tiles[thread];
   bool accumulate = beta != 0.0f, scaled = alpha != 1.0f;
   bool via_acc = scaled && accumulate; /* the product goes to t->acc first */
-  key k;
-  memset(&k, 0, sizeof k);
-  k.M = M, k.N = N, k.K = K, k.lda = lda, k.ldb = ldb, k.ldc = via_acc ? N : ldc;
-  k.ta = ta, k.tb = tb, k.accumulate = accumulate && !scaled, k.dt = dnnl_bf16;
+  key k = tile_key(ta, tb, M, N, K, alpha, lda, ldb, beta, ldc);
   const char *what = "";
   dnnl_status_t st = dnnl_success;
   float *out = C;
@@ -577,6 +587,25 @@ int ml_cpu_gemm_tile(ml_cpu_gemm *g, int thread, bool ta, bool tb, int64_t M, in
     t->failed = k;
   }
   return st != dnnl_success;
+}
+
+const char *ml_cpu_gemm_tile_impl(ml_cpu_gemm *g, int thread, bool ta, bool tb, int64_t M,
+                                  int64_t N, int64_t K, float alpha, int64_t lda, int64_t ldb,
+                                  float beta, int64_t ldc) {
+  key k = tile_key(ta, tb, M, N, K, alpha, lda, ldb, beta, ldc);
+  dnnl_status_t st = dnnl_success;
+  const char *what = "", *info = NULL;
+  entry *e = lookup(g, &g->tiles[thread].c, &k, true, &st, &what);
+  const_dnnl_primitive_desc_t pd = NULL;
+  if (!e) {
+    dnnl_check(st, what, &k);
+    return NULL;
+  }
+  if (dnnl_check(dnnl_primitive_get_primitive_desc(e->prim, &pd), "primitive desc query", &k) ||
+      dnnl_check(dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &info),
+                 "implementation query", &k))
+    return NULL;
+  return info;
 }
 
 int ml_cpu_gemm_tiles_check(ml_cpu_gemm *g) {

@@ -294,6 +294,11 @@ int ml_be_attention_block_fwd(ml_backend *be, const ml_attn_block *blk, const fl
 size_t ml_be_attention_block_work(ml_backend *be, const ml_attn_block *blk) {
   return ml_be_supports(be, ML_OP_ATTENTION_BLOCK) ? be->ops->attention_block_work(be, blk) : 0;
 }
+int ml_be_attention_temp_blocks(ml_backend *be, const ml_attn_block *blk, ml_dtype compute,
+                                bool bwd, int64_t bytes[ML_ATTN_TEMP_BLOCKS]) {
+  return be->ops->attention_temp_blocks ? be->ops->attention_temp_blocks(be, blk, compute, bwd, bytes)
+                                        : 0;
+}
 int ml_be_attention_block_bwd(ml_backend *be, const ml_attn_block *blk, const float *dout,
                               const float *q, const float *k, const float *v, const float *out,
                               const float *lse, float *dq, float *dk, float *dv,

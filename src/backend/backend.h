@@ -101,6 +101,9 @@ typedef struct ml_gemm {
 /* The most pool blocks one ml_be_gemm call takes for its temporaries
  * (ml_be_gemm_temp_blocks). */
 enum { ML_GEMM_TEMP_BLOCKS = 4 };
+/* The most pool blocks an attention call takes for itself and gives back
+ * (ml_be_attention_temp_blocks). */
+enum { ML_ATTN_TEMP_BLOCKS = 4 };
 
 /* Device memory of a backend's pool in bytes, as torch.cuda's
  * memory_allocated / max_memory_allocated / memory_reserved count it:
@@ -299,6 +302,9 @@ typedef struct ml_backend_ops {
                              const float *k, const float *v, float *out, float *lse,
                              bool accumulate, ml_dtype compute);
   size_t (*attention_block_work)(ml_backend *be, const ml_attn_block *blk);
+  /* NULL: none (ml_be_attention_temp_blocks) */
+  int (*attention_temp_blocks)(ml_backend *be, const ml_attn_block *blk, ml_dtype compute,
+                               bool bwd, int64_t bytes[ML_ATTN_TEMP_BLOCKS]);
   int (*attention_block_bwd)(ml_backend *be, const ml_attn_block *blk, const float *dout,
                              const float *q, const float *k, const float *v, const float *out,
                              const float *lse, float *dq, float *dk, float *dv,
@@ -669,6 +675,14 @@ int ml_be_attention_block_fwd(ml_backend *be, const ml_attn_block *blk, const fl
  * caller carves it; saturates at SIZE_MAX; 0 on a backend without block
  * attention). */
 size_t ml_be_attention_block_work(ml_backend *be, const ml_attn_block *blk);
+/* The pool blocks (bytes[i], in the order taken) an attention call on blk
+ * (forward, or backward: bwd) in `compute` allocates and frees before it
+ * returns, for the meta backend to take the same (`meshlm plan`): the CPU
+ * backend's bf16 operand copies (cpu.c attention_begin); a whole-sequence
+ * call is the block sq = sk = S. Returns their count (0: none, and on a
+ * backend that does not say). */
+int ml_be_attention_temp_blocks(ml_backend *be, const ml_attn_block *blk, ml_dtype compute,
+                                bool bwd, int64_t bytes[ML_ATTN_TEMP_BLOCKS]);
 /* Backward of the block for the final out and lse of its queries (after
  * every block was merged): probabilities recomputed as exp(scale·q·k −
  * lse), D = rowsum(dout ⊙ out); dq [sq, nh, hd], dk, dv [sk, nkv, hd]

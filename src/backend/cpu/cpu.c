@@ -346,18 +346,23 @@ static int tile_gemm(void *ctx, int thread, bool ta, bool tb, int64_t M, int64_t
  * ml_attn_block.qkv_bf16) copied, or widened exactly for the emulation's
  * sgemm. *lay: its strides (bs, row, head) as k_attn_bf16 names them.
  * NULL x: nothing. */
+// elements of such a copy (saturating at ML_SAT)
+static int64_t copy_elems(int64_t B, int64_t rows, int64_t heads, int64_t hd) {
+  return ml_mul_sat(ml_mul_sat(B, heads), ml_mul_sat(rows, hd));
+}
+
 static int rounded(ml_backend *be, const void *x, bool x_bf16, int64_t B, int64_t bs,
                    int64_t rows, int64_t heads, int64_t hd, bool packed, const void **out,
                    void **mem, int64_t lay[3]) {
   *out = *mem = NULL;
   if (!x) return 0;
-  int64_t per_head = ml_mul_sat(rows, hd), n = ml_mul_sat(ml_mul_sat(B, heads), per_head);
+  int64_t n = copy_elems(B, rows, heads, hd);
   *mem = ml_be_alloc(be, n, packed ? sizeof(uint16_t) : sizeof(float),
                      "an attention operand rounded to bf16 [%lld]", (long long)n);
   if (!*mem) return -1;
   *out = *mem;
   k_attn_head_major(x, x_bf16, B, bs, rows, heads, hd, packed, *mem);
-  lay[0] = heads * per_head, lay[1] = hd, lay[2] = per_head;
+  lay[0] = copy_elems(1, rows, heads, hd), lay[1] = hd, lay[2] = rows * hd;
   return 0;
 }
 
@@ -406,6 +411,21 @@ static int attention_begin(ml_backend *be, ml_dtype compute, const k_attn_block 
   a->lp.k_bs = kl[0], a->lp.k_row = kl[1], a->lp.k_head = kl[2];
   *lp = &a->lp;
   return 0;
+}
+
+/* The pool blocks of attention_begin's copies (backend.h
+ * ml_be_attention_temp_blocks), in its order: q, unpaged k and v, dout
+ * (backward). */
+static int attention_temp_blocks(ml_backend *be, const k_attn_block *blk, ml_dtype compute,
+                                 bool bwd, int64_t bytes[ML_ATTN_TEMP_BLOCKS]) {
+  if (compute != ML_BF16) return 0;
+  int64_t esz = ml_cpu_gemm_bf16_native(impl(be)->gemm) ? sizeof(uint16_t) : sizeof(float);
+  int64_t q = ml_mul_sat(copy_elems(blk->B, blk->sq, blk->nh, blk->hd), esz), n = 0;
+  int64_t k = ml_mul_sat(copy_elems(blk->B, blk->sk, blk->nkv, blk->hd), esz);
+  bytes[n++] = q;
+  if (!blk->kv_table) bytes[n++] = k, bytes[n++] = k;
+  if (bwd) bytes[n++] = q;
+  return (int)n;
 }
 
 /* A kernel's result: the first failure of its tiles, reported here. */
@@ -499,6 +519,12 @@ static int cpu_attention_block_bwd(ml_backend *be, const ml_attn_block *b, const
   k_attn_block blk = block_of(b);
   return block_bwd(be, &blk, dout, q, k, v, out, lse, dq, dk, dv, compute, work,
                    cpu_attention_block_work(be, b));
+}
+
+static int cpu_attention_temp_blocks(ml_backend *be, const ml_attn_block *b, ml_dtype compute,
+                                     bool bwd, int64_t bytes[ML_ATTN_TEMP_BLOCKS]) {
+  k_attn_block blk = block_of(b);
+  return attention_temp_blocks(be, &blk, compute, bwd, bytes);
 }
 
 static int cpu_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
@@ -723,6 +749,7 @@ static const ml_backend_ops k_cpu_ops = {
     .attention_fwd = cpu_attention_fwd,
     .attention_block_fwd = cpu_attention_block_fwd,
     .attention_block_work = cpu_attention_block_work,
+    .attention_temp_blocks = cpu_attention_temp_blocks,
     .attention_block_bwd = cpu_attention_block_bwd,
     .attention_bwd = cpu_attention_bwd,
     .glu_fwd = cpu_glu_fwd,

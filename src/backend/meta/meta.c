@@ -156,23 +156,43 @@ static size_t meta_attention_work(ml_backend *be, int64_t B, int64_t S, int64_t 
                                   int64_t hd) {
   return ml_be_attention_work(impl(be)->like, B, S, nh, nkv, hd);
 }
+/* The modelled backend's temporaries of an attention call
+ * (ml_be_attention_temp_blocks): its blocks taken in its order, then
+ * given back. */
+static int attention_temps(ml_backend *be, const ml_attn_block *blk, ml_dtype compute, bool bwd) {
+  int64_t bytes[ML_ATTN_TEMP_BLOCKS];
+  void *t[ML_ATTN_TEMP_BLOCKS] = {NULL};
+  int n = ml_be_attention_temp_blocks(impl(be)->like, blk, compute, bwd, bytes), rc = 0;
+  for (int i = 0; i < n && !rc; i++)
+    if (!(t[i] = ml_be_alloc(be, bytes[i], 1, "an attention operand copy [%lld B]",
+                             (long long)bytes[i])))
+      rc = -1;
+  for (int i = 0; i < n; i++) ml_be_free(be, t[i]);
+  return rc;
+}
+// a whole sequence as one block (the sizes attention_temps reads)
+static ml_attn_block whole(int64_t B, int64_t S, int64_t nh, int64_t nkv, int64_t hd) {
+  return (ml_attn_block){.B = B, .sq = S, .sk = S, .nh = nh, .nkv = nkv, .hd = hd};
+}
 static int meta_attention_fwd(ml_backend *be, const float *q, const float *k, const float *v,
                               float *out, float *saved, int64_t B, int64_t S, int64_t nh,
                               int64_t nkv, int64_t hd, float scale, int64_t window,
                               ml_dtype compute) {
-  return 0;
+  ml_attn_block blk = whole(B, S, nh, nkv, hd);
+  return attention_temps(be, &blk, compute, false);
 }
 static int meta_attention_bwd(ml_backend *be, const float *dout, const float *q, const float *k,
                               const float *v, const float *out, const float *saved, float *dq,
                               float *dk, float *dv, int64_t B, int64_t S, int64_t nh,
                               int64_t nkv, int64_t hd, float scale, int64_t window,
                               ml_dtype compute, void *work) {
-  return 0;
+  ml_attn_block blk = whole(B, S, nh, nkv, hd);
+  return attention_temps(be, &blk, compute, true);
 }
 static int meta_attention_block_fwd(ml_backend *be, const ml_attn_block *blk, const float *q,
                                     const float *k, const float *v, float *out, float *lse,
                                     bool accumulate, ml_dtype compute) {
-  return 0;
+  return attention_temps(be, blk, compute, false);
 }
 static size_t meta_attention_block_work(ml_backend *be, const ml_attn_block *blk) {
   return ml_be_attention_block_work(impl(be)->like, blk);
@@ -181,7 +201,7 @@ static int meta_attention_block_bwd(ml_backend *be, const ml_attn_block *blk, co
                                     const float *q, const float *k, const float *v,
                                     const float *out, const float *lse, float *dq, float *dk,
                                     float *dv, ml_dtype compute, void *work) {
-  return 0;
+  return attention_temps(be, blk, compute, true);
 }
 static int meta_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
                         ml_glu_act act) {

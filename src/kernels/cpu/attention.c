@@ -28,7 +28,8 @@
  * tiles, below).
  *
  * The products are sgemm on fp32 operands, or, given a k_attn_bf16, on
- * bf16 operands: the caller's rounded q, k, v, dout, and P and dS rounded
+ * bf16 operands: the caller's rounded q, k, v, dout (in the block's
+ * layouts or head-major, lp's strides: q_op, k_op), and P and dS rounded
  * per tile into the thread's scratch or the backward's store (bf16 for
  * the caller's tile GEMM, or fp32 holding bf16 values for sgemm); the
  * softmax, its backward and every accumulation stay fp32. One OpenMP

@@ -145,9 +145,10 @@ typedef struct k_attn_block {
    * ml_attn_block.out_bf16) */
   bool out_bf16;
   /* q, k, v are bf16 (uint16_t, their layouts): the caller's backend reads
-   * them as the bf16 products' operands (lp's q, k, v point at them, or at
-   * their exact fp32 widening); unpaged, bf16 products only (backend.h
-   * ml_attn_block.qkv_bf16). The kernels read q, k, v through lp alone. */
+   * them as the bf16 products' operands (lp's q, k, v point at their
+   * head-major copies, bf16 or widened exactly to fp32: k_attn_head_major);
+   * unpaged, bf16 products only (backend.h ml_attn_block.qkv_bf16). The
+   * kernels read q, k, v through lp alone. */
   bool qkv_bf16;
   /* The backward writes (=) dq, dk, dv instead of adding into them: every
    * element of the block's rows ([B][sq rows] of dq at q_bs, [B][sk rows]

@@ -237,10 +237,11 @@ static int shared_operand(ml_model *m, const ml_linear *first, ml_act *in, float
 
 /* The input of the linears after a norm (first: q_proj, gate_proj or a sparse layer's router;
  * the first of those its input edge belongs to), from x [B, s_res, H], as the view *in they
- * read (the edge's [B, S, H]), rstd [B·s_res] saved, and with xr their bf16 operand *xr:
+ * read (the edge's [B, S, H]), rstd [B·s_res] saved, and with xr their rounded operand *xr:
  * direct_input: the norm writes the bf16 `saved` (h1, h2) itself, *xr its
- * ml_linear_operand_bf16, in->x NULL (its fp32 value is kept nowhere); else the norm's fp32 output in `saved` or a shared_input
- * temporary, first's input edge run on it, then shared_operand. xr NULL: in->x stays fp32 in
+ * ml_linear_operand_bf16, in->x NULL (its fp32 value is kept nowhere); else the norm's fp32
+ * output in `saved` or a shared_input temporary, first's input edge run on it, then
+ * shared_operand. xr NULL: in->x stays fp32 in
  * `saved` (the router and experts read it; never under m->bf16_inputs). */
 static int norm_input(ml_model *m, const ml_rmsnorm *norm, const ml_linear *first, const float *x,
                       float *saved, float *rstd, ml_act *in, ml_xr *xr) {

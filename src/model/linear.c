@@ -8,7 +8,9 @@
  * fp32 activation is rounded once however many GEMMs read it: dy for dx
  * and dW here (into bf16, or where the backend reads exact fp32 operands in
  * place, ml_be_gemm_exact_in_place, into fp32 flagged exact), a shared input
- * by the caller (ml_linear_round_input). A
+ * by the caller (ml_linear_round_input); and where the backend reads them so,
+ * each bf16 one is widened once however many GEMMs read it
+ * (ml_linear_operand_bf16: a saved bf16 input, a bf16 dy), not per GEMM. A
  * frozen weight or bias (grad NULL, requires_grad=False) gets no gradient:
  * its GEMM is skipped, dx still flows. A LoRA adapter (model/lora.h) adds
  * its low-rank path before the output edge, so a row-parallel linear's
@@ -152,7 +154,8 @@ static int lora_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, m
                          (long long)T, (long long)out);
   // u: [T, r] = drop(x) · A^T over the whole columns (xw, aw) or this rank's
   if (!v) rc = -1;
-  else if (xw) rc = lora_down(be, a, aw ? aw : lin->whole_lora_a, a->shape[1], T, xw, (ml_xr){0}, u);
+  else if (xw)
+    rc = lora_down(be, a, aw ? aw : lin->whole_lora_a, a->shape[1], T, xw, (ml_xr){0}, u);
   else rc = lora_down(be, a, a->data, a->local[1], T, xin, xinr, u);
   // v: [T, out] = u: [T, r] · B: [out, r]^T
   ml_gemm g = {.trans_b = true, .M = T, .N = out, .K = r, .A = u, .a_type = ML_F32, .lda = r,

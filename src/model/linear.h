@@ -46,9 +46,10 @@ void ml_linear_operand_free(ml_backend *be, ml_xr *xr);
  * dtype: fp32, or bf16 operands with fp32 accumulation) on the view x
  * [B, s, in_local] into ybuf; the output edge runs; *y is the resulting
  * view. xr: x rounded once (ml_linear_round_input, ml_linear_operand_bf16),
- * or NULL or zeroed (the GEMM rounds x itself). The input edge is the caller's (siblings share it). With
- * lin->whole set (model.h ml_whole_hook) the GEMM runs on the gathered
- * whole input and weight instead, K = the weight's global in-features,
+ * or NULL or zeroed (the GEMM rounds x itself). The input edge is the
+ * caller's (siblings share it). With lin->whole set (model.h
+ * ml_whole_hook) the GEMM runs on the gathered whole input and weight
+ * instead, K = the weight's global in-features,
  * the bias on every rank, xr unused, and *y is [B, s, out] whole. Errors:
  * x->c ≠ the weight's local in-features (the plan's layouts do not
  * compose; the message names the module). */

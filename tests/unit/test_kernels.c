@@ -380,7 +380,7 @@ static void test_linear_operands(void **state) {
     if (!path) continue;
     if (memcmp(y[path], y[0], ny) || memcmp(dx[path], dx[0], nx) || memcmp(dW[path], dW[0], nw))
       fail_msg("path %d: y %s, dx %s, dW %s the GEMMs' own rounding's (bitwise expected)", path,
-               memcmp(y[path], y[0], ny) ? "differs from" : "is", 
+               memcmp(y[path], y[0], ny) ? "differs from" : "is",
                memcmp(dx[path], dx[0], nx) ? "differs from" : "is",
                memcmp(dW[path], dW[0], nw) ? "differs from" : "is");
   }

@@ -154,7 +154,7 @@ static int out_grad(ml_model *m, const ml_rmsnorm *norm, const float *saved, con
  * q/k_proj, m->bf16_glu_grads for gate/up_proj, out_grad for o_proj, down_proj), else fp32
  * (rounded by the linear). */
 static int linear_backward(ml_model *m, bool dy_bf16, const ml_linear *lin, ml_act *dy,
-                           const ml_act *x, const void *xr, float *dx, int accumulate) {
+                           const ml_act *x, const ml_xr *xr, float *dx, int accumulate) {
   if (dy_bf16) return ml_linear_backward_bf16(m->be, lin, dy, x, xr, dx, accumulate);
   return ml_linear_backward(m->be, lin, dy, x, xr, dx, accumulate);
 }
@@ -210,38 +210,48 @@ static int carved_bf16(const ml_linear *lin) {
                 lin->weight->name, ml_dtype_name(lin->weight->dtype));
 }
 
-/* *xr: the bf16 operand of the linears reading view *in (first: one of
- * them). Under m->bf16_inputs in->x rounded to nearest-even into `saved`,
- * which the backward reads again, and the temporary in->x (shared_input)
- * freed, in->x NULL; else ml_linear_round_input's pool copy (NULL with fp32
- * weights), for release_operand. */
+/* *xr: the rounded operand of the linears reading view *in (first: one of
+ * them), for release_operand. Under m->bf16_inputs in->x rounded to
+ * nearest-even into `saved` (bf16), which the backward reads again, in->x
+ * NULL after: the temporary in->x (shared_input) freed, or where the
+ * backend reads exact fp32 in place (ml_be_gemm_exact_in_place) rounded in
+ * place in the same pass and kept as *xr until release_operand (no GEMM
+ * widens `saved`); else ml_linear_round_input's pool copy (none with fp32
+ * weights). */
 static int shared_operand(ml_model *m, const ml_linear *first, ml_act *in, float *saved,
-                          void **xr) {
+                          ml_xr *xr) {
   if (!m->bf16_inputs) return ml_linear_round_input(m->be, first, in, xr);
-  *xr = saved;
+  *xr = (ml_xr){.p = saved};
   int rc = carved_bf16(first);
   size_t n = (size_t)(in->B * in->s * in->c);
-  if (!rc) rc = ml_be_convert(m->be, saved, ML_BF16, in->x, ML_F32, n);
-  ml_be_free(m->be, in->x);
+  if (!rc && ml_be_gemm_exact_in_place(m->be)) {
+    rc = ml_be_round_bf16_to(m->be, in->x, in->x, saved, n);
+    *xr = (ml_xr){.p = in->x, .f32 = true, .owned = in->x};
+  } else {
+    if (!rc) rc = ml_be_convert(m->be, saved, ML_BF16, in->x, ML_F32, n);
+    ml_be_free(m->be, in->x);
+  }
   in->x = NULL;
   return rc;
 }
 
 /* The input of the linears after a norm (first: q_proj, gate_proj or a sparse layer's router;
  * the first of those its input edge belongs to), from x [B, s_res, H], as the view *in they
- * read (the edge's [B, S, H]), rstd [B·s_res] saved, and with xr their bf16 operand *xr:
- * direct_input: the norm writes the bf16 `saved` (h1, h2) itself, *xr = saved, in->x NULL
- * (its fp32 value is kept nowhere); else the norm's fp32 output in `saved` or a shared_input
- * temporary, first's input edge run on it, then shared_operand. xr NULL: in->x stays fp32 in
+ * read (the edge's [B, S, H]), rstd [B·s_res] saved, and with xr their rounded operand *xr:
+ * direct_input: the norm writes the bf16 `saved` (h1, h2) itself, *xr its
+ * ml_linear_operand_bf16, in->x NULL (its fp32 value is kept nowhere); else the norm's fp32
+ * output in `saved` or a shared_input temporary, first's input edge run on it, then
+ * shared_operand. xr NULL: in->x stays fp32 in
  * `saved` (the router and experts read it; never under m->bf16_inputs). */
 static int norm_input(ml_model *m, const ml_rmsnorm *norm, const ml_linear *first, const float *x,
-                      float *saved, float *rstd, ml_act *in, void **xr) {
+                      float *saved, float *rstd, ml_act *in, ml_xr *xr) {
   int64_t Tr = m->B * m->s_res, H = m->cfg.hidden;
   if (xr && direct_input(m, first)) {
+    *xr = (ml_xr){0};
     ML_TRY(carved_bf16(first));
     *in = ml_act_view(m, NULL, m->s_res, H, H);
-    *xr = saved;
-    return norm_fwd_bf16(m, norm, x, saved, rstd, Tr, H);
+    ML_TRY(norm_fwd_bf16(m, norm, x, saved, rstd, Tr, H));
+    return ml_linear_operand_bf16(m->be, saved, Tr, H, xr);
   }
   float *h = xr ? shared_input(m, saved, H) : saved;
   if (!h) return -1;
@@ -256,28 +266,25 @@ static int norm_input(ml_model *m, const ml_rmsnorm *norm, const ml_linear *firs
 }
 
 /* The backward's *xr for the linears reading view *in: the forward's saved
- * bf16 copy under m->bf16_inputs (not rounded again), else as
- * shared_operand. */
+ * bf16 copy under m->bf16_inputs (not rounded again; ml_linear_operand_bf16),
+ * else as shared_operand. */
 static int saved_operand(ml_model *m, const ml_linear *first, const ml_act *in, float *saved,
-                         void **xr) {
+                         ml_xr *xr) {
   if (!m->bf16_inputs) return ml_linear_round_input(m->be, first, in, xr);
-  *xr = saved;
-  return 0;
+  return ml_linear_operand_bf16(m->be, saved, in->B * in->s, in->c, xr);
 }
 
-/* Frees an operand of shared_operand or saved_operand (not a saved copy). */
-static void release_operand(ml_model *m, void *xr) {
-  if (!m->bf16_inputs) ml_be_free(m->be, xr);
-}
+/* Frees what an operand of shared_operand or saved_operand owns (never a saved copy). */
+static void release_operand(ml_model *m, ml_xr *xr) { ml_linear_operand_free(m->be, xr); }
 
 /* *xo: o_proj's bf16 operand, the attention kernel's bf16 output (m->bf16_att:
- * the view's fp32 x, which holds none, set NULL), or NULL (o_proj's GEMM
- * rounds the fp32 att). */
-static int att_operand(ml_model *m, const ml_layer *L, ml_act *in_o, const void **xo) {
-  *xo = NULL;
+ * the view's fp32 x, which holds none, set NULL; one GEMM reads it, as it is), or none
+ * (o_proj's GEMM rounds the fp32 att). */
+static int att_operand(ml_model *m, const ml_layer *L, ml_act *in_o, ml_xr *xo) {
+  *xo = (ml_xr){0};
   if (!m->bf16_att) return 0;
   ML_TRY(carved_bf16(&L->o_proj));
-  *xo = in_o->x;
+  xo->p = in_o->x;
   in_o->x = NULL;
   return 0;
 }
@@ -413,29 +420,29 @@ static int attention_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
   int64_t B = m->B, S = m->S, Tr = B * m->s_res, H = m->cfg.hidden, hd = m->cfg.head_dim;
   bool qk_norm = L->q_norm.weight, out_norm = L->attn_out_norm.weight;
-  void *xr = NULL; /* in_qkv rounded once for the three (bf16 weights) */
+  ml_xr xr = {0}; /* in_qkv rounded once for the three (bf16 weights) */
   int rc = norm_input(m, &L->attn_norm, &L->q_proj, a->x_in, a->h1, a->rstd1, &a->in_qkv, &xr);
   float *qk = NULL; /* m->bf16_qkv: q, k in fp32 before RoPE's rounding (qk_scratch) */
   if (!rc && m->bf16_qkv && !(qk = qk_scratch(m, L))) rc = -1;
   float *q = qk_norm ? a->q_raw : qk ? qk : a->q;
   float *k = qk_norm ? a->k_raw : qk ? qk + B * S * m->cap_q : a->k;
   // q: [B, S, nh·hd]; k, v: [B, S, nkv·hd] (v bf16 under m->bf16_qkv)
-  if (!rc) rc = ml_linear_forward(m->be, &L->q_proj, &a->in_qkv, xr, q, &a->qv);
-  if (!rc) rc = ml_linear_forward(m->be, &L->k_proj, &a->in_qkv, xr, k, &a->kv);
+  if (!rc) rc = ml_linear_forward(m->be, &L->q_proj, &a->in_qkv, &xr, q, &a->qv);
+  if (!rc) rc = ml_linear_forward(m->be, &L->k_proj, &a->in_qkv, &xr, k, &a->kv);
   if (!rc)
-    rc = m->bf16_qkv ? ml_linear_forward_bf16(m->be, &L->v_proj, &a->in_qkv, xr, a->v, &a->vv)
-                     : ml_linear_forward(m->be, &L->v_proj, &a->in_qkv, xr, a->v, &a->vv);
-  release_operand(m, xr);
+    rc = m->bf16_qkv ? ml_linear_forward_bf16(m->be, &L->v_proj, &a->in_qkv, &xr, a->v, &a->vv)
+                     : ml_linear_forward(m->be, &L->v_proj, &a->in_qkv, &xr, a->v, &a->vv);
+  release_operand(m, &xr);
   if (!rc) rc = qk_forward(m, L, qk);
   ml_be_free(m->be, qk);
   ML_TRY(rc);
   ML_TRY(core_forward(m, L, a->att));
   a->in_o = ml_act_view(m, a->att, S, m->cfg.n_heads * hd, a->qv.c);
   ML_TRY(ml_hook_run(L->o_proj.in.fwd, &a->in_o)); /* none under m->bf16_att */
-  const void *xo; /* att in bf16 (m->bf16_att), else NULL: the GEMM rounds it */
+  ml_xr xo; /* att in bf16 (m->bf16_att), else none: the GEMM rounds it */
   ML_TRY(att_operand(m, L, &a->in_o, &xo));
   ml_act o; /* into x, which has room for the output edge's unsharded [B, S, H] */
-  ML_TRY(ml_linear_forward(m->be, &L->o_proj, &a->in_o, xo, x, &o));  // [B, s_res, H]
+  ML_TRY(ml_linear_forward(m->be, &L->o_proj, &a->in_o, &xo, x, &o));  // [B, s_res, H]
   ML_TRY(expect_view(L->o_proj.weight->name, &o, m->s_res, H));
   if (out_norm) { /* o: [B, s_res, H] saved; x = attn_out_norm(o) */
     ML_TRY(copy_floats(m, a->o, x, Tr * H));
@@ -463,8 +470,8 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx, const ml_laye
   ML_TRY(out_grad(m, &L->attn_out_norm, a->o, a->rstd_o, &L->o_proj, dx, true, dtmp, &dy, &d16));
   ml_act d = ml_act_view(m, dy, m->s_res, H, H);
   // datt: [B, S, nh·hd]
-  const void *xo = m->bf16_att ? (const void *)a->att : NULL; /* as forward (att_operand) */
-  ML_TRY(linear_backward(m, d16, &L->o_proj, &d, &a->in_o, xo, datt, 0));
+  ml_xr xo = {.p = m->bf16_att ? a->att : NULL}; /* as forward (att_operand) */
+  ML_TRY(linear_backward(m, d16, &L->o_proj, &d, &a->in_o, &xo, datt, 0));
   ml_act datt_v = on(a->in_o, datt);
   ML_TRY(ml_hook_run(L->o_proj.in.bwd, &datt_v));
   ML_TRY(expect_view(L->o_proj.weight->name, &datt_v, S, nh * hd));
@@ -484,13 +491,13 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx, const ml_laye
     ML_TRY(norm_bwd(m, &L->q_norm, dq, a->q_raw, a->rstd_q, dq, T * nh, hd));   // dq: [T·nh, hd]
     ML_TRY(norm_bwd(m, &L->k_norm, dk, a->k_raw, a->rstd_k, dk, T * nkv, hd));  // dk: [T·nkv, hd]
   }
-  void *xr; /* in_qkv in bf16 for the three dW GEMMs (bf16 weights) */
+  ml_xr xr; /* in_qkv rounded for the three dW GEMMs (bf16 weights) */
   ML_TRY(saved_operand(m, &L->q_proj, &a->in_qkv, a->h1, &xr));
   bool qk16 = m->bf16_rope_grads;
-  int rc = linear_backward(m, qk16, &L->q_proj, &dqv, &a->in_qkv, xr, dh, 0);  // dh: [B, S, H]
-  if (!rc) rc = linear_backward(m, qk16, &L->k_proj, &dkv, &a->in_qkv, xr, dh, 1);
-  if (!rc) rc = ml_linear_backward(m->be, &L->v_proj, &dvv, &a->in_qkv, xr, dh, 1);
-  release_operand(m, xr);
+  int rc = linear_backward(m, qk16, &L->q_proj, &dqv, &a->in_qkv, &xr, dh, 0);  // dh: [B, S, H]
+  if (!rc) rc = linear_backward(m, qk16, &L->k_proj, &dkv, &a->in_qkv, &xr, dh, 1);
+  if (!rc) rc = ml_linear_backward(m->be, &L->v_proj, &dvv, &a->in_qkv, &xr, dh, 1);
+  release_operand(m, &xr);
   ML_TRY(rc);
   /* the layer below's bf16 dy into dtmp (dead now), which its recompute does not write */
   void *d16_below = below && boundary_dy_bf16(below) ? (void *)dtmp : NULL;
@@ -504,9 +511,9 @@ static const ml_linear *mlp_first(const ml_layer *L) {
   return L->moe.gate.weight ? &L->moe.gate : &L->gate_proj;
 }
 
-/* g = gate_proj(in_gu), u = up_proj(in_gu) [B, s, I] (xr: in_gu's bf16
- * copy, or NULL): fp32, or under m->bf16_mlp bf16 from the GEMMs. */
-static int gate_up(ml_model *m, ml_layer *L, const void *xr, ml_act *u) {
+/* g = gate_proj(in_gu), u = up_proj(in_gu) [B, s, I] (xr: in_gu rounded
+ * once, or none): fp32, or under m->bf16_mlp bf16 from the GEMMs. */
+static int gate_up(ml_model *m, ml_layer *L, const ml_xr *xr, ml_act *u) {
   ml_layer_acts *a = &L->acts;
   if (!m->bf16_mlp) {
     ML_TRY(ml_linear_forward(m->be, &L->gate_proj, &a->in_gu, xr, a->g, &a->gv));
@@ -530,10 +537,10 @@ static int glu_forward(ml_model *m, const ml_layer *L, void *act, ml_dtype a_typ
 static int dense_forward(ml_model *m, ml_layer *L, float *x) {
   ml_layer_acts *a = &L->acts;
   ml_act u;
-  void *xr; /* in_gu rounded once for both (bf16 weights) */
+  ml_xr xr; /* in_gu rounded once for both (bf16 weights) */
   ML_TRY(norm_input(m, &L->mlp_norm, &L->gate_proj, a->x_mid, a->h2, a->rstd2, &a->in_gu, &xr));
-  int rc = gate_up(m, L, xr, &u);  // g, u: [B, s, I]
-  release_operand(m, xr);
+  int rc = gate_up(m, L, &xr, &u);  // g, u: [B, s, I]
+  release_operand(m, &xr);
   ML_TRY(rc);
   ML_TRY(expect_view(L->up_proj.weight->name, &u, a->gv.s, a->gv.c));
   int64_t n = a->gv.B * a->gv.s * a->gv.c;
@@ -545,19 +552,20 @@ static int dense_forward(ml_model *m, ml_layer *L, float *x) {
     ML_TRY(carved_bf16(&L->down_proj));
     ML_TRY(glu_forward(m, L, a->a, ML_BF16, n));
     a->in_down = on(a->gv, NULL); /* its fp32 value is kept nowhere (model.h) */
-    xr = a->a;
+    xr = (ml_xr){.p = a->a}; /* down_proj's GEMM alone reads it, as it is */
   } else {
     float *act = shared_input(m, a->a, m->cap_i); /* a: [B, s, I] */
     if (!act) return -1;
     a->in_down = on(a->gv, act);
     rc = glu_forward(m, L, act, ML_F32, n);
     if (!rc) rc = ml_hook_run(L->down_proj.in.fwd, &a->in_down);
-    xr = NULL; /* in_down in bf16 under m->bf16_inputs (else the GEMM rounds it) */
+    xr = (ml_xr){0}; /* in_down rounded under m->bf16_inputs (else the GEMM rounds it) */
     if (!rc && m->bf16_inputs) rc = shared_operand(m, &L->down_proj, &a->in_down, a->a, &xr);
     else if (act != a->a) ml_be_free(m->be, act);
   }
   ml_act d; /* into x, which has room for the output edge's unsharded [B, S, H] */
-  if (!rc) rc = ml_linear_forward(m->be, &L->down_proj, &a->in_down, xr, x, &d);  // [B, s_res, H]
+  if (!rc) rc = ml_linear_forward(m->be, &L->down_proj, &a->in_down, &xr, x, &d);  // [B, s_res, H]
+  release_operand(m, &xr);
   ML_TRY(rc);
   return expect_view(L->down_proj.weight->name, &d, m->s_res, m->cfg.hidden);
 }
@@ -593,8 +601,8 @@ static int dense_backward(ml_model *m, ml_layer *L, ml_act *d, bool d16, float *
   /* dg, du: [B, s, I], bf16 under m->bf16_glu_grads (the layout model.c allocates) */
   ml_dtype d_type = m->bf16_glu_grads ? ML_BF16 : ML_F32;
   void *dg = da + T * m->cap_i, *du = (char *)dg + (size_t)(T * m->cap_i) * ml_dtype_size(d_type);
-  const void *xr = m->bf16_inputs ? (const void *)a->a : NULL; /* a in bf16, or the GEMM rounds */
-  ML_TRY(linear_backward(m, d16, &L->down_proj, d, &a->in_down, xr, da, 0));  // da: [B, s, I]
+  ml_xr xr = {.p = m->bf16_inputs ? a->a : NULL}; /* a in bf16, or the GEMM rounds */
+  ML_TRY(linear_backward(m, d16, &L->down_proj, d, &a->in_down, &xr, da, 0));  // da: [B, s, I]
   ml_act dav = on(a->in_down, da);
   ML_TRY(ml_hook_run(L->down_proj.in.bwd, &dav));
   ML_TRY(expect_view(L->down_proj.weight->name, &dav, a->gv.s, a->gv.c));
@@ -604,12 +612,12 @@ static int dense_backward(ml_model *m, ml_layer *L, ml_act *d, bool d16, float *
   else
     ML_TRY(ml_be_glu_bwd(m->be, da, a->g, a->u, dg, du, n, m->cfg.family->act));
   ml_act dgv = on(a->gv, dg), duv = on(a->gv, du);
-  void *xg; /* in_gu in bf16 for both dW GEMMs (bf16 weights) */
+  ml_xr xg; /* in_gu rounded for both dW GEMMs (bf16 weights) */
   ML_TRY(saved_operand(m, &L->gate_proj, &a->in_gu, a->h2, &xg));
   bool g16 = m->bf16_glu_grads;
-  int rc = linear_backward(m, g16, &L->gate_proj, &dgv, &a->in_gu, xg, dh, 0);  // dh: [B, s, H]
-  if (!rc) rc = linear_backward(m, g16, &L->up_proj, &duv, &a->in_gu, xg, dh, 1);
-  release_operand(m, xg);
+  int rc = linear_backward(m, g16, &L->gate_proj, &dgv, &a->in_gu, &xg, dh, 0);  // dh: [B, s, H]
+  if (!rc) rc = linear_backward(m, g16, &L->up_proj, &duv, &a->in_gu, &xg, dh, 1);
+  release_operand(m, &xg);
   return rc;
 }
 

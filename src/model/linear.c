@@ -8,7 +8,9 @@
  * fp32 activation is rounded once however many GEMMs read it: dy for dx
  * and dW here (into bf16, or where the backend reads exact fp32 operands in
  * place, ml_be_gemm_exact_in_place, into fp32 flagged exact), a shared input
- * by the caller (ml_linear_round_input). A
+ * by the caller (ml_linear_round_input); and where the backend reads them so,
+ * each bf16 one is widened once however many GEMMs read it
+ * (ml_linear_operand_bf16: a saved bf16 input, a bf16 dy), not per GEMM. A
  * frozen weight or bias (grad NULL, requires_grad=False) gets no gradient:
  * its GEMM is skipped, dx still flows. A LoRA adapter (model/lora.h) adds
  * its low-rank path before the output edge, so a row-parallel linear's
@@ -51,17 +53,44 @@ static int round_rows_f32(ml_backend *be, const float *x, int64_t rows, int64_t 
   return 0;
 }
 
-int ml_linear_round_input(ml_backend *be, const ml_linear *lin, const ml_act *x, void **xr) {
-  *xr = NULL;
+int ml_linear_round_input(ml_backend *be, const ml_linear *lin, const ml_act *x, ml_xr *xr) {
+  *xr = (ml_xr){0};
   if (lin->weight->dtype != ML_BF16) return 0;
-  return round_rows(be, x->x, x->B * x->s, x->c, xr);
+  void *r;
+  xr->f32 = ml_be_gemm_exact_in_place(be);
+  ML_TRY((xr->f32 ? round_rows_f32 : round_rows)(be, x->x, x->B * x->s, x->c, &r));
+  xr->p = xr->owned = r;
+  return 0;
 }
+
+int ml_linear_operand_bf16(ml_backend *be, const void *x16, int64_t rows, int64_t c, ml_xr *xr) {
+  *xr = (ml_xr){.p = x16};
+  if (!ml_be_gemm_exact_in_place(be)) return 0;
+  float *w = ml_be_alloc(be, ml_mul_sat(rows, c), sizeof(float),
+                         "a bf16 GEMM operand widened to fp32 [%lld x %lld]", (long long)rows,
+                         (long long)c);
+  if (!w) return -1;
+  if (ml_be_convert(be, w, ML_F32, x16, ML_BF16, (size_t)(rows * c))) {
+    ml_be_free(be, w);
+    return -1;
+  }
+  *xr = (ml_xr){.p = w, .f32 = true, .owned = w};
+  return 0;
+}
+
+void ml_linear_operand_free(ml_backend *be, ml_xr *xr) {
+  ml_be_free(be, xr->owned);
+  *xr = (ml_xr){0};
+}
+
+/* xr as an operand: none (NULL or zeroed) when the caller gave no rounded copy. */
+static ml_xr operand_of(const ml_xr *xr) { return xr ? *xr : (ml_xr){0}; }
 
 /* The input of lora_A: x itself (xin = x->x, its bf16 copy xr), or under
  * LoRA dropout x ⊙ mask/(1 − p) into *xd [T, in] (device; with bf16
  * weights rounded once into *xdr), the caller freeing both. */
-static int lora_input(ml_backend *be, const ml_linear *lin, const ml_act *x, const void *xr,
-                      float **xd, void **xdr, const float **xin, const void **xinr) {
+static int lora_input(ml_backend *be, const ml_linear *lin, const ml_act *x, ml_xr xr,
+                      float **xd, void **xdr, const float **xin, ml_xr *xinr) {
   *xd = NULL;
   *xdr = NULL;
   *xin = x->x;
@@ -74,18 +103,18 @@ static int lora_input(ml_backend *be, const ml_linear *lin, const ml_act *x, con
   ML_TRY(ml_lora_drop_apply(be, lin, x, x->x, *xd));
   if (lin->weight->dtype == ML_BF16) ML_TRY(round_rows(be, *xd, T, x->c, xdr));
   *xin = *xd;
-  *xinr = *xdr;
+  *xinr = (ml_xr){.p = *xdr};
   return 0;
 }
 
 /* u [T, r] (=) xin [T, in] · A [r, in]^T, in lora_A a's dtype: A its local data (in =
- * a->local[1]) or its whole columns (in = a->shape[1]); xr: xin in bf16, or NULL. */
+ * a->local[1]) or its whole columns (in = a->shape[1]); xr: xin rounded once, or none. */
 static int lora_down(ml_backend *be, const ml_param *a, const void *A, int64_t in, int64_t T,
-                     const float *xin, const void *xr, float *u) {
+                     const float *xin, ml_xr xr, float *u) {
   ml_gemm g = {.trans_b = true, .M = T, .N = a->local[0], .K = in,
-               .A = xr ? xr : (const void *)xin, .a_type = xr ? ML_BF16 : ML_F32, .lda = in,
-               .B = A, .b_type = a->dtype, .ldb = in, .C = u, .ldc = a->local[0],
-               .compute = a->dtype};
+               .A = xr.p ? xr.p : (const void *)xin, .a_type = xr.p && !xr.f32 ? ML_BF16 : ML_F32,
+               .lda = in, .a_exact = xr.f32, .B = A, .b_type = a->dtype, .ldb = in, .C = u,
+               .ldc = a->local[0], .compute = a->dtype};
   return ml_be_gemm(be, &g);
 }
 
@@ -105,14 +134,14 @@ static int whole_cols(ml_backend *be, const ml_linear *lin, const ml_param *p, c
  * * scaling), in the adapters' dtype. With a whole hook, drop(x) and A are gathered whole
  * first (each rank's dropped columns: the mask is of the global column) and u is one
  * rank's. */
-static int lora_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, const void *xr,
+static int lora_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, ml_xr xr,
                         float *y) {
   const ml_param *a = lin->lora_a, *b = lin->lora_b;
   int64_t T = x->B * x->s, r = b->local[1], out = b->local[0];
   float *xd, *v = NULL, *u = NULL;
   void *xdr, *xw = NULL, *aw = NULL;
   const float *xin;
-  const void *xinr;
+  ml_xr xinr;
   int rc = lora_input(be, lin, x, xr, &xd, &xdr, &xin, &xinr);
   if (!rc && lin->whole.cols) { // xw: [T, in], aw: [r, in] whole (unless held for the call)
     rc = whole_cols(be, lin, a, xin, T, ML_F32, &xw);
@@ -125,7 +154,8 @@ static int lora_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, c
                          (long long)T, (long long)out);
   // u: [T, r] = drop(x) · A^T over the whole columns (xw, aw) or this rank's
   if (!v) rc = -1;
-  else if (xw) rc = lora_down(be, a, aw ? aw : lin->whole_lora_a, a->shape[1], T, xw, NULL, u);
+  else if (xw)
+    rc = lora_down(be, a, aw ? aw : lin->whole_lora_a, a->shape[1], T, xw, (ml_xr){0}, u);
   else rc = lora_down(be, a, a->data, a->local[1], T, xin, xinr, u);
   // v: [T, out] = u: [T, r] · B: [out, r]^T
   ml_gemm g = {.trans_b = true, .M = T, .N = out, .K = r, .A = u, .a_type = ML_F32, .lda = r,
@@ -150,13 +180,13 @@ static int lora_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, c
  * applied to the dropped input's gradient). A frozen adapter gets no
  * gradient. */
 static int lora_backward(ml_backend *be, const ml_linear *lin, const ml_act *dy, const ml_act *x,
-                         const void *xr, float *dx) {
+                         ml_xr xr, float *dx) {
   const ml_param *a = lin->lora_a, *b = lin->lora_b;
   int64_t T = x->B * x->s, r = b->local[1], out = b->local[0], in = a->local[1];
   float *xd;
   void *xdr;
   const float *xin;
-  const void *xinr;
+  ml_xr xinr;
   int rc = lora_input(be, lin, x, xr, &xd, &xdr, &xin, &xinr);
   float *u = rc ? NULL : ml_be_alloc(be, 2 * T * r, sizeof(float), "%s's LoRA gradients "
                                      "[2 x %lld x %lld]", b->name, (long long)T, (long long)r);
@@ -176,8 +206,10 @@ static int lora_backward(ml_backend *be, const ml_linear *lin, const ml_act *dy,
   if (!rc) rc = ml_be_scale(be, du, T * r, lin->lora_scale);
   // dA: [r, in] += du^T: [r, T] · xd: [T, in]
   ml_gemm ga = {.trans_a = true, .M = r, .N = in, .K = T, .A = du, .a_type = ML_F32, .lda = r,
-                .B = xinr ? xinr : (const void *)xin, .b_type = xinr ? ML_BF16 : ML_F32,
-                .ldb = in, .C = a->grad, .ldc = in, .accumulate = true, .compute = a->dtype};
+                .B = xinr.p ? xinr.p : (const void *)xin,
+                .b_type = xinr.p && !xinr.f32 ? ML_BF16 : ML_F32, .ldb = in,
+                .b_exact = xinr.f32, .C = a->grad, .ldc = in, .accumulate = true,
+                .compute = a->dtype};
   if (!rc && a->grad) rc = ml_be_gemm(be, &ga);
   // dx: [T, in] += du: [T, r] · A: [r, in]; under dropout into xd (free now), masked, added
   ml_gemm gx = {.M = T, .N = in, .K = r, .A = du, .a_type = ML_F32, .lda = r, .B = a->data,
@@ -192,14 +224,14 @@ static int lora_backward(ml_backend *be, const ml_linear *lin, const ml_act *dy,
   return rc;
 }
 
-/* y [T, out] (=) x [T, K] · W [out, K]^T (+ b) in W's dtype; x fp32, or bf16 when xr; y
- * fp32, or bf16 when y_bf16 (rounded once by the GEMM). */
+/* y [T, out] (=) x [T, K] · W [out, K]^T (+ b) in W's dtype; x fp32, or rounded once in xr;
+ * y fp32, or bf16 when y_bf16 (rounded once by the GEMM). */
 static int xwt(ml_backend *be, const ml_param *w, const void *W, int64_t T, int64_t K,
-               const float *x, const void *xr, const ml_param *b, void *y, bool y_bf16) {
+               const float *x, ml_xr xr, const ml_param *b, void *y, bool y_bf16) {
   int64_t out = w->local[0];
   ml_gemm g = {.trans_b = true, .M = T, .N = out, .K = K,
-               .A = xr ? xr : (const void *)x, .a_type = xr ? ML_BF16 : ML_F32, .lda = K,
-               .B = W, .b_type = w->dtype, .ldb = K,
+               .A = xr.p ? xr.p : (const void *)x, .a_type = xr.p && !xr.f32 ? ML_BF16 : ML_F32,
+               .lda = K, .a_exact = xr.f32, .B = W, .b_type = w->dtype, .ldb = K,
                .C = y, .ldc = out, .c_bf16 = y_bf16,
                .bias = b ? b->data : NULL, .bias_type = b ? b->dtype : ML_F32,
                .compute = w->dtype};
@@ -216,7 +248,8 @@ static int whole_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, 
   if (!rc && !lin->whole_weight) // ww: [out, in], unless held for the call
     rc = whole_cols(be, lin, w, w->data, w->local[0], w->dtype, &ww);
   if (!rc)
-    rc = xwt(be, w, ww ? ww : lin->whole_weight, T, w->shape[1], xw, NULL, lin->bias, y, false);
+    rc = xwt(be, w, ww ? ww : lin->whole_weight, T, w->shape[1], xw, (ml_xr){0}, lin->bias, y,
+             false);
   ml_be_free(be, ww);
   ml_be_free(be, xw);
   return rc;
@@ -230,7 +263,7 @@ static int check_input(const ml_linear *lin, const ml_act *x) {
                 w->name, (long long)x->c, (long long)w->local[1]);
 }
 
-int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, const void *xr,
+int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, const ml_xr *xr,
                       float *ybuf, ml_act *y) {
   const ml_param *w = lin->weight;
   ML_TRY(check_input(lin, x));
@@ -239,15 +272,16 @@ int ml_linear_forward(ml_backend *be, const ml_linear *lin, const ml_act *x, con
   } else {
     const ml_param *b = lin->bias && lin->bias_in_forward ? lin->bias : NULL;
     // y: [T, out] = x: [T, in] · W: [out, in]^T (+ b)
-    ML_TRY(xwt(be, w, w->data, x->B * x->s, w->local[1], x->x, xr, b, ybuf, false));
+    ML_TRY(xwt(be, w, w->data, x->B * x->s, w->local[1], x->x, operand_of(xr), b, ybuf, false));
   }
-  if (lin->lora_a) ML_TRY(lora_forward(be, lin, x, xr, ybuf));
+  if (lin->lora_a) ML_TRY(lora_forward(be, lin, x, operand_of(xr), ybuf));
   *y = (ml_act){ybuf, x->B, x->S, x->s, w->shape[0], w->local[0]};
   return ml_hook_run(lin->out.fwd, y);
 }
 
 int ml_linear_forward_bf16(ml_backend *be, const ml_linear *lin, const ml_act *x,
-                           const void *xr, void *ybuf, ml_act *y) {
+                           const ml_xr *xr_in, void *ybuf, ml_act *y) {
+  ml_xr xr = operand_of(xr_in);
   const ml_param *w = lin->weight;
   ML_TRY(check_input(lin, x));
   const char *why = w->dtype != ML_BF16 ? "its weight is not bf16"
@@ -277,7 +311,7 @@ int ml_linear_forward_bf16(ml_backend *be, const ml_linear *lin, const ml_act *x
  * or fp32 holding bf16 values when a_exact): dx (= or += when accumulate; NULL: none) and dW
  * (+=; none for a frozen weight). */
 static int grad_gemms(ml_backend *be, const ml_param *w, const void *A, ml_dtype a_type,
-                      bool a_exact, const ml_act *x, const void *xr, float *dx, int accumulate) {
+                      bool a_exact, const ml_act *x, ml_xr xr, float *dx, int accumulate) {
   int64_t T = x->B * x->s, in = w->local[1], out = w->local[0];
   if (dx) { // dx: [T, in] (= or +=) dy: [T, out] · W: [out, in]
     ml_gemm g = {.M = T, .N = in, .K = out, .A = A, .a_type = a_type, .lda = out,
@@ -287,9 +321,9 @@ static int grad_gemms(ml_backend *be, const ml_param *w, const void *A, ml_dtype
   }
   // dW: [out, in] += dy^T: [out, T] · x: [T, in]; none for a frozen weight (grad NULL)
   ml_gemm gw = {.trans_a = true, .M = out, .N = in, .K = T, .A = A, .a_type = a_type,
-                .lda = out, .a_exact = a_exact, .B = xr ? xr : (const void *)x->x,
-                .b_type = xr ? ML_BF16 : ML_F32, .ldb = in, .C = w->grad, .ldc = in,
-                .accumulate = true, .compute = w->dtype};
+                .lda = out, .a_exact = a_exact, .B = xr.p ? xr.p : (const void *)x->x,
+                .b_type = xr.p && !xr.f32 ? ML_BF16 : ML_F32, .ldb = in, .b_exact = xr.f32,
+                .C = w->grad, .ldc = in, .accumulate = true, .compute = w->dtype};
   return w->grad ? ml_be_gemm(be, &gw) : 0;
 }
 
@@ -304,7 +338,7 @@ static int check_grad(const ml_linear *lin, const ml_act *dy, const ml_act *x) {
 }
 
 int ml_linear_backward(ml_backend *be, const ml_linear *lin, ml_act *dy, const ml_act *x,
-                       const void *xr, float *dx, int accumulate) {
+                       const ml_xr *xr, float *dx, int accumulate) {
   const ml_param *w = lin->weight;
   ML_TRY(ml_hook_run(lin->out.bwd, dy));
   ML_TRY(check_grad(lin, dy, x));
@@ -316,10 +350,11 @@ int ml_linear_backward(ml_backend *be, const ml_linear *lin, ml_act *dy, const m
   if (exact) ML_TRY(round_rows_f32(be, dy->x, T, out, &dyr));
   else if (w->dtype == ML_BF16 && dx) ML_TRY(round_rows(be, dy->x, T, out, &dyr));
   ml_dtype dyt = dyr && !exact ? ML_BF16 : ML_F32;
-  int rc = grad_gemms(be, w, dyr ? dyr : (const void *)dy->x, dyt, exact, x, xr, dx, accumulate);
+  int rc = grad_gemms(be, w, dyr ? dyr : (const void *)dy->x, dyt, exact, x, operand_of(xr), dx,
+                      accumulate);
   ml_be_free(be, dyr);
   ML_TRY(rc);
-  if (lin->lora_a) ML_TRY(lora_backward(be, lin, dy, x, xr, dx));
+  if (lin->lora_a) ML_TRY(lora_backward(be, lin, dy, x, operand_of(xr), dx));
   if (lin->bias && lin->bias->grad) ML_TRY(ml_be_bias_grad(be, dy->x, T, out, lin->bias->grad));
   return 0;
 }
@@ -329,7 +364,7 @@ bool ml_linear_dy_bf16(const ml_linear *lin) {
 }
 
 int ml_linear_backward_bf16(ml_backend *be, const ml_linear *lin, const ml_act *dy,
-                            const ml_act *x, const void *xr, float *dx, int accumulate) {
+                            const ml_act *x, const ml_xr *xr, float *dx, int accumulate) {
   const ml_param *w = lin->weight;
   const char *why = w->dtype != ML_BF16 ? "its weight is not bf16"
                     : !ml_linear_dy_bf16(lin)
@@ -338,5 +373,11 @@ int ml_linear_backward_bf16(ml_backend *be, const ml_linear *lin, const ml_act *
                         : NULL;
   if (why) return ml_err("%s: a bf16 output gradient was given, but %s", w->name, why);
   ML_TRY(check_grad(lin, dy, x));
-  return grad_gemms(be, w, dy->x, ML_BF16, false, x, xr, dx, accumulate);
+  /* dy read by both GEMMs: widened once where the backend reads exact fp32 in place */
+  ml_xr d = {.p = dy->x};
+  if (dx && w->grad) ML_TRY(ml_linear_operand_bf16(be, dy->x, x->B * x->s, w->local[0], &d));
+  int rc = grad_gemms(be, w, d.p, d.f32 ? ML_F32 : ML_BF16, d.f32, x, operand_of(xr), dx,
+                      accumulate);
+  ml_linear_operand_free(be, &d);
+  return rc;
 }

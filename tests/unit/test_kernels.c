@@ -335,6 +335,60 @@ static void test_linear_bf16(void **state) {
   free(l.x), free(l.W), free(l.b), free(r.x), free(r.W), free(r.b);
 }
 
+/* A bf16 linear's input rounded once for the GEMMs that share it (model/linear.h ml_xr):
+ * by ml_linear_round_input, or a bf16 copy as it is or widened once (ml_linear_operand_bf16:
+ * fp32 holding bf16 values, read in place where the emulation does so) — the forward and both
+ * backward GEMMs bitwise those that round the fp32 input themselves (xr NULL); and dy given in
+ * bf16 (ml_linear_backward_bf16, which widens it once for both GEMMs where the emulation reads
+ * exact fp32 in place) bitwise the fp32 dy's backward. Bitwise: rounding a bf16 value, and
+ * widening one, is exact, and every path computes the same products in the same order. */
+static void test_linear_operands(void **state) {
+  (void)state;
+  ml_backend *be = cpu_backend();
+  int64_t T = 7, in = 13, out = 9;
+  linear_ctx l = {rand_buf(T * in, 1), rand_buf(out * in, 1), NULL, T, in, out};
+  float *dy = rand_buf(T * out, 1);
+  uint16_t *x16 = malloc(sizeof(uint16_t) * (size_t)(T * in)),
+           *dy16 = malloc(sizeof(uint16_t) * (size_t)(T * out));
+  ml_convert_from_f32(ML_BF16, l.x, x16, (size_t)(T * in));
+  ml_convert_from_f32(ML_BF16, dy, dy16, (size_t)(T * out));
+  size_t ny = sizeof(float) * (size_t)(T * out), nx = sizeof(float) * (size_t)(T * in),
+         nw = sizeof(float) * (size_t)(out * in);
+  float *y[4], *dx[4], *dW[4];
+  ml_act x = {l.x, 1, T, T, in, in}, yv;
+  for (int path = 0; path < 4; path++) { /* none, round_input, bf16 as is, widened; dy16 on 3 */
+    y[path] = malloc(ny), dx[path] = malloc(nx), dW[path] = const_buf(out * in, 0.0f);
+    linear_mod m;
+    linear_mod_make(&l, ML_BF16, dW[path], NULL, &m);
+    ml_xr xr = {0};
+    if (path == 1 && ml_linear_round_input(be, &m.lin, &x, &xr)) fail_msg("%s", ml_error_msg());
+    if (path == 2) xr.p = x16;
+    if (path == 3 && ml_linear_operand_bf16(be, x16, T, in, &xr))
+      fail_msg("%s", ml_error_msg());
+    /* where the emulation reads exact fp32 in place, the widened or rounded copy is fp32 */
+    if (path == 1 || path == 3) assert_int_equal(xr.f32, ml_be_gemm_exact_in_place(be));
+    if (ml_linear_forward(be, &m.lin, &x, path ? &xr : NULL, y[path], &yv))
+      fail_msg("linear forward, path %d: %s", path, ml_error_msg());
+    float *g = malloc(ny);
+    memcpy(g, dy, ny);
+    ml_act gv = {path == 3 ? (float *)dy16 : g, 1, T, T, out, out};
+    int rc = path == 3 ? ml_linear_backward_bf16(be, &m.lin, &gv, &x, &xr, dx[path], 0)
+                       : ml_linear_backward(be, &m.lin, &gv, &x, path ? &xr : NULL, dx[path], 0);
+    if (rc) fail_msg("linear backward, path %d: %s", path, ml_error_msg());
+    ml_linear_operand_free(be, &xr);
+    free(g);
+    free(m.store);
+    if (!path) continue;
+    if (memcmp(y[path], y[0], ny) || memcmp(dx[path], dx[0], nx) || memcmp(dW[path], dW[0], nw))
+      fail_msg("path %d: y %s, dx %s, dW %s the GEMMs' own rounding's (bitwise expected)", path,
+               memcmp(y[path], y[0], ny) ? "differs from" : "is",
+               memcmp(dx[path], dx[0], nx) ? "differs from" : "is",
+               memcmp(dW[path], dW[0], nw) ? "differs from" : "is");
+  }
+  for (int path = 0; path < 4; path++) free(y[path]), free(dx[path]), free(dW[path]);
+  free(x16), free(dy16), free(dy), free(l.x), free(l.W);
+}
+
 /* K = 0 (a rank holding an empty torch.chunk of the inner dim): C = bias
  * or 0, or C += bias when accumulating; exactly, in either dtype. */
 static void test_gemm_empty_inner(void **state) {
@@ -2809,7 +2863,8 @@ static void test_adamw_clip_fused(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_linear_fwd),    cmocka_unit_test(test_linear_bwd),
-      cmocka_unit_test(test_linear_bf16),   cmocka_unit_test(test_gemm_empty_inner),
+      cmocka_unit_test(test_linear_bf16),   cmocka_unit_test(test_linear_operands),
+      cmocka_unit_test(test_gemm_empty_inner),
       cmocka_unit_test(test_rmsnorm_fwd),   cmocka_unit_test(test_rmsnorm_bwd),
       cmocka_unit_test(test_rope_inv_freq), cmocka_unit_test(test_rope_scalings),
       cmocka_unit_test(test_rope_tables),

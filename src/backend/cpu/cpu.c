@@ -338,6 +338,11 @@ static int tile_gemm(void *ctx, int thread, bool ta, bool tb, int64_t M, int64_t
   return ml_cpu_gemm_tile(ctx, thread, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// elements of a head-major copy of B sequences of rows × heads × hd (saturating at ML_SAT)
+static int64_t copy_elems(int64_t B, int64_t rows, int64_t heads, int64_t hd) {
+  return ml_mul_sat(ml_mul_sat(B, heads), ml_mul_sat(rows, hd));
+}
+
 /* x, B sequences of `rows` rows of `heads` heads of hd (its block's
  * layout: rows heads·hd apart, sequences bs apart), as the bf16 products
  * read it, in one pass (k_attn_head_major): head-major [B][heads][rows][hd]
@@ -346,11 +351,6 @@ static int tile_gemm(void *ctx, int thread, bool ta, bool tb, int64_t M, int64_t
  * ml_attn_block.qkv_bf16) copied, or widened exactly for the emulation's
  * sgemm. *lay: its strides (bs, row, head) as k_attn_bf16 names them.
  * NULL x: nothing. */
-// elements of such a copy (saturating at ML_SAT)
-static int64_t copy_elems(int64_t B, int64_t rows, int64_t heads, int64_t hd) {
-  return ml_mul_sat(ml_mul_sat(B, heads), ml_mul_sat(rows, hd));
-}
-
 static int rounded(ml_backend *be, const void *x, bool x_bf16, int64_t B, int64_t bs,
                    int64_t rows, int64_t heads, int64_t hd, bool packed, const void **out,
                    void **mem, int64_t lay[3]) {

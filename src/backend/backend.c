@@ -296,8 +296,8 @@ size_t ml_be_attention_block_work(ml_backend *be, const ml_attn_block *blk) {
 }
 int ml_be_attention_temp_blocks(ml_backend *be, const ml_attn_block *blk, ml_dtype compute,
                                 bool bwd, int64_t bytes[ML_ATTN_TEMP_BLOCKS]) {
-  return be->ops->attention_temp_blocks ? be->ops->attention_temp_blocks(be, blk, compute, bwd, bytes)
-                                        : 0;
+  if (!be->ops->attention_temp_blocks) return 0;
+  return be->ops->attention_temp_blocks(be, blk, compute, bwd, bytes);
 }
 int ml_be_attention_block_bwd(ml_backend *be, const ml_attn_block *blk, const float *dout,
                               const float *q, const float *k, const float *v, const float *out,

@@ -211,11 +211,11 @@ static int carved_bf16(const ml_linear *lin) {
 }
 
 /* *xr: the rounded operand of the linears reading view *in (first: one of
- * them), for release_operand. Under m->bf16_inputs in->x rounded to
+ * them), for ml_linear_operand_free. Under m->bf16_inputs in->x rounded to
  * nearest-even into `saved` (bf16), which the backward reads again, in->x
  * NULL after: the temporary in->x (shared_input) freed, or where the
  * backend reads exact fp32 in place (ml_be_gemm_exact_in_place) rounded in
- * place in the same pass and kept as *xr until release_operand (no GEMM
+ * place in the same pass and kept as *xr until ml_linear_operand_free (no GEMM
  * widens `saved`); else ml_linear_round_input's pool copy (none with fp32
  * weights). */
 static int shared_operand(ml_model *m, const ml_linear *first, ml_act *in, float *saved,
@@ -273,9 +273,6 @@ static int saved_operand(ml_model *m, const ml_linear *first, const ml_act *in, 
   if (!m->bf16_inputs) return ml_linear_round_input(m->be, first, in, xr);
   return ml_linear_operand_bf16(m->be, saved, in->B * in->s, in->c, xr);
 }
-
-/* Frees what an operand of shared_operand or saved_operand owns (never a saved copy). */
-static void release_operand(ml_model *m, ml_xr *xr) { ml_linear_operand_free(m->be, xr); }
 
 /* *xo: o_proj's bf16 operand, the attention kernel's bf16 output (m->bf16_att:
  * the view's fp32 x, which holds none, set NULL; one GEMM reads it, as it is), or none
@@ -432,7 +429,7 @@ static int attention_forward(ml_model *m, ml_layer *L, float *x) {
   if (!rc)
     rc = m->bf16_qkv ? ml_linear_forward_bf16(m->be, &L->v_proj, &a->in_qkv, &xr, a->v, &a->vv)
                      : ml_linear_forward(m->be, &L->v_proj, &a->in_qkv, &xr, a->v, &a->vv);
-  release_operand(m, &xr);
+  ml_linear_operand_free(m->be, &xr);
   if (!rc) rc = qk_forward(m, L, qk);
   ml_be_free(m->be, qk);
   ML_TRY(rc);
@@ -497,7 +494,7 @@ static int attention_backward(ml_model *m, ml_layer *L, float *dx, const ml_laye
   int rc = linear_backward(m, qk16, &L->q_proj, &dqv, &a->in_qkv, &xr, dh, 0);  // dh: [B, S, H]
   if (!rc) rc = linear_backward(m, qk16, &L->k_proj, &dkv, &a->in_qkv, &xr, dh, 1);
   if (!rc) rc = ml_linear_backward(m->be, &L->v_proj, &dvv, &a->in_qkv, &xr, dh, 1);
-  release_operand(m, &xr);
+  ml_linear_operand_free(m->be, &xr);
   ML_TRY(rc);
   /* the layer below's bf16 dy into dtmp (dead now), which its recompute does not write */
   void *d16_below = below && boundary_dy_bf16(below) ? (void *)dtmp : NULL;
@@ -540,7 +537,7 @@ static int dense_forward(ml_model *m, ml_layer *L, float *x) {
   ml_xr xr; /* in_gu rounded once for both (bf16 weights) */
   ML_TRY(norm_input(m, &L->mlp_norm, &L->gate_proj, a->x_mid, a->h2, a->rstd2, &a->in_gu, &xr));
   int rc = gate_up(m, L, &xr, &u);  // g, u: [B, s, I]
-  release_operand(m, &xr);
+  ml_linear_operand_free(m->be, &xr);
   ML_TRY(rc);
   ML_TRY(expect_view(L->up_proj.weight->name, &u, a->gv.s, a->gv.c));
   int64_t n = a->gv.B * a->gv.s * a->gv.c;
@@ -565,7 +562,7 @@ static int dense_forward(ml_model *m, ml_layer *L, float *x) {
   }
   ml_act d; /* into x, which has room for the output edge's unsharded [B, S, H] */
   if (!rc) rc = ml_linear_forward(m->be, &L->down_proj, &a->in_down, &xr, x, &d);  // [B, s_res, H]
-  release_operand(m, &xr);
+  ml_linear_operand_free(m->be, &xr);
   ML_TRY(rc);
   return expect_view(L->down_proj.weight->name, &d, m->s_res, m->cfg.hidden);
 }
@@ -617,7 +614,7 @@ static int dense_backward(ml_model *m, ml_layer *L, ml_act *d, bool d16, float *
   bool g16 = m->bf16_glu_grads;
   int rc = linear_backward(m, g16, &L->gate_proj, &dgv, &a->in_gu, &xg, dh, 0);  // dh: [B, s, H]
   if (!rc) rc = linear_backward(m, g16, &L->up_proj, &duv, &a->in_gu, &xg, dh, 1);
-  release_operand(m, &xg);
+  ml_linear_operand_free(m->be, &xg);
   return rc;
 }
 

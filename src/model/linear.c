@@ -85,6 +85,12 @@ void ml_linear_operand_free(ml_backend *be, ml_xr *xr) {
 
 /* xr as an operand: none (NULL or zeroed) when the caller gave no rounded copy. */
 static ml_xr operand_of(const ml_xr *xr) { return xr ? *xr : (ml_xr){0}; }
+/* A GEMM operand read from xr where it holds one, else the fp32 x; its dtype (fp32 where xr
+ * holds fp32 bf16 values, which the GEMM reads flagged exact: xr.f32). */
+static const void *operand_ptr(ml_xr xr, const float *x) {
+  return xr.p ? xr.p : (const void *)x;
+}
+static ml_dtype operand_type(ml_xr xr) { return xr.p && !xr.f32 ? ML_BF16 : ML_F32; }
 
 /* The input of lora_A: x itself (xin = x->x, its bf16 copy xr), or under
  * LoRA dropout x ⊙ mask/(1 − p) into *xd [T, in] (device; with bf16
@@ -112,7 +118,7 @@ static int lora_input(ml_backend *be, const ml_linear *lin, const ml_act *x, ml_
 static int lora_down(ml_backend *be, const ml_param *a, const void *A, int64_t in, int64_t T,
                      const float *xin, ml_xr xr, float *u) {
   ml_gemm g = {.trans_b = true, .M = T, .N = a->local[0], .K = in,
-               .A = xr.p ? xr.p : (const void *)xin, .a_type = xr.p && !xr.f32 ? ML_BF16 : ML_F32,
+               .A = operand_ptr(xr, xin), .a_type = operand_type(xr),
                .lda = in, .a_exact = xr.f32, .B = A, .b_type = a->dtype, .ldb = in, .C = u,
                .ldc = a->local[0], .compute = a->dtype};
   return ml_be_gemm(be, &g);
@@ -206,8 +212,7 @@ static int lora_backward(ml_backend *be, const ml_linear *lin, const ml_act *dy,
   if (!rc) rc = ml_be_scale(be, du, T * r, lin->lora_scale);
   // dA: [r, in] += du^T: [r, T] · xd: [T, in]
   ml_gemm ga = {.trans_a = true, .M = r, .N = in, .K = T, .A = du, .a_type = ML_F32, .lda = r,
-                .B = xinr.p ? xinr.p : (const void *)xin,
-                .b_type = xinr.p && !xinr.f32 ? ML_BF16 : ML_F32, .ldb = in,
+                .B = operand_ptr(xinr, xin), .b_type = operand_type(xinr), .ldb = in,
                 .b_exact = xinr.f32, .C = a->grad, .ldc = in, .accumulate = true,
                 .compute = a->dtype};
   if (!rc && a->grad) rc = ml_be_gemm(be, &ga);
@@ -230,7 +235,7 @@ static int xwt(ml_backend *be, const ml_param *w, const void *W, int64_t T, int6
                const float *x, ml_xr xr, const ml_param *b, void *y, bool y_bf16) {
   int64_t out = w->local[0];
   ml_gemm g = {.trans_b = true, .M = T, .N = out, .K = K,
-               .A = xr.p ? xr.p : (const void *)x, .a_type = xr.p && !xr.f32 ? ML_BF16 : ML_F32,
+               .A = operand_ptr(xr, x), .a_type = operand_type(xr),
                .lda = K, .a_exact = xr.f32, .B = W, .b_type = w->dtype, .ldb = K,
                .C = y, .ldc = out, .c_bf16 = y_bf16,
                .bias = b ? b->data : NULL, .bias_type = b ? b->dtype : ML_F32,
@@ -321,8 +326,8 @@ static int grad_gemms(ml_backend *be, const ml_param *w, const void *A, ml_dtype
   }
   // dW: [out, in] += dy^T: [out, T] · x: [T, in]; none for a frozen weight (grad NULL)
   ml_gemm gw = {.trans_a = true, .M = out, .N = in, .K = T, .A = A, .a_type = a_type,
-                .lda = out, .a_exact = a_exact, .B = xr.p ? xr.p : (const void *)x->x,
-                .b_type = xr.p && !xr.f32 ? ML_BF16 : ML_F32, .ldb = in, .b_exact = xr.f32,
+                .lda = out, .a_exact = a_exact, .B = operand_ptr(xr, x->x),
+                .b_type = operand_type(xr), .ldb = in, .b_exact = xr.f32,
                 .C = w->grad, .ldc = in, .accumulate = true, .compute = w->dtype};
   return w->grad ? ml_be_gemm(be, &gw) : 0;
 }

@@ -315,6 +315,46 @@ int ml_be_attention_block_bwd(ml_backend *be, const ml_attn_block *blk, const fl
   return be->ops->attention_block_bwd(be, blk, dout, q, k, v, out, lse, dq, dk, dv, compute,
                                       work);
 }
+/* vl's batch as the varlen calls take it (backend.h ml_attn_varlen); the
+ * documents themselves are model/varlen.h's, checked there. */
+static int check_varlen(const ml_attn_varlen *vl, ml_dtype compute, const char *what) {
+  const ml_attn_block *b = &vl->blk;
+  if (b->kv_table || b->q_pos || b->k_pos || b->sq != b->sk || b->q_bs != b->sq * b->nh * b->hd ||
+      b->k_bs != b->sk * b->nkv * b->hd || b->l_bs != b->sq * b->nh)
+    return ml_err("%s: the batch block (sq %lld, sk %lld, q_pos %lld, k_pos %lld, q_bs %lld, "
+                  "k_bs %lld, l_bs %lld%s); expected B rows of S = sq = sk tokens from position "
+                  "0 in the [B, S] layouts, unpaged",
+                  what, (long long)b->sq, (long long)b->sk, (long long)b->q_pos,
+                  (long long)b->k_pos, (long long)b->q_bs, (long long)b->k_bs,
+                  (long long)b->l_bs, b->kv_table ? ", paged keys" : "");
+  if (vl->ndocs < 0 || (vl->ndocs > 0 && !vl->cu))
+    return ml_err("%s: %lld documents%s; expected >= 0 with their offsets (cu)", what,
+                  (long long)vl->ndocs, vl->cu ? "" : " and cu NULL");
+  ML_TRY(check_qkv_bf16(b, compute, what));
+  if (b->out_bf16 && compute != ML_BF16)
+    return ml_err("%s: a bf16 out (out_bf16) with compute %s; expected BF16", what,
+                  ml_dtype_name(compute));
+  return 0;
+}
+int ml_be_attention_varlen_fwd(ml_backend *be, const ml_attn_varlen *vl, const float *q,
+                               const float *k, const float *v, float *out, float *lse,
+                               ml_dtype compute) {
+  NEED(be, ML_OP_ATTENTION_VARLEN);
+  ML_TRY(check_varlen(vl, compute, "varlen attention"));
+  return be->ops->attention_varlen_fwd(be, vl, q, k, v, out, lse, compute);
+}
+size_t ml_be_attention_varlen_work(ml_backend *be, const ml_attn_varlen *vl) {
+  return ml_be_supports(be, ML_OP_ATTENTION_VARLEN) ? be->ops->attention_varlen_work(be, vl) : 0;
+}
+int ml_be_attention_varlen_bwd(ml_backend *be, const ml_attn_varlen *vl, const float *dout,
+                               const float *q, const float *k, const float *v, const float *out,
+                               const float *lse, float *dq, float *dk, float *dv,
+                               ml_dtype compute, void *work) {
+  NEED(be, ML_OP_ATTENTION_VARLEN);
+  ML_TRY(check_varlen(vl, compute, "varlen attention backward"));
+  return be->ops->attention_varlen_bwd(be, vl, dout, q, k, v, out, lse, dq, dk, dv, compute,
+                                       work);
+}
 int ml_be_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
                   ml_glu_act act) {
   NEED(be, ML_OP_GLU);

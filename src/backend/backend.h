@@ -189,13 +189,30 @@ typedef struct ml_attn_block {
   bool bwd_overwrite;
 } ml_attn_block;
 
+/* Packed documents (FlashAttention-2's flash_attn_varlen_func with
+ * cu_seqlens_q = cu_seqlens_k; FlashAttention-3's seqused_q = seqused_k
+ * for a slot's padded tail): documents laid end to end in the rows of one
+ * batch, each attending only to itself (model/varlen.h, whose checked
+ * documents these are). blk: the whole batch as one block, B rows of S
+ * tokens: sq = sk = S, q_pos = k_pos = 0, q_bs = S·nh·hd, k_bs = S·nkv·hd,
+ * l_bs = S·nh; nh, nkv, hd, scale, window, group, head_off, out_bf16,
+ * qkv_bf16 as ml_attn_block's; no kv_table; bwd_overwrite ignored (the
+ * backward writes, =). */
+typedef struct ml_attn_varlen {
+  ml_attn_block blk;
+  int64_t ndocs;       /* >= 0 */
+  const int64_t *cu;   /* [ndocs + 1] token offsets into the B·S tokens (cu_seqlens), host */
+  const int64_t *used; /* [ndocs] tokens of each slot that are the document; NULL: all, host */
+} ml_attn_varlen;
+
 /* The operators of the seam, by family (a family's forward, backward and
  * sizing calls together), as ggml_backend_supports_op asks of a ggml
  * backend: each backend declares the ones it implements
  * (ml_backend_ops.supports), ml_be_supports answers, and an ml_be_* call
  * of one it lacks fails with a message naming it, never reaching an empty
  * slot. Memory and ordering calls are on every backend. The CPU and meta
- * backends implement every operator; CUDA all but ML_OP_BATCH_INVARIANT. */
+ * backends implement every operator; CUDA all but ML_OP_BATCH_INVARIANT and
+ * ML_OP_ATTENTION_VARLEN. */
 typedef enum ml_op {
   ML_OP_GEMM,            /* ml_be_gemm */
   ML_OP_BIAS_GRAD,       /* ml_be_bias_grad */
@@ -208,6 +225,9 @@ typedef enum ml_op {
                           * parallelism, a tp size that does not divide the
                           * heads, packed documents (model/varlen.h), the KV
                           * cache of generation (engine/generate.h) */
+  ML_OP_ATTENTION_VARLEN, /* ml_be_attention_varlen_fwd / _work / _bwd: packed
+                           * documents in one call (model/varlen.h; without
+                           * it varlen runs a block per document) */
   ML_OP_GLU,             /* ml_be_glu_fwd / _bwd */
   ML_OP_EMBEDDING,       /* ml_be_embedding_fwd / _bwd */
   ML_OP_XENT,            /* ml_be_xent_rowmax / _sumexp_target / _online / _rebase / _logprobs / _bwd */
@@ -309,6 +329,14 @@ typedef struct ml_backend_ops {
                              const float *q, const float *k, const float *v, const float *out,
                              const float *lse, float *dq, float *dk, float *dv,
                              ml_dtype compute, void *work);
+  int (*attention_varlen_fwd)(ml_backend *be, const ml_attn_varlen *vl, const float *q,
+                              const float *k, const float *v, float *out, float *lse,
+                              ml_dtype compute);
+  size_t (*attention_varlen_work)(ml_backend *be, const ml_attn_varlen *vl);
+  int (*attention_varlen_bwd)(ml_backend *be, const ml_attn_varlen *vl, const float *dout,
+                              const float *q, const float *k, const float *v, const float *out,
+                              const float *lse, float *dq, float *dk, float *dv,
+                              ml_dtype compute, void *work);
   int (*glu_fwd)(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
                  ml_glu_act act);
   int (*glu_bwd)(ml_backend *be, const float *dh, const float *g, const float *u, float *dg,
@@ -693,6 +721,31 @@ int ml_be_attention_block_bwd(ml_backend *be, const ml_attn_block *blk, const fl
                               const float *q, const float *k, const float *v, const float *out,
                               const float *lse, float *dq, float *dk, float *dv,
                               ml_dtype compute, void *work);
+/* Varlen attention: every document of vl in one call. out [B, S, nh, hd]
+ * (bf16 under blk.out_bf16) and lse [B][S, nh]: document d's rows bitwise
+ * those of ml_be_attention_block_fwd on the block of its tokens alone
+ * (B = 1, q_pos = k_pos = 0, sq = sk = its length, operands from its first
+ * token, accumulate false); a token outside every document attends to
+ * nothing: out 0, lse −inf. Products in `compute` as the block's. The
+ * pool blocks it takes for itself are ml_be_attention_temp_blocks(vl->blk)
+ * (one set for the whole batch). ML_OP_ATTENTION_VARLEN (CPU:
+ * kernels/cpu/attention.c k_attention_varlen_fwd, one parallel region of
+ * (document, head, query tile) tasks). */
+int ml_be_attention_varlen_fwd(ml_backend *be, const ml_attn_varlen *vl, const float *q,
+                               const float *k, const float *v, float *out, float *lse,
+                               ml_dtype compute);
+/* Bytes of device workspace ml_be_attention_varlen_bwd needs for vl (its
+ * documents included; the caller carves it; SIZE_MAX on overflow; 0 on a
+ * backend without the op). */
+size_t ml_be_attention_varlen_work(ml_backend *be, const ml_attn_varlen *vl);
+/* Its backward for the forward's out and lse: dq [B, S, nh, hd], dk, dv
+ * [B, S, nkv, hd] (=), document d's rows bitwise
+ * ml_be_attention_block_bwd's on its block alone with bwd_overwrite, 0
+ * outside the documents. work: ml_be_attention_varlen_work bytes. */
+int ml_be_attention_varlen_bwd(ml_backend *be, const ml_attn_varlen *vl, const float *dout,
+                               const float *q, const float *k, const float *v, const float *out,
+                               const float *lse, float *dq, float *dk, float *dv,
+                               ml_dtype compute, void *work);
 /* h[n] = act(g)·u; backward dg, du (=). */
 int ml_be_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
                   ml_glu_act act);

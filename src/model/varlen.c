@@ -1,6 +1,9 @@
-/* Variable-length attention over packed sequences (varlen.h): one block of
- * the backend's block attention per document, on pointers offset to its
- * first token (B = 1: a document is one run of consecutive tokens). */
+/* Variable-length attention over packed sequences (varlen.h): the
+ * backend's varlen attention, every document in one call, where it has one
+ * (ML_OP_ATTENTION_VARLEN: the CPU's); else one block of its block
+ * attention per document, on pointers offset to its first token (B = 1: a
+ * document is one run of consecutive tokens; CUDA). The two give the same
+ * bits: the varlen call's documents are those blocks (backend.h). */
 #include "model/varlen.h"
 
 #include "common/checked.h"
@@ -43,6 +46,20 @@ int ml_varlen_check(const ml_varlen *v, int64_t B, int64_t S) {
 // the tokens of document d (its slot's first used[d])
 static int64_t doc_len(const ml_varlen *v, int64_t d) {
   return v->used ? v->used[d] : v->cu[d + 1] - v->cu[d];
+}
+
+// whether the backend runs every document in one call
+static bool one_call(const ml_varlen *v) { return ml_be_supports(v->be, ML_OP_ATTENTION_VARLEN); }
+
+/* The whole batch and v's documents as the backend's varlen call takes
+ * them (backend.h ml_attn_varlen) */
+static ml_attn_varlen batch_of(const ml_varlen *v, const ml_attn_call *c) {
+  return (ml_attn_varlen){
+      .blk = {.B = c->B, .sq = c->S, .sk = c->S, .nh = c->nh, .nkv = c->nkv, .hd = c->hd,
+              .q_bs = c->S * c->nh * c->hd, .k_bs = c->S * c->nkv * c->hd, .l_bs = c->S * c->nh,
+              .scale = c->scale, .window = c->window, .group = c->group,
+              .head_off = c->head_off, .out_bf16 = c->out_bf16, .qkv_bf16 = c->qkv_bf16},
+      .ndocs = v->ndocs, .cu = v->cu, .used = v->used};
 }
 
 // n consecutive tokens of c's layouts as one whole-sequence block: q_pos = k_pos = 0
@@ -95,6 +112,10 @@ static int64_t varlen_saved(void *ctx, int64_t B, int64_t S, int64_t nh) {
 static int varlen_fwd(void *ctx, const ml_attn_call *c, float *out, float *lse) {
   ml_varlen *v = ctx;
   ML_TRY(begin(v, c));
+  if (one_call(v)) {
+    ml_attn_varlen b = batch_of(v, c);
+    return ml_be_attention_varlen_fwd(v->be, &b, c->q, c->k, c->v, out, lse, c->compute);
+  }
   int64_t qr = c->nh * c->hd, kr = c->nkv * c->hd, end = 0;
   for (int64_t d = 0; d < v->ndocs; d++) {
     int64_t t0 = v->cu[d], n = doc_len(v, d);
@@ -111,11 +132,13 @@ static int varlen_fwd(void *ctx, const ml_attn_call *c, float *out, float *lse) 
   return fwd_padding(v, c, end, c->B * c->S - end, out, lse);
 }
 
-/* v->work holds the block workspace of every document's backward (the
- * backend's size for its longest one, taken over all of them). */
+/* v->work holds the varlen call's workspace, or the block workspace of
+ * every document's backward (the backend's size for its longest one, taken
+ * over all of them). */
 static int reserve_work(ml_varlen *v, const ml_attn_call *c) {
-  size_t need = 0;
-  for (int64_t d = 0; d < v->ndocs; d++) {
+  ml_attn_varlen b = batch_of(v, c);
+  size_t need = one_call(v) ? ml_be_attention_varlen_work(v->be, &b) : 0;
+  for (int64_t d = 0; d < v->ndocs && !one_call(v); d++) {
     ml_attn_block blk = run_block(c, doc_len(v, d));
     size_t w = ml_be_attention_block_work(v->be, &blk);
     if (w > need) need = w;
@@ -149,6 +172,11 @@ static int varlen_bwd(void *ctx, const ml_attn_call *c, const float *dout, const
   ML_TRY(begin(v, c));
   int64_t T = c->B * c->S, qr = c->nh * c->hd, kr = c->nkv * c->hd, end = 0;
   ML_TRY(reserve_work(v, c));
+  if (one_call(v)) {
+    ml_attn_varlen b = batch_of(v, c);
+    return ml_be_attention_varlen_bwd(v->be, &b, dout, c->q, c->k, c->v, out, lse, dq, dk, dv,
+                                      c->compute, v->work);
+  }
   for (int64_t d = 0; d < v->ndocs; d++) {
     int64_t t0 = v->cu[d], n = doc_len(v, d), qo = t0 * qr, ko = t0 * kr;
     end = v->cu[d + 1];

@@ -12,7 +12,10 @@
  * k_pos = 0 and sq = sk = its length, on pointers offset to its first
  * token: exactly the backend's whole-sequence attention of that document
  * alone, so its outputs and gradients are those of the document run as a
- * batch of its own (same kernels, same tiles from its first token). Position
+ * batch of its own (same kernels, same tiles from its first token). A
+ * backend with varlen attention (ML_OP_ATTENTION_VARLEN: the CPU's) runs
+ * all those blocks in one call per layer (ml_be_attention_varlen_fwd /
+ * _bwd, the same bits); others (CUDA) get one block call per document. Position
  * ids are the caller's (m->position_ids restarting at 0 per document; RoPE
  * takes any positions). Not with context parallelism (whose ring core
  * replaces this one). */

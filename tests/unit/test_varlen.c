@@ -18,6 +18,20 @@
  * not one rounding differs. The tokens outside every document must come
  * out as attending to nothing: out 0, lse −inf, dq, dk, dv 0.
  *
+ * Each case runs twice: on the CPU backend, whose varlen attention
+ * (ML_OP_ATTENTION_VARLEN) runs every document in one call, and on the
+ * same backend declaring no varlen attention (the CUDA backend's case),
+ * where the core runs a block per document. Why the one call gives the same
+ * bits: its documents' tasks are those blocks' tasks, on the same tiles
+ * from each document's first token, only scheduled together (kernels.h
+ * k_attention_varlen_fwd / _bwd). Its backward again with the smallest
+ * workspace the kernel takes (documents grouped into several chunks, the
+ * longest alone in k_attention_block_bwd's chunks): bitwise the same, as
+ * the kernel's result does not depend on the store's size. And the fp32
+ * cases under the batch-invariant mode (ml_be_set_batch_invariant: every
+ * document's forward in the row kernel's fixed order), against the
+ * reference in that mode.
+ *
  * The bf16 cases run again with bf16 q, k, v and out (ml_attn_call.qkv_bf16,
  * .out_bf16, which the core declares: packed documents under bf16 weights,
  * model.h ml_model_bf16_qkv / _att). Reference: the same per-document
@@ -42,6 +56,7 @@
 
 #include "check_util.h"
 #include "common/status.h"
+#include "kernels/cpu/kernels.h"
 #include "model/varlen.h"
 #include "noblock.h"
 
@@ -179,8 +194,44 @@ static void reference_bwd(const varlen_case *k, const float *q, const float *kk,
 /* n bf16 elements from the pool */
 static uint16_t *pool_bf16(int64_t n) { return (uint16_t *)pool_buf(n / 2 + 1); }
 
-/* bf16: q, k, v and out go to the core as bf16 (the file's header). */
-static void run_case(const varlen_case *k, bool bf16) {
+/* `base` declaring no varlen attention (its slots set): the core's block
+ * per document, as on CUDA. ops must outlive the result. */
+static ml_backend novarlen_backend(const ml_backend *base, ml_backend_ops *ops) {
+  *ops = *base->ops;
+  ops->name = "novarlen";
+  ops->supports &= ~ML_OP_BIT(ML_OP_ATTENTION_VARLEN);
+  return (ml_backend){.ops = ops, .impl = base->impl};
+}
+
+/* The varlen kernel's backward (fp32) with its smallest workspace, against
+ * the core's dq, dk, dv in g (bitwise). */
+static void expect_small_store(const varlen_case *k, const float *q, const float *kk,
+                               const float *v, const float *dout, const bufs *g) {
+  int64_t T = k->B * k->S, qr = k->nh * k->hd, kr = k->nkv * k->hd;
+  k_attn_block blk = {.B = k->B, .sq = k->S, .sk = k->S, .nh = k->nh, .nkv = k->nkv,
+                      .hd = k->hd, .q_bs = k->S * qr, .k_bs = k->S * kr, .l_bs = k->S * k->nh,
+                      .scale = 1.0f / sqrtf((float)k->hd), .window = k->window,
+                      .group = k->group, .head_off = k->head_off, .bwd_overwrite = true};
+  k_attn_docs docs = {.n = k->ndocs, .cu = k->cu, .used = k->has_used ? k->used : NULL};
+  size_t wb = k_attention_varlen_bwd_work(&blk, &docs, 0);
+  int64_t tf = k_attention_tile_floats(k->hd);
+  float *tiles = pool_buf(tf), *dq = pool_buf(T * qr), *dk = pool_buf(T * kr),
+        *dv = pool_buf(T * kr);
+  void *work = pool_buf((int64_t)(wb / sizeof(float)) + 1);
+  fill(dq, T * qr, NAN), fill(dk, T * kr, NAN), fill(dv, T * kr, NAN);
+  assert_int_equal(k_attention_varlen_bwd(&blk, &docs, dout, q, kk, v, g->out, g->lse, dq, dk,
+                                          dv, NULL, work, wb, tiles),
+                   0);
+  expect_bitwise("dq (smallest store)", k->name, dq, g->dq, T * qr);
+  expect_bitwise("dk (smallest store)", k->name, dk, g->dk, T * kr);
+  expect_bitwise("dv (smallest store)", k->name, dv, g->dv, T * kr);
+  float *p[] = {tiles, dq, dk, dv, work};
+  for (int i = 0; i < 5; i++) ml_be_free(cpu_backend(), p[i]);
+}
+
+/* bf16: q, k, v and out go to the core as bf16 (the file's header). core_be:
+ * the backend the core runs on (the CPU's, or novarlen_backend of it). */
+static void run_case(const varlen_case *k, bool bf16, ml_backend *core_be) {
   ml_backend *be = cpu_backend();
   int64_t T = k->B * k->S, qr = k->nh * k->hd, kr = k->nkv * k->hd;
   float *q = pool_buf(T * qr), *kk = pool_buf(T * kr), *v = pool_buf(T * kr),
@@ -200,7 +251,8 @@ static void run_case(const varlen_case *k, bool bf16) {
   bufs g = bufs_alloc(T, qr, kr, k->nh, NAN, NAN); /* every element must be written */
   bufs r = bufs_alloc(T, qr, kr, k->nh, 0.0f, -INFINITY); /* padding: attends to nothing */
 
-  ml_varlen vl = {.be = be, .ndocs = k->ndocs, .cu = k->cu, .used = k->has_used ? k->used : NULL};
+  ml_varlen vl = {.be = core_be, .ndocs = k->ndocs, .cu = k->cu,
+                 .used = k->has_used ? k->used : NULL};
   ml_attn_core core = ml_varlen_core(&vl);
   assert_true(core.bf16_qkv && core.bf16_out);
   ml_attn_call c = {.q = bf16 ? (float *)q16 : q, .k = bf16 ? (float *)k16 : kk,
@@ -232,9 +284,10 @@ static void run_case(const varlen_case *k, bool bf16) {
   expect_bitwise("dq", k->name, g.dq, r.dq, T * qr);
   expect_bitwise("dk", k->name, g.dk, r.dk, T * kr);
   expect_bitwise("dv", k->name, g.dv, r.dv, T * kr);
-  printf("  varlen %-48s%s bitwise (%lld documents, %lld tokens, %lld padding)\n", k->name,
-         bf16 ? " (bf16 q, k, v, out)" : "", (long long)k->ndocs, (long long)docs,
-         (long long)(T - docs));
+  if (!bf16 && k->compute == ML_F32) expect_small_store(k, q, kk, v, dout, &g);
+  printf("  varlen %-48s%s on %s bitwise (%lld documents, %lld tokens, %lld padding)\n",
+         k->name, bf16 ? " (bf16 q, k, v, out)" : "", core_be->ops->name, (long long)k->ndocs,
+         (long long)docs, (long long)(T - docs));
 
   ml_varlen_destroy(&vl);
   bufs_free(&g), bufs_free(&r);
@@ -244,10 +297,18 @@ static void run_case(const varlen_case *k, bool bf16) {
 }
 
 static void test_against_documents_alone(void **state) {
-  for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++) {
-    run_case(&k_cases[i], false);
-    if (k_cases[i].compute == ML_BF16) run_case(&k_cases[i], true);
-  }
+  ml_backend_ops ops;
+  ml_backend loop = novarlen_backend(cpu_backend(), &ops);
+  ml_backend *bes[] = {cpu_backend(), &loop};
+  for (int b = 0; b < 2; b++)
+    for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++) {
+      run_case(&k_cases[i], false, bes[b]);
+      if (k_cases[i].compute == ML_BF16) run_case(&k_cases[i], true, bes[b]);
+    }
+  assert_int_equal(ml_be_set_batch_invariant(cpu_backend(), true), 0);
+  for (size_t i = 0; i < sizeof k_cases / sizeof *k_cases; i++)
+    if (k_cases[i].compute == ML_F32) run_case(&k_cases[i], false, cpu_backend());
+  assert_int_equal(ml_be_set_batch_invariant(cpu_backend(), false), 0);
 }
 
 /* ml_varlen_check on B = 2 rows of S = 8 refuses docs with a message

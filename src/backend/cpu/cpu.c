@@ -527,6 +527,63 @@ static int cpu_attention_temp_blocks(ml_backend *be, const ml_attn_block *b, ml_
   return attention_temp_blocks(be, &blk, compute, bwd, bytes);
 }
 
+/* Varlen attention (backend.h ml_attn_varlen): one attention_begin for the
+ * whole batch (the bf16 operands' head-major copies of all B·S tokens: the
+ * blocks of ml_be_attention_temp_blocks(vl->blk)), then every document's
+ * tasks in the kernel's one region (kernels.h k_attention_varlen_fwd). */
+static k_attn_docs docs_of(const ml_attn_varlen *vl) {
+  return (k_attn_docs){.n = vl->ndocs, .cu = vl->cu, .used = vl->used};
+}
+
+static int cpu_attention_varlen_fwd(ml_backend *be, const ml_attn_varlen *vl, const float *q,
+                                    const float *k, const float *v, float *out, float *lse,
+                                    ml_dtype compute) {
+  float *tiles = attention_tiles(be, vl->blk.hd);
+  if (!tiles) return -1;
+  /* the kernel's task offsets, n + 1 int64s: host scratch, as the tiles (not the pool's) */
+  int64_t *first = malloc(sizeof(int64_t) * (size_t)(vl->ndocs + 1));
+  if (!first)
+    return ml_err("varlen attention: out of memory for the offsets of %lld documents",
+                  (long long)vl->ndocs);
+  k_attn_block blk = block_of(&vl->blk);
+  blk.fixed_order = impl(be)->invariant;
+  k_attn_docs docs = docs_of(vl);
+  attn_lowp a;
+  const k_attn_bf16 *lp;
+  int rc = attention_begin(be, compute, &blk, q, k, v, NULL, &a, &lp);
+  if (!rc) {
+    rc = k_attention_varlen_fwd(&blk, &docs, q, k, v, out, lse, lp, tiles, first);
+    attention_end(be, &a);
+    rc = attention_result(be, rc);
+  }
+  free(first);
+  return rc;
+}
+
+static size_t cpu_attention_varlen_work(ml_backend *be, const ml_attn_varlen *vl) {
+  k_attn_block blk = block_of(&vl->blk);
+  k_attn_docs docs = docs_of(vl);
+  return k_attention_varlen_bwd_work(&blk, &docs, K_ATTN_BWD_STORE);
+}
+
+static int cpu_attention_varlen_bwd(ml_backend *be, const ml_attn_varlen *vl, const float *dout,
+                                    const float *q, const float *k, const float *v,
+                                    const float *out, const float *lse, float *dq, float *dk,
+                                    float *dv, ml_dtype compute, void *work) {
+  float *tiles = attention_tiles(be, vl->blk.hd);
+  if (!tiles) return -1;
+  k_attn_block blk = block_of(&vl->blk);
+  blk.bwd_overwrite = true;
+  k_attn_docs docs = docs_of(vl);
+  attn_lowp a;
+  const k_attn_bf16 *lp;
+  ML_TRY(attention_begin(be, compute, &blk, q, k, v, dout, &a, &lp));
+  int rc = k_attention_varlen_bwd(&blk, &docs, dout, q, k, v, out, lse, dq, dk, dv, lp, work,
+                                  cpu_attention_varlen_work(be, vl), tiles);
+  attention_end(be, &a);
+  return attention_result(be, rc);
+}
+
 static int cpu_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
                        ml_glu_act act) {
   k_glu_fwd(g, u, h, n, act);
@@ -751,6 +808,9 @@ static const ml_backend_ops k_cpu_ops = {
     .attention_block_work = cpu_attention_block_work,
     .attention_temp_blocks = cpu_attention_temp_blocks,
     .attention_block_bwd = cpu_attention_block_bwd,
+    .attention_varlen_fwd = cpu_attention_varlen_fwd,
+    .attention_varlen_work = cpu_attention_varlen_work,
+    .attention_varlen_bwd = cpu_attention_varlen_bwd,
     .attention_bwd = cpu_attention_bwd,
     .glu_fwd = cpu_glu_fwd,
     .glu_bwd = cpu_glu_bwd,

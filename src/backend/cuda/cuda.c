@@ -683,7 +683,9 @@ static void cu_destroy(ml_backend *be) {
 static const ml_backend_ops k_cuda_ops = {
     .name = "cuda",
     .host_memory = false,
-    .supports = ML_OPS_ALL & ~ML_OP_BIT(ML_OP_BATCH_INVARIANT),
+    /* no varlen attention: packed documents run a block per document */
+    .supports = ML_OPS_ALL & ~ML_OP_BIT(ML_OP_BATCH_INVARIANT) &
+                ~ML_OP_BIT(ML_OP_ATTENTION_VARLEN),
     .alloc = cu_alloc,
     .free = cu_free,
     .host_alloc = cu_host_alloc,

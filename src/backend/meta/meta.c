@@ -19,6 +19,7 @@ typedef struct meta {
   ml_backend *like;
   ml_pool *pool;
   uintptr_t next; /* the next fake address */
+  ml_backend_ops ops; /* k_meta_ops, with like's ML_OP_ATTENTION_VARLEN */
 } meta;
 
 static meta *impl(ml_backend *be) { return be->impl; }
@@ -203,6 +204,22 @@ static int meta_attention_block_bwd(ml_backend *be, const ml_attn_block *blk, co
                                     float *dv, ml_dtype compute, void *work) {
   return attention_temps(be, blk, compute, true);
 }
+/* Varlen attention: the modelled backend's temporaries of one call on the
+ * whole batch (backend.h ml_be_attention_varlen_fwd) */
+static int meta_attention_varlen_fwd(ml_backend *be, const ml_attn_varlen *vl, const float *q,
+                                     const float *k, const float *v, float *out, float *lse,
+                                     ml_dtype compute) {
+  return attention_temps(be, &vl->blk, compute, false);
+}
+static size_t meta_attention_varlen_work(ml_backend *be, const ml_attn_varlen *vl) {
+  return ml_be_attention_varlen_work(impl(be)->like, vl);
+}
+static int meta_attention_varlen_bwd(ml_backend *be, const ml_attn_varlen *vl, const float *dout,
+                                     const float *q, const float *k, const float *v,
+                                     const float *out, const float *lse, float *dq, float *dk,
+                                     float *dv, ml_dtype compute, void *work) {
+  return attention_temps(be, &vl->blk, compute, true);
+}
 static int meta_glu_fwd(ml_backend *be, const float *g, const float *u, float *h, int64_t n,
                         ml_glu_act act) {
   return 0;
@@ -362,6 +379,9 @@ static const ml_backend_ops k_meta_ops = {
     .attention_block_fwd = meta_attention_block_fwd,
     .attention_block_work = meta_attention_block_work,
     .attention_block_bwd = meta_attention_block_bwd,
+    .attention_varlen_fwd = meta_attention_varlen_fwd,
+    .attention_varlen_work = meta_attention_varlen_work,
+    .attention_varlen_bwd = meta_attention_varlen_bwd,
     .glu_fwd = meta_glu_fwd,
     .glu_bwd = meta_glu_bwd,
     .glu_fwd_bf16 = meta_glu_fwd_bf16,
@@ -399,7 +419,12 @@ int ml_backend_meta_create(ml_backend *like, ml_backend **out) {
     free(m);
     return -1;
   }
-  be->ops = &k_meta_ops;
+  /* varlen attention only where `like` has it: without it the model runs
+   * a block per document, whose workspace and temporaries differ */
+  m->ops = k_meta_ops;
+  if (!ml_be_supports(like, ML_OP_ATTENTION_VARLEN))
+    m->ops.supports &= ~ML_OP_BIT(ML_OP_ATTENTION_VARLEN);
+  be->ops = &m->ops;
   be->impl = m;
   m->like = like;
   m->next = k_first;

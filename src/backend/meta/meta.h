@@ -16,8 +16,10 @@
  *
  * Sizes a backend decides itself (the attention backward's workspace) are
  * those of the backend the meta device stands for (`like`). It implements
- * every operator (ml_be_supports), and its device memory is not host
- * memory (ml_be_host_memory). */
+ * every operator (ml_be_supports) but varlen attention on a `like` without
+ * it (ML_OP_ATTENTION_VARLEN: the model then runs a block per document, as
+ * on `like`), and its device memory is not host memory
+ * (ml_be_host_memory). */
 #ifndef ML_BACKEND_META_H
 #define ML_BACKEND_META_H
 

@@ -1107,3 +1107,301 @@ int k_attention_block_bwd(const k_attn_block *blk, const float *dout, const floa
   openblas_set_num_threads(blas_threads);
   return rc;
 }
+
+/* ---- packed documents (varlen) ----------------------------------------------
+ *
+ * Every document of the batch in one call: document d is the block of its
+ * own tokens (B = 1, q_pos = k_pos = 0, sq = sk = its length) on the
+ * operands offset to its first token — the block a per-document call runs
+ * — and its tasks are that block's tasks, run by the same functions
+ * (fwd_tile / fwd_task_fixed, bwd_query_tile, bwd_key_tile) with the same
+ * tiles from its first token, so each of its rows gets the same products
+ * in the same order: only which thread runs them, and when, differs. */
+
+// tokens of document d (seqused, else its slot)
+static int64_t doc_len(const k_attn_docs *docs, int64_t d) {
+  return docs->used ? docs->used[d] : docs->cu[d + 1] - docs->cu[d];
+}
+
+/* Document d of the batch as a block of its own: its geometry, its
+ * operands' pointers (and lp's) at its first token. Built in place: a
+ * points at blk and lp. */
+typedef struct doc_view {
+  k_attn_block blk;
+  k_attn_bf16 lp;
+  attn a;
+  int64_t qo, ko, lo; /* its first token's offsets (elements) in q, out, dq; k, dk; lse */
+  const float *q, *k, *v; /* the caller's q, k, v there (bf16 elements under qkv_bf16) */
+} doc_view;
+
+static const void *shift(const void *p, int64_t elems, size_t esz) {
+  return p ? (const char *)p + (size_t)elems * esz : NULL;
+}
+
+static void doc_view_init(doc_view *v, const k_attn_block *whole, const k_attn_docs *docs,
+                          int64_t d, const float *q, const float *k, const float *vv,
+                          const float *dout, const k_attn_bf16 *lp) {
+  int64_t t0 = docs->cu[d], n = doc_len(docs, d), qr = whole->nh * whole->hd;
+  int64_t kr = whole->nkv * whole->hd, row = t0 / whole->sq, pos = t0 % whole->sq;
+  v->blk = *whole;
+  v->blk.B = 1, v->blk.sq = v->blk.sk = n;
+  v->blk.bwd_overwrite = true; /* a document's only block: its rows (=) */
+  v->blk.q_bs = n * qr, v->blk.k_bs = n * kr, v->blk.l_bs = n * whole->nh;
+  v->qo = t0 * qr, v->ko = t0 * kr, v->lo = t0 * whole->nh;
+  size_t in = whole->qkv_bf16 ? sizeof(uint16_t) : sizeof(float);
+  if (lp) {
+    /* lp's copies of the whole batch: the document's rows from its first */
+    size_t e = lp->packed ? sizeof(uint16_t) : sizeof(float);
+    int64_t qa = lp->q_row ? row * lp->q_bs + pos * lp->q_row : v->qo;
+    int64_t ka = lp->k_row ? row * lp->k_bs + pos * lp->k_row : v->ko;
+    v->lp = *lp;
+    v->lp.q = shift(lp->q, qa, e), v->lp.dout = shift(lp->dout, qa, e);
+    v->lp.k = shift(lp->k, ka, e), v->lp.v = shift(lp->v, ka, e);
+  }
+  v->q = shift(q, v->qo, in), v->k = shift(k, v->ko, in), v->v = shift(vv, v->ko, in);
+  v->a = attn_of(&v->blk, v->q, v->k, v->v, dout ? dout + v->qo : NULL, lp ? &v->lp : NULL);
+}
+
+// whether document d's forward takes the row kernel (as k_attention_block_fwd decides)
+static bool doc_rows(const k_attn_block *whole, int64_t n) {
+  return whole->fixed_order || n <= K_ATTN_ROWS;
+}
+
+// forward tasks of a document of n tokens (its block's, as k_attention_block_fwd cuts it)
+static int64_t doc_fwd_tasks(const k_attn_block *whole, const doc_view *v, int64_t n) {
+  if (n <= 0) return 0;
+  if (doc_rows(whole, n)) {
+    fixed_split f = fixed_split_of(&v->a);
+    return v->blk.nkv * f.nc * f.nt;
+  }
+  return whole->nh * ((n + TQ - 1) / TQ);
+}
+
+// the document holding task x: the last d with first[d] <= x (first increasing to first[n])
+static int64_t doc_of_task(const int64_t *first, int64_t n, int64_t x) {
+  int64_t lo = 0, hi = n; /* first[lo] <= x < first[hi] */
+  while (hi - lo > 1) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if (first[mid] <= x) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/* The tokens outside every document (a slot's tail, from cu[n] on): out 0,
+ * lse −inf, as a block's row that sees no key (finish_row). */
+static void fwd_padding(const k_attn_block *whole, const k_attn_docs *docs, float *out,
+                        float *lse) {
+  int64_t T = whole->B * whole->sq, qr = whole->nh * whole->hd, end = 0;
+  size_t e = whole->out_bf16 ? sizeof(uint16_t) : sizeof(float);
+  for (int64_t d = 0; d <= docs->n; d++) {
+    int64_t a = d < docs->n ? docs->cu[d] + doc_len(docs, d) : end;
+    int64_t b = d < docs->n ? docs->cu[d + 1] : T;
+    if (d < docs->n) end = b;
+    if (a >= b) continue;
+    memset((char *)out + (size_t)(a * qr) * e, 0, (size_t)((b - a) * qr) * e);
+    for (int64_t i = a * whole->nh; i < b * whole->nh; i++) lse[i] = -INFINITY;
+  }
+}
+
+int k_attention_varlen_fwd(const k_attn_block *blk, const k_attn_docs *docs, const float *q,
+                           const float *k, const float *v, float *out, float *lse,
+                           const k_attn_bf16 *lp, float *tiles, int64_t *first) {
+  if (blk->B <= 0 || blk->sq <= 0) return 0;
+  fwd_padding(blk, docs, out, lse);
+  first[0] = 0;
+  for (int64_t d = 0; d < docs->n; d++) {
+    doc_view dc;
+    doc_view_init(&dc, blk, docs, d, q, k, v, NULL, lp);
+    first[d + 1] = first[d] + doc_fwd_tasks(blk, &dc, dc.blk.sq);
+  }
+  int64_t tasks = first[docs->n];
+  int rc = 0;
+  int blas_threads = blas_serial_begin();
+#pragma omp parallel if (tasks > 1)
+  {
+    scratch w = scratch_of(tiles, blk->hd);
+#pragma omp for schedule(dynamic)
+    for (int64_t x = 0; x < tasks; x++) {
+      int64_t d = doc_of_task(first, docs->n, x), task = x - first[d];
+      doc_view dc;
+      doc_view_init(&dc, blk, docs, d, q, k, v, NULL, lp);
+      float *o = (float *)shift(out, dc.qo, blk->out_bf16 ? sizeof(uint16_t) : sizeof(float));
+      if (doc_rows(blk, dc.blk.sq)) {
+        fixed_split f = fixed_split_of(&dc.a);
+        fwd_task_fixed(&dc.a, &f, task, o, lse + dc.lo, false, w);
+        continue;
+      }
+      /* as k_attention_block_fwd's tasks: the document's last tiles first */
+      int64_t nt = (dc.blk.sq + TQ - 1) / TQ, h = task / nt, t = nt - 1 - task % nt;
+      keep_first(&rc, fwd_tile(&dc.a, o, lse + dc.lo, false, 0, h, t * TQ, w));
+    }
+  }
+  openblas_set_num_threads(blas_threads);
+  return rc;
+}
+
+/* The backward's workspace: the documents' records, their item offsets
+ * (each document's pre, as k_attention_block_bwd's), then the store that
+ * a group of consecutive documents shares, each document's items whole
+ * (one chunk, no kept item). */
+typedef struct doc_rec {
+  int64_t pre;   /* its item offsets' place in the pre area (int64s) */
+  int64_t store; /* its items' first byte in the store (in its group) */
+  int64_t t1, t2; /* its group's pass-1 and pass-2 tasks before its own */
+} doc_rec;
+
+// 64-byte multiple of n bytes, saturating
+static int64_t round64(int64_t n) { return n > INT64_MAX - 63 ? INT64_MAX : (n + 63) / 64 * 64; }
+
+/* The varlen workspace's parts for blk, docs: records and pre area bytes
+ * (*head), the store's bytes with a budget (*store); false on overflow. */
+static bool varlen_parts(const k_attn_block *blk, const k_attn_docs *docs, size_t budget,
+                         int64_t *head, int64_t *store) {
+  int64_t pre = 0, all = 0, least = 0;
+  for (int64_t d = 0; d < docs->n; d++) {
+    doc_view dc;
+    doc_view_init(&dc, blk, docs, d, NULL, NULL, NULL, NULL, NULL);
+    int64_t nt = (dc.blk.sq + TQ - 1) / TQ;
+    size_t whole = k_attention_bwd_work(&dc.blk, SIZE_MAX), alone = k_attention_bwd_work(&dc.blk, 0);
+    if (whole > INT64_MAX || alone > INT64_MAX || __builtin_add_overflow(pre, nt + 1, &pre) ||
+        __builtin_add_overflow(all, (int64_t)whole, &all))
+      return false;
+    if ((int64_t)alone > least) least = (int64_t)alone;
+  }
+  if (docs->n > INT64_MAX / (int64_t)sizeof(doc_rec) || pre > INT64_MAX / 8) return false;
+  *head = round64(docs->n * (int64_t)sizeof(doc_rec)) + round64(pre * 8);
+  *store = budget < (size_t)all ? (int64_t)budget : all;
+  if (*store < least) *store = least;
+  return *head < INT64_MAX - 64 - *store;
+}
+
+size_t k_attention_varlen_bwd_work(const k_attn_block *blk, const k_attn_docs *docs,
+                                   size_t budget) {
+  int64_t head, store;
+  if (blk->B <= 0 || blk->sq <= 0) return 0;
+  if (!varlen_parts(blk, docs, budget, &head, &store)) return SIZE_MAX;
+  return (size_t)(64 + head + store);
+}
+
+/* Zeroes dq, dk, dv of the tokens outside every document (no task writes
+ * them), and, under bwd_overwrite, each document's unreached rows
+ * (zero_unreached). */
+static void bwd_padding(const k_attn_block *blk, const k_attn_docs *docs, float *dq, float *dk,
+                        float *dv) {
+  int64_t T = blk->B * blk->sq, qr = blk->nh * blk->hd, kr = blk->nkv * blk->hd, end = 0;
+  for (int64_t d = 0; d <= docs->n; d++) {
+    int64_t a = d < docs->n ? docs->cu[d] + doc_len(docs, d) : end;
+    int64_t b = d < docs->n ? docs->cu[d + 1] : T;
+    if (d < docs->n) end = b;
+    if (a >= b) continue;
+    memset(dq + a * qr, 0, (size_t)((b - a) * qr) * sizeof(float));
+    memset(dk + a * kr, 0, (size_t)((b - a) * kr) * sizeof(float));
+    memset(dv + a * kr, 0, (size_t)((b - a) * kr) * sizeof(float));
+  }
+}
+
+// document d's chunk: its items whole, at its place in the store
+static chunk doc_chunk(const doc_view *v, const doc_rec *r, const int64_t *pre_area, char *store) {
+  int64_t nt = (v->blk.sq + TQ - 1) / TQ;
+  return (chunk){.base = store + r->store, .pre = pre_area + r->pre, .nt = nt, .x0 = 0,
+                 .x1 = v->blk.nh * nt, .kept = 0};
+}
+
+// pass 2's (kv head, key tile) tasks of a document: the kv heads its query heads read
+static int64_t doc_key_tasks(const doc_view *v, int64_t *g0) {
+  *g0 = kv_of(&v->a, 0);
+  return (kv_of(&v->a, v->blk.nh - 1) - *g0 + 1) * ((v->blk.sk + TK - 1) / TK);
+}
+
+/* The document of documents d0 .. d1−1 holding pass-1 task x (pass 2's:
+ * p2): the last d with its group's tasks before it <= x. */
+static int64_t rec_of(const doc_rec *rec, int64_t d0, int64_t d1, int64_t x, bool p2) {
+  int64_t lo = d0, hi = d1; /* rec[lo] <= x < rec[hi] (hi: past the group) */
+  while (hi - lo > 1) {
+    int64_t mid = lo + (hi - lo) / 2;
+    if ((p2 ? rec[mid].t2 : rec[mid].t1) <= x) lo = mid;
+    else hi = mid;
+  }
+  return lo;
+}
+
+int k_attention_varlen_bwd(const k_attn_block *blk, const k_attn_docs *docs, const float *dout,
+                           const float *q, const float *k, const float *v, const float *out,
+                           const float *lse, float *dq, float *dk, float *dv,
+                           const k_attn_bf16 *lp, void *work, size_t work_bytes, float *tiles) {
+  if (blk->B <= 0 || blk->sq <= 0) return 0;
+  int64_t head, cap;
+  if (!varlen_parts(blk, docs, K_ATTN_BWD_STORE, &head, &cap) ||
+      work_bytes < k_attention_varlen_bwd_work(blk, docs, 0))
+    return -1;
+  bwd_padding(blk, docs, dq, dk, dv);
+  char *w0 = (char *)(((uintptr_t)work + 63) / 64 * 64);
+  doc_rec *rec = (doc_rec *)w0;
+  int64_t *pre_area = (int64_t *)(w0 + round64(docs->n * (int64_t)sizeof(doc_rec)));
+  char *store = w0 + head;
+  size_t room = work_bytes - (size_t)(store - (char *)work);
+  cap = room > (size_t)INT64_MAX ? INT64_MAX : (int64_t)room;
+  size_t oe = blk->out_bf16 ? sizeof(uint16_t) : sizeof(float);
+  int rc = 0;
+  /* groups of consecutive documents whose items fit the store together;
+   * a document that does not fit alone runs alone, in chunks */
+  for (int64_t d0 = 0, pre = 0; d0 < docs->n && !rc;) {
+    int64_t d1 = d0, used = 0, t1 = 0, t2 = 0;
+    for (; d1 < docs->n; d1++) {
+      doc_view dc;
+      doc_view_init(&dc, blk, docs, d1, q, k, v, dout, lp);
+      int64_t nt = (dc.blk.sq + TQ - 1) / TQ, bytes = 0, g0;
+      for (int64_t t = 0; t < nt; t++) bytes += item_bytes(&dc.blk, t, dc.a.esz);
+      bytes *= dc.blk.nh;
+      if (used + bytes > cap) break;
+      rec[d1] = (doc_rec){.pre = pre, .store = used, .t1 = t1, .t2 = t2};
+      int64_t *p = pre_area + pre;
+      p[0] = 0;
+      for (int64_t t = 0; t < nt; t++) p[t + 1] = p[t] + item_bytes(&dc.blk, t, dc.a.esz);
+      zero_unreached(&dc.a, dq + dc.qo, dk + dc.ko, dv + dc.ko);
+      used += bytes, pre += nt + 1;
+      if (dc.blk.sq > 0) t1 += dc.blk.nh * nt, t2 += doc_key_tasks(&dc, &g0);
+    }
+    if (d1 == d0) { /* document d0 alone: k_attention_block_bwd's chunks over the store */
+      doc_view dc;
+      doc_view_init(&dc, blk, docs, d0, q, k, v, dout, lp);
+      rc = k_attention_block_bwd(&dc.blk, dout + dc.qo, dc.q, dc.k, dc.v,
+                                 shift(out, dc.qo, oe), lse + dc.lo, dq + dc.qo, dk + dc.ko,
+                                 dv + dc.ko, lp ? &dc.lp : NULL, store, (size_t)cap, tiles);
+      d0++;
+      continue;
+    }
+    int blas_threads = blas_serial_begin();
+#pragma omp parallel if (t1 > 1)
+    {
+      scratch w = scratch_of(tiles, blk->hd);
+      /* pass 1 over the group's (document, head, query tile) items, the
+       * longest rows of each document first */
+#pragma omp for schedule(dynamic)
+      for (int64_t x = 0; x < t1; x++) {
+        int64_t d = rec_of(rec, d0, d1, x, false);
+        doc_view dc;
+        doc_view_init(&dc, blk, docs, d, q, k, v, dout, lp);
+        chunk c = doc_chunk(&dc, &rec[d], pre_area, store);
+        keep_first(&rc, bwd_query_tile(&dc.a, &c, shift(out, dc.qo, oe), lse + dc.lo,
+                                       dq + dc.qo, c.x1 - 1 - (x - rec[d].t1), w));
+      }
+      /* implicit barrier: pass 2 over the group's (document, kv head, key tile) */
+#pragma omp for schedule(dynamic)
+      for (int64_t x = 0; x < t2; x++) {
+        int64_t d = rec_of(rec, d0, d1, x, true), g0;
+        doc_view dc;
+        doc_view_init(&dc, blk, docs, d, q, k, v, dout, lp);
+        chunk c = doc_chunk(&dc, &rec[d], pre_area, store);
+        int64_t task = x - rec[d].t2, nk = (dc.blk.sk + TK - 1) / TK;
+        doc_key_tasks(&dc, &g0);
+        keep_first(&rc, bwd_key_tile(&dc.a, &c, dk + dc.ko, dv + dc.ko, 0, g0 + task / nk,
+                                     (task % nk) * TK, w));
+      }
+    }
+    openblas_set_num_threads(blas_threads);
+    d0 = d1;
+  }
+  return rc;
+}

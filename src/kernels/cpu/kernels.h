@@ -305,6 +305,55 @@ int k_attention_block_bwd(const k_attn_block *blk, const float *dout, const floa
                           float *dq, float *dk, float *dv, const k_attn_bf16 *lp, void *work,
                           size_t work_bytes, float *tiles);
 
+/* Packed documents (FlashAttention-2's flash_attn_varlen_func with
+ * cu_seqlens_q = cu_seqlens_k, and FlashAttention-3's seqused for a slot's
+ * padded tail; model/varlen.h): n documents laid in the rows of a batch,
+ * each attending only to itself. cu [n + 1]: token offsets into the B·S
+ * tokens (cu[0] = 0, increasing, cu[n] <= B·S, a slot within one row);
+ * used [n]: each slot's document tokens (NULL: the whole slot). Host
+ * memory, checked by the caller (ml_varlen_check). */
+typedef struct k_attn_docs {
+  int64_t n;
+  const int64_t *cu, *used;
+} k_attn_docs;
+
+/* Every document's attention in one call: blk is the whole batch [B rows
+ * of S = sq = sk tokens] (q_pos = k_pos = 0, q_bs = S·nh·hd, k_bs =
+ * S·nkv·hd, l_bs = S·nh, unpaged; heads, scale, window, group, head_off,
+ * fixed_order, out_bf16, qkv_bf16 as k_attn_block's), lp's copies (if any)
+ * of the whole batch. Document d's out and lse are bitwise
+ * k_attention_block_fwd's on the block of its tokens alone (B = 1, sq = sk
+ * = its length, operands from its first token, accumulate false): its
+ * tasks are that block's tasks, run in one parallel region with every
+ * other document's (tasks (document, head, query tile), or the row
+ * kernel's where that call takes it). A token outside every document
+ * attends to nothing: out 0, lse −inf. first: n + 1 int64s of the caller's
+ * scratch (each document's first task). Returns 0, or lp's gemm's first
+ * error. */
+int k_attention_varlen_fwd(const k_attn_block *blk, const k_attn_docs *docs, const float *q,
+                           const float *k, const float *v, float *out, float *lse,
+                           const k_attn_bf16 *lp, float *tiles, int64_t *first);
+/* Bytes of k_attention_varlen_bwd's workspace: the documents' records and
+ * item offsets, and a store of min(budget, every document's items) bytes,
+ * at least what the largest document alone takes in k_attention_block_bwd
+ * (k_attention_bwd_work(its block, 0)); SIZE_MAX on overflow. */
+size_t k_attention_varlen_bwd_work(const k_attn_block *blk, const k_attn_docs *docs,
+                                   size_t budget);
+/* The backward of k_attention_varlen_fwd: dq [B, S, nh, hd], dk, dv [B, S,
+ * nkv, hd] (=), document d's rows bitwise k_attention_block_bwd's on its
+ * block alone under bwd_overwrite (the same functions on the same tiles);
+ * 0 outside the documents. Consecutive documents whose stored tiles fit
+ * the store together run as one chunk (one parallel region: pass 1 over
+ * their (document, head, query tile) items, pass 2 over their (document,
+ * kv head, key tile) pairs); a document that does not fit alone runs
+ * alone in k_attention_block_bwd's chunks (bitwise the same for any
+ * store). work: work_bytes >= k_attention_varlen_bwd_work(blk, docs, 0)
+ * (else −1 and nothing done). Returns 0, −1, or lp's gemm's first error. */
+int k_attention_varlen_bwd(const k_attn_block *blk, const k_attn_docs *docs, const float *dout,
+                           const float *q, const float *k, const float *v, const float *out,
+                           const float *lse, float *dq, float *dk, float *dv,
+                           const k_attn_bf16 *lp, void *work, size_t work_bytes, float *tiles);
+
 /* ---- Gated MLP activation: h = act(g) · u (LlamaMLP, Gemma3MLP) -------- */
 void k_glu_fwd(const float *g, const float *u, float *h, int64_t n, ml_glu_act act);
 /* dg, du (=) given dh and the forward inputs g, u. */

@@ -54,6 +54,7 @@
 
 #include <cmocka.h>
 
+#include "backend/meta/meta.h"
 #include "check_util.h"
 #include "common/status.h"
 #include "kernels/cpu/kernels.h"
@@ -311,6 +312,61 @@ static void test_against_documents_alone(void **state) {
   assert_int_equal(ml_be_set_batch_invariant(cpu_backend(), false), 0);
 }
 
+/* The pool bytes one varlen call on be takes above what is in use (its
+ * temporaries' peak), and checks it gives them back. */
+static int64_t call_peak(ml_backend *be, const ml_attn_varlen *vl, bool bwd, void **p) {
+  ml_be_reset_peak(be);
+  size_t before = ml_be_memory_stats(be).in_use;
+  int rc = bwd ? ml_be_attention_varlen_bwd(be, vl, p[0], p[1], p[2], p[3], p[4], p[5], p[6],
+                                            p[7], p[8], ML_BF16, p[9])
+               : ml_be_attention_varlen_fwd(be, vl, p[1], p[2], p[3], p[4], p[5], ML_BF16);
+  if (rc) fail_msg("varlen on %s: %s", be->ops->name, ml_error_msg());
+  ml_memory_stats ms = ml_be_memory_stats(be);
+  assert_int_equal(ms.in_use, before);
+  return (int64_t)(ms.peak - before);
+}
+
+/* The meta backend (`meshlm plan`) models the varlen call exactly: it
+ * declares the op where the backend it stands for does (a block per
+ * document otherwise, as there), gives that backend's workspace size, and
+ * its forward and backward take the temporaries the CPU's take (their
+ * peak above what is in use, bytes as the pool counts them; bf16 q, k, v
+ * and out: the operands' head-major copies of the whole batch). */
+static void test_meta_models_the_call(void **state) {
+  ml_backend *cpu = cpu_backend(), *meta = NULL, *meta_loop = NULL;
+  ml_backend_ops ops;
+  ml_backend loop = novarlen_backend(cpu, &ops);
+  assert_int_equal(ml_backend_meta_create(cpu, &meta), 0);
+  assert_int_equal(ml_backend_meta_create(&loop, &meta_loop), 0);
+  assert_true(ml_be_supports(meta, ML_OP_ATTENTION_VARLEN));
+  assert_false(ml_be_supports(meta_loop, ML_OP_ATTENTION_VARLEN));
+  const varlen_case *k = &k_cases[4]; /* bf16, padded slots, two rows */
+  int64_t T = k->B * k->S, qr = k->nh * k->hd, kr = k->nkv * k->hd;
+  ml_attn_varlen vl = {
+      .blk = {.B = k->B, .sq = k->S, .sk = k->S, .nh = k->nh, .nkv = k->nkv, .hd = k->hd,
+              .q_bs = k->S * qr, .k_bs = k->S * kr, .l_bs = k->S * k->nh,
+              .scale = 1.0f / sqrtf((float)k->hd), .window = k->window, .group = k->group,
+              .qkv_bf16 = true, .out_bf16 = true},
+      .ndocs = k->ndocs, .cu = k->cu, .used = k->used};
+  size_t wb = ml_be_attention_varlen_work(cpu, &vl);
+  assert_true(wb > 0);
+  assert_int_equal(ml_be_attention_varlen_work(meta, &vl), wb);
+  /* dout, q, k, v, out, lse, dq, dk, dv, work; q, k, v, out bf16 (0: finite) */
+  int64_t n[] = {T * qr, T * qr / 2 + 1, T * kr / 2 + 1, T * kr / 2 + 1, T * qr / 2 + 1,
+                 T * k->nh, T * qr, T * kr, T * kr, (int64_t)(wb / sizeof(float)) + 1};
+  void *p[10], *none[10] = {NULL};
+  for (int i = 0; i < 10; i++) p[i] = pool_buf(n[i]), memset(p[i], 0, sizeof(float) * n[i]);
+  for (int bwd = 0; bwd < 2; bwd++) {
+    int64_t want = call_peak(cpu, &vl, bwd, p), got = call_peak(meta, &vl, bwd, none);
+    if (want <= 0 || got != want)
+      fail_msg("varlen %s: meta takes %lld bytes of temporaries; the cpu backend %lld",
+               bwd ? "backward" : "forward", (long long)got, (long long)want);
+  }
+  for (int i = 0; i < 10; i++) ml_be_free(cpu, p[i]);
+  ml_backend_meta_destroy(meta);
+  ml_backend_meta_destroy(meta_loop);
+}
+
 /* ml_varlen_check on B = 2 rows of S = 8 refuses docs with a message
  * containing `want`. */
 static void expect_refused(int64_t ndocs, const int64_t *cu, const int64_t *used,
@@ -371,6 +427,7 @@ static void test_unsupported_backend(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_against_documents_alone),
+      cmocka_unit_test(test_meta_models_the_call),
       cmocka_unit_test(test_refused),
       cmocka_unit_test(test_unsupported_backend),
   };

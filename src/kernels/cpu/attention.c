@@ -1263,7 +1263,8 @@ static bool varlen_parts(const k_attn_block *blk, const k_attn_docs *docs, size_
     doc_view dc;
     doc_view_init(&dc, blk, docs, d, NULL, NULL, NULL, NULL, NULL);
     int64_t nt = (dc.blk.sq + TQ - 1) / TQ;
-    size_t whole = k_attention_bwd_work(&dc.blk, SIZE_MAX), alone = k_attention_bwd_work(&dc.blk, 0);
+    size_t whole = k_attention_bwd_work(&dc.blk, SIZE_MAX);
+    size_t alone = k_attention_bwd_work(&dc.blk, 0);
     if (whole > INT64_MAX || alone > INT64_MAX || __builtin_add_overflow(pre, nt + 1, &pre) ||
         __builtin_add_overflow(all, (int64_t)whole, &all))
       return false;

@@ -273,24 +273,66 @@ void ml_st_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {
   if (at > 0 && (size_t)at < cap) snprintf(buf + at, cap - (size_t)at, "]");
 }
 
+/* Reads into a typed destination convert READ_RUN elements at a time
+ * through a buffer of fp32 (16 KiB: it stays in L1 between the widening and
+ * the rounding); a block of READ_PARALLEL_MIN bytes of destination or more
+ * is shared among the OpenMP threads in pieces of READ_PIECE bytes (whole
+ * rows: a piece of the run; else a row each) — the CPU backend's copies
+ * split the same way (backend/cpu/cpu.c PASS_CHUNK, PASS_MIN). */
+enum { READ_RUN = 4096, READ_PIECE = 1 << 18, READ_PARALLEL_MIN = 1 << 20 };
+
+/* dst[0..n) (to: F32 or BF16) = src's n elements of dtype `from` (F32, BF16
+ * or F16; unaligned), widened to fp32 then, for BF16, rounded. Cannot fail:
+ * the dtypes are checked by the caller. */
+static void read_run(ml_dtype from, const uint8_t *src, ml_dtype to, void *dst, size_t n) {
+  if (to == ML_F32) {
+    (void)ml_convert_to_f32(from, src, dst, n);
+    return;
+  }
+  float wide[READ_RUN];
+  size_t es = ml_dtype_size(from);
+  for (size_t at = 0; at < n; at += READ_RUN) {
+    size_t len = n - at < READ_RUN ? n - at : READ_RUN;
+    (void)ml_convert_to_f32(from, src + at * es, wide, len);
+    (void)ml_convert_from_f32(to, wide, (uint16_t *)dst + at, len);
+  }
+}
+
 int ml_st_read_block(const ml_st_tensor *t, int64_t row0, int64_t nrows, int64_t col0,
                      int64_t ncols, float *dst) {
+  return ml_st_read_block_to(t, row0, nrows, col0, ncols, dst, ML_F32);
+}
+
+int ml_st_read_block_to(const ml_st_tensor *t, int64_t row0, int64_t nrows, int64_t col0,
+                        int64_t ncols, void *dst, ml_dtype dst_type) {
   if (t->ndim > 2)
     return ml_err("tensor '%s': block reads need at most 2 dimensions, found %d", t->name, t->ndim);
   if (t->dtype != ML_F32 && t->dtype != ML_BF16 && t->dtype != ML_F16)
     return ml_err("tensor '%s': dtype %s cannot be read as fp32, expected F32, BF16 or F16", t->name,
                   ml_dtype_name(t->dtype));
+  if (dst_type != ML_F32 && dst_type != ML_BF16)
+    return ml_err("tensor '%s': cannot read into dtype %s, expected F32 or BF16", t->name,
+                  ml_dtype_name(dst_type));
   int64_t rows = t->ndim >= 1 ? t->shape[0] : 1, cols = t->ndim == 2 ? t->shape[1] : 1;
   if (row0 < 0 || nrows < 0 || col0 < 0 || ncols < 0 || row0 > rows - nrows || col0 > cols - ncols)
     return ml_err("tensor '%s' [%lld, %lld]: block rows %lld+%lld, cols %lld+%lld out of range",
                   t->name, (ll)rows, (ll)cols, (ll)row0, (ll)nrows, (ll)col0, (ll)ncols);
-  size_t es = ml_dtype_size(t->dtype);
+  /* in range of a validated tensor: every product below is below its numel */
+  size_t es = ml_dtype_size(t->dtype), ds = ml_dtype_size(dst_type);
   const uint8_t *src = t->data + ((size_t)row0 * (size_t)cols + (size_t)col0) * es;
-  if (ncols == cols) /* whole rows: one contiguous run */
-    return ml_convert_to_f32(t->dtype, src, dst, (size_t)(nrows * ncols));
+  uint8_t *d = dst;
+  size_t n = (size_t)nrows * (size_t)ncols;
+  if (ncols == cols) { /* whole rows: one contiguous run */
+    size_t piece = READ_PIECE / ds;
+#pragma omp parallel for if (n * ds >= READ_PARALLEL_MIN)
+    for (size_t at = 0; at < n; at += piece)
+      read_run(t->dtype, src + at * es, dst_type, d + at * ds, n - at < piece ? n - at : piece);
+    return 0;
+  }
+#pragma omp parallel for if (n * ds >= READ_PARALLEL_MIN)
   for (int64_t r = 0; r < nrows; r++)
-    ML_TRY(ml_convert_to_f32(t->dtype, src + (size_t)(r * cols) * es, dst + r * ncols,
-                             (size_t)ncols));
+    read_run(t->dtype, src + (size_t)r * (size_t)cols * es, dst_type,
+             d + (size_t)r * (size_t)ncols * ds, (size_t)ncols);
   return 0;
 }
 

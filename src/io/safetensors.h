@@ -58,6 +58,18 @@ void ml_st_shape_str(char *buf, size_t cap, int ndim, const int64_t *shape);
  * ncols = 1). Errors: block out of range, ndim > 2, non-float dtype. */
 int ml_st_read_block(const ml_st_tensor *t, int64_t row0, int64_t nrows, int64_t col0,
                      int64_t ncols, float *dst);
+/* ml_st_read_block into a destination of dst_type: ML_F32 (that function),
+ * or ML_BF16, each value widened to fp32 (ml_convert_to_f32: exact) and
+ * rounded to bf16 (ml_convert_from_f32: ml_f32_to_bf16, torch's
+ * round-to-nearest-even, NaN to 0x7FC0) — the bits of ml_st_read_block
+ * followed by a conversion of its fp32 block, in one pass over dst (the
+ * widened values go through an L1-sized buffer; a BF16 tensor's values copy
+ * bit for bit, but for NaNs, which become 0x7FC0). dst is [nrows, ncols]
+ * row-major, aligned for dst_type; large blocks are converted on the OpenMP
+ * threads (the bits do not depend on their number). Errors: those of
+ * ml_st_read_block, and a dst_type other than F32 and BF16. */
+int ml_st_read_block_to(const ml_st_tensor *t, int64_t row0, int64_t nrows, int64_t col0,
+                        int64_t ncols, void *dst, ml_dtype dst_type);
 
 /* One tensor to write: its header fields, and fp32 data converted to
  * `dtype` (F32/BF16/F16) by ml_st_write. The streaming writer reads the

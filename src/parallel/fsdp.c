@@ -113,14 +113,13 @@ ml_copy_kind ml_fsdp_device_to_shard(const ml_fsdp *f) {
   return fsdp_offload(f) ? ML_COPY_D2H : ML_COPY_D2D;
 }
 
-/* An lp_only unit's parameter i (fsdp.h): its n staged fp32 values (host)
+/* An lp_only unit's parameter i (fsdp.h) on a device whose memory is not
+ * the host's: its n staged fp32 values (host) copied to the device and
  * rounded into its chunk of the bf16 shard by the backend's conversion, the
- * one an unshard of the fp32 shard runs (gather_start), so the same bits:
- * straight from the staging where the device's memory is the host's, else
- * through a device copy of it. */
+ * one an unshard of the fp32 shard runs (gather_start), so the same bits as
+ * ml_st_read_block_to's rounding on the host (both ml_f32_to_bf16). */
 static int load_rounded(ml_fsdp *f, ml_fsdp_unit *u, int i, const float *stage, int64_t n) {
   uint16_t *dst = u->lp + u->shard_off[i];
-  if (ml_be_host_memory(f->be)) return ml_be_convert(f->be, dst, ML_BF16, stage, ML_F32, (size_t)n);
   float *dev = ml_be_alloc(f->be, n, sizeof(float), "loading '%s' into its bf16 shard",
                            u->params[i]->name);
   if (!dev) return -1;
@@ -149,8 +148,12 @@ static void release_rows(const ml_ckpt *ck, const ml_st_tensor *t, int64_t row0,
 }
 
 /* Read this rank's rows of p's TP-local tensor from the checkpoint (p's
- * rows of its tensor p->key: ml_param.key_row0) into host staging, then
- * copy them into the shard on the device. */
+ * rows of its tensor p->key: ml_param.key_row0) into its chunk of the
+ * shard: the unit's nr·cols first elements of the chunk (the rest, rows
+ * past the tensor's end, are padding: zero_unloaded). Where the shard is
+ * host memory, straight into it (fp32, or for an lp_only unit bf16 rounded
+ * as ml_be_convert would: ml_st_read_block_to); else through host staging
+ * and a copy to the device. */
 static int load_param(ml_fsdp *f, ml_fsdp_unit *u, int i, const ml_ckpt *ck) {
   const ml_param *p = u->params[i];
   const ml_st_tensor *t = ml_ckpt_find(ck, p->key);
@@ -166,21 +169,25 @@ static int load_param(ml_fsdp *f, ml_fsdp_unit *u, int i, const ml_ckpt *ck) {
   int64_t r0, nr;
   ml_fsdp_param_rows(f, u, i, &r0, &nr);
   if (nr == 0) return 0;
+  if (!u->lp_only) u->lp_fresh = false; /* the master changes (or may, on a failed read) */
   /* in the checkpoint's tensor */
-  int64_t row0 = p->key_row0 + p->offset[0] + r0, col0 = p->offset[1];
-  int64_t n = nr * p->local[1]; /* rows of a parameter's chunk: bounded (unit_layout) */
+  int64_t row0 = p->key_row0 + p->offset[0] + r0, col0 = p->offset[1], cols = p->local[1];
+  int64_t n = nr * cols; /* rows of a parameter's chunk: bounded (unit_layout) */
+  if (u->lp_only ? ml_be_host_memory(f->be) : ml_be_host_memory(f->shard_be)) {
+    void *dst = u->lp_only ? (void *)(u->lp + u->shard_off[i])
+                           : (void *)(u->shard + u->shard_off[i]);
+    int rc = ml_st_read_block_to(t, row0, nr, col0, cols, dst, u->lp_only ? ML_BF16 : ML_F32);
+    release_rows(ck, t, row0, nr);
+    return rc;
+  }
   float *stage = ml_be_host_alloc(f->be, n, sizeof(float), "loading '%s'", p->name);
   if (!stage) return -1;
-  int rc = ml_st_read_block(t, row0, nr, col0, p->local[1], stage);
+  int rc = ml_st_read_block(t, row0, nr, col0, cols, stage);
   release_rows(ck, t, row0, nr);
-  if (rc == 0 && u->lp_only) {
-    rc = load_rounded(f, u, i, stage, n);
-  } else {
-    u->lp_fresh = false; /* the master changes (or may, on a failed read) */
-    if (rc == 0)
-      rc = ml_be_copy(f->shard_be, u->shard + u->shard_off[i], stage, sizeof(float) * (size_t)n,
-                      ML_COPY_H2D);
-  }
+  if (rc == 0)
+    rc = u->lp_only ? load_rounded(f, u, i, stage, n)
+                    : ml_be_copy(f->shard_be, u->shard + u->shard_off[i], stage,
+                                 sizeof(float) * (size_t)n, ML_COPY_H2D);
   ml_be_host_free(f->be, stage);
   return rc;
 }
@@ -217,30 +224,56 @@ bool ml_fsdp_bf16_weights(const ml_fsdp *f, const ml_fsdp_unit *u) {
   return true;
 }
 
+/* Zero what of the unit's fresh shard (its weights: the fp32 shard, or the
+ * bf16 one of an lp_only unit) the load will not write, so that every
+ * element is defined: the whole shard without a checkpoint (ck NULL), else
+ * per parameter (unit_layout: the chunks tile the shard) its padding rows
+ * past the tensor's end (load_param writes the first nr·cols elements of
+ * its chunk), and the whole chunk of a LoRA adapter (no checkpoint tensor:
+ * engine/lora.h sets it). Zeroing only these instead of the whole shard
+ * spares a pass over it: its pages are first touched by the load. */
+static int zero_unloaded(ml_fsdp *f, ml_fsdp_unit *u, const ml_ckpt *ck) {
+  ml_backend *be = u->lp_only ? f->be : f->shard_be;
+  char *base = u->lp_only ? (char *)u->lp : (char *)u->shard;
+  size_t es = u->lp_only ? sizeof(uint16_t) : sizeof(float);
+  if (!ck) return ml_be_zero(be, base, es * (size_t)u->shard_numel);
+  for (int i = 0; i < u->n; i++) {
+    const ml_param *p = u->params[i];
+    int64_t r0, nr, cols = p->local[1];
+    ml_fsdp_param_rows(f, u, i, &r0, &nr);
+    int64_t written = p->adapter ? 0 : nr * cols, chunk = u->chunk_rows[i] * cols;
+    if (written < chunk)
+      ML_TRY(ml_be_zero(be, base + es * (size_t)(u->shard_off[i] + written),
+                        es * (size_t)(chunk - written)));
+  }
+  return 0;
+}
+
 /* The unit's weights where the shards live: the fp32 shard, or for an
- * lp_only unit (fsdp.h) the bf16 shard alone, zeroed (padding rows stay 0). */
-static int unit_weights_alloc(ml_fsdp *f, ml_fsdp_unit *u) {
+ * lp_only unit (fsdp.h) the bf16 shard alone; what ck will not fill is
+ * zeroed (zero_unloaded: padding rows stay 0). */
+static int unit_weights_alloc(ml_fsdp *f, ml_fsdp_unit *u, const ml_ckpt *ck) {
   size_t n = (size_t)u->shard_numel; /* bounded (unit_layout): 4n floats fit */
   u->lp_only = f->opts.inference_only && ml_fsdp_bf16_weights(f, u);
   if (u->lp_only) {
     u->lp = ml_be_alloc(f->be, (int64_t)n, sizeof(uint16_t),
                         "the bf16 shard of an inference-only FSDP unit (%d parameters)", u->n);
     u->lp_fresh = true; /* the weights themselves */
-    return u->lp ? ml_be_zero(f->be, u->lp, n * sizeof(uint16_t)) : -1;
+    return u->lp ? zero_unloaded(f, u, ck) : -1;
   }
   u->shard = ml_fsdp_shard_alloc(f, (int64_t)n, sizeof(float),
                                  u->frozen ? "the FSDP shard of a frozen unit (%d parameters%s)"
                                            : "the FSDP shard (%d parameters%s)",
                                  u->n, fsdp_offload(f) ? ", offloaded to host memory" : "");
   if (!u->shard) return -1;
-  return ml_be_zero(f->shard_be, u->shard, n * sizeof(float));
+  return zero_unloaded(f, u, ck);
 }
 
 static int unit_init(ml_fsdp *f, ml_fsdp_unit *u, const ml_model *m, const ml_ckpt *ck) {
   ML_TRY(unit_layout(f, u, m));
   u->frozen = u->grad_numel == 0; /* every parameter frozen (unit_layout: no trainable chunk) */
   /* the gradient and AdamW state come at the first training call (ml_fsdp_train_state) */
-  ML_TRY(unit_weights_alloc(f, u));
+  ML_TRY(unit_weights_alloc(f, u, ck));
   /* LoRA adapters are no base checkpoint tensors: engine/lora.h sets them */
   for (int i = 0; ck && i < u->n; i++)
     if (!u->params[i]->adapter) ML_TRY(load_param(f, u, i, ck));

@@ -1,6 +1,7 @@
 /* safetensors reader/writer: round trips, block reads, and every rejection
  * of a malformed file (with a message naming the file and the problem);
- * the streaming writer (bf16 rounding, raw bytes of any dtype, misuse),
+ * typed block reads (fp32 and bf16, bitwise widen-then-round); the
+ * streaming writer (bf16 rounding, raw bytes of any dtype, misuse),
  * and releasing a mapping's pages. */
 #define _XOPEN_SOURCE 700
 #define TMPDIR_PREFIX "ml_test_st"
@@ -18,6 +19,7 @@
 
 #include "common/status.h"
 #include "io/safetensors.h"
+#include "tensor/dtype.h"
 #include "tmpdir.h"
 
 /* A file of: u64 LE `hlen`, `hbytes` bytes of `header`, `ndata` bytes of
@@ -276,6 +278,98 @@ static void test_read_block(void **state) {
   ml_st_close(&f);
 }
 
+/* Next of a xorshift32 stream: random bit patterns, so every class of
+ * value (normals, subnormals, ±0, ±Inf, NaNs with payloads) turns up. */
+static uint32_t next_bits(uint32_t *x) {
+  *x ^= *x << 13;
+  *x ^= *x >> 17;
+  *x ^= *x << 5;
+  return *x;
+}
+
+/* ml_st_read_block_to: each source dtype's block into fp32 and bf16,
+ * bitwise what widening then rounding (ml_st_read_block's fp32, then
+ * ml_f32_to_bf16 per element) gives, over random bit patterns plus the
+ * edges (NaN payloads, Inf, subnormals, bf16 ties, overflow to Inf), for
+ * whole and partial rows of odd sizes; blocks of 1 MiB and more of
+ * destination take the threaded path. Nothing past the block is written. */
+static void test_read_block_to(void **state) {
+  (void)state;
+  enum { R = 521, C = 1003, N = R * C, GUARD = 8 }; /* R·C·2 bytes > 1 MiB */
+  static const uint32_t edge32[] = {0x7f800001, 0xffc00001, 0x7f800000, 0xff800000, 0x00000001,
+                                    0x807fffff, 0x3f808000, 0x3f818000, 0x7f7fffff, 0x80000000};
+  static const uint16_t edge16[] = {0x7f81, 0xffff, 0x7c01, 0xfe00, 0x7c00, 0xfc00,
+                                    0x0001, 0x83ff, 0x7bff, 0x8000};
+  uint32_t *b32 = malloc(sizeof(uint32_t) * N);
+  uint16_t *b16 = malloc(sizeof(uint16_t) * N), *h16 = malloc(sizeof(uint16_t) * N);
+  float *want32 = malloc(sizeof(float) * (N + GUARD)), *got32 = malloc(sizeof(float) * (N + GUARD));
+  uint16_t *want16 = malloc(sizeof(uint16_t) * (N + GUARD));
+  uint16_t *got16 = malloc(sizeof(uint16_t) * (N + GUARD));
+  assert_true(b32 && b16 && h16 && want32 && got32 && want16 && got16);
+  uint32_t x = 0x9e3779b9u;
+  for (int i = 0; i < N; i++) {
+    b32[i] = next_bits(&x);
+    b16[i] = (uint16_t)next_bits(&x);
+    h16[i] = (uint16_t)next_bits(&x);
+  }
+  for (size_t k = 0; k < sizeof edge32 / sizeof edge32[0]; k++) {
+    b32[1 + 97 * k] = edge32[k];
+    b16[1 + 97 * k] = edge16[k];
+    h16[1 + 97 * k] = edge16[k];
+  }
+  ml_st_entry e[3] = {
+      {.name = "f32", .dtype = ML_F32, .ndim = 2, .shape = {R, C}},
+      {.name = "bf16", .dtype = ML_BF16, .ndim = 2, .shape = {R, C}},
+      {.name = "f16", .dtype = ML_F16, .ndim = 2, .shape = {R, C}},
+  };
+  const char *path = tpath("typed.safetensors");
+  ml_st_writer *w;
+  ml_error_clear();
+  assert_int_equal(ml_st_writer_open(path, e, 3, &w), 0);
+  assert_int_equal(ml_st_writer_put(w, b32, sizeof(uint32_t) * N), 0);
+  assert_int_equal(ml_st_writer_put(w, b16, sizeof(uint16_t) * N), 0);
+  assert_int_equal(ml_st_writer_put(w, h16, sizeof(uint16_t) * N), 0);
+  assert_int_equal(ml_st_writer_close(w), 0);
+  ml_st_file f;
+  assert_int_equal(ml_st_open(path, &f), 0);
+  /* whole tensor (threaded), odd row runs, column blocks (threaded and not),
+   * one column, one element, empty */
+  static const int64_t blocks[][4] = {{0, R, 0, C},   {3, 17, 0, C},  {1, R - 2, 5, C - 9},
+                                      {7, 9, 1, 333}, {0, R, C - 1, 1}, {R - 1, 1, 2, 1},
+                                      {4, 0, 0, C}};
+  for (size_t k = 0; k < 3; k++) {
+    const ml_st_tensor *t = &f.tensors[k];
+    for (size_t b = 0; b < sizeof blocks / sizeof blocks[0]; b++) {
+      int64_t r0 = blocks[b][0], nr = blocks[b][1], c0 = blocks[b][2], nc = blocks[b][3];
+      size_t n = (size_t)(nr * nc);
+      for (int64_t r = 0; r < nr; r++) /* the reference: widen each element, then round it */
+        for (int64_t c = 0; c < nc; c++) {
+          size_t at = (size_t)((r0 + r) * C + c0 + c), to = (size_t)(r * nc + c);
+          float v;
+          if (t->dtype == ML_F32) memcpy(&v, &b32[at], sizeof v);
+          else v = t->dtype == ML_BF16 ? ml_bf16_to_f32(b16[at]) : ml_f16_to_f32(h16[at]);
+          want32[to] = v;
+          want16[to] = ml_f32_to_bf16(v);
+        }
+      memset(got32, 0xa5, sizeof(float) * (n + GUARD));
+      memset(got16, 0xa5, sizeof(uint16_t) * (n + GUARD));
+      memset(want32 + n, 0xa5, sizeof(float) * GUARD);
+      memset(want16 + n, 0xa5, sizeof(uint16_t) * GUARD);
+      assert_int_equal(ml_st_read_block_to(t, r0, nr, c0, nc, got32, ML_F32), 0);
+      assert_int_equal(ml_st_read_block_to(t, r0, nr, c0, nc, got16, ML_BF16), 0);
+      if (memcmp(got32, want32, sizeof(float) * (n + GUARD)))
+        fail_msg("%s block %zu: fp32 differs from the widened values", t->name, b);
+      if (memcmp(got16, want16, sizeof(uint16_t) * (n + GUARD)))
+        fail_msg("%s block %zu: bf16 differs from widen-then-round", t->name, b);
+    }
+  }
+  ml_error_clear();
+  assert_int_equal(ml_st_read_block_to(&f.tensors[0], 0, 1, 0, 1, got16, ML_F16), -1);
+  expect_msg("f32", "expected F32 or BF16");
+  ml_st_close(&f);
+  free(b32), free(b16), free(h16), free(want32), free(got32), free(want16), free(got16);
+}
+
 static void expect_block_err(const ml_st_tensor *t, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
                              const char *word) {
   float out[64];
@@ -480,6 +574,7 @@ int main(void) {
       cmocka_unit_test(test_reject_header_cases), cmocka_unit_test(test_reject_invalid_utf8),
       cmocka_unit_test(test_reject_header_length), cmocka_unit_test(test_accept_edge_cases),
       cmocka_unit_test(test_roundtrip),           cmocka_unit_test(test_read_block),
+      cmocka_unit_test(test_read_block_to),
       cmocka_unit_test(test_read_block_errors),   cmocka_unit_test(test_write_errors),
       cmocka_unit_test(test_overwrite_while_mapped), cmocka_unit_test(test_stream_writer),
       cmocka_unit_test(test_stream_writer_errors),  cmocka_unit_test(test_release),

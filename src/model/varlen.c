@@ -136,12 +136,16 @@ static int varlen_fwd(void *ctx, const ml_attn_call *c, float *out, float *lse) 
  * every document's backward (the backend's size for its longest one, taken
  * over all of them). */
 static int reserve_work(ml_varlen *v, const ml_attn_call *c) {
-  ml_attn_varlen b = batch_of(v, c);
-  size_t need = one_call(v) ? ml_be_attention_varlen_work(v->be, &b) : 0;
-  for (int64_t d = 0; d < v->ndocs && !one_call(v); d++) {
-    ml_attn_block blk = run_block(c, doc_len(v, d));
-    size_t w = ml_be_attention_block_work(v->be, &blk);
-    if (w > need) need = w;
+  size_t need = 0;
+  if (one_call(v)) {
+    ml_attn_varlen b = batch_of(v, c);
+    need = ml_be_attention_varlen_work(v->be, &b);
+  } else {
+    for (int64_t d = 0; d < v->ndocs; d++) {
+      ml_attn_block blk = run_block(c, doc_len(v, d));
+      size_t w = ml_be_attention_block_work(v->be, &blk);
+      if (w > need) need = w;
+    }
   }
   if (v->work && need <= v->work_bytes) return 0;
   ml_be_free(v->be, v->work);

@@ -1167,8 +1167,9 @@ static bool doc_rows(const k_attn_block *whole, int64_t n) {
   return whole->fixed_order || n <= K_ATTN_ROWS;
 }
 
-// forward tasks of a document of n tokens (its block's, as k_attention_block_fwd cuts it)
-static int64_t doc_fwd_tasks(const k_attn_block *whole, const doc_view *v, int64_t n) {
+// forward tasks of document v (its block's, as k_attention_block_fwd cuts it)
+static int64_t doc_fwd_tasks(const k_attn_block *whole, const doc_view *v) {
+  int64_t n = v->blk.sq;
   if (n <= 0) return 0;
   if (doc_rows(whole, n)) {
     fixed_split f = fixed_split_of(&v->a);
@@ -1188,16 +1189,23 @@ static int64_t doc_of_task(const int64_t *first, int64_t n, int64_t x) {
   return lo;
 }
 
+/* Gap d (0 <= d <= n) of the batch's T tokens, tokens [*a, *b) outside
+ * every document: document d's slot after its used tokens (d < n), or the
+ * tokens after the last slot (d = n; cu[0] = 0). */
+static void doc_gap(const k_attn_docs *docs, int64_t T, int64_t d, int64_t *a, int64_t *b) {
+  bool slot = d < docs->n;
+  *a = slot ? docs->cu[d] + doc_len(docs, d) : docs->n ? docs->cu[docs->n] : 0;
+  *b = slot ? docs->cu[d + 1] : T;
+}
+
 /* The tokens outside every document (a slot's tail, from cu[n] on): out 0,
  * lse −inf, as a block's row that sees no key (finish_row). */
 static void fwd_padding(const k_attn_block *whole, const k_attn_docs *docs, float *out,
                         float *lse) {
-  int64_t T = whole->B * whole->sq, qr = whole->nh * whole->hd, end = 0;
+  int64_t T = whole->B * whole->sq, qr = whole->nh * whole->hd, a, b;
   size_t e = whole->out_bf16 ? sizeof(uint16_t) : sizeof(float);
   for (int64_t d = 0; d <= docs->n; d++) {
-    int64_t a = d < docs->n ? docs->cu[d] + doc_len(docs, d) : end;
-    int64_t b = d < docs->n ? docs->cu[d + 1] : T;
-    if (d < docs->n) end = b;
+    doc_gap(docs, T, d, &a, &b);
     if (a >= b) continue;
     memset((char *)out + (size_t)(a * qr) * e, 0, (size_t)((b - a) * qr) * e);
     for (int64_t i = a * whole->nh; i < b * whole->nh; i++) lse[i] = -INFINITY;
@@ -1213,7 +1221,7 @@ int k_attention_varlen_fwd(const k_attn_block *blk, const k_attn_docs *docs, con
   for (int64_t d = 0; d < docs->n; d++) {
     doc_view dc;
     doc_view_init(&dc, blk, docs, d, q, k, v, NULL, lp);
-    first[d + 1] = first[d] + doc_fwd_tasks(blk, &dc, dc.blk.sq);
+    first[d + 1] = first[d] + doc_fwd_tasks(blk, &dc);
   }
   int64_t tasks = first[docs->n];
   int rc = 0;
@@ -1290,11 +1298,9 @@ size_t k_attention_varlen_bwd_work(const k_attn_block *blk, const k_attn_docs *d
  * (zero_unreached). */
 static void bwd_padding(const k_attn_block *blk, const k_attn_docs *docs, float *dq, float *dk,
                         float *dv) {
-  int64_t T = blk->B * blk->sq, qr = blk->nh * blk->hd, kr = blk->nkv * blk->hd, end = 0;
+  int64_t T = blk->B * blk->sq, qr = blk->nh * blk->hd, kr = blk->nkv * blk->hd, a, b;
   for (int64_t d = 0; d <= docs->n; d++) {
-    int64_t a = d < docs->n ? docs->cu[d] + doc_len(docs, d) : end;
-    int64_t b = d < docs->n ? docs->cu[d + 1] : T;
-    if (d < docs->n) end = b;
+    doc_gap(docs, T, d, &a, &b);
     if (a >= b) continue;
     memset(dq + a * qr, 0, (size_t)((b - a) * qr) * sizeof(float));
     memset(dk + a * kr, 0, (size_t)((b - a) * kr) * sizeof(float));
@@ -1352,14 +1358,13 @@ int k_attention_varlen_bwd(const k_attn_block *blk, const k_attn_docs *docs, con
     for (; d1 < docs->n; d1++) {
       doc_view dc;
       doc_view_init(&dc, blk, docs, d1, q, k, v, dout, lp);
-      int64_t nt = (dc.blk.sq + TQ - 1) / TQ, bytes = 0, g0;
-      for (int64_t t = 0; t < nt; t++) bytes += item_bytes(&dc.blk, t, dc.a.esz);
-      bytes *= dc.blk.nh;
-      if (used + bytes > cap) break;
-      rec[d1] = (doc_rec){.pre = pre, .store = used, .t1 = t1, .t2 = t2};
-      int64_t *p = pre_area + pre;
+      int64_t nt = (dc.blk.sq + TQ - 1) / TQ, g0;
+      int64_t *p = pre_area + pre; /* its item offsets (the pre area has room for all) */
       p[0] = 0;
       for (int64_t t = 0; t < nt; t++) p[t + 1] = p[t] + item_bytes(&dc.blk, t, dc.a.esz);
+      int64_t bytes = p[nt] * dc.blk.nh;
+      if (used + bytes > cap) break;
+      rec[d1] = (doc_rec){.pre = pre, .store = used, .t1 = t1, .t2 = t2};
       zero_unreached(&dc.a, dq + dc.qo, dk + dc.ko, dv + dc.ko);
       used += bytes, pre += nt + 1;
       if (dc.blk.sq > 0) t1 += dc.blk.nh * nt, t2 += doc_key_tasks(&dc, &g0);
